@@ -1,0 +1,395 @@
+//! The CPU backend: the reference every other backend is checked against.
+//!
+//! Plain Rust, f32 accumulation, rayon for row parallelism and the `gemm` crate for
+//! matmul. Capture records each op as a closure (pointers and launch scalars fixed at
+//! capture, buffer contents read when it runs) into a tape; replay runs the tape. That
+//! gives CPU graphs the same semantics as CUDA graphs, so the graph runtime is tested
+//! for real in CI: a kernel that baked a per-step host value replays wrong here too.
+
+mod kernels;
+
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{Attention, Backend, Graph, Sampling};
+use crate::error::{Error, Result};
+use crate::ops;
+use crate::tensor::{DType, Storage, Tensor};
+
+/// Alignment of every CPU buffer (one cache line, enough for any SIMD load).
+const ALIGN: usize = 64;
+
+/// A host allocation. Ops write through shared references: like device memory, a buffer
+/// is plain bytes that the one stream of ops reads and writes in order.
+pub struct CpuBuffer {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory; ops on one backend run one at a time (eagerly on
+// the calling thread or from a tape on the calling thread), which is the discipline a
+// device stream gives CUDA buffers.
+unsafe impl Send for CpuBuffer {}
+unsafe impl Sync for CpuBuffer {}
+
+impl CpuBuffer {
+    fn new(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Ok(CpuBuffer {
+                ptr: std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8,
+                len: 0,
+            });
+        }
+        let layout = Layout::from_size_align(len, ALIGN).map_err(|e| Error::OutOfMemory {
+            device: "cpu".into(),
+            bytes: len,
+            what: format!("tensor ({e})"),
+        })?;
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(Error::OutOfMemory {
+                device: "cpu".into(),
+                bytes: len,
+                what: "tensor".into(),
+            });
+        }
+        Ok(CpuBuffer { ptr, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for CpuBuffer {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `new` with this exact layout.
+            unsafe {
+                std::alloc::dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, ALIGN))
+            }
+        }
+    }
+}
+
+/// Raw pointer to the first element of a CPU tensor.
+///
+/// Panics if the tensor is not on the CPU; backends call `check_device` first.
+pub(crate) fn ptr_of(t: &Tensor) -> *mut u8 {
+    match t.storage() {
+        // SAFETY: `Tensor::new` guarantees offset + size is within the buffer.
+        Storage::Cpu(b) => unsafe { b.as_ptr().add(t.offset()) },
+        Storage::Cuda(_) => unreachable!("ptr_of on a CUDA tensor (check_device first)"),
+    }
+}
+
+/// A recorded op.
+type TapeOp = Box<dyn Fn() + Send + Sync>;
+
+/// A CPU graph: the ops recorded during a capture, in order.
+pub struct CpuGraph {
+    ops: Vec<TapeOp>,
+}
+
+impl Graph for CpuGraph {
+    fn replay(&self) -> Result<()> {
+        for op in &self.ops {
+            op();
+        }
+        Ok(())
+    }
+    fn num_ops(&self) -> usize {
+        self.ops.len()
+    }
+}
+
+/// The CPU backend.
+pub struct CpuBackend {
+    capturing: AtomicBool,
+    tape: Mutex<Vec<TapeOp>>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend {
+            capturing: AtomicBool::new(false),
+            tape: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Run `op` now, or record it when capturing.
+    fn submit(&self, op: impl Fn() + Send + Sync + 'static) {
+        if self.capturing.load(Ordering::Acquire) {
+            self.tape.lock().unwrap().push(Box::new(op));
+        } else {
+            op();
+        }
+    }
+
+    fn forbid_in_capture(&self, op: &'static str) -> Result<()> {
+        if self.capturing.load(Ordering::Acquire) {
+            return Err(Error::CaptureViolation { op });
+        }
+        Ok(())
+    }
+}
+
+/// Every tensor argument must live on the CPU.
+fn check_device(op: &'static str, tensors: &[(&'static str, &Tensor)]) -> Result<()> {
+    for (name, t) in tensors {
+        if !matches!(t.storage(), Storage::Cpu(_)) {
+            return Err(Error::WrongDevice {
+                op,
+                name,
+                found: t.device_name(),
+                expected: "cpu".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    fn device_name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        self.forbid_in_capture("alloc")?;
+        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let buf = CpuBuffer::new(bytes)?;
+        Tensor::new(Storage::Cpu(Arc::new(buf)), 0, shape, dtype)
+    }
+
+    fn write_bytes(&self, dst: &Tensor, src: &[u8]) -> Result<()> {
+        self.forbid_in_capture("write_bytes (host->device copy)")?;
+        check_device("write_bytes", &[("dst", dst)])?;
+        ops::check_len("write_bytes", "src", src.len(), dst.size_bytes())?;
+        // SAFETY: dst spans size_bytes() valid bytes; src has the same length.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr_of(dst), src.len()) };
+        Ok(())
+    }
+
+    fn read_bytes(&self, src: &Tensor, dst: &mut [u8]) -> Result<()> {
+        self.forbid_in_capture("read_bytes (device->host copy)")?;
+        check_device("read_bytes", &[("src", src)])?;
+        ops::check_len("read_bytes", "dst", dst.len(), src.size_bytes())?;
+        // SAFETY: src spans size_bytes() valid bytes; dst has the same length.
+        unsafe { std::ptr::copy_nonoverlapping(ptr_of(src), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        check_device("copy", &[("src", src), ("dst", dst)])?;
+        ops::check_copy(src, dst)?;
+        let (src, dst) = (src.clone(), dst.clone());
+        self.submit(move || {
+            // SAFETY: both views span the same number of valid bytes; `copy` (memmove)
+            // tolerates overlap.
+            unsafe { std::ptr::copy(ptr_of(&src), ptr_of(&dst), src.size_bytes()) }
+        });
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.forbid_in_capture("synchronize")
+    }
+
+    fn embedding(&self, ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<()> {
+        check_device("embedding", &[("ids", ids), ("table", table), ("out", out)])?;
+        let d = ops::check_embedding(ids, table, out)?;
+        let (ids, table, out) = (ids.clone(), table.clone(), out.clone());
+        self.submit(move || kernels::embedding(&ids, &table, &out, &d));
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+        weight: &Tensor,
+        eps: f32,
+        out: &Tensor,
+    ) -> Result<()> {
+        check_device("rms_norm", &[("x", x), ("weight", weight), ("out", out)])?;
+        if let Some(r) = residual {
+            check_device("rms_norm", &[("residual", r)])?;
+        }
+        let d = ops::check_rms_norm(x, residual, weight, eps, out)?;
+        let (x, residual, weight, out) =
+            (x.clone(), residual.cloned(), weight.clone(), out.clone());
+        self.submit(move || kernels::rms_norm(&x, residual.as_ref(), &weight, eps, &out, &d));
+        Ok(())
+    }
+
+    fn rope(&self, q: &Tensor, k: &Tensor, positions: &Tensor, cos_sin: &Tensor) -> Result<()> {
+        check_device(
+            "rope",
+            &[
+                ("q", q),
+                ("k", k),
+                ("positions", positions),
+                ("cos_sin", cos_sin),
+            ],
+        )?;
+        let d = ops::check_rope(q, k, positions, cos_sin)?;
+        let (q, k, positions, cos_sin) = (q.clone(), k.clone(), positions.clone(), cos_sin.clone());
+        self.submit(move || kernels::rope(&q, &k, &positions, &cos_sin, &d));
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
+        check_device("silu_mul", &[("gate_up", gate_up), ("out", out)])?;
+        let d = ops::check_silu_mul(gate_up, out)?;
+        let (gate_up, out) = (gate_up.clone(), out.clone());
+        self.submit(move || kernels::silu_mul(&gate_up, &out, &d));
+        Ok(())
+    }
+
+    fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()> {
+        check_device("matmul", &[("x", x), ("w", w), ("out", out)])?;
+        if let Some(b) = bias {
+            check_device("matmul", &[("bias", b)])?;
+        }
+        let d = ops::check_matmul(x, w, bias, out)?;
+        let (x, w, bias, out) = (x.clone(), w.clone(), bias.cloned(), out.clone());
+        self.submit(move || kernels::matmul(&x, &w, bias.as_ref(), &out, &d));
+        Ok(())
+    }
+
+    fn kv_write(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        slot_mapping: &Tensor,
+    ) -> Result<()> {
+        check_device(
+            "kv_write",
+            &[
+                ("k", k),
+                ("v", v),
+                ("k_cache", k_cache),
+                ("v_cache", v_cache),
+                ("slot_mapping", slot_mapping),
+            ],
+        )?;
+        let d = ops::check_kv_write(k, v, k_cache, v_cache, slot_mapping)?;
+        let (k, v, kc, vc, sm) = (
+            k.clone(),
+            v.clone(),
+            k_cache.clone(),
+            v_cache.clone(),
+            slot_mapping.clone(),
+        );
+        self.submit(move || kernels::kv_write(&k, &v, &kc, &vc, &sm, &d));
+        Ok(())
+    }
+
+    fn attention(&self, a: &Attention<'_>) -> Result<()> {
+        let mut ts = vec![
+            ("q", a.q),
+            ("k_cache", a.k_cache),
+            ("v_cache", a.v_cache),
+            ("block_tables", a.block_tables),
+            ("seq_lens", a.seq_lens),
+            ("out", a.out),
+            ("scratch", a.scratch),
+        ];
+        if let Some(cu) = a.cu_seqlens_q {
+            ts.push(("cu_seqlens_q", cu));
+        }
+        check_device("attention", &ts)?;
+        let d = ops::check_attention(a)?;
+        let owned = kernels::AttentionArgs {
+            q: a.q.clone(),
+            k_cache: a.k_cache.clone(),
+            v_cache: a.v_cache.clone(),
+            block_tables: a.block_tables.clone(),
+            seq_lens: a.seq_lens.clone(),
+            cu_seqlens_q: a.cu_seqlens_q.cloned(),
+            scale: a.scale,
+            out: a.out.clone(),
+            dims: d,
+        };
+        self.submit(move || kernels::attention(&owned));
+        Ok(())
+    }
+
+    fn attention_scratch_len(&self, _: usize, _: usize, _: usize, _: usize, _: usize) -> usize {
+        0
+    }
+
+    fn argmax(&self, logits: &Tensor, out: &Tensor) -> Result<()> {
+        check_device("argmax", &[("logits", logits), ("out", out)])?;
+        let d = ops::check_argmax(logits, out)?;
+        let (logits, out) = (logits.clone(), out.clone());
+        self.submit(move || kernels::argmax(&logits, &out, &d));
+        Ok(())
+    }
+
+    fn sample(&self, logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<()> {
+        check_device(
+            "sample",
+            &[
+                ("logits", logits),
+                ("temperature", p.temperature),
+                ("top_k", p.top_k),
+                ("top_p", p.top_p),
+                ("seeds", p.seeds),
+                ("out", out),
+            ],
+        )?;
+        let d = ops::check_sample(logits, p, out)?;
+        let args = kernels::SampleArgs {
+            logits: logits.clone(),
+            temperature: p.temperature.clone(),
+            top_k: p.top_k.clone(),
+            top_p: p.top_p.clone(),
+            seeds: p.seeds.clone(),
+            out: out.clone(),
+            dims: d,
+        };
+        self.submit(move || kernels::sample(&args));
+        Ok(())
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        if self.capturing.swap(true, Ordering::AcqRel) {
+            return Err(Error::Capture(
+                "begin_capture while already capturing".into(),
+            ));
+        }
+        self.tape.lock().unwrap().clear();
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<Box<dyn Graph>> {
+        if !self.capturing.swap(false, Ordering::AcqRel) {
+            return Err(Error::Capture("end_capture without begin_capture".into()));
+        }
+        let ops = std::mem::take(&mut *self.tape.lock().unwrap());
+        Ok(Box::new(CpuGraph { ops }))
+    }
+
+    fn is_capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
+    }
+}

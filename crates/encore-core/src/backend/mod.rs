@@ -1,0 +1,284 @@
+//! The backend abstraction: the narrow set of ops one LLM forward step needs, plus memory,
+//! copies and the capture primitives the graph runtime is built on.
+//!
+//! Two implementations: [`cpu::CpuBackend`] (the reference) and [`cuda::CudaBackend`]
+//! (cudarc, NVRTC kernels, cuBLASLt, CUDA graphs). Both implement exactly the semantics
+//! written on each method below; `crate::testing::reference` holds a naive f64 version
+//! of each op that the tests and `encore info` compare against.
+//!
+//! Conventions shared by every op:
+//! - Ops are asynchronous with respect to the host on CUDA (they are queued on the
+//!   backend's one compute stream) and synchronous on CPU. Reading results goes through
+//!   [`Backend::read_bytes`], which waits.
+//! - Float tensors of one op share one dtype `T` (bf16, f16 or f32) unless stated; all
+//!   arithmetic is in f32 and each output element is rounded to its dtype once.
+//! - Index tensors are i32 (seeds i64). Every per-step quantity (positions, lengths,
+//!   slots, block tables, sampling parameters) is read from a tensor at run time, so a
+//!   captured graph replays correctly when only the tensor *contents* change.
+//! - Out-of-range indices never read or write out of bounds: the op's doc says what
+//!   happens instead (zeros, skip, leave untouched).
+//! - Shapes and dtypes are validated by `crate::ops` before any work; a mismatch is an
+//!   [`Error::Shape`](crate::Error::Shape) or [`Error::DType`](crate::Error::DType)
+//!   naming the tensor.
+
+pub mod cpu;
+pub mod cuda;
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::tensor::{DType, Element, Tensor};
+
+/// Shared handle to a backend.
+pub type BackendRef = Arc<dyn Backend>;
+
+/// Paged attention over a KV cache, for decode (one query row per sequence) and for
+/// prefill / chunked prefill (several query rows per sequence, `cu_seqlens_q`).
+///
+/// Sequence `s` has `seq_lens[s]` tokens in the cache, *including* the tokens of this
+/// step (their K/V must already have been written with [`Backend::kv_write`]). Token at
+/// position `t` of sequence `s` lives in cache block `block_tables[s][t / block_size]`,
+/// row `t % block_size`.
+///
+/// Query rows: with `cu_seqlens_q = None` (decode) row `s` is the one query of sequence
+/// `s` at position `seq_lens[s] - 1`. With `Some(cu)` (i32, `num_seqs + 1` entries,
+/// non-decreasing, `cu[0] = 0`) rows `cu[s]..cu[s+1]` are sequence `s`'s queries, the
+/// last at position `seq_lens[s] - 1` and the ones before it consecutively earlier.
+/// A query at position `p` attends causally to positions `0..=p`.
+///
+/// Rows that attend to nothing write zeros: a sequence with `seq_len == 0` (padding),
+/// rows at or beyond `cu[num_seqs]`, rows whose position would be negative. Context
+/// longer than the block table can hold is clamped to `table_width * block_size`; a
+/// block id outside `0..num_blocks` contributes nothing (never an out-of-bounds read).
+///
+/// GQA: query head `h` uses KV head `h / (num_heads / num_kv_heads)`.
+pub struct Attention<'a> {
+    /// `[rows, num_heads, head_dim]`, dtype T.
+    pub q: &'a Tensor,
+    /// `[num_blocks, block_size, num_kv_heads, head_dim]`, dtype T.
+    pub k_cache: &'a Tensor,
+    /// Same shape and dtype as `k_cache`.
+    pub v_cache: &'a Tensor,
+    /// i32 `[num_seqs, table_width]`.
+    pub block_tables: &'a Tensor,
+    /// i32 `[num_seqs]`.
+    pub seq_lens: &'a Tensor,
+    /// i32 `[num_seqs + 1]`, or `None` for decode (`rows == num_seqs`).
+    pub cu_seqlens_q: Option<&'a Tensor>,
+    /// Softmax scale, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+    /// `[rows, num_heads, head_dim]`, dtype T.
+    pub out: &'a Tensor,
+    /// f32 scratch of at least [`Backend::attention_scratch_len`] elements (the split-K
+    /// partial results on CUDA); contents are overwritten.
+    pub scratch: &'a Tensor,
+}
+
+/// Per-row sampling parameters, all in device tensors so a graph replays with new values.
+///
+/// Row `r` (logits `l`, vocabulary `V`):
+/// - `temperature[r] <= 0`: greedy, exactly [`Backend::argmax`].
+/// - otherwise with `z = l / temperature[r]`, `e_i = exp(z_i - max z)`:
+///   1. top-k: if `0 < top_k[r] < V`, keep tokens whose logit is `>=` the `top_k`-th
+///      largest logit (ties at the threshold are all kept); else keep all.
+///   2. top-p: if `0 < top_p[r] < 1`, with `S` the sum of `e` over kept tokens, find the
+///      largest threshold `τ` among kept logits such that the sum of `e_i` over kept
+///      tokens with `l_i >= τ` is `>= top_p * S`; keep only those tokens.
+///   3. draw `u = uniform(seeds[r])` (see `crate::ops::uniform_from_seed`, identical on
+///      every backend), `target = u * Z` with `Z` the kept mass, and return the smallest
+///      kept index `i` whose running sum of kept `e` over indices `<= i` exceeds
+///      `target` (the last kept index if rounding leaves none).
+///
+/// The engine writes a fresh seed per row per step (e.g. request seed mixed with step).
+pub struct Sampling<'a> {
+    /// f32 `[batch]`.
+    pub temperature: &'a Tensor,
+    /// i32 `[batch]`.
+    pub top_k: &'a Tensor,
+    /// f32 `[batch]`.
+    pub top_p: &'a Tensor,
+    /// i64 `[batch]`.
+    pub seeds: &'a Tensor,
+}
+
+/// A captured, replayable sequence of ops (a CUDA graph, or a CPU tape).
+pub trait Graph: Send {
+    /// Re-run every captured op. Kernel arguments (pointers, launch scalars) are those of
+    /// the capture; buffer *contents* are read at replay time.
+    fn replay(&self) -> Result<()>;
+    /// Number of ops (kernels, copies) recorded.
+    fn num_ops(&self) -> usize;
+}
+
+/// One device's memory, ops and capture.
+pub trait Backend: Send + Sync {
+    /// `cpu` or `cuda:N`.
+    fn device_name(&self) -> String;
+
+    /// Allocate an uninitialised tensor. Forbidden during capture (captures allocate from
+    /// the capture arena, `crate::memory::Arena`).
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor>;
+
+    /// Copy host bytes into `dst` (`src.len() == dst.size_bytes()`). `src` may be reused
+    /// as soon as this returns. Forbidden during capture.
+    fn write_bytes(&self, dst: &Tensor, src: &[u8]) -> Result<()>;
+
+    /// Copy `src` to host bytes, after all queued work. Forbidden during capture.
+    fn read_bytes(&self, src: &Tensor, dst: &mut [u8]) -> Result<()>;
+
+    /// Device-to-device copy of equal-sized tensors (dtype-agnostic bytes). Capturable.
+    fn copy(&self, src: &Tensor, dst: &Tensor) -> Result<()>;
+
+    /// Wait for all queued work. Forbidden during capture.
+    fn synchronize(&self) -> Result<()>;
+
+    /// `out[i, :] = table[ids[i], :]`; an id outside `0..vocab` writes a zero row.
+    /// ids i32 `[n]`, table T `[vocab, hidden]`, out T `[n, hidden]`.
+    fn embedding(&self, ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<()>;
+
+    /// RMSNorm over the last dimension, optionally fused with the residual add.
+    /// Without `residual`: `out = x / sqrt(mean(x^2) + eps) * weight`.
+    /// With `residual`: first `residual = residual + x` (rounded to T and stored back into
+    /// `residual`), then `out = norm(residual) * weight` computed from the stored value.
+    /// x, residual, out T `[.., d]` (same shape), weight T `[d]`. `out` may alias `x`.
+    fn rms_norm(
+        &self,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+        weight: &Tensor,
+        eps: f32,
+        out: &Tensor,
+    ) -> Result<()>;
+
+    /// Rotary embedding in place on q `[n, num_heads, head_dim]` and k
+    /// `[n, num_kv_heads, head_dim]` (both T) by `positions` (i32 `[n]`), NeoX / HF
+    /// "rotate half" layout over the first `rot` dims, where `cos_sin` is f32
+    /// `[max_positions, rot]` holding `cos(p·f_0..f_{rot/2-1})` then `sin(..)` per row
+    /// (built by `crate::ops::RopeConfig::cos_sin_table`, which applies Llama-3 scaling).
+    /// For `i < rot/2`: `x_i' = x_i c_i - x_{i+rot/2} s_i`, `x_{i+rot/2}' = x_{i+rot/2} c_i + x_i s_i`.
+    /// Rows whose position is outside `0..max_positions` are left untouched.
+    fn rope(&self, q: &Tensor, k: &Tensor, positions: &Tensor, cos_sin: &Tensor) -> Result<()>;
+
+    /// `out[i, j] = silu(gate_up[i, j]) * gate_up[i, inter + j]`, gate_up T `[n, 2*inter]`,
+    /// out T `[n, inter]`, silu(x) = x / (1 + exp(-x)).
+    fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()>;
+
+    /// `out = x · wᵀ (+ bias)`: x T `[m, k]`, w T `[n, k]` (the HF `[out, in]` layout),
+    /// bias T `[n]`, out T or f32 `[m, n]`. f32 accumulation.
+    fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()>;
+
+    /// Write this step's keys and values into the paged cache: token `i` goes to slot
+    /// `slot_mapping[i]` = block * block_size + row. A slot `< 0` (padding) or beyond the
+    /// cache is skipped. k, v T `[n, num_kv_heads, head_dim]`; caches T
+    /// `[num_blocks, block_size, num_kv_heads, head_dim]`; slot_mapping i32 `[n]`.
+    fn kv_write(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        slot_mapping: &Tensor,
+    ) -> Result<()>;
+
+    /// Paged attention, decode or prefill: see [`Attention`].
+    fn attention(&self, args: &Attention<'_>) -> Result<()>;
+
+    /// f32 elements of scratch [`Backend::attention`] needs for this launch shape.
+    fn attention_scratch_len(
+        &self,
+        rows: usize,
+        num_heads: usize,
+        head_dim: usize,
+        table_width: usize,
+        block_size: usize,
+    ) -> usize;
+
+    /// Index of the largest logit per row (the smallest index among equal maxima; NaN is
+    /// never chosen unless the whole row is NaN, then 0). logits f32 `[b, vocab]`, out i32 `[b]`.
+    fn argmax(&self, logits: &Tensor, out: &Tensor) -> Result<()>;
+
+    /// Sample one token per row: see [`Sampling`]. logits f32 `[b, vocab]`, out i32 `[b]`.
+    fn sample(&self, logits: &Tensor, params: &Sampling<'_>, out: &Tensor) -> Result<()>;
+
+    /// Start recording ops instead of running them. Until [`Backend::end_capture`],
+    /// host<->device copies, synchronisation and [`Backend::alloc`] fail with
+    /// [`Error::CaptureViolation`](crate::Error::CaptureViolation) naming the op.
+    fn begin_capture(&self) -> Result<()>;
+
+    /// Stop recording and return the replayable graph.
+    fn end_capture(&self) -> Result<Box<dyn Graph>>;
+
+    /// Whether a capture is in progress.
+    fn is_capturing(&self) -> bool;
+}
+
+impl dyn Backend {
+    /// Allocate a tensor holding `data` with `shape`.
+    pub fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        let t = self.alloc(T::DTYPE, shape)?;
+        crate::ops::check_len("upload", "data", data.len(), t.numel())?;
+        self.write_bytes(&t, bytemuck::cast_slice(data))?;
+        Ok(t)
+    }
+
+    /// Overwrite `dst` with `data`.
+    pub fn write<T: Element>(&self, dst: &Tensor, data: &[T]) -> Result<()> {
+        crate::ops::check_dtype("write", "dst", dst, &[T::DTYPE])?;
+        crate::ops::check_len("write", "data", data.len(), dst.numel())?;
+        self.write_bytes(dst, bytemuck::cast_slice(data))
+    }
+
+    /// Read a tensor back to the host.
+    pub fn download<T: Element>(&self, src: &Tensor) -> Result<Vec<T>> {
+        crate::ops::check_dtype("download", "src", src, &[T::DTYPE])?;
+        let mut out = vec![T::zeroed(); src.numel()];
+        self.read_bytes(src, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Read a float tensor (any float dtype) back as f32.
+    pub fn download_f32(&self, src: &Tensor) -> Result<Vec<f32>> {
+        Ok(match src.dtype() {
+            DType::F32 => self.download::<f32>(src)?,
+            DType::BF16 => self
+                .download::<half::bf16>(src)?
+                .into_iter()
+                .map(f32::from)
+                .collect(),
+            DType::F16 => self
+                .download::<half::f16>(src)?
+                .into_iter()
+                .map(f32::from)
+                .collect(),
+            other => {
+                return Err(crate::Error::DType {
+                    op: "download_f32",
+                    name: "src",
+                    found: other,
+                    expected: "a float dtype".into(),
+                })
+            }
+        })
+    }
+
+    /// Upload f32 values converted to the float dtype `dtype`.
+    pub fn upload_f32_as(&self, data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor> {
+        match dtype {
+            DType::F32 => self.upload(data, shape),
+            DType::BF16 => {
+                let v: Vec<half::bf16> = data.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                self.upload(&v, shape)
+            }
+            DType::F16 => {
+                let v: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+                self.upload(&v, shape)
+            }
+            other => Err(crate::Error::DType {
+                op: "upload_f32_as",
+                name: "dtype",
+                found: other,
+                expected: "a float dtype".into(),
+            }),
+        }
+    }
+}

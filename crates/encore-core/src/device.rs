@@ -1,0 +1,1 @@
+//! Device selection: `auto | cpu | cuda[:N]`.

@@ -1,0 +1,86 @@
+//! The one error type of encore-core. Every message names the thing (tensor, op, file,
+//! byte count) and, where there is one, the fix.
+
+use crate::tensor::DType;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor argument of an op has the wrong shape.
+    #[error("{op}: tensor `{name}` has shape {found:?}, expected {expected}")]
+    Shape {
+        op: &'static str,
+        name: &'static str,
+        found: Vec<usize>,
+        expected: String,
+    },
+    /// A tensor argument of an op has the wrong dtype.
+    #[error("{op}: tensor `{name}` has dtype {found}, expected {expected}")]
+    DType {
+        op: &'static str,
+        name: &'static str,
+        found: DType,
+        expected: String,
+    },
+    /// Tensors of an op live on different backends.
+    #[error("{op}: tensor `{name}` lives on {found}, but the op runs on {expected}")]
+    WrongDevice {
+        op: &'static str,
+        name: &'static str,
+        found: String,
+        expected: String,
+    },
+    /// An op argument that is not a tensor is out of range.
+    #[error("{op}: {what}")]
+    Invalid { op: &'static str, what: String },
+    /// A forbidden operation was attempted while a graph was being captured.
+    #[error(
+        "`{op}` is not allowed during graph capture (captures may not copy host<->device, \
+         synchronise or allocate outside the capture arena)"
+    )]
+    CaptureViolation { op: &'static str },
+    /// Capture begun twice, ended without beginning, and similar misuse.
+    #[error("capture: {0}")]
+    Capture(String),
+    /// An allocation failed.
+    #[error("out of memory on {device}: could not allocate {bytes} bytes for {what}")]
+    OutOfMemory {
+        device: String,
+        bytes: usize,
+        what: String,
+    },
+    /// The requested device cannot be used (no GPU, missing library, bad index).
+    #[error("device `{device}` is unavailable: {why}")]
+    DeviceUnavailable { device: String, why: String },
+    /// A CUDA driver/NVRTC/cuBLAS call failed.
+    #[error("CUDA {call} failed: {message}")]
+    Cuda { call: String, message: String },
+    /// A kernel failed to compile.
+    #[error("compiling kernel file `{file}` failed:\n{log}")]
+    KernelCompile { file: String, log: String },
+    /// A filesystem operation failed.
+    #[error("{what} `{path}`: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn invalid(op: &'static str, what: impl Into<String>) -> Self {
+        Error::Invalid {
+            op,
+            what: what.into(),
+        }
+    }
+
+    pub(crate) fn cuda(call: impl Into<String>, err: impl std::fmt::Debug) -> Self {
+        Error::Cuda {
+            call: call.into(),
+            message: format!("{err:?}"),
+        }
+    }
+}

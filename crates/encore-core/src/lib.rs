@@ -1,0 +1,16 @@
+//! encore-core: everything from the engine down (no HTTP, no CLI).
+//!
+//! Today: the tensor view, the backend abstraction with its CPU and CUDA backends and
+//! their kernels, the capture primitives and the capture arena. See ARCHITECTURE.md.
+
+pub mod backend;
+pub mod device;
+pub mod error;
+pub mod memory;
+pub mod ops;
+pub mod tensor;
+pub mod testing;
+
+pub use backend::{Attention, Backend, BackendRef, Graph, Sampling};
+pub use error::{Error, Result};
+pub use tensor::{DType, Element, Tensor};

@@ -1,0 +1,568 @@
+//! What both backends share about the ops: argument validation (so a bad call fails the
+//! same way everywhere, naming the tensor), the rotary table, and the sampling RNG.
+
+use crate::backend::{Attention, Sampling};
+use crate::error::{Error, Result};
+use crate::tensor::{DType, Tensor};
+
+pub const FLOAT_DTYPES: &[DType] = &[DType::BF16, DType::F16, DType::F32];
+
+pub fn check_len(
+    op: &'static str,
+    name: &'static str,
+    found: usize,
+    expected: usize,
+) -> Result<()> {
+    if found != expected {
+        return Err(Error::Shape {
+            op,
+            name,
+            found: vec![found],
+            expected: format!("{expected} elements"),
+        });
+    }
+    Ok(())
+}
+
+pub fn check_dtype(
+    op: &'static str,
+    name: &'static str,
+    t: &Tensor,
+    allowed: &[DType],
+) -> Result<()> {
+    if !allowed.contains(&t.dtype()) {
+        let expected = allowed
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(" or ");
+        return Err(Error::DType {
+            op,
+            name,
+            found: t.dtype(),
+            expected,
+        });
+    }
+    Ok(())
+}
+
+fn same_dtype(op: &'static str, name: &'static str, t: &Tensor, dtype: DType) -> Result<()> {
+    check_dtype(op, name, t, &[dtype])
+}
+
+/// `t` must have exactly `shape`; `desc` is how the expected shape reads in the error.
+pub fn check_shape(
+    op: &'static str,
+    name: &'static str,
+    t: &Tensor,
+    shape: &[usize],
+    desc: &str,
+) -> Result<()> {
+    if t.shape() != shape {
+        return Err(Error::Shape {
+            op,
+            name,
+            found: t.shape().to_vec(),
+            expected: format!("{shape:?} ({desc})"),
+        });
+    }
+    Ok(())
+}
+
+fn check_rank(
+    op: &'static str,
+    name: &'static str,
+    t: &Tensor,
+    rank: usize,
+    desc: &str,
+) -> Result<()> {
+    if t.rank() != rank {
+        return Err(Error::Shape {
+            op,
+            name,
+            found: t.shape().to_vec(),
+            expected: desc.to_string(),
+        });
+    }
+    Ok(())
+}
+
+pub struct EmbeddingDims {
+    pub n: usize,
+    pub vocab: usize,
+    pub hidden: usize,
+}
+
+pub fn check_embedding(ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<EmbeddingDims> {
+    const OP: &str = "embedding";
+    check_dtype(OP, "ids", ids, &[DType::I32])?;
+    check_rank(OP, "ids", ids, 1, "[n]")?;
+    check_dtype(OP, "table", table, FLOAT_DTYPES)?;
+    check_rank(OP, "table", table, 2, "[vocab, hidden]")?;
+    same_dtype(OP, "out", out, table.dtype())?;
+    let (n, vocab, hidden) = (ids.dim(0), table.dim(0), table.dim(1));
+    check_shape(OP, "out", out, &[n, hidden], "[n, hidden]")?;
+    Ok(EmbeddingDims { n, vocab, hidden })
+}
+
+pub struct RowDims {
+    pub rows: usize,
+    pub dim: usize,
+}
+
+pub fn check_rms_norm(
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    weight: &Tensor,
+    eps: f32,
+    out: &Tensor,
+) -> Result<RowDims> {
+    const OP: &str = "rms_norm";
+    check_dtype(OP, "x", x, FLOAT_DTYPES)?;
+    if x.rank() == 0 {
+        return Err(Error::invalid(OP, "x must have at least one dimension"));
+    }
+    let dim = x.dim(-1);
+    same_dtype(OP, "weight", weight, x.dtype())?;
+    check_shape(OP, "weight", weight, &[dim], "[d]")?;
+    same_dtype(OP, "out", out, x.dtype())?;
+    check_shape(OP, "out", out, x.shape(), "same as x")?;
+    if let Some(r) = residual {
+        same_dtype(OP, "residual", r, x.dtype())?;
+        check_shape(OP, "residual", r, x.shape(), "same as x")?;
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::invalid(
+            OP,
+            format!("eps must be finite and >= 0, got {eps}"),
+        ));
+    }
+    Ok(RowDims {
+        rows: x.rows(),
+        dim,
+    })
+}
+
+pub struct RopeDims {
+    pub n: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rot: usize,
+    pub max_positions: usize,
+}
+
+pub fn check_rope(
+    q: &Tensor,
+    k: &Tensor,
+    positions: &Tensor,
+    cos_sin: &Tensor,
+) -> Result<RopeDims> {
+    const OP: &str = "rope";
+    check_dtype(OP, "q", q, FLOAT_DTYPES)?;
+    check_rank(OP, "q", q, 3, "[n, num_heads, head_dim]")?;
+    same_dtype(OP, "k", k, q.dtype())?;
+    check_rank(OP, "k", k, 3, "[n, num_kv_heads, head_dim]")?;
+    let (n, num_heads, head_dim) = (q.dim(0), q.dim(1), q.dim(2));
+    if k.dim(0) != n || k.dim(2) != head_dim {
+        return Err(Error::Shape {
+            op: OP,
+            name: "k",
+            found: k.shape().to_vec(),
+            expected: format!("[{n}, num_kv_heads, {head_dim}]"),
+        });
+    }
+    check_dtype(OP, "positions", positions, &[DType::I32])?;
+    check_shape(OP, "positions", positions, &[n], "[n]")?;
+    check_dtype(OP, "cos_sin", cos_sin, &[DType::F32])?;
+    check_rank(OP, "cos_sin", cos_sin, 2, "[max_positions, rot]")?;
+    let rot = cos_sin.dim(1);
+    if rot == 0 || rot % 2 != 0 || rot > head_dim {
+        return Err(Error::Shape {
+            op: OP,
+            name: "cos_sin",
+            found: cos_sin.shape().to_vec(),
+            expected: format!("[max_positions, rot] with rot even and <= head_dim {head_dim}"),
+        });
+    }
+    Ok(RopeDims {
+        n,
+        num_heads,
+        num_kv_heads: k.dim(1),
+        head_dim,
+        rot,
+        max_positions: cos_sin.dim(0),
+    })
+}
+
+pub fn check_silu_mul(gate_up: &Tensor, out: &Tensor) -> Result<RowDims> {
+    const OP: &str = "silu_mul";
+    check_dtype(OP, "gate_up", gate_up, FLOAT_DTYPES)?;
+    check_rank(OP, "gate_up", gate_up, 2, "[n, 2*inter]")?;
+    if gate_up.dim(1) % 2 != 0 {
+        return Err(Error::Shape {
+            op: OP,
+            name: "gate_up",
+            found: gate_up.shape().to_vec(),
+            expected: "[n, 2*inter] (even last dimension)".into(),
+        });
+    }
+    same_dtype(OP, "out", out, gate_up.dtype())?;
+    let (n, inter) = (gate_up.dim(0), gate_up.dim(1) / 2);
+    check_shape(OP, "out", out, &[n, inter], "[n, inter]")?;
+    Ok(RowDims {
+        rows: n,
+        dim: inter,
+    })
+}
+
+pub struct MatmulDims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+pub fn check_matmul(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+) -> Result<MatmulDims> {
+    const OP: &str = "matmul";
+    check_dtype(OP, "x", x, FLOAT_DTYPES)?;
+    check_rank(OP, "x", x, 2, "[m, k]")?;
+    same_dtype(OP, "w", w, x.dtype())?;
+    check_rank(OP, "w", w, 2, "[n, k]")?;
+    let (m, k, n) = (x.dim(0), x.dim(1), w.dim(0));
+    if w.dim(1) != k {
+        return Err(Error::Shape {
+            op: OP,
+            name: "w",
+            found: w.shape().to_vec(),
+            expected: format!("[n, {k}] (k of x)"),
+        });
+    }
+    if let Some(b) = bias {
+        same_dtype(OP, "bias", b, x.dtype())?;
+        check_shape(OP, "bias", b, &[n], "[n]")?;
+    }
+    check_dtype(OP, "out", out, &[x.dtype(), DType::F32])?;
+    check_shape(OP, "out", out, &[m, n], "[m, n]")?;
+    Ok(MatmulDims { m, n, k })
+}
+
+pub struct KvWriteDims {
+    pub n: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+pub fn check_kv_write(
+    k: &Tensor,
+    v: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+) -> Result<KvWriteDims> {
+    const OP: &str = "kv_write";
+    check_dtype(OP, "k", k, FLOAT_DTYPES)?;
+    check_rank(OP, "k", k, 3, "[n, num_kv_heads, head_dim]")?;
+    same_dtype(OP, "v", v, k.dtype())?;
+    check_shape(OP, "v", v, k.shape(), "same as k")?;
+    let (n, kvh, hd) = (k.dim(0), k.dim(1), k.dim(2));
+    same_dtype(OP, "k_cache", k_cache, k.dtype())?;
+    check_rank(
+        OP,
+        "k_cache",
+        k_cache,
+        4,
+        "[num_blocks, block_size, num_kv_heads, head_dim]",
+    )?;
+    if k_cache.dim(2) != kvh || k_cache.dim(3) != hd {
+        return Err(Error::Shape {
+            op: OP,
+            name: "k_cache",
+            found: k_cache.shape().to_vec(),
+            expected: format!("[num_blocks, block_size, {kvh}, {hd}]"),
+        });
+    }
+    same_dtype(OP, "v_cache", v_cache, k.dtype())?;
+    check_shape(OP, "v_cache", v_cache, k_cache.shape(), "same as k_cache")?;
+    check_dtype(OP, "slot_mapping", slot_mapping, &[DType::I32])?;
+    check_shape(OP, "slot_mapping", slot_mapping, &[n], "[n]")?;
+    Ok(KvWriteDims {
+        n,
+        num_kv_heads: kvh,
+        head_dim: hd,
+        num_blocks: k_cache.dim(0),
+        block_size: k_cache.dim(1),
+    })
+}
+
+pub struct AttentionDims {
+    pub rows: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_seqs: usize,
+    pub table_width: usize,
+}
+
+pub fn check_attention(a: &Attention<'_>) -> Result<AttentionDims> {
+    const OP: &str = "attention";
+    check_dtype(OP, "q", a.q, FLOAT_DTYPES)?;
+    check_rank(OP, "q", a.q, 3, "[rows, num_heads, head_dim]")?;
+    let (rows, nh, hd) = (a.q.dim(0), a.q.dim(1), a.q.dim(2));
+    same_dtype(OP, "k_cache", a.k_cache, a.q.dtype())?;
+    check_rank(
+        OP,
+        "k_cache",
+        a.k_cache,
+        4,
+        "[num_blocks, block_size, num_kv_heads, head_dim]",
+    )?;
+    let (nb, bs, kvh) = (a.k_cache.dim(0), a.k_cache.dim(1), a.k_cache.dim(2));
+    if a.k_cache.dim(3) != hd || kvh == 0 || nh % kvh != 0 || bs == 0 {
+        return Err(Error::Shape {
+            op: OP,
+            name: "k_cache",
+            found: a.k_cache.shape().to_vec(),
+            expected: format!("[num_blocks, block_size > 0, num_kv_heads dividing {nh}, {hd}]"),
+        });
+    }
+    same_dtype(OP, "v_cache", a.v_cache, a.q.dtype())?;
+    check_shape(
+        OP,
+        "v_cache",
+        a.v_cache,
+        a.k_cache.shape(),
+        "same as k_cache",
+    )?;
+    check_dtype(OP, "block_tables", a.block_tables, &[DType::I32])?;
+    check_rank(
+        OP,
+        "block_tables",
+        a.block_tables,
+        2,
+        "[num_seqs, table_width]",
+    )?;
+    let (num_seqs, width) = (a.block_tables.dim(0), a.block_tables.dim(1));
+    check_dtype(OP, "seq_lens", a.seq_lens, &[DType::I32])?;
+    check_shape(OP, "seq_lens", a.seq_lens, &[num_seqs], "[num_seqs]")?;
+    match a.cu_seqlens_q {
+        None => {
+            if rows != num_seqs {
+                return Err(Error::Shape {
+                    op: OP,
+                    name: "q",
+                    found: a.q.shape().to_vec(),
+                    expected: format!("[{num_seqs}, {nh}, {hd}] (decode: one row per sequence)"),
+                });
+            }
+        }
+        Some(cu) => {
+            check_dtype(OP, "cu_seqlens_q", cu, &[DType::I32])?;
+            check_shape(OP, "cu_seqlens_q", cu, &[num_seqs + 1], "[num_seqs + 1]")?;
+        }
+    }
+    same_dtype(OP, "out", a.out, a.q.dtype())?;
+    check_shape(OP, "out", a.out, a.q.shape(), "same as q")?;
+    check_dtype(OP, "scratch", a.scratch, &[DType::F32])?;
+    if !a.scale.is_finite() {
+        return Err(Error::invalid(
+            OP,
+            format!("scale must be finite, got {}", a.scale),
+        ));
+    }
+    Ok(AttentionDims {
+        rows,
+        num_heads: nh,
+        num_kv_heads: kvh,
+        head_dim: hd,
+        num_blocks: nb,
+        block_size: bs,
+        num_seqs,
+        table_width: width,
+    })
+}
+
+pub fn check_scratch(scratch: &Tensor, needed: usize) -> Result<()> {
+    if scratch.numel() < needed {
+        return Err(Error::Shape {
+            op: "attention",
+            name: "scratch",
+            found: scratch.shape().to_vec(),
+            expected: format!("at least {needed} f32 elements (Backend::attention_scratch_len)"),
+        });
+    }
+    Ok(())
+}
+
+pub struct SampleDims {
+    pub batch: usize,
+    pub vocab: usize,
+}
+
+pub fn check_argmax(logits: &Tensor, out: &Tensor) -> Result<SampleDims> {
+    check_logits("argmax", logits, out)
+}
+
+fn check_logits(op: &'static str, logits: &Tensor, out: &Tensor) -> Result<SampleDims> {
+    check_dtype(op, "logits", logits, &[DType::F32])?;
+    check_rank(op, "logits", logits, 2, "[batch, vocab]")?;
+    let (batch, vocab) = (logits.dim(0), logits.dim(1));
+    if vocab == 0 {
+        return Err(Error::invalid(op, "vocab must be > 0"));
+    }
+    check_dtype(op, "out", out, &[DType::I32])?;
+    check_shape(op, "out", out, &[batch], "[batch]")?;
+    Ok(SampleDims { batch, vocab })
+}
+
+pub fn check_sample(logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<SampleDims> {
+    const OP: &str = "sample";
+    let d = check_logits(OP, logits, out)?;
+    let b = [d.batch];
+    check_dtype(OP, "temperature", p.temperature, &[DType::F32])?;
+    check_shape(OP, "temperature", p.temperature, &b, "[batch]")?;
+    check_dtype(OP, "top_k", p.top_k, &[DType::I32])?;
+    check_shape(OP, "top_k", p.top_k, &b, "[batch]")?;
+    check_dtype(OP, "top_p", p.top_p, &[DType::F32])?;
+    check_shape(OP, "top_p", p.top_p, &b, "[batch]")?;
+    check_dtype(OP, "seeds", p.seeds, &[DType::I64])?;
+    check_shape(OP, "seeds", p.seeds, &b, "[batch]")?;
+    Ok(d)
+}
+
+pub fn check_copy(src: &Tensor, dst: &Tensor) -> Result<()> {
+    if src.size_bytes() != dst.size_bytes() {
+        return Err(Error::Shape {
+            op: "copy",
+            name: "dst",
+            found: dst.shape().to_vec(),
+            expected: format!("{} bytes like src {:?}", src.size_bytes(), src.shape()),
+        });
+    }
+    Ok(())
+}
+
+/// The uniform draw in `[0, 1)` used by [`crate::backend::Backend::sample`]: splitmix64 of
+/// the seed, top 24 bits. The CUDA kernel computes exactly the same value.
+pub fn uniform_from_seed(seed: i64) -> f32 {
+    let mut z = (seed as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 40) as f32 * (1.0 / 16_777_216.0)
+}
+
+/// Llama-3 style frequency scaling (`rope_scaling.rope_type == "llama3"`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Scaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_max_position_embeddings: usize,
+}
+
+/// Everything that defines the rotary table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    /// Rotated dims per head (usually head_dim).
+    pub rot_dim: usize,
+    pub theta: f32,
+    pub llama3: Option<Llama3Scaling>,
+}
+
+impl RopeConfig {
+    /// Inverse frequencies `f_i`, `i < rot_dim / 2`, with Llama-3 scaling applied, in f64
+    /// (what HF transformers computes, then uses in f32).
+    pub fn inv_freq(&self) -> Vec<f64> {
+        let half = self.rot_dim / 2;
+        (0..half)
+            .map(|i| {
+                let f = 1.0 / (self.theta as f64).powf((2 * i) as f64 / self.rot_dim as f64);
+                match self.llama3 {
+                    None => f,
+                    Some(s) => {
+                        let old = s.original_max_position_embeddings as f64;
+                        let low_wavelen = old / s.low_freq_factor as f64;
+                        let high_wavelen = old / s.high_freq_factor as f64;
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / s.factor as f64
+                        } else {
+                            let smooth = (old / wavelen - s.low_freq_factor as f64)
+                                / (s.high_freq_factor as f64 - s.low_freq_factor as f64);
+                            (1.0 - smooth) * f / s.factor as f64 + smooth * f
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The f32 `[max_positions, rot_dim]` table [`crate::backend::Backend::rope`] reads:
+    /// per position `p`, `cos(p f_i)` for all `i`, then `sin(p f_i)`.
+    pub fn cos_sin_table(&self, max_positions: usize) -> Vec<f32> {
+        let inv = self.inv_freq();
+        let half = inv.len();
+        let mut t = vec![0f32; max_positions * 2 * half];
+        for p in 0..max_positions {
+            let row = &mut t[p * 2 * half..(p + 1) * 2 * half];
+            for (i, &f) in inv.iter().enumerate() {
+                // HF computes the angle in f32: (p as f32) * (f as f32).
+                let ang = (p as f32 * f as f32) as f64;
+                row[i] = ang.cos() as f32;
+                row[half + i] = ang.sin() as f32;
+            }
+        }
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_is_in_range_and_spread() {
+        let us: Vec<f32> = (0..10_000).map(uniform_from_seed).collect();
+        assert!(us.iter().all(|&u| (0.0..1.0).contains(&u)));
+        let mean = us.iter().sum::<f32>() / us.len() as f32;
+        assert!((mean - 0.5).abs() < 0.02, "mean {mean}");
+        assert_ne!(uniform_from_seed(1), uniform_from_seed(2));
+    }
+
+    #[test]
+    fn llama3_scaling_matches_hf_bands() {
+        let base = RopeConfig {
+            rot_dim: 128,
+            theta: 500_000.0,
+            llama3: None,
+        };
+        let scaled = RopeConfig {
+            llama3: Some(Llama3Scaling {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192,
+            }),
+            ..base
+        };
+        let (a, b) = (base.inv_freq(), scaled.inv_freq());
+        // Highest frequencies (short wavelengths) are untouched, lowest divided by factor.
+        assert_eq!(a[0], b[0]);
+        assert!((a[63] / b[63] - 8.0).abs() < 1e-9);
+        // In between, the scaled frequency lies between f/factor and f.
+        for i in 0..64 {
+            assert!(b[i] <= a[i] + 1e-15 && b[i] >= a[i] / 8.0 - 1e-15, "i={i}");
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! A small, explicit tensor view: buffer + byte offset + shape + dtype. Always contiguous,
+//! row-major. Slicing along the first dimension is a cheap view. Not an autograd framework:
+//! a `Tensor` is a typed pointer into backend memory that ops read and write.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::backend::cpu::CpuBuffer;
+use crate::backend::cuda::CudaBuffer;
+use crate::error::{Error, Result};
+
+/// Element types encore stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    BF16,
+    F16,
+    F32,
+    I32,
+    I64,
+}
+
+impl DType {
+    pub const fn size(self) -> usize {
+        match self {
+            DType::BF16 | DType::F16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::I64 => 8,
+        }
+    }
+
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16 | DType::F32)
+    }
+
+    /// The name used in kernel symbols (`rms_norm_bf16`, ...).
+    pub const fn kernel_suffix(self) -> &'static str {
+        match self {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+        }
+    }
+
+    /// Parse `bf16|f16|f32` (the float run dtypes).
+    pub fn parse_float(s: &str) -> Option<DType> {
+        match s {
+            "bf16" | "bfloat16" => Some(DType::BF16),
+            "f16" | "float16" | "half" => Some(DType::F16),
+            "f32" | "float32" | "float" => Some(DType::F32),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kernel_suffix())
+    }
+}
+
+/// Rust element types that map one-to-one onto a [`DType`].
+pub trait Element: bytemuck::Pod + Send + Sync + 'static {
+    const DTYPE: DType;
+}
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+}
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+}
+
+/// The memory a tensor points into. Cloning shares the buffer.
+#[derive(Clone)]
+pub enum Storage {
+    Cpu(Arc<CpuBuffer>),
+    Cuda(Arc<CudaBuffer>),
+}
+
+impl Storage {
+    pub fn len_bytes(&self) -> usize {
+        match self {
+            Storage::Cpu(b) => b.len(),
+            Storage::Cuda(b) => b.len(),
+        }
+    }
+
+    pub fn device_name(&self) -> String {
+        match self {
+            Storage::Cpu(_) => "cpu".to_string(),
+            Storage::Cuda(b) => format!("cuda:{}", b.ordinal()),
+        }
+    }
+}
+
+/// A contiguous view of `shape` elements of `dtype` starting `offset` bytes into `storage`.
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Storage,
+    offset: usize,
+    shape: Vec<usize>,
+    dtype: DType,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor({}, {:?}, {}, +{})",
+            self.storage.device_name(),
+            self.shape,
+            self.dtype,
+            self.offset
+        )
+    }
+}
+
+impl Tensor {
+    /// A view of `storage`. Fails if the view does not fit in the buffer.
+    pub fn new(storage: Storage, offset: usize, shape: &[usize], dtype: DType) -> Result<Self> {
+        let bytes = shape.iter().product::<usize>() * dtype.size();
+        if offset + bytes > storage.len_bytes() {
+            return Err(Error::invalid(
+                "Tensor::new",
+                format!(
+                    "view of {bytes} bytes at offset {offset} exceeds buffer of {} bytes",
+                    storage.len_bytes()
+                ),
+            ));
+        }
+        Ok(Tensor {
+            storage,
+            offset,
+            shape: shape.to_vec(),
+            dtype,
+        })
+    }
+
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn size_bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+    /// Size of dimension `i`; negative indices count from the end.
+    pub fn dim(&self, i: isize) -> usize {
+        let i = if i < 0 { self.rank() as isize + i } else { i };
+        self.shape[i as usize]
+    }
+    /// Product of all dimensions but the last (the "rows" of a row-wise op).
+    pub fn rows(&self) -> usize {
+        self.shape[..self.rank().saturating_sub(1)].iter().product()
+    }
+    pub fn device_name(&self) -> String {
+        self.storage.device_name()
+    }
+
+    /// Rows `start..start+len` of the first dimension: a view, no copy.
+    pub fn narrow(&self, start: usize, len: usize) -> Result<Tensor> {
+        let d0 = *self.shape.first().ok_or_else(|| {
+            Error::invalid(
+                "Tensor::narrow",
+                "cannot narrow a rank-0 tensor".to_string(),
+            )
+        })?;
+        if start + len > d0 {
+            return Err(Error::invalid(
+                "Tensor::narrow",
+                format!(
+                    "rows {start}..{} out of range for {:?}",
+                    start + len,
+                    self.shape
+                ),
+            ));
+        }
+        let row_bytes = self.shape[1..].iter().product::<usize>() * self.dtype.size();
+        let mut shape = self.shape.clone();
+        shape[0] = len;
+        Ok(Tensor {
+            storage: self.storage.clone(),
+            offset: self.offset + start * row_bytes,
+            shape,
+            dtype: self.dtype,
+        })
+    }
+
+    /// The first `len` rows (what a bucket's graph sees of a max-shape buffer).
+    pub fn prefix(&self, len: usize) -> Result<Tensor> {
+        self.narrow(0, len)
+    }
+
+    /// The same elements under another shape of equal element count.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        if shape.iter().product::<usize>() != self.numel() {
+            return Err(Error::invalid(
+                "Tensor::reshape",
+                format!("cannot reshape {:?} to {:?}", self.shape, shape),
+            ));
+        }
+        Ok(Tensor {
+            storage: self.storage.clone(),
+            offset: self.offset,
+            shape: shape.to_vec(),
+            dtype: self.dtype,
+        })
+    }
+
+    /// Reinterpret the same bytes as a view of another dtype and shape (for arenas).
+    pub fn view_as(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Tensor::new(self.storage.clone(), self.offset, shape, dtype).and_then(|t| {
+            if t.size_bytes() > self.size_bytes() {
+                Err(Error::invalid(
+                    "Tensor::view_as",
+                    format!(
+                        "{shape:?} {dtype} needs {} bytes, the view has {}",
+                        t.size_bytes(),
+                        self.size_bytes()
+                    ),
+                ))
+            } else {
+                Ok(t)
+            }
+        })
+    }
+
+    /// Whether the two views point at the same first byte of the same buffer.
+    pub fn same_start(&self, other: &Tensor) -> bool {
+        let same_buf = match (&self.storage, &other.storage) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => Arc::ptr_eq(a, b),
+            (Storage::Cuda(a), Storage::Cuda(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        same_buf && self.offset == other.offset
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Backend;
+
+    #[test]
+    fn narrow_prefix_reshape_are_views() {
+        let cpu = crate::backend::cpu::CpuBackend::new();
+        let data: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        let t = cpu.upload(&data, &[4, 6]).unwrap();
+        let rows = t.narrow(1, 2).unwrap();
+        assert_eq!(rows.shape(), &[2, 6]);
+        assert_eq!(rows.offset(), 24);
+        assert_eq!(cpu.download::<f32>(&rows).unwrap(), data[6..18].to_vec());
+        let p = t.prefix(3).unwrap().reshape(&[18]).unwrap();
+        assert_eq!(cpu.download::<f32>(&p).unwrap(), data[..18].to_vec());
+        assert!(t.narrow(3, 2).is_err());
+        assert!(t.reshape(&[5, 5]).is_err());
+        assert!(t.prefix(0).unwrap().numel() == 0);
+    }
+
+    #[test]
+    fn view_as_checks_size() {
+        let cpu = crate::backend::cpu::CpuBackend::new();
+        let t = cpu.alloc(DType::F32, &[8]).unwrap();
+        assert!(t.view_as(DType::BF16, &[16]).is_ok());
+        assert!(t.view_as(DType::BF16, &[17]).is_err());
+    }
+}

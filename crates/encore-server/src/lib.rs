@@ -1,0 +1,1 @@
+//! encore-server: the OpenAI-compatible HTTP API lands here with the engine.
