@@ -4,6 +4,7 @@
 //! their kernels, the capture primitives and the capture arena. See ARCHITECTURE.md.
 
 pub mod backend;
+pub mod bench;
 pub mod device;
 pub mod error;
 pub mod memory;

@@ -177,7 +177,7 @@ pub fn check_rope(
     check_dtype(OP, "cos_sin", cos_sin, &[DType::F32])?;
     check_rank(OP, "cos_sin", cos_sin, 2, "[max_positions, rot]")?;
     let rot = cos_sin.dim(1);
-    if rot == 0 || rot % 2 != 0 || rot > head_dim {
+    if rot == 0 || !rot.is_multiple_of(2) || rot > head_dim {
         return Err(Error::Shape {
             op: OP,
             name: "cos_sin",
@@ -199,7 +199,7 @@ pub fn check_silu_mul(gate_up: &Tensor, out: &Tensor) -> Result<RowDims> {
     const OP: &str = "silu_mul";
     check_dtype(OP, "gate_up", gate_up, FLOAT_DTYPES)?;
     check_rank(OP, "gate_up", gate_up, 2, "[n, 2*inter]")?;
-    if gate_up.dim(1) % 2 != 0 {
+    if !gate_up.dim(1).is_multiple_of(2) {
         return Err(Error::Shape {
             op: OP,
             name: "gate_up",

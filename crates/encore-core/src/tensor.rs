@@ -56,7 +56,7 @@ impl DType {
 
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.kernel_suffix())
+        f.pad(self.kernel_suffix())
     }
 }
 
@@ -266,7 +266,7 @@ mod tests {
 
     #[test]
     fn narrow_prefix_reshape_are_views() {
-        let cpu = crate::backend::cpu::CpuBackend::new();
+        let cpu: &dyn Backend = &crate::backend::cpu::CpuBackend::new();
         let data: Vec<f32> = (0..24).map(|i| i as f32).collect();
         let t = cpu.upload(&data, &[4, 6]).unwrap();
         let rows = t.narrow(1, 2).unwrap();

@@ -1,1 +1,302 @@
-fn main() {}
+//! The `encore` command line: `info` (backends, devices, kernels, self-check) and
+//! `bench kernels`. `serve`, `generate` and `bench decode` arrive with the engine.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use encore_core::backend::cuda::{self, CudaLibraries};
+use encore_core::bench::{self, AttentionShape, BenchRow};
+use encore_core::device::{self, DeviceSpec, Opened};
+use encore_core::testing::{self, CheckResult};
+use encore_core::DType;
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(
+    name = "encore",
+    version,
+    about = "LLM inference engine built around graph mode"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Backends and devices found, CUDA libraries, kernels compiled, and a self-check of
+    /// each backend's kernels against the CPU reference.
+    Info(InfoArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Args)]
+struct DeviceArg {
+    /// auto | cpu | cuda | cuda:N (auto: CUDA when usable, else CPU).
+    #[arg(long, default_value = "auto")]
+    device: String,
+}
+
+impl DeviceArg {
+    fn spec(&self) -> Result<DeviceSpec> {
+        Ok(self.device.parse::<DeviceSpec>()?)
+    }
+}
+
+#[derive(Args)]
+struct InfoArgs {
+    #[command(flatten)]
+    device: DeviceArg,
+    /// Skip the kernel self-check.
+    #[arg(long)]
+    no_self_check: bool,
+    /// Seed of the self-check's random inputs (default: from the clock, so each run draws
+    /// fresh inputs).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// GEMM TFLOP/s, decode-attention bandwidth, copy bandwidth, launch cost eager vs graph.
+    Kernels(BenchKernelsArgs),
+}
+
+#[derive(Args)]
+struct BenchKernelsArgs {
+    #[command(flatten)]
+    device: DeviceArg,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Small shapes and few iterations (for a quick look, e.g. on CPU).
+    #[arg(long)]
+    quick: bool,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ENCORE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(a) => info(a),
+        Command::Bench(BenchCommand::Kernels(a)) => bench_kernels(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn spinner(msg: &str) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").unwrap());
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(100));
+    pb
+}
+
+fn gib(bytes: usize) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+fn info(args: InfoArgs) -> Result<ExitCode> {
+    let spec = args.device.spec()?;
+    println!("encore {}", env!("CARGO_PKG_VERSION"));
+    println!("backends");
+    println!("  cpu      available ({} threads)", rayon_threads());
+    let libs = CudaLibraries::probe();
+    let yes = |b| if b { "found" } else { "missing" };
+    println!(
+        "  cuda     libcuda {}, libnvrtc {}, libcublasLt {}",
+        yes(libs.driver),
+        yes(libs.nvrtc),
+        yes(libs.cublaslt)
+    );
+    match cuda::device_count() {
+        Ok(n) => println!("           {n} device(s)"),
+        Err(e) => println!("           no devices: {e}"),
+    }
+
+    let pb = spinner(&format!("opening {spec} (compiling kernels on first use)"));
+    let opened = device::open(spec);
+    pb.finish_and_clear();
+    let (opened, note) = opened.with_context(|| format!("opening --device {spec}"))?;
+    if let Some(note) = note {
+        println!("note     {note}");
+    }
+    let backend = opened.backend();
+    println!("selected {}", backend.device_name());
+    if let Opened::Cuda(c) = &opened {
+        let i = c.info();
+        println!(
+            "  device {}: {}, sm_{}{}, {} SMs, {:.1} GiB",
+            i.ordinal,
+            i.name,
+            i.compute_capability.0,
+            i.compute_capability.1,
+            i.sm_count,
+            gib(i.total_memory)
+        );
+        let r = c.compile_report();
+        println!(
+            "kernels  {} functions from {} files for {}, NVRTC {}.{}: {:.2} s ({} of {} files from the cache{})",
+            c.num_kernels(),
+            r.files,
+            r.arch,
+            r.nvrtc_version.0,
+            r.nvrtc_version.1,
+            r.seconds,
+            r.cache_hits,
+            r.files,
+            r.cache_dir
+                .as_ref()
+                .map(|d| format!(" at {}", d.display()))
+                .unwrap_or_else(|| ", cache off".into())
+        );
+    } else {
+        println!("kernels  CPU reference kernels (Rust, f32 accumulation)");
+    }
+    if args.no_self_check {
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let (title, results) = {
+        let t = Instant::now();
+        let pb = spinner("self-check");
+        let r = match &opened {
+            Opened::Cpu(_) => testing::check_cpu_against_reference(seed)
+                .map(|r| ("CPU kernels vs naive f64 reference", r)),
+            Opened::Cuda(_) => testing::check_backend_against_cpu(backend.as_ref(), seed)
+                .map(|r| ("CUDA kernels vs CPU reference", r)),
+        };
+        let capture = testing::check_capture_replay(backend.as_ref(), seed);
+        pb.finish_and_clear();
+        let (title, mut results) = r?;
+        results.extend(capture?);
+        tracing::info!("self-check took {:?}", t.elapsed());
+        (title, results)
+    };
+    println!("self-check: {title}, seed {seed}");
+    print_checks(&results);
+    let failed = results.iter().filter(|r| !r.pass).count();
+    println!("{} passed, {} failed", results.len() - failed, failed);
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn print_checks(results: &[CheckResult]) {
+    println!(
+        "  {:<34} {:<30} {:<5} {:>10} {:>9}  ",
+        "check", "shape", "dtype", "error", "tol"
+    );
+    for r in results {
+        println!(
+            "  {:<34} {:<30} {:<5} {:>10.2e} {:>9.1e}  {}",
+            r.op,
+            r.shape,
+            r.dtype,
+            r.error,
+            r.tolerance,
+            if r.pass { "ok" } else { "FAIL" }
+        );
+    }
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
+    let (opened, note) = device::open(args.device.spec()?)?;
+    if let Some(note) = note {
+        eprintln!("note: {note}");
+    }
+    let be = opened.backend();
+    let be = be.as_ref();
+    let quick = args.quick || matches!(opened, Opened::Cpu(_));
+    let mut rows: Vec<BenchRow> = Vec::new();
+    let mut push = |r: BenchRow| {
+        if args.json {
+            println!(
+                "{{\"name\":\"{}\",\"value\":{:.4},\"unit\":\"{}\",\"seconds\":{:.9},\"device\":\"{}\"}}",
+                r.name,
+                r.value,
+                r.unit,
+                r.seconds,
+                be.device_name()
+            );
+        }
+        rows.push(r);
+    };
+    if quick {
+        push(bench::gemm(be, 64, 256, 256, DType::F32, 5)?);
+        push(bench::copy_bandwidth(be, 8 << 20, 5)?);
+        let s = AttentionShape {
+            batch: 1,
+            context: 256,
+            num_heads: 8,
+            num_kv_heads: 2,
+            head_dim: 64,
+            block_size: 16,
+        };
+        push(bench::decode_attention(be, s, DType::F32, 5)?);
+        let (e, g) = bench::launch_cost(be, 100)?;
+        push(e);
+        push(g);
+    } else {
+        for dt in [DType::BF16, DType::F16] {
+            push(bench::gemm(be, 4096, 4096, 4096, dt, 50)?);
+        }
+        push(bench::gemm(be, 1, 4096, 4096, DType::BF16, 200)?);
+        push(bench::gemm(be, 64, 14336, 4096, DType::BF16, 200)?);
+        push(bench::copy_bandwidth(be, 1 << 30, 20)?);
+        for batch in [1, 64] {
+            let s = AttentionShape {
+                batch,
+                context: 4096,
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 128,
+                block_size: 16,
+            };
+            push(bench::decode_attention(be, s, DType::BF16, 100)?);
+        }
+        let (e, g) = bench::launch_cost(be, 1000)?;
+        push(e);
+        push(g);
+    }
+    if !args.json {
+        println!("{:<58} {:>12} {:<10} detail", "benchmark", "value", "unit");
+        for r in &rows {
+            println!(
+                "{:<58} {:>12.2} {:<10} {}",
+                r.name, r.value, r.unit, r.detail
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

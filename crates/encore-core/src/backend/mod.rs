@@ -212,7 +212,7 @@ pub trait Backend: Send + Sync {
     fn is_capturing(&self) -> bool;
 }
 
-impl dyn Backend {
+impl dyn Backend + '_ {
     /// Allocate a tensor holding `data` with `shape`.
     pub fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
         let t = self.alloc(T::DTYPE, shape)?;

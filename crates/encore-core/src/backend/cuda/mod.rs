@@ -1,5 +1,597 @@
-//! The CUDA backend (placeholder while being written).
+//! The CUDA backend: cudarc with dynamic loading (the crate builds with no CUDA
+//! installed), one non-blocking compute stream (the legacy default stream cannot be
+//! captured), encore-owned device buffers (cudarc's per-buffer event tracking is off, so
+//! nothing records events behind a capture's back), NVRTC-compiled kernels loaded at
+//! start-up, cuBLASLt GEMMs, and CUDA graphs for capture/replay.
 
+mod blas;
 mod buffer;
+mod kernels;
+pub mod nvrtc;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{
+    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig,
+};
 
 pub use buffer::CudaBuffer;
+pub use nvrtc::CompileReport;
+
+use crate::backend::{Attention, Backend, Graph, Sampling};
+use crate::error::{Error, Result};
+use crate::ops;
+use crate::tensor::{DType, Storage, Tensor};
+
+/// Which CUDA libraries can be loaded on this machine.
+#[derive(Clone, Debug)]
+pub struct CudaLibraries {
+    pub driver: bool,
+    pub nvrtc: bool,
+    pub cublaslt: bool,
+}
+
+impl CudaLibraries {
+    /// Probe with dlopen only: cudarc panics on first use of a missing library.
+    pub fn probe() -> Self {
+        // SAFETY: each call only attempts to dlopen the library.
+        unsafe {
+            CudaLibraries {
+                driver: drv_sys::is_culib_present(),
+                nvrtc: cudarc::nvrtc::sys::is_culib_present(),
+                cublaslt: cudarc::cublaslt::sys::is_culib_present(),
+            }
+        }
+    }
+
+    pub fn missing(&self) -> Vec<&'static str> {
+        let mut m = Vec::new();
+        if !self.driver {
+            m.push("libcuda (the NVIDIA driver)");
+        }
+        if !self.nvrtc {
+            m.push("libnvrtc");
+        }
+        if !self.cublaslt {
+            m.push("libcublasLt");
+        }
+        m
+    }
+}
+
+/// Number of CUDA devices, or why there are none.
+pub fn device_count() -> Result<usize> {
+    let libs = CudaLibraries::probe();
+    if !libs.driver {
+        return Err(Error::DeviceUnavailable {
+            device: "cuda".into(),
+            why: "libcuda (the NVIDIA driver) is not installed or not on the library path".into(),
+        });
+    }
+    drv::init().map_err(|e| Error::DeviceUnavailable {
+        device: "cuda".into(),
+        why: format!("cuInit failed: {e:?}"),
+    })?;
+    drv::device::get_count()
+        .map(|n| n as usize)
+        .map_err(|e| Error::cuda("cuDeviceGetCount", e))
+}
+
+/// Facts about the device, read once at start-up.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub sm_count: usize,
+    pub total_memory: usize,
+}
+
+/// The CUDA backend of one device.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    functions: HashMap<&'static str, CudaFunction>,
+    _modules: Vec<Arc<CudaModule>>,
+    lt: blas::Lt,
+    info: DeviceInfo,
+    compile: CompileReport,
+    capturing: AtomicBool,
+}
+
+/// Device address of a CUDA tensor's first element.
+///
+/// Panics on a CPU tensor; every op checks devices first.
+pub(super) fn dptr(t: &Tensor) -> u64 {
+    match t.storage() {
+        Storage::Cuda(b) => b.dptr() + t.offset() as u64,
+        Storage::Cpu(_) => unreachable!("dptr of a CPU tensor (check_device first)"),
+    }
+}
+
+impl CudaBackend {
+    /// Open device `ordinal`: create the context and stream, compile (or load from the
+    /// cache) and load every kernel, create the cuBLASLt handle and workspace.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let device = format!("cuda:{ordinal}");
+        let libs = CudaLibraries::probe();
+        let missing = libs.missing();
+        if !missing.is_empty() {
+            return Err(Error::DeviceUnavailable {
+                device,
+                why: format!(
+                    "missing {} (set LD_LIBRARY_PATH, e.g. /usr/local/cuda/lib64)",
+                    missing.join(", ")
+                ),
+            });
+        }
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(Error::DeviceUnavailable {
+                device,
+                why: format!("{count} CUDA device(s) present"),
+            });
+        }
+        let unavailable = |what: &str, e: drv::DriverError| Error::DeviceUnavailable {
+            device: format!("cuda:{ordinal}"),
+            why: format!("{what}: {e:?}"),
+        };
+        let ctx = CudaContext::new(ordinal).map_err(|e| unavailable("creating the context", e))?;
+        // SAFETY: encore never uses cudarc's CudaSlice; all memory is raw and ordered on
+        // our one stream, so event tracking has nothing to protect (and it would record
+        // events inside captures).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| unavailable("creating a stream", e))?;
+        let attr = |a| {
+            ctx.attribute(a)
+                .map_err(|e| Error::cuda("cuDeviceGetAttribute", e))
+        };
+        use drv_sys::CUdevice_attribute as A;
+        let cc = (
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().unwrap_or_else(|_| "unknown".into()),
+            compute_capability: cc,
+            sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize,
+            total_memory: drv::mem_get_info().map(|(_, t)| t).unwrap_or(0),
+        };
+
+        let arch = format!("sm_{}{}", cc.0, cc.1);
+        let (compiled, compile) = nvrtc::compile_all(&arch)?;
+        let mut functions = HashMap::new();
+        let mut modules = Vec::new();
+        for m in compiled {
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(m.cubin))
+                .map_err(|e| Error::cuda(format!("cuModuleLoadData({})", m.file), e))?;
+            for &name in m.functions {
+                let f = module.load_function(name).map_err(|e| {
+                    Error::cuda(format!("cuModuleGetFunction({name} in {})", m.file), e)
+                })?;
+                functions.insert(name, f);
+            }
+            modules.push(module);
+        }
+        let lt = blas::Lt::new(&ctx)?;
+        tracing::info!(
+            "cuda:{ordinal} {} (sm_{}{}, {} SMs): {} kernels from {} files in {:.2}s ({} cached)",
+            info.name,
+            cc.0,
+            cc.1,
+            info.sm_count,
+            compile.functions,
+            compile.files,
+            compile.seconds,
+            compile.cache_hits
+        );
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            functions,
+            _modules: modules,
+            lt,
+            info,
+            compile,
+            capturing: AtomicBool::new(false),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// How the kernels were obtained at start-up (compiled or cached, time).
+    pub fn compile_report(&self) -> &CompileReport {
+        &self.compile
+    }
+
+    /// Number of loaded kernel functions.
+    pub fn num_kernels(&self) -> usize {
+        self.functions.len()
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        drv::mem_get_info().map_err(|e| Error::cuda("cuMemGetInfo", e))
+    }
+
+    /// Number of distinct GEMM shapes planned so far.
+    pub fn num_gemm_plans(&self) -> usize {
+        self.lt.num_plans()
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::cuda("cuCtxSetCurrent", e))
+    }
+
+    pub(super) fn function(&self, name: &str) -> Result<&CudaFunction> {
+        self.functions.get(name).ok_or_else(|| Error::Cuda {
+            call: "kernel lookup".into(),
+            message: format!("kernel `{name}` is not loaded (not listed in kernels.rs SOURCES?)"),
+        })
+    }
+
+    pub(super) fn sm_count(&self) -> usize {
+        self.info.sm_count
+    }
+
+    /// Launch kernel `name` on the compute stream. `args` points at each argument value.
+    pub(super) fn launch(
+        &self,
+        name: &str,
+        cfg: LaunchConfig,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let f = self.function(name)?;
+        self.bind()?;
+        // SAFETY: the launcher built `args` to match the kernel's parameter list; every
+        // pointer argument is a validated tensor of this device.
+        unsafe {
+            drv::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.stream.cu_stream(),
+                args,
+            )
+        }
+        .map_err(|e| Error::cuda(format!("launch of kernel `{name}`"), e))
+    }
+
+    fn forbid_in_capture(&self, op: &'static str) -> Result<()> {
+        if self.capturing.load(Ordering::Acquire) {
+            return Err(Error::CaptureViolation { op });
+        }
+        Ok(())
+    }
+
+    fn check_device(&self, op: &'static str, tensors: &[(&'static str, &Tensor)]) -> Result<()> {
+        for (name, t) in tensors {
+            let ok = matches!(t.storage(), Storage::Cuda(b) if b.ordinal() == self.info.ordinal);
+            if !ok {
+                return Err(Error::WrongDevice {
+                    op,
+                    name,
+                    found: t.device_name(),
+                    expected: self.device_name(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A CUDA graph captured on the compute stream.
+pub struct CudaGraphExec {
+    graph: cudarc::driver::CudaGraph,
+    num_nodes: usize,
+}
+
+// SAFETY: the graph is only launched through `&self` from the thread driving the backend;
+// CUDA graph execs may be launched from any thread as long as calls are serialised, which
+// the engine's single step loop guarantees.
+unsafe impl Send for CudaGraphExec {}
+
+impl Graph for CudaGraphExec {
+    fn replay(&self) -> Result<()> {
+        self.graph
+            .launch()
+            .map_err(|e| Error::cuda("cuGraphLaunch", e))
+    }
+    fn num_ops(&self) -> usize {
+        self.num_nodes
+    }
+}
+
+impl Backend for CudaBackend {
+    fn device_name(&self) -> String {
+        format!("cuda:{}", self.info.ordinal)
+    }
+
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        self.forbid_in_capture("alloc")?;
+        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let buf = CudaBuffer::new(&self.ctx, bytes, &format!("tensor {shape:?} {dtype}"))?;
+        Tensor::new(Storage::Cuda(Arc::new(buf)), 0, shape, dtype)
+    }
+
+    fn write_bytes(&self, dst: &Tensor, src: &[u8]) -> Result<()> {
+        self.forbid_in_capture("write_bytes (host->device copy)")?;
+        self.check_device("write_bytes", &[("dst", dst)])?;
+        ops::check_len("write_bytes", "src", src.len(), dst.size_bytes())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: dst spans src.len() bytes. For pageable `src`, cuMemcpyHtoDAsync returns
+        // only after the bytes are staged, so `src` may be reused when this returns.
+        unsafe { drv::memcpy_htod_async(dptr(dst), src, self.stream.cu_stream()) }
+            .map_err(|e| Error::cuda("cuMemcpyHtoDAsync", e))
+    }
+
+    fn read_bytes(&self, src: &Tensor, dst: &mut [u8]) -> Result<()> {
+        self.forbid_in_capture("read_bytes (device->host copy)")?;
+        self.check_device("read_bytes", &[("src", src)])?;
+        ops::check_len("read_bytes", "dst", dst.len(), src.size_bytes())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: src spans dst.len() bytes; we synchronise before `dst` is released.
+        unsafe { drv::memcpy_dtoh_async(dst, dptr(src), self.stream.cu_stream()) }
+            .map_err(|e| Error::cuda("cuMemcpyDtoHAsync", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| Error::cuda("cuStreamSynchronize", e))
+    }
+
+    fn copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        self.check_device("copy", &[("src", src), ("dst", dst)])?;
+        ops::check_copy(src, dst)?;
+        if src.size_bytes() == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both views span size_bytes() bytes on this device.
+        unsafe {
+            drv::memcpy_dtod_async(
+                dptr(dst),
+                dptr(src),
+                src.size_bytes(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", e))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.forbid_in_capture("synchronize")?;
+        self.stream
+            .synchronize()
+            .map_err(|e| Error::cuda("cuStreamSynchronize", e))
+    }
+
+    fn embedding(&self, ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<()> {
+        self.check_device("embedding", &[("ids", ids), ("table", table), ("out", out)])?;
+        let d = ops::check_embedding(ids, table, out)?;
+        kernels::embedding(self, ids, table, out, &d)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+        weight: &Tensor,
+        eps: f32,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.check_device("rms_norm", &[("x", x), ("weight", weight), ("out", out)])?;
+        if let Some(r) = residual {
+            self.check_device("rms_norm", &[("residual", r)])?;
+        }
+        let d = ops::check_rms_norm(x, residual, weight, eps, out)?;
+        kernels::rms_norm(self, x, residual, weight, eps, out, &d)
+    }
+
+    fn rope(&self, q: &Tensor, k: &Tensor, positions: &Tensor, cos_sin: &Tensor) -> Result<()> {
+        self.check_device(
+            "rope",
+            &[
+                ("q", q),
+                ("k", k),
+                ("positions", positions),
+                ("cos_sin", cos_sin),
+            ],
+        )?;
+        let d = ops::check_rope(q, k, positions, cos_sin)?;
+        kernels::rope(self, q, k, positions, cos_sin, &d)
+    }
+
+    fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
+        self.check_device("silu_mul", &[("gate_up", gate_up), ("out", out)])?;
+        let d = ops::check_silu_mul(gate_up, out)?;
+        kernels::silu_mul(self, gate_up, out, &d)
+    }
+
+    fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()> {
+        self.check_device("matmul", &[("x", x), ("w", w), ("out", out)])?;
+        if let Some(b) = bias {
+            self.check_device("matmul", &[("bias", b)])?;
+        }
+        let d = ops::check_matmul(x, w, bias, out)?;
+        if d.k == 0 {
+            return Err(Error::invalid("matmul", "k must be > 0"));
+        }
+        self.bind()?;
+        self.lt.matmul(
+            &self.stream,
+            &blas::MatmulCall {
+                m: d.m,
+                n: d.n,
+                k: d.k,
+                dtype: x.dtype(),
+                out_dtype: out.dtype(),
+                x: dptr(x),
+                w: dptr(w),
+                bias: bias.map(dptr),
+                out: dptr(out),
+            },
+        )
+    }
+
+    fn kv_write(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        slot_mapping: &Tensor,
+    ) -> Result<()> {
+        self.check_device(
+            "kv_write",
+            &[
+                ("k", k),
+                ("v", v),
+                ("k_cache", k_cache),
+                ("v_cache", v_cache),
+                ("slot_mapping", slot_mapping),
+            ],
+        )?;
+        let d = ops::check_kv_write(k, v, k_cache, v_cache, slot_mapping)?;
+        kernels::kv_write(self, k, v, k_cache, v_cache, slot_mapping, &d)
+    }
+
+    fn attention(&self, a: &Attention<'_>) -> Result<()> {
+        let mut ts = vec![
+            ("q", a.q),
+            ("k_cache", a.k_cache),
+            ("v_cache", a.v_cache),
+            ("block_tables", a.block_tables),
+            ("seq_lens", a.seq_lens),
+            ("out", a.out),
+            ("scratch", a.scratch),
+        ];
+        if let Some(cu) = a.cu_seqlens_q {
+            ts.push(("cu_seqlens_q", cu));
+        }
+        self.check_device("attention", &ts)?;
+        let d = ops::check_attention(a)?;
+        ops::check_scratch(
+            a.scratch,
+            self.attention_scratch_len(
+                d.rows,
+                d.num_heads,
+                d.head_dim,
+                d.table_width,
+                d.block_size,
+            ),
+        )?;
+        kernels::attention(self, a, &d)
+    }
+
+    fn attention_scratch_len(
+        &self,
+        rows: usize,
+        num_heads: usize,
+        head_dim: usize,
+        table_width: usize,
+        block_size: usize,
+    ) -> usize {
+        kernels::attention_scratch_len(
+            self.info.sm_count,
+            rows,
+            num_heads,
+            head_dim,
+            table_width,
+            block_size,
+        )
+    }
+
+    fn argmax(&self, logits: &Tensor, out: &Tensor) -> Result<()> {
+        self.check_device("argmax", &[("logits", logits), ("out", out)])?;
+        let d = ops::check_argmax(logits, out)?;
+        kernels::argmax(self, logits, out, &d)
+    }
+
+    fn sample(&self, logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<()> {
+        self.check_device(
+            "sample",
+            &[
+                ("logits", logits),
+                ("temperature", p.temperature),
+                ("top_k", p.top_k),
+                ("top_p", p.top_p),
+                ("seeds", p.seeds),
+                ("out", out),
+            ],
+        )?;
+        let d = ops::check_sample(logits, p, out)?;
+        kernels::sample(self, logits, p, out, &d)
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        if self.capturing.swap(true, Ordering::AcqRel) {
+            return Err(Error::Capture(
+                "begin_capture while already capturing".into(),
+            ));
+        }
+        // Thread-local mode: an unsafe API call (e.g. cuMemAlloc) from this thread while
+        // capturing is an error rather than silently breaking the capture.
+        let r = self
+            .stream
+            .begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| Error::cuda("cuStreamBeginCapture", e));
+        if r.is_err() {
+            self.capturing.store(false, Ordering::Release);
+        }
+        r
+    }
+
+    fn end_capture(&self) -> Result<Box<dyn Graph>> {
+        if !self.capturing.swap(false, Ordering::AcqRel) {
+            return Err(Error::Capture("end_capture without begin_capture".into()));
+        }
+        let start = Instant::now();
+        let graph = self
+            .stream
+            .end_capture(drv_sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| {
+                Error::cuda(
+                    "cuStreamEndCapture/cuGraphInstantiate (was an op invalid during capture?)",
+                    e,
+                )
+            })?
+            .ok_or_else(|| Error::Capture("the capture recorded no graph".into()))?;
+        let mut num_nodes = 0usize;
+        // SAFETY: the graph is live; passing a null node array asks only for the count.
+        unsafe {
+            let _ =
+                drv_sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut num_nodes);
+        }
+        graph
+            .upload()
+            .map_err(|e| Error::cuda("cuGraphUpload", e))?;
+        tracing::debug!(
+            "captured graph of {num_nodes} nodes in {:?}",
+            start.elapsed()
+        );
+        Ok(Box::new(CudaGraphExec { graph, num_nodes }))
+    }
+
+    fn is_capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
+    }
+}

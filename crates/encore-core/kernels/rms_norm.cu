@@ -1,0 +1,76 @@
+// rms_norm: out = x / sqrt(mean(x^2) + eps) * w, optionally fused with the residual add
+// (residual = T(residual + x) is stored back first and the norm is computed from the
+// stored, rounded value).
+// Grid: (rows); one block per row. Pass 1 reads x (and residual), writes residual and
+// accumulates the sum of squares; a block reduction; pass 2 re-reads the (now stored)
+// input and writes out. Every element is handled by the same thread in both passes and
+// the reduction synchronises the block, so `out` may alias `x`.
+
+template <typename T>
+__device__ __forceinline__ void rms_norm_impl(const T* x, T* residual, const T* __restrict__ w,
+                                              T* out, int dim, float eps, int has_res,
+                                              int vec) {
+    __shared__ float sh[32];
+    constexpr int V = Ty<T>::V;
+    const long long base = (long long)blockIdx.x * dim;
+    const T* xr = x + base;
+    T* rr = has_res ? residual + base : nullptr;
+    T* orow = out + base;
+    // The row the norm is computed from (the stored residual when fused).
+    const T* src = has_res ? (const T*)rr : xr;
+
+    float ss = 0.0f;
+    if (vec) {
+        const int nv = dim / V;
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float a[V];
+            load_vec(xr + i * V, a);
+            if (has_res) {
+                float r[V];
+                load_vec(rr + i * V, r);
+#pragma unroll
+                for (int e = 0; e < V; ++e) a[e] = to_f32(from_f32<T>(r[e] + a[e]));
+                store_vec(rr + i * V, a);
+            }
+#pragma unroll
+            for (int e = 0; e < V; ++e) ss += a[e] * a[e];
+        }
+    } else {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+            float a = to_f32(xr[i]);
+            if (has_res) {
+                const T s = from_f32<T>(to_f32(rr[i]) + a);
+                rr[i] = s;
+                a = to_f32(s);
+            }
+            ss += a * a;
+        }
+    }
+    ss = block_sum(ss, sh);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+
+    if (vec) {
+        const int nv = dim / V;
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float a[V], g[V];
+            load_vec(src + i * V, a);
+            load_vec(w + i * V, g);
+#pragma unroll
+            for (int e = 0; e < V; ++e) a[e] = a[e] * inv * g[e];
+            store_vec(orow + i * V, a);
+        }
+    } else {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+            orow[i] = from_f32<T>(to_f32(src[i]) * inv * to_f32(w[i]));
+        }
+    }
+}
+
+#define RMS_NORM(NAME, T)                                                                  \
+    extern "C" __global__ void NAME(const T* x, T* residual, const T* w, T* out, int dim,  \
+                                    float eps, int has_res, int vec) {                     \
+        rms_norm_impl<T>(x, residual, w, out, dim, eps, has_res, vec);                     \
+    }
+RMS_NORM(rms_norm_bf16, bf16)
+RMS_NORM(rms_norm_f16, f16)
+RMS_NORM(rms_norm_f32, float)

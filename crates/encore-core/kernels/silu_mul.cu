@@ -1,0 +1,41 @@
+// silu_mul: out[i, j] = silu(gate_up[i, j]) * gate_up[i, inter + j], silu(x) = x/(1+e^-x).
+// Grid: (ceil(cols / blockDim), min(rows, 65535)); blocks stride over rows by gridDim.y.
+// `cols` counts 16-byte vectors when `vec` (inter * sizeof(T) % 16 == 0 and both base
+// pointers aligned), elements otherwise.
+
+__device__ __forceinline__ float silu_mul_f32(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+template <typename T>
+__device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, T* __restrict__ out,
+                                              int rows, int inter, int vec) {
+    constexpr int V = Ty<T>::V;
+    const int cols = vec ? inter / V : inter;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+        const T* g = gu + r * 2 * inter;
+        const T* u = g + inter;
+        T* o = out + r * inter;
+        if (vec) {
+            float a[V], b[V];
+            load_vec(g + (long long)c * V, a);
+            load_vec(u + (long long)c * V, b);
+#pragma unroll
+            for (int e = 0; e < V; ++e) a[e] = silu_mul_f32(a[e], b[e]);
+            store_vec(o + (long long)c * V, a);
+        } else {
+            o[c] = from_f32<T>(silu_mul_f32(to_f32(g[c]), to_f32(u[c])));
+        }
+    }
+}
+
+#define SILU_MUL(NAME, T)                                                                  \
+    extern "C" __global__ void NAME(const T* gate_up, T* out, int rows, int inter,         \
+                                    int vec) {                                             \
+        silu_mul_impl<T>(gate_up, out, rows, inter, vec);                                  \
+    }
+SILU_MUL(silu_mul_bf16, bf16)
+SILU_MUL(silu_mul_f16, f16)
+SILU_MUL(silu_mul_f32, float)

@@ -1,0 +1,463 @@
+//! CPU kernels: the reference implementations of every op (semantics on `Backend`).
+//! Each runs when called (eagerly or from a tape) and reads its buffers at that moment.
+//!
+//! Float kernels are generic over [`Float`] (bf16, f16, f32): every value is widened to
+//! f32, all arithmetic is f32, and each output element is rounded to its dtype once.
+//! Rows are spread over rayon's pool; a kernel never reads or writes outside its tensors,
+//! whatever the index data says.
+//!
+//! NOTE: outputs must not overlap inputs unless the op says so (only `rms_norm` allows
+//! `out` to alias `x`, and `rope` works in place): the kernels build Rust slices over the
+//! buffers, and overlapping `&` and `&mut` slices would be undefined behaviour.
+
+mod attention;
+mod sample;
+
+use std::borrow::Cow;
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::ptr_of;
+use crate::ops::{EmbeddingDims, KvWriteDims, MatmulDims, RopeDims, RowDims};
+use crate::tensor::{DType, Tensor};
+
+pub(super) use attention::{attention, AttentionArgs};
+pub(super) use sample::{argmax, sample, SampleArgs};
+
+/// A float element type the kernels compute with (always through f32).
+trait Float: Copy + Send + Sync + 'static {
+    /// Whether `to_f32` is a few instructions (f32, bf16; f16 needs `half`'s slice
+    /// conversion to be fast).
+    const CHEAP_TO_F32: bool;
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+    /// The slice itself when `Self` is f32 (so f32 inputs are not copied).
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
+    /// `dst[i] = src[i].to_f32()` for a whole slice, as fast as the type allows.
+    fn widen(src: &[Self], dst: &mut [f32]);
+}
+
+impl Float for f32 {
+    const CHEAP_TO_F32: bool = true;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+}
+
+impl Float for bf16 {
+    const CHEAP_TO_F32: bool = true;
+    fn to_f32(self) -> f32 {
+        // Exact (bf16 is the top half of an f32); branch-free, so loops vectorise.
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        // `half`'s slice conversion for bf16 is scalar with a NaN branch; this vectorises.
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
+}
+
+impl Float for f16 {
+    const CHEAP_TO_F32: bool = false;
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst)
+    }
+}
+
+/// Call `$f::<T>(args)` with `T` the Rust type of the float dtype `$dtype`.
+macro_rules! dispatch_float {
+    ($dtype:expr, $f:ident ( $($arg:expr),* $(,)? )) => {
+        match $dtype {
+            DType::BF16 => $f::<bf16>($($arg),*),
+            DType::F16 => $f::<f16>($($arg),*),
+            DType::F32 => $f::<f32>($($arg),*),
+            other => unreachable!("ops validation admits only float dtypes here, got {other}"),
+        }
+    };
+}
+use dispatch_float;
+
+/// The elements of `t` as a shared slice. Panics on a misaligned view (only a
+/// hand-made `Tensor::new` with an odd offset produces one).
+///
+/// # Safety
+/// `t`'s dtype is `T`'s, and no mutable slice over any of its bytes is alive while the
+/// returned slice is.
+unsafe fn view<T>(t: &Tensor) -> &[T] {
+    let p = ptr_of(t) as *const T;
+    assert!(p.is_aligned(), "{t:?} is not aligned for its dtype");
+    // SAFETY: the tensor's view lies inside its buffer (`Tensor::new`), is aligned
+    // (checked above) and holds `numel` elements of `T` (caller); no `&mut` aliases it.
+    unsafe { std::slice::from_raw_parts(p, t.numel()) }
+}
+
+/// The elements of `t` as a mutable slice.
+///
+/// # Safety
+/// As [`view`], and no other slice over any of its bytes is alive while this one is.
+#[allow(clippy::mut_from_ref)]
+unsafe fn view_mut<T>(t: &Tensor) -> &mut [T] {
+    let p = ptr_of(t) as *mut T;
+    assert!(p.is_aligned(), "{t:?} is not aligned for its dtype");
+    // SAFETY: as in `view`, and the caller guarantees exclusive access.
+    unsafe { std::slice::from_raw_parts_mut(p, t.numel()) }
+}
+
+/// A raw pointer that parallel workers share to write disjoint elements.
+#[derive(Clone, Copy)]
+struct SyncPtr<T>(*mut T);
+
+// SAFETY: workers only ever touch disjoint elements through it (each use says why).
+unsafe impl<T> Send for SyncPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    /// The pointer (a method, so closures capture the `Sync` wrapper, not the field).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// `s` widened to f32 (borrowed when it already is f32).
+fn to_f32<T: Float>(s: &[T]) -> Cow<'_, [f32]> {
+    match T::as_f32(s) {
+        Some(f) => Cow::Borrowed(f),
+        None => {
+            let mut out = vec![0f32; s.len()];
+            T::widen(s, &mut out);
+            Cow::Owned(out)
+        }
+    }
+}
+
+/// Minimum rows per rayon task so that tiny rows are not split into tiny tasks.
+fn min_rows(row_len: usize) -> usize {
+    (4096 / row_len.max(1)).max(1)
+}
+
+pub(super) fn embedding(ids: &Tensor, table: &Tensor, out: &Tensor, d: &EmbeddingDims) {
+    dispatch_float!(table.dtype(), embedding_t(ids, table, out, d))
+}
+
+fn embedding_t<T: Float>(ids: &Tensor, table: &Tensor, out: &Tensor, d: &EmbeddingDims) {
+    if d.hidden == 0 {
+        return;
+    }
+    // SAFETY: dtypes validated (ids i32, table and out T); out is distinct from the inputs.
+    let (ids, table, out) = unsafe { (view::<i32>(ids), view::<T>(table), view_mut::<T>(out)) };
+    out.par_chunks_mut(d.hidden)
+        .zip(ids.par_iter())
+        .with_min_len(min_rows(d.hidden))
+        .for_each(|(row, &id)| match usize::try_from(id) {
+            Ok(id) if id < d.vocab => {
+                row.copy_from_slice(&table[id * d.hidden..(id + 1) * d.hidden])
+            }
+            _ => row.fill(T::from_f32(0.0)),
+        });
+}
+
+pub(super) fn rms_norm(
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    w: &Tensor,
+    eps: f32,
+    out: &Tensor,
+    d: &RowDims,
+) {
+    dispatch_float!(x.dtype(), rms_norm_t(x, residual, w, eps, out, d))
+}
+
+fn rms_norm_t<T: Float>(
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    w: &Tensor,
+    eps: f32,
+    out: &Tensor,
+    d: &RowDims,
+) {
+    let dim = d.dim;
+    if dim == 0 || d.rows == 0 {
+        return;
+    }
+    // SAFETY: dtype validated; the weight is never written.
+    let w = unsafe { view::<T>(w) };
+    // `out` may alias `x`, so rows are reached through raw pointers: each worker reads
+    // its row of `x` (and `residual`) completely before it writes the same row of `out`.
+    let xp = SyncPtr(ptr_of(x) as *mut T);
+    let rp = residual.map(|r| SyncPtr(ptr_of(r) as *mut T));
+    let op = SyncPtr(ptr_of(out) as *mut T);
+    (0..d.rows)
+        .into_par_iter()
+        .with_min_len(min_rows(dim))
+        .for_each_init(
+            || vec![0f32; dim],
+            |vals, r| {
+                // SAFETY: rows are disjoint between workers and lie inside the validated
+                // `[rows, dim]` views; this row of `x` is only read while `xr` lives, and
+                // `residual` is a distinct tensor.
+                unsafe {
+                    let xr = std::slice::from_raw_parts(xp.get().add(r * dim), dim);
+                    match rp {
+                        Some(rp) => {
+                            let rr = std::slice::from_raw_parts_mut(rp.get().add(r * dim), dim);
+                            for ((v, x), res) in vals.iter_mut().zip(xr).zip(rr.iter_mut()) {
+                                *res = T::from_f32(res.to_f32() + x.to_f32());
+                                *v = res.to_f32();
+                            }
+                        }
+                        None => {
+                            for (v, x) in vals.iter_mut().zip(xr) {
+                                *v = x.to_f32();
+                            }
+                        }
+                    }
+                }
+                let mean_sq = vals.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+                let inv = 1.0 / (mean_sq + eps).sqrt();
+                // SAFETY: the reads of this row above are finished; the row is disjoint
+                // from every other worker's.
+                let or = unsafe { std::slice::from_raw_parts_mut(op.get().add(r * dim), dim) };
+                for ((o, v), w) in or.iter_mut().zip(vals.iter()).zip(w) {
+                    *o = T::from_f32(v * inv * w.to_f32());
+                }
+            },
+        );
+}
+
+pub(super) fn rope(q: &Tensor, k: &Tensor, pos: &Tensor, cs: &Tensor, d: &RopeDims) {
+    dispatch_float!(q.dtype(), rope_t(q, k, pos, cs, d))
+}
+
+fn rope_t<T: Float>(q: &Tensor, k: &Tensor, pos: &Tensor, cs: &Tensor, d: &RopeDims) {
+    // SAFETY: dtypes validated (positions i32, cos_sin f32); q and k are distinct tensors
+    // rotated in place, neither aliases positions or the table.
+    let (pos, cs) = unsafe { (view::<i32>(pos), view::<f32>(cs)) };
+    for (t, heads) in [(q, d.num_heads), (k, d.num_kv_heads)] {
+        let row_len = heads * d.head_dim;
+        if row_len == 0 {
+            continue;
+        }
+        // SAFETY: as above.
+        let x = unsafe { view_mut::<T>(t) };
+        x.par_chunks_mut(row_len)
+            .zip(pos.par_iter())
+            .with_min_len(min_rows(row_len))
+            .for_each(|(row, &p)| {
+                let Some(p) = usize::try_from(p).ok().filter(|&p| p < d.max_positions) else {
+                    return;
+                };
+                let half = d.rot / 2;
+                let (cos, sin) = cs[p * d.rot..(p + 1) * d.rot].split_at(half);
+                for head in row.chunks_exact_mut(d.head_dim) {
+                    let (lo, hi) = head[..d.rot].split_at_mut(half);
+                    for i in 0..half {
+                        let (a, b) = (lo[i].to_f32(), hi[i].to_f32());
+                        lo[i] = T::from_f32(a * cos[i] - b * sin[i]);
+                        hi[i] = T::from_f32(b * cos[i] + a * sin[i]);
+                    }
+                }
+            });
+    }
+}
+
+pub(super) fn silu_mul(gu: &Tensor, out: &Tensor, d: &RowDims) {
+    dispatch_float!(gu.dtype(), silu_mul_t(gu, out, d))
+}
+
+fn silu_mul_t<T: Float>(gu: &Tensor, out: &Tensor, d: &RowDims) {
+    let inter = d.dim;
+    if inter == 0 {
+        return;
+    }
+    // SAFETY: dtypes validated; out is distinct from gate_up.
+    let (gu, out) = unsafe { (view::<T>(gu), view_mut::<T>(out)) };
+    out.par_chunks_mut(inter)
+        .zip(gu.par_chunks(2 * inter))
+        .with_min_len(min_rows(inter))
+        .for_each(|(o, gu)| {
+            let (gate, up) = gu.split_at(inter);
+            for ((o, g), u) in o.iter_mut().zip(gate).zip(up) {
+                let g = g.to_f32();
+                *o = T::from_f32(g / (1.0 + (-g).exp()) * u.to_f32());
+            }
+        });
+}
+
+pub(super) fn matmul(x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &Tensor, d: &MatmulDims) {
+    dispatch_float!(x.dtype(), matmul_t(x, w, b, out, d))
+}
+
+/// Up to this many rows of `x`, matmul is dot products over each row of `w` widened once
+/// (the op is bound by reading `w`): `gemm` pads a small `m` to its tile and measured up
+/// to ~2× slower there on the 2-core build machine (k=2048, n=8192, m=2..8).
+const SMALL_M: usize = 8;
+
+/// `Σ a_i · b_i` in f32 with 8 independent partial sums (so the loop vectorises), `b`
+/// widened on the fly.
+fn dot<T: Float>(a: &[f32], b: &[T]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(a, b)| a * b.to_f32())
+        .sum();
+    for (a, b) in a8.zip(b8) {
+        for l in 0..8 {
+            lanes[l] += a[l] * b[l].to_f32();
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `out = x · wᵀ (+ bias)` through `gemm`'s f32 kernel (or [`dot`] for a few rows), in column blocks of `out` (rows
+/// of `w`) spread over rayon: each block widens its rows of `w` to f32, so temporaries
+/// stay small even for a large vocabulary projection.
+fn matmul_t<T: Float>(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor, d: &MatmulDims) {
+    let MatmulDims { m, n, k } = *d;
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: dtypes validated; inputs are only read, out is written below through a raw
+    // pointer, and does not overlap them.
+    let (x, w, bias) = unsafe { (view::<T>(x), view::<T>(w), bias.map(|b| view::<T>(b))) };
+    let xf = to_f32(x);
+    let out_f32 = out.dtype() == DType::F32;
+    let op = SyncPtr(ptr_of(out));
+    let block = n
+        .div_ceil(2 * rayon::current_num_threads())
+        .clamp(16, 256)
+        .min(n);
+    (0..n.div_ceil(block)).into_par_iter().for_each(|bi| {
+        let j0 = bi * block;
+        let nb = block.min(n - j0);
+        let wblock = &w[j0 * k..(j0 + nb) * k];
+        let mut acc = vec![0f32; m * nb];
+        if k == 0 {
+            // An empty product: only the bias remains.
+        } else if m <= SMALL_M {
+            // One row: widen in registers. More: widen each row of `w` once, reuse it.
+            let fused = m == 1 && T::CHEAP_TO_F32;
+            let mut buf = vec![0f32; if fused { 0 } else { k }];
+            for (j, wrow) in wblock.chunks_exact(k).enumerate() {
+                if fused {
+                    acc[j] = dot(&xf, wrow);
+                    continue;
+                }
+                let wf = match T::as_f32(wrow) {
+                    Some(wf) => wf,
+                    None => {
+                        T::widen(wrow, &mut buf);
+                        &buf
+                    }
+                };
+                for i in 0..m {
+                    acc[i * nb + j] = dot(&xf[i * k..(i + 1) * k], wf);
+                }
+            }
+        } else {
+            let wf = to_f32(wblock);
+            // SAFETY: dst `acc` is m×nb (row stride nb), lhs `xf` is m×k (row stride k),
+            // rhs element (kk, j) is `wf[j * k + kk]` (k×nb, column stride k): every
+            // access is in bounds. `read_dst = false`, so dst = 1·lhs·rhs.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    nb,
+                    k,
+                    acc.as_mut_ptr(),
+                    1,
+                    nb as isize,
+                    false,
+                    xf.as_ptr(),
+                    1,
+                    k as isize,
+                    wf.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            };
+        }
+        for i in 0..m {
+            for j in 0..nb {
+                let v = acc[i * nb + j] + bias.map_or(0.0, |b| b[j0 + j].to_f32());
+                let at = i * n + j0 + j;
+                // SAFETY: `at < m * n` and column j0 + j belongs to this block alone; the
+                // element type is f32 or T as validated.
+                unsafe {
+                    if out_f32 {
+                        *(op.get() as *mut f32).add(at) = v;
+                    } else {
+                        *(op.get() as *mut T).add(at) = T::from_f32(v);
+                    }
+                }
+            }
+        }
+    });
+}
+
+pub(super) fn kv_write(
+    k: &Tensor,
+    v: &Tensor,
+    kc: &Tensor,
+    vc: &Tensor,
+    sm: &Tensor,
+    d: &KvWriteDims,
+) {
+    let row = d.num_kv_heads * d.head_dim * k.dtype().size();
+    let slots = d.num_blocks * d.block_size;
+    // SAFETY: slot_mapping is i32; the byte views cover exactly each tensor; caches are
+    // distinct from k, v and from each other.
+    let (sm, k, v, kc, vc) = unsafe {
+        (
+            view::<i32>(sm),
+            std::slice::from_raw_parts(ptr_of(k), k.size_bytes()),
+            std::slice::from_raw_parts(ptr_of(v), v.size_bytes()),
+            std::slice::from_raw_parts_mut(ptr_of(kc), kc.size_bytes()),
+            std::slice::from_raw_parts_mut(ptr_of(vc), vc.size_bytes()),
+        )
+    };
+    for (i, &slot) in sm.iter().enumerate() {
+        let Some(slot) = usize::try_from(slot).ok().filter(|&s| s < slots) else {
+            continue;
+        };
+        let (src, dst) = (i * row..(i + 1) * row, slot * row..(slot + 1) * row);
+        kc[dst.clone()].copy_from_slice(&k[src.clone()]);
+        vc[dst].copy_from_slice(&v[src]);
+    }
+}

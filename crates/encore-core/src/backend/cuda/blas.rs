@@ -1,0 +1,299 @@
+//! GEMM through cuBLASLt: bf16/f16/f32 inputs, f32 accumulation, a fixed workspace
+//! allocated once (so matmuls are capture-safe), and one plan per shape — descriptors and
+//! the heuristic's algorithm chosen on first use and cached, never re-chosen per call.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublaslt::{result as lt, sys};
+use cudarc::driver::{CudaContext, CudaStream};
+
+use super::buffer::CudaBuffer;
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+
+/// cuBLASLt's recommended workspace on Hopper.
+pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct PlanKey {
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype: DType,
+    out: DType,
+    bias: bool,
+    /// Alignment (bytes, power of two up to 256) of the x, w, out pointers the plan
+    /// was chosen for; a less aligned call gets its own plan.
+    align: [u32; 3],
+}
+
+/// Descriptors and algorithm for one shape. Destroyed with the `Lt`.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: the plan's descriptors are immutable after creation except the bias pointer,
+// which is only set under the `Lt` mutex right before the matmul that uses it.
+unsafe impl Send for Plan {}
+
+pub struct Lt {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaBuffer,
+    plans: Mutex<HashMap<PlanKey, Plan>>,
+}
+
+// SAFETY: the handle is used under the `plans` mutex only.
+unsafe impl Send for Lt {}
+unsafe impl Sync for Lt {}
+
+fn data_type(d: DType) -> sys::cudaDataType {
+    match d {
+        DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+        DType::F16 => sys::cudaDataType::CUDA_R_16F,
+        _ => sys::cudaDataType::CUDA_R_32F,
+    }
+}
+
+fn err(call: &str) -> impl Fn(lt::CublasError) -> Error + '_ {
+    move |e| Error::cuda(call, e)
+}
+
+/// Largest power of two (<= 256) dividing `ptr`.
+fn alignment(ptr: u64) -> u32 {
+    if ptr == 0 {
+        256
+    } else {
+        (1u64 << ptr.trailing_zeros().min(8)) as u32
+    }
+}
+
+/// Pointers and sizes of one `out = x·wᵀ (+bias)`.
+pub struct MatmulCall {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub dtype: DType,
+    pub out_dtype: DType,
+    pub x: u64,
+    pub w: u64,
+    pub bias: Option<u64>,
+    pub out: u64,
+}
+
+impl Lt {
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        ctx.bind_to_thread()
+            .map_err(|e| Error::cuda("cuCtxSetCurrent", e))?;
+        let handle = lt::create_handle().map_err(err("cublasLtCreate"))?;
+        let workspace = CudaBuffer::new(ctx, WORKSPACE_BYTES, "cuBLASLt workspace")?;
+        Ok(Lt {
+            handle,
+            workspace,
+            plans: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Number of distinct shapes planned so far.
+    pub fn num_plans(&self) -> usize {
+        self.plans.lock().unwrap().len()
+    }
+
+    pub fn matmul(&self, stream: &CudaStream, c: &MatmulCall) -> Result<()> {
+        if c.m == 0 || c.n == 0 {
+            return Ok(());
+        }
+        let key = PlanKey {
+            m: c.m,
+            n: c.n,
+            k: c.k,
+            dtype: c.dtype,
+            out: c.out_dtype,
+            bias: c.bias.is_some(),
+            align: [alignment(c.x), alignment(c.w), alignment(c.out)],
+        };
+        let mut plans = self.plans.lock().unwrap();
+        let plan = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key)?),
+        };
+        // SAFETY: descriptors are live (owned by `plans`); pointers were validated as
+        // tensors of the planned shapes by `ops::check_matmul`.
+        unsafe {
+            if let Some(b) = c.bias {
+                lt::set_matmul_desc_attribute(
+                    plan.desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &b as *const u64 as *const c_void,
+                    std::mem::size_of::<u64>(),
+                )
+                .map_err(err("cublasLtMatmulDescSetAttribute(BIAS_POINTER)"))?;
+            }
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            lt::matmul(
+                self.handle,
+                plan.desc,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                c.w as *const c_void,
+                plan.a,
+                c.x as *const c_void,
+                plan.b,
+                c.out as *const c_void,
+                plan.d,
+                c.out as *mut c_void,
+                plan.d,
+                &plan.algo,
+                self.workspace.dptr() as *mut c_void,
+                WORKSPACE_BYTES,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+            .map_err(|e| {
+                Error::cuda(
+                    format!("cublasLtMatmul [{}x{}x{}] {}", c.m, c.n, c.k, c.dtype),
+                    e,
+                )
+            })
+        }
+    }
+
+    /// Row-major `out[m,n] = x[m,k] · w[n,k]ᵀ` is column-major `outᵀ[n,m] = w · xᵀ`:
+    /// A = w (stored k×n column-major, transposed), B = x (k×m, not transposed), D n×m.
+    fn plan(&self, key: &PlanKey) -> Result<Plan> {
+        let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
+        let t_in = data_type(key.dtype);
+        let t_out = data_type(key.out);
+        // SAFETY: every descriptor created here is either returned in the plan or
+        // destroyed on the error path by `Plan`'s cleanup below.
+        unsafe {
+            let desc = lt::create_matmul_desc(
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cudaDataType::CUDA_R_32F,
+            )
+            .map_err(err("cublasLtMatmulDescCreate"))?;
+            let a = lt::create_matrix_layout(t_in, k, n, k as i64)
+                .map_err(err("cublasLtMatrixLayoutCreate(A)"))?;
+            let b = lt::create_matrix_layout(t_in, k, m, k as i64)
+                .map_err(err("cublasLtMatrixLayoutCreate(B)"))?;
+            let d = lt::create_matrix_layout(t_out, n, m, n as i64)
+                .map_err(err("cublasLtMatrixLayoutCreate(D)"))?;
+            let mut plan = Plan {
+                desc,
+                a,
+                b,
+                d,
+                algo: std::mem::zeroed(),
+            };
+            let set_desc = |attr, v: *const c_void, size| {
+                lt::set_matmul_desc_attribute(desc, attr, v, size)
+                    .map_err(err("cublasLtMatmulDescSetAttribute"))
+            };
+            let op_t = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T;
+            if let Err(e) = set_desc(
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &op_t as *const _ as *const c_void,
+                std::mem::size_of_val(&op_t),
+            ) {
+                plan.destroy();
+                return Err(e);
+            }
+            if key.bias {
+                let epi = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+                let bias_t = t_in;
+                let r = set_desc(
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                    &epi as *const _ as *const c_void,
+                    std::mem::size_of_val(&epi),
+                )
+                .and_then(|_| {
+                    set_desc(
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                        &bias_t as *const _ as *const c_void,
+                        std::mem::size_of_val(&bias_t),
+                    )
+                });
+                if let Err(e) = r {
+                    plan.destroy();
+                    return Err(e);
+                }
+            }
+            let pref = match lt::create_matmul_pref() {
+                Ok(p) => p,
+                Err(e) => {
+                    plan.destroy();
+                    return Err(Error::cuda("cublasLtMatmulPreferenceCreate", e));
+                }
+            };
+            let ws = WORKSPACE_BYTES as u64;
+            let mut r = lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const u64 as *const c_void,
+                8,
+            );
+            let aligns = [
+                (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[1]),
+                (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[0]),
+                (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
+                (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]),
+            ];
+            for (attr, v) in aligns {
+                r = r.and_then(|_| {
+                    lt::set_matmul_pref_attribute(pref, attr, &v as *const u32 as *const c_void, 4)
+                });
+            }
+            let heur =
+                r.and_then(|_| lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref));
+            let _ = lt::destroy_matmul_pref(pref);
+            match heur {
+                Ok(h) => {
+                    plan.algo = h.algo;
+                    Ok(plan)
+                }
+                Err(e) => {
+                    plan.destroy();
+                    Err(Error::Cuda {
+                        call: "cublasLtMatmulAlgoGetHeuristic".into(),
+                        message: format!(
+                            "no algorithm for [{}x{}x{}] {} -> {}{}: {e:?}",
+                            key.m,
+                            key.n,
+                            key.k,
+                            key.dtype,
+                            key.out,
+                            if key.bias { " with bias" } else { "" }
+                        ),
+                    })
+                }
+            }
+        }
+    }
+}
+
+impl Plan {
+    /// # Safety
+    /// Called once, on descriptors that are live.
+    unsafe fn destroy(&self) {
+        let _ = lt::destroy_matrix_layout(self.a);
+        let _ = lt::destroy_matrix_layout(self.b);
+        let _ = lt::destroy_matrix_layout(self.d);
+        let _ = lt::destroy_matmul_desc(self.desc);
+    }
+}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        // SAFETY: each plan's descriptors are destroyed once; then the handle.
+        unsafe {
+            for plan in self.plans.get_mut().unwrap().values() {
+                plan.destroy();
+            }
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}

@@ -1,0 +1,586 @@
+//! The NVRTC kernel sources of the CUDA backend and one launcher per op.
+//!
+//! Sources live in `crates/encore-core/kernels/`: `common.cuh` is prepended to every `.cu`
+//! file before compiling (see [`COMMON`]), and [`SOURCES`] lists every file with every
+//! `extern "C"` entry point it defines (`scripts/check-kernels.py` checks both lists against
+//! NVRTC's output). The backend validates shapes, dtypes and devices and then calls the
+//! launchers here, which only choose launch shapes (from tensor shapes alone: graphs replay
+//! them with new buffer contents), check alignment and pass pointers.
+
+use std::ffi::c_void;
+
+use cudarc::driver::LaunchConfig;
+
+use super::{dptr, CudaBackend};
+use crate::backend::{Attention, Sampling};
+use crate::error::{Error, Result};
+use crate::ops::{AttentionDims, EmbeddingDims, KvWriteDims, RopeDims, RowDims, SampleDims};
+use crate::tensor::{DType, Tensor};
+
+/// One kernel file: its name, its text and the entry points it defines.
+pub(super) struct KernelSource {
+    pub file: &'static str,
+    pub src: &'static str,
+    pub functions: &'static [&'static str],
+}
+
+/// Prepended to every kernel file before NVRTC compiles it.
+pub(super) const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
+pub(super) const SOURCES: &[KernelSource] = &[
+    KernelSource {
+        file: "embedding.cu",
+        src: include_str!("../../../kernels/embedding.cu"),
+        functions: &["embedding_bf16", "embedding_f16", "embedding_f32"],
+    },
+    KernelSource {
+        file: "rms_norm.cu",
+        src: include_str!("../../../kernels/rms_norm.cu"),
+        functions: &["rms_norm_bf16", "rms_norm_f16", "rms_norm_f32"],
+    },
+    KernelSource {
+        file: "rope.cu",
+        src: include_str!("../../../kernels/rope.cu"),
+        functions: &["rope_bf16", "rope_f16", "rope_f32"],
+    },
+    KernelSource {
+        file: "silu_mul.cu",
+        src: include_str!("../../../kernels/silu_mul.cu"),
+        functions: &["silu_mul_bf16", "silu_mul_f16", "silu_mul_f32"],
+    },
+    KernelSource {
+        file: "kv_write.cu",
+        src: include_str!("../../../kernels/kv_write.cu"),
+        functions: &["kv_write_bf16", "kv_write_f16", "kv_write_f32"],
+    },
+    KernelSource {
+        file: "attention.cu",
+        src: include_str!("../../../kernels/attention.cu"),
+        functions: &[
+            "attention_split_g1_bf16",
+            "attention_split_g2_bf16",
+            "attention_split_g4_bf16",
+            "attention_split_g8_bf16",
+            "attention_split_g1_f16",
+            "attention_split_g2_f16",
+            "attention_split_g4_f16",
+            "attention_split_g8_f16",
+            "attention_split_g1_f32",
+            "attention_split_g2_f32",
+            "attention_split_g4_f32",
+            "attention_split_g8_f32",
+            "attention_combine_bf16",
+            "attention_combine_f16",
+            "attention_combine_f32",
+        ],
+    },
+    KernelSource {
+        file: "sampling.cu",
+        src: include_str!("../../../kernels/sampling.cu"),
+        functions: &["argmax_f32", "sample_f32"],
+    },
+];
+
+/// `[*mut c_void; N]` of pointers to the (local, named) kernel arguments, in order.
+macro_rules! args {
+    ($($a:ident),* $(,)?) => {
+        [$(&$a as *const _ as *mut c_void),*]
+    };
+}
+
+fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32)) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: block,
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A launch dimension or scalar kernel argument as i32, or an error naming it.
+fn int(op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| Error::invalid(op, format!("{what} = {v} exceeds the kernels' i32 range")))
+}
+
+/// Grid dimension x (at most 2^31 - 1).
+fn grid_x(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    int(op, what, v).map(|v| v as u32)
+}
+
+fn aligned16(t: &Tensor) -> bool {
+    dptr(t).is_multiple_of(16)
+}
+
+/// Threads for a block that strides over `work` items: a multiple of 32 in 32..=max.
+fn threads_for(work: usize, max: u32) -> u32 {
+    (work.div_ceil(32) * 32).clamp(32, max as usize) as u32
+}
+
+fn kernel(op: &str, dtype: DType) -> String {
+    format!("{op}_{}", dtype.kernel_suffix())
+}
+
+pub(super) fn embedding(
+    be: &CudaBackend,
+    ids: &Tensor,
+    table: &Tensor,
+    out: &Tensor,
+    d: &EmbeddingDims,
+) -> Result<()> {
+    const OP: &str = "embedding";
+    if d.n == 0 || d.hidden == 0 {
+        return Ok(());
+    }
+    let dt = table.dtype();
+    let vec = (d.hidden * dt.size()).is_multiple_of(16) && aligned16(table) && aligned16(out);
+    let work = if vec {
+        d.hidden * dt.size() / 16
+    } else {
+        d.hidden
+    };
+    let c = cfg(
+        (grid_x(OP, "n", d.n)?, 1, 1),
+        (threads_for(work, 256), 1, 1),
+    );
+    let (ids, table, out) = (dptr(ids), dptr(table), dptr(out));
+    let vocab = int(OP, "vocab", d.vocab)?;
+    let hidden = int(OP, "hidden", d.hidden)?;
+    let vec = vec as i32;
+    be.launch(
+        &kernel(OP, dt),
+        c,
+        &mut args![ids, table, out, vocab, hidden, vec],
+    )
+}
+
+pub(super) fn rms_norm(
+    be: &CudaBackend,
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    w: &Tensor,
+    eps: f32,
+    out: &Tensor,
+    d: &RowDims,
+) -> Result<()> {
+    const OP: &str = "rms_norm";
+    if d.rows == 0 || d.dim == 0 {
+        return Ok(());
+    }
+    let dt = x.dtype();
+    let vec = (d.dim * dt.size()).is_multiple_of(16)
+        && aligned16(x)
+        && aligned16(w)
+        && aligned16(out)
+        && residual.is_none_or(aligned16);
+    let work = if vec { d.dim * dt.size() / 16 } else { d.dim };
+    let c = cfg(
+        (grid_x(OP, "rows", d.rows)?, 1, 1),
+        (threads_for(work, 1024), 1, 1),
+    );
+    let has_res = residual.is_some() as i32;
+    let (x, res, w, out) = (dptr(x), residual.map_or(0, dptr), dptr(w), dptr(out));
+    let dim = int(OP, "dim", d.dim)?;
+    let vec = vec as i32;
+    be.launch(
+        &kernel(OP, dt),
+        c,
+        &mut args![x, res, w, out, dim, eps, has_res, vec],
+    )
+}
+
+pub(super) fn rope(
+    be: &CudaBackend,
+    q: &Tensor,
+    k: &Tensor,
+    positions: &Tensor,
+    cos_sin: &Tensor,
+    d: &RopeDims,
+) -> Result<()> {
+    const OP: &str = "rope";
+    if d.n == 0 || d.num_heads + d.num_kv_heads == 0 {
+        return Ok(());
+    }
+    let dt = q.dtype();
+    let v = 16 / dt.size();
+    let half = d.rot / 2;
+    let vec = half.is_multiple_of(v)
+        && (d.head_dim * dt.size()).is_multiple_of(16)
+        && aligned16(q)
+        && aligned16(k)
+        && aligned16(cos_sin);
+    let items = (d.num_heads + d.num_kv_heads) * if vec { half / v } else { half };
+    int(OP, "(num_heads + num_kv_heads) * rot / 2", items)?;
+    let c = cfg(
+        (grid_x(OP, "n", d.n)?, 1, 1),
+        (threads_for(items, 256), 1, 1),
+    );
+    let (q, k, pos, cs) = (dptr(q), dptr(k), dptr(positions), dptr(cos_sin));
+    let nh = int(OP, "num_heads", d.num_heads)?;
+    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
+    let hd = int(OP, "head_dim", d.head_dim)?;
+    let rot = int(OP, "rot", d.rot)?;
+    let maxp = int(OP, "max_positions", d.max_positions).unwrap_or(i32::MAX);
+    let vec = vec as i32;
+    be.launch(
+        &kernel(OP, dt),
+        c,
+        &mut args![q, k, pos, cs, nh, nkv, hd, rot, maxp, vec],
+    )
+}
+
+pub(super) fn silu_mul(
+    be: &CudaBackend,
+    gate_up: &Tensor,
+    out: &Tensor,
+    d: &RowDims,
+) -> Result<()> {
+    const OP: &str = "silu_mul";
+    if d.rows == 0 || d.dim == 0 {
+        return Ok(());
+    }
+    let dt = gate_up.dtype();
+    let vec = (d.dim * dt.size()).is_multiple_of(16) && aligned16(gate_up) && aligned16(out);
+    let cols = if vec { d.dim * dt.size() / 16 } else { d.dim };
+    const THREADS: usize = 256;
+    let c = cfg(
+        (cols.div_ceil(THREADS) as u32, d.rows.min(65_535) as u32, 1),
+        (THREADS as u32, 1, 1),
+    );
+    let (gu, out) = (dptr(gate_up), dptr(out));
+    let rows = int(OP, "rows", d.rows)?;
+    let inter = int(OP, "inter", 2 * d.dim).map(|_| d.dim as i32)?;
+    let vec = vec as i32;
+    be.launch(&kernel(OP, dt), c, &mut args![gu, out, rows, inter, vec])
+}
+
+pub(super) fn kv_write(
+    be: &CudaBackend,
+    k: &Tensor,
+    v: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    d: &KvWriteDims,
+) -> Result<()> {
+    const OP: &str = "kv_write";
+    let row = d.num_kv_heads * d.head_dim;
+    if d.n == 0 || row == 0 {
+        return Ok(());
+    }
+    let dt = k.dtype();
+    let vec =
+        (row * dt.size()).is_multiple_of(16) && [k, v, k_cache, v_cache].into_iter().all(aligned16);
+    let work = if vec { row * dt.size() / 16 } else { row };
+    let c = cfg(
+        (grid_x(OP, "n", d.n)?, 1, 1),
+        (threads_for(work, 256), 1, 1),
+    );
+    let (k, v, kc, vc, sm) = (
+        dptr(k),
+        dptr(v),
+        dptr(k_cache),
+        dptr(v_cache),
+        dptr(slot_mapping),
+    );
+    let row_elems = int(OP, "num_kv_heads * head_dim", row)?;
+    let num_slots = (d.num_blocks as u64 * d.block_size as u64).min(i64::MAX as u64) as i64;
+    let vec = vec as i32;
+    be.launch(
+        &kernel(OP, dt),
+        c,
+        &mut args![k, v, kc, vc, sm, row_elems, num_slots, vec],
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention
+
+/// Threads per CTA of the split kernel (`ATT_THREADS` in attention.cu).
+const ATT_THREADS: usize = 128;
+/// Query heads one CTA can hold (the largest `attention_split_g*` variant).
+const ATT_MAX_HEADS_PER_CTA: usize = 8;
+/// Largest GQA group: groups of 9..=16 heads are split over two CTAs.
+const ATT_MAX_GROUP: usize = 16;
+const ATT_MAX_SPLITS: usize = 32;
+/// A split gets at least this many tokens of the longest context the table can hold.
+const ATT_MIN_SPLIT_TOKENS: usize = 64;
+/// Fixed cost of one CTA (loading q, merging its token slots, writing), in tokens.
+const ATT_CTA_OVERHEAD_TOKENS: usize = 128;
+
+/// CTAs of `attention_split_g{gmax}_*` resident per SM (registers and shared memory per
+/// CTA as reported by `scripts/check-kernels.py -v`). Only steers the split count.
+fn att_ctas_per_sm(gmax: usize) -> usize {
+    match gmax {
+        1 => 6,
+        2 => 5,
+        4 => 4,
+        _ => 2,
+    }
+}
+
+/// How one attention launch is laid out; a function of shapes (and the SM count) only.
+struct AttentionPlan {
+    /// Heads of one CTA (`gmax` is the kernel variant holding them), CTAs per GQA group.
+    heads_per_cta: usize,
+    gmax: usize,
+    num_sub: usize,
+    /// Split-K factor; 1 means kernel 1 writes `out` directly and there is no combine.
+    num_splits: usize,
+}
+
+impl AttentionPlan {
+    fn new(
+        sm_count: usize,
+        rows: usize,
+        num_heads: usize,
+        num_kv_heads: usize,
+        table_width: usize,
+        block_size: usize,
+    ) -> Self {
+        let group = num_heads / num_kv_heads.max(1);
+        let heads_per_cta = if group <= ATT_MAX_HEADS_PER_CTA {
+            group
+        } else {
+            group.div_ceil(2)
+        }
+        .max(1);
+        let gmax = heads_per_cta.next_power_of_two();
+        let num_sub = group.div_ceil(heads_per_cta).max(1);
+        // Pick the split count that minimises (waves of CTAs) x (tokens per CTA + fixed
+        // cost) for the longest context the block table can describe, never splitting it
+        // finer than a block (and ATT_MIN_SPLIT_TOKENS). Ties go to fewer splits.
+        let ctas = (rows * num_kv_heads * num_sub).max(1);
+        let slots = att_ctas_per_sm(gmax) * sm_count.max(1);
+        let max_ctx = table_width.saturating_mul(block_size);
+        let by_len = (max_ctx / ATT_MIN_SPLIT_TOKENS.max(block_size)).clamp(1, ATT_MAX_SPLITS);
+        let mut best = (usize::MAX, 1);
+        for s in 1..=by_len {
+            let waves = ctas.saturating_mul(s).div_ceil(slots);
+            let cost = waves.saturating_mul(max_ctx.div_ceil(s) + ATT_CTA_OVERHEAD_TOKENS);
+            if cost < best.0 {
+                best = (cost, s);
+            }
+        }
+        AttentionPlan {
+            heads_per_cta,
+            gmax,
+            num_sub,
+            num_splits: best.1,
+        }
+    }
+
+    /// f32 scratch elements: acc `[rows, num_heads, splits, head_dim]` then (m, l) pairs.
+    fn scratch_len(&self, rows: usize, num_heads: usize, head_dim: usize) -> usize {
+        if self.num_splits == 1 {
+            0
+        } else {
+            rows * num_heads * self.num_splits * (head_dim + 2)
+        }
+    }
+}
+
+/// Scratch for [`attention`] with these shapes: the largest need over every GQA layout
+/// `num_heads` admits (the number of KV heads is not an argument), so it is always enough
+/// for the plan `attention` picks.
+pub(super) fn attention_scratch_len(
+    sm_count: usize,
+    rows: usize,
+    num_heads: usize,
+    head_dim: usize,
+    table_width: usize,
+    block_size: usize,
+) -> usize {
+    (1..=num_heads)
+        .filter(|kvh| num_heads.is_multiple_of(*kvh) && num_heads / kvh <= ATT_MAX_GROUP)
+        .map(|kvh| {
+            AttentionPlan::new(sm_count, rows, num_heads, kvh, table_width, block_size)
+                .scratch_len(rows, num_heads, head_dim)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+pub(super) fn attention(be: &CudaBackend, a: &Attention<'_>, d: &AttentionDims) -> Result<()> {
+    const OP: &str = "attention";
+    if d.rows == 0 || d.num_heads == 0 {
+        return Ok(());
+    }
+    if d.head_dim == 0 || !d.head_dim.is_multiple_of(8) || d.head_dim > 256 {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "head_dim = {} is not supported (a multiple of 8 up to 256)",
+                d.head_dim
+            ),
+        ));
+    }
+    let group = d.num_heads / d.num_kv_heads;
+    if group > ATT_MAX_GROUP {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "GQA group of {group} query heads per KV head ({} / {}) is not supported \
+                 (at most {ATT_MAX_GROUP})",
+                d.num_heads, d.num_kv_heads
+            ),
+        ));
+    }
+    if d.table_width.saturating_mul(d.block_size) > 1 << 30 {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "table_width * block_size = {} * {} exceeds 2^30 tokens",
+                d.table_width, d.block_size
+            ),
+        ));
+    }
+    for (name, t) in [
+        ("q", a.q),
+        ("k_cache", a.k_cache),
+        ("v_cache", a.v_cache),
+        ("out", a.out),
+        ("scratch", a.scratch),
+    ] {
+        if !aligned16(t) {
+            return Err(Error::invalid(
+                OP,
+                format!("tensor `{name}` must start at a 16-byte aligned address"),
+            ));
+        }
+    }
+
+    let plan = AttentionPlan::new(
+        be.sm_count(),
+        d.rows,
+        d.num_heads,
+        d.num_kv_heads,
+        d.table_width,
+        d.block_size,
+    );
+    crate::ops::check_scratch(a.scratch, plan.scratch_len(d.rows, d.num_heads, d.head_dim))?;
+
+    let dt = a.q.dtype();
+    // Lanes per token: a power of two holding the head's 16-byte vectors (at most 1 per
+    // lane for 16-bit types, 2 for f32), at least 4 (ATT_THREADS / 4 token slots).
+    let nvec = d.head_dim * dt.size() / 16;
+    let lpt = nvec
+        .div_ceil(if dt.size() == 4 { 2 } else { 1 })
+        .next_power_of_two()
+        .clamp(4, 32);
+    let name = format!("attention_split_g{}_{}", plan.gmax, dt.kernel_suffix());
+
+    let y = d.num_kv_heads * plan.num_sub;
+    if y > 65_535 || d.num_heads > 65_535 {
+        return Err(Error::invalid(
+            OP,
+            format!("num_heads = {} is too large (grid y)", d.num_heads),
+        ));
+    }
+    let y_heads = d.num_heads as u32;
+    let c = cfg(
+        (
+            grid_x(OP, "rows", d.rows)?,
+            y as u32,
+            plan.num_splits as u32,
+        ),
+        (ATT_THREADS as u32, 1, 1),
+    );
+    let (q, kc, vc) = (dptr(a.q), dptr(a.k_cache), dptr(a.v_cache));
+    let (bt, sl) = (dptr(a.block_tables), dptr(a.seq_lens));
+    let cu = a.cu_seqlens_q.map_or(0, dptr);
+    let has_cu = a.cu_seqlens_q.is_some() as i32;
+    let (out, scratch) = (dptr(a.out), dptr(a.scratch));
+    let qscale = a.scale * std::f32::consts::LOG2_E;
+    let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
+    let rows = int(OP, "rows", d.rows)?;
+    let nh = int(OP, "num_heads", d.num_heads)?;
+    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
+    let hd = d.head_dim as i32;
+    let nb = int(OP, "num_blocks", d.num_blocks)?;
+    let bs = d.block_size as i32; // table_width * block_size <= 2^30 checked above
+    let tw = d.table_width as i32;
+    let group = group as i32;
+    let hpc = plan.heads_per_cta as i32;
+    let nsub = plan.num_sub as i32;
+    let splits = plan.num_splits as i32;
+    let lpt = lpt as i32;
+    int(
+        OP,
+        "rows * num_heads * head_dim",
+        d.rows * d.num_heads * d.head_dim,
+    )
+    .map(|_| ())?;
+    be.launch(
+        &name,
+        c,
+        &mut args![
+            q, kc, vc, bt, sl, cu, has_cu, out, scratch, qscale, num_seqs, rows, nh, nkv, hd, nb,
+            bs, tw, group, hpc, nsub, splits, lpt
+        ],
+    )?;
+    if plan.num_splits > 1 {
+        // One CTA per (row, head) (`ATT_COMBINE_THREADS` in attention.cu).
+        let c = cfg((rows as u32, y_heads, 1), (256, 1, 1));
+        be.launch(
+            &kernel("attention_combine", dt),
+            c,
+            &mut args![scratch, out, rows, nh, hd, splits],
+        )?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Argmax and sampling
+
+/// Threads per row (`SAMPLE_THREADS` in sampling.cu).
+const SAMPLE_THREADS: u32 = 1024;
+
+pub(super) fn argmax(
+    be: &CudaBackend,
+    logits: &Tensor,
+    out: &Tensor,
+    d: &SampleDims,
+) -> Result<()> {
+    const OP: &str = "argmax";
+    if d.batch == 0 {
+        return Ok(());
+    }
+    let vec = (d.vocab.is_multiple_of(4) && aligned16(logits)) as i32;
+    let c = cfg(
+        (grid_x(OP, "batch", d.batch)?, 1, 1),
+        (SAMPLE_THREADS, 1, 1),
+    );
+    let (l, o) = (dptr(logits), dptr(out));
+    let vocab = int(OP, "vocab", d.vocab)?;
+    be.launch("argmax_f32", c, &mut args![l, o, vocab, vec])
+}
+
+pub(super) fn sample(
+    be: &CudaBackend,
+    logits: &Tensor,
+    p: &Sampling<'_>,
+    out: &Tensor,
+    d: &SampleDims,
+) -> Result<()> {
+    const OP: &str = "sample";
+    if d.batch == 0 {
+        return Ok(());
+    }
+    let vec = (d.vocab.is_multiple_of(4) && aligned16(logits)) as i32;
+    let c = cfg(
+        (grid_x(OP, "batch", d.batch)?, 1, 1),
+        (SAMPLE_THREADS, 1, 1),
+    );
+    let (l, t, k, tp, s, o) = (
+        dptr(logits),
+        dptr(p.temperature),
+        dptr(p.top_k),
+        dptr(p.top_p),
+        dptr(p.seeds),
+        dptr(out),
+    );
+    // The kernel walks the row in tiles of 4 * SAMPLE_THREADS with i32 indices.
+    let vocab = int(OP, "vocab", d.vocab + 4 * SAMPLE_THREADS as usize).map(|_| d.vocab as i32)?;
+    be.launch("sample_f32", c, &mut args![l, t, k, tp, s, o, vocab, vec])
+}

@@ -1,0 +1,205 @@
+//! Kernel micro-benchmarks behind `encore bench kernels`: GEMM throughput, paged decode
+//! attention bandwidth, device copy bandwidth (the ceiling attention is compared with) and
+//! per-kernel launch cost eager vs inside a graph. Timings are host clocks around batches
+//! of launches ended by a synchronise, warm-up excluded, median of several repeats.
+
+use std::time::Instant;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::backend::{Attention, Backend};
+use crate::error::Result;
+use crate::tensor::{DType, Tensor};
+
+/// One measured figure.
+#[derive(Clone, Debug)]
+pub struct BenchRow {
+    pub name: String,
+    pub value: f64,
+    pub unit: &'static str,
+    /// Median seconds of one iteration.
+    pub seconds: f64,
+    pub detail: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Median seconds per call of `f`, timed in `repeats` batches of `iters` calls after
+/// `iters` warm-up calls.
+pub fn time_per_call(
+    be: &dyn Backend,
+    iters: usize,
+    repeats: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    for _ in 0..iters {
+        f()?;
+    }
+    be.synchronize()?;
+    let mut samples = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let t = Instant::now();
+        for _ in 0..iters {
+            f()?;
+        }
+        be.synchronize()?;
+        samples.push(t.elapsed().as_secs_f64() / iters as f64);
+    }
+    Ok(median(samples))
+}
+
+fn random_tensor(
+    be: &dyn Backend,
+    rng: &mut StdRng,
+    shape: &[usize],
+    dtype: DType,
+    scale: f32,
+) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n).map(|_| rng.random_range(-scale..scale)).collect();
+    be.upload_f32_as(&data, shape, dtype)
+}
+
+/// `out = x·wᵀ` at `m×n×k` in `dtype`: TFLOP/s.
+pub fn gemm(
+    be: &dyn Backend,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype: DType,
+    iters: usize,
+) -> Result<BenchRow> {
+    let mut rng = StdRng::seed_from_u64(1);
+    let x = random_tensor(be, &mut rng, &[m, k], dtype, 1.0)?;
+    let w = random_tensor(be, &mut rng, &[n, k], dtype, 1.0)?;
+    let out = be.alloc(dtype, &[m, n])?;
+    let s = time_per_call(be, iters, 5, || be.matmul(&x, &w, None, &out))?;
+    let flops = 2.0 * m as f64 * n as f64 * k as f64;
+    Ok(BenchRow {
+        name: format!("gemm {m}x{n}x{k} {dtype}"),
+        value: flops / s / 1e12,
+        unit: "TFLOP/s",
+        seconds: s,
+        detail: format!("{:.3} ms", s * 1e3),
+    })
+}
+
+/// Device-to-device copy of `bytes`: GB/s counting bytes read plus bytes written.
+pub fn copy_bandwidth(be: &dyn Backend, bytes: usize, iters: usize) -> Result<BenchRow> {
+    let a = be.alloc(DType::I32, &[bytes / 4])?;
+    let b = be.alloc(DType::I32, &[bytes / 4])?;
+    let s = time_per_call(be, iters, 5, || be.copy(&a, &b))?;
+    Ok(BenchRow {
+        name: format!("device copy {} MiB", bytes >> 20),
+        value: 2.0 * bytes as f64 / s / 1e9,
+        unit: "GB/s",
+        seconds: s,
+        detail: "read + write".into(),
+    })
+}
+
+/// Shape of a decode-attention benchmark.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub context: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+}
+
+/// Paged decode attention, every sequence at `context` tokens: GB/s of K/V read.
+pub fn decode_attention(
+    be: &dyn Backend,
+    s: AttentionShape,
+    dtype: DType,
+    iters: usize,
+) -> Result<BenchRow> {
+    let mut rng = StdRng::seed_from_u64(2);
+    let blocks_per_seq = s.context.div_ceil(s.block_size);
+    let num_blocks = s.batch * blocks_per_seq;
+    let cache_shape = [num_blocks, s.block_size, s.num_kv_heads, s.head_dim];
+    let k_cache = random_tensor(be, &mut rng, &cache_shape, dtype, 1.0)?;
+    let v_cache = random_tensor(be, &mut rng, &cache_shape, dtype, 1.0)?;
+    // Each sequence owns a random permutation of blocks, as a real cache would look.
+    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.random_range(0..=i));
+    }
+    let block_tables = be.upload(&ids, &[s.batch, blocks_per_seq])?;
+    let seq_lens = be.upload(&vec![s.context as i32; s.batch], &[s.batch])?;
+    let q = random_tensor(
+        be,
+        &mut rng,
+        &[s.batch, s.num_heads, s.head_dim],
+        dtype,
+        1.0,
+    )?;
+    let out = be.alloc(dtype, &[s.batch, s.num_heads, s.head_dim])?;
+    let scratch_len = be.attention_scratch_len(
+        s.batch,
+        s.num_heads,
+        s.head_dim,
+        blocks_per_seq,
+        s.block_size,
+    );
+    let scratch = be.alloc(DType::F32, &[scratch_len.max(1)])?;
+    let args = Attention {
+        q: &q,
+        k_cache: &k_cache,
+        v_cache: &v_cache,
+        block_tables: &block_tables,
+        seq_lens: &seq_lens,
+        cu_seqlens_q: None,
+        scale: 1.0 / (s.head_dim as f32).sqrt(),
+        out: &out,
+        scratch: &scratch,
+    };
+    let secs = time_per_call(be, iters, 5, || be.attention(&args))?;
+    let kv_bytes = 2 * s.batch * s.context * s.num_kv_heads * s.head_dim * dtype.size();
+    Ok(BenchRow {
+        name: format!(
+            "decode attention b={} ctx={} h={}/{} d={} {dtype}",
+            s.batch, s.context, s.num_heads, s.num_kv_heads, s.head_dim
+        ),
+        value: kv_bytes as f64 / secs / 1e9,
+        unit: "GB/s",
+        seconds: secs,
+        detail: format!(
+            "{:.1} us, {:.1} MiB K/V",
+            secs * 1e6,
+            kv_bytes as f64 / (1 << 20) as f64
+        ),
+    })
+}
+
+/// Per-launch cost of a tiny kernel, eager and inside a graph: microseconds each.
+pub fn launch_cost(be: &dyn Backend, launches: usize) -> Result<(BenchRow, BenchRow)> {
+    let x = be.upload_f32_as(&[0.5, 1.5], &[1, 2], DType::F32)?;
+    let y = be.alloc(DType::F32, &[1, 1])?;
+    let eager = time_per_call(be, 5, 5, || {
+        for _ in 0..launches {
+            be.silu_mul(&x, &y)?;
+        }
+        Ok(())
+    })? / launches as f64;
+    be.begin_capture()?;
+    let captured = (0..launches).try_for_each(|_| be.silu_mul(&x, &y));
+    let graph = be.end_capture();
+    captured?;
+    let graph = graph?;
+    let replay = time_per_call(be, 5, 5, || graph.replay())? / launches as f64;
+    let row = |name: &str, s: f64| BenchRow {
+        name: format!("{name} ({launches} tiny kernels)"),
+        value: s * 1e6,
+        unit: "us/kernel",
+        seconds: s,
+        detail: String::new(),
+    };
+    Ok((row("launch eager", eager), row("launch in graph", replay)))
+}

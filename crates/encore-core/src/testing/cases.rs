@@ -1,0 +1,562 @@
+//! The op cases every check runs: one list of (op, inputs, dtype), how to run a case on a
+//! backend (poisoned outputs, results read back to the host), how to compute it with the
+//! f64 reference, and how two results of a case compare.
+
+use crate::backend::{Attention, Backend, Sampling};
+use crate::error::Result;
+use crate::tensor::DType;
+
+use super::compare::{
+    allowed_sample_mismatches, max_row_error, normalized_error, token_mismatches, tolerance,
+    CheckResult, OpClass,
+};
+use super::host::{download, download_f64, poison, upload, upload_f32_as};
+use super::inputs::*;
+use super::reference;
+
+pub(crate) const DTYPES: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
+
+pub(crate) enum Op {
+    Embedding(EmbeddingInputs),
+    RmsNorm {
+        inputs: RmsNormInputs,
+        residual: bool,
+        in_place: bool,
+    },
+    Rope(RopeInputs),
+    SiluMul(SiluMulInputs),
+    Matmul {
+        inputs: MatmulInputs,
+        out_f32: bool,
+    },
+    KvWrite(KvWriteInputs),
+    Attention(AttentionInputs),
+    Argmax(SampleInputs),
+    Sample(SampleInputs),
+}
+
+pub(crate) struct Case {
+    pub name: String,
+    pub shape: String,
+    pub dtype: DType,
+    pub op: Op,
+}
+
+/// One result of a case, as host data.
+pub(crate) enum Output {
+    Floats {
+        name: &'static str,
+        values: Vec<f64>,
+        class: OpClass,
+        /// Compare per row of this many elements (0: the whole tensor at once).
+        row_len: usize,
+    },
+    /// Token ids; `greedy[r]` says row `r` must match exactly.
+    Tokens { ids: Vec<i32>, greedy: Vec<bool> },
+}
+
+/// Every case, on fresh inputs drawn from `seed`. Shapes are modest (the whole list runs
+/// in about a second on the CPU) but include the odd sizes kernels get wrong: m = 1,
+/// n = 1, k not a multiple of any tile, head_dim 96, block sizes 8 and 16, GQA and MQA,
+/// contexts from 1 to past the block table's capacity.
+pub(crate) fn cases(seed: u64) -> Vec<Case> {
+    let mut rng = rng(seed);
+    let mut out = Vec::new();
+    let mut push = |name: String, shape: String, dtype: DType, op: Op| {
+        out.push(Case {
+            name,
+            shape,
+            dtype,
+            op,
+        })
+    };
+    for dtype in DTYPES {
+        let rng = &mut rng;
+        for (n, vocab, hidden) in [(9, 50, 64), (3, 1000, 200)] {
+            let inputs = EmbeddingInputs::random(rng, n, vocab, hidden);
+            push(
+                "embedding".into(),
+                format!("n={n} vocab={vocab} d={hidden}"),
+                dtype,
+                Op::Embedding(inputs),
+            );
+        }
+        for (rows, dim) in [(5, 64), (3, 200), (1, 1000)] {
+            for (residual, in_place) in [(false, false), (true, false), (false, true), (true, true)]
+            {
+                let name = match (residual, in_place) {
+                    (false, false) => "rms_norm",
+                    (true, false) => "rms_norm(residual)",
+                    (false, true) => "rms_norm(out=x)",
+                    (true, true) => "rms_norm(residual, out=x)",
+                };
+                let inputs = RmsNormInputs::random(rng, rows, dim);
+                push(
+                    name.into(),
+                    format!("rows={rows} d={dim}"),
+                    dtype,
+                    Op::RmsNorm {
+                        inputs,
+                        residual,
+                        in_place,
+                    },
+                );
+            }
+        }
+        for (n, nh, nkv, hd, rot, llama3) in [
+            (7, 4, 2, 64, 64, false),
+            (7, 4, 2, 64, 64, true),
+            (5, 3, 1, 96, 64, false),
+            (1, 2, 2, 128, 128, true),
+        ] {
+            let inputs = RopeInputs::random(rng, n, nh, nkv, hd, rot, 80, llama3);
+            let name = if llama3 { "rope(llama3)" } else { "rope" };
+            push(
+                name.into(),
+                format!("n={n} h={nh}/{nkv} hd={hd} rot={rot}"),
+                dtype,
+                Op::Rope(inputs),
+            );
+        }
+        for (n, inter) in [(5, 100), (1, 257)] {
+            let inputs = SiluMulInputs::random(rng, n, inter);
+            push(
+                "silu_mul".into(),
+                format!("n={n} inter={inter}"),
+                dtype,
+                Op::SiluMul(inputs),
+            );
+        }
+        for (m, k, n) in [(1, 64, 257), (3, 200, 1), (17, 64, 63), (127, 200, 257)] {
+            for bias in [false, true] {
+                for out_f32 in [false, true] {
+                    if out_f32 && dtype == DType::F32 {
+                        continue;
+                    }
+                    let inputs = MatmulInputs::random(rng, m, k, n, bias);
+                    let name = format!(
+                        "matmul({}, out {})",
+                        if bias { "bias" } else { "no bias" },
+                        if out_f32 { DType::F32 } else { dtype }
+                    );
+                    push(
+                        name,
+                        format!("m={m} k={k} n={n}"),
+                        dtype,
+                        Op::Matmul { inputs, out_f32 },
+                    );
+                }
+            }
+        }
+        for (n, kvh, hd, nb, bs) in [(9, 2, 64, 6, 16), (12, 1, 128, 5, 8), (5, 2, 96, 3, 8)] {
+            let inputs = KvWriteInputs::random(rng, n, kvh, hd, nb, bs);
+            push(
+                "kv_write".into(),
+                format!("n={n} kvh={kvh} hd={hd} blocks={nb}x{bs}"),
+                dtype,
+                Op::KvWrite(inputs),
+            );
+        }
+        for prefill in [false, true] {
+            for (num_seqs, nh, nkv, hd, bs, tw) in [
+                (6, 4, 2, 64, 16, 4),
+                (5, 4, 1, 128, 8, 5),
+                (4, 6, 2, 96, 16, 3),
+                (3, 2, 2, 64, 8, 2),
+                // Long contexts (up to 1024 + 3, clamped): split-K paths on a GPU.
+                (5, 4, 1, 64, 16, 64),
+            ] {
+                let shape = AttentionShape {
+                    num_seqs,
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    head_dim: hd,
+                    block_size: bs,
+                    table_width: tw,
+                    prefill,
+                };
+                let inputs = AttentionInputs::random(rng, shape);
+                let name = if prefill {
+                    "attention(prefill)"
+                } else {
+                    "attention(decode)"
+                };
+                let shape = format!("rows={} h={nh}/{nkv} hd={hd} bs={bs}", inputs.rows);
+                push(name.into(), shape, dtype, Op::Attention(inputs));
+            }
+        }
+    }
+    for (batch, vocab) in [(12, 1000), (4, 32_000)] {
+        let inputs = SampleInputs::argmax(&mut rng, batch, vocab);
+        push(
+            "argmax".into(),
+            format!("b={batch} vocab={vocab}"),
+            DType::F32,
+            Op::Argmax(inputs),
+        );
+    }
+    for (batch, vocab) in [(100, 1000), (8, 32_000)] {
+        let inputs = SampleInputs::random(&mut rng, batch, vocab);
+        push(
+            "sample".into(),
+            format!("b={batch} vocab={vocab}"),
+            DType::F32,
+            Op::Sample(inputs),
+        );
+    }
+    out
+}
+
+/// Rows that sample greedily (temperature `<= 0`, or NaN).
+fn greedy_rows(temperature: &[f32]) -> Vec<bool> {
+    temperature
+        .iter()
+        .map(|&t| t.is_nan() || t <= 0.0)
+        .collect()
+}
+
+fn floats(name: &'static str, values: Vec<f64>, class: OpClass) -> Output {
+    Output::Floats {
+        name,
+        values,
+        class,
+        row_len: 0,
+    }
+}
+
+/// Attention output, compared per (row, head): rows over long and short contexts differ
+/// in scale.
+fn attention_out(values: Vec<f64>, head_dim: usize) -> Output {
+    Output::Floats {
+        name: "out",
+        values,
+        class: OpClass::Reduction,
+        row_len: head_dim,
+    }
+}
+
+/// Run `case` on `b` with poisoned outputs and read every result back.
+pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
+    let dt = case.dtype;
+    let f = |data: &[f32], shape: &[usize]| upload_f32_as(b, data, shape, dt);
+    let fresh = |dtype: DType, shape: &[usize]| {
+        let t = b.alloc(dtype, shape)?;
+        poison(b, &t)?;
+        Ok::<_, crate::Error>(t)
+    };
+    Ok(match &case.op {
+        Op::Embedding(i) => {
+            let ids = upload(b, &i.ids, &[i.ids.len()])?;
+            let table = f(&i.table, &[i.vocab, i.hidden])?;
+            let out = fresh(dt, &[i.ids.len(), i.hidden])?;
+            b.embedding(&ids, &table, &out)?;
+            vec![floats("out", download_f64(b, &out)?, OpClass::Copy)]
+        }
+        Op::RmsNorm {
+            inputs: i,
+            residual,
+            in_place,
+        } => {
+            let shape = [i.rows, i.dim];
+            let x = f(&i.x, &shape)?;
+            let w = f(&i.weight, &[i.dim])?;
+            let res = if *residual {
+                Some(f(&i.residual, &shape)?)
+            } else {
+                None
+            };
+            let out = if *in_place {
+                x.clone()
+            } else {
+                fresh(dt, &shape)?
+            };
+            b.rms_norm(&x, res.as_ref(), &w, i.eps, &out)?;
+            let mut r = vec![floats("out", download_f64(b, &out)?, OpClass::Pointwise)];
+            if let Some(res) = res {
+                r.push(floats(
+                    "residual",
+                    download_f64(b, &res)?,
+                    OpClass::Pointwise,
+                ));
+            }
+            r
+        }
+        Op::Rope(i) => {
+            let q = f(&i.q, &[i.n, i.num_heads, i.head_dim])?;
+            let k = f(&i.k, &[i.n, i.num_kv_heads, i.head_dim])?;
+            let pos = upload(b, &i.positions, &[i.n])?;
+            let cs = upload(b, &i.cos_sin, &[i.max_positions, i.rot])?;
+            b.rope(&q, &k, &pos, &cs)?;
+            vec![
+                floats("q", download_f64(b, &q)?, OpClass::Pointwise),
+                floats("k", download_f64(b, &k)?, OpClass::Pointwise),
+            ]
+        }
+        Op::SiluMul(i) => {
+            let gu = f(&i.gate_up, &[i.n, 2 * i.inter])?;
+            let out = fresh(dt, &[i.n, i.inter])?;
+            b.silu_mul(&gu, &out)?;
+            vec![floats("out", download_f64(b, &out)?, OpClass::Pointwise)]
+        }
+        Op::Matmul { inputs: i, out_f32 } => {
+            let x = f(&i.x, &[i.m, i.k])?;
+            let w = f(&i.w, &[i.n, i.k])?;
+            let bias = i.bias.as_ref().map(|v| f(v, &[i.n])).transpose()?;
+            let out = fresh(if *out_f32 { DType::F32 } else { dt }, &[i.m, i.n])?;
+            b.matmul(&x, &w, bias.as_ref(), &out)?;
+            vec![floats("out", download_f64(b, &out)?, OpClass::Reduction)]
+        }
+        Op::KvWrite(i) => {
+            let row = [i.n, i.num_kv_heads, i.head_dim];
+            let cache = [i.num_blocks, i.block_size, i.num_kv_heads, i.head_dim];
+            let (k, v) = (f(&i.k, &row)?, f(&i.v, &row)?);
+            let (kc, vc) = (f(&i.k_cache, &cache)?, f(&i.v_cache, &cache)?);
+            let sm = upload(b, &i.slot_mapping, &[i.n])?;
+            b.kv_write(&k, &v, &kc, &vc, &sm)?;
+            vec![
+                floats("k_cache", download_f64(b, &kc)?, OpClass::Copy),
+                floats("v_cache", download_f64(b, &vc)?, OpClass::Copy),
+            ]
+        }
+        Op::Attention(i) => {
+            let s = i.shape;
+            let qs = [i.rows, s.num_heads, s.head_dim];
+            let cache = [i.num_blocks, s.block_size, s.num_kv_heads, s.head_dim];
+            let q = f(&i.q, &qs)?;
+            let (kc, vc) = (f(&i.k_cache, &cache)?, f(&i.v_cache, &cache)?);
+            let tables = upload(b, &i.block_tables, &[s.num_seqs, s.table_width])?;
+            let lens = upload(b, &i.seq_lens, &[s.num_seqs])?;
+            let cu = i
+                .cu_seqlens_q
+                .as_ref()
+                .map(|cu| upload(b, cu, &[cu.len()]))
+                .transpose()?;
+            let out = fresh(dt, &qs)?;
+            let len = b.attention_scratch_len(
+                i.rows,
+                s.num_heads,
+                s.head_dim,
+                s.table_width,
+                s.block_size,
+            );
+            let scratch = fresh(DType::F32, &[len.max(1)])?;
+            b.attention(&Attention {
+                q: &q,
+                k_cache: &kc,
+                v_cache: &vc,
+                block_tables: &tables,
+                seq_lens: &lens,
+                cu_seqlens_q: cu.as_ref(),
+                scale: i.scale,
+                out: &out,
+                scratch: &scratch,
+            })?;
+            vec![attention_out(download_f64(b, &out)?, s.head_dim)]
+        }
+        Op::Argmax(i) => {
+            let logits = upload(b, &i.logits, &[i.batch, i.vocab])?;
+            let out = fresh(DType::I32, &[i.batch])?;
+            b.argmax(&logits, &out)?;
+            vec![Output::Tokens {
+                ids: download(b, &out)?,
+                greedy: vec![true; i.batch],
+            }]
+        }
+        Op::Sample(i) => {
+            let logits = upload(b, &i.logits, &[i.batch, i.vocab])?;
+            let bs = [i.batch];
+            let (temperature, top_k) = (upload(b, &i.temperature, &bs)?, upload(b, &i.top_k, &bs)?);
+            let (top_p, seeds) = (upload(b, &i.top_p, &bs)?, upload(b, &i.seeds, &bs)?);
+            let out = fresh(DType::I32, &bs)?;
+            let params = Sampling {
+                temperature: &temperature,
+                top_k: &top_k,
+                top_p: &top_p,
+                seeds: &seeds,
+            };
+            b.sample(&logits, &params, &out)?;
+            let greedy = greedy_rows(&i.temperature);
+            vec![Output::Tokens {
+                ids: download(b, &out)?,
+                greedy,
+            }]
+        }
+    })
+}
+
+/// The f64 reference results of `case` (same order as [`run`]).
+pub(crate) fn reference(case: &Case) -> Vec<Output> {
+    let dt = case.dtype;
+    let q = |v: &[f32]| -> Vec<f64> { quantize(dt, v).into_iter().map(f64::from).collect() };
+    match &case.op {
+        Op::Embedding(i) => vec![floats(
+            "out",
+            reference::embedding(&i.ids, &q(&i.table), i.hidden),
+            OpClass::Copy,
+        )],
+        Op::RmsNorm {
+            inputs: i,
+            residual,
+            ..
+        } => {
+            let res = residual.then(|| q(&i.residual));
+            let (out, res) =
+                reference::rms_norm(&q(&i.x), res.as_deref(), &q(&i.weight), i.eps as f64, dt);
+            let mut r = vec![floats("out", out, OpClass::Pointwise)];
+            if let Some(res) = res {
+                r.push(floats("residual", res, OpClass::Pointwise));
+            }
+            r
+        }
+        Op::Rope(i) => {
+            let cs: Vec<f64> = i.cos_sin.iter().map(|&v| v as f64).collect();
+            let (mut qv, mut kv) = (q(&i.q), q(&i.k));
+            reference::rope(&mut qv, &i.positions, &cs, i.head_dim, i.rot);
+            reference::rope(&mut kv, &i.positions, &cs, i.head_dim, i.rot);
+            vec![
+                floats("q", qv, OpClass::Pointwise),
+                floats("k", kv, OpClass::Pointwise),
+            ]
+        }
+        Op::SiluMul(i) => vec![floats(
+            "out",
+            reference::silu_mul(&q(&i.gate_up), i.inter),
+            OpClass::Pointwise,
+        )],
+        Op::Matmul { inputs: i, .. } => {
+            let bias = i.bias.as_ref().map(|b| q(b));
+            let out = reference::matmul(&q(&i.x), &q(&i.w), bias.as_deref(), i.m, i.n, i.k);
+            vec![floats("out", out, OpClass::Reduction)]
+        }
+        Op::KvWrite(i) => {
+            let (mut kc, mut vc) = (q(&i.k_cache), q(&i.v_cache));
+            let row = i.num_kv_heads * i.head_dim;
+            reference::kv_write(&q(&i.k), &q(&i.v), &mut kc, &mut vc, &i.slot_mapping, row);
+            vec![
+                floats("k_cache", kc, OpClass::Copy),
+                floats("v_cache", vc, OpClass::Copy),
+            ]
+        }
+        Op::Attention(i) => {
+            let s = i.shape;
+            let (qv, kc, vc) = (q(&i.q), q(&i.k_cache), q(&i.v_cache));
+            let out = reference::attention(&reference::AttentionRef {
+                q: &qv,
+                k_cache: &kc,
+                v_cache: &vc,
+                block_tables: &i.block_tables,
+                seq_lens: &i.seq_lens,
+                cu_seqlens_q: i.cu_seqlens_q.as_deref(),
+                scale: i.scale as f64,
+                num_heads: s.num_heads,
+                num_kv_heads: s.num_kv_heads,
+                head_dim: s.head_dim,
+                block_size: s.block_size,
+            });
+            vec![attention_out(out, s.head_dim)]
+        }
+        Op::Argmax(i) => {
+            let logits: Vec<f64> = i.logits.iter().map(|&v| v as f64).collect();
+            vec![Output::Tokens {
+                ids: reference::argmax(&logits, i.vocab),
+                greedy: vec![true; i.batch],
+            }]
+        }
+        Op::Sample(i) => {
+            let logits: Vec<f64> = i.logits.iter().map(|&v| v as f64).collect();
+            let ids = reference::sample(
+                &logits,
+                i.vocab,
+                &i.temperature,
+                &i.top_k,
+                &i.top_p,
+                &i.seeds,
+            );
+            let greedy = greedy_rows(&i.temperature);
+            vec![Output::Tokens { ids, greedy }]
+        }
+    }
+}
+
+/// Compare `got` with `expected` for `case`; `exact` demands identical results.
+pub(crate) fn compare(
+    case: &Case,
+    got: &[Output],
+    expected: &[Output],
+    exact: bool,
+) -> Vec<CheckResult> {
+    let mut results = Vec::new();
+    let label = |name: &str| {
+        if got.len() > 1 {
+            format!("{}: {name}", case.name)
+        } else {
+            case.name.clone()
+        }
+    };
+    for (g, e) in got.iter().zip(expected) {
+        match (g, e) {
+            (
+                Output::Floats {
+                    name,
+                    values,
+                    class,
+                    row_len,
+                },
+                Output::Floats { values: want, .. },
+            ) => {
+                let tol = if exact {
+                    0.0
+                } else {
+                    tolerance(*class, case.dtype)
+                };
+                let err = match row_len {
+                    0 => normalized_error(values, want),
+                    &len => max_row_error(values, want, len),
+                };
+                results.push(CheckResult::new(
+                    label(name),
+                    case.shape.clone(),
+                    case.dtype,
+                    err,
+                    tol,
+                ));
+            }
+            (Output::Tokens { ids, greedy, .. }, Output::Tokens { ids: want, .. }) => {
+                let (random, exact_rows) = token_mismatches(ids, want, greedy);
+                let n_greedy = greedy.iter().filter(|g| **g).count();
+                let n_random = greedy.len() - n_greedy;
+                if n_greedy > 0 {
+                    let name = if n_random > 0 {
+                        format!("{} (greedy rows)", case.name)
+                    } else {
+                        case.name.clone()
+                    };
+                    results.push(CheckResult::new(
+                        name,
+                        case.shape.clone(),
+                        case.dtype,
+                        exact_rows as f64,
+                        0.0,
+                    ));
+                }
+                if n_random > 0 {
+                    let tol = if exact {
+                        0
+                    } else {
+                        allowed_sample_mismatches(greedy.len())
+                    };
+                    let name = format!("{} (random rows)", case.name);
+                    results.push(CheckResult::new(
+                        name,
+                        case.shape.clone(),
+                        case.dtype,
+                        random as f64,
+                        tol as f64,
+                    ));
+                }
+            }
+            _ => unreachable!("run and reference produce outputs of the same kinds"),
+        }
+    }
+    results
+}

@@ -1,0 +1,297 @@
+//! A naive f64 version of every op on plain host data, written from the semantics on
+//! [`crate::backend::Backend`] and independently of the kernels: the yardstick the CPU
+//! kernels are tested against (`check_cpu_against_reference`).
+//!
+//! Inputs are the values the tensors hold (already rounded to their dtype); outputs are
+//! exact f64 results, not rounded. The one rounding a reference models is a value an op
+//! *stores and then reads back*: `rms_norm`'s updated residual.
+
+use crate::ops::uniform_from_seed;
+use crate::tensor::DType;
+
+/// `v` as a tensor of float dtype `dtype` would store it.
+pub fn round_to(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        _ => v as f32 as f64,
+    }
+}
+
+pub fn embedding(ids: &[i32], table: &[f64], hidden: usize) -> Vec<f64> {
+    let vocab = table.len() / hidden.max(1);
+    let mut out = Vec::new();
+    for &id in ids {
+        if id >= 0 && (id as usize) < vocab {
+            out.extend_from_slice(&table[id as usize * hidden..(id as usize + 1) * hidden]);
+        } else {
+            out.extend(std::iter::repeat_n(0.0, hidden));
+        }
+    }
+    out
+}
+
+/// Returns `out` and, with a residual, the updated residual (rounded to `dtype`).
+pub fn rms_norm(
+    x: &[f64],
+    residual: Option<&[f64]>,
+    weight: &[f64],
+    eps: f64,
+    dtype: DType,
+) -> (Vec<f64>, Option<Vec<f64>>) {
+    let dim = weight.len();
+    let summed: Option<Vec<f64>> = residual.map(|r| {
+        r.iter()
+            .zip(x)
+            .map(|(r, x)| round_to(dtype, r + x))
+            .collect()
+    });
+    let input = summed.as_deref().unwrap_or(x);
+    let mut out = Vec::new();
+    for row in input.chunks(dim) {
+        let mean_sq = row.iter().map(|v| v * v).sum::<f64>() / dim as f64;
+        for i in 0..dim {
+            out.push(row[i] / (mean_sq + eps).sqrt() * weight[i]);
+        }
+    }
+    (out, summed)
+}
+
+/// Rotates `x` (`[n, heads, head_dim]`) in place.
+pub fn rope(x: &mut [f64], positions: &[i32], cos_sin: &[f64], head_dim: usize, rot: usize) {
+    let max_positions = cos_sin.len() / rot;
+    let heads = x.len() / positions.len().max(1) / head_dim;
+    for (i, &p) in positions.iter().enumerate() {
+        if p < 0 || p as usize >= max_positions {
+            continue;
+        }
+        let table = &cos_sin[p as usize * rot..(p as usize + 1) * rot];
+        for h in 0..heads {
+            let base = (i * heads + h) * head_dim;
+            for j in 0..rot / 2 {
+                let (c, s) = (table[j], table[rot / 2 + j]);
+                let a = x[base + j];
+                let b = x[base + rot / 2 + j];
+                x[base + j] = a * c - b * s;
+                x[base + rot / 2 + j] = b * c + a * s;
+            }
+        }
+    }
+}
+
+pub fn silu_mul(gate_up: &[f64], inter: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    for row in gate_up.chunks(2 * inter) {
+        for j in 0..inter {
+            let g = row[j];
+            out.push(g / (1.0 + (-g).exp()) * row[inter + j]);
+        }
+    }
+    out
+}
+
+pub fn matmul(
+    x: &[f64],
+    w: &[f64],
+    bias: Option<&[f64]>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = bias.map_or(0.0, |b| b[j]);
+            for l in 0..k {
+                acc += x[i * k + l] * w[j * k + l];
+            }
+            out[i * n + j] = acc;
+        }
+    }
+    out
+}
+
+/// Writes rows of `k`/`v` (each `row_len` long) into the caches at their slots.
+pub fn kv_write(
+    k: &[f64],
+    v: &[f64],
+    k_cache: &mut [f64],
+    v_cache: &mut [f64],
+    slot_mapping: &[i32],
+    row_len: usize,
+) {
+    let slots = k_cache.len() / row_len;
+    for (i, &slot) in slot_mapping.iter().enumerate() {
+        if slot < 0 || slot as usize >= slots {
+            continue;
+        }
+        let s = slot as usize;
+        k_cache[s * row_len..(s + 1) * row_len].copy_from_slice(&k[i * row_len..(i + 1) * row_len]);
+        v_cache[s * row_len..(s + 1) * row_len].copy_from_slice(&v[i * row_len..(i + 1) * row_len]);
+    }
+}
+
+/// Host data of one attention launch.
+pub struct AttentionRef<'a> {
+    pub q: &'a [f64],
+    pub k_cache: &'a [f64],
+    pub v_cache: &'a [f64],
+    pub block_tables: &'a [i32],
+    pub seq_lens: &'a [i32],
+    pub cu_seqlens_q: Option<&'a [i32]>,
+    pub scale: f64,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+}
+
+pub fn attention(a: &AttentionRef<'_>) -> Vec<f64> {
+    let (nh, kvh, hd, bs) = (a.num_heads, a.num_kv_heads, a.head_dim, a.block_size);
+    let rows = a.q.len() / (nh * hd);
+    let num_seqs = a.seq_lens.len();
+    let width = a.block_tables.len() / num_seqs.max(1);
+    let num_blocks = a.k_cache.len() / (bs * kvh * hd);
+    let mut out = vec![0.0; a.q.len()];
+    for r in 0..rows {
+        // Which sequence this row belongs to, and how many rows of it come after it.
+        let (s, after) = match a.cu_seqlens_q {
+            None => (r, 0),
+            Some(cu) => match (0..num_seqs)
+                .find(|&s| cu[s] as i64 <= r as i64 && (r as i64) < cu[s + 1] as i64)
+            {
+                Some(s) => (s, cu[s + 1] as i64 - 1 - r as i64),
+                None => continue,
+            },
+        };
+        let pos = a.seq_lens[s] as i64 - 1 - after;
+        if pos < 0 {
+            continue;
+        }
+        let context = ((pos + 1) as usize).min(width * bs);
+        for h in 0..nh {
+            let g = h / (nh / kvh);
+            let q = &a.q[(r * nh + h) * hd..(r * nh + h + 1) * hd];
+            let mut keys = Vec::new();
+            for t in 0..context {
+                let block = a.block_tables[s * width + t / bs];
+                if block < 0 || block as usize >= num_blocks {
+                    continue;
+                }
+                let at = ((block as usize * bs + t % bs) * kvh + g) * hd;
+                let score: f64 = (0..hd).map(|i| q[i] * a.k_cache[at + i]).sum::<f64>() * a.scale;
+                keys.push((at, score));
+            }
+            let max = keys.iter().map(|k| k.1).fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = keys.iter().map(|k| (k.1 - max).exp()).sum();
+            for &(at, score) in &keys {
+                let p = (score - max).exp() / total;
+                for i in 0..hd {
+                    out[(r * nh + h) * hd + i] += p * a.v_cache[at + i];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Per row: the smallest index of the largest non-NaN logit (0 if all are NaN).
+pub fn argmax(logits: &[f64], vocab: usize) -> Vec<i32> {
+    logits
+        .chunks(vocab)
+        .map(|row| {
+            let mut best = 0;
+            let mut best_value = f64::NAN;
+            for (i, &v) in row.iter().enumerate() {
+                if !v.is_nan() && (best_value.is_nan() || v > best_value) {
+                    best = i;
+                    best_value = v;
+                }
+            }
+            best as i32
+        })
+        .collect()
+}
+
+/// Per row, the token [`crate::backend::Sampling`] describes (NaN logits are never kept).
+pub fn sample(
+    logits: &[f64],
+    vocab: usize,
+    temperature: &[f32],
+    top_k: &[i32],
+    top_p: &[f32],
+    seeds: &[i64],
+) -> Vec<i32> {
+    let greedy = argmax(logits, vocab);
+    let mut out = Vec::new();
+    for (r, l) in logits.chunks(vocab).enumerate() {
+        let t = temperature[r] as f64;
+        if t.is_nan() || t <= 0.0 {
+            out.push(greedy[r]);
+            continue;
+        }
+        let z: Vec<f64> = l.iter().map(|v| v / t).collect();
+        let max = z
+            .iter()
+            .copied()
+            .filter(|v| !v.is_nan())
+            .fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = z
+            .iter()
+            .map(|v| if v.is_nan() { 0.0 } else { (v - max).exp() })
+            .collect();
+        let mut keep: Vec<bool> = l.iter().map(|v| !v.is_nan()).collect();
+
+        let mut sorted: Vec<f64> = l.iter().copied().filter(|v| !v.is_nan()).collect();
+        sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
+        let k = top_k[r];
+        if k > 0 && (k as usize) < vocab && (k as usize) < sorted.len() {
+            let threshold = sorted[k as usize - 1];
+            for i in 0..vocab {
+                keep[i] = keep[i] && l[i] >= threshold;
+            }
+        }
+
+        let p = top_p[r] as f64;
+        if p > 0.0 && p < 1.0 {
+            let total: f64 = (0..vocab).filter(|&i| keep[i]).map(|i| e[i]).sum();
+            let mut candidates: Vec<f64> = (0..vocab).filter(|&i| keep[i]).map(|i| l[i]).collect();
+            candidates.sort_by(|a, b| b.partial_cmp(a).unwrap());
+            candidates.dedup();
+            // The largest candidate threshold whose mass reaches top_p * total (the mass
+            // only grows as the threshold falls, so the first one found going down).
+            let mut mass = 0.0;
+            let mut idx: Vec<usize> = (0..vocab).filter(|&i| keep[i]).collect();
+            idx.sort_by(|&a, &b| l[b].partial_cmp(&l[a]).unwrap());
+            let mut next = 0;
+            for &tau in &candidates {
+                while next < idx.len() && l[idx[next]] >= tau {
+                    mass += e[idx[next]];
+                    next += 1;
+                }
+                if mass >= p * total {
+                    for i in 0..vocab {
+                        keep[i] = keep[i] && l[i] >= tau;
+                    }
+                    break;
+                }
+            }
+        }
+
+        let z_kept: f64 = (0..vocab).filter(|&i| keep[i]).map(|i| e[i]).sum();
+        let target = uniform_from_seed(seeds[r]) as f64 * z_kept;
+        let mut running = 0.0;
+        let mut chosen = None;
+        for i in 0..vocab {
+            if keep[i] {
+                running += e[i];
+                chosen = Some(i);
+                if running > target {
+                    break;
+                }
+            }
+        }
+        out.push(chosen.unwrap_or(0) as i32);
+    }
+    out
+}

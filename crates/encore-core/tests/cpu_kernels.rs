@@ -1,0 +1,614 @@
+//! The CPU kernels against the naive f64 reference on random inputs, targeted edge cases
+//! of the op semantics with hand-computed answers, and argument validation.
+
+use encore_core::backend::cpu::CpuBackend;
+use encore_core::testing::{self, compare};
+use encore_core::{Attention, Backend, DType, Error, Sampling, Tensor};
+
+fn cpu() -> Box<dyn Backend> {
+    Box::new(CpuBackend::new())
+}
+
+fn assert_pass(results: &[testing::CheckResult]) {
+    assert!(!results.is_empty());
+    if let Err(report) = testing::all_passed(results) {
+        panic!("{report}");
+    }
+}
+
+#[test]
+fn every_op_matches_the_f64_reference() {
+    for seed in [1, 2, 3] {
+        let results = testing::check_cpu_against_reference(seed).unwrap();
+        if std::env::var_os("ENCORE_SHOW_CHECKS").is_some() {
+            results.iter().for_each(|r| eprintln!("{r}"));
+        }
+        assert_pass(&results);
+        for op in [
+            "embedding",
+            "rms_norm",
+            "rms_norm(residual): residual",
+            "rms_norm(residual, out=x): out",
+            "rope: q",
+            "rope(llama3): k",
+            "silu_mul",
+            "matmul(bias, out f32)",
+            "matmul(no bias, out bf16)",
+            "kv_write: k_cache",
+            "kv_write: v_cache",
+            "attention(decode)",
+            "attention(prefill)",
+            "argmax",
+            "sample (greedy rows)",
+            "sample (random rows)",
+        ] {
+            assert!(results.iter().any(|r| r.op == op), "no check named `{op}`");
+        }
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            assert!(results
+                .iter()
+                .any(|r| r.dtype == dtype && r.op.starts_with("attention")));
+        }
+    }
+}
+
+#[test]
+fn the_cpu_backend_agrees_with_itself_exactly() {
+    let be = cpu();
+    let results = testing::check_backend_against_cpu(be.as_ref(), 11).unwrap();
+    assert_pass(&results);
+    assert!(results.iter().all(|r| r.tolerance == 0.0 && r.error == 0.0));
+}
+
+#[test]
+fn normalized_error_and_results() {
+    use compare::{normalized_error, tolerance, CheckResult, OpClass};
+    assert_eq!(normalized_error(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+    let e = normalized_error(&[3.0, 4.0], &[3.0, 4.5]);
+    assert!((e - 0.5 / (9.0f64 + 20.25).sqrt()).abs() < 1e-12, "{e}");
+    // An all-zero reference falls back to the largest absolute difference.
+    assert_eq!(normalized_error(&[0.0, 0.25], &[0.0, 0.0]), 0.25);
+    assert!(normalized_error(&[f64::NAN], &[1.0]).is_nan());
+    assert!(normalized_error(&[1.0], &[1.0, 2.0]).is_nan());
+    assert!(normalized_error(&[f64::INFINITY], &[1.0]).is_nan());
+    assert!(!CheckResult::new("x", "", DType::F32, f64::NAN, 1.0).pass);
+    assert!(CheckResult::new("x", "", DType::F32, 0.0, 0.0).pass);
+    assert!(!CheckResult::new("x", "", DType::F32, 1e-9, 0.0).pass);
+    assert_eq!(tolerance(OpClass::Pointwise, DType::BF16), 1e-2);
+    assert_eq!(tolerance(OpClass::Copy, DType::F16), 0.0);
+    assert!(tolerance(OpClass::Reduction, DType::F32) < 1e-4);
+}
+
+fn f32s(be: &(dyn Backend + 'static), t: &Tensor) -> Vec<f32> {
+    be.download_f32(t).unwrap()
+}
+
+#[test]
+fn argmax_ties_nan_and_infinities() {
+    let be = cpu();
+    let nan = f32::NAN;
+    let inf = f32::INFINITY;
+    let rows: [[f32; 4]; 7] = [
+        [1.0, 3.0, 3.0, 2.0],
+        [nan, 2.0, nan, 2.0],
+        [nan, nan, nan, nan],
+        [-inf, -inf, -inf, -inf],
+        [nan, -inf, nan, -5.0],
+        [0.0, -0.0, 0.0, inf],
+        [-1.0, -2.0, -0.5, -0.5],
+    ];
+    let logits = be.upload(&rows.concat(), &[7, 4]).unwrap();
+    let out = be.upload(&[-9i32; 7], &[7]).unwrap();
+    be.argmax(&logits, &out).unwrap();
+    assert_eq!(be.download::<i32>(&out).unwrap(), vec![1, 1, 0, 0, 3, 3, 2]);
+}
+
+#[test]
+fn embedding_writes_zero_rows_for_out_of_range_ids() {
+    let be = cpu();
+    let table: Vec<f32> = (0..15).map(|i| i as f32 + 1.0).collect();
+    for dtype in [DType::BF16, DType::F32] {
+        let table = be.upload_f32_as(&table, &[5, 3], dtype).unwrap();
+        let ids = be.upload(&[2, -1, 5, 0, i32::MIN], &[5]).unwrap();
+        let out = be.upload_f32_as(&[f32::NAN; 15], &[5, 3], dtype).unwrap();
+        be.embedding(&ids, &table, &out).unwrap();
+        let want = [7., 8., 9., 0., 0., 0., 0., 0., 0., 1., 2., 3., 0., 0., 0.];
+        assert_eq!(f32s(be.as_ref(), &out), want);
+    }
+}
+
+#[test]
+fn rms_norm_by_hand_with_residual_in_place() {
+    let be = cpu();
+    // rows [3, 4] and [0, 0]; residual [1, -1] and [2, 0]; weight [1, 2]; eps 0.
+    let x = be.upload(&[2.0f32, 5.0, -2.0, 0.0], &[2, 2]).unwrap();
+    let res = be.upload(&[1.0f32, -1.0, 2.0, 0.0], &[2, 2]).unwrap();
+    let w = be.upload(&[1.0f32, 2.0], &[2]).unwrap();
+    be.rms_norm(&x, Some(&res), &w, 0.0, &x).unwrap();
+    // residual = [3, 4], [0, 0]; rms = sqrt(12.5); the zero row divides 0 by 0.
+    assert_eq!(be.download::<f32>(&res).unwrap(), vec![3.0, 4.0, 0.0, 0.0]);
+    let out = be.download::<f32>(&x).unwrap();
+    let r = 12.5f32.sqrt();
+    assert!(
+        (out[0] - 3.0 / r).abs() < 1e-6 && (out[1] - 8.0 / r).abs() < 1e-6,
+        "{out:?}"
+    );
+    assert!(out[2].is_nan() && out[3].is_nan());
+    // eps keeps the zero row finite.
+    let z = be.upload(&[0.0f32, 0.0], &[1, 2]).unwrap();
+    let out = be.alloc(DType::F32, &[1, 2]).unwrap();
+    be.rms_norm(&z, None, &w, 1e-6, &out).unwrap();
+    assert_eq!(be.download::<f32>(&out).unwrap(), vec![0.0, 0.0]);
+}
+
+#[test]
+fn rope_rotates_first_rot_dims_and_skips_out_of_range_positions() {
+    let be = cpu();
+    // head_dim 6, rot 4: pairs (0, 2) and (1, 3) rotate, dims 4 and 5 never change.
+    let angle = |p: f32, i: usize| p * [1.0f32, 0.5][i];
+    let max_positions = 3;
+    let mut table = vec![0f32; max_positions * 4];
+    for p in 0..max_positions {
+        for i in 0..2 {
+            table[p * 4 + i] = angle(p as f32, i).cos();
+            table[p * 4 + 2 + i] = angle(p as f32, i).sin();
+        }
+    }
+    let row = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let q = be.upload(&[row, row, row].concat(), &[3, 1, 6]).unwrap();
+    let k = be.upload(&[row, row, row].concat(), &[3, 1, 6]).unwrap();
+    let pos = be.upload(&[2, -1, 3], &[3]).unwrap();
+    let cs = be.upload(&table, &[max_positions, 4]).unwrap();
+    be.rope(&q, &k, &pos, &cs).unwrap();
+    let (c0, s0, c1, s1) = (2f32.cos(), 2f32.sin(), 1f32.cos(), 1f32.sin());
+    let rotated = [
+        1.0 * c0 - 3.0 * s0,
+        2.0 * c1 - 4.0 * s1,
+        3.0 * c0 + 1.0 * s0,
+        4.0 * c1 + 2.0 * s1,
+        5.0,
+        6.0,
+    ];
+    for t in [&q, &k] {
+        let got = be.download::<f32>(t).unwrap();
+        for (g, w) in got[..6].iter().zip(rotated) {
+            assert!((g - w).abs() < 1e-6, "{got:?}");
+        }
+        // Positions -1 and max_positions leave their rows untouched.
+        assert_eq!(&got[6..], &[row, row].concat()[..]);
+    }
+}
+
+#[test]
+fn silu_mul_and_matmul_by_hand() {
+    let be = cpu();
+    let gu = be
+        .upload(&[0.0f32, 20.0, -20.0, 3.0, 5.0, 2.0], &[1, 6])
+        .unwrap();
+    let out = be.alloc(DType::F32, &[1, 3]).unwrap();
+    be.silu_mul(&gu, &out).unwrap();
+    let got = be.download::<f32>(&out).unwrap();
+    let silu = |x: f32| x / (1.0 + (-x).exp());
+    assert_eq!(got[0], 0.0);
+    assert!((got[1] - silu(20.0) * 5.0).abs() < 1e-4 && got[1] > 99.99);
+    assert!((got[2] - silu(-20.0) * 2.0).abs() < 1e-9);
+
+    let x = be.upload(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    let w = be
+        .upload(&[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2])
+        .unwrap();
+    let bias = be.upload(&[0.5f32, 0.0, -1.0], &[3]).unwrap();
+    let out = be.alloc(DType::F32, &[2, 3]).unwrap();
+    be.matmul(&x, &w, Some(&bias), &out).unwrap();
+    assert_eq!(
+        be.download::<f32>(&out).unwrap(),
+        vec![1.5, 2.0, 2.0, 3.5, 4.0, 6.0]
+    );
+    // k = 0: the product is empty, only the bias remains.
+    let x0 = be.alloc(DType::F32, &[2, 0]).unwrap();
+    let w0 = be.alloc(DType::F32, &[3, 0]).unwrap();
+    be.matmul(&x0, &w0, Some(&bias), &out).unwrap();
+    assert_eq!(
+        be.download::<f32>(&out).unwrap(),
+        vec![0.5, 0.0, -1.0, 0.5, 0.0, -1.0]
+    );
+}
+
+#[test]
+fn kv_write_skips_padding_and_out_of_range_slots() {
+    let be = cpu();
+    // 2 blocks of 2 slots, 1 kv head of dim 2: 4 slots.
+    let kc = be.upload(&[7.0f32; 8], &[2, 2, 1, 2]).unwrap();
+    let vc = be.upload(&[7.0f32; 8], &[2, 2, 1, 2]).unwrap();
+    let k = be
+        .upload(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 1, 2])
+        .unwrap();
+    let v = be
+        .upload(&[-1.0f32, -2.0, -3.0, -4.0, -5.0, -6.0], &[3, 1, 2])
+        .unwrap();
+    let slots = be.upload(&[-1, 2, 4], &[3]).unwrap();
+    be.kv_write(&k, &v, &kc, &vc, &slots).unwrap();
+    assert_eq!(
+        be.download::<f32>(&kc).unwrap(),
+        vec![7., 7., 7., 7., 3., 4., 7., 7.]
+    );
+    assert_eq!(
+        be.download::<f32>(&vc).unwrap(),
+        vec![7., 7., 7., 7., -3., -4., 7., 7.]
+    );
+}
+
+/// One-head attention over a 3-block cache of block size 2, head_dim 2: key/value at
+/// slot `s` are `[s, 1]` / `[10 s, -s]`.
+struct Tiny {
+    be: Box<dyn Backend>,
+    kc: Tensor,
+    vc: Tensor,
+}
+
+impl Tiny {
+    fn new() -> Tiny {
+        let be = cpu();
+        let k: Vec<f32> = (0..6).flat_map(|s| [s as f32, 1.0]).collect();
+        let v: Vec<f32> = (0..6)
+            .flat_map(|s| [10.0 * s as f32, -(s as f32)])
+            .collect();
+        let kc = be.upload(&k, &[3, 2, 1, 2]).unwrap();
+        let vc = be.upload(&v, &[3, 2, 1, 2]).unwrap();
+        Tiny { be, kc, vc }
+    }
+
+    fn run(
+        &self,
+        q: &[f32],
+        tables: &[i32],
+        width: usize,
+        lens: &[i32],
+        cu: Option<&[i32]>,
+    ) -> Vec<f32> {
+        let be = self.be.as_ref();
+        let rows = q.len() / 2;
+        let q = be.upload(q, &[rows, 1, 2]).unwrap();
+        let tables = be.upload(tables, &[lens.len(), width]).unwrap();
+        let lens_t = be.upload(lens, &[lens.len()]).unwrap();
+        let cu = cu.map(|cu| be.upload(cu, &[cu.len()]).unwrap());
+        let out = be.upload(&vec![f32::NAN; rows * 2], &[rows, 1, 2]).unwrap();
+        let scratch = be.alloc(DType::F32, &[1]).unwrap();
+        be.attention(&Attention {
+            q: &q,
+            k_cache: &self.kc,
+            v_cache: &self.vc,
+            block_tables: &tables,
+            seq_lens: &lens_t,
+            cu_seqlens_q: cu.as_ref(),
+            scale: 1.0,
+            out: &out,
+            scratch: &scratch,
+        })
+        .unwrap();
+        be.download::<f32>(&out).unwrap()
+    }
+}
+
+#[test]
+fn attention_edge_cases_by_hand() {
+    let t = Tiny::new();
+    // Decode. seq 0: len 1 in block 2 -> exactly value slot 4. seq 1: len 0 -> zeros.
+    // seq 2: len 2 in block 1 (slots 2, 3), q = [0, 0] -> uniform average of values.
+    // seq 3: block id 7 is outside the cache: its keys contribute nothing -> zeros.
+    let out = t.run(
+        &[1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0],
+        &[2, 0, 1, 7],
+        1,
+        &[1, 0, 2, 2],
+        None,
+    );
+    assert_eq!(out, vec![40.0, -4.0, 0.0, 0.0, 25.0, -2.5, 0.0, 0.0]);
+
+    // Context beyond the table (len 9 > width 2 * block 2) is clamped to 4 positions,
+    // with the second entry out of range: only slots 0, 1 of block 0 count.
+    let clamped = t.run(&[0.0, 0.0], &[0, -3], 2, &[9], None);
+    assert_eq!(clamped, vec![5.0, -0.5]);
+
+    // A softmax by hand: q = [ln 2, 0] over slots 2, 3 -> weights 2^2 : 2^3 = 1 : 2.
+    let ln2 = std::f32::consts::LN_2;
+    let out = t.run(&[ln2, 0.0], &[1], 1, &[2], None);
+    let want = [(20.0 + 2.0 * 30.0) / 3.0, (-2.0 - 2.0 * 3.0) / 3.0];
+    assert!(
+        (out[0] - want[0]).abs() < 1e-4 && (out[1] - want[1]).abs() < 1e-5,
+        "{out:?}"
+    );
+
+    // Prefill: seq 0 has len 2 and 3 query rows -> the first row's position is -1
+    // (zeros), the second attends to slot 2 only, the third to slots 2 and 3. Seq 1 has
+    // len 0 and 1 row (zeros); the last row is beyond cu[2] (zeros).
+    let q = [0.0f32; 10];
+    let out = t.run(&q, &[1, 2], 1, &[2, 0], Some(&[0, 3, 4]));
+    assert_eq!(
+        out,
+        vec![0.0, 0.0, 20.0, -2.0, 25.0, -2.5, 0.0, 0.0, 0.0, 0.0]
+    );
+}
+
+fn sample(
+    be: &dyn Backend,
+    logits: &[f32],
+    vocab: usize,
+    temperature: f32,
+    top_k: i32,
+    top_p: f32,
+    seeds: std::ops::Range<i64>,
+) -> Vec<i32> {
+    let rows = seeds.end - seeds.start;
+    let b = rows as usize;
+    let logits: Vec<f32> = logits.iter().copied().cycle().take(b * vocab).collect();
+    let logits = be_upload(be, &logits, &[b, vocab]);
+    let temperature = be_upload(be, &vec![temperature; b], &[b]);
+    let top_k = be_upload(be, &vec![top_k; b], &[b]);
+    let top_p = be_upload(be, &vec![top_p; b], &[b]);
+    let seeds = be_upload(be, &seeds.collect::<Vec<i64>>(), &[b]);
+    let out = be.alloc(DType::I32, &[b]).unwrap();
+    let params = Sampling {
+        temperature: &temperature,
+        top_k: &top_k,
+        top_p: &top_p,
+        seeds: &seeds,
+    };
+    be.sample(&logits, &params, &out).unwrap();
+    let mut ids = vec![0i32; b];
+    be.read_bytes(&out, bytemuck::cast_slice_mut(&mut ids))
+        .unwrap();
+    ids
+}
+
+fn be_upload<T: encore_core::Element>(be: &dyn Backend, data: &[T], shape: &[usize]) -> Tensor {
+    let t = be.alloc(T::DTYPE, shape).unwrap();
+    be.write_bytes(&t, bytemuck::cast_slice(data)).unwrap();
+    t
+}
+
+#[test]
+fn greedy_settings_all_equal_argmax() {
+    let be = cpu();
+    let logits = [0.5f32, 2.0, -1.0, 2.5, 2.49, 0.0];
+    for (temperature, top_k, top_p) in [
+        (0.0, 0, 1.0),
+        (-1.0, 5, 0.5),
+        (1.0, 1, 1.0),
+        (1.0, 0, 1e-6),
+        (2.0, 1, 0.9),
+    ] {
+        let ids = sample(be.as_ref(), &logits, 6, temperature, top_k, top_p, 0..200);
+        assert!(
+            ids.iter().all(|&i| i == 3),
+            "t={temperature} k={top_k} p={top_p}: {ids:?}"
+        );
+    }
+    // Ties at the top-k threshold are all kept: k = 1 with a tie for the max keeps both.
+    let tied = [1.0f32, 3.0, 0.0, 3.0];
+    let ids = sample(be.as_ref(), &tied, 4, 1.0, 1, 1.0, 0..400);
+    assert!(ids.iter().all(|&i| i == 1 || i == 3));
+    assert!(ids.contains(&1) && ids.contains(&3));
+}
+
+#[test]
+fn sampling_never_picks_nan_logits() {
+    // NaN logits are never kept (the doc leaves NaN open; this mirrors argmax).
+    let be = cpu();
+    let nan = f32::NAN;
+    let ids = sample(be.as_ref(), &[nan, 1.0, nan, 1.5], 4, 1.0, 0, 0.9, 0..500);
+    assert!(ids.iter().all(|&i| i == 1 || i == 3), "{ids:?}");
+    assert!(ids.contains(&1) && ids.contains(&3));
+    let ids = sample(be.as_ref(), &[nan; 4], 4, 1.0, 2, 0.5, 0..50);
+    assert!(ids.iter().all(|&i| i == 0));
+}
+
+/// Frequencies over `n` seeds against the expected probabilities, within 5 sigma.
+fn assert_distribution(ids: &[i32], probs: &[f64]) {
+    let n = ids.len() as f64;
+    for (tok, &p) in probs.iter().enumerate() {
+        let freq = ids.iter().filter(|&&i| i as usize == tok).count() as f64 / n;
+        let sigma = (p * (1.0 - p) / n).sqrt();
+        assert!(
+            (freq - p).abs() <= 5.0 * sigma + 1e-9,
+            "token {tok}: frequency {freq}, probability {p}"
+        );
+    }
+}
+
+#[test]
+fn sampling_follows_the_softmax_and_its_truncations() {
+    let be = cpu();
+    let logits = [0.0f32, 1.0, 2.0, 0.5, -1.0, 1.5, 0.2, 3.0];
+    let softmax = |t: f64, keep: &dyn Fn(usize) -> bool| -> Vec<f64> {
+        let e: Vec<f64> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| if keep(i) { (l as f64 / t).exp() } else { 0.0 })
+            .collect();
+        let z: f64 = e.iter().sum();
+        e.iter().map(|e| e / z).collect()
+    };
+    let n = 20_000;
+    let ids = sample(be.as_ref(), &logits, 8, 1.0, 0, 1.0, 0..n);
+    assert_distribution(&ids, &softmax(1.0, &|_| true));
+    let ids = sample(be.as_ref(), &logits, 8, 0.5, 0, 1.0, n..2 * n);
+    assert_distribution(&ids, &softmax(0.5, &|_| true));
+    // top-k 3 keeps logits >= 1.5: tokens 7, 2, 5.
+    let ids = sample(be.as_ref(), &logits, 8, 1.0, 3, 1.0, 0..n);
+    assert_distribution(&ids, &softmax(1.0, &|i| [2, 5, 7].contains(&i)));
+    // top-p 0.6: token 7 alone has ~0.47 of the mass, adding token 2 reaches ~0.65.
+    let p = softmax(1.0, &|_| true);
+    assert!(p[7] < 0.6 && p[7] + p[2] >= 0.6);
+    let ids = sample(be.as_ref(), &logits, 8, 1.0, 0, 0.6, 0..n);
+    assert_distribution(&ids, &softmax(1.0, &|i| i == 7 || i == 2));
+    // The same seed gives the same token; a different seed may not.
+    let a = sample(be.as_ref(), &logits, 8, 1.0, 0, 1.0, 5..6);
+    assert_eq!(a, sample(be.as_ref(), &logits, 8, 1.0, 0, 1.0, 5..6));
+}
+
+#[test]
+fn wrong_shapes_and_dtypes_name_the_tensor() {
+    let be = cpu();
+    let f32s = |shape: &[usize]| be.alloc(DType::F32, shape).unwrap();
+    let x = f32s(&[2, 8]);
+
+    let err = be
+        .matmul(&x, &f32s(&[4, 7]), None, &f32s(&[2, 4]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Shape {
+                op: "matmul",
+                name: "w",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = be
+        .matmul(&x, &f32s(&[4, 8]), Some(&f32s(&[5])), &f32s(&[2, 4]))
+        .unwrap_err();
+    assert!(matches!(err, Error::Shape { name: "bias", .. }), "{err}");
+    let err = be
+        .matmul(
+            &x,
+            &f32s(&[4, 8]),
+            None,
+            &be.alloc(DType::I32, &[2, 4]).unwrap(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DType {
+                name: "out",
+                found: DType::I32,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let w16 = be.alloc(DType::F16, &[8]).unwrap();
+    let err = be.rms_norm(&x, None, &w16, 1e-5, &x).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DType {
+                op: "rms_norm",
+                name: "weight",
+                found: DType::F16,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = be
+        .rms_norm(&x, Some(&f32s(&[2, 7])), &f32s(&[8]), 1e-5, &x)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Shape {
+                name: "residual",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("residual"));
+
+    let err = be.embedding(&f32s(&[2]), &x, &f32s(&[2, 8])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DType {
+                op: "embedding",
+                name: "ids",
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let err = be.silu_mul(&f32s(&[2, 7]), &f32s(&[2, 3])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Shape {
+                name: "gate_up",
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let i32s = |shape: &[usize]| be.alloc(DType::I32, shape).unwrap();
+    let q = f32s(&[3, 4, 8]);
+    let cache = f32s(&[5, 4, 2, 8]);
+    let scratch = f32s(&[1]);
+    let attention = |tables: &Tensor, lens: &Tensor| {
+        be.attention(&Attention {
+            q: &q,
+            k_cache: &cache,
+            v_cache: &cache,
+            block_tables: tables,
+            seq_lens: lens,
+            cu_seqlens_q: None,
+            scale: 1.0,
+            out: &q,
+            scratch: &scratch,
+        })
+        .unwrap_err()
+    };
+    let err = attention(&i32s(&[3, 2]), &i32s(&[4]));
+    assert!(
+        matches!(
+            err,
+            Error::Shape {
+                op: "attention",
+                name: "seq_lens",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = attention(&f32s(&[3, 2]), &i32s(&[3]));
+    assert!(
+        matches!(
+            err,
+            Error::DType {
+                name: "block_tables",
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let logits = f32s(&[2, 10]);
+    let (t, k, p) = (f32s(&[2]), i32s(&[2]), f32s(&[2]));
+    let seeds = i32s(&[2]);
+    let params = Sampling {
+        temperature: &t,
+        top_k: &k,
+        top_p: &p,
+        seeds: &seeds,
+    };
+    let err = be.sample(&logits, &params, &i32s(&[2])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DType {
+                op: "sample",
+                name: "seeds",
+                found: DType::I32,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // NOTE: wrong-device errors need tensors of a second device kind; the GPU suite
+    // (tests/cuda.rs) covers them.
+}

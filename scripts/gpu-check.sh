@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over a copy of the tree, with .bin/ (from scripts/build-gpu.sh)
+# carried along. Runs: kernel compile cold vs cached (`encore info`, which also self-checks
+# every CUDA kernel against the CPU), every test binary with --include-ignored,
+# compute-sanitizer memcheck + racecheck on the CUDA kernel tests, `encore bench kernels`,
+# and the PyTorch reference figures. Logs go to $OUT; a short table is printed last.
+#   usage: bash scripts/gpu-check.sh [--no-sanitizer] [--no-bench]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+OUT=${OUT:-$(mktemp -d)}
+sanitizer=1; bench=1
+for a in "$@"; do
+  case $a in --no-sanitizer) sanitizer=0 ;; --no-bench) bench=0 ;; esac
+done
+export ENCORE_CACHE_DIR=$(mktemp -d)
+rows=()
+run() { # name, command... : runs it, logs to $OUT/name.log, records ok/FAIL and wall time
+  local name=$1; shift
+  local t0=$EPOCHREALTIME
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  local dt; dt=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $t0}")
+  local status=ok; [ $rc -eq 0 ] || status="FAIL($rc)"
+  rows+=("$(printf '%-34s %-9s %7ss' "$name" "$status" "$dt")")
+  echo "== $name: $status in ${dt}s"
+  [ $rc -eq 0 ] || tail -n 30 "$OUT/$name.log"
+  return $rc
+}
+nvidia-smi -L 2>&1 | tee "$OUT/nvidia-smi.log"
+
+run info-cold-cache   .bin/encore info --device cuda --seed 1
+run info-warm-cache   .bin/encore info --device cuda --seed 2 --no-self-check
+for t in .bin/tests/*; do
+  run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4
+done
+if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null && [ -x .bin/tests/cuda ]; then
+  run sanitizer-memcheck  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu
+  run sanitizer-racecheck timeout 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu
+fi
+if [ $bench = 1 ]; then
+  run bench-kernels   .bin/encore bench kernels --device cuda
+  run torch-reference python3 scripts/torch_reference.py
+fi
+
+echo
+echo "---- kernels: cold vs cached compile"
+grep -h '^kernels' "$OUT/info-cold-cache.log" "$OUT/info-warm-cache.log"
+if [ $bench = 1 ]; then
+  echo "---- encore bench kernels"; cat "$OUT/bench-kernels.log"
+  echo "---- PyTorch reference";    cat "$OUT/torch-reference.log"
+fi
+echo "---- summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+printf '%s\n' "${rows[@]}"
