@@ -35,9 +35,9 @@ for t in .bin/tests/*; do
   run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4
 done
 if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null && [ -x .bin/tests/cuda ]; then
-  run sanitizer-memcheck  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  run sanitizer-memcheck  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
       .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu
-  run sanitizer-racecheck timeout 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
+  run sanitizer-racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
       .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu
 fi
 if [ $bench = 1 ]; then

@@ -245,6 +245,8 @@ pub fn check_matmul(
     if let Some(b) = bias {
         same_dtype(OP, "bias", b, x.dtype())?;
         check_shape(OP, "bias", b, &[n], "[n]")?;
+        // cuBLASLt's bias epilogue has no algorithm for bf16/f16 in, f32 out.
+        same_dtype(OP, "out (with bias)", out, x.dtype())?;
     }
     check_dtype(OP, "out", out, &[x.dtype(), DType::F32])?;
     check_shape(OP, "out", out, &[m, n], "[m, n]")?;
@@ -530,6 +532,28 @@ impl RopeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matmul_bias_needs_out_dtype_of_x() {
+        use crate::backend::Backend;
+        let cpu: &dyn Backend = &crate::backend::cpu::CpuBackend::new();
+        let x = cpu.alloc(DType::BF16, &[2, 4]).unwrap();
+        let w = cpu.alloc(DType::BF16, &[3, 4]).unwrap();
+        let b = cpu.alloc(DType::BF16, &[3]).unwrap();
+        let out = cpu.alloc(DType::F32, &[2, 3]).unwrap();
+        let e = cpu.matmul(&x, &w, Some(&b), &out).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::DType {
+                    name: "out (with bias)",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(cpu.matmul(&x, &w, None, &out).is_ok());
+    }
 
     #[test]
     fn uniform_is_in_range_and_spread() {

@@ -79,7 +79,7 @@ fn normalized_error_and_results() {
     assert!(tolerance(OpClass::Reduction, DType::F32) < 1e-4);
 }
 
-fn f32s(be: &(dyn Backend + 'static), t: &Tensor) -> Vec<f32> {
+fn f32s(be: &dyn Backend, t: &Tensor) -> Vec<f32> {
     be.download_f32(t).unwrap()
 }
 
@@ -342,11 +342,11 @@ fn sample(
     let rows = seeds.end - seeds.start;
     let b = rows as usize;
     let logits: Vec<f32> = logits.iter().copied().cycle().take(b * vocab).collect();
-    let logits = be_upload(be, &logits, &[b, vocab]);
-    let temperature = be_upload(be, &vec![temperature; b], &[b]);
-    let top_k = be_upload(be, &vec![top_k; b], &[b]);
-    let top_p = be_upload(be, &vec![top_p; b], &[b]);
-    let seeds = be_upload(be, &seeds.collect::<Vec<i64>>(), &[b]);
+    let logits = be.upload(&logits, &[b, vocab]).unwrap();
+    let temperature = be.upload(&vec![temperature; b], &[b]).unwrap();
+    let top_k = be.upload(&vec![top_k; b], &[b]).unwrap();
+    let top_p = be.upload(&vec![top_p; b], &[b]).unwrap();
+    let seeds = be.upload(&seeds.collect::<Vec<i64>>(), &[b]).unwrap();
     let out = be.alloc(DType::I32, &[b]).unwrap();
     let params = Sampling {
         temperature: &temperature,
@@ -359,12 +359,6 @@ fn sample(
     be.read_bytes(&out, bytemuck::cast_slice_mut(&mut ids))
         .unwrap();
     ids
-}
-
-fn be_upload<T: encore_core::Element>(be: &dyn Backend, data: &[T], shape: &[usize]) -> Tensor {
-    let t = be.alloc(T::DTYPE, shape).unwrap();
-    be.write_bytes(&t, bytemuck::cast_slice(data)).unwrap();
-    t
 }
 
 #[test]

@@ -3,11 +3,19 @@
 //! mechanics (kernel cache, GEMM plans, device checks). Run on the GPU machine with
 //! `--include-ignored` (scripts/gpu-check.sh).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::backend::cuda::CudaBackend;
 use encore_core::{testing, Backend, DType, Error};
+
+/// The tests of this binary run one at a time: a backend has one stream, and a capture
+/// on it must not see another test's launches (the engine drives a backend from one
+/// thread; tests must too).
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// One backend for the whole binary: opening compiles/loads every kernel.
 fn cuda() -> Arc<CudaBackend> {
@@ -42,6 +50,7 @@ fn assert_all_pass(results: &[testing::CheckResult]) {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn kernels_match_cpu() {
+    let _serial = serial();
     let be = cuda();
     for seed in [1, fresh_seed()] {
         eprintln!("seed {seed}");
@@ -52,6 +61,7 @@ fn kernels_match_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn capture_replay_matches_eager() {
+    let _serial = serial();
     let be = cuda();
     for seed in [3, fresh_seed()] {
         assert_all_pass(&testing::check_capture_replay(be.as_ref(), seed).unwrap());
@@ -61,6 +71,7 @@ fn capture_replay_matches_eager() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn capture_forbidden_ops_are_errors() {
+    let _serial = serial();
     // A backend of its own: a failed capture must not disturb other tests' work.
     let be = CudaBackend::new(0).unwrap();
     testing::check_capture_forbidden(&be).unwrap();
@@ -69,6 +80,7 @@ fn capture_forbidden_ops_are_errors() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn graph_matmul_is_bit_identical_to_eager() {
+    let _serial = serial();
     let be = cuda();
     let be: &dyn Backend = be.as_ref();
     let (m, n, k) = (7, 300, 130);
@@ -114,6 +126,7 @@ fn graph_matmul_is_bit_identical_to_eager() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gemm_plans_are_chosen_once_per_shape() {
+    let _serial = serial();
     let be = CudaBackend::new(0).unwrap();
     let x = be.alloc(DType::BF16, &[5, 64]).unwrap();
     let w = be.alloc(DType::BF16, &[32, 64]).unwrap();
@@ -131,6 +144,7 @@ fn gemm_plans_are_chosen_once_per_shape() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn second_start_loads_kernels_from_the_cache() {
+    let _serial = serial();
     let dir = std::env::temp_dir().join(format!("encore-cache-test-{}", std::process::id()));
     std::env::set_var("ENCORE_CACHE_DIR", &dir);
     let cold = CudaBackend::new(0).unwrap();
@@ -145,6 +159,7 @@ fn second_start_loads_kernels_from_the_cache() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn cpu_tensor_on_cuda_op_names_the_tensor() {
+    let _serial = serial();
     let be = cuda();
     let cpu = CpuBackend::new();
     let ids = cpu.alloc(DType::I32, &[2]).unwrap();
@@ -160,6 +175,7 @@ fn cpu_tensor_on_cuda_op_names_the_tensor() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn buffers_are_released() {
+    let _serial = serial();
     let be = CudaBackend::new(0).unwrap();
     let (free0, _) = be.mem_info().unwrap();
     for _ in 0..4 {

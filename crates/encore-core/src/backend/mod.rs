@@ -164,7 +164,9 @@ pub trait Backend: Send + Sync {
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()>;
 
     /// `out = x · wᵀ (+ bias)`: x T `[m, k]`, w T `[n, k]` (the HF `[out, in]` layout),
-    /// bias T `[n]`, out T or f32 `[m, n]`. f32 accumulation.
+    /// bias T `[n]`, out T or f32 `[m, n]` (T only when there is a bias). f32 accumulation.
+    /// NOTE: with a bias, CUDA (cuBLASLt's bias epilogue, as PyTorch's `addmm`) may round
+    /// `x · wᵀ` to T before adding the bias: a second rounding the CPU does not do.
     fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()>;
 
     /// Write this step's keys and values into the paged cache: token `i` goes to slot

@@ -10,7 +10,7 @@ use super::compare::{
     allowed_sample_mismatches, max_row_error, normalized_error, token_mismatches, tolerance,
     CheckResult, OpClass,
 };
-use super::host::{download, download_f64, poison, upload, upload_f32_as};
+use super::host::{download_f64, poison};
 use super::inputs::*;
 use super::reference;
 
@@ -130,7 +130,8 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
         for (m, k, n) in [(1, 64, 257), (3, 200, 1), (17, 64, 63), (127, 200, 257)] {
             for bias in [false, true] {
                 for out_f32 in [false, true] {
-                    if out_f32 && dtype == DType::F32 {
+                    // f32 output is for logits (no bias); bias needs out dtype == x dtype.
+                    if out_f32 && (dtype == DType::F32 || bias) {
                         continue;
                     }
                     let inputs = MatmulInputs::random(rng, m, k, n, bias);
@@ -238,7 +239,7 @@ fn attention_out(values: Vec<f64>, head_dim: usize) -> Output {
 /// Run `case` on `b` with poisoned outputs and read every result back.
 pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
     let dt = case.dtype;
-    let f = |data: &[f32], shape: &[usize]| upload_f32_as(b, data, shape, dt);
+    let f = |data: &[f32], shape: &[usize]| b.upload_f32_as(data, shape, dt);
     let fresh = |dtype: DType, shape: &[usize]| {
         let t = b.alloc(dtype, shape)?;
         poison(b, &t)?;
@@ -246,7 +247,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
     };
     Ok(match &case.op {
         Op::Embedding(i) => {
-            let ids = upload(b, &i.ids, &[i.ids.len()])?;
+            let ids = b.upload(&i.ids, &[i.ids.len()])?;
             let table = f(&i.table, &[i.vocab, i.hidden])?;
             let out = fresh(dt, &[i.ids.len(), i.hidden])?;
             b.embedding(&ids, &table, &out)?;
@@ -284,8 +285,8 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
         Op::Rope(i) => {
             let q = f(&i.q, &[i.n, i.num_heads, i.head_dim])?;
             let k = f(&i.k, &[i.n, i.num_kv_heads, i.head_dim])?;
-            let pos = upload(b, &i.positions, &[i.n])?;
-            let cs = upload(b, &i.cos_sin, &[i.max_positions, i.rot])?;
+            let pos = b.upload(&i.positions, &[i.n])?;
+            let cs = b.upload(&i.cos_sin, &[i.max_positions, i.rot])?;
             b.rope(&q, &k, &pos, &cs)?;
             vec![
                 floats("q", download_f64(b, &q)?, OpClass::Pointwise),
@@ -311,7 +312,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             let cache = [i.num_blocks, i.block_size, i.num_kv_heads, i.head_dim];
             let (k, v) = (f(&i.k, &row)?, f(&i.v, &row)?);
             let (kc, vc) = (f(&i.k_cache, &cache)?, f(&i.v_cache, &cache)?);
-            let sm = upload(b, &i.slot_mapping, &[i.n])?;
+            let sm = b.upload(&i.slot_mapping, &[i.n])?;
             b.kv_write(&k, &v, &kc, &vc, &sm)?;
             vec![
                 floats("k_cache", download_f64(b, &kc)?, OpClass::Copy),
@@ -324,12 +325,12 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             let cache = [i.num_blocks, s.block_size, s.num_kv_heads, s.head_dim];
             let q = f(&i.q, &qs)?;
             let (kc, vc) = (f(&i.k_cache, &cache)?, f(&i.v_cache, &cache)?);
-            let tables = upload(b, &i.block_tables, &[s.num_seqs, s.table_width])?;
-            let lens = upload(b, &i.seq_lens, &[s.num_seqs])?;
+            let tables = b.upload(&i.block_tables, &[s.num_seqs, s.table_width])?;
+            let lens = b.upload(&i.seq_lens, &[s.num_seqs])?;
             let cu = i
                 .cu_seqlens_q
                 .as_ref()
-                .map(|cu| upload(b, cu, &[cu.len()]))
+                .map(|cu| b.upload(cu, &[cu.len()]))
                 .transpose()?;
             let out = fresh(dt, &qs)?;
             let len = b.attention_scratch_len(
@@ -354,19 +355,19 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             vec![attention_out(download_f64(b, &out)?, s.head_dim)]
         }
         Op::Argmax(i) => {
-            let logits = upload(b, &i.logits, &[i.batch, i.vocab])?;
+            let logits = b.upload(&i.logits, &[i.batch, i.vocab])?;
             let out = fresh(DType::I32, &[i.batch])?;
             b.argmax(&logits, &out)?;
             vec![Output::Tokens {
-                ids: download(b, &out)?,
+                ids: b.download(&out)?,
                 greedy: vec![true; i.batch],
             }]
         }
         Op::Sample(i) => {
-            let logits = upload(b, &i.logits, &[i.batch, i.vocab])?;
+            let logits = b.upload(&i.logits, &[i.batch, i.vocab])?;
             let bs = [i.batch];
-            let (temperature, top_k) = (upload(b, &i.temperature, &bs)?, upload(b, &i.top_k, &bs)?);
-            let (top_p, seeds) = (upload(b, &i.top_p, &bs)?, upload(b, &i.seeds, &bs)?);
+            let (temperature, top_k) = (b.upload(&i.temperature, &bs)?, b.upload(&i.top_k, &bs)?);
+            let (top_p, seeds) = (b.upload(&i.top_p, &bs)?, b.upload(&i.seeds, &bs)?);
             let out = fresh(DType::I32, &bs)?;
             let params = Sampling {
                 temperature: &temperature,
@@ -377,7 +378,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             b.sample(&logits, &params, &out)?;
             let greedy = greedy_rows(&i.temperature);
             vec![Output::Tokens {
-                ids: download(b, &out)?,
+                ids: b.download(&out)?,
                 greedy,
             }]
         }

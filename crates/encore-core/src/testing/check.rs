@@ -17,7 +17,7 @@ use super::cases::{cases, compare, reference, run};
 use super::compare::{
     allowed_sample_mismatches, normalized_error, tolerance, CheckResult, OpClass,
 };
-use super::host::{download, download_f64, poison, upload, upload_f32_as, write, write_f32};
+use super::host::{download_f64, poison, write_f32};
 use super::inputs::{normal, rng};
 
 /// Every op on fresh random inputs from `seed`, run on `backend` and on a fresh
@@ -164,7 +164,7 @@ pub fn check_capture_forbidden(backend: &dyn Backend) -> Result<()> {
             (g / (1.0 + (-g).exp()) * input[4 + j] as f64) as f32
         })
         .collect();
-    let gate_up = upload(backend, &input, &[1, 8])?;
+    let gate_up = backend.upload(&input, &[1, 8])?;
     let out = backend.alloc(DType::F32, &[1, 4])?;
     let bytes = backend.alloc(DType::F32, &[4])?;
 
@@ -215,7 +215,7 @@ pub fn check_capture_forbidden(backend: &dyn Backend) -> Result<()> {
     check_close(
         OP,
         "replayed silu_mul",
-        &download::<f32>(backend, &out)?,
+        &backend.download::<f32>(&out)?,
         &expected,
     )?;
     let fresh = backend.alloc(DType::F32, &[1, 4])?;
@@ -225,7 +225,7 @@ pub fn check_capture_forbidden(backend: &dyn Backend) -> Result<()> {
     check_close(
         OP,
         "eager silu_mul after capture",
-        &download::<f32>(backend, &fresh)?,
+        &backend.download::<f32>(&fresh)?,
         &expected,
     )?;
     Ok(())
@@ -396,7 +396,7 @@ impl Chain {
         let kvd = d.kv_heads * d.head_dim;
         let mut weight = |rows: usize, cols: usize| {
             let w = normal(rng, rows * cols, 1.0 / (cols as f32).sqrt());
-            upload_f32_as(b, &w, &[rows, cols], dtype)
+            b.upload_f32_as(&w, &[rows, cols], dtype)
         };
         let (wq, wk, wv) = (
             weight(qd, d.hidden)?,
@@ -405,22 +405,20 @@ impl Chain {
         );
         let (wo, w_gate_up) = (weight(d.hidden, qd)?, weight(2 * d.inter, d.hidden)?);
         let w_lm = weight(d.vocab, d.inter)?;
-        let embed = upload_f32_as(
-            b,
+        let embed = b.upload_f32_as(
             &normal(rng, d.vocab * d.hidden, 1.0),
             &[d.vocab, d.hidden],
             dtype,
         )?;
-        let ones = |n: usize| upload_f32_as(b, &vec![1.0; n], &[n], dtype);
+        let ones = |n: usize| b.upload_f32_as(&vec![1.0; n], &[n], dtype);
         let (norm1, norm2) = (ones(d.hidden)?, ones(d.hidden)?);
-        let bq = upload_f32_as(b, &normal(rng, qd, 0.5), &[qd], dtype)?;
+        let bq = b.upload_f32_as(&normal(rng, qd, 0.5), &[qd], dtype)?;
         let rope = RopeConfig {
             rot_dim: d.head_dim,
             theta: 10_000.0,
             llama3: None,
         };
-        let cos_sin = upload(
-            b,
+        let cos_sin = b.upload(
             &rope.cos_sin_table(d.max_positions),
             &[d.max_positions, d.head_dim],
         )?;
@@ -462,15 +460,15 @@ impl Chain {
     }
 
     fn write_step(&self, b: &dyn Backend, s: &Step) -> Result<()> {
-        write(b, &self.ids, &s.ids)?;
-        write(b, &self.positions, &s.positions)?;
-        write(b, &self.seq_lens, &s.seq_lens)?;
-        write(b, &self.slot_mapping, &s.slot_mapping)?;
-        write(b, &self.block_tables, &s.block_tables)?;
-        write(b, &self.temperature, &s.temperature)?;
-        write(b, &self.top_k, &s.top_k)?;
-        write(b, &self.top_p, &s.top_p)?;
-        write(b, &self.seeds, &s.seeds)?;
+        b.write(&self.ids, &s.ids)?;
+        b.write(&self.positions, &s.positions)?;
+        b.write(&self.seq_lens, &s.seq_lens)?;
+        b.write(&self.slot_mapping, &s.slot_mapping)?;
+        b.write(&self.block_tables, &s.block_tables)?;
+        b.write(&self.temperature, &s.temperature)?;
+        b.write(&self.top_k, &s.top_k)?;
+        b.write(&self.top_p, &s.top_p)?;
+        b.write(&self.seeds, &s.seeds)?;
         write_f32(b, &self.residual, &s.residual)?;
         write_f32(b, &self.k_cache, &s.k_cache)?;
         write_f32(b, &self.v_cache, &s.v_cache)
@@ -546,8 +544,8 @@ impl Chain {
             residual: download_f64(b, &self.residual)?,
             k_cache: download_f64(b, &self.k_cache)?,
             v_cache: download_f64(b, &self.v_cache)?,
-            greedy: download(b, &self.greedy)?,
-            sampled: download(b, &self.sampled)?,
+            greedy: b.download(&self.greedy)?,
+            sampled: b.download(&self.sampled)?,
         })
     }
 }
