@@ -31,6 +31,13 @@ nvidia-smi -L 2>&1 | tee "$OUT/nvidia-smi.log"
 
 run info-cold-cache   .bin/encore info --device cuda --seed 1
 run info-warm-cache   .bin/encore info --device cuda --seed 2 --no-self-check
+# Cold compiles again, each with an empty encore cache (and, last, an empty HOME and the
+# driver's JIT cache off), to see what besides encore's cache makes later cold starts fast.
+for i in 1 2; do
+  ENCORE_CACHE_DIR=$(mktemp -d) .bin/encore info --device cuda --no-self-check | grep '^kernels' >>"$OUT/nvrtc-cold.log"
+done
+HOME=$(mktemp -d) CUDA_CACHE_DISABLE=1 ENCORE_CACHE_DIR=$(mktemp -d) \
+  .bin/encore info --device cuda --no-self-check | grep '^kernels' >>"$OUT/nvrtc-cold.log"
 for t in .bin/tests/*; do
   run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4
 done
@@ -46,8 +53,8 @@ if [ $bench = 1 ]; then
 fi
 
 echo
-echo "---- kernels: cold vs cached compile"
-grep -h '^kernels' "$OUT/info-cold-cache.log" "$OUT/info-warm-cache.log"
+echo "---- kernels: cold vs cached compile (first cold, cached, then 3 more cold)"
+grep -h '^kernels' "$OUT/info-cold-cache.log" "$OUT/info-warm-cache.log" "$OUT/nvrtc-cold.log"
 if [ $bench = 1 ]; then
   echo "---- encore bench kernels"; cat "$OUT/bench-kernels.log"
   echo "---- PyTorch reference";    cat "$OUT/torch-reference.log"

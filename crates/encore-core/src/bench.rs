@@ -113,13 +113,14 @@ pub struct AttentionShape {
     pub block_size: usize,
 }
 
-/// Paged decode attention, every sequence at `context` tokens: GB/s of K/V read.
+/// Paged decode attention, every sequence at `context` tokens: GB/s of K/V read, launched
+/// eagerly back to back and replayed from one graph of `iters` calls.
 pub fn decode_attention(
     be: &dyn Backend,
     s: AttentionShape,
     dtype: DType,
     iters: usize,
-) -> Result<BenchRow> {
+) -> Result<(BenchRow, BenchRow)> {
     let mut rng = StdRng::seed_from_u64(2);
     let blocks_per_seq = s.context.div_ceil(s.block_size);
     let num_blocks = s.batch * blocks_per_seq;
@@ -160,13 +161,21 @@ pub fn decode_attention(
         out: &out,
         scratch: &scratch,
     };
-    let secs = time_per_call(be, iters, 5, || be.attention(&args))?;
+    let eager = time_per_call(be, iters, 5, || be.attention(&args))?;
+    // The same calls replayed from one graph: what a decode step pays, without launch gaps.
+    be.begin_capture()?;
+    let captured = (0..iters).try_for_each(|_| be.attention(&args));
+    let graph = be.end_capture();
+    captured?;
+    let graph = graph?;
+    let replayed = time_per_call(be, 1, 5, || graph.replay())? / iters as f64;
     let kv_bytes = 2 * s.batch * s.context * s.num_kv_heads * s.head_dim * dtype.size();
-    Ok(BenchRow {
-        name: format!(
-            "decode attention b={} ctx={} h={}/{} d={} {dtype}",
-            s.batch, s.context, s.num_heads, s.num_kv_heads, s.head_dim
-        ),
+    let name = format!(
+        "decode attention b={} ctx={} h={}/{} d={} {dtype}",
+        s.batch, s.context, s.num_heads, s.num_kv_heads, s.head_dim
+    );
+    let row = |how: &str, secs: f64| BenchRow {
+        name: format!("{name} {how}"),
         value: kv_bytes as f64 / secs / 1e9,
         unit: "GB/s",
         seconds: secs,
@@ -175,7 +184,8 @@ pub fn decode_attention(
             secs * 1e6,
             kv_bytes as f64 / (1 << 20) as f64
         ),
-    })
+    };
+    Ok((row("eager", eager), row("graph", replayed)))
 }
 
 /// Per-launch cost of a tiny kernel, eager and inside a graph: microseconds each.

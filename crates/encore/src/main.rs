@@ -263,7 +263,9 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
             head_dim: 64,
             block_size: 16,
         };
-        push(bench::decode_attention(be, s, DType::F32, 5)?);
+        let (e, g) = bench::decode_attention(be, s, DType::F32, 5)?;
+        push(e);
+        push(g);
         let (e, g) = bench::launch_cost(be, 100)?;
         push(e);
         push(g);
@@ -283,7 +285,9 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
                 head_dim: 128,
                 block_size: 16,
             };
-            push(bench::decode_attention(be, s, DType::BF16, 100)?);
+            let (e, g) = bench::decode_attention(be, s, DType::BF16, 100)?;
+            push(e);
+            push(g);
         }
         let (e, g) = bench::launch_cost(be, 1000)?;
         push(e);
