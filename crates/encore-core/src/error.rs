@@ -59,6 +59,26 @@ pub enum Error {
     /// A kernel failed to compile.
     #[error("compiling kernel file `{file}` failed:\n{log}")]
     KernelCompile { file: String, log: String },
+    /// A model's `config.json` is missing a field, has an unsupported value, or an
+    /// unknown architecture.
+    #[error("model config `{path}`: {what}")]
+    Config { path: String, what: String },
+    /// A weight tensor is missing, has the wrong shape or dtype, or its file is malformed.
+    #[error("weights: tensor `{tensor}`: {what}")]
+    Weights { tensor: String, what: String },
+    /// A weights file (or its index) cannot be parsed.
+    #[error("weights file `{path}`: {what}")]
+    WeightsFile { path: String, what: String },
+    /// Tokenizer or chat-template failure.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The KV cache has too few free blocks for a request.
+    #[error("KV cache: {what} needs {needed} blocks, {free} free")]
+    OutOfBlocks {
+        what: String,
+        needed: usize,
+        free: usize,
+    },
     /// A filesystem operation failed.
     #[error("{what} `{path}`: {source}")]
     Io {

@@ -7,10 +7,13 @@ pub mod backend;
 pub mod bench;
 pub mod device;
 pub mod error;
+pub mod kv;
 pub mod memory;
+pub mod model;
 pub mod ops;
 pub mod tensor;
 pub mod testing;
+pub mod tokenizer;
 
 pub use backend::{Attention, Backend, BackendRef, Graph, Sampling};
 pub use error::{Error, Result};

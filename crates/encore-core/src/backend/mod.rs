@@ -74,6 +74,25 @@ pub struct Attention<'a> {
     pub scratch: &'a Tensor,
 }
 
+impl Attention<'_> {
+    /// Every tensor argument with its name (for device checks and errors).
+    pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut ts = vec![
+            ("q", self.q),
+            ("k_cache", self.k_cache),
+            ("v_cache", self.v_cache),
+            ("block_tables", self.block_tables),
+            ("seq_lens", self.seq_lens),
+            ("out", self.out),
+            ("scratch", self.scratch),
+        ];
+        if let Some(cu) = self.cu_seqlens_q {
+            ts.push(("cu_seqlens_q", cu));
+        }
+        ts
+    }
+}
+
 /// Per-row sampling parameters, all in device tensors so a graph replays with new values.
 ///
 /// Row `r` (logits `l`, vocabulary `V`):
@@ -99,6 +118,18 @@ pub struct Sampling<'a> {
     pub top_p: &'a Tensor,
     /// i64 `[batch]`.
     pub seeds: &'a Tensor,
+}
+
+impl Sampling<'_> {
+    /// Every tensor argument with its name (for device checks and errors).
+    pub fn tensors(&self) -> [(&'static str, &Tensor); 4] {
+        [
+            ("temperature", self.temperature),
+            ("top_k", self.top_k),
+            ("top_p", self.top_p),
+            ("seeds", self.seeds),
+        ]
+    }
 }
 
 /// A captured, replayable sequence of ops (a CUDA graph, or a CPU tape).

@@ -304,19 +304,7 @@ impl Backend for CpuBackend {
     }
 
     fn attention(&self, a: &Attention<'_>) -> Result<()> {
-        let mut ts = vec![
-            ("q", a.q),
-            ("k_cache", a.k_cache),
-            ("v_cache", a.v_cache),
-            ("block_tables", a.block_tables),
-            ("seq_lens", a.seq_lens),
-            ("out", a.out),
-            ("scratch", a.scratch),
-        ];
-        if let Some(cu) = a.cu_seqlens_q {
-            ts.push(("cu_seqlens_q", cu));
-        }
-        check_device("attention", &ts)?;
+        check_device("attention", &a.tensors())?;
         let d = ops::check_attention(a)?;
         let owned = kernels::AttentionArgs {
             q: a.q.clone(),
@@ -346,17 +334,8 @@ impl Backend for CpuBackend {
     }
 
     fn sample(&self, logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<()> {
-        check_device(
-            "sample",
-            &[
-                ("logits", logits),
-                ("temperature", p.temperature),
-                ("top_k", p.top_k),
-                ("top_p", p.top_p),
-                ("seeds", p.seeds),
-                ("out", out),
-            ],
-        )?;
+        check_device("sample", &[("logits", logits), ("out", out)])?;
+        check_device("sample", &p.tensors())?;
         let d = ops::check_sample(logits, p, out)?;
         let args = kernels::SampleArgs {
             logits: logits.clone(),

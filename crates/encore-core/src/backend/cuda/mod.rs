@@ -475,19 +475,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, a: &Attention<'_>) -> Result<()> {
-        let mut ts = vec![
-            ("q", a.q),
-            ("k_cache", a.k_cache),
-            ("v_cache", a.v_cache),
-            ("block_tables", a.block_tables),
-            ("seq_lens", a.seq_lens),
-            ("out", a.out),
-            ("scratch", a.scratch),
-        ];
-        if let Some(cu) = a.cu_seqlens_q {
-            ts.push(("cu_seqlens_q", cu));
-        }
-        self.check_device("attention", &ts)?;
+        self.check_device("attention", &a.tensors())?;
         let d = ops::check_attention(a)?;
         ops::check_scratch(
             a.scratch,
@@ -527,17 +515,8 @@ impl Backend for CudaBackend {
     }
 
     fn sample(&self, logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<()> {
-        self.check_device(
-            "sample",
-            &[
-                ("logits", logits),
-                ("temperature", p.temperature),
-                ("top_k", p.top_k),
-                ("top_p", p.top_p),
-                ("seeds", p.seeds),
-                ("out", out),
-            ],
-        )?;
+        self.check_device("sample", &[("logits", logits), ("out", out)])?;
+        self.check_device("sample", &p.tensors())?;
         let d = ops::check_sample(logits, p, out)?;
         kernels::sample(self, logits, p, out, &d)
     }

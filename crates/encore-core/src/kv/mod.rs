@@ -1,0 +1,1 @@
+//! Paged KV cache (placeholder: being written).

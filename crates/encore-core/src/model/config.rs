@@ -1,0 +1,1 @@
+//! HF `config.json` parsing (placeholder: being written).

@@ -1,0 +1,4 @@
+//! Llama-family models: HF config, weights (safetensors or dummy), the forward pass.
+
+pub mod config;
+pub mod weights;

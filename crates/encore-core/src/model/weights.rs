@@ -1,0 +1,1 @@
+//! Model weights (placeholder: being written).
