@@ -4,14 +4,14 @@
 # every CUDA kernel against the CPU), every test binary with --include-ignored,
 # compute-sanitizer memcheck + racecheck on the CUDA kernel tests, `encore bench kernels`,
 # and the PyTorch reference figures. Logs go to $OUT; a short table is printed last.
-#   usage: bash scripts/gpu-check.sh [--no-sanitizer] [--no-bench]
+#   usage: bash scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--nvrtc-cold]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-$(mktemp -d)}
-sanitizer=1; bench=1
+sanitizer=1; bench=1; nvrtc_cold=0
 for a in "$@"; do
-  case $a in --no-sanitizer) sanitizer=0 ;; --no-bench) bench=0 ;; esac
+  case $a in --no-sanitizer) sanitizer=0 ;; --no-bench) bench=0 ;; --nvrtc-cold) nvrtc_cold=1 ;; esac
 done
 export ENCORE_CACHE_DIR=$(mktemp -d)
 rows=()
@@ -33,11 +33,18 @@ run info-cold-cache   .bin/encore info --device cuda --seed 1
 run info-warm-cache   .bin/encore info --device cuda --seed 2 --no-self-check
 # Cold compiles again, each with an empty encore cache (and, last, an empty HOME and the
 # driver's JIT cache off), to see what besides encore's cache makes later cold starts fast.
-for i in 1 2; do
-  ENCORE_CACHE_DIR=$(mktemp -d) .bin/encore info --device cuda --no-self-check | grep '^kernels' >>"$OUT/nvrtc-cold.log"
-done
-HOME=$(mktemp -d) CUDA_CACHE_DISABLE=1 ENCORE_CACHE_DIR=$(mktemp -d) \
-  .bin/encore info --device cuda --no-self-check | grep '^kernels' >>"$OUT/nvrtc-cold.log"
+touch "$OUT/nvrtc-cold.log"
+if [ $nvrtc_cold = 1 ]; then
+  for i in 1 2; do
+    ENCORE_CACHE_DIR=$(mktemp -d) .bin/encore info --device cuda --no-self-check | grep '^kernels' >>"$OUT/nvrtc-cold.log"
+  done
+  HOME=$(mktemp -d) CUDA_CACHE_DISABLE=1 ENCORE_CACHE_DIR=$(mktemp -d) \
+    .bin/encore info --device cuda --no-self-check | grep '^kernels' >>"$OUT/nvrtc-cold.log"
+fi
+# Random-weight HF models and transformers' logits, for the parity test (tests/hf_parity.rs).
+export ENCORE_HF_REF=$(mktemp -d)
+
+run hf-reference env PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF"
 for t in .bin/tests/*; do
   run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4
 done
@@ -50,6 +57,9 @@ fi
 if [ $bench = 1 ]; then
   run bench-kernels   .bin/encore bench kernels --device cuda
   run torch-reference python3 scripts/torch_reference.py
+  for m in qwen2.5-0.5b llama-3.2-1b llama-3-8b; do
+    run "bench-decode-$m" .bin/encore bench decode --device cuda --model "dummy:$m" --batch 1,8,64
+  done
 fi
 
 echo
@@ -58,6 +68,8 @@ grep -h '^kernels' "$OUT/info-cold-cache.log" "$OUT/info-warm-cache.log" "$OUT/n
 if [ $bench = 1 ]; then
   echo "---- encore bench kernels"; cat "$OUT/bench-kernels.log"
   echo "---- PyTorch reference";    cat "$OUT/torch-reference.log"
+  echo "---- encore bench decode (eager)"
+  for m in qwen2.5-0.5b llama-3.2-1b llama-3-8b; do cat "$OUT/bench-decode-$m.log"; done
 fi
 echo "---- summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
 printf '%s\n' "${rows[@]}"

@@ -131,6 +131,9 @@ impl Backend for Faulty {
     fn device_name(&self) -> String {
         self.inner.device_name()
     }
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.inner.memory_info()
+    }
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         if self.fault == Fault::AllocDuringCapture && self.inner.is_capturing() {
             return self.spare.alloc(dtype, shape);

@@ -1,5 +1,8 @@
-//! The `encore` command line: `info` (backends, devices, kernels, self-check) and
-//! `bench kernels`. `serve`, `generate` and `bench decode` arrive with the engine.
+//! The `encore` command line: `info` (backends, devices, kernels, self-check),
+//! `generate`, `bench kernels` and `bench decode`. `serve` arrives with the engine.
+
+mod bench_decode;
+mod generate_cmd;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -29,6 +32,8 @@ enum Command {
     /// Backends and devices found, CUDA libraries, kernels compiled, and a self-check of
     /// each backend's kernels against the CPU reference.
     Info(InfoArgs),
+    /// Generate text for one or more prompts (one batch), eagerly.
+    Generate(generate_cmd::GenerateArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -64,6 +69,8 @@ struct InfoArgs {
 enum BenchCommand {
     /// GEMM TFLOP/s, decode-attention bandwidth, copy bandwidth, launch cost eager vs graph.
     Kernels(BenchKernelsArgs),
+    /// Decode-step latency at several batch sizes beside the weight-bandwidth floor.
+    Decode(bench_decode::BenchDecodeArgs),
 }
 
 #[derive(Args)]
@@ -89,7 +96,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info(a) => info(a),
+        Command::Generate(a) => generate_cmd::run(a).map(|_| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Kernels(a)) => bench_kernels(a),
+        Command::Bench(BenchCommand::Decode(a)) => bench_decode::run(a).map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

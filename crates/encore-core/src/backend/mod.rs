@@ -146,6 +146,9 @@ pub trait Backend: Send + Sync {
     /// `cpu` or `cuda:N`.
     fn device_name(&self) -> String;
 
+    /// Free and total device memory in bytes; `None` where it is not tracked (CPU).
+    fn memory_info(&self) -> Option<(usize, usize)>;
+
     /// Allocate an uninitialised tensor. Forbidden during capture (captures allocate from
     /// the capture arena, `crate::memory::Arena`).
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor>;

@@ -3,4 +3,4 @@
 
 mod arena;
 
-pub use arena::Arena;
+pub use arena::{Arena, ARENA_ALIGN};

@@ -1,1 +1,645 @@
-//! HF `config.json` parsing (placeholder: being written).
+//! The model configuration: HF `config.json` parsed into [`ModelConfig`] (Llama, Mistral,
+//! Qwen2, Qwen3), and the built-in configs behind `--model dummy:NAME`.
+//!
+//! Parsing follows HF transformers: absent optional fields take the defaults of the
+//! architecture's `PretrainedConfig` class, and anything the forward pass cannot honour
+//! (another rope scaling, an MLP bias, an enabled sliding window on Qwen) is an
+//! [`Error::Config`] naming the field, never a silent change of results.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+use crate::ops::{Llama3Scaling, RopeConfig};
+use crate::tensor::DType;
+
+/// The supported model families (HF `architectures`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    const ALL: [Arch; 4] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
+
+    /// The HF `architectures` entry, e.g. `LlamaForCausalLM`.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Arch::Llama => "LlamaForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    /// The HF `model_type`, e.g. `llama`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// HF's default `max_position_embeddings` for the architecture.
+    fn default_max_positions(self) -> usize {
+        match self {
+            Arch::Llama => 2048,
+            Arch::Mistral => 4096 * 32,
+            Arch::Qwen2 | Arch::Qwen3 => 32768,
+        }
+    }
+}
+
+/// Everything the loader and the forward pass need to know about a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Full rotary (`rot_dim == head_dim`), theta and optional Llama-3 scaling.
+    pub rope: RopeConfig,
+    pub rms_norm_eps: f32,
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections carry a bias (Qwen2 always; Llama/Qwen3 with `attention_bias`).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm on q and k before rope, weight `[head_dim]` (Qwen3).
+    pub qk_norm: bool,
+    pub max_position_embeddings: usize,
+    /// The checkpoint's dtype (`torch_dtype` or `dtype`), bf16 when absent.
+    pub torch_dtype: DType,
+    pub bos_token_id: Option<u32>,
+    /// HF allows one id or a list.
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Names accepted by [`ModelConfig::dummy`].
+const DUMMY_NAMES: &[&str] = &[
+    "tiny",
+    "tiny-qwen2",
+    "tiny-qwen3",
+    "tiny-llama3",
+    "qwen2.5-0.5b",
+    "llama-3.2-1b",
+    "llama-3-8b",
+];
+
+impl ModelConfig {
+    /// Parse the text of an HF `config.json`; errors name `path`.
+    pub fn from_json(text: &str, path: &str) -> Result<Self> {
+        let value: Value = serde_json::from_str(text).map_err(|e| Error::Config {
+            path: path.to_string(),
+            what: format!("not valid JSON: {e}"),
+        })?;
+        let obj = value.as_object().ok_or_else(|| Error::Config {
+            path: path.to_string(),
+            what: "the top level is not a JSON object".into(),
+        })?;
+        parse(&Fields {
+            obj,
+            path,
+            prefix: "",
+        })
+    }
+
+    /// Read and parse an HF `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            what: "reading model config",
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_json(&text, &path.display().to_string())
+    }
+
+    /// A built-in config (`--model dummy:NAME`), see [`ModelConfig::dummy_names`]. The
+    /// tiny ones are fast on CPU; the others have the shapes of the real models.
+    /// Every dummy uses the dummy byte-level tokenizer's ids: BOS 256, EOS 257.
+    pub fn dummy(name: &str) -> Result<Self> {
+        let tiny = ModelConfig {
+            arch: Arch::Llama,
+            vocab_size: 512,
+            hidden_size: 128,
+            intermediate_size: 352,
+            num_layers: 4,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 32,
+            rope: RopeConfig {
+                rot_dim: 32,
+                theta: 10_000.0,
+                llama3: None,
+            },
+            rms_norm_eps: 1e-5,
+            tie_word_embeddings: false,
+            qkv_bias: false,
+            qk_norm: false,
+            max_position_embeddings: 2048,
+            torch_dtype: DType::BF16,
+            bos_token_id: Some(256),
+            eos_token_ids: vec![257],
+        };
+        let qwen = |c: ModelConfig| ModelConfig {
+            rope: RopeConfig {
+                theta: 1_000_000.0,
+                ..c.rope
+            },
+            rms_norm_eps: 1e-6,
+            tie_word_embeddings: true,
+            ..c
+        };
+        let cfg = match name {
+            "tiny" => tiny,
+            "tiny-qwen2" => qwen(ModelConfig {
+                arch: Arch::Qwen2,
+                qkv_bias: true,
+                ..tiny
+            }),
+            // Like Qwen3-0.6B, head_dim is explicit and num_heads * head_dim != hidden.
+            "tiny-qwen3" => qwen(ModelConfig {
+                arch: Arch::Qwen3,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    ..tiny.rope
+                },
+                qk_norm: true,
+                ..tiny
+            }),
+            // original_max_position_embeddings well inside the head's wavelengths, so the
+            // table has unscaled, scaled and interpolated frequencies.
+            "tiny-llama3" => ModelConfig {
+                rope: RopeConfig {
+                    llama3: Some(Llama3Scaling {
+                        factor: 4.0,
+                        low_freq_factor: 1.0,
+                        high_freq_factor: 4.0,
+                        original_max_position_embeddings: 512,
+                    }),
+                    ..tiny.rope
+                },
+                ..tiny
+            },
+            "qwen2.5-0.5b" => ModelConfig {
+                arch: Arch::Qwen2,
+                vocab_size: 151_936,
+                hidden_size: 896,
+                intermediate_size: 4864,
+                num_layers: 24,
+                num_heads: 14,
+                num_kv_heads: 2,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    theta: 1_000_000.0,
+                    llama3: None,
+                },
+                rms_norm_eps: 1e-6,
+                tie_word_embeddings: true,
+                qkv_bias: true,
+                max_position_embeddings: 32768,
+                ..tiny
+            },
+            "llama-3.2-1b" => ModelConfig {
+                vocab_size: 128_256,
+                hidden_size: 2048,
+                intermediate_size: 8192,
+                num_layers: 16,
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    theta: 500_000.0,
+                    llama3: Some(Llama3Scaling {
+                        factor: 32.0,
+                        low_freq_factor: 1.0,
+                        high_freq_factor: 4.0,
+                        original_max_position_embeddings: 8192,
+                    }),
+                },
+                tie_word_embeddings: true,
+                max_position_embeddings: 131_072,
+                ..tiny
+            },
+            "llama-3-8b" => ModelConfig {
+                vocab_size: 128_256,
+                hidden_size: 4096,
+                intermediate_size: 14336,
+                num_layers: 32,
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 128,
+                rope: RopeConfig {
+                    rot_dim: 128,
+                    theta: 500_000.0,
+                    llama3: None,
+                },
+                max_position_embeddings: 8192,
+                ..tiny
+            },
+            _ => {
+                return Err(Error::Config {
+                    path: format!("dummy:{name}"),
+                    what: format!("unknown dummy model; known: {}", DUMMY_NAMES.join(", ")),
+                })
+            }
+        };
+        Ok(cfg)
+    }
+
+    /// The names [`ModelConfig::dummy`] accepts.
+    pub fn dummy_names() -> &'static [&'static str] {
+        DUMMY_NAMES
+    }
+
+    /// Rows of the q projection: `num_heads * head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Rows of the k (and of the v) projection: `num_kv_heads * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Total parameters, the embedding counted once when tied.
+    pub fn num_params(&self) -> usize {
+        let (h, qkv) = (self.hidden_size, self.q_dim() + 2 * self.kv_dim());
+        let layer = 2 * h // input and post-attention norms
+            + qkv * h
+            + if self.qkv_bias { qkv } else { 0 }
+            + if self.qk_norm { 2 * self.head_dim } else { 0 }
+            + h * self.q_dim()
+            + 3 * self.intermediate_size * h;
+        let embed = self.vocab_size * h;
+        let lm_head = if self.tie_word_embeddings { 0 } else { embed };
+        embed + self.num_layers * layer + h + lm_head
+    }
+
+    /// Bytes of all weights stored in `dtype`.
+    pub fn weight_bytes(&self, dtype: DType) -> usize {
+        self.num_params() * dtype.size()
+    }
+}
+
+/// A JSON object being parsed, with the file path and the key prefix for messages.
+/// JSON `null` counts as absent everywhere (HF writes `"head_dim": null` and the like).
+struct Fields<'a> {
+    obj: &'a Map<String, Value>,
+    path: &'a str,
+    prefix: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    fn err(&self, what: impl Into<String>) -> Error {
+        Error::Config {
+            path: self.path.to_string(),
+            what: what.into(),
+        }
+    }
+
+    fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    fn wrong_type(&self, key: &str, expected: &str, found: &Value) -> Error {
+        self.err(format!(
+            "field `{}` must be {expected}, found {found}",
+            self.name(key)
+        ))
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        self.get(key)
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| self.wrong_type(key, "a non-negative integer", v))
+            })
+            .transpose()
+    }
+
+    /// A required integer that must be at least 1.
+    fn positive(&self, key: &str) -> Result<usize> {
+        match self.opt_usize(key)? {
+            None => Err(self.err(format!("required field `{}` is missing", self.name(key)))),
+            Some(0) => Err(self.err(format!("field `{}` must be positive", self.name(key)))),
+            Some(n) => Ok(n),
+        }
+    }
+
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        self.get(key)
+            .map(|v| {
+                v.as_f64()
+                    .ok_or_else(|| self.wrong_type(key, "a number", v))
+            })
+            .transpose()
+    }
+
+    fn req_f64(&self, key: &str) -> Result<f64> {
+        self.opt_f64(key)?
+            .ok_or_else(|| self.err(format!("required field `{}` is missing", self.name(key))))
+    }
+
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        self.get(key)
+            .map(|v| {
+                v.as_bool()
+                    .ok_or_else(|| self.wrong_type(key, "true or false", v))
+            })
+            .transpose()
+    }
+
+    fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
+        self.get(key)
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| self.wrong_type(key, "a string", v))
+            })
+            .transpose()
+    }
+
+    fn opt_object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>> {
+        self.get(key)
+            .map(|v| {
+                v.as_object()
+                    .ok_or_else(|| self.wrong_type(key, "an object", v))
+            })
+            .transpose()
+    }
+
+    /// One token id, or a list of them.
+    fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
+        let as_id = |v: &Value| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| self.wrong_type(key, "a token id or a list of token ids", v))
+        };
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items.iter().map(as_id).collect(),
+            Some(v) => Ok(vec![as_id(v)?]),
+        }
+    }
+}
+
+fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
+    let arch = parse_arch(f)?;
+    let vocab_size = f.positive("vocab_size")?;
+    let hidden_size = f.positive("hidden_size")?;
+    let intermediate_size = f.positive("intermediate_size")?;
+    let num_layers = f.positive("num_hidden_layers")?;
+    let num_heads = f.positive("num_attention_heads")?;
+    let num_kv_heads = match f.opt_usize("num_key_value_heads")? {
+        None => num_heads,
+        Some(_) => f.positive("num_key_value_heads")?,
+    };
+    if num_heads % num_kv_heads != 0 {
+        return Err(f.err(format!(
+            "num_attention_heads = {num_heads} is not a multiple of \
+             num_key_value_heads = {num_kv_heads}"
+        )));
+    }
+    let head_dim = match f.opt_usize("head_dim")? {
+        Some(_) => f.positive("head_dim")?,
+        None if hidden_size % num_heads == 0 => hidden_size / num_heads,
+        None => {
+            return Err(f.err(format!(
+                "hidden_size = {hidden_size} is not a multiple of num_attention_heads = \
+                 {num_heads} and there is no `head_dim`"
+            )))
+        }
+    };
+    if head_dim % 2 != 0 {
+        return Err(f.err(format!(
+            "head_dim = {head_dim} must be even (rotary embedding)"
+        )));
+    }
+    if let Some(act) = f.opt_str("hidden_act")? {
+        if act != "silu" && act != "swish" {
+            return Err(f.err(format!(
+                "hidden_act = \"{act}\" is not supported (only \"silu\")"
+            )));
+        }
+    }
+
+    let max_position_embeddings = f
+        .opt_usize("max_position_embeddings")?
+        .unwrap_or(arch.default_max_positions());
+    let rope = parse_rope(f, head_dim)?;
+    let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
+    if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
+        return Err(f.err(format!("rms_norm_eps = {rms_norm_eps} must be >= 0")));
+    }
+    let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(false);
+
+    // Attention bias as the HF modeling code builds it: Qwen2 always has q/k/v biases,
+    // Mistral never; Llama and Qwen3 follow `attention_bias` (which also gives o_proj a
+    // bias: the loader accepts it only when it is all zeros).
+    let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
+    let qkv_bias = match arch {
+        Arch::Qwen2 => true,
+        Arch::Mistral => false,
+        Arch::Llama | Arch::Qwen3 => attention_bias,
+    };
+    if arch == Arch::Llama && f.opt_bool("mlp_bias")? == Some(true) {
+        return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
+    }
+    check_sliding_window(f, arch, max_position_embeddings)?;
+
+    let torch_dtype = match f.opt_str("torch_dtype")?.or(f.opt_str("dtype")?) {
+        None => DType::BF16,
+        Some(s) => DType::parse_float(s).ok_or_else(|| {
+            f.err(format!(
+                "torch_dtype = \"{s}\" is not supported (bfloat16, float16 or float32)"
+            ))
+        })?,
+    };
+    let bos_token_id = f.token_ids("bos_token_id")?.first().copied();
+    let eos_token_ids = f.token_ids("eos_token_id")?;
+
+    Ok(ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rope,
+        rms_norm_eps,
+        tie_word_embeddings,
+        qkv_bias,
+        qk_norm: arch == Arch::Qwen3,
+        max_position_embeddings,
+        torch_dtype,
+        bos_token_id,
+        eos_token_ids,
+    })
+}
+
+/// `architectures` (the first one encore knows), else `model_type`.
+fn parse_arch(f: &Fields<'_>) -> Result<Arch> {
+    if let Some(v) = f.get("architectures") {
+        let names: Vec<&str> = v
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if names.is_empty() {
+            return Err(f.wrong_type("architectures", "a list of class names", v));
+        }
+        return names
+            .iter()
+            .find_map(|n| Arch::ALL.into_iter().find(|a| a.hf_name() == *n))
+            .ok_or_else(|| {
+                f.err(format!(
+                    "unsupported architecture {names:?} (supported: {})",
+                    Arch::ALL.map(Arch::hf_name).join(", ")
+                ))
+            });
+    }
+    match f.opt_str("model_type")? {
+        Some(t) => Arch::ALL
+            .into_iter()
+            .find(|a| a.model_type() == t)
+            .ok_or_else(|| {
+                f.err(format!(
+                    "unsupported model_type \"{t}\" (supported: {})",
+                    Arch::ALL.map(Arch::model_type).join(", ")
+                ))
+            }),
+        None => Err(f.err("required field `architectures` (or `model_type`) is missing")),
+    }
+}
+
+/// Theta and scaling from the top-level `rope_theta` / `rope_scaling` (transformers 4)
+/// or from `rope_parameters` (transformers 5).
+fn parse_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
+    let params = f.opt_object("rope_parameters")?.map(|obj| Fields {
+        obj,
+        path: f.path,
+        prefix: "rope_parameters.",
+    });
+    let theta = match f.opt_f64("rope_theta")? {
+        Some(t) => t,
+        None => match &params {
+            Some(p) => p.opt_f64("rope_theta")?.unwrap_or(10_000.0),
+            None => 10_000.0,
+        },
+    };
+    if !(theta > 0.0 && theta.is_finite()) {
+        return Err(f.err(format!("rope_theta = {theta} must be positive")));
+    }
+    for p in std::iter::once(f).chain(params.as_ref()) {
+        if let Some(r) = p.opt_f64("partial_rotary_factor")? {
+            if r != 1.0 {
+                return Err(p.err(format!(
+                    "`{}` = {r} is not supported (only full rotary)",
+                    p.name("partial_rotary_factor")
+                )));
+            }
+        }
+    }
+    let scaling = match f.opt_object("rope_scaling")? {
+        Some(obj) => Some(Fields {
+            obj,
+            path: f.path,
+            prefix: "rope_scaling.",
+        }),
+        None => params,
+    };
+    let llama3 = match scaling {
+        None => None,
+        Some(s) => parse_scaling(&s)?,
+    };
+    Ok(RopeConfig {
+        rot_dim: head_dim,
+        theta: theta as f32,
+        llama3,
+    })
+}
+
+fn parse_scaling(s: &Fields<'_>) -> Result<Option<Llama3Scaling>> {
+    let kind = s.opt_str("rope_type")?.or(s.opt_str("type")?);
+    match kind {
+        None if s.prefix == "rope_parameters." => Ok(None),
+        None => Err(s.err("`rope_scaling` has no `rope_type` (or `type`)")),
+        Some("default") => Ok(None),
+        Some("llama3") => {
+            let factor = s.req_f64("factor")? as f32;
+            let low_freq_factor = s.req_f64("low_freq_factor")? as f32;
+            let high_freq_factor = s.req_f64("high_freq_factor")? as f32;
+            let original = s.opt_usize("original_max_position_embeddings")?;
+            let original_max_position_embeddings = original.ok_or_else(|| {
+                s.err(format!(
+                    "required field `{}` is missing",
+                    s.name("original_max_position_embeddings")
+                ))
+            })?;
+            if !(factor > 0.0 && low_freq_factor > 0.0 && high_freq_factor > low_freq_factor)
+                || original_max_position_embeddings == 0
+            {
+                return Err(s.err(format!(
+                    "invalid llama3 rope scaling: factor {factor}, low_freq_factor \
+                     {low_freq_factor}, high_freq_factor {high_freq_factor}, \
+                     original_max_position_embeddings {original_max_position_embeddings}"
+                )));
+            }
+            Ok(Some(Llama3Scaling {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }))
+        }
+        Some(other) => Err(s.err(format!(
+            "`{}rope_type` = \"{other}\" is not supported (only \"default\" and \"llama3\")",
+            s.prefix
+        ))),
+    }
+}
+
+/// Qwen with `use_sliding_window: true` is refused; Mistral's window is not applied (a
+/// warning), which matches HF for every context shorter than the window.
+fn check_sliding_window(f: &Fields<'_>, arch: Arch, max_positions: usize) -> Result<()> {
+    match arch {
+        Arch::Qwen2 | Arch::Qwen3 => {
+            if f.opt_bool("use_sliding_window")? == Some(true) {
+                return Err(f.err(
+                    "use_sliding_window = true is not supported (sliding-window attention \
+                     is not implemented)",
+                ));
+            }
+        }
+        Arch::Mistral => {
+            if let Some(w) = f.opt_usize("sliding_window")? {
+                if w < max_positions {
+                    tracing::warn!(
+                        "{}: sliding_window = {w} is not applied: attention is full, so \
+                         results differ from HF beyond {w} tokens of context",
+                        f.path
+                    );
+                }
+            }
+        }
+        Arch::Llama => {}
+    }
+    Ok(())
+}

@@ -1,1 +1,385 @@
-//! Model weights (placeholder: being written).
+//! Model weights on a backend, loaded from an HF safetensors checkpoint (one file or
+//! sharded through an index) or generated as seeded dummy weights.
+//!
+//! Loading is two passes. First every tensor the config implies is checked by name, shape
+//! and dtype ([`Error::Weights`] naming the first bad one), before anything is allocated.
+//! Then tensors are uploaded one HF tensor at a time: q/k/v (and gate/up) are merged by
+//! writing each part into its rows of the merged device tensor, so the host holds at most
+//! one converted HF tensor (nothing at all when the file already has the run dtype).
+
+mod checkpoint;
+mod host;
+
+use std::path::Path;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use self::checkpoint::Checkpoint;
+use self::host::Staging;
+use super::config::{Arch, ModelConfig};
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::tensor::{DType, Tensor};
+
+/// One decoder layer's weights, in the run dtype.
+pub struct LayerWeights {
+    /// `[hidden]`.
+    pub input_norm: Tensor,
+    /// `[(num_heads + 2 * num_kv_heads) * head_dim, hidden]`: q rows, then k, then v.
+    pub qkv: Tensor,
+    /// `[(num_heads + 2 * num_kv_heads) * head_dim]`, same order (Qwen2).
+    pub qkv_bias: Option<Tensor>,
+    /// `[head_dim]` (Qwen3).
+    pub q_norm: Option<Tensor>,
+    /// `[head_dim]` (Qwen3).
+    pub k_norm: Option<Tensor>,
+    /// `[hidden, num_heads * head_dim]`.
+    pub o_proj: Tensor,
+    /// `[hidden]` (HF `post_attention_layernorm`).
+    pub post_norm: Tensor,
+    /// `[2 * intermediate, hidden]`: gate rows, then up rows.
+    pub gate_up: Tensor,
+    /// `[hidden, intermediate]`.
+    pub down: Tensor,
+}
+
+/// All weights of a model, on one backend, in one dtype.
+pub struct ModelWeights {
+    /// `[vocab, hidden]`.
+    pub embed: Tensor,
+    pub layers: Vec<LayerWeights>,
+    /// `[hidden]`.
+    pub norm: Tensor,
+    /// `[vocab, hidden]`; the same tensor as `embed` (same storage) when tied.
+    pub lm_head: Tensor,
+    pub dtype: DType,
+}
+
+/// Where the weights come from.
+pub enum WeightSource<'a> {
+    /// An HF model directory (`model.safetensors`, or `model.safetensors.index.json` and
+    /// its shards, or else every `*.safetensors` file in it), or one `.safetensors` file.
+    Dir(&'a Path),
+    /// Seeded random weights, deterministic for a seed (see [`load`]).
+    Dummy { seed: u64 },
+}
+
+/// One tensor of the HF checkpoint layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// HF name, e.g. `model.layers.0.self_attn.q_proj.weight`.
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Every HF tensor `cfg` implies, in load order (`lm_head.weight` only when untied).
+pub fn hf_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
+    Plan::new(cfg)
+        .merged()
+        .into_iter()
+        .flat_map(|m| m.parts.iter().cloned())
+        .collect()
+}
+
+/// Load `cfg`'s weights onto `backend` in the float dtype `dtype`.
+///
+/// Checkpoint tensors may be bf16, f16 or f32; they are converted on the host (rounding
+/// to nearest even). Tensors the config does not use (`rotary_emb.inv_freq`, `lm_head`
+/// when tied) are ignored. With `progress`, a bar on stderr counts the bytes uploaded.
+///
+/// Dummy weights are drawn per HF tensor from a hash of `(seed, name, index)`, so they
+/// do not depend on the dtype, the backend or the thread count: projections have std
+/// `1/sqrt(fan_in)`, the embedding and `lm_head` std `1/sqrt(hidden)` (logits of std ~1),
+/// norms `1 ± 0.02`, biases std 0.02.
+pub fn load(
+    backend: &dyn Backend,
+    cfg: &ModelConfig,
+    source: WeightSource<'_>,
+    dtype: DType,
+    progress: bool,
+) -> Result<ModelWeights> {
+    if !dtype.is_float() {
+        return Err(Error::invalid(
+            "weights::load",
+            format!("run dtype {dtype} is not a float dtype (bf16, f16 or f32)"),
+        ));
+    }
+    let plan = Plan::new(cfg);
+    let (source, what) = match source {
+        WeightSource::Dir(path) => {
+            let ck = Checkpoint::open(path)?;
+            let specs: Vec<&TensorSpec> =
+                plan.merged().into_iter().flat_map(|m| &m.parts).collect();
+            ck.validate(&specs)?;
+            check_o_proj_bias(&ck, cfg)?;
+            (Source::Checkpoint(ck), "loading weights")
+        }
+        WeightSource::Dummy { seed } => (Source::Dummy { seed }, "generating dummy weights"),
+    };
+
+    let total: usize = plan.merged().iter().map(|m| m.numel() * dtype.size()).sum();
+    let bar = progress_bar(total, progress, what);
+    let start = Instant::now();
+    let mut staging = Staging::default();
+    let weights = plan.build(dtype, |m| {
+        let t = backend.alloc(dtype, &m.shape)?;
+        let mut row = 0;
+        for part in &m.parts {
+            let rows = part.shape[0];
+            let dst = t.narrow(row, rows)?;
+            source.write(backend, cfg, part, &dst, &mut staging)?;
+            bar.inc(dst.size_bytes() as u64);
+            row += rows;
+        }
+        Ok(t)
+    })?;
+    backend.synchronize()?;
+    bar.finish_and_clear();
+    tracing::info!(
+        "{what}: {} tensors, {:.2} GB {dtype} on {} in {:.2} s",
+        plan.merged().len(),
+        total as f64 / 1e9,
+        backend.device_name(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(weights)
+}
+
+fn progress_bar(total: usize, visible: bool, what: &'static str) -> ProgressBar {
+    if !visible {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{msg} [{bar:40}] {bytes}/{total_bytes} ({binary_bytes_per_sec}, eta {eta})",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(what);
+    bar
+}
+
+/// Llama and Qwen3 with `attention_bias` also give `o_proj` a bias, which encore does not
+/// apply: accept it only when it is all zeros (as in "llamafied" Qwen checkpoints).
+fn check_o_proj_bias(ck: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
+    if !(cfg.qkv_bias && matches!(cfg.arch, Arch::Llama | Arch::Qwen3)) {
+        return Ok(());
+    }
+    for i in 0..cfg.num_layers {
+        let name = format!("model.layers.{i}.self_attn.o_proj.bias");
+        if let Some(values) = ck.read_f32(&name)? {
+            if values.iter().any(|&x| x != 0.0) {
+                return Err(Error::Weights {
+                    tensor: name,
+                    what: "is not all zeros, and encore does not apply an o_proj bias".into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Fills one HF tensor's rows of a device tensor.
+enum Source {
+    Checkpoint(Checkpoint),
+    Dummy { seed: u64 },
+}
+
+impl Source {
+    fn write(
+        &self,
+        backend: &dyn Backend,
+        cfg: &ModelConfig,
+        spec: &TensorSpec,
+        dst: &Tensor,
+        staging: &mut Staging,
+    ) -> Result<()> {
+        match self {
+            Source::Checkpoint(ck) => {
+                let (src_dtype, bytes) = ck.data(&spec.name)?;
+                if src_dtype == dst.dtype() {
+                    backend.write_bytes(dst, bytes)
+                } else {
+                    backend.write_bytes(dst, staging.convert(bytes, src_dtype, dst.dtype()))
+                }
+            }
+            Source::Dummy { seed } => {
+                let (mean, std) = dummy_init(cfg, spec);
+                let host = staging.dummy(*seed, &spec.name, spec.numel(), mean, std, dst.dtype());
+                backend.write_bytes(dst, host)
+            }
+        }
+    }
+}
+
+/// `(mean, std)` of a dummy tensor: scales that keep activations near unit size through
+/// any number of layers (every sublayer's input is RMS-normalised).
+fn dummy_init(cfg: &ModelConfig, spec: &TensorSpec) -> (f32, f32) {
+    let n = &spec.name;
+    if n.ends_with("norm.weight") {
+        (1.0, 0.02)
+    } else if n.ends_with(".bias") {
+        (0.0, 0.02)
+    } else if n == "model.embed_tokens.weight" || n == "lm_head.weight" {
+        (0.0, 1.0 / (cfg.hidden_size as f32).sqrt())
+    } else {
+        (0.0, 1.0 / (spec.shape[1] as f32).sqrt())
+    }
+}
+
+/// One device tensor made of HF tensors stacked along the first dimension.
+struct Merged {
+    shape: Vec<usize>,
+    parts: Vec<TensorSpec>,
+}
+
+impl Merged {
+    fn new(parts: Vec<(String, Vec<usize>)>) -> Merged {
+        let mut shape = parts[0].1.clone();
+        shape[0] = parts.iter().map(|(_, s)| s[0]).sum();
+        let parts = parts
+            .into_iter()
+            .map(|(name, shape)| TensorSpec { name, shape })
+            .collect();
+        Merged { shape, parts }
+    }
+
+    fn one(name: String, shape: Vec<usize>) -> Merged {
+        Merged::new(vec![(name, shape)])
+    }
+
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+struct LayerPlan {
+    input_norm: Merged,
+    qkv: Merged,
+    qkv_bias: Option<Merged>,
+    q_norm: Option<Merged>,
+    k_norm: Option<Merged>,
+    o_proj: Merged,
+    post_norm: Merged,
+    gate_up: Merged,
+    down: Merged,
+}
+
+/// The device tensors of [`ModelWeights`] and the HF tensors each is made of.
+struct Plan {
+    embed: Merged,
+    layers: Vec<LayerPlan>,
+    norm: Merged,
+    lm_head: Option<Merged>,
+}
+
+impl Plan {
+    fn new(cfg: &ModelConfig) -> Plan {
+        let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+        let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
+        let layers = (0..cfg.num_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}.");
+                let n = |s: &str| format!("{p}{s}");
+                LayerPlan {
+                    input_norm: Merged::one(n("input_layernorm.weight"), vec![h]),
+                    qkv: Merged::new(vec![
+                        (n("self_attn.q_proj.weight"), vec![q, h]),
+                        (n("self_attn.k_proj.weight"), vec![kv, h]),
+                        (n("self_attn.v_proj.weight"), vec![kv, h]),
+                    ]),
+                    qkv_bias: cfg.qkv_bias.then(|| {
+                        Merged::new(vec![
+                            (n("self_attn.q_proj.bias"), vec![q]),
+                            (n("self_attn.k_proj.bias"), vec![kv]),
+                            (n("self_attn.v_proj.bias"), vec![kv]),
+                        ])
+                    }),
+                    q_norm: cfg
+                        .qk_norm
+                        .then(|| Merged::one(n("self_attn.q_norm.weight"), vec![hd])),
+                    k_norm: cfg
+                        .qk_norm
+                        .then(|| Merged::one(n("self_attn.k_norm.weight"), vec![hd])),
+                    o_proj: Merged::one(n("self_attn.o_proj.weight"), vec![h, q]),
+                    post_norm: Merged::one(n("post_attention_layernorm.weight"), vec![h]),
+                    gate_up: Merged::new(vec![
+                        (n("mlp.gate_proj.weight"), vec![inter, h]),
+                        (n("mlp.up_proj.weight"), vec![inter, h]),
+                    ]),
+                    down: Merged::one(n("mlp.down_proj.weight"), vec![h, inter]),
+                }
+            })
+            .collect();
+        let vocab_by_hidden = vec![cfg.vocab_size, h];
+        Plan {
+            embed: Merged::one("model.embed_tokens.weight".into(), vocab_by_hidden.clone()),
+            layers,
+            norm: Merged::one("model.norm.weight".into(), vec![h]),
+            lm_head: (!cfg.tie_word_embeddings)
+                .then(|| Merged::one("lm_head.weight".into(), vocab_by_hidden)),
+        }
+    }
+
+    /// Every device tensor, in the order [`Plan::build`] creates them.
+    fn merged(&self) -> Vec<&Merged> {
+        let mut all = vec![&self.embed];
+        for l in &self.layers {
+            all.push(&l.input_norm);
+            all.push(&l.qkv);
+            all.extend(&l.qkv_bias);
+            all.extend(&l.q_norm);
+            all.extend(&l.k_norm);
+            all.push(&l.o_proj);
+            all.push(&l.post_norm);
+            all.push(&l.gate_up);
+            all.push(&l.down);
+        }
+        all.push(&self.norm);
+        all.extend(&self.lm_head);
+        all
+    }
+
+    /// Create every device tensor with `make`, in the order of [`Plan::merged`].
+    fn build(
+        &self,
+        dtype: DType,
+        mut make: impl FnMut(&Merged) -> Result<Tensor>,
+    ) -> Result<ModelWeights> {
+        let embed = make(&self.embed)?;
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            layers.push(LayerWeights {
+                input_norm: make(&l.input_norm)?,
+                qkv: make(&l.qkv)?,
+                qkv_bias: l.qkv_bias.as_ref().map(&mut make).transpose()?,
+                q_norm: l.q_norm.as_ref().map(&mut make).transpose()?,
+                k_norm: l.k_norm.as_ref().map(&mut make).transpose()?,
+                o_proj: make(&l.o_proj)?,
+                post_norm: make(&l.post_norm)?,
+                gate_up: make(&l.gate_up)?,
+                down: make(&l.down)?,
+            });
+        }
+        let norm = make(&self.norm)?;
+        let lm_head = match &self.lm_head {
+            Some(m) => make(m)?,
+            None => embed.clone(),
+        };
+        Ok(ModelWeights {
+            embed,
+            layers,
+            norm,
+            lm_head,
+            dtype,
+        })
+    }
+}

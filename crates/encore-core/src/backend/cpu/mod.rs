@@ -170,6 +170,10 @@ impl Backend for CpuBackend {
         "cpu".into()
     }
 
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        None
+    }
+
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         self.forbid_in_capture("alloc")?;
         let bytes = shape.iter().product::<usize>() * dtype.size();

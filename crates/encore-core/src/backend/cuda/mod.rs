@@ -321,6 +321,10 @@ impl Backend for CudaBackend {
         format!("cuda:{}", self.info.ordinal)
     }
 
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.mem_info().ok()
+    }
+
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         self.forbid_in_capture("alloc")?;
         let bytes = shape.iter().product::<usize>() * dtype.size();

@@ -1,0 +1,221 @@
+//! Offline generation for a fixed batch of prompts (what `encore generate` runs): prefill
+//! every prompt (in chunks when they exceed the step's token budget), then decode all
+//! sequences together until each hits EOS, its token limit or the context limit.
+//! Continuous batching with a scheduler replaces this loop in the engine.
+
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::kv::SeqId;
+use crate::runner::{Runner, SamplingParams, SeqStep};
+
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Keep generating past EOS (for benchmarks).
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// Produced an end-of-sequence token.
+    Eos,
+    /// Reached `max_tokens`.
+    Length,
+    /// Reached the runner's `max_seq_len`.
+    Context,
+}
+
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub output_ids: Vec<u32>,
+    pub finish: FinishReason,
+    /// Wall time of the prefill phase (shared by the batch).
+    pub prefill_secs: f64,
+    /// Wall time of the decode steps this sequence took part in.
+    pub decode_secs: f64,
+}
+
+/// Generate for every prompt; `on_token(i, id)` sees each new token of prompt `i` as it
+/// is sampled.
+pub fn generate(
+    runner: &mut Runner<'_>,
+    prompts: &[Vec<u32>],
+    eos: &[u32],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(usize, u32),
+) -> Result<Vec<Generation>> {
+    let cfg = *runner.config();
+    for (i, p) in prompts.iter().enumerate() {
+        if p.is_empty() {
+            return Err(Error::invalid("generate", format!("prompt {i} is empty")));
+        }
+        if p.len() >= cfg.max_seq_len {
+            return Err(Error::invalid(
+                "generate",
+                format!(
+                    "prompt {i} has {} tokens; the context limit is {} (raise --max-seq-len)",
+                    p.len(),
+                    cfg.max_seq_len
+                ),
+            ));
+        }
+    }
+    if prompts.len() > cfg.max_seqs {
+        return Err(Error::invalid(
+            "generate",
+            format!(
+                "{} prompts exceed --max-batch {}",
+                prompts.len(),
+                cfg.max_seqs
+            ),
+        ));
+    }
+    // Reserve every sequence's whole budget up front so decode can never run out.
+    let budget = |p: &Vec<u32>| (p.len() + opts.max_tokens).min(cfg.max_seq_len);
+    let needed: usize = prompts
+        .iter()
+        .map(|p| budget(p).div_ceil(cfg.block_size))
+        .sum();
+    if needed > runner.blocks.num_free_blocks() {
+        return Err(Error::OutOfBlocks {
+            what: format!(
+                "{} prompts with --max-tokens {}",
+                prompts.len(),
+                opts.max_tokens
+            ),
+            needed,
+            free: runner.blocks.num_free_blocks(),
+        });
+    }
+    let ids: Vec<SeqId> = (0..prompts.len()).map(|i| SeqId(i as u64)).collect();
+    let mut out: Vec<Generation> = prompts
+        .iter()
+        .map(|p| Generation {
+            prompt_ids: p.clone(),
+            output_ids: Vec::new(),
+            finish: FinishReason::Length,
+            prefill_secs: 0.0,
+            decode_secs: 0.0,
+        })
+        .collect();
+    let result = run(runner, prompts, &ids, eos, opts, &mut out, &mut on_token);
+    for &id in &ids {
+        let _ = runner.blocks.free(id);
+    }
+    result.map(|_| out)
+}
+
+fn run(
+    runner: &mut Runner<'_>,
+    prompts: &[Vec<u32>],
+    ids: &[SeqId],
+    eos: &[u32],
+    opts: &GenerateOptions,
+    out: &mut [Generation],
+    on_token: &mut impl FnMut(usize, u32),
+) -> Result<()> {
+    let cfg = *runner.config();
+    let mut active: Vec<usize> = Vec::new();
+    let mut last_token = vec![0u32; prompts.len()];
+    let mut step_no = 0u64;
+
+    // Returns whether sequence i goes on after taking token t.
+    let mut accept = |i: usize, t: u32, out: &mut [Generation]| -> bool {
+        out[i].output_ids.push(t);
+        on_token(i, t);
+        let total = out[i].prompt_ids.len() + out[i].output_ids.len();
+        if !opts.ignore_eos && eos.contains(&t) {
+            out[i].finish = FinishReason::Eos;
+            false
+        } else if out[i].output_ids.len() >= opts.max_tokens {
+            out[i].finish = FinishReason::Length;
+            false
+        } else if total >= cfg.max_seq_len {
+            out[i].finish = FinishReason::Context;
+            false
+        } else {
+            true
+        }
+    };
+
+    // Prefill, chunked to the step's token budget.
+    let t0 = Instant::now();
+    let mut done = vec![0usize; prompts.len()];
+    while let Some(first) = (0..prompts.len()).find(|&i| done[i] < prompts[i].len()) {
+        let mut batch: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
+        let mut room = cfg.max_tokens_per_step;
+        for i in first..prompts.len() {
+            let left = prompts[i].len() - done[i];
+            if left == 0 || room == 0 || batch.len() == cfg.max_seqs {
+                continue;
+            }
+            let take = left.min(room);
+            batch.push((i, done[i], take));
+            room -= take;
+        }
+        for &(i, start, len) in &batch {
+            if start == 0 {
+                runner.blocks.allocate(ids[i], len)?;
+            } else {
+                runner.blocks.append(ids[i], len)?;
+            }
+        }
+        let steps: Vec<SeqStep<'_>> = batch
+            .iter()
+            .map(|&(i, start, len)| SeqStep {
+                seq: ids[i],
+                tokens: &prompts[i][start..start + len],
+                sampling: opts.sampling,
+                step: step_no,
+            })
+            .collect();
+        let sampled = runner.step(&steps)?;
+        step_no += 1;
+        for (&(i, start, len), &t) in batch.iter().zip(&sampled) {
+            done[i] = start + len;
+            if done[i] == prompts[i].len() && opts.max_tokens > 0 && accept(i, t, out) {
+                active.push(i);
+                last_token[i] = t;
+            }
+        }
+    }
+    let prefill_secs = t0.elapsed().as_secs_f64();
+    for g in out.iter_mut() {
+        g.prefill_secs = prefill_secs;
+    }
+
+    // Decode all active sequences together.
+    while !active.is_empty() {
+        let t = Instant::now();
+        for &i in &active {
+            runner.blocks.append(ids[i], 1)?;
+        }
+        let tokens: Vec<[u32; 1]> = active.iter().map(|&i| [last_token[i]]).collect();
+        let steps: Vec<SeqStep<'_>> = active
+            .iter()
+            .zip(&tokens)
+            .map(|(&i, tok)| SeqStep {
+                seq: ids[i],
+                tokens: tok,
+                sampling: opts.sampling,
+                step: step_no,
+            })
+            .collect();
+        let sampled = runner.step(&steps)?;
+        step_no += 1;
+        let secs = t.elapsed().as_secs_f64();
+        let mut still = Vec::with_capacity(active.len());
+        for (&i, &tok) in active.iter().zip(&sampled) {
+            out[i].decode_secs += secs;
+            if accept(i, tok, out) {
+                still.push(i);
+                last_token[i] = tok;
+            }
+        }
+        active = still;
+    }
+    Ok(())
+}

@@ -1,0 +1,290 @@
+//! The Llama-family forward pass (Llama, Mistral, Qwen2, Qwen3), written once against the
+//! backend ops: the CPU backend runs the same code as CUDA.
+//!
+//! One call runs one step over a batch that mixes prefill sequences (several tokens,
+//! `cu_seqlens_q`) and decode sequences (one token), and returns f32 logits for the last
+//! token of each sequence. Every per-step quantity arrives in device tensors
+//! ([`StepInputs`]); intermediates come from the arena in a fixed order, so the same call
+//! can be captured into a graph.
+
+use crate::backend::{Attention, Backend};
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::memory::Arena;
+use crate::memory::ARENA_ALIGN;
+use crate::model::config::ModelConfig;
+use crate::model::weights::ModelWeights;
+use crate::tensor::{DType, Tensor};
+
+/// One step's inputs, all device tensors (views of persistent buffers in graph mode).
+///
+/// `n` tokens from `b` sequences. Sequence `s` contributes rows `cu[s]..cu[s+1]` (or row
+/// `s` when `cu_seqlens_q` is `None`: pure decode, `n == b`).
+pub struct StepInputs<'a> {
+    /// i32 `[n]`.
+    pub token_ids: &'a Tensor,
+    /// i32 `[n]`: the position of each token in its sequence.
+    pub positions: &'a Tensor,
+    /// i32 `[n]`: KV-cache slot of each token (-1: padding, not written).
+    pub slot_mapping: &'a Tensor,
+    /// i32 `[b, table_width]`.
+    pub block_tables: &'a Tensor,
+    /// i32 `[b]`: tokens in the cache per sequence after this step.
+    pub seq_lens: &'a Tensor,
+    /// i32 `[b + 1]`, or `None` for pure decode.
+    pub cu_seqlens_q: Option<&'a Tensor>,
+    /// i32 `[b]`: the row of each sequence's last token (an out-of-range row yields a
+    /// zero hidden state, e.g. for padding).
+    pub logits_indices: &'a Tensor,
+}
+
+/// A model ready to run: config, weights on the backend, and the rotary table.
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub weights: ModelWeights,
+    cos_sin: Tensor,
+    max_positions: usize,
+}
+
+/// The intermediates of one step, allocated from the arena in this order.
+struct Buffers {
+    hidden: Tensor,
+    residual: Tensor,
+    normed: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn: Tensor,
+    gate_up: Tensor,
+    act: Tensor,
+    scratch: Tensor,
+    last: Tensor,
+    logits: Tensor,
+}
+
+impl Model {
+    /// Wrap loaded weights; builds the f32 rotary table for `max_positions` positions.
+    pub fn new(
+        backend: &dyn Backend,
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        max_positions: usize,
+    ) -> Result<Self> {
+        if !cfg.head_dim.is_multiple_of(2) {
+            return Err(Error::Config {
+                path: "model".into(),
+                what: format!(
+                    "head_dim {} must be even for rotary embeddings",
+                    cfg.head_dim
+                ),
+            });
+        }
+        let table = cfg.rope.cos_sin_table(max_positions);
+        let cos_sin = backend.upload(&table, &[max_positions, cfg.rope.rot_dim])?;
+        Ok(Model {
+            cfg,
+            weights,
+            cos_sin,
+            max_positions,
+        })
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    fn dtype(&self) -> DType {
+        self.weights.dtype
+    }
+
+    /// Shapes of the step's intermediates for `n` tokens and `b` sequences.
+    fn buffer_shapes(&self, n: usize, b: usize, scratch_len: usize) -> [(DType, Vec<usize>); 12] {
+        let c = &self.cfg;
+        let t = self.dtype();
+        [
+            (t, vec![n, c.hidden_size]),
+            (t, vec![n, c.hidden_size]),
+            (t, vec![n, c.hidden_size]),
+            (t, vec![n, c.num_heads * c.head_dim]),
+            (t, vec![n, c.num_kv_heads * c.head_dim]),
+            (t, vec![n, c.num_kv_heads * c.head_dim]),
+            (t, vec![n, c.num_heads * c.head_dim]),
+            (t, vec![n, 2 * c.intermediate_size]),
+            (t, vec![n, c.intermediate_size]),
+            (DType::F32, vec![scratch_len.max(1)]),
+            (t, vec![b, c.hidden_size]),
+            (DType::F32, vec![b, c.vocab_size]),
+        ]
+    }
+
+    /// Arena bytes one step of `n` tokens, `b` sequences and block tables of
+    /// `table_width` blocks of `block_size` needs.
+    pub fn arena_bytes(
+        &self,
+        backend: &dyn Backend,
+        n: usize,
+        b: usize,
+        table_width: usize,
+        block_size: usize,
+    ) -> usize {
+        let scratch = backend.attention_scratch_len(
+            n,
+            self.cfg.num_heads,
+            self.cfg.head_dim,
+            table_width,
+            block_size,
+        );
+        self.buffer_shapes(n, b, scratch)
+            .iter()
+            .map(|(d, s)| (s.iter().product::<usize>() * d.size()).next_multiple_of(ARENA_ALIGN))
+            .sum()
+    }
+
+    fn alloc_buffers(
+        &self,
+        backend: &dyn Backend,
+        arena: &mut Arena,
+        n: usize,
+        b: usize,
+        w: usize,
+        bs: usize,
+    ) -> Result<Buffers> {
+        let scratch =
+            backend.attention_scratch_len(n, self.cfg.num_heads, self.cfg.head_dim, w, bs);
+        let mut it = self
+            .buffer_shapes(n, b, scratch)
+            .into_iter()
+            .map(|(d, s)| arena.alloc(d, &s))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter();
+        let mut next = || it.next().expect("12 buffers");
+        Ok(Buffers {
+            hidden: next(),
+            residual: next(),
+            normed: next(),
+            q: next(),
+            k: next(),
+            v: next(),
+            attn: next(),
+            gate_up: next(),
+            act: next(),
+            scratch: next(),
+            last: next(),
+            logits: next(),
+        })
+    }
+
+    /// Run one step; returns f32 logits `[b, vocab]` (a view into the arena, valid until
+    /// its next reset).
+    pub fn forward(
+        &self,
+        be: &dyn Backend,
+        arena: &mut Arena,
+        kv: &KvCache,
+        inp: &StepInputs<'_>,
+    ) -> Result<Tensor> {
+        let c = &self.cfg;
+        let n = inp.token_ids.numel();
+        let b = inp.seq_lens.numel();
+        if inp.block_tables.rank() != 2 {
+            return Err(Error::invalid(
+                "forward",
+                "block_tables must be [b, table_width]",
+            ));
+        }
+        let w = inp.block_tables.dim(1);
+        let bs = kv.k(0).dim(1);
+        let buf = self.alloc_buffers(be, arena, n, b, w, bs)?;
+        let (nh, kvh, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
+        let eps = c.rms_norm_eps;
+        let q_rows = nh * hd;
+        let kv_rows = kvh * hd;
+
+        be.embedding(inp.token_ids, &self.weights.embed, &buf.hidden)?;
+        for (i, l) in self.weights.layers.iter().enumerate() {
+            // residual = residual + hidden (the first layer starts the residual stream).
+            if i == 0 {
+                be.copy(&buf.hidden, &buf.residual)?;
+                be.rms_norm(&buf.hidden, None, &l.input_norm, eps, &buf.normed)?;
+            } else {
+                be.rms_norm(
+                    &buf.hidden,
+                    Some(&buf.residual),
+                    &l.input_norm,
+                    eps,
+                    &buf.normed,
+                )?;
+            }
+            // q, k, v from row ranges of the merged weight (contiguous views).
+            let bias = |start: usize, len: usize| {
+                l.qkv_bias
+                    .as_ref()
+                    .map(|bias| bias.narrow(start, len))
+                    .transpose()
+            };
+            be.matmul(
+                &buf.normed,
+                &l.qkv.narrow(0, q_rows)?,
+                bias(0, q_rows)?.as_ref(),
+                &buf.q,
+            )?;
+            be.matmul(
+                &buf.normed,
+                &l.qkv.narrow(q_rows, kv_rows)?,
+                bias(q_rows, kv_rows)?.as_ref(),
+                &buf.k,
+            )?;
+            be.matmul(
+                &buf.normed,
+                &l.qkv.narrow(q_rows + kv_rows, kv_rows)?,
+                bias(q_rows + kv_rows, kv_rows)?.as_ref(),
+                &buf.v,
+            )?;
+            let q = buf.q.reshape(&[n, nh, hd])?;
+            let k = buf.k.reshape(&[n, kvh, hd])?;
+            let v = buf.v.reshape(&[n, kvh, hd])?;
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                let qh = buf.q.reshape(&[n * nh, hd])?;
+                let kh = buf.k.reshape(&[n * kvh, hd])?;
+                be.rms_norm(&qh, None, qn, eps, &qh)?;
+                be.rms_norm(&kh, None, kn, eps, &kh)?;
+            }
+            be.rope(&q, &k, inp.positions, &self.cos_sin)?;
+            be.kv_write(&k, &v, kv.k(i), kv.v(i), inp.slot_mapping)?;
+            let attn = buf.attn.reshape(&[n, nh, hd])?;
+            be.attention(&Attention {
+                q: &q,
+                k_cache: kv.k(i),
+                v_cache: kv.v(i),
+                block_tables: inp.block_tables,
+                seq_lens: inp.seq_lens,
+                cu_seqlens_q: inp.cu_seqlens_q,
+                scale: 1.0 / (hd as f32).sqrt(),
+                out: &attn,
+                scratch: &buf.scratch,
+            })?;
+            be.matmul(&buf.attn, &l.o_proj, None, &buf.hidden)?;
+            be.rms_norm(
+                &buf.hidden,
+                Some(&buf.residual),
+                &l.post_norm,
+                eps,
+                &buf.normed,
+            )?;
+            be.matmul(&buf.normed, &l.gate_up, None, &buf.gate_up)?;
+            be.silu_mul(&buf.gate_up, &buf.act)?;
+            be.matmul(&buf.act, &l.down, None, &buf.hidden)?;
+        }
+        be.rms_norm(
+            &buf.hidden,
+            Some(&buf.residual),
+            &self.weights.norm,
+            eps,
+            &buf.normed,
+        )?;
+        // Gather each sequence's last row (the embedding op is a row gather).
+        be.embedding(inp.logits_indices, &buf.normed, &buf.last)?;
+        be.matmul(&buf.last, &self.weights.lm_head, None, &buf.logits)?;
+        Ok(buf.logits)
+    }
+}

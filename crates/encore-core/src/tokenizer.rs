@@ -1,1 +1,0 @@
-//! Tokenizers and chat templates (placeholder: being written).

@@ -1,0 +1,384 @@
+//! Tokenizers and chat templates: a Hugging Face `tokenizer.json` (with the special tokens
+//! and chat template of `tokenizer_config.json`), or a built-in byte-level tokenizer for
+//! dummy models; plus an incremental detokenizer for streaming.
+//!
+//! NOTE: a rendered chat template already holds the special tokens it wants (usually the
+//! BOS text): encode it with `add_special_tokens = false`, as `transformers` does, or the
+//! prompt starts with two BOS tokens.
+
+mod stream;
+mod template;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+use crate::error::{Error, Result};
+
+pub use stream::StreamDecoder;
+use template::ChatTemplate;
+
+/// The byte tokenizer's BOS id (ids `0..=255` are the bytes).
+pub const BYTES_BOS: u32 = 256;
+/// The byte tokenizer's EOS id.
+pub const BYTES_EOS: u32 = 257;
+/// The byte tokenizer's vocabulary size.
+pub const BYTES_VOCAB_SIZE: usize = 258;
+
+/// The byte tokenizer's chat template: `<|role|>\ncontent\n` per message, then
+/// `<|assistant|>\n` when a generation prompt is asked for.
+const BYTES_CHAT_TEMPLATE: &str = "{% for message in messages %}<|{{ message.role }}|>\n\
+     {{ message.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+
+/// One message of a conversation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Text <-> token ids, special tokens and the chat template of one model.
+pub struct Tokenizer {
+    kind: Kind,
+    /// One past the largest id the tokenizer can produce.
+    vocab_size: usize,
+    bos_id: Option<u32>,
+    eos_ids: Vec<u32>,
+    /// Whether `encode(.., true)` must put BOS first (`add_bos_token` of
+    /// tokenizer_config.json), for tokenizer.json files whose post-processor does not.
+    add_bos: bool,
+    /// Special-token strings the chat template sees (`bos_token`, `eos_token`, ...).
+    special_strings: BTreeMap<&'static str, String>,
+    template: Option<ChatTemplate>,
+    /// Why there is no chat template, for the error.
+    no_template_reason: String,
+}
+
+enum Kind {
+    Hf(Box<tokenizers::Tokenizer>),
+    Bytes,
+}
+
+impl fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field(
+                "kind",
+                &match self.kind {
+                    Kind::Hf(_) => "hf",
+                    Kind::Bytes => "bytes",
+                },
+            )
+            .field("vocab_size", &self.vocab_size)
+            .field("bos_id", &self.bos_id)
+            .field("eos_ids", &self.eos_ids)
+            .field("has_chat_template", &self.template.is_some())
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Load `dir/tokenizer.json`, with `dir/tokenizer_config.json` (special tokens,
+    /// `add_bos_token`, `chat_template`), `dir/chat_template.jinja` (preferred over the
+    /// config's template, as in recent `transformers`) and `dir/generation_config.json`
+    /// (`eos_token_id`, which may list several ids) where present.
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        let tok_path = dir.join("tokenizer.json");
+        let bytes = std::fs::read(&tok_path).map_err(|source| Error::Io {
+            what: "reading tokenizer",
+            path: tok_path.display().to_string(),
+            source,
+        })?;
+        let hf = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| Error::Tokenizer(format!("cannot parse `{}`: {e}", tok_path.display())))?;
+        let config = read_json_if_exists(&dir.join("tokenizer_config.json"))?;
+        let gen_config = read_json_if_exists(&dir.join("generation_config.json"))?;
+        let config = config.unwrap_or(Json::Null);
+
+        let vocab_size = hf
+            .get_vocab(true)
+            .values()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
+
+        let mut special_strings = BTreeMap::new();
+        for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+            if let Some(s) = token_string(&config[key]) {
+                special_strings.insert(key, s);
+            }
+        }
+        let known_id = |key: &str| -> Option<u32> {
+            let s = special_strings.get(key)?;
+            let id = hf.token_to_id(s);
+            if id.is_none() {
+                tracing::warn!("{key} `{s}` of tokenizer_config.json is not in the vocabulary");
+            }
+            id
+        };
+        let bos_id = known_id("bos_token").or_else(|| {
+            gen_config
+                .as_ref()
+                .and_then(|g| g["bos_token_id"].as_u64())
+                .map(|id| id as u32)
+        });
+        let mut eos_ids: Vec<u32> = known_id("eos_token").into_iter().collect();
+        if let Some(g) = &gen_config {
+            let ids = match &g["eos_token_id"] {
+                Json::Array(a) => a.iter().filter_map(Json::as_u64).collect(),
+                other => other.as_u64().into_iter().collect::<Vec<_>>(),
+            };
+            for id in ids {
+                if !eos_ids.contains(&(id as u32)) {
+                    eos_ids.push(id as u32);
+                }
+            }
+        }
+        let add_bos = config["add_bos_token"].as_bool() == Some(true) && bos_id.is_some();
+
+        let (template, no_template_reason) = load_chat_template(dir, &config)?;
+        Ok(Tokenizer {
+            kind: Kind::Hf(Box::new(hf)),
+            vocab_size,
+            bos_id,
+            eos_ids,
+            add_bos,
+            special_strings,
+            template,
+            no_template_reason,
+        })
+    }
+
+    /// The built-in byte-level tokenizer for dummy models: token id = byte value,
+    /// [`BYTES_BOS`] = 256, [`BYTES_EOS`] = 257, vocabulary size 258. Encoding with
+    /// special tokens puts BOS first. Its chat template writes `<|role|>\ncontent\n` per
+    /// message and `<|assistant|>\n` as the generation prompt.
+    ///
+    /// NOTE: input text is always plain bytes: `<|bos|>` in a prompt is seven byte tokens,
+    /// not BOS (decoding with special tokens writes BOS and EOS as `<|bos|>`, `<|eos|>`).
+    pub fn bytes() -> Tokenizer {
+        let template = ChatTemplate::new(BYTES_CHAT_TEMPLATE.to_string(), "the byte tokenizer")
+            .expect("the built-in chat template compiles");
+        Tokenizer {
+            kind: Kind::Bytes,
+            vocab_size: BYTES_VOCAB_SIZE,
+            bos_id: Some(BYTES_BOS),
+            eos_ids: vec![BYTES_EOS],
+            add_bos: true,
+            special_strings: BTreeMap::from([
+                ("bos_token", "<|bos|>".to_string()),
+                ("eos_token", "<|eos|>".to_string()),
+            ]),
+            template: Some(template),
+            no_template_reason: String::new(),
+        }
+    }
+
+    /// Token ids of `text`; with `add_special_tokens`, the tokenizer's own additions
+    /// (BOS, ...) as `transformers` makes them.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let mut ids = match &self.kind {
+            Kind::Hf(t) => t
+                .encode(text, add_special_tokens)
+                .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?
+                .get_ids()
+                .to_vec(),
+            Kind::Bytes => text.bytes().map(u32::from).collect(),
+        };
+        if add_special_tokens && self.add_bos {
+            if let Some(bos) = self.bos_id {
+                if ids.first() != Some(&bos) {
+                    ids.insert(0, bos);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Text of `ids`. Ids outside the vocabulary are skipped (as `tokenizers` does);
+    /// bytes that do not form valid UTF-8 become U+FFFD.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        match &self.kind {
+            Kind::Hf(t) => t
+                .decode(ids, skip_special_tokens)
+                .map_err(|e| Error::Tokenizer(format!("decoding failed: {e}"))),
+            Kind::Bytes => {
+                let mut out = String::new();
+                let mut run = Vec::new();
+                for &id in ids {
+                    match id {
+                        0..=255 => run.push(id as u8),
+                        BYTES_BOS | BYTES_EOS if !skip_special_tokens => {
+                            out.push_str(&String::from_utf8_lossy(&run));
+                            run.clear();
+                            let key = if id == BYTES_BOS {
+                                "bos_token"
+                            } else {
+                                "eos_token"
+                            };
+                            out.push_str(&self.special_strings[key]);
+                        }
+                        _ => {}
+                    }
+                }
+                out.push_str(&String::from_utf8_lossy(&run));
+                Ok(out)
+            }
+        }
+    }
+
+    /// One past the largest token id this tokenizer produces (the model's embedding
+    /// table may be larger).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Ids that end generation: `eos_token` of tokenizer_config.json, then the
+    /// `eos_token_id`s of generation_config.json not already listed.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        self.eos_ids.clone()
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    /// The id of a token string (special tokens included), if it is in the vocabulary.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        match &self.kind {
+            Kind::Hf(t) => t.token_to_id(token),
+            Kind::Bytes => match token.as_bytes() {
+                [b] => Some(u32::from(*b)),
+                _ if token == self.special_strings["bos_token"] => Some(BYTES_BOS),
+                _ if token == self.special_strings["eos_token"] => Some(BYTES_EOS),
+                _ => None,
+            },
+        }
+    }
+
+    /// Render a conversation with the model's chat template, with Hugging Face's
+    /// conventions (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
+    /// `raise_exception`, `strftime_now`, `tojson`, Python string and dict methods,
+    /// `trim_blocks` and `lstrip_blocks`). Encode the result with
+    /// `add_special_tokens = false`.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| Error::Tokenizer(self.no_template_reason.clone()))?;
+        let mut ctx: Vec<(&str, minijinja::Value)> = vec![
+            ("messages", minijinja::Value::from_serialize(messages)),
+            (
+                "add_generation_prompt",
+                minijinja::Value::from(add_generation_prompt),
+            ),
+        ];
+        for (&k, v) in &self.special_strings {
+            ctx.push((k, minijinja::Value::from(v.as_str())));
+        }
+        template.render(ctx.into_iter().collect())
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+}
+
+/// A special token in tokenizer_config.json: a string, or an `AddedToken` object
+/// `{"content": ...}`; `null` or absent is `None`.
+fn token_string(v: &Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+fn read_json_if_exists(path: &Path) -> Result<Option<Json>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(Error::Io {
+                what: "reading",
+                path: path.display().to_string(),
+                source,
+            })
+        }
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| Error::Tokenizer(format!("cannot parse `{}`: {e}", path.display())))
+}
+
+/// The chat template of a model directory: `chat_template.jinja`, else the config's
+/// `chat_template` (a string, or a list of `{name, template}` of which "default" is
+/// taken). Returns the reason when there is none. A template that does not compile is an
+/// error naming its file.
+fn load_chat_template(dir: &Path, config: &Json) -> Result<(Option<ChatTemplate>, String)> {
+    let jinja_path = dir.join("chat_template.jinja");
+    match std::fs::read_to_string(&jinja_path) {
+        Ok(source) => {
+            let t = ChatTemplate::new(source, &jinja_path.display().to_string())?;
+            return Ok((Some(t), String::new()));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(Error::Io {
+                what: "reading chat template",
+                path: jinja_path.display().to_string(),
+                source,
+            })
+        }
+    }
+    let config_path = dir.join("tokenizer_config.json").display().to_string();
+    let source = match &config["chat_template"] {
+        Json::String(s) => s.clone(),
+        Json::Array(list) => {
+            let named = |name: &str| {
+                list.iter()
+                    .find(|t| t["name"].as_str() == Some(name))
+                    .and_then(|t| t["template"].as_str())
+            };
+            match named("default") {
+                Some(s) => s.to_string(),
+                None => {
+                    let names: Vec<&str> = list.iter().filter_map(|t| t["name"].as_str()).collect();
+                    let reason = format!(
+                        "`{config_path}` has chat templates {names:?} but none named \
+                         \"default\""
+                    );
+                    return Ok((None, reason));
+                }
+            }
+        }
+        _ => {
+            let reason = format!(
+                "the model has no chat template (no `chat_template` in `{config_path}`, no \
+                 `{}`); send a raw prompt instead",
+                jinja_path.display()
+            );
+            return Ok((None, reason));
+        }
+    };
+    Ok((
+        Some(ChatTemplate::new(source, &config_path)?),
+        String::new(),
+    ))
+}

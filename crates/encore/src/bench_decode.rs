@@ -1,0 +1,169 @@
+//! `encore bench decode`: eager decode-step latency for a model at several batch sizes,
+//! beside the bandwidth floor (weight bytes / measured device copy bandwidth).
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use encore_core::bench;
+use encore_core::device::{self, DeviceSpec};
+use encore_core::kv::SeqId;
+use encore_core::model::config::ModelConfig;
+use encore_core::model::llama::Model;
+use encore_core::model::weights::{self, WeightSource};
+use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
+use encore_core::DType;
+
+#[derive(Args)]
+pub struct BenchDecodeArgs {
+    /// A Hugging Face model directory or `dummy:NAME`.
+    #[arg(long, default_value = "dummy:tiny")]
+    model: String,
+    /// Batch sizes, comma-separated.
+    #[arg(long, default_value = "1,8,64", value_delimiter = ',')]
+    batch: Vec<usize>,
+    /// Tokens already in each sequence's cache when the timed steps start.
+    #[arg(long, default_value_t = 128)]
+    context: usize,
+    /// Timed decode steps per batch size (after 3 warm-up steps); the median is reported.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    #[arg(long, default_value = "auto")]
+    device: String,
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// One JSON object per batch size.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: BenchDecodeArgs) -> Result<()> {
+    let spec: DeviceSpec = a.device.parse()?;
+    let dtype = DType::parse_float(&a.dtype).with_context(|| format!("--dtype `{}`", a.dtype))?;
+    let (opened, note) = device::open(spec)?;
+    if let Some(note) = note {
+        eprintln!("note: {note}");
+    }
+    let be = opened.backend();
+    let be = be.as_ref();
+    let (cfg, source) = match a.model.strip_prefix("dummy:") {
+        Some(name) => (ModelConfig::dummy(name)?, WeightSource::Dummy { seed: 0 }),
+        None => {
+            let dir = Path::new(&a.model);
+            (
+                ModelConfig::from_file(&dir.join("config.json"))?,
+                WeightSource::Dir(dir),
+            )
+        }
+    };
+    if a.context == 0 || a.context > 2048 {
+        anyhow::bail!("--context must be in 1..=2048 (one prefill step per sequence)");
+    }
+    let t = Instant::now();
+    let w = weights::load(be, &cfg, source, dtype, !a.json)?;
+    be.synchronize()?;
+    let load_secs = t.elapsed().as_secs_f64();
+    let weight_bytes = cfg.weight_bytes(dtype);
+    let copy = bench::copy_bandwidth(be, 256 << 20, 10)?;
+    let floor_secs = weight_bytes as f64 / (copy.value * 1e9);
+    let warmup = 3;
+    let max_seq_len = a.context + warmup + a.steps + 1;
+    let model = Model::new(be, cfg.clone(), w, max_seq_len)?;
+    let max_batch = a.batch.iter().copied().max().unwrap_or(1);
+    let block_size = 16;
+    let per_seq = max_seq_len.div_ceil(block_size);
+    let mut runner = Runner::new(
+        be,
+        model,
+        RunnerConfig {
+            block_size,
+            num_blocks: 1 + max_batch * per_seq,
+            max_tokens_per_step: 2048.max(max_batch),
+            max_seqs: max_batch,
+            max_seq_len,
+        },
+    )?;
+    if !a.json {
+        println!(
+            "{} on {}: {:.2} GB of weights ({dtype}), loaded in {:.2} s; copy bandwidth {:.0} GB/s -> floor {:.3} ms/step",
+            a.model,
+            be.device_name(),
+            weight_bytes as f64 / 1e9,
+            load_secs,
+            copy.value,
+            floor_secs * 1e3
+        );
+        println!(
+            "{:>6} {:>12} {:>12} {:>12} {:>10}",
+            "batch", "step ms", "tok/s", "floor ms", "x floor"
+        );
+    }
+    let greedy = SamplingParams::default();
+    for &b in &a.batch {
+        let seqs: Vec<SeqId> = (0..b).map(|i| SeqId(i as u64)).collect();
+        // Prefill `context` tokens per sequence, chunked to the step budget.
+        let prompt: Vec<u32> = (0..a.context)
+            .map(|i| (i * 7 + 1) as u32 % cfg.vocab_size as u32)
+            .collect();
+        for &s in &seqs {
+            runner.blocks.allocate(s, a.context)?;
+            runner.step(&[SeqStep {
+                seq: s,
+                tokens: &prompt,
+                sampling: greedy,
+                step: 0,
+            }])?;
+        }
+        let mut last = vec![1u32; b];
+        let mut times = Vec::with_capacity(a.steps);
+        for step in 0..warmup + a.steps {
+            for &s in &seqs {
+                runner.blocks.append(s, 1)?;
+            }
+            let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+            let batch: Vec<SeqStep<'_>> = seqs
+                .iter()
+                .zip(&toks)
+                .map(|(&seq, tok)| SeqStep {
+                    seq,
+                    tokens: tok,
+                    sampling: greedy,
+                    step: step as u64,
+                })
+                .collect();
+            let t = Instant::now();
+            last = runner.step(&batch)?;
+            if step >= warmup {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        for &s in &seqs {
+            runner.blocks.free(s)?;
+        }
+        times.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        let med = times[times.len() / 2];
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "model": a.model, "device": be.device_name(), "dtype": dtype.to_string(),
+                    "batch": b, "context": a.context, "mode": "eager",
+                    "step_ms": med * 1e3, "tokens_per_s": b as f64 / med,
+                    "floor_ms": floor_secs * 1e3, "weight_bytes": weight_bytes,
+                    "copy_gbps": copy.value, "load_s": load_secs,
+                })
+            );
+        } else {
+            println!(
+                "{:>6} {:>12.3} {:>12.1} {:>12.3} {:>10.2}",
+                b,
+                med * 1e3,
+                b as f64 / med,
+                floor_secs * 1e3,
+                med / floor_secs
+            );
+        }
+    }
+    Ok(())
+}
