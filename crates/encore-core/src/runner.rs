@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::kv::{BlockManager, KvCache, KvCacheConfig, SeqId};
 use crate::memory::Arena;
 use crate::model::llama::{Model, StepInputs};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// Per-sequence sampling parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -56,8 +56,51 @@ pub struct RunnerConfig {
     pub max_seq_len: usize,
 }
 
+/// The step's metadata buffers, allocated once at the maximum shape; a step uses
+/// prefixes of them.
+struct StepBuffers {
+    token_ids: Tensor,
+    positions: Tensor,
+    slot_mapping: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    logits_indices: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seeds: Tensor,
+    sampled: Tensor,
+}
+
+impl StepBuffers {
+    fn new(
+        be: &dyn Backend,
+        max_tokens: usize,
+        max_seqs: usize,
+        table_width: usize,
+    ) -> Result<Self> {
+        let i32s = |shape: &[usize]| be.alloc(DType::I32, shape);
+        Ok(StepBuffers {
+            token_ids: i32s(&[max_tokens])?,
+            positions: i32s(&[max_tokens])?,
+            slot_mapping: i32s(&[max_tokens])?,
+            block_tables: i32s(&[max_seqs, table_width])?,
+            seq_lens: i32s(&[max_seqs])?,
+            cu_seqlens_q: i32s(&[max_seqs + 1])?,
+            logits_indices: i32s(&[max_seqs])?,
+            temperature: be.alloc(DType::F32, &[max_seqs])?,
+            top_k: i32s(&[max_seqs])?,
+            top_p: be.alloc(DType::F32, &[max_seqs])?,
+            seeds: be.alloc(DType::I64, &[max_seqs])?,
+            sampled: i32s(&[max_seqs])?,
+        })
+    }
+}
+
 pub struct Runner<'b> {
     be: &'b dyn Backend,
+    inputs: StepBuffers,
     pub model: Model,
     pub kv: KvCache,
     pub blocks: BlockManager,
@@ -96,8 +139,10 @@ impl<'b> Runner<'b> {
             cfg.block_size,
         );
         let arena = Arena::new(be, bytes)?;
+        let inputs = StepBuffers::new(be, cfg.max_tokens_per_step, cfg.max_seqs, table_width)?;
         Ok(Runner {
             be,
+            inputs,
             model,
             kv,
             blocks,
@@ -203,18 +248,28 @@ impl<'b> Runner<'b> {
             seeds.push(mix_seed(mix_seed(s.sampling.seed, s.seq.0), s.step) as i64);
         }
         let be = self.be;
-        let up = |data: &[i32], shape: &[usize]| be.upload(data, shape);
-        let t_ids = up(&ids, &[n])?;
-        let t_pos = up(&pos, &[n])?;
-        let t_slots = up(&slots, &[n])?;
-        let t_tables = up(&tables, &[b, self.table_width])?;
-        let t_lens = up(&lens, &[b])?;
-        let t_cu = up(&cu, &[b + 1])?;
-        let t_last = up(&last, &[b])?;
-        let t_temp = be.upload(&temp, &[b])?;
-        let t_topk = be.upload(&top_k, &[b])?;
-        let t_topp = be.upload(&top_p, &[b])?;
-        let t_seeds = be.upload(&seeds, &[b])?;
+        let m = &self.inputs;
+        // Write each input's prefix into its max-shape buffer (no per-step allocation).
+        let put = |t: &Tensor, len: usize, data: &[i32]| -> Result<Tensor> {
+            let v = t.prefix(len)?;
+            be.write(&v, data)?;
+            Ok(v)
+        };
+        let t_ids = put(&m.token_ids, n, &ids)?;
+        let t_pos = put(&m.positions, n, &pos)?;
+        let t_slots = put(&m.slot_mapping, n, &slots)?;
+        let t_tables = put(&m.block_tables, b, &tables)?;
+        let t_lens = put(&m.seq_lens, b, &lens)?;
+        let t_cu = put(&m.cu_seqlens_q, b + 1, &cu)?;
+        let t_last = put(&m.logits_indices, b, &last)?;
+        let t_topk = put(&m.top_k, b, &top_k)?;
+        let t_temp = m.temperature.prefix(b)?;
+        be.write(&t_temp, &temp)?;
+        let t_topp = m.top_p.prefix(b)?;
+        be.write(&t_topp, &top_p)?;
+        let t_seeds = m.seeds.prefix(b)?;
+        be.write(&t_seeds, &seeds)?;
+        let out = m.sampled.prefix(b)?;
         self.arena.reset();
         let logits = self.model.forward(
             be,
@@ -230,7 +285,6 @@ impl<'b> Runner<'b> {
                 logits_indices: &t_last,
             },
         )?;
-        let out: Tensor = be.alloc(crate::DType::I32, &[b])?;
         be.sample(
             &logits,
             &Sampling {
