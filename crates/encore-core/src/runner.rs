@@ -111,6 +111,16 @@ pub struct Runner<'b> {
 
 impl<'b> Runner<'b> {
     pub fn new(be: &'b dyn Backend, model: Model, cfg: RunnerConfig) -> Result<Self> {
+        if cfg.block_size == 0
+            || cfg.max_tokens_per_step == 0
+            || cfg.max_seqs == 0
+            || cfg.max_seq_len == 0
+        {
+            return Err(Error::invalid(
+                "runner",
+                format!("block_size, max_tokens_per_step, max_seqs and max_seq_len must all be >= 1: {cfg:?}"),
+            ));
+        }
         if cfg.max_seq_len > model.max_positions() {
             return Err(Error::invalid(
                 "runner",

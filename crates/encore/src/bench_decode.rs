@@ -57,6 +57,9 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             )
         }
     };
+    if a.steps == 0 || a.batch.is_empty() || a.batch.contains(&0) {
+        anyhow::bail!("--steps and every --batch size must be at least 1");
+    }
     if a.context == 0 || a.context > 2048 {
         anyhow::bail!("--context must be in 1..=2048 (one prefill step per sequence)");
     }

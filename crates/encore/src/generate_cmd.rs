@@ -66,6 +66,12 @@ pub struct GenerateArgs {
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
+    if a.block_size == 0 || a.max_tokens_per_step == 0 {
+        bail!("--block-size and --max-tokens-per-step must be at least 1");
+    }
+    if !(a.kv_fraction > 0.0 && a.kv_fraction <= 1.0) {
+        bail!("--kv-fraction {} must be in (0, 1]", a.kv_fraction);
+    }
     let spec: DeviceSpec = a.device.parse()?;
     let dtype = DType::parse_float(&a.dtype)
         .with_context(|| format!("--dtype `{}`: expected bf16, f16 or f32", a.dtype))?;

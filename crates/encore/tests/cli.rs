@@ -131,6 +131,19 @@ fn bad_input_gets_a_clear_error() {
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("`tpu`"), "{}", text(&out.stderr));
 
+    let out = encore(&["generate", "--device", "cpu", "--block-size", "0"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--block-size"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !text(&out.stderr).contains("panicked"),
+        "{}",
+        text(&out.stderr)
+    );
+
     let out = encore(&["generate", "--device", "cpu", "--dtype", "int4"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("int4"), "{}", text(&out.stderr));
