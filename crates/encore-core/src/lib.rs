@@ -8,6 +8,7 @@ pub mod bench;
 pub mod device;
 pub mod error;
 pub mod generate;
+pub mod graph;
 pub mod kv;
 pub mod memory;
 pub mod model;
