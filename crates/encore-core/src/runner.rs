@@ -1,11 +1,16 @@
 //! The model runner: one forward step for a batch of sequences, eagerly. It owns the
 //! model, the KV cache and its block manager, and the arena; it packs the step's
 //! metadata on the host, uploads it, runs the forward and samples on the device.
-//! (Issue #4 adds graph capture/replay here, with persistent input buffers.)
+//! In graph mode, pure decode steps pad the batch to a bucket and replay that bucket's
+//! captured graph (captured on first use); everything per-step is in the input buffers.
 
-use crate::backend::{Backend, Sampling};
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::backend::{Backend, Graph, Sampling};
 use crate::error::{Error, Result};
-use crate::kv::{BlockManager, KvCache, KvCacheConfig, SeqId};
+use crate::graph::BucketPolicy;
+use crate::kv::{BlockManager, KvCache, KvCacheConfig, SeqId, NULL_BLOCK};
 use crate::memory::Arena;
 use crate::model::llama::{Model, StepInputs};
 use crate::tensor::{DType, Tensor};
@@ -101,6 +106,7 @@ impl StepBuffers {
 pub struct Runner<'b> {
     be: &'b dyn Backend,
     inputs: StepBuffers,
+    graph: Option<GraphState>,
     pub model: Model,
     pub kv: KvCache,
     pub blocks: BlockManager,
@@ -149,10 +155,16 @@ impl<'b> Runner<'b> {
             cfg.block_size,
         );
         let arena = Arena::new(be, bytes)?;
-        let inputs = StepBuffers::new(be, cfg.max_tokens_per_step, cfg.max_seqs, table_width)?;
+        let inputs = StepBuffers::new(
+            be,
+            cfg.max_tokens_per_step.max(cfg.max_seqs),
+            cfg.max_seqs,
+            table_width,
+        )?;
         Ok(Runner {
             be,
             inputs,
+            graph: None,
             model,
             kv,
             blocks,
@@ -210,15 +222,26 @@ impl<'b> Runner<'b> {
             ));
         }
         let decode_only = batch.iter().all(|s| s.tokens.len() == 1);
-        let mut ids = Vec::with_capacity(n);
-        let mut pos = Vec::with_capacity(n);
-        let mut slots = Vec::with_capacity(n);
-        let mut tables = vec![0i32; b * self.table_width];
-        let mut lens = Vec::with_capacity(b);
-        let mut cu = Vec::with_capacity(b + 1);
-        let mut last = Vec::with_capacity(b);
-        let (mut temp, mut top_k, mut top_p, mut seeds) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Pure decode steps within the largest bucket replay a graph of `rows` rows.
+        let bucket = match &self.graph {
+            Some(g) if decode_only => g.policy.bucket_for(b).filter(|&r| r <= self.cfg.max_seqs),
+            _ => None,
+        };
+        let rows = bucket.unwrap_or(b);
+        let w = self.table_width;
+        let mut ids = Vec::with_capacity(n.max(rows));
+        let mut pos = Vec::with_capacity(n.max(rows));
+        let mut slots = Vec::with_capacity(n.max(rows));
+        let mut tables = vec![NULL_BLOCK as i32; rows * w];
+        let mut lens = Vec::with_capacity(rows);
+        let mut cu = Vec::with_capacity(rows + 1);
+        let mut last = Vec::with_capacity(rows);
+        let (mut temp, mut top_k, mut top_p, mut seeds) = (
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+        );
         cu.push(0i32);
         for (i, s) in batch.iter().enumerate() {
             let total = self.blocks.num_tokens(s.seq)?;
@@ -246,8 +269,8 @@ impl<'b> Runner<'b> {
             }
             self.blocks.fill_block_table_row(
                 s.seq,
-                &mut tables[i * self.table_width..(i + 1) * self.table_width],
-                0,
+                &mut tables[i * w..(i + 1) * w],
+                NULL_BLOCK as i32,
             )?;
             lens.push(total as i32);
             cu.push(ids.len() as i32);
@@ -257,61 +280,228 @@ impl<'b> Runner<'b> {
             top_p.push(s.sampling.top_p);
             seeds.push(mix_seed(mix_seed(s.sampling.seed, s.seq.0), s.step) as i64);
         }
+        // Padding rows are empty sequences: seq_len 0, slot -1 (no KV write), a block-table
+        // row of the null block, greedy sampling.
+        for r in b..rows {
+            ids.push(0);
+            pos.push(0);
+            slots.push(-1);
+            lens.push(0);
+            cu.push(r as i32 + 1);
+            last.push(r as i32);
+            temp.push(0.0);
+            top_k.push(0);
+            top_p.push(1.0);
+            seeds.push(0);
+        }
+        let (n_rows, b_rows) = if bucket.is_some() {
+            (rows, rows)
+        } else {
+            (n, b)
+        };
         let be = self.be;
         let m = &self.inputs;
         // Write each input's prefix into its max-shape buffer (no per-step allocation).
-        let put = |t: &Tensor, len: usize, data: &[i32]| -> Result<Tensor> {
-            let v = t.prefix(len)?;
-            be.write(&v, data)?;
-            Ok(v)
+        let put = |t: &Tensor, data: &[i32]| be.write(&t.prefix(data.len())?, data);
+        put(&m.token_ids, &ids)?;
+        put(&m.positions, &pos)?;
+        put(&m.slot_mapping, &slots)?;
+        be.write(&m.block_tables.prefix(tables.len() / w)?, &tables)?;
+        put(&m.seq_lens, &lens)?;
+        put(&m.cu_seqlens_q, &cu)?;
+        put(&m.logits_indices, &last)?;
+        put(&m.top_k, &top_k)?;
+        be.write(&m.temperature.prefix(b_rows)?, &temp)?;
+        be.write(&m.top_p.prefix(b_rows)?, &top_p)?;
+        be.write(&m.seeds.prefix(b_rows)?, &seeds)?;
+
+        let logits = match bucket {
+            None => self.forward_and_sample(n_rows, b_rows, decode_only)?,
+            Some(r) => {
+                if !self
+                    .graph
+                    .as_ref()
+                    .is_some_and(|g| g.graphs.contains_key(&r))
+                {
+                    self.capture(r)?;
+                } else if let Some(g) = self.graph.as_mut() {
+                    g.stats.hits += 1;
+                }
+                let g = self.graph.as_mut().expect("graph mode");
+                g.stats.padded_rows += r - b;
+                g.stats.rows += r;
+                let step = &g.graphs[&r];
+                step.graph.replay()?;
+                step.logits.clone()
+            }
         };
-        let t_ids = put(&m.token_ids, n, &ids)?;
-        let t_pos = put(&m.positions, n, &pos)?;
-        let t_slots = put(&m.slot_mapping, n, &slots)?;
-        let t_tables = put(&m.block_tables, b, &tables)?;
-        let t_lens = put(&m.seq_lens, b, &lens)?;
-        let t_cu = put(&m.cu_seqlens_q, b + 1, &cu)?;
-        let t_last = put(&m.logits_indices, b, &last)?;
-        let t_topk = put(&m.top_k, b, &top_k)?;
-        let t_temp = m.temperature.prefix(b)?;
-        be.write(&t_temp, &temp)?;
-        let t_topp = m.top_p.prefix(b)?;
-        be.write(&t_topp, &top_p)?;
-        let t_seeds = m.seeds.prefix(b)?;
-        be.write(&t_seeds, &seeds)?;
-        let out = m.sampled.prefix(b)?;
+        let tokens = be
+            .download::<i32>(&self.inputs.sampled.prefix(b)?)?
+            .into_iter()
+            .map(|t| t as u32)
+            .collect();
+        Ok((tokens, keep_logits.then_some(logits)))
+    }
+
+    /// Forward and sample over the first `n` token rows and `b` sequence rows of the input
+    /// buffers; sampled ids land in `sampled[..b]`. Returns the logits (arena view).
+    fn forward_and_sample(&mut self, n: usize, b: usize, decode_only: bool) -> Result<Tensor> {
+        let be = self.be;
+        let m = &self.inputs;
+        let token_ids = m.token_ids.prefix(n)?;
+        let positions = m.positions.prefix(n)?;
+        let slot_mapping = m.slot_mapping.prefix(n)?;
+        let block_tables = m.block_tables.prefix(b)?;
+        let seq_lens = m.seq_lens.prefix(b)?;
+        let cu = m.cu_seqlens_q.prefix(b + 1)?;
+        let logits_indices = m.logits_indices.prefix(b)?;
         self.arena.reset();
         let logits = self.model.forward(
             be,
             &mut self.arena,
             &self.kv,
             &StepInputs {
-                token_ids: &t_ids,
-                positions: &t_pos,
-                slot_mapping: &t_slots,
-                block_tables: &t_tables,
-                seq_lens: &t_lens,
-                cu_seqlens_q: if decode_only { None } else { Some(&t_cu) },
-                logits_indices: &t_last,
+                token_ids: &token_ids,
+                positions: &positions,
+                slot_mapping: &slot_mapping,
+                block_tables: &block_tables,
+                seq_lens: &seq_lens,
+                cu_seqlens_q: if decode_only { None } else { Some(&cu) },
+                logits_indices: &logits_indices,
             },
         )?;
         be.sample(
             &logits,
             &Sampling {
-                temperature: &t_temp,
-                top_k: &t_topk,
-                top_p: &t_topp,
-                seeds: &t_seeds,
+                temperature: &m.temperature.prefix(b)?,
+                top_k: &m.top_k.prefix(b)?,
+                top_p: &m.top_p.prefix(b)?,
+                seeds: &m.seeds.prefix(b)?,
             },
-            &out,
+            &m.sampled.prefix(b)?,
         )?;
-        let tokens = be
-            .download::<i32>(&out)?
-            .into_iter()
-            .map(|t| t as u32)
-            .collect();
-        Ok((tokens, keep_logits.then_some(logits)))
+        Ok(logits)
     }
+
+    /// Capture the decode graph of bucket `rows` over the inputs already written: one
+    /// eager run first (it plans GEMMs and loads any lazily loaded library kernels outside
+    /// the capture; padding rows write no KV, real rows write the same values the replay
+    /// writes again), then the capture.
+    fn capture(&mut self, rows: usize) -> Result<()> {
+        self.forward_and_sample(rows, rows, true)?;
+        let t = Instant::now();
+        self.be.begin_capture()?;
+        let captured = self.forward_and_sample(rows, rows, true);
+        let graph = self.be.end_capture();
+        let logits = captured?;
+        let graph = graph?;
+        let g = self.graph.as_mut().expect("graph mode");
+        g.stats.misses += 1;
+        g.stats.captures += 1;
+        g.stats.capture_secs += t.elapsed().as_secs_f64();
+        g.graphs.insert(rows, CapturedStep { graph, logits });
+        Ok(())
+    }
+
+    /// Turn graph mode on (decode steps replay a graph per bucket) or off (`None`: eager).
+    /// Turning it off or changing the policy drops the captured graphs.
+    pub fn set_graph_mode(&mut self, policy: Option<BucketPolicy>) {
+        self.graph = policy.map(|policy| GraphState {
+            policy,
+            graphs: HashMap::new(),
+            stats: GraphStats::default(),
+        });
+    }
+
+    /// Capture every bucket now, largest first, with all rows padding.
+    pub fn capture_all(&mut self, progress: bool) -> Result<()> {
+        let Some(g) = &self.graph else {
+            return Ok(());
+        };
+        let mut buckets: Vec<usize> = g
+            .policy
+            .buckets()
+            .into_iter()
+            .filter(|&r| r <= self.cfg.max_seqs)
+            .collect();
+        buckets.reverse();
+        let pb = if progress {
+            indicatif::ProgressBar::new(buckets.len() as u64)
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "capturing decode graphs {bar:30} {pos}/{len} {elapsed}",
+            )
+            .expect("valid template"),
+        );
+        let w = self.table_width;
+        for rows in buckets {
+            if self
+                .graph
+                .as_ref()
+                .is_some_and(|g| g.graphs.contains_key(&rows))
+            {
+                pb.inc(1);
+                continue;
+            }
+            let be = self.be;
+            let m = &self.inputs;
+            let pad = |t: &Tensor, v: i32, len: usize| be.write(&t.prefix(len)?, &vec![v; len]);
+            pad(&m.token_ids, 0, rows)?;
+            pad(&m.positions, 0, rows)?;
+            pad(&m.slot_mapping, -1, rows)?;
+            be.write(
+                &m.block_tables.prefix(rows)?,
+                &vec![NULL_BLOCK as i32; rows * w],
+            )?;
+            pad(&m.seq_lens, 0, rows)?;
+            be.write(
+                &m.logits_indices.prefix(rows)?,
+                &(0..rows as i32).collect::<Vec<_>>(),
+            )?;
+            pad(&m.top_k, 0, rows)?;
+            be.write(&m.temperature.prefix(rows)?, &vec![0f32; rows])?;
+            be.write(&m.top_p.prefix(rows)?, &vec![1f32; rows])?;
+            be.write(&m.seeds.prefix(rows)?, &vec![0i64; rows])?;
+            self.capture(rows)?;
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        Ok(())
+    }
+
+    /// Graph statistics, when graph mode is on.
+    pub fn graph_stats(&self) -> Option<&GraphStats> {
+        self.graph.as_ref().map(|g| &g.stats)
+    }
+}
+
+/// What graph mode did so far.
+#[derive(Clone, Debug, Default)]
+pub struct GraphStats {
+    /// Steps that replayed an existing graph.
+    pub hits: usize,
+    /// Steps that had to capture first.
+    pub misses: usize,
+    pub captures: usize,
+    pub capture_secs: f64,
+    /// Rows run in graphs, and how many of them were padding.
+    pub rows: usize,
+    pub padded_rows: usize,
+}
+
+struct CapturedStep {
+    graph: Box<dyn Graph>,
+    /// Where the graph writes its logits (an arena view, valid after each replay).
+    logits: Tensor,
+}
+
+struct GraphState {
+    policy: BucketPolicy,
+    graphs: HashMap<usize, CapturedStep>,
+    stats: GraphStats,
 }
 
 /// splitmix64 of the request seed and the step: a fresh, reproducible seed per step.

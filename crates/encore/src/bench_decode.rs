@@ -1,5 +1,6 @@
-//! `encore bench decode`: eager decode-step latency for a model at several batch sizes,
-//! beside the bandwidth floor (weight bytes / measured device copy bandwidth).
+//! `encore bench decode`: decode-step latency for a model at several batch sizes, eager
+//! and replayed from a captured graph, beside the bandwidth floor (weight bytes / measured
+//! device copy bandwidth), with the capture time.
 
 use std::path::Path;
 use std::time::Instant;
@@ -8,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use encore_core::bench;
 use encore_core::device::{self, DeviceSpec};
+use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
@@ -21,7 +23,7 @@ pub struct BenchDecodeArgs {
     #[arg(long, default_value = "dummy:tiny")]
     model: String,
     /// Batch sizes, comma-separated.
-    #[arg(long, default_value = "1,8,64", value_delimiter = ',')]
+    #[arg(long, default_value = "1,8,32,128,256", value_delimiter = ',')]
     batch: Vec<usize>,
     /// Tokens already in each sequence's cache when the timed steps start.
     #[arg(long, default_value_t = 128)]
@@ -36,6 +38,9 @@ pub struct BenchDecodeArgs {
     /// One JSON object per batch size.
     #[arg(long)]
     json: bool,
+    /// Time eager steps only (no graph capture).
+    #[arg(long)]
+    eager: bool,
 }
 
 pub fn run(a: BenchDecodeArgs) -> Result<()> {
@@ -71,7 +76,8 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let copy = bench::copy_bandwidth(be, 256 << 20, 10)?;
     let floor_secs = weight_bytes as f64 / (copy.value * 1e9);
     let warmup = 3;
-    let max_seq_len = a.context + warmup + a.steps + 1;
+    // Eager and graph phases each append warmup + steps tokens.
+    let max_seq_len = a.context + 2 * (warmup + a.steps) + 1;
     let model = Model::new(be, cfg.clone(), w, max_seq_len)?;
     let max_batch = a.batch.iter().copied().max().unwrap_or(1);
     let block_size = 16;
@@ -98,8 +104,15 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             floor_secs * 1e3
         );
         println!(
-            "{:>6} {:>12} {:>12} {:>12} {:>10}",
-            "batch", "step ms", "tok/s", "floor ms", "x floor"
+            "{:>6} {:>10} {:>10} {:>8} {:>12} {:>10} {:>9} {:>10}",
+            "batch",
+            "eager ms",
+            "graph ms",
+            "speedup",
+            "tok/s",
+            "floor ms",
+            "x floor",
+            "capture ms"
         );
     }
     let greedy = SamplingParams::default();
@@ -119,52 +132,73 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             }])?;
         }
         let mut last = vec![1u32; b];
-        let mut times = Vec::with_capacity(a.steps);
-        for step in 0..warmup + a.steps {
-            for &s in &seqs {
-                runner.blocks.append(s, 1)?;
+        let mut step_no = 0u64;
+        // Median wall time of `a.steps` decode steps after `warmup` untimed ones.
+        let mut timed = |runner: &mut Runner<'_>, last: &mut Vec<u32>| -> Result<f64> {
+            let mut times = Vec::with_capacity(a.steps);
+            for i in 0..warmup + a.steps {
+                for &s in &seqs {
+                    runner.blocks.append(s, 1)?;
+                }
+                let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+                let batch: Vec<SeqStep<'_>> = seqs
+                    .iter()
+                    .zip(&toks)
+                    .map(|(&seq, tok)| SeqStep {
+                        seq,
+                        tokens: tok,
+                        sampling: greedy,
+                        step: step_no,
+                    })
+                    .collect();
+                step_no += 1;
+                let t = Instant::now();
+                *last = runner.step(&batch)?;
+                if i >= warmup {
+                    times.push(t.elapsed().as_secs_f64());
+                }
             }
-            let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
-            let batch: Vec<SeqStep<'_>> = seqs
-                .iter()
-                .zip(&toks)
-                .map(|(&seq, tok)| SeqStep {
-                    seq,
-                    tokens: tok,
-                    sampling: greedy,
-                    step: step as u64,
-                })
-                .collect();
-            let t = Instant::now();
-            last = runner.step(&batch)?;
-            if step >= warmup {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
+            times.sort_by(|x, y| x.partial_cmp(y).unwrap());
+            Ok(times[times.len() / 2])
+        };
+        let eager = timed(&mut runner, &mut last)?;
+        let (graph, capture_secs) = if a.eager {
+            (None, 0.0)
+        } else {
+            runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
+            let g = timed(&mut runner, &mut last)?;
+            let stats = runner.graph_stats().cloned().unwrap_or_default();
+            runner.set_graph_mode(None);
+            (Some(g), stats.capture_secs)
+        };
         for &s in &seqs {
             runner.blocks.free(s)?;
         }
-        times.sort_by(|x, y| x.partial_cmp(y).unwrap());
-        let med = times[times.len() / 2];
         if a.json {
             println!(
                 "{}",
                 serde_json::json!({
                     "model": a.model, "device": be.device_name(), "dtype": dtype.to_string(),
-                    "batch": b, "context": a.context, "mode": "eager",
-                    "step_ms": med * 1e3, "tokens_per_s": b as f64 / med,
+                    "batch": b, "context": a.context,
+                    "eager_step_ms": eager * 1e3, "graph_step_ms": graph.map(|g| g * 1e3),
+                    "speedup": graph.map(|g| eager / g), "capture_s": capture_secs,
+                    "tokens_per_s": b as f64 / graph.unwrap_or(eager),
                     "floor_ms": floor_secs * 1e3, "weight_bytes": weight_bytes,
                     "copy_gbps": copy.value, "load_s": load_secs,
                 })
             );
         } else {
+            let g = graph.unwrap_or(f64::NAN);
             println!(
-                "{:>6} {:>12.3} {:>12.1} {:>12.3} {:>10.2}",
+                "{:>6} {:>10.3} {:>10.3} {:>8.2} {:>12.1} {:>10.3} {:>9.2} {:>10.1}",
                 b,
-                med * 1e3,
-                b as f64 / med,
+                eager * 1e3,
+                g * 1e3,
+                eager / g,
+                b as f64 / graph.unwrap_or(eager),
                 floor_secs * 1e3,
-                med / floor_secs
+                graph.unwrap_or(eager) / floor_secs,
+                capture_secs * 1e3
             );
         }
     }

@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use encore_core::device::{self, DeviceSpec};
 use encore_core::generate::{generate, FinishReason, GenerateOptions};
+use encore_core::graph::BucketPolicy;
 use encore_core::kv::{KvCache, KvCacheConfig};
 use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
@@ -63,6 +64,9 @@ pub struct GenerateArgs {
     /// Print one JSON object per prompt (ids, text, timings) instead of text.
     #[arg(long)]
     json: bool,
+    /// Run every step eagerly (no graph capture): the reference mode.
+    #[arg(long)]
+    eager: bool,
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -188,6 +192,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         },
     )?;
 
+    if !a.eager {
+        runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: prompts.len() }));
+    }
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling: SamplingParams {
@@ -217,6 +224,15 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         println!();
     }
 
+    if let (Some(s), false) = (runner.graph_stats(), a.json) {
+        eprintln!(
+            "graphs: {} captured in {:.1} ms, {} replays, {:.0}% padded rows",
+            s.captures,
+            s.capture_secs * 1e3,
+            s.hits + s.misses,
+            100.0 * s.padded_rows as f64 / s.rows.max(1) as f64
+        );
+    }
     for (i, g) in gens.iter().enumerate() {
         let text = tokenizer.decode(&g.output_ids, true)?;
         let decode_tps = if g.decode_secs > 0.0 {

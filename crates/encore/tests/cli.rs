@@ -87,6 +87,42 @@ fn greedy_generation_is_deterministic_and_batch_independent() {
 }
 
 #[test]
+fn graph_mode_generates_what_eager_generates() {
+    let run = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let mut args = vec![
+            "generate",
+            "--device",
+            "cpu",
+            "--model",
+            "dummy:tiny-qwen3",
+            "--dtype",
+            "f32",
+            "--max-tokens",
+            "8",
+            "--ignore-eos",
+            "--json",
+            "--prompt",
+            "abc",
+            "--prompt",
+            "a longer prompt",
+            "--prompt",
+            "z",
+        ];
+        args.extend(extra);
+        let out = encore(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let (graph, eager) = (run(&[]), run(&["--eager"]));
+    for (g, e) in graph.iter().zip(&eager) {
+        assert_eq!(g["output_ids"], e["output_ids"]);
+    }
+}
+
+#[test]
 fn generate_streams_text_and_prints_a_summary() {
     let out = encore(&[
         "generate",
