@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::backend::{Backend, Graph, Sampling};
 use crate::error::{Error, Result};
-use crate::graph::BucketPolicy;
+use crate::graph::{BucketPolicy, Field, InputTable, Layout, Rows, Width};
 use crate::kv::{BlockManager, KvCache, KvCacheConfig, SeqId, NULL_BLOCK};
 use crate::memory::Arena;
 use crate::model::llama::{Model, StepInputs};
@@ -61,51 +61,97 @@ pub struct RunnerConfig {
     pub max_seq_len: usize,
 }
 
-/// The step's metadata buffers, allocated once at the maximum shape; a step uses
-/// prefixes of them.
-struct StepBuffers {
-    token_ids: Tensor,
-    positions: Tensor,
-    slot_mapping: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    cu_seqlens_q: Tensor,
-    logits_indices: Tensor,
-    temperature: Tensor,
-    top_k: Tensor,
-    top_p: Tensor,
-    seeds: Tensor,
-    sampled: Tensor,
-}
+/// Every per-step input, declared once (see `graph::inputs`).
+const STEP_INPUTS: &[Field] = &[
+    Field {
+        name: "token_ids",
+        dtype: DType::I32,
+        rows: Rows::Tokens,
+        width: Width::One,
+    },
+    Field {
+        name: "positions",
+        dtype: DType::I32,
+        rows: Rows::Tokens,
+        width: Width::One,
+    },
+    Field {
+        name: "slot_mapping",
+        dtype: DType::I32,
+        rows: Rows::Tokens,
+        width: Width::One,
+    },
+    Field {
+        name: "block_tables",
+        dtype: DType::I32,
+        rows: Rows::Seqs,
+        width: Width::Table,
+    },
+    Field {
+        name: "seq_lens",
+        dtype: DType::I32,
+        rows: Rows::Seqs,
+        width: Width::One,
+    },
+    Field {
+        name: "cu_seqlens_q",
+        dtype: DType::I32,
+        rows: Rows::SeqsPlusOne,
+        width: Width::One,
+    },
+    Field {
+        name: "logits_indices",
+        dtype: DType::I32,
+        rows: Rows::Seqs,
+        width: Width::One,
+    },
+    Field {
+        name: "temperature",
+        dtype: DType::F32,
+        rows: Rows::Seqs,
+        width: Width::One,
+    },
+    Field {
+        name: "top_k",
+        dtype: DType::I32,
+        rows: Rows::Seqs,
+        width: Width::One,
+    },
+    Field {
+        name: "top_p",
+        dtype: DType::F32,
+        rows: Rows::Seqs,
+        width: Width::One,
+    },
+    Field {
+        name: "seeds",
+        dtype: DType::I64,
+        rows: Rows::Seqs,
+        width: Width::One,
+    },
+];
 
-impl StepBuffers {
-    fn new(
-        be: &dyn Backend,
-        max_tokens: usize,
-        max_seqs: usize,
-        table_width: usize,
-    ) -> Result<Self> {
-        let i32s = |shape: &[usize]| be.alloc(DType::I32, shape);
-        Ok(StepBuffers {
-            token_ids: i32s(&[max_tokens])?,
-            positions: i32s(&[max_tokens])?,
-            slot_mapping: i32s(&[max_tokens])?,
-            block_tables: i32s(&[max_seqs, table_width])?,
-            seq_lens: i32s(&[max_seqs])?,
-            cu_seqlens_q: i32s(&[max_seqs + 1])?,
-            logits_indices: i32s(&[max_seqs])?,
-            temperature: be.alloc(DType::F32, &[max_seqs])?,
-            top_k: i32s(&[max_seqs])?,
-            top_p: be.alloc(DType::F32, &[max_seqs])?,
-            seeds: be.alloc(DType::I64, &[max_seqs])?,
-            sampled: i32s(&[max_seqs])?,
-        })
-    }
+/// One step's metadata on the host, `rows` sequence rows (padding included).
+#[derive(Default)]
+struct HostStep {
+    ids: Vec<i32>,
+    pos: Vec<i32>,
+    slots: Vec<i32>,
+    tables: Vec<i32>,
+    lens: Vec<i32>,
+    cu: Vec<i32>,
+    last: Vec<i32>,
+    temp: Vec<f32>,
+    top_k: Vec<i32>,
+    top_p: Vec<f32>,
+    seeds: Vec<i64>,
 }
 
 pub struct Runner<'b> {
     be: &'b dyn Backend,
-    inputs: StepBuffers,
+    inputs: InputTable,
+    /// Sampled token ids, `[max_seqs]`.
+    sampled: Tensor,
     graph: Option<GraphState>,
     pub model: Model,
     pub kv: KvCache,
@@ -155,15 +201,18 @@ impl<'b> Runner<'b> {
             cfg.block_size,
         );
         let arena = Arena::new(be, bytes)?;
-        let inputs = StepBuffers::new(
+        let inputs = InputTable::new(
             be,
+            STEP_INPUTS,
             cfg.max_tokens_per_step.max(cfg.max_seqs),
             cfg.max_seqs,
             table_width,
         )?;
+        let sampled = be.alloc(DType::I32, &[cfg.max_seqs])?;
         Ok(Runner {
             be,
             inputs,
+            sampled,
             graph: None,
             model,
             kv,
@@ -229,20 +278,11 @@ impl<'b> Runner<'b> {
         };
         let rows = bucket.unwrap_or(b);
         let w = self.table_width;
-        let mut ids = Vec::with_capacity(n.max(rows));
-        let mut pos = Vec::with_capacity(n.max(rows));
-        let mut slots = Vec::with_capacity(n.max(rows));
-        let mut tables = vec![NULL_BLOCK as i32; rows * w];
-        let mut lens = Vec::with_capacity(rows);
-        let mut cu = Vec::with_capacity(rows + 1);
-        let mut last = Vec::with_capacity(rows);
-        let (mut temp, mut top_k, mut top_p, mut seeds) = (
-            Vec::with_capacity(rows),
-            Vec::with_capacity(rows),
-            Vec::with_capacity(rows),
-            Vec::with_capacity(rows),
-        );
-        cu.push(0i32);
+        let mut h = HostStep {
+            tables: vec![NULL_BLOCK as i32; rows * w],
+            cu: vec![0],
+            ..HostStep::default()
+        };
         for (i, s) in batch.iter().enumerate() {
             let total = self.blocks.num_tokens(s.seq)?;
             if s.tokens.is_empty() || s.tokens.len() > total {
@@ -257,66 +297,41 @@ impl<'b> Runner<'b> {
             }
             let start = total - s.tokens.len();
             for (j, &t) in s.tokens.iter().enumerate() {
-                ids.push(t as i32);
-                pos.push((start + j) as i32);
+                h.ids.push(t as i32);
+                h.pos.push((start + j) as i32);
                 let slot = self.blocks.slot(s.seq, start + j).ok_or_else(|| {
                     Error::invalid(
                         "runner.step",
                         format!("sequence {}: no slot for position {}", s.seq, start + j),
                     )
                 })?;
-                slots.push(slot);
+                h.slots.push(slot);
             }
             self.blocks.fill_block_table_row(
                 s.seq,
-                &mut tables[i * w..(i + 1) * w],
+                &mut h.tables[i * w..(i + 1) * w],
                 NULL_BLOCK as i32,
             )?;
-            lens.push(total as i32);
-            cu.push(ids.len() as i32);
-            last.push(ids.len() as i32 - 1);
-            temp.push(s.sampling.temperature);
-            top_k.push(s.sampling.top_k);
-            top_p.push(s.sampling.top_p);
-            seeds.push(mix_seed(mix_seed(s.sampling.seed, s.seq.0), s.step) as i64);
+            h.lens.push(total as i32);
+            h.cu.push(h.ids.len() as i32);
+            h.last.push(h.ids.len() as i32 - 1);
+            h.temp.push(s.sampling.temperature);
+            h.top_k.push(s.sampling.top_k);
+            h.top_p.push(s.sampling.top_p);
+            h.seeds
+                .push(mix_seed(mix_seed(s.sampling.seed, s.seq.0), s.step) as i64);
         }
-        // Padding rows are empty sequences: seq_len 0, slot -1 (no KV write), a block-table
-        // row of the null block, greedy sampling.
-        for r in b..rows {
-            ids.push(0);
-            pos.push(0);
-            slots.push(-1);
-            lens.push(0);
-            cu.push(r as i32 + 1);
-            last.push(r as i32);
-            temp.push(0.0);
-            top_k.push(0);
-            top_p.push(1.0);
-            seeds.push(0);
-        }
-        let (n_rows, b_rows) = if bucket.is_some() {
-            (rows, rows)
+        h.pad_to(rows);
+        let layout = if bucket.is_some() {
+            self.inputs.layout(rows, rows)
         } else {
-            (n, b)
+            self.inputs.layout(n, b)
         };
+        self.write_inputs(&layout, &h)?;
         let be = self.be;
-        let m = &self.inputs;
-        // Write each input's prefix into its max-shape buffer (no per-step allocation).
-        let put = |t: &Tensor, data: &[i32]| be.write(&t.prefix(data.len())?, data);
-        put(&m.token_ids, &ids)?;
-        put(&m.positions, &pos)?;
-        put(&m.slot_mapping, &slots)?;
-        be.write(&m.block_tables.prefix(tables.len() / w)?, &tables)?;
-        put(&m.seq_lens, &lens)?;
-        put(&m.cu_seqlens_q, &cu)?;
-        put(&m.logits_indices, &last)?;
-        put(&m.top_k, &top_k)?;
-        be.write(&m.temperature.prefix(b_rows)?, &temp)?;
-        be.write(&m.top_p.prefix(b_rows)?, &top_p)?;
-        be.write(&m.seeds.prefix(b_rows)?, &seeds)?;
 
         let logits = match bucket {
-            None => self.forward_and_sample(n_rows, b_rows, decode_only)?,
+            None => self.forward_and_sample(&layout, decode_only)?,
             Some(r) => {
                 if !self
                     .graph
@@ -336,25 +351,52 @@ impl<'b> Runner<'b> {
             }
         };
         let tokens = be
-            .download::<i32>(&self.inputs.sampled.prefix(b)?)?
+            .download::<i32>(&self.sampled.prefix(b)?)?
             .into_iter()
             .map(|t| t as u32)
             .collect();
         Ok((tokens, keep_logits.then_some(logits)))
     }
 
-    /// Forward and sample over the first `n` token rows and `b` sequence rows of the input
-    /// buffers; sampled ids land in `sampled[..b]`. Returns the logits (arena view).
-    fn forward_and_sample(&mut self, n: usize, b: usize, decode_only: bool) -> Result<Tensor> {
+    /// Pack `h` into the input table's staging for `layout` and upload it: one copy.
+    fn write_inputs(&mut self, layout: &Layout, h: &HostStep) -> Result<()> {
+        let t = &mut self.inputs;
+        t.host_mut::<i32>(layout, "token_ids")?
+            .copy_from_slice(&h.ids);
+        t.host_mut::<i32>(layout, "positions")?
+            .copy_from_slice(&h.pos);
+        t.host_mut::<i32>(layout, "slot_mapping")?
+            .copy_from_slice(&h.slots);
+        t.host_mut::<i32>(layout, "block_tables")?
+            .copy_from_slice(&h.tables);
+        t.host_mut::<i32>(layout, "seq_lens")?
+            .copy_from_slice(&h.lens);
+        t.host_mut::<i32>(layout, "cu_seqlens_q")?
+            .copy_from_slice(&h.cu);
+        t.host_mut::<i32>(layout, "logits_indices")?
+            .copy_from_slice(&h.last);
+        t.host_mut::<f32>(layout, "temperature")?
+            .copy_from_slice(&h.temp);
+        t.host_mut::<i32>(layout, "top_k")?
+            .copy_from_slice(&h.top_k);
+        t.host_mut::<f32>(layout, "top_p")?
+            .copy_from_slice(&h.top_p);
+        t.host_mut::<i64>(layout, "seeds")?
+            .copy_from_slice(&h.seeds);
+        t.upload(self.be, layout)
+    }
+
+    /// Forward and sample over the inputs of `layout`; sampled ids land in
+    /// `sampled[..seqs]`. Returns the logits (arena view).
+    fn forward_and_sample(&mut self, layout: &Layout, decode_only: bool) -> Result<Tensor> {
         let be = self.be;
-        let m = &self.inputs;
-        let token_ids = m.token_ids.prefix(n)?;
-        let positions = m.positions.prefix(n)?;
-        let slot_mapping = m.slot_mapping.prefix(n)?;
-        let block_tables = m.block_tables.prefix(b)?;
-        let seq_lens = m.seq_lens.prefix(b)?;
-        let cu = m.cu_seqlens_q.prefix(b + 1)?;
-        let logits_indices = m.logits_indices.prefix(b)?;
+        let v = |name: &str| self.inputs.view(layout, name);
+        let (token_ids, positions, slot_mapping) =
+            (v("token_ids")?, v("positions")?, v("slot_mapping")?);
+        let (block_tables, seq_lens, cu) = (v("block_tables")?, v("seq_lens")?, v("cu_seqlens_q")?);
+        let logits_indices = v("logits_indices")?;
+        let (temperature, top_k, top_p, seeds) =
+            (v("temperature")?, v("top_k")?, v("top_p")?, v("seeds")?);
         self.arena.reset();
         let logits = self.model.forward(
             be,
@@ -373,12 +415,12 @@ impl<'b> Runner<'b> {
         be.sample(
             &logits,
             &Sampling {
-                temperature: &m.temperature.prefix(b)?,
-                top_k: &m.top_k.prefix(b)?,
-                top_p: &m.top_p.prefix(b)?,
-                seeds: &m.seeds.prefix(b)?,
+                temperature: &temperature,
+                top_k: &top_k,
+                top_p: &top_p,
+                seeds: &seeds,
             },
-            &m.sampled.prefix(b)?,
+            &self.sampled.prefix(layout.seqs)?,
         )?;
         Ok(logits)
     }
@@ -388,10 +430,11 @@ impl<'b> Runner<'b> {
     /// the capture; padding rows write no KV, real rows write the same values the replay
     /// writes again), then the capture.
     fn capture(&mut self, rows: usize) -> Result<()> {
-        self.forward_and_sample(rows, rows, true)?;
+        let layout = self.inputs.layout(rows, rows);
+        self.forward_and_sample(&layout, true)?;
         let t = Instant::now();
         self.be.begin_capture()?;
-        let captured = self.forward_and_sample(rows, rows, true);
+        let captured = self.forward_and_sample(&layout, true);
         let graph = self.be.end_capture();
         let logits = captured?;
         let graph = graph?;
@@ -446,25 +489,14 @@ impl<'b> Runner<'b> {
                 pb.inc(1);
                 continue;
             }
-            let be = self.be;
-            let m = &self.inputs;
-            let pad = |t: &Tensor, v: i32, len: usize| be.write(&t.prefix(len)?, &vec![v; len]);
-            pad(&m.token_ids, 0, rows)?;
-            pad(&m.positions, 0, rows)?;
-            pad(&m.slot_mapping, -1, rows)?;
-            be.write(
-                &m.block_tables.prefix(rows)?,
-                &vec![NULL_BLOCK as i32; rows * w],
-            )?;
-            pad(&m.seq_lens, 0, rows)?;
-            be.write(
-                &m.logits_indices.prefix(rows)?,
-                &(0..rows as i32).collect::<Vec<_>>(),
-            )?;
-            pad(&m.top_k, 0, rows)?;
-            be.write(&m.temperature.prefix(rows)?, &vec![0f32; rows])?;
-            be.write(&m.top_p.prefix(rows)?, &vec![1f32; rows])?;
-            be.write(&m.seeds.prefix(rows)?, &vec![0i64; rows])?;
+            let mut h = HostStep {
+                cu: vec![0],
+                ..HostStep::default()
+            };
+            h.pad_to(rows);
+            h.tables = vec![NULL_BLOCK as i32; rows * w];
+            let layout = self.inputs.layout(rows, rows);
+            self.write_inputs(&layout, &h)?;
             self.capture(rows)?;
             pb.inc(1);
         }
@@ -502,6 +534,26 @@ struct GraphState {
     policy: BucketPolicy,
     graphs: HashMap<usize, CapturedStep>,
     stats: GraphStats,
+}
+
+impl HostStep {
+    /// Pad to `rows` sequence rows of one token each. Padding rows are empty sequences:
+    /// seq_len 0, slot -1 (no KV write), the null block in the table (already filled by
+    /// the caller), greedy sampling.
+    fn pad_to(&mut self, rows: usize) {
+        for r in self.lens.len()..rows {
+            self.ids.push(0);
+            self.pos.push(0);
+            self.slots.push(-1);
+            self.lens.push(0);
+            self.cu.push(self.ids.len() as i32);
+            self.last.push(r as i32);
+            self.temp.push(0.0);
+            self.top_k.push(0);
+            self.top_p.push(1.0);
+            self.seeds.push(0);
+        }
+    }
 }
 
 /// splitmix64 of the request seed and the step: a fresh, reproducible seed per step.
