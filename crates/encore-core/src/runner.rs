@@ -153,6 +153,7 @@ pub struct Runner<'b> {
     /// Sampled token ids, `[max_seqs]`.
     sampled: Tensor,
     graph: Option<GraphState>,
+    verify_graphs: bool,
     pub model: Model,
     pub kv: KvCache,
     pub blocks: BlockManager,
@@ -214,6 +215,7 @@ impl<'b> Runner<'b> {
             inputs,
             sampled,
             graph: None,
+            verify_graphs: false,
             model,
             kv,
             blocks,
@@ -330,8 +332,18 @@ impl<'b> Runner<'b> {
         self.write_inputs(&layout, &h)?;
         let be = self.be;
 
-        let logits = match bucket {
-            None => self.forward_and_sample(&layout, decode_only)?,
+        let download_tokens = |t: &Tensor| -> Result<Vec<u32>> {
+            Ok(be
+                .download::<i32>(&t.prefix(b)?)?
+                .into_iter()
+                .map(|t| t as u32)
+                .collect())
+        };
+        let (tokens, logits) = match bucket {
+            None => {
+                let logits = self.forward_and_sample(&layout, decode_only)?;
+                (download_tokens(&self.sampled)?, logits)
+            }
             Some(r) => {
                 if !self
                     .graph
@@ -347,14 +359,22 @@ impl<'b> Runner<'b> {
                 g.stats.rows += r;
                 let step = &g.graphs[&r];
                 step.graph.replay()?;
-                step.logits.clone()
+                let logits = step.logits.clone();
+                let tokens = download_tokens(&self.sampled)?;
+                if self.verify_graphs {
+                    let replayed = be.download::<f32>(&logits.prefix(b)?)?;
+                    h.truncate(b, w);
+                    let eager_layout = self.inputs.layout(b, b);
+                    self.write_inputs(&eager_layout, &h)?;
+                    let eager = self.forward_and_sample(&eager_layout, true)?;
+                    let reference = be.download::<f32>(&eager)?;
+                    self.check_replay(r, &replayed, &reference)?;
+                    (tokens, eager)
+                } else {
+                    (tokens, logits)
+                }
             }
         };
-        let tokens = be
-            .download::<i32>(&self.sampled.prefix(b)?)?
-            .into_iter()
-            .map(|t| t as u32)
-            .collect();
         Ok((tokens, keep_logits.then_some(logits)))
     }
 
@@ -504,6 +524,49 @@ impl<'b> Runner<'b> {
         Ok(())
     }
 
+    /// Debug check: after every graph replay, run the same step eagerly (unpadded) and
+    /// fail if any row's logits differ by more than the dtype's tolerance (normalised
+    /// error; f32 1e-4, bf16/f16 3e-2). The tokens returned are the replay's, the logits
+    /// the eager run's. Costs an extra eager step per replay.
+    pub fn set_verify_graphs(&mut self, on: bool) {
+        self.verify_graphs = on;
+    }
+
+    fn check_replay(&mut self, bucket: usize, replayed: &[f32], reference: &[f32]) -> Result<()> {
+        let vocab = self.model.cfg.vocab_size;
+        let tol = if self.model.weights.dtype == DType::F32 {
+            1e-4
+        } else {
+            3e-2
+        };
+        let mut worst = 0f64;
+        for (row, (a, r)) in replayed
+            .chunks(vocab)
+            .zip(reference.chunks(vocab))
+            .enumerate()
+        {
+            let num: f64 = a.iter().zip(r).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+            let den: f64 = r
+                .iter()
+                .map(|y| (*y as f64).powi(2))
+                .sum::<f64>()
+                .max(f64::MIN_POSITIVE);
+            let e = (num / den).sqrt();
+            if e.is_nan() || e > tol {
+                return Err(Error::invalid(
+                    "verify-graphs",
+                    format!("bucket {bucket}, row {row}: replayed logits differ from eager by {e:.3e} (tolerance {tol:.0e})"),
+                ));
+            }
+            worst = worst.max(e);
+        }
+        if let Some(g) = self.graph.as_mut() {
+            g.stats.verified += 1;
+            g.stats.max_verify_error = g.stats.max_verify_error.max(worst);
+        }
+        Ok(())
+    }
+
     /// Graph statistics, when graph mode is on.
     pub fn graph_stats(&self) -> Option<&GraphStats> {
         self.graph.as_ref().map(|g| &g.stats)
@@ -522,6 +585,9 @@ pub struct GraphStats {
     /// Rows run in graphs, and how many of them were padding.
     pub rows: usize,
     pub padded_rows: usize,
+    /// Replays checked against eager (`set_verify_graphs`), and the largest error seen.
+    pub verified: usize,
+    pub max_verify_error: f64,
 }
 
 struct CapturedStep {
@@ -537,6 +603,21 @@ struct GraphState {
 }
 
 impl HostStep {
+    /// Keep the first `seqs` rows (one token each: decode), dropping padding.
+    fn truncate(&mut self, seqs: usize, table_width: usize) {
+        self.ids.truncate(seqs);
+        self.pos.truncate(seqs);
+        self.slots.truncate(seqs);
+        self.tables.truncate(seqs * table_width);
+        self.lens.truncate(seqs);
+        self.cu.truncate(seqs + 1);
+        self.last.truncate(seqs);
+        self.temp.truncate(seqs);
+        self.top_k.truncate(seqs);
+        self.top_p.truncate(seqs);
+        self.seeds.truncate(seqs);
+    }
+
     /// Pad to `rows` sequence rows of one token each. Padding rows are empty sequences:
     /// seq_len 0, slot -1 (no KV write), the null block in the table (already filled by
     /// the caller), greedy sampling.

@@ -200,6 +200,46 @@ fn capture_all_warms_every_bucket_largest_first() {
 }
 
 #[test]
+fn verify_graphs_checks_every_replay_against_eager() {
+    let cpu = CpuBackend::new();
+    let mut r = runner(&cpu, true);
+    r.set_verify_graphs(true);
+    let greedy = SamplingParams::default();
+    let prompts: [&[u32]; 3] = [&[5, 6, 7], &[9; 11], &[1, 2]];
+    let mut last = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        r.blocks.allocate(SeqId(i as u64), p.len()).unwrap();
+        last.extend(
+            r.step(&[SeqStep {
+                seq: SeqId(i as u64),
+                tokens: p,
+                sampling: greedy,
+                step: 0,
+            }])
+            .unwrap(),
+        );
+    }
+    for step in 1..6u64 {
+        let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+        let batch: Vec<SeqStep<'_>> = (0..3)
+            .map(|i| {
+                r.blocks.append(SeqId(i as u64), 1).unwrap();
+                SeqStep {
+                    seq: SeqId(i as u64),
+                    tokens: &toks[i],
+                    sampling: greedy,
+                    step,
+                }
+            })
+            .collect();
+        last = r.step(&batch).unwrap();
+    }
+    let s = r.graph_stats().unwrap();
+    assert_eq!(s.verified, 5, "{s:?}");
+    assert!(s.max_verify_error < 1e-5, "{s:?}");
+}
+
+#[test]
 #[ignore = "needs a CUDA device"]
 fn cuda_graph_decode_matches_eager() {
     static SERIAL: Mutex<()> = Mutex::new(());

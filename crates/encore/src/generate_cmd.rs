@@ -67,6 +67,9 @@ pub struct GenerateArgs {
     /// Run every step eagerly (no graph capture): the reference mode.
     #[arg(long)]
     eager: bool,
+    /// Debug: after each graph replay, run the step eagerly too and fail on a mismatch.
+    #[arg(long)]
+    verify_graphs: bool,
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -194,6 +197,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
 
     if !a.eager {
         runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: prompts.len() }));
+        runner.set_verify_graphs(a.verify_graphs);
     }
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
@@ -226,11 +230,19 @@ pub fn run(a: GenerateArgs) -> Result<()> {
 
     if let (Some(s), false) = (runner.graph_stats(), a.json) {
         eprintln!(
-            "graphs: {} captured in {:.1} ms, {} replays, {:.0}% padded rows",
+            "graphs: {} captured in {:.1} ms, {} replays, {:.0}% padded rows{}",
             s.captures,
             s.capture_secs * 1e3,
             s.hits + s.misses,
-            100.0 * s.padded_rows as f64 / s.rows.max(1) as f64
+            100.0 * s.padded_rows as f64 / s.rows.max(1) as f64,
+            if s.verified > 0 {
+                format!(
+                    ", {} verified against eager (max error {:.1e})",
+                    s.verified, s.max_verify_error
+                )
+            } else {
+                String::new()
+            }
         );
     }
     for (i, g) in gens.iter().enumerate() {

@@ -116,9 +116,10 @@ fn graph_mode_generates_what_eager_generates() {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     };
-    let (graph, eager) = (run(&[]), run(&["--eager"]));
-    for (g, e) in graph.iter().zip(&eager) {
+    let (graph, eager, verified) = (run(&[]), run(&["--eager"]), run(&["--verify-graphs"]));
+    for ((g, e), v) in graph.iter().zip(&eager).zip(&verified) {
         assert_eq!(g["output_ids"], e["output_ids"]);
+        assert_eq!(v["output_ids"], e["output_ids"]);
     }
 }
 
