@@ -41,6 +41,10 @@ pub struct BenchDecodeArgs {
     /// Time eager steps only (no graph capture).
     #[arg(long)]
     eager: bool,
+    /// Also time capturing every bucket of the default (vLLM-like) policy up to the
+    /// largest batch, largest first, as a warm-up at start-up would.
+    #[arg(long)]
+    capture_all: bool,
 }
 
 pub fn run(a: BenchDecodeArgs) -> Result<()> {
@@ -114,6 +118,29 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             "x floor",
             "capture ms"
         );
+    }
+    if a.capture_all {
+        let policy = BucketPolicy::VllmLike { max: max_batch };
+        let n = policy.buckets().len();
+        runner.set_graph_mode(Some(policy));
+        let t = Instant::now();
+        runner.capture_all(!a.json)?;
+        be.synchronize()?;
+        let total = t.elapsed().as_secs_f64();
+        let stats = runner.graph_stats().cloned().unwrap_or_default();
+        runner.set_graph_mode(None);
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"model": a.model, "capture_all_buckets": n, "capture_all_s": total,
+                                   "capture_s": stats.capture_secs})
+            );
+        } else {
+            println!(
+                "captured all {n} default buckets (1..={max_batch}) in {total:.3} s ({:.3} s in capture, the rest in one eager warm-up step per bucket)",
+                stats.capture_secs
+            );
+        }
     }
     let greedy = SamplingParams::default();
     for &b in &a.batch {
