@@ -452,14 +452,25 @@ pub fn check_copy(src: &Tensor, dst: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// The splitmix64 increment (2^64 / golden ratio).
+pub const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The splitmix64 output function: a bijective 64-bit mix.
+pub fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// One splitmix64 step from state `x`.
+pub fn splitmix64(x: u64) -> u64 {
+    mix64(x.wrapping_add(GOLDEN))
+}
+
 /// The uniform draw in `[0, 1)` used by [`crate::backend::Backend::sample`]: splitmix64 of
 /// the seed, top 24 bits. The CUDA kernel computes exactly the same value.
 pub fn uniform_from_seed(seed: i64) -> f32 {
-    let mut z = (seed as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 40) as f32 * (1.0 / 16_777_216.0)
+    (splitmix64(seed as u64) >> 40) as f32 * (1.0 / 16_777_216.0)
 }
 
 /// Llama-3 style frequency scaling (`rope_scaling.rope_type == "llama3"`).

@@ -637,10 +637,7 @@ impl HostStep {
     }
 }
 
-/// splitmix64 of the request seed and the step: a fresh, reproducible seed per step.
+/// The request seed mixed with the step: a fresh, reproducible seed per step.
 fn mix_seed(seed: u64, step: u64) -> u64 {
-    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    crate::ops::mix64(seed ^ step.wrapping_mul(crate::ops::GOLDEN))
 }

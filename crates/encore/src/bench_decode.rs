@@ -2,7 +2,6 @@
 //! and replayed from a captured graph, beside the bandwidth floor (weight bytes / measured
 //! device copy bandwidth), with the capture time.
 
-use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -11,9 +10,8 @@ use encore_core::bench;
 use encore_core::device::{self, DeviceSpec};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
-use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
-use encore_core::model::weights::{self, WeightSource};
+use encore_core::model::weights;
 use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
 use encore_core::DType;
 
@@ -56,16 +54,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     }
     let be = opened.backend();
     let be = be.as_ref();
-    let (cfg, source) = match a.model.strip_prefix("dummy:") {
-        Some(name) => (ModelConfig::dummy(name)?, WeightSource::Dummy { seed: 0 }),
-        None => {
-            let dir = Path::new(&a.model);
-            (
-                ModelConfig::from_file(&dir.join("config.json"))?,
-                WeightSource::Dir(dir),
-            )
-        }
-    };
+    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
     if a.steps == 0 || a.batch.is_empty() || a.batch.contains(&0) {
         anyhow::bail!("--steps and every --batch size must be at least 1");
     }

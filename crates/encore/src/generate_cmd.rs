@@ -2,7 +2,6 @@
 //! eagerly, stream the tokens of a single prompt, print a summary or JSON.
 
 use std::io::Write;
-use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -10,7 +9,6 @@ use encore_core::device::{self, DeviceSpec};
 use encore_core::generate::{generate, FinishReason, GenerateOptions};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::{KvCache, KvCacheConfig};
-use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, WeightSource};
 use encore_core::runner::{Runner, RunnerConfig, SamplingParams};
@@ -89,17 +87,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let be = opened.backend();
     let be = be.as_ref();
 
-    let (cfg, source, tokenizer) = match a.model.strip_prefix("dummy:") {
-        Some(name) => (
-            ModelConfig::dummy(name)?,
-            WeightSource::Dummy { seed: 0 },
-            Tokenizer::bytes(),
-        ),
-        None => {
-            let dir = Path::new(&a.model);
-            let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-            (cfg, WeightSource::Dir(dir), Tokenizer::from_dir(dir)?)
-        }
+    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
+    let tokenizer = match source {
+        WeightSource::Dir(dir) => Tokenizer::from_dir(dir)?,
+        WeightSource::Dummy { .. } => Tokenizer::bytes(),
     };
     let max_seq_len = a
         .max_seq_len

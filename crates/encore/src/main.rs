@@ -3,6 +3,7 @@
 
 mod bench_decode;
 mod generate_cmd;
+mod model_arg;
 
 use std::process::ExitCode;
 use std::time::Instant;

@@ -4,6 +4,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use crate::ops::{splitmix64, GOLDEN};
 use crate::tensor::DType;
 
 /// The host buffer tensors pass through on their way to the device: one tensor at a time,
@@ -108,15 +109,6 @@ fn bf16_bits(x: f32) -> u16 {
         return ((b >> 16) | 0x0040) as u16;
     }
     (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16
-}
-
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(GOLDEN);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// FNV-1a of a tensor name: the per-tensor stream key.
