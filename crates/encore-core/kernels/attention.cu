@@ -10,9 +10,10 @@
 // 0..num_blocks contribute nothing (they are never read).
 //
 // Kernel 1, attention_split_g<GMAX>_<dtype>: grid (rows, num_kv_heads * num_sub,
-// num_splits), ATT_THREADS threads. One CTA owns one query row, up to GMAX query heads of
-// one GQA group (the whole group when it has <= 8 heads, else half of it: num_sub = 2) and
-// one split of the row's context: split s of num_splits takes tokens
+// num_splits), ATT_THREADS threads. One CTA owns one query row, `heads_per_cta` <= GMAX
+// query heads of one GQA group (the group is cut into num_sub parts: the whole group when
+// it has <= 8 heads and the batch fills the GPU; fewer heads per CTA for small batches,
+// chosen by the host) and one split of the row's context: split s of num_splits takes tokens
 // [s * per, min(ctx, (s + 1) * per)), per = ceil(ctx / num_splits) rounded up to the CTA's
 // chunk. Each K/V row is read once per CTA and used for all its heads.
 //   Thread layout: `lpt` lanes (a power of two, 4..32) share one token; lane l holds
@@ -440,7 +441,8 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
         const int* seq_lens, const int* cu_seqlens, int has_cu, T* out, float* scratch,    \
         float qscale, int num_seqs, int rows, int num_heads, int num_kv_heads,             \
         int head_dim, int num_blocks, int block_size, int table_width, int group,          \
-        int heads_per_cta, int num_sub, int num_splits, int lpt) {                         \
+        int heads_per_cta, int num_sub, int num_splits, int lpt) {                          \
+        pdl_enter();                                                                        \
         attention_split_impl<T, GMAX>(q, k_cache, v_cache, block_tables, seq_lens,         \
                                       cu_seqlens, has_cu, out, scratch, qscale, num_seqs,  \
                                       rows, num_heads, num_kv_heads, head_dim, num_blocks, \
@@ -450,7 +452,8 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
 #define ATTENTION_COMBINE(NAME, T)                                                         \
     extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)                      \
         NAME(const float* scratch, T* out, int rows, int num_heads, int head_dim,          \
-             int num_splits) {                                                             \
+             int num_splits) {                                                              \
+        pdl_enter();                                                                        \
         attention_combine_impl<T>(scratch, out, rows, num_heads, head_dim, num_splits);    \
     }
 

@@ -20,6 +20,19 @@ typedef __nv_bfloat16 bf16;
 typedef __half f16;
 
 #define FULL_MASK 0xffffffffu
+
+// Programmatic dependent launch (sm_90+). The host launches every encore kernel with
+// programmatic stream serialisation allowed, so a kernel may start while the one before it
+// on the stream is still finishing; `pdl_enter()`, the first statement of every kernel,
+// waits until that predecessor has completed and its writes are visible (a no-op when
+// there is none or the launch had no such attribute), then lets the next kernel start
+// launching its CTAs, which hides launch latency between dependent kernels.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 #define NEG_INF (__int_as_float(0xff800000))
 #define POS_INF (__int_as_float(0x7f800000))
 

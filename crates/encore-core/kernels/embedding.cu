@@ -27,7 +27,8 @@ __device__ __forceinline__ void embedding_impl(const int* __restrict__ ids,
 
 #define EMBEDDING(NAME, T)                                                                 \
     extern "C" __global__ void NAME(const int* ids, const T* table, T* out, int vocab,     \
-                                    int hidden, int vec) {                                 \
+                                    int hidden, int vec) {                                  \
+        pdl_enter();                                                                        \
         embedding_impl<T>(ids, table, out, vocab, hidden, vec);                            \
     }
 EMBEDDING(embedding_bf16, bf16)

@@ -35,7 +35,8 @@ __device__ __forceinline__ void kv_write_impl(const T* __restrict__ k, const T* 
 #define KV_WRITE(NAME, T)                                                                  \
     extern "C" __global__ void NAME(const T* k, const T* v, T* k_cache, T* v_cache,        \
                                     const int* slot_mapping, int row_elems,                \
-                                    long long num_slots, int vec) {                        \
+                                    long long num_slots, int vec) {                         \
+        pdl_enter();                                                                        \
         kv_write_impl<T>(k, v, k_cache, v_cache, slot_mapping, row_elems, num_slots, vec); \
     }
 KV_WRITE(kv_write_bf16, bf16)

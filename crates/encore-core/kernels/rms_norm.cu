@@ -68,7 +68,8 @@ __device__ __forceinline__ void rms_norm_impl(const T* x, T* residual, const T* 
 
 #define RMS_NORM(NAME, T)                                                                  \
     extern "C" __global__ void NAME(const T* x, T* residual, const T* w, T* out, int dim,  \
-                                    float eps, int has_res, int vec) {                     \
+                                    float eps, int has_res, int vec) {                      \
+        pdl_enter();                                                                        \
         rms_norm_impl<T>(x, residual, w, out, dim, eps, has_res, vec);                     \
     }
 RMS_NORM(rms_norm_bf16, bf16)

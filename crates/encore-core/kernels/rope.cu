@@ -58,7 +58,8 @@ __device__ __forceinline__ void rope_impl(T* q, T* k, const int* __restrict__ po
 #define ROPE(NAME, T)                                                                      \
     extern "C" __global__ void NAME(T* q, T* k, const int* positions, const float* cos_sin, \
                                     int num_heads, int num_kv_heads, int head_dim, int rot,  \
-                                    int max_positions, int vec) {                          \
+                                    int max_positions, int vec) {                           \
+        pdl_enter();                                                                        \
         rope_impl<T>(q, k, positions, cos_sin, num_heads, num_kv_heads, head_dim, rot,     \
                      max_positions, vec);                                                  \
     }

@@ -108,6 +108,7 @@ __device__ int block_argmax(const float* x, int vocab, int vec, float* shv, int*
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     argmax_f32(const float* __restrict__ logits, int* __restrict__ out, int vocab, int vec) {
+    pdl_enter();
     __shared__ float shv[32];
     __shared__ int shi[32];
     const long long row = blockIdx.x;
@@ -283,6 +284,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_f32(const float* __restrict__ logits, const float* __restrict__ temperature,
                const int* __restrict__ top_k, const float* __restrict__ top_p,
                const long long* __restrict__ seeds, int* __restrict__ out, int vocab, int vec) {
+    pdl_enter();
     __shared__ RadixShared rs;
     __shared__ unsigned long long sh64[32];
     __shared__ float shf[32];

@@ -33,7 +33,8 @@ __device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, T* __res
 
 #define SILU_MUL(NAME, T)                                                                  \
     extern "C" __global__ void NAME(const T* gate_up, T* out, int rows, int inter,         \
-                                    int vec) {                                             \
+                                    int vec) {                                              \
+        pdl_enter();                                                                        \
         silu_mul_impl<T>(gate_up, out, rows, inter, vec);                                  \
     }
 SILU_MUL(silu_mul_bf16, bf16)

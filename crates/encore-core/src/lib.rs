@@ -18,6 +18,6 @@ pub mod tensor;
 pub mod testing;
 pub mod tokenizer;
 
-pub use backend::{Attention, Backend, BackendRef, Graph, Sampling};
+pub use backend::{Attention, Backend, BackendRef, Graph, QkvRope, Sampling};
 pub use error::{Error, Result};
 pub use tensor::{DType, Element, Tensor};

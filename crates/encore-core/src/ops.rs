@@ -303,6 +303,90 @@ pub fn check_kv_write(
     })
 }
 
+pub struct QkvRopeDims {
+    pub n: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rot: usize,
+    pub max_positions: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+pub fn check_qkv_rope(a: &crate::backend::QkvRope<'_>) -> Result<QkvRopeDims> {
+    const OP: &str = "qkv_rope_write";
+    let q = a.q_out;
+    check_dtype(OP, "q_out", q, FLOAT_DTYPES)?;
+    check_rank(OP, "q_out", q, 3, "[n, num_heads, head_dim]")?;
+    let (n, nh, hd) = (q.dim(0), q.dim(1), q.dim(2));
+    let dt = q.dtype();
+    same_dtype(OP, "k_cache", a.k_cache, dt)?;
+    check_rank(
+        OP,
+        "k_cache",
+        a.k_cache,
+        4,
+        "[num_blocks, block_size, num_kv_heads, head_dim]",
+    )?;
+    let kvh = a.k_cache.dim(2);
+    if a.k_cache.dim(3) != hd {
+        return Err(Error::Shape {
+            op: OP,
+            name: "k_cache",
+            found: a.k_cache.shape().to_vec(),
+            expected: format!("[num_blocks, block_size, num_kv_heads, {hd}]"),
+        });
+    }
+    same_dtype(OP, "v_cache", a.v_cache, dt)?;
+    check_shape(
+        OP,
+        "v_cache",
+        a.v_cache,
+        a.k_cache.shape(),
+        "same as k_cache",
+    )?;
+    same_dtype(OP, "qkv", a.qkv, dt)?;
+    check_shape(
+        OP,
+        "qkv",
+        a.qkv,
+        &[n, (nh + 2 * kvh) * hd],
+        "[n, (num_heads + 2 * num_kv_heads) * head_dim]",
+    )?;
+    if let Some((qn, kn)) = a.head_norm {
+        same_dtype(OP, "q_norm", qn, dt)?;
+        check_shape(OP, "q_norm", qn, &[hd], "[head_dim]")?;
+        same_dtype(OP, "k_norm", kn, dt)?;
+        check_shape(OP, "k_norm", kn, &[hd], "[head_dim]")?;
+    }
+    check_dtype(OP, "positions", a.positions, &[DType::I32])?;
+    check_shape(OP, "positions", a.positions, &[n], "[n]")?;
+    check_dtype(OP, "slot_mapping", a.slot_mapping, &[DType::I32])?;
+    check_shape(OP, "slot_mapping", a.slot_mapping, &[n], "[n]")?;
+    check_dtype(OP, "cos_sin", a.cos_sin, &[DType::F32])?;
+    check_rank(OP, "cos_sin", a.cos_sin, 2, "[max_positions, rot]")?;
+    let rot = a.cos_sin.dim(1);
+    if rot == 0 || !rot.is_multiple_of(2) || rot > hd {
+        return Err(Error::Shape {
+            op: OP,
+            name: "cos_sin",
+            found: a.cos_sin.shape().to_vec(),
+            expected: format!("[max_positions, rot] with rot even and <= head_dim {hd}"),
+        });
+    }
+    Ok(QkvRopeDims {
+        n,
+        num_heads: nh,
+        num_kv_heads: kvh,
+        head_dim: hd,
+        rot,
+        max_positions: a.cos_sin.dim(0),
+        num_blocks: a.k_cache.dim(0),
+        block_size: a.k_cache.dim(1),
+    })
+}
+
 pub struct AttentionDims {
     pub rows: usize,
     pub num_heads: usize,

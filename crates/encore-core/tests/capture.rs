@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::testing;
-use encore_core::{Attention, Backend, DType, Error, Graph, Result, Sampling, Tensor};
+use encore_core::{Attention, Backend, DType, Error, Graph, QkvRope, Result, Sampling, Tensor};
 
 fn cpu() -> Box<dyn Backend> {
     Box::new(CpuBackend::new())
@@ -190,6 +190,9 @@ impl Backend for Faulty {
     ) -> Result<()> {
         self.inner.kv_write(k, v, kc, vc, slots)
     }
+    fn qkv_rope_write(&self, args: &QkvRope<'_>) -> Result<()> {
+        self.inner.qkv_rope_write(args)
+    }
     fn attention(&self, args: &Attention<'_>) -> Result<()> {
         self.inner.attention(args)
     }
@@ -248,8 +251,8 @@ fn the_checks_catch_broken_backends() {
     let partial = Faulty::new(Fault::NoF32Matmul);
     let results = testing::check_backend_against_cpu(&partial, 5).unwrap();
     let failed: Vec<_> = results.iter().filter(|r| !r.pass).collect();
-    // 4 shapes x (bf16, f16 with an f32 output and no bias; f32 with and without bias).
-    assert_eq!(failed.len(), 16, "{failed:#?}");
+    // 9 shapes x (bf16, f16 with an f32 output and no bias; f32 with and without bias).
+    assert_eq!(failed.len(), 36, "{failed:#?}");
     for r in &failed {
         assert!(
             r.op.starts_with("matmul") && r.op.contains("out f32"),

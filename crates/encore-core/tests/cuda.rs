@@ -58,6 +58,21 @@ fn kernels_match_cpu() {
     }
 }
 
+/// Every matmul of 1..=8 rows through the gemv kernels (the default sends only 1-row
+/// matmuls there), against the CPU.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemv_kernels_match_cpu_for_every_row_count() {
+    let _serial = serial();
+    let mut be = CudaBackend::new(0).unwrap();
+    be.set_gemv_max_rows(8);
+    let results = testing::check_backend_against_cpu(&be, fresh_seed()).unwrap();
+    assert_all_pass(&results);
+    assert!(results
+        .iter()
+        .any(|r| r.op.starts_with("matmul") && r.shape.starts_with("m=8 ")));
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn capture_replay_matches_eager() {
@@ -128,16 +143,21 @@ fn graph_matmul_is_bit_identical_to_eager() {
 fn gemm_plans_are_chosen_once_per_shape() {
     let _serial = serial();
     let be = CudaBackend::new(0).unwrap();
-    let x = be.alloc(DType::BF16, &[5, 64]).unwrap();
+    // 17 rows: past the gemv kernels, so cuBLASLt plans it.
+    let x = be.alloc(DType::BF16, &[17, 64]).unwrap();
     let w = be.alloc(DType::BF16, &[32, 64]).unwrap();
-    let out = be.alloc(DType::F32, &[5, 32]).unwrap();
+    let out = be.alloc(DType::F32, &[17, 32]).unwrap();
     assert_eq!(be.num_gemm_plans(), 0);
     for _ in 0..3 {
         be.matmul(&x, &w, None, &out).unwrap();
     }
     assert_eq!(be.num_gemm_plans(), 1);
-    let out2 = be.alloc(DType::BF16, &[5, 32]).unwrap();
+    let out2 = be.alloc(DType::BF16, &[17, 32]).unwrap();
     be.matmul(&x, &w, None, &out2).unwrap();
+    assert_eq!(be.num_gemm_plans(), 2);
+    // A few rows take the gemv kernels: no plan.
+    let (x5, out5) = (x.narrow(0, 5).unwrap(), out.narrow(0, 5).unwrap());
+    be.matmul(&x5, &w, None, &out5).unwrap();
     assert_eq!(be.num_gemm_plans(), 2);
 }
 

@@ -74,6 +74,55 @@ pub struct Attention<'a> {
     pub scratch: &'a Tensor,
 }
 
+/// Arguments of [`Backend::qkv_rope_write`]: the attention block's work between the merged
+/// q/k/v projection and attention, in one op.
+///
+/// `qkv` T `[n, (num_heads + 2 * num_kv_heads) * head_dim]` holds each token's q heads,
+/// then k heads, then v heads (one `matmul` by the merged weight). Per token `i`:
+/// - every q and k head is, when `head_norm` is given (Qwen3), RMS-normalised over its
+///   `head_dim` with the q or k weight (T `[head_dim]`) and `eps` and rounded to T, then
+///   rotated like [`Backend::rope`] by `positions[i]` (left as is when the position is
+///   outside `0..max_positions`) and rounded to T;
+/// - the q heads go to `q_out` T `[n, num_heads, head_dim]`;
+/// - the k and v heads go to the paged caches at `slot_mapping[i]`, like
+///   [`Backend::kv_write`] (a slot `< 0` or beyond the cache is skipped).
+pub struct QkvRope<'a> {
+    pub qkv: &'a Tensor,
+    /// `(q_norm, k_norm)` weights, T `[head_dim]`.
+    pub head_norm: Option<(&'a Tensor, &'a Tensor)>,
+    pub eps: f32,
+    /// i32 `[n]`.
+    pub positions: &'a Tensor,
+    /// f32 `[max_positions, rot]` (see [`Backend::rope`]).
+    pub cos_sin: &'a Tensor,
+    /// i32 `[n]`.
+    pub slot_mapping: &'a Tensor,
+    pub q_out: &'a Tensor,
+    /// T `[num_blocks, block_size, num_kv_heads, head_dim]`.
+    pub k_cache: &'a Tensor,
+    pub v_cache: &'a Tensor,
+}
+
+impl QkvRope<'_> {
+    /// Every tensor argument with its name (for device checks and errors).
+    pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut ts = vec![
+            ("qkv", self.qkv),
+            ("positions", self.positions),
+            ("cos_sin", self.cos_sin),
+            ("slot_mapping", self.slot_mapping),
+            ("q_out", self.q_out),
+            ("k_cache", self.k_cache),
+            ("v_cache", self.v_cache),
+        ];
+        if let Some((qn, kn)) = self.head_norm {
+            ts.push(("q_norm", qn));
+            ts.push(("k_norm", kn));
+        }
+        ts
+    }
+}
+
 impl Attention<'_> {
     /// Every tensor argument with its name (for device checks and errors).
     pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
@@ -215,6 +264,10 @@ pub trait Backend: Send + Sync {
         v_cache: &Tensor,
         slot_mapping: &Tensor,
     ) -> Result<()>;
+
+    /// Split the merged q/k/v projection, normalise and rotate q and k, write q out and
+    /// k, v into the paged cache: see [`QkvRope`].
+    fn qkv_rope_write(&self, args: &QkvRope<'_>) -> Result<()>;
 
     /// Paged attention, decode or prefill: see [`Attention`].
     fn attention(&self, args: &Attention<'_>) -> Result<()>;

@@ -7,7 +7,7 @@
 //! ([`StepInputs`]); intermediates come from the arena in a fixed order, so the same call
 //! can be captured into a graph.
 
-use crate::backend::{Attention, Backend};
+use crate::backend::{Attention, Backend, QkvRope};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::memory::Arena;
@@ -51,9 +51,8 @@ struct Buffers {
     hidden: Tensor,
     residual: Tensor,
     normed: Tensor,
+    qkv: Tensor,
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
     attn: Tensor,
     gate_up: Tensor,
     act: Tensor,
@@ -98,16 +97,15 @@ impl Model {
     }
 
     /// Shapes of the step's intermediates for `n` tokens and `b` sequences.
-    fn buffer_shapes(&self, n: usize, b: usize, scratch_len: usize) -> [(DType, Vec<usize>); 12] {
+    fn buffer_shapes(&self, n: usize, b: usize, scratch_len: usize) -> [(DType, Vec<usize>); 11] {
         let c = &self.cfg;
         let t = self.dtype();
         [
             (t, vec![n, c.hidden_size]),
             (t, vec![n, c.hidden_size]),
             (t, vec![n, c.hidden_size]),
+            (t, vec![n, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim]),
             (t, vec![n, c.num_heads * c.head_dim]),
-            (t, vec![n, c.num_kv_heads * c.head_dim]),
-            (t, vec![n, c.num_kv_heads * c.head_dim]),
             (t, vec![n, c.num_heads * c.head_dim]),
             (t, vec![n, 2 * c.intermediate_size]),
             (t, vec![n, c.intermediate_size]),
@@ -157,14 +155,13 @@ impl Model {
             .map(|(d, s)| arena.alloc(d, &s))
             .collect::<Result<Vec<_>>>()?
             .into_iter();
-        let mut next = || it.next().expect("12 buffers");
+        let mut next = || it.next().expect("11 buffers");
         Ok(Buffers {
             hidden: next(),
             residual: next(),
             normed: next(),
+            qkv: next(),
             q: next(),
-            k: next(),
-            v: next(),
             attn: next(),
             gate_up: next(),
             act: next(),
@@ -195,10 +192,8 @@ impl Model {
         let w = inp.block_tables.dim(1);
         let bs = kv.k(0).dim(1);
         let buf = self.alloc_buffers(be, arena, n, b, w, bs)?;
-        let (nh, kvh, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
+        let (nh, hd) = (c.num_heads, c.head_dim);
         let eps = c.rms_norm_eps;
-        let q_rows = nh * hd;
-        let kv_rows = kvh * hd;
 
         be.embedding(inp.token_ids, &self.weights.embed, &buf.hidden)?;
         for (i, l) in self.weights.layers.iter().enumerate() {
@@ -215,42 +210,20 @@ impl Model {
                     &buf.normed,
                 )?;
             }
-            // q, k, v from row ranges of the merged weight (contiguous views).
-            let bias = |start: usize, len: usize| {
-                l.qkv_bias
-                    .as_ref()
-                    .map(|bias| bias.narrow(start, len))
-                    .transpose()
-            };
-            be.matmul(
-                &buf.normed,
-                &l.qkv.narrow(0, q_rows)?,
-                bias(0, q_rows)?.as_ref(),
-                &buf.q,
-            )?;
-            be.matmul(
-                &buf.normed,
-                &l.qkv.narrow(q_rows, kv_rows)?,
-                bias(q_rows, kv_rows)?.as_ref(),
-                &buf.k,
-            )?;
-            be.matmul(
-                &buf.normed,
-                &l.qkv.narrow(q_rows + kv_rows, kv_rows)?,
-                bias(q_rows + kv_rows, kv_rows)?.as_ref(),
-                &buf.v,
-            )?;
+            // One projection by the merged weight, then split / head norm / rope / KV write.
+            be.matmul(&buf.normed, &l.qkv, l.qkv_bias.as_ref(), &buf.qkv)?;
             let q = buf.q.reshape(&[n, nh, hd])?;
-            let k = buf.k.reshape(&[n, kvh, hd])?;
-            let v = buf.v.reshape(&[n, kvh, hd])?;
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                let qh = buf.q.reshape(&[n * nh, hd])?;
-                let kh = buf.k.reshape(&[n * kvh, hd])?;
-                be.rms_norm(&qh, None, qn, eps, &qh)?;
-                be.rms_norm(&kh, None, kn, eps, &kh)?;
-            }
-            be.rope(&q, &k, inp.positions, &self.cos_sin)?;
-            be.kv_write(&k, &v, kv.k(i), kv.v(i), inp.slot_mapping)?;
+            be.qkv_rope_write(&QkvRope {
+                qkv: &buf.qkv,
+                head_norm: l.q_norm.as_ref().zip(l.k_norm.as_ref()),
+                eps,
+                positions: inp.positions,
+                cos_sin: &self.cos_sin,
+                slot_mapping: inp.slot_mapping,
+                q_out: &q,
+                k_cache: kv.k(i),
+                v_cache: kv.v(i),
+            })?;
             let attn = buf.attn.reshape(&[n, nh, hd])?;
             be.attention(&Attention {
                 q: &q,

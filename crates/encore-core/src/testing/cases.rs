@@ -2,7 +2,7 @@
 //! backend (poisoned outputs, results read back to the host), how to compute it with the
 //! f64 reference, and how two results of a case compare.
 
-use crate::backend::{Attention, Backend, Sampling};
+use crate::backend::{Attention, Backend, QkvRope, Sampling};
 use crate::error::Result;
 use crate::tensor::DType;
 
@@ -30,6 +30,7 @@ pub(crate) enum Op {
         out_f32: bool,
     },
     KvWrite(KvWriteInputs),
+    QkvRope(QkvRopeInputs),
     Attention(AttentionInputs),
     Argmax(SampleInputs),
     Sample(SampleInputs),
@@ -127,7 +128,20 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 Op::SiluMul(inputs),
             );
         }
-        for (m, k, n) in [(1, 64, 257), (3, 200, 1), (17, 64, 63), (127, 200, 257)] {
+        // Rows 1..=8 with k a multiple of 8 take CUDA's gemv kernels (whole and partial
+        // k chunks, more rows than the variant's warps, k split over warps); k = 70 and
+        // m > 8 take cuBLASLt.
+        for (m, k, n) in [
+            (1, 64, 257),
+            (3, 200, 1),
+            (17, 64, 63),
+            (127, 200, 257),
+            (1, 1032, 300),
+            (2, 2056, 40),
+            (5, 264, 129),
+            (8, 1024, 77),
+            (3, 70, 9),
+        ] {
             for bias in [false, true] {
                 for out_f32 in [false, true] {
                     // f32 output is for logits (no bias); bias needs out dtype == x dtype.
@@ -148,6 +162,20 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                     );
                 }
             }
+        }
+        for (n, nh, kvh, hd, rot, nb, bs, norm) in [
+            (7, 4, 2, 64, 64, 6, 16, false),
+            (5, 3, 1, 96, 64, 3, 8, true),
+            (9, 8, 8, 128, 128, 4, 8, true),
+            (1, 14, 2, 64, 64, 2, 16, false),
+        ] {
+            let inputs = QkvRopeInputs::random(rng, n, nh, kvh, hd, rot, nb, bs, norm);
+            push(
+                "qkv_rope_write".into(),
+                format!("n={n} h={nh}/{kvh} hd={hd} rot={rot} blocks={nb}x{bs} head_norm={norm}"),
+                dtype,
+                Op::QkvRope(inputs),
+            );
         }
         for (n, kvh, hd, nb, bs) in [(9, 2, 64, 6, 16), (12, 1, 128, 5, 8), (5, 2, 96, 3, 8)] {
             let inputs = KvWriteInputs::random(rng, n, kvh, hd, nb, bs);
@@ -319,6 +347,37 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 floats("v_cache", download_f64(b, &vc)?, OpClass::Copy),
             ]
         }
+        Op::QkvRope(i) => {
+            let (r, kv) = (&i.rope, &i.kv);
+            let (n, nh, kvh, hd) = (r.n, r.num_heads, r.num_kv_heads, r.head_dim);
+            let qkv = f(&i.qkv, &[n, (nh + 2 * kvh) * hd])?;
+            let norms = match &i.norms {
+                Some((qn, kn)) => Some((f(qn, &[hd])?, f(kn, &[hd])?)),
+                None => None,
+            };
+            let pos = b.upload(&r.positions, &[n])?;
+            let cs = b.upload(&r.cos_sin, &[r.max_positions, r.rot])?;
+            let sm = b.upload(&kv.slot_mapping, &[n])?;
+            let cache = [kv.num_blocks, kv.block_size, kvh, hd];
+            let (kc, vc) = (f(&kv.k_cache, &cache)?, f(&kv.v_cache, &cache)?);
+            let q_out = fresh(dt, &[n, nh, hd])?;
+            b.qkv_rope_write(&QkvRope {
+                qkv: &qkv,
+                head_norm: norms.as_ref().map(|(q, k)| (q, k)),
+                eps: i.eps,
+                positions: &pos,
+                cos_sin: &cs,
+                slot_mapping: &sm,
+                q_out: &q_out,
+                k_cache: &kc,
+                v_cache: &vc,
+            })?;
+            vec![
+                floats("q", download_f64(b, &q_out)?, OpClass::Pointwise),
+                floats("k_cache", download_f64(b, &kc)?, OpClass::Pointwise),
+                floats("v_cache", download_f64(b, &vc)?, OpClass::Copy),
+            ]
+        }
         Op::Attention(i) => {
             let s = i.shape;
             let qs = [i.rows, s.num_heads, s.head_dim];
@@ -435,6 +494,28 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             reference::kv_write(&q(&i.k), &q(&i.v), &mut kc, &mut vc, &i.slot_mapping, row);
             vec![
                 floats("k_cache", kc, OpClass::Copy),
+                floats("v_cache", vc, OpClass::Copy),
+            ]
+        }
+        Op::QkvRope(i) => {
+            let (r, kv) = (&i.rope, &i.kv);
+            let (hd, rot) = (r.head_dim, r.rot);
+            let cs: Vec<f64> = r.cos_sin.iter().map(|&v| v as f64).collect();
+            // The q and k inputs are the quantized qkv's own q and k parts.
+            let (mut qv, mut kv_) = (q(&r.q), q(&r.k));
+            if let Some((qn, kn)) = &i.norms {
+                let eps = i.eps as f64;
+                qv = reference::rms_norm(&qv, None, &q(qn), eps, dt).0;
+                kv_ = reference::rms_norm(&kv_, None, &q(kn), eps, dt).0;
+            }
+            reference::rope(&mut qv, &r.positions, &cs, hd, rot);
+            reference::rope(&mut kv_, &r.positions, &cs, hd, rot);
+            let (mut kc, mut vc) = (q(&kv.k_cache), q(&kv.v_cache));
+            let row = r.num_kv_heads * hd;
+            reference::kv_write(&kv_, &q(&kv.v), &mut kc, &mut vc, &kv.slot_mapping, row);
+            vec![
+                floats("q", qv, OpClass::Pointwise),
+                floats("k_cache", kc, OpClass::Pointwise),
                 floats("v_cache", vc, OpClass::Copy),
             ]
         }

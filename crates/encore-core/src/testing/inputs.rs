@@ -415,3 +415,53 @@ impl SampleInputs {
         s
     }
 }
+
+/// `qkv_rope_write`: q and k (and positions, table) from [`RopeInputs`], v, caches and
+/// slots from [`KvWriteInputs`] (its `k` is unused), packed into one merged qkv row per
+/// token, and optional Qwen3 head-norm weights.
+pub struct QkvRopeInputs {
+    pub rope: RopeInputs,
+    pub kv: KvWriteInputs,
+    pub qkv: Vec<f32>,
+    pub norms: Option<(Vec<f32>, Vec<f32>)>,
+    pub eps: f32,
+}
+
+impl QkvRopeInputs {
+    #[allow(clippy::too_many_arguments)]
+    pub fn random(
+        rng: &mut StdRng,
+        n: usize,
+        num_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        rot: usize,
+        num_blocks: usize,
+        block_size: usize,
+        head_norm: bool,
+    ) -> Self {
+        let rope = RopeInputs::random(rng, n, num_heads, num_kv_heads, head_dim, rot, 80, true);
+        let kv = KvWriteInputs::random(rng, n, num_kv_heads, head_dim, num_blocks, block_size);
+        let (qr, kr) = (num_heads * head_dim, num_kv_heads * head_dim);
+        let mut qkv = Vec::with_capacity(n * (qr + 2 * kr));
+        for i in 0..n {
+            qkv.extend_from_slice(&rope.q[i * qr..(i + 1) * qr]);
+            qkv.extend_from_slice(&rope.k[i * kr..(i + 1) * kr]);
+            qkv.extend_from_slice(&kv.v[i * kr..(i + 1) * kr]);
+        }
+        let mut weight = || -> Vec<f32> {
+            normal(rng, head_dim, 0.2)
+                .into_iter()
+                .map(|v| 1.0 + v)
+                .collect()
+        };
+        let norms = head_norm.then(|| (weight(), weight()));
+        QkvRopeInputs {
+            rope,
+            kv,
+            qkv,
+            norms,
+            eps: 1e-6,
+        }
+    }
+}

@@ -12,7 +12,7 @@ use std::alloc::Layout;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{Attention, Backend, Graph, Sampling};
+use crate::backend::{Attention, Backend, Graph, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::tensor::{DType, Storage, Tensor};
@@ -304,6 +304,24 @@ impl Backend for CpuBackend {
             slot_mapping.clone(),
         );
         self.submit(move || kernels::kv_write(&k, &v, &kc, &vc, &sm, &d));
+        Ok(())
+    }
+
+    fn qkv_rope_write(&self, a: &QkvRope<'_>) -> Result<()> {
+        check_device("qkv_rope_write", &a.tensors())?;
+        let d = ops::check_qkv_rope(a)?;
+        let args = kernels::QkvRopeArgs {
+            qkv: a.qkv.clone(),
+            head_norm: a.head_norm.map(|(q, k)| (q.clone(), k.clone())),
+            eps: a.eps,
+            positions: a.positions.clone(),
+            cos_sin: a.cos_sin.clone(),
+            slot_mapping: a.slot_mapping.clone(),
+            q_out: a.q_out.clone(),
+            k_cache: a.k_cache.clone(),
+            v_cache: a.v_cache.clone(),
+        };
+        self.submit(move || kernels::qkv_rope_write(&args, &d));
         Ok(())
     }
 

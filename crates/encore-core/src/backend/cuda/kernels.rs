@@ -12,9 +12,12 @@ use std::ffi::c_void;
 use cudarc::driver::LaunchConfig;
 
 use super::{dptr, CudaBackend};
-use crate::backend::{Attention, Sampling};
+use crate::backend::{Attention, QkvRope, Sampling};
 use crate::error::{Error, Result};
-use crate::ops::{AttentionDims, EmbeddingDims, KvWriteDims, RopeDims, RowDims, SampleDims};
+use crate::ops::{
+    AttentionDims, EmbeddingDims, KvWriteDims, MatmulDims, QkvRopeDims, RopeDims, RowDims,
+    SampleDims,
+};
 use crate::tensor::{DType, Tensor};
 
 /// One kernel file: its name, its text and the entry points it defines.
@@ -54,6 +57,11 @@ pub(super) const SOURCES: &[KernelSource] = &[
         functions: &["kv_write_bf16", "kv_write_f16", "kv_write_f32"],
     },
     KernelSource {
+        file: "qkv_rope.cu",
+        src: include_str!("../../../kernels/qkv_rope.cu"),
+        functions: &["qkv_rope_bf16", "qkv_rope_f16", "qkv_rope_f32"],
+    },
+    KernelSource {
         file: "attention.cu",
         src: include_str!("../../../kernels/attention.cu"),
         functions: &[
@@ -72,6 +80,32 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "attention_combine_bf16",
             "attention_combine_f16",
             "attention_combine_f32",
+        ],
+    },
+    KernelSource {
+        file: "gemv.cu",
+        src: include_str!("../../../kernels/gemv.cu"),
+        functions: &[
+            "gemv_bf16_bf16_m1",
+            "gemv_bf16_bf16_m2",
+            "gemv_bf16_bf16_m4",
+            "gemv_bf16_bf16_m8",
+            "gemv_bf16_f32_m1",
+            "gemv_bf16_f32_m2",
+            "gemv_bf16_f32_m4",
+            "gemv_bf16_f32_m8",
+            "gemv_f16_f16_m1",
+            "gemv_f16_f16_m2",
+            "gemv_f16_f16_m4",
+            "gemv_f16_f16_m8",
+            "gemv_f16_f32_m1",
+            "gemv_f16_f32_m2",
+            "gemv_f16_f32_m4",
+            "gemv_f16_f32_m8",
+            "gemv_f32_f32_m1",
+            "gemv_f32_f32_m2",
+            "gemv_f32_f32_m4",
+            "gemv_f32_f32_m8",
         ],
     },
     KernelSource {
@@ -292,6 +326,123 @@ pub(super) fn kv_write(
     )
 }
 
+/// Warps of one qkv_rope CTA (`QKV_WARPS` in qkv_rope.cu).
+const QKV_WARPS: usize = 4;
+
+pub(super) fn qkv_rope_write(be: &CudaBackend, a: &QkvRope<'_>, d: &QkvRopeDims) -> Result<()> {
+    const OP: &str = "qkv_rope_write";
+    let heads = d.num_heads + 2 * d.num_kv_heads;
+    if d.n == 0 || heads == 0 || d.head_dim == 0 {
+        return Ok(());
+    }
+    if d.head_dim > 256 {
+        return Err(Error::invalid(
+            OP,
+            format!("head_dim = {} is not supported (at most 256)", d.head_dim),
+        ));
+    }
+    let items = d.n * heads;
+    let c = cfg(
+        (grid_x(OP, "n * heads", items.div_ceil(QKV_WARPS))?, 1, 1),
+        ((QKV_WARPS * 32) as u32, 1, 1),
+    );
+    int(OP, "n * heads * head_dim", items * d.head_dim)?;
+    let (qkv, pos, cs, sm) = (
+        dptr(a.qkv),
+        dptr(a.positions),
+        dptr(a.cos_sin),
+        dptr(a.slot_mapping),
+    );
+    let (qn, kn) = a.head_norm.map_or((0, 0), |(q, k)| (dptr(q), dptr(k)));
+    let has_norm = a.head_norm.is_some() as i32;
+    let eps = a.eps;
+    let (q_out, kc, vc) = (dptr(a.q_out), dptr(a.k_cache), dptr(a.v_cache));
+    let n = int(OP, "n", d.n)?;
+    let nh = int(OP, "num_heads", d.num_heads)?;
+    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
+    let hd = d.head_dim as i32;
+    let rot = d.rot as i32; // <= head_dim
+    let maxp = int(OP, "max_positions", d.max_positions).unwrap_or(i32::MAX);
+    let num_slots = (d.num_blocks as u64 * d.block_size as u64).min(i64::MAX as u64) as i64;
+    be.launch(
+        &kernel("qkv_rope", a.qkv.dtype()),
+        c,
+        &mut args![
+            qkv, qn, kn, has_norm, eps, pos, cs, sm, q_out, kc, vc, n, nh, nkv, hd, rot, maxp,
+            num_slots
+        ],
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMV (matmul with few rows)
+
+/// Most rows of x the gemv kernels take (the largest `gemv_*_m*` variant).
+pub(super) const GEMV_MAX_ROWS: usize = 8;
+/// Rows up to which matmul takes the gemv kernels by default. Measured on H100 (decode
+/// step, graph mode, BENCHMARKS.md): 1 row is 9-17% faster than cuBLASLt on the 0.5B and
+/// 8B shapes; 2 rows is faster on 0.5B but 3% slower on 8B; 3..8 rows are slower (x is
+/// re-read through L1 for every row pair: a tensor-core variant is future work).
+pub(super) const GEMV_DEFAULT_ROWS: usize = 1;
+/// Warps of one gemv CTA (`GEMV_WARPS` in gemv.cu).
+const GEMV_WARPS: usize = 8;
+
+/// Whether [`gemv`] can run this matmul: few rows, k a whole number of 16-byte vectors,
+/// 16-byte aligned x and w (so every row of both is aligned).
+pub(super) fn gemv_fits(x: &Tensor, w: &Tensor, d: &MatmulDims, max_rows: usize) -> bool {
+    let v = 16 / x.dtype().size();
+    d.m >= 1
+        && d.m <= max_rows.min(GEMV_MAX_ROWS)
+        && d.k.is_multiple_of(v)
+        && aligned16(x)
+        && aligned16(w)
+}
+
+/// `out = x · wᵀ (+ bias)` for `m <= GEMV_MAX_ROWS` rows (checked by [`gemv_fits`]).
+pub(super) fn gemv(
+    be: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
+    const OP: &str = "matmul (gemv)";
+    if d.n == 0 {
+        return Ok(());
+    }
+    let dt = x.dtype();
+    let chunk = 32 * 16 / dt.size();
+    let nchunks = d.k.div_ceil(chunk);
+    // Split k over more warps while there are too few CTAs to keep every SM streaming
+    // (two per SM) and each warp still gets a chunk.
+    let rows_per_warp = d.m.next_power_of_two().min(4);
+    let mut ksplit = 1;
+    while ksplit < GEMV_WARPS
+        && (d.n * ksplit).div_ceil(GEMV_WARPS * rows_per_warp) < 2 * be.sm_count()
+        && 2 * ksplit <= nchunks
+    {
+        ksplit *= 2;
+    }
+    let variant = d.m.next_power_of_two();
+    let rows_per_cta = GEMV_WARPS / ksplit * rows_per_warp;
+    let name = format!(
+        "gemv_{}_{}_m{variant}",
+        dt.kernel_suffix(),
+        out.dtype().kernel_suffix()
+    );
+    let c = cfg(
+        (grid_x(OP, "n", d.n.div_ceil(rows_per_cta))?, 1, 1),
+        ((GEMV_WARPS * 32) as u32, 1, 1),
+    );
+    let (xp, wp, bp, op) = (dptr(x), dptr(w), bias.map_or(0, dptr), dptr(out));
+    let m = d.m as i32; // <= GEMV_MAX_ROWS
+    let n = int(OP, "n", d.n)?;
+    let k = int(OP, "k", d.k)?;
+    let ksplit = ksplit as i32;
+    be.launch(&name, c, &mut args![xp, wp, bp, op, m, n, k, ksplit])
+}
+
 // ---------------------------------------------------------------------------------------
 // Attention
 
@@ -338,12 +489,20 @@ impl AttentionPlan {
         block_size: usize,
     ) -> Self {
         let group = num_heads / num_kv_heads.max(1);
-        let heads_per_cta = if group <= ATT_MAX_HEADS_PER_CTA {
+        let mut heads_per_cta = if group <= ATT_MAX_HEADS_PER_CTA {
             group
         } else {
             group.div_ceil(2)
         }
         .max(1);
+        // A CTA holding a whole GQA group reads each K/V row once for all its heads (what
+        // large batches need), but its per-token work grows with the heads it holds. With
+        // fewer (row, KV head) pairs than SMs (small batches), the step is bound by the
+        // latency of a few such CTAs: spread the group's heads over more CTAs instead,
+        // halving the heads per CTA until every SM has one (the extra K/V reads hit L2).
+        while heads_per_cta > 1 && rows * num_kv_heads * group.div_ceil(heads_per_cta) < sm_count {
+            heads_per_cta = heads_per_cta.div_ceil(2);
+        }
         let gmax = heads_per_cta.next_power_of_two();
         let num_sub = group.div_ceil(heads_per_cta).max(1);
         // Pick the split count that minimises (waves of CTAs) x (tokens per CTA + fixed

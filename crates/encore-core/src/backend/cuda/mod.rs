@@ -22,7 +22,7 @@ use cudarc::driver::{
 pub use buffer::CudaBuffer;
 pub use nvrtc::CompileReport;
 
-use crate::backend::{Attention, Backend, Graph, Sampling};
+use crate::backend::{Attention, Backend, Graph, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::tensor::{DType, Storage, Tensor};
@@ -101,6 +101,11 @@ pub struct CudaBackend {
     info: DeviceInfo,
     compile: CompileReport,
     capturing: AtomicBool,
+    /// Matmuls with at most this many rows run the gemv kernels instead of cuBLASLt
+    /// (`ENCORE_GEMV_MAX_ROWS`, default `kernels::GEMV_DEFAULT_ROWS`; 0 turns gemv off).
+    gemv_max_rows: usize,
+    /// Launch kernels with programmatic dependent launch (sm_90+, unless `ENCORE_PDL=0`).
+    pdl: bool,
 }
 
 /// Device address of a CUDA tensor's first element.
@@ -110,6 +115,25 @@ pub(super) fn dptr(t: &Tensor) -> u64 {
     match t.storage() {
         Storage::Cuda(b) => b.dptr() + t.offset() as u64,
         Storage::Cpu(_) => unreachable!("dptr of a CPU tensor (check_device first)"),
+    }
+}
+
+/// `ENCORE_GEMV_MAX_ROWS` (a tuning and comparison knob: 0 sends every matmul to cuBLASLt).
+fn gemv_max_rows_from_env() -> Result<usize> {
+    match std::env::var("ENCORE_GEMV_MAX_ROWS") {
+        Err(_) => Ok(kernels::GEMV_DEFAULT_ROWS),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&r| r <= kernels::GEMV_MAX_ROWS)
+            .ok_or_else(|| Error::Config {
+                path: "ENCORE_GEMV_MAX_ROWS".into(),
+                what: format!(
+                    "`{v}`: expected an integer in 0..={}",
+                    kernels::GEMV_MAX_ROWS
+                ),
+            }),
     }
 }
 
@@ -202,6 +226,8 @@ impl CudaBackend {
             info,
             compile,
             capturing: AtomicBool::new(false),
+            gemv_max_rows: gemv_max_rows_from_env()?,
+            pdl: cc.0 >= 9 && std::env::var("ENCORE_PDL").map_or(true, |v| v.trim() != "0"),
         })
     }
 
@@ -243,6 +269,12 @@ impl CudaBackend {
         })
     }
 
+    /// Send matmuls of at most `rows` rows (clamped to the largest gemv variant) to the
+    /// gemv kernels; 0 sends every matmul to cuBLASLt. For tests and measurements.
+    pub fn set_gemv_max_rows(&mut self, rows: usize) {
+        self.gemv_max_rows = rows.min(kernels::GEMV_MAX_ROWS);
+    }
+
     pub(super) fn sm_count(&self) -> usize {
         self.info.sm_count
     }
@@ -256,18 +288,39 @@ impl CudaBackend {
     ) -> Result<()> {
         let f = self.function(name)?;
         self.bind()?;
+        // Programmatic dependent launch: every kernel starts with `pdl_enter()` (see
+        // common.cuh), which waits for its predecessor, so the attribute only lets the
+        // launch itself overlap the predecessor's tail.
+        // SAFETY: a plain-old-data attribute; the union member written is the one its id
+        // selects.
+        let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id =
+            drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = drv_sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: self.pdl as u32,
+        };
         // SAFETY: the launcher built `args` to match the kernel's parameter list; every
-        // pointer argument is a validated tensor of this device.
+        // pointer argument is a validated tensor of this device; `config` and `attr` live
+        // across the call.
         unsafe {
-            drv::launch_kernel(
+            drv_sys::cuLaunchKernelEx(
+                &config,
                 f.cu_function(),
-                cfg.grid_dim,
-                cfg.block_dim,
-                cfg.shared_mem_bytes,
-                self.stream.cu_stream(),
-                args,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
             )
         }
+        .result()
         .map_err(|e| Error::cuda(format!("launch of kernel `{name}`"), e))
     }
 
@@ -440,6 +493,9 @@ impl Backend for CudaBackend {
             return Err(Error::invalid("matmul", "k must be > 0"));
         }
         self.bind()?;
+        if kernels::gemv_fits(x, w, &d, self.gemv_max_rows) {
+            return kernels::gemv(self, x, w, bias, out, &d);
+        }
         self.lt.matmul(
             &self.stream,
             &blas::MatmulCall {
@@ -454,6 +510,12 @@ impl Backend for CudaBackend {
                 out: dptr(out),
             },
         )
+    }
+
+    fn qkv_rope_write(&self, a: &QkvRope<'_>) -> Result<()> {
+        self.check_device("qkv_rope_write", &a.tensors())?;
+        let d = ops::check_qkv_rope(a)?;
+        kernels::qkv_rope_write(self, a, &d)
     }
 
     fn kv_write(

@@ -20,7 +20,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::ptr_of;
-use crate::ops::{EmbeddingDims, KvWriteDims, MatmulDims, RopeDims, RowDims};
+use crate::ops::{EmbeddingDims, KvWriteDims, MatmulDims, QkvRopeDims, RopeDims, RowDims};
 use crate::tensor::{DType, Tensor};
 
 pub(super) use attention::{attention, AttentionArgs};
@@ -285,6 +285,94 @@ fn rope_t<T: Float>(q: &Tensor, k: &Tensor, pos: &Tensor, cs: &Tensor, d: &RopeD
                     }
                 }
             });
+    }
+}
+
+/// Tensors of one `qkv_rope_write` (semantics on `crate::backend::QkvRope`).
+pub(super) struct QkvRopeArgs {
+    pub qkv: Tensor,
+    pub head_norm: Option<(Tensor, Tensor)>,
+    pub eps: f32,
+    pub positions: Tensor,
+    pub cos_sin: Tensor,
+    pub slot_mapping: Tensor,
+    pub q_out: Tensor,
+    pub k_cache: Tensor,
+    pub v_cache: Tensor,
+}
+
+pub(super) fn qkv_rope_write(a: &QkvRopeArgs, d: &QkvRopeDims) {
+    dispatch_float!(a.qkv.dtype(), qkv_rope_write_t(a, d))
+}
+
+fn qkv_rope_write_t<T: Float>(a: &QkvRopeArgs, d: &QkvRopeDims) {
+    let hd = d.head_dim;
+    let (nh, kvh) = (d.num_heads, d.num_kv_heads);
+    let row = (nh + 2 * kvh) * hd;
+    let slots = d.num_blocks * d.block_size;
+    let half = d.rot / 2;
+    // SAFETY: dtypes and shapes validated; q_out and the caches are distinct from each
+    // other and from every input.
+    let (qkv, pos, cs, sm, q_out, kc, vc) = unsafe {
+        (
+            view::<T>(&a.qkv),
+            view::<i32>(&a.positions),
+            view::<f32>(&a.cos_sin),
+            view::<i32>(&a.slot_mapping),
+            view_mut::<T>(&a.q_out),
+            view_mut::<T>(&a.k_cache),
+            view_mut::<T>(&a.v_cache),
+        )
+    };
+    // SAFETY: as above (weights are only read).
+    let norms = a
+        .head_norm
+        .as_ref()
+        .map(|(qn, kn)| unsafe { (view::<T>(qn), view::<T>(kn)) });
+    let mut head = vec![0f32; hd];
+    // One head: optional RMSNorm (rounded to T), rope (rounded to T), written to `dst`.
+    let mut process = |src: &[T], norm: Option<&[T]>, p: Option<usize>, dst: &mut [T]| {
+        for (h, x) in head.iter_mut().zip(src) {
+            *h = x.to_f32();
+        }
+        if let Some(w) = norm {
+            let mean_sq = head.iter().map(|v| v * v).sum::<f32>() / hd as f32;
+            let inv = 1.0 / (mean_sq + a.eps).sqrt();
+            for (h, w) in head.iter_mut().zip(w) {
+                *h = T::from_f32(*h * inv * w.to_f32()).to_f32();
+            }
+        }
+        if let Some(p) = p {
+            let (cos, sin) = cs[p * d.rot..(p + 1) * d.rot].split_at(half);
+            for i in 0..half {
+                let (x, y) = (head[i], head[i + half]);
+                head[i] = T::from_f32(x * cos[i] - y * sin[i]).to_f32();
+                head[i + half] = T::from_f32(y * cos[i] + x * sin[i]).to_f32();
+            }
+        }
+        for (o, h) in dst.iter_mut().zip(&head) {
+            *o = T::from_f32(*h);
+        }
+    };
+    for i in 0..d.n {
+        let src = &qkv[i * row..(i + 1) * row];
+        let p = usize::try_from(pos[i])
+            .ok()
+            .filter(|&p| p < d.max_positions);
+        for h in 0..nh {
+            let dst = &mut q_out[(i * nh + h) * hd..(i * nh + h + 1) * hd];
+            process(&src[h * hd..(h + 1) * hd], norms.map(|n| n.0), p, dst);
+        }
+        let Some(slot) = usize::try_from(sm[i]).ok().filter(|&s| s < slots) else {
+            continue;
+        };
+        for h in 0..kvh {
+            let at = (slot * kvh + h) * hd;
+            let k = &src[(nh + h) * hd..(nh + h + 1) * hd];
+            process(k, norms.map(|n| n.1), p, &mut kc[at..at + hd]);
+            let v = &src[(nh + kvh + h) * hd..(nh + kvh + h + 1) * hd];
+            vc[at..at + hd].copy_from_slice(v);
+        }
     }
 }
 

@@ -1,0 +1,173 @@
+// gemv: `out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n])` for a few rows m < M <= 8: the
+// decode-time matmul, where every weight byte is read once and the step is bound by
+// weight bandwidth, not by tensor-core throughput.
+//
+// Semantics: `Backend::matmul` (src/backend/mod.rs). x, w, bias T; out OutT (T or f32);
+// f32 accumulation; each output rounded once (bias added in f32 before the rounding).
+//
+// Layout: grid (ceil(N / rows_per_cta)), GEMV_THREADS threads = 8 warps. A warp owns R
+// consecutive output rows, R = min(M, 4): each x vector it loads serves all R rows, so the
+// x traffic through L1 is M / R times the weight traffic rather than M times. `ksplit` (1,
+// 2, 4 or 8) warps share the same rows, so a CTA holds 8 / ksplit * R rows. k is cut into
+// chunks of 32 lanes x one 16-byte vector (256 elements of a 16-bit T, 128 of f32); part p
+// of a row takes chunks p, p + ksplit, ... Each lane streams its 16-byte vectors of w
+// through the non-allocating read-only path (w is read once per step; keeping it out of L1
+// leaves room for x, which every warp re-reads) with 4 (R = 4: 2) chunks of loads in
+// flight, and keeps R x M f32 partial sums. They are reduced with a butterfly, then across
+// the ksplit warps in shared memory in a fixed order (deterministic), and part 0's lane
+// r * M + m writes (m, row r). Host guarantees: k % V == 0, 16-byte aligned x and w (so
+// every row of both is 16-byte aligned), m_rows <= M.
+
+#define GEMV_THREADS 256
+#define GEMV_WARPS (GEMV_THREADS / 32)
+#define GEMV_UNROLL 4
+
+// 16-byte load that does not allocate in L1 (weights are streamed once per step).
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+template <typename T, typename OutT, int M, int R>
+__device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w,
+                                          const T* __restrict__ bias, OutT* __restrict__ out,
+                                          int m_rows, int n_rows, int k, int ksplit) {
+    constexpr int V = Ty<T>::V;
+    constexpr int CHUNK = 32 * V;
+    constexpr int UNROLL = R >= 4 ? 2 : 4;
+    __shared__ float red[GEMV_WARPS][R * M];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rows_per_cta = GEMV_WARPS / ksplit * R;
+    const int n0 = blockIdx.x * rows_per_cta + (warp / ksplit) * R;
+    const int part = warp - (warp / ksplit) * ksplit;
+    const int nchunks = (k + CHUNK - 1) / CHUNK;
+
+    float acc[R][M];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+
+    if (n0 < n_rows) {
+        // Rows past the end re-read the last row (never written): no per-load branches.
+        const T* wr[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) wr[r] = w + (long long)min(n0 + r, n_rows - 1) * k + lane * V;
+        const T* xr = x + lane * V;
+        int c = part;
+        // Main loop over whole chunks: UNROLL of them, all weight loads issued before use;
+        // each x vector is loaded once and used for the warp's R rows.
+        const int nfull = k / CHUNK;
+        for (; c + (UNROLL - 1) * ksplit < nfull; c += UNROLL * ksplit) {
+            uint4 wv[UNROLL][R];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                for (int r = 0; r < R; ++r) wv[u][r] = ld_stream16(wr[r] + (c + u * ksplit) * CHUNK);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int k0 = (c + u * ksplit) * CHUNK;
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    if (m < m_rows) {
+                        float xf[V];
+                        Ty<T>::unpack(ldg16(xr + (long long)m * k + k0), xf);
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            float wf[V];
+                            Ty<T>::unpack(wv[u][r], wf);
+#pragma unroll
+                            for (int e = 0; e < V; ++e) acc[r][m] = fmaf(wf[e], xf[e], acc[r][m]);
+                        }
+                    }
+                }
+            }
+        }
+        // The rest, one chunk at a time (the last one may be partial).
+        for (; c < nchunks; c += ksplit) {
+            const int k0 = c * CHUNK;
+            if (k0 + lane * V < k) {
+                uint4 wv[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) wv[r] = ld_stream16(wr[r] + k0);
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    if (m < m_rows) {
+                        float xf[V];
+                        Ty<T>::unpack(ldg16(xr + (long long)m * k + k0), xf);
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            float wf[V];
+                            Ty<T>::unpack(wv[r], wf);
+#pragma unroll
+                            for (int e = 0; e < V; ++e) acc[r][m] = fmaf(wf[e], xf[e], acc[r][m]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+    if (ksplit > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int m = 0; m < M; ++m) red[warp][r * M + m] = acc[r][m];
+        }
+        __syncthreads();
+        if (part == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    float s = 0.0f;
+                    for (int p = 0; p < ksplit; ++p) s += red[warp + p][r * M + m];
+                    acc[r][m] = s;
+                }
+        }
+    }
+    if (part == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int n = n0 + r;
+            if (n < n_rows) {
+                const float b = bias != nullptr ? to_f32(bias[n]) : 0.0f;
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    if (lane == r * M + m && m < m_rows)
+                        out[(long long)m * n_rows + n] = from_f32<OutT>(acc[r][m] + b);
+                }
+            }
+        }
+    }
+}
+
+// Rows per warp of the variant for M rows of x (`gemv_rows_per_warp` on the host).
+#define GEMV_R(M) ((M) >= 4 ? 4 : (M))
+
+#define GEMV(T, OUT_T, TN, ON, M)                                                           \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_##TN##_##ON##_m##M(     \
+        const T* x, const T* w, const T* bias, OUT_T* out, int m_rows, int n_rows, int k,   \
+        int ksplit) {                                                                       \
+        pdl_enter();                                                                        \
+        gemv_impl<T, OUT_T, M, GEMV_R(M)>(x, w, bias, out, m_rows, n_rows, k, ksplit);      \
+    }
+#define GEMV_ALL_M(T, OUT_T, TN, ON)                                                        \
+    GEMV(T, OUT_T, TN, ON, 1)                                                               \
+    GEMV(T, OUT_T, TN, ON, 2)                                                               \
+    GEMV(T, OUT_T, TN, ON, 4)                                                               \
+    GEMV(T, OUT_T, TN, ON, 8)
+
+GEMV_ALL_M(bf16, bf16, bf16, bf16)
+GEMV_ALL_M(bf16, float, bf16, f32)
+GEMV_ALL_M(f16, f16, f16, f16)
+GEMV_ALL_M(f16, float, f16, f32)
+GEMV_ALL_M(float, float, f32, f32)
