@@ -12,7 +12,7 @@ pub mod nvrtc;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::{
@@ -24,6 +24,7 @@ pub use nvrtc::CompileReport;
 
 use crate::backend::{Attention, Backend, Graph, Sampling};
 use crate::error::{Error, Result};
+use crate::memory::vmm::{cuda::CudaVmm, Vmm};
 use crate::ops;
 use crate::tensor::{DType, Storage, Tensor};
 
@@ -101,6 +102,7 @@ pub struct CudaBackend {
     info: DeviceInfo,
     compile: CompileReport,
     capturing: AtomicBool,
+    vmm: Mutex<Option<Arc<CudaVmm>>>,
 }
 
 /// Device address of a CUDA tensor's first element.
@@ -202,6 +204,7 @@ impl CudaBackend {
             info,
             compile,
             capturing: AtomicBool::new(false),
+            vmm: Mutex::new(None),
         })
     }
 
@@ -323,6 +326,14 @@ impl Backend for CudaBackend {
 
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.mem_info().ok()
+    }
+
+    fn vmm(&self) -> Result<Arc<dyn Vmm>> {
+        let mut v = self.vmm.lock().unwrap_or_else(|e| e.into_inner());
+        if v.is_none() {
+            *v = Some(Arc::new(CudaVmm::new(&self.ctx)?));
+        }
+        Ok(v.clone().expect("set above"))
     }
 
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
