@@ -548,29 +548,45 @@ impl<'b> Runner<'b> {
             )
             .expect("valid template"),
         );
-        let w = self.table_width;
         for rows in buckets {
-            if self
-                .graph
-                .as_ref()
-                .is_some_and(|g| g.graphs.contains_key(&rows))
-            {
-                pb.inc(1);
-                continue;
-            }
-            let mut h = HostStep {
-                cu: vec![0],
-                ..HostStep::default()
-            };
-            h.pad_to(rows);
-            h.tables = vec![NULL_BLOCK as i32; rows * w];
-            let layout = self.inputs.layout(rows, rows);
-            self.write_inputs(&layout, &h)?;
-            self.capture(rows)?;
+            self.capture_bucket(rows)?;
             pb.inc(1);
         }
         pb.finish_and_clear();
         Ok(())
+    }
+
+    /// Capture the decode graph of bucket `rows` now (all rows padding), unless it is
+    /// captured already. `rows` must be one of the policy's buckets, at most `max_seqs`.
+    pub fn capture_bucket(&mut self, rows: usize) -> Result<()> {
+        let Some(g) = &self.graph else {
+            return Err(Error::invalid(
+                "capture_bucket",
+                "graph mode is off (set_graph_mode)",
+            ));
+        };
+        if !g.policy.buckets().contains(&rows) || rows > self.cfg.max_seqs {
+            return Err(Error::invalid(
+                "capture_bucket",
+                format!(
+                    "{rows} is not a bucket of the policy (at most max_seqs {})",
+                    self.cfg.max_seqs
+                ),
+            ));
+        }
+        if g.graphs.contains_key(&rows) {
+            return Ok(());
+        }
+        let w = self.table_width;
+        let mut h = HostStep {
+            cu: vec![0],
+            ..HostStep::default()
+        };
+        h.pad_to(rows);
+        h.tables = vec![NULL_BLOCK as i32; rows * w];
+        let layout = self.inputs.layout(rows, rows);
+        self.write_inputs(&layout, &h)?;
+        self.capture(rows)
     }
 
     /// Debug check: after every graph replay, run the same step eagerly (unpadded) and

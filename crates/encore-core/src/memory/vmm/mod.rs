@@ -344,3 +344,53 @@ impl Drop for MappedRange {
         drop(mappings);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::Backend;
+    use crate::tensor::{DType, Tensor};
+
+    #[test]
+    fn one_chunk_mapped_into_two_ranges_aliases_and_everything_is_released() {
+        let cpu = CpuBackend::new();
+        let be: &dyn Backend = &cpu;
+        let vmm = be.vmm().unwrap();
+        let g = vmm.granularity();
+        let pool = Arc::new(VmmUsage::default());
+        {
+            let a = MappedRange::reserve(&vmm, 3 * g, Some(&pool)).unwrap();
+            let b = MappedRange::reserve(&vmm, 3 * g, Some(&pool)).unwrap();
+            assert_eq!(a.bytes(), 3 * g);
+            let c1 = Arc::new(PhysicalChunk::create(&vmm, 1, Some(&pool)).unwrap());
+            let c2 = Arc::new(PhysicalChunk::create(&vmm, g + 1, Some(&pool)).unwrap());
+            assert_eq!((c1.bytes(), c2.bytes()), (g, 2 * g));
+            for r in [&a, &b] {
+                r.push(&c1).unwrap();
+                r.push(&c2).unwrap();
+                assert_eq!(r.mapped(), 3 * g);
+            }
+            // Full: a fourth granule does not fit.
+            let c3 = Arc::new(PhysicalChunk::create(&vmm, g, Some(&pool)).unwrap());
+            let err = a.push(&c3).unwrap_err().to_string();
+            assert!(err.contains(&format!("{g} bytes")), "{err}");
+            drop(c3);
+            let n = 3 * g / 4;
+            let ta = Tensor::new(a.storage(), 0, &[n], DType::F32).unwrap();
+            let tb = Tensor::new(b.storage(), 0, &[n], DType::F32).unwrap();
+            let data: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            be.write(&ta, &data).unwrap();
+            assert_eq!(be.download::<f32>(&tb).unwrap(), data);
+            assert_eq!((pool.chunks(), pool.physical_bytes()), (2, 3 * g));
+            assert_eq!((pool.ranges(), pool.virtual_bytes()), (2, 6 * g));
+            drop((a, b, c1, c2));
+            // The tensors keep both ranges (and through their mappings the chunks) alive.
+            assert_eq!(pool.chunks(), 2);
+            assert_eq!(be.download::<f32>(&ta).unwrap(), data);
+        }
+        assert_eq!((pool.chunks(), pool.physical_bytes()), (0, 0));
+        assert_eq!((pool.ranges(), pool.virtual_bytes()), (0, 0));
+        assert_eq!((vmm.usage().chunks(), vmm.usage().ranges()), (0, 0));
+    }
+}
