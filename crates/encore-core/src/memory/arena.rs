@@ -82,7 +82,7 @@ impl FromStr for GraphMemory {
             .find(|g| g.name() == s)
             .ok_or_else(|| {
                 Error::invalid(
-                    "--graph-memory",
+                    "graph memory strategy",
                     format!("`{s}` is not one of private, multi-va, arena"),
                 )
             })
