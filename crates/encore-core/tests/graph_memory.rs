@@ -267,42 +267,62 @@ fn cpu_dropping_graphs_and_runners_releases_everything() {
 }
 
 /// A capture epoch may allocate past what was mapped before it (nothing is mapped while
-/// capturing); `end_capture` maps it before the graph replays, and growing the mapping
-/// later keeps the graph valid.
-#[test]
-fn cpu_capture_beyond_the_mapping_is_mapped_at_end_capture() {
-    let cpu = CpuBackend::new();
-    let be: &dyn Backend = &cpu;
+/// the stream captures); `end_capture` maps it before the graph replays, and growing the
+/// mapping later keeps the graph valid. The kernel is captured with a pointer into a
+/// reserved, still unmapped range (on CUDA this checks that a kernel node only records the
+/// pointer value).
+fn check_kernel_captured_over_unmapped_memory(be: &dyn Backend) {
+    let (n, inter) = (64usize, 512usize);
+    let data: Vec<f32> = (0..n * 2 * inter)
+        .map(|i| ((i % 97) as f32 - 48.0) / 16.0)
+        .collect();
+    let gate_up = be.upload(&data, &[n, 2 * inter]).unwrap();
+    let want = be.alloc(DType::F32, &[n, inter]).unwrap();
+    be.silu_mul(&gate_up, &want).unwrap();
+    let want = be.download::<f32>(&want).unwrap();
     for strategy in GraphMemory::ALL {
-        let mut a = Arena::for_graphs(be, 1 << 20, strategy).unwrap();
-        let src = be
-            .upload(
-                &(0..20_000).map(|i| i as f32).collect::<Vec<_>>(),
-                &[20_000],
-            )
-            .unwrap();
+        let mut a = Arena::for_graphs(be, 64 << 20, strategy).unwrap();
         a.begin_capture(0).unwrap();
-        assert_eq!(a.stats().physical_bytes, 0);
-        cpu.begin_capture().unwrap();
-        let x = a.alloc(DType::F32, &[20_000]).unwrap();
-        be.copy(&src, &x).unwrap();
-        let graph = cpu.end_capture().unwrap();
+        assert_eq!(a.stats().physical_bytes, 0, "{strategy}");
+        be.begin_capture().unwrap();
+        let out = a.alloc(DType::F32, &[n, inter]).unwrap();
+        be.silu_mul(&gate_up, &out).unwrap();
+        let graph = be.end_capture().unwrap();
         let mem = a.end_capture().unwrap();
-        assert_eq!(mem.bytes, 80_000);
+        assert_eq!(mem.bytes, n * inter * 4);
         let g = be.vmm().unwrap().granularity();
-        assert!(a.stats().physical_bytes >= round_up(80_000, g));
-        // A later, larger eager epoch grows the mapping; the graph still replays.
-        a.reset();
-        let y = a.alloc(DType::F32, &[200_000]).unwrap();
-        be.write(&y, &vec![7f32; 200_000]).unwrap();
-        graph.replay().unwrap();
         assert_eq!(
-            be.download::<f32>(&x).unwrap(),
-            be.download::<f32>(&src).unwrap(),
+            a.stats().physical_bytes,
+            round_up(n * inter * 4, g),
             "{strategy}"
         );
-        drop((graph, x, mem));
+        graph.replay().unwrap();
+        assert_eq!(be.download::<f32>(&out).unwrap(), want, "{strategy}");
+        // A later, larger eager epoch grows the mapping; the graph still replays.
+        a.reset();
+        let big = a.alloc(DType::F32, &[(4 * g) / 4]).unwrap();
+        be.write(&big, &vec![7f32; g]).unwrap();
+        assert!(a.stats().physical_bytes >= 4 * g);
+        graph.replay().unwrap();
+        assert_eq!(
+            be.download::<f32>(&out).unwrap(),
+            want,
+            "{strategy} after growth"
+        );
+        drop((graph, out, mem, big));
     }
+}
+
+#[test]
+fn cpu_kernel_captured_over_unmapped_memory_replays_after_end_capture() {
+    check_kernel_captured_over_unmapped_memory(&CpuBackend::new());
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_kernel_captured_over_unmapped_memory_replays_after_end_capture() {
+    let (_g, be) = cuda();
+    check_kernel_captured_over_unmapped_memory(&be);
 }
 
 #[test]

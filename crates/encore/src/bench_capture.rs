@@ -161,6 +161,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
                     "capture_seconds": g.capture_secs, "total_seconds": total_secs,
                     "map_seconds": m.map_secs, "remap_seconds": m.remap_secs,
                     "remapped_chunks": m.remaps,
+                    "remap_seconds_per_capture": m.remap_secs / g.captures.max(1) as f64,
                     "largest_bucket_bytes": largest, "sum_bucket_bytes": sum,
                     "peak_bytes": m.peak_bytes, "device_bytes": device_bytes,
                 })

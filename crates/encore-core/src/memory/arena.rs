@@ -24,8 +24,11 @@
 //! capturing it (same shapes, same allocation order), which maps the capture's need in
 //! its range; `begin_capture(expect)` maps `expect` bytes in the capture's range before
 //! the stream starts capturing, so kernels and copies are recorded over mapped memory.
-//! Should a capture allocate beyond that, the view is still handed out (a graph records
-//! pointer values only) and `end_capture` maps it before the graph can replay.
+//! Should a capture allocate beyond that, the view is still handed out and `end_capture`
+//! maps it before the graph can replay: a kernel node records pointer values only
+//! (`cuda_kernel_captured_over_unmapped_memory_replays_after_end_capture` checks it on the
+//! GPU), whereas the driver may resolve a copy node's pointers at capture, which is why
+//! the runner maps first rather than relying on this.
 
 use std::fmt;
 use std::str::FromStr;
