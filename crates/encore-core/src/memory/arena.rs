@@ -221,9 +221,13 @@ impl Arena {
         Tensor::new(self.region().storage.clone(), start, shape, dtype)
     }
 
-    /// Start a new epoch in the current region: every earlier view may be reused.
+    /// Start a new epoch: every earlier view may be reused. Inside a capture epoch this
+    /// does nothing: all pieces of one capture are live together, so they must not
+    /// overlap (the epoch ends with [`Arena::end_capture`]).
     pub fn reset(&mut self) {
-        self.top = 0;
+        if !self.capturing {
+            self.top = 0;
+        }
     }
 
     /// Start a capture epoch. `private`, `multi-va`: switch to a fresh range (`multi-va`
@@ -394,6 +398,26 @@ mod tests {
             "{err}"
         );
         cpu.end_capture().unwrap();
+    }
+
+    #[test]
+    fn pieces_of_one_capture_share_one_epoch() {
+        let cpu = CpuBackend::new();
+        for strategy in GraphMemory::ALL {
+            let mut a = Arena::for_graphs(&cpu, 1 << 20, strategy).unwrap();
+            let eager = a.alloc(DType::F32, &[4]).unwrap();
+            a.begin_capture(a.used()).unwrap();
+            let first = a.alloc(DType::F32, &[1000]).unwrap();
+            a.reset();
+            let second = a.alloc(DType::F32, &[1000]).unwrap();
+            assert!(second.offset() >= first.offset() + 4000, "{strategy}");
+            let mem = a.end_capture().unwrap();
+            assert_eq!(mem.bytes, second.offset() + 4000);
+            // Back in the eager region, epochs restart at 0.
+            a.reset();
+            assert!(a.alloc(DType::F32, &[4]).unwrap().same_start(&eager));
+            assert!(a.end_capture().is_err());
+        }
     }
 
     #[test]
