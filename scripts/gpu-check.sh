@@ -62,6 +62,11 @@ if [ $bench = 1 ]; then
   for m in qwen2.5-0.5b llama-3.2-1b llama-3-8b; do
     run "bench-decode-$m" .bin/encore bench decode --device cuda --model "dummy:$m" --batch 1,8,64
   done
+  for m in llama-3.2-1b llama-3-8b; do
+    for o in ascending descending; do
+      run "bench-capture-$m-$o" .bin/encore bench capture --device cuda --model "dummy:$m" --order $o
+    done
+  done
 fi
 
 echo
@@ -72,6 +77,8 @@ if [ $bench = 1 ]; then
   echo "---- PyTorch reference";    cat "$OUT/torch-reference.log"
   echo "---- encore bench decode (eager)"
   for m in qwen2.5-0.5b llama-3.2-1b llama-3-8b; do cat "$OUT/bench-decode-$m.log"; done
+  echo "---- encore bench capture (graph memory per strategy)"
+  cat "$OUT"/bench-capture-*.log
 fi
 echo "---- summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
 printf '%s\n' "${rows[@]}"

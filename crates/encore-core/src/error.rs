@@ -50,6 +50,14 @@ pub enum Error {
         bytes: usize,
         what: String,
     },
+    /// A virtual-memory call (reserve, create, map, unmap, set access) failed.
+    #[error("{device}: {call} of {bytes} bytes failed: {message}")]
+    Vmm {
+        device: String,
+        call: &'static str,
+        bytes: usize,
+        message: String,
+    },
     /// The requested device cannot be used (no GPU, missing library, bad index).
     #[error("device `{device}` is unavailable: {why}")]
     DeviceUnavailable { device: String, why: String },

@@ -11,7 +11,7 @@ use crate::backend::{Backend, Graph, Sampling};
 use crate::error::{Error, Result};
 use crate::graph::{BucketPolicy, Field, InputTable, Layout, Rows, Width};
 use crate::kv::{BlockManager, KvCache, KvCacheConfig, SeqId, NULL_BLOCK};
-use crate::memory::Arena;
+use crate::memory::{Arena, ArenaStats, CaptureMemory, GraphMemory};
 use crate::model::llama::{Model, StepInputs};
 use crate::tensor::{DType, Tensor};
 
@@ -201,7 +201,7 @@ impl<'b> Runner<'b> {
             table_width,
             cfg.block_size,
         );
-        let arena = Arena::new(be, bytes)?;
+        let arena = Arena::for_graphs(be, bytes, GraphMemory::default())?;
         let inputs = InputTable::new(
             be,
             STEP_INPUTS,
@@ -227,6 +227,37 @@ impl<'b> Runner<'b> {
 
     pub fn config(&self) -> &RunnerConfig {
         &self.cfg
+    }
+
+    /// Choose how captured graphs get their intermediate memory (default
+    /// [`GraphMemory::Arena`]). Drops every captured graph and the current arena, and
+    /// reserves a new one of the same size.
+    pub fn set_graph_memory(&mut self, strategy: GraphMemory) -> Result<()> {
+        if let Some(g) = self.graph.as_mut() {
+            g.graphs.clear();
+        }
+        let bytes = self.arena.capacity();
+        // Release the old arena before reserving the new one.
+        self.arena = Arena::for_graphs(self.be, 0, strategy)?;
+        self.arena = Arena::for_graphs(self.be, bytes, strategy)?;
+        Ok(())
+    }
+
+    /// Physical and virtual bytes of the graph memory (the arena's pool, including what
+    /// only captured graphs hold), and the time spent mapping.
+    pub fn graph_memory_stats(&self) -> ArenaStats {
+        self.arena.stats()
+    }
+
+    /// Each captured bucket with its capture's arena need in bytes, ascending by bucket.
+    pub fn captured_buckets(&self) -> Vec<(usize, usize)> {
+        let mut v: Vec<(usize, usize)> = self
+            .graph
+            .iter()
+            .flat_map(|g| g.graphs.iter().map(|(&r, s)| (r, s.memory.bytes)))
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     /// Run one step and sample one token per sequence. The block manager must already
@@ -341,6 +372,7 @@ impl<'b> Runner<'b> {
         };
         let (tokens, logits) = match bucket {
             None => {
+                self.arena.reset();
                 let logits = self.forward_and_sample(&layout, decode_only)?;
                 (download_tokens(&self.sampled)?, logits)
             }
@@ -366,6 +398,7 @@ impl<'b> Runner<'b> {
                     h.truncate(b, w);
                     let eager_layout = self.inputs.layout(b, b);
                     self.write_inputs(&eager_layout, &h)?;
+                    self.arena.reset();
                     let eager = self.forward_and_sample(&eager_layout, true)?;
                     let reference = be.download::<f32>(&eager)?;
                     self.check_replay(r, &replayed, &reference)?;
@@ -406,8 +439,8 @@ impl<'b> Runner<'b> {
         t.upload(self.be, layout)
     }
 
-    /// Forward and sample over the inputs of `layout`; sampled ids land in
-    /// `sampled[..seqs]`. Returns the logits (arena view).
+    /// Forward and sample over the inputs of `layout`, allocating in the arena's current
+    /// epoch; sampled ids land in `sampled[..seqs]`. Returns the logits (arena view).
     fn forward_and_sample(&mut self, layout: &Layout, decode_only: bool) -> Result<Tensor> {
         let be = self.be;
         let v = |name: &str| self.inputs.view(layout, name);
@@ -417,7 +450,6 @@ impl<'b> Runner<'b> {
         let logits_indices = v("logits_indices")?;
         let (temperature, top_k, top_p, seeds) =
             (v("temperature")?, v("top_k")?, v("top_p")?, v("seeds")?);
-        self.arena.reset();
         let logits = self.model.forward(
             be,
             &mut self.arena,
@@ -448,21 +480,38 @@ impl<'b> Runner<'b> {
     /// Capture the decode graph of bucket `rows` over the inputs already written: one
     /// eager run first (it plans GEMMs and loads any lazily loaded library kernels outside
     /// the capture; padding rows write no KV, real rows write the same values the replay
-    /// writes again), then the capture.
+    /// writes again), then the capture. The warm-up also maps the capture's need (same
+    /// shapes, same allocation order); the capture epoch maps it in its own range before
+    /// the backend starts capturing (see `memory::arena` on mapping timing).
     fn capture(&mut self, rows: usize) -> Result<()> {
         let layout = self.inputs.layout(rows, rows);
+        self.arena.reset();
         self.forward_and_sample(&layout, true)?;
+        let expect = self.arena.used();
         let t = Instant::now();
-        self.be.begin_capture()?;
+        self.arena.begin_capture(expect)?;
+        if let Err(e) = self.be.begin_capture() {
+            let _ = self.arena.end_capture();
+            return Err(e);
+        }
         let captured = self.forward_and_sample(&layout, true);
         let graph = self.be.end_capture();
+        let memory = self.arena.end_capture();
         let logits = captured?;
         let graph = graph?;
+        let memory = memory?;
         let g = self.graph.as_mut().expect("graph mode");
         g.stats.misses += 1;
         g.stats.captures += 1;
         g.stats.capture_secs += t.elapsed().as_secs_f64();
-        g.graphs.insert(rows, CapturedStep { graph, logits });
+        g.graphs.insert(
+            rows,
+            CapturedStep {
+                graph,
+                logits,
+                memory,
+            },
+        );
         Ok(())
     }
 
@@ -499,29 +548,45 @@ impl<'b> Runner<'b> {
             )
             .expect("valid template"),
         );
-        let w = self.table_width;
         for rows in buckets {
-            if self
-                .graph
-                .as_ref()
-                .is_some_and(|g| g.graphs.contains_key(&rows))
-            {
-                pb.inc(1);
-                continue;
-            }
-            let mut h = HostStep {
-                cu: vec![0],
-                ..HostStep::default()
-            };
-            h.pad_to(rows);
-            h.tables = vec![NULL_BLOCK as i32; rows * w];
-            let layout = self.inputs.layout(rows, rows);
-            self.write_inputs(&layout, &h)?;
-            self.capture(rows)?;
+            self.capture_bucket(rows)?;
             pb.inc(1);
         }
         pb.finish_and_clear();
         Ok(())
+    }
+
+    /// Capture the decode graph of bucket `rows` now (all rows padding), unless it is
+    /// captured already. `rows` must be one of the policy's buckets, at most `max_seqs`.
+    pub fn capture_bucket(&mut self, rows: usize) -> Result<()> {
+        let Some(g) = &self.graph else {
+            return Err(Error::invalid(
+                "capture_bucket",
+                "graph mode is off (set_graph_mode)",
+            ));
+        };
+        if !g.policy.buckets().contains(&rows) || rows > self.cfg.max_seqs {
+            return Err(Error::invalid(
+                "capture_bucket",
+                format!(
+                    "{rows} is not a bucket of the policy (at most max_seqs {})",
+                    self.cfg.max_seqs
+                ),
+            ));
+        }
+        if g.graphs.contains_key(&rows) {
+            return Ok(());
+        }
+        let w = self.table_width;
+        let mut h = HostStep {
+            cu: vec![0],
+            ..HostStep::default()
+        };
+        h.pad_to(rows);
+        h.tables = vec![NULL_BLOCK as i32; rows * w];
+        let layout = self.inputs.layout(rows, rows);
+        self.write_inputs(&layout, &h)?;
+        self.capture(rows)
     }
 
     /// Debug check: after every graph replay, run the same step eagerly (unpadded) and
@@ -590,10 +655,13 @@ pub struct GraphStats {
     pub max_verify_error: f64,
 }
 
+/// Fields drop in order: the graph goes before the memory it points into.
 struct CapturedStep {
     graph: Box<dyn Graph>,
     /// Where the graph writes its logits (an arena view, valid after each replay).
     logits: Tensor,
+    /// The graph's intermediates stay mapped while this lives.
+    memory: CaptureMemory,
 }
 
 struct GraphState {

@@ -134,6 +134,9 @@ impl Backend for Faulty {
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.inner.memory_info()
     }
+    fn vmm(&self) -> Result<std::sync::Arc<dyn encore_core::memory::vmm::Vmm>> {
+        self.inner.vmm()
+    }
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         if self.fault == Fault::AllocDuringCapture && self.inner.is_capturing() {
             return self.spare.alloc(dtype, shape);

@@ -10,6 +10,7 @@ use encore_core::bench;
 use encore_core::device::{self, DeviceSpec};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
+use encore_core::memory::GraphMemory;
 use encore_core::model::llama::Model;
 use encore_core::model::weights;
 use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
@@ -43,6 +44,9 @@ pub struct BenchDecodeArgs {
     /// largest batch, largest first, as a warm-up at start-up would.
     #[arg(long)]
     capture_all: bool,
+    /// How captured graphs share intermediate memory: private | multi-va | arena.
+    #[arg(long, default_value = "arena")]
+    graph_memory: GraphMemory,
 }
 
 pub fn run(a: BenchDecodeArgs) -> Result<()> {
@@ -86,6 +90,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             max_seq_len,
         },
     )?;
+    runner.set_graph_memory(a.graph_memory)?;
     if !a.json {
         println!(
             "{} on {}: {:.2} GB of weights ({dtype}), loaded in {:.2} s; copy bandwidth {:.0} GB/s -> floor {:.3} ms/step",
@@ -117,17 +122,22 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         be.synchronize()?;
         let total = t.elapsed().as_secs_f64();
         let stats = runner.graph_stats().cloned().unwrap_or_default();
+        let mem = runner.graph_memory_stats();
         runner.set_graph_mode(None);
         if a.json {
             println!(
                 "{}",
                 serde_json::json!({"model": a.model, "capture_all_buckets": n, "capture_all_s": total,
-                                   "capture_s": stats.capture_secs})
+                                   "capture_s": stats.capture_secs, "graph_memory": mem.strategy.name(),
+                                   "physical_bytes": mem.physical_bytes, "virtual_bytes": mem.virtual_bytes})
             );
         } else {
             println!(
-                "captured all {n} default buckets (1..={max_batch}) in {total:.3} s ({:.3} s in capture, the rest in one eager warm-up step per bucket)",
-                stats.capture_secs
+                "captured all {n} default buckets (1..={max_batch}) in {total:.3} s ({:.3} s in capture, the rest in one eager warm-up step per bucket); {} memory {:.1} MiB physical, {:.1} MiB virtual",
+                stats.capture_secs,
+                mem.strategy,
+                mem.physical_bytes as f64 / (1u64 << 20) as f64,
+                mem.virtual_bytes as f64 / (1u64 << 20) as f64
             );
         }
     }

@@ -9,6 +9,7 @@ use encore_core::device::{self, DeviceSpec};
 use encore_core::generate::{generate, FinishReason, GenerateOptions};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::{KvCache, KvCacheConfig};
+use encore_core::memory::GraphMemory;
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, WeightSource};
 use encore_core::runner::{Runner, RunnerConfig, SamplingParams};
@@ -68,6 +69,10 @@ pub struct GenerateArgs {
     /// Debug: after each graph replay, run the step eagerly too and fail on a mismatch.
     #[arg(long)]
     verify_graphs: bool,
+    /// How captured graphs share intermediate memory: private (each its own), multi-va
+    /// (a virtual range per graph over shared chunks), arena (one growable range).
+    #[arg(long, default_value = "arena")]
+    graph_memory: GraphMemory,
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -187,6 +192,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     )?;
 
     if !a.eager {
+        runner.set_graph_memory(a.graph_memory)?;
         runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: prompts.len() }));
         runner.set_verify_graphs(a.verify_graphs);
     }
@@ -220,12 +226,16 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
 
     if let (Some(s), false) = (runner.graph_stats(), a.json) {
+        let m = runner.graph_memory_stats();
         eprintln!(
-            "graphs: {} captured in {:.1} ms, {} replays, {:.0}% padded rows{}",
+            "graphs: {} captured in {:.1} ms, {} replays, {:.0}% padded rows, {} memory {:.1} MiB physical / {:.1} MiB virtual{}",
             s.captures,
             s.capture_secs * 1e3,
             s.hits + s.misses,
             100.0 * s.padded_rows as f64 / s.rows.max(1) as f64,
+            m.strategy,
+            m.physical_bytes as f64 / (1u64 << 20) as f64,
+            m.virtual_bytes as f64 / (1u64 << 20) as f64,
             if s.verified > 0 {
                 format!(
                     ", {} verified against eager (max error {:.1e})",

@@ -1,6 +1,7 @@
 //! The `encore` command line: `info` (backends, devices, kernels, self-check),
-//! `generate`, `bench kernels` and `bench decode`. `serve` arrives with the engine.
+//! `generate`, `bench kernels`, `bench decode` and `bench capture`. `serve` arrives with the engine.
 
+mod bench_capture;
 mod bench_decode;
 mod generate_cmd;
 mod model_arg;
@@ -72,6 +73,9 @@ enum BenchCommand {
     Kernels(BenchKernelsArgs),
     /// Decode-step latency at several batch sizes beside the weight-bandwidth floor.
     Decode(bench_decode::BenchDecodeArgs),
+    /// Memory of captured decode graphs per graph-memory strategy (private, multi-va,
+    /// arena): physical and virtual bytes, capture time, the largest bucket's need.
+    Capture(bench_capture::BenchCaptureArgs),
 }
 
 #[derive(Args)]
@@ -100,6 +104,9 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate_cmd::run(a).map(|_| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Kernels(a)) => bench_kernels(a),
         Command::Bench(BenchCommand::Decode(a)) => bench_decode::run(a).map(|_| ExitCode::SUCCESS),
+        Command::Bench(BenchCommand::Capture(a)) => {
+            bench_capture::run(a).map(|_| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

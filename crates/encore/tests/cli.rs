@@ -121,6 +121,63 @@ fn graph_mode_generates_what_eager_generates() {
         assert_eq!(g["output_ids"], e["output_ids"]);
         assert_eq!(v["output_ids"], e["output_ids"]);
     }
+    for strategy in ["private", "multi-va", "arena"] {
+        let other = run(&["--graph-memory", strategy, "--verify-graphs"]);
+        for (o, e) in other.iter().zip(&eager) {
+            assert_eq!(o["output_ids"], e["output_ids"], "{strategy}");
+        }
+    }
+}
+
+#[test]
+fn bench_capture_reports_every_strategy() {
+    let out = encore(&[
+        "bench",
+        "capture",
+        "--device",
+        "cpu",
+        "--model",
+        "dummy:tiny",
+        "--dtype",
+        "f32",
+        "--buckets",
+        "1,2,4,8,16,32",
+        "--order",
+        "descending",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let get = |name: &str, key: &str| -> u64 {
+        let row = rows.iter().find(|r| r["strategy"] == name).unwrap();
+        assert_eq!(row["buckets"].as_array().unwrap().len(), 6);
+        assert!(row["capture_seconds"].as_f64().unwrap() > 0.0);
+        row[key].as_u64().unwrap()
+    };
+    let largest = get("arena", "largest_bucket_bytes");
+    let g = get("arena", "granularity");
+    assert_eq!(get("arena", "physical_bytes"), largest.next_multiple_of(g));
+    assert_eq!(
+        get("multi-va", "physical_bytes"),
+        get("arena", "physical_bytes")
+    );
+    assert!(get("multi-va", "virtual_bytes") > get("arena", "virtual_bytes"));
+    assert!(get("private", "physical_bytes") > get("arena", "physical_bytes"));
+    assert_eq!(get("private", "largest_bucket_bytes"), largest);
+
+    let out = encore(&[
+        "bench",
+        "capture",
+        "--device",
+        "cpu",
+        "--strategies",
+        "shared",
+    ]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("private, multi-va, arena"));
 }
 
 #[test]

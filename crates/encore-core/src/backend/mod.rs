@@ -27,6 +27,7 @@ pub mod cuda;
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::memory::vmm::Vmm;
 use crate::tensor::{DType, Element, Tensor};
 
 /// Shared handle to a backend.
@@ -197,6 +198,11 @@ pub trait Backend: Send + Sync {
 
     /// Free and total device memory in bytes; `None` where it is not tracked (CPU).
     fn memory_info(&self) -> Option<(usize, usize)>;
+
+    /// This device's virtual memory manager (reserve / create / map), one per backend, so
+    /// its usage counts cover every arena of the backend. An error when the device has
+    /// none (a GPU without VMM support).
+    fn vmm(&self) -> Result<Arc<dyn Vmm>>;
 
     /// Allocate an uninitialised tensor. Forbidden during capture (captures allocate from
     /// the capture arena, `crate::memory::Arena`).

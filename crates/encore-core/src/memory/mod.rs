@@ -1,6 +1,7 @@
-//! Memory primitives above the backends: the capture arena (and later the KV cache and
-//! weight offload).
+//! Memory primitives above the backends: virtual memory management (`vmm`) and the
+//! capture arena built on it (and later the KV cache and weight offload).
 
 mod arena;
+pub mod vmm;
 
-pub use arena::{Arena, ARENA_ALIGN};
+pub use arena::{Arena, ArenaStats, CaptureMemory, GraphMemory, ARENA_ALIGN};

@@ -10,21 +10,26 @@ mod kernels;
 
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::backend::{Attention, Backend, Graph, QkvRope, Sampling};
 use crate::error::{Error, Result};
+use crate::memory::vmm::{cpu::CpuVmm, Vmm};
 use crate::ops;
 use crate::tensor::{DType, Storage, Tensor};
 
 /// Alignment of every CPU buffer (one cache line, enough for any SIMD load).
 const ALIGN: usize = 64;
 
-/// A host allocation. Ops write through shared references: like device memory, a buffer
-/// is plain bytes that the one stream of ops reads and writes in order.
+/// A host allocation, or a view of mapped memory it does not own. Ops write through
+/// shared references: like device memory, a buffer is plain bytes that the one stream of
+/// ops reads and writes in order.
 pub struct CpuBuffer {
     ptr: *mut u8,
     len: usize,
+    /// `Some` for mapped memory (`crate::memory::vmm`): what keeps the mapping alive.
+    /// Such a buffer frees nothing on drop.
+    keep: Option<Arc<dyn Send + Sync>>,
 }
 
 // SAFETY: the buffer is plain memory; ops on one backend run one at a time (eagerly on
@@ -39,6 +44,7 @@ impl CpuBuffer {
             return Ok(CpuBuffer {
                 ptr: std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8,
                 len: 0,
+                keep: None,
             });
         }
         let layout = Layout::from_size_align(len, ALIGN).map_err(|e| Error::OutOfMemory {
@@ -55,7 +61,21 @@ impl CpuBuffer {
                 what: "tensor".into(),
             });
         }
-        Ok(CpuBuffer { ptr, len })
+        Ok(CpuBuffer {
+            ptr,
+            len,
+            keep: None,
+        })
+    }
+
+    /// A view of `len` bytes of mapped memory at `ptr`, alive as long as `keep` is.
+    /// The memory must be mapped read/write wherever a tensor of this buffer is used.
+    pub(crate) fn mapped(ptr: *mut u8, len: usize, keep: Arc<dyn Send + Sync>) -> Self {
+        CpuBuffer {
+            ptr,
+            len,
+            keep: Some(keep),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -73,7 +93,7 @@ impl CpuBuffer {
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if self.len > 0 && self.keep.is_none() {
             // SAFETY: allocated in `new` with this exact layout.
             unsafe {
                 std::alloc::dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, ALIGN))
@@ -117,6 +137,7 @@ impl Graph for CpuGraph {
 pub struct CpuBackend {
     capturing: AtomicBool,
     tape: Mutex<Vec<TapeOp>>,
+    vmm: OnceLock<Arc<CpuVmm>>,
 }
 
 impl Default for CpuBackend {
@@ -130,6 +151,7 @@ impl CpuBackend {
         CpuBackend {
             capturing: AtomicBool::new(false),
             tape: Mutex::new(Vec::new()),
+            vmm: OnceLock::new(),
         }
     }
 
@@ -172,6 +194,10 @@ impl Backend for CpuBackend {
 
     fn memory_info(&self) -> Option<(usize, usize)> {
         None
+    }
+
+    fn vmm(&self) -> Result<Arc<dyn Vmm>> {
+        Ok(self.vmm.get_or_init(|| Arc::new(CpuVmm::new())).clone())
     }
 
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {

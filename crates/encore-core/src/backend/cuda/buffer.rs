@@ -7,11 +7,14 @@ use cudarc::driver::{result, CudaContext};
 
 use crate::error::{Error, Result};
 
-/// One device allocation. Freed on drop.
+/// One device allocation (freed on drop), or a view of mapped memory it does not own.
 pub struct CudaBuffer {
     dptr: u64,
     len: usize,
     ctx: Arc<CudaContext>,
+    /// `Some` for mapped memory (`crate::memory::vmm`): what keeps the mapping alive.
+    /// Such a buffer frees nothing on drop.
+    keep: Option<Arc<dyn Send + Sync>>,
 }
 
 impl CudaBuffer {
@@ -29,7 +32,23 @@ impl CudaBuffer {
             dptr,
             len,
             ctx: ctx.clone(),
+            keep: None,
         })
+    }
+
+    /// A view of `len` bytes of mapped device memory at `dptr`, alive as long as `keep`.
+    pub(crate) fn mapped(
+        ctx: &Arc<CudaContext>,
+        dptr: u64,
+        len: usize,
+        keep: Arc<dyn Send + Sync>,
+    ) -> Self {
+        CudaBuffer {
+            dptr,
+            len,
+            ctx: ctx.clone(),
+            keep: Some(keep),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -51,6 +70,9 @@ impl CudaBuffer {
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
+        if self.keep.is_some() {
+            return;
+        }
         let _ = self.ctx.bind_to_thread();
         // SAFETY: allocated by malloc_sync on this context; no graph or stream work may use
         // it after the last Tensor referencing it is dropped (graphs hold their tensors).

@@ -12,7 +12,7 @@ pub mod nvrtc;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::{
@@ -24,6 +24,7 @@ pub use nvrtc::CompileReport;
 
 use crate::backend::{Attention, Backend, Graph, QkvRope, Sampling};
 use crate::error::{Error, Result};
+use crate::memory::vmm::{cuda::CudaVmm, Vmm};
 use crate::ops;
 use crate::tensor::{DType, Storage, Tensor};
 
@@ -106,6 +107,7 @@ pub struct CudaBackend {
     gemv_max_rows: usize,
     /// Launch kernels with programmatic dependent launch (sm_90+, unless `ENCORE_PDL=0`).
     pdl: bool,
+    vmm: Mutex<Option<Arc<CudaVmm>>>,
 }
 
 /// Device address of a CUDA tensor's first element.
@@ -228,6 +230,7 @@ impl CudaBackend {
             capturing: AtomicBool::new(false),
             gemv_max_rows: gemv_max_rows_from_env()?,
             pdl: cc.0 >= 9 && std::env::var("ENCORE_PDL").map_or(true, |v| v.trim() != "0"),
+            vmm: Mutex::new(None),
         })
     }
 
@@ -376,6 +379,14 @@ impl Backend for CudaBackend {
 
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.mem_info().ok()
+    }
+
+    fn vmm(&self) -> Result<Arc<dyn Vmm>> {
+        let mut v = self.vmm.lock().unwrap_or_else(|e| e.into_inner());
+        if v.is_none() {
+            *v = Some(Arc::new(CudaVmm::new(&self.ctx)?));
+        }
+        Ok(v.clone().expect("set above"))
     }
 
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {

@@ -1,0 +1,192 @@
+//! `encore bench capture`: the memory of captured decode graphs under each graph-memory
+//! strategy (`private`, `multi-va`, `arena`), in the same engine on the same buckets:
+//! physical bytes, reserved virtual bytes, capture time and mapping cost, beside the
+//! largest single bucket's need (its measured arena peak) and the sum of all needs.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use encore_core::device::{self, DeviceSpec};
+use encore_core::graph::BucketPolicy;
+use encore_core::memory::GraphMemory;
+use encore_core::model::llama::Model;
+use encore_core::model::weights;
+use encore_core::runner::{Runner, RunnerConfig};
+use encore_core::DType;
+
+#[derive(Args)]
+pub struct BenchCaptureArgs {
+    /// A Hugging Face model directory or `dummy:NAME`.
+    #[arg(long, default_value = "dummy:tiny")]
+    model: String,
+    /// `vllm` (vLLM's default sizes up to --max-batch), `pow2`, or a comma-separated list.
+    #[arg(long, default_value = "vllm")]
+    buckets: String,
+    /// The largest batch (caps `vllm` and `pow2`; a list's largest size wins if larger).
+    #[arg(long, default_value_t = 256)]
+    max_batch: usize,
+    /// Capture order: ascending (every capture grows the memory), descending, shuffled.
+    #[arg(long, default_value = "ascending")]
+    order: String,
+    /// Strategies to measure, comma-separated.
+    #[arg(long, default_value = "private,multi-va,arena", value_delimiter = ',')]
+    strategies: Vec<GraphMemory>,
+    /// Longest sequence the block tables cover (shapes the attention scratch).
+    #[arg(long, default_value_t = 2048)]
+    max_seq_len: usize,
+    #[arg(long, default_value = "auto")]
+    device: String,
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// One JSON object per strategy.
+    #[arg(long)]
+    json: bool,
+}
+
+fn mib(b: usize) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+pub fn run(a: BenchCaptureArgs) -> Result<()> {
+    let spec: DeviceSpec = a.device.parse()?;
+    let dtype = DType::parse_float(&a.dtype).with_context(|| format!("--dtype `{}`", a.dtype))?;
+    if a.strategies.is_empty() {
+        bail!("--strategies: name at least one of private, multi-va, arena");
+    }
+    let listed = BucketPolicy::parse(&a.buckets, a.max_batch.max(1))?;
+    let mut buckets = listed.buckets();
+    let max_batch = buckets.iter().copied().max().unwrap_or(1).max(a.max_batch);
+    let policy = BucketPolicy::Explicit(buckets.clone());
+    match a.order.as_str() {
+        "ascending" => {}
+        "descending" => buckets.reverse(),
+        "shuffled" => {
+            // A fixed permutation (reproducible): an LCG-driven Fisher-Yates.
+            let mut s = 0x9e37_79b9_7f4a_7c15u64;
+            for i in (1..buckets.len()).rev() {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                buckets.swap(i, (s >> 33) as usize % (i + 1));
+            }
+        }
+        o => bail!("--order `{o}`: expected ascending, descending or shuffled"),
+    }
+    let (opened, note) = device::open(spec)?;
+    if let Some(note) = note {
+        eprintln!("note: {note}");
+    }
+    let be = opened.backend();
+    let be = be.as_ref();
+    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
+    if a.max_seq_len == 0 || a.max_seq_len > cfg.max_position_embeddings {
+        bail!(
+            "--max-seq-len {} must be in 1..={} (the model's max_position_embeddings)",
+            a.max_seq_len,
+            cfg.max_position_embeddings
+        );
+    }
+    let w = weights::load(be, &cfg, source, dtype, !a.json)?;
+    let model = Model::new(be, cfg, w, a.max_seq_len)?;
+    // Captures run padding rows only: the KV cache needs the null block and little else.
+    let mut runner = Runner::new(
+        be,
+        model,
+        RunnerConfig {
+            block_size: 16,
+            num_blocks: 1 + max_batch,
+            max_tokens_per_step: max_batch,
+            max_seqs: max_batch,
+            max_seq_len: a.max_seq_len,
+        },
+    )?;
+    let granularity = be.vmm()?.granularity();
+    if !a.json {
+        println!(
+            "{} on {}, {dtype}: {} buckets ({} .. {}), captured {}, granularity {} KiB",
+            a.model,
+            be.device_name(),
+            buckets.len(),
+            buckets.iter().min().unwrap_or(&0),
+            max_batch,
+            a.order,
+            granularity >> 10
+        );
+        println!(
+            "{:<9} {:>12} {:>12} {:>7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>13} {:>13}",
+            "strategy",
+            "physical MiB",
+            "virtual MiB",
+            "chunks",
+            "ranges",
+            "capture s",
+            "total s",
+            "map ms",
+            "remap ms",
+            "largest MiB",
+            "sum MiB"
+        );
+    }
+    for &strategy in &a.strategies {
+        // A fresh arena (and no graphs) per strategy: the previous one is released first.
+        runner.set_graph_mode(None);
+        runner.set_graph_memory(strategy)?;
+        runner.set_graph_mode(Some(policy.clone()));
+        be.synchronize()?;
+        let free_before = be.memory_info().map(|(f, _)| f);
+        let t = Instant::now();
+        for &b in &buckets {
+            runner.capture_bucket(b)?;
+        }
+        be.synchronize()?;
+        let total_secs = t.elapsed().as_secs_f64();
+        let free_after = be.memory_info().map(|(f, _)| f);
+        let device_bytes = free_before
+            .zip(free_after)
+            .map(|(b, a)| b.saturating_sub(a));
+        let m = runner.graph_memory_stats();
+        let g = runner.graph_stats().cloned().unwrap_or_default();
+        let needs = runner.captured_buckets();
+        let largest = needs.iter().max_by_key(|(r, _)| *r).map_or(0, |&(_, n)| n);
+        let sum: usize = needs.iter().map(|&(_, n)| n).sum();
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "strategy": strategy.name(), "model": a.model, "device": be.device_name(),
+                    "dtype": dtype.to_string(), "order": a.order, "buckets": buckets,
+                    "physical_bytes": m.physical_bytes, "virtual_bytes": m.virtual_bytes,
+                    "chunks": m.chunks, "ranges": m.ranges, "granularity": m.granularity,
+                    "capture_seconds": g.capture_secs, "total_seconds": total_secs,
+                    "map_seconds": m.map_secs, "remap_seconds": m.remap_secs,
+                    "remapped_chunks": m.remaps,
+                    "remap_seconds_per_capture": m.remap_secs / g.captures.max(1) as f64,
+                    "largest_bucket_bytes": largest, "sum_bucket_bytes": sum,
+                    "peak_bytes": m.peak_bytes, "device_bytes": device_bytes,
+                })
+            );
+        } else {
+            println!(
+                "{:<9} {:>12.1} {:>12.1} {:>7} {:>7} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>13.1} {:>13.1}",
+                strategy.name(),
+                mib(m.physical_bytes),
+                mib(m.virtual_bytes),
+                m.chunks,
+                m.ranges,
+                g.capture_secs,
+                total_secs,
+                m.map_secs * 1e3,
+                m.remap_secs * 1e3,
+                mib(largest),
+                mib(sum)
+            );
+        }
+    }
+    if !a.json {
+        println!(
+            "capture s: the captures themselves (incl. the arena's range switch and remap); total s adds one eager warm-up step per bucket"
+        );
+    }
+    Ok(())
+}
