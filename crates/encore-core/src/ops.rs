@@ -152,6 +152,23 @@ pub struct RopeDims {
     pub max_positions: usize,
 }
 
+/// The rotary table f32 `[max_positions, rot]`, rot even and at most `head_dim`:
+/// returns `(rot, max_positions)`.
+fn check_cos_sin(op: &'static str, cos_sin: &Tensor, head_dim: usize) -> Result<(usize, usize)> {
+    check_dtype(op, "cos_sin", cos_sin, &[DType::F32])?;
+    check_rank(op, "cos_sin", cos_sin, 2, "[max_positions, rot]")?;
+    let rot = cos_sin.dim(1);
+    if rot == 0 || !rot.is_multiple_of(2) || rot > head_dim {
+        return Err(Error::Shape {
+            op,
+            name: "cos_sin",
+            found: cos_sin.shape().to_vec(),
+            expected: format!("[max_positions, rot] with rot even and <= head_dim {head_dim}"),
+        });
+    }
+    Ok((rot, cos_sin.dim(0)))
+}
+
 pub fn check_rope(
     q: &Tensor,
     k: &Tensor,
@@ -174,24 +191,14 @@ pub fn check_rope(
     }
     check_dtype(OP, "positions", positions, &[DType::I32])?;
     check_shape(OP, "positions", positions, &[n], "[n]")?;
-    check_dtype(OP, "cos_sin", cos_sin, &[DType::F32])?;
-    check_rank(OP, "cos_sin", cos_sin, 2, "[max_positions, rot]")?;
-    let rot = cos_sin.dim(1);
-    if rot == 0 || !rot.is_multiple_of(2) || rot > head_dim {
-        return Err(Error::Shape {
-            op: OP,
-            name: "cos_sin",
-            found: cos_sin.shape().to_vec(),
-            expected: format!("[max_positions, rot] with rot even and <= head_dim {head_dim}"),
-        });
-    }
+    let (rot, max_positions) = check_cos_sin(OP, cos_sin, head_dim)?;
     Ok(RopeDims {
         n,
         num_heads,
         num_kv_heads: k.dim(1),
         head_dim,
         rot,
-        max_positions: cos_sin.dim(0),
+        max_positions,
     })
 }
 
@@ -364,24 +371,14 @@ pub fn check_qkv_rope(a: &crate::backend::QkvRope<'_>) -> Result<QkvRopeDims> {
     check_shape(OP, "positions", a.positions, &[n], "[n]")?;
     check_dtype(OP, "slot_mapping", a.slot_mapping, &[DType::I32])?;
     check_shape(OP, "slot_mapping", a.slot_mapping, &[n], "[n]")?;
-    check_dtype(OP, "cos_sin", a.cos_sin, &[DType::F32])?;
-    check_rank(OP, "cos_sin", a.cos_sin, 2, "[max_positions, rot]")?;
-    let rot = a.cos_sin.dim(1);
-    if rot == 0 || !rot.is_multiple_of(2) || rot > hd {
-        return Err(Error::Shape {
-            op: OP,
-            name: "cos_sin",
-            found: a.cos_sin.shape().to_vec(),
-            expected: format!("[max_positions, rot] with rot even and <= head_dim {hd}"),
-        });
-    }
+    let (rot, max_positions) = check_cos_sin(OP, a.cos_sin, hd)?;
     Ok(QkvRopeDims {
         n,
         num_heads: nh,
         num_kv_heads: kvh,
         head_dim: hd,
         rot,
-        max_positions: a.cos_sin.dim(0),
+        max_positions,
         num_blocks: a.k_cache.dim(0),
         block_size: a.k_cache.dim(1),
     })

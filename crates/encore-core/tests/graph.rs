@@ -6,34 +6,16 @@
 use std::sync::Mutex;
 
 use encore_core::backend::cpu::CpuBackend;
-use encore_core::graph::BucketPolicy;
 use encore_core::kv::{SeqId, NULL_BLOCK};
-use encore_core::model::config::ModelConfig;
-use encore_core::model::llama::Model;
-use encore_core::model::weights::{self, WeightSource};
-use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
-use encore_core::{Backend, DType};
+use encore_core::runner::{Runner, SamplingParams, SeqStep};
+use encore_core::Backend;
 
-const BLOCK: usize = 4;
+mod common;
 
 fn runner<'b>(be: &'b dyn Backend, graph: bool) -> Runner<'b> {
-    let cfg = ModelConfig::dummy("tiny-qwen2").unwrap();
-    let w = weights::load(be, &cfg, WeightSource::Dummy { seed: 3 }, DType::F32, false).unwrap();
-    let model = Model::new(be, cfg, w, 128).unwrap();
-    let mut r = Runner::new(
-        be,
-        model,
-        RunnerConfig {
-            block_size: BLOCK,
-            num_blocks: 1 + 16 * (128 / BLOCK),
-            max_tokens_per_step: 256,
-            max_seqs: 16,
-            max_seq_len: 128,
-        },
-    )
-    .unwrap();
+    let mut r = common::tiny_runner(be);
     if graph {
-        r.set_graph_mode(Some(BucketPolicy::parse("1,2,4,8,16", 16).unwrap()));
+        r.set_graph_mode(Some(common::buckets()));
     }
     r
 }

@@ -1,0 +1,35 @@
+//! Set-up shared by the runner-level graph tests (`graph.rs`, `graph_memory.rs`).
+
+use encore_core::graph::BucketPolicy;
+use encore_core::model::config::ModelConfig;
+use encore_core::model::llama::Model;
+use encore_core::model::weights::{self, WeightSource};
+use encore_core::runner::{Runner, RunnerConfig};
+use encore_core::{Backend, DType};
+
+/// KV block size of the test runner.
+pub const BLOCK: usize = 4;
+
+/// A `tiny-qwen2` f32 runner: 16 sequences of up to 128 tokens, eager.
+pub fn tiny_runner(be: &dyn Backend) -> Runner<'_> {
+    let cfg = ModelConfig::dummy("tiny-qwen2").unwrap();
+    let w = weights::load(be, &cfg, WeightSource::Dummy { seed: 3 }, DType::F32, false).unwrap();
+    let model = Model::new(be, cfg, w, 128).unwrap();
+    Runner::new(
+        be,
+        model,
+        RunnerConfig {
+            block_size: BLOCK,
+            num_blocks: 1 + 16 * (128 / BLOCK),
+            max_tokens_per_step: 256,
+            max_seqs: 16,
+            max_seq_len: 128,
+        },
+    )
+    .unwrap()
+}
+
+/// The bucket policy both test files capture with.
+pub fn buckets() -> BucketPolicy {
+    BucketPolicy::parse("1,2,4,8,16", 16).unwrap()
+}
