@@ -69,6 +69,14 @@ pub struct GenerateArgs {
     /// Debug: after each graph replay, run the step eagerly too and fail on a mismatch.
     #[arg(long)]
     verify_graphs: bool,
+    /// Decode batch-size buckets for graph mode: vllm ([1,2,4] + 8..256 step 8 + 256..
+    /// step 16), pow2, or a comma list; capped at the batch (the number of prompts).
+    #[arg(long, default_value = "vllm")]
+    buckets: String,
+    /// Capture every bucket's decode graph at start-up, largest first (a warm-up), instead
+    /// of on first use.
+    #[arg(long)]
+    capture_all: bool,
     /// How captured graphs share intermediate memory: private (each its own), multi-va
     /// (a virtual range per graph over shared chunks), arena (one growable range).
     #[arg(long, default_value = "arena")]
@@ -193,8 +201,27 @@ pub fn run(a: GenerateArgs) -> Result<()> {
 
     if !a.eager {
         runner.set_graph_memory(a.graph_memory)?;
-        runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: prompts.len() }));
+        let policy = BucketPolicy::parse(&a.buckets, prompts.len())
+            .with_context(|| format!("--buckets `{}`", a.buckets))?;
+        runner.set_graph_mode(Some(policy));
         runner.set_verify_graphs(a.verify_graphs);
+        if a.capture_all {
+            runner.capture_all(!a.json)?;
+            if let Some(s) = runner.graph_stats() {
+                let m = runner.graph_memory_stats();
+                let line = format!(
+                    "captured {} decode graphs at start-up in {:.1} ms; {} memory {:.1} MiB physical",
+                    s.captures,
+                    s.capture_secs * 1e3,
+                    m.strategy,
+                    m.physical_bytes as f64 / (1u64 << 20) as f64
+                );
+                tracing::info!("{line}");
+                if !a.json {
+                    eprintln!("{line}");
+                }
+            }
+        }
     }
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,

@@ -121,6 +121,13 @@ fn graph_mode_generates_what_eager_generates() {
         assert_eq!(g["output_ids"], e["output_ids"]);
         assert_eq!(v["output_ids"], e["output_ids"]);
     }
+    // Every bucket captured at start-up (largest first), with other bucket lists.
+    for buckets in ["vllm", "pow2", "1,3"] {
+        let warm = run(&["--capture-all", "--buckets", buckets, "--verify-graphs"]);
+        for (w, e) in warm.iter().zip(&eager) {
+            assert_eq!(w["output_ids"], e["output_ids"], "{buckets}");
+        }
+    }
     for strategy in ["private", "multi-va", "arena"] {
         let other = run(&["--graph-memory", strategy, "--verify-graphs"]);
         for (o, e) in other.iter().zip(&eager) {
@@ -234,6 +241,14 @@ fn bad_input_gets_a_clear_error() {
     );
     assert!(
         !text(&out.stderr).contains("panicked"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = encore(&["generate", "--device", "cpu", "--buckets", "2,x"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--buckets"),
         "{}",
         text(&out.stderr)
     );
