@@ -398,6 +398,27 @@ pub(super) fn gemv_fits(x: &Tensor, w: &Tensor, d: &MatmulDims, max_rows: usize)
         && aligned16(w)
 }
 
+/// `(ksplit, CTAs)` of a gemv over `n` rows of `k` with `rows_per_warp` rows per warp:
+/// split k over more warps while there are too few CTAs to keep every SM streaming (two
+/// per SM) and each warp still gets a 16-byte-per-lane chunk of k.
+fn gemv_layout(
+    be: &CudaBackend,
+    dt: DType,
+    n: usize,
+    k: usize,
+    rows_per_warp: usize,
+) -> (usize, usize) {
+    let nchunks = k.div_ceil(32 * 16 / dt.size());
+    let mut ksplit = 1;
+    while ksplit < GEMV_WARPS
+        && (n * ksplit).div_ceil(GEMV_WARPS * rows_per_warp) < 2 * be.sm_count()
+        && 2 * ksplit <= nchunks
+    {
+        ksplit *= 2;
+    }
+    (ksplit, n.div_ceil(GEMV_WARPS / ksplit * rows_per_warp))
+}
+
 /// `out = x · wᵀ (+ bias)` for `m <= GEMV_MAX_ROWS` rows (checked by [`gemv_fits`]).
 pub(super) fn gemv(
     be: &CudaBackend,
@@ -412,27 +433,15 @@ pub(super) fn gemv(
         return Ok(());
     }
     let dt = x.dtype();
-    let chunk = 32 * 16 / dt.size();
-    let nchunks = d.k.div_ceil(chunk);
-    // Split k over more warps while there are too few CTAs to keep every SM streaming
-    // (two per SM) and each warp still gets a chunk.
-    let rows_per_warp = d.m.next_power_of_two().min(4);
-    let mut ksplit = 1;
-    while ksplit < GEMV_WARPS
-        && (d.n * ksplit).div_ceil(GEMV_WARPS * rows_per_warp) < 2 * be.sm_count()
-        && 2 * ksplit <= nchunks
-    {
-        ksplit *= 2;
-    }
     let variant = d.m.next_power_of_two();
-    let rows_per_cta = GEMV_WARPS / ksplit * rows_per_warp;
+    let (ksplit, ctas) = gemv_layout(be, dt, d.n, d.k, variant.min(4));
     let name = format!(
         "gemv_{}_{}_m{variant}",
         dt.kernel_suffix(),
         out.dtype().kernel_suffix()
     );
     let c = cfg(
-        (grid_x(OP, "n", d.n.div_ceil(rows_per_cta))?, 1, 1),
+        (grid_x(OP, "n", ctas)?, 1, 1),
         ((GEMV_WARPS * 32) as u32, 1, 1),
     );
     let (xp, wp, bp, op) = (dptr(x), dptr(w), bias.map_or(0, dptr), dptr(out));
@@ -457,6 +466,8 @@ const ATT_MAX_SPLITS: usize = 32;
 const ATT_MIN_SPLIT_TOKENS: usize = 64;
 /// Fixed cost of one CTA (loading q, merging its token slots, writing), in tokens.
 const ATT_CTA_OVERHEAD_TOKENS: usize = 128;
+/// Cost of the combine launch that any split count above 1 adds, in tokens.
+const ATT_COMBINE_TOKENS: usize = 128;
 
 /// CTAs of `attention_split_g{gmax}_*` resident per SM (registers and shared memory per
 /// CTA as reported by `scripts/check-kernels.py -v`). Only steers the split count.
@@ -506,8 +517,9 @@ impl AttentionPlan {
         let gmax = heads_per_cta.next_power_of_two();
         let num_sub = group.div_ceil(heads_per_cta).max(1);
         // Pick the split count that minimises (waves of CTAs) x (tokens per CTA + fixed
-        // cost) for the longest context the block table can describe, never splitting it
-        // finer than a block (and ATT_MIN_SPLIT_TOKENS). Ties go to fewer splits.
+        // cost), plus the combine launch when split, for the longest context the block
+        // table can describe, never splitting it finer than a block (and
+        // ATT_MIN_SPLIT_TOKENS). Ties go to fewer splits.
         let ctas = (rows * num_kv_heads * num_sub).max(1);
         let slots = att_ctas_per_sm(gmax) * sm_count.max(1);
         let max_ctx = table_width.saturating_mul(block_size);
@@ -515,7 +527,9 @@ impl AttentionPlan {
         let mut best = (usize::MAX, 1);
         for s in 1..=by_len {
             let waves = ctas.saturating_mul(s).div_ceil(slots);
-            let cost = waves.saturating_mul(max_ctx.div_ceil(s) + ATT_CTA_OVERHEAD_TOKENS);
+            let combine = if s > 1 { ATT_COMBINE_TOKENS } else { 0 };
+            let cost =
+                waves.saturating_mul(max_ctx.div_ceil(s) + ATT_CTA_OVERHEAD_TOKENS) + combine;
             if cost < best.0 {
                 best = (cost, s);
             }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+use rayon::prelude::*;
 
 use super::kernels::{KernelSource, COMMON, SOURCES};
 use crate::error::{Error, Result};
@@ -133,10 +134,12 @@ pub fn compile_all(arch: &str) -> Result<(Vec<CompiledModule>, CompileReport)> {
             tracing::warn!("kernel cache {} unusable: {e}", d.display());
         }
     }
-    let mut modules = Vec::with_capacity(SOURCES.len());
-    for source in SOURCES {
-        modules.push(compile_one(source, arch, &opts, version, dir.as_deref())?);
-    }
+    // Files compile in parallel (NVRTC programs are independent; the largest files take
+    // seconds each), in SOURCES order.
+    let modules = SOURCES
+        .par_iter()
+        .map(|source| compile_one(source, arch, &opts, version, dir.as_deref()))
+        .collect::<Result<Vec<_>>>()?;
     let report = CompileReport {
         arch: arch.to_string(),
         nvrtc_version: version,
