@@ -58,6 +58,38 @@ fn kernels_match_cpu() {
     }
 }
 
+/// Page-locked staging: the upload is asynchronous, and rewriting the staging right after
+/// it waits for the copy, so the device holds exactly what was staged at upload time.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn pinned_staging_uploads_asynchronously_and_is_never_overwritten_in_flight() {
+    let _serial = serial();
+    let be = cuda();
+    let be: &dyn Backend = be.as_ref();
+    let n = 1 << 22; // 16 MiB: long enough for a rewrite to race an unguarded copy
+    let mut st = be.alloc_staging(4 * n).unwrap();
+    assert!(st.is_pinned());
+    let dst = be.alloc(DType::I32, &[n]).unwrap();
+    for round in 0..3i32 {
+        let fill = |b: &mut [u8], v: i32| {
+            for (i, c) in b.chunks_exact_mut(4).enumerate() {
+                c.copy_from_slice(&(v * 7919 + i as i32).to_le_bytes());
+            }
+        };
+        fill(st.bytes_mut().unwrap(), round);
+        be.upload_staging(&mut st, &dst).unwrap();
+        // Rewrite at once: bytes_mut must wait for the copy above.
+        fill(st.bytes_mut().unwrap(), -1 - round);
+        let got = be.download::<i32>(&dst).unwrap();
+        assert!(
+            got.iter().enumerate().all(|(i, &v)| v == round * 7919 + i as i32),
+            "round {round}"
+        );
+    }
+    let small = be.alloc(DType::I32, &[2 * n]).unwrap();
+    assert!(be.upload_staging(&mut st, &small).is_err());
+}
+
 /// Every matmul of 1..=8 rows through the gemv kernels (the default sends only 1-row
 /// matmuls there), against the CPU.
 #[test]

@@ -23,10 +23,13 @@
 
 pub mod cpu;
 pub mod cuda;
+mod staging;
+
+pub use staging::HostStaging;
 
 use std::sync::Arc;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::vmm::Vmm;
 use crate::tensor::{DType, Element, Tensor};
 
@@ -211,6 +214,26 @@ pub trait Backend: Send + Sync {
     /// Copy host bytes into `dst` (`src.len() == dst.size_bytes()`). `src` may be reused
     /// as soon as this returns. Forbidden during capture.
     fn write_bytes(&self, dst: &Tensor, src: &[u8]) -> Result<()>;
+
+    /// Host staging of `bytes` bytes for [`Backend::upload_staging`]: page-locked where
+    /// the device has DMA (CUDA), ordinary memory otherwise.
+    fn alloc_staging(&self, bytes: usize) -> Result<HostStaging> {
+        Ok(HostStaging::heap(bytes))
+    }
+
+    /// Copy the first `dst.size_bytes()` bytes of `src` into `dst`, queued on the stream
+    /// (ordered before every later op). The copy may still be reading `src` when this
+    /// returns; `src.bytes_mut()` waits for it. Forbidden during capture.
+    fn upload_staging(&self, src: &mut HostStaging, dst: &Tensor) -> Result<()> {
+        let n = dst.size_bytes();
+        if src.len() < n {
+            return Err(Error::invalid(
+                "upload_staging",
+                format!("staging of {} bytes is smaller than dst ({n} bytes)", src.len()),
+            ));
+        }
+        self.write_bytes(dst, &src.bytes()[..n])
+    }
 
     /// Copy `src` to host bytes, after all queued work. Forbidden during capture.
     fn read_bytes(&self, src: &Tensor, dst: &mut [u8]) -> Result<()>;

@@ -9,7 +9,7 @@
 //! views of its own layout, and every replay writes the same layout again. Adding an
 //! input is one line in the table.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, HostStaging};
 use crate::error::{Error, Result};
 use crate::memory::ARENA_ALIGN;
 use crate::tensor::{DType, Element, Tensor};
@@ -58,7 +58,7 @@ pub struct InputTable {
     fields: &'static [Field],
     table_width: usize,
     device: Tensor,
-    staging: Vec<u8>,
+    staging: HostStaging,
 }
 
 impl InputTable {
@@ -74,11 +74,11 @@ impl InputTable {
             fields,
             table_width,
             device: be.alloc(DType::I32, &[1])?,
-            staging: Vec::new(),
+            staging: HostStaging::heap(0),
         };
         let max = t.layout(max_tokens, max_seqs);
         t.device = be.alloc(DType::I32, &[max.bytes.div_ceil(4).max(1)])?;
-        t.staging = vec![0u8; max.bytes];
+        t.staging = be.alloc_staging(max.bytes)?;
         Ok(t)
     }
 
@@ -148,15 +148,17 @@ impl InputTable {
             });
         }
         let n: usize = l.shapes[i].iter().product();
-        let bytes = &mut self.staging[l.offsets[i]..l.offsets[i] + n * f.dtype.size()];
+        let bytes =
+            &mut self.staging.bytes_mut()?[l.offsets[i]..l.offsets[i] + n * f.dtype.size()];
         Ok(bytemuck::cast_slice_mut(bytes))
     }
 
-    /// One host-to-device copy of the whole step.
-    pub fn upload(&self, be: &dyn Backend, l: &Layout) -> Result<()> {
+    /// One host-to-device copy of the whole step (an asynchronous DMA from page-locked
+    /// staging on CUDA; the next `host_mut` waits for it).
+    pub fn upload(&mut self, be: &dyn Backend, l: &Layout) -> Result<()> {
         self.check_fits(l)?;
         let dst = self.device.view_as(DType::I32, &[l.bytes / 4])?;
-        be.write_bytes(&dst, &self.staging[..l.bytes])
+        be.upload_staging(&mut self.staging, &dst)
     }
 
     /// The device view of field `name` in layout `l`.

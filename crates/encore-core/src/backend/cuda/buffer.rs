@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{result, CudaContext};
+use cudarc::driver::{result, sys, CudaContext};
 
 use crate::error::{Error, Result};
 
@@ -78,6 +78,106 @@ impl Drop for CudaBuffer {
         // it after the last Tensor referencing it is dropped (graphs hold their tensors).
         unsafe {
             let _ = result::free_sync(self.dptr);
+        }
+    }
+}
+
+/// Page-locked host memory for uploads, with the event recorded after the last upload that
+/// reads it (`crate::backend::HostStaging` on CUDA).
+pub struct PinnedStaging {
+    ptr: *mut u8,
+    len: usize,
+    event: sys::CUevent,
+    /// An upload recorded `event` and may still be reading the bytes.
+    pending: bool,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the pointer is a private page-locked allocation; `&mut self` guards every write
+// and the wait for in-flight uploads, `&self` only reads.
+unsafe impl Send for PinnedStaging {}
+unsafe impl Sync for PinnedStaging {}
+
+impl PinnedStaging {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
+        ctx.bind_to_thread()
+            .map_err(|e| Error::cuda("cuCtxSetCurrent", e))?;
+        // SAFETY: plain page-locked allocation on the bound context (1 byte when empty, so
+        // the pointer is always valid); zeroed below before any read.
+        let ptr = unsafe { result::malloc_host(len.max(1), 0) }.map_err(|e| Error::OutOfMemory {
+            device: "host (page-locked)".into(),
+            bytes: len,
+            what: format!("upload staging ({e:?})"),
+        })? as *mut u8;
+        // SAFETY: `ptr` holds `len.max(1)` bytes.
+        unsafe { std::ptr::write_bytes(ptr, 0, len.max(1)) };
+        let event = match result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING) {
+            Ok(e) => e,
+            Err(e) => {
+                // SAFETY: allocated above, not shared.
+                unsafe {
+                    let _ = result::free_host(ptr as *mut std::ffi::c_void);
+                }
+                return Err(Error::cuda("cuEventCreate", e));
+            }
+        };
+        Ok(PinnedStaging {
+            ptr,
+            len,
+            event,
+            pending: false,
+            ctx: ctx.clone(),
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` initialised bytes owned by self; uploads in flight only read them.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub(crate) fn bytes_mut(&mut self) -> Result<&mut [u8]> {
+        self.wait()?;
+        // SAFETY: as in `bytes`, and no upload reads them any more.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
+    }
+
+    /// Record, on `stream`, that an upload reading these bytes was queued there.
+    pub(crate) fn mark_uploaded(&mut self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: our event, a live stream of the same context.
+        unsafe { result::event::record(self.event, stream) }
+            .map_err(|e| Error::cuda("cuEventRecord", e))?;
+        self.pending = true;
+        Ok(())
+    }
+
+    /// Block until the last upload from these bytes has finished.
+    fn wait(&mut self) -> Result<()> {
+        if self.pending {
+            // SAFETY: our event.
+            unsafe { result::event::synchronize(self.event) }
+                .map_err(|e| Error::cuda("cuEventSynchronize", e))?;
+            self.pending = false;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PinnedStaging {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        let _ = self.wait();
+        // SAFETY: allocated in `new`; no upload reads it any more (waited above).
+        unsafe {
+            let _ = result::event::destroy(self.event);
+            let _ = result::free_host(self.ptr as *mut std::ffi::c_void);
         }
     }
 }

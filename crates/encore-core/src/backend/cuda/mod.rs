@@ -19,10 +19,11 @@ use cudarc::driver::{
     result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig,
 };
 
-pub use buffer::CudaBuffer;
+pub use buffer::{CudaBuffer, PinnedStaging};
 pub use nvrtc::CompileReport;
 
-use crate::backend::{Attention, Backend, Graph, QkvRope, Sampling};
+use crate::backend::staging::Staging;
+use crate::backend::{Attention, Backend, Graph, HostStaging, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::memory::vmm::{cuda::CudaVmm, Vmm};
 use crate::ops;
@@ -408,6 +409,53 @@ impl Backend for CudaBackend {
         // only after the bytes are staged, so `src` may be reused when this returns.
         unsafe { drv::memcpy_htod_async(dptr(dst), src, self.stream.cu_stream()) }
             .map_err(|e| Error::cuda("cuMemcpyHtoDAsync", e))
+    }
+
+    fn alloc_staging(&self, bytes: usize) -> Result<HostStaging> {
+        self.forbid_in_capture("alloc_staging")?;
+        Ok(HostStaging(Staging::Pinned(PinnedStaging::new(
+            &self.ctx, bytes,
+        )?)))
+    }
+
+    fn upload_staging(&self, src: &mut HostStaging, dst: &Tensor) -> Result<()> {
+        let Staging::Pinned(p) = &mut src.0 else {
+            let n = dst.size_bytes();
+            if src.len() < n {
+                return Err(Error::invalid(
+                    "upload_staging",
+                    format!("staging of {} bytes is smaller than dst ({n} bytes)", src.len()),
+                ));
+            }
+            return self.write_bytes(dst, &src.bytes()[..n]);
+        };
+        self.forbid_in_capture("upload_staging (host->device copy)")?;
+        self.check_device("upload_staging", &[("dst", dst)])?;
+        let n = dst.size_bytes();
+        if p.len() < n {
+            return Err(Error::invalid(
+                "upload_staging",
+                format!("staging of {} bytes is smaller than dst ({n} bytes)", p.len()),
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: dst spans n bytes; the staging holds at least n page-locked bytes that
+        // stay allocated and unwritten until the event recorded below has passed
+        // (`HostStaging::bytes_mut` waits for it; dropping the staging waits too).
+        unsafe {
+            drv_sys::cuMemcpyHtoDAsync_v2(
+                dptr(dst),
+                p.ptr() as *const c_void,
+                n,
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| Error::cuda("cuMemcpyHtoDAsync (pinned)", e))?;
+        p.mark_uploaded(self.stream.cu_stream())
     }
 
     fn read_bytes(&self, src: &Tensor, dst: &mut [u8]) -> Result<()> {

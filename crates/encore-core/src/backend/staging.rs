@@ -1,0 +1,59 @@
+//! Host staging: the host bytes a step's inputs are packed into before their one upload
+//! ([`super::Backend::upload_staging`]). On CUDA it is page-locked, so the upload is a true
+//! asynchronous DMA queued on the stream (no driver-side bounce copy, no host stall); the
+//! bytes then stay borrowed by the copy until the stream passes it, which
+//! [`HostStaging::bytes_mut`] waits for before handing them out again.
+
+use crate::error::Result;
+
+use super::cuda::PinnedStaging;
+
+/// Host bytes for uploads; see the module docs.
+pub struct HostStaging(pub(crate) Staging);
+
+pub(crate) enum Staging {
+    /// Ordinary heap memory (the CPU backend, or CUDA's fallback): uploads copy it at once.
+    Heap(Vec<u8>),
+    /// Page-locked memory with the event of the last upload that reads it.
+    Pinned(PinnedStaging),
+}
+
+impl HostStaging {
+    /// `len` zeroed bytes of ordinary heap memory.
+    pub fn heap(len: usize) -> Self {
+        HostStaging(Staging::Heap(vec![0u8; len]))
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Staging::Heap(v) => v.len(),
+            Staging::Pinned(p) => p.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether uploads from this staging are asynchronous DMA (page-locked memory).
+    pub fn is_pinned(&self) -> bool {
+        matches!(self.0, Staging::Pinned(_))
+    }
+
+    /// The bytes, to read (an upload in flight only reads them too).
+    pub fn bytes(&self) -> &[u8] {
+        match &self.0 {
+            Staging::Heap(v) => v,
+            Staging::Pinned(p) => p.bytes(),
+        }
+    }
+
+    /// The bytes, to write the next step into: first waits for an upload still reading
+    /// them.
+    pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
+        match &mut self.0 {
+            Staging::Heap(v) => Ok(v),
+            Staging::Pinned(p) => p.bytes_mut(),
+        }
+    }
+}
