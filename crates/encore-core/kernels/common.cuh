@@ -131,6 +131,12 @@ template <typename T> __device__ __forceinline__ void store_vec(T* p, const floa
     st16(p, Ty<T>::pack(f));
 }
 
+// silu(g) * u with silu(x) = x / (1 + e^-x): the one formula of silu_mul.cu and of gemv.cu's
+// fused activation.
+__device__ __forceinline__ float silu_mul_f32(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
 // Warp reductions (all lanes get the result).
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

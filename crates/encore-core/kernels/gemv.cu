@@ -31,18 +31,25 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     return r;
 }
 
-template <typename T, typename OutT, int M, int R>
+// SILU: the MLP's gate/up projection with silu_mul in the epilogue (M = 1, R = 2): w is
+// [2 * n_rows, k] (gate rows, then up rows); the warp of output j computes gate row j and
+// up row n_rows + j, rounds both to T as a matmul would, and writes
+// out[j] = silu(gate) * up rounded to T, exactly what matmul + silu_mul.cu produce.
+template <typename T, typename OutT, int M, int R, bool SILU = false>
 __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w,
                                           const T* __restrict__ bias, OutT* __restrict__ out,
                                           int m_rows, int n_rows, int k, int ksplit) {
     constexpr int V = Ty<T>::V;
     constexpr int CHUNK = 32 * V;
     constexpr int UNROLL = R >= 4 ? 2 : 4;
+    static_assert(!SILU || (M == 1 && R == 2), "SILU pairs one gate row with one up row");
     __shared__ float red[GEMV_WARPS][R * M];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int rows_per_cta = GEMV_WARPS / ksplit * R;
-    const int n0 = blockIdx.x * rows_per_cta + (warp / ksplit) * R;
+    // Output rows of a warp: R consecutive rows, or (SILU) one output from two weight rows.
+    constexpr int OUTS = SILU ? 1 : R;
+    const int rows_per_cta = GEMV_WARPS / ksplit * OUTS;
+    const int n0 = blockIdx.x * rows_per_cta + (warp / ksplit) * OUTS;
     const int part = warp - (warp / ksplit) * ksplit;
     const int nchunks = (k + CHUNK - 1) / CHUNK;
 
@@ -56,7 +63,10 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
         // Rows past the end re-read the last row (never written): no per-load branches.
         const T* wr[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) wr[r] = w + (long long)min(n0 + r, n_rows - 1) * k + lane * V;
+        for (int r = 0; r < R; ++r) {
+            const int row = SILU ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
+            wr[r] = w + (long long)row * k + lane * V;
+        }
         const T* xr = x + lane * V;
         int c = part;
         // Main loop over whole chunks: UNROLL of them, all weight loads issued before use;
@@ -134,7 +144,13 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
                 }
         }
     }
-    if (part == 0) {
+    if (SILU) {
+        if (part == 0 && n0 < n_rows && lane == 0) {
+            const float g = to_f32(from_f32<T>(acc[0][0]));
+            const float u = to_f32(from_f32<T>(acc[R - 1][0]));
+            out[n0] = from_f32<OutT>(silu_mul_f32(g, u));
+        }
+    } else if (part == 0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int n = n0 + r;
@@ -171,3 +187,15 @@ GEMV_ALL_M(bf16, float, bf16, f32)
 GEMV_ALL_M(f16, f16, f16, f16)
 GEMV_ALL_M(f16, float, f16, f32)
 GEMV_ALL_M(float, float, f32, f32)
+
+// out[0, j] = silu(x · w[j]) * (x · w[n_rows + j]) for one row of x: the MLP's gate/up
+// projection and activation in one pass over the merged gate_up weight.
+#define GEMV_SILU(T, TN)                                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_##TN##_m1(         \
+        const T* x, const T* w, T* out, int n_rows, int k, int ksplit) {                   \
+        pdl_enter();                                                                        \
+        gemv_impl<T, T, 1, 2, true>(x, w, nullptr, out, 1, n_rows, k, ksplit);             \
+    }
+GEMV_SILU(bf16, bf16)
+GEMV_SILU(f16, f16)
+GEMV_SILU(float, f32)

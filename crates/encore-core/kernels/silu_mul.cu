@@ -3,10 +3,6 @@
 // `cols` counts 16-byte vectors when `vec` (inter * sizeof(T) % 16 == 0 and both base
 // pointers aligned), elements otherwise.
 
-__device__ __forceinline__ float silu_mul_f32(float g, float u) {
-    return g / (1.0f + expf(-g)) * u;
-}
-
 template <typename T>
 __device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, T* __restrict__ out,
                                               int rows, int inter, int vec) {

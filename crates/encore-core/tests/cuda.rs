@@ -82,7 +82,9 @@ fn pinned_staging_uploads_asynchronously_and_is_never_overwritten_in_flight() {
         fill(st.bytes_mut().unwrap(), -1 - round);
         let got = be.download::<i32>(&dst).unwrap();
         assert!(
-            got.iter().enumerate().all(|(i, &v)| v == round * 7919 + i as i32),
+            got.iter()
+                .enumerate()
+                .all(|(i, &v)| v == round * 7919 + i as i32),
             "round {round}"
         );
     }

@@ -229,7 +229,10 @@ pub trait Backend: Send + Sync {
         if src.len() < n {
             return Err(Error::invalid(
                 "upload_staging",
-                format!("staging of {} bytes is smaller than dst ({n} bytes)", src.len()),
+                format!(
+                    "staging of {} bytes is smaller than dst ({n} bytes)",
+                    src.len()
+                ),
             ));
         }
         self.write_bytes(dst, &src.bytes()[..n])
@@ -280,6 +283,23 @@ pub trait Backend: Send + Sync {
     /// NOTE: with a bias, CUDA (cuBLASLt's bias epilogue, as PyTorch's `addmm`) may round
     /// `x · wᵀ` to T before adding the bias: a second rounding the CPU does not do.
     fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()>;
+
+    /// The MLP's gate/up projection and activation: `out = silu_mul(x · wᵀ)`, x T
+    /// `[m, k]`, w T `[2 * inter, k]` (gate rows then up rows), out T `[m, inter]`, the
+    /// product rounded to T before the activation exactly as [`Backend::matmul`] then
+    /// [`Backend::silu_mul`] round it. `gate_up` T `[m, 2 * inter]` is scratch the backend
+    /// may use for the product (its contents afterwards are unspecified). The default is
+    /// those two ops; a backend may fuse them.
+    fn matmul_silu_mul(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        gate_up: &Tensor,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.matmul(x, w, None, gate_up)?;
+        self.silu_mul(gate_up, out)
+    }
 
     /// Write this step's keys and values into the paged cache: token `i` goes to slot
     /// `slot_mapping[i]` = block * block_size + row. A slot `< 0` (padding) or beyond the

@@ -148,8 +148,7 @@ impl InputTable {
             });
         }
         let n: usize = l.shapes[i].iter().product();
-        let bytes =
-            &mut self.staging.bytes_mut()?[l.offsets[i]..l.offsets[i] + n * f.dtype.size()];
+        let bytes = &mut self.staging.bytes_mut()?[l.offsets[i]..l.offsets[i] + n * f.dtype.size()];
         Ok(bytemuck::cast_slice_mut(bytes))
     }
 

@@ -244,8 +244,7 @@ impl Model {
                 eps,
                 &buf.normed,
             )?;
-            be.matmul(&buf.normed, &l.gate_up, None, &buf.gate_up)?;
-            be.silu_mul(&buf.gate_up, &buf.act)?;
+            be.matmul_silu_mul(&buf.normed, &l.gate_up, &buf.gate_up, &buf.act)?;
             be.matmul(&buf.act, &l.down, None, &buf.hidden)?;
         }
         be.rms_norm(

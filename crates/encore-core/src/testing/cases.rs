@@ -31,6 +31,8 @@ pub(crate) enum Op {
     },
     KvWrite(KvWriteInputs),
     QkvRope(QkvRopeInputs),
+    /// `n` of the inputs is `2 * inter`.
+    MatmulSiluMul(MatmulInputs),
     Attention(AttentionInputs),
     Argmax(SampleInputs),
     Sample(SampleInputs),
@@ -162,6 +164,16 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                     );
                 }
             }
+        }
+        // One row with k a multiple of 8 takes CUDA's fused gemv; the others matmul +
+        // silu_mul.
+        for (m, k, inter) in [(1, 264, 70), (1, 1032, 129), (1, 100, 33), (3, 264, 70)] {
+            push(
+                "matmul_silu_mul".into(),
+                format!("m={m} k={k} inter={inter}"),
+                dtype,
+                Op::MatmulSiluMul(MatmulInputs::random(rng, m, k, 2 * inter, false)),
+            );
         }
         for (n, nh, kvh, hd, rot, nb, bs, norm) in [
             (7, 4, 2, 64, 64, 6, 16, false),
@@ -347,6 +359,14 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 floats("v_cache", download_f64(b, &vc)?, OpClass::Copy),
             ]
         }
+        Op::MatmulSiluMul(i) => {
+            let x = f(&i.x, &[i.m, i.k])?;
+            let w = f(&i.w, &[i.n, i.k])?;
+            let gate_up = fresh(dt, &[i.m, i.n])?;
+            let out = fresh(dt, &[i.m, i.n / 2])?;
+            b.matmul_silu_mul(&x, &w, &gate_up, &out)?;
+            vec![floats("out", download_f64(b, &out)?, OpClass::Reduction)]
+        }
         Op::QkvRope(i) => {
             let (r, kv) = (&i.rope, &i.kv);
             let (n, nh, kvh, hd) = (r.n, r.num_heads, r.num_kv_heads, r.head_dim);
@@ -496,6 +516,16 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
                 floats("k_cache", kc, OpClass::Copy),
                 floats("v_cache", vc, OpClass::Copy),
             ]
+        }
+        Op::MatmulSiluMul(i) => {
+            let gate_up = reference::matmul(&q(&i.x), &q(&i.w), None, i.m, i.n, i.k);
+            // The backends round the product to the dtype before the activation.
+            let gate_up: Vec<f64> = gate_up
+                .iter()
+                .map(|&v| reference::round_to(dt, v))
+                .collect();
+            let out = reference::silu_mul(&gate_up, i.n / 2);
+            vec![floats("out", out, OpClass::Reduction)]
         }
         Op::QkvRope(i) => {
             let (r, kv) = (&i.rope, &i.kv);

@@ -106,6 +106,9 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "gemv_f32_f32_m2",
             "gemv_f32_f32_m4",
             "gemv_f32_f32_m8",
+            "gemv_silu_bf16_m1",
+            "gemv_silu_f16_m1",
+            "gemv_silu_f32_m1",
         ],
     },
     KernelSource {
@@ -417,6 +420,37 @@ fn gemv_layout(
         ksplit *= 2;
     }
     (ksplit, n.div_ceil(GEMV_WARPS / ksplit * rows_per_warp))
+}
+
+/// `out = silu_mul(x · wᵀ)` for one row of x in one gemv pass (`gemv_silu_*`): w is the
+/// merged `[2 * inter, k]` gate/up weight. The caller checked shapes and [`gemv_fits`].
+pub(super) fn gemv_silu(
+    be: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
+    const OP: &str = "matmul_silu_mul (gemv)";
+    let inter = d.n / 2;
+    if inter == 0 {
+        return Ok(());
+    }
+    let dt = x.dtype();
+    let (ksplit, ctas) = gemv_layout(be, dt, inter, d.k, 1);
+    let c = cfg(
+        (grid_x(OP, "inter", ctas)?, 1, 1),
+        ((GEMV_WARPS * 32) as u32, 1, 1),
+    );
+    let (xp, wp, op) = (dptr(x), dptr(w), dptr(out));
+    let n = int(OP, "2 * inter", d.n).map(|_| inter as i32)?;
+    let k = int(OP, "k", d.k)?;
+    let ksplit = ksplit as i32;
+    be.launch(
+        &format!("gemv_silu_{}_m1", dt.kernel_suffix()),
+        c,
+        &mut args![xp, wp, op, n, k, ksplit],
+    )
 }
 
 /// `out = x · wᵀ (+ bias)` for `m <= GEMV_MAX_ROWS` rows (checked by [`gemv_fits`]).

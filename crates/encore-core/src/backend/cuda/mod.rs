@@ -424,7 +424,10 @@ impl Backend for CudaBackend {
             if src.len() < n {
                 return Err(Error::invalid(
                     "upload_staging",
-                    format!("staging of {} bytes is smaller than dst ({n} bytes)", src.len()),
+                    format!(
+                        "staging of {} bytes is smaller than dst ({n} bytes)",
+                        src.len()
+                    ),
                 ));
             }
             return self.write_bytes(dst, &src.bytes()[..n]);
@@ -435,7 +438,10 @@ impl Backend for CudaBackend {
         if p.len() < n {
             return Err(Error::invalid(
                 "upload_staging",
-                format!("staging of {} bytes is smaller than dst ({n} bytes)", p.len()),
+                format!(
+                    "staging of {} bytes is smaller than dst ({n} bytes)",
+                    p.len()
+                ),
             ));
         }
         if n == 0 {
@@ -569,6 +575,28 @@ impl Backend for CudaBackend {
                 out: dptr(out),
             },
         )
+    }
+
+    fn matmul_silu_mul(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        gate_up: &Tensor,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.check_device(
+            "matmul_silu_mul",
+            &[("x", x), ("w", w), ("gate_up", gate_up), ("out", out)],
+        )?;
+        let d = ops::check_matmul(x, w, None, gate_up)?;
+        ops::check_silu_mul(gate_up, out)?;
+        if d.m == 1 && out.dtype() == x.dtype() && kernels::gemv_fits(x, w, &d, self.gemv_max_rows)
+        {
+            self.bind()?;
+            return kernels::gemv_silu(self, x, w, out, &d);
+        }
+        self.matmul(x, w, None, gate_up)?;
+        self.silu_mul(gate_up, out)
     }
 
     fn qkv_rope_write(&self, a: &QkvRope<'_>) -> Result<()> {
