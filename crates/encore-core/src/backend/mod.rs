@@ -218,6 +218,11 @@ pub trait Backend: Send + Sync {
     /// Host staging of `bytes` bytes for [`Backend::upload_staging`]: page-locked where
     /// the device has DMA (CUDA), ordinary memory otherwise.
     fn alloc_staging(&self, bytes: usize) -> Result<HostStaging> {
+        if self.is_capturing() {
+            return Err(Error::CaptureViolation {
+                op: "alloc_staging",
+            });
+        }
         Ok(HostStaging::heap(bytes))
     }
 
@@ -225,6 +230,11 @@ pub trait Backend: Send + Sync {
     /// (ordered before every later op). The copy may still be reading `src` when this
     /// returns; `src.bytes_mut()` waits for it. Forbidden during capture.
     fn upload_staging(&self, src: &mut HostStaging, dst: &Tensor) -> Result<()> {
+        if self.is_capturing() {
+            return Err(Error::CaptureViolation {
+                op: "upload_staging (host->device copy)",
+            });
+        }
         let n = dst.size_bytes();
         if src.len() < n {
             return Err(Error::invalid(

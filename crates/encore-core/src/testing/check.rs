@@ -167,15 +167,21 @@ pub fn check_capture_forbidden(backend: &dyn Backend) -> Result<()> {
     let gate_up = backend.upload(&input, &[1, 8])?;
     let out = backend.alloc(DType::F32, &[1, 4])?;
     let bytes = backend.alloc(DType::F32, &[4])?;
+    let mut staging = backend.alloc_staging(16)?;
 
     backend.begin_capture()?;
     let capturing = backend.is_capturing();
     let recorded_before = backend.silu_mul(&gate_up, &out);
-    let attempts: [(&str, Result<()>); 4] = [
+    let attempts: [(&str, Result<()>); 6] = [
         ("alloc", backend.alloc(DType::F32, &[4]).map(drop)),
         ("write_bytes", backend.write_bytes(&bytes, &[0u8; 16])),
         ("read_bytes", backend.read_bytes(&bytes, &mut [0u8; 16])),
         ("synchronize", backend.synchronize()),
+        ("alloc_staging", backend.alloc_staging(16).map(drop)),
+        (
+            "upload_staging",
+            backend.upload_staging(&mut staging, &bytes),
+        ),
     ];
     let recorded_after = backend.silu_mul(&gate_up, &out);
     let graph = backend.end_capture();
