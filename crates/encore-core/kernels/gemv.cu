@@ -31,6 +31,28 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     return r;
 }
 
+// One chunk: acc[r][m] += x[m, k0 + lane's V elements] · (weight vector wv[r]). Each x
+// vector is loaded once and serves the warp's R rows.
+template <typename T, int M, int R>
+__device__ __forceinline__ void gemv_fma(const T* xr, int k, int k0, int m_rows,
+                                         const uint4 (&wv)[R], float (&acc)[R][M]) {
+    constexpr int V = Ty<T>::V;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        if (m < m_rows) {
+            float xf[V];
+            Ty<T>::unpack(ldg16(xr + (long long)m * k + k0), xf);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float wf[V];
+                Ty<T>::unpack(wv[r], wf);
+#pragma unroll
+                for (int e = 0; e < V; ++e) acc[r][m] = fmaf(wf[e], xf[e], acc[r][m]);
+            }
+        }
+    }
+}
+
 // SILU: the MLP's gate/up projection with silu_mul in the epilogue (M = 1, R = 2): w is
 // [2 * n_rows, k] (gate rows, then up rows); the warp of output j computes gate row j and
 // up row n_rows + j, rounds both to T as a matmul would, and writes
@@ -79,23 +101,8 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
 #pragma unroll
                 for (int r = 0; r < R; ++r) wv[u][r] = ld_stream16(wr[r] + (c + u * ksplit) * CHUNK);
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int k0 = (c + u * ksplit) * CHUNK;
-#pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    if (m < m_rows) {
-                        float xf[V];
-                        Ty<T>::unpack(ldg16(xr + (long long)m * k + k0), xf);
-#pragma unroll
-                        for (int r = 0; r < R; ++r) {
-                            float wf[V];
-                            Ty<T>::unpack(wv[u][r], wf);
-#pragma unroll
-                            for (int e = 0; e < V; ++e) acc[r][m] = fmaf(wf[e], xf[e], acc[r][m]);
-                        }
-                    }
-                }
-            }
+            for (int u = 0; u < UNROLL; ++u)
+                gemv_fma<T, M, R>(xr, k, (c + u * ksplit) * CHUNK, m_rows, wv[u], acc);
         }
         // The rest, one chunk at a time (the last one may be partial).
         for (; c < nchunks; c += ksplit) {
@@ -104,20 +111,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
                 uint4 wv[R];
 #pragma unroll
                 for (int r = 0; r < R; ++r) wv[r] = ld_stream16(wr[r] + k0);
-#pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    if (m < m_rows) {
-                        float xf[V];
-                        Ty<T>::unpack(ldg16(xr + (long long)m * k + k0), xf);
-#pragma unroll
-                        for (int r = 0; r < R; ++r) {
-                            float wf[V];
-                            Ty<T>::unpack(wv[r], wf);
-#pragma unroll
-                            for (int e = 0; e < V; ++e) acc[r][m] = fmaf(wf[e], xf[e], acc[r][m]);
-                        }
-                    }
-                }
+                gemv_fma<T, M, R>(xr, k, k0, m_rows, wv, acc);
             }
         }
     }
@@ -166,7 +160,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
     }
 }
 
-// Rows per warp of the variant for M rows of x (`gemv_rows_per_warp` on the host).
+// Rows per warp of the variant for M rows of x (the host passes the same to `gemv_layout`).
 #define GEMV_R(M) ((M) >= 4 ? 4 : (M))
 
 #define GEMV(T, OUT_T, TN, ON, M)                                                           \

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use encore_core::device::{self, DeviceSpec};
+use encore_core::device::DeviceSpec;
 use encore_core::graph::BucketPolicy;
 use encore_core::memory::GraphMemory;
 use encore_core::model::llama::Model;
@@ -73,10 +73,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
         }
         o => bail!("--order `{o}`: expected ascending, descending or shuffled"),
     }
-    let (opened, note) = device::open(spec)?;
-    if let Some(note) = note {
-        eprintln!("note: {note}");
-    }
+    let opened = crate::model_arg::open_device(spec)?;
     let be = opened.backend();
     let be = be.as_ref();
     let (cfg, source) = crate::model_arg::resolve(&a.model)?;

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use encore_core::bench;
-use encore_core::device::{self, DeviceSpec};
+use encore_core::device::DeviceSpec;
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
@@ -52,10 +52,7 @@ pub struct BenchDecodeArgs {
 pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let spec: DeviceSpec = a.device.parse()?;
     let dtype = DType::parse_float(&a.dtype).with_context(|| format!("--dtype `{}`", a.dtype))?;
-    let (opened, note) = device::open(spec)?;
-    if let Some(note) = note {
-        eprintln!("note: {note}");
-    }
+    let opened = crate::model_arg::open_device(spec)?;
     let be = opened.backend();
     let be = be.as_ref();
     let (cfg, source) = crate::model_arg::resolve(&a.model)?;

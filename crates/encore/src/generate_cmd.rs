@@ -5,7 +5,7 @@ use std::io::Write;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use encore_core::device::{self, DeviceSpec};
+use encore_core::device::DeviceSpec;
 use encore_core::generate::{generate, FinishReason, GenerateOptions};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::{KvCache, KvCacheConfig};
@@ -93,10 +93,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let spec: DeviceSpec = a.device.parse()?;
     let dtype = DType::parse_float(&a.dtype)
         .with_context(|| format!("--dtype `{}`: expected bf16, f16 or f32", a.dtype))?;
-    let (opened, note) = device::open(spec)?;
-    if let Some(note) = note {
-        eprintln!("note: {note}");
-    }
+    let opened = crate::model_arg::open_device(spec)?;
     let be = opened.backend();
     let be = be.as_ref();
 

@@ -248,10 +248,7 @@ fn rayon_threads() -> usize {
 }
 
 fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
-    let (opened, note) = device::open(args.device.spec()?)?;
-    if let Some(note) = note {
-        eprintln!("note: {note}");
-    }
+    let opened = crate::model_arg::open_device(args.device.spec()?)?;
     let be = opened.backend();
     let be = be.as_ref();
     let quick = args.quick || matches!(opened, Opened::Cpu(_));

@@ -1,8 +1,10 @@
-//! The `--model` argument shared by the commands: a Hugging Face directory or `dummy:NAME`.
+//! The arguments shared by the commands: `--model` (a Hugging Face directory or
+//! `dummy:NAME`) and `--device` (auto | cpu | cuda | cuda:N).
 
 use std::path::Path;
 
 use anyhow::Result;
+use encore_core::device::{self, DeviceSpec, Opened};
 use encore_core::model::config::ModelConfig;
 use encore_core::model::weights::WeightSource;
 
@@ -18,4 +20,13 @@ pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource<'_>)> {
             )
         }
     })
+}
+
+/// Open the `--device` backend; says on stderr when `auto` fell back to the CPU and why.
+pub fn open_device(spec: DeviceSpec) -> Result<Opened> {
+    let (opened, note) = device::open(spec)?;
+    if let Some(note) = note {
+        eprintln!("note: {note}");
+    }
+    Ok(opened)
 }

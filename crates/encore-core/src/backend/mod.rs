@@ -235,17 +235,7 @@ pub trait Backend: Send + Sync {
                 op: "upload_staging (host->device copy)",
             });
         }
-        let n = dst.size_bytes();
-        if src.len() < n {
-            return Err(Error::invalid(
-                "upload_staging",
-                format!(
-                    "staging of {} bytes is smaller than dst ({n} bytes)",
-                    src.len()
-                ),
-            ));
-        }
-        self.write_bytes(dst, &src.bytes()[..n])
+        self.write_bytes(dst, src.prefix_for(dst)?)
     }
 
     /// Copy `src` to host bytes, after all queued work. Forbidden during capture.

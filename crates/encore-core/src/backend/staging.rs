@@ -4,7 +4,8 @@
 //! bytes then stay borrowed by the copy until the stream passes it, which
 //! [`HostStaging::bytes_mut`] waits for before handing them out again.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
 
 use super::cuda::PinnedStaging;
 
@@ -46,6 +47,21 @@ impl HostStaging {
             Staging::Heap(v) => v,
             Staging::Pinned(p) => p.bytes(),
         }
+    }
+
+    /// The first `dst.size_bytes()` bytes, what an upload into `dst` copies; an error when
+    /// the staging is smaller than `dst`.
+    pub fn prefix_for(&self, dst: &Tensor) -> Result<&[u8]> {
+        let n = dst.size_bytes();
+        self.bytes().get(..n).ok_or_else(|| {
+            Error::invalid(
+                "upload_staging",
+                format!(
+                    "staging of {} bytes is smaller than dst ({n} bytes)",
+                    self.len()
+                ),
+            )
+        })
     }
 
     /// The bytes, to write the next step into: first waits for an upload still reading

@@ -419,31 +419,12 @@ impl Backend for CudaBackend {
     }
 
     fn upload_staging(&self, src: &mut HostStaging, dst: &Tensor) -> Result<()> {
-        let Staging::Pinned(p) = &mut src.0 else {
-            let n = dst.size_bytes();
-            if src.len() < n {
-                return Err(Error::invalid(
-                    "upload_staging",
-                    format!(
-                        "staging of {} bytes is smaller than dst ({n} bytes)",
-                        src.len()
-                    ),
-                ));
-            }
-            return self.write_bytes(dst, &src.bytes()[..n]);
-        };
         self.forbid_in_capture("upload_staging (host->device copy)")?;
         self.check_device("upload_staging", &[("dst", dst)])?;
-        let n = dst.size_bytes();
-        if p.len() < n {
-            return Err(Error::invalid(
-                "upload_staging",
-                format!(
-                    "staging of {} bytes is smaller than dst ({n} bytes)",
-                    p.len()
-                ),
-            ));
-        }
+        let n = src.prefix_for(dst)?.len();
+        let Staging::Pinned(p) = &mut src.0 else {
+            return self.write_bytes(dst, src.prefix_for(dst)?);
+        };
         if n == 0 {
             return Ok(());
         }
