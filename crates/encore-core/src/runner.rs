@@ -372,7 +372,6 @@ impl<'b> Runner<'b> {
         };
         let (tokens, logits) = match bucket {
             None => {
-                self.arena.reset();
                 let logits = self.forward_and_sample(&layout, decode_only)?;
                 (download_tokens(&self.sampled)?, logits)
             }
@@ -398,7 +397,6 @@ impl<'b> Runner<'b> {
                     h.truncate(b, w);
                     let eager_layout = self.inputs.layout(b, b);
                     self.write_inputs(&eager_layout, &h)?;
-                    self.arena.reset();
                     let eager = self.forward_and_sample(&eager_layout, true)?;
                     let reference = be.download::<f32>(&eager)?;
                     self.check_replay(r, &replayed, &reference)?;
@@ -439,9 +437,11 @@ impl<'b> Runner<'b> {
         t.upload(self.be, layout)
     }
 
-    /// Forward and sample over the inputs of `layout`, allocating in the arena's current
-    /// epoch; sampled ids land in `sampled[..seqs]`. Returns the logits (arena view).
+    /// Forward and sample over the inputs of `layout` in a fresh arena epoch (inside a
+    /// capture epoch the reset does nothing, so a capture's pieces never overlap); sampled
+    /// ids land in `sampled[..seqs]`. Returns the logits (arena view).
     fn forward_and_sample(&mut self, layout: &Layout, decode_only: bool) -> Result<Tensor> {
+        self.arena.reset();
         let be = self.be;
         let v = |name: &str| self.inputs.view(layout, name);
         let (token_ids, positions, slot_mapping) =
@@ -485,7 +485,6 @@ impl<'b> Runner<'b> {
     /// the backend starts capturing (see `memory::arena` on mapping timing).
     fn capture(&mut self, rows: usize) -> Result<()> {
         let layout = self.inputs.layout(rows, rows);
-        self.arena.reset();
         self.forward_and_sample(&layout, true)?;
         let expect = self.arena.used();
         let t = Instant::now();
