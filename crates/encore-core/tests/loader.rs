@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use encore_core::backend::cpu::CpuBackend;
-use encore_core::model::config::{Arch, ModelConfig};
+use encore_core::model::config::{Arch, ModelConfig, SlidingWindow};
 use encore_core::model::weights::{self, ModelWeights, WeightSource};
 use encore_core::ops::{Llama3Scaling, RopeConfig};
 use encore_core::{Backend, DType, Error, Tensor};
@@ -566,6 +566,59 @@ fn a_missing_tensor_is_named() {
 }
 
 #[test]
+fn tensors_the_config_does_not_use_are_named() {
+    // A checkpoint of 30 layers under a config of 2 (the tiny config): the first unused
+    // tensor in model order is layer 2's, not layer 10's or 29's.
+    let (e, msg) = broken("unused-layers", |ts| {
+        let json = tiny_json("LlamaForCausalLM", r#", "num_hidden_layers": 30"#);
+        let deep = ModelConfig::from_json(&json, "test").unwrap();
+        *ts = checkpoint(&deep, Dtype::BF16, 8);
+    });
+    assert!(matches!(e, Error::Weights { .. }), "{msg}");
+    assert!(
+        msg.contains("`model.layers.2.input_layernorm.weight`"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("does not use") && msg.contains("252 unused"),
+        "{msg}"
+    );
+    // One stray tensor anywhere.
+    let (_, msg) = broken("unused-one", |ts| {
+        ts.push(Tw {
+            name: "model.layers.0.mlp.extra_proj.weight".into(),
+            dtype: Dtype::BF16,
+            shape: vec![2],
+            values: vec![0.0; 2],
+        })
+    });
+    assert!(
+        msg.contains("`model.layers.0.mlp.extra_proj.weight`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_non_finite_norm_weight_is_named() {
+    for (k, bad) in [f32::NAN, f32::INFINITY].into_iter().enumerate() {
+        let (e, msg) = broken(&format!("nan-norm-{k}"), |ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == "model.layers.1.post_attention_layernorm.weight")
+                .unwrap();
+            t.values[3] = bad;
+        });
+        assert!(matches!(e, Error::Weights { .. }), "{msg}");
+        assert!(
+            msg.contains("`model.layers.1.post_attention_layernorm.weight`")
+                && msg.contains("element 3")
+                && msg.contains("finite"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
 fn a_wrong_shape_names_expected_and_found() {
     let (e, msg) = broken("shape", |ts| {
         let t = ts
@@ -775,6 +828,7 @@ fn real_configs_parse_to_the_expected_values() {
             torch_dtype: DType::BF16,
             bos_token_id: Some(128_000),
             eos_token_ids: vec![128_001],
+            sliding_window: None,
         }
     );
     let tf5 = parse(LLAMA_3_2_1B_TF5);
@@ -889,8 +943,36 @@ fn defaults_follow_hf() {
     ));
     assert_eq!(cfg.rope.theta, 1e6);
     assert_eq!(cfg.torch_dtype, DType::F16);
-    // Mistral's sliding window is a warning, not an error.
-    assert_eq!(parse(MISTRAL_7B_V0_1).arch, Arch::Mistral);
+    // Mistral's sliding window applies to every layer.
+    let mistral = parse(MISTRAL_7B_V0_1);
+    assert_eq!(mistral.arch, Arch::Mistral);
+    assert_eq!(
+        mistral.sliding_window,
+        Some(SlidingWindow {
+            size: 4096,
+            first_layer: 0
+        })
+    );
+    assert_eq!(
+        (mistral.layer_window(0), mistral.layer_window(31)),
+        (Some(4096), Some(4096))
+    );
+    // Qwen's window only with use_sliding_window, from max_window_layers on.
+    let qwen = |extra: &str| parse(&tiny_json("Qwen2ForCausalLM", extra));
+    assert_eq!(qwen(r#", "sliding_window": 64"#).sliding_window, None);
+    let windowed =
+        qwen(r#", "sliding_window": 64, "use_sliding_window": true, "max_window_layers": 1"#);
+    assert_eq!(
+        (windowed.layer_window(0), windowed.layer_window(1)),
+        (None, Some(64))
+    );
+    let all = qwen(r#", "sliding_window": 64, "use_sliding_window": true"#);
+    assert_eq!(all.layer_window(0), Some(64));
+    // Llama ignores the field, as transformers does.
+    assert_eq!(
+        parse(&tiny_json("LlamaForCausalLM", r#", "sliding_window": 64"#)).sliding_window,
+        None
+    );
 }
 
 #[test]
@@ -925,9 +1007,9 @@ fn config_errors_name_the_field_or_value() {
         ("LlamaForCausalLM", r#", "head_dim": 7"#, &["head_dim", "7"]),
         ("LlamaForCausalLM", r#", "mlp_bias": true"#, &["mlp_bias"]),
         (
-            "Qwen2ForCausalLM",
-            r#", "use_sliding_window": true"#,
-            &["use_sliding_window"],
+            "MistralForCausalLM",
+            r#", "sliding_window": 0"#,
+            &["sliding_window", "positive"],
         ),
         (
             "LlamaForCausalLM",

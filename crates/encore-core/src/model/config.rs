@@ -3,7 +3,7 @@
 //!
 //! Parsing follows HF transformers: absent optional fields take the defaults of the
 //! architecture's `PretrainedConfig` class, and anything the forward pass cannot honour
-//! (another rope scaling, an MLP bias, an enabled sliding window on Qwen) is an
+//! (another rope scaling, an MLP bias, partial rotary) is an
 //! [`Error::Config`] naming the field, never a silent change of results.
 
 use std::path::Path;
@@ -81,6 +81,20 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// HF allows one id or a list.
     pub eos_token_ids: Vec<u32>,
+    /// Sliding-window attention (Mistral's `sliding_window`; Qwen2/Qwen3's when
+    /// `use_sliding_window` is true), or `None` for full attention in every layer.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// Sliding-window attention as transformers applies it: in layers `first_layer..`, the
+/// query at position `p` attends to the keys at positions `k` with `p - size < k <= p`
+/// (the `size` most recent positions, itself included); earlier layers attend fully.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlidingWindow {
+    /// Positions attended to, at least 1.
+    pub size: usize,
+    /// The first layer that uses the window (Mistral: 0; Qwen: `max_window_layers`).
+    pub first_layer: usize,
 }
 
 /// Names accepted by [`ModelConfig::dummy`].
@@ -148,6 +162,7 @@ impl ModelConfig {
             torch_dtype: DType::BF16,
             bos_token_id: Some(256),
             eos_token_ids: vec![257],
+            sliding_window: None,
         };
         let qwen = |c: ModelConfig| ModelConfig {
             rope: RopeConfig {
@@ -290,6 +305,14 @@ impl ModelConfig {
     /// Bytes of all weights stored in `dtype`.
     pub fn weight_bytes(&self, dtype: DType) -> usize {
         self.num_params() * dtype.size()
+    }
+
+    /// The attention window of layer `layer`: `Some(size)` when it attends to the `size`
+    /// most recent positions only, `None` for full attention.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|w| layer >= w.first_layer)
+            .map(|w| w.size)
     }
 }
 
@@ -461,7 +484,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     if arch == Arch::Llama && f.opt_bool("mlp_bias")? == Some(true) {
         return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
     }
-    check_sliding_window(f, arch, max_position_embeddings)?;
+    let sliding_window = parse_sliding_window(f, arch, num_layers)?;
 
     let torch_dtype = match f.opt_str("torch_dtype")?.or(f.opt_str("dtype")?) {
         None => DType::BF16,
@@ -492,6 +515,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         torch_dtype,
         bos_token_id,
         eos_token_ids,
+        sliding_window,
     })
 }
 
@@ -616,30 +640,37 @@ fn parse_scaling(s: &Fields<'_>) -> Result<Option<Llama3Scaling>> {
     }
 }
 
-/// Qwen with `use_sliding_window: true` is refused; Mistral's window is not applied (a
-/// warning), which matches HF for every context shorter than the window.
-fn check_sliding_window(f: &Fields<'_>, arch: Arch, max_positions: usize) -> Result<()> {
-    match arch {
+/// The window as transformers builds its layer types: Mistral's `sliding_window` applies
+/// to every layer; Qwen2/Qwen3's only when `use_sliding_window` is true, and then to the
+/// layers from `max_window_layers` on (default: every layer). Llama has none. A window
+/// that covers every position the model can reach is kept: it changes nothing.
+fn parse_sliding_window(
+    f: &Fields<'_>,
+    arch: Arch,
+    num_layers: usize,
+) -> Result<Option<SlidingWindow>> {
+    let first_layer = match arch {
+        Arch::Llama => return Ok(None),
+        Arch::Mistral => 0,
         Arch::Qwen2 | Arch::Qwen3 => {
-            if f.opt_bool("use_sliding_window")? == Some(true) {
-                return Err(f.err(
-                    "use_sliding_window = true is not supported (sliding-window attention \
-                     is not implemented)",
-                ));
+            if f.opt_bool("use_sliding_window")? != Some(true) {
+                return Ok(None);
             }
+            f.opt_usize("max_window_layers")?.unwrap_or(0)
         }
-        Arch::Mistral => {
-            if let Some(w) = f.opt_usize("sliding_window")? {
-                if w < max_positions {
-                    tracing::warn!(
-                        "{}: sliding_window = {w} is not applied: attention is full, so \
-                         results differ from HF beyond {w} tokens of context",
-                        f.path
-                    );
-                }
-            }
+    };
+    let size = match f.opt_usize("sliding_window")? {
+        None => return Ok(None),
+        Some(0) => {
+            return Err(f.err(format!(
+                "field `{}` must be positive",
+                f.name("sliding_window")
+            )))
         }
-        Arch::Llama => {}
+        Some(n) => n,
+    };
+    if first_layer >= num_layers {
+        return Ok(None);
     }
-    Ok(())
+    Ok(Some(SlidingWindow { size, first_layer }))
 }

@@ -117,7 +117,7 @@ pub fn load(
             let ck = Checkpoint::open(path)?;
             let specs: Vec<&TensorSpec> =
                 plan.merged().into_iter().flat_map(|m| &m.parts).collect();
-            ck.validate(&specs)?;
+            ck.validate(&specs, |name| ignored_tensor(cfg, name))?;
             check_o_proj_bias(&ck, cfg)?;
             (Source::Checkpoint(ck), "loading weights")
         }
@@ -167,6 +167,36 @@ fn progress_bar(total: usize, visible: bool, what: &'static str) -> ProgressBar 
     bar
 }
 
+/// Checkpoint tensors the config does not use but a valid checkpoint may hold: rotary
+/// tables (`rotary_emb.inv_freq`), `lm_head.weight` beside tied embeddings, and the
+/// `o_proj` bias [`check_o_proj_bias`] checks.
+fn ignored_tensor(cfg: &ModelConfig, name: &str) -> bool {
+    name.ends_with("rotary_emb.inv_freq")
+        || (cfg.tie_word_embeddings && name == "lm_head.weight")
+        || (cfg.qkv_bias
+            && matches!(cfg.arch, Arch::Llama | Arch::Qwen3)
+            && name.ends_with("self_attn.o_proj.bias"))
+}
+
+/// Norm weights multiply every activation: a NaN or infinity there poisons every token,
+/// so it is an error naming the tensor rather than garbage output.
+pub(crate) fn check_finite_norm(name: &str, bytes: &[u8], dtype: DType) -> Result<()> {
+    if !name.ends_with("norm.weight") {
+        return Ok(());
+    }
+    let values = host::to_f32(bytes, dtype);
+    match values.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::Weights {
+            tensor: name.to_string(),
+            what: format!(
+                "element {i} is {} (a norm weight must be finite)",
+                values[i]
+            ),
+        }),
+    }
+}
+
 /// Llama and Qwen3 with `attention_bias` also give `o_proj` a bias, which encore does not
 /// apply: accept it only when it is all zeros (as in "llamafied" Qwen checkpoints).
 fn check_o_proj_bias(ck: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
@@ -205,6 +235,7 @@ impl Source {
         match self {
             Source::Checkpoint(ck) => {
                 let (src_dtype, bytes) = ck.data(&spec.name)?;
+                check_finite_norm(&spec.name, bytes, src_dtype)?;
                 if src_dtype == dst.dtype() {
                     backend.write_bytes(dst, bytes)
                 } else {

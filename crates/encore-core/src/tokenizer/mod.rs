@@ -6,6 +6,7 @@
 //! BOS text): encode it with `add_special_tokens = false`, as `transformers` does, or the
 //! prompt starts with two BOS tokens.
 
+mod gguf;
 mod stream;
 mod template;
 
@@ -18,6 +19,7 @@ use serde_json::Value as Json;
 
 use crate::error::{Error, Result};
 
+pub use gguf::GgufVocab;
 pub use stream::StreamDecoder;
 use template::ChatTemplate;
 

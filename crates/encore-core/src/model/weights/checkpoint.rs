@@ -1,7 +1,7 @@
 //! An HF safetensors checkpoint on disk: its files memory-mapped, their headers parsed,
 //! and a map from tensor name to the file holding it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -191,8 +191,37 @@ impl Checkpoint {
         file.meta.info(name).map(|info| (file, info))
     }
 
-    /// Check every spec's presence, shape and dtype; the first failure names the tensor.
-    pub(super) fn validate(&self, specs: &[&TensorSpec]) -> Result<()> {
+    /// Check every spec's presence, shape and dtype, then that the checkpoint holds no
+    /// tensor the config does not use (other than those `ignored` accepts); the first
+    /// failure names the tensor.
+    pub(super) fn validate(
+        &self,
+        specs: &[&TensorSpec],
+        ignored: impl Fn(&str) -> bool,
+    ) -> Result<()> {
+        self.validate_specs(specs)?;
+        let used: HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        let mut unused: Vec<&String> = self
+            .location
+            .keys()
+            .filter(|n| !used.contains(n.as_str()) && !ignored(n))
+            .collect();
+        unused.sort_by_key(|n| natural_key(n));
+        if let Some(name) = unused.first() {
+            return Err(Error::Weights {
+                tensor: name.to_string(),
+                what: format!(
+                    "is in {} but the config does not use it ({} unused tensors; does \
+                     config.json match the checkpoint, e.g. num_hidden_layers?)",
+                    self.origin,
+                    unused.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn validate_specs(&self, specs: &[&TensorSpec]) -> Result<()> {
         for spec in specs {
             let err = |what: String| Error::Weights {
                 tensor: spec.name.clone(),
@@ -260,4 +289,23 @@ fn dtype_of(d: Dtype) -> Option<DType> {
         Dtype::F32 => Some(DType::F32),
         _ => None,
     }
+}
+
+/// A sort key that orders the numbers inside names by value (`layers.2` before
+/// `layers.10`), so "the first unused tensor" is the first in model order.
+fn natural_key(name: &str) -> Vec<(u64, String)> {
+    let mut key = Vec::new();
+    let mut rest = name;
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits > 0 {
+            key.push((rest[..digits].parse().unwrap_or(u64::MAX), String::new()));
+            rest = &rest[digits..];
+        } else {
+            let text = rest.len() - rest.trim_start_matches(|c: char| !c.is_ascii_digit()).len();
+            key.push((0, rest[..text].to_string()));
+            rest = &rest[text..];
+        }
+    }
+    key
 }
