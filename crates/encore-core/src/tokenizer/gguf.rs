@@ -112,8 +112,14 @@ impl Tokenizer {
         };
         tok["added_tokens"] = added_tokens(vocab, &specials);
         tok["post_processor"] = post_processor(
-            add_bos.then(|| specials.bos).flatten().map(|id| (id, text(Some(id)).unwrap())),
-            add_eos.then(|| specials.eos).flatten().map(|id| (id, text(Some(id)).unwrap())),
+            add_bos
+                .then(|| specials.bos)
+                .flatten()
+                .map(|id| (id, text(Some(id)).unwrap())),
+            add_eos
+                .then(|| specials.eos)
+                .flatten()
+                .map(|id| (id, text(Some(id)).unwrap())),
         );
         if add_bos && specials.bos.is_none() {
             tracing::warn!("`{origin}` asks for BOS but has no `tokenizer.ggml.bos_token_id`");
@@ -142,7 +148,10 @@ impl Tokenizer {
             }
         }
         let (template, no_template_reason) = match &vocab.chat_template {
-            Some(source) => (Some(ChatTemplate::new(source.clone(), origin)?), String::new()),
+            Some(source) => (
+                Some(ChatTemplate::new(source.clone(), origin)?),
+                String::new(),
+            ),
             None => (
                 None,
                 format!(
@@ -194,11 +203,7 @@ impl SpecialIds {
 }
 
 /// `tokenizer.json` of a byte-level BPE vocabulary, without added tokens.
-fn byte_level_json(
-    vocab: &GgufVocab,
-    origin: &str,
-    err: &dyn Fn(String) -> Error,
-) -> Result<Json> {
+fn byte_level_json(vocab: &GgufVocab, origin: &str, err: &dyn Fn(String) -> Error) -> Result<Json> {
     let merges = vocab.merges.as_ref().ok_or_else(|| {
         err("a `gpt2` vocabulary needs `tokenizer.ggml.merges`, which is missing".into())
     })?;
@@ -314,9 +319,7 @@ fn merge_pairs(merges: &[String], err: &dyn Fn(String) -> Error) -> Result<Vec<J
         .iter()
         .enumerate()
         .map(|(i, merge)| match merge.split_once(' ') {
-            Some((l, r)) if !l.is_empty() && !r.is_empty() && !r.contains(' ') => {
-                Ok(json!([l, r]))
-            }
+            Some((l, r)) if !l.is_empty() && !r.is_empty() && !r.contains(' ') => Ok(json!([l, r])),
             _ => Err(err(format!(
                 "merge {i} `{merge}` of `tokenizer.ggml.merges` is not two tokens separated \
                  by one space"
@@ -358,11 +361,7 @@ fn merges_from_scores<'a>(tokens: &'a [String], scores: &[f32]) -> Vec<(&'a str,
                 .map(|(l, r, _, _)| (l, r, score, l.chars().count(), r.chars().count())),
         );
     }
-    merges.sort_by(|a, b| {
-        b.2.total_cmp(&a.2)
-            .then(b.3.cmp(&a.3))
-            .then(b.4.cmp(&a.4))
-    });
+    merges.sort_by(|a, b| b.2.total_cmp(&a.2).then(b.3.cmp(&a.3)).then(b.4.cmp(&a.4)));
     merges.into_iter().map(|(l, r, ..)| (l, r)).collect()
 }
 
@@ -373,7 +372,13 @@ fn token_type(vocab: &GgufVocab, id: usize) -> i32 {
 /// Control tokens as special added tokens, user-defined ones as plain added tokens, and
 /// the BOS/EOS/UNK/PAD tokens as special (transformers adds its special tokens too).
 fn added_tokens(vocab: &GgufVocab, specials: &SpecialIds) -> Json {
-    let special_ids = [specials.bos, specials.eos, specials.eot, specials.unk, specials.pad];
+    let special_ids = [
+        specials.bos,
+        specials.eos,
+        specials.eot,
+        specials.unk,
+        specials.pad,
+    ];
     let mut out = Vec::new();
     for (id, token) in vocab.tokens.iter().enumerate() {
         let kind = token_type(vocab, id);
@@ -420,7 +425,8 @@ fn post_processor(bos: Option<(u32, String)>, eos: Option<(u32, String)>) -> Jso
 }
 
 /// GPT-2's pre-tokenizer regex (what `ByteLevel` with `use_regex` splits by).
-const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const GPT2_SPLIT: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// Llama 3's split: digits in runs of up to three, letters with one leading non-letter.
 const LLAMA3_SPLIT: &str = concat!(
@@ -451,11 +457,13 @@ const GPT4O_SPLIT: &str = concat!(
 );
 
 /// DeepSeek LLM's splits, in order (its `tokenizer.json` lists the cased-letter ranges).
+/// NOTE: characters with a canonical singleton decomposition (U+1F7D, U+2126, ...) are
+/// written as `\x{..}` escapes: a tool that normalises text would silently change them.
 const DEEPSEEK_LLM_SPLITS: &[&str] = &[
     r"[\r\n]",
     concat!(
         r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿ",
-        r"ᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭ",
+        r"ᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\x{1F7D}ᾀ-ᾴᾶ-ᾼ\x{1FBE}ῂ-ῄῆ-ῌῐ-\x{1FD3}ῖ-\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\x{2126}ℨ\x{212A}-ℭ",
         r"ℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻",
         r"𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+"
     ),
@@ -491,14 +499,13 @@ enum PreSplit {
 fn pre_split(pre: &str) -> Option<PreSplit> {
     Some(match pre {
         "default" | "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "roberta-bpe"
-        | "jina-es" | "jina-de" | "jina-v1-en" | "jina-v2-es" | "jina-v2-de"
-        | "jina-v2-code" | "gigachat" | "trillion" => PreSplit::Gpt2,
-        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone"
-        | "minerva-7b" => PreSplit::DigitsThenGpt2,
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-        | "midm-2.0" | "lfm2" | "dbrx" | "smaug-bpe" | "chatglm-bpe" => {
-            PreSplit::Regexes(&[LLAMA3_SPLIT])
+        | "jina-es" | "jina-de" | "jina-v1-en" | "jina-v2-es" | "jina-v2-de" | "jina-v2-code"
+        | "gigachat" | "trillion" => PreSplit::Gpt2,
+        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" => {
+            PreSplit::DigitsThenGpt2
         }
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "dbrx" | "smaug-bpe" | "chatglm-bpe" => PreSplit::Regexes(&[LLAMA3_SPLIT]),
         "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" | "hunyuan" => {
             PreSplit::Regexes(&[QWEN2_SPLIT])
         }
