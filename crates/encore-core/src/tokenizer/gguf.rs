@@ -111,15 +111,10 @@ impl Tokenizer {
             byte_level_json(vocab, origin, &err)?
         };
         tok["added_tokens"] = added_tokens(vocab, &specials);
+        let with_text = |id: u32| (id, vocab.tokens[id as usize].clone());
         tok["post_processor"] = post_processor(
-            add_bos
-                .then(|| specials.bos)
-                .flatten()
-                .map(|id| (id, text(Some(id)).unwrap())),
-            add_eos
-                .then(|| specials.eos)
-                .flatten()
-                .map(|id| (id, text(Some(id)).unwrap())),
+            specials.bos.filter(|_| add_bos).map(with_text),
+            specials.eos.filter(|_| add_eos).map(with_text),
         );
         if add_bos && specials.bos.is_none() {
             tracing::warn!("`{origin}` asks for BOS but has no `tokenizer.ggml.bos_token_id`");

@@ -1,6 +1,7 @@
 //! Tokenizers and chat templates: a Hugging Face `tokenizer.json` (with the special tokens
-//! and chat template of `tokenizer_config.json`), or a built-in byte-level tokenizer for
-//! dummy models; plus an incremental detokenizer for streaming.
+//! and chat template of `tokenizer_config.json`), the `tokenizer.*` metadata of a GGUF file
+//! (`gguf.rs`), or a built-in byte-level tokenizer for dummy models; plus an incremental
+//! detokenizer for streaming.
 //!
 //! NOTE: a rendered chat template already holds the special tokens it wants (usually the
 //! BOS text): encode it with `add_special_tokens = false`, as `transformers` does, or the
