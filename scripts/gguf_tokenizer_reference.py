@@ -16,7 +16,8 @@ Three fixtures:
   pieces), dumped as llama.cpp's converter writes GGUF metadata (pieces, scores, types),
   with ids from SentencePiece itself (plain text) and from the Llama-2 `tokenizer.json`
   pipeline (prepend/replace normalizer, BPE with merges from scores, byte fallback), for
-  text with control tokens too.
+  text with control tokens too. (transformers' own GGUF builder differs from SentencePiece
+  on text starting with a space and after special tokens: its `Metaspace` adds no `▁`.)
 - gguf_pre.json: a small byte-level BPE vocabulary trained here on text full of digits,
   with ids per `tokenizer.ggml.pre` name: from transformers' GGUF builder for the names it
   knows (gpt2, llama-bpe, qwen2, tekken, gpt-4o) and from a `tokenizers` pipeline with the

@@ -24,7 +24,10 @@
 //! this follows the original (and llama.cpp): `smollm`/`starcoder`/`falcon`/... keep their
 //! digit splitting (`transformers` only special-cases a few names), a control or
 //! user-defined token spelled outside the byte alphabet stays whole at its id
-//! (`transformers` drops it), and `add_space_prefix` is honoured.
+//! (`transformers` drops it), and `add_space_prefix` is honoured. For `llama` vocabularies
+//! recent `transformers` uses a `Metaspace` pre-tokenizer that adds no `▁` to text already
+//! starting with a space, nor after a special token; SentencePiece, llama.cpp and the
+//! Llama-2 `tokenizer.json` do (`" Hello"` is `▁▁Hello`), and so does this.
 
 use std::collections::HashMap;
 
