@@ -51,9 +51,10 @@ pub enum Error {
         what: String,
     },
     /// A run would need more memory than it may use: `what` needs `need` bytes (`detail`
-    /// breaks them down) but `limit` bytes are available (`limit_what` says whose).
+    /// breaks them down) but `limit` bytes are available (`limit_what` says whose); `fix`
+    /// says what to lower.
     #[error(
-        "{what} needs {need_gib:.2} GiB ({detail}) but the limit is {limit_gib:.2} GiB ({limit_what})",
+        "{what} needs {need_gib:.2} GiB ({detail}) but the limit is {limit_gib:.2} GiB ({limit_what}); {fix}",
         need_gib = gib(*.need),
         limit_gib = gib(*.limit)
     )]
@@ -63,6 +64,7 @@ pub enum Error {
         detail: String,
         limit: usize,
         limit_what: String,
+        fix: String,
     },
     /// A virtual-memory call (reserve, create, map, unmap, set access) failed.
     #[error("{device}: {call} of {bytes} bytes failed: {message}")]

@@ -209,9 +209,7 @@ fn run(
         step_no += 1;
         for (&(i, start, len), &t) in batch.iter().zip(&sampled) {
             done[i] = start + len;
-            if done[i] == prompts[i].len()
-                && opts.max_tokens > 0
-                && accept(i, t, out, &mut stopped)
+            if done[i] == prompts[i].len() && opts.max_tokens > 0 && accept(i, t, out, &mut stopped)
             {
                 active.push(i);
                 last_token[i] = t;
@@ -275,10 +273,13 @@ fn run(
 /// A bar over the prompt tokens prefilled so far, on stderr (drawn only when stderr is a
 /// terminal).
 fn prefill_bar(total_tokens: usize) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(Some(total_tokens as u64), ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template("prefill [{bar:40}] {pos}/{len} tokens ({per_sec}, eta {eta})")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
+    let bar =
+        ProgressBar::with_draw_target(Some(total_tokens as u64), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "prefill [{bar:40}] {pos}/{len} tokens ({per_sec}, eta {eta})",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
     bar.set_style(style);
     bar.enable_steady_tick(Duration::from_millis(200));
     bar

@@ -274,8 +274,14 @@ mod tests {
     fn float_dtype_names_in_any_case() {
         for (names, want) in [
             (&["bf16", "BF16", "bfloat16", "BFloat16"][..], DType::BF16),
-            (&["f16", "fp16", "FP16", "float16", "half", "Half"][..], DType::F16),
-            (&["f32", "fp32", "float32", "Float32", "float"][..], DType::F32),
+            (
+                &["f16", "fp16", "FP16", "float16", "half", "Half"][..],
+                DType::F16,
+            ),
+            (
+                &["f32", "fp32", "float32", "Float32", "float"][..],
+                DType::F32,
+            ),
         ] {
             for n in names {
                 assert_eq!(DType::parse_float(n), Some(want), "{n}");

@@ -192,6 +192,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             a.max_tokens,
             a.max_num_batched_tokens
         ),
+        "use fewer prompts, or lower --max-tokens, --max-seq-len or --max-num-batched-tokens",
     )?;
 
     let t = std::time::Instant::now();
@@ -208,8 +209,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             dtype,
         };
         let budget = (free as f64 * a.kv_fraction) as usize;
-        let fit =
-            KvCache::num_blocks_for_budget(&kv_cfg, budget.saturating_sub(need.activations));
+        let fit = KvCache::num_blocks_for_budget(&kv_cfg, budget.saturating_sub(need.activations));
         if fit < needed {
             bail!(
                 "the KV cache needs {needed} blocks ({:.2} GiB) but --kv-fraction {} of {:.2} GiB free holds {fit}",

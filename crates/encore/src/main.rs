@@ -230,7 +230,11 @@ fn info(args: InfoArgs) -> Result<ExitCode> {
 fn print_checks(results: &[CheckResult]) -> std::io::Result<()> {
     outln!(
         "  {:<34} {:<30} {:<5} {:>10} {:>9}  ",
-        "check", "shape", "dtype", "error", "tol"
+        "check",
+        "shape",
+        "dtype",
+        "error",
+        "tol"
     )?;
     for r in results {
         outln!(
@@ -318,7 +322,10 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
         for r in &rows {
             outln!(
                 "{:<58} {:>12.2} {:<10} {}",
-                r.name, r.value, r.unit, r.detail
+                r.name,
+                r.value,
+                r.unit,
+                r.detail
             )?;
         }
     }

@@ -7,9 +7,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use encore_core::device::{self, DeviceSpec, Opened};
 use encore_core::memory::{MemoryLimit, MemoryNeed};
-use encore_core::Backend;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::weights::WeightSource;
+use encore_core::Backend;
 
 /// The config and where the weights come from (seed 0 for dummy models).
 pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource<'_>)> {
@@ -36,10 +36,10 @@ pub fn open_device(spec: DeviceSpec) -> Result<Opened> {
 }
 
 /// Refuse a run whose estimated memory exceeds what the backend may use (see
-/// [`MemoryLimit::of`]); `what` names the run in the message.
-pub fn check_memory(be: &dyn Backend, need: &MemoryNeed, what: &str) -> Result<()> {
+/// [`MemoryLimit::of`]); `what` names the run in the message, `fix` the flags to lower.
+pub fn check_memory(be: &dyn Backend, need: &MemoryNeed, what: &str, fix: &str) -> Result<()> {
     if let Some(limit) = MemoryLimit::of(be) {
-        need.check(what, &limit)?;
+        need.check(what, &limit, fix)?;
     }
     Ok(())
 }

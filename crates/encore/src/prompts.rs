@@ -103,8 +103,7 @@ mod tests {
         assert_eq!(got, ["a", "from stdin"]);
         let twice = ["-".to_string(), "-".to_string()];
         assert!(collect(&twice, None, || Ok(String::new())).is_err());
-        let e = collect(&[], Some(Path::new("/no/such/file")), || Ok(String::new()))
-            .unwrap_err();
+        let e = collect(&[], Some(Path::new("/no/such/file")), || Ok(String::new())).unwrap_err();
         assert!(format!("{e:#}").contains("`/no/such/file`"), "{e:#}");
     }
 }

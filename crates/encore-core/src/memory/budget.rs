@@ -30,8 +30,8 @@ impl MemoryNeed {
     }
 
     /// An [`Error::MemoryBudget`] when the total exceeds `limit`; `what` names the run
-    /// (e.g. "bench decode --batch 100000").
-    pub fn check(&self, what: &str, limit: &MemoryLimit) -> Result<()> {
+    /// (e.g. "bench decode --batch 100000"), `fix` what to lower.
+    pub fn check(&self, what: &str, limit: &MemoryLimit, fix: &str) -> Result<()> {
         if self.total() <= limit.bytes {
             return Ok(());
         }
@@ -47,6 +47,7 @@ impl MemoryNeed {
             ),
             limit: limit.bytes,
             limit_what: limit.what.clone(),
+            fix: fix.to_string(),
         })
     }
 }
@@ -78,7 +79,11 @@ impl MemoryLimit {
                 "{:.0}% of {:.2} GiB of {} host memory",
                 HOST_FRACTION * 100.0,
                 gib(base),
-                if available.is_some() { "available" } else { "total" }
+                if available.is_some() {
+                    "available"
+                } else {
+                    "total"
+                }
             ),
         })
     }
@@ -94,7 +99,12 @@ fn parse_meminfo(text: &str) -> Option<(Option<usize>, usize)> {
     let field = |name: &str| -> Option<usize> {
         let line = text.lines().find(|l| l.starts_with(name))?;
         let rest = line.get(name.len()..)?.trim_start_matches(':').trim();
-        let kib: usize = rest.strip_suffix("kB").unwrap_or(rest).trim().parse().ok()?;
+        let kib: usize = rest
+            .strip_suffix("kB")
+            .unwrap_or(rest)
+            .trim()
+            .parse()
+            .ok()?;
         kib.checked_mul(1024)
     };
     Some((field("MemAvailable"), field("MemTotal")?))
@@ -106,7 +116,8 @@ mod tests {
 
     #[test]
     fn meminfo_is_parsed_in_bytes() {
-        let text = "MemTotal:       65536000 kB\nMemFree:         1000 kB\nMemAvailable:   32768000 kB\n";
+        let text =
+            "MemTotal:       65536000 kB\nMemFree:         1000 kB\nMemAvailable:   32768000 kB\n";
         assert_eq!(
             parse_meminfo(text),
             Some((Some(32768000 * 1024), 65536000 * 1024))
@@ -130,15 +141,21 @@ mod tests {
             bytes: 2 << 30,
             what: "a test limit".into(),
         };
-        let e = need.check("this run", &limit).unwrap_err().to_string();
+        let e = need
+            .check("this run", &limit, "lower it")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("needs 4.50 GiB"), "{e}");
-        assert!(e.contains("limit is 2.00 GiB (a test limit)"), "{e}");
+        assert!(
+            e.contains("limit is 2.00 GiB (a test limit); lower it"),
+            "{e}"
+        );
         assert!(e.contains("KV cache 3.00 GiB in 12 blocks"), "{e}");
         let big = MemoryLimit {
             bytes: 5 << 30,
             what: String::new(),
         };
-        assert!(need.check("this run", &big).is_ok());
+        assert!(need.check("this run", &big, "").is_ok());
         let absurd = MemoryNeed {
             kv_cache: usize::MAX,
             weights: 1,

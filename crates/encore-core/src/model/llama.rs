@@ -129,7 +129,15 @@ impl Model {
         table_width: usize,
         block_size: usize,
     ) -> usize {
-        Self::arena_bytes_for(&self.cfg, self.dtype(), backend, n, b, table_width, block_size)
+        Self::arena_bytes_for(
+            &self.cfg,
+            self.dtype(),
+            backend,
+            n,
+            b,
+            table_width,
+            block_size,
+        )
     }
 
     /// [`Model::arena_bytes`] before the model exists (for a memory estimate ahead of
