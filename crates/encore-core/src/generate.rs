@@ -216,7 +216,7 @@ fn run(
             }
         }
         if opts.progress && bar.is_none() && t0.elapsed() >= PROGRESS_AFTER {
-            bar = Some(prefill_bar(total_tokens));
+            bar = Some(prefill_bar(total_tokens, t0.elapsed()));
         }
         if let Some(bar) = &bar {
             bar.set_position(done.iter().sum::<usize>() as u64);
@@ -271,15 +271,14 @@ fn run(
 }
 
 /// A bar over the prompt tokens prefilled so far, on stderr (drawn only when stderr is a
-/// terminal).
-fn prefill_bar(total_tokens: usize) -> ProgressBar {
+/// terminal); its clock starts at `elapsed`, the time prefill has run already.
+fn prefill_bar(total_tokens: usize, elapsed: Duration) -> ProgressBar {
     let bar =
-        ProgressBar::with_draw_target(Some(total_tokens as u64), ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template(
-        "prefill [{bar:40}] {pos}/{len} tokens ({per_sec}, eta {eta})",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar())
-    .progress_chars("=> ");
+        ProgressBar::with_draw_target(Some(total_tokens as u64), ProgressDrawTarget::stderr())
+            .with_elapsed(elapsed);
+    let style = ProgressStyle::with_template("prefill [{bar:40}] {pos}/{len} tokens, {elapsed}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
     bar.set_style(style);
     bar.enable_steady_tick(Duration::from_millis(200));
     bar

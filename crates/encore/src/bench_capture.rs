@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use encore_core::graph::BucketPolicy;
 use encore_core::memory::GraphMemory;
@@ -60,8 +60,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
     if a.strategies.is_empty() {
         bail!("--strategies: name at least one of private, multi-va, arena");
     }
-    let listed = BucketPolicy::parse(&a.buckets, a.max_batch)
-        .with_context(|| format!("--buckets `{}`", a.buckets))?;
+    let listed = BucketPolicy::parse(&a.buckets, a.max_batch)?;
     let mut buckets = listed.buckets();
     let max_batch = buckets.iter().copied().max().unwrap_or(1).max(a.max_batch);
     if max_batch > MAX_BATCH {

@@ -5,7 +5,7 @@
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use encore_core::error::gib;
 use encore_core::generate::{generate, GenerateOptions};
@@ -52,7 +52,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "0", value_parser = parse::top_k, allow_negative_numbers = true)]
     top_k: i32,
     /// Sampling seed (the same seed gives the same output).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
     #[command(flatten)]
     device: DeviceArg,
@@ -187,8 +187,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         be,
         &need,
         &format!(
-            "generate ({} prompts, --max-tokens {}, --max-seq-len {max_seq_len}, --max-num-batched-tokens {})",
+            "generate ({} prompt{}, --max-tokens {}, --max-seq-len {max_seq_len}, --max-num-batched-tokens {})",
             prompts.len(),
+            if prompts.len() == 1 { "" } else { "s" },
             a.max_tokens,
             a.max_num_batched_tokens
         ),
@@ -224,8 +225,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
 
     if !a.eager {
         runner.set_graph_memory(a.graph_memory)?;
-        let policy = BucketPolicy::parse(&a.buckets, prompts.len())
-            .with_context(|| format!("--buckets `{}`", a.buckets))?;
+        let policy = BucketPolicy::parse(&a.buckets, prompts.len())?;
         runner.set_graph_mode(Some(policy));
         runner.set_verify_graphs(a.verify_graphs);
         if a.capture_all {
@@ -259,7 +259,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     let eos = tokenizer.eos_token_ids();
     let stream = prompts.len() == 1 && !a.json;
-    let mut decoder = StreamDecoder::new(&tokenizer, &prompts[0]);
+    let Some(first_prompt) = prompts.first() else {
+        bail!("no prompts to run");
+    };
+    let mut decoder = StreamDecoder::new(&tokenizer, first_prompt);
     // A failed write (the reader of stdout went away) stops generation; it is returned
     // after `generate` has released the sequences.
     let mut write_error: Option<std::io::Error> = None;

@@ -62,7 +62,7 @@ struct InfoArgs {
     no_self_check: bool,
     /// Seed of the self-check's random inputs (default: from the clock, so each run draws
     /// fresh inputs).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
 }
 
