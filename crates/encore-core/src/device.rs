@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda::{CudaBackend, CudaLibraries};
 use crate::backend::BackendRef;
 use crate::error::{Error, Result};
 
@@ -75,11 +75,42 @@ pub fn open(spec: DeviceSpec) -> Result<(Opened, Option<String>)> {
         DeviceSpec::Auto => match CudaBackend::new(0) {
             Ok(b) => Ok((Opened::Cuda(Arc::new(b)), None)),
             Err(e) => {
-                let note = format!("no usable CUDA device, using the CPU ({e})");
-                tracing::info!("{note}");
+                tracing::info!("CUDA not used: {e}");
+                let note = format!(
+                    "no usable CUDA device ({}); running on the CPU",
+                    short_reason(&e)
+                );
                 Ok((Opened::Cpu(Arc::new(CpuBackend::new())), Some(note)))
             }
         },
+    }
+}
+
+/// A few words on why CUDA could not be opened, for the one-line fallback note (the whole
+/// error goes to the `info` log).
+fn short_reason(e: &Error) -> String {
+    let libs = CudaLibraries::probe();
+    if !libs.driver {
+        return "libcuda not found".into();
+    }
+    let missing: Vec<&str> = [("libnvrtc", libs.nvrtc), ("libcublasLt", libs.cublaslt)]
+        .iter()
+        .filter(|(_, found)| !found)
+        .map(|(name, _)| *name)
+        .collect();
+    if !missing.is_empty() {
+        return format!("{} not found", missing.join(", "));
+    }
+    match e {
+        Error::DeviceUnavailable { why, .. } => why
+            .split([':', ';'])
+            .next()
+            .unwrap_or(why)
+            .trim()
+            .chars()
+            .take(60)
+            .collect(),
+        _ => "see ENCORE_LOG=info".into(),
     }
 }
 
@@ -109,7 +140,9 @@ mod tests {
                 assert!(matches!(e, Error::DeviceUnavailable { .. }), "{e}");
                 assert!(e.to_string().starts_with("device `cuda"), "{e}");
                 assert!(matches!(auto, Opened::Cpu(_)));
-                assert!(note.unwrap().contains("using the CPU"));
+                let note = note.unwrap();
+                assert!(note.ends_with("; running on the CPU"), "{note}");
+                assert!(!note.contains('\n') && note.len() < 100, "{note}");
             }
         }
     }

@@ -50,6 +50,22 @@ pub enum Error {
         bytes: usize,
         what: String,
     },
+    /// A run would need more memory than it may use: `what` needs `need` bytes (`detail`
+    /// breaks them down) but `limit` bytes are available (`limit_what` says whose); `fix`
+    /// says what to lower.
+    #[error(
+        "{what} needs {need_gib:.2} GiB ({detail}) but the limit is {limit_gib:.2} GiB ({limit_what}); {fix}",
+        need_gib = gib(*.need),
+        limit_gib = gib(*.limit)
+    )]
+    MemoryBudget {
+        what: String,
+        need: usize,
+        detail: String,
+        limit: usize,
+        limit_what: String,
+        fix: String,
+    },
     /// A virtual-memory call (reserve, create, map, unmap, set access) failed.
     #[error("{device}: {call} of {bytes} bytes failed: {message}")]
     Vmm {
@@ -87,14 +103,20 @@ pub enum Error {
         needed: usize,
         free: usize,
     },
-    /// A filesystem operation failed.
-    #[error("{what} `{path}`: {source}")]
+    /// A filesystem operation failed. The OS message is the error's `source` (printed
+    /// once by a chain printer such as anyhow's `{:#}`), not part of this message.
+    #[error("{what} `{path}`")]
     Io {
         what: &'static str,
         path: String,
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Bytes in GiB, for messages.
+pub fn gib(bytes: usize) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
 }
 
 impl Error {

@@ -3,7 +3,10 @@
 //! sequences together until each hits EOS, its token limit or the context limit.
 //! Continuous batching with a scheduler replaces this loop in the engine.
 
-use std::time::Instant;
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::error::{Error, Result};
 use crate::kv::SeqId;
@@ -15,7 +18,13 @@ pub struct GenerateOptions {
     pub sampling: SamplingParams,
     /// Keep generating past EOS (for benchmarks).
     pub ignore_eos: bool,
+    /// Show a progress bar on stderr (when it is a terminal) once prefill has taken
+    /// longer than [`PROGRESS_AFTER`].
+    pub progress: bool,
 }
+
+/// How long prefill runs before its progress bar appears.
+pub const PROGRESS_AFTER: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
@@ -25,6 +34,20 @@ pub enum FinishReason {
     Length,
     /// Reached the runner's `max_seq_len`.
     Context,
+    /// The caller's `on_token` asked to stop.
+    Stopped,
+}
+
+impl FinishReason {
+    /// The lower-case name used in output (`eos`, `length`, `context`, `stopped`).
+    pub fn name(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Length => "length",
+            FinishReason::Context => "context",
+            FinishReason::Stopped => "stopped",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -39,13 +62,15 @@ pub struct Generation {
 }
 
 /// Generate for every prompt; `on_token(i, id)` sees each new token of prompt `i` as it
-/// is sampled.
+/// is sampled. When it returns `ControlFlow::Break`, generation stops at once: every
+/// unfinished sequence ends with [`FinishReason::Stopped`] (e.g. its output's reader went
+/// away).
 pub fn generate(
     runner: &mut Runner<'_>,
     prompts: &[Vec<u32>],
     eos: &[u32],
     opts: &GenerateOptions,
-    mut on_token: impl FnMut(usize, u32),
+    mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
 ) -> Result<Vec<Generation>> {
     let cfg = *runner.config();
     for (i, p) in prompts.iter().enumerate() {
@@ -74,7 +99,7 @@ pub fn generate(
         ));
     }
     // Reserve every sequence's whole budget up front so decode can never run out.
-    let budget = |p: &Vec<u32>| (p.len() + opts.max_tokens).min(cfg.max_seq_len);
+    let budget = |p: &Vec<u32>| p.len().saturating_add(opts.max_tokens).min(cfg.max_seq_len);
     let needed: usize = prompts
         .iter()
         .map(|p| budget(p).div_ceil(cfg.block_size))
@@ -115,17 +140,20 @@ fn run(
     eos: &[u32],
     opts: &GenerateOptions,
     out: &mut [Generation],
-    on_token: &mut impl FnMut(usize, u32),
+    on_token: &mut impl FnMut(usize, u32) -> ControlFlow<()>,
 ) -> Result<()> {
     let cfg = *runner.config();
     let mut active: Vec<usize> = Vec::new();
     let mut last_token = vec![0u32; prompts.len()];
     let mut step_no = 0u64;
+    let mut stopped = false;
 
     // Returns whether sequence i goes on after taking token t.
-    let mut accept = |i: usize, t: u32, out: &mut [Generation]| -> bool {
+    let mut accept = |i: usize, t: u32, out: &mut [Generation], stopped: &mut bool| -> bool {
         out[i].output_ids.push(t);
-        on_token(i, t);
+        if on_token(i, t).is_break() {
+            *stopped = true;
+        }
         let total = out[i].prompt_ids.len() + out[i].output_ids.len();
         if !opts.ignore_eos && eos.contains(&t) {
             out[i].finish = FinishReason::Eos;
@@ -144,7 +172,12 @@ fn run(
     // Prefill, chunked to the step's token budget.
     let t0 = Instant::now();
     let mut done = vec![0usize; prompts.len()];
+    let total_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let mut bar: Option<ProgressBar> = None;
     while let Some(first) = (0..prompts.len()).find(|&i| done[i] < prompts[i].len()) {
+        if stopped {
+            break;
+        }
         let mut batch: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
         let mut room = cfg.max_tokens_per_step;
         for i in first..prompts.len() {
@@ -176,11 +209,21 @@ fn run(
         step_no += 1;
         for (&(i, start, len), &t) in batch.iter().zip(&sampled) {
             done[i] = start + len;
-            if done[i] == prompts[i].len() && opts.max_tokens > 0 && accept(i, t, out) {
+            if done[i] == prompts[i].len() && opts.max_tokens > 0 && accept(i, t, out, &mut stopped)
+            {
                 active.push(i);
                 last_token[i] = t;
             }
         }
+        if opts.progress && bar.is_none() && t0.elapsed() >= PROGRESS_AFTER {
+            bar = Some(prefill_bar(total_tokens, t0.elapsed()));
+        }
+        if let Some(bar) = &bar {
+            bar.set_position(done.iter().sum::<usize>() as u64);
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
     }
     let prefill_secs = t0.elapsed().as_secs_f64();
     for g in out.iter_mut() {
@@ -188,7 +231,7 @@ fn run(
     }
 
     // Decode all active sequences together.
-    while !active.is_empty() {
+    while !active.is_empty() && !stopped {
         let t = Instant::now();
         for &i in &active {
             runner.blocks.append(ids[i], 1)?;
@@ -210,12 +253,33 @@ fn run(
         let mut still = Vec::with_capacity(active.len());
         for (&i, &tok) in active.iter().zip(&sampled) {
             out[i].decode_secs += secs;
-            if accept(i, tok, out) {
+            if accept(i, tok, out, &mut stopped) {
                 still.push(i);
                 last_token[i] = tok;
             }
         }
         active = still;
     }
+    if stopped {
+        // Sequences still decoding, and those whose prefill never finished.
+        let unfinished = (0..prompts.len()).filter(|&i| done[i] < prompts[i].len());
+        for i in active.iter().copied().chain(unfinished) {
+            out[i].finish = FinishReason::Stopped;
+        }
+    }
     Ok(())
+}
+
+/// A bar over the prompt tokens prefilled so far, on stderr (drawn only when stderr is a
+/// terminal); its clock starts at `elapsed`, the time prefill has run already.
+fn prefill_bar(total_tokens: usize, elapsed: Duration) -> ProgressBar {
+    let bar =
+        ProgressBar::with_draw_target(Some(total_tokens as u64), ProgressDrawTarget::stderr())
+            .with_elapsed(elapsed);
+    let style = ProgressStyle::with_template("prefill [{bar:40}] {pos}/{len} tokens, {elapsed}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
 }

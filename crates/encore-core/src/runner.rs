@@ -11,7 +11,8 @@ use crate::backend::{Backend, Graph, Sampling};
 use crate::error::{Error, Result};
 use crate::graph::{BucketPolicy, Field, InputTable, Layout, Rows, Width};
 use crate::kv::{BlockManager, KvCache, KvCacheConfig, SeqId, NULL_BLOCK};
-use crate::memory::{Arena, ArenaStats, CaptureMemory, GraphMemory};
+use crate::memory::{Arena, ArenaStats, CaptureMemory, GraphMemory, MemoryNeed};
+use crate::model::config::ModelConfig;
 use crate::model::llama::{Model, StepInputs};
 use crate::tensor::{DType, Tensor};
 
@@ -59,6 +60,55 @@ pub struct RunnerConfig {
     pub max_seqs: usize,
     /// Longest sequence (prompt + generated); bounds the block tables.
     pub max_seq_len: usize,
+}
+
+impl RunnerConfig {
+    /// What a run of this configuration needs for a model of `model` in `dtype`: its
+    /// weights, the KV cache and arena [`Runner::new`] allocates, and the step inputs
+    /// (device buffers plus their host staging). Computed without allocating, so a
+    /// command can refuse a run that cannot fit before loading anything.
+    pub fn memory_need(&self, be: &dyn Backend, model: &ModelConfig, dtype: DType) -> MemoryNeed {
+        let kv_cfg = KvCacheConfig {
+            num_layers: model.num_layers,
+            num_kv_heads: model.num_kv_heads,
+            head_dim: model.head_dim,
+            block_size: self.block_size,
+            dtype,
+        };
+        let table_width = self.max_seq_len.div_ceil(self.block_size.max(1));
+        let arena = Model::arena_bytes_for(
+            model,
+            dtype,
+            be,
+            self.max_tokens_per_step,
+            self.max_seqs,
+            table_width,
+            self.block_size,
+        );
+        let token_rows = self.max_tokens_per_step.max(self.max_seqs);
+        let inputs = STEP_INPUTS
+            .iter()
+            .map(|f| {
+                let rows = match f.rows {
+                    Rows::Tokens => token_rows,
+                    Rows::Seqs => self.max_seqs,
+                    Rows::SeqsPlusOne => self.max_seqs.saturating_add(1),
+                };
+                let width = match f.width {
+                    Width::One => 1,
+                    Width::Table => table_width,
+                };
+                rows.saturating_mul(width).saturating_mul(f.dtype.size())
+            })
+            .fold(0usize, usize::saturating_add)
+            .saturating_mul(2);
+        MemoryNeed {
+            weights: model.weight_bytes(dtype),
+            kv_cache: self.num_blocks.saturating_mul(kv_cfg.bytes_per_block()),
+            kv_blocks: self.num_blocks,
+            activations: arena.saturating_add(inputs),
+        }
+    }
 }
 
 /// Every per-step input, declared once (see `graph::inputs`).

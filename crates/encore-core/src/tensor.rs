@@ -43,15 +43,21 @@ impl DType {
         }
     }
 
-    /// Parse `bf16|f16|f32` (the float run dtypes).
+    /// Parse a float run dtype, in any case: `bf16`/`bfloat16`, `f16`/`fp16`/`float16`/
+    /// `half`, `f32`/`fp32`/`float32`/`float`. Used by `--dtype` and by `config.json`'s
+    /// `torch_dtype`, so both accept the same names.
     pub fn parse_float(s: &str) -> Option<DType> {
-        match s {
+        match s.to_ascii_lowercase().as_str() {
             "bf16" | "bfloat16" => Some(DType::BF16),
-            "f16" | "float16" | "half" => Some(DType::F16),
-            "f32" | "float32" | "float" => Some(DType::F32),
+            "f16" | "fp16" | "float16" | "half" => Some(DType::F16),
+            "f32" | "fp32" | "float32" | "float" => Some(DType::F32),
             _ => None,
         }
     }
+
+    /// The names [`DType::parse_float`] accepts, for messages.
+    pub const FLOAT_NAMES: &'static str =
+        "bf16 (bfloat16), f16 (fp16, float16, half) or f32 (fp32, float32)";
 }
 
 impl fmt::Display for DType {
@@ -263,6 +269,28 @@ impl Tensor {
 mod tests {
     use super::*;
     use crate::backend::Backend;
+
+    #[test]
+    fn float_dtype_names_in_any_case() {
+        for (names, want) in [
+            (&["bf16", "BF16", "bfloat16", "BFloat16"][..], DType::BF16),
+            (
+                &["f16", "fp16", "FP16", "float16", "half", "Half"][..],
+                DType::F16,
+            ),
+            (
+                &["f32", "fp32", "float32", "Float32", "float"][..],
+                DType::F32,
+            ),
+        ] {
+            for n in names {
+                assert_eq!(DType::parse_float(n), Some(want), "{n}");
+            }
+        }
+        for bad in ["int4", "i32", "", "bf 16", "fp8"] {
+            assert_eq!(DType::parse_float(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn narrow_prefix_reshape_are_views() {

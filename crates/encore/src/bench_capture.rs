@@ -5,15 +5,17 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
-use encore_core::device::DeviceSpec;
 use encore_core::graph::BucketPolicy;
 use encore_core::memory::GraphMemory;
 use encore_core::model::llama::Model;
 use encore_core::model::weights;
 use encore_core::runner::{Runner, RunnerConfig};
 use encore_core::DType;
+
+use crate::out::outln;
+use crate::{parse, DeviceArg};
 
 #[derive(Args)]
 pub struct BenchCaptureArgs {
@@ -24,21 +26,23 @@ pub struct BenchCaptureArgs {
     #[arg(long, default_value = "vllm")]
     buckets: String,
     /// The largest batch (caps `vllm` and `pow2`; a list's largest size wins if larger).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value = "256", value_parser = parse::count::<1, { MAX_BATCH }>, allow_negative_numbers = true)]
     max_batch: usize,
     /// Capture order: ascending (every capture grows the memory), descending, shuffled.
-    #[arg(long, default_value = "ascending")]
+    #[arg(long, default_value = "ascending", value_parser = ["ascending", "descending", "shuffled"])]
     order: String,
     /// Strategies to measure, comma-separated.
     #[arg(long, default_value = "private,multi-va,arena", value_delimiter = ',')]
     strategies: Vec<GraphMemory>,
     /// Longest sequence the block tables cover (shapes the attention scratch).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value = "2048", value_parser = parse::count::<1, { usize::MAX }>, allow_negative_numbers = true)]
     max_seq_len: usize,
-    #[arg(long, default_value = "auto")]
-    device: String,
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
+    #[command(flatten)]
+    device: DeviceArg,
+    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
+    /// any case).
+    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
+    dtype: DType,
     /// One JSON object per strategy.
     #[arg(long)]
     json: bool,
@@ -48,15 +52,20 @@ fn mib(b: usize) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
 
+/// The largest `--max-batch` (and bucket).
+const MAX_BATCH: usize = 1 << 24;
+
 pub fn run(a: BenchCaptureArgs) -> Result<()> {
-    let spec: DeviceSpec = a.device.parse()?;
-    let dtype = DType::parse_float(&a.dtype).with_context(|| format!("--dtype `{}`", a.dtype))?;
+    let dtype = a.dtype;
     if a.strategies.is_empty() {
         bail!("--strategies: name at least one of private, multi-va, arena");
     }
-    let listed = BucketPolicy::parse(&a.buckets, a.max_batch.max(1))?;
+    let listed = BucketPolicy::parse(&a.buckets, a.max_batch)?;
     let mut buckets = listed.buckets();
     let max_batch = buckets.iter().copied().max().unwrap_or(1).max(a.max_batch);
+    if max_batch > MAX_BATCH {
+        bail!("--buckets: the largest bucket {max_batch} exceeds {MAX_BATCH}");
+    }
     let policy = BucketPolicy::Explicit(buckets.clone());
     match a.order.as_str() {
         "ascending" => {}
@@ -73,7 +82,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
         }
         o => bail!("--order `{o}`: expected ascending, descending or shuffled"),
     }
-    let opened = crate::model_arg::open_device(spec)?;
+    let opened = crate::model_arg::open_device(a.device.device)?;
     let be = opened.backend();
     let be = be.as_ref();
     let (cfg, source) = crate::model_arg::resolve(&a.model)?;
@@ -84,23 +93,38 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
             cfg.max_position_embeddings
         );
     }
+    // Captures run padding rows only: the KV cache needs the null block and little else.
+    let runner_cfg = RunnerConfig {
+        block_size: 16,
+        num_blocks: 1 + max_batch,
+        max_tokens_per_step: max_batch,
+        max_seqs: max_batch,
+        max_seq_len: a.max_seq_len,
+    };
+    // `private` holds every bucket's need at once (the others hold the largest).
+    let mut need = runner_cfg.memory_need(be, &cfg, dtype);
+    if a.strategies.contains(&GraphMemory::Private) {
+        let table_width = a.max_seq_len.div_ceil(runner_cfg.block_size);
+        need.activations = buckets
+            .iter()
+            .map(|&b| Model::arena_bytes_for(&cfg, dtype, be, b, b, table_width, 16))
+            .fold(need.activations, usize::saturating_add);
+    }
+    crate::model_arg::check_memory(
+        be,
+        &need,
+        &format!(
+            "bench capture --max-batch {max_batch} ({} buckets)",
+            buckets.len()
+        ),
+        "lower --max-batch or --max-seq-len, or leave out the private strategy",
+    )?;
     let w = weights::load(be, &cfg, source, dtype, !a.json)?;
     let model = Model::new(be, cfg, w, a.max_seq_len)?;
-    // Captures run padding rows only: the KV cache needs the null block and little else.
-    let mut runner = Runner::new(
-        be,
-        model,
-        RunnerConfig {
-            block_size: 16,
-            num_blocks: 1 + max_batch,
-            max_tokens_per_step: max_batch,
-            max_seqs: max_batch,
-            max_seq_len: a.max_seq_len,
-        },
-    )?;
+    let mut runner = Runner::new(be, model, runner_cfg)?;
     let granularity = be.vmm()?.granularity();
     if !a.json {
-        println!(
+        outln!(
             "{} on {}, {dtype}: {} buckets ({} .. {}), captured {}, granularity {} KiB",
             a.model,
             be.device_name(),
@@ -109,8 +133,8 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
             max_batch,
             a.order,
             granularity >> 10
-        );
-        println!(
+        )?;
+        outln!(
             "{:<9} {:>12} {:>12} {:>7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>13} {:>13}",
             "strategy",
             "physical MiB",
@@ -123,7 +147,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
             "remap ms",
             "largest MiB",
             "sum MiB"
-        );
+        )?;
     }
     for &strategy in &a.strategies {
         // A fresh arena (and no graphs) per strategy: the previous one is released first.
@@ -148,7 +172,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
         let largest = needs.iter().max_by_key(|(r, _)| *r).map_or(0, |&(_, n)| n);
         let sum: usize = needs.iter().map(|&(_, n)| n).sum();
         if a.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({
                     "strategy": strategy.name(), "model": a.model, "device": be.device_name(),
@@ -162,9 +186,9 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
                     "largest_bucket_bytes": largest, "sum_bucket_bytes": sum,
                     "peak_bytes": m.peak_bytes, "device_bytes": device_bytes,
                 })
-            );
+            )?;
         } else {
-            println!(
+            outln!(
                 "{:<9} {:>12.1} {:>12.1} {:>7} {:>7} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>13.1} {:>13.1}",
                 strategy.name(),
                 mib(m.physical_bytes),
@@ -177,13 +201,13 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
                 m.remap_secs * 1e3,
                 mib(largest),
                 mib(sum)
-            );
+            )?;
         }
     }
     if !a.json {
-        println!(
+        outln!(
             "capture s: the captures themselves (incl. the arena's range switch and remap); total s adds one eager warm-up step per bucket"
-        );
+        )?;
     }
     Ok(())
 }

@@ -4,10 +4,9 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use encore_core::bench;
-use encore_core::device::DeviceSpec;
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
@@ -16,24 +15,39 @@ use encore_core::model::weights;
 use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
 use encore_core::DType;
 
+use crate::out::outln;
+use crate::{parse, DeviceArg};
+
+/// Bytes of each buffer of the copy-bandwidth measurement.
+const COPY_BYTES: usize = 256 << 20;
+
 #[derive(Args)]
 pub struct BenchDecodeArgs {
     /// A Hugging Face model directory or `dummy:NAME`.
     #[arg(long, default_value = "dummy:tiny")]
     model: String,
-    /// Batch sizes, comma-separated.
-    #[arg(long, default_value = "1,8,32,128,256", value_delimiter = ',')]
+    /// Batch sizes, comma-separated, each >= 1.
+    #[arg(
+        long,
+        default_value = "1,8,32,128,256",
+        value_delimiter = ',',
+        value_parser = parse::count::<1, { MAX_BATCH }>,
+        allow_negative_numbers = true
+    )]
     batch: Vec<usize>,
-    /// Tokens already in each sequence's cache when the timed steps start.
-    #[arg(long, default_value_t = 128)]
+    /// Tokens already in each sequence's cache when the timed steps start (1..=2048: one
+    /// prefill step per sequence).
+    #[arg(long, default_value = "128", value_parser = parse::count::<1, 2048>, allow_negative_numbers = true)]
     context: usize,
     /// Timed decode steps per batch size (after 3 warm-up steps); the median is reported.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value = "20", value_parser = parse::count::<1, 100_000>, allow_negative_numbers = true)]
     steps: usize,
-    #[arg(long, default_value = "auto")]
-    device: String,
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
+    #[command(flatten)]
+    device: DeviceArg,
+    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
+    /// any case).
+    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
+    dtype: DType,
     /// One JSON object per batch size.
     #[arg(long)]
     json: bool,
@@ -49,47 +63,60 @@ pub struct BenchDecodeArgs {
     graph_memory: GraphMemory,
 }
 
+/// The largest `--batch`.
+const MAX_BATCH: usize = 1 << 24;
+
 pub fn run(a: BenchDecodeArgs) -> Result<()> {
-    let spec: DeviceSpec = a.device.parse()?;
-    let dtype = DType::parse_float(&a.dtype).with_context(|| format!("--dtype `{}`", a.dtype))?;
-    let opened = crate::model_arg::open_device(spec)?;
+    let dtype = a.dtype;
+    let opened = crate::model_arg::open_device(a.device.device)?;
     let be = opened.backend();
     let be = be.as_ref();
     let (cfg, source) = crate::model_arg::resolve(&a.model)?;
-    if a.steps == 0 || a.batch.is_empty() || a.batch.contains(&0) {
-        anyhow::bail!("--steps and every --batch size must be at least 1");
+    if a.batch.is_empty() {
+        bail!("--batch: give at least one batch size");
     }
-    if a.context == 0 || a.context > 2048 {
-        anyhow::bail!("--context must be in 1..=2048 (one prefill step per sequence)");
+    let warmup = 3;
+    // Eager and graph phases each append warmup + steps tokens.
+    let max_seq_len = a.context + 2 * (warmup + a.steps) + 1;
+    if max_seq_len > cfg.max_position_embeddings {
+        bail!(
+            "--context {} with --steps {} needs {max_seq_len} positions; the model has {}",
+            a.context,
+            a.steps,
+            cfg.max_position_embeddings
+        );
     }
+    let max_batch = a.batch.iter().copied().max().unwrap_or(1);
+    let block_size = 16;
+    let per_seq = max_seq_len.div_ceil(block_size);
+    let runner_cfg = RunnerConfig {
+        block_size,
+        num_blocks: max_batch.saturating_mul(per_seq).saturating_add(1),
+        max_tokens_per_step: 2048.max(max_batch),
+        max_seqs: max_batch,
+        max_seq_len,
+    };
+    let mut need = runner_cfg.memory_need(be, &cfg, dtype);
+    // The copy-bandwidth measurement's two buffers.
+    need.activations = need.activations.saturating_add(2 * COPY_BYTES);
+    crate::model_arg::check_memory(
+        be,
+        &need,
+        &format!("bench decode --batch {max_batch} --context {}", a.context),
+        "lower --batch or --context",
+    )?;
     let t = Instant::now();
     let w = weights::load(be, &cfg, source, dtype, !a.json)?;
     be.synchronize()?;
     let load_secs = t.elapsed().as_secs_f64();
     let weight_bytes = cfg.weight_bytes(dtype);
-    let copy = bench::copy_bandwidth(be, 256 << 20, 10)?;
+    let copy = bench::copy_bandwidth(be, COPY_BYTES, 10)?;
     let floor_secs = weight_bytes as f64 / (copy.value * 1e9);
-    let warmup = 3;
-    // Eager and graph phases each append warmup + steps tokens.
-    let max_seq_len = a.context + 2 * (warmup + a.steps) + 1;
     let model = Model::new(be, cfg.clone(), w, max_seq_len)?;
-    let max_batch = a.batch.iter().copied().max().unwrap_or(1);
-    let block_size = 16;
-    let per_seq = max_seq_len.div_ceil(block_size);
-    let mut runner = Runner::new(
-        be,
-        model,
-        RunnerConfig {
-            block_size,
-            num_blocks: 1 + max_batch * per_seq,
-            max_tokens_per_step: 2048.max(max_batch),
-            max_seqs: max_batch,
-            max_seq_len,
-        },
-    )?;
+    let mut runner = Runner::new(be, model, runner_cfg)?;
     runner.set_graph_memory(a.graph_memory)?;
     if !a.json {
-        println!(
+        outln!(
             "{} on {}: {:.2} GB of weights ({dtype}), loaded in {:.2} s; copy bandwidth {:.0} GB/s -> floor {:.3} ms/step",
             a.model,
             be.device_name(),
@@ -97,8 +124,8 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             load_secs,
             copy.value,
             floor_secs * 1e3
-        );
-        println!(
+        )?;
+        outln!(
             "{:>6} {:>10} {:>10} {:>8} {:>12} {:>10} {:>9} {:>10}",
             "batch",
             "eager ms",
@@ -108,7 +135,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             "floor ms",
             "x floor",
             "capture ms"
-        );
+        )?;
     }
     if a.capture_all {
         let policy = BucketPolicy::VllmLike { max: max_batch };
@@ -122,20 +149,20 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         let mem = runner.graph_memory_stats();
         runner.set_graph_mode(None);
         if a.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({"model": a.model, "capture_all_buckets": n, "capture_all_s": total,
                                    "capture_s": stats.capture_secs, "graph_memory": mem.strategy.name(),
                                    "physical_bytes": mem.physical_bytes, "virtual_bytes": mem.virtual_bytes})
-            );
+            )?;
         } else {
-            println!(
+            outln!(
                 "captured all {n} default buckets (1..={max_batch}) in {total:.3} s ({:.3} s in capture, the rest in one eager warm-up step per bucket); {} memory {:.1} MiB physical, {:.1} MiB virtual",
                 stats.capture_secs,
                 mem.strategy,
                 mem.physical_bytes as f64 / (1u64 << 20) as f64,
                 mem.virtual_bytes as f64 / (1u64 << 20) as f64
-            );
+            )?;
         }
     }
     let greedy = SamplingParams::default();
@@ -181,7 +208,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
                     times.push(t.elapsed().as_secs_f64());
                 }
             }
-            times.sort_by(|x, y| x.partial_cmp(y).unwrap());
+            times.sort_by(f64::total_cmp);
             Ok(times[times.len() / 2])
         };
         let eager = timed(&mut runner, &mut last)?;
@@ -198,7 +225,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             runner.blocks.free(s)?;
         }
         if a.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({
                     "model": a.model, "device": be.device_name(), "dtype": dtype.to_string(),
@@ -209,10 +236,10 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
                     "floor_ms": floor_secs * 1e3, "weight_bytes": weight_bytes,
                     "copy_gbps": copy.value, "load_s": load_secs,
                 })
-            );
+            )?;
         } else {
             let g = graph.unwrap_or(f64::NAN);
-            println!(
+            outln!(
                 "{:>6} {:>10.3} {:>10.3} {:>8.2} {:>12.1} {:>10.3} {:>9.2} {:>10.1}",
                 b,
                 eager * 1e3,
@@ -222,7 +249,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
                 floor_secs * 1e3,
                 graph.unwrap_or(eager) / floor_secs,
                 capture_secs * 1e3
-            );
+            )?;
         }
     }
     Ok(())

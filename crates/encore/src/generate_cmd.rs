@@ -1,12 +1,14 @@
-//! `encore generate`: load a model (HF directory or `dummy:NAME`), run a batch of prompts
-//! eagerly, stream the tokens of a single prompt, print a summary or JSON.
+//! `encore generate`: load a model (HF directory or `dummy:NAME`), run a batch of prompts,
+//! stream the text of a single prompt (a header per prompt for a batch), print summary
+//! lines on stderr, or JSON.
 
-use std::io::Write;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
-use encore_core::device::DeviceSpec;
-use encore_core::generate::{generate, FinishReason, GenerateOptions};
+use encore_core::error::gib;
+use encore_core::generate::{generate, GenerateOptions};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::{KvCache, KvCacheConfig};
 use encore_core::memory::GraphMemory;
@@ -16,46 +18,67 @@ use encore_core::runner::{Runner, RunnerConfig, SamplingParams};
 use encore_core::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
 use encore_core::DType;
 
+use crate::out::{errln, out, outln};
+use crate::{parse, prompts, DeviceArg};
+
 #[derive(Args)]
 pub struct GenerateArgs {
     /// A Hugging Face model directory, or `dummy:NAME` for seeded random weights
     /// (tiny, tiny-llama3, tiny-qwen2, tiny-qwen3, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b).
     #[arg(long, default_value = "dummy:tiny")]
     model: String,
-    /// A prompt; repeat for a batch.
-    #[arg(long = "prompt", default_value = "The capital of France is")]
+    /// A prompt; repeat for a batch. `-` reads one prompt from standard input. Default
+    /// (when neither --prompt nor --prompt-file is given): "The capital of France is".
+    #[arg(long = "prompt", value_name = "TEXT", allow_hyphen_values = true)]
     prompts: Vec<String>,
+    /// A file of prompts, one per line (blank lines skipped; a line starting with `{` is
+    /// JSON with a string field "prompt", so JSONL works); added after any --prompt.
+    #[arg(long, value_name = "FILE")]
+    prompt_file: Option<PathBuf>,
     /// Wrap each prompt as a user message in the model's chat template.
     #[arg(long)]
     chat: bool,
-    #[arg(long, default_value_t = 32)]
+    /// Most new tokens per prompt.
+    #[arg(long, default_value = "32", value_parser = parse::count::<1, { usize::MAX }>, allow_negative_numbers = true)]
     max_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
+    /// Sampling temperature, >= 0 (0 = greedy).
+    #[arg(long, default_value = "0", value_parser = parse::temperature, allow_negative_numbers = true)]
     temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P, in
+    /// (0, 1] (1 = off).
+    #[arg(long, default_value = "1", value_parser = parse::top_p, allow_negative_numbers = true)]
     top_p: f32,
-    /// 0 = off.
-    #[arg(long, default_value_t = 0)]
+    /// Keep the K most likely tokens, >= 0 (0 = off).
+    #[arg(long, default_value = "0", value_parser = parse::top_k, allow_negative_numbers = true)]
     top_k: i32,
-    #[arg(long, default_value_t = 0)]
+    /// Sampling seed (the same seed gives the same output).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
-    /// auto | cpu | cuda | cuda:N.
-    #[arg(long, default_value = "auto")]
-    device: String,
-    /// Run dtype: bf16 | f16 | f32.
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
+    #[command(flatten)]
+    device: DeviceArg,
+    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
+    /// any case).
+    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
+    dtype: DType,
     /// Longest sequence (prompt + output); default min(4096, the model's limit).
-    #[arg(long)]
+    #[arg(long, value_parser = parse::count::<1, { usize::MAX }>, allow_negative_numbers = true)]
     max_seq_len: Option<usize>,
-    /// Tokens per prefill step (longer prompts are prefilled in chunks).
-    #[arg(long, default_value_t = 2048)]
-    max_tokens_per_step: usize,
-    #[arg(long, default_value_t = 16)]
+    /// Most tokens in one step (longer prompts are prefilled in chunks of this size);
+    /// formerly --max-tokens-per-step.
+    #[arg(
+        long,
+        alias = "max-tokens-per-step",
+        default_value = "2048",
+        value_parser = parse::count::<1, { MAX_BATCHED_TOKENS }>,
+        allow_negative_numbers = true
+    )]
+    max_num_batched_tokens: usize,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value = "16", value_parser = parse::count::<1, 1024>, allow_negative_numbers = true)]
     block_size: usize,
-    /// Fraction of free device memory (after weights) for the KV cache, on CUDA.
-    #[arg(long, default_value_t = 0.5)]
+    /// Fraction of free device memory (after weights) for the KV cache, in (0, 1]; CUDA
+    /// only (on the CPU the cache holds exactly what the batch needs).
+    #[arg(long, default_value = "0.5", value_parser = parse::fraction, allow_negative_numbers = true)]
     kv_fraction: f64,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
@@ -83,17 +106,17 @@ pub struct GenerateArgs {
     graph_memory: GraphMemory,
 }
 
+/// The largest `--max-num-batched-tokens`.
+const MAX_BATCHED_TOKENS: usize = 1 << 24;
+
 pub fn run(a: GenerateArgs) -> Result<()> {
-    if a.block_size == 0 || a.max_tokens_per_step == 0 {
-        bail!("--block-size and --max-tokens-per-step must be at least 1");
-    }
-    if !(a.kv_fraction > 0.0 && a.kv_fraction <= 1.0) {
-        bail!("--kv-fraction {} must be in (0, 1]", a.kv_fraction);
-    }
-    let spec: DeviceSpec = a.device.parse()?;
-    let dtype = DType::parse_float(&a.dtype)
-        .with_context(|| format!("--dtype `{}`: expected bf16, f16 or f32", a.dtype))?;
-    let opened = crate::model_arg::open_device(spec)?;
+    let texts = if a.prompts.is_empty() && a.prompt_file.is_none() {
+        vec![DEFAULT_PROMPT.to_string()]
+    } else {
+        prompts::collect(&a.prompts, a.prompt_file.as_deref(), prompts::read_stdin)?
+    };
+    let dtype = a.dtype;
+    let opened = crate::model_arg::open_device(a.device.device)?;
     let be = opened.backend();
     let be = be.as_ref();
 
@@ -112,8 +135,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         );
     }
 
-    let prompts: Vec<Vec<u32>> = a
-        .prompts
+    let prompts: Vec<Vec<u32>> = texts
         .iter()
         .map(|p| {
             if a.chat {
@@ -141,65 +163,69 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         );
     }
 
+    // The KV cache holds what the batch needs (on CUDA: a fraction of free memory, at
+    // least the need). Weights, cache and activations must fit before anything loads.
+    let per_seq = |p: &Vec<u32>| {
+        p.len()
+            .saturating_add(a.max_tokens)
+            .min(max_seq_len)
+            .div_ceil(a.block_size)
+    };
+    let needed = prompts
+        .iter()
+        .map(per_seq)
+        .fold(1usize, usize::saturating_add);
+    let mut runner_cfg = RunnerConfig {
+        block_size: a.block_size,
+        num_blocks: needed,
+        max_tokens_per_step: a.max_num_batched_tokens,
+        max_seqs: prompts.len(),
+        max_seq_len,
+    };
+    let need = runner_cfg.memory_need(be, &cfg, dtype);
+    crate::model_arg::check_memory(
+        be,
+        &need,
+        &format!(
+            "generate ({} prompt{}, --max-tokens {}, --max-seq-len {max_seq_len}, --max-num-batched-tokens {})",
+            prompts.len(),
+            if prompts.len() == 1 { "" } else { "s" },
+            a.max_tokens,
+            a.max_num_batched_tokens
+        ),
+        "use fewer prompts, or lower --max-tokens, --max-seq-len or --max-num-batched-tokens",
+    )?;
+
     let t = std::time::Instant::now();
     let w = weights::load(be, &cfg, source, dtype, !a.json)?;
     let load_secs = t.elapsed().as_secs_f64();
     let model = Model::new(be, cfg.clone(), w, max_seq_len)?;
 
-    // KV cache: what the batch needs, or on CUDA a fraction of free memory (at least the need).
-    let kv_cfg = KvCacheConfig {
-        num_layers: cfg.num_layers,
-        num_kv_heads: cfg.num_kv_heads,
-        head_dim: cfg.head_dim,
-        block_size: a.block_size,
-        dtype,
-    };
-    let per_seq = |p: &Vec<u32>| {
-        (p.len() + a.max_tokens)
-            .min(max_seq_len)
-            .div_ceil(a.block_size)
-    };
-    let needed = 1 + prompts.iter().map(per_seq).sum::<usize>();
-    let table_width = max_seq_len.div_ceil(a.block_size);
-    let arena = model.arena_bytes(
-        be,
-        a.max_tokens_per_step,
-        prompts.len(),
-        table_width,
-        a.block_size,
-    );
-    let num_blocks = match be.memory_info() {
-        Some((free, _)) => {
-            let budget = (free as f64 * a.kv_fraction) as usize;
-            let fit = KvCache::num_blocks_for_budget(&kv_cfg, budget.saturating_sub(arena));
-            if fit < needed {
-                bail!(
-                    "the KV cache needs {needed} blocks ({} bytes) but --kv-fraction {} of {} free bytes holds {fit}",
-                    needed * kv_cfg.bytes_per_block(),
-                    a.kv_fraction,
-                    free
-                );
-            }
-            fit
-        }
-        None => needed,
-    };
-    let mut runner = Runner::new(
-        be,
-        model,
-        RunnerConfig {
+    if let Some((free, _)) = be.memory_info() {
+        let kv_cfg = KvCacheConfig {
+            num_layers: cfg.num_layers,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
             block_size: a.block_size,
-            num_blocks,
-            max_tokens_per_step: a.max_tokens_per_step,
-            max_seqs: prompts.len(),
-            max_seq_len,
-        },
-    )?;
+            dtype,
+        };
+        let budget = (free as f64 * a.kv_fraction) as usize;
+        let fit = KvCache::num_blocks_for_budget(&kv_cfg, budget.saturating_sub(need.activations));
+        if fit < needed {
+            bail!(
+                "the KV cache needs {needed} blocks ({:.2} GiB) but --kv-fraction {} of {:.2} GiB free holds {fit}",
+                gib(need.kv_cache),
+                a.kv_fraction,
+                gib(free)
+            );
+        }
+        runner_cfg.num_blocks = fit;
+    }
+    let mut runner = Runner::new(be, model, runner_cfg)?;
 
     if !a.eager {
         runner.set_graph_memory(a.graph_memory)?;
-        let policy = BucketPolicy::parse(&a.buckets, prompts.len())
-            .with_context(|| format!("--buckets `{}`", a.buckets))?;
+        let policy = BucketPolicy::parse(&a.buckets, prompts.len())?;
         runner.set_graph_mode(Some(policy));
         runner.set_verify_graphs(a.verify_graphs);
         if a.capture_all {
@@ -211,11 +237,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                     s.captures,
                     s.capture_secs * 1e3,
                     m.strategy,
-                    m.physical_bytes as f64 / (1u64 << 20) as f64
+                    mib(m.physical_bytes)
                 );
                 tracing::info!("{line}");
                 if !a.json {
-                    eprintln!("{line}");
+                    errln!("{line}");
                 }
             }
         }
@@ -229,37 +255,53 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             seed: a.seed,
         },
         ignore_eos: a.ignore_eos,
+        progress: !a.json,
     };
     let eos = tokenizer.eos_token_ids();
     let stream = prompts.len() == 1 && !a.json;
-    let mut decoder = StreamDecoder::new(&tokenizer, &prompts[0]);
-    let mut stdout = std::io::stdout();
+    let Some(first_prompt) = prompts.first() else {
+        bail!("no prompts to run");
+    };
+    let mut decoder = StreamDecoder::new(&tokenizer, first_prompt);
+    // A failed write (the reader of stdout went away) stops generation; it is returned
+    // after `generate` has released the sequences.
+    let mut write_error: Option<std::io::Error> = None;
     let gens = generate(&mut runner, &prompts, &eos, &opts, |_, id| {
-        if stream {
-            if let Ok(Some(text)) = decoder.push(id) {
-                let _ = write!(stdout, "{text}");
-                let _ = stdout.flush();
-            }
+        if !stream {
+            return ControlFlow::Continue(());
+        }
+        match decoder.push(id) {
+            Ok(Some(text)) => match out!("{text}") {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    write_error = Some(e);
+                    ControlFlow::Break(())
+                }
+            },
+            _ => ControlFlow::Continue(()),
         }
     })?;
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
     if stream {
         if let Ok(Some(text)) = decoder.finish() {
-            print!("{text}");
+            out!("{text}")?;
         }
-        println!();
+        outln!()?;
     }
 
     if let (Some(s), false) = (runner.graph_stats(), a.json) {
         let m = runner.graph_memory_stats();
-        eprintln!(
+        errln!(
             "graphs: {} captured in {:.1} ms, {} replays, {:.0}% padded rows, {} memory {:.1} MiB physical / {:.1} MiB virtual{}",
             s.captures,
             s.capture_secs * 1e3,
             s.hits + s.misses,
             100.0 * s.padded_rows as f64 / s.rows.max(1) as f64,
             m.strategy,
-            m.physical_bytes as f64 / (1u64 << 20) as f64,
-            m.virtual_bytes as f64 / (1u64 << 20) as f64,
+            mib(m.physical_bytes),
+            mib(m.virtual_bytes),
             if s.verified > 0 {
                 format!(
                     ", {} verified against eager (max error {:.1e})",
@@ -270,22 +312,15 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             }
         );
     }
-    for (i, g) in gens.iter().enumerate() {
+    let n = gens.len();
+    for (i, (g, prompt)) in gens.iter().zip(&texts).enumerate() {
         let text = tokenizer.decode(&g.output_ids, true)?;
-        let decode_tps = if g.decode_secs > 0.0 {
-            (g.output_ids.len().saturating_sub(1)) as f64 / g.decode_secs
-        } else {
-            0.0
-        };
-        let finish = match g.finish {
-            FinishReason::Eos => "eos",
-            FinishReason::Length => "length",
-            FinishReason::Context => "context",
-        };
+        let decode_tps = tokens_per_sec(g.output_ids.len().saturating_sub(1), g.decode_secs);
+        let finish = g.finish.name();
         if a.json {
             let v = serde_json::json!({
                 "index": i,
-                "prompt": a.prompts[i],
+                "prompt": prompt,
                 "prompt_ids": g.prompt_ids,
                 "output_ids": g.output_ids,
                 "text": text,
@@ -296,13 +331,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 "load_s": load_secs,
                 "device": be.device_name(),
             });
-            println!("{v}");
-        } else {
-            if !stream {
-                println!("[{i}] {}{text}", a.prompts[i]);
-            }
-            eprintln!(
-                "[{i}] prompt {} tokens, generated {} ({finish}), prefill {:.1} ms, decode {:.1} tok/s, load {:.2} s on {}",
+            outln!("{v}")?;
+        } else if stream {
+            errln!(
+                "summary: prompt {} tokens, generated {} ({finish}), prefill {:.1} ms, decode {:.1} tok/s, weights loaded in {:.2} s, on {}",
                 g.prompt_ids.len(),
                 g.output_ids.len(),
                 g.prefill_secs * 1e3,
@@ -310,7 +342,56 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 load_secs,
                 be.device_name()
             );
+        } else {
+            outln!("=== [{}/{n}] prompt: {} ===", i + 1, excerpt(prompt))?;
+            outln!("{text}")?;
+            errln!(
+                "summary [{}/{n}]: prompt {} tokens, generated {} ({finish}), decode {:.1} tok/s (per sequence)",
+                i + 1,
+                g.prompt_ids.len(),
+                g.output_ids.len(),
+                decode_tps,
+            );
         }
     }
+    if !a.json && !stream {
+        let decoded: usize = gens
+            .iter()
+            .map(|g| g.output_ids.len().saturating_sub(1))
+            .sum();
+        let decode_secs = gens.iter().map(|g| g.decode_secs).fold(0.0, f64::max);
+        let prefill_secs = gens.first().map_or(0.0, |g| g.prefill_secs);
+        errln!(
+            "summary: {n} prompts on {}, weights loaded in {load_secs:.2} s, prefill {:.1} ms (all prompts), decode {:.1} tok/s (all sequences)",
+            be.device_name(),
+            prefill_secs * 1e3,
+            tokens_per_sec(decoded, decode_secs)
+        );
+    }
     Ok(())
+}
+
+const DEFAULT_PROMPT: &str = "The capital of France is";
+
+fn tokens_per_sec(tokens: usize, secs: f64) -> f64 {
+    if secs > 0.0 {
+        tokens as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+/// A prompt for a header line: quoted and escaped, cut to 60 characters.
+fn excerpt(prompt: &str) -> String {
+    const MAX: usize = 60;
+    if prompt.chars().count() <= MAX {
+        format!("{prompt:?}")
+    } else {
+        let cut: String = prompt.chars().take(MAX).collect();
+        format!("{cut:?}...")
+    }
 }

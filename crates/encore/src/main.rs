@@ -5,6 +5,9 @@ mod bench_capture;
 mod bench_decode;
 mod generate_cmd;
 mod model_arg;
+mod out;
+mod parse;
+mod prompts;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -17,6 +20,7 @@ use encore_core::device::{self, DeviceSpec, Opened};
 use encore_core::testing::{self, CheckResult};
 use encore_core::DType;
 use indicatif::{ProgressBar, ProgressStyle};
+use out::{errln, outln};
 
 #[derive(Parser)]
 #[command(
@@ -34,24 +38,19 @@ enum Command {
     /// Backends and devices found, CUDA libraries, kernels compiled, and a self-check of
     /// each backend's kernels against the CPU reference.
     Info(InfoArgs),
-    /// Generate text for one or more prompts (one batch), eagerly.
+    /// Generate text for one or more prompts (one batch).
     Generate(generate_cmd::GenerateArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
 }
 
+/// `--device`, shared by every command.
 #[derive(Args)]
-struct DeviceArg {
-    /// auto | cpu | cuda | cuda:N (auto: CUDA when usable, else CPU).
-    #[arg(long, default_value = "auto")]
-    device: String,
-}
-
-impl DeviceArg {
-    fn spec(&self) -> Result<DeviceSpec> {
-        Ok(self.device.parse::<DeviceSpec>()?)
-    }
+pub struct DeviceArg {
+    /// auto | cpu | cuda | cuda:N (auto: CUDA when usable, else the CPU).
+    #[arg(long, default_value = "auto", value_parser = parse::device)]
+    pub device: DeviceSpec,
 }
 
 #[derive(Args)]
@@ -63,7 +62,7 @@ struct InfoArgs {
     no_self_check: bool,
     /// Seed of the self-check's random inputs (default: from the clock, so each run draws
     /// fresh inputs).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
 }
 
@@ -99,7 +98,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let result = match cli.command {
+    let result: Result<ExitCode> = match cli.command {
         Command::Info(a) => info(a),
         Command::Generate(a) => generate_cmd::run(a).map(|_| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Kernels(a)) => bench_kernels(a),
@@ -110,8 +109,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // Stdout's reader went away (`encore generate | head -c 5`): stop quietly.
+        Err(e) if out::is_broken_pipe(&e) => ExitCode::from(out::BROKEN_PIPE_STATUS),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            errln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -119,7 +120,10 @@ fn main() -> ExitCode {
 
 fn spinner(msg: &str) -> ProgressBar {
     let pb = ProgressBar::new_spinner();
-    pb.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").unwrap());
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
     pb.set_message(msg.to_string());
     pb.enable_steady_tick(std::time::Duration::from_millis(100));
     pb
@@ -130,21 +134,21 @@ fn gib(bytes: usize) -> f64 {
 }
 
 fn info(args: InfoArgs) -> Result<ExitCode> {
-    let spec = args.device.spec()?;
-    println!("encore {}", env!("CARGO_PKG_VERSION"));
-    println!("backends");
-    println!("  cpu      available ({} threads)", rayon_threads());
+    let spec = args.device.device;
+    outln!("encore {}", env!("CARGO_PKG_VERSION"))?;
+    outln!("backends")?;
+    outln!("  cpu      available ({} threads)", rayon_threads())?;
     let libs = CudaLibraries::probe();
     let yes = |b| if b { "found" } else { "missing" };
-    println!(
+    outln!(
         "  cuda     libcuda {}, libnvrtc {}, libcublasLt {}",
         yes(libs.driver),
         yes(libs.nvrtc),
         yes(libs.cublaslt)
-    );
+    )?;
     match cuda::device_count() {
-        Ok(n) => println!("           {n} device(s)"),
-        Err(e) => println!("           no devices: {e}"),
+        Ok(n) => outln!("           {n} device(s)")?,
+        Err(e) => outln!("           no devices: {e}")?,
     }
 
     let pb = spinner(&format!("opening {spec} (compiling kernels on first use)"));
@@ -152,13 +156,13 @@ fn info(args: InfoArgs) -> Result<ExitCode> {
     pb.finish_and_clear();
     let (opened, note) = opened.with_context(|| format!("opening --device {spec}"))?;
     if let Some(note) = note {
-        println!("note     {note}");
+        outln!("note     {note}")?;
     }
     let backend = opened.backend();
-    println!("selected {}", backend.device_name());
+    outln!("selected {}", backend.device_name())?;
     if let Opened::Cuda(c) = &opened {
         let i = c.info();
-        println!(
+        outln!(
             "  device {}: {}, sm_{}{}, {} SMs, {:.1} GiB",
             i.ordinal,
             i.name,
@@ -166,9 +170,9 @@ fn info(args: InfoArgs) -> Result<ExitCode> {
             i.compute_capability.1,
             i.sm_count,
             gib(i.total_memory)
-        );
+        )?;
         let r = c.compile_report();
-        println!(
+        outln!(
             "kernels  {} functions from {} files for {}, NVRTC {}.{}: {:.2} s ({} of {} files from the cache{})",
             c.num_kernels(),
             r.files,
@@ -182,9 +186,9 @@ fn info(args: InfoArgs) -> Result<ExitCode> {
                 .as_ref()
                 .map(|d| format!(" at {}", d.display()))
                 .unwrap_or_else(|| ", cache off".into())
-        );
+        )?;
     } else {
-        println!("kernels  CPU reference kernels (Rust, f32 accumulation)");
+        outln!("kernels  CPU reference kernels (Rust, f32 accumulation)")?;
     }
     if args.no_self_check {
         return Ok(ExitCode::SUCCESS);
@@ -212,10 +216,10 @@ fn info(args: InfoArgs) -> Result<ExitCode> {
         tracing::info!("self-check took {:?}", t.elapsed());
         (title, results)
     };
-    println!("self-check: {title}, seed {seed}");
-    print_checks(&results);
+    outln!("self-check: {title}, seed {seed}")?;
+    print_checks(&results)?;
     let failed = results.iter().filter(|r| !r.pass).count();
-    println!("{} passed, {} failed", results.len() - failed, failed);
+    outln!("{} passed, {} failed", results.len() - failed, failed)?;
     Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
@@ -223,13 +227,17 @@ fn info(args: InfoArgs) -> Result<ExitCode> {
     })
 }
 
-fn print_checks(results: &[CheckResult]) {
-    println!(
+fn print_checks(results: &[CheckResult]) -> std::io::Result<()> {
+    outln!(
         "  {:<34} {:<30} {:<5} {:>10} {:>9}  ",
-        "check", "shape", "dtype", "error", "tol"
-    );
+        "check",
+        "shape",
+        "dtype",
+        "error",
+        "tol"
+    )?;
     for r in results {
-        println!(
+        outln!(
             "  {:<34} {:<30} {:<5} {:>10.2e} {:>9.1e}  {}",
             r.op,
             r.shape,
@@ -237,8 +245,9 @@ fn print_checks(results: &[CheckResult]) {
             r.error,
             r.tolerance,
             if r.pass { "ok" } else { "FAIL" }
-        );
+        )?;
     }
+    Ok(())
 }
 
 fn rayon_threads() -> usize {
@@ -248,27 +257,28 @@ fn rayon_threads() -> usize {
 }
 
 fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
-    let opened = crate::model_arg::open_device(args.device.spec()?)?;
+    let opened = crate::model_arg::open_device(args.device.device)?;
     let be = opened.backend();
     let be = be.as_ref();
     let quick = args.quick || matches!(opened, Opened::Cpu(_));
     let mut rows: Vec<BenchRow> = Vec::new();
-    let mut push = |r: BenchRow| {
+    let mut push = |r: BenchRow| -> std::io::Result<()> {
         if args.json {
-            println!(
+            outln!(
                 "{{\"name\":\"{}\",\"value\":{:.4},\"unit\":\"{}\",\"seconds\":{:.9},\"device\":\"{}\"}}",
                 r.name,
                 r.value,
                 r.unit,
                 r.seconds,
                 be.device_name()
-            );
+            )?;
         }
         rows.push(r);
+        Ok(())
     };
     if quick {
-        push(bench::gemm(be, 64, 256, 256, DType::F32, 5)?);
-        push(bench::copy_bandwidth(be, 8 << 20, 5)?);
+        push(bench::gemm(be, 64, 256, 256, DType::F32, 5)?)?;
+        push(bench::copy_bandwidth(be, 8 << 20, 5)?)?;
         let s = AttentionShape {
             batch: 1,
             context: 256,
@@ -278,18 +288,18 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
             block_size: 16,
         };
         let (e, g) = bench::decode_attention(be, s, DType::F32, 5)?;
-        push(e);
-        push(g);
+        push(e)?;
+        push(g)?;
         let (e, g) = bench::launch_cost(be, 100)?;
-        push(e);
-        push(g);
+        push(e)?;
+        push(g)?;
     } else {
         for dt in [DType::BF16, DType::F16] {
-            push(bench::gemm(be, 4096, 4096, 4096, dt, 50)?);
+            push(bench::gemm(be, 4096, 4096, 4096, dt, 50)?)?;
         }
-        push(bench::gemm(be, 1, 4096, 4096, DType::BF16, 200)?);
-        push(bench::gemm(be, 64, 14336, 4096, DType::BF16, 200)?);
-        push(bench::copy_bandwidth(be, 1 << 30, 20)?);
+        push(bench::gemm(be, 1, 4096, 4096, DType::BF16, 200)?)?;
+        push(bench::gemm(be, 64, 14336, 4096, DType::BF16, 200)?)?;
+        push(bench::copy_bandwidth(be, 1 << 30, 20)?)?;
         for batch in [1, 64] {
             let s = AttentionShape {
                 batch,
@@ -300,20 +310,23 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
                 block_size: 16,
             };
             let (e, g) = bench::decode_attention(be, s, DType::BF16, 100)?;
-            push(e);
-            push(g);
+            push(e)?;
+            push(g)?;
         }
         let (e, g) = bench::launch_cost(be, 1000)?;
-        push(e);
-        push(g);
+        push(e)?;
+        push(g)?;
     }
     if !args.json {
-        println!("{:<58} {:>12} {:<10} detail", "benchmark", "value", "unit");
+        outln!("{:<58} {:>12} {:<10} detail", "benchmark", "value", "unit")?;
         for r in &rows {
-            println!(
+            outln!(
                 "{:<58} {:>12.2} {:<10} {}",
-                r.name, r.value, r.unit, r.detail
-            );
+                r.name,
+                r.value,
+                r.unit,
+                r.detail
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)

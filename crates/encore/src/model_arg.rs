@@ -1,12 +1,15 @@
 //! The arguments shared by the commands: `--model` (a Hugging Face directory or
-//! `dummy:NAME`) and `--device` (auto | cpu | cuda | cuda:N).
+//! `dummy:NAME`) and `--device` (auto | cpu | cuda | cuda:N), and the memory check
+//! every command runs before it allocates.
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use encore_core::device::{self, DeviceSpec, Opened};
+use encore_core::memory::{MemoryLimit, MemoryNeed};
 use encore_core::model::config::ModelConfig;
 use encore_core::model::weights::WeightSource;
+use encore_core::Backend;
 
 /// The config and where the weights come from (seed 0 for dummy models).
 pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource<'_>)> {
@@ -22,11 +25,21 @@ pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource<'_>)> {
     })
 }
 
-/// Open the `--device` backend; says on stderr when `auto` fell back to the CPU and why.
+/// Open the `--device` backend; says in one line on stderr when `auto` fell back to the
+/// CPU and why (the details are logged at `ENCORE_LOG=info`).
 pub fn open_device(spec: DeviceSpec) -> Result<Opened> {
-    let (opened, note) = device::open(spec)?;
+    let (opened, note) = device::open(spec).with_context(|| format!("--device {spec}"))?;
     if let Some(note) = note {
-        eprintln!("note: {note}");
+        crate::out::errln!("note: {note}");
     }
     Ok(opened)
+}
+
+/// Refuse a run whose estimated memory exceeds what the backend may use (see
+/// [`MemoryLimit::of`]); `what` names the run in the message, `fix` the flags to lower.
+pub fn check_memory(be: &dyn Backend, need: &MemoryNeed, what: &str, fix: &str) -> Result<()> {
+    if let Some(limit) = MemoryLimit::of(be) {
+        need.check(what, &limit, fix)?;
+    }
+    Ok(())
 }

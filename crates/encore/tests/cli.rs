@@ -1,14 +1,62 @@
 //! The `encore` binary end to end on the CPU: `generate` with the built-in dummy model
-//! (text and JSON output), `info`'s self-check, and clear errors for bad input.
+//! (text and JSON output, batches, prompts from stdin and files), `info`'s self-check,
+//! and clear errors (never a panic) for bad input, closed pipes and runs too big to fit.
 
-use std::process::{Command, Output};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn command(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_encore"));
+    c.args(args).env("ENCORE_LOG", "error");
+    c
+}
 
 fn encore(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_encore"))
-        .args(args)
-        .env("ENCORE_LOG", "error")
-        .output()
-        .expect("run encore")
+    command(args).output().expect("run encore")
+}
+
+/// Run encore with `input` on standard input.
+fn encore_with_stdin(args: &[&str], input: &str) -> Output {
+    let mut child = command(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run encore");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// A fresh directory under the system's temp dir for this test.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("encore-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The JSON lines of a successful run.
+fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A failed run whose stderr says no panic happened; returns stderr.
+fn failure(out: &Output) -> String {
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "expected a failure; stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
 }
 
 fn text(b: &[u8]) -> String {
@@ -228,9 +276,10 @@ fn bad_input_gets_a_clear_error() {
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("nope"), "{}", text(&out.stderr));
 
-    let out = encore(&["generate", "--device", "tpu"]);
-    assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("`tpu`"), "{}", text(&out.stderr));
+    let err = failure(&encore(&["generate", "--device", "tpu"]));
+    assert!(err.contains("'tpu'") && err.contains("--device"), "{err}");
+    let err = failure(&encore(&["bench", "decode", "--device", "cuda:x"]));
+    assert!(err.contains("--device"), "{err}");
 
     let out = encore(&["generate", "--device", "cpu", "--block-size", "0"]);
     assert!(!out.status.success());
@@ -253,9 +302,381 @@ fn bad_input_gets_a_clear_error() {
         text(&out.stderr)
     );
 
-    let out = encore(&["generate", "--device", "cpu", "--dtype", "int4"]);
-    assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("int4"), "{}", text(&out.stderr));
+    let err = failure(&encore(&["generate", "--device", "cpu", "--dtype", "int4"]));
+    assert!(err.contains("int4") && err.contains("--dtype"), "{err}");
+
+    // A missing file: the path, and the OS's message once.
+    let err = failure(&encore(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        "/nonexistent/model",
+    ]));
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+
+    // A tokenizer.json that is JSON but not a tokenizer says so.
+    let dir = temp_dir("not-a-tokenizer");
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "vocab_size": 96, "hidden_size": 64,
+            "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 256}"#,
+    )
+    .unwrap();
+    std::fs::write(dir.join("tokenizer.json"), r#"{"version": "1.0"}"#).unwrap();
+    let err = failure(&encore(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+    ]));
+    assert!(
+        err.contains("tokenizer.json` is JSON but not a Hugging Face tokenizer"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_sampling_and_size_values_name_the_flag() {
+    let generate_cases: &[(&str, &str)] = &[
+        ("--temperature", "-1"),
+        ("--temperature", "-0.5"),
+        ("--temperature", "nan"),
+        ("--temperature", "inf"),
+        ("--top-p", "0"),
+        ("--top-p", "1.5"),
+        ("--top-p", "-0.1"),
+        ("--top-k", "-1"),
+        ("--max-tokens", "0"),
+        ("--max-tokens", "-3"),
+        ("--kv-fraction", "0"),
+        ("--kv-fraction", "1.5"),
+        ("--block-size", "0"),
+        ("--max-num-batched-tokens", "0"),
+        ("--max-tokens-per-step", "-2"),
+        ("--max-seq-len", "0"),
+    ];
+    for &(flag, value) in generate_cases {
+        let err = failure(&encore(&["generate", "--device", "cpu", flag, value]));
+        // The alias is reported under the flag's current name.
+        let name = flag.replace("max-tokens-per-step", "max-num-batched-tokens");
+        assert!(err.contains(&name), "{flag} {value}: {err}");
+        assert!(err.contains(&format!("'{value}'")), "{flag} {value}: {err}");
+        assert!(
+            !err.contains("unexpected argument"),
+            "{flag} {value}: {err}"
+        );
+    }
+    let bench_cases: &[(&str, &str, &str)] = &[
+        ("decode", "--batch", "1,0"),
+        ("decode", "--batch", "-4"),
+        ("decode", "--steps", "0"),
+        ("decode", "--context", "0"),
+        ("decode", "--context", "4096"),
+        ("capture", "--max-batch", "0"),
+        ("capture", "--max-seq-len", "0"),
+    ];
+    for &(cmd, flag, value) in bench_cases {
+        let err = failure(&encore(&["bench", cmd, "--device", "cpu", flag, value]));
+        assert!(err.contains(flag), "{cmd} {flag} {value}: {err}");
+    }
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let cases: &[&[&str]] = &[
+        &[
+            "generate",
+            "--device",
+            "cpu",
+            "--max-tokens",
+            "500",
+            "--ignore-eos",
+        ],
+        &[
+            "generate",
+            "--device",
+            "cpu",
+            "--max-tokens",
+            "4",
+            "--json",
+            "--prompt",
+            "a",
+            "--prompt",
+            "b",
+            "--prompt",
+            "c",
+        ],
+        &[
+            "bench", "decode", "--device", "cpu", "--batch", "1,2", "--steps", "2", "--eager",
+        ],
+        &["info", "--device", "cpu", "--seed", "3"],
+    ];
+    for args in cases {
+        let mut child = command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut first = [0u8; 5];
+        stdout.read_exact(&mut first).unwrap();
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert!(
+            matches!(out.status.code(), Some(0 | 141)),
+            "{args:?}: {:?} {err}",
+            out.status
+        );
+        assert!(
+            !err.contains("panicked") && !err.contains("error"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn prompts_from_stdin_and_files() {
+    let args = [
+        "generate",
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "2",
+        "--ignore-eos",
+        "--json",
+    ];
+    fn with<'a>(args: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [args, extra].concat()
+    }
+    let out = encore_with_stdin(
+        &with(&args, &["--prompt", "first", "--prompt", "-"]),
+        "from stdin\n",
+    );
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["prompt"], "first");
+    assert_eq!(lines[1]["prompt"], "from stdin");
+    // BOS and one id per byte: the trailing newline is not part of the prompt.
+    assert_eq!(lines[1]["prompt_ids"].as_array().unwrap().len(), 11);
+
+    let dir = temp_dir("prompt-files");
+    let file = dir.join("prompts.jsonl");
+    std::fs::write(
+        &file,
+        "plain line\n\n   \n{\"prompt\": \"json \\\"quoted\\\"\", \"id\": 7}\nlast\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let lines = json_lines(&encore(&with(
+        &args,
+        &["--prompt", "cli", "--prompt-file", path],
+    )));
+    let prompts: Vec<&str> = lines
+        .iter()
+        .map(|l| l["prompt"].as_str().unwrap())
+        .collect();
+    assert_eq!(prompts, ["cli", "plain line", "json \"quoted\"", "last"]);
+
+    for (body, want) in [
+        ("ok\n{\"prompt\": \n", "line 2: not valid JSON"),
+        ("\n\n{\"text\": \"x\"}\n", "line 3: missing field `prompt`"),
+        ("\n\n", "holds no prompts"),
+    ] {
+        std::fs::write(&file, body).unwrap();
+        let err = failure(&encore(&with(&args, &["--prompt-file", path])));
+        assert!(err.contains(path) && err.contains(want), "{body:?}: {err}");
+    }
+    let gone = dir.join("missing.txt");
+    let err = failure(&encore(&with(
+        &args,
+        &["--prompt-file", gone.to_str().unwrap()],
+    )));
+    assert!(err.contains(gone.to_str().unwrap()), "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}
+
+#[test]
+fn dtype_aliases_in_any_case() {
+    let run = |dtype: &str| -> Vec<serde_json::Value> {
+        json_lines(&encore(&[
+            "generate",
+            "--device",
+            "cpu",
+            "--dtype",
+            dtype,
+            "--max-tokens",
+            "3",
+            "--ignore-eos",
+            "--json",
+        ]))
+    };
+    for (names, canonical) in [
+        (&["BF16", "bfloat16"][..], "bf16"),
+        (&["fp16", "Float16", "half"][..], "f16"),
+        (&["FP32", "float32"][..], "f32"),
+    ] {
+        let want = run(canonical);
+        for name in names {
+            assert_eq!(run(name)[0]["output_ids"], want[0]["output_ids"], "{name}");
+        }
+    }
+    let out = encore(&[
+        "bench",
+        "capture",
+        "--device",
+        "cpu",
+        "--dtype",
+        "Float32",
+        "--buckets",
+        "1",
+        "--max-batch",
+        "1",
+        "--strategies",
+        "arena",
+        "--json",
+    ]);
+    assert_eq!(json_lines(&out)[0]["dtype"], "f32");
+}
+
+#[test]
+fn max_num_batched_tokens_chunks_prefill_and_keeps_its_old_name() {
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "generate",
+            "--device",
+            "cpu",
+            "--dtype",
+            "f32",
+            "--prompt",
+            "a prompt of some thirty bytes..",
+            "--max-tokens",
+            "4",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend(extra);
+        json_lines(&encore(&args))[0]["output_ids"].clone()
+    };
+    let whole = run(&[]);
+    assert_eq!(run(&["--max-num-batched-tokens", "7"]), whole);
+    assert_eq!(run(&["--max-tokens-per-step", "7"]), whole);
+}
+
+#[test]
+fn a_run_too_big_for_memory_is_refused_at_once() {
+    let t = Instant::now();
+    let err = failure(&encore(&[
+        "bench",
+        "decode",
+        "--device",
+        "cpu",
+        "--batch",
+        "100000",
+        "--context",
+        "2000",
+    ]));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(
+        err.contains("needs") && err.contains("GiB") && err.contains("KV cache"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the limit is") && err.contains("host memory"),
+        "{err}"
+    );
+    assert!(err.contains("--batch"), "{err}");
+}
+
+#[test]
+fn a_batch_prints_a_header_per_prompt_and_labeled_summaries() {
+    let out = encore(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--prompt",
+        "Hi",
+        "--prompt",
+        "second \"one\"",
+        "--max-tokens",
+        "3",
+        "--ignore-eos",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let first = stdout
+        .find("=== [1/2] prompt: \"Hi\" ===\n")
+        .expect(&stdout);
+    let second = stdout
+        .find("=== [2/2] prompt: \"second \\\"one\\\"\" ===\n")
+        .expect(&stdout);
+    assert!(first == 0 && second > first, "{stdout}");
+    let err = text(&out.stderr);
+    for want in [
+        "summary [1/2]: prompt 3 tokens, generated 3 (length), decode ",
+        "tok/s (per sequence)",
+        "summary [2/2]: prompt 13 tokens",
+        "summary: 2 prompts on cpu",
+        "tok/s (all sequences)",
+    ] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}
+
+#[test]
+fn every_flag_has_a_help_line() {
+    for cmd in [
+        &["info"][..],
+        &["generate"],
+        &["bench", "kernels"],
+        &["bench", "decode"],
+        &["bench", "capture"],
+    ] {
+        let out = encore(&[cmd, &["--help"]].concat());
+        assert!(out.status.success());
+        let help = text(&out.stdout);
+        // Each option starts a line `  -x, --name <V>` or `      --name <V>`; its help
+        // follows on the same line or on more-indented lines after it.
+        let mut entries: Vec<(String, String)> = Vec::new();
+        for line in help.lines() {
+            let trimmed = line.trim_start();
+            let indent = line.len() - trimmed.len();
+            if indent <= 6 && trimmed.starts_with('-') {
+                let (flag, rest) = trimmed.split_once("  ").unwrap_or((trimmed, ""));
+                entries.push((flag.to_string(), rest.to_string()));
+            } else if let Some(last) = entries.last_mut() {
+                if indent > 6 {
+                    last.1.push_str(trimmed);
+                }
+            }
+        }
+        assert!(entries.len() >= 2, "{cmd:?}: {help}");
+        for (flag, help_text) in &entries {
+            let words: String = help_text
+                .split('[')
+                .next()
+                .unwrap_or("")
+                .chars()
+                .filter(|c| c.is_alphabetic())
+                .collect();
+            assert!(!words.is_empty(), "{cmd:?} {flag} has no help line");
+        }
+    }
+    // The command's description (the first line of its help, its line in the list).
+    let out = encore(&["generate", "--help"]);
+    let about = text(&out.stdout).lines().next().unwrap_or("").to_string();
+    assert!(
+        about.starts_with("Generate text") && !about.contains("eagerly"),
+        "{about}"
+    );
+    let list = text(&encore(&["--help"]).stdout);
+    assert!(
+        list.contains("generate") && !list.contains("eagerly"),
+        "{list}"
+    );
 }
 
 #[test]

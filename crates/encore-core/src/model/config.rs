@@ -490,7 +490,8 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         None => DType::BF16,
         Some(s) => DType::parse_float(s).ok_or_else(|| {
             f.err(format!(
-                "torch_dtype = \"{s}\" is not supported (bfloat16, float16 or float32)"
+                "torch_dtype = \"{s}\" is not supported (expected {})",
+                DType::FLOAT_NAMES
             ))
         })?,
     };

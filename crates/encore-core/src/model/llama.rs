@@ -97,9 +97,13 @@ impl Model {
     }
 
     /// Shapes of the step's intermediates for `n` tokens and `b` sequences.
-    fn buffer_shapes(&self, n: usize, b: usize, scratch_len: usize) -> [(DType, Vec<usize>); 11] {
-        let c = &self.cfg;
-        let t = self.dtype();
+    fn buffer_shapes(
+        c: &ModelConfig,
+        t: DType,
+        n: usize,
+        b: usize,
+        scratch_len: usize,
+    ) -> [(DType, Vec<usize>); 11] {
         [
             (t, vec![n, c.hidden_size]),
             (t, vec![n, c.hidden_size]),
@@ -125,17 +129,40 @@ impl Model {
         table_width: usize,
         block_size: usize,
     ) -> usize {
-        let scratch = backend.attention_scratch_len(
+        Self::arena_bytes_for(
+            &self.cfg,
+            self.dtype(),
+            backend,
             n,
-            self.cfg.num_heads,
-            self.cfg.head_dim,
+            b,
             table_width,
             block_size,
-        );
-        self.buffer_shapes(n, b, scratch)
+        )
+    }
+
+    /// [`Model::arena_bytes`] before the model exists (for a memory estimate ahead of
+    /// loading): the same bytes for a model of `cfg` run in `dtype`. Saturates at
+    /// `usize::MAX` instead of overflowing.
+    pub fn arena_bytes_for(
+        cfg: &ModelConfig,
+        dtype: DType,
+        backend: &dyn Backend,
+        n: usize,
+        b: usize,
+        table_width: usize,
+        block_size: usize,
+    ) -> usize {
+        let scratch =
+            backend.attention_scratch_len(n, cfg.num_heads, cfg.head_dim, table_width, block_size);
+        Self::buffer_shapes(cfg, dtype, n, b, scratch)
             .iter()
-            .map(|(d, s)| (s.iter().product::<usize>() * d.size()).next_multiple_of(ARENA_ALIGN))
-            .sum()
+            .map(|(d, s)| {
+                s.iter()
+                    .try_fold(d.size(), |acc, &x| acc.checked_mul(x))
+                    .and_then(|bytes| bytes.checked_next_multiple_of(ARENA_ALIGN))
+                    .unwrap_or(usize::MAX)
+            })
+            .fold(0usize, usize::saturating_add)
     }
 
     fn alloc_buffers(
@@ -149,8 +176,7 @@ impl Model {
     ) -> Result<Buffers> {
         let scratch =
             backend.attention_scratch_len(n, self.cfg.num_heads, self.cfg.head_dim, w, bs);
-        let mut it = self
-            .buffer_shapes(n, b, scratch)
+        let mut it = Self::buffer_shapes(&self.cfg, self.dtype(), n, b, scratch)
             .into_iter()
             .map(|(d, s)| arena.alloc(d, &s))
             .collect::<Result<Vec<_>>>()?

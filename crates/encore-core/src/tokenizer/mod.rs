@@ -104,8 +104,13 @@ impl Tokenizer {
             path: tok_path.display().to_string(),
             source,
         })?;
-        let hf = tokenizers::Tokenizer::from_bytes(&bytes)
-            .map_err(|e| Error::Tokenizer(format!("cannot parse `{}`: {e}", tok_path.display())))?;
+        let hf = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+            let path = tok_path.display();
+            Error::Tokenizer(match serde_json::from_slice::<Json>(&bytes) {
+                Ok(_) => format!("`{path}` is JSON but not a Hugging Face tokenizer: {e}"),
+                Err(_) => format!("`{path}` is not valid JSON: {e}"),
+            })
+        })?;
         let config = read_json_if_exists(&dir.join("tokenizer_config.json"))?;
         let gen_config = read_json_if_exists(&dir.join("generation_config.json"))?;
         let config = config.unwrap_or(Json::Null);

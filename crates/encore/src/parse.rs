@@ -1,0 +1,108 @@
+//! Value parsers for flags, so a bad value is rejected by clap with a message naming the
+//! flag (`invalid value '-1' for '--temperature <T>': ...`) before any work starts.
+
+use encore_core::device::DeviceSpec;
+use encore_core::DType;
+
+/// `--temperature`: finite and >= 0 (0 = greedy).
+pub fn temperature(s: &str) -> Result<f32, String> {
+    let t = float(s)?;
+    if t.is_finite() && t >= 0.0 {
+        Ok(t)
+    } else {
+        Err("must be a finite number >= 0 (0 = greedy)".into())
+    }
+}
+
+/// `--top-p`: in (0, 1] (1 = off).
+pub fn top_p(s: &str) -> Result<f32, String> {
+    let p = float(s)?;
+    if p > 0.0 && p <= 1.0 {
+        Ok(p)
+    } else {
+        Err("must be in (0, 1] (1 = off)".into())
+    }
+}
+
+/// `--top-k`: >= 0 (0 = off).
+pub fn top_k(s: &str) -> Result<i32, String> {
+    match s.trim().parse::<i64>() {
+        Ok(k) if k >= 0 => Ok(i32::try_from(k).unwrap_or(i32::MAX)),
+        Ok(_) => Err("must be >= 0 (0 = off)".into()),
+        Err(_) => Err("is not a whole number".into()),
+    }
+}
+
+/// `--kv-fraction`: in (0, 1].
+pub fn fraction(s: &str) -> Result<f64, String> {
+    let f: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| "is not a number".to_string())?;
+    if f > 0.0 && f <= 1.0 {
+        Ok(f)
+    } else {
+        Err("must be in (0, 1]".into())
+    }
+}
+
+/// A whole number in `MIN..=MAX`.
+pub fn count<const MIN: usize, const MAX: usize>(s: &str) -> Result<usize, String> {
+    let range = || {
+        if MAX == usize::MAX {
+            format!("must be a whole number >= {MIN}")
+        } else {
+            format!("must be a whole number in {MIN}..={MAX}")
+        }
+    };
+    match s.trim().parse::<i128>() {
+        Ok(n) if n >= MIN as i128 && n <= MAX as i128 => Ok(n as usize),
+        _ => Err(range()),
+    }
+}
+
+/// `--dtype`: a float dtype name in any case (see [`DType::parse_float`]).
+pub fn dtype(s: &str) -> Result<DType, String> {
+    DType::parse_float(s).ok_or_else(|| format!("expected {}", DType::FLOAT_NAMES))
+}
+
+/// `--device`: auto | cpu | cuda | cuda:N.
+pub fn device(s: &str) -> Result<DeviceSpec, String> {
+    s.parse::<DeviceSpec>()
+        .map_err(|_| "expected auto, cpu, cuda or cuda:N".to_string())
+}
+
+fn float(s: &str) -> Result<f32, String> {
+    s.trim().parse().map_err(|_| "is not a number".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(temperature("0"), Ok(0.0));
+        assert_eq!(temperature("0.7"), Ok(0.7));
+        for bad in ["-1", "-0.5", "nan", "inf", "x"] {
+            assert!(temperature(bad).is_err(), "{bad}");
+        }
+        assert_eq!(top_p("1"), Ok(1.0));
+        for bad in ["0", "-0.1", "1.5", "nan"] {
+            assert!(top_p(bad).is_err(), "{bad}");
+        }
+        assert_eq!(top_k("0"), Ok(0));
+        assert_eq!(top_k("99999999999"), Ok(i32::MAX));
+        assert!(top_k("-1").is_err());
+        assert_eq!(count::<1, 8>("8"), Ok(8));
+        for bad in ["0", "9", "-1", "1.5", ""] {
+            assert!(count::<1, 8>(bad).is_err(), "{bad}");
+        }
+        assert_eq!(fraction("1"), Ok(1.0));
+        assert!(fraction("0").is_err() && fraction("nan").is_err());
+        assert_eq!(dtype("FP16"), Ok(DType::F16));
+        assert!(dtype("int4").unwrap_err().contains("bf16"));
+        assert_eq!(device("cuda:1"), Ok(DeviceSpec::Cuda(1)));
+        assert!(device("tpu").is_err());
+    }
+}
