@@ -11,9 +11,9 @@ use encore_core::graph::BucketPolicy;
 use encore_core::kv::{KvCache, KvCacheConfig};
 use encore_core::memory::GraphMemory;
 use encore_core::model::llama::Model;
-use encore_core::model::weights::{self, WeightSource};
+use encore_core::model::weights;
 use encore_core::runner::{Runner, RunnerConfig, SamplingParams};
-use encore_core::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+use encore_core::tokenizer::{ChatMessage, StreamDecoder};
 use encore_core::DType;
 
 #[derive(Args)]
@@ -98,10 +98,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let be = be.as_ref();
 
     let (cfg, source) = crate::model_arg::resolve(&a.model)?;
-    let tokenizer = match source {
-        WeightSource::Dir(dir) => Tokenizer::from_dir(dir)?,
-        WeightSource::Dummy { .. } => Tokenizer::bytes(),
-    };
+    let tokenizer = encore_core::model::open_tokenizer(&source)?;
     let max_seq_len = a
         .max_seq_len
         .unwrap_or(cfg.max_position_embeddings.min(4096));

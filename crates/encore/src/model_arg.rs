@@ -1,7 +1,5 @@
-//! The arguments shared by the commands: `--model` (a Hugging Face directory or
-//! `dummy:NAME`) and `--device` (auto | cpu | cuda | cuda:N).
-
-use std::path::Path;
+//! The arguments shared by the commands: `--model` (a Hugging Face directory, a GGUF
+//! file or `dummy:NAME`) and `--device` (auto | cpu | cuda | cuda:N).
 
 use anyhow::Result;
 use encore_core::device::{self, DeviceSpec, Opened};
@@ -10,16 +8,8 @@ use encore_core::model::weights::WeightSource;
 
 /// The config and where the weights come from (seed 0 for dummy models).
 pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource<'_>)> {
-    Ok(match spec.strip_prefix("dummy:") {
-        Some(name) => (ModelConfig::dummy(name)?, WeightSource::Dummy { seed: 0 }),
-        None => {
-            let dir = Path::new(spec);
-            (
-                ModelConfig::from_file(&dir.join("config.json"))?,
-                WeightSource::Dir(dir),
-            )
-        }
-    })
+    let m = encore_core::model::open_model(spec)?;
+    Ok((m.config, m.source))
 }
 
 /// Open the `--device` backend; says on stderr when `auto` fell back to the CPU and why.
