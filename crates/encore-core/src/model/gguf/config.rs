@@ -74,8 +74,9 @@ impl<'a> Meta<'a> {
     fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         self.get(key)
             .map(|v| {
-                v.as_f64()
-                    .ok_or_else(|| self.err(format!("`{key}` must be a number, found {}", v.describe())))
+                v.as_f64().ok_or_else(|| {
+                    self.err(format!("`{key}` must be a number, found {}", v.describe()))
+                })
             })
             .transpose()
     }
@@ -83,8 +84,9 @@ impl<'a> Meta<'a> {
     fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
         self.get(key)
             .map(|v| {
-                v.as_str()
-                    .ok_or_else(|| self.err(format!("`{key}` must be a string, found {}", v.describe())))
+                v.as_str().ok_or_else(|| {
+                    self.err(format!("`{key}` must be a string, found {}", v.describe()))
+                })
             })
             .transpose()
     }
@@ -92,29 +94,38 @@ impl<'a> Meta<'a> {
     fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         self.get(key)
             .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| self.err(format!("`{key}` must be a bool, found {}", v.describe())))
+                v.as_bool().ok_or_else(|| {
+                    self.err(format!("`{key}` must be a bool, found {}", v.describe()))
+                })
             })
             .transpose()
     }
 
     fn opt_id(&self, key: &str) -> Result<Option<u32>> {
         self.opt_usize(key)?
-            .map(|n| u32::try_from(n).map_err(|_| self.err(format!("`{key}` = {n} is not a token id"))))
+            .map(|n| {
+                u32::try_from(n).map_err(|_| self.err(format!("`{key}` = {n} is not a token id")))
+            })
             .transpose()
     }
 
     fn opt_array(&self, key: &str) -> Result<Option<&'a [Value]>> {
         self.get(key)
             .map(|v| {
-                v.as_array()
-                    .ok_or_else(|| self.err(format!("`{key}` must be an array, found {}", v.describe())))
+                v.as_array().ok_or_else(|| {
+                    self.err(format!("`{key}` must be an array, found {}", v.describe()))
+                })
             })
             .transpose()
     }
 
     /// An array whose every element `conv` accepts.
-    fn opt_vec<T>(&self, key: &str, kind: &str, conv: impl Fn(&Value) -> Option<T>) -> Result<Option<Vec<T>>> {
+    fn opt_vec<T>(
+        &self,
+        key: &str,
+        kind: &str,
+        conv: impl Fn(&Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>> {
         let Some(items) = self.opt_array(key)? else {
             return Ok(None);
         };
@@ -123,7 +134,10 @@ impl<'a> Meta<'a> {
             .enumerate()
             .map(|(i, v)| {
                 conv(v).ok_or_else(|| {
-                    self.err(format!("`{key}[{i}]` must be {kind}, found {}", v.describe()))
+                    self.err(format!(
+                        "`{key}[{i}]` must be {kind}, found {}",
+                        v.describe()
+                    ))
                 })
             })
             .collect::<Result<Vec<T>>>()
@@ -200,7 +214,9 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         }
     }
     if head_dim % 2 != 0 {
-        return Err(m.err(format!("head dim {head_dim} must be even (rotary embedding)")));
+        return Err(m.err(format!(
+            "head dim {head_dim} must be even (rotary embedding)"
+        )));
     }
     if let Some(r) = m.opt_usize(&k("rope.dimension_count"))? {
         if r != head_dim {
@@ -212,7 +228,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     }
     let theta = m.opt_f64(&k("rope.freq_base"))?.unwrap_or(10_000.0);
     if !(theta > 0.0 && theta.is_finite()) {
-        return Err(m.err(format!("`{}` = {theta} must be positive", k("rope.freq_base"))));
+        return Err(m.err(format!(
+            "`{}` = {theta} must be positive",
+            k("rope.freq_base")
+        )));
     }
     let scaling_key = k("rope.scaling.type");
     match m.opt_str(&scaling_key)? {
@@ -233,9 +252,9 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         rope.llama3 = Some(llama3_from_rope_freqs(file, &m, rope)?);
     }
     let eps_key = k("attention.layer_norm_rms_epsilon");
-    let rms_norm_eps = m
-        .opt_f64(&eps_key)?
-        .ok_or_else(|| m.err(format!("required key `{eps_key}` is missing")))? as f32;
+    let rms_norm_eps =
+        m.opt_f64(&eps_key)?
+            .ok_or_else(|| m.err(format!("required key `{eps_key}` is missing")))? as f32;
     if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
         return Err(m.err(format!("`{eps_key}` = {rms_norm_eps} must be >= 0")));
     }
@@ -254,7 +273,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let sliding_window = match m.opt_usize(&k("attention.sliding_window"))? {
         None => None,
         Some(0) => {
-            return Err(m.err(format!("`{}` must be positive", k("attention.sliding_window"))))
+            return Err(m.err(format!(
+                "`{}` must be positive",
+                k("attention.sliding_window")
+            )))
         }
         Some(size) => Some(SlidingWindow {
             size,
@@ -297,7 +319,11 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
 /// each inverse frequency, without the parameters. The divisors of the published Llama
 /// 3.1/3.2 settings (low 1, high 4, original context 8192, any factor) are tried; a file
 /// whose divisors match none of them is refused rather than run with wrong positions.
-fn llama3_from_rope_freqs(file: &GgufFile, m: &Meta<'_>, rope: RopeConfig) -> Result<Llama3Scaling> {
+fn llama3_from_rope_freqs(
+    file: &GgufFile,
+    m: &Meta<'_>,
+    rope: RopeConfig,
+) -> Result<Llama3Scaling> {
     let divisors = file.tensor_f32(ROPE_FREQS)?;
     let half = rope.rot_dim / 2;
     if divisors.len() != half {
@@ -341,16 +367,22 @@ pub fn vocab_from_gguf(file: &GgufFile) -> Result<GgufVocab> {
         .opt_str("tokenizer.ggml.model")?
         .ok_or_else(|| m.err("required key `tokenizer.ggml.model` is missing"))?;
     let tokens = m
-        .opt_vec("tokenizer.ggml.tokens", "a string", |v| v.as_str().map(String::from))?
+        .opt_vec("tokenizer.ggml.tokens", "a string", |v| {
+            v.as_str().map(String::from)
+        })?
         .ok_or_else(|| m.err("required key `tokenizer.ggml.tokens` is missing"))?;
     let as_i32 = |v: &Value| v.as_int().and_then(|n| i32::try_from(n).ok());
     Ok(GgufVocab {
         model: model.to_string(),
         pre: m.opt_str("tokenizer.ggml.pre")?.map(String::from),
         tokens,
-        scores: m.opt_vec("tokenizer.ggml.scores", "a number", |v| v.as_f64().map(|x| x as f32))?,
+        scores: m.opt_vec("tokenizer.ggml.scores", "a number", |v| {
+            v.as_f64().map(|x| x as f32)
+        })?,
         token_types: m.opt_vec("tokenizer.ggml.token_type", "an integer", as_i32)?,
-        merges: m.opt_vec("tokenizer.ggml.merges", "a string", |v| v.as_str().map(String::from))?,
+        merges: m.opt_vec("tokenizer.ggml.merges", "a string", |v| {
+            v.as_str().map(String::from)
+        })?,
         bos_token_id: m.opt_id("tokenizer.ggml.bos_token_id")?,
         eos_token_id: m.opt_id("tokenizer.ggml.eos_token_id")?,
         unknown_token_id: m.opt_id("tokenizer.ggml.unknown_token_id")?,

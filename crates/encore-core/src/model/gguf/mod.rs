@@ -24,7 +24,10 @@ use std::path::Path;
 
 /// Whether `path` names a GGUF file: a `.gguf` extension, or a file starting with `GGUF`.
 pub fn is_gguf(path: &Path) -> bool {
-    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
         return true;
     }
     let mut magic = [0u8; 4];

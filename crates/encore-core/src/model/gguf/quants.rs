@@ -271,7 +271,11 @@ fn q4_k(b: &[u8], out: &mut [f32]) {
     let (d, dmin) = (half(b, 0), half(b, 2));
     let scales = &b[4..16];
     let qs = &b[16..144];
-    for (pair, (out, q)) in out.chunks_exact_mut(64).zip(qs.chunks_exact(32)).enumerate() {
+    for (pair, (out, q)) in out
+        .chunks_exact_mut(64)
+        .zip(qs.chunks_exact(32))
+        .enumerate()
+    {
         let (sc0, m0) = scale_min_k4(2 * pair, scales);
         let (sc1, m1) = scale_min_k4(2 * pair + 1, scales);
         let (d0, dm0, d1, dm1) = (d * sc0, dmin * m0, d * sc1, dmin * m1);
@@ -289,7 +293,11 @@ fn q5_k(b: &[u8], out: &mut [f32]) {
     let scales = &b[4..16];
     let qh = &b[16..48];
     let qs = &b[48..176];
-    for (pair, (out, q)) in out.chunks_exact_mut(64).zip(qs.chunks_exact(32)).enumerate() {
+    for (pair, (out, q)) in out
+        .chunks_exact_mut(64)
+        .zip(qs.chunks_exact(32))
+        .enumerate()
+    {
         let (sc0, m0) = scale_min_k4(2 * pair, scales);
         let (sc1, m1) = scale_min_k4(2 * pair + 1, scales);
         let (d0, dm0, d1, dm1) = (d * sc0, dmin * m0, d * sc1, dmin * m1);

@@ -225,7 +225,9 @@ impl GgufFile {
 
     /// The raw bytes of a tensor (checked to lie inside the file at open).
     pub fn tensor_bytes(&self, info: &TensorInfo) -> &[u8] {
-        self.mmap.get(info.start..info.start + info.len).unwrap_or(&[])
+        self.mmap
+            .get(info.start..info.start + info.len)
+            .unwrap_or(&[])
     }
 
     /// A tensor dequantized to f32 (in file order, `ne[0]` fastest); an unsupported type
@@ -236,12 +238,12 @@ impl GgufFile {
             what: format!("is not in `{}`", self.path.display()),
         })?;
         let mut out = vec![0f32; info.numel()];
-        quants::dequantize(info.ggml_type, self.tensor_bytes(info), &mut out).map_err(
-            |what| Error::Weights {
+        quants::dequantize(info.ggml_type, self.tensor_bytes(info), &mut out).map_err(|what| {
+            Error::Weights {
                 tensor: name.to_string(),
                 what: format!("{what} (in `{}`)", self.path.display()),
-            },
-        )?;
+            }
+        })?;
         Ok(out)
     }
 }
@@ -304,9 +306,10 @@ impl<'a> Parser<'a> {
     /// could not hold them (so a corrupt count never drives a huge allocation).
     fn count(&mut self, min_size: usize, what: &dyn Fn() -> String) -> Result<usize> {
         let n = self.u64(what)?;
-        let fits = usize::try_from(n)
-            .ok()
-            .filter(|&n| n.checked_mul(min_size).is_some_and(|b| b <= self.remaining()));
+        let fits = usize::try_from(n).ok().filter(|&n| {
+            n.checked_mul(min_size)
+                .is_some_and(|b| b <= self.remaining())
+        });
         fits.ok_or_else(|| {
             self.err(format!(
                 "{} is {n}, more than the {} bytes left in the file can hold",
@@ -417,15 +420,13 @@ impl<'a> Parser<'a> {
         alignment: usize,
     ) -> Result<TensorInfo> {
         let bad = |what: String| self.err(format!("tensor `{name}`: {what}"));
-        let (block_elems, _) = ty.block().ok_or_else(|| {
-            Error::Weights {
-                tensor: name.clone(),
-                what: format!(
-                    "has GGML type id {}, which ggml does not define (in `{}`)",
-                    ty.0,
-                    self.path.display()
-                ),
-            }
+        let (block_elems, _) = ty.block().ok_or_else(|| Error::Weights {
+            tensor: name.clone(),
+            what: format!(
+                "has GGML type id {}, which ggml does not define (in `{}`)",
+                ty.0,
+                self.path.display()
+            ),
         })?;
         let numel = dims
             .iter()
@@ -512,9 +513,7 @@ impl<'a> Parser<'a> {
             10 => Value::U64(u64::from_le_bytes(self.array(what)?)),
             11 => Value::I64(i64::from_le_bytes(self.array(what)?)),
             12 => Value::F64(f64::from_le_bytes(self.array(what)?)),
-            other => {
-                return Err(self.err(format!("{} has unknown value type {other}", what())))
-            }
+            other => return Err(self.err(format!("{} has unknown value type {other}", what()))),
         })
     }
 }

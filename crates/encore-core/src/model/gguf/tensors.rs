@@ -136,7 +136,11 @@ impl GgufWeights {
         if values.len() != spec.numel() {
             return Err(self.err(
                 &spec.name,
-                format!("GGUF `{name}` has {} elements, expected {}", values.len(), spec.numel()),
+                format!(
+                    "GGUF `{name}` has {} elements, expected {}",
+                    values.len(),
+                    spec.numel()
+                ),
             ));
         }
         let heads = match self.permuted_heads {

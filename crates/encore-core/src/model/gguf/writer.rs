@@ -55,7 +55,13 @@ impl GgufWriter {
 
     /// Add a tensor of `ty` from its raw bytes; `shape` in PyTorch order (outermost
     /// first), written reversed as GGUF's `ne`.
-    pub fn tensor(&mut self, name: &str, shape: &[usize], ty: GgmlType, bytes: Vec<u8>) -> &mut Self {
+    pub fn tensor(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        ty: GgmlType,
+        bytes: Vec<u8>,
+    ) -> &mut Self {
         let dims = shape.iter().rev().map(|&d| d as u64).collect();
         self.tensors.push((name.to_string(), dims, ty, bytes));
         self
@@ -90,7 +96,10 @@ impl GgufWriter {
         let mut metadata = self.metadata.clone();
         if self.alignment != DEFAULT_ALIGNMENT {
             metadata.retain(|(k, _)| k != "general.alignment");
-            metadata.push(("general.alignment".into(), Value::U32(self.alignment as u32)));
+            metadata.push((
+                "general.alignment".into(),
+                Value::U32(self.alignment as u32),
+            ));
         }
         out.extend((metadata.len() as u64).to_le_bytes());
         for (key, value) in &metadata {
