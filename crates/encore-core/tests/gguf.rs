@@ -163,7 +163,11 @@ fn q8_exact(raw: &[f32], k: usize) -> Vec<f32> {
         .flat_map(|b| {
             b.iter().enumerate().map(move |(i, &x)| {
                 // `+ 0.0`: no -0, which Q8_0 cannot store.
-                let q = if i == 5 { 127.0 } else { (127.0 * x).round() + 0.0 };
+                let q = if i == 5 {
+                    127.0
+                } else {
+                    (127.0 * x).round() + 0.0
+                };
                 d * q
             })
         })
@@ -610,7 +614,7 @@ fn metadata_maps_to_the_config() {
         .zip(&scaled)
         .map(|(p, s)| (p / s) as f32)
         .collect();
-    assert!(divisors.iter().any(|&d| d > 1.0) && divisors.iter().any(|&d| d == 1.0));
+    assert!(divisors.iter().any(|&d| d > 1.0) && divisors.contains(&1.0));
     let dir = TempDir::new("rope");
     let (path, file) = edited(&dir, &cfg, |w| {
         w.kv("llama.rope.freq_base", Value::F32(500000.0));
@@ -633,7 +637,8 @@ fn metadata_maps_to_the_config() {
 #[test]
 fn unsupported_metadata_is_an_error_naming_the_key() {
     let cfg = small_cfg("LlamaForCausalLM", "");
-    let cases: Vec<(Box<dyn FnOnce(&mut GgufWriter)>, Vec<&str>)> = vec![
+    type Edit = Box<dyn FnOnce(&mut GgufWriter)>;
+    let cases: Vec<(Edit, Vec<&str>)> = vec![
         (
             Box::new(|w| {
                 w.kv("general.architecture", Value::String("gemma2".into()));
@@ -719,10 +724,22 @@ fn tensor_problems_are_errors_naming_the_tensor() {
     };
     let (e, msg) = load_err(&wide, |w| {
         w.remove_tensor("blk.1.ffn_gate.weight");
-        w.tensor("blk.1.ffn_gate.weight", &[96, 256], GgmlType::Q2_K, vec![0; 96 * 84]);
+        w.tensor(
+            "blk.1.ffn_gate.weight",
+            &[96, 256],
+            GgmlType::Q2_K,
+            vec![0; 96 * 84],
+        );
     });
     assert!(matches!(e, Error::Weights { .. }), "{msg}");
-    assert_mentions(&msg, &["blk.1.ffn_gate.weight", "Q2_K", "model.layers.1.mlp.gate_proj.weight"]);
+    assert_mentions(
+        &msg,
+        &[
+            "blk.1.ffn_gate.weight",
+            "Q2_K",
+            "model.layers.1.mlp.gate_proj.weight",
+        ],
+    );
     let (_, msg) = load_err(&cfg, |w| {
         w.remove_tensor("token_embd.weight");
         w.tensor(

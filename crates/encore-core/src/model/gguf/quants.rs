@@ -104,7 +104,7 @@ impl GgmlType {
     /// unknown, or on overflow).
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let (e, b) = self.block()?;
-        if n % e as u64 != 0 {
+        if !n.is_multiple_of(e as u64) {
             return None;
         }
         (n / e as u64).checked_mul(b as u64)
@@ -144,7 +144,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Strin
         }
     };
     let (elems, bytes) = ty.block().ok_or("unknown type")?;
-    if out.len() % elems != 0 || src.len() != out.len() / elems * bytes {
+    if !out.len().is_multiple_of(elems) || src.len() != out.len() / elems * bytes {
         return Err(format!(
             "{} bytes of {ty} do not hold {} elements",
             src.len(),
@@ -337,9 +337,14 @@ fn q6_k(b: &[u8], out: &mut [f32]) {
     }
 }
 
-/// f32 values to Q8_0 blocks (`values.len()` a multiple of 32): `d = max|x| / 127`,
+/// f32 values to Q8_0 blocks (panics unless `values.len()` is a multiple of 32): `d = max|x| / 127`,
 /// `q = round(x / d)` (ties away from zero), as ggml's reference quantizer.
 pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
+    assert!(
+        values.len().is_multiple_of(32),
+        "quantize_q8_0: {} values are not whole blocks of 32",
+        values.len()
+    );
     let mut out = Vec::with_capacity(values.len() / 32 * 34);
     for block in values.chunks(32) {
         let amax = block.iter().fold(0f32, |a, x| a.max(x.abs()));
@@ -354,6 +359,11 @@ pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
 /// f32 values to Q4_0 blocks: `d = x_max / -8` with `x_max` the value of largest
 /// magnitude, `q = min(15, trunc(x / d + 8.5))`, as ggml's reference quantizer.
 pub fn quantize_q4_0(values: &[f32]) -> Vec<u8> {
+    assert!(
+        values.len().is_multiple_of(32),
+        "quantize_q4_0: {} values are not whole blocks of 32",
+        values.len()
+    );
     let mut out = Vec::with_capacity(values.len() / 32 * 18);
     for block in values.chunks(32) {
         let max = block
@@ -371,6 +381,11 @@ pub fn quantize_q4_0(values: &[f32]) -> Vec<u8> {
 /// f32 values to Q4_1 blocks: `d = (max - min) / 15`, `m = min`,
 /// `q = min(15, trunc((x - min) / d + 0.5))`, as ggml's reference quantizer.
 pub fn quantize_q4_1(values: &[f32]) -> Vec<u8> {
+    assert!(
+        values.len().is_multiple_of(32),
+        "quantize_q4_1: {} values are not whole blocks of 32",
+        values.len()
+    );
     let mut out = Vec::with_capacity(values.len() / 32 * 20);
     for block in values.chunks(32) {
         let min = block.iter().fold(f32::INFINITY, |a, &x| a.min(x));

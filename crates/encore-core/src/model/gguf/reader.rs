@@ -433,7 +433,7 @@ impl<'a> Parser<'a> {
             .try_fold(1u64, |a, &d| a.checked_mul(d))
             .filter(|&n| n > 0 && usize::try_from(n).is_ok())
             .ok_or_else(|| bad(format!("dimensions {dims:?} are empty or too large")))?;
-        if dims[0] % block_elems as u64 != 0 {
+        if !dims[0].is_multiple_of(block_elems as u64) {
             return Err(bad(format!(
                 "its row length {} is not a multiple of the {ty} block of {block_elems}",
                 dims[0]
@@ -442,7 +442,7 @@ impl<'a> Parser<'a> {
         let len = ty
             .bytes_for(numel)
             .ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
-        if offset % alignment as u64 != 0 {
+        if !offset.is_multiple_of(alignment as u64) {
             return Err(bad(format!(
                 "data offset {offset} is not a multiple of the alignment {alignment}"
             )));
@@ -493,7 +493,7 @@ impl<'a> Parser<'a> {
                 let min = match elem {
                     0 | 1 | 7 => 1,
                     2 | 3 => 2,
-                    4 | 5 | 6 => 4,
+                    4..=6 => 4,
                     8 | 10..=12 => 8,
                     9 => 12,
                     other => {
