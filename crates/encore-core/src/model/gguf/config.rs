@@ -178,6 +178,14 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         )));
     }
     let num_layers = m.positive(&k("block_count"))?;
+    // Every layer has several tensors: a corrupt count must not size the plan.
+    if num_layers > file.tensors().len() {
+        return Err(m.err(format!(
+            "`{}` = {num_layers} but the file holds only {} tensors",
+            k("block_count"),
+            file.tensors().len()
+        )));
+    }
     let hidden_size = m.positive(&k("embedding_length"))?;
     let intermediate_size = m.positive(&k("feed_forward_length"))?;
     let num_heads = m.positive(&k("attention.head_count"))?;
