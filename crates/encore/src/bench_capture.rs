@@ -19,7 +19,7 @@ use crate::{parse, DeviceArg};
 
 #[derive(Args)]
 pub struct BenchCaptureArgs {
-    /// A Hugging Face model directory or `dummy:NAME`.
+    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
     #[arg(long, default_value = "dummy:tiny")]
     model: String,
     /// `vllm` (vLLM's default sizes up to --max-batch), `pow2`, or a comma-separated list.

@@ -23,7 +23,7 @@ const COPY_BYTES: usize = 256 << 20;
 
 #[derive(Args)]
 pub struct BenchDecodeArgs {
-    /// A Hugging Face model directory or `dummy:NAME`.
+    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
     #[arg(long, default_value = "dummy:tiny")]
     model: String,
     /// Batch sizes, comma-separated, each >= 1.

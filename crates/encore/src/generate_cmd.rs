@@ -13,9 +13,9 @@ use encore_core::graph::BucketPolicy;
 use encore_core::kv::{KvCache, KvCacheConfig};
 use encore_core::memory::GraphMemory;
 use encore_core::model::llama::Model;
-use encore_core::model::weights::{self, WeightSource};
+use encore_core::model::weights;
 use encore_core::runner::{Runner, RunnerConfig, SamplingParams};
-use encore_core::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+use encore_core::tokenizer::{ChatMessage, StreamDecoder};
 use encore_core::DType;
 
 use crate::out::{errln, out, outln};
@@ -23,7 +23,7 @@ use crate::{parse, prompts, DeviceArg};
 
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// A Hugging Face model directory, or `dummy:NAME` for seeded random weights
+    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME` for seeded random weights
     /// (tiny, tiny-llama3, tiny-qwen2, tiny-qwen3, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b).
     #[arg(long, default_value = "dummy:tiny")]
     model: String,
@@ -121,10 +121,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let be = be.as_ref();
 
     let (cfg, source) = crate::model_arg::resolve(&a.model)?;
-    let tokenizer = match source {
-        WeightSource::Dir(dir) => Tokenizer::from_dir(dir)?,
-        WeightSource::Dummy { .. } => Tokenizer::bytes(),
-    };
+    let tokenizer = encore_core::model::open_tokenizer(&source)?;
     let max_seq_len = a
         .max_seq_len
         .unwrap_or(cfg.max_position_embeddings.min(4096));

@@ -1,8 +1,6 @@
-//! The arguments shared by the commands: `--model` (a Hugging Face directory or
-//! `dummy:NAME`) and `--device` (auto | cpu | cuda | cuda:N), and the memory check
-//! every command runs before it allocates.
-
-use std::path::Path;
+//! The arguments shared by the commands: `--model` (a Hugging Face directory, a GGUF
+//! file or `dummy:NAME`) and `--device` (auto | cpu | cuda | cuda:N), and the memory
+//! check every command runs before it allocates.
 
 use anyhow::{Context, Result};
 use encore_core::device::{self, DeviceSpec, Opened};
@@ -13,16 +11,8 @@ use encore_core::Backend;
 
 /// The config and where the weights come from (seed 0 for dummy models).
 pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource<'_>)> {
-    Ok(match spec.strip_prefix("dummy:") {
-        Some(name) => (ModelConfig::dummy(name)?, WeightSource::Dummy { seed: 0 }),
-        None => {
-            let dir = Path::new(spec);
-            (
-                ModelConfig::from_file(&dir.join("config.json"))?,
-                WeightSource::Dir(dir),
-            )
-        }
-    })
+    let m = encore_core::model::open_model(spec)?;
+    Ok((m.config, m.source))
 }
 
 /// Open the `--device` backend; says in one line on stderr when `auto` fell back to the

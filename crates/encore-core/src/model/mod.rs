@@ -1,5 +1,10 @@
-//! Llama-family models: HF config, weights (safetensors or dummy), the forward pass.
+//! Llama-family models: HF config, weights (safetensors, GGUF or dummy), the forward
+//! pass, and [`open_model`], which resolves a `--model` spec.
 
 pub mod config;
+pub mod gguf;
 pub mod llama;
+mod open;
 pub mod weights;
+
+pub use open::{open_model, open_tokenizer, ModelFiles};

@@ -1,5 +1,6 @@
 //! Model weights on a backend, loaded from an HF safetensors checkpoint (one file or
-//! sharded through an index) or generated as seeded dummy weights.
+//! sharded through an index), from a GGUF file (dequantized, see [`super::gguf`]) or
+//! generated as seeded dummy weights.
 //!
 //! Loading is two passes. First every tensor the config implies is checked by name, shape
 //! and dtype ([`Error::Weights`] naming the first bad one), before anything is allocated.
@@ -15,9 +16,11 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+pub(crate) use self::checkpoint::natural_key;
 use self::checkpoint::Checkpoint;
 use self::host::Staging;
 use super::config::{Arch, ModelConfig};
+use super::gguf::{GgufFile, GgufWeights};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
@@ -57,10 +60,14 @@ pub struct ModelWeights {
 }
 
 /// Where the weights come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightSource<'a> {
     /// An HF model directory (`model.safetensors`, or `model.safetensors.index.json` and
     /// its shards, or else every `*.safetensors` file in it), or one `.safetensors` file.
     Dir(&'a Path),
+    /// A GGUF file (llama.cpp's format): its tensors are dequantized to f32, and q/k rows
+    /// of architecture `llama` are put back in HF order.
+    Gguf(&'a Path),
     /// Seeded random weights, deterministic for a seed (see [`load`]).
     Dummy { seed: u64 },
 }
@@ -120,6 +127,13 @@ pub fn load(
             ck.validate(&specs, |name| ignored_tensor(cfg, name))?;
             check_o_proj_bias(&ck, cfg)?;
             (Source::Checkpoint(ck), "loading weights")
+        }
+        WeightSource::Gguf(path) => {
+            let weights = GgufWeights::new(GgufFile::open(path)?, cfg)?;
+            let specs: Vec<&TensorSpec> =
+                plan.merged().into_iter().flat_map(|m| &m.parts).collect();
+            weights.validate(&specs)?;
+            (Source::Gguf(weights), "dequantizing GGUF weights")
         }
         WeightSource::Dummy { seed } => (Source::Dummy { seed }, "generating dummy weights"),
     };
@@ -220,6 +234,7 @@ fn check_o_proj_bias(ck: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
 /// Fills one HF tensor's rows of a device tensor.
 enum Source {
     Checkpoint(Checkpoint),
+    Gguf(GgufWeights),
     Dummy { seed: u64 },
 }
 
@@ -240,6 +255,16 @@ impl Source {
                     backend.write_bytes(dst, bytes)
                 } else {
                     backend.write_bytes(dst, staging.convert(bytes, src_dtype, dst.dtype()))
+                }
+            }
+            Source::Gguf(g) => {
+                let values = g.tensor_f32(spec)?;
+                let bytes: &[u8] = bytemuck::cast_slice(&values);
+                check_finite_norm(&spec.name, bytes, DType::F32)?;
+                if dst.dtype() == DType::F32 {
+                    backend.write_bytes(dst, bytes)
+                } else {
+                    backend.write_bytes(dst, staging.convert(bytes, DType::F32, dst.dtype()))
                 }
             }
             Source::Dummy { seed } => {

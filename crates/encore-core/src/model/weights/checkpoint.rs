@@ -293,7 +293,7 @@ fn dtype_of(d: Dtype) -> Option<DType> {
 
 /// A sort key that orders the numbers inside names by value (`layers.2` before
 /// `layers.10`), so "the first unused tensor" is the first in model order.
-fn natural_key(name: &str) -> Vec<(u64, String)> {
+pub(crate) fn natural_key(name: &str) -> Vec<(u64, String)> {
     let mut key = Vec::new();
     let mut rest = name;
     while !rest.is_empty() {

@@ -1,0 +1,404 @@
+//! [`ModelConfig`] and [`GgufVocab`] from a GGUF file's metadata.
+//!
+//! The `<arch>.*` keys llama.cpp's converter writes map onto the HF config fields; what
+//! GGUF leaves implicit (tied embeddings, q/k/v bias) is read off the tensors present.
+//! Anything the forward pass cannot honour is an [`Error::Config`] naming the key.
+
+use super::reader::{GgufFile, Value};
+use crate::error::{Error, Result};
+use crate::model::config::{Arch, ModelConfig, SlidingWindow};
+use crate::ops::{Llama3Scaling, RopeConfig};
+use crate::tensor::DType;
+use crate::tokenizer::GgufVocab;
+
+/// The GGUF architectures encore runs, and the [`Arch`] each becomes.
+const ARCHS: [(&str, Arch); 3] = [
+    ("llama", Arch::Llama),
+    ("qwen2", Arch::Qwen2),
+    ("qwen3", Arch::Qwen3),
+];
+
+/// The tensor llama.cpp stores Llama-3 rope scaling in (per-frequency divisors).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// Metadata lookups with messages naming the file and key.
+struct Meta<'a> {
+    file: &'a GgufFile,
+    arch: &'a str,
+}
+
+impl<'a> Meta<'a> {
+    fn err(&self, what: impl Into<String>) -> Error {
+        Error::Config {
+            path: self.file.path().display().to_string(),
+            what: what.into(),
+        }
+    }
+
+    fn key(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.arch)
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.file.get(key)
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        self.get(key)
+            .map(|v| {
+                v.as_int()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| {
+                        let what = if v.as_array().is_some() {
+                            " (per-layer values are not supported)"
+                        } else {
+                            ""
+                        };
+                        self.err(format!(
+                            "`{key}` must be a non-negative integer, found {}{what}",
+                            v.describe()
+                        ))
+                    })
+            })
+            .transpose()
+    }
+
+    fn positive(&self, key: &str) -> Result<usize> {
+        match self.opt_usize(key)? {
+            None => Err(self.err(format!("required key `{key}` is missing"))),
+            Some(0) => Err(self.err(format!("`{key}` must be positive"))),
+            Some(n) => Ok(n),
+        }
+    }
+
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        self.get(key)
+            .map(|v| {
+                v.as_f64().ok_or_else(|| {
+                    self.err(format!("`{key}` must be a number, found {}", v.describe()))
+                })
+            })
+            .transpose()
+    }
+
+    fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
+        self.get(key)
+            .map(|v| {
+                v.as_str().ok_or_else(|| {
+                    self.err(format!("`{key}` must be a string, found {}", v.describe()))
+                })
+            })
+            .transpose()
+    }
+
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        self.get(key)
+            .map(|v| {
+                v.as_bool().ok_or_else(|| {
+                    self.err(format!("`{key}` must be a bool, found {}", v.describe()))
+                })
+            })
+            .transpose()
+    }
+
+    fn opt_id(&self, key: &str) -> Result<Option<u32>> {
+        self.opt_usize(key)?
+            .map(|n| {
+                u32::try_from(n).map_err(|_| self.err(format!("`{key}` = {n} is not a token id")))
+            })
+            .transpose()
+    }
+
+    fn opt_array(&self, key: &str) -> Result<Option<&'a [Value]>> {
+        self.get(key)
+            .map(|v| {
+                v.as_array().ok_or_else(|| {
+                    self.err(format!("`{key}` must be an array, found {}", v.describe()))
+                })
+            })
+            .transpose()
+    }
+
+    /// An array whose every element `conv` accepts.
+    fn opt_vec<T>(
+        &self,
+        key: &str,
+        kind: &str,
+        conv: impl Fn(&Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>> {
+        let Some(items) = self.opt_array(key)? else {
+            return Ok(None);
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                conv(v).ok_or_else(|| {
+                    self.err(format!(
+                        "`{key}[{i}]` must be {kind}, found {}",
+                        v.describe()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<T>>>()
+            .map(Some)
+    }
+}
+
+/// The file's `general.architecture` and the [`Arch`] encore runs it as.
+pub fn gguf_arch(file: &GgufFile) -> Result<(&str, Arch)> {
+    let m = Meta { file, arch: "" };
+    let name = m
+        .opt_str("general.architecture")?
+        .ok_or_else(|| m.err("required key `general.architecture` is missing"))?;
+    ARCHS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(n, a)| (n, a))
+        .ok_or_else(|| {
+            m.err(format!(
+                "unsupported architecture \"{name}\" (general.architecture; supported: {})",
+                ARCHS.map(|(n, _)| n).join(", ")
+            ))
+        })
+}
+
+/// The model config a GGUF file describes (the same struct `config.json` gives).
+pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
+    let (arch_name, arch) = gguf_arch(file)?;
+    let m = Meta {
+        file,
+        arch: arch_name,
+    };
+    let k = |s: &str| m.key(s);
+    if let Some(n) = m.opt_usize(&k("expert_count"))?.filter(|&n| n > 0) {
+        return Err(m.err(format!(
+            "`{}` = {n}: mixture-of-experts models are not supported",
+            k("expert_count")
+        )));
+    }
+    let num_layers = m.positive(&k("block_count"))?;
+    // Every layer has several tensors: a corrupt count must not size the plan.
+    if num_layers > file.tensors().len() {
+        return Err(m.err(format!(
+            "`{}` = {num_layers} but the file holds only {} tensors",
+            k("block_count"),
+            file.tensors().len()
+        )));
+    }
+    let hidden_size = m.positive(&k("embedding_length"))?;
+    let intermediate_size = m.positive(&k("feed_forward_length"))?;
+    let num_heads = m.positive(&k("attention.head_count"))?;
+    let num_kv_heads = match m.opt_usize(&k("attention.head_count_kv"))? {
+        None => num_heads,
+        Some(_) => m.positive(&k("attention.head_count_kv"))?,
+    };
+    if num_heads % num_kv_heads != 0 {
+        return Err(m.err(format!(
+            "`{}` = {num_heads} is not a multiple of `{}` = {num_kv_heads}",
+            k("attention.head_count"),
+            k("attention.head_count_kv")
+        )));
+    }
+    let head_dim = match m.opt_usize(&k("attention.key_length"))? {
+        Some(_) => m.positive(&k("attention.key_length"))?,
+        None if hidden_size % num_heads == 0 => hidden_size / num_heads,
+        None => {
+            return Err(m.err(format!(
+                "`{}` = {hidden_size} is not a multiple of `{}` = {num_heads} and there is \
+                 no `{}`",
+                k("embedding_length"),
+                k("attention.head_count"),
+                k("attention.key_length")
+            )))
+        }
+    };
+    if let Some(v) = m.opt_usize(&k("attention.value_length"))? {
+        if v != head_dim {
+            return Err(m.err(format!(
+                "`{}` = {v} differs from the key length {head_dim} (not supported)",
+                k("attention.value_length")
+            )));
+        }
+    }
+    if head_dim % 2 != 0 {
+        return Err(m.err(format!(
+            "head dim {head_dim} must be even (rotary embedding)"
+        )));
+    }
+    if let Some(r) = m.opt_usize(&k("rope.dimension_count"))? {
+        if r != head_dim {
+            return Err(m.err(format!(
+                "`{}` = {r} but the head dim is {head_dim}: partial rotary is not supported",
+                k("rope.dimension_count")
+            )));
+        }
+    }
+    let theta = m.opt_f64(&k("rope.freq_base"))?.unwrap_or(10_000.0);
+    if !(theta > 0.0 && theta.is_finite()) {
+        return Err(m.err(format!(
+            "`{}` = {theta} must be positive",
+            k("rope.freq_base")
+        )));
+    }
+    let scaling_key = k("rope.scaling.type");
+    match m.opt_str(&scaling_key)? {
+        None | Some("none") => {}
+        Some(other) => {
+            return Err(m.err(format!(
+                "`{scaling_key}` = \"{other}\" is not supported (no rope scaling, or Llama-3 \
+                 scaling through `{ROPE_FREQS}`)"
+            )))
+        }
+    }
+    let mut rope = RopeConfig {
+        rot_dim: head_dim,
+        theta: theta as f32,
+        llama3: None,
+    };
+    if file.tensor(ROPE_FREQS).is_some() {
+        rope.llama3 = Some(llama3_from_rope_freqs(file, &m, rope)?);
+    }
+    let eps_key = k("attention.layer_norm_rms_epsilon");
+    let rms_norm_eps =
+        m.opt_f64(&eps_key)?
+            .ok_or_else(|| m.err(format!("required key `{eps_key}` is missing")))? as f32;
+    if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
+        return Err(m.err(format!("`{eps_key}` = {rms_norm_eps} must be >= 0")));
+    }
+    let vocab_size = match m.opt_usize(&k("vocab_size"))? {
+        Some(_) => m.positive(&k("vocab_size"))?,
+        None => match m.opt_array("tokenizer.ggml.tokens")? {
+            Some(tokens) if !tokens.is_empty() => tokens.len(),
+            _ => {
+                return Err(m.err(format!(
+                    "neither `{}` nor `tokenizer.ggml.tokens` gives the vocabulary size",
+                    k("vocab_size")
+                )))
+            }
+        },
+    };
+    let sliding_window = match m.opt_usize(&k("attention.sliding_window"))? {
+        None => None,
+        Some(0) => {
+            return Err(m.err(format!(
+                "`{}` must be positive",
+                k("attention.sliding_window")
+            )))
+        }
+        Some(size) => Some(SlidingWindow {
+            size,
+            first_layer: 0,
+        }),
+    };
+    let max_position_embeddings = m.positive(&k("context_length"))?;
+    let bos_token_id = m.opt_id("tokenizer.ggml.bos_token_id")?;
+    let mut eos_token_ids = Vec::new();
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+        if let Some(id) = m.opt_id(key)? {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+    }
+    Ok(ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rope,
+        rms_norm_eps,
+        tie_word_embeddings: file.tensor("output.weight").is_none(),
+        qkv_bias: arch == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
+        qk_norm: arch == Arch::Qwen3,
+        max_position_embeddings,
+        torch_dtype: DType::BF16,
+        bos_token_id,
+        eos_token_ids,
+        sliding_window,
+    })
+}
+
+/// Llama-3 rope scaling is stored by llama.cpp as `rope_freqs.weight`, the divisor of
+/// each inverse frequency, without the parameters. The divisors of the published Llama
+/// 3.1/3.2 settings (low 1, high 4, original context 8192, any factor) are tried; a file
+/// whose divisors match none of them is refused rather than run with wrong positions.
+fn llama3_from_rope_freqs(
+    file: &GgufFile,
+    m: &Meta<'_>,
+    rope: RopeConfig,
+) -> Result<Llama3Scaling> {
+    let divisors = file.tensor_f32(ROPE_FREQS)?;
+    let half = rope.rot_dim / 2;
+    if divisors.len() != half {
+        return Err(m.err(format!(
+            "`{ROPE_FREQS}` has {} values, expected {half} (head dim / 2)",
+            divisors.len()
+        )));
+    }
+    let factor = divisors.iter().fold(1f32, |a, &x| a.max(x));
+    let plain = rope.inv_freq();
+    for original in [8192, 4096, 2048, 16384, 32768] {
+        let scaling = Llama3Scaling {
+            factor,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: original,
+        };
+        let scaled = RopeConfig {
+            llama3: Some(scaling),
+            ..rope
+        }
+        .inv_freq();
+        let matches = (0..half).all(|i| {
+            let want = plain[i] / scaled[i];
+            (divisors[i] as f64 - want).abs() <= 1e-4 * want
+        });
+        if matches {
+            return Ok(scaling);
+        }
+    }
+    Err(m.err(format!(
+        "`{ROPE_FREQS}` holds rope frequency divisors that match no Llama-3 scaling encore \
+         knows (factor {factor}, low 1, high 4); custom rope factors are not supported"
+    )))
+}
+
+/// The `tokenizer.*` metadata, for [`crate::tokenizer::Tokenizer::from_gguf_vocab`].
+pub fn vocab_from_gguf(file: &GgufFile) -> Result<GgufVocab> {
+    let m = Meta { file, arch: "" };
+    let model = m
+        .opt_str("tokenizer.ggml.model")?
+        .ok_or_else(|| m.err("required key `tokenizer.ggml.model` is missing"))?;
+    let tokens = m
+        .opt_vec("tokenizer.ggml.tokens", "a string", |v| {
+            v.as_str().map(String::from)
+        })?
+        .ok_or_else(|| m.err("required key `tokenizer.ggml.tokens` is missing"))?;
+    let as_i32 = |v: &Value| v.as_int().and_then(|n| i32::try_from(n).ok());
+    Ok(GgufVocab {
+        model: model.to_string(),
+        pre: m.opt_str("tokenizer.ggml.pre")?.map(String::from),
+        tokens,
+        scores: m.opt_vec("tokenizer.ggml.scores", "a number", |v| {
+            v.as_f64().map(|x| x as f32)
+        })?,
+        token_types: m.opt_vec("tokenizer.ggml.token_type", "an integer", as_i32)?,
+        merges: m.opt_vec("tokenizer.ggml.merges", "a string", |v| {
+            v.as_str().map(String::from)
+        })?,
+        bos_token_id: m.opt_id("tokenizer.ggml.bos_token_id")?,
+        eos_token_id: m.opt_id("tokenizer.ggml.eos_token_id")?,
+        eot_token_id: m.opt_id("tokenizer.ggml.eot_token_id")?,
+        unknown_token_id: m.opt_id("tokenizer.ggml.unknown_token_id")?,
+        padding_token_id: m.opt_id("tokenizer.ggml.padding_token_id")?,
+        add_bos_token: m.opt_bool("tokenizer.ggml.add_bos_token")?,
+        add_eos_token: m.opt_bool("tokenizer.ggml.add_eos_token")?,
+        add_space_prefix: m.opt_bool("tokenizer.ggml.add_space_prefix")?,
+        chat_template: m.opt_str("tokenizer.chat_template")?.map(String::from),
+    })
+}

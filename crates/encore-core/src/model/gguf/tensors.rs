@@ -1,0 +1,171 @@
+//! GGUF tensors as the HF tensors the loader asks for: llama.cpp's names mapped to HF's,
+//! shapes checked (GGUF dims are reversed), values dequantized to f32 and, for
+//! architecture `llama`, q/k rows put back in HF order.
+
+use std::collections::HashSet;
+
+use super::config::{gguf_arch, ROPE_FREQS};
+use super::reader::GgufFile;
+use crate::error::{Error, Result};
+use crate::model::config::{Arch, ModelConfig};
+use crate::model::weights::TensorSpec;
+
+/// The llama.cpp name of an HF tensor name (`None` for names with no GGUF counterpart).
+pub fn gguf_name(hf: &str) -> Option<String> {
+    let top = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(t) = top {
+        return Some(t.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (module, kind) = rest.rsplit_once('.')?;
+    let short = match module {
+        "input_layernorm" => "attn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{short}.{kind}"))
+}
+
+/// A GGUF file serving HF tensors.
+pub struct GgufWeights {
+    file: GgufFile,
+    /// Heads of q and of k whose rows llama.cpp interleaved (architecture `llama`).
+    permuted_heads: Option<(usize, usize)>,
+}
+
+impl GgufWeights {
+    pub fn new(file: GgufFile, cfg: &ModelConfig) -> Result<GgufWeights> {
+        let (_, arch) = gguf_arch(&file)?;
+        let permuted_heads = (arch == Arch::Llama).then_some((cfg.num_heads, cfg.num_kv_heads));
+        Ok(GgufWeights {
+            file,
+            permuted_heads,
+        })
+    }
+
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    fn err(&self, hf: &str, what: String) -> Error {
+        Error::Weights {
+            tensor: hf.to_string(),
+            what: format!("{what} (in `{}`)", self.file.path().display()),
+        }
+    }
+
+    /// Check that every spec has its GGUF tensor with the right shape and a supported
+    /// type, then that the file holds no tensor the config does not use; the first
+    /// failure names the tensor (both names where there are two).
+    pub fn validate(&self, specs: &[&TensorSpec]) -> Result<()> {
+        let mut used = HashSet::new();
+        for spec in specs {
+            let name = gguf_name(&spec.name)
+                .ok_or_else(|| self.err(&spec.name, "has no GGUF counterpart".into()))?;
+            let info = self.file.tensor(&name).ok_or_else(|| {
+                self.err(&spec.name, format!("is missing: no GGUF tensor `{name}`"))
+            })?;
+            if info.shape() != spec.shape {
+                return Err(self.err(
+                    &spec.name,
+                    format!(
+                        "GGUF tensor `{name}` has dims {:?} (shape {:?}), expected shape {:?}",
+                        info.dims,
+                        info.shape(),
+                        spec.shape
+                    ),
+                ));
+            }
+            if !info.ggml_type.is_supported() {
+                return Err(Error::Weights {
+                    tensor: name.clone(),
+                    what: format!(
+                        "(HF `{}`) has GGML type {}, which encore does not dequantize \
+                         (supported: {}; in `{}`)",
+                        spec.name,
+                        info.ggml_type,
+                        super::GgmlType::SUPPORTED.map(|t| t.name()).join(", "),
+                        self.file.path().display()
+                    ),
+                });
+            }
+            used.insert(name);
+        }
+        let mut unused: Vec<&str> = self
+            .file
+            .tensors()
+            .iter()
+            .map(|t| t.name.as_str())
+            .filter(|n| !used.contains(*n) && *n != ROPE_FREQS)
+            .collect();
+        unused.sort_by_key(|n| crate::model::weights::natural_key(n));
+        if let Some(name) = unused.first() {
+            return Err(Error::Weights {
+                tensor: name.to_string(),
+                what: format!(
+                    "is in `{}` but the config does not use it ({} unused tensors)",
+                    self.file.path().display(),
+                    unused.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The values of HF tensor `spec` in HF layout, as f32.
+    pub fn tensor_f32(&self, spec: &TensorSpec) -> Result<Vec<f32>> {
+        let name = gguf_name(&spec.name)
+            .ok_or_else(|| self.err(&spec.name, "has no GGUF counterpart".into()))?;
+        let values = self.file.tensor_f32(&name)?;
+        if values.len() != spec.numel() {
+            return Err(self.err(
+                &spec.name,
+                format!(
+                    "GGUF `{name}` has {} elements, expected {}",
+                    values.len(),
+                    spec.numel()
+                ),
+            ));
+        }
+        let heads = match self.permuted_heads {
+            Some((q, _)) if spec.name.contains(".q_proj.") => q,
+            Some((_, k)) if spec.name.contains(".k_proj.") => k,
+            _ => return Ok(values),
+        };
+        Ok(unpermute_rows(&values, spec.shape[0], heads))
+    }
+}
+
+/// Undo llama.cpp's q/k permutation. Its converter reorders each head's `head_dim` rows
+/// from HF's rotate-half layout (first half, then second half of the rotary pairs) to
+/// interleaved pairs: GGUF row `2j + i` of a head is HF row `i * head_dim / 2 + j`. Works
+/// for weights (`rows x cols`) and biases (`cols = 1`).
+pub fn unpermute_rows(values: &[f32], rows: usize, heads: usize) -> Vec<f32> {
+    let cols = values.len() / rows.max(1);
+    let head_dim = rows / heads.max(1);
+    let half = head_dim / 2;
+    let mut out = vec![0f32; values.len()];
+    for (r, dst) in out.chunks_exact_mut(cols).enumerate() {
+        let (h, within) = (r / head_dim, r % head_dim);
+        let (i, j) = (within / half, within % half);
+        let src = h * head_dim + 2 * j + i;
+        dst.copy_from_slice(&values[src * cols..(src + 1) * cols]);
+    }
+    out
+}

