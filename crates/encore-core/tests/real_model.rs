@@ -4,6 +4,7 @@
 //! Without the variable the tests say so and pass, unless `ENCORE_REQUIRE_SMOLLM2=1` (CI),
 //! where a missing model is a failure.
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use encore_core::backend::cpu::CpuBackend;
@@ -22,7 +23,11 @@ fn smollm2() -> Option<PathBuf> {
     match std::env::var_os("ENCORE_SMOLLM2_GGUF") {
         Some(p) => {
             let p = PathBuf::from(p);
-            assert!(p.is_file(), "ENCORE_SMOLLM2_GGUF={} is not a file", p.display());
+            assert!(
+                p.is_file(),
+                "ENCORE_SMOLLM2_GGUF={} is not a file",
+                p.display()
+            );
             Some(p)
         }
         None => {
@@ -91,12 +96,15 @@ fn greedy(
             seed: 0,
         },
         ignore_eos: false,
+        progress: false,
     };
-    generate(&mut runner, prompts, eos, &opts, |_, _| {})
-        .unwrap()
-        .into_iter()
-        .map(|g| g.output_ids)
-        .collect()
+    generate(&mut runner, prompts, eos, &opts, |_, _| {
+        ControlFlow::Continue(())
+    })
+    .unwrap()
+    .into_iter()
+    .map(|g| g.output_ids)
+    .collect()
 }
 
 fn chat_prompt(tok: &Tokenizer, question: &str) -> Vec<u32> {
@@ -119,14 +127,7 @@ fn smollm2_gguf_answers_the_capital_of_france() {
     let tok = files.tokenizer().unwrap();
     let prompt = chat_prompt(&tok, "What is the capital of France?");
     let be = CpuBackend::new();
-    let out = greedy(
-        &be,
-        cfg,
-        files.source.clone(),
-        &[prompt],
-        &tok.eos_token_ids(),
-        24,
-    );
+    let out = greedy(&be, cfg, files.source, &[prompt], &tok.eos_token_ids(), 24);
     let text = tok.decode(&out[0], true).unwrap();
     assert!(text.contains("Paris"), "answer: {text:?}");
 }
@@ -203,8 +204,15 @@ fn smollm2_gguf_equals_its_dequantized_safetensors_twin() {
     ];
     let be = CpuBackend::new();
     let eos = tok.eos_token_ids();
-    let from_gguf = greedy(&be, &cfg, files.source.clone(), &prompts, &eos, 16);
-    let from_twin = greedy(&be, &twin_cfg, WeightSource::Dir(&dir.0), &prompts, &eos, 16);
+    let from_gguf = greedy(&be, &cfg, files.source, &prompts, &eos, 16);
+    let from_twin = greedy(
+        &be,
+        &twin_cfg,
+        WeightSource::Dir(&dir.0),
+        &prompts,
+        &eos,
+        16,
+    );
     assert_eq!(from_gguf, from_twin);
     assert!(from_gguf.iter().all(|o| !o.is_empty()));
 }

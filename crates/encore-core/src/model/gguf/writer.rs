@@ -17,6 +17,7 @@ use half::f16;
 use super::quants::GgmlType;
 use super::reader::{Value, DEFAULT_ALIGNMENT, MAGIC};
 use crate::error::{Error, Result};
+use crate::model::config::{Arch, ModelConfig};
 
 /// Metadata and tensors to be written as one GGUF file.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +45,43 @@ impl GgufWriter {
     pub fn kv(&mut self, key: &str, value: Value) -> &mut Self {
         self.metadata.retain(|(k, _)| k != key);
         self.metadata.push((key.to_string(), value));
+        self
+    }
+
+    /// The `general.architecture` and `<arch>.*` keys llama.cpp's converter writes for
+    /// `cfg` (no tokenizer keys; `<arch>.vocab_size` gives the vocabulary size). Llama-3
+    /// rope scaling (a `rope_freqs.weight` tensor in GGUF) is not written.
+    pub fn model_metadata(&mut self, cfg: &ModelConfig) -> &mut Self {
+        let a = match cfg.arch {
+            Arch::Llama | Arch::Mistral => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        };
+        let u = |x: usize| Value::U32(x as u32);
+        self.kv("general.architecture", Value::String(a.into()));
+        self.kv("general.name", Value::String("encore".into()));
+        for (key, value) in [
+            ("block_count", u(cfg.num_layers)),
+            ("context_length", u(cfg.max_position_embeddings)),
+            ("embedding_length", u(cfg.hidden_size)),
+            ("feed_forward_length", u(cfg.intermediate_size)),
+            ("vocab_size", u(cfg.vocab_size)),
+            ("attention.head_count", u(cfg.num_heads)),
+            ("attention.head_count_kv", u(cfg.num_kv_heads)),
+            ("attention.key_length", u(cfg.head_dim)),
+            ("attention.value_length", u(cfg.head_dim)),
+            ("rope.dimension_count", u(cfg.head_dim)),
+            ("rope.freq_base", Value::F32(cfg.rope.theta)),
+            (
+                "attention.layer_norm_rms_epsilon",
+                Value::F32(cfg.rms_norm_eps),
+            ),
+        ] {
+            self.kv(&format!("{a}.{key}"), value);
+        }
+        if let Some(w) = cfg.sliding_window {
+            self.kv(&format!("{a}.attention.sliding_window"), u(w.size));
+        }
         self
     }
 

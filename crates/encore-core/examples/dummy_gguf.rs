@@ -1,0 +1,78 @@
+//! Write a GGUF file with seeded random weights in the shape of a built-in dummy model,
+//! quantized like a downloaded file: the input for GGUF load-time benchmarks on machines
+//! that hold no real model (scripts/gpu-check.sh).
+//!
+//!   cargo run --release --example dummy_gguf -- llama-3.2-1b q8_0 /tmp/llama-1b.q8_0.gguf
+//!
+//! Types: f16, q8_0, q4_0, q4_1 (norms are always f32). The file carries a byte-level
+//! placeholder vocabulary, so `encore bench decode` loads it; its text is noise.
+
+use std::path::Path;
+
+use encore_core::model::config::ModelConfig;
+use encore_core::model::gguf::{
+    gguf_name, quantize_q4_0, quantize_q4_1, quantize_q8_0, GgmlType, GgufWriter, Value,
+};
+use encore_core::model::weights::hf_tensors;
+use encore_core::ops::splitmix64;
+use half::f16;
+use rayon::prelude::*;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [name, ty, out] = &args[..] else {
+        return Err("usage: dummy_gguf DUMMY_NAME f16|q8_0|q4_0|q4_1 OUT.gguf".into());
+    };
+    let cfg = ModelConfig::dummy(name)?;
+    let t = std::time::Instant::now();
+    let mut w = GgufWriter::new();
+    w.model_metadata(&cfg);
+    let tokens = (0..cfg.vocab_size)
+        .map(|i| Value::String(format!("t{i}")))
+        .collect();
+    w.kv("tokenizer.ggml.model", Value::String("gpt2".into()));
+    w.kv("tokenizer.ggml.tokens", Value::Array(8, tokens));
+    w.kv("tokenizer.ggml.merges", Value::Array(8, Vec::new()));
+    for (i, spec) in hf_tensors(&cfg).iter().enumerate() {
+        let gname = gguf_name(&spec.name).ok_or("no GGUF name")?;
+        let norm = spec.name.ends_with("norm.weight");
+        let std = 1.0 / (*spec.shape.last().unwrap_or(&1) as f32).sqrt();
+        let seed = splitmix64(i as u64 + 1);
+        // A uniform value of the given std (Box-Muller is not needed for timing).
+        let values: Vec<f32> = (0..spec.numel())
+            .into_par_iter()
+            .map(|j| {
+                let u = (splitmix64(seed ^ j as u64) >> 40) as f32 / (1u64 << 24) as f32;
+                if norm {
+                    1.0
+                } else {
+                    (u - 0.5) * std * 3.46
+                }
+            })
+            .collect();
+        if norm || spec.shape.len() == 1 {
+            w.tensor_f32(&gname, &spec.shape, &values);
+            continue;
+        }
+        match ty.as_str() {
+            "f16" => {
+                let bytes = values
+                    .iter()
+                    .flat_map(|&x| f16::from_f32(x).to_le_bytes())
+                    .collect();
+                w.tensor(&gname, &spec.shape, GgmlType::F16, bytes)
+            }
+            "q8_0" => w.tensor(&gname, &spec.shape, GgmlType::Q8_0, quantize_q8_0(&values)),
+            "q4_0" => w.tensor(&gname, &spec.shape, GgmlType::Q4_0, quantize_q4_0(&values)),
+            "q4_1" => w.tensor(&gname, &spec.shape, GgmlType::Q4_1, quantize_q4_1(&values)),
+            other => return Err(format!("unknown type `{other}`").into()),
+        };
+    }
+    w.write(Path::new(out))?;
+    eprintln!(
+        "wrote {out} ({} tensors, {ty}) in {:.1} s",
+        w.tensors.len(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
