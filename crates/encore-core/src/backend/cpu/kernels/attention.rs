@@ -215,28 +215,38 @@ fn attention_t<T: Float>(a: &AttentionArgs) {
                     }
                 }
                 scores(w, nq, kn, hd);
+                let all_ok = w.ok[..kn].iter().all(|&ok| ok);
                 // Online softmax per query over this chunk; `s` becomes probabilities.
                 for i in 0..nq {
                     let (qlo, qhi) = key_range(tile.p0 + i / group, a.window, capacity);
-                    let (jlo, jhi) = (qlo.max(c0) - c0, qhi.clamp(c0, c0 + kn) - c0);
+                    let (jlo, jhi) = (qlo.clamp(c0, c0 + kn) - c0, qhi.clamp(c0, c0 + kn) - c0);
                     let srow = &mut w.s[i * kn..(i + 1) * kn];
-                    let visible = |j: usize| j >= jlo && j < jhi && w.ok[j];
-                    let mx = (0..kn)
-                        .filter(|&j| visible(j))
-                        .map(|j| srow[j])
-                        .fold(f32::NEG_INFINITY, f32::max);
-                    if mx == f32::NEG_INFINITY {
+                    if jlo >= jhi {
                         srow.fill(0.0);
+                        continue;
+                    }
+                    // Keys outside [jlo, jhi) or in an invalid block get probability 0.
+                    srow[..jlo].fill(0.0);
+                    srow[jhi..].fill(0.0);
+                    let visible = &mut srow[jlo..jhi];
+                    if !all_ok {
+                        for (s, &ok) in visible.iter_mut().zip(&w.ok[jlo..jhi]) {
+                            if !ok {
+                                *s = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
+                    let mx = max(visible);
+                    if mx == f32::NEG_INFINITY {
+                        visible.fill(0.0); // only invalid blocks in range
                         continue;
                     }
                     let m_new = w.m[i].max(mx);
                     let corr = (w.m[i] - m_new).exp(); // 0 for the first visible chunk
-                    let mut sum = 0f32;
-                    for (j, s) in srow.iter_mut().enumerate() {
-                        *s = if visible(j) { (*s - m_new).exp() } else { 0.0 };
-                        sum += *s;
+                    for s in visible.iter_mut() {
+                        *s = exp_nonpositive(*s - m_new); // 0 for invalid blocks (-inf)
                     }
-                    w.l[i] = w.l[i] * corr + sum;
+                    w.l[i] = w.l[i] * corr + sum(visible);
                     w.m[i] = m_new;
                     if corr != 1.0 {
                         w.acc[i * hd..(i + 1) * hd]
@@ -261,6 +271,69 @@ fn attention_t<T: Float>(a: &AttentionArgs) {
                 }
             }
         });
+}
+
+/// `e^x` for `x <= 0` (the softmax's `score - max`) in a form that vectorises: Cephes'
+/// `expf` (range reduction by `ln 2` in two parts, a degree-5 polynomial, `2^n` built in
+/// the exponent bits), within 2 ulp of `f32::exp`. `x < -87` (including `-inf`) gives
+/// exactly 0: such terms are below `f32`'s normal range and the row's maximum alone
+/// contributes 1 to the sum.
+#[inline]
+fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = if x < -87.0 { -87.0 } else { x }; // NaN stays NaN
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let p = 1.987_569_1e-4;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 5.000_000_1e-1;
+    let e = p * r * r + r + 1.0;
+    // n in [-126, 0]: the exponent field of 2^n is n + 127 in [1, 127].
+    let ni = t.to_bits() as i32 - ROUND.to_bits() as i32;
+    let scale = f32::from_bits(((ni + 127) << 23) as u32);
+    if x < -87.0 {
+        0.0
+    } else {
+        e * scale
+    }
+}
+
+/// `Σ x` with 8 independent partial sums (so the loop vectorises).
+fn sum(x: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for l in 0..8 {
+            lanes[l] += c[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// The largest element (`-inf` for an empty slice or all `-inf`), with 8 independent
+/// maxima so the loop vectorises (a NaN score is never chosen, as with `f32::max`).
+fn max(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    for c in chunks {
+        for l in 0..8 {
+            lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
+        }
+    }
+    lanes.iter().fold(tail, |m, &v| m.max(v))
 }
 
 /// `s[i][j] = q_i · k_j` for `nq` queries and `kn` keys (`s` is `[nq, kn]`).
@@ -344,5 +417,26 @@ fn accumulate(w: &mut Work, nq: usize, kn: usize, hd: usize) {
             false,
             gemm::Parallelism::None,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_nonpositive;
+
+    #[test]
+    fn exp_nonpositive_is_within_2_ulp_of_exp() {
+        let mut worst = 0f64;
+        for i in 0..=2_000_000 {
+            let x = -87.0 * i as f32 / 2_000_000.0;
+            let (got, want) = (exp_nonpositive(x) as f64, (x as f64).exp());
+            worst = worst.max((got - want).abs() / want);
+        }
+        // 2 ulp of f32 is 2.4e-7 relative.
+        assert!(worst < 2.4e-7, "worst relative error {worst:.2e}");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-87.5), 0.0);
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+        assert!(exp_nonpositive(f32::NAN).is_nan());
     }
 }
