@@ -45,6 +45,9 @@ struct PrefillRow {
     cold_ms: f64,
     /// Median over the timed runs.
     prefill_ms: f64,
+    /// Median CPU time of the process (all threads) per timed run, where the OS reports
+    /// it (Linux): on a shared machine it moves less than wall time with other load.
+    cpu_ms: Option<f64>,
 }
 
 /// Table header: (title, width).
@@ -54,6 +57,7 @@ const COLUMNS: &[(&str, usize)] = &[
     ("cold ms", 11),
     ("prefill ms", 11),
     ("tok/s", 11),
+    ("cpu ms", 11),
 ];
 
 impl PrefillRow {
@@ -69,6 +73,7 @@ impl PrefillRow {
             format!("{:.1}", self.cold_ms),
             format!("{:.1}", self.prefill_ms),
             format!("{:.1}", self.tokens_per_s()),
+            self.cpu_ms.map_or("-".into(), |c| format!("{c:.1}")),
         ]
     }
 
@@ -77,8 +82,26 @@ impl PrefillRow {
             "model": model, "device": device, "dtype": dtype.to_string(), "mode": "eager",
             "tokens": self.tokens, "batch": self.batch, "cold_ms": self.cold_ms,
             "prefill_ms": self.prefill_ms, "tokens_per_s": self.tokens_per_s(),
+            "cpu_ms": self.cpu_ms,
         })
     }
+}
+
+/// CPU time of every thread of this process so far, in ns (Linux `schedstat`), or `None`.
+fn process_cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// The median of `v` (not empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|x, y| x.total_cmp(y));
+    v[v.len() / 2]
 }
 
 fn print_cells(cells: &[String]) {
@@ -150,6 +173,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                 })
                 .collect();
             let mut times = Vec::with_capacity(a.repeats + 1);
+            let mut cpu = Vec::with_capacity(a.repeats + 1);
             for run in 0..=a.repeats {
                 // Fresh sequences each run: the whole prompt is new to the cache.
                 let seqs: Vec<SeqId> = (0..b).map(|i| SeqId((run * b + i) as u64)).collect();
@@ -166,21 +190,21 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                         step: 0,
                     })
                     .collect();
-                let t = Instant::now();
+                let (t, c) = (Instant::now(), process_cpu_ns());
                 runner.step(&batch)?; // reads the sampled tokens back: waits for the device
                 times.push(t.elapsed().as_secs_f64() * 1e3);
+                cpu.push(c.zip(process_cpu_ns()).map(|(c0, c1)| (c1 - c0) as f64 / 1e6));
                 for &s in &seqs {
                     runner.blocks.free(s)?;
                 }
             }
-            let cold_ms = times[0];
-            let mut warm = times[1..].to_vec();
-            warm.sort_by(|x, y| x.total_cmp(y));
+            let warm_cpu: Option<Vec<f64>> = cpu[1..].iter().copied().collect();
             let row = PrefillRow {
                 tokens: n,
                 batch: b,
-                cold_ms,
-                prefill_ms: warm[warm.len() / 2],
+                cold_ms: times[0],
+                prefill_ms: median(&times[1..]),
+                cpu_ms: warm_cpu.map(|c| median(&c)),
             };
             if a.json {
                 println!("{}", row.json(&a.model, &device, dtype));
