@@ -4,14 +4,20 @@
 # every CUDA kernel against the CPU), every test binary with --include-ignored,
 # compute-sanitizer memcheck + racecheck on the CUDA kernel tests, `encore bench kernels`,
 # and the PyTorch reference figures. Logs go to $OUT; a short table is printed last.
-#   usage: bash scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--nvrtc-cold]
+# --real-models adds the real-model figures (needs ENCORE_SMOLLM2_GGUF, and .bin/dummy_gguf
+# for the 1B-shape GGUF load time); --no-tests skips the test binaries and the sanitizer.
+#   usage: bash scripts/gpu-check.sh [--no-tests] [--no-sanitizer] [--no-bench] [--nvrtc-cold]
+#                                    [--real-models]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-$(mktemp -d)}
-sanitizer=1; bench=1; nvrtc_cold=0
+sanitizer=1; bench=1; nvrtc_cold=0; tests=1; real=0
 for a in "$@"; do
-  case $a in --no-sanitizer) sanitizer=0 ;; --no-bench) bench=0 ;; --nvrtc-cold) nvrtc_cold=1 ;; esac
+  case $a in
+    --no-sanitizer) sanitizer=0 ;; --no-bench) bench=0 ;; --nvrtc-cold) nvrtc_cold=1 ;;
+    --no-tests) tests=0; sanitizer=0 ;; --real-models) real=1 ;;
+  esac
 done
 export ENCORE_CACHE_DIR=$(mktemp -d)
 rows=()
@@ -44,20 +50,21 @@ fi
 # Random-weight HF models and transformers' logits, for the parity test (tests/hf_parity.rs).
 export ENCORE_HF_REF=$(mktemp -d)
 
-run hf-reference env PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF"
+[ $tests = 1 ] && run hf-reference env PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF"
 for t in .bin/tests/*; do
+  [ $tests = 1 ] || break
   # The CLI tests run the binary at its build-machine path; they are CPU tests (CI).
   [ "$(basename "$t")" = cli ] && continue
   run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4
 done
 if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null && [ -x .bin/tests/cuda ]; then
   run sanitizer-memcheck  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
-      .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu
+      .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu windowed_attention
   # cuBLASLt's own nvjet kernels report shared-memory hazards racecheck cannot follow
   # (their warp-specialised mbarrier pipelines); only encore's kernels are checked.
   run sanitizer-racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
       --kernel-name-exclude kns=nvjet \
-      .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu
+      .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu windowed_attention
 fi
 if [ $bench = 1 ]; then
   run bench-kernels   .bin/encore bench kernels --device cuda
@@ -76,6 +83,32 @@ if [ $bench = 1 ]; then
       --orders largest,smallest,shuffled
 fi
 
+if [ $real = 1 ]; then
+  # Real model (SmolLM2-135M-Instruct Q4_1 GGUF) on the GPU: the answer, decode and prefill
+  # beside its dummy twin of the same shape; then GGUF load time of a 1B-shape Q8_0 file.
+  g=${ENCORE_SMOLLM2_GGUF:-}
+  if [ -n "$g" ] && [ -f "$g" ]; then
+    run smollm2-generate .bin/encore generate --device cuda --model "$g" --chat \
+        --prompt "What is the capital of France?" --max-tokens 40
+    run smollm2-generate-json .bin/encore generate --device cuda --model "$g" --chat --json \
+        --prompt "What is the capital of France?" --max-tokens 64 --ignore-eos
+    run smollm2-bench-decode .bin/encore bench decode --device cuda --model "$g" --batch 1,8,32,128
+    run smollm2-dummy-bench-decode .bin/encore bench decode --device cuda \
+        --model dummy:smollm2-135m --batch 1,8,32,128
+    run smollm2-bench-prefill .bin/encore bench prefill --device cuda --model "$g" \
+        --tokens 128,512,2000
+  else
+    echo "== real models: ENCORE_SMOLLM2_GGUF not set or missing; SmolLM2 skipped"
+  fi
+  if [ -x .bin/dummy_gguf ]; then
+    run gguf-write-1b .bin/dummy_gguf llama-3.2-1b q8_0 /tmp/llama-1b.q8_0.gguf
+    for i in 1 2 3; do
+      run "gguf-load-1b-$i" .bin/encore bench decode --device cuda --model /tmp/llama-1b.q8_0.gguf \
+          --batch 1 --steps 5 --context 16
+    done
+  fi
+fi
+
 echo
 echo "---- kernels: cold vs cached compile (first cold, cached, then 3 more cold)"
 grep -h '^kernels' "$OUT/info-cold-cache.log" "$OUT/info-warm-cache.log" "$OUT/nvrtc-cold.log"
@@ -88,6 +121,13 @@ if [ $bench = 1 ]; then
   cat "$OUT"/bench-capture-*.log
   echo "---- PyTorch CUDA graphs in one shared pool"
   cat "$OUT"/torch-graph-pool-*.log
+fi
+if [ $real = 1 ]; then
+  echo "---- real models"
+  for f in smollm2-generate smollm2-generate-json smollm2-bench-decode smollm2-dummy-bench-decode \
+           smollm2-bench-prefill gguf-load-1b-1 gguf-load-1b-2 gguf-load-1b-3; do
+    [ -f "$OUT/$f.log" ] && { echo "-- $f"; grep -v '^\s*$' "$OUT/$f.log" | tail -n 12; }
+  done
 fi
 echo "---- summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
 printf '%s\n' "${rows[@]}"

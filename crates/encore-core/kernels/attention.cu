@@ -1,21 +1,24 @@
 // attention: paged attention for decode and prefill, split-K ("flash-decoding").
 //
 // Semantics: see `Attention` in src/backend/mod.rs. Row r of q is one query; it attends
-// causally to the first `ctx` tokens of its sequence, where (all read from device memory)
+// to the tokens [lo, ctx) of its sequence, where (all read from device memory)
 //   decode  (has_cu == 0): seq = r, ctx = seq_lens[r]
 //   prefill (has_cu != 0): seq = s with cu[s] <= r < cu[s+1] (binary search), and the
 //                          query's position is seq_lens[s] - cu[s+1] + r, ctx = position + 1
-// clamped to table_width * block_size. Rows with ctx <= 0 (padding, rows past
-// cu[num_seqs], negative positions) write zeros. Cache blocks whose id is outside
-// 0..num_blocks contribute nothing (they are never read).
+// and lo = max(0, ctx - window) with a sliding window (window > 0, a model constant per
+// layer; 0 = full attention, lo = 0), computed before ctx is clamped to
+// table_width * block_size. Rows with an empty range (padding, rows past cu[num_seqs],
+// negative positions, a window wholly past the table) write zeros. Cache blocks whose id
+// is outside 0..num_blocks contribute nothing (they are never read). Only [lo, ctx) is
+// split and streamed: blocks before the window are never read.
 //
 // Kernel 1, attention_split_g<GMAX>_<dtype>: grid (rows, num_kv_heads * num_sub,
 // num_splits), ATT_THREADS threads. One CTA owns one query row, `heads_per_cta` <= GMAX
 // query heads of one GQA group (the group is cut into num_sub parts: the whole group when
 // it has <= 8 heads and the batch fills the GPU; fewer heads per CTA for small batches,
-// chosen by the host) and one split of the row's context: split s of num_splits takes tokens
-// [s * per, min(ctx, (s + 1) * per)), per = ceil(ctx / num_splits) rounded up to the CTA's
-// chunk. Each K/V row is read once per CTA and used for all its heads.
+// chosen by the host) and one split of the row's range: split s of num_splits takes tokens
+// [lo + s * per, min(ctx, lo + (s + 1) * per)), per = ceil((ctx - lo) / num_splits) rounded
+// up to the CTA's chunk. Each K/V row is read once per CTA and used for all its heads.
 //   Thread layout: `lpt` lanes (a power of two, 4..32) share one token; lane l holds
 //   16-byte vectors l, l + lpt (< head_dim / V) of q (f32 registers, pre-scaled by
 //   scale * log2(e)), of the token's K and V rows, and of the accumulators. A CTA has
@@ -74,7 +77,7 @@ __device__ __forceinline__ void attention_split_impl(
     const T* q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     const int* __restrict__ cu_seqlens, int has_cu, T* out, float* __restrict__ scratch,
-    float qscale, int num_seqs, int rows, int num_heads, int num_kv_heads, int head_dim,
+    float qscale, int window, int num_seqs, int rows, int num_heads, int num_kv_heads, int head_dim,
     int num_blocks, int block_size, int table_width, int group, int heads_per_cta,
     int num_sub, int num_splits, int lpt) {
     constexpr int V = AttCfg<T, GMAX>::V;
@@ -113,15 +116,20 @@ __device__ __forceinline__ void attention_split_impl(
         }
     }
     const long long max_ctx = (long long)table_width * block_size;  // < 2^31 (host check)
+    // The window counts back from the query's position, before the table clamp.
+    long long k_lo = window > 0 ? ctx - window : 0;
+    if (k_lo < 0) k_lo = 0;
     if (ctx < 0) ctx = 0;
     if (ctx > max_ctx) ctx = max_ctx;
+    if (k_lo > ctx) k_lo = ctx;
 
     const int nslots = ATT_THREADS / lpt;
     const int chunk = nslots * U;
     const int c = (int)ctx;
-    int per = (c + num_splits - 1) / num_splits;
+    const int span = c - (int)k_lo;
+    int per = (span + num_splits - 1) / num_splits;
     per = (per + chunk - 1) / chunk * chunk;
-    const long long start_ll = (long long)split * per;
+    const long long start_ll = k_lo + (long long)split * per;
     const int start = (int)min(start_ll, (long long)c);
     const int end = (int)min(start_ll + per, (long long)c);
 
@@ -439,12 +447,13 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) NAME(                        \
         const T* q, const T* k_cache, const T* v_cache, const int* block_tables,           \
         const int* seq_lens, const int* cu_seqlens, int has_cu, T* out, float* scratch,    \
-        float qscale, int num_seqs, int rows, int num_heads, int num_kv_heads,             \
+        float qscale, int window, int num_seqs, int rows, int num_heads, int num_kv_heads, \
         int head_dim, int num_blocks, int block_size, int table_width, int group,          \
         int heads_per_cta, int num_sub, int num_splits, int lpt) {                          \
         pdl_enter();                                                                        \
         attention_split_impl<T, GMAX>(q, k_cache, v_cache, block_tables, seq_lens,         \
-                                      cu_seqlens, has_cu, out, scratch, qscale, num_seqs,  \
+                                      cu_seqlens, has_cu, out, scratch, qscale, window,    \
+                                      num_seqs,                                            \
                                       rows, num_heads, num_kv_heads, head_dim, num_blocks, \
                                       block_size, table_width, group, heads_per_cta,       \
                                       num_sub, num_splits, lpt);                           \

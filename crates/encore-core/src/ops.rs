@@ -461,6 +461,12 @@ pub fn check_attention(a: &Attention<'_>) -> Result<AttentionDims> {
             format!("scale must be finite, got {}", a.scale),
         ));
     }
+    if a.window == Some(0) {
+        return Err(Error::invalid(
+            OP,
+            "window must be >= 1 positions (None for full attention)",
+        ));
+    }
     Ok(AttentionDims {
         rows,
         num_heads: nh,

@@ -38,6 +38,8 @@ fn every_op_matches_the_f64_reference() {
             "kv_write: v_cache",
             "attention(decode)",
             "attention(prefill)",
+            "attention(decode, window)",
+            "attention(prefill, window)",
             "argmax",
             "sample (greedy rows)",
             "sample (random rows)",
@@ -266,6 +268,18 @@ impl Tiny {
         lens: &[i32],
         cu: Option<&[i32]>,
     ) -> Vec<f32> {
+        self.run_window(q, tables, width, lens, cu, None)
+    }
+
+    fn run_window(
+        &self,
+        q: &[f32],
+        tables: &[i32],
+        width: usize,
+        lens: &[i32],
+        cu: Option<&[i32]>,
+        window: Option<usize>,
+    ) -> Vec<f32> {
         let be = self.be.as_ref();
         let rows = q.len() / 2;
         let q = be.upload(q, &[rows, 1, 2]).unwrap();
@@ -282,6 +296,7 @@ impl Tiny {
             seq_lens: &lens_t,
             cu_seqlens_q: cu.as_ref(),
             scale: 1.0,
+            window,
             out: &out,
             scratch: &scratch,
         })
@@ -328,6 +343,25 @@ fn attention_edge_cases_by_hand() {
         out,
         vec![0.0, 0.0, 20.0, -2.0, 25.0, -2.5, 0.0, 0.0, 0.0, 0.0]
     );
+
+    // Sliding window, q = [0, 0] (uniform weights over the visible keys). Decode at
+    // position 4 over blocks [0, 1, 2] (slots = positions): window 1 sees slot 4 only,
+    // window 2 slots 3-4, window 5 all five, window 9 (beyond the context) all five too.
+    let decode = |w| t.run_window(&[0.0, 0.0], &[0, 1, 2], 3, &[5], None, Some(w));
+    assert_eq!(decode(1), vec![40.0, -4.0]);
+    assert_eq!(decode(2), vec![35.0, -3.5]);
+    assert_eq!(decode(5), vec![20.0, -2.0]);
+    assert_eq!(decode(9), decode(5));
+    assert_eq!(decode(5), t.run(&[0.0, 0.0], &[0, 1, 2], 3, &[5], None));
+    // Prefill rows at positions 2, 3, 4 with window 2: slots {1, 2}, {2, 3}, {3, 4}.
+    let out = t.run_window(&[0.0; 6], &[0, 1, 2], 3, &[5], Some(&[0, 3]), Some(2));
+    assert_eq!(out, vec![15.0, -1.5, 25.0, -2.5, 35.0, -3.5]);
+    // The window counts back from the position, not from the clamped context: position 8
+    // (len 9) with a table of 2 blocks (positions 0-3) and window 3 sees positions 6-8,
+    // none of them in the table -> zeros; window 6 sees positions 3-8 -> slot 3 only.
+    let clamped = |w| t.run_window(&[0.0, 0.0], &[0, 1], 2, &[9], None, Some(w));
+    assert_eq!(clamped(3), vec![0.0, 0.0]);
+    assert_eq!(clamped(6), vec![30.0, -3.0]);
 }
 
 fn sample(
@@ -543,7 +577,7 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
     let q = f32s(&[3, 4, 8]);
     let cache = f32s(&[5, 4, 2, 8]);
     let scratch = f32s(&[1]);
-    let attention = |tables: &Tensor, lens: &Tensor| {
+    let attention = |tables: &Tensor, lens: &Tensor, window: Option<usize>| {
         be.attention(&Attention {
             q: &q,
             k_cache: &cache,
@@ -552,12 +586,13 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
             seq_lens: lens,
             cu_seqlens_q: None,
             scale: 1.0,
+            window,
             out: &q,
             scratch: &scratch,
         })
         .unwrap_err()
     };
-    let err = attention(&i32s(&[3, 2]), &i32s(&[4]));
+    let err = attention(&i32s(&[3, 2]), &i32s(&[4]), None);
     assert!(
         matches!(
             err,
@@ -569,7 +604,7 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
         ),
         "{err}"
     );
-    let err = attention(&f32s(&[3, 2]), &i32s(&[3]));
+    let err = attention(&f32s(&[3, 2]), &i32s(&[3]), None);
     assert!(
         matches!(
             err,
@@ -580,6 +615,8 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
         ),
         "{err}"
     );
+    let err = attention(&i32s(&[3, 2]), &i32s(&[3]), Some(0));
+    assert!(err.to_string().contains("window must be >= 1"), "{err}");
 
     let logits = f32s(&[2, 10]);
     let (t, k, p) = (f32s(&[2]), i32s(&[2]), f32s(&[2]));

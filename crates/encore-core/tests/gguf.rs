@@ -999,9 +999,12 @@ fn a_bad_bool_and_a_misaligned_offset_are_named() {
 #[test]
 #[ignore = "needs a real GGUF model on disk"]
 fn real_gguf_smoke() {
-    let model = std::env::var("ENCORE_GGUF_MODEL")
-        .or_else(|_| std::env::var("ENCORE_SMOLLM2_GGUF"))
-        .expect("set ENCORE_GGUF_MODEL or ENCORE_SMOLLM2_GGUF to a GGUF file");
+    let Ok(model) =
+        std::env::var("ENCORE_GGUF_MODEL").or_else(|_| std::env::var("ENCORE_SMOLLM2_GGUF"))
+    else {
+        eprintln!("skipped: set ENCORE_GGUF_MODEL or ENCORE_SMOLLM2_GGUF to a GGUF file");
+        return;
+    };
     let t = std::time::Instant::now();
     let ModelFiles {
         config: cfg,

@@ -1,12 +1,13 @@
 //! The forward pass against a naive f64 implementation of the same architecture written
 //! here from the HF definitions, for every architecture variant (plain Llama, Llama-3 rope
-//! scaling, Qwen2 qkv bias + tied embeddings, Qwen3 q/k norm), over steps that mix
-//! prefill, chunked prefill and decode in one batch, with sequences crossing KV blocks.
+//! scaling, Qwen2 qkv bias + tied embeddings, Qwen3 q/k norm, sliding-window attention),
+//! over steps that mix prefill, chunked prefill and decode in one batch, with sequences
+//! crossing KV blocks.
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::kv::{KvCache, KvCacheConfig};
 use encore_core::memory::Arena;
-use encore_core::model::config::ModelConfig;
+use encore_core::model::config::{ModelConfig, SlidingWindow};
 use encore_core::model::llama::{Model, StepInputs};
 use encore_core::model::weights::{self, ModelWeights, WeightSource};
 use encore_core::{Backend, DType};
@@ -101,7 +102,7 @@ impl RefModel {
             .iter()
             .map(|&t| self.embed[t as usize * h..(t as usize + 1) * h].to_vec())
             .collect();
-        for lw in &self.layers {
+        for (li, lw) in self.layers.iter().enumerate() {
             let mut qs = Vec::new();
             let mut ks = Vec::new();
             let mut vs = Vec::new();
@@ -143,13 +144,15 @@ impl RefModel {
                 for head in 0..nh {
                     let g = head / (nh / kvh);
                     let q = &qs[p][head * hd..(head + 1) * hd];
-                    let scores: Vec<f64> = (0..=p)
+                    // The window: keys t with p - w < t <= p (transformers' semantics).
+                    let first = c.layer_window(li).map_or(0, |w| (p + 1).saturating_sub(w));
+                    let scores: Vec<f64> = (first..=p)
                         .map(|t| (0..hd).map(|d| q[d] * ks[t][g * hd + d]).sum::<f64>() * scale)
                         .collect();
                     let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
                     let z: f64 = e.iter().sum();
-                    for (t, et) in e.iter().enumerate() {
+                    for (t, et) in (first..).zip(&e) {
                         for d in 0..hd {
                             attn[head * hd + d] += et / z * vs[t][g * hd + d];
                         }
@@ -250,9 +253,12 @@ fn rel_err(a: &[f32], r: &[f64]) -> f64 {
 }
 
 fn check_arch(name: &str, dtype: DType, tol: f64) {
+    check_config(name, ModelConfig::dummy(name).unwrap(), dtype, tol)
+}
+
+fn check_config(name: &str, cfg: ModelConfig, dtype: DType, tol: f64) {
     let cpu = CpuBackend::new();
     let be: &dyn Backend = &cpu;
-    let cfg = ModelConfig::dummy(name).unwrap();
     let w = weights::load(be, &cfg, WeightSource::Dummy { seed: 7 }, dtype, false).unwrap();
     let reference = RefModel::new(be, &cfg, &w);
     let model = Model::new(be, cfg.clone(), w, 64).unwrap();
@@ -362,4 +368,78 @@ fn qwen3_qk_norm_matches_f64_reference() {
 #[test]
 fn bf16_run_stays_close_to_f64_reference() {
     check_arch("tiny", DType::BF16, 5e-2);
+}
+
+/// Tiny Qwen2 with a 5-position sliding window from layer 1 on (layer 0 attends fully),
+/// as a `use_sliding_window` config with `max_window_layers = 1` parses.
+fn windowed_qwen2() -> ModelConfig {
+    ModelConfig {
+        sliding_window: Some(SlidingWindow {
+            size: 5,
+            first_layer: 1,
+        }),
+        ..ModelConfig::dummy("tiny-qwen2").unwrap()
+    }
+}
+
+#[test]
+fn qwen2_sliding_window_matches_f64_reference() {
+    check_config("tiny-qwen2 window 5", windowed_qwen2(), DType::F32, 1e-4);
+}
+
+/// Last-token logits of each prompt, all prefilled in one step.
+fn prefill_logits(cfg: &ModelConfig, prompts: &[&[u32]]) -> Vec<Vec<f32>> {
+    let cpu = CpuBackend::new();
+    let be: &dyn Backend = &cpu;
+    let w = weights::load(be, cfg, WeightSource::Dummy { seed: 7 }, DType::F32, false).unwrap();
+    let model = Model::new(be, cfg.clone(), w, 64).unwrap();
+    let kv_cfg = KvCacheConfig {
+        num_layers: cfg.num_layers,
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+        block_size: BLOCK,
+        dtype: DType::F32,
+    };
+    let kv = KvCache::new(be, kv_cfg, 1 + prompts.len() * MAX_BLOCKS_PER_SEQ).unwrap();
+    let mut arena = Arena::new(
+        be,
+        model.arena_bytes(be, 48, prompts.len(), MAX_BLOCKS_PER_SEQ, BLOCK),
+    )
+    .unwrap();
+    let mut seqs: Vec<Seq> = (0..prompts.len())
+        .map(|s| Seq {
+            tokens: Vec::new(),
+            in_cache: 0,
+            blocks: (0..MAX_BLOCKS_PER_SEQ)
+                .map(|j| (1 + s * MAX_BLOCKS_PER_SEQ + j) as i32)
+                .collect(),
+        })
+        .collect();
+    step(be, &model, &mut arena, &kv, &mut seqs, prompts, false)
+}
+
+#[test]
+fn sliding_window_changes_logits_only_past_the_window() {
+    let windowed = windowed_qwen2();
+    let full = ModelConfig {
+        sliding_window: None,
+        ..windowed.clone()
+    };
+    let prompt: Vec<u32> = (0..17).map(|i| (i * 37 + 5) % 512).collect();
+    let prompts: [&[u32]; 3] = [&prompt[..5], &prompt[..6], &prompt];
+    let (a, b) = (
+        prefill_logits(&windowed, &prompts),
+        prefill_logits(&full, &prompts),
+    );
+    // 5 tokens: every query's window holds its whole context, bit for bit the same run.
+    assert_eq!(a[0], b[0]);
+    // 6 and 17 tokens: the last queries no longer see position 0 (and more) in layers 1..
+    for s in [1, 2] {
+        let r: Vec<f64> = b[s].iter().map(|&v| v as f64).collect();
+        let e = rel_err(&a[s], &r);
+        assert!(
+            e > 1e-3,
+            "seq {s}: windowed and full logits differ by only {e:.1e}"
+        );
+    }
 }

@@ -3,6 +3,7 @@
 
 mod bench_capture;
 mod bench_decode;
+mod bench_prefill;
 mod generate_cmd;
 mod model_arg;
 mod out;
@@ -72,6 +73,8 @@ enum BenchCommand {
     Kernels(BenchKernelsArgs),
     /// Decode-step latency at several batch sizes beside the weight-bandwidth floor.
     Decode(bench_decode::BenchDecodeArgs),
+    /// Prefill latency and tokens/s at several prompt lengths and batch sizes (eager).
+    Prefill(bench_prefill::BenchPrefillArgs),
     /// Memory of captured decode graphs per graph-memory strategy (private, multi-va,
     /// arena): physical and virtual bytes, capture time, the largest bucket's need.
     Capture(bench_capture::BenchCaptureArgs),
@@ -103,6 +106,9 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate_cmd::run(a).map(|_| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Kernels(a)) => bench_kernels(a),
         Command::Bench(BenchCommand::Decode(a)) => bench_decode::run(a).map(|_| ExitCode::SUCCESS),
+        Command::Bench(BenchCommand::Prefill(a)) => {
+            bench_prefill::run(a).map(|_| ExitCode::SUCCESS)
+        }
         Command::Bench(BenchCommand::Capture(a)) => {
             bench_capture::run(a).map(|_| ExitCode::SUCCESS)
         }

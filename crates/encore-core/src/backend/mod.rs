@@ -48,12 +48,17 @@ pub type BackendRef = Arc<dyn Backend>;
 /// `s` at position `seq_lens[s] - 1`. With `Some(cu)` (i32, `num_seqs + 1` entries,
 /// non-decreasing, `cu[0] = 0`) rows `cu[s]..cu[s+1]` are sequence `s`'s queries, the
 /// last at position `seq_lens[s] - 1` and the ones before it consecutively earlier.
-/// A query at position `p` attends causally to positions `0..=p`.
+/// A query at position `p` attends causally to positions `0..=p`; with a sliding
+/// `window = Some(w)` only to the `w` most recent of them, positions `k` with
+/// `p - w < k <= p` (transformers' sliding-window semantics). The window is a model
+/// constant per layer (a launch scalar), never a per-step value.
 ///
 /// Rows that attend to nothing write zeros: a sequence with `seq_len == 0` (padding),
 /// rows at or beyond `cu[num_seqs]`, rows whose position would be negative. Context
-/// longer than the block table can hold is clamped to `table_width * block_size`; a
-/// block id outside `0..num_blocks` contributes nothing (never an out-of-bounds read).
+/// longer than the block table can hold is clamped to `table_width * block_size` (the
+/// window still counts back from the query's position `p`, so a query whose window lies
+/// wholly past the table's capacity writes zeros); a block id outside `0..num_blocks`
+/// contributes nothing (never an out-of-bounds read).
 ///
 /// GQA: query head `h` uses KV head `h / (num_heads / num_kv_heads)`.
 pub struct Attention<'a> {
@@ -71,6 +76,9 @@ pub struct Attention<'a> {
     pub cu_seqlens_q: Option<&'a Tensor>,
     /// Softmax scale, usually `1 / sqrt(head_dim)`.
     pub scale: f32,
+    /// Sliding window in positions (`>= 1`; a window at least as long as the context is
+    /// full attention), or `None` for full causal attention.
+    pub window: Option<usize>,
     /// `[rows, num_heads, head_dim]`, dtype T.
     pub out: &'a Tensor,
     /// f32 scratch of at least [`Backend::attention_scratch_len`] elements (the split-K

@@ -106,6 +106,7 @@ const DUMMY_NAMES: &[&str] = &[
     "qwen2.5-0.5b",
     "llama-3.2-1b",
     "llama-3-8b",
+    "smollm2-135m",
 ];
 
 impl ModelConfig {
@@ -260,6 +261,24 @@ impl ModelConfig {
                     theta: 500_000.0,
                     llama3: None,
                 },
+                max_position_embeddings: 8192,
+                ..tiny
+            },
+            "smollm2-135m" => ModelConfig {
+                vocab_size: 49_152,
+                hidden_size: 576,
+                intermediate_size: 1536,
+                num_layers: 30,
+                num_heads: 9,
+                num_kv_heads: 3,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    theta: 100_000.0,
+                    llama3: None,
+                },
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: true,
                 max_position_embeddings: 8192,
                 ..tiny
             },

@@ -259,6 +259,7 @@ impl Model {
                 seq_lens: inp.seq_lens,
                 cu_seqlens_q: inp.cu_seqlens_q,
                 scale: 1.0 / (hd as f32).sqrt(),
+                window: c.layer_window(i),
                 out: &attn,
                 scratch: &buf.scratch,
             })?;

@@ -64,6 +64,7 @@ pub(crate) enum Output {
 /// contexts from 1 to past the block table's capacity.
 pub(crate) fn cases(seed: u64) -> Vec<Case> {
     let mut rng = rng(seed);
+    let mut extra = self::rng(seed ^ 0x5eed_a77e);
     let mut out = Vec::new();
     let mut push = |name: String, shape: String, dtype: DType, op: Op| {
         out.push(Case {
@@ -198,32 +199,81 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 Op::KvWrite(inputs),
             );
         }
+        // (num_seqs, heads, kv heads, head_dim, block size, table width, most query rows
+        // per sequence in prefill, windows).
+        let full: &[Option<usize>] = &[None];
+        // The first five draw from the main generator, the others from their own (so the
+        // inputs of every other case stay what they were before those were added).
+        let attention_shapes: [(
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            &[Option<usize>],
+        ); 8] = [
+            (6, 4, 2, 64, 16, 4, 6, full),
+            (5, 4, 1, 128, 8, 5, 6, full),
+            (4, 6, 2, 96, 16, 3, 6, full),
+            (3, 2, 2, 64, 8, 2, 6, full),
+            // Long contexts (up to 1024 + 3, clamped): split-K paths on a GPU.
+            (5, 4, 1, 64, 16, 64, 6, full),
+            // Prefill rows cross the CPU kernel's query tiles (32 rows) and key chunks (64).
+            (5, 4, 1, 64, 16, 64, 40, full),
+            // Sliding windows: 1, 3, block_size -/+ 1, within and beyond the context.
+            (
+                4,
+                6,
+                2,
+                96,
+                8,
+                5,
+                6,
+                &[Some(1), Some(3), Some(7), Some(9), Some(100)],
+            ),
+            (
+                5,
+                4,
+                1,
+                64,
+                16,
+                64,
+                40,
+                &[Some(1), Some(3), Some(15), Some(17), Some(100), Some(2000)],
+            ),
+        ];
         for prefill in [false, true] {
-            for (num_seqs, nh, nkv, hd, bs, tw) in [
-                (6, 4, 2, 64, 16, 4),
-                (5, 4, 1, 128, 8, 5),
-                (4, 6, 2, 96, 16, 3),
-                (3, 2, 2, 64, 8, 2),
-                // Long contexts (up to 1024 + 3, clamped): split-K paths on a GPU.
-                (5, 4, 1, 64, 16, 64),
-            ] {
-                let shape = AttentionShape {
-                    num_seqs,
-                    num_heads: nh,
-                    num_kv_heads: nkv,
-                    head_dim: hd,
-                    block_size: bs,
-                    table_width: tw,
-                    prefill,
-                };
-                let inputs = AttentionInputs::random(rng, shape);
-                let name = if prefill {
-                    "attention(prefill)"
-                } else {
-                    "attention(decode)"
-                };
-                let shape = format!("rows={} h={nh}/{nkv} hd={hd} bs={bs}", inputs.rows);
-                push(name.into(), shape, dtype, Op::Attention(inputs));
+            for (k, &(num_seqs, nh, nkv, hd, bs, tw, max_q_len, windows)) in
+                attention_shapes.iter().enumerate()
+            {
+                for &window in windows {
+                    let shape = AttentionShape {
+                        num_seqs,
+                        num_heads: nh,
+                        num_kv_heads: nkv,
+                        head_dim: hd,
+                        block_size: bs,
+                        table_width: tw,
+                        prefill,
+                        max_q_len,
+                        window,
+                    };
+                    let r = if k < 5 { &mut *rng } else { &mut extra };
+                    let inputs = AttentionInputs::random(r, shape);
+                    let name = match (prefill, window) {
+                        (true, None) => "attention(prefill)",
+                        (false, None) => "attention(decode)",
+                        (true, Some(_)) => "attention(prefill, window)",
+                        (false, Some(_)) => "attention(decode, window)",
+                    };
+                    let mut shape = format!("rows={} h={nh}/{nkv} hd={hd} bs={bs}", inputs.rows);
+                    if let Some(w) = window {
+                        shape += &format!(" window={w}");
+                    }
+                    push(name.into(), shape, dtype, Op::Attention(inputs));
+                }
             }
         }
     }
@@ -428,6 +478,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 seq_lens: &lens,
                 cu_seqlens_q: cu.as_ref(),
                 scale: i.scale,
+                window: s.window,
                 out: &out,
                 scratch: &scratch,
             })?;
@@ -560,6 +611,7 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
                 seq_lens: &i.seq_lens,
                 cu_seqlens_q: i.cu_seqlens_q.as_deref(),
                 scale: i.scale as f64,
+                window: s.window,
                 num_heads: s.num_heads,
                 num_kv_heads: s.num_kv_heads,
                 head_dim: s.head_dim,

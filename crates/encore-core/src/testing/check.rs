@@ -523,6 +523,7 @@ impl Chain {
             seq_lens: &self.seq_lens,
             cu_seqlens_q: None,
             scale: 1.0 / (d.head_dim as f32).sqrt(),
+            window: None,
             out: &attn,
             scratch: &self.scratch,
         })?;

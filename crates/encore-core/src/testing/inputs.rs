@@ -244,6 +244,11 @@ pub struct AttentionShape {
     pub table_width: usize,
     /// Several query rows per sequence (`cu_seqlens_q`) instead of one.
     pub prefill: bool,
+    /// With `prefill`: the most query rows a sequence takes (6 in most cases; more to
+    /// cross the CPU kernel's query tiles and key chunks).
+    pub max_q_len: usize,
+    /// Sliding window of the launch.
+    pub window: Option<usize>,
 }
 
 /// `attention` over a random paged cache.
@@ -251,8 +256,8 @@ pub struct AttentionShape {
 /// Sequence lengths include 0 (padding), 1, lengths just past a block boundary, the full
 /// table capacity and one beyond it (clamped); block tables hold distinct block ids with
 /// -1 or garbage past each sequence's blocks, and one sequence has an out-of-range block
-/// id inside its context (that block contributes nothing). Prefill takes 1 to 6 query
-/// rows per sequence, plus: none for one sequence, two for a sequence of length 1 (the
+/// id inside its context (that block contributes nothing). Prefill takes 1 to
+/// `max_q_len` query rows per sequence, plus: none for one sequence, two for a sequence of length 1 (the
 /// first row's position is negative), and two padding rows beyond `cu[num_seqs]`.
 pub struct AttentionInputs {
     pub shape: AttentionShape,
@@ -277,6 +282,8 @@ impl AttentionInputs {
             block_size,
             table_width,
             prefill,
+            max_q_len,
+            ..
         } = shape;
         let capacity = table_width * block_size;
         let special = [
@@ -326,7 +333,7 @@ impl AttentionInputs {
                     skipped = true;
                     0 // a sequence with no query this step
                 } else {
-                    rng.random_range(1..=len.clamp(1, 6))
+                    rng.random_range(1..=len.clamp(1, max_q_len as i32))
                 };
                 cu.push(cu[s] + q_len);
             }

@@ -140,6 +140,8 @@ pub struct AttentionRef<'a> {
     pub seq_lens: &'a [i32],
     pub cu_seqlens_q: Option<&'a [i32]>,
     pub scale: f64,
+    /// Sliding window: keys at positions `pos - w < t <= pos` only.
+    pub window: Option<usize>,
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
@@ -169,11 +171,12 @@ pub fn attention(a: &AttentionRef<'_>) -> Vec<f64> {
             continue;
         }
         let context = ((pos + 1) as usize).min(width * bs);
+        let first = a.window.map_or(0, |w| (pos + 1 - w as i64).max(0) as usize);
         for h in 0..nh {
             let g = h / (nh / kvh);
             let q = &a.q[(r * nh + h) * hd..(r * nh + h + 1) * hd];
             let mut keys = Vec::new();
-            for t in 0..context {
+            for t in first..context {
                 let block = a.block_tables[s * width + t / bs];
                 if block < 0 || block as usize >= num_blocks {
                     continue;

@@ -362,6 +362,7 @@ impl Backend for CpuBackend {
             seq_lens: a.seq_lens.clone(),
             cu_seqlens_q: a.cu_seqlens_q.cloned(),
             scale: a.scale,
+            window: a.window,
             out: a.out.clone(),
             dims: d,
         };

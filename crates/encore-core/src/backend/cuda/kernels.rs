@@ -514,7 +514,8 @@ fn att_ctas_per_sm(gmax: usize) -> usize {
     }
 }
 
-/// How one attention launch is laid out; a function of shapes (and the SM count) only.
+/// How one attention launch is laid out; a function of shapes, the SM count and the
+/// layer's window (model constants) only.
 struct AttentionPlan {
     /// Heads of one CTA (`gmax` is the kernel variant holding them), CTAs per GQA group.
     heads_per_cta: usize,
@@ -532,6 +533,7 @@ impl AttentionPlan {
         num_kv_heads: usize,
         table_width: usize,
         block_size: usize,
+        window: Option<usize>,
     ) -> Self {
         let group = num_heads / num_kv_heads.max(1);
         let mut heads_per_cta = if group <= ATT_MAX_HEADS_PER_CTA {
@@ -551,13 +553,31 @@ impl AttentionPlan {
         let gmax = heads_per_cta.next_power_of_two();
         let num_sub = group.div_ceil(heads_per_cta).max(1);
         // Pick the split count that minimises (waves of CTAs) x (tokens per CTA + fixed
-        // cost), plus the combine launch when split, for the longest context the block
-        // table can describe, never splitting it finer than a block (and
-        // ATT_MIN_SPLIT_TOKENS). Ties go to fewer splits.
+        // cost), plus the combine launch when split, for the longest range of keys a row
+        // can attend to (the block table's capacity, or the window when shorter), never
+        // splitting it finer than a block (and ATT_MIN_SPLIT_TOKENS). Ties go to fewer
+        // splits. A window never raises the split count above the full-attention plan's,
+        // whose scratch `attention_scratch_len` provides.
         let ctas = (rows * num_kv_heads * num_sub).max(1);
         let slots = att_ctas_per_sm(gmax) * sm_count.max(1);
-        let max_ctx = table_width.saturating_mul(block_size);
-        let by_len = (max_ctx / ATT_MIN_SPLIT_TOKENS.max(block_size)).clamp(1, ATT_MAX_SPLITS);
+        let capacity = table_width.saturating_mul(block_size);
+        let max_ctx = window.map_or(capacity, |w| w.min(capacity));
+        let limit = match window {
+            Some(_) => {
+                Self::new(
+                    sm_count,
+                    rows,
+                    num_heads,
+                    num_kv_heads,
+                    table_width,
+                    block_size,
+                    None,
+                )
+                .num_splits
+            }
+            None => ATT_MAX_SPLITS,
+        };
+        let by_len = (max_ctx / ATT_MIN_SPLIT_TOKENS.max(block_size)).clamp(1, limit);
         let mut best = (usize::MAX, 1);
         for s in 1..=by_len {
             let waves = ctas.saturating_mul(s).div_ceil(slots);
@@ -600,8 +620,16 @@ pub(super) fn attention_scratch_len(
     (1..=num_heads)
         .filter(|kvh| num_heads.is_multiple_of(*kvh) && num_heads / kvh <= ATT_MAX_GROUP)
         .map(|kvh| {
-            AttentionPlan::new(sm_count, rows, num_heads, kvh, table_width, block_size)
-                .scratch_len(rows, num_heads, head_dim)
+            AttentionPlan::new(
+                sm_count,
+                rows,
+                num_heads,
+                kvh,
+                table_width,
+                block_size,
+                None,
+            )
+            .scratch_len(rows, num_heads, head_dim)
         })
         .max()
         .unwrap_or(0)
@@ -663,6 +691,7 @@ pub(super) fn attention(be: &CudaBackend, a: &Attention<'_>, d: &AttentionDims) 
         d.num_kv_heads,
         d.table_width,
         d.block_size,
+        a.window,
     );
     // Scratch was checked against `attention_scratch_len` (the largest plan's need) by
     // the caller.
@@ -699,6 +728,9 @@ pub(super) fn attention(be: &CudaBackend, a: &Attention<'_>, d: &AttentionDims) 
     let has_cu = a.cu_seqlens_q.is_some() as i32;
     let (out, scratch) = (dptr(a.out), dptr(a.scratch));
     let qscale = a.scale * std::f32::consts::LOG2_E;
+    // 0: full attention. A window of i32::MAX or more reaches back past position 0 from any
+    // position a seq_len can give, so it is full attention as well.
+    let window = a.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
     let rows = int(OP, "rows", d.rows)?;
     let nh = int(OP, "num_heads", d.num_heads)?;
@@ -722,8 +754,8 @@ pub(super) fn attention(be: &CudaBackend, a: &Attention<'_>, d: &AttentionDims) 
         &name,
         c,
         &mut args![
-            q, kc, vc, bt, sl, cu, has_cu, out, scratch, qscale, num_seqs, rows, nh, nkv, hd, nb,
-            bs, tw, group, hpc, nsub, splits, lpt
+            q, kc, vc, bt, sl, cu, has_cu, out, scratch, qscale, window, num_seqs, rows, nh, nkv,
+            hd, nb, bs, tw, group, hpc, nsub, splits, lpt
         ],
     )?;
     if plan.num_splits > 1 {

@@ -1,9 +1,21 @@
-//! Paged attention (decode and prefill): one rayon task per (query row, head), a
-//! numerically stable softmax in f32. Semantics: [`crate::backend::Attention`].
+//! Paged attention (decode and prefill), tiled flash-style. Semantics:
+//! [`crate::backend::Attention`].
+//!
+//! Query rows are grouped into tiles: up to [`TILE_ROWS`] consecutive rows of one
+//! sequence at consecutive positions (a decode row is a tile of one). One rayon task
+//! takes one tile and one KV head, i.e. `rows x group` query vectors (every q head of the
+//! GQA group), and walks the keys the tile can see in chunks of [`KEY_CHUNK`] tokens:
+//! each chunk's K and V rows are gathered from the paged cache (widened to f32) once for
+//! the whole tile, scores `S = Q Kᵀ` and the update `acc += P V` are dense products
+//! (`gemm` for large tiles, 8-lane dot products for small ones), and an online softmax
+//! in f32 (running max `m`, sum `l`, rescaled accumulator) merges the chunks. Chunks
+//! outside every query's `[lo, hi)` (causal, sliding window, table capacity) are never
+//! touched, so a small window keeps long contexts cheap. Deterministic: the tiling and
+//! every summation order depend on shapes and contents only, never on threads.
 
 use rayon::prelude::*;
 
-use super::{dispatch_float, view, view_mut, Float};
+use super::{dispatch_float, dot, view, view_mut, Float, SyncPtr};
 use crate::ops::AttentionDims;
 use crate::tensor::{DType, Tensor};
 use half::{bf16, f16};
@@ -16,9 +28,19 @@ pub(in crate::backend::cpu) struct AttentionArgs {
     pub seq_lens: Tensor,
     pub cu_seqlens_q: Option<Tensor>,
     pub scale: f32,
+    /// Sliding window in positions (validated `>= 1`), `None` for full causal attention.
+    pub window: Option<usize>,
     pub out: Tensor,
     pub dims: AttentionDims,
 }
+
+/// Query rows per tile (one sequence, consecutive positions).
+const TILE_ROWS: usize = 32;
+/// Keys per chunk: gathered once per tile, the `n` of `Q Kᵀ` and the `k` of `P V`.
+const KEY_CHUNK: usize = 64;
+/// From this many query vectors per tile on, the products go through `gemm` (its
+/// runtime-dispatched SIMD kernels); below, dot products and axpys (decode, short chunks).
+const GEMM_MIN_QUERIES: usize = 16;
 
 pub(in crate::backend::cpu) fn attention(a: &AttentionArgs) {
     dispatch_float!(a.q.dtype(), attention_t(a))
@@ -42,19 +64,80 @@ fn query_of(r: usize, seq_lens: &[i32], cu: Option<&[i32]>) -> Option<(usize, us
     usize::try_from(pos).ok().map(|p| (s, p))
 }
 
+/// The keys `[lo, hi)` the query at position `pos` attends to: causal, within the window,
+/// and within the block table's capacity. Empty when `lo >= hi`.
+fn key_range(pos: usize, window: Option<usize>, capacity: usize) -> (usize, usize) {
+    let hi = (pos + 1).min(capacity);
+    let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    (lo, hi)
+}
+
+/// Consecutive rows `r0..r0 + n` of sequence `seq` at positions `p0..p0 + n`.
+struct Tile {
+    seq: usize,
+    r0: usize,
+    n: usize,
+    p0: usize,
+}
+
+/// Split the rows that attend to something into tiles; rows that attend to nothing are
+/// listed in `empty`.
+fn tiles(rows: usize, seq_lens: &[i32], cu: Option<&[i32]>) -> (Vec<Tile>, Vec<usize>) {
+    let mut tiles: Vec<Tile> = Vec::new();
+    let mut empty = Vec::new();
+    for r in 0..rows {
+        let Some((s, p)) = query_of(r, seq_lens, cu) else {
+            empty.push(r);
+            continue;
+        };
+        match tiles.last_mut() {
+            Some(t) if t.seq == s && t.r0 + t.n == r && t.p0 + t.n == p && t.n < TILE_ROWS => {
+                t.n += 1
+            }
+            _ => tiles.push(Tile {
+                seq: s,
+                r0: r,
+                n: 1,
+                p0: p,
+            }),
+        }
+    }
+    (tiles, empty)
+}
+
+/// Per-task buffers, reused across the tasks of one rayon worker.
+#[derive(Default)]
+struct Work {
+    /// Query vectors of the tile, pre-scaled: `[nq, head_dim]`, query `i = row * group + j`.
+    q: Vec<f32>,
+    /// Gathered keys and values of one chunk: `[KEY_CHUNK, head_dim]`.
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Whether chunk token `j` lies in a valid block.
+    ok: Vec<bool>,
+    /// Scores, then probabilities: `[nq, KEY_CHUNK]`.
+    s: Vec<f32>,
+    /// Running max and sum per query, unnormalised output `[nq, head_dim]`.
+    m: Vec<f32>,
+    l: Vec<f32>,
+    acc: Vec<f32>,
+}
+
 fn attention_t<T: Float>(a: &AttentionArgs) {
     let AttentionDims {
+        rows,
         num_heads,
         num_kv_heads,
-        head_dim,
+        head_dim: hd,
         num_blocks,
         block_size,
         table_width,
         ..
     } = a.dims;
-    // SAFETY: dtypes validated (q, caches, out T; tables, lengths, cu i32); out is the
-    // only tensor written and does not overlap the inputs.
-    let (q, kc, vc, tables, lens, cu, out) = unsafe {
+    // SAFETY: dtypes validated (q, caches, out T; tables, lengths, cu i32); out is only
+    // written through `op` below, at disjoint elements per task, and does not overlap the
+    // inputs.
+    let (q, kc, vc, tables, lens, cu) = unsafe {
         (
             view::<T>(&a.q),
             view::<T>(&a.k_cache),
@@ -62,67 +145,298 @@ fn attention_t<T: Float>(a: &AttentionArgs) {
             view::<i32>(&a.block_tables),
             view::<i32>(&a.seq_lens),
             a.cu_seqlens_q.as_ref().map(|t| view::<i32>(t)),
-            view_mut::<T>(&a.out),
         )
     };
-    if out.is_empty() {
+    if rows == 0 || num_heads == 0 || hd == 0 {
         return;
     }
     let group = num_heads / num_kv_heads;
     let capacity = table_width * block_size;
-    out.par_chunks_mut(head_dim).enumerate().for_each_init(
-        || {
-            (
-                Vec::<(usize, f32)>::new(),
-                vec![0f32; head_dim],
-                vec![0f32; head_dim],
-            )
-        },
-        |(scores, qrow, acc), (idx, o)| {
-            let (r, h) = (idx / num_heads, idx % num_heads);
-            let Some((s, pos)) = query_of(r, lens, cu) else {
-                o.fill(T::from_f32(0.0));
-                return;
-            };
-            let kv_head = h / group;
-            for (d, v) in qrow
-                .iter_mut()
-                .zip(&q[idx * head_dim..(idx + 1) * head_dim])
-            {
-                *d = v.to_f32();
-            }
-            let table = &tables[s * table_width..(s + 1) * table_width];
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for t in 0..(pos + 1).min(capacity) {
-                let block = table[t / block_size];
-                let Some(block) = usize::try_from(block).ok().filter(|&b| b < num_blocks) else {
-                    continue;
-                };
-                let base =
-                    ((block * block_size + t % block_size) * num_kv_heads + kv_head) * head_dim;
-                let key = &kc[base..base + head_dim];
-                let dot: f32 = qrow.iter().zip(key).map(|(q, k)| q * k.to_f32()).sum();
-                let score = dot * a.scale;
-                max = max.max(score);
-                scores.push((base, score));
-            }
-            if scores.is_empty() {
-                o.fill(T::from_f32(0.0));
-                return;
-            }
-            acc.fill(0.0);
-            let mut sum = 0f32;
-            for &(base, score) in scores.iter() {
-                let p = (score - max).exp();
-                sum += p;
-                for (acc, v) in acc.iter_mut().zip(&vc[base..base + head_dim]) {
-                    *acc += p * v.to_f32();
+    let (tiles, empty) = tiles(rows, lens, cu);
+    {
+        // SAFETY: as above; this slice is dropped before the tasks write through `op`.
+        let out = unsafe { view_mut::<T>(&a.out) };
+        for r in empty {
+            out[r * num_heads * hd..(r + 1) * num_heads * hd].fill(T::from_f32(0.0));
+        }
+    }
+    let op = SyncPtr(super::ptr_of(&a.out) as *mut T);
+    let tasks = tiles.len() * num_kv_heads;
+    (0..tasks)
+        .into_par_iter()
+        .for_each_init(Work::default, |w, task| {
+            let tile = &tiles[task / num_kv_heads];
+            let g = task % num_kv_heads;
+            let nq = tile.n * group;
+            // Gather the tile's queries (scaled) and reset the running state.
+            w.q.resize(nq * hd, 0.0);
+            for r in 0..tile.n {
+                for j in 0..group {
+                    let src = ((tile.r0 + r) * num_heads + g * group + j) * hd;
+                    let dst = &mut w.q[(r * group + j) * hd..(r * group + j + 1) * hd];
+                    for (d, s) in dst.iter_mut().zip(&q[src..src + hd]) {
+                        *d = s.to_f32() * a.scale;
+                    }
                 }
             }
-            for (o, acc) in o.iter_mut().zip(acc.iter()) {
-                *o = T::from_f32(acc / sum);
+            w.m.clear();
+            w.m.resize(nq, f32::NEG_INFINITY);
+            w.l.clear();
+            w.l.resize(nq, 0.0);
+            w.acc.clear();
+            w.acc.resize(nq * hd, 0.0);
+            w.k.resize(KEY_CHUNK * hd, 0.0);
+            w.v.resize(KEY_CHUNK * hd, 0.0);
+            w.ok.resize(KEY_CHUNK, false);
+            w.s.resize(nq * KEY_CHUNK, 0.0);
+
+            // Keys the tile can see: from the first row's `lo` to the last row's `hi`.
+            let (lo, _) = key_range(tile.p0, a.window, capacity);
+            let (_, hi) = key_range(tile.p0 + tile.n - 1, a.window, capacity);
+            let table = &tables[tile.seq * table_width..(tile.seq + 1) * table_width];
+            let mut c0 = lo;
+            while c0 < hi {
+                let kn = KEY_CHUNK.min(hi - c0);
+                // Gather the chunk's K and V rows of KV head g (f32).
+                for j in 0..kn {
+                    let t = c0 + j;
+                    let block = usize::try_from(table[t / block_size])
+                        .ok()
+                        .filter(|&b| b < num_blocks);
+                    w.ok[j] = block.is_some();
+                    if let Some(b) = block {
+                        let base = ((b * block_size + t % block_size) * num_kv_heads + g) * hd;
+                        T::widen(&kc[base..base + hd], &mut w.k[j * hd..(j + 1) * hd]);
+                        T::widen(&vc[base..base + hd], &mut w.v[j * hd..(j + 1) * hd]);
+                    } else {
+                        // Never used (probability 0), but keep NaN-free data for gemm.
+                        w.k[j * hd..(j + 1) * hd].fill(0.0);
+                        w.v[j * hd..(j + 1) * hd].fill(0.0);
+                    }
+                }
+                scores(w, nq, kn, hd);
+                let all_ok = w.ok[..kn].iter().all(|&ok| ok);
+                // Online softmax per query over this chunk; `s` becomes probabilities.
+                for i in 0..nq {
+                    let (qlo, qhi) = key_range(tile.p0 + i / group, a.window, capacity);
+                    let (jlo, jhi) = (qlo.clamp(c0, c0 + kn) - c0, qhi.clamp(c0, c0 + kn) - c0);
+                    let srow = &mut w.s[i * kn..(i + 1) * kn];
+                    if jlo >= jhi {
+                        srow.fill(0.0);
+                        continue;
+                    }
+                    // Keys outside [jlo, jhi) or in an invalid block get probability 0.
+                    srow[..jlo].fill(0.0);
+                    srow[jhi..].fill(0.0);
+                    let visible = &mut srow[jlo..jhi];
+                    if !all_ok {
+                        for (s, &ok) in visible.iter_mut().zip(&w.ok[jlo..jhi]) {
+                            if !ok {
+                                *s = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
+                    let mx = max(visible);
+                    if mx == f32::NEG_INFINITY {
+                        visible.fill(0.0); // only invalid blocks in range
+                        continue;
+                    }
+                    let m_new = w.m[i].max(mx);
+                    let corr = (w.m[i] - m_new).exp(); // 0 for the first visible chunk
+                    for s in visible.iter_mut() {
+                        *s = exp_nonpositive(*s - m_new); // 0 for invalid blocks (-inf)
+                    }
+                    w.l[i] = w.l[i] * corr + sum(visible);
+                    w.m[i] = m_new;
+                    if corr != 1.0 {
+                        w.acc[i * hd..(i + 1) * hd]
+                            .iter_mut()
+                            .for_each(|x| *x *= corr);
+                    }
+                }
+                accumulate(w, nq, kn, hd);
+                c0 += kn;
             }
-        },
-    );
+
+            // out = acc / l (zeros for a query that saw no valid key).
+            for i in 0..nq {
+                let (r, j) = (i / group, i % group);
+                let inv = if w.l[i] > 0.0 { 1.0 / w.l[i] } else { 0.0 };
+                let at = ((tile.r0 + r) * num_heads + g * group + j) * hd;
+                for (d, x) in w.acc[i * hd..(i + 1) * hd].iter().enumerate() {
+                    // SAFETY: `at + d < rows * num_heads * head_dim`; (row, head) pairs
+                    // belong to exactly one (tile, KV head) task and `empty` rows were
+                    // written before the tasks started.
+                    unsafe { *op.get().add(at + d) = T::from_f32(x * inv) };
+                }
+            }
+        });
+}
+
+/// `e^x` for `x <= 0` (the softmax's `score - max`) in a form that vectorises: Cephes'
+/// `expf` (range reduction by `ln 2` in two parts, a degree-5 polynomial, `2^n` built in
+/// the exponent bits), within 2 ulp of `f32::exp`. `x < -87` (including `-inf`) gives
+/// exactly 0: such terms are below `f32`'s normal range and the row's maximum alone
+/// contributes 1 to the sum.
+#[inline]
+fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = if x < -87.0 { -87.0 } else { x }; // NaN stays NaN
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let p = 1.987_569_1e-4;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 5.000_000_1e-1;
+    let e = p * r * r + r + 1.0;
+    // n in [-126, 0]: the exponent field of 2^n is n + 127 in [1, 127].
+    let ni = t.to_bits() as i32 - ROUND.to_bits() as i32;
+    let scale = f32::from_bits(((ni + 127) << 23) as u32);
+    if x < -87.0 {
+        0.0
+    } else {
+        e * scale
+    }
+}
+
+/// `Σ x` with 8 independent partial sums (so the loop vectorises).
+fn sum(x: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for l in 0..8 {
+            lanes[l] += c[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// The largest element (`-inf` for an empty slice or all `-inf`), with 8 independent
+/// maxima so the loop vectorises (a NaN score is never chosen, as with `f32::max`).
+fn max(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    for c in chunks {
+        for l in 0..8 {
+            lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
+        }
+    }
+    lanes.iter().fold(tail, |m, &v| m.max(v))
+}
+
+/// `s[i][j] = q_i · k_j` for `nq` queries and `kn` keys (`s` is `[nq, kn]`).
+fn scores(w: &mut Work, nq: usize, kn: usize, hd: usize) {
+    if nq < GEMM_MIN_QUERIES {
+        for i in 0..nq {
+            let qi = &w.q[i * hd..(i + 1) * hd];
+            for j in 0..kn {
+                w.s[i * kn + j] = dot(qi, &w.k[j * hd..(j + 1) * hd]);
+            }
+        }
+        return;
+    }
+    // SAFETY: dst `s` is nq×kn (row stride kn, `s.len() >= nq * KEY_CHUNK`), lhs `q` is
+    // nq×hd (row stride hd), rhs element (d, j) is `k[j * hd + d]` (hd×kn, column stride
+    // hd, `k.len() = KEY_CHUNK * hd`): every access is in bounds. `read_dst = false`:
+    // dst = 1·lhs·rhs.
+    unsafe {
+        gemm::gemm(
+            nq,
+            kn,
+            hd,
+            w.s.as_mut_ptr(),
+            1,
+            kn as isize,
+            false,
+            w.q.as_ptr(),
+            1,
+            hd as isize,
+            w.k.as_ptr(),
+            hd as isize,
+            1,
+            0.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// `acc_i += Σ_j p[i][j] v_j` for `nq` queries and `kn` values (`p` in `s`, `[nq, kn]`).
+fn accumulate(w: &mut Work, nq: usize, kn: usize, hd: usize) {
+    if nq < GEMM_MIN_QUERIES {
+        for i in 0..nq {
+            let acc = &mut w.acc[i * hd..(i + 1) * hd];
+            for j in 0..kn {
+                let p = w.s[i * kn + j];
+                if p != 0.0 {
+                    for (a, v) in acc.iter_mut().zip(&w.v[j * hd..(j + 1) * hd]) {
+                        *a += p * v;
+                    }
+                }
+            }
+        }
+        return;
+    }
+    // SAFETY: dst `acc` is nq×hd (row stride hd), lhs `s` is nq×kn (row stride kn), rhs
+    // element (j, d) is `v[j * hd + d]` (kn×hd, row stride hd): in bounds as above.
+    // `read_dst = true`, alpha = beta = 1: dst = dst + lhs·rhs.
+    unsafe {
+        gemm::gemm(
+            nq,
+            hd,
+            kn,
+            w.acc.as_mut_ptr(),
+            1,
+            hd as isize,
+            true,
+            w.s.as_ptr(),
+            1,
+            kn as isize,
+            w.v.as_ptr(),
+            1,
+            hd as isize,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_nonpositive;
+
+    #[test]
+    fn exp_nonpositive_is_within_2_ulp_of_exp() {
+        let mut worst = 0f64;
+        for i in 0..=2_000_000 {
+            let x = -87.0 * i as f32 / 2_000_000.0;
+            let (got, want) = (exp_nonpositive(x) as f64, (x as f64).exp());
+            worst = worst.max((got - want).abs() / want);
+        }
+        // 2 ulp of f32 is 2.4e-7 relative.
+        assert!(worst < 2.4e-7, "worst relative error {worst:.2e}");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-87.5), 0.0);
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+        assert!(exp_nonpositive(f32::NAN).is_nan());
+    }
 }
