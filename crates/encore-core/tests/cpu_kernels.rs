@@ -616,10 +616,7 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
         "{err}"
     );
     let err = attention(&i32s(&[3, 2]), &i32s(&[3]), Some(0));
-    assert!(
-        err.to_string().contains("window must be >= 1"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("window must be >= 1"), "{err}");
 
     let logits = f32s(&[2, 10]);
     let (t, k, p) = (f32s(&[2]), i32s(&[2]), f32s(&[2]));

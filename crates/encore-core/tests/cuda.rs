@@ -246,11 +246,7 @@ fn buffers_are_released() {
 }
 
 /// Run one attention launch of `inputs` on `be`; the output as f64.
-fn run_attention(
-    be: &dyn Backend,
-    i: &testing::inputs::AttentionInputs,
-    dtype: DType,
-) -> Vec<f64> {
+fn run_attention(be: &dyn Backend, i: &testing::inputs::AttentionInputs, dtype: DType) -> Vec<f64> {
     let s = i.shape;
     let qs = [i.rows, s.num_heads, s.head_dim];
     let cache = [i.num_blocks, s.block_size, s.num_kv_heads, s.head_dim];
@@ -266,13 +262,8 @@ fn run_attention(
         .as_ref()
         .map(|cu| be.upload(cu, &[cu.len()]).unwrap());
     let out = be.alloc(dtype, &qs).unwrap();
-    let len = be.attention_scratch_len(
-        i.rows,
-        s.num_heads,
-        s.head_dim,
-        s.table_width,
-        s.block_size,
-    );
+    let len =
+        be.attention_scratch_len(i.rows, s.num_heads, s.head_dim, s.table_width, s.block_size);
     let scratch = be.alloc(DType::F32, &[len.max(1)]).unwrap();
     be.attention(&Attention {
         q: &q,
@@ -355,8 +346,8 @@ fn windowed_model_matches_cpu() {
         ..ModelConfig::dummy("tiny-qwen2").unwrap()
     };
     let run = |be: &dyn Backend| -> Vec<Vec<f32>> {
-        let w = weights::load(be, &cfg, WeightSource::Dummy { seed: 3 }, DType::F32, false)
-            .unwrap();
+        let w =
+            weights::load(be, &cfg, WeightSource::Dummy { seed: 3 }, DType::F32, false).unwrap();
         let model = Model::new(be, cfg.clone(), w, 64).unwrap();
         let mut r = Runner::new(
             be,

@@ -437,6 +437,9 @@ fn sliding_window_changes_logits_only_past_the_window() {
     for s in [1, 2] {
         let r: Vec<f64> = b[s].iter().map(|&v| v as f64).collect();
         let e = rel_err(&a[s], &r);
-        assert!(e > 1e-3, "seq {s}: windowed and full logits differ by only {e:.1e}");
+        assert!(
+            e > 1e-3,
+            "seq {s}: windowed and full logits differ by only {e:.1e}"
+        );
     }
 }

@@ -160,7 +160,12 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
             "{} on {device} ({dtype}, eager), weights loaded in {load_secs:.2} s; median of {} runs after one cold run",
             a.model, a.repeats
         );
-        print_cells(&COLUMNS.iter().map(|(t, _)| t.to_string()).collect::<Vec<_>>());
+        print_cells(
+            &COLUMNS
+                .iter()
+                .map(|(t, _)| t.to_string())
+                .collect::<Vec<_>>(),
+        );
     }
     let greedy = SamplingParams::default();
     for &b in &a.batch {
@@ -193,7 +198,10 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                 let (t, c) = (Instant::now(), process_cpu_ns());
                 runner.step(&batch)?; // reads the sampled tokens back: waits for the device
                 times.push(t.elapsed().as_secs_f64() * 1e3);
-                cpu.push(c.zip(process_cpu_ns()).map(|(c0, c1)| (c1 - c0) as f64 / 1e6));
+                cpu.push(
+                    c.zip(process_cpu_ns())
+                        .map(|(c0, c1)| (c1 - c0) as f64 / 1e6),
+                );
                 for &s in &seqs {
                     runner.blocks.free(s)?;
                 }

@@ -620,8 +620,16 @@ pub(super) fn attention_scratch_len(
     (1..=num_heads)
         .filter(|kvh| num_heads.is_multiple_of(*kvh) && num_heads / kvh <= ATT_MAX_GROUP)
         .map(|kvh| {
-            AttentionPlan::new(sm_count, rows, num_heads, kvh, table_width, block_size, None)
-                .scratch_len(rows, num_heads, head_dim)
+            AttentionPlan::new(
+                sm_count,
+                rows,
+                num_heads,
+                kvh,
+                table_width,
+                block_size,
+                None,
+            )
+            .scratch_len(rows, num_heads, head_dim)
         })
         .max()
         .unwrap_or(0)
