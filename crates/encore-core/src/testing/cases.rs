@@ -29,8 +29,7 @@ type AttentionCase = (
     &'static [Option<usize>],
 );
 const FULL: &[Option<usize>] = &[None];
-const LONG_WINDOWS: &[Option<usize>] =
-    &[Some(1), Some(3), Some(15), Some(17), Some(100), Some(2000)];
+const LONG_WINDOWS: &[Option<usize>] = &[Some(1), Some(3), Some(15), Some(17), Some(100)];
 
 pub(crate) enum Op {
     Embedding(EmbeddingInputs),
