@@ -3,9 +3,10 @@
     usage: python3 scripts/hf_reference.py OUTDIR [--device cuda] [--models llama,qwen3]
 
 Builds small random-weight models of every architecture encore runs (Llama, Llama with
-llama3 rope scaling, Mistral, Qwen2, Qwen3) with odd sizes (vocab not a multiple of 64,
-head_dim != hidden / heads, MQA and GQA, intermediate not a power of two), saves each as
-float32 safetensors in OUTDIR/<name>/ (config.json + model.safetensors), reloads it with
+llama3 rope scaling, Mistral, Qwen2, Qwen3, and Mistral and Qwen2 with sliding windows)
+with odd sizes (vocab not a multiple of 64, head_dim != hidden / heads, MQA and GQA,
+intermediate not a power of two), saves each as float32 safetensors in OUTDIR/<name>/
+(config.json + model.safetensors), reloads it with
 `from_pretrained` (so the reference runs exactly what encore will read) and records, for
 3 prompts of lengths 5, 11 and 23, in OUTDIR/<name>/reference.safetensors:
 
@@ -152,6 +153,43 @@ MODELS = [
             tie_word_embeddings=False,
             use_sliding_window=False,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+    # Sliding windows (appended, so the models above keep their seeds): every prompt and
+    # its 32 new tokens run far past the window.
+    (
+        "mistral_window",
+        MistralConfig,
+        MistralForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=192,
+            intermediate_size=480,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=2,  # GQA 3
+            head_dim=40,
+            sliding_window=7,  # every layer
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+    (
+        "qwen2_window",
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        dict(
+            vocab_size=1000,
+            hidden_size=160,
+            intermediate_size=432,
+            num_hidden_layers=3,
+            num_attention_heads=5,
+            num_key_value_heads=1,  # MQA
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=6,
+            max_window_layers=1,  # layer 0 full, layers 1 and 2 windowed
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         ),
     ),
 ]

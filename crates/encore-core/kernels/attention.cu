@@ -77,9 +77,9 @@ __device__ __forceinline__ void attention_split_impl(
     const T* q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     const int* __restrict__ cu_seqlens, int has_cu, T* out, float* __restrict__ scratch,
-    float qscale, int window, int num_seqs, int rows, int num_heads, int num_kv_heads, int head_dim,
-    int num_blocks, int block_size, int table_width, int group, int heads_per_cta,
-    int num_sub, int num_splits, int lpt) {
+    float qscale, int window, int num_seqs, int rows, int num_heads, int num_kv_heads,
+    int head_dim, int num_blocks, int block_size, int table_width, int group,
+    int heads_per_cta, int num_sub, int num_splits, int lpt) {
     constexpr int V = AttCfg<T, GMAX>::V;
     constexpr int NV = AttCfg<T, GMAX>::NV;
     constexpr int U = AttCfg<T, GMAX>::U;
@@ -453,10 +453,9 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
         pdl_enter();                                                                        \
         attention_split_impl<T, GMAX>(q, k_cache, v_cache, block_tables, seq_lens,         \
                                       cu_seqlens, has_cu, out, scratch, qscale, window,    \
-                                      num_seqs,                                            \
-                                      rows, num_heads, num_kv_heads, head_dim, num_blocks, \
-                                      block_size, table_width, group, heads_per_cta,       \
-                                      num_sub, num_splits, lpt);                           \
+                                      num_seqs, rows, num_heads, num_kv_heads, head_dim,   \
+                                      num_blocks, block_size, table_width, group,          \
+                                      heads_per_cta, num_sub, num_splits, lpt);            \
     }
 #define ATTENTION_COMBINE(NAME, T)                                                         \
     extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)                      \

@@ -18,8 +18,10 @@ pub struct BenchPrefillArgs {
     /// A Hugging Face model directory or `dummy:NAME`.
     #[arg(long, default_value = "dummy:tiny")]
     model: String,
+    /// auto | cpu | cuda | cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
+    /// Weight and activation dtype: bf16 | f16 | f32.
     #[arg(long, default_value = "bf16")]
     dtype: String,
     /// Prompt lengths in tokens, comma-separated.
@@ -45,8 +47,9 @@ struct PrefillRow {
     cold_ms: f64,
     /// Median over the timed runs.
     prefill_ms: f64,
-    /// Median CPU time of the process (all threads) per timed run, where the OS reports
-    /// it (Linux): on a shared machine it moves less than wall time with other load.
+    /// Median CPU time of the process (all threads; the host's side on CUDA) per timed
+    /// run, where the OS reports it (Linux): on a shared machine it moves less than wall
+    /// time with other load.
     cpu_ms: Option<f64>,
 }
 

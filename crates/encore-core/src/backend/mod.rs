@@ -329,7 +329,8 @@ pub trait Backend: Send + Sync {
     /// Paged attention, decode or prefill: see [`Attention`].
     fn attention(&self, args: &Attention<'_>) -> Result<()>;
 
-    /// f32 elements of scratch [`Backend::attention`] needs for this launch shape.
+    /// f32 elements of scratch [`Backend::attention`] needs for this launch shape, with
+    /// any `window` (a window never needs more than full attention).
     fn attention_scratch_len(
         &self,
         rows: usize,

@@ -16,6 +16,21 @@ use super::reference;
 
 pub(crate) const DTYPES: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
 
+/// An attention case: (num_seqs, heads, KV heads, head_dim, block size, table width, most
+/// query rows per sequence in prefill, the windows to run it with).
+type AttentionCase = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    &'static [Option<usize>],
+);
+const FULL: &[Option<usize>] = &[None];
+const LONG_WINDOWS: &[Option<usize>] = &[Some(1), Some(3), Some(15), Some(17), Some(100)];
+
 pub(crate) enum Op {
     Embedding(EmbeddingInputs),
     RmsNorm {
@@ -199,29 +214,17 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 Op::KvWrite(inputs),
             );
         }
-        // (num_seqs, heads, kv heads, head_dim, block size, table width, most query rows
-        // per sequence in prefill, windows).
-        let full: &[Option<usize>] = &[None];
         // The first five draw from the main generator, the others from their own (so the
         // inputs of every other case stay what they were before those were added).
-        let attention_shapes: [(
-            usize,
-            usize,
-            usize,
-            usize,
-            usize,
-            usize,
-            usize,
-            &[Option<usize>],
-        ); 8] = [
-            (6, 4, 2, 64, 16, 4, 6, full),
-            (5, 4, 1, 128, 8, 5, 6, full),
-            (4, 6, 2, 96, 16, 3, 6, full),
-            (3, 2, 2, 64, 8, 2, 6, full),
+        let attention_shapes: [AttentionCase; 8] = [
+            (6, 4, 2, 64, 16, 4, 6, FULL),
+            (5, 4, 1, 128, 8, 5, 6, FULL),
+            (4, 6, 2, 96, 16, 3, 6, FULL),
+            (3, 2, 2, 64, 8, 2, 6, FULL),
             // Long contexts (up to 1024 + 3, clamped): split-K paths on a GPU.
-            (5, 4, 1, 64, 16, 64, 6, full),
+            (5, 4, 1, 64, 16, 64, 6, FULL),
             // Prefill rows cross the CPU kernel's query tiles (32 rows) and key chunks (64).
-            (5, 4, 1, 64, 16, 64, 40, full),
+            (5, 4, 1, 64, 16, 64, 40, FULL),
             // Sliding windows: 1, 3, block_size -/+ 1, within and beyond the context.
             (
                 4,
@@ -233,16 +236,7 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 6,
                 &[Some(1), Some(3), Some(7), Some(9), Some(100)],
             ),
-            (
-                5,
-                4,
-                1,
-                64,
-                16,
-                64,
-                40,
-                &[Some(1), Some(3), Some(15), Some(17), Some(100), Some(2000)],
-            ),
+            (5, 4, 1, 64, 16, 64, 40, LONG_WINDOWS),
         ];
         for prefill in [false, true] {
             for (k, &(num_seqs, nh, nkv, hd, bs, tw, max_q_len, windows)) in

@@ -294,7 +294,7 @@ fn exp_nonpositive(x: f32) -> f32 {
     let p = p * r + 8.333_452e-3;
     let p = p * r + 4.166_579_6e-2;
     let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
+    let p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
     // n in [-126, 0]: the exponent field of 2^n is n + 127 in [1, 127].
     let ni = t.to_bits() as i32 - ROUND.to_bits() as i32;
@@ -377,6 +377,12 @@ fn scores(w: &mut Work, nq: usize, kn: usize, hd: usize) {
 }
 
 /// `acc_i += Σ_j p[i][j] v_j` for `nq` queries and `kn` values (`p` in `s`, `[nq, kn]`).
+///
+/// NOTE: through `gemm`, a key invisible to query `i` (`p = 0`) but visible to another
+/// query of the tile still enters as `0 · v`: a non-finite value in such a row would reach
+/// `i`. Every such key is a real token of the sequence (positions below its `seq_len`,
+/// K/V written by the forward), so this only matters when the cache already holds NaN.
+/// Keys of invalid blocks are gathered as zeros and never reach anyone.
 fn accumulate(w: &mut Work, nq: usize, kn: usize, hd: usize) {
     if nq < GEMM_MIN_QUERIES {
         for i in 0..nq {
