@@ -3,9 +3,8 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
-use encore_core::device::DeviceSpec;
 use encore_core::kv::SeqId;
 use encore_core::model::llama::Model;
 use encore_core::model::weights;
@@ -13,30 +12,48 @@ use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
 use encore_core::DType;
 use serde_json::{json, Value};
 
+use crate::out::outln;
+use crate::{parse, DeviceArg};
+
 #[derive(Args)]
 pub struct BenchPrefillArgs {
-    /// A Hugging Face model directory or `dummy:NAME`.
+    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
     #[arg(long, default_value = "dummy:tiny")]
     model: String,
-    /// auto | cpu | cuda | cuda:N.
-    #[arg(long, default_value = "auto")]
-    device: String,
-    /// Weight and activation dtype: bf16 | f16 | f32.
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
-    /// Prompt lengths in tokens, comma-separated.
-    #[arg(long, default_value = "128,512,2000", value_delimiter = ',')]
+    #[command(flatten)]
+    device: DeviceArg,
+    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
+    /// any case).
+    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
+    dtype: DType,
+    /// Prompt lengths in tokens, comma-separated, each >= 1.
+    #[arg(
+        long,
+        default_value = "128,512,2000",
+        value_delimiter = ',',
+        value_parser = parse::count::<1, { MAX_TOKENS }>,
+        allow_negative_numbers = true
+    )]
     tokens: Vec<usize>,
-    /// Sequences prefilled together in one step, comma-separated.
-    #[arg(long, default_value = "1", value_delimiter = ',')]
+    /// Sequences prefilled together in one step, comma-separated, each >= 1.
+    #[arg(
+        long,
+        default_value = "1",
+        value_delimiter = ',',
+        value_parser = parse::count::<1, 4096>,
+        allow_negative_numbers = true
+    )]
     batch: Vec<usize>,
     /// Timed runs per row after one untimed cold run; the median is reported.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = parse::count::<1, 1000>, allow_negative_numbers = true)]
     repeats: usize,
     /// One JSON object per row.
     #[arg(long)]
     json: bool,
 }
+
+/// The longest `--tokens`.
+const MAX_TOKENS: usize = 1 << 20;
 
 /// One measured row. New columns (e.g. piecewise-graph timings) go here, in
 /// [`PrefillRow::json`] and in [`COLUMNS`] / [`PrefillRow::cells`].
@@ -107,68 +124,65 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn print_cells(cells: &[String]) {
+fn print_cells(cells: &[String]) -> Result<()> {
     let line: Vec<String> = cells
         .iter()
         .zip(COLUMNS)
         .map(|(c, (_, w))| format!("{c:>w$}"))
         .collect();
-    println!("{}", line.join(" "));
+    outln!("{}", line.join(" "))?;
+    Ok(())
 }
 
 pub fn run(a: BenchPrefillArgs) -> Result<()> {
-    let spec: DeviceSpec = a.device.parse()?;
-    let dtype = DType::parse_float(&a.dtype).with_context(|| format!("--dtype `{}`", a.dtype))?;
-    if a.repeats == 0
-        || a.tokens.is_empty()
-        || a.tokens.contains(&0)
-        || a.batch.is_empty()
-        || a.batch.contains(&0)
-    {
-        anyhow::bail!("--repeats and every --tokens and --batch value must be at least 1");
+    let dtype = a.dtype;
+    if a.tokens.is_empty() || a.batch.is_empty() {
+        bail!("--tokens and --batch: give at least one value each");
     }
-    let opened = crate::model_arg::open_device(spec)?;
+    let opened = crate::model_arg::open_device(a.device.device)?;
     let be = opened.backend();
     let be = be.as_ref();
     let (cfg, source) = crate::model_arg::resolve(&a.model)?;
     let max_tokens = a.tokens.iter().copied().max().unwrap_or(1);
     let max_batch = a.batch.iter().copied().max().unwrap_or(1);
     if max_tokens > cfg.max_position_embeddings {
-        anyhow::bail!(
+        bail!(
             "--tokens {max_tokens} exceeds the model's {} positions",
             cfg.max_position_embeddings
         );
     }
+    let block_size = 16;
+    let runner_cfg = RunnerConfig {
+        block_size,
+        num_blocks: 1 + max_batch * max_tokens.div_ceil(block_size),
+        max_tokens_per_step: max_tokens * max_batch,
+        max_seqs: max_batch,
+        max_seq_len: max_tokens,
+    };
+    crate::model_arg::check_memory(
+        be,
+        &runner_cfg.memory_need(be, &cfg, dtype),
+        &format!("bench prefill --tokens {max_tokens} --batch {max_batch}"),
+        "lower --tokens or --batch",
+    )?;
     let t = Instant::now();
     let w = weights::load(be, &cfg, source, dtype, !a.json)?;
     be.synchronize()?;
     let load_secs = t.elapsed().as_secs_f64();
     let model = Model::new(be, cfg.clone(), w, max_tokens)?;
-    let block_size = 16;
-    let per_seq = max_tokens.div_ceil(block_size);
-    let mut runner = Runner::new(
-        be,
-        model,
-        RunnerConfig {
-            block_size,
-            num_blocks: 1 + max_batch * per_seq,
-            max_tokens_per_step: max_tokens * max_batch,
-            max_seqs: max_batch,
-            max_seq_len: max_tokens,
-        },
-    )?;
+    let mut runner = Runner::new(be, model, runner_cfg)?;
     let device = be.device_name();
     if !a.json {
-        println!(
+        outln!(
             "{} on {device} ({dtype}, eager), weights loaded in {load_secs:.2} s; median of {} runs after one cold run",
             a.model, a.repeats
-        );
+        )?;
         print_cells(
             &COLUMNS
                 .iter()
                 .map(|(t, _)| t.to_string())
                 .collect::<Vec<_>>(),
-        );
+        )?;
     }
     let greedy = SamplingParams::default();
     for &b in &a.batch {
@@ -218,9 +232,9 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                 cpu_ms: warm_cpu.map(|c| median(&c)),
             };
             if a.json {
-                println!("{}", row.json(&a.model, &device, dtype));
+                outln!("{}", row.json(&a.model, &device, dtype))?;
             } else {
-                print_cells(&row.cells());
+                print_cells(&row.cells())?;
             }
         }
     }

@@ -236,6 +236,54 @@ fn bench_capture_reports_every_strategy() {
 }
 
 #[test]
+fn bench_prefill_reports_a_row_per_shape() {
+    let out = encore(&[
+        "bench",
+        "prefill",
+        "--device",
+        "cpu",
+        "--model",
+        "dummy:tiny",
+        "--dtype",
+        "f32",
+        "--tokens",
+        "16,40",
+        "--batch",
+        "1,2",
+        "--repeats",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows = json_lines(&out);
+    let shapes: Vec<(u64, u64)> = rows
+        .iter()
+        .map(|r| (r["batch"].as_u64().unwrap(), r["tokens"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(shapes, [(1, 16), (1, 40), (2, 16), (2, 40)]);
+    for r in &rows {
+        let ms = r["prefill_ms"].as_f64().unwrap();
+        let tps = r["tokens_per_s"].as_f64().unwrap();
+        let tokens = (r["tokens"].as_u64().unwrap() * r["batch"].as_u64().unwrap()) as f64;
+        assert!(ms > 0.0 && r["cold_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!((tps - tokens / (ms / 1e3)).abs() < 1e-6 * tps, "{r}");
+    }
+    for (flag, value) in [("--tokens", "0"), ("--batch", "-1"), ("--repeats", "0")] {
+        let err = failure(&encore(&[
+            "bench", "prefill", "--device", "cpu", flag, value,
+        ]));
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
+    let err = failure(&encore(&[
+        "bench", "prefill", "--device", "cpu", "--tokens", "4096",
+    ]));
+    assert!(
+        err.contains("--tokens 4096") && err.contains("positions"),
+        "{err}"
+    );
+}
+
+#[test]
 fn generate_streams_text_and_prints_a_summary() {
     let out = encore(&[
         "generate",
@@ -634,6 +682,7 @@ fn every_flag_has_a_help_line() {
         &["bench", "kernels"],
         &["bench", "decode"],
         &["bench", "capture"],
+        &["bench", "prefill"],
     ] {
         let out = encore(&[cmd, &["--help"]].concat());
         assert!(out.status.success());
