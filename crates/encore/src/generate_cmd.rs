@@ -24,7 +24,8 @@ use crate::{parse, prompts, DeviceArg};
 #[derive(Args)]
 pub struct GenerateArgs {
     /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME` for seeded random weights
-    /// (tiny, tiny-llama3, tiny-qwen2, tiny-qwen3, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b).
+    /// (tiny, tiny-llama3, tiny-qwen2, tiny-qwen3, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b,
+    /// llama-3-8b).
     #[arg(long, default_value = "dummy:tiny")]
     model: String,
     /// A prompt; repeat for a batch. `-` reads one prompt from standard input. Default
