@@ -599,6 +599,32 @@ fn tensors_the_config_does_not_use_are_named() {
 }
 
 #[test]
+fn a_layer_count_beyond_the_checkpoint_fails_fast() {
+    // A corrupt count (a billion layers) is refused at once, naming the first missing
+    // layer, instead of planning a billion layers' tensors.
+    let json = tiny_json("LlamaForCausalLM", r#", "num_hidden_layers": 1000000000"#);
+    let cfg = ModelConfig::from_json(&json, "test").unwrap();
+    let tiny = ModelConfig::from_json(&tiny_json("LlamaForCausalLM", ""), "test").unwrap();
+    let dir = model_dir("layer-count", &json, &checkpoint(&tiny, Dtype::BF16, 8));
+    let t = std::time::Instant::now();
+    let r = weights::load(
+        &cpu(),
+        &cfg,
+        WeightSource::Dir(dir.path()),
+        DType::BF16,
+        false,
+    );
+    let (e, msg) = err_text(r);
+    assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());
+    assert!(matches!(e, Error::Weights { .. }), "{msg}");
+    assert!(
+        msg.contains("`model.layers.2.input_layernorm.weight`")
+            && msg.contains("num_hidden_layers = 1000000000"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn a_non_finite_norm_weight_is_named() {
     for (k, bad) in [f32::NAN, f32::INFINITY].into_iter().enumerate() {
         let (e, msg) = broken(&format!("nan-norm-{k}"), |ts| {

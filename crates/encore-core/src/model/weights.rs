@@ -118,24 +118,32 @@ pub fn load(
             format!("run dtype {dtype} is not a float dtype (bf16, f16 or f32)"),
         ));
     }
-    let plan = Plan::new(cfg);
-    let (source, what) = match source {
+    let (source, what, plan) = match source {
         WeightSource::Dir(path) => {
             let ck = Checkpoint::open(path)?;
+            // Before the plan, which holds every layer's names: a corrupt layer count
+            // must not make the loader build millions of them.
+            ck.check_layer_count(cfg.num_layers)?;
+            let plan = Plan::new(cfg);
             let specs: Vec<&TensorSpec> =
                 plan.merged().into_iter().flat_map(|m| &m.parts).collect();
             ck.validate(&specs, |name| ignored_tensor(cfg, name))?;
             check_o_proj_bias(&ck, cfg)?;
-            (Source::Checkpoint(ck), "loading weights")
+            (Source::Checkpoint(ck), "loading weights", plan)
         }
         WeightSource::Gguf(path) => {
             let weights = GgufWeights::new(GgufFile::open(path)?, cfg)?;
+            let plan = Plan::new(cfg);
             let specs: Vec<&TensorSpec> =
                 plan.merged().into_iter().flat_map(|m| &m.parts).collect();
             weights.validate(&specs)?;
-            (Source::Gguf(weights), "dequantizing GGUF weights")
+            (Source::Gguf(weights), "dequantizing GGUF weights", plan)
         }
-        WeightSource::Dummy { seed } => (Source::Dummy { seed }, "generating dummy weights"),
+        WeightSource::Dummy { seed } => (
+            Source::Dummy { seed },
+            "generating dummy weights",
+            Plan::new(cfg),
+        ),
     };
 
     let total: usize = plan.merged().iter().map(|m| m.numel() * dtype.size()).sum();

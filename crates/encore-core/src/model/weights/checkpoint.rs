@@ -221,6 +221,27 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// A config with more layers than the checkpoint holds is refused before the loader
+    /// plans them: the error names the first layer's tensor that is missing. Checked up
+    /// to one layer past the tensor count, so a corrupt count costs nothing.
+    pub(super) fn check_layer_count(&self, num_layers: usize) -> Result<()> {
+        let limit = num_layers.min(self.location.len() + 1);
+        for i in 0..limit {
+            let name = format!("model.layers.{i}.input_layernorm.weight");
+            if !self.location.contains_key(&name) {
+                return Err(Error::Weights {
+                    tensor: name,
+                    what: format!(
+                        "is missing from {}, which the config's num_hidden_layers = \
+                         {num_layers} needs",
+                        self.origin
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn validate_specs(&self, specs: &[&TensorSpec]) -> Result<()> {
         for spec in specs {
             let err = |what: String| Error::Weights {
