@@ -750,6 +750,19 @@ fn tensor_problems_are_errors_naming_the_tensor() {
         &msg,
         &["`blk.2.attn_norm.weight`", "does not use", "3 unused"],
     );
+    // An attention output bias of zeros is accepted (as the safetensors loader does),
+    // any other value is named.
+    let dir = TempDir::new("obias");
+    let (path, _) = edited(&dir, &cfg, |w| {
+        w.tensor_f32("blk.1.attn_output.bias", &[64], &[0.0; 64]);
+    });
+    load(&cfg, WeightSource::Gguf(&path)).unwrap();
+    let (_, msg) = load_err(&cfg, |w| {
+        let mut bias = [0.0; 64];
+        bias[5] = 0.5;
+        w.tensor_f32("blk.1.attn_output.bias", &[64], &bias);
+    });
+    assert_mentions(&msg, &["`blk.1.attn_output.bias`", "not all zeros"]);
     // Shape: GGUF dims are reversed against HF's.
     let (_, msg) = load_err(&cfg, |w| {
         w.remove_tensor("blk.0.attn_output.weight");

@@ -107,13 +107,14 @@ impl GgufWeights {
             }
             used.insert(name);
         }
-        let mut unused: Vec<&str> = self
-            .file
-            .tensors()
-            .iter()
-            .map(|t| t.name.as_str())
-            .filter(|n| !used.contains(*n) && *n != ROPE_FREQS)
-            .collect();
+        let mut unused = Vec::new();
+        for t in self.file.tensors() {
+            let n = t.name.as_str();
+            if used.contains(n) || n == ROPE_FREQS || self.zero_output_bias(n)? {
+                continue;
+            }
+            unused.push(n);
+        }
         unused.sort_by_key(|n| crate::model::weights::natural_key(n));
         if let Some(name) = unused.first() {
             return Err(Error::Weights {
@@ -126,6 +127,26 @@ impl GgufWeights {
             });
         }
         Ok(())
+    }
+
+    /// Whether `name` is an attention output bias of zeros, which encore may ignore
+    /// (llama.cpp writes one for "llamafied" Qwen files); a non-zero one is an error,
+    /// as encore does not apply an `o_proj` bias.
+    fn zero_output_bias(&self, name: &str) -> Result<bool> {
+        if !(name.starts_with("blk.") && name.ends_with(".attn_output.bias")) {
+            return Ok(false);
+        }
+        if self.file.tensor_f32(name)?.iter().any(|&x| x != 0.0) {
+            return Err(Error::Weights {
+                tensor: name.to_string(),
+                what: format!(
+                    "is not all zeros, and encore does not apply an attention output bias \
+                     (in `{}`)",
+                    self.file.path().display()
+                ),
+            });
+        }
+        Ok(true)
     }
 
     /// The values of HF tensor `spec` in HF layout, as f32.
