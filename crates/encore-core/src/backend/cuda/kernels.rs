@@ -83,6 +83,16 @@ pub(super) const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        file: "attention_prefill.cu",
+        src: include_str!("../../../kernels/attention_prefill.cu"),
+        functions: &[
+            "attention_prefill_hd64_bf16",
+            "attention_prefill_hd128_bf16",
+            "attention_prefill_hd64_f16",
+            "attention_prefill_hd128_f16",
+        ],
+    },
+    KernelSource {
         file: "gemv.cu",
         src: include_str!("../../../kernels/gemv.cu"),
         functions: &[
