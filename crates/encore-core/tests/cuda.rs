@@ -515,7 +515,7 @@ fn prefill_attention_tensor_core_matches_cpu() {
             for window in [None, Some(1), Some(64), Some(1000)] {
                 for (k, (seqs, pad)) in [prefill_only, with_prefix, mixed].iter().enumerate() {
                     let (nh, nkv) = groups[(case + k) % groups.len()];
-                    let block_size = if (case + k) % 2 == 0 { 16 } else { 8 };
+                    let block_size = if (case + k).is_multiple_of(2) { 16 } else { 8 };
                     case += 1;
                     let inputs = prefill_inputs(
                         &mut r,
