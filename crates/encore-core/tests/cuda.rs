@@ -403,3 +403,187 @@ fn windowed_model_matches_cpu() {
         assert!(e < 1e-4, "logits row {i}: relative error {e:.2e}");
     }
 }
+
+/// Attention inputs with explicit sequences: `(query rows, tokens already cached before
+/// them)` each, then `pad_rows` padding rows past `cu[num_seqs]`. Block tables hold
+/// shuffled distinct block ids (one table row of spare width: -1 past each sequence's
+/// blocks); with `bad_block`, the second block of the first sequence long enough has an id
+/// outside the cache (it contributes nothing).
+#[allow(clippy::too_many_arguments)]
+fn prefill_inputs(
+    r: &mut rand::rngs::StdRng,
+    seqs: &[(usize, usize)],
+    pad_rows: usize,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    window: Option<usize>,
+    bad_block: bool,
+) -> testing::inputs::AttentionInputs {
+    use rand::seq::SliceRandom;
+    use testing::inputs::{normal, AttentionInputs, AttentionShape};
+    let num_seqs = seqs.len();
+    let seq_lens: Vec<i32> = seqs.iter().map(|&(q, c)| (q + c) as i32).collect();
+    let table_width = seqs
+        .iter()
+        .map(|&(q, c)| (q + c).div_ceil(block_size))
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let num_blocks = num_seqs * table_width + 2;
+    let mut pool: Vec<i32> = (0..num_blocks as i32).collect();
+    pool.shuffle(r);
+    let mut block_tables = vec![-1; num_seqs * table_width];
+    for (s, &len) in seq_lens.iter().enumerate() {
+        for j in 0..(len as usize).div_ceil(block_size) {
+            block_tables[s * table_width + j] = pool[s * table_width + j];
+        }
+    }
+    if bad_block {
+        if let Some(s) = (0..num_seqs).find(|&s| seq_lens[s] as usize > 2 * block_size) {
+            block_tables[s * table_width + 1] = num_blocks as i32 + 7;
+        }
+    }
+    let mut cu = vec![0i32];
+    for (s, &(q, _)) in seqs.iter().enumerate() {
+        cu.push(cu[s] + q as i32);
+    }
+    let rows = cu[num_seqs] as usize + pad_rows;
+    let row = num_kv_heads * head_dim;
+    AttentionInputs {
+        shape: AttentionShape {
+            num_seqs,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            block_size,
+            table_width,
+            prefill: true,
+            max_q_len: seqs.iter().map(|s| s.0).max().unwrap_or(0),
+            window,
+        },
+        q: normal(r, rows * num_heads * head_dim, 1.0),
+        k_cache: normal(r, num_blocks * block_size * row, 1.0),
+        v_cache: normal(r, num_blocks * block_size * row, 1.0),
+        block_tables,
+        seq_lens,
+        cu_seqlens_q: Some(cu),
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        rows,
+        num_blocks,
+    }
+}
+
+/// The tensor-core prefill kernel (bf16 / f16, head_dim 64 / 128, steps with
+/// `cu_seqlens_q`) against the CPU kernel: GQA groups 1 / 4 / 8, block sizes 16 and 8,
+/// windows None / 1 / 64 / 1000, prompts of 1, 63, 64, 65, 300 and 1000 rows with and
+/// without a cached prefix, mixed steps (1-row sequences over long cached contexts next to
+/// prompts), a sequence with no rows, an out-of-range block id, and padding rows.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn prefill_attention_tensor_core_matches_cpu() {
+    use testing::compare::{max_row_error, tolerance, OpClass};
+    let _serial = serial();
+    let be = cuda();
+    let cpu = CpuBackend::new();
+    let mut r = testing::inputs::rng(fresh_seed());
+    // (query rows, cached tokens) per sequence, padding rows.
+    let prefill_only: (&[(usize, usize)], usize) =
+        (&[(1, 0), (63, 0), (64, 0), (65, 0), (300, 0), (1000, 0)], 0);
+    let with_prefix: (&[(usize, usize)], usize) = (
+        &[(65, 100), (300, 37), (64, 64), (1, 500), (0, 20), (130, 1)],
+        3,
+    );
+    let mixed: (&[(usize, usize)], usize) = (
+        &[
+            (1, 1500),
+            (300, 0),
+            (1, 700),
+            (1, 64),
+            (63, 200),
+            (1, 1),
+            (1000, 24),
+            (1, 2047),
+        ],
+        5,
+    );
+    let groups = [(4, 4), (8, 2), (16, 2)]; // GQA groups 1, 4, 8
+    let mut case = 0usize;
+    for dtype in [DType::BF16, DType::F16] {
+        for head_dim in [64, 128] {
+            for window in [None, Some(1), Some(64), Some(1000)] {
+                for (k, (seqs, pad)) in [prefill_only, with_prefix, mixed].iter().enumerate() {
+                    let (nh, nkv) = groups[(case + k) % groups.len()];
+                    let block_size = if (case + k).is_multiple_of(2) { 16 } else { 8 };
+                    case += 1;
+                    let inputs = prefill_inputs(
+                        &mut r,
+                        seqs,
+                        *pad,
+                        nh,
+                        nkv,
+                        head_dim,
+                        block_size,
+                        window,
+                        k == 1,
+                    );
+                    let got = run_attention(be.as_ref(), &inputs, dtype);
+                    let want = run_attention(&cpu, &inputs, dtype);
+                    let e = max_row_error(&got, &want, head_dim);
+                    let tol = tolerance(OpClass::Reduction, dtype);
+                    assert!(
+                        e <= tol,
+                        "{dtype} hd={head_dim} heads={nh}/{nkv} bs={block_size} \
+                         window={window:?} seqs={seqs:?} pad={pad}: error {e:.2e} > {tol:.1e}"
+                    );
+                    // Padding rows are zeros.
+                    let row_elems = nh * head_dim;
+                    let used = inputs.cu_seqlens_q.as_ref().unwrap()[seqs.len()] as usize;
+                    assert!(got[used * row_elems..].iter().all(|&v| v == 0.0));
+                }
+            }
+        }
+    }
+}
+
+/// The random attention cases of the self-check (special sequence lengths, garbage block
+/// ids, clamped contexts, rows at negative positions, padding) in prefill form, with
+/// head_dim 64 and 128 in bf16 and f16 and more than 64 rows per sequence: the
+/// tensor-core path agrees with the CPU kernel.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn prefill_attention_tensor_core_random_cases_match_cpu() {
+    use testing::compare::{max_row_error, tolerance, OpClass};
+    use testing::inputs::{rng, AttentionInputs, AttentionShape};
+    let _serial = serial();
+    let be = cuda();
+    let cpu = CpuBackend::new();
+    let mut r = rng(fresh_seed());
+    for dtype in [DType::BF16, DType::F16] {
+        for head_dim in [64, 128] {
+            for window in [None, Some(1), Some(64), Some(1000)] {
+                let shape = AttentionShape {
+                    num_seqs: 8,
+                    num_heads: 8,
+                    num_kv_heads: 2,
+                    head_dim,
+                    block_size: 16,
+                    table_width: 40,
+                    prefill: true,
+                    max_q_len: 200,
+                    window,
+                };
+                let inputs = AttentionInputs::random(&mut r, shape);
+                let got = run_attention(be.as_ref(), &inputs, dtype);
+                let want = run_attention(&cpu, &inputs, dtype);
+                let e = max_row_error(&got, &want, head_dim);
+                let tol = tolerance(OpClass::Reduction, dtype);
+                assert!(
+                    e <= tol,
+                    "{dtype} hd={head_dim} window={window:?}: error {e:.2e} > {tol:.1e}"
+                );
+            }
+        }
+    }
+}

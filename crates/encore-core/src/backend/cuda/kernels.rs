@@ -83,6 +83,16 @@ pub(super) const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        file: "attention_prefill.cu",
+        src: include_str!("../../../kernels/attention_prefill.cu"),
+        functions: &[
+            "attention_prefill_hd64_bf16",
+            "attention_prefill_hd128_bf16",
+            "attention_prefill_hd64_f16",
+            "attention_prefill_hd128_f16",
+        ],
+    },
+    KernelSource {
         file: "gemv.cu",
         src: include_str!("../../../kernels/gemv.cu"),
         functions: &[
@@ -684,6 +694,15 @@ pub(super) fn attention(be: &CudaBackend, a: &Attention<'_>, d: &AttentionDims) 
         }
     }
 
+    if let Some(name) = prefill_kernel(
+        a.q.dtype(),
+        d.head_dim,
+        a.cu_seqlens_q.is_some(),
+        be.flash_prefill(),
+    ) {
+        return attention_prefill(be, a, d, &name);
+    }
+
     let plan = AttentionPlan::new(
         be.sm_count(),
         d.rows,
@@ -768,6 +787,66 @@ pub(super) fn attention(be: &CudaBackend, a: &Attention<'_>, d: &AttentionDims) 
         )?;
     }
     Ok(())
+}
+
+/// Query rows per CTA of `attention_prefill_*` (`FA_BM` in attention_prefill.cu).
+const FA_BM: usize = 64;
+/// Threads per CTA of `attention_prefill_*` (`FA_THREADS`).
+const FA_THREADS: u32 = 128;
+
+/// The tensor-core prefill kernel for a launch, or `None` for the split-K kernel. A
+/// function of the dtype, the head size and whether the step has `cu_seqlens_q` (prefill
+/// or mixed) only; `enabled` is the backend's `ENCORE_PREFILL_ATTENTION` setting.
+fn prefill_kernel(dt: DType, head_dim: usize, has_cu: bool, enabled: bool) -> Option<String> {
+    let hd_ok = head_dim == 64 || head_dim == 128;
+    let dt_ok = matches!(dt, DType::BF16 | DType::F16);
+    (enabled && has_cu && hd_ok && dt_ok)
+        .then(|| format!("attention_prefill_hd{head_dim}_{}", dt.kernel_suffix()))
+}
+
+/// `attention_prefill_*`: grid (ceil(rows / 64) + num_seqs, num_heads), 128 threads; each
+/// CTA finds its (sequence, 64-row tile) in `cu_seqlens_q` on the device.
+fn attention_prefill(
+    be: &CudaBackend,
+    a: &Attention<'_>,
+    d: &AttentionDims,
+    name: &str,
+) -> Result<()> {
+    const OP: &str = "attention";
+    if d.num_heads > 65_535 {
+        return Err(Error::invalid(
+            OP,
+            format!("num_heads = {} is too large (grid y)", d.num_heads),
+        ));
+    }
+    let Some(cu) = a.cu_seqlens_q else {
+        return Err(Error::invalid(OP, "the prefill kernel needs cu_seqlens_q"));
+    };
+    let tiles = d.rows.div_ceil(FA_BM) + d.num_seqs;
+    let c = cfg(
+        (grid_x(OP, "row tiles", tiles)?, d.num_heads as u32, 1),
+        (FA_THREADS, 1, 1),
+    );
+    let (q, kc, vc) = (dptr(a.q), dptr(a.k_cache), dptr(a.v_cache));
+    let (bt, sl, cu) = (dptr(a.block_tables), dptr(a.seq_lens), dptr(cu));
+    let out = dptr(a.out);
+    let qscale = a.scale * std::f32::consts::LOG2_E;
+    let window = a.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+    let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
+    let rows = int(OP, "rows", d.rows)?;
+    let nh = int(OP, "num_heads", d.num_heads)?;
+    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
+    let nb = int(OP, "num_blocks", d.num_blocks)?;
+    let bs = d.block_size as i32; // table_width * block_size <= 2^30 checked by the caller
+    let tw = d.table_width as i32;
+    let group = (d.num_heads / d.num_kv_heads) as i32;
+    be.launch(
+        name,
+        c,
+        &mut args![
+            q, kc, vc, bt, sl, cu, out, qscale, window, num_seqs, rows, nh, nkv, nb, bs, tw, group
+        ],
+    )
 }
 
 // ---------------------------------------------------------------------------------------

@@ -108,6 +108,10 @@ pub struct CudaBackend {
     gemv_max_rows: usize,
     /// Launch kernels with programmatic dependent launch (sm_90+, unless `ENCORE_PDL=0`).
     pdl: bool,
+    /// Prefill / mixed attention in bf16 / f16 with head_dim 64 or 128 runs the
+    /// tensor-core kernel (unless `ENCORE_PREFILL_ATTENTION=split`, which keeps the
+    /// split-K kernel, for comparisons).
+    flash_prefill: bool,
     vmm: Mutex<Option<Arc<CudaVmm>>>,
 }
 
@@ -231,6 +235,8 @@ impl CudaBackend {
             capturing: AtomicBool::new(false),
             gemv_max_rows: gemv_max_rows_from_env()?,
             pdl: cc.0 >= 9 && std::env::var("ENCORE_PDL").map_or(true, |v| v.trim() != "0"),
+            flash_prefill: std::env::var("ENCORE_PREFILL_ATTENTION")
+                .map_or(true, |v| v.trim() != "split"),
             vmm: Mutex::new(None),
         })
     }
@@ -277,6 +283,11 @@ impl CudaBackend {
     /// gemv kernels; 0 sends every matmul to cuBLASLt. For tests and measurements.
     pub fn set_gemv_max_rows(&mut self, rows: usize) {
         self.gemv_max_rows = rows.min(kernels::GEMV_MAX_ROWS);
+    }
+
+    /// Whether prefill attention may use the tensor-core kernel (see `flash_prefill`).
+    pub(super) fn flash_prefill(&self) -> bool {
+        self.flash_prefill
     }
 
     pub(super) fn sm_count(&self) -> usize {
