@@ -659,6 +659,21 @@ fn unsupported_metadata_is_an_error_naming_the_key() {
             }),
             vec!["llama.attention.head_count_kv", "multiple"],
         ),
+        // Sizes no model has, and metadata the embedding contradicts, fail before any
+        // memory estimate sees them.
+        (
+            Box::new(|w| {
+                w.kv("llama.embedding_length", Value::U64(1 << 62));
+            }),
+            vec!["llama.embedding_length", "4611686018427387904", "beyond"],
+        ),
+        (
+            Box::new(|w| {
+                w.kv("llama.embedding_length", Value::U32(128));
+                w.kv("llama.attention.key_length", Value::U32(16));
+            }),
+            vec!["token_embd.weight", "llama.embedding_length", "128"],
+        ),
         (
             Box::new(|w| {
                 w.kv(

@@ -600,9 +600,10 @@ fn tensors_the_config_does_not_use_are_named() {
 
 #[test]
 fn a_layer_count_beyond_the_checkpoint_fails_fast() {
-    // A corrupt count (a billion layers) is refused at once, naming the first missing
-    // layer, instead of planning a billion layers' tensors.
-    let json = tiny_json("LlamaForCausalLM", r#", "num_hidden_layers": 1000000000"#);
+    // A count the checkpoint does not back is refused at once, naming the first missing
+    // layer, before the plan names every layer's tensors (a billion layers is refused
+    // earlier still, by the config's size limits).
+    let json = tiny_json("LlamaForCausalLM", r#", "num_hidden_layers": 4000"#);
     let cfg = ModelConfig::from_json(&json, "test").unwrap();
     let tiny = ModelConfig::from_json(&tiny_json("LlamaForCausalLM", ""), "test").unwrap();
     let dir = model_dir("layer-count", &json, &checkpoint(&tiny, Dtype::BF16, 8));
@@ -619,7 +620,7 @@ fn a_layer_count_beyond_the_checkpoint_fails_fast() {
     assert!(matches!(e, Error::Weights { .. }), "{msg}");
     assert!(
         msg.contains("`model.layers.2.input_layernorm.weight`")
-            && msg.contains("num_hidden_layers = 1000000000"),
+            && msg.contains("num_hidden_layers = 4000"),
         "{msg}"
     );
 }
@@ -1036,6 +1037,16 @@ fn config_errors_name_the_field_or_value() {
             "MistralForCausalLM",
             r#", "sliding_window": 0"#,
             &["sliding_window", "positive"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "num_hidden_layers": 1000000000"#,
+            &["num_hidden_layers", "1000000000", "beyond"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "hidden_size": 4611686018427387904, "head_dim": 64"#,
+            &["hidden_size", "4611686018427387904", "beyond"],
         ),
         (
             "LlamaForCausalLM",

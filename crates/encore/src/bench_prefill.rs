@@ -217,7 +217,8 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                 times.push(t.elapsed().as_secs_f64() * 1e3);
                 cpu.push(
                     c.zip(process_cpu_ns())
-                        .map(|(c0, c1)| (c1 - c0) as f64 / 1e6),
+                        .and_then(|(c0, c1)| c1.checked_sub(c0))
+                        .map(|ns| ns as f64 / 1e6),
                 );
                 for &s in &seqs {
                     runner.blocks.free(s)?;

@@ -297,6 +297,32 @@ impl ModelConfig {
         DUMMY_NAMES
     }
 
+    /// Refuse sizes no real model has (each at least 8x the largest published one), so
+    /// a corrupt or hostile config fails here, naming the value, instead of overflowing
+    /// the memory estimate or sizing loops before the weights are checked. `names` gives
+    /// the file's own names for (hidden, intermediate, vocab, layers, heads, kv heads,
+    /// head dim, context).
+    pub(crate) fn check_sizes(&self, names: [&str; 8]) -> std::result::Result<(), String> {
+        let limits = [
+            (self.hidden_size, 1 << 17),
+            (self.intermediate_size, 1 << 20),
+            (self.vocab_size, 1 << 22),
+            (self.num_layers, 1 << 12),
+            (self.num_heads, 1 << 12),
+            (self.num_kv_heads, 1 << 12),
+            (self.head_dim, 1 << 12),
+            (self.max_position_embeddings, 1 << 26),
+        ];
+        for ((value, max), name) in limits.into_iter().zip(names) {
+            if value > max {
+                return Err(format!(
+                    "`{name}` = {value} is beyond any supported model (at most {max})"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Rows of the q projection: `num_heads * head_dim`.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
@@ -517,7 +543,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let bos_token_id = f.token_ids("bos_token_id")?.first().copied();
     let eos_token_ids = f.token_ids("eos_token_id")?;
 
-    Ok(ModelConfig {
+    let cfg = ModelConfig {
         arch,
         vocab_size,
         hidden_size,
@@ -536,7 +562,19 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         bos_token_id,
         eos_token_ids,
         sliding_window,
-    })
+    };
+    cfg.check_sizes([
+        "hidden_size",
+        "intermediate_size",
+        "vocab_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+    ])
+    .map_err(|what| f.err(what))?;
+    Ok(cfg)
 }
 
 /// `architectures` (the first one encore knows), else `model_type`.

@@ -301,7 +301,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
             }
         }
     }
-    Ok(ModelConfig {
+    let cfg = ModelConfig {
         arch,
         vocab_size,
         hidden_size,
@@ -320,7 +320,31 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         bos_token_id,
         eos_token_ids,
         sliding_window,
-    })
+    };
+    cfg.check_sizes([
+        &k("embedding_length"),
+        &k("feed_forward_length"),
+        &k("vocab_size"),
+        &k("block_count"),
+        &k("attention.head_count"),
+        &k("attention.head_count_kv"),
+        &k("attention.key_length"),
+        &k("context_length"),
+    ])
+    .map_err(|what| m.err(what))?;
+    // The embedding's shape ties the metadata to the tensors before anything is sized
+    // from the metadata (the memory estimate runs before the weights are checked).
+    if let Some(t) = file.tensor("token_embd.weight") {
+        if t.shape() != [vocab_size, hidden_size] {
+            return Err(m.err(format!(
+                "`token_embd.weight` has shape {:?}, but the metadata gives a vocabulary \
+                 of {vocab_size} and `{}` = {hidden_size}",
+                t.shape(),
+                k("embedding_length")
+            )));
+        }
+    }
+    Ok(cfg)
 }
 
 /// Llama-3 rope scaling is stored by llama.cpp as `rope_freqs.weight`, the divisor of
