@@ -181,6 +181,7 @@ impl GgufFile {
             buf: &mmap,
             pos: 0,
             path,
+            elements: 0,
         }
         .parse()?;
         Ok(GgufFile {
@@ -260,7 +261,15 @@ struct Parser<'a> {
     buf: &'a [u8],
     pos: usize,
     path: &'a Path,
+    /// Metadata array elements read so far (see [`MAX_ARRAY_ELEMENTS`]).
+    elements: usize,
 }
+
+/// Metadata array elements a file may hold in all: a value takes ~32 bytes in memory
+/// against 1 in the file for a u8 array, so the file size alone does not bound the
+/// memory a hostile file asks for. Real files hold a few vocabulary-sized arrays
+/// (tokens, scores, types, merges: well under 2^24 each).
+const MAX_ARRAY_ELEMENTS: usize = 1 << 26;
 
 impl<'a> Parser<'a> {
     fn err(&self, what: impl Into<String>) -> Error {
@@ -504,6 +513,14 @@ impl<'a> Parser<'a> {
                     }
                 };
                 let n = self.count(min, &|| format!("the length of {}", what()))?;
+                self.elements = self.elements.saturating_add(n);
+                if self.elements > MAX_ARRAY_ELEMENTS {
+                    return Err(self.err(format!(
+                        "{} brings the metadata to more than {MAX_ARRAY_ELEMENTS} array \
+                         elements",
+                        what()
+                    )));
+                }
                 let mut items = Vec::with_capacity(n);
                 for i in 0..n {
                     items.push(self.value(elem, depth + 1, &|| format!("{}[{i}]", what()))?);
