@@ -119,7 +119,8 @@ fn sentencepiece_vocab_encodes_like_sentencepiece_and_decodes_back() {
     let tok = Tokenizer::from_gguf_vocab(&vocab, "spm.gguf").unwrap();
     assert_eq!(tok.vocab_size(), vocab.tokens.len());
     assert_eq!(tok.bos_token_id(), Some(1));
-    assert_eq!(tok.eos_token_ids(), vec![2]);
+    // `</s>` from the metadata, then the control token `<|im_end|>`, which ends a turn.
+    assert_eq!(tok.eos_token_ids(), vec![2, 4]);
     check_cases(&tok, &f["cases"]);
     // A control token in text is one id; a user-defined one too.
     let im_start = tok.token_to_id("<|im_start|>").unwrap();
@@ -258,7 +259,8 @@ fn byte_level_specials_flags_and_spelling() {
     vocab.chat_template = Some("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}".into());
     let tok = Tokenizer::from_gguf_vocab(&vocab, "bl.gguf").unwrap();
     assert_eq!(tok.vocab_size(), n as usize);
-    assert_eq!(tok.eos_token_ids(), vec![2, 1]);
+    // EOS, EOT, then the control token `<|endoftext|>` (an end-of-generation text).
+    assert_eq!(tok.eos_token_ids(), vec![2, 1, 0]);
     assert_eq!(tok.encode("\t\t", false).unwrap(), [n - 2]);
     assert_eq!(
         tok.encode("a<｜begin▁of▁sentence｜>", false).unwrap()[1..],
@@ -287,6 +289,147 @@ fn byte_level_specials_flags_and_spelling() {
         err.contains("no chat template") && err.contains("bl.gguf"),
         "{err}"
     );
+}
+
+/// A tiny byte-level vocabulary whose `abc` is a token the merges cannot build: they
+/// merge `a b` first, and there is no `ab c`, so BPE gives `ab` `c`.
+fn unreachable_word_vocab(pre: &str) -> GgufVocab {
+    let tokens = ["<|endoftext|>", "a", "b", "c", "ab", "bc", "abc"];
+    GgufVocab {
+        model: "gpt2".into(),
+        pre: Some(pre.into()),
+        tokens: tokens.iter().map(|t| t.to_string()).collect(),
+        token_types: Some(vec![3, 1, 1, 1, 1, 1, 1]),
+        merges: Some(vec!["a b".into(), "b c".into()]),
+        bos_token_id: Some(0),
+        eos_token_id: Some(0),
+        ..GgufVocab::default()
+    }
+}
+
+#[test]
+fn llama3_group_takes_a_whole_pre_token_from_the_vocabulary() {
+    // `tokenizers` with `ignore_merges: true` (the Llama 3 `tokenizer.json`, llama.cpp's
+    // llama3 group and tekken) looks the whole pre-token up first; without it the merges
+    // alone decide.
+    for (pre, want) in [
+        ("llama-bpe", vec![6]),
+        ("llama3", vec![6]),
+        ("tekken", vec![6]),
+        ("gpt2", vec![4, 3]),
+        ("qwen2", vec![4, 3]),
+        ("smollm", vec![4, 3]),
+    ] {
+        let mut vocab = unreachable_word_vocab(pre);
+        vocab.add_bos_token = Some(false);
+        let tok = Tokenizer::from_gguf_vocab(&vocab, "um.gguf").unwrap();
+        assert_eq!(tok.encode("abc", false).unwrap(), want, "pre `{pre}`");
+        // A pre-token not in the vocabulary still goes through the merges.
+        assert_eq!(
+            tok.encode("abcabc", false).unwrap(),
+            [4, 3, 4, 3],
+            "pre `{pre}`"
+        );
+        assert_eq!(tok.decode(&want, false).unwrap(), "abc");
+    }
+}
+
+#[test]
+fn add_bos_defaults_per_vocabulary_and_the_key_wins() {
+    // Without `tokenizer.ggml.add_bos_token`: llama.cpp's defaults (the llama3 group,
+    // tekken and SentencePiece add BOS; other byte-level vocabularies do not).
+    for (pre, key, bos) in [
+        ("llama-bpe", None, true),
+        ("llama3", None, true),
+        ("tekken", None, true),
+        ("gpt2", None, false),
+        ("qwen2", None, false),
+        ("smollm", None, false),
+        ("llama-bpe", Some(false), false),
+        ("gpt2", Some(true), true),
+    ] {
+        let mut vocab = unreachable_word_vocab(pre);
+        vocab.add_bos_token = key;
+        let tok = Tokenizer::from_gguf_vocab(&vocab, "bos.gguf").unwrap();
+        let plain = tok.encode("abc", false).unwrap();
+        let with = tok.encode("abc", true).unwrap();
+        let want = if bos {
+            [&[0], &plain[..]].concat()
+        } else {
+            plain
+        };
+        assert_eq!(with, want, "pre `{pre}`, add_bos_token {key:?}");
+    }
+    let (mut spm, _) = spm_vocab();
+    assert_eq!(spm.add_bos_token, None);
+    let tok = Tokenizer::from_gguf_vocab(&spm, "spm.gguf").unwrap();
+    assert_eq!(tok.encode("hi", true).unwrap()[0], 1);
+    spm.add_bos_token = Some(false);
+    let tok = Tokenizer::from_gguf_vocab(&spm, "spm.gguf").unwrap();
+    assert_ne!(tok.encode("hi", true).unwrap()[0], 1);
+}
+
+#[test]
+fn end_of_generation_adds_control_tokens_that_end_a_turn() {
+    let tokens = [
+        "a",                     // 0
+        "<|endoftext|>",         // 1 control: ends generation
+        "<|im_start|>",          // 2 control: does not
+        "<|im_end|>",            // 3 control, the metadata's EOS
+        "<|eot_id|>",            // 4 normal: not a control token, so not added
+        "<end_of_turn>",         // 5 user-defined: not added either
+        "<|eom_id|>",            // 6 control: added
+        "<｜end▁of▁sentence｜>", // 7 control: added
+    ];
+    let vocab = GgufVocab {
+        model: "gpt2".into(),
+        pre: Some("qwen2".into()),
+        tokens: tokens.iter().map(|t| t.to_string()).collect(),
+        token_types: Some(vec![1, 3, 3, 3, 1, 4, 3, 3]),
+        merges: Some(vec![]),
+        eos_token_id: Some(3),
+        ..GgufVocab::default()
+    };
+    let tok = Tokenizer::from_gguf_vocab(&vocab, "eog.gguf").unwrap();
+    assert_eq!(tok.eos_token_ids(), vec![3, 1, 6, 7]);
+    // EOT from the metadata comes second, even when its text is in the list.
+    let tok = Tokenizer::from_gguf_vocab(
+        &GgufVocab {
+            eot_token_id: Some(6),
+            ..vocab.clone()
+        },
+        "eog.gguf",
+    )
+    .unwrap();
+    assert_eq!(tok.eos_token_ids(), vec![3, 6, 1, 7]);
+    // No token types: nothing is known to be a control token.
+    let tok = Tokenizer::from_gguf_vocab(
+        &GgufVocab {
+            token_types: None,
+            ..vocab.clone()
+        },
+        "eog.gguf",
+    )
+    .unwrap();
+    assert_eq!(tok.eos_token_ids(), vec![3]);
+
+    // gpt-oss: `<|end|>` ends a message, not the turn, when `<|return|>` and `<|call|>`
+    // exist; it ends generation otherwise.
+    let harmony = |tokens: &[&str]| GgufVocab {
+        model: "gpt2".into(),
+        tokens: tokens.iter().map(|t| t.to_string()).collect(),
+        token_types: Some(vec![3; tokens.len()]),
+        merges: Some(vec![]),
+        eos_token_id: Some(0),
+        ..GgufVocab::default()
+    };
+    let tok =
+        Tokenizer::from_gguf_vocab(&harmony(&["<|return|>", "<|end|>", "<|call|>"]), "oss.gguf")
+            .unwrap();
+    assert_eq!(tok.eos_token_ids(), vec![0, 2]);
+    let tok =
+        Tokenizer::from_gguf_vocab(&harmony(&["<|endoftext|>", "<|end|>"]), "phi.gguf").unwrap();
+    assert_eq!(tok.eos_token_ids(), vec![0, 1]);
 }
 
 #[test]
@@ -411,10 +554,18 @@ fn smollm2_gguf_matches_transformers() {
     let tok = Tokenizer::from_gguf_vocab(&vocab, &path.display().to_string()).unwrap();
     assert_eq!(tok.vocab_size() as u64, f["vocab_size"].as_u64().unwrap());
     assert_eq!(tok.bos_token_id(), opt_id(&f["bos_token_id"]));
+    // `<|im_end|>` (the metadata's EOS, first), then the control token `<|endoftext|>`
+    // (id 0), which llama.cpp also stops on; transformers' generation config lists
+    // only `<|im_end|>`, but the model ends a document with `<|endoftext|>`.
+    let eos = opt_id(&f["eos_token_id"]).unwrap();
     assert_eq!(
-        tok.eos_token_ids(),
-        vec![opt_id(&f["eos_token_id"]).unwrap()]
+        (tok.eos_token_ids(), tok.token_to_id("<|endoftext|>")),
+        (vec![eos, 0], Some(0))
     );
+    // The model config computes the same list from the same metadata.
+    let file = encore_core::model::gguf::GgufFile::open(path).unwrap();
+    let cfg = encore_core::model::gguf::config_from_gguf(&file).unwrap();
+    assert_eq!(cfg.eos_token_ids, tok.eos_token_ids());
     assert_eq!(tok.token_to_id("<|im_start|>"), Some(1));
     check_cases(&tok, &f["cases"]);
     for chat in f["chats"].as_array().unwrap() {

@@ -9,7 +9,12 @@
 //!   maps to the split the model's own `tokenizer.json` makes (llama3's digits in runs of
 //!   one to three, qwen2's single digits, smollm's and starcoder's `Digits` then GPT-2's
 //!   regex, ...). An unknown name is a warning and GPT-2's regex, which is what
-//!   `transformers` builds for it (llama.cpp refuses such a file instead).
+//!   `transformers` builds for it (llama.cpp refuses such a file instead). For the names of
+//!   llama.cpp's Llama 3 group (`llama3`, `llama-v3`, `llama-bpe`, `falcon3`, `falcon-h1`,
+//!   `pixtral`, `midm-2.0`, `lfm2`, `jina-v5-nano`) and `tekken`, `minicpm5`, `youtu`,
+//!   `granite-embed-multi-97m` the BPE model has `ignore_merges` (as the Llama 3
+//!   `tokenizer.json` does): a pre-token that is itself a token is that one id, even where
+//!   the merges would not rebuild it.
 //! - `llama`: SentencePiece BPE as `LlamaTokenizerFast` (the Llama-2 `tokenizer.json`)
 //!   writes it: the normalizer prepends `▁` (when `add_space_prefix`, default true) and
 //!   turns spaces into `▁`; BPE with byte fallback, merges derived from the vocabulary
@@ -18,7 +23,18 @@
 //! Control tokens (type 3) become special added tokens and user-defined ones (type 4)
 //! plain added tokens, so `<|im_start|>` in a prompt is one id and
 //! `skip_special_tokens` drops control tokens. BOS/EOS come from their ids and
-//! `add_bos_token`/`add_eos_token` go into the post-processor.
+//! `add_bos_token`/`add_eos_token` go into the post-processor. Without
+//! `add_bos_token`, BOS is added as llama.cpp defaults it: for `llama` vocabularies and
+//! for the Llama 3 group, `tekken` and `chameleon`, not for other `gpt2` ones.
+//!
+//! `eos_token_ids()` (what generation stops on) is the metadata's EOS, then its EOT, then
+//! every control token whose text is one llama.cpp treats as end of generation
+//! (`<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `<|eom_id|>`, `<end_of_turn>`, `<|end|>`,
+//! ...: [`END_OF_GENERATION_TEXTS`]), in id order; the GGUF model config's
+//! `eos_token_ids` is the same list. Unlike llama.cpp, a token of that text which is not
+//! a control token is left out (llama.cpp promotes it to control), and llama.cpp's
+//! FIM tokens (`<|fim_pad|>`, `<|repo_name|>`, `<|file_sep|>`), which it also stops on, are
+//! not added: transformers' generation configs do not list them.
 //!
 //! NOTE: where `transformers`' GGUF loader and the model's original tokenizer differ,
 //! this follows the original (and llama.cpp): `smollm`/`starcoder`/`falcon`/... keep their
@@ -104,7 +120,9 @@ impl Tokenizer {
                 )))
             }
         };
-        let add_bos = vocab.add_bos_token.unwrap_or(spm);
+        let add_bos = vocab
+            .add_bos_token
+            .unwrap_or_else(|| spm || pre_adds_bos(vocab.pre.as_deref()));
         let add_eos = vocab.add_eos_token.unwrap_or(false);
         let text = |id: Option<u32>| id.map(|id| vocab.tokens[id as usize].clone());
 
@@ -139,12 +157,15 @@ impl Tokenizer {
                 special_strings.insert(key, s);
             }
         }
-        let mut eos_ids: Vec<u32> = specials.eos.into_iter().collect();
-        if let Some(eot) = specials.eot {
-            if !eos_ids.contains(&eot) {
-                eos_ids.push(eot);
-            }
-        }
+        let eos_ids = end_of_generation_ids(
+            specials.eos.into_iter().chain(specials.eot),
+            vocab
+                .tokens
+                .iter()
+                .enumerate()
+                .filter(|&(id, _)| token_type(vocab, id) == TYPE_CONTROL)
+                .map(|(id, t)| (id as u32, t.as_str())),
+        );
         let (template, no_template_reason) = match &vocab.chat_template {
             Some(source) => (
                 Some(ChatTemplate::new(source.clone(), origin)?),
@@ -241,7 +262,7 @@ fn byte_level_json(vocab: &GgufVocab, origin: &str, err: &dyn Fn(String) -> Erro
             "end_of_word_suffix": null,
             "fuse_unk": false,
             "byte_fallback": false,
-            "ignore_merges": false,
+            "ignore_merges": pre_ignores_merges(vocab.pre.as_deref()),
             "vocab": model_vocab,
             "merges": pairs,
         },
@@ -361,6 +382,100 @@ fn merges_from_scores<'a>(tokens: &'a [String], scores: &[f32]) -> Vec<(&'a str,
     }
     merges.sort_by(|a, b| b.2.total_cmp(&a.2).then(b.3.cmp(&a.3)).then(b.4.cmp(&a.4)));
     merges.into_iter().map(|(l, r, ..)| (l, r)).collect()
+}
+
+/// The pre-tokenizer names of the Llama 3 group, as llama.cpp groups them: a whole
+/// pre-token found in the vocabulary is that token (`ignore_merges`), and BOS is added
+/// by default.
+const LLAMA3_GROUP: &[&str] = &[
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "jina-v5-nano",
+];
+
+/// Whether a byte-level vocabulary with this `tokenizer.ggml.pre` looks a whole
+/// pre-token up in the vocabulary before merging (`ignore_merges` in `tokenizers`;
+/// llama.cpp's list: the Llama 3 group, `tekken` and a few others).
+fn pre_ignores_merges(pre: Option<&str>) -> bool {
+    pre.is_some_and(|pre| {
+        LLAMA3_GROUP.contains(&pre)
+            || ["tekken", "minicpm5", "youtu", "granite-embed-multi-97m"].contains(&pre)
+    })
+}
+
+/// Whether a byte-level vocabulary with this `tokenizer.ggml.pre` adds BOS when
+/// `tokenizer.ggml.add_bos_token` is absent (llama.cpp's defaults: the Llama 3 group,
+/// `tekken` and `chameleon`; other byte-level vocabularies add none).
+fn pre_adds_bos(pre: Option<&str>) -> bool {
+    pre.is_some_and(|pre| LLAMA3_GROUP.contains(&pre) || ["tekken", "chameleon"].contains(&pre))
+}
+
+/// Texts of control tokens that end generation besides the metadata's EOS/EOT ids, as
+/// llama.cpp lists them (its `special_eog_ids`): the end-of-turn and end-of-text tokens
+/// of the chat formats (Qwen's `<|im_end|>` and `<|endoftext|>`, Llama 3's `<|eot_id|>`
+/// and `<|eom_id|>`, Gemma's `<end_of_turn>`, Phi's `<|end|>`, DeepSeek's
+/// `<｜end▁of▁sentence｜>`, ...).
+const END_OF_GENERATION_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+];
+
+/// The ids that end generation: `metadata` (EOS, then EOT) first, then the `controls`
+/// (control tokens as `(id, text)`, in id order) whose text is in
+/// [`END_OF_GENERATION_TEXTS`], each once. As llama.cpp does, `<|end|>` is left out when
+/// the vocabulary also has `<|return|>` and `<|call|>` (gpt-oss) or `<|calls|>` and
+/// `<|flush|>` (Solar Open), where it ends a message but not the turn, and `</s>` when it
+/// has `<|tool_response>` (Gemma 4); an id of the metadata always stays.
+pub(crate) fn end_of_generation_ids<'a>(
+    metadata: impl IntoIterator<Item = u32>,
+    controls: impl IntoIterator<Item = (u32, &'a str)>,
+) -> Vec<u32> {
+    let mut ids: Vec<u32> = Vec::new();
+    for id in metadata {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    let found: Vec<(u32, &str)> = controls
+        .into_iter()
+        .filter(|(_, text)| END_OF_GENERATION_TEXTS.contains(text))
+        .collect();
+    let has = |t: &str| found.iter().any(|&(_, text)| text == t);
+    let drop_end = (has("<|return|>") && has("<|call|>")) || (has("<|calls|>") && has("<|flush|>"));
+    let drop_s = has("<|tool_response>");
+    for (id, text) in found {
+        let dropped = (drop_end && text == "<|end|>") || (drop_s && text == "</s>");
+        if !dropped && !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
 }
 
 fn token_type(vocab: &GgufVocab, id: usize) -> i32 {

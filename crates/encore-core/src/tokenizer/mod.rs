@@ -20,6 +20,7 @@ use serde_json::Value as Json;
 
 use crate::error::{Error, Result};
 
+pub(crate) use gguf::end_of_generation_ids;
 pub use gguf::GgufVocab;
 pub use stream::StreamDecoder;
 use template::ChatTemplate;

@@ -9,7 +9,10 @@ use crate::error::{Error, Result};
 use crate::model::config::{Arch, ModelConfig, SlidingWindow};
 use crate::ops::{Llama3Scaling, RopeConfig};
 use crate::tensor::DType;
-use crate::tokenizer::GgufVocab;
+use crate::tokenizer::{end_of_generation_ids, GgufVocab};
+
+/// `tokenizer.ggml.token_type` of a control token.
+const CONTROL_TOKEN_TYPE: i128 = 3;
 
 /// The GGUF architectures encore runs, and the [`Arch`] each becomes.
 const ARCHS: [(&str, Arch); 3] = [
@@ -293,14 +296,23 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     };
     let max_position_embeddings = m.positive(&k("context_length"))?;
     let bos_token_id = m.opt_id("tokenizer.ggml.bos_token_id")?;
-    let mut eos_token_ids = Vec::new();
+    // The same list as the tokenizer's `eos_token_ids()` (what `generate` stops on): the
+    // metadata's EOS and EOT, then the control tokens whose text ends a turn.
+    let mut metadata_eos = Vec::new();
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
-        if let Some(id) = m.opt_id(key)? {
-            if !eos_token_ids.contains(&id) {
-                eos_token_ids.push(id);
-            }
-        }
+        metadata_eos.extend(m.opt_id(key)?);
     }
+    let tokens = m.opt_array("tokenizer.ggml.tokens")?.unwrap_or_default();
+    let types = m
+        .opt_array("tokenizer.ggml.token_type")?
+        .unwrap_or_default();
+    let controls = types
+        .iter()
+        .zip(tokens)
+        .enumerate()
+        .filter(|(_, (ty, _))| ty.as_int() == Some(CONTROL_TOKEN_TYPE))
+        .filter_map(|(id, (_, text))| Some((u32::try_from(id).ok()?, text.as_str()?)));
+    let eos_token_ids = end_of_generation_ids(metadata_eos, controls);
     let cfg = ModelConfig {
         arch,
         vocab_size,
