@@ -4,6 +4,8 @@
 //! Continuous batching with a scheduler replaces this loop in the engine.
 
 use std::ops::ControlFlow;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -173,7 +175,7 @@ fn run(
     let t0 = Instant::now();
     let mut done = vec![0usize; prompts.len()];
     let total_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let mut bar: Option<ProgressBar> = None;
+    let bar = opts.progress.then(|| DelayedBar::start(total_tokens));
     while let Some(first) = (0..prompts.len()).find(|&i| done[i] < prompts[i].len()) {
         if stopped {
             break;
@@ -215,16 +217,11 @@ fn run(
                 last_token[i] = t;
             }
         }
-        if opts.progress && bar.is_none() && t0.elapsed() >= PROGRESS_AFTER {
-            bar = Some(prefill_bar(total_tokens, t0.elapsed()));
-        }
         if let Some(bar) = &bar {
             bar.set_position(done.iter().sum::<usize>() as u64);
         }
     }
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    drop(bar); // stops the watcher and clears the bar
     let prefill_secs = t0.elapsed().as_secs_f64();
     for g in out.iter_mut() {
         g.prefill_secs = prefill_secs;
@@ -271,15 +268,64 @@ fn run(
 }
 
 /// A bar over the prompt tokens prefilled so far, on stderr (drawn only when stderr is a
-/// terminal); its clock starts at `elapsed`, the time prefill has run already.
-fn prefill_bar(total_tokens: usize, elapsed: Duration) -> ProgressBar {
-    let bar =
-        ProgressBar::with_draw_target(Some(total_tokens as u64), ProgressDrawTarget::stderr())
-            .with_elapsed(elapsed);
-    let style = ProgressStyle::with_template("prefill [{bar:40}] {pos}/{len} tokens, {elapsed}")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-    bar.set_style(style);
-    bar.enable_steady_tick(Duration::from_millis(200));
-    bar
+/// terminal), that appears once prefill has run for [`PROGRESS_AFTER`] — also while one
+/// long step is still running, as a watcher thread reveals it, not the step loop.
+struct DelayedBar {
+    bar: ProgressBar,
+    /// Set (and signalled) when prefill ends, so the watcher stops waiting.
+    done: Arc<(Mutex<bool>, Condvar)>,
+    watcher: Option<JoinHandle<()>>,
+}
+
+impl DelayedBar {
+    fn start(total_tokens: usize) -> DelayedBar {
+        let bar =
+            ProgressBar::with_draw_target(Some(total_tokens as u64), ProgressDrawTarget::hidden());
+        let style =
+            ProgressStyle::with_template("prefill [{bar:40}] {pos}/{len} tokens, {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> ");
+        bar.set_style(style);
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        let watcher = {
+            let (bar, done) = (bar.clone(), Arc::clone(&done));
+            std::thread::Builder::new()
+                .name("prefill-progress".into())
+                .spawn(move || {
+                    let (lock, cvar) = &*done;
+                    let Ok(guard) = lock.lock() else { return };
+                    let Ok((guard, _)) =
+                        cvar.wait_timeout_while(guard, PROGRESS_AFTER, |done| !*done)
+                    else {
+                        return;
+                    };
+                    if !*guard {
+                        bar.set_draw_target(ProgressDrawTarget::stderr());
+                        bar.enable_steady_tick(Duration::from_millis(200));
+                    }
+                })
+                .ok()
+        };
+        DelayedBar { bar, done, watcher }
+    }
+
+    fn set_position(&self, pos: u64) {
+        self.bar.set_position(pos);
+    }
+}
+
+/// Ends the bar however prefill ends (an error included): the watcher is told to stop
+/// and joined, and a bar it revealed is cleared.
+impl Drop for DelayedBar {
+    fn drop(&mut self) {
+        let (lock, cvar) = &*self.done;
+        if let Ok(mut done) = lock.lock() {
+            *done = true;
+        }
+        cvar.notify_all();
+        if let Some(w) = self.watcher.take() {
+            let _ = w.join();
+        }
+        self.bar.finish_and_clear();
+    }
 }
