@@ -2,7 +2,7 @@
 cache and one CUDA graph per batch size, on the same GPU, at the same model shapes
 (random bf16 weights), the same context (128 tokens) and batch sizes.
 
-    python3 scripts/hf_decode_bench.py [--models qwen2.5-0.5b,llama-3.2-1b,llama-3-8b]
+    python3 scripts/hf_decode_bench.py [--models qwen2.5-0.5b,llama-3.2-1b,llama-3-8b,smollm2-135m]
                                        [--batch 1,8,32,128,256] [--context 128] [--steps 20]
 
 Per batch size: prefill `context` random tokens eagerly into a StaticCache, capture one
@@ -35,6 +35,11 @@ def shapes():
             vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
             num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
             max_position_embeddings=131072,
+        ),
+        "smollm2-135m": LlamaConfig(
+            vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+            num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
+            max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
         ),
         "llama-3-8b": LlamaConfig(
             vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
