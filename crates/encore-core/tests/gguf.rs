@@ -5,7 +5,6 @@
 //! writes them; and every malformed file is an error naming what is wrong, never a panic.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::generate::{generate, GenerateOptions};
@@ -22,34 +21,12 @@ use encore_core::{Backend, DType, Error};
 use half::f16;
 use safetensors::tensor::{Dtype, TensorView};
 
+#[path = "common/temp_dir.rs"]
+mod temp_dir;
+use temp_dir::TempDir;
+
 // ---------------------------------------------------------------------------------------
 // Helpers.
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("encore-gguf-{}-{n}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-    fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// splitmix64 values in [-1, 1).
 fn values(seed: u64, n: usize) -> Vec<f32> {

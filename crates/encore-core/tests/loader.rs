@@ -3,8 +3,7 @@
 //! (round trip with dtype conversion and q/k/v, gate/up merging, sharding, tying), the
 //! errors for broken checkpoints and configs, and the seeded dummy weights.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::model::config::{Arch, ModelConfig, SlidingWindow};
@@ -14,32 +13,12 @@ use encore_core::{Backend, DType, Error, Tensor};
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, TensorView};
 
+#[path = "common/temp_dir.rs"]
+mod temp_dir;
+use temp_dir::TempDir;
+
 // ---------------------------------------------------------------------------------------
 // Helpers: temp dirs, checkpoints, comparisons.
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("encore-loader-{}-{n}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// One checkpoint tensor; `values` are exact in `dtype` (ignored for integer dtypes).
 #[derive(Clone)]

@@ -19,6 +19,10 @@ use encore_core::tokenizer::{ChatMessage, Tokenizer};
 use encore_core::{Backend, DType};
 use safetensors::tensor::{Dtype, TensorView};
 
+#[path = "common/temp_dir.rs"]
+mod temp_dir;
+use temp_dir::TempDir;
+
 fn smollm2() -> Option<PathBuf> {
     match std::env::var_os("ENCORE_SMOLLM2_GGUF") {
         Some(p) => {
@@ -41,24 +45,6 @@ fn smollm2() -> Option<PathBuf> {
             );
             None
         }
-    }
-}
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("encore-real-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -187,8 +173,8 @@ fn smollm2_gguf_equals_its_dequantized_safetensors_twin() {
     let files = open_model(path.to_str().unwrap()).unwrap();
     let cfg = files.config.clone();
     let dir = TempDir::new("twin");
-    write_twin(&path, &cfg, &dir.0);
-    let twin_cfg = ModelConfig::from_file(&dir.0.join("config.json")).unwrap();
+    write_twin(&path, &cfg, dir.path());
+    let twin_cfg = ModelConfig::from_file(&dir.path().join("config.json")).unwrap();
     assert_eq!(
         twin_cfg,
         ModelConfig {
@@ -208,7 +194,7 @@ fn smollm2_gguf_equals_its_dequantized_safetensors_twin() {
     let from_twin = greedy(
         &be,
         &twin_cfg,
-        WeightSource::Dir(&dir.0),
+        WeightSource::Dir(dir.path()),
         &prompts,
         &eos,
         16,
