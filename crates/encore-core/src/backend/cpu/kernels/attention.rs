@@ -15,7 +15,7 @@
 
 use rayon::prelude::*;
 
-use super::{dispatch_float, dot, view, view_mut, Float, SyncPtr};
+use super::{dispatch_float, dot, gemm_f32, view, view_mut, Float, SyncPtr};
 use crate::ops::AttentionDims;
 use crate::tensor::{DType, Tensor};
 use half::{bf16, f16};
@@ -347,33 +347,8 @@ fn scores(w: &mut Work, nq: usize, kn: usize, hd: usize) {
         }
         return;
     }
-    // SAFETY: dst `s` is nq×kn (row stride kn, `s.len() >= nq * KEY_CHUNK`), lhs `q` is
-    // nq×hd (row stride hd), rhs element (d, j) is `k[j * hd + d]` (hd×kn, column stride
-    // hd, `k.len() = KEY_CHUNK * hd`): every access is in bounds. `read_dst = false`:
-    // dst = 1·lhs·rhs.
-    unsafe {
-        gemm::gemm(
-            nq,
-            kn,
-            hd,
-            w.s.as_mut_ptr(),
-            1,
-            kn as isize,
-            false,
-            w.q.as_ptr(),
-            1,
-            hd as isize,
-            w.k.as_ptr(),
-            hd as isize,
-            1,
-            0.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
+    // rhs element (d, j) is `k[j * hd + d]`: the keys are the columns.
+    gemm_f32(nq, kn, hd, &mut w.s, &w.q, &w.k, (1, hd), false);
 }
 
 /// `acc_i += Σ_j p[i][j] v_j` for `nq` queries and `kn` values (`p` in `s`, `[nq, kn]`).
@@ -398,32 +373,8 @@ fn accumulate(w: &mut Work, nq: usize, kn: usize, hd: usize) {
         }
         return;
     }
-    // SAFETY: dst `acc` is nq×hd (row stride hd), lhs `s` is nq×kn (row stride kn), rhs
-    // element (j, d) is `v[j * hd + d]` (kn×hd, row stride hd): in bounds as above.
-    // `read_dst = true`, alpha = beta = 1: dst = dst + lhs·rhs.
-    unsafe {
-        gemm::gemm(
-            nq,
-            hd,
-            kn,
-            w.acc.as_mut_ptr(),
-            1,
-            hd as isize,
-            true,
-            w.s.as_ptr(),
-            1,
-            kn as isize,
-            w.v.as_ptr(),
-            1,
-            hd as isize,
-            1.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
+    // rhs element (j, d) is `v[j * hd + d]`: the values are the rows.
+    gemm_f32(nq, hd, kn, &mut w.acc, &w.s, &w.v, (hd, 1), true);
 }
 
 #[cfg(test)]

@@ -474,32 +474,8 @@ fn matmul_t<T: Float>(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tenso
             }
         } else {
             let wf = to_f32(wblock);
-            // SAFETY: dst `acc` is m×nb (row stride nb), lhs `xf` is m×k (row stride k),
-            // rhs element (kk, j) is `wf[j * k + kk]` (k×nb, column stride k): every
-            // access is in bounds. `read_dst = false`, so dst = 1·lhs·rhs.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    nb,
-                    k,
-                    acc.as_mut_ptr(),
-                    1,
-                    nb as isize,
-                    false,
-                    xf.as_ptr(),
-                    1,
-                    k as isize,
-                    wf.as_ptr(),
-                    k as isize,
-                    1,
-                    0.0f32,
-                    1.0f32,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                )
-            };
+            // rhs element (kk, j) is `wf[j * k + kk]`: the rows of `w` are its columns.
+            gemm_f32(m, nb, k, &mut acc, &xf, &wf, (1, k), false);
         }
         for i in 0..m {
             for j in 0..nb {
@@ -547,5 +523,65 @@ pub(super) fn kv_write(
         let (src, dst) = (i * row..(i + 1) * row, slot * row..(slot + 1) * row);
         kc[dst.clone()].copy_from_slice(&k[src.clone()]);
         vc[dst].copy_from_slice(&v[src]);
+    }
+}
+
+/// `dst = lhs · rhs`, or `dst += lhs · rhs` with `accumulate`, in f32 on this thread:
+/// `dst` is m×n and `lhs` m×k, both row-major and contiguous; element (kk, j) of the k×n
+/// `rhs` is `rhs[kk * rhs_strides.0 + j * rhs_strides.1]`. Panics when a slice is too short
+/// for its shape (every caller sizes them from the same dims).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    lhs: &[f32],
+    rhs: &[f32],
+    rhs_strides: (usize, usize),
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].fill(0.0);
+        }
+        return;
+    }
+    let (rs, cs) = rhs_strides;
+    assert!(
+        dst.len() >= m * n && lhs.len() >= m * k && rhs.len() > (k - 1) * rs + (n - 1) * cs,
+        "gemm_f32: {m}x{n}x{k} does not fit dst {}, lhs {}, rhs {}",
+        dst.len(),
+        lhs.len(),
+        rhs.len()
+    );
+    // SAFETY: the assert above bounds every index gemm touches: dst (i, j) at i * n + j,
+    // lhs (i, kk) at i * k + kk, rhs (kk, j) at kk * rs + j * cs. With `read_dst`, alpha = 1
+    // keeps dst (dst = dst + lhs·rhs); without it, dst = lhs·rhs.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            rhs.as_ptr(),
+            cs as isize,
+            rs as isize,
+            if accumulate { 1.0f32 } else { 0.0f32 },
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
     }
 }
