@@ -56,21 +56,8 @@ template <typename T, int GMAX> struct AttCfg {
     static constexpr int U = sizeof(T) == 4 ? 1 : 2;
 };
 
-// Asynchronous 16-byte global -> shared copy (L2 only); `valid == false` writes zeros and
-// reads nothing. Each thread only ever reads back its own copies, after cp_async_wait.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    const unsigned int dst = (unsigned int)__cvta_generic_to_shared(smem);
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(n)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Wait until at most N of this thread's committed groups are still pending.
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+// cp.async copies (common.cuh): each thread only ever reads back its own copies, after
+// cp_async_wait, so no barrier is needed between the copy and the read.
 
 template <typename T, int GMAX>
 __device__ __forceinline__ void attention_split_impl(

@@ -73,19 +73,6 @@ __device__ __forceinline__ void fa_ldmatrix_x4_trans(const void* smem, unsigned 
                  : "r"(addr));
 }
 
-__device__ __forceinline__ void fa_cp_async16(void* smem, const void* gmem, bool valid) {
-    const unsigned int dst = (unsigned int)__cvta_generic_to_shared(smem);
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(n)
-                 : "memory");
-}
-__device__ __forceinline__ void fa_cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void fa_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 template <typename T, int HD>
 __device__ __forceinline__ void attention_prefill_impl(
     const T* q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
@@ -191,14 +178,14 @@ __device__ __forceinline__ void attention_prefill_impl(
                 ok ? ((long long)blk * block_size + (k % block_size)) * tok_stride + head_off +
                          part * 8
                    : 0;
-            fa_cp_async16(dst + key * LD + part * 8, cache + off, ok);
+            cp_async16(dst + key * LD + part * 8, cache + off, ok);
             if (buf >= 0 && part == 0) sOk[buf][key] = ok ? 1 : 0;
         }
     };
 
     // Prologue: K(0) in flight while Q is staged through sV into registers.
     if (ntiles > 0) issue(k_cache, sK, kt0, 0);
-    fa_cp_async_commit();
+    cp_async_commit();
     for (int i = tid; i < FA_BM * CPR; i += FA_THREADS) {
         const int r = i / CPR, part = i % CPR;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -220,7 +207,7 @@ __device__ __forceinline__ void attention_prefill_impl(
     }
     __syncthreads();  // sV is free again
     if (ntiles > 0) issue(v_cache, sV, kt0, -1);
-    fa_cp_async_commit();
+    cp_async_commit();
 
     float o[ND][4];
 #pragma unroll
@@ -231,7 +218,7 @@ __device__ __forceinline__ void attention_prefill_impl(
     for (int j = 0; j < ntiles; ++j) {
         const int kt = kt0 + j * FA_BN;
         // Committed so far: ..., K(j), V(j). Wait for K(j).
-        fa_cp_async_wait<1>();
+        cp_async_wait<1>();
         __syncthreads();
 
         float s[FA_BN / 8][4];
@@ -251,7 +238,7 @@ __device__ __forceinline__ void attention_prefill_impl(
         }
         __syncthreads();  // every warp is done with sK
         if (j + 1 < ntiles) issue(k_cache, sK, kt + FA_BN, (j + 1) & 1);
-        fa_cp_async_commit();
+        cp_async_commit();
 
         // Mask, scale into log2 units, online softmax (rows g and g + 8 of the warp).
         const int* okb = sOk[j & 1];
@@ -301,7 +288,7 @@ __device__ __forceinline__ void attention_prefill_impl(
         }
 
         // Committed so far: ..., K(j), V(j), K(j+1). Wait for V(j).
-        fa_cp_async_wait<1>();
+        cp_async_wait<1>();
         __syncthreads();
         if (active) {
 #pragma unroll
@@ -320,9 +307,9 @@ __device__ __forceinline__ void attention_prefill_impl(
         }
         __syncthreads();  // every warp is done with sV
         if (j + 1 < ntiles) issue(v_cache, sV, kt + FA_BN, -1);
-        fa_cp_async_commit();
+        cp_async_commit();
     }
-    fa_cp_async_wait<0>();
+    cp_async_wait<0>();
 
     // --- Normalise and write rows g and g + 8 of this warp (zeros where nothing was seen).
 #pragma unroll

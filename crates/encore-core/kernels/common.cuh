@@ -198,3 +198,20 @@ __device__ __forceinline__ int block_max_int(int v, int* sh) {
     __syncthreads();
     return v;
 }
+
+// Asynchronous 16-byte global -> shared copy (cp.async.cg: L2 only, bypassing L1);
+// `valid == false` writes 16 zero bytes and reads nothing from `gmem`.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned int dst = (unsigned int)__cvta_generic_to_shared(smem);
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(n)
+                 : "memory");
+}
+// Close this thread's current group of cp.async copies.
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Wait until at most N of this thread's committed groups are still pending.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
