@@ -747,9 +747,7 @@ pub(super) fn attention(be: &CudaBackend, a: &Attention<'_>, d: &AttentionDims) 
     let has_cu = a.cu_seqlens_q.is_some() as i32;
     let (out, scratch) = (dptr(a.out), dptr(a.scratch));
     let qscale = a.scale * std::f32::consts::LOG2_E;
-    // 0: full attention. A window of i32::MAX or more reaches back past position 0 from any
-    // position a seq_len can give, so it is full attention as well.
-    let window = a.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+    let window = window_arg(a.window);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
     let rows = int(OP, "rows", d.rows)?;
     let nh = int(OP, "num_heads", d.num_heads)?;
@@ -787,6 +785,13 @@ pub(super) fn attention(be: &CudaBackend, a: &Attention<'_>, d: &AttentionDims) 
         )?;
     }
     Ok(())
+}
+
+/// The attention kernels' `window` argument: 0 for full attention. A window of
+/// `i32::MAX` or more reaches back past position 0 from any position a seq_len can give,
+/// so it is full attention as well.
+fn window_arg(window: Option<usize>) -> i32 {
+    window.map_or(0, |w| w.min(i32::MAX as usize) as i32)
 }
 
 /// Query rows per CTA of `attention_prefill_*` (`FA_BM` in attention_prefill.cu).
@@ -831,7 +836,7 @@ fn attention_prefill(
     let (bt, sl, cu) = (dptr(a.block_tables), dptr(a.seq_lens), dptr(cu));
     let out = dptr(a.out);
     let qscale = a.scale * std::f32::consts::LOG2_E;
-    let window = a.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+    let window = window_arg(a.window);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
     let rows = int(OP, "rows", d.rows)?;
     let nh = int(OP, "num_heads", d.num_heads)?;
