@@ -1,19 +1,23 @@
-//! The model runner: one forward step for a batch of sequences, eagerly. It owns the
-//! model, the KV cache and its block manager, and the arena; it packs the step's
-//! metadata on the host, uploads it, runs the forward and samples on the device.
-//! In graph mode, pure decode steps pad the batch to a bucket and replay that bucket's
-//! captured graph (captured on first use); everything per-step is in the input buffers.
+//! The model runner: one forward step for a batch of sequences. It owns the model, the KV
+//! cache and its block manager, the step inputs and the graph executor; it packs the
+//! step's metadata on the host (one upload), picks how the step runs, and samples on the
+//! device:
+//! - a pure decode step within the largest decode bucket pads its batch to the bucket
+//!   and replays that bucket's full graph;
+//! - any other step within the largest token bucket (prefill, chunked prefill, decode
+//!   rows mixed in) pads its tokens to the bucket and replays that bucket's pieces, with
+//!   attention and the LM head eager between and after them;
+//! - everything else, and every step in eager mode, runs the same ops eagerly.
+//!
+//! Graphs are captured on first use or ahead of time ([`Runner::capture_all`]).
 
-use std::collections::HashMap;
-use std::time::Instant;
-
-use crate::backend::{Backend, Graph, Sampling};
+use crate::backend::{Backend, Sampling};
 use crate::error::{Error, Result};
-use crate::graph::{BucketPolicy, Field, InputTable, Layout, Rows, Width};
+use crate::graph::{BucketPolicy, Executor, GraphStats, InputTable, Key, Layout, Phase, Pieces};
 use crate::kv::{BlockManager, KvCache, KvCacheConfig, SeqId, NULL_BLOCK};
-use crate::memory::{Arena, ArenaStats, CaptureMemory, GraphMemory, MemoryNeed};
+use crate::memory::{Arena, ArenaStats, GraphMemory, MemoryNeed};
 use crate::model::config::ModelConfig;
-use crate::model::llama::{Model, StepInputs};
+use crate::model::llama::{Model, StepBuffers, StepInputs};
 use crate::tensor::{DType, Tensor};
 
 /// Per-sequence sampling parameters.
@@ -85,23 +89,13 @@ impl RunnerConfig {
             table_width,
             self.block_size,
         );
-        let token_rows = self.max_tokens_per_step.max(self.max_seqs);
-        let inputs = STEP_INPUTS
-            .iter()
-            .map(|f| {
-                let rows = match f.rows {
-                    Rows::Tokens => token_rows,
-                    Rows::Seqs => self.max_seqs,
-                    Rows::SeqsPlusOne => self.max_seqs.saturating_add(1),
-                };
-                let width = match f.width {
-                    Width::One => 1,
-                    Width::Table => table_width,
-                };
-                rows.saturating_mul(width).saturating_mul(f.dtype.size())
-            })
-            .fold(0usize, usize::saturating_add)
-            .saturating_mul(2);
+        let inputs = InputTable::bytes_for(
+            StepViews::FIELDS,
+            self.max_tokens_per_step.max(self.max_seqs),
+            self.max_seqs,
+            table_width,
+        )
+        .saturating_mul(2);
         MemoryNeed {
             weights: model.weight_bytes(dtype),
             kv_cache: self.num_blocks.saturating_mul(kv_cfg.bytes_per_block()),
@@ -111,90 +105,60 @@ impl RunnerConfig {
     }
 }
 
-/// Every per-step input, declared once (see `graph::inputs`).
-const STEP_INPUTS: &[Field] = &[
-    Field {
-        name: "token_ids",
-        dtype: DType::I32,
-        rows: Rows::Tokens,
-        width: Width::One,
-    },
-    Field {
-        name: "positions",
-        dtype: DType::I32,
-        rows: Rows::Tokens,
-        width: Width::One,
-    },
-    Field {
-        name: "slot_mapping",
-        dtype: DType::I32,
-        rows: Rows::Tokens,
-        width: Width::One,
-    },
-    Field {
-        name: "block_tables",
-        dtype: DType::I32,
-        rows: Rows::Seqs,
-        width: Width::Table,
-    },
-    Field {
-        name: "seq_lens",
-        dtype: DType::I32,
-        rows: Rows::Seqs,
-        width: Width::One,
-    },
-    Field {
-        name: "cu_seqlens_q",
-        dtype: DType::I32,
-        rows: Rows::SeqsPlusOne,
-        width: Width::One,
-    },
-    Field {
-        name: "logits_indices",
-        dtype: DType::I32,
-        rows: Rows::Seqs,
-        width: Width::One,
-    },
-    Field {
-        name: "temperature",
-        dtype: DType::F32,
-        rows: Rows::Seqs,
-        width: Width::One,
-    },
-    Field {
-        name: "top_k",
-        dtype: DType::I32,
-        rows: Rows::Seqs,
-        width: Width::One,
-    },
-    Field {
-        name: "top_p",
-        dtype: DType::F32,
-        rows: Rows::Seqs,
-        width: Width::One,
-    },
-    Field {
-        name: "seeds",
-        dtype: DType::I64,
-        rows: Rows::Seqs,
-        width: Width::One,
-    },
-];
+crate::step_inputs! {
+    /// Every per-step input, declared once (see `graph::inputs`). The block tables, the
+    /// widest field, come last: a step uploads only the rows it uses of them.
+    pub struct StepViews, StepHost {
+        /// The step's token ids.
+        token_ids: i32 [Tokens, One] = 0,
+        /// Each token's position in its sequence.
+        positions: i32 [Tokens, One] = 0,
+        /// Each token's KV-cache slot; -1 (padding) writes nothing.
+        slot_mapping: i32 [Tokens, One] = -1,
+        /// Tokens in the cache per sequence after the step; 0 for padding.
+        seq_lens: i32 [Seqs, One] = 0,
+        /// Row offsets of the sequences' tokens.
+        cu_seqlens_q: i32 [SeqsPlusOne, One] = 0,
+        /// The row of each sequence's last token; -1 (padding) gathers a zero row.
+        logits_indices: i32 [Seqs, One] = -1,
+        /// Sampling per sequence; padding samples greedily.
+        temperature: f32 [Seqs, One] = 0.0,
+        top_k: i32 [Seqs, One] = 0,
+        top_p: f32 [Seqs, One] = 1.0,
+        seeds: i64 [Seqs, One] = 0,
+        /// Each sequence's blocks; unused entries and padding rows hold the null block.
+        block_tables: i32 [Seqs, Table] = NULL_BLOCK,
+    }
+}
 
-/// One step's metadata on the host, `rows` sequence rows (padding included).
-#[derive(Default)]
-struct HostStep {
-    ids: Vec<i32>,
-    pos: Vec<i32>,
-    slots: Vec<i32>,
-    tables: Vec<i32>,
-    lens: Vec<i32>,
-    cu: Vec<i32>,
-    last: Vec<i32>,
-    temp: Vec<f32>,
-    top_k: Vec<i32>,
-    top_p: Vec<f32>,
-    seeds: Vec<i64>,
+/// Which graphs the runner captures: decode batch-size buckets and token-count buckets
+/// for prefill and mixed steps ([`BucketPolicy::None`] for either keeps it eager).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GraphConfig {
+    pub decode: BucketPolicy,
+    pub mixed: BucketPolicy,
+}
+
+/// How a step runs, fixed by its shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    Eager,
+    Graph(Key),
+}
+
+/// The runner's fields a step borrows, leaving `exec` free for the executor call.
+macro_rules! parts {
+    ($r:expr) => {
+        StepParts {
+            be: $r.be,
+            model: &$r.model,
+            kv: &$r.kv,
+            inputs: &$r.inputs,
+            sampled: &$r.sampled,
+            table_width: $r.table_width,
+            block_size: $r.cfg.block_size,
+        }
+    };
 }
 
 pub struct Runner<'b> {
@@ -202,12 +166,14 @@ pub struct Runner<'b> {
     inputs: InputTable,
     /// Sampled token ids, `[max_seqs]`.
     sampled: Tensor,
-    graph: Option<GraphState>,
+    exec: Executor<StepBuffers>,
+    graphs: Option<GraphConfig>,
+    /// Run every step eagerly, keeping the captured graphs (for comparisons).
+    force_eager: bool,
     verify_graphs: bool,
     pub model: Model,
     pub kv: KvCache,
     pub blocks: BlockManager,
-    arena: Arena,
     cfg: RunnerConfig,
     table_width: usize,
 }
@@ -246,15 +212,15 @@ impl<'b> Runner<'b> {
         let table_width = cfg.max_seq_len.div_ceil(cfg.block_size);
         let bytes = model.arena_bytes(
             be,
-            cfg.max_tokens_per_step,
+            cfg.max_tokens_per_step.max(cfg.max_seqs),
             cfg.max_seqs,
             table_width,
             cfg.block_size,
         );
-        let arena = Arena::for_graphs(be, bytes, GraphMemory::default())?;
+        let exec = Executor::new(be, bytes, GraphMemory::default())?;
         let inputs = InputTable::new(
             be,
-            STEP_INPUTS,
+            StepViews::FIELDS,
             cfg.max_tokens_per_step.max(cfg.max_seqs),
             cfg.max_seqs,
             table_width,
@@ -264,12 +230,13 @@ impl<'b> Runner<'b> {
             be,
             inputs,
             sampled,
-            graph: None,
+            exec,
+            graphs: None,
+            force_eager: false,
             verify_graphs: false,
             model,
             kv,
             blocks,
-            arena,
             cfg,
             table_width,
         })
@@ -283,31 +250,28 @@ impl<'b> Runner<'b> {
     /// [`GraphMemory::Arena`]). Drops every captured graph and the current arena, and
     /// reserves a new one of the same size.
     pub fn set_graph_memory(&mut self, strategy: GraphMemory) -> Result<()> {
-        if let Some(g) = self.graph.as_mut() {
-            g.graphs.clear();
-        }
-        let bytes = self.arena.capacity();
-        // Release the old arena before reserving the new one.
-        self.arena = Arena::for_graphs(self.be, 0, strategy)?;
-        self.arena = Arena::for_graphs(self.be, bytes, strategy)?;
-        Ok(())
+        self.exec.set_memory(self.be, strategy)
     }
 
     /// Physical and virtual bytes of the graph memory (the arena's pool, including what
     /// only captured graphs hold), and the time spent mapping.
     pub fn graph_memory_stats(&self) -> ArenaStats {
-        self.arena.stats()
+        self.exec.memory_stats()
     }
 
-    /// Each captured bucket with its capture's arena need in bytes, ascending by bucket.
+    /// Each captured (phase, bucket) with its capture's arena need in bytes, ascending.
+    pub fn captured(&self) -> Vec<(Key, usize)> {
+        self.exec.captured()
+    }
+
+    /// Each captured decode bucket with its capture's arena need in bytes, ascending.
     pub fn captured_buckets(&self) -> Vec<(usize, usize)> {
-        let mut v: Vec<(usize, usize)> = self
-            .graph
-            .iter()
-            .flat_map(|g| g.graphs.iter().map(|(&r, s)| (r, s.memory.bytes)))
-            .collect();
-        v.sort_unstable();
-        v
+        self.exec
+            .captured()
+            .into_iter()
+            .filter(|(k, _)| k.phase == Phase::Decode)
+            .map(|(k, b)| (k.bucket, b))
+            .collect()
     }
 
     /// Run one step and sample one token per sequence. The block manager must already
@@ -323,22 +287,58 @@ impl<'b> Runner<'b> {
         let (tokens, logits) = self.run(batch, true)?;
         let vocab = self.model.cfg.vocab_size;
         let rows = match logits {
-            Some(l) => self
-                .be
-                .download::<f32>(&l)?
-                .chunks(vocab)
-                .map(|r| r.to_vec())
-                .collect(),
+            Some(l) => l.chunks(vocab).map(|r| r.to_vec()).collect(),
             None => Vec::new(),
         };
         Ok((tokens, rows))
+    }
+
+    /// The plan and input layout of a step of `n` tokens from `b` sequences.
+    fn plan(&self, n: usize, b: usize, decode_only: bool) -> (Plan, Layout) {
+        let Some(g) = self.graphs.as_ref().filter(|_| !self.force_eager) else {
+            return (Plan::Eager, self.inputs.layout(n, b));
+        };
+        if decode_only {
+            if let Some(r) = g.decode.bucket_for(b).filter(|&r| r <= self.cfg.max_seqs) {
+                let key = Key {
+                    phase: Phase::Decode,
+                    bucket: r,
+                };
+                return (Plan::Graph(key), self.layout_of(key));
+            }
+        }
+        match g
+            .mixed
+            .bucket_for(n)
+            .filter(|&t| t <= self.cfg.max_tokens_per_step)
+        {
+            Some(t) => {
+                let key = Key {
+                    phase: Phase::Mixed,
+                    bucket: t,
+                };
+                (Plan::Graph(key), self.layout_of(key))
+            }
+            None => (Plan::Eager, self.inputs.layout(n, b)),
+        }
+    }
+
+    /// The fixed input layout of a captured key: decode buckets have one token per
+    /// sequence row; a token bucket has room for as many sequences as it can hold.
+    fn layout_of(&self, key: Key) -> Layout {
+        match key.phase {
+            Phase::Decode => self.inputs.layout(key.bucket, key.bucket),
+            Phase::Mixed => self
+                .inputs
+                .layout(key.bucket, key.bucket.min(self.cfg.max_seqs)),
+        }
     }
 
     fn run(
         &mut self,
         batch: &[SeqStep<'_>],
         keep_logits: bool,
-    ) -> Result<(Vec<u32>, Option<Tensor>)> {
+    ) -> Result<(Vec<u32>, Option<Vec<f32>>)> {
         let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let b = batch.len();
         if b == 0 {
@@ -354,18 +354,79 @@ impl<'b> Runner<'b> {
             ));
         }
         let decode_only = batch.iter().all(|s| s.tokens.len() == 1);
-        // Pure decode steps within the largest bucket replay a graph of `rows` rows.
-        let bucket = match &self.graph {
-            Some(g) if decode_only => g.policy.bucket_for(b).filter(|&r| r <= self.cfg.max_seqs),
-            _ => None,
-        };
-        let rows = bucket.unwrap_or(b);
+        let (plan, layout) = self.plan(n, b, decode_only);
+        let be = self.be;
+        match plan {
+            Plan::Eager => {
+                self.pack(batch, &layout, b)?;
+                let step = forward_step(parts!(self), &layout, decode_only, Shape::Whole, b)?;
+                let buf = self.exec.eager(&step)?;
+                let tokens = self.download_tokens(b)?;
+                let logits = if keep_logits {
+                    Some(be.download::<f32>(&buf.logits(b)?)?)
+                } else {
+                    None
+                };
+                Ok((tokens, logits))
+            }
+            Plan::Graph(key) => {
+                let read = match key.phase {
+                    Phase::Decode => key.bucket,
+                    Phase::Mixed => b,
+                };
+                self.pack(batch, &layout, read)?;
+                let (shape, decode, seqs) = match key.phase {
+                    Phase::Decode => (Shape::Whole, true, key.bucket),
+                    Phase::Mixed => (Shape::Split, false, b),
+                };
+                let real = if decode { b } else { n };
+                let step = forward_step(parts!(self), &layout, decode, shape, seqs)?;
+                let buf = self.exec.replay(be, key, real, &step)?;
+                let replayed = if keep_logits || self.verify_graphs {
+                    Some(be.download::<f32>(&buf.logits(b)?)?)
+                } else {
+                    None
+                };
+                let tokens = self.download_tokens(b)?;
+                if !self.verify_graphs {
+                    return Ok((tokens, replayed));
+                }
+                // Debug check: the same step eagerly and unpadded.
+                let eager_layout = self.inputs.layout(n, b);
+                self.pack(batch, &eager_layout, b)?;
+                let step = forward_step(parts!(self), &eager_layout, decode_only, Shape::Whole, b)?;
+                let buf = self.exec.eager(&step)?;
+                let eager = be.download::<f32>(&buf.logits(b)?)?;
+                let tol = if self.model.weights.dtype == DType::F32 {
+                    1e-4
+                } else {
+                    3e-2
+                };
+                let vocab = self.model.cfg.vocab_size;
+                self.exec
+                    .verify(key, replayed.as_deref().unwrap_or(&[]), &eager, vocab, tol)?;
+                Ok((tokens, Some(eager)))
+            }
+        }
+    }
+
+    fn download_tokens(&self, b: usize) -> Result<Vec<u32>> {
+        Ok(self
+            .be
+            .download::<i32>(&self.sampled.prefix(b)?)?
+            .into_iter()
+            .map(|t| t as u32)
+            .collect())
+    }
+
+    /// Pack the step's metadata into the host staging of `layout` (rows beyond the
+    /// step's padded), and upload what the step reads (`read_seqs` sequence rows): one
+    /// copy.
+    fn pack(&mut self, batch: &[SeqStep<'_>], layout: &Layout, read_seqs: usize) -> Result<()> {
         let w = self.table_width;
-        let mut h = HostStep {
-            tables: vec![NULL_BLOCK as i32; rows * w],
-            cu: vec![0],
-            ..HostStep::default()
-        };
+        let h = StepHost::of(&mut self.inputs, layout)?;
+        h.cu_seqlens_q[0] = 0;
+        let mut t = 0usize;
         for (i, s) in batch.iter().enumerate() {
             let total = self.blocks.num_tokens(s.seq)?;
             if s.tokens.is_empty() || s.tokens.len() > total {
@@ -379,263 +440,189 @@ impl<'b> Runner<'b> {
                 ));
             }
             let start = total - s.tokens.len();
-            for (j, &t) in s.tokens.iter().enumerate() {
-                h.ids.push(t as i32);
-                h.pos.push((start + j) as i32);
-                let slot = self.blocks.slot(s.seq, start + j).ok_or_else(|| {
+            for (j, &tok) in s.tokens.iter().enumerate() {
+                h.token_ids[t] = tok as i32;
+                h.positions[t] = (start + j) as i32;
+                h.slot_mapping[t] = self.blocks.slot(s.seq, start + j).ok_or_else(|| {
                     Error::invalid(
                         "runner.step",
                         format!("sequence {}: no slot for position {}", s.seq, start + j),
                     )
                 })?;
-                h.slots.push(slot);
+                t += 1;
             }
             self.blocks.fill_block_table_row(
                 s.seq,
-                &mut h.tables[i * w..(i + 1) * w],
+                &mut h.block_tables[i * w..(i + 1) * w],
                 NULL_BLOCK as i32,
             )?;
-            h.lens.push(total as i32);
-            h.cu.push(h.ids.len() as i32);
-            h.last.push(h.ids.len() as i32 - 1);
-            h.temp.push(s.sampling.temperature);
-            h.top_k.push(s.sampling.top_k);
-            h.top_p.push(s.sampling.top_p);
-            h.seeds
-                .push(mix_seed(mix_seed(s.sampling.seed, s.seq.0), s.step) as i64);
+            h.seq_lens[i] = total as i32;
+            h.cu_seqlens_q[i + 1] = t as i32;
+            h.logits_indices[i] = t as i32 - 1;
+            h.temperature[i] = s.sampling.temperature;
+            h.top_k[i] = s.sampling.top_k;
+            h.top_p[i] = s.sampling.top_p;
+            h.seeds[i] = mix_seed(mix_seed(s.sampling.seed, s.seq.0), s.step) as i64;
         }
-        h.pad_to(rows);
-        let layout = if bucket.is_some() {
-            self.inputs.layout(rows, rows)
-        } else {
-            self.inputs.layout(n, b)
-        };
-        self.write_inputs(&layout, &h)?;
-        let be = self.be;
-
-        let download_tokens = |t: &Tensor| -> Result<Vec<u32>> {
-            Ok(be
-                .download::<i32>(&t.prefix(b)?)?
-                .into_iter()
-                .map(|t| t as u32)
-                .collect())
-        };
-        let (tokens, logits) = match bucket {
-            None => {
-                let logits = self.forward_and_sample(&layout, decode_only)?;
-                (download_tokens(&self.sampled)?, logits)
-            }
-            Some(r) => {
-                if !self
-                    .graph
-                    .as_ref()
-                    .is_some_and(|g| g.graphs.contains_key(&r))
-                {
-                    self.capture(r)?;
-                } else if let Some(g) = self.graph.as_mut() {
-                    g.stats.hits += 1;
-                }
-                let g = self.graph.as_mut().expect("graph mode");
-                g.stats.padded_rows += r - b;
-                g.stats.rows += r;
-                let step = &g.graphs[&r];
-                step.graph.replay()?;
-                let logits = step.logits.clone();
-                let tokens = download_tokens(&self.sampled)?;
-                if self.verify_graphs {
-                    let replayed = be.download::<f32>(&logits.prefix(b)?)?;
-                    h.truncate(b, w);
-                    let eager_layout = self.inputs.layout(b, b);
-                    self.write_inputs(&eager_layout, &h)?;
-                    let eager = self.forward_and_sample(&eager_layout, true)?;
-                    let reference = be.download::<f32>(&eager)?;
-                    self.check_replay(r, &replayed, &reference)?;
-                    (tokens, eager)
-                } else {
-                    (tokens, logits)
-                }
-            }
-        };
-        Ok((tokens, keep_logits.then_some(logits)))
+        self.finish_pack(layout, t, batch.len(), read_seqs)
     }
 
-    /// Pack `h` into the input table's staging for `layout` and upload it: one copy.
-    fn write_inputs(&mut self, layout: &Layout, h: &HostStep) -> Result<()> {
-        let t = &mut self.inputs;
-        t.host_mut::<i32>(layout, "token_ids")?
-            .copy_from_slice(&h.ids);
-        t.host_mut::<i32>(layout, "positions")?
-            .copy_from_slice(&h.pos);
-        t.host_mut::<i32>(layout, "slot_mapping")?
-            .copy_from_slice(&h.slots);
-        t.host_mut::<i32>(layout, "block_tables")?
-            .copy_from_slice(&h.tables);
-        t.host_mut::<i32>(layout, "seq_lens")?
-            .copy_from_slice(&h.lens);
-        t.host_mut::<i32>(layout, "cu_seqlens_q")?
-            .copy_from_slice(&h.cu);
-        t.host_mut::<i32>(layout, "logits_indices")?
-            .copy_from_slice(&h.last);
-        t.host_mut::<f32>(layout, "temperature")?
-            .copy_from_slice(&h.temp);
-        t.host_mut::<i32>(layout, "top_k")?
-            .copy_from_slice(&h.top_k);
-        t.host_mut::<f32>(layout, "top_p")?
-            .copy_from_slice(&h.top_p);
-        t.host_mut::<i64>(layout, "seeds")?
-            .copy_from_slice(&h.seeds);
-        t.upload(self.be, layout)
+    /// Pad the rows a step of `tokens` / `seqs` leaves unused, and upload what a step
+    /// reading `read_seqs` rows of the block tables needs.
+    fn finish_pack(
+        &mut self,
+        layout: &Layout,
+        tokens: usize,
+        seqs: usize,
+        read_seqs: usize,
+    ) -> Result<()> {
+        self.inputs.pad(layout, tokens, seqs)?;
+        self.inputs
+            .upload(self.be, layout, layout.tokens, read_seqs)
     }
 
-    /// Forward and sample over the inputs of `layout` in a fresh arena epoch (inside a
-    /// capture epoch the reset does nothing, so a capture's pieces never overlap); sampled
-    /// ids land in `sampled[..seqs]`. Returns the logits (arena view).
-    fn forward_and_sample(&mut self, layout: &Layout, decode_only: bool) -> Result<Tensor> {
-        self.arena.reset();
-        let be = self.be;
-        let v = |name: &str| self.inputs.view(layout, name);
-        let (token_ids, positions, slot_mapping) =
-            (v("token_ids")?, v("positions")?, v("slot_mapping")?);
-        let (block_tables, seq_lens, cu) = (v("block_tables")?, v("seq_lens")?, v("cu_seqlens_q")?);
-        let logits_indices = v("logits_indices")?;
-        let (temperature, top_k, top_p, seeds) =
-            (v("temperature")?, v("top_k")?, v("top_p")?, v("seeds")?);
-        let logits = self.model.forward(
-            be,
-            &mut self.arena,
-            &self.kv,
-            &StepInputs {
-                token_ids: &token_ids,
-                positions: &positions,
-                slot_mapping: &slot_mapping,
-                block_tables: &block_tables,
-                seq_lens: &seq_lens,
-                cu_seqlens_q: if decode_only { None } else { Some(&cu) },
-                logits_indices: &logits_indices,
-            },
-        )?;
-        be.sample(
-            &logits,
-            &Sampling {
-                temperature: &temperature,
-                top_k: &top_k,
-                top_p: &top_p,
-                seeds: &seeds,
-            },
-            &self.sampled.prefix(layout.seqs)?,
-        )?;
-        Ok(logits)
-    }
-
-    /// Capture the decode graph of bucket `rows` over the inputs already written: one
-    /// eager run first (it plans GEMMs and loads any lazily loaded library kernels outside
-    /// the capture; padding rows write no KV, real rows write the same values the replay
-    /// writes again), then the capture. The warm-up also maps the capture's need (same
-    /// shapes, same allocation order); the capture epoch maps it in its own range before
-    /// the backend starts capturing (see `memory::arena` on mapping timing).
-    fn capture(&mut self, rows: usize) -> Result<()> {
-        let layout = self.inputs.layout(rows, rows);
-        self.forward_and_sample(&layout, true)?;
-        let expect = self.arena.used();
-        let t = Instant::now();
-        self.arena.begin_capture(expect)?;
-        if let Err(e) = self.be.begin_capture() {
-            let _ = self.arena.end_capture();
-            return Err(e);
-        }
-        let captured = self.forward_and_sample(&layout, true);
-        let graph = self.be.end_capture();
-        let memory = self.arena.end_capture();
-        let logits = captured?;
-        let graph = graph?;
-        let memory = memory?;
-        let g = self.graph.as_mut().expect("graph mode");
-        g.stats.misses += 1;
-        g.stats.captures += 1;
-        g.stats.capture_secs += t.elapsed().as_secs_f64();
-        g.graphs.insert(
-            rows,
-            CapturedStep {
-                graph,
-                logits,
-                memory,
-            },
-        );
-        Ok(())
-    }
-
-    /// Turn graph mode on (decode steps replay a graph per bucket) or off (`None`: eager).
-    /// Turning it off or changing the policy drops the captured graphs.
+    /// Turn graph mode on with decode buckets only (prefill and mixed steps eager), or
+    /// off (`None`). Drops the captured graphs.
     pub fn set_graph_mode(&mut self, policy: Option<BucketPolicy>) {
-        self.graph = policy.map(|policy| GraphState {
-            policy,
-            graphs: HashMap::new(),
-            stats: GraphStats::default(),
-        });
+        self.set_graphs(policy.map(|decode| GraphConfig {
+            decode,
+            mixed: BucketPolicy::None,
+        }));
     }
 
-    /// Capture every bucket now, largest first, with all rows padding.
-    pub fn capture_all(&mut self, progress: bool) -> Result<()> {
-        let Some(g) = &self.graph else {
-            return Ok(());
+    /// Turn graph mode on with decode and token buckets, or off (`None`: every step
+    /// eager). Drops the captured graphs and their statistics.
+    pub fn set_graphs(&mut self, graphs: Option<GraphConfig>) {
+        self.exec.clear();
+        self.graphs = graphs;
+    }
+
+    /// Run every step eagerly while `on`, keeping the captured graphs and the graph
+    /// configuration (to compare both modes in one process).
+    pub fn set_force_eager(&mut self, on: bool) {
+        self.force_eager = on;
+    }
+
+    /// The key a step of `n` tokens from `b` sequences runs in, or `None` (eager).
+    pub fn key_for(&self, n: usize, b: usize, decode_only: bool) -> Option<Key> {
+        match self.plan(n, b, decode_only).0 {
+            Plan::Graph(k) => Some(k),
+            Plan::Eager => None,
+        }
+    }
+
+    /// Every key the graph configuration captures (decode buckets up to `max_seqs`,
+    /// token buckets up to `max_tokens_per_step`), largest first within each phase.
+    pub fn graph_keys(&self) -> Vec<Key> {
+        let Some(g) = &self.graphs else {
+            return Vec::new();
         };
-        let mut buckets: Vec<usize> = g
-            .policy
+        let mut keys: Vec<Key> = g
+            .decode
             .buckets()
             .into_iter()
             .filter(|&r| r <= self.cfg.max_seqs)
+            .rev()
+            .map(|bucket| Key {
+                phase: Phase::Decode,
+                bucket,
+            })
             .collect();
-        buckets.reverse();
-        let pb = if progress {
-            indicatif::ProgressBar::new(buckets.len() as u64)
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "capturing decode graphs {bar:30} {pos}/{len} {elapsed}",
-            )
-            .expect("valid template"),
+        keys.extend(
+            g.mixed
+                .buckets()
+                .into_iter()
+                .filter(|&t| t <= self.cfg.max_tokens_per_step)
+                .rev()
+                .map(|bucket| Key {
+                    phase: Phase::Mixed,
+                    bucket,
+                }),
         );
-        for rows in buckets {
-            self.capture_bucket(rows)?;
-            pb.inc(1);
+        keys
+    }
+
+    /// Capture every key now (all rows padding), largest first, then plan the LM head's
+    /// GEMM for every row count a piecewise step may use; `progress(done, total)` after
+    /// each capture.
+    pub fn capture_all(&mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<()> {
+        let keys = self.graph_keys();
+        for (i, &key) in keys.iter().enumerate() {
+            self.capture_key(key)?;
+            progress(i + 1, keys.len());
         }
-        pb.finish_and_clear();
+        if keys.iter().any(|k| k.phase == Phase::Mixed) {
+            self.warm_head()?;
+        }
         Ok(())
     }
 
-    /// Capture the decode graph of bucket `rows` now (all rows padding), unless it is
-    /// captured already. `rows` must be one of the policy's buckets, at most `max_seqs`.
+    /// Capture the decode graph of bucket `rows` now; see [`Runner::capture_key`].
     pub fn capture_bucket(&mut self, rows: usize) -> Result<()> {
-        let Some(g) = &self.graph else {
+        self.capture_key(Key {
+            phase: Phase::Decode,
+            bucket: rows,
+        })
+    }
+
+    /// Capture `key` now (all rows padding), unless it is captured already. It must be
+    /// one of [`Runner::graph_keys`].
+    pub fn capture_key(&mut self, key: Key) -> Result<()> {
+        if !self.graph_keys().contains(&key) {
             return Err(Error::invalid(
-                "capture_bucket",
-                "graph mode is off (set_graph_mode)",
-            ));
-        };
-        if !g.policy.buckets().contains(&rows) || rows > self.cfg.max_seqs {
-            return Err(Error::invalid(
-                "capture_bucket",
+                "capture",
                 format!(
-                    "{rows} is not a bucket of the policy (at most max_seqs {})",
-                    self.cfg.max_seqs
+                    "{key} is not a bucket of the graph configuration (graph mode {}; decode buckets up to max_seqs {}, token buckets up to max_tokens_per_step {})",
+                    if self.graphs.is_some() { "on" } else { "off" },
+                    self.cfg.max_seqs,
+                    self.cfg.max_tokens_per_step
                 ),
             ));
         }
-        if g.graphs.contains_key(&rows) {
+        if self.exec.contains(key) {
             return Ok(());
         }
-        let w = self.table_width;
-        let mut h = HostStep {
-            cu: vec![0],
-            ..HostStep::default()
+        let layout = self.layout_of(key);
+        let step = match key.phase {
+            Phase::Decode => {
+                self.pad_only(&layout, layout.seqs)?;
+                forward_step(parts!(self), &layout, true, Shape::Whole, layout.seqs)?
+            }
+            Phase::Mixed => {
+                // One empty sequence: every token row is padding.
+                self.pad_only(&layout, 1)?;
+                forward_step(parts!(self), &layout, false, Shape::Split, 1)?
+            }
         };
-        h.pad_to(rows);
-        h.tables = vec![NULL_BLOCK as i32; rows * w];
-        let layout = self.inputs.layout(rows, rows);
-        self.write_inputs(&layout, &h)?;
-        self.capture(rows)
+        self.exec.capture(self.be, key, &step)
+    }
+
+    /// Inputs of `seqs` empty sequences and no tokens: every row padding, `cu` all zero.
+    fn pad_only(&mut self, layout: &Layout, seqs: usize) -> Result<()> {
+        StepHost::of(&mut self.inputs, layout)?.cu_seqlens_q[0] = 0;
+        self.finish_pack(layout, 0, 0, seqs)
+    }
+
+    /// Run the LM head (and sampling) eagerly once for every row count a piecewise step's
+    /// head may have (powers of two up to the largest token bucket's sequence rows), so no
+    /// GEMM is planned during a request.
+    fn warm_head(&mut self) -> Result<()> {
+        let max = self
+            .graph_keys()
+            .iter()
+            .filter(|k| k.phase == Phase::Mixed)
+            .map(|k| self.layout_of(*k).seqs)
+            .max()
+            .unwrap_or(0);
+        let mut rows = 1usize;
+        while rows <= max {
+            let layout = self.inputs.layout(rows, rows);
+            self.pad_only(&layout, rows)?;
+            let step = forward_step(parts!(self), &layout, true, Shape::HeadOnly, rows)?;
+            self.exec.eager(&step)?;
+            rows *= 2;
+        }
+        Ok(())
     }
 
     /// Debug check: after every graph replay, run the same step eagerly (unpadded) and
@@ -646,112 +633,182 @@ impl<'b> Runner<'b> {
         self.verify_graphs = on;
     }
 
-    fn check_replay(&mut self, bucket: usize, replayed: &[f32], reference: &[f32]) -> Result<()> {
-        let vocab = self.model.cfg.vocab_size;
-        let tol = if self.model.weights.dtype == DType::F32 {
-            1e-4
-        } else {
-            3e-2
-        };
-        let mut worst = 0f64;
-        for (row, (a, r)) in replayed
-            .chunks(vocab)
-            .zip(reference.chunks(vocab))
-            .enumerate()
-        {
-            let num: f64 = a.iter().zip(r).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-            let den: f64 = r
-                .iter()
-                .map(|y| (*y as f64).powi(2))
-                .sum::<f64>()
-                .max(f64::MIN_POSITIVE);
-            let e = (num / den).sqrt();
-            if e.is_nan() || e > tol {
-                return Err(Error::invalid(
-                    "verify-graphs",
-                    format!("bucket {bucket}, row {row}: replayed logits differ from eager by {e:.3e} (tolerance {tol:.0e})"),
-                ));
+    /// Graph statistics summed over every key, when graph mode is on.
+    pub fn graph_stats(&self) -> Option<GraphStats> {
+        self.graphs.as_ref().map(|_| self.exec.total(None))
+    }
+
+    /// Graph statistics of one phase, when graph mode is on.
+    pub fn phase_stats(&self, phase: Phase) -> Option<GraphStats> {
+        self.graphs.as_ref().map(|_| self.exec.total(Some(phase)))
+    }
+}
+
+/// How a step's ops are grouped into pieces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// One piece: the whole forward, LM head and sampling (eager steps, decode graphs).
+    Whole,
+    /// A piece before each attention and one after the last; attention, the LM head and
+    /// sampling are the seams (prefill and mixed graphs).
+    Split,
+    /// Only the LM head and sampling (warm-up).
+    HeadOnly,
+}
+
+/// One forward step over the runner's inputs, as [`Pieces`] for the executor.
+struct ForwardStep<'a> {
+    be: &'a dyn Backend,
+    model: &'a Model,
+    kv: &'a KvCache,
+    /// The inputs: token fields at the layout's capacity, sequence fields cut to `seqs`.
+    v: StepViews,
+    /// The layout's capacity.
+    tokens: usize,
+    seq_rows: usize,
+    seqs: usize,
+    head_rows: usize,
+    /// Pure decode (attention without `cu_seqlens_q`).
+    decode: bool,
+    shape: Shape,
+    sampled: Tensor,
+    table_width: usize,
+    block_size: usize,
+}
+
+impl ForwardStep<'_> {
+    fn inputs(&self) -> StepInputs<'_> {
+        StepInputs {
+            token_ids: &self.v.token_ids,
+            positions: &self.v.positions,
+            slot_mapping: &self.v.slot_mapping,
+            block_tables: &self.v.block_tables,
+            seq_lens: &self.v.seq_lens,
+            cu_seqlens_q: (!self.decode).then_some(&self.v.cu_seqlens_q),
+            logits_indices: &self.v.logits_indices,
+        }
+    }
+
+    fn head_and_sample(&self, buf: &StepBuffers) -> Result<()> {
+        let logits = self
+            .model
+            .head(self.be, &self.inputs(), buf, self.head_rows)?;
+        self.be.sample(
+            &logits.prefix(self.seqs)?,
+            &Sampling {
+                temperature: &self.v.temperature,
+                top_k: &self.v.top_k,
+                top_p: &self.v.top_p,
+                seeds: &self.v.seeds,
+            },
+            &self.sampled,
+        )
+    }
+}
+
+impl Pieces for ForwardStep<'_> {
+    type State = StepBuffers;
+
+    fn alloc(&self, arena: &mut Arena) -> Result<StepBuffers> {
+        self.model.alloc_step(
+            self.be,
+            arena,
+            self.tokens,
+            self.seq_rows,
+            self.table_width,
+            self.block_size,
+        )
+    }
+
+    fn count(&self) -> usize {
+        match self.shape {
+            Shape::Split => self.model.num_pieces(),
+            Shape::Whole | Shape::HeadOnly => 1,
+        }
+    }
+
+    fn piece(&self, buf: &StepBuffers, i: usize) -> Result<()> {
+        let inp = self.inputs();
+        match self.shape {
+            Shape::Split => self.model.piece(self.be, self.kv, &inp, buf, i),
+            Shape::HeadOnly => self.head_and_sample(buf),
+            Shape::Whole => {
+                let layers = self.model.num_pieces() - 1;
+                for k in 0..=layers {
+                    self.model.piece(self.be, self.kv, &inp, buf, k)?;
+                    if k < layers {
+                        self.model.attention(self.be, self.kv, &inp, buf, k)?;
+                    }
+                }
+                self.head_and_sample(buf)
             }
-            worst = worst.max(e);
-        }
-        if let Some(g) = self.graph.as_mut() {
-            g.stats.verified += 1;
-            g.stats.max_verify_error = g.stats.max_verify_error.max(worst);
-        }
-        Ok(())
-    }
-
-    /// Graph statistics, when graph mode is on.
-    pub fn graph_stats(&self) -> Option<&GraphStats> {
-        self.graph.as_ref().map(|g| &g.stats)
-    }
-}
-
-/// What graph mode did so far.
-#[derive(Clone, Debug, Default)]
-pub struct GraphStats {
-    /// Steps that replayed an existing graph.
-    pub hits: usize,
-    /// Steps that had to capture first.
-    pub misses: usize,
-    pub captures: usize,
-    pub capture_secs: f64,
-    /// Rows run in graphs, and how many of them were padding.
-    pub rows: usize,
-    pub padded_rows: usize,
-    /// Replays checked against eager (`set_verify_graphs`), and the largest error seen.
-    pub verified: usize,
-    pub max_verify_error: f64,
-}
-
-/// Fields drop in order: the graph goes before the memory it points into.
-struct CapturedStep {
-    graph: Box<dyn Graph>,
-    /// Where the graph writes its logits (an arena view, valid after each replay).
-    logits: Tensor,
-    /// The graph's intermediates stay mapped while this lives.
-    memory: CaptureMemory,
-}
-
-struct GraphState {
-    policy: BucketPolicy,
-    graphs: HashMap<usize, CapturedStep>,
-    stats: GraphStats,
-}
-
-impl HostStep {
-    /// Keep the first `seqs` rows (one token each: decode), dropping padding.
-    fn truncate(&mut self, seqs: usize, table_width: usize) {
-        self.ids.truncate(seqs);
-        self.pos.truncate(seqs);
-        self.slots.truncate(seqs);
-        self.tables.truncate(seqs * table_width);
-        self.lens.truncate(seqs);
-        self.cu.truncate(seqs + 1);
-        self.last.truncate(seqs);
-        self.temp.truncate(seqs);
-        self.top_k.truncate(seqs);
-        self.top_p.truncate(seqs);
-        self.seeds.truncate(seqs);
-    }
-
-    /// Pad to `rows` sequence rows of one token each. Padding rows are empty sequences:
-    /// seq_len 0, slot -1 (no KV write), the null block in the table (already filled by
-    /// the caller), greedy sampling.
-    fn pad_to(&mut self, rows: usize) {
-        for r in self.lens.len()..rows {
-            self.ids.push(0);
-            self.pos.push(0);
-            self.slots.push(-1);
-            self.lens.push(0);
-            self.cu.push(self.ids.len() as i32);
-            self.last.push(r as i32);
-            self.temp.push(0.0);
-            self.top_k.push(0);
-            self.top_p.push(1.0);
-            self.seeds.push(0);
         }
     }
+
+    fn seam(&self, buf: &StepBuffers, i: usize) -> Result<()> {
+        if self.shape != Shape::Split {
+            return Ok(());
+        }
+        let layers = self.model.num_pieces() - 1;
+        if i < layers {
+            self.model
+                .attention(self.be, self.kv, &self.inputs(), buf, i)
+        } else {
+            self.head_and_sample(buf)
+        }
+    }
+}
+
+/// A step over the runner's inputs in `layout`: `seqs` sequences (attention and sampling
+/// rows), ops grouped per `shape`.
+fn forward_step<'a>(
+    r: StepParts<'a>,
+    layout: &Layout,
+    decode: bool,
+    shape: Shape,
+    seqs: usize,
+) -> Result<ForwardStep<'a>> {
+    let mut v = StepViews::of(r.inputs, layout)?;
+    v.seq_lens = v.seq_lens.prefix(seqs)?;
+    v.cu_seqlens_q = v.cu_seqlens_q.prefix(seqs + 1)?;
+    v.block_tables = v.block_tables.prefix(seqs)?;
+    v.temperature = v.temperature.prefix(seqs)?;
+    v.top_k = v.top_k.prefix(seqs)?;
+    v.top_p = v.top_p.prefix(seqs)?;
+    v.seeds = v.seeds.prefix(seqs)?;
+    // The LM head's rows: padded to a power of two within the layout for pieces, so its
+    // GEMM shapes are few (and planned at capture).
+    let head_rows = match shape {
+        Shape::Split => seqs.next_power_of_two().min(layout.seqs),
+        _ => seqs,
+    };
+    Ok(ForwardStep {
+        be: r.be,
+        model: r.model,
+        kv: r.kv,
+        v,
+        tokens: layout.tokens,
+        seq_rows: layout.seqs,
+        seqs,
+        head_rows,
+        decode,
+        shape,
+        sampled: r.sampled.prefix(seqs)?,
+        table_width: r.table_width,
+        block_size: r.block_size,
+    })
+}
+
+/// What a [`ForwardStep`] borrows from the runner (not the executor).
+#[derive(Clone, Copy)]
+struct StepParts<'a> {
+    be: &'a dyn Backend,
+    model: &'a Model,
+    kv: &'a KvCache,
+    inputs: &'a InputTable,
+    sampled: &'a Tensor,
+    table_width: usize,
+    block_size: usize,
 }
 
 /// The request seed mixed with the step: a fresh, reproducible seed per step.

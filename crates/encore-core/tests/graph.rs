@@ -156,7 +156,7 @@ fn cpu_graph_decode_matches_eager() {
 fn capture_all_warms_every_bucket_largest_first() {
     let cpu = CpuBackend::new();
     let mut r = runner(&cpu, true);
-    r.capture_all(false).unwrap();
+    r.capture_all(&mut |_, _| ()).unwrap();
     let s = r.graph_stats().unwrap().clone();
     assert_eq!(s.captures, 5);
     // A later step of any size up to 16 hits.

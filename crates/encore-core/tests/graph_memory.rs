@@ -202,7 +202,7 @@ fn check_release(be: &dyn Backend) {
     for strategy in GraphMemory::ALL {
         for _cycle in 0..2 {
             let mut r = runner(be, Some(strategy));
-            r.capture_all(false).unwrap();
+            r.capture_all(&mut |_, _| ()).unwrap();
             let full = r.graph_memory_stats();
             assert!(full.physical_bytes > 0);
             // Dropping the graphs releases what only they held.

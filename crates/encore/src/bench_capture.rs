@@ -60,7 +60,12 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
     if a.strategies.is_empty() {
         bail!("--strategies: name at least one of private, multi-va, arena");
     }
-    let listed = BucketPolicy::parse(&a.buckets, a.max_batch)?;
+    let listed = BucketPolicy::parse(
+        "--buckets",
+        &a.buckets,
+        a.max_batch,
+        BucketPolicy::VllmLike { max: a.max_batch },
+    )?;
     let mut buckets = listed.buckets();
     let max_batch = buckets.iter().copied().max().unwrap_or(1).max(a.max_batch);
     if max_batch > MAX_BATCH {
@@ -167,7 +172,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
             .zip(free_after)
             .map(|(b, a)| b.saturating_sub(a));
         let m = runner.graph_memory_stats();
-        let g = runner.graph_stats().cloned().unwrap_or_default();
+        let g = runner.graph_stats().unwrap_or_default();
         let needs = runner.captured_buckets();
         let largest = needs.iter().max_by_key(|(r, _)| *r).map_or(0, |&(_, n)| n);
         let sum: usize = needs.iter().map(|&(_, n)| n).sum();

@@ -142,10 +142,10 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         let n = policy.buckets().len();
         runner.set_graph_mode(Some(policy));
         let t = Instant::now();
-        runner.capture_all(!a.json)?;
+        crate::graphs::capture_all(&mut runner, !a.json)?;
         be.synchronize()?;
         let total = t.elapsed().as_secs_f64();
-        let stats = runner.graph_stats().cloned().unwrap_or_default();
+        let stats = runner.graph_stats().unwrap_or_default();
         let mem = runner.graph_memory_stats();
         runner.set_graph_mode(None);
         if a.json {
@@ -217,7 +217,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         } else {
             runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
             let g = timed(&mut runner, &mut last)?;
-            let stats = runner.graph_stats().cloned().unwrap_or_default();
+            let stats = runner.graph_stats().unwrap_or_default();
             runner.set_graph_mode(None);
             (Some(g), stats.capture_secs)
         };

@@ -1,5 +1,6 @@
 //! `encore bench prefill`: prefill latency and throughput for a model at several prompt
-//! lengths and batch sizes (eager; every sequence's whole prompt in one step).
+//! lengths and batch sizes (every sequence's whole prompt in one step), eager and as a
+//! piecewise graph of its token bucket, in the same process, alternating.
 
 use std::time::Instant;
 
@@ -44,9 +45,17 @@ pub struct BenchPrefillArgs {
         allow_negative_numbers = true
     )]
     batch: Vec<usize>,
-    /// Timed runs per row after one untimed cold run; the median is reported.
+    /// Timed runs per row and mode after one untimed cold run; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = parse::count::<1, 1000>, allow_negative_numbers = true)]
     repeats: usize,
+    /// Token buckets for the piecewise runs: auto (sglang on a GPU, none on the CPU),
+    /// sglang, pow2, none, or a comma list; capped at the largest tokens x batch.
+    #[arg(long, default_value = "auto")]
+    prefill_buckets: String,
+    /// Capture each bucket on its first use instead of all of them at start-up (then
+    /// cold_ms includes the capture).
+    #[arg(long)]
+    lazy_capture: bool,
     /// One JSON object per row.
     #[arg(long)]
     json: bool,
@@ -55,18 +64,24 @@ pub struct BenchPrefillArgs {
 /// The longest `--tokens`.
 const MAX_TOKENS: usize = 1 << 20;
 
-/// One measured row. New columns (e.g. piecewise-graph timings) go here, in
-/// [`PrefillRow::json`] and in [`COLUMNS`] / [`PrefillRow::cells`].
+/// One measured row. New columns go here, in [`PrefillRow::json`] and in [`COLUMNS`] /
+/// [`PrefillRow::cells`].
 struct PrefillRow {
     tokens: usize,
     batch: usize,
-    /// The first (untimed for the median) run.
+    /// The token bucket the step pads to, or `None` (eager: above the largest bucket, or
+    /// no buckets).
+    bucket: Option<usize>,
+    /// Medians over the timed runs of each mode.
+    eager_ms: f64,
+    piecewise_ms: Option<f64>,
+    /// The row's first run in the process (piecewise where there is a bucket).
     cold_ms: f64,
-    /// Median over the timed runs.
-    prefill_ms: f64,
+    /// Whether every piecewise run sampled the eager run's tokens (greedy).
+    matches_eager: Option<bool>,
     /// Median CPU time of the process (all threads; the host's side on CUDA) per timed
-    /// run, where the OS reports it (Linux): on a shared machine it moves less than wall
-    /// time with other load.
+    /// run of the faster mode, where the OS reports it (Linux): on a shared machine it
+    /// moves less than wall time with other load.
     cpu_ms: Option<f64>,
 }
 
@@ -74,34 +89,49 @@ struct PrefillRow {
 const COLUMNS: &[(&str, usize)] = &[
     ("tokens", 7),
     ("batch", 6),
-    ("cold ms", 11),
-    ("prefill ms", 11),
+    ("bucket", 7),
+    ("eager ms", 10),
+    ("piece ms", 10),
+    ("cold ms", 10),
     ("tok/s", 11),
-    ("cpu ms", 11),
+    ("match", 6),
+    ("cpu ms", 9),
 ];
 
 impl PrefillRow {
+    /// The time of the mode a user gets (piecewise where there is a bucket).
+    fn prefill_ms(&self) -> f64 {
+        self.piecewise_ms.unwrap_or(self.eager_ms)
+    }
+
     /// Prompt tokens processed per second (all sequences of the batch).
     fn tokens_per_s(&self) -> f64 {
-        (self.tokens * self.batch) as f64 / (self.prefill_ms / 1e3)
+        (self.tokens * self.batch) as f64 / (self.prefill_ms() / 1e3)
     }
 
     fn cells(&self) -> Vec<String> {
+        let opt = |v: Option<f64>| v.map_or("-".into(), |c| format!("{c:.2}"));
         vec![
             self.tokens.to_string(),
             self.batch.to_string(),
-            format!("{:.1}", self.cold_ms),
-            format!("{:.1}", self.prefill_ms),
+            self.bucket.map_or("-".into(), |b| b.to_string()),
+            format!("{:.2}", self.eager_ms),
+            opt(self.piecewise_ms),
+            format!("{:.2}", self.cold_ms),
             format!("{:.1}", self.tokens_per_s()),
-            self.cpu_ms.map_or("-".into(), |c| format!("{c:.1}")),
+            self.matches_eager
+                .map_or("-".into(), |m| if m { "yes" } else { "NO" }.into()),
+            opt(self.cpu_ms),
         ]
     }
 
     fn json(&self, model: &str, device: &str, dtype: DType) -> Value {
         json!({
-            "model": model, "device": device, "dtype": dtype.to_string(), "mode": "eager",
-            "tokens": self.tokens, "batch": self.batch, "cold_ms": self.cold_ms,
-            "prefill_ms": self.prefill_ms, "tokens_per_s": self.tokens_per_s(),
+            "model": model, "device": device, "dtype": dtype.to_string(),
+            "tokens": self.tokens, "batch": self.batch, "bucket": self.bucket,
+            "eager_ms": self.eager_ms, "piecewise_ms": self.piecewise_ms,
+            "cold_ms": self.cold_ms, "prefill_ms": self.prefill_ms(),
+            "tokens_per_s": self.tokens_per_s(), "matches_eager": self.matches_eager,
             "cpu_ms": self.cpu_ms,
         })
     }
@@ -171,11 +201,42 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
     let load_secs = t.elapsed().as_secs_f64();
     let model = Model::new(be, cfg.clone(), w, max_tokens)?;
     let mut runner = Runner::new(be, model, runner_cfg)?;
+    let graphs = crate::graphs::config(
+        be,
+        "none",
+        max_batch,
+        &a.prefill_buckets,
+        max_tokens * max_batch,
+    )?;
+    runner.set_graphs(Some(graphs));
+    let t = Instant::now();
+    if !a.lazy_capture {
+        crate::graphs::capture_all(&mut runner, !a.json)?;
+        be.synchronize()?;
+    }
+    let capture_secs = t.elapsed().as_secs_f64();
+    let stats = runner.graph_stats().unwrap_or_default();
+    let mem = runner.graph_memory_stats();
     let device = be.device_name();
-    if !a.json {
+    if a.json {
         outln!(
-            "{} on {device} ({dtype}, eager), weights loaded in {load_secs:.2} s; median of {} runs after one cold run",
-            a.model, a.repeats
+            "{}",
+            json!({
+                "model": a.model, "device": device, "dtype": dtype.to_string(),
+                "load_s": load_secs, "captured": stats.captures, "pieces": stats.pieces,
+                "capture_s": capture_secs,
+                "graph_memory_physical_bytes": mem.physical_bytes,
+            })
+        )?;
+    } else {
+        outln!(
+            "{} on {device} ({dtype}), weights loaded in {load_secs:.2} s; {} token buckets captured ({} pieces) in {:.2} s, graph memory {:.1} MiB; median of {} runs per mode after one cold run",
+            a.model,
+            stats.captures,
+            stats.pieces,
+            capture_secs,
+            mem.physical_bytes as f64 / (1u64 << 20) as f64,
+            a.repeats
         )?;
         print_cells(
             &COLUMNS
@@ -185,6 +246,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
         )?;
     }
     let greedy = SamplingParams::default();
+    let mut next_seq = 0u64;
     for &b in &a.batch {
         for &n in &a.tokens {
             let prompts: Vec<Vec<u32>> = (0..b)
@@ -194,43 +256,75 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                         .collect()
                 })
                 .collect();
-            let mut times = Vec::with_capacity(a.repeats + 1);
-            let mut cpu = Vec::with_capacity(a.repeats + 1);
-            for run in 0..=a.repeats {
-                // Fresh sequences each run: the whole prompt is new to the cache.
-                let seqs: Vec<SeqId> = (0..b).map(|i| SeqId((run * b + i) as u64)).collect();
-                for &s in &seqs {
-                    runner.blocks.allocate(s, n)?;
-                }
-                let batch: Vec<SeqStep<'_>> = seqs
-                    .iter()
-                    .zip(&prompts)
-                    .map(|(&seq, p)| SeqStep {
-                        seq,
-                        tokens: p,
-                        sampling: greedy,
-                        step: 0,
-                    })
-                    .collect();
-                let (t, c) = (Instant::now(), process_cpu_ns());
-                runner.step(&batch)?; // reads the sampled tokens back: waits for the device
-                times.push(t.elapsed().as_secs_f64() * 1e3);
-                cpu.push(
-                    c.zip(process_cpu_ns())
+            let bucket = runner.key_for(n * b, b, n == 1).map(|k| k.bucket);
+            // One prefill of fresh sequences (the whole prompt is new to the cache):
+            // (wall ms, process CPU ms, sampled tokens).
+            let mut prefill =
+                |runner: &mut Runner<'_>, eager: bool| -> Result<(f64, Option<f64>, Vec<u32>)> {
+                    runner.set_force_eager(eager);
+                    let seqs: Vec<SeqId> = (0..b)
+                        .map(|_| {
+                            next_seq += 1;
+                            SeqId(next_seq)
+                        })
+                        .collect();
+                    for &s in &seqs {
+                        runner.blocks.allocate(s, n)?;
+                    }
+                    let batch: Vec<SeqStep<'_>> = seqs
+                        .iter()
+                        .zip(&prompts)
+                        .map(|(&seq, p)| SeqStep {
+                            seq,
+                            tokens: p,
+                            sampling: greedy,
+                            step: 0,
+                        })
+                        .collect();
+                    let (t, c) = (Instant::now(), process_cpu_ns());
+                    // Reads the sampled tokens back: waits for the device.
+                    let tokens = runner.step(&batch)?;
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    let cpu = c
+                        .zip(process_cpu_ns())
                         .and_then(|(c0, c1)| c1.checked_sub(c0))
-                        .map(|ns| ns as f64 / 1e6),
-                );
-                for &s in &seqs {
-                    runner.blocks.free(s)?;
+                        .map(|ns| ns as f64 / 1e6);
+                    for &s in &seqs {
+                        runner.blocks.free(s)?;
+                    }
+                    Ok((ms, cpu, tokens))
+                };
+            let piecewise = bucket.is_some();
+            let (cold_ms, _, _) = prefill(&mut runner, !piecewise)?;
+            if piecewise {
+                prefill(&mut runner, true)?; // the eager mode's warm-up
+            }
+            let (mut eager, mut pieces) = (Vec::new(), Vec::new());
+            let (mut eager_cpu, mut pieces_cpu) = (Vec::new(), Vec::new());
+            let mut matches = true;
+            for _ in 0..a.repeats {
+                let (ms, cpu, reference) = prefill(&mut runner, true)?;
+                eager.push(ms);
+                eager_cpu.push(cpu);
+                if piecewise {
+                    let (ms, cpu, tokens) = prefill(&mut runner, false)?;
+                    pieces.push(ms);
+                    pieces_cpu.push(cpu);
+                    matches &= tokens == reference;
                 }
             }
-            let warm_cpu: Option<Vec<f64>> = cpu[1..].iter().copied().collect();
+            runner.set_force_eager(false);
+            let cpu = if piecewise { pieces_cpu } else { eager_cpu };
+            let cpu: Option<Vec<f64>> = cpu.into_iter().collect();
             let row = PrefillRow {
                 tokens: n,
                 batch: b,
-                cold_ms: times[0],
-                prefill_ms: median(&times[1..]),
-                cpu_ms: warm_cpu.map(|c| median(&c)),
+                bucket,
+                eager_ms: median(&eager),
+                piecewise_ms: piecewise.then(|| median(&pieces)),
+                cold_ms,
+                matches_eager: piecewise.then_some(matches),
+                cpu_ms: cpu.map(|c| median(&c)),
             };
             if a.json {
                 outln!("{}", row.json(&a.model, &device, dtype))?;

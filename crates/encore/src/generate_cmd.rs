@@ -9,7 +9,6 @@ use anyhow::{bail, Result};
 use clap::Args;
 use encore_core::error::gib;
 use encore_core::generate::{generate, GenerateOptions};
-use encore_core::graph::BucketPolicy;
 use encore_core::kv::{KvCache, KvCacheConfig};
 use encore_core::memory::GraphMemory;
 use encore_core::model::llama::Model;
@@ -97,8 +96,14 @@ pub struct GenerateArgs {
     /// step 16), pow2, or a comma list; capped at the batch (the number of prompts).
     #[arg(long, default_value = "vllm")]
     buckets: String,
-    /// Capture every bucket's decode graph at start-up, largest first (a warm-up), instead
-    /// of on first use.
+    /// Token-count buckets for prefill and mixed steps, captured piecewise (attention
+    /// eager between the pieces): auto (sglang on a GPU, none on the CPU), sglang (4..32
+    /// step 4, ..256 step 16, ..512 step 32, ..1024 step 64, ..4096 step 256, then 512),
+    /// pow2, none, or a comma list; capped at --max-num-batched-tokens.
+    #[arg(long, default_value = "auto")]
+    prefill_buckets: String,
+    /// Capture every decode and prefill bucket at start-up, largest first (a warm-up),
+    /// instead of on first use.
     #[arg(long)]
     capture_all: bool,
     /// How captured graphs share intermediate memory: private (each its own), multi-va
@@ -223,16 +228,23 @@ pub fn run(a: GenerateArgs) -> Result<()> {
 
     if !a.eager {
         runner.set_graph_memory(a.graph_memory)?;
-        let policy = BucketPolicy::parse(&a.buckets, prompts.len())?;
-        runner.set_graph_mode(Some(policy));
+        let graphs = crate::graphs::config(
+            be,
+            &a.buckets,
+            prompts.len(),
+            &a.prefill_buckets,
+            a.max_num_batched_tokens,
+        )?;
+        runner.set_graphs(Some(graphs));
         runner.set_verify_graphs(a.verify_graphs);
         if a.capture_all {
-            runner.capture_all(!a.json)?;
+            crate::graphs::capture_all(&mut runner, !a.json)?;
             if let Some(s) = runner.graph_stats() {
                 let m = runner.graph_memory_stats();
                 let line = format!(
-                    "captured {} decode graphs at start-up in {:.1} ms; {} memory {:.1} MiB physical",
+                    "captured {} graphs ({} pieces) at start-up in {:.1} ms; {} memory {:.1} MiB physical",
                     s.captures,
+                    s.pieces,
                     s.capture_secs * 1e3,
                     m.strategy,
                     mib(m.physical_bytes)

@@ -5,6 +5,7 @@ mod bench_capture;
 mod bench_decode;
 mod bench_prefill;
 mod generate_cmd;
+mod graphs;
 mod model_arg;
 mod out;
 mod parse;

@@ -1,9 +1,12 @@
-//! The graph runtime (issue #4, in progress): bucket policies and the persistent input
-//! table. The runner drives capture/replay for now; the executor moves here. Invariant: this module imports no feature (no offload, no
-//! LoRA, no speculative decoding); features plug in through the model and backends.
+//! The graph runtime: the executor (capture and replay of pieces per (phase, bucket), with
+//! the shared arena and per-key statistics), bucket policies, and the persistent input
+//! table. Invariant: this module imports neither the model nor any feature (no offload,
+//! no LoRA, no speculative decoding); a step reaches it through [`Pieces`].
 
 pub mod buckets;
+pub mod executor;
 pub mod inputs;
 
 pub use buckets::BucketPolicy;
+pub use executor::{Executor, GraphStats, Key, Phase, Pieces};
 pub use inputs::{Field, InputTable, Layout, Rows, Width};

@@ -46,8 +46,9 @@ pub struct Model {
     max_positions: usize,
 }
 
-/// The intermediates of one step, allocated from the arena in this order.
-struct Buffers {
+/// The intermediates of one step (arena views), allocated from the arena in this order.
+/// Pieces captured for a bucket keep pointing at the buffers of their capture.
+pub struct StepBuffers {
     hidden: Tensor,
     residual: Tensor,
     normed: Tensor,
@@ -59,6 +60,13 @@ struct Buffers {
     scratch: Tensor,
     last: Tensor,
     logits: Tensor,
+}
+
+impl StepBuffers {
+    /// The f32 logits of the first `rows` sequence rows (written by [`Model::head`]).
+    pub fn logits(&self, rows: usize) -> Result<Tensor> {
+        self.logits.prefix(rows)
+    }
 }
 
 impl Model {
@@ -165,7 +173,10 @@ impl Model {
             .fold(0usize, usize::saturating_add)
     }
 
-    fn alloc_buffers(
+    /// Allocate one step's intermediates for a capacity of `n` token rows and `b`
+    /// sequence rows, block tables `w` wide over blocks of `bs` tokens (always the same
+    /// order, so a capture and its warm-up get the same addresses).
+    pub fn alloc_step(
         &self,
         backend: &dyn Backend,
         arena: &mut Arena,
@@ -173,7 +184,7 @@ impl Model {
         b: usize,
         w: usize,
         bs: usize,
-    ) -> Result<Buffers> {
+    ) -> Result<StepBuffers> {
         let scratch =
             backend.attention_scratch_len(n, self.cfg.num_heads, self.cfg.head_dim, w, bs);
         let mut it = Self::buffer_shapes(&self.cfg, self.dtype(), n, b, scratch)
@@ -182,7 +193,7 @@ impl Model {
             .collect::<Result<Vec<_>>>()?
             .into_iter();
         let mut next = || it.next().expect("11 buffers");
-        Ok(Buffers {
+        Ok(StepBuffers {
             hidden: next(),
             residual: next(),
             normed: next(),
@@ -197,72 +208,39 @@ impl Model {
         })
     }
 
-    /// Run one step; returns f32 logits `[b, vocab]` (a view into the arena, valid until
-    /// its next reset).
-    pub fn forward(
+    /// How many pieces a step splits into at its attention calls: one before each
+    /// layer's attention, and one after the last.
+    pub fn num_pieces(&self) -> usize {
+        self.weights.layers.len() + 1
+    }
+
+    /// Piece `k` of a step: everything between attention `k - 1` and attention `k`
+    /// (the embedding and layer 0's prologue for `k == 0`; the last layer's MLP and the
+    /// final norm for `k == num_layers`). Reads only per-token inputs (ids, positions,
+    /// slots), so a piece captured for a token bucket serves any split of its tokens into
+    /// sequences.
+    pub fn piece(
         &self,
         be: &dyn Backend,
-        arena: &mut Arena,
         kv: &KvCache,
         inp: &StepInputs<'_>,
-    ) -> Result<Tensor> {
+        buf: &StepBuffers,
+        k: usize,
+    ) -> Result<()> {
         let c = &self.cfg;
-        let n = inp.token_ids.numel();
-        let b = inp.seq_lens.numel();
-        if inp.block_tables.rank() != 2 {
+        let layers = &self.weights.layers;
+        if k > layers.len() {
             return Err(Error::invalid(
                 "forward",
-                "block_tables must be [b, table_width]",
+                format!("piece {k} of {}", layers.len() + 1),
             ));
         }
-        let w = inp.block_tables.dim(1);
-        let bs = kv.k(0).dim(1);
-        let buf = self.alloc_buffers(be, arena, n, b, w, bs)?;
-        let (nh, hd) = (c.num_heads, c.head_dim);
         let eps = c.rms_norm_eps;
-
-        be.embedding(inp.token_ids, &self.weights.embed, &buf.hidden)?;
-        for (i, l) in self.weights.layers.iter().enumerate() {
-            // residual = residual + hidden (the first layer starts the residual stream).
-            if i == 0 {
-                be.copy(&buf.hidden, &buf.residual)?;
-                be.rms_norm(&buf.hidden, None, &l.input_norm, eps, &buf.normed)?;
-            } else {
-                be.rms_norm(
-                    &buf.hidden,
-                    Some(&buf.residual),
-                    &l.input_norm,
-                    eps,
-                    &buf.normed,
-                )?;
-            }
-            // One projection by the merged weight, then split / head norm / rope / KV write.
-            be.matmul(&buf.normed, &l.qkv, l.qkv_bias.as_ref(), &buf.qkv)?;
-            let q = buf.q.reshape(&[n, nh, hd])?;
-            be.qkv_rope_write(&QkvRope {
-                qkv: &buf.qkv,
-                head_norm: l.q_norm.as_ref().zip(l.k_norm.as_ref()),
-                eps,
-                positions: inp.positions,
-                cos_sin: &self.cos_sin,
-                slot_mapping: inp.slot_mapping,
-                q_out: &q,
-                k_cache: kv.k(i),
-                v_cache: kv.v(i),
-            })?;
-            let attn = buf.attn.reshape(&[n, nh, hd])?;
-            be.attention(&Attention {
-                q: &q,
-                k_cache: kv.k(i),
-                v_cache: kv.v(i),
-                block_tables: inp.block_tables,
-                seq_lens: inp.seq_lens,
-                cu_seqlens_q: inp.cu_seqlens_q,
-                scale: 1.0 / (hd as f32).sqrt(),
-                window: c.layer_window(i),
-                out: &attn,
-                scratch: &buf.scratch,
-            })?;
+        if k == 0 {
+            be.embedding(inp.token_ids, &self.weights.embed, &buf.hidden)?;
+        } else {
+            // The rest of layer k - 1: o-proj, residual + post-norm, MLP.
+            let l = &layers[k - 1];
             be.matmul(&buf.attn, &l.o_proj, None, &buf.hidden)?;
             be.rms_norm(
                 &buf.hidden,
@@ -274,16 +252,114 @@ impl Model {
             be.matmul_silu_mul(&buf.normed, &l.gate_up, &buf.gate_up, &buf.act)?;
             be.matmul(&buf.act, &l.down, None, &buf.hidden)?;
         }
-        be.rms_norm(
-            &buf.hidden,
-            Some(&buf.residual),
-            &self.weights.norm,
+        let Some(l) = layers.get(k) else {
+            return be.rms_norm(
+                &buf.hidden,
+                Some(&buf.residual),
+                &self.weights.norm,
+                eps,
+                &buf.normed,
+            );
+        };
+        // residual = residual + hidden (the first layer starts the residual stream).
+        if k == 0 {
+            be.copy(&buf.hidden, &buf.residual)?;
+            be.rms_norm(&buf.hidden, None, &l.input_norm, eps, &buf.normed)?;
+        } else {
+            be.rms_norm(
+                &buf.hidden,
+                Some(&buf.residual),
+                &l.input_norm,
+                eps,
+                &buf.normed,
+            )?;
+        }
+        // One projection by the merged weight, then split / head norm / rope / KV write.
+        be.matmul(&buf.normed, &l.qkv, l.qkv_bias.as_ref(), &buf.qkv)?;
+        let n = buf.q.dim(0);
+        be.qkv_rope_write(&QkvRope {
+            qkv: &buf.qkv,
+            head_norm: l.q_norm.as_ref().zip(l.k_norm.as_ref()),
             eps,
-            &buf.normed,
-        )?;
-        // Gather each sequence's last row (the embedding op is a row gather).
-        be.embedding(inp.logits_indices, &buf.normed, &buf.last)?;
-        be.matmul(&buf.last, &self.weights.lm_head, None, &buf.logits)?;
-        Ok(buf.logits)
+            positions: inp.positions,
+            cos_sin: &self.cos_sin,
+            slot_mapping: inp.slot_mapping,
+            q_out: &buf.q.reshape(&[n, c.num_heads, c.head_dim])?,
+            k_cache: kv.k(k),
+            v_cache: kv.v(k),
+        })
+    }
+
+    /// The seam after piece `layer`: that layer's paged attention, reading the step's
+    /// per-sequence metadata (block tables, lengths, `cu_seqlens_q`).
+    pub fn attention(
+        &self,
+        be: &dyn Backend,
+        kv: &KvCache,
+        inp: &StepInputs<'_>,
+        buf: &StepBuffers,
+        layer: usize,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (n, nh, hd) = (buf.q.dim(0), c.num_heads, c.head_dim);
+        be.attention(&Attention {
+            q: &buf.q.reshape(&[n, nh, hd])?,
+            k_cache: kv.k(layer),
+            v_cache: kv.v(layer),
+            block_tables: inp.block_tables,
+            seq_lens: inp.seq_lens,
+            cu_seqlens_q: inp.cu_seqlens_q,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window: c.layer_window(layer),
+            out: &buf.attn.reshape(&[n, nh, hd])?,
+            scratch: &buf.scratch,
+        })
+    }
+
+    /// After the last piece: gather the hidden row of each of the first `rows` entries of
+    /// `logits_indices` and project them to f32 logits `[rows, vocab]` (an arena view).
+    pub fn head(
+        &self,
+        be: &dyn Backend,
+        inp: &StepInputs<'_>,
+        buf: &StepBuffers,
+        rows: usize,
+    ) -> Result<Tensor> {
+        let last = buf.last.prefix(rows)?;
+        let logits = buf.logits.prefix(rows)?;
+        // The embedding op is a row gather.
+        be.embedding(&inp.logits_indices.prefix(rows)?, &buf.normed, &last)?;
+        be.matmul(&last, &self.weights.lm_head, None, &logits)?;
+        Ok(logits)
+    }
+
+    /// Run one step eagerly: every piece, each followed by its attention, then the head.
+    /// Returns f32 logits `[b, vocab]` (a view into the arena, valid until its next reset).
+    pub fn forward(
+        &self,
+        be: &dyn Backend,
+        arena: &mut Arena,
+        kv: &KvCache,
+        inp: &StepInputs<'_>,
+    ) -> Result<Tensor> {
+        let n = inp.token_ids.numel();
+        let b = inp.seq_lens.numel();
+        if inp.block_tables.rank() != 2 {
+            return Err(Error::invalid(
+                "forward",
+                "block_tables must be [b, table_width]",
+            ));
+        }
+        let w = inp.block_tables.dim(1);
+        let bs = kv.k(0).dim(1);
+        let buf = self.alloc_step(be, arena, n, b, w, bs)?;
+        let layers = self.weights.layers.len();
+        for k in 0..=layers {
+            self.piece(be, kv, inp, &buf, k)?;
+            if k < layers {
+                self.attention(be, kv, inp, &buf, k)?;
+            }
+        }
+        self.head(be, inp, &buf, b)
     }
 }

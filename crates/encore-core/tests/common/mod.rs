@@ -31,5 +31,5 @@ pub fn tiny_runner(be: &dyn Backend) -> Runner<'_> {
 
 /// The bucket policy both test files capture with.
 pub fn buckets() -> BucketPolicy {
-    BucketPolicy::parse("1,2,4,8,16", 16).unwrap()
+    BucketPolicy::parse("buckets", "1,2,4,8,16", 16, BucketPolicy::None).unwrap()
 }
