@@ -169,9 +169,6 @@ impl Backend for Faulty {
     ) -> Result<()> {
         self.inner.rms_norm(x, r, w, eps, out)
     }
-    fn rope(&self, q: &Tensor, k: &Tensor, positions: &Tensor, cos_sin: &Tensor) -> Result<()> {
-        self.inner.rope(q, k, positions, cos_sin)
-    }
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
         self.inner.silu_mul(gate_up, out)
     }
@@ -183,16 +180,6 @@ impl Backend for Faulty {
             });
         }
         self.inner.matmul(x, w, bias, out)
-    }
-    fn kv_write(
-        &self,
-        k: &Tensor,
-        v: &Tensor,
-        kc: &Tensor,
-        vc: &Tensor,
-        slots: &Tensor,
-    ) -> Result<()> {
-        self.inner.kv_write(k, v, kc, vc, slots)
     }
     fn qkv_rope_write(&self, args: &QkvRope<'_>) -> Result<()> {
         self.inner.qkv_rope_write(args)
@@ -209,9 +196,6 @@ impl Backend for Faulty {
         bs: usize,
     ) -> usize {
         self.inner.attention_scratch_len(rows, heads, hd, width, bs)
-    }
-    fn argmax(&self, logits: &Tensor, out: &Tensor) -> Result<()> {
-        self.inner.argmax(logits, out)
     }
     fn sample(&self, logits: &Tensor, params: &Sampling<'_>, out: &Tensor) -> Result<()> {
         self.inner.sample(logits, params, out)
