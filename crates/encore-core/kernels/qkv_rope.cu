@@ -6,7 +6,7 @@
 // dims by the token's position (rounded to T; positions outside 0..max_positions leave the
 // head as is), then q heads go to q_out [n, num_heads, head_dim] and k heads to the k cache
 // at the token's slot; v heads are copied to the v cache. Slots < 0 or >= num_slots
-// (padding) write nothing. The same arithmetic as rms_norm.cu and rope.cu.
+// (padding) write nothing. The same arithmetic as rms_norm.cu.
 //
 // Grid: ceil(n * heads / QKV_WARPS) CTAs of QKV_WARPS warps; one warp per (token, head)
 // item. The head passes through a per-warp shared row so a lane can read its rope partner.

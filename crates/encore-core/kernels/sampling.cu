@@ -1,9 +1,10 @@
-// argmax and sampling over f32 logits [batch, vocab]; one CTA of SAMPLE_THREADS per row.
-// Semantics: `Backend::argmax` and `Sampling` in src/backend/mod.rs.
+// Sampling over f32 logits [batch, vocab]; one CTA of SAMPLE_THREADS per row.
+// Semantics: `Sampling` in src/backend/mod.rs.
 //
-// argmax_f32: each thread scans a strided share of the row (float4 loads when `vec`:
-// vocab % 4 == 0 and the base 16-byte aligned) keeping (value, smallest index) and
-// skipping NaN; warp then block reduction. A row with no non-NaN value gives 0.
+// argmax (block_argmax, the greedy path): each thread scans a strided share of the row
+// (float4 loads when `vec`: vocab % 4 == 0 and the base 16-byte aligned) keeping (value,
+// smallest index) and skipping NaN; warp then block reduction. A row with no non-NaN
+// value gives 0.
 //
 // sample_f32, per row (every per-row parameter is read from device memory):
 //   temperature <= 0 (or NaN) -> exactly argmax.
@@ -104,16 +105,6 @@ __device__ int block_argmax(const float* x, int vocab, int vec, float* shv, int*
     }
     __syncthreads();
     return bi == INT_NONE ? 0 : bi;
-}
-
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-    argmax_f32(const float* __restrict__ logits, int* __restrict__ out, int vocab, int vec) {
-    pdl_enter();
-    __shared__ float shv[32];
-    __shared__ int shi[32];
-    const long long row = blockIdx.x;
-    const int idx = block_argmax(logits + row * vocab, vocab, vec, shv, shi);
-    if (threadIdx.x == 0) out[row] = idx;
 }
 
 // Exclusive block-wide prefix sum; `total` gets the block's sum. All threads must call.

@@ -143,15 +143,6 @@ pub fn check_rms_norm(
     })
 }
 
-pub struct RopeDims {
-    pub n: usize,
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub rot: usize,
-    pub max_positions: usize,
-}
-
 /// The rotary table f32 `[max_positions, rot]`, rot even and at most `head_dim`:
 /// returns `(rot, max_positions)`.
 fn check_cos_sin(op: &'static str, cos_sin: &Tensor, head_dim: usize) -> Result<(usize, usize)> {
@@ -167,39 +158,6 @@ fn check_cos_sin(op: &'static str, cos_sin: &Tensor, head_dim: usize) -> Result<
         });
     }
     Ok((rot, cos_sin.dim(0)))
-}
-
-pub fn check_rope(
-    q: &Tensor,
-    k: &Tensor,
-    positions: &Tensor,
-    cos_sin: &Tensor,
-) -> Result<RopeDims> {
-    const OP: &str = "rope";
-    check_dtype(OP, "q", q, FLOAT_DTYPES)?;
-    check_rank(OP, "q", q, 3, "[n, num_heads, head_dim]")?;
-    same_dtype(OP, "k", k, q.dtype())?;
-    check_rank(OP, "k", k, 3, "[n, num_kv_heads, head_dim]")?;
-    let (n, num_heads, head_dim) = (q.dim(0), q.dim(1), q.dim(2));
-    if k.dim(0) != n || k.dim(2) != head_dim {
-        return Err(Error::Shape {
-            op: OP,
-            name: "k",
-            found: k.shape().to_vec(),
-            expected: format!("[{n}, num_kv_heads, {head_dim}]"),
-        });
-    }
-    check_dtype(OP, "positions", positions, &[DType::I32])?;
-    check_shape(OP, "positions", positions, &[n], "[n]")?;
-    let (rot, max_positions) = check_cos_sin(OP, cos_sin, head_dim)?;
-    Ok(RopeDims {
-        n,
-        num_heads,
-        num_kv_heads: k.dim(1),
-        head_dim,
-        rot,
-        max_positions,
-    })
 }
 
 pub fn check_silu_mul(gate_up: &Tensor, out: &Tensor) -> Result<RowDims> {
@@ -258,56 +216,6 @@ pub fn check_matmul(
     check_dtype(OP, "out", out, &[x.dtype(), DType::F32])?;
     check_shape(OP, "out", out, &[m, n], "[m, n]")?;
     Ok(MatmulDims { m, n, k })
-}
-
-pub struct KvWriteDims {
-    pub n: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub num_blocks: usize,
-    pub block_size: usize,
-}
-
-pub fn check_kv_write(
-    k: &Tensor,
-    v: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    slot_mapping: &Tensor,
-) -> Result<KvWriteDims> {
-    const OP: &str = "kv_write";
-    check_dtype(OP, "k", k, FLOAT_DTYPES)?;
-    check_rank(OP, "k", k, 3, "[n, num_kv_heads, head_dim]")?;
-    same_dtype(OP, "v", v, k.dtype())?;
-    check_shape(OP, "v", v, k.shape(), "same as k")?;
-    let (n, kvh, hd) = (k.dim(0), k.dim(1), k.dim(2));
-    same_dtype(OP, "k_cache", k_cache, k.dtype())?;
-    check_rank(
-        OP,
-        "k_cache",
-        k_cache,
-        4,
-        "[num_blocks, block_size, num_kv_heads, head_dim]",
-    )?;
-    if k_cache.dim(2) != kvh || k_cache.dim(3) != hd {
-        return Err(Error::Shape {
-            op: OP,
-            name: "k_cache",
-            found: k_cache.shape().to_vec(),
-            expected: format!("[num_blocks, block_size, {kvh}, {hd}]"),
-        });
-    }
-    same_dtype(OP, "v_cache", v_cache, k.dtype())?;
-    check_shape(OP, "v_cache", v_cache, k_cache.shape(), "same as k_cache")?;
-    check_dtype(OP, "slot_mapping", slot_mapping, &[DType::I32])?;
-    check_shape(OP, "slot_mapping", slot_mapping, &[n], "[n]")?;
-    Ok(KvWriteDims {
-        n,
-        num_kv_heads: kvh,
-        head_dim: hd,
-        num_blocks: k_cache.dim(0),
-        block_size: k_cache.dim(1),
-    })
 }
 
 pub struct QkvRopeDims {
@@ -496,10 +404,6 @@ pub struct SampleDims {
     pub vocab: usize,
 }
 
-pub fn check_argmax(logits: &Tensor, out: &Tensor) -> Result<SampleDims> {
-    check_logits("argmax", logits, out)
-}
-
 fn check_logits(op: &'static str, logits: &Tensor, out: &Tensor) -> Result<SampleDims> {
     check_dtype(op, "logits", logits, &[DType::F32])?;
     check_rank(op, "logits", logits, 2, "[batch, vocab]")?;
@@ -608,7 +512,7 @@ impl RopeConfig {
             .collect()
     }
 
-    /// The f32 `[max_positions, rot_dim]` table [`crate::backend::Backend::rope`] reads:
+    /// The f32 `[max_positions, rot_dim]` table [`crate::backend::QkvRope`] reads:
     /// per position `p`, `cos(p f_i)` for all `i`, then `sin(p f_i)`.
     pub fn cos_sin_table(&self, max_positions: usize) -> Vec<f32> {
         let inv = self.inv_freq();

@@ -3,7 +3,7 @@
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::testing::{self, compare};
-use encore_core::{Attention, Backend, DType, Error, Sampling, Tensor};
+use encore_core::{Attention, Backend, DType, Error, QkvRope, Sampling, Tensor};
 
 fn cpu() -> Box<dyn Backend> {
     Box::new(CpuBackend::new())
@@ -29,18 +29,17 @@ fn every_op_matches_the_f64_reference() {
             "rms_norm",
             "rms_norm(residual): residual",
             "rms_norm(residual, out=x): out",
-            "rope: q",
-            "rope(llama3): k",
+            "qkv_rope_write: q",
+            "qkv_rope_write: k_cache",
+            "qkv_rope_write: v_cache",
             "silu_mul",
             "matmul(bias, out f32)",
             "matmul(no bias, out bf16)",
-            "kv_write: k_cache",
-            "kv_write: v_cache",
             "attention(decode)",
             "attention(prefill)",
             "attention(decode, window)",
             "attention(prefill, window)",
-            "argmax",
+            "sample(greedy)",
             "sample (greedy rows)",
             "sample (random rows)",
         ] {
@@ -86,7 +85,7 @@ fn f32s(be: &dyn Backend, t: &Tensor) -> Vec<f32> {
 }
 
 #[test]
-fn argmax_ties_nan_and_infinities() {
+fn greedy_sampling_ties_nan_and_infinities() {
     let be = cpu();
     let nan = f32::NAN;
     let inf = f32::INFINITY;
@@ -101,7 +100,21 @@ fn argmax_ties_nan_and_infinities() {
     ];
     let logits = be.upload(&rows.concat(), &[7, 4]).unwrap();
     let out = be.upload(&[-9i32; 7], &[7]).unwrap();
-    be.argmax(&logits, &out).unwrap();
+    // Temperature 0, below 0 and NaN are all greedy, whatever top-k and top-p say.
+    let temperature = [0.0f32, -1.0, nan, 0.0, -1.0, nan, 0.0];
+    let temperature = be.upload(&temperature, &[7]).unwrap();
+    let top_k = be.upload(&[0i32, 1, 2, 0, 3, 0, 1], &[7]).unwrap();
+    let top_p = be
+        .upload(&[1.0f32, 0.5, 1.0, 0.1, 1.0, 0.9, 1.0], &[7])
+        .unwrap();
+    let seeds = be.upload(&[1i64, 2, 3, 4, 5, 6, 7], &[7]).unwrap();
+    let params = Sampling {
+        temperature: &temperature,
+        top_k: &top_k,
+        top_p: &top_p,
+        seeds: &seeds,
+    };
+    be.sample(&logits, &params, &out).unwrap();
     assert_eq!(be.download::<i32>(&out).unwrap(), vec![1, 1, 0, 0, 3, 3, 2]);
 }
 
@@ -144,9 +157,10 @@ fn rms_norm_by_hand_with_residual_in_place() {
 }
 
 #[test]
-fn rope_rotates_first_rot_dims_and_skips_out_of_range_positions() {
+fn qkv_rope_write_rotates_first_rot_dims_and_skips_out_of_range_positions_and_slots() {
     let be = cpu();
-    // head_dim 6, rot 4: pairs (0, 2) and (1, 3) rotate, dims 4 and 5 never change.
+    // 1 q head, 1 kv head, head_dim 6, rot 4: pairs (0, 2) and (1, 3) rotate, dims 4 and
+    // 5 never change.
     let angle = |p: f32, i: usize| p * [1.0f32, 0.5][i];
     let max_positions = 3;
     let mut table = vec![0f32; max_positions * 4];
@@ -156,29 +170,57 @@ fn rope_rotates_first_rot_dims_and_skips_out_of_range_positions() {
             table[p * 4 + 2 + i] = angle(p as f32, i).sin();
         }
     }
-    let row = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
-    let q = be.upload(&[row, row, row].concat(), &[3, 1, 6]).unwrap();
-    let k = be.upload(&[row, row, row].concat(), &[3, 1, 6]).unwrap();
-    let pos = be.upload(&[2, -1, 3], &[3]).unwrap();
+    let q = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let k = [11.0f32, 12.0, 13.0, 14.0, 15.0, 16.0];
+    let v = [-1.0f32, -2.0, -3.0, -4.0, -5.0, -6.0];
+    let rotated = |x: [f32; 6], p: f32| {
+        let (c0, s0, c1, s1) = (p.cos(), p.sin(), (p / 2.0).cos(), (p / 2.0).sin());
+        [
+            x[0] * c0 - x[2] * s0,
+            x[1] * c1 - x[3] * s1,
+            x[2] * c0 + x[0] * s0,
+            x[3] * c1 + x[1] * s1,
+            x[4],
+            x[5],
+        ]
+    };
+    // Four tokens: positions 2, -1 and max_positions (the last two leave q and k as they
+    // are), and 1; slots 1, 2, 4 (one past the 4-slot cache: skipped) and -1 (padding).
+    let row = [q, k, v].concat();
+    let qkv = be.upload(&row.repeat(4), &[4, 18]).unwrap();
+    let pos = be.upload(&[2, -1, 3, 1], &[4]).unwrap();
+    let slots = be.upload(&[1, 2, 4, -1], &[4]).unwrap();
     let cs = be.upload(&table, &[max_positions, 4]).unwrap();
-    be.rope(&q, &k, &pos, &cs).unwrap();
-    let (c0, s0, c1, s1) = (2f32.cos(), 2f32.sin(), 1f32.cos(), 1f32.sin());
-    let rotated = [
-        1.0 * c0 - 3.0 * s0,
-        2.0 * c1 - 4.0 * s1,
-        3.0 * c0 + 1.0 * s0,
-        4.0 * c1 + 2.0 * s1,
-        5.0,
-        6.0,
-    ];
-    for t in [&q, &k] {
-        let got = be.download::<f32>(t).unwrap();
-        for (g, w) in got[..6].iter().zip(rotated) {
-            assert!((g - w).abs() < 1e-6, "{got:?}");
+    // 2 blocks of 2 slots.
+    let kc = be.upload(&[7.0f32; 24], &[2, 2, 1, 6]).unwrap();
+    let vc = be.upload(&[7.0f32; 24], &[2, 2, 1, 6]).unwrap();
+    let q_out = be.upload(&[f32::NAN; 24], &[4, 1, 6]).unwrap();
+    be.qkv_rope_write(&QkvRope {
+        qkv: &qkv,
+        head_norm: None,
+        eps: 1e-6,
+        positions: &pos,
+        cos_sin: &cs,
+        slot_mapping: &slots,
+        q_out: &q_out,
+        k_cache: &kc,
+        v_cache: &vc,
+    })
+    .unwrap();
+    let close = |got: &[f32], want: &[f32]| {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
         }
-        // Positions -1 and max_positions leave their rows untouched.
-        assert_eq!(&got[6..], &[row, row].concat()[..]);
-    }
+    };
+    let got = be.download::<f32>(&q_out).unwrap();
+    close(&got, &[rotated(q, 2.0), q, q, rotated(q, 1.0)].concat());
+    let got = be.download::<f32>(&kc).unwrap();
+    close(&got, &[[7.0; 6], rotated(k, 2.0), k, [7.0; 6]].concat());
+    assert_eq!(
+        be.download::<f32>(&vc).unwrap(),
+        [[7.0; 6], v, v, [7.0; 6]].concat()
+    );
 }
 
 #[test]
@@ -213,30 +255,6 @@ fn silu_mul_and_matmul_by_hand() {
     assert_eq!(
         be.download::<f32>(&out).unwrap(),
         vec![0.5, 0.0, -1.0, 0.5, 0.0, -1.0]
-    );
-}
-
-#[test]
-fn kv_write_skips_padding_and_out_of_range_slots() {
-    let be = cpu();
-    // 2 blocks of 2 slots, 1 kv head of dim 2: 4 slots.
-    let kc = be.upload(&[7.0f32; 8], &[2, 2, 1, 2]).unwrap();
-    let vc = be.upload(&[7.0f32; 8], &[2, 2, 1, 2]).unwrap();
-    let k = be
-        .upload(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 1, 2])
-        .unwrap();
-    let v = be
-        .upload(&[-1.0f32, -2.0, -3.0, -4.0, -5.0, -6.0], &[3, 1, 2])
-        .unwrap();
-    let slots = be.upload(&[-1, 2, 4], &[3]).unwrap();
-    be.kv_write(&k, &v, &kc, &vc, &slots).unwrap();
-    assert_eq!(
-        be.download::<f32>(&kc).unwrap(),
-        vec![7., 7., 7., 7., 3., 4., 7., 7.]
-    );
-    assert_eq!(
-        be.download::<f32>(&vc).unwrap(),
-        vec![7., 7., 7., 7., -3., -4., 7., 7.]
     );
 }
 

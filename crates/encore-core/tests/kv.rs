@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::kv::{BlockManager, KvCache, KvCacheConfig, SeqId, MIN_KV_BLOCKS, NULL_BLOCK};
-use encore_core::{Backend, DType, Error};
+use encore_core::{Backend, DType, Error, QkvRope};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -263,10 +263,31 @@ fn layer_views_alias_only_their_own_region() {
     let n = slots.len();
     let k: Vec<f32> = (0..n * 6).map(|i| 100.0 + i as f32).collect();
     let v: Vec<f32> = (0..n * 6).map(|i| 200.0 + i as f32).collect();
-    let kt = be.upload(&k, &[n, 2, 3]).unwrap();
-    let vt = be.upload(&v, &[n, 2, 3]).unwrap();
+    // One q head then the token's k and v rows, written by the fused op; position -1
+    // leaves k unrotated, so the cache holds exactly `k` and `v`.
+    let qkv: Vec<f32> = (0..n)
+        .flat_map(|i| {
+            let q = [0.5f32; 3];
+            [&q[..], &k[i * 6..(i + 1) * 6], &v[i * 6..(i + 1) * 6]].concat()
+        })
+        .collect();
+    let qkv = be.upload(&qkv, &[n, 15]).unwrap();
+    let positions = be.upload(&vec![-1i32; n], &[n]).unwrap();
+    let cos_sin = be.upload(&[1.0f32, 0.0], &[1, 2]).unwrap();
     let st = be.upload(&slots, &[n]).unwrap();
-    be.kv_write(&kt, &vt, cache.k(3), cache.v(3), &st).unwrap();
+    let q_out = be.alloc(DType::F32, &[n, 1, 3]).unwrap();
+    be.qkv_rope_write(&QkvRope {
+        qkv: &qkv,
+        head_norm: None,
+        eps: 1e-6,
+        positions: &positions,
+        cos_sin: &cos_sin,
+        slot_mapping: &st,
+        q_out: &q_out,
+        k_cache: cache.k(3),
+        v_cache: cache.v(3),
+    })
+    .unwrap();
 
     let full = be.download::<f32>(cache.tensor()).unwrap();
     let mut expected = vec![sentinel; full_len];

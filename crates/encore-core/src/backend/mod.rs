@@ -40,7 +40,7 @@ pub type BackendRef = Arc<dyn Backend>;
 /// prefill / chunked prefill (several query rows per sequence, `cu_seqlens_q`).
 ///
 /// Sequence `s` has `seq_lens[s]` tokens in the cache, *including* the tokens of this
-/// step (their K/V must already have been written with [`Backend::kv_write`]). Token at
+/// step (their K/V must already have been written, by [`Backend::qkv_rope_write`]). Token at
 /// position `t` of sequence `s` lives in cache block `block_tables[s][t / block_size]`,
 /// row `t % block_size`.
 ///
@@ -93,11 +93,14 @@ pub struct Attention<'a> {
 /// then k heads, then v heads (one `matmul` by the merged weight). Per token `i`:
 /// - every q and k head is, when `head_norm` is given (Qwen3), RMS-normalised over its
 ///   `head_dim` with the q or k weight (T `[head_dim]`) and `eps` and rounded to T, then
-///   rotated like [`Backend::rope`] by `positions[i]` (left as is when the position is
-///   outside `0..max_positions`) and rounded to T;
+///   rotated by `positions[i]` (left as is when the position is outside
+///   `0..max_positions`) and rounded to T. Rotary embedding: NeoX / HF "rotate half"
+///   layout over the first `rot` dims (`rot` = `cos_sin`'s width), where row `p` of
+///   `cos_sin` holds `cos(p·f_0..f_{rot/2-1})` then `sin(..)`; for `j < rot/2`:
+///   `x_j' = x_j c_j - x_{j+rot/2} s_j`, `x_{j+rot/2}' = x_{j+rot/2} c_j + x_j s_j`;
 /// - the q heads go to `q_out` T `[n, num_heads, head_dim]`;
-/// - the k and v heads go to the paged caches at `slot_mapping[i]`, like
-///   [`Backend::kv_write`] (a slot `< 0` or beyond the cache is skipped).
+/// - the k and v heads go to the paged caches at slot `slot_mapping[i]` =
+///   block * block_size + row (a slot `< 0`, padding, or beyond the cache is skipped).
 pub struct QkvRope<'a> {
     pub qkv: &'a Tensor,
     /// `(q_norm, k_norm)` weights, T `[head_dim]`.
@@ -105,7 +108,8 @@ pub struct QkvRope<'a> {
     pub eps: f32,
     /// i32 `[n]`.
     pub positions: &'a Tensor,
-    /// f32 `[max_positions, rot]` (see [`Backend::rope`]).
+    /// f32 `[max_positions, rot]`, built by `crate::ops::RopeConfig::cos_sin_table`
+    /// (which applies Llama-3 scaling).
     pub cos_sin: &'a Tensor,
     /// i32 `[n]`.
     pub slot_mapping: &'a Tensor,
@@ -157,7 +161,8 @@ impl Attention<'_> {
 /// Per-row sampling parameters, all in device tensors so a graph replays with new values.
 ///
 /// Row `r` (logits `l`, vocabulary `V`):
-/// - `temperature[r] <= 0`: greedy, exactly [`Backend::argmax`].
+/// - `temperature[r] <= 0`: greedy: the index of the largest logit (the smallest index
+///   among equal maxima; NaN is never chosen unless the whole row is NaN, then 0).
 /// - otherwise with `z = l / temperature[r]`, `e_i = exp(z_i - max z)`:
 ///   1. top-k: if `0 < top_k[r] < V`, keep tokens whose logit is `>=` the `top_k`-th
 ///      largest logit (ties at the threshold are all kept); else keep all.
@@ -273,15 +278,6 @@ pub trait Backend: Send + Sync {
         out: &Tensor,
     ) -> Result<()>;
 
-    /// Rotary embedding in place on q `[n, num_heads, head_dim]` and k
-    /// `[n, num_kv_heads, head_dim]` (both T) by `positions` (i32 `[n]`), NeoX / HF
-    /// "rotate half" layout over the first `rot` dims, where `cos_sin` is f32
-    /// `[max_positions, rot]` holding `cos(p·f_0..f_{rot/2-1})` then `sin(..)` per row
-    /// (built by `crate::ops::RopeConfig::cos_sin_table`, which applies Llama-3 scaling).
-    /// For `i < rot/2`: `x_i' = x_i c_i - x_{i+rot/2} s_i`, `x_{i+rot/2}' = x_{i+rot/2} c_i + x_i s_i`.
-    /// Rows whose position is outside `0..max_positions` are left untouched.
-    fn rope(&self, q: &Tensor, k: &Tensor, positions: &Tensor, cos_sin: &Tensor) -> Result<()>;
-
     /// `out[i, j] = silu(gate_up[i, j]) * gate_up[i, inter + j]`, gate_up T `[n, 2*inter]`,
     /// out T `[n, inter]`, silu(x) = x / (1 + exp(-x)).
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()>;
@@ -309,19 +305,6 @@ pub trait Backend: Send + Sync {
         self.silu_mul(gate_up, out)
     }
 
-    /// Write this step's keys and values into the paged cache: token `i` goes to slot
-    /// `slot_mapping[i]` = block * block_size + row. A slot `< 0` (padding) or beyond the
-    /// cache is skipped. k, v T `[n, num_kv_heads, head_dim]`; caches T
-    /// `[num_blocks, block_size, num_kv_heads, head_dim]`; slot_mapping i32 `[n]`.
-    fn kv_write(
-        &self,
-        k: &Tensor,
-        v: &Tensor,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
-        slot_mapping: &Tensor,
-    ) -> Result<()>;
-
     /// Split the merged q/k/v projection, normalise and rotate q and k, write q out and
     /// k, v into the paged cache: see [`QkvRope`].
     fn qkv_rope_write(&self, args: &QkvRope<'_>) -> Result<()>;
@@ -339,10 +322,6 @@ pub trait Backend: Send + Sync {
         table_width: usize,
         block_size: usize,
     ) -> usize;
-
-    /// Index of the largest logit per row (the smallest index among equal maxima; NaN is
-    /// never chosen unless the whole row is NaN, then 0). logits f32 `[b, vocab]`, out i32 `[b]`.
-    fn argmax(&self, logits: &Tensor, out: &Tensor) -> Result<()>;
 
     /// Sample one token per row: see [`Sampling`]. logits f32 `[b, vocab]`, out i32 `[b]`.
     fn sample(&self, logits: &Tensor, params: &Sampling<'_>, out: &Tensor) -> Result<()>;

@@ -38,18 +38,15 @@ pub(crate) enum Op {
         residual: bool,
         in_place: bool,
     },
-    Rope(RopeInputs),
     SiluMul(SiluMulInputs),
     Matmul {
         inputs: MatmulInputs,
         out_f32: bool,
     },
-    KvWrite(KvWriteInputs),
     QkvRope(QkvRopeInputs),
     /// `n` of the inputs is `2 * inter`.
     MatmulSiluMul(MatmulInputs),
     Attention(AttentionInputs),
-    Argmax(SampleInputs),
     Sample(SampleInputs),
 }
 
@@ -122,21 +119,6 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 );
             }
         }
-        for (n, nh, nkv, hd, rot, llama3) in [
-            (7, 4, 2, 64, 64, false),
-            (7, 4, 2, 64, 64, true),
-            (5, 3, 1, 96, 64, false),
-            (1, 2, 2, 128, 128, true),
-        ] {
-            let inputs = RopeInputs::random(rng, n, nh, nkv, hd, rot, 80, llama3);
-            let name = if llama3 { "rope(llama3)" } else { "rope" };
-            push(
-                name.into(),
-                format!("n={n} h={nh}/{nkv} hd={hd} rot={rot}"),
-                dtype,
-                Op::Rope(inputs),
-            );
-        }
         for (n, inter) in [(5, 100), (1, 257)] {
             let inputs = SiluMulInputs::random(rng, n, inter);
             push(
@@ -205,15 +187,6 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 Op::QkvRope(inputs),
             );
         }
-        for (n, kvh, hd, nb, bs) in [(9, 2, 64, 6, 16), (12, 1, 128, 5, 8), (5, 2, 96, 3, 8)] {
-            let inputs = KvWriteInputs::random(rng, n, kvh, hd, nb, bs);
-            push(
-                "kv_write".into(),
-                format!("n={n} kvh={kvh} hd={hd} blocks={nb}x{bs}"),
-                dtype,
-                Op::KvWrite(inputs),
-            );
-        }
         // The first five draw from the main generator, the others from their own (so the
         // inputs of every other case stay what they were before those were added).
         let attention_shapes: [AttentionCase; 8] = [
@@ -272,12 +245,12 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
         }
     }
     for (batch, vocab) in [(12, 1000), (4, 32_000)] {
-        let inputs = SampleInputs::argmax(&mut rng, batch, vocab);
+        let inputs = SampleInputs::greedy(&mut rng, batch, vocab);
         push(
-            "argmax".into(),
+            "sample(greedy)".into(),
             format!("b={batch} vocab={vocab}"),
             DType::F32,
-            Op::Argmax(inputs),
+            Op::Sample(inputs),
         );
     }
     for (batch, vocab) in [(100, 1000), (8, 32_000)] {
@@ -366,17 +339,6 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             }
             r
         }
-        Op::Rope(i) => {
-            let q = f(&i.q, &[i.n, i.num_heads, i.head_dim])?;
-            let k = f(&i.k, &[i.n, i.num_kv_heads, i.head_dim])?;
-            let pos = b.upload(&i.positions, &[i.n])?;
-            let cs = b.upload(&i.cos_sin, &[i.max_positions, i.rot])?;
-            b.rope(&q, &k, &pos, &cs)?;
-            vec![
-                floats("q", download_f64(b, &q)?, OpClass::Pointwise),
-                floats("k", download_f64(b, &k)?, OpClass::Pointwise),
-            ]
-        }
         Op::SiluMul(i) => {
             let gu = f(&i.gate_up, &[i.n, 2 * i.inter])?;
             let out = fresh(dt, &[i.n, i.inter])?;
@@ -390,18 +352,6 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             let out = fresh(if *out_f32 { DType::F32 } else { dt }, &[i.m, i.n])?;
             b.matmul(&x, &w, bias.as_ref(), &out)?;
             vec![floats("out", download_f64(b, &out)?, OpClass::Reduction)]
-        }
-        Op::KvWrite(i) => {
-            let row = [i.n, i.num_kv_heads, i.head_dim];
-            let cache = [i.num_blocks, i.block_size, i.num_kv_heads, i.head_dim];
-            let (k, v) = (f(&i.k, &row)?, f(&i.v, &row)?);
-            let (kc, vc) = (f(&i.k_cache, &cache)?, f(&i.v_cache, &cache)?);
-            let sm = b.upload(&i.slot_mapping, &[i.n])?;
-            b.kv_write(&k, &v, &kc, &vc, &sm)?;
-            vec![
-                floats("k_cache", download_f64(b, &kc)?, OpClass::Copy),
-                floats("v_cache", download_f64(b, &vc)?, OpClass::Copy),
-            ]
         }
         Op::MatmulSiluMul(i) => {
             let x = f(&i.x, &[i.m, i.k])?;
@@ -478,15 +428,6 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             })?;
             vec![attention_out(download_f64(b, &out)?, s.head_dim)]
         }
-        Op::Argmax(i) => {
-            let logits = b.upload(&i.logits, &[i.batch, i.vocab])?;
-            let out = fresh(DType::I32, &[i.batch])?;
-            b.argmax(&logits, &out)?;
-            vec![Output::Tokens {
-                ids: b.download(&out)?,
-                greedy: vec![true; i.batch],
-            }]
-        }
         Op::Sample(i) => {
             let logits = b.upload(&i.logits, &[i.batch, i.vocab])?;
             let bs = [i.batch];
@@ -533,16 +474,6 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             }
             r
         }
-        Op::Rope(i) => {
-            let cs: Vec<f64> = i.cos_sin.iter().map(|&v| v as f64).collect();
-            let (mut qv, mut kv) = (q(&i.q), q(&i.k));
-            reference::rope(&mut qv, &i.positions, &cs, i.head_dim, i.rot);
-            reference::rope(&mut kv, &i.positions, &cs, i.head_dim, i.rot);
-            vec![
-                floats("q", qv, OpClass::Pointwise),
-                floats("k", kv, OpClass::Pointwise),
-            ]
-        }
         Op::SiluMul(i) => vec![floats(
             "out",
             reference::silu_mul(&q(&i.gate_up), i.inter),
@@ -552,15 +483,6 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             let bias = i.bias.as_ref().map(|b| q(b));
             let out = reference::matmul(&q(&i.x), &q(&i.w), bias.as_deref(), i.m, i.n, i.k);
             vec![floats("out", out, OpClass::Reduction)]
-        }
-        Op::KvWrite(i) => {
-            let (mut kc, mut vc) = (q(&i.k_cache), q(&i.v_cache));
-            let row = i.num_kv_heads * i.head_dim;
-            reference::kv_write(&q(&i.k), &q(&i.v), &mut kc, &mut vc, &i.slot_mapping, row);
-            vec![
-                floats("k_cache", kc, OpClass::Copy),
-                floats("v_cache", vc, OpClass::Copy),
-            ]
         }
         Op::MatmulSiluMul(i) => {
             let gate_up = reference::matmul(&q(&i.x), &q(&i.w), None, i.m, i.n, i.k);
@@ -612,13 +534,6 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
                 block_size: s.block_size,
             });
             vec![attention_out(out, s.head_dim)]
-        }
-        Op::Argmax(i) => {
-            let logits: Vec<f64> = i.logits.iter().map(|&v| v as f64).collect();
-            vec![Output::Tokens {
-                ids: reference::argmax(&logits, i.vocab),
-                greedy: vec![true; i.batch],
-            }]
         }
         Op::Sample(i) => {
             let logits: Vec<f64> = i.logits.iter().map(|&v| v as f64).collect();

@@ -1,24 +1,24 @@
 //! The checks, for any backend: every op against the CPU backend, the CPU backend
-//! against the f64 reference, a captured chain of ops replayed against eager runs, and
-//! the operations a capture must refuse.
+//! against the f64 reference, the runner's captured decode graphs replayed against eager
+//! steps, and the operations a capture must refuse.
 
-use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::Rng;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Attention, Backend, Sampling};
+use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::memory::Arena;
-use crate::ops::RopeConfig;
-use crate::tensor::{DType, Tensor};
+use crate::graph::BucketPolicy;
+use crate::kv::SeqId;
+use crate::model::llama::Model;
+use crate::model::open_model;
+use crate::model::weights::{self, WeightSource};
+use crate::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
+use crate::tensor::DType;
 
 use super::cases::{cases, compare, reference, run};
-use super::compare::{
-    allowed_sample_mismatches, normalized_error, tolerance, CheckResult, OpClass,
-};
-use super::host::{download_f64, poison, write_f32};
-use super::inputs::{normal, rng};
+use super::compare::{allowed_sample_mismatches, normalized_error, token_mismatches, CheckResult};
+use super::host::poison;
+use super::inputs::rng;
 
 /// Every op on fresh random inputs from `seed`, run on `backend` and on a fresh
 /// [`CpuBackend`] with poisoned outputs, compared within [`tolerance`] (exactly when
@@ -61,84 +61,129 @@ pub fn check_cpu_against_reference(seed: u64) -> Result<Vec<CheckResult>> {
     Ok(results)
 }
 
-/// Capture a decode-step-like chain of ops once (embedding → rms_norm+residual → q/k/v
-/// matmuls → rope → kv_write → decode attention → o-proj → in-place rms_norm →
-/// gate_up → silu_mul → lm-head matmul → argmax and sample) over fixed buffers, then for
-/// several rounds write new step inputs (ids, positions, seq lens with padding rows,
-/// slot mapping, block tables, sampling params, residual and caches), run the chain
-/// eagerly and by replay, and compare. Intermediates come from a [`crate::memory::Arena`]
-/// reset before the capture and before every eager run, as the engine does.
+/// The model [`check_capture_replay`] runs, its KV block size, and its runners' sizes.
+const REPLAY_MODEL: &str = "dummy:tiny";
+const REPLAY_BLOCK: usize = 4;
+const REPLAY_MAX_SEQS: usize = 4;
+const REPLAY_MAX_LEN: usize = 64;
+/// Sequences of the replay check: greedy, top-k + top-p, plain temperature.
+const REPLAY_SEQS: usize = 3;
+/// Sequences per decode step. Buckets 1, 2, 4: 4 (capture, one padding row), 4 (replay),
+/// 2 (capture), 4 (replay), 1 (capture), 2 (replay).
+const REPLAY_DECODE: [usize; 6] = [3, 3, 2, 3, 1, 2];
+
+/// The real runner on the `dummy:tiny` model (random weights from `seed`), f32 and bf16,
+/// eagerly and in graph mode (buckets 1, 2, 4) side by side: one prefill step of three
+/// prompts of random lengths, then decode steps of 3, 3, 2, 3, 1 and 2 sequences, so each
+/// bucket is captured on its first step and replayed after that, with padding rows. Both
+/// runners are fed the eager runner's tokens. One sequence samples greedily, one with
+/// top-k and top-p, one at temperature 1. Compared at every step: the logits (normalised
+/// error over the batch) and the greedy and sampled tokens; and at the end, that every
+/// decode step ran a graph.
 ///
-/// On the CPU the two runs must be bit-identical; elsewhere floats agree within
-/// [`tolerance`] and tokens exactly when the logits are bit-identical.
+/// On the CPU the two runs must be bit-identical. Elsewhere a bucket's GEMMs may pick
+/// other algorithms than the unpadded batch's: logits agree within the tolerance of
+/// `Runner::set_verify_graphs` (f32 1e-4, bf16 3e-2), and tokens exactly when the logits
+/// are bit-identical, else within [`allowed_sample_mismatches`].
 pub fn check_capture_replay(backend: &dyn Backend, seed: u64) -> Result<Vec<CheckResult>> {
     let exact = backend.device_name() == "cpu";
     let mut rng = rng(seed);
     let mut results = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
-        let chain = Chain::new(backend, &mut rng, dtype)?;
-        let mut arena = Arena::new(backend, 1 << 20)?;
-        // Inputs at capture time differ from every round's, so a baked value shows.
-        chain.write_step(backend, &Step::random(&mut rng, &chain.dims, 4))?;
-        arena.reset();
-        backend.begin_capture()?;
-        let recorded = chain.forward(backend, &mut arena);
-        let graph = backend.end_capture();
-        recorded?;
-        let graph = graph?;
-        for (round, active) in [4, 3, 1].into_iter().enumerate() {
-            let step = Step::random(&mut rng, &chain.dims, active);
-            chain.write_step(backend, &step)?;
-            chain.poison(backend, &mut arena)?;
-            arena.reset();
-            chain.forward(backend, &mut arena)?;
-            let eager = chain.read(backend)?;
-
-            chain.write_step(backend, &step)?;
-            chain.poison(backend, &mut arena)?;
-            graph.replay()?;
-            let replayed = chain.read(backend)?;
-
-            let shape = format!("b={} active={active}", chain.dims.batch);
-            let label = |what: &str| format!("capture replay #{round}: {what}");
-            let identical_logits = replayed.logits == eager.logits;
-            let float_checks = [
-                (
-                    "logits",
-                    &replayed.logits,
-                    &eager.logits,
-                    OpClass::Reduction,
-                ),
-                (
-                    "residual",
-                    &replayed.residual,
-                    &eager.residual,
-                    OpClass::Pointwise,
-                ),
-                ("k_cache", &replayed.k_cache, &eager.k_cache, OpClass::Copy),
-                ("v_cache", &replayed.v_cache, &eager.v_cache, OpClass::Copy),
-            ];
-            for (what, got, want, class) in float_checks {
-                let tol = if exact { 0.0 } else { tolerance(class, dtype) };
-                let err = normalized_error(got, want);
-                results.push(CheckResult::new(
-                    label(what),
-                    shape.clone(),
-                    dtype,
-                    err,
-                    tol,
-                ));
+        let mut eager = replay_runner(backend, dtype, seed, false)?;
+        let mut graph = replay_runner(backend, dtype, seed, true)?;
+        let vocab = eager.model.cfg.vocab_size as u32;
+        let logits_tol = match (exact, dtype) {
+            (true, _) => 0.0,
+            (false, DType::F32) => 1e-4,
+            (false, _) => 3e-2,
+        };
+        let sampling: Vec<SamplingParams> = [(0.0, 0, 1.0), (0.8, 20, 0.9), (1.0, 0, 1.0)]
+            .into_iter()
+            .map(|(temperature, top_k, top_p)| SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed: rng.random(),
+            })
+            .collect();
+        let greedy: Vec<bool> = sampling.iter().map(|s| s.temperature <= 0.0).collect();
+        // Prompts of at least 2 tokens (a 1-token prompt would be a decode step).
+        let prompts: Vec<Vec<u32>> = (0..REPLAY_SEQS)
+            .map(|_| {
+                let len = rng.random_range(2..=12);
+                (0..len).map(|_| rng.random_range(0..vocab)).collect()
+            })
+            .collect();
+        for runner in [&mut eager, &mut graph] {
+            for (s, p) in prompts.iter().enumerate() {
+                runner.blocks.allocate(SeqId(s as u64), p.len())?;
             }
-            let allowed = if exact || identical_logits {
+        }
+        let prefill: Vec<SeqStep<'_>> = prompts
+            .iter()
+            .enumerate()
+            .map(|(s, p)| SeqStep {
+                seq: SeqId(s as u64),
+                tokens: p,
+                sampling: sampling[s],
+                step: 0,
+            })
+            .collect();
+        let (mut last, want) = eager.step_with_logits(&prefill)?;
+        let (_, got) = graph.step_with_logits(&prefill)?;
+        let tokens: usize = prompts.iter().map(Vec::len).sum();
+        results.push(CheckResult::new(
+            "capture replay prefill: logits",
+            format!("{REPLAY_SEQS} prompts, {tokens} tokens"),
+            dtype,
+            logits_error(&got, &want, REPLAY_SEQS),
+            logits_tol,
+        ));
+
+        let buckets = BucketPolicy::PowersOfTwo {
+            max: REPLAY_MAX_SEQS,
+        };
+        for (round, &b) in REPLAY_DECODE.iter().enumerate() {
+            let active: Vec<usize> = (0..b).map(|k| (k + round) % REPLAY_SEQS).collect();
+            for runner in [&mut eager, &mut graph] {
+                for &s in &active {
+                    runner.blocks.append(SeqId(s as u64), 1)?;
+                }
+            }
+            let inputs: Vec<[u32; 1]> = active.iter().map(|&s| [last[s]]).collect();
+            let batch: Vec<SeqStep<'_>> = active
+                .iter()
+                .zip(&inputs)
+                .map(|(&s, t)| SeqStep {
+                    seq: SeqId(s as u64),
+                    tokens: t,
+                    sampling: sampling[s],
+                    step: 1 + round as u64,
+                })
+                .collect();
+            let (want_tokens, want) = eager.step_with_logits(&batch)?;
+            let (got_tokens, got) = graph.step_with_logits(&batch)?;
+
+            let shape = format!("b={b} bucket={}", buckets.bucket_for(b).unwrap_or(b));
+            let label = |what: &str| format!("capture replay #{round}: {what}");
+            results.push(CheckResult::new(
+                label("logits"),
+                shape.clone(),
+                dtype,
+                logits_error(&got, &want, b),
+                logits_tol,
+            ));
+            let ids = |t: &[u32]| t.iter().map(|&t| t as i32).collect::<Vec<i32>>();
+            let rows_greedy: Vec<bool> = active.iter().map(|&s| greedy[s]).collect();
+            let (random, exact_rows) =
+                token_mismatches(&ids(&got_tokens), &ids(&want_tokens), &rows_greedy);
+            let allowed = if exact || got.get(..b) == want.get(..b) {
                 0
             } else {
-                allowed_sample_mismatches(chain.dims.batch)
+                allowed_sample_mismatches(b)
             };
-            for (what, got, want) in [
-                ("argmax", &replayed.greedy, &eager.greedy),
-                ("sample", &replayed.sampled, &eager.sampled),
-            ] {
-                let differ = got.iter().zip(want.iter()).filter(|(a, b)| a != b).count();
+            for (what, differ) in [("greedy tokens", exact_rows), ("sampled tokens", random)] {
                 results.push(CheckResult::new(
                     label(what),
                     shape.clone(),
@@ -147,9 +192,72 @@ pub fn check_capture_replay(backend: &dyn Backend, seed: u64) -> Result<Vec<Chec
                     allowed as f64,
                 ));
             }
+            for (&s, &t) in active.iter().zip(&want_tokens) {
+                last[s] = t;
+            }
         }
+
+        // Every decode step ran a graph, and each bucket was captured once.
+        let decode_steps = REPLAY_DECODE.len();
+        let mut used: Vec<usize> = REPLAY_DECODE
+            .iter()
+            .filter_map(|&b| buckets.bucket_for(b))
+            .collect();
+        used.sort_unstable();
+        used.dedup();
+        let (graph_steps, captures) = graph
+            .graph_stats()
+            .map_or((0, 0), |s| (s.hits + s.misses, s.captures));
+        results.push(CheckResult::new(
+            "capture replay: graph steps",
+            format!(
+                "{graph_steps}/{decode_steps} steps, {captures}/{} captures",
+                used.len()
+            ),
+            dtype,
+            (decode_steps.abs_diff(graph_steps) + used.len().abs_diff(captures)) as f64,
+            0.0,
+        ));
     }
     Ok(results)
+}
+
+/// An eager or graph-mode runner of [`REPLAY_MODEL`] with dummy weights from `seed`.
+fn replay_runner(be: &dyn Backend, dtype: DType, seed: u64, graph: bool) -> Result<Runner<'_>> {
+    let cfg = open_model(REPLAY_MODEL)?.config;
+    let weights = weights::load(be, &cfg, WeightSource::Dummy { seed }, dtype, false)?;
+    let model = Model::new(be, cfg, weights, REPLAY_MAX_LEN)?;
+    let mut runner = Runner::new(
+        be,
+        model,
+        RunnerConfig {
+            block_size: REPLAY_BLOCK,
+            num_blocks: 1 + REPLAY_MAX_SEQS * REPLAY_MAX_LEN.div_ceil(REPLAY_BLOCK),
+            max_tokens_per_step: REPLAY_SEQS * 12,
+            max_seqs: REPLAY_MAX_SEQS,
+            max_seq_len: REPLAY_MAX_LEN,
+        },
+    )?;
+    if graph {
+        runner.set_graph_mode(Some(BucketPolicy::PowersOfTwo {
+            max: REPLAY_MAX_SEQS,
+        }));
+    }
+    Ok(runner)
+}
+
+/// [`normalized_error`] of the first `rows` logits rows of a step, all at once (NaN when
+/// either has fewer). A graph step's logits also hold its bucket's padding rows.
+fn logits_error(got: &[Vec<f32>], want: &[Vec<f32>], rows: usize) -> f64 {
+    if got.len() < rows || want.len() < rows {
+        return f64::NAN;
+    }
+    let flat = |rows: &[Vec<f32>]| -> Vec<f64> {
+        rows.iter()
+            .flat_map(|r| r.iter().map(|&v| f64::from(v)))
+            .collect()
+    };
+    normalized_error(&flat(&got[..rows]), &flat(&want[..rows]))
 }
 
 /// `alloc`, `write_bytes`, `read_bytes` and `synchronize` during a capture must each fail
@@ -250,309 +358,5 @@ fn check_close(op: &'static str, what: &str, got: &[f32], want: &[f32]) -> Resul
             op,
             format!("{what}: got {got:?}, expected {want:?}"),
         ))
-    }
-}
-
-/// The capture chain's sizes: a toy decode step.
-struct Dims {
-    batch: usize,
-    hidden: usize,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    inter: usize,
-    vocab: usize,
-    block_size: usize,
-    table_width: usize,
-    num_blocks: usize,
-    max_positions: usize,
-}
-
-const DIMS: Dims = Dims {
-    batch: 4,
-    hidden: 64,
-    heads: 4,
-    kv_heads: 2,
-    head_dim: 16,
-    inter: 96,
-    vocab: 100,
-    block_size: 8,
-    table_width: 4,
-    num_blocks: 20,
-    max_positions: 64,
-};
-
-/// One step's inputs (what the engine writes into persistent buffers before a replay).
-struct Step {
-    ids: Vec<i32>,
-    positions: Vec<i32>,
-    seq_lens: Vec<i32>,
-    slot_mapping: Vec<i32>,
-    block_tables: Vec<i32>,
-    temperature: Vec<f32>,
-    top_k: Vec<i32>,
-    top_p: Vec<f32>,
-    seeds: Vec<i64>,
-    residual: Vec<f32>,
-    k_cache: Vec<f32>,
-    v_cache: Vec<f32>,
-}
-
-impl Step {
-    /// `active` real sequences, the rest padding (seq_len 0, slot -1).
-    fn random(rng: &mut StdRng, d: &Dims, active: usize) -> Step {
-        let capacity = d.block_size * d.table_width;
-        let mut pool: Vec<i32> = (0..d.num_blocks as i32).collect();
-        pool.shuffle(rng);
-        let block_tables = pool[..d.batch * d.table_width].to_vec();
-        let seq_lens: Vec<i32> = (0..d.batch)
-            .map(|s| {
-                if s < active {
-                    rng.random_range(1..=capacity) as i32
-                } else {
-                    0
-                }
-            })
-            .collect();
-        let positions = seq_lens.iter().map(|&l| (l - 1).max(0)).collect();
-        let slot_mapping = seq_lens
-            .iter()
-            .enumerate()
-            .map(|(s, &len)| {
-                if len == 0 {
-                    return -1;
-                }
-                let t = len as usize - 1;
-                block_tables[s * d.table_width + t / d.block_size] * d.block_size as i32
-                    + (t % d.block_size) as i32
-            })
-            .collect();
-        let cache = d.num_blocks * d.block_size * d.kv_heads * d.head_dim;
-        Step {
-            ids: (0..d.batch)
-                .map(|_| rng.random_range(0..d.vocab as i32))
-                .collect(),
-            positions,
-            seq_lens,
-            slot_mapping,
-            block_tables,
-            temperature: (0..d.batch)
-                .map(|_| [0.0, 0.8, 1.0][rng.random_range(0..3)])
-                .collect(),
-            top_k: (0..d.batch)
-                .map(|_| [0, 5, 20][rng.random_range(0..3)])
-                .collect(),
-            top_p: (0..d.batch)
-                .map(|_| [1.0, 0.9][rng.random_range(0..2)])
-                .collect(),
-            seeds: (0..d.batch).map(|_| rng.random()).collect(),
-            residual: normal(rng, d.batch * d.hidden, 1.0),
-            k_cache: normal(rng, cache, 1.0),
-            v_cache: normal(rng, cache, 1.0),
-        }
-    }
-}
-
-/// What a chain run leaves behind.
-struct ChainOutputs {
-    logits: Vec<f64>,
-    residual: Vec<f64>,
-    k_cache: Vec<f64>,
-    v_cache: Vec<f64>,
-    greedy: Vec<i32>,
-    sampled: Vec<i32>,
-}
-
-/// The capture chain's fixed buffers: weights, persistent inputs, state and outputs.
-struct Chain {
-    dims: Dims,
-    embed: Tensor,
-    norm1: Tensor,
-    norm2: Tensor,
-    wq: Tensor,
-    bq: Tensor,
-    wk: Tensor,
-    wv: Tensor,
-    wo: Tensor,
-    w_gate_up: Tensor,
-    w_lm: Tensor,
-    cos_sin: Tensor,
-    ids: Tensor,
-    positions: Tensor,
-    seq_lens: Tensor,
-    slot_mapping: Tensor,
-    block_tables: Tensor,
-    temperature: Tensor,
-    top_k: Tensor,
-    top_p: Tensor,
-    seeds: Tensor,
-    residual: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    scratch: Tensor,
-    logits: Tensor,
-    greedy: Tensor,
-    sampled: Tensor,
-}
-
-impl Chain {
-    fn new(b: &dyn Backend, rng: &mut StdRng, dtype: DType) -> Result<Chain> {
-        let d = DIMS;
-        let qd = d.heads * d.head_dim;
-        let kvd = d.kv_heads * d.head_dim;
-        let mut weight = |rows: usize, cols: usize| {
-            let w = normal(rng, rows * cols, 1.0 / (cols as f32).sqrt());
-            b.upload_f32_as(&w, &[rows, cols], dtype)
-        };
-        let (wq, wk, wv) = (
-            weight(qd, d.hidden)?,
-            weight(kvd, d.hidden)?,
-            weight(kvd, d.hidden)?,
-        );
-        let (wo, w_gate_up) = (weight(d.hidden, qd)?, weight(2 * d.inter, d.hidden)?);
-        let w_lm = weight(d.vocab, d.inter)?;
-        let embed = b.upload_f32_as(
-            &normal(rng, d.vocab * d.hidden, 1.0),
-            &[d.vocab, d.hidden],
-            dtype,
-        )?;
-        let ones = |n: usize| b.upload_f32_as(&vec![1.0; n], &[n], dtype);
-        let (norm1, norm2) = (ones(d.hidden)?, ones(d.hidden)?);
-        let bq = b.upload_f32_as(&normal(rng, qd, 0.5), &[qd], dtype)?;
-        let rope = RopeConfig {
-            rot_dim: d.head_dim,
-            theta: 10_000.0,
-            llama3: None,
-        };
-        let cos_sin = b.upload(
-            &rope.cos_sin_table(d.max_positions),
-            &[d.max_positions, d.head_dim],
-        )?;
-        let i32s = |shape: &[usize]| b.alloc(DType::I32, shape);
-        let batch = [d.batch];
-        let cache = [d.num_blocks, d.block_size, d.kv_heads, d.head_dim];
-        let scratch_len =
-            b.attention_scratch_len(d.batch, d.heads, d.head_dim, d.table_width, d.block_size);
-        Ok(Chain {
-            embed,
-            norm1,
-            norm2,
-            wq,
-            bq,
-            wk,
-            wv,
-            wo,
-            w_gate_up,
-            w_lm,
-            cos_sin,
-            ids: i32s(&batch)?,
-            positions: i32s(&batch)?,
-            seq_lens: i32s(&batch)?,
-            slot_mapping: i32s(&batch)?,
-            block_tables: i32s(&[d.batch, d.table_width])?,
-            temperature: b.alloc(DType::F32, &batch)?,
-            top_k: i32s(&batch)?,
-            top_p: b.alloc(DType::F32, &batch)?,
-            seeds: b.alloc(DType::I64, &batch)?,
-            residual: b.alloc(dtype, &[d.batch, d.hidden])?,
-            k_cache: b.alloc(dtype, &cache)?,
-            v_cache: b.alloc(dtype, &cache)?,
-            scratch: b.alloc(DType::F32, &[scratch_len.max(1)])?,
-            logits: b.alloc(DType::F32, &[d.batch, d.vocab])?,
-            greedy: i32s(&batch)?,
-            sampled: i32s(&batch)?,
-            dims: d,
-        })
-    }
-
-    fn write_step(&self, b: &dyn Backend, s: &Step) -> Result<()> {
-        b.write(&self.ids, &s.ids)?;
-        b.write(&self.positions, &s.positions)?;
-        b.write(&self.seq_lens, &s.seq_lens)?;
-        b.write(&self.slot_mapping, &s.slot_mapping)?;
-        b.write(&self.block_tables, &s.block_tables)?;
-        b.write(&self.temperature, &s.temperature)?;
-        b.write(&self.top_k, &s.top_k)?;
-        b.write(&self.top_p, &s.top_p)?;
-        b.write(&self.seeds, &s.seeds)?;
-        write_f32(b, &self.residual, &s.residual)?;
-        write_f32(b, &self.k_cache, &s.k_cache)?;
-        write_f32(b, &self.v_cache, &s.v_cache)
-    }
-
-    /// Poison every intermediate (the whole arena) and every output.
-    fn poison(&self, b: &dyn Backend, arena: &mut Arena) -> Result<()> {
-        arena.reset();
-        let all = arena.alloc(DType::BF16, &[arena.capacity() / 2])?;
-        poison(b, &all)?;
-        arena.reset();
-        for t in [&self.logits, &self.greedy, &self.sampled, &self.scratch] {
-            poison(b, t)?;
-        }
-        Ok(())
-    }
-
-    /// Issue the chain (run it, or record it when `b` is capturing).
-    fn forward(&self, b: &dyn Backend, arena: &mut Arena) -> Result<()> {
-        let d = &self.dims;
-        let dt = self.embed.dtype();
-        let (n, qd, kvd) = (d.batch, d.heads * d.head_dim, d.kv_heads * d.head_dim);
-        let h = arena.alloc(dt, &[n, d.hidden])?;
-        b.embedding(&self.ids, &self.embed, &h)?;
-        let normed = arena.alloc(dt, &[n, d.hidden])?;
-        b.rms_norm(&h, Some(&self.residual), &self.norm1, 1e-5, &normed)?;
-        let (q, k, v) = (
-            arena.alloc(dt, &[n, qd])?,
-            arena.alloc(dt, &[n, kvd])?,
-            arena.alloc(dt, &[n, kvd])?,
-        );
-        b.matmul(&normed, &self.wq, Some(&self.bq), &q)?;
-        b.matmul(&normed, &self.wk, None, &k)?;
-        b.matmul(&normed, &self.wv, None, &v)?;
-        let q = q.reshape(&[n, d.heads, d.head_dim])?;
-        let k = k.reshape(&[n, d.kv_heads, d.head_dim])?;
-        let v = v.reshape(&[n, d.kv_heads, d.head_dim])?;
-        b.rope(&q, &k, &self.positions, &self.cos_sin)?;
-        b.kv_write(&k, &v, &self.k_cache, &self.v_cache, &self.slot_mapping)?;
-        let attn = arena.alloc(dt, &[n, d.heads, d.head_dim])?;
-        b.attention(&Attention {
-            q: &q,
-            k_cache: &self.k_cache,
-            v_cache: &self.v_cache,
-            block_tables: &self.block_tables,
-            seq_lens: &self.seq_lens,
-            cu_seqlens_q: None,
-            scale: 1.0 / (d.head_dim as f32).sqrt(),
-            window: None,
-            out: &attn,
-            scratch: &self.scratch,
-        })?;
-        let o = arena.alloc(dt, &[n, d.hidden])?;
-        b.matmul(&attn.reshape(&[n, qd])?, &self.wo, None, &o)?;
-        b.rms_norm(&o, Some(&self.residual), &self.norm2, 1e-5, &o)?;
-        let gate_up = arena.alloc(dt, &[n, 2 * d.inter])?;
-        b.matmul(&o, &self.w_gate_up, None, &gate_up)?;
-        let act = arena.alloc(dt, &[n, d.inter])?;
-        b.silu_mul(&gate_up, &act)?;
-        b.matmul(&act, &self.w_lm, None, &self.logits)?;
-        b.argmax(&self.logits, &self.greedy)?;
-        let params = Sampling {
-            temperature: &self.temperature,
-            top_k: &self.top_k,
-            top_p: &self.top_p,
-            seeds: &self.seeds,
-        };
-        b.sample(&self.logits, &params, &self.sampled)
-    }
-
-    fn read(&self, b: &dyn Backend) -> Result<ChainOutputs> {
-        Ok(ChainOutputs {
-            logits: download_f64(b, &self.logits)?,
-            residual: download_f64(b, &self.residual)?,
-            k_cache: download_f64(b, &self.k_cache)?,
-            v_cache: download_f64(b, &self.v_cache)?,
-            greedy: b.download(&self.greedy)?,
-            sampled: b.download(&self.sampled)?,
-        })
     }
 }

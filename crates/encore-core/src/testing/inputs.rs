@@ -86,7 +86,8 @@ impl RmsNormInputs {
     }
 }
 
-/// `rope`: positions include -1 and `max_positions` (rows left untouched) when `n >= 4`.
+/// The rotary part of `qkv_rope_write`'s inputs: positions include -1 and `max_positions`
+/// (heads left unrotated) when `n >= 4`.
 pub struct RopeInputs {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
@@ -184,8 +185,9 @@ impl MatmulInputs {
     }
 }
 
-/// `kv_write`: distinct valid slots, plus -1 and slots at and far beyond the cache end
-/// (all skipped) when `n >= 4`. Caches start with random contents.
+/// The cache part of `qkv_rope_write`'s inputs: distinct valid slots, plus -1 and slots at
+/// and far beyond the cache end (all skipped) when `n >= 4`. Caches start with random
+/// contents.
 pub struct KvWriteInputs {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
@@ -357,7 +359,7 @@ impl AttentionInputs {
     }
 }
 
-/// `argmax` and `sample`: f32 logits plus per-row sampling parameters.
+/// `sample`: f32 logits plus per-row sampling parameters.
 ///
 /// Logits are N(0, 2); every third row is rounded to multiples of 0.5 so rows have ties
 /// (at the maximum, at top-k and top-p thresholds). Parameters mix greedy rows
@@ -401,11 +403,14 @@ impl SampleInputs {
         }
     }
 
-    /// Argmax inputs: random logits with the NaN / infinity / tie rows the semantics
-    /// define (when `batch >= 6`): all NaN, NaN at the front and next to the max, all
-    /// -inf, a +inf, and an exact tie for the maximum.
-    pub fn argmax(rng: &mut StdRng, batch: usize, vocab: usize) -> Self {
+    /// Greedy inputs (every temperature 0, -1 or NaN): random logits with the NaN /
+    /// infinity / tie rows the greedy semantics define (when `batch >= 6`): all NaN, NaN at
+    /// the front and next to the max, all -inf, a +inf, and an exact tie for the maximum.
+    pub fn greedy(rng: &mut StdRng, batch: usize, vocab: usize) -> Self {
         let mut s = Self::random(rng, batch, vocab);
+        for (r, t) in s.temperature.iter_mut().enumerate() {
+            *t = [0.0, -1.0, f32::NAN][r % 3];
+        }
         if batch >= 6 && vocab >= 4 {
             let row = |r: usize| r * vocab..(r + 1) * vocab;
             s.logits[row(0)].fill(f32::NAN);

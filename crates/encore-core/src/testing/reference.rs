@@ -57,7 +57,7 @@ pub fn rms_norm(
     (out, summed)
 }
 
-/// Rotates `x` (`[n, heads, head_dim]`) in place.
+/// Rotates `x` (`[n, heads, head_dim]`) in place: the rotary part of `qkv_rope_write`.
 pub fn rope(x: &mut [f64], positions: &[i32], cos_sin: &[f64], head_dim: usize, rot: usize) {
     let max_positions = cos_sin.len() / rot;
     let heads = x.len() / positions.len().max(1) / head_dim;
@@ -111,7 +111,8 @@ pub fn matmul(
     out
 }
 
-/// Writes rows of `k`/`v` (each `row_len` long) into the caches at their slots.
+/// Writes rows of `k`/`v` (each `row_len` long) into the caches at their slots: the cache
+/// part of `qkv_rope_write`.
 pub fn kv_write(
     k: &[f64],
     v: &[f64],
@@ -198,7 +199,8 @@ pub fn attention(a: &AttentionRef<'_>) -> Vec<f64> {
     out
 }
 
-/// Per row: the smallest index of the largest non-NaN logit (0 if all are NaN).
+/// Per row: the smallest index of the largest non-NaN logit (0 if all are NaN): greedy
+/// sampling.
 pub fn argmax(logits: &[f64], vocab: usize) -> Vec<i32> {
     logits
         .chunks(vocab)

@@ -268,22 +268,6 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rope(&self, q: &Tensor, k: &Tensor, positions: &Tensor, cos_sin: &Tensor) -> Result<()> {
-        check_device(
-            "rope",
-            &[
-                ("q", q),
-                ("k", k),
-                ("positions", positions),
-                ("cos_sin", cos_sin),
-            ],
-        )?;
-        let d = ops::check_rope(q, k, positions, cos_sin)?;
-        let (q, k, positions, cos_sin) = (q.clone(), k.clone(), positions.clone(), cos_sin.clone());
-        self.submit(move || kernels::rope(&q, &k, &positions, &cos_sin, &d));
-        Ok(())
-    }
-
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
         check_device("silu_mul", &[("gate_up", gate_up), ("out", out)])?;
         let d = ops::check_silu_mul(gate_up, out)?;
@@ -300,36 +284,6 @@ impl Backend for CpuBackend {
         let d = ops::check_matmul(x, w, bias, out)?;
         let (x, w, bias, out) = (x.clone(), w.clone(), bias.cloned(), out.clone());
         self.submit(move || kernels::matmul(&x, &w, bias.as_ref(), &out, &d));
-        Ok(())
-    }
-
-    fn kv_write(
-        &self,
-        k: &Tensor,
-        v: &Tensor,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
-        slot_mapping: &Tensor,
-    ) -> Result<()> {
-        check_device(
-            "kv_write",
-            &[
-                ("k", k),
-                ("v", v),
-                ("k_cache", k_cache),
-                ("v_cache", v_cache),
-                ("slot_mapping", slot_mapping),
-            ],
-        )?;
-        let d = ops::check_kv_write(k, v, k_cache, v_cache, slot_mapping)?;
-        let (k, v, kc, vc, sm) = (
-            k.clone(),
-            v.clone(),
-            k_cache.clone(),
-            v_cache.clone(),
-            slot_mapping.clone(),
-        );
-        self.submit(move || kernels::kv_write(&k, &v, &kc, &vc, &sm, &d));
         Ok(())
     }
 
@@ -372,14 +326,6 @@ impl Backend for CpuBackend {
 
     fn attention_scratch_len(&self, _: usize, _: usize, _: usize, _: usize, _: usize) -> usize {
         0
-    }
-
-    fn argmax(&self, logits: &Tensor, out: &Tensor) -> Result<()> {
-        check_device("argmax", &[("logits", logits), ("out", out)])?;
-        let d = ops::check_argmax(logits, out)?;
-        let (logits, out) = (logits.clone(), out.clone());
-        self.submit(move || kernels::argmax(&logits, &out, &d));
-        Ok(())
     }
 
     fn sample(&self, logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<()> {

@@ -14,10 +14,7 @@ use cudarc::driver::LaunchConfig;
 use super::{dptr, CudaBackend};
 use crate::backend::{Attention, QkvRope, Sampling};
 use crate::error::{Error, Result};
-use crate::ops::{
-    AttentionDims, EmbeddingDims, KvWriteDims, MatmulDims, QkvRopeDims, RopeDims, RowDims,
-    SampleDims,
-};
+use crate::ops::{AttentionDims, EmbeddingDims, MatmulDims, QkvRopeDims, RowDims, SampleDims};
 use crate::tensor::{DType, Tensor};
 
 /// One kernel file: its name, its text and the entry points it defines.
@@ -42,19 +39,9 @@ pub(super) const SOURCES: &[KernelSource] = &[
         functions: &["rms_norm_bf16", "rms_norm_f16", "rms_norm_f32"],
     },
     KernelSource {
-        file: "rope.cu",
-        src: include_str!("../../../kernels/rope.cu"),
-        functions: &["rope_bf16", "rope_f16", "rope_f32"],
-    },
-    KernelSource {
         file: "silu_mul.cu",
         src: include_str!("../../../kernels/silu_mul.cu"),
         functions: &["silu_mul_bf16", "silu_mul_f16", "silu_mul_f32"],
-    },
-    KernelSource {
-        file: "kv_write.cu",
-        src: include_str!("../../../kernels/kv_write.cu"),
-        functions: &["kv_write_bf16", "kv_write_f16", "kv_write_f32"],
     },
     KernelSource {
         file: "qkv_rope.cu",
@@ -124,7 +111,7 @@ pub(super) const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "sampling.cu",
         src: include_str!("../../../kernels/sampling.cu"),
-        functions: &["argmax_f32", "sample_f32"],
+        functions: &["sample_f32"],
     },
 ];
 
@@ -235,46 +222,6 @@ pub(super) fn rms_norm(
     )
 }
 
-pub(super) fn rope(
-    be: &CudaBackend,
-    q: &Tensor,
-    k: &Tensor,
-    positions: &Tensor,
-    cos_sin: &Tensor,
-    d: &RopeDims,
-) -> Result<()> {
-    const OP: &str = "rope";
-    if d.n == 0 || d.num_heads + d.num_kv_heads == 0 {
-        return Ok(());
-    }
-    let dt = q.dtype();
-    let v = 16 / dt.size();
-    let half = d.rot / 2;
-    let vec = half.is_multiple_of(v)
-        && (d.head_dim * dt.size()).is_multiple_of(16)
-        && aligned16(q)
-        && aligned16(k)
-        && aligned16(cos_sin);
-    let items = (d.num_heads + d.num_kv_heads) * if vec { half / v } else { half };
-    int(OP, "(num_heads + num_kv_heads) * rot / 2", items)?;
-    let c = cfg(
-        (grid_x(OP, "n", d.n)?, 1, 1),
-        (threads_for(items, 256), 1, 1),
-    );
-    let (q, k, pos, cs) = (dptr(q), dptr(k), dptr(positions), dptr(cos_sin));
-    let nh = int(OP, "num_heads", d.num_heads)?;
-    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
-    let hd = int(OP, "head_dim", d.head_dim)?;
-    let rot = int(OP, "rot", d.rot)?;
-    let maxp = int(OP, "max_positions", d.max_positions).unwrap_or(i32::MAX);
-    let vec = vec as i32;
-    be.launch(
-        &kernel(OP, dt),
-        c,
-        &mut args![q, k, pos, cs, nh, nkv, hd, rot, maxp, vec],
-    )
-}
-
 pub(super) fn silu_mul(
     be: &CudaBackend,
     gate_up: &Tensor,
@@ -298,45 +245,6 @@ pub(super) fn silu_mul(
     let inter = int(OP, "inter", 2 * d.dim).map(|_| d.dim as i32)?;
     let vec = vec as i32;
     be.launch(&kernel(OP, dt), c, &mut args![gu, out, rows, inter, vec])
-}
-
-pub(super) fn kv_write(
-    be: &CudaBackend,
-    k: &Tensor,
-    v: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    slot_mapping: &Tensor,
-    d: &KvWriteDims,
-) -> Result<()> {
-    const OP: &str = "kv_write";
-    let row = d.num_kv_heads * d.head_dim;
-    if d.n == 0 || row == 0 {
-        return Ok(());
-    }
-    let dt = k.dtype();
-    let vec =
-        (row * dt.size()).is_multiple_of(16) && [k, v, k_cache, v_cache].into_iter().all(aligned16);
-    let work = if vec { row * dt.size() / 16 } else { row };
-    let c = cfg(
-        (grid_x(OP, "n", d.n)?, 1, 1),
-        (threads_for(work, 256), 1, 1),
-    );
-    let (k, v, kc, vc, sm) = (
-        dptr(k),
-        dptr(v),
-        dptr(k_cache),
-        dptr(v_cache),
-        dptr(slot_mapping),
-    );
-    let row_elems = int(OP, "num_kv_heads * head_dim", row)?;
-    let num_slots = (d.num_blocks as u64 * d.block_size as u64).min(i64::MAX as u64) as i64;
-    let vec = vec as i32;
-    be.launch(
-        &kernel(OP, dt),
-        c,
-        &mut args![k, v, kc, vc, sm, row_elems, num_slots, vec],
-    )
 }
 
 /// Warps of one qkv_rope CTA (`QKV_WARPS` in qkv_rope.cu).
@@ -855,30 +763,10 @@ fn attention_prefill(
 }
 
 // ---------------------------------------------------------------------------------------
-// Argmax and sampling
+// Sampling
 
 /// Threads per row (`SAMPLE_THREADS` in sampling.cu).
 const SAMPLE_THREADS: u32 = 1024;
-
-pub(super) fn argmax(
-    be: &CudaBackend,
-    logits: &Tensor,
-    out: &Tensor,
-    d: &SampleDims,
-) -> Result<()> {
-    const OP: &str = "argmax";
-    if d.batch == 0 {
-        return Ok(());
-    }
-    let vec = (d.vocab.is_multiple_of(4) && aligned16(logits)) as i32;
-    let c = cfg(
-        (grid_x(OP, "batch", d.batch)?, 1, 1),
-        (SAMPLE_THREADS, 1, 1),
-    );
-    let (l, o) = (dptr(logits), dptr(out));
-    let vocab = int(OP, "vocab", d.vocab)?;
-    be.launch("argmax_f32", c, &mut args![l, o, vocab, vec])
-}
 
 pub(super) fn sample(
     be: &CudaBackend,

@@ -520,20 +520,6 @@ impl Backend for CudaBackend {
         kernels::rms_norm(self, x, residual, weight, eps, out, &d)
     }
 
-    fn rope(&self, q: &Tensor, k: &Tensor, positions: &Tensor, cos_sin: &Tensor) -> Result<()> {
-        self.check_device(
-            "rope",
-            &[
-                ("q", q),
-                ("k", k),
-                ("positions", positions),
-                ("cos_sin", cos_sin),
-            ],
-        )?;
-        let d = ops::check_rope(q, k, positions, cos_sin)?;
-        kernels::rope(self, q, k, positions, cos_sin, &d)
-    }
-
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
         self.check_device("silu_mul", &[("gate_up", gate_up), ("out", out)])?;
         let d = ops::check_silu_mul(gate_up, out)?;
@@ -597,28 +583,6 @@ impl Backend for CudaBackend {
         kernels::qkv_rope_write(self, a, &d)
     }
 
-    fn kv_write(
-        &self,
-        k: &Tensor,
-        v: &Tensor,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
-        slot_mapping: &Tensor,
-    ) -> Result<()> {
-        self.check_device(
-            "kv_write",
-            &[
-                ("k", k),
-                ("v", v),
-                ("k_cache", k_cache),
-                ("v_cache", v_cache),
-                ("slot_mapping", slot_mapping),
-            ],
-        )?;
-        let d = ops::check_kv_write(k, v, k_cache, v_cache, slot_mapping)?;
-        kernels::kv_write(self, k, v, k_cache, v_cache, slot_mapping, &d)
-    }
-
     fn attention(&self, a: &Attention<'_>) -> Result<()> {
         self.check_device("attention", &a.tensors())?;
         let d = ops::check_attention(a)?;
@@ -651,12 +615,6 @@ impl Backend for CudaBackend {
             table_width,
             block_size,
         )
-    }
-
-    fn argmax(&self, logits: &Tensor, out: &Tensor) -> Result<()> {
-        self.check_device("argmax", &[("logits", logits), ("out", out)])?;
-        let d = ops::check_argmax(logits, out)?;
-        kernels::argmax(self, logits, out, &d)
     }
 
     fn sample(&self, logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<()> {

@@ -7,8 +7,8 @@
 //! whatever the index data says.
 //!
 //! NOTE: outputs must not overlap inputs unless the op says so (only `rms_norm` allows
-//! `out` to alias `x`, and `rope` works in place): the kernels build Rust slices over the
-//! buffers, and overlapping `&` and `&mut` slices would be undefined behaviour.
+//! `out` to alias `x`): the kernels build Rust slices over the buffers, and overlapping
+//! `&` and `&mut` slices would be undefined behaviour.
 
 mod attention;
 mod sample;
@@ -20,11 +20,11 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::ptr_of;
-use crate::ops::{EmbeddingDims, KvWriteDims, MatmulDims, QkvRopeDims, RopeDims, RowDims};
+use crate::ops::{EmbeddingDims, MatmulDims, QkvRopeDims, RowDims};
 use crate::tensor::{DType, Tensor};
 
 pub(super) use attention::{attention, AttentionArgs};
-pub(super) use sample::{argmax, sample, SampleArgs};
+pub(super) use sample::{sample, SampleArgs};
 
 /// A float element type the kernels compute with (always through f32).
 trait Float: Copy + Send + Sync + 'static {
@@ -252,42 +252,6 @@ fn rms_norm_t<T: Float>(
         );
 }
 
-pub(super) fn rope(q: &Tensor, k: &Tensor, pos: &Tensor, cs: &Tensor, d: &RopeDims) {
-    dispatch_float!(q.dtype(), rope_t(q, k, pos, cs, d))
-}
-
-fn rope_t<T: Float>(q: &Tensor, k: &Tensor, pos: &Tensor, cs: &Tensor, d: &RopeDims) {
-    // SAFETY: dtypes validated (positions i32, cos_sin f32); q and k are distinct tensors
-    // rotated in place, neither aliases positions or the table.
-    let (pos, cs) = unsafe { (view::<i32>(pos), view::<f32>(cs)) };
-    for (t, heads) in [(q, d.num_heads), (k, d.num_kv_heads)] {
-        let row_len = heads * d.head_dim;
-        if row_len == 0 {
-            continue;
-        }
-        // SAFETY: as above.
-        let x = unsafe { view_mut::<T>(t) };
-        x.par_chunks_mut(row_len)
-            .zip(pos.par_iter())
-            .with_min_len(min_rows(row_len))
-            .for_each(|(row, &p)| {
-                let Some(p) = usize::try_from(p).ok().filter(|&p| p < d.max_positions) else {
-                    return;
-                };
-                let half = d.rot / 2;
-                let (cos, sin) = cs[p * d.rot..(p + 1) * d.rot].split_at(half);
-                for head in row.chunks_exact_mut(d.head_dim) {
-                    let (lo, hi) = head[..d.rot].split_at_mut(half);
-                    for i in 0..half {
-                        let (a, b) = (lo[i].to_f32(), hi[i].to_f32());
-                        lo[i] = T::from_f32(a * cos[i] - b * sin[i]);
-                        hi[i] = T::from_f32(b * cos[i] + a * sin[i]);
-                    }
-                }
-            });
-    }
-}
-
 /// Tensors of one `qkv_rope_write` (semantics on `crate::backend::QkvRope`).
 pub(super) struct QkvRopeArgs {
     pub qkv: Tensor,
@@ -493,37 +457,6 @@ fn matmul_t<T: Float>(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tenso
             }
         }
     });
-}
-
-pub(super) fn kv_write(
-    k: &Tensor,
-    v: &Tensor,
-    kc: &Tensor,
-    vc: &Tensor,
-    sm: &Tensor,
-    d: &KvWriteDims,
-) {
-    let row = d.num_kv_heads * d.head_dim * k.dtype().size();
-    let slots = d.num_blocks * d.block_size;
-    // SAFETY: slot_mapping is i32; the byte views cover exactly each tensor; caches are
-    // distinct from k, v and from each other.
-    let (sm, k, v, kc, vc) = unsafe {
-        (
-            view::<i32>(sm),
-            std::slice::from_raw_parts(ptr_of(k), k.size_bytes()),
-            std::slice::from_raw_parts(ptr_of(v), v.size_bytes()),
-            std::slice::from_raw_parts_mut(ptr_of(kc), kc.size_bytes()),
-            std::slice::from_raw_parts_mut(ptr_of(vc), vc.size_bytes()),
-        )
-    };
-    for (i, &slot) in sm.iter().enumerate() {
-        let Some(slot) = usize::try_from(slot).ok().filter(|&s| s < slots) else {
-            continue;
-        };
-        let (src, dst) = (i * row..(i + 1) * row, slot * row..(slot + 1) * row);
-        kc[dst.clone()].copy_from_slice(&k[src.clone()]);
-        vc[dst].copy_from_slice(&v[src]);
-    }
 }
 
 /// `dst = lhs · rhs`, or `dst += lhs · rhs` with `accumulate`, in f32 on this thread:

@@ -1,5 +1,5 @@
 //! Greedy and random sampling, one rayon task per row. Semantics:
-//! [`crate::backend::Backend::argmax`] and [`crate::backend::Sampling`].
+//! [`crate::backend::Sampling`].
 
 use rayon::prelude::*;
 
@@ -15,14 +15,6 @@ pub(in crate::backend::cpu) struct SampleArgs {
     pub seeds: Tensor,
     pub out: Tensor,
     pub dims: SampleDims,
-}
-
-pub(in crate::backend::cpu) fn argmax(logits: &Tensor, out: &Tensor, d: &SampleDims) {
-    // SAFETY: dtypes validated (logits f32, out i32); out does not overlap logits.
-    let (logits, out) = unsafe { (view::<f32>(logits), view_mut::<i32>(out)) };
-    out.par_iter_mut()
-        .zip(logits.par_chunks(d.vocab))
-        .for_each(|(o, row)| *o = argmax_row(row));
 }
 
 pub(in crate::backend::cpu) fn sample(a: &SampleArgs) {
@@ -60,8 +52,8 @@ fn argmax_row(row: &[f32]) -> i32 {
     best.map_or(0, |(i, _)| i as i32)
 }
 
-/// One row of [`crate::backend::Sampling`]. NaN logits are never kept (like argmax never
-/// picks them); a NaN temperature counts as `<= 0` (greedy).
+/// One row of [`crate::backend::Sampling`]. NaN logits are never kept (like the greedy
+/// [`argmax_row`] never picks them); a NaN temperature counts as `<= 0` (greedy).
 fn sample_row(row: &[f32], temperature: f32, top_k: i32, top_p: f32, seed: i64) -> i32 {
     if temperature.is_nan() || temperature <= 0.0 {
         return argmax_row(row);
