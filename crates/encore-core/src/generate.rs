@@ -4,14 +4,11 @@
 //! Continuous batching with a scheduler replaces this loop in the engine.
 
 use std::ops::ControlFlow;
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::kv::SeqId;
+use crate::progress::{Guard, Progress, Unit};
 use crate::runner::{Runner, SamplingParams, SeqStep};
 
 #[derive(Clone, Debug)]
@@ -20,13 +17,7 @@ pub struct GenerateOptions {
     pub sampling: SamplingParams,
     /// Keep generating past EOS (for benchmarks).
     pub ignore_eos: bool,
-    /// Show a progress bar on stderr (when it is a terminal) once prefill has taken
-    /// longer than [`PROGRESS_AFTER`].
-    pub progress: bool,
 }
-
-/// How long prefill runs before its progress bar appears.
-pub const PROGRESS_AFTER: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
@@ -63,7 +54,8 @@ pub struct Generation {
     pub decode_secs: f64,
 }
 
-/// Generate for every prompt; `on_token(i, id)` sees each new token of prompt `i` as it
+/// Generate for every prompt; `progress` sees the prompt tokens prefilled (a `prefill`
+/// piece of work in tokens); `on_token(i, id)` sees each new token of prompt `i` as it
 /// is sampled. When it returns `ControlFlow::Break`, generation stops at once: every
 /// unfinished sequence ends with [`FinishReason::Stopped`] (e.g. its output's reader went
 /// away).
@@ -72,6 +64,7 @@ pub fn generate(
     prompts: &[Vec<u32>],
     eos: &[u32],
     opts: &GenerateOptions,
+    progress: &dyn Progress,
     mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
 ) -> Result<Vec<Generation>> {
     let cfg = *runner.config();
@@ -128,19 +121,30 @@ pub fn generate(
             decode_secs: 0.0,
         })
         .collect();
-    let result = run(runner, prompts, &ids, eos, opts, &mut out, &mut on_token);
+    let result = run(
+        runner,
+        prompts,
+        &ids,
+        eos,
+        opts,
+        progress,
+        &mut out,
+        &mut on_token,
+    );
     for &id in &ids {
         let _ = runner.blocks.free(id);
     }
     result.map(|_| out)
 }
 
+#[allow(clippy::too_many_arguments)] // private: the loop state of `generate`
 fn run(
     runner: &mut Runner<'_>,
     prompts: &[Vec<u32>],
     ids: &[SeqId],
     eos: &[u32],
     opts: &GenerateOptions,
+    progress: &dyn Progress,
     out: &mut [Generation],
     on_token: &mut impl FnMut(usize, u32) -> ControlFlow<()>,
 ) -> Result<()> {
@@ -175,7 +179,7 @@ fn run(
     let t0 = Instant::now();
     let mut done = vec![0usize; prompts.len()];
     let total_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let bar = opts.progress.then(|| DelayedBar::start(total_tokens));
+    let bar = Guard::start(progress, "prefill", total_tokens as u64, Unit::Tokens);
     while let Some(first) = (0..prompts.len()).find(|&i| done[i] < prompts[i].len()) {
         if stopped {
             break;
@@ -217,11 +221,9 @@ fn run(
                 last_token[i] = t;
             }
         }
-        if let Some(bar) = &bar {
-            bar.set_position(done.iter().sum::<usize>() as u64);
-        }
+        bar.0.set(done.iter().sum::<usize>() as u64);
     }
-    drop(bar); // stops the watcher and clears the bar
+    drop(bar);
     let prefill_secs = t0.elapsed().as_secs_f64();
     for g in out.iter_mut() {
         g.prefill_secs = prefill_secs;
@@ -265,67 +267,4 @@ fn run(
         }
     }
     Ok(())
-}
-
-/// A bar over the prompt tokens prefilled so far, on stderr (drawn only when stderr is a
-/// terminal), that appears once prefill has run for [`PROGRESS_AFTER`] — also while one
-/// long step is still running, as a watcher thread reveals it, not the step loop.
-struct DelayedBar {
-    bar: ProgressBar,
-    /// Set (and signalled) when prefill ends, so the watcher stops waiting.
-    done: Arc<(Mutex<bool>, Condvar)>,
-    watcher: Option<JoinHandle<()>>,
-}
-
-impl DelayedBar {
-    fn start(total_tokens: usize) -> DelayedBar {
-        let bar =
-            ProgressBar::with_draw_target(Some(total_tokens as u64), ProgressDrawTarget::hidden());
-        let style =
-            ProgressStyle::with_template("prefill [{bar:40}] {pos}/{len} tokens, {elapsed}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> ");
-        bar.set_style(style);
-        let done = Arc::new((Mutex::new(false), Condvar::new()));
-        let watcher = {
-            let (bar, done) = (bar.clone(), Arc::clone(&done));
-            std::thread::Builder::new()
-                .name("prefill-progress".into())
-                .spawn(move || {
-                    let (lock, cvar) = &*done;
-                    let Ok(guard) = lock.lock() else { return };
-                    let Ok((guard, _)) =
-                        cvar.wait_timeout_while(guard, PROGRESS_AFTER, |done| !*done)
-                    else {
-                        return;
-                    };
-                    if !*guard {
-                        bar.set_draw_target(ProgressDrawTarget::stderr());
-                        bar.enable_steady_tick(Duration::from_millis(200));
-                    }
-                })
-                .ok()
-        };
-        DelayedBar { bar, done, watcher }
-    }
-
-    fn set_position(&self, pos: u64) {
-        self.bar.set_position(pos);
-    }
-}
-
-/// Ends the bar however prefill ends (an error included): the watcher is told to stop
-/// and joined, and a bar it revealed is cleared.
-impl Drop for DelayedBar {
-    fn drop(&mut self) {
-        let (lock, cvar) = &*self.done;
-        if let Ok(mut done) = lock.lock() {
-            *done = true;
-        }
-        cvar.notify_all();
-        if let Some(w) = self.watcher.take() {
-            let _ = w.join();
-        }
-        self.bar.finish_and_clear();
-    }
 }

@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod bench;
 pub mod device;
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod graph;
@@ -13,6 +14,7 @@ pub mod kv;
 pub mod memory;
 pub mod model;
 pub mod ops;
+pub mod progress;
 pub mod runner;
 pub mod tensor;
 pub mod testing;

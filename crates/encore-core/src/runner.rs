@@ -604,23 +604,26 @@ impl<'b> Runner<'b> {
     }
 
     /// Run the LM head (and sampling) eagerly once for every row count a piecewise step's
-    /// head may have (powers of two up to the largest token bucket's sequence rows), so no
+    /// head may have (a power of two, capped at a token bucket's sequence rows), so no
     /// GEMM is planned during a request.
     fn warm_head(&mut self) -> Result<()> {
-        let max = self
-            .graph_keys()
-            .iter()
-            .filter(|k| k.phase == Phase::Mixed)
-            .map(|k| self.layout_of(*k).seqs)
-            .max()
-            .unwrap_or(0);
-        let mut rows = 1usize;
-        while rows <= max {
+        let mut rows = std::collections::BTreeSet::new();
+        for k in self.graph_keys() {
+            if k.phase != Phase::Mixed {
+                continue;
+            }
+            let cap = self.layout_of(k).seqs;
+            let mut p = 1usize;
+            while p < 2 * cap {
+                rows.insert(p.min(cap));
+                p *= 2;
+            }
+        }
+        for rows in rows {
             let layout = self.inputs.layout(rows, rows);
             self.pad_only(&layout, rows)?;
             let step = forward_step(parts!(self), &layout, true, Shape::HeadOnly, rows)?;
             self.exec.eager(&step)?;
-            rows *= 2;
         }
         Ok(())
     }

@@ -346,8 +346,14 @@ fn windowed_model_matches_cpu() {
         ..ModelConfig::dummy("tiny-qwen2").unwrap()
     };
     let run = |be: &dyn Backend| -> Vec<Vec<f32>> {
-        let w =
-            weights::load(be, &cfg, WeightSource::Dummy { seed: 3 }, DType::F32, false).unwrap();
+        let w = weights::load(
+            be,
+            &cfg,
+            WeightSource::Dummy { seed: 3 },
+            DType::F32,
+            &encore_core::progress::NoProgress,
+        )
+        .unwrap();
         let model = Model::new(be, cfg.clone(), w, 64).unwrap();
         let mut r = Runner::new(
             be,

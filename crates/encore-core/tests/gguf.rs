@@ -243,7 +243,13 @@ fn write_safetensors(path: &Path, ts: &[(String, Vec<usize>, Vec<f32>)]) {
 }
 
 fn load(cfg: &ModelConfig, source: WeightSource<'_>) -> encore_core::Result<ModelWeights> {
-    weights::load(&CpuBackend::new(), cfg, source, DType::F32, false)
+    weights::load(
+        &CpuBackend::new(),
+        cfg,
+        source,
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
 }
 
 fn all_values(w: &ModelWeights) -> Vec<Vec<f32>> {
@@ -290,11 +296,15 @@ fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
             seed: 0,
         },
         ignore_eos: true,
-        progress: false,
     };
-    generate(&mut runner, &prompts, &[], &opts, |_, _| {
-        std::ops::ControlFlow::Continue(())
-    })
+    generate(
+        &mut runner,
+        &prompts,
+        &[],
+        &opts,
+        &encore_core::progress::NoProgress,
+        |_, _| std::ops::ControlFlow::Continue(()),
+    )
     .unwrap()
     .into_iter()
     .map(|g| g.output_ids)
@@ -1051,7 +1061,14 @@ fn real_gguf_smoke() {
     }
     let vocab = vocab_from_gguf(&file).unwrap();
     let t = std::time::Instant::now();
-    let w = weights::load(&CpuBackend::new(), &cfg, source, DType::F32, false).unwrap();
+    let w = weights::load(
+        &CpuBackend::new(),
+        &cfg,
+        source,
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
     eprintln!("weights (f32, CPU) in {:.2} s", t.elapsed().as_secs_f64());
 
     let id = |s: &str| vocab.tokens.iter().position(|t| t == s).unwrap() as u32;
@@ -1081,11 +1098,15 @@ fn real_gguf_smoke() {
             seed: 0,
         },
         ignore_eos: true,
-        progress: false,
     };
-    let out = generate(&mut runner, &[prompt], &[], &opts, |_, _| {
-        std::ops::ControlFlow::Continue(())
-    })
+    let out = generate(
+        &mut runner,
+        &[prompt],
+        &[],
+        &opts,
+        &encore_core::progress::NoProgress,
+        |_, _| std::ops::ControlFlow::Continue(()),
+    )
     .unwrap();
     let text: String = out[0]
         .output_ids

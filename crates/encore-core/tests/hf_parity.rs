@@ -209,8 +209,14 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
             cfg.vocab_size, r.vocab
         ));
     }
-    let w = weights::load(be, &cfg, WeightSource::Dir(&r.dir), dtype, false)
-        .map_err(ctx("loading weights"))?;
+    let w = weights::load(
+        be,
+        &cfg,
+        WeightSource::Dir(&r.dir),
+        dtype,
+        &encore_core::progress::NoProgress,
+    )
+    .map_err(ctx("loading weights"))?;
     let model = Model::new(be, cfg, w, MAX_SEQ_LEN).map_err(ctx("Model::new"))?;
     let n = r.prompts.len();
     let mut runner = Runner::new(

@@ -190,7 +190,13 @@ fn cpu() -> CpuBackend {
 fn load_dir(dir: &Path, dtype: DType) -> encore_core::Result<(ModelConfig, ModelWeights)> {
     let be = cpu();
     let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-    let w = weights::load(&be, &cfg, WeightSource::Dir(dir), dtype, false)?;
+    let w = weights::load(
+        &be,
+        &cfg,
+        WeightSource::Dir(dir),
+        dtype,
+        &encore_core::progress::NoProgress,
+    )?;
     Ok((cfg, w))
 }
 
@@ -461,14 +467,28 @@ fn single_file_and_unindexed_shards_load_too() {
     // A path to the .safetensors file itself.
     let be = cpu();
     let file = dir.path().join("model.safetensors");
-    let w = weights::load(&be, &cfg, WeightSource::Dir(&file), DType::BF16, false).unwrap();
+    let w = weights::load(
+        &be,
+        &cfg,
+        WeightSource::Dir(&file),
+        DType::BF16,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
     check_model(&cfg, &w, &ts, DType::BF16);
     // Two shards without an index.
     let dir = TempDir::new("noindex");
     let (a, b) = ts.split_at(ts.len() / 2);
     write_safetensors(&dir.path().join("a.safetensors"), a);
     write_safetensors(&dir.path().join("b.safetensors"), b);
-    let w = weights::load(&be, &cfg, WeightSource::Dir(dir.path()), DType::F32, true).unwrap();
+    let w = weights::load(
+        &be,
+        &cfg,
+        WeightSource::Dir(dir.path()),
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
     check_model(&cfg, &w, &ts, DType::F32);
     // The same tensor in both: ambiguous.
     write_safetensors(&dir.path().join("c.safetensors"), &a[..1]);
@@ -477,7 +497,7 @@ fn single_file_and_unindexed_shards_load_too() {
         &cfg,
         WeightSource::Dir(dir.path()),
         DType::F32,
-        false,
+        &encore_core::progress::NoProgress,
     ));
     assert!(matches!(e, Error::Weights { .. }), "{msg}");
     assert!(msg.contains(&a[0].name), "{msg}");
@@ -592,7 +612,7 @@ fn a_layer_count_beyond_the_checkpoint_fails_fast() {
         &cfg,
         WeightSource::Dir(dir.path()),
         DType::BF16,
-        false,
+        &encore_core::progress::NoProgress,
     );
     let (e, msg) = err_text(r);
     assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());
@@ -692,7 +712,7 @@ fn missing_directories_and_files_name_the_path() {
         &cfg,
         WeightSource::Dir(&gone),
         DType::BF16,
-        false,
+        &encore_core::progress::NoProgress,
     ));
     assert!(matches!(e, Error::Io { .. }), "{msg}");
     assert!(msg.contains("no-such-model"), "{msg}");
@@ -701,7 +721,7 @@ fn missing_directories_and_files_name_the_path() {
         &cfg,
         WeightSource::Dir(dir.path()),
         DType::BF16,
-        false,
+        &encore_core::progress::NoProgress,
     ));
     assert!(matches!(e, Error::WeightsFile { .. }), "{msg}");
     assert!(msg.contains("model.safetensors"), "{msg}");
@@ -714,7 +734,7 @@ fn missing_directories_and_files_name_the_path() {
         &cfg,
         WeightSource::Dummy { seed: 0 },
         DType::I32,
-        false,
+        &encore_core::progress::NoProgress,
     ));
     assert!(msg.contains("i32"), "{msg}");
 }
@@ -1112,7 +1132,7 @@ fn every_dummy_has_consistent_shapes_and_counts() {
                 &cfg,
                 WeightSource::Dummy { seed: 1 },
                 DType::BF16,
-                false,
+                &encore_core::progress::NoProgress,
             )
             .unwrap();
             check_shapes(&cfg, &w);
@@ -1188,8 +1208,16 @@ fn all_values(w: &ModelWeights) -> Vec<Vec<f32>> {
 fn dummy_weights_are_deterministic_per_seed_and_dtype_independent() {
     let cfg = ModelConfig::dummy("tiny-qwen3").unwrap();
     let be = cpu();
-    let load =
-        |seed, dtype| weights::load(&be, &cfg, WeightSource::Dummy { seed }, dtype, false).unwrap();
+    let load = |seed, dtype| {
+        weights::load(
+            &be,
+            &cfg,
+            WeightSource::Dummy { seed },
+            dtype,
+            &encore_core::progress::NoProgress,
+        )
+        .unwrap()
+    };
     let a = all_values(&load(7, DType::BF16));
     let b = all_values(&load(7, DType::BF16));
     let c = all_values(&load(8, DType::BF16));
@@ -1227,7 +1255,7 @@ fn dummy_scales_keep_activations_near_unit_size() {
         &cfg,
         WeightSource::Dummy { seed: 3 },
         DType::F32,
-        false,
+        &encore_core::progress::NoProgress,
     )
     .unwrap();
     let h = cfg.hidden_size as f64;

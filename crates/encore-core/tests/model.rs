@@ -259,7 +259,14 @@ fn check_arch(name: &str, dtype: DType, tol: f64) {
 fn check_config(name: &str, cfg: ModelConfig, dtype: DType, tol: f64) {
     let cpu = CpuBackend::new();
     let be: &dyn Backend = &cpu;
-    let w = weights::load(be, &cfg, WeightSource::Dummy { seed: 7 }, dtype, false).unwrap();
+    let w = weights::load(
+        be,
+        &cfg,
+        WeightSource::Dummy { seed: 7 },
+        dtype,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
     let reference = RefModel::new(be, &cfg, &w);
     let model = Model::new(be, cfg.clone(), w, 64).unwrap();
     let kv_cfg = KvCacheConfig {
@@ -391,7 +398,14 @@ fn qwen2_sliding_window_matches_f64_reference() {
 fn prefill_logits(cfg: &ModelConfig, prompts: &[&[u32]]) -> Vec<Vec<f32>> {
     let cpu = CpuBackend::new();
     let be: &dyn Backend = &cpu;
-    let w = weights::load(be, cfg, WeightSource::Dummy { seed: 7 }, DType::F32, false).unwrap();
+    let w = weights::load(
+        be,
+        cfg,
+        WeightSource::Dummy { seed: 7 },
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
     let model = Model::new(be, cfg.clone(), w, 64).unwrap();
     let kv_cfg = KvCacheConfig {
         num_layers: cfg.num_layers,

@@ -414,3 +414,68 @@ fn cuda_graph_memory_is_max_over_decode_and_token_buckets() {
     let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
     check_graph_memory_is_max_over_phases(&be);
 }
+
+/// After an engine start-up with every bucket captured, a first request (a prefill, a
+/// mixed step, decode steps) plans no GEMM: everything it runs was warmed.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_engine_start_up_leaves_nothing_to_plan() {
+    use encore_core::engine::{Engine, EngineConfig, KvSizing};
+    use encore_core::memory::GraphMemory;
+    use encore_core::model::open_model;
+    use encore_core::DType;
+    let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
+    let cfg = EngineConfig {
+        dtype: DType::BF16,
+        block_size: 16,
+        max_tokens_per_step: 512,
+        max_seqs: 8,
+        max_seq_len: 512,
+        kv: KvSizing::Blocks(1 + 8 * 32),
+        graphs: Some(GraphConfig {
+            decode: BucketPolicy::VllmLike { max: 8 },
+            mixed: BucketPolicy::SglangLike { max: 512 },
+        }),
+        graph_memory: GraphMemory::Arena,
+        capture_all: true,
+        verify_graphs: false,
+        extra_bytes: 0,
+        run_name: "test".into(),
+        fix_hint: String::new(),
+    };
+    let files = open_model("dummy:tiny").unwrap();
+    let Engine { mut runner, report } =
+        Engine::new(&be, files, &cfg, &encore_core::progress::NoProgress).unwrap();
+    assert!(report.capture_secs > 0.0);
+    let plans = be.gemm_plans();
+    assert!(plans > 0);
+    let prompts: Vec<Vec<u32>> = vec![vec![5; 300], vec![7; 3], vec![9; 12]];
+    run_splits(
+        &mut runner,
+        &prompts,
+        &[&[(0, 200), (1, 3)], &[(0, 100), (2, 12)]],
+    );
+    let mut last = vec![1u32; 3];
+    for step in 0..5u64 {
+        let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+        let batch: Vec<SeqStep<'_>> = (0..3)
+            .map(|i| {
+                runner.blocks.append(SeqId(i as u64), 1).unwrap();
+                SeqStep {
+                    seq: SeqId(i as u64),
+                    tokens: &toks[i],
+                    sampling: SamplingParams::default(),
+                    step: 10 + step,
+                }
+            })
+            .collect();
+        last = runner.step(&batch).unwrap();
+    }
+    assert_eq!(
+        be.gemm_plans(),
+        plans,
+        "GEMMs planned during the first requests"
+    );
+    let s = runner.graph_stats().unwrap();
+    assert_eq!(s.misses, 0, "{s:?}");
+}

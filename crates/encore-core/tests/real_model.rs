@@ -57,7 +57,14 @@ fn greedy(
     eos: &[u32],
     max_tokens: usize,
 ) -> Vec<Vec<u32>> {
-    let w = weights::load(be, cfg, source, DType::F32, false).unwrap();
+    let w = weights::load(
+        be,
+        cfg,
+        source,
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
     let max_seq_len = 256;
     let model = Model::new(be, cfg.clone(), w, max_seq_len).unwrap();
     let block_size = 16;
@@ -82,11 +89,15 @@ fn greedy(
             seed: 0,
         },
         ignore_eos: false,
-        progress: false,
     };
-    generate(&mut runner, prompts, eos, &opts, |_, _| {
-        ControlFlow::Continue(())
-    })
+    generate(
+        &mut runner,
+        prompts,
+        eos,
+        &opts,
+        &encore_core::progress::NoProgress,
+        |_, _| ControlFlow::Continue(()),
+    )
     .unwrap()
     .into_iter()
     .map(|g| g.output_ids)

@@ -124,7 +124,13 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
         ),
         "lower --max-batch or --max-seq-len, or leave out the private strategy",
     )?;
-    let w = weights::load(be, &cfg, source, dtype, !a.json)?;
+    let w = weights::load(
+        be,
+        &cfg,
+        source,
+        dtype,
+        &crate::progress::Bars::new(!a.json),
+    )?;
     let model = Model::new(be, cfg, w, a.max_seq_len)?;
     let mut runner = Runner::new(be, model, runner_cfg)?;
     let granularity = be.vmm()?.granularity();

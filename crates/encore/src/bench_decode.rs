@@ -7,12 +7,12 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use encore_core::bench;
+use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
-use encore_core::model::llama::Model;
-use encore_core::model::weights;
-use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
+use encore_core::model::ModelFiles;
+use encore_core::runner::{Runner, SamplingParams, SeqStep};
 use encore_core::DType;
 
 use crate::out::outln;
@@ -89,32 +89,33 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let max_batch = a.batch.iter().copied().max().unwrap_or(1);
     let block_size = 16;
     let per_seq = max_seq_len.div_ceil(block_size);
-    let runner_cfg = RunnerConfig {
+    let engine_cfg = EngineConfig {
+        dtype,
         block_size,
-        num_blocks: max_batch.saturating_mul(per_seq).saturating_add(1),
         max_tokens_per_step: 2048.max(max_batch),
         max_seqs: max_batch,
         max_seq_len,
+        kv: KvSizing::Blocks(max_batch.saturating_mul(per_seq).saturating_add(1)),
+        // Graph mode is switched per phase below.
+        graphs: None,
+        graph_memory: a.graph_memory,
+        capture_all: false,
+        verify_graphs: false,
+        // The copy-bandwidth measurement's two buffers.
+        extra_bytes: 2 * COPY_BYTES,
+        run_name: format!("bench decode --batch {max_batch} --context {}", a.context),
+        fix_hint: "lower --batch or --context".into(),
     };
-    let mut need = runner_cfg.memory_need(be, &cfg, dtype);
-    // The copy-bandwidth measurement's two buffers.
-    need.activations = need.activations.saturating_add(2 * COPY_BYTES);
-    crate::model_arg::check_memory(
-        be,
-        &need,
-        &format!("bench decode --batch {max_batch} --context {}", a.context),
-        "lower --batch or --context",
-    )?;
-    let t = Instant::now();
-    let w = weights::load(be, &cfg, source, dtype, !a.json)?;
-    be.synchronize()?;
-    let load_secs = t.elapsed().as_secs_f64();
+    let files = ModelFiles {
+        config: cfg.clone(),
+        source,
+    };
+    let Engine { mut runner, report } =
+        Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
+    let load_secs = report.load_secs;
     let weight_bytes = cfg.weight_bytes(dtype);
     let copy = bench::copy_bandwidth(be, COPY_BYTES, 10)?;
     let floor_secs = weight_bytes as f64 / (copy.value * 1e9);
-    let model = Model::new(be, cfg.clone(), w, max_seq_len)?;
-    let mut runner = Runner::new(be, model, runner_cfg)?;
-    runner.set_graph_memory(a.graph_memory)?;
     if !a.json {
         outln!(
             "{} on {}: {:.2} GB of weights ({dtype}), loaded in {:.2} s; copy bandwidth {:.0} GB/s -> floor {:.3} ms/step",

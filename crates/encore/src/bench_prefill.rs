@@ -6,10 +6,11 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::kv::SeqId;
-use encore_core::model::llama::Model;
-use encore_core::model::weights;
-use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
+use encore_core::memory::GraphMemory;
+use encore_core::model::ModelFiles;
+use encore_core::runner::{Runner, SamplingParams, SeqStep};
 use encore_core::DType;
 use serde_json::{json, Value};
 
@@ -182,25 +183,6 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
         );
     }
     let block_size = 16;
-    let runner_cfg = RunnerConfig {
-        block_size,
-        num_blocks: 1 + max_batch * max_tokens.div_ceil(block_size),
-        max_tokens_per_step: max_tokens * max_batch,
-        max_seqs: max_batch,
-        max_seq_len: max_tokens,
-    };
-    crate::model_arg::check_memory(
-        be,
-        &runner_cfg.memory_need(be, &cfg, dtype),
-        &format!("bench prefill --tokens {max_tokens} --batch {max_batch}"),
-        "lower --tokens or --batch",
-    )?;
-    let t = Instant::now();
-    let w = weights::load(be, &cfg, source, dtype, !a.json)?;
-    be.synchronize()?;
-    let load_secs = t.elapsed().as_secs_f64();
-    let model = Model::new(be, cfg.clone(), w, max_tokens)?;
-    let mut runner = Runner::new(be, model, runner_cfg)?;
     let graphs = crate::graphs::config(
         be,
         "none",
@@ -208,13 +190,29 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
         &a.prefill_buckets,
         max_tokens * max_batch,
     )?;
-    runner.set_graphs(Some(graphs));
-    let t = Instant::now();
-    if !a.lazy_capture {
-        crate::graphs::capture_all(&mut runner, !a.json)?;
-        be.synchronize()?;
-    }
-    let capture_secs = t.elapsed().as_secs_f64();
+    let engine_cfg = EngineConfig {
+        dtype,
+        block_size,
+        max_tokens_per_step: max_tokens * max_batch,
+        max_seqs: max_batch,
+        max_seq_len: max_tokens,
+        kv: KvSizing::Blocks(1 + max_batch * max_tokens.div_ceil(block_size)),
+        graphs: Some(graphs),
+        graph_memory: GraphMemory::default(),
+        capture_all: !a.lazy_capture,
+        verify_graphs: false,
+        extra_bytes: 0,
+        run_name: format!("bench prefill --tokens {max_tokens} --batch {max_batch}"),
+        fix_hint: "lower --tokens or --batch".into(),
+    };
+    let files = ModelFiles {
+        config: cfg.clone(),
+        source,
+    };
+    let Engine { mut runner, report } =
+        Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
+    let load_secs = report.load_secs;
+    let capture_secs = report.capture_secs;
     let stats = runner.graph_stats().unwrap_or_default();
     let mem = runner.graph_memory_stats();
     let device = be.device_name();

@@ -7,17 +7,16 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use encore_core::error::gib;
+use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::generate::{generate, GenerateOptions};
-use encore_core::kv::{KvCache, KvCacheConfig};
 use encore_core::memory::GraphMemory;
-use encore_core::model::llama::Model;
-use encore_core::model::weights;
-use encore_core::runner::{Runner, RunnerConfig, SamplingParams};
+use encore_core::model::ModelFiles;
+use encore_core::runner::SamplingParams;
 use encore_core::tokenizer::{ChatMessage, StreamDecoder};
 use encore_core::DType;
 
 use crate::out::{errln, out, outln};
+use crate::progress::Bars;
 use crate::{parse, prompts, DeviceArg};
 
 #[derive(Args)]
@@ -178,81 +177,62 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         .iter()
         .map(per_seq)
         .fold(1usize, usize::saturating_add);
-    let mut runner_cfg = RunnerConfig {
+    let graphs = if a.eager {
+        None
+    } else {
+        Some(crate::graphs::config(
+            be,
+            &a.buckets,
+            prompts.len(),
+            &a.prefill_buckets,
+            a.max_num_batched_tokens,
+        )?)
+    };
+    let engine_cfg = EngineConfig {
+        dtype,
         block_size: a.block_size,
-        num_blocks: needed,
         max_tokens_per_step: a.max_num_batched_tokens,
         max_seqs: prompts.len(),
         max_seq_len,
-    };
-    let need = runner_cfg.memory_need(be, &cfg, dtype);
-    crate::model_arg::check_memory(
-        be,
-        &need,
-        &format!(
+        kv: KvSizing::DeviceFraction {
+            fraction: a.kv_fraction,
+            at_least: needed,
+        },
+        graphs,
+        graph_memory: a.graph_memory,
+        capture_all: a.capture_all,
+        verify_graphs: a.verify_graphs,
+        extra_bytes: 0,
+        run_name: format!(
             "generate ({} prompt{}, --max-tokens {}, --max-seq-len {max_seq_len}, --max-num-batched-tokens {})",
             prompts.len(),
             if prompts.len() == 1 { "" } else { "s" },
             a.max_tokens,
             a.max_num_batched_tokens
         ),
-        "use fewer prompts, or lower --max-tokens, --max-seq-len or --max-num-batched-tokens",
-    )?;
-
-    let t = std::time::Instant::now();
-    let w = weights::load(be, &cfg, source, dtype, !a.json)?;
-    let load_secs = t.elapsed().as_secs_f64();
-    let model = Model::new(be, cfg.clone(), w, max_seq_len)?;
-
-    if let Some((free, _)) = be.memory_info() {
-        let kv_cfg = KvCacheConfig {
-            num_layers: cfg.num_layers,
-            num_kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            block_size: a.block_size,
-            dtype,
-        };
-        let budget = (free as f64 * a.kv_fraction) as usize;
-        let fit = KvCache::num_blocks_for_budget(&kv_cfg, budget.saturating_sub(need.activations));
-        if fit < needed {
-            bail!(
-                "the KV cache needs {needed} blocks ({:.2} GiB) but --kv-fraction {} of {:.2} GiB free holds {fit}",
-                gib(need.kv_cache),
-                a.kv_fraction,
-                gib(free)
+        fix_hint: "use fewer prompts, or lower --max-tokens, --max-seq-len or --max-num-batched-tokens (or raise --kv-fraction)".into(),
+    };
+    let bars = Bars::new(!a.json);
+    let files = ModelFiles {
+        config: cfg.clone(),
+        source,
+    };
+    let Engine { mut runner, report } = Engine::new(be, files, &engine_cfg, &bars)?;
+    let load_secs = report.load_secs;
+    if a.capture_all {
+        if let Some(s) = runner.graph_stats() {
+            let m = runner.graph_memory_stats();
+            let line = format!(
+                "captured {} graphs ({} pieces) at start-up in {:.1} ms; {} memory {:.1} MiB physical",
+                s.captures,
+                s.pieces,
+                report.capture_secs * 1e3,
+                m.strategy,
+                mib(m.physical_bytes)
             );
-        }
-        runner_cfg.num_blocks = fit;
-    }
-    let mut runner = Runner::new(be, model, runner_cfg)?;
-
-    if !a.eager {
-        runner.set_graph_memory(a.graph_memory)?;
-        let graphs = crate::graphs::config(
-            be,
-            &a.buckets,
-            prompts.len(),
-            &a.prefill_buckets,
-            a.max_num_batched_tokens,
-        )?;
-        runner.set_graphs(Some(graphs));
-        runner.set_verify_graphs(a.verify_graphs);
-        if a.capture_all {
-            crate::graphs::capture_all(&mut runner, !a.json)?;
-            if let Some(s) = runner.graph_stats() {
-                let m = runner.graph_memory_stats();
-                let line = format!(
-                    "captured {} graphs ({} pieces) at start-up in {:.1} ms; {} memory {:.1} MiB physical",
-                    s.captures,
-                    s.pieces,
-                    s.capture_secs * 1e3,
-                    m.strategy,
-                    mib(m.physical_bytes)
-                );
-                tracing::info!("{line}");
-                if !a.json {
-                    errln!("{line}");
-                }
+            tracing::info!("{line}");
+            if !a.json {
+                errln!("{line}");
             }
         }
     }
@@ -265,7 +245,6 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             seed: a.seed,
         },
         ignore_eos: a.ignore_eos,
-        progress: !a.json,
     };
     let eos = tokenizer.eos_token_ids();
     let stream = prompts.len() == 1 && !a.json;
@@ -276,7 +255,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     // A failed write (the reader of stdout went away) stops generation; it is returned
     // after `generate` has released the sequences.
     let mut write_error: Option<std::io::Error> = None;
-    let gens = generate(&mut runner, &prompts, &eos, &opts, |_, id| {
+    let gens = generate(&mut runner, &prompts, &eos, &opts, &bars, |_, id| {
         if !stream {
             return ControlFlow::Continue(());
         }

@@ -9,6 +9,7 @@ mod graphs;
 mod model_arg;
 mod out;
 mod parse;
+mod progress;
 mod prompts;
 
 use std::process::ExitCode;

@@ -176,6 +176,16 @@ fn graph_mode_generates_what_eager_generates() {
             assert_eq!(w["output_ids"], e["output_ids"], "{buckets}");
         }
     }
+    // Prefill as piecewise graphs of token buckets (prompts of 4, 16 and 2 tokens: one
+    // step of 22 tokens pads to 32), captured on first use and at start-up.
+    for extra in [&[][..], &["--capture-all"][..]] {
+        let mut args = vec!["--prefill-buckets", "8,32", "--verify-graphs"];
+        args.extend(extra);
+        let piecewise = run(&args);
+        for (p, e) in piecewise.iter().zip(&eager) {
+            assert_eq!(p["output_ids"], e["output_ids"], "{args:?}");
+        }
+    }
     for strategy in ["private", "multi-va", "arena"] {
         let other = run(&["--graph-memory", strategy, "--verify-graphs"]);
         for (o, e) in other.iter().zip(&eager) {
@@ -252,21 +262,40 @@ fn bench_prefill_reports_a_row_per_shape() {
         "1,2",
         "--repeats",
         "2",
+        "--prefill-buckets",
+        "16,48",
         "--json",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let rows = json_lines(&out);
+    let lines = json_lines(&out);
+    // A start-up line first: both buckets captured before the first row.
+    assert_eq!(lines[0]["captured"].as_u64(), Some(2), "{}", lines[0]);
+    assert!(lines[0]["capture_s"].as_f64().unwrap() > 0.0);
+    let rows = &lines[1..];
     let shapes: Vec<(u64, u64)> = rows
         .iter()
         .map(|r| (r["batch"].as_u64().unwrap(), r["tokens"].as_u64().unwrap()))
         .collect();
     assert_eq!(shapes, [(1, 16), (1, 40), (2, 16), (2, 40)]);
-    for r in &rows {
+    // 16 and 40 tokens pad to buckets 16 and 48; 32 to 48; 80 runs eagerly.
+    let buckets: Vec<Option<u64>> = rows.iter().map(|r| r["bucket"].as_u64()).collect();
+    assert_eq!(buckets, [Some(16), Some(48), Some(48), None]);
+    for r in rows {
         let ms = r["prefill_ms"].as_f64().unwrap();
         let tps = r["tokens_per_s"].as_f64().unwrap();
         let tokens = (r["tokens"].as_u64().unwrap() * r["batch"].as_u64().unwrap()) as f64;
         assert!(ms > 0.0 && r["cold_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["eager_ms"].as_f64().unwrap() > 0.0, "{r}");
         assert!((tps - tokens / (ms / 1e3)).abs() < 1e-6 * tps, "{r}");
+        if r["bucket"].is_null() {
+            assert!(
+                r["piecewise_ms"].is_null() && r["matches_eager"].is_null(),
+                "{r}"
+            );
+        } else {
+            assert_eq!(r["prefill_ms"], r["piecewise_ms"], "{r}");
+            assert_eq!(r["matches_eager"].as_bool(), Some(true), "{r}");
+        }
     }
     for (flag, value) in [("--tokens", "0"), ("--batch", "-1"), ("--repeats", "0")] {
         let err = failure(&encore(&[

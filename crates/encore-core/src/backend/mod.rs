@@ -215,6 +215,13 @@ pub trait Backend: Send + Sync {
     /// Free and total device memory in bytes; `None` where it is not tracked (CPU).
     fn memory_info(&self) -> Option<(usize, usize)>;
 
+    /// GEMM plans made so far (CUDA: cuBLASLt descriptors and heuristic queries, one per
+    /// new matmul shape; the first use of a plan also loads its library kernel). A warm
+    /// engine makes none during a request. 0 where matmuls need no planning (CPU).
+    fn gemm_plans(&self) -> usize {
+        0
+    }
+
     /// This device's virtual memory manager (reserve / create / map), one per backend, so
     /// its usage counts cover every arena of the backend. An error when the device has
     /// none (a GPU without VMM support).

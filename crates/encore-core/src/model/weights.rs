@@ -14,8 +14,6 @@ mod host;
 use std::path::Path;
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-
 pub(crate) use self::checkpoint::natural_key;
 use self::checkpoint::Checkpoint;
 use self::host::Staging;
@@ -23,6 +21,7 @@ use super::config::{Arch, ModelConfig};
 use super::gguf::{GgufFile, GgufWeights};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::progress::{Progress, Unit};
 use crate::tensor::{DType, Tensor};
 
 /// One decoder layer's weights, in the run dtype.
@@ -99,7 +98,7 @@ pub fn hf_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
 ///
 /// Checkpoint tensors may be bf16, f16 or f32; they are converted on the host (rounding
 /// to nearest even). Tensors the config does not use (`rotary_emb.inv_freq`, `lm_head`
-/// when tied) are ignored. With `progress`, a bar on stderr counts the bytes uploaded.
+/// when tied) are ignored. `progress` counts the bytes uploaded.
 ///
 /// Dummy weights are drawn per HF tensor from a hash of `(seed, name, index)`, so they
 /// do not depend on the dtype, the backend or the thread count: projections have std
@@ -110,7 +109,7 @@ pub fn load(
     cfg: &ModelConfig,
     source: WeightSource<'_>,
     dtype: DType,
-    progress: bool,
+    progress: &dyn Progress,
 ) -> Result<ModelWeights> {
     if !dtype.is_float() {
         return Err(Error::invalid(
@@ -147,7 +146,8 @@ pub fn load(
     };
 
     let total: usize = plan.merged().iter().map(|m| m.numel() * dtype.size()).sum();
-    let bar = progress_bar(total, progress, what);
+    let bar = crate::progress::Guard::start(progress, what, total as u64, Unit::Bytes);
+    let mut done = 0u64;
     let start = Instant::now();
     let mut staging = Staging::default();
     let weights = plan.build(dtype, |m| {
@@ -157,13 +157,14 @@ pub fn load(
             let rows = part.shape[0];
             let dst = t.narrow(row, rows)?;
             source.write(backend, cfg, part, &dst, &mut staging)?;
-            bar.inc(dst.size_bytes() as u64);
+            done += dst.size_bytes() as u64;
+            bar.0.set(done);
             row += rows;
         }
         Ok(t)
     })?;
     backend.synchronize()?;
-    bar.finish_and_clear();
+    drop(bar);
     tracing::info!(
         "{what}: {} tensors, {:.2} GB {dtype} on {} in {:.2} s",
         plan.merged().len(),
@@ -172,21 +173,6 @@ pub fn load(
         start.elapsed().as_secs_f64()
     );
     Ok(weights)
-}
-
-fn progress_bar(total: usize, visible: bool, what: &'static str) -> ProgressBar {
-    if !visible {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template(
-        "{msg} [{bar:40}] {bytes}/{total_bytes} ({binary_bytes_per_sec}, eta {eta})",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar())
-    .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_message(what);
-    bar
 }
 
 /// Checkpoint tensors the config does not use but a valid checkpoint may hold: rotary

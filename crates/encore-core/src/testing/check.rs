@@ -225,7 +225,13 @@ pub fn check_capture_replay(backend: &dyn Backend, seed: u64) -> Result<Vec<Chec
 /// An eager or graph-mode runner of [`REPLAY_MODEL`] with dummy weights from `seed`.
 fn replay_runner(be: &dyn Backend, dtype: DType, seed: u64, graph: bool) -> Result<Runner<'_>> {
     let cfg = open_model(REPLAY_MODEL)?.config;
-    let weights = weights::load(be, &cfg, WeightSource::Dummy { seed }, dtype, false)?;
+    let weights = weights::load(
+        be,
+        &cfg,
+        WeightSource::Dummy { seed },
+        dtype,
+        &crate::progress::NoProgress,
+    )?;
     let model = Model::new(be, cfg, weights, REPLAY_MAX_LEN)?;
     let mut runner = Runner::new(
         be,

@@ -13,7 +13,14 @@ pub const BLOCK: usize = 4;
 /// A `tiny-qwen2` f32 runner: 16 sequences of up to 128 tokens, eager.
 pub fn tiny_runner(be: &dyn Backend) -> Runner<'_> {
     let cfg = ModelConfig::dummy("tiny-qwen2").unwrap();
-    let w = weights::load(be, &cfg, WeightSource::Dummy { seed: 3 }, DType::F32, false).unwrap();
+    let w = weights::load(
+        be,
+        &cfg,
+        WeightSource::Dummy { seed: 3 },
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
     let model = Model::new(be, cfg, w, 128).unwrap();
     Runner::new(
         be,

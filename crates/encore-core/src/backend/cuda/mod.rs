@@ -393,6 +393,10 @@ impl Backend for CudaBackend {
         self.mem_info().ok()
     }
 
+    fn gemm_plans(&self) -> usize {
+        self.lt.num_plans()
+    }
+
     fn vmm(&self) -> Result<Arc<dyn Vmm>> {
         let mut v = self.vmm.lock().unwrap_or_else(|e| e.into_inner());
         if v.is_none() {

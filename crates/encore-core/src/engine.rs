@@ -1,0 +1,199 @@
+//! Start-up in one readable order, so the first request runs as fast as a warm one:
+//!
+//! 1. sizes: the memory a run of this configuration needs, checked against the device
+//!    (or host) before anything is allocated;
+//! 2. weights, loaded (with progress) and wrapped in the model;
+//! 3. KV cache: a fixed number of blocks, or a fraction of the device memory still free
+//!    after the weights, minus the step's activations;
+//! 4. the runner (cache, block manager, step inputs, graph executor and its arena);
+//! 5. warm-up and capture: every decode and token bucket is captured now (each capture
+//!    runs the step eagerly first, which plans its GEMMs and maps its memory), and the LM
+//!    head's row counts are planned, so no GEMM is planned during a request — or, with
+//!    on-demand capture, each bucket on its first use.
+//!
+//! Commands and the server build an [`Engine`] instead of assembling the pieces.
+
+use std::time::Instant;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::kv::{KvCache, KvCacheConfig};
+use crate::memory::{GraphMemory, MemoryLimit, MemoryNeed};
+use crate::model::llama::Model;
+use crate::model::weights;
+use crate::model::ModelFiles;
+use crate::progress::{Progress, Unit};
+use crate::runner::{GraphConfig, Runner, RunnerConfig};
+use crate::tensor::DType;
+
+/// How many KV blocks the cache gets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KvSizing {
+    /// Exactly this many (the CPU backend, tests, fixed workloads).
+    Blocks(usize),
+    /// `fraction` of the device memory free after the weights, less the activations; at
+    /// least `at_least` blocks (an error otherwise). Backends that report no device
+    /// memory (the CPU) get `at_least`.
+    DeviceFraction { fraction: f64, at_least: usize },
+}
+
+/// Everything a start-up needs besides the backend and the model files.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub dtype: DType,
+    pub block_size: usize,
+    /// Most tokens in one step (the largest token bucket).
+    pub max_tokens_per_step: usize,
+    /// Most sequences in one step (the largest decode bucket).
+    pub max_seqs: usize,
+    /// Longest sequence, prompt and output.
+    pub max_seq_len: usize,
+    pub kv: KvSizing,
+    /// `None`: every step eager.
+    pub graphs: Option<GraphConfig>,
+    pub graph_memory: GraphMemory,
+    /// Capture every bucket at start-up (`false`: on first use).
+    pub capture_all: bool,
+    pub verify_graphs: bool,
+    /// Bytes the caller allocates beside the engine, checked with it.
+    pub extra_bytes: usize,
+    /// What this run is and what to lower when it does not fit, for the memory error
+    /// (e.g. "generate (3 prompts)", "lower --max-seq-len").
+    pub run_name: String,
+    pub fix_hint: String,
+}
+
+/// What start-up did and how long each part took.
+#[derive(Clone, Debug, Default)]
+pub struct BootReport {
+    pub need: MemoryNeed,
+    pub load_secs: f64,
+    pub kv_blocks: usize,
+    /// Warm-up and capture of every bucket (0 with on-demand capture).
+    pub capture_secs: f64,
+    pub total_secs: f64,
+}
+
+/// A model ready to serve: the runner with its cache, inputs and graphs.
+pub struct Engine<'b> {
+    pub runner: Runner<'b>,
+    pub report: BootReport,
+}
+
+impl<'b> Engine<'b> {
+    /// Start up in the order of the module docs; `progress` sees the weight loading and
+    /// the graph capture.
+    pub fn new(
+        be: &'b dyn Backend,
+        files: ModelFiles<'_>,
+        cfg: &EngineConfig,
+        progress: &dyn Progress,
+    ) -> Result<Self> {
+        let t0 = Instant::now();
+        let mcfg = files.config;
+        if cfg.max_seq_len > mcfg.max_position_embeddings {
+            return Err(Error::invalid(
+                "engine",
+                format!(
+                    "max_seq_len {} exceeds the model's {} positions",
+                    cfg.max_seq_len, mcfg.max_position_embeddings
+                ),
+            ));
+        }
+        let kv_cfg = KvCacheConfig {
+            num_layers: mcfg.num_layers,
+            num_kv_heads: mcfg.num_kv_heads,
+            head_dim: mcfg.head_dim,
+            block_size: cfg.block_size,
+            dtype: cfg.dtype,
+        };
+        let min_blocks = match cfg.kv {
+            KvSizing::Blocks(n) => n,
+            KvSizing::DeviceFraction { at_least, .. } => at_least,
+        };
+        let mut rcfg = RunnerConfig {
+            block_size: cfg.block_size,
+            num_blocks: min_blocks,
+            max_tokens_per_step: cfg.max_tokens_per_step,
+            max_seqs: cfg.max_seqs,
+            max_seq_len: cfg.max_seq_len,
+        };
+        // 1. Sizes, before anything is allocated.
+        let mut need = rcfg.memory_need(be, &mcfg, cfg.dtype);
+        need.activations = need.activations.saturating_add(cfg.extra_bytes);
+        if let Some(limit) = MemoryLimit::of(be) {
+            need.check(&cfg.run_name, &limit, &cfg.fix_hint)?;
+        }
+
+        // 2. Weights.
+        let t = Instant::now();
+        let w = weights::load(be, &mcfg, files.source, cfg.dtype, progress)?;
+        be.synchronize()?;
+        let load_secs = t.elapsed().as_secs_f64();
+        let model = Model::new(be, mcfg, w, cfg.max_seq_len)?;
+
+        // 3. The KV cache.
+        if let (KvSizing::DeviceFraction { fraction, .. }, Some((free, _))) =
+            (cfg.kv, be.memory_info())
+        {
+            let budget = (free as f64 * fraction) as usize;
+            let fit =
+                KvCache::num_blocks_for_budget(&kv_cfg, budget.saturating_sub(need.activations));
+            if fit < min_blocks {
+                return Err(Error::OutOfMemory {
+                    device: be.device_name(),
+                    bytes: min_blocks.saturating_mul(kv_cfg.bytes_per_block()),
+                    what: format!(
+                        "the KV cache of {min_blocks} blocks for {}: {fraction} of {:.2} GiB free holds {fit}",
+                        cfg.run_name,
+                        free as f64 / (1u64 << 30) as f64
+                    ),
+                });
+            }
+            rcfg.num_blocks = fit;
+        }
+
+        // 4. The runner.
+        let mut runner = Runner::new(be, model, rcfg)?;
+        runner.set_graph_memory(cfg.graph_memory)?;
+        runner.set_graphs(cfg.graphs.clone());
+        runner.set_verify_graphs(cfg.verify_graphs);
+
+        // 5. Warm-up and capture.
+        let t = Instant::now();
+        if cfg.capture_all && cfg.graphs.is_some() {
+            let keys = runner.graph_keys().len();
+            let bar = crate::progress::Guard::start(
+                progress,
+                "capturing graphs",
+                keys as u64,
+                Unit::Graphs,
+            );
+            runner.capture_all(&mut |done, _| bar.0.set(done as u64))?;
+            drop(bar);
+            be.synchronize()?;
+        }
+        let capture_secs = if cfg.capture_all {
+            t.elapsed().as_secs_f64()
+        } else {
+            0.0
+        };
+        need.kv_blocks = runner.blocks.num_blocks();
+        need.kv_cache = need.kv_blocks.saturating_mul(kv_cfg.bytes_per_block());
+        let report = BootReport {
+            need,
+            load_secs,
+            kv_blocks: runner.blocks.num_blocks(),
+            capture_secs,
+            total_secs: t0.elapsed().as_secs_f64(),
+        };
+        tracing::info!(
+            "engine up in {:.2} s: weights {:.2} s, {} KV blocks, graphs {:.2} s",
+            report.total_secs,
+            report.load_secs,
+            report.kv_blocks,
+            report.capture_secs
+        );
+        Ok(Engine { runner, report })
+    }
+}
