@@ -39,6 +39,18 @@ for m in ${models//,/ }; do
   .bin/encore bench decode --device cuda --model "dummy:$m" --batch 1,256 --capture-all --json \
     2>>"$OUT/encore-$m.err" | tee -a "$OUT/encore-decode.jsonl" | head -3
 done
+if [[ ",$models," == *",llama-3.2-1b,"* ]]; then
+  # A mixed batch in generate (prompts of 2100, 3 and 12 tokens) against bench decode at
+  # the same batch and the longest context.
+  long=$(python3 -c "print('a' * 2100)")
+  .bin/encore generate --device cuda --model dummy:llama-3.2-1b --prompt "$long" --prompt abc \
+    --prompt "twelve chars" --max-tokens 200 --ignore-eos --capture-all --json \
+    2>"$OUT/mixed.err" >"$OUT/mixed-generate.jsonl"
+  .bin/encore bench decode --device cuda --model dummy:llama-3.2-1b --batch 3 --context 2101 \
+    --json 2>>"$OUT/mixed.err" >"$OUT/mixed-decode.jsonl"
+  .bin/encore bench decode --device cuda --model dummy:llama-3.2-1b --batch 3 --context 128 \
+    --json 2>>"$OUT/mixed.err" >>"$OUT/mixed-decode.jsonl"
+fi
 if [ $hf = 1 ]; then
   echo "== transformers"
   python3 scripts/hf_prefill_bench.py --models "$models" --tokens $TOKENS --batch 1,4 \
@@ -66,4 +78,12 @@ for r in enc:
     hfm = h["prefill_ms"] if h else float("nan")
     pc = r["piecewise_ms"] if r["piecewise_ms"] is not None else r["eager_ms"]
     print(f"{m:<22}{r['tokens']:>5}{r['batch']:>3}{str(r['bucket']):>7}{r['eager_ms']:>8.2f}{pc:>8.2f}{r['cold_ms']:>8.2f}{hfm:>8.2f}{hfm/pc:>7.2f}{str(r['matches_eager']):>6}")
+gen = lines(f"{out}/mixed-generate.jsonl")
+dec = [r for r in lines(f"{out}/mixed-decode.jsonl") if "graph_step_ms" in r]
+if gen:
+    g = gen[0]
+    step = g["decode_ms"] / max(1, len(g["output_ids"]) - 1)
+    print(f"generate 1B, prompts of {[len(x['prompt_ids']) for x in gen]} tokens: prefill {g['prefill_ms']:.1f} ms, decode {step:.3f} ms/step")
+    for d in dec:
+        print(f"bench decode 1B batch {d['batch']} context {d['context']}: graph {d['graph_step_ms']:.3f} ms/step (generate / bench = {step / d['graph_step_ms']:.2f})")
 PY

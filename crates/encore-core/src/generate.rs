@@ -76,7 +76,7 @@ pub fn generate(
             return Err(Error::invalid(
                 "generate",
                 format!(
-                    "prompt {i} has {} tokens; the context limit is {} (raise --max-seq-len)",
+                    "prompt {i} has {} tokens; the context limit (max_seq_len) is {}",
                     p.len(),
                     cfg.max_seq_len
                 ),
@@ -87,7 +87,7 @@ pub fn generate(
         return Err(Error::invalid(
             "generate",
             format!(
-                "{} prompts exceed --max-batch {}",
+                "{} prompts exceed the runner's {} sequences (max_seqs)",
                 prompts.len(),
                 cfg.max_seqs
             ),
@@ -102,7 +102,7 @@ pub fn generate(
     if needed > runner.blocks.num_free_blocks() {
         return Err(Error::OutOfBlocks {
             what: format!(
-                "{} prompts with --max-tokens {}",
+                "{} prompts with up to {} new tokens each",
                 prompts.len(),
                 opts.max_tokens
             ),

@@ -1,17 +1,18 @@
-//! `encore bench capture`: the memory of captured decode graphs under each graph-memory
-//! strategy (`private`, `multi-va`, `arena`), in the same engine on the same buckets:
-//! physical bytes, reserved virtual bytes, capture time and mapping cost, beside the
-//! largest single bucket's need (its measured arena peak) and the sum of all needs.
+//! `encore bench capture`: the memory of captured graphs — decode buckets and the pieces of
+//! prefill token buckets — under each graph-memory strategy (`private`, `multi-va`,
+//! `arena`), in the same engine on the same buckets: physical bytes, reserved virtual
+//! bytes, capture time and mapping cost, beside the largest single bucket's need (its
+//! measured arena peak) and the sum of all needs.
 
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use encore_core::graph::BucketPolicy;
+use encore_core::graph::{BucketPolicy, Key, Phase};
 use encore_core::memory::GraphMemory;
 use encore_core::model::llama::Model;
 use encore_core::model::weights;
-use encore_core::runner::{Runner, RunnerConfig};
+use encore_core::runner::{GraphConfig, Runner, RunnerConfig};
 use encore_core::DType;
 
 use crate::out::outln;
@@ -28,6 +29,13 @@ pub struct BenchCaptureArgs {
     /// The largest batch (caps `vllm` and `pow2`; a list's largest size wins if larger).
     #[arg(long, default_value = "256", value_parser = parse::count::<1, { MAX_BATCH }>, allow_negative_numbers = true)]
     max_batch: usize,
+    /// Prefill token buckets captured as pieces beside the decode buckets: sglang, pow2,
+    /// none, or a comma-separated list, up to --max-tokens.
+    #[arg(long, default_value = "sglang")]
+    prefill_buckets: String,
+    /// The largest prefill token bucket (caps `sglang` and `pow2`).
+    #[arg(long, default_value = "2048", value_parser = parse::count::<1, { MAX_BATCH }>, allow_negative_numbers = true)]
+    max_tokens: usize,
     /// Capture order: ascending (every capture grows the memory), descending, shuffled.
     #[arg(long, default_value = "ascending", value_parser = ["ascending", "descending", "shuffled"])]
     order: String,
@@ -66,23 +74,50 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
         a.max_batch,
         BucketPolicy::VllmLike { max: a.max_batch },
     )?;
-    let mut buckets = listed.buckets();
+    let buckets = listed.buckets();
     let max_batch = buckets.iter().copied().max().unwrap_or(1).max(a.max_batch);
     if max_batch > MAX_BATCH {
         bail!("--buckets: the largest bucket {max_batch} exceeds {MAX_BATCH}");
     }
     let policy = BucketPolicy::Explicit(buckets.clone());
+    let prefill = BucketPolicy::parse(
+        "--prefill-buckets",
+        &a.prefill_buckets,
+        a.max_tokens,
+        BucketPolicy::SglangLike { max: a.max_tokens },
+    )?;
+    let token_buckets = prefill.buckets();
+    let max_tokens = token_buckets.iter().copied().max().unwrap_or(0);
+    if max_tokens > MAX_BATCH {
+        bail!("--prefill-buckets: the largest bucket {max_tokens} exceeds {MAX_BATCH}");
+    }
+    let graphs = GraphConfig {
+        decode: policy.clone(),
+        mixed: BucketPolicy::Explicit(token_buckets.clone()),
+    };
+    // Decode buckets, then token buckets, each ascending; then put in --order.
+    let mut keys: Vec<Key> = buckets
+        .iter()
+        .map(|&bucket| Key {
+            phase: Phase::Decode,
+            bucket,
+        })
+        .chain(token_buckets.iter().map(|&bucket| Key {
+            phase: Phase::Mixed,
+            bucket,
+        }))
+        .collect();
     match a.order.as_str() {
         "ascending" => {}
-        "descending" => buckets.reverse(),
+        "descending" => keys.reverse(),
         "shuffled" => {
             // A fixed permutation (reproducible): an LCG-driven Fisher-Yates.
             let mut s = 0x9e37_79b9_7f4a_7c15u64;
-            for i in (1..buckets.len()).rev() {
+            for i in (1..keys.len()).rev() {
                 s = s
                     .wrapping_mul(6_364_136_223_846_793_005)
                     .wrapping_add(1_442_695_040_888_963_407);
-                buckets.swap(i, (s >> 33) as usize % (i + 1));
+                keys.swap(i, (s >> 33) as usize % (i + 1));
             }
         }
         o => bail!("--order `{o}`: expected ascending, descending or shuffled"),
@@ -102,7 +137,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
     let runner_cfg = RunnerConfig {
         block_size: 16,
         num_blocks: 1 + max_batch,
-        max_tokens_per_step: max_batch,
+        max_tokens_per_step: max_batch.max(max_tokens),
         max_seqs: max_batch,
         max_seq_len: a.max_seq_len,
     };
@@ -113,16 +148,20 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
         need.activations = buckets
             .iter()
             .map(|&b| Model::arena_bytes_for(&cfg, dtype, be, b, b, table_width, 16))
+            .chain(token_buckets.iter().map(|&t| {
+                Model::arena_bytes_for(&cfg, dtype, be, t, t.min(max_batch), table_width, 16)
+            }))
             .fold(need.activations, usize::saturating_add);
     }
     crate::model_arg::check_memory(
         be,
         &need,
         &format!(
-            "bench capture --max-batch {max_batch} ({} buckets)",
-            buckets.len()
+            "bench capture --max-batch {max_batch} --max-tokens {max_tokens} ({} decode and {} token buckets)",
+            buckets.len(),
+            token_buckets.len()
         ),
-        "lower --max-batch or --max-seq-len, or leave out the private strategy",
+        "lower --max-batch, --max-tokens or --max-seq-len, or leave out the private strategy",
     )?;
     let w = weights::load(
         be,
@@ -136,12 +175,13 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
     let granularity = be.vmm()?.granularity();
     if !a.json {
         outln!(
-            "{} on {}, {dtype}: {} buckets ({} .. {}), captured {}, granularity {} KiB",
+            "{} on {}, {dtype}: {} decode buckets ({} .. {}) and {} token buckets (.. {max_tokens}), captured {}, granularity {} KiB",
             a.model,
             be.device_name(),
             buckets.len(),
             buckets.iter().min().unwrap_or(&0),
             max_batch,
+            token_buckets.len(),
             a.order,
             granularity >> 10
         )?;
@@ -162,14 +202,14 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
     }
     for &strategy in &a.strategies {
         // A fresh arena (and no graphs) per strategy: the previous one is released first.
-        runner.set_graph_mode(None);
+        runner.set_graphs(None);
         runner.set_graph_memory(strategy)?;
-        runner.set_graph_mode(Some(policy.clone()));
+        runner.set_graphs(Some(graphs.clone()));
         be.synchronize()?;
         let free_before = be.memory_info().map(|(f, _)| f);
         let t = Instant::now();
-        for &b in &buckets {
-            runner.capture_bucket(b)?;
+        for &k in &keys {
+            runner.capture_key(k)?;
         }
         be.synchronize()?;
         let total_secs = t.elapsed().as_secs_f64();
@@ -179,8 +219,8 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
             .map(|(b, a)| b.saturating_sub(a));
         let m = runner.graph_memory_stats();
         let g = runner.graph_stats().unwrap_or_default();
-        let needs = runner.captured_buckets();
-        let largest = needs.iter().max_by_key(|(r, _)| *r).map_or(0, |&(_, n)| n);
+        let needs = runner.captured();
+        let largest = needs.iter().map(|&(_, n)| n).max().unwrap_or(0);
         let sum: usize = needs.iter().map(|&(_, n)| n).sum();
         if a.json {
             outln!(
@@ -188,6 +228,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
                 serde_json::json!({
                     "strategy": strategy.name(), "model": a.model, "device": be.device_name(),
                     "dtype": dtype.to_string(), "order": a.order, "buckets": buckets,
+                    "token_buckets": token_buckets, "pieces": g.pieces,
                     "physical_bytes": m.physical_bytes, "virtual_bytes": m.virtual_bytes,
                     "chunks": m.chunks, "ranges": m.ranges, "granularity": m.granularity,
                     "capture_seconds": g.capture_secs, "total_seconds": total_secs,

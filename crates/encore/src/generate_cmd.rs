@@ -165,6 +165,18 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         );
     }
 
+    if let Some((i, p)) = prompts
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.len() >= max_seq_len)
+    {
+        bail!(
+            "prompt {} has {} tokens; the context limit is --max-seq-len {max_seq_len} (raise it)",
+            i + 1,
+            p.len()
+        );
+    }
+
     // The KV cache holds what the batch needs (on CUDA: a fraction of free memory, at
     // least the need). Weights, cache and activations must fit before anything loads.
     let per_seq = |p: &Vec<u32>| {

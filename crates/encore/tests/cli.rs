@@ -207,6 +207,8 @@ fn bench_capture_reports_every_strategy() {
         "f32",
         "--buckets",
         "1,2,4,8,16,32",
+        "--prefill-buckets",
+        "16,64",
         "--order",
         "descending",
         "--json",
@@ -219,6 +221,9 @@ fn bench_capture_reports_every_strategy() {
     let get = |name: &str, key: &str| -> u64 {
         let row = rows.iter().find(|r| r["strategy"] == name).unwrap();
         assert_eq!(row["buckets"].as_array().unwrap().len(), 6);
+        assert_eq!(row["token_buckets"].as_array().unwrap().len(), 2);
+        // 6 decode graphs + 2 token buckets of (layers + 1) pieces each.
+        assert!(row["pieces"].as_u64().unwrap() > 8, "{row}");
         assert!(row["capture_seconds"].as_f64().unwrap() > 0.0);
         row[key].as_u64().unwrap()
     };
