@@ -3,9 +3,10 @@
 //! 1. sizes: the memory a run of this configuration needs, checked against the device
 //!    (or host) before anything is allocated;
 //! 2. weights, loaded (with progress) and wrapped in the model;
-//! 3. KV cache: a fixed number of blocks, or a fraction of the device memory still free
-//!    after the weights, minus the step's activations;
-//! 4. the runner (cache, block manager, step inputs, graph executor and its arena);
+//! 3. the runner (cache, block manager, step inputs, graph executor and its arena);
+//! 4. KV cache: a fixed number of blocks, or — measured — a fraction of the device memory
+//!    free after the weights and one eager step of the largest shape (which maps the
+//!    arena's whole need and creates every lazily allocated workspace);
 //! 5. warm-up and capture: every decode and token bucket is captured now (each capture
 //!    runs the step eagerly first, which plans its GEMMs and maps its memory), and the LM
 //!    head's row counts are planned, so no GEMM is planned during a request — or, with
@@ -31,7 +32,8 @@ use crate::tensor::DType;
 pub enum KvSizing {
     /// Exactly this many (the CPU backend, tests, fixed workloads).
     Blocks(usize),
-    /// `fraction` of the device memory free after the weights, less the activations; at
+    /// `fraction` of the device memory free after the weights and a warm-up step of the
+    /// largest shape (measured, so activations and workspaces are already taken); at
     /// least `at_least` blocks (an error otherwise). Backends that report no device
     /// memory (the CPU) get `at_least`.
     DeviceFraction { fraction: f64, at_least: usize },
@@ -111,7 +113,7 @@ impl<'b> Engine<'b> {
             KvSizing::Blocks(n) => n,
             KvSizing::DeviceFraction { at_least, .. } => at_least,
         };
-        let mut rcfg = RunnerConfig {
+        let rcfg = RunnerConfig {
             block_size: cfg.block_size,
             num_blocks: min_blocks,
             max_tokens_per_step: cfg.max_tokens_per_step,
@@ -132,30 +134,30 @@ impl<'b> Engine<'b> {
         let load_secs = t.elapsed().as_secs_f64();
         let model = Model::new(be, mcfg, w, cfg.max_seq_len)?;
 
-        // 3. The KV cache.
-        if let (KvSizing::DeviceFraction { fraction, .. }, Some((free, _))) =
-            (cfg.kv, be.memory_info())
-        {
-            let budget = (free as f64 * fraction) as usize;
-            let fit =
-                KvCache::num_blocks_for_budget(&kv_cfg, budget.saturating_sub(need.activations));
+        // 3. The runner, with the smallest cache.
+        let mut runner = Runner::new(be, model, rcfg)?;
+        runner.set_graph_memory(cfg.graph_memory)?;
+
+        // 4. The KV cache, sized from the memory free after the largest step.
+        if let (KvSizing::DeviceFraction { fraction, .. }, Some(_)) = (cfg.kv, be.memory_info()) {
+            runner.warm_largest()?;
+            let (free, _) = be.memory_info().unwrap_or((0, 0));
+            let have = runner.kv.size_bytes();
+            let budget = (free as f64 * fraction) as usize + have;
+            let fit = KvCache::num_blocks_for_budget(&kv_cfg, budget);
             if fit < min_blocks {
                 return Err(Error::OutOfMemory {
                     device: be.device_name(),
                     bytes: min_blocks.saturating_mul(kv_cfg.bytes_per_block()),
                     what: format!(
-                        "the KV cache of {min_blocks} blocks for {}: {fraction} of {:.2} GiB free holds {fit}",
+                        "the KV cache of {min_blocks} blocks for {}: {fraction} of {:.2} GiB free after warm-up holds {fit}",
                         cfg.run_name,
                         free as f64 / (1u64 << 30) as f64
                     ),
                 });
             }
-            rcfg.num_blocks = fit;
+            runner.resize_kv(fit)?;
         }
-
-        // 4. The runner.
-        let mut runner = Runner::new(be, model, rcfg)?;
-        runner.set_graph_memory(cfg.graph_memory)?;
         runner.set_graphs(cfg.graphs.clone());
         runner.set_verify_graphs(cfg.verify_graphs);
 

@@ -628,6 +628,41 @@ impl<'b> Runner<'b> {
         Ok(())
     }
 
+    /// Run one all-padding step of the largest shape eagerly: it maps the arena's whole
+    /// need and creates whatever a step allocates on first use, so the device memory
+    /// free after it is what the KV cache may take (see [`Runner::resize_kv`]).
+    pub fn warm_largest(&mut self) -> Result<()> {
+        let layout = self.inputs.layout(
+            self.cfg.max_tokens_per_step.max(self.cfg.max_seqs),
+            self.cfg.max_seqs,
+        );
+        self.pad_only(&layout, 1)?;
+        let step = forward_step(parts!(self), &layout, false, Shape::Whole, 1)?;
+        self.exec.eager(&step)?;
+        self.be.synchronize()
+    }
+
+    /// Replace the KV cache (and its block manager) with one of `num_blocks` blocks. Only
+    /// before any sequence holds blocks; drops every captured graph (they write the old
+    /// cache).
+    pub fn resize_kv(&mut self, num_blocks: usize) -> Result<()> {
+        if self.blocks.num_seqs() > 0 {
+            return Err(Error::invalid(
+                "runner.resize_kv",
+                format!("{} sequences still hold KV blocks", self.blocks.num_seqs()),
+            ));
+        }
+        let blocks = BlockManager::new(num_blocks, self.cfg.block_size)?;
+        self.exec.clear();
+        let kv_cfg = *self.kv.config();
+        // Free the old cache before allocating the new one.
+        self.kv = KvCache::new(self.be, kv_cfg, 1)?;
+        self.kv = KvCache::new(self.be, kv_cfg, num_blocks)?;
+        self.blocks = blocks;
+        self.cfg.num_blocks = num_blocks;
+        Ok(())
+    }
+
     /// Debug check: after every graph replay, run the same step eagerly (unpadded) and
     /// fail if any row's logits differ by more than the dtype's tolerance (normalised
     /// error; f32 1e-4, bf16/f16 3e-2). The tokens returned are the replay's, the logits

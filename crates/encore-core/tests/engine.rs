@@ -40,7 +40,10 @@ struct Log(Mutex<Vec<String>>);
 
 impl Progress for Log {
     fn start(&self, what: &str, total: u64, unit: Unit) {
-        self.0.lock().unwrap().push(format!("start {what} {total} {unit:?}"));
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("start {what} {total} {unit:?}"));
     }
     fn set(&self, _: u64) {}
     fn finish(&self) {
@@ -55,9 +58,15 @@ fn start_up_captures_everything_and_the_first_requests_replay() {
     let files = open_model("dummy:tiny").unwrap();
     let Engine { mut runner, report } = Engine::new(&cpu, files, &config(), &log).unwrap();
     let events = log.0.lock().unwrap().clone();
-    assert!(events[0].starts_with("start generating dummy weights") && events[0].ends_with("Bytes"), "{events:?}");
+    assert!(
+        events[0].starts_with("start generating dummy weights") && events[0].ends_with("Bytes"),
+        "{events:?}"
+    );
     // 3 decode buckets (1, 2, 4) and 4..32 step 4 + 48..128 step 16 token buckets.
-    assert!(events.contains(&"start capturing graphs 17 Graphs".to_string()), "{events:?}");
+    assert!(
+        events.contains(&"start capturing graphs 17 Graphs".to_string()),
+        "{events:?}"
+    );
     assert_eq!(events.iter().filter(|e| *e == "finish").count(), 2);
     assert_eq!(report.kv_blocks, 65);
     assert!(report.capture_secs > 0.0 && report.total_secs >= report.capture_secs);
@@ -95,7 +104,11 @@ fn start_up_captures_everything_and_the_first_requests_replay() {
         last = runner.step(&batch).unwrap();
     }
     let after = runner.graph_stats().unwrap();
-    assert_eq!((after.captures, after.misses, after.hits), (17, 0, 4), "{after:?}");
+    assert_eq!(
+        (after.captures, after.misses, after.hits),
+        (17, 0, 4),
+        "{after:?}"
+    );
     assert_eq!(runner.phase_stats(Phase::Mixed).unwrap().hits, 1);
 }
 
@@ -109,7 +122,10 @@ fn start_up_refuses_what_cannot_fit_before_loading() {
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("engine test") && e.contains("use a smaller test"), "{e}");
+    assert!(
+        e.contains("engine test") && e.contains("use a smaller test"),
+        "{e}"
+    );
     assert!(log.0.lock().unwrap().is_empty(), "nothing loaded");
     let mut cfg = config();
     cfg.max_seq_len = 1 << 20;
@@ -134,4 +150,28 @@ fn on_demand_capture_leaves_buckets_for_first_use() {
     .unwrap();
     assert_eq!(report.capture_secs, 0.0);
     assert_eq!(runner.graph_stats().unwrap().captures, 0);
+}
+
+#[test]
+fn resize_kv_only_before_sequences_hold_blocks() {
+    let cpu = CpuBackend::new();
+    let mut cfg = config();
+    cfg.capture_all = false;
+    let Engine { mut runner, .. } = Engine::new(
+        &cpu,
+        open_model("dummy:tiny").unwrap(),
+        &cfg,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
+    runner.warm_largest().unwrap();
+    runner.resize_kv(100).unwrap();
+    assert_eq!(
+        (runner.kv.num_blocks(), runner.blocks.num_blocks()),
+        (100, 100)
+    );
+    assert_eq!(runner.config().num_blocks, 100);
+    runner.blocks.allocate(SeqId(0), 5).unwrap();
+    let e = runner.resize_kv(10).unwrap_err().to_string();
+    assert!(e.contains("1 sequences still hold"), "{e}");
 }

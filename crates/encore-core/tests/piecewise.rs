@@ -431,7 +431,11 @@ fn cuda_engine_start_up_leaves_nothing_to_plan() {
         max_tokens_per_step: 512,
         max_seqs: 8,
         max_seq_len: 512,
-        kv: KvSizing::Blocks(1 + 8 * 32),
+        // Sized from the memory left after a warm-up step of the largest shape.
+        kv: KvSizing::DeviceFraction {
+            fraction: 0.05,
+            at_least: 1 + 8 * 32,
+        },
         graphs: Some(GraphConfig {
             decode: BucketPolicy::VllmLike { max: 8 },
             mixed: BucketPolicy::SglangLike { max: 512 },
@@ -447,6 +451,8 @@ fn cuda_engine_start_up_leaves_nothing_to_plan() {
     let Engine { mut runner, report } =
         Engine::new(&be, files, &cfg, &encore_core::progress::NoProgress).unwrap();
     assert!(report.capture_secs > 0.0);
+    assert!(report.kv_blocks > 1 + 8 * 32, "{report:?}");
+    assert_eq!(runner.kv.num_blocks(), report.kv_blocks);
     let plans = be.gemm_plans();
     assert!(plans > 0);
     let prompts: Vec<Vec<u32>> = vec![vec![5; 300], vec![7; 3], vec![9; 12]];
