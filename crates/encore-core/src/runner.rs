@@ -655,9 +655,17 @@ impl<'b> Runner<'b> {
         let blocks = BlockManager::new(num_blocks, self.cfg.block_size)?;
         self.exec.clear();
         let kv_cfg = *self.kv.config();
-        // Free the old cache before allocating the new one.
-        self.kv = KvCache::new(self.be, kv_cfg, 1)?;
-        self.kv = KvCache::new(self.be, kv_cfg, num_blocks)?;
+        // Free the old cache before allocating the new one (the smallest valid cache in
+        // between); when the new one cannot be had, the old size is restored.
+        let old = self.kv.num_blocks();
+        self.kv = KvCache::new(self.be, kv_cfg, 2)?;
+        match KvCache::new(self.be, kv_cfg, num_blocks) {
+            Ok(kv) => self.kv = kv,
+            Err(e) => {
+                self.kv = KvCache::new(self.be, kv_cfg, old)?;
+                return Err(e);
+            }
+        }
         self.blocks = blocks;
         self.cfg.num_blocks = num_blocks;
         Ok(())
