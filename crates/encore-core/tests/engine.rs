@@ -13,6 +13,8 @@ use encore_core::runner::{GraphConfig, SamplingParams, SeqStep};
 use encore_core::DType;
 use std::sync::Mutex;
 
+mod common;
+
 fn config() -> EngineConfig {
     EngineConfig {
         dtype: DType::F32,
@@ -89,19 +91,7 @@ fn start_up_captures_everything_and_the_first_requests_replay() {
         .collect();
     let mut last = runner.step(&steps).unwrap();
     for step in 1..4u64 {
-        let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
-        let batch: Vec<SeqStep<'_>> = (0..2)
-            .map(|i| {
-                runner.blocks.append(SeqId(i as u64), 1).unwrap();
-                SeqStep {
-                    seq: SeqId(i as u64),
-                    tokens: &toks[i],
-                    sampling: SamplingParams::default(),
-                    step,
-                }
-            })
-            .collect();
-        last = runner.step(&batch).unwrap();
+        last = common::decode_step(&mut runner, &last, SamplingParams::default(), step);
     }
     let after = runner.graph_stats().unwrap();
     assert_eq!(

@@ -202,19 +202,7 @@ fn verify_graphs_checks_every_replay_against_eager() {
         );
     }
     for step in 1..6u64 {
-        let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
-        let batch: Vec<SeqStep<'_>> = (0..3)
-            .map(|i| {
-                r.blocks.append(SeqId(i as u64), 1).unwrap();
-                SeqStep {
-                    seq: SeqId(i as u64),
-                    tokens: &toks[i],
-                    sampling: greedy,
-                    step,
-                }
-            })
-            .collect();
-        last = r.step(&batch).unwrap();
+        last = common::decode_step(&mut r, &last, greedy, step);
     }
     let s = r.graph_stats().unwrap();
     assert_eq!(s.verified, 5, "{s:?}");

@@ -463,19 +463,7 @@ fn cuda_engine_start_up_leaves_nothing_to_plan() {
     );
     let mut last = vec![1u32; 3];
     for step in 0..5u64 {
-        let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
-        let batch: Vec<SeqStep<'_>> = (0..3)
-            .map(|i| {
-                runner.blocks.append(SeqId(i as u64), 1).unwrap();
-                SeqStep {
-                    seq: SeqId(i as u64),
-                    tokens: &toks[i],
-                    sampling: SamplingParams::default(),
-                    step: 10 + step,
-                }
-            })
-            .collect();
-        last = runner.step(&batch).unwrap();
+        last = common::decode_step(&mut runner, &last, SamplingParams::default(), 10 + step);
     }
     assert_eq!(
         be.gemm_plans(),

@@ -1,4 +1,6 @@
-//! Set-up shared by the runner-level graph tests (`graph.rs`, `graph_memory.rs`).
+//! Set-up shared by the runner-level tests (`graph.rs`, `graph_memory.rs`, `piecewise.rs`,
+//! `engine.rs`); not every file uses every helper.
+#![allow(dead_code)]
 
 use encore_core::graph::BucketPolicy;
 use encore_core::model::config::ModelConfig;
@@ -39,4 +41,30 @@ pub fn tiny_runner(be: &dyn Backend) -> Runner<'_> {
 /// The bucket policy both test files capture with.
 pub fn buckets() -> BucketPolicy {
     BucketPolicy::parse("buckets", "1,2,4,8,16", 16, BucketPolicy::None).unwrap()
+}
+
+/// One decode step of sequences `SeqId(0)..SeqId(last.len())`, each fed its last token
+/// (one slot appended first); returns the sampled tokens.
+pub fn decode_step(
+    r: &mut Runner<'_>,
+    last: &[u32],
+    sampling: encore_core::runner::SamplingParams,
+    step: u64,
+) -> Vec<u32> {
+    let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+    let batch: Vec<encore_core::runner::SeqStep<'_>> = toks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let seq = encore_core::kv::SeqId(i as u64);
+            r.blocks.append(seq, 1).unwrap();
+            encore_core::runner::SeqStep {
+                seq,
+                tokens: t,
+                sampling,
+                step,
+            }
+        })
+        .collect();
+    r.step(&batch).unwrap()
 }
