@@ -22,11 +22,11 @@
 //
 // A CTA owns 128 query rows of one query head h (KV head h / group), staged once into
 // shared memory. Warp w owns rows 32w..32w+31 of the tile as two m16 tiles, so every K / V
-// fragment read from shared memory feeds two mma. S = Q K^T for 64 keys at a time (Q's A
-// and K's B fragments by ldmatrix, 8 n-tiles of 8 keys per m16 tile, f32), scaled into
+// fragment read from shared memory feeds two mma. S = Q K^T for 32 keys at a time (Q's A
+// and K's B fragments by ldmatrix, 4 n-tiles of 8 keys per m16 tile, f32), scaled into
 // log2 units, online softmax per row (running max / sum in f32; O is rescaled only when
 // some row max of the warp grew), P rounded to T as the A operand of O += P V (the S
-// accumulators are exactly P's A fragments), O in f32 registers. K and V tiles of 64 keys
+// accumulators are exactly P's A fragments), O in f32 registers. K and V tiles of 32 keys
 // are gathered from the paged cache with 16-byte cp.async copies (zero-filled for invalid
 // keys) into two shared buffers with rows padded to HD + 8 elements (conflict-free
 // ldmatrix); V's B fragments come from ldmatrix.trans. Tile j + 1 streams in while tile j
@@ -44,7 +44,7 @@
 #define FA_THREADS 128
 #define FA_BM 128  // query rows per CTA
 #define FA_WM 32   // query rows per warp (two m16 tiles)
-#define FA_BN 64   // keys per tile
+#define FA_BN 32   // keys per tile
 // Dynamic shared memory per CTA: Q (FA_BM rows), two K and two V buffers (FA_BN rows
 // each), rows padded to HD + 8 elements, then sOk[2][FA_BN]. `fa_smem_bytes` in
 // kernels.rs mirrors this.
@@ -112,7 +112,7 @@ __device__ __forceinline__ void attention_prefill_impl(
     constexpr int KT = HD / 16;        // k-steps of Q K^T
     constexpr int ND = HD / 8;         // n-tiles of O
     constexpr int NS = FA_BN / 8;      // n-tiles of S
-    static_assert(FA_BM == 4 * FA_WM && FA_WM == 32 && FA_BN == 64, "tile shape");
+    static_assert(FA_BM == 4 * FA_WM && FA_WM == 32 && FA_BN == 32, "tile shape");
 
     extern __shared__ __align__(16) unsigned char fa_smem[];
     T* sQ = reinterpret_cast<T*>(fa_smem);
@@ -197,7 +197,7 @@ __device__ __forceinline__ void attention_prefill_impl(
     const long long tok_stride = (long long)num_kv_heads * HD;
     const long long head_off = (long long)kvh * HD + (tid % CPR) * 8;  // + this thread's part
 
-    // Gather the K and V rows of keys kt..kt+63 into buffer b (zeros for invalid keys)
+    // Gather the K and V rows of keys kt..kt + FA_BN - 1 into buffer b (zeros for invalid keys)
     // and record each key's validity in sOk[b].
     auto issue = [&](int kt, int b) {
         T* dk = sK + b * FA_BN * LD;
@@ -262,7 +262,7 @@ __device__ __forceinline__ void attention_prefill_impl(
         // This warp's work on the tile: none when no row of it sees a key of the tile; no
         // per-key masking when every row sees every key and every key's block is valid.
         const int* okb = sOk + buf * FA_BN;
-        const bool all_ok = __all_sync(FULL_MASK, (okb[lane] & okb[lane + 32]) != 0);
+        const bool all_ok = __all_sync(FULL_MASK, okb[lane] != 0);
         const bool work = active && kt < w_hi1 && kt + FA_BN > w_lo0;
         const bool full = all_ok && kt >= w_lo1 && kt + FA_BN <= w_hi0;
 

@@ -705,7 +705,7 @@ fn window_arg(window: Option<usize>) -> i32 {
 /// Query rows per CTA of `attention_prefill_*` (`FA_BM` in attention_prefill.cu).
 const FA_BM: usize = 128;
 /// Keys per K/V tile of `attention_prefill_*` (`FA_BN`).
-const FA_BN: usize = 64;
+const FA_BN: usize = 32;
 /// Threads per CTA of `attention_prefill_*` (`FA_THREADS`).
 const FA_THREADS: u32 = 128;
 
