@@ -9,25 +9,31 @@
 // outside every sequence (padding) write zeros; keys in blocks whose id is outside
 // 0..num_blocks contribute nothing (never read; masked out of the softmax).
 //
-// Launch: grid (ceil(rows / 64) + num_seqs, num_heads), 128 threads (4 warps), shapes only.
-// Work item x of the grid is found by scanning cu_seqlens_q (device memory): the row ranges
-// [a_s, b_s) (cu clamped to be non-decreasing and within 0..rows, so ranges never overlap)
-// are cut into tiles of 64 rows; x indexes those tiles in sequence order (within a sequence
-// the last tile, the one with the longest context, comes first). The remaining x index
-// 64-row tiles of the rows no sequence covers, which are written as zeros. Sum over s of
-// ceil(len_s / 64) plus ceil(uncovered / 64) never exceeds ceil(rows / 64) + num_seqs, so
-// every tile has a CTA; CTAs with nothing to do return.
+// Launch: grid (num_heads, ceil(rows / 128) + num_seqs), 128 threads (4 warps),
+// FA_SMEM_BYTES(HD) of dynamic shared memory, shapes only. Work item y of the grid is found
+// by scanning cu_seqlens_q (device memory): the row ranges [a_s, b_s) (cu clamped to be
+// non-decreasing and within 0..rows, so ranges never overlap) are cut into tiles of 128
+// rows; y indexes those tiles in sequence order (within a sequence the last tile, the one
+// with the longest context, comes first; tiles are on y so that the hardware dispatches
+// y = 0 of every head first). The remaining y index 128-row tiles of the rows no sequence
+// covers, which are written as zeros. Sum over s of ceil(len_s / 128) plus
+// ceil(uncovered / 128) never exceeds ceil(rows / 128) + num_seqs, so every tile has a
+// CTA; CTAs with nothing to do return.
 //
-// A CTA owns 64 query rows of one query head h (KV head h / group). Warp w owns rows
-// 16w..16w+15 of the tile: Q as mma A fragments in registers (loaded once), S = Q K^T for 64
-// keys at a time (8 n-tiles of 8 keys, f32), masked and scaled into log2 units, online
-// softmax per row (running max / sum in f32), P rounded to T as the A operand of O += P V
-// (the S accumulators are exactly P's A fragments), O in f32 registers. K and V tiles of 64
-// keys are gathered from the paged cache with 16-byte cp.async copies (zero-filled for
-// invalid keys) into shared memory rows padded to HD + 8 elements (conflict-free fragment
-// loads); V's B fragments come from ldmatrix.trans. K(j+1) streams in during softmax and
-// P V of tile j, V(j+1) during Q K^T of tile j+1. Only key tiles overlapping the tile's
-// union of ranges [lo(first row), ctx'(last row)) are visited.
+// A CTA owns 128 query rows of one query head h (KV head h / group), staged once into
+// shared memory. Warp w owns rows 32w..32w+31 of the tile as two m16 tiles, so every K / V
+// fragment read from shared memory feeds two mma. S = Q K^T for 32 keys at a time (Q's A
+// and K's B fragments by ldmatrix, 4 n-tiles of 8 keys per m16 tile, f32), scaled into
+// log2 units, online softmax per row (running max / sum in f32; O is rescaled only when
+// some row max of the warp grew), P rounded to T as the A operand of O += P V (the S
+// accumulators are exactly P's A fragments), O in f32 registers. K and V tiles of 32 keys
+// are gathered from the paged cache with 16-byte cp.async copies (zero-filled for invalid
+// keys) into two shared buffers with rows padded to HD + 8 elements (conflict-free
+// ldmatrix); V's B fragments come from ldmatrix.trans. Tile j + 1 streams in while tile j
+// is computed (one barrier per tile). Only key tiles overlapping the CTA's union of ranges
+// [lo(first row), ctx'(last row)) are loaded; a warp skips the tiles that none of its rows
+// sees, and masks per key (range and block validity) only on tiles that some of its rows
+// see in part or that hold a key of an invalid block.
 //
 // mma.m16n8k16 fragments (g = lane / 4, t = lane % 4; two 16-bit elements per 32-bit
 // register, the lower column in the low half):
@@ -36,8 +42,13 @@
 //   C (16x8, f32):        c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1)
 
 #define FA_THREADS 128
-#define FA_BM 64   // query rows per CTA
-#define FA_BN 64   // keys per tile
+#define FA_BM 128  // query rows per CTA
+#define FA_WM 32   // query rows per warp (two m16 tiles)
+#define FA_BN 32   // keys per tile
+// Dynamic shared memory per CTA: Q (FA_BM rows), two K and two V buffers (FA_BN rows
+// each), rows padded to HD + 8 elements, then sOk[2][FA_BN]. `fa_smem_bytes` in
+// kernels.rs mirrors this.
+#define FA_SMEM_BYTES(HD) ((FA_BM + 4 * FA_BN) * ((HD) + 8) * 2 + 2 * FA_BN * 4)
 
 template <typename T> struct FaMma;
 template <> struct FaMma<bf16> {
@@ -61,16 +72,32 @@ template <> struct FaMma<f16> {
     }
 };
 
-// Four 8x8 16-bit matrices, transposed: lanes 8i..8i+7 give the row addresses (16 bytes
-// each) of matrix i; register i of lane L receives elements [2 (L % 4)][L / 4] and
+// Four 8x8 16-bit matrices (addr: a shared-window address): lanes 8i..8i+7 give the row addresses (16 bytes each) of
+// matrix i; register i of lane L receives elements [L / 4][2 (L % 4)] and
+// [L / 4][2 (L % 4) + 1] of matrix i (low half first).
+__device__ __forceinline__ void fa_ldmatrix_x4(unsigned int addr, unsigned int& r0,
+                                               unsigned int& r1, unsigned int& r2,
+                                               unsigned int& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// The same, transposed: register i of lane L receives elements [2 (L % 4)][L / 4] and
 // [2 (L % 4) + 1][L / 4] of matrix i (low half first).
-__device__ __forceinline__ void fa_ldmatrix_x4_trans(const void* smem, unsigned int& r0,
+__device__ __forceinline__ void fa_ldmatrix_x4_trans(unsigned int addr, unsigned int& r0,
                                                      unsigned int& r1, unsigned int& r2,
                                                      unsigned int& r3) {
-    const unsigned int addr = (unsigned int)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
+}
+
+// 2^x (MUFU.EX2, flushing denormals; 2^-inf = 0).
+__device__ __forceinline__ float fa_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 template <typename T, int HD>
@@ -84,19 +111,23 @@ __device__ __forceinline__ void attention_prefill_impl(
     constexpr int CPR = HD / 8;        // 16-byte chunks per row
     constexpr int KT = HD / 16;        // k-steps of Q K^T
     constexpr int ND = HD / 8;         // n-tiles of O
+    constexpr int NS = FA_BN / 8;      // n-tiles of S
+    static_assert(FA_BM == 4 * FA_WM && FA_WM == 32 && FA_BN == 32, "tile shape");
 
-    __shared__ __align__(16) T sK[FA_BN * LD];
-    __shared__ __align__(16) T sV[FA_BN * LD];
-    __shared__ int sOk[2][FA_BN];
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    T* sQ = reinterpret_cast<T*>(fa_smem);
+    T* sK = sQ + FA_BM * LD;                             // [2][FA_BN * LD]
+    T* sV = sK + 2 * FA_BN * LD;                         // [2][FA_BN * LD]
+    int* sOk = reinterpret_cast<int*>(sV + 2 * FA_BN * LD);  // [2][FA_BN]
 
     const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-    const int h = blockIdx.y;
+    const int h = blockIdx.x;
     const int kvh = h / group;
 
     // --- Find this CTA's (sequence, tile) from cu_seqlens (block-uniform). ---
-    int x = blockIdx.x;
+    int x = blockIdx.y;
     int seq = -1, row0 = 0, row_end = 0, b_raw = 0;
     int prev = 0, first = 0;
     for (int s = 0; s < num_seqs; ++s) {
@@ -134,7 +165,7 @@ __device__ __forceinline__ void attention_prefill_impl(
         return;
     }
 
-    // --- Key ranges of this thread's two rows, and of the whole tile. ---
+    // --- Key ranges: of a row, of this warp's rows, of the whole tile. ---
     const long long max_ctx = (long long)table_width * block_size;  // <= 2^30 (host check)
     const long long base = (long long)seq_lens[seq] - b_raw;  // position of row r: base + r
     auto range = [&](int r, int& lo, int& hi) {
@@ -147,184 +178,226 @@ __device__ __forceinline__ void attention_prefill_impl(
         lo = (int)l0;
         hi = (int)c;
     };
-    int lo_r[2], hi_r[2];
-    range(row0 + warp * 16 + g, lo_r[0], hi_r[0]);
-    range(row0 + warp * 16 + g + 8, lo_r[1], hi_r[1]);
     int k_start, k_end, dummy;
     range(row0, k_start, dummy);
     range(row_end - 1, dummy, k_end);
-    // Warps whose 16 rows all lie past the tile's last row (a short sequence) only help
-    // with the copies and barriers.
-    const bool active = row0 + warp * 16 < row_end;
+    // lo and hi never decrease with the row, so this warp's rows see keys in
+    // [w_lo0, w_hi1) and every one of them sees all of [w_lo1, w_hi0). Warps whose rows
+    // all lie past the tile's last row (a short sequence) only help with copies and
+    // barriers.
+    const int wr0 = row0 + warp * FA_WM;
+    const bool active = wr0 < row_end;
+    int w_lo0, w_hi0, w_lo1, w_hi1;
+    range(wr0, w_lo0, w_hi0);
+    range(min(wr0 + FA_WM, row_end) - 1, w_lo1, w_hi1);
     const int kt0 = k_start / FA_BN * FA_BN;
     const int ntiles = k_end > k_start ? (k_end - kt0 + FA_BN - 1) / FA_BN : 0;
 
     const int* table = block_tables + (long long)seq * table_width;
     const long long tok_stride = (long long)num_kv_heads * HD;
-    const long long head_off = (long long)kvh * HD;
+    const long long head_off = (long long)kvh * HD + (tid % CPR) * 8;  // + this thread's part
 
-    // Gather the K (or V) rows of keys kt..kt+63 into `dst` (zeros for invalid keys); the
-    // K pass also records each key's validity in sOk[buf].
-    auto issue = [&](const T* cache, T* dst, int kt, int buf) {
+    // Gather the K and V rows of keys kt..kt + FA_BN - 1 into buffer b (zeros for invalid keys)
+    // and record each key's validity in sOk[b].
+    auto issue = [&](int kt, int b) {
+        T* dk = sK + b * FA_BN * LD;
+        T* dv = sV + b * FA_BN * LD;
 #pragma unroll
         for (int i = 0; i < FA_BN * CPR / FA_THREADS; ++i) {
             const int c = tid + i * FA_THREADS;
-            const int key = c / CPR, part = c % CPR;
+            const int key = c / CPR, part = c % CPR;  // part == tid % CPR
             const int k = kt + key;
             int blk = -1;
             if (k < k_end) blk = table[k / block_size];
             const bool ok = blk >= 0 && blk < num_blocks;
             const long long off =
-                ok ? ((long long)blk * block_size + (k % block_size)) * tok_stride + head_off +
-                         part * 8
+                ok ? ((long long)blk * block_size + (k % block_size)) * tok_stride + head_off
                    : 0;
-            cp_async16(dst + key * LD + part * 8, cache + off, ok);
-            if (buf >= 0 && part == 0) sOk[buf][key] = ok ? 1 : 0;
+            cp_async16(dk + key * LD + part * 8, k_cache + off, ok);
+            cp_async16(dv + key * LD + part * 8, v_cache + off, ok);
+            if (part == 0) sOk[b * FA_BN + key] = ok ? 1 : 0;
         }
     };
 
-    // Prologue: K(0) in flight while Q is staged through sV into registers.
-    if (ntiles > 0) issue(k_cache, sK, kt0, 0);
-    cp_async_commit();
+    // Prologue: Q (zeros past row_end), K(0) and V(0) into buffer 0.
     for (int i = tid; i < FA_BM * CPR; i += FA_THREADS) {
         const int r = i / CPR, part = i % CPR;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (row0 + r < row_end) v = ld16(q + ((long long)(row0 + r) * num_heads + h) * HD + part * 8);
-        st16(sV + r * LD + part * 8, v);
+        const bool ok = row0 + r < row_end;
+        const T* src = ok ? q + ((long long)(row0 + r) * num_heads + h) * HD + part * 8 : q;
+        cp_async16(sQ + r * LD + part * 8, src, ok);
     }
-    __syncthreads();
-    unsigned int qa[KT][4];
-    {
-        const T* qw = sV + (warp * 16) * LD;
-#pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
-            const int c = kk * 16 + 2 * t4;
-            qa[kk][0] = *reinterpret_cast<const unsigned int*>(qw + g * LD + c);
-            qa[kk][1] = *reinterpret_cast<const unsigned int*>(qw + (g + 8) * LD + c);
-            qa[kk][2] = *reinterpret_cast<const unsigned int*>(qw + g * LD + c + 8);
-            qa[kk][3] = *reinterpret_cast<const unsigned int*>(qw + (g + 8) * LD + c + 8);
-        }
-    }
-    __syncthreads();  // sV is free again
-    if (ntiles > 0) issue(v_cache, sV, kt0, -1);
+    if (ntiles > 0) issue(kt0, 0);
     cp_async_commit();
 
-    float o[ND][4];
+    // Rows of this thread: (mt, ri) -> warp row mt * 16 + ri * 8 + g, index mt * 2 + ri.
+    float o[2][ND][4];
 #pragma unroll
-    for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {NEG_INF, NEG_INF};
-    float l[2] = {0.0f, 0.0f};  // this thread's partial row sums (reduced at the end)
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int n = 0; n < ND; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    float m[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF};
+    float l[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this thread's partial row sums
+
+    // This lane's ldmatrix row addresses (bytes, shared window) in Q, K(buf 0), V(buf 0).
+    const unsigned int smem0 = (unsigned int)__cvta_generic_to_shared(fa_smem);
+    const unsigned int qw =
+        smem0 + ((warp * FA_WM + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8) * 2;
+    const unsigned int kw0 = smem0 + (FA_BM * LD + ((lane >> 4) * 8 + (lane & 7)) * LD +
+                                      ((lane >> 3) & 1) * 8) * 2;
+    const unsigned int vw0 = smem0 + ((FA_BM + 2 * FA_BN) * LD +
+                                      (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8) * 2;
 
     for (int j = 0; j < ntiles; ++j) {
         const int kt = kt0 + j * FA_BN;
-        // Committed so far: ..., K(j), V(j). Wait for K(j).
-        cp_async_wait<1>();
+        const int buf = j & 1;
+        // Tile j (and Q) has landed, and every warp is done with tile j - 1, whose
+        // buffers now receive tile j + 1 while this one is computed.
+        cp_async_wait<0>();
         __syncthreads();
+        if (j + 1 < ntiles) issue(kt + FA_BN, buf ^ 1);
+        cp_async_commit();
+        const unsigned int kw = kw0 + buf * (FA_BN * LD * 2);
+        const unsigned int vw = vw0 + buf * (FA_BN * LD * 2);
 
-        float s[FA_BN / 8][4];
+        // This warp's work on the tile: none when no row of it sees a key of the tile; no
+        // per-key masking when every row sees every key and every key's block is valid.
+        const int* okb = sOk + buf * FA_BN;
+        const bool all_ok = __all_sync(FULL_MASK, okb[lane] != 0);
+        const bool work = active && kt < w_hi1 && kt + FA_BN > w_lo0;
+        const bool full = all_ok && kt >= w_lo1 && kt + FA_BN <= w_hi0;
+
+        if (!work) continue;  // no barrier follows in this iteration
+
+        float s[2][NS][4];
 #pragma unroll
-        for (int n = 0; n < FA_BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        if (active) {
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int n = 0; n < NS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {
+            unsigned int qa[2][4];
+            fa_ldmatrix_x4(qw + kk * 32, qa[0][0], qa[0][1], qa[0][2], qa[0][3]);
+            fa_ldmatrix_x4(qw + (16 * LD + kk * 16) * 2, qa[1][0], qa[1][1], qa[1][2], qa[1][3]);
 #pragma unroll
-            for (int n = 0; n < FA_BN / 8; ++n) {
-                const T* kr = sK + (n * 8 + g) * LD + kk * 16 + 2 * t4;
-                const unsigned int b0 = *reinterpret_cast<const unsigned int*>(kr);
-                const unsigned int b1 = *reinterpret_cast<const unsigned int*>(kr + 8);
-                FaMma<T>::mma(s[n], qa[kk], b0, b1);
+            for (int n = 0; n < NS; n += 2) {
+                // Matrices: keys n*8.. x dims kk*16 + {0, 8}.., then keys (n+1)*8.. the same.
+                unsigned int b0, b1, b2, b3;
+                fa_ldmatrix_x4(kw + (n * 8 * LD + kk * 16) * 2, b0, b1, b2, b3);
+                FaMma<T>::mma(s[0][n], qa[0], b0, b1);
+                FaMma<T>::mma(s[1][n], qa[1], b0, b1);
+                FaMma<T>::mma(s[0][n + 1], qa[0], b2, b3);
+                FaMma<T>::mma(s[1][n + 1], qa[1], b2, b3);
             }
         }
-        }
-        __syncthreads();  // every warp is done with sK
-        if (j + 1 < ntiles) issue(k_cache, sK, kt + FA_BN, (j + 1) & 1);
-        cp_async_commit();
 
-        // Mask, scale into log2 units, online softmax (rows g and g + 8 of the warp).
-        const int* okb = sOk[j & 1];
-        float mx[2] = {NEG_INF, NEG_INF};
+        // Mask, scale into log2 units, online softmax.
+        unsigned int pa[2][FA_BN / 16][4];
+        if (full) {
 #pragma unroll
-        for (int n = 0; n < FA_BN / 8; ++n) {
+            for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = n * 8 + 2 * t4 + (e & 1);
-                const int k = kt + key;
-                const int ri = e >> 1;
-                const bool ok = okb[key] != 0 && k >= lo_r[ri] && k < hi_r[ri];
-                s[n][e] = ok ? s[n][e] * qscale : NEG_INF;
-                mx[ri] = fmaxf(mx[ri], s[n][e]);
+                for (int n = 0; n < NS; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mt][n][e] *= qscale;
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+                for (int ri = 0; ri < 2; ++ri) {
+                    int lo, hi;
+                    range(wr0 + mt * 16 + ri * 8 + g, lo, hi);
+#pragma unroll
+                    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int key = n * 8 + 2 * t4 + e;
+                            const int k = kt + key;
+                            const bool ok = okb[key] != 0 && k >= lo && k < hi;
+                            float& v = s[mt][n][ri * 2 + e];
+                            v = ok ? v * qscale : NEG_INF;
+                        }
+                    }
+                }
             }
         }
-        float mu[2], corr[2];
+        float mu[4], corr[4];
+        bool grew = false;
 #pragma unroll
-        for (int ri = 0; ri < 2; ++ri) {
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(FULL_MASK, mx[ri], 1));
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(FULL_MASK, mx[ri], 2));
-            const float mn = fmaxf(m[ri], mx[ri]);
-            mu[ri] = mn == NEG_INF ? 0.0f : mn;  // nothing seen yet: keep zeros
-            corr[ri] = exp2f(m[ri] - mu[ri]);
-            m[ri] = mn;
-            l[ri] *= corr[ri];
+        for (int rr = 0; rr < 4; ++rr) {
+            const int mt = rr >> 1, ri = rr & 1;
+            float mx = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < NS; ++n)
+                mx = fmaxf(mx, fmaxf(s[mt][n][ri * 2], s[mt][n][ri * 2 + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+            const float mn = fmaxf(m[rr], mx);
+            grew |= mn != m[rr];
+            mu[rr] = mn == NEG_INF ? 0.0f : mn;  // nothing seen yet: keep zeros
+            corr[rr] = fa_exp2(m[rr] - mu[rr]);
+            m[rr] = mn;
+            l[rr] *= corr[rr];
+        }
+        // corr is exactly 1 for rows whose max did not grow (or O is still zero).
+        if (__any_sync(FULL_MASK, grew)) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int n = 0; n < ND; ++n) {
+                    o[mt][n][0] *= corr[mt * 2];
+                    o[mt][n][1] *= corr[mt * 2];
+                    o[mt][n][2] *= corr[mt * 2 + 1];
+                    o[mt][n][3] *= corr[mt * 2 + 1];
+                }
         }
 #pragma unroll
-        for (int n = 0; n < ND; ++n) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
-        unsigned int pa[FA_BN / 16][4];
+        for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-        for (int n = 0; n < FA_BN / 8; ++n) {
-            const float p0 = exp2f(s[n][0] - mu[0]);
-            const float p1 = exp2f(s[n][1] - mu[0]);
-            const float p2 = exp2f(s[n][2] - mu[1]);
-            const float p3 = exp2f(s[n][3] - mu[1]);
-            l[0] += p0 + p1;
-            l[1] += p2 + p3;
-            // n-tile 2i gives a0 (row g) / a1 (row g + 8), n-tile 2i + 1 gives a2 / a3.
-            pa[n >> 1][(n & 1) * 2 + 0] = Ty<T>::pack2(p0, p1);
-            pa[n >> 1][(n & 1) * 2 + 1] = Ty<T>::pack2(p2, p3);
+            for (int n = 0; n < NS; ++n) {
+                const float p0 = fa_exp2(s[mt][n][0] - mu[mt * 2]);
+                const float p1 = fa_exp2(s[mt][n][1] - mu[mt * 2]);
+                const float p2 = fa_exp2(s[mt][n][2] - mu[mt * 2 + 1]);
+                const float p3 = fa_exp2(s[mt][n][3] - mu[mt * 2 + 1]);
+                l[mt * 2] += p0 + p1;
+                l[mt * 2 + 1] += p2 + p3;
+                // n-tile 2i gives a0 (row g) / a1 (row g + 8), n-tile 2i + 1 a2 / a3.
+                pa[mt][n >> 1][(n & 1) * 2 + 0] = Ty<T>::pack2(p0, p1);
+                pa[mt][n >> 1][(n & 1) * 2 + 1] = Ty<T>::pack2(p2, p3);
+            }
         }
 
-        // Committed so far: ..., K(j), V(j), K(j+1). Wait for V(j).
-        cp_async_wait<1>();
-        __syncthreads();
-        if (active) {
 #pragma unroll
         for (int kk = 0; kk < FA_BN / 16; ++kk) {
 #pragma unroll
             for (int n = 0; n < ND; n += 2) {
-                // Matrices: keys kk*16 + {0..7, 8..15} x dims n*8.., then the same x (n+1)*8..
-                const int key = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-                const int dim = (n + (lane >> 4)) * 8;
+                // Matrices: keys kk*16 + {0..7, 8..15} x dims n*8.., then the same x
+                // (n+1)*8..
                 unsigned int b0, b1, b2, b3;
-                fa_ldmatrix_x4_trans(sV + key * LD + dim, b0, b1, b2, b3);
-                FaMma<T>::mma(o[n], pa[kk], b0, b1);
-                FaMma<T>::mma(o[n + 1], pa[kk], b2, b3);
+                fa_ldmatrix_x4_trans(vw + (kk * 16 * LD + n * 8) * 2, b0, b1, b2, b3);
+                FaMma<T>::mma(o[0][n], pa[0][kk], b0, b1);
+                FaMma<T>::mma(o[1][n], pa[1][kk], b0, b1);
+                FaMma<T>::mma(o[0][n + 1], pa[0][kk], b2, b3);
+                FaMma<T>::mma(o[1][n + 1], pa[1][kk], b2, b3);
             }
         }
-        }
-        __syncthreads();  // every warp is done with sV
-        if (j + 1 < ntiles) issue(v_cache, sV, kt + FA_BN, -1);
-        cp_async_commit();
     }
     cp_async_wait<0>();
 
-    // --- Normalise and write rows g and g + 8 of this warp (zeros where nothing was seen).
+    // --- Normalise and write this thread's rows (zeros where nothing was seen).
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-        float sum = l[ri];
+    for (int rr = 0; rr < 4; ++rr) {
+        const int mt = rr >> 1, ri = rr & 1;
+        float sum = l[rr];
         sum += __shfl_xor_sync(FULL_MASK, sum, 1);
         sum += __shfl_xor_sync(FULL_MASK, sum, 2);
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        const int r = row0 + warp * 16 + g + ri * 8;
+        const int r = wr0 + mt * 16 + ri * 8 + g;
         if (r < row_end) {
             T* dst = out + ((long long)r * num_heads + h) * HD + 2 * t4;
 #pragma unroll
             for (int n = 0; n < ND; ++n) {
                 *reinterpret_cast<unsigned int*>(dst + n * 8) =
-                    Ty<T>::pack2(o[n][ri * 2] * inv, o[n][ri * 2 + 1] * inv);
+                    Ty<T>::pack2(o[mt][n][ri * 2] * inv, o[mt][n][ri * 2 + 1] * inv);
             }
         }
     }

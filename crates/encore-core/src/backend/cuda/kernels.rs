@@ -703,9 +703,26 @@ fn window_arg(window: Option<usize>) -> i32 {
 }
 
 /// Query rows per CTA of `attention_prefill_*` (`FA_BM` in attention_prefill.cu).
-const FA_BM: usize = 64;
+const FA_BM: usize = 128;
+/// Keys per K/V tile of `attention_prefill_*` (`FA_BN`).
+const FA_BN: usize = 32;
 /// Threads per CTA of `attention_prefill_*` (`FA_THREADS`).
 const FA_THREADS: u32 = 128;
+
+/// Dynamic shared memory of `attention_prefill_hd{head_dim}_*` (`FA_SMEM_BYTES`): Q, two
+/// K and two V tiles with rows padded to head_dim + 8 16-bit elements, and two key-validity
+/// arrays.
+const fn fa_smem_bytes(head_dim: usize) -> usize {
+    (FA_BM + 4 * FA_BN) * (head_dim + 8) * 2 + 2 * FA_BN * 4
+}
+
+/// The dynamic shared memory kernel `name` is launched with, where that is over the
+/// default 48 KiB limit: the backend raises the function's limit to this at load time.
+pub(super) fn dynamic_smem_limit(name: &str) -> Option<usize> {
+    let hd = name.strip_prefix("attention_prefill_hd")?;
+    let hd: usize = hd.split('_').next()?.parse().ok()?;
+    Some(fa_smem_bytes(hd))
+}
 
 /// The tensor-core prefill kernel for a launch, or `None` for the split-K kernel. A
 /// function of the dtype, the head size and whether the step has `cu_seqlens_q` (prefill
@@ -717,8 +734,10 @@ fn prefill_kernel(dt: DType, head_dim: usize, has_cu: bool, enabled: bool) -> Op
         .then(|| format!("attention_prefill_hd{head_dim}_{}", dt.kernel_suffix()))
 }
 
-/// `attention_prefill_*`: grid (ceil(rows / 64) + num_seqs, num_heads), 128 threads; each
-/// CTA finds its (sequence, 64-row tile) in `cu_seqlens_q` on the device.
+/// `attention_prefill_*`: grid (num_heads, ceil(rows / 128) + num_seqs), 128 threads,
+/// `fa_smem_bytes` of dynamic shared memory; each CTA finds its (sequence, 128-row tile)
+/// in `cu_seqlens_q` on the device. Tiles are on y so that the longest-context tiles of
+/// every head are dispatched first.
 fn attention_prefill(
     be: &CudaBackend,
     a: &Attention<'_>,
@@ -726,20 +745,21 @@ fn attention_prefill(
     name: &str,
 ) -> Result<()> {
     const OP: &str = "attention";
-    if d.num_heads > 65_535 {
-        return Err(Error::invalid(
-            OP,
-            format!("num_heads = {} is too large (grid y)", d.num_heads),
-        ));
-    }
     let Some(cu) = a.cu_seqlens_q else {
         return Err(Error::invalid(OP, "the prefill kernel needs cu_seqlens_q"));
     };
     let tiles = d.rows.div_ceil(FA_BM) + d.num_seqs;
-    let c = cfg(
-        (grid_x(OP, "row tiles", tiles)?, d.num_heads as u32, 1),
+    if tiles > 65_535 {
+        return Err(Error::invalid(
+            OP,
+            format!("{tiles} row tiles (rows / 128 + num_seqs) are too many (grid y)"),
+        ));
+    }
+    let mut c = cfg(
+        (grid_x(OP, "num_heads", d.num_heads)?, tiles as u32, 1),
         (FA_THREADS, 1, 1),
     );
+    c.shared_mem_bytes = fa_smem_bytes(d.head_dim) as u32;
     let (q, kc, vc) = (dptr(a.q), dptr(a.k_cache), dptr(a.v_cache));
     let (bt, sl, cu) = (dptr(a.block_tables), dptr(a.seq_lens), dptr(cu));
     let out = dptr(a.out);

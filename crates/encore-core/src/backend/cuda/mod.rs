@@ -208,6 +208,13 @@ impl CudaBackend {
                 let f = module.load_function(name).map_err(|e| {
                     Error::cuda(format!("cuModuleGetFunction({name} in {})", m.file), e)
                 })?;
+                if let Some(bytes) = kernels::dynamic_smem_limit(name) {
+                    f.set_attribute(
+                        drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )
+                    .map_err(|e| Error::cuda(format!("cuFuncSetAttribute({name})"), e))?;
+                }
                 functions.insert(name, f);
             }
             modules.push(module);
