@@ -40,6 +40,10 @@ for m in ${models//,/ }; do
     2>>"$OUT/encore-$m.err" | tee -a "$OUT/encore-decode.jsonl" | head -3
 done
 if [[ ",$models," == *",llama-3.2-1b,"* ]]; then
+  # Graph memory of every decode bucket (vLLM's sizes to 256) and token bucket (SGLang's
+  # to 2048) in one arena, and the device memory the captures took.
+  .bin/encore bench capture --device cuda --model dummy:llama-3.2-1b --strategies arena,private \
+    --order shuffled --json 2>>"$OUT/capture.err" | tee "$OUT/capture.jsonl" | cut -c1-400
   # A mixed batch in generate (prompts of 2100, 3 and 12 tokens) against bench decode at
   # the same batch and the longest context.
   long=$(python3 -c "print('a' * 2100)")
@@ -78,6 +82,8 @@ for r in enc:
     hfm = h["prefill_ms"] if h else float("nan")
     pc = r["piecewise_ms"] if r["piecewise_ms"] is not None else r["eager_ms"]
     print(f"{m:<22}{r['tokens']:>5}{r['batch']:>3}{str(r['bucket']):>7}{r['eager_ms']:>8.2f}{pc:>8.2f}{r['cold_ms']:>8.2f}{hfm:>8.2f}{hfm/pc:>7.2f}{str(r['matches_eager']):>6}")
+for c in lines(f"{out}/capture.jsonl"):
+    print(f"capture 1B {c['strategy']}: {len(c['buckets'])} decode + {len(c['token_buckets'])} token buckets, {c['pieces']} graphs, physical {c['physical_bytes']/2**20:.0f} MiB (largest need {c['largest_bucket_bytes']/2**20:.0f} MiB, sum {c['sum_bucket_bytes']/2**20:.0f} MiB), device {(c['device_bytes'] or 0)/2**20:.0f} MiB, {c['total_seconds']:.2f} s")
 gen = lines(f"{out}/mixed-generate.jsonl")
 dec = [r for r in lines(f"{out}/mixed-decode.jsonl") if "graph_step_ms" in r]
 if gen:

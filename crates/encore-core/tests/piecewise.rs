@@ -14,6 +14,14 @@ use encore_core::Backend;
 
 mod common;
 
+/// The CUDA tests of this file run one at a time: one's allocations (a KV resize, an
+/// arena growth) must not land inside another's stream capture.
+static CUDA: Mutex<()> = Mutex::new(());
+
+fn cuda_lock() -> std::sync::MutexGuard<'static, ()> {
+    CUDA.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Token buckets of the test runner (its max_tokens_per_step is 256).
 fn graphs() -> GraphConfig {
     GraphConfig {
@@ -190,8 +198,7 @@ fn cpu_piecewise_matches_eager_bit_for_bit() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn cuda_piecewise_matches_eager() {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = cuda_lock();
     let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
     check_piecewise_matches_eager(&be, 1e-4);
 }
@@ -411,6 +418,7 @@ fn cpu_graph_memory_is_max_over_decode_and_token_buckets() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn cuda_graph_memory_is_max_over_decode_and_token_buckets() {
+    let _g = cuda_lock();
     let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
     check_graph_memory_is_max_over_phases(&be);
 }
@@ -424,6 +432,7 @@ fn cuda_engine_start_up_leaves_nothing_to_plan() {
     use encore_core::memory::GraphMemory;
     use encore_core::model::open_model;
     use encore_core::DType;
+    let _g = cuda_lock();
     let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
     let cfg = EngineConfig {
         dtype: DType::BF16,
