@@ -50,7 +50,7 @@ if [[ ",$models," == *",llama-3.2-1b,"* ]]; then
   .bin/encore generate --device cuda --model dummy:llama-3.2-1b --prompt "$long" --prompt abc \
     --prompt "twelve chars" --max-tokens 200 --ignore-eos --capture-all --json \
     2>"$OUT/mixed.err" >"$OUT/mixed-generate.jsonl"
-  .bin/encore bench decode --device cuda --model dummy:llama-3.2-1b --batch 3 --context 2101 \
+  .bin/encore bench decode --device cuda --model dummy:llama-3.2-1b --batch 3 --context 2048 \
     --json 2>>"$OUT/mixed.err" >"$OUT/mixed-decode.jsonl"
   .bin/encore bench decode --device cuda --model dummy:llama-3.2-1b --batch 3 --context 128 \
     --json 2>>"$OUT/mixed.err" >>"$OUT/mixed-decode.jsonl"
