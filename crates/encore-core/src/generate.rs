@@ -151,7 +151,6 @@ fn run(
     let cfg = *runner.config();
     let mut active: Vec<usize> = Vec::new();
     let mut last_token = vec![0u32; prompts.len()];
-    let mut step_no = 0u64;
     let mut stopped = false;
 
     // Returns whether sequence i goes on after taking token t.
@@ -208,11 +207,9 @@ fn run(
                 seq: ids[i],
                 tokens: &prompts[i][start..start + len],
                 sampling: opts.sampling,
-                step: step_no,
             })
             .collect();
         let sampled = runner.step(&steps)?;
-        step_no += 1;
         for (&(i, start, len), &t) in batch.iter().zip(&sampled) {
             done[i] = start + len;
             if done[i] == prompts[i].len() && opts.max_tokens > 0 && accept(i, t, out, &mut stopped)
@@ -243,11 +240,9 @@ fn run(
                 seq: ids[i],
                 tokens: tok,
                 sampling: opts.sampling,
-                step: step_no,
             })
             .collect();
         let sampled = runner.step(&steps)?;
-        step_no += 1;
         let secs = t.elapsed().as_secs_f64();
         let mut still = Vec::with_capacity(active.len());
         for (&i, &tok) in active.iter().zip(&sampled) {

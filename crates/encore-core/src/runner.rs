@@ -48,9 +48,10 @@ impl Default for SamplingParams {
 pub struct SeqStep<'a> {
     pub seq: SeqId,
     pub tokens: &'a [u32],
+    /// The sampled token's randomness is drawn from `sampling.seed` and the token's index
+    /// in its sequence alone: a request's stream does not depend on the batch around it,
+    /// its sequence id or when it runs.
     pub sampling: SamplingParams,
-    /// Mixed into the sampling seed so every step draws fresh randomness.
-    pub step: u64,
 }
 
 /// Sizing of the runner's memory.
@@ -462,7 +463,7 @@ impl<'b> Runner<'b> {
             h.temperature[i] = s.sampling.temperature;
             h.top_k[i] = s.sampling.top_k;
             h.top_p[i] = s.sampling.top_p;
-            h.seeds[i] = mix_seed(mix_seed(s.sampling.seed, s.seq.0), s.step) as i64;
+            h.seeds[i] = mix_seed(s.sampling.seed, total as u64) as i64;
         }
         self.finish_pack(layout, t, batch.len(), read_seqs)
     }
@@ -857,7 +858,8 @@ struct StepParts<'a> {
     block_size: usize,
 }
 
-/// The request seed mixed with the step: a fresh, reproducible seed per step.
-fn mix_seed(seed: u64, step: u64) -> u64 {
-    crate::ops::mix64(seed ^ step.wrapping_mul(crate::ops::GOLDEN))
+/// The request seed mixed with the index of the token being sampled: a fresh,
+/// reproducible seed per token.
+fn mix_seed(seed: u64, index: u64) -> u64 {
+    crate::ops::mix64(seed ^ index.wrapping_mul(crate::ops::GOLDEN))
 }

@@ -385,7 +385,6 @@ fn windowed_model_matches_cpu() {
                     seq,
                     tokens,
                     sampling: greedy,
-                    step: 0,
                 })
                 .collect();
             let (_, l) = r.step_with_logits(&steps).unwrap();

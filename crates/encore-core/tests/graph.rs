@@ -79,7 +79,6 @@ fn check_graph_matches_eager(be: &dyn Backend, tol: f64, exact_tokens: bool) {
             seq: SeqId(i as u64),
             tokens: p,
             sampling,
-            step: 0,
         }];
         let a = eager.step(&step).unwrap();
         let b = graph.step(&step).unwrap();
@@ -108,7 +107,6 @@ fn check_graph_matches_eager(be: &dyn Backend, tol: f64, exact_tokens: bool) {
                 seq: SeqId(i as u64),
                 tokens: t,
                 sampling,
-                step: 1 + step_no as u64,
             })
             .collect();
         let before = (!checked_padding).then(|| unowned_kv(be, &graph));
@@ -165,7 +163,6 @@ fn capture_all_warms_every_bucket_largest_first() {
         seq: SeqId(0),
         tokens: &[1, 2, 3],
         sampling: SamplingParams::default(),
-        step: 0,
     }])
     .unwrap();
     r.blocks.append(SeqId(0), 1).unwrap();
@@ -173,7 +170,6 @@ fn capture_all_warms_every_bucket_largest_first() {
         seq: SeqId(0),
         tokens: &[4],
         sampling: SamplingParams::default(),
-        step: 1,
     }])
     .unwrap();
     let s = r.graph_stats().unwrap();
@@ -196,13 +192,12 @@ fn verify_graphs_checks_every_replay_against_eager() {
                 seq: SeqId(i as u64),
                 tokens: p,
                 sampling: greedy,
-                step: 0,
             }])
             .unwrap(),
         );
     }
-    for step in 1..6u64 {
-        last = common::decode_step(&mut r, &last, greedy, step);
+    for _ in 1..6 {
+        last = common::decode_step(&mut r, &last, greedy);
     }
     let s = r.graph_stats().unwrap();
     assert_eq!(s.verified, 5, "{s:?}");

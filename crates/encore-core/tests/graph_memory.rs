@@ -143,7 +143,6 @@ fn check_replay_after_growth(be: &dyn Backend, strategy: GraphMemory, order: &[u
             seq: SeqId(i as u64),
             tokens: &prompt,
             sampling: greedy,
-            step: 0,
         }];
         let a = eager.step(&step).unwrap();
         assert_eq!(a, graph.step(&step).unwrap());
@@ -170,7 +169,6 @@ fn check_replay_after_growth(be: &dyn Backend, strategy: GraphMemory, order: &[u
                 seq: SeqId(i as u64),
                 tokens: t,
                 sampling: greedy,
-                step: 1 + step_no as u64,
             })
             .collect();
         let (ta, la) = eager.step_with_logits(&batch).unwrap();

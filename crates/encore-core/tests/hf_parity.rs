@@ -260,7 +260,6 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
                     std::slice::from_ref(&p.greedy[step - 1])
                 },
                 sampling: SamplingParams::default(),
-                step: step as u64,
             })
             .collect();
         let (tokens, rows) = runner

@@ -179,7 +179,6 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
                 seq: s,
                 tokens: &prompt,
                 sampling: greedy,
-                step: 0,
             }])?;
         }
         let mut last = vec![1u32; b];
@@ -199,7 +198,6 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
                         seq,
                         tokens: tok,
                         sampling: greedy,
-                        step: step_no,
                     })
                     .collect();
                 step_no += 1;

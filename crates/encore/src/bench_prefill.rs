@@ -276,7 +276,6 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                             seq,
                             tokens: p,
                             sampling: greedy,
-                            step: 0,
                         })
                         .collect();
                     let (t, c) = (Instant::now(), process_cpu_ns());

@@ -127,7 +127,6 @@ pub fn check_capture_replay(backend: &dyn Backend, seed: u64) -> Result<Vec<Chec
                 seq: SeqId(s as u64),
                 tokens: p,
                 sampling: sampling[s],
-                step: 0,
             })
             .collect();
         let (mut last, want) = eager.step_with_logits(&prefill)?;
@@ -159,7 +158,6 @@ pub fn check_capture_replay(backend: &dyn Backend, seed: u64) -> Result<Vec<Chec
                     seq: SeqId(s as u64),
                     tokens: t,
                     sampling: sampling[s],
-                    step: 1 + round as u64,
                 })
                 .collect();
             let (want_tokens, want) = eager.step_with_logits(&batch)?;

@@ -49,7 +49,6 @@ pub fn decode_step(
     r: &mut Runner<'_>,
     last: &[u32],
     sampling: encore_core::runner::SamplingParams,
-    step: u64,
 ) -> Vec<u32> {
     let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
     let batch: Vec<encore_core::runner::SeqStep<'_>> = toks
@@ -62,7 +61,6 @@ pub fn decode_step(
                 seq,
                 tokens: t,
                 sampling,
-                step,
             }
         })
         .collect();
