@@ -1,15 +1,15 @@
-//! Offline generation for a fixed batch of prompts (what `encore generate` runs): prefill
-//! every prompt (in chunks when they exceed the step's token budget), then decode all
-//! sequences together until each hits EOS, its token limit or the context limit.
-//! Continuous batching with a scheduler replaces this loop in the engine.
+//! Offline generation for a batch of prompts (what `encore generate` runs), through the
+//! same scheduler a server uses (`scheduler`): continuous batching with chunked prefill
+//! mixed with decodes, and preemption by recompute when KV blocks run out, until every
+//! sequence hits EOS, its token limit or the context limit.
 
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::error::{Error, Result};
-use crate::kv::SeqId;
+use crate::error::Result;
 use crate::progress::{Guard, Progress, Unit};
-use crate::runner::{Runner, SamplingParams, SeqStep};
+use crate::runner::{Runner, SamplingParams};
+use crate::scheduler::{Request, RequestParams, Scheduler, SchedulerConfig};
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
@@ -48,9 +48,10 @@ pub struct Generation {
     pub prompt_ids: Vec<u32>,
     pub output_ids: Vec<u32>,
     pub finish: FinishReason,
-    /// Wall time of the prefill phase (shared by the batch).
+    /// Wall time from the start until this sequence's first token (its prefill, and
+    /// whatever ran before it).
     pub prefill_secs: f64,
-    /// Wall time of the decode steps this sequence took part in.
+    /// Wall time from its first token to its last.
     pub decode_secs: f64,
 }
 
@@ -68,197 +69,96 @@ pub fn generate(
     mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
 ) -> Result<Vec<Generation>> {
     let cfg = *runner.config();
+    let mut sched = Scheduler::new(
+        SchedulerConfig {
+            max_num_batched_tokens: cfg.max_tokens_per_step,
+            max_num_seqs: cfg.max_seqs,
+        },
+        runner,
+    )?;
     for (i, p) in prompts.iter().enumerate() {
-        if p.is_empty() {
-            return Err(Error::invalid("generate", format!("prompt {i} is empty")));
-        }
-        if p.len() >= cfg.max_seq_len {
-            return Err(Error::invalid(
-                "generate",
-                format!(
-                    "prompt {i} has {} tokens; the context limit (max_seq_len) is {}",
-                    p.len(),
-                    cfg.max_seq_len
-                ),
-            ));
-        }
+        sched.add(
+            Request {
+                id: i as u64,
+                prompt: p.clone(),
+                params: RequestParams {
+                    sampling: opts.sampling,
+                    max_tokens: opts.max_tokens,
+                    stop_token_ids: eos.to_vec(),
+                    ignore_eos: opts.ignore_eos,
+                },
+            },
+            runner,
+        )?;
     }
-    if prompts.len() > cfg.max_seqs {
-        return Err(Error::invalid(
-            "generate",
-            format!(
-                "{} prompts exceed the runner's {} sequences (max_seqs)",
-                prompts.len(),
-                cfg.max_seqs
-            ),
-        ));
-    }
-    // Reserve every sequence's whole budget up front so decode can never run out.
-    let budget = |p: &Vec<u32>| p.len().saturating_add(opts.max_tokens).min(cfg.max_seq_len);
-    let needed: usize = prompts
-        .iter()
-        .map(|p| budget(p).div_ceil(cfg.block_size))
-        .sum();
-    if needed > runner.blocks.num_free_blocks() {
-        return Err(Error::OutOfBlocks {
-            what: format!(
-                "{} prompts with up to {} new tokens each",
-                prompts.len(),
-                opts.max_tokens
-            ),
-            needed,
-            free: runner.blocks.num_free_blocks(),
-        });
-    }
-    let ids: Vec<SeqId> = (0..prompts.len()).map(|i| SeqId(i as u64)).collect();
     let mut out: Vec<Generation> = prompts
         .iter()
         .map(|p| Generation {
             prompt_ids: p.clone(),
             output_ids: Vec::new(),
-            finish: FinishReason::Length,
+            finish: FinishReason::Stopped,
             prefill_secs: 0.0,
             decode_secs: 0.0,
         })
         .collect();
     let result = run(
         runner,
+        &mut sched,
         prompts,
-        &ids,
-        eos,
-        opts,
         progress,
         &mut out,
         &mut on_token,
     );
-    for &id in &ids {
-        let _ = runner.blocks.free(id);
+    // However the run ended, no sequence keeps KV blocks.
+    for i in 0..prompts.len() {
+        let _ = sched.abort(i as u64, runner);
     }
     result.map(|_| out)
 }
 
-#[allow(clippy::too_many_arguments)] // private: the loop state of `generate`
+/// Step the scheduler until every request finished or `on_token` stopped the run.
 fn run(
     runner: &mut Runner<'_>,
+    sched: &mut Scheduler,
     prompts: &[Vec<u32>],
-    ids: &[SeqId],
-    eos: &[u32],
-    opts: &GenerateOptions,
     progress: &dyn Progress,
     out: &mut [Generation],
     on_token: &mut impl FnMut(usize, u32) -> ControlFlow<()>,
 ) -> Result<()> {
-    let cfg = *runner.config();
-    let mut active: Vec<usize> = Vec::new();
-    let mut last_token = vec![0u32; prompts.len()];
-    let mut stopped = false;
-
-    // Returns whether sequence i goes on after taking token t.
-    let mut accept = |i: usize, t: u32, out: &mut [Generation], stopped: &mut bool| -> bool {
-        out[i].output_ids.push(t);
-        if on_token(i, t).is_break() {
-            *stopped = true;
-        }
-        let total = out[i].prompt_ids.len() + out[i].output_ids.len();
-        if !opts.ignore_eos && eos.contains(&t) {
-            out[i].finish = FinishReason::Eos;
-            false
-        } else if out[i].output_ids.len() >= opts.max_tokens {
-            out[i].finish = FinishReason::Length;
-            false
-        } else if total >= cfg.max_seq_len {
-            out[i].finish = FinishReason::Context;
-            false
-        } else {
-            true
-        }
-    };
-
-    // Prefill, chunked to the step's token budget.
     let t0 = Instant::now();
-    let mut done = vec![0usize; prompts.len()];
-    let total_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let bar = Guard::start(progress, "prefill", total_tokens as u64, Unit::Tokens);
-    while let Some(first) = (0..prompts.len()).find(|&i| done[i] < prompts[i].len()) {
-        if stopped {
-            break;
-        }
-        let mut batch: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
-        let mut room = cfg.max_tokens_per_step;
-        for i in first..prompts.len() {
-            let left = prompts[i].len() - done[i];
-            if left == 0 || room == 0 || batch.len() == cfg.max_seqs {
-                continue;
-            }
-            let take = left.min(room);
-            batch.push((i, done[i], take));
-            room -= take;
-        }
-        for &(i, start, len) in &batch {
-            if start == 0 {
-                runner.blocks.allocate(ids[i], len)?;
-            } else {
-                runner.blocks.append(ids[i], len)?;
+    let total_prompt: usize = prompts.iter().map(Vec::len).sum();
+    let mut bar = Some(Guard::start(
+        progress,
+        "prefill",
+        total_prompt as u64,
+        Unit::Tokens,
+    ));
+    let mut first_token: Vec<Option<f64>> = vec![None; prompts.len()];
+    while sched.has_work() {
+        let outputs = sched.step(runner)?;
+        let now = t0.elapsed().as_secs_f64();
+        if let Some(b) = &bar {
+            let prefilled = (sched.stats().tokens_computed as usize).min(total_prompt);
+            b.0.set(prefilled as u64);
+            if first_token.iter().all(Option::is_some) || prefilled == total_prompt {
+                bar = None; // prefill is over: the bar ends
             }
         }
-        let steps: Vec<SeqStep<'_>> = batch
-            .iter()
-            .map(|&(i, start, len)| SeqStep {
-                seq: ids[i],
-                tokens: &prompts[i][start..start + len],
-                sampling: opts.sampling,
-            })
-            .collect();
-        let sampled = runner.step(&steps)?;
-        for (&(i, start, len), &t) in batch.iter().zip(&sampled) {
-            done[i] = start + len;
-            if done[i] == prompts[i].len() && opts.max_tokens > 0 && accept(i, t, out, &mut stopped)
-            {
-                active.push(i);
-                last_token[i] = t;
+        let mut stop = false;
+        for o in outputs {
+            let i = o.id as usize;
+            let g = &mut out[i];
+            g.output_ids.push(o.token);
+            let first = *first_token[i].get_or_insert(now);
+            g.prefill_secs = first;
+            g.decode_secs = now - first;
+            if let Some(f) = o.finish {
+                g.finish = f;
             }
+            stop |= on_token(i, o.token).is_break();
         }
-        bar.0.set(done.iter().sum::<usize>() as u64);
-    }
-    drop(bar);
-    let prefill_secs = t0.elapsed().as_secs_f64();
-    for g in out.iter_mut() {
-        g.prefill_secs = prefill_secs;
-    }
-
-    // Decode all active sequences together.
-    while !active.is_empty() && !stopped {
-        let t = Instant::now();
-        for &i in &active {
-            runner.blocks.append(ids[i], 1)?;
-        }
-        let tokens: Vec<[u32; 1]> = active.iter().map(|&i| [last_token[i]]).collect();
-        let steps: Vec<SeqStep<'_>> = active
-            .iter()
-            .zip(&tokens)
-            .map(|(&i, tok)| SeqStep {
-                seq: ids[i],
-                tokens: tok,
-                sampling: opts.sampling,
-            })
-            .collect();
-        let sampled = runner.step(&steps)?;
-        let secs = t.elapsed().as_secs_f64();
-        let mut still = Vec::with_capacity(active.len());
-        for (&i, &tok) in active.iter().zip(&sampled) {
-            out[i].decode_secs += secs;
-            if accept(i, tok, out, &mut stopped) {
-                still.push(i);
-                last_token[i] = tok;
-            }
-        }
-        active = still;
-    }
-    if stopped {
-        // Sequences still decoding, and those whose prefill never finished.
-        let unfinished = (0..prompts.len()).filter(|&i| done[i] < prompts[i].len());
-        for i in active.iter().copied().chain(unfinished) {
-            out[i].finish = FinishReason::Stopped;
+        if stop {
+            break; // unfinished requests keep FinishReason::Stopped
         }
     }
     Ok(())

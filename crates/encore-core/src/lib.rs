@@ -16,6 +16,7 @@ pub mod model;
 pub mod ops;
 pub mod progress;
 pub mod runner;
+pub mod scheduler;
 pub mod tensor;
 pub mod testing;
 pub mod tokenizer;

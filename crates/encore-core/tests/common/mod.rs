@@ -14,6 +14,11 @@ pub const BLOCK: usize = 4;
 
 /// A `tiny-qwen2` f32 runner: 16 sequences of up to 128 tokens, eager.
 pub fn tiny_runner(be: &dyn Backend) -> Runner<'_> {
+    tiny_runner_with_blocks(be, 1 + 16 * (128 / BLOCK))
+}
+
+/// [`tiny_runner`] with a KV cache of `num_blocks` blocks (one is the null block).
+pub fn tiny_runner_with_blocks(be: &dyn Backend, num_blocks: usize) -> Runner<'_> {
     let cfg = ModelConfig::dummy("tiny-qwen2").unwrap();
     let w = weights::load(
         be,
@@ -29,7 +34,7 @@ pub fn tiny_runner(be: &dyn Backend) -> Runner<'_> {
         model,
         RunnerConfig {
             block_size: BLOCK,
-            num_blocks: 1 + 16 * (128 / BLOCK),
+            num_blocks,
             max_tokens_per_step: 256,
             max_seqs: 16,
             max_seq_len: 128,

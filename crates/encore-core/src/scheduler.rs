@@ -1,0 +1,325 @@
+//! Continuous batching: requests join and leave between steps. Each step the scheduler
+//! fills a token budget (`max_num_batched_tokens`) and a sequence budget (`max_num_seqs`)
+//! — running sequences first, in arrival order (a decode token each, or the next chunk of
+//! a prompt still prefilling), then waiting requests, in arrival order, as far as the
+//! budgets and the free KV blocks allow (a long prompt is prefilled in chunks, mixed with
+//! the decodes of the others) — and runs it as one runner step.
+//!
+//! When a running sequence needs a KV block and none is free, the newest running sequence
+//! is preempted: its blocks are freed and it goes back to the front of the queue, to be
+//! recomputed (its prompt and the tokens it already produced) when blocks free up. No
+//! token is lost or repeated: a sequence only produces a token when a step reaches the end
+//! of everything it holds, and sampling depends only on the request's seed and the
+//! token's index.
+
+use std::collections::VecDeque;
+
+use crate::error::{Error, Result};
+use crate::generate::FinishReason;
+use crate::kv::SeqId;
+use crate::runner::{Runner, SamplingParams, SeqStep};
+
+/// One request's generation parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestParams {
+    pub sampling: SamplingParams,
+    /// New tokens at most (>= 1).
+    pub max_tokens: usize,
+    /// Tokens that end the request (the model's end-of-generation tokens, plus the
+    /// request's own); ignored with `ignore_eos`.
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+/// A request: its caller-chosen id (unique among live requests), prompt and parameters.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub id: u64,
+    pub prompt: Vec<u32>,
+    pub params: RequestParams,
+}
+
+/// One new token of a request; `finish` is set on its last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Output {
+    pub id: u64,
+    pub token: u32,
+    pub finish: Option<FinishReason>,
+}
+
+/// The scheduler's budgets.
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerConfig {
+    /// Tokens in one step at most (<= the runner's `max_tokens_per_step`).
+    pub max_num_batched_tokens: usize,
+    /// Sequences in one step at most (<= the runner's `max_seqs`).
+    pub max_num_seqs: usize,
+}
+
+/// What the scheduler did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    pub steps: u64,
+    /// Tokens run through the model (prompt tokens, recomputed tokens and decode tokens).
+    pub tokens_computed: u64,
+    pub preemptions: u64,
+    pub finished: u64,
+    pub aborted: u64,
+}
+
+/// A live request.
+struct Seq {
+    req: Request,
+    seq: SeqId,
+    /// The prompt, then every token produced so far.
+    tokens: Vec<u32>,
+    /// Tokens whose KV is in the cache (0 after a preemption).
+    computed: usize,
+}
+
+impl Seq {
+    fn produced(&self) -> usize {
+        self.tokens.len() - self.req.prompt.len()
+    }
+}
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    next_seq: u64,
+    stats: SchedulerStats,
+}
+
+impl Scheduler {
+    /// A scheduler for `runner`'s sizes; the budgets must fit the runner.
+    pub fn new(cfg: SchedulerConfig, runner: &Runner<'_>) -> Result<Self> {
+        let r = runner.config();
+        if cfg.max_num_batched_tokens == 0
+            || cfg.max_num_seqs == 0
+            || cfg.max_num_batched_tokens > r.max_tokens_per_step
+            || cfg.max_num_seqs > r.max_seqs
+        {
+            return Err(Error::invalid(
+                "scheduler",
+                format!(
+                    "budgets of {} tokens / {} sequences per step must be >= 1 and within the runner's {} / {}",
+                    cfg.max_num_batched_tokens, cfg.max_num_seqs, r.max_tokens_per_step, r.max_seqs
+                ),
+            ));
+        }
+        Ok(Scheduler {
+            cfg,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_seq: 0,
+            stats: SchedulerStats::default(),
+        })
+    }
+
+    /// Queue a request. Refused (with the reason) when it can never run: an empty prompt,
+    /// `max_tokens` 0, a prompt that leaves no room in the context, more KV blocks than
+    /// the cache has, or an id already live.
+    pub fn add(&mut self, req: Request, runner: &Runner<'_>) -> Result<()> {
+        let r = runner.config();
+        let what = |m: String| {
+            Err(Error::invalid(
+                "request",
+                format!("request {}: {m}", req.id),
+            ))
+        };
+        if req.prompt.is_empty() {
+            return what("the prompt is empty".into());
+        }
+        if req.params.max_tokens == 0 {
+            return what("max_tokens must be at least 1".into());
+        }
+        if req.prompt.len() >= r.max_seq_len {
+            return what(format!(
+                "the prompt has {} tokens; the context holds {} (prompt and output)",
+                req.prompt.len(),
+                r.max_seq_len
+            ));
+        }
+        let vocab = runner.model.cfg.vocab_size;
+        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return what(format!("token id {t} is outside the vocabulary of {vocab}"));
+        }
+        // The longest the sequence can get must fit the cache on its own.
+        let longest = (req.prompt.len() + req.params.max_tokens).min(r.max_seq_len);
+        let need = runner.blocks.blocks_for_tokens(longest);
+        if need > runner.blocks.num_usable_blocks() {
+            return what(format!(
+                "{longest} tokens need {need} KV blocks; the cache has {}",
+                runner.blocks.num_usable_blocks()
+            ));
+        }
+        if self.live().any(|s| s.req.id == req.id) {
+            return what("the id is already live".into());
+        }
+        let seq = SeqId(self.next_seq);
+        self.next_seq += 1;
+        self.waiting.push_back(Seq {
+            tokens: req.prompt.clone(),
+            req,
+            seq,
+            computed: 0,
+        });
+        Ok(())
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Seq> {
+        self.waiting.iter().chain(&self.running)
+    }
+
+    /// Drop request `id` wherever it is, freeing its KV blocks; whether it was live.
+    pub fn abort(&mut self, id: u64, runner: &mut Runner<'_>) -> Result<bool> {
+        if let Some(i) = self.waiting.iter().position(|s| s.req.id == id) {
+            self.waiting.remove(i);
+        } else if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
+            let s = self.running.remove(i);
+            runner.blocks.free(s.seq)?;
+        } else {
+            return Ok(false);
+        }
+        self.stats.aborted += 1;
+        Ok(true)
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        self.stats
+    }
+
+    /// Preempt the newest running sequence: free its blocks and queue it first, to be
+    /// recomputed.
+    fn preempt_newest(&mut self, runner: &mut Runner<'_>) -> Result<()> {
+        let mut s = self.running.pop().expect("a running sequence to preempt");
+        runner.blocks.free(s.seq)?;
+        s.computed = 0;
+        self.waiting.push_front(s);
+        self.stats.preemptions += 1;
+        Ok(())
+    }
+
+    /// Plan one step: `(index into running, new tokens)` per scheduled sequence, with KV
+    /// room made for each.
+    fn schedule(&mut self, runner: &mut Runner<'_>) -> Result<Vec<(usize, usize)>> {
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 && plan.len() < self.cfg.max_num_seqs {
+            let s = &self.running[i];
+            let take = (s.tokens.len() - s.computed).min(budget);
+            if take == 0 {
+                i += 1;
+                continue;
+            }
+            // Room for `take` more tokens; preempt the newest others while there is none.
+            let blocks = &runner.blocks;
+            let held = blocks.num_tokens(s.seq)?;
+            let extra = (s.computed + take).saturating_sub(held);
+            if !blocks.can_append(s.seq, extra) {
+                if i + 1 < self.running.len() {
+                    self.preempt_newest(runner)?;
+                    continue;
+                }
+                // This is the newest: it yields itself.
+                self.preempt_newest(runner)?;
+                break;
+            }
+            runner.blocks.append(s.seq, extra)?;
+            plan.push((i, take));
+            budget -= take;
+            i += 1;
+        }
+        // Waiting requests, first come first served (a preempted one is first again).
+        while budget > 0
+            && plan.len() < self.cfg.max_num_seqs
+            && self.running.len() < self.cfg.max_num_seqs
+        {
+            let Some(s) = self.waiting.front() else { break };
+            let take = s.tokens.len().min(budget);
+            if !runner.blocks.can_allocate(take) {
+                break;
+            }
+            let s = self.waiting.pop_front().expect("front exists");
+            runner.blocks.allocate(s.seq, take)?;
+            self.running.push(s);
+            plan.push((self.running.len() - 1, take));
+            budget -= take;
+        }
+        Ok(plan)
+    }
+
+    /// Run one step: schedule, run it on `runner`, and return the new tokens (at most one
+    /// per sequence; a prompt chunk that does not reach the end produces none). Finished
+    /// sequences free their blocks. An empty vector when nothing could run.
+    pub fn step(&mut self, runner: &mut Runner<'_>) -> Result<Vec<Output>> {
+        let plan = self.schedule(runner)?;
+        if plan.is_empty() {
+            return Ok(Vec::new());
+        }
+        let steps: Vec<SeqStep<'_>> = plan
+            .iter()
+            .map(|&(i, take)| {
+                let s = &self.running[i];
+                SeqStep {
+                    seq: s.seq,
+                    tokens: &s.tokens[s.computed..s.computed + take],
+                    sampling: s.req.params.sampling,
+                }
+            })
+            .collect();
+        let sampled = runner.step(&steps)?;
+        self.stats.steps += 1;
+        let max_seq_len = runner.config().max_seq_len;
+        let mut outputs = Vec::new();
+        let mut done = Vec::new();
+        for (&(i, take), &token) in plan.iter().zip(&sampled) {
+            self.stats.tokens_computed += take as u64;
+            let s = &mut self.running[i];
+            s.computed += take;
+            if s.computed < s.tokens.len() {
+                continue; // a prompt chunk short of the end
+            }
+            s.tokens.push(token);
+            let p = &s.req.params;
+            let finish = if !p.ignore_eos && p.stop_token_ids.contains(&token) {
+                Some(FinishReason::Eos)
+            } else if s.produced() >= p.max_tokens {
+                Some(FinishReason::Length)
+            } else if s.tokens.len() >= max_seq_len {
+                Some(FinishReason::Context)
+            } else {
+                None
+            };
+            outputs.push(Output {
+                id: s.req.id,
+                token,
+                finish,
+            });
+            if finish.is_some() {
+                done.push(i);
+            }
+        }
+        done.sort_unstable();
+        for &i in done.iter().rev() {
+            let s = self.running.remove(i);
+            runner.blocks.free(s.seq)?;
+            self.stats.finished += 1;
+        }
+        Ok(outputs)
+    }
+}

@@ -1,0 +1,271 @@
+//! Continuous batching through the scheduler, on the CPU backend: requests that share
+//! steps (chunked prefill mixed with decodes, queueing, joining mid-flight, preemption
+//! when the KV cache runs out) produce exactly the tokens each produces alone; sampling
+//! depends only on a request's seed and token index; aborts free their blocks; requests
+//! that can never run are refused with the reason.
+
+use std::collections::HashMap;
+
+use encore_core::backend::cpu::CpuBackend;
+use encore_core::generate::FinishReason;
+use encore_core::runner::{Runner, SamplingParams};
+use encore_core::scheduler::{Request, RequestParams, Scheduler, SchedulerConfig};
+
+mod common;
+
+fn request(id: u64, prompt_len: usize, max_tokens: usize, temperature: f32) -> Request {
+    Request {
+        id,
+        prompt: (0..prompt_len)
+            .map(|j| ((id as usize * 37 + j * 11) % 250) as u32)
+            .collect(),
+        params: RequestParams {
+            sampling: SamplingParams {
+                temperature,
+                top_k: 40,
+                top_p: 0.9,
+                seed: 1000 + id,
+            },
+            max_tokens,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        },
+    }
+}
+
+/// Run `reqs` (the second of each pair: the step at which it is added) to completion;
+/// each request's tokens and finish reason.
+fn run(
+    r: &mut Runner<'_>,
+    cfg: SchedulerConfig,
+    reqs: &[(Request, u64)],
+) -> (HashMap<u64, (Vec<u32>, FinishReason)>, Scheduler) {
+    let mut s = Scheduler::new(cfg, r).unwrap();
+    let mut out: HashMap<u64, (Vec<u32>, FinishReason)> = HashMap::new();
+    let mut step = 0u64;
+    loop {
+        for (req, at) in reqs {
+            if *at == step {
+                s.add(req.clone(), r).unwrap();
+            }
+        }
+        let pending = reqs.iter().any(|(_, at)| *at > step);
+        if !s.has_work() && !pending {
+            break;
+        }
+        for o in s.step(r).unwrap() {
+            let e = out
+                .entry(o.id)
+                .or_insert((Vec::new(), FinishReason::Stopped));
+            e.0.push(o.token);
+            if let Some(f) = o.finish {
+                e.1 = f;
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "no progress");
+    }
+    assert_eq!(
+        r.blocks.num_used_blocks(),
+        0,
+        "finished requests free their blocks"
+    );
+    (out, s)
+}
+
+/// Each request run alone, with budgets that fit it whole.
+fn alone(reqs: &[(Request, u64)]) -> HashMap<u64, (Vec<u32>, FinishReason)> {
+    let cpu = CpuBackend::new();
+    let mut out = HashMap::new();
+    for (req, _) in reqs {
+        let mut r = common::tiny_runner(&cpu);
+        let big = SchedulerConfig {
+            max_num_batched_tokens: 256,
+            max_num_seqs: 16,
+        };
+        out.extend(run(&mut r, big, &[(req.clone(), 0)]).0);
+    }
+    out
+}
+
+fn mix() -> Vec<(Request, u64)> {
+    vec![
+        (request(0, 70, 12, 0.0), 0),
+        (request(1, 5, 30, 0.8), 0),
+        (request(2, 33, 20, 0.0), 0),
+        (request(3, 1, 25, 1.0), 2),
+        (request(4, 90, 8, 0.7), 3),
+        (request(5, 12, 40, 0.0), 7),
+        (request(6, 50, 16, 0.9), 7),
+    ]
+}
+
+#[test]
+fn shared_steps_give_each_request_its_alone_tokens() {
+    let cpu = CpuBackend::new();
+    let reqs = mix();
+    let reference = alone(&reqs);
+    let mut r = common::tiny_runner(&cpu);
+    // 16 tokens a step and 3 sequences: prompts are chunked, mixed with decodes, and
+    // requests wait for a slot.
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 16,
+        max_num_seqs: 3,
+    };
+    let (out, s) = run(&mut r, cfg, &reqs);
+    for (req, _) in &reqs {
+        assert_eq!(out[&req.id], reference[&req.id], "request {}", req.id);
+        assert_eq!(out[&req.id].0.len(), req.params.max_tokens);
+        assert_eq!(out[&req.id].1, FinishReason::Length);
+    }
+    let st = s.stats();
+    assert_eq!(st.finished, reqs.len() as u64);
+    assert_eq!(st.preemptions, 0);
+    let prompt: u64 = reqs.iter().map(|(q, _)| q.prompt.len() as u64).sum();
+    let decode: u64 = reqs
+        .iter()
+        .map(|(q, _)| q.params.max_tokens as u64 - 1)
+        .sum();
+    assert_eq!(st.tokens_computed, prompt + decode, "nothing recomputed");
+}
+
+#[test]
+fn graphs_and_piecewise_steps_serve_the_scheduler_alike() {
+    let cpu = CpuBackend::new();
+    let reqs = mix();
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 24,
+        max_num_seqs: 4,
+    };
+    let mut eager = common::tiny_runner(&cpu);
+    let (a, _) = run(&mut eager, cfg, &reqs);
+    let mut graph = common::tiny_runner(&cpu);
+    graph.set_graphs(Some(encore_core::runner::GraphConfig {
+        decode: common::buckets(),
+        mixed: encore_core::graph::BucketPolicy::SglangLike { max: 256 },
+    }));
+    let (b, _) = run(&mut graph, cfg, &reqs);
+    assert_eq!(a, b);
+    let g = graph.graph_stats().unwrap();
+    assert!(g.hits > 10 && g.captures > 3, "{g:?}");
+}
+
+#[test]
+fn an_exhausted_cache_preempts_and_recomputes_without_losing_tokens() {
+    let cpu = CpuBackend::new();
+    let reqs = mix();
+    let reference = alone(&reqs);
+    // 41 usable blocks of 4 tokens: the longest request (90 + 8) needs 25; together they
+    // need far more.
+    let mut r = common::tiny_runner_with_blocks(&cpu, 42);
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 64,
+        max_num_seqs: 8,
+    };
+    let (out, s) = run(&mut r, cfg, &reqs);
+    for (req, _) in &reqs {
+        assert_eq!(out[&req.id], reference[&req.id], "request {}", req.id);
+    }
+    let st = s.stats();
+    assert!(st.preemptions > 0, "{st:?}");
+    let prompt: u64 = reqs.iter().map(|(q, _)| q.prompt.len() as u64).sum();
+    assert!(
+        st.tokens_computed > prompt,
+        "preempted requests were recomputed: {st:?}"
+    );
+}
+
+#[test]
+fn eos_and_context_end_requests() {
+    let cpu = CpuBackend::new();
+    let mut r = common::tiny_runner(&cpu);
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 64,
+        max_num_seqs: 4,
+    };
+    let greedy = request(9, 20, 50, 0.0);
+    let tokens = run(&mut r, cfg, &[(greedy.clone(), 0)]).0[&9].0.clone();
+    // Stop at the 5th token's id: the request ends there with Eos (the id first occurs
+    // at or before index 4).
+    let mut eos = greedy.clone();
+    eos.params.stop_token_ids = vec![tokens[4]];
+    let (out, _) = run(&mut r, cfg, &[(eos.clone(), 0)]);
+    let first = tokens.iter().position(|&t| t == tokens[4]).unwrap();
+    assert_eq!(out[&9].0, tokens[..=first].to_vec());
+    assert_eq!(out[&9].1, FinishReason::Eos);
+    // ignore_eos runs on to max_tokens.
+    eos.params.ignore_eos = true;
+    assert_eq!(run(&mut r, cfg, &[(eos, 0)]).0[&9].0, tokens);
+    // A prompt of 120 in a context of 128: 8 tokens, then Context.
+    let long = request(10, 120, 50, 0.0);
+    let (out, _) = run(&mut r, cfg, &[(long, 0)]);
+    assert_eq!(out[&10].0.len(), 8);
+    assert_eq!(out[&10].1, FinishReason::Context);
+}
+
+#[test]
+fn abort_frees_blocks_and_leaves_the_others_alone() {
+    let cpu = CpuBackend::new();
+    let reqs = mix();
+    let reference = alone(&reqs);
+    let mut r = common::tiny_runner(&cpu);
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 32,
+        max_num_seqs: 8,
+    };
+    let mut s = Scheduler::new(cfg, &r).unwrap();
+    for (q, _) in &reqs {
+        s.add(q.clone(), &r).unwrap();
+    }
+    let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+    for _ in 0..6 {
+        for o in s.step(&mut r).unwrap() {
+            out.entry(o.id).or_default().push(o.token);
+        }
+    }
+    let used = r.blocks.num_used_blocks();
+    assert!(used > 0);
+    assert!(s.abort(0, &mut r).unwrap());
+    assert!(r.blocks.num_used_blocks() < used);
+    assert!(!s.abort(0, &mut r).unwrap(), "already gone");
+    assert!(s.abort(6, &mut r).unwrap());
+    while s.has_work() {
+        for o in s.step(&mut r).unwrap() {
+            out.entry(o.id).or_default().push(o.token);
+        }
+    }
+    assert_eq!(r.blocks.num_used_blocks(), 0);
+    for id in 1..6u64 {
+        assert_eq!(out[&id], reference[&id].0, "request {id}");
+    }
+    assert_eq!(s.stats().aborted, 2);
+}
+
+#[test]
+fn requests_that_can_never_run_are_refused() {
+    let cpu = CpuBackend::new();
+    let r = common::tiny_runner_with_blocks(&cpu, 10);
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 64,
+        max_num_seqs: 4,
+    };
+    let mut s = Scheduler::new(cfg, &r).unwrap();
+    let refuse = |s: &mut Scheduler, q: Request, what: &str| {
+        let e = s.add(q, &r).unwrap_err().to_string();
+        assert!(e.contains(what), "{e}");
+    };
+    refuse(&mut s, request(1, 0, 5, 0.0), "empty");
+    refuse(&mut s, request(1, 5, 0, 0.0), "max_tokens");
+    refuse(&mut s, request(1, 128, 5, 0.0), "context");
+    refuse(&mut s, request(1, 30, 20, 0.0), "KV blocks");
+    let mut bad = request(1, 5, 5, 0.0);
+    bad.prompt[2] = 1 << 20;
+    refuse(&mut s, bad, "vocabulary");
+    s.add(request(1, 5, 5, 0.0), &r).unwrap();
+    refuse(&mut s, request(1, 5, 5, 0.0), "already live");
+    let too_big = SchedulerConfig {
+        max_num_batched_tokens: 1 << 20,
+        max_num_seqs: 4,
+    };
+    assert!(Scheduler::new(too_big, &r).is_err());
+}
