@@ -17,6 +17,7 @@ pub mod ops;
 pub mod progress;
 pub mod runner;
 pub mod scheduler;
+pub mod serve;
 pub mod tensor;
 pub mod testing;
 pub mod tokenizer;

@@ -1,0 +1,261 @@
+//! The engine loop: one thread that owns the backend's engine (runner, KV cache, block
+//! manager) and the scheduler, fed by a closed set of messages (add a request, abort one,
+//! shut down) and streaming each request's tokens back to its sink. It steps while there
+//! is work and blocks on its queue when there is none. A sink that reports its reader gone
+//! aborts the request, which frees its KV blocks before the next step.
+//!
+//! Nothing here knows HTTP: the server (encore-server) and `encore generate` both submit
+//! through an [`EngineHandle`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::backend::BackendRef;
+use crate::engine::{Engine, EngineConfig};
+use crate::error::{Error, Result};
+use crate::model::open_model;
+use crate::progress::Progress;
+use crate::scheduler::{Output, Request, Scheduler, SchedulerConfig};
+
+/// Where a request's tokens go. Returns `false` when nobody reads them any more (the
+/// request is then aborted).
+pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
+
+/// What a request's sink receives.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A new token (`finish` set on the last one).
+    Token(Output),
+    /// The request was refused or failed; nothing more follows.
+    Error(String),
+}
+
+/// The messages the engine loop takes.
+enum Message {
+    Add(Request, Sink),
+    Abort(u64),
+    Shutdown,
+}
+
+/// Live figures of the engine, for metrics endpoints (relaxed atomics; a snapshot may mix
+/// two steps).
+#[derive(Debug, Default)]
+pub struct EngineMetrics {
+    pub requests_running: AtomicU64,
+    pub requests_waiting: AtomicU64,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    pub preemptions_total: AtomicU64,
+    pub steps_total: AtomicU64,
+    pub tokens_computed_total: AtomicU64,
+    pub requests_finished_total: AtomicU64,
+    pub requests_aborted_total: AtomicU64,
+    /// Graph replays of decode and of mixed (prefill) steps.
+    pub graph_replays_decode: AtomicU64,
+    pub graph_replays_mixed: AtomicU64,
+}
+
+/// A running engine loop: submit requests, abort them, shut it down (also on drop).
+pub struct EngineHandle {
+    tx: Sender<Message>,
+    thread: Option<JoinHandle<()>>,
+    pub metrics: Arc<EngineMetrics>,
+    /// The model's vocabulary size, context length and name, for validating requests.
+    pub vocab_size: usize,
+    pub max_seq_len: usize,
+}
+
+impl EngineHandle {
+    /// Start the loop on its own thread: open `model` (a `--model` spec), boot an
+    /// [`Engine`] on `backend` (the caller waits for it: an error comes back here), then
+    /// serve.
+    pub fn start(
+        backend: BackendRef,
+        model: String,
+        cfg: EngineConfig,
+        sched: SchedulerConfig,
+        progress: Box<dyn Progress + Send>,
+    ) -> Result<EngineHandle> {
+        let (tx, rx) = mpsc::channel::<Message>();
+        let (boot_tx, boot_rx) = mpsc::channel::<Result<(usize, usize)>>();
+        let metrics = Arc::new(EngineMetrics::default());
+        let m = Arc::clone(&metrics);
+        let thread = std::thread::Builder::new()
+            .name("encore-engine".into())
+            .spawn(move || {
+                let be = &*backend;
+                let booted = open_model(&model).and_then(|files| {
+                    let e = Engine::new(be, files, &cfg, &*progress)?;
+                    let s = Scheduler::new(sched, &e.runner)?;
+                    Ok((e, s))
+                });
+                let (engine, scheduler) = match booted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = boot_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = boot_tx.send(Ok((
+                    engine.runner.model.cfg.vocab_size,
+                    engine.runner.config().max_seq_len,
+                )));
+                run_loop(engine, scheduler, rx, &m);
+            })
+            .map_err(|e| Error::invalid("engine", format!("cannot start its thread: {e}")))?;
+        match boot_rx.recv() {
+            Ok(Ok((vocab_size, max_seq_len))) => Ok(EngineHandle {
+                tx,
+                thread: Some(thread),
+                metrics,
+                vocab_size,
+                max_seq_len,
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(Error::invalid("engine", "its thread ended during start-up"))
+            }
+        }
+    }
+
+    /// Queue a request; its tokens (or an error) go to `sink`.
+    pub fn submit(&self, req: Request, sink: Sink) -> Result<()> {
+        self.tx
+            .send(Message::Add(req, sink))
+            .map_err(|_| Error::invalid("engine", "the engine loop has stopped"))
+    }
+
+    /// Abort request `id` (nothing happens when it already ended).
+    pub fn abort(&self, id: u64) {
+        let _ = self.tx.send(Message::Abort(id));
+    }
+
+    /// Stop the loop after the step in flight; requests still live are dropped.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let _ = self.tx.send(Message::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run_loop(
+    mut engine: Engine<'_>,
+    mut sched: Scheduler,
+    rx: Receiver<Message>,
+    m: &EngineMetrics,
+) {
+    let runner = &mut engine.runner;
+    let mut sinks: std::collections::HashMap<u64, Sink> = std::collections::HashMap::new();
+    m.kv_blocks_total
+        .store(runner.blocks.num_usable_blocks() as u64, Ordering::Relaxed);
+    loop {
+        // Take every queued message; block for one only when idle.
+        let mut next = if sched.has_work() {
+            rx.try_recv().ok()
+        } else {
+            match rx.recv_timeout(Duration::from_secs(3600)) {
+                Ok(msg) => Some(msg),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        while let Some(msg) = next {
+            match msg {
+                Message::Add(req, mut sink) => {
+                    let id = req.id;
+                    if sinks.contains_key(&id) {
+                        sink(Event::Error(format!("request id {id} is already live")));
+                    } else {
+                        match sched.add(req, runner) {
+                            Ok(()) => {
+                                sinks.insert(id, sink);
+                            }
+                            Err(e) => {
+                                sink(Event::Error(e.to_string()));
+                            }
+                        }
+                    }
+                }
+                Message::Abort(id) => {
+                    if sinks.remove(&id).is_some() {
+                        let _ = sched.abort(id, runner);
+                    }
+                }
+                Message::Shutdown => return,
+            }
+            next = rx.try_recv().ok();
+        }
+        if !sched.has_work() {
+            publish(m, &sched, runner);
+            continue;
+        }
+        match sched.step(runner) {
+            Ok(outputs) => {
+                for o in outputs {
+                    let alive = sinks.get_mut(&o.id).is_some_and(|s| s(Event::Token(o)));
+                    if o.finish.is_some() {
+                        sinks.remove(&o.id);
+                    } else if !alive {
+                        // The reader went away: free the request's blocks now.
+                        sinks.remove(&o.id);
+                        let _ = sched.abort(o.id, runner);
+                    }
+                }
+            }
+            Err(e) => {
+                // A failed step fails every live request; the engine stays up.
+                let msg = format!("engine step failed: {e}");
+                tracing::error!("{msg}");
+                for (id, mut sink) in sinks.drain() {
+                    sink(Event::Error(msg.clone()));
+                    let _ = sched.abort(id, runner);
+                }
+            }
+        }
+        publish(m, &sched, runner);
+    }
+}
+
+fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<'_>) {
+    let st = sched.stats();
+    m.requests_running
+        .store(sched.num_running() as u64, Ordering::Relaxed);
+    m.requests_waiting
+        .store(sched.num_waiting() as u64, Ordering::Relaxed);
+    m.kv_blocks_used
+        .store(runner.blocks.num_used_blocks() as u64, Ordering::Relaxed);
+    m.preemptions_total.store(st.preemptions, Ordering::Relaxed);
+    m.steps_total.store(st.steps, Ordering::Relaxed);
+    m.tokens_computed_total
+        .store(st.tokens_computed, Ordering::Relaxed);
+    m.requests_finished_total
+        .store(st.finished, Ordering::Relaxed);
+    m.requests_aborted_total
+        .store(st.aborted, Ordering::Relaxed);
+    if let Some(p) = runner.phase_stats(crate::graph::Phase::Decode) {
+        m.graph_replays_decode
+            .store((p.hits + p.misses) as u64, Ordering::Relaxed);
+    }
+    if let Some(p) = runner.phase_stats(crate::graph::Phase::Mixed) {
+        m.graph_replays_mixed
+            .store((p.hits + p.misses) as u64, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,216 @@
+//! The engine loop on its own thread (CPU backend): requests submitted from other threads
+//! stream their tokens back; results equal a direct scheduler run; a sink whose reader
+//! left aborts its request and frees its KV blocks; refused requests get an error event.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use encore_core::backend::cpu::CpuBackend;
+use encore_core::engine::{EngineConfig, KvSizing};
+use encore_core::generate::FinishReason;
+use encore_core::memory::GraphMemory;
+use encore_core::progress::NoProgress;
+use encore_core::runner::SamplingParams;
+use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
+use encore_core::serve::{EngineHandle, Event};
+use encore_core::DType;
+
+fn start(num_blocks: usize) -> EngineHandle {
+    let cfg = EngineConfig {
+        dtype: DType::F32,
+        block_size: 4,
+        max_tokens_per_step: 64,
+        max_seqs: 8,
+        max_seq_len: 128,
+        kv: KvSizing::Blocks(num_blocks),
+        graphs: None,
+        graph_memory: GraphMemory::Arena,
+        capture_all: false,
+        verify_graphs: false,
+        extra_bytes: 0,
+        run_name: "serve test".into(),
+        fix_hint: String::new(),
+    };
+    let sched = SchedulerConfig {
+        max_num_batched_tokens: 32,
+        max_num_seqs: 8,
+    };
+    EngineHandle::start(
+        Arc::new(CpuBackend::new()),
+        "dummy:tiny".into(),
+        cfg,
+        sched,
+        Box::new(NoProgress),
+    )
+    .unwrap()
+}
+
+/// A request whose prompt and seed depend on `len` only (not on the id).
+fn request(id: u64, len: usize, max_tokens: usize) -> Request {
+    Request {
+        id,
+        prompt: (0..len).map(|j| ((len * 7 + j * 3) % 200) as u32).collect(),
+        params: RequestParams {
+            sampling: SamplingParams {
+                temperature: 0.8,
+                top_k: 0,
+                top_p: 1.0,
+                seed: len as u64,
+            },
+            max_tokens,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        },
+    }
+}
+
+fn sink(tx: mpsc::Sender<Event>) -> encore_core::serve::Sink {
+    Box::new(move |e| tx.send(e).is_ok())
+}
+
+fn collect(rx: &mpsc::Receiver<Event>) -> (Vec<u32>, FinishReason) {
+    let mut toks = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+            Event::Token(o) => {
+                toks.push(o.token);
+                if let Some(f) = o.finish {
+                    return (toks, f);
+                }
+            }
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+}
+
+fn wait_until(what: &str, f: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn concurrent_requests_stream_their_alone_tokens() {
+    let engine = Arc::new(start(1 + 8 * 32));
+    // Each request alone first.
+    let alone: Vec<(Vec<u32>, FinishReason)> = (0..6u64)
+        .map(|i| {
+            let (tx, rx) = mpsc::channel();
+            engine
+                .submit(request(i, 5 + 9 * i as usize, 10 + i as usize), sink(tx))
+                .unwrap();
+            collect(&rx)
+        })
+        .collect();
+    // Then all at once, from six threads.
+    let handles: Vec<_> = (0..6u64)
+        .map(|i| {
+            let engine = Arc::clone(&engine);
+            std::thread::spawn(move || {
+                let (tx, rx) = mpsc::channel();
+                engine
+                    .submit(
+                        request(100 + i, 5 + 9 * i as usize, 10 + i as usize),
+                        sink(tx),
+                    )
+                    .unwrap();
+                collect(&rx)
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        // Same prompt and seed: the same tokens whatever ran beside them.
+        assert_eq!(h.join().unwrap(), alone[i], "request {i}");
+        assert_eq!(alone[i].0.len(), 10 + i);
+    }
+    let m = &engine.metrics;
+    wait_until("idle", || m.requests_running.load(Ordering::Relaxed) == 0);
+    assert_eq!(m.kv_blocks_used.load(Ordering::Relaxed), 0);
+    assert_eq!(m.requests_finished_total.load(Ordering::Relaxed), 12);
+}
+
+#[test]
+fn a_gone_reader_aborts_its_request_and_frees_its_blocks() {
+    let engine = start(1 + 8 * 32);
+    let (tx, rx) = mpsc::channel();
+    engine.submit(request(1, 40, 100), sink(tx)).unwrap();
+    // Read two tokens, then leave.
+    for _ in 0..2 {
+        assert!(matches!(
+            rx.recv_timeout(Duration::from_secs(30)).unwrap(),
+            Event::Token(_)
+        ));
+    }
+    drop(rx);
+    let m = &engine.metrics;
+    wait_until("the abort", || {
+        m.requests_aborted_total.load(Ordering::Relaxed) == 1
+    });
+    wait_until("freed blocks", || {
+        m.kv_blocks_used.load(Ordering::Relaxed) == 0
+    });
+    // Abort by id, mid-flight.
+    let (tx, rx) = mpsc::channel();
+    engine.submit(request(2, 10, 100), sink(tx)).unwrap();
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_secs(30)).unwrap(),
+        Event::Token(_)
+    ));
+    engine.abort(2);
+    wait_until("the second abort", || {
+        m.requests_aborted_total.load(Ordering::Relaxed) == 2
+    });
+    wait_until("freed blocks", || {
+        m.kv_blocks_used.load(Ordering::Relaxed) == 0
+    });
+    engine.shutdown();
+}
+
+#[test]
+fn refused_requests_get_an_error_event_and_boot_errors_return() {
+    let engine = start(1 + 8 * 32);
+    let (tx, rx) = mpsc::channel();
+    engine.submit(request(1, 0, 5), sink(tx)).unwrap();
+    match rx.recv_timeout(Duration::from_secs(30)).unwrap() {
+        Event::Error(e) => assert!(e.contains("empty"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(engine.vocab_size, 512);
+    assert_eq!(engine.max_seq_len, 128);
+    drop(engine);
+    let e = EngineHandle::start(
+        Arc::new(CpuBackend::new()),
+        "dummy:no-such-model".into(),
+        EngineConfig {
+            dtype: DType::F32,
+            block_size: 4,
+            max_tokens_per_step: 64,
+            max_seqs: 8,
+            max_seq_len: 128,
+            kv: KvSizing::Blocks(10),
+            graphs: None,
+            graph_memory: GraphMemory::Arena,
+            capture_all: false,
+            verify_graphs: false,
+            extra_bytes: 0,
+            run_name: "serve test".into(),
+            fix_hint: String::new(),
+        },
+        SchedulerConfig {
+            max_num_batched_tokens: 32,
+            max_num_seqs: 8,
+        },
+        Box::new(NoProgress),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("no-such-model"), "{e}");
+}
