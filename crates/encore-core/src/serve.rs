@@ -181,15 +181,18 @@ fn run_loop(
             match msg {
                 Message::Add(req, mut sink) => {
                     let id = req.id;
-                    if sinks.contains_key(&id) {
-                        sink(Event::Error(format!("request id {id} is already live")));
-                    } else {
-                        match sched.add(req, runner) {
-                            Ok(()) => {
-                                sinks.insert(id, sink);
-                            }
-                            Err(e) => {
-                                sink(Event::Error(e.to_string()));
+                    match sinks.entry(id) {
+                        std::collections::hash_map::Entry::Occupied(_) => {
+                            sink(Event::Error(format!("request id {id} is already live")));
+                        }
+                        std::collections::hash_map::Entry::Vacant(slot) => {
+                            match sched.add(req, runner) {
+                                Ok(()) => {
+                                    slot.insert(sink);
+                                }
+                                Err(e) => {
+                                    sink(Event::Error(e.to_string()));
+                                }
                             }
                         }
                     }
