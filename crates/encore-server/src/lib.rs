@@ -1,1 +1,733 @@
-//! encore-server: the OpenAI-compatible HTTP API lands here with the engine.
+//! encore-server: the OpenAI-compatible HTTP API over the engine loop
+//! (`encore_core::serve::EngineHandle`): `/v1/completions` and `/v1/chat/completions`
+//! (streaming as server-sent events, or whole), `/v1/models`, `/health` and `/metrics`
+//! (Prometheus text). Requests are validated at the edge: a bad field is a 400 with an
+//! OpenAI-style error body naming it; an unknown model a 404; a missing or wrong bearer
+//! token a 401 when an API key is set; a body over the limit a 413. A client that goes
+//! away aborts its request, which frees its KV blocks within a step.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use encore_core::generate::FinishReason;
+use encore_core::runner::SamplingParams;
+use encore_core::scheduler::{Request, RequestParams};
+use encore_core::serve::{EngineHandle, Event};
+use encore_core::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt;
+
+/// What the server needs besides the engine.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The name `/v1/models` lists and requests must use.
+    pub served_model_name: String,
+    /// Bearer token every `/v1` request must carry, if set.
+    pub api_key: Option<String>,
+    /// Largest request body in bytes (413 above).
+    pub max_body_bytes: usize,
+    /// Default `max_tokens` of a completion (OpenAI's is 16).
+    pub default_max_tokens: usize,
+}
+
+/// Shared by the handlers.
+struct AppState {
+    engine: Arc<EngineHandle>,
+    tokenizer: Arc<Tokenizer>,
+    eos: Vec<u32>,
+    cfg: ServerConfig,
+    next_id: AtomicU64,
+    requests_total: AtomicU64,
+}
+
+/// The router with every endpoint, over a started engine and the model's tokenizer.
+pub fn router(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConfig) -> Router {
+    let eos = tokenizer.eos_token_ids();
+    let limit = cfg.max_body_bytes;
+    let state = Arc::new(AppState {
+        engine,
+        tokenizer,
+        eos,
+        cfg,
+        next_id: AtomicU64::new(1),
+        requests_total: AtomicU64::new(0),
+    });
+    let v1 = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Serve `router` on `listener` until `shutdown` resolves, then finish the requests in
+/// flight.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// An OpenAI-style error response.
+struct ApiError {
+    status: StatusCode,
+    message: String,
+    kind: &'static str,
+    param: Option<&'static str>,
+}
+
+impl ApiError {
+    fn bad(param: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = match self.status {
+            StatusCode::NOT_FOUND => json!("model_not_found"),
+            StatusCode::UNAUTHORIZED => json!("invalid_api_key"),
+            _ => Value::Null,
+        };
+        let body = json!({"error": {
+            "message": self.message, "type": self.kind, "param": self.param, "code": code,
+        }});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+async fn auth(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    req: HttpRequest,
+    next: Next,
+) -> Response {
+    if let Some(key) = &s.cfg.api_key {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return ApiError {
+                status: StatusCode::UNAUTHORIZED,
+                message: "missing or wrong API key (Authorization: Bearer ...)".into(),
+                kind: "authentication_error",
+                param: None,
+            }
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{
+        "id": s.cfg.served_model_name, "object": "model", "created": 0, "owned_by": "encore",
+        "max_model_len": s.engine.max_seq_len,
+    }]}))
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
+    let m = &s.engine.metrics;
+    let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let rows: [(&str, &str, &str, u64); 10] = [
+        (
+            "encore_requests_running",
+            "gauge",
+            "Requests in the running batch.",
+            g(&m.requests_running),
+        ),
+        (
+            "encore_requests_waiting",
+            "gauge",
+            "Requests queued.",
+            g(&m.requests_waiting),
+        ),
+        (
+            "encore_kv_blocks_used",
+            "gauge",
+            "KV-cache blocks held by requests.",
+            g(&m.kv_blocks_used),
+        ),
+        (
+            "encore_kv_blocks_total",
+            "gauge",
+            "Usable KV-cache blocks.",
+            g(&m.kv_blocks_total),
+        ),
+        (
+            "encore_preemptions_total",
+            "counter",
+            "Requests preempted for KV blocks.",
+            g(&m.preemptions_total),
+        ),
+        (
+            "encore_steps_total",
+            "counter",
+            "Engine steps run.",
+            g(&m.steps_total),
+        ),
+        (
+            "encore_requests_finished_total",
+            "counter",
+            "Requests finished.",
+            g(&m.requests_finished_total),
+        ),
+        (
+            "encore_requests_aborted_total",
+            "counter",
+            "Requests aborted.",
+            g(&m.requests_aborted_total),
+        ),
+        (
+            "encore_http_requests_total",
+            "counter",
+            "Generation requests received.",
+            g(&s.requests_total),
+        ),
+        (
+            "encore_tokens_computed_total",
+            "counter",
+            "Tokens run through the model.",
+            g(&m.tokens_computed_total),
+        ),
+    ];
+    let mut text = String::new();
+    for (name, kind, help, v) in rows {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+        ));
+    }
+    text.push_str("# HELP encore_graph_replays_total Graph replays by phase.\n# TYPE encore_graph_replays_total counter\n");
+    text.push_str(&format!(
+        "encore_graph_replays_total{{phase=\"decode\"}} {}\nencore_graph_replays_total{{phase=\"mixed\"}} {}\n",
+        g(&m.graph_replays_decode),
+        g(&m.graph_replays_mixed)
+    ));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// The sampling and length fields both endpoints share, validated.
+struct Common {
+    stream: bool,
+    include_usage: bool,
+    max_tokens: usize,
+    params: RequestParams,
+}
+
+fn field<'a>(body: &'a Value, name: &str) -> Option<&'a Value> {
+    body.get(name).filter(|v| !v.is_null())
+}
+
+fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
+    if !body.is_object() {
+        return Err(ApiError::bad(
+            "body",
+            "the request body must be a JSON object",
+        ));
+    }
+    match field(body, "model").map(|m| m.as_str()) {
+        None => return Err(ApiError::bad("model", "`model` is required")),
+        Some(None) => return Err(ApiError::bad("model", "`model` must be a string")),
+        Some(Some(m)) if m != s.cfg.served_model_name => {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!(
+                    "the model `{m}` does not exist; this server serves `{}`",
+                    s.cfg.served_model_name
+                ),
+                kind: "invalid_request_error",
+                param: Some("model"),
+            })
+        }
+        _ => {}
+    }
+    let num = |name: &'static str, lo: f64, hi: f64, default: f64| -> Result<f64, ApiError> {
+        match field(body, name) {
+            None => Ok(default),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x),
+                _ => Err(ApiError::bad(
+                    name,
+                    format!("`{name}` must be a number in [{lo}, {hi}]"),
+                )),
+            },
+        }
+    };
+    let int = |name: &'static str, lo: i64, hi: i64| -> Result<Option<i64>, ApiError> {
+        match field(body, name) {
+            None => Ok(None),
+            Some(v) => match v.as_i64() {
+                Some(x) if x >= lo && x <= hi => Ok(Some(x)),
+                _ => Err(ApiError::bad(
+                    name,
+                    format!("`{name}` must be an integer in [{lo}, {hi}]"),
+                )),
+            },
+        }
+    };
+    let flag = |name: &'static str| -> Result<bool, ApiError> {
+        match field(body, name) {
+            None => Ok(false),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| ApiError::bad(name, format!("`{name}` must be a boolean"))),
+        }
+    };
+    let temperature = num("temperature", 0.0, 2.0, 1.0)?;
+    let top_p = num("top_p", f64::MIN_POSITIVE, 1.0, 1.0)?;
+    let top_k = int("top_k", -1, i32::MAX as i64)?.unwrap_or(0);
+    let seed = int("seed", i64::MIN, i64::MAX)?;
+    let max_ctx = s.engine.max_seq_len as i64;
+    let max_tokens = match int("max_completion_tokens", 1, max_ctx)? {
+        Some(m) => Some(m),
+        None => int("max_tokens", 1, max_ctx)?,
+    }
+    .map_or(s.cfg.default_max_tokens, |m| m as usize);
+    let stream = flag("stream")?;
+    let include_usage = match field(body, "stream_options") {
+        None => false,
+        Some(o) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                ApiError::bad("stream_options", "`include_usage` must be a boolean")
+            })?,
+        },
+    };
+    let ignore_eos = flag("ignore_eos")?;
+    let mut stop_token_ids = if ignore_eos {
+        Vec::new()
+    } else {
+        s.eos.clone()
+    };
+    if let Some(v) = field(body, "stop_token_ids") {
+        let ids = v
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_u64().map(|t| t as u32))
+                    .collect::<Option<Vec<u32>>>()
+            })
+            .ok_or_else(|| {
+                ApiError::bad(
+                    "stop_token_ids",
+                    "`stop_token_ids` must be a list of token ids",
+                )
+            })?;
+        stop_token_ids.extend(ids);
+    }
+    let seed = seed.map_or_else(
+        || {
+            s.next_id
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        },
+        |x| x as u64,
+    );
+    Ok(Common {
+        stream,
+        include_usage,
+        max_tokens,
+        params: RequestParams {
+            sampling: SamplingParams {
+                temperature: temperature as f32,
+                top_k: top_k as i32,
+                top_p: top_p as f32,
+                seed,
+            },
+            max_tokens,
+            stop_token_ids,
+            // The stop ids already hold the model's end tokens unless ignore_eos.
+            ignore_eos: false,
+        },
+    })
+}
+
+/// The request body, or the rejection as an OpenAI-style error (413 for a body over the
+/// limit, 400 for anything that is not JSON).
+fn json_body(
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> Result<Value, ApiError> {
+    body.map(|Json(b)| b).map_err(|e| {
+        let status = e.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError {
+                status,
+                message: "the request body is larger than the server accepts (--max-body-bytes)"
+                    .into(),
+                kind: "invalid_request_error",
+                param: Some("body"),
+            }
+        } else {
+            ApiError::bad("body", format!("invalid JSON body: {e}"))
+        }
+    })
+}
+
+fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Eos => "stop",
+        FinishReason::Length | FinishReason::Context => "length",
+        FinishReason::Stopped => "abort",
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let body = match json_body(body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let prompt = match field(&body, "prompt") {
+        Some(Value::String(p)) => s
+            .tokenizer
+            .encode(p, true)
+            .map_err(|e| ApiError::bad("prompt", e.to_string())),
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+            Ok(a.iter().map(|x| x.as_u64().unwrap_or(0) as u32).collect())
+        }
+        Some(_) => Err(ApiError::bad(
+            "prompt",
+            "`prompt` must be a string or a list of token ids",
+        )),
+        None => Err(ApiError::bad("prompt", "`prompt` is required")),
+    };
+    let prompt = match prompt {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    generate(s, body, prompt, Kind::Completion).await
+}
+
+async fn chat_completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let body = match json_body(body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let messages: Result<Vec<ChatMessage>, ApiError> = match field(&body, "messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a
+            .iter()
+            .map(|m| {
+                let role = m.get("role").and_then(Value::as_str);
+                let content = m.get("content").and_then(Value::as_str);
+                match (role, content) {
+                    (Some(r), Some(c)) => Ok(ChatMessage::new(r, c)),
+                    _ => Err(ApiError::bad(
+                        "messages",
+                        "each message needs a string `role` and `content`",
+                    )),
+                }
+            })
+            .collect(),
+        _ => Err(ApiError::bad(
+            "messages",
+            "`messages` must be a non-empty list",
+        )),
+    };
+    let prompt = messages.and_then(|m| {
+        let text = s
+            .tokenizer
+            .apply_chat_template(&m, true)
+            .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+        s.tokenizer
+            .encode(&text, false)
+            .map_err(|e| ApiError::bad("messages", e.to_string()))
+    });
+    match prompt {
+        Ok(p) => generate(s, body, p, Kind::Chat).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+/// Aborts the request when dropped before its end (a client that went away).
+struct AbortGuard {
+    engine: Arc<EngineHandle>,
+    id: u64,
+    done: bool,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.engine.abort(self.id);
+        }
+    }
+}
+
+async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -> Response {
+    let c = match parse_common(&s, &body) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    s.requests_total.fetch_add(1, Ordering::Relaxed);
+    if prompt.len() + 1 > s.engine.max_seq_len {
+        return ApiError::bad(
+            "prompt",
+            format!(
+                "the prompt has {} tokens; the model's context is {}",
+                prompt.len(),
+                s.engine.max_seq_len
+            ),
+        )
+        .into_response();
+    }
+    if prompt.len() + c.max_tokens > s.engine.max_seq_len {
+        return ApiError::bad(
+            "max_tokens",
+            format!(
+                "{} prompt tokens + max_tokens {} exceed the model's context of {}",
+                prompt.len(),
+                c.max_tokens,
+                s.engine.max_seq_len
+            ),
+        )
+        .into_response();
+    }
+    let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::unbounded_channel::<Event>();
+    let submitted = s.engine.submit(
+        Request {
+            id,
+            prompt: prompt.clone(),
+            params: c.params.clone(),
+        },
+        Box::new(move |e| tx.send(e).is_ok()),
+    );
+    if let Err(e) = submitted {
+        return ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: e.to_string(),
+            kind: "server_error",
+            param: None,
+        }
+        .into_response();
+    }
+    let guard = AbortGuard {
+        engine: Arc::clone(&s.engine),
+        id,
+        done: false,
+    };
+    let (object, chunk_object, rid) = match kind {
+        Kind::Completion => ("text_completion", "text_completion", format!("cmpl-{id}")),
+        Kind::Chat => (
+            "chat.completion",
+            "chat.completion.chunk",
+            format!("chatcmpl-{id}"),
+        ),
+    };
+    let created = now_secs();
+    let model = s.cfg.served_model_name.clone();
+    if !c.stream {
+        return whole(s, rx, guard, prompt, kind, object, rid, created, model).await;
+    }
+    // Streaming: a task turns engine events into SSE data (one event per piece of text,
+    // a last one with the finish reason, the usage chunk when asked for, then [DONE]).
+    // When the client goes away, the task ends and its guard aborts the request.
+    let tokenizer = Arc::clone(&s.tokenizer);
+    let include_usage = c.include_usage;
+    let (out_tx, out_rx) = mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        let mut guard = guard;
+        let mut rx = rx;
+        let mut dec = StreamDecoder::new(&tokenizer, &prompt);
+        let mut n = 0usize;
+        loop {
+            let ev = tokio::select! {
+                ev = rx.recv() => ev,
+                _ = out_tx.closed() => return,
+            };
+            let Some(ev) = ev else { return };
+            match ev {
+                Event::Token(o) => {
+                    n += 1;
+                    let mut delta = dec.push(o.token).ok().flatten().unwrap_or_default();
+                    if o.finish.is_some() {
+                        if let Ok(Some(rest)) = dec.finish() {
+                            delta.push_str(&rest);
+                        }
+                    }
+                    let finish = o.finish.map(finish_name);
+                    if (!delta.is_empty() || finish.is_some())
+                        && out_tx
+                            .send(
+                                chunk(
+                                    kind,
+                                    chunk_object,
+                                    &rid,
+                                    created,
+                                    &model,
+                                    &delta,
+                                    finish,
+                                    n == 1,
+                                )
+                                .to_string(),
+                            )
+                            .is_err()
+                    {
+                        return;
+                    }
+                    if finish.is_some() {
+                        guard.done = true;
+                        if include_usage {
+                            let u = json!({
+                                "id": rid, "object": chunk_object, "created": created,
+                                "model": model, "choices": [], "usage": usage(prompt.len(), n),
+                            });
+                            let _ = out_tx.send(u.to_string());
+                        }
+                        let _ = out_tx.send("[DONE]".into());
+                        return;
+                    }
+                }
+                Event::Error(e) => {
+                    guard.done = true;
+                    let err = json!({"error": {"message": e, "type": "invalid_request_error", "param": null, "code": null}});
+                    let _ = out_tx.send(err.to_string());
+                    let _ = out_tx.send("[DONE]".into());
+                    return;
+                }
+            }
+        }
+    });
+    let events = UnboundedReceiverStream::new(out_rx)
+        .map(|d| Ok::<_, Infallible>(SseEvent::default().data(d)));
+    Sse::new(events).into_response()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn chunk(
+    kind: Kind,
+    object: &str,
+    rid: &str,
+    created: u64,
+    model: &str,
+    delta: &str,
+    finish: Option<&str>,
+    first: bool,
+) -> Value {
+    let choice = match kind {
+        Kind::Completion => {
+            json!({"index": 0, "text": delta, "logprobs": null, "finish_reason": finish})
+        }
+        Kind::Chat => {
+            let mut d = json!({"content": delta});
+            if first {
+                d["role"] = json!("assistant");
+            }
+            json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": finish})
+        }
+    };
+    json!({"id": rid, "object": object, "created": created, "model": model, "choices": [choice]})
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn whole(
+    s: Arc<AppState>,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    mut guard: AbortGuard,
+    prompt: Vec<u32>,
+    kind: Kind,
+    object: &str,
+    rid: String,
+    created: u64,
+    model: String,
+) -> Response {
+    let mut ids = Vec::new();
+    let finish = loop {
+        match rx.recv().await {
+            Some(Event::Token(o)) => {
+                ids.push(o.token);
+                if let Some(f) = o.finish {
+                    break f;
+                }
+            }
+            Some(Event::Error(e)) => {
+                guard.done = true;
+                return ApiError::bad("prompt", e).into_response();
+            }
+            None => {
+                guard.done = true;
+                return ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    message: "the engine dropped the request".into(),
+                    kind: "server_error",
+                    param: None,
+                }
+                .into_response();
+            }
+        }
+    };
+    guard.done = true;
+    let text = match s.tokenizer.decode(&ids, true) {
+        Ok(t) => t,
+        Err(e) => {
+            return ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: e.to_string(),
+                kind: "server_error",
+                param: None,
+            }
+            .into_response()
+        }
+    };
+    let choice = match kind {
+        Kind::Completion => {
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_name(finish), "token_ids": ids})
+        }
+        Kind::Chat => {
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_name(finish), "token_ids": ids})
+        }
+    };
+    Json(json!({
+        "id": rid, "object": object, "created": created, "model": model,
+        "choices": [choice], "usage": usage(prompt.len(), ids.len()),
+    }))
+    .into_response()
+}

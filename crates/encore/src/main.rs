@@ -11,6 +11,7 @@ mod out;
 mod parse;
 mod progress;
 mod prompts;
+mod serve_cmd;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -43,6 +44,9 @@ enum Command {
     Info(InfoArgs),
     /// Generate text for one or more prompts (one batch).
     Generate(generate_cmd::GenerateArgs),
+    /// An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,
+    /// /v1/models, /health, /metrics).
+    Serve(serve_cmd::ServeArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
     let result: Result<ExitCode> = match cli.command {
         Command::Info(a) => info(a),
         Command::Generate(a) => generate_cmd::run(a).map(|_| ExitCode::SUCCESS),
+        Command::Serve(a) => serve_cmd::run(a).map(|_| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Kernels(a)) => bench_kernels(a),
         Command::Bench(BenchCommand::Decode(a)) => bench_decode::run(a).map(|_| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Prefill(a)) => {

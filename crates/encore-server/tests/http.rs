@@ -1,0 +1,512 @@
+//! The OpenAI-compatible server over a real engine loop (CPU backend, `dummy:tiny`) and a
+//! real HTTP listener on loopback, driven by a minimal HTTP/1.1 client: completions and
+//! chat, whole and streamed (with the usage chunk), greedy output equal to `generate`,
+//! concurrent streaming clients, a client leaving mid-stream frees its KV blocks, the
+//! bad inputs' status codes and error bodies, bearer auth, models, health and metrics.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use encore_core::engine::{EngineConfig, KvSizing};
+use encore_core::memory::GraphMemory;
+use encore_core::progress::NoProgress;
+use encore_core::scheduler::SchedulerConfig;
+use encore_core::serve::EngineHandle;
+use encore_core::DType;
+use encore_server::ServerConfig;
+use serde_json::{json, Value};
+
+const MODEL: &str = "dummy:tiny";
+
+fn engine_config() -> EngineConfig {
+    EngineConfig {
+        dtype: DType::F32,
+        block_size: 16,
+        max_tokens_per_step: 256,
+        max_seqs: 32,
+        max_seq_len: 256,
+        kv: KvSizing::Blocks(1 + 32 * 16),
+        graphs: None,
+        graph_memory: GraphMemory::Arena,
+        capture_all: false,
+        verify_graphs: false,
+        extra_bytes: 0,
+        run_name: "http test".into(),
+        fix_hint: String::new(),
+    }
+}
+
+/// A server on an ephemeral loopback port; the runtime lives as long as the returned
+/// value.
+struct Server {
+    addr: SocketAddr,
+    engine: Arc<EngineHandle>,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn start(api_key: Option<&str>) -> Server {
+    let engine = Arc::new(
+        EngineHandle::start(
+            Arc::new(encore_core::backend::cpu::CpuBackend::new()),
+            MODEL.into(),
+            engine_config(),
+            SchedulerConfig {
+                max_num_batched_tokens: 128,
+                max_num_seqs: 32,
+            },
+            Box::new(NoProgress),
+        )
+        .unwrap(),
+    );
+    let files = encore_core::model::open_model(MODEL).unwrap();
+    let tokenizer = Arc::new(encore_core::model::open_tokenizer(&files.source).unwrap());
+    let router = encore_server::router(
+        Arc::clone(&engine),
+        tokenizer,
+        ServerConfig {
+            served_model_name: MODEL.into(),
+            api_key: api_key.map(String::from),
+            max_body_bytes: 64 * 1024,
+            default_max_tokens: 16,
+        },
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(encore_server::serve(
+        listener,
+        router,
+        std::future::pending(),
+    ));
+    Server {
+        addr,
+        engine,
+        _rt: rt,
+    }
+}
+
+/// One request; returns (status, body with chunked encoding undone).
+fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(body.unwrap_or(""));
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+fn post(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {
+    let (st, b) = http(addr, "POST", path, Some(&body.to_string()), &[]);
+    (st, serde_json::from_str(&b).unwrap_or(json!({ "raw": b })))
+}
+
+/// The `data:` payloads of an SSE body.
+fn sse(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: ").map(String::from))
+        .collect()
+}
+
+fn greedy_ids_from_generate(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    use encore_core::generate::{generate, GenerateOptions};
+    let be = encore_core::backend::cpu::CpuBackend::new();
+    let files = encore_core::model::open_model(MODEL).unwrap();
+    let engine =
+        encore_core::engine::Engine::new(&be, files, &engine_config(), &NoProgress).unwrap();
+    let mut runner = engine.runner;
+    let opts = GenerateOptions {
+        max_tokens,
+        sampling: Default::default(),
+        ignore_eos: true,
+    };
+    let g = generate(
+        &mut runner,
+        &[prompt.to_vec()],
+        &[],
+        &opts,
+        &NoProgress,
+        |_, _| std::ops::ControlFlow::Continue(()),
+    )
+    .unwrap();
+    g[0].output_ids.clone()
+}
+
+#[test]
+fn completions_whole_and_streamed_match_generate() {
+    let s = start(None);
+    let (st, v) = post(
+        s.addr,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": [5, 6, 7, 8, 9], "max_tokens": 12, "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let ids: Vec<u32> = serde_json::from_value(v["choices"][0]["token_ids"].clone()).unwrap();
+    assert_eq!(ids, greedy_ids_from_generate(&[5, 6, 7, 8, 9], 12));
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17})
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["object"], "text_completion");
+    // Streamed: the text pieces concatenate to the whole text; usage last, then [DONE].
+    let whole = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let body = json!({"model": MODEL, "prompt": [5, 6, 7, 8, 9], "max_tokens": 12, "temperature": 0,
+                      "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
+    let (st, raw) = http(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+        &[],
+    );
+    assert_eq!(st, 200);
+    let events = sse(&raw);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+    assert_eq!(usage["choices"], json!([]));
+    let text: String = chunks[..chunks.len() - 1]
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(text, whole);
+    assert_eq!(
+        chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        "length"
+    );
+}
+
+#[test]
+fn chat_completions_whole_and_streamed() {
+    let s = start(None);
+    let req = json!({"model": MODEL, "messages": [{"role": "user", "content": "hello there"}],
+                     "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+    let (st, v) = post(s.addr, "/v1/chat/completions", req.clone());
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["usage"]["completion_tokens"], 6);
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    let (st, raw) = http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&streamed.to_string()),
+        &[],
+    );
+    assert_eq!(st, 200);
+    let events = sse(&raw);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            let v: Value = serde_json::from_str(e).unwrap();
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        text,
+        v["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+}
+
+#[test]
+fn concurrent_streaming_clients_all_complete() {
+    let s = start(None);
+    let addr = s.addr;
+    let clients: Vec<_> = (0..24)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let n = 4 + i % 9;
+                let body = json!({"model": MODEL, "prompt": format!("client {i} says hello"),
+                                  "max_tokens": n, "ignore_eos": true, "seed": i, "stream": true,
+                                  "stream_options": {"include_usage": true}});
+                let (st, raw) = http(
+                    addr,
+                    "POST",
+                    "/v1/completions",
+                    Some(&body.to_string()),
+                    &[],
+                );
+                assert_eq!(st, 200);
+                let events = sse(&raw);
+                let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+                assert_eq!(usage["usage"]["completion_tokens"], n, "client {i}");
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let (st, m) = http(addr, "GET", "/metrics", None, &[]);
+    assert_eq!(st, 200);
+    assert!(m.contains("encore_requests_finished_total 24"), "{m}");
+    assert!(m.contains("encore_kv_blocks_used 0"), "{m}");
+}
+
+#[test]
+fn a_client_leaving_mid_stream_frees_its_blocks() {
+    let s = start(None);
+    let body = json!({"model": MODEL, "prompt": "a long story", "max_tokens": 200, "ignore_eos": true, "stream": true});
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    let b = body.to_string();
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+        b.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut seen = 0;
+    let mut line = String::new();
+    while seen < 3 {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        if line.starts_with("data: ") {
+            seen += 1;
+        }
+    }
+    drop(r);
+    drop(c);
+    let m = &s.engine.metrics;
+    let t = Instant::now();
+    while m
+        .requests_aborted_total
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == 0
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no abort after the client left"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (_, text) = http(s.addr, "GET", "/metrics", None, &[]);
+    assert!(text.contains("encore_kv_blocks_used 0"), "{text}");
+    assert!(text.contains("encore_requests_aborted_total 1"), "{text}");
+}
+
+#[test]
+fn bad_inputs_get_openai_errors() {
+    let s = start(None);
+    let a = s.addr;
+    let check = |path: &str, body: &str, status: u16, param: Option<&str>, what: &str| {
+        let (st, b) = http(a, "POST", path, Some(body), &[]);
+        assert_eq!(st, status, "{body}: {b}");
+        let v: Value = serde_json::from_str(&b).unwrap_or_else(|_| panic!("{body}: {b}"));
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(what), "{body}: {msg}");
+        assert!(v["error"]["type"].is_string());
+        if let Some(p) = param {
+            assert_eq!(v["error"]["param"], p, "{body}");
+        }
+    };
+    check("/v1/completions", "{not json", 400, Some("body"), "JSON");
+    check(
+        "/v1/completions",
+        r#"{"prompt": "x"}"#,
+        400,
+        Some("model"),
+        "required",
+    );
+    check(
+        "/v1/completions",
+        r#"{"model": "gpt-4", "prompt": "x"}"#,
+        404,
+        Some("model"),
+        "gpt-4",
+    );
+    check(
+        "/v1/completions",
+        r#"{"model": "dummy:tiny"}"#,
+        400,
+        Some("prompt"),
+        "required",
+    );
+    check(
+        "/v1/completions",
+        r#"{"model": "dummy:tiny", "prompt": 7}"#,
+        400,
+        Some("prompt"),
+        "string",
+    );
+    check(
+        "/v1/completions",
+        r#"{"model": "dummy:tiny", "prompt": "x", "temperature": 5}"#,
+        400,
+        Some("temperature"),
+        "temperature",
+    );
+    check(
+        "/v1/completions",
+        r#"{"model": "dummy:tiny", "prompt": "x", "top_p": 0}"#,
+        400,
+        Some("top_p"),
+        "top_p",
+    );
+    check(
+        "/v1/completions",
+        r#"{"model": "dummy:tiny", "prompt": "x", "max_tokens": 0}"#,
+        400,
+        Some("max_tokens"),
+        "max_tokens",
+    );
+    check(
+        "/v1/completions",
+        r#"{"model": "dummy:tiny", "prompt": "x", "max_tokens": 100000}"#,
+        400,
+        Some("max_tokens"),
+        "max_tokens",
+    );
+    check(
+        "/v1/completions",
+        r#"{"model": "dummy:tiny", "prompt": "x", "stream": "yes"}"#,
+        400,
+        Some("stream"),
+        "boolean",
+    );
+    let long = json!({"model": MODEL, "prompt": "y".repeat(300)}).to_string();
+    check("/v1/completions", &long, 400, Some("prompt"), "context");
+    check(
+        "/v1/completions",
+        r#"{"model": "dummy:tiny", "prompt": [1, 2, 999999]}"#,
+        400,
+        None,
+        "vocabulary",
+    );
+    check(
+        "/v1/chat/completions",
+        r#"{"model": "dummy:tiny", "messages": []}"#,
+        400,
+        Some("messages"),
+        "non-empty",
+    );
+    check(
+        "/v1/chat/completions",
+        r#"{"model": "dummy:tiny", "messages": [{"role": "user"}]}"#,
+        400,
+        Some("messages"),
+        "content",
+    );
+    // A body over the limit.
+    let big = json!({"model": MODEL, "prompt": "z".repeat(100_000)}).to_string();
+    let (st, _) = http(a, "POST", "/v1/completions", Some(&big), &[]);
+    assert_eq!(st, 413);
+    // The server still serves after all that.
+    let (st, _) = post(
+        a,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "ok", "max_tokens": 2}),
+    );
+    assert_eq!(st, 200);
+}
+
+#[test]
+fn bearer_auth_models_health_metrics() {
+    let s = start(Some("sekret"));
+    let body = json!({"model": MODEL, "prompt": "hi", "max_tokens": 2}).to_string();
+    let (st, b) = http(s.addr, "POST", "/v1/completions", Some(&body), &[]);
+    assert_eq!(st, 401, "{b}");
+    assert!(b.contains("invalid_api_key"));
+    let (st, _) = http(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        Some(&body),
+        &[("Authorization", "Bearer nope")],
+    );
+    assert_eq!(st, 401);
+    let (st, _) = http(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        Some(&body),
+        &[("Authorization", "Bearer sekret")],
+    );
+    assert_eq!(st, 200);
+    let (st, m) = http(
+        s.addr,
+        "GET",
+        "/v1/models",
+        None,
+        &[("Authorization", "Bearer sekret")],
+    );
+    assert_eq!(st, 200);
+    let m: Value = serde_json::from_str(&m).unwrap();
+    assert_eq!(m["data"][0]["id"], MODEL);
+    // Health and metrics need no key.
+    assert_eq!(http(s.addr, "GET", "/health", None, &[]).0, 200);
+    let (st, text) = http(s.addr, "GET", "/metrics", None, &[]);
+    assert_eq!(st, 200);
+    for name in [
+        "encore_requests_running",
+        "encore_requests_waiting",
+        "encore_kv_blocks_used",
+        "encore_kv_blocks_total",
+        "encore_preemptions_total",
+        "encore_graph_replays_total",
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} ")), "{name}: {text}");
+    }
+}
