@@ -20,8 +20,10 @@ for m in ${models//,/ }; do
   done
   echo "== $m: $(grep serving "$OUT/serve-$m.log")"
   for n in 1 16 64; do
-    python3 scripts/serve_load.py --url "http://127.0.0.1:$port" --model "dummy:$m" \
-      --requests $n --prompt-len 128 --max-tokens 256 --json | tee -a "$OUT/load-$m.jsonl"
+    for mode in --no-stream ""; do
+      python3 scripts/serve_load.py --url "http://127.0.0.1:$port" --model "dummy:$m" \
+        --requests $n --prompt-len 128 --max-tokens 256 --json $mode | tee -a "$OUT/load-$m.jsonl"
+    done
   done
   curl -s "http://127.0.0.1:$port/metrics" | grep -v '^#' >"$OUT/metrics-$m.txt"
   kill -TERM $pid
