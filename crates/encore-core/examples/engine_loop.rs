@@ -34,7 +34,10 @@ fn main() -> encore_core::Result<()> {
         max_seqs: n.max(1),
         max_seq_len: (p + m + 16).next_multiple_of(16),
         kv: if cuda {
-            KvSizing::DeviceFraction { fraction: 0.5, at_least: 2 }
+            KvSizing::DeviceFraction {
+                fraction: 0.5,
+                at_least: 2,
+            }
         } else {
             KvSizing::Blocks(1 + n * (p + m + 16).div_ceil(16))
         },
@@ -95,7 +98,10 @@ fn main() -> encore_core::Result<()> {
         }
     }
     let wall = t.elapsed().as_secs_f64();
-    let steps = engine.metrics.steps_total.load(std::sync::atomic::Ordering::Relaxed);
+    let steps = engine
+        .metrics
+        .steps_total
+        .load(std::sync::atomic::Ordering::Relaxed);
     println!(
         "{n} requests x ({p} prompt + {m} output): {wall:.3} s, {:.0} output tok/s, {steps} steps, {:.3} ms/step",
         tokens as f64 / wall,

@@ -4,6 +4,7 @@
 mod bench_capture;
 mod bench_decode;
 mod bench_prefill;
+mod bench_serve;
 mod generate_cmd;
 mod graphs;
 mod model_arg;
@@ -84,6 +85,9 @@ enum BenchCommand {
     /// Memory of captured decode graphs per graph-memory strategy (private, multi-va,
     /// arena): physical and virtual bytes, capture time, the largest bucket's need.
     Capture(bench_capture::BenchCaptureArgs),
+    /// A serving benchmark (Poisson arrivals, length ranges, concurrency limit): request
+    /// and token throughput, TTFT, TPOT and inter-token latency percentiles.
+    Serve(bench_serve::BenchServeArgs),
 }
 
 #[derive(Args)]
@@ -119,6 +123,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Capture(a)) => {
             bench_capture::run(a).map(|_| ExitCode::SUCCESS)
         }
+        Command::Bench(BenchCommand::Serve(a)) => bench_serve::run(a).map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -775,3 +775,59 @@ fn info_self_check_passes_on_cpu() {
     assert!(stdout.contains("selected cpu"), "{stdout}");
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }
+
+#[test]
+fn bench_serve_in_process_reports_throughput_and_latencies() {
+    let out = encore(&[
+        "bench",
+        "serve",
+        "--in-process",
+        "--device",
+        "cpu",
+        "--model",
+        "dummy:tiny",
+        "--dtype",
+        "f32",
+        "--num-prompts",
+        "6",
+        "--input-len",
+        "10",
+        "--output-len",
+        "5",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "32",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows = json_lines(&out);
+    let r = &rows[0];
+    assert_eq!(r["input_tokens"], 60, "{r}");
+    assert_eq!(r["output_tokens"], 30, "{r}");
+    assert!(r["max_running"].as_u64().unwrap() <= 4, "{r}");
+    for k in ["ttft_ms", "tpot_ms", "itl_ms"] {
+        for q in ["mean", "p50", "p90", "p99"] {
+            assert!(r[k][q].as_f64().unwrap() > 0.0, "{k}.{q}: {r}");
+        }
+    }
+    assert!(r["output_throughput"].as_f64().unwrap() > 0.0);
+    for (flag, value, what) in [
+        ("--input-len", "5:2", "--input-len"),
+        ("--request-rate", "0", "--request-rate"),
+        ("--output-len", "0", "--output-len"),
+    ] {
+        let err = failure(&encore(&[
+            "bench",
+            "serve",
+            "--in-process",
+            "--device",
+            "cpu",
+            flag,
+            value,
+        ]));
+        assert!(err.contains(what), "{flag}: {err}");
+    }
+    let err = failure(&encore(&["bench", "serve", "--device", "cpu"]));
+    assert!(err.contains("--in-process"), "{err}");
+}
