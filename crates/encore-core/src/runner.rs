@@ -45,6 +45,7 @@ impl Default for SamplingParams {
 
 /// One sequence's part of a step: the new tokens to run (a whole prompt, a chunk of one,
 /// or the one token of a decode step).
+#[derive(Clone, Copy, Debug)]
 pub struct SeqStep<'a> {
     pub seq: SeqId,
     pub tokens: &'a [u32],
@@ -127,6 +128,9 @@ crate::step_inputs! {
         top_k: i32 [Seqs, One] = 0,
         top_p: f32 [Seqs, One] = 1.0,
         seeds: i64 [Seqs, One] = 0,
+        /// A mixed step's `cu_seqlens_q` of the sequences after its leading decode rows,
+        /// relative to their first row (attention runs the two groups separately).
+        cu_rest: i32 [SeqsPlusOne, One] = 0,
         /// Each sequence's blocks; unused entries and padding rows hold the null block.
         block_tables: i32 [Seqs, Table] = NULL_BLOCK,
     }
@@ -355,12 +359,53 @@ impl<'b> Runner<'b> {
             ));
         }
         let decode_only = batch.iter().all(|s| s.tokens.len() == 1);
+        // A mixed step runs its decode rows first, so attention can take them through the
+        // decode path and the rest through the prefill path (two launches); results go
+        // back in the caller's order.
+        let d = if decode_only {
+            0
+        } else {
+            batch.iter().filter(|s| s.tokens.len() == 1).count()
+        };
+        if d > 0 {
+            let order: Vec<usize> = (0..b)
+                .filter(|&i| batch[i].tokens.len() == 1)
+                .chain((0..b).filter(|&i| batch[i].tokens.len() != 1))
+                .collect();
+            let sorted: Vec<SeqStep<'_>> = order.iter().map(|&i| batch[i]).collect();
+            let (tokens, logits) = self.run_sorted(&sorted, keep_logits, false, d)?;
+            let vocab = self.model.cfg.vocab_size;
+            let mut out_tokens = vec![0u32; b];
+            let mut out_logits = logits.as_ref().map(|l| vec![0f32; l.len()]);
+            for (k, &i) in order.iter().enumerate() {
+                out_tokens[i] = tokens[k];
+                if let (Some(src), Some(dst)) = (&logits, out_logits.as_mut()) {
+                    dst[i * vocab..(i + 1) * vocab]
+                        .copy_from_slice(&src[k * vocab..(k + 1) * vocab]);
+                }
+            }
+            return Ok((out_tokens, out_logits));
+        }
+        self.run_sorted(batch, keep_logits, decode_only, 0)
+    }
+
+    /// [`Runner::run`] over a batch whose first `d` sequences are the decode rows of a
+    /// mixed step (0: no split).
+    fn run_sorted(
+        &mut self,
+        batch: &[SeqStep<'_>],
+        keep_logits: bool,
+        decode_only: bool,
+        d: usize,
+    ) -> Result<(Vec<u32>, Option<Vec<f32>>)> {
+        let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let b = batch.len();
         let (plan, layout) = self.plan(n, b, decode_only);
         let be = self.be;
         match plan {
             Plan::Eager => {
-                self.pack(batch, &layout, b)?;
-                let step = forward_step(parts!(self), &layout, decode_only, Shape::Whole, b)?;
+                self.pack(batch, &layout, b, d)?;
+                let step = forward_step(parts!(self), &layout, decode_only, Shape::Whole, b, d)?;
                 let buf = self.exec.eager(&step)?;
                 let tokens = self.download_tokens(b)?;
                 let logits = if keep_logits {
@@ -375,13 +420,13 @@ impl<'b> Runner<'b> {
                     Phase::Decode => key.bucket,
                     Phase::Mixed => b,
                 };
-                self.pack(batch, &layout, read)?;
+                self.pack(batch, &layout, read, d)?;
                 let (shape, decode, seqs) = match key.phase {
                     Phase::Decode => (Shape::Whole, true, key.bucket),
                     Phase::Mixed => (Shape::Split, false, b),
                 };
                 let real = if decode { b } else { n };
-                let step = forward_step(parts!(self), &layout, decode, shape, seqs)?;
+                let step = forward_step(parts!(self), &layout, decode, shape, seqs, d)?;
                 let buf = self.exec.replay(be, key, real, &step)?;
                 let replayed = if keep_logits || self.verify_graphs {
                     Some(be.download::<f32>(&buf.logits(b)?)?)
@@ -394,8 +439,9 @@ impl<'b> Runner<'b> {
                 }
                 // Debug check: the same step eagerly and unpadded.
                 let eager_layout = self.inputs.layout(n, b);
-                self.pack(batch, &eager_layout, b)?;
-                let step = forward_step(parts!(self), &eager_layout, decode_only, Shape::Whole, b)?;
+                self.pack(batch, &eager_layout, b, d)?;
+                let step =
+                    forward_step(parts!(self), &eager_layout, decode_only, Shape::Whole, b, d)?;
                 let buf = self.exec.eager(&step)?;
                 let eager = be.download::<f32>(&buf.logits(b)?)?;
                 let tol = if self.model.weights.dtype == DType::F32 {
@@ -423,7 +469,13 @@ impl<'b> Runner<'b> {
     /// Pack the step's metadata into the host staging of `layout` (rows beyond the
     /// step's padded), and upload what the step reads (`read_seqs` sequence rows): one
     /// copy.
-    fn pack(&mut self, batch: &[SeqStep<'_>], layout: &Layout, read_seqs: usize) -> Result<()> {
+    fn pack(
+        &mut self,
+        batch: &[SeqStep<'_>],
+        layout: &Layout,
+        read_seqs: usize,
+        d: usize,
+    ) -> Result<()> {
         let w = self.table_width;
         let h = StepHost::of(&mut self.inputs, layout)?;
         h.cu_seqlens_q[0] = 0;
@@ -464,6 +516,12 @@ impl<'b> Runner<'b> {
             h.top_k[i] = s.sampling.top_k;
             h.top_p[i] = s.sampling.top_p;
             h.seeds[i] = mix_seed(s.sampling.seed, total as u64) as i64;
+        }
+        // The sequences after the `d` decode rows, relative to their first row.
+        if d > 0 {
+            for k in 0..=batch.len() - d {
+                h.cu_rest[k] = h.cu_seqlens_q[d + k] - d as i32;
+            }
         }
         self.finish_pack(layout, t, batch.len(), read_seqs)
     }
@@ -587,12 +645,12 @@ impl<'b> Runner<'b> {
         let step = match key.phase {
             Phase::Decode => {
                 self.pad_only(&layout, layout.seqs)?;
-                forward_step(parts!(self), &layout, true, Shape::Whole, layout.seqs)?
+                forward_step(parts!(self), &layout, true, Shape::Whole, layout.seqs, 0)?
             }
             Phase::Mixed => {
                 // One empty sequence: every token row is padding.
                 self.pad_only(&layout, 1)?;
-                forward_step(parts!(self), &layout, false, Shape::Split, 1)?
+                forward_step(parts!(self), &layout, false, Shape::Split, 1, 0)?
             }
         };
         self.exec.capture(self.be, key, &step)
@@ -623,7 +681,7 @@ impl<'b> Runner<'b> {
         for rows in rows {
             let layout = self.inputs.layout(rows, rows);
             self.pad_only(&layout, rows)?;
-            let step = forward_step(parts!(self), &layout, true, Shape::HeadOnly, rows)?;
+            let step = forward_step(parts!(self), &layout, true, Shape::HeadOnly, rows, 0)?;
             self.exec.eager(&step)?;
         }
         Ok(())
@@ -638,7 +696,7 @@ impl<'b> Runner<'b> {
             self.cfg.max_seqs,
         );
         self.pad_only(&layout, 1)?;
-        let step = forward_step(parts!(self), &layout, false, Shape::Whole, 1)?;
+        let step = forward_step(parts!(self), &layout, false, Shape::Whole, 1, 0)?;
         self.exec.eager(&step)?;
         self.be.synchronize()
     }
@@ -717,6 +775,8 @@ struct ForwardStep<'a> {
     head_rows: usize,
     /// Pure decode (attention without `cu_seqlens_q`).
     decode: bool,
+    /// Leading decode rows of a mixed step, attended separately (0: one launch).
+    decode_rows: usize,
     shape: Shape,
     sampled: Tensor,
     table_width: usize,
@@ -733,6 +793,7 @@ impl ForwardStep<'_> {
             seq_lens: &self.v.seq_lens,
             cu_seqlens_q: (!self.decode).then_some(&self.v.cu_seqlens_q),
             logits_indices: &self.v.logits_indices,
+            split: (self.decode_rows > 0).then_some((self.decode_rows, &self.v.cu_rest)),
         }
     }
 
@@ -814,10 +875,13 @@ fn forward_step<'a>(
     decode: bool,
     shape: Shape,
     seqs: usize,
+    decode_rows: usize,
 ) -> Result<ForwardStep<'a>> {
     let mut v = StepViews::of(r.inputs, layout)?;
     v.seq_lens = v.seq_lens.prefix(seqs)?;
     v.cu_seqlens_q = v.cu_seqlens_q.prefix(seqs + 1)?;
+    let decode_rows = if decode_rows < seqs { decode_rows } else { 0 };
+    v.cu_rest = v.cu_rest.prefix(seqs - decode_rows + 1)?;
     v.block_tables = v.block_tables.prefix(seqs)?;
     v.temperature = v.temperature.prefix(seqs)?;
     v.top_k = v.top_k.prefix(seqs)?;
@@ -839,6 +903,7 @@ fn forward_step<'a>(
         seqs,
         head_rows,
         decode,
+        decode_rows,
         shape,
         sampled: r.sampled.prefix(seqs)?,
         table_width: r.table_width,

@@ -239,6 +239,7 @@ fn step(
                 seq_lens: &t_lens,
                 cu_seqlens_q: if decode_only { None } else { Some(&t_cu) },
                 logits_indices: &t_last,
+                split: None,
             },
         )
         .unwrap();

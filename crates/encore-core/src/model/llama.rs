@@ -36,6 +36,12 @@ pub struct StepInputs<'a> {
     /// i32 `[b]`: the row of each sequence's last token (an out-of-range row yields a
     /// zero hidden state, e.g. for padding).
     pub logits_indices: &'a Tensor,
+    /// A mixed step whose first `decode_rows` sequences are one-token decode rows (rows
+    /// `0..decode_rows`), with `cu_seqlens_q` of the other sequences relative to their
+    /// first row (i32 `[b - decode_rows + 1]`): attention runs as two launches, the decode
+    /// rows through the decode path and the rest through the prefill path. `None`: one
+    /// launch over the whole step.
+    pub split: Option<(usize, &'a Tensor)>,
 }
 
 /// A model ready to run: config, weights on the backend, and the rotary table.
@@ -291,7 +297,8 @@ impl Model {
     }
 
     /// The seam after piece `layer`: that layer's paged attention, reading the step's
-    /// per-sequence metadata (block tables, lengths, `cu_seqlens_q`).
+    /// per-sequence metadata (block tables, lengths, `cu_seqlens_q`). With
+    /// [`StepInputs::split`], the decode rows and the prefill rows go to two launches.
     pub fn attention(
         &self,
         be: &dyn Backend,
@@ -302,18 +309,43 @@ impl Model {
     ) -> Result<()> {
         let c = &self.cfg;
         let (n, nh, hd) = (buf.q.dim(0), c.num_heads, c.head_dim);
-        be.attention(&Attention {
-            q: &buf.q.reshape(&[n, nh, hd])?,
-            k_cache: kv.k(layer),
-            v_cache: kv.v(layer),
-            block_tables: inp.block_tables,
-            seq_lens: inp.seq_lens,
-            cu_seqlens_q: inp.cu_seqlens_q,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window: c.layer_window(layer),
-            out: &buf.attn.reshape(&[n, nh, hd])?,
-            scratch: &buf.scratch,
-        })
+        let q = buf.q.reshape(&[n, nh, hd])?;
+        let out = buf.attn.reshape(&[n, nh, hd])?;
+        let call =
+            |q: &Tensor, out: &Tensor, tables: &Tensor, lens: &Tensor, cu: Option<&Tensor>| {
+                be.attention(&Attention {
+                    q,
+                    k_cache: kv.k(layer),
+                    v_cache: kv.v(layer),
+                    block_tables: tables,
+                    seq_lens: lens,
+                    cu_seqlens_q: cu,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    window: c.layer_window(layer),
+                    out,
+                    scratch: &buf.scratch,
+                })
+            };
+        let b = inp.seq_lens.numel();
+        match (inp.split, inp.cu_seqlens_q) {
+            (Some((d, cu_rest)), Some(_)) if d > 0 && d < b => {
+                call(
+                    &q.narrow(0, d)?,
+                    &out.narrow(0, d)?,
+                    &inp.block_tables.narrow(0, d)?,
+                    &inp.seq_lens.narrow(0, d)?,
+                    None,
+                )?;
+                call(
+                    &q.narrow(d, n - d)?,
+                    &out.narrow(d, n - d)?,
+                    &inp.block_tables.narrow(d, b - d)?,
+                    &inp.seq_lens.narrow(d, b - d)?,
+                    Some(cu_rest),
+                )
+            }
+            _ => call(&q, &out, inp.block_tables, inp.seq_lens, inp.cu_seqlens_q),
+        }
     }
 
     /// After the last piece: gather the hidden row of each of the first `rows` entries of
