@@ -166,8 +166,7 @@ impl Model {
         table_width: usize,
         block_size: usize,
     ) -> usize {
-        let scratch =
-            backend.attention_scratch_len(n, cfg.num_heads, cfg.head_dim, table_width, block_size);
+        let scratch = Self::scratch_len(cfg, backend, n, b, table_width, block_size);
         Self::buffer_shapes(cfg, dtype, n, b, scratch)
             .iter()
             .map(|(d, s)| {
@@ -177,6 +176,22 @@ impl Model {
                     .unwrap_or(usize::MAX)
             })
             .fold(0usize, usize::saturating_add)
+    }
+
+    /// Attention scratch (f32 elements) for a step of up to `n` token rows and `b`
+    /// sequences: one launch over all rows, or (a mixed step) its leading decode rows — up
+    /// to `b` of them — alone. The split-K plan uses more splits for fewer rows, so the
+    /// need is not monotonic in the row count: the maximum is taken over every count.
+    fn scratch_len(
+        cfg: &ModelConfig,
+        backend: &dyn Backend,
+        n: usize,
+        b: usize,
+        w: usize,
+        bs: usize,
+    ) -> usize {
+        let len = |rows| backend.attention_scratch_len(rows, cfg.num_heads, cfg.head_dim, w, bs);
+        (1..=b.min(n)).map(len).fold(len(n), usize::max)
     }
 
     /// Allocate one step's intermediates for a capacity of `n` token rows and `b`
@@ -191,8 +206,7 @@ impl Model {
         w: usize,
         bs: usize,
     ) -> Result<StepBuffers> {
-        let scratch =
-            backend.attention_scratch_len(n, self.cfg.num_heads, self.cfg.head_dim, w, bs);
+        let scratch = Self::scratch_len(&self.cfg, backend, n, b, w, bs);
         let mut it = Self::buffer_shapes(&self.cfg, self.dtype(), n, b, scratch)
             .into_iter()
             .map(|(d, s)| arena.alloc(d, &s))
