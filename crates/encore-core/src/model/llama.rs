@@ -180,8 +180,9 @@ impl Model {
 
     /// Attention scratch (f32 elements) for a step of up to `n` token rows and `b`
     /// sequences: one launch over all rows, or (a mixed step) its leading decode rows — up
-    /// to `b` of them — alone. The split-K plan uses more splits for fewer rows, so the
-    /// need is not monotonic in the row count: the maximum is taken over every count.
+    /// to `b` of them — and the rows after them, in two launches. The split-K plan uses
+    /// more splits for fewer rows, so the need is not monotonic in the row count: the
+    /// maximum is taken over every count either launch may have.
     fn scratch_len(
         cfg: &ModelConfig,
         backend: &dyn Backend,
@@ -191,7 +192,8 @@ impl Model {
         bs: usize,
     ) -> usize {
         let len = |rows| backend.attention_scratch_len(rows, cfg.num_heads, cfg.head_dim, w, bs);
-        (1..=b.min(n)).map(len).fold(len(n), usize::max)
+        let d = b.min(n);
+        (1..=d).chain(n - d..n).map(len).fold(len(n), usize::max)
     }
 
     /// Allocate one step's intermediates for a capacity of `n` token rows and `b`
