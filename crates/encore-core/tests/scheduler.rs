@@ -269,3 +269,60 @@ fn requests_that_can_never_run_are_refused() {
     };
     assert!(Scheduler::new(too_big, &r).is_err());
 }
+
+/// On CUDA, at a real model's shape in bf16 (tensor-core prefill, split-K decode, mixed
+/// steps attended in two launches, every bucket captured): 96 requests of random lengths
+/// under tight budgets all complete with their token counts, with no step failing.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_mixed_steps_at_a_real_shape_complete() {
+    use encore_core::engine::{Engine, EngineConfig, KvSizing};
+    use encore_core::graph::BucketPolicy;
+    use encore_core::memory::GraphMemory;
+    use encore_core::runner::GraphConfig;
+    let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
+    let cfg = EngineConfig {
+        dtype: encore_core::DType::BF16,
+        block_size: 16,
+        max_tokens_per_step: 1024,
+        max_seqs: 64,
+        max_seq_len: 1024,
+        kv: KvSizing::Blocks(1 + 64 * 40),
+        graphs: Some(GraphConfig {
+            decode: BucketPolicy::VllmLike { max: 64 },
+            mixed: BucketPolicy::SglangLike { max: 1024 },
+        }),
+        graph_memory: GraphMemory::Arena,
+        capture_all: true,
+        verify_graphs: false,
+        extra_bytes: 0,
+        run_name: "scheduler test".into(),
+        fix_hint: String::new(),
+    };
+    let files = encore_core::model::open_model("dummy:qwen2.5-0.5b").unwrap();
+    let Engine { mut runner, .. } =
+        Engine::new(&be, files, &cfg, &encore_core::progress::NoProgress).unwrap();
+    let reqs: Vec<(Request, u64)> = (0..96u64)
+        .map(|i| {
+            let mut r = request(
+                i,
+                1 + (i as usize * 97) % 600,
+                1 + (i as usize * 31) % 100,
+                0.0,
+            );
+            r.params.sampling.temperature = 0.7;
+            (r, i / 8)
+        })
+        .collect();
+    let sched = SchedulerConfig {
+        max_num_batched_tokens: 512,
+        max_num_seqs: 64,
+    };
+    let (out, s) = run(&mut runner, sched, &reqs);
+    for (q, _) in &reqs {
+        assert_eq!(out[&q.id].0.len(), q.params.max_tokens, "request {}", q.id);
+    }
+    assert_eq!(s.stats().finished, 96);
+    let g = runner.graph_stats().unwrap();
+    assert!(g.hits > 50, "{g:?}");
+}
