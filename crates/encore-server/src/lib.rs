@@ -40,6 +40,9 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Default `max_tokens` of a completion (OpenAI's is 16).
     pub default_max_tokens: usize,
+    /// Refuse new requests with 503 (and `Retry-After`) while this many wait in the
+    /// engine's queue; `None`: no limit.
+    pub max_waiting: Option<usize>,
 }
 
 /// Shared by the handlers.
@@ -503,6 +506,23 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
         Err(e) => return e.into_response(),
     };
     s.requests_total.fetch_add(1, Ordering::Relaxed);
+    if let Some(limit) = s.cfg.max_waiting {
+        let waiting = s.engine.metrics.requests_waiting.load(Ordering::Relaxed) as usize;
+        if waiting >= limit {
+            let mut r = ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message: format!(
+                    "the server is at capacity ({waiting} requests waiting); retry shortly"
+                ),
+                kind: "server_error",
+                param: None,
+            }
+            .into_response();
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return r;
+        }
+    }
     if prompt.len() + 1 > s.engine.max_seq_len {
         return ApiError::bad(
             "prompt",

@@ -47,6 +47,10 @@ struct Server {
 }
 
 fn start(api_key: Option<&str>) -> Server {
+    start_with(api_key, None)
+}
+
+fn start_with(api_key: Option<&str>, max_waiting: Option<usize>) -> Server {
     let engine = Arc::new(
         EngineHandle::start(
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
@@ -70,6 +74,7 @@ fn start(api_key: Option<&str>) -> Server {
             api_key: api_key.map(String::from),
             max_body_bytes: 64 * 1024,
             default_max_tokens: 16,
+            max_waiting,
         },
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -509,4 +514,27 @@ fn bearer_auth_models_health_metrics() {
     ] {
         assert!(text.contains(&format!("# TYPE {name} ")), "{name}: {text}");
     }
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    // A limit of 0 waiting requests refuses every request: the queue is always "full".
+    let s = start_with(None, Some(0));
+    let body = json!({"model": MODEL, "prompt": "hi", "max_tokens": 2}).to_string();
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    c.read_to_string(&mut raw).unwrap();
+    assert!(raw.starts_with("HTTP/1.1 503"), "{raw}");
+    assert!(raw.to_ascii_lowercase().contains("retry-after: 1"), "{raw}");
+    assert!(raw.contains("at capacity"), "{raw}");
+    // Without the limit the same request is served.
+    let s = start(None);
+    let (st, _) = http(s.addr, "POST", "/v1/completions", Some(&body), &[]);
+    assert_eq!(st, 200);
 }

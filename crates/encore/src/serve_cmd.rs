@@ -65,6 +65,9 @@ pub struct ServeArgs {
     /// Capture graphs on first use instead of all at start-up.
     #[arg(long)]
     lazy_capture: bool,
+    /// Refuse new requests with 503 and `Retry-After` while this many wait in the queue.
+    #[arg(long, value_parser = parse::count::<0, { 1 << 30 }>, allow_negative_numbers = true)]
+    max_waiting: Option<usize>,
     /// Largest request body in bytes.
     #[arg(long, default_value = "4194304", value_parser = parse::count::<1024, { 1 << 30 }>, allow_negative_numbers = true)]
     max_body_bytes: usize,
@@ -140,6 +143,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         api_key: a.api_key.filter(|k| !k.is_empty()),
         max_body_bytes: a.max_body_bytes,
         default_max_tokens: 16,
+        max_waiting: a.max_waiting,
     };
     let name = server_cfg.served_model_name.clone();
     let router = encore_server::router(Arc::clone(&engine), tokenizer, server_cfg);
