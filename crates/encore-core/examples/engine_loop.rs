@@ -8,7 +8,6 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use encore_core::engine::{EngineConfig, KvSizing};
-use encore_core::memory::GraphMemory;
 use encore_core::runner::GraphConfig;
 use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
 use encore_core::serve::{EngineHandle, Event};
@@ -27,20 +26,16 @@ fn main() -> encore_core::Result<()> {
     let (opened, _) = encore_core::device::open(spec)?;
     let be = opened.backend();
     let cuda = be.memory_info().is_some();
+    let kv = if cuda {
+        KvSizing::DeviceFraction {
+            fraction: 0.5,
+            at_least: 2,
+        }
+    } else {
+        KvSizing::Blocks(1 + n * (p + m + 16).div_ceil(16))
+    };
+    let max_seq_len = (p + m + 16).next_multiple_of(16);
     let cfg = EngineConfig {
-        dtype: encore_core::DType::BF16,
-        block_size: 16,
-        max_tokens_per_step: 2048,
-        max_seqs: n.max(1),
-        max_seq_len: (p + m + 16).next_multiple_of(16),
-        kv: if cuda {
-            KvSizing::DeviceFraction {
-                fraction: 0.5,
-                at_least: 2,
-            }
-        } else {
-            KvSizing::Blocks(1 + n * (p + m + 16).div_ceil(16))
-        },
         graphs: Some(GraphConfig {
             decode: encore_core::graph::BucketPolicy::VllmLike { max: n.max(1) },
             mixed: if cuda {
@@ -49,12 +44,15 @@ fn main() -> encore_core::Result<()> {
                 encore_core::graph::BucketPolicy::None
             },
         }),
-        graph_memory: GraphMemory::Arena,
         capture_all: true,
-        verify_graphs: false,
-        extra_bytes: 0,
-        run_name: "engine_loop".into(),
-        fix_hint: String::new(),
+        ..EngineConfig::new(
+            encore_core::DType::BF16,
+            16,
+            2048,
+            n.max(1),
+            max_seq_len,
+            kv,
+        )
     };
     let sched = SchedulerConfig {
         max_num_batched_tokens: 2048,

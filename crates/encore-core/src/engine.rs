@@ -65,6 +65,36 @@ pub struct EngineConfig {
     pub fix_hint: String,
 }
 
+impl EngineConfig {
+    /// A configuration of these sizes with everything else at its plain default: eager
+    /// (no graphs), the `arena` graph memory, on-demand capture, no verification, nothing
+    /// allocated beside the engine. Set fields with struct update syntax.
+    pub fn new(
+        dtype: DType,
+        block_size: usize,
+        max_tokens_per_step: usize,
+        max_seqs: usize,
+        max_seq_len: usize,
+        kv: KvSizing,
+    ) -> Self {
+        EngineConfig {
+            dtype,
+            block_size,
+            max_tokens_per_step,
+            max_seqs,
+            max_seq_len,
+            kv,
+            graphs: None,
+            graph_memory: GraphMemory::Arena,
+            capture_all: false,
+            verify_graphs: false,
+            extra_bytes: 0,
+            run_name: "engine".into(),
+            fix_hint: String::new(),
+        }
+    }
+}
+
 /// What start-up did and how long each part took.
 #[derive(Clone, Debug, Default)]
 pub struct BootReport {

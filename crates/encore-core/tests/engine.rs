@@ -6,7 +6,6 @@ use encore_core::backend::cpu::CpuBackend;
 use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::graph::{BucketPolicy, Phase};
 use encore_core::kv::SeqId;
-use encore_core::memory::GraphMemory;
 use encore_core::model::open_model;
 use encore_core::progress::{Progress, Unit};
 use encore_core::runner::{GraphConfig, SamplingParams, SeqStep};
@@ -17,22 +16,14 @@ mod common;
 
 fn config() -> EngineConfig {
     EngineConfig {
-        dtype: DType::F32,
-        block_size: 16,
-        max_tokens_per_step: 128,
-        max_seqs: 4,
-        max_seq_len: 256,
-        kv: KvSizing::Blocks(1 + 4 * 16),
         graphs: Some(GraphConfig {
             decode: BucketPolicy::PowersOfTwo { max: 4 },
             mixed: BucketPolicy::SglangLike { max: 128 },
         }),
-        graph_memory: GraphMemory::Arena,
         capture_all: true,
-        verify_graphs: false,
-        extra_bytes: 0,
         run_name: "engine test".into(),
         fix_hint: "use a smaller test".into(),
+        ..EngineConfig::new(DType::F32, 16, 128, 4, 256, KvSizing::Blocks(1 + 4 * 16))
     }
 }
 

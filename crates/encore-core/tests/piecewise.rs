@@ -425,32 +425,22 @@ fn cuda_graph_memory_is_max_over_decode_and_token_buckets() {
 #[ignore = "needs a CUDA device"]
 fn cuda_engine_start_up_leaves_nothing_to_plan() {
     use encore_core::engine::{Engine, EngineConfig, KvSizing};
-    use encore_core::memory::GraphMemory;
     use encore_core::model::open_model;
     use encore_core::DType;
     let _g = cuda_lock();
     let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
+    // KV sized from the memory left after a warm-up step of the largest shape.
+    let kv = KvSizing::DeviceFraction {
+        fraction: 0.05,
+        at_least: 1 + 8 * 32,
+    };
     let cfg = EngineConfig {
-        dtype: DType::BF16,
-        block_size: 16,
-        max_tokens_per_step: 512,
-        max_seqs: 8,
-        max_seq_len: 512,
-        // Sized from the memory left after a warm-up step of the largest shape.
-        kv: KvSizing::DeviceFraction {
-            fraction: 0.05,
-            at_least: 1 + 8 * 32,
-        },
         graphs: Some(GraphConfig {
             decode: BucketPolicy::VllmLike { max: 8 },
             mixed: BucketPolicy::SglangLike { max: 512 },
         }),
-        graph_memory: GraphMemory::Arena,
         capture_all: true,
-        verify_graphs: false,
-        extra_bytes: 0,
-        run_name: "test".into(),
-        fix_hint: String::new(),
+        ..EngineConfig::new(DType::BF16, 16, 512, 8, 512, kv)
     };
     let files = open_model("dummy:tiny").unwrap();
     let Engine { mut runner, report } =

@@ -278,26 +278,22 @@ fn requests_that_can_never_run_are_refused() {
 fn cuda_mixed_steps_at_a_real_shape_complete() {
     use encore_core::engine::{Engine, EngineConfig, KvSizing};
     use encore_core::graph::BucketPolicy;
-    use encore_core::memory::GraphMemory;
     use encore_core::runner::GraphConfig;
     let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
     let cfg = EngineConfig {
-        dtype: encore_core::DType::BF16,
-        block_size: 16,
-        max_tokens_per_step: 1024,
-        max_seqs: 64,
-        max_seq_len: 1024,
-        kv: KvSizing::Blocks(1 + 64 * 40),
         graphs: Some(GraphConfig {
             decode: BucketPolicy::VllmLike { max: 64 },
             mixed: BucketPolicy::SglangLike { max: 1024 },
         }),
-        graph_memory: GraphMemory::Arena,
         capture_all: true,
-        verify_graphs: false,
-        extra_bytes: 0,
-        run_name: "scheduler test".into(),
-        fix_hint: String::new(),
+        ..EngineConfig::new(
+            encore_core::DType::BF16,
+            16,
+            1024,
+            64,
+            1024,
+            KvSizing::Blocks(1 + 64 * 40),
+        )
     };
     let files = encore_core::model::open_model("dummy:qwen2.5-0.5b").unwrap();
     let Engine { mut runner, .. } =

@@ -10,41 +10,30 @@ use std::time::{Duration, Instant};
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::engine::{EngineConfig, KvSizing};
 use encore_core::generate::FinishReason;
-use encore_core::memory::GraphMemory;
 use encore_core::progress::NoProgress;
 use encore_core::runner::SamplingParams;
 use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
 use encore_core::serve::{EngineHandle, Event};
 use encore_core::DType;
 
-fn start(num_blocks: usize) -> EngineHandle {
-    let cfg = EngineConfig {
-        dtype: DType::F32,
-        block_size: 4,
-        max_tokens_per_step: 64,
-        max_seqs: 8,
-        max_seq_len: 128,
-        kv: KvSizing::Blocks(num_blocks),
-        graphs: None,
-        graph_memory: GraphMemory::Arena,
-        capture_all: false,
-        verify_graphs: false,
-        extra_bytes: 0,
-        run_name: "serve test".into(),
-        fix_hint: String::new(),
-    };
+/// Boot an engine loop on `model` (eager, f32, 8 sequences of up to 128 tokens).
+fn boot(model: &str, num_blocks: usize) -> encore_core::Result<EngineHandle> {
+    let cfg = EngineConfig::new(DType::F32, 4, 64, 8, 128, KvSizing::Blocks(num_blocks));
     let sched = SchedulerConfig {
         max_num_batched_tokens: 32,
         max_num_seqs: 8,
     };
     EngineHandle::start(
         Arc::new(CpuBackend::new()),
-        "dummy:tiny".into(),
+        model.into(),
         cfg,
         sched,
         Box::new(NoProgress),
     )
-    .unwrap()
+}
+
+fn start(num_blocks: usize) -> EngineHandle {
+    boot("dummy:tiny", num_blocks).unwrap()
 }
 
 /// A request whose prompt and seed depend on `len` only (not on the id).
@@ -185,32 +174,6 @@ fn refused_requests_get_an_error_event_and_boot_errors_return() {
     assert_eq!(engine.vocab_size, 512);
     assert_eq!(engine.max_seq_len, 128);
     drop(engine);
-    let e = EngineHandle::start(
-        Arc::new(CpuBackend::new()),
-        "dummy:no-such-model".into(),
-        EngineConfig {
-            dtype: DType::F32,
-            block_size: 4,
-            max_tokens_per_step: 64,
-            max_seqs: 8,
-            max_seq_len: 128,
-            kv: KvSizing::Blocks(10),
-            graphs: None,
-            graph_memory: GraphMemory::Arena,
-            capture_all: false,
-            verify_graphs: false,
-            extra_bytes: 0,
-            run_name: "serve test".into(),
-            fix_hint: String::new(),
-        },
-        SchedulerConfig {
-            max_num_batched_tokens: 32,
-            max_num_seqs: 8,
-        },
-        Box::new(NoProgress),
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let e = boot("dummy:no-such-model", 10).err().unwrap().to_string();
     assert!(e.contains("no-such-model"), "{e}");
 }

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use encore_core::engine::{EngineConfig, KvSizing};
-use encore_core::memory::GraphMemory;
 use encore_core::progress::NoProgress;
 use encore_core::scheduler::SchedulerConfig;
 use encore_core::serve::EngineHandle;
@@ -21,21 +20,7 @@ use serde_json::{json, Value};
 const MODEL: &str = "dummy:tiny";
 
 fn engine_config() -> EngineConfig {
-    EngineConfig {
-        dtype: DType::F32,
-        block_size: 16,
-        max_tokens_per_step: 256,
-        max_seqs: 32,
-        max_seq_len: 256,
-        kv: KvSizing::Blocks(1 + 32 * 16),
-        graphs: None,
-        graph_memory: GraphMemory::Arena,
-        capture_all: false,
-        verify_graphs: false,
-        extra_bytes: 0,
-        run_name: "http test".into(),
-        fix_hint: String::new(),
-    }
+    EngineConfig::new(DType::F32, 16, 256, 32, 256, KvSizing::Blocks(1 + 32 * 16))
 }
 
 /// A server on an ephemeral loopback port; the runtime lives as long as the returned

@@ -50,6 +50,9 @@ pub struct Model {
     pub weights: ModelWeights,
     cos_sin: Tensor,
     max_positions: usize,
+    /// [`Model::scratch_len`] per step capacity `(n, b, w, bs)`: it evaluates the split-K
+    /// plan for up to `2 b` row counts, too much to repeat on every eager step.
+    scratch: std::sync::Mutex<std::collections::HashMap<[usize; 4], usize>>,
 }
 
 /// The intermediates of one step (arena views), allocated from the arena in this order.
@@ -99,6 +102,7 @@ impl Model {
             weights,
             cos_sin,
             max_positions,
+            scratch: Default::default(),
         })
     }
 
@@ -208,7 +212,12 @@ impl Model {
         w: usize,
         bs: usize,
     ) -> Result<StepBuffers> {
-        let scratch = Self::scratch_len(&self.cfg, backend, n, b, w, bs);
+        let scratch = {
+            let mut cache = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            *cache
+                .entry([n, b, w, bs])
+                .or_insert_with(|| Self::scratch_len(&self.cfg, backend, n, b, w, bs))
+        };
         let mut it = Self::buffer_shapes(&self.cfg, self.dtype(), n, b, scratch)
             .into_iter()
             .map(|(d, s)| arena.alloc(d, &s))
