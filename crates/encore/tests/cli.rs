@@ -717,6 +717,7 @@ fn every_flag_has_a_help_line() {
         &["bench", "decode"],
         &["bench", "capture"],
         &["bench", "prefill"],
+        &["bench", "serve"],
     ] {
         let out = encore(&[cmd, &["--help"]].concat());
         assert!(out.status.success());
@@ -828,6 +829,10 @@ fn bench_serve_in_process_reports_throughput_and_latencies() {
         ]));
         assert!(err.contains(what), "{flag}: {err}");
     }
-    let err = failure(&encore(&["bench", "serve", "--device", "cpu"]));
-    assert!(err.contains("--in-process"), "{err}");
+    // Without --in-process it loads a server: none listens on port 1.
+    let err = failure(&encore(&["bench", "serve", "--url", "http://127.0.0.1:1"]));
+    assert!(
+        err.contains("cannot reach the server") && err.contains("--in-process"),
+        "{err}"
+    );
 }
