@@ -375,9 +375,12 @@ fn summary(v: &mut [f64]) -> Value {
 /// counts (with up to five distinct error messages), request and token throughput over
 /// `duration_s`, and TTFT, TPOT and ITL summaries of the completed requests. TPOT is
 /// (last output - first output) / (output tokens - 1), ITL every gap between outputs.
+/// Over HTTP an output is a streamed chunk: `output_chunks` below `output_tokens` means
+/// the server sent some tokens together (or withheld chunks with no text), and TTFT and
+/// ITL are then per chunk, as in vLLM's benchmark.
 pub fn report(w: &Workload, records: &[Record], duration_s: f64) -> Map<String, Value> {
     let (mut ttft, mut tpot, mut itl) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut completed, mut in_tokens, mut out_tokens) = (0usize, 0usize, 0usize);
+    let (mut completed, mut in_tokens, mut out_tokens, mut chunks) = (0usize, 0, 0, 0);
     let mut errors: Vec<(String, usize)> = Vec::new();
     for (item, r) in w.items.iter().zip(records) {
         if let Some(e) = &r.error {
@@ -394,6 +397,7 @@ pub fn report(w: &Workload, records: &[Record], duration_s: f64) -> Map<String, 
         completed += 1;
         in_tokens += item.prompt.len();
         out_tokens += r.output_tokens;
+        chunks += r.times.len();
         ttft.push((*first - sent).as_secs_f64() * 1e3);
         if r.output_tokens > 1 {
             tpot.push((*last - *first).as_secs_f64() * 1e3 / (r.output_tokens - 1) as f64);
@@ -426,6 +430,7 @@ pub fn report(w: &Workload, records: &[Record], duration_s: f64) -> Map<String, 
     );
     m.insert("input_tokens".into(), json!(in_tokens));
     m.insert("output_tokens".into(), json!(out_tokens));
+    m.insert("output_chunks".into(), json!(chunks));
     m.insert("ttft_ms".into(), summary(&mut ttft));
     m.insert("tpot_ms".into(), summary(&mut tpot));
     m.insert("itl_ms".into(), summary(&mut itl));
@@ -758,6 +763,7 @@ mod tests {
         assert_eq!(m["errors"][0]["message"], "HTTP 400: too long");
         assert_eq!(m["input_tokens"], 10 + 12);
         assert_eq!(m["output_tokens"], 8);
+        assert_eq!(m["output_chunks"], 7);
         assert_eq!(m["request_throughput"], 1.0);
         let f = |k: &str, q: &str| m[k][q].as_f64().unwrap();
         assert!((f("ttft_ms", "mean") - 75.0).abs() < 1e-6);
