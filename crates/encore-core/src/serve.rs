@@ -4,8 +4,8 @@
 //! is work and blocks on its queue when there is none. A sink that reports its reader gone
 //! aborts the request, which frees its KV blocks before the next step.
 //!
-//! Nothing here knows HTTP: the server (encore-server) and `encore generate` both submit
-//! through an [`EngineHandle`].
+//! Nothing here knows HTTP: the server (encore-server), `encore generate` and `encore
+//! bench serve --in-process` all submit through an [`EngineHandle`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -14,8 +14,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::backend::BackendRef;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{BootReport, Engine, EngineConfig};
 use crate::error::{Error, Result};
+use crate::graph::GraphStats;
+use crate::memory::ArenaStats;
 use crate::model::open_model;
 use crate::progress::Progress;
 use crate::scheduler::{Output, Request, Scheduler, SchedulerConfig};
@@ -37,7 +39,19 @@ pub enum Event {
 enum Message {
     Add(Request, Sink),
     Abort(u64),
+    /// Answer with the runner's graph figures (between two steps).
+    Stats(Sender<RunnerStats>),
     Shutdown,
+}
+
+/// The runner's graph figures at one moment, for reports (`encore generate`'s summary).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunnerStats {
+    /// Captures, replays, padding and verification over every graph (none when graphs
+    /// are off).
+    pub graphs: Option<GraphStats>,
+    /// The graph memory's strategy and bytes.
+    pub memory: ArenaStats,
 }
 
 /// Live figures of the engine, for metrics endpoints (relaxed atomics; a snapshot may mix
@@ -66,6 +80,8 @@ pub struct EngineHandle {
     /// The model's vocabulary size, context length and name, for validating requests.
     pub vocab_size: usize,
     pub max_seq_len: usize,
+    /// What start-up did and how long it took.
+    pub boot: BootReport,
 }
 
 impl EngineHandle {
@@ -80,7 +96,7 @@ impl EngineHandle {
         progress: Box<dyn Progress + Send>,
     ) -> Result<EngineHandle> {
         let (tx, rx) = mpsc::channel::<Message>();
-        let (boot_tx, boot_rx) = mpsc::channel::<Result<(usize, usize)>>();
+        let (boot_tx, boot_rx) = mpsc::channel::<Result<(usize, usize, BootReport)>>();
         let metrics = Arc::new(EngineMetrics::default());
         let m = Arc::clone(&metrics);
         let thread = std::thread::Builder::new()
@@ -102,17 +118,19 @@ impl EngineHandle {
                 let _ = boot_tx.send(Ok((
                     engine.runner.model.cfg.vocab_size,
                     engine.runner.config().max_seq_len,
+                    engine.report.clone(),
                 )));
                 run_loop(engine, scheduler, rx, &m);
             })
             .map_err(|e| Error::invalid("engine", format!("cannot start its thread: {e}")))?;
         match boot_rx.recv() {
-            Ok(Ok((vocab_size, max_seq_len))) => Ok(EngineHandle {
+            Ok(Ok((vocab_size, max_seq_len, boot))) => Ok(EngineHandle {
                 tx,
                 thread: Some(thread),
                 metrics,
                 vocab_size,
                 max_seq_len,
+                boot,
             }),
             Ok(Err(e)) => {
                 let _ = thread.join();
@@ -135,6 +153,15 @@ impl EngineHandle {
     /// Abort request `id` (nothing happens when it already ended).
     pub fn abort(&self, id: u64) {
         let _ = self.tx.send(Message::Abort(id));
+    }
+
+    /// The runner's graph figures, taken by the loop between two steps (this waits for
+    /// the step in flight).
+    pub fn runner_stats(&self) -> Result<RunnerStats> {
+        let stopped = || Error::invalid("engine", "the engine loop has stopped");
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Message::Stats(tx)).map_err(|_| stopped())?;
+        rx.recv().map_err(|_| stopped())
     }
 
     /// Stop the loop after the step in flight; requests still live are dropped.
@@ -201,6 +228,12 @@ fn run_loop(
                     if sinks.remove(&id).is_some() {
                         let _ = sched.abort(id, runner);
                     }
+                }
+                Message::Stats(reply) => {
+                    let _ = reply.send(RunnerStats {
+                        graphs: runner.graph_stats(),
+                        memory: runner.graph_memory_stats(),
+                    });
                 }
                 Message::Shutdown => return,
             }
