@@ -23,7 +23,7 @@ use encore_core::generate::FinishReason;
 use encore_core::runner::SamplingParams;
 use encore_core::scheduler::{Request, RequestParams};
 use encore_core::serve::{EngineHandle, Event};
-use encore_core::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+use encore_core::tokenizer::{ChatMessage, StopMatcher, StreamDecoder, Tokenizer};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -242,6 +242,8 @@ struct Common {
     include_usage: bool,
     max_tokens: usize,
     params: RequestParams,
+    /// Stop strings (at most 4, none empty), checked on the detokenized text.
+    stop: StopMatcher,
 }
 
 fn field<'a>(body: &'a Value, name: &str) -> Option<&'a Value> {
@@ -345,6 +347,29 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
             })?;
         stop_token_ids.extend(ids);
     }
+    let stop = match field(body, "stop") {
+        None => Vec::new(),
+        Some(Value::String(x)) => vec![x.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(String::from))
+            .collect::<Option<Vec<String>>>()
+            .filter(|v| v.len() <= 4)
+            .ok_or_else(|| {
+                ApiError::bad(
+                    "stop",
+                    "`stop` must be a string or a list of at most 4 strings",
+                )
+            })?,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "stop",
+                "`stop` must be a string or a list of at most 4 strings",
+            ))
+        }
+    };
+    let stop = StopMatcher::new(stop)
+        .map_err(|_| ApiError::bad("stop", "a `stop` string must not be empty"))?;
     let seed = seed.map_or_else(
         || {
             s.next_id
@@ -369,6 +394,7 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
             // The stop ids already hold the model's end tokens unless ignore_eos.
             ignore_eos: false,
         },
+        stop,
     })
 }
 
@@ -398,6 +424,40 @@ fn finish_name(f: FinishReason) -> &'static str {
         FinishReason::Eos => "stop",
         FinishReason::Length | FinishReason::Context => "length",
         FinishReason::Stopped => "abort",
+    }
+}
+
+/// A request's text as its tokens arrive: incremental detokenization, then its stop
+/// strings.
+struct TextOut<'t> {
+    dec: StreamDecoder<'t>,
+    stop: StopMatcher,
+}
+
+impl<'t> TextOut<'t> {
+    fn new(tokenizer: &'t Tokenizer, prompt: &[u32], stop: StopMatcher) -> Self {
+        TextOut {
+            dec: StreamDecoder::new(tokenizer, prompt),
+            stop,
+        }
+    }
+
+    /// The text `token` releases, and whether a stop string ended the text there (the
+    /// stop string and anything after it are not returned). `last`: the engine's final
+    /// token, after which everything held back is released.
+    fn push(&mut self, token: u32, last: bool) -> (String, bool) {
+        let mut piece = self.dec.push(token).ok().flatten().unwrap_or_default();
+        if last {
+            if let Ok(Some(rest)) = self.dec.finish() {
+                piece.push_str(&rest);
+            }
+        }
+        let out = self.stop.push(&piece);
+        let mut text = out.text;
+        if last && !out.stopped {
+            text.push_str(&self.stop.finish());
+        }
+        (text, out.stopped)
     }
 }
 
@@ -581,18 +641,22 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
     let created = now_secs();
     let model = s.cfg.served_model_name.clone();
     if !c.stream {
-        return whole(s, rx, guard, prompt, kind, object, rid, created, model).await;
+        return whole(
+            s, rx, guard, prompt, c.stop, kind, object, rid, created, model,
+        )
+        .await;
     }
     // Streaming: a task turns engine events into SSE data (one event per piece of text,
     // a last one with the finish reason, the usage chunk when asked for, then [DONE]).
     // When the client goes away, the task ends and its guard aborts the request.
     let tokenizer = Arc::clone(&s.tokenizer);
     let include_usage = c.include_usage;
+    let stop = c.stop;
     let (out_tx, out_rx) = mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
         let mut guard = guard;
         let mut rx = rx;
-        let mut dec = StreamDecoder::new(&tokenizer, &prompt);
+        let mut text = TextOut::new(&tokenizer, &prompt, stop);
         let mut n = 0usize;
         loop {
             let ev = tokio::select! {
@@ -603,13 +667,12 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
             match ev {
                 Event::Token(o) => {
                     n += 1;
-                    let mut delta = dec.push(o.token).ok().flatten().unwrap_or_default();
-                    if o.finish.is_some() {
-                        if let Ok(Some(rest)) = dec.finish() {
-                            delta.push_str(&rest);
-                        }
-                    }
-                    let finish = o.finish.map(finish_name);
+                    let (delta, stopped) = text.push(o.token, o.finish.is_some());
+                    let finish = if stopped {
+                        Some("stop")
+                    } else {
+                        o.finish.map(finish_name)
+                    };
                     if (!delta.is_empty() || finish.is_some())
                         && out_tx
                             .send(
@@ -630,7 +693,9 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
                         return;
                     }
                     if finish.is_some() {
-                        guard.done = true;
+                        // A stop string ends the request here; the engine may still be
+                        // running it, and the guard aborts it when this task returns.
+                        guard.done = o.finish.is_some();
                         if include_usage {
                             let u = json!({
                                 "id": rid, "object": chunk_object, "created": created,
@@ -693,6 +758,7 @@ async fn whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
     mut guard: AbortGuard,
     prompt: Vec<u32>,
+    stop: StopMatcher,
     kind: Kind,
     object: &str,
     rid: String,
@@ -700,12 +766,24 @@ async fn whole(
     model: String,
 ) -> Response {
     let mut ids = Vec::new();
+    // With stop strings the text is built as it streams, to end at the first one.
+    let mut stop_text =
+        (!stop.is_empty()).then(|| (TextOut::new(&s.tokenizer, &prompt, stop), String::new()));
     let finish = loop {
         match rx.recv().await {
             Some(Event::Token(o)) => {
                 ids.push(o.token);
+                if let Some((t, acc)) = &mut stop_text {
+                    let (piece, stopped) = t.push(o.token, o.finish.is_some());
+                    acc.push_str(&piece);
+                    if stopped {
+                        // The guard aborts the request in the engine.
+                        break "stop";
+                    }
+                }
                 if let Some(f) = o.finish {
-                    break f;
+                    guard.done = true;
+                    break finish_name(f);
                 }
             }
             Some(Event::Error(e)) => {
@@ -724,8 +802,12 @@ async fn whole(
             }
         }
     };
-    guard.done = true;
-    let text = match s.tokenizer.decode(&ids, true) {
+    drop(guard);
+    let decoded = match stop_text {
+        Some((_, acc)) => Ok(acc),
+        None => s.tokenizer.decode(&ids, true),
+    };
+    let text = match decoded {
         Ok(t) => t,
         Err(e) => {
             return ApiError {
@@ -739,10 +821,10 @@ async fn whole(
     };
     let choice = match kind {
         Kind::Completion => {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_name(finish), "token_ids": ids})
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish, "token_ids": ids})
         }
         Kind::Chat => {
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_name(finish), "token_ids": ids})
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish, "token_ids": ids})
         }
     };
     Json(json!({

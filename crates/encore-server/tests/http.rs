@@ -1,8 +1,9 @@
 //! The OpenAI-compatible server over a real engine loop (CPU backend, `dummy:tiny`) and a
 //! real HTTP listener on loopback, driven by a minimal HTTP/1.1 client: completions and
 //! chat, whole and streamed (with the usage chunk), greedy output equal to `generate`,
-//! concurrent streaming clients, a client leaving mid-stream frees its KV blocks, the
-//! bad inputs' status codes and error bodies, bearer auth, models, health and metrics.
+//! 64 concurrent streaming clients, stop strings, a client leaving mid-stream frees its KV
+//! blocks, the bad inputs' status codes and error bodies, bearer auth, models, health and
+//! metrics.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -265,7 +266,7 @@ fn chat_completions_whole_and_streamed() {
 fn concurrent_streaming_clients_all_complete() {
     let s = start(None);
     let addr = s.addr;
-    let clients: Vec<_> = (0..24)
+    let clients: Vec<_> = (0..64)
         .map(|i| {
             std::thread::spawn(move || {
                 let n = 4 + i % 9;
@@ -291,7 +292,7 @@ fn concurrent_streaming_clients_all_complete() {
     }
     let (st, m) = http(addr, "GET", "/metrics", None, &[]);
     assert_eq!(st, 200);
-    assert!(m.contains("encore_requests_finished_total 24"), "{m}");
+    assert!(m.contains("encore_requests_finished_total 64"), "{m}");
     assert!(m.contains("encore_kv_blocks_used 0"), "{m}");
 }
 
@@ -522,4 +523,122 @@ fn a_full_queue_answers_503_with_retry_after() {
     let s = start(None);
     let (st, _) = http(s.addr, "POST", "/v1/completions", Some(&body), &[]);
     assert_eq!(st, 200);
+}
+
+/// The text of a streamed completion's chunks and the last finish reason.
+fn streamed_text(raw: &str) -> (String, Value) {
+    let events = sse(raw);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{raw}");
+    let mut text = String::new();
+    let mut finish = Value::Null;
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(c) = v["choices"].get(0) {
+            text.push_str(c["text"].as_str().unwrap_or(""));
+            if !c["finish_reason"].is_null() {
+                finish = c["finish_reason"].clone();
+            }
+        }
+    }
+    (text, finish)
+}
+
+/// Waits until no KV block is held (an aborted request frees its blocks within a step).
+fn wait_for_no_kv_blocks(s: &Server) {
+    let t = Instant::now();
+    while s
+        .engine
+        .metrics
+        .kv_blocks_used
+        .load(std::sync::atomic::Ordering::Relaxed)
+        != 0
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "KV blocks still held"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn stop_strings_end_the_text_before_them_whole_and_streamed() {
+    let s = start(None);
+    let req = |extra: Value| {
+        let mut b = json!({"model": MODEL, "prompt": "stop strings, please", "max_tokens": 40,
+                           "temperature": 0, "ignore_eos": true});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (st, v) = post(s.addr, "/v1/completions", req(json!({})));
+    assert_eq!(st, 200, "{v}");
+    let full = v["choices"][0]["text"].as_str().unwrap().to_string();
+    // A stop string that occurs in the greedy text: the two characters (no replacement
+    // character, so real text) whose first occurrence is latest, so text precedes it.
+    let chars: Vec<char> = full.chars().collect();
+    let (at, stop) = chars
+        .windows(2)
+        .map(|w| w.iter().collect::<String>())
+        .filter(|w| !w.contains('\u{FFFD}'))
+        .map(|w| (full.find(&w).unwrap(), w))
+        .max()
+        .unwrap_or_else(|| panic!("no usable stop string in {full:?}"));
+    assert!(at > 0, "{full:?}");
+    let expected = &full[..at];
+    let total_tokens = v["usage"]["completion_tokens"].as_u64().unwrap();
+
+    for stop_field in [json!(stop), json!(["never-in-the-output", stop])] {
+        // Whole: the text before the stop, finish "stop", fewer tokens than without it.
+        let (st, v) = post(s.addr, "/v1/completions", req(json!({"stop": stop_field})));
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            v["choices"][0]["text"], expected,
+            "stop {stop:?} in {full:?}"
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        let n = v["usage"]["completion_tokens"].as_u64().unwrap();
+        assert!(
+            n < total_tokens,
+            "{n} tokens: the request did not end at the stop"
+        );
+        // Streamed: the pieces concatenate to the same text, the last says "stop", and
+        // the usage chunk counts the tokens generated until the stop.
+        let body = req(json!({"stop": stop_field, "stream": true,
+                              "stream_options": {"include_usage": true}}));
+        let (st, raw) = http(
+            s.addr,
+            "POST",
+            "/v1/completions",
+            Some(&body.to_string()),
+            &[],
+        );
+        assert_eq!(st, 200);
+        let (text, finish) = streamed_text(&raw);
+        assert_eq!(text, expected);
+        assert_eq!(finish, "stop");
+        let events = sse(&raw);
+        let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], n);
+    }
+    // Chat takes the same field.
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 3, "stop": ["a", "b"]});
+    assert_eq!(post(s.addr, "/v1/chat/completions", chat).0, 200);
+    // Requests ended by a stop string were aborted in the engine: no block stays held.
+    wait_for_no_kv_blocks(&s);
+    // Bad values name `stop`.
+    for bad in [
+        json!(""),
+        json!(["a", ""]),
+        json!(["a", "b", "c", "d", "e"]),
+        json!(7),
+        json!([1]),
+        json!({"x": "y"}),
+    ] {
+        let (st, v) = post(s.addr, "/v1/completions", req(json!({"stop": bad})));
+        assert_eq!(st, 400, "stop {bad}: {v}");
+        assert_eq!(v["error"]["param"], "stop", "stop {bad}: {v}");
+    }
 }
