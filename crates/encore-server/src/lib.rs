@@ -4,13 +4,15 @@
 //! (Prometheus text). Requests are validated at the edge: a bad field is a 400 with an
 //! OpenAI-style error body naming it; an unknown model a 404; a missing or wrong bearer
 //! token a 401 when an API key is set; a body over the limit a 413. A client that goes
-//! away aborts its request, which frees its KV blocks within a step.
+//! away aborts its request, which frees its KV blocks within a step. [`serve`] shuts down
+//! gracefully: it stops accepting, lets the requests in flight finish for a grace period,
+//! then ends the rest.
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -25,7 +27,7 @@ use encore_core::scheduler::{Request, RequestParams};
 use encore_core::serve::{EngineHandle, Event};
 use encore_core::tokenizer::{ChatMessage, StopMatcher, StreamDecoder, Tokenizer};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 
@@ -53,10 +55,27 @@ struct AppState {
     cfg: ServerConfig,
     next_id: AtomicU64,
     requests_total: AtomicU64,
+    /// Set when the server shuts down: new generation requests get a 503.
+    draining: AtomicBool,
+    /// Becomes `true` when the requests still in flight must end now.
+    cut: watch::Sender<bool>,
 }
 
-/// The router with every endpoint, over a started engine and the model's tokenizer.
-pub fn router(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConfig) -> Router {
+/// The server: its router and the state [`serve`] drains at shutdown.
+pub struct App {
+    router: Router,
+    state: Arc<AppState>,
+}
+
+impl App {
+    /// The router with every endpoint (to serve it some other way; it does not drain).
+    pub fn router(&self) -> Router {
+        self.router.clone()
+    }
+}
+
+/// The server with every endpoint, over a started engine and the model's tokenizer.
+pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConfig) -> App {
     let eos = tokenizer.eos_token_ids();
     let limit = cfg.max_body_bytes;
     let state = Arc::new(AppState {
@@ -66,30 +85,86 @@ pub fn router(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerC
         cfg,
         next_id: AtomicU64::new(1),
         requests_total: AtomicU64::new(0),
+        draining: AtomicBool::new(false),
+        cut: watch::Sender::new(false),
     });
     let v1 = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
+    let router = Router::new()
         .merge(v1)
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(state)
+        .with_state(Arc::clone(&state));
+    App { router, state }
 }
 
-/// Serve `router` on `listener` until `shutdown` resolves, then finish the requests in
-/// flight.
+/// How long requests cut off at the end of the grace period get to end before their
+/// connections are dropped.
+const CUT_WAIT: Duration = Duration::from_secs(5);
+
+/// Serve `app` on `listener` until `shutdown` resolves; then stop accepting connections
+/// (and answer 503 to a request that still arrives), let the requests in flight finish
+/// for up to `grace`, and end the rest: a stream with an error event and `[DONE]`, a
+/// whole response with a 503; the engine aborts them. Returns once every connection has
+/// closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    router: Router,
+    app: App,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let App { router, state } = app;
+    let (draining_tx, draining_rx) = oneshot::channel::<()>();
+    let st = Arc::clone(&state);
+    let signal = async move {
+        shutdown.await;
+        st.draining.store(true, Ordering::SeqCst);
+        let _ = draining_tx.send(());
+    };
+    let server = axum::serve(listener, router)
+        .with_graceful_shutdown(signal)
+        .into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => return r,
+        Ok(()) = draining_rx => {}
+    }
+    tokio::select! {
+        r = &mut server => return r,
+        _ = tokio::time::sleep(grace) => {}
+    }
+    tracing::warn!(
+        "shutdown: requests still in flight after {:.1} s are cut off",
+        grace.as_secs_f64()
+    );
+    state.cut.send_replace(true);
+    match tokio::time::timeout(CUT_WAIT, server).await {
+        Ok(r) => r,
+        Err(_) => Ok(()), // connections that did not close are dropped
+    }
+}
+
+/// Resolves once the requests in flight must end (never, unless the server shuts down).
+async fn cut_off(mut cut: watch::Receiver<bool>) {
+    while !*cut.borrow_and_update() {
+        if cut.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The error a request cut off at shutdown ends with.
+fn shutting_down() -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: "the server is shutting down".into(),
+        kind: "server_error",
+        param: None,
+    }
 }
 
 /// An OpenAI-style error response.
@@ -566,6 +641,9 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
         Err(e) => return e.into_response(),
     };
     s.requests_total.fetch_add(1, Ordering::Relaxed);
+    if s.draining.load(Ordering::SeqCst) {
+        return shutting_down().into_response();
+    }
     if let Some(limit) = s.cfg.max_waiting {
         let waiting = s.engine.metrics.requests_waiting.load(Ordering::Relaxed) as usize;
         if waiting >= limit {
@@ -652,16 +730,27 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
     let tokenizer = Arc::clone(&s.tokenizer);
     let include_usage = c.include_usage;
     let stop = c.stop;
+    let cut = s.cut.subscribe();
     let (out_tx, out_rx) = mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
         let mut guard = guard;
         let mut rx = rx;
         let mut text = TextOut::new(&tokenizer, &prompt, stop);
         let mut n = 0usize;
+        let cut = cut_off(cut);
+        tokio::pin!(cut);
         loop {
             let ev = tokio::select! {
                 ev = rx.recv() => ev,
                 _ = out_tx.closed() => return,
+                _ = &mut cut => {
+                    // The guard aborts the request in the engine.
+                    let e = shutting_down();
+                    let err = json!({"error": {"message": e.message, "type": e.kind, "param": null, "code": null}});
+                    let _ = out_tx.send(err.to_string());
+                    let _ = out_tx.send("[DONE]".into());
+                    return;
+                }
             };
             let Some(ev) = ev else { return };
             match ev {
@@ -769,8 +858,15 @@ async fn whole(
     // With stop strings the text is built as it streams, to end at the first one.
     let mut stop_text =
         (!stop.is_empty()).then(|| (TextOut::new(&s.tokenizer, &prompt, stop), String::new()));
+    let cut = cut_off(s.cut.subscribe());
+    tokio::pin!(cut);
     let finish = loop {
-        match rx.recv().await {
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            // The guard aborts the request in the engine.
+            _ = &mut cut => return shutting_down().into_response(),
+        };
+        match ev {
             Some(Event::Token(o)) => {
                 ids.push(o.token);
                 if let Some((t, acc)) = &mut stop_text {

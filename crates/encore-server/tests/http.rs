@@ -37,11 +37,30 @@ fn start(api_key: Option<&str>) -> Server {
 }
 
 fn start_with(api_key: Option<&str>, max_waiting: Option<usize>) -> Server {
+    start_full(
+        api_key,
+        max_waiting,
+        engine_config(),
+        std::future::pending(),
+        Duration::ZERO,
+    )
+    .0
+}
+
+/// A server over an engine of `cfg` that shuts down when `shutdown` resolves, with a grace
+/// period of `grace`; the receiver gets `serve`'s result when it returns.
+fn start_full(
+    api_key: Option<&str>,
+    max_waiting: Option<usize>,
+    cfg: EngineConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> (Server, std::sync::mpsc::Receiver<std::io::Result<()>>) {
     let engine = Arc::new(
         EngineHandle::start(
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
             MODEL.into(),
-            engine_config(),
+            cfg,
             SchedulerConfig {
                 max_num_batched_tokens: 128,
                 max_num_seqs: 32,
@@ -52,7 +71,7 @@ fn start_with(api_key: Option<&str>, max_waiting: Option<usize>) -> Server {
     );
     let files = encore_core::model::open_model(MODEL).unwrap();
     let tokenizer = Arc::new(encore_core::model::open_tokenizer(&files.source).unwrap());
-    let router = encore_server::router(
+    let app = encore_server::app(
         Arc::clone(&engine),
         tokenizer,
         ServerConfig {
@@ -72,16 +91,19 @@ fn start_with(api_key: Option<&str>, max_waiting: Option<usize>) -> Server {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
-    rt.spawn(encore_server::serve(
-        listener,
-        router,
-        std::future::pending(),
-    ));
-    Server {
-        addr,
-        engine,
-        _rt: rt,
-    }
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    rt.spawn(async move {
+        let r = encore_server::serve(listener, app, shutdown, grace).await;
+        let _ = done_tx.send(r);
+    });
+    (
+        Server {
+            addr,
+            engine,
+            _rt: rt,
+        },
+        done_rx,
+    )
 }
 
 /// One request; returns (status, body with chunked encoding undone).
@@ -641,4 +663,161 @@ fn stop_strings_end_the_text_before_them_whole_and_streamed() {
         assert_eq!(st, 400, "stop {bad}: {v}");
         assert_eq!(v["error"]["param"], "stop", "stop {bad}: {v}");
     }
+}
+
+/// A streaming request on its own connection, read on a thread after its first event:
+/// returns the thread's answer (the SSE payloads) once the first event has arrived.
+fn open_stream(addr: SocketAddr, body: Value) -> std::thread::JoinHandle<Vec<String>> {
+    let (first_tx, first_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let b = body.to_string();
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        )
+        .unwrap();
+        let mut r = BufReader::new(c);
+        let mut events = Vec::new();
+        let mut line = String::new();
+        while r.read_line(&mut line).unwrap() > 0 {
+            if let Some(d) = line.trim_end().strip_prefix("data: ") {
+                if events.is_empty() {
+                    first_tx.send(()).unwrap();
+                }
+                events.push(d.to_string());
+            }
+            line.clear();
+        }
+        events
+    });
+    first_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("no first event");
+    reader
+}
+
+/// An engine with room for long requests.
+fn long_engine_config() -> EngineConfig {
+    EngineConfig::new(DType::F32, 16, 256, 32, 2048, KvSizing::Blocks(1 + 8 * 128))
+}
+
+#[test]
+fn shutdown_lets_requests_in_flight_finish_and_refuses_new_connections() {
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let (s, done) = start_full(
+        None,
+        None,
+        long_engine_config(),
+        async move {
+            let _ = go_rx.await;
+        },
+        Duration::from_secs(120),
+    );
+    let n = 1000;
+    let streams: Vec<_> = (0..3)
+        .map(|i| {
+            open_stream(
+                s.addr,
+                json!({"model": MODEL, "prompt": format!("long story {i}"), "max_tokens": n,
+                       "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}}),
+            )
+        })
+        .collect();
+    let running = s
+        .engine
+        .metrics
+        .requests_running
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(running > 0, "the requests ended before the shutdown");
+    go_tx.send(()).unwrap();
+    // The listener closes: a new connection is refused.
+    let t = Instant::now();
+    while TcpStream::connect(s.addr).is_ok() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "still accepting after shutdown"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Every stream still ends with all its tokens, then the server returns.
+    for (i, h) in streams.into_iter().enumerate() {
+        let events = h.join().unwrap();
+        assert_eq!(events.last().unwrap(), "[DONE]", "stream {i}");
+        let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], n, "stream {i}");
+    }
+    done.recv_timeout(Duration::from_secs(30))
+        .expect("serve did not return")
+        .unwrap();
+}
+
+#[test]
+fn shutdown_past_the_grace_period_cuts_requests_off() {
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let (s, done) = start_full(
+        None,
+        None,
+        long_engine_config(),
+        async move {
+            let _ = go_rx.await;
+        },
+        Duration::ZERO,
+    );
+    let n = 2000;
+    let body = move |stream: bool| {
+        json!({"model": MODEL, "prompt": "a very long story", "max_tokens": n,
+               "ignore_eos": true, "stream": stream})
+    };
+    let streams: Vec<_> = (0..2).map(|_| open_stream(s.addr, body(true))).collect();
+    let addr = s.addr;
+    let whole = std::thread::spawn(move || post(addr, "/v1/completions", body(false)));
+    // Wait until the whole request runs in the engine (3 running).
+    let t = Instant::now();
+    while s
+        .engine
+        .metrics
+        .requests_running
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 3
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "requests not running"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    go_tx.send(()).unwrap();
+    for (i, h) in streams.into_iter().enumerate() {
+        let events = h.join().unwrap();
+        assert_eq!(events.last().unwrap(), "[DONE]", "stream {i}");
+        let err: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        assert!(
+            err["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("shutting down")),
+            "stream {i}: {err}"
+        );
+        // Fewer than all the tokens came.
+        assert!(events.len() < n + 2, "stream {i} was not cut off");
+    }
+    let (st, v) = whole.join().unwrap();
+    assert_eq!(st, 503, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("shutting down"));
+    done.recv_timeout(Duration::from_secs(30))
+        .expect("serve did not return")
+        .unwrap();
+    // The engine aborted them: their KV blocks are free.
+    wait_for_no_kv_blocks(&s);
+    let aborted = s
+        .engine
+        .metrics
+        .requests_aborted_total
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(aborted, 3);
 }
