@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::BackendRef;
 use crate::engine::{BootReport, Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::graph::GraphStats;
+use crate::histogram::{Histogram, ItlBuckets, TtftBuckets};
 use crate::memory::ArenaStats;
 use crate::model::open_model;
 use crate::progress::Progress;
@@ -37,7 +38,8 @@ pub enum Event {
 
 /// The messages the engine loop takes.
 enum Message {
-    Add(Request, Sink),
+    /// A request, its sink, and when it was submitted.
+    Add(Request, Sink, Instant),
     Abort(u64),
     /// Answer with the runner's graph figures (between two steps).
     Stats(Sender<RunnerStats>),
@@ -70,6 +72,11 @@ pub struct EngineMetrics {
     /// Graph replays of decode and of mixed (prefill) steps.
     pub graph_replays_decode: AtomicU64,
     pub graph_replays_mixed: AtomicU64,
+    /// Time from a request's submission to its first token (queueing and prefill).
+    pub time_to_first_token: Histogram<TtftBuckets>,
+    /// Time between consecutive tokens of a request, taken when the step that sampled
+    /// each one returned.
+    pub inter_token_latency: Histogram<ItlBuckets>,
 }
 
 /// A running engine loop: submit requests, abort them, shut it down (also on drop).
@@ -146,7 +153,7 @@ impl EngineHandle {
     /// Queue a request; its tokens (or an error) go to `sink`.
     pub fn submit(&self, req: Request, sink: Sink) -> Result<()> {
         self.tx
-            .send(Message::Add(req, sink))
+            .send(Message::Add(req, sink, Instant::now()))
             .map_err(|_| Error::invalid("engine", "the engine loop has stopped"))
     }
 
@@ -183,6 +190,25 @@ impl Drop for EngineHandle {
     }
 }
 
+/// A live request in the loop: where its tokens go, and its timing for the latency
+/// histograms.
+struct Live {
+    sink: Sink,
+    submitted: Instant,
+    last_token: Option<Instant>,
+}
+
+impl Live {
+    /// Record a token that came out at `now`, then hand it to the sink.
+    fn token(&mut self, o: Output, now: Instant, m: &EngineMetrics) -> bool {
+        match self.last_token.replace(now) {
+            None => m.time_to_first_token.observe(now - self.submitted),
+            Some(last) => m.inter_token_latency.observe(now - last),
+        }
+        (self.sink)(Event::Token(o))
+    }
+}
+
 fn run_loop(
     mut engine: Engine<'_>,
     mut sched: Scheduler,
@@ -190,7 +216,7 @@ fn run_loop(
     m: &EngineMetrics,
 ) {
     let runner = &mut engine.runner;
-    let mut sinks: std::collections::HashMap<u64, Sink> = std::collections::HashMap::new();
+    let mut sinks: std::collections::HashMap<u64, Live> = std::collections::HashMap::new();
     m.kv_blocks_total
         .store(runner.blocks.num_usable_blocks() as u64, Ordering::Relaxed);
     loop {
@@ -206,7 +232,7 @@ fn run_loop(
         };
         while let Some(msg) = next {
             match msg {
-                Message::Add(req, mut sink) => {
+                Message::Add(req, mut sink, submitted) => {
                     let id = req.id;
                     match sinks.entry(id) {
                         std::collections::hash_map::Entry::Occupied(_) => {
@@ -215,7 +241,11 @@ fn run_loop(
                         std::collections::hash_map::Entry::Vacant(slot) => {
                             match sched.add(req, runner) {
                                 Ok(()) => {
-                                    slot.insert(sink);
+                                    slot.insert(Live {
+                                        sink,
+                                        submitted,
+                                        last_token: None,
+                                    });
                                 }
                                 Err(e) => {
                                     sink(Event::Error(e.to_string()));
@@ -245,8 +275,9 @@ fn run_loop(
         }
         match sched.step(runner) {
             Ok(outputs) => {
+                let now = Instant::now();
                 for o in outputs {
-                    let alive = sinks.get_mut(&o.id).is_some_and(|s| s(Event::Token(o)));
+                    let alive = sinks.get_mut(&o.id).is_some_and(|l| l.token(o, now, m));
                     if o.finish.is_some() {
                         sinks.remove(&o.id);
                     } else if !alive {
@@ -260,8 +291,8 @@ fn run_loop(
                 // A failed step fails every live request; the engine stays up.
                 let msg = format!("engine step failed: {e}");
                 tracing::error!("{msg}");
-                for (id, mut sink) in sinks.drain() {
-                    sink(Event::Error(msg.clone()));
+                for (id, mut live) in sinks.drain() {
+                    (live.sink)(Event::Error(msg.clone()));
                     let _ = sched.abort(id, runner);
                 }
             }

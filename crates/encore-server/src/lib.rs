@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use encore_core::generate::FinishReason;
+use encore_core::histogram::HistogramSnapshot;
 use encore_core::runner::SamplingParams;
 use encore_core::scheduler::{Request, RequestParams};
 use encore_core::serve::{EngineHandle, Event};
@@ -308,7 +309,32 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
         g(&m.graph_replays_decode),
         g(&m.graph_replays_mixed)
     ));
+    histogram_text(
+        &mut text,
+        "encore_time_to_first_token_seconds",
+        "Time from a request's arrival to its first token.",
+        &m.time_to_first_token.snapshot(),
+    );
+    histogram_text(
+        &mut text,
+        "encore_inter_token_latency_seconds",
+        "Time between consecutive tokens of a request.",
+        &m.inter_token_latency.snapshot(),
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// A Prometheus histogram: cumulative `_bucket{le=...}` lines, `_sum` and `_count`.
+fn histogram_text(text: &mut String, name: &str, help: &str, h: &HistogramSnapshot) {
+    text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+    for (le, c) in h.bounds.iter().zip(&h.cumulative) {
+        text.push_str(&format!("{name}_bucket{{le=\"{le}\"}} {c}\n"));
+    }
+    text.push_str(&format!(
+        "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}\n",
+        count = h.count(),
+        sum = h.sum_secs
+    ));
 }
 
 /// The sampling and length fields both endpoints share, validated.

@@ -821,3 +821,70 @@ fn shutdown_past_the_grace_period_cuts_requests_off() {
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(aborted, 3);
 }
+
+/// The value of a metrics line `name value`.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[test]
+fn latency_histograms_and_graph_replays_in_metrics() {
+    let s = start(None);
+    // Two streamed requests of 5 and 7 tokens: 2 first tokens, 4 + 6 gaps between tokens.
+    for n in [5, 7] {
+        let body = json!({"model": MODEL, "prompt": "timing", "max_tokens": n, "ignore_eos": true,
+                          "stream": true});
+        let (st, raw) = http(
+            s.addr,
+            "POST",
+            "/v1/completions",
+            Some(&body.to_string()),
+            &[],
+        );
+        assert_eq!(st, 200);
+        assert_eq!(streamed_text(&raw).1, "length");
+    }
+    let (st, text) = http(s.addr, "GET", "/metrics", None, &[]);
+    assert_eq!(st, 200);
+    for (name, count) in [
+        ("encore_time_to_first_token_seconds", 2.0),
+        ("encore_inter_token_latency_seconds", 10.0),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} histogram\n")),
+            "{text}"
+        );
+        assert_eq!(metric(&text, &format!("{name}_count")), count, "{name}");
+        assert_eq!(
+            metric(&text, &format!("{name}_bucket{{le=\"+Inf\"}}")),
+            count,
+            "{name}"
+        );
+        assert!(metric(&text, &format!("{name}_sum")) > 0.0, "{name}");
+        // Cumulative buckets, non-decreasing, with vLLM-like bounds.
+        let buckets: Vec<f64> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}_bucket{{le=")))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(buckets.len() > 10, "{name}: {buckets:?}");
+        assert!(
+            buckets.windows(2).all(|w| w[0] <= w[1]),
+            "{name}: {buckets:?}"
+        );
+        assert!(
+            text.contains(&format!("{name}_bucket{{le=\"0.01\"}}")),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains("encore_graph_replays_total{phase=\"decode\"} "),
+        "{text}"
+    );
+    assert!(
+        text.contains("encore_graph_replays_total{phase=\"mixed\"} "),
+        "{text}"
+    );
+}
