@@ -43,7 +43,7 @@ fn start(max_waiting: Option<usize>) -> Server {
     );
     let files = encore_core::model::open_model(MODEL).unwrap();
     let tokenizer = Arc::new(encore_core::model::open_tokenizer(&files.source).unwrap());
-    let router = encore_server::router(
+    let app = encore_server::app(
         Arc::clone(&engine),
         tokenizer,
         ServerConfig {
@@ -65,8 +65,9 @@ fn start(max_waiting: Option<usize>) -> Server {
     let addr: SocketAddr = listener.local_addr().unwrap();
     rt.spawn(encore_server::serve(
         listener,
-        router,
+        app,
         std::future::pending(),
+        std::time::Duration::ZERO,
     ));
     Server {
         url: format!("http://{addr}"),
