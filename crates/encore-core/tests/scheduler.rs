@@ -79,10 +79,7 @@ fn alone(reqs: &[(Request, u64)]) -> HashMap<u64, (Vec<u32>, FinishReason)> {
     let mut out = HashMap::new();
     for (req, _) in reqs {
         let mut r = common::tiny_runner(&cpu);
-        let big = SchedulerConfig {
-            max_num_batched_tokens: 256,
-            max_num_seqs: 16,
-        };
+        let big = SchedulerConfig::new(256, 16);
         out.extend(run(&mut r, big, &[(req.clone(), 0)]).0);
     }
     out
@@ -108,10 +105,7 @@ fn shared_steps_give_each_request_its_alone_tokens() {
     let mut r = common::tiny_runner(&cpu);
     // 16 tokens a step and 3 sequences: prompts are chunked, mixed with decodes, and
     // requests wait for a slot.
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 16,
-        max_num_seqs: 3,
-    };
+    let cfg = SchedulerConfig::new(16, 3);
     let (out, s) = run(&mut r, cfg, &reqs);
     for (req, _) in &reqs {
         assert_eq!(out[&req.id], reference[&req.id], "request {}", req.id);
@@ -133,10 +127,7 @@ fn shared_steps_give_each_request_its_alone_tokens() {
 fn graphs_and_piecewise_steps_serve_the_scheduler_alike() {
     let cpu = CpuBackend::new();
     let reqs = mix();
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 24,
-        max_num_seqs: 4,
-    };
+    let cfg = SchedulerConfig::new(24, 4);
     let mut eager = common::tiny_runner(&cpu);
     let (a, _) = run(&mut eager, cfg, &reqs);
     let mut graph = common::tiny_runner(&cpu);
@@ -158,10 +149,7 @@ fn an_exhausted_cache_preempts_and_recomputes_without_losing_tokens() {
     // 41 usable blocks of 4 tokens: the longest request (90 + 8) needs 25; together they
     // need far more.
     let mut r = common::tiny_runner_with_blocks(&cpu, 42);
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 64,
-        max_num_seqs: 8,
-    };
+    let cfg = SchedulerConfig::new(64, 8);
     let (out, s) = run(&mut r, cfg, &reqs);
     for (req, _) in &reqs {
         assert_eq!(out[&req.id], reference[&req.id], "request {}", req.id);
@@ -179,10 +167,7 @@ fn an_exhausted_cache_preempts_and_recomputes_without_losing_tokens() {
 fn eos_and_context_end_requests() {
     let cpu = CpuBackend::new();
     let mut r = common::tiny_runner(&cpu);
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 64,
-        max_num_seqs: 4,
-    };
+    let cfg = SchedulerConfig::new(64, 4);
     let greedy = request(9, 20, 50, 0.0);
     let tokens = run(&mut r, cfg, &[(greedy.clone(), 0)]).0[&9].0.clone();
     // Stop at the 5th token's id: the request ends there with Eos (the id first occurs
@@ -209,10 +194,7 @@ fn abort_frees_blocks_and_leaves_the_others_alone() {
     let reqs = mix();
     let reference = alone(&reqs);
     let mut r = common::tiny_runner(&cpu);
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 32,
-        max_num_seqs: 8,
-    };
+    let cfg = SchedulerConfig::new(32, 8);
     let mut s = Scheduler::new(cfg, &r).unwrap();
     for (q, _) in &reqs {
         s.add(q.clone(), &r).unwrap();
@@ -245,10 +227,7 @@ fn abort_frees_blocks_and_leaves_the_others_alone() {
 fn requests_that_can_never_run_are_refused() {
     let cpu = CpuBackend::new();
     let r = common::tiny_runner_with_blocks(&cpu, 10);
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 64,
-        max_num_seqs: 4,
-    };
+    let cfg = SchedulerConfig::new(64, 4);
     let mut s = Scheduler::new(cfg, &r).unwrap();
     let refuse = |s: &mut Scheduler, q: Request, what: &str| {
         let e = s.add(q, &r).unwrap_err().to_string();
@@ -263,10 +242,7 @@ fn requests_that_can_never_run_are_refused() {
     refuse(&mut s, bad, "vocabulary");
     s.add(request(1, 5, 5, 0.0), &r).unwrap();
     refuse(&mut s, request(1, 5, 5, 0.0), "already live");
-    let too_big = SchedulerConfig {
-        max_num_batched_tokens: 1 << 20,
-        max_num_seqs: 4,
-    };
+    let too_big = SchedulerConfig::new(1 << 20, 4);
     assert!(Scheduler::new(too_big, &r).is_err());
 }
 
@@ -310,10 +286,7 @@ fn cuda_mixed_steps_at_a_real_shape_complete() {
             (r, i / 8)
         })
         .collect();
-    let sched = SchedulerConfig {
-        max_num_batched_tokens: 512,
-        max_num_seqs: 64,
-    };
+    let sched = SchedulerConfig::new(512, 64);
     let (out, s) = run(&mut runner, sched, &reqs);
     for (q, _) in &reqs {
         assert_eq!(out[&q.id].0.len(), q.params.max_tokens, "request {}", q.id);

@@ -19,10 +19,7 @@ use encore_core::DType;
 /// Boot an engine loop on `model` (eager, f32, 8 sequences of up to 128 tokens).
 fn boot(model: &str, num_blocks: usize) -> encore_core::Result<EngineHandle> {
     let cfg = EngineConfig::new(DType::F32, 4, 64, 8, 128, KvSizing::Blocks(num_blocks));
-    let sched = SchedulerConfig {
-        max_num_batched_tokens: 32,
-        max_num_seqs: 8,
-    };
+    let sched = SchedulerConfig::new(32, 8);
     EngineHandle::start(
         Arc::new(CpuBackend::new()),
         model.into(),

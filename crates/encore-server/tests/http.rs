@@ -41,10 +41,7 @@ fn start_with(api_key: Option<&str>, max_waiting: Option<usize>) -> Server {
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
             MODEL.into(),
             engine_config(),
-            SchedulerConfig {
-                max_num_batched_tokens: 128,
-                max_num_seqs: 32,
-            },
+            SchedulerConfig::new(128, 32),
             Box::new(NoProgress),
         )
         .unwrap(),

@@ -83,6 +83,10 @@ pub struct BenchServeArgs {
     /// Fraction of free device memory for the KV cache after warm-up (--in-process, CUDA).
     #[arg(long, default_value = "0.8", value_parser = parse::fraction, allow_negative_numbers = true)]
     kv_fraction: f64,
+    /// Compute every request's whole prompt: no reuse of cached KV blocks of earlier
+    /// requests with the same prefix (--in-process; a server takes its own flag).
+    #[arg(long)]
+    no_prefix_cache: bool,
     /// Seed of the lengths, prompts and arrivals.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -619,6 +623,7 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
     let sched = SchedulerConfig {
         max_num_batched_tokens: a.max_num_batched_tokens,
         max_num_seqs: a.max_num_seqs,
+        prefix_cache: !a.no_prefix_cache,
     };
     let engine = Arc::new(EngineHandle::start(
         be,
@@ -714,6 +719,10 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
         json!(m.preemptions_total.load(Ordering::Relaxed)),
     );
     row.insert("steps".into(), json!(m.steps_total.load(Ordering::Relaxed)));
+    row.insert(
+        "prefix_cache_hit_ratio".into(),
+        json!(m.prefix_cache_hit_ratio()),
+    );
     print(&a, row)
 }
 
