@@ -125,6 +125,8 @@ pub struct BlockManager {
     /// Per block: its tick in `evictable` (meaningful while it is there).
     freed_at: Vec<u64>,
     tick: u64,
+    /// Cached blocks evicted so far.
+    evictions: u64,
     /// The next chain id to hand out (ids start after [`ROOT`]).
     next_id: u64,
 }
@@ -183,6 +185,7 @@ impl BlockManager {
             evictable: BTreeMap::new(),
             freed_at: vec![0; num_blocks],
             tick: 0,
+            evictions: 0,
             next_id: ROOT + 1,
         })
     }
@@ -493,6 +496,11 @@ impl BlockManager {
         self.evictable.len()
     }
 
+    /// Cached blocks evicted (taken for new tokens) so far.
+    pub fn num_evictions(&self) -> u64 {
+        self.evictions
+    }
+
     /// How many live sequences own `block` (0 for a block out of range).
     pub fn ref_count(&self, block: u32) -> usize {
         self.refs.get(block as usize).map_or(0, |&r| r as usize)
@@ -674,6 +682,7 @@ impl BlockManager {
                         .take()
                         .expect("evictable blocks are cached");
                     self.index.remove(&c.key);
+                    self.evictions += 1;
                     b
                 }
             };
