@@ -290,6 +290,25 @@ fn concurrent_streaming_clients_all_complete() {
     assert_eq!(st, 200);
     assert!(m.contains("encore_requests_finished_total 24"), "{m}");
     assert!(m.contains("encore_kv_blocks_used 0"), "{m}");
+    // 24 prompts looked up; no lookup before them, so the ratio is theirs.
+    let hits = s
+        .engine
+        .metrics
+        .prefix_cache_hits_total
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let queries = s
+        .engine
+        .metrics
+        .prefix_cache_queries_total
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(queries > 0, "{m}");
+    assert!(
+        m.contains(&format!(
+            "encore_prefix_cache_hit_ratio {}\n",
+            hits as f64 / queries as f64
+        )),
+        "{m}"
+    );
 }
 
 #[test]
@@ -493,6 +512,9 @@ fn bearer_auth_models_health_metrics() {
         "encore_kv_blocks_total",
         "encore_preemptions_total",
         "encore_graph_replays_total",
+        "encore_prefix_cache_hit_ratio",
+        "encore_prefix_cache_queries_total",
+        "encore_prefix_cache_hits_total",
     ] {
         assert!(text.contains(&format!("# TYPE {name} ")), "{name}: {text}");
     }
