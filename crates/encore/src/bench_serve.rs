@@ -568,6 +568,16 @@ fn run_url(a: BenchServeArgs) -> Result<()> {
         row.insert("max_running".into(), json!(run.max_running));
         row.insert("preemptions".into(), delta("encore_preemptions_total"));
         row.insert("steps".into(), delta("encore_steps_total"));
+        // Over this run: prompt tokens found cached per prompt token looked up.
+        let ratio = match (
+            delta("encore_prefix_cache_hits_total").as_f64(),
+            delta("encore_prefix_cache_queries_total").as_f64(),
+        ) {
+            (Some(h), Some(q)) if q > 0.0 => json!(h / q),
+            (Some(_), Some(_)) => json!(0.0),
+            _ => Value::Null,
+        };
+        row.insert("prefix_cache_hit_ratio".into(), ratio);
         print(&a, row)
     })
 }

@@ -640,11 +640,8 @@ impl BlockManager {
             ));
         }
         for &(b, id) in &hit.blocks {
-            if !self
-                .cached
-                .get(b as usize)
-                .is_some_and(|c| c.as_ref().is_some_and(|c| c.id == id))
-            {
+            let current = matches!(self.cached.get(b as usize), Some(Some(c)) if c.id == id);
+            if !current {
                 return Err(Error::invalid(
                     op,
                     format!("the cached prefix is stale: block {b} was evicted since the lookup"),
