@@ -54,10 +54,7 @@ fn main() -> encore_core::Result<()> {
             kv,
         )
     };
-    let sched = SchedulerConfig {
-        max_num_batched_tokens: 2048,
-        max_num_seqs: n.max(1),
-    };
+    let sched = SchedulerConfig::new(2048, n.max(1));
     let engine = Arc::new(EngineHandle::start(
         be,
         model,

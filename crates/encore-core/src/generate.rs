@@ -73,10 +73,7 @@ pub fn generate(
 ) -> Result<Vec<Generation>> {
     let cfg = *runner.config();
     let mut sched = Scheduler::new(
-        SchedulerConfig {
-            max_num_batched_tokens: cfg.max_tokens_per_step,
-            max_num_seqs: cfg.max_seqs,
-        },
+        SchedulerConfig::new(cfg.max_tokens_per_step, cfg.max_seqs),
         runner,
     )?;
     for (i, p) in prompts.iter().enumerate() {

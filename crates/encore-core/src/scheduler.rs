@@ -11,12 +11,18 @@
 //! token is lost or repeated: a sequence only produces a token when a step reaches the end
 //! of everything it holds, and sampling depends only on the request's seed and the
 //! token's index.
+//!
+//! With prefix caching on, a request being admitted (fresh, or again after a preemption)
+//! starts from the longest run of cached full KV blocks holding a prefix of its tokens
+//! (`BlockManager::lookup`) and computes only the rest; after each step the scheduler
+//! commits every sequence's computed tokens, so blocks that filled up — with prompt or
+//! produced tokens — become cached for later requests.
 
 use std::collections::VecDeque;
 
 use crate::error::{Error, Result};
 use crate::generate::FinishReason;
-use crate::kv::SeqId;
+use crate::kv::{PrefixHit, SeqId};
 use crate::runner::{Runner, SamplingParams, SeqStep};
 
 /// One request's generation parameters.
@@ -47,13 +53,27 @@ pub struct Output {
     pub finish: Option<FinishReason>,
 }
 
-/// The scheduler's budgets.
+/// The scheduler's budgets and policies.
 #[derive(Clone, Copy, Debug)]
 pub struct SchedulerConfig {
     /// Tokens in one step at most (<= the runner's `max_tokens_per_step`).
     pub max_num_batched_tokens: usize,
     /// Sequences in one step at most (<= the runner's `max_seqs`).
     pub max_num_seqs: usize,
+    /// Reuse cached full KV blocks of earlier sequences with the same prefix (see the
+    /// module docs); off, every request computes all its tokens.
+    pub prefix_cache: bool,
+}
+
+impl SchedulerConfig {
+    /// These budgets, with prefix caching on.
+    pub fn new(max_num_batched_tokens: usize, max_num_seqs: usize) -> Self {
+        SchedulerConfig {
+            max_num_batched_tokens,
+            max_num_seqs,
+            prefix_cache: true,
+        }
+    }
 }
 
 /// What the scheduler did so far.
@@ -65,6 +85,12 @@ pub struct SchedulerStats {
     pub preemptions: u64,
     pub finished: u64,
     pub aborted: u64,
+    /// Prompt tokens looked up in the prefix cache (each request's prompt, once, when it
+    /// is first admitted; 0 with prefix caching off).
+    pub prefix_queried_tokens: u64,
+    /// Of those, tokens found cached (not computed): the hit ratio is
+    /// `prefix_hit_tokens / prefix_queried_tokens`.
+    pub prefix_hit_tokens: u64,
 }
 
 /// A live request.
@@ -73,8 +99,11 @@ struct Seq {
     seq: SeqId,
     /// The prompt, then every token produced so far.
     tokens: Vec<u32>,
-    /// Tokens whose KV is in the cache (0 after a preemption).
+    /// Tokens whose KV is in the cache (0 after a preemption, until it is admitted
+    /// again).
     computed: usize,
+    /// Whether it was ever admitted (its prompt was counted in the prefix statistics).
+    admitted: bool,
 }
 
 impl Seq {
@@ -164,6 +193,7 @@ impl Scheduler {
             req,
             seq,
             computed: 0,
+            admitted: false,
         });
         Ok(())
     }
@@ -203,7 +233,8 @@ impl Scheduler {
     }
 
     /// Preempt the newest running sequence: free its blocks and queue it first, to be
-    /// recomputed.
+    /// recomputed (with prefix caching, from those of its blocks still cached when it is
+    /// admitted again).
     fn preempt_newest(&mut self, runner: &mut Runner<'_>) -> Result<()> {
         let mut s = self.running.pop().expect("a running sequence to preempt");
         runner.blocks.free(s.seq)?;
@@ -250,12 +281,26 @@ impl Scheduler {
             && self.running.len() < self.cfg.max_num_seqs
         {
             let Some(s) = self.waiting.front() else { break };
-            let take = s.tokens.len().min(budget);
-            if !runner.blocks.can_allocate(take) {
+            let hit = if self.cfg.prefix_cache {
+                runner.blocks.lookup(&s.tokens)
+            } else {
+                PrefixHit::none()
+            };
+            let cached = hit.num_tokens();
+            let take = (s.tokens.len() - cached).min(budget);
+            if !runner.blocks.can_allocate_with_prefix(&hit, cached + take) {
                 break;
             }
-            let s = self.waiting.pop_front().expect("front exists");
-            runner.blocks.allocate(s.seq, take)?;
+            let mut s = self.waiting.pop_front().expect("front exists");
+            runner
+                .blocks
+                .allocate_with_prefix(s.seq, &hit, cached + take)?;
+            s.computed = cached;
+            if !s.admitted && self.cfg.prefix_cache {
+                self.stats.prefix_queried_tokens += s.req.prompt.len() as u64;
+                self.stats.prefix_hit_tokens += cached as u64;
+            }
+            s.admitted = true;
             self.running.push(s);
             plan.push((self.running.len() - 1, take));
             budget -= take;
@@ -291,6 +336,9 @@ impl Scheduler {
             self.stats.tokens_computed += take as u64;
             let s = &mut self.running[i];
             s.computed += take;
+            if self.cfg.prefix_cache {
+                runner.blocks.commit(s.seq, &s.tokens, s.computed)?;
+            }
             if s.computed < s.tokens.len() {
                 continue; // a prompt chunk short of the end
             }

@@ -69,6 +69,9 @@ pub struct EngineMetrics {
     pub tokens_computed_total: AtomicU64,
     pub requests_finished_total: AtomicU64,
     pub requests_aborted_total: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache, and those found there (not computed).
+    pub prefix_cache_queries_total: AtomicU64,
+    pub prefix_cache_hits_total: AtomicU64,
     /// Graph replays of decode and of mixed (prefill) steps.
     pub graph_replays_decode: AtomicU64,
     pub graph_replays_mixed: AtomicU64,
@@ -77,6 +80,20 @@ pub struct EngineMetrics {
     /// Time between consecutive tokens of a request, taken when the step that sampled
     /// each one returned.
     pub inter_token_latency: Histogram<ItlBuckets>,
+}
+
+impl EngineMetrics {
+    /// Prompt tokens found in the prefix cache per prompt token looked up (0 before any
+    /// lookup).
+    pub fn prefix_cache_hit_ratio(&self) -> f64 {
+        let q = self.prefix_cache_queries_total.load(Ordering::Relaxed);
+        let h = self.prefix_cache_hits_total.load(Ordering::Relaxed);
+        if q == 0 {
+            0.0
+        } else {
+            h as f64 / q as f64
+        }
+    }
 }
 
 /// A running engine loop: submit requests, abort them, shut it down (also on drop).
@@ -317,6 +334,10 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
         .store(st.finished, Ordering::Relaxed);
     m.requests_aborted_total
         .store(st.aborted, Ordering::Relaxed);
+    m.prefix_cache_queries_total
+        .store(st.prefix_queried_tokens, Ordering::Relaxed);
+    m.prefix_cache_hits_total
+        .store(st.prefix_hit_tokens, Ordering::Relaxed);
     if let Some(p) = runner.phase_stats(crate::graph::Phase::Decode) {
         m.graph_replays_decode
             .store((p.hits + p.misses) as u64, Ordering::Relaxed);

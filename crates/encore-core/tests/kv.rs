@@ -335,3 +335,376 @@ fn sizing_from_a_budget() {
     let zero = KvCacheConfig { head_dim: 0, ..c };
     assert!(KvCache::new(&be, zero, 4).is_err());
 }
+
+// ---- Prefix caching ----
+
+fn table(bm: &BlockManager, seq: u64) -> Vec<u32> {
+    bm.block_table(SeqId(seq)).unwrap().to_vec()
+}
+
+#[test]
+fn committed_blocks_are_cached_shared_by_reference_and_evicted_lru_tail_first() {
+    // 7 usable blocks of 2 tokens.
+    let mut bm = BlockManager::new(8, 2).unwrap();
+    let a = [1, 2, 3, 4, 5, 6, 7];
+    bm.allocate(SeqId(1), 7).unwrap();
+    assert_eq!(table(&bm, 1), [1, 2, 3, 4]);
+    // Nothing is cached before its KV is reported computed.
+    assert_eq!(bm.lookup(&a).num_tokens(), 0);
+    bm.commit(SeqId(1), &a, 5).unwrap();
+    assert_eq!(bm.num_cached_blocks(), 2, "only full computed blocks");
+    bm.commit(SeqId(1), &a, 7).unwrap();
+    assert_eq!(
+        bm.num_cached_blocks(),
+        3,
+        "the partial last block stays uncached"
+    );
+    assert!(bm.is_cached(3) && !bm.is_cached(4));
+    // Live blocks are found too, and count as used.
+    assert_eq!(bm.lookup(&a).blocks().collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(bm.num_used_blocks(), 4);
+
+    // Freed: the cached blocks stay (evictable, tail first), the partial one is free.
+    bm.free(SeqId(1)).unwrap();
+    assert_eq!(bm.num_free_blocks(), 7);
+    assert_eq!(bm.num_used_blocks(), 0);
+    assert_eq!(bm.num_evictable_blocks(), 3);
+    assert_eq!(bm.eviction_order().collect::<Vec<_>>(), [3, 2, 1]);
+    bm.check_consistency().unwrap();
+
+    // The hit leaves the last token to compute: 7 tokens -> 3 blocks, 6 -> 2, 1 -> 0.
+    assert_eq!(bm.lookup(&a).num_tokens(), 6);
+    assert_eq!(bm.lookup(&a[..6]).num_tokens(), 4);
+    assert_eq!(bm.lookup(&a[..3]).num_tokens(), 2);
+    assert_eq!(bm.lookup(&a[..1]).num_tokens(), 0);
+    assert_eq!(bm.lookup(&[]).num_tokens(), 0);
+    // A chain: a block matches only after the same blocks before it.
+    assert_eq!(bm.lookup(&[1, 2, 9, 9, 5, 6, 7]).num_tokens(), 2);
+    assert_eq!(bm.lookup(&[9, 9, 3, 4, 5, 6, 7]).num_tokens(), 0);
+    assert_eq!(bm.lookup(&[3, 4, 5]).num_tokens(), 0);
+
+    // B shares A's first two blocks and takes one new block for its fifth token.
+    let hit = bm.lookup(&[1, 2, 3, 4, 8]);
+    assert_eq!(hit.blocks().collect::<Vec<_>>(), [1, 2]);
+    assert!(bm.can_allocate_with_prefix(&hit, 5));
+    bm.allocate_with_prefix(SeqId(2), &hit, 5).unwrap();
+    assert_eq!(table(&bm, 2), [1, 2, 4]);
+    assert_eq!(
+        (bm.ref_count(1), bm.ref_count(2), bm.ref_count(4)),
+        (1, 1, 1)
+    );
+    assert_eq!(bm.eviction_order().collect::<Vec<_>>(), [3]);
+    assert_eq!(bm.num_free_blocks(), 4);
+    // C shares the same two: each counted twice, owned once in `used`.
+    let hit = bm.lookup(&[1, 2, 3, 4, 5, 9]);
+    assert_eq!(hit.num_tokens(), 4, "block 3 holds [5, 6], not [5, 9]");
+    bm.allocate_with_prefix(SeqId(3), &hit, 6).unwrap();
+    assert_eq!(table(&bm, 3), [1, 2, 5]);
+    assert_eq!((bm.ref_count(1), bm.ref_count(2)), (2, 2));
+    assert_eq!(bm.num_used_blocks(), 4);
+    bm.check_consistency().unwrap();
+
+    // D takes the two free blocks, then evicts the only evictable one (3).
+    assert_eq!(bm.num_evictions(), 0);
+    bm.allocate(SeqId(4), 5).unwrap();
+    assert_eq!(table(&bm, 4), [6, 7, 3]);
+    assert_eq!(bm.num_evictions(), 1);
+    assert!(!bm.is_cached(3));
+    assert_eq!(bm.lookup(&a).num_tokens(), 4, "A's third block is gone");
+    bm.append(SeqId(4), 1).unwrap();
+    assert_eq!(bm.num_free_blocks(), 0);
+    // Out of blocks: an error that changes nothing.
+    let before = snapshot(&bm);
+    expect_out_of_blocks(bm.append(SeqId(4), 1).unwrap_err(), 1, 0);
+    assert!(!bm.can_allocate(1));
+    assert_eq!(snapshot(&bm), before);
+    bm.check_consistency().unwrap();
+
+    // LRU across sequences: C's blocks (freed first) go before D's; each tail first.
+    bm.free(SeqId(2)).unwrap();
+    assert_eq!(bm.num_evictable_blocks(), 0, "C still holds 1 and 2");
+    bm.free(SeqId(3)).unwrap();
+    bm.commit(SeqId(4), &[9, 9, 8, 8, 7, 7], 6).unwrap();
+    bm.free(SeqId(4)).unwrap();
+    assert_eq!(bm.eviction_order().collect::<Vec<_>>(), [2, 1, 3, 7, 6]);
+    // Free blocks (B's 4, C's 5) first, then the least recently used.
+    bm.allocate(SeqId(5), 8).unwrap();
+    assert_eq!(table(&bm, 5), [5, 4, 2, 1]);
+    assert_eq!(bm.num_evictions(), 3);
+    assert_eq!(bm.lookup(&a).num_tokens(), 0);
+    assert_eq!(bm.lookup(&[9, 9, 8, 8, 7, 7, 1]).num_tokens(), 6);
+    bm.check_consistency().unwrap();
+}
+
+#[test]
+fn equal_blocks_computed_twice_are_cached_once_and_chains_continue() {
+    let mut bm = BlockManager::new(10, 2).unwrap();
+    let t = [1, 2, 3, 4, 5, 6, 7];
+    bm.allocate(SeqId(1), 4).unwrap();
+    bm.allocate(SeqId(2), 4).unwrap();
+    assert_eq!((table(&bm, 1), table(&bm, 2)), (vec![1, 2], vec![3, 4]));
+    bm.commit(SeqId(1), &t, 4).unwrap();
+    bm.commit(SeqId(2), &t, 4).unwrap();
+    assert_eq!(bm.num_cached_blocks(), 2);
+    assert!(
+        !bm.is_cached(3) && !bm.is_cached(4),
+        "the second copy stays uncached"
+    );
+    // Sequence 2's next block chains onto sequence 1's cached ones.
+    bm.append(SeqId(2), 2).unwrap();
+    bm.commit(SeqId(2), &t, 6).unwrap();
+    assert_eq!(bm.lookup(&t).blocks().collect::<Vec<_>>(), [1, 2, 5]);
+    bm.free(SeqId(1)).unwrap();
+    bm.free(SeqId(2)).unwrap();
+    assert_eq!(bm.num_evictable_blocks(), 3);
+    assert_eq!(bm.num_free_blocks(), 9);
+    bm.check_consistency().unwrap();
+}
+
+#[test]
+fn stale_or_oversized_hits_and_bad_commits_are_errors_that_change_nothing() {
+    let mut bm = BlockManager::new(10, 2).unwrap();
+    let t = [1, 2, 3, 4, 5, 6, 7];
+    bm.allocate(SeqId(1), 7).unwrap();
+    let before = snapshot(&bm);
+    for (tokens, computed) in [(&t[..], 8), (&t[..5], 6)] {
+        let e = bm.commit(SeqId(1), tokens, computed).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e}");
+        assert!(e.to_string().contains("seq 1"), "{e}");
+    }
+    assert!(matches!(
+        bm.commit(SeqId(9), &t, 1),
+        Err(Error::Invalid { .. })
+    ));
+    assert_eq!(snapshot(&bm), before);
+    assert_eq!(bm.num_cached_blocks(), 0);
+    bm.commit(SeqId(1), &t, 7).unwrap();
+    bm.free(SeqId(1)).unwrap();
+
+    let hit = bm.lookup(&t);
+    assert_eq!(hit.num_tokens(), 6);
+    // A hit longer than the sequence.
+    let before = (snapshot(&bm), bm.eviction_order().collect::<Vec<_>>());
+    assert!(!bm.can_allocate_with_prefix(&hit, 5));
+    let e = bm.allocate_with_prefix(SeqId(2), &hit, 5).unwrap_err();
+    assert!(
+        e.to_string().contains("6 tokens for a sequence of 5"),
+        "{e}"
+    );
+    assert_eq!(
+        (snapshot(&bm), bm.eviction_order().collect::<Vec<_>>()),
+        before
+    );
+    // Evict everything: the hit is stale.
+    bm.allocate(SeqId(3), 18).unwrap();
+    assert_eq!(bm.num_cached_blocks(), 0);
+    bm.free(SeqId(3)).unwrap();
+    let before = snapshot(&bm);
+    assert!(!bm.can_allocate_with_prefix(&hit, 7));
+    let e = bm.allocate_with_prefix(SeqId(2), &hit, 7).unwrap_err();
+    assert!(e.to_string().contains("stale"), "{e}");
+    assert_eq!(snapshot(&bm), before);
+    bm.check_consistency().unwrap();
+}
+
+/// One simulated sequence: the tokens it will hold, how many it holds (allocated), and
+/// how many of those have their KV written.
+struct Sim {
+    tokens: Vec<u32>,
+    held: usize,
+    computed: usize,
+}
+
+/// Everything observable about a caching manager (for "a failing call changes nothing").
+fn full_snapshot(bm: &BlockManager) -> impl PartialEq + std::fmt::Debug {
+    (
+        snapshot(bm),
+        bm.num_cached_blocks(),
+        bm.num_evictions(),
+        bm.eviction_order().collect::<Vec<_>>(),
+    )
+}
+
+/// Seeded random allocate (with and without a cached prefix) / append / compute+commit /
+/// free, against a model that records what each block's KV was computed from: every hit
+/// must hold exactly the KV a cold run computes, no shared or cached block is ever
+/// written, and the reference counts, the free / evictable / owned partition and "a
+/// failing call changes nothing" hold after every call.
+fn run_random_prefix(seed: u64, num_blocks: usize, bs: usize, steps: usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut bm = BlockManager::new(num_blocks, bs).unwrap();
+    // A few shared prefixes, so lookups hit.
+    let bases: Vec<Vec<u32>> = (0..3)
+        .map(|_| (0..6 * bs).map(|_| rng.random_range(0..4)).collect())
+        .collect();
+    let mut sims: BTreeMap<u64, Sim> = BTreeMap::new();
+    // Block -> the tokens its last written row's KV depends on (the sequence's tokens up
+    // to and including that row).
+    let mut content: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    let mut next_id = 0u64;
+    let (mut hits, mut shared, mut ooms, mut commits) = (0usize, 0usize, 0usize, 0usize);
+    for _ in 0..steps {
+        let before = full_snapshot(&bm);
+        let live: Vec<u64> = sims.keys().copied().collect();
+        match rng.random_range(0..10) {
+            0..=2 => {
+                let len = rng.random_range(1..=5 * bs);
+                let split = rng.random_range(0..=len);
+                let mut tokens = bases[rng.random_range(0..bases.len())][..split].to_vec();
+                tokens.extend((split..len).map(|_| rng.random_range(0..4u32)));
+                let hit = if rng.random_bool(0.8) {
+                    bm.lookup(&tokens)
+                } else {
+                    encore_core::kv::PrefixHit::none()
+                };
+                let hb: Vec<u32> = hit.blocks().collect();
+                assert_eq!(hit.num_tokens(), hb.len() * bs);
+                assert!(hb.len() <= (len - 1) / bs, "the hit leaves the last token");
+                for (i, &b) in hb.iter().enumerate() {
+                    assert!(bm.is_cached(b));
+                    assert_eq!(
+                        content.get(&b).map(Vec::as_slice),
+                        Some(&tokens[..(i + 1) * bs]),
+                        "seed {seed}: block {b} (position {i}) holds other KV"
+                    );
+                }
+                let n = rng.random_range(hit.num_tokens()..=len);
+                let seq = SeqId(next_id);
+                next_id += 1;
+                let needed = n.div_ceil(bs) - hb.len();
+                let unowned = hb.iter().filter(|&&b| bm.ref_count(b) == 0).count();
+                let available = bm.num_free_blocks() - unowned;
+                let can = bm.can_allocate_with_prefix(&hit, n);
+                assert_eq!(can, needed <= available);
+                match bm.allocate_with_prefix(seq, &hit, n) {
+                    Ok(()) => {
+                        assert!(can);
+                        assert_eq!(&bm.block_table(seq).unwrap()[..hb.len()], &hb[..]);
+                        hits += usize::from(!hb.is_empty());
+                        sims.insert(
+                            seq.0,
+                            Sim {
+                                tokens,
+                                held: n,
+                                computed: hit.num_tokens(),
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        assert!(!can);
+                        expect_out_of_blocks(e, needed, available);
+                        assert_eq!(full_snapshot(&bm), before);
+                        ooms += 1;
+                    }
+                }
+            }
+            3..=4 if !live.is_empty() => {
+                let id = live[rng.random_range(0..live.len())];
+                let s = sims.get_mut(&id).unwrap();
+                // Decode-produced tokens extend the sequence.
+                if s.held == s.tokens.len() || rng.random_bool(0.3) {
+                    s.tokens.push(rng.random_range(0..4));
+                }
+                let n = rng.random_range(0..=s.tokens.len() - s.held);
+                let needed = (s.held + n).div_ceil(bs) - s.held.div_ceil(bs);
+                let can = bm.can_append(SeqId(id), n);
+                assert_eq!(can, needed <= bm.num_free_blocks());
+                match bm.append(SeqId(id), n) {
+                    Ok(()) => s.held += n,
+                    Err(e) => {
+                        assert!(!can);
+                        expect_out_of_blocks(e, needed, bm.num_free_blocks());
+                        assert_eq!(full_snapshot(&bm), before);
+                        ooms += 1;
+                    }
+                }
+            }
+            5..=7 if !live.is_empty() => {
+                // A step computes some of a sequence's held tokens, then commits.
+                let id = live[rng.random_range(0..live.len())];
+                let s = sims.get_mut(&id).unwrap();
+                let to = rng.random_range(s.computed..=s.held);
+                let tbl = bm.block_table(SeqId(id)).unwrap();
+                for p in s.computed..to {
+                    let b = tbl[p / bs];
+                    assert_eq!(bm.ref_count(b), 1, "seed {seed}: writing shared block {b}");
+                    assert!(!bm.is_cached(b), "seed {seed}: writing cached block {b}");
+                    content.insert(b, s.tokens[..=p].to_vec());
+                }
+                s.computed = to;
+                bm.commit(SeqId(id), &s.tokens, to).unwrap();
+                commits += 1;
+                // Committing more than is held is refused.
+                let e = bm.commit(SeqId(id), &s.tokens, s.held + 1).unwrap_err();
+                assert!(matches!(e, Error::Invalid { .. }), "{e}");
+            }
+            8 if !live.is_empty() => {
+                let id = live[rng.random_range(0..live.len())];
+                let tbl = bm.block_table(SeqId(id)).unwrap().to_vec();
+                let released = tbl.iter().filter(|&&b| bm.ref_count(b) == 1).count();
+                let free = bm.num_free_blocks();
+                bm.free(SeqId(id)).unwrap();
+                sims.remove(&id);
+                assert_eq!(bm.num_free_blocks(), free + released);
+            }
+            _ => {
+                let unknown = SeqId(next_id + 1000);
+                assert!(matches!(bm.free(unknown), Err(Error::Invalid { .. })));
+                assert!(matches!(
+                    bm.commit(unknown, &[], 0),
+                    Err(Error::Invalid { .. })
+                ));
+                if let Some(&id) = live.first() {
+                    let hit = bm.lookup(&sims[&id].tokens);
+                    let e = bm
+                        .allocate_with_prefix(SeqId(id), &hit, 1 << 20)
+                        .unwrap_err();
+                    assert!(matches!(e, Error::Invalid { .. }), "{e}");
+                }
+                assert_eq!(full_snapshot(&bm), before);
+            }
+        }
+        bm.check_consistency().unwrap();
+        // Reference counts against the tables; a shared block is cached and sits at the
+        // same position in every table holding it.
+        let mut owners: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (&id, s) in &sims {
+            let tbl = bm.block_table(SeqId(id)).unwrap();
+            assert_eq!(bm.num_tokens(SeqId(id)).unwrap(), s.held);
+            assert_eq!(tbl.len(), s.held.div_ceil(bs));
+            for (i, &b) in tbl.iter().enumerate() {
+                assert_ne!(b, NULL_BLOCK);
+                owners.entry(b).or_default().push(i);
+            }
+        }
+        for (&b, at) in &owners {
+            assert_eq!(bm.ref_count(b), at.len());
+            if at.len() > 1 {
+                shared += 1;
+                assert!(bm.is_cached(b), "seed {seed}: uncached block {b} shared");
+                assert!(at.iter().all(|&i| i == at[0]));
+            }
+        }
+        assert_eq!(bm.num_used_blocks(), owners.len());
+        assert_eq!(bm.num_free_blocks() + owners.len(), num_blocks - 1);
+    }
+    assert!(
+        hits > 10 && shared > 10 && ooms > 10 && commits > 10 && bm.num_evictions() > 10,
+        "seed {seed}: {hits} hits, {shared} shared, {ooms} out-of-blocks, {commits} commits, {} evictions",
+        bm.num_evictions()
+    );
+    for id in sims.keys() {
+        bm.free(SeqId(*id)).unwrap();
+    }
+    assert_eq!(bm.num_free_blocks(), num_blocks - 1);
+    assert_eq!(bm.num_used_blocks(), 0);
+}
+
+#[test]
+fn random_prefix_caching_keeps_the_invariants_and_hits_hold_the_right_kv() {
+    for seed in 0..8 {
+        run_random_prefix(seed, 24, 4, 3000);
+    }
+    run_random_prefix(100, 12, 1, 3000);
+    run_random_prefix(101, 40, 16, 3000);
+}

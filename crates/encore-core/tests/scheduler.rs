@@ -2,7 +2,8 @@
 //! steps (chunked prefill mixed with decodes, queueing, joining mid-flight, preemption
 //! when the KV cache runs out) produce exactly the tokens each produces alone; sampling
 //! depends only on a request's seed and token index; aborts free their blocks; requests
-//! that can never run are refused with the reason.
+//! that can never run are refused with the reason. With prefix caching, a request
+//! sharing cached blocks computes only the rest and still produces its cold tokens.
 
 use std::collections::HashMap;
 
@@ -73,15 +74,15 @@ fn run(
     (out, s)
 }
 
-/// Each request run alone, with budgets that fit it whole.
+/// Each request run alone (cold: prefix caching off), with budgets that fit it whole.
 fn alone(reqs: &[(Request, u64)]) -> HashMap<u64, (Vec<u32>, FinishReason)> {
     let cpu = CpuBackend::new();
     let mut out = HashMap::new();
     for (req, _) in reqs {
         let mut r = common::tiny_runner(&cpu);
         let big = SchedulerConfig {
-            max_num_batched_tokens: 256,
-            max_num_seqs: 16,
+            prefix_cache: false,
+            ..SchedulerConfig::new(256, 16)
         };
         out.extend(run(&mut r, big, &[(req.clone(), 0)]).0);
     }
@@ -108,10 +109,7 @@ fn shared_steps_give_each_request_its_alone_tokens() {
     let mut r = common::tiny_runner(&cpu);
     // 16 tokens a step and 3 sequences: prompts are chunked, mixed with decodes, and
     // requests wait for a slot.
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 16,
-        max_num_seqs: 3,
-    };
+    let cfg = SchedulerConfig::new(16, 3);
     let (out, s) = run(&mut r, cfg, &reqs);
     for (req, _) in &reqs {
         assert_eq!(out[&req.id], reference[&req.id], "request {}", req.id);
@@ -133,10 +131,7 @@ fn shared_steps_give_each_request_its_alone_tokens() {
 fn graphs_and_piecewise_steps_serve_the_scheduler_alike() {
     let cpu = CpuBackend::new();
     let reqs = mix();
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 24,
-        max_num_seqs: 4,
-    };
+    let cfg = SchedulerConfig::new(24, 4);
     let mut eager = common::tiny_runner(&cpu);
     let (a, _) = run(&mut eager, cfg, &reqs);
     let mut graph = common::tiny_runner(&cpu);
@@ -158,10 +153,7 @@ fn an_exhausted_cache_preempts_and_recomputes_without_losing_tokens() {
     // 41 usable blocks of 4 tokens: the longest request (90 + 8) needs 25; together they
     // need far more.
     let mut r = common::tiny_runner_with_blocks(&cpu, 42);
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 64,
-        max_num_seqs: 8,
-    };
+    let cfg = SchedulerConfig::new(64, 8);
     let (out, s) = run(&mut r, cfg, &reqs);
     for (req, _) in &reqs {
         assert_eq!(out[&req.id], reference[&req.id], "request {}", req.id);
@@ -179,10 +171,7 @@ fn an_exhausted_cache_preempts_and_recomputes_without_losing_tokens() {
 fn eos_and_context_end_requests() {
     let cpu = CpuBackend::new();
     let mut r = common::tiny_runner(&cpu);
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 64,
-        max_num_seqs: 4,
-    };
+    let cfg = SchedulerConfig::new(64, 4);
     let greedy = request(9, 20, 50, 0.0);
     let tokens = run(&mut r, cfg, &[(greedy.clone(), 0)]).0[&9].0.clone();
     // Stop at the 5th token's id: the request ends there with Eos (the id first occurs
@@ -209,10 +198,7 @@ fn abort_frees_blocks_and_leaves_the_others_alone() {
     let reqs = mix();
     let reference = alone(&reqs);
     let mut r = common::tiny_runner(&cpu);
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 32,
-        max_num_seqs: 8,
-    };
+    let cfg = SchedulerConfig::new(32, 8);
     let mut s = Scheduler::new(cfg, &r).unwrap();
     for (q, _) in &reqs {
         s.add(q.clone(), &r).unwrap();
@@ -245,10 +231,7 @@ fn abort_frees_blocks_and_leaves_the_others_alone() {
 fn requests_that_can_never_run_are_refused() {
     let cpu = CpuBackend::new();
     let r = common::tiny_runner_with_blocks(&cpu, 10);
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 64,
-        max_num_seqs: 4,
-    };
+    let cfg = SchedulerConfig::new(64, 4);
     let mut s = Scheduler::new(cfg, &r).unwrap();
     let refuse = |s: &mut Scheduler, q: Request, what: &str| {
         let e = s.add(q, &r).unwrap_err().to_string();
@@ -263,11 +246,197 @@ fn requests_that_can_never_run_are_refused() {
     refuse(&mut s, bad, "vocabulary");
     s.add(request(1, 5, 5, 0.0), &r).unwrap();
     refuse(&mut s, request(1, 5, 5, 0.0), "already live");
-    let too_big = SchedulerConfig {
-        max_num_batched_tokens: 1 << 20,
-        max_num_seqs: 4,
-    };
+    let too_big = SchedulerConfig::new(1 << 20, 4);
     assert!(Scheduler::new(too_big, &r).is_err());
+}
+
+/// The prefix-cache scenario on `r` (one runner, so the cache carries over): A runs, then
+/// B sharing A's first 3 blocks, C with A's whole prompt (seeded sampling), D continuing
+/// A's prompt and output (blocks filled by decode). Per request: its tokens and the
+/// tokens computed for it, with its prefix statistics (queried, hit).
+fn prefix_scenario(r: &mut Runner<'_>, prefix_cache: bool) -> Vec<(Vec<u32>, u64, (u64, u64))> {
+    let cfg = SchedulerConfig {
+        prefix_cache,
+        ..SchedulerConfig::new(64, 4)
+    };
+    let shared: Vec<u32> = (0..12).map(|j| (j * 13 + 5) % 250).collect();
+    let with = |id: u64, tail: &[u32], max_tokens: usize, temperature: f32| {
+        let mut q = request(id, 0, max_tokens, temperature);
+        q.prompt = [&shared[..], tail].concat();
+        q
+    };
+    let a = with(0, &[7, 8, 9, 10, 11], 6, 0.0);
+    let b = with(1, &[100, 101, 102, 103, 104, 105, 106], 8, 0.0);
+    let mut c = with(2, &a.prompt[12..], 9, 0.8);
+    c.params.sampling.seed = 77;
+    let mut res = Vec::new();
+    let mut a_out = Vec::new();
+    for q in [a, b, c] {
+        let (out, s) = run(r, cfg, &[(q.clone(), 0)]);
+        let st = s.stats();
+        if q.id == 0 {
+            a_out = out[&0].0.clone();
+        }
+        res.push((
+            out[&q.id].0.clone(),
+            st.tokens_computed,
+            (st.prefix_queried_tokens, st.prefix_hit_tokens),
+        ));
+    }
+    // D: A's prompt, A's output, then 3 more tokens.
+    let mut d = request(3, 0, 5, 0.0);
+    d.prompt = [&shared[..], &[7, 8, 9, 10, 11], &a_out[..], &[1, 2, 3]].concat();
+    let (out, s) = run(r, cfg, &[(d, 0)]);
+    let st = s.stats();
+    res.push((
+        out[&3].0.clone(),
+        st.tokens_computed,
+        (st.prefix_queried_tokens, st.prefix_hit_tokens),
+    ));
+    res
+}
+
+/// What [`prefix_scenario`] computes with the cache on (block size 4): B hits A's 3
+/// shared blocks (12 tokens); C's 17-token prompt hits 4 blocks (16: the last token is
+/// always computed); D's 26 tokens hit the 5 blocks A filled (20: 17 prompt + 5 computed
+/// output tokens, the last sampled one never computed).
+fn check_prefix_scenario(
+    hot: &[(Vec<u32>, u64, (u64, u64))],
+    cold: &[(Vec<u32>, u64, (u64, u64))],
+) {
+    let lens = [(17u64, 6u64), (19, 8), (17, 9), (26, 5)];
+    let hits = [0u64, 12, 16, 20];
+    for (i, ((h, c), (&(prompt, max), &hit))) in
+        hot.iter().zip(cold).zip(lens.iter().zip(&hits)).enumerate()
+    {
+        assert_eq!(
+            h.0, c.0,
+            "request {i}: tokens with the cache equal the cold run's"
+        );
+        assert_eq!(h.0.len() as u64, max);
+        assert_eq!(
+            c.1,
+            prompt + max - 1,
+            "request {i}: cold computes everything"
+        );
+        assert_eq!(c.2, (0, 0), "request {i}: no lookups with the cache off");
+        assert_eq!(
+            h.1,
+            prompt - hit + max - 1,
+            "request {i}: only the rest is computed"
+        );
+        assert_eq!(h.2, (prompt, hit), "request {i}: prefix statistics");
+    }
+}
+
+#[test]
+fn a_shared_prefix_is_computed_once_and_gives_the_cold_tokens() {
+    let cpu = CpuBackend::new();
+    let hot = prefix_scenario(&mut common::tiny_runner(&cpu), true);
+    let cold = prefix_scenario(&mut common::tiny_runner(&cpu), false);
+    check_prefix_scenario(&hot, &cold);
+}
+
+#[test]
+fn prefix_hits_through_decode_graphs_and_piecewise_steps_give_the_cold_tokens() {
+    let cpu = CpuBackend::new();
+    let graphs = || {
+        let mut r = common::tiny_runner(&cpu);
+        r.set_graphs(Some(encore_core::runner::GraphConfig {
+            decode: common::buckets(),
+            mixed: encore_core::graph::BucketPolicy::SglangLike { max: 256 },
+        }));
+        r
+    };
+    let mut r = graphs();
+    let hot = prefix_scenario(&mut r, true);
+    let g = r.graph_stats().unwrap();
+    assert!(g.hits > 10, "{g:?}");
+    let cold = prefix_scenario(&mut common::tiny_runner(&cpu), false);
+    check_prefix_scenario(&hot, &cold);
+}
+
+/// `mix()` with a 3-block prefix shared by every prompt, and two requests repeating
+/// others' prompts (with other seeds or lengths).
+fn shared_mix() -> Vec<(Request, u64)> {
+    let shared: Vec<u32> = (0..12).map(|j| (j * 29 + 3) % 250).collect();
+    let mut reqs = mix();
+    for (q, _) in &mut reqs {
+        q.prompt = [&shared[..], &q.prompt].concat();
+    }
+    let mut again = reqs[2].0.clone();
+    again.id = 7;
+    again.params.max_tokens = 11;
+    let mut sampled = reqs[4].0.clone();
+    sampled.id = 8;
+    sampled.params.sampling.seed = 4242;
+    reqs.push((again, 9));
+    reqs.push((sampled, 12));
+    reqs
+}
+
+#[test]
+fn prefix_caching_off_computes_every_token_and_on_only_the_uncached() {
+    let cpu = CpuBackend::new();
+    let reqs = shared_mix();
+    let reference = alone(&reqs);
+    let prompt: u64 = reqs.iter().map(|(q, _)| q.prompt.len() as u64).sum();
+    let decode: u64 = reqs
+        .iter()
+        .map(|(q, _)| q.params.max_tokens as u64 - 1)
+        .sum();
+    let off = SchedulerConfig {
+        prefix_cache: false,
+        ..SchedulerConfig::new(16, 3)
+    };
+    let (out, s) = run(&mut common::tiny_runner(&cpu), off, &reqs);
+    let st = s.stats();
+    assert_eq!(
+        st.tokens_computed,
+        prompt + decode,
+        "the old counts: {st:?}"
+    );
+    assert_eq!((st.prefix_queried_tokens, st.prefix_hit_tokens), (0, 0));
+    assert_eq!(st.preemptions, 0);
+    for (q, _) in &reqs {
+        assert_eq!(out[&q.id], reference[&q.id], "request {}", q.id);
+    }
+    let on = SchedulerConfig::new(16, 3);
+    let mut r = common::tiny_runner(&cpu);
+    let (out, s) = run(&mut r, on, &reqs);
+    let st = s.stats();
+    for (q, _) in &reqs {
+        assert_eq!(out[&q.id], reference[&q.id], "request {}", q.id);
+    }
+    assert_eq!(st.preemptions, 0);
+    assert_eq!(st.prefix_queried_tokens, prompt);
+    assert!(st.prefix_hit_tokens >= 12 * 3, "{st:?}");
+    assert_eq!(
+        st.tokens_computed,
+        prompt - st.prefix_hit_tokens + decode,
+        "exactly the hit tokens are saved: {st:?}"
+    );
+    assert!(r.blocks.num_cached_blocks() > 0);
+    assert_eq!(r.blocks.num_used_blocks(), 0);
+}
+
+#[test]
+fn a_cache_too_small_evicts_cached_blocks_and_preempts_and_every_request_gets_its_cold_tokens() {
+    let cpu = CpuBackend::new();
+    let reqs = shared_mix();
+    let reference = alone(&reqs);
+    // 41 usable blocks of 4 tokens, as in the preemption test, with 12 more prompt
+    // tokens per request.
+    let mut r = common::tiny_runner_with_blocks(&cpu, 42);
+    let (out, s) = run(&mut r, SchedulerConfig::new(64, 8), &reqs);
+    for (q, _) in &reqs {
+        assert_eq!(out[&q.id], reference[&q.id], "request {}", q.id);
+    }
+    let st = s.stats();
+    assert!(st.preemptions > 0, "{st:?}");
+    assert!(st.prefix_hit_tokens > 0, "{st:?}");
+    assert!(r.blocks.num_evictions() > 0, "cached blocks were evicted");
+    r.blocks.check_consistency().unwrap();
 }
 
 /// On CUDA, at a real model's shape in bf16 (tensor-core prefill, split-K decode, mixed
@@ -310,10 +479,7 @@ fn cuda_mixed_steps_at_a_real_shape_complete() {
             (r, i / 8)
         })
         .collect();
-    let sched = SchedulerConfig {
-        max_num_batched_tokens: 512,
-        max_num_seqs: 64,
-    };
+    let sched = SchedulerConfig::new(512, 64);
     let (out, s) = run(&mut runner, sched, &reqs);
     for (q, _) in &reqs {
         assert_eq!(out[&q.id].0.len(), q.params.max_tokens, "request {}", q.id);

@@ -1,6 +1,7 @@
 //! The engine loop on its own thread (CPU backend): requests submitted from other threads
 //! stream their tokens back; results equal a direct scheduler run; a sink whose reader
-//! left aborts its request and frees its KV blocks; refused requests get an error event.
+//! left aborts its request and frees its KV blocks; refused requests get an error event;
+//! the prefix-cache counters reach the metrics.
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -19,10 +20,7 @@ use encore_core::DType;
 /// Boot an engine loop on `model` (eager, f32, 8 sequences of up to 128 tokens).
 fn boot(model: &str, num_blocks: usize) -> encore_core::Result<EngineHandle> {
     let cfg = EngineConfig::new(DType::F32, 4, 64, 8, 128, KvSizing::Blocks(num_blocks));
-    let sched = SchedulerConfig {
-        max_num_batched_tokens: 32,
-        max_num_seqs: 8,
-    };
+    let sched = SchedulerConfig::new(32, 8);
     EngineHandle::start(
         Arc::new(CpuBackend::new()),
         model.into(),
@@ -123,6 +121,15 @@ fn concurrent_requests_stream_their_alone_tokens() {
     wait_until("idle", || m.requests_running.load(Ordering::Relaxed) == 0);
     assert_eq!(m.kv_blocks_used.load(Ordering::Relaxed), 0);
     assert_eq!(m.requests_finished_total.load(Ordering::Relaxed), 12);
+    // The second wave found each prompt cached but its last token (whole blocks of 4):
+    // lengths 5, 14, .., 50 hit 4, 12, 20, 28, 40, 48.
+    let queried: u64 = (0..6).map(|i| 5 + 9 * i).sum::<u64>() * 2;
+    assert_eq!(
+        m.prefix_cache_queries_total.load(Ordering::Relaxed),
+        queried
+    );
+    assert_eq!(m.prefix_cache_hits_total.load(Ordering::Relaxed), 152);
+    assert_eq!(m.prefix_cache_hit_ratio(), 152.0 / queried as f64);
 }
 
 #[test]

@@ -235,7 +235,7 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
 async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     let m = &s.engine.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let rows: [(&str, &str, &str, u64); 10] = [
+    let rows: [(&str, &str, &str, u64); 12] = [
         (
             "encore_requests_running",
             "gauge",
@@ -296,6 +296,18 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
             "Tokens run through the model.",
             g(&m.tokens_computed_total),
         ),
+        (
+            "encore_prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache.",
+            g(&m.prefix_cache_queries_total),
+        ),
+        (
+            "encore_prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens found in the prefix cache (not computed).",
+            g(&m.prefix_cache_hits_total),
+        ),
     ];
     let mut text = String::new();
     for (name, kind, help, v) in rows {
@@ -303,6 +315,10 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
         ));
     }
+    text.push_str(&format!(
+        "# HELP encore_prefix_cache_hit_ratio Prompt tokens found in the prefix cache per token looked up.\n# TYPE encore_prefix_cache_hit_ratio gauge\nencore_prefix_cache_hit_ratio {}\n",
+        m.prefix_cache_hit_ratio()
+    ));
     text.push_str("# HELP encore_graph_replays_total Graph replays by phase.\n# TYPE encore_graph_replays_total counter\n");
     text.push_str(&format!(
         "encore_graph_replays_total{{phase=\"decode\"}} {}\nencore_graph_replays_total{{phase=\"mixed\"}} {}\n",

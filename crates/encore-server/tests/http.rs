@@ -61,10 +61,7 @@ fn start_full(
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
             MODEL.into(),
             cfg,
-            SchedulerConfig {
-                max_num_batched_tokens: 128,
-                max_num_seqs: 32,
-            },
+            SchedulerConfig::new(128, 32),
             Box::new(NoProgress),
         )
         .unwrap(),
@@ -316,6 +313,25 @@ fn concurrent_streaming_clients_all_complete() {
     assert_eq!(st, 200);
     assert!(m.contains("encore_requests_finished_total 64"), "{m}");
     assert!(m.contains("encore_kv_blocks_used 0"), "{m}");
+    // 64 prompts looked up; no lookup before them, so the ratio is theirs.
+    let hits = s
+        .engine
+        .metrics
+        .prefix_cache_hits_total
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let queries = s
+        .engine
+        .metrics
+        .prefix_cache_queries_total
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(queries > 0, "{m}");
+    assert!(
+        m.contains(&format!(
+            "encore_prefix_cache_hit_ratio {}\n",
+            hits as f64 / queries as f64
+        )),
+        "{m}"
+    );
 }
 
 #[test]
@@ -519,6 +535,9 @@ fn bearer_auth_models_health_metrics() {
         "encore_kv_blocks_total",
         "encore_preemptions_total",
         "encore_graph_replays_total",
+        "encore_prefix_cache_hit_ratio",
+        "encore_prefix_cache_queries_total",
+        "encore_prefix_cache_hits_total",
     ] {
         assert!(text.contains(&format!("# TYPE {name} ")), "{name}: {text}");
     }

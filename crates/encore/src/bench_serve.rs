@@ -83,6 +83,10 @@ pub struct BenchServeArgs {
     /// Fraction of free device memory for the KV cache after warm-up (--in-process, CUDA).
     #[arg(long, default_value = "0.8", value_parser = parse::fraction, allow_negative_numbers = true)]
     kv_fraction: f64,
+    /// Compute every request's whole prompt: no reuse of cached KV blocks of earlier
+    /// requests with the same prefix (--in-process; a server takes its own flag).
+    #[arg(long)]
+    no_prefix_cache: bool,
     /// Seed of the lengths, prompts and arrivals.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -564,6 +568,16 @@ fn run_url(a: BenchServeArgs) -> Result<()> {
         row.insert("max_running".into(), json!(run.max_running));
         row.insert("preemptions".into(), delta("encore_preemptions_total"));
         row.insert("steps".into(), delta("encore_steps_total"));
+        // Over this run: prompt tokens found cached per prompt token looked up.
+        let ratio = match (
+            delta("encore_prefix_cache_hits_total").as_f64(),
+            delta("encore_prefix_cache_queries_total").as_f64(),
+        ) {
+            (Some(h), Some(q)) if q > 0.0 => json!(h / q),
+            (Some(_), Some(_)) => json!(0.0),
+            _ => Value::Null,
+        };
+        row.insert("prefix_cache_hit_ratio".into(), ratio);
         print(&a, row)
     })
 }
@@ -619,6 +633,7 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
     let sched = SchedulerConfig {
         max_num_batched_tokens: a.max_num_batched_tokens,
         max_num_seqs: a.max_num_seqs,
+        prefix_cache: !a.no_prefix_cache,
     };
     let engine = Arc::new(EngineHandle::start(
         be,
@@ -714,6 +729,10 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
         json!(m.preemptions_total.load(Ordering::Relaxed)),
     );
     row.insert("steps".into(), json!(m.steps_total.load(Ordering::Relaxed)));
+    row.insert(
+        "prefix_cache_hit_ratio".into(),
+        json!(m.prefix_cache_hit_ratio()),
+    );
     print(&a, row)
 }
 

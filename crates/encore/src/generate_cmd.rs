@@ -88,6 +88,10 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// Compute every prompt whole: no reuse of cached KV blocks of prompts with the same
+    /// prefix.
+    #[arg(long)]
+    no_prefix_cache: bool,
     /// Print one JSON object per prompt (ids, text, timings) instead of text.
     #[arg(long)]
     json: bool,
@@ -233,6 +237,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let sched = SchedulerConfig {
         max_num_batched_tokens: a.max_num_batched_tokens,
         max_num_seqs: prompts.len(),
+        prefix_cache: !a.no_prefix_cache,
     };
     let engine = EngineHandle::start(
         backend.clone(),

@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// Capture graphs on first use instead of all at start-up.
     #[arg(long)]
     lazy_capture: bool,
+    /// Compute every request's whole prompt: no reuse of cached KV blocks of earlier
+    /// requests with the same prefix.
+    #[arg(long)]
+    no_prefix_cache: bool,
     /// Refuse new requests with 503 and `Retry-After` while this many wait in the queue.
     #[arg(long, value_parser = parse::count::<0, { 1 << 30 }>, allow_negative_numbers = true)]
     max_waiting: Option<usize>,
@@ -133,6 +137,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let sched = SchedulerConfig {
         max_num_batched_tokens: a.max_num_batched_tokens,
         max_num_seqs: a.max_num_seqs,
+        prefix_cache: !a.no_prefix_cache,
     };
     let t = std::time::Instant::now();
     let engine = Arc::new(EngineHandle::start(

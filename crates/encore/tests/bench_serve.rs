@@ -33,10 +33,7 @@ fn start(max_waiting: Option<usize>) -> Server {
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
             MODEL.into(),
             EngineConfig::new(DType::F32, 16, 64, 8, 128, KvSizing::Blocks(1 + 8 * 8)),
-            SchedulerConfig {
-                max_num_batched_tokens: 64,
-                max_num_seqs: 8,
-            },
+            SchedulerConfig::new(64, 8),
             Box::new(NoProgress),
         )
         .unwrap(),

@@ -9,5 +9,5 @@
 mod block_manager;
 mod cache;
 
-pub use block_manager::{BlockManager, SeqId, NULL_BLOCK};
+pub use block_manager::{BlockManager, PrefixHit, SeqId, NULL_BLOCK};
 pub use cache::{KvCache, KvCacheConfig, MIN_KV_BLOCKS};
