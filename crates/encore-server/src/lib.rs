@@ -363,6 +363,7 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
                 top_k: top_k as i32,
                 top_p: top_p as f32,
                 seed,
+                ..Default::default()
             },
             max_tokens,
             stop_token_ids,

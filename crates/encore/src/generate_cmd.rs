@@ -255,6 +255,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             top_k: a.top_k,
             top_p: a.top_p,
             seed: a.seed,
+            ..Default::default()
         },
         ignore_eos: a.ignore_eos,
     };

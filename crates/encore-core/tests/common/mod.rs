@@ -38,6 +38,7 @@ pub fn tiny_runner_with_blocks(be: &dyn Backend, num_blocks: usize) -> Runner<'_
             max_tokens_per_step: 256,
             max_seqs: 16,
             max_seq_len: 128,
+            penalty_slots: 16,
         },
     )
     .unwrap()
