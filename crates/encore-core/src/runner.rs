@@ -551,7 +551,7 @@ impl<'b> Runner<'b> {
             Plan::Graph(key) => {
                 // A miss captures first, on all-padding inputs: capturing runs the step
                 // eagerly once, and the real step must sample (and count penalties) once.
-                self.capture_key(key)?;
+                self.capture_key_from_padding(key, true)?;
                 let read = match key.phase {
                     Phase::Decode => key.bucket,
                     Phase::Mixed => b,
@@ -897,6 +897,12 @@ impl<'b> Runner<'b> {
     /// Capture `key` now (all rows padding), unless it is captured already. It must be
     /// one of [`Runner::graph_keys`].
     pub fn capture_key(&mut self, key: Key) -> Result<()> {
+        self.capture_key_from_padding(key, false)
+    }
+
+    /// [`Runner::capture_key`]; `ahead`: for the step about to replay it (which then
+    /// counts as the key's miss).
+    fn capture_key_from_padding(&mut self, key: Key, ahead: bool) -> Result<()> {
         if !self.graph_keys().contains(&key) {
             return Err(Error::invalid(
                 "capture",
@@ -923,7 +929,11 @@ impl<'b> Runner<'b> {
                 forward_step(parts!(self), &layout, false, Shape::Split, 1, 0)?
             }
         };
-        self.exec.capture(self.be, key, &step)
+        if ahead {
+            self.exec.capture_ahead(self.be, key, &step)
+        } else {
+            self.exec.capture(self.be, key, &step)
+        }
     }
 
     /// Inputs of `seqs` empty sequences and no tokens: every row padding, `cu` all zero.

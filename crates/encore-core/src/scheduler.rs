@@ -14,10 +14,11 @@
 
 use std::collections::VecDeque;
 
+use crate::backend::MAX_TOP_LOGPROBS;
 use crate::error::{Error, Result};
 use crate::generate::FinishReason;
 use crate::kv::SeqId;
-use crate::runner::{Runner, SamplingParams, SeqStep};
+use crate::runner::{Runner, SamplingParams, SeqStep, TokenLogprobs};
 
 /// One request's generation parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,10 +41,12 @@ pub struct Request {
 }
 
 /// One new token of a request; `finish` is set on its last.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Output {
     pub id: u64,
     pub token: u32,
+    /// When the request's sampling asks for log-probabilities.
+    pub logprobs: Option<TokenLogprobs>,
     pub finish: Option<FinishReason>,
 }
 
@@ -157,6 +160,26 @@ impl Scheduler {
         if self.live().any(|s| s.req.id == req.id) {
             return what("the id is already live".into());
         }
+        let sp = &req.params.sampling;
+        if sp.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return what(format!(
+                "top log-probabilities are limited to {MAX_TOP_LOGPROBS}"
+            ));
+        }
+        let factors = [
+            sp.presence_penalty,
+            sp.frequency_penalty,
+            sp.repetition_penalty,
+        ];
+        if factors.iter().any(|f| !f.is_finite()) || sp.repetition_penalty <= 0.0 {
+            return what(format!(
+                "penalties must be finite and the repetition penalty > 0 (presence {}, frequency {}, repetition {})",
+                sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty
+            ));
+        }
+        if sp.has_penalties() && r.penalty_slots == 0 {
+            return what("penalties are off in this engine (no penalty slots)".into());
+        }
         let seq = SeqId(self.next_seq);
         self.next_seq += 1;
         self.waiting.push_back(Seq {
@@ -179,6 +202,7 @@ impl Scheduler {
         } else if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
             let s = self.running.remove(i);
             runner.blocks.free(s.seq)?;
+            runner.end_penalties(s.seq);
         } else {
             return Ok(false);
         }
@@ -207,6 +231,7 @@ impl Scheduler {
     fn preempt_newest(&mut self, runner: &mut Runner<'_>) -> Result<()> {
         let mut s = self.running.pop().expect("a running sequence to preempt");
         runner.blocks.free(s.seq)?;
+        runner.end_penalties(s.seq);
         s.computed = 0;
         self.waiting.push_front(s);
         self.stats.preemptions += 1;
@@ -251,11 +276,18 @@ impl Scheduler {
         {
             let Some(s) = self.waiting.front() else { break };
             let take = s.tokens.len().min(budget);
-            if !runner.blocks.can_allocate(take) {
+            let penalties = s.req.params.sampling.has_penalties();
+            if !runner.blocks.can_allocate(take) || (penalties && runner.free_penalty_slots() == 0)
+            {
                 break;
             }
             let s = self.waiting.pop_front().expect("front exists");
             runner.blocks.allocate(s.seq, take)?;
+            if penalties {
+                // The prompt flagged, tokens produced before a preemption counted.
+                let (prompt, output) = s.tokens.split_at(s.req.prompt.len());
+                runner.begin_penalties(s.seq, prompt, output)?;
+            }
             self.running.push(s);
             plan.push((self.running.len() - 1, take));
             budget -= take;
@@ -282,12 +314,13 @@ impl Scheduler {
                 }
             })
             .collect();
-        let sampled = runner.step(&steps)?;
+        let sampled = runner.step_sampled(&steps)?;
         self.stats.steps += 1;
         let max_seq_len = runner.config().max_seq_len;
         let mut outputs = Vec::new();
         let mut done = Vec::new();
-        for (&(i, take), &token) in plan.iter().zip(&sampled) {
+        for (&(i, take), out) in plan.iter().zip(sampled) {
+            let token = out.token;
             self.stats.tokens_computed += take as u64;
             let s = &mut self.running[i];
             s.computed += take;
@@ -308,6 +341,7 @@ impl Scheduler {
             outputs.push(Output {
                 id: s.req.id,
                 token,
+                logprobs: out.logprobs,
                 finish,
             });
             if finish.is_some() {
@@ -318,6 +352,7 @@ impl Scheduler {
         for &i in done.iter().rev() {
             let s = self.running.remove(i);
             runner.blocks.free(s.seq)?;
+            runner.end_penalties(s.seq);
             self.stats.finished += 1;
         }
         Ok(outputs)

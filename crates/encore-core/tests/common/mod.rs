@@ -72,3 +72,17 @@ pub fn decode_step(
         .collect();
     r.step(&batch).unwrap()
 }
+
+/// The model of [`tiny_runner`] alone (for runners of another configuration).
+pub fn tiny_model(be: &dyn Backend) -> Model {
+    let cfg = ModelConfig::dummy("tiny-qwen2").unwrap();
+    let w = weights::load(
+        be,
+        &cfg,
+        WeightSource::Dummy { seed: 3 },
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
+    Model::new(be, cfg, w, 128).unwrap()
+}
