@@ -740,11 +740,13 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
 struct Knobs<'a> {
     temperature: f32,
     min_p: f32,
-    /// (counts `[slots, vocab]`, per-row slot, repetition, frequency, presence).
-    penalties: Option<(&'a [i32], &'a [i32], f32, f32, f32)>,
+    penalties: Option<PenaltyKnobs<'a>>,
     /// Top log-probabilities per row (-1: none) and the width.
     logprobs: Option<(i32, usize)>,
 }
+
+/// (counts `[slots, vocab]`, per-row slot, repetition, frequency, presence).
+type PenaltyKnobs<'a> = (&'a [i32], &'a [i32], f32, f32, f32);
 
 type Sampled = (Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>);
 

@@ -218,12 +218,15 @@ pub fn argmax(logits: &[f64], vocab: usize) -> Vec<i32> {
         .collect()
 }
 
+/// A row's token log-probability and top `(id, log-probability)` entries.
+pub type RowLogprobs = (f64, Vec<(i32, f64)>);
+
 /// What [`sample`] computes: per row the token and, for rows asking, the token's
 /// log-probability and the top `(id, log-probability)` entries; and the count table after
 /// the rows' tokens are counted.
 pub struct SampleRef {
     pub ids: Vec<i32>,
-    pub logprobs: Vec<Option<(f64, Vec<(i32, f64)>)>>,
+    pub logprobs: Vec<Option<RowLogprobs>>,
     pub counts: Vec<i32>,
 }
 
