@@ -1,7 +1,10 @@
-//! Offline generation for a batch of prompts (what `encore generate` runs), through the
-//! same scheduler a server uses (`scheduler`): continuous batching with chunked prefill
-//! mixed with decodes, and preemption by recompute when KV blocks run out, until every
-//! sequence hits EOS, its token limit or the context limit.
+//! Offline generation for a batch of prompts on the caller's thread, through the same
+//! scheduler a server uses (`scheduler`): continuous batching with chunked prefill mixed
+//! with decodes, and preemption by recompute when KV blocks run out, until every sequence
+//! hits EOS, its token limit or the context limit. `encore generate` submits to the
+//! engine loop (`serve::EngineHandle`) instead; this synchronous path stays as the
+//! reference the tests compare the engine loop, the server and the CLI against (and for
+//! library use without a thread). [`FinishReason`] is shared by both.
 
 use std::ops::ControlFlow;
 use std::time::Instant;

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod graph;
+pub mod histogram;
 pub mod kv;
 pub mod memory;
 pub mod model;

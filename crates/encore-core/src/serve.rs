@@ -4,18 +4,21 @@
 //! is work and blocks on its queue when there is none. A sink that reports its reader gone
 //! aborts the request, which frees its KV blocks before the next step.
 //!
-//! Nothing here knows HTTP: the server (encore-server) and `encore generate` both submit
-//! through an [`EngineHandle`].
+//! Nothing here knows HTTP: the server (encore-server), `encore generate` and `encore
+//! bench serve --in-process` all submit through an [`EngineHandle`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::BackendRef;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{BootReport, Engine, EngineConfig};
 use crate::error::{Error, Result};
+use crate::graph::GraphStats;
+use crate::histogram::{Histogram, ItlBuckets, TtftBuckets};
+use crate::memory::ArenaStats;
 use crate::model::open_model;
 use crate::progress::Progress;
 use crate::scheduler::{Output, Request, Scheduler, SchedulerConfig};
@@ -35,9 +38,22 @@ pub enum Event {
 
 /// The messages the engine loop takes.
 enum Message {
-    Add(Request, Sink),
+    /// A request, its sink, and when it was submitted.
+    Add(Request, Sink, Instant),
     Abort(u64),
+    /// Answer with the runner's graph figures (between two steps).
+    Stats(Sender<RunnerStats>),
     Shutdown,
+}
+
+/// The runner's graph figures at one moment, for reports (`encore generate`'s summary).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunnerStats {
+    /// Captures, replays, padding and verification over every graph (none when graphs
+    /// are off).
+    pub graphs: Option<GraphStats>,
+    /// The graph memory's strategy and bytes.
+    pub memory: ArenaStats,
 }
 
 /// Live figures of the engine, for metrics endpoints (relaxed atomics; a snapshot may mix
@@ -56,6 +72,11 @@ pub struct EngineMetrics {
     /// Graph replays of decode and of mixed (prefill) steps.
     pub graph_replays_decode: AtomicU64,
     pub graph_replays_mixed: AtomicU64,
+    /// Time from a request's submission to its first token (queueing and prefill).
+    pub time_to_first_token: Histogram<TtftBuckets>,
+    /// Time between consecutive tokens of a request, taken when the step that sampled
+    /// each one returned.
+    pub inter_token_latency: Histogram<ItlBuckets>,
 }
 
 /// A running engine loop: submit requests, abort them, shut it down (also on drop).
@@ -66,6 +87,8 @@ pub struct EngineHandle {
     /// The model's vocabulary size, context length and name, for validating requests.
     pub vocab_size: usize,
     pub max_seq_len: usize,
+    /// What start-up did and how long it took.
+    pub boot: BootReport,
 }
 
 impl EngineHandle {
@@ -80,7 +103,7 @@ impl EngineHandle {
         progress: Box<dyn Progress + Send>,
     ) -> Result<EngineHandle> {
         let (tx, rx) = mpsc::channel::<Message>();
-        let (boot_tx, boot_rx) = mpsc::channel::<Result<(usize, usize)>>();
+        let (boot_tx, boot_rx) = mpsc::channel::<Result<(usize, usize, BootReport)>>();
         let metrics = Arc::new(EngineMetrics::default());
         let m = Arc::clone(&metrics);
         let thread = std::thread::Builder::new()
@@ -102,17 +125,19 @@ impl EngineHandle {
                 let _ = boot_tx.send(Ok((
                     engine.runner.model.cfg.vocab_size,
                     engine.runner.config().max_seq_len,
+                    engine.report.clone(),
                 )));
                 run_loop(engine, scheduler, rx, &m);
             })
             .map_err(|e| Error::invalid("engine", format!("cannot start its thread: {e}")))?;
         match boot_rx.recv() {
-            Ok(Ok((vocab_size, max_seq_len))) => Ok(EngineHandle {
+            Ok(Ok((vocab_size, max_seq_len, boot))) => Ok(EngineHandle {
                 tx,
                 thread: Some(thread),
                 metrics,
                 vocab_size,
                 max_seq_len,
+                boot,
             }),
             Ok(Err(e)) => {
                 let _ = thread.join();
@@ -128,13 +153,22 @@ impl EngineHandle {
     /// Queue a request; its tokens (or an error) go to `sink`.
     pub fn submit(&self, req: Request, sink: Sink) -> Result<()> {
         self.tx
-            .send(Message::Add(req, sink))
+            .send(Message::Add(req, sink, Instant::now()))
             .map_err(|_| Error::invalid("engine", "the engine loop has stopped"))
     }
 
     /// Abort request `id` (nothing happens when it already ended).
     pub fn abort(&self, id: u64) {
         let _ = self.tx.send(Message::Abort(id));
+    }
+
+    /// The runner's graph figures, taken by the loop between two steps (this waits for
+    /// the step in flight).
+    pub fn runner_stats(&self) -> Result<RunnerStats> {
+        let stopped = || Error::invalid("engine", "the engine loop has stopped");
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Message::Stats(tx)).map_err(|_| stopped())?;
+        rx.recv().map_err(|_| stopped())
     }
 
     /// Stop the loop after the step in flight; requests still live are dropped.
@@ -156,6 +190,25 @@ impl Drop for EngineHandle {
     }
 }
 
+/// A live request in the loop: where its tokens go, and its timing for the latency
+/// histograms.
+struct Live {
+    sink: Sink,
+    submitted: Instant,
+    last_token: Option<Instant>,
+}
+
+impl Live {
+    /// Record a token that came out at `now`, then hand it to the sink.
+    fn token(&mut self, o: Output, now: Instant, m: &EngineMetrics) -> bool {
+        match self.last_token.replace(now) {
+            None => m.time_to_first_token.observe(now - self.submitted),
+            Some(last) => m.inter_token_latency.observe(now - last),
+        }
+        (self.sink)(Event::Token(o))
+    }
+}
+
 fn run_loop(
     mut engine: Engine<'_>,
     mut sched: Scheduler,
@@ -163,7 +216,7 @@ fn run_loop(
     m: &EngineMetrics,
 ) {
     let runner = &mut engine.runner;
-    let mut sinks: std::collections::HashMap<u64, Sink> = std::collections::HashMap::new();
+    let mut sinks: std::collections::HashMap<u64, Live> = std::collections::HashMap::new();
     m.kv_blocks_total
         .store(runner.blocks.num_usable_blocks() as u64, Ordering::Relaxed);
     loop {
@@ -179,7 +232,7 @@ fn run_loop(
         };
         while let Some(msg) = next {
             match msg {
-                Message::Add(req, mut sink) => {
+                Message::Add(req, mut sink, submitted) => {
                     let id = req.id;
                     match sinks.entry(id) {
                         std::collections::hash_map::Entry::Occupied(_) => {
@@ -188,7 +241,11 @@ fn run_loop(
                         std::collections::hash_map::Entry::Vacant(slot) => {
                             match sched.add(req, runner) {
                                 Ok(()) => {
-                                    slot.insert(sink);
+                                    slot.insert(Live {
+                                        sink,
+                                        submitted,
+                                        last_token: None,
+                                    });
                                 }
                                 Err(e) => {
                                     sink(Event::Error(e.to_string()));
@@ -202,6 +259,12 @@ fn run_loop(
                         let _ = sched.abort(id, runner);
                     }
                 }
+                Message::Stats(reply) => {
+                    let _ = reply.send(RunnerStats {
+                        graphs: runner.graph_stats(),
+                        memory: runner.graph_memory_stats(),
+                    });
+                }
                 Message::Shutdown => return,
             }
             next = rx.try_recv().ok();
@@ -212,9 +275,10 @@ fn run_loop(
         }
         match sched.step(runner) {
             Ok(outputs) => {
+                let now = Instant::now();
                 for o in outputs {
                     let (id, finished) = (o.id, o.finish.is_some());
-                    let alive = sinks.get_mut(&id).is_some_and(|s| s(Event::Token(o)));
+                    let alive = sinks.get_mut(&id).is_some_and(|l| l.token(o, now, m));
                     if finished {
                         sinks.remove(&id);
                     } else if !alive {
@@ -228,8 +292,8 @@ fn run_loop(
                 // A failed step fails every live request; the engine stays up.
                 let msg = format!("engine step failed: {e}");
                 tracing::error!("{msg}");
-                for (id, mut sink) in sinks.drain() {
-                    sink(Event::Error(msg.clone()));
+                for (id, mut live) in sinks.drain() {
+                    (live.sink)(Event::Error(msg.clone()));
                     let _ = sched.abort(id, runner);
                 }
             }

@@ -4,13 +4,15 @@
 //! (Prometheus text). Requests are validated at the edge: a bad field is a 400 with an
 //! OpenAI-style error body naming it; an unknown model a 404; a missing or wrong bearer
 //! token a 401 when an API key is set; a body over the limit a 413. A client that goes
-//! away aborts its request, which frees its KV blocks within a step.
+//! away aborts its request, which frees its KV blocks within a step. [`serve`] shuts down
+//! gracefully: it stops accepting, lets the requests in flight finish for a grace period,
+//! then ends the rest.
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -20,13 +22,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use encore_core::generate::FinishReason;
+use encore_core::histogram::HistogramSnapshot;
 use encore_core::runner::{SamplingParams, TokenLogprobs};
 use encore_core::scheduler::{Request, RequestParams};
 use encore_core::serve::{EngineHandle, Event};
-use encore_core::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+use encore_core::tokenizer::{ChatMessage, StopMatcher, StreamDecoder, Tokenizer};
 use encore_core::MAX_TOP_LOGPROBS;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 
@@ -54,10 +57,27 @@ struct AppState {
     cfg: ServerConfig,
     next_id: AtomicU64,
     requests_total: AtomicU64,
+    /// Set when the server shuts down: new generation requests get a 503.
+    draining: AtomicBool,
+    /// Becomes `true` when the requests still in flight must end now.
+    cut: watch::Sender<bool>,
 }
 
-/// The router with every endpoint, over a started engine and the model's tokenizer.
-pub fn router(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConfig) -> Router {
+/// The server: its router and the state [`serve`] drains at shutdown.
+pub struct App {
+    router: Router,
+    state: Arc<AppState>,
+}
+
+impl App {
+    /// The router with every endpoint (to serve it some other way; it does not drain).
+    pub fn router(&self) -> Router {
+        self.router.clone()
+    }
+}
+
+/// The server with every endpoint, over a started engine and the model's tokenizer.
+pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConfig) -> App {
     let eos = tokenizer.eos_token_ids();
     let limit = cfg.max_body_bytes;
     let state = Arc::new(AppState {
@@ -67,30 +87,86 @@ pub fn router(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerC
         cfg,
         next_id: AtomicU64::new(1),
         requests_total: AtomicU64::new(0),
+        draining: AtomicBool::new(false),
+        cut: watch::Sender::new(false),
     });
     let v1 = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
+    let router = Router::new()
         .merge(v1)
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(state)
+        .with_state(Arc::clone(&state));
+    App { router, state }
 }
 
-/// Serve `router` on `listener` until `shutdown` resolves, then finish the requests in
-/// flight.
+/// How long requests cut off at the end of the grace period get to end before their
+/// connections are dropped.
+const CUT_WAIT: Duration = Duration::from_secs(5);
+
+/// Serve `app` on `listener` until `shutdown` resolves; then stop accepting connections
+/// (and answer 503 to a request that still arrives), let the requests in flight finish
+/// for up to `grace`, and end the rest: a stream with an error event and `[DONE]`, a
+/// whole response with a 503; the engine aborts them. Returns once every connection has
+/// closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    router: Router,
+    app: App,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let App { router, state } = app;
+    let (draining_tx, draining_rx) = oneshot::channel::<()>();
+    let st = Arc::clone(&state);
+    let signal = async move {
+        shutdown.await;
+        st.draining.store(true, Ordering::SeqCst);
+        let _ = draining_tx.send(());
+    };
+    let server = axum::serve(listener, router)
+        .with_graceful_shutdown(signal)
+        .into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => return r,
+        Ok(()) = draining_rx => {}
+    }
+    tokio::select! {
+        r = &mut server => return r,
+        _ = tokio::time::sleep(grace) => {}
+    }
+    tracing::warn!(
+        "shutdown: requests still in flight after {:.1} s are cut off",
+        grace.as_secs_f64()
+    );
+    state.cut.send_replace(true);
+    match tokio::time::timeout(CUT_WAIT, server).await {
+        Ok(r) => r,
+        Err(_) => Ok(()), // connections that did not close are dropped
+    }
+}
+
+/// Resolves once the requests in flight must end (never, unless the server shuts down).
+async fn cut_off(mut cut: watch::Receiver<bool>) {
+    while !*cut.borrow_and_update() {
+        if cut.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The error a request cut off at shutdown ends with.
+fn shutting_down() -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: "the server is shutting down".into(),
+        kind: "server_error",
+        param: None,
+    }
 }
 
 /// An OpenAI-style error response.
@@ -234,7 +310,32 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
         g(&m.graph_replays_decode),
         g(&m.graph_replays_mixed)
     ));
+    histogram_text(
+        &mut text,
+        "encore_time_to_first_token_seconds",
+        "Time from a request's arrival to its first token.",
+        &m.time_to_first_token.snapshot(),
+    );
+    histogram_text(
+        &mut text,
+        "encore_inter_token_latency_seconds",
+        "Time between consecutive tokens of a request.",
+        &m.inter_token_latency.snapshot(),
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// A Prometheus histogram: cumulative `_bucket{le=...}` lines, `_sum` and `_count`.
+fn histogram_text(text: &mut String, name: &str, help: &str, h: &HistogramSnapshot) {
+    text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+    for (le, c) in h.bounds.iter().zip(&h.cumulative) {
+        text.push_str(&format!("{name}_bucket{{le=\"{le}\"}} {c}\n"));
+    }
+    text.push_str(&format!(
+        "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}\n",
+        count = h.count(),
+        sum = h.sum_secs
+    ));
 }
 
 /// The sampling and length fields both endpoints share, validated.
@@ -243,6 +344,8 @@ struct Common {
     include_usage: bool,
     max_tokens: usize,
     params: RequestParams,
+    /// Stop strings (at most 4, none empty), checked on the detokenized text.
+    stop: StopMatcher,
 }
 
 fn field<'a>(body: &'a Value, name: &str) -> Option<&'a Value> {
@@ -361,6 +464,29 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
             })?;
         stop_token_ids.extend(ids);
     }
+    let stop = match field(body, "stop") {
+        None => Vec::new(),
+        Some(Value::String(x)) => vec![x.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(String::from))
+            .collect::<Option<Vec<String>>>()
+            .filter(|v| v.len() <= 4)
+            .ok_or_else(|| {
+                ApiError::bad(
+                    "stop",
+                    "`stop` must be a string or a list of at most 4 strings",
+                )
+            })?,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "stop",
+                "`stop` must be a string or a list of at most 4 strings",
+            ))
+        }
+    };
+    let stop = StopMatcher::new(stop)
+        .map_err(|_| ApiError::bad("stop", "a `stop` string must not be empty"))?;
     let seed = seed.map_or_else(
         || {
             s.next_id
@@ -390,6 +516,7 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
             // The stop ids already hold the model's end tokens unless ignore_eos.
             ignore_eos: false,
         },
+        stop,
     })
 }
 
@@ -419,6 +546,40 @@ fn finish_name(f: FinishReason) -> &'static str {
         FinishReason::Eos => "stop",
         FinishReason::Length | FinishReason::Context => "length",
         FinishReason::Stopped => "abort",
+    }
+}
+
+/// A request's text as its tokens arrive: incremental detokenization, then its stop
+/// strings.
+struct TextOut<'t> {
+    dec: StreamDecoder<'t>,
+    stop: StopMatcher,
+}
+
+impl<'t> TextOut<'t> {
+    fn new(tokenizer: &'t Tokenizer, prompt: &[u32], stop: StopMatcher) -> Self {
+        TextOut {
+            dec: StreamDecoder::new(tokenizer, prompt),
+            stop,
+        }
+    }
+
+    /// The text `token` releases, and whether a stop string ended the text there (the
+    /// stop string and anything after it are not returned). `last`: the engine's final
+    /// token, after which everything held back is released.
+    fn push(&mut self, token: u32, last: bool) -> (String, bool) {
+        let mut piece = self.dec.push(token).ok().flatten().unwrap_or_default();
+        if last {
+            if let Ok(Some(rest)) = self.dec.finish() {
+                piece.push_str(&rest);
+            }
+        }
+        let out = self.stop.push(&piece);
+        let mut text = out.text;
+        if last && !out.stopped {
+            text.push_str(&self.stop.finish());
+        }
+        (text, out.stopped)
     }
 }
 
@@ -622,6 +783,9 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
         Err(e) => return e.into_response(),
     }
     s.requests_total.fetch_add(1, Ordering::Relaxed);
+    if s.draining.load(Ordering::SeqCst) {
+        return shutting_down().into_response();
+    }
     if let Some(limit) = s.cfg.max_waiting {
         let waiting = s.engine.metrics.requests_waiting.load(Ordering::Relaxed) as usize;
         if waiting >= limit {
@@ -697,27 +861,42 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
     let created = now_secs();
     let model = s.cfg.served_model_name.clone();
     if !c.stream {
-        return whole(s, rx, guard, prompt, kind, object, rid, created, model).await;
+        return whole(
+            s, rx, guard, prompt, c.stop, kind, object, rid, created, model,
+        )
+        .await;
     }
     // Streaming: a task turns engine events into SSE data (one event per piece of text,
     // a last one with the finish reason, the usage chunk when asked for, then [DONE]).
     // When the client goes away, the task ends and its guard aborts the request.
     let tokenizer = Arc::clone(&s.tokenizer);
     let include_usage = c.include_usage;
+    let stop = c.stop;
+    let cut = s.cut.subscribe();
     let (out_tx, out_rx) = mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
         let mut guard = guard;
         let mut rx = rx;
-        let mut dec = StreamDecoder::new(&tokenizer, &prompt);
+        let mut text = TextOut::new(&tokenizer, &prompt, stop);
         let mut n = 0usize;
         // Log-probabilities of tokens not yet sent (a token may add no text), and the
         // text offset of the next one.
         let mut pending: Vec<(u32, TokenLogprobs)> = Vec::new();
         let mut offset = 0usize;
+        let cut = cut_off(cut);
+        tokio::pin!(cut);
         loop {
             let ev = tokio::select! {
                 ev = rx.recv() => ev,
                 _ = out_tx.closed() => return,
+                _ = &mut cut => {
+                    // The guard aborts the request in the engine.
+                    let e = shutting_down();
+                    let err = json!({"error": {"message": e.message, "type": e.kind, "param": null, "code": null}});
+                    let _ = out_tx.send(err.to_string());
+                    let _ = out_tx.send("[DONE]".into());
+                    return;
+                }
             };
             let Some(ev) = ev else { return };
             match ev {
@@ -726,13 +905,12 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
                     if let Some(lp) = o.logprobs.clone() {
                         pending.push((o.token, lp));
                     }
-                    let mut delta = dec.push(o.token).ok().flatten().unwrap_or_default();
-                    if o.finish.is_some() {
-                        if let Ok(Some(rest)) = dec.finish() {
-                            delta.push_str(&rest);
-                        }
-                    }
-                    let finish = o.finish.map(finish_name);
+                    let (delta, stopped) = text.push(o.token, o.finish.is_some());
+                    let finish = if stopped {
+                        Some("stop")
+                    } else {
+                        o.finish.map(finish_name)
+                    };
                     if !delta.is_empty() || finish.is_some() {
                         let lps = if pending.is_empty() {
                             Value::Null
@@ -757,7 +935,9 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
                         }
                     }
                     if finish.is_some() {
-                        guard.done = true;
+                        // A stop string ends the request here; the engine may still be
+                        // running it, and the guard aborts it when this task returns.
+                        guard.done = o.finish.is_some();
                         if include_usage {
                             let u = json!({
                                 "id": rid, "object": chunk_object, "created": created,
@@ -821,6 +1001,7 @@ async fn whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
     mut guard: AbortGuard,
     prompt: Vec<u32>,
+    stop: StopMatcher,
     kind: Kind,
     object: &str,
     rid: String,
@@ -829,15 +1010,34 @@ async fn whole(
 ) -> Response {
     let mut ids = Vec::new();
     let mut logprobs: Vec<(u32, TokenLogprobs)> = Vec::new();
+    // With stop strings the text is built as it streams, to end at the first one.
+    let mut stop_text =
+        (!stop.is_empty()).then(|| (TextOut::new(&s.tokenizer, &prompt, stop), String::new()));
+    let cut = cut_off(s.cut.subscribe());
+    tokio::pin!(cut);
     let finish = loop {
-        match rx.recv().await {
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            // The guard aborts the request in the engine.
+            _ = &mut cut => return shutting_down().into_response(),
+        };
+        match ev {
             Some(Event::Token(o)) => {
                 ids.push(o.token);
-                if let Some(lp) = o.logprobs {
+                if let Some(lp) = o.logprobs.clone() {
                     logprobs.push((o.token, lp));
                 }
+                if let Some((t, acc)) = &mut stop_text {
+                    let (piece, stopped) = t.push(o.token, o.finish.is_some());
+                    acc.push_str(&piece);
+                    if stopped {
+                        // The guard aborts the request in the engine.
+                        break "stop";
+                    }
+                }
                 if let Some(f) = o.finish {
-                    break f;
+                    guard.done = true;
+                    break finish_name(f);
                 }
             }
             Some(Event::Error(e)) => {
@@ -856,8 +1056,12 @@ async fn whole(
             }
         }
     };
-    guard.done = true;
-    let text = match s.tokenizer.decode(&ids, true) {
+    drop(guard);
+    let decoded = match stop_text {
+        Some((_, acc)) => Ok(acc),
+        None => s.tokenizer.decode(&ids, true),
+    };
+    let text = match decoded {
         Ok(t) => t,
         Err(e) => {
             return ApiError {
@@ -876,10 +1080,10 @@ async fn whole(
     };
     let choice = match kind {
         Kind::Completion => {
-            json!({"index": 0, "text": text, "logprobs": lps, "finish_reason": finish_name(finish), "token_ids": ids})
+            json!({"index": 0, "text": text, "logprobs": lps, "finish_reason": finish, "token_ids": ids})
         }
         Kind::Chat => {
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lps, "finish_reason": finish_name(finish), "token_ids": ids})
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lps, "finish_reason": finish, "token_ids": ids})
         }
     };
     Json(json!({

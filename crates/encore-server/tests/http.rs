@@ -1,8 +1,9 @@
 //! The OpenAI-compatible server over a real engine loop (CPU backend, `dummy:tiny`) and a
 //! real HTTP listener on loopback, driven by a minimal HTTP/1.1 client: completions and
 //! chat, whole and streamed (with the usage chunk), greedy output equal to `generate`,
-//! concurrent streaming clients, a client leaving mid-stream frees its KV blocks, the
-//! bad inputs' status codes and error bodies, bearer auth, models, health and metrics.
+//! 64 concurrent streaming clients, stop strings, a client leaving mid-stream frees its KV
+//! blocks, the bad inputs' status codes and error bodies, bearer auth, models, health and
+//! metrics.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -36,11 +37,30 @@ fn start(api_key: Option<&str>) -> Server {
 }
 
 fn start_with(api_key: Option<&str>, max_waiting: Option<usize>) -> Server {
+    start_full(
+        api_key,
+        max_waiting,
+        engine_config(),
+        std::future::pending(),
+        Duration::ZERO,
+    )
+    .0
+}
+
+/// A server over an engine of `cfg` that shuts down when `shutdown` resolves, with a grace
+/// period of `grace`; the receiver gets `serve`'s result when it returns.
+fn start_full(
+    api_key: Option<&str>,
+    max_waiting: Option<usize>,
+    cfg: EngineConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> (Server, std::sync::mpsc::Receiver<std::io::Result<()>>) {
     let engine = Arc::new(
         EngineHandle::start(
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
             MODEL.into(),
-            engine_config(),
+            cfg,
             SchedulerConfig {
                 max_num_batched_tokens: 128,
                 max_num_seqs: 32,
@@ -51,7 +71,7 @@ fn start_with(api_key: Option<&str>, max_waiting: Option<usize>) -> Server {
     );
     let files = encore_core::model::open_model(MODEL).unwrap();
     let tokenizer = Arc::new(encore_core::model::open_tokenizer(&files.source).unwrap());
-    let router = encore_server::router(
+    let app = encore_server::app(
         Arc::clone(&engine),
         tokenizer,
         ServerConfig {
@@ -71,16 +91,19 @@ fn start_with(api_key: Option<&str>, max_waiting: Option<usize>) -> Server {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
-    rt.spawn(encore_server::serve(
-        listener,
-        router,
-        std::future::pending(),
-    ));
-    Server {
-        addr,
-        engine,
-        _rt: rt,
-    }
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    rt.spawn(async move {
+        let r = encore_server::serve(listener, app, shutdown, grace).await;
+        let _ = done_tx.send(r);
+    });
+    (
+        Server {
+            addr,
+            engine,
+            _rt: rt,
+        },
+        done_rx,
+    )
 }
 
 /// One request; returns (status, body with chunked encoding undone).
@@ -265,7 +288,7 @@ fn chat_completions_whole_and_streamed() {
 fn concurrent_streaming_clients_all_complete() {
     let s = start(None);
     let addr = s.addr;
-    let clients: Vec<_> = (0..24)
+    let clients: Vec<_> = (0..64)
         .map(|i| {
             std::thread::spawn(move || {
                 let n = 4 + i % 9;
@@ -291,7 +314,7 @@ fn concurrent_streaming_clients_all_complete() {
     }
     let (st, m) = http(addr, "GET", "/metrics", None, &[]);
     assert_eq!(st, 200);
-    assert!(m.contains("encore_requests_finished_total 24"), "{m}");
+    assert!(m.contains("encore_requests_finished_total 64"), "{m}");
     assert!(m.contains("encore_kv_blocks_used 0"), "{m}");
 }
 
@@ -522,6 +545,348 @@ fn a_full_queue_answers_503_with_retry_after() {
     let s = start(None);
     let (st, _) = http(s.addr, "POST", "/v1/completions", Some(&body), &[]);
     assert_eq!(st, 200);
+}
+
+/// The text of a streamed completion's chunks and the last finish reason.
+fn streamed_text(raw: &str) -> (String, Value) {
+    let events = sse(raw);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{raw}");
+    let mut text = String::new();
+    let mut finish = Value::Null;
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(c) = v["choices"].get(0) {
+            text.push_str(c["text"].as_str().unwrap_or(""));
+            if !c["finish_reason"].is_null() {
+                finish = c["finish_reason"].clone();
+            }
+        }
+    }
+    (text, finish)
+}
+
+/// Waits until no KV block is held (an aborted request frees its blocks within a step).
+fn wait_for_no_kv_blocks(s: &Server) {
+    let t = Instant::now();
+    while s
+        .engine
+        .metrics
+        .kv_blocks_used
+        .load(std::sync::atomic::Ordering::Relaxed)
+        != 0
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "KV blocks still held"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn stop_strings_end_the_text_before_them_whole_and_streamed() {
+    let s = start(None);
+    let req = |extra: Value| {
+        let mut b = json!({"model": MODEL, "prompt": "stop strings, please", "max_tokens": 40,
+                           "temperature": 0, "ignore_eos": true});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (st, v) = post(s.addr, "/v1/completions", req(json!({})));
+    assert_eq!(st, 200, "{v}");
+    let full = v["choices"][0]["text"].as_str().unwrap().to_string();
+    // A stop string that occurs in the greedy text: the two characters (no replacement
+    // character, so real text) whose first occurrence is latest, so text precedes it.
+    let chars: Vec<char> = full.chars().collect();
+    let (at, stop) = chars
+        .windows(2)
+        .map(|w| w.iter().collect::<String>())
+        .filter(|w| !w.contains('\u{FFFD}'))
+        .map(|w| (full.find(&w).unwrap(), w))
+        .max()
+        .unwrap_or_else(|| panic!("no usable stop string in {full:?}"));
+    assert!(at > 0, "{full:?}");
+    let expected = &full[..at];
+    let total_tokens = v["usage"]["completion_tokens"].as_u64().unwrap();
+
+    for stop_field in [json!(stop), json!(["never-in-the-output", stop])] {
+        // Whole: the text before the stop, finish "stop", fewer tokens than without it.
+        let (st, v) = post(s.addr, "/v1/completions", req(json!({"stop": stop_field})));
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            v["choices"][0]["text"], expected,
+            "stop {stop:?} in {full:?}"
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        let n = v["usage"]["completion_tokens"].as_u64().unwrap();
+        assert!(
+            n < total_tokens,
+            "{n} tokens: the request did not end at the stop"
+        );
+        // Streamed: the pieces concatenate to the same text, the last says "stop", and
+        // the usage chunk counts the tokens generated until the stop.
+        let body = req(json!({"stop": stop_field, "stream": true,
+                              "stream_options": {"include_usage": true}}));
+        let (st, raw) = http(
+            s.addr,
+            "POST",
+            "/v1/completions",
+            Some(&body.to_string()),
+            &[],
+        );
+        assert_eq!(st, 200);
+        let (text, finish) = streamed_text(&raw);
+        assert_eq!(text, expected);
+        assert_eq!(finish, "stop");
+        let events = sse(&raw);
+        let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], n);
+    }
+    // Chat takes the same field.
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 3, "stop": ["a", "b"]});
+    assert_eq!(post(s.addr, "/v1/chat/completions", chat).0, 200);
+    // Requests ended by a stop string were aborted in the engine: no block stays held.
+    wait_for_no_kv_blocks(&s);
+    // Bad values name `stop`.
+    for bad in [
+        json!(""),
+        json!(["a", ""]),
+        json!(["a", "b", "c", "d", "e"]),
+        json!(7),
+        json!([1]),
+        json!({"x": "y"}),
+    ] {
+        let (st, v) = post(s.addr, "/v1/completions", req(json!({"stop": bad})));
+        assert_eq!(st, 400, "stop {bad}: {v}");
+        assert_eq!(v["error"]["param"], "stop", "stop {bad}: {v}");
+    }
+}
+
+/// A streaming request on its own connection, read on a thread after its first event:
+/// returns the thread's answer (the SSE payloads) once the first event has arrived.
+fn open_stream(addr: SocketAddr, body: Value) -> std::thread::JoinHandle<Vec<String>> {
+    let (first_tx, first_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let b = body.to_string();
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        )
+        .unwrap();
+        let mut r = BufReader::new(c);
+        let mut events = Vec::new();
+        let mut line = String::new();
+        while r.read_line(&mut line).unwrap() > 0 {
+            if let Some(d) = line.trim_end().strip_prefix("data: ") {
+                if events.is_empty() {
+                    first_tx.send(()).unwrap();
+                }
+                events.push(d.to_string());
+            }
+            line.clear();
+        }
+        events
+    });
+    first_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("no first event");
+    reader
+}
+
+/// An engine with room for long requests.
+fn long_engine_config() -> EngineConfig {
+    EngineConfig::new(DType::F32, 16, 256, 32, 2048, KvSizing::Blocks(1 + 8 * 128))
+}
+
+#[test]
+fn shutdown_lets_requests_in_flight_finish_and_refuses_new_connections() {
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let (s, done) = start_full(
+        None,
+        None,
+        long_engine_config(),
+        async move {
+            let _ = go_rx.await;
+        },
+        Duration::from_secs(120),
+    );
+    let n = 1000;
+    let streams: Vec<_> = (0..3)
+        .map(|i| {
+            open_stream(
+                s.addr,
+                json!({"model": MODEL, "prompt": format!("long story {i}"), "max_tokens": n,
+                       "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}}),
+            )
+        })
+        .collect();
+    let running = s
+        .engine
+        .metrics
+        .requests_running
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(running > 0, "the requests ended before the shutdown");
+    go_tx.send(()).unwrap();
+    // The listener closes: a new connection is refused.
+    let t = Instant::now();
+    while TcpStream::connect(s.addr).is_ok() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "still accepting after shutdown"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Every stream still ends with all its tokens, then the server returns.
+    for (i, h) in streams.into_iter().enumerate() {
+        let events = h.join().unwrap();
+        assert_eq!(events.last().unwrap(), "[DONE]", "stream {i}");
+        let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], n, "stream {i}");
+    }
+    done.recv_timeout(Duration::from_secs(30))
+        .expect("serve did not return")
+        .unwrap();
+}
+
+#[test]
+fn shutdown_past_the_grace_period_cuts_requests_off() {
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let (s, done) = start_full(
+        None,
+        None,
+        long_engine_config(),
+        async move {
+            let _ = go_rx.await;
+        },
+        Duration::ZERO,
+    );
+    let n = 2000;
+    let body = move |stream: bool| {
+        json!({"model": MODEL, "prompt": "a very long story", "max_tokens": n,
+               "ignore_eos": true, "stream": stream})
+    };
+    let streams: Vec<_> = (0..2).map(|_| open_stream(s.addr, body(true))).collect();
+    let addr = s.addr;
+    let whole = std::thread::spawn(move || post(addr, "/v1/completions", body(false)));
+    // Wait until the whole request runs in the engine (3 running).
+    let t = Instant::now();
+    while s
+        .engine
+        .metrics
+        .requests_running
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 3
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "requests not running"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    go_tx.send(()).unwrap();
+    for (i, h) in streams.into_iter().enumerate() {
+        let events = h.join().unwrap();
+        assert_eq!(events.last().unwrap(), "[DONE]", "stream {i}");
+        let err: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        assert!(
+            err["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("shutting down")),
+            "stream {i}: {err}"
+        );
+        // Fewer than all the tokens came.
+        assert!(events.len() < n + 2, "stream {i} was not cut off");
+    }
+    let (st, v) = whole.join().unwrap();
+    assert_eq!(st, 503, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("shutting down"));
+    done.recv_timeout(Duration::from_secs(30))
+        .expect("serve did not return")
+        .unwrap();
+    // The engine aborted them: their KV blocks are free.
+    wait_for_no_kv_blocks(&s);
+    let aborted = s
+        .engine
+        .metrics
+        .requests_aborted_total
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(aborted, 3);
+}
+
+/// The value of a metrics line `name value`.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[test]
+fn latency_histograms_and_graph_replays_in_metrics() {
+    let s = start(None);
+    // Two streamed requests of 5 and 7 tokens: 2 first tokens, 4 + 6 gaps between tokens.
+    for n in [5, 7] {
+        let body = json!({"model": MODEL, "prompt": "timing", "max_tokens": n, "ignore_eos": true,
+                          "stream": true});
+        let (st, raw) = http(
+            s.addr,
+            "POST",
+            "/v1/completions",
+            Some(&body.to_string()),
+            &[],
+        );
+        assert_eq!(st, 200);
+        assert_eq!(streamed_text(&raw).1, "length");
+    }
+    let (st, text) = http(s.addr, "GET", "/metrics", None, &[]);
+    assert_eq!(st, 200);
+    for (name, count) in [
+        ("encore_time_to_first_token_seconds", 2.0),
+        ("encore_inter_token_latency_seconds", 10.0),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} histogram\n")),
+            "{text}"
+        );
+        assert_eq!(metric(&text, &format!("{name}_count")), count, "{name}");
+        assert_eq!(
+            metric(&text, &format!("{name}_bucket{{le=\"+Inf\"}}")),
+            count,
+            "{name}"
+        );
+        assert!(metric(&text, &format!("{name}_sum")) > 0.0, "{name}");
+        // Cumulative buckets, non-decreasing, with vLLM-like bounds.
+        let buckets: Vec<f64> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}_bucket{{le=")))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(buckets.len() > 10, "{name}: {buckets:?}");
+        assert!(
+            buckets.windows(2).all(|w| w[0] <= w[1]),
+            "{name}: {buckets:?}"
+        );
+        assert!(
+            text.contains(&format!("{name}_bucket{{le=\"0.01\"}}")),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains("encore_graph_replays_total{phase=\"decode\"} "),
+        "{text}"
+    );
+    assert!(
+        text.contains("encore_graph_replays_total{phase=\"mixed\"} "),
+        "{text}"
+    );
 }
 
 #[test]

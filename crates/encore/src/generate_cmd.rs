@@ -1,17 +1,23 @@
-//! `encore generate`: load a model (HF directory or `dummy:NAME`), run a batch of prompts,
-//! stream the text of a single prompt (a header per prompt for a batch), print summary
-//! lines on stderr, or JSON.
+//! `encore generate`: load a model (HF directory, GGUF file or `dummy:NAME`), run a batch
+//! of prompts, stream the text of a single prompt (a header per prompt for a batch), print
+//! summary lines on stderr, or JSON. The prompts go to the engine loop `encore serve`
+//! runs (`EngineHandle`, its own thread): every CLI path that generates is the served
+//! path.
 
-use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
-use encore_core::engine::{Engine, EngineConfig, KvSizing};
-use encore_core::generate::{generate, GenerateOptions};
+use encore_core::engine::{EngineConfig, KvSizing};
+use encore_core::generate::FinishReason;
 use encore_core::memory::GraphMemory;
-use encore_core::model::ModelFiles;
+use encore_core::progress::{Progress, Unit};
 use encore_core::runner::SamplingParams;
+use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
+use encore_core::serve::{EngineHandle, Event};
 use encore_core::tokenizer::{ChatMessage, StreamDecoder};
 use encore_core::DType;
 
@@ -122,8 +128,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     let dtype = a.dtype;
     let opened = crate::model_arg::open_device(a.device.device)?;
-    let be = opened.backend();
-    let be = be.as_ref();
+    let backend = opened.backend();
+    let be = backend.as_ref();
 
     let (cfg, source) = crate::model_arg::resolve(&a.model)?;
     let tokenizer = encore_core::model::open_tokenizer(&source)?;
@@ -224,21 +230,26 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         ),
         fix_hint: "use fewer prompts, or lower --max-tokens, --max-seq-len or --max-num-batched-tokens (or raise --kv-fraction)".into(),
     };
-    let bars = Bars::new(!a.json);
-    let files = ModelFiles {
-        config: cfg.clone(),
-        source,
+    let sched = SchedulerConfig {
+        max_num_batched_tokens: a.max_num_batched_tokens,
+        max_num_seqs: prompts.len(),
     };
-    let Engine { mut runner, report } = Engine::new(be, files, &engine_cfg, &bars)?;
-    let load_secs = report.load_secs;
+    let engine = EngineHandle::start(
+        backend.clone(),
+        a.model.clone(),
+        engine_cfg,
+        sched,
+        Box::new(Bars::new(!a.json)),
+    )?;
+    let load_secs = engine.boot.load_secs;
     if a.capture_all {
-        if let Some(s) = runner.graph_stats() {
-            let m = runner.graph_memory_stats();
+        let st = engine.runner_stats()?;
+        if let (Some(s), m) = (st.graphs, st.memory) {
             let line = format!(
                 "captured {} graphs ({} pieces) at start-up in {:.1} ms; {} memory {:.1} MiB physical",
                 s.captures,
                 s.pieces,
-                report.capture_secs * 1e3,
+                engine.boot.capture_secs * 1e3,
                 m.strategy,
                 mib(m.physical_bytes)
             );
@@ -248,8 +259,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             }
         }
     }
-    let opts = GenerateOptions {
-        max_tokens: a.max_tokens,
+    let params = RequestParams {
         sampling: SamplingParams {
             temperature: a.temperature,
             top_k: a.top_k,
@@ -257,35 +267,37 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             seed: a.seed,
             ..Default::default()
         },
+        max_tokens: a.max_tokens,
+        stop_token_ids: tokenizer.eos_token_ids(),
         ignore_eos: a.ignore_eos,
     };
-    let eos = tokenizer.eos_token_ids();
     let stream = prompts.len() == 1 && !a.json;
     let Some(first_prompt) = prompts.first() else {
         bail!("no prompts to run");
     };
     let mut decoder = StreamDecoder::new(&tokenizer, first_prompt);
-    // A failed write (the reader of stdout went away) stops generation; it is returned
-    // after `generate` has released the sequences.
-    let mut write_error: Option<std::io::Error> = None;
-    let gens = generate(&mut runner, &prompts, &eos, &opts, &bars, |_, id| {
+    let bars = Bars::new(!a.json);
+    let mut gens: Vec<Generation> = Vec::with_capacity(prompts.len());
+    let ran = run_on_engine(&engine, &prompts, &params, &bars, &mut gens, |id| {
         if !stream {
-            return ControlFlow::Continue(());
+            return Ok(());
         }
         match decoder.push(id) {
-            Ok(Some(text)) => match out!("{text}") {
-                Ok(()) => ControlFlow::Continue(()),
-                Err(e) => {
-                    write_error = Some(e);
-                    ControlFlow::Break(())
-                }
-            },
-            _ => ControlFlow::Continue(()),
+            Ok(Some(text)) => out!("{text}"),
+            _ => Ok(()),
         }
-    })?;
-    if let Some(e) = write_error {
-        return Err(e.into());
+    });
+    // However the run ended (a closed stdout, a failed request), no request stays live.
+    if ran.is_err() {
+        for (i, g) in gens.iter().enumerate() {
+            if g.finish == FinishReason::Stopped {
+                engine.abort(i as u64);
+            }
+        }
     }
+    let stats = engine.runner_stats();
+    engine.shutdown();
+    ran?;
     if stream {
         if let Ok(Some(text)) = decoder.finish() {
             out!("{text}")?;
@@ -293,8 +305,14 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         outln!()?;
     }
 
-    if let (Some(s), false) = (runner.graph_stats(), a.json) {
-        let m = runner.graph_memory_stats();
+    if let (
+        Ok(encore_core::serve::RunnerStats {
+            graphs: Some(s),
+            memory: m,
+        }),
+        false,
+    ) = (stats, a.json)
+    {
         errln!(
             "graphs: {} captured in {:.1} ms, {} replays, {:.0}% padded rows, {} memory {:.1} MiB physical / {:.1} MiB virtual{}",
             s.captures,
@@ -374,6 +392,103 @@ pub fn run(a: GenerateArgs) -> Result<()> {
 }
 
 const DEFAULT_PROMPT: &str = "The capital of France is";
+
+/// One prompt's run, as the caller saw it.
+struct Generation {
+    prompt_ids: Vec<u32>,
+    output_ids: Vec<u32>,
+    /// `Stopped` until its last token arrives.
+    finish: FinishReason,
+    /// From submission to its first token (its prefill, and whatever ran before it).
+    prefill_secs: f64,
+    /// From its first token to its last.
+    decode_secs: f64,
+}
+
+/// Submit every prompt (request id = its index) to the engine loop and collect their
+/// tokens into `gens` until every one finished; `on_token` sees each token of the
+/// prompts in arrival order (only prompt 0's matter to a caller streaming one prompt). A
+/// failed request or an `on_token` error (stdout's reader went away) ends the run with
+/// that error; `gens` then holds what arrived, unfinished prompts at `Stopped`.
+/// `progress` sees the prompt tokens prefilled, from the engine's metrics.
+fn run_on_engine(
+    engine: &EngineHandle,
+    prompts: &[Vec<u32>],
+    params: &RequestParams,
+    progress: &dyn Progress,
+    gens: &mut Vec<Generation>,
+    mut on_token: impl FnMut(u32) -> std::io::Result<()>,
+) -> Result<()> {
+    gens.clear();
+    gens.extend(prompts.iter().map(|p| Generation {
+        prompt_ids: p.clone(),
+        output_ids: Vec::new(),
+        finish: FinishReason::Stopped,
+        prefill_secs: 0.0,
+        decode_secs: 0.0,
+    }));
+    let computed = || engine.metrics.tokens_computed_total.load(Ordering::Relaxed);
+    let computed_before = computed();
+    let total_prompt: usize = prompts.iter().map(Vec::len).sum();
+    progress.start("prefill", total_prompt as u64, Unit::Tokens);
+    let mut prefilling = true;
+    let (tx, rx) = mpsc::channel::<(usize, Instant, Event)>();
+    let t0 = Instant::now();
+    for (i, p) in prompts.iter().enumerate() {
+        let tx = tx.clone();
+        engine.submit(
+            Request {
+                id: i as u64,
+                prompt: p.clone(),
+                params: params.clone(),
+            },
+            Box::new(move |e| tx.send((i, Instant::now(), e)).is_ok()),
+        )?;
+    }
+    drop(tx);
+    let mut first: Vec<Option<Instant>> = vec![None; prompts.len()];
+    let mut unfinished = prompts.len();
+    let result = loop {
+        if unfinished == 0 {
+            break Ok(());
+        }
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok((i, at, Event::Token(o))) => {
+                let g = &mut gens[i];
+                g.output_ids.push(o.token);
+                let f = *first[i].get_or_insert(at);
+                g.prefill_secs = (f - t0).as_secs_f64();
+                g.decode_secs = (at - f).as_secs_f64();
+                if let Some(finish) = o.finish {
+                    g.finish = finish;
+                    unfinished -= 1;
+                }
+                if let Err(e) = on_token(o.token) {
+                    break Err(e.into());
+                }
+            }
+            Ok((i, _, Event::Error(msg))) => break Err(anyhow!("prompt {}: {msg}", i + 1)),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                break Err(anyhow!(
+                    "the engine loop stopped before every prompt finished"
+                ))
+            }
+        }
+        if prefilling {
+            let prefilled = (computed().saturating_sub(computed_before) as usize).min(total_prompt);
+            progress.set(prefilled as u64);
+            if prefilled == total_prompt || first.iter().all(Option::is_some) {
+                progress.finish(); // prefill is over: the bar ends
+                prefilling = false;
+            }
+        }
+    };
+    if prefilling {
+        progress.finish();
+    }
+    result
+}
 
 fn tokens_per_sec(tokens: usize, secs: f64) -> f64 {
     if secs > 0.0 {

@@ -1,7 +1,8 @@
 //! The `encore` command line: `info` (backends, devices, kernels, self-check),
-//! `generate`, `bench kernels`, `bench decode` and `bench capture`. `serve` arrives with the engine.
+//! `generate`, `serve`, and `bench kernels | decode | prefill | capture | serve`.
 
 mod bench_capture;
+mod bench_client;
 mod bench_decode;
 mod bench_prefill;
 mod bench_serve;
@@ -85,8 +86,10 @@ enum BenchCommand {
     /// Memory of captured decode graphs per graph-memory strategy (private, multi-va,
     /// arena): physical and virtual bytes, capture time, the largest bucket's need.
     Capture(bench_capture::BenchCaptureArgs),
-    /// A serving benchmark (Poisson arrivals, length ranges, concurrency limit): request
-    /// and token throughput, TTFT, TPOT and inter-token latency percentiles.
+    /// A serving benchmark against a running server (--url) or the engine in this process
+    /// (--in-process): Poisson, fixed-rate or all-at-once arrivals, length ranges or a
+    /// JSONL trace, a concurrency limit; request and token throughput, TTFT, TPOT and
+    /// inter-token latency percentiles.
     Serve(bench_serve::BenchServeArgs),
 }
 

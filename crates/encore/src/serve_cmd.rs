@@ -71,6 +71,10 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value = "4194304", value_parser = parse::count::<1024, { 1 << 30 }>, allow_negative_numbers = true)]
     max_body_bytes: usize,
+    /// Seconds requests in flight get to finish after SIGINT/SIGTERM; the rest are then cut
+    /// off (streams end with an error event, whole responses get a 503).
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse::count::<0, 86400>, allow_negative_numbers = true)]
+    shutdown_timeout: usize,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -146,7 +150,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_waiting: a.max_waiting,
     };
     let name = server_cfg.served_model_name.clone();
-    let router = encore_server::router(Arc::clone(&engine), tokenizer, server_cfg);
+    let app = encore_server::app(Arc::clone(&engine), tokenizer, server_cfg);
+    let grace = std::time::Duration::from_secs(a.shutdown_timeout as u64);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -160,16 +165,24 @@ pub fn run(a: ServeArgs) -> Result<()> {
             "serving `{name}` on http://{addr} (engine up in {:.1} s; Ctrl-C to stop)",
             t.elapsed().as_secs_f64()
         );
-        encore_server::serve(listener, router, shutdown_signal()).await?;
+        let signal = async move {
+            let name = shutdown_signal().await;
+            errln!(
+                "{name}: shutting down (no new connections; requests in flight get up to {} s)",
+                grace.as_secs()
+            );
+        };
+        encore_server::serve(listener, app, signal, grace).await?;
         anyhow::Ok(())
     })?;
-    // Requests in flight finished with the graceful shutdown; stop the engine.
+    // Requests in flight finished or were cut off; stop the engine.
     drop(engine);
+    errln!("stopped");
     Ok(())
 }
 
-/// SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM; returns the signal's name.
+async fn shutdown_signal() -> &'static str {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -185,7 +198,7 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        _ = ctrl_c => "SIGINT",
+        _ = term => "SIGTERM",
     }
 }

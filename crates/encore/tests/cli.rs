@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use encore_core::DType;
+
 fn command(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_encore"));
     c.args(args).env("ENCORE_LOG", "error");
@@ -717,6 +719,7 @@ fn every_flag_has_a_help_line() {
         &["bench", "decode"],
         &["bench", "capture"],
         &["bench", "prefill"],
+        &["bench", "serve"],
     ] {
         let out = encore(&[cmd, &["--help"]].concat());
         assert!(out.status.success());
@@ -828,6 +831,87 @@ fn bench_serve_in_process_reports_throughput_and_latencies() {
         ]));
         assert!(err.contains(what), "{flag}: {err}");
     }
-    let err = failure(&encore(&["bench", "serve", "--device", "cpu"]));
-    assert!(err.contains("--in-process"), "{err}");
+    // Without --in-process it loads a server: none listens on port 1.
+    let err = failure(&encore(&["bench", "serve", "--url", "http://127.0.0.1:1"]));
+    assert!(
+        err.contains("cannot reach the server") && err.contains("--in-process"),
+        "{err}"
+    );
+}
+
+#[test]
+fn generate_on_the_engine_loop_matches_offline_generation() {
+    // `encore generate` submits to the engine loop's thread; the synchronous
+    // `encore_core::generate::generate` over the same batch gives the same tokens, greedy
+    // and seeded sampling alike.
+    use encore_core::engine::{Engine, EngineConfig, KvSizing};
+    use encore_core::generate::{generate, GenerateOptions};
+    use encore_core::progress::NoProgress;
+    use encore_core::runner::SamplingParams;
+    let prompts = ["a", "two words", "a third, longer prompt"];
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        seed: 7,
+        ..Default::default()
+    };
+    for (extra, sampling) in [
+        (&[][..], SamplingParams::default()),
+        (
+            &[
+                "--temperature",
+                "0.8",
+                "--top-k",
+                "20",
+                "--top-p",
+                "0.9",
+                "--seed",
+                "7",
+            ][..],
+            sampled,
+        ),
+    ] {
+        let mut args = vec![
+            "generate",
+            "--device",
+            "cpu",
+            "--dtype",
+            "f32",
+            "--eager",
+            "--max-seq-len",
+            "256",
+            "--max-tokens",
+            "7",
+            "--ignore-eos",
+            "--json",
+        ];
+        for p in prompts {
+            args.extend(["--prompt", p]);
+        }
+        args.extend(extra);
+        let rows = json_lines(&encore(&args));
+        assert_eq!(rows.len(), 3);
+        let ids =
+            |v: &serde_json::Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
+        let prompt_ids: Vec<Vec<u32>> = rows.iter().map(|r| ids(&r["prompt_ids"])).collect();
+
+        let be = encore_core::backend::cpu::CpuBackend::new();
+        let files = encore_core::model::open_model("dummy:tiny").unwrap();
+        let cfg = EngineConfig::new(DType::F32, 16, 2048, 3, 256, KvSizing::Blocks(1 + 3 * 16));
+        let mut runner = Engine::new(&be, files, &cfg, &NoProgress).unwrap().runner;
+        let opts = GenerateOptions {
+            max_tokens: 7,
+            sampling,
+            ignore_eos: true,
+        };
+        let offline = generate(&mut runner, &prompt_ids, &[], &opts, &NoProgress, |_, _| {
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+        for (r, g) in rows.iter().zip(&offline) {
+            assert_eq!(ids(&r["output_ids"]), g.output_ids, "{extra:?}: {r}");
+            assert_eq!(r["finish_reason"], "length");
+        }
+    }
 }

@@ -1,13 +1,14 @@
 //! Tokenizers and chat templates: a Hugging Face `tokenizer.json` (with the special tokens
 //! and chat template of `tokenizer_config.json`), the `tokenizer.*` metadata of a GGUF file
 //! (`gguf.rs`), or a built-in byte-level tokenizer for dummy models; plus an incremental
-//! detokenizer for streaming.
+//! detokenizer for streaming and a stop-string matcher over its text.
 //!
 //! NOTE: a rendered chat template already holds the special tokens it wants (usually the
 //! BOS text): encode it with `add_special_tokens = false`, as `transformers` does, or the
 //! prompt starts with two BOS tokens.
 
 mod gguf;
+mod stop;
 mod stream;
 mod template;
 
@@ -22,6 +23,7 @@ use crate::error::{Error, Result};
 
 pub(crate) use gguf::end_of_generation_ids;
 pub use gguf::GgufVocab;
+pub use stop::{StopMatcher, StopOutput};
 pub use stream::StreamDecoder;
 use template::ChatTemplate;
 

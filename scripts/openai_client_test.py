@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Drive a running `encore serve` with the official `openai` Python client.
+
+Run by crates/encore/tests/serve.rs (test `the_openai_python_client_works`) with the venv
+python of scripts/ci-venv.sh. The one argument is a JSON file:
+
+    {"base_url": "http://127.0.0.1:PORT/v1", "api_key": "...", "model": "...",
+     "prompt": "...", "max_tokens": N,
+     "completion_text": "...",   # `encore generate` greedy text for the prompt
+     "chat_text": "..."}         # `encore generate --chat` greedy text for it
+
+Checks, all greedy (temperature 0, end-of-sequence ignored): `models.list()`; completions
+and chat completions, whole and streamed with `stream_options={"include_usage": True}`,
+each equal to the expected text, with the usage counts; a stop string ends the text
+before it. Exits non-zero with a message on the first mismatch.
+"""
+
+import json
+import sys
+
+import openai
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit(f"openai_client_test: FAILED: {what}")
+
+
+def streamed(chunks, kind):
+    """(text, finish_reason, usage) of a stream of chunks."""
+    text, finish, usage = [], None, None
+    for c in chunks:
+        if c.usage is not None:
+            check(not c.choices, f"{kind}: the usage chunk has no choices")
+            usage = c.usage
+            continue
+        for ch in c.choices:
+            piece = ch.text if kind == "completion" else ch.delta.content
+            text.append(piece or "")
+            if ch.finish_reason is not None:
+                finish = ch.finish_reason
+    return "".join(text), finish, usage
+
+
+def main():
+    with open(sys.argv[1], encoding="utf-8") as f:
+        cfg = json.load(f)
+    client = openai.OpenAI(base_url=cfg["base_url"], api_key=cfg["api_key"], max_retries=0)
+    model, prompt, n = cfg["model"], cfg["prompt"], cfg["max_tokens"]
+    greedy = {"temperature": 0, "max_tokens": n, "extra_body": {"ignore_eos": True}}
+
+    ids = [m.id for m in client.models.list().data]
+    check(ids == [model], f"models.list() gave {ids}, expected [{model!r}]")
+
+    # Completions, whole and streamed.
+    r = client.completions.create(model=model, prompt=prompt, **greedy)
+    got = r.choices[0].text
+    check(got == cfg["completion_text"],
+          f"completion text {got!r} != encore generate's {cfg['completion_text']!r}")
+    check(r.choices[0].finish_reason == "length", f"finish_reason {r.choices[0].finish_reason}")
+    check(r.usage.completion_tokens == n, f"usage {r.usage}")
+    text, finish, usage = streamed(
+        client.completions.create(model=model, prompt=prompt, stream=True,
+                                  stream_options={"include_usage": True}, **greedy),
+        "completion")
+    check(text == cfg["completion_text"], f"streamed completion text {text!r}")
+    check(finish == "length", f"streamed finish_reason {finish}")
+    check(usage is not None and usage.completion_tokens == n
+          and usage.total_tokens == usage.prompt_tokens + n, f"streamed usage {usage}")
+
+    # Chat completions, whole and streamed.
+    messages = [{"role": "user", "content": prompt}]
+    r = client.chat.completions.create(model=model, messages=messages, **greedy)
+    got = r.choices[0].message.content
+    check(r.choices[0].message.role == "assistant", f"role {r.choices[0].message.role}")
+    check(got == cfg["chat_text"],
+          f"chat text {got!r} != encore generate --chat's {cfg['chat_text']!r}")
+    check(r.usage.completion_tokens == n, f"chat usage {r.usage}")
+    text, finish, usage = streamed(
+        client.chat.completions.create(model=model, messages=messages, stream=True,
+                                       stream_options={"include_usage": True}, **greedy),
+        "chat")
+    check(text == cfg["chat_text"], f"streamed chat text {text!r}")
+    check(finish == "length", f"streamed chat finish_reason {finish}")
+    check(usage is not None and usage.completion_tokens == n, f"streamed chat usage {usage}")
+
+    # A stop string from the text: the answer ends before its first occurrence.
+    full = cfg["completion_text"]
+    stop = next((full[i:i + 2] for i in range(len(full) - 1, 0, -1)
+                 if "\ufffd" not in full[i:i + 2] and full.find(full[i:i + 2]) > 0), None)
+    check(stop is not None, f"no stop string to test in {full!r}: pick another prompt")
+    r = client.completions.create(model=model, prompt=prompt, stop=[stop], **greedy)
+    want = full[:full.find(stop)]
+    check(r.choices[0].text == want, f"stop {stop!r}: text {r.choices[0].text!r} != {want!r}")
+    check(r.choices[0].finish_reason == "stop", f"stop: finish_reason {r.choices[0].finish_reason}")
+
+    # Errors come back as the client's exception types.
+    try:
+        client.completions.create(model="no-such-model", prompt=prompt, max_tokens=2)
+        check(False, "an unknown model was accepted")
+    except openai.NotFoundError:
+        pass
+    try:
+        client.completions.create(model=model, prompt=prompt, max_tokens=2, temperature=9)
+        check(False, "temperature 9 was accepted")
+    except openai.BadRequestError:
+        pass
+    print(f"openai_client_test: ok (openai {openai.__version__}; stop string {stop!r})")
+
+
+if __name__ == "__main__":
+    main()
