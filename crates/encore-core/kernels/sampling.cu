@@ -1,22 +1,29 @@
 // Sampling over f32 logits [batch, vocab]; one CTA of SAMPLE_THREADS per row.
-// Semantics: `Sampling` in src/backend/mod.rs.
+// Semantics: `Sampling` (and `Penalties`, `SampleLogprobs`) in src/backend/mod.rs.
+//
+// Penalties are applied on the fly: every pass over a row with a penalty slot reads the
+// slot's counts beside the logits (load4p) and penalises each value with the same f32
+// operations as the CPU (no contraction into fma), so the logits stay untouched. A row
+// without a slot pays one branch per load.
 //
 // argmax (block_argmax, the greedy path): each thread scans a strided share of the row
-// (float4 loads when `vec`: vocab % 4 == 0 and the base 16-byte aligned) keeping (value,
+// (float4 loads when `vec`: vocab % 4 == 0 and the bases 16-byte aligned) keeping (value,
 // smallest index) and skipping NaN; warp then block reduction. A row with no non-NaN
 // value gives 0.
 //
-// sample_f32, per row (every per-row parameter is read from device memory):
+// sample_row, per row (every per-row parameter is read from device memory):
 //   temperature <= 0 (or NaN) -> exactly argmax.
 //   Logits map to order-preserving u32 keys (NaN -> 0, below every number and never kept;
 //   -0.0 -> +0.0 so equal logits have equal keys). With mz = max(l) / t, each token's mass
 //   e = exp(l / t - mz) is in [0, 1] and is accumulated as an integer in 2^-40 fixed point:
 //   sums are exact and order-independent (no rounding drift between passes, so the
 //   thresholds and the draw agree exactly).
-//   1. top-k (0 < k < vocab): the k-th largest key by radix select, 4 passes of 8 bits
-//      with a shared-memory histogram (warp-aggregated native 32-bit atomics). NaN tokens
-//      are never kept; k >= the number of non-NaN tokens keeps all of them.
-//   2. top-p (0 < p < 1): the same radix descent with masses over the top-k survivors
+//   0. min-p (min_p > 0): the smallest key whose e >= min(min_p, 1) (a block min); the
+//      survivors are the candidates of the next steps.
+//   1. top-k (0 < k < candidates): the k-th largest candidate key by radix select, 4
+//      passes of 8 bits with a shared-memory histogram (warp-aggregated native 32-bit
+//      atomics). NaN tokens are never kept.
+//   2. top-p (0 < p < 1): the same radix descent with masses over the survivors
 //      (64-bit histogram, one atomic per distinct digit per warp step);
 //      the first pass's histogram total is the kept mass S, and the descent finds the
 //      largest kept key t with mass(key >= t) >= ceil(p * S).
@@ -27,9 +34,18 @@
 //      returns the first index whose running kept mass exceeds the target.
 //   A row whose max is not finite (all NaN / -inf, a +inf logit, or l / t overflowing)
 //   falls back to argmax.
+//
+// row_logprobs (rows with num_logprobs >= 0): block max and sum of exp(l - max) of the
+// penalised row; the top n (<= MAX_TOP) by a radix select of the n-th largest key, then
+// one pass collecting the keys above it (atomics, fewer than n) and the first ties at it
+// in index order (a block scan), sorted by thread 0.
+//
+// Last, a row with a penalty slot counts its token: counts[slot, token] += 1.
 
 #define SAMPLE_THREADS 1024
 #define INT_NONE 0x7fffffff
+#define MAX_TOP 20               // MAX_TOP_LOGPROBS
+#define PROMPT_BIT 0x40000000    // PROMPT_BIT: the token is in the prompt
 
 // Order-preserving map float -> u32 (larger float, larger key).
 __device__ __forceinline__ unsigned int order_key(float x) {
@@ -50,6 +66,41 @@ __device__ __forceinline__ void load4(const float* x, int vocab, int i0, int vec
     }
 }
 
+// One row's penalties: its counts row (nullptr: none) and the three factors.
+struct Pen {
+    const int* c;
+    float rep, freq, pres;
+};
+
+// A logit after the penalties of a token whose count entry is c (see `Penalties`).
+__device__ __forceinline__ float penalise(float l, int c, const Pen& p) {
+    if (c == 0) return l;
+    float v = l > 0.0f ? __fdiv_rn(l, p.rep) : __fmul_rn(l, p.rep);
+    const int n = c & (PROMPT_BIT - 1);
+    if (n > 0) {
+        v = __fsub_rn(v, __fmul_rn(p.freq, (float)n));
+        v = __fsub_rn(v, p.pres);
+    }
+    return v;
+}
+
+// load4, then the penalties of a row that has them.
+__device__ __forceinline__ void load4p(const float* x, const Pen& p, int vocab, int i0, int vec,
+                                       float* o) {
+    load4(x, vocab, i0, vec, o);
+    if (p.c == nullptr) return;
+    int c[4];
+    if (vec && i0 < vocab) {
+        const int4 v = *reinterpret_cast<const int4*>(p.c + i0);
+        c[0] = v.x, c[1] = v.y, c[2] = v.z, c[3] = v.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) c[j] = i0 + j < vocab ? p.c[i0 + j] : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = penalise(o[j], c[j], p);
+}
+
 // exp(l / t - mz) as a 2^-40 fixed-point integer (<= 2^40 since l / t <= mz).
 __device__ __forceinline__ unsigned long long mass_fx(float l, float t, float mz) {
     const float e = expf(l / t - mz);
@@ -63,25 +114,20 @@ __device__ __forceinline__ void argmax_take(float& bv, int& bi, float v, int i) 
     }
 }
 
-// Index of the largest non-NaN value of x[0..vocab) (smallest index among equal maxima),
-// 0 if there is none. Every thread of the block must call it; all get the result.
-__device__ int block_argmax(const float* x, int vocab, int vec, float* shv, int* shi) {
+// Index of the largest non-NaN (penalised) value of x[0..vocab) (smallest index among
+// equal maxima), 0 if there is none. Every thread of the block must call it; all get the
+// result.
+__device__ int block_argmax(const float* x, const Pen& pen, int vocab, int vec, float* shv,
+                            int* shi) {
     float bv = NEG_INF;
     int bi = INT_NONE;
-    if (vec) {
-        const int n4 = vocab / 4;
-        for (int i4 = threadIdx.x; i4 < n4; i4 += blockDim.x) {
-            const float4 f = *reinterpret_cast<const float4*>(x + 4 * i4);
-            if (f.x == f.x) argmax_take(bv, bi, f.x, 4 * i4);
-            if (f.y == f.y) argmax_take(bv, bi, f.y, 4 * i4 + 1);
-            if (f.z == f.z) argmax_take(bv, bi, f.z, 4 * i4 + 2);
-            if (f.w == f.w) argmax_take(bv, bi, f.w, 4 * i4 + 3);
-        }
-    } else {
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            const float v = x[i];
-            if (v == v) argmax_take(bv, bi, v, i);
-        }
+    for (int base = 0; base < vocab; base += blockDim.x * 4) {
+        const int i0 = base + threadIdx.x * 4;
+        float xs[4];
+        load4p(x, pen, vocab, i0, vec, xs);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (xs[j] == xs[j]) argmax_take(bv, bi, xs[j], i0 + j);  // NaN past vocab
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -180,9 +226,9 @@ __device__ __forceinline__ void hist_add_mass(unsigned long long* hist, bool c,
 // need = ceil(p * total candidate mass), computed from the first pass's histogram). The
 // caller guarantees 1 <= need <= total weight (k < number of candidates; 0 < p < 1).
 template <bool MASS>
-__device__ unsigned int radix_select(const float* x, int vocab, int vec, unsigned int cand_thr,
-                                     float t, float mz, unsigned long long k, float p,
-                                     RadixShared* rs) {
+__device__ unsigned int radix_select(const float* x, const Pen& pen, int vocab, int vec,
+                                     unsigned int cand_thr, float t, float mz,
+                                     unsigned long long k, float p, RadixShared* rs) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     unsigned int prefix = 0u, pmask = 0u;
     unsigned long long need = k;  // used by warp 0 only
@@ -196,7 +242,7 @@ __device__ unsigned int radix_select(const float* x, int vocab, int vec, unsigne
         __syncthreads();
         for (int base = 0; base < vocab; base += blockDim.x * 4) {  // block-uniform trip count
             float xs[4];
-            load4(x, vocab, base + tid * 4, vec, xs);
+            load4p(x, pen, vocab, base + tid * 4, vec, xs);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const unsigned int key = order_key(xs[j]);
@@ -271,21 +317,35 @@ __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
     return z ^ (z >> 31);
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_f32(const float* __restrict__ logits, const float* __restrict__ temperature,
-               const int* __restrict__ top_k, const float* __restrict__ top_p,
-               const long long* __restrict__ seeds, int* __restrict__ out, int vocab, int vec) {
-    pdl_enter();
-    __shared__ RadixShared rs;
-    __shared__ unsigned long long sh64[32];
-    __shared__ float shf[32];
-    __shared__ int shi[32];
-    __shared__ int found;
+// Block-wide minimum of u32 values; `sh` a 32-entry shared array. All threads must call.
+__device__ __forceinline__ unsigned int block_min_u32(unsigned int v, unsigned int* sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = __reduce_min_sync(FULL_MASK, v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? sh[lane] : 0xffffffffu;
+    v = __reduce_min_sync(FULL_MASK, v);
+    __syncthreads();
+    return v;
+}
 
+struct SampleShared {
+    RadixShared rs;
+    unsigned long long sh64[32];
+    float shf[32];
+    int shi[32];
+    unsigned int shu[32];
+    int found;
+    // row_logprobs: keys above the threshold at [0, MAX_TOP), ties at [MAX_TOP, 2 MAX_TOP).
+    int gt_n, eq_n;
+    int ids[2 * MAX_TOP];
+    float vals[2 * MAX_TOP];
+};
+
+// The sampled index of one row (see the file comment); every thread gets it.
+__device__ int sample_row(const float* x, const Pen& pen, int vocab, int vec, float t, int k,
+                          float p, float mp, long long seed, SampleShared* sh) {
     const int tid = threadIdx.x;
-    const long long row = blockIdx.x;
-    const float* x = logits + row * vocab;
-    const float t = temperature[row];
     const int stride = blockDim.x * 4;
 
     float mz = 0.0f;
@@ -295,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         float mx = NEG_INF;
         for (int base = 0; base < vocab; base += stride) {
             float xs[4];
-            load4(x, vocab, base + tid * 4, vec, xs);
+            load4p(x, pen, vocab, base + tid * 4, vec, xs);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 if (xs[j] == xs[j]) {
@@ -304,26 +364,42 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 }
             }
         }
-        mx = block_max(mx, shf);
-        cnt = (int)block_sum_u64((unsigned long long)cnt, sh64);
+        mx = block_max(mx, sh->shf);
+        cnt = (int)block_sum_u64((unsigned long long)cnt, sh->sh64);
         mz = mx / t;
         greedy = !(mz > NEG_INF && mz < POS_INF);
     }
-    if (greedy) {  // block-uniform
-        const int idx = block_argmax(x, vocab, vec, shf, shi);
-        if (tid == 0) out[row] = idx;
-        return;
+    if (greedy) return block_argmax(x, pen, vocab, vec, sh->shf, sh->shi);  // block-uniform
+
+    // 0. min-p: candidates are keys >= thr (1 keeps every non-NaN token); cnt counts them.
+    unsigned int thr = 1u;
+    if (mp > 0.0f) {
+        const float m1 = fminf(mp, 1.0f);
+        unsigned int lo = 0xffffffffu;
+        int kept = 0;
+        for (int base = 0; base < vocab; base += stride) {
+            float xs[4];
+            load4p(x, pen, vocab, base + tid * 4, vec, xs);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (xs[j] == xs[j] && expf(xs[j] / t - mz) >= m1) {
+                    lo = min(lo, order_key(xs[j]));
+                    ++kept;
+                }
+            }
+        }
+        thr = block_min_u32(lo, sh->shu);  // the max token always passes (e = 1)
+        cnt = (int)block_sum_u64((unsigned long long)kept, sh->sh64);
     }
 
-    // 1. top-k threshold (keys >= thr are kept; 1 keeps every non-NaN token).
-    unsigned int thr = 1u;
-    const int k = top_k[row];
+    // 1. top-k threshold among the candidates.
     if (k > 0 && k < vocab && k < cnt)
-        thr = radix_select<false>(x, vocab, vec, 1u, t, mz, (unsigned long long)k, 0.0f, &rs);
+        thr = radix_select<false>(x, pen, vocab, vec, thr, t, mz, (unsigned long long)k, 0.0f,
+                                  &sh->rs);
 
     // 2. top-p threshold among the kept tokens.
-    const float p = top_p[row];
-    if (p > 0.0f && p < 1.0f) thr = radix_select<true>(x, vocab, vec, thr, t, mz, 0ull, p, &rs);
+    if (p > 0.0f && p < 1.0f)
+        thr = radix_select<true>(x, pen, vocab, vec, thr, t, mz, 0ull, p, &sh->rs);
 
     // 3. Inverse-CDF draw in index order. Warp w owns the contiguous segment
     // [w * seg, (w + 1) * seg): each warp sums its kept mass, then only the warp whose
@@ -335,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     int last_kept = -1;
     for (int i0 = ws + lane * 4; i0 < we; i0 += 128) {
         float xs[4];
-        load4(x, vocab, i0, vec, xs);
+        load4p(x, pen, vocab, i0, vec, xs);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             if (order_key(xs[j]) >= thr) {
@@ -345,25 +421,25 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
     }
     part = warp_sum_u64(part);
-    if (lane == 0) sh64[warp] = part;
-    if (tid == 0) found = -1;
+    if (lane == 0) sh->sh64[warp] = part;
+    if (tid == 0) sh->found = -1;
     __syncthreads();
     // Every thread computes Z, the target and the owning warp from the same values.
     unsigned long long z_mass = 0ull;
-    for (int w = 0; w < nwarps; ++w) z_mass += sh64[w];  // >= 2^40: the max token is kept
-    const unsigned long long u24 = splitmix64((unsigned long long)seeds[row]) >> 40;
+    for (int w = 0; w < nwarps; ++w) z_mass += sh->sh64[w];  // >= 2^40: the max is kept
+    const unsigned long long u24 = splitmix64((unsigned long long)seed) >> 40;
     const unsigned long long target = __umul64hi(z_mass, u24 << 40);  // floor(Z * u24 / 2^24)
     int owner = -1;
     unsigned long long run = 0ull;
     for (int w = 0; w < nwarps; ++w) {
-        if (owner < 0 && run + sh64[w] > target) owner = w;
-        if (owner < 0) run += sh64[w];
+        if (owner < 0 && run + sh->sh64[w] > target) owner = w;
+        if (owner < 0) run += sh->sh64[w];
     }
     if (warp == owner) {  // warp-uniform; `run` = kept mass before this segment
         for (int ts = ws; ts < we; ts += 128) {  // warp-uniform trip count
             const int i0 = ts + lane * 4;
             float xs[4];
-            load4(x, we, i0, vec, xs);  // bound by the segment end
+            load4p(x, pen, we, i0, vec, xs);  // bound by the segment end
             unsigned long long w[4], tsum = 0ull;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -383,7 +459,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 for (int j = 0; j < 4; ++j) {
                     r += w[j];
                     if (r > target) {
-                        found = i0 + j;
+                        sh->found = i0 + j;
                         break;
                     }
                 }
@@ -393,7 +469,160 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
     }
     __syncthreads();
-    int res = found;
-    if (res < 0) res = block_max_int(last_kept, shi);  // unreachable (target < Z)
-    if (tid == 0) out[row] = res < 0 ? 0 : res;
+    int res = sh->found;
+    if (res < 0) res = block_max_int(last_kept, sh->shi);  // unreachable (target < Z)
+    return res < 0 ? 0 : res;
+}
+
+// Log-probabilities of one row (see `SampleLogprobs`): the token's into *tok, the top n
+// (0 <= n <= MAX_TOP) into ids / top. Every thread must call it.
+__device__ void row_logprobs(const float* x, const Pen& pen, int vocab, int vec, int n, int token,
+                             float* tok, int* ids, float* top, SampleShared* sh) {
+    const int tid = threadIdx.x;
+    const int stride = blockDim.x * 4;
+    float mx = NEG_INF;
+    int cnt = 0;
+    for (int base = 0; base < vocab; base += stride) {
+        float xs[4];
+        load4p(x, pen, vocab, base + tid * 4, vec, xs);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (xs[j] == xs[j]) {
+                mx = fmaxf(mx, xs[j]);
+                ++cnt;
+            }
+        }
+    }
+    mx = block_max(mx, sh->shf);
+    cnt = (int)block_sum_u64((unsigned long long)cnt, sh->sh64);
+    float s = 0.0f;
+    for (int base = 0; base < vocab; base += stride) {
+        float xs[4];
+        load4p(x, pen, vocab, base + tid * 4, vec, xs);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (xs[j] == xs[j]) s += expf(xs[j] - mx);
+    }
+    s = block_sum(s, sh->shf);
+    const float ln_sum = logf(s);
+    if (tid == 0) {
+        const float l = pen.c != nullptr ? penalise(x[token], pen.c[token], pen) : x[token];
+        *tok = (l - mx) - ln_sum;
+    }
+    if (n <= 0) return;  // block-uniform
+
+    // The n-th largest key (1: fewer than n non-NaN tokens, take them all).
+    const unsigned int thr =
+        n < cnt ? radix_select<false>(x, pen, vocab, vec, 1u, 1.0f, 0.0f,
+                                      (unsigned long long)n, 0.0f, &sh->rs)
+                : 1u;
+    if (tid == 0) sh->gt_n = 0, sh->eq_n = 0;
+    __syncthreads();
+    for (int base = 0; base < vocab; base += stride) {  // block-uniform trip count
+        const int i0 = base + tid * 4;
+        float xs[4];
+        load4p(x, pen, vocab, i0, vec, xs);
+        unsigned int keys[4];
+        int e = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            keys[j] = order_key(xs[j]);  // NaN (and past vocab): 0 < thr
+            if (keys[j] > thr) {  // fewer than n such keys in all
+                const int at = atomicAdd(&sh->gt_n, 1);
+                if (at < MAX_TOP) {
+                    sh->ids[at] = i0 + j;
+                    sh->vals[at] = xs[j];
+                }
+            } else if (keys[j] == thr) {
+                ++e;
+            }
+        }
+        if (__syncthreads_or(e > 0)) {  // ties at the threshold: the first ones by index
+            const int e0 = sh->eq_n;
+            unsigned long long total;
+            unsigned long long pos = e0 + block_excl_scan_u64((unsigned long long)e, sh->sh64,
+                                                              &total);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (keys[j] == thr) {
+                    if (pos < (unsigned long long)n) {
+                        sh->ids[MAX_TOP + pos] = i0 + j;
+                        sh->vals[MAX_TOP + pos] = xs[j];
+                    }
+                    ++pos;
+                }
+            }
+            __syncthreads();
+            if (tid == 0) sh->eq_n = (int)min((unsigned long long)n, e0 + total);
+            __syncthreads();
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        const int g = min(sh->gt_n, n);
+        const int q = min(sh->eq_n, n - g);
+        for (int i = 0; i < q; ++i) {  // ties after the keys above (g + i < MAX_TOP + i)
+            sh->ids[g + i] = sh->ids[MAX_TOP + i];
+            sh->vals[g + i] = sh->vals[MAX_TOP + i];
+        }
+        const int m = g + q;
+        for (int i = 1; i < m; ++i) {  // insertion sort: value descending, index ascending
+            const int id = sh->ids[i];
+            const float v = sh->vals[i];
+            int j = i - 1;
+            while (j >= 0 && (sh->vals[j] < v || (sh->vals[j] == v && sh->ids[j] > id))) {
+                sh->ids[j + 1] = sh->ids[j];
+                sh->vals[j + 1] = sh->vals[j];
+                --j;
+            }
+            sh->ids[j + 1] = id;
+            sh->vals[j + 1] = v;
+        }
+        for (int i = 0; i < n; ++i) {
+            ids[i] = i < m ? sh->ids[i] : -1;
+            top[i] = i < m ? (sh->vals[i] - mx) - ln_sum : NEG_INF;
+        }
+    }
+}
+
+// counts, pen_slot, ... : nullptr without penalties; num_lp, ... : nullptr without
+// log-probabilities.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_f32(const float* __restrict__ logits, const float* __restrict__ temperature,
+               const int* __restrict__ top_k, const float* __restrict__ top_p,
+               const float* __restrict__ min_p, const long long* __restrict__ seeds,
+               int* __restrict__ out, int* counts, const int* __restrict__ pen_slot,
+               const float* __restrict__ repetition, const float* __restrict__ frequency,
+               const float* __restrict__ presence, int slots, const int* __restrict__ num_lp,
+               float* __restrict__ tok_lp, int* __restrict__ top_ids,
+               float* __restrict__ top_lp, int top_n, int vocab, int vec) {
+    pdl_enter();
+    __shared__ SampleShared sh;
+    const long long row = blockIdx.x;
+    const float* x = logits + row * vocab;
+    Pen pen = {nullptr, 1.0f, 0.0f, 0.0f};
+    int slot = -1;
+    if (counts != nullptr) {
+        const int s = pen_slot[row];
+        if (s >= 0 && s < slots) {
+            slot = s;
+            pen.c = counts + (long long)s * vocab;
+            pen.rep = repetition[row];
+            pen.freq = frequency[row];
+            pen.pres = presence[row];
+        }
+    }
+    const int res = sample_row(x, pen, vocab, vec, temperature[row], top_k[row], top_p[row],
+                               min_p[row], seeds[row], &sh);
+    if (threadIdx.x == 0) out[row] = res;
+    if (num_lp != nullptr) {
+        const int n = num_lp[row];
+        if (n >= 0)  // block-uniform
+            row_logprobs(x, pen, vocab, vec, min(n, top_n), res, tok_lp + row,
+                         top_ids + row * top_n, top_lp + row * top_n, &sh);
+    }
+    if (slot >= 0) {
+        __syncthreads();  // every thread is done reading the row's counts
+        if (threadIdx.x == 0) atomicAdd(counts + (long long)slot * vocab + res, 1);
+    }
 }

@@ -149,6 +149,8 @@ impl<'b> Engine<'b> {
             max_tokens_per_step: cfg.max_tokens_per_step,
             max_seqs: cfg.max_seqs,
             max_seq_len: cfg.max_seq_len,
+            // One penalty row per sequence a step may hold (see RunnerConfig).
+            penalty_slots: cfg.max_seqs,
         };
         // 1. Sizes, before anything is allocated.
         let mut need = rcfg.memory_need(be, &mcfg, cfg.dtype);

@@ -23,6 +23,9 @@ pub mod tensor;
 pub mod testing;
 pub mod tokenizer;
 
-pub use backend::{Attention, Backend, BackendRef, Graph, QkvRope, Sampling};
+pub use backend::{
+    Attention, Backend, BackendRef, Graph, Penalties, QkvRope, SampleLogprobs, Sampling,
+    MAX_TOP_LOGPROBS, PROMPT_BIT,
+};
 pub use error::{Error, Result};
 pub use tensor::{DType, Element, Tensor};

@@ -402,6 +402,10 @@ pub fn check_scratch(scratch: &Tensor, needed: usize) -> Result<()> {
 pub struct SampleDims {
     pub batch: usize,
     pub vocab: usize,
+    /// Penalty slots (rows of `counts`); 0 without penalties.
+    pub slots: usize,
+    /// Top log-probability entries per row (`N`); 0 without log-probabilities.
+    pub top_n: usize,
 }
 
 fn check_logits(op: &'static str, logits: &Tensor, out: &Tensor) -> Result<SampleDims> {
@@ -413,21 +417,63 @@ fn check_logits(op: &'static str, logits: &Tensor, out: &Tensor) -> Result<Sampl
     }
     check_dtype(op, "out", out, &[DType::I32])?;
     check_shape(op, "out", out, &[batch], "[batch]")?;
-    Ok(SampleDims { batch, vocab })
+    Ok(SampleDims {
+        batch,
+        vocab,
+        slots: 0,
+        top_n: 0,
+    })
 }
 
 pub fn check_sample(logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<SampleDims> {
     const OP: &str = "sample";
-    let d = check_logits(OP, logits, out)?;
+    let mut d = check_logits(OP, logits, out)?;
     let b = [d.batch];
-    check_dtype(OP, "temperature", p.temperature, &[DType::F32])?;
-    check_shape(OP, "temperature", p.temperature, &b, "[batch]")?;
-    check_dtype(OP, "top_k", p.top_k, &[DType::I32])?;
-    check_shape(OP, "top_k", p.top_k, &b, "[batch]")?;
-    check_dtype(OP, "top_p", p.top_p, &[DType::F32])?;
-    check_shape(OP, "top_p", p.top_p, &b, "[batch]")?;
-    check_dtype(OP, "seeds", p.seeds, &[DType::I64])?;
-    check_shape(OP, "seeds", p.seeds, &b, "[batch]")?;
+    let per_row = |name: &'static str, t: &Tensor, dtype: DType| -> Result<()> {
+        check_dtype(OP, name, t, &[dtype])?;
+        check_shape(OP, name, t, &b, "[batch]")
+    };
+    per_row("temperature", p.temperature, DType::F32)?;
+    per_row("top_k", p.top_k, DType::I32)?;
+    per_row("top_p", p.top_p, DType::F32)?;
+    per_row("min_p", p.min_p, DType::F32)?;
+    per_row("seeds", p.seeds, DType::I64)?;
+    if let Some(pen) = &p.penalties {
+        check_dtype(OP, "counts", pen.counts, &[DType::I32])?;
+        check_rank(OP, "counts", pen.counts, 2, "[slots, vocab]")?;
+        if pen.counts.dim(1) != d.vocab {
+            return Err(Error::Shape {
+                op: OP,
+                name: "counts",
+                found: pen.counts.shape().to_vec(),
+                expected: format!("[slots, {}] (the logits' vocab)", d.vocab),
+            });
+        }
+        d.slots = pen.counts.dim(0);
+        per_row("slot", pen.slot, DType::I32)?;
+        per_row("repetition", pen.repetition, DType::F32)?;
+        per_row("frequency", pen.frequency, DType::F32)?;
+        per_row("presence", pen.presence, DType::F32)?;
+    }
+    if let Some(l) = &p.logprobs {
+        per_row("num_logprobs", l.num, DType::I32)?;
+        per_row("token_logprob", l.token, DType::F32)?;
+        check_dtype(OP, "top_ids", l.top_ids, &[DType::I32])?;
+        check_rank(OP, "top_ids", l.top_ids, 2, "[batch, N]")?;
+        let n = l.top_ids.dim(1);
+        let shape = [d.batch, n];
+        if l.top_ids.dim(0) != d.batch || n > crate::backend::MAX_TOP_LOGPROBS {
+            return Err(Error::Shape {
+                op: OP,
+                name: "top_ids",
+                found: l.top_ids.shape().to_vec(),
+                expected: format!("[batch, N] with N <= {}", crate::backend::MAX_TOP_LOGPROBS),
+            });
+        }
+        check_dtype(OP, "top_logprobs", l.top, &[DType::F32])?;
+        check_shape(OP, "top_logprobs", l.top, &shape, "[batch, N] like top_ids")?;
+        d.top_n = n;
+    }
     Ok(d)
 }
 

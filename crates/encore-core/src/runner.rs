@@ -11,7 +11,9 @@
 //!
 //! Graphs are captured on first use or ahead of time ([`Runner::capture_all`]).
 
-use crate::backend::{Backend, Sampling};
+use std::collections::HashMap;
+
+use crate::backend::{Backend, Penalties, SampleLogprobs, Sampling, MAX_TOP_LOGPROBS, PROMPT_BIT};
 use crate::error::{Error, Result};
 use crate::graph::{BucketPolicy, Executor, GraphStats, InputTable, Key, Layout, Phase, Pieces};
 use crate::kv::{BlockManager, KvCache, KvCacheConfig, SeqId, NULL_BLOCK};
@@ -20,7 +22,8 @@ use crate::model::config::ModelConfig;
 use crate::model::llama::{Model, StepBuffers, StepInputs};
 use crate::tensor::{DType, Tensor};
 
-/// Per-sequence sampling parameters.
+/// Per-sequence sampling parameters (semantics: [`Sampling`], [`Penalties`],
+/// [`SampleLogprobs`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
     /// <= 0: greedy.
@@ -29,7 +32,20 @@ pub struct SamplingParams {
     pub top_k: i32,
     /// >= 1: off.
     pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; <= 0: off.
+    pub min_p: f32,
     pub seed: u64,
+    /// Subtracted from the logit of every token the output holds; 0: off.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the output; 0: off.
+    pub frequency_penalty: f32,
+    /// Divides positive (multiplies negative) logits of tokens in the prompt or the
+    /// output; 1: off.
+    pub repetition_penalty: f32,
+    /// Log-probabilities of each sampled token and of the `n` most likely ones
+    /// (`n <= MAX_TOP_LOGPROBS`), over the logits after penalties and before temperature
+    /// and truncation; `None`: off.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -38,9 +54,41 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
             seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logprobs: None,
         }
     }
+}
+
+impl SamplingParams {
+    /// Whether any penalty is on: the sequence then needs a penalty slot
+    /// ([`Runner::begin_penalties`]).
+    pub fn has_penalties(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+    }
+}
+
+/// The log-probabilities of one sampled token: its own and the most likely tokens'
+/// (largest first), over the logits after penalties and before temperature (vLLM's
+/// "raw" log-probabilities when no penalty is on).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What a step produced for one sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    /// When the sequence's sampling asked for them.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// One sequence's part of a step: the new tokens to run (a whole prompt, a chunk of one,
@@ -66,6 +114,11 @@ pub struct RunnerConfig {
     pub max_seqs: usize,
     /// Longest sequence (prompt + generated); bounds the block tables.
     pub max_seq_len: usize,
+    /// Sequences that may use penalties at once: each holds a row of a device table of
+    /// `vocab` i32 (its tokens' prompt flags and output counts), `penalty_slots * vocab *
+    /// 4` bytes in all (128 slots of a 128k vocabulary: 64 MiB). 0: no table, and
+    /// requests with penalties are refused.
+    pub penalty_slots: usize,
 }
 
 impl RunnerConfig {
@@ -98,11 +151,17 @@ impl RunnerConfig {
             table_width,
         )
         .saturating_mul(2);
+        // Sampled tokens and log-probabilities, the penalty table.
+        let sampling = self.max_seqs.saturating_mul(2 + 2 * MAX_TOP_LOGPROBS) * 4
+            + self
+                .penalty_slots
+                .saturating_mul(model.vocab_size)
+                .saturating_mul(4);
         MemoryNeed {
             weights: model.weight_bytes(dtype),
             kv_cache: self.num_blocks.saturating_mul(kv_cfg.bytes_per_block()),
             kv_blocks: self.num_blocks,
-            activations: arena.saturating_add(inputs),
+            activations: arena.saturating_add(inputs).saturating_add(sampling),
         }
     }
 }
@@ -127,7 +186,16 @@ crate::step_inputs! {
         temperature: f32 [Seqs, One] = 0.0,
         top_k: i32 [Seqs, One] = 0,
         top_p: f32 [Seqs, One] = 1.0,
+        min_p: f32 [Seqs, One] = 0.0,
         seeds: i64 [Seqs, One] = 0,
+        /// The row's penalty slot; -1: no penalties (padding, a prompt chunk short of
+        /// the end, a sequence without penalties).
+        pen_slot: i32 [Seqs, One] = -1,
+        repetition: f32 [Seqs, One] = 1.0,
+        frequency: f32 [Seqs, One] = 0.0,
+        presence: f32 [Seqs, One] = 0.0,
+        /// Top log-probabilities per row; -1: none.
+        num_logprobs: i32 [Seqs, One] = -1,
         /// A mixed step's `cu_seqlens_q` of the sequences after its leading decode rows,
         /// relative to their first row (attention runs the two groups separately).
         cu_rest: i32 [SeqsPlusOne, One] = 0,
@@ -160,10 +228,35 @@ macro_rules! parts {
             kv: &$r.kv,
             inputs: &$r.inputs,
             sampled: &$r.sampled,
+            lp: &$r.lp,
+            pen_counts: $r.pen.counts.as_ref(),
             table_width: $r.table_width,
             block_size: $r.cfg.block_size,
         }
     };
+}
+
+/// The log-probability outputs of sampling: the token's `[max_seqs]`, the top ids and
+/// log-probabilities `[max_seqs, MAX_TOP_LOGPROBS]`.
+struct LogprobBuffers {
+    token: Tensor,
+    top_ids: Tensor,
+    top: Tensor,
+}
+
+/// The penalty table and who holds which row.
+struct PenaltyState {
+    /// i32 `[penalty_slots, vocab]` (see [`Penalties`]); `None` with 0 slots.
+    counts: Option<Tensor>,
+    free: Vec<usize>,
+    held: HashMap<SeqId, PenaltySeq>,
+}
+
+/// A sequence's penalty row, and the length the sequence has when a step samples the
+/// token it keeps (a step ending short of it is a prompt chunk whose sample is dropped).
+struct PenaltySeq {
+    slot: usize,
+    len: usize,
 }
 
 pub struct Runner<'b> {
@@ -171,6 +264,8 @@ pub struct Runner<'b> {
     inputs: InputTable,
     /// Sampled token ids, `[max_seqs]`.
     sampled: Tensor,
+    lp: LogprobBuffers,
+    pen: PenaltyState,
     exec: Executor<StepBuffers>,
     graphs: Option<GraphConfig>,
     /// Run every step eagerly, keeping the captured graphs (for comparisons).
@@ -231,10 +326,26 @@ impl<'b> Runner<'b> {
             table_width,
         )?;
         let sampled = be.alloc(DType::I32, &[cfg.max_seqs])?;
+        let lp = LogprobBuffers {
+            token: be.alloc(DType::F32, &[cfg.max_seqs])?,
+            top_ids: be.alloc(DType::I32, &[cfg.max_seqs, MAX_TOP_LOGPROBS])?,
+            top: be.alloc(DType::F32, &[cfg.max_seqs, MAX_TOP_LOGPROBS])?,
+        };
+        let counts = match cfg.penalty_slots {
+            0 => None,
+            n => Some(be.alloc(DType::I32, &[n, model.cfg.vocab_size])?),
+        };
+        let pen = PenaltyState {
+            counts,
+            free: (0..cfg.penalty_slots).rev().collect(),
+            held: HashMap::new(),
+        };
         Ok(Runner {
             be,
             inputs,
             sampled,
+            lp,
+            pen,
             exec,
             graphs: None,
             force_eager: false,
@@ -283,13 +394,26 @@ impl<'b> Runner<'b> {
     /// hold room for each sequence's new tokens (`BlockManager::allocate`/`append`):
     /// the step writes them at positions `num_tokens(seq) - tokens.len() ..`.
     pub fn step(&mut self, batch: &[SeqStep<'_>]) -> Result<Vec<u32>> {
-        Ok(self.run(batch, false)?.0)
+        Ok(self.run(batch, false)?.tokens)
     }
 
-    /// Like [`Runner::step`], and also return each sequence's f32 logits (for parity
-    /// checks against a reference implementation).
+    /// Like [`Runner::step`], with each sequence's log-probabilities where its sampling
+    /// asks for them.
+    pub fn step_sampled(&mut self, batch: &[SeqStep<'_>]) -> Result<Vec<Sampled>> {
+        let out = self.run(batch, false)?;
+        Ok(out
+            .tokens
+            .into_iter()
+            .zip(out.logprobs)
+            .map(|(token, logprobs)| Sampled { token, logprobs })
+            .collect())
+    }
+
+    /// Like [`Runner::step`], and also return each sequence's f32 logits as the model
+    /// produced them, before penalties (for parity checks against a reference
+    /// implementation).
     pub fn step_with_logits(&mut self, batch: &[SeqStep<'_>]) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
-        let (tokens, logits) = self.run(batch, true)?;
+        let StepOut { tokens, logits, .. } = self.run(batch, true)?;
         let vocab = self.model.cfg.vocab_size;
         let rows = match logits {
             Some(l) => l.chunks(vocab).map(|r| r.to_vec()).collect(),
@@ -339,15 +463,11 @@ impl<'b> Runner<'b> {
         }
     }
 
-    fn run(
-        &mut self,
-        batch: &[SeqStep<'_>],
-        keep_logits: bool,
-    ) -> Result<(Vec<u32>, Option<Vec<f32>>)> {
+    fn run(&mut self, batch: &[SeqStep<'_>], keep_logits: bool) -> Result<StepOut> {
         let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let b = batch.len();
         if b == 0 {
-            return Ok((Vec::new(), None));
+            return Ok(StepOut::default());
         }
         if n > self.cfg.max_tokens_per_step || b > self.cfg.max_seqs {
             return Err(Error::invalid(
@@ -373,18 +493,26 @@ impl<'b> Runner<'b> {
                 .chain((0..b).filter(|&i| batch[i].tokens.len() != 1))
                 .collect();
             let sorted: Vec<SeqStep<'_>> = order.iter().map(|&i| batch[i]).collect();
-            let (tokens, logits) = self.run_sorted(&sorted, keep_logits, false, d)?;
+            let StepOut {
+                tokens,
+                logits,
+                mut logprobs,
+            } = self.run_sorted(&sorted, keep_logits, false, d)?;
             let vocab = self.model.cfg.vocab_size;
-            let mut out_tokens = vec![0u32; b];
-            let mut out_logits = logits.as_ref().map(|l| vec![0f32; l.len()]);
+            let mut out = StepOut {
+                tokens: vec![0u32; b],
+                logits: logits.as_ref().map(|l| vec![0f32; l.len()]),
+                logprobs: vec![None; b],
+            };
             for (k, &i) in order.iter().enumerate() {
-                out_tokens[i] = tokens[k];
-                if let (Some(src), Some(dst)) = (&logits, out_logits.as_mut()) {
+                out.tokens[i] = tokens[k];
+                out.logprobs[i] = logprobs[k].take();
+                if let (Some(src), Some(dst)) = (&logits, out.logits.as_mut()) {
                     dst[i * vocab..(i + 1) * vocab]
                         .copy_from_slice(&src[k * vocab..(k + 1) * vocab]);
                 }
             }
-            return Ok((out_tokens, out_logits));
+            return Ok(out);
         }
         self.run_sorted(batch, keep_logits, decode_only, 0)
     }
@@ -397,14 +525,14 @@ impl<'b> Runner<'b> {
         keep_logits: bool,
         decode_only: bool,
         d: usize,
-    ) -> Result<(Vec<u32>, Option<Vec<f32>>)> {
+    ) -> Result<StepOut> {
         let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let b = batch.len();
         let (plan, layout) = self.plan(n, b, decode_only);
         let be = self.be;
         match plan {
             Plan::Eager => {
-                self.pack(batch, &layout, b, d)?;
+                self.pack(batch, &layout, b, d, true)?;
                 let step = forward_step(parts!(self), &layout, decode_only, Shape::Whole, b, d)?;
                 let buf = self.exec.eager(&step)?;
                 let tokens = self.download_tokens(b)?;
@@ -413,14 +541,22 @@ impl<'b> Runner<'b> {
                 } else {
                     None
                 };
-                Ok((tokens, logits))
+                let logprobs = self.download_logprobs(batch)?;
+                Ok(StepOut {
+                    tokens,
+                    logits,
+                    logprobs,
+                })
             }
             Plan::Graph(key) => {
+                // A miss captures first, on all-padding inputs: capturing runs the step
+                // eagerly once, and the real step must sample (and count penalties) once.
+                self.capture_key_from_padding(key, true)?;
                 let read = match key.phase {
                     Phase::Decode => key.bucket,
                     Phase::Mixed => b,
                 };
-                self.pack(batch, &layout, read, d)?;
+                self.pack(batch, &layout, read, d, true)?;
                 let (shape, decode, seqs) = match key.phase {
                     Phase::Decode => (Shape::Whole, true, key.bucket),
                     Phase::Mixed => (Shape::Split, false, b),
@@ -434,12 +570,18 @@ impl<'b> Runner<'b> {
                     None
                 };
                 let tokens = self.download_tokens(b)?;
+                let logprobs = self.download_logprobs(batch)?;
                 if !self.verify_graphs {
-                    return Ok((tokens, replayed));
+                    return Ok(StepOut {
+                        tokens,
+                        logits: replayed,
+                        logprobs,
+                    });
                 }
-                // Debug check: the same step eagerly and unpadded.
+                // Debug check: the same step eagerly and unpadded (its samples are
+                // dropped, so it counts no penalties).
                 let eager_layout = self.inputs.layout(n, b);
-                self.pack(batch, &eager_layout, b, d)?;
+                self.pack(batch, &eager_layout, b, d, false)?;
                 let step =
                     forward_step(parts!(self), &eager_layout, decode_only, Shape::Whole, b, d)?;
                 let buf = self.exec.eager(&step)?;
@@ -452,7 +594,11 @@ impl<'b> Runner<'b> {
                 let vocab = self.model.cfg.vocab_size;
                 self.exec
                     .verify(key, replayed.as_deref().unwrap_or(&[]), &eager, vocab, tol)?;
-                Ok((tokens, Some(eager)))
+                Ok(StepOut {
+                    tokens,
+                    logits: Some(eager),
+                    logprobs,
+                })
             }
         }
     }
@@ -466,15 +612,115 @@ impl<'b> Runner<'b> {
             .collect())
     }
 
+    /// Each row's log-probabilities where its sampling asked for them (nothing is read
+    /// back when no row did).
+    fn download_logprobs(&self, batch: &[SeqStep<'_>]) -> Result<Vec<Option<TokenLogprobs>>> {
+        if batch.iter().all(|s| s.sampling.logprobs.is_none()) {
+            return Ok(vec![None; batch.len()]);
+        }
+        let b = batch.len();
+        let token = self.be.download::<f32>(&self.lp.token.prefix(b)?)?;
+        let ids = self.be.download::<i32>(&self.lp.top_ids.prefix(b)?)?;
+        let top = self.be.download::<f32>(&self.lp.top.prefix(b)?)?;
+        Ok(batch
+            .iter()
+            .enumerate()
+            .map(|(r, s)| {
+                let n = s.sampling.logprobs?.min(MAX_TOP_LOGPROBS);
+                let at = r * MAX_TOP_LOGPROBS;
+                let top = ids[at..at + n]
+                    .iter()
+                    .zip(&top[at..at + n])
+                    .filter_map(|(&id, &lp)| u32::try_from(id).ok().map(|id| (id, lp)))
+                    .collect();
+                Some(TokenLogprobs {
+                    logprob: token[r],
+                    top,
+                })
+            })
+            .collect())
+    }
+
+    /// Give sequence `seq` a penalty slot for the tokens it holds: `prompt` (flagged as
+    /// prompt tokens) and `output` (counted), written to the device now, outside any
+    /// step. Its next token is counted once a step samples at its end (after `prompt`
+    /// and `output`), and so on for every token after. `Ok(false)` when every slot is
+    /// held; an error with no slots at all, a token outside the vocabulary, or a sequence
+    /// that holds one already.
+    pub fn begin_penalties(&mut self, seq: SeqId, prompt: &[u32], output: &[u32]) -> Result<bool> {
+        const OP: &str = "runner.begin_penalties";
+        let Some(counts) = &self.pen.counts else {
+            return Err(Error::invalid(
+                OP,
+                "penalties need a penalty slot; the runner has none (RunnerConfig::penalty_slots 0)",
+            ));
+        };
+        if self.pen.held.contains_key(&seq) {
+            return Err(Error::invalid(
+                OP,
+                format!("sequence {seq} already holds a penalty slot"),
+            ));
+        }
+        let vocab = self.model.cfg.vocab_size;
+        let mut row = vec![0i32; vocab];
+        let tokens = prompt.iter().map(|&t| (t, true));
+        for (t, in_prompt) in tokens.chain(output.iter().map(|&t| (t, false))) {
+            let Some(c) = row.get_mut(t as usize) else {
+                return Err(Error::invalid(
+                    OP,
+                    format!("sequence {seq}: token id {t} is outside the vocabulary of {vocab}"),
+                ));
+            };
+            if in_prompt {
+                *c |= PROMPT_BIT;
+            } else {
+                *c += 1;
+            }
+        }
+        let Some(slot) = self.pen.free.pop() else {
+            return Ok(false);
+        };
+        if let Err(e) = self
+            .be
+            .write_bytes(&counts.narrow(slot, 1)?, bytemuck::cast_slice(&row))
+        {
+            self.pen.free.push(slot);
+            return Err(e);
+        }
+        self.pen.held.insert(
+            seq,
+            PenaltySeq {
+                slot,
+                len: prompt.len() + output.len(),
+            },
+        );
+        Ok(true)
+    }
+
+    /// Free `seq`'s penalty slot, if it holds one (when it finishes, is aborted or
+    /// preempted).
+    pub fn end_penalties(&mut self, seq: SeqId) {
+        if let Some(p) = self.pen.held.remove(&seq) {
+            self.pen.free.push(p.slot);
+        }
+    }
+
+    /// Penalty slots free now.
+    pub fn free_penalty_slots(&self) -> usize {
+        self.pen.free.len()
+    }
+
     /// Pack the step's metadata into the host staging of `layout` (rows beyond the
     /// step's padded), and upload what the step reads (`read_seqs` sequence rows): one
-    /// copy.
+    /// copy. With `penalties`, a row with penalties whose sample is kept gets its slot
+    /// (and the slot's sequence advances by the token); otherwise none does.
     fn pack(
         &mut self,
         batch: &[SeqStep<'_>],
         layout: &Layout,
         read_seqs: usize,
         d: usize,
+        penalties: bool,
     ) -> Result<()> {
         let w = self.table_width;
         let h = StepHost::of(&mut self.inputs, layout)?;
@@ -515,7 +761,31 @@ impl<'b> Runner<'b> {
             h.temperature[i] = s.sampling.temperature;
             h.top_k[i] = s.sampling.top_k;
             h.top_p[i] = s.sampling.top_p;
+            h.min_p[i] = s.sampling.min_p;
             h.seeds[i] = mix_seed(s.sampling.seed, total as u64) as i64;
+            h.repetition[i] = s.sampling.repetition_penalty;
+            h.frequency[i] = s.sampling.frequency_penalty;
+            h.presence[i] = s.sampling.presence_penalty;
+            h.num_logprobs[i] = s
+                .sampling
+                .logprobs
+                .map_or(-1, |n| n.min(MAX_TOP_LOGPROBS) as i32);
+            h.pen_slot[i] = -1;
+            if penalties && s.sampling.has_penalties() {
+                let p = self.pen.held.get_mut(&s.seq).ok_or_else(|| {
+                    Error::invalid(
+                        "runner.step",
+                        format!(
+                            "sequence {}: its sampling has penalties but it holds no penalty slot (Runner::begin_penalties)",
+                            s.seq
+                        ),
+                    )
+                })?;
+                if total == p.len {
+                    h.pen_slot[i] = p.slot as i32;
+                    p.len += 1;
+                }
+            }
         }
         // The sequences after the `d` decode rows, relative to their first row.
         if d > 0 {
@@ -627,6 +897,12 @@ impl<'b> Runner<'b> {
     /// Capture `key` now (all rows padding), unless it is captured already. It must be
     /// one of [`Runner::graph_keys`].
     pub fn capture_key(&mut self, key: Key) -> Result<()> {
+        self.capture_key_from_padding(key, false)
+    }
+
+    /// [`Runner::capture_key`]; `ahead`: for the step about to replay it (which then
+    /// counts as the key's miss).
+    fn capture_key_from_padding(&mut self, key: Key, ahead: bool) -> Result<()> {
         if !self.graph_keys().contains(&key) {
             return Err(Error::invalid(
                 "capture",
@@ -653,7 +929,11 @@ impl<'b> Runner<'b> {
                 forward_step(parts!(self), &layout, false, Shape::Split, 1, 0)?
             }
         };
-        self.exec.capture(self.be, key, &step)
+        if ahead {
+            self.exec.capture_ahead(self.be, key, &step)
+        } else {
+            self.exec.capture(self.be, key, &step)
+        }
     }
 
     /// Inputs of `seqs` empty sequences and no tokens: every row padding, `cu` all zero.
@@ -779,6 +1059,9 @@ struct ForwardStep<'a> {
     decode_rows: usize,
     shape: Shape,
     sampled: Tensor,
+    /// The log-probability outputs, cut to `seqs` rows.
+    lp: LogprobBuffers,
+    pen_counts: Option<&'a Tensor>,
     table_width: usize,
     block_size: usize,
 }
@@ -807,7 +1090,21 @@ impl ForwardStep<'_> {
                 temperature: &self.v.temperature,
                 top_k: &self.v.top_k,
                 top_p: &self.v.top_p,
+                min_p: &self.v.min_p,
                 seeds: &self.v.seeds,
+                penalties: self.pen_counts.map(|counts| Penalties {
+                    counts,
+                    slot: &self.v.pen_slot,
+                    repetition: &self.v.repetition,
+                    frequency: &self.v.frequency,
+                    presence: &self.v.presence,
+                }),
+                logprobs: Some(SampleLogprobs {
+                    num: &self.v.num_logprobs,
+                    token: &self.lp.token,
+                    top_ids: &self.lp.top_ids,
+                    top: &self.lp.top,
+                }),
             },
             &self.sampled,
         )
@@ -887,6 +1184,12 @@ fn forward_step<'a>(
     v.top_k = v.top_k.prefix(seqs)?;
     v.top_p = v.top_p.prefix(seqs)?;
     v.seeds = v.seeds.prefix(seqs)?;
+    v.min_p = v.min_p.prefix(seqs)?;
+    v.pen_slot = v.pen_slot.prefix(seqs)?;
+    v.repetition = v.repetition.prefix(seqs)?;
+    v.frequency = v.frequency.prefix(seqs)?;
+    v.presence = v.presence.prefix(seqs)?;
+    v.num_logprobs = v.num_logprobs.prefix(seqs)?;
     // The LM head's rows: padded to a power of two within the layout for pieces, so its
     // GEMM shapes are few (and planned at capture).
     let head_rows = match shape {
@@ -906,6 +1209,12 @@ fn forward_step<'a>(
         decode_rows,
         shape,
         sampled: r.sampled.prefix(seqs)?,
+        lp: LogprobBuffers {
+            token: r.lp.token.prefix(seqs)?,
+            top_ids: r.lp.top_ids.prefix(seqs)?,
+            top: r.lp.top.prefix(seqs)?,
+        },
+        pen_counts: r.pen_counts,
         table_width: r.table_width,
         block_size: r.block_size,
     })
@@ -919,8 +1228,18 @@ struct StepParts<'a> {
     kv: &'a KvCache,
     inputs: &'a InputTable,
     sampled: &'a Tensor,
+    lp: &'a LogprobBuffers,
+    pen_counts: Option<&'a Tensor>,
     table_width: usize,
     block_size: usize,
+}
+
+/// What [`Runner::run`] returns: tokens, logits when asked, log-probabilities per row.
+#[derive(Default)]
+struct StepOut {
+    tokens: Vec<u32>,
+    logits: Option<Vec<f32>>,
+    logprobs: Vec<Option<TokenLogprobs>>,
 }
 
 /// The request seed mixed with the index of the token being sampled: a fresh,

@@ -20,10 +20,11 @@
 
 use std::collections::VecDeque;
 
+use crate::backend::MAX_TOP_LOGPROBS;
 use crate::error::{Error, Result};
 use crate::generate::FinishReason;
 use crate::kv::{PrefixHit, SeqId};
-use crate::runner::{Runner, SamplingParams, SeqStep};
+use crate::runner::{Runner, SamplingParams, SeqStep, TokenLogprobs};
 
 /// One request's generation parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,10 +47,12 @@ pub struct Request {
 }
 
 /// One new token of a request; `finish` is set on its last.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Output {
     pub id: u64,
     pub token: u32,
+    /// When the request's sampling asks for log-probabilities.
+    pub logprobs: Option<TokenLogprobs>,
     pub finish: Option<FinishReason>,
 }
 
@@ -186,6 +189,26 @@ impl Scheduler {
         if self.live().any(|s| s.req.id == req.id) {
             return what("the id is already live".into());
         }
+        let sp = &req.params.sampling;
+        if sp.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return what(format!(
+                "top log-probabilities are limited to {MAX_TOP_LOGPROBS}"
+            ));
+        }
+        let factors = [
+            sp.presence_penalty,
+            sp.frequency_penalty,
+            sp.repetition_penalty,
+        ];
+        if factors.iter().any(|f| !f.is_finite()) || sp.repetition_penalty <= 0.0 {
+            return what(format!(
+                "penalties must be finite and the repetition penalty > 0 (presence {}, frequency {}, repetition {})",
+                sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty
+            ));
+        }
+        if sp.has_penalties() && r.penalty_slots == 0 {
+            return what("penalties are off in this engine (no penalty slots)".into());
+        }
         let seq = SeqId(self.next_seq);
         self.next_seq += 1;
         self.waiting.push_back(Seq {
@@ -209,6 +232,7 @@ impl Scheduler {
         } else if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
             let s = self.running.remove(i);
             runner.blocks.free(s.seq)?;
+            runner.end_penalties(s.seq);
         } else {
             return Ok(false);
         }
@@ -238,6 +262,7 @@ impl Scheduler {
     fn preempt_newest(&mut self, runner: &mut Runner<'_>) -> Result<()> {
         let mut s = self.running.pop().expect("a running sequence to preempt");
         runner.blocks.free(s.seq)?;
+        runner.end_penalties(s.seq);
         s.computed = 0;
         self.waiting.push_front(s);
         self.stats.preemptions += 1;
@@ -288,13 +313,21 @@ impl Scheduler {
             };
             let cached = hit.num_tokens();
             let take = (s.tokens.len() - cached).min(budget);
-            if !runner.blocks.can_allocate_with_prefix(&hit, cached + take) {
+            let penalties = s.req.params.sampling.has_penalties();
+            if !runner.blocks.can_allocate_with_prefix(&hit, cached + take)
+                || (penalties && runner.free_penalty_slots() == 0)
+            {
                 break;
             }
             let mut s = self.waiting.pop_front().expect("front exists");
             runner
                 .blocks
                 .allocate_with_prefix(s.seq, &hit, cached + take)?;
+            if penalties {
+                // The prompt flagged, tokens produced before a preemption counted.
+                let (prompt, output) = s.tokens.split_at(s.req.prompt.len());
+                runner.begin_penalties(s.seq, prompt, output)?;
+            }
             s.computed = cached;
             if !s.admitted && self.cfg.prefix_cache {
                 self.stats.prefix_queried_tokens += s.req.prompt.len() as u64;
@@ -327,12 +360,13 @@ impl Scheduler {
                 }
             })
             .collect();
-        let sampled = runner.step(&steps)?;
+        let sampled = runner.step_sampled(&steps)?;
         self.stats.steps += 1;
         let max_seq_len = runner.config().max_seq_len;
         let mut outputs = Vec::new();
         let mut done = Vec::new();
-        for (&(i, take), &token) in plan.iter().zip(&sampled) {
+        for (&(i, take), out) in plan.iter().zip(sampled) {
+            let token = out.token;
             self.stats.tokens_computed += take as u64;
             let s = &mut self.running[i];
             s.computed += take;
@@ -356,6 +390,7 @@ impl Scheduler {
             outputs.push(Output {
                 id: s.req.id,
                 token,
+                logprobs: out.logprobs,
                 finish,
             });
             if finish.is_some() {
@@ -366,6 +401,7 @@ impl Scheduler {
         for &i in done.iter().rev() {
             let s = self.running.remove(i);
             runner.blocks.free(s.seq)?;
+            runner.end_penalties(s.seq);
             self.stats.finished += 1;
         }
         Ok(outputs)

@@ -294,13 +294,14 @@ fn run_loop(
             Ok(outputs) => {
                 let now = Instant::now();
                 for o in outputs {
-                    let alive = sinks.get_mut(&o.id).is_some_and(|l| l.token(o, now, m));
-                    if o.finish.is_some() {
-                        sinks.remove(&o.id);
+                    let (id, finished) = (o.id, o.finish.is_some());
+                    let alive = sinks.get_mut(&id).is_some_and(|l| l.token(o, now, m));
+                    if finished {
+                        sinks.remove(&id);
                     } else if !alive {
                         // The reader went away: free the request's blocks now.
-                        sinks.remove(&o.id);
-                        let _ = sched.abort(o.id, runner);
+                        sinks.remove(&id);
+                        let _ = sched.abort(id, runner);
                     }
                 }
             }

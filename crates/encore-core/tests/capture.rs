@@ -228,15 +228,15 @@ fn the_checks_catch_broken_backends() {
     let noop = Faulty::new(Fault::ReplayIsNoop);
     let results = testing::check_capture_replay(&noop, 5).unwrap();
     let failed: Vec<_> = results.iter().filter(|r| !r.pass).collect();
-    // A step that captures runs eagerly (the "capture" does), so step #0 is right; step #1
-    // replays nothing (its logits are step #0's) and writes no KV, so every step from
-    // there on is wrong, in both dtypes.
+    // A step that misses captures on all-padding inputs first, then replays: with replay
+    // a no-op, no decode step computes anything (its logits are stale) and none writes
+    // KV, so every decode step is wrong, in both dtypes.
     let wrong: Vec<&str> = failed
         .iter()
         .filter(|r| r.op.ends_with("logits"))
         .map(|r| r.op.as_str())
         .collect();
-    let expected: Vec<String> = (1..=5)
+    let expected: Vec<String> = (0..=5)
         .map(|i| format!("capture replay #{i}: logits"))
         .collect();
     assert_eq!(wrong, [expected.clone(), expected].concat(), "{failed:#?}");

@@ -364,6 +364,7 @@ fn windowed_model_matches_cpu() {
                 max_tokens_per_step: 32,
                 max_seqs: 2,
                 max_seq_len: 64,
+                penalty_slots: 0,
             },
         )
         .unwrap();
@@ -590,5 +591,83 @@ fn prefill_attention_tensor_core_random_cases_match_cpu() {
                 );
             }
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sampling_knobs_match_cpu() {
+    // min-p, penalties (applied on the fly) and log-probabilities, alone and together,
+    // against the CPU kernel on fresh random inputs (the cases of `testing::cases`).
+    let _g = serial();
+    let be = cuda();
+    let results = testing::check_backend_against_cpu(be.as_ref(), fresh_seed()).unwrap();
+    let sampling: Vec<_> = results
+        .into_iter()
+        .filter(|r| r.op.starts_with("sample("))
+        .collect();
+    for op in [
+        "sample(min_p) (random rows)",
+        "sample(penalties) (greedy rows)",
+        "sample(logprobs): top_logprobs ids",
+        "sample(logprobs): top_logprobs",
+        "sample(min_p, penalties, logprobs): token logprob (greedy rows)",
+    ] {
+        assert!(sampling.iter().any(|r| r.op == op), "no check named `{op}`");
+    }
+    assert_all_pass(&sampling);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sampling_counts_penalised_tokens_like_cpu() {
+    // Greedy rows (so both backends pick the same tokens): the count table after one
+    // sample call is the CPU's, rows without a valid slot count nothing.
+    use encore_core::testing::inputs::{rng, SampleInputs};
+    let _g = serial();
+    let be = cuda();
+    let cpu = CpuBackend::new();
+    for (batch, vocab) in [(40, 1003), (6, 32_000)] {
+        let mut r = rng(fresh_seed());
+        let mut i = SampleInputs::random(&mut r, batch, vocab).with_penalties(&mut r);
+        i.temperature.iter_mut().for_each(|t| *t = 0.0);
+        let run = |b: &dyn Backend| -> (Vec<i32>, Vec<i32>) {
+            let bs = [batch];
+            let up = |v: &[f32]| b.upload(v, &bs).unwrap();
+            let p = i.penalties.as_ref().unwrap();
+            let counts = b.upload(&p.counts, &[p.slots, vocab]).unwrap();
+            let slot = b.upload(&p.slot, &bs).unwrap();
+            let (rep, freq, pres) = (up(&p.repetition), up(&p.frequency), up(&p.presence));
+            let (t, tp, mp) = (up(&i.temperature), up(&i.top_p), up(&i.min_p));
+            let k = b.upload(&i.top_k, &bs).unwrap();
+            let seeds = b.upload(&i.seeds, &bs).unwrap();
+            let logits = b.upload(&i.logits, &[batch, vocab]).unwrap();
+            let out = b.alloc(DType::I32, &bs).unwrap();
+            let params = encore_core::Sampling {
+                temperature: &t,
+                top_k: &k,
+                top_p: &tp,
+                min_p: &mp,
+                seeds: &seeds,
+                penalties: Some(encore_core::Penalties {
+                    counts: &counts,
+                    slot: &slot,
+                    repetition: &rep,
+                    frequency: &freq,
+                    presence: &pres,
+                }),
+                logprobs: None,
+            };
+            b.sample(&logits, &params, &out).unwrap();
+            (b.download(&out).unwrap(), b.download(&counts).unwrap())
+        };
+        let (want_ids, want_counts) = run(&cpu);
+        let (ids, counts) = run(be.as_ref());
+        assert_eq!(ids, want_ids, "b={batch} vocab={vocab}");
+        assert!(
+            counts == want_counts,
+            "b={batch} vocab={vocab}: count tables differ"
+        );
+        assert_ne!(counts, i.penalties.as_ref().unwrap().counts);
     }
 }

@@ -283,6 +283,7 @@ fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
             max_tokens_per_step: 64,
             max_seqs: 2,
             max_seq_len: 64,
+            penalty_slots: 0,
         },
     )
     .unwrap();
@@ -294,6 +295,7 @@ fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
             top_k: 0,
             top_p: 1.0,
             seed: 0,
+            ..Default::default()
         },
         ignore_eos: true,
     };
@@ -1086,6 +1088,7 @@ fn real_gguf_smoke() {
             max_tokens_per_step: 64,
             max_seqs: 1,
             max_seq_len: 64,
+            penalty_slots: 0,
         },
     )
     .unwrap();
@@ -1096,6 +1099,7 @@ fn real_gguf_smoke() {
             top_k: 0,
             top_p: 1.0,
             seed: 0,
+            ..Default::default()
         },
         ignore_eos: true,
     };

@@ -60,6 +60,7 @@ fn check_graph_matches_eager(be: &dyn Backend, tol: f64, exact_tokens: bool) {
         top_k: 20,
         top_p: 0.9,
         seed: 5,
+        ..Default::default()
     };
     // Prompt lengths very different (>= 2: a one-token prompt would take the decode
     // graph path, which is correct but muddles the counts below); sequence ids 0..13.

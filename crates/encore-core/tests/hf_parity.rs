@@ -228,6 +228,7 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
             max_tokens_per_step: MAX_TOKENS_PER_STEP,
             max_seqs: n,
             max_seq_len: MAX_SEQ_LEN,
+            penalty_slots: 0,
         },
     )
     .map_err(ctx("Runner::new"))?;

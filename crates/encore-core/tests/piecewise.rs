@@ -75,6 +75,7 @@ fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
         top_k: 30,
         top_p: 0.95,
         seed: 11,
+        ..Default::default()
     };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut live: Vec<Seq> = Vec::new();

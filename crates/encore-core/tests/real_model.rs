@@ -77,6 +77,7 @@ fn greedy(
             max_tokens_per_step: 512,
             max_seqs: prompts.len(),
             max_seq_len,
+            penalty_slots: 0,
         },
     )
     .unwrap();
@@ -87,6 +88,7 @@ fn greedy(
             top_k: 0,
             top_p: 1.0,
             seed: 0,
+            ..Default::default()
         },
         ignore_eos: false,
     };

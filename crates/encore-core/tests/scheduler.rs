@@ -26,6 +26,7 @@ fn request(id: u64, prompt_len: usize, max_tokens: usize, temperature: f32) -> R
                 top_k: 40,
                 top_p: 0.9,
                 seed: 1000 + id,
+                ..Default::default()
             },
             max_tokens,
             stop_token_ids: Vec::new(),

@@ -45,6 +45,7 @@ fn request(id: u64, len: usize, max_tokens: usize) -> Request {
                 top_k: 0,
                 top_p: 1.0,
                 seed: len as u64,
+                ..Default::default()
             },
             max_tokens,
             stop_token_ids: Vec::new(),

@@ -23,10 +23,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use encore_core::generate::FinishReason;
 use encore_core::histogram::HistogramSnapshot;
-use encore_core::runner::SamplingParams;
+use encore_core::runner::{SamplingParams, TokenLogprobs};
 use encore_core::scheduler::{Request, RequestParams};
 use encore_core::serve::{EngineHandle, Event};
 use encore_core::tokenizer::{ChatMessage, StopMatcher, StreamDecoder, Tokenizer};
+use encore_core::MAX_TOP_LOGPROBS;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -426,6 +427,21 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
     let top_p = num("top_p", f64::MIN_POSITIVE, 1.0, 1.0)?;
     let top_k = int("top_k", -1, i32::MAX as i64)?.unwrap_or(0);
     let seed = int("seed", i64::MIN, i64::MAX)?;
+    let min_p = num("min_p", 0.0, 1.0, 0.0)?;
+    let presence_penalty = num("presence_penalty", -2.0, 2.0, 0.0)?;
+    let frequency_penalty = num("frequency_penalty", -2.0, 2.0, 0.0)?;
+    let repetition_penalty = match field(body, "repetition_penalty") {
+        None => 1.0,
+        Some(v) => match v.as_f64() {
+            Some(x) if x.is_finite() && x > 0.0 && x as f32 > 0.0 => x,
+            _ => {
+                return Err(ApiError::bad(
+                    "repetition_penalty",
+                    "`repetition_penalty` must be a number > 0",
+                ))
+            }
+        },
+    };
     let max_ctx = s.engine.max_seq_len as i64;
     let max_tokens = match int("max_completion_tokens", 1, max_ctx)? {
         Some(m) => Some(m),
@@ -504,7 +520,12 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
                 temperature: temperature as f32,
                 top_k: top_k as i32,
                 top_p: top_p as f32,
+                min_p: min_p as f32,
                 seed,
+                presence_penalty: presence_penalty as f32,
+                frequency_penalty: frequency_penalty as f32,
+                repetition_penalty: repetition_penalty as f32,
+                ..Default::default()
             },
             max_tokens,
             stop_token_ids,
@@ -677,11 +698,106 @@ impl Drop for AbortGuard {
     }
 }
 
+/// The number of top log-probabilities asked for, or `None`: completions' `logprobs`
+/// (an integer 0..=20), chat's `logprobs` (a boolean) with `top_logprobs` (0..=20, only
+/// with `logprobs: true`).
+fn parse_logprobs(body: &Value, kind: Kind) -> Result<Option<usize>, ApiError> {
+    let max = MAX_TOP_LOGPROBS as u64;
+    let count = |name: &'static str| -> Result<Option<usize>, ApiError> {
+        match field(body, name) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= max => Ok(Some(n as usize)),
+                _ => Err(ApiError::bad(
+                    name,
+                    format!("`{name}` must be an integer in [0, {max}]"),
+                )),
+            },
+        }
+    };
+    match kind {
+        Kind::Completion => count("logprobs"),
+        Kind::Chat => {
+            let on = match field(body, "logprobs") {
+                None => false,
+                Some(v) => v
+                    .as_bool()
+                    .ok_or_else(|| ApiError::bad("logprobs", "`logprobs` must be a boolean"))?,
+            };
+            let top = count("top_logprobs")?;
+            if top.is_some() && !on {
+                return Err(ApiError::bad(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                ));
+            }
+            Ok(on.then_some(top.unwrap_or(0)))
+        }
+    }
+}
+
+/// The text of one token for log-probability entries (invalid UTF-8 of a partial
+/// character is replaced).
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// The OpenAI `logprobs` object of `entries` (tokens with their log-probabilities):
+/// completions' `{tokens, token_logprobs, top_logprobs, text_offset}` with offsets from
+/// `*offset` (advanced past the tokens), chat's `{content: [{token, logprob, bytes,
+/// top_logprobs}]}`.
+fn logprobs_json(
+    tok: &Tokenizer,
+    kind: Kind,
+    entries: &[(u32, TokenLogprobs)],
+    offset: &mut usize,
+) -> Value {
+    match kind {
+        Kind::Completion => {
+            let (mut tokens, mut lps, mut tops, mut offsets) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for (id, lp) in entries {
+                let text = token_text(tok, *id);
+                offsets.push(*offset);
+                *offset += text.len();
+                tokens.push(text);
+                lps.push(lp.logprob);
+                // Keyed by text: of tokens with the same text the likelier stays.
+                let mut top = serde_json::Map::new();
+                for &(t, l) in &lp.top {
+                    top.entry(token_text(tok, t)).or_insert(json!(l));
+                }
+                tops.push(Value::Object(top));
+            }
+            json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+        }
+        Kind::Chat => {
+            let entry = |id: u32, l: f32| {
+                let text = token_text(tok, id);
+                json!({"token": text, "logprob": l, "bytes": text.as_bytes()})
+            };
+            let content: Vec<Value> = entries
+                .iter()
+                .map(|(id, lp)| {
+                    let mut e = entry(*id, lp.logprob);
+                    e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+                    e
+                })
+                .collect();
+            json!({ "content": content })
+        }
+    }
+}
+
 async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -> Response {
-    let c = match parse_common(&s, &body) {
+    let mut c = match parse_common(&s, &body) {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
+    match parse_logprobs(&body, kind) {
+        Ok(n) => c.params.sampling.logprobs = n,
+        Err(e) => return e.into_response(),
+    }
     s.requests_total.fetch_add(1, Ordering::Relaxed);
     if s.draining.load(Ordering::SeqCst) {
         return shutting_down().into_response();
@@ -779,6 +895,10 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
         let mut rx = rx;
         let mut text = TextOut::new(&tokenizer, &prompt, stop);
         let mut n = 0usize;
+        // Log-probabilities of tokens not yet sent (a token may add no text), and the
+        // text offset of the next one.
+        let mut pending: Vec<(u32, TokenLogprobs)> = Vec::new();
+        let mut offset = 0usize;
         let cut = cut_off(cut);
         tokio::pin!(cut);
         loop {
@@ -798,30 +918,37 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
             match ev {
                 Event::Token(o) => {
                     n += 1;
+                    if let Some(lp) = o.logprobs.clone() {
+                        pending.push((o.token, lp));
+                    }
                     let (delta, stopped) = text.push(o.token, o.finish.is_some());
                     let finish = if stopped {
                         Some("stop")
                     } else {
                         o.finish.map(finish_name)
                     };
-                    if (!delta.is_empty() || finish.is_some())
-                        && out_tx
-                            .send(
-                                chunk(
-                                    kind,
-                                    chunk_object,
-                                    &rid,
-                                    created,
-                                    &model,
-                                    &delta,
-                                    finish,
-                                    n == 1,
-                                )
-                                .to_string(),
-                            )
-                            .is_err()
-                    {
-                        return;
+                    if !delta.is_empty() || finish.is_some() {
+                        let lps = if pending.is_empty() {
+                            Value::Null
+                        } else {
+                            let v = logprobs_json(&tokenizer, kind, &pending, &mut offset);
+                            pending.clear();
+                            v
+                        };
+                        let c = chunk(
+                            kind,
+                            chunk_object,
+                            &rid,
+                            created,
+                            &model,
+                            &delta,
+                            finish,
+                            n == 1,
+                            lps,
+                        );
+                        if out_tx.send(c.to_string()).is_err() {
+                            return;
+                        }
                     }
                     if finish.is_some() {
                         // A stop string ends the request here; the engine may still be
@@ -863,17 +990,18 @@ fn chunk(
     delta: &str,
     finish: Option<&str>,
     first: bool,
+    logprobs: Value,
 ) -> Value {
     let choice = match kind {
         Kind::Completion => {
-            json!({"index": 0, "text": delta, "logprobs": null, "finish_reason": finish})
+            json!({"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish})
         }
         Kind::Chat => {
             let mut d = json!({"content": delta});
             if first {
                 d["role"] = json!("assistant");
             }
-            json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": finish})
+            json!({"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish})
         }
     };
     json!({"id": rid, "object": object, "created": created, "model": model, "choices": [choice]})
@@ -897,6 +1025,7 @@ async fn whole(
     model: String,
 ) -> Response {
     let mut ids = Vec::new();
+    let mut logprobs: Vec<(u32, TokenLogprobs)> = Vec::new();
     // With stop strings the text is built as it streams, to end at the first one.
     let mut stop_text =
         (!stop.is_empty()).then(|| (TextOut::new(&s.tokenizer, &prompt, stop), String::new()));
@@ -911,6 +1040,9 @@ async fn whole(
         match ev {
             Some(Event::Token(o)) => {
                 ids.push(o.token);
+                if let Some(lp) = o.logprobs.clone() {
+                    logprobs.push((o.token, lp));
+                }
                 if let Some((t, acc)) = &mut stop_text {
                     let (piece, stopped) = t.push(o.token, o.finish.is_some());
                     acc.push_str(&piece);
@@ -957,12 +1089,17 @@ async fn whole(
             .into_response()
         }
     };
+    let lps = if logprobs.is_empty() {
+        Value::Null
+    } else {
+        logprobs_json(&s.tokenizer, kind, &logprobs, &mut 0)
+    };
     let choice = match kind {
         Kind::Completion => {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish, "token_ids": ids})
+            json!({"index": 0, "text": text, "logprobs": lps, "finish_reason": finish, "token_ids": ids})
         }
         Kind::Chat => {
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish, "token_ids": ids})
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lps, "finish_reason": finish, "token_ids": ids})
         }
     };
     Json(json!({

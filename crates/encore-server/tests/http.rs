@@ -907,3 +907,150 @@ fn latency_histograms_and_graph_replays_in_metrics() {
         "{text}"
     );
 }
+
+#[test]
+fn sampling_fields_out_of_range_get_400_naming_them() {
+    let s = start(None);
+    let cases: [(&str, &str, &str); 10] = [
+        ("/v1/completions", r#""min_p": 1.5"#, "min_p"),
+        (
+            "/v1/completions",
+            r#""presence_penalty": -2.5"#,
+            "presence_penalty",
+        ),
+        (
+            "/v1/completions",
+            r#""frequency_penalty": "x""#,
+            "frequency_penalty",
+        ),
+        (
+            "/v1/completions",
+            r#""repetition_penalty": 0"#,
+            "repetition_penalty",
+        ),
+        ("/v1/completions", r#""logprobs": 21"#, "logprobs"),
+        ("/v1/completions", r#""logprobs": true"#, "logprobs"),
+        ("/v1/chat/completions", r#""logprobs": 3"#, "logprobs"),
+        (
+            "/v1/chat/completions",
+            r#""logprobs": true, "top_logprobs": 21"#,
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            r#""top_logprobs": 2"#,
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            r#""repetition_penalty": -1"#,
+            "repetition_penalty",
+        ),
+    ];
+    for (path, extra, param) in cases {
+        let input = if path.ends_with("chat/completions") {
+            r#""messages": [{"role": "user", "content": "hi"}]"#
+        } else {
+            r#""prompt": "hi""#
+        };
+        let body = format!(r#"{{"model": "dummy:tiny", {input}, {extra}}}"#);
+        let (st, b) = http(s.addr, "POST", path, Some(&body), &[]);
+        assert_eq!(st, 400, "{body}: {b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(v["error"]["param"], param, "{body}: {b}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(param),
+            "{b}"
+        );
+    }
+}
+
+#[test]
+fn logprobs_come_back_in_the_openai_shapes() {
+    let s = start(None);
+    // Completions, greedy: the sampled token is the most likely one.
+    let (st, v) = post(
+        s.addr,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "Hello", "max_tokens": 6, "temperature": 0,
+               "ignore_eos": true, "logprobs": 3, "min_p": 0.1,
+               "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let choice = &v["choices"][0];
+    let lp = &choice["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 6, "{lp}");
+    let token_lps = lp["token_logprobs"].as_array().unwrap();
+    let tops = lp["top_logprobs"].as_array().unwrap();
+    let offsets = lp["text_offset"].as_array().unwrap();
+    assert_eq!((token_lps.len(), tops.len(), offsets.len()), (6, 6, 6));
+    for (i, top) in tops.iter().enumerate() {
+        let top = top.as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3, "{top:?}");
+        let best = top
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        let lp = token_lps[i].as_f64().unwrap();
+        assert!(
+            lp <= 0.0 && (lp - best).abs() < 1e-6,
+            "greedy takes the top: {lp} vs {top:?}"
+        );
+    }
+    assert_eq!(offsets[0], 0);
+
+    // Chat, greedy: content[i].top_logprobs[0] is the sampled token.
+    let (st, v) = post(
+        s.addr,
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+               "max_tokens": 5, "temperature": 0, "ignore_eos": true,
+               "logprobs": true, "top_logprobs": 2}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 5);
+    for e in content {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2, "{e}");
+        assert_eq!(top[0]["token"], e["token"], "{e}");
+        assert_eq!(top[0]["logprob"], e["logprob"], "{e}");
+        assert!(
+            top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64(),
+            "{e}"
+        );
+        assert!(e["bytes"].is_array());
+    }
+    // Without logprobs: null.
+    let (_, v) = post(
+        s.addr,
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    );
+    assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
+
+    // Streamed: every token's entry arrives, in the chunks.
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                      "max_tokens": 7, "temperature": 0, "ignore_eos": true,
+                      "stream": true, "logprobs": true});
+    let (st, b) = http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body.to_string()),
+        &[],
+    );
+    assert_eq!(st, 200);
+    let entries: usize = sse(&b)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            v["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .map_or(0, |c| c.len())
+        })
+        .sum();
+    assert_eq!(entries, 7, "{b}");
+}

@@ -140,6 +140,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
         max_tokens_per_step: max_batch.max(max_tokens),
         max_seqs: max_batch,
         max_seq_len: a.max_seq_len,
+        penalty_slots: 0,
     };
     // `private` holds every bucket's need at once (the others hold the largest).
     let mut need = runner_cfg.memory_need(be, &cfg, dtype);

@@ -270,6 +270,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             top_k: a.top_k,
             top_p: a.top_p,
             seed: a.seed,
+            ..Default::default()
         },
         max_tokens: a.max_tokens,
         stop_token_ids: tokenizer.eos_token_ids(),

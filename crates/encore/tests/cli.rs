@@ -854,6 +854,7 @@ fn generate_on_the_engine_loop_matches_offline_generation() {
         top_k: 20,
         top_p: 0.9,
         seed: 7,
+        ..Default::default()
     };
     for (extra, sampling) in [
         (&[][..], SamplingParams::default()),

@@ -158,21 +158,40 @@ impl Attention<'_> {
     }
 }
 
+/// Most top log-probabilities [`Backend::sample`] returns per row (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Flag bit of a [`Penalties::counts`] entry: the token occurs in the prompt. The bits
+/// below it hold how often it was sampled.
+pub const PROMPT_BIT: i32 = 1 << 30;
+
 /// Per-row sampling parameters, all in device tensors so a graph replays with new values.
 ///
 /// Row `r` (logits `l`, vocabulary `V`):
-/// - `temperature[r] <= 0`: greedy: the index of the largest logit (the smallest index
-///   among equal maxima; NaN is never chosen unless the whole row is NaN, then 0).
-/// - otherwise with `z = l / temperature[r]`, `e_i = exp(z_i - max z)`:
-///   1. top-k: if `0 < top_k[r] < V`, keep tokens whose logit is `>=` the `top_k`-th
-///      largest logit (ties at the threshold are all kept); else keep all.
-///   2. top-p: if `0 < top_p[r] < 1`, with `S` the sum of `e` over kept tokens, find the
-///      largest threshold `τ` among kept logits such that the sum of `e_i` over kept
-///      tokens with `l_i >= τ` is `>= top_p * S`; keep only those tokens.
-///   3. draw `u = uniform(seeds[r])` (see `crate::ops::uniform_from_seed`, identical on
-///      every backend), `target = u * Z` with `Z` the kept mass, and return the smallest
-///      kept index `i` whose running sum of kept `e` over indices `<= i` exceeds
-///      `target` (the last kept index if rounding leaves none).
+/// 0. penalties (rows with a valid `penalties.slot[r]`, see [`Penalties`]): each `l_i`
+///    is replaced by its penalised value; everything below reads the penalised row. The
+///    `logits` tensor itself is never written.
+/// 1. log-probabilities (rows with `0 <= logprobs.num[r]`, see [`SampleLogprobs`]) of the
+///    (penalised) row, before temperature and truncation.
+/// 2. `temperature[r] <= 0`: greedy: the index of the largest logit (the smallest index
+///    among equal maxima; NaN is never chosen unless the whole row is NaN, then 0).
+/// 3. otherwise with `z = l / temperature[r]`, `e_i = exp(z_i - max z)`:
+///    1. min-p: if `min_p[r] > 0`, keep tokens with `e_i >= min(min_p[r], 1)` (their
+///       probability is at least `min_p` times the largest); else keep all;
+///    2. top-k: if `0 < top_k[r] < V`, also require the logit to be `>=` the `top_k`-th
+///       largest logit (ties at the threshold are all kept);
+///    3. top-p: if `0 < top_p[r] < 1`, with `S` the sum of `e` over kept tokens, find the
+///       largest threshold `τ` among kept logits such that the sum of `e_i` over kept
+///       tokens with `l_i >= τ` is `>= top_p * S`; keep only those tokens;
+///    4. draw `u = uniform(seeds[r])` (see `crate::ops::uniform_from_seed`, identical on
+///       every backend), `target = u * Z` with `Z` the kept mass, and return the smallest
+///       kept index `i` whose running sum of kept `e` over indices `<= i` exceeds
+///       `target` (the last kept index if rounding leaves none).
+///
+///    Min-p, top-k and top-p each keep every token above a logit threshold, so the kept
+///    set is the tokens at or above the largest of the three.
+/// 4. rows with a valid penalty slot count the returned token:
+///    `counts[slot, token] += 1`.
 ///
 /// The engine writes a fresh seed per row per step (e.g. request seed mixed with step).
 pub struct Sampling<'a> {
@@ -182,19 +201,93 @@ pub struct Sampling<'a> {
     pub top_k: &'a Tensor,
     /// f32 `[batch]`.
     pub top_p: &'a Tensor,
+    /// f32 `[batch]`; `<= 0` (or NaN): off.
+    pub min_p: &'a Tensor,
     /// i64 `[batch]`.
     pub seeds: &'a Tensor,
+    /// Repetition, frequency and presence penalties; `None`: no row has any.
+    pub penalties: Option<Penalties<'a>>,
+    /// Where log-probabilities go; `None`: no row asks for them.
+    pub logprobs: Option<SampleLogprobs<'a>>,
+}
+
+/// Penalties of [`Sampling`], with vLLM's (and Hugging Face's) semantics, applied in this
+/// order to the logit `l` of token `i` of a row whose slot is `s` (`0 <= s < slots`; any
+/// other slot: the row has no penalties and counts nothing), with `c = counts[s, i]`,
+/// `n = c & (PROMPT_BIT - 1)` its output count:
+/// - repetition (`c != 0`: the token is in the prompt or the output): `l > 0 ? l / rep :
+///   l * rep`;
+/// - frequency: `l - frequency * n`;
+/// - presence (`n > 0`): `l - presence`.
+///
+/// Each step in f32 with one rounding (no fused multiply-add), so every backend computes
+/// the same value. After sampling, the row's returned token is counted (see
+/// [`Sampling`]). Two rows of one call should not share a slot (their counts would
+/// race); the result stays defined.
+pub struct Penalties<'a> {
+    /// i32 `[slots, V]`, read and updated: per slot (a sequence) and token, the
+    /// [`PROMPT_BIT`] and the output count.
+    pub counts: &'a Tensor,
+    /// i32 `[batch]`: the row's slot in `counts`; `-1`: none.
+    pub slot: &'a Tensor,
+    /// f32 `[batch]`; 1: off.
+    pub repetition: &'a Tensor,
+    /// f32 `[batch]`; 0: off.
+    pub frequency: &'a Tensor,
+    /// f32 `[batch]`; 0: off.
+    pub presence: &'a Tensor,
+}
+
+/// Log-probability outputs of [`Sampling`]. For a row with `0 <= num[r]` (values above
+/// `N` count as `N`), with `l` the penalised row, `m` its largest non-NaN logit and
+/// `lse = m + ln(sum over non-NaN l_j of exp(l_j - m))`, a token's log-probability is
+/// `(l_i - m) - ln(sum)`:
+/// - `token[r]`: the returned token's;
+/// - `top_ids[r, ..num]`, `top[r, ..num]`: the `num` largest non-NaN logits' tokens and
+///   log-probabilities, largest first, ties by smaller index; entries past the row's
+///   non-NaN count hold id -1 and `-inf`.
+///
+/// Rows with `num[r] < 0` write nothing and cost nothing; entries past `num[r]` are left
+/// as they are.
+pub struct SampleLogprobs<'a> {
+    /// i32 `[batch]`: how many top entries; `-1`: none (not even `token`).
+    pub num: &'a Tensor,
+    /// f32 `[batch]`.
+    pub token: &'a Tensor,
+    /// i32 `[batch, N]`, `N <= MAX_TOP_LOGPROBS`.
+    pub top_ids: &'a Tensor,
+    /// f32 `[batch, N]`.
+    pub top: &'a Tensor,
 }
 
 impl Sampling<'_> {
     /// Every tensor argument with its name (for device checks and errors).
-    pub fn tensors(&self) -> [(&'static str, &Tensor); 4] {
-        [
+    pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut ts = vec![
             ("temperature", self.temperature),
             ("top_k", self.top_k),
             ("top_p", self.top_p),
+            ("min_p", self.min_p),
             ("seeds", self.seeds),
-        ]
+        ];
+        if let Some(p) = &self.penalties {
+            ts.extend([
+                ("counts", p.counts),
+                ("slot", p.slot),
+                ("repetition", p.repetition),
+                ("frequency", p.frequency),
+                ("presence", p.presence),
+            ]);
+        }
+        if let Some(l) = &self.logprobs {
+            ts.extend([
+                ("num_logprobs", l.num),
+                ("token_logprob", l.token),
+                ("top_ids", l.top_ids),
+                ("top_logprobs", l.top),
+            ]);
+        }
+        ts
     }
 }
 

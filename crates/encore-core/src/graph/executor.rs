@@ -7,7 +7,7 @@
 //!
 //! Nothing here knows the model: a step is anything implementing [`Pieces`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use crate::backend::{Backend, Graph};
@@ -108,6 +108,9 @@ pub struct Executor<S> {
     arena: Arena,
     entries: BTreeMap<Key, Entry<S>>,
     stats: BTreeMap<Key, GraphStats>,
+    /// Keys captured ahead of the replay that needed them ([`Executor::capture_ahead`]):
+    /// that replay counts as the miss.
+    ahead: BTreeSet<Key>,
 }
 
 impl<S> Executor<S> {
@@ -117,6 +120,7 @@ impl<S> Executor<S> {
             arena: Arena::for_graphs(be, arena_bytes, memory)?,
             entries: BTreeMap::new(),
             stats: BTreeMap::new(),
+            ahead: BTreeSet::new(),
         })
     }
 
@@ -134,6 +138,26 @@ impl<S> Executor<S> {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.stats.clear();
+        self.ahead.clear();
+    }
+
+    /// Capture `key` from `warm`, a step of the key's shape whose results do not matter
+    /// (capturing runs it eagerly once), unless it is captured already; the next
+    /// [`Executor::replay`] of `key` counts as its miss. For steps with side effects
+    /// that must happen once (a replay after a capture from the step itself would run
+    /// them twice).
+    pub fn capture_ahead<P: Pieces<State = S>>(
+        &mut self,
+        be: &dyn Backend,
+        key: Key,
+        warm: &P,
+    ) -> Result<()> {
+        if self.entries.contains_key(&key) {
+            return Ok(());
+        }
+        self.capture(be, key, warm)?;
+        self.ahead.insert(key);
+        Ok(())
     }
 
     /// Run `step` eagerly in a fresh arena epoch: piece 0, seam 0, piece 1, ...
@@ -220,8 +244,9 @@ impl<S> Executor<S> {
                 format!("{real} rows do not fit bucket {key}"),
             ));
         }
-        let miss = !self.entries.contains_key(&key);
-        if miss {
+        let captured_ahead = self.ahead.remove(&key);
+        let miss = !self.entries.contains_key(&key) || captured_ahead;
+        if !self.entries.contains_key(&key) {
             self.capture(be, key, step)?;
         }
         let s = self.stats.entry(key).or_default();

@@ -2,7 +2,7 @@
 //! backend (poisoned outputs, results read back to the host), how to compute it with the
 //! f64 reference, and how two results of a case compare.
 
-use crate::backend::{Attention, Backend, QkvRope, Sampling};
+use crate::backend::{Attention, Backend, Penalties, QkvRope, SampleLogprobs, Sampling};
 use crate::error::Result;
 use crate::tensor::DType;
 
@@ -67,7 +67,11 @@ pub(crate) enum Output {
         row_len: usize,
     },
     /// Token ids; `greedy[r]` says row `r` must match exactly.
-    Tokens { ids: Vec<i32>, greedy: Vec<bool> },
+    Tokens {
+        name: &'static str,
+        ids: Vec<i32>,
+        greedy: Vec<bool>,
+    },
 }
 
 /// Every case, on fresh inputs drawn from `seed`. Shapes are modest (the whole list runs
@@ -262,7 +266,76 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             Op::Sample(inputs),
         );
     }
+    // Min-p, penalties and log-probabilities, alone and together (vocab 1003: not a
+    // multiple of 4, so the CUDA kernel's scalar loads run too).
+    for (batch, vocab) in [(100, 1000), (8, 32_000), (30, 1003)] {
+        for knobs in [
+            "min_p",
+            "penalties",
+            "logprobs",
+            "min_p, penalties, logprobs",
+        ] {
+            let mut inputs = SampleInputs::random(&mut rng, batch, vocab);
+            if knobs.contains("min_p") {
+                inputs = inputs.with_min_p(&mut rng);
+            }
+            if knobs.contains("penalties") {
+                inputs = inputs.with_penalties(&mut rng);
+            }
+            if knobs.contains("logprobs") {
+                inputs = inputs.with_logprobs(&mut rng, crate::backend::MAX_TOP_LOGPROBS);
+            }
+            push(
+                format!("sample({knobs})"),
+                format!("b={batch} vocab={vocab}"),
+                DType::F32,
+                Op::Sample(inputs),
+            );
+        }
+    }
     out
+}
+
+/// The log-probability outputs of a sample case, from per-row token log-probabilities
+/// and `[batch, N]` top ids and log-probabilities: the top entries each row asked for
+/// (ids exactly, values as floats) and the token log-probabilities of the greedy rows
+/// that asked (a random row may legitimately draw another token on another backend).
+fn logprob_outputs(i: &SampleInputs, token: &[f64], ids: &[i32], top: &[f64]) -> Vec<Output> {
+    let Some((num, width)) = &i.logprobs else {
+        return Vec::new();
+    };
+    let greedy = greedy_rows(&i.temperature);
+    let (mut top_ids, mut top_values, mut token_values) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..i.batch {
+        let Ok(n) = usize::try_from(num[r]) else {
+            continue;
+        };
+        let n = n.min(*width);
+        top_ids.extend_from_slice(&ids[r * width..r * width + n]);
+        top_values.extend_from_slice(&top[r * width..r * width + n]);
+        if greedy[r] {
+            token_values.push(token[r]);
+        }
+    }
+    vec![
+        Output::Tokens {
+            name: "top_logprobs ids",
+            greedy: vec![true; top_ids.len()],
+            ids: top_ids,
+        },
+        Output::Floats {
+            name: "top_logprobs",
+            values: top_values,
+            class: OpClass::Reduction,
+            row_len: 0,
+        },
+        Output::Floats {
+            name: "token logprob (greedy rows)",
+            values: token_values,
+            class: OpClass::Reduction,
+            row_len: 0,
+        },
+    ]
 }
 
 /// Rows that sample greedily (temperature `<= 0`, or NaN).
@@ -433,19 +506,65 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             let bs = [i.batch];
             let (temperature, top_k) = (b.upload(&i.temperature, &bs)?, b.upload(&i.top_k, &bs)?);
             let (top_p, seeds) = (b.upload(&i.top_p, &bs)?, b.upload(&i.seeds, &bs)?);
+            let min_p = b.upload(&i.min_p, &bs)?;
             let out = fresh(DType::I32, &bs)?;
-            let params = Sampling {
-                temperature: &temperature,
-                top_k: &top_k,
-                top_p: &top_p,
-                seeds: &seeds,
+            let pen = match &i.penalties {
+                Some(p) => Some((
+                    b.upload(&p.counts, &[p.slots, i.vocab])?,
+                    b.upload(&p.slot, &bs)?,
+                    b.upload(&p.repetition, &bs)?,
+                    b.upload(&p.frequency, &bs)?,
+                    b.upload(&p.presence, &bs)?,
+                )),
+                None => None,
             };
+            let lp = match &i.logprobs {
+                Some((num, n)) => Some((
+                    b.upload(num, &bs)?,
+                    fresh(DType::F32, &bs)?,
+                    fresh(DType::I32, &[i.batch, *n])?,
+                    fresh(DType::F32, &[i.batch, *n])?,
+                )),
+                None => None,
+            };
+            let params =
+                Sampling {
+                    temperature: &temperature,
+                    top_k: &top_k,
+                    top_p: &top_p,
+                    min_p: &min_p,
+                    seeds: &seeds,
+                    penalties: pen.as_ref().map(
+                        |(counts, slot, repetition, frequency, presence)| Penalties {
+                            counts,
+                            slot,
+                            repetition,
+                            frequency,
+                            presence,
+                        },
+                    ),
+                    logprobs: lp
+                        .as_ref()
+                        .map(|(num, token, top_ids, top)| SampleLogprobs {
+                            num,
+                            token,
+                            top_ids,
+                            top,
+                        }),
+                };
             b.sample(&logits, &params, &out)?;
             let greedy = greedy_rows(&i.temperature);
-            vec![Output::Tokens {
+            let mut outs = vec![Output::Tokens {
+                name: "tokens",
                 ids: b.download(&out)?,
                 greedy,
-            }]
+            }];
+            if let Some((_, token, top_ids, top)) = &lp {
+                let token = download_f64(b, token)?;
+                let top = download_f64(b, top)?;
+                outs.extend(logprob_outputs(i, &token, &b.download(top_ids)?, &top));
+            }
+            outs
         }
     })
 }
@@ -536,17 +655,26 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             vec![attention_out(out, s.head_dim)]
         }
         Op::Sample(i) => {
-            let logits: Vec<f64> = i.logits.iter().map(|&v| v as f64).collect();
-            let ids = reference::sample(
-                &logits,
-                i.vocab,
-                &i.temperature,
-                &i.top_k,
-                &i.top_p,
-                &i.seeds,
-            );
+            let r = reference::sample(i);
             let greedy = greedy_rows(&i.temperature);
-            vec![Output::Tokens { ids, greedy }]
+            let mut outs = vec![Output::Tokens {
+                name: "tokens",
+                ids: r.ids,
+                greedy,
+            }];
+            if let Some((_, width)) = &i.logprobs {
+                let (mut token, mut ids, mut top) = (Vec::new(), Vec::new(), Vec::new());
+                for row in &r.logprobs {
+                    let (t, entries) = row.clone().unwrap_or((0.0, Vec::new()));
+                    token.push(t);
+                    let mut entries = entries;
+                    entries.resize(*width, (-1, 0.0));
+                    ids.extend(entries.iter().map(|e| e.0));
+                    top.extend(entries.iter().map(|e| e.1));
+                }
+                outs.extend(logprob_outputs(i, &token, &ids, &top));
+            }
+            outs
         }
     }
 }
@@ -594,15 +722,27 @@ pub(crate) fn compare(
                     tol,
                 ));
             }
-            (Output::Tokens { ids, greedy, .. }, Output::Tokens { ids: want, .. }) => {
+            (
+                Output::Tokens {
+                    name: tokens_name,
+                    ids,
+                    greedy,
+                },
+                Output::Tokens { ids: want, .. },
+            ) => {
                 let (random, exact_rows) = token_mismatches(ids, want, greedy);
                 let n_greedy = greedy.iter().filter(|g| **g).count();
                 let n_random = greedy.len() - n_greedy;
+                let base = if *tokens_name == "tokens" {
+                    case.name.clone()
+                } else {
+                    label(tokens_name)
+                };
                 if n_greedy > 0 {
                     let name = if n_random > 0 {
-                        format!("{} (greedy rows)", case.name)
+                        format!("{base} (greedy rows)")
                     } else {
-                        case.name.clone()
+                        base.clone()
                     };
                     results.push(CheckResult::new(
                         name,
@@ -618,7 +758,7 @@ pub(crate) fn compare(
                     } else {
                         allowed_sample_mismatches(greedy.len())
                     };
-                    let name = format!("{} (random rows)", case.name);
+                    let name = format!("{base} (random rows)");
                     results.push(CheckResult::new(
                         name,
                         case.shape.clone(),

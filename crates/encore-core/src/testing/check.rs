@@ -76,8 +76,9 @@ const REPLAY_DECODE: [usize; 6] = [3, 3, 2, 3, 1, 2];
 /// eagerly and in graph mode (buckets 1, 2, 4) side by side: one prefill step of three
 /// prompts of random lengths, then decode steps of 3, 3, 2, 3, 1 and 2 sequences, so each
 /// bucket is captured on its first step and replayed after that, with padding rows. Both
-/// runners are fed the eager runner's tokens. One sequence samples greedily, one with
-/// top-k and top-p, one at temperature 1. Compared at every step: the logits (normalised
+/// runners are fed the eager runner's tokens. One sequence samples greedily with a
+/// repetition penalty, one with min-p, top-k, top-p and all three penalties (counted
+/// inside the graphs), one at temperature 1. Compared at every step: the logits (normalised
 /// error over the batch) and the greedy and sampled tokens; and at the end, that every
 /// decode step ran a graph.
 ///
@@ -98,15 +99,26 @@ pub fn check_capture_replay(backend: &dyn Backend, seed: u64) -> Result<Vec<Chec
             (false, DType::F32) => 1e-4,
             (false, _) => 3e-2,
         };
-        let sampling: Vec<SamplingParams> = [(0.0, 0, 1.0), (0.8, 20, 0.9), (1.0, 0, 1.0)]
-            .into_iter()
-            .map(|(temperature, top_k, top_p)| SamplingParams {
+        let sampling: Vec<SamplingParams> = [
+            (0.0, 0, 1.0, 0.0, [1.5, 0.0, 0.0]),
+            (0.8, 20, 0.9, 0.05, [1.3, 0.2, 0.3]),
+            (1.0, 0, 1.0, 0.0, [1.0, 0.0, 0.0]),
+        ]
+        .into_iter()
+        .map(
+            |(temperature, top_k, top_p, min_p, [rep, freq, pres])| SamplingParams {
                 temperature,
                 top_k,
                 top_p,
+                min_p,
                 seed: rng.random(),
-            })
-            .collect();
+                repetition_penalty: rep,
+                frequency_penalty: freq,
+                presence_penalty: pres,
+                logprobs: None,
+            },
+        )
+        .collect();
         let greedy: Vec<bool> = sampling.iter().map(|s| s.temperature <= 0.0).collect();
         // Prompts of at least 2 tokens (a 1-token prompt would be a decode step).
         let prompts: Vec<Vec<u32>> = (0..REPLAY_SEQS)
@@ -118,6 +130,9 @@ pub fn check_capture_replay(backend: &dyn Backend, seed: u64) -> Result<Vec<Chec
         for runner in [&mut eager, &mut graph] {
             for (s, p) in prompts.iter().enumerate() {
                 runner.blocks.allocate(SeqId(s as u64), p.len())?;
+                if sampling[s].has_penalties() {
+                    runner.begin_penalties(SeqId(s as u64), p, &[])?;
+                }
             }
         }
         let prefill: Vec<SeqStep<'_>> = prompts
@@ -240,6 +255,7 @@ fn replay_runner(be: &dyn Backend, dtype: DType, seed: u64, graph: bool) -> Resu
             max_tokens_per_step: REPLAY_SEQS * 12,
             max_seqs: REPLAY_MAX_SEQS,
             max_seq_len: REPLAY_MAX_LEN,
+            penalty_slots: REPLAY_MAX_SEQS,
         },
     )?;
     if graph {

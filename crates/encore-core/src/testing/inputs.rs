@@ -365,14 +365,32 @@ impl AttentionInputs {
 /// (at the maximum, at top-k and top-p thresholds). Parameters mix greedy rows
 /// (temperature 0), top-k 0 (off), 1, small, `vocab` and beyond, top-p 1 (off), 0 (off),
 /// tiny and typical values.
+///
+/// The knobs beyond those are off unless a `with_*` method sets them: min-p 0, no
+/// penalty tensors, no log-probability tensors.
 pub struct SampleInputs {
     pub logits: Vec<f32>,
     pub temperature: Vec<f32>,
     pub top_k: Vec<i32>,
     pub top_p: Vec<f32>,
+    pub min_p: Vec<f32>,
     pub seeds: Vec<i64>,
+    pub penalties: Option<PenaltyInputs>,
+    /// Per row how many top log-probabilities (-1: none), and the top width `N`.
+    pub logprobs: Option<(Vec<i32>, usize)>,
     pub batch: usize,
     pub vocab: usize,
+}
+
+/// The penalty tensors of [`SampleInputs`]: a count table and per-row slots and factors.
+pub struct PenaltyInputs {
+    /// `[slots, vocab]`: the prompt bit and output counts.
+    pub counts: Vec<i32>,
+    pub slots: usize,
+    pub slot: Vec<i32>,
+    pub repetition: Vec<f32>,
+    pub frequency: Vec<f32>,
+    pub presence: Vec<f32>,
 }
 
 impl SampleInputs {
@@ -397,10 +415,82 @@ impl SampleInputs {
             top_p: (0..batch)
                 .map(|_| ps[rng.random_range(0..ps.len())])
                 .collect(),
+            min_p: vec![0.0; batch],
             seeds: (0..batch).map(|_| rng.random()).collect(),
+            penalties: None,
+            logprobs: None,
             batch,
             vocab,
         }
+    }
+
+    /// Min-p on most rows: off (0, negative), tiny, typical, large and above 1.
+    pub fn with_min_p(mut self, rng: &mut StdRng) -> Self {
+        let ps = [0.0, 0.05, 0.1, 0.3, 0.9, 1.5, -0.2, 1e-4];
+        self.min_p = (0..self.batch)
+            .map(|_| ps[rng.random_range(0..ps.len())])
+            .collect();
+        self
+    }
+
+    /// Penalties: a table of `batch + 2` slots (about a tenth of the tokens flagged as in
+    /// the prompt, a tenth with output counts 1..=4, some both); every row a distinct
+    /// slot except some without one (-1) or with one out of range (no penalties), and
+    /// factors mixing off and on values of both signs.
+    pub fn with_penalties(mut self, rng: &mut StdRng) -> Self {
+        let slots = self.batch + 2;
+        let counts = (0..slots * self.vocab)
+            .map(|_| {
+                let prompt = if rng.random_bool(0.1) {
+                    crate::backend::PROMPT_BIT
+                } else {
+                    0
+                };
+                let n = if rng.random_bool(0.1) {
+                    rng.random_range(1..=4)
+                } else {
+                    0
+                };
+                prompt | n
+            })
+            .collect();
+        let mut order: Vec<i32> = (0..slots as i32).collect();
+        order.shuffle(rng);
+        let slot = (0..self.batch)
+            .map(|r| match r % 7 {
+                3 => -1,
+                5 => (slots + r) as i32,
+                _ => order[r],
+            })
+            .collect();
+        let pick = |rng: &mut StdRng, v: &[f32]| -> Vec<f32> {
+            (0..self.batch)
+                .map(|_| v[rng.random_range(0..v.len())])
+                .collect()
+        };
+        let repetition = pick(rng, &[1.0, 1.3, 0.8, 2.0, 5.0]);
+        let frequency = pick(rng, &[0.0, 0.5, -0.5, 1.5]);
+        let presence = pick(rng, &[0.0, 0.7, -1.0, 2.0]);
+        self.penalties = Some(PenaltyInputs {
+            counts,
+            slots,
+            slot,
+            repetition,
+            frequency,
+            presence,
+        });
+        self
+    }
+
+    /// Log-probabilities of width `n`: rows asking none (-1), the token only (0), a few,
+    /// `n`, and more than `n`.
+    pub fn with_logprobs(mut self, rng: &mut StdRng, n: usize) -> Self {
+        let ns = [-1, 0, 1, 5, n as i32, n as i32 + 3];
+        let num = (0..self.batch)
+            .map(|_| ns[rng.random_range(0..ns.len())])
+            .collect();
+        self.logprobs = Some((num, n));
+        self
     }
 
     /// Greedy inputs (every temperature 0, -1 or NaN): random logits with the NaN /

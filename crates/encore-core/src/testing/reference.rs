@@ -218,85 +218,179 @@ pub fn argmax(logits: &[f64], vocab: usize) -> Vec<i32> {
         .collect()
 }
 
-/// Per row, the token [`crate::backend::Sampling`] describes (NaN logits are never kept).
-pub fn sample(
-    logits: &[f64],
-    vocab: usize,
-    temperature: &[f32],
-    top_k: &[i32],
-    top_p: &[f32],
-    seeds: &[i64],
-) -> Vec<i32> {
-    let greedy = argmax(logits, vocab);
-    let mut out = Vec::new();
-    for (r, l) in logits.chunks(vocab).enumerate() {
-        let t = temperature[r] as f64;
-        if t.is_nan() || t <= 0.0 {
-            out.push(greedy[r]);
-            continue;
-        }
-        let z: Vec<f64> = l.iter().map(|v| v / t).collect();
-        let max = z
-            .iter()
-            .copied()
-            .filter(|v| !v.is_nan())
-            .fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = z
-            .iter()
-            .map(|v| if v.is_nan() { 0.0 } else { (v - max).exp() })
-            .collect();
-        let mut keep: Vec<bool> = l.iter().map(|v| !v.is_nan()).collect();
+/// A row's token log-probability and top `(id, log-probability)` entries.
+pub type RowLogprobs = (f64, Vec<(i32, f64)>);
 
-        let mut sorted: Vec<f64> = l.iter().copied().filter(|v| !v.is_nan()).collect();
-        sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
-        let k = top_k[r];
-        if k > 0 && (k as usize) < vocab && (k as usize) < sorted.len() {
-            let threshold = sorted[k as usize - 1];
-            for i in 0..vocab {
-                keep[i] = keep[i] && l[i] >= threshold;
-            }
-        }
+/// What [`sample`] computes: per row the token and, for rows asking, the token's
+/// log-probability and the top `(id, log-probability)` entries; and the count table after
+/// the rows' tokens are counted.
+pub struct SampleRef {
+    pub ids: Vec<i32>,
+    pub logprobs: Vec<Option<RowLogprobs>>,
+    pub counts: Vec<i32>,
+}
 
-        let p = top_p[r] as f64;
-        if p > 0.0 && p < 1.0 {
-            let total: f64 = (0..vocab).filter(|&i| keep[i]).map(|i| e[i]).sum();
-            let mut candidates: Vec<f64> = (0..vocab).filter(|&i| keep[i]).map(|i| l[i]).collect();
-            candidates.sort_by(|a, b| b.partial_cmp(a).unwrap());
-            candidates.dedup();
-            // The largest candidate threshold whose mass reaches top_p * total (the mass
-            // only grows as the threshold falls, so the first one found going down).
-            let mut mass = 0.0;
-            let mut idx: Vec<usize> = (0..vocab).filter(|&i| keep[i]).collect();
-            idx.sort_by(|&a, &b| l[b].partial_cmp(&l[a]).unwrap());
-            let mut next = 0;
-            for &tau in &candidates {
-                while next < idx.len() && l[idx[next]] >= tau {
-                    mass += e[idx[next]];
-                    next += 1;
-                }
-                if mass >= p * total {
-                    for i in 0..vocab {
-                        keep[i] = keep[i] && l[i] >= tau;
-                    }
-                    break;
-                }
-            }
-        }
-
-        let z_kept: f64 = (0..vocab).filter(|&i| keep[i]).map(|i| e[i]).sum();
-        let target = uniform_from_seed(seeds[r]) as f64 * z_kept;
-        let mut running = 0.0;
-        let mut chosen = None;
-        for i in 0..vocab {
-            if keep[i] {
-                running += e[i];
-                chosen = Some(i);
-                if running > target {
-                    break;
-                }
-            }
-        }
-        out.push(chosen.unwrap_or(0) as i32);
+/// A logit after the penalties of [`crate::backend::Penalties`]: each step rounded to
+/// f32 as the semantics say (a value the op computes and reads back; in f64 near-ties
+/// would order differently).
+pub fn penalise(l: f32, c: i32, repetition: f32, frequency: f32, presence: f32) -> f64 {
+    let r = |v: f64| v as f32 as f64;
+    let n = c & (crate::backend::PROMPT_BIT - 1);
+    let mut v = l as f64;
+    if c != 0 {
+        v = r(if v > 0.0 {
+            v / repetition as f64
+        } else {
+            v * repetition as f64
+        });
     }
-    out
+    if n > 0 {
+        v = r(v - r(frequency as f64 * n as f64));
+        v = r(v - presence as f64);
+    }
+    v
+}
+
+/// Per row, what [`crate::backend::Sampling`] describes (NaN logits are never kept), on
+/// the inputs' f32 values taken as f64.
+pub fn sample(i: &super::inputs::SampleInputs) -> SampleRef {
+    let vocab = i.vocab;
+    let mut counts = i
+        .penalties
+        .as_ref()
+        .map_or(Vec::new(), |p| p.counts.clone());
+    let mut ids = Vec::new();
+    let mut logprobs = Vec::new();
+    for r in 0..i.batch {
+        let mut l: Vec<f64> = i.logits[r * vocab..(r + 1) * vocab]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let slot = i.penalties.as_ref().and_then(|p| {
+            let s = usize::try_from(p.slot[r]).ok().filter(|&s| s < p.slots)?;
+            for (t, v) in l.iter_mut().enumerate() {
+                *v = penalise(
+                    *v as f32,
+                    p.counts[s * vocab + t],
+                    p.repetition[r],
+                    p.frequency[r],
+                    p.presence[r],
+                );
+            }
+            Some(s)
+        });
+        let token = sample_row(
+            &l,
+            i.temperature[r],
+            i.top_k[r],
+            i.top_p[r],
+            i.min_p[r],
+            i.seeds[r],
+        );
+        ids.push(token);
+        logprobs.push(i.logprobs.as_ref().and_then(|(num, width)| {
+            let n = usize::try_from(num[r]).ok()?.min(*width);
+            let valid: Vec<usize> = (0..vocab).filter(|&t| !l[t].is_nan()).collect();
+            let m = valid
+                .iter()
+                .map(|&t| l[t])
+                .fold(f64::NEG_INFINITY, f64::max);
+            let ln_sum = valid.iter().map(|&t| (l[t] - m).exp()).sum::<f64>().ln();
+            let lp = |v: f64| v - m - ln_sum;
+            let mut order = valid.clone();
+            order.sort_by(|&a, &b| l[b].partial_cmp(&l[a]).unwrap().then(a.cmp(&b)));
+            let mut top: Vec<(i32, f64)> = order
+                .iter()
+                .take(n)
+                .map(|&t| (t as i32, lp(l[t])))
+                .collect();
+            top.resize(n, (-1, f64::NEG_INFINITY));
+            Some((lp(l[token as usize]), top))
+        }));
+        if let Some(s) = slot {
+            counts[s * vocab + token as usize] += 1;
+        }
+    }
+    SampleRef {
+        ids,
+        logprobs,
+        counts,
+    }
+}
+
+/// One row of [`sample`] on (penalised) logits `l`.
+fn sample_row(l: &[f64], temperature: f32, top_k: i32, top_p: f32, min_p: f32, seed: i64) -> i32 {
+    let vocab = l.len();
+    let t = temperature as f64;
+    if t.is_nan() || t <= 0.0 {
+        return argmax(l, vocab)[0];
+    }
+    let z: Vec<f64> = l.iter().map(|v| v / t).collect();
+    let max = z
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = z
+        .iter()
+        .map(|v| if v.is_nan() { 0.0 } else { (v - max).exp() })
+        .collect();
+    let mut keep: Vec<bool> = l.iter().map(|v| !v.is_nan()).collect();
+
+    if min_p > 0.0 {
+        let threshold = (min_p as f64).min(1.0);
+        for i in 0..vocab {
+            keep[i] = keep[i] && e[i] >= threshold;
+        }
+    }
+
+    let mut sorted: Vec<f64> = l.iter().copied().filter(|v| !v.is_nan()).collect();
+    sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
+    if top_k > 0 && (top_k as usize) < vocab && (top_k as usize) < sorted.len() {
+        let threshold = sorted[top_k as usize - 1];
+        for i in 0..vocab {
+            keep[i] = keep[i] && l[i] >= threshold;
+        }
+    }
+
+    let p = top_p as f64;
+    if p > 0.0 && p < 1.0 {
+        let total: f64 = (0..vocab).filter(|&i| keep[i]).map(|i| e[i]).sum();
+        let mut candidates: Vec<f64> = (0..vocab).filter(|&i| keep[i]).map(|i| l[i]).collect();
+        candidates.sort_by(|a, b| b.partial_cmp(a).unwrap());
+        candidates.dedup();
+        // The largest candidate threshold whose mass reaches top_p * total (the mass
+        // only grows as the threshold falls, so the first one found going down).
+        let mut mass = 0.0;
+        let mut idx: Vec<usize> = (0..vocab).filter(|&i| keep[i]).collect();
+        idx.sort_by(|&a, &b| l[b].partial_cmp(&l[a]).unwrap());
+        let mut next = 0;
+        for &tau in &candidates {
+            while next < idx.len() && l[idx[next]] >= tau {
+                mass += e[idx[next]];
+                next += 1;
+            }
+            if mass >= p * total {
+                for i in 0..vocab {
+                    keep[i] = keep[i] && l[i] >= tau;
+                }
+                break;
+            }
+        }
+    }
+
+    let z_kept: f64 = (0..vocab).filter(|&i| keep[i]).map(|i| e[i]).sum();
+    let target = uniform_from_seed(seed) as f64 * z_kept;
+    let mut running = 0.0;
+    let mut chosen = None;
+    for i in 0..vocab {
+        if keep[i] {
+            running += e[i];
+            chosen = Some(i);
+            if running > target {
+                break;
+            }
+        }
+    }
+    chosen.unwrap_or(0) as i32
 }

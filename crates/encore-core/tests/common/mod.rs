@@ -38,6 +38,7 @@ pub fn tiny_runner_with_blocks(be: &dyn Backend, num_blocks: usize) -> Runner<'_
             max_tokens_per_step: 256,
             max_seqs: 16,
             max_seq_len: 128,
+            penalty_slots: 16,
         },
     )
     .unwrap()
@@ -70,4 +71,18 @@ pub fn decode_step(
         })
         .collect();
     r.step(&batch).unwrap()
+}
+
+/// The model of [`tiny_runner`] alone (for runners of another configuration).
+pub fn tiny_model(be: &dyn Backend) -> Model {
+    let cfg = ModelConfig::dummy("tiny-qwen2").unwrap();
+    let w = weights::load(
+        be,
+        &cfg,
+        WeightSource::Dummy { seed: 3 },
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
+    Model::new(be, cfg, w, 128).unwrap()
 }

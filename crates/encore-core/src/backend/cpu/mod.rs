@@ -337,8 +337,22 @@ impl Backend for CpuBackend {
             temperature: p.temperature.clone(),
             top_k: p.top_k.clone(),
             top_p: p.top_p.clone(),
+            min_p: p.min_p.clone(),
             seeds: p.seeds.clone(),
             out: out.clone(),
+            penalties: p.penalties.as_ref().map(|q| kernels::PenaltyArgs {
+                counts: q.counts.clone(),
+                slot: q.slot.clone(),
+                repetition: q.repetition.clone(),
+                frequency: q.frequency.clone(),
+                presence: q.presence.clone(),
+            }),
+            logprobs: p.logprobs.as_ref().map(|l| kernels::LogprobArgs {
+                num: l.num.clone(),
+                token: l.token.clone(),
+                top_ids: l.top_ids.clone(),
+                top: l.top.clone(),
+            }),
             dims: d,
         };
         self.submit(move || kernels::sample(&args));

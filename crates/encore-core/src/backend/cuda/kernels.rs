@@ -799,20 +799,47 @@ pub(super) fn sample(
     if d.batch == 0 {
         return Ok(());
     }
-    let vec = (d.vocab.is_multiple_of(4) && aligned16(logits)) as i32;
+    let counts_aligned = p.penalties.as_ref().is_none_or(|q| aligned16(q.counts));
+    let vec = (d.vocab.is_multiple_of(4) && aligned16(logits) && counts_aligned) as i32;
     let c = cfg(
         (grid_x(OP, "batch", d.batch)?, 1, 1),
         (SAMPLE_THREADS, 1, 1),
     );
-    let (l, t, k, tp, s, o) = (
+    let (l, t, k, tp, mp, s, o) = (
         dptr(logits),
         dptr(p.temperature),
         dptr(p.top_k),
         dptr(p.top_p),
+        dptr(p.min_p),
         dptr(p.seeds),
         dptr(out),
     );
+    // Null pointers tell the kernel a feature is off.
+    let (counts, slot, rep, freq, pres) = match &p.penalties {
+        Some(q) => (
+            dptr(q.counts),
+            dptr(q.slot),
+            dptr(q.repetition),
+            dptr(q.frequency),
+            dptr(q.presence),
+        ),
+        None => (0, 0, 0, 0, 0),
+    };
+    let (num, tok, ids, top) = match &p.logprobs {
+        Some(q) => (dptr(q.num), dptr(q.token), dptr(q.top_ids), dptr(q.top)),
+        None => (0, 0, 0, 0),
+    };
+    let slots = int(OP, "penalty slots", d.slots)?;
+    // slots * vocab indexes counts in i64; top_n <= MAX_TOP_LOGPROBS (check_sample).
+    let top_n = d.top_n as i32;
     // The kernel walks the row in tiles of 4 * SAMPLE_THREADS with i32 indices.
     let vocab = int(OP, "vocab", d.vocab + 4 * SAMPLE_THREADS as usize).map(|_| d.vocab as i32)?;
-    be.launch("sample_f32", c, &mut args![l, t, k, tp, s, o, vocab, vec])
+    be.launch(
+        "sample_f32",
+        c,
+        &mut args![
+            l, t, k, tp, mp, s, o, counts, slot, rep, freq, pres, slots, num, tok, ids, top, top_n,
+            vocab, vec
+        ],
+    )
 }

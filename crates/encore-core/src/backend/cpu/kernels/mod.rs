@@ -24,7 +24,7 @@ use crate::ops::{EmbeddingDims, MatmulDims, QkvRopeDims, RowDims};
 use crate::tensor::{DType, Tensor};
 
 pub(super) use attention::{attention, AttentionArgs};
-pub(super) use sample::{sample, SampleArgs};
+pub(super) use sample::{sample, LogprobArgs, PenaltyArgs, SampleArgs};
 
 /// A float element type the kernels compute with (always through f32).
 trait Float: Copy + Send + Sync + 'static {

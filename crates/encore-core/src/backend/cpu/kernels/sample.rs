@@ -1,9 +1,10 @@
-//! Greedy and random sampling, one rayon task per row. Semantics:
-//! [`crate::backend::Sampling`].
+//! Greedy and random sampling with penalties, min-p and log-probabilities, one rayon
+//! task per row. Semantics: [`crate::backend::Sampling`].
 
 use rayon::prelude::*;
 
 use super::{view, view_mut};
+use crate::backend::PROMPT_BIT;
 use crate::ops::{uniform_from_seed, SampleDims};
 use crate::tensor::Tensor;
 
@@ -12,30 +13,193 @@ pub(in crate::backend::cpu) struct SampleArgs {
     pub temperature: Tensor,
     pub top_k: Tensor,
     pub top_p: Tensor,
+    pub min_p: Tensor,
     pub seeds: Tensor,
     pub out: Tensor,
+    pub penalties: Option<PenaltyArgs>,
+    pub logprobs: Option<LogprobArgs>,
     pub dims: SampleDims,
 }
 
+pub(in crate::backend::cpu) struct PenaltyArgs {
+    pub counts: Tensor,
+    pub slot: Tensor,
+    pub repetition: Tensor,
+    pub frequency: Tensor,
+    pub presence: Tensor,
+}
+
+pub(in crate::backend::cpu) struct LogprobArgs {
+    pub num: Tensor,
+    pub token: Tensor,
+    pub top_ids: Tensor,
+    pub top: Tensor,
+}
+
+/// One row's result: the token, its penalty slot, and its log-probabilities.
+struct RowOut {
+    token: i32,
+    slot: Option<usize>,
+    logprobs: Option<(f32, Vec<(i32, f32)>)>,
+}
+
 pub(in crate::backend::cpu) fn sample(a: &SampleArgs) {
-    // SAFETY: dtypes validated (f32 logits/temperature/top_p, i32 top_k/out, i64
-    // seeds); out is the only tensor written and overlaps none of the others.
-    let (logits, temperature, top_k, top_p, seeds, out) = unsafe {
+    let SampleDims {
+        batch,
+        vocab,
+        slots,
+        top_n,
+    } = a.dims;
+    // SAFETY: dtypes and shapes validated (`check_sample`); nothing is written until
+    // every row is computed, and then only `out`, the log-probability outputs and
+    // `counts`, which overlap none of the inputs read here.
+    let (logits, temperature, top_k, top_p, min_p, seeds) = unsafe {
         (
             view::<f32>(&a.logits),
             view::<f32>(&a.temperature),
             view::<i32>(&a.top_k),
             view::<f32>(&a.top_p),
+            view::<f32>(&a.min_p),
             view::<i64>(&a.seeds),
-            view_mut::<i32>(&a.out),
         )
     };
-    out.par_iter_mut()
-        .zip(logits.par_chunks(a.dims.vocab))
-        .enumerate()
-        .for_each(|(r, (o, row))| {
-            *o = sample_row(row, temperature[r], top_k[r], top_p[r], seeds[r]);
-        });
+    // SAFETY: as above; `counts` is only read until the rows are done.
+    let pen = a.penalties.as_ref().map(|p| unsafe {
+        (
+            view::<i32>(&p.counts),
+            view::<i32>(&p.slot),
+            view::<f32>(&p.repetition),
+            view::<f32>(&p.frequency),
+            view::<f32>(&p.presence),
+        )
+    });
+    // SAFETY: as above.
+    let num = a.logprobs.as_ref().map(|l| unsafe { view::<i32>(&l.num) });
+    let rows: Vec<RowOut> = (0..batch)
+        .into_par_iter()
+        .map(|r| {
+            let raw = &logits[r * vocab..(r + 1) * vocab];
+            let mut slot = None;
+            let mut penalised = None;
+            if let Some((counts, slot_of, rep, freq, pres)) = pen {
+                if let Some(s) = usize::try_from(slot_of[r]).ok().filter(|&s| s < slots) {
+                    let c = &counts[s * vocab..(s + 1) * vocab];
+                    let (rep, freq, pres) = (rep[r], freq[r], pres[r]);
+                    penalised = Some(
+                        raw.iter()
+                            .zip(c)
+                            .map(|(&l, &c)| penalise(l, c, rep, freq, pres))
+                            .collect::<Vec<f32>>(),
+                    );
+                    slot = Some(s);
+                }
+            }
+            let row = penalised.as_deref().unwrap_or(raw);
+            let token = sample_row(row, temperature[r], top_k[r], top_p[r], min_p[r], seeds[r]);
+            let logprobs = num.and_then(|num| usize::try_from(num[r]).ok()).map(|n| {
+                let (m, ln_sum) = log_normaliser(row);
+                let lp = |l: f32| (l - m) - ln_sum;
+                let top = top_entries(row, n.min(top_n))
+                    .into_iter()
+                    .map(|i| i.map_or((-1, f32::NEG_INFINITY), |i| (i as i32, lp(row[i]))))
+                    .collect();
+                (lp(row[token as usize]), top)
+            });
+            RowOut {
+                token,
+                slot,
+                logprobs,
+            }
+        })
+        .collect();
+    // SAFETY: the outputs are exclusively ours (see above); the shared views above are
+    // no longer used.
+    let out = unsafe { view_mut::<i32>(&a.out) };
+    for (o, row) in out.iter_mut().zip(&rows) {
+        *o = row.token;
+    }
+    if let Some(l) = &a.logprobs {
+        // SAFETY: as above.
+        let (token, top_ids, top) = unsafe {
+            (
+                view_mut::<f32>(&l.token),
+                view_mut::<i32>(&l.top_ids),
+                view_mut::<f32>(&l.top),
+            )
+        };
+        for (r, row) in rows.iter().enumerate() {
+            if let Some((lp, entries)) = &row.logprobs {
+                token[r] = *lp;
+                for (j, &(id, v)) in entries.iter().enumerate() {
+                    top_ids[r * top_n + j] = id;
+                    top[r * top_n + j] = v;
+                }
+            }
+        }
+    }
+    if let Some(p) = &a.penalties {
+        // SAFETY: as above; rows sharing a slot are counted one after the other.
+        let counts = unsafe { view_mut::<i32>(&p.counts) };
+        for row in &rows {
+            if let Some(s) = row.slot {
+                let c = &mut counts[s * vocab + row.token as usize];
+                *c = c.wrapping_add(1);
+            }
+        }
+    }
+}
+
+/// A logit after the penalties of a token whose count entry is `c` (see
+/// [`crate::backend::Penalties`]).
+fn penalise(l: f32, c: i32, repetition: f32, frequency: f32, presence: f32) -> f32 {
+    if c == 0 {
+        return l;
+    }
+    let mut v = if l > 0.0 {
+        l / repetition
+    } else {
+        l * repetition
+    };
+    let n = c & (PROMPT_BIT - 1);
+    if n > 0 {
+        v -= frequency * n as f32;
+        v -= presence;
+    }
+    v
+}
+
+/// The row's largest non-NaN value `m` and `ln(sum of exp(l - m))` over non-NaN `l`.
+fn log_normaliser(row: &[f32]) -> (f32, f32) {
+    let m = row
+        .iter()
+        .filter(|l| !l.is_nan())
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let sum: f64 = row
+        .iter()
+        .filter(|l| !l.is_nan())
+        .map(|&l| (l - m).exp() as f64)
+        .sum();
+    (m, sum.ln() as f32)
+}
+
+/// The indices of the `n` largest non-NaN values, largest first, ties by smaller index;
+/// `None` past the number of non-NaN values.
+fn top_entries(row: &[f32], n: usize) -> Vec<Option<usize>> {
+    let mut idx: Vec<usize> = (0..row.len()).filter(|&i| !row[i].is_nan()).collect();
+    let order = |&a: &usize, &b: &usize| {
+        row[b]
+            .partial_cmp(&row[a])
+            .expect("NaN filtered")
+            .then(a.cmp(&b))
+    };
+    if n < idx.len() {
+        idx.select_nth_unstable_by(n, order);
+        idx.truncate(n);
+    }
+    idx.sort_by(order);
+    let mut out: Vec<Option<usize>> = idx.into_iter().map(Some).collect();
+    out.resize(n, None);
+    out
 }
 
 /// The smallest index of the largest non-NaN value; 0 when every value is NaN.
@@ -54,7 +218,7 @@ fn argmax_row(row: &[f32]) -> i32 {
 
 /// One row of [`crate::backend::Sampling`]. NaN logits are never kept (like the greedy
 /// [`argmax_row`] never picks them); a NaN temperature counts as `<= 0` (greedy).
-fn sample_row(row: &[f32], temperature: f32, top_k: i32, top_p: f32, seed: i64) -> i32 {
+fn sample_row(row: &[f32], temperature: f32, top_k: i32, top_p: f32, min_p: f32, seed: i64) -> i32 {
     if temperature.is_nan() || temperature <= 0.0 {
         return argmax_row(row);
     }
@@ -74,6 +238,14 @@ fn sample_row(row: &[f32], temperature: f32, top_k: i32, top_p: f32, seed: i64) 
         })
         .collect();
     let mut kept: Vec<bool> = row.iter().map(|l| !l.is_nan()).collect();
+
+    // 0. min-p: keep tokens at least min_p as likely as the most likely one.
+    if min_p > 0.0 {
+        let threshold = min_p.min(1.0);
+        for (keep, &e) in kept.iter_mut().zip(&e) {
+            *keep &= e >= threshold;
+        }
+    }
 
     // 1. top-k: keep logits >= the k-th largest (ties at the threshold all stay).
     if let Ok(k) = usize::try_from(top_k) {
