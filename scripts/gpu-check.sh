@@ -59,12 +59,12 @@ for t in .bin/tests/*; do
 done
 if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null && [ -x .bin/tests/cuda ]; then
   run sanitizer-memcheck  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
-      .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu windowed_attention prefill_attention
+      .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu windowed_attention prefill_attention sampling_
   # cuBLASLt's own nvjet kernels report shared-memory hazards racecheck cannot follow
   # (their warp-specialised mbarrier pipelines); only encore's kernels are checked.
   run sanitizer-racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
       --kernel-name-exclude kns=nvjet \
-      .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu windowed_attention prefill_attention
+      .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu windowed_attention prefill_attention sampling_
 fi
 if [ $bench = 1 ]; then
   run bench-kernels   .bin/encore bench kernels --device cuda

@@ -227,6 +227,20 @@ impl Scheduler {
 
     /// Drop request `id` wherever it is, freeing its KV blocks; whether it was live.
     pub fn abort(&mut self, id: u64, runner: &mut Runner<'_>) -> Result<bool> {
+        let live = self.remove(id, runner)?;
+        self.stats.aborted += u64::from(live);
+        Ok(live)
+    }
+
+    /// End request `id` early as finished (its caller found a stop string in its text),
+    /// freeing its KV blocks; whether it was live.
+    pub fn finish(&mut self, id: u64, runner: &mut Runner<'_>) -> Result<bool> {
+        let live = self.remove(id, runner)?;
+        self.stats.finished += u64::from(live);
+        Ok(live)
+    }
+
+    fn remove(&mut self, id: u64, runner: &mut Runner<'_>) -> Result<bool> {
         if let Some(i) = self.waiting.iter().position(|s| s.req.id == id) {
             self.waiting.remove(i);
         } else if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
@@ -236,7 +250,6 @@ impl Scheduler {
         } else {
             return Ok(false);
         }
-        self.stats.aborted += 1;
         Ok(true)
     }
 

@@ -41,6 +41,8 @@ enum Message {
     /// A request, its sink, and when it was submitted.
     Add(Request, Sink, Instant),
     Abort(u64),
+    /// End a request early as finished (a stop string matched in its text).
+    Finish(u64),
     /// Answer with the runner's graph figures (between two steps).
     Stats(Sender<RunnerStats>),
     Shutdown,
@@ -179,6 +181,13 @@ impl EngineHandle {
         let _ = self.tx.send(Message::Abort(id));
     }
 
+    /// End request `id` now as finished, not aborted: its reader found the end (a stop
+    /// string in its text). Its KV blocks are freed before the next step; nothing happens
+    /// when it already ended.
+    pub fn finish(&self, id: u64) {
+        let _ = self.tx.send(Message::Finish(id));
+    }
+
     /// The runner's graph figures, taken by the loop between two steps (this waits for
     /// the step in flight).
     pub fn runner_stats(&self) -> Result<RunnerStats> {
@@ -274,6 +283,11 @@ fn run_loop(
                 Message::Abort(id) => {
                     if sinks.remove(&id).is_some() {
                         let _ = sched.abort(id, runner);
+                    }
+                }
+                Message::Finish(id) => {
+                    if sinks.remove(&id).is_some() {
+                        let _ = sched.finish(id, runner);
                     }
                 }
                 Message::Stats(reply) => {

@@ -688,6 +688,19 @@ struct AbortGuard {
     engine: Arc<EngineHandle>,
     id: u64,
     done: bool,
+    /// Set when a stop string ended the text (shared with the request's sink).
+    stopped: Arc<AtomicBool>,
+}
+
+impl AbortGuard {
+    /// The request's text reached a stop string: end it in the engine as finished.
+    fn stopped(&mut self) {
+        if !self.done {
+            self.stopped.store(true, Ordering::Relaxed);
+            self.engine.finish(self.id);
+            self.done = true;
+        }
+    }
 }
 
 impl Drop for AbortGuard {
@@ -844,13 +857,19 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
     }
     let id = s.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
+    let stopped = Arc::new(AtomicBool::new(false));
     let submitted = s.engine.submit(
         Request {
             id,
             prompt: prompt.clone(),
             params: c.params.clone(),
         },
-        Box::new(move |e| tx.send(e).is_ok()),
+        {
+            // After a stop string the reader goes away on purpose and a `finish` message is
+            // on its way: the tokens of a step still in flight must not abort the request.
+            let stopped = Arc::clone(&stopped);
+            Box::new(move |e| tx.send(e).is_ok() || stopped.load(Ordering::Relaxed))
+        },
     );
     if let Err(e) = submitted {
         return ApiError {
@@ -865,6 +884,7 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
         engine: Arc::clone(&s.engine),
         id,
         done: false,
+        stopped,
     };
     let (object, chunk_object, rid) = match kind {
         Kind::Completion => ("text_completion", "text_completion", format!("cmpl-{id}")),
@@ -882,8 +902,10 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
         )
         .await;
     }
-    // Streaming: a task turns engine events into SSE data (one event per piece of text,
-    // a last one with the finish reason, the usage chunk when asked for, then [DONE]).
+    // Streaming: a task turns engine events into SSE data (one event per token, as vLLM
+    // sends them — its text may be empty while a character or a possible stop string is
+    // incomplete, so clients can time every token — the last with the finish reason, the
+    // usage chunk when asked for, then [DONE]).
     // When the client goes away, the task ends and its guard aborts the request.
     let tokenizer = Arc::clone(&s.tokenizer);
     let include_usage = c.include_usage;
@@ -895,9 +917,8 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
         let mut rx = rx;
         let mut text = TextOut::new(&tokenizer, &prompt, stop);
         let mut n = 0usize;
-        // Log-probabilities of tokens not yet sent (a token may add no text), and the
-        // text offset of the next one.
-        let mut pending: Vec<(u32, TokenLogprobs)> = Vec::new();
+        // Log-probabilities of the token being sent, and the text offset of the next one.
+        let mut pending: Vec<(u32, TokenLogprobs)> = Vec::with_capacity(1);
         let mut offset = 0usize;
         let cut = cut_off(cut);
         tokio::pin!(cut);
@@ -927,33 +948,34 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
                     } else {
                         o.finish.map(finish_name)
                     };
-                    if !delta.is_empty() || finish.is_some() {
-                        let lps = if pending.is_empty() {
-                            Value::Null
-                        } else {
-                            let v = logprobs_json(&tokenizer, kind, &pending, &mut offset);
-                            pending.clear();
-                            v
-                        };
-                        let c = chunk(
-                            kind,
-                            chunk_object,
-                            &rid,
-                            created,
-                            &model,
-                            &delta,
-                            finish,
-                            n == 1,
-                            lps,
-                        );
-                        if out_tx.send(c.to_string()).is_err() {
-                            return;
-                        }
+                    let lps = if pending.is_empty() {
+                        Value::Null
+                    } else {
+                        let v = logprobs_json(&tokenizer, kind, &pending, &mut offset);
+                        pending.clear();
+                        v
+                    };
+                    let c = chunk(
+                        kind,
+                        chunk_object,
+                        &rid,
+                        created,
+                        &model,
+                        &delta,
+                        finish,
+                        n == 1,
+                        lps,
+                    );
+                    if out_tx.send(c.to_string()).is_err() {
+                        return;
                     }
                     if finish.is_some() {
                         // A stop string ends the request here; the engine may still be
-                        // running it, and the guard aborts it when this task returns.
+                        // running it: it ends there as finished.
                         guard.done = o.finish.is_some();
+                        if stopped {
+                            guard.stopped();
+                        }
                         if include_usage {
                             let u = json!({
                                 "id": rid, "object": chunk_object, "created": created,
@@ -1047,7 +1069,10 @@ async fn whole(
                     let (piece, stopped) = t.push(o.token, o.finish.is_some());
                     acc.push_str(&piece);
                     if stopped {
-                        // The guard aborts the request in the engine.
+                        if o.finish.is_some() {
+                            guard.done = true;
+                        }
+                        guard.stopped();
                         break "stop";
                     }
                 }

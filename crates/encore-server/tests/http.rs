@@ -667,8 +667,15 @@ fn stop_strings_end_the_text_before_them_whole_and_streamed() {
     let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                       "max_tokens": 3, "stop": ["a", "b"]});
     assert_eq!(post(s.addr, "/v1/chat/completions", chat).0, 200);
-    // Requests ended by a stop string were aborted in the engine: no block stays held.
+    // Requests ended by a stop string ended in the engine as finished, not aborted: no
+    // block stays held.
     wait_for_no_kv_blocks(&s);
+    let aborted = s
+        .engine
+        .metrics
+        .requests_aborted_total
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(aborted, 0, "stop-string ends count as finished");
     // Bad values name `stop`.
     for bad in [
         json!(""),
