@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A cached Python venv at target/ci-venv with the official `openai` client (pinned), for
-# crates/encore/tests/serve.rs (the_openai_python_client_works, which runs
+# crates/encore/tests/serve_cli.rs (the_openai_python_client_works, which runs
 # scripts/openai_client_test.py with ENCORE_OPENAI_PYTHON=target/ci-venv/bin/python).
 # Re-creates the venv only when the pinned version is missing. Prints the python's path.
 set -euo pipefail

@@ -54,7 +54,7 @@ export ENCORE_HF_REF=$(mktemp -d)
 for t in .bin/tests/*; do
   [ $tests = 1 ] || break
   # The CLI tests run the binary at its build-machine path; they are CPU tests (CI).
-  [ "$(basename "$t")" = cli ] && continue
+  case "$(basename "$t")" in cli|serve_cli) continue ;; esac
   run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4
 done
 if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null && [ -x .bin/tests/cuda ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Drive a running `encore serve` with the official `openai` Python client.
 
-Run by crates/encore/tests/serve.rs (test `the_openai_python_client_works`) with the venv
+Run by crates/encore/tests/serve_cli.rs (test `the_openai_python_client_works`) with the venv
 python of scripts/ci-venv.sh. The one argument is a JSON file:
 
     {"base_url": "http://127.0.0.1:PORT/v1", "api_key": "...", "model": "...",

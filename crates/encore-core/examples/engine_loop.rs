@@ -88,7 +88,7 @@ fn main() -> encore_core::Result<()> {
                 tokens += 1;
                 done += o.finish.is_some() as usize;
             }
-            Ok(Event::Error(e)) => panic!("{e}"),
+            Ok(Event::Error(e) | Event::Failed(e)) => panic!("{e}"),
             Err(_) => break,
         }
     }

@@ -333,13 +333,22 @@ impl Scheduler {
                 break;
             }
             let mut s = self.waiting.pop_front().expect("front exists");
-            runner
-                .blocks
-                .allocate_with_prefix(s.seq, &hit, cached + take)?;
+            // Whatever fails here leaves the request waiting and holding nothing.
             if penalties {
                 // The prompt flagged, tokens produced before a preemption counted.
                 let (prompt, output) = s.tokens.split_at(s.req.prompt.len());
-                runner.begin_penalties(s.seq, prompt, output)?;
+                if let Err(e) = runner.begin_penalties(s.seq, prompt, output) {
+                    self.waiting.push_front(s);
+                    return Err(e);
+                }
+            }
+            if let Err(e) = runner
+                .blocks
+                .allocate_with_prefix(s.seq, &hit, cached + take)
+            {
+                runner.end_penalties(s.seq);
+                self.waiting.push_front(s);
+                return Err(e);
             }
             s.computed = cached;
             if !s.admitted && self.cfg.prefix_cache {

@@ -32,8 +32,11 @@ pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
 pub enum Event {
     /// A new token (`finish` set on the last one).
     Token(Output),
-    /// The request was refused or failed; nothing more follows.
+    /// The request was refused (it can never run as asked); nothing more follows.
     Error(String),
+    /// The engine failed while running the request (a step failed on the device); nothing
+    /// more follows.
+    Failed(String),
 }
 
 /// The messages the engine loop takes.
@@ -103,9 +106,12 @@ pub struct EngineHandle {
     tx: Sender<Message>,
     thread: Option<JoinHandle<()>>,
     pub metrics: Arc<EngineMetrics>,
-    /// The model's vocabulary size, context length and name, for validating requests.
+    /// The model's vocabulary size and context length, for validating requests.
     pub vocab_size: usize,
     pub max_seq_len: usize,
+    /// Tokens the whole KV cache holds: a request whose prompt and output (within the
+    /// context) need more can never run.
+    pub kv_capacity_tokens: usize,
     /// What start-up did and how long it took.
     pub boot: BootReport,
 }
@@ -122,7 +128,7 @@ impl EngineHandle {
         progress: Box<dyn Progress + Send>,
     ) -> Result<EngineHandle> {
         let (tx, rx) = mpsc::channel::<Message>();
-        let (boot_tx, boot_rx) = mpsc::channel::<Result<(usize, usize, BootReport)>>();
+        let (boot_tx, boot_rx) = mpsc::channel::<Result<(usize, usize, usize, BootReport)>>();
         let metrics = Arc::new(EngineMetrics::default());
         let m = Arc::clone(&metrics);
         let thread = std::thread::Builder::new()
@@ -141,21 +147,24 @@ impl EngineHandle {
                         return;
                     }
                 };
+                let blocks = &engine.runner.blocks;
                 let _ = boot_tx.send(Ok((
                     engine.runner.model.cfg.vocab_size,
                     engine.runner.config().max_seq_len,
+                    blocks.num_usable_blocks() * blocks.block_size(),
                     engine.report.clone(),
                 )));
                 run_loop(engine, scheduler, rx, &m);
             })
             .map_err(|e| Error::invalid("engine", format!("cannot start its thread: {e}")))?;
         match boot_rx.recv() {
-            Ok(Ok((vocab_size, max_seq_len, boot))) => Ok(EngineHandle {
+            Ok(Ok((vocab_size, max_seq_len, kv_capacity_tokens, boot))) => Ok(EngineHandle {
                 tx,
                 thread: Some(thread),
                 metrics,
                 vocab_size,
                 max_seq_len,
+                kv_capacity_tokens,
                 boot,
             }),
             Ok(Err(e)) => {
@@ -324,7 +333,7 @@ fn run_loop(
                 let msg = format!("engine step failed: {e}");
                 tracing::error!("{msg}");
                 for (id, mut live) in sinks.drain() {
-                    (live.sink)(Event::Error(msg.clone()));
+                    (live.sink)(Event::Failed(msg.clone()));
                     let _ = sched.abort(id, runner);
                 }
             }

@@ -68,7 +68,7 @@ fn collect(rx: &mpsc::Receiver<Event>) -> (Vec<u32>, FinishReason) {
                     return (toks, f);
                 }
             }
-            Event::Error(e) => panic!("{e}"),
+            Event::Error(e) | Event::Failed(e) => panic!("{e}"),
         }
     }
 }

@@ -359,6 +359,9 @@ struct Common {
     stream: bool,
     include_usage: bool,
     max_tokens: usize,
+    /// `max_tokens` is the server's default (the request gave none): it shrinks to the
+    /// room the context leaves, as vLLM's does.
+    max_tokens_default: bool,
     params: RequestParams,
     /// Stop strings (at most 4, none empty), checked on the detokenized text.
     stop: StopMatcher,
@@ -424,7 +427,8 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
         }
     };
     let temperature = num("temperature", 0.0, 2.0, 1.0)?;
-    let top_p = num("top_p", f64::MIN_POSITIVE, 1.0, 1.0)?;
+    // Above 0 in f32 too: the kernel reads 0 as "off".
+    let top_p = num("top_p", f32::MIN_POSITIVE as f64, 1.0, 1.0)?;
     let top_k = int("top_k", -1, i32::MAX as i64)?.unwrap_or(0);
     let seed = int("seed", i64::MIN, i64::MAX)?;
     let min_p = num("min_p", 0.0, 1.0, 0.0)?;
@@ -446,8 +450,9 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
     let max_tokens = match int("max_completion_tokens", 1, max_ctx)? {
         Some(m) => Some(m),
         None => int("max_tokens", 1, max_ctx)?,
-    }
-    .map_or(s.cfg.default_max_tokens, |m| m as usize);
+    };
+    let max_tokens_default = max_tokens.is_none();
+    let max_tokens = max_tokens.map_or(s.cfg.default_max_tokens, |m| m as usize);
     let stream = flag("stream")?;
     let include_usage = match field(body, "stream_options") {
         None => false,
@@ -469,7 +474,7 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
             .as_array()
             .and_then(|a| {
                 a.iter()
-                    .map(|x| x.as_u64().map(|t| t as u32))
+                    .map(|x| x.as_u64().and_then(|t| u32::try_from(t).ok()))
                     .collect::<Option<Vec<u32>>>()
             })
             .ok_or_else(|| {
@@ -515,6 +520,7 @@ fn parse_common(s: &AppState, body: &Value) -> Result<Common, ApiError> {
         stream,
         include_usage,
         max_tokens,
+        max_tokens_default,
         params: RequestParams {
             sampling: SamplingParams {
                 temperature: temperature as f32,
@@ -618,9 +624,23 @@ async fn completions(
             .tokenizer
             .encode(p, true)
             .map_err(|e| ApiError::bad("prompt", e.to_string())),
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            Ok(a.iter().map(|x| x.as_u64().unwrap_or(0) as u32).collect())
-        }
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .filter(|&t| (t as usize) < s.engine.vocab_size)
+                    .ok_or_else(|| {
+                        ApiError::bad(
+                            "prompt",
+                            format!(
+                                "token id {x} is outside the vocabulary of {}",
+                                s.engine.vocab_size
+                            ),
+                        )
+                    })
+            })
+            .collect(),
         Some(_) => Err(ApiError::bad(
             "prompt",
             "`prompt` must be a string or a list of token ids",
@@ -843,6 +863,12 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
         )
         .into_response();
     }
+    if c.max_tokens_default {
+        // Not asked for: as many as the context and the cache leave, up to the default.
+        let room = s.engine.max_seq_len.min(s.engine.kv_capacity_tokens);
+        c.max_tokens = c.max_tokens.min(room.saturating_sub(prompt.len()).max(1));
+        c.params.max_tokens = c.max_tokens;
+    }
     if prompt.len() + c.max_tokens > s.engine.max_seq_len {
         return ApiError::bad(
             "max_tokens",
@@ -851,6 +877,19 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
                 prompt.len(),
                 c.max_tokens,
                 s.engine.max_seq_len
+            ),
+        )
+        .into_response();
+    }
+    if prompt.len() + c.max_tokens > s.engine.kv_capacity_tokens {
+        return ApiError::bad(
+            "max_tokens",
+            format!(
+                "{} prompt tokens + max_tokens {} need more KV cache than the server has \
+                 ({} tokens)",
+                prompt.len(),
+                c.max_tokens,
+                s.engine.kv_capacity_tokens
             ),
         )
         .into_response();
@@ -936,6 +975,7 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
                 }
             };
             let Some(ev) = ev else { return };
+            let refused = matches!(ev, Event::Error(_));
             match ev {
                 Event::Token(o) => {
                     n += 1;
@@ -987,9 +1027,16 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
                         return;
                     }
                 }
-                Event::Error(e) => {
+                Event::Error(e) | Event::Failed(e) => {
                     guard.done = true;
-                    let err = json!({"error": {"message": e, "type": "invalid_request_error", "param": null, "code": null}});
+                    // A refusal is the request's fault; a failed step the server's.
+                    let kind = if refused {
+                        "invalid_request_error"
+                    } else {
+                        "server_error"
+                    };
+                    let err =
+                        json!({"error": {"message": e, "type": kind, "param": null, "code": null}});
                     let _ = out_tx.send(err.to_string());
                     let _ = out_tx.send("[DONE]".into());
                     return;
@@ -1084,6 +1131,16 @@ async fn whole(
             Some(Event::Error(e)) => {
                 guard.done = true;
                 return ApiError::bad("prompt", e).into_response();
+            }
+            Some(Event::Failed(e)) => {
+                guard.done = true;
+                return ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    message: e,
+                    kind: "server_error",
+                    param: None,
+                }
+                .into_response();
             }
             None => {
                 guard.done = true;

@@ -457,13 +457,26 @@ fn bad_inputs_get_openai_errors() {
     );
     let long = json!({"model": MODEL, "prompt": "y".repeat(300)}).to_string();
     check("/v1/completions", &long, 400, Some("prompt"), "context");
+    // Token ids are checked at the edge: a streamed request gets the 400 too (not a 200
+    // and an error event), and an id past u32 is not wrapped into the vocabulary.
+    for body in [
+        r#"{"model": "dummy:tiny", "prompt": [1, 2, 999999]}"#,
+        r#"{"model": "dummy:tiny", "prompt": [1, 2, 999999], "stream": true}"#,
+        r#"{"model": "dummy:tiny", "prompt": [4294967297]}"#,
+    ] {
+        check("/v1/completions", body, 400, Some("prompt"), "vocabulary");
+    }
     check(
         "/v1/completions",
-        r#"{"model": "dummy:tiny", "prompt": [1, 2, 999999]}"#,
+        r#"{"model": "dummy:tiny", "prompt": "x", "stop_token_ids": [4294967297]}"#,
         400,
-        None,
-        "vocabulary",
+        Some("stop_token_ids"),
+        "token ids",
     );
+    // Without max_tokens, the default shrinks to the room the context leaves.
+    let near = json!({"model": MODEL, "prompt": "y".repeat(250)}).to_string();
+    let (st, b) = http(a, "POST", "/v1/completions", Some(&near), &[]);
+    assert_eq!(st, 200, "{b}");
     check(
         "/v1/chat/completions",
         r#"{"model": "dummy:tiny", "messages": []}"#,

@@ -681,7 +681,7 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
                         Event::Token(o) => Seen::Token {
                             last: o.finish.is_some(),
                         },
-                        Event::Error(msg) => Seen::Failed(msg),
+                        Event::Error(msg) | Event::Failed(msg) => Seen::Failed(msg),
                     };
                     tx.send((i, Instant::now(), seen)).is_ok()
                 }),

@@ -472,7 +472,9 @@ fn run_on_engine(
                     break Err(e.into());
                 }
             }
-            Ok((i, _, Event::Error(msg))) => break Err(anyhow!("prompt {}: {msg}", i + 1)),
+            Ok((i, _, Event::Error(msg) | Event::Failed(msg))) => {
+                break Err(anyhow!("prompt {}: {msg}", i + 1))
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 break Err(anyhow!(
