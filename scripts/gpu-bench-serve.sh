@@ -46,9 +46,13 @@ for m in ${models//,/ }; do
   .bin/encore bench serve "${common[@]}" --num-prompts 1000 2>"$OUT/serve-$tag.err" \
     | tee "$OUT/serve-$tag.jsonl" | cut -c1-300
   sat=$(python3 -c "import json; print(json.load(open('$OUT/serve-$tag.jsonl'))['request_throughput'])")
+  # Fresh prompts per run (its own --seed): over HTTP the server's prefix cache still
+  # holds the saturation run's prompts, and a repeat would measure cache hits.
+  seed=1
   for f in 0.5 0.9; do
     r=$(python3 -c "print($sat * $f)")
-    .bin/encore bench serve "${common[@]}" --num-prompts 300 --request-rate "$r" \
+    seed=$((seed + 1))
+    .bin/encore bench serve "${common[@]}" --num-prompts 300 --request-rate "$r" --seed $seed \
       2>>"$OUT/serve-$tag.err" | tee -a "$OUT/serve-rate-$tag.jsonl" | cut -c1-200
   done
   stop_server
@@ -77,5 +81,6 @@ for m in models:
     for l in open(f"{out}/serve-rate-{tag}.jsonl"):
         r = json.loads(l)
         print(f"  rate {r['request_rate']:.2f}/s: TTFT p50/p99 {r['ttft_ms']['p50']:.0f}/{r['ttft_ms']['p99']:.0f} ms, "
-              f"TPOT p50 {r['tpot_ms']['p50']:.2f} ms, ITL p99 {r['itl_ms']['p99']:.1f} ms, {r['output_throughput']:.0f} tok/s")
+              f"TPOT p50 {r['tpot_ms']['p50']:.2f} ms, ITL p99 {r['itl_ms']['p99']:.1f} ms, {r['output_throughput']:.0f} tok/s, "
+              f"prefix hit ratio {r.get('prefix_cache_hit_ratio') or 0:.2f}")
 PY

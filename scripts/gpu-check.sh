@@ -53,8 +53,9 @@ export ENCORE_HF_REF=$(mktemp -d)
 [ $tests = 1 ] && run hf-reference env PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF"
 for t in .bin/tests/*; do
   [ $tests = 1 ] || break
-  # The CLI tests run the binary at its build-machine path; they are CPU tests (CI).
-  case "$(basename "$t")" in cli|serve_cli) continue ;; esac
+  # The CLI tests (cli, serve_cli, bench_serve) run the binary at its build-machine path;
+  # they are CPU tests (CI).
+  case "$(basename "$t")" in cli|serve_cli|bench_serve) continue ;; esac
   run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4
 done
 if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null && [ -x .bin/tests/cuda ]; then
@@ -62,7 +63,7 @@ if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null && [ -x .bin/te
       .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu windowed_attention prefill_attention sampling_
   # cuBLASLt's own nvjet kernels report shared-memory hazards racecheck cannot follow
   # (their warp-specialised mbarrier pipelines); only encore's kernels are checked.
-  run sanitizer-racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 \
+  run sanitizer-racecheck timeout 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
       --kernel-name-exclude kns=nvjet \
       .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu windowed_attention prefill_attention sampling_
 fi

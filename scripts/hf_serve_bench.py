@@ -79,10 +79,12 @@ def build(cfg, device, attn):
     for impl in [attn] if attn else attn_candidates():
         try:
             torch.manual_seed(0)
-            m = AutoModelForCausalLM.from_config(
-                cfg, attn_implementation=impl,
-                dtype=torch.bfloat16 if device == "cuda" else torch.float32,
-            ).to(device).eval()
+            # Built on the device: an 8B random init on the host takes minutes.
+            with torch.device(device):
+                m = AutoModelForCausalLM.from_config(
+                    cfg, attn_implementation=impl,
+                    dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+                ).eval()
             log(f"attn_implementation={impl}")
             return m
         except Exception as e:  # noqa: BLE001 - try the next name

@@ -20,6 +20,7 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use encore_core::generate::FinishReason;
 use encore_core::histogram::HistogramSnapshot;
@@ -127,6 +128,13 @@ pub async fn serve(
         st.draining.store(true, Ordering::SeqCst);
         let _ = draining_tx.send(());
     };
+    // Every SSE chunk is a small write: without TCP_NODELAY, Nagle's algorithm holds it
+    // until the client's delayed ACK (40 ms on Linux), which a first token would pay.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!("cannot set TCP_NODELAY on a connection: {e}");
+        }
+    });
     let server = axum::serve(listener, router)
         .with_graceful_shutdown(signal)
         .into_future();
