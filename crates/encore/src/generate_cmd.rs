@@ -56,6 +56,20 @@ pub struct GenerateArgs {
     /// Keep the K most likely tokens, >= 0 (0 = off).
     #[arg(long, default_value = "0", value_parser = parse::top_k, allow_negative_numbers = true)]
     top_k: i32,
+    /// Drop tokens less likely than P times the likeliest, in [0, 1] (0 = off).
+    #[arg(long, default_value = "0", value_parser = parse::min_p, allow_negative_numbers = true)]
+    min_p: f32,
+    /// Subtract this from the logit of every token already generated, in [-2, 2] (0 = off).
+    #[arg(long, default_value = "0", value_parser = parse::penalty, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Subtract this times its count from the logit of every token generated, in [-2, 2]
+    /// (0 = off).
+    #[arg(long, default_value = "0", value_parser = parse::penalty, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Divide positive logits (multiply negative ones) of tokens in the prompt or the
+    /// output by this, > 0 (1 = off).
+    #[arg(long, default_value = "1", value_parser = parse::repetition_penalty, allow_negative_numbers = true)]
+    repetition_penalty: f32,
     /// Sampling seed (the same seed gives the same output).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
@@ -269,6 +283,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             temperature: a.temperature,
             top_k: a.top_k,
             top_p: a.top_p,
+            min_p: a.min_p,
+            presence_penalty: a.presence_penalty,
+            frequency_penalty: a.frequency_penalty,
+            repetition_penalty: a.repetition_penalty,
             seed: a.seed,
             ..Default::default()
         },

@@ -33,6 +33,36 @@ pub fn top_k(s: &str) -> Result<i32, String> {
     }
 }
 
+/// `--min-p`: in [0, 1] (0 = off).
+pub fn min_p(s: &str) -> Result<f32, String> {
+    let p = float(s)?;
+    if (0.0..=1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err("must be in [0, 1] (0 = off)".into())
+    }
+}
+
+/// `--presence-penalty` / `--frequency-penalty`: in [-2, 2] (0 = off), OpenAI's range.
+pub fn penalty(s: &str) -> Result<f32, String> {
+    let p = float(s)?;
+    if (-2.0..=2.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err("must be in [-2, 2] (0 = off)".into())
+    }
+}
+
+/// `--repetition-penalty`: finite and > 0 (1 = off).
+pub fn repetition_penalty(s: &str) -> Result<f32, String> {
+    let r = float(s)?;
+    if r.is_finite() && r > 0.0 {
+        Ok(r)
+    } else {
+        Err("must be a finite number > 0 (1 = off)".into())
+    }
+}
+
 /// `--kv-fraction`: in (0, 1].
 pub fn fraction(s: &str) -> Result<f64, String> {
     let f: f64 = s
@@ -90,6 +120,18 @@ mod tests {
         assert_eq!(top_p("1"), Ok(1.0));
         for bad in ["0", "-0.1", "1.5", "nan"] {
             assert!(top_p(bad).is_err(), "{bad}");
+        }
+        assert_eq!(min_p("0.05"), Ok(0.05));
+        for bad in ["-0.1", "1.5", "nan"] {
+            assert!(min_p(bad).is_err(), "{bad}");
+        }
+        assert_eq!(penalty("-2"), Ok(-2.0));
+        for bad in ["2.5", "-3", "nan", "inf"] {
+            assert!(penalty(bad).is_err(), "{bad}");
+        }
+        assert_eq!(repetition_penalty("1.2"), Ok(1.2));
+        for bad in ["0", "-1", "inf", "nan"] {
+            assert!(repetition_penalty(bad).is_err(), "{bad}");
         }
         assert_eq!(top_k("0"), Ok(0));
         assert_eq!(top_k("99999999999"), Ok(i32::MAX));

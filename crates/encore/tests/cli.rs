@@ -433,6 +433,10 @@ fn bad_sampling_and_size_values_name_the_flag() {
         ("--top-p", "1.5"),
         ("--top-p", "-0.1"),
         ("--top-k", "-1"),
+        ("--min-p", "1.5"),
+        ("--presence-penalty", "3"),
+        ("--frequency-penalty", "-2.5"),
+        ("--repetition-penalty", "0"),
         ("--max-tokens", "0"),
         ("--max-tokens", "-3"),
         ("--kv-fraction", "0"),
@@ -843,7 +847,7 @@ fn bench_serve_in_process_reports_throughput_and_latencies() {
 fn generate_on_the_engine_loop_matches_offline_generation() {
     // `encore generate` submits to the engine loop's thread; the synchronous
     // `encore_core::generate::generate` over the same batch gives the same tokens, greedy
-    // and seeded sampling alike.
+    // and seeded sampling alike, with min-p and penalties too.
     use encore_core::engine::{Engine, EngineConfig, KvSizing};
     use encore_core::generate::{generate, GenerateOptions};
     use encore_core::progress::NoProgress;
@@ -853,6 +857,15 @@ fn generate_on_the_engine_loop_matches_offline_generation() {
         temperature: 0.8,
         top_k: 20,
         top_p: 0.9,
+        seed: 7,
+        ..Default::default()
+    };
+    let penalised = SamplingParams {
+        temperature: 0.8,
+        min_p: 0.05,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.2,
+        repetition_penalty: 1.3,
         seed: 7,
         ..Default::default()
     };
@@ -870,6 +883,23 @@ fn generate_on_the_engine_loop_matches_offline_generation() {
                 "7",
             ][..],
             sampled,
+        ),
+        (
+            &[
+                "--temperature",
+                "0.8",
+                "--min-p",
+                "0.05",
+                "--presence-penalty",
+                "0.5",
+                "--frequency-penalty",
+                "0.2",
+                "--repetition-penalty",
+                "1.3",
+                "--seed",
+                "7",
+            ][..],
+            penalised,
         ),
     ] {
         let mut args = vec![
