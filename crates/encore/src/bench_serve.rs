@@ -57,6 +57,11 @@ pub struct BenchServeArgs {
     /// Prompt lengths in tokens: N, or LO:HI (uniform).
     #[arg(long, default_value = "128:1024", value_parser = range)]
     input_len: (usize, usize),
+    /// Start every generated prompt with the same N random tokens (counted in its
+    /// --input-len; a prompt shorter than N is all prefix): a shared system prompt, for
+    /// measuring the prefix cache.
+    #[arg(long, default_value = "0", value_parser = parse::count::<0, { 1 << 24 }>, allow_negative_numbers = true, conflicts_with = "trace")]
+    shared_prefix_len: usize,
     /// Output lengths in tokens (end-of-sequence ignored): N, or LO:HI.
     #[arg(long, default_value = "64:512", value_parser = range)]
     output_len: (usize, usize),
@@ -191,11 +196,15 @@ fn workload(a: &BenchServeArgs, vocab: usize) -> Result<Workload> {
     let (items, timestamps) = match &a.trace {
         None => {
             let n = a.num_prompts.unwrap_or(200);
+            let prefix = rng.ids(a.shared_prefix_len, vocab);
             let items: Vec<WorkItem> = (0..n)
                 .map(|_| {
                     let len = rng.in_range(a.input_len);
+                    let shared = len.min(prefix.len());
+                    let mut prompt = prefix[..shared].to_vec();
+                    prompt.extend(rng.ids(len - shared, vocab));
                     WorkItem {
-                        prompt: rng.ids(len, vocab),
+                        prompt,
                         output_len: rng.in_range(a.output_len),
                     }
                 })
@@ -473,6 +482,7 @@ fn header(a: &BenchServeArgs, w: &Workload, model: &str, mode: &str) -> Map<Stri
         }),
     );
     m.insert("max_concurrency".into(), json!(a.max_concurrency));
+    m.insert("shared_prefix_len".into(), json!(a.shared_prefix_len));
     m
 }
 

@@ -185,10 +185,36 @@ fn a_trace_and_length_ranges_complete_with_their_token_counts() {
     assert_eq!(r["input_tokens"], 60, "{r}");
     assert_eq!(r["arrival"], "poisson", "{r}");
     assert_latencies(&r);
-    // Every request was seen through: the engine holds no blocks and ran 15 requests.
+
+    // A shared prefix of 32 tokens (two 16-token blocks), one request at a time: the first
+    // computes it, the 7 after it find it in the prefix cache.
+    let r = report(&bench(
+        &s.url,
+        &[
+            "--num-prompts",
+            "8",
+            "--input-len",
+            "40",
+            "--output-len",
+            "2",
+            "--shared-prefix-len",
+            "32",
+            "--max-concurrency",
+            "1",
+            "--seed",
+            "5",
+        ],
+    ));
+    assert_eq!(r["completed"], 8, "{r}");
+    assert_eq!(r["shared_prefix_len"], 32, "{r}");
+    assert_eq!(r["input_tokens"], 8 * 40, "{r}");
+    let ratio = r["prefix_cache_hit_ratio"].as_f64().unwrap();
+    assert!((ratio - 7.0 * 32.0 / 320.0).abs() < 1e-9, "{r}");
+
+    // Every request was seen through: the engine holds no blocks and ran 23 requests.
     let m = &s.engine.metrics;
     let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(load(&m.requests_finished_total), 15);
+    assert_eq!(load(&m.requests_finished_total), 23);
     assert_eq!(load(&m.kv_blocks_used), 0);
     let _ = std::fs::remove_file(trace);
 }
