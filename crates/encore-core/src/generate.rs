@@ -32,16 +32,20 @@ pub enum FinishReason {
     Context,
     /// The caller's `on_token` asked to stop.
     Stopped,
+    /// Its text reached one of the request's stop strings (the caller's check: the
+    /// engine only counts tokens).
+    StopString,
 }
 
 impl FinishReason {
-    /// The lower-case name used in output (`eos`, `length`, `context`, `stopped`).
+    /// The lower-case name used in output (`eos`, `length`, `context`, `stopped`, `stop`).
     pub fn name(self) -> &'static str {
         match self {
             FinishReason::Eos => "eos",
             FinishReason::Length => "length",
             FinishReason::Context => "context",
             FinishReason::Stopped => "stopped",
+            FinishReason::StopString => "stop",
         }
     }
 }

@@ -573,7 +573,7 @@ fn json_body(
 
 fn finish_name(f: FinishReason) -> &'static str {
     match f {
-        FinishReason::Eos => "stop",
+        FinishReason::Eos | FinishReason::StopString => "stop",
         FinishReason::Length | FinishReason::Context => "length",
         FinishReason::Stopped => "abort",
     }

@@ -18,7 +18,7 @@ use encore_core::progress::{Progress, Unit};
 use encore_core::runner::SamplingParams;
 use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
 use encore_core::serve::{EngineHandle, Event};
-use encore_core::tokenizer::{ChatMessage, StreamDecoder};
+use encore_core::tokenizer::{ChatMessage, StopMatcher, StreamDecoder, Tokenizer};
 use encore_core::DType;
 
 use crate::out::{errln, out, outln};
@@ -70,6 +70,10 @@ pub struct GenerateArgs {
     /// output by this, > 0 (1 = off).
     #[arg(long, default_value = "1", value_parser = parse::repetition_penalty, allow_negative_numbers = true)]
     repetition_penalty: f32,
+    /// End a prompt's output where its text reaches TEXT (the text ends before it;
+    /// finish reason `stop`). Repeat for several.
+    #[arg(long = "stop", value_name = "TEXT", value_parser = parse::stop)]
+    stop: Vec<String>,
     /// Sampling seed (the same seed gives the same output).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
@@ -295,20 +299,22 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         ignore_eos: a.ignore_eos,
     };
     let stream = prompts.len() == 1 && !a.json;
-    let Some(first_prompt) = prompts.first() else {
+    if prompts.is_empty() {
         bail!("no prompts to run");
-    };
-    let mut decoder = StreamDecoder::new(&tokenizer, first_prompt);
+    }
+    // Each prompt's text as it streams, through its stop strings (when there are any).
+    let mut texts_out = prompts
+        .iter()
+        .map(|p| TextOut::new(&tokenizer, p, &a.stop))
+        .collect::<encore_core::Result<Vec<_>>>()?;
     let bars = Bars::new(!a.json);
     let mut gens: Vec<Generation> = Vec::with_capacity(prompts.len());
-    let ran = run_on_engine(&engine, &prompts, &params, &bars, &mut gens, |id| {
-        if !stream {
-            return Ok(());
+    let ran = run_on_engine(&engine, &prompts, &params, &bars, &mut gens, |i, id| {
+        let (piece, stopped) = texts_out[i].push(id);
+        if stream && i == 0 {
+            out!("{piece}")?;
         }
-        match decoder.push(id) {
-            Ok(Some(text)) => out!("{text}"),
-            _ => Ok(()),
-        }
+        Ok(stopped)
     });
     // However the run ended (a closed stdout, a failed request), no request stays live.
     if ran.is_err() {
@@ -321,11 +327,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let stats = engine.runner_stats();
     engine.shutdown();
     ran?;
-    if stream {
-        if let Ok(Some(text)) = decoder.finish() {
-            out!("{text}")?;
+    for (i, t) in texts_out.iter_mut().enumerate() {
+        let rest = t.finish();
+        if stream && i == 0 {
+            out!("{rest}")?;
+            outln!()?;
         }
-        outln!()?;
     }
 
     if let (
@@ -357,7 +364,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     let n = gens.len();
     for (i, (g, prompt)) in gens.iter().zip(&texts).enumerate() {
-        let text = tokenizer.decode(&g.output_ids, true)?;
+        let text = if a.stop.is_empty() {
+            tokenizer.decode(&g.output_ids, true)?
+        } else {
+            texts_out[i].text.clone()
+        };
         let decode_tps = tokens_per_sec(g.output_ids.len().saturating_sub(1), g.decode_secs);
         let finish = g.finish.name();
         if a.json {
@@ -429,10 +440,11 @@ struct Generation {
 }
 
 /// Submit every prompt (request id = its index) to the engine loop and collect their
-/// tokens into `gens` until every one finished; `on_token` sees each token of the
-/// prompts in arrival order (only prompt 0's matter to a caller streaming one prompt). A
-/// failed request or an `on_token` error (stdout's reader went away) ends the run with
-/// that error; `gens` then holds what arrived, unfinished prompts at `Stopped`.
+/// tokens into `gens` until every one finished; `on_token(i, id)` sees each token of
+/// prompt `i` in arrival order and says whether the prompt's text reached a stop string:
+/// the prompt then ends there (`StopString`, and the engine frees it). A failed request
+/// or an `on_token` error (stdout's reader went away) ends the run with that error;
+/// `gens` then holds what arrived, unfinished prompts at `Stopped`.
 /// `progress` sees the prompt tokens prefilled, from the engine's metrics.
 fn run_on_engine(
     engine: &EngineHandle,
@@ -440,7 +452,7 @@ fn run_on_engine(
     params: &RequestParams,
     progress: &dyn Progress,
     gens: &mut Vec<Generation>,
-    mut on_token: impl FnMut(u32) -> std::io::Result<()>,
+    mut on_token: impl FnMut(usize, u32) -> std::io::Result<bool>,
 ) -> Result<()> {
     gens.clear();
     gens.extend(prompts.iter().map(|p| Generation {
@@ -478,6 +490,9 @@ fn run_on_engine(
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok((i, at, Event::Token(o))) => {
                 let g = &mut gens[i];
+                if g.finish == FinishReason::StopString {
+                    continue; // a step in flight when its stop string matched
+                }
                 g.output_ids.push(o.token);
                 let f = *first[i].get_or_insert(at);
                 g.prefill_secs = (f - t0).as_secs_f64();
@@ -486,8 +501,16 @@ fn run_on_engine(
                     g.finish = finish;
                     unfinished -= 1;
                 }
-                if let Err(e) = on_token(o.token) {
-                    break Err(e.into());
+                match on_token(i, o.token) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        if o.finish.is_none() {
+                            engine.finish(i as u64);
+                            unfinished -= 1;
+                        }
+                        gens[i].finish = FinishReason::StopString;
+                    }
+                    Err(e) => break Err(e.into()),
                 }
             }
             Ok((i, _, Event::Error(msg) | Event::Failed(msg))) => {
@@ -513,6 +536,54 @@ fn run_on_engine(
         progress.finish();
     }
     result
+}
+
+/// One prompt's output text as its tokens arrive: detokenized incrementally, then passed
+/// through its stop strings (the text ends before the first to occur).
+struct TextOut<'t> {
+    decoder: StreamDecoder<'t>,
+    stop: StopMatcher,
+    /// Everything released so far.
+    text: String,
+}
+
+impl<'t> TextOut<'t> {
+    fn new(
+        tokenizer: &'t Tokenizer,
+        prompt: &[u32],
+        stops: &[String],
+    ) -> encore_core::Result<Self> {
+        Ok(TextOut {
+            decoder: StreamDecoder::new(tokenizer, prompt),
+            stop: StopMatcher::new(stops.iter().cloned())?,
+            text: String::new(),
+        })
+    }
+
+    /// The text token `id` releases, and whether a stop string ended the text.
+    fn push(&mut self, id: u32) -> (String, bool) {
+        let piece = self.decoder.push(id).ok().flatten().unwrap_or_default();
+        let out = self.stop.push(&piece);
+        self.text.push_str(&out.text);
+        (out.text, out.stopped)
+    }
+
+    /// The text still held when the output ended (nothing after a stop string).
+    fn finish(&mut self) -> String {
+        if self.stop.stopped() {
+            return String::new();
+        }
+        let mut rest = String::new();
+        if let Ok(Some(tail)) = self.decoder.finish() {
+            let out = self.stop.push(&tail);
+            rest.push_str(&out.text);
+        }
+        if !self.stop.stopped() {
+            rest.push_str(&self.stop.finish());
+        }
+        self.text.push_str(&rest);
+        rest
+    }
 }
 
 fn tokens_per_sec(tokens: usize, secs: f64) -> f64 {

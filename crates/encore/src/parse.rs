@@ -63,6 +63,15 @@ pub fn repetition_penalty(s: &str) -> Result<f32, String> {
     }
 }
 
+/// `--stop`: a non-empty string.
+pub fn stop(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Err("must not be empty".into())
+    } else {
+        Ok(s.to_string())
+    }
+}
+
 /// `--kv-fraction`: in (0, 1].
 pub fn fraction(s: &str) -> Result<f64, String> {
     let f: f64 = s
@@ -133,6 +142,8 @@ mod tests {
         for bad in ["0", "-1", "inf", "nan"] {
             assert!(repetition_penalty(bad).is_err(), "{bad}");
         }
+        assert_eq!(stop("###"), Ok("###".to_string()));
+        assert!(stop("").is_err());
         assert_eq!(top_k("0"), Ok(0));
         assert_eq!(top_k("99999999999"), Ok(i32::MAX));
         assert!(top_k("-1").is_err());

@@ -945,3 +945,58 @@ fn generate_on_the_engine_loop_matches_offline_generation() {
         }
     }
 }
+
+#[test]
+fn stop_strings_end_generate_text_before_them() {
+    // A stop string taken from the middle of a greedy run's text: the run with it ends
+    // right before its first occurrence, with finish reason "stop" and fewer tokens;
+    // streamed text (one prompt) and JSON text (two) agree.
+    let args = |extra: &[&str]| {
+        let mut v = vec![
+            "generate",
+            "--device",
+            "cpu",
+            "--dtype",
+            "f32",
+            "--eager",
+            "--max-seq-len",
+            "512",
+            "--max-tokens",
+            "300",
+            "--ignore-eos",
+            "--prompt",
+            "The capital of France is",
+        ];
+        v.extend(extra);
+        v.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        encore(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let full = json_lines(&run(&["--json"]));
+    let full_text = full[0]["text"].as_str().unwrap().to_string();
+    let chars: Vec<char> = full_text.chars().collect();
+    assert!(
+        chars.len() >= 8,
+        "too little text to pick a stop from: {full_text:?}"
+    );
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 3].iter().collect();
+    let expected = &full_text[..full_text.find(&stop).unwrap()];
+
+    let json = json_lines(&run(&["--json", "--stop", &stop, "--prompt", "x"]));
+    assert_eq!(json[0]["text"], expected, "stop {stop:?} in {full_text:?}");
+    assert_eq!(json[0]["finish_reason"], "stop");
+    let n = json[0]["output_ids"].as_array().unwrap().len();
+    assert!(n < 300, "{n} tokens: the prompt did not end at the stop");
+    // The second prompt ran on, unless its own text reached the stop.
+    let other = json[1]["finish_reason"].as_str().unwrap();
+    assert!(other == "length" || other == "stop", "{other}");
+
+    let streamed = run(&["--stop", &stop, "--stop", "never-in-the-output"]);
+    assert!(streamed.status.success(), "{}", text(&streamed.stderr));
+    assert_eq!(text(&streamed.stdout), format!("{expected}\n"));
+
+    let err = failure(&run(&["--stop", ""]));
+    assert!(err.contains("--stop"), "{err}");
+}
