@@ -276,6 +276,9 @@ pub struct Runner<'b> {
     pub blocks: BlockManager,
     cfg: RunnerConfig,
     table_width: usize,
+    /// Time spent waiting for the device at the end of steps (the sampled tokens'
+    /// download), summed: a step's wall time minus this is host work.
+    device_wait: std::cell::Cell<std::time::Duration>,
 }
 
 impl<'b> Runner<'b> {
@@ -355,7 +358,15 @@ impl<'b> Runner<'b> {
             blocks,
             cfg,
             table_width,
+            device_wait: Default::default(),
         })
+    }
+
+    /// Seconds spent waiting for the device to finish steps so far (inside the download
+    /// of each step's sampled tokens). Against the steps' wall time, the rest is the
+    /// host's share: packing inputs, launching, and scheduling around them.
+    pub fn device_wait_secs(&self) -> f64 {
+        self.device_wait.get().as_secs_f64()
     }
 
     pub fn config(&self) -> &RunnerConfig {
@@ -604,12 +615,10 @@ impl<'b> Runner<'b> {
     }
 
     fn download_tokens(&self, b: usize) -> Result<Vec<u32>> {
-        Ok(self
-            .be
-            .download::<i32>(&self.sampled.prefix(b)?)?
-            .into_iter()
-            .map(|t| t as u32)
-            .collect())
+        let t0 = std::time::Instant::now();
+        let ids = self.be.download::<i32>(&self.sampled.prefix(b)?);
+        self.device_wait.set(self.device_wait.get() + t0.elapsed());
+        Ok(ids?.into_iter().map(|t| t as u32).collect())
     }
 
     /// Each row's log-probabilities where its sampling asked for them (nothing is read

@@ -71,6 +71,10 @@ pub struct EngineMetrics {
     pub kv_blocks_total: AtomicU64,
     pub preemptions_total: AtomicU64,
     pub steps_total: AtomicU64,
+    /// Wall time of the engine's steps (scheduling, the runner step, outputs to their
+    /// sinks), and the part of it spent waiting for the device, in microseconds.
+    pub step_micros_total: AtomicU64,
+    pub device_wait_micros_total: AtomicU64,
     pub tokens_computed_total: AtomicU64,
     pub requests_finished_total: AtomicU64,
     pub requests_aborted_total: AtomicU64,
@@ -313,9 +317,12 @@ fn run_loop(
             publish(m, &sched, runner);
             continue;
         }
-        match sched.step(runner) {
+        let step_start = Instant::now();
+        let stepped = sched.step(runner);
+        let step_end = Instant::now();
+        match stepped {
             Ok(outputs) => {
-                let now = Instant::now();
+                let now = step_end;
                 for o in outputs {
                     let (id, finished) = (o.id, o.finish.is_some());
                     let alive = sinks.get_mut(&id).is_some_and(|l| l.token(o, now, m));
@@ -338,6 +345,8 @@ fn run_loop(
                 }
             }
         }
+        m.step_micros_total
+            .fetch_add(step_start.elapsed().as_micros() as u64, Ordering::Relaxed);
         publish(m, &sched, runner);
     }
 }
@@ -351,6 +360,8 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
     m.kv_blocks_used
         .store(runner.blocks.num_used_blocks() as u64, Ordering::Relaxed);
     m.preemptions_total.store(st.preemptions, Ordering::Relaxed);
+    m.device_wait_micros_total
+        .store((runner.device_wait_secs() * 1e6) as u64, Ordering::Relaxed);
     m.steps_total.store(st.steps, Ordering::Relaxed);
     m.tokens_computed_total
         .store(st.tokens_computed, Ordering::Relaxed);

@@ -738,7 +738,18 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
         "preemptions".into(),
         json!(m.preemptions_total.load(Ordering::Relaxed)),
     );
-    row.insert("steps".into(), json!(m.steps_total.load(Ordering::Relaxed)));
+    let steps = m.steps_total.load(Ordering::Relaxed);
+    row.insert("steps".into(), json!(steps));
+    // Where a step's time goes: waiting for the device, and the rest (the host's
+    // scheduling, packing and launching, and handing tokens to their sinks).
+    let per_step = |micros: &std::sync::atomic::AtomicU64| {
+        micros.load(Ordering::Relaxed) as f64 / 1e3 / steps.max(1) as f64
+    };
+    let step_ms = per_step(&m.step_micros_total);
+    let wait_ms = per_step(&m.device_wait_micros_total);
+    row.insert("step_ms".into(), json!(step_ms));
+    row.insert("device_wait_ms".into(), json!(wait_ms));
+    row.insert("host_ms".into(), json!(step_ms - wait_ms));
     row.insert(
         "prefix_cache_hit_ratio".into(),
         json!(m.prefix_cache_hit_ratio()),
