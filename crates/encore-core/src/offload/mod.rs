@@ -224,7 +224,8 @@ impl AccessOrder {
     }
 
     /// The minimum budget: the largest bytes two consecutive ops read (the last op and
-    /// the first one included) plus the largest single weight (one prefetch slot).
+    /// the first one included) plus the largest single weight (one prefetch slot), or
+    /// the bytes of all weights when that is less (then everything stays resident).
     ///
     /// Why no schedule can use less while streaming every weight: when op `i` runs, its
     /// weights are on the device and being read, and the weights of op `i + 1` must land
@@ -247,7 +248,7 @@ impl AccessOrder {
         }
         let slot = self.weights.iter().map(|w| w.bytes).max().unwrap_or(0);
         Floor {
-            bytes: pair + slot,
+            bytes: (pair + slot).min(self.total_bytes()),
             pair_bytes: pair,
             pair_at: at,
             slot_bytes: slot,
@@ -258,7 +259,7 @@ impl AccessOrder {
 /// The minimum weight budget of an [`AccessOrder`] and where it comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Floor {
-    /// `pair_bytes + slot_bytes`.
+    /// `pair_bytes + slot_bytes`, or the bytes of all weights when fewer.
     pub bytes: usize,
     /// The largest bytes read by two consecutive ops.
     pub pair_bytes: usize,
@@ -334,17 +335,21 @@ pub fn check_budget(order: &AccessOrder, budget: usize) -> Result<Floor> {
     let floor = order.floor();
     if budget < floor.bytes {
         let (a, b) = (floor.pair_at, (floor.pair_at + 1) % order.ops.len());
+        let why = if floor.bytes == order.total_bytes() {
+            "streaming would need more than keeping every weight resident".to_string()
+        } else {
+            format!(
+                "ops `{}` and `{}` read {} bytes together and the largest weight needs a {} \
+                 byte prefetch slot",
+                order.ops[a].name, order.ops[b].name, floor.pair_bytes, floor.slot_bytes
+            )
+        };
         return Err(invalid(format!(
             "a weight budget of {budget} bytes ({:.3} GiB) is below the minimum of {} bytes \
-             ({:.3} GiB): ops `{}` and `{}` read {} bytes together and the largest weight \
-             needs a {} byte prefetch slot; raise --weight-budget to at least {} bytes",
+             ({:.3} GiB): {why}; raise --weight-budget to at least {} bytes",
             gib(budget),
             floor.bytes,
             gib(floor.bytes),
-            order.ops[a].name,
-            order.ops[b].name,
-            floor.pair_bytes,
-            floor.slot_bytes,
             floor.bytes
         )));
     }
@@ -541,7 +546,9 @@ pub fn validate(order: &AccessOrder, plan: &Plan) -> Result<()> {
     let mut seen: HashMap<usize, &str> = HashMap::new();
     for &w in &plan.resident {
         if w >= order.weights.len() || seen.insert(w, "resident").is_some() {
-            return Err(invalid(format!("resident weight #{w} is unknown or listed twice")));
+            return Err(invalid(format!(
+                "resident weight #{w} is unknown or listed twice"
+            )));
         }
     }
     for s in &plan.streams {
@@ -593,7 +600,12 @@ pub fn validate(order: &AccessOrder, plan: &Plan) -> Result<()> {
             op(order.runs[w].0)
         )));
     }
-    if plan.resident_bytes != plan.resident.iter().map(|&w| order.weights[w].bytes).sum::<usize>()
+    if plan.resident_bytes
+        != plan
+            .resident
+            .iter()
+            .map(|&w| order.weights[w].bytes)
+            .sum::<usize>()
         || plan.resident_bytes + plan.ring_bytes > plan.budget
     {
         return Err(invalid(format!(
@@ -648,12 +660,15 @@ pub fn lru_streamed_per_step(order: &AccessOrder, budget: usize, steps: usize) -
                 }
                 let bytes = order.weights[w].bytes;
                 while used + bytes > budget {
-                    let pos = cache.iter().position(|c| !o.reads.contains(c)).ok_or_else(|| {
-                        invalid(format!(
-                            "LRU: op `{}` reads more than the budget of {budget} bytes",
-                            o.name
-                        ))
-                    })?;
+                    let pos = cache
+                        .iter()
+                        .position(|c| !o.reads.contains(c))
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "LRU: op `{}` reads more than the budget of {budget} bytes",
+                                o.name
+                            ))
+                        })?;
                     let victim = cache.remove(pos).expect("position is in range");
                     used -= order.weights[victim].bytes;
                 }
