@@ -585,7 +585,7 @@ pub fn validate(order: &AccessOrder, plan: &Plan) -> Result<()> {
         }
         if s.copy_start >= n || on_arc(s.copy_start, s.consumer, s.last_reader, n) {
             return Err(invalid(format!(
-                "the copy of weight `{}` starts at op #{} , not before its consumer `{}`",
+                "the copy of weight `{}` starts at op #{}, not before its consumer `{}`",
                 name(w),
                 s.copy_start,
                 op(s.consumer)
