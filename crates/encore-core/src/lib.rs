@@ -14,6 +14,7 @@ pub mod histogram;
 pub mod kv;
 pub mod memory;
 pub mod model;
+pub mod offload;
 pub mod ops;
 pub mod progress;
 pub mod runner;
