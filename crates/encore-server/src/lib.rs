@@ -27,7 +27,7 @@ use encore_core::histogram::HistogramSnapshot;
 use encore_core::runner::{SamplingParams, TokenLogprobs};
 use encore_core::scheduler::{Request, RequestParams};
 use encore_core::serve::{EngineHandle, Event};
-use encore_core::tokenizer::{ChatMessage, StopMatcher, StreamDecoder, Tokenizer};
+use encore_core::tokenizer::{ChatMessage, StopMatcher, StopStream, Tokenizer};
 use encore_core::MAX_TOP_LOGPROBS;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -579,38 +579,15 @@ fn finish_name(f: FinishReason) -> &'static str {
     }
 }
 
-/// A request's text as its tokens arrive: incremental detokenization, then its stop
-/// strings.
-struct TextOut<'t> {
-    dec: StreamDecoder<'t>,
-    stop: StopMatcher,
-}
-
-impl<'t> TextOut<'t> {
-    fn new(tokenizer: &'t Tokenizer, prompt: &[u32], stop: StopMatcher) -> Self {
-        TextOut {
-            dec: StreamDecoder::new(tokenizer, prompt),
-            stop,
-        }
+/// The text `token` releases, and whether a stop string ended the text there; `last`: the
+/// engine's final token, after which everything held back is released.
+fn release(text: &mut StopStream<'_>, token: u32, last: bool) -> (String, bool) {
+    let mut out = text.push(token);
+    if last && !out.stopped {
+        out.text.push_str(&text.finish());
+        out.stopped = text.stopped();
     }
-
-    /// The text `token` releases, and whether a stop string ended the text there (the
-    /// stop string and anything after it are not returned). `last`: the engine's final
-    /// token, after which everything held back is released.
-    fn push(&mut self, token: u32, last: bool) -> (String, bool) {
-        let mut piece = self.dec.push(token).ok().flatten().unwrap_or_default();
-        if last {
-            if let Ok(Some(rest)) = self.dec.finish() {
-                piece.push_str(&rest);
-            }
-        }
-        let out = self.stop.push(&piece);
-        let mut text = out.text;
-        if last && !out.stopped {
-            text.push_str(&self.stop.finish());
-        }
-        (text, out.stopped)
-    }
+    (out.text, out.stopped)
 }
 
 fn now_secs() -> u64 {
@@ -962,10 +939,9 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
     tokio::spawn(async move {
         let mut guard = guard;
         let mut rx = rx;
-        let mut text = TextOut::new(&tokenizer, &prompt, stop);
+        let mut text = StopStream::new(&tokenizer, &prompt, stop);
         let mut n = 0usize;
-        // Log-probabilities of the token being sent, and the text offset of the next one.
-        let mut pending: Vec<(u32, TokenLogprobs)> = Vec::with_capacity(1);
+        // The text offset of the next token's log-probabilities.
         let mut offset = 0usize;
         let cut = cut_off(cut);
         tokio::pin!(cut);
@@ -987,21 +963,15 @@ async fn generate(s: Arc<AppState>, body: Value, prompt: Vec<u32>, kind: Kind) -
             match ev {
                 Event::Token(o) => {
                     n += 1;
-                    if let Some(lp) = o.logprobs.clone() {
-                        pending.push((o.token, lp));
-                    }
-                    let (delta, stopped) = text.push(o.token, o.finish.is_some());
+                    let (delta, stopped) = release(&mut text, o.token, o.finish.is_some());
                     let finish = if stopped {
                         Some("stop")
                     } else {
                         o.finish.map(finish_name)
                     };
-                    let lps = if pending.is_empty() {
-                        Value::Null
-                    } else {
-                        let v = logprobs_json(&tokenizer, kind, &pending, &mut offset);
-                        pending.clear();
-                        v
+                    let lps = match o.logprobs.clone() {
+                        Some(lp) => logprobs_json(&tokenizer, kind, &[(o.token, lp)], &mut offset),
+                        None => Value::Null,
                     };
                     let c = chunk(
                         kind,
@@ -1105,7 +1075,7 @@ async fn whole(
     let mut logprobs: Vec<(u32, TokenLogprobs)> = Vec::new();
     // With stop strings the text is built as it streams, to end at the first one.
     let mut stop_text =
-        (!stop.is_empty()).then(|| (TextOut::new(&s.tokenizer, &prompt, stop), String::new()));
+        (!stop.is_empty()).then(|| (StopStream::new(&s.tokenizer, &prompt, stop), String::new()));
     let cut = cut_off(s.cut.subscribe());
     tokio::pin!(cut);
     let finish = loop {
@@ -1121,7 +1091,7 @@ async fn whole(
                     logprobs.push((o.token, lp));
                 }
                 if let Some((t, acc)) = &mut stop_text {
-                    let (piece, stopped) = t.push(o.token, o.finish.is_some());
+                    let (piece, stopped) = release(t, o.token, o.finish.is_some());
                     acc.push_str(&piece);
                     if stopped {
                         if o.finish.is_some() {

@@ -18,7 +18,7 @@ use encore_core::progress::{Progress, Unit};
 use encore_core::runner::SamplingParams;
 use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
 use encore_core::serve::{EngineHandle, Event};
-use encore_core::tokenizer::{ChatMessage, StopMatcher, StreamDecoder, Tokenizer};
+use encore_core::tokenizer::{ChatMessage, StopMatcher, StopStream};
 use encore_core::DType;
 
 use crate::out::{errln, out, outln};
@@ -302,19 +302,25 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if prompts.is_empty() {
         bail!("no prompts to run");
     }
-    // Each prompt's text as it streams, through its stop strings (when there are any).
+    // Each prompt's text as it streams, through its stop strings (when there are any),
+    // and what it released so far.
     let mut texts_out = prompts
         .iter()
-        .map(|p| TextOut::new(&tokenizer, p, &a.stop))
+        .map(|p| {
+            let stop = StopMatcher::new(a.stop.iter().cloned())?;
+            Ok((StopStream::new(&tokenizer, p, stop), String::new()))
+        })
         .collect::<encore_core::Result<Vec<_>>>()?;
     let bars = Bars::new(!a.json);
     let mut gens: Vec<Generation> = Vec::with_capacity(prompts.len());
     let ran = run_on_engine(&engine, &prompts, &params, &bars, &mut gens, |i, id| {
-        let (piece, stopped) = texts_out[i].push(id);
+        let (t, released) = &mut texts_out[i];
+        let out = t.push(id);
+        released.push_str(&out.text);
         if stream && i == 0 {
-            out!("{piece}")?;
+            out!("{}", out.text)?;
         }
-        Ok(stopped)
+        Ok(out.stopped)
     });
     // However the run ended (a closed stdout, a failed request), no request stays live.
     if ran.is_err() {
@@ -327,8 +333,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let stats = engine.runner_stats();
     engine.shutdown();
     ran?;
-    for (i, t) in texts_out.iter_mut().enumerate() {
+    for (i, (t, released)) in texts_out.iter_mut().enumerate() {
         let rest = t.finish();
+        released.push_str(&rest);
         if stream && i == 0 {
             out!("{rest}")?;
             outln!()?;
@@ -367,7 +374,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         let text = if a.stop.is_empty() {
             tokenizer.decode(&g.output_ids, true)?
         } else {
-            texts_out[i].text.clone()
+            texts_out[i].1.clone()
         };
         let decode_tps = tokens_per_sec(g.output_ids.len().saturating_sub(1), g.decode_secs);
         let finish = g.finish.name();
@@ -536,54 +543,6 @@ fn run_on_engine(
         progress.finish();
     }
     result
-}
-
-/// One prompt's output text as its tokens arrive: detokenized incrementally, then passed
-/// through its stop strings (the text ends before the first to occur).
-struct TextOut<'t> {
-    decoder: StreamDecoder<'t>,
-    stop: StopMatcher,
-    /// Everything released so far.
-    text: String,
-}
-
-impl<'t> TextOut<'t> {
-    fn new(
-        tokenizer: &'t Tokenizer,
-        prompt: &[u32],
-        stops: &[String],
-    ) -> encore_core::Result<Self> {
-        Ok(TextOut {
-            decoder: StreamDecoder::new(tokenizer, prompt),
-            stop: StopMatcher::new(stops.iter().cloned())?,
-            text: String::new(),
-        })
-    }
-
-    /// The text token `id` releases, and whether a stop string ended the text.
-    fn push(&mut self, id: u32) -> (String, bool) {
-        let piece = self.decoder.push(id).ok().flatten().unwrap_or_default();
-        let out = self.stop.push(&piece);
-        self.text.push_str(&out.text);
-        (out.text, out.stopped)
-    }
-
-    /// The text still held when the output ended (nothing after a stop string).
-    fn finish(&mut self) -> String {
-        if self.stop.stopped() {
-            return String::new();
-        }
-        let mut rest = String::new();
-        if let Ok(Some(tail)) = self.decoder.finish() {
-            let out = self.stop.push(&tail);
-            rest.push_str(&out.text);
-        }
-        if !self.stop.stopped() {
-            rest.push_str(&self.stop.finish());
-        }
-        self.text.push_str(&rest);
-        rest
-    }
 }
 
 fn tokens_per_sec(tokens: usize, secs: f64) -> f64 {

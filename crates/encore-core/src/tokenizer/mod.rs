@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 
 pub(crate) use gguf::end_of_generation_ids;
 pub use gguf::GgufVocab;
-pub use stop::{StopMatcher, StopOutput};
+pub use stop::{StopMatcher, StopOutput, StopStream};
 pub use stream::StreamDecoder;
 use template::ChatTemplate;
 

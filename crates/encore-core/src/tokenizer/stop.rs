@@ -2,6 +2,8 @@
 
 use crate::error::{Error, Result};
 
+use super::{StreamDecoder, Tokenizer};
+
 /// What [`StopMatcher::push`] releases.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StopOutput {
@@ -112,5 +114,53 @@ impl StopMatcher {
             .filter(|&i| h.is_char_boundary(i))
             .find(|&i| self.stops.iter().any(|s| s.starts_with(&h[i..])))
             .map_or(0, |i| h.len() - i)
+    }
+}
+
+/// A request's output text as its tokens arrive: detokenized incrementally
+/// ([`StreamDecoder`]) and passed through its stop strings ([`StopMatcher`]). What the
+/// server streams and what `encore generate` prints.
+pub struct StopStream<'t> {
+    dec: StreamDecoder<'t>,
+    stop: StopMatcher,
+}
+
+impl<'t> StopStream<'t> {
+    pub fn new(tokenizer: &'t Tokenizer, prompt: &[u32], stop: StopMatcher) -> Self {
+        StopStream {
+            dec: StreamDecoder::new(tokenizer, prompt),
+            stop,
+        }
+    }
+
+    /// The text token `id` releases, and whether a stop string ended the text there
+    /// (the stop string and anything after it are never released).
+    pub fn push(&mut self, id: u32) -> StopOutput {
+        let piece = self.dec.push(id).ok().flatten().unwrap_or_default();
+        self.stop.push(&piece)
+    }
+
+    /// The output ended: release the text still held (the decoder's tail, then what the
+    /// stop strings held back), up to a stop string the tail may complete; nothing after
+    /// a stop.
+    pub fn finish(&mut self) -> String {
+        if self.stop.stopped() {
+            return String::new();
+        }
+        let mut rest = String::new();
+        if let Ok(Some(tail)) = self.dec.finish() {
+            let out = self.stop.push(&tail);
+            rest = out.text;
+            if out.stopped {
+                return rest;
+            }
+        }
+        rest.push_str(&self.stop.finish());
+        rest
+    }
+
+    /// Whether a stop string ended the text.
+    pub fn stopped(&self) -> bool {
+        self.stop.stopped()
     }
 }
