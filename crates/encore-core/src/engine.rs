@@ -23,6 +23,7 @@ use crate::memory::{GraphMemory, MemoryLimit, MemoryNeed};
 use crate::model::llama::Model;
 use crate::model::weights;
 use crate::model::ModelFiles;
+use crate::offload::{self, Offload, OffloadConfig, OffloadReport, Policy, Prepared};
 use crate::progress::{Progress, Unit};
 use crate::runner::{GraphConfig, Runner, RunnerConfig};
 use crate::tensor::DType;
@@ -63,6 +64,9 @@ pub struct EngineConfig {
     /// (e.g. "generate (3 prompts)", "lower --max-seq-len").
     pub run_name: String,
     pub fix_hint: String,
+    /// A device budget for the weights (`--weight-budget`, `--offload-policy`); `None`:
+    /// every weight resident.
+    pub offload: Option<OffloadConfig>,
 }
 
 impl EngineConfig {
@@ -91,6 +95,7 @@ impl EngineConfig {
             extra_bytes: 0,
             run_name: "engine".into(),
             fix_hint: String::new(),
+            offload: None,
         }
     }
 }
@@ -104,6 +109,8 @@ pub struct BootReport {
     /// Warm-up and capture of every bucket (0 with on-demand capture).
     pub capture_secs: f64,
     pub total_secs: f64,
+    /// What the weight budget gave (`None`: every weight resident).
+    pub offload: Option<OffloadReport>,
 }
 
 /// A model ready to serve: the runner with its cache, inputs and graphs.
@@ -152,8 +159,24 @@ impl<'b> Engine<'b> {
             // One penalty row per sequence a step may hold (see RunnerConfig).
             penalty_slots: cfg.max_seqs,
         };
-        // 1. Sizes, before anything is allocated.
+        // 1. Sizes, before anything is allocated. Under a weight budget the weights take
+        // the resident set and the ring (or the LRU pool).
+        let offload_report = match &cfg.offload {
+            Some(oc) => {
+                if oc.policy == Policy::Lru && cfg.graphs.is_some() {
+                    return Err(Error::invalid(
+                        "--offload-policy lru",
+                        "the LRU policy decides its copies at run time and cannot run inside                          graphs; add --eager, or use --offload-policy planned",
+                    ));
+                }
+                offload::device_bytes(&mcfg, cfg.dtype, oc)?
+            }
+            None => None,
+        };
         let mut need = rcfg.memory_need(be, &mcfg, cfg.dtype);
+        if let Some(r) = &offload_report {
+            need.weights = r.resident_bytes.saturating_add(r.streaming_bytes);
+        }
         need.activations = need.activations.saturating_add(cfg.extra_bytes);
         if let Some(limit) = MemoryLimit::of(be) {
             need.check(&cfg.run_name, &limit, &cfg.fix_hint)?;
@@ -161,10 +184,39 @@ impl<'b> Engine<'b> {
 
         // 2. Weights.
         let t = Instant::now();
-        let w = weights::load(be, &mcfg, files.source, cfg.dtype, progress)?;
+        let prepared = match &cfg.offload {
+            Some(oc) => Prepared::new(be, &mcfg, cfg.dtype, oc)?,
+            None => None,
+        };
+        let (model, offload_report) =
+            match prepared {
+                Some(p) => {
+                    let (w, host) =
+                        weights::load_offloaded(be, &mcfg, files.source, cfg.dtype, &p, progress)?;
+                    let o = Offload::new(be, &mcfg, p, host)?;
+                    let r = o.report().clone();
+                    tracing::info!(
+                    "weight budget {:.2} GiB ({}): {:.2} GiB resident, {:.2} GiB {}, {:.2} GiB \
+                     streamed per step",
+                    crate::error::gib(r.budget_bytes),
+                    r.policy.map_or("", |p| p.name()),
+                    crate::error::gib(r.resident_bytes),
+                    crate::error::gib(r.streaming_bytes),
+                    if o.policy() == Policy::Lru { "LRU pool" } else { "ring" },
+                    crate::error::gib(r.streamed_bytes_per_step)
+                );
+                    (
+                        Model::with_offload(be, mcfg, w, cfg.max_seq_len, o)?,
+                        Some(r),
+                    )
+                }
+                None => {
+                    let w = weights::load(be, &mcfg, files.source, cfg.dtype, progress)?;
+                    (Model::new(be, mcfg, w, cfg.max_seq_len)?, offload_report)
+                }
+            };
         be.synchronize()?;
         let load_secs = t.elapsed().as_secs_f64();
-        let model = Model::new(be, mcfg, w, cfg.max_seq_len)?;
 
         // 3. The runner, with the smallest cache.
         let mut runner = Runner::new(be, model, rcfg)?;
@@ -220,6 +272,7 @@ impl<'b> Engine<'b> {
             kv_blocks: runner.blocks.num_blocks(),
             capture_secs,
             total_secs: t0.elapsed().as_secs_f64(),
+            offload: offload_report,
         };
         tracing::info!(
             "engine up in {:.2} s: weights {:.2} s, {} KV blocks, graphs {:.2} s",

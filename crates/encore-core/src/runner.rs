@@ -1142,6 +1142,19 @@ impl Pieces for ForwardStep<'_> {
     }
 
     fn piece(&self, buf: &StepBuffers, i: usize) -> Result<()> {
+        self.piece_ops(buf, i)?;
+        // A piece is captured alone: its weight copies (offload) join before it ends.
+        self.model.end_segment()
+    }
+
+    fn seam(&self, buf: &StepBuffers, i: usize) -> Result<()> {
+        self.seam_ops(buf, i)?;
+        self.model.end_segment()
+    }
+}
+
+impl ForwardStep<'_> {
+    fn piece_ops(&self, buf: &StepBuffers, i: usize) -> Result<()> {
         let inp = self.inputs();
         match self.shape {
             Shape::Split => self.model.piece(self.be, self.kv, &inp, buf, i),
@@ -1159,7 +1172,7 @@ impl Pieces for ForwardStep<'_> {
         }
     }
 
-    fn seam(&self, buf: &StepBuffers, i: usize) -> Result<()> {
+    fn seam_ops(&self, buf: &StepBuffers, i: usize) -> Result<()> {
         if self.shape != Shape::Split {
             return Ok(());
         }

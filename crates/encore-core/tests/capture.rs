@@ -221,6 +221,9 @@ impl Backend for Faulty {
     fn is_capturing(&self) -> bool {
         self.capturing.load(Ordering::Acquire) || self.inner.is_capturing()
     }
+    fn copy_queue(&self, events: usize) -> Result<Box<dyn encore_core::backend::CopyQueue>> {
+        self.inner.copy_queue(events)
+    }
 }
 
 #[test]

@@ -90,6 +90,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let block_size = 16;
     let per_seq = max_seq_len.div_ceil(block_size);
     let engine_cfg = EngineConfig {
+        offload: None,
         dtype,
         block_size,
         max_tokens_per_step: 2048.max(max_batch),

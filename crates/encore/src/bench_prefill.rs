@@ -191,6 +191,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
         max_tokens * max_batch,
     )?;
     let engine_cfg = EngineConfig {
+        offload: None,
         dtype,
         block_size,
         max_tokens_per_step: max_tokens * max_batch,

@@ -615,6 +615,7 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
     )?;
     let at_least = 1 + max_seq_len.div_ceil(16);
     let engine_cfg = EngineConfig {
+        offload: None,
         dtype: a.dtype,
         block_size: 16,
         max_tokens_per_step: a.max_num_batched_tokens,

@@ -229,6 +229,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         )?)
     };
     let engine_cfg = EngineConfig {
+        offload: None,
         dtype,
         block_size: a.block_size,
         max_tokens_per_step: a.max_num_batched_tokens,

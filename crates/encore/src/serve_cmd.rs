@@ -117,6 +117,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         KvSizing::Blocks(a.cpu_kv_blocks.max(at_least))
     };
     let engine_cfg = EngineConfig {
+        offload: None,
         dtype: a.dtype,
         block_size: a.block_size,
         max_tokens_per_step: a.max_num_batched_tokens,

@@ -23,8 +23,11 @@
 
 pub mod cpu;
 pub mod cuda;
+mod host;
 mod staging;
 
+pub(crate) use host::check_copy as check_host_copy;
+pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 use std::sync::Arc;
@@ -436,6 +439,32 @@ pub trait Backend: Send + Sync {
 
     /// Whether a capture is in progress.
     fn is_capturing(&self) -> bool;
+
+    /// `bytes` zeroed bytes of host memory for weights streamed by weight offload:
+    /// page-locked on CUDA (an error naming the system cause when the driver refuses),
+    /// ordinary memory on the CPU. Forbidden during capture.
+    fn alloc_host(&self, bytes: usize) -> Result<HostMemory> {
+        if self.is_capturing() {
+            return Err(Error::CaptureViolation { op: "alloc_host" });
+        }
+        Ok(HostMemory::heap(bytes))
+    }
+
+    /// Make `mem` (a mapped safetensors file) a copy source in place: registered
+    /// page-locked and read-only with the driver on CUDA (an error with the system cause
+    /// when refused), read as is on the CPU. Forbidden during capture.
+    fn register_host(&self, mem: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Result<HostMemory> {
+        if self.is_capturing() {
+            return Err(Error::CaptureViolation {
+                op: "register_host",
+            });
+        }
+        Ok(HostMemory::borrowed(mem))
+    }
+
+    /// A queue for host-to-device weight copies beside the compute stream, with `events`
+    /// events (see [`CopyQueue`]). Forbidden during capture.
+    fn copy_queue(&self, events: usize) -> Result<Box<dyn CopyQueue>>;
 }
 
 impl dyn Backend + '_ {

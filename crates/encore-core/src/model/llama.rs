@@ -14,7 +14,14 @@ use crate::memory::Arena;
 use crate::memory::ARENA_ALIGN;
 use crate::model::config::ModelConfig;
 use crate::model::weights::ModelWeights;
+use crate::offload::Offload;
 use crate::tensor::{DType, Tensor};
+
+/// Index, in [`crate::offload::AccessOrder::llama`], of op `j` of layer `layer`
+/// (0 input norm, 1 qkv, 2 o_proj, 3 post norm, 4 gate/up, 5 down).
+fn layer_op(layer: usize, j: usize) -> usize {
+    1 + 6 * layer + j
+}
 
 /// One step's inputs, all device tensors (views of persistent buffers in graph mode).
 ///
@@ -53,6 +60,8 @@ pub struct Model {
     /// [`Model::scratch_len`] per step capacity `(n, b, w, bs)`: it evaluates the split-K
     /// plan for up to `2 b` row counts, too much to repeat on every eager step.
     scratch: std::sync::Mutex<std::collections::HashMap<[usize; 4], usize>>,
+    /// Weights under a device budget: what streams them (`None`: all resident).
+    offload: Option<Offload>,
 }
 
 /// The intermediates of one step (arena views), allocated from the arena in this order.
@@ -103,7 +112,48 @@ impl Model {
             cos_sin,
             max_positions,
             scratch: Default::default(),
+            offload: None,
         })
+    }
+
+    /// [`Model::new`] for weights loaded under a budget
+    /// ([`crate::model::weights::load_offloaded`]) with the executor that streams them.
+    pub fn with_offload(
+        backend: &dyn Backend,
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        max_positions: usize,
+        offload: Offload,
+    ) -> Result<Self> {
+        let mut m = Self::new(backend, cfg, weights, max_positions)?;
+        m.offload = Some(offload);
+        Ok(m)
+    }
+
+    /// The weight offload executor, when the weights run under a budget.
+    pub fn offload(&self) -> Option<&Offload> {
+        self.offload.as_ref()
+    }
+
+    /// Op `op` of the access order is about to be queued: under a budget, queue its
+    /// weight copies and waits. `Some(tensors)` (the LRU policy) replaces the op's
+    /// weights, in the op's read order.
+    fn enter(&self, be: &dyn Backend, op: usize) -> Result<Option<Vec<Tensor>>> {
+        match &self.offload {
+            Some(o) => o.enter(be, op),
+            None => Ok(None),
+        }
+    }
+
+    /// Where a captured piece or an eager seam ends: under a budget the compute stream
+    /// waits here for the weight copies queued since the last segment ended (a capture
+    /// must join its copies before it ends). Callers that run pieces call this after each
+    /// piece and each seam; [`Model::forward`] calls it once at the end.
+    pub fn end_segment(&self) -> Result<()> {
+        match &self.offload {
+            Some(o) => o.end_segment(),
+            None => Ok(()),
+        }
     }
 
     pub fn max_positions(&self) -> usize {
@@ -267,50 +317,76 @@ impl Model {
             ));
         }
         let eps = c.rms_norm_eps;
+        // Each weight-reading op is announced first (weight offload); under the LRU
+        // policy its weights come back from the announcement.
+        let one = |op: usize, w: &Tensor| -> Result<Tensor> {
+            Ok(match self.enter(be, op)? {
+                Some(mut v) => v.swap_remove(0),
+                None => w.clone(),
+            })
+        };
         if k == 0 {
-            be.embedding(inp.token_ids, &self.weights.embed, &buf.hidden)?;
+            let embed = one(0, &self.weights.embed)?;
+            be.embedding(inp.token_ids, &embed, &buf.hidden)?;
         } else {
             // The rest of layer k - 1: o-proj, residual + post-norm, MLP.
             let l = &layers[k - 1];
-            be.matmul(&buf.attn, &l.o_proj, None, &buf.hidden)?;
+            let o_proj = one(layer_op(k - 1, 2), &l.o_proj)?;
+            be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
+            let post_norm = one(layer_op(k - 1, 3), &l.post_norm)?;
             be.rms_norm(
                 &buf.hidden,
                 Some(&buf.residual),
-                &l.post_norm,
+                &post_norm,
                 eps,
                 &buf.normed,
             )?;
-            be.matmul_silu_mul(&buf.normed, &l.gate_up, &buf.gate_up, &buf.act)?;
-            be.matmul(&buf.act, &l.down, None, &buf.hidden)?;
+            let gate_up = one(layer_op(k - 1, 4), &l.gate_up)?;
+            be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
+            let down = one(layer_op(k - 1, 5), &l.down)?;
+            be.matmul(&buf.act, &down, None, &buf.hidden)?;
         }
         let Some(l) = layers.get(k) else {
-            return be.rms_norm(
-                &buf.hidden,
-                Some(&buf.residual),
-                &self.weights.norm,
-                eps,
-                &buf.normed,
-            );
+            let norm = one(layer_op(layers.len(), 0), &self.weights.norm)?;
+            return be.rms_norm(&buf.hidden, Some(&buf.residual), &norm, eps, &buf.normed);
         };
+        let input_norm = one(layer_op(k, 0), &l.input_norm)?;
         // residual = residual + hidden (the first layer starts the residual stream).
         if k == 0 {
             be.copy(&buf.hidden, &buf.residual)?;
-            be.rms_norm(&buf.hidden, None, &l.input_norm, eps, &buf.normed)?;
+            be.rms_norm(&buf.hidden, None, &input_norm, eps, &buf.normed)?;
         } else {
             be.rms_norm(
                 &buf.hidden,
                 Some(&buf.residual),
-                &l.input_norm,
+                &input_norm,
                 eps,
                 &buf.normed,
             )?;
         }
         // One projection by the merged weight, then split / head norm / rope / KV write.
-        be.matmul(&buf.normed, &l.qkv, l.qkv_bias.as_ref(), &buf.qkv)?;
+        // The op reads qkv, then its bias and head norms when the model has them.
+        let (qkv, bias, q_norm, k_norm) = match self.enter(be, layer_op(k, 1))? {
+            None => (
+                l.qkv.clone(),
+                l.qkv_bias.clone(),
+                l.q_norm.clone(),
+                l.k_norm.clone(),
+            ),
+            Some(v) => {
+                let mut it = v.into_iter();
+                let qkv = it.next().expect("qkv is read first");
+                let bias = l.qkv_bias.as_ref().and_then(|_| it.next());
+                let q_norm = l.q_norm.as_ref().and_then(|_| it.next());
+                let k_norm = l.k_norm.as_ref().and_then(|_| it.next());
+                (qkv, bias, q_norm, k_norm)
+            }
+        };
+        be.matmul(&buf.normed, &qkv, bias.as_ref(), &buf.qkv)?;
         let n = buf.q.dim(0);
         be.qkv_rope_write(&QkvRope {
             qkv: &buf.qkv,
-            head_norm: l.q_norm.as_ref().zip(l.k_norm.as_ref()),
+            head_norm: q_norm.as_ref().zip(k_norm.as_ref()),
             eps,
             positions: inp.positions,
             cos_sin: &self.cos_sin,
@@ -386,7 +462,12 @@ impl Model {
         let logits = buf.logits.prefix(rows)?;
         // The embedding op is a row gather.
         be.embedding(&inp.logits_indices.prefix(rows)?, &buf.normed, &last)?;
-        be.matmul(&last, &self.weights.lm_head, None, &logits)?;
+        let op = layer_op(self.weights.layers.len(), 1);
+        let lm_head = match self.enter(be, op)? {
+            Some(mut v) => v.swap_remove(0),
+            None => self.weights.lm_head.clone(),
+        };
+        be.matmul(&last, &lm_head, None, &logits)?;
         Ok(logits)
     }
 
@@ -417,6 +498,8 @@ impl Model {
                 self.attention(be, kv, inp, &buf, k)?;
             }
         }
-        self.head(be, inp, &buf, b)
+        let logits = self.head(be, inp, &buf, b)?;
+        self.end_segment()?;
+        Ok(logits)
     }
 }

@@ -12,6 +12,7 @@ mod checkpoint;
 mod host;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 pub(crate) use self::checkpoint::natural_key;
@@ -19,8 +20,9 @@ use self::checkpoint::Checkpoint;
 use self::host::Staging;
 use super::config::{Arch, ModelConfig};
 use super::gguf::{GgufFile, GgufWeights};
-use crate::backend::Backend;
+use crate::backend::{Backend, HostMemory};
 use crate::error::{Error, Result};
+use crate::offload::{HostPart, HostWeights, Prepared};
 use crate::progress::{Progress, Unit};
 use crate::tensor::{DType, Tensor};
 
@@ -111,6 +113,33 @@ pub fn load(
     dtype: DType,
     progress: &dyn Progress,
 ) -> Result<ModelWeights> {
+    load_placed(backend, cfg, source, dtype, None, progress).map(|(w, _)| w)
+}
+
+/// [`load`] under a weight budget: the weights `prepared` streams get its device views
+/// (ring slots or the LRU pool) and their bytes go to host memory the device copies from
+/// — the checkpoint's own mapping, registered read-only in place, where a tensor is
+/// stored in the run dtype; a page-locked copy otherwise (dtype conversion, GGUF, dummy
+/// weights). Resident weights load as [`load`] loads them.
+pub fn load_offloaded(
+    backend: &dyn Backend,
+    cfg: &ModelConfig,
+    source: WeightSource<'_>,
+    dtype: DType,
+    prepared: &Prepared,
+    progress: &dyn Progress,
+) -> Result<(ModelWeights, HostWeights)> {
+    load_placed(backend, cfg, source, dtype, Some(prepared), progress)
+}
+
+fn load_placed(
+    backend: &dyn Backend,
+    cfg: &ModelConfig,
+    source: WeightSource<'_>,
+    dtype: DType,
+    prepared: Option<&Prepared>,
+    progress: &dyn Progress,
+) -> Result<(ModelWeights, HostWeights)> {
     if !dtype.is_float() {
         return Err(Error::invalid(
             "weights::load",
@@ -146,17 +175,32 @@ pub fn load(
     };
 
     let total: usize = plan.merged().iter().map(|m| m.numel() * dtype.size()).sum();
+    let mut host = match prepared {
+        Some(p) => HostSide::new(backend, &plan, &source, dtype, p)?,
+        None => HostSide::default(),
+    };
     let bar = crate::progress::Guard::start(progress, what, total as u64, Unit::Bytes);
     let mut done = 0u64;
     let start = Instant::now();
     let mut staging = Staging::default();
+    let mut index = 0;
     let weights = plan.build(dtype, |m| {
-        let t = backend.alloc(dtype, &m.shape)?;
+        let i = index;
+        index += 1;
+        let streamed = prepared.and_then(|p| p.streamed[i].clone());
+        let t = match &streamed {
+            Some(view) => view.clone(),
+            None => backend.alloc(dtype, &m.shape)?,
+        };
         let mut row = 0;
-        for part in &m.parts {
+        for (k, part) in m.parts.iter().enumerate() {
             let rows = part.shape[0];
             let dst = t.narrow(row, rows)?;
-            source.write(backend, cfg, part, &dst, &mut staging)?;
+            if streamed.is_some() {
+                host.fill(&source, cfg, i, k, part, dtype, &mut staging)?;
+            } else {
+                source.write(backend, cfg, part, &dst, &mut staging)?;
+            }
             done += dst.size_bytes() as u64;
             bar.0.set(done);
             row += rows;
@@ -172,7 +216,7 @@ pub fn load(
         backend.device_name(),
         start.elapsed().as_secs_f64()
     );
-    Ok(weights)
+    Ok((weights, host.finish()))
 }
 
 /// Checkpoint tensors the config does not use but a valid checkpoint may hold: rotary
@@ -241,30 +285,43 @@ impl Source {
         dst: &Tensor,
         staging: &mut Staging,
     ) -> Result<()> {
+        self.with_bytes(cfg, spec, dst.dtype(), staging, |bytes| {
+            backend.write_bytes(dst, bytes)
+        })
+    }
+
+    /// Call `f` with one HF tensor's bytes in `dtype` (converted on the host when needed).
+    fn with_bytes<R>(
+        &self,
+        cfg: &ModelConfig,
+        spec: &TensorSpec,
+        dtype: DType,
+        staging: &mut Staging,
+        f: impl FnOnce(&[u8]) -> Result<R>,
+    ) -> Result<R> {
         match self {
             Source::Checkpoint(ck) => {
                 let (src_dtype, bytes) = ck.data(&spec.name)?;
                 check_finite_norm(&spec.name, bytes, src_dtype)?;
-                if src_dtype == dst.dtype() {
-                    backend.write_bytes(dst, bytes)
+                if src_dtype == dtype {
+                    f(bytes)
                 } else {
-                    backend.write_bytes(dst, staging.convert(bytes, src_dtype, dst.dtype()))
+                    f(staging.convert(bytes, src_dtype, dtype))
                 }
             }
             Source::Gguf(g) => {
                 let values = g.tensor_f32(spec)?;
                 let bytes: &[u8] = bytemuck::cast_slice(&values);
                 check_finite_norm(&spec.name, bytes, DType::F32)?;
-                if dst.dtype() == DType::F32 {
-                    backend.write_bytes(dst, bytes)
+                if dtype == DType::F32 {
+                    f(bytes)
                 } else {
-                    backend.write_bytes(dst, staging.convert(bytes, DType::F32, dst.dtype()))
+                    f(staging.convert(bytes, DType::F32, dtype))
                 }
             }
             Source::Dummy { seed } => {
                 let (mean, std) = dummy_init(cfg, spec);
-                let host = staging.dummy(*seed, &spec.name, spec.numel(), mean, std, dst.dtype());
-                backend.write_bytes(dst, host)
+                f(staging.dummy(*seed, &spec.name, spec.numel(), mean, std, dtype))
             }
         }
     }
@@ -431,5 +488,185 @@ impl Plan {
             lm_head,
             dtype,
         })
+    }
+}
+
+/// Where one part of a streamed weight goes on the host.
+#[derive(Clone, Copy)]
+enum PartHome {
+    /// Read in place from the registered mapping of checkpoint file `file`.
+    InPlace { file: usize, offset: usize },
+    /// Written into the page-locked copy at `offset`.
+    Copied { offset: usize },
+}
+
+/// The host side of the streamed weights while loading: page-locked memory for parts
+/// that need writing, registered mappings for parts read in place.
+#[derive(Default)]
+struct HostSide {
+    /// Per weight, per part: where it goes (empty for resident weights).
+    homes: Vec<Vec<PartHome>>,
+    copy: Option<HostMemory>,
+    /// Checkpoint file -> index into the final memory list.
+    registered: Vec<(usize, Arc<HostMemory>)>,
+    registered_bytes: usize,
+    copied_bytes: usize,
+    /// Per weight, per part: bytes.
+    sizes: Vec<Vec<usize>>,
+}
+
+impl HostSide {
+    fn new(
+        backend: &dyn Backend,
+        plan: &Plan,
+        source: &Source,
+        dtype: DType,
+        prepared: &Prepared,
+    ) -> Result<Self> {
+        let merged = plan.merged();
+        if merged.len() != prepared.streamed.len() {
+            return Err(Error::invalid(
+                "weight offload",
+                format!(
+                    "the budget places {} weights, the model has {}",
+                    prepared.streamed.len(),
+                    merged.len()
+                ),
+            ));
+        }
+        let mut side = HostSide::default();
+        let mut cursor = 0usize;
+        let mut files = Vec::new();
+        for (i, m) in merged.iter().enumerate() {
+            let mut homes = Vec::new();
+            let mut sizes = Vec::new();
+            if prepared.streamed[i].is_some() {
+                for part in &m.parts {
+                    let bytes = part.numel() * dtype.size();
+                    let in_place = match source {
+                        Source::Checkpoint(ck) => {
+                            let (d, file, range) = ck.location(&part.name)?;
+                            (d == dtype).then_some((file, range.start))
+                        }
+                        _ => None,
+                    };
+                    homes.push(match in_place {
+                        Some((file, offset)) => {
+                            if !files.contains(&file) {
+                                files.push(file);
+                            }
+                            side.registered_bytes += bytes;
+                            PartHome::InPlace { file, offset }
+                        }
+                        None => {
+                            let offset = cursor;
+                            cursor += bytes;
+                            PartHome::Copied { offset }
+                        }
+                    });
+                    sizes.push(bytes);
+                }
+            }
+            side.homes.push(homes);
+            side.sizes.push(sizes);
+        }
+        side.copied_bytes = cursor;
+        if cursor > 0 {
+            side.copy = Some(backend.alloc_host(cursor)?);
+        }
+        if let Source::Checkpoint(ck) = source {
+            for file in files {
+                let mem =
+                    backend
+                        .register_host(ck.mapping(file))
+                        .map_err(|e| Error::WeightsFile {
+                            path: ck.file_name(file),
+                            what: format!(
+                                "could not be registered page-locked for weight offload: {e}"
+                            ),
+                        })?;
+                side.registered.push((file, Arc::new(mem)));
+            }
+        }
+        Ok(side)
+    }
+
+    /// Write part `k` of streamed weight `i` into the page-locked copy (parts read in
+    /// place only have their norms checked, as a device load would).
+    #[allow(clippy::too_many_arguments)]
+    fn fill(
+        &mut self,
+        source: &Source,
+        cfg: &ModelConfig,
+        i: usize,
+        k: usize,
+        part: &TensorSpec,
+        dtype: DType,
+        staging: &mut Staging,
+    ) -> Result<()> {
+        let home = self.homes[i][k];
+        let bytes = self.sizes[i][k];
+        let copy = &mut self.copy;
+        source.with_bytes(cfg, part, dtype, staging, |src| {
+            let PartHome::Copied { offset } = home else {
+                return Ok(());
+            };
+            let dst = copy
+                .as_mut()
+                .and_then(|c| c.bytes_mut())
+                .and_then(|b| b.get_mut(offset..offset + bytes))
+                .ok_or_else(|| {
+                    Error::invalid("weight offload", "page-locked copy smaller than planned")
+                })?;
+            dst.copy_from_slice(src);
+            Ok(())
+        })
+    }
+
+    fn finish(self) -> HostWeights {
+        let mut memory = Vec::new();
+        let copy_index = self.copy.map(|c| {
+            memory.push(Arc::new(c));
+            memory.len() - 1
+        });
+        let mut file_index = std::collections::HashMap::new();
+        for (file, mem) in self.registered {
+            memory.push(mem);
+            file_index.insert(file, memory.len() - 1);
+        }
+        let parts = self
+            .homes
+            .iter()
+            .zip(&self.sizes)
+            .map(|(homes, sizes)| {
+                let mut dst_offset = 0;
+                homes
+                    .iter()
+                    .zip(sizes)
+                    .map(|(h, &bytes)| {
+                        let (memory, offset) = match *h {
+                            PartHome::InPlace { file, offset } => (file_index[&file], offset),
+                            PartHome::Copied { offset } => {
+                                (copy_index.expect("a copy exists"), offset)
+                            }
+                        };
+                        let p = HostPart {
+                            memory,
+                            offset,
+                            bytes,
+                            dst_offset,
+                        };
+                        dst_offset += bytes;
+                        p
+                    })
+                    .collect()
+            })
+            .collect();
+        HostWeights {
+            memory,
+            parts,
+            registered_bytes: self.registered_bytes,
+            copied_bytes: self.copied_bytes,
+        }
     }
 }

@@ -21,6 +21,13 @@
 //! slot ranges share a byte must have disjoint arcs; the copy of the later one waits for
 //! the earlier one's last reader (another event).
 
+mod exec;
+
+pub use exec::{
+    device_bytes, llama_shapes, HostPart, HostWeights, Offload, OffloadConfig, OffloadReport,
+    Policy, Prepared, SLOT_ALIGN,
+};
+
 use std::collections::{HashMap, VecDeque};
 
 use crate::error::{gib, Error, Result};
@@ -195,6 +202,15 @@ impl AccessOrder {
 
     pub fn weights(&self) -> &[Weight] {
         &self.weights
+    }
+
+    /// The same order with every weight's bytes rounded up to a multiple of `align`: the
+    /// device bytes it takes when each slot starts aligned.
+    pub fn aligned(mut self, align: usize) -> Self {
+        for w in &mut self.weights {
+            w.bytes = w.bytes.next_multiple_of(align.max(1));
+        }
+        self
     }
 
     pub fn ops(&self) -> &[Op] {

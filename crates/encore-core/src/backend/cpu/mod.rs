@@ -6,6 +6,7 @@
 //! gives CPU graphs the same semantics as CUDA graphs, so the graph runtime is tested
 //! for real in CI: a kernel that baked a per-step host value replays wrong here too.
 
+mod copy_queue;
 mod kernels;
 
 use std::alloc::Layout;
@@ -133,11 +134,36 @@ impl Graph for CpuGraph {
     }
 }
 
-/// The CPU backend.
-pub struct CpuBackend {
+/// Runs ops at once, or records them on a tape while capturing (shared with the copy
+/// queue, whose ops are recorded on the same tape).
+#[derive(Default)]
+pub(crate) struct Recorder {
     capturing: AtomicBool,
     tape: Mutex<Vec<TapeOp>>,
+}
+
+impl Recorder {
+    /// Run `op` now, or record it when capturing.
+    pub(crate) fn submit(&self, op: impl Fn() + Send + Sync + 'static) {
+        if self.capturing.load(Ordering::Acquire) {
+            self.tape.lock().unwrap().push(Box::new(op));
+        } else {
+            op();
+        }
+    }
+
+    pub(crate) fn capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
+    }
+}
+
+/// The CPU backend.
+pub struct CpuBackend {
+    rec: Arc<Recorder>,
     vmm: OnceLock<Arc<CpuVmm>>,
+    /// Added before each copy of the copy queue (a test knob: it makes a missing wait
+    /// read stale weights every time instead of sometimes).
+    copy_delay: std::time::Duration,
 }
 
 impl Default for CpuBackend {
@@ -149,23 +175,28 @@ impl Default for CpuBackend {
 impl CpuBackend {
     pub fn new() -> Self {
         CpuBackend {
-            capturing: AtomicBool::new(false),
-            tape: Mutex::new(Vec::new()),
+            rec: Arc::new(Recorder::default()),
             vmm: OnceLock::new(),
+            copy_delay: std::time::Duration::ZERO,
+        }
+    }
+
+    /// A backend whose copy queue ([`Backend::copy_queue`]) sleeps `delay` before each
+    /// copy, as a slow link would: ordering mistakes then show every time.
+    pub fn with_copy_delay(delay: std::time::Duration) -> Self {
+        CpuBackend {
+            copy_delay: delay,
+            ..Self::new()
         }
     }
 
     /// Run `op` now, or record it when capturing.
     fn submit(&self, op: impl Fn() + Send + Sync + 'static) {
-        if self.capturing.load(Ordering::Acquire) {
-            self.tape.lock().unwrap().push(Box::new(op));
-        } else {
-            op();
-        }
+        self.rec.submit(op)
     }
 
     fn forbid_in_capture(&self, op: &'static str) -> Result<()> {
-        if self.capturing.load(Ordering::Acquire) {
+        if self.rec.capturing() {
             return Err(Error::CaptureViolation { op });
         }
         Ok(())
@@ -360,24 +391,33 @@ impl Backend for CpuBackend {
     }
 
     fn begin_capture(&self) -> Result<()> {
-        if self.capturing.swap(true, Ordering::AcqRel) {
+        if self.rec.capturing.swap(true, Ordering::AcqRel) {
             return Err(Error::Capture(
                 "begin_capture while already capturing".into(),
             ));
         }
-        self.tape.lock().unwrap().clear();
+        self.rec.tape.lock().unwrap().clear();
         Ok(())
     }
 
     fn end_capture(&self) -> Result<Box<dyn Graph>> {
-        if !self.capturing.swap(false, Ordering::AcqRel) {
+        if !self.rec.capturing.swap(false, Ordering::AcqRel) {
             return Err(Error::Capture("end_capture without begin_capture".into()));
         }
-        let ops = std::mem::take(&mut *self.tape.lock().unwrap());
+        let ops = std::mem::take(&mut *self.rec.tape.lock().unwrap());
         Ok(Box::new(CpuGraph { ops }))
     }
 
     fn is_capturing(&self) -> bool {
-        self.capturing.load(Ordering::Acquire)
+        self.rec.capturing()
+    }
+
+    fn copy_queue(&self, events: usize) -> Result<Box<dyn crate::backend::CopyQueue>> {
+        self.forbid_in_capture("copy_queue")?;
+        Ok(Box::new(copy_queue::CpuCopyQueue::new(
+            self.rec.clone(),
+            events,
+            self.copy_delay,
+        )?))
     }
 }

@@ -6,6 +6,7 @@
 
 mod blas;
 mod buffer;
+mod copy_queue;
 mod kernels;
 pub mod nvrtc;
 
@@ -686,5 +687,28 @@ impl Backend for CudaBackend {
 
     fn is_capturing(&self) -> bool {
         self.capturing.load(Ordering::Acquire)
+    }
+
+    fn alloc_host(&self, bytes: usize) -> Result<crate::backend::HostMemory> {
+        self.forbid_in_capture("alloc_host")?;
+        copy_queue::alloc(&self.ctx, bytes)
+    }
+
+    fn register_host(
+        &self,
+        mem: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<crate::backend::HostMemory> {
+        self.forbid_in_capture("register_host")?;
+        copy_queue::register(&self.ctx, mem)
+    }
+
+    fn copy_queue(&self, events: usize) -> Result<Box<dyn crate::backend::CopyQueue>> {
+        self.forbid_in_capture("copy_queue")?;
+        Ok(Box::new(copy_queue::CudaCopyQueue::new(
+            &self.ctx,
+            &self.stream,
+            self.info.ordinal,
+            events,
+        )?))
     }
 }

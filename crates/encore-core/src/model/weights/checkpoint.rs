@@ -19,7 +19,7 @@ const INDEX: &str = "model.safetensors.index.json";
 /// One mapped `.safetensors` file.
 struct ShardFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: std::sync::Arc<Mmap>,
     /// Byte offset of the data section (after the 8-byte length and the JSON header).
     data_start: usize,
     meta: Metadata,
@@ -52,7 +52,7 @@ impl ShardFile {
             })?;
         Ok(ShardFile {
             path: path.to_path_buf(),
-            mmap,
+            mmap: std::sync::Arc::new(mmap),
             data_start: 8 + header_len,
             meta,
         })
@@ -290,6 +290,26 @@ impl Checkpoint {
         })?;
         let (a, b) = info.data_offsets;
         Ok((dtype, &file.mmap[file.data_start + a..file.data_start + b]))
+    }
+
+    /// Where a validated tensor's bytes lie: its dtype, the index of its file and the
+    /// byte range within that file's mapping ([`Checkpoint::mapping`]).
+    pub(super) fn location(&self, name: &str) -> Result<(DType, usize, std::ops::Range<usize>)> {
+        let (dtype, bytes) = self.data(name)?;
+        let file = *self.location.get(name).expect("data() found it");
+        let base = self.files[file].mmap.as_ptr() as usize;
+        let start = bytes.as_ptr() as usize - base;
+        Ok((dtype, file, start..start + bytes.len()))
+    }
+
+    /// The mapping of file `file` (to register it with the device in place).
+    pub(super) fn mapping(&self, file: usize) -> std::sync::Arc<Mmap> {
+        self.files[file].mmap.clone()
+    }
+
+    /// The path of file `file`, for messages.
+    pub(super) fn file_name(&self, file: usize) -> String {
+        self.files[file].name()
     }
 
     /// An optional tensor's values as f32, `None` when the checkpoint lacks it.

@@ -1,0 +1,647 @@
+//! The offload executor: the device half of a weight budget.
+//!
+//! [`Offload::prepare`] turns a `--weight-budget` into device memory before the weights
+//! load: for the **planned** policy the resident set and the ring of [`super::plan`],
+//! each streamed weight a fixed view of the ring at its slot; for **LRU** one pool of the
+//! budget's bytes. The loader then puts resident weights on the device and the streamed
+//! ones in host memory ([`crate::backend::HostMemory`]: page-locked on CUDA).
+//!
+//! During a step the forward announces each op before it runs ([`Offload::enter`]):
+//! - **planned**: the copies the plan starts at this op are queued on the copy queue
+//!   after a fork (so they wait for every op queued before, the last readers of the bytes
+//!   they overwrite included), each followed by its event; an op that first reads a
+//!   weight copied in the same segment waits for that event. A *segment* is what runs
+//!   between two joins ([`Offload::end_segment`], called where a captured piece or an eager
+//!   seam ends): a capture must join its forked copy stream before it ends, and a copy
+//!   from an earlier segment has landed by then. Copies the plan starts in the previous
+//!   step (the first layers' weights, copied while the last ones run) are queued by the
+//!   previous step; before the first step, or after a step that did not finish, they
+//!   are queued by a *prime*. Everything is static, so the same calls are captured into
+//!   the decode graphs and the piecewise pieces, and `--eager` runs the same plan.
+//! - **LRU**: on-demand. A missing weight evicts least recently used ones (never the
+//!   running op's) until a first-fit hole holds it, then is copied while the compute
+//!   stream waits. Decisions are made on the host at run time, so it cannot be captured.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::{plan, validate, AccessOrder, Plan, WeightBudget};
+use crate::backend::{Backend, CopyQueue, HostMemory};
+use crate::error::{gib, Error, Result};
+use crate::model::config::ModelConfig;
+use crate::tensor::{DType, Storage, Tensor};
+
+/// Device offsets of streamed weights (ring slots, LRU placements) are multiples of this,
+/// so every kernel's vector loads stay aligned; the planner sees sizes rounded up to it.
+pub const SLOT_ALIGN: usize = 256;
+
+/// How streamed weights are chosen and moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// A fixed resident set and a ring of prefetch slots (see [`super::plan`]); works in
+    /// graphs.
+    #[default]
+    Planned,
+    /// On-demand LRU over a pool of the budget's bytes (the baseline; eager only).
+    Lru,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim() {
+            "planned" => Ok(Policy::Planned),
+            "lru" => Ok(Policy::Lru),
+            _ => Err(Error::invalid(
+                "--offload-policy",
+                format!("`{s}`: expected `planned` or `lru`"),
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Planned => "planned",
+            Policy::Lru => "lru",
+        }
+    }
+}
+
+/// A weight budget and its policy (`--weight-budget`, `--offload-policy`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OffloadConfig {
+    pub budget: WeightBudget,
+    pub policy: Policy,
+}
+
+/// Where one part (one HF tensor's rows) of a streamed weight's bytes lie on the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostPart {
+    /// Index into [`HostWeights::memory`].
+    pub memory: usize,
+    pub offset: usize,
+    pub bytes: usize,
+    /// Byte offset of these rows within the weight.
+    pub dst_offset: usize,
+}
+
+/// The host side of the streamed weights, filled by the loader.
+#[derive(Default)]
+pub struct HostWeights {
+    pub memory: Vec<Arc<HostMemory>>,
+    /// Per weight (the [`AccessOrder`] index): its parts; empty for resident weights.
+    pub parts: Vec<Vec<HostPart>>,
+    /// Bytes read in place from registered mapped files (no copy on the host).
+    pub registered_bytes: usize,
+    /// Bytes in page-locked copies (converted, dequantized or generated weights).
+    pub copied_bytes: usize,
+}
+
+/// What a budget gives, for reports (`bench offload`, start-up logs).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OffloadReport {
+    pub policy: Option<Policy>,
+    pub budget_bytes: usize,
+    pub total_bytes: usize,
+    pub floor_bytes: usize,
+    pub resident_bytes: usize,
+    /// The ring (planned) or the pool (LRU).
+    pub streaming_bytes: usize,
+    /// Planned: bytes copied per step. LRU: its steady-state estimate
+    /// ([`super::lru_streamed_per_step`]); the executor counts the real figure.
+    pub streamed_bytes_per_step: usize,
+    pub registered_bytes: usize,
+    pub copied_bytes: usize,
+}
+
+/// The device memory a budget takes, decided before the weights load.
+pub struct Prepared {
+    pub order: AccessOrder,
+    pub policy: Policy,
+    /// Per weight: `Some(view)` when streamed (its ring slot; for LRU a placeholder view
+    /// of the pool that is never read), `None` when resident.
+    pub streamed: Vec<Option<Tensor>>,
+    pub report: OffloadReport,
+    /// The run dtype of the weights.
+    pub dtype: DType,
+    plan: Option<Plan>,
+    /// The ring or the pool.
+    memory: Tensor,
+}
+
+/// The shape of every weight in [`AccessOrder::llama`] order, as the loader builds them.
+pub fn llama_shapes(cfg: &ModelConfig) -> Vec<Vec<usize>> {
+    let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
+    let mut s = vec![vec![cfg.vocab_size, h]];
+    for _ in 0..cfg.num_layers {
+        s.push(vec![h]);
+        s.push(vec![q + 2 * kv, h]);
+        if cfg.qkv_bias {
+            s.push(vec![q + 2 * kv]);
+        }
+        if cfg.qk_norm {
+            s.push(vec![hd]);
+            s.push(vec![hd]);
+        }
+        s.push(vec![h, q]);
+        s.push(vec![h]);
+        s.push(vec![2 * inter, h]);
+        s.push(vec![h, inter]);
+    }
+    s.push(vec![h]);
+    if !cfg.tie_word_embeddings {
+        s.push(vec![cfg.vocab_size, h]);
+    }
+    s
+}
+
+/// Device bytes a budget takes for `cfg` in `dtype` (resident weights + ring, or the LRU
+/// pool), and the report, without allocating: for the memory check before loading.
+/// `None` when the budget holds every weight (nothing is offloaded).
+pub fn device_bytes(
+    cfg: &ModelConfig,
+    dtype: DType,
+    config: &OffloadConfig,
+) -> Result<Option<OffloadReport>> {
+    let total = cfg.weight_bytes(dtype);
+    let budget = config.budget.bytes(total);
+    if budget >= total {
+        return Ok(None);
+    }
+    let order = AccessOrder::llama(cfg, dtype)?.aligned(SLOT_ALIGN);
+    let floor = super::check_budget(&order, budget)?;
+    let mut r = OffloadReport {
+        policy: Some(config.policy),
+        budget_bytes: budget,
+        total_bytes: total,
+        floor_bytes: floor.bytes,
+        ..Default::default()
+    };
+    match config.policy {
+        Policy::Planned => {
+            let p = plan(&order, budget)?;
+            r.resident_bytes = p.resident_bytes;
+            r.streaming_bytes = p.ring_bytes;
+            r.streamed_bytes_per_step = p.streamed_bytes_per_step();
+        }
+        Policy::Lru => {
+            r.streaming_bytes = budget;
+            r.streamed_bytes_per_step = super::lru_streamed_per_step(&order, budget, 3)?;
+        }
+    }
+    Ok(Some(r))
+}
+
+impl Prepared {
+    /// Check the budget and allocate the ring (or pool) for `cfg`'s weights in `dtype`.
+    /// `None` when the budget holds every weight.
+    pub fn new(
+        be: &dyn Backend,
+        cfg: &ModelConfig,
+        dtype: DType,
+        config: &OffloadConfig,
+    ) -> Result<Option<Prepared>> {
+        let Some(mut report) = device_bytes(cfg, dtype, config)? else {
+            return Ok(None);
+        };
+        let order = AccessOrder::llama(cfg, dtype)?.aligned(SLOT_ALIGN);
+        let shapes = llama_shapes(cfg);
+        if shapes.len() != order.weights().len() {
+            return Err(Error::invalid(
+                "weight offload",
+                format!(
+                    "{} weight shapes for {} weights in the access order",
+                    shapes.len(),
+                    order.weights().len()
+                ),
+            ));
+        }
+        let budget = report.budget_bytes;
+        let (plan, bytes) = match config.policy {
+            Policy::Planned => {
+                let p = plan(&order, budget)?;
+                validate(&order, &p)?;
+                let ring = p.ring_bytes;
+                (Some(p), ring)
+            }
+            Policy::Lru => (None, budget),
+        };
+        let memory = alloc_bytes(be, bytes, config.policy)?;
+        let view = |offset: usize, w: usize| {
+            Tensor::new(memory.storage().clone(), offset, &shapes[w], dtype)
+        };
+        let mut streamed = vec![None; shapes.len()];
+        match &plan {
+            Some(p) => {
+                for s in &p.streams {
+                    streamed[s.weight] = Some(view(s.offset, s.weight)?);
+                }
+            }
+            None => {
+                for (w, slot) in streamed.iter_mut().enumerate() {
+                    *slot = Some(view(0, w)?);
+                }
+            }
+        }
+        report.streaming_bytes = bytes;
+        Ok(Some(Prepared {
+            order,
+            policy: config.policy,
+            streamed,
+            report,
+            dtype,
+            plan,
+            memory,
+        }))
+    }
+}
+
+/// `bytes` of device memory as one tensor (a whole number of f32 words).
+fn alloc_bytes(be: &dyn Backend, bytes: usize, policy: Policy) -> Result<Tensor> {
+    let words = bytes.div_ceil(4).max(1);
+    be.alloc(DType::F32, &[words]).map_err(|e| match e {
+        Error::OutOfMemory { device, bytes, .. } => Error::OutOfMemory {
+            device,
+            bytes,
+            what: format!(
+                "the weight offload {} ({:.3} GiB); the device pool was refused",
+                match policy {
+                    Policy::Planned => "ring",
+                    Policy::Lru => "LRU pool",
+                },
+                gib(bytes)
+            ),
+        },
+        e => e,
+    })
+}
+
+/// Host-side bookkeeping of the planned policy within a step.
+#[derive(Default)]
+struct PlannedState {
+    /// Per stream: its copy was queued in the current segment (so its first reader waits).
+    pending: Vec<bool>,
+    /// The copy queue was forked in the current segment (so the segment ends with a join).
+    forked: bool,
+    /// The last step queued its final op, so the copies it starts for the next step are
+    /// queued (false before the first step and after a step that stopped part way).
+    complete: bool,
+}
+
+struct Planned {
+    plan: Plan,
+    /// Per op: streams whose copies start at it.
+    issue_at: Vec<Vec<usize>>,
+    /// Per op: streams it reads first.
+    consume_at: Vec<Vec<usize>>,
+    /// Streams whose bytes must be in place when a step starts (copied during the
+    /// previous step).
+    prime: Vec<usize>,
+    /// Per stream: the device view its copies fill.
+    dst: Vec<Tensor>,
+    state: Mutex<PlannedState>,
+}
+
+/// The LRU pool: placements, recency and free space (offset -> length, coalesced).
+struct LruState {
+    placed: std::collections::HashMap<usize, usize>,
+    recency: VecDeque<usize>,
+    free: BTreeMap<usize, usize>,
+}
+
+struct Lru {
+    pool_bytes: usize,
+    shapes: Vec<Vec<usize>>,
+    state: Mutex<LruState>,
+}
+
+/// A running offloaded model's weight traffic (see the module docs).
+pub struct Offload {
+    order: AccessOrder,
+    dtype: DType,
+    host: HostWeights,
+    queue: Box<dyn CopyQueue>,
+    memory: Tensor,
+    planned: Option<Planned>,
+    lru: Option<Lru>,
+    report: OffloadReport,
+    copied: AtomicU64,
+}
+
+impl Offload {
+    /// The executor for a prepared budget and the loaded host side of its streamed
+    /// weights.
+    pub fn new(
+        be: &dyn Backend,
+        cfg: &ModelConfig,
+        prepared: Prepared,
+        host: HostWeights,
+    ) -> Result<Self> {
+        let Prepared {
+            order,
+            policy,
+            streamed,
+            mut report,
+            dtype,
+            plan,
+            memory,
+        } = prepared;
+        let n = order.ops().len();
+        report.registered_bytes = host.registered_bytes;
+        report.copied_bytes = host.copied_bytes;
+        for (w, s) in streamed.iter().enumerate() {
+            if s.is_some() && host.parts.get(w).is_none_or(|p| p.is_empty()) {
+                return Err(Error::invalid(
+                    "weight offload",
+                    format!(
+                        "streamed weight `{}` has no host bytes",
+                        order.weights()[w].name
+                    ),
+                ));
+            }
+        }
+        let (planned, lru, events) = match (policy, plan) {
+            (Policy::Planned, Some(plan)) => {
+                let mut issue_at = vec![Vec::new(); n];
+                let mut consume_at = vec![Vec::new(); n];
+                let mut prime = Vec::new();
+                let mut dst = Vec::with_capacity(plan.streams.len());
+                for (i, s) in plan.streams.iter().enumerate() {
+                    issue_at[s.copy_start].push(i);
+                    consume_at[s.consumer].push(i);
+                    // The busy arc copy_start ..= last_reader crosses the step boundary.
+                    if s.copy_start > s.last_reader {
+                        prime.push(i);
+                    }
+                    dst.push(streamed[s.weight].clone().ok_or_else(|| {
+                        Error::invalid("weight offload", "a planned stream has no slot view")
+                    })?);
+                }
+                let events = plan.streams.len();
+                let state = PlannedState {
+                    pending: vec![false; events],
+                    ..Default::default()
+                };
+                (
+                    Some(Planned {
+                        plan,
+                        issue_at,
+                        consume_at,
+                        prime,
+                        dst,
+                        state: Mutex::new(state),
+                    }),
+                    None,
+                    events,
+                )
+            }
+            _ => {
+                let mut free = BTreeMap::new();
+                free.insert(0, report.streaming_bytes);
+                (
+                    None,
+                    Some(Lru {
+                        pool_bytes: report.streaming_bytes,
+                        shapes: llama_shapes(cfg),
+                        state: Mutex::new(LruState {
+                            placed: Default::default(),
+                            recency: VecDeque::new(),
+                            free,
+                        }),
+                    }),
+                    0,
+                )
+            }
+        };
+        let queue = be.copy_queue(events)?;
+        let o = Offload {
+            order,
+            dtype,
+            host,
+            queue,
+            memory,
+            planned,
+            lru,
+            report,
+            copied: AtomicU64::new(0),
+        };
+        Ok(o)
+    }
+
+    pub fn report(&self) -> &OffloadReport {
+        &self.report
+    }
+
+    pub fn policy(&self) -> Policy {
+        if self.planned.is_some() {
+            Policy::Planned
+        } else {
+            Policy::Lru
+        }
+    }
+
+    pub fn plan(&self) -> Option<&Plan> {
+        self.planned.as_ref().map(|p| &p.plan)
+    }
+
+    pub fn order(&self) -> &AccessOrder {
+        &self.order
+    }
+
+    /// Bytes queued for copying since start-up (each graph replay's copies are not seen
+    /// by the host: planned steps copy [`OffloadReport::streamed_bytes_per_step`] each).
+    pub fn copied_bytes(&self) -> u64 {
+        self.copied.load(Ordering::Relaxed)
+    }
+
+    /// Queue the copies of weight `w` into `dst` (its slot or placement).
+    fn copy_weight(&self, w: usize, dst: &Tensor) -> Result<()> {
+        let storage: &Storage = dst.storage();
+        for p in &self.host.parts[w] {
+            let elems = p.bytes / dst.dtype().size();
+            let base = dst.offset() + p.dst_offset;
+            let view = Tensor::new(storage.clone(), base, &[elems], dst.dtype())?;
+            self.queue
+                .copy(&self.host.memory[p.memory], p.offset, &view)?;
+            self.copied.fetch_add(p.bytes as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Op `op` of the access order is about to be queued: queue the copies it starts and
+    /// the waits its reads need. Returns, under LRU, the device tensors of the op's
+    /// weights (in the op's read order); `None` when the model's own tensors serve.
+    pub fn enter(&self, be: &dyn Backend, op: usize) -> Result<Option<Vec<Tensor>>> {
+        if let Some(p) = &self.planned {
+            self.enter_planned(be, p, op)?;
+            return Ok(None);
+        }
+        let lru = self.lru.as_ref().expect("planned or LRU");
+        if be.is_capturing() {
+            return Err(Error::Capture(
+                "the LRU offload policy decides its copies at run time and cannot be \
+                 captured into a graph; run it eagerly (--eager) or use \
+                 --offload-policy planned"
+                    .into(),
+            ));
+        }
+        self.enter_lru(lru, op).map(Some)
+    }
+
+    fn enter_planned(&self, be: &dyn Backend, p: &Planned, op: usize) -> Result<()> {
+        let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+        if op == 0 {
+            if !st.complete && !be.is_capturing() {
+                self.prime(p, &mut st)?;
+            }
+            st.complete = false;
+        }
+        let issue = &p.issue_at[op];
+        if !issue.is_empty() {
+            self.queue.fork()?;
+            st.forked = true;
+            for &s in issue {
+                self.copy_weight(p.plan.streams[s].weight, &p.dst[s])?;
+                self.queue.record(s)?;
+                st.pending[s] = true;
+            }
+        }
+        for &s in &p.consume_at[op] {
+            if st.pending[s] {
+                self.queue.wait(s)?;
+                st.pending[s] = false;
+            }
+        }
+        if op + 1 == p.issue_at.len() {
+            st.complete = true;
+        }
+        Ok(())
+    }
+
+    /// Queue the copies a step expects to find done, and join them.
+    fn prime(&self, p: &Planned, st: &mut PlannedState) -> Result<()> {
+        self.queue.fork()?;
+        for &s in &p.prime {
+            self.copy_weight(p.plan.streams[s].weight, &p.dst[s])?;
+        }
+        self.queue.join()?;
+        st.pending.fill(false);
+        st.forked = false;
+        Ok(())
+    }
+
+    /// Where a captured piece or an eager seam ends: the compute stream waits for every
+    /// copy queued in it.
+    pub fn end_segment(&self) -> Result<()> {
+        let Some(p) = &self.planned else {
+            return Ok(());
+        };
+        let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.forked {
+            self.queue.join()?;
+            st.forked = false;
+            st.pending.fill(false);
+        }
+        Ok(())
+    }
+
+    fn enter_lru(&self, lru: &Lru, op: usize) -> Result<Vec<Tensor>> {
+        let reads = &self.order.ops()[op].reads;
+        let mut st = lru.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(reads.len());
+        let mut forked = false;
+        for &w in reads {
+            let offset = match st.placed.get(&w) {
+                Some(&off) => {
+                    if let Some(i) = st.recency.iter().position(|&x| x == w) {
+                        st.recency.remove(i);
+                    }
+                    st.recency.push_back(w);
+                    off
+                }
+                None => {
+                    let bytes = self.order.weights()[w].bytes;
+                    let off = loop {
+                        if let Some(off) = st.first_fit(bytes) {
+                            break off;
+                        }
+                        let victim = st
+                            .recency
+                            .iter()
+                            .position(|v| !reads.contains(v))
+                            .ok_or_else(|| {
+                                Error::invalid(
+                                    "weight offload (LRU)",
+                                    format!(
+                                        "no hole of {bytes} bytes for `{}` in the {} byte pool \
+                                         after evicting every other weight (fragmentation); \
+                                         raise --weight-budget or use --offload-policy planned",
+                                        self.order.weights()[w].name,
+                                        lru.pool_bytes
+                                    ),
+                                )
+                            })?;
+                        let v = st.recency.remove(victim).expect("in range");
+                        let off = st.placed.remove(&v).expect("placed");
+                        st.release(off, self.order.weights()[v].bytes);
+                    };
+                    st.placed.insert(w, off);
+                    st.recency.push_back(w);
+                    let dst = Tensor::new(
+                        self.memory.storage().clone(),
+                        off,
+                        &lru.shapes[w],
+                        self.dtype,
+                    )?;
+                    if !forked {
+                        self.queue.fork()?;
+                        forked = true;
+                    }
+                    self.copy_weight(w, &dst)?;
+                    off
+                }
+            };
+            out.push(Tensor::new(
+                self.memory.storage().clone(),
+                offset,
+                &lru.shapes[w],
+                self.dtype,
+            )?);
+        }
+        if forked {
+            // On demand: the op waits for its copies (nothing was prefetched).
+            self.queue.join()?;
+        }
+        Ok(out)
+    }
+}
+
+impl LruState {
+    /// The lowest offset of a free hole of `bytes` bytes.
+    fn first_fit(&mut self, bytes: usize) -> Option<usize> {
+        let (&off, &len) = self.free.iter().find(|(_, &len)| len >= bytes)?;
+        self.free.remove(&off);
+        if len > bytes {
+            self.free.insert(off + bytes, len - bytes);
+        }
+        Some(off)
+    }
+
+    /// Return `off .. off + bytes` to the free list, merging with its neighbours.
+    fn release(&mut self, off: usize, bytes: usize) {
+        let (mut start, mut len) = (off, bytes);
+        if let Some((&p, &plen)) = self.free.range(..off).next_back() {
+            if p + plen == off {
+                self.free.remove(&p);
+                start = p;
+                len += plen;
+            }
+        }
+        if let Some(&nlen) = self.free.get(&(off + bytes)) {
+            self.free.remove(&(off + bytes));
+            len += nlen;
+        }
+        self.free.insert(start, len);
+    }
+}
