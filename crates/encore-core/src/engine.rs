@@ -176,6 +176,13 @@ impl<'b> Engine<'b> {
         let mut need = rcfg.memory_need(be, &mcfg, cfg.dtype);
         if let Some(r) = &offload_report {
             need.weights = r.resident_bytes.saturating_add(r.streaming_bytes);
+            if be.memory_info().is_none() {
+                // The CPU twin's "device" is host memory, which holds the streamed
+                // weights' host copies too.
+                need.weights = need
+                    .weights
+                    .saturating_add(r.total_bytes.saturating_sub(r.resident_bytes));
+            }
         }
         need.activations = need.activations.saturating_add(cfg.extra_bytes);
         if let Some(limit) = MemoryLimit::of(be) {

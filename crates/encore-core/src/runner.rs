@@ -541,6 +541,7 @@ impl<'b> Runner<'b> {
         let b = batch.len();
         let (plan, layout) = self.plan(n, b, decode_only);
         let be = self.be;
+        self.model.prepare_step(be)?;
         match plan {
             Plan::Eager => {
                 self.pack(batch, &layout, b, d, true)?;

@@ -145,6 +145,15 @@ impl Model {
         }
     }
 
+    /// Before a step: under a budget, make sure the weight slots hold what a step expects
+    /// at its start (a graph replay cannot check); see [`Offload::prepare_step`].
+    pub fn prepare_step(&self, be: &dyn Backend) -> Result<()> {
+        match &self.offload {
+            Some(o) => o.prepare_step(be),
+            None => Ok(()),
+        }
+    }
+
     /// Where a captured piece or an eager seam ends: under a budget the compute stream
     /// waits here for the weight copies queued since the last segment ended (a capture
     /// must join its copies before it ends). Callers that run pieces call this after each

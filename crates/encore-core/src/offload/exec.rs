@@ -284,9 +284,10 @@ struct PlannedState {
     pending: Vec<bool>,
     /// The copy queue was forked in the current segment (so the segment ends with a join).
     forked: bool,
-    /// The last step queued its final op, so the copies it starts for the next step are
-    /// queued (false before the first step and after a step that stopped part way).
-    complete: bool,
+    /// The slots hold what a step expects when it starts: the last step queued its final
+    /// op (so the copies it starts for the next step are queued) or a prime ran. False
+    /// before the first step, during a step, and after a step that stopped part way.
+    ready: bool,
 }
 
 struct Planned {
@@ -492,10 +493,10 @@ impl Offload {
     fn enter_planned(&self, be: &dyn Backend, p: &Planned, op: usize) -> Result<()> {
         let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
         if op == 0 {
-            if !st.complete && !be.is_capturing() {
+            if !st.ready && !be.is_capturing() {
                 self.prime(p, &mut st)?;
             }
-            st.complete = false;
+            st.ready = false;
         }
         let issue = &p.issue_at[op];
         if !issue.is_empty() {
@@ -514,7 +515,21 @@ impl Offload {
             }
         }
         if op + 1 == p.issue_at.len() {
-            st.complete = true;
+            st.ready = true;
+        }
+        Ok(())
+    }
+
+    /// Before a step that may start with a graph replay (which does not announce its ops
+    /// to the host): prime the slots unless the last step left them ready (a step that
+    /// failed part way, or a piecewise capture, which runs no ops).
+    pub fn prepare_step(&self, be: &dyn Backend) -> Result<()> {
+        let Some(p) = &self.planned else {
+            return Ok(());
+        };
+        let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !st.ready && !be.is_capturing() {
+            self.prime(p, &mut st)?;
         }
         Ok(())
     }
@@ -528,6 +543,7 @@ impl Offload {
         self.queue.join()?;
         st.pending.fill(false);
         st.forked = false;
+        st.ready = true;
         Ok(())
     }
 
