@@ -16,10 +16,14 @@ use crate::backend::{check_host_copy, CopyQueue, HostMemory};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
-struct Job {
-    src: Arc<HostMemory>,
-    offset: usize,
-    dst: Tensor,
+enum Job {
+    Copy {
+        src: Arc<HostMemory>,
+        offset: usize,
+        dst: Tensor,
+    },
+    /// The queue is gone: stop, even though captured tapes still hold senders.
+    Stop,
 }
 
 #[derive(Default)]
@@ -65,19 +69,18 @@ impl CpuCopyQueue {
             .name("encore-copy".into())
             .spawn(move || {
                 for job in rx {
+                    let Job::Copy { src, offset, dst } = job else {
+                        break;
+                    };
                     if !delay.is_zero() {
                         std::thread::sleep(delay);
                     }
-                    let n = job.dst.size_bytes();
+                    let n = dst.size_bytes();
                     // SAFETY: the range was checked when queued; `job` keeps both the
                     // host memory and the destination buffer alive; the offload plan
                     // orders this write after every read of the destination bytes.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            job.src.as_ptr().add(job.offset),
-                            ptr_of(&job.dst),
-                            n,
-                        )
+                        std::ptr::copy_nonoverlapping(src.as_ptr().add(offset), ptr_of(&dst), n)
                     };
                     let mut c = s.counts.lock().unwrap_or_else(|e| e.into_inner());
                     c.done += 1;
@@ -133,7 +136,7 @@ impl CopyQueue for CpuCopyQueue {
                 .unwrap_or_else(|e| e.into_inner())
                 .queued += 1;
             // The worker lives as long as the queue, which outlives its graphs' replays.
-            let _ = tx.send(Job {
+            let _ = tx.send(Job::Copy {
                 src: src.clone(),
                 offset,
                 dst: dst.clone(),
@@ -182,7 +185,10 @@ impl CopyQueue for CpuCopyQueue {
 
 impl Drop for CpuCopyQueue {
     fn drop(&mut self) {
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // Graphs captured with this queue hold senders too, so closing ours is not enough.
+        if let Some(tx) = self.tx.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = tx.send(Job::Stop);
+        }
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
