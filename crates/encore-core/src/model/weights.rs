@@ -176,7 +176,7 @@ fn load_placed(
 
     let total: usize = plan.merged().iter().map(|m| m.numel() * dtype.size()).sum();
     let mut host = match prepared {
-        Some(p) => HostSide::new(backend, &plan, &source, dtype, p)?,
+        Some(p) => HostSide::new(backend, &plan, &source, dtype, p, progress)?,
         None => HostSide::default(),
     };
     let bar = crate::progress::Guard::start(progress, what, total as u64, Unit::Bytes);
@@ -522,6 +522,7 @@ impl HostSide {
         source: &Source,
         dtype: DType,
         prepared: &Prepared,
+        progress: &dyn Progress,
     ) -> Result<Self> {
         let merged = plan.merged();
         if merged.len() != prepared.streamed.len() {
@@ -571,11 +572,26 @@ impl HostSide {
             side.sizes.push(sizes);
         }
         side.copied_bytes = cursor;
+        // Page-locking takes seconds for gigabytes (the driver touches every page; a
+        // registered file is read from disk), so it shows as its own piece of work.
+        let mapped: usize = match source {
+            Source::Checkpoint(ck) => files.iter().map(|&f| ck.mapping(f).len()).sum(),
+            _ => 0,
+        };
+        let bar = crate::progress::Guard::start(
+            progress,
+            "page-locking host memory for offloaded weights",
+            (cursor + mapped) as u64,
+            Unit::Bytes,
+        );
         if cursor > 0 {
             side.copy = Some(backend.alloc_host(cursor)?);
+            bar.0.set(cursor as u64);
         }
+        let mut done = cursor;
         if let Source::Checkpoint(ck) = source {
             for file in files {
+                done += ck.mapping(file).len();
                 let mem =
                     backend
                         .register_host(ck.mapping(file))
@@ -586,6 +602,7 @@ impl HostSide {
                             ),
                         })?;
                 side.registered.push((file, Arc::new(mem)));
+                bar.0.set(done as u64);
             }
         }
         Ok(side)
