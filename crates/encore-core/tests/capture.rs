@@ -224,6 +224,15 @@ impl Backend for Faulty {
     fn copy_queue(&self, events: usize) -> Result<Box<dyn encore_core::backend::CopyQueue>> {
         self.inner.copy_queue(events)
     }
+    fn host_view(
+        &self,
+        mem: &std::sync::Arc<encore_core::backend::HostMemory>,
+        offset: usize,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        self.inner.host_view(mem, offset, shape, dtype)
+    }
 }
 
 #[test]

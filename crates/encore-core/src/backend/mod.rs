@@ -462,6 +462,18 @@ pub trait Backend: Send + Sync {
         Ok(HostMemory::borrowed(mem))
     }
 
+    /// A tensor of `shape` and `dtype` over the bytes of `mem` from `offset`, which ops
+    /// read in place (zero-copy: on CUDA through the page-locked memory's device mapping,
+    /// each read crossing the bus). Only ever read (the embedding table of an offloaded
+    /// model, whose op reads a few rows per step). Forbidden during capture.
+    fn host_view(
+        &self,
+        mem: &Arc<HostMemory>,
+        offset: usize,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor>;
+
     /// A queue for host-to-device weight copies beside the compute stream, with `events`
     /// events (see [`CopyQueue`]). Forbidden during capture.
     fn copy_queue(&self, events: usize) -> Result<Box<dyn CopyQueue>>;

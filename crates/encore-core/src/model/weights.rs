@@ -22,7 +22,7 @@ use super::config::{Arch, ModelConfig};
 use super::gguf::{GgufFile, GgufWeights};
 use crate::backend::{Backend, HostMemory};
 use crate::error::{Error, Result};
-use crate::offload::{HostPart, HostWeights, Prepared};
+use crate::offload::{HostPart, HostWeights, Place, Prepared};
 use crate::progress::{Progress, Unit};
 use crate::tensor::{DType, Tensor};
 
@@ -187,16 +187,24 @@ fn load_placed(
     let weights = plan.build(dtype, |m| {
         let i = index;
         index += 1;
-        let streamed = prepared.and_then(|p| p.streamed[i].clone());
-        let t = match &streamed {
-            Some(view) => view.clone(),
-            None => backend.alloc(dtype, &m.shape)?,
+        let place = prepared.map_or(Place::Device, |p| p.place[i].clone());
+        if let Place::Host = place {
+            for (k, part) in m.parts.iter().enumerate() {
+                host.fill(&source, cfg, i, k, part, dtype, &mut staging)?;
+                done += (part.numel() * dtype.size()) as u64;
+                bar.0.set(done);
+            }
+            return host.view(backend, i, &m.shape, dtype);
+        }
+        let t = match &place {
+            Place::Slot(view) => view.clone(),
+            _ => backend.alloc(dtype, &m.shape)?,
         };
         let mut row = 0;
         for (k, part) in m.parts.iter().enumerate() {
             let rows = part.shape[0];
             let dst = t.narrow(row, rows)?;
-            if streamed.is_some() {
+            if let Place::Slot(_) = place {
                 host.fill(&source, cfg, i, k, part, dtype, &mut staging)?;
             } else {
                 source.write(backend, cfg, part, &dst, &mut staging)?;
@@ -491,28 +499,37 @@ impl Plan {
     }
 }
 
-/// Where one part of a streamed weight goes on the host.
+/// Where one part of a host-held weight goes.
 #[derive(Clone, Copy)]
 enum PartHome {
     /// Read in place from the registered mapping of checkpoint file `file`.
     InPlace { file: usize, offset: usize },
-    /// Written into the page-locked copy at `offset`.
+    /// Written at `offset` into the shared page-locked copy (streamed weights), or into
+    /// the weight's own allocation (weights read in place, [`Place::Host`]).
     Copied { offset: usize },
 }
 
-/// The host side of the streamed weights while loading: page-locked memory for parts
-/// that need writing, registered mappings for parts read in place.
+/// The host side of the weights not resident on the device, while loading: page-locked
+/// memory for parts that need writing, registered mappings for parts read in place.
 #[derive(Default)]
 struct HostSide {
     /// Per weight, per part: where it goes (empty for resident weights).
     homes: Vec<Vec<PartHome>>,
-    copy: Option<HostMemory>,
-    /// Checkpoint file -> index into the final memory list.
-    registered: Vec<(usize, Arc<HostMemory>)>,
-    registered_bytes: usize,
-    copied_bytes: usize,
     /// Per weight, per part: bytes.
     sizes: Vec<Vec<usize>>,
+    /// Per weight: read in place by the device ([`Place::Host`]).
+    host_read: Vec<bool>,
+    /// The streamed weights' page-locked copy.
+    copy: Option<HostMemory>,
+    /// Per weight: the own allocation of a [`Place::Host`] weight that needs writing.
+    own: Vec<Option<HostMemory>>,
+    /// Checkpoint file and its registration.
+    registered: Vec<(usize, Arc<HostMemory>)>,
+    /// Memory behind the views handed out (own allocations, once filled).
+    extra: Vec<Arc<HostMemory>>,
+    views: Vec<Option<Tensor>>,
+    registered_bytes: usize,
+    copied_bytes: usize,
 }
 
 impl HostSide {
@@ -525,27 +542,30 @@ impl HostSide {
         progress: &dyn Progress,
     ) -> Result<Self> {
         let merged = plan.merged();
-        if merged.len() != prepared.streamed.len() {
+        if merged.len() != prepared.place.len() {
             return Err(Error::invalid(
                 "weight offload",
                 format!(
                     "the budget places {} weights, the model has {}",
-                    prepared.streamed.len(),
+                    prepared.place.len(),
                     merged.len()
                 ),
             ));
         }
         let mut side = HostSide::default();
         let mut cursor = 0usize;
+        let mut own_bytes = vec![0usize; merged.len()];
         let mut files = Vec::new();
         for (i, m) in merged.iter().enumerate() {
             let mut homes = Vec::new();
             let mut sizes = Vec::new();
-            if prepared.streamed[i].is_some() {
+            let host_read = matches!(prepared.place[i], Place::Host);
+            if !matches!(prepared.place[i], Place::Device) {
                 for part in &m.parts {
                     let bytes = part.numel() * dtype.size();
                     let in_place = match source {
-                        Source::Checkpoint(ck) => {
+                        // A weight read in place must be one range (a view).
+                        Source::Checkpoint(ck) if !host_read || m.parts.len() == 1 => {
                             let (d, file, range) = ck.location(&part.name)?;
                             (d == dtype).then_some((file, range.start))
                         }
@@ -559,6 +579,11 @@ impl HostSide {
                             side.registered_bytes += bytes;
                             PartHome::InPlace { file, offset }
                         }
+                        None if host_read => {
+                            let offset = own_bytes[i];
+                            own_bytes[i] += bytes;
+                            PartHome::Copied { offset }
+                        }
                         None => {
                             let offset = cursor;
                             cursor += bytes;
@@ -570,8 +595,10 @@ impl HostSide {
             }
             side.homes.push(homes);
             side.sizes.push(sizes);
+            side.host_read.push(host_read);
         }
-        side.copied_bytes = cursor;
+        let owned: usize = own_bytes.iter().sum();
+        side.copied_bytes = cursor + owned;
         // Page-locking takes seconds for gigabytes (the driver touches every page; a
         // registered file is read from disk), so it shows as its own piece of work.
         let mapped: usize = match source {
@@ -581,34 +608,45 @@ impl HostSide {
         let bar = crate::progress::Guard::start(
             progress,
             "page-locking host memory for offloaded weights",
-            (cursor + mapped) as u64,
+            (side.copied_bytes + mapped) as u64,
             Unit::Bytes,
         );
+        let mut done = 0;
         if cursor > 0 {
             side.copy = Some(backend.alloc_host(cursor)?);
-            bar.0.set(cursor as u64);
+            done += cursor;
+            bar.0.set(done as u64);
         }
-        let mut done = cursor;
+        for &bytes in &own_bytes {
+            side.own.push(if bytes > 0 {
+                done += bytes;
+                let m = backend.alloc_host(bytes)?;
+                bar.0.set(done as u64);
+                Some(m)
+            } else {
+                None
+            });
+        }
         if let Source::Checkpoint(ck) = source {
             for file in files {
                 done += ck.mapping(file).len();
-                let mem =
-                    backend
-                        .register_host(ck.mapping(file))
-                        .map_err(|e| Error::WeightsFile {
-                            path: ck.file_name(file),
-                            what: format!(
-                                "could not be registered page-locked for weight offload: {e}"
-                            ),
-                        })?;
+                let mem = backend
+                    .register_host(ck.mapping(file))
+                    .map_err(|e| Error::WeightsFile {
+                        path: ck.file_name(file),
+                        what: format!(
+                            "could not be registered page-locked for weight offload: {e}"
+                        ),
+                    })?;
                 side.registered.push((file, Arc::new(mem)));
                 bar.0.set(done as u64);
             }
         }
+        side.views = vec![None; merged.len()];
         Ok(side)
     }
 
-    /// Write part `k` of streamed weight `i` into the page-locked copy (parts read in
+    /// Write part `k` of host-held weight `i` into its page-locked copy (parts read in
     /// place only have their norms checked, as a device load would).
     #[allow(clippy::too_many_arguments)]
     fn fill(
@@ -623,12 +661,16 @@ impl HostSide {
     ) -> Result<()> {
         let home = self.homes[i][k];
         let bytes = self.sizes[i][k];
-        let copy = &mut self.copy;
+        let target = if self.host_read[i] {
+            &mut self.own[i]
+        } else {
+            &mut self.copy
+        };
         source.with_bytes(cfg, part, dtype, staging, |src| {
             let PartHome::Copied { offset } = home else {
                 return Ok(());
             };
-            let dst = copy
+            let dst = target
                 .as_mut()
                 .and_then(|c| c.bytes_mut())
                 .and_then(|b| b.get_mut(offset..offset + bytes))
@@ -638,6 +680,37 @@ impl HostSide {
             dst.copy_from_slice(src);
             Ok(())
         })
+    }
+
+    /// The tensor over host memory of [`Place::Host`] weight `i`, once filled.
+    fn view(
+        &mut self,
+        backend: &dyn Backend,
+        i: usize,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let (mem, offset) = match self.homes[i].first() {
+            Some(PartHome::InPlace { file, offset }) => {
+                let mem = self
+                    .registered
+                    .iter()
+                    .find(|(f, _)| f == file)
+                    .map(|(_, m)| m.clone())
+                    .expect("registered in new()");
+                (mem, *offset)
+            }
+            _ => {
+                let m = Arc::new(self.own[i].take().ok_or_else(|| {
+                    Error::invalid("weight offload", "host-read weight has no memory")
+                })?);
+                self.extra.push(m.clone());
+                (m, 0)
+            }
+        };
+        let t = backend.host_view(&mem, offset, shape, dtype)?;
+        self.views[i] = Some(t.clone());
+        Ok(t)
     }
 
     fn finish(self) -> HostWeights {
@@ -651,11 +724,16 @@ impl HostSide {
             memory.push(mem);
             file_index.insert(file, memory.len() - 1);
         }
+        memory.extend(self.extra);
         let parts = self
             .homes
             .iter()
             .zip(&self.sizes)
-            .map(|(homes, sizes)| {
+            .zip(&self.host_read)
+            .map(|((homes, sizes), &host_read)| {
+                if host_read {
+                    return Vec::new(); // read in place: nothing is copied
+                }
                 let mut dst_offset = 0;
                 homes
                     .iter()
@@ -682,6 +760,7 @@ impl HostSide {
         HostWeights {
             memory,
             parts,
+            views: self.views,
             registered_bytes: self.registered_bytes,
             copied_bytes: self.copied_bytes,
         }

@@ -85,12 +85,27 @@ pub struct HostPart {
     pub dst_offset: usize,
 }
 
+/// Where a weight lives under a budget.
+#[derive(Clone)]
+pub enum Place {
+    /// On the device for good.
+    Device,
+    /// Streamed: copied into this device view each step (its ring slot; under LRU a
+    /// placeholder view of the pool, never read: the executor hands out placements).
+    Slot(Tensor),
+    /// Read in place from host memory (the embedding table of a model with untied
+    /// embeddings: its op gathers a few rows per step, so it costs no budget).
+    Host,
+}
+
 /// The host side of the streamed weights, filled by the loader.
 #[derive(Default)]
 pub struct HostWeights {
     pub memory: Vec<Arc<HostMemory>>,
-    /// Per weight (the [`AccessOrder`] index): its parts; empty for resident weights.
+    /// Per weight (the [`AccessOrder`] index): its parts; empty unless streamed.
     pub parts: Vec<Vec<HostPart>>,
+    /// Per weight: the tensor over host memory of a [`Place::Host`] weight.
+    pub views: Vec<Option<Tensor>>,
     /// Bytes read in place from registered mapped files (no copy on the host).
     pub registered_bytes: usize,
     /// Bytes in page-locked copies (converted, dequantized or generated weights).
@@ -118,9 +133,8 @@ pub struct OffloadReport {
 pub struct Prepared {
     pub order: AccessOrder,
     pub policy: Policy,
-    /// Per weight: `Some(view)` when streamed (its ring slot; for LRU a placeholder view
-    /// of the pool that is never read), `None` when resident.
-    pub streamed: Vec<Option<Tensor>>,
+    /// Per weight (the [`AccessOrder`] index, which is the loader's order).
+    pub place: Vec<Place>,
     pub report: OffloadReport,
     /// The run dtype of the weights.
     pub dtype: DType,
@@ -156,6 +170,24 @@ pub fn llama_shapes(cfg: &ModelConfig) -> Vec<Vec<usize>> {
     s
 }
 
+/// The access order the executor plans with: [`AccessOrder::llama`] with sizes aligned to
+/// [`SLOT_ALIGN`], and, when the embeddings are untied, the embedding table at zero device
+/// bytes ([`Place::Host`]: its op reads the rows it needs from host memory). A tied table
+/// stays a device weight: the LM head reads all of it.
+pub fn executor_order(cfg: &ModelConfig, dtype: DType) -> Result<AccessOrder> {
+    let order = AccessOrder::llama(cfg, dtype)?.aligned(SLOT_ALIGN);
+    Ok(if cfg.tie_word_embeddings {
+        order
+    } else {
+        order.served_from_host(0)
+    })
+}
+
+/// Whether weight `w` of [`executor_order`] is read in place from host memory.
+fn host_served(cfg: &ModelConfig, w: usize) -> bool {
+    w == 0 && !cfg.tie_word_embeddings
+}
+
 /// Device bytes a budget takes for `cfg` in `dtype` (resident weights + ring, or the LRU
 /// pool), and the report, without allocating: for the memory check before loading.
 /// `None` when the budget holds every weight (nothing is offloaded).
@@ -169,7 +201,7 @@ pub fn device_bytes(
     if budget >= total {
         return Ok(None);
     }
-    let order = AccessOrder::llama(cfg, dtype)?.aligned(SLOT_ALIGN);
+    let order = executor_order(cfg, dtype)?;
     let floor = super::check_budget(&order, budget)?;
     let mut r = OffloadReport {
         policy: Some(config.policy),
@@ -205,7 +237,7 @@ impl Prepared {
         let Some(mut report) = device_bytes(cfg, dtype, config)? else {
             return Ok(None);
         };
-        let order = AccessOrder::llama(cfg, dtype)?.aligned(SLOT_ALIGN);
+        let order = executor_order(cfg, dtype)?;
         let shapes = llama_shapes(cfg);
         if shapes.len() != order.weights().len() {
             return Err(Error::invalid(
@@ -231,24 +263,29 @@ impl Prepared {
         let view = |offset: usize, w: usize| {
             Tensor::new(memory.storage().clone(), offset, &shapes[w], dtype)
         };
-        let mut streamed = vec![None; shapes.len()];
+        let mut place = vec![Place::Device; shapes.len()];
         match &plan {
             Some(p) => {
                 for s in &p.streams {
-                    streamed[s.weight] = Some(view(s.offset, s.weight)?);
+                    place[s.weight] = Place::Slot(view(s.offset, s.weight)?);
                 }
             }
             None => {
-                for (w, slot) in streamed.iter_mut().enumerate() {
-                    *slot = Some(view(0, w)?);
+                for (w, slot) in place.iter_mut().enumerate() {
+                    *slot = Place::Slot(view(0, w)?);
                 }
+            }
+        }
+        for (w, slot) in place.iter_mut().enumerate() {
+            if host_served(cfg, w) {
+                *slot = Place::Host;
             }
         }
         report.streaming_bytes = bytes;
         Ok(Some(Prepared {
             order,
             policy: config.policy,
-            streamed,
+            place,
             report,
             dtype,
             plan,
@@ -342,7 +379,7 @@ impl Offload {
         let Prepared {
             order,
             policy,
-            streamed,
+            place,
             mut report,
             dtype,
             plan,
@@ -351,12 +388,17 @@ impl Offload {
         let n = order.ops().len();
         report.registered_bytes = host.registered_bytes;
         report.copied_bytes = host.copied_bytes;
-        for (w, s) in streamed.iter().enumerate() {
-            if s.is_some() && host.parts.get(w).is_none_or(|p| p.is_empty()) {
+        for (w, p) in place.iter().enumerate() {
+            let missing = match p {
+                Place::Slot(_) => host.parts.get(w).is_none_or(|p| p.is_empty()),
+                Place::Host => host.views.get(w).is_none_or(Option::is_none),
+                Place::Device => false,
+            };
+            if missing {
                 return Err(Error::invalid(
                     "weight offload",
                     format!(
-                        "streamed weight `{}` has no host bytes",
+                        "weight `{}` is not on the device and has no host bytes",
                         order.weights()[w].name
                     ),
                 ));
@@ -375,9 +417,15 @@ impl Offload {
                     if s.copy_start > s.last_reader {
                         prime.push(i);
                     }
-                    dst.push(streamed[s.weight].clone().ok_or_else(|| {
-                        Error::invalid("weight offload", "a planned stream has no slot view")
-                    })?);
+                    match &place[s.weight] {
+                        Place::Slot(v) => dst.push(v.clone()),
+                        _ => {
+                            return Err(Error::invalid(
+                                "weight offload",
+                                "a planned stream has no slot view",
+                            ))
+                        }
+                    }
                 }
                 let events = plan.streams.len();
                 let state = PlannedState {
@@ -568,6 +616,10 @@ impl Offload {
         let mut out = Vec::with_capacity(reads.len());
         let mut forked = false;
         for &w in reads {
+            if let Some(Some(v)) = self.host.views.get(w) {
+                out.push(v.clone());
+                continue;
+            }
             let offset = match st.placed.get(&w) {
                 Some(&off) => {
                     if let Some(i) = st.recency.iter().position(|&x| x == w) {

@@ -24,8 +24,8 @@
 mod exec;
 
 pub use exec::{
-    device_bytes, llama_shapes, HostPart, HostWeights, Offload, OffloadConfig, OffloadReport,
-    Policy, Prepared, SLOT_ALIGN,
+    device_bytes, executor_order, llama_shapes, HostPart, HostWeights, Offload, OffloadConfig,
+    OffloadReport, Place, Policy, Prepared, SLOT_ALIGN,
 };
 
 use std::collections::{HashMap, VecDeque};
@@ -202,6 +202,15 @@ impl AccessOrder {
 
     pub fn weights(&self) -> &[Weight] {
         &self.weights
+    }
+
+    /// The same order with weight `w` at zero device bytes: it is read in place from host
+    /// memory, so it takes no budget, no slot and no copy.
+    pub fn served_from_host(mut self, w: usize) -> Self {
+        if let Some(x) = self.weights.get_mut(w) {
+            x.bytes = 0;
+        }
+        self
     }
 
     /// The same order with every weight's bytes rounded up to a multiple of `align`: the

@@ -412,6 +412,29 @@ impl Backend for CpuBackend {
         self.rec.capturing()
     }
 
+    fn host_view(
+        &self,
+        mem: &Arc<crate::backend::HostMemory>,
+        offset: usize,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        self.forbid_in_capture("host_view")?;
+        let len = mem.len().saturating_sub(offset);
+        if offset > mem.len() {
+            return Err(Error::invalid(
+                "host_view",
+                format!("offset {offset} past the {} byte host memory", mem.len()),
+            ));
+        }
+        // SAFETY: `offset <= mem.len()`; the buffer keeps `mem` alive, and the view is only
+        // read (see `Backend::host_view`), so read-only mapped memory is never written.
+        let ptr = unsafe { mem.as_ptr().add(offset) } as *mut u8;
+        let keep: Arc<dyn Send + Sync> = mem.clone();
+        let buf = CpuBuffer::mapped(ptr, len, keep);
+        Tensor::new(Storage::Cpu(Arc::new(buf)), 0, shape, dtype)
+    }
+
     fn copy_queue(&self, events: usize) -> Result<Box<dyn crate::backend::CopyQueue>> {
         self.forbid_in_capture("copy_queue")?;
         Ok(Box::new(copy_queue::CpuCopyQueue::new(

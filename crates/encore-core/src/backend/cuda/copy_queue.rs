@@ -60,8 +60,10 @@ impl Drop for Registered {
 pub(super) fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<HostMemory> {
     ctx.bind_to_thread()
         .map_err(|e| Error::cuda("cuCtxSetCurrent", e))?;
-    // SAFETY: plain page-locked allocation on the bound context (1 byte when empty).
-    let ptr = unsafe { drv::malloc_host(bytes.max(1), 0) }.map_err(|e| Error::OutOfMemory {
+    // SAFETY: plain page-locked allocation on the bound context (1 byte when empty),
+    // mapped into the device's address space (ops may read it in place: `host_view`).
+    let flags = drv_sys::CU_MEMHOSTALLOC_DEVICEMAP | drv_sys::CU_MEMHOSTALLOC_PORTABLE;
+    let ptr = unsafe { drv::malloc_host(bytes.max(1), flags) }.map_err(|e| Error::OutOfMemory {
         device: "host (page-locked)".into(),
         bytes,
         what: format!("offloaded weights: cuMemHostAlloc refused ({e:?})"),
@@ -92,7 +94,8 @@ pub(super) fn register(
     }
     // SAFETY: `mem` owns `len` mapped bytes and outlives the registration (the owner
     // holds it and unregisters first).
-    unsafe { drv_sys::cuMemHostRegister_v2(ptr, len, drv_sys::CU_MEMHOSTREGISTER_READ_ONLY) }
+    let flags = drv_sys::CU_MEMHOSTREGISTER_READ_ONLY | drv_sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    unsafe { drv_sys::cuMemHostRegister_v2(ptr, len, flags) }
         .result()
         .map_err(|e| Error::Cuda {
             call: "cuMemHostRegister (read-only)".into(),
@@ -109,6 +112,26 @@ pub(super) fn register(
     };
     // SAFETY: as above; registered read-only, never written.
     Ok(unsafe { HostMemory::from_raw(ptr as *mut u8, len, false, true, Box::new(owner)) })
+}
+
+/// The device address of page-locked `mem` (allocated or registered with the device
+/// mapping), for kernels that read it in place.
+pub(super) fn device_pointer(ctx: &Arc<CudaContext>, mem: &HostMemory) -> Result<u64> {
+    if !mem.is_page_locked() {
+        return Err(Error::invalid(
+            "host_view",
+            "host memory that is not page-locked cannot be read by the device in place",
+        ));
+    }
+    ctx.bind_to_thread()
+        .map_err(|e| Error::cuda("cuCtxSetCurrent", e))?;
+    let mut dptr: drv_sys::CUdeviceptr = 0;
+    // SAFETY: `mem` is a live page-locked range of this context, mapped at allocation or
+    // registration.
+    unsafe { drv_sys::cuMemHostGetDevicePointer_v2(&mut dptr, mem.as_ptr() as *mut c_void, 0) }
+        .result()
+        .map_err(|e| Error::cuda("cuMemHostGetDevicePointer", e))?;
+    Ok(dptr)
 }
 
 /// The copy stream and its events.

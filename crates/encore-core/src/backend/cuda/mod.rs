@@ -702,6 +702,26 @@ impl Backend for CudaBackend {
         copy_queue::register(&self.ctx, mem)
     }
 
+    fn host_view(
+        &self,
+        mem: &Arc<crate::backend::HostMemory>,
+        offset: usize,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        self.forbid_in_capture("host_view")?;
+        if offset > mem.len() {
+            return Err(Error::invalid(
+                "host_view",
+                format!("offset {offset} past the {} byte host memory", mem.len()),
+            ));
+        }
+        let base = copy_queue::device_pointer(&self.ctx, mem)?;
+        let keep: Arc<dyn Send + Sync> = mem.clone();
+        let buf = CudaBuffer::mapped(&self.ctx, base + offset as u64, mem.len() - offset, keep);
+        Tensor::new(Storage::Cuda(Arc::new(buf)), 0, shape, dtype)
+    }
+
     fn copy_queue(&self, events: usize) -> Result<Box<dyn crate::backend::CopyQueue>> {
         self.forbid_in_capture("copy_queue")?;
         Ok(Box::new(copy_queue::CudaCopyQueue::new(
