@@ -125,7 +125,11 @@ fn lru_budgets_give_the_resident_tokens_and_refuse_graphs() {
         assert_eq!(got, want, "LRU, {p}% budget");
     }
     let err = run(&cpu, &config(true, budget(50.0, Policy::Lru))).unwrap_err();
-    assert!(err.to_string().contains("--eager"), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("cannot run inside graphs; add --eager"),
+        "{msg}"
+    );
 }
 
 fn order(cfg: &ModelConfig) -> AccessOrder {
@@ -636,8 +640,7 @@ fn preemption_and_chunked_prefill_under_offload_give_the_resident_tokens() {
     let files = open_model(MODEL).unwrap();
     for (graphs, oc, what) in [
         (false, budget(50.0, Policy::Planned), "planned eager"),
-        (true, budget(50.0, Policy::Planned), "planned graphs"),
-        (true, budget(30.0, Policy::Planned), "planned graphs 30%"),
+        (true, budget(30.0, Policy::Planned), "planned graphs"),
         (false, budget(50.0, Policy::Lru), "LRU eager"),
     ] {
         let Engine { mut runner, .. } =
@@ -645,8 +648,10 @@ fn preemption_and_chunked_prefill_under_offload_give_the_resident_tokens() {
         let (got, preemptions) = scheduled(&mut runner, &prompts());
         assert_eq!(got, want, "{what}");
         assert!(preemptions > 0, "{what}: no preemption");
-        // And through `generate` itself, on the same engine.
-        assert_eq!(greedy(&mut runner, &prompts()).unwrap(), want, "{what}");
+        if graphs {
+            // And through `generate` itself, on the same engine.
+            assert_eq!(greedy(&mut runner, &prompts()).unwrap(), want, "{what}");
+        }
     }
 }
 
@@ -724,19 +729,21 @@ fn check_copy_queue(be: &dyn Backend, delay: Duration) {
     assert!(msg.contains("event 2"), "{msg}");
     let msg = q.copy(&host, 3 * n * 4 - 4, &dst).unwrap_err().to_string();
     assert!(msg.contains("outside"), "{msg}");
-    assert!(be.begin_capture().is_ok());
-    let refused = be.copy_queue(1).err();
-    be.end_capture().unwrap();
-    assert!(
-        matches!(refused, Some(Error::CaptureViolation { .. })),
-        "{refused:?}"
-    );
 }
 
 #[test]
 fn the_cpu_copy_queue_orders_copies_waits_and_joins_eagerly_and_captured() {
     let delay = Duration::from_millis(20);
-    check_copy_queue(&CpuBackend::with_copy_delay(delay), delay);
+    let cpu = CpuBackend::with_copy_delay(delay);
+    check_copy_queue(&cpu, delay);
+    // A queue is made before a capture, not inside one.
+    cpu.begin_capture().unwrap();
+    let refused = cpu.copy_queue(1).err();
+    cpu.end_capture().unwrap();
+    assert!(
+        matches!(refused, Some(Error::CaptureViolation { .. })),
+        "{refused:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -832,8 +839,7 @@ mod cuda {
             )
         };
         let err = run_files(be, &files, &at(floor - 1, true))
-            .err()
-            .expect("below the floor")
+            .expect_err("below the floor")
             .to_string();
         assert!(err.contains(&format!("minimum of {floor} bytes")), "{err}");
         for graphs in [false, true] {
@@ -878,7 +884,10 @@ mod cuda {
             .err()
             .expect("the driver refuses a registered range");
         let msg = err.to_string();
-        assert!(msg.contains("cuMemHostRegister"), "{msg}");
+        assert!(
+            msg.contains("cuMemHostRegister") && msg.contains("ALREADY_REGISTERED"),
+            "{msg}"
+        );
         drop(first);
         // Unregistered on drop: the range can be registered again.
         assert!(be.register_host(mem).is_ok());
@@ -933,6 +942,11 @@ mod cuda {
             budget: WeightBudget::Bytes(floor),
             policy: Policy::Planned,
         };
+        let ring = offload::device_bytes(&cfg, DType::BF16, &planned)
+            .unwrap()
+            .unwrap()
+            .streaming_bytes;
+        assert!(ring > total, "a ring of {ring} bytes fits the device");
         let err = Prepared::new(be, &cfg, DType::BF16, &planned)
             .err()
             .expect("a ring larger than the device");
