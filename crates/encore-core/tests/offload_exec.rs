@@ -263,6 +263,11 @@ fn bytes_of(t: &Ck) -> Vec<u8> {
 fn model_dir(tag: &str, json: &str, tensors: &[Ck]) -> TempDir {
     let dir = TempDir::new(tag);
     std::fs::write(dir.path().join("config.json"), json).unwrap();
+    write_safetensors(&dir.path().join("model.safetensors"), tensors);
+    dir
+}
+
+fn write_safetensors(path: &Path, tensors: &[Ck]) {
     let bytes: Vec<Vec<u8>> = tensors.iter().map(bytes_of).collect();
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
@@ -274,8 +279,7 @@ fn model_dir(tag: &str, json: &str, tensors: &[Ck]) -> TempDir {
             )
         })
         .collect();
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
-    dir
+    safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
 /// The CPU checkpoint model: 4 layers, head_dim 32.
@@ -313,6 +317,32 @@ fn a_checkpoint_in_the_run_dtype_is_read_in_place_and_a_converted_one_copied() {
             "{r:?}"
         );
     }
+    // Split over two files, every other tensor in each (q/k/v and gate/up parts of one
+    // device weight in different files): each mapping is registered, the same tokens.
+    let sharded = TempDir::new("offload-shards");
+    std::fs::write(sharded.path().join("config.json"), &json).unwrap();
+    let (even, odd): (Vec<_>, Vec<_>) = checkpoint(&cfg, Dtype::F32)
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 2 == 0);
+    for (name, part) in [("a", even), ("b", odd)] {
+        let part: Vec<Ck> = part.into_iter().map(|(_, t)| t).collect();
+        write_safetensors(&sharded.path().join(format!("{name}.safetensors")), &part);
+    }
+    let (got, boot) = run_files(
+        &cpu,
+        &dir_files(sharded.path()),
+        &config(true, budget(30.0, Policy::Planned)),
+    )
+    .unwrap();
+    assert_eq!(got, want, "two files in place");
+    let r = boot.offload.unwrap();
+    assert_eq!(
+        r.registered_bytes,
+        r.total_bytes - r.resident_bytes,
+        "{r:?}"
+    );
+
     // The same values stored in bf16 (exact there), run in f32: converted into a copy.
     let rounded: Vec<Ck> = checkpoint(&cfg, Dtype::F32)
         .into_iter()
@@ -491,8 +521,10 @@ fn verified_graph_replays_under_offload_give_the_resident_tokens() {
     for spec in MODELS {
         let files = open_model(spec).unwrap();
         let (want, _) = run_files(&cpu, &files, &config(false, None)).unwrap();
+        // Graphs captured on first use (the other tests capture all at start-up).
         let cfg = EngineConfig {
             verify_graphs: true,
+            capture_all: false,
             ..config(true, budget(50.0, Policy::Planned))
         };
         let Engine { mut runner, report } =
