@@ -166,7 +166,8 @@ impl<'b> Engine<'b> {
                 if oc.policy == Policy::Lru && cfg.graphs.is_some() {
                     return Err(Error::invalid(
                         "--offload-policy lru",
-                        "the LRU policy decides its copies at run time and cannot run inside                          graphs; add --eager, or use --offload-policy planned",
+                        "the LRU policy decides its copies at run time and cannot run inside \
+                         graphs; add --eager, or use --offload-policy planned",
                     ));
                 }
                 offload::device_bytes(&mcfg, cfg.dtype, oc)?
