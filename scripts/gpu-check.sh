@@ -61,6 +61,11 @@ done
 if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null && [ -x .bin/tests/cuda ]; then
   run sanitizer-memcheck  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
       .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu windowed_attention prefill_attention sampling_
+  # Weight offload: copies on the copy stream, graphs with memcpy nodes, the embedding read
+  # in place from host memory.
+  [ -x .bin/tests/offload_exec ] && run sanitizer-memcheck-offload timeout 300 compute-sanitizer \
+      --tool memcheck --error-exitcode 9 .bin/tests/offload_exec --include-ignored \
+      --test-threads=1 cuda::cuda_budgets cuda::cuda_copy_queue
   # cuBLASLt's own nvjet kernels report shared-memory hazards racecheck cannot follow
   # (their warp-specialised mbarrier pipelines); only encore's kernels are checked.
   run sanitizer-racecheck timeout 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
