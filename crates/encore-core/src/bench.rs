@@ -1,15 +1,18 @@
 //! Kernel micro-benchmarks behind `encore bench kernels`: GEMM throughput, paged decode
 //! attention bandwidth, device copy bandwidth (the ceiling attention is compared with) and
-//! per-kernel launch cost eager vs inside a graph. Timings are host clocks around batches
-//! of launches ended by a synchronise, warm-up excluded, median of several repeats.
+//! per-kernel launch cost eager vs inside a graph; and the host-to-device bandwidth of the
+//! weight offload copy queue (`encore bench offload`'s PCIe bound). Timings are host
+//! clocks around batches of launches ended by a synchronise, warm-up excluded, median of
+//! several repeats.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::backend::{Attention, Backend};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
 /// One measured figure.
@@ -100,6 +103,30 @@ pub fn copy_bandwidth(be: &dyn Backend, bytes: usize, iters: usize) -> Result<Be
         seconds: s,
         detail: "read + write".into(),
     })
+}
+
+/// Host-to-device copy bandwidth in GB/s, as the weight offloader sees it: `bytes` of
+/// host memory from [`Backend::alloc_host`] (page-locked on CUDA) copied into a device
+/// buffer on a [`Backend::copy_queue`] (fork, copy, join), the median of 5 batches of 4
+/// copies each ended by a synchronise, after 4 warm-up copies. On the CPU backend it
+/// measures the copy worker's `memcpy`.
+pub fn h2d_bandwidth(be: &dyn Backend, bytes: usize) -> Result<f64> {
+    if bytes < 4 {
+        return Err(Error::invalid(
+            "h2d_bandwidth",
+            format!("{bytes} bytes; measure at least 4"),
+        ));
+    }
+    let bytes = bytes - bytes % 4;
+    let host = Arc::new(be.alloc_host(bytes)?);
+    let dst = be.alloc(DType::I32, &[bytes / 4])?;
+    let queue = be.copy_queue(1)?;
+    let s = time_per_call(be, 4, 5, || {
+        queue.fork()?;
+        queue.copy(&host, 0, &dst)?;
+        queue.join()
+    })?;
+    Ok(bytes as f64 / s / 1e9)
 }
 
 /// Shape of a decode-attention benchmark.
@@ -213,4 +240,26 @@ pub fn launch_cost(be: &dyn Backend, launches: usize) -> Result<(BenchRow, Bench
         detail: String::new(),
     };
     Ok((row("launch eager", eager), row("launch in graph", replay)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+
+    #[test]
+    fn h2d_bandwidth_measures_the_copy_queue() {
+        let be = CpuBackend::new();
+        let gbs = h2d_bandwidth(&be, 1 << 20).unwrap();
+        assert!(gbs.is_finite() && gbs > 0.0, "{gbs}");
+        // A copy delay of 2 ms per 1 MiB copy caps the bandwidth at 0.52 GB/s.
+        let slow = CpuBackend::with_copy_delay(std::time::Duration::from_millis(2));
+        let capped = h2d_bandwidth(&slow, 1 << 20).unwrap();
+        assert!(capped < 0.53, "{capped}");
+        let err = h2d_bandwidth(&be, 3).unwrap_err().to_string();
+        assert!(
+            err.contains("h2d_bandwidth") && err.contains("3 bytes"),
+            "{err}"
+        );
+    }
 }

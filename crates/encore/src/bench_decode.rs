@@ -1,6 +1,7 @@
 //! `encore bench decode`: decode-step latency for a model at several batch sizes, eager
 //! and replayed from a captured graph, beside the bandwidth floor (weight bytes / measured
-//! device copy bandwidth), with the capture time.
+//! device copy bandwidth), with the capture time. The prefill and timed-step helpers
+//! are shared with `encore bench offload`.
 
 use std::time::Instant;
 
@@ -15,6 +16,9 @@ use encore_core::model::ModelFiles;
 use encore_core::runner::{Runner, SamplingParams, SeqStep};
 use encore_core::DType;
 
+use encore_core::offload::OffloadConfig;
+
+use crate::offload_arg::{self, OffloadArg};
 use crate::out::outln;
 use crate::{parse, DeviceArg};
 
@@ -44,6 +48,8 @@ pub struct BenchDecodeArgs {
     steps: usize,
     #[command(flatten)]
     device: DeviceArg,
+    #[command(flatten)]
+    offload: OffloadArg,
     /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
     /// any case).
     #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
@@ -64,7 +70,121 @@ pub struct BenchDecodeArgs {
 }
 
 /// The largest `--batch`.
-const MAX_BATCH: usize = 1 << 24;
+pub(crate) const MAX_BATCH: usize = 1 << 24;
+
+/// Untimed decode steps before the timed ones.
+pub(crate) const WARMUP: usize = 3;
+
+/// Positions a sequence needs for `context` prefilled tokens then `phases` runs of
+/// [`WARMUP`] + `steps` decode steps.
+pub(crate) fn positions(context: usize, steps: usize, phases: usize) -> usize {
+    context + phases * (WARMUP + steps) + 1
+}
+
+/// An eager-capable engine configuration for decode benchmarks: `max_batch` sequences of
+/// `max_seq_len` positions (the KV cache holds exactly them), block size 16, graphs off
+/// (switched per phase with [`Runner::set_graph_mode`]).
+pub(crate) fn engine_config(
+    dtype: DType,
+    max_batch: usize,
+    max_seq_len: usize,
+    offload: Option<OffloadConfig>,
+    run_name: String,
+    fix_hint: &str,
+) -> EngineConfig {
+    let block_size = 16;
+    let per_seq = max_seq_len.div_ceil(block_size);
+    EngineConfig {
+        offload,
+        run_name,
+        fix_hint: fix_hint.into(),
+        ..EngineConfig::new(
+            dtype,
+            block_size,
+            2048.max(max_batch),
+            max_batch,
+            max_seq_len,
+            KvSizing::Blocks(max_batch.saturating_mul(per_seq).saturating_add(1)),
+        )
+    }
+}
+
+/// Allocate sequences `0..batch` and prefill `context` tokens in each (one step per
+/// sequence, in the runner's current mode).
+pub(crate) fn prefill(runner: &mut Runner<'_>, batch: usize, context: usize) -> Result<Vec<SeqId>> {
+    let vocab = runner.model.cfg.vocab_size;
+    let seqs: Vec<SeqId> = (0..batch).map(|i| SeqId(i as u64)).collect();
+    let prompt: Vec<u32> = (0..context)
+        .map(|i| (i * 7 + 1) as u32 % vocab as u32)
+        .collect();
+    for &s in &seqs {
+        runner.blocks.allocate(s, context)?;
+        runner.step(&[SeqStep {
+            seq: s,
+            tokens: &prompt,
+            sampling: SamplingParams::default(),
+        }])?;
+    }
+    Ok(seqs)
+}
+
+/// What [`time_decode`] measured.
+pub(crate) struct Timed {
+    /// Median seconds of one step.
+    pub median_s: f64,
+    /// Bytes the weight offloader queued for copying during the timed steps (`None`
+    /// without a budget; graph replays' copies are not seen by the host).
+    pub copied_bytes: Option<u64>,
+}
+
+/// Run [`WARMUP`] untimed then `steps` timed greedy decode steps of `seqs` (one token
+/// each, starting from `last`, which ends at the last sampled tokens).
+pub(crate) fn time_decode(
+    runner: &mut Runner<'_>,
+    seqs: &[SeqId],
+    last: &mut Vec<u32>,
+    steps: usize,
+) -> Result<Timed> {
+    let copied = |r: &Runner<'_>| r.model.offload().map(|o| o.copied_bytes());
+    let mut times = Vec::with_capacity(steps);
+    let mut before = None;
+    for i in 0..WARMUP + steps {
+        for &s in seqs {
+            runner.blocks.append(s, 1)?;
+        }
+        let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+        let batch: Vec<SeqStep<'_>> = seqs
+            .iter()
+            .zip(&toks)
+            .map(|(&seq, tok)| SeqStep {
+                seq,
+                tokens: tok,
+                sampling: SamplingParams::default(),
+            })
+            .collect();
+        if i == WARMUP {
+            before = copied(runner);
+        }
+        let t = Instant::now();
+        *last = runner.step(&batch)?;
+        if i >= WARMUP {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(Timed {
+        median_s: times[times.len() / 2],
+        copied_bytes: copied(runner).zip(before).map(|(a, b)| a.saturating_sub(b)),
+    })
+}
+
+/// Free the sequences of [`prefill`].
+pub(crate) fn free(runner: &mut Runner<'_>, seqs: &[SeqId]) -> Result<()> {
+    for &s in seqs {
+        runner.blocks.free(s)?;
+    }
+    Ok(())
+}
 
 pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let dtype = a.dtype;
@@ -75,9 +195,14 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     if a.batch.is_empty() {
         bail!("--batch: give at least one batch size");
     }
-    let warmup = 3;
+    if a.offload.is_lru() && !a.eager {
+        bail!(
+            "--offload-policy lru decides its copies at run time and cannot run inside graphs; \
+             add --eager, or use --offload-policy planned"
+        );
+    }
     // Eager and graph phases each append warmup + steps tokens.
-    let max_seq_len = a.context + 2 * (warmup + a.steps) + 1;
+    let max_seq_len = positions(a.context, a.steps, 2);
     if max_seq_len > cfg.max_position_embeddings {
         bail!(
             "--context {} with --steps {} needs {max_seq_len} positions; the model has {}",
@@ -87,25 +212,19 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         );
     }
     let max_batch = a.batch.iter().copied().max().unwrap_or(1);
-    let block_size = 16;
-    let per_seq = max_seq_len.div_ceil(block_size);
+    let offload = a.offload.config();
     let engine_cfg = EngineConfig {
-        offload: None,
-        dtype,
-        block_size,
-        max_tokens_per_step: 2048.max(max_batch),
-        max_seqs: max_batch,
-        max_seq_len,
-        kv: KvSizing::Blocks(max_batch.saturating_mul(per_seq).saturating_add(1)),
-        // Graph mode is switched per phase below.
-        graphs: None,
         graph_memory: a.graph_memory,
-        capture_all: false,
-        verify_graphs: false,
         // The copy-bandwidth measurement's two buffers.
         extra_bytes: 2 * COPY_BYTES,
-        run_name: format!("bench decode --batch {max_batch} --context {}", a.context),
-        fix_hint: "lower --batch or --context".into(),
+        ..engine_config(
+            dtype,
+            max_batch,
+            max_seq_len,
+            offload,
+            format!("bench decode --batch {max_batch} --context {}", a.context),
+            "lower --batch or --context",
+        )
     };
     let files = ModelFiles {
         config: cfg.clone(),
@@ -127,6 +246,11 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             copy.value,
             floor_secs * 1e3
         )?;
+        if let Some(line) =
+            offload_arg::summary(offload.as_ref(), report.offload.as_ref(), weight_bytes)
+        {
+            outln!("{line}")?;
+        }
         outln!(
             "{:>6} {:>10} {:>10} {:>8} {:>12} {:>10} {:>9} {:>10}",
             "batch",
@@ -167,63 +291,20 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             )?;
         }
     }
-    let greedy = SamplingParams::default();
     for &b in &a.batch {
-        let seqs: Vec<SeqId> = (0..b).map(|i| SeqId(i as u64)).collect();
-        // Prefill `context` tokens per sequence, chunked to the step budget.
-        let prompt: Vec<u32> = (0..a.context)
-            .map(|i| (i * 7 + 1) as u32 % cfg.vocab_size as u32)
-            .collect();
-        for &s in &seqs {
-            runner.blocks.allocate(s, a.context)?;
-            runner.step(&[SeqStep {
-                seq: s,
-                tokens: &prompt,
-                sampling: greedy,
-            }])?;
-        }
+        let seqs = prefill(&mut runner, b, a.context)?;
         let mut last = vec![1u32; b];
-        let mut step_no = 0u64;
-        // Median wall time of `a.steps` decode steps after `warmup` untimed ones.
-        let mut timed = |runner: &mut Runner<'_>, last: &mut Vec<u32>| -> Result<f64> {
-            let mut times = Vec::with_capacity(a.steps);
-            for i in 0..warmup + a.steps {
-                for &s in &seqs {
-                    runner.blocks.append(s, 1)?;
-                }
-                let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
-                let batch: Vec<SeqStep<'_>> = seqs
-                    .iter()
-                    .zip(&toks)
-                    .map(|(&seq, tok)| SeqStep {
-                        seq,
-                        tokens: tok,
-                        sampling: greedy,
-                    })
-                    .collect();
-                step_no += 1;
-                let t = Instant::now();
-                *last = runner.step(&batch)?;
-                if i >= warmup {
-                    times.push(t.elapsed().as_secs_f64());
-                }
-            }
-            times.sort_by(f64::total_cmp);
-            Ok(times[times.len() / 2])
-        };
-        let eager = timed(&mut runner, &mut last)?;
+        let eager = time_decode(&mut runner, &seqs, &mut last, a.steps)?.median_s;
         let (graph, capture_secs) = if a.eager {
             (None, 0.0)
         } else {
             runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
-            let g = timed(&mut runner, &mut last)?;
+            let g = time_decode(&mut runner, &seqs, &mut last, a.steps)?.median_s;
             let stats = runner.graph_stats().unwrap_or_default();
             runner.set_graph_mode(None);
             (Some(g), stats.capture_secs)
         };
-        for &s in &seqs {
-            runner.blocks.free(s)?;
-        }
+        free(&mut runner, &seqs)?;
         if a.json {
             outln!(
                 "{}",

@@ -23,6 +23,7 @@ use encore_core::serve::{EngineHandle, Event};
 use encore_core::DType;
 use serde_json::{json, Map, Value};
 
+use crate::offload_arg::{self, OffloadArg};
 use crate::out::{errln, outln};
 use crate::{parse, DeviceArg};
 
@@ -48,6 +49,12 @@ pub struct BenchServeArgs {
     vocab_size: Option<usize>,
     #[command(flatten)]
     device: DeviceArg,
+    #[command(flatten)]
+    offload: OffloadArg,
+    /// Run every engine step eagerly, no graphs (--in-process; needed by
+    /// --offload-policy lru).
+    #[arg(long)]
+    eager: bool,
     /// Run dtype (--in-process).
     #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
     dtype: DType,
@@ -520,6 +527,12 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
 /// running batch when it exposes encore's /metrics).
 fn run_url(a: BenchServeArgs) -> Result<()> {
     use crate::bench_client::Client;
+    if a.offload.weight_budget.is_some() || a.eager {
+        bail!(
+            "--weight-budget, --offload-policy and --eager apply to the engine of --in-process; \
+             give them to the server (`encore serve`) instead"
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -606,16 +619,21 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
         );
     }
     let cuda = be.memory_info().is_some();
-    let graphs = crate::graphs::config(
-        be.as_ref(),
-        "vllm",
-        a.max_num_seqs,
-        "auto",
-        a.max_num_batched_tokens,
-    )?;
+    let graphs = if a.eager {
+        None
+    } else {
+        Some(crate::graphs::config(
+            be.as_ref(),
+            "vllm",
+            a.max_num_seqs,
+            "auto",
+            a.max_num_batched_tokens,
+        )?)
+    };
+    let offload = a.offload.config();
     let at_least = 1 + max_seq_len.div_ceil(16);
     let engine_cfg = EngineConfig {
-        offload: None,
+        offload,
         dtype: a.dtype,
         block_size: 16,
         max_tokens_per_step: a.max_num_batched_tokens,
@@ -629,7 +647,7 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
         } else {
             KvSizing::Blocks(at_least * a.max_num_seqs.min(64))
         },
-        graphs: Some(graphs),
+        graphs,
         graph_memory: GraphMemory::Arena,
         capture_all: true,
         verify_graphs: false,
@@ -653,6 +671,16 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
         sched,
         Box::new(crate::progress::Bars::new(!a.json)),
     )?);
+    if let (Some(line), false) = (
+        offload_arg::summary(
+            offload.as_ref(),
+            engine.boot.offload.as_ref(),
+            cfg.weight_bytes(a.dtype),
+        ),
+        a.json,
+    ) {
+        errln!("{line}");
+    }
 
     // Submit on schedule; every token's time (or the request's error) goes to the
     // collector.
@@ -754,6 +782,18 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
     row.insert(
         "prefix_cache_hit_ratio".into(),
         json!(m.prefix_cache_hit_ratio()),
+    );
+    // The weight budget (null: every weight on the device).
+    row.insert(
+        "offload".into(),
+        match (&offload, &engine.boot.offload) {
+            (Some(c), Some(r)) => json!({
+                "policy": c.policy.name(), "budget_bytes": r.budget_bytes,
+                "resident_bytes": r.resident_bytes, "streaming_bytes": r.streaming_bytes,
+                "streamed_bytes_per_step": r.streamed_bytes_per_step,
+            }),
+            _ => Value::Null,
+        },
     );
     print(&a, row)
 }

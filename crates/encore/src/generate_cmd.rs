@@ -21,6 +21,7 @@ use encore_core::serve::{EngineHandle, Event};
 use encore_core::tokenizer::{ChatMessage, StopMatcher, StopStream};
 use encore_core::DType;
 
+use crate::offload_arg::{self, OffloadArg};
 use crate::out::{errln, out, outln};
 use crate::progress::Bars;
 use crate::{parse, prompts, DeviceArg};
@@ -79,6 +80,8 @@ pub struct GenerateArgs {
     seed: u64,
     #[command(flatten)]
     device: DeviceArg,
+    #[command(flatten)]
+    offload: OffloadArg,
     /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
     /// any case).
     #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
@@ -228,8 +231,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             a.max_num_batched_tokens,
         )?)
     };
+    let offload = a.offload.config();
     let engine_cfg = EngineConfig {
-        offload: None,
+        offload,
         dtype,
         block_size: a.block_size,
         max_tokens_per_step: a.max_num_batched_tokens,
@@ -266,6 +270,16 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         Box::new(Bars::new(!a.json)),
     )?;
     let load_secs = engine.boot.load_secs;
+    if let Some(line) = offload_arg::summary(
+        offload.as_ref(),
+        engine.boot.offload.as_ref(),
+        cfg.weight_bytes(dtype),
+    ) {
+        tracing::info!("{line}");
+        if !a.json {
+            errln!("{line}");
+        }
+    }
     if a.capture_all {
         let st = engine.runner_stats()?;
         if let (Some(s), m) = (st.graphs, st.memory) {

@@ -1,14 +1,16 @@
 //! The `encore` command line: `info` (backends, devices, kernels, self-check),
-//! `generate`, `serve`, and `bench kernels | decode | prefill | capture | serve`.
+//! `generate`, `serve`, and `bench kernels | decode | prefill | capture | serve | offload`.
 
 mod bench_capture;
 mod bench_client;
 mod bench_decode;
+mod bench_offload;
 mod bench_prefill;
 mod bench_serve;
 mod generate_cmd;
 mod graphs;
 mod model_arg;
+mod offload_arg;
 mod out;
 mod parse;
 mod progress;
@@ -91,6 +93,10 @@ enum BenchCommand {
     /// JSONL trace, a concurrency limit; request and token throughput, TTFT, TPOT and
     /// inter-token latency percentiles.
     Serve(bench_serve::BenchServeArgs),
+    /// Decode-step latency under weight budgets (--weight-budget), planned vs LRU, graph
+    /// vs eager, beside the PCIe bound (bytes streamed per step / measured host-to-device
+    /// bandwidth).
+    Offload(bench_offload::BenchOffloadArgs),
 }
 
 #[derive(Args)]
@@ -127,6 +133,9 @@ fn main() -> ExitCode {
             bench_capture::run(a).map(|_| ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Serve(a)) => bench_serve::run(a).map(|_| ExitCode::SUCCESS),
+        Command::Bench(BenchCommand::Offload(a)) => {
+            bench_offload::run(a).map(|_| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

@@ -11,6 +11,7 @@ use encore_core::serve::EngineHandle;
 use encore_core::DType;
 use encore_server::ServerConfig;
 
+use crate::offload_arg::{self, OffloadArg};
 use crate::out::errln;
 use crate::{parse, DeviceArg};
 
@@ -21,6 +22,8 @@ pub struct ServeArgs {
     model: String,
     #[command(flatten)]
     device: DeviceArg,
+    #[command(flatten)]
+    offload: OffloadArg,
     /// Run dtype: bf16, f16 or f32 (aliases as for generate).
     #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
     dtype: DType,
@@ -116,8 +119,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     } else {
         KvSizing::Blocks(a.cpu_kv_blocks.max(at_least))
     };
+    let offload = a.offload.config();
     let engine_cfg = EngineConfig {
-        offload: None,
+        offload,
         dtype: a.dtype,
         block_size: a.block_size,
         max_tokens_per_step: a.max_num_batched_tokens,
@@ -148,6 +152,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         sched,
         Box::new(crate::progress::Bars::new(true)),
     )?);
+    if let Some(line) = offload_arg::summary(
+        offload.as_ref(),
+        engine.boot.offload.as_ref(),
+        cfg.weight_bytes(a.dtype),
+    ) {
+        errln!("{line}");
+    }
     let server_cfg = ServerConfig {
         served_model_name: a.served_model_name.unwrap_or_else(|| a.model.clone()),
         api_key: a.api_key.filter(|k| !k.is_empty()),

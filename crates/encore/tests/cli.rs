@@ -724,6 +724,8 @@ fn every_flag_has_a_help_line() {
         &["bench", "capture"],
         &["bench", "prefill"],
         &["bench", "serve"],
+        &["bench", "offload"],
+        &["serve"],
     ] {
         let out = encore(&[cmd, &["--help"]].concat());
         assert!(out.status.success());

@@ -1,0 +1,327 @@
+//! `encore bench offload`: decode-step latency under weight budgets, per offload policy
+//! (planned, LRU) and mode (graph, eager), beside the PCIe bound: the bytes streamed per
+//! step over the measured page-locked host-to-device bandwidth. One engine per (budget,
+//! policy), freed before the next; each batch prefills `--context` tokens per sequence
+//! then times decode steps with `bench decode`'s helpers.
+
+use anyhow::{bail, Result};
+use clap::Args;
+use encore_core::bench;
+use encore_core::engine::Engine;
+use encore_core::graph::BucketPolicy;
+use encore_core::model::ModelFiles;
+use encore_core::offload::{self, AccessOrder, OffloadConfig, Policy, WeightBudget};
+use encore_core::runner::Runner;
+use encore_core::DType;
+use serde_json::json;
+
+use crate::bench_decode::{self, MAX_BATCH};
+use crate::offload_arg::{self, human};
+use crate::out::{errln, outln};
+use crate::{parse, DeviceArg};
+
+#[derive(Args)]
+pub struct BenchOffloadArgs {
+    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
+    #[arg(long, default_value = "dummy:tiny")]
+    model: String,
+    /// Weight budgets in percent of the weights, comma-separated, each in (0, 100] (a
+    /// trailing % is allowed); 100, or any budget that holds every weight, is the
+    /// resident reference row.
+    #[arg(
+        long,
+        default_value = "100,75,50,25",
+        value_delimiter = ',',
+        value_parser = percent,
+        allow_negative_numbers = true
+    )]
+    budgets: Vec<f64>,
+    /// Batch sizes, comma-separated, each >= 1.
+    #[arg(
+        long,
+        default_value = "1,64",
+        value_delimiter = ',',
+        value_parser = parse::count::<1, { MAX_BATCH }>,
+        allow_negative_numbers = true
+    )]
+    batch: Vec<usize>,
+    /// Offload policies, comma-separated: planned, lru [default: planned,lru; planned
+    /// with --graphs-only].
+    #[arg(long, value_delimiter = ',', value_parser = offload_arg::policy)]
+    policy: Vec<Policy>,
+    /// Timed decode steps per row (after 3 warm-up steps); the median is reported.
+    #[arg(long, default_value = "10", value_parser = parse::count::<1, 100_000>, allow_negative_numbers = true)]
+    steps: usize,
+    /// Tokens already in each sequence's cache when the timed steps start (1..=2048).
+    #[arg(long, default_value = "128", value_parser = parse::count::<1, 2048>, allow_negative_numbers = true)]
+    context: usize,
+    #[command(flatten)]
+    device: DeviceArg,
+    /// Run dtype: bf16, f16 or f32 (aliases as for generate).
+    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
+    dtype: DType,
+    /// Time eager steps only (by default the planned policy and the resident rows are
+    /// timed replayed from captured graphs and eagerly; LRU only eagerly).
+    #[arg(long, conflicts_with = "graphs_only")]
+    eager: bool,
+    /// Time graph replays only (the planned policy and the resident rows; LRU decides its
+    /// copies at run time and cannot be captured).
+    #[arg(long)]
+    graphs_only: bool,
+    /// One JSON object per row.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--budgets`: a percentage in (0, 100], optionally followed by `%`.
+fn percent(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix('%').unwrap_or(t).trim();
+    match t.parse::<f64>() {
+        Ok(p) if p > 0.0 && p <= 100.0 => Ok(p),
+        _ => Err("must be a percentage of the weights in (0, 100]".into()),
+    }
+}
+
+/// Host-to-device bytes per bandwidth measurement: 256 MiB on a GPU (PCIe needs large
+/// copies to reach its rate), 16 MiB on the CPU twin (a memcpy, and CI time).
+fn h2d_bytes(on_gpu: bool) -> usize {
+    if on_gpu {
+        256 << 20
+    } else {
+        16 << 20
+    }
+}
+
+/// One engine of the benchmark: a budget and, unless every weight stays resident, its
+/// policy.
+struct Run {
+    percent: f64,
+    config: OffloadConfig,
+    /// `None`: the budget holds every weight.
+    offloaded: Option<Policy>,
+}
+
+pub fn run(a: BenchOffloadArgs) -> Result<()> {
+    if a.batch.is_empty() {
+        bail!("--batch: give at least one batch size");
+    }
+    if a.budgets.is_empty() {
+        bail!("--budgets: give at least one percentage");
+    }
+    let mut policies: Vec<Policy> = Vec::new();
+    for &p in &a.policy {
+        if !policies.contains(&p) {
+            policies.push(p);
+        }
+    }
+    if policies.is_empty() {
+        policies.push(Policy::Planned);
+        if !a.graphs_only {
+            policies.push(Policy::Lru);
+        }
+    }
+    if a.graphs_only && policies.contains(&Policy::Lru) {
+        bail!(
+            "--graphs-only with --policy lru: the LRU policy decides its copies at run time and \
+             cannot be captured into a graph; drop lru from --policy or --graphs-only"
+        );
+    }
+    let dtype = a.dtype;
+    let opened = crate::model_arg::open_device(a.device.device)?;
+    let be = opened.backend();
+    let be = be.as_ref();
+    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
+    // Eager and graph phases each append warm-up + steps tokens.
+    let max_seq_len = bench_decode::positions(a.context, a.steps, 2);
+    if max_seq_len > cfg.max_position_embeddings {
+        bail!(
+            "--context {} with --steps {} needs {max_seq_len} positions; the model has {}",
+            a.context,
+            a.steps,
+            cfg.max_position_embeddings
+        );
+    }
+    let max_batch = a.batch.iter().copied().max().unwrap_or(1);
+    let weight_bytes = cfg.weight_bytes(dtype);
+
+    // Every budget is checked (floor, plan) before anything is allocated.
+    let mut runs: Vec<Run> = Vec::new();
+    for &percent in &a.budgets {
+        for &policy in &policies {
+            let config = OffloadConfig {
+                budget: WeightBudget::Percent(percent),
+                policy,
+            };
+            let offloaded = offload::device_bytes(&cfg, dtype, &config)
+                .map_err(|e| anyhow::anyhow!("--budgets {percent}: {e}"))?
+                .map(|_| policy);
+            if offloaded.is_none() && runs.iter().any(|r| r.percent == percent) {
+                continue; // one resident row per budget, whatever the policy
+            }
+            runs.push(Run {
+                percent,
+                config,
+                offloaded,
+            });
+        }
+    }
+    // Bytes each planned stream copies per step: the weights' own sizes (the plan's slots
+    // are rounded up to the slot alignment; the copies are not).
+    let true_sizes: Vec<usize> = AccessOrder::llama(&cfg, dtype)?
+        .weights()
+        .iter()
+        .map(|w| w.bytes)
+        .collect();
+
+    let h2d_gbs = bench::h2d_bandwidth(be, h2d_bytes(be.memory_info().is_some()))?;
+    if !a.json {
+        outln!(
+            "{} on {}: {} of weights ({dtype}); page-locked host-to-device {:.1} GB/s; context {}, median of {} steps",
+            a.model,
+            be.device_name(),
+            human(weight_bytes),
+            h2d_gbs,
+            a.context,
+            a.steps
+        )?;
+        outln!(
+            "{:>8} {:>5} {:>6} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10} {:>11} {:>10} {:>8}",
+            "policy",
+            "mode",
+            "batch",
+            "budget",
+            "budget B",
+            "resident",
+            "ring/pool",
+            "streamed",
+            "step ms",
+            "tok/s",
+            "pcie ms",
+            "x bound"
+        )?;
+    }
+    for r in &runs {
+        let files = ModelFiles {
+            config: cfg.clone(),
+            source,
+        };
+        let policy_name = r.offloaded.map_or("resident", Policy::name);
+        let engine_cfg = bench_decode::engine_config(
+            dtype,
+            max_batch,
+            max_seq_len,
+            Some(r.config),
+            format!(
+                "bench offload --budgets {} --policy {policy_name} --batch {max_batch} --context {}",
+                r.percent, a.context
+            ),
+            "lower --batch or --context",
+        );
+        let Engine { mut runner, report } =
+            Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
+        let (budget_bytes, resident_bytes, streaming_bytes) = match &report.offload {
+            Some(o) => (o.budget_bytes, o.resident_bytes, o.streaming_bytes),
+            None => (r.config.budget.bytes(weight_bytes), weight_bytes, 0),
+        };
+        let planned_per_step = runner.model.offload().and_then(|o| o.plan()).map(|p| {
+            p.streams
+                .iter()
+                .map(|s| true_sizes[s.weight])
+                .sum::<usize>()
+        });
+        let mut modes: Vec<&str> = Vec::new();
+        if !a.eager && r.offloaded != Some(Policy::Lru) {
+            modes.push("graph");
+        }
+        if !a.graphs_only {
+            modes.push("eager");
+        }
+        for &b in &a.batch {
+            let seqs = bench_decode::prefill(&mut runner, b, a.context)?;
+            let mut last = vec![1u32; b];
+            for &mode in &modes {
+                let graph = mode == "graph";
+                if graph {
+                    runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
+                }
+                let timed = bench_decode::time_decode(&mut runner, &seqs, &mut last, a.steps);
+                if graph {
+                    runner.set_graph_mode(None);
+                }
+                let timed = timed?;
+                let measured = timed.copied_bytes.map(|c| c as f64 / a.steps as f64);
+                let streamed = match (r.offloaded, planned_per_step, measured) {
+                    (None, ..) => 0,
+                    (Some(Policy::Planned), Some(plan), m) => {
+                        // The executor's count must equal the plan's in eager mode (in
+                        // graph mode the host does not see the copies).
+                        if let (false, Some(m)) = (graph, m) {
+                            if m != plan as f64 {
+                                bail!(
+                                    "the planned offload at {}% copied {m} bytes per step in eager mode; its plan streams {plan}",
+                                    r.percent
+                                );
+                            }
+                        }
+                        plan
+                    }
+                    (Some(_), _, Some(m)) => m.round() as usize,
+                    (Some(p), ..) => bail!(
+                        "the engine at {}% ({}) reports no offload executor",
+                        r.percent,
+                        p.name()
+                    ),
+                };
+                let step_ms = timed.median_s * 1e3;
+                let pcie_bound_ms = streamed as f64 / (h2d_gbs * 1e9) * 1e3;
+                let bound_ratio =
+                    (r.offloaded.is_some() && pcie_bound_ms > 0.0).then(|| step_ms / pcie_bound_ms);
+                let tok_s = b as f64 / step_ms * 1e3;
+                if a.json {
+                    outln!(
+                        "{}",
+                        json!({
+                            "policy": policy_name, "mode": mode, "batch": b,
+                            "budget_fraction": r.percent / 100.0, "budget_bytes": budget_bytes,
+                            "resident_bytes": resident_bytes, "streaming_bytes": streaming_bytes,
+                            "streamed_bytes_per_step": streamed, "step_ms": step_ms,
+                            "tok_s": tok_s, "pcie_bound_ms": pcie_bound_ms,
+                            "bound_ratio": bound_ratio, "h2d_gbs": h2d_gbs,
+                        })
+                    )?;
+                } else {
+                    outln!(
+                        "{:>8} {:>5} {:>6} {:>6}% {:>11} {:>11} {:>11} {:>11} {:>10.3} {:>11.1} {:>10.3} {:>8}",
+                        policy_name,
+                        mode,
+                        b,
+                        r.percent,
+                        human(budget_bytes),
+                        human(resident_bytes),
+                        human(streaming_bytes),
+                        human(streamed),
+                        step_ms,
+                        tok_s,
+                        pcie_bound_ms,
+                        bound_ratio.map_or("-".into(), |x| format!("{x:.2}"))
+                    )?;
+                }
+            }
+            bench_decode::free(&mut runner, &seqs)?;
+        }
+        // Free this engine's device memory before the next one starts.
+        release(be, runner)?;
+    }
+    if !a.json && runs.iter().all(|r| r.offloaded.is_none()) {
+        errln!("note: every budget holds all the weights; nothing was offloaded");
+    }
+    Ok(())
+}
+
+/// Drop a runner (its weights, ring, cache and graphs) once the device is idle.
+fn release(be: &dyn encore_core::Backend, runner: Runner<'_>) -> Result<()> {
+    be.synchronize()?;
+    drop(runner);
+    Ok(())
+}

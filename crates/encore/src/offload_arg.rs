@@ -1,0 +1,128 @@
+//! `--weight-budget` and `--offload-policy`, shared by the commands that build an engine,
+//! and the one-line summary of what a budget gave at start-up.
+
+use clap::Args;
+use encore_core::offload::{OffloadConfig, OffloadReport, Policy, WeightBudget};
+use encore_core::Error;
+
+/// The weight offload flags.
+#[derive(Args, Clone, Debug)]
+pub struct OffloadArg {
+    /// Device memory for the weights: bytes with an optional KiB/MiB/GiB suffix (e.g.
+    /// 6GiB) or a percentage of the weights (e.g. 50%); the rest stay in page-locked host
+    /// memory and stream to the device every step. A budget below the model's floor is
+    /// refused with the minimum. Default: every weight on the device.
+    #[arg(long, value_name = "BYTES|P%", value_parser = weight_budget)]
+    pub weight_budget: Option<WeightBudget>,
+    /// How weights over the budget move: planned (a fixed resident set and a ring of
+    /// prefetch slots filled ahead of use; works in graphs) or lru (on-demand copies, the
+    /// baseline; needs --eager). Needs --weight-budget. [default: planned]
+    #[arg(long, value_name = "planned|lru", value_parser = policy, requires = "weight_budget")]
+    pub offload_policy: Option<Policy>,
+}
+
+impl OffloadArg {
+    /// The engine's offload configuration; `None` without `--weight-budget`.
+    pub fn config(&self) -> Option<OffloadConfig> {
+        self.weight_budget.map(|budget| OffloadConfig {
+            budget,
+            policy: self.offload_policy.unwrap_or_default(),
+        })
+    }
+
+    /// Whether `--offload-policy lru` was given.
+    pub fn is_lru(&self) -> bool {
+        self.offload_policy == Some(Policy::Lru)
+    }
+}
+
+/// The message of a core parse error without its `--flag:` prefix (clap names the flag).
+fn message(e: Error) -> String {
+    match e {
+        Error::Invalid { what, .. } => what,
+        e => e.to_string(),
+    }
+}
+
+/// `--weight-budget`: see [`WeightBudget::parse`].
+pub fn weight_budget(s: &str) -> Result<WeightBudget, String> {
+    WeightBudget::parse(s).map_err(message)
+}
+
+/// `--offload-policy`: planned | lru.
+pub fn policy(s: &str) -> Result<Policy, String> {
+    Policy::parse(s).map_err(message)
+}
+
+/// Bytes in the largest binary unit that keeps the figure at least 1 (B, KiB, MiB, GiB).
+pub fn human(bytes: usize) -> String {
+    let b = bytes as f64;
+    if bytes >= 1 << 30 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if bytes >= 1 << 20 {
+        format!("{:.2} MiB", b / (1u64 << 20) as f64)
+    } else if bytes >= 1 << 10 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// One line on what a budget gave (`report`: `BootReport::offload`, `None` when the
+/// budget holds every weight); `None` without a budget.
+pub fn summary(
+    config: Option<&OffloadConfig>,
+    report: Option<&OffloadReport>,
+    weight_bytes: usize,
+) -> Option<String> {
+    let config = config?;
+    Some(match report {
+        Some(r) => format!(
+            "weight budget {} of {} ({}): {} resident, {} {}, {} streamed per step (floor {})",
+            human(r.budget_bytes),
+            human(r.total_bytes),
+            config.policy.name(),
+            human(r.resident_bytes),
+            human(r.streaming_bytes),
+            if config.policy == Policy::Lru {
+                "LRU pool"
+            } else {
+                "prefetch ring"
+            },
+            human(r.streamed_bytes_per_step),
+            human(r.floor_bytes),
+        ),
+        None => format!(
+            "weight budget {} holds every weight ({}): nothing is offloaded",
+            human(config.budget.bytes(weight_bytes)),
+            human(weight_bytes)
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parsers_and_summary() {
+        assert_eq!(weight_budget("50%"), Ok(WeightBudget::Percent(50.0)));
+        assert_eq!(weight_budget("2MiB"), Ok(WeightBudget::Bytes(2 << 20)));
+        let e = weight_budget("12XB").unwrap_err();
+        assert!(e.contains("`12XB`") && e.contains("unknown unit"), "{e}");
+        assert!(!e.starts_with("--weight-budget"), "{e}");
+        assert!(weight_budget("0").unwrap_err().contains("zero"));
+        assert!(weight_budget("101%").unwrap_err().contains("(0, 100]"));
+        assert_eq!(policy("lru"), Ok(Policy::Lru));
+        assert!(policy("fifo").unwrap_err().contains("`fifo`"));
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(3 << 20), "3.00 MiB");
+        let cfg = OffloadConfig {
+            budget: WeightBudget::Percent(100.0),
+            policy: Policy::Planned,
+        };
+        assert_eq!(summary(None, None, 10), None);
+        let line = summary(Some(&cfg), None, 4096).unwrap();
+        assert!(line.contains("holds every weight (4.0 KiB)"), "{line}");
+    }
+}

@@ -1,0 +1,503 @@
+//! Weight offload from the command line, on the CPU twin: `--weight-budget` and
+//! `--offload-policy` on generate, serve, bench decode and bench serve (the text under a
+//! budget is the resident text; bad values fail naming the flag, the value or the
+//! minimum), and `encore bench offload`'s rows.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use encore_core::model::open_model;
+use encore_core::offload::{AccessOrder, SLOT_ALIGN};
+use encore_core::DType;
+use serde_json::Value;
+
+const MODEL: &str = "dummy:tiny-qwen3";
+
+fn encore(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_encore"))
+        .args(args)
+        .env("ENCORE_LOG", "error")
+        .output()
+        .expect("run encore")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn success(out: &Output) -> String {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// A failed run (not a panic); returns stderr.
+fn failure(out: &Output) -> String {
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "expected a failure; stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// The minimum budget of [`MODEL`] in bf16 (the commands' default dtype).
+fn floor_bytes() -> usize {
+    let files = open_model(MODEL).unwrap();
+    AccessOrder::llama(&files.config, DType::BF16)
+        .unwrap()
+        .aligned(SLOT_ALIGN)
+        .floor()
+        .bytes
+}
+
+fn generate(extra: &[&str]) -> Output {
+    let mut args = vec![
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        MODEL,
+        "--prompt",
+        "Hello there",
+        "--prompt",
+        "The quick brown fox",
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+    ];
+    args.extend_from_slice(extra);
+    encore(&args)
+}
+
+#[test]
+fn generate_under_a_budget_prints_the_resident_text() {
+    let want = success(&generate(&[]));
+    assert!(want.contains("=== [2/2]"), "{want}");
+    for (extra, policy) in [
+        (&["--weight-budget", "50%"][..], "(planned)"),
+        (&["--weight-budget", "50%", "--eager"], "(planned)"),
+        (
+            &["--weight-budget", "60%", "--offload-policy", "planned"],
+            "(planned)",
+        ),
+        (
+            &[
+                "--weight-budget",
+                "50%",
+                "--offload-policy",
+                "lru",
+                "--eager",
+            ],
+            "(lru)",
+        ),
+    ] {
+        let out = generate(extra);
+        assert_eq!(success(&out), want, "{extra:?}");
+        let err = text(&out.stderr);
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("weight budget"))
+            .unwrap_or_else(|| panic!("{extra:?}: no budget line in {err}"));
+        assert!(
+            line.contains(policy)
+                && line.contains("resident")
+                && line.contains("streamed per step"),
+            "{line}"
+        );
+    }
+    // JSON: the same ids, and stdout holds only the JSON lines.
+    let ids = |out: &Output| -> Vec<Value> {
+        success(out)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["output_ids"].clone())
+            .collect()
+    };
+    assert_eq!(
+        ids(&generate(&["--json", "--weight-budget", "40%"])),
+        ids(&generate(&["--json"]))
+    );
+    // A budget holding every weight says so.
+    let out = generate(&["--weight-budget", "100%"]);
+    assert_eq!(success(&out), want);
+    assert!(
+        text(&out.stderr).contains("holds every weight"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_offload_values_name_the_flag_value_or_minimum() {
+    let cases: [(&[&str], &[&str]); 6] = [
+        (
+            &["--weight-budget", "0"],
+            &["--weight-budget", "`0` is zero"],
+        ),
+        (
+            &["--weight-budget", "12XB"],
+            &["--weight-budget", "`12XB`", "unknown unit"],
+        ),
+        (
+            &["--weight-budget", "101%"],
+            &["--weight-budget", "`101%`", "(0, 100]"],
+        ),
+        (
+            &["--weight-budget", "50%", "--offload-policy", "fifo"],
+            &["--offload-policy", "`fifo`", "planned", "lru"],
+        ),
+        (
+            &["--offload-policy", "lru"],
+            &["--weight-budget", "--offload-policy"],
+        ),
+        (
+            &["--weight-budget", "50%", "--offload-policy", "lru"],
+            &["--offload-policy lru", "--eager"],
+        ),
+    ];
+    for (args, want) in cases {
+        let err = failure(&generate(args));
+        for w in want {
+            assert!(err.contains(w), "{args:?}: missing `{w}` in {err}");
+        }
+    }
+    // Below the floor: refused at load with the exact minimum.
+    let floor = floor_bytes();
+    for budget in ["1KiB".to_string(), format!("{}", floor - 1)] {
+        let err = failure(&generate(&["--weight-budget", &budget]));
+        assert!(
+            err.contains(&format!("minimum of {floor} bytes")) && err.contains("--weight-budget"),
+            "{budget}: {err}"
+        );
+    }
+    success(&generate(&["--weight-budget", &floor.to_string()]));
+    // The same flags on the other commands.
+    let err = failure(&encore(&[
+        "serve",
+        "--device",
+        "cpu",
+        "--weight-budget",
+        "12XB",
+    ]));
+    assert!(
+        err.contains("--weight-budget") && err.contains("12XB"),
+        "{err}"
+    );
+    let err = failure(&encore(&[
+        "serve",
+        "--device",
+        "cpu",
+        "--model",
+        MODEL,
+        "--port",
+        "0",
+        "--weight-budget",
+        "1KiB",
+    ]));
+    assert!(err.contains(&format!("minimum of {floor} bytes")), "{err}");
+    let err = failure(&encore(&[
+        "bench",
+        "decode",
+        "--device",
+        "cpu",
+        "--model",
+        MODEL,
+        "--weight-budget",
+        "50%",
+        "--offload-policy",
+        "lru",
+    ]));
+    assert!(
+        err.contains("--offload-policy lru") && err.contains("--eager"),
+        "{err}"
+    );
+    let err = failure(&encore(&[
+        "bench",
+        "serve",
+        "--url",
+        "http://127.0.0.1:1",
+        "--weight-budget",
+        "50%",
+    ]));
+    assert!(err.contains("--in-process"), "{err}");
+    for (args, want) in [
+        (&["--budgets", "0"][..], "--budgets"),
+        (&["--budgets", "101"], "--budgets"),
+        (&["--budgets", "1"], "minimum of"),
+        (&["--policy", "fifo"], "`fifo`"),
+        (&["--graphs-only", "--policy", "lru"], "--graphs-only"),
+        (&["--eager", "--graphs-only"], "--graphs-only"),
+    ] {
+        let err = failure(&encore(
+            &[
+                &["bench", "offload", "--device", "cpu", "--model", MODEL][..],
+                args,
+            ]
+            .concat(),
+        ));
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1e-9)
+}
+
+#[test]
+fn bench_offload_rows() {
+    let out = encore(&[
+        "bench",
+        "offload",
+        "--device",
+        "cpu",
+        "--budgets",
+        "100,50",
+        "--batch",
+        "1,2",
+        "--steps",
+        "2",
+        "--context",
+        "16",
+        "--json",
+    ]);
+    let rows: Vec<Value> = success(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    const FIELDS: [&str; 13] = [
+        "policy",
+        "mode",
+        "batch",
+        "budget_fraction",
+        "budget_bytes",
+        "resident_bytes",
+        "streaming_bytes",
+        "streamed_bytes_per_step",
+        "step_ms",
+        "tok_s",
+        "pcie_bound_ms",
+        "bound_ratio",
+        "h2d_gbs",
+    ];
+    let mut keys: Vec<&str> = FIELDS.to_vec();
+    keys.sort_unstable();
+    let h2d = rows[0]["h2d_gbs"].as_f64().unwrap();
+    assert!(h2d > 0.0 && h2d.is_finite());
+    let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+    let mut seen = Vec::new();
+    for r in &rows {
+        let mut got: Vec<&str> = r.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        got.sort_unstable();
+        assert_eq!(got, keys, "{r}");
+        let (policy, mode) = (r["policy"].as_str().unwrap(), r["mode"].as_str().unwrap());
+        let batch = r["batch"].as_u64().unwrap();
+        seen.push(format!("{policy} {mode} {batch}"));
+        let step = f(r, "step_ms");
+        assert!(step > 0.0, "{r}");
+        assert!(close(f(r, "tok_s"), batch as f64 / step * 1e3), "{r}");
+        assert_eq!(f(r, "h2d_gbs"), h2d);
+        let streamed = f(r, "streamed_bytes_per_step");
+        assert!(
+            close(f(r, "pcie_bound_ms"), streamed / (h2d * 1e9) * 1e3),
+            "{r}"
+        );
+        if policy == "resident" {
+            assert_eq!(f(r, "budget_fraction"), 1.0, "{r}");
+            assert_eq!(streamed, 0.0, "{r}");
+            assert_eq!(f(r, "streaming_bytes"), 0.0, "{r}");
+            assert_eq!(f(r, "resident_bytes"), f(r, "budget_bytes"), "{r}");
+            assert!(r["bound_ratio"].is_null(), "{r}");
+        } else {
+            assert_eq!(f(r, "budget_fraction"), 0.5, "{r}");
+            assert!(streamed > 0.0, "{r}");
+            assert!(
+                f(r, "resident_bytes") + f(r, "streaming_bytes") <= f(r, "budget_bytes"),
+                "{r}"
+            );
+            assert!(
+                close(f(r, "bound_ratio"), step / f(r, "pcie_bound_ms")),
+                "{r}"
+            );
+        }
+    }
+    let mut want: Vec<String> = Vec::new();
+    for (policy, modes) in [
+        ("resident", &["graph", "eager"][..]),
+        ("planned", &["graph", "eager"]),
+        ("lru", &["eager"]),
+    ] {
+        for b in [1, 2] {
+            for m in modes {
+                want.push(format!("{policy} {m} {b}"));
+            }
+        }
+    }
+    let (mut got, mut wanted) = (seen.clone(), want);
+    got.sort();
+    wanted.sort();
+    assert_eq!(got, wanted);
+    // Half the resident budget; planned streams less than LRU at every batch.
+    let total = f(&rows[0], "budget_bytes");
+    let row = |policy: &str, mode: &str, batch: u64| {
+        rows.iter()
+            .find(|r| r["policy"] == policy && r["mode"] == mode && r["batch"] == batch)
+            .unwrap()
+    };
+    for b in [1, 2] {
+        let planned = row("planned", "eager", b);
+        assert_eq!(f(planned, "budget_bytes"), (total / 2.0).floor());
+        assert_eq!(
+            f(planned, "streamed_bytes_per_step"),
+            f(row("planned", "graph", b), "streamed_bytes_per_step")
+        );
+        assert!(
+            f(planned, "streamed_bytes_per_step")
+                < f(row("lru", "eager", b), "streamed_bytes_per_step"),
+            "planned {planned} vs lru {}",
+            row("lru", "eager", b)
+        );
+    }
+
+    // Graph rows only: no LRU, no eager rows.
+    let out = encore(&[
+        "bench",
+        "offload",
+        "--device",
+        "cpu",
+        "--budgets",
+        "50",
+        "--batch",
+        "1",
+        "--steps",
+        "1",
+        "--context",
+        "4",
+        "--graphs-only",
+        "--json",
+    ]);
+    let rows: Vec<Value> = success(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0]["policy"].as_str(), rows[0]["mode"].as_str()),
+        (Some("planned"), Some("graph"))
+    );
+}
+
+#[test]
+fn bench_decode_and_serve_take_a_budget() {
+    let out = encore(&[
+        "bench",
+        "decode",
+        "--device",
+        "cpu",
+        "--model",
+        MODEL,
+        "--batch",
+        "1",
+        "--steps",
+        "2",
+        "--context",
+        "8",
+        "--weight-budget",
+        "50%",
+    ]);
+    let table = success(&out);
+    assert!(
+        table.contains("weight budget") && table.contains("(planned)"),
+        "{table}"
+    );
+
+    let out = encore(&[
+        "bench",
+        "serve",
+        "--in-process",
+        "--device",
+        "cpu",
+        "--model",
+        MODEL,
+        "--num-prompts",
+        "3",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+        "--max-num-seqs",
+        "2",
+        "--max-num-batched-tokens",
+        "32",
+        "--weight-budget",
+        "50%",
+        "--offload-policy",
+        "lru",
+        "--eager",
+        "--json",
+    ]);
+    let row: Value = serde_json::from_str(success(&out).trim()).unwrap();
+    assert_eq!(row["output_tokens"], 12, "{row}");
+    assert_eq!(row["offload"]["policy"], "lru", "{row}");
+    assert!(
+        row["offload"]["streaming_bytes"].as_u64().unwrap() > 0,
+        "{row}"
+    );
+
+    // serve prints the budget line before it listens.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_encore"))
+        .args([
+            "serve",
+            "--device",
+            "cpu",
+            "--model",
+            MODEL,
+            "--port",
+            "0",
+            "--lazy-capture",
+            "--cpu-kv-blocks",
+            "64",
+            "--max-seq-len",
+            "256",
+            "--weight-budget",
+            "50%",
+        ])
+        .env("ENCORE_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut lines = Vec::new();
+    while Instant::now() < deadline {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(l) => {
+                let serving = l.starts_with("serving");
+                lines.push(l);
+                if serving {
+                    break;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        lines.iter().any(|l| l.starts_with("serving")),
+        "no serving line: {lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("weight budget") && l.contains("(planned)")),
+        "{lines:?}"
+    );
+}
