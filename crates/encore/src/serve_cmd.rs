@@ -30,6 +30,7 @@ pub struct ServeArgs {
     /// Address to bind (loopback by default; 0.0.0.0 to listen on every interface).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// Port to listen on (0: any free port; the address is printed on stderr).
     #[arg(long, default_value_t = 8000)]
     port: u16,
     /// Require `Authorization: Bearer KEY` on /v1 requests (also from ENCORE_API_KEY).
