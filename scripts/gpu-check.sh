@@ -83,6 +83,8 @@ if [ $bench = 1 ]; then
       run "bench-capture-$m-$o" .bin/encore bench capture --device cuda --model "dummy:$m" --order $o
     done
   done
+  # Weight offload (issue #12): planned vs LRU, graph vs eager, beside the PCIe bound.
+  run bench-offload-llama-3.2-1b .bin/encore bench offload --device cuda --model dummy:llama-3.2-1b
   # The peers' mechanism: PyTorch CUDA graphs sharing one pool (what vLLM and SGLang do).
   run torch-graph-pool-llama-3.2-1b python3 scripts/torch_graph_pool.py --model llama-3.2-1b
   run torch-graph-pool-llama-3-8b python3 scripts/torch_graph_pool.py --model llama-3-8b \
@@ -125,6 +127,7 @@ if [ $bench = 1 ]; then
   for m in qwen2.5-0.5b llama-3.2-1b llama-3-8b; do cat "$OUT/bench-decode-$m.log"; done
   echo "---- encore bench capture (graph memory per strategy)"
   cat "$OUT"/bench-capture-*.log
+  echo "---- encore bench offload (llama-3.2-1b shape)"; cat "$OUT/bench-offload-llama-3.2-1b.log"
   echo "---- PyTorch CUDA graphs in one shared pool"
   cat "$OUT"/torch-graph-pool-*.log
 fi
