@@ -133,29 +133,37 @@ fn lru_budgets_give_the_resident_tokens_and_refuse_graphs() {
 }
 
 fn order(cfg: &ModelConfig) -> AccessOrder {
-    AccessOrder::llama(cfg, DType::F32)
-        .unwrap()
-        .aligned(SLOT_ALIGN)
+    offload::executor_order(cfg, DType::F32).unwrap()
 }
 
 #[test]
 fn a_budget_one_byte_under_the_floor_fails_and_at_the_floor_runs() {
     let cpu = slow_cpu();
-    let files = open_model(MODEL).unwrap();
-    let floor = order(&files.config).floor().bytes;
-    let at = |bytes: usize| {
-        config(
-            true,
-            Some(OffloadConfig {
-                budget: WeightBudget::Bytes(bytes),
-                policy: Policy::Planned,
-            }),
-        )
-    };
-    let err = run(&cpu, &at(floor - 1)).unwrap_err().to_string();
-    assert!(err.contains(&format!("minimum of {floor} bytes")), "{err}");
-    let want = run(&cpu, &config(false, None)).unwrap();
-    assert_eq!(run(&cpu, &at(floor)).unwrap(), want);
+    // Tied embeddings (a device weight) and untied ones (read in place from host memory,
+    // so the floor is set by the LM head and its neighbours).
+    for model in [MODEL, "dummy:tiny-llama3"] {
+        let files = open_model(model).unwrap();
+        let floor = order(&files.config).floor().bytes;
+        let at = |bytes: usize| {
+            config(
+                true,
+                Some(OffloadConfig {
+                    budget: WeightBudget::Bytes(bytes),
+                    policy: Policy::Planned,
+                }),
+            )
+        };
+        let err = run_files(&cpu, &files, &at(floor - 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("minimum of {floor} bytes")),
+            "{model}: {err}"
+        );
+        let (want, _) = run_files(&cpu, &files, &config(false, None)).unwrap();
+        let (got, _) = run_files(&cpu, &files, &at(floor)).unwrap();
+        assert_eq!(got, want, "{model}");
+    }
 }
 
 #[test]
@@ -858,9 +866,8 @@ mod cuda {
     fn cuda_a_budget_one_byte_under_the_floor_fails_and_at_the_floor_runs() {
         let (_g, be) = cuda();
         let files = model();
-        let floor = AccessOrder::llama(&files.config, DType::BF16)
+        let floor = offload::executor_order(&files.config, DType::BF16)
             .unwrap()
-            .aligned(SLOT_ALIGN)
             .floor()
             .bytes;
         let at = |bytes: usize, graphs: bool| {

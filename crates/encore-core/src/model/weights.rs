@@ -630,14 +630,15 @@ impl HostSide {
         if let Source::Checkpoint(ck) = source {
             for file in files {
                 done += ck.mapping(file).len();
-                let mem = backend
-                    .register_host(ck.mapping(file))
-                    .map_err(|e| Error::WeightsFile {
-                        path: ck.file_name(file),
-                        what: format!(
-                            "could not be registered page-locked for weight offload: {e}"
-                        ),
-                    })?;
+                let mem =
+                    backend
+                        .register_host(ck.mapping(file))
+                        .map_err(|e| Error::WeightsFile {
+                            path: ck.file_name(file),
+                            what: format!(
+                                "could not be registered page-locked for weight offload: {e}"
+                            ),
+                        })?;
                 side.registered.push((file, Arc::new(mem)));
                 bar.0.set(done as u64);
             }
