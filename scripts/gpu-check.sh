@@ -84,7 +84,7 @@ if [ $bench = 1 ]; then
     done
   done
   # Weight offload (issue #12): planned vs LRU, graph vs eager, beside the PCIe bound.
-  run bench-offload-llama-3.2-1b .bin/encore bench offload --device cuda --model dummy:llama-3.2-1b
+  run bench-offload-llama-3.2-1b .bin/encore bench offload --device cuda --model dummy:llama-3.2-1b --budgets 100,75,50
   # The peers' mechanism: PyTorch CUDA graphs sharing one pool (what vLLM and SGLang do).
   run torch-graph-pool-llama-3.2-1b python3 scripts/torch_graph_pool.py --model llama-3.2-1b
   run torch-graph-pool-llama-3-8b python3 scripts/torch_graph_pool.py --model llama-3-8b \
