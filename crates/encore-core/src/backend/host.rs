@@ -137,3 +137,14 @@ pub(crate) fn check_copy(src: &HostMemory, offset: usize, dst: &Tensor) -> Resul
     }
     Ok(())
 }
+
+/// The error for a [`crate::Backend::host_view`] offset past its memory.
+pub(crate) fn check_view(mem: &HostMemory, offset: usize) -> Result<()> {
+    if offset > mem.len() {
+        return Err(crate::Error::invalid(
+            "host_view",
+            format!("offset {offset} past the {} byte host memory", mem.len()),
+        ));
+    }
+    Ok(())
+}

@@ -26,7 +26,7 @@ pub mod cuda;
 mod host;
 mod staging;
 
-pub(crate) use host::check_copy as check_host_copy;
+pub(crate) use host::{check_copy as check_host_copy, check_view as check_host_view};
 pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 

@@ -420,13 +420,8 @@ impl Backend for CpuBackend {
         dtype: DType,
     ) -> Result<Tensor> {
         self.forbid_in_capture("host_view")?;
-        let len = mem.len().saturating_sub(offset);
-        if offset > mem.len() {
-            return Err(Error::invalid(
-                "host_view",
-                format!("offset {offset} past the {} byte host memory", mem.len()),
-            ));
-        }
+        crate::backend::check_host_view(mem, offset)?;
+        let len = mem.len() - offset;
         // SAFETY: `offset <= mem.len()`; the buffer keeps `mem` alive, and the view is only
         // read (see `Backend::host_view`), so read-only mapped memory is never written.
         let ptr = unsafe { mem.as_ptr().add(offset) } as *mut u8;

@@ -710,12 +710,7 @@ impl Backend for CudaBackend {
         dtype: DType,
     ) -> Result<Tensor> {
         self.forbid_in_capture("host_view")?;
-        if offset > mem.len() {
-            return Err(Error::invalid(
-                "host_view",
-                format!("offset {offset} past the {} byte host memory", mem.len()),
-            ));
-        }
+        crate::backend::check_host_view(mem, offset)?;
         let base = copy_queue::device_pointer(&self.ctx, mem)?;
         let keep: Arc<dyn Send + Sync> = mem.clone();
         let buf = CudaBuffer::mapped(&self.ctx, base + offset as u64, mem.len() - offset, keep);
