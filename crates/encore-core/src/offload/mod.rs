@@ -248,50 +248,85 @@ impl AccessOrder {
             .sum()
     }
 
-    /// The minimum budget: the largest bytes two consecutive ops read (the last op and
-    /// the first one included) plus the largest single weight (one prefetch slot), or
-    /// the bytes of all weights when that is less (then everything stays resident).
+    /// The weights sorted largest first (ties by index): the order in which [`plan`] and
+    /// the floor keep weights resident.
+    fn by_size(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = (0..self.weights.len()).collect();
+        v.sort_by_key(|&w| (std::cmp::Reverse(self.weights[w].bytes), w));
+        v
+    }
+
+    /// The minimum budget: over the choices "keep the `k` largest weights resident and
+    /// stream the rest" (`k` from none to all), the least of the resident bytes plus the
+    /// streaming ring's floor — the largest bytes two consecutive ops read of the
+    /// streamed weights (the last op and the first one included), plus the largest
+    /// streamed weight (one prefetch slot).
     ///
-    /// Why no schedule can use less while streaming every weight: when op `i` runs, its
-    /// weights are on the device and being read, and the weights of op `i + 1` must land
-    /// before `i + 1` starts; the only time to copy them without stalling the forward is
-    /// while `i` runs, so both sets occupy distinct device bytes at once. The slots form
-    /// a ring reused step after step at fixed offsets, and a slot range is contiguous:
-    /// when a weight does not fit between the ring's write position and its end it is
-    /// placed at the start, and the skipped tail (less than that weight's bytes) is lost
-    /// for that lap; one largest weight of headroom covers it. Weights kept resident
-    /// instead count once in the budget and never in the ring, so a budget at the floor
-    /// always admits the all-streamed plan (see [`plan`] for the one shape of order
-    /// where the ring layout needs more than this headroom).
+    /// Why a ring cannot use less: when op `i` runs, its weights are on the device and
+    /// being read, and the weights of op `i + 1` must land before `i + 1` starts; the only
+    /// time to copy them without stalling the forward is while `i` runs, so both sets
+    /// occupy distinct device bytes at once. The slots form a ring reused step after step
+    /// at fixed offsets, and a slot range is contiguous: when a weight does not fit
+    /// between the ring's write position and its end it is placed at the start, and the
+    /// skipped tail (less than that weight's bytes) is lost for that lap; one largest
+    /// streamed weight of headroom covers it. Keeping the largest weights resident costs
+    /// their bytes once and takes them out of both terms, which wins when one weight
+    /// dominates (a tied embedding table: read by the first op and the last, it would
+    /// otherwise count in a pair and as the slot). A budget at the floor admits the plan
+    /// that keeps those weights resident (see [`plan`] for the one shape of order where
+    /// the ring layout needs more than this headroom).
     pub fn floor(&self) -> Floor {
-        let (mut pair, mut at) = (0, 0);
-        for i in 0..self.ops.len() {
-            let b = self.pair_bytes(i, |_| true);
-            if b > pair {
-                (pair, at) = (b, i);
+        let nw = self.weights.len();
+        let mut resident = vec![false; nw];
+        let mut resident_bytes = 0;
+        let order = self.by_size();
+        let mut best: Option<Floor> = None;
+        for k in 0..=nw {
+            if k > 0 {
+                resident[order[k - 1]] = true;
+                resident_bytes += self.weights[order[k - 1]].bytes;
+            }
+            let (mut pair, mut at) = (0, 0);
+            for i in 0..self.ops.len() {
+                let b = self.pair_bytes(i, |w| !resident[w]);
+                if b > pair {
+                    (pair, at) = (b, i);
+                }
+            }
+            let slot = (0..nw)
+                .filter(|&w| !resident[w])
+                .map(|w| self.weights[w].bytes)
+                .max()
+                .unwrap_or(0);
+            let bytes = resident_bytes + pair + slot;
+            if best.is_none_or(|b| bytes < b.bytes) {
+                best = Some(Floor {
+                    bytes,
+                    pair_bytes: pair,
+                    pair_at: at,
+                    slot_bytes: slot,
+                    resident_bytes,
+                });
             }
         }
-        let slot = self.weights.iter().map(|w| w.bytes).max().unwrap_or(0);
-        Floor {
-            bytes: (pair + slot).min(self.total_bytes()),
-            pair_bytes: pair,
-            pair_at: at,
-            slot_bytes: slot,
-        }
+        best.expect("k = 0 is always tried")
     }
 }
 
 /// The minimum weight budget of an [`AccessOrder`] and where it comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Floor {
-    /// `pair_bytes + slot_bytes`, or the bytes of all weights when fewer.
+    /// `resident_bytes + pair_bytes + slot_bytes`.
     pub bytes: usize,
-    /// The largest bytes read by two consecutive ops.
+    /// The largest bytes of streamed weights read by two consecutive ops.
     pub pair_bytes: usize,
     /// The first op of that pair.
     pub pair_at: usize,
-    /// The largest single weight.
+    /// The largest streamed weight.
     pub slot_bytes: usize,
+    /// The bytes of the largest weights kept resident at the floor (all of them when
+    /// streaming would need more than keeping every weight).
+    pub resident_bytes: usize,
 }
 
 /// A `--weight-budget` value: bytes, or a percentage of the model's weights.
@@ -360,13 +395,24 @@ pub fn check_budget(order: &AccessOrder, budget: usize) -> Result<Floor> {
     let floor = order.floor();
     if budget < floor.bytes {
         let (a, b) = (floor.pair_at, (floor.pair_at + 1) % order.ops.len());
-        let why = if floor.bytes == order.total_bytes() {
+        let why = if floor.resident_bytes == order.total_bytes() {
             "streaming would need more than keeping every weight resident".to_string()
         } else {
             format!(
-                "ops `{}` and `{}` read {} bytes together and the largest weight needs a {} \
-                 byte prefetch slot",
-                order.ops[a].name, order.ops[b].name, floor.pair_bytes, floor.slot_bytes
+                "{}ops `{}` and `{}` read {} bytes of streamed weights together and the \
+                 largest streamed weight needs a {} byte prefetch slot",
+                if floor.resident_bytes > 0 {
+                    format!(
+                        "with the largest weights resident ({} bytes), ",
+                        floor.resident_bytes
+                    )
+                } else {
+                    String::new()
+                },
+                order.ops[a].name,
+                order.ops[b].name,
+                floor.pair_bytes,
+                floor.slot_bytes
             )
         };
         return Err(invalid(format!(
@@ -510,9 +556,12 @@ fn layout(order: &AccessOrder, streamed: &[usize]) -> (usize, Vec<Stream>) {
 /// `resident + ring(streamed) <= budget`. The ring needed by a streamed set follows the
 /// same consecutive-pair rule as the floor, restricted to streamed weights.
 ///
-/// The resident set is chosen largest weight first: a weight becomes resident when the
-/// budget still holds with the ring recomputed for the weights left streaming (keeping a
-/// large weight also shrinks the ring). This is exact for the Llama order in practice
+/// The resident set is chosen largest weight first. It starts with the fewest largest
+/// weights whose residency lets the ring fit (none, unless a dominant weight such as a
+/// tied embedding table would need a ring of its own size twice: see
+/// [`AccessOrder::floor`]); after them a weight becomes resident when the budget still
+/// holds with the ring recomputed for the weights left streaming (keeping a large weight
+/// also shrinks the ring). This is exact for the Llama order in practice
 /// (the ring is set by a few large neighbours) but is a greedy answer to a knapsack, not
 /// a proven optimum for arbitrary orders.
 ///
@@ -522,20 +571,30 @@ fn layout(order: &AccessOrder, streamed: &[usize]) -> (usize, Vec<Stream>) {
 pub fn plan(order: &AccessOrder, budget: usize) -> Result<Plan> {
     check_budget(order, budget)?;
     let nw = order.weights.len();
-    let mut resident = vec![false; nw];
+    let by_size = order.by_size();
     let streamed_of = |res: &[bool]| (0..nw).filter(|&w| !res[w]).collect::<Vec<_>>();
-    let (mut ring, mut streams) = layout(order, &streamed_of(&resident));
-    if ring > budget {
-        return Err(invalid(format!(
-            "the prefetch ring for this access order needs {ring} bytes, more than the \
-             budget of {budget} bytes (the floor's headroom does not cover this order's \
-             slot fragmentation); raise --weight-budget to {ring} bytes"
-        )));
-    }
+    // Start from the fewest largest weights kept resident for which the ring fits (none,
+    // unless one weight dominates; see `AccessOrder::floor`), then add more greedily.
+    let mut resident = vec![false; nw];
     let mut resident_bytes = 0;
-    let mut by_size: Vec<usize> = (0..nw).collect();
-    by_size.sort_by_key(|&w| (std::cmp::Reverse(order.weights[w].bytes), w));
-    for w in by_size {
+    let mut first = 0;
+    let (mut ring, mut streams) = loop {
+        let (ring, streams) = layout(order, &streamed_of(&resident));
+        if resident_bytes + ring <= budget {
+            break (ring, streams);
+        }
+        let Some(&w) = by_size.get(first) else {
+            return Err(invalid(format!(
+                "the prefetch ring for this access order needs more than the budget of \
+                 {budget} bytes beside its resident weights (the floor's headroom does not \
+                 cover this order's slot fragmentation); raise --weight-budget"
+            )));
+        };
+        resident[w] = true;
+        resident_bytes += order.weights[w].bytes;
+        first += 1;
+    };
+    for &w in &by_size[first..] {
         let bytes = order.weights[w].bytes;
         if resident_bytes + bytes > budget {
             continue;
