@@ -328,6 +328,29 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
         "# HELP encore_prefix_cache_hit_ratio Prompt tokens found in the prefix cache per token looked up.\n# TYPE encore_prefix_cache_hit_ratio gauge\nencore_prefix_cache_hit_ratio {}\n",
         m.prefix_cache_hit_ratio()
     ));
+    // Weight offload (all 0 when every weight is resident).
+    let o = s.engine.boot.offload.clone().unwrap_or_default();
+    for (name, help, v) in [
+        (
+            "encore_weight_budget_bytes",
+            "Device bytes the weights may take (--weight-budget; 0: no budget).",
+            o.budget_bytes,
+        ),
+        (
+            "encore_weights_resident_bytes",
+            "Bytes of weights kept on the device under the budget.",
+            o.resident_bytes,
+        ),
+        (
+            "encore_weights_streamed_bytes_per_step",
+            "Bytes of weights copied from host memory per step (the plan's, or LRU's estimate).",
+            o.streamed_bytes_per_step,
+        ),
+    ] {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
+        ));
+    }
     text.push_str("# HELP encore_graph_replays_total Graph replays by phase.\n# TYPE encore_graph_replays_total counter\n");
     text.push_str(&format!(
         "encore_graph_replays_total{{phase=\"decode\"}} {}\nencore_graph_replays_total{{phase=\"mixed\"}} {}\n",

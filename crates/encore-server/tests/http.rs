@@ -554,6 +554,60 @@ fn bearer_auth_models_health_metrics() {
     ] {
         assert!(text.contains(&format!("# TYPE {name} ")), "{name}: {text}");
     }
+    // Every weight resident: the offload gauges are 0.
+    for name in [
+        "encore_weight_budget_bytes",
+        "encore_weights_resident_bytes",
+        "encore_weights_streamed_bytes_per_step",
+    ] {
+        assert!(text.contains(&format!("\n{name} 0\n")), "{name}: {text}");
+    }
+}
+
+#[test]
+fn a_served_model_under_a_weight_budget_answers_as_resident_and_reports_its_budget() {
+    use encore_core::offload::{OffloadConfig, Policy, WeightBudget};
+    let body = json!({"model": MODEL, "prompt": "hello there", "max_tokens": 8,
+        "temperature": 0})
+    .to_string();
+    let text = |cfg: EngineConfig| {
+        let (s, _) = start_full(None, None, cfg, std::future::pending(), Duration::ZERO);
+        let (st, out) = http(s.addr, "POST", "/v1/completions", Some(&body), &[]);
+        assert_eq!(st, 200, "{out}");
+        let out: Value = serde_json::from_str(&out).unwrap();
+        let (_, metrics) = http(s.addr, "GET", "/metrics", None, &[]);
+        (
+            out["choices"][0]["text"].as_str().unwrap().to_string(),
+            metrics,
+        )
+    };
+    let (want, _) = text(engine_config());
+    let (got, metrics) = text(EngineConfig {
+        offload: Some(OffloadConfig {
+            budget: WeightBudget::Percent(50.0),
+            policy: Policy::Planned,
+        }),
+        ..engine_config()
+    });
+    assert_eq!(got, want);
+    let gauge = |name: &str| -> u64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name}: {metrics}"));
+        line[name.len() + 1..].parse().unwrap()
+    };
+    let total = encore_core::model::open_model(MODEL)
+        .unwrap()
+        .config
+        .weight_bytes(DType::F32) as u64;
+    assert_eq!(gauge("encore_weight_budget_bytes"), total / 2);
+    let resident = gauge("encore_weights_resident_bytes");
+    assert!(resident > 0 && resident < total / 2, "{metrics}");
+    assert!(
+        gauge("encore_weights_streamed_bytes_per_step") > 0,
+        "{metrics}"
+    );
 }
 
 #[test]
