@@ -143,6 +143,41 @@ pub fn h2d_bandwidth(be: &dyn Backend, bytes: usize) -> Result<f64> {
     Ok(bytes as f64 / best / 1e9)
 }
 
+/// [`h2d_bandwidth`] with the copies captured into a graph (4 fork/copy/join triples, as
+/// an offloaded step's graph holds them) and the graph replayed: the best of 9 replays.
+/// Beside [`h2d_bandwidth`] it shows what a captured copy costs against a queued one.
+pub fn h2d_bandwidth_captured(be: &dyn Backend, bytes: usize) -> Result<f64> {
+    if bytes < 4 {
+        return Err(Error::invalid(
+            "h2d_bandwidth_captured",
+            format!("{bytes} bytes; measure at least 4"),
+        ));
+    }
+    let bytes = bytes - bytes % 4;
+    let host = Arc::new(be.alloc_host(bytes)?);
+    let dst = be.alloc(DType::I32, &[bytes / 4])?;
+    let queue = be.copy_queue(1)?;
+    be.begin_capture()?;
+    let captured = (0..4).try_for_each(|_| {
+        queue.fork()?;
+        queue.copy(&host, 0, &dst)?;
+        queue.join()
+    });
+    let graph = be.end_capture();
+    captured?;
+    let graph = graph?;
+    graph.replay()?;
+    be.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..9 {
+        let t = Instant::now();
+        graph.replay()?;
+        be.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64() / 4.0);
+    }
+    Ok(bytes as f64 / best / 1e9)
+}
+
 /// Shape of a decode-attention benchmark.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionShape {

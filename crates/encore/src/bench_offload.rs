@@ -175,13 +175,17 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
         .collect();
 
     let h2d_gbs = bench::h2d_bandwidth(be, h2d_bytes(be.memory_info().is_some()))?;
+    // The same copies captured into a graph: what a captured copy costs against a queued
+    // one (graph rows copy that way).
+    let h2d_graph_gbs = bench::h2d_bandwidth_captured(be, h2d_bytes(be.memory_info().is_some()))?;
     if !a.json {
         outln!(
-            "{} on {}: {} of weights ({dtype}); page-locked host-to-device {:.1} GB/s; context {}, median of {} steps",
+            "{} on {}: {} of weights ({dtype}); page-locked host-to-device {:.1} GB/s ({:.1} GB/s captured in a graph); context {}, median of {} steps",
             a.model,
             be.device_name(),
             human(weight_bytes),
             h2d_gbs,
+            h2d_graph_gbs,
             a.context,
             a.steps
         )?;
@@ -288,6 +292,7 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
                             "streamed_bytes_per_step": streamed, "step_ms": step_ms,
                             "tok_s": tok_s, "pcie_bound_ms": pcie_bound_ms,
                             "bound_ratio": bound_ratio, "h2d_gbs": h2d_gbs,
+                            "h2d_graph_gbs": h2d_graph_gbs,
                         })
                     )?;
                 } else {

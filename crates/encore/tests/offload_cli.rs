@@ -262,7 +262,7 @@ fn bench_offload_rows() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    const FIELDS: [&str; 13] = [
+    const FIELDS: [&str; 14] = [
         "policy",
         "mode",
         "batch",
@@ -276,11 +276,14 @@ fn bench_offload_rows() {
         "pcie_bound_ms",
         "bound_ratio",
         "h2d_gbs",
+        "h2d_graph_gbs",
     ];
     let mut keys: Vec<&str> = FIELDS.to_vec();
     keys.sort_unstable();
     let h2d = rows[0]["h2d_gbs"].as_f64().unwrap();
     assert!(h2d > 0.0 && h2d.is_finite());
+    let h2d_graph = rows[0]["h2d_graph_gbs"].as_f64().unwrap();
+    assert!(h2d_graph > 0.0 && h2d_graph.is_finite());
     let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
     let mut seen = Vec::new();
     for r in &rows {
