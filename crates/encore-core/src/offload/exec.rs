@@ -620,13 +620,13 @@ impl Offload {
                 out.push(v.clone());
                 continue;
             }
-            let offset = match st.placed.get(&w) {
+            let (offset, missing) = match st.placed.get(&w) {
                 Some(&off) => {
                     if let Some(i) = st.recency.iter().position(|&x| x == w) {
                         st.recency.remove(i);
                     }
                     st.recency.push_back(w);
-                    off
+                    (off, false)
                 }
                 None => {
                     let bytes = self.order.weights()[w].bytes;
@@ -656,26 +656,23 @@ impl Offload {
                     };
                     st.placed.insert(w, off);
                     st.recency.push_back(w);
-                    let dst = Tensor::new(
-                        self.memory.storage().clone(),
-                        off,
-                        &lru.shapes[w],
-                        self.dtype,
-                    )?;
-                    if !forked {
-                        self.queue.fork()?;
-                        forked = true;
-                    }
-                    self.copy_weight(w, &dst)?;
-                    off
+                    (off, true)
                 }
             };
-            out.push(Tensor::new(
+            let t = Tensor::new(
                 self.memory.storage().clone(),
                 offset,
                 &lru.shapes[w],
                 self.dtype,
-            )?);
+            )?;
+            if missing {
+                if !forked {
+                    self.queue.fork()?;
+                    forked = true;
+                }
+                self.copy_weight(w, &t)?;
+            }
+            out.push(t);
         }
         if forked {
             // On demand: the op waits for its copies (nothing was prefetched).
