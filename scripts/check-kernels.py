@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""Compile every CUDA kernel file of encore-core with NVRTC 13.0, without a GPU.
+"""Compile every CUDA kernel file of encore-backend with NVRTC 13.0, without a GPU.
 
 How CI calls it (from the repository root, in `.ci/run`):
 
     python3 -m pip install --quiet nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.88
     python3 scripts/check-kernels.py
 
-It compiles `kernels/common.cuh + <file>.cu` for every `crates/encore-core/kernels/*.cu`
+It compiles `kernels/common.cuh + <file>.cu` for every `crates/encore-backend/kernels/*.cu`
 exactly as the Rust loader does (common.cuh textually prepended; options
 `--gpu-architecture=sm_90 --std=c++17 -I<include dir>`), prints one line per file, and
 exits non-zero if any file fails, if NVRTC prints anything (warnings count as errors),
-if a `.cu` file is missing from `SOURCES` in `src/backend/cuda/kernels.rs` (or listed
+if a `.cu` file is missing from `SOURCES` in `src/backend/cuda/kernels/mod.rs` (or listed
 there but absent), or if a function name listed in `SOURCES` is not an entry point of the
 compiled PTX.
 
@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_DIR = ROOT / "crates" / "encore-core" / "kernels"
-KERNELS_RS = ROOT / "crates" / "encore-core" / "src" / "backend" / "cuda" / "kernels.rs"
+KERNEL_DIR = ROOT / "crates" / "encore-backend" / "kernels"
+KERNELS_RS = ROOT / "crates" / "encore-backend" / "src" / "backend" / "cuda" / "kernels" / "mod.rs"
 
 
 def candidate_roots():
@@ -139,7 +139,7 @@ class Nvrtc:
 
 
 def parse_sources():
-    """(file, src path, [functions]) for every KernelSource in kernels.rs."""
+    """(file, src path, [functions]) for every KernelSource in kernels/mod.rs."""
     if not KERNELS_RS.exists():
         sys.exit(f"check-kernels: {KERNELS_RS} not found")
     text = KERNELS_RS.read_text()

@@ -1,13 +1,12 @@
-//! encore-core: everything from the engine down (no HTTP, no CLI).
+//! encore-core: the engine on top of the backend layer (no HTTP, no CLI).
 //!
-//! Today: the tensor view, the backend abstraction with its CPU and CUDA backends and
-//! their kernels, the capture primitives and the capture arena. See ARCHITECTURE.md.
+//! The model (config, weights, the forward), the KV cache, the graph executor, the runner,
+//! the scheduler, the engine loop, weight offload and the tokenizer. The backend layer
+//! (`encore-backend`: tensors, ops, backends, kernels, virtual memory) is re-exported
+//! under its own module names, so `encore_core::backend` and `encore_backend::backend`
+//! are one module. See ARCHITECTURE.md.
 
-pub mod backend;
-pub mod bench;
-pub mod device;
 pub mod engine;
-pub mod error;
 pub mod generate;
 pub mod graph;
 pub mod histogram;
@@ -15,14 +14,14 @@ pub mod kv;
 pub mod memory;
 pub mod model;
 pub mod offload;
-pub mod ops;
 pub mod progress;
 pub mod runner;
 pub mod scheduler;
 pub mod serve;
-pub mod tensor;
 pub mod testing;
 pub mod tokenizer;
+
+pub use encore_backend::{backend, bench, device, error, ops, tensor};
 
 pub use backend::{
     Attention, Backend, BackendRef, Graph, Penalties, QkvRope, SampleLogprobs, Sampling,

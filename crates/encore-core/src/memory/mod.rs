@@ -1,10 +1,8 @@
-//! Memory primitives above the backends: virtual memory management (`vmm`) and the
-//! capture arena built on it (and later the KV cache and weight offload), and the memory
-//! budget a run is checked against before it allocates (`budget`).
+//! Memory: the backend layer's virtual memory management and capture arena
+//! (`encore_backend::memory`), and here the memory budget a run is checked against before
+//! it allocates (`budget`).
 
-mod arena;
 mod budget;
-pub mod vmm;
 
-pub use arena::{Arena, ArenaStats, CaptureMemory, GraphMemory, ARENA_ALIGN};
 pub use budget::{host_memory, MemoryLimit, MemoryNeed, HOST_FRACTION};
+pub use encore_backend::memory::*;

@@ -1,21 +1,11 @@
-//! Test support shared by the test suites, the GPU tests and `encore info`'s self-check.
-//!
-//! - [`reference`]: a naive f64 version of every op on host data.
-//! - [`inputs`]: seeded random inputs for every op, index edge cases included.
-//! - [`compare`]: normalised error, per-dtype tolerances, [`CheckResult`].
-//! - [`check`]: the checks themselves, for any `&dyn Backend`: every op against the CPU
-//!   backend, the CPU backend against the reference, capture/replay against eager, and
-//!   the operations a capture must refuse.
+//! Test support shared by the test suites, the GPU tests and `encore info`'s self-check:
+//! the kernel-level support of [`encore_backend::testing`] (f64 reference, seeded inputs,
+//! comparisons, every op against the CPU) and, here, the runner's capture/replay check.
 
-mod cases;
 pub mod check;
-pub mod compare;
-mod host;
-pub mod inputs;
-pub mod reference;
 
-pub use check::{
-    check_backend_against_cpu, check_capture_forbidden, check_capture_replay,
-    check_cpu_against_reference,
+pub use check::check_capture_replay;
+pub use encore_backend::testing::{
+    all_passed, check_backend_against_cpu, check_capture_forbidden, check_cpu_against_reference,
+    compare, inputs, reference, CheckResult,
 };
-pub use compare::{all_passed, CheckResult};

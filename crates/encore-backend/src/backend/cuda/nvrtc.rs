@@ -1,4 +1,4 @@
-//! Kernel compilation: every `.cu` file in `crates/encore-core/kernels/` (embedded in the
+//! Kernel compilation: every `.cu` file in `crates/encore-backend/kernels/` (embedded in the
 //! binary) is compiled with NVRTC for the device's architecture at start-up, straight to
 //! a cubin, and cached on disk keyed by a hash of the source, the options and the NVRTC
 //! version. Nothing is compiled lazily: all modules are loaded before the first step.

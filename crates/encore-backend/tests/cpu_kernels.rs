@@ -1,9 +1,9 @@
 //! The CPU kernels against the naive f64 reference on random inputs, targeted edge cases
 //! of the op semantics with hand-computed answers, and argument validation.
 
-use encore_core::backend::cpu::CpuBackend;
-use encore_core::testing::{self, compare};
-use encore_core::{Attention, Backend, DType, Error, QkvRope, Sampling, Tensor};
+use encore_backend::backend::cpu::CpuBackend;
+use encore_backend::testing::{self, compare};
+use encore_backend::{Attention, Backend, DType, Error, QkvRope, Sampling, Tensor};
 
 fn cpu() -> Box<dyn Backend> {
     Box::new(CpuBackend::new())
@@ -681,7 +681,7 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
     let (counts, slot) = (i32s(&[3, 11]), i32s(&[2]));
     let (rep, freq, pres) = (f32s(&[2]), f32s(&[2]), f32s(&[2]));
     let penalties = || {
-        Some(encore_core::Penalties {
+        Some(encore_backend::Penalties {
             counts: &counts,
             slot: &slot,
             repetition: &rep,
@@ -710,7 +710,7 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
     let (ids, top) = (i32s(&[2, 21]), f32s(&[2, 21]));
     let params = Sampling {
         penalties: None,
-        logprobs: Some(encore_core::SampleLogprobs {
+        logprobs: Some(encore_backend::SampleLogprobs {
             num: &num,
             token: &token,
             top_ids: &ids,
@@ -791,7 +791,7 @@ fn sample_knobs(
         penalties: pen
             .as_ref()
             .map(
-                |(counts, slot, repetition, frequency, presence)| encore_core::Penalties {
+                |(counts, slot, repetition, frequency, presence)| encore_backend::Penalties {
                     counts,
                     slot,
                     repetition,
@@ -799,7 +799,7 @@ fn sample_knobs(
                     presence,
                 },
             ),
-        logprobs: k.logprobs.map(|_| encore_core::SampleLogprobs {
+        logprobs: k.logprobs.map(|_| encore_backend::SampleLogprobs {
             num: &lp.0,
             token: &lp.1,
             top_ids: &lp.2,
@@ -863,7 +863,7 @@ fn min_p_keeps_tokens_at_least_that_likely_relative_to_the_best() {
 #[test]
 fn penalties_follow_vllm_and_count_the_sampled_token() {
     let be = cpu();
-    let prompt = encore_core::PROMPT_BIT;
+    let prompt = encore_backend::PROMPT_BIT;
     // Token 0 in the prompt, token 1 twice in the output, token 3 both.
     let logits = [2.0f32, -1.0, 0.5, 3.0];
     let counts = [prompt, 2, 0, prompt | 1, /* slot 1 */ 0, 0, 0, 0];

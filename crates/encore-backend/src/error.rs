@@ -120,14 +120,14 @@ pub fn gib(bytes: usize) -> f64 {
 }
 
 impl Error {
-    pub(crate) fn invalid(op: &'static str, what: impl Into<String>) -> Self {
+    pub fn invalid(op: &'static str, what: impl Into<String>) -> Self {
         Error::Invalid {
             op,
             what: what.into(),
         }
     }
 
-    pub(crate) fn cuda(call: impl Into<String>, err: impl std::fmt::Debug) -> Self {
+    pub fn cuda(call: impl Into<String>, err: impl std::fmt::Debug) -> Self {
         Error::Cuda {
             call: call.into(),
             message: format!("{err:?}"),

@@ -7,6 +7,7 @@
 mod blas;
 mod buffer;
 mod copy_queue;
+mod handles;
 mod kernels;
 pub mod nvrtc;
 
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::{
-    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig,
+    result as drv, sys as drv_sys, CudaContext, CudaModule, CudaStream, LaunchConfig,
 };
 
 pub use buffer::{CudaBuffer, PinnedStaging};
@@ -98,7 +99,8 @@ pub struct DeviceInfo {
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    functions: HashMap<&'static str, CudaFunction>,
+    kernels: handles::Kernels,
+    num_kernels: usize,
     _modules: Vec<Arc<CudaModule>>,
     lt: blas::Lt,
     info: DeviceInfo,
@@ -232,10 +234,12 @@ impl CudaBackend {
             compile.seconds,
             compile.cache_hits
         );
+        let kernels = handles::Kernels::resolve(&functions)?;
         Ok(CudaBackend {
             ctx,
             stream,
-            functions,
+            kernels,
+            num_kernels: functions.len(),
             _modules: modules,
             lt,
             info,
@@ -260,7 +264,7 @@ impl CudaBackend {
 
     /// Number of loaded kernel functions.
     pub fn num_kernels(&self) -> usize {
-        self.functions.len()
+        self.num_kernels
     }
 
     /// Free and total device memory in bytes.
@@ -280,11 +284,9 @@ impl CudaBackend {
             .map_err(|e| Error::cuda("cuCtxSetCurrent", e))
     }
 
-    pub(super) fn function(&self, name: &str) -> Result<&CudaFunction> {
-        self.functions.get(name).ok_or_else(|| Error::Cuda {
-            call: "kernel lookup".into(),
-            message: format!("kernel `{name}` is not loaded (not listed in kernels.rs SOURCES?)"),
-        })
+    /// The kernels, resolved at load.
+    fn kernels(&self) -> &handles::Kernels {
+        &self.kernels
     }
 
     /// Send matmuls of at most `rows` rows (clamped to the largest gemv variant) to the
@@ -302,14 +304,14 @@ impl CudaBackend {
         self.info.sm_count
     }
 
-    /// Launch kernel `name` on the compute stream. `args` points at each argument value.
-    pub(super) fn launch(
+    /// Launch `kernel` on the compute stream. `args` points at each argument value.
+    fn launch(
         &self,
-        name: &str,
+        kernel: &handles::Kernel,
         cfg: LaunchConfig,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        let f = self.function(name)?;
+        let f = &kernel.f;
         self.bind()?;
         // Programmatic dependent launch: every kernel starts with `pdl_enter()` (see
         // common.cuh), which waits for its predecessor, so the attribute only lets the
@@ -344,7 +346,7 @@ impl CudaBackend {
             )
         }
         .result()
-        .map_err(|e| Error::cuda(format!("launch of kernel `{name}`"), e))
+        .map_err(|e| Error::cuda(format!("launch of kernel `{}`", kernel.name), e))
     }
 
     fn forbid_in_capture(&self, op: &'static str) -> Result<()> {

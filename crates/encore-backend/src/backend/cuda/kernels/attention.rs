@@ -1,0 +1,397 @@
+//! The attention launchers: the split-K paged attention kernel and its combine pass for
+//! decode (and prefill when the tensor-core kernel does not apply), and the tensor-core
+//! flash-attention prefill kernel.
+
+use super::super::handles::Kernel;
+use super::super::{dptr, CudaBackend};
+use super::{aligned16, cfg, grid_x, int};
+use crate::backend::Attention;
+use crate::error::{Error, Result};
+use crate::ops::AttentionDims;
+use crate::tensor::DType;
+
+/// Threads per CTA of the split kernel (`ATT_THREADS` in attention.cu).
+const ATT_THREADS: usize = 128;
+/// Query heads one CTA can hold (the largest `attention_split_g*` variant).
+const ATT_MAX_HEADS_PER_CTA: usize = 8;
+/// Largest GQA group: groups of 9..=16 heads are split over two CTAs.
+const ATT_MAX_GROUP: usize = 16;
+const ATT_MAX_SPLITS: usize = 32;
+/// A split gets at least this many tokens of the longest context the table can hold.
+const ATT_MIN_SPLIT_TOKENS: usize = 64;
+/// Fixed cost of one CTA (loading q, merging its token slots, writing), in tokens.
+const ATT_CTA_OVERHEAD_TOKENS: usize = 128;
+/// Cost of the combine launch that any split count above 1 adds, in tokens.
+const ATT_COMBINE_TOKENS: usize = 128;
+
+/// CTAs of `attention_split_g{gmax}_*` resident per SM (registers and shared memory per
+/// CTA as reported by `scripts/check-kernels.py -v`). Only steers the split count.
+fn att_ctas_per_sm(gmax: usize) -> usize {
+    match gmax {
+        1 => 6,
+        2 => 5,
+        4 => 4,
+        _ => 2,
+    }
+}
+
+/// How one attention launch is laid out; a function of shapes, the SM count and the
+/// layer's window (model constants) only.
+struct AttentionPlan {
+    /// Heads of one CTA (`gmax` is the kernel variant holding them), CTAs per GQA group.
+    heads_per_cta: usize,
+    gmax: usize,
+    num_sub: usize,
+    /// Split-K factor; 1 means kernel 1 writes `out` directly and there is no combine.
+    num_splits: usize,
+}
+
+impl AttentionPlan {
+    fn new(
+        sm_count: usize,
+        rows: usize,
+        num_heads: usize,
+        num_kv_heads: usize,
+        table_width: usize,
+        block_size: usize,
+        window: Option<usize>,
+    ) -> Self {
+        let group = num_heads / num_kv_heads.max(1);
+        let mut heads_per_cta = if group <= ATT_MAX_HEADS_PER_CTA {
+            group
+        } else {
+            group.div_ceil(2)
+        }
+        .max(1);
+        // A CTA holding a whole GQA group reads each K/V row once for all its heads (what
+        // large batches need), but its per-token work grows with the heads it holds. With
+        // fewer (row, KV head) pairs than SMs (small batches), the step is bound by the
+        // latency of a few such CTAs: spread the group's heads over more CTAs instead,
+        // halving the heads per CTA until every SM has one (the extra K/V reads hit L2).
+        while heads_per_cta > 1 && rows * num_kv_heads * group.div_ceil(heads_per_cta) < sm_count {
+            heads_per_cta = heads_per_cta.div_ceil(2);
+        }
+        let gmax = heads_per_cta.next_power_of_two();
+        let num_sub = group.div_ceil(heads_per_cta).max(1);
+        // Pick the split count that minimises (waves of CTAs) x (tokens per CTA + fixed
+        // cost), plus the combine launch when split, for the longest range of keys a row
+        // can attend to (the block table's capacity, or the window when shorter), never
+        // splitting it finer than a block (and ATT_MIN_SPLIT_TOKENS). Ties go to fewer
+        // splits. A window never raises the split count above the full-attention plan's,
+        // whose scratch `attention_scratch_len` provides.
+        let ctas = (rows * num_kv_heads * num_sub).max(1);
+        let slots = att_ctas_per_sm(gmax) * sm_count.max(1);
+        let capacity = table_width.saturating_mul(block_size);
+        let max_ctx = window.map_or(capacity, |w| w.min(capacity));
+        let limit = match window {
+            Some(_) => {
+                Self::new(
+                    sm_count,
+                    rows,
+                    num_heads,
+                    num_kv_heads,
+                    table_width,
+                    block_size,
+                    None,
+                )
+                .num_splits
+            }
+            None => ATT_MAX_SPLITS,
+        };
+        let by_len = (max_ctx / ATT_MIN_SPLIT_TOKENS.max(block_size)).clamp(1, limit);
+        let mut best = (usize::MAX, 1);
+        for s in 1..=by_len {
+            let waves = ctas.saturating_mul(s).div_ceil(slots);
+            let combine = if s > 1 { ATT_COMBINE_TOKENS } else { 0 };
+            let cost =
+                waves.saturating_mul(max_ctx.div_ceil(s) + ATT_CTA_OVERHEAD_TOKENS) + combine;
+            if cost < best.0 {
+                best = (cost, s);
+            }
+        }
+        AttentionPlan {
+            heads_per_cta,
+            gmax,
+            num_sub,
+            num_splits: best.1,
+        }
+    }
+
+    /// f32 scratch elements: acc `[rows, num_heads, splits, head_dim]` then (m, l) pairs.
+    fn scratch_len(&self, rows: usize, num_heads: usize, head_dim: usize) -> usize {
+        if self.num_splits == 1 {
+            0
+        } else {
+            rows * num_heads * self.num_splits * (head_dim + 2)
+        }
+    }
+}
+
+/// Scratch for [`attention`] with these shapes: the largest need over every GQA layout
+/// `num_heads` admits (the number of KV heads is not an argument), so it is always enough
+/// for the plan `attention` picks.
+pub(in crate::backend::cuda) fn attention_scratch_len(
+    sm_count: usize,
+    rows: usize,
+    num_heads: usize,
+    head_dim: usize,
+    table_width: usize,
+    block_size: usize,
+) -> usize {
+    (1..=num_heads)
+        .filter(|kvh| num_heads.is_multiple_of(*kvh) && num_heads / kvh <= ATT_MAX_GROUP)
+        .map(|kvh| {
+            AttentionPlan::new(
+                sm_count,
+                rows,
+                num_heads,
+                kvh,
+                table_width,
+                block_size,
+                None,
+            )
+            .scratch_len(rows, num_heads, head_dim)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+pub(in crate::backend::cuda) fn attention(
+    be: &CudaBackend,
+    a: &Attention<'_>,
+    d: &AttentionDims,
+) -> Result<()> {
+    const OP: &str = "attention";
+    if d.rows == 0 || d.num_heads == 0 {
+        return Ok(());
+    }
+    if d.head_dim == 0 || !d.head_dim.is_multiple_of(8) || d.head_dim > 256 {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "head_dim = {} is not supported (a multiple of 8 up to 256)",
+                d.head_dim
+            ),
+        ));
+    }
+    let group = d.num_heads / d.num_kv_heads;
+    if group > ATT_MAX_GROUP {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "GQA group of {group} query heads per KV head ({} / {}) is not supported \
+                 (at most {ATT_MAX_GROUP})",
+                d.num_heads, d.num_kv_heads
+            ),
+        ));
+    }
+    if d.table_width.saturating_mul(d.block_size) > 1 << 30 {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "table_width * block_size = {} * {} exceeds 2^30 tokens",
+                d.table_width, d.block_size
+            ),
+        ));
+    }
+    for (name, t) in [
+        ("q", a.q),
+        ("k_cache", a.k_cache),
+        ("v_cache", a.v_cache),
+        ("out", a.out),
+        ("scratch", a.scratch),
+    ] {
+        if !aligned16(t) {
+            return Err(Error::invalid(
+                OP,
+                format!("tensor `{name}` must start at a 16-byte aligned address"),
+            ));
+        }
+    }
+
+    if let Some(kernel) = prefill_kernel(
+        be,
+        a.q.dtype(),
+        d.head_dim,
+        a.cu_seqlens_q.is_some(),
+        be.flash_prefill(),
+    ) {
+        return attention_prefill(be, a, d, kernel);
+    }
+
+    let plan = AttentionPlan::new(
+        be.sm_count(),
+        d.rows,
+        d.num_heads,
+        d.num_kv_heads,
+        d.table_width,
+        d.block_size,
+        a.window,
+    );
+    // Scratch was checked against `attention_scratch_len` (the largest plan's need) by
+    // the caller.
+
+    let dt = a.q.dtype();
+    // Lanes per token: a power of two holding the head's 16-byte vectors (at most 1 per
+    // lane for 16-bit types, 2 for f32), at least 4 (ATT_THREADS / 4 token slots).
+    let nvec = d.head_dim * dt.size() / 16;
+    let lpt = nvec
+        .div_ceil(if dt.size() == 4 { 2 } else { 1 })
+        .next_power_of_two()
+        .clamp(4, 32);
+    let kernel = be.kernels().attention_split(plan.gmax, dt)?;
+
+    let y = d.num_kv_heads * plan.num_sub;
+    if y > 65_535 || d.num_heads > 65_535 {
+        return Err(Error::invalid(
+            OP,
+            format!("num_heads = {} is too large (grid y)", d.num_heads),
+        ));
+    }
+    let y_heads = d.num_heads as u32;
+    let c = cfg(
+        (
+            grid_x(OP, "rows", d.rows)?,
+            y as u32,
+            plan.num_splits as u32,
+        ),
+        (ATT_THREADS as u32, 1, 1),
+    );
+    let (q, kc, vc) = (dptr(a.q), dptr(a.k_cache), dptr(a.v_cache));
+    let (bt, sl) = (dptr(a.block_tables), dptr(a.seq_lens));
+    let cu = a.cu_seqlens_q.map_or(0, dptr);
+    let has_cu = a.cu_seqlens_q.is_some() as i32;
+    let (out, scratch) = (dptr(a.out), dptr(a.scratch));
+    let qscale = a.scale * std::f32::consts::LOG2_E;
+    let window = window_arg(a.window);
+    let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
+    let rows = int(OP, "rows", d.rows)?;
+    let nh = int(OP, "num_heads", d.num_heads)?;
+    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
+    let hd = d.head_dim as i32;
+    let nb = int(OP, "num_blocks", d.num_blocks)?;
+    let bs = d.block_size as i32; // table_width * block_size <= 2^30 checked above
+    let tw = d.table_width as i32;
+    let group = group as i32;
+    let hpc = plan.heads_per_cta as i32;
+    let nsub = plan.num_sub as i32;
+    let splits = plan.num_splits as i32;
+    let lpt = lpt as i32;
+    int(
+        OP,
+        "rows * num_heads * head_dim",
+        d.rows * d.num_heads * d.head_dim,
+    )
+    .map(|_| ())?;
+    be.launch(
+        kernel,
+        c,
+        &mut args![
+            q, kc, vc, bt, sl, cu, has_cu, out, scratch, qscale, window, num_seqs, rows, nh, nkv,
+            hd, nb, bs, tw, group, hpc, nsub, splits, lpt
+        ],
+    )?;
+    if plan.num_splits > 1 {
+        // One CTA per (row, head) (`ATT_COMBINE_THREADS` in attention.cu).
+        let c = cfg((rows as u32, y_heads, 1), (256, 1, 1));
+        be.launch(
+            be.kernels().attention_combine.get(dt)?,
+            c,
+            &mut args![scratch, out, rows, nh, hd, splits],
+        )?;
+    }
+    Ok(())
+}
+
+/// The attention kernels' `window` argument: 0 for full attention. A window of
+/// `i32::MAX` or more reaches back past position 0 from any position a seq_len can give,
+/// so it is full attention as well.
+fn window_arg(window: Option<usize>) -> i32 {
+    window.map_or(0, |w| w.min(i32::MAX as usize) as i32)
+}
+
+/// Query rows per CTA of `attention_prefill_*` (`FA_BM` in attention_prefill.cu).
+const FA_BM: usize = 128;
+/// Keys per K/V tile of `attention_prefill_*` (`FA_BN`).
+const FA_BN: usize = 32;
+/// Threads per CTA of `attention_prefill_*` (`FA_THREADS`).
+const FA_THREADS: u32 = 128;
+
+/// Dynamic shared memory of `attention_prefill_hd{head_dim}_*` (`FA_SMEM_BYTES`): Q, two
+/// K and two V tiles with rows padded to head_dim + 8 16-bit elements, and two key-validity
+/// arrays.
+const fn fa_smem_bytes(head_dim: usize) -> usize {
+    (FA_BM + 4 * FA_BN) * (head_dim + 8) * 2 + 2 * FA_BN * 4
+}
+
+/// The dynamic shared memory kernel `name` is launched with, where that is over the
+/// default 48 KiB limit: the backend raises the function's limit to this at load time.
+pub(in crate::backend::cuda) fn dynamic_smem_limit(name: &str) -> Option<usize> {
+    let hd = name.strip_prefix("attention_prefill_hd")?;
+    let hd: usize = hd.split('_').next()?.parse().ok()?;
+    Some(fa_smem_bytes(hd))
+}
+
+/// The tensor-core prefill kernel for a launch, or `None` for the split-K kernel. A
+/// function of the dtype, the head size and whether the step has `cu_seqlens_q` (prefill
+/// or mixed) only; `enabled` is the backend's `ENCORE_PREFILL_ATTENTION` setting.
+fn prefill_kernel(
+    be: &CudaBackend,
+    dt: DType,
+    head_dim: usize,
+    has_cu: bool,
+    enabled: bool,
+) -> Option<&Kernel> {
+    if !(enabled && has_cu) {
+        return None;
+    }
+    be.kernels().attention_prefill(head_dim, dt)
+}
+
+/// `attention_prefill_*`: grid (num_heads, ceil(rows / 128) + num_seqs), 128 threads,
+/// `fa_smem_bytes` of dynamic shared memory; each CTA finds its (sequence, 128-row tile)
+/// in `cu_seqlens_q` on the device. Tiles are on y so that the longest-context tiles of
+/// every head are dispatched first.
+fn attention_prefill(
+    be: &CudaBackend,
+    a: &Attention<'_>,
+    d: &AttentionDims,
+    kernel: &Kernel,
+) -> Result<()> {
+    const OP: &str = "attention";
+    let Some(cu) = a.cu_seqlens_q else {
+        return Err(Error::invalid(OP, "the prefill kernel needs cu_seqlens_q"));
+    };
+    let tiles = d.rows.div_ceil(FA_BM) + d.num_seqs;
+    if tiles > 65_535 {
+        return Err(Error::invalid(
+            OP,
+            format!("{tiles} row tiles (rows / 128 + num_seqs) are too many (grid y)"),
+        ));
+    }
+    let mut c = cfg(
+        (grid_x(OP, "num_heads", d.num_heads)?, tiles as u32, 1),
+        (FA_THREADS, 1, 1),
+    );
+    c.shared_mem_bytes = fa_smem_bytes(d.head_dim) as u32;
+    let (q, kc, vc) = (dptr(a.q), dptr(a.k_cache), dptr(a.v_cache));
+    let (bt, sl, cu) = (dptr(a.block_tables), dptr(a.seq_lens), dptr(cu));
+    let out = dptr(a.out);
+    let qscale = a.scale * std::f32::consts::LOG2_E;
+    let window = window_arg(a.window);
+    let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
+    let rows = int(OP, "rows", d.rows)?;
+    let nh = int(OP, "num_heads", d.num_heads)?;
+    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
+    let nb = int(OP, "num_blocks", d.num_blocks)?;
+    let bs = d.block_size as i32; // table_width * block_size <= 2^30 checked by the caller
+    let tw = d.table_width as i32;
+    let group = (d.num_heads / d.num_kv_heads) as i32;
+    be.launch(
+        kernel,
+        c,
+        &mut args![
+            q, kc, vc, bt, sl, cu, out, qscale, window, num_seqs, rows, nh, nkv, nb, bs, tw, group
+        ],
+    )
+}

@@ -1,0 +1,464 @@
+//! The NVRTC kernel sources of the CUDA backend and one launcher per op.
+//!
+//! Sources live in `crates/encore-backend/kernels/`: `common.cuh` is prepended to every `.cu`
+//! file before compiling (see [`COMMON`]), and [`SOURCES`] lists every file with every
+//! `extern "C"` entry point it defines (`scripts/check-kernels.py` checks both lists against
+//! NVRTC's output). The backend validates shapes, dtypes and devices and then calls the
+//! launchers here, which only choose launch shapes (from tensor shapes alone: graphs replay
+//! them with new buffer contents), check alignment and pass pointers.
+
+use cudarc::driver::LaunchConfig;
+
+use super::{dptr, CudaBackend};
+use crate::backend::{QkvRope, Sampling};
+use crate::error::{Error, Result};
+use crate::ops::{EmbeddingDims, MatmulDims, QkvRopeDims, RowDims, SampleDims};
+use crate::tensor::{DType, Tensor};
+
+/// One kernel file: its name, its text and the entry points it defines.
+pub(super) struct KernelSource {
+    pub file: &'static str,
+    pub src: &'static str,
+    pub functions: &'static [&'static str],
+}
+
+/// Prepended to every kernel file before NVRTC compiles it.
+pub(super) const COMMON: &str = include_str!("../../../../kernels/common.cuh");
+
+pub(super) const SOURCES: &[KernelSource] = &[
+    KernelSource {
+        file: "embedding.cu",
+        src: include_str!("../../../../kernels/embedding.cu"),
+        functions: &["embedding_bf16", "embedding_f16", "embedding_f32"],
+    },
+    KernelSource {
+        file: "rms_norm.cu",
+        src: include_str!("../../../../kernels/rms_norm.cu"),
+        functions: &["rms_norm_bf16", "rms_norm_f16", "rms_norm_f32"],
+    },
+    KernelSource {
+        file: "silu_mul.cu",
+        src: include_str!("../../../../kernels/silu_mul.cu"),
+        functions: &["silu_mul_bf16", "silu_mul_f16", "silu_mul_f32"],
+    },
+    KernelSource {
+        file: "qkv_rope.cu",
+        src: include_str!("../../../../kernels/qkv_rope.cu"),
+        functions: &["qkv_rope_bf16", "qkv_rope_f16", "qkv_rope_f32"],
+    },
+    KernelSource {
+        file: "attention.cu",
+        src: include_str!("../../../../kernels/attention.cu"),
+        functions: &[
+            "attention_split_g1_bf16",
+            "attention_split_g2_bf16",
+            "attention_split_g4_bf16",
+            "attention_split_g8_bf16",
+            "attention_split_g1_f16",
+            "attention_split_g2_f16",
+            "attention_split_g4_f16",
+            "attention_split_g8_f16",
+            "attention_split_g1_f32",
+            "attention_split_g2_f32",
+            "attention_split_g4_f32",
+            "attention_split_g8_f32",
+            "attention_combine_bf16",
+            "attention_combine_f16",
+            "attention_combine_f32",
+        ],
+    },
+    KernelSource {
+        file: "attention_prefill.cu",
+        src: include_str!("../../../../kernels/attention_prefill.cu"),
+        functions: &[
+            "attention_prefill_hd64_bf16",
+            "attention_prefill_hd128_bf16",
+            "attention_prefill_hd64_f16",
+            "attention_prefill_hd128_f16",
+        ],
+    },
+    KernelSource {
+        file: "gemv.cu",
+        src: include_str!("../../../../kernels/gemv.cu"),
+        functions: &[
+            "gemv_bf16_bf16_m1",
+            "gemv_bf16_bf16_m2",
+            "gemv_bf16_bf16_m4",
+            "gemv_bf16_bf16_m8",
+            "gemv_bf16_f32_m1",
+            "gemv_bf16_f32_m2",
+            "gemv_bf16_f32_m4",
+            "gemv_bf16_f32_m8",
+            "gemv_f16_f16_m1",
+            "gemv_f16_f16_m2",
+            "gemv_f16_f16_m4",
+            "gemv_f16_f16_m8",
+            "gemv_f16_f32_m1",
+            "gemv_f16_f32_m2",
+            "gemv_f16_f32_m4",
+            "gemv_f16_f32_m8",
+            "gemv_f32_f32_m1",
+            "gemv_f32_f32_m2",
+            "gemv_f32_f32_m4",
+            "gemv_f32_f32_m8",
+            "gemv_silu_bf16_m1",
+            "gemv_silu_f16_m1",
+            "gemv_silu_f32_m1",
+        ],
+    },
+    KernelSource {
+        file: "sampling.cu",
+        src: include_str!("../../../../kernels/sampling.cu"),
+        functions: &["sample_f32"],
+    },
+];
+
+/// `[*mut c_void; N]` of pointers to the (local, named) kernel arguments, in order.
+macro_rules! args {
+    ($($a:ident),* $(,)?) => {
+        [$(&$a as *const _ as *mut std::ffi::c_void),*]
+    };
+}
+
+mod attention;
+pub(super) use attention::{attention, attention_scratch_len, dynamic_smem_limit};
+
+fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32)) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: block,
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A launch dimension or scalar kernel argument as i32, or an error naming it.
+fn int(op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| Error::invalid(op, format!("{what} = {v} exceeds the kernels' i32 range")))
+}
+
+/// Grid dimension x (at most 2^31 - 1).
+fn grid_x(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    int(op, what, v).map(|v| v as u32)
+}
+
+fn aligned16(t: &Tensor) -> bool {
+    dptr(t).is_multiple_of(16)
+}
+
+/// Threads for a block that strides over `work` items: a multiple of 32 in 32..=max.
+fn threads_for(work: usize, max: u32) -> u32 {
+    (work.div_ceil(32) * 32).clamp(32, max as usize) as u32
+}
+
+pub(super) fn embedding(
+    be: &CudaBackend,
+    ids: &Tensor,
+    table: &Tensor,
+    out: &Tensor,
+    d: &EmbeddingDims,
+) -> Result<()> {
+    const OP: &str = "embedding";
+    if d.n == 0 || d.hidden == 0 {
+        return Ok(());
+    }
+    let dt = table.dtype();
+    let vec = (d.hidden * dt.size()).is_multiple_of(16) && aligned16(table) && aligned16(out);
+    let work = if vec {
+        d.hidden * dt.size() / 16
+    } else {
+        d.hidden
+    };
+    let c = cfg(
+        (grid_x(OP, "n", d.n)?, 1, 1),
+        (threads_for(work, 256), 1, 1),
+    );
+    let (ids, table, out) = (dptr(ids), dptr(table), dptr(out));
+    let vocab = int(OP, "vocab", d.vocab)?;
+    let hidden = int(OP, "hidden", d.hidden)?;
+    let vec = vec as i32;
+    be.launch(
+        be.kernels().embedding.get(dt)?,
+        c,
+        &mut args![ids, table, out, vocab, hidden, vec],
+    )
+}
+
+pub(super) fn rms_norm(
+    be: &CudaBackend,
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    w: &Tensor,
+    eps: f32,
+    out: &Tensor,
+    d: &RowDims,
+) -> Result<()> {
+    const OP: &str = "rms_norm";
+    if d.rows == 0 || d.dim == 0 {
+        return Ok(());
+    }
+    let dt = x.dtype();
+    let vec = (d.dim * dt.size()).is_multiple_of(16)
+        && aligned16(x)
+        && aligned16(w)
+        && aligned16(out)
+        && residual.is_none_or(aligned16);
+    let work = if vec { d.dim * dt.size() / 16 } else { d.dim };
+    let c = cfg(
+        (grid_x(OP, "rows", d.rows)?, 1, 1),
+        (threads_for(work, 1024), 1, 1),
+    );
+    let has_res = residual.is_some() as i32;
+    let (x, res, w, out) = (dptr(x), residual.map_or(0, dptr), dptr(w), dptr(out));
+    let dim = int(OP, "dim", d.dim)?;
+    let vec = vec as i32;
+    be.launch(
+        be.kernels().rms_norm.get(dt)?,
+        c,
+        &mut args![x, res, w, out, dim, eps, has_res, vec],
+    )
+}
+
+pub(super) fn silu_mul(
+    be: &CudaBackend,
+    gate_up: &Tensor,
+    out: &Tensor,
+    d: &RowDims,
+) -> Result<()> {
+    const OP: &str = "silu_mul";
+    if d.rows == 0 || d.dim == 0 {
+        return Ok(());
+    }
+    let dt = gate_up.dtype();
+    let vec = (d.dim * dt.size()).is_multiple_of(16) && aligned16(gate_up) && aligned16(out);
+    let cols = if vec { d.dim * dt.size() / 16 } else { d.dim };
+    const THREADS: usize = 256;
+    let c = cfg(
+        (cols.div_ceil(THREADS) as u32, d.rows.min(65_535) as u32, 1),
+        (THREADS as u32, 1, 1),
+    );
+    let (gu, out) = (dptr(gate_up), dptr(out));
+    let rows = int(OP, "rows", d.rows)?;
+    let inter = int(OP, "inter", 2 * d.dim).map(|_| d.dim as i32)?;
+    let vec = vec as i32;
+    be.launch(
+        be.kernels().silu_mul.get(dt)?,
+        c,
+        &mut args![gu, out, rows, inter, vec],
+    )
+}
+
+/// Warps of one qkv_rope CTA (`QKV_WARPS` in qkv_rope.cu).
+const QKV_WARPS: usize = 4;
+
+pub(super) fn qkv_rope_write(be: &CudaBackend, a: &QkvRope<'_>, d: &QkvRopeDims) -> Result<()> {
+    const OP: &str = "qkv_rope_write";
+    let heads = d.num_heads + 2 * d.num_kv_heads;
+    if d.n == 0 || heads == 0 || d.head_dim == 0 {
+        return Ok(());
+    }
+    if d.head_dim > 256 {
+        return Err(Error::invalid(
+            OP,
+            format!("head_dim = {} is not supported (at most 256)", d.head_dim),
+        ));
+    }
+    let items = d.n * heads;
+    let c = cfg(
+        (grid_x(OP, "n * heads", items.div_ceil(QKV_WARPS))?, 1, 1),
+        ((QKV_WARPS * 32) as u32, 1, 1),
+    );
+    int(OP, "n * heads * head_dim", items * d.head_dim)?;
+    let (qkv, pos, cs, sm) = (
+        dptr(a.qkv),
+        dptr(a.positions),
+        dptr(a.cos_sin),
+        dptr(a.slot_mapping),
+    );
+    let (qn, kn) = a.head_norm.map_or((0, 0), |(q, k)| (dptr(q), dptr(k)));
+    let has_norm = a.head_norm.is_some() as i32;
+    let eps = a.eps;
+    let (q_out, kc, vc) = (dptr(a.q_out), dptr(a.k_cache), dptr(a.v_cache));
+    let n = int(OP, "n", d.n)?;
+    let nh = int(OP, "num_heads", d.num_heads)?;
+    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
+    let hd = d.head_dim as i32;
+    let rot = d.rot as i32; // <= head_dim
+    let maxp = int(OP, "max_positions", d.max_positions).unwrap_or(i32::MAX);
+    let num_slots = (d.num_blocks as u64 * d.block_size as u64).min(i64::MAX as u64) as i64;
+    be.launch(
+        be.kernels().qkv_rope.get(a.qkv.dtype())?,
+        c,
+        &mut args![
+            qkv, qn, kn, has_norm, eps, pos, cs, sm, q_out, kc, vc, n, nh, nkv, hd, rot, maxp,
+            num_slots
+        ],
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMV (matmul with few rows)
+
+/// Most rows of x the gemv kernels take (the largest `gemv_*_m*` variant).
+pub(super) const GEMV_MAX_ROWS: usize = 8;
+/// Rows up to which matmul takes the gemv kernels by default. Measured on H100 (decode
+/// step, graph mode, BENCHMARKS.md): 1 row is 9-17% faster than cuBLASLt on the 0.5B and
+/// 8B shapes; 2 rows is faster on 0.5B but 3% slower on 8B; 3..8 rows are slower (x is
+/// re-read through L1 for every row pair: a tensor-core variant is future work).
+pub(super) const GEMV_DEFAULT_ROWS: usize = 1;
+/// Warps of one gemv CTA (`GEMV_WARPS` in gemv.cu).
+const GEMV_WARPS: usize = 8;
+
+/// Whether [`gemv`] can run this matmul: few rows, k a whole number of 16-byte vectors,
+/// 16-byte aligned x and w (so every row of both is aligned).
+pub(super) fn gemv_fits(x: &Tensor, w: &Tensor, d: &MatmulDims, max_rows: usize) -> bool {
+    let v = 16 / x.dtype().size();
+    d.m >= 1
+        && d.m <= max_rows.min(GEMV_MAX_ROWS)
+        && d.k.is_multiple_of(v)
+        && aligned16(x)
+        && aligned16(w)
+}
+
+/// `(ksplit, CTAs)` of a gemv over `n` rows of `k` with `rows_per_warp` rows per warp:
+/// split k over more warps while there are too few CTAs to keep every SM streaming (two
+/// per SM) and each warp still gets a 16-byte-per-lane chunk of k.
+fn gemv_layout(
+    be: &CudaBackend,
+    dt: DType,
+    n: usize,
+    k: usize,
+    rows_per_warp: usize,
+) -> (usize, usize) {
+    let nchunks = k.div_ceil(32 * 16 / dt.size());
+    let mut ksplit = 1;
+    while ksplit < GEMV_WARPS
+        && (n * ksplit).div_ceil(GEMV_WARPS * rows_per_warp) < 2 * be.sm_count()
+        && 2 * ksplit <= nchunks
+    {
+        ksplit *= 2;
+    }
+    (ksplit, n.div_ceil(GEMV_WARPS / ksplit * rows_per_warp))
+}
+
+/// `out = silu_mul(x · wᵀ)` for one row of x in one gemv pass (`gemv_silu_*`): w is the
+/// merged `[2 * inter, k]` gate/up weight. The caller checked shapes and [`gemv_fits`].
+pub(super) fn gemv_silu(
+    be: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
+    const OP: &str = "matmul_silu_mul (gemv)";
+    let inter = d.n / 2;
+    if inter == 0 {
+        return Ok(());
+    }
+    let dt = x.dtype();
+    let (ksplit, ctas) = gemv_layout(be, dt, inter, d.k, 1);
+    let c = cfg(
+        (grid_x(OP, "inter", ctas)?, 1, 1),
+        ((GEMV_WARPS * 32) as u32, 1, 1),
+    );
+    let (xp, wp, op) = (dptr(x), dptr(w), dptr(out));
+    let n = int(OP, "2 * inter", d.n).map(|_| inter as i32)?;
+    let k = int(OP, "k", d.k)?;
+    let ksplit = ksplit as i32;
+    be.launch(
+        be.kernels().gemv_silu.get(dt)?,
+        c,
+        &mut args![xp, wp, op, n, k, ksplit],
+    )
+}
+
+/// `out = x · wᵀ (+ bias)` for `m <= GEMV_MAX_ROWS` rows (checked by [`gemv_fits`]).
+pub(super) fn gemv(
+    be: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
+    const OP: &str = "matmul (gemv)";
+    if d.n == 0 {
+        return Ok(());
+    }
+    let dt = x.dtype();
+    let variant = d.m.next_power_of_two();
+    let (ksplit, ctas) = gemv_layout(be, dt, d.n, d.k, variant.min(4));
+    let kernel = be.kernels().gemv(dt, out.dtype(), variant)?;
+    let c = cfg(
+        (grid_x(OP, "n", ctas)?, 1, 1),
+        ((GEMV_WARPS * 32) as u32, 1, 1),
+    );
+    let (xp, wp, bp, op) = (dptr(x), dptr(w), bias.map_or(0, dptr), dptr(out));
+    let m = d.m as i32; // <= GEMV_MAX_ROWS
+    let n = int(OP, "n", d.n)?;
+    let k = int(OP, "k", d.k)?;
+    let ksplit = ksplit as i32;
+    be.launch(kernel, c, &mut args![xp, wp, bp, op, m, n, k, ksplit])
+}
+
+// ---------------------------------------------------------------------------------------
+// Sampling
+
+/// Threads per row (`SAMPLE_THREADS` in sampling.cu).
+const SAMPLE_THREADS: u32 = 1024;
+
+pub(super) fn sample(
+    be: &CudaBackend,
+    logits: &Tensor,
+    p: &Sampling<'_>,
+    out: &Tensor,
+    d: &SampleDims,
+) -> Result<()> {
+    const OP: &str = "sample";
+    if d.batch == 0 {
+        return Ok(());
+    }
+    let counts_aligned = p.penalties.as_ref().is_none_or(|q| aligned16(q.counts));
+    let vec = (d.vocab.is_multiple_of(4) && aligned16(logits) && counts_aligned) as i32;
+    let c = cfg(
+        (grid_x(OP, "batch", d.batch)?, 1, 1),
+        (SAMPLE_THREADS, 1, 1),
+    );
+    let (l, t, k, tp, mp, s, o) = (
+        dptr(logits),
+        dptr(p.temperature),
+        dptr(p.top_k),
+        dptr(p.top_p),
+        dptr(p.min_p),
+        dptr(p.seeds),
+        dptr(out),
+    );
+    // Null pointers tell the kernel a feature is off.
+    let (counts, slot, rep, freq, pres) = match &p.penalties {
+        Some(q) => (
+            dptr(q.counts),
+            dptr(q.slot),
+            dptr(q.repetition),
+            dptr(q.frequency),
+            dptr(q.presence),
+        ),
+        None => (0, 0, 0, 0, 0),
+    };
+    let (num, tok, ids, top) = match &p.logprobs {
+        Some(q) => (dptr(q.num), dptr(q.token), dptr(q.top_ids), dptr(q.top)),
+        None => (0, 0, 0, 0),
+    };
+    let slots = int(OP, "penalty slots", d.slots)?;
+    // slots * vocab indexes counts in i64; top_n <= MAX_TOP_LOGPROBS (check_sample).
+    let top_n = d.top_n as i32;
+    // The kernel walks the row in tiles of 4 * SAMPLE_THREADS with i32 indices.
+    let vocab = int(OP, "vocab", d.vocab + 4 * SAMPLE_THREADS as usize).map(|_| d.vocab as i32)?;
+    be.launch(
+        &be.kernels().sample_f32,
+        c,
+        &mut args![
+            l, t, k, tp, mp, s, o, counts, slot, rep, freq, pres, slots, num, tok, ids, top, top_n,
+            vocab, vec
+        ],
+    )
+}

@@ -1,0 +1,25 @@
+//! encore-backend: the layer every model runs on, and nothing above it.
+//!
+//! The tensor view, the `Backend` trait (every op with its exact semantics) and its CPU and
+//! CUDA implementations with their kernels (`kernels/*.cu`, compiled by NVRTC at start-up),
+//! virtual memory and the capture arena, op validation, the device selector, kernel
+//! micro-benchmarks and the kernel-level test support. It knows no model, no KV cache and
+//! no request: `encore-core` builds the engine on top of it (and re-exports these modules
+//! under the same names), so a change above this crate never recompiles it. See
+//! ARCHITECTURE.md.
+
+pub mod backend;
+pub mod bench;
+pub mod device;
+pub mod error;
+pub mod memory;
+pub mod ops;
+pub mod tensor;
+pub mod testing;
+
+pub use backend::{
+    Attention, Backend, BackendRef, Graph, Penalties, QkvRope, SampleLogprobs, Sampling,
+    MAX_TOP_LOGPROBS, PROMPT_BIT,
+};
+pub use error::{Error, Result};
+pub use tensor::{DType, Element, Tensor};
