@@ -1,7 +1,7 @@
 //! The one error type of encore-core. Every message names the thing (tensor, op, file,
 //! byte count) and, where there is one, the fix.
 
-use crate::tensor::DType;
+use crate::dtype::DType;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -8,14 +8,18 @@
 //! under the same names), so a change above this crate never recompiles it. See
 //! ARCHITECTURE.md.
 
+pub mod arena;
+pub mod args;
 pub mod backend;
 pub mod bench;
 pub mod device;
+pub mod dtype;
 pub mod error;
-pub mod memory;
 pub mod ops;
+pub mod storage;
 pub mod tensor;
 pub mod testing;
+pub mod vmm;
 
 pub use backend::{
     Attention, Backend, BackendRef, Graph, Penalties, QkvRope, SampleLogprobs, Sampling,

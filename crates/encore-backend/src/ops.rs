@@ -1,7 +1,7 @@
 //! What both backends share about the ops: argument validation (so a bad call fails the
 //! same way everywhere, naming the tensor), the rotary table, and the sampling RNG.
 
-use crate::backend::{Attention, Sampling};
+use crate::args::{Attention, QkvRope, Sampling, MAX_TOP_LOGPROBS};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
@@ -229,7 +229,7 @@ pub struct QkvRopeDims {
     pub block_size: usize,
 }
 
-pub fn check_qkv_rope(a: &crate::backend::QkvRope<'_>) -> Result<QkvRopeDims> {
+pub fn check_qkv_rope(a: &QkvRope<'_>) -> Result<QkvRopeDims> {
     const OP: &str = "qkv_rope_write";
     let q = a.q_out;
     check_dtype(OP, "q_out", q, FLOAT_DTYPES)?;
@@ -462,12 +462,12 @@ pub fn check_sample(logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<S
         check_rank(OP, "top_ids", l.top_ids, 2, "[batch, N]")?;
         let n = l.top_ids.dim(1);
         let shape = [d.batch, n];
-        if l.top_ids.dim(0) != d.batch || n > crate::backend::MAX_TOP_LOGPROBS {
+        if l.top_ids.dim(0) != d.batch || n > MAX_TOP_LOGPROBS {
             return Err(Error::Shape {
                 op: OP,
                 name: "top_ids",
                 found: l.top_ids.shape().to_vec(),
-                expected: format!("[batch, N] with N <= {}", crate::backend::MAX_TOP_LOGPROBS),
+                expected: format!("[batch, N] with N <= {}", MAX_TOP_LOGPROBS),
             });
         }
         check_dtype(OP, "top_logprobs", l.top, &[DType::F32])?;

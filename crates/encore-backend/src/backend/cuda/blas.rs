@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{CudaContext, CudaStream};
 
-use super::buffer::CudaBuffer;
 use crate::error::{Error, Result};
+use crate::storage::CudaBuffer;
 use crate::tensor::DType;
 
 /// cuBLASLt's recommended workspace on Hopper.

@@ -5,7 +5,6 @@
 //! start-up, cuBLASLt GEMMs, and CUDA graphs for capture/replay.
 
 mod blas;
-mod buffer;
 mod copy_queue;
 mod handles;
 mod kernels;
@@ -21,15 +20,15 @@ use cudarc::driver::{
     result as drv, sys as drv_sys, CudaContext, CudaModule, CudaStream, LaunchConfig,
 };
 
-pub use buffer::{CudaBuffer, PinnedStaging};
+pub use crate::storage::cuda::{CudaBuffer, PinnedStaging};
 pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;
 use crate::backend::{Attention, Backend, Graph, HostStaging, QkvRope, Sampling};
 use crate::error::{Error, Result};
-use crate::memory::vmm::{cuda::CudaVmm, Vmm};
 use crate::ops;
 use crate::tensor::{DType, Storage, Tensor};
+use crate::vmm::{cuda::CudaVmm, Vmm};
 
 /// Which CUDA libraries can be loaded on this machine.
 #[derive(Clone, Debug)]

@@ -2,9 +2,9 @@
 //! decode (and prefill when the tensor-core kernel does not apply), and the tensor-core
 //! flash-attention prefill kernel.
 
-use super::super::handles::Kernel;
-use super::super::{dptr, CudaBackend};
 use super::{aligned16, cfg, grid_x, int};
+use crate::backend::cuda::handles::Kernel;
+use crate::backend::cuda::{dptr, CudaBackend};
 use crate::backend::Attention;
 use crate::error::{Error, Result};
 use crate::ops::AttentionDims;

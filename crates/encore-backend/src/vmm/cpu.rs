@@ -14,8 +14,8 @@
 use std::sync::{Arc, OnceLock};
 
 use super::{Vmm, VmmUsage};
-use crate::backend::cpu::CpuBuffer;
 use crate::error::{Error, Result};
+use crate::storage::CpuBuffer;
 use crate::tensor::Storage;
 
 /// Size unit of CPU reservations, chunks and mappings.

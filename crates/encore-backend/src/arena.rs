@@ -37,8 +37,8 @@ use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::memory::vmm::{MappedRange, PhysicalChunk, Vmm, VmmUsage};
 use crate::tensor::{DType, Storage, Tensor};
+use crate::vmm::{MappedRange, PhysicalChunk, Vmm, VmmUsage};
 
 /// Alignment of every arena allocation (enough for 16-byte vector loads and cuBLASLt).
 pub const ARENA_ALIGN: usize = 256;

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaContext};
 
 use super::{Vmm, VmmUsage};
-use crate::backend::cuda::CudaBuffer;
 use crate::error::{Error, Result};
+use crate::storage::CudaBuffer;
 use crate::tensor::Storage;
 
 /// The `Result` layer over `cudarc::driver::sys`. The caller binds the context.

@@ -12,7 +12,7 @@ pub struct CudaBuffer {
     dptr: u64,
     len: usize,
     ctx: Arc<CudaContext>,
-    /// `Some` for mapped memory (`crate::memory::vmm`): what keeps the mapping alive.
+    /// `Some` for mapped memory (`crate::vmm`): what keeps the mapping alive.
     /// Such a buffer frees nothing on drop.
     keep: Option<Arc<dyn Send + Sync>>,
 }

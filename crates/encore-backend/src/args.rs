@@ -1,0 +1,259 @@
+//! The argument structs of the composite ops ([`Attention`], [`QkvRope`], [`Sampling`]),
+//! shared by the op validation (`crate::ops`) and every backend.
+
+use crate::tensor::Tensor;
+
+/// Paged attention over a KV cache, for decode (one query row per sequence) and for
+/// prefill / chunked prefill (several query rows per sequence, `cu_seqlens_q`).
+///
+/// Sequence `s` has `seq_lens[s]` tokens in the cache, *including* the tokens of this
+/// step (their K/V must already have been written, by [`crate::backend::Backend::qkv_rope_write`]). Token at
+/// position `t` of sequence `s` lives in cache block `block_tables[s][t / block_size]`,
+/// row `t % block_size`.
+///
+/// Query rows: with `cu_seqlens_q = None` (decode) row `s` is the one query of sequence
+/// `s` at position `seq_lens[s] - 1`. With `Some(cu)` (i32, `num_seqs + 1` entries,
+/// non-decreasing, `cu[0] = 0`) rows `cu[s]..cu[s+1]` are sequence `s`'s queries, the
+/// last at position `seq_lens[s] - 1` and the ones before it consecutively earlier.
+/// A query at position `p` attends causally to positions `0..=p`; with a sliding
+/// `window = Some(w)` only to the `w` most recent of them, positions `k` with
+/// `p - w < k <= p` (transformers' sliding-window semantics). The window is a model
+/// constant per layer (a launch scalar), never a per-step value.
+///
+/// Rows that attend to nothing write zeros: a sequence with `seq_len == 0` (padding),
+/// rows at or beyond `cu[num_seqs]`, rows whose position would be negative. Context
+/// longer than the block table can hold is clamped to `table_width * block_size` (the
+/// window still counts back from the query's position `p`, so a query whose window lies
+/// wholly past the table's capacity writes zeros); a block id outside `0..num_blocks`
+/// contributes nothing (never an out-of-bounds read).
+///
+/// GQA: query head `h` uses KV head `h / (num_heads / num_kv_heads)`.
+pub struct Attention<'a> {
+    /// `[rows, num_heads, head_dim]`, dtype T.
+    pub q: &'a Tensor,
+    /// `[num_blocks, block_size, num_kv_heads, head_dim]`, dtype T.
+    pub k_cache: &'a Tensor,
+    /// Same shape and dtype as `k_cache`.
+    pub v_cache: &'a Tensor,
+    /// i32 `[num_seqs, table_width]`.
+    pub block_tables: &'a Tensor,
+    /// i32 `[num_seqs]`.
+    pub seq_lens: &'a Tensor,
+    /// i32 `[num_seqs + 1]`, or `None` for decode (`rows == num_seqs`).
+    pub cu_seqlens_q: Option<&'a Tensor>,
+    /// Softmax scale, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+    /// Sliding window in positions (`>= 1`; a window at least as long as the context is
+    /// full attention), or `None` for full causal attention.
+    pub window: Option<usize>,
+    /// `[rows, num_heads, head_dim]`, dtype T.
+    pub out: &'a Tensor,
+    /// f32 scratch of at least [`crate::backend::Backend::attention_scratch_len`] elements (the split-K
+    /// partial results on CUDA); contents are overwritten.
+    pub scratch: &'a Tensor,
+}
+
+/// Arguments of [`crate::backend::Backend::qkv_rope_write`]: the attention block's work between the merged
+/// q/k/v projection and attention, in one op.
+///
+/// `qkv` T `[n, (num_heads + 2 * num_kv_heads) * head_dim]` holds each token's q heads,
+/// then k heads, then v heads (one `matmul` by the merged weight). Per token `i`:
+/// - every q and k head is, when `head_norm` is given (Qwen3), RMS-normalised over its
+///   `head_dim` with the q or k weight (T `[head_dim]`) and `eps` and rounded to T, then
+///   rotated by `positions[i]` (left as is when the position is outside
+///   `0..max_positions`) and rounded to T. Rotary embedding: NeoX / HF "rotate half"
+///   layout over the first `rot` dims (`rot` = `cos_sin`'s width), where row `p` of
+///   `cos_sin` holds `cos(p·f_0..f_{rot/2-1})` then `sin(..)`; for `j < rot/2`:
+///   `x_j' = x_j c_j - x_{j+rot/2} s_j`, `x_{j+rot/2}' = x_{j+rot/2} c_j + x_j s_j`;
+/// - the q heads go to `q_out` T `[n, num_heads, head_dim]`;
+/// - the k and v heads go to the paged caches at slot `slot_mapping[i]` =
+///   block * block_size + row (a slot `< 0`, padding, or beyond the cache is skipped).
+pub struct QkvRope<'a> {
+    pub qkv: &'a Tensor,
+    /// `(q_norm, k_norm)` weights, T `[head_dim]`.
+    pub head_norm: Option<(&'a Tensor, &'a Tensor)>,
+    pub eps: f32,
+    /// i32 `[n]`.
+    pub positions: &'a Tensor,
+    /// f32 `[max_positions, rot]`, built by `crate::ops::RopeConfig::cos_sin_table`
+    /// (which applies Llama-3 scaling).
+    pub cos_sin: &'a Tensor,
+    /// i32 `[n]`.
+    pub slot_mapping: &'a Tensor,
+    pub q_out: &'a Tensor,
+    /// T `[num_blocks, block_size, num_kv_heads, head_dim]`.
+    pub k_cache: &'a Tensor,
+    pub v_cache: &'a Tensor,
+}
+
+impl QkvRope<'_> {
+    /// Every tensor argument with its name (for device checks and errors).
+    pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut ts = vec![
+            ("qkv", self.qkv),
+            ("positions", self.positions),
+            ("cos_sin", self.cos_sin),
+            ("slot_mapping", self.slot_mapping),
+            ("q_out", self.q_out),
+            ("k_cache", self.k_cache),
+            ("v_cache", self.v_cache),
+        ];
+        if let Some((qn, kn)) = self.head_norm {
+            ts.push(("q_norm", qn));
+            ts.push(("k_norm", kn));
+        }
+        ts
+    }
+}
+
+impl Attention<'_> {
+    /// Every tensor argument with its name (for device checks and errors).
+    pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut ts = vec![
+            ("q", self.q),
+            ("k_cache", self.k_cache),
+            ("v_cache", self.v_cache),
+            ("block_tables", self.block_tables),
+            ("seq_lens", self.seq_lens),
+            ("out", self.out),
+            ("scratch", self.scratch),
+        ];
+        if let Some(cu) = self.cu_seqlens_q {
+            ts.push(("cu_seqlens_q", cu));
+        }
+        ts
+    }
+}
+
+/// Most top log-probabilities [`crate::backend::Backend::sample`] returns per row (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Flag bit of a [`Penalties::counts`] entry: the token occurs in the prompt. The bits
+/// below it hold how often it was sampled.
+pub const PROMPT_BIT: i32 = 1 << 30;
+
+/// Per-row sampling parameters, all in device tensors so a graph replays with new values.
+///
+/// Row `r` (logits `l`, vocabulary `V`):
+/// 0. penalties (rows with a valid `penalties.slot[r]`, see [`Penalties`]): each `l_i`
+///    is replaced by its penalised value; everything below reads the penalised row. The
+///    `logits` tensor itself is never written.
+/// 1. log-probabilities (rows with `0 <= logprobs.num[r]`, see [`SampleLogprobs`]) of the
+///    (penalised) row, before temperature and truncation.
+/// 2. `temperature[r] <= 0`: greedy: the index of the largest logit (the smallest index
+///    among equal maxima; NaN is never chosen unless the whole row is NaN, then 0).
+/// 3. otherwise with `z = l / temperature[r]`, `e_i = exp(z_i - max z)`:
+///    1. min-p: if `min_p[r] > 0`, keep tokens with `e_i >= min(min_p[r], 1)` (their
+///       probability is at least `min_p` times the largest); else keep all;
+///    2. top-k: if `0 < top_k[r] < V`, also require the logit to be `>=` the `top_k`-th
+///       largest logit (ties at the threshold are all kept);
+///    3. top-p: if `0 < top_p[r] < 1`, with `S` the sum of `e` over kept tokens, find the
+///       largest threshold `τ` among kept logits such that the sum of `e_i` over kept
+///       tokens with `l_i >= τ` is `>= top_p * S`; keep only those tokens;
+///    4. draw `u = uniform(seeds[r])` (see `crate::ops::uniform_from_seed`, identical on
+///       every backend), `target = u * Z` with `Z` the kept mass, and return the smallest
+///       kept index `i` whose running sum of kept `e` over indices `<= i` exceeds
+///       `target` (the last kept index if rounding leaves none).
+///
+///    Min-p, top-k and top-p each keep every token above a logit threshold, so the kept
+///    set is the tokens at or above the largest of the three.
+/// 4. rows with a valid penalty slot count the returned token:
+///    `counts[slot, token] += 1`.
+///
+/// The engine writes a fresh seed per row per step (e.g. request seed mixed with step).
+pub struct Sampling<'a> {
+    /// f32 `[batch]`.
+    pub temperature: &'a Tensor,
+    /// i32 `[batch]`.
+    pub top_k: &'a Tensor,
+    /// f32 `[batch]`.
+    pub top_p: &'a Tensor,
+    /// f32 `[batch]`; `<= 0` (or NaN): off.
+    pub min_p: &'a Tensor,
+    /// i64 `[batch]`.
+    pub seeds: &'a Tensor,
+    /// Repetition, frequency and presence penalties; `None`: no row has any.
+    pub penalties: Option<Penalties<'a>>,
+    /// Where log-probabilities go; `None`: no row asks for them.
+    pub logprobs: Option<SampleLogprobs<'a>>,
+}
+
+/// Penalties of [`Sampling`], with vLLM's (and Hugging Face's) semantics, applied in this
+/// order to the logit `l` of token `i` of a row whose slot is `s` (`0 <= s < slots`; any
+/// other slot: the row has no penalties and counts nothing), with `c = counts[s, i]`,
+/// `n = c & (PROMPT_BIT - 1)` its output count:
+/// - repetition (`c != 0`: the token is in the prompt or the output): `l > 0 ? l / rep :
+///   l * rep`;
+/// - frequency: `l - frequency * n`;
+/// - presence (`n > 0`): `l - presence`.
+///
+/// Each step in f32 with one rounding (no fused multiply-add), so every backend computes
+/// the same value. After sampling, the row's returned token is counted (see
+/// [`Sampling`]). Two rows of one call should not share a slot (their counts would
+/// race); the result stays defined.
+pub struct Penalties<'a> {
+    /// i32 `[slots, V]`, read and updated: per slot (a sequence) and token, the
+    /// [`PROMPT_BIT`] and the output count.
+    pub counts: &'a Tensor,
+    /// i32 `[batch]`: the row's slot in `counts`; `-1`: none.
+    pub slot: &'a Tensor,
+    /// f32 `[batch]`; 1: off.
+    pub repetition: &'a Tensor,
+    /// f32 `[batch]`; 0: off.
+    pub frequency: &'a Tensor,
+    /// f32 `[batch]`; 0: off.
+    pub presence: &'a Tensor,
+}
+
+/// Log-probability outputs of [`Sampling`]. For a row with `0 <= num[r]` (values above
+/// `N` count as `N`), with `l` the penalised row, `m` its largest non-NaN logit and
+/// `lse = m + ln(sum over non-NaN l_j of exp(l_j - m))`, a token's log-probability is
+/// `(l_i - m) - ln(sum)`:
+/// - `token[r]`: the returned token's;
+/// - `top_ids[r, ..num]`, `top[r, ..num]`: the `num` largest non-NaN logits' tokens and
+///   log-probabilities, largest first, ties by smaller index; entries past the row's
+///   non-NaN count hold id -1 and `-inf`.
+///
+/// Rows with `num[r] < 0` write nothing and cost nothing; entries past `num[r]` are left
+/// as they are.
+pub struct SampleLogprobs<'a> {
+    /// i32 `[batch]`: how many top entries; `-1`: none (not even `token`).
+    pub num: &'a Tensor,
+    /// f32 `[batch]`.
+    pub token: &'a Tensor,
+    /// i32 `[batch, N]`, `N <= MAX_TOP_LOGPROBS`.
+    pub top_ids: &'a Tensor,
+    /// f32 `[batch, N]`.
+    pub top: &'a Tensor,
+}
+
+impl Sampling<'_> {
+    /// Every tensor argument with its name (for device checks and errors).
+    pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut ts = vec![
+            ("temperature", self.temperature),
+            ("top_k", self.top_k),
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("seeds", self.seeds),
+        ];
+        if let Some(p) = &self.penalties {
+            ts.extend([
+                ("counts", p.counts),
+                ("slot", p.slot),
+                ("repetition", p.repetition),
+                ("frequency", p.frequency),
+                ("presence", p.presence),
+            ]);
+        }
+        if let Some(l) = &self.logprobs {
+            ts.extend([
+                ("num_logprobs", l.num),
+                ("token_logprob", l.token),
+                ("top_ids", l.top_ids),
+                ("top_logprobs", l.top),
+            ]);
+        }
+        ts
+    }
+}

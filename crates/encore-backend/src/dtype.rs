@@ -1,0 +1,81 @@
+//! Element types: [`DType`] (what a tensor stores) and [`Element`] (the Rust types that
+//! map onto one).
+
+use std::fmt;
+
+/// Element types encore stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    BF16,
+    F16,
+    F32,
+    I32,
+    I64,
+}
+
+impl DType {
+    pub const fn size(self) -> usize {
+        match self {
+            DType::BF16 | DType::F16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::I64 => 8,
+        }
+    }
+
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16 | DType::F32)
+    }
+
+    /// The name used in kernel symbols (`rms_norm_bf16`, ...).
+    pub const fn kernel_suffix(self) -> &'static str {
+        match self {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+        }
+    }
+
+    /// Parse a float run dtype, in any case: `bf16`/`bfloat16`, `f16`/`fp16`/`float16`/
+    /// `half`, `f32`/`fp32`/`float32`/`float`. Used by `--dtype` and by `config.json`'s
+    /// `torch_dtype`, so both accept the same names.
+    pub fn parse_float(s: &str) -> Option<DType> {
+        match s.to_ascii_lowercase().as_str() {
+            "bf16" | "bfloat16" => Some(DType::BF16),
+            "f16" | "fp16" | "float16" | "half" => Some(DType::F16),
+            "f32" | "fp32" | "float32" | "float" => Some(DType::F32),
+            _ => None,
+        }
+    }
+
+    /// The names [`DType::parse_float`] accepts, for messages.
+    pub const FLOAT_NAMES: &'static str =
+        "bf16 (bfloat16), f16 (fp16, float16, half) or f32 (fp32, float32)";
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.kernel_suffix())
+    }
+}
+
+/// Rust element types that map one-to-one onto a [`DType`].
+pub trait Element: bytemuck::Pod + Send + Sync + 'static {
+    const DTYPE: DType;
+}
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+}
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+}
