@@ -12,24 +12,25 @@ use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
+use encore_core::model::config::ModelConfig;
 use encore_core::model::ModelFiles;
 use encore_core::runner::{Runner, SamplingParams, SeqStep};
 use encore_core::DType;
 
 use encore_core::offload::OffloadConfig;
 
+use crate::model_arg::ModelArgs;
 use crate::offload_arg::{self, OffloadArg};
 use crate::out::outln;
-use crate::{parse, DeviceArg};
+use crate::parse;
 
 /// Bytes of each buffer of the copy-bandwidth measurement.
 const COPY_BYTES: usize = 256 << 20;
 
 #[derive(Args)]
 pub struct BenchDecodeArgs {
-    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
-    #[arg(long, default_value = "dummy:tiny")]
-    model: String,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Batch sizes, comma-separated, each >= 1.
     #[arg(
         long,
@@ -47,13 +48,7 @@ pub struct BenchDecodeArgs {
     #[arg(long, default_value = "20", value_parser = parse::count::<1, 100_000>, allow_negative_numbers = true)]
     steps: usize,
     #[command(flatten)]
-    device: DeviceArg,
-    #[command(flatten)]
     offload: OffloadArg,
-    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
-    /// any case).
-    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
-    dtype: DType,
     /// One JSON object per batch size.
     #[arg(long)]
     json: bool,
@@ -79,6 +74,23 @@ pub(crate) const WARMUP: usize = 3;
 /// [`WARMUP`] + `steps` decode steps.
 pub(crate) fn positions(context: usize, steps: usize, phases: usize) -> usize {
     context + phases * (WARMUP + steps) + 1
+}
+
+/// The positions of `--context` then an eager and a graph phase of `--steps` (each
+/// appends warm-up + steps tokens), refused beyond the model's positions.
+pub(crate) fn eager_and_graph_positions(
+    context: usize,
+    steps: usize,
+    cfg: &ModelConfig,
+) -> Result<usize> {
+    let max_seq_len = positions(context, steps, 2);
+    if max_seq_len > cfg.max_position_embeddings {
+        bail!(
+            "--context {context} with --steps {steps} needs {max_seq_len} positions; the model has {}",
+            cfg.max_position_embeddings
+        );
+    }
+    Ok(max_seq_len)
 }
 
 /// An eager-capable engine configuration for decode benchmarks: `max_batch` sequences of
@@ -187,11 +199,10 @@ pub(crate) fn free(runner: &mut Runner<'_>, seqs: &[SeqId]) -> Result<()> {
 }
 
 pub fn run(a: BenchDecodeArgs) -> Result<()> {
-    let dtype = a.dtype;
-    let opened = crate::model_arg::open_device(a.device.device)?;
+    let dtype = a.model.dtype;
+    let (opened, cfg, source) = a.model.open()?;
     let be = opened.backend();
     let be = be.as_ref();
-    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
     if a.batch.is_empty() {
         bail!("--batch: give at least one batch size");
     }
@@ -201,16 +212,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
              add --eager, or use --offload-policy planned"
         );
     }
-    // Eager and graph phases each append warmup + steps tokens.
-    let max_seq_len = positions(a.context, a.steps, 2);
-    if max_seq_len > cfg.max_position_embeddings {
-        bail!(
-            "--context {} with --steps {} needs {max_seq_len} positions; the model has {}",
-            a.context,
-            a.steps,
-            cfg.max_position_embeddings
-        );
-    }
+    let max_seq_len = eager_and_graph_positions(a.context, a.steps, &cfg)?;
     let max_batch = a.batch.iter().copied().max().unwrap_or(1);
     let offload = a.offload.config();
     let engine_cfg = EngineConfig {
@@ -239,7 +241,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     if !a.json {
         outln!(
             "{} on {}: {:.2} GB of weights ({dtype}), loaded in {:.2} s; copy bandwidth {:.0} GB/s -> floor {:.3} ms/step",
-            a.model,
+            a.model.model,
             be.device_name(),
             weight_bytes as f64 / 1e9,
             load_secs,
@@ -277,7 +279,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         if a.json {
             outln!(
                 "{}",
-                serde_json::json!({"model": a.model, "capture_all_buckets": n, "capture_all_s": total,
+                serde_json::json!({"model": a.model.model, "capture_all_buckets": n, "capture_all_s": total,
                                    "capture_s": stats.capture_secs, "graph_memory": mem.strategy.name(),
                                    "physical_bytes": mem.physical_bytes, "virtual_bytes": mem.virtual_bytes})
             )?;
@@ -309,7 +311,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             outln!(
                 "{}",
                 serde_json::json!({
-                    "model": a.model, "device": be.device_name(), "dtype": dtype.to_string(),
+                    "model": a.model.model, "device": be.device_name(), "dtype": dtype.to_string(),
                     "batch": b, "context": a.context,
                     "eager_step_ms": eager * 1e3, "graph_step_ms": graph.map(|g| g * 1e3),
                     "speedup": graph.map(|g| eager / g), "capture_s": capture_secs,

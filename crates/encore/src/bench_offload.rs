@@ -12,19 +12,18 @@ use encore_core::graph::BucketPolicy;
 use encore_core::model::ModelFiles;
 use encore_core::offload::{self, AccessOrder, OffloadConfig, Policy, WeightBudget};
 use encore_core::runner::Runner;
-use encore_core::DType;
 use serde_json::json;
 
 use crate::bench_decode::{self, MAX_BATCH};
+use crate::model_arg::ModelArgs;
 use crate::offload_arg::{self, human};
 use crate::out::{errln, outln};
-use crate::{parse, DeviceArg};
+use crate::parse;
 
 #[derive(Args)]
 pub struct BenchOffloadArgs {
-    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
-    #[arg(long, default_value = "dummy:tiny")]
-    model: String,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Weight budgets in percent of the weights, comma-separated, each in (0, 100] (a
     /// trailing % is allowed); 100, or any budget that holds every weight, is the
     /// resident reference row.
@@ -55,11 +54,6 @@ pub struct BenchOffloadArgs {
     /// Tokens already in each sequence's cache when the timed steps start (1..=2048).
     #[arg(long, default_value = "128", value_parser = parse::count::<1, 2048>, allow_negative_numbers = true)]
     context: usize,
-    #[command(flatten)]
-    device: DeviceArg,
-    /// Run dtype: bf16, f16 or f32 (aliases as for generate).
-    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
-    dtype: DType,
     /// Time eager steps only (by default the planned policy and the resident rows are
     /// timed replayed from captured graphs and eagerly; LRU only eagerly).
     #[arg(long, conflicts_with = "graphs_only")]
@@ -127,21 +121,11 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
              cannot be captured into a graph; drop lru from --policy or --graphs-only"
         );
     }
-    let dtype = a.dtype;
-    let opened = crate::model_arg::open_device(a.device.device)?;
+    let dtype = a.model.dtype;
+    let (opened, cfg, source) = a.model.open()?;
     let be = opened.backend();
     let be = be.as_ref();
-    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
-    // Eager and graph phases each append warm-up + steps tokens.
-    let max_seq_len = bench_decode::positions(a.context, a.steps, 2);
-    if max_seq_len > cfg.max_position_embeddings {
-        bail!(
-            "--context {} with --steps {} needs {max_seq_len} positions; the model has {}",
-            a.context,
-            a.steps,
-            cfg.max_position_embeddings
-        );
-    }
+    let max_seq_len = bench_decode::eager_and_graph_positions(a.context, a.steps, &cfg)?;
     let max_batch = a.batch.iter().copied().max().unwrap_or(1);
     let weight_bytes = cfg.weight_bytes(dtype);
 
@@ -181,7 +165,7 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
     if !a.json {
         outln!(
             "{} on {}: {} of weights ({dtype}); page-locked host-to-device {:.1} GB/s ({:.1} GB/s captured in a graph); context {}, median of {} steps",
-            a.model,
+            a.model.model,
             be.device_name(),
             human(weight_bytes),
             h2d_gbs,

@@ -14,20 +14,14 @@ use encore_core::runner::{Runner, SamplingParams, SeqStep};
 use encore_core::DType;
 use serde_json::{json, Value};
 
+use crate::model_arg::ModelArgs;
 use crate::out::outln;
-use crate::{parse, DeviceArg};
+use crate::parse;
 
 #[derive(Args)]
 pub struct BenchPrefillArgs {
-    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
-    #[arg(long, default_value = "dummy:tiny")]
-    model: String,
     #[command(flatten)]
-    device: DeviceArg,
-    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
-    /// any case).
-    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
-    dtype: DType,
+    model: ModelArgs,
     /// Prompt lengths in tokens, comma-separated, each >= 1.
     #[arg(
         long,
@@ -166,14 +160,13 @@ fn print_cells(cells: &[String]) -> Result<()> {
 }
 
 pub fn run(a: BenchPrefillArgs) -> Result<()> {
-    let dtype = a.dtype;
+    let dtype = a.model.dtype;
     if a.tokens.is_empty() || a.batch.is_empty() {
         bail!("--tokens and --batch: give at least one value each");
     }
-    let opened = crate::model_arg::open_device(a.device.device)?;
+    let (opened, cfg, source) = a.model.open()?;
     let be = opened.backend();
     let be = be.as_ref();
-    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
     let max_tokens = a.tokens.iter().copied().max().unwrap_or(1);
     let max_batch = a.batch.iter().copied().max().unwrap_or(1);
     if max_tokens > cfg.max_position_embeddings {
@@ -221,7 +214,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
         outln!(
             "{}",
             json!({
-                "model": a.model, "device": device, "dtype": dtype.to_string(),
+                "model": a.model.model, "device": device, "dtype": dtype.to_string(),
                 "load_s": load_secs, "captured": stats.captures, "pieces": stats.pieces,
                 "capture_s": capture_secs,
                 "graph_memory_physical_bytes": mem.physical_bytes,
@@ -230,7 +223,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
     } else {
         outln!(
             "{} on {device} ({dtype}), weights loaded in {load_secs:.2} s; {} token buckets captured ({} pieces) in {:.2} s, graph memory {:.1} MiB; median of {} runs per mode after one cold run",
-            a.model,
+            a.model.model,
             stats.captures,
             stats.pieces,
             capture_secs,
@@ -325,7 +318,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                 cpu_ms: cpu.map(|c| median(&c)),
             };
             if a.json {
-                outln!("{}", row.json(&a.model, &device, dtype))?;
+                outln!("{}", row.json(&a.model.model, &device, dtype))?;
             } else {
                 print_cells(&row.cells())?;
             }

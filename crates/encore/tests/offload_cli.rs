@@ -3,41 +3,18 @@
 //! budget is the resident text; bad values fail naming the flag, the value or the
 //! minimum), and `encore bench offload`'s rows.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::process::Output;
+use std::time::Duration;
+
+use common::{encore, failure, json_lines, success, text, Serve};
 use encore_core::model::open_model;
 use encore_core::offload::{AccessOrder, SLOT_ALIGN};
 use encore_core::DType;
 use serde_json::Value;
 
 const MODEL: &str = "dummy:tiny-qwen3";
-
-fn encore(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_encore"))
-        .args(args)
-        .env("ENCORE_LOG", "error")
-        .output()
-        .expect("run encore")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn success(out: &Output) -> String {
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    text(&out.stdout)
-}
-
-/// A failed run (not a panic); returns stderr.
-fn failure(out: &Output) -> String {
-    let err = text(&out.stderr);
-    assert!(!out.status.success(), "expected a failure; stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
 
 /// The minimum budget of [`MODEL`] in bf16 (the commands' default dtype).
 fn floor_bytes() -> usize {
@@ -258,10 +235,7 @@ fn bench_offload_rows() {
         "16",
         "--json",
     ]);
-    let rows: Vec<Value> = success(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = json_lines(&out);
     const FIELDS: [&str; 14] = [
         "policy",
         "mode",
@@ -376,10 +350,7 @@ fn bench_offload_rows() {
         "--graphs-only",
         "--json",
     ]);
-    let rows: Vec<Value> = success(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = json_lines(&out);
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(
         (rows[0]["policy"].as_str(), rows[0]["mode"].as_str()),
@@ -445,9 +416,8 @@ fn bench_decode_and_serve_take_a_budget() {
     );
 
     // serve prints the budget line before it listens.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_encore"))
-        .args([
-            "serve",
+    let s = Serve::start(
+        &[
             "--device",
             "cpu",
             "--model",
@@ -461,46 +431,14 @@ fn bench_decode_and_serve_take_a_budget() {
             "256",
             "--weight-budget",
             "50%",
-        ])
-        .env("ENCORE_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut lines = Vec::new();
-    while Instant::now() < deadline {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(l) => {
-                let serving = l.starts_with("serving");
-                lines.push(l);
-                if serving {
-                    break;
-                }
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(_) => break,
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(
-        lines.iter().any(|l| l.starts_with("serving")),
-        "no serving line: {lines:?}"
+        ],
+        Duration::from_secs(60),
     );
     assert!(
-        lines
+        s.before
             .iter()
             .any(|l| l.starts_with("weight budget") && l.contains("(planned)")),
-        "{lines:?}"
+        "{:?}",
+        s.before
     );
 }
