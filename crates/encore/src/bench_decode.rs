@@ -15,7 +15,7 @@ use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::ModelFiles;
 use encore_core::runner::{Runner, SamplingParams, SeqStep};
-use encore_core::DType;
+use encore_core::{Backend, DType};
 
 use encore_core::offload::OffloadConfig;
 
@@ -266,33 +266,14 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         )?;
     }
     if a.capture_all {
-        let policy = BucketPolicy::VllmLike { max: max_batch };
-        let n = policy.buckets().len();
-        runner.set_graph_mode(Some(policy));
-        let t = Instant::now();
-        crate::graphs::capture_all(&mut runner, !a.json)?;
-        be.synchronize()?;
-        let total = t.elapsed().as_secs_f64();
-        let stats = runner.graph_stats().unwrap_or_default();
-        let mem = runner.graph_memory_stats();
-        runner.set_graph_mode(None);
-        if a.json {
-            outln!(
-                "{}",
-                serde_json::json!({"model": a.model.model, "capture_all_buckets": n, "capture_all_s": total,
-                                   "capture_s": stats.capture_secs, "graph_memory": mem.strategy.name(),
-                                   "physical_bytes": mem.physical_bytes, "virtual_bytes": mem.virtual_bytes})
-            )?;
-        } else {
-            outln!(
-                "captured all {n} default buckets (1..={max_batch}) in {total:.3} s ({:.3} s in capture, the rest in one eager warm-up step per bucket); {} memory {:.1} MiB physical, {:.1} MiB virtual",
-                stats.capture_secs,
-                mem.strategy,
-                mem.physical_bytes as f64 / (1u64 << 20) as f64,
-                mem.virtual_bytes as f64 / (1u64 << 20) as f64
-            )?;
-        }
+        time_capture_all(&a, &mut runner, be, max_batch)?;
     }
+    let floor = Floor {
+        weight_bytes,
+        copy_gbps: copy.value,
+        floor_secs,
+        load_secs,
+    };
     for &b in &a.batch {
         let seqs = prefill(&mut runner, b, a.context)?;
         let mut last = vec![1u32; b];
@@ -307,33 +288,94 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             (Some(g), stats.capture_secs)
         };
         free(&mut runner, &seqs)?;
-        if a.json {
-            outln!(
-                "{}",
-                serde_json::json!({
-                    "model": a.model.model, "device": be.device_name(), "dtype": dtype.to_string(),
-                    "batch": b, "context": a.context,
-                    "eager_step_ms": eager * 1e3, "graph_step_ms": graph.map(|g| g * 1e3),
-                    "speedup": graph.map(|g| eager / g), "capture_s": capture_secs,
-                    "tokens_per_s": b as f64 / graph.unwrap_or(eager),
-                    "floor_ms": floor_secs * 1e3, "weight_bytes": weight_bytes,
-                    "copy_gbps": copy.value, "load_s": load_secs,
-                })
-            )?;
-        } else {
-            let g = graph.unwrap_or(f64::NAN);
-            outln!(
-                "{:>6} {:>10.3} {:>10.3} {:>8.2} {:>12.1} {:>10.3} {:>9.2} {:>10.1}",
-                b,
-                eager * 1e3,
-                g * 1e3,
-                eager / g,
-                b as f64 / graph.unwrap_or(eager),
-                floor_secs * 1e3,
-                graph.unwrap_or(eager) / floor_secs,
-                capture_secs * 1e3
-            )?;
-        }
+        print_row(&a, be, &floor, b, eager, graph, capture_secs)?;
+    }
+    Ok(())
+}
+
+/// `--capture-all`: capture every bucket of the default policy up to `max_batch`, largest
+/// first, and report the time and the graph memory it took.
+fn time_capture_all(
+    a: &BenchDecodeArgs,
+    runner: &mut Runner<'_>,
+    be: &dyn Backend,
+    max_batch: usize,
+) -> Result<()> {
+    let policy = BucketPolicy::VllmLike { max: max_batch };
+    let n = policy.buckets().len();
+    runner.set_graph_mode(Some(policy));
+    let t = Instant::now();
+    crate::graphs::capture_all(runner, !a.json)?;
+    be.synchronize()?;
+    let total = t.elapsed().as_secs_f64();
+    let stats = runner.graph_stats().unwrap_or_default();
+    let mem = runner.graph_memory_stats();
+    runner.set_graph_mode(None);
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::json!({"model": a.model.model, "capture_all_buckets": n, "capture_all_s": total,
+                               "capture_s": stats.capture_secs, "graph_memory": mem.strategy.name(),
+                               "physical_bytes": mem.physical_bytes, "virtual_bytes": mem.virtual_bytes})
+        )?;
+    } else {
+        outln!(
+            "captured all {n} default buckets (1..={max_batch}) in {total:.3} s ({:.3} s in capture, the rest in one eager warm-up step per bucket); {} memory {:.1} MiB physical, {:.1} MiB virtual",
+            stats.capture_secs,
+            mem.strategy,
+            mem.physical_bytes as f64 / (1u64 << 20) as f64,
+            mem.virtual_bytes as f64 / (1u64 << 20) as f64
+        )?;
+    }
+    Ok(())
+}
+
+/// What every row shares: the weights, the measured copy bandwidth and the floor they
+/// give, and the load time.
+struct Floor {
+    weight_bytes: usize,
+    copy_gbps: f64,
+    floor_secs: f64,
+    load_secs: f64,
+}
+
+/// One batch size's row: the eager and graph step medians (seconds) beside the floor.
+fn print_row(
+    a: &BenchDecodeArgs,
+    be: &dyn Backend,
+    f: &Floor,
+    b: usize,
+    eager: f64,
+    graph: Option<f64>,
+    capture_secs: f64,
+) -> Result<()> {
+    let dtype = a.model.dtype;
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::json!({
+                "model": a.model.model, "device": be.device_name(), "dtype": dtype.to_string(),
+                "batch": b, "context": a.context,
+                "eager_step_ms": eager * 1e3, "graph_step_ms": graph.map(|g| g * 1e3),
+                "speedup": graph.map(|g| eager / g), "capture_s": capture_secs,
+                "tokens_per_s": b as f64 / graph.unwrap_or(eager),
+                "floor_ms": f.floor_secs * 1e3, "weight_bytes": f.weight_bytes,
+                "copy_gbps": f.copy_gbps, "load_s": f.load_secs,
+            })
+        )?;
+    } else {
+        let g = graph.unwrap_or(f64::NAN);
+        outln!(
+            "{:>6} {:>10.3} {:>10.3} {:>8.2} {:>12.1} {:>10.3} {:>9.2} {:>10.1}",
+            b,
+            eager * 1e3,
+            g * 1e3,
+            eager / g,
+            b as f64 / graph.unwrap_or(eager),
+            f.floor_secs * 1e3,
+            graph.unwrap_or(eager) / f.floor_secs,
+            capture_secs * 1e3
+        )?;
     }
     Ok(())
 }

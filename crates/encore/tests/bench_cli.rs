@@ -3,27 +3,26 @@
 
 mod common;
 
-use common::{encore, failure, json_lines, text};
+use common::{bench_on_cpu, encore, failure, json_lines, text};
 
 #[test]
 fn bench_capture_reports_every_strategy() {
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "capture",
-        "--device",
-        "cpu",
-        "--model",
-        "dummy:tiny",
-        "--dtype",
-        "f32",
-        "--buckets",
-        "1,2,4,8,16,32",
-        "--prefill-buckets",
-        "16,64",
-        "--order",
-        "descending",
-        "--json",
-    ]);
+        &[
+            "--model",
+            "dummy:tiny",
+            "--dtype",
+            "f32",
+            "--buckets",
+            "1,2,4,8,16,32",
+            "--prefill-buckets",
+            "16,64",
+            "--order",
+            "descending",
+            "--json",
+        ],
+    );
     let rows = json_lines(&out);
     let get = |name: &str, key: &str| -> u64 {
         let row = rows.iter().find(|r| r["strategy"] == name).unwrap();
@@ -45,40 +44,31 @@ fn bench_capture_reports_every_strategy() {
     assert!(get("private", "physical_bytes") > get("arena", "physical_bytes"));
     assert_eq!(get("private", "largest_bucket_bytes"), largest);
 
-    let out = encore(&[
-        "bench",
-        "capture",
-        "--device",
-        "cpu",
-        "--strategies",
-        "shared",
-    ]);
+    let out = bench_on_cpu("capture", &["--strategies", "shared"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("private, multi-va, arena"));
 }
 
 #[test]
 fn bench_prefill_reports_a_row_per_shape() {
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "prefill",
-        "--device",
-        "cpu",
-        "--model",
-        "dummy:tiny",
-        "--dtype",
-        "f32",
-        "--tokens",
-        "16,40",
-        "--batch",
-        "1,2",
-        "--repeats",
-        "2",
-        "--prefill-buckets",
-        "16,48",
-        "--json",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+        &[
+            "--model",
+            "dummy:tiny",
+            "--dtype",
+            "f32",
+            "--tokens",
+            "16,40",
+            "--batch",
+            "1,2",
+            "--repeats",
+            "2",
+            "--prefill-buckets",
+            "16,48",
+            "--json",
+        ],
+    );
     let lines = json_lines(&out);
     // A start-up line first: both buckets captured before the first row.
     assert_eq!(lines[0]["captured"].as_u64(), Some(2), "{}", lines[0]);
@@ -110,14 +100,10 @@ fn bench_prefill_reports_a_row_per_shape() {
         }
     }
     for (flag, value) in [("--tokens", "0"), ("--batch", "-1"), ("--repeats", "0")] {
-        let err = failure(&encore(&[
-            "bench", "prefill", "--device", "cpu", flag, value,
-        ]));
+        let err = failure(&bench_on_cpu("prefill", &[flag, value]));
         assert!(err.contains(flag), "{flag}: {err}");
     }
-    let err = failure(&encore(&[
-        "bench", "prefill", "--device", "cpu", "--tokens", "4096",
-    ]));
+    let err = failure(&bench_on_cpu("prefill", &["--tokens", "4096"]));
     assert!(
         err.contains("--tokens 4096") && err.contains("positions"),
         "{err}"
@@ -148,7 +134,6 @@ fn bench_serve_in_process_reports_throughput_and_latencies() {
         "32",
         "--json",
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
     let rows = json_lines(&out);
     let r = &rows[0];
     assert_eq!(r["input_tokens"], 60, "{r}");

@@ -4,15 +4,20 @@
 
 mod common;
 
-use common::{encore, encore_with_stdin, failure, json_lines, temp_dir, text};
+use std::process::Output;
+
+use common::{bench_on_cpu, encore, encore_with_stdin, failure, json_lines, temp_dir, text};
+use encore_core::runner::SamplingParams;
 use encore_core::DType;
+
+/// `encore generate --device cpu` with `args`.
+fn generate(args: &[&str]) -> Output {
+    encore(&[&["generate", "--device", "cpu"][..], args].concat())
+}
 
 #[test]
 fn generate_json_for_a_batch_of_prompts() {
-    let out = encore(&[
-        "generate",
-        "--device",
-        "cpu",
+    let out = generate(&[
         "--model",
         "dummy:tiny",
         "--prompt",
@@ -50,20 +55,11 @@ fn generate_json_for_a_batch_of_prompts() {
 #[test]
 fn greedy_generation_is_deterministic_and_batch_independent() {
     let run = |prompts: &[&str]| -> Vec<serde_json::Value> {
-        let mut args = vec![
-            "generate",
-            "--device",
-            "cpu",
-            "--max-tokens",
-            "6",
-            "--ignore-eos",
-            "--json",
-        ];
+        let mut args = vec!["--max-tokens", "6", "--ignore-eos", "--json"];
         for p in prompts {
             args.extend(["--prompt", p]);
         }
-        let out = encore(&args);
-        json_lines(&out)
+        json_lines(&generate(&args))
     };
     let alone = run(&["one two three"]);
     let batched = run(&["x", "one two three", "a much longer prompt than the others"]);
@@ -74,9 +70,6 @@ fn greedy_generation_is_deterministic_and_batch_independent() {
 fn graph_mode_generates_what_eager_generates() {
     let run = |extra: &[&str]| -> Vec<serde_json::Value> {
         let mut args = vec![
-            "generate",
-            "--device",
-            "cpu",
             "--model",
             "dummy:tiny-qwen3",
             "--dtype",
@@ -93,8 +86,7 @@ fn graph_mode_generates_what_eager_generates() {
             "z",
         ];
         args.extend(extra);
-        let out = encore(&args);
-        json_lines(&out)
+        json_lines(&generate(&args))
     };
     let (graph, eager, verified) = (run(&[]), run(&["--eager"]), run(&["--verify-graphs"]));
     for ((g, e), v) in graph.iter().zip(&eager).zip(&verified) {
@@ -128,16 +120,7 @@ fn graph_mode_generates_what_eager_generates() {
 
 #[test]
 fn generate_streams_text_and_prints_a_summary() {
-    let out = encore(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--prompt",
-        "Hi",
-        "--max-tokens",
-        "4",
-        "--ignore-eos",
-    ]);
+    let out = generate(&["--prompt", "Hi", "--max-tokens", "4", "--ignore-eos"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert!(
@@ -211,10 +194,7 @@ fn prompts_from_stdin_and_files() {
 #[test]
 fn dtype_aliases_in_any_case() {
     let run = |dtype: &str| -> Vec<serde_json::Value> {
-        json_lines(&encore(&[
-            "generate",
-            "--device",
-            "cpu",
+        json_lines(&generate(&[
             "--dtype",
             dtype,
             "--max-tokens",
@@ -233,21 +213,20 @@ fn dtype_aliases_in_any_case() {
             assert_eq!(run(name)[0]["output_ids"], want[0]["output_ids"], "{name}");
         }
     }
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "capture",
-        "--device",
-        "cpu",
-        "--dtype",
-        "Float32",
-        "--buckets",
-        "1",
-        "--max-batch",
-        "1",
-        "--strategies",
-        "arena",
-        "--json",
-    ]);
+        &[
+            "--dtype",
+            "Float32",
+            "--buckets",
+            "1",
+            "--max-batch",
+            "1",
+            "--strategies",
+            "arena",
+            "--json",
+        ],
+    );
     assert_eq!(json_lines(&out)[0]["dtype"], "f32");
 }
 
@@ -255,9 +234,6 @@ fn dtype_aliases_in_any_case() {
 fn max_num_batched_tokens_chunks_prefill_and_keeps_its_old_name() {
     let run = |extra: &[&str]| -> serde_json::Value {
         let mut args = vec![
-            "generate",
-            "--device",
-            "cpu",
             "--dtype",
             "f32",
             "--prompt",
@@ -268,7 +244,7 @@ fn max_num_batched_tokens_chunks_prefill_and_keeps_its_old_name() {
             "--json",
         ];
         args.extend(extra);
-        json_lines(&encore(&args))[0]["output_ids"].clone()
+        json_lines(&generate(&args))[0]["output_ids"].clone()
     };
     let whole = run(&[]);
     assert_eq!(run(&["--max-num-batched-tokens", "7"]), whole);
@@ -277,10 +253,7 @@ fn max_num_batched_tokens_chunks_prefill_and_keeps_its_old_name() {
 
 #[test]
 fn a_batch_prints_a_header_per_prompt_and_labeled_summaries() {
-    let out = encore(&[
-        "generate",
-        "--device",
-        "cpu",
+    let out = generate(&[
         "--prompt",
         "Hi",
         "--prompt",
@@ -310,15 +283,35 @@ fn a_batch_prints_a_header_per_prompt_and_labeled_summaries() {
     }
 }
 
+/// The output ids of the synchronous `encore_core::generate::generate` of `dummy:tiny`
+/// in f32 on the CPU: 7 tokens per prompt, end-of-sequence ignored.
+fn offline(prompt_ids: &[Vec<u32>], sampling: SamplingParams) -> Vec<Vec<u32>> {
+    use encore_core::engine::{Engine, EngineConfig, KvSizing};
+    use encore_core::generate::{generate, GenerateOptions};
+    use encore_core::progress::NoProgress;
+    let be = encore_core::backend::cpu::CpuBackend::new();
+    let files = encore_core::model::open_model("dummy:tiny").unwrap();
+    let cfg = EngineConfig::new(DType::F32, 16, 2048, 3, 256, KvSizing::Blocks(1 + 3 * 16));
+    let mut runner = Engine::new(&be, files, &cfg, &NoProgress).unwrap().runner;
+    let opts = GenerateOptions {
+        max_tokens: 7,
+        sampling,
+        ignore_eos: true,
+    };
+    generate(&mut runner, prompt_ids, &[], &opts, &NoProgress, |_, _| {
+        std::ops::ControlFlow::Continue(())
+    })
+    .unwrap()
+    .into_iter()
+    .map(|g| g.output_ids)
+    .collect()
+}
+
 #[test]
 fn generate_on_the_engine_loop_matches_offline_generation() {
     // `encore generate` submits to the engine loop's thread; the synchronous
     // `encore_core::generate::generate` over the same batch gives the same tokens, greedy
     // and seeded sampling alike, with min-p and penalties too.
-    use encore_core::engine::{Engine, EngineConfig, KvSizing};
-    use encore_core::generate::{generate, GenerateOptions};
-    use encore_core::progress::NoProgress;
-    use encore_core::runner::SamplingParams;
     let prompts = ["a", "two words", "a third, longer prompt"];
     let sampled = SamplingParams {
         temperature: 0.8,
@@ -370,9 +363,6 @@ fn generate_on_the_engine_loop_matches_offline_generation() {
         ),
     ] {
         let mut args = vec![
-            "generate",
-            "--device",
-            "cpu",
             "--dtype",
             "f32",
             "--eager",
@@ -387,27 +377,14 @@ fn generate_on_the_engine_loop_matches_offline_generation() {
             args.extend(["--prompt", p]);
         }
         args.extend(extra);
-        let rows = json_lines(&encore(&args));
+        let rows = json_lines(&generate(&args));
         assert_eq!(rows.len(), 3);
         let ids =
             |v: &serde_json::Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
         let prompt_ids: Vec<Vec<u32>> = rows.iter().map(|r| ids(&r["prompt_ids"])).collect();
 
-        let be = encore_core::backend::cpu::CpuBackend::new();
-        let files = encore_core::model::open_model("dummy:tiny").unwrap();
-        let cfg = EngineConfig::new(DType::F32, 16, 2048, 3, 256, KvSizing::Blocks(1 + 3 * 16));
-        let mut runner = Engine::new(&be, files, &cfg, &NoProgress).unwrap().runner;
-        let opts = GenerateOptions {
-            max_tokens: 7,
-            sampling,
-            ignore_eos: true,
-        };
-        let offline = generate(&mut runner, &prompt_ids, &[], &opts, &NoProgress, |_, _| {
-            std::ops::ControlFlow::Continue(())
-        })
-        .unwrap();
-        for (r, g) in rows.iter().zip(&offline) {
-            assert_eq!(ids(&r["output_ids"]), g.output_ids, "{extra:?}: {r}");
+        for (r, g) in rows.iter().zip(offline(&prompt_ids, sampling)) {
+            assert_eq!(ids(&r["output_ids"]), g, "{extra:?}: {r}");
             assert_eq!(r["finish_reason"], "length");
         }
     }
@@ -420,9 +397,6 @@ fn stop_strings_end_generate_text_before_them() {
     // streamed text (one prompt) and JSON text (two) agree.
     let args = |extra: &[&str]| {
         let mut v = vec![
-            "generate",
-            "--device",
-            "cpu",
             "--dtype",
             "f32",
             "--eager",
@@ -439,7 +413,7 @@ fn stop_strings_end_generate_text_before_them() {
     };
     let run = |extra: &[&str]| {
         let a = args(extra);
-        encore(&a.iter().map(String::as_str).collect::<Vec<_>>())
+        generate(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let full = json_lines(&run(&["--json"]));
     let full_text = full[0]["text"].as_str().unwrap().to_string();

@@ -8,7 +8,7 @@ mod common;
 use std::process::Output;
 use std::time::Duration;
 
-use common::{encore, failure, json_lines, success, text, Serve};
+use common::{bench_on_cpu, encore, failure, json_lines, success, text, Serve};
 use encore_core::model::open_model;
 use encore_core::offload::{AccessOrder, SLOT_ALIGN};
 use encore_core::DType;
@@ -146,55 +146,63 @@ fn bad_offload_values_name_the_flag_value_or_minimum() {
         );
     }
     success(&generate(&["--weight-budget", &floor.to_string()]));
-    // The same flags on the other commands.
-    let err = failure(&encore(&[
-        "serve",
-        "--device",
-        "cpu",
-        "--weight-budget",
-        "12XB",
-    ]));
-    assert!(
-        err.contains("--weight-budget") && err.contains("12XB"),
-        "{err}"
-    );
-    let err = failure(&encore(&[
-        "serve",
-        "--device",
-        "cpu",
-        "--model",
-        MODEL,
-        "--port",
-        "0",
-        "--weight-budget",
-        "1KiB",
-    ]));
-    assert!(err.contains(&format!("minimum of {floor} bytes")), "{err}");
-    let err = failure(&encore(&[
-        "bench",
-        "decode",
-        "--device",
-        "cpu",
-        "--model",
-        MODEL,
-        "--weight-budget",
-        "50%",
-        "--offload-policy",
-        "lru",
-    ]));
-    assert!(
-        err.contains("--offload-policy lru") && err.contains("--eager"),
-        "{err}"
-    );
-    let err = failure(&encore(&[
-        "bench",
-        "serve",
-        "--url",
-        "http://127.0.0.1:1",
-        "--weight-budget",
-        "50%",
-    ]));
-    assert!(err.contains("--in-process"), "{err}");
+}
+
+#[test]
+fn offload_flags_on_the_other_commands_name_the_flag_or_minimum() {
+    let minimum = format!("minimum of {} bytes", floor_bytes());
+    let cases: [(&[&str], &[&str]); 4] = [
+        (
+            &["serve", "--device", "cpu", "--weight-budget", "12XB"],
+            &["--weight-budget", "12XB"],
+        ),
+        (
+            &[
+                "serve",
+                "--device",
+                "cpu",
+                "--model",
+                MODEL,
+                "--port",
+                "0",
+                "--weight-budget",
+                "1KiB",
+            ],
+            &[&minimum],
+        ),
+        (
+            &[
+                "bench",
+                "decode",
+                "--device",
+                "cpu",
+                "--model",
+                MODEL,
+                "--weight-budget",
+                "50%",
+                "--offload-policy",
+                "lru",
+            ],
+            &["--offload-policy lru", "--eager"],
+        ),
+        (
+            &[
+                "bench",
+                "serve",
+                "--url",
+                "http://127.0.0.1:1",
+                "--weight-budget",
+                "50%",
+            ],
+            &["--in-process"],
+        ),
+    ];
+    for (args, want) in cases {
+        let err = failure(&encore(args));
+        for w in want {
+            assert!(err.contains(w), "{args:?}: missing `{w}` in {err}");
+        }
+    }
     for (args, want) in [
         (&["--budgets", "0"][..], "--budgets"),
         (&["--budgets", "101"], "--budgets"),
@@ -203,12 +211,9 @@ fn bad_offload_values_name_the_flag_value_or_minimum() {
         (&["--graphs-only", "--policy", "lru"], "--graphs-only"),
         (&["--eager", "--graphs-only"], "--graphs-only"),
     ] {
-        let err = failure(&encore(
-            &[
-                &["bench", "offload", "--device", "cpu", "--model", MODEL][..],
-                args,
-            ]
-            .concat(),
+        let err = failure(&bench_on_cpu(
+            "offload",
+            &[&["--model", MODEL][..], args].concat(),
         ));
         assert!(err.contains(want), "{args:?}: {err}");
     }
@@ -220,21 +225,20 @@ fn close(a: f64, b: f64) -> bool {
 
 #[test]
 fn bench_offload_rows() {
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "offload",
-        "--device",
-        "cpu",
-        "--budgets",
-        "100,50",
-        "--batch",
-        "1,2",
-        "--steps",
-        "2",
-        "--context",
-        "16",
-        "--json",
-    ]);
+        &[
+            "--budgets",
+            "100,50",
+            "--batch",
+            "1,2",
+            "--steps",
+            "2",
+            "--context",
+            "16",
+            "--json",
+        ],
+    );
     let rows = json_lines(&out);
     const FIELDS: [&str; 14] = [
         "policy",
@@ -332,24 +336,26 @@ fn bench_offload_rows() {
             row("lru", "eager", b)
         );
     }
+}
 
+#[test]
+fn bench_offload_graph_rows_only() {
     // Graph rows only: no LRU, no eager rows.
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "offload",
-        "--device",
-        "cpu",
-        "--budgets",
-        "50",
-        "--batch",
-        "1",
-        "--steps",
-        "1",
-        "--context",
-        "4",
-        "--graphs-only",
-        "--json",
-    ]);
+        &[
+            "--budgets",
+            "50",
+            "--batch",
+            "1",
+            "--steps",
+            "1",
+            "--context",
+            "4",
+            "--graphs-only",
+            "--json",
+        ],
+    );
     let rows = json_lines(&out);
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(
@@ -360,22 +366,21 @@ fn bench_offload_rows() {
 
 #[test]
 fn bench_decode_and_serve_take_a_budget() {
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "decode",
-        "--device",
-        "cpu",
-        "--model",
-        MODEL,
-        "--batch",
-        "1",
-        "--steps",
-        "2",
-        "--context",
-        "8",
-        "--weight-budget",
-        "50%",
-    ]);
+        &[
+            "--model",
+            MODEL,
+            "--batch",
+            "1",
+            "--steps",
+            "2",
+            "--context",
+            "8",
+            "--weight-budget",
+            "50%",
+        ],
+    );
     let table = success(&out);
     assert!(
         table.contains("weight budget") && table.contains("(planned)"),

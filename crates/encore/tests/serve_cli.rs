@@ -22,22 +22,17 @@ use serde_json::{json, Value};
 
 const MODEL: &str = "dummy:tiny";
 
+/// [`MODEL`] on the CPU in f32: the flags `serve` and `generate` share here.
+const CPU_F32: [&str; 6] = ["--model", MODEL, "--device", "cpu", "--dtype", "f32"];
+
 /// `encore serve` of [`MODEL`] on the CPU in f32 on any free port, at most 8 sequences
 /// a step, with `extra` flags.
 fn start(extra: &[&str]) -> Serve {
-    let args = [
-        "--model",
-        MODEL,
-        "--device",
-        "cpu",
-        "--dtype",
-        "f32",
-        "--port",
-        "0",
-        "--max-num-seqs",
-        "8",
-    ];
-    Serve::start(&[&args[..], extra].concat(), Duration::from_secs(120))
+    let args = ["--port", "0", "--max-num-seqs", "8"];
+    Serve::start(
+        &[&CPU_F32[..], &args, extra].concat(),
+        Duration::from_secs(120),
+    )
 }
 
 /// One request on its own connection; returns (status, body with chunking undone).
@@ -93,8 +88,14 @@ fn open_stream(addr: SocketAddr, body: Value) -> JoinHandle<Vec<String>> {
     h
 }
 
-/// The events of every stream, each checked to end with `[DONE]`.
-fn finished(streams: Vec<JoinHandle<Vec<String>>>) -> Vec<Vec<String>> {
+/// Open `streams` streams of `max_tokens` tokens each, send `sig` to the server once
+/// each has its first event, and return the events of every stream, each checked to end
+/// with `[DONE]`.
+fn signalled(s: &Serve, streams: usize, max_tokens: usize, sig: &str) -> Vec<Vec<String>> {
+    let streams: Vec<JoinHandle<Vec<String>>> = (0..streams)
+        .map(|i| open_stream(s.addr, long_request(i, max_tokens)))
+        .collect();
+    s.signal(sig);
     streams
         .into_iter()
         .enumerate()
@@ -119,11 +120,7 @@ fn long_request(i: usize, n: usize) -> Value {
 fn sigterm_lets_requests_in_flight_finish_and_exits_0() {
     let s = start(&[]);
     let n = 600;
-    let streams: Vec<_> = (0..3)
-        .map(|i| open_stream(s.addr, long_request(i, n)))
-        .collect();
-    s.signal("-TERM");
-    for (i, events) in finished(streams).iter().enumerate() {
+    for (i, events) in signalled(&s, 3, n, "-TERM").iter().enumerate() {
         let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
         assert_eq!(usage["usage"]["completion_tokens"], n, "stream {i}");
     }
@@ -137,11 +134,7 @@ fn sigterm_lets_requests_in_flight_finish_and_exits_0() {
 fn sigint_past_the_shutdown_timeout_cuts_requests_off_and_exits_0() {
     let s = start(&["--shutdown-timeout", "0"]);
     let n = 2000;
-    let streams: Vec<_> = (0..2)
-        .map(|i| open_stream(s.addr, long_request(i, n)))
-        .collect();
-    s.signal("-INT");
-    for (i, events) in finished(streams).iter().enumerate() {
+    for (i, events) in signalled(&s, 2, n, "-INT").iter().enumerate() {
         let err: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
         assert!(
             err["error"]["message"]
@@ -198,21 +191,16 @@ fn openai_python() -> Option<PathBuf> {
 /// `encore generate`'s greedy text for `prompt` (`--chat`: through the chat template).
 fn generate_text(prompt: &str, max_tokens: usize, chat: bool) -> String {
     let n = max_tokens.to_string();
-    let mut args = vec![
-        "generate",
-        "--model",
-        MODEL,
-        "--device",
-        "cpu",
-        "--dtype",
-        "f32",
+    let mut args = vec!["generate"];
+    args.extend(CPU_F32);
+    args.extend([
         "--prompt",
         prompt,
         "--max-tokens",
         &n,
         "--ignore-eos",
         "--json",
-    ];
+    ]);
     if chat {
         args.push("--chat");
     }

@@ -171,3 +171,8 @@ impl Drop for Serve {
         let _ = self.child.wait();
     }
 }
+
+/// `encore bench CMD --device cpu` with `args`.
+pub fn bench_on_cpu(cmd: &str, args: &[&str]) -> Output {
+    encore(&[&["bench", cmd, "--device", "cpu"][..], args].concat())
+}
