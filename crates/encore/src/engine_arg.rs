@@ -182,3 +182,60 @@ pub fn start_engine(
     }
     Ok(engine)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use encore_core::backend::cpu::CpuBackend;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn engine_args(args: &[&str]) -> EngineArgs {
+        let cli = Cli::try_parse_from([&["encore"][..], args].concat()).unwrap();
+        match cli.command {
+            Command::Generate(a) => a.engine,
+            Command::Serve(a) => a.engine,
+            _ => unreachable!("generate or serve"),
+        }
+    }
+
+    fn shape(cpu_kv_blocks: Option<usize>) -> EngineShape {
+        EngineShape {
+            max_seqs: 4,
+            max_seq_len: 256,
+            kv_at_least: 17,
+            cpu_kv_blocks,
+            capture_all: false,
+            run_name: "test".into(),
+            fix_hint: String::new(),
+        }
+    }
+
+    #[test]
+    fn each_command_keeps_its_defaults_and_the_flags_reach_the_config() {
+        assert_eq!(engine_args(&["generate"]).kv_fraction, 0.5);
+        assert_eq!(engine_args(&["serve"]).kv_fraction, 0.8);
+        let be = CpuBackend::new();
+        let e = engine_args(&["serve", "--eager", "--no-prefix-cache", "--block-size", "8"]);
+        let (cfg, sched) = e.config(&be, DType::F32, shape(Some(64))).unwrap();
+        assert!(cfg.graphs.is_none());
+        assert_eq!(cfg.block_size, 8);
+        assert!(matches!(cfg.kv, KvSizing::Blocks(64)));
+        assert!(!sched.prefix_cache);
+        assert_eq!((sched.max_num_seqs, cfg.max_seqs), (4, 4));
+        let (cfg, sched) = engine_args(&["generate", "--buckets", "1,2"])
+            .config(&be, DType::F32, shape(None))
+            .unwrap();
+        assert!(cfg.graphs.is_some());
+        assert!(matches!(
+            cfg.kv,
+            KvSizing::DeviceFraction { at_least: 17, .. }
+        ));
+        assert!(sched.prefix_cache);
+        let (cfg, _) = engine_args(&["serve"])
+            .config(&be, DType::F32, shape(Some(2)))
+            .unwrap();
+        assert!(matches!(cfg.kv, KvSizing::Blocks(17)));
+    }
+}

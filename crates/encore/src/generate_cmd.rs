@@ -76,7 +76,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
     #[command(flatten)]
-    engine: EngineArgs,
+    pub(crate) engine: EngineArgs,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,

@@ -16,7 +16,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
-    engine: EngineArgs,
+    pub(crate) engine: EngineArgs,
     /// Most sequences in one engine step.
     #[arg(long, default_value = "64", value_parser = parse::count::<1, 4096>, allow_negative_numbers = true)]
     max_num_seqs: usize,

@@ -26,8 +26,8 @@ mod workload;
 
 #[derive(Args)]
 #[command(mut_arg("max_seq_len", |a| a.help(
-    "Longest sequence, prompt and output (--in-process; default: the longest request, \
-     rounded up to a KV block)"
+    "Longest sequence, prompt and output (default: the longest request, rounded up to a \
+     KV block)"
 )))]
 pub struct BenchServeArgs {
     /// The server to load (`http://HOST:PORT`, plain HTTP): the default mode.
@@ -58,15 +58,18 @@ pub struct BenchServeArgs {
     /// Most requests in flight at once (0: no limit).
     #[arg(long, default_value = "0", value_parser = parse::count::<0, 1_000_000>, allow_negative_numbers = true)]
     max_concurrency: usize,
-    /// The engine's sequences per step (--in-process).
-    #[arg(long, default_value = "256", value_parser = parse::count::<1, 4096>, allow_negative_numbers = true)]
-    max_num_seqs: usize,
-    // The engine's flags (--in-process; a server takes its own).
-    #[command(flatten)]
-    engine: EngineArgs,
     /// One JSON object instead of an indented one.
     #[arg(long)]
     json: bool,
+    // The engine's flags (--in-process; a server takes its own).
+    #[command(
+        flatten,
+        next_help_heading = "Engine options (--in-process; a server takes its own)"
+    )]
+    engine: EngineArgs,
+    /// The engine's sequences per step.
+    #[arg(long, default_value = "256", value_parser = parse::count::<1, 4096>, allow_negative_numbers = true)]
+    max_num_seqs: usize,
 }
 
 /// The fields every report starts with: what was asked for.

@@ -218,53 +218,9 @@ pub(crate) fn read_trace(
         if limit.is_some_and(|l| items.len() == l) {
             break;
         }
-        let at = || format!("--trace {} line {}", path.display(), n + 1);
-        let v: Value = serde_json::from_str(line).with_context(at)?;
-        let whole = |name: &str| -> Result<Option<usize>> {
-            match v.get(name) {
-                None | Some(Value::Null) => Ok(None),
-                Some(x) => match x.as_u64().filter(|&x| x >= 1) {
-                    Some(x) => Ok(Some(x as usize)),
-                    None => bail!("{}: `{name}` must be a whole number >= 1, not {x}", at()),
-                },
-            }
-        };
-        let prompt = match (v.get("prompt"), whole("prompt_len")?) {
-            (Some(Value::Array(ids)), None) => {
-                if ids.is_empty() {
-                    bail!("{}: `prompt` is empty", at());
-                }
-                ids.iter()
-                    .map(|x| match x.as_u64() {
-                        Some(id) if (id as usize) < vocab => Ok(id as u32),
-                        _ => bail!(
-                            "{}: `prompt` holds {x}, not a token id below the vocabulary size {vocab}",
-                            at()
-                        ),
-                    })
-                    .collect::<Result<Vec<u32>>>()?
-            }
-            (None, Some(len)) => rng.ids(len, vocab),
-            (Some(Value::Array(_)), Some(_)) => {
-                bail!("{}: give `prompt` or `prompt_len`, not both", at())
-            }
-            (Some(x), _) => bail!("{}: `prompt` must be an array of token ids, not {x}", at()),
-            (None, None) => bail!(
-                "{}: needs `prompt_len` (tokens) or `prompt` (token ids)",
-                at()
-            ),
-        };
-        let Some(output_len) = whole("output_len")? else {
-            bail!("{}: needs `output_len`", at());
-        };
-        let stamp = match v.get("timestamp") {
-            None | Some(Value::Null) => None,
-            Some(x) => match x.as_f64().filter(|t| t.is_finite() && *t >= 0.0) {
-                Some(t) => Some(t),
-                None => bail!("{}: `timestamp` must be seconds >= 0, not {x}", at()),
-            },
-        };
-        items.push(WorkItem { prompt, output_len });
+        let at = format!("--trace {} line {}", path.display(), n + 1);
+        let (item, stamp) = trace_line(line, &at, vocab, rng)?;
+        items.push(item);
         stamps.push(stamp);
     }
     if items.is_empty() {
@@ -277,7 +233,64 @@ pub(crate) fn read_trace(
             items.len()
         );
     }
-    let timestamps = match stamps.iter().filter(|s| s.is_some()).count() {
+    Ok((items, timestamps(path, stamps)?))
+}
+
+/// One line of a trace (`at` names it in errors): its request and its timestamp.
+fn trace_line(
+    line: &str,
+    at: &str,
+    vocab: usize,
+    rng: &mut Rng,
+) -> Result<(WorkItem, Option<f64>)> {
+    let v: Value = serde_json::from_str(line).with_context(|| at.to_string())?;
+    let whole = |name: &str| -> Result<Option<usize>> {
+        match v.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => match x.as_u64().filter(|&x| x >= 1) {
+                Some(x) => Ok(Some(x as usize)),
+                None => bail!("{at}: `{name}` must be a whole number >= 1, not {x}"),
+            },
+        }
+    };
+    let prompt = match (v.get("prompt"), whole("prompt_len")?) {
+        (Some(Value::Array(ids)), None) => {
+            if ids.is_empty() {
+                bail!("{at}: `prompt` is empty");
+            }
+            ids.iter()
+                .map(|x| match x.as_u64() {
+                    Some(id) if (id as usize) < vocab => Ok(id as u32),
+                    _ => bail!(
+                        "{at}: `prompt` holds {x}, not a token id below the vocabulary size {vocab}"
+                    ),
+                })
+                .collect::<Result<Vec<u32>>>()?
+        }
+        (None, Some(len)) => rng.ids(len, vocab),
+        (Some(Value::Array(_)), Some(_)) => {
+            bail!("{at}: give `prompt` or `prompt_len`, not both")
+        }
+        (Some(x), _) => bail!("{at}: `prompt` must be an array of token ids, not {x}"),
+        (None, None) => bail!("{at}: needs `prompt_len` (tokens) or `prompt` (token ids)"),
+    };
+    let Some(output_len) = whole("output_len")? else {
+        bail!("{at}: needs `output_len`");
+    };
+    let stamp = match v.get("timestamp") {
+        None | Some(Value::Null) => None,
+        Some(x) => match x.as_f64().filter(|t| t.is_finite() && *t >= 0.0) {
+            Some(t) => Some(t),
+            None => bail!("{at}: `timestamp` must be seconds >= 0, not {x}"),
+        },
+    };
+    Ok((WorkItem { prompt, output_len }, stamp))
+}
+
+/// The trace's arrival times: every line's timestamp (not decreasing), or none when no
+/// line has one.
+fn timestamps(path: &Path, stamps: Vec<Option<f64>>) -> Result<Option<Vec<f64>>> {
+    Ok(match stamps.iter().filter(|s| s.is_some()).count() {
         0 => None,
         k if k == stamps.len() => {
             let t: Vec<f64> = stamps.into_iter().flatten().collect();
@@ -296,8 +309,7 @@ pub(crate) fn read_trace(
             "--trace {}: some lines have a `timestamp` and some do not (all or none)",
             path.display()
         ),
-    };
-    Ok((items, timestamps))
+    })
 }
 
 #[cfg(test)]
