@@ -219,8 +219,67 @@ fn offload_flags_on_the_other_commands_name_the_flag_or_minimum() {
     }
 }
 
+/// The fields of a `bench offload --json` row.
+const FIELDS: [&str; 14] = [
+    "policy",
+    "mode",
+    "batch",
+    "budget_fraction",
+    "budget_bytes",
+    "resident_bytes",
+    "streaming_bytes",
+    "streamed_bytes_per_step",
+    "step_ms",
+    "tok_s",
+    "pcie_bound_ms",
+    "bound_ratio",
+    "h2d_gbs",
+    "h2d_graph_gbs",
+];
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1e-9)
+}
+
+/// Check one `bench offload` row (`h2d`: the run's measured bandwidth, GB/s): its fields,
+/// throughput, PCIe bound, and its budget by policy. Returns "POLICY MODE BATCH".
+fn check_row(r: &Value, h2d: f64) -> String {
+    let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+    let mut keys: Vec<&str> = FIELDS.to_vec();
+    keys.sort_unstable();
+    let mut got: Vec<&str> = r.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    got.sort_unstable();
+    assert_eq!(got, keys, "{r}");
+    let (policy, mode) = (r["policy"].as_str().unwrap(), r["mode"].as_str().unwrap());
+    let batch = r["batch"].as_u64().unwrap();
+    let step = f(r, "step_ms");
+    assert!(step > 0.0, "{r}");
+    assert!(close(f(r, "tok_s"), batch as f64 / step * 1e3), "{r}");
+    assert_eq!(f(r, "h2d_gbs"), h2d);
+    let streamed = f(r, "streamed_bytes_per_step");
+    assert!(
+        close(f(r, "pcie_bound_ms"), streamed / (h2d * 1e9) * 1e3),
+        "{r}"
+    );
+    if policy == "resident" {
+        assert_eq!(f(r, "budget_fraction"), 1.0, "{r}");
+        assert_eq!(streamed, 0.0, "{r}");
+        assert_eq!(f(r, "streaming_bytes"), 0.0, "{r}");
+        assert_eq!(f(r, "resident_bytes"), f(r, "budget_bytes"), "{r}");
+        assert!(r["bound_ratio"].is_null(), "{r}");
+    } else {
+        assert_eq!(f(r, "budget_fraction"), 0.5, "{r}");
+        assert!(streamed > 0.0, "{r}");
+        assert!(
+            f(r, "resident_bytes") + f(r, "streaming_bytes") <= f(r, "budget_bytes"),
+            "{r}"
+        );
+        assert!(
+            close(f(r, "bound_ratio"), step / f(r, "pcie_bound_ms")),
+            "{r}"
+        );
+    }
+    format!("{policy} {mode} {batch}")
 }
 
 #[test]
@@ -240,65 +299,12 @@ fn bench_offload_rows() {
         ],
     );
     let rows = json_lines(&out);
-    const FIELDS: [&str; 14] = [
-        "policy",
-        "mode",
-        "batch",
-        "budget_fraction",
-        "budget_bytes",
-        "resident_bytes",
-        "streaming_bytes",
-        "streamed_bytes_per_step",
-        "step_ms",
-        "tok_s",
-        "pcie_bound_ms",
-        "bound_ratio",
-        "h2d_gbs",
-        "h2d_graph_gbs",
-    ];
-    let mut keys: Vec<&str> = FIELDS.to_vec();
-    keys.sort_unstable();
     let h2d = rows[0]["h2d_gbs"].as_f64().unwrap();
     assert!(h2d > 0.0 && h2d.is_finite());
     let h2d_graph = rows[0]["h2d_graph_gbs"].as_f64().unwrap();
     assert!(h2d_graph > 0.0 && h2d_graph.is_finite());
     let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
-    let mut seen = Vec::new();
-    for r in &rows {
-        let mut got: Vec<&str> = r.as_object().unwrap().keys().map(|k| k.as_str()).collect();
-        got.sort_unstable();
-        assert_eq!(got, keys, "{r}");
-        let (policy, mode) = (r["policy"].as_str().unwrap(), r["mode"].as_str().unwrap());
-        let batch = r["batch"].as_u64().unwrap();
-        seen.push(format!("{policy} {mode} {batch}"));
-        let step = f(r, "step_ms");
-        assert!(step > 0.0, "{r}");
-        assert!(close(f(r, "tok_s"), batch as f64 / step * 1e3), "{r}");
-        assert_eq!(f(r, "h2d_gbs"), h2d);
-        let streamed = f(r, "streamed_bytes_per_step");
-        assert!(
-            close(f(r, "pcie_bound_ms"), streamed / (h2d * 1e9) * 1e3),
-            "{r}"
-        );
-        if policy == "resident" {
-            assert_eq!(f(r, "budget_fraction"), 1.0, "{r}");
-            assert_eq!(streamed, 0.0, "{r}");
-            assert_eq!(f(r, "streaming_bytes"), 0.0, "{r}");
-            assert_eq!(f(r, "resident_bytes"), f(r, "budget_bytes"), "{r}");
-            assert!(r["bound_ratio"].is_null(), "{r}");
-        } else {
-            assert_eq!(f(r, "budget_fraction"), 0.5, "{r}");
-            assert!(streamed > 0.0, "{r}");
-            assert!(
-                f(r, "resident_bytes") + f(r, "streaming_bytes") <= f(r, "budget_bytes"),
-                "{r}"
-            );
-            assert!(
-                close(f(r, "bound_ratio"), step / f(r, "pcie_bound_ms")),
-                "{r}"
-            );
-        }
-    }
+    let seen: Vec<String> = rows.iter().map(|r| check_row(r, h2d)).collect();
     let mut want: Vec<String> = Vec::new();
     for (policy, modes) in [
         ("resident", &["graph", "eager"][..]),
