@@ -31,13 +31,7 @@ pub struct EngineArgs {
     pub max_seq_len: Option<usize>,
     /// Most tokens in one step (longer prompts are prefilled in chunks of this size);
     /// formerly --max-tokens-per-step.
-    #[arg(
-        long,
-        alias = "max-tokens-per-step",
-        default_value = "2048",
-        value_parser = parse::count::<1, { MAX_BATCHED_TOKENS }>,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, alias = "max-tokens-per-step", default_value = "2048", allow_negative_numbers = true, value_parser = parse::count::<1, { MAX_BATCHED_TOKENS }>)]
     pub max_num_batched_tokens: usize,
     /// Tokens per KV-cache block.
     #[arg(long, default_value = "16", value_parser = parse::count::<1, 1024>, allow_negative_numbers = true)]

@@ -112,28 +112,27 @@ fn bench_prefill_reports_a_row_per_shape() {
 
 #[test]
 fn bench_serve_in_process_reports_throughput_and_latencies() {
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "serve",
-        "--in-process",
-        "--device",
-        "cpu",
-        "--model",
-        "dummy:tiny",
-        "--dtype",
-        "f32",
-        "--num-prompts",
-        "6",
-        "--input-len",
-        "10",
-        "--output-len",
-        "5",
-        "--max-num-seqs",
-        "4",
-        "--max-num-batched-tokens",
-        "32",
-        "--json",
-    ]);
+        &[
+            "--in-process",
+            "--model",
+            "dummy:tiny",
+            "--dtype",
+            "f32",
+            "--num-prompts",
+            "6",
+            "--input-len",
+            "10",
+            "--output-len",
+            "5",
+            "--max-num-seqs",
+            "4",
+            "--max-num-batched-tokens",
+            "32",
+            "--json",
+        ],
+    );
     let rows = json_lines(&out);
     let r = &rows[0];
     assert_eq!(r["input_tokens"], 60, "{r}");
@@ -150,15 +149,7 @@ fn bench_serve_in_process_reports_throughput_and_latencies() {
         ("--request-rate", "0", "--request-rate"),
         ("--output-len", "0", "--output-len"),
     ] {
-        let err = failure(&encore(&[
-            "bench",
-            "serve",
-            "--in-process",
-            "--device",
-            "cpu",
-            flag,
-            value,
-        ]));
+        let err = failure(&bench_on_cpu("serve", &["--in-process", flag, value]));
         assert!(err.contains(what), "{flag}: {err}");
     }
     // Without --in-process it loads a server: none listens on port 1.

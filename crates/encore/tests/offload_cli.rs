@@ -16,6 +16,9 @@ use serde_json::Value;
 
 const MODEL: &str = "dummy:tiny-qwen3";
 
+/// `encore serve` of [`MODEL`] on the CPU on any free port.
+const SERVE: [&str; 6] = ["--device", "cpu", "--model", MODEL, "--port", "0"];
+
 /// The minimum budget of [`MODEL`] in bf16 (the commands' default dtype).
 fn floor_bytes() -> usize {
     let files = open_model(MODEL).unwrap();
@@ -151,25 +154,13 @@ fn bad_offload_values_name_the_flag_value_or_minimum() {
 #[test]
 fn offload_flags_on_the_other_commands_name_the_flag_or_minimum() {
     let minimum = format!("minimum of {} bytes", floor_bytes());
+    let serve_1kib = [&["serve"][..], &SERVE, &["--weight-budget", "1KiB"]].concat();
     let cases: [(&[&str], &[&str]); 4] = [
         (
             &["serve", "--device", "cpu", "--weight-budget", "12XB"],
             &["--weight-budget", "12XB"],
         ),
-        (
-            &[
-                "serve",
-                "--device",
-                "cpu",
-                "--model",
-                MODEL,
-                "--port",
-                "0",
-                "--weight-budget",
-                "1KiB",
-            ],
-            &[&minimum],
-        ),
+        (&serve_1kib, &[&minimum]),
         (
             &[
                 "bench",
@@ -393,31 +384,30 @@ fn bench_decode_and_serve_take_a_budget() {
         "{table}"
     );
 
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "serve",
-        "--in-process",
-        "--device",
-        "cpu",
-        "--model",
-        MODEL,
-        "--num-prompts",
-        "3",
-        "--input-len",
-        "8",
-        "--output-len",
-        "4",
-        "--max-num-seqs",
-        "2",
-        "--max-num-batched-tokens",
-        "32",
-        "--weight-budget",
-        "50%",
-        "--offload-policy",
-        "lru",
-        "--eager",
-        "--json",
-    ]);
+        &[
+            "--in-process",
+            "--model",
+            MODEL,
+            "--num-prompts",
+            "3",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--max-num-seqs",
+            "2",
+            "--max-num-batched-tokens",
+            "32",
+            "--weight-budget",
+            "50%",
+            "--offload-policy",
+            "lru",
+            "--eager",
+            "--json",
+        ],
+    );
     let row: Value = serde_json::from_str(success(&out).trim()).unwrap();
     assert_eq!(row["output_tokens"], 12, "{row}");
     assert_eq!(row["offload"]["policy"], "lru", "{row}");
@@ -427,24 +417,16 @@ fn bench_decode_and_serve_take_a_budget() {
     );
 
     // serve prints the budget line before it listens.
-    let s = Serve::start(
-        &[
-            "--device",
-            "cpu",
-            "--model",
-            MODEL,
-            "--port",
-            "0",
-            "--lazy-capture",
-            "--cpu-kv-blocks",
-            "64",
-            "--max-seq-len",
-            "256",
-            "--weight-budget",
-            "50%",
-        ],
-        Duration::from_secs(60),
-    );
+    let extra = [
+        "--lazy-capture",
+        "--cpu-kv-blocks",
+        "64",
+        "--max-seq-len",
+        "256",
+        "--weight-budget",
+        "50%",
+    ];
+    let s = Serve::start(&[&SERVE[..], &extra].concat(), Duration::from_secs(60));
     assert!(
         s.before
             .iter()
