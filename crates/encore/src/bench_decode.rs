@@ -12,24 +12,25 @@ use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
+use encore_core::model::config::ModelConfig;
 use encore_core::model::ModelFiles;
 use encore_core::runner::{Runner, SamplingParams, SeqStep};
-use encore_core::DType;
+use encore_core::{Backend, DType};
 
 use encore_core::offload::OffloadConfig;
 
+use crate::model_arg::ModelArgs;
 use crate::offload_arg::{self, OffloadArg};
 use crate::out::outln;
-use crate::{parse, DeviceArg};
+use crate::parse;
 
 /// Bytes of each buffer of the copy-bandwidth measurement.
 const COPY_BYTES: usize = 256 << 20;
 
 #[derive(Args)]
 pub struct BenchDecodeArgs {
-    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
-    #[arg(long, default_value = "dummy:tiny")]
-    model: String,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Batch sizes, comma-separated, each >= 1.
     #[arg(
         long,
@@ -47,13 +48,7 @@ pub struct BenchDecodeArgs {
     #[arg(long, default_value = "20", value_parser = parse::count::<1, 100_000>, allow_negative_numbers = true)]
     steps: usize,
     #[command(flatten)]
-    device: DeviceArg,
-    #[command(flatten)]
     offload: OffloadArg,
-    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
-    /// any case).
-    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
-    dtype: DType,
     /// One JSON object per batch size.
     #[arg(long)]
     json: bool,
@@ -79,6 +74,23 @@ pub(crate) const WARMUP: usize = 3;
 /// [`WARMUP`] + `steps` decode steps.
 pub(crate) fn positions(context: usize, steps: usize, phases: usize) -> usize {
     context + phases * (WARMUP + steps) + 1
+}
+
+/// The positions of `--context` then an eager and a graph phase of `--steps` (each
+/// appends warm-up + steps tokens), refused beyond the model's positions.
+pub(crate) fn eager_and_graph_positions(
+    context: usize,
+    steps: usize,
+    cfg: &ModelConfig,
+) -> Result<usize> {
+    let max_seq_len = positions(context, steps, 2);
+    if max_seq_len > cfg.max_position_embeddings {
+        bail!(
+            "--context {context} with --steps {steps} needs {max_seq_len} positions; the model has {}",
+            cfg.max_position_embeddings
+        );
+    }
+    Ok(max_seq_len)
 }
 
 /// An eager-capable engine configuration for decode benchmarks: `max_batch` sequences of
@@ -187,11 +199,10 @@ pub(crate) fn free(runner: &mut Runner<'_>, seqs: &[SeqId]) -> Result<()> {
 }
 
 pub fn run(a: BenchDecodeArgs) -> Result<()> {
-    let dtype = a.dtype;
-    let opened = crate::model_arg::open_device(a.device.device)?;
+    let dtype = a.model.dtype;
+    let (opened, cfg, source) = a.model.open()?;
     let be = opened.backend();
     let be = be.as_ref();
-    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
     if a.batch.is_empty() {
         bail!("--batch: give at least one batch size");
     }
@@ -201,16 +212,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
              add --eager, or use --offload-policy planned"
         );
     }
-    // Eager and graph phases each append warmup + steps tokens.
-    let max_seq_len = positions(a.context, a.steps, 2);
-    if max_seq_len > cfg.max_position_embeddings {
-        bail!(
-            "--context {} with --steps {} needs {max_seq_len} positions; the model has {}",
-            a.context,
-            a.steps,
-            cfg.max_position_embeddings
-        );
-    }
+    let max_seq_len = eager_and_graph_positions(a.context, a.steps, &cfg)?;
     let max_batch = a.batch.iter().copied().max().unwrap_or(1);
     let offload = a.offload.config();
     let engine_cfg = EngineConfig {
@@ -239,7 +241,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     if !a.json {
         outln!(
             "{} on {}: {:.2} GB of weights ({dtype}), loaded in {:.2} s; copy bandwidth {:.0} GB/s -> floor {:.3} ms/step",
-            a.model,
+            a.model.model,
             be.device_name(),
             weight_bytes as f64 / 1e9,
             load_secs,
@@ -264,33 +266,14 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         )?;
     }
     if a.capture_all {
-        let policy = BucketPolicy::VllmLike { max: max_batch };
-        let n = policy.buckets().len();
-        runner.set_graph_mode(Some(policy));
-        let t = Instant::now();
-        crate::graphs::capture_all(&mut runner, !a.json)?;
-        be.synchronize()?;
-        let total = t.elapsed().as_secs_f64();
-        let stats = runner.graph_stats().unwrap_or_default();
-        let mem = runner.graph_memory_stats();
-        runner.set_graph_mode(None);
-        if a.json {
-            outln!(
-                "{}",
-                serde_json::json!({"model": a.model, "capture_all_buckets": n, "capture_all_s": total,
-                                   "capture_s": stats.capture_secs, "graph_memory": mem.strategy.name(),
-                                   "physical_bytes": mem.physical_bytes, "virtual_bytes": mem.virtual_bytes})
-            )?;
-        } else {
-            outln!(
-                "captured all {n} default buckets (1..={max_batch}) in {total:.3} s ({:.3} s in capture, the rest in one eager warm-up step per bucket); {} memory {:.1} MiB physical, {:.1} MiB virtual",
-                stats.capture_secs,
-                mem.strategy,
-                mem.physical_bytes as f64 / (1u64 << 20) as f64,
-                mem.virtual_bytes as f64 / (1u64 << 20) as f64
-            )?;
-        }
+        time_capture_all(&a, &mut runner, be, max_batch)?;
     }
+    let floor = Floor {
+        weight_bytes,
+        copy_gbps: copy.value,
+        floor_secs,
+        load_secs,
+    };
     for &b in &a.batch {
         let seqs = prefill(&mut runner, b, a.context)?;
         let mut last = vec![1u32; b];
@@ -305,33 +288,94 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             (Some(g), stats.capture_secs)
         };
         free(&mut runner, &seqs)?;
-        if a.json {
-            outln!(
-                "{}",
-                serde_json::json!({
-                    "model": a.model, "device": be.device_name(), "dtype": dtype.to_string(),
-                    "batch": b, "context": a.context,
-                    "eager_step_ms": eager * 1e3, "graph_step_ms": graph.map(|g| g * 1e3),
-                    "speedup": graph.map(|g| eager / g), "capture_s": capture_secs,
-                    "tokens_per_s": b as f64 / graph.unwrap_or(eager),
-                    "floor_ms": floor_secs * 1e3, "weight_bytes": weight_bytes,
-                    "copy_gbps": copy.value, "load_s": load_secs,
-                })
-            )?;
-        } else {
-            let g = graph.unwrap_or(f64::NAN);
-            outln!(
-                "{:>6} {:>10.3} {:>10.3} {:>8.2} {:>12.1} {:>10.3} {:>9.2} {:>10.1}",
-                b,
-                eager * 1e3,
-                g * 1e3,
-                eager / g,
-                b as f64 / graph.unwrap_or(eager),
-                floor_secs * 1e3,
-                graph.unwrap_or(eager) / floor_secs,
-                capture_secs * 1e3
-            )?;
-        }
+        print_row(&a, be, &floor, b, eager, graph, capture_secs)?;
+    }
+    Ok(())
+}
+
+/// `--capture-all`: capture every bucket of the default policy up to `max_batch`, largest
+/// first, and report the time and the graph memory it took.
+fn time_capture_all(
+    a: &BenchDecodeArgs,
+    runner: &mut Runner<'_>,
+    be: &dyn Backend,
+    max_batch: usize,
+) -> Result<()> {
+    let policy = BucketPolicy::VllmLike { max: max_batch };
+    let n = policy.buckets().len();
+    runner.set_graph_mode(Some(policy));
+    let t = Instant::now();
+    crate::graphs::capture_all(runner, !a.json)?;
+    be.synchronize()?;
+    let total = t.elapsed().as_secs_f64();
+    let stats = runner.graph_stats().unwrap_or_default();
+    let mem = runner.graph_memory_stats();
+    runner.set_graph_mode(None);
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::json!({"model": a.model.model, "capture_all_buckets": n, "capture_all_s": total,
+                               "capture_s": stats.capture_secs, "graph_memory": mem.strategy.name(),
+                               "physical_bytes": mem.physical_bytes, "virtual_bytes": mem.virtual_bytes})
+        )?;
+    } else {
+        outln!(
+            "captured all {n} default buckets (1..={max_batch}) in {total:.3} s ({:.3} s in capture, the rest in one eager warm-up step per bucket); {} memory {:.1} MiB physical, {:.1} MiB virtual",
+            stats.capture_secs,
+            mem.strategy,
+            mem.physical_bytes as f64 / (1u64 << 20) as f64,
+            mem.virtual_bytes as f64 / (1u64 << 20) as f64
+        )?;
+    }
+    Ok(())
+}
+
+/// What every row shares: the weights, the measured copy bandwidth and the floor they
+/// give, and the load time.
+struct Floor {
+    weight_bytes: usize,
+    copy_gbps: f64,
+    floor_secs: f64,
+    load_secs: f64,
+}
+
+/// One batch size's row: the eager and graph step medians (seconds) beside the floor.
+fn print_row(
+    a: &BenchDecodeArgs,
+    be: &dyn Backend,
+    f: &Floor,
+    b: usize,
+    eager: f64,
+    graph: Option<f64>,
+    capture_secs: f64,
+) -> Result<()> {
+    let dtype = a.model.dtype;
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::json!({
+                "model": a.model.model, "device": be.device_name(), "dtype": dtype.to_string(),
+                "batch": b, "context": a.context,
+                "eager_step_ms": eager * 1e3, "graph_step_ms": graph.map(|g| g * 1e3),
+                "speedup": graph.map(|g| eager / g), "capture_s": capture_secs,
+                "tokens_per_s": b as f64 / graph.unwrap_or(eager),
+                "floor_ms": f.floor_secs * 1e3, "weight_bytes": f.weight_bytes,
+                "copy_gbps": f.copy_gbps, "load_s": f.load_secs,
+            })
+        )?;
+    } else {
+        let g = graph.unwrap_or(f64::NAN);
+        outln!(
+            "{:>6} {:>10.3} {:>10.3} {:>8.2} {:>12.1} {:>10.3} {:>9.2} {:>10.1}",
+            b,
+            eager * 1e3,
+            g * 1e3,
+            eager / g,
+            b as f64 / graph.unwrap_or(eager),
+            f.floor_secs * 1e3,
+            graph.unwrap_or(eager) / f.floor_secs,
+            capture_secs * 1e3
+        )?;
     }
     Ok(())
 }

@@ -9,22 +9,23 @@ use clap::Args;
 use encore_core::bench;
 use encore_core::engine::Engine;
 use encore_core::graph::BucketPolicy;
+use encore_core::model::config::ModelConfig;
 use encore_core::model::ModelFiles;
 use encore_core::offload::{self, AccessOrder, OffloadConfig, Policy, WeightBudget};
 use encore_core::runner::Runner;
-use encore_core::DType;
+use encore_core::{Backend, DType};
 use serde_json::json;
 
 use crate::bench_decode::{self, MAX_BATCH};
+use crate::model_arg::ModelArgs;
 use crate::offload_arg::{self, human};
 use crate::out::{errln, outln};
-use crate::{parse, DeviceArg};
+use crate::parse;
 
 #[derive(Args)]
 pub struct BenchOffloadArgs {
-    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
-    #[arg(long, default_value = "dummy:tiny")]
-    model: String,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Weight budgets in percent of the weights, comma-separated, each in (0, 100] (a
     /// trailing % is allowed); 100, or any budget that holds every weight, is the
     /// resident reference row.
@@ -55,11 +56,6 @@ pub struct BenchOffloadArgs {
     /// Tokens already in each sequence's cache when the timed steps start (1..=2048).
     #[arg(long, default_value = "128", value_parser = parse::count::<1, 2048>, allow_negative_numbers = true)]
     context: usize,
-    #[command(flatten)]
-    device: DeviceArg,
-    /// Run dtype: bf16, f16 or f32 (aliases as for generate).
-    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
-    dtype: DType,
     /// Time eager steps only (by default the planned policy and the resident rows are
     /// timed replayed from captured graphs and eagerly; LRU only eagerly).
     #[arg(long, conflicts_with = "graphs_only")]
@@ -102,13 +98,9 @@ struct Run {
     offloaded: Option<Policy>,
 }
 
-pub fn run(a: BenchOffloadArgs) -> Result<()> {
-    if a.batch.is_empty() {
-        bail!("--batch: give at least one batch size");
-    }
-    if a.budgets.is_empty() {
-        bail!("--budgets: give at least one percentage");
-    }
+/// The policies to time: `--policy` without repeats, or planned and LRU (planned alone
+/// with `--graphs-only`, which refuses LRU).
+fn policies(a: &BenchOffloadArgs) -> Result<Vec<Policy>> {
     let mut policies: Vec<Policy> = Vec::new();
     for &p in &a.policy {
         if !policies.contains(&p) {
@@ -127,33 +119,25 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
              cannot be captured into a graph; drop lru from --policy or --graphs-only"
         );
     }
-    let dtype = a.dtype;
-    let opened = crate::model_arg::open_device(a.device.device)?;
-    let be = opened.backend();
-    let be = be.as_ref();
-    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
-    // Eager and graph phases each append warm-up + steps tokens.
-    let max_seq_len = bench_decode::positions(a.context, a.steps, 2);
-    if max_seq_len > cfg.max_position_embeddings {
-        bail!(
-            "--context {} with --steps {} needs {max_seq_len} positions; the model has {}",
-            a.context,
-            a.steps,
-            cfg.max_position_embeddings
-        );
-    }
-    let max_batch = a.batch.iter().copied().max().unwrap_or(1);
-    let weight_bytes = cfg.weight_bytes(dtype);
+    Ok(policies)
+}
 
-    // Every budget is checked (floor, plan) before anything is allocated.
+/// One engine per (budget, policy), one resident run per budget that holds every weight.
+/// Every budget is checked (floor, plan) before anything is allocated.
+fn plan_runs(
+    budgets: &[f64],
+    policies: &[Policy],
+    cfg: &ModelConfig,
+    dtype: DType,
+) -> Result<Vec<Run>> {
     let mut runs: Vec<Run> = Vec::new();
-    for &percent in &a.budgets {
-        for &policy in &policies {
+    for &percent in budgets {
+        for &policy in policies {
             let config = OffloadConfig {
                 budget: WeightBudget::Percent(percent),
                 policy,
             };
-            let offloaded = offload::device_bytes(&cfg, dtype, &config)
+            let offloaded = offload::device_bytes(cfg, dtype, &config)
                 .map_err(|e| anyhow::anyhow!("--budgets {percent}: {e}"))?
                 .map(|_| policy);
             if offloaded.is_none() && runs.iter().any(|r| r.percent == percent) {
@@ -166,6 +150,70 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
             });
         }
     }
+    Ok(runs)
+}
+
+/// The measured host-to-device bandwidths (GB/s): queued, and captured into a graph.
+struct Bandwidth {
+    h2d_gbs: f64,
+    h2d_graph_gbs: f64,
+}
+
+/// The table's title line and column heads (none with `--json`).
+fn print_header(
+    a: &BenchOffloadArgs,
+    be: &dyn Backend,
+    weight_bytes: usize,
+    bw: &Bandwidth,
+) -> Result<()> {
+    if a.json {
+        return Ok(());
+    }
+    outln!(
+        "{} on {}: {} of weights ({}); page-locked host-to-device {:.1} GB/s ({:.1} GB/s captured in a graph); context {}, median of {} steps",
+        a.model.model,
+        be.device_name(),
+        human(weight_bytes),
+        a.model.dtype,
+        bw.h2d_gbs,
+        bw.h2d_graph_gbs,
+        a.context,
+        a.steps
+    )?;
+    outln!(
+        "{:>8} {:>5} {:>6} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10} {:>11} {:>10} {:>8}",
+        "policy",
+        "mode",
+        "batch",
+        "budget",
+        "budget B",
+        "resident",
+        "ring/pool",
+        "streamed",
+        "step ms",
+        "tok/s",
+        "pcie ms",
+        "x bound"
+    )?;
+    Ok(())
+}
+
+pub fn run(a: BenchOffloadArgs) -> Result<()> {
+    if a.batch.is_empty() {
+        bail!("--batch: give at least one batch size");
+    }
+    if a.budgets.is_empty() {
+        bail!("--budgets: give at least one percentage");
+    }
+    let policies = policies(&a)?;
+    let dtype = a.model.dtype;
+    let (opened, cfg, source) = a.model.open()?;
+    let be = opened.backend();
+    let be = be.as_ref();
+    let max_seq_len = bench_decode::eager_and_graph_positions(a.context, a.steps, &cfg)?;
+    let max_batch = a.batch.iter().copied().max().unwrap_or(1);
+    let weight_bytes = cfg.weight_bytes(dtype);
+    let runs = plan_runs(&a.budgets, &policies, &cfg, dtype)?;
     // Bytes each planned stream copies per step: the weights' own sizes (the plan's slots
     // are rounded up to the slot alignment; the copies are not).
     let true_sizes: Vec<usize> = AccessOrder::llama(&cfg, dtype)?
@@ -173,38 +221,13 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
         .iter()
         .map(|w| w.bytes)
         .collect();
-
-    let h2d_gbs = bench::h2d_bandwidth(be, h2d_bytes(be.memory_info().is_some()))?;
-    // The same copies captured into a graph: what a captured copy costs against a queued
-    // one (graph rows copy that way).
-    let h2d_graph_gbs = bench::h2d_bandwidth_captured(be, h2d_bytes(be.memory_info().is_some()))?;
-    if !a.json {
-        outln!(
-            "{} on {}: {} of weights ({dtype}); page-locked host-to-device {:.1} GB/s ({:.1} GB/s captured in a graph); context {}, median of {} steps",
-            a.model,
-            be.device_name(),
-            human(weight_bytes),
-            h2d_gbs,
-            h2d_graph_gbs,
-            a.context,
-            a.steps
-        )?;
-        outln!(
-            "{:>8} {:>5} {:>6} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10} {:>11} {:>10} {:>8}",
-            "policy",
-            "mode",
-            "batch",
-            "budget",
-            "budget B",
-            "resident",
-            "ring/pool",
-            "streamed",
-            "step ms",
-            "tok/s",
-            "pcie ms",
-            "x bound"
-        )?;
-    }
+    let bw = Bandwidth {
+        h2d_gbs: bench::h2d_bandwidth(be, h2d_bytes(be.memory_info().is_some()))?,
+        // The same copies captured into a graph: what a captured copy costs against a
+        // queued one (graph rows copy that way).
+        h2d_graph_gbs: bench::h2d_bandwidth_captured(be, h2d_bytes(be.memory_info().is_some()))?,
+    };
+    print_header(&a, be, weight_bytes, &bw)?;
     for r in &runs {
         let files = ModelFiles {
             config: cfg.clone(),
@@ -224,7 +247,7 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
         );
         let Engine { mut runner, report } =
             Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
-        let (budget_bytes, resident_bytes, streaming_bytes) = match &report.offload {
+        let bytes = match &report.offload {
             Some(o) => (o.budget_bytes, o.resident_bytes, o.streaming_bytes),
             None => (r.config.budget.bytes(weight_bytes), weight_bytes, 0),
         };
@@ -234,92 +257,159 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
                 .map(|s| true_sizes[s.weight])
                 .sum::<usize>()
         });
-        let mut modes: Vec<&str> = Vec::new();
-        if !a.eager && r.offloaded != Some(Policy::Lru) {
-            modes.push("graph");
-        }
-        if !a.graphs_only {
-            modes.push("eager");
-        }
-        for &b in &a.batch {
-            let seqs = bench_decode::prefill(&mut runner, b, a.context)?;
-            let mut last = vec![1u32; b];
-            for &mode in &modes {
-                let graph = mode == "graph";
-                if graph {
-                    runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
-                }
-                let timed = bench_decode::time_decode(&mut runner, &seqs, &mut last, a.steps);
-                if graph {
-                    runner.set_graph_mode(None);
-                }
-                let timed = timed?;
-                let measured = timed.copied_bytes.map(|c| c as f64 / a.steps as f64);
-                let streamed = match (r.offloaded, planned_per_step, measured) {
-                    (None, ..) => 0,
-                    (Some(Policy::Planned), Some(plan), m) => {
-                        // The executor's count must equal the plan's in eager mode (in
-                        // graph mode the host does not see the copies).
-                        if let (false, Some(m)) = (graph, m) {
-                            if m != plan as f64 {
-                                bail!(
-                                    "the planned offload at {}% copied {m} bytes per step in eager mode; its plan streams {plan}",
-                                    r.percent
-                                );
-                            }
-                        }
-                        plan
-                    }
-                    (Some(_), _, Some(m)) => m.round() as usize,
-                    (Some(p), ..) => bail!(
-                        "the engine at {}% ({}) reports no offload executor",
-                        r.percent,
-                        p.name()
-                    ),
-                };
-                let step_ms = timed.median_s * 1e3;
-                let pcie_bound_ms = streamed as f64 / (h2d_gbs * 1e9) * 1e3;
-                let bound_ratio =
-                    (r.offloaded.is_some() && pcie_bound_ms > 0.0).then(|| step_ms / pcie_bound_ms);
-                let tok_s = b as f64 / step_ms * 1e3;
-                if a.json {
-                    outln!(
-                        "{}",
-                        json!({
-                            "policy": policy_name, "mode": mode, "batch": b,
-                            "budget_fraction": r.percent / 100.0, "budget_bytes": budget_bytes,
-                            "resident_bytes": resident_bytes, "streaming_bytes": streaming_bytes,
-                            "streamed_bytes_per_step": streamed, "step_ms": step_ms,
-                            "tok_s": tok_s, "pcie_bound_ms": pcie_bound_ms,
-                            "bound_ratio": bound_ratio, "h2d_gbs": h2d_gbs,
-                            "h2d_graph_gbs": h2d_graph_gbs,
-                        })
-                    )?;
-                } else {
-                    outln!(
-                        "{:>8} {:>5} {:>6} {:>6}% {:>11} {:>11} {:>11} {:>11} {:>10.3} {:>11.1} {:>10.3} {:>8}",
-                        policy_name,
-                        mode,
-                        b,
-                        r.percent,
-                        human(budget_bytes),
-                        human(resident_bytes),
-                        human(streaming_bytes),
-                        human(streamed),
-                        step_ms,
-                        tok_s,
-                        pcie_bound_ms,
-                        bound_ratio.map_or("-".into(), |x| format!("{x:.2}"))
-                    )?;
-                }
-            }
-            bench_decode::free(&mut runner, &seqs)?;
-        }
+        let engine = EngineRows {
+            run: r,
+            bytes,
+            planned_per_step,
+        };
+        time_rows(&a, &bw, &mut runner, &engine, max_batch)?;
         // Free this engine's device memory before the next one starts.
         release(be, runner)?;
     }
     if !a.json && runs.iter().all(|r| r.offloaded.is_none()) {
         errln!("note: every budget holds all the weights; nothing was offloaded");
+    }
+    Ok(())
+}
+
+/// One engine's run and what its start-up said.
+struct EngineRows<'r> {
+    run: &'r Run,
+    /// The budget's, the resident weights' and the streaming buffers' bytes.
+    bytes: (usize, usize, usize),
+    /// The plan's bytes streamed per step (the planned policy).
+    planned_per_step: Option<usize>,
+}
+
+/// Time and print every batch size and mode (graph unless `--eager` or LRU, eager unless
+/// `--graphs-only`) of one engine.
+fn time_rows(
+    a: &BenchOffloadArgs,
+    bw: &Bandwidth,
+    runner: &mut Runner<'_>,
+    e: &EngineRows<'_>,
+    max_batch: usize,
+) -> Result<()> {
+    let r = e.run;
+    let mut modes: Vec<&str> = Vec::new();
+    if !a.eager && r.offloaded != Some(Policy::Lru) {
+        modes.push("graph");
+    }
+    if !a.graphs_only {
+        modes.push("eager");
+    }
+    for &b in &a.batch {
+        let seqs = bench_decode::prefill(runner, b, a.context)?;
+        let mut last = vec![1u32; b];
+        for &mode in &modes {
+            let graph = mode == "graph";
+            if graph {
+                runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
+            }
+            let timed = bench_decode::time_decode(runner, &seqs, &mut last, a.steps);
+            if graph {
+                runner.set_graph_mode(None);
+            }
+            let timed = timed?;
+            let measured = timed.copied_bytes.map(|c| c as f64 / a.steps as f64);
+            let row = Row {
+                run: r,
+                mode,
+                batch: b,
+                bytes: e.bytes,
+                streamed: streamed_per_step(r, graph, e.planned_per_step, measured)?,
+                step_ms: timed.median_s * 1e3,
+            };
+            print_row(a, bw, &row)?;
+        }
+        bench_decode::free(runner, &seqs)?;
+    }
+    Ok(())
+}
+
+/// Bytes run `r` streamed per step: none when resident, the plan's for the planned
+/// policy (checked against the executor's count in eager mode; in graph mode the host
+/// does not see the copies), else what the executor counted.
+fn streamed_per_step(
+    r: &Run,
+    graph: bool,
+    planned_per_step: Option<usize>,
+    measured: Option<f64>,
+) -> Result<usize> {
+    Ok(match (r.offloaded, planned_per_step, measured) {
+        (None, ..) => 0,
+        (Some(Policy::Planned), Some(plan), m) => {
+            if let (false, Some(m)) = (graph, m) {
+                if m != plan as f64 {
+                    bail!(
+                        "the planned offload at {}% copied {m} bytes per step in eager mode; its plan streams {plan}",
+                        r.percent
+                    );
+                }
+            }
+            plan
+        }
+        (Some(_), _, Some(m)) => m.round() as usize,
+        (Some(p), ..) => bail!(
+            "the engine at {}% ({}) reports no offload executor",
+            r.percent,
+            p.name()
+        ),
+    })
+}
+
+/// One measured row.
+struct Row<'r> {
+    run: &'r Run,
+    mode: &'r str,
+    batch: usize,
+    /// The budget's, the resident weights' and the streaming buffers' bytes.
+    bytes: (usize, usize, usize),
+    /// Bytes streamed per step.
+    streamed: usize,
+    /// The median step.
+    step_ms: f64,
+}
+
+/// A row of the table, or a JSON object with `--json`.
+fn print_row(a: &BenchOffloadArgs, bw: &Bandwidth, row: &Row<'_>) -> Result<()> {
+    let r = row.run;
+    let policy_name = r.offloaded.map_or("resident", Policy::name);
+    let (budget_bytes, resident_bytes, streaming_bytes) = row.bytes;
+    let (mode, b, streamed, step_ms) = (row.mode, row.batch, row.streamed, row.step_ms);
+    let pcie_bound_ms = streamed as f64 / (bw.h2d_gbs * 1e9) * 1e3;
+    let bound_ratio =
+        (r.offloaded.is_some() && pcie_bound_ms > 0.0).then(|| step_ms / pcie_bound_ms);
+    let tok_s = b as f64 / step_ms * 1e3;
+    if a.json {
+        outln!(
+            "{}",
+            json!({
+                "policy": policy_name, "mode": mode, "batch": b,
+                "budget_fraction": r.percent / 100.0, "budget_bytes": budget_bytes,
+                "resident_bytes": resident_bytes, "streaming_bytes": streaming_bytes,
+                "streamed_bytes_per_step": streamed, "step_ms": step_ms,
+                "tok_s": tok_s, "pcie_bound_ms": pcie_bound_ms,
+                "bound_ratio": bound_ratio, "h2d_gbs": bw.h2d_gbs,
+                "h2d_graph_gbs": bw.h2d_graph_gbs,
+            })
+        )?;
+    } else {
+        outln!(
+            "{:>8} {:>5} {:>6} {:>6}% {:>11} {:>11} {:>11} {:>11} {:>10.3} {:>11.1} {:>10.3} {:>8}",
+            policy_name,
+            mode,
+            b,
+            r.percent,
+            human(budget_bytes),
+            human(resident_bytes),
+            human(streaming_bytes),
+            human(streamed),
+            step_ms,
+            tok_s,
+            pcie_bound_ms,
+            bound_ratio.map_or("-".into(), |x| format!("{x:.2}"))
+        )?;
     }
     Ok(())
 }

@@ -14,20 +14,14 @@ use encore_core::runner::{Runner, SamplingParams, SeqStep};
 use encore_core::DType;
 use serde_json::{json, Value};
 
+use crate::model_arg::ModelArgs;
 use crate::out::outln;
-use crate::{parse, DeviceArg};
+use crate::parse;
 
 #[derive(Args)]
 pub struct BenchPrefillArgs {
-    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
-    #[arg(long, default_value = "dummy:tiny")]
-    model: String,
     #[command(flatten)]
-    device: DeviceArg,
-    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
-    /// any case).
-    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
-    dtype: DType,
+    model: ModelArgs,
     /// Prompt lengths in tokens, comma-separated, each >= 1.
     #[arg(
         long,
@@ -166,14 +160,13 @@ fn print_cells(cells: &[String]) -> Result<()> {
 }
 
 pub fn run(a: BenchPrefillArgs) -> Result<()> {
-    let dtype = a.dtype;
+    let dtype = a.model.dtype;
     if a.tokens.is_empty() || a.batch.is_empty() {
         bail!("--tokens and --batch: give at least one value each");
     }
-    let opened = crate::model_arg::open_device(a.device.device)?;
+    let (opened, cfg, source) = a.model.open()?;
     let be = opened.backend();
     let be = be.as_ref();
-    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
     let max_tokens = a.tokens.iter().copied().max().unwrap_or(1);
     let max_batch = a.batch.iter().copied().max().unwrap_or(1);
     if max_tokens > cfg.max_position_embeddings {
@@ -221,7 +214,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
         outln!(
             "{}",
             json!({
-                "model": a.model, "device": device, "dtype": dtype.to_string(),
+                "model": a.model.model, "device": device, "dtype": dtype.to_string(),
                 "load_s": load_secs, "captured": stats.captures, "pieces": stats.pieces,
                 "capture_s": capture_secs,
                 "graph_memory_physical_bytes": mem.physical_bytes,
@@ -230,7 +223,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
     } else {
         outln!(
             "{} on {device} ({dtype}), weights loaded in {load_secs:.2} s; {} token buckets captured ({} pieces) in {:.2} s, graph memory {:.1} MiB; median of {} runs per mode after one cold run",
-            a.model,
+            a.model.model,
             stats.captures,
             stats.pieces,
             capture_secs,
@@ -244,92 +237,115 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                 .collect::<Vec<_>>(),
         )?;
     }
-    let greedy = SamplingParams::default();
     let mut next_seq = 0u64;
     for &b in &a.batch {
         for &n in &a.tokens {
-            let prompts: Vec<Vec<u32>> = (0..b)
-                .map(|s| {
-                    (0..n)
-                        .map(|i| ((i * 7 + s * 13 + 1) % cfg.vocab_size) as u32)
-                        .collect()
-                })
-                .collect();
-            let bucket = runner.key_for(n * b, b, n == 1).map(|k| k.bucket);
-            // One prefill of fresh sequences (the whole prompt is new to the cache):
-            // (wall ms, process CPU ms, sampled tokens).
-            let mut prefill =
-                |runner: &mut Runner<'_>, eager: bool| -> Result<(f64, Option<f64>, Vec<u32>)> {
-                    runner.set_force_eager(eager);
-                    let seqs: Vec<SeqId> = (0..b)
-                        .map(|_| {
-                            next_seq += 1;
-                            SeqId(next_seq)
-                        })
-                        .collect();
-                    for &s in &seqs {
-                        runner.blocks.allocate(s, n)?;
-                    }
-                    let batch: Vec<SeqStep<'_>> = seqs
-                        .iter()
-                        .zip(&prompts)
-                        .map(|(&seq, p)| SeqStep {
-                            seq,
-                            tokens: p,
-                            sampling: greedy,
-                        })
-                        .collect();
-                    let (t, c) = (Instant::now(), process_cpu_ns());
-                    // Reads the sampled tokens back: waits for the device.
-                    let tokens = runner.step(&batch)?;
-                    let ms = t.elapsed().as_secs_f64() * 1e3;
-                    let cpu = c
-                        .zip(process_cpu_ns())
-                        .and_then(|(c0, c1)| c1.checked_sub(c0))
-                        .map(|ns| ns as f64 / 1e6);
-                    for &s in &seqs {
-                        runner.blocks.free(s)?;
-                    }
-                    Ok((ms, cpu, tokens))
-                };
-            let piecewise = bucket.is_some();
-            let (cold_ms, _, _) = prefill(&mut runner, !piecewise)?;
-            if piecewise {
-                prefill(&mut runner, true)?; // the eager mode's warm-up
-            }
-            let (mut eager, mut pieces) = (Vec::new(), Vec::new());
-            let (mut eager_cpu, mut pieces_cpu) = (Vec::new(), Vec::new());
-            let mut matches = true;
-            for _ in 0..a.repeats {
-                let (ms, cpu, reference) = prefill(&mut runner, true)?;
-                eager.push(ms);
-                eager_cpu.push(cpu);
-                if piecewise {
-                    let (ms, cpu, tokens) = prefill(&mut runner, false)?;
-                    pieces.push(ms);
-                    pieces_cpu.push(cpu);
-                    matches &= tokens == reference;
-                }
-            }
-            runner.set_force_eager(false);
-            let cpu = if piecewise { pieces_cpu } else { eager_cpu };
-            let cpu: Option<Vec<f64>> = cpu.into_iter().collect();
-            let row = PrefillRow {
-                tokens: n,
-                batch: b,
-                bucket,
-                eager_ms: median(&eager),
-                piecewise_ms: piecewise.then(|| median(&pieces)),
-                cold_ms,
-                matches_eager: piecewise.then_some(matches),
-                cpu_ms: cpu.map(|c| median(&c)),
-            };
+            let row = measure(
+                &mut runner,
+                &mut next_seq,
+                (b, n),
+                cfg.vocab_size,
+                a.repeats,
+            )?;
             if a.json {
-                outln!("{}", row.json(&a.model, &device, dtype))?;
+                outln!("{}", row.json(&a.model.model, &device, dtype))?;
             } else {
                 print_cells(&row.cells())?;
             }
         }
     }
     Ok(())
+}
+
+/// One prefill step of `prompts` in fresh sequences (the whole prompt is new to the
+/// cache), eager or in the runner's graph mode: (wall ms, process CPU ms, sampled tokens).
+fn prefill_once(
+    runner: &mut Runner<'_>,
+    next_seq: &mut u64,
+    prompts: &[Vec<u32>],
+    eager: bool,
+) -> Result<(f64, Option<f64>, Vec<u32>)> {
+    runner.set_force_eager(eager);
+    let seqs: Vec<SeqId> = prompts
+        .iter()
+        .map(|_| {
+            *next_seq += 1;
+            SeqId(*next_seq)
+        })
+        .collect();
+    for (&s, p) in seqs.iter().zip(prompts) {
+        runner.blocks.allocate(s, p.len())?;
+    }
+    let batch: Vec<SeqStep<'_>> = seqs
+        .iter()
+        .zip(prompts)
+        .map(|(&seq, p)| SeqStep {
+            seq,
+            tokens: p,
+            sampling: SamplingParams::default(),
+        })
+        .collect();
+    let (t, c) = (Instant::now(), process_cpu_ns());
+    // Reads the sampled tokens back: waits for the device.
+    let tokens = runner.step(&batch)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let cpu = c
+        .zip(process_cpu_ns())
+        .and_then(|(c0, c1)| c1.checked_sub(c0))
+        .map(|ns| ns as f64 / 1e6);
+    for &s in &seqs {
+        runner.blocks.free(s)?;
+    }
+    Ok((ms, cpu, tokens))
+}
+
+/// The row of `b` sequences of `n` tokens (ids below `vocab`): one cold run, then `repeats` timed runs of
+/// each mode, alternating (eager, then piecewise when a token bucket holds the step).
+fn measure(
+    runner: &mut Runner<'_>,
+    next_seq: &mut u64,
+    (b, n): (usize, usize),
+    vocab: usize,
+    repeats: usize,
+) -> Result<PrefillRow> {
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|s| {
+            (0..n)
+                .map(|i| ((i * 7 + s * 13 + 1) % vocab) as u32)
+                .collect()
+        })
+        .collect();
+    let bucket = runner.key_for(n * b, b, n == 1).map(|k| k.bucket);
+    let piecewise = bucket.is_some();
+    let (cold_ms, _, _) = prefill_once(runner, next_seq, &prompts, !piecewise)?;
+    if piecewise {
+        prefill_once(runner, next_seq, &prompts, true)?; // the eager mode's warm-up
+    }
+    let (mut eager, mut pieces) = (Vec::new(), Vec::new());
+    let (mut eager_cpu, mut pieces_cpu) = (Vec::new(), Vec::new());
+    let mut matches = true;
+    for _ in 0..repeats {
+        let (ms, cpu, reference) = prefill_once(runner, next_seq, &prompts, true)?;
+        eager.push(ms);
+        eager_cpu.push(cpu);
+        if piecewise {
+            let (ms, cpu, tokens) = prefill_once(runner, next_seq, &prompts, false)?;
+            pieces.push(ms);
+            pieces_cpu.push(cpu);
+            matches &= tokens == reference;
+        }
+    }
+    runner.set_force_eager(false);
+    let cpu = if piecewise { pieces_cpu } else { eager_cpu };
+    let cpu: Option<Vec<f64>> = cpu.into_iter().collect();
+    Ok(PrefillRow {
+        tokens: n,
+        batch: b,
+        bucket,
+        eager_ms: median(&eager),
+        piecewise_ms: piecewise.then(|| median(&pieces)),
+        cold_ms,
+        matches_eager: piecewise.then_some(matches),
+        cpu_ms: cpu.map(|c| median(&c)),
+    })
 }

@@ -11,28 +11,25 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
-use encore_core::engine::{EngineConfig, KvSizing};
 use encore_core::generate::FinishReason;
-use encore_core::memory::GraphMemory;
+use encore_core::model::config::ModelConfig;
 use encore_core::progress::{Progress, Unit};
 use encore_core::runner::SamplingParams;
-use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
-use encore_core::serve::{EngineHandle, Event};
-use encore_core::tokenizer::{ChatMessage, StopMatcher, StopStream};
-use encore_core::DType;
+use encore_core::scheduler::{Request, RequestParams};
+use encore_core::serve::{EngineHandle, Event, RunnerStats};
+use encore_core::tokenizer::{ChatMessage, StopMatcher, StopStream, Tokenizer};
 
-use crate::offload_arg::{self, OffloadArg};
+use crate::engine_arg::{self, EngineArgs, EngineShape};
+use crate::model_arg::ModelArgs;
 use crate::out::{errln, out, outln};
 use crate::progress::Bars;
-use crate::{parse, prompts, DeviceArg};
+use crate::{parse, prompts};
 
 #[derive(Args)]
+#[command(mut_arg("kv_fraction", |a| a.default_value("0.5")))]
 pub struct GenerateArgs {
-    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME` for seeded random weights
-    /// (tiny, tiny-llama3, tiny-qwen2, tiny-qwen3, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b,
-    /// llama-3-8b).
-    #[arg(long, default_value = "dummy:tiny")]
-    model: String,
+    #[command(flatten)]
+    model: ModelArgs,
     /// A prompt; repeat for a batch. `-` reads one prompt from standard input. Default
     /// (when neither --prompt nor --prompt-file is given): "The capital of France is".
     #[arg(long = "prompt", value_name = "TEXT", allow_hyphen_values = true)]
@@ -79,71 +76,18 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
     #[command(flatten)]
-    device: DeviceArg,
-    #[command(flatten)]
-    offload: OffloadArg,
-    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
-    /// any case).
-    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
-    dtype: DType,
-    /// Longest sequence (prompt + output); default min(4096, the model's limit).
-    #[arg(long, value_parser = parse::count::<1, { usize::MAX }>, allow_negative_numbers = true)]
-    max_seq_len: Option<usize>,
-    /// Most tokens in one step (longer prompts are prefilled in chunks of this size);
-    /// formerly --max-tokens-per-step.
-    #[arg(
-        long,
-        alias = "max-tokens-per-step",
-        default_value = "2048",
-        value_parser = parse::count::<1, { MAX_BATCHED_TOKENS }>,
-        allow_negative_numbers = true
-    )]
-    max_num_batched_tokens: usize,
-    /// Tokens per KV-cache block.
-    #[arg(long, default_value = "16", value_parser = parse::count::<1, 1024>, allow_negative_numbers = true)]
-    block_size: usize,
-    /// Fraction of free device memory (after weights) for the KV cache, in (0, 1]; CUDA
-    /// only (on the CPU the cache holds exactly what the batch needs).
-    #[arg(long, default_value = "0.5", value_parser = parse::fraction, allow_negative_numbers = true)]
-    kv_fraction: f64,
+    pub(crate) engine: EngineArgs,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
-    /// Compute every prompt whole: no reuse of cached KV blocks of prompts with the same
-    /// prefix.
-    #[arg(long)]
-    no_prefix_cache: bool,
     /// Print one JSON object per prompt (ids, text, timings) instead of text.
     #[arg(long)]
     json: bool,
-    /// Run every step eagerly (no graph capture): the reference mode.
-    #[arg(long)]
-    eager: bool,
-    /// Debug: after each graph replay, run the step eagerly too and fail on a mismatch.
-    #[arg(long)]
-    verify_graphs: bool,
-    /// Decode batch-size buckets for graph mode: vllm ([1,2,4] + 8..256 step 8 + 256..
-    /// step 16), pow2, or a comma list; capped at the batch (the number of prompts).
-    #[arg(long, default_value = "vllm")]
-    buckets: String,
-    /// Token-count buckets for prefill and mixed steps, captured piecewise (attention
-    /// eager between the pieces): auto (sglang on a GPU, none on the CPU), sglang (4..32
-    /// step 4, ..256 step 16, ..512 step 32, ..1024 step 64, ..4096 step 256, then 512),
-    /// pow2, none, or a comma list; capped at --max-num-batched-tokens.
-    #[arg(long, default_value = "auto")]
-    prefill_buckets: String,
     /// Capture every decode and prefill bucket at start-up, largest first (a warm-up),
     /// instead of on first use.
     #[arg(long)]
     capture_all: bool,
-    /// How captured graphs share intermediate memory: private (each its own), multi-va
-    /// (a virtual range per graph over shared chunks), arena (one growable range).
-    #[arg(long, default_value = "arena")]
-    graph_memory: GraphMemory,
 }
-
-/// The largest `--max-num-batched-tokens`.
-const MAX_BATCHED_TOKENS: usize = 1 << 24;
 
 pub fn run(a: GenerateArgs) -> Result<()> {
     let texts = if a.prompts.is_empty() && a.prompt_file.is_none() {
@@ -151,23 +95,64 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     } else {
         prompts::collect(&a.prompts, a.prompt_file.as_deref(), prompts::read_stdin)?
     };
-    let dtype = a.dtype;
-    let opened = crate::model_arg::open_device(a.device.device)?;
+    let (opened, cfg, source) = a.model.open()?;
     let backend = opened.backend();
     let be = backend.as_ref();
-
-    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
     let tokenizer = encore_core::model::open_tokenizer(&source)?;
-    let max_seq_len = a
-        .max_seq_len
-        .unwrap_or(cfg.max_position_embeddings.min(4096));
-    if max_seq_len > cfg.max_position_embeddings {
-        bail!(
-            "--max-seq-len {max_seq_len} exceeds the model's max_position_embeddings {}",
-            cfg.max_position_embeddings
-        );
+    let max_seq_len = a.engine.max_seq_len(&cfg)?;
+    let prompts = encode(&a, &tokenizer, &texts, &cfg, max_seq_len)?;
+    let configs = a
+        .engine
+        .config(be, a.model.dtype, engine_shape(&a, &prompts, max_seq_len))?;
+    let engine = engine_arg::start_engine(
+        backend.clone(),
+        &a.model.model,
+        &cfg,
+        configs,
+        Box::new(Bars::new(!a.json)),
+        !a.json,
+    )?;
+    let load_secs = engine.boot.load_secs;
+    if a.capture_all {
+        report_capture(&engine, a.json)?;
     }
+    let params = request_params(&a, &tokenizer);
+    if prompts.is_empty() {
+        bail!("no prompts to run");
+    }
+    let stream = prompts.len() == 1 && !a.json;
+    let (gens, released, stats) = run_prompts(&a, engine, &tokenizer, &prompts, &params, stream)?;
+    if let (Ok(stats), false) = (stats, a.json) {
+        print_graph_stats(&stats);
+    }
+    let run = Run {
+        device: be.device_name(),
+        load_secs,
+        stream,
+    };
+    for (i, (g, prompt)) in gens.iter().zip(&texts).enumerate() {
+        let text = if a.stop.is_empty() {
+            tokenizer.decode(&g.output_ids, true)?
+        } else {
+            released[i].clone()
+        };
+        print_generation(&a, &run, (i, gens.len()), g, prompt, &text)?;
+    }
+    if !a.json && !stream {
+        print_batch_summary(&run, &gens);
+    }
+    Ok(())
+}
 
+/// Every prompt's token ids (through the chat template with `--chat`), checked against
+/// the vocabulary and `--max-seq-len`.
+fn encode(
+    a: &GenerateArgs,
+    tokenizer: &Tokenizer,
+    texts: &[String],
+    cfg: &ModelConfig,
+    max_seq_len: usize,
+) -> Result<Vec<Vec<u32>>> {
     let prompts: Vec<Vec<u32>> = texts
         .iter()
         .map(|p| {
@@ -195,7 +180,6 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             cfg.vocab_size
         );
     }
-
     if let Some((i, p)) = prompts
         .iter()
         .enumerate()
@@ -207,97 +191,65 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             p.len()
         );
     }
+    Ok(prompts)
+}
 
-    // The KV cache holds what the batch needs (on CUDA: a fraction of free memory, at
-    // least the need). Weights, cache and activations must fit before anything loads.
+/// The engine for this batch: one step holds every prompt, and the KV cache holds what
+/// the batch needs (on CUDA: a fraction of free memory, at least the need). Weights,
+/// cache and activations must fit before anything loads.
+fn engine_shape(a: &GenerateArgs, prompts: &[Vec<u32>], max_seq_len: usize) -> EngineShape {
+    let e = &a.engine;
     let per_seq = |p: &Vec<u32>| {
         p.len()
             .saturating_add(a.max_tokens)
             .min(max_seq_len)
-            .div_ceil(a.block_size)
+            .div_ceil(e.block_size)
     };
     let needed = prompts
         .iter()
         .map(per_seq)
         .fold(1usize, usize::saturating_add);
-    let graphs = if a.eager {
-        None
-    } else {
-        Some(crate::graphs::config(
-            be,
-            &a.buckets,
-            prompts.len(),
-            &a.prefill_buckets,
-            a.max_num_batched_tokens,
-        )?)
-    };
-    let offload = a.offload.config();
-    let engine_cfg = EngineConfig {
-        offload,
-        dtype,
-        block_size: a.block_size,
-        max_tokens_per_step: a.max_num_batched_tokens,
+    EngineShape {
         max_seqs: prompts.len(),
         max_seq_len,
-        kv: KvSizing::DeviceFraction {
-            fraction: a.kv_fraction,
-            at_least: needed,
-        },
-        graphs,
-        graph_memory: a.graph_memory,
+        kv_at_least: needed,
+        cpu_kv_blocks: None,
         capture_all: a.capture_all,
-        verify_graphs: a.verify_graphs,
-        extra_bytes: 0,
         run_name: format!(
             "generate ({} prompt{}, --max-tokens {}, --max-seq-len {max_seq_len}, --max-num-batched-tokens {})",
             prompts.len(),
             if prompts.len() == 1 { "" } else { "s" },
             a.max_tokens,
-            a.max_num_batched_tokens
+            e.max_num_batched_tokens
         ),
         fix_hint: "use fewer prompts, or lower --max-tokens, --max-seq-len or --max-num-batched-tokens (or raise --kv-fraction)".into(),
-    };
-    let sched = SchedulerConfig {
-        max_num_batched_tokens: a.max_num_batched_tokens,
-        max_num_seqs: prompts.len(),
-        prefix_cache: !a.no_prefix_cache,
-    };
-    let engine = EngineHandle::start(
-        backend.clone(),
-        a.model.clone(),
-        engine_cfg,
-        sched,
-        Box::new(Bars::new(!a.json)),
-    )?;
-    let load_secs = engine.boot.load_secs;
-    if let Some(line) = offload_arg::summary(
-        offload.as_ref(),
-        engine.boot.offload.as_ref(),
-        cfg.weight_bytes(dtype),
-    ) {
+    }
+}
+
+/// `--capture-all`: one line on what start-up captured (logged, and on stderr unless
+/// `json`).
+fn report_capture(engine: &EngineHandle, json: bool) -> Result<()> {
+    let st = engine.runner_stats()?;
+    if let (Some(s), m) = (st.graphs, st.memory) {
+        let line = format!(
+            "captured {} graphs ({} pieces) at start-up in {:.1} ms; {} memory {:.1} MiB physical",
+            s.captures,
+            s.pieces,
+            engine.boot.capture_secs * 1e3,
+            m.strategy,
+            mib(m.physical_bytes)
+        );
         tracing::info!("{line}");
-        if !a.json {
+        if !json {
             errln!("{line}");
         }
     }
-    if a.capture_all {
-        let st = engine.runner_stats()?;
-        if let (Some(s), m) = (st.graphs, st.memory) {
-            let line = format!(
-                "captured {} graphs ({} pieces) at start-up in {:.1} ms; {} memory {:.1} MiB physical",
-                s.captures,
-                s.pieces,
-                engine.boot.capture_secs * 1e3,
-                m.strategy,
-                mib(m.physical_bytes)
-            );
-            tracing::info!("{line}");
-            if !a.json {
-                errln!("{line}");
-            }
-        }
-    }
-    let params = RequestParams {
+    Ok(())
+}
+
+/// The sampling and stopping parameters of every prompt.
+fn request_params(a: &GenerateArgs, tokenizer: &Tokenizer) -> RequestParams {
+    RequestParams {
         sampling: SamplingParams {
             temperature: a.temperature,
             top_k: a.top_k,
@@ -312,23 +264,36 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         max_tokens: a.max_tokens,
         stop_token_ids: tokenizer.eos_token_ids(),
         ignore_eos: a.ignore_eos,
-    };
-    let stream = prompts.len() == 1 && !a.json;
-    if prompts.is_empty() {
-        bail!("no prompts to run");
     }
+}
+
+/// Run every prompt on `engine` (streaming the first prompt's text to stdout when
+/// `stream`), then stop the engine. Returns each prompt's run, the text it released
+/// through its stop strings, and the engine's statistics as the run ended.
+fn run_prompts(
+    a: &GenerateArgs,
+    engine: EngineHandle,
+    tokenizer: &Tokenizer,
+    prompts: &[Vec<u32>],
+    params: &RequestParams,
+    stream: bool,
+) -> Result<(
+    Vec<Generation>,
+    Vec<String>,
+    encore_core::Result<RunnerStats>,
+)> {
     // Each prompt's text as it streams, through its stop strings (when there are any),
     // and what it released so far.
     let mut texts_out = prompts
         .iter()
         .map(|p| {
             let stop = StopMatcher::new(a.stop.iter().cloned())?;
-            Ok((StopStream::new(&tokenizer, p, stop), String::new()))
+            Ok((StopStream::new(tokenizer, p, stop), String::new()))
         })
         .collect::<encore_core::Result<Vec<_>>>()?;
     let bars = Bars::new(!a.json);
     let mut gens: Vec<Generation> = Vec::with_capacity(prompts.len());
-    let ran = run_on_engine(&engine, &prompts, &params, &bars, &mut gens, |i, id| {
+    let ran = run_on_engine(&engine, prompts, params, &bars, &mut gens, |i, id| {
         let (t, released) = &mut texts_out[i];
         let out = t.push(id);
         released.push_str(&out.text);
@@ -348,103 +313,120 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let stats = engine.runner_stats();
     engine.shutdown();
     ran?;
-    for (i, (t, released)) in texts_out.iter_mut().enumerate() {
+    let mut released = Vec::with_capacity(texts_out.len());
+    for (i, (mut t, mut text)) in texts_out.into_iter().enumerate() {
         let rest = t.finish();
-        released.push_str(&rest);
+        text.push_str(&rest);
         if stream && i == 0 {
             out!("{rest}")?;
             outln!()?;
         }
+        released.push(text);
     }
+    Ok((gens, released, stats))
+}
 
-    if let (
-        Ok(encore_core::serve::RunnerStats {
-            graphs: Some(s),
-            memory: m,
-        }),
-        false,
-    ) = (stats, a.json)
-    {
-        errln!(
-            "graphs: {} captured in {:.1} ms, {} replays, {:.0}% padded rows, {} memory {:.1} MiB physical / {:.1} MiB virtual{}",
-            s.captures,
-            s.capture_secs * 1e3,
-            s.hits + s.misses,
-            100.0 * s.padded_rows as f64 / s.rows.max(1) as f64,
-            m.strategy,
-            mib(m.physical_bytes),
-            mib(m.virtual_bytes),
-            if s.verified > 0 {
-                format!(
-                    ", {} verified against eager (max error {:.1e})",
-                    s.verified, s.max_verify_error
-                )
-            } else {
-                String::new()
-            }
-        );
-    }
-    let n = gens.len();
-    for (i, (g, prompt)) in gens.iter().zip(&texts).enumerate() {
-        let text = if a.stop.is_empty() {
-            tokenizer.decode(&g.output_ids, true)?
+/// The graph line on stderr: captures, replays, padding, memory and verification.
+fn print_graph_stats(stats: &RunnerStats) {
+    let (Some(s), m) = (&stats.graphs, &stats.memory) else {
+        return;
+    };
+    errln!(
+        "graphs: {} captured in {:.1} ms, {} replays, {:.0}% padded rows, {} memory {:.1} MiB physical / {:.1} MiB virtual{}",
+        s.captures,
+        s.capture_secs * 1e3,
+        s.hits + s.misses,
+        100.0 * s.padded_rows as f64 / s.rows.max(1) as f64,
+        m.strategy,
+        mib(m.physical_bytes),
+        mib(m.virtual_bytes),
+        if s.verified > 0 {
+            format!(
+                ", {} verified against eager (max error {:.1e})",
+                s.verified, s.max_verify_error
+            )
         } else {
-            texts_out[i].1.clone()
-        };
-        let decode_tps = tokens_per_sec(g.output_ids.len().saturating_sub(1), g.decode_secs);
-        let finish = g.finish.name();
-        if a.json {
-            let v = serde_json::json!({
-                "index": i,
-                "prompt": prompt,
-                "prompt_ids": g.prompt_ids,
-                "output_ids": g.output_ids,
-                "text": text,
-                "finish_reason": finish,
-                "prefill_ms": g.prefill_secs * 1e3,
-                "decode_ms": g.decode_secs * 1e3,
-                "decode_tokens_per_s": decode_tps,
-                "load_s": load_secs,
-                "device": be.device_name(),
-            });
-            outln!("{v}")?;
-        } else if stream {
-            errln!(
-                "summary: prompt {} tokens, generated {} ({finish}), prefill {:.1} ms, decode {:.1} tok/s, weights loaded in {:.2} s, on {}",
-                g.prompt_ids.len(),
-                g.output_ids.len(),
-                g.prefill_secs * 1e3,
-                decode_tps,
-                load_secs,
-                be.device_name()
-            );
-        } else {
-            outln!("=== [{}/{n}] prompt: {} ===", i + 1, excerpt(prompt))?;
-            outln!("{text}")?;
-            errln!(
-                "summary [{}/{n}]: prompt {} tokens, generated {} ({finish}), decode {:.1} tok/s (per sequence)",
-                i + 1,
-                g.prompt_ids.len(),
-                g.output_ids.len(),
-                decode_tps,
-            );
+            String::new()
         }
-    }
-    if !a.json && !stream {
-        let decoded: usize = gens
-            .iter()
-            .map(|g| g.output_ids.len().saturating_sub(1))
-            .sum();
-        let decode_secs = gens.iter().map(|g| g.decode_secs).fold(0.0, f64::max);
-        let prefill_secs = gens.first().map_or(0.0, |g| g.prefill_secs);
+    );
+}
+
+/// What every prompt's report shares.
+struct Run {
+    device: String,
+    load_secs: f64,
+    /// The single prompt's text went to stdout as it came.
+    stream: bool,
+}
+
+/// One prompt's result: a JSON line with `--json`, else its summary on stderr (after its
+/// header and text on stdout in a batch). `(i, n)`: its index and the batch size.
+fn print_generation(
+    a: &GenerateArgs,
+    run: &Run,
+    (i, n): (usize, usize),
+    g: &Generation,
+    prompt: &str,
+    text: &str,
+) -> Result<()> {
+    let decode_tps = tokens_per_sec(g.output_ids.len().saturating_sub(1), g.decode_secs);
+    let finish = g.finish.name();
+    let load_secs = run.load_secs;
+    if a.json {
+        let v = serde_json::json!({
+            "index": i,
+            "prompt": prompt,
+            "prompt_ids": g.prompt_ids,
+            "output_ids": g.output_ids,
+            "text": text,
+            "finish_reason": finish,
+            "prefill_ms": g.prefill_secs * 1e3,
+            "decode_ms": g.decode_secs * 1e3,
+            "decode_tokens_per_s": decode_tps,
+            "load_s": load_secs,
+            "device": run.device,
+        });
+        outln!("{v}")?;
+    } else if run.stream {
         errln!(
-            "summary: {n} prompts on {}, weights loaded in {load_secs:.2} s, prefill {:.1} ms (all prompts), decode {:.1} tok/s (all sequences)",
-            be.device_name(),
-            prefill_secs * 1e3,
-            tokens_per_sec(decoded, decode_secs)
+            "summary: prompt {} tokens, generated {} ({finish}), prefill {:.1} ms, decode {:.1} tok/s, weights loaded in {:.2} s, on {}",
+            g.prompt_ids.len(),
+            g.output_ids.len(),
+            g.prefill_secs * 1e3,
+            decode_tps,
+            load_secs,
+            run.device
+        );
+    } else {
+        outln!("=== [{}/{n}] prompt: {} ===", i + 1, excerpt(prompt))?;
+        outln!("{text}")?;
+        errln!(
+            "summary [{}/{n}]: prompt {} tokens, generated {} ({finish}), decode {:.1} tok/s (per sequence)",
+            i + 1,
+            g.prompt_ids.len(),
+            g.output_ids.len(),
+            decode_tps,
         );
     }
     Ok(())
+}
+
+/// The batch's summary line on stderr.
+fn print_batch_summary(run: &Run, gens: &[Generation]) {
+    let decoded: usize = gens
+        .iter()
+        .map(|g| g.output_ids.len().saturating_sub(1))
+        .sum();
+    let decode_secs = gens.iter().map(|g| g.decode_secs).fold(0.0, f64::max);
+    let prefill_secs = gens.first().map_or(0.0, |g| g.prefill_secs);
+    errln!(
+        "summary: {} prompts on {}, weights loaded in {:.2} s, prefill {:.1} ms (all prompts), decode {:.1} tok/s (all sequences)",
+        gens.len(),
+        run.device,
+        run.load_secs,
+        prefill_secs * 1e3,
+        tokens_per_sec(decoded, decode_secs)
+    );
 }
 
 const DEFAULT_PROMPT: &str = "The capital of France is";

@@ -2,11 +2,11 @@
 //! `generate`, `serve`, and `bench kernels | decode | prefill | capture | serve | offload`.
 
 mod bench_capture;
-mod bench_client;
 mod bench_decode;
 mod bench_offload;
 mod bench_prefill;
 mod bench_serve;
+mod engine_arg;
 mod generate_cmd;
 mod graphs;
 mod model_arg;
@@ -24,10 +24,11 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use encore_core::backend::cuda::{self, CudaLibraries};
 use encore_core::bench::{self, AttentionShape, BenchRow};
-use encore_core::device::{self, DeviceSpec, Opened};
+use encore_core::device::{self, Opened};
 use encore_core::testing::{self, CheckResult};
 use encore_core::DType;
 use indicatif::{ProgressBar, ProgressStyle};
+pub use model_arg::DeviceArg;
 use out::{errln, outln};
 
 #[derive(Parser)]
@@ -54,14 +55,6 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
-}
-
-/// `--device`, shared by every command.
-#[derive(Args)]
-pub struct DeviceArg {
-    /// auto | cpu | cuda | cuda:N (auto: CUDA when usable, else the CPU).
-    #[arg(long, default_value = "auto", value_parser = parse::device)]
-    pub device: DeviceSpec,
 }
 
 #[derive(Args)]

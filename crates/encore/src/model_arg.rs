@@ -1,13 +1,49 @@
-//! The arguments shared by the commands: `--model` (a Hugging Face directory, a GGUF
-//! file or `dummy:NAME`) and `--device` (auto | cpu | cuda | cuda:N), and the memory
-//! check every command runs before it allocates.
+//! The model selection shared by the commands: `--model` (a Hugging Face directory, a
+//! GGUF file or `dummy:NAME`), `--device` (auto | cpu | cuda | cuda:N) and `--dtype`, and
+//! the memory check every command runs before it allocates.
 
 use anyhow::{Context, Result};
+use clap::Args;
 use encore_core::device::{self, DeviceSpec, Opened};
 use encore_core::memory::{MemoryLimit, MemoryNeed};
 use encore_core::model::config::ModelConfig;
 use encore_core::model::weights::WeightSource;
-use encore_core::Backend;
+use encore_core::{Backend, DType};
+
+use crate::parse;
+
+/// `--device`, shared by every command.
+#[derive(Args)]
+pub struct DeviceArg {
+    /// auto | cpu | cuda | cuda:N (auto: CUDA when usable, else the CPU).
+    #[arg(long, default_value = "auto", value_parser = parse::device)]
+    pub device: DeviceSpec,
+}
+
+/// `--model`, `--device` and `--dtype`: what to run, where, in which precision.
+#[derive(Args)]
+pub struct ModelArgs {
+    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME` for seeded random weights
+    /// (tiny, tiny-llama3, tiny-qwen2, tiny-qwen3, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b,
+    /// llama-3-8b).
+    #[arg(long, default_value = "dummy:tiny")]
+    pub model: String,
+    #[command(flatten)]
+    pub device: DeviceArg,
+    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
+    /// any case).
+    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
+    pub dtype: DType,
+}
+
+impl ModelArgs {
+    /// Open the device (see [`open_device`]) and the model's config and weight source.
+    pub fn open(&self) -> Result<(Opened, ModelConfig, WeightSource<'_>)> {
+        let opened = open_device(self.device.device)?;
+        let (cfg, source) = resolve(&self.model)?;
+        Ok((opened, cfg, source))
+    }
+}
 
 /// The config and where the weights come from (seed 0 for dummy models).
 pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource<'_>)> {

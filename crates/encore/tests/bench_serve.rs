@@ -5,11 +5,13 @@
 //! server's message, and a bad URL, an unreachable server or an unknown model are clear
 //! errors.
 
+mod common;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
+use common::{command, failure, success, temp_file, text};
 use encore_core::engine::{EngineConfig, KvSizing};
 use encore_core::progress::NoProgress;
 use encore_core::scheduler::SchedulerConfig;
@@ -74,37 +76,16 @@ fn start(max_waiting: Option<usize>) -> Server {
 }
 
 fn bench(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_encore"))
-        .args(["bench", "serve", "--url", url, "--json"])
+    command(&["bench", "serve", "--url", url, "--json"])
         .args(args)
-        .env("ENCORE_LOG", "error")
         .env_remove("ENCORE_API_KEY")
         .output()
         .expect("run encore")
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// The report of a successful run.
 fn report(out: &Output) -> Value {
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    serde_json::from_str(text(&out.stdout).trim()).unwrap()
-}
-
-/// A failed run's stderr (no panic).
-fn failure(out: &Output) -> String {
-    let err = text(&out.stderr);
-    assert!(!out.status.success(), "expected a failure; stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
-
-fn temp_file(name: &str, body: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("encore-bench-serve-{}-{name}", std::process::id()));
-    std::fs::write(&p, body).unwrap();
-    p
+    serde_json::from_str(success(out).trim()).unwrap()
 }
 
 fn assert_latencies(r: &Value) {

@@ -3,10 +3,12 @@
 //! budget is the resident text; bad values fail naming the flag, the value or the
 //! minimum), and `encore bench offload`'s rows.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::process::Output;
+use std::time::Duration;
+
+use common::{bench_on_cpu, encore, failure, json_lines, success, text, Serve};
 use encore_core::model::open_model;
 use encore_core::offload::{AccessOrder, SLOT_ALIGN};
 use encore_core::DType;
@@ -14,30 +16,8 @@ use serde_json::Value;
 
 const MODEL: &str = "dummy:tiny-qwen3";
 
-fn encore(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_encore"))
-        .args(args)
-        .env("ENCORE_LOG", "error")
-        .output()
-        .expect("run encore")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn success(out: &Output) -> String {
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    text(&out.stdout)
-}
-
-/// A failed run (not a panic); returns stderr.
-fn failure(out: &Output) -> String {
-    let err = text(&out.stderr);
-    assert!(!out.status.success(), "expected a failure; stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
+/// `encore serve` of [`MODEL`] on the CPU on any free port.
+const SERVE: [&str; 6] = ["--device", "cpu", "--model", MODEL, "--port", "0"];
 
 /// The minimum budget of [`MODEL`] in bf16 (the commands' default dtype).
 fn floor_bytes() -> usize {
@@ -169,55 +149,51 @@ fn bad_offload_values_name_the_flag_value_or_minimum() {
         );
     }
     success(&generate(&["--weight-budget", &floor.to_string()]));
-    // The same flags on the other commands.
-    let err = failure(&encore(&[
-        "serve",
-        "--device",
-        "cpu",
-        "--weight-budget",
-        "12XB",
-    ]));
-    assert!(
-        err.contains("--weight-budget") && err.contains("12XB"),
-        "{err}"
-    );
-    let err = failure(&encore(&[
-        "serve",
-        "--device",
-        "cpu",
-        "--model",
-        MODEL,
-        "--port",
-        "0",
-        "--weight-budget",
-        "1KiB",
-    ]));
-    assert!(err.contains(&format!("minimum of {floor} bytes")), "{err}");
-    let err = failure(&encore(&[
-        "bench",
-        "decode",
-        "--device",
-        "cpu",
-        "--model",
-        MODEL,
-        "--weight-budget",
-        "50%",
-        "--offload-policy",
-        "lru",
-    ]));
-    assert!(
-        err.contains("--offload-policy lru") && err.contains("--eager"),
-        "{err}"
-    );
-    let err = failure(&encore(&[
-        "bench",
-        "serve",
-        "--url",
-        "http://127.0.0.1:1",
-        "--weight-budget",
-        "50%",
-    ]));
-    assert!(err.contains("--in-process"), "{err}");
+}
+
+#[test]
+fn offload_flags_on_the_other_commands_name_the_flag_or_minimum() {
+    let minimum = format!("minimum of {} bytes", floor_bytes());
+    let serve_1kib = [&["serve"][..], &SERVE, &["--weight-budget", "1KiB"]].concat();
+    let cases: [(&[&str], &[&str]); 4] = [
+        (
+            &["serve", "--device", "cpu", "--weight-budget", "12XB"],
+            &["--weight-budget", "12XB"],
+        ),
+        (&serve_1kib, &[&minimum]),
+        (
+            &[
+                "bench",
+                "decode",
+                "--device",
+                "cpu",
+                "--model",
+                MODEL,
+                "--weight-budget",
+                "50%",
+                "--offload-policy",
+                "lru",
+            ],
+            &["--offload-policy lru", "--eager"],
+        ),
+        (
+            &[
+                "bench",
+                "serve",
+                "--url",
+                "http://127.0.0.1:1",
+                "--weight-budget",
+                "50%",
+            ],
+            &["--in-process"],
+        ),
+    ];
+    for (args, want) in cases {
+        let err = failure(&encore(args));
+        for w in want {
+            assert!(err.contains(w), "{args:?}: missing `{w}` in {err}");
+        }
+    }
     for (args, want) in [
         (&["--budgets", "0"][..], "--budgets"),
         (&["--budgets", "101"], "--budgets"),
@@ -226,101 +202,100 @@ fn bad_offload_values_name_the_flag_value_or_minimum() {
         (&["--graphs-only", "--policy", "lru"], "--graphs-only"),
         (&["--eager", "--graphs-only"], "--graphs-only"),
     ] {
-        let err = failure(&encore(
-            &[
-                &["bench", "offload", "--device", "cpu", "--model", MODEL][..],
-                args,
-            ]
-            .concat(),
+        let err = failure(&bench_on_cpu(
+            "offload",
+            &[&["--model", MODEL][..], args].concat(),
         ));
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
 
+/// The fields of a `bench offload --json` row.
+const FIELDS: [&str; 14] = [
+    "policy",
+    "mode",
+    "batch",
+    "budget_fraction",
+    "budget_bytes",
+    "resident_bytes",
+    "streaming_bytes",
+    "streamed_bytes_per_step",
+    "step_ms",
+    "tok_s",
+    "pcie_bound_ms",
+    "bound_ratio",
+    "h2d_gbs",
+    "h2d_graph_gbs",
+];
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1e-9)
 }
 
-#[test]
-fn bench_offload_rows() {
-    let out = encore(&[
-        "bench",
-        "offload",
-        "--device",
-        "cpu",
-        "--budgets",
-        "100,50",
-        "--batch",
-        "1,2",
-        "--steps",
-        "2",
-        "--context",
-        "16",
-        "--json",
-    ]);
-    let rows: Vec<Value> = success(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    const FIELDS: [&str; 14] = [
-        "policy",
-        "mode",
-        "batch",
-        "budget_fraction",
-        "budget_bytes",
-        "resident_bytes",
-        "streaming_bytes",
-        "streamed_bytes_per_step",
-        "step_ms",
-        "tok_s",
-        "pcie_bound_ms",
-        "bound_ratio",
-        "h2d_gbs",
-        "h2d_graph_gbs",
-    ];
+/// Check one `bench offload` row (`h2d`: the run's measured bandwidth, GB/s): its fields,
+/// throughput, PCIe bound, and its budget by policy. Returns "POLICY MODE BATCH".
+fn check_row(r: &Value, h2d: f64) -> String {
+    let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
     let mut keys: Vec<&str> = FIELDS.to_vec();
     keys.sort_unstable();
+    let mut got: Vec<&str> = r.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    got.sort_unstable();
+    assert_eq!(got, keys, "{r}");
+    let (policy, mode) = (r["policy"].as_str().unwrap(), r["mode"].as_str().unwrap());
+    let batch = r["batch"].as_u64().unwrap();
+    let step = f(r, "step_ms");
+    assert!(step > 0.0, "{r}");
+    assert!(close(f(r, "tok_s"), batch as f64 / step * 1e3), "{r}");
+    assert_eq!(f(r, "h2d_gbs"), h2d);
+    let streamed = f(r, "streamed_bytes_per_step");
+    assert!(
+        close(f(r, "pcie_bound_ms"), streamed / (h2d * 1e9) * 1e3),
+        "{r}"
+    );
+    if policy == "resident" {
+        assert_eq!(f(r, "budget_fraction"), 1.0, "{r}");
+        assert_eq!(streamed, 0.0, "{r}");
+        assert_eq!(f(r, "streaming_bytes"), 0.0, "{r}");
+        assert_eq!(f(r, "resident_bytes"), f(r, "budget_bytes"), "{r}");
+        assert!(r["bound_ratio"].is_null(), "{r}");
+    } else {
+        assert_eq!(f(r, "budget_fraction"), 0.5, "{r}");
+        assert!(streamed > 0.0, "{r}");
+        assert!(
+            f(r, "resident_bytes") + f(r, "streaming_bytes") <= f(r, "budget_bytes"),
+            "{r}"
+        );
+        assert!(
+            close(f(r, "bound_ratio"), step / f(r, "pcie_bound_ms")),
+            "{r}"
+        );
+    }
+    format!("{policy} {mode} {batch}")
+}
+
+#[test]
+fn bench_offload_rows() {
+    let out = bench_on_cpu(
+        "offload",
+        &[
+            "--budgets",
+            "100,50",
+            "--batch",
+            "1,2",
+            "--steps",
+            "2",
+            "--context",
+            "16",
+            "--json",
+        ],
+    );
+    let rows = json_lines(&out);
     let h2d = rows[0]["h2d_gbs"].as_f64().unwrap();
     assert!(h2d > 0.0 && h2d.is_finite());
     let h2d_graph = rows[0]["h2d_graph_gbs"].as_f64().unwrap();
     assert!(h2d_graph > 0.0 && h2d_graph.is_finite());
     let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
-    let mut seen = Vec::new();
-    for r in &rows {
-        let mut got: Vec<&str> = r.as_object().unwrap().keys().map(|k| k.as_str()).collect();
-        got.sort_unstable();
-        assert_eq!(got, keys, "{r}");
-        let (policy, mode) = (r["policy"].as_str().unwrap(), r["mode"].as_str().unwrap());
-        let batch = r["batch"].as_u64().unwrap();
-        seen.push(format!("{policy} {mode} {batch}"));
-        let step = f(r, "step_ms");
-        assert!(step > 0.0, "{r}");
-        assert!(close(f(r, "tok_s"), batch as f64 / step * 1e3), "{r}");
-        assert_eq!(f(r, "h2d_gbs"), h2d);
-        let streamed = f(r, "streamed_bytes_per_step");
-        assert!(
-            close(f(r, "pcie_bound_ms"), streamed / (h2d * 1e9) * 1e3),
-            "{r}"
-        );
-        if policy == "resident" {
-            assert_eq!(f(r, "budget_fraction"), 1.0, "{r}");
-            assert_eq!(streamed, 0.0, "{r}");
-            assert_eq!(f(r, "streaming_bytes"), 0.0, "{r}");
-            assert_eq!(f(r, "resident_bytes"), f(r, "budget_bytes"), "{r}");
-            assert!(r["bound_ratio"].is_null(), "{r}");
-        } else {
-            assert_eq!(f(r, "budget_fraction"), 0.5, "{r}");
-            assert!(streamed > 0.0, "{r}");
-            assert!(
-                f(r, "resident_bytes") + f(r, "streaming_bytes") <= f(r, "budget_bytes"),
-                "{r}"
-            );
-            assert!(
-                close(f(r, "bound_ratio"), step / f(r, "pcie_bound_ms")),
-                "{r}"
-            );
-        }
-    }
+    let seen: Vec<String> = rows.iter().map(|r| check_row(r, h2d)).collect();
     let mut want: Vec<String> = Vec::new();
     for (policy, modes) in [
         ("resident", &["graph", "eager"][..]),
@@ -358,28 +333,27 @@ fn bench_offload_rows() {
             row("lru", "eager", b)
         );
     }
+}
 
+#[test]
+fn bench_offload_graph_rows_only() {
     // Graph rows only: no LRU, no eager rows.
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "offload",
-        "--device",
-        "cpu",
-        "--budgets",
-        "50",
-        "--batch",
-        "1",
-        "--steps",
-        "1",
-        "--context",
-        "4",
-        "--graphs-only",
-        "--json",
-    ]);
-    let rows: Vec<Value> = success(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+        &[
+            "--budgets",
+            "50",
+            "--batch",
+            "1",
+            "--steps",
+            "1",
+            "--context",
+            "4",
+            "--graphs-only",
+            "--json",
+        ],
+    );
+    let rows = json_lines(&out);
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(
         (rows[0]["policy"].as_str(), rows[0]["mode"].as_str()),
@@ -389,53 +363,51 @@ fn bench_offload_rows() {
 
 #[test]
 fn bench_decode_and_serve_take_a_budget() {
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "decode",
-        "--device",
-        "cpu",
-        "--model",
-        MODEL,
-        "--batch",
-        "1",
-        "--steps",
-        "2",
-        "--context",
-        "8",
-        "--weight-budget",
-        "50%",
-    ]);
+        &[
+            "--model",
+            MODEL,
+            "--batch",
+            "1",
+            "--steps",
+            "2",
+            "--context",
+            "8",
+            "--weight-budget",
+            "50%",
+        ],
+    );
     let table = success(&out);
     assert!(
         table.contains("weight budget") && table.contains("(planned)"),
         "{table}"
     );
 
-    let out = encore(&[
-        "bench",
+    let out = bench_on_cpu(
         "serve",
-        "--in-process",
-        "--device",
-        "cpu",
-        "--model",
-        MODEL,
-        "--num-prompts",
-        "3",
-        "--input-len",
-        "8",
-        "--output-len",
-        "4",
-        "--max-num-seqs",
-        "2",
-        "--max-num-batched-tokens",
-        "32",
-        "--weight-budget",
-        "50%",
-        "--offload-policy",
-        "lru",
-        "--eager",
-        "--json",
-    ]);
+        &[
+            "--in-process",
+            "--model",
+            MODEL,
+            "--num-prompts",
+            "3",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--max-num-seqs",
+            "2",
+            "--max-num-batched-tokens",
+            "32",
+            "--weight-budget",
+            "50%",
+            "--offload-policy",
+            "lru",
+            "--eager",
+            "--json",
+        ],
+    );
     let row: Value = serde_json::from_str(success(&out).trim()).unwrap();
     assert_eq!(row["output_tokens"], 12, "{row}");
     assert_eq!(row["offload"]["policy"], "lru", "{row}");
@@ -445,62 +417,21 @@ fn bench_decode_and_serve_take_a_budget() {
     );
 
     // serve prints the budget line before it listens.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_encore"))
-        .args([
-            "serve",
-            "--device",
-            "cpu",
-            "--model",
-            MODEL,
-            "--port",
-            "0",
-            "--lazy-capture",
-            "--cpu-kv-blocks",
-            "64",
-            "--max-seq-len",
-            "256",
-            "--weight-budget",
-            "50%",
-        ])
-        .env("ENCORE_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut lines = Vec::new();
-    while Instant::now() < deadline {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(l) => {
-                let serving = l.starts_with("serving");
-                lines.push(l);
-                if serving {
-                    break;
-                }
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(_) => break,
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let extra = [
+        "--lazy-capture",
+        "--cpu-kv-blocks",
+        "64",
+        "--max-seq-len",
+        "256",
+        "--weight-budget",
+        "50%",
+    ];
+    let s = Serve::start(&[&SERVE[..], &extra].concat(), Duration::from_secs(60));
     assert!(
-        lines.iter().any(|l| l.starts_with("serving")),
-        "no serving line: {lines:?}"
-    );
-    assert!(
-        lines
+        s.before
             .iter()
             .any(|l| l.starts_with("weight budget") && l.contains("(planned)")),
-        "{lines:?}"
+        "{:?}",
+        s.before
     );
 }

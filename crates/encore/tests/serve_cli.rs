@@ -7,109 +7,32 @@
 //! and `.ci/run` sets `ENCORE_OPENAI_PYTHON` to it). Without it the test says so and passes,
 //! unless `ENCORE_REQUIRE_OPENAI=1` (CI), where that is a failure.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::process::Command;
+use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::{encore, failure, success, Serve};
 use serde_json::{json, Value};
 
 const MODEL: &str = "dummy:tiny";
 
-/// A running `encore serve`; killed if still running when dropped.
-struct Serve {
-    child: Child,
-    addr: SocketAddr,
-    /// Its stderr lines after the address line.
-    stderr: Receiver<String>,
-}
+/// [`MODEL`] on the CPU in f32: the flags `serve` and `generate` share here.
+const CPU_F32: [&str; 6] = ["--model", MODEL, "--device", "cpu", "--dtype", "f32"];
 
-impl Serve {
-    fn start(extra: &[&str]) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_encore"))
-            .args([
-                "serve",
-                "--model",
-                MODEL,
-                "--device",
-                "cpu",
-                "--dtype",
-                "f32",
-                "--port",
-                "0",
-                "--max-num-seqs",
-                "8",
-            ])
-            .args(extra)
-            .env("ENCORE_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run encore serve");
-        let (tx, rx) = mpsc::channel();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let t = Instant::now();
-        let addr = loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(120).saturating_sub(t.elapsed()))
-                .expect("encore serve printed no address");
-            // serving `NAME` on http://ADDR (...)
-            if let Some(rest) = line.split(" on http://").nth(1) {
-                let a = rest.split_whitespace().next().unwrap();
-                break a
-                    .parse()
-                    .unwrap_or_else(|_| panic!("bad address in {line:?}"));
-            }
-        };
-        Serve {
-            child,
-            addr,
-            stderr: rx,
-        }
-    }
-
-    fn signal(&self, sig: &str) {
-        let st = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(st.success(), "kill {sig} failed");
-    }
-
-    /// Waits for the process to exit (at most `limit`); returns its status and stderr.
-    fn wait(mut self, limit: Duration) -> (ExitStatus, String) {
-        let t = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                let mut err = String::new();
-                while let Ok(l) = self.stderr.recv_timeout(Duration::from_secs(5)) {
-                    err.push_str(&l);
-                    err.push('\n');
-                }
-                return (st, err);
-            }
-            assert!(t.elapsed() < limit, "encore serve did not exit");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `encore serve` of [`MODEL`] on the CPU in f32 on any free port, at most 8 sequences
+/// a step, with `extra` flags.
+fn start(extra: &[&str]) -> Serve {
+    let args = ["--port", "0", "--max-num-seqs", "8"];
+    Serve::start(
+        &[&CPU_F32[..], &args, extra].concat(),
+        Duration::from_secs(120),
+    )
 }
 
 /// One request on its own connection; returns (status, body with chunking undone).
@@ -165,6 +88,29 @@ fn open_stream(addr: SocketAddr, body: Value) -> JoinHandle<Vec<String>> {
     h
 }
 
+/// Open `streams` streams of `max_tokens` tokens each, send `sig` to the server once
+/// each has its first event, and return the events of every stream, each checked to end
+/// with `[DONE]`.
+fn signalled(s: &Serve, streams: usize, max_tokens: usize, sig: &str) -> Vec<Vec<String>> {
+    let streams: Vec<JoinHandle<Vec<String>>> = (0..streams)
+        .map(|i| open_stream(s.addr, long_request(i, max_tokens)))
+        .collect();
+    s.signal(sig);
+    streams
+        .into_iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let events = h.join().unwrap();
+            assert_eq!(
+                events.last().map(String::as_str),
+                Some("[DONE]"),
+                "stream {i}"
+            );
+            events
+        })
+        .collect()
+}
+
 fn long_request(i: usize, n: usize) -> Value {
     json!({"model": MODEL, "prompt": format!("a long story, part {i}"), "max_tokens": n,
            "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}})
@@ -172,19 +118,9 @@ fn long_request(i: usize, n: usize) -> Value {
 
 #[test]
 fn sigterm_lets_requests_in_flight_finish_and_exits_0() {
-    let s = Serve::start(&[]);
+    let s = start(&[]);
     let n = 600;
-    let streams: Vec<_> = (0..3)
-        .map(|i| open_stream(s.addr, long_request(i, n)))
-        .collect();
-    s.signal("-TERM");
-    for (i, h) in streams.into_iter().enumerate() {
-        let events = h.join().unwrap();
-        assert_eq!(
-            events.last().map(String::as_str),
-            Some("[DONE]"),
-            "stream {i}"
-        );
+    for (i, events) in signalled(&s, 3, n, "-TERM").iter().enumerate() {
         let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
         assert_eq!(usage["usage"]["completion_tokens"], n, "stream {i}");
     }
@@ -196,19 +132,9 @@ fn sigterm_lets_requests_in_flight_finish_and_exits_0() {
 
 #[test]
 fn sigint_past_the_shutdown_timeout_cuts_requests_off_and_exits_0() {
-    let s = Serve::start(&["--shutdown-timeout", "0"]);
+    let s = start(&["--shutdown-timeout", "0"]);
     let n = 2000;
-    let streams: Vec<_> = (0..2)
-        .map(|i| open_stream(s.addr, long_request(i, n)))
-        .collect();
-    s.signal("-INT");
-    for (i, h) in streams.into_iter().enumerate() {
-        let events = h.join().unwrap();
-        assert_eq!(
-            events.last().map(String::as_str),
-            Some("[DONE]"),
-            "stream {i}"
-        );
+    for (i, events) in signalled(&s, 2, n, "-INT").iter().enumerate() {
         let err: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
         assert!(
             err["error"]["message"]
@@ -226,14 +152,14 @@ fn sigint_past_the_shutdown_timeout_cuts_requests_off_and_exits_0() {
 #[test]
 fn a_bad_shutdown_timeout_names_the_flag() {
     for bad in ["-1", "x", "86401"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_encore"))
-            .args(["serve", "--device", "cpu", "--shutdown-timeout", bad])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "--shutdown-timeout {bad} accepted");
-        assert!(err.contains("--shutdown-timeout"), "{err}");
-        assert!(!err.contains("panicked"), "{err}");
+        let err = failure(&encore(&[
+            "serve",
+            "--device",
+            "cpu",
+            "--shutdown-timeout",
+            bad,
+        ]));
+        assert!(err.contains("--shutdown-timeout"), "{bad}: {err}");
     }
 }
 
@@ -265,35 +191,20 @@ fn openai_python() -> Option<PathBuf> {
 /// `encore generate`'s greedy text for `prompt` (`--chat`: through the chat template).
 fn generate_text(prompt: &str, max_tokens: usize, chat: bool) -> String {
     let n = max_tokens.to_string();
-    let mut args = vec![
-        "generate",
-        "--model",
-        MODEL,
-        "--device",
-        "cpu",
-        "--dtype",
-        "f32",
+    let mut args = vec!["generate"];
+    args.extend(CPU_F32);
+    args.extend([
         "--prompt",
         prompt,
         "--max-tokens",
         &n,
         "--ignore-eos",
         "--json",
-    ];
+    ]);
     if chat {
         args.push("--chat");
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_encore"))
-        .args(&args)
-        .env("ENCORE_LOG", "error")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = serde_json::from_str(&success(&encore(&args))).unwrap();
     v["text"].as_str().unwrap().to_string()
 }
 
@@ -307,7 +218,7 @@ fn the_openai_python_client_works() {
     let n = 24;
     let completion_text = generate_text(prompt, n, false);
     let chat_text = generate_text(prompt, n, true);
-    let s = Serve::start(&["--api-key", "sekret"]);
+    let s = start(&["--api-key", "sekret"]);
     let dir = std::env::temp_dir().join(format!("encore-openai-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("case.json");

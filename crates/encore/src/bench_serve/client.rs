@@ -26,7 +26,8 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::bench_serve::{Record, WorkItem, Workload};
+use super::report::Record;
+use super::workload::{WorkItem, Workload};
 
 /// `--url`: `http://HOST:PORT` with an optional base path (no query); returned without a
 /// trailing `/`.

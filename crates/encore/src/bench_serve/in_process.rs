@@ -1,0 +1,163 @@
+//! `encore bench serve --in-process`: the workload sent to the engine loop in this
+//! process on its schedule, every token's arrival recorded, and the engine's own figures
+//! (steps, preemptions, where a step's time goes, the weight budget) for the report.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use encore_core::offload::OffloadConfig;
+use encore_core::scheduler::{Request, RequestParams};
+use encore_core::serve::{EngineHandle, Event};
+use serde_json::{json, Map, Value};
+
+use super::report::Record;
+use super::workload::Workload;
+
+/// What a request's sink saw.
+enum Seen {
+    Token { last: bool },
+    Failed(String),
+}
+
+/// The result of sending a workload.
+pub struct Run {
+    /// One per request, in workload order.
+    pub records: Vec<Record>,
+    /// From the start to the last request's end.
+    pub duration_s: f64,
+    /// The most requests running at once (sampled between events).
+    pub max_running: u64,
+}
+
+/// Submit request `i` of `w`; its tokens' times (or its error) go to `tx`.
+fn submit(
+    engine: &EngineHandle,
+    w: &Workload,
+    i: usize,
+    tx: mpsc::Sender<(usize, Instant, Seen)>,
+) -> Result<()> {
+    engine.submit(
+        Request {
+            id: i as u64,
+            prompt: w.items[i].prompt.clone(),
+            params: RequestParams {
+                sampling: Default::default(),
+                max_tokens: w.items[i].output_len,
+                stop_token_ids: Vec::new(),
+                ignore_eos: true,
+            },
+        },
+        Box::new(move |e| {
+            let seen = match e {
+                Event::Token(o) => Seen::Token {
+                    last: o.finish.is_some(),
+                },
+                Event::Error(msg) | Event::Failed(msg) => Seen::Failed(msg),
+            };
+            tx.send((i, Instant::now(), seen)).is_ok()
+        }),
+    )?;
+    Ok(())
+}
+
+/// Submit every request on schedule (at most `max_concurrency` in flight, 0 = no limit)
+/// and record every token's time (or the request's error) until all finished.
+pub fn drive(engine: &EngineHandle, w: &Workload, max_concurrency: usize) -> Result<Run> {
+    let n = w.items.len();
+    let (tx, rx) = mpsc::channel::<(usize, Instant, Seen)>();
+    let limit = if max_concurrency == 0 {
+        usize::MAX
+    } else {
+        max_concurrency
+    };
+    let start = Instant::now();
+    let mut records = vec![Record::default(); n];
+    let (mut next, mut in_flight, mut finished) = (0usize, 0usize, 0usize);
+    let mut max_running = 0u64;
+    while finished < n {
+        while next < n && in_flight < limit && start.elapsed().as_secs_f64() >= w.arrivals[next] {
+            records[next].sent = Some(Instant::now());
+            submit(engine, w, next, tx.clone())?;
+            next += 1;
+            in_flight += 1;
+        }
+        let wait = if next < n && in_flight < limit {
+            Duration::from_secs_f64((w.arrivals[next] - start.elapsed().as_secs_f64()).max(0.0))
+                .min(Duration::from_millis(50))
+        } else {
+            Duration::from_millis(50)
+        };
+        match rx.recv_timeout(wait) {
+            Ok((i, at, seen)) => {
+                let r = &mut records[i];
+                let done = match seen {
+                    Seen::Token { last } => {
+                        r.times.push(at);
+                        r.output_tokens += 1;
+                        last
+                    }
+                    Seen::Failed(msg) => {
+                        r.error = Some(msg);
+                        true
+                    }
+                };
+                if done {
+                    finished += 1;
+                    in_flight -= 1;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the engine loop stopped"),
+        }
+        max_running = max_running.max(engine.metrics.requests_running.load(Ordering::Relaxed));
+    }
+    Ok(Run {
+        records,
+        duration_s: start.elapsed().as_secs_f64(),
+        max_running,
+    })
+}
+
+/// The engine's figures of the run into `row`: preemptions, steps, where a step's time
+/// goes, the prefix cache's hit ratio and the weight budget (`offload`: its
+/// configuration; null without one, or when it holds every weight).
+pub fn engine_figures(
+    engine: &EngineHandle,
+    offload: Option<&OffloadConfig>,
+    row: &mut Map<String, Value>,
+) {
+    let m = &engine.metrics;
+    row.insert(
+        "preemptions".into(),
+        json!(m.preemptions_total.load(Ordering::Relaxed)),
+    );
+    let steps = m.steps_total.load(Ordering::Relaxed);
+    row.insert("steps".into(), json!(steps));
+    // Where a step's time goes: waiting for the device, and the rest (the host's
+    // scheduling, packing and launching, and handing tokens to their sinks).
+    let per_step =
+        |micros: &AtomicU64| micros.load(Ordering::Relaxed) as f64 / 1e3 / steps.max(1) as f64;
+    let step_ms = per_step(&m.step_micros_total);
+    let wait_ms = per_step(&m.device_wait_micros_total);
+    row.insert("step_ms".into(), json!(step_ms));
+    row.insert("device_wait_ms".into(), json!(wait_ms));
+    row.insert("host_ms".into(), json!(step_ms - wait_ms));
+    row.insert(
+        "prefix_cache_hit_ratio".into(),
+        json!(m.prefix_cache_hit_ratio()),
+    );
+    // The weight budget (null: every weight on the device).
+    row.insert(
+        "offload".into(),
+        match (offload, &engine.boot.offload) {
+            (Some(c), Some(r)) => json!({
+                "policy": c.policy.name(), "budget_bytes": r.budget_bytes,
+                "resident_bytes": r.resident_bytes, "streaming_bytes": r.streaming_bytes,
+                "streamed_bytes_per_step": r.streamed_bytes_per_step,
+            }),
+            _ => Value::Null,
+        },
+    );
+}

@@ -1,0 +1,276 @@
+//! `encore bench serve`: a serving benchmark. By default a load generator against a
+//! running OpenAI-compatible server (`--url`, see [`client`]); with `--in-process`,
+//! against the engine loop in this process (the code a server runs, minus HTTP). Requests
+//! with prompt and output lengths drawn uniformly from ranges (or read from a JSONL trace)
+//! arrive as a Poisson process, at a fixed rate or all at once, at most
+//! `--max-concurrency` in flight; per request, the time to first token (TTFT), the time
+//! per output token after the first (TPOT) and every inter-token latency (ITL). Both modes
+//! report request and token throughput, failed requests and mean/p50/p90/p99 of each
+//! latency, as vLLM's and SGLang's serving benchmarks do, through the same code
+//! ([`report::Record`], [`report()`]). The workload is drawn up front by [`workload`].
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::{json, Map, Value};
+
+use crate::engine_arg::{self, EngineArgs, EngineShape};
+use crate::out::{errln, outln};
+use crate::{parse, DeviceArg};
+use report::report;
+use workload::{Arrival, WorkItem, Workload, WorkloadArgs};
+
+mod client;
+mod in_process;
+mod report;
+mod workload;
+
+#[derive(Args)]
+#[command(mut_arg("max_seq_len", |a| a.help(
+    "Longest sequence, prompt and output (default: the longest request, rounded up to a \
+     KV block)"
+)))]
+pub struct BenchServeArgs {
+    /// The server to load (`http://HOST:PORT`, plain HTTP): the default mode.
+    #[arg(long, default_value = "http://127.0.0.1:8000", value_parser = client::url, conflicts_with = "in_process")]
+    url: String,
+    /// Run the engine in this process instead of loading a server.
+    #[arg(long)]
+    in_process: bool,
+    /// The model: with --url, the name the server serves (default: the first of its
+    /// /v1/models); with --in-process, a Hugging Face directory, a `.gguf` file or
+    /// `dummy:NAME` (default dummy:tiny).
+    #[arg(long)]
+    model: Option<String>,
+    /// Bearer key for the server (--url; also from ENCORE_API_KEY).
+    #[arg(long, env = "ENCORE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Vocabulary size to draw random prompt ids from (--url; default: from --model when it
+    /// names a model on this machine, e.g. `dummy:NAME`).
+    #[arg(long, value_parser = parse::count::<1, { u32::MAX as usize }>, allow_negative_numbers = true)]
+    vocab_size: Option<usize>,
+    #[command(flatten)]
+    device: DeviceArg,
+    /// Run dtype (--in-process).
+    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
+    dtype: encore_core::DType,
+    #[command(flatten)]
+    pub(crate) workload: WorkloadArgs,
+    /// Most requests in flight at once (0: no limit).
+    #[arg(long, default_value = "0", value_parser = parse::count::<0, 1_000_000>, allow_negative_numbers = true)]
+    max_concurrency: usize,
+    /// One JSON object instead of an indented one.
+    #[arg(long)]
+    json: bool,
+    // The engine's flags (--in-process; a server takes its own).
+    #[command(
+        flatten,
+        next_help_heading = "Engine options (--in-process; a server takes its own)"
+    )]
+    engine: EngineArgs,
+    /// The engine's sequences per step.
+    #[arg(long, default_value = "256", value_parser = parse::count::<1, 4096>, allow_negative_numbers = true)]
+    max_num_seqs: usize,
+}
+
+/// The fields every report starts with: what was asked for.
+fn header(a: &BenchServeArgs, w: &Workload, model: &str, mode: &str) -> Map<String, Value> {
+    let span = |f: &dyn Fn(&WorkItem) -> usize| {
+        let lo = w.items.iter().map(f).min().unwrap_or(0);
+        let hi = w.items.iter().map(f).max().unwrap_or(0);
+        json!([lo, hi])
+    };
+    let mut m = Map::new();
+    m.insert("model".into(), json!(model));
+    m.insert("mode".into(), json!(mode));
+    if mode == "url" {
+        m.insert("url".into(), json!(a.url));
+    }
+    m.insert("num_prompts".into(), json!(w.items.len()));
+    m.insert("input_len".into(), span(&|i| i.prompt.len()));
+    m.insert("output_len".into(), span(&|i| i.output_len));
+    if let Some(t) = &a.workload.trace {
+        m.insert("trace".into(), json!(t.display().to_string()));
+    }
+    m.insert("request_rate".into(), w.rate_label.clone());
+    m.insert(
+        "arrival".into(),
+        json!(if w.rate_label.is_number() {
+            match a.workload.arrival.unwrap_or(Arrival::Poisson) {
+                Arrival::Poisson => "poisson",
+                Arrival::Fixed => "fixed",
+            }
+        } else {
+            w.rate_label.as_str().unwrap_or("inf")
+        }),
+    );
+    m.insert("max_concurrency".into(), json!(a.max_concurrency));
+    m.insert(
+        "shared_prefix_len".into(),
+        json!(a.workload.shared_prefix_len),
+    );
+    m
+}
+
+/// Print the report: one line with `--json`, indented otherwise; failures also go to
+/// stderr.
+fn print(a: &BenchServeArgs, row: Map<String, Value>) -> Result<()> {
+    if let Some(errors) = row.get("errors").and_then(Value::as_array) {
+        for e in errors {
+            errln!(
+                "failed: {} request(s): {}",
+                e["count"],
+                e["message"].as_str().unwrap_or("")
+            );
+        }
+    }
+    let row = Value::Object(row);
+    if a.json {
+        outln!("{row}")?;
+    } else {
+        outln!("{}", serde_json::to_string_pretty(&row)?)?;
+    }
+    Ok(())
+}
+
+pub fn run(a: BenchServeArgs) -> Result<()> {
+    if a.in_process {
+        run_in_process(a)
+    } else {
+        run_url(a)
+    }
+}
+
+/// Load the server at `--url`: check it answers and serves the model, draw the workload,
+/// send it, and report (with the server's preemption and step counts and its largest
+/// running batch when it exposes encore's /metrics).
+fn run_url(a: BenchServeArgs) -> Result<()> {
+    use client::Client;
+    if a.engine.offload.weight_budget.is_some() || a.engine.eager {
+        bail!(
+            "--weight-budget, --offload-policy and --eager apply to the engine of --in-process; \
+             give them to the server (`encore serve`) instead"
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        let client = Client::new(&a.url, a.api_key.as_deref().filter(|k| !k.is_empty()));
+        let served = client.models().await?;
+        let (model, max_model_len) = match &a.model {
+            Some(m) => match served.iter().find(|(id, _)| id == m) {
+                Some(s) => s.clone(),
+                None => bail!(
+                    "--model {m}: the server at {} serves {}",
+                    a.url,
+                    served
+                        .iter()
+                        .map(|(id, _)| format!("`{id}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            },
+            None => match served.first() {
+                Some(s) => s.clone(),
+                None => bail!("the server at {} lists no model in /v1/models", a.url),
+            },
+        };
+        let vocab = match a.vocab_size {
+            Some(v) => v,
+            None => match encore_core::model::open_model(&model) {
+                Ok(files) => files.config.vocab_size,
+                Err(e) => bail!(
+                    "--vocab-size: the served model `{model}` is not a model on this machine ({e}); give the vocabulary size to draw prompt ids from"
+                ),
+            },
+        };
+        let w = workload::workload(&a.workload, vocab)?;
+        if let Some(limit) = max_model_len {
+            let need = w.max_seq_len();
+            if need > limit {
+                bail!(
+                    "the requests reach {need} tokens (--input-len / --output-len / --trace); the server's max_model_len is {limit}"
+                );
+            }
+        }
+        let before = client.metrics().await;
+        let run = client::drive(&client, &model, &w, a.max_concurrency).await;
+        let after = client.metrics().await;
+        let mut row = header(&a, &w, &model, "url");
+        row.extend(report(&w, &run.records, run.duration_s));
+        let delta = |name: &str| match (&before, &after) {
+            (Some(b), Some(a)) => match (b.get(name), a.get(name)) {
+                (Some(x), Some(y)) => json!((y - x).max(0.0) as u64),
+                _ => Value::Null,
+            },
+            _ => Value::Null,
+        };
+        row.insert("max_running".into(), json!(run.max_running));
+        row.insert("preemptions".into(), delta("encore_preemptions_total"));
+        row.insert("steps".into(), delta("encore_steps_total"));
+        // Over this run: prompt tokens found cached per prompt token looked up.
+        let ratio = match (
+            delta("encore_prefix_cache_hits_total").as_f64(),
+            delta("encore_prefix_cache_queries_total").as_f64(),
+        ) {
+            (Some(h), Some(q)) if q > 0.0 => json!(h / q),
+            (Some(_), Some(_)) => json!(0.0),
+            _ => Value::Null,
+        };
+        row.insert("prefix_cache_hit_ratio".into(), ratio);
+        print(&a, row)
+    })
+}
+
+fn run_in_process(a: BenchServeArgs) -> Result<()> {
+    let model = a.model.clone().unwrap_or_else(|| "dummy:tiny".into());
+    let opened = crate::model_arg::open_device(a.device.device)?;
+    let be = opened.backend();
+    let (cfg, _) = crate::model_arg::resolve(&model)?;
+    let w = workload::workload(&a.workload, cfg.vocab_size)?;
+    let e = &a.engine;
+    let max_seq_len = match e.max_seq_len {
+        None => w.max_seq_len().next_multiple_of(e.block_size),
+        Some(l) if l < w.max_seq_len() => bail!(
+            "the requests reach {} tokens (--input-len / --output-len / --trace); --max-seq-len is {l}",
+            w.max_seq_len()
+        ),
+        Some(l) => l,
+    };
+    if max_seq_len > cfg.max_position_embeddings {
+        bail!(
+            "the requests reach {max_seq_len} tokens (--input-len / --output-len / --trace); the model has {} positions",
+            cfg.max_position_embeddings
+        );
+    }
+    let at_least = 1 + max_seq_len.div_ceil(e.block_size);
+    let shape = EngineShape {
+        max_seqs: a.max_num_seqs,
+        max_seq_len,
+        kv_at_least: at_least,
+        cpu_kv_blocks: Some(at_least * a.max_num_seqs.min(64)),
+        capture_all: true,
+        run_name: format!(
+            "bench serve (--max-num-seqs {}, --max-num-batched-tokens {}, {max_seq_len} tokens per sequence)",
+            a.max_num_seqs, e.max_num_batched_tokens
+        ),
+        fix_hint: "lower --max-num-seqs, --max-num-batched-tokens, --input-len or --output-len"
+            .into(),
+    };
+    let configs = e.config(be.as_ref(), a.dtype, shape)?;
+    let engine = engine_arg::start_engine(
+        be,
+        &model,
+        &cfg,
+        configs,
+        Box::new(crate::progress::Bars::new(!a.json)),
+        !a.json,
+    )?;
+    let run = in_process::drive(&engine, &w, a.max_concurrency)?;
+    let mut row = header(&a, &w, &model, "in-process");
+    row.extend(report(&w, &run.records, run.duration_s));
+    row.insert("max_running".into(), json!(run.max_running));
+    in_process::engine_figures(&engine, e.offload.config().as_ref(), &mut row);
+    print(&a, row)
+}

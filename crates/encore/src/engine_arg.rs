@@ -1,0 +1,235 @@
+//! The engine flags shared by the commands that run the engine loop (`generate`, `serve`,
+//! `bench serve --in-process`): sequence and step sizes, the KV cache, graph mode and the
+//! weight budget, declared once and turned into the engine's configuration by
+//! [`EngineArgs::config`].
+
+use anyhow::{bail, Result};
+use clap::Args;
+use encore_core::engine::{EngineConfig, KvSizing};
+use encore_core::memory::GraphMemory;
+use encore_core::model::config::ModelConfig;
+use encore_core::progress::Progress;
+use encore_core::scheduler::SchedulerConfig;
+use encore_core::serve::EngineHandle;
+use encore_core::{Backend, BackendRef, DType};
+
+use crate::offload_arg::{self, OffloadArg};
+use crate::out::errln;
+use crate::parse;
+
+/// The largest `--max-num-batched-tokens`.
+const MAX_BATCHED_TOKENS: usize = 1 << 24;
+
+/// The engine flags. A command that keeps a flag's other default says so with
+/// `#[command(mut_arg(...))]` (`generate`'s `--kv-fraction`).
+#[derive(Args)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    pub offload: OffloadArg,
+    /// Longest sequence (prompt + output); default min(4096, the model's limit).
+    #[arg(long, value_parser = parse::count::<1, { usize::MAX }>, allow_negative_numbers = true)]
+    pub max_seq_len: Option<usize>,
+    /// Most tokens in one step (longer prompts are prefilled in chunks of this size);
+    /// formerly --max-tokens-per-step.
+    #[arg(long, alias = "max-tokens-per-step", default_value = "2048", allow_negative_numbers = true, value_parser = parse::count::<1, { MAX_BATCHED_TOKENS }>)]
+    pub max_num_batched_tokens: usize,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value = "16", value_parser = parse::count::<1, 1024>, allow_negative_numbers = true)]
+    pub block_size: usize,
+    /// Fraction of free device memory (after the weights and start-up's warm-up) for the
+    /// KV cache, in (0, 1]; CUDA only.
+    #[arg(long, default_value = "0.8", value_parser = parse::fraction, allow_negative_numbers = true)]
+    pub kv_fraction: f64,
+    /// Compute every prompt whole: no reuse of cached KV blocks of earlier prompts with
+    /// the same prefix.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Run every step eagerly (no graph capture): the reference mode.
+    #[arg(long)]
+    pub eager: bool,
+    /// Debug: after each graph replay, run the step eagerly too and fail on a mismatch.
+    #[arg(long)]
+    pub verify_graphs: bool,
+    /// Decode batch-size buckets for graph mode: vllm ([1,2,4] + 8..256 step 8 + 256..
+    /// step 16), pow2, or a comma list; capped at the most sequences in a step.
+    #[arg(long, default_value = "vllm")]
+    pub buckets: String,
+    /// Token-count buckets for prefill and mixed steps, captured piecewise (attention
+    /// eager between the pieces): auto (sglang on a GPU, none on the CPU), sglang (4..32
+    /// step 4, ..256 step 16, ..512 step 32, ..1024 step 64, ..4096 step 256, then 512),
+    /// pow2, none, or a comma list; capped at --max-num-batched-tokens.
+    #[arg(long, default_value = "auto")]
+    pub prefill_buckets: String,
+    /// How captured graphs share intermediate memory: private (each its own), multi-va
+    /// (a virtual range per graph over shared chunks), arena (one growable range).
+    #[arg(long, default_value = "arena")]
+    pub graph_memory: GraphMemory,
+}
+
+/// What a command decides about its engine beside the flags.
+pub struct EngineShape {
+    /// Most sequences in one step.
+    pub max_seqs: usize,
+    /// Longest sequence (see [`EngineArgs::max_seq_len`]).
+    pub max_seq_len: usize,
+    /// KV blocks the cache holds at least.
+    pub kv_at_least: usize,
+    /// KV blocks on a backend that reports no device memory (the CPU); `None`: size it as
+    /// on a device (a fraction of nothing: `kv_at_least`).
+    pub cpu_kv_blocks: Option<usize>,
+    /// Capture every bucket at start-up (`false`: on first use).
+    pub capture_all: bool,
+    /// The run's name and what to lower when it does not fit (the memory error).
+    pub run_name: String,
+    pub fix_hint: String,
+}
+
+impl EngineArgs {
+    /// `--max-seq-len`, or min(4096, the model's positions) without it; refused above the
+    /// model's positions.
+    pub fn max_seq_len(&self, cfg: &ModelConfig) -> Result<usize> {
+        let max_seq_len = self
+            .max_seq_len
+            .unwrap_or(cfg.max_position_embeddings.min(4096));
+        if max_seq_len > cfg.max_position_embeddings {
+            bail!(
+                "--max-seq-len {max_seq_len} exceeds the model's max_position_embeddings {}",
+                cfg.max_position_embeddings
+            );
+        }
+        Ok(max_seq_len)
+    }
+
+    /// The engine's and the scheduler's configuration: the flags (graph buckets parsed and
+    /// capped, the KV sizing on this backend) with the command's `shape`.
+    pub fn config(
+        &self,
+        be: &dyn Backend,
+        dtype: DType,
+        shape: EngineShape,
+    ) -> Result<(EngineConfig, SchedulerConfig)> {
+        let graphs = if self.eager {
+            None
+        } else {
+            Some(crate::graphs::config(
+                be,
+                &self.buckets,
+                shape.max_seqs,
+                &self.prefill_buckets,
+                self.max_num_batched_tokens,
+            )?)
+        };
+        let kv = match shape.cpu_kv_blocks {
+            Some(blocks) if be.memory_info().is_none() => {
+                KvSizing::Blocks(blocks.max(shape.kv_at_least))
+            }
+            _ => KvSizing::DeviceFraction {
+                fraction: self.kv_fraction,
+                at_least: shape.kv_at_least,
+            },
+        };
+        let engine = EngineConfig {
+            offload: self.offload.config(),
+            dtype,
+            block_size: self.block_size,
+            max_tokens_per_step: self.max_num_batched_tokens,
+            max_seqs: shape.max_seqs,
+            max_seq_len: shape.max_seq_len,
+            kv,
+            graphs,
+            graph_memory: self.graph_memory,
+            capture_all: shape.capture_all,
+            verify_graphs: self.verify_graphs,
+            extra_bytes: 0,
+            run_name: shape.run_name,
+            fix_hint: shape.fix_hint,
+        };
+        let sched = SchedulerConfig {
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_num_seqs: shape.max_seqs,
+            prefix_cache: !self.no_prefix_cache,
+        };
+        Ok((engine, sched))
+    }
+}
+
+/// Start the engine loop for `model` and say on stderr, when `show`, what the weight
+/// budget gave (the line is logged either way).
+pub fn start_engine(
+    be: BackendRef,
+    model: &str,
+    model_cfg: &ModelConfig,
+    (engine_cfg, sched): (EngineConfig, SchedulerConfig),
+    progress: Box<dyn Progress + Send>,
+    show: bool,
+) -> Result<EngineHandle> {
+    let offload = engine_cfg.offload;
+    let weight_bytes = model_cfg.weight_bytes(engine_cfg.dtype);
+    let engine = EngineHandle::start(be, model.to_string(), engine_cfg, sched, progress)?;
+    if let Some(line) =
+        offload_arg::summary(offload.as_ref(), engine.boot.offload.as_ref(), weight_bytes)
+    {
+        tracing::info!("{line}");
+        if show {
+            errln!("{line}");
+        }
+    }
+    Ok(engine)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use encore_core::backend::cpu::CpuBackend;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn engine_args(args: &[&str]) -> EngineArgs {
+        let cli = Cli::try_parse_from([&["encore"][..], args].concat()).unwrap();
+        match cli.command {
+            Command::Generate(a) => a.engine,
+            Command::Serve(a) => a.engine,
+            _ => unreachable!("generate or serve"),
+        }
+    }
+
+    fn shape(cpu_kv_blocks: Option<usize>) -> EngineShape {
+        EngineShape {
+            max_seqs: 4,
+            max_seq_len: 256,
+            kv_at_least: 17,
+            cpu_kv_blocks,
+            capture_all: false,
+            run_name: "test".into(),
+            fix_hint: String::new(),
+        }
+    }
+
+    #[test]
+    fn each_command_keeps_its_defaults_and_the_flags_reach_the_config() {
+        assert_eq!(engine_args(&["generate"]).kv_fraction, 0.5);
+        assert_eq!(engine_args(&["serve"]).kv_fraction, 0.8);
+        let be = CpuBackend::new();
+        let e = engine_args(&["serve", "--eager", "--no-prefix-cache", "--block-size", "8"]);
+        let (cfg, sched) = e.config(&be, DType::F32, shape(Some(64))).unwrap();
+        assert!(cfg.graphs.is_none());
+        assert_eq!(cfg.block_size, 8);
+        assert!(matches!(cfg.kv, KvSizing::Blocks(64)));
+        assert!(!sched.prefix_cache);
+        assert_eq!((sched.max_num_seqs, cfg.max_seqs), (4, 4));
+        let (cfg, sched) = engine_args(&["generate", "--buckets", "1,2"])
+            .config(&be, DType::F32, shape(None))
+            .unwrap();
+        assert!(cfg.graphs.is_some());
+        assert!(matches!(
+            cfg.kv,
+            KvSizing::DeviceFraction { at_least: 17, .. }
+        ));
+        assert!(sched.prefix_cache);
+        let (cfg, _) = engine_args(&["serve"])
+            .config(&be, DType::F32, shape(Some(2)))
+            .unwrap();
+        assert!(matches!(cfg.kv, KvSizing::Blocks(17)));
+    }
+}
