@@ -1,6 +1,7 @@
 //! The one error type of encore-core. Every message names the thing (tensor, op, file,
 //! byte count) and, where there is one, the fix.
 
+use crate::request::Refusal;
 use crate::tensor::DType;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -103,6 +104,9 @@ pub enum Error {
         needed: usize,
         free: usize,
     },
+    /// A request can never run as asked (admission refused it, naming the parameter).
+    #[error("{0}")]
+    Refused(Refusal),
     /// A filesystem operation failed. The OS message is the error's `source` (printed
     /// once by a chain printer such as anyhow's `{:#}`), not part of this message.
     #[error("{what} `{path}`")]
@@ -117,6 +121,12 @@ pub enum Error {
 /// Bytes in GiB, for messages.
 pub fn gib(bytes: usize) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
+}
+
+impl From<Refusal> for Error {
+    fn from(r: Refusal) -> Self {
+        Error::Refused(r)
+    }
 }
 
 impl Error {

@@ -17,6 +17,7 @@ pub mod model;
 pub mod offload;
 pub mod ops;
 pub mod progress;
+pub mod request;
 pub mod runner;
 pub mod scheduler;
 pub mod serve;

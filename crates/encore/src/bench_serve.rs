@@ -18,8 +18,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use encore_core::engine::{EngineConfig, KvSizing};
 use encore_core::memory::GraphMemory;
-use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
-use encore_core::serve::{EngineHandle, Event};
+use encore_core::request::{Event, Request, RequestParams};
+use encore_core::scheduler::SchedulerConfig;
+use encore_core::serve::EngineHandle;
 use encore_core::DType;
 use serde_json::{json, Map, Value};
 
@@ -713,6 +714,7 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
                         max_tokens: w.items[i].output_len,
                         stop_token_ids: Vec::new(),
                         ignore_eos: true,
+                        fit_context: false,
                     },
                 },
                 Box::new(move |e| {
@@ -720,7 +722,8 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
                         Event::Token(o) => Seen::Token {
                             last: o.finish.is_some(),
                         },
-                        Event::Error(msg) | Event::Failed(msg) => Seen::Failed(msg),
+                        Event::Refused(r) => Seen::Failed(r.to_string()),
+                        Event::Failed(msg) => Seen::Failed(msg),
                     };
                     tx.send((i, Instant::now(), seen)).is_ok()
                 }),

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use encore_core::engine::{EngineConfig, KvSizing};
-use encore_core::generate::FinishReason;
 use encore_core::memory::GraphMemory;
 use encore_core::progress::{Progress, Unit};
+use encore_core::request::{Event, FinishReason, Request, RequestParams};
 use encore_core::runner::SamplingParams;
-use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
-use encore_core::serve::{EngineHandle, Event};
+use encore_core::scheduler::SchedulerConfig;
+use encore_core::serve::EngineHandle;
 use encore_core::tokenizer::{ChatMessage, StopMatcher, StopStream};
 use encore_core::DType;
 
@@ -312,6 +312,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         max_tokens: a.max_tokens,
         stop_token_ids: tokenizer.eos_token_ids(),
         ignore_eos: a.ignore_eos,
+        fit_context: false,
     };
     let stream = prompts.len() == 1 && !a.json;
     if prompts.is_empty() {
@@ -535,9 +536,8 @@ fn run_on_engine(
                     Err(e) => break Err(e.into()),
                 }
             }
-            Ok((i, _, Event::Error(msg) | Event::Failed(msg))) => {
-                break Err(anyhow!("prompt {}: {msg}", i + 1))
-            }
+            Ok((i, _, Event::Refused(r))) => break Err(anyhow!("prompt {}: {r}", i + 1)),
+            Ok((i, _, Event::Failed(msg))) => break Err(anyhow!("prompt {}: {msg}", i + 1)),
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 break Err(anyhow!(
