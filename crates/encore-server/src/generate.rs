@@ -85,8 +85,8 @@ pub(crate) async fn chat_completions(
 /// Admit a valid request of `prompt` and answer it, whole or streamed.
 async fn generate(s: Arc<AppState>, mut c: Common, prompt: Vec<u32>, kind: Kind) -> Response {
     s.requests_total.fetch_add(1, Ordering::Relaxed);
-    if let Err(e) = accepting(&s) {
-        return e;
+    if let Some(busy) = busy(&s) {
+        return busy;
     }
     c.params.sampling.seed = c.seed.unwrap_or_else(|| {
         s.next_id
@@ -120,9 +120,9 @@ async fn generate(s: Arc<AppState>, mut c: Common, prompt: Vec<u32>, kind: Kind)
 }
 
 /// A 503 when the server drains or its queue is full.
-fn accepting(s: &AppState) -> Result<(), Response> {
+fn busy(s: &AppState) -> Option<Response> {
     if s.draining.load(Ordering::SeqCst) {
-        return Err(ApiError::shutting_down().into_response());
+        return Some(ApiError::shutting_down().into_response());
     }
     if let Some(limit) = s.cfg.max_waiting {
         let waiting = s.engine.metrics.requests_waiting.load(Ordering::Relaxed) as usize;
@@ -134,10 +134,10 @@ fn accepting(s: &AppState) -> Result<(), Response> {
             .into_response();
             r.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-            return Err(r);
+            return Some(r);
         }
     }
-    Ok(())
+    None
 }
 
 /// Why a request did not get into the engine.
