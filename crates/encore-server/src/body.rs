@@ -115,11 +115,10 @@ pub(crate) struct StreamOptions {
     include_usage: Field<bool>,
 }
 
-/// The fields both endpoints share: the model, sampling, length, streaming and stops.
+/// The sampling fields both endpoints share.
 #[derive(Default, Deserialize)]
 #[serde(default)]
-pub(crate) struct CommonBody {
-    model: Field<String>,
+pub(crate) struct SamplingBody {
     temperature: Field<f64>,
     top_p: Field<f64>,
     top_k: Field<i64>,
@@ -128,6 +127,48 @@ pub(crate) struct CommonBody {
     presence_penalty: Field<f64>,
     frequency_penalty: Field<f64>,
     repetition_penalty: Field<f64>,
+}
+
+impl SamplingBody {
+    /// The sampling parameters (no log-probabilities yet), and the seed when given.
+    fn validate(self) -> Result<(SamplingParams, Option<u64>), ApiError> {
+        let temperature = number(self.temperature, "temperature", 0.0, 2.0, 1.0)?;
+        // Above 0 in f32 too: the kernel reads 0 as "off".
+        let top_p = number(self.top_p, "top_p", f32::MIN_POSITIVE as f64, 1.0, 1.0)?;
+        let top_k = integer(self.top_k, "top_k", -1, i32::MAX as i64)?.unwrap_or(0);
+        let seed = integer(self.seed, "seed", i64::MIN, i64::MAX)?;
+        let min_p = number(self.min_p, "min_p", 0.0, 1.0, 0.0)?;
+        let presence_penalty = number(self.presence_penalty, "presence_penalty", -2.0, 2.0, 0.0)?;
+        let frequency_penalty =
+            number(self.frequency_penalty, "frequency_penalty", -2.0, 2.0, 0.0)?;
+        // Its lower bound (> 0) is admission's.
+        let repetition_penalty = self
+            .repetition_penalty
+            .get("repetition_penalty", || {
+                "`repetition_penalty` must be a number".into()
+            })?
+            .unwrap_or(1.0);
+        let sampling = SamplingParams {
+            temperature: temperature as f32,
+            top_k: top_k as i32,
+            top_p: top_p as f32,
+            min_p: min_p as f32,
+            presence_penalty: presence_penalty as f32,
+            frequency_penalty: frequency_penalty as f32,
+            repetition_penalty: repetition_penalty as f32,
+            ..Default::default()
+        };
+        Ok((sampling, seed.map(|x| x as u64)))
+    }
+}
+
+/// The fields both endpoints share: the model, sampling, length, streaming and stops.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct CommonBody {
+    model: Field<String>,
+    #[serde(flatten)]
+    sampling: SamplingBody,
     max_completion_tokens: Field<u64>,
     max_tokens: Field<u64>,
     stream: Field<bool>,
@@ -144,9 +185,10 @@ pub(crate) struct Common {
     /// `None`: the request gave none; the server's default applies (it shrinks to the
     /// room the context leaves, as vLLM's does).
     pub max_tokens: Option<usize>,
-    /// The request's parameters (its `max_tokens` is set once the default is known; its
-    /// seed is `None` when the server picks one).
+    /// The request's parameters (its `max_tokens` and seed are set once the defaults
+    /// are known).
     pub params: RequestParams,
+    /// The seed the request gave (the server picks one otherwise).
     pub seed: Option<u64>,
     /// Stop strings (at most 4, none empty), checked on the detokenized text.
     pub stop: StopMatcher,
@@ -158,38 +200,8 @@ impl CommonBody {
     /// Check every field; `served` is the model this server serves, `eos` the model's
     /// end-of-generation tokens.
     fn validate(self, served: &str, eos: &[u32]) -> Result<Common, ApiError> {
-        match self
-            .model
-            .get("model", || "`model` must be a string".into())?
-        {
-            None => return Err(ApiError::bad("model", "`model` is required")),
-            Some(m) if m != served => {
-                return Err(ApiError {
-                    status: StatusCode::NOT_FOUND,
-                    message: format!(
-                        "the model `{m}` does not exist; this server serves `{served}`"
-                    ),
-                    kind: "invalid_request_error",
-                    param: Some("model"),
-                })
-            }
-            Some(_) => {}
-        }
-        let temperature = number(self.temperature, "temperature", 0.0, 2.0, 1.0)?;
-        // Above 0 in f32 too: the kernel reads 0 as "off".
-        let top_p = number(self.top_p, "top_p", f32::MIN_POSITIVE as f64, 1.0, 1.0)?;
-        let top_k = integer(self.top_k, "top_k", -1, i32::MAX as i64)?.unwrap_or(0);
-        let seed = integer(self.seed, "seed", i64::MIN, i64::MAX)?;
-        let min_p = number(self.min_p, "min_p", 0.0, 1.0, 0.0)?;
-        let presence_penalty = number(self.presence_penalty, "presence_penalty", -2.0, 2.0, 0.0)?;
-        let frequency_penalty =
-            number(self.frequency_penalty, "frequency_penalty", -2.0, 2.0, 0.0)?;
-        let repetition_penalty = self
-            .repetition_penalty
-            .get("repetition_penalty", || {
-                "`repetition_penalty` must be a number".into()
-            })?
-            .unwrap_or(1.0);
+        check_model(self.model, served)?;
+        let (sampling, seed) = self.sampling.validate()?;
         let (max_tokens, max_name) =
             match count(self.max_completion_tokens, "max_completion_tokens")? {
                 Some(m) => (Some(m), "max_completion_tokens"),
@@ -219,16 +231,7 @@ impl CommonBody {
             include_usage,
             max_tokens,
             params: RequestParams {
-                sampling: SamplingParams {
-                    temperature: temperature as f32,
-                    top_k: top_k as i32,
-                    top_p: top_p as f32,
-                    min_p: min_p as f32,
-                    presence_penalty: presence_penalty as f32,
-                    frequency_penalty: frequency_penalty as f32,
-                    repetition_penalty: repetition_penalty as f32,
-                    ..Default::default()
-                },
+                sampling,
                 max_tokens: max_tokens.unwrap_or(0),
                 stop_token_ids,
                 // The stop ids already hold the model's end tokens unless ignore_eos.
@@ -236,13 +239,27 @@ impl CommonBody {
                 // The OpenAI API's rule: prompt and max_tokens must fit the context.
                 fit_context: true,
             },
-            seed: seed.map(|x| x as u64),
+            seed,
             stop,
             names: ParamNames {
                 max_tokens: max_name,
                 logprobs: "logprobs",
             },
         })
+    }
+}
+
+/// `model`: required, and the model this server serves (`served`; a 404 otherwise).
+fn check_model(model: Field<String>, served: &str) -> Result<(), ApiError> {
+    match model.get("model", || "`model` must be a string".into())? {
+        None => Err(ApiError::bad("model", "`model` is required")),
+        Some(m) if m != served => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("the model `{m}` does not exist; this server serves `{served}`"),
+            kind: "invalid_request_error",
+            param: Some("model"),
+        }),
+        Some(_) => Ok(()),
     }
 }
 
