@@ -276,3 +276,80 @@ impl Limits {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        vocab_size: 100,
+        max_seq_len: 64,
+        block_size: 16,
+        usable_blocks: 3,
+        penalty_slots: 0,
+    };
+
+    fn request(prompt_len: usize, max_tokens: usize) -> Request {
+        Request {
+            id: 7,
+            prompt: vec![1; prompt_len],
+            params: RequestParams {
+                sampling: SamplingParams::default(),
+                max_tokens,
+                stop_token_ids: Vec::new(),
+                ignore_eos: false,
+                fit_context: false,
+            },
+        }
+    }
+
+    /// The parameter `req` is refused for, and the refusal's text.
+    fn refused(req: &Request) -> (Param, String) {
+        let r = LIMITS.check(req).unwrap_err();
+        (r.param, r.to_string())
+    }
+
+    #[test]
+    fn each_refusal_names_its_parameter() {
+        assert_eq!(refused(&request(0, 4)).0, Param::Prompt);
+        assert_eq!(refused(&request(4, 0)).0, Param::MaxTokens);
+        let (p, m) = refused(&request(64, 4));
+        assert_eq!(p, Param::Prompt);
+        assert!(m.contains("`prompt` has 64 tokens"), "{m}");
+        let mut bad = request(4, 4);
+        bad.prompt[1] = 100;
+        let (p, m) = refused(&bad);
+        assert_eq!(p, Param::Prompt);
+        assert!(m.contains("token id 100"), "{m}");
+        // 49..=64 tokens need 4 blocks of 16; the cache has 3.
+        let (p, m) = refused(&request(40, 20));
+        assert_eq!(p, Param::MaxTokens);
+        assert!(m.starts_with("request 7: `max_tokens`"), "{m}");
+        let mut lp = request(4, 4);
+        lp.params.sampling.logprobs = Some(MAX_TOP_LOGPROBS + 1);
+        assert_eq!(refused(&lp).0, Param::Logprobs);
+        let mut pen = request(4, 4);
+        pen.params.sampling.frequency_penalty = 0.5;
+        assert_eq!(refused(&pen).0, Param::FrequencyPenalty);
+        pen.params.sampling.repetition_penalty = -1.0;
+        assert_eq!(refused(&pen).0, Param::RepetitionPenalty);
+    }
+
+    #[test]
+    fn fit_context_refuses_what_would_end_at_the_context() {
+        // 40 + 30 > 64: admitted without fit_context (it ends with Context at 64, which
+        // needs 4 blocks: give the cache room), refused with it.
+        let roomy = Limits {
+            usable_blocks: 8,
+            ..LIMITS
+        };
+        let mut req = request(40, 30);
+        assert!(roomy.check(&req).is_ok());
+        req.params.fit_context = true;
+        let r = roomy.check(&req).unwrap_err();
+        assert_eq!(r.param, Param::MaxTokens);
+        assert!(r
+            .message_naming("max_completion_tokens")
+            .starts_with("`max_completion_tokens` 30"));
+    }
+}
