@@ -1,4 +1,4 @@
-//! The one error type of encore-core. Every message names the thing (tensor, op, file,
+//! The one error type of encore (the backend layer and everything above it). Every message names the thing (tensor, op, file,
 //! byte count) and, where there is one, the fix.
 
 use crate::dtype::DType;
@@ -103,6 +103,11 @@ pub enum Error {
         needed: usize,
         free: usize,
     },
+    /// A request can never run as asked: admission refused it, naming the parameter. The
+    /// engine's typed refusal (`encore_core::request::Refusal`; this layer knows no
+    /// requests), which `encore_core::request::refusal_of` reads back.
+    #[error("{0}")]
+    Refused(Box<dyn std::error::Error + Send + Sync>),
     /// A filesystem operation failed. The OS message is the error's `source` (printed
     /// once by a chain printer such as anyhow's `{:#}`), not part of this message.
     #[error("{what} `{path}`")]

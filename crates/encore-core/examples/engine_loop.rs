@@ -8,9 +8,10 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use encore_core::engine::{EngineConfig, KvSizing};
+use encore_core::request::{Event, Request, RequestParams};
 use encore_core::runner::GraphConfig;
-use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
-use encore_core::serve::{EngineHandle, Event};
+use encore_core::scheduler::SchedulerConfig;
+use encore_core::serve::EngineHandle;
 
 fn main() -> encore_core::Result<()> {
     let a: Vec<String> = std::env::args().collect();
@@ -75,6 +76,7 @@ fn main() -> encore_core::Result<()> {
                     max_tokens: m,
                     stop_token_ids: Vec::new(),
                     ignore_eos: true,
+                    fit_context: false,
                 },
             },
             Box::new(move |e| tx.send(e).is_ok()),
@@ -88,7 +90,8 @@ fn main() -> encore_core::Result<()> {
                 tokens += 1;
                 done += o.finish.is_some() as usize;
             }
-            Ok(Event::Error(e) | Event::Failed(e)) => panic!("{e}"),
+            Ok(Event::Refused(r)) => panic!("{r}"),
+            Ok(Event::Failed(e)) => panic!("{e}"),
             Err(_) => break,
         }
     }

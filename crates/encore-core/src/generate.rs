@@ -4,15 +4,17 @@
 //! hits EOS, its token limit or the context limit. `encore generate` submits to the
 //! engine loop (`serve::EngineHandle`) instead; this synchronous path stays as the
 //! reference the tests compare the engine loop, the server and the CLI against (and for
-//! library use without a thread). [`FinishReason`] is shared by both.
+//! library use without a thread). Both end requests with a
+//! [`FinishReason`](crate::request::FinishReason).
 
 use std::ops::ControlFlow;
 use std::time::Instant;
 
 use crate::error::Result;
 use crate::progress::{Guard, Progress, Unit};
-use crate::runner::{Runner, SamplingParams};
-use crate::scheduler::{Request, RequestParams, Scheduler, SchedulerConfig};
+use crate::request::{FinishReason, Request, RequestParams, SamplingParams};
+use crate::runner::Runner;
+use crate::scheduler::{Scheduler, SchedulerConfig};
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
@@ -20,34 +22,6 @@ pub struct GenerateOptions {
     pub sampling: SamplingParams,
     /// Keep generating past EOS (for benchmarks).
     pub ignore_eos: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// Produced an end-of-sequence token.
-    Eos,
-    /// Reached `max_tokens`.
-    Length,
-    /// Reached the runner's `max_seq_len`.
-    Context,
-    /// The caller's `on_token` asked to stop.
-    Stopped,
-    /// Its text reached one of the request's stop strings (the caller's check: the
-    /// engine only counts tokens).
-    StopString,
-}
-
-impl FinishReason {
-    /// The lower-case name used in output (`eos`, `length`, `context`, `stopped`, `stop`).
-    pub fn name(self) -> &'static str {
-        match self {
-            FinishReason::Eos => "eos",
-            FinishReason::Length => "length",
-            FinishReason::Context => "context",
-            FinishReason::Stopped => "stopped",
-            FinishReason::StopString => "stop",
-        }
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -90,6 +64,7 @@ pub fn generate(
                     max_tokens: opts.max_tokens,
                     stop_token_ids: eos.to_vec(),
                     ignore_eos: opts.ignore_eos,
+                    fit_context: false,
                 },
             },
             runner,

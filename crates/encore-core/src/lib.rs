@@ -15,6 +15,7 @@ pub mod memory;
 pub mod model;
 pub mod offload;
 pub mod progress;
+pub mod request;
 pub mod runner;
 pub mod scheduler;
 pub mod serve;

@@ -20,41 +20,10 @@
 
 use std::collections::VecDeque;
 
-use crate::backend::MAX_TOP_LOGPROBS;
 use crate::error::{Error, Result};
-use crate::generate::FinishReason;
 use crate::kv::{PrefixHit, SeqId};
-use crate::runner::{Runner, SamplingParams, SeqStep, TokenLogprobs};
-
-/// One request's generation parameters.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RequestParams {
-    pub sampling: SamplingParams,
-    /// New tokens at most (>= 1).
-    pub max_tokens: usize,
-    /// Tokens that end the request (the model's end-of-generation tokens, plus the
-    /// request's own); ignored with `ignore_eos`.
-    pub stop_token_ids: Vec<u32>,
-    pub ignore_eos: bool,
-}
-
-/// A request: its caller-chosen id (unique among live requests), prompt and parameters.
-#[derive(Clone, Debug)]
-pub struct Request {
-    pub id: u64,
-    pub prompt: Vec<u32>,
-    pub params: RequestParams,
-}
-
-/// One new token of a request; `finish` is set on its last.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Output {
-    pub id: u64,
-    pub token: u32,
-    /// When the request's sampling asks for log-probabilities.
-    pub logprobs: Option<TokenLogprobs>,
-    pub finish: Option<FinishReason>,
-}
+use crate::request::{FinishReason, Limits, Output, Param, Refusal, Request};
+use crate::runner::{Runner, SeqStep};
 
 /// The scheduler's budgets and policies.
 #[derive(Clone, Copy, Debug)]
@@ -149,65 +118,13 @@ impl Scheduler {
         })
     }
 
-    /// Queue a request. Refused (with the reason) when it can never run: an empty prompt,
-    /// `max_tokens` 0, a prompt that leaves no room in the context, more KV blocks than
-    /// the cache has, or an id already live.
-    pub fn add(&mut self, req: Request, runner: &Runner<'_>) -> Result<()> {
-        let r = runner.config();
-        let what = |m: String| {
-            Err(Error::invalid(
-                "request",
-                format!("request {}: {m}", req.id),
-            ))
-        };
-        if req.prompt.is_empty() {
-            return what("the prompt is empty".into());
-        }
-        if req.params.max_tokens == 0 {
-            return what("max_tokens must be at least 1".into());
-        }
-        if req.prompt.len() >= r.max_seq_len {
-            return what(format!(
-                "the prompt has {} tokens; the context holds {} (prompt and output)",
-                req.prompt.len(),
-                r.max_seq_len
-            ));
-        }
-        let vocab = runner.model.cfg.vocab_size;
-        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
-            return what(format!("token id {t} is outside the vocabulary of {vocab}"));
-        }
-        // The longest the sequence can get must fit the cache on its own.
-        let longest = (req.prompt.len() + req.params.max_tokens).min(r.max_seq_len);
-        let need = runner.blocks.blocks_for_tokens(longest);
-        if need > runner.blocks.num_usable_blocks() {
-            return what(format!(
-                "{longest} tokens need {need} KV blocks; the cache has {}",
-                runner.blocks.num_usable_blocks()
-            ));
-        }
+    /// Queue a request. Refused, naming the parameter, when it can never run (see
+    /// [`Limits::check`]) or its id is already live.
+    pub fn add(&mut self, req: Request, runner: &Runner<'_>) -> Result<(), Refusal> {
+        Self::limits(runner).check(&req)?;
         if self.live().any(|s| s.req.id == req.id) {
-            return what("the id is already live".into());
-        }
-        let sp = &req.params.sampling;
-        if sp.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
-            return what(format!(
-                "top log-probabilities are limited to {MAX_TOP_LOGPROBS}"
-            ));
-        }
-        let factors = [
-            sp.presence_penalty,
-            sp.frequency_penalty,
-            sp.repetition_penalty,
-        ];
-        if factors.iter().any(|f| !f.is_finite()) || sp.repetition_penalty <= 0.0 {
-            return what(format!(
-                "penalties must be finite and the repetition penalty > 0 (presence {}, frequency {}, repetition {})",
-                sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty
-            ));
-        }
-        if sp.has_penalties() && r.penalty_slots == 0 {
-            return what("penalties are off in this engine (no penalty slots)".into());
+            let m = format!("{} is already live", req.id);
+            return Err(Refusal::new(req.id, Param::Id, m));
         }
         let seq = SeqId(self.next_seq);
         self.next_seq += 1;
@@ -219,6 +136,17 @@ impl Scheduler {
             admitted: false,
         });
         Ok(())
+    }
+
+    /// The admission rules of `runner`'s sizes.
+    pub fn limits(runner: &Runner<'_>) -> Limits {
+        Limits {
+            vocab_size: runner.model.cfg.vocab_size,
+            max_seq_len: runner.config().max_seq_len,
+            block_size: runner.blocks.block_size(),
+            usable_blocks: runner.blocks.num_usable_blocks(),
+            penalty_slots: runner.config().penalty_slots,
+        }
     }
 
     fn live(&self) -> impl Iterator<Item = &Seq> {

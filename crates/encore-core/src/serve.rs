@@ -7,6 +7,7 @@
 //! Nothing here knows HTTP: the server (encore-server), `encore generate` and `encore
 //! bench serve --in-process` all submit through an [`EngineHandle`].
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -21,28 +22,22 @@ use crate::histogram::{Histogram, ItlBuckets, TtftBuckets};
 use crate::memory::ArenaStats;
 use crate::model::open_model;
 use crate::progress::Progress;
-use crate::scheduler::{Output, Request, Scheduler, SchedulerConfig};
+use crate::request::{Event, Limits, Output, Param, Refusal, Request};
+use crate::scheduler::{Scheduler, SchedulerConfig};
 
 /// Where a request's tokens go. Returns `false` when nobody reads them any more (the
 /// request is then aborted).
 pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
 
-/// What a request's sink receives.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    /// A new token (`finish` set on the last one).
-    Token(Output),
-    /// The request was refused (it can never run as asked); nothing more follows.
-    Error(String),
-    /// The engine failed while running the request (a step failed on the device); nothing
-    /// more follows.
-    Failed(String),
-}
+/// Told once whether the loop admitted a request ([`EngineHandle::submit_with_verdict`]),
+/// before any of its events.
+pub type Verdict = Box<dyn FnOnce(Result<(), Refusal>) + Send>;
 
 /// The messages the engine loop takes.
 enum Message {
-    /// A request, its sink, and when it was submitted.
-    Add(Request, Sink, Instant),
+    /// A request, its sink, when it was submitted, and who to tell whether it was
+    /// admitted (without one, a refusal goes to the sink).
+    Add(Request, Sink, Instant, Option<Verdict>),
     Abort(u64),
     /// End a request early as finished (a stop string matched in its text).
     Finish(u64),
@@ -110,12 +105,14 @@ pub struct EngineHandle {
     tx: Sender<Message>,
     thread: Option<JoinHandle<()>>,
     pub metrics: Arc<EngineMetrics>,
-    /// The model's vocabulary size and context length, for validating requests.
+    /// The model's vocabulary size and context length.
     pub vocab_size: usize,
     pub max_seq_len: usize,
     /// Tokens the whole KV cache holds: a request whose prompt and output (within the
     /// context) need more can never run.
     pub kv_capacity_tokens: usize,
+    /// The rules admission checks requests against (the scheduler's).
+    pub limits: Limits,
     /// What start-up did and how long it took.
     pub boot: BootReport,
 }
@@ -132,7 +129,7 @@ impl EngineHandle {
         progress: Box<dyn Progress + Send>,
     ) -> Result<EngineHandle> {
         let (tx, rx) = mpsc::channel::<Message>();
-        let (boot_tx, boot_rx) = mpsc::channel::<Result<(usize, usize, usize, BootReport)>>();
+        let (boot_tx, boot_rx) = mpsc::channel::<Result<(Limits, BootReport)>>();
         let metrics = Arc::new(EngineMetrics::default());
         let m = Arc::clone(&metrics);
         let thread = std::thread::Builder::new()
@@ -151,24 +148,20 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let blocks = &engine.runner.blocks;
-                let _ = boot_tx.send(Ok((
-                    engine.runner.model.cfg.vocab_size,
-                    engine.runner.config().max_seq_len,
-                    blocks.num_usable_blocks() * blocks.block_size(),
-                    engine.report.clone(),
-                )));
+                let limits = Scheduler::limits(&engine.runner);
+                let _ = boot_tx.send(Ok((limits, engine.report.clone())));
                 run_loop(engine, scheduler, rx, &m);
             })
             .map_err(|e| Error::invalid("engine", format!("cannot start its thread: {e}")))?;
         match boot_rx.recv() {
-            Ok(Ok((vocab_size, max_seq_len, kv_capacity_tokens, boot))) => Ok(EngineHandle {
+            Ok(Ok((limits, boot))) => Ok(EngineHandle {
                 tx,
                 thread: Some(thread),
                 metrics,
-                vocab_size,
-                max_seq_len,
-                kv_capacity_tokens,
+                vocab_size: limits.vocab_size,
+                max_seq_len: limits.max_seq_len,
+                kv_capacity_tokens: limits.kv_capacity_tokens(),
+                limits,
                 boot,
             }),
             Ok(Err(e)) => {
@@ -182,10 +175,21 @@ impl EngineHandle {
         }
     }
 
-    /// Queue a request; its tokens (or an error) go to `sink`.
+    /// Queue a request; its tokens (or its refusal) go to `sink`.
     pub fn submit(&self, req: Request, sink: Sink) -> Result<()> {
+        self.send_add(req, sink, None)
+    }
+
+    /// Queue a request; `verdict` is told whether admission took it (a refusal goes
+    /// there, not to `sink`), then its tokens go to `sink`. For callers that must answer
+    /// before the first token, such as an HTTP server choosing its status code.
+    pub fn submit_with_verdict(&self, req: Request, sink: Sink, verdict: Verdict) -> Result<()> {
+        self.send_add(req, sink, Some(verdict))
+    }
+
+    fn send_add(&self, req: Request, sink: Sink, verdict: Option<Verdict>) -> Result<()> {
         self.tx
-            .send(Message::Add(req, sink, Instant::now()))
+            .send(Message::Add(req, sink, Instant::now(), verdict))
             .map_err(|_| Error::invalid("engine", "the engine loop has stopped"))
     }
 
@@ -255,7 +259,7 @@ fn run_loop(
     m: &EngineMetrics,
 ) {
     let runner = &mut engine.runner;
-    let mut sinks: std::collections::HashMap<u64, Live> = std::collections::HashMap::new();
+    let mut sinks: HashMap<u64, Live> = HashMap::new();
     m.kv_blocks_total
         .store(runner.blocks.num_usable_blocks() as u64, Ordering::Relaxed);
     loop {
@@ -271,27 +275,10 @@ fn run_loop(
         };
         while let Some(msg) = next {
             match msg {
-                Message::Add(req, mut sink, submitted) => {
-                    let id = req.id;
-                    match sinks.entry(id) {
-                        std::collections::hash_map::Entry::Occupied(_) => {
-                            sink(Event::Error(format!("request id {id} is already live")));
-                        }
-                        std::collections::hash_map::Entry::Vacant(slot) => {
-                            match sched.add(req, runner) {
-                                Ok(()) => {
-                                    slot.insert(Live {
-                                        sink,
-                                        submitted,
-                                        last_token: None,
-                                    });
-                                }
-                                Err(e) => {
-                                    sink(Event::Error(e.to_string()));
-                                }
-                            }
-                        }
-                    }
+                Message::Add(req, sink, submitted, verdict) => {
+                    add(
+                        &mut sched, runner, &mut sinks, req, sink, submitted, verdict,
+                    );
                 }
                 Message::Abort(id) => {
                     if sinks.remove(&id).is_some() {
@@ -348,6 +335,44 @@ fn run_loop(
         m.step_micros_total
             .fetch_add(step_start.elapsed().as_micros() as u64, Ordering::Relaxed);
         publish(m, &sched, runner);
+    }
+}
+
+/// Admit `req` to the scheduler and keep its sink, or tell it (or its verdict) the
+/// refusal.
+fn add(
+    sched: &mut Scheduler,
+    runner: &crate::runner::Runner<'_>,
+    sinks: &mut HashMap<u64, Live>,
+    req: Request,
+    mut sink: Sink,
+    submitted: Instant,
+    verdict: Option<Verdict>,
+) {
+    let id = req.id;
+    let admitted = if sinks.contains_key(&id) {
+        let m = format!("{id} is already live");
+        Err(Refusal::new(id, Param::Id, m))
+    } else {
+        sched.add(req, runner)
+    };
+    let ok = admitted.is_ok();
+    match (verdict, admitted) {
+        (Some(v), a) => v(a),
+        (None, Err(r)) => {
+            sink(Event::Refused(r));
+        }
+        (None, Ok(())) => {}
+    }
+    if ok {
+        sinks.insert(
+            id,
+            Live {
+                sink,
+                submitted,
+                last_token: None,
+            },
+        );
     }
 }
 

@@ -32,8 +32,9 @@ use encore_core::offload::{
     self, AccessOrder, OffloadConfig, Policy, Prepared, WeightBudget, SLOT_ALIGN,
 };
 use encore_core::progress::NoProgress;
+use encore_core::request::{Request, RequestParams};
 use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep};
-use encore_core::scheduler::{Request, RequestParams, Scheduler, SchedulerConfig};
+use encore_core::scheduler::{Scheduler, SchedulerConfig};
 use encore_core::{DType, Error};
 use half::bf16;
 use safetensors::tensor::{Dtype, TensorView};
@@ -647,6 +648,7 @@ fn scheduled(runner: &mut Runner<'_>, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, u
             max_tokens: 12,
             stop_token_ids: Vec::new(),
             ignore_eos: true,
+            fit_context: false,
         };
         let req = Request {
             id: i as u64,

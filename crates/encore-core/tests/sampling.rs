@@ -8,8 +8,9 @@ use std::collections::{HashMap, HashSet};
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
+use encore_core::request::{Output, Param, Request, RequestParams};
 use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep, TokenLogprobs};
-use encore_core::scheduler::{Output, Request, RequestParams, Scheduler, SchedulerConfig};
+use encore_core::scheduler::{Scheduler, SchedulerConfig};
 
 mod common;
 
@@ -24,6 +25,7 @@ fn request(id: u64, prompt_len: usize, max_tokens: usize, sampling: SamplingPara
             max_tokens,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            fit_context: false,
         },
     }
 }
@@ -216,13 +218,26 @@ fn sampling_values_that_cannot_work_are_refused() {
     let r = common::tiny_runner(&cpu);
     let cfg = SchedulerConfig::new(16, 4);
     let mut s = Scheduler::new(cfg, &r).unwrap();
-    for (sampling, needle) in [
-        (greedy(0.0, 0.0, 0.0, None), "repetition penalty > 0"),
-        (greedy(1.0, f32::NAN, 0.0, None), "finite"),
-        (greedy(1.0, 0.0, 0.0, Some(21)), "limited to 20"),
+    for (sampling, needle, param) in [
+        (
+            greedy(0.0, 0.0, 0.0, None),
+            "`repetition_penalty` must be finite and > 0",
+            Param::RepetitionPenalty,
+        ),
+        (
+            greedy(1.0, f32::NAN, 0.0, None),
+            "finite",
+            Param::FrequencyPenalty,
+        ),
+        (
+            greedy(1.0, 0.0, 0.0, Some(21)),
+            "limited to 20",
+            Param::Logprobs,
+        ),
     ] {
         let err = s.add(request(1, 4, 4, sampling), &r).unwrap_err();
         assert!(err.to_string().contains(needle), "{err}");
+        assert_eq!(err.param, param, "{err}");
     }
     // A runner without penalty slots refuses penalties, not the rest.
     let be = CpuBackend::new();

@@ -8,9 +8,9 @@
 use std::collections::HashMap;
 
 use encore_core::backend::cpu::CpuBackend;
-use encore_core::generate::FinishReason;
+use encore_core::request::{FinishReason, Request, RequestParams};
 use encore_core::runner::{Runner, SamplingParams};
-use encore_core::scheduler::{Request, RequestParams, Scheduler, SchedulerConfig};
+use encore_core::scheduler::{Scheduler, SchedulerConfig};
 
 mod common;
 
@@ -31,6 +31,7 @@ fn request(id: u64, prompt_len: usize, max_tokens: usize, temperature: f32) -> R
             max_tokens,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            fit_context: false,
         },
     }
 }

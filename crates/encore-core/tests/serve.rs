@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::engine::{EngineConfig, KvSizing};
-use encore_core::generate::FinishReason;
 use encore_core::progress::NoProgress;
+use encore_core::request::{Event, FinishReason, Param, Request, RequestParams};
 use encore_core::runner::SamplingParams;
-use encore_core::scheduler::{Request, RequestParams, SchedulerConfig};
-use encore_core::serve::{EngineHandle, Event};
+use encore_core::scheduler::SchedulerConfig;
+use encore_core::serve::EngineHandle;
 use encore_core::DType;
 
 /// Boot an engine loop on `model` (eager, f32, 8 sequences of up to 128 tokens).
@@ -50,6 +50,7 @@ fn request(id: u64, len: usize, max_tokens: usize) -> Request {
             max_tokens,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            fit_context: false,
         },
     }
 }
@@ -68,7 +69,8 @@ fn collect(rx: &mpsc::Receiver<Event>) -> (Vec<u32>, FinishReason) {
                     return (toks, f);
                 }
             }
-            Event::Error(e) | Event::Failed(e) => panic!("{e}"),
+            Event::Refused(r) => panic!("{r}"),
+            Event::Failed(e) => panic!("{e}"),
         }
     }
 }
@@ -176,7 +178,10 @@ fn refused_requests_get_an_error_event_and_boot_errors_return() {
     let (tx, rx) = mpsc::channel();
     engine.submit(request(1, 0, 5), sink(tx)).unwrap();
     match rx.recv_timeout(Duration::from_secs(30)).unwrap() {
-        Event::Error(e) => assert!(e.contains("empty"), "{e}"),
+        Event::Refused(r) => {
+            assert!(r.to_string().contains("empty"), "{r}");
+            assert_eq!(r.param, Param::Prompt);
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(engine.vocab_size, 512);

@@ -11,12 +11,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
-use encore_core::generate::FinishReason;
 use encore_core::model::config::ModelConfig;
 use encore_core::progress::{Progress, Unit};
+use encore_core::request::{Event, FinishReason, Request, RequestParams};
 use encore_core::runner::SamplingParams;
-use encore_core::scheduler::{Request, RequestParams};
-use encore_core::serve::{EngineHandle, Event, RunnerStats};
+use encore_core::serve::{EngineHandle, RunnerStats};
 use encore_core::tokenizer::{ChatMessage, StopMatcher, StopStream, Tokenizer};
 
 use crate::engine_arg::{self, EngineArgs, EngineShape};
@@ -264,6 +263,7 @@ fn request_params(a: &GenerateArgs, tokenizer: &Tokenizer) -> RequestParams {
         max_tokens: a.max_tokens,
         stop_token_ids: tokenizer.eos_token_ids(),
         ignore_eos: a.ignore_eos,
+        fit_context: false,
     }
 }
 
@@ -517,9 +517,8 @@ fn run_on_engine(
                     Err(e) => break Err(e.into()),
                 }
             }
-            Ok((i, _, Event::Error(msg) | Event::Failed(msg))) => {
-                break Err(anyhow!("prompt {}: {msg}", i + 1))
-            }
+            Ok((i, _, Event::Refused(r))) => break Err(anyhow!("prompt {}: {r}", i + 1)),
+            Ok((i, _, Event::Failed(msg))) => break Err(anyhow!("prompt {}: {msg}", i + 1)),
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 break Err(anyhow!(

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use encore_core::offload::OffloadConfig;
-use encore_core::scheduler::{Request, RequestParams};
-use encore_core::serve::{EngineHandle, Event};
+use encore_core::request::{Event, Request, RequestParams};
+use encore_core::serve::EngineHandle;
 use serde_json::{json, Map, Value};
 
 use super::report::Record;
@@ -47,6 +47,7 @@ fn submit(
                 max_tokens: w.items[i].output_len,
                 stop_token_ids: Vec::new(),
                 ignore_eos: true,
+                fit_context: false,
             },
         },
         Box::new(move |e| {
@@ -54,7 +55,8 @@ fn submit(
                 Event::Token(o) => Seen::Token {
                     last: o.finish.is_some(),
                 },
-                Event::Error(msg) | Event::Failed(msg) => Seen::Failed(msg),
+                Event::Refused(r) => Seen::Failed(r.to_string()),
+                Event::Failed(msg) => Seen::Failed(msg),
             };
             tx.send((i, Instant::now(), seen)).is_ok()
         }),

@@ -1,0 +1,114 @@
+//! OpenAI-style error responses: `{"error": {message, type, param, code}}` with the
+//! status code, for a bad field (400, naming it), an admission refusal (400, naming the
+//! parameter it concerns), an unknown model (404), a missing key (401), a body over the
+//! limit (413), a full queue or a shutdown (503) and an engine failure (500).
+
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use encore_core::request::{Param, Refusal};
+use serde_json::{json, Value};
+
+/// An OpenAI-style error response.
+pub(crate) struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+}
+
+/// How a request body spells the parameters whose name depends on the endpoint or on the
+/// field the client used, for naming them in refusals.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ParamNames {
+    /// `max_tokens` or `max_completion_tokens`.
+    pub max_tokens: &'static str,
+    /// Completions' `logprobs` or chat's `top_logprobs`.
+    pub logprobs: &'static str,
+}
+
+impl ParamNames {
+    /// The name of `param` in the request body.
+    pub fn of(self, param: Param) -> &'static str {
+        match param {
+            Param::MaxTokens => self.max_tokens,
+            Param::Logprobs => self.logprobs,
+            p => p.name(),
+        }
+    }
+}
+
+impl ApiError {
+    /// A 400 for the request's field `param`.
+    pub fn bad(param: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param),
+        }
+    }
+
+    /// A 400 for the parameter admission refused, named as the body spells it.
+    pub fn refused(r: &Refusal, names: ParamNames) -> Self {
+        let name = names.of(r.param);
+        ApiError::bad(name, r.message_naming(name))
+    }
+
+    /// A failure of the server (`status` 5xx) that is not the request's fault.
+    pub fn server(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+        }
+    }
+
+    /// The error a request cut off at shutdown (or arriving during it) ends with.
+    pub fn shutting_down() -> Self {
+        ApiError::server(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        )
+    }
+
+    /// The error object of the body (also sent as an SSE event by a stream that ends
+    /// with an error).
+    pub fn body(&self) -> Value {
+        let code = match self.status {
+            StatusCode::NOT_FOUND => json!("model_not_found"),
+            StatusCode::UNAUTHORIZED => json!("invalid_api_key"),
+            _ => Value::Null,
+        };
+        json!({"error": {
+            "message": self.message, "type": self.kind, "param": self.param, "code": code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// The request body, or the rejection as an OpenAI-style error (413 for a body over the
+/// limit, 400 for anything that is not JSON).
+pub(crate) fn json_body(body: Result<Json<Value>, JsonRejection>) -> Result<Value, ApiError> {
+    body.map(|Json(b)| b).map_err(|e| {
+        let status = e.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError {
+                status,
+                message: "the request body is larger than the server accepts (--max-body-bytes)"
+                    .into(),
+                kind: "invalid_request_error",
+                param: Some("body"),
+            }
+        } else {
+            ApiError::bad("body", format!("invalid JSON body: {e}"))
+        }
+    })
+}

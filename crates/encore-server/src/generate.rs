@@ -1,0 +1,223 @@
+//! The generation endpoints, `/v1/completions` and `/v1/chat/completions`: validate the
+//! body, turn it into a prompt and a [`Request`], have the engine admit it (a refusal is
+//! a 400 naming the parameter, whether or not the request streams), then answer whole
+//! (`whole`) or as a stream (`stream`). An [`AbortGuard`] aborts the request in the engine
+//! when its answer is dropped before the end (a client that went away).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use encore_core::request::{Event, Refusal, Request};
+use encore_core::serve::EngineHandle;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::body::{ChatBody, Common, CompletionBody, PromptInput};
+use crate::error::{json_body, ApiError};
+use crate::output::{Kind, Reply};
+use crate::AppState;
+
+/// Read `body` as a `T` (a JSON object; a field of the wrong type is `validate`'s to
+/// refuse).
+fn typed_body<T: serde::de::DeserializeOwned>(
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<T, ApiError> {
+    let body = json_body(body)?;
+    if !body.is_object() {
+        return Err(ApiError::bad(
+            "body",
+            "the request body must be a JSON object",
+        ));
+    }
+    serde_json::from_value(body).map_err(|e| ApiError::bad("body", format!("invalid body: {e}")))
+}
+
+pub(crate) async fn completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Response {
+    let valid = typed_body::<CompletionBody>(body)
+        .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
+        .and_then(|(prompt, c)| {
+            let ids = match prompt {
+                PromptInput::Ids(ids) => ids,
+                PromptInput::Text(p) => s
+                    .tokenizer
+                    .encode(&p, true)
+                    .map_err(|e| ApiError::bad("prompt", e.to_string()))?,
+            };
+            Ok((ids, c))
+        });
+    match valid {
+        Ok((prompt, c)) => generate(s, c, prompt, Kind::Completion).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+pub(crate) async fn chat_completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Response {
+    let valid = typed_body::<ChatBody>(body)
+        .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
+        .and_then(|(messages, c)| {
+            let text = s
+                .tokenizer
+                .apply_chat_template(&messages, true)
+                .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+            let ids = s
+                .tokenizer
+                .encode(&text, false)
+                .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+            Ok((ids, c))
+        });
+    match valid {
+        Ok((prompt, c)) => generate(s, c, prompt, Kind::Chat).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Admit a valid request of `prompt` and answer it, whole or streamed.
+async fn generate(s: Arc<AppState>, mut c: Common, prompt: Vec<u32>, kind: Kind) -> Response {
+    s.requests_total.fetch_add(1, Ordering::Relaxed);
+    if let Some(busy) = busy(&s) {
+        return busy;
+    }
+    c.params.sampling.seed = c.seed.unwrap_or_else(|| {
+        s.next_id
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    });
+    c.params.max_tokens = c.max_tokens.unwrap_or_else(|| {
+        // Not asked for: as many as the context and the cache leave, up to the default.
+        let room = s.engine.max_seq_len.min(s.engine.kv_capacity_tokens);
+        s.cfg
+            .default_max_tokens
+            .min(room.saturating_sub(prompt.len()).max(1))
+    });
+    let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+    let req = Request {
+        id,
+        prompt: prompt.clone(),
+        params: c.params.clone(),
+    };
+    let (guard, rx) = match admit(&s.engine, req).await {
+        Ok(x) => x,
+        Err(Admission::Refused(r)) => return ApiError::refused(&r, c.names).into_response(),
+        Err(Admission::Failed(e)) => return e.into_response(),
+    };
+    let reply = Reply::new(kind, id, s.cfg.served_model_name.clone());
+    if c.stream {
+        crate::stream::respond(&s, rx, guard, prompt, c.stop, c.include_usage, reply)
+    } else {
+        crate::whole::respond(&s, rx, guard, prompt, c.stop, reply).await
+    }
+}
+
+/// A 503 when the server drains or its queue is full.
+fn busy(s: &AppState) -> Option<Response> {
+    if s.draining.load(Ordering::SeqCst) {
+        return Some(ApiError::shutting_down().into_response());
+    }
+    if let Some(limit) = s.cfg.max_waiting {
+        let waiting = s.engine.metrics.requests_waiting.load(Ordering::Relaxed) as usize;
+        if waiting >= limit {
+            let mut r = ApiError::server(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the server is at capacity ({waiting} requests waiting); retry shortly"),
+            )
+            .into_response();
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return Some(r);
+        }
+    }
+    None
+}
+
+/// Why a request did not get into the engine.
+enum Admission {
+    Refused(Refusal),
+    Failed(ApiError),
+}
+
+/// Submit `req` and wait for admission's verdict: the request's events and the guard
+/// that aborts it, or its refusal.
+async fn admit(
+    engine: &Arc<EngineHandle>,
+    req: Request,
+) -> Result<(AbortGuard, mpsc::UnboundedReceiver<Event>), Admission> {
+    let id = req.id;
+    let (tx, rx) = mpsc::unbounded_channel::<Event>();
+    let (verdict_tx, verdict_rx) = oneshot::channel();
+    let stopped = Arc::new(AtomicBool::new(false));
+    // After a stop string the reader goes away on purpose and a `finish` message is on
+    // its way: the tokens of a step still in flight must not abort the request.
+    let sink = {
+        let stopped = Arc::clone(&stopped);
+        Box::new(move |e| tx.send(e).is_ok() || stopped.load(Ordering::Relaxed))
+    };
+    let verdict = Box::new(move |v| {
+        let _ = verdict_tx.send(v);
+    });
+    if let Err(e) = engine.submit_with_verdict(req, sink, verdict) {
+        let e = ApiError::server(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+        return Err(Admission::Failed(e));
+    }
+    // Made before waiting: a client that leaves meanwhile aborts the request.
+    let mut guard = AbortGuard {
+        engine: Arc::clone(engine),
+        id,
+        done: false,
+        stopped,
+    };
+    match verdict_rx.await {
+        Ok(Ok(())) => Ok((guard, rx)),
+        Ok(Err(r)) => {
+            guard.done = true;
+            Err(Admission::Refused(r))
+        }
+        Err(_) => {
+            guard.done = true;
+            let e = ApiError::server(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the engine dropped the request",
+            );
+            Err(Admission::Failed(e))
+        }
+    }
+}
+
+/// Aborts the request when dropped before its end (a client that went away).
+pub(crate) struct AbortGuard {
+    engine: Arc<EngineHandle>,
+    id: u64,
+    /// Set once the request ended in the engine (nothing to abort).
+    pub done: bool,
+    /// Set when a stop string ended the text (shared with the request's sink).
+    stopped: Arc<AtomicBool>,
+}
+
+impl AbortGuard {
+    /// The request's text reached a stop string: end it in the engine as finished.
+    pub fn stopped(&mut self) {
+        if !self.done {
+            self.stopped.store(true, Ordering::Relaxed);
+            self.engine.finish(self.id);
+            self.done = true;
+        }
+    }
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.engine.abort(self.id);
+        }
+    }
+}

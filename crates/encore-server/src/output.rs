@@ -1,0 +1,190 @@
+//! The OpenAI response shapes both ways of answering share: the chunk of a streamed
+//! token, the usage object, the log-probability objects, the finish reason's name, and
+//! the text a token releases past the stop strings.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use encore_core::request::{FinishReason, TokenLogprobs};
+use encore_core::tokenizer::{StopStream, Tokenizer};
+use serde_json::{json, Value};
+
+/// Which endpoint a request came through.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Completion,
+    Chat,
+}
+
+/// What every response or chunk of one request repeats.
+pub(crate) struct Reply {
+    pub kind: Kind,
+    /// `cmpl-N` or `chatcmpl-N`.
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl Reply {
+    /// The reply to request `id` of `kind`, created now.
+    pub fn new(kind: Kind, id: u64, model: String) -> Self {
+        let id = match kind {
+            Kind::Completion => format!("cmpl-{id}"),
+            Kind::Chat => format!("chatcmpl-{id}"),
+        };
+        Reply {
+            kind,
+            id,
+            created: now_secs(),
+            model,
+        }
+    }
+
+    /// The `object` of a whole response.
+    pub fn object(&self) -> &'static str {
+        match self.kind {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion",
+        }
+    }
+
+    /// The `object` of a streamed chunk.
+    pub fn chunk_object(&self) -> &'static str {
+        match self.kind {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion.chunk",
+        }
+    }
+
+    /// The chunk of one streamed token: its text `delta`, the finish reason on the last,
+    /// the role on chat's first.
+    pub fn chunk(&self, delta: &str, finish: Option<&str>, first: bool, logprobs: Value) -> Value {
+        let choice = match self.kind {
+            Kind::Completion => {
+                json!({"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish})
+            }
+            Kind::Chat => {
+                let mut d = json!({"content": delta});
+                if first {
+                    d["role"] = json!("assistant");
+                }
+                json!({"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish})
+            }
+        };
+        json!({"id": self.id, "object": self.chunk_object(), "created": self.created,
+               "model": self.model, "choices": [choice]})
+    }
+
+    /// The last chunk of a stream that asked for usage.
+    pub fn usage_chunk(&self, prompt: usize, completion: usize) -> Value {
+        json!({
+            "id": self.id, "object": self.chunk_object(), "created": self.created,
+            "model": self.model, "choices": [], "usage": usage(prompt, completion),
+        })
+    }
+
+    /// A whole response of `text` (its token `ids`), ended by `finish`.
+    pub fn whole(
+        &self,
+        text: &str,
+        ids: &[u32],
+        logprobs: Value,
+        finish: &str,
+        prompt: usize,
+    ) -> Value {
+        let choice = match self.kind {
+            Kind::Completion => {
+                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
+            }
+            Kind::Chat => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
+            }
+        };
+        json!({
+            "id": self.id, "object": self.object(), "created": self.created, "model": self.model,
+            "choices": [choice], "usage": usage(prompt, ids.len()),
+        })
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The OpenAI name of a finish reason.
+pub(crate) fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Eos | FinishReason::StopString => "stop",
+        FinishReason::Length | FinishReason::Context => "length",
+        FinishReason::Stopped => "abort",
+    }
+}
+
+/// The text `token` releases, and whether a stop string ended the text there; `last`: the
+/// engine's final token, after which everything held back is released.
+pub(crate) fn release(text: &mut StopStream<'_>, token: u32, last: bool) -> (String, bool) {
+    let mut out = text.push(token);
+    if last && !out.stopped {
+        out.text.push_str(&text.finish());
+        out.stopped = text.stopped();
+    }
+    (out.text, out.stopped)
+}
+
+/// The text of one token for log-probability entries (invalid UTF-8 of a partial
+/// character is replaced).
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// The OpenAI `logprobs` object of `entries` (tokens with their log-probabilities):
+/// completions' `{tokens, token_logprobs, top_logprobs, text_offset}` with offsets from
+/// `*offset` (advanced past the tokens), chat's `{content: [{token, logprob, bytes,
+/// top_logprobs}]}`.
+pub(crate) fn logprobs_json(
+    tok: &Tokenizer,
+    kind: Kind,
+    entries: &[(u32, TokenLogprobs)],
+    offset: &mut usize,
+) -> Value {
+    match kind {
+        Kind::Completion => {
+            let (mut tokens, mut lps, mut tops, mut offsets) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for (id, lp) in entries {
+                let text = token_text(tok, *id);
+                offsets.push(*offset);
+                *offset += text.len();
+                tokens.push(text);
+                lps.push(lp.logprob);
+                // Keyed by text: of tokens with the same text the likelier stays.
+                let mut top = serde_json::Map::new();
+                for &(t, l) in &lp.top {
+                    top.entry(token_text(tok, t)).or_insert(json!(l));
+                }
+                tops.push(Value::Object(top));
+            }
+            json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+        }
+        Kind::Chat => {
+            let entry = |id: u32, l: f32| {
+                let text = token_text(tok, id);
+                json!({"token": text, "logprob": l, "bytes": text.as_bytes()})
+            };
+            let content: Vec<Value> = entries
+                .iter()
+                .map(|(id, lp)| {
+                    let mut e = entry(*id, lp.logprob);
+                    e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+                    e
+                })
+                .collect();
+            json!({ "content": content })
+        }
+    }
+}

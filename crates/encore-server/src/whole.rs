@@ -1,0 +1,126 @@
+//! A whole answer: collect an admitted request's tokens until its end (or the first stop
+//! string, the text built as it streams), then answer with its text, token ids,
+//! log-probabilities and usage. At a shutdown's cut-off the answer is a 503.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use encore_core::request::{Event, TokenLogprobs};
+use encore_core::tokenizer::{StopMatcher, StopStream};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::generate::AbortGuard;
+use crate::output::{finish_name, logprobs_json, release, Reply};
+use crate::shutdown::cut_off;
+use crate::AppState;
+
+/// What a request produced until its end.
+struct Collected {
+    ids: Vec<u32>,
+    logprobs: Vec<(u32, TokenLogprobs)>,
+    /// Its text when stop strings built it as it streamed.
+    text: Option<String>,
+    finish: &'static str,
+}
+
+/// Answer an admitted request whole, from its `events`.
+pub(crate) async fn respond(
+    s: &AppState,
+    events: mpsc::UnboundedReceiver<Event>,
+    guard: AbortGuard,
+    prompt: Vec<u32>,
+    stop: StopMatcher,
+    reply: Reply,
+) -> Response {
+    let c = match collect(s, events, guard, &prompt, stop).await {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let decoded = match c.text {
+        Some(t) => Ok(t),
+        None => s.tokenizer.decode(&c.ids, true),
+    };
+    let text = match decoded {
+        Ok(t) => t,
+        Err(e) => {
+            return ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                .into_response()
+        }
+    };
+    let lps = if c.logprobs.is_empty() {
+        Value::Null
+    } else {
+        logprobs_json(&s.tokenizer, reply.kind, &c.logprobs, &mut 0)
+    };
+    Json(reply.whole(&text, &c.ids, lps, c.finish, prompt.len())).into_response()
+}
+
+/// Take the request's events until its end.
+async fn collect(
+    s: &AppState,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    mut guard: AbortGuard,
+    prompt: &[u32],
+    stop: StopMatcher,
+) -> Result<Collected, ApiError> {
+    let mut ids = Vec::new();
+    let mut logprobs: Vec<(u32, TokenLogprobs)> = Vec::new();
+    // With stop strings the text is built as it streams, to end at the first one.
+    let mut stop_text =
+        (!stop.is_empty()).then(|| (StopStream::new(&s.tokenizer, prompt, stop), String::new()));
+    let cut = cut_off(s.cut.subscribe());
+    tokio::pin!(cut);
+    let finish = loop {
+        let ev = tokio::select! {
+            ev = events.recv() => ev,
+            // The guard aborts the request in the engine.
+            _ = &mut cut => return Err(ApiError::shutting_down()),
+        };
+        let o = match ev {
+            Some(Event::Token(o)) => o,
+            ended => {
+                guard.done = true;
+                return Err(match ended {
+                    Some(Event::Refused(r)) => {
+                        ApiError::bad(r.param.name(), r.message_naming(r.param.name()))
+                    }
+                    Some(Event::Failed(e)) => {
+                        ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, e)
+                    }
+                    _ => ApiError::server(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the engine dropped the request",
+                    ),
+                });
+            }
+        };
+        ids.push(o.token);
+        if let Some(lp) = o.logprobs.clone() {
+            logprobs.push((o.token, lp));
+        }
+        if let Some((t, acc)) = &mut stop_text {
+            let (piece, stopped) = release(t, o.token, o.finish.is_some());
+            acc.push_str(&piece);
+            if stopped {
+                if o.finish.is_some() {
+                    guard.done = true;
+                }
+                guard.stopped();
+                break "stop";
+            }
+        }
+        if let Some(f) = o.finish {
+            guard.done = true;
+            break finish_name(f);
+        }
+    };
+    drop(guard);
+    Ok(Collected {
+        ids,
+        logprobs,
+        text: stop_text.map(|(_, acc)| acc),
+        finish,
+    })
+}

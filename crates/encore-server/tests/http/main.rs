@@ -1,0 +1,14 @@
+//! The OpenAI-compatible server over a real engine loop (CPU backend, `dummy:tiny`) and a
+//! real HTTP listener on loopback, driven by a minimal HTTP/1.1 client: completions and
+//! chat, whole and streamed (with the usage chunk), greedy output equal to `generate`,
+//! 64 concurrent streaming clients, stop strings, a client leaving mid-stream frees its KV
+//! blocks, the bad inputs' status codes and error bodies, bearer auth, models, health and
+//! metrics.
+//!
+//! One test binary in modules: `harness` (the server start-up and the HTTP client),
+//! `generation`, `errors`, `lifecycle`.
+
+mod errors;
+mod generation;
+mod harness;
+mod lifecycle;
