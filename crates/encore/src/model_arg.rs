@@ -10,7 +10,7 @@ use encore_core::model::weights::WeightSource;
 use encore_core::Backend;
 
 /// The config and where the weights come from (seed 0 for dummy models).
-pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource<'_>)> {
+pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource)> {
     let m = encore_core::model::open_model(spec)?;
     Ok((m.config, m.source))
 }
