@@ -490,6 +490,22 @@ impl HostSide {
         }
         let owned: usize = own_bytes.iter().sum();
         side.copied_bytes = cursor + owned;
+        side.lock_memory(backend, source, cursor, &own_bytes, files, progress)?;
+        side.views = vec![None; merged.len()];
+        Ok(side)
+    }
+
+    /// Allocate the page-locked copy (`cursor` bytes) and the own allocations
+    /// (`own_bytes`), and register checkpoint `files` for reading in place.
+    fn lock_memory(
+        &mut self,
+        backend: &dyn Backend,
+        source: &Source,
+        cursor: usize,
+        own_bytes: &[usize],
+        files: Vec<usize>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
         // Page-locking takes seconds for gigabytes (the driver touches every page; a
         // registered file is read from disk), so it shows as its own piece of work.
         let mapped: usize = match source {
@@ -499,17 +515,17 @@ impl HostSide {
         let bar = crate::progress::Guard::start(
             progress,
             "page-locking host memory for offloaded weights",
-            (side.copied_bytes + mapped) as u64,
+            (self.copied_bytes + mapped) as u64,
             Unit::Bytes,
         );
         let mut done = 0;
         if cursor > 0 {
-            side.copy = Some(backend.alloc_host(cursor)?);
+            self.copy = Some(backend.alloc_host(cursor)?);
             done += cursor;
             bar.0.set(done as u64);
         }
-        for &bytes in &own_bytes {
-            side.own.push(if bytes > 0 {
+        for &bytes in own_bytes {
+            self.own.push(if bytes > 0 {
                 done += bytes;
                 let m = backend.alloc_host(bytes)?;
                 bar.0.set(done as u64);
@@ -530,12 +546,11 @@ impl HostSide {
                                 "could not be registered page-locked for weight offload: {e}"
                             ),
                         })?;
-                side.registered.push((file, Arc::new(mem)));
+                self.registered.push((file, Arc::new(mem)));
                 bar.0.set(done as u64);
             }
         }
-        side.views = vec![None; merged.len()];
-        Ok(side)
+        Ok(())
     }
 
     /// Write part `k` of host-held weight `i` into its page-locked copy (parts read in

@@ -354,6 +354,45 @@ struct Planned {
     state: Mutex<PlannedState>,
 }
 
+impl Planned {
+    /// The per-op schedule of `plan` over `n` ops, copying into the slot views of `place`.
+    fn new(plan: Plan, place: &[Place], n: usize) -> Result<Self> {
+        let mut issue_at = vec![Vec::new(); n];
+        let mut consume_at = vec![Vec::new(); n];
+        let mut prime = Vec::new();
+        let mut dst = Vec::with_capacity(plan.streams.len());
+        for (i, s) in plan.streams.iter().enumerate() {
+            issue_at[s.copy_start].push(i);
+            consume_at[s.consumer].push(i);
+            // The busy arc copy_start ..= last_reader crosses the step boundary.
+            if s.copy_start > s.last_reader {
+                prime.push(i);
+            }
+            match &place[s.weight] {
+                Place::Slot(v) => dst.push(v.clone()),
+                _ => {
+                    return Err(Error::invalid(
+                        "weight offload",
+                        "a planned stream has no slot view",
+                    ))
+                }
+            }
+        }
+        let state = PlannedState {
+            pending: vec![false; plan.streams.len()],
+            ..Default::default()
+        };
+        Ok(Planned {
+            plan,
+            issue_at,
+            consume_at,
+            prime,
+            dst,
+            state: Mutex::new(state),
+        })
+    }
+}
+
 /// The LRU pool: placements, recency and free space (offset -> length, coalesced).
 struct LruState {
     placed: std::collections::HashMap<usize, usize>,
@@ -371,6 +410,23 @@ struct Lru {
 enum Executor {
     Planned(Planned),
     Lru(Lru),
+}
+
+impl Lru {
+    /// An empty pool of `pool_bytes` for weights of `shapes`.
+    fn new(pool_bytes: usize, shapes: Vec<Vec<usize>>) -> Self {
+        let mut free = BTreeMap::new();
+        free.insert(0, pool_bytes);
+        Lru {
+            pool_bytes,
+            shapes,
+            state: Mutex::new(LruState {
+                placed: Default::default(),
+                recency: VecDeque::new(),
+                free,
+            }),
+        }
+    }
 }
 
 /// A running offloaded model's weight traffic (see the module docs).
@@ -424,64 +480,19 @@ impl Offload {
                 ));
             }
         }
-        let (executor, events) = match (policy, plan) {
+        let executor = match (policy, plan) {
             (Policy::Planned, None) => {
                 return Err(Error::invalid(
                     "weight offload",
                     "the planned policy was prepared without a plan",
                 ))
             }
-            (Policy::Planned, Some(plan)) => {
-                let mut issue_at = vec![Vec::new(); n];
-                let mut consume_at = vec![Vec::new(); n];
-                let mut prime = Vec::new();
-                let mut dst = Vec::with_capacity(plan.streams.len());
-                for (i, s) in plan.streams.iter().enumerate() {
-                    issue_at[s.copy_start].push(i);
-                    consume_at[s.consumer].push(i);
-                    // The busy arc copy_start ..= last_reader crosses the step boundary.
-                    if s.copy_start > s.last_reader {
-                        prime.push(i);
-                    }
-                    match &place[s.weight] {
-                        Place::Slot(v) => dst.push(v.clone()),
-                        _ => {
-                            return Err(Error::invalid(
-                                "weight offload",
-                                "a planned stream has no slot view",
-                            ))
-                        }
-                    }
-                }
-                let events = plan.streams.len();
-                let state = PlannedState {
-                    pending: vec![false; events],
-                    ..Default::default()
-                };
-                let planned = Planned {
-                    plan,
-                    issue_at,
-                    consume_at,
-                    prime,
-                    dst,
-                    state: Mutex::new(state),
-                };
-                (Executor::Planned(planned), events)
-            }
-            (Policy::Lru, _) => {
-                let mut free = BTreeMap::new();
-                free.insert(0, report.streaming_bytes);
-                let lru = Lru {
-                    pool_bytes: report.streaming_bytes,
-                    shapes: shapes(cfg),
-                    state: Mutex::new(LruState {
-                        placed: Default::default(),
-                        recency: VecDeque::new(),
-                        free,
-                    }),
-                };
-                (Executor::Lru(lru), 0)
-            }
+            (Policy::Planned, Some(plan)) => Executor::Planned(Planned::new(plan, &place, n)?),
+            (Policy::Lru, _) => Executor::Lru(Lru::new(report.streaming_bytes, shapes(cfg))),
+        };
+        let events = match &executor {
+            Executor::Planned(p) => p.plan.streams.len(),
+            Executor::Lru(_) => 0,
         };
         let queue = be.copy_queue(events)?;
         let o = Offload {
