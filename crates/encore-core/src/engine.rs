@@ -124,7 +124,7 @@ impl<'b> Engine<'b> {
     /// the graph capture.
     pub fn new(
         be: &'b dyn Backend,
-        files: ModelFiles<'_>,
+        files: ModelFiles,
         cfg: &EngineConfig,
         progress: &dyn Progress,
     ) -> Result<Self> {
@@ -163,13 +163,7 @@ impl<'b> Engine<'b> {
         // the resident set and the ring (or the LRU pool).
         let offload_report = match &cfg.offload {
             Some(oc) => {
-                if oc.policy == Policy::Lru && cfg.graphs.is_some() {
-                    return Err(Error::invalid(
-                        "--offload-policy lru",
-                        "the LRU policy decides its copies at run time and cannot run inside \
-                         graphs; add --eager, or use --offload-policy planned",
-                    ));
-                }
+                oc.check_graphs(cfg.graphs.is_some())?;
                 offload::device_bytes(&mcfg, cfg.dtype, oc)?
             }
             None => None,

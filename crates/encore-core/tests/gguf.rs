@@ -242,7 +242,7 @@ fn write_safetensors(path: &Path, ts: &[(String, Vec<usize>, Vec<f32>)]) {
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
-fn load(cfg: &ModelConfig, source: WeightSource<'_>) -> encore_core::Result<ModelWeights> {
+fn load(cfg: &ModelConfig, source: WeightSource) -> encore_core::Result<ModelWeights> {
     weights::load(
         &CpuBackend::new(),
         cfg,
@@ -368,10 +368,10 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
 
         let spec = gguf.to_str().unwrap();
         let ModelFiles { config, source } = open_model(spec).unwrap();
-        assert_eq!(source, WeightSource::Gguf(&gguf));
+        assert_eq!(source, WeightSource::Gguf(PathBuf::from(&gguf)));
         assert_eq!(config, cfg, "{what}: config from metadata");
 
-        let from_st = load(&cfg, WeightSource::Dir(dir.path())).unwrap();
+        let from_st = load(&cfg, WeightSource::Dir(PathBuf::from(dir.path()))).unwrap();
         let from_gguf = load(&config, source).unwrap();
         let (a, b) = (all_values(&from_st), all_values(&from_gguf));
         for (t, (a, b)) in a.iter().zip(&b).enumerate() {
@@ -407,9 +407,12 @@ fn open_model_resolves_every_kind_of_spec() {
     assert_eq!(open_model(&d).unwrap().config, cfg);
     let st = dir.file("model.safetensors");
     let m = open_model(st.to_str().unwrap()).unwrap();
-    assert_eq!((m.config, m.source), (cfg.clone(), WeightSource::Dir(&st)));
+    assert_eq!(
+        (m.config, m.source),
+        (cfg.clone(), WeightSource::Dir(PathBuf::from(&st)))
+    );
     let m = open_model(gguf.to_str().unwrap()).unwrap();
-    assert_eq!(m.source, WeightSource::Gguf(&gguf));
+    assert_eq!(m.source, WeightSource::Gguf(PathBuf::from(&gguf)));
     assert_eq!(m.config, cfg);
     // The tokenizer comes from the metadata (built by Tokenizer::from_gguf_vocab).
     let vocab = vocab_from_gguf(&GgufFile::open(&gguf).unwrap()).unwrap();
@@ -584,7 +587,7 @@ fn metadata_maps_to_the_config() {
     let c = config_from_gguf(&file.unwrap()).unwrap();
     assert_eq!(c.rope.llama3, Some(scaling));
     // rope_freqs.weight is consumed by the config, not an unused tensor.
-    load(&c, WeightSource::Gguf(&path)).unwrap();
+    load(&c, WeightSource::Gguf(PathBuf::from(&path))).unwrap();
     let (_, msg) = err_text(config_of(&cfg, |w| {
         w.tensor_f32(
             "rope_freqs.weight",
@@ -693,7 +696,7 @@ fn unsupported_metadata_is_an_error_naming_the_key() {
 fn load_err(cfg: &ModelConfig, edit: impl FnOnce(&mut GgufWriter)) -> (Error, String) {
     let dir = TempDir::new("werr");
     let (path, _) = edited(&dir, cfg, edit);
-    err_text(load(cfg, WeightSource::Gguf(&path)))
+    err_text(load(cfg, WeightSource::Gguf(PathBuf::from(&path))))
 }
 
 #[test]
@@ -760,7 +763,7 @@ fn tensor_problems_are_errors_naming_the_tensor() {
     let (path, _) = edited(&dir, &cfg, |w| {
         w.tensor_f32("blk.1.attn_output.bias", &[64], &[0.0; 64]);
     });
-    load(&cfg, WeightSource::Gguf(&path)).unwrap();
+    load(&cfg, WeightSource::Gguf(PathBuf::from(&path))).unwrap();
     let (_, msg) = load_err(&cfg, |w| {
         let mut bias = [0.0; 64];
         bias[5] = 0.5;
@@ -1205,7 +1208,7 @@ fn corrupted_headers_never_panic() {
         opened += 1;
         let _ = vocab_from_gguf(&f);
         if let Ok(cfg) = config_from_gguf(&f) {
-            let _ = load(&cfg, WeightSource::Gguf(&cut));
+            let _ = load(&cfg, WeightSource::Gguf(PathBuf::from(&cut)));
         }
     }
     assert!(

@@ -212,7 +212,7 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
     let w = weights::load(
         be,
         &cfg,
-        WeightSource::Dir(&r.dir),
+        WeightSource::Dir(PathBuf::from(&r.dir)),
         dtype,
         &encore_core::progress::NoProgress,
     )

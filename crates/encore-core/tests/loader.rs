@@ -3,7 +3,7 @@
 //! (round trip with dtype conversion and q/k/v, gate/up merging, sharding, tying), the
 //! errors for broken checkpoints and configs, and the seeded dummy weights.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::model::config::{Arch, ModelConfig, SlidingWindow};
@@ -193,7 +193,7 @@ fn load_dir(dir: &Path, dtype: DType) -> encore_core::Result<(ModelConfig, Model
     let w = weights::load(
         &be,
         &cfg,
-        WeightSource::Dir(dir),
+        WeightSource::Dir(PathBuf::from(dir)),
         dtype,
         &encore_core::progress::NoProgress,
     )?;
@@ -470,7 +470,7 @@ fn single_file_and_unindexed_shards_load_too() {
     let w = weights::load(
         &be,
         &cfg,
-        WeightSource::Dir(&file),
+        WeightSource::Dir(PathBuf::from(&file)),
         DType::BF16,
         &encore_core::progress::NoProgress,
     )
@@ -484,7 +484,7 @@ fn single_file_and_unindexed_shards_load_too() {
     let w = weights::load(
         &be,
         &cfg,
-        WeightSource::Dir(dir.path()),
+        WeightSource::Dir(PathBuf::from(dir.path())),
         DType::F32,
         &encore_core::progress::NoProgress,
     )
@@ -495,7 +495,7 @@ fn single_file_and_unindexed_shards_load_too() {
     let (e, msg) = err_text(weights::load(
         &be,
         &cfg,
-        WeightSource::Dir(dir.path()),
+        WeightSource::Dir(PathBuf::from(dir.path())),
         DType::F32,
         &encore_core::progress::NoProgress,
     ));
@@ -610,7 +610,7 @@ fn a_layer_count_beyond_the_checkpoint_fails_fast() {
     let r = weights::load(
         &cpu(),
         &cfg,
-        WeightSource::Dir(dir.path()),
+        WeightSource::Dir(PathBuf::from(dir.path())),
         DType::BF16,
         &encore_core::progress::NoProgress,
     );
@@ -710,7 +710,7 @@ fn missing_directories_and_files_name_the_path() {
     let (e, msg) = err_text(weights::load(
         &be,
         &cfg,
-        WeightSource::Dir(&gone),
+        WeightSource::Dir(PathBuf::from(&gone)),
         DType::BF16,
         &encore_core::progress::NoProgress,
     ));
@@ -719,7 +719,7 @@ fn missing_directories_and_files_name_the_path() {
     let (e, msg) = err_text(weights::load(
         &be,
         &cfg,
-        WeightSource::Dir(dir.path()),
+        WeightSource::Dir(PathBuf::from(dir.path())),
         DType::BF16,
         &encore_core::progress::NoProgress,
     ));

@@ -15,7 +15,7 @@
 //! - the copy queue itself: copy, record, wait and join order, eagerly and captured.
 
 use std::ops::ControlFlow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,7 +73,7 @@ fn run(be: &dyn Backend, cfg: &EngineConfig) -> Result<Vec<Vec<u32>>, Error> {
 /// [`run`] for the model `files`, with the start-up report.
 fn run_files(
     be: &dyn Backend,
-    files: &ModelFiles<'_>,
+    files: &ModelFiles,
     cfg: &EngineConfig,
 ) -> Result<(Vec<Vec<u32>>, BootReport), Error> {
     let Engine { mut runner, report } = Engine::new(be, files.clone(), cfg, &NoProgress)?;
@@ -296,10 +296,10 @@ fn cpu_json() -> String {
     llama_json(256, 128, 224, 4, 4)
 }
 
-fn dir_files(dir: &Path) -> ModelFiles<'_> {
+fn dir_files(dir: &Path) -> ModelFiles {
     ModelFiles {
         config: ModelConfig::from_file(&dir.join("config.json")).unwrap(),
-        source: WeightSource::Dir(dir),
+        source: WeightSource::Dir(PathBuf::from(dir)),
     }
 }
 
@@ -818,7 +818,7 @@ mod cuda {
 
     /// 138M parameters (276 MB in bf16): 8 layers of hidden 1024, heads of 64, untied; a
     /// 30% budget streams most of every layer.
-    fn model() -> ModelFiles<'static> {
+    fn model() -> ModelFiles {
         let tiny = ModelConfig::dummy("tiny").unwrap();
         let config = ModelConfig {
             vocab_size: 8192,

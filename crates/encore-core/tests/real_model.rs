@@ -52,7 +52,7 @@ fn smollm2() -> Option<PathBuf> {
 fn greedy(
     be: &dyn Backend,
     cfg: &ModelConfig,
-    source: WeightSource<'_>,
+    source: WeightSource,
     prompts: &[Vec<u32>],
     eos: &[u32],
     max_tokens: usize,
@@ -207,7 +207,7 @@ fn smollm2_gguf_equals_its_dequantized_safetensors_twin() {
     let from_twin = greedy(
         &be,
         &twin_cfg,
-        WeightSource::Dir(dir.path()),
+        WeightSource::Dir(PathBuf::from(dir.path())),
         &prompts,
         &eos,
         16,

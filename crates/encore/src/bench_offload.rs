@@ -113,11 +113,9 @@ fn policies(a: &BenchOffloadArgs) -> Result<Vec<Policy>> {
             policies.push(Policy::Lru);
         }
     }
-    if a.graphs_only && policies.contains(&Policy::Lru) {
-        bail!(
-            "--graphs-only with --policy lru: the LRU policy decides its copies at run time and \
-             cannot be captured into a graph; drop lru from --policy or --graphs-only"
-        );
+    for p in policies.iter().filter(|_| a.graphs_only) {
+        p.check_graphs(true)
+            .map_err(|e| anyhow::anyhow!("--graphs-only with --policy {}: {e}", p.name()))?;
     }
     Ok(policies)
 }
@@ -231,7 +229,7 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
     for r in &runs {
         let files = ModelFiles {
             config: cfg.clone(),
-            source,
+            source: source.clone(),
         };
         let policy_name = r.offloaded.map_or("resident", Policy::name);
         let engine_cfg = bench_decode::engine_config(

@@ -46,7 +46,7 @@ impl ModelArgs {
 }
 
 /// The config and where the weights come from (seed 0 for dummy models).
-pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource<'_>)> {
+pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource)> {
     let m = encore_core::model::open_model(spec)?;
     Ok((m.config, m.source))
 }

@@ -333,25 +333,6 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
-    /// Total parameters, the embedding counted once when tied.
-    pub fn num_params(&self) -> usize {
-        let (h, qkv) = (self.hidden_size, self.q_dim() + 2 * self.kv_dim());
-        let layer = 2 * h // input and post-attention norms
-            + qkv * h
-            + if self.qkv_bias { qkv } else { 0 }
-            + if self.qk_norm { 2 * self.head_dim } else { 0 }
-            + h * self.q_dim()
-            + 3 * self.intermediate_size * h;
-        let embed = self.vocab_size * h;
-        let lm_head = if self.tie_word_embeddings { 0 } else { embed };
-        embed + self.num_layers * layer + h + lm_head
-    }
-
-    /// Bytes of all weights stored in `dtype`.
-    pub fn weight_bytes(&self, dtype: DType) -> usize {
-        self.num_params() * dtype.size()
-    }
-
     /// The attention window of layer `layer`: `Some(size)` when it attends to the `size`
     /// most recent positions only, `None` for full attention.
     pub fn layer_window(&self, layer: usize) -> Option<usize> {

@@ -13,15 +13,10 @@ use crate::kv::KvCache;
 use crate::memory::Arena;
 use crate::memory::ARENA_ALIGN;
 use crate::model::config::ModelConfig;
+use crate::model::decl::{LayerOp, OpId};
 use crate::model::weights::ModelWeights;
 use crate::offload::Offload;
 use crate::tensor::{DType, Tensor};
-
-/// Index, in [`crate::offload::AccessOrder::llama`], of op `j` of layer `layer`
-/// (0 input norm, 1 qkv, 2 o_proj, 3 post norm, 4 gate/up, 5 down).
-fn layer_op(layer: usize, j: usize) -> usize {
-    1 + 6 * layer + j
-}
 
 /// One step's inputs, all device tensors (views of persistent buffers in graph mode).
 ///
@@ -135,21 +130,26 @@ impl Model {
         self.offload.as_ref()
     }
 
-    /// Op `op` of the access order is about to be queued: under a budget, queue its
-    /// weight copies and waits. `Some(tensors)` (the LRU policy) replaces the op's
-    /// weights, in the op's read order.
-    fn enter(&self, be: &dyn Backend, op: usize) -> Result<Option<Vec<Tensor>>> {
+    /// Op `op` is about to be queued: under a budget, queue its weight copies and waits.
+    /// `Some(tensors)` (the LRU policy) replaces the op's weights, in the op's read order.
+    fn enter(&self, be: &dyn Backend, op: OpId) -> Result<Option<Vec<Tensor>>> {
         match &self.offload {
-            Some(o) => o.enter(be, op),
+            Some(o) => {
+                sync_capture(o, be);
+                o.enter(op.index(self.weights.layers.len()))
+            }
             None => Ok(None),
         }
     }
 
     /// Before a step: under a budget, make sure the weight slots hold what a step expects
-    /// at its start (a graph replay cannot check); see [`Offload::prepare_step`].
+    /// at its start (a graph replay cannot check); see [`Offload::begin_step`].
     pub fn prepare_step(&self, be: &dyn Backend) -> Result<()> {
         match &self.offload {
-            Some(o) => o.prepare_step(be),
+            Some(o) => {
+                sync_capture(o, be);
+                o.begin_step(be)
+            }
             None => Ok(()),
         }
     }
@@ -160,7 +160,7 @@ impl Model {
     /// piece and each seam; [`Model::forward`] calls it once at the end.
     pub fn end_segment(&self) -> Result<()> {
         match &self.offload {
-            Some(o) => o.end_segment(),
+            Some(o) => o.join_segment(),
             None => Ok(()),
         }
     }
@@ -328,21 +328,21 @@ impl Model {
         let eps = c.rms_norm_eps;
         // Each weight-reading op is announced first (weight offload); under the LRU
         // policy its weights come back from the announcement.
-        let one = |op: usize, w: &Tensor| -> Result<Tensor> {
+        let one = |op: OpId, w: &Tensor| -> Result<Tensor> {
             Ok(match self.enter(be, op)? {
                 Some(mut v) => v.swap_remove(0),
                 None => w.clone(),
             })
         };
         if k == 0 {
-            let embed = one(0, &self.weights.embed)?;
+            let embed = one(OpId::Embed, &self.weights.embed)?;
             be.embedding(inp.token_ids, &embed, &buf.hidden)?;
         } else {
             // The rest of layer k - 1: o-proj, residual + post-norm, MLP.
-            let l = &layers[k - 1];
-            let o_proj = one(layer_op(k - 1, 2), &l.o_proj)?;
+            let (l, at) = (&layers[k - 1], |op| OpId::Layer(k - 1, op));
+            let o_proj = one(at(LayerOp::OProj), &l.o_proj)?;
             be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
-            let post_norm = one(layer_op(k - 1, 3), &l.post_norm)?;
+            let post_norm = one(at(LayerOp::PostNorm), &l.post_norm)?;
             be.rms_norm(
                 &buf.hidden,
                 Some(&buf.residual),
@@ -350,16 +350,16 @@ impl Model {
                 eps,
                 &buf.normed,
             )?;
-            let gate_up = one(layer_op(k - 1, 4), &l.gate_up)?;
+            let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;
             be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
-            let down = one(layer_op(k - 1, 5), &l.down)?;
+            let down = one(at(LayerOp::Down), &l.down)?;
             be.matmul(&buf.act, &down, None, &buf.hidden)?;
         }
         let Some(l) = layers.get(k) else {
-            let norm = one(layer_op(layers.len(), 0), &self.weights.norm)?;
+            let norm = one(OpId::FinalNorm, &self.weights.norm)?;
             return be.rms_norm(&buf.hidden, Some(&buf.residual), &norm, eps, &buf.normed);
         };
-        let input_norm = one(layer_op(k, 0), &l.input_norm)?;
+        let input_norm = one(OpId::Layer(k, LayerOp::InputNorm), &l.input_norm)?;
         // residual = residual + hidden (the first layer starts the residual stream).
         if k == 0 {
             be.copy(&buf.hidden, &buf.residual)?;
@@ -375,7 +375,7 @@ impl Model {
         }
         // One projection by the merged weight, then split / head norm / rope / KV write.
         // The op reads qkv, then its bias and head norms when the model has them.
-        let (qkv, bias, q_norm, k_norm) = match self.enter(be, layer_op(k, 1))? {
+        let (qkv, bias, q_norm, k_norm) = match self.enter(be, OpId::Layer(k, LayerOp::Qkv))? {
             None => (
                 l.qkv.clone(),
                 l.qkv_bias.clone(),
@@ -471,8 +471,7 @@ impl Model {
         let logits = buf.logits.prefix(rows)?;
         // The embedding op is a row gather.
         be.embedding(&inp.logits_indices.prefix(rows)?, &buf.normed, &last)?;
-        let op = layer_op(self.weights.layers.len(), 1);
-        let lm_head = match self.enter(be, op)? {
+        let lm_head = match self.enter(be, OpId::LmHead)? {
             Some(mut v) => v.swap_remove(0),
             None => self.weights.lm_head.clone(),
         };
@@ -510,5 +509,17 @@ impl Model {
         let logits = self.head(be, inp, &buf, b)?;
         self.end_segment()?;
         Ok(logits)
+    }
+}
+
+/// Tell the offload whether a graph capture is running. The capture protocol's hooks
+/// ([`Offload::begin_capture`], [`Offload::end_capture`]) are the executor's to call; until
+/// it calls them, the model relays the backend's capture state before every announcement,
+/// which keeps the offload's behaviour as it was.
+fn sync_capture(o: &Offload, be: &dyn Backend) {
+    if be.is_capturing() {
+        o.begin_capture();
+    } else {
+        o.end_capture();
     }
 }

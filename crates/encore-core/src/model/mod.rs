@@ -1,7 +1,8 @@
-//! Llama-family models: HF config, weights (safetensors, GGUF or dummy), the forward
-//! pass, and [`open_model`], which resolves a `--model` spec.
+//! Llama-family models: HF config, the declaration of the model's tensors ([`decl`]),
+//! weights (safetensors, GGUF or dummy), the forward pass, and [`open_model`], which resolves a `--model` spec.
 
 pub mod config;
+pub mod decl;
 pub mod gguf;
 pub mod llama;
 mod open;

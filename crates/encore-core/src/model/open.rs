@@ -12,15 +12,15 @@ use crate::tokenizer::Tokenizer;
 
 /// A resolved model: its config and where its weights come from (seed 0 for dummies).
 /// The tokenizer is built on demand ([`ModelFiles::tokenizer`]), so config and weights
-/// load without it.
+/// load without it. An owned value: it can be handed to the engine thread.
 #[derive(Clone, Debug)]
-pub struct ModelFiles<'a> {
+pub struct ModelFiles {
     pub config: ModelConfig,
-    pub source: WeightSource<'a>,
+    pub source: WeightSource,
 }
 
 /// Resolve a model spec (see the module docs); the config is parsed, nothing else is read.
-pub fn open_model(spec: &str) -> Result<ModelFiles<'_>> {
+pub fn open_model(spec: &str) -> Result<ModelFiles> {
     if let Some(name) = spec.strip_prefix("dummy:") {
         return Ok(ModelFiles {
             config: ModelConfig::dummy(name)?,
@@ -32,16 +32,16 @@ pub fn open_model(spec: &str) -> Result<ModelFiles<'_>> {
         let file = GgufFile::open(path)?;
         return Ok(ModelFiles {
             config: gguf::config_from_gguf(&file)?,
-            source: WeightSource::Gguf(path),
+            source: WeightSource::Gguf(path.to_path_buf()),
         });
     }
     Ok(ModelFiles {
         config: ModelConfig::from_file(&hf_dir(path).join("config.json"))?,
-        source: WeightSource::Dir(path),
+        source: WeightSource::Dir(path.to_path_buf()),
     })
 }
 
-impl ModelFiles<'_> {
+impl ModelFiles {
     /// The model's tokenizer (see [`open_tokenizer`]).
     pub fn tokenizer(&self) -> Result<Tokenizer> {
         open_tokenizer(&self.source)
@@ -50,8 +50,8 @@ impl ModelFiles<'_> {
 
 /// The tokenizer that goes with a weight source: the HF directory's `tokenizer.json`, the
 /// GGUF file's `tokenizer.*` metadata, or the byte-level tokenizer for dummy weights.
-pub fn open_tokenizer(source: &WeightSource<'_>) -> Result<Tokenizer> {
-    match *source {
+pub fn open_tokenizer(source: &WeightSource) -> Result<Tokenizer> {
+    match source {
         WeightSource::Dir(path) => Tokenizer::from_dir(hf_dir(path)),
         WeightSource::Gguf(path) => {
             let vocab = gguf::vocab_from_gguf(&GgufFile::open(path)?)?;

@@ -2,8 +2,9 @@
 //! sharded through an index), from a GGUF file (dequantized, see [`super::gguf`]) or
 //! generated as seeded dummy weights.
 //!
-//! Loading is two passes. First every tensor the config implies is checked by name, shape
-//! and dtype ([`Error::Weights`] naming the first bad one), before anything is allocated.
+//! What loads is the declaration of the config's tensors ([`super::decl::Decl`]): each
+//! device tensor and the HF tensors it is made of. Loading is two passes. First every HF
+//! tensor the declaration names is checked by name, shape and dtype ([`Error::Weights`] naming the first bad one), before anything is allocated.
 //! Then tensors are uploaded one HF tensor at a time: q/k/v (and gate/up) are merged by
 //! writing each part into its rows of the merged device tensor, so the host holds at most
 //! one converted HF tensor (nothing at all when the file already has the run dtype).
@@ -11,7 +12,7 @@
 mod checkpoint;
 mod host;
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,6 +20,8 @@ pub(crate) use self::checkpoint::natural_key;
 use self::checkpoint::Checkpoint;
 use self::host::Staging;
 use super::config::{Arch, ModelConfig};
+pub use super::decl::TensorSpec;
+use super::decl::{Decl, Role, TensorDecl};
 use super::gguf::{GgufFile, GgufWeights};
 use crate::backend::{Backend, HostMemory};
 use crate::error::{Error, Result};
@@ -60,40 +63,22 @@ pub struct ModelWeights {
     pub dtype: DType,
 }
 
-/// Where the weights come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WeightSource<'a> {
+/// Where the weights come from (an owned value: it can be handed to another thread).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WeightSource {
     /// An HF model directory (`model.safetensors`, or `model.safetensors.index.json` and
     /// its shards, or else every `*.safetensors` file in it), or one `.safetensors` file.
-    Dir(&'a Path),
+    Dir(PathBuf),
     /// A GGUF file (llama.cpp's format): its tensors are dequantized to f32, and q/k rows
     /// of architecture `llama` are put back in HF order.
-    Gguf(&'a Path),
+    Gguf(PathBuf),
     /// Seeded random weights, deterministic for a seed (see [`load`]).
     Dummy { seed: u64 },
 }
 
-/// One tensor of the HF checkpoint layout.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorSpec {
-    /// HF name, e.g. `model.layers.0.self_attn.q_proj.weight`.
-    pub name: String,
-    pub shape: Vec<usize>,
-}
-
-impl TensorSpec {
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-}
-
 /// Every HF tensor `cfg` implies, in load order (`lm_head.weight` only when untied).
 pub fn hf_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
-    Plan::new(cfg)
-        .merged()
-        .into_iter()
-        .flat_map(|m| m.parts.iter().cloned())
-        .collect()
+    cfg.decl().hf_tensors().cloned().collect()
 }
 
 /// Load `cfg`'s weights onto `backend` in the float dtype `dtype`.
@@ -109,7 +94,7 @@ pub fn hf_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
 pub fn load(
     backend: &dyn Backend,
     cfg: &ModelConfig,
-    source: WeightSource<'_>,
+    source: WeightSource,
     dtype: DType,
     progress: &dyn Progress,
 ) -> Result<ModelWeights> {
@@ -124,7 +109,7 @@ pub fn load(
 pub fn load_offloaded(
     backend: &dyn Backend,
     cfg: &ModelConfig,
-    source: WeightSource<'_>,
+    source: WeightSource,
     dtype: DType,
     prepared: &Prepared,
     progress: &dyn Progress,
@@ -135,7 +120,7 @@ pub fn load_offloaded(
 fn load_placed(
     backend: &dyn Backend,
     cfg: &ModelConfig,
-    source: WeightSource<'_>,
+    source: WeightSource,
     dtype: DType,
     prepared: Option<&Prepared>,
     progress: &dyn Progress,
@@ -146,47 +131,42 @@ fn load_placed(
             format!("run dtype {dtype} is not a float dtype (bf16, f16 or f32)"),
         ));
     }
-    let (source, what, plan) = match source {
+    let (source, what, decl) = match source {
         WeightSource::Dir(path) => {
-            let ck = Checkpoint::open(path)?;
-            // Before the plan, which holds every layer's names: a corrupt layer count
-            // must not make the loader build millions of them.
+            let ck = Checkpoint::open(&path)?;
+            // Before the declaration, which holds every layer's names: a corrupt layer
+            // count must not make the loader build millions of them.
             ck.check_layer_count(cfg.num_layers)?;
-            let plan = Plan::new(cfg);
-            let specs: Vec<&TensorSpec> =
-                plan.merged().into_iter().flat_map(|m| &m.parts).collect();
+            let decl = cfg.decl();
+            let specs: Vec<&TensorSpec> = decl.hf_tensors().collect();
             ck.validate(&specs, |name| ignored_tensor(cfg, name))?;
             check_o_proj_bias(&ck, cfg)?;
-            (Source::Checkpoint(ck), "loading weights", plan)
+            (Source::Checkpoint(ck), "loading weights", decl)
         }
         WeightSource::Gguf(path) => {
-            let weights = GgufWeights::new(GgufFile::open(path)?, cfg)?;
-            let plan = Plan::new(cfg);
-            let specs: Vec<&TensorSpec> =
-                plan.merged().into_iter().flat_map(|m| &m.parts).collect();
+            let weights = GgufWeights::new(GgufFile::open(&path)?, cfg)?;
+            let decl = cfg.decl();
+            let specs: Vec<&TensorSpec> = decl.hf_tensors().collect();
             weights.validate(&specs)?;
-            (Source::Gguf(weights), "dequantizing GGUF weights", plan)
+            (Source::Gguf(weights), "dequantizing GGUF weights", decl)
         }
         WeightSource::Dummy { seed } => (
             Source::Dummy { seed },
             "generating dummy weights",
-            Plan::new(cfg),
+            cfg.decl(),
         ),
     };
 
-    let total: usize = plan.merged().iter().map(|m| m.numel() * dtype.size()).sum();
+    let total = decl.bytes(dtype);
     let mut host = match prepared {
-        Some(p) => HostSide::new(backend, &plan, &source, dtype, p, progress)?,
+        Some(p) => HostSide::new(backend, &decl, &source, dtype, p, progress)?,
         None => HostSide::default(),
     };
     let bar = crate::progress::Guard::start(progress, what, total as u64, Unit::Bytes);
     let mut done = 0u64;
     let start = Instant::now();
     let mut staging = Staging::default();
-    let mut index = 0;
-    let weights = plan.build(dtype, |m| {
-        let i = index;
-        index += 1;
+    let weights = build(&decl, dtype, |i, m| {
         let place = prepared.map_or(Place::Device, |p| p.place[i].clone());
         if let Place::Host = place {
             for (k, part) in m.parts.iter().enumerate() {
@@ -219,7 +199,7 @@ fn load_placed(
     drop(bar);
     tracing::info!(
         "{what}: {} tensors, {:.2} GB {dtype} on {} in {:.2} s",
-        plan.merged().len(),
+        decl.tensors().len(),
         total as f64 / 1e9,
         backend.device_name(),
         start.elapsed().as_secs_f64()
@@ -350,153 +330,64 @@ fn dummy_init(cfg: &ModelConfig, spec: &TensorSpec) -> (f32, f32) {
     }
 }
 
-/// One device tensor made of HF tensors stacked along the first dimension.
-struct Merged {
-    shape: Vec<usize>,
-    parts: Vec<TensorSpec>,
+/// Where tensors of role `r` wait in [`build`] until they go to their field (a role's
+/// position in [`Role::ALL`], which lists them in declaration order).
+fn slot(r: Role) -> usize {
+    r as usize
 }
 
-impl Merged {
-    fn new(parts: Vec<(String, Vec<usize>)>) -> Merged {
-        let mut shape = parts[0].1.clone();
-        shape[0] = parts.iter().map(|(_, s)| s[0]).sum();
-        let parts = parts
-            .into_iter()
-            .map(|(name, shape)| TensorSpec { name, shape })
-            .collect();
-        Merged { shape, parts }
-    }
-
-    fn one(name: String, shape: Vec<usize>) -> Merged {
-        Merged::new(vec![(name, shape)])
-    }
-
-    fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
+/// Take the tensor of role `r` out of `slots`; an error when the declaration has none.
+fn need(slots: &mut [Option<Tensor>], r: Role) -> Result<Tensor> {
+    slots[slot(r)]
+        .take()
+        .ok_or_else(|| Error::invalid("weights", format!("no {r:?} tensor is declared")))
 }
 
-struct LayerPlan {
-    input_norm: Merged,
-    qkv: Merged,
-    qkv_bias: Option<Merged>,
-    q_norm: Option<Merged>,
-    k_norm: Option<Merged>,
-    o_proj: Merged,
-    post_norm: Merged,
-    gate_up: Merged,
-    down: Merged,
-}
-
-/// The device tensors of [`ModelWeights`] and the HF tensors each is made of.
-struct Plan {
-    embed: Merged,
-    layers: Vec<LayerPlan>,
-    norm: Merged,
-    lm_head: Option<Merged>,
-}
-
-impl Plan {
-    fn new(cfg: &ModelConfig) -> Plan {
-        let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-        let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
-        let layers = (0..cfg.num_layers)
-            .map(|i| {
-                let p = format!("model.layers.{i}.");
-                let n = |s: &str| format!("{p}{s}");
-                LayerPlan {
-                    input_norm: Merged::one(n("input_layernorm.weight"), vec![h]),
-                    qkv: Merged::new(vec![
-                        (n("self_attn.q_proj.weight"), vec![q, h]),
-                        (n("self_attn.k_proj.weight"), vec![kv, h]),
-                        (n("self_attn.v_proj.weight"), vec![kv, h]),
-                    ]),
-                    qkv_bias: cfg.qkv_bias.then(|| {
-                        Merged::new(vec![
-                            (n("self_attn.q_proj.bias"), vec![q]),
-                            (n("self_attn.k_proj.bias"), vec![kv]),
-                            (n("self_attn.v_proj.bias"), vec![kv]),
-                        ])
-                    }),
-                    q_norm: cfg
-                        .qk_norm
-                        .then(|| Merged::one(n("self_attn.q_norm.weight"), vec![hd])),
-                    k_norm: cfg
-                        .qk_norm
-                        .then(|| Merged::one(n("self_attn.k_norm.weight"), vec![hd])),
-                    o_proj: Merged::one(n("self_attn.o_proj.weight"), vec![h, q]),
-                    post_norm: Merged::one(n("post_attention_layernorm.weight"), vec![h]),
-                    gate_up: Merged::new(vec![
-                        (n("mlp.gate_proj.weight"), vec![inter, h]),
-                        (n("mlp.up_proj.weight"), vec![inter, h]),
-                    ]),
-                    down: Merged::one(n("mlp.down_proj.weight"), vec![h, inter]),
-                }
-            })
-            .collect();
-        let vocab_by_hidden = vec![cfg.vocab_size, h];
-        Plan {
-            embed: Merged::one("model.embed_tokens.weight".into(), vocab_by_hidden.clone()),
-            layers,
-            norm: Merged::one("model.norm.weight".into(), vec![h]),
-            lm_head: (!cfg.tie_word_embeddings)
-                .then(|| Merged::one("lm_head.weight".into(), vocab_by_hidden)),
-        }
-    }
-
-    /// Every device tensor, in the order [`Plan::build`] creates them.
-    fn merged(&self) -> Vec<&Merged> {
-        let mut all = vec![&self.embed];
-        for l in &self.layers {
-            all.push(&l.input_norm);
-            all.push(&l.qkv);
-            all.extend(&l.qkv_bias);
-            all.extend(&l.q_norm);
-            all.extend(&l.k_norm);
-            all.push(&l.o_proj);
-            all.push(&l.post_norm);
-            all.push(&l.gate_up);
-            all.push(&l.down);
-        }
-        all.push(&self.norm);
-        all.extend(&self.lm_head);
-        all
-    }
-
-    /// Create every device tensor with `make`, in the order of [`Plan::merged`].
-    fn build(
-        &self,
-        dtype: DType,
-        mut make: impl FnMut(&Merged) -> Result<Tensor>,
-    ) -> Result<ModelWeights> {
-        let embed = make(&self.embed)?;
-        let mut layers = Vec::with_capacity(self.layers.len());
-        for l in &self.layers {
-            layers.push(LayerWeights {
-                input_norm: make(&l.input_norm)?,
-                qkv: make(&l.qkv)?,
-                qkv_bias: l.qkv_bias.as_ref().map(&mut make).transpose()?,
-                q_norm: l.q_norm.as_ref().map(&mut make).transpose()?,
-                k_norm: l.k_norm.as_ref().map(&mut make).transpose()?,
-                o_proj: make(&l.o_proj)?,
-                post_norm: make(&l.post_norm)?,
-                gate_up: make(&l.gate_up)?,
-                down: make(&l.down)?,
-            });
-        }
-        let norm = make(&self.norm)?;
-        let lm_head = match &self.lm_head {
-            Some(m) => make(m)?,
-            None => embed.clone(),
+/// Create every declared device tensor with `make` (given its index and declaration), in
+/// declaration order, and hand each to its field of [`ModelWeights`] by role.
+fn build(
+    decl: &Decl,
+    dtype: DType,
+    mut make: impl FnMut(usize, &TensorDecl) -> Result<Tensor>,
+) -> Result<ModelWeights> {
+    let num_layers = decl.tensors().iter().filter_map(|t| t.layer).max();
+    let mut top: Vec<Option<Tensor>> = vec![None; Role::ALL.len()];
+    let mut per_layer = vec![top.clone(); num_layers.map_or(0, |l| l + 1)];
+    for (i, t) in decl.tensors().iter().enumerate() {
+        let x = make(i, t)?;
+        let slots = match t.layer {
+            Some(l) => &mut per_layer[l],
+            None => &mut top,
         };
-        Ok(ModelWeights {
-            embed,
-            layers,
-            norm,
-            lm_head,
-            dtype,
-        })
+        slots[slot(t.role)] = Some(x);
     }
+    let mut layers = Vec::with_capacity(per_layer.len());
+    for mut s in per_layer {
+        layers.push(LayerWeights {
+            input_norm: need(&mut s, Role::AttnNorm)?,
+            qkv: need(&mut s, Role::Qkv)?,
+            qkv_bias: s[slot(Role::QkvBias)].take(),
+            q_norm: s[slot(Role::QNorm)].take(),
+            k_norm: s[slot(Role::KNorm)].take(),
+            o_proj: need(&mut s, Role::OProj)?,
+            post_norm: need(&mut s, Role::MlpNorm)?,
+            gate_up: need(&mut s, Role::GateUp)?,
+            down: need(&mut s, Role::Down)?,
+        });
+    }
+    let embed = need(&mut top, Role::Embedding)?;
+    let norm = need(&mut top, Role::FinalNorm)?;
+    // Tied embeddings: the LM head is the same tensor (same storage).
+    let lm_head = top[slot(Role::LmHead)]
+        .take()
+        .unwrap_or_else(|| embed.clone());
+    Ok(ModelWeights {
+        embed,
+        layers,
+        norm,
+        lm_head,
+        dtype,
+    })
 }
 
 /// Where one part of a host-held weight goes.
@@ -535,13 +426,13 @@ struct HostSide {
 impl HostSide {
     fn new(
         backend: &dyn Backend,
-        plan: &Plan,
+        decl: &Decl,
         source: &Source,
         dtype: DType,
         prepared: &Prepared,
         progress: &dyn Progress,
     ) -> Result<Self> {
-        let merged = plan.merged();
+        let merged = decl.tensors();
         if merged.len() != prepared.place.len() {
             return Err(Error::invalid(
                 "weight offload",
@@ -599,6 +490,22 @@ impl HostSide {
         }
         let owned: usize = own_bytes.iter().sum();
         side.copied_bytes = cursor + owned;
+        side.lock_memory(backend, source, cursor, &own_bytes, files, progress)?;
+        side.views = vec![None; merged.len()];
+        Ok(side)
+    }
+
+    /// Allocate the page-locked copy (`cursor` bytes) and the own allocations
+    /// (`own_bytes`), and register checkpoint `files` for reading in place.
+    fn lock_memory(
+        &mut self,
+        backend: &dyn Backend,
+        source: &Source,
+        cursor: usize,
+        own_bytes: &[usize],
+        files: Vec<usize>,
+        progress: &dyn Progress,
+    ) -> Result<()> {
         // Page-locking takes seconds for gigabytes (the driver touches every page; a
         // registered file is read from disk), so it shows as its own piece of work.
         let mapped: usize = match source {
@@ -608,17 +515,17 @@ impl HostSide {
         let bar = crate::progress::Guard::start(
             progress,
             "page-locking host memory for offloaded weights",
-            (side.copied_bytes + mapped) as u64,
+            (self.copied_bytes + mapped) as u64,
             Unit::Bytes,
         );
         let mut done = 0;
         if cursor > 0 {
-            side.copy = Some(backend.alloc_host(cursor)?);
+            self.copy = Some(backend.alloc_host(cursor)?);
             done += cursor;
             bar.0.set(done as u64);
         }
-        for &bytes in &own_bytes {
-            side.own.push(if bytes > 0 {
+        for &bytes in own_bytes {
+            self.own.push(if bytes > 0 {
                 done += bytes;
                 let m = backend.alloc_host(bytes)?;
                 bar.0.set(done as u64);
@@ -639,12 +546,11 @@ impl HostSide {
                                 "could not be registered page-locked for weight offload: {e}"
                             ),
                         })?;
-                side.registered.push((file, Arc::new(mem)));
+                self.registered.push((file, Arc::new(mem)));
                 bar.0.set(done as u64);
             }
         }
-        side.views = vec![None; merged.len()];
-        Ok(side)
+        Ok(())
     }
 
     /// Write part `k` of host-held weight `i` into its page-locked copy (parts read in

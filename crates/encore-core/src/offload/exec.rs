@@ -6,6 +6,13 @@
 //! budget's bytes. The loader then puts resident weights on the device and the streamed
 //! ones in host memory ([`crate::backend::HostMemory`]: page-locked on CUDA).
 //!
+//! The executor of a step calls the capture protocol's hooks: [`Offload::begin_step`]
+//! before a step (it primes the slots when needed), [`Offload::end_segment`] where a
+//! captured piece or an eager seam ends, and [`Offload::begin_capture`] /
+//! [`Offload::end_capture`] around a graph capture (nothing is primed inside one). The
+//! policy is one [`Policy`]; whether it can run in graphs is checked once, when the
+//! configuration is validated ([`OffloadConfig::check_graphs`]).
+//!
 //! During a step the forward announces each op before it runs ([`Offload::enter`]):
 //! - **planned**: the copies the plan starts at this op are queued on the copy queue
 //!   after a fork (so they wait for every op queued before, the last readers of the bytes
@@ -23,13 +30,14 @@
 //!   stream waits. Decisions are made on the host at run time, so it cannot be captured.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::{plan, validate, AccessOrder, Plan, WeightBudget};
 use crate::backend::{Backend, CopyQueue, HostMemory};
 use crate::error::{gib, Error, Result};
 use crate::model::config::ModelConfig;
+use crate::model::decl::{Decl, Role};
 use crate::tensor::{DType, Storage, Tensor};
 
 /// Device offsets of streamed weights (ring slots, LRU placements) are multiples of this,
@@ -65,6 +73,20 @@ impl Policy {
             Policy::Lru => "lru",
         }
     }
+
+    /// Whether the policy can run with graphs on (`graphs_on`): the LRU policy decides
+    /// its copies at run time on the host, so a graph replay would repeat one step's
+    /// choice; it is refused here, once, when the configuration is validated.
+    pub fn check_graphs(self, graphs_on: bool) -> Result<()> {
+        if self == Policy::Lru && graphs_on {
+            return Err(Error::invalid(
+                "--offload-policy lru",
+                "the LRU policy decides its copies at run time and cannot run inside \
+                 graphs; add --eager, or use --offload-policy planned",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A weight budget and its policy (`--weight-budget`, `--offload-policy`).
@@ -72,6 +94,13 @@ impl Policy {
 pub struct OffloadConfig {
     pub budget: WeightBudget,
     pub policy: Policy,
+}
+
+impl OffloadConfig {
+    /// Refuse a policy that cannot run with graphs on ([`Policy::check_graphs`]).
+    pub fn check_graphs(&self, graphs_on: bool) -> Result<()> {
+        self.policy.check_graphs(graphs_on)
+    }
 }
 
 /// Where one part (one HF tensor's rows) of a streamed weight's bytes lie on the host.
@@ -143,31 +172,13 @@ pub struct Prepared {
     memory: Tensor,
 }
 
-/// The shape of every weight in [`AccessOrder::llama`] order, as the loader builds them.
-pub fn llama_shapes(cfg: &ModelConfig) -> Vec<Vec<usize>> {
-    let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-    let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
-    let mut s = vec![vec![cfg.vocab_size, h]];
-    for _ in 0..cfg.num_layers {
-        s.push(vec![h]);
-        s.push(vec![q + 2 * kv, h]);
-        if cfg.qkv_bias {
-            s.push(vec![q + 2 * kv]);
-        }
-        if cfg.qk_norm {
-            s.push(vec![hd]);
-            s.push(vec![hd]);
-        }
-        s.push(vec![h, q]);
-        s.push(vec![h]);
-        s.push(vec![2 * inter, h]);
-        s.push(vec![h, inter]);
-    }
-    s.push(vec![h]);
-    if !cfg.tie_word_embeddings {
-        s.push(vec![cfg.vocab_size, h]);
-    }
-    s
+/// The shape of every weight in [`AccessOrder::llama`] order: the declared device tensors.
+fn shapes(cfg: &ModelConfig) -> Vec<Vec<usize>> {
+    cfg.decl()
+        .tensors()
+        .iter()
+        .map(|t| t.shape.clone())
+        .collect()
 }
 
 /// The access order the executor plans with: [`AccessOrder::llama`] with sizes aligned to
@@ -175,17 +186,21 @@ pub fn llama_shapes(cfg: &ModelConfig) -> Vec<Vec<usize>> {
 /// bytes ([`Place::Host`]: its op reads the rows it needs from host memory). A tied table
 /// stays a device weight: the LM head reads all of it.
 pub fn executor_order(cfg: &ModelConfig, dtype: DType) -> Result<AccessOrder> {
-    let order = AccessOrder::llama(cfg, dtype)?.aligned(SLOT_ALIGN);
-    Ok(if cfg.tie_word_embeddings {
-        order
-    } else {
-        order.served_from_host(0)
-    })
+    let decl = cfg.decl();
+    let mut order = AccessOrder::from_decl(&decl, dtype)?.aligned(SLOT_ALIGN);
+    for w in host_served(&decl) {
+        order = order.served_from_host(w);
+    }
+    Ok(order)
 }
 
-/// Whether weight `w` of [`executor_order`] is read in place from host memory.
-fn host_served(cfg: &ModelConfig, w: usize) -> bool {
-    w == 0 && !cfg.tie_word_embeddings
+/// The weights of [`executor_order`] read in place from host memory: an embedding table
+/// only the embedding op reads (untied), which gathers a few rows per step.
+fn host_served(decl: &Decl) -> Vec<usize> {
+    let readers = |w: usize| decl.ops().iter().filter(|o| o.reads.contains(&w)).count();
+    (0..decl.tensors().len())
+        .filter(|&w| decl.tensors()[w].role == Role::Embedding && readers(w) == 1)
+        .collect()
 }
 
 /// Device bytes a budget takes for `cfg` in `dtype` (resident weights + ring, or the LRU
@@ -238,7 +253,7 @@ impl Prepared {
             return Ok(None);
         };
         let order = executor_order(cfg, dtype)?;
-        let shapes = llama_shapes(cfg);
+        let shapes = shapes(cfg);
         if shapes.len() != order.weights().len() {
             return Err(Error::invalid(
                 "weight offload",
@@ -276,10 +291,8 @@ impl Prepared {
                 }
             }
         }
-        for (w, slot) in place.iter_mut().enumerate() {
-            if host_served(cfg, w) {
-                *slot = Place::Host;
-            }
+        for w in host_served(&cfg.decl()) {
+            place[w] = Place::Host;
         }
         report.streaming_bytes = bytes;
         Ok(Some(Prepared {
@@ -341,6 +354,45 @@ struct Planned {
     state: Mutex<PlannedState>,
 }
 
+impl Planned {
+    /// The per-op schedule of `plan` over `n` ops, copying into the slot views of `place`.
+    fn new(plan: Plan, place: &[Place], n: usize) -> Result<Self> {
+        let mut issue_at = vec![Vec::new(); n];
+        let mut consume_at = vec![Vec::new(); n];
+        let mut prime = Vec::new();
+        let mut dst = Vec::with_capacity(plan.streams.len());
+        for (i, s) in plan.streams.iter().enumerate() {
+            issue_at[s.copy_start].push(i);
+            consume_at[s.consumer].push(i);
+            // The busy arc copy_start ..= last_reader crosses the step boundary.
+            if s.copy_start > s.last_reader {
+                prime.push(i);
+            }
+            match &place[s.weight] {
+                Place::Slot(v) => dst.push(v.clone()),
+                _ => {
+                    return Err(Error::invalid(
+                        "weight offload",
+                        "a planned stream has no slot view",
+                    ))
+                }
+            }
+        }
+        let state = PlannedState {
+            pending: vec![false; plan.streams.len()],
+            ..Default::default()
+        };
+        Ok(Planned {
+            plan,
+            issue_at,
+            consume_at,
+            prime,
+            dst,
+            state: Mutex::new(state),
+        })
+    }
+}
+
 /// The LRU pool: placements, recency and free space (offset -> length, coalesced).
 struct LruState {
     placed: std::collections::HashMap<usize, usize>,
@@ -354,6 +406,29 @@ struct Lru {
     state: Mutex<LruState>,
 }
 
+/// The policy at work, with its state.
+enum Executor {
+    Planned(Planned),
+    Lru(Lru),
+}
+
+impl Lru {
+    /// An empty pool of `pool_bytes` for weights of `shapes`.
+    fn new(pool_bytes: usize, shapes: Vec<Vec<usize>>) -> Self {
+        let mut free = BTreeMap::new();
+        free.insert(0, pool_bytes);
+        Lru {
+            pool_bytes,
+            shapes,
+            state: Mutex::new(LruState {
+                placed: Default::default(),
+                recency: VecDeque::new(),
+                free,
+            }),
+        }
+    }
+}
+
 /// A running offloaded model's weight traffic (see the module docs).
 pub struct Offload {
     order: AccessOrder,
@@ -361,10 +436,11 @@ pub struct Offload {
     host: HostWeights,
     queue: Box<dyn CopyQueue>,
     memory: Tensor,
-    planned: Option<Planned>,
-    lru: Option<Lru>,
+    executor: Executor,
     report: OffloadReport,
     copied: AtomicU64,
+    /// A graph capture is running ([`Offload::begin_capture`]): nothing may be primed.
+    capturing: AtomicBool,
 }
 
 impl Offload {
@@ -404,64 +480,19 @@ impl Offload {
                 ));
             }
         }
-        let (planned, lru, events) = match (policy, plan) {
-            (Policy::Planned, Some(plan)) => {
-                let mut issue_at = vec![Vec::new(); n];
-                let mut consume_at = vec![Vec::new(); n];
-                let mut prime = Vec::new();
-                let mut dst = Vec::with_capacity(plan.streams.len());
-                for (i, s) in plan.streams.iter().enumerate() {
-                    issue_at[s.copy_start].push(i);
-                    consume_at[s.consumer].push(i);
-                    // The busy arc copy_start ..= last_reader crosses the step boundary.
-                    if s.copy_start > s.last_reader {
-                        prime.push(i);
-                    }
-                    match &place[s.weight] {
-                        Place::Slot(v) => dst.push(v.clone()),
-                        _ => {
-                            return Err(Error::invalid(
-                                "weight offload",
-                                "a planned stream has no slot view",
-                            ))
-                        }
-                    }
-                }
-                let events = plan.streams.len();
-                let state = PlannedState {
-                    pending: vec![false; events],
-                    ..Default::default()
-                };
-                (
-                    Some(Planned {
-                        plan,
-                        issue_at,
-                        consume_at,
-                        prime,
-                        dst,
-                        state: Mutex::new(state),
-                    }),
-                    None,
-                    events,
-                )
+        let executor = match (policy, plan) {
+            (Policy::Planned, None) => {
+                return Err(Error::invalid(
+                    "weight offload",
+                    "the planned policy was prepared without a plan",
+                ))
             }
-            _ => {
-                let mut free = BTreeMap::new();
-                free.insert(0, report.streaming_bytes);
-                (
-                    None,
-                    Some(Lru {
-                        pool_bytes: report.streaming_bytes,
-                        shapes: llama_shapes(cfg),
-                        state: Mutex::new(LruState {
-                            placed: Default::default(),
-                            recency: VecDeque::new(),
-                            free,
-                        }),
-                    }),
-                    0,
-                )
-            }
+            (Policy::Planned, Some(plan)) => Executor::Planned(Planned::new(plan, &place, n)?),
+            (Policy::Lru, _) => Executor::Lru(Lru::new(report.streaming_bytes, shapes(cfg))),
+        };
+        let events = match &executor {
+            Executor::Planned(p) => p.plan.streams.len(),
+            Executor::Lru(_) => 0,
         };
         let queue = be.copy_queue(events)?;
         let o = Offload {
@@ -470,10 +501,10 @@ impl Offload {
             host,
             queue,
             memory,
-            planned,
-            lru,
+            executor,
             report,
             copied: AtomicU64::new(0),
+            capturing: AtomicBool::new(false),
         };
         Ok(o)
     }
@@ -483,15 +514,21 @@ impl Offload {
     }
 
     pub fn policy(&self) -> Policy {
-        if self.planned.is_some() {
-            Policy::Planned
-        } else {
-            Policy::Lru
+        match self.executor {
+            Executor::Planned(_) => Policy::Planned,
+            Executor::Lru(_) => Policy::Lru,
         }
     }
 
     pub fn plan(&self) -> Option<&Plan> {
-        self.planned.as_ref().map(|p| &p.plan)
+        match &self.executor {
+            Executor::Planned(p) => Some(&p.plan),
+            Executor::Lru(_) => None,
+        }
+    }
+
+    fn capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
     }
 
     pub fn order(&self) -> &AccessOrder {
@@ -521,27 +558,22 @@ impl Offload {
     /// Op `op` of the access order is about to be queued: queue the copies it starts and
     /// the waits its reads need. Returns, under LRU, the device tensors of the op's
     /// weights (in the op's read order); `None` when the model's own tensors serve.
-    pub fn enter(&self, be: &dyn Backend, op: usize) -> Result<Option<Vec<Tensor>>> {
-        if let Some(p) = &self.planned {
-            self.enter_planned(be, p, op)?;
-            return Ok(None);
+    pub fn enter(&self, op: usize) -> Result<Option<Vec<Tensor>>> {
+        match &self.executor {
+            Executor::Planned(p) => self.enter_planned(p, op).map(|()| None),
+            Executor::Lru(lru) => {
+                // The configuration refuses this ([`Policy::check_graphs`]); a capture
+                // reaching here anyway gets the same refusal rather than a frozen choice.
+                Policy::Lru.check_graphs(self.capturing())?;
+                self.enter_lru(lru, op).map(Some)
+            }
         }
-        let lru = self.lru.as_ref().expect("planned or LRU");
-        if be.is_capturing() {
-            return Err(Error::Capture(
-                "the LRU offload policy decides its copies at run time and cannot be \
-                 captured into a graph; run it eagerly (--eager) or use \
-                 --offload-policy planned"
-                    .into(),
-            ));
-        }
-        self.enter_lru(lru, op).map(Some)
     }
 
-    fn enter_planned(&self, be: &dyn Backend, p: &Planned, op: usize) -> Result<()> {
+    fn enter_planned(&self, p: &Planned, op: usize) -> Result<()> {
         let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
         if op == 0 {
-            if !st.ready && !be.is_capturing() {
+            if !st.ready && !self.capturing() {
                 self.prime(p, &mut st)?;
             }
             st.ready = false;
@@ -570,16 +602,28 @@ impl Offload {
 
     /// Before a step that may start with a graph replay (which does not announce its ops
     /// to the host): prime the slots unless the last step left them ready (a step that
-    /// failed part way, or a piecewise capture, which runs no ops).
-    pub fn prepare_step(&self, be: &dyn Backend) -> Result<()> {
-        let Some(p) = &self.planned else {
+    /// failed part way, or a piecewise capture, which runs no ops). Never called inside
+    /// a capture.
+    pub fn begin_step(&self, _be: &dyn Backend) -> Result<()> {
+        let Executor::Planned(p) = &self.executor else {
             return Ok(());
         };
         let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !st.ready && !be.is_capturing() {
+        if !st.ready && !self.capturing() {
             self.prime(p, &mut st)?;
         }
         Ok(())
+    }
+
+    /// A graph capture starts: until [`Offload::end_capture`], nothing is primed (a
+    /// capture records the step's own copies only).
+    pub fn begin_capture(&self) {
+        self.capturing.store(true, Ordering::Release);
+    }
+
+    /// The graph capture [`Offload::begin_capture`] announced has ended.
+    pub fn end_capture(&self) {
+        self.capturing.store(false, Ordering::Release);
     }
 
     /// Queue the copies a step expects to find done, and join them.
@@ -597,8 +641,13 @@ impl Offload {
 
     /// Where a captured piece or an eager seam ends: the compute stream waits for every
     /// copy queued in it.
-    pub fn end_segment(&self) -> Result<()> {
-        let Some(p) = &self.planned else {
+    pub fn end_segment(&self, _be: &dyn Backend) -> Result<()> {
+        self.join_segment()
+    }
+
+    /// [`Offload::end_segment`] for callers without the backend at hand.
+    pub(crate) fn join_segment(&self) -> Result<()> {
+        let Executor::Planned(p) = &self.executor else {
             return Ok(());
         };
         let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());

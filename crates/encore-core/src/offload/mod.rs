@@ -24,14 +24,15 @@
 mod exec;
 
 pub use exec::{
-    device_bytes, executor_order, llama_shapes, HostPart, HostWeights, Offload, OffloadConfig,
-    OffloadReport, Place, Policy, Prepared, SLOT_ALIGN,
+    device_bytes, executor_order, HostPart, HostWeights, Offload, OffloadConfig, OffloadReport,
+    Place, Policy, Prepared, SLOT_ALIGN,
 };
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::error::{gib, Error, Result};
 use crate::model::config::ModelConfig;
+use crate::model::decl::Decl;
 use crate::tensor::DType;
 
 /// One device weight tensor as the offloader moves it: a name and its bytes.
@@ -132,71 +133,31 @@ impl AccessOrder {
     }
 
     /// The Llama-family forward (Llama, Mistral, Qwen2, Qwen3) as `model/llama.rs` runs
-    /// it, with the device tensors `model/weights.rs` builds (q/k/v and gate/up merged):
-    /// embedding; per layer input norm, qkv (with its bias and q/k head norms when the
-    /// config has them), o, post norm, gate/up, down; final norm; lm_head, which reads
-    /// the embedding again when the embeddings are tied. Sizes are in `dtype`.
+    /// it: the order of `cfg`'s declaration ([`Self::from_decl`]). Sizes are in `dtype`.
     pub fn llama(cfg: &ModelConfig, dtype: DType) -> Result<Self> {
-        let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-        let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
-        let mut weights = Vec::new();
-        let mut ops = Vec::new();
-        let mut add = |name: String, numel: usize| {
-            weights.push(Weight {
-                name,
-                bytes: numel * dtype.size(),
-            });
-            weights.len() - 1
-        };
-        let embed = add("model.embed_tokens".into(), cfg.vocab_size * h);
-        ops.push(Op {
-            name: "embed".into(),
-            reads: vec![embed],
-        });
-        for i in 0..cfg.num_layers {
-            let p = format!("model.layers.{i}.");
-            let input_norm = add(format!("{p}input_layernorm"), h);
-            let mut qkv = vec![add(format!("{p}self_attn.qkv_proj"), (q + 2 * kv) * h)];
-            if cfg.qkv_bias {
-                qkv.push(add(format!("{p}self_attn.qkv_bias"), q + 2 * kv));
-            }
-            if cfg.qk_norm {
-                qkv.push(add(format!("{p}self_attn.q_norm"), hd));
-                qkv.push(add(format!("{p}self_attn.k_norm"), hd));
-            }
-            let o = add(format!("{p}self_attn.o_proj"), h * q);
-            let post = add(format!("{p}post_attention_layernorm"), h);
-            let gate_up = add(format!("{p}mlp.gate_up_proj"), 2 * inter * h);
-            let down = add(format!("{p}mlp.down_proj"), h * inter);
-            let l = format!("layers.{i}.");
-            for (name, reads) in [
-                ("input_norm", vec![input_norm]),
-                ("qkv", qkv),
-                ("o_proj", vec![o]),
-                ("post_norm", vec![post]),
-                ("gate_up", vec![gate_up]),
-                ("down", vec![down]),
-            ] {
-                ops.push(Op {
-                    name: format!("{l}{name}"),
-                    reads,
-                });
-            }
-        }
-        let norm = add("model.norm".into(), h);
-        ops.push(Op {
-            name: "norm".into(),
-            reads: vec![norm],
-        });
-        let lm_head = if cfg.tie_word_embeddings {
-            embed
-        } else {
-            add("lm_head".into(), cfg.vocab_size * h)
-        };
-        ops.push(Op {
-            name: "lm_head".into(),
-            reads: vec![lm_head],
-        });
+        Self::from_decl(&cfg.decl(), dtype)
+    }
+
+    /// The order of a model declaration: its device tensors (merged q/k/v and gate/up)
+    /// with their bytes in `dtype`, and its ops in forward order, each reading the tensors
+    /// the declaration gives it (a tied embedding is read by the first op and the last).
+    pub fn from_decl(decl: &Decl, dtype: DType) -> Result<Self> {
+        let weights = decl
+            .tensors()
+            .iter()
+            .map(|t| Weight {
+                name: t.name(),
+                bytes: t.bytes(dtype),
+            })
+            .collect();
+        let ops = decl
+            .ops()
+            .iter()
+            .map(|o| Op {
+                name: o.op.name(),
+                reads: o.reads.clone(),
+            })
+            .collect();
         Self::new(weights, ops)
     }
 

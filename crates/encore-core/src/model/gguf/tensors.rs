@@ -1,4 +1,5 @@
-//! GGUF tensors as the HF tensors the loader asks for: llama.cpp's names mapped to HF's,
+//! GGUF tensors as the HF tensors the loader asks for: llama.cpp's names mapped to HF's
+//! (the mapping is declared beside the tensors, [`crate::model::decl::Role::sources`]),
 //! shapes checked (GGUF dims are reversed), values dequantized to f32 and, for
 //! architecture `llama`, q/k rows put back in HF order.
 
@@ -8,39 +9,8 @@ use super::config::{gguf_arch, ROPE_FREQS};
 use super::reader::GgufFile;
 use crate::error::{Error, Result};
 use crate::model::config::{Arch, ModelConfig};
-use crate::model::weights::TensorSpec;
-
-/// The llama.cpp name of an HF tensor name (`None` for names with no GGUF counterpart).
-pub fn gguf_name(hf: &str) -> Option<String> {
-    let top = match hf {
-        "model.embed_tokens.weight" => Some("token_embd.weight"),
-        "model.norm.weight" => Some("output_norm.weight"),
-        "lm_head.weight" => Some("output.weight"),
-        _ => None,
-    };
-    if let Some(t) = top {
-        return Some(t.to_string());
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let (module, kind) = rest.rsplit_once('.')?;
-    let short = match module {
-        "input_layernorm" => "attn_norm",
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.o_proj" => "attn_output",
-        "self_attn.q_norm" => "attn_q_norm",
-        "self_attn.k_norm" => "attn_k_norm",
-        "post_attention_layernorm" => "ffn_norm",
-        "mlp.gate_proj" => "ffn_gate",
-        "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
-        _ => return None,
-    };
-    Some(format!("blk.{layer}.{short}.{kind}"))
-}
+pub use crate::model::decl::gguf_name;
+use crate::model::decl::TensorSpec;
 
 /// A GGUF file serving HF tensors.
 pub struct GgufWeights {

@@ -1,0 +1,553 @@
+//! The one declaration of a model's tensors, in forward order: for each device tensor its
+//! role, layer, shape, the HF tensors it is made of (with their llama.cpp names), its
+//! storage format, its shard rule and the op that reads it.
+//!
+//! Everything else about the weights is derived from [`Decl`]: the loader's plan
+//! ([`crate::model::weights`]), the offload access order
+//! ([`crate::offload::AccessOrder::from_decl`]) and the streamed weights' shapes, the
+//! parameter and byte counts ([`ModelConfig::num_params`], [`ModelConfig::weight_bytes`]),
+//! the GGUF name mapping ([`crate::model::gguf::gguf_name`]), and the typed op ids the
+//! forward pass announces ([`OpId`]).
+//!
+//! # How to add a tensor
+//! Add a [`Role`] (its module name, per-layer or not, and its HF and GGUF sources), push it
+//! in [`Decl::new`] under the op that reads it (a new op is a [`LayerOp`] or an [`OpId`]
+//! variant, placed where it runs), give it a field in
+//! [`crate::model::weights::ModelWeights`] (the match in `weights.rs` that hands each role
+//! its field), and read it in the forward pass. Loading, offload, counts and op ids follow.
+//!
+//! # How to add an architecture variant
+//! A variant is a config flag read in [`Decl::new`]: an optional tensor is pushed only
+//! when the flag is set (as `qkv_bias` and `qk_norm` are), a different shape is computed
+//! there. The kernels that honour the variant read it from the config.
+//!
+//! # How to add a weight format
+//! Add a [`WeightFormat`] variant with its byte count ([`WeightFormat::bytes`]) and set it
+//! on the tensors that use it in [`Decl::new`]; budgets, floors and offload count those
+//! bytes. The loader and the matmul kernels then learn to read that format.
+
+use crate::model::config::ModelConfig;
+use crate::tensor::DType;
+
+/// One HF tensor of the checkpoint layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// HF name, e.g. `model.layers.0.self_attn.q_proj.weight`.
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// One HF source tensor of a [`Role`]: its HF name and its llama.cpp name, both without
+/// the layer prefix (`model.layers.N.` and `blk.N.` for per-layer roles).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Source {
+    pub hf: &'static str,
+    pub gguf: &'static str,
+}
+
+/// A [`Source`] literal (a struct expression, so the tables below are promoted statics).
+macro_rules! src {
+    ($hf:literal, $gguf:literal) => {
+        Source {
+            hf: $hf,
+            gguf: $gguf,
+        }
+    };
+}
+
+/// What a device tensor is for in the forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The token embedding table `[vocab, hidden]`.
+    Embedding,
+    /// The RMSNorm before attention (HF `input_layernorm`).
+    AttnNorm,
+    /// The merged q/k/v projection: q rows, then k, then v.
+    Qkv,
+    /// The merged q/k/v bias (Qwen2; Llama and Qwen3 with `attention_bias`).
+    QkvBias,
+    /// The per-head RMSNorm on q (Qwen3).
+    QNorm,
+    /// The per-head RMSNorm on k (Qwen3).
+    KNorm,
+    /// The attention output projection.
+    OProj,
+    /// The RMSNorm before the MLP (HF `post_attention_layernorm`).
+    MlpNorm,
+    /// The merged gate/up projection: gate rows, then up rows.
+    GateUp,
+    /// The MLP down projection.
+    Down,
+    /// The RMSNorm after the last layer.
+    FinalNorm,
+    /// The output projection of untied embeddings.
+    LmHead,
+}
+
+impl Role {
+    pub const ALL: [Role; 12] = [
+        Role::Embedding,
+        Role::AttnNorm,
+        Role::Qkv,
+        Role::QkvBias,
+        Role::QNorm,
+        Role::KNorm,
+        Role::OProj,
+        Role::MlpNorm,
+        Role::GateUp,
+        Role::Down,
+        Role::FinalNorm,
+        Role::LmHead,
+    ];
+
+    /// The device tensor's name, without the layer prefix for per-layer roles (the name
+    /// offload reports and errors use).
+    pub fn module(self) -> &'static str {
+        match self {
+            Role::Embedding => "model.embed_tokens",
+            Role::AttnNorm => "input_layernorm",
+            Role::Qkv => "self_attn.qkv_proj",
+            Role::QkvBias => "self_attn.qkv_bias",
+            Role::QNorm => "self_attn.q_norm",
+            Role::KNorm => "self_attn.k_norm",
+            Role::OProj => "self_attn.o_proj",
+            Role::MlpNorm => "post_attention_layernorm",
+            Role::GateUp => "mlp.gate_up_proj",
+            Role::Down => "mlp.down_proj",
+            Role::FinalNorm => "model.norm",
+            Role::LmHead => "lm_head",
+        }
+    }
+
+    /// Whether the role has one tensor per decoder layer.
+    pub fn per_layer(self) -> bool {
+        !matches!(self, Role::Embedding | Role::FinalNorm | Role::LmHead)
+    }
+
+    /// The HF tensors stacked along the first dimension into this one, in row order.
+    pub fn sources(self) -> &'static [Source] {
+        match self {
+            Role::Embedding => &[src!("model.embed_tokens.weight", "token_embd.weight")],
+            Role::AttnNorm => &[src!("input_layernorm.weight", "attn_norm.weight")],
+            Role::Qkv => &[
+                src!("self_attn.q_proj.weight", "attn_q.weight"),
+                src!("self_attn.k_proj.weight", "attn_k.weight"),
+                src!("self_attn.v_proj.weight", "attn_v.weight"),
+            ],
+            Role::QkvBias => &[
+                src!("self_attn.q_proj.bias", "attn_q.bias"),
+                src!("self_attn.k_proj.bias", "attn_k.bias"),
+                src!("self_attn.v_proj.bias", "attn_v.bias"),
+            ],
+            Role::QNorm => &[src!("self_attn.q_norm.weight", "attn_q_norm.weight")],
+            Role::KNorm => &[src!("self_attn.k_norm.weight", "attn_k_norm.weight")],
+            Role::OProj => &[src!("self_attn.o_proj.weight", "attn_output.weight")],
+            Role::MlpNorm => &[src!("post_attention_layernorm.weight", "ffn_norm.weight")],
+            Role::GateUp => &[
+                src!("mlp.gate_proj.weight", "ffn_gate.weight"),
+                src!("mlp.up_proj.weight", "ffn_up.weight"),
+            ],
+            Role::Down => &[src!("mlp.down_proj.weight", "ffn_down.weight")],
+            Role::FinalNorm => &[src!("model.norm.weight", "output_norm.weight")],
+            Role::LmHead => &[src!("lm_head.weight", "output.weight")],
+        }
+    }
+}
+
+/// How a tensor's values are stored on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WeightFormat {
+    /// Dense, in the run dtype (bf16, f16 or f32). Block-quantized formats (GGUF Q8_0,
+    /// Q4_K, ...) and FP8 with scales come next as further variants.
+    #[default]
+    Dense,
+}
+
+impl WeightFormat {
+    /// Device bytes of `numel` values in this format for a run in `dtype`.
+    pub fn bytes(self, numel: usize, dtype: DType) -> usize {
+        match self {
+            WeightFormat::Dense => numel * dtype.size(),
+        }
+    }
+}
+
+/// How a tensor is split over the ranks of a tensor-parallel group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Shard {
+    /// Every rank holds all of it (the only rule while encore runs on one device; column,
+    /// row and vocab splits come with tensor parallelism).
+    #[default]
+    Replicated,
+}
+
+/// One op of a decoder layer that reads weights, in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayerOp {
+    InputNorm,
+    Qkv,
+    OProj,
+    PostNorm,
+    GateUp,
+    Down,
+}
+
+impl LayerOp {
+    pub const ALL: [LayerOp; 6] = [
+        LayerOp::InputNorm,
+        LayerOp::Qkv,
+        LayerOp::OProj,
+        LayerOp::PostNorm,
+        LayerOp::GateUp,
+        LayerOp::Down,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerOp::InputNorm => "input_norm",
+            LayerOp::Qkv => "qkv",
+            LayerOp::OProj => "o_proj",
+            LayerOp::PostNorm => "post_norm",
+            LayerOp::GateUp => "gate_up",
+            LayerOp::Down => "down",
+        }
+    }
+}
+
+/// A weight-reading op of the forward step, which the forward announces to the offload
+/// executor before it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpId {
+    Embed,
+    Layer(usize, LayerOp),
+    FinalNorm,
+    LmHead,
+}
+
+impl OpId {
+    /// The op's position in the step ([`Decl::ops`], the offload access order) for a
+    /// model of `num_layers` layers.
+    pub fn index(self, num_layers: usize) -> usize {
+        let per_layer = LayerOp::ALL.len();
+        match self {
+            OpId::Embed => 0,
+            OpId::Layer(layer, op) => 1 + per_layer * layer + op as usize,
+            OpId::FinalNorm => 1 + per_layer * num_layers,
+            OpId::LmHead => 2 + per_layer * num_layers,
+        }
+    }
+
+    /// The op's name in offload reports and errors, e.g. `layers.3.qkv`.
+    pub fn name(self) -> String {
+        match self {
+            OpId::Embed => "embed".into(),
+            OpId::Layer(layer, op) => format!("layers.{layer}.{}", op.name()),
+            OpId::FinalNorm => "norm".into(),
+            OpId::LmHead => "lm_head".into(),
+        }
+    }
+}
+
+/// One declared device tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorDecl {
+    pub role: Role,
+    /// The decoder layer of a per-layer role.
+    pub layer: Option<usize>,
+    pub shape: Vec<usize>,
+    /// The HF tensors stacked along the first dimension into it, in row order.
+    pub parts: Vec<TensorSpec>,
+    pub format: WeightFormat,
+    pub shard: Shard,
+    /// The first op that reads it.
+    pub op: OpId,
+}
+
+impl TensorDecl {
+    /// The device tensor's name, e.g. `model.layers.0.self_attn.qkv_proj`.
+    pub fn name(&self) -> String {
+        match self.layer {
+            Some(l) => format!("model.layers.{l}.{}", self.role.module()),
+            None => self.role.module().to_string(),
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Device bytes in the run dtype `dtype`.
+    pub fn bytes(&self, dtype: DType) -> usize {
+        self.format.bytes(self.numel(), dtype)
+    }
+}
+
+/// One declared op and the tensors it reads (indices into [`Decl::tensors`]), in the
+/// order the forward pass reads them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpDecl {
+    pub op: OpId,
+    pub reads: Vec<usize>,
+}
+
+/// A model's tensors and the ops reading them, both in forward order (see the module
+/// docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decl {
+    tensors: Vec<TensorDecl>,
+    ops: Vec<OpDecl>,
+}
+
+impl Decl {
+    /// The Llama family (Llama, Mistral, Qwen2, Qwen3) as `model/llama.rs` runs it:
+    /// embedding; per layer input norm, qkv (with its bias and q/k head norms when the
+    /// config has them), o, post norm, gate/up, down; final norm; lm_head, which reads
+    /// the embedding again when the embeddings are tied.
+    pub fn new(cfg: &ModelConfig) -> Decl {
+        let (h, hd, inter, vocab) = (
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+        );
+        let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
+        let mut d = Builder::new(cfg.num_layers);
+        d.op(OpId::Embed);
+        let embed = d.tensor(Role::Embedding, None, &[vocab], Some(h));
+        for l in 0..cfg.num_layers {
+            let (at, layer) = (|op| OpId::Layer(l, op), Some(l));
+            d.op(at(LayerOp::InputNorm));
+            d.tensor(Role::AttnNorm, layer, &[h], None);
+            d.op(at(LayerOp::Qkv));
+            d.tensor(Role::Qkv, layer, &[q, kv, kv], Some(h));
+            if cfg.qkv_bias {
+                d.tensor(Role::QkvBias, layer, &[q, kv, kv], None);
+            }
+            if cfg.qk_norm {
+                d.tensor(Role::QNorm, layer, &[hd], None);
+                d.tensor(Role::KNorm, layer, &[hd], None);
+            }
+            d.op(at(LayerOp::OProj));
+            d.tensor(Role::OProj, layer, &[h], Some(q));
+            d.op(at(LayerOp::PostNorm));
+            d.tensor(Role::MlpNorm, layer, &[h], None);
+            d.op(at(LayerOp::GateUp));
+            d.tensor(Role::GateUp, layer, &[inter, inter], Some(h));
+            d.op(at(LayerOp::Down));
+            d.tensor(Role::Down, layer, &[h], Some(inter));
+        }
+        d.op(OpId::FinalNorm);
+        d.tensor(Role::FinalNorm, None, &[h], None);
+        d.op(OpId::LmHead);
+        if cfg.tie_word_embeddings {
+            d.read_again(embed);
+        } else {
+            d.tensor(Role::LmHead, None, &[vocab], Some(h));
+        }
+        d.decl
+    }
+
+    /// The device tensors, in the order they are first read (the loader's order).
+    pub fn tensors(&self) -> &[TensorDecl] {
+        &self.tensors
+    }
+
+    /// The weight-reading ops, in the order they run ([`OpId::index`] is the position).
+    pub fn ops(&self) -> &[OpDecl] {
+        &self.ops
+    }
+
+    /// Every HF tensor, in load order.
+    pub fn hf_tensors(&self) -> impl Iterator<Item = &TensorSpec> {
+        self.tensors.iter().flat_map(|t| &t.parts)
+    }
+
+    /// Parameters of all tensors (each counted once: a tied embedding once).
+    pub fn num_params(&self) -> usize {
+        self.tensors.iter().map(TensorDecl::numel).sum()
+    }
+
+    /// Device bytes of all tensors for a run in `dtype`.
+    pub fn bytes(&self, dtype: DType) -> usize {
+        self.tensors.iter().map(|t| t.bytes(dtype)).sum()
+    }
+}
+
+impl ModelConfig {
+    /// The declaration of this config's tensors ([`Decl::new`]).
+    pub fn decl(&self) -> Decl {
+        Decl::new(self)
+    }
+
+    /// Total parameters, the embedding counted once when tied.
+    pub fn num_params(&self) -> usize {
+        self.decl().num_params()
+    }
+
+    /// Bytes of all weights stored in `dtype`.
+    pub fn weight_bytes(&self, dtype: DType) -> usize {
+        self.decl().bytes(dtype)
+    }
+}
+
+/// The llama.cpp name of an HF tensor name declared by some [`Role`] (`None` for names
+/// with no GGUF counterpart).
+pub fn gguf_name(hf: &str) -> Option<String> {
+    let Some(rest) = hf.strip_prefix("model.layers.") else {
+        let found = Role::ALL.iter().filter(|r| !r.per_layer());
+        let s = found.flat_map(|r| r.sources()).find(|s| s.hf == hf)?;
+        return Some(s.gguf.to_string());
+    };
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let found = Role::ALL.iter().filter(|r| r.per_layer());
+    let s = found.flat_map(|r| r.sources()).find(|s| s.hf == rest)?;
+    Some(format!("blk.{layer}.{}", s.gguf))
+}
+
+/// Builds a [`Decl`] op by op.
+struct Builder {
+    decl: Decl,
+    num_layers: usize,
+}
+
+impl Builder {
+    fn new(num_layers: usize) -> Self {
+        Builder {
+            decl: Decl {
+                tensors: Vec::new(),
+                ops: Vec::new(),
+            },
+            num_layers,
+        }
+    }
+
+    /// Start op `op`: the tensors declared next are read by it.
+    fn op(&mut self, op: OpId) {
+        debug_assert_eq!(self.decl.ops.len(), op.index(self.num_layers), "{op:?}");
+        self.decl.ops.push(OpDecl {
+            op,
+            reads: Vec::new(),
+        });
+    }
+
+    /// Declare a tensor of `role` read by the current op, stacked from the role's sources
+    /// with `rows` rows each (of `cols` columns, or 1-D), dense and replicated.
+    fn tensor(
+        &mut self,
+        role: Role,
+        layer: Option<usize>,
+        rows: &[usize],
+        cols: Option<usize>,
+    ) -> usize {
+        let sources = role.sources();
+        debug_assert_eq!(sources.len(), rows.len(), "{role:?}");
+        let shape = |r: usize| match cols {
+            Some(c) => vec![r, c],
+            None => vec![r],
+        };
+        let prefix = layer.map_or(String::new(), |l| format!("model.layers.{l}."));
+        let parts = sources
+            .iter()
+            .zip(rows)
+            .map(|(s, &r)| TensorSpec {
+                name: format!("{prefix}{}", s.hf),
+                shape: shape(r),
+            })
+            .collect();
+        let op = self.decl.ops.last().expect("an op is started first").op;
+        self.decl.tensors.push(TensorDecl {
+            role,
+            layer,
+            shape: shape(rows.iter().sum()),
+            parts,
+            format: WeightFormat::Dense,
+            shard: Shard::Replicated,
+            op,
+        });
+        let index = self.decl.tensors.len() - 1;
+        self.read_again(index);
+        index
+    }
+
+    /// The current op reads tensor `index` (declared by an earlier op, or just now).
+    fn read_again(&mut self, index: usize) {
+        let op = self.decl.ops.last_mut().expect("an op is started first");
+        op.reads.push(index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_ids_index_the_declared_ops_and_every_tensor_has_its_reader() {
+        for (i, r) in Role::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "Role::ALL is in declaration order");
+        }
+        for (i, op) in LayerOp::ALL.iter().enumerate() {
+            assert_eq!(*op as usize, i, "LayerOp::ALL is in declaration order");
+        }
+        for name in ModelConfig::dummy_names() {
+            for tied in [false, true] {
+                let mut cfg = ModelConfig::dummy(name).unwrap();
+                cfg.tie_word_embeddings = tied;
+                let d = cfg.decl();
+                for (i, o) in d.ops().iter().enumerate() {
+                    assert_eq!(o.op.index(cfg.num_layers), i, "{name} {:?}", o.op);
+                    for &w in &o.reads {
+                        let t = &d.tensors()[w];
+                        assert!(t.op.index(cfg.num_layers) <= i, "{name} {}", t.name());
+                    }
+                }
+                for (w, t) in d.tensors().iter().enumerate() {
+                    assert!(d.ops()[t.op.index(cfg.num_layers)].reads.contains(&w));
+                    let rows: usize = t.parts.iter().map(|p| p.shape[0]).sum();
+                    assert_eq!(rows, t.shape[0], "{name} {}", t.name());
+                    for p in &t.parts {
+                        assert!(gguf_name(&p.name).is_some(), "{}", p.name);
+                    }
+                }
+                let lm_reads = &d.ops().last().unwrap().reads;
+                assert_eq!(
+                    lm_reads == &[0],
+                    tied,
+                    "{name}: a tied LM head reads the table"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gguf_names_follow_the_declaration() {
+        let cases = [
+            ("model.embed_tokens.weight", Some("token_embd.weight")),
+            ("model.norm.weight", Some("output_norm.weight")),
+            ("lm_head.weight", Some("output.weight")),
+            (
+                "model.layers.3.self_attn.k_proj.bias",
+                Some("blk.3.attn_k.bias"),
+            ),
+            (
+                "model.layers.0.mlp.up_proj.weight",
+                Some("blk.0.ffn_up.weight"),
+            ),
+            (
+                "model.layers.12.self_attn.q_norm.weight",
+                Some("blk.12.attn_q_norm.weight"),
+            ),
+            ("model.layers.x.mlp.up_proj.weight", None),
+            ("model.rotary_emb.inv_freq", None),
+        ];
+        for (hf, want) in cases {
+            assert_eq!(gguf_name(hf).as_deref(), want, "{hf}");
+        }
+    }
+}
