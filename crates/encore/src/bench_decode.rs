@@ -206,11 +206,8 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     if a.batch.is_empty() {
         bail!("--batch: give at least one batch size");
     }
-    if a.offload.is_lru() && !a.eager {
-        bail!(
-            "--offload-policy lru decides its copies at run time and cannot run inside graphs; \
-             add --eager, or use --offload-policy planned"
-        );
+    if let Some(oc) = a.offload.config() {
+        oc.check_graphs(!a.eager)?;
     }
     let max_seq_len = eager_and_graph_positions(a.context, a.steps, &cfg)?;
     let max_batch = a.batch.iter().copied().max().unwrap_or(1);

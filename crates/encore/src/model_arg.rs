@@ -38,7 +38,7 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     /// Open the device (see [`open_device`]) and the model's config and weight source.
-    pub fn open(&self) -> Result<(Opened, ModelConfig, WeightSource<'_>)> {
+    pub fn open(&self) -> Result<(Opened, ModelConfig, WeightSource)> {
         let opened = open_device(self.device.device)?;
         let (cfg, source) = resolve(&self.model)?;
         Ok((opened, cfg, source))

@@ -29,11 +29,6 @@ impl OffloadArg {
             policy: self.offload_policy.unwrap_or_default(),
         })
     }
-
-    /// Whether `--offload-policy lru` was given.
-    pub fn is_lru(&self) -> bool {
-        self.offload_policy == Some(Policy::Lru)
-    }
 }
 
 /// The message of a core parse error without its `--flag:` prefix (clap names the flag).
