@@ -58,7 +58,7 @@ fn main() -> encore_core::Result<()> {
     let sched = SchedulerConfig::new(2048, n.max(1));
     let engine = Arc::new(EngineHandle::start(
         be,
-        model,
+        encore_core::model::open_model(&model)?,
         cfg,
         sched,
         Box::new(encore_core::progress::NoProgress),

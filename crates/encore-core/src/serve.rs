@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::graph::GraphStats;
 use crate::histogram::{Histogram, ItlBuckets, TtftBuckets};
 use crate::memory::ArenaStats;
-use crate::model::open_model;
+use crate::model::ModelFiles;
 use crate::progress::Progress;
 use crate::request::{Event, Limits, Output, Param, Refusal, Request};
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -118,12 +118,12 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// Start the loop on its own thread: open `model` (a `--model` spec), boot an
-    /// [`Engine`] on `backend` (the caller waits for it: an error comes back here), then
-    /// serve.
+    /// Start the loop on its own thread: boot an [`Engine`] of `model` (opened by
+    /// [`crate::model::open_model`]; its files are read on that thread) on `backend` (the
+    /// caller waits for it: an error comes back here), then serve.
     pub fn start(
         backend: BackendRef,
-        model: String,
+        model: ModelFiles,
         cfg: EngineConfig,
         sched: SchedulerConfig,
         progress: Box<dyn Progress + Send>,
@@ -136,8 +136,7 @@ impl EngineHandle {
             .name("encore-engine".into())
             .spawn(move || {
                 let be = &*backend;
-                let booted = open_model(&model).and_then(|files| {
-                    let e = Engine::new(be, files, &cfg, &*progress)?;
+                let booted = Engine::new(be, model, &cfg, &*progress).and_then(|e| {
                     let s = Scheduler::new(sched, &e.runner)?;
                     Ok((e, s))
                 });

@@ -23,7 +23,7 @@ fn boot(model: &str, num_blocks: usize) -> encore_core::Result<EngineHandle> {
     let sched = SchedulerConfig::new(32, 8);
     EngineHandle::start(
         Arc::new(CpuBackend::new()),
-        model.into(),
+        encore_core::model::open_model(model)?,
         cfg,
         sched,
         Box::new(NoProgress),

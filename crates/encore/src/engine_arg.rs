@@ -8,6 +8,7 @@ use clap::Args;
 use encore_core::engine::{EngineConfig, KvSizing};
 use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
+use encore_core::model::ModelFiles;
 use encore_core::progress::Progress;
 use encore_core::scheduler::SchedulerConfig;
 use encore_core::serve::EngineHandle;
@@ -157,15 +158,14 @@ impl EngineArgs {
 /// budget gave (the line is logged either way).
 pub fn start_engine(
     be: BackendRef,
-    model: &str,
-    model_cfg: &ModelConfig,
+    model: ModelFiles,
     (engine_cfg, sched): (EngineConfig, SchedulerConfig),
     progress: Box<dyn Progress + Send>,
     show: bool,
 ) -> Result<EngineHandle> {
     let offload = engine_cfg.offload;
-    let weight_bytes = model_cfg.weight_bytes(engine_cfg.dtype);
-    let engine = EngineHandle::start(be, model.to_string(), engine_cfg, sched, progress)?;
+    let weight_bytes = model.config.weight_bytes(engine_cfg.dtype);
+    let engine = EngineHandle::start(be, model, engine_cfg, sched, progress)?;
     if let Some(line) =
         offload_arg::summary(offload.as_ref(), engine.boot.offload.as_ref(), weight_bytes)
     {

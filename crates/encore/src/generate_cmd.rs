@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use encore_core::model::config::ModelConfig;
+use encore_core::model::ModelFiles;
 use encore_core::progress::{Progress, Unit};
 use encore_core::request::{Event, FinishReason, Request, RequestParams};
 use encore_core::runner::SamplingParams;
@@ -105,8 +106,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         .config(be, a.model.dtype, engine_shape(&a, &prompts, max_seq_len))?;
     let engine = engine_arg::start_engine(
         backend.clone(),
-        &a.model.model,
-        &cfg,
+        ModelFiles {
+            config: cfg.clone(),
+            source: source.clone(),
+        },
         configs,
         Box::new(Bars::new(!a.json)),
         !a.json,

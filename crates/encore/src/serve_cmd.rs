@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use encore_core::model::ModelFiles;
 use encore_server::ServerConfig;
 
 use crate::engine_arg::{self, EngineArgs, EngineShape};
@@ -73,8 +74,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let t = std::time::Instant::now();
     let engine = Arc::new(engine_arg::start_engine(
         be,
-        &a.model.model,
-        &cfg,
+        ModelFiles {
+            config: cfg.clone(),
+            source: source.clone(),
+        },
         configs,
         Box::new(crate::progress::Bars::new(true)),
         true,

@@ -33,7 +33,7 @@ fn start(max_waiting: Option<usize>) -> Server {
     let engine = Arc::new(
         EngineHandle::start(
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
-            MODEL.into(),
+            encore_core::model::open_model(MODEL).unwrap(),
             EngineConfig::new(DType::F32, 16, 64, 8, 128, KvSizing::Blocks(1 + 8 * 8)),
             SchedulerConfig::new(64, 8),
             Box::new(NoProgress),

@@ -56,7 +56,7 @@ pub fn start_full(
     let engine = Arc::new(
         EngineHandle::start(
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
-            MODEL.into(),
+            encore_core::model::open_model(MODEL).unwrap(),
             cfg,
             SchedulerConfig::new(128, 32),
             Box::new(NoProgress),

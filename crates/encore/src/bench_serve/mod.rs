@@ -11,6 +11,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use encore_core::model::ModelFiles;
 use serde_json::{json, Map, Value};
 
 use crate::engine_arg::{self, EngineArgs, EngineShape};
@@ -227,7 +228,7 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
     let model = a.model.clone().unwrap_or_else(|| "dummy:tiny".into());
     let opened = crate::model_arg::open_device(a.device.device)?;
     let be = opened.backend();
-    let (cfg, _) = crate::model_arg::resolve(&model)?;
+    let (cfg, source) = crate::model_arg::resolve(&model)?;
     let w = workload::workload(&a.workload, cfg.vocab_size)?;
     let e = &a.engine;
     let max_seq_len = match e.max_seq_len {
@@ -261,8 +262,10 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
     let configs = e.config(be.as_ref(), a.dtype, shape)?;
     let engine = engine_arg::start_engine(
         be,
-        &model,
-        &cfg,
+        ModelFiles {
+            config: cfg,
+            source,
+        },
         configs,
         Box::new(crate::progress::Bars::new(!a.json)),
         !a.json,
