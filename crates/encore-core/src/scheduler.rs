@@ -23,8 +23,8 @@ use std::collections::VecDeque;
 use crate::backend::MAX_TOP_LOGPROBS;
 use crate::error::{Error, Result};
 use crate::generate::FinishReason;
-use crate::kv::{PrefixHit, SeqId};
-use crate::runner::{Runner, SamplingParams, SeqStep, TokenLogprobs};
+use crate::kv::{BlockManager, PrefixHit, SeqId};
+use crate::runner::{Runner, SamplingParams, SeqStep, Seqs, TokenLogprobs};
 
 /// One request's generation parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -117,6 +117,8 @@ impl Seq {
 
 pub struct Scheduler {
     cfg: SchedulerConfig,
+    /// The live sequences' KV blocks and penalty slots (the runner reads them each step).
+    seqs: Seqs,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     next_seq: u64,
@@ -124,9 +126,30 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// A scheduler for `runner`'s sizes; the budgets must fit the runner.
+    /// A scheduler for `runner`'s sizes, owning the KV blocks of its cache and its penalty
+    /// slots; the budgets must fit the runner.
     pub fn new(cfg: SchedulerConfig, runner: &Runner<'_>) -> Result<Self> {
+        Self::with_seqs(cfg, runner, Seqs::for_runner(runner)?)
+    }
+
+    /// [`Scheduler::new`] over `seqs`, the blocks and penalty slots of an earlier
+    /// scheduler of the same runner ([`Scheduler::into_seqs`]): its cached prefixes stay
+    /// cached.
+    pub fn with_seqs(cfg: SchedulerConfig, runner: &Runner<'_>, seqs: Seqs) -> Result<Self> {
         let r = runner.config();
+        let blocks = &seqs.blocks;
+        if (blocks.num_blocks(), blocks.block_size()) != (r.num_blocks, r.block_size) {
+            return Err(Error::invalid(
+                "scheduler",
+                format!(
+                    "blocks of {} x {} tokens do not match the runner's KV cache of {} x {}",
+                    blocks.num_blocks(),
+                    blocks.block_size(),
+                    r.num_blocks,
+                    r.block_size
+                ),
+            ));
+        }
         if cfg.max_num_batched_tokens == 0
             || cfg.max_num_seqs == 0
             || cfg.max_num_batched_tokens > r.max_tokens_per_step
@@ -142,6 +165,7 @@ impl Scheduler {
         }
         Ok(Scheduler {
             cfg,
+            seqs,
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_seq: 0,
@@ -173,17 +197,17 @@ impl Scheduler {
                 r.max_seq_len
             ));
         }
-        let vocab = runner.model.cfg.vocab_size;
+        let vocab = runner.model().cfg.vocab_size;
         if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
             return what(format!("token id {t} is outside the vocabulary of {vocab}"));
         }
         // The longest the sequence can get must fit the cache on its own.
         let longest = (req.prompt.len() + req.params.max_tokens).min(r.max_seq_len);
-        let need = runner.blocks.blocks_for_tokens(longest);
-        if need > runner.blocks.num_usable_blocks() {
+        let need = self.seqs.blocks.blocks_for_tokens(longest);
+        if need > self.seqs.blocks.num_usable_blocks() {
             return what(format!(
                 "{longest} tokens need {need} KV blocks; the cache has {}",
-                runner.blocks.num_usable_blocks()
+                self.seqs.blocks.num_usable_blocks()
             ));
         }
         if self.live().any(|s| s.req.id == req.id) {
@@ -226,27 +250,26 @@ impl Scheduler {
     }
 
     /// Drop request `id` wherever it is, freeing its KV blocks; whether it was live.
-    pub fn abort(&mut self, id: u64, runner: &mut Runner<'_>) -> Result<bool> {
-        let live = self.remove(id, runner)?;
+    pub fn abort(&mut self, id: u64) -> Result<bool> {
+        let live = self.remove(id)?;
         self.stats.aborted += u64::from(live);
         Ok(live)
     }
 
     /// End request `id` early as finished (its caller found a stop string in its text),
     /// freeing its KV blocks; whether it was live.
-    pub fn finish(&mut self, id: u64, runner: &mut Runner<'_>) -> Result<bool> {
-        let live = self.remove(id, runner)?;
+    pub fn finish(&mut self, id: u64) -> Result<bool> {
+        let live = self.remove(id)?;
         self.stats.finished += u64::from(live);
         Ok(live)
     }
 
-    fn remove(&mut self, id: u64, runner: &mut Runner<'_>) -> Result<bool> {
+    fn remove(&mut self, id: u64) -> Result<bool> {
         if let Some(i) = self.waiting.iter().position(|s| s.req.id == id) {
             self.waiting.remove(i);
         } else if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
             let s = self.running.remove(i);
-            runner.blocks.free(s.seq)?;
-            runner.end_penalties(s.seq);
+            self.seqs.release(s.seq)?;
         } else {
             return Ok(false);
         }
@@ -269,13 +292,32 @@ impl Scheduler {
         self.stats
     }
 
+    /// The KV blocks of the live sequences (and the prefix cache).
+    pub fn blocks(&self) -> &BlockManager {
+        &self.seqs.blocks
+    }
+
+    /// The live sequences' KV blocks and penalty slots.
+    pub fn seqs(&self) -> &Seqs {
+        &self.seqs
+    }
+
+    /// End the scheduler: every live request is dropped (its blocks and penalty slot
+    /// freed), and the blocks with their cached prefixes come back for a later scheduler
+    /// ([`Scheduler::with_seqs`]).
+    pub fn into_seqs(mut self) -> Result<Seqs> {
+        for s in std::mem::take(&mut self.running) {
+            self.seqs.release(s.seq)?;
+        }
+        Ok(self.seqs)
+    }
+
     /// Preempt the newest running sequence: free its blocks and queue it first, to be
     /// recomputed (with prefix caching, from those of its blocks still cached when it is
     /// admitted again).
-    fn preempt_newest(&mut self, runner: &mut Runner<'_>) -> Result<()> {
+    fn preempt_newest(&mut self) -> Result<()> {
         let mut s = self.running.pop().expect("a running sequence to preempt");
-        runner.blocks.free(s.seq)?;
-        runner.end_penalties(s.seq);
+        self.seqs.release(s.seq)?;
         s.computed = 0;
         self.waiting.push_front(s);
         self.stats.preemptions += 1;
@@ -284,7 +326,7 @@ impl Scheduler {
 
     /// Plan one step: `(index into running, new tokens)` per scheduled sequence, with KV
     /// room made for each.
-    fn schedule(&mut self, runner: &mut Runner<'_>) -> Result<Vec<(usize, usize)>> {
+    fn schedule(&mut self, runner: &Runner<'_>) -> Result<Vec<(usize, usize)>> {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new();
         let mut i = 0;
@@ -296,19 +338,19 @@ impl Scheduler {
                 continue;
             }
             // Room for `take` more tokens; preempt the newest others while there is none.
-            let blocks = &runner.blocks;
+            let blocks = &self.seqs.blocks;
             let held = blocks.num_tokens(s.seq)?;
             let extra = (s.computed + take).saturating_sub(held);
             if !blocks.can_append(s.seq, extra) {
                 if i + 1 < self.running.len() {
-                    self.preempt_newest(runner)?;
+                    self.preempt_newest()?;
                     continue;
                 }
                 // This is the newest: it yields itself.
-                self.preempt_newest(runner)?;
+                self.preempt_newest()?;
                 break;
             }
-            runner.blocks.append(s.seq, extra)?;
+            self.seqs.blocks.append(s.seq, extra)?;
             plan.push((i, take));
             budget -= take;
             i += 1;
@@ -320,15 +362,18 @@ impl Scheduler {
         {
             let Some(s) = self.waiting.front() else { break };
             let hit = if self.cfg.prefix_cache {
-                runner.blocks.lookup(&s.tokens)
+                self.seqs.blocks.lookup(&s.tokens)
             } else {
                 PrefixHit::none()
             };
             let cached = hit.num_tokens();
             let take = (s.tokens.len() - cached).min(budget);
             let penalties = s.req.params.sampling.has_penalties();
-            if !runner.blocks.can_allocate_with_prefix(&hit, cached + take)
-                || (penalties && runner.free_penalty_slots() == 0)
+            if !self
+                .seqs
+                .blocks
+                .can_allocate_with_prefix(&hit, cached + take)
+                || (penalties && self.seqs.free_penalty_slots() == 0)
             {
                 break;
             }
@@ -337,16 +382,17 @@ impl Scheduler {
             if penalties {
                 // The prompt flagged, tokens produced before a preemption counted.
                 let (prompt, output) = s.tokens.split_at(s.req.prompt.len());
-                if let Err(e) = runner.begin_penalties(s.seq, prompt, output) {
+                if let Err(e) = self.seqs.begin_penalties(runner, s.seq, prompt, output) {
                     self.waiting.push_front(s);
                     return Err(e);
                 }
             }
-            if let Err(e) = runner
+            if let Err(e) = self
+                .seqs
                 .blocks
                 .allocate_with_prefix(s.seq, &hit, cached + take)
             {
-                runner.end_penalties(s.seq);
+                self.seqs.end_penalties(s.seq);
                 self.waiting.push_front(s);
                 return Err(e);
             }
@@ -382,7 +428,7 @@ impl Scheduler {
                 }
             })
             .collect();
-        let sampled = runner.step_sampled(&steps)?;
+        let sampled = runner.step_sampled(&mut self.seqs, &steps)?;
         self.stats.steps += 1;
         let max_seq_len = runner.config().max_seq_len;
         let mut outputs = Vec::new();
@@ -393,7 +439,7 @@ impl Scheduler {
             let s = &mut self.running[i];
             s.computed += take;
             if self.cfg.prefix_cache {
-                runner.blocks.commit(s.seq, &s.tokens, s.computed)?;
+                self.seqs.blocks.commit(s.seq, &s.tokens, s.computed)?;
             }
             if s.computed < s.tokens.len() {
                 continue; // a prompt chunk short of the end
@@ -422,8 +468,7 @@ impl Scheduler {
         done.sort_unstable();
         for &i in done.iter().rev() {
             let s = self.running.remove(i);
-            runner.blocks.free(s.seq)?;
-            runner.end_penalties(s.seq);
+            self.seqs.release(s.seq)?;
             self.stats.finished += 1;
         }
         Ok(outputs)

@@ -151,9 +151,9 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let blocks = &engine.runner.blocks;
+                let blocks = scheduler.blocks();
                 let _ = boot_tx.send(Ok((
-                    engine.runner.model.cfg.vocab_size,
+                    engine.runner.model().cfg.vocab_size,
                     engine.runner.config().max_seq_len,
                     blocks.num_usable_blocks() * blocks.block_size(),
                     engine.report.clone(),
@@ -257,7 +257,7 @@ fn run_loop(
     let runner = &mut engine.runner;
     let mut sinks: std::collections::HashMap<u64, Live> = std::collections::HashMap::new();
     m.kv_blocks_total
-        .store(runner.blocks.num_usable_blocks() as u64, Ordering::Relaxed);
+        .store(sched.blocks().num_usable_blocks() as u64, Ordering::Relaxed);
     loop {
         // Take every queued message; block for one only when idle.
         let mut next = if sched.has_work() {
@@ -295,12 +295,12 @@ fn run_loop(
                 }
                 Message::Abort(id) => {
                     if sinks.remove(&id).is_some() {
-                        let _ = sched.abort(id, runner);
+                        let _ = sched.abort(id);
                     }
                 }
                 Message::Finish(id) => {
                     if sinks.remove(&id).is_some() {
-                        let _ = sched.finish(id, runner);
+                        let _ = sched.finish(id);
                     }
                 }
                 Message::Stats(reply) => {
@@ -331,7 +331,7 @@ fn run_loop(
                     } else if !alive {
                         // The reader went away: free the request's blocks now.
                         sinks.remove(&id);
-                        let _ = sched.abort(id, runner);
+                        let _ = sched.abort(id);
                     }
                 }
             }
@@ -341,7 +341,7 @@ fn run_loop(
                 tracing::error!("{msg}");
                 for (id, mut live) in sinks.drain() {
                     (live.sink)(Event::Failed(msg.clone()));
-                    let _ = sched.abort(id, runner);
+                    let _ = sched.abort(id);
                 }
             }
         }
@@ -358,7 +358,7 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
     m.requests_waiting
         .store(sched.num_waiting() as u64, Ordering::Relaxed);
     m.kv_blocks_used
-        .store(runner.blocks.num_used_blocks() as u64, Ordering::Relaxed);
+        .store(sched.blocks().num_used_blocks() as u64, Ordering::Relaxed);
     m.preemptions_total.store(st.preemptions, Ordering::Relaxed);
     m.device_wait_micros_total
         .store((runner.device_wait_secs() * 1e6) as u64, Ordering::Relaxed);

@@ -11,7 +11,7 @@ use encore_core::engine::Engine;
 use encore_core::graph::BucketPolicy;
 use encore_core::model::ModelFiles;
 use encore_core::offload::{self, AccessOrder, OffloadConfig, Policy, WeightBudget};
-use encore_core::runner::Runner;
+use encore_core::runner::{Runner, Seqs};
 use encore_core::DType;
 use serde_json::json;
 
@@ -224,11 +224,12 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
         );
         let Engine { mut runner, report } =
             Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
+        let mut held = Seqs::for_runner(&runner)?;
         let (budget_bytes, resident_bytes, streaming_bytes) = match &report.offload {
             Some(o) => (o.budget_bytes, o.resident_bytes, o.streaming_bytes),
             None => (r.config.budget.bytes(weight_bytes), weight_bytes, 0),
         };
-        let planned_per_step = runner.model.offload().and_then(|o| o.plan()).map(|p| {
+        let planned_per_step = runner.model().offload().and_then(|o| o.plan()).map(|p| {
             p.streams
                 .iter()
                 .map(|s| true_sizes[s.weight])
@@ -242,14 +243,15 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
             modes.push("eager");
         }
         for &b in &a.batch {
-            let seqs = bench_decode::prefill(&mut runner, b, a.context)?;
+            let seqs = bench_decode::prefill(&mut runner, &mut held, b, a.context)?;
             let mut last = vec![1u32; b];
             for &mode in &modes {
                 let graph = mode == "graph";
                 if graph {
                     runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
                 }
-                let timed = bench_decode::time_decode(&mut runner, &seqs, &mut last, a.steps);
+                let timed =
+                    bench_decode::time_decode(&mut runner, &mut held, &seqs, &mut last, a.steps);
                 if graph {
                     runner.set_graph_mode(None);
                 }
@@ -313,7 +315,7 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
                     )?;
                 }
             }
-            bench_decode::free(&mut runner, &seqs)?;
+            bench_decode::free(&mut held, &seqs)?;
         }
         // Free this engine's device memory before the next one starts.
         release(be, runner)?;

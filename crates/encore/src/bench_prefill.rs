@@ -10,7 +10,7 @@ use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
 use encore_core::model::ModelFiles;
-use encore_core::runner::{Runner, SamplingParams, SeqStep};
+use encore_core::runner::{Runner, SamplingParams, SeqStep, Seqs};
 use encore_core::DType;
 use serde_json::{json, Value};
 
@@ -214,6 +214,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
         Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
     let load_secs = report.load_secs;
     let capture_secs = report.capture_secs;
+    let mut held = Seqs::for_runner(&runner)?;
     let stats = runner.graph_stats().unwrap_or_default();
     let mem = runner.graph_memory_stats();
     let device = be.device_name();
@@ -268,7 +269,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                         })
                         .collect();
                     for &s in &seqs {
-                        runner.blocks.allocate(s, n)?;
+                        held.blocks.allocate(s, n)?;
                     }
                     let batch: Vec<SeqStep<'_>> = seqs
                         .iter()
@@ -281,14 +282,14 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                         .collect();
                     let (t, c) = (Instant::now(), process_cpu_ns());
                     // Reads the sampled tokens back: waits for the device.
-                    let tokens = runner.step(&batch)?;
+                    let tokens = runner.step(&mut held, &batch)?;
                     let ms = t.elapsed().as_secs_f64() * 1e3;
                     let cpu = c
                         .zip(process_cpu_ns())
                         .and_then(|(c0, c1)| c1.checked_sub(c0))
                         .map(|ns| ns as f64 / 1e6);
                     for &s in &seqs {
-                        runner.blocks.free(s)?;
+                        held.blocks.free(s)?;
                     }
                     Ok((ms, cpu, tokens))
                 };

@@ -1,13 +1,11 @@
 //! The arguments shared by the commands: `--model` (a Hugging Face directory, a GGUF
-//! file or `dummy:NAME`) and `--device` (auto | cpu | cuda | cuda:N), and the memory
-//! check every command runs before it allocates.
+//! file or `dummy:NAME`) and `--device` (auto | cpu | cuda | cuda:N). The memory check
+//! every command runs before it allocates is `Engine::new`'s.
 
 use anyhow::{Context, Result};
 use encore_core::device::{self, DeviceSpec, Opened};
-use encore_core::memory::{MemoryLimit, MemoryNeed};
 use encore_core::model::config::ModelConfig;
 use encore_core::model::weights::WeightSource;
-use encore_core::Backend;
 
 /// The config and where the weights come from (seed 0 for dummy models).
 pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource<'_>)> {
@@ -23,13 +21,4 @@ pub fn open_device(spec: DeviceSpec) -> Result<Opened> {
         crate::out::errln!("note: {note}");
     }
     Ok(opened)
-}
-
-/// Refuse a run whose estimated memory exceeds what the backend may use (see
-/// [`MemoryLimit::of`]); `what` names the run in the message, `fix` the flags to lower.
-pub fn check_memory(be: &dyn Backend, need: &MemoryNeed, what: &str, fix: &str) -> Result<()> {
-    if let Some(limit) = MemoryLimit::of(be) {
-        need.check(what, &limit, fix)?;
-    }
-    Ok(())
 }

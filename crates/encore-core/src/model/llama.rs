@@ -480,8 +480,28 @@ impl Model {
         Ok(logits)
     }
 
-    /// Run one step eagerly: every piece, each followed by its attention, then the head.
-    /// Returns f32 logits `[b, vocab]` (a view into the arena, valid until its next reset).
+    /// Every piece of a step in order, each followed by its attention (all but the
+    /// last): the step's whole forward up to the final norm, eagerly or inside one
+    /// capture. The one loop over the model's layers; [`Model::head`] follows it.
+    pub fn layers(
+        &self,
+        be: &dyn Backend,
+        kv: &KvCache,
+        inp: &StepInputs<'_>,
+        buf: &StepBuffers,
+    ) -> Result<()> {
+        let layers = self.weights.layers.len();
+        for k in 0..=layers {
+            self.piece(be, kv, inp, buf, k)?;
+            if k < layers {
+                self.attention(be, kv, inp, buf, k)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Run one step eagerly: [`Model::layers`], then the head. Returns f32 logits
+    /// `[b, vocab]` (a view into the arena, valid until its next reset).
     pub fn forward(
         &self,
         be: &dyn Backend,
@@ -500,13 +520,7 @@ impl Model {
         let w = inp.block_tables.dim(1);
         let bs = kv.k(0).dim(1);
         let buf = self.alloc_step(be, arena, n, b, w, bs)?;
-        let layers = self.weights.layers.len();
-        for k in 0..=layers {
-            self.piece(be, kv, inp, &buf, k)?;
-            if k < layers {
-                self.attention(be, kv, inp, &buf, k)?;
-            }
-        }
+        self.layers(be, kv, inp, &buf)?;
         let logits = self.head(be, inp, &buf, b)?;
         self.end_segment()?;
         Ok(logits)
