@@ -64,34 +64,26 @@ struct Seq {
     done: usize,
 }
 
-/// Drive an eager and a piecewise runner through random mixed steps with the same
-/// (teacher-forced) tokens; compare logits and sampled tokens of every step.
-fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
-    let mut eager = common::tiny_runner(be);
-    let mut eager_seqs = Seqs::for_runner(&eager).unwrap();
-    let mut graph = common::tiny_runner(be);
-    let mut graph_seqs = Seqs::for_runner(&graph).unwrap();
-    graph.set_graphs(Some(graphs()));
-    let sampling = SamplingParams {
-        temperature: 0.7,
-        top_k: 30,
-        top_p: 0.95,
-        seed: 11,
-        ..Default::default()
-    };
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut live: Vec<Seq> = Vec::new();
-    let mut next_id = 0u64;
-    let mut buckets_hit = std::collections::BTreeSet::new();
-    let mut mixed_steps = 0;
-    for step_no in 0..40u64 {
-        // Token budget of this step: anywhere in 1..=256, so every bucket size range is met.
+/// The live sequences of [`check_piecewise_matches_eager`] and the random source of its
+/// steps.
+struct Scenario {
+    rng: Rng,
+    live: Vec<Seq>,
+    next_id: u64,
+}
+
+impl Scenario {
+    /// The next step, within a random token budget (anywhere in 1..=256, so every bucket
+    /// size range is met) and 16 sequences: live sequences continue first (a decode
+    /// token once their prompt is done, else the next prompt chunk), then new ones start
+    /// with what is left. Also the sequences that finished (to free).
+    fn next_batch(&mut self) -> (Vec<(SeqId, Vec<u32>)>, Vec<SeqId>) {
+        let rng = &mut self.rng;
         let budget = 1 + rng.below(256);
         let mut batch: Vec<(SeqId, Vec<u32>)> = Vec::new();
         let mut used = 0;
-        // Continue live sequences: a decode token (prompt done) or the next prompt chunk.
         let mut finished = Vec::new();
-        for (i, s) in live.iter_mut().enumerate() {
+        for (i, s) in self.live.iter_mut().enumerate() {
             if batch.len() == 16 || used >= budget {
                 break;
             }
@@ -118,27 +110,58 @@ fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
             used += len;
             batch.push((s.id, toks));
         }
-        for &i in finished.iter().rev() {
-            let s = live.remove(i);
-            for r_seqs in [&mut eager_seqs, &mut graph_seqs] {
-                r_seqs.blocks.free(s.id).unwrap();
-            }
-        }
-        // Start new sequences with what is left.
-        while batch.len() < 16 && used < budget && live.len() < 16 {
+        let finished: Vec<SeqId> = finished
+            .iter()
+            .rev()
+            .map(|&i| self.live.remove(i).id)
+            .collect();
+        while batch.len() < 16 && used < budget && self.live.len() < 16 {
             let prompt: Vec<u32> = (0..2 + rng.below(100))
                 .map(|_| rng.below(250) as u32)
                 .collect();
             let len = (1 + rng.below(64)).min(prompt.len()).min(budget - used);
-            let id = SeqId(next_id);
-            next_id += 1;
+            let id = SeqId(self.next_id);
+            self.next_id += 1;
             batch.push((id, prompt[..len].to_vec()));
             used += len;
-            live.push(Seq {
+            self.live.push(Seq {
                 id,
                 prompt,
                 done: len,
             });
+        }
+        (batch, finished)
+    }
+}
+
+/// Drive an eager and a piecewise runner through random mixed steps with the same
+/// (teacher-forced) tokens; compare logits and sampled tokens of every step.
+fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
+    let mut eager = common::tiny_runner(be);
+    let mut eager_seqs = Seqs::for_runner(&eager).unwrap();
+    let mut graph = common::tiny_runner(be);
+    let mut graph_seqs = Seqs::for_runner(&graph).unwrap();
+    graph.set_graphs(Some(graphs()));
+    let sampling = SamplingParams {
+        temperature: 0.7,
+        top_k: 30,
+        top_p: 0.95,
+        seed: 11,
+        ..Default::default()
+    };
+    let mut scenario = Scenario {
+        rng: Rng(0x9e37_79b9_7f4a_7c15),
+        live: Vec::new(),
+        next_id: 0,
+    };
+    let mut buckets_hit = std::collections::BTreeSet::new();
+    let mut mixed_steps = 0;
+    for step_no in 0..40u64 {
+        let (batch, finished) = scenario.next_batch();
+        for id in finished {
+            for r_seqs in [&mut eager_seqs, &mut graph_seqs] {
+                r_seqs.blocks.free(id).unwrap();
+            }
         }
         if batch.is_empty() {
             continue;

@@ -61,6 +61,8 @@ pub struct SeqStep<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct RunnerConfig {
     pub block_size: usize,
+    /// KV blocks, the null block included: the cache [`Runner::new`] allocates (and what
+    /// [`RunnerConfig::memory_need`] counts); [`RunnerBuilder::build`] takes its own.
     pub num_blocks: usize,
     /// Most tokens in one step.
     pub max_tokens_per_step: usize,

@@ -7,7 +7,7 @@ use crate::graph::{BucketPolicy, GraphStats, Key, Layout, Phase};
 use crate::memory::ArenaStats;
 
 use super::pack::Packer;
-use super::step::{Shape, StepShape};
+use super::step::StepShape;
 use super::Runner;
 
 /// Which graphs the runner captures: decode batch-size buckets and token-count buckets
@@ -201,12 +201,7 @@ impl Runner<'_> {
             Phase::Mixed => {
                 // One empty sequence: every token row is padding.
                 self.parts.inputs.pad_only(&layout, 1)?;
-                StepShape {
-                    shape: Shape::Split,
-                    decode: false,
-                    seqs: 1,
-                    decode_rows: 0,
-                }
+                StepShape::split(1, 0)
             }
         };
         let step = self.parts.forward(&layout, shape)?;
@@ -237,13 +232,7 @@ impl Runner<'_> {
         for rows in rows {
             let layout = self.parts.inputs.layout(rows, rows);
             self.parts.inputs.pad_only(&layout, rows)?;
-            let shape = StepShape {
-                shape: Shape::HeadOnly,
-                decode: true,
-                seqs: rows,
-                decode_rows: 0,
-            };
-            let step = self.parts.forward(&layout, shape)?;
+            let step = self.parts.forward(&layout, StepShape::head_only(rows))?;
             self.exec.eager(be, &step)?;
         }
         Ok(())

@@ -17,7 +17,7 @@ use super::{Parts, Runner, SeqStep, Seqs};
 
 /// How a step's ops are grouped into pieces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Shape {
+enum Shape {
     /// One piece: the whole forward, LM head and sampling (eager steps, decode graphs).
     Whole,
     /// A piece before each attention and one after the last; attention, the LM head and
@@ -32,10 +32,10 @@ pub(super) enum Shape {
 /// and how its ops are grouped.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct StepShape {
-    pub shape: Shape,
-    pub decode: bool,
-    pub seqs: usize,
-    pub decode_rows: usize,
+    shape: Shape,
+    decode: bool,
+    seqs: usize,
+    decode_rows: usize,
 }
 
 impl StepShape {
@@ -48,10 +48,33 @@ impl StepShape {
             decode_rows,
         }
     }
+
+    /// A prefill or mixed step split into pieces at its attention calls.
+    pub fn split(seqs: usize, decode_rows: usize) -> Self {
+        StepShape {
+            shape: Shape::Split,
+            decode: false,
+            seqs,
+            decode_rows,
+        }
+    }
+
+    /// The LM head and sampling alone, over `rows` rows (warm-up).
+    pub fn head_only(rows: usize) -> Self {
+        StepShape {
+            shape: Shape::HeadOnly,
+            decode: true,
+            seqs: rows,
+            decode_rows: 0,
+        }
+    }
 }
 
 /// The model's hooks for the executor, over the model's own `prepare_step` and
 /// `end_segment` (weight offload listens there).
+///
+/// NOTE: an adapter until the model provides its hooks itself (offload's
+/// `impl StepHooks`); [`ForwardStep::hooks`] then returns those.
 struct ModelHooks<'a>(&'a Model);
 
 impl StepHooks for ModelHooks<'_> {
@@ -310,15 +333,7 @@ impl Runner<'_> {
             .pack(seqs, batch, &layout, read, d, true)?;
         let (shape, real) = match key.phase {
             Phase::Decode => (StepShape::whole(key.bucket, true, d), b),
-            Phase::Mixed => (
-                StepShape {
-                    shape: Shape::Split,
-                    decode: false,
-                    seqs: b,
-                    decode_rows: d,
-                },
-                n,
-            ),
+            Phase::Mixed => (StepShape::split(b, d), n),
         };
         let step = self.parts.forward(&layout, shape)?;
         let buf = self.exec.replay(be, key, real, &step)?;
