@@ -162,6 +162,8 @@ struct Parts<'b> {
     sampling: SampleBuffers,
 }
 
+/// Runs one step at a time over the caller's sequences (see the module docs); built by
+/// [`Runner::new`] or, in boot order, by a [`RunnerBuilder`].
 pub struct Runner<'b> {
     parts: Parts<'b>,
     exec: Executor<StepBuffers>,
