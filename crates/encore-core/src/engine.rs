@@ -3,29 +3,36 @@
 //! 1. sizes: the memory a run of this configuration needs, checked against the device
 //!    (or host) before anything is allocated;
 //! 2. weights, loaded (with progress) and wrapped in the model;
-//! 3. the runner (cache, block manager, step inputs, graph executor and its arena);
-//! 4. KV cache: a fixed number of blocks, or — measured — a fraction of the device memory
+//! 3. the runner's step inputs, sampling buffers and graph executor (its arena), each at
+//!    its final size;
+//! 4. KV sizing: a fixed number of blocks, or — measured — a fraction of the device memory
 //!    free after the weights and one eager step of the largest shape (which maps the
-//!    arena's whole need and creates every lazily allocated workspace);
-//! 5. warm-up and capture: every decode and token bucket is captured now (each capture
+//!    arena's whole need and creates every lazily allocated workspace; it runs over a
+//!    scratch cache of the least blocks, freed before the real one exists);
+//! 5. the KV cache, once, at that size, which completes the runner;
+//! 6. warm-up and capture: every decode and token bucket is captured now (each capture
 //!    runs the step eagerly first, which plans its GEMMs and maps its memory), and the LM
 //!    head's row counts are planned, so no GEMM is planned during a request — or, with
 //!    on-demand capture, each bucket on its first use.
 //!
-//! Commands and the server build an [`Engine`] instead of assembling the pieces.
+//! Each part is built once. The sequences' KV blocks and penalty slots belong to the
+//! scheduler ([`crate::scheduler::Scheduler::new`] sizes them from the runner).
+//! Commands, benchmarks and the server build an [`Engine`] instead of assembling the
+//! pieces.
 
 use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::kv::{KvCache, KvCacheConfig};
+use crate::kv::KvCache;
 use crate::memory::{GraphMemory, MemoryLimit, MemoryNeed};
+use crate::model::config::ModelConfig;
 use crate::model::llama::Model;
 use crate::model::weights;
 use crate::model::ModelFiles;
 use crate::offload::{self, Offload, OffloadConfig, OffloadReport, Policy, Prepared};
 use crate::progress::{Progress, Unit};
-use crate::runner::{GraphConfig, Runner, RunnerConfig};
+use crate::runner::{GraphConfig, Runner, RunnerBuilder, RunnerConfig};
 use crate::tensor::DType;
 
 /// How many KV blocks the cache gets.
@@ -129,7 +136,7 @@ impl<'b> Engine<'b> {
         progress: &dyn Progress,
     ) -> Result<Self> {
         let t0 = Instant::now();
-        let mcfg = files.config;
+        let mcfg = &files.config;
         if cfg.max_seq_len > mcfg.max_position_embeddings {
             return Err(Error::invalid(
                 "engine",
@@ -139,13 +146,6 @@ impl<'b> Engine<'b> {
                 ),
             ));
         }
-        let kv_cfg = KvCacheConfig {
-            num_layers: mcfg.num_layers,
-            num_kv_heads: mcfg.num_kv_heads,
-            head_dim: mcfg.head_dim,
-            block_size: cfg.block_size,
-            dtype: cfg.dtype,
-        };
         let min_blocks = match cfg.kv {
             KvSizing::Blocks(n) => n,
             KvSizing::DeviceFraction { at_least, .. } => at_least,
@@ -159,95 +159,28 @@ impl<'b> Engine<'b> {
             // One penalty row per sequence a step may hold (see RunnerConfig).
             penalty_slots: cfg.max_seqs,
         };
-        // 1. Sizes, before anything is allocated. Under a weight budget the weights take
-        // the resident set and the ring (or the LRU pool).
-        let offload_report = match &cfg.offload {
-            Some(oc) => {
-                oc.check_graphs(cfg.graphs.is_some())?;
-                offload::device_bytes(&mcfg, cfg.dtype, oc)?
-            }
-            None => None,
-        };
-        let mut need = rcfg.memory_need(be, &mcfg, cfg.dtype);
-        if let Some(r) = &offload_report {
-            need.weights = r.resident_bytes.saturating_add(r.streaming_bytes);
-            if be.memory_info().is_none() {
-                // The CPU twin's "device" is host memory, which holds the streamed
-                // weights' host copies too.
-                need.weights = need
-                    .weights
-                    .saturating_add(r.total_bytes.saturating_sub(r.resident_bytes));
-            }
-        }
-        need.activations = need.activations.saturating_add(cfg.extra_bytes);
-        if let Some(limit) = MemoryLimit::of(be) {
-            need.check(&cfg.run_name, &limit, &cfg.fix_hint)?;
-        }
+
+        // 1. Sizes, before anything is allocated.
+        let (mut need, offload_report) = check_memory(be, mcfg, cfg, &rcfg)?;
 
         // 2. Weights.
         let t = Instant::now();
-        let prepared = match &cfg.offload {
-            Some(oc) => Prepared::new(be, &mcfg, cfg.dtype, oc)?,
-            None => None,
-        };
-        let (model, offload_report) =
-            match prepared {
-                Some(p) => {
-                    let (w, host) =
-                        weights::load_offloaded(be, &mcfg, files.source, cfg.dtype, &p, progress)?;
-                    let o = Offload::new(be, &mcfg, p, host)?;
-                    let r = o.report().clone();
-                    tracing::info!(
-                    "weight budget {:.2} GiB ({}): {:.2} GiB resident, {:.2} GiB {}, {:.2} GiB \
-                     streamed per step",
-                    crate::error::gib(r.budget_bytes),
-                    r.policy.map_or("", |p| p.name()),
-                    crate::error::gib(r.resident_bytes),
-                    crate::error::gib(r.streaming_bytes),
-                    if o.policy() == Policy::Lru { "LRU pool" } else { "ring" },
-                    crate::error::gib(r.streamed_bytes_per_step)
-                );
-                    (
-                        Model::with_offload(be, mcfg, w, cfg.max_seq_len, o)?,
-                        Some(r),
-                    )
-                }
-                None => {
-                    let w = weights::load(be, &mcfg, files.source, cfg.dtype, progress)?;
-                    (Model::new(be, mcfg, w, cfg.max_seq_len)?, offload_report)
-                }
-            };
+        let (model, offload_report) = load_model(be, files, cfg, offload_report, progress)?;
         be.synchronize()?;
         let load_secs = t.elapsed().as_secs_f64();
 
-        // 3. The runner, with the smallest cache.
-        let mut runner = Runner::new(be, model, rcfg)?;
-        runner.set_graph_memory(cfg.graph_memory)?;
+        // 3. The runner's step inputs, sampling buffers and executor (its arena).
+        let mut builder = RunnerBuilder::new(be, model, rcfg, cfg.graph_memory)?;
 
-        // 4. The KV cache, sized from the memory free after the largest step.
-        if let (KvSizing::DeviceFraction { fraction, .. }, Some(_)) = (cfg.kv, be.memory_info()) {
-            runner.warm_largest()?;
-            let (free, _) = be.memory_info().unwrap_or((0, 0));
-            let have = runner.kv.size_bytes();
-            let budget = (free as f64 * fraction) as usize + have;
-            let fit = KvCache::num_blocks_for_budget(&kv_cfg, budget);
-            if fit < min_blocks {
-                return Err(Error::OutOfMemory {
-                    device: be.device_name(),
-                    bytes: min_blocks.saturating_mul(kv_cfg.bytes_per_block()),
-                    what: format!(
-                        "the KV cache of {min_blocks} blocks for {}: {fraction} of {:.2} GiB free after warm-up holds {fit}",
-                        cfg.run_name,
-                        free as f64 / (1u64 << 30) as f64
-                    ),
-                });
-            }
-            runner.resize_kv(fit)?;
-        }
+        // 4. The KV cache's size: fixed, or measured after one step of the largest shape.
+        let num_blocks = kv_blocks(be, &mut builder, cfg, min_blocks)?;
+
+        // 5. The KV cache, and the runner.
+        let mut runner = builder.build(num_blocks)?;
         runner.set_graphs(cfg.graphs.clone());
         runner.set_verify_graphs(cfg.verify_graphs);
 
-        // 5. Warm-up and capture.
+        // 6. Warm-up and capture.
         let t = Instant::now();
         if cfg.capture_all && cfg.graphs.is_some() {
             let keys = runner.graph_keys().len();
@@ -266,12 +199,13 @@ impl<'b> Engine<'b> {
         } else {
             0.0
         };
-        need.kv_blocks = runner.blocks.num_blocks();
-        need.kv_cache = need.kv_blocks.saturating_mul(kv_cfg.bytes_per_block());
+        let kv = runner.kv();
+        need.kv_blocks = kv.num_blocks();
+        need.kv_cache = need.kv_blocks.saturating_mul(kv.bytes_per_block());
         let report = BootReport {
             need,
             load_secs,
-            kv_blocks: runner.blocks.num_blocks(),
+            kv_blocks: kv.num_blocks(),
             capture_secs,
             total_secs: t0.elapsed().as_secs_f64(),
             offload: offload_report,
@@ -285,4 +219,112 @@ impl<'b> Engine<'b> {
         );
         Ok(Engine { runner, report })
     }
+}
+
+/// Step 1: what the run needs, checked against the device (or host) before anything is
+/// allocated. Under a weight budget the weights take the resident set and the ring (or
+/// the LRU pool); the budget's figures come back with the need.
+fn check_memory(
+    be: &dyn Backend,
+    mcfg: &ModelConfig,
+    cfg: &EngineConfig,
+    rcfg: &RunnerConfig,
+) -> Result<(MemoryNeed, Option<OffloadReport>)> {
+    let offload_report = match &cfg.offload {
+        Some(oc) => {
+            oc.check_graphs(cfg.graphs.is_some())?;
+            offload::device_bytes(mcfg, cfg.dtype, oc)?
+        }
+        None => None,
+    };
+    let mut need = rcfg.memory_need(be, mcfg, cfg.dtype);
+    if let Some(r) = &offload_report {
+        need.weights = r.resident_bytes.saturating_add(r.streaming_bytes);
+        if be.memory_info().is_none() {
+            // The CPU twin's "device" is host memory, which holds the streamed
+            // weights' host copies too.
+            need.weights = need
+                .weights
+                .saturating_add(r.total_bytes.saturating_sub(r.resident_bytes));
+        }
+    }
+    need.activations = need.activations.saturating_add(cfg.extra_bytes);
+    if let Some(limit) = MemoryLimit::of(be) {
+        need.check(&cfg.run_name, &limit, &cfg.fix_hint)?;
+    }
+    Ok((need, offload_report))
+}
+
+/// Step 2: the weights, loaded (resident, or under the budget with the executor that
+/// streams them) and wrapped in the model.
+fn load_model(
+    be: &dyn Backend,
+    files: ModelFiles,
+    cfg: &EngineConfig,
+    offload_report: Option<OffloadReport>,
+    progress: &dyn Progress,
+) -> Result<(Model, Option<OffloadReport>)> {
+    let mcfg = files.config;
+    let prepared = match &cfg.offload {
+        Some(oc) => Prepared::new(be, &mcfg, cfg.dtype, oc)?,
+        None => None,
+    };
+    let Some(p) = prepared else {
+        let w = weights::load(be, &mcfg, files.source, cfg.dtype, progress)?;
+        return Ok((Model::new(be, mcfg, w, cfg.max_seq_len)?, offload_report));
+    };
+    let (w, host) = weights::load_offloaded(be, &mcfg, files.source, cfg.dtype, &p, progress)?;
+    let o = Offload::new(be, &mcfg, p, host)?;
+    let r = o.report().clone();
+    tracing::info!(
+        "weight budget {:.2} GiB ({}): {:.2} GiB resident, {:.2} GiB {}, {:.2} GiB \
+         streamed per step",
+        crate::error::gib(r.budget_bytes),
+        r.policy.map_or("", |p| p.name()),
+        crate::error::gib(r.resident_bytes),
+        crate::error::gib(r.streaming_bytes),
+        if o.policy() == Policy::Lru {
+            "LRU pool"
+        } else {
+            "ring"
+        },
+        crate::error::gib(r.streamed_bytes_per_step)
+    );
+    let model = Model::with_offload(be, mcfg, w, cfg.max_seq_len, o)?;
+    Ok((model, Some(r)))
+}
+
+/// Step 4: the KV cache's blocks. Measured sizing runs one eager step of the largest
+/// shape first (over a scratch cache of the least blocks, freed before the real one is
+/// allocated) and gives the cache `fraction` of the memory free after it.
+fn kv_blocks(
+    be: &dyn Backend,
+    builder: &mut RunnerBuilder<'_>,
+    cfg: &EngineConfig,
+    min_blocks: usize,
+) -> Result<usize> {
+    let KvSizing::DeviceFraction { fraction, .. } = cfg.kv else {
+        return Ok(min_blocks);
+    };
+    if be.memory_info().is_none() {
+        return Ok(min_blocks);
+    }
+    let kv_cfg = builder.kv_config();
+    let free = builder.measure_free(min_blocks)?.unwrap_or(0);
+    // The scratch cache was held while measuring: its bytes are the cache's too.
+    let have = min_blocks.saturating_mul(kv_cfg.bytes_per_block());
+    let budget = (free as f64 * fraction) as usize + have;
+    let fit = KvCache::num_blocks_for_budget(&kv_cfg, budget);
+    if fit < min_blocks {
+        return Err(Error::OutOfMemory {
+            device: be.device_name(),
+            bytes: min_blocks.saturating_mul(kv_cfg.bytes_per_block()),
+            what: format!(
+                "the KV cache of {min_blocks} blocks for {}: {fraction} of {:.2} GiB free after warm-up holds {fit}",
+                cfg.run_name,
+                free as f64 / (1u64 << 30) as f64
+            ),
+        });
+    }
+    Ok(fit)
 }

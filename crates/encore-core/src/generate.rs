@@ -90,7 +90,7 @@ pub fn generate(
     );
     // However the run ended, no sequence keeps KV blocks.
     for i in 0..prompts.len() {
-        let _ = sched.abort(i as u64, runner);
+        let _ = sched.abort(i as u64);
     }
     result.map(|_| out)
 }

@@ -21,9 +21,9 @@
 use std::collections::VecDeque;
 
 use crate::error::{Error, Result};
-use crate::kv::{PrefixHit, SeqId};
+use crate::kv::{BlockManager, PrefixHit, SeqId};
 use crate::request::{FinishReason, Limits, Output, Param, Refusal, Request};
-use crate::runner::{Runner, SeqStep};
+use crate::runner::{Runner, SeqStep, Seqs};
 
 /// The scheduler's budgets and policies.
 #[derive(Clone, Copy, Debug)]
@@ -86,6 +86,8 @@ impl Seq {
 
 pub struct Scheduler {
     cfg: SchedulerConfig,
+    /// The live sequences' KV blocks and penalty slots (the runner reads them each step).
+    seqs: Seqs,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     next_seq: u64,
@@ -93,9 +95,30 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// A scheduler for `runner`'s sizes; the budgets must fit the runner.
+    /// A scheduler for `runner`'s sizes, owning the KV blocks of its cache and its penalty
+    /// slots; the budgets must fit the runner.
     pub fn new(cfg: SchedulerConfig, runner: &Runner<'_>) -> Result<Self> {
+        Self::with_seqs(cfg, runner, Seqs::for_runner(runner)?)
+    }
+
+    /// [`Scheduler::new`] over `seqs`, the blocks and penalty slots of an earlier
+    /// scheduler of the same runner ([`Scheduler::into_seqs`]): its cached prefixes stay
+    /// cached.
+    pub fn with_seqs(cfg: SchedulerConfig, runner: &Runner<'_>, seqs: Seqs) -> Result<Self> {
         let r = runner.config();
+        let blocks = &seqs.blocks;
+        if (blocks.num_blocks(), blocks.block_size()) != (r.num_blocks, r.block_size) {
+            return Err(Error::invalid(
+                "scheduler",
+                format!(
+                    "blocks of {} x {} tokens do not match the runner's KV cache of {} x {}",
+                    blocks.num_blocks(),
+                    blocks.block_size(),
+                    r.num_blocks,
+                    r.block_size
+                ),
+            ));
+        }
         if cfg.max_num_batched_tokens == 0
             || cfg.max_num_seqs == 0
             || cfg.max_num_batched_tokens > r.max_tokens_per_step
@@ -111,6 +134,7 @@ impl Scheduler {
         }
         Ok(Scheduler {
             cfg,
+            seqs,
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_seq: 0,
@@ -121,7 +145,7 @@ impl Scheduler {
     /// Queue a request. Refused, naming the parameter, when it can never run (see
     /// [`Limits::check`]) or its id is already live.
     pub fn add(&mut self, req: Request, runner: &Runner<'_>) -> Result<(), Refusal> {
-        Self::limits(runner).check(&req)?;
+        self.limits(runner).check(&req)?;
         if self.live().any(|s| s.req.id == req.id) {
             let m = format!("{} is already live", req.id);
             return Err(Refusal::new(req.id, Param::Id, m));
@@ -138,13 +162,13 @@ impl Scheduler {
         Ok(())
     }
 
-    /// The admission rules of `runner`'s sizes.
-    pub fn limits(runner: &Runner<'_>) -> Limits {
+    /// The admission rules of `runner`'s sizes and this scheduler's KV cache.
+    pub fn limits(&self, runner: &Runner<'_>) -> Limits {
         Limits {
-            vocab_size: runner.model.cfg.vocab_size,
+            vocab_size: runner.model().cfg.vocab_size,
             max_seq_len: runner.config().max_seq_len,
-            block_size: runner.blocks.block_size(),
-            usable_blocks: runner.blocks.num_usable_blocks(),
+            block_size: self.seqs.blocks.block_size(),
+            usable_blocks: self.seqs.blocks.num_usable_blocks(),
             penalty_slots: runner.config().penalty_slots,
         }
     }
@@ -154,27 +178,26 @@ impl Scheduler {
     }
 
     /// Drop request `id` wherever it is, freeing its KV blocks; whether it was live.
-    pub fn abort(&mut self, id: u64, runner: &mut Runner<'_>) -> Result<bool> {
-        let live = self.remove(id, runner)?;
+    pub fn abort(&mut self, id: u64) -> Result<bool> {
+        let live = self.remove(id)?;
         self.stats.aborted += u64::from(live);
         Ok(live)
     }
 
     /// End request `id` early as finished (its caller found a stop string in its text),
     /// freeing its KV blocks; whether it was live.
-    pub fn finish(&mut self, id: u64, runner: &mut Runner<'_>) -> Result<bool> {
-        let live = self.remove(id, runner)?;
+    pub fn finish(&mut self, id: u64) -> Result<bool> {
+        let live = self.remove(id)?;
         self.stats.finished += u64::from(live);
         Ok(live)
     }
 
-    fn remove(&mut self, id: u64, runner: &mut Runner<'_>) -> Result<bool> {
+    fn remove(&mut self, id: u64) -> Result<bool> {
         if let Some(i) = self.waiting.iter().position(|s| s.req.id == id) {
             self.waiting.remove(i);
         } else if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
             let s = self.running.remove(i);
-            runner.blocks.free(s.seq)?;
-            runner.end_penalties(s.seq);
+            self.seqs.release(s.seq)?;
         } else {
             return Ok(false);
         }
@@ -197,13 +220,32 @@ impl Scheduler {
         self.stats
     }
 
+    /// The KV blocks of the live sequences (and the prefix cache).
+    pub fn blocks(&self) -> &BlockManager {
+        &self.seqs.blocks
+    }
+
+    /// The live sequences' KV blocks and penalty slots.
+    pub fn seqs(&self) -> &Seqs {
+        &self.seqs
+    }
+
+    /// End the scheduler: every live request is dropped (its blocks and penalty slot
+    /// freed), and the blocks with their cached prefixes come back for a later scheduler
+    /// ([`Scheduler::with_seqs`]).
+    pub fn into_seqs(mut self) -> Result<Seqs> {
+        for s in std::mem::take(&mut self.running) {
+            self.seqs.release(s.seq)?;
+        }
+        Ok(self.seqs)
+    }
+
     /// Preempt the newest running sequence: free its blocks and queue it first, to be
     /// recomputed (with prefix caching, from those of its blocks still cached when it is
     /// admitted again).
-    fn preempt_newest(&mut self, runner: &mut Runner<'_>) -> Result<()> {
+    fn preempt_newest(&mut self) -> Result<()> {
         let mut s = self.running.pop().expect("a running sequence to preempt");
-        runner.blocks.free(s.seq)?;
-        runner.end_penalties(s.seq);
+        self.seqs.release(s.seq)?;
         s.computed = 0;
         self.waiting.push_front(s);
         self.stats.preemptions += 1;
@@ -212,7 +254,7 @@ impl Scheduler {
 
     /// Plan one step: `(index into running, new tokens)` per scheduled sequence, with KV
     /// room made for each.
-    fn schedule(&mut self, runner: &mut Runner<'_>) -> Result<Vec<(usize, usize)>> {
+    fn schedule(&mut self, runner: &Runner<'_>) -> Result<Vec<(usize, usize)>> {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new();
         let mut i = 0;
@@ -224,19 +266,19 @@ impl Scheduler {
                 continue;
             }
             // Room for `take` more tokens; preempt the newest others while there is none.
-            let blocks = &runner.blocks;
+            let blocks = &self.seqs.blocks;
             let held = blocks.num_tokens(s.seq)?;
             let extra = (s.computed + take).saturating_sub(held);
             if !blocks.can_append(s.seq, extra) {
                 if i + 1 < self.running.len() {
-                    self.preempt_newest(runner)?;
+                    self.preempt_newest()?;
                     continue;
                 }
                 // This is the newest: it yields itself.
-                self.preempt_newest(runner)?;
+                self.preempt_newest()?;
                 break;
             }
-            runner.blocks.append(s.seq, extra)?;
+            self.seqs.blocks.append(s.seq, extra)?;
             plan.push((i, take));
             budget -= take;
             i += 1;
@@ -248,15 +290,18 @@ impl Scheduler {
         {
             let Some(s) = self.waiting.front() else { break };
             let hit = if self.cfg.prefix_cache {
-                runner.blocks.lookup(&s.tokens)
+                self.seqs.blocks.lookup(&s.tokens)
             } else {
                 PrefixHit::none()
             };
             let cached = hit.num_tokens();
             let take = (s.tokens.len() - cached).min(budget);
             let penalties = s.req.params.sampling.has_penalties();
-            if !runner.blocks.can_allocate_with_prefix(&hit, cached + take)
-                || (penalties && runner.free_penalty_slots() == 0)
+            if !self
+                .seqs
+                .blocks
+                .can_allocate_with_prefix(&hit, cached + take)
+                || (penalties && self.seqs.free_penalty_slots() == 0)
             {
                 break;
             }
@@ -265,16 +310,17 @@ impl Scheduler {
             if penalties {
                 // The prompt flagged, tokens produced before a preemption counted.
                 let (prompt, output) = s.tokens.split_at(s.req.prompt.len());
-                if let Err(e) = runner.begin_penalties(s.seq, prompt, output) {
+                if let Err(e) = self.seqs.begin_penalties(runner, s.seq, prompt, output) {
                     self.waiting.push_front(s);
                     return Err(e);
                 }
             }
-            if let Err(e) = runner
+            if let Err(e) = self
+                .seqs
                 .blocks
                 .allocate_with_prefix(s.seq, &hit, cached + take)
             {
-                runner.end_penalties(s.seq);
+                self.seqs.end_penalties(s.seq);
                 self.waiting.push_front(s);
                 return Err(e);
             }
@@ -310,7 +356,7 @@ impl Scheduler {
                 }
             })
             .collect();
-        let sampled = runner.step_sampled(&steps)?;
+        let sampled = runner.step_sampled(&mut self.seqs, &steps)?;
         self.stats.steps += 1;
         let max_seq_len = runner.config().max_seq_len;
         let mut outputs = Vec::new();
@@ -321,7 +367,7 @@ impl Scheduler {
             let s = &mut self.running[i];
             s.computed += take;
             if self.cfg.prefix_cache {
-                runner.blocks.commit(s.seq, &s.tokens, s.computed)?;
+                self.seqs.blocks.commit(s.seq, &s.tokens, s.computed)?;
             }
             if s.computed < s.tokens.len() {
                 continue; // a prompt chunk short of the end
@@ -350,8 +396,7 @@ impl Scheduler {
         done.sort_unstable();
         for &i in done.iter().rev() {
             let s = self.running.remove(i);
-            runner.blocks.free(s.seq)?;
-            runner.end_penalties(s.seq);
+            self.seqs.release(s.seq)?;
             self.stats.finished += 1;
         }
         Ok(outputs)

@@ -147,7 +147,7 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let limits = Scheduler::limits(&engine.runner);
+                let limits = scheduler.limits(&engine.runner);
                 let _ = boot_tx.send(Ok((limits, engine.report.clone())));
                 run_loop(engine, scheduler, rx, &m);
             })
@@ -260,7 +260,7 @@ fn run_loop(
     let runner = &mut engine.runner;
     let mut sinks: HashMap<u64, Live> = HashMap::new();
     m.kv_blocks_total
-        .store(runner.blocks.num_usable_blocks() as u64, Ordering::Relaxed);
+        .store(sched.blocks().num_usable_blocks() as u64, Ordering::Relaxed);
     loop {
         // Take every queued message; block for one only when idle.
         let mut next = if sched.has_work() {
@@ -281,12 +281,12 @@ fn run_loop(
                 }
                 Message::Abort(id) => {
                     if sinks.remove(&id).is_some() {
-                        let _ = sched.abort(id, runner);
+                        let _ = sched.abort(id);
                     }
                 }
                 Message::Finish(id) => {
                     if sinks.remove(&id).is_some() {
-                        let _ = sched.finish(id, runner);
+                        let _ = sched.finish(id);
                     }
                 }
                 Message::Stats(reply) => {
@@ -317,7 +317,7 @@ fn run_loop(
                     } else if !alive {
                         // The reader went away: free the request's blocks now.
                         sinks.remove(&id);
-                        let _ = sched.abort(id, runner);
+                        let _ = sched.abort(id);
                     }
                 }
             }
@@ -327,7 +327,7 @@ fn run_loop(
                 tracing::error!("{msg}");
                 for (id, mut live) in sinks.drain() {
                     (live.sink)(Event::Failed(msg.clone()));
-                    let _ = sched.abort(id, runner);
+                    let _ = sched.abort(id);
                 }
             }
         }
@@ -382,7 +382,7 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
     m.requests_waiting
         .store(sched.num_waiting() as u64, Ordering::Relaxed);
     m.kv_blocks_used
-        .store(runner.blocks.num_used_blocks() as u64, Ordering::Relaxed);
+        .store(sched.blocks().num_used_blocks() as u64, Ordering::Relaxed);
     m.preemptions_total.store(st.preemptions, Ordering::Relaxed);
     m.device_wait_micros_total
         .store((runner.device_wait_secs() * 1e6) as u64, Ordering::Relaxed);

@@ -334,7 +334,7 @@ fn windowed_model_matches_cpu() {
     use encore_core::model::config::{ModelConfig, SlidingWindow};
     use encore_core::model::llama::Model;
     use encore_core::model::weights::{self, WeightSource};
-    use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
+    use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep, Seqs};
     let _serial = serial();
     let cuda = cuda();
     let cpu = CpuBackend::new();
@@ -368,16 +368,17 @@ fn windowed_model_matches_cpu() {
             },
         )
         .unwrap();
+        let mut seqs = Seqs::for_runner(&r).unwrap();
         let prompt: Vec<u32> = (0..19).map(|i| (i * 37 + 5) % 512).collect();
         let mut logits = Vec::new();
         let (a, b) = (SeqId(0), SeqId(1));
         let greedy = SamplingParams::default();
         let mut step = |r: &mut Runner<'_>, batch: &[(SeqId, &[u32])]| {
             for &(s, toks) in batch {
-                if r.blocks.block_table(s).is_ok() {
-                    r.blocks.append(s, toks.len()).unwrap();
+                if seqs.blocks.block_table(s).is_ok() {
+                    seqs.blocks.append(s, toks.len()).unwrap();
                 } else {
-                    r.blocks.allocate(s, toks.len()).unwrap();
+                    seqs.blocks.allocate(s, toks.len()).unwrap();
                 }
             }
             let steps: Vec<SeqStep<'_>> = batch
@@ -388,7 +389,7 @@ fn windowed_model_matches_cpu() {
                     sampling: greedy,
                 })
                 .collect();
-            let (_, l) = r.step_with_logits(&steps).unwrap();
+            let (_, l) = r.step_with_logits(&mut seqs, &steps).unwrap();
             logits.extend(l);
         };
         // Prefill 11 tokens of a and 7 of b, then b's next 12 in a second chunk while a

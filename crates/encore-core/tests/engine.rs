@@ -6,9 +6,12 @@ use encore_core::backend::cpu::CpuBackend;
 use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::graph::{BucketPolicy, Phase};
 use encore_core::kv::SeqId;
+use encore_core::memory::GraphMemory;
 use encore_core::model::open_model;
 use encore_core::progress::{Progress, Unit};
-use encore_core::runner::{GraphConfig, SamplingParams, SeqStep};
+use encore_core::runner::{
+    GraphConfig, RunnerBuilder, RunnerConfig, SamplingParams, SeqStep, Seqs,
+};
 use encore_core::DType;
 use std::sync::Mutex;
 
@@ -50,6 +53,7 @@ fn start_up_captures_everything_and_the_first_requests_replay() {
     let log = Log::default();
     let files = open_model("dummy:tiny").unwrap();
     let Engine { mut runner, report } = Engine::new(&cpu, files, &config(), &log).unwrap();
+    let mut seqs = Seqs::for_runner(&runner).unwrap();
     let events = log.0.lock().unwrap().clone();
     assert!(
         events[0].starts_with("start generating dummy weights") && events[0].ends_with("Bytes"),
@@ -68,7 +72,7 @@ fn start_up_captures_everything_and_the_first_requests_replay() {
     // A prefill of two prompts, then decode steps: all hits.
     let prompts = [vec![3u32; 37], vec![5u32; 20]];
     for (i, p) in prompts.iter().enumerate() {
-        runner.blocks.allocate(SeqId(i as u64), p.len()).unwrap();
+        seqs.blocks.allocate(SeqId(i as u64), p.len()).unwrap();
     }
     let steps: Vec<SeqStep<'_>> = prompts
         .iter()
@@ -79,9 +83,9 @@ fn start_up_captures_everything_and_the_first_requests_replay() {
             sampling: SamplingParams::default(),
         })
         .collect();
-    let mut last = runner.step(&steps).unwrap();
+    let mut last = runner.step(&mut seqs, &steps).unwrap();
     for _ in 1..4 {
-        last = common::decode_step(&mut runner, &last, SamplingParams::default());
+        last = common::decode_step(&mut runner, &mut seqs, &last, SamplingParams::default());
     }
     let after = runner.graph_stats().unwrap();
     assert_eq!(
@@ -133,25 +137,25 @@ fn on_demand_capture_leaves_buckets_for_first_use() {
 }
 
 #[test]
-fn resize_kv_only_before_sequences_hold_blocks() {
+fn the_kv_cache_is_built_once_after_the_measuring_step() {
     let cpu = CpuBackend::new();
-    let mut cfg = config();
-    cfg.capture_all = false;
-    let Engine { mut runner, .. } = Engine::new(
-        &cpu,
-        open_model("dummy:tiny").unwrap(),
-        &cfg,
-        &encore_core::progress::NoProgress,
-    )
-    .unwrap();
-    runner.warm_largest().unwrap();
-    runner.resize_kv(100).unwrap();
+    let cfg = RunnerConfig {
+        block_size: common::BLOCK,
+        num_blocks: 4,
+        max_tokens_per_step: 64,
+        max_seqs: 4,
+        max_seq_len: 128,
+        penalty_slots: 4,
+    };
+    let mut b =
+        RunnerBuilder::new(&cpu, common::tiny_model(&cpu), cfg, GraphMemory::Arena).unwrap();
+    // The CPU reports no device memory: the step runs, and nothing is measured.
+    assert_eq!(b.measure_free(4).unwrap(), None);
+    let runner = b.build(100).unwrap();
     assert_eq!(
-        (runner.kv.num_blocks(), runner.blocks.num_blocks()),
+        (runner.kv().num_blocks(), runner.config().num_blocks),
         (100, 100)
     );
-    assert_eq!(runner.config().num_blocks, 100);
-    runner.blocks.allocate(SeqId(0), 5).unwrap();
-    let e = runner.resize_kv(10).unwrap_err().to_string();
-    assert!(e.contains("1 sequences still hold"), "{e}");
+    let seqs = Seqs::for_runner(&runner).unwrap();
+    assert_eq!(seqs.blocks.num_blocks(), 100);
 }

@@ -7,33 +7,35 @@ use std::sync::Mutex;
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::kv::{SeqId, NULL_BLOCK};
-use encore_core::runner::{Runner, SamplingParams, SeqStep};
+use encore_core::runner::{Runner, SamplingParams, SeqStep, Seqs};
 use encore_core::Backend;
 
 mod common;
 
-fn runner<'b>(be: &'b dyn Backend, graph: bool) -> Runner<'b> {
+/// The test runner, and the blocks and penalty slots its steps read.
+fn runner<'b>(be: &'b dyn Backend, graph: bool) -> (Runner<'b>, Seqs) {
     let mut r = common::tiny_runner(be);
     if graph {
         r.set_graph_mode(Some(common::buckets()));
     }
-    r
+    let seqs = Seqs::for_runner(&r).unwrap();
+    (r, seqs)
 }
 
 /// Bytes of every KV block not owned by a live sequence (the null block and free blocks).
-fn unowned_kv(be: &dyn Backend, r: &Runner<'_>) -> Vec<Vec<u8>> {
-    let owned: std::collections::HashSet<u32> = r
+fn unowned_kv(be: &dyn Backend, r: &Runner<'_>, seqs: &Seqs) -> Vec<Vec<u8>> {
+    let owned: std::collections::HashSet<u32> = seqs
         .blocks
         .seqs()
-        .flat_map(|s| r.blocks.block_table(s).unwrap().to_vec())
+        .flat_map(|s| seqs.blocks.block_table(s).unwrap().to_vec())
         .collect();
-    let t = r.kv.tensor();
+    let t = r.kv().tensor();
     let mut bytes = vec![0u8; t.size_bytes()];
     be.read_bytes(t, &mut bytes).unwrap();
-    let per_block = r.kv.bytes_per_block() / (2 * r.model.cfg.num_layers);
-    let nb = r.kv.num_blocks();
+    let per_block = r.kv().bytes_per_block() / (2 * r.model().cfg.num_layers);
+    let nb = r.kv().num_blocks();
     let mut out = Vec::new();
-    for layer_kv in 0..2 * r.model.cfg.num_layers {
+    for layer_kv in 0..2 * r.model().cfg.num_layers {
         for blk in 0..nb as u32 {
             if !owned.contains(&blk) {
                 let start = (layer_kv * nb + blk as usize) * per_block;
@@ -53,8 +55,8 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 /// Drive an eager runner and a graph runner through the same steps (teacher-forced with
 /// the eager runner's tokens) and compare logits and tokens at every decode step.
 fn check_graph_matches_eager(be: &dyn Backend, tol: f64, exact_tokens: bool) {
-    let mut eager = runner(be, false);
-    let mut graph = runner(be, true);
+    let (mut eager, mut eager_seqs) = runner(be, false);
+    let (mut graph, mut graph_seqs) = runner(be, true);
     let sampling = SamplingParams {
         temperature: 0.8,
         top_k: 20,
@@ -73,16 +75,16 @@ fn check_graph_matches_eager(be: &dyn Backend, tol: f64, exact_tokens: bool) {
         .collect();
     let mut last = vec![0u32; prompts.len()];
     for (i, p) in prompts.iter().enumerate() {
-        for r in [&mut eager, &mut graph] {
-            r.blocks.allocate(SeqId(i as u64), p.len()).unwrap();
+        for s in [&mut eager_seqs, &mut graph_seqs] {
+            s.blocks.allocate(SeqId(i as u64), p.len()).unwrap();
         }
         let step = [SeqStep {
             seq: SeqId(i as u64),
             tokens: p,
             sampling,
         }];
-        let a = eager.step(&step).unwrap();
-        let b = graph.step(&step).unwrap();
+        let a = eager.step(&mut eager_seqs, &step).unwrap();
+        let b = graph.step(&mut graph_seqs, &step).unwrap();
         assert_eq!(a, b, "prefill of seq {i} (eager in both modes)");
         last[i] = a[0];
     }
@@ -95,9 +97,9 @@ fn check_graph_matches_eager(be: &dyn Backend, tol: f64, exact_tokens: bool) {
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
-        for r in [&mut eager, &mut graph] {
+        for s in [&mut eager_seqs, &mut graph_seqs] {
             for &i in &active {
-                r.blocks.append(SeqId(i as u64), 1).unwrap();
+                s.blocks.append(SeqId(i as u64), 1).unwrap();
             }
         }
         let toks: Vec<[u32; 1]> = active.iter().map(|&i| [last[i]]).collect();
@@ -110,13 +112,13 @@ fn check_graph_matches_eager(be: &dyn Backend, tol: f64, exact_tokens: bool) {
                 sampling,
             })
             .collect();
-        let before = (!checked_padding).then(|| unowned_kv(be, &graph));
-        let (ta, la) = eager.step_with_logits(&batch).unwrap();
-        let (tb, lb) = graph.step_with_logits(&batch).unwrap();
+        let before = (!checked_padding).then(|| unowned_kv(be, &graph, &graph_seqs));
+        let (ta, la) = eager.step_with_logits(&mut eager_seqs, &batch).unwrap();
+        let (tb, lb) = graph.step_with_logits(&mut graph_seqs, &batch).unwrap();
         if let Some(before) = before {
             assert_eq!(
                 before,
-                unowned_kv(be, &graph),
+                unowned_kv(be, &graph, &graph_seqs),
                 "a padded replay wrote KV outside live sequences"
             );
             checked_padding = true;
@@ -154,24 +156,30 @@ fn cpu_graph_decode_matches_eager() {
 #[test]
 fn capture_all_warms_every_bucket_largest_first() {
     let cpu = CpuBackend::new();
-    let mut r = runner(&cpu, true);
+    let (mut r, mut seqs) = runner(&cpu, true);
     r.capture_all(&mut |_, _| ()).unwrap();
     let s = r.graph_stats().unwrap().clone();
     assert_eq!(s.captures, 5);
     // A later step of any size up to 16 hits.
-    r.blocks.allocate(SeqId(0), 3).unwrap();
-    r.step(&[SeqStep {
-        seq: SeqId(0),
-        tokens: &[1, 2, 3],
-        sampling: SamplingParams::default(),
-    }])
+    seqs.blocks.allocate(SeqId(0), 3).unwrap();
+    r.step(
+        &mut seqs,
+        &[SeqStep {
+            seq: SeqId(0),
+            tokens: &[1, 2, 3],
+            sampling: SamplingParams::default(),
+        }],
+    )
     .unwrap();
-    r.blocks.append(SeqId(0), 1).unwrap();
-    r.step(&[SeqStep {
-        seq: SeqId(0),
-        tokens: &[4],
-        sampling: SamplingParams::default(),
-    }])
+    seqs.blocks.append(SeqId(0), 1).unwrap();
+    r.step(
+        &mut seqs,
+        &[SeqStep {
+            seq: SeqId(0),
+            tokens: &[4],
+            sampling: SamplingParams::default(),
+        }],
+    )
     .unwrap();
     let s = r.graph_stats().unwrap();
     assert_eq!((s.captures, s.hits), (5, 1));
@@ -181,24 +189,27 @@ fn capture_all_warms_every_bucket_largest_first() {
 #[test]
 fn verify_graphs_checks_every_replay_against_eager() {
     let cpu = CpuBackend::new();
-    let mut r = runner(&cpu, true);
+    let (mut r, mut seqs) = runner(&cpu, true);
     r.set_verify_graphs(true);
     let greedy = SamplingParams::default();
     let prompts: [&[u32]; 3] = [&[5, 6, 7], &[9; 11], &[1, 2]];
     let mut last = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
-        r.blocks.allocate(SeqId(i as u64), p.len()).unwrap();
+        seqs.blocks.allocate(SeqId(i as u64), p.len()).unwrap();
         last.extend(
-            r.step(&[SeqStep {
-                seq: SeqId(i as u64),
-                tokens: p,
-                sampling: greedy,
-            }])
+            r.step(
+                &mut seqs,
+                &[SeqStep {
+                    seq: SeqId(i as u64),
+                    tokens: p,
+                    sampling: greedy,
+                }],
+            )
             .unwrap(),
         );
     }
     for _ in 1..6 {
-        last = common::decode_step(&mut r, &last, greedy);
+        last = common::decode_step(&mut r, &mut seqs, &last, greedy);
     }
     let s = r.graph_stats().unwrap();
     assert_eq!(s.verified, 5, "{s:?}");

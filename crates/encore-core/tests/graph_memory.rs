@@ -11,19 +11,19 @@ use std::sync::Mutex;
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::kv::SeqId;
 use encore_core::memory::{Arena, ArenaStats, GraphMemory};
-use encore_core::runner::{Runner, SamplingParams, SeqStep};
+use encore_core::runner::{Runner, SamplingParams, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 
 mod common;
 const BUCKETS: [usize; 5] = [1, 2, 4, 8, 16];
 
 fn runner<'b>(be: &'b dyn Backend, graph: Option<GraphMemory>) -> Runner<'b> {
-    let mut r = common::tiny_runner(be);
-    if let Some(strategy) = graph {
-        r.set_graph_memory(strategy).unwrap();
-        r.set_graph_mode(Some(common::buckets()));
-    }
-    r
+    let Some(strategy) = graph else {
+        return common::tiny_runner(be);
+    };
+    let mut graphs = common::tiny_runner_with_memory(be, strategy);
+    graphs.set_graph_mode(Some(common::buckets()));
+    graphs
 }
 
 fn orders() -> [(&'static str, Vec<usize>); 3] {
@@ -125,7 +125,9 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 /// an eager runner on the same steps.
 fn check_replay_after_growth(be: &dyn Backend, strategy: GraphMemory, order: &[usize], tol: f64) {
     let mut eager = runner(be, None);
+    let mut eager_seqs = Seqs::for_runner(&eager).unwrap();
     let mut graph = runner(be, Some(strategy));
+    let mut graph_seqs = Seqs::for_runner(&graph).unwrap();
     for &b in order {
         graph.capture_bucket(b).unwrap();
     }
@@ -136,16 +138,19 @@ fn check_replay_after_growth(be: &dyn Backend, strategy: GraphMemory, order: &[u
         let prompt: Vec<u32> = (0..2 + (i * 5) % 11)
             .map(|j| ((i * 31 + j * 7) % 250) as u32)
             .collect();
-        for r in [&mut eager, &mut graph] {
-            r.blocks.allocate(SeqId(i as u64), prompt.len()).unwrap();
+        for r_seqs in [&mut eager_seqs, &mut graph_seqs] {
+            r_seqs
+                .blocks
+                .allocate(SeqId(i as u64), prompt.len())
+                .unwrap();
         }
         let step = [SeqStep {
             seq: SeqId(i as u64),
             tokens: &prompt,
             sampling: greedy,
         }];
-        let a = eager.step(&step).unwrap();
-        assert_eq!(a, graph.step(&step).unwrap());
+        let a = eager.step(&mut eager_seqs, &step).unwrap();
+        assert_eq!(a, graph.step(&mut graph_seqs, &step).unwrap());
         *l = a[0];
     }
     // Buckets 1, 2, 4, 8, 16 (13 rows padded to 16), then the small ones again.
@@ -156,9 +161,9 @@ fn check_replay_after_growth(be: &dyn Backend, strategy: GraphMemory, order: &[u
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
-        for r in [&mut eager, &mut graph] {
+        for r_seqs in [&mut eager_seqs, &mut graph_seqs] {
             for &i in &active {
-                r.blocks.append(SeqId(i as u64), 1).unwrap();
+                r_seqs.blocks.append(SeqId(i as u64), 1).unwrap();
             }
         }
         let toks: Vec<[u32; 1]> = active.iter().map(|&i| [last[i]]).collect();
@@ -171,8 +176,8 @@ fn check_replay_after_growth(be: &dyn Backend, strategy: GraphMemory, order: &[u
                 sampling: greedy,
             })
             .collect();
-        let (ta, la) = eager.step_with_logits(&batch).unwrap();
-        let (_, lb) = graph.step_with_logits(&batch).unwrap();
+        let (ta, la) = eager.step_with_logits(&mut eager_seqs, &batch).unwrap();
+        let (_, lb) = graph.step_with_logits(&mut graph_seqs, &batch).unwrap();
         for (k, (x, y)) in la.iter().zip(&lb).enumerate() {
             let e = rel_err(y, x);
             assert!(

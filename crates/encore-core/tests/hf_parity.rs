@@ -27,7 +27,7 @@ use encore_core::kv::SeqId;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, WeightSource};
-use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
+use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 use safetensors::{Dtype, SafeTensors};
 
@@ -232,10 +232,10 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
         },
     )
     .map_err(ctx("Runner::new"))?;
+    let mut seqs = Seqs::for_runner(&runner).map_err(ctx("Seqs::for_runner"))?;
     let seq = |i: usize| SeqId(i as u64);
     for (i, p) in r.prompts.iter().enumerate() {
-        runner
-            .blocks
+        seqs.blocks
             .allocate(seq(i), p.ids.len())
             .map_err(ctx("allocate"))?;
     }
@@ -246,7 +246,7 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
     for step in 0..STEPS {
         if step > 0 {
             for i in 0..n {
-                runner.blocks.append(seq(i), 1).map_err(ctx("append"))?;
+                seqs.blocks.append(seq(i), 1).map_err(ctx("append"))?;
             }
         }
         let batch: Vec<SeqStep<'_>> = r
@@ -264,7 +264,7 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
             })
             .collect();
         let (tokens, rows) = runner
-            .step_with_logits(&batch)
+            .step_with_logits(&mut seqs, &batch)
             .map_err(|e| format!("step {step}: {e}"))?;
         if tokens.len() != n || rows.len() != n {
             return Err(format!(
@@ -286,7 +286,7 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
         }
     }
     for i in 0..n {
-        runner.blocks.free(seq(i)).map_err(ctx("free"))?;
+        seqs.blocks.free(seq(i)).map_err(ctx("free"))?;
     }
     Ok(run)
 }

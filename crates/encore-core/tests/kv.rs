@@ -531,147 +531,235 @@ fn full_snapshot(bm: &BlockManager) -> impl PartialEq + std::fmt::Debug {
 /// written, and the reference counts, the free / evictable / owned partition and "a
 /// failing call changes nothing" hold after every call.
 fn run_random_prefix(seed: u64, num_blocks: usize, bs: usize, steps: usize) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut bm = BlockManager::new(num_blocks, bs).unwrap();
-    // A few shared prefixes, so lookups hit.
-    let bases: Vec<Vec<u32>> = (0..3)
-        .map(|_| (0..6 * bs).map(|_| rng.random_range(0..4)).collect())
-        .collect();
-    let mut sims: BTreeMap<u64, Sim> = BTreeMap::new();
-    // Block -> the tokens its last written row's KV depends on (the sequence's tokens up
-    // to and including that row).
-    let mut content: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    let mut next_id = 0u64;
-    let (mut hits, mut shared, mut ooms, mut commits) = (0usize, 0usize, 0usize, 0usize);
+    let mut r = PrefixRun::new(seed, num_blocks, bs);
     for _ in 0..steps {
-        let before = full_snapshot(&bm);
-        let live: Vec<u64> = sims.keys().copied().collect();
-        match rng.random_range(0..10) {
-            0..=2 => {
-                let len = rng.random_range(1..=5 * bs);
-                let split = rng.random_range(0..=len);
-                let mut tokens = bases[rng.random_range(0..bases.len())][..split].to_vec();
-                tokens.extend((split..len).map(|_| rng.random_range(0..4u32)));
-                let hit = if rng.random_bool(0.8) {
-                    bm.lookup(&tokens)
-                } else {
-                    encore_core::kv::PrefixHit::none()
+        let live: Vec<u64> = r.sims.keys().copied().collect();
+        match r.rng.random_range(0..10) {
+            0..=2 => r.admit(),
+            3..=4 if !live.is_empty() => r.append(&live),
+            5..=7 if !live.is_empty() => r.compute(&live),
+            8 if !live.is_empty() => r.free(&live),
+            _ => r.misuse(&live),
+        }
+        r.check(num_blocks);
+    }
+    let PrefixRun {
+        hits,
+        shared,
+        ooms,
+        commits,
+        mut bm,
+        ..
+    } = r;
+    assert!(
+        hits > 10 && shared > 10 && ooms > 10 && commits > 10 && bm.num_evictions() > 10,
+        "seed {seed}: {hits} hits, {shared} shared, {ooms} out-of-blocks, {commits} commits, {} evictions",
+        bm.num_evictions()
+    );
+    for id in r.sims.keys() {
+        bm.free(SeqId(*id)).unwrap();
+    }
+    assert_eq!(bm.num_free_blocks(), num_blocks - 1);
+    assert_eq!(bm.num_used_blocks(), 0);
+}
+
+/// The state of [`run_random_prefix`]: the manager, the sequences it should hold, what
+/// each block's KV was computed from, and counts of what happened.
+struct PrefixRun {
+    seed: u64,
+    bs: usize,
+    rng: StdRng,
+    bm: BlockManager,
+    /// A few shared prefixes, so lookups hit.
+    bases: Vec<Vec<u32>>,
+    sims: BTreeMap<u64, Sim>,
+    /// Block -> the tokens its last written row's KV depends on (the sequence's tokens up
+    /// to and including that row).
+    content: BTreeMap<u32, Vec<u32>>,
+    next_id: u64,
+    hits: usize,
+    shared: usize,
+    ooms: usize,
+    commits: usize,
+}
+
+impl PrefixRun {
+    fn new(seed: u64, num_blocks: usize, bs: usize) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let bm = BlockManager::new(num_blocks, bs).unwrap();
+        let bases: Vec<Vec<u32>> = (0..3)
+            .map(|_| (0..6 * bs).map(|_| rng.random_range(0..4)).collect())
+            .collect();
+        PrefixRun {
+            seed,
+            bs,
+            rng,
+            bm,
+            bases,
+            sims: BTreeMap::new(),
+            content: BTreeMap::new(),
+            next_id: 0,
+            hits: 0,
+            shared: 0,
+            ooms: 0,
+            commits: 0,
+        }
+    }
+
+    /// A new sequence, usually from a prefix lookup: its hit blocks hold its prefix's KV,
+    /// and the allocation succeeds exactly when it can.
+    fn admit(&mut self) {
+        let (seed, bs) = (self.seed, self.bs);
+        let before = full_snapshot(&self.bm);
+        let rng = &mut self.rng;
+        let bm = &mut self.bm;
+        let len = rng.random_range(1..=5 * bs);
+        let split = rng.random_range(0..=len);
+        let mut tokens = self.bases[rng.random_range(0..self.bases.len())][..split].to_vec();
+        tokens.extend((split..len).map(|_| rng.random_range(0..4u32)));
+        let hit = if rng.random_bool(0.8) {
+            bm.lookup(&tokens)
+        } else {
+            encore_core::kv::PrefixHit::none()
+        };
+        let hb: Vec<u32> = hit.blocks().collect();
+        assert_eq!(hit.num_tokens(), hb.len() * bs);
+        assert!(hb.len() <= (len - 1) / bs, "the hit leaves the last token");
+        for (i, &b) in hb.iter().enumerate() {
+            assert!(bm.is_cached(b));
+            assert_eq!(
+                self.content.get(&b).map(Vec::as_slice),
+                Some(&tokens[..(i + 1) * bs]),
+                "seed {seed}: block {b} (position {i}) holds other KV"
+            );
+        }
+        let n = rng.random_range(hit.num_tokens()..=len);
+        let seq = SeqId(self.next_id);
+        self.next_id += 1;
+        let needed = n.div_ceil(bs) - hb.len();
+        let unowned = hb.iter().filter(|&&b| bm.ref_count(b) == 0).count();
+        let available = bm.num_free_blocks() - unowned;
+        let can = bm.can_allocate_with_prefix(&hit, n);
+        assert_eq!(can, needed <= available);
+        match bm.allocate_with_prefix(seq, &hit, n) {
+            Ok(()) => {
+                assert!(can);
+                assert_eq!(&bm.block_table(seq).unwrap()[..hb.len()], &hb[..]);
+                self.hits += usize::from(!hb.is_empty());
+                let computed = hit.num_tokens();
+                let sim = Sim {
+                    tokens,
+                    held: n,
+                    computed,
                 };
-                let hb: Vec<u32> = hit.blocks().collect();
-                assert_eq!(hit.num_tokens(), hb.len() * bs);
-                assert!(hb.len() <= (len - 1) / bs, "the hit leaves the last token");
-                for (i, &b) in hb.iter().enumerate() {
-                    assert!(bm.is_cached(b));
-                    assert_eq!(
-                        content.get(&b).map(Vec::as_slice),
-                        Some(&tokens[..(i + 1) * bs]),
-                        "seed {seed}: block {b} (position {i}) holds other KV"
-                    );
-                }
-                let n = rng.random_range(hit.num_tokens()..=len);
-                let seq = SeqId(next_id);
-                next_id += 1;
-                let needed = n.div_ceil(bs) - hb.len();
-                let unowned = hb.iter().filter(|&&b| bm.ref_count(b) == 0).count();
-                let available = bm.num_free_blocks() - unowned;
-                let can = bm.can_allocate_with_prefix(&hit, n);
-                assert_eq!(can, needed <= available);
-                match bm.allocate_with_prefix(seq, &hit, n) {
-                    Ok(()) => {
-                        assert!(can);
-                        assert_eq!(&bm.block_table(seq).unwrap()[..hb.len()], &hb[..]);
-                        hits += usize::from(!hb.is_empty());
-                        sims.insert(
-                            seq.0,
-                            Sim {
-                                tokens,
-                                held: n,
-                                computed: hit.num_tokens(),
-                            },
-                        );
-                    }
-                    Err(e) => {
-                        assert!(!can);
-                        expect_out_of_blocks(e, needed, available);
-                        assert_eq!(full_snapshot(&bm), before);
-                        ooms += 1;
-                    }
-                }
+                self.sims.insert(seq.0, sim);
             }
-            3..=4 if !live.is_empty() => {
-                let id = live[rng.random_range(0..live.len())];
-                let s = sims.get_mut(&id).unwrap();
-                // Decode-produced tokens extend the sequence.
-                if s.held == s.tokens.len() || rng.random_bool(0.3) {
-                    s.tokens.push(rng.random_range(0..4));
-                }
-                let n = rng.random_range(0..=s.tokens.len() - s.held);
-                let needed = (s.held + n).div_ceil(bs) - s.held.div_ceil(bs);
-                let can = bm.can_append(SeqId(id), n);
-                assert_eq!(can, needed <= bm.num_free_blocks());
-                match bm.append(SeqId(id), n) {
-                    Ok(()) => s.held += n,
-                    Err(e) => {
-                        assert!(!can);
-                        expect_out_of_blocks(e, needed, bm.num_free_blocks());
-                        assert_eq!(full_snapshot(&bm), before);
-                        ooms += 1;
-                    }
-                }
-            }
-            5..=7 if !live.is_empty() => {
-                // A step computes some of a sequence's held tokens, then commits.
-                let id = live[rng.random_range(0..live.len())];
-                let s = sims.get_mut(&id).unwrap();
-                let to = rng.random_range(s.computed..=s.held);
-                let tbl = bm.block_table(SeqId(id)).unwrap();
-                for p in s.computed..to {
-                    let b = tbl[p / bs];
-                    assert_eq!(bm.ref_count(b), 1, "seed {seed}: writing shared block {b}");
-                    assert!(!bm.is_cached(b), "seed {seed}: writing cached block {b}");
-                    content.insert(b, s.tokens[..=p].to_vec());
-                }
-                s.computed = to;
-                bm.commit(SeqId(id), &s.tokens, to).unwrap();
-                commits += 1;
-                // Committing more than is held is refused.
-                let e = bm.commit(SeqId(id), &s.tokens, s.held + 1).unwrap_err();
-                assert!(matches!(e, Error::Invalid { .. }), "{e}");
-            }
-            8 if !live.is_empty() => {
-                let id = live[rng.random_range(0..live.len())];
-                let tbl = bm.block_table(SeqId(id)).unwrap().to_vec();
-                let released = tbl.iter().filter(|&&b| bm.ref_count(b) == 1).count();
-                let free = bm.num_free_blocks();
-                bm.free(SeqId(id)).unwrap();
-                sims.remove(&id);
-                assert_eq!(bm.num_free_blocks(), free + released);
-            }
-            _ => {
-                let unknown = SeqId(next_id + 1000);
-                assert!(matches!(bm.free(unknown), Err(Error::Invalid { .. })));
-                assert!(matches!(
-                    bm.commit(unknown, &[], 0),
-                    Err(Error::Invalid { .. })
-                ));
-                if let Some(&id) = live.first() {
-                    let hit = bm.lookup(&sims[&id].tokens);
-                    let e = bm
-                        .allocate_with_prefix(SeqId(id), &hit, 1 << 20)
-                        .unwrap_err();
-                    assert!(matches!(e, Error::Invalid { .. }), "{e}");
-                }
-                assert_eq!(full_snapshot(&bm), before);
+            Err(e) => {
+                assert!(!can);
+                expect_out_of_blocks(e, needed, available);
+                assert_eq!(full_snapshot(bm), before);
+                self.ooms += 1;
             }
         }
+    }
+
+    /// Room for more of a live sequence's tokens (decode-produced tokens extend it).
+    fn append(&mut self, live: &[u64]) {
+        let before = full_snapshot(&self.bm);
+        let id = live[self.rng.random_range(0..live.len())];
+        let s = self.sims.get_mut(&id).unwrap();
+        if s.held == s.tokens.len() || self.rng.random_bool(0.3) {
+            s.tokens.push(self.rng.random_range(0..4));
+        }
+        let n = self.rng.random_range(0..=s.tokens.len() - s.held);
+        let needed = (s.held + n).div_ceil(self.bs) - s.held.div_ceil(self.bs);
+        let can = self.bm.can_append(SeqId(id), n);
+        assert_eq!(can, needed <= self.bm.num_free_blocks());
+        match self.bm.append(SeqId(id), n) {
+            Ok(()) => s.held += n,
+            Err(e) => {
+                assert!(!can);
+                expect_out_of_blocks(e, needed, self.bm.num_free_blocks());
+                assert_eq!(full_snapshot(&self.bm), before);
+                self.ooms += 1;
+            }
+        }
+    }
+
+    /// A step computes some of a sequence's held tokens, then commits.
+    fn compute(&mut self, live: &[u64]) {
+        let (seed, bs) = (self.seed, self.bs);
+        let id = live[self.rng.random_range(0..live.len())];
+        let s = self.sims.get_mut(&id).unwrap();
+        let to = self.rng.random_range(s.computed..=s.held);
+        let tbl = self.bm.block_table(SeqId(id)).unwrap();
+        for p in s.computed..to {
+            let b = tbl[p / bs];
+            assert_eq!(
+                self.bm.ref_count(b),
+                1,
+                "seed {seed}: writing shared block {b}"
+            );
+            assert!(
+                !self.bm.is_cached(b),
+                "seed {seed}: writing cached block {b}"
+            );
+            self.content.insert(b, s.tokens[..=p].to_vec());
+        }
+        s.computed = to;
+        self.bm.commit(SeqId(id), &s.tokens, to).unwrap();
+        self.commits += 1;
+        // Committing more than is held is refused.
+        let e = self
+            .bm
+            .commit(SeqId(id), &s.tokens, s.held + 1)
+            .unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e}");
+    }
+
+    /// A live sequence ends: exactly its blocks nobody else holds come free.
+    fn free(&mut self, live: &[u64]) {
+        let id = live[self.rng.random_range(0..live.len())];
+        let bm = &mut self.bm;
+        let tbl = bm.block_table(SeqId(id)).unwrap().to_vec();
+        let released = tbl.iter().filter(|&&b| bm.ref_count(b) == 1).count();
+        let free = bm.num_free_blocks();
+        bm.free(SeqId(id)).unwrap();
+        self.sims.remove(&id);
+        assert_eq!(bm.num_free_blocks(), free + released);
+    }
+
+    /// Calls that must fail (unknown sequences, an allocation for a live one) change
+    /// nothing.
+    fn misuse(&mut self, live: &[u64]) {
+        let before = full_snapshot(&self.bm);
+        let bm = &mut self.bm;
+        let unknown = SeqId(self.next_id + 1000);
+        assert!(matches!(bm.free(unknown), Err(Error::Invalid { .. })));
+        assert!(matches!(
+            bm.commit(unknown, &[], 0),
+            Err(Error::Invalid { .. })
+        ));
+        if let Some(&id) = live.first() {
+            let hit = bm.lookup(&self.sims[&id].tokens);
+            let e = bm
+                .allocate_with_prefix(SeqId(id), &hit, 1 << 20)
+                .unwrap_err();
+            assert!(matches!(e, Error::Invalid { .. }), "{e}");
+        }
+        assert_eq!(full_snapshot(bm), before);
+    }
+
+    /// The manager's own checks; reference counts against the tables; a shared block is
+    /// cached and sits at the same position in every table holding it.
+    fn check(&mut self, num_blocks: usize) {
+        let (seed, bm) = (self.seed, &self.bm);
         bm.check_consistency().unwrap();
-        // Reference counts against the tables; a shared block is cached and sits at the
-        // same position in every table holding it.
         let mut owners: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-        for (&id, s) in &sims {
+        for (&id, s) in &self.sims {
             let tbl = bm.block_table(SeqId(id)).unwrap();
             assert_eq!(bm.num_tokens(SeqId(id)).unwrap(), s.held);
-            assert_eq!(tbl.len(), s.held.div_ceil(bs));
+            assert_eq!(tbl.len(), s.held.div_ceil(self.bs));
             for (i, &b) in tbl.iter().enumerate() {
                 assert_ne!(b, NULL_BLOCK);
                 owners.entry(b).or_default().push(i);
@@ -680,7 +768,7 @@ fn run_random_prefix(seed: u64, num_blocks: usize, bs: usize, steps: usize) {
         for (&b, at) in &owners {
             assert_eq!(bm.ref_count(b), at.len());
             if at.len() > 1 {
-                shared += 1;
+                self.shared += 1;
                 assert!(bm.is_cached(b), "seed {seed}: uncached block {b} shared");
                 assert!(at.iter().all(|&i| i == at[0]));
             }
@@ -688,16 +776,6 @@ fn run_random_prefix(seed: u64, num_blocks: usize, bs: usize, steps: usize) {
         assert_eq!(bm.num_used_blocks(), owners.len());
         assert_eq!(bm.num_free_blocks() + owners.len(), num_blocks - 1);
     }
-    assert!(
-        hits > 10 && shared > 10 && ooms > 10 && commits > 10 && bm.num_evictions() > 10,
-        "seed {seed}: {hits} hits, {shared} shared, {ooms} out-of-blocks, {commits} commits, {} evictions",
-        bm.num_evictions()
-    );
-    for id in sims.keys() {
-        bm.free(SeqId(*id)).unwrap();
-    }
-    assert_eq!(bm.num_free_blocks(), num_blocks - 1);
-    assert_eq!(bm.num_used_blocks(), 0);
 }
 
 #[test]

@@ -33,7 +33,7 @@ use encore_core::offload::{
 };
 use encore_core::progress::NoProgress;
 use encore_core::request::{Request, RequestParams};
-use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep};
+use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep, Seqs};
 use encore_core::scheduler::{Scheduler, SchedulerConfig};
 use encore_core::{DType, Error};
 use half::bf16;
@@ -558,6 +558,10 @@ fn lockstep(runners: &mut [Runner<'_>]) -> Vec<Vec<Vec<Vec<f32>>>> {
     let mut fed = [0usize; 3];
     let mut last: Vec<Option<u32>> = vec![None; 3];
     let mut out = vec![Vec::new(); runners.len()];
+    let mut seqs: Vec<Seqs> = runners
+        .iter()
+        .map(|r| Seqs::for_runner(r).unwrap())
+        .collect();
     for k in 0..8 {
         let mut batch: Vec<(usize, Vec<u32>)> = (0..3)
             .filter_map(|s| last[s].map(|t| (s, vec![t])))
@@ -567,13 +571,13 @@ fn lockstep(runners: &mut [Runner<'_>]) -> Vec<Vec<Vec<Vec<f32>>>> {
             fed[s] += n;
         }
         let mut tokens = Vec::new();
-        for (i, r) in runners.iter_mut().enumerate() {
+        for (i, (r, seqs)) in runners.iter_mut().zip(&mut seqs).enumerate() {
             for (s, toks) in &batch {
                 let id = SeqId(*s as u64);
-                if r.blocks.contains(id) {
-                    r.blocks.append(id, toks.len()).unwrap();
+                if seqs.blocks.contains(id) {
+                    seqs.blocks.append(id, toks.len()).unwrap();
                 } else {
-                    r.blocks.allocate(id, toks.len()).unwrap();
+                    seqs.blocks.allocate(id, toks.len()).unwrap();
                 }
             }
             let steps: Vec<SeqStep<'_>> = batch
@@ -584,7 +588,7 @@ fn lockstep(runners: &mut [Runner<'_>]) -> Vec<Vec<Vec<Vec<f32>>>> {
                     sampling: SamplingParams::default(),
                 })
                 .collect();
-            let (t, logits) = r.step_with_logits(&steps).unwrap();
+            let (t, logits) = r.step_with_logits(seqs, &steps).unwrap();
             if i == 0 {
                 tokens = t;
             } else {

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::graph::{BucketPolicy, Key, Phase};
 use encore_core::kv::SeqId;
-use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep};
+use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep, Seqs};
 use encore_core::Backend;
 
 mod common;
@@ -64,32 +64,26 @@ struct Seq {
     done: usize,
 }
 
-/// Drive an eager and a piecewise runner through random mixed steps with the same
-/// (teacher-forced) tokens; compare logits and sampled tokens of every step.
-fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
-    let mut eager = common::tiny_runner(be);
-    let mut graph = common::tiny_runner(be);
-    graph.set_graphs(Some(graphs()));
-    let sampling = SamplingParams {
-        temperature: 0.7,
-        top_k: 30,
-        top_p: 0.95,
-        seed: 11,
-        ..Default::default()
-    };
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut live: Vec<Seq> = Vec::new();
-    let mut next_id = 0u64;
-    let mut buckets_hit = std::collections::BTreeSet::new();
-    let mut mixed_steps = 0;
-    for step_no in 0..40u64 {
-        // Token budget of this step: anywhere in 1..=256, so every bucket size range is met.
+/// The live sequences of [`check_piecewise_matches_eager`] and the random source of its
+/// steps.
+struct Scenario {
+    rng: Rng,
+    live: Vec<Seq>,
+    next_id: u64,
+}
+
+impl Scenario {
+    /// The next step, within a random token budget (anywhere in 1..=256, so every bucket
+    /// size range is met) and 16 sequences: live sequences continue first (a decode
+    /// token once their prompt is done, else the next prompt chunk), then new ones start
+    /// with what is left. Also the sequences that finished (to free).
+    fn next_batch(&mut self) -> (Vec<(SeqId, Vec<u32>)>, Vec<SeqId>) {
+        let rng = &mut self.rng;
         let budget = 1 + rng.below(256);
         let mut batch: Vec<(SeqId, Vec<u32>)> = Vec::new();
         let mut used = 0;
-        // Continue live sequences: a decode token (prompt done) or the next prompt chunk.
         let mut finished = Vec::new();
-        for (i, s) in live.iter_mut().enumerate() {
+        for (i, s) in self.live.iter_mut().enumerate() {
             if batch.len() == 16 || used >= budget {
                 break;
             }
@@ -116,37 +110,68 @@ fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
             used += len;
             batch.push((s.id, toks));
         }
-        for &i in finished.iter().rev() {
-            let s = live.remove(i);
-            for r in [&mut eager, &mut graph] {
-                r.blocks.free(s.id).unwrap();
-            }
-        }
-        // Start new sequences with what is left.
-        while batch.len() < 16 && used < budget && live.len() < 16 {
+        let finished: Vec<SeqId> = finished
+            .iter()
+            .rev()
+            .map(|&i| self.live.remove(i).id)
+            .collect();
+        while batch.len() < 16 && used < budget && self.live.len() < 16 {
             let prompt: Vec<u32> = (0..2 + rng.below(100))
                 .map(|_| rng.below(250) as u32)
                 .collect();
             let len = (1 + rng.below(64)).min(prompt.len()).min(budget - used);
-            let id = SeqId(next_id);
-            next_id += 1;
+            let id = SeqId(self.next_id);
+            self.next_id += 1;
             batch.push((id, prompt[..len].to_vec()));
             used += len;
-            live.push(Seq {
+            self.live.push(Seq {
                 id,
                 prompt,
                 done: len,
             });
         }
+        (batch, finished)
+    }
+}
+
+/// Drive an eager and a piecewise runner through random mixed steps with the same
+/// (teacher-forced) tokens; compare logits and sampled tokens of every step.
+fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
+    let mut eager = common::tiny_runner(be);
+    let mut eager_seqs = Seqs::for_runner(&eager).unwrap();
+    let mut graph = common::tiny_runner(be);
+    let mut graph_seqs = Seqs::for_runner(&graph).unwrap();
+    graph.set_graphs(Some(graphs()));
+    let sampling = SamplingParams {
+        temperature: 0.7,
+        top_k: 30,
+        top_p: 0.95,
+        seed: 11,
+        ..Default::default()
+    };
+    let mut scenario = Scenario {
+        rng: Rng(0x9e37_79b9_7f4a_7c15),
+        live: Vec::new(),
+        next_id: 0,
+    };
+    let mut buckets_hit = std::collections::BTreeSet::new();
+    let mut mixed_steps = 0;
+    for step_no in 0..40u64 {
+        let (batch, finished) = scenario.next_batch();
+        for id in finished {
+            for r_seqs in [&mut eager_seqs, &mut graph_seqs] {
+                r_seqs.blocks.free(id).unwrap();
+            }
+        }
         if batch.is_empty() {
             continue;
         }
-        for r in [&mut eager, &mut graph] {
+        for r_seqs in [&mut eager_seqs, &mut graph_seqs] {
             for (id, toks) in &batch {
-                if r.blocks.contains(*id) {
-                    r.blocks.append(*id, toks.len()).unwrap();
+                if r_seqs.blocks.contains(*id) {
+                    r_seqs.blocks.append(*id, toks.len()).unwrap();
                 } else {
-                    r.blocks.allocate(*id, toks.len()).unwrap();
+                    r_seqs.blocks.allocate(*id, toks.len()).unwrap();
                 }
             }
         }
@@ -158,9 +183,9 @@ fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
                 sampling,
             })
             .collect();
-        let (ta, la) = eager.step_with_logits(&steps).unwrap();
+        let (ta, la) = eager.step_with_logits(&mut eager_seqs, &steps).unwrap();
         let before = graph.phase_stats(Phase::Mixed).unwrap();
-        let (tb, lb) = graph.step_with_logits(&steps).unwrap();
+        let (tb, lb) = graph.step_with_logits(&mut graph_seqs, &steps).unwrap();
         let after = graph.phase_stats(Phase::Mixed).unwrap();
         let n: usize = batch.iter().map(|(_, t)| t.len()).sum();
         let what = format!("step {step_no} ({n} tokens, {} sequences)", batch.len());
@@ -186,7 +211,7 @@ fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
     );
     assert!(buckets_hit.len() >= 10, "buckets met: {buckets_hit:?}");
     assert!(s.padded_rows > 0, "{s:?}");
-    assert_eq!(s.pieces, s.captures * graph.model.num_pieces(), "{s:?}");
+    assert_eq!(s.pieces, s.captures * graph.model().num_pieces(), "{s:?}");
 }
 
 #[test]
@@ -207,6 +232,7 @@ fn cuda_piecewise_matches_eager() {
 /// step's logits.
 fn run_splits(
     r: &mut Runner<'_>,
+    r_seqs: &mut Seqs,
     prompts: &[Vec<u32>],
     splits: &[&[(usize, usize)]],
 ) -> Vec<Vec<Vec<f32>>> {
@@ -215,10 +241,10 @@ fn run_splits(
     for split in splits {
         for &(s, len) in split.iter() {
             let id = SeqId(s as u64);
-            if r.blocks.contains(id) {
-                r.blocks.append(id, len).unwrap();
+            if r_seqs.blocks.contains(id) {
+                r_seqs.blocks.append(id, len).unwrap();
             } else {
-                r.blocks.allocate(id, len).unwrap();
+                r_seqs.blocks.allocate(id, len).unwrap();
             }
         }
         let steps: Vec<SeqStep<'_>> = split
@@ -233,7 +259,7 @@ fn run_splits(
                 }
             })
             .collect();
-        out.push(r.step_with_logits(&steps).unwrap().1);
+        out.push(r.step_with_logits(r_seqs, &steps).unwrap().1);
     }
     out
 }
@@ -251,10 +277,12 @@ fn same_token_count_split_differently_replays_one_bucket() {
         &[(0, 4), (1, 4), (4, 4), (5, 4)],
     ];
     let mut eager = common::tiny_runner(&cpu);
+    let mut eager_seqs = Seqs::for_runner(&eager).unwrap();
     let mut graph = common::tiny_runner(&cpu);
+    let mut graph_seqs = Seqs::for_runner(&graph).unwrap();
     graph.set_graphs(Some(graphs()));
-    let a = run_splits(&mut eager, &prompts, splits);
-    let b = run_splits(&mut graph, &prompts, splits);
+    let a = run_splits(&mut eager, &mut eager_seqs, &prompts, splits);
+    let b = run_splits(&mut graph, &mut graph_seqs, &prompts, splits);
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         assert_close(y, x, 0.0, &format!("split {i}"));
     }
@@ -274,12 +302,19 @@ fn a_chunked_prompt_gives_the_tokens_of_one_step() {
     let cpu = CpuBackend::new();
     let prompt: Vec<Vec<u32>> = vec![(0..100u32).map(|j| (j * 13 + 5) % 250).collect()];
     let mut whole = common::tiny_runner(&cpu);
+    let mut whole_seqs = Seqs::for_runner(&whole).unwrap();
     let mut chunked = common::tiny_runner(&cpu);
+    let mut chunked_seqs = Seqs::for_runner(&chunked).unwrap();
     for r in [&mut whole, &mut chunked] {
         r.set_graphs(Some(graphs()));
     }
-    let one = run_splits(&mut whole, &prompt, &[&[(0, 100)]]);
-    let parts = run_splits(&mut chunked, &prompt, &[&[(0, 37)], &[(0, 50)], &[(0, 13)]]);
+    let one = run_splits(&mut whole, &mut whole_seqs, &prompt, &[&[(0, 100)]]);
+    let parts = run_splits(
+        &mut chunked,
+        &mut chunked_seqs,
+        &prompt,
+        &[&[(0, 37)], &[(0, 50)], &[(0, 13)]],
+    );
     // The last chunk's logits are the whole prompt's last-token logits (f32 rounding:
     // a different number of rows in the GEMMs and attention tiles).
     assert_close(&parts[2], &one[0], 1e-5, "chunked vs whole");
@@ -293,14 +328,21 @@ fn a_chunked_prompt_gives_the_tokens_of_one_step() {
     // Then decoding on from both gives the same greedy tokens.
     let mut last = [argmax(&one[0][0]).unwrap() as u32; 2];
     for step in 1..8u64 {
-        for (k, r) in [&mut whole, &mut chunked].into_iter().enumerate() {
-            r.blocks.append(SeqId(0), 1).unwrap();
+        let pairs = [
+            (&mut whole, &mut whole_seqs),
+            (&mut chunked, &mut chunked_seqs),
+        ];
+        for (k, (r, r_seqs)) in pairs.into_iter().enumerate() {
+            r_seqs.blocks.append(SeqId(0), 1).unwrap();
             last[k] = r
-                .step(&[SeqStep {
-                    seq: SeqId(0),
-                    tokens: &[last[k]],
-                    sampling: SamplingParams::default(),
-                }])
+                .step(
+                    r_seqs,
+                    &[SeqStep {
+                        seq: SeqId(0),
+                        tokens: &[last[k]],
+                        sampling: SamplingParams::default(),
+                    }],
+                )
                 .unwrap()[0];
         }
         assert_eq!(last[0], last[1], "decode step {step}");
@@ -311,6 +353,7 @@ fn a_chunked_prompt_gives_the_tokens_of_one_step() {
 fn capture_all_covers_decode_and_token_buckets() {
     let cpu = CpuBackend::new();
     let mut r = common::tiny_runner(&cpu);
+    let mut r_seqs = Seqs::for_runner(&r).unwrap();
     r.set_graphs(Some(graphs()));
     let keys = r.graph_keys();
     let mut seen = Vec::new();
@@ -325,12 +368,15 @@ fn capture_all_covers_decode_and_token_buckets() {
     assert_eq!(mixed.captures, 22);
     assert_eq!(r.captured().len(), 27);
     // A prefill of 30 tokens then hits bucket 32 with no capture.
-    r.blocks.allocate(SeqId(0), 30).unwrap();
-    r.step(&[SeqStep {
-        seq: SeqId(0),
-        tokens: &[3; 30],
-        sampling: SamplingParams::default(),
-    }])
+    r_seqs.blocks.allocate(SeqId(0), 30).unwrap();
+    r.step(
+        &mut r_seqs,
+        &[SeqStep {
+            seq: SeqId(0),
+            tokens: &[3; 30],
+            sampling: SamplingParams::default(),
+        }],
+    )
     .unwrap();
     let mixed = r.phase_stats(Phase::Mixed).unwrap();
     assert_eq!((mixed.captures, mixed.hits, mixed.padded_rows), (22, 1, 2));
@@ -349,10 +395,11 @@ fn capture_all_covers_decode_and_token_buckets() {
 fn verify_graphs_checks_piecewise_replays() {
     let cpu = CpuBackend::new();
     let mut r = common::tiny_runner(&cpu);
+    let mut r_seqs = Seqs::for_runner(&r).unwrap();
     r.set_graphs(Some(graphs()));
     r.set_verify_graphs(true);
     let prompts: Vec<Vec<u32>> = vec![vec![5; 21], vec![7; 9]];
-    run_splits(&mut r, &prompts, &[&[(0, 21), (1, 9)]]);
+    run_splits(&mut r, &mut r_seqs, &prompts, &[&[(0, 21), (1, 9)]]);
     let s = r.phase_stats(Phase::Mixed).unwrap();
     assert_eq!(s.verified, 1, "{s:?}");
     assert!(s.max_verify_error == 0.0, "{s:?}");
@@ -448,18 +495,20 @@ fn cuda_engine_start_up_leaves_nothing_to_plan() {
         Engine::new(&be, files, &cfg, &encore_core::progress::NoProgress).unwrap();
     assert!(report.capture_secs > 0.0);
     assert!(report.kv_blocks > 1 + 8 * 32, "{report:?}");
-    assert_eq!(runner.kv.num_blocks(), report.kv_blocks);
+    assert_eq!(runner.kv().num_blocks(), report.kv_blocks);
+    let mut seqs = Seqs::for_runner(&runner).unwrap();
     let plans = be.gemm_plans();
     assert!(plans > 0);
     let prompts: Vec<Vec<u32>> = vec![vec![5; 300], vec![7; 3], vec![9; 12]];
     run_splits(
         &mut runner,
+        &mut seqs,
         &prompts,
         &[&[(0, 200), (1, 3)], &[(0, 100), (2, 12)]],
     );
     let mut last = vec![1u32; 3];
     for _ in 0..5 {
-        last = common::decode_step(&mut runner, &last, SamplingParams::default());
+        last = common::decode_step(&mut runner, &mut seqs, &last, SamplingParams::default());
     }
     assert_eq!(
         be.gemm_plans(),

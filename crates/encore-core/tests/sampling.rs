@@ -9,7 +9,7 @@ use encore_core::backend::cpu::CpuBackend;
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::request::{Output, Param, Request, RequestParams};
-use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep, TokenLogprobs};
+use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep, Seqs, TokenLogprobs};
 use encore_core::scheduler::{Scheduler, SchedulerConfig};
 
 mod common;
@@ -59,7 +59,7 @@ fn run(
         steps += 1;
         assert!(steps < 10_000, "no progress");
     }
-    assert_eq!(r.blocks.num_used_blocks(), 0);
+    assert_eq!(s.blocks().num_used_blocks(), 0);
     (out, s)
 }
 
@@ -69,9 +69,10 @@ fn run(
 fn host_reference(req: &Request) -> Vec<(u32, Option<TokenLogprobs>)> {
     let cpu = CpuBackend::new();
     let mut r = common::tiny_runner(&cpu);
+    let mut r_seqs = Seqs::for_runner(&r).unwrap();
     let p = req.params.sampling;
     let seq = SeqId(0);
-    r.blocks.allocate(seq, req.prompt.len()).unwrap();
+    r_seqs.blocks.allocate(seq, req.prompt.len()).unwrap();
     let prompt: HashSet<u32> = req.prompt.iter().copied().collect();
     let mut counts: HashMap<u32, u32> = HashMap::new();
     let mut input = req.prompt.clone();
@@ -82,7 +83,7 @@ fn host_reference(req: &Request) -> Vec<(u32, Option<TokenLogprobs>)> {
             tokens: &input,
             sampling: SamplingParams::default(),
         };
-        let (_, logits) = r.step_with_logits(&[step]).unwrap();
+        let (_, logits) = r.step_with_logits(&mut r_seqs, &[step]).unwrap();
         let row: Vec<f32> = logits[0]
             .iter()
             .enumerate()
@@ -115,7 +116,7 @@ fn host_reference(req: &Request) -> Vec<(u32, Option<TokenLogprobs>)> {
         });
         out.push((token, logprobs));
         *counts.entry(token).or_default() += 1;
-        r.blocks.append(seq, 1).unwrap();
+        r_seqs.blocks.append(seq, 1).unwrap();
         input = vec![token];
     }
     out
@@ -192,7 +193,7 @@ fn penalties_and_logprobs_match_the_host_reference_through_chunks_and_preemption
     for q in &reqs {
         assert_matches_reference(&out[&q.id], &want[&q.id], &format!("request {}", q.id));
     }
-    assert_eq!(r.free_penalty_slots(), 16, "every slot is back");
+    assert_eq!(s.seqs().free_penalty_slots(), 16, "every slot is back");
 
     // Graphs (decode buckets, piecewise token buckets) count inside the replays alike.
     let mut g = common::tiny_runner(&cpu);

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::request::{FinishReason, Request, RequestParams};
-use encore_core::runner::{Runner, SamplingParams};
+use encore_core::runner::{Runner, SamplingParams, Seqs};
 use encore_core::scheduler::{Scheduler, SchedulerConfig};
 
 mod common;
@@ -43,7 +43,18 @@ fn run(
     cfg: SchedulerConfig,
     reqs: &[(Request, u64)],
 ) -> (HashMap<u64, (Vec<u32>, FinishReason)>, Scheduler) {
-    let mut s = Scheduler::new(cfg, r).unwrap();
+    let seqs = Seqs::for_runner(r).unwrap();
+    run_with(r, seqs, cfg, reqs)
+}
+
+/// [`run`] over the blocks (and cached prefixes) of an earlier scheduler.
+fn run_with(
+    r: &mut Runner<'_>,
+    seqs: Seqs,
+    cfg: SchedulerConfig,
+    reqs: &[(Request, u64)],
+) -> (HashMap<u64, (Vec<u32>, FinishReason)>, Scheduler) {
+    let mut s = Scheduler::with_seqs(cfg, r, seqs).unwrap();
     let mut out: HashMap<u64, (Vec<u32>, FinishReason)> = HashMap::new();
     let mut step = 0u64;
     loop {
@@ -69,7 +80,7 @@ fn run(
         assert!(step < 10_000, "no progress");
     }
     assert_eq!(
-        r.blocks.num_used_blocks(),
+        s.blocks().num_used_blocks(),
         0,
         "finished requests free their blocks"
     );
@@ -211,18 +222,18 @@ fn abort_frees_blocks_and_leaves_the_others_alone() {
             out.entry(o.id).or_default().push(o.token);
         }
     }
-    let used = r.blocks.num_used_blocks();
+    let used = s.blocks().num_used_blocks();
     assert!(used > 0);
-    assert!(s.abort(0, &mut r).unwrap());
-    assert!(r.blocks.num_used_blocks() < used);
-    assert!(!s.abort(0, &mut r).unwrap(), "already gone");
-    assert!(s.abort(6, &mut r).unwrap());
+    assert!(s.abort(0).unwrap());
+    assert!(s.blocks().num_used_blocks() < used);
+    assert!(!s.abort(0).unwrap(), "already gone");
+    assert!(s.abort(6).unwrap());
     while s.has_work() {
         for o in s.step(&mut r).unwrap() {
             out.entry(o.id).or_default().push(o.token);
         }
     }
-    assert_eq!(r.blocks.num_used_blocks(), 0);
+    assert_eq!(s.blocks().num_used_blocks(), 0);
     for id in 1..6u64 {
         assert_eq!(out[&id], reference[&id].0, "request {id}");
     }
@@ -273,9 +284,13 @@ fn prefix_scenario(r: &mut Runner<'_>, prefix_cache: bool) -> Vec<(Vec<u32>, u64
     c.params.sampling.seed = 77;
     let mut res = Vec::new();
     let mut a_out = Vec::new();
+    // One scheduler per request, each taking over the blocks (and cached prefixes) of the
+    // one before.
+    let mut seqs = Seqs::for_runner(r).unwrap();
     for q in [a, b, c] {
-        let (out, s) = run(r, cfg, &[(q.clone(), 0)]);
+        let (out, s) = run_with(r, seqs, cfg, &[(q.clone(), 0)]);
         let st = s.stats();
+        seqs = s.into_seqs().unwrap();
         if q.id == 0 {
             a_out = out[&0].0.clone();
         }
@@ -288,7 +303,7 @@ fn prefix_scenario(r: &mut Runner<'_>, prefix_cache: bool) -> Vec<(Vec<u32>, u64
     // D: A's prompt, A's output, then 3 more tokens.
     let mut d = request(3, 0, 5, 0.0);
     d.prompt = [&shared[..], &[7, 8, 9, 10, 11], &a_out[..], &[1, 2, 3]].concat();
-    let (out, s) = run(r, cfg, &[(d, 0)]);
+    let (out, s) = run_with(r, seqs, cfg, &[(d, 0)]);
     let st = s.stats();
     res.push((
         out[&3].0.clone(),
@@ -418,8 +433,8 @@ fn prefix_caching_off_computes_every_token_and_on_only_the_uncached() {
         prompt - st.prefix_hit_tokens + decode,
         "exactly the hit tokens are saved: {st:?}"
     );
-    assert!(r.blocks.num_cached_blocks() > 0);
-    assert_eq!(r.blocks.num_used_blocks(), 0);
+    assert!(s.blocks().num_cached_blocks() > 0);
+    assert_eq!(s.blocks().num_used_blocks(), 0);
 }
 
 #[test]
@@ -437,8 +452,8 @@ fn a_cache_too_small_evicts_cached_blocks_and_preempts_and_every_request_gets_it
     let st = s.stats();
     assert!(st.preemptions > 0, "{st:?}");
     assert!(st.prefix_hit_tokens > 0, "{st:?}");
-    assert!(r.blocks.num_evictions() > 0, "cached blocks were evicted");
-    r.blocks.check_consistency().unwrap();
+    assert!(s.blocks().num_evictions() > 0, "cached blocks were evicted");
+    s.blocks().check_consistency().unwrap();
 }
 
 /// On CUDA, at a real model's shape in bf16 (tensor-core prefill, split-K decode, mixed

@@ -2,18 +2,21 @@
 //! prefill token buckets — under each graph-memory strategy (`private`, `multi-va`,
 //! `arena`), in the same engine on the same buckets: physical bytes, reserved virtual
 //! bytes, capture time and mapping cost, beside the largest single bucket's need (its
-//! measured arena peak) and the sum of all needs.
+//! measured arena peak) and the sum of all needs. Each strategy runs in an engine of its
+//! own, started through `Engine::new`.
 
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::graph::{BucketPolicy, Key, Phase};
 use encore_core::memory::GraphMemory;
+use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
-use encore_core::model::weights;
-use encore_core::runner::{GraphConfig, Runner, RunnerConfig};
-use encore_core::DType;
+use encore_core::model::ModelFiles;
+use encore_core::runner::{GraphConfig, Runner};
+use encore_core::{Backend, DType};
 
 use crate::out::outln;
 use crate::{parse, DeviceArg};
@@ -63,65 +66,139 @@ fn mib(b: usize) -> f64 {
 /// The largest `--max-batch` (and bucket).
 const MAX_BATCH: usize = 1 << 24;
 
+/// KV block size of the engine the captures run in.
+const BLOCK_SIZE: usize = 16;
+
+/// The buckets of a run: decode and token buckets as parsed, the largest of each, the
+/// graph configuration, and the keys in capture order.
+struct Plan {
+    buckets: Vec<usize>,
+    token_buckets: Vec<usize>,
+    max_batch: usize,
+    max_tokens: usize,
+    graphs: GraphConfig,
+    keys: Vec<Key>,
+}
+
+impl Plan {
+    fn new(a: &BenchCaptureArgs) -> Result<Self> {
+        let listed = BucketPolicy::parse(
+            "--buckets",
+            &a.buckets,
+            a.max_batch,
+            BucketPolicy::VllmLike { max: a.max_batch },
+        )?;
+        let buckets = listed.buckets();
+        let max_batch = buckets.iter().copied().max().unwrap_or(1).max(a.max_batch);
+        if max_batch > MAX_BATCH {
+            bail!("--buckets: the largest bucket {max_batch} exceeds {MAX_BATCH}");
+        }
+        let prefill = BucketPolicy::parse(
+            "--prefill-buckets",
+            &a.prefill_buckets,
+            a.max_tokens,
+            BucketPolicy::SglangLike { max: a.max_tokens },
+        )?;
+        let token_buckets = prefill.buckets();
+        let max_tokens = token_buckets.iter().copied().max().unwrap_or(0);
+        if max_tokens > MAX_BATCH {
+            bail!("--prefill-buckets: the largest bucket {max_tokens} exceeds {MAX_BATCH}");
+        }
+        let graphs = GraphConfig {
+            decode: BucketPolicy::Explicit(buckets.clone()),
+            mixed: BucketPolicy::Explicit(token_buckets.clone()),
+        };
+        // Decode buckets, then token buckets, each ascending; then put in --order.
+        let mut keys: Vec<Key> = buckets
+            .iter()
+            .map(|&bucket| Key {
+                phase: Phase::Decode,
+                bucket,
+            })
+            .chain(token_buckets.iter().map(|&bucket| Key {
+                phase: Phase::Mixed,
+                bucket,
+            }))
+            .collect();
+        match a.order.as_str() {
+            "ascending" => {}
+            "descending" => keys.reverse(),
+            "shuffled" => {
+                // A fixed permutation (reproducible): an LCG-driven Fisher-Yates.
+                let mut s = 0x9e37_79b9_7f4a_7c15u64;
+                for i in (1..keys.len()).rev() {
+                    s = s
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    keys.swap(i, (s >> 33) as usize % (i + 1));
+                }
+            }
+            o => bail!("--order `{o}`: expected ascending, descending or shuffled"),
+        }
+        Ok(Plan {
+            buckets,
+            token_buckets,
+            max_batch,
+            max_tokens,
+            graphs,
+            keys,
+        })
+    }
+
+    /// The engine every strategy's captures run in (eager at start, nothing captured):
+    /// its memory check counts, for `private`, every bucket's arena at once beside it.
+    fn engine_config(
+        &self,
+        a: &BenchCaptureArgs,
+        be: &dyn Backend,
+        cfg: &ModelConfig,
+    ) -> EngineConfig {
+        let (dtype, max_batch) = (a.dtype, self.max_batch);
+        let table_width = a.max_seq_len.div_ceil(BLOCK_SIZE);
+        let arena = |n: usize, b: usize| {
+            Model::arena_bytes_for(cfg, dtype, be, n, b, table_width, BLOCK_SIZE)
+        };
+        let private_bytes = if a.strategies.contains(&GraphMemory::Private) {
+            let decode = self.buckets.iter().map(|&b| arena(b, b));
+            let mixed = self
+                .token_buckets
+                .iter()
+                .map(|&t| arena(t, t.min(max_batch)));
+            decode.chain(mixed).fold(0, usize::saturating_add)
+        } else {
+            0
+        };
+        EngineConfig {
+            graphs: Some(self.graphs.clone()),
+            extra_bytes: private_bytes,
+            run_name: format!(
+                "bench capture --max-batch {max_batch} --max-tokens {} ({} decode and {} token buckets)",
+                self.max_tokens,
+                self.buckets.len(),
+                self.token_buckets.len()
+            ),
+            fix_hint:
+                "lower --max-batch, --max-tokens or --max-seq-len, or leave out the private strategy"
+                    .into(),
+            // Captures run padding rows only: the KV cache needs the null block and
+            // little else.
+            ..EngineConfig::new(
+                dtype,
+                BLOCK_SIZE,
+                max_batch.max(self.max_tokens),
+                max_batch,
+                a.max_seq_len,
+                KvSizing::Blocks(1 + max_batch),
+            )
+        }
+    }
+}
+
 pub fn run(a: BenchCaptureArgs) -> Result<()> {
-    let dtype = a.dtype;
     if a.strategies.is_empty() {
         bail!("--strategies: name at least one of private, multi-va, arena");
     }
-    let listed = BucketPolicy::parse(
-        "--buckets",
-        &a.buckets,
-        a.max_batch,
-        BucketPolicy::VllmLike { max: a.max_batch },
-    )?;
-    let buckets = listed.buckets();
-    let max_batch = buckets.iter().copied().max().unwrap_or(1).max(a.max_batch);
-    if max_batch > MAX_BATCH {
-        bail!("--buckets: the largest bucket {max_batch} exceeds {MAX_BATCH}");
-    }
-    let policy = BucketPolicy::Explicit(buckets.clone());
-    let prefill = BucketPolicy::parse(
-        "--prefill-buckets",
-        &a.prefill_buckets,
-        a.max_tokens,
-        BucketPolicy::SglangLike { max: a.max_tokens },
-    )?;
-    let token_buckets = prefill.buckets();
-    let max_tokens = token_buckets.iter().copied().max().unwrap_or(0);
-    if max_tokens > MAX_BATCH {
-        bail!("--prefill-buckets: the largest bucket {max_tokens} exceeds {MAX_BATCH}");
-    }
-    let graphs = GraphConfig {
-        decode: policy.clone(),
-        mixed: BucketPolicy::Explicit(token_buckets.clone()),
-    };
-    // Decode buckets, then token buckets, each ascending; then put in --order.
-    let mut keys: Vec<Key> = buckets
-        .iter()
-        .map(|&bucket| Key {
-            phase: Phase::Decode,
-            bucket,
-        })
-        .chain(token_buckets.iter().map(|&bucket| Key {
-            phase: Phase::Mixed,
-            bucket,
-        }))
-        .collect();
-    match a.order.as_str() {
-        "ascending" => {}
-        "descending" => keys.reverse(),
-        "shuffled" => {
-            // A fixed permutation (reproducible): an LCG-driven Fisher-Yates.
-            let mut s = 0x9e37_79b9_7f4a_7c15u64;
-            for i in (1..keys.len()).rev() {
-                s = s
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                keys.swap(i, (s >> 33) as usize % (i + 1));
-            }
-        }
-        o => bail!("--order `{o}`: expected ascending, descending or shuffled"),
-    }
+    let plan = Plan::new(&a)?;
     let opened = crate::model_arg::open_device(a.device.device)?;
     let be = opened.backend();
     let be = be.as_ref();
@@ -133,133 +210,123 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
             cfg.max_position_embeddings
         );
     }
-    // Captures run padding rows only: the KV cache needs the null block and little else.
-    let runner_cfg = RunnerConfig {
-        block_size: 16,
-        num_blocks: 1 + max_batch,
-        max_tokens_per_step: max_batch.max(max_tokens),
-        max_seqs: max_batch,
-        max_seq_len: a.max_seq_len,
-        penalty_slots: 0,
-    };
-    // `private` holds every bucket's need at once (the others hold the largest).
-    let mut need = runner_cfg.memory_need(be, &cfg, dtype);
-    if a.strategies.contains(&GraphMemory::Private) {
-        let table_width = a.max_seq_len.div_ceil(runner_cfg.block_size);
-        need.activations = buckets
-            .iter()
-            .map(|&b| Model::arena_bytes_for(&cfg, dtype, be, b, b, table_width, 16))
-            .chain(token_buckets.iter().map(|&t| {
-                Model::arena_bytes_for(&cfg, dtype, be, t, t.min(max_batch), table_width, 16)
-            }))
-            .fold(need.activations, usize::saturating_add);
-    }
-    crate::model_arg::check_memory(
-        be,
-        &need,
-        &format!(
-            "bench capture --max-batch {max_batch} --max-tokens {max_tokens} ({} decode and {} token buckets)",
-            buckets.len(),
-            token_buckets.len()
-        ),
-        "lower --max-batch, --max-tokens or --max-seq-len, or leave out the private strategy",
-    )?;
-    let w = weights::load(
-        be,
-        &cfg,
+    let engine_cfg = plan.engine_config(&a, be, &cfg);
+    let files = ModelFiles {
+        config: cfg,
         source,
-        dtype,
-        &crate::progress::Bars::new(!a.json),
-    )?;
-    let model = Model::new(be, cfg, w, a.max_seq_len)?;
-    let mut runner = Runner::new(be, model, runner_cfg)?;
+    };
     let granularity = be.vmm()?.granularity();
-    if !a.json {
-        outln!(
-            "{} on {}, {dtype}: {} decode buckets ({} .. {}) and {} token buckets (.. {max_tokens}), captured {}, granularity {} KiB",
-            a.model,
-            be.device_name(),
-            buckets.len(),
-            buckets.iter().min().unwrap_or(&0),
-            max_batch,
-            token_buckets.len(),
-            a.order,
-            granularity >> 10
-        )?;
-        outln!(
-            "{:<9} {:>12} {:>12} {:>7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>13} {:>13}",
-            "strategy",
-            "physical MiB",
-            "virtual MiB",
-            "chunks",
-            "ranges",
-            "capture s",
-            "total s",
-            "map ms",
-            "remap ms",
-            "largest MiB",
-            "sum MiB"
-        )?;
-    }
-    for &strategy in &a.strategies {
-        // A fresh arena (and no graphs) per strategy: the previous one is released first.
-        runner.set_graphs(None);
-        runner.set_graph_memory(strategy)?;
-        runner.set_graphs(Some(graphs.clone()));
-        be.synchronize()?;
-        let free_before = be.memory_info().map(|(f, _)| f);
-        let t = Instant::now();
-        for &k in &keys {
-            runner.capture_key(k)?;
+    for (i, &strategy) in a.strategies.iter().enumerate() {
+        // A fresh engine (its arena, no graphs) per strategy: the previous one was
+        // dropped first.
+        let cfg = EngineConfig {
+            graph_memory: strategy,
+            ..engine_cfg.clone()
+        };
+        let bars = crate::progress::Bars::new(!a.json);
+        let Engine { mut runner, .. } = Engine::new(be, files.clone(), &cfg, &bars)?;
+        if i == 0 && !a.json {
+            header(&a, be.device_name(), &plan, granularity)?;
         }
-        be.synchronize()?;
-        let total_secs = t.elapsed().as_secs_f64();
-        let free_after = be.memory_info().map(|(f, _)| f);
-        let device_bytes = free_before
-            .zip(free_after)
-            .map(|(b, a)| b.saturating_sub(a));
-        let m = runner.graph_memory_stats();
-        let g = runner.graph_stats().unwrap_or_default();
-        let needs = runner.captured();
-        let largest = needs.iter().map(|&(_, n)| n).max().unwrap_or(0);
-        let sum: usize = needs.iter().map(|&(_, n)| n).sum();
-        if a.json {
-            outln!(
-                "{}",
-                serde_json::json!({
-                    "strategy": strategy.name(), "model": a.model, "device": be.device_name(),
-                    "dtype": dtype.to_string(), "order": a.order, "buckets": buckets,
-                    "token_buckets": token_buckets, "pieces": g.pieces,
-                    "physical_bytes": m.physical_bytes, "virtual_bytes": m.virtual_bytes,
-                    "chunks": m.chunks, "ranges": m.ranges, "granularity": m.granularity,
-                    "capture_seconds": g.capture_secs, "total_seconds": total_secs,
-                    "map_seconds": m.map_secs, "remap_seconds": m.remap_secs,
-                    "remapped_chunks": m.remaps,
-                    "remap_seconds_per_capture": m.remap_secs / g.captures.max(1) as f64,
-                    "largest_bucket_bytes": largest, "sum_bucket_bytes": sum,
-                    "peak_bytes": m.peak_bytes, "device_bytes": device_bytes,
-                })
-            )?;
-        } else {
-            outln!(
-                "{:<9} {:>12.1} {:>12.1} {:>7} {:>7} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>13.1} {:>13.1}",
-                strategy.name(),
-                mib(m.physical_bytes),
-                mib(m.virtual_bytes),
-                m.chunks,
-                m.ranges,
-                g.capture_secs,
-                total_secs,
-                m.map_secs * 1e3,
-                m.remap_secs * 1e3,
-                mib(largest),
-                mib(sum)
-            )?;
-        }
+        measure(&a, be, &plan, strategy, &mut runner)?;
     }
     if !a.json {
         outln!(
             "capture s: the captures themselves (incl. the arena's range switch and remap); total s adds one eager warm-up step per bucket"
+        )?;
+    }
+    Ok(())
+}
+
+/// The run's description and the table's column names.
+fn header(a: &BenchCaptureArgs, device: String, plan: &Plan, granularity: usize) -> Result<()> {
+    outln!(
+        "{} on {}, {}: {} decode buckets ({} .. {}) and {} token buckets (.. {}), captured {}, granularity {} KiB",
+        a.model,
+        device,
+        a.dtype,
+        plan.buckets.len(),
+        plan.buckets.iter().min().unwrap_or(&0),
+        plan.max_batch,
+        plan.token_buckets.len(),
+        plan.max_tokens,
+        a.order,
+        granularity >> 10
+    )?;
+    outln!(
+        "{:<9} {:>12} {:>12} {:>7} {:>7} {:>10} {:>10} {:>9} {:>9} {:>13} {:>13}",
+        "strategy",
+        "physical MiB",
+        "virtual MiB",
+        "chunks",
+        "ranges",
+        "capture s",
+        "total s",
+        "map ms",
+        "remap ms",
+        "largest MiB",
+        "sum MiB"
+    )?;
+    Ok(())
+}
+
+/// Capture every key of `plan` in `runner` (whose graphs hold their memory per
+/// `strategy`) and report the memory and time it took.
+fn measure(
+    a: &BenchCaptureArgs,
+    be: &dyn Backend,
+    plan: &Plan,
+    strategy: GraphMemory,
+    runner: &mut Runner<'_>,
+) -> Result<()> {
+    be.synchronize()?;
+    let free_before = be.memory_info().map(|(f, _)| f);
+    let t = Instant::now();
+    for &k in &plan.keys {
+        runner.capture_key(k)?;
+    }
+    be.synchronize()?;
+    let total_secs = t.elapsed().as_secs_f64();
+    let free_after = be.memory_info().map(|(f, _)| f);
+    let device_bytes = free_before
+        .zip(free_after)
+        .map(|(b, a)| b.saturating_sub(a));
+    let m = runner.graph_memory_stats();
+    let g = runner.graph_stats().unwrap_or_default();
+    let needs = runner.captured();
+    let largest = needs.iter().map(|&(_, n)| n).max().unwrap_or(0);
+    let sum: usize = needs.iter().map(|&(_, n)| n).sum();
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::json!({
+                "strategy": strategy.name(), "model": a.model, "device": be.device_name(),
+                "dtype": a.dtype.to_string(), "order": a.order, "buckets": plan.buckets,
+                "token_buckets": plan.token_buckets, "pieces": g.pieces,
+                "physical_bytes": m.physical_bytes, "virtual_bytes": m.virtual_bytes,
+                "chunks": m.chunks, "ranges": m.ranges, "granularity": m.granularity,
+                "capture_seconds": g.capture_secs, "total_seconds": total_secs,
+                "map_seconds": m.map_secs, "remap_seconds": m.remap_secs,
+                "remapped_chunks": m.remaps,
+                "remap_seconds_per_capture": m.remap_secs / g.captures.max(1) as f64,
+                "largest_bucket_bytes": largest, "sum_bucket_bytes": sum,
+                "peak_bytes": m.peak_bytes, "device_bytes": device_bytes,
+            })
+        )?;
+    } else {
+        outln!(
+            "{:<9} {:>12.1} {:>12.1} {:>7} {:>7} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>13.1} {:>13.1}",
+            strategy.name(),
+            mib(m.physical_bytes),
+            mib(m.virtual_bytes),
+            m.chunks,
+            m.ranges,
+            g.capture_secs,
+            total_secs,
+            m.map_secs * 1e3,
+            m.remap_secs * 1e3,
+            mib(largest),
+            mib(sum)
         )?;
     }
     Ok(())

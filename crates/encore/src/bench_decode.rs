@@ -14,7 +14,7 @@ use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::ModelFiles;
-use encore_core::runner::{Runner, SamplingParams, SeqStep};
+use encore_core::runner::{Runner, SamplingParams, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 
 use encore_core::offload::OffloadConfig;
@@ -123,19 +123,27 @@ pub(crate) fn engine_config(
 
 /// Allocate sequences `0..batch` and prefill `context` tokens in each (one step per
 /// sequence, in the runner's current mode).
-pub(crate) fn prefill(runner: &mut Runner<'_>, batch: usize, context: usize) -> Result<Vec<SeqId>> {
-    let vocab = runner.model.cfg.vocab_size;
+pub(crate) fn prefill(
+    runner: &mut Runner<'_>,
+    held: &mut Seqs,
+    batch: usize,
+    context: usize,
+) -> Result<Vec<SeqId>> {
+    let vocab = runner.model().cfg.vocab_size;
     let seqs: Vec<SeqId> = (0..batch).map(|i| SeqId(i as u64)).collect();
     let prompt: Vec<u32> = (0..context)
         .map(|i| (i * 7 + 1) as u32 % vocab as u32)
         .collect();
     for &s in &seqs {
-        runner.blocks.allocate(s, context)?;
-        runner.step(&[SeqStep {
-            seq: s,
-            tokens: &prompt,
-            sampling: SamplingParams::default(),
-        }])?;
+        held.blocks.allocate(s, context)?;
+        runner.step(
+            held,
+            &[SeqStep {
+                seq: s,
+                tokens: &prompt,
+                sampling: SamplingParams::default(),
+            }],
+        )?;
     }
     Ok(seqs)
 }
@@ -153,16 +161,17 @@ pub(crate) struct Timed {
 /// each, starting from `last`, which ends at the last sampled tokens).
 pub(crate) fn time_decode(
     runner: &mut Runner<'_>,
+    held: &mut Seqs,
     seqs: &[SeqId],
     last: &mut Vec<u32>,
     steps: usize,
 ) -> Result<Timed> {
-    let copied = |r: &Runner<'_>| r.model.offload().map(|o| o.copied_bytes());
+    let copied = |r: &Runner<'_>| r.model().offload().map(|o| o.copied_bytes());
     let mut times = Vec::with_capacity(steps);
     let mut before = None;
     for i in 0..WARMUP + steps {
         for &s in seqs {
-            runner.blocks.append(s, 1)?;
+            held.blocks.append(s, 1)?;
         }
         let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
         let batch: Vec<SeqStep<'_>> = seqs
@@ -178,7 +187,7 @@ pub(crate) fn time_decode(
             before = copied(runner);
         }
         let t = Instant::now();
-        *last = runner.step(&batch)?;
+        *last = runner.step(held, &batch)?;
         if i >= WARMUP {
             times.push(t.elapsed().as_secs_f64());
         }
@@ -191,9 +200,9 @@ pub(crate) fn time_decode(
 }
 
 /// Free the sequences of [`prefill`].
-pub(crate) fn free(runner: &mut Runner<'_>, seqs: &[SeqId]) -> Result<()> {
+pub(crate) fn free(held: &mut Seqs, seqs: &[SeqId]) -> Result<()> {
     for &s in seqs {
-        runner.blocks.free(s)?;
+        held.blocks.free(s)?;
     }
     Ok(())
 }
@@ -231,6 +240,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     };
     let Engine { mut runner, report } =
         Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
+    let mut held = Seqs::for_runner(&runner)?;
     let load_secs = report.load_secs;
     let weight_bytes = cfg.weight_bytes(dtype);
     let copy = bench::copy_bandwidth(be, COPY_BYTES, 10)?;
@@ -272,19 +282,19 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         load_secs,
     };
     for &b in &a.batch {
-        let seqs = prefill(&mut runner, b, a.context)?;
+        let seqs = prefill(&mut runner, &mut held, b, a.context)?;
         let mut last = vec![1u32; b];
-        let eager = time_decode(&mut runner, &seqs, &mut last, a.steps)?.median_s;
+        let eager = time_decode(&mut runner, &mut held, &seqs, &mut last, a.steps)?.median_s;
         let (graph, capture_secs) = if a.eager {
             (None, 0.0)
         } else {
             runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
-            let g = time_decode(&mut runner, &seqs, &mut last, a.steps)?.median_s;
+            let g = time_decode(&mut runner, &mut held, &seqs, &mut last, a.steps)?.median_s;
             let stats = runner.graph_stats().unwrap_or_default();
             runner.set_graph_mode(None);
             (Some(g), stats.capture_secs)
         };
-        free(&mut runner, &seqs)?;
+        free(&mut held, &seqs)?;
         print_row(&a, be, &floor, b, eager, graph, capture_secs)?;
     }
     Ok(())

@@ -12,7 +12,7 @@ use encore_core::graph::BucketPolicy;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::ModelFiles;
 use encore_core::offload::{self, AccessOrder, OffloadConfig, Policy, WeightBudget};
-use encore_core::runner::Runner;
+use encore_core::runner::{Runner, Seqs};
 use encore_core::{Backend, DType};
 use serde_json::json;
 
@@ -249,7 +249,7 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
             Some(o) => (o.budget_bytes, o.resident_bytes, o.streaming_bytes),
             None => (r.config.budget.bytes(weight_bytes), weight_bytes, 0),
         };
-        let planned_per_step = runner.model.offload().and_then(|o| o.plan()).map(|p| {
+        let planned_per_step = runner.model().offload().and_then(|o| o.plan()).map(|p| {
             p.streams
                 .iter()
                 .map(|s| true_sizes[s.weight])
@@ -289,6 +289,7 @@ fn time_rows(
     max_batch: usize,
 ) -> Result<()> {
     let r = e.run;
+    let mut held = Seqs::for_runner(runner)?;
     let mut modes: Vec<&str> = Vec::new();
     if !a.eager && r.offloaded != Some(Policy::Lru) {
         modes.push("graph");
@@ -297,14 +298,14 @@ fn time_rows(
         modes.push("eager");
     }
     for &b in &a.batch {
-        let seqs = bench_decode::prefill(runner, b, a.context)?;
+        let seqs = bench_decode::prefill(runner, &mut held, b, a.context)?;
         let mut last = vec![1u32; b];
         for &mode in &modes {
             let graph = mode == "graph";
             if graph {
                 runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
             }
-            let timed = bench_decode::time_decode(runner, &seqs, &mut last, a.steps);
+            let timed = bench_decode::time_decode(runner, &mut held, &seqs, &mut last, a.steps);
             if graph {
                 runner.set_graph_mode(None);
             }
@@ -320,7 +321,7 @@ fn time_rows(
             };
             print_row(a, bw, &row)?;
         }
-        bench_decode::free(runner, &seqs)?;
+        bench_decode::free(&mut held, &seqs)?;
     }
     Ok(())
 }

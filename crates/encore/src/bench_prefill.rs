@@ -10,7 +10,7 @@ use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
 use encore_core::model::ModelFiles;
-use encore_core::runner::{Runner, SamplingParams, SeqStep};
+use encore_core::runner::{Runner, SamplingParams, SeqStep, Seqs};
 use encore_core::DType;
 use serde_json::{json, Value};
 
@@ -205,6 +205,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
     };
     let Engine { mut runner, report } =
         Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
+    let mut held = Seqs::for_runner(&runner)?;
     let load_secs = report.load_secs;
     let capture_secs = report.capture_secs;
     let stats = runner.graph_stats().unwrap_or_default();
@@ -242,6 +243,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
         for &n in &a.tokens {
             let row = measure(
                 &mut runner,
+                &mut held,
                 &mut next_seq,
                 (b, n),
                 cfg.vocab_size,
@@ -261,6 +263,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
 /// cache), eager or in the runner's graph mode: (wall ms, process CPU ms, sampled tokens).
 fn prefill_once(
     runner: &mut Runner<'_>,
+    held: &mut Seqs,
     next_seq: &mut u64,
     prompts: &[Vec<u32>],
     eager: bool,
@@ -274,7 +277,7 @@ fn prefill_once(
         })
         .collect();
     for (&s, p) in seqs.iter().zip(prompts) {
-        runner.blocks.allocate(s, p.len())?;
+        held.blocks.allocate(s, p.len())?;
     }
     let batch: Vec<SeqStep<'_>> = seqs
         .iter()
@@ -287,14 +290,14 @@ fn prefill_once(
         .collect();
     let (t, c) = (Instant::now(), process_cpu_ns());
     // Reads the sampled tokens back: waits for the device.
-    let tokens = runner.step(&batch)?;
+    let tokens = runner.step(held, &batch)?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let cpu = c
         .zip(process_cpu_ns())
         .and_then(|(c0, c1)| c1.checked_sub(c0))
         .map(|ns| ns as f64 / 1e6);
     for &s in &seqs {
-        runner.blocks.free(s)?;
+        held.blocks.free(s)?;
     }
     Ok((ms, cpu, tokens))
 }
@@ -303,6 +306,7 @@ fn prefill_once(
 /// each mode, alternating (eager, then piecewise when a token bucket holds the step).
 fn measure(
     runner: &mut Runner<'_>,
+    held: &mut Seqs,
     next_seq: &mut u64,
     (b, n): (usize, usize),
     vocab: usize,
@@ -317,19 +321,19 @@ fn measure(
         .collect();
     let bucket = runner.key_for(n * b, b, n == 1).map(|k| k.bucket);
     let piecewise = bucket.is_some();
-    let (cold_ms, _, _) = prefill_once(runner, next_seq, &prompts, !piecewise)?;
+    let (cold_ms, _, _) = prefill_once(runner, held, next_seq, &prompts, !piecewise)?;
     if piecewise {
-        prefill_once(runner, next_seq, &prompts, true)?; // the eager mode's warm-up
+        prefill_once(runner, held, next_seq, &prompts, true)?; // the eager mode's warm-up
     }
     let (mut eager, mut pieces) = (Vec::new(), Vec::new());
     let (mut eager_cpu, mut pieces_cpu) = (Vec::new(), Vec::new());
     let mut matches = true;
     for _ in 0..repeats {
-        let (ms, cpu, reference) = prefill_once(runner, next_seq, &prompts, true)?;
+        let (ms, cpu, reference) = prefill_once(runner, held, next_seq, &prompts, true)?;
         eager.push(ms);
         eager_cpu.push(cpu);
         if piecewise {
-            let (ms, cpu, tokens) = prefill_once(runner, next_seq, &prompts, false)?;
+            let (ms, cpu, tokens) = prefill_once(runner, held, next_seq, &prompts, false)?;
             pieces.push(ms);
             pieces_cpu.push(cpu);
             matches &= tokens == reference;

@@ -5,10 +5,9 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use encore_core::device::{self, DeviceSpec, Opened};
-use encore_core::memory::{MemoryLimit, MemoryNeed};
 use encore_core::model::config::ModelConfig;
 use encore_core::model::weights::WeightSource;
-use encore_core::{Backend, DType};
+use encore_core::DType;
 
 use crate::parse;
 
@@ -59,13 +58,4 @@ pub fn open_device(spec: DeviceSpec) -> Result<Opened> {
         crate::out::errln!("note: {note}");
     }
     Ok(opened)
-}
-
-/// Refuse a run whose estimated memory exceeds what the backend may use (see
-/// [`MemoryLimit::of`]); `what` names the run in the message, `fix` the flags to lower.
-pub fn check_memory(be: &dyn Backend, need: &MemoryNeed, what: &str, fix: &str) -> Result<()> {
-    if let Some(limit) = MemoryLimit::of(be) {
-        need.check(what, &limit, fix)?;
-    }
-    Ok(())
 }

@@ -5,13 +5,16 @@
 //! between captured pieces. Entries are keyed by (phase, bucket); all of them draw their
 //! intermediates from one arena, so graph memory is the largest entry's, not the sum.
 //!
-//! Nothing here knows the model: a step is anything implementing [`Pieces`].
+//! Nothing here knows the model: a step is anything implementing [`Pieces`]. The
+//! executor also keeps the capture protocol: it calls the step's [`StepHooks`] before a
+//! step, after each segment, and around a capture.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use crate::backend::{Backend, Graph};
 use crate::error::{Error, Result};
+use crate::graph::StepHooks;
 use crate::memory::{Arena, ArenaStats, CaptureMemory, GraphMemory};
 
 /// Which kind of step a graph serves.
@@ -59,6 +62,28 @@ pub trait Pieces {
     fn count(&self) -> usize;
     fn piece(&self, state: &Self::State, i: usize) -> Result<()>;
     fn seam(&self, state: &Self::State, i: usize) -> Result<()>;
+    /// What the executor tells about the step's progress (see [`StepHooks`]); `None`:
+    /// nobody listens.
+    fn hooks(&self) -> Option<&dyn StepHooks> {
+        None
+    }
+}
+
+/// The hooks of `step`'s listener, each a no-op when there is none.
+struct Hooks<'a>(Option<&'a dyn StepHooks>);
+
+impl Hooks<'_> {
+    fn of<P: Pieces>(step: &P) -> Hooks<'_> {
+        Hooks(step.hooks())
+    }
+
+    fn begin_step(&self, be: &dyn Backend) -> Result<()> {
+        self.0.map_or(Ok(()), |h| h.begin_step(be))
+    }
+
+    fn end_segment(&self, be: &dyn Backend) -> Result<()> {
+        self.0.map_or(Ok(()), |h| h.end_segment(be))
+    }
 }
 
 /// What one key's graphs did so far.
@@ -124,16 +149,6 @@ impl<S> Executor<S> {
         })
     }
 
-    /// Drop every entry and switch graph-memory strategy (a new arena of the same size).
-    pub fn set_memory(&mut self, be: &dyn Backend, memory: GraphMemory) -> Result<()> {
-        self.entries.clear();
-        let bytes = self.arena.capacity();
-        // Release the old arena before reserving the new one.
-        self.arena = Arena::for_graphs(be, 0, memory)?;
-        self.arena = Arena::for_graphs(be, bytes, memory)?;
-        Ok(())
-    }
-
     /// Drop every entry (their memory returns to the arena's pool) and the statistics.
     pub fn clear(&mut self) {
         self.entries.clear();
@@ -160,13 +175,18 @@ impl<S> Executor<S> {
         Ok(())
     }
 
-    /// Run `step` eagerly in a fresh arena epoch: piece 0, seam 0, piece 1, ...
-    pub fn eager<P: Pieces<State = S>>(&mut self, step: &P) -> Result<S> {
+    /// Run `step` eagerly in a fresh arena epoch: the step begins, then piece 0, seam 0,
+    /// piece 1, ..., each ending a segment.
+    pub fn eager<P: Pieces<State = S>>(&mut self, be: &dyn Backend, step: &P) -> Result<S> {
+        let hooks = Hooks::of(step);
+        hooks.begin_step(be)?;
         self.arena.reset();
         let state = step.alloc(&mut self.arena)?;
         for i in 0..step.count() {
             step.piece(&state, i)?;
+            hooks.end_segment(be)?;
             step.seam(&state, i)?;
+            hooks.end_segment(be)?;
         }
         Ok(state)
     }
@@ -188,7 +208,7 @@ impl<S> Executor<S> {
         if self.entries.contains_key(&key) {
             return Ok(());
         }
-        self.eager(step)?;
+        self.eager(be, step)?;
         let expect = self.arena.used();
         let t = Instant::now();
         self.arena.begin_capture(expect)?;
@@ -211,26 +231,40 @@ impl<S> Executor<S> {
         Ok(())
     }
 
+    /// Each piece into its own graph, its segment ended inside the capture; the hooks
+    /// hear the capture begin and end.
     fn capture_pieces<P: Pieces<State = S>>(
         be: &dyn Backend,
         arena: &mut Arena,
         step: &P,
     ) -> Result<(Vec<Box<dyn Graph>>, S)> {
+        let hooks = Hooks::of(step);
         let state = step.alloc(arena)?;
         let mut graphs = Vec::with_capacity(step.count());
-        for i in 0..step.count() {
-            be.begin_capture()?;
-            let enqueued = step.piece(&state, i);
-            let graph = be.end_capture();
-            enqueued?;
-            graphs.push(graph?);
+        if let Some(h) = hooks.0 {
+            h.begin_capture();
         }
-        Ok((graphs, state))
+        let captured = (|| {
+            for i in 0..step.count() {
+                be.begin_capture()?;
+                let enqueued = step.piece(&state, i).and_then(|()| hooks.end_segment(be));
+                let graph = be.end_capture();
+                enqueued?;
+                graphs.push(graph?);
+            }
+            Ok(())
+        })();
+        if let Some(h) = hooks.0 {
+            h.end_capture();
+        }
+        captured.map(|()| (graphs, state))
     }
 
     /// Replay `key` (capturing it first if needed) for a step of `real` rows of its
     /// `key.bucket`: each piece's graph, each followed by its seam run eagerly by `step`
-    /// (built over the same input layout as the capture). Returns the entry's state.
+    /// (built over the same input layout as the capture), each seam ending a segment.
+    /// The step begins first, unless it was captured for this replay (the capture's eager
+    /// run began it). Returns the entry's state.
     pub fn replay<P: Pieces<State = S>>(
         &mut self,
         be: &dyn Backend,
@@ -246,8 +280,11 @@ impl<S> Executor<S> {
         }
         let captured_ahead = self.ahead.remove(&key);
         let miss = !self.entries.contains_key(&key) || captured_ahead;
+        let hooks = Hooks::of(step);
         if !self.entries.contains_key(&key) {
             self.capture(be, key, step)?;
+        } else if !captured_ahead {
+            hooks.begin_step(be)?;
         }
         let s = self.stats.entry(key).or_default();
         if miss {
@@ -271,6 +308,7 @@ impl<S> Executor<S> {
         for (i, g) in e.graphs.iter().enumerate() {
             g.replay()?;
             step.seam(&e.state, i)?;
+            hooks.end_segment(be)?;
         }
         Ok(&e.state)
     }

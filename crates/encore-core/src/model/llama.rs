@@ -9,6 +9,7 @@
 
 use crate::backend::{Attention, Backend, QkvRope};
 use crate::error::{Error, Result};
+use crate::graph::StepHooks;
 use crate::kv::KvCache;
 use crate::memory::Arena;
 use crate::memory::ARENA_ALIGN;
@@ -132,37 +133,17 @@ impl Model {
 
     /// Op `op` is about to be queued: under a budget, queue its weight copies and waits.
     /// `Some(tensors)` (the LRU policy) replaces the op's weights, in the op's read order.
-    fn enter(&self, be: &dyn Backend, op: OpId) -> Result<Option<Vec<Tensor>>> {
+    fn enter(&self, op: OpId) -> Result<Option<Vec<Tensor>>> {
         match &self.offload {
-            Some(o) => {
-                sync_capture(o, be);
-                o.enter(op.index(self.weights.layers.len()))
-            }
+            Some(o) => o.enter(op.index(self.weights.layers.len())),
             None => Ok(None),
         }
     }
 
-    /// Before a step: under a budget, make sure the weight slots hold what a step expects
-    /// at its start (a graph replay cannot check); see [`Offload::begin_step`].
-    pub fn prepare_step(&self, be: &dyn Backend) -> Result<()> {
-        match &self.offload {
-            Some(o) => {
-                sync_capture(o, be);
-                o.begin_step(be)
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// Where a captured piece or an eager seam ends: under a budget the compute stream
-    /// waits here for the weight copies queued since the last segment ended (a capture
-    /// must join its copies before it ends). Callers that run pieces call this after each
-    /// piece and each seam; [`Model::forward`] calls it once at the end.
-    pub fn end_segment(&self) -> Result<()> {
-        match &self.offload {
-            Some(o) => o.join_segment(),
-            None => Ok(()),
-        }
+    /// What the executor tells this model's step-long state (the capture protocol, see
+    /// [`StepHooks`]): the weight offload's, under a budget.
+    pub fn hooks(&self) -> Option<&dyn StepHooks> {
+        self.offload.as_ref().map(|o| o as &dyn StepHooks)
     }
 
     pub fn max_positions(&self) -> usize {
@@ -329,7 +310,7 @@ impl Model {
         // Each weight-reading op is announced first (weight offload); under the LRU
         // policy its weights come back from the announcement.
         let one = |op: OpId, w: &Tensor| -> Result<Tensor> {
-            Ok(match self.enter(be, op)? {
+            Ok(match self.enter(op)? {
                 Some(mut v) => v.swap_remove(0),
                 None => w.clone(),
             })
@@ -375,7 +356,7 @@ impl Model {
         }
         // One projection by the merged weight, then split / head norm / rope / KV write.
         // The op reads qkv, then its bias and head norms when the model has them.
-        let (qkv, bias, q_norm, k_norm) = match self.enter(be, OpId::Layer(k, LayerOp::Qkv))? {
+        let (qkv, bias, q_norm, k_norm) = match self.enter(OpId::Layer(k, LayerOp::Qkv))? {
             None => (
                 l.qkv.clone(),
                 l.qkv_bias.clone(),
@@ -471,7 +452,7 @@ impl Model {
         let logits = buf.logits.prefix(rows)?;
         // The embedding op is a row gather.
         be.embedding(&inp.logits_indices.prefix(rows)?, &buf.normed, &last)?;
-        let lm_head = match self.enter(be, OpId::LmHead)? {
+        let lm_head = match self.enter(OpId::LmHead)? {
             Some(mut v) => v.swap_remove(0),
             None => self.weights.lm_head.clone(),
         };
@@ -479,8 +460,28 @@ impl Model {
         Ok(logits)
     }
 
-    /// Run one step eagerly: every piece, each followed by its attention, then the head.
-    /// Returns f32 logits `[b, vocab]` (a view into the arena, valid until its next reset).
+    /// Every piece of a step in order, each followed by its attention (all but the
+    /// last): the step's whole forward up to the final norm, eagerly or inside one
+    /// capture. The one loop over the model's layers; [`Model::head`] follows it.
+    pub fn layers(
+        &self,
+        be: &dyn Backend,
+        kv: &KvCache,
+        inp: &StepInputs<'_>,
+        buf: &StepBuffers,
+    ) -> Result<()> {
+        let layers = self.weights.layers.len();
+        for k in 0..=layers {
+            self.piece(be, kv, inp, buf, k)?;
+            if k < layers {
+                self.attention(be, kv, inp, buf, k)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Run one step eagerly: [`Model::layers`], then the head. Returns f32 logits
+    /// `[b, vocab]` (a view into the arena, valid until its next reset).
     pub fn forward(
         &self,
         be: &dyn Backend,
@@ -499,27 +500,12 @@ impl Model {
         let w = inp.block_tables.dim(1);
         let bs = kv.k(0).dim(1);
         let buf = self.alloc_step(be, arena, n, b, w, bs)?;
-        let layers = self.weights.layers.len();
-        for k in 0..=layers {
-            self.piece(be, kv, inp, &buf, k)?;
-            if k < layers {
-                self.attention(be, kv, inp, &buf, k)?;
-            }
-        }
+        self.layers(be, kv, inp, &buf)?;
         let logits = self.head(be, inp, &buf, b)?;
-        self.end_segment()?;
+        // One eager segment: the offload joins the copies it queued.
+        if let Some(h) = self.hooks() {
+            h.end_segment(be)?;
+        }
         Ok(logits)
-    }
-}
-
-/// Tell the offload whether a graph capture is running. The capture protocol's hooks
-/// ([`Offload::begin_capture`], [`Offload::end_capture`]) are the executor's to call; until
-/// it calls them, the model relays the backend's capture state before every announcement,
-/// which keeps the offload's behaviour as it was.
-fn sync_capture(o: &Offload, be: &dyn Backend) {
-    if be.is_capturing() {
-        o.begin_capture();
-    } else {
-        o.end_capture();
     }
 }

@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use super::{plan, validate, AccessOrder, Plan, WeightBudget};
 use crate::backend::{Backend, CopyQueue, HostMemory};
 use crate::error::{gib, Error, Result};
+use crate::graph::StepHooks;
 use crate::model::config::ModelConfig;
 use crate::model::decl::{Decl, Role};
 use crate::tensor::{DType, Storage, Tensor};
@@ -600,32 +601,6 @@ impl Offload {
         Ok(())
     }
 
-    /// Before a step that may start with a graph replay (which does not announce its ops
-    /// to the host): prime the slots unless the last step left them ready (a step that
-    /// failed part way, or a piecewise capture, which runs no ops). Never called inside
-    /// a capture.
-    pub fn begin_step(&self, _be: &dyn Backend) -> Result<()> {
-        let Executor::Planned(p) = &self.executor else {
-            return Ok(());
-        };
-        let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !st.ready && !self.capturing() {
-            self.prime(p, &mut st)?;
-        }
-        Ok(())
-    }
-
-    /// A graph capture starts: until [`Offload::end_capture`], nothing is primed (a
-    /// capture records the step's own copies only).
-    pub fn begin_capture(&self) {
-        self.capturing.store(true, Ordering::Release);
-    }
-
-    /// The graph capture [`Offload::begin_capture`] announced has ended.
-    pub fn end_capture(&self) {
-        self.capturing.store(false, Ordering::Release);
-    }
-
     /// Queue the copies a step expects to find done, and join them.
     fn prime(&self, p: &Planned, st: &mut PlannedState) -> Result<()> {
         self.queue.fork()?;
@@ -639,14 +614,8 @@ impl Offload {
         Ok(())
     }
 
-    /// Where a captured piece or an eager seam ends: the compute stream waits for every
-    /// copy queued in it.
-    pub fn end_segment(&self, _be: &dyn Backend) -> Result<()> {
-        self.join_segment()
-    }
-
-    /// [`Offload::end_segment`] for callers without the backend at hand.
-    pub(crate) fn join_segment(&self) -> Result<()> {
+    /// Join the copies queued since the last segment ended (see the `end_segment` hook).
+    fn join_segment(&self) -> Result<()> {
         let Executor::Planned(p) = &self.executor else {
             return Ok(());
         };
@@ -757,5 +726,42 @@ impl LruState {
             len += nlen;
         }
         self.free.insert(start, len);
+    }
+}
+
+/// The capture protocol ([`StepHooks`]): the executor tells the offload when a step
+/// begins, when a segment (a captured piece or an eager seam) ends, and when a capture
+/// runs; the offload never asks the backend whether it is capturing.
+impl StepHooks for Offload {
+    /// Before a step that may start with a graph replay (which does not announce its ops
+    /// to the host): prime the slots unless the last step left them ready (a step that
+    /// failed part way, or a piecewise capture, which runs no ops). Never called inside
+    /// a capture.
+    fn begin_step(&self, _be: &dyn Backend) -> Result<()> {
+        let Executor::Planned(p) = &self.executor else {
+            return Ok(());
+        };
+        let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !st.ready && !self.capturing() {
+            self.prime(p, &mut st)?;
+        }
+        Ok(())
+    }
+
+    /// A graph capture starts: until `end_capture`, nothing is primed (a
+    /// capture records the step's own copies only).
+    fn begin_capture(&self) {
+        self.capturing.store(true, Ordering::Release);
+    }
+
+    /// The graph capture `begin_capture` announced has ended.
+    fn end_capture(&self) {
+        self.capturing.store(false, Ordering::Release);
+    }
+
+    /// Where a captured piece or an eager seam ends: the compute stream waits for every
+    /// copy queued in it.
+    fn end_segment(&self, _be: &dyn Backend) -> Result<()> {
+        self.join_segment()
     }
 }

@@ -10,7 +10,7 @@ use crate::kv::SeqId;
 use crate::model::llama::Model;
 use crate::model::open_model;
 use crate::model::weights::{self, WeightSource};
-use crate::runner::{Runner, RunnerConfig, SamplingParams, SeqStep};
+use crate::runner::{Runner, RunnerConfig, SamplingParams, SeqStep, Seqs};
 use crate::tensor::DType;
 use crate::testing::compare::{
     allowed_sample_mismatches, normalized_error, token_mismatches, CheckResult,
@@ -43,156 +43,226 @@ const REPLAY_DECODE: [usize; 6] = [3, 3, 2, 3, 1, 2];
 /// `Runner::set_verify_graphs` (f32 1e-4, bf16 3e-2), and tokens exactly when the logits
 /// are bit-identical, else within [`allowed_sample_mismatches`].
 pub fn check_capture_replay(backend: &dyn Backend, seed: u64) -> Result<Vec<CheckResult>> {
-    let exact = backend.device_name() == "cpu";
     let mut rng = rng(seed);
     let mut results = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
-        let mut eager = replay_runner(backend, dtype, seed, false)?;
-        let mut graph = replay_runner(backend, dtype, seed, true)?;
-        let vocab = eager.model.cfg.vocab_size as u32;
-        let logits_tol = match (exact, dtype) {
-            (true, _) => 0.0,
-            (false, DType::F32) => 1e-4,
-            (false, _) => 3e-2,
-        };
-        let sampling: Vec<SamplingParams> = [
-            (0.0, 0, 1.0, 0.0, [1.5, 0.0, 0.0]),
-            (0.8, 20, 0.9, 0.05, [1.3, 0.2, 0.3]),
-            (1.0, 0, 1.0, 0.0, [1.0, 0.0, 0.0]),
-        ]
-        .into_iter()
-        .map(
-            |(temperature, top_k, top_p, min_p, [rep, freq, pres])| SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-                min_p,
-                seed: rng.random(),
-                repetition_penalty: rep,
-                frequency_penalty: freq,
-                presence_penalty: pres,
-                logprobs: None,
-            },
-        )
-        .collect();
-        let greedy: Vec<bool> = sampling.iter().map(|s| s.temperature <= 0.0).collect();
-        // Prompts of at least 2 tokens (a 1-token prompt would be a decode step).
-        let prompts: Vec<Vec<u32>> = (0..REPLAY_SEQS)
-            .map(|_| {
-                let len = rng.random_range(2..=12);
-                (0..len).map(|_| rng.random_range(0..vocab)).collect()
-            })
-            .collect();
-        for runner in [&mut eager, &mut graph] {
-            for (s, p) in prompts.iter().enumerate() {
-                runner.blocks.allocate(SeqId(s as u64), p.len())?;
-                if sampling[s].has_penalties() {
-                    runner.begin_penalties(SeqId(s as u64), p, &[])?;
-                }
-            }
-        }
-        let prefill: Vec<SeqStep<'_>> = prompts
-            .iter()
-            .enumerate()
-            .map(|(s, p)| SeqStep {
-                seq: SeqId(s as u64),
-                tokens: p,
-                sampling: sampling[s],
-            })
-            .collect();
-        let (mut last, want) = eager.step_with_logits(&prefill)?;
-        let (_, got) = graph.step_with_logits(&prefill)?;
-        let tokens: usize = prompts.iter().map(Vec::len).sum();
-        results.push(CheckResult::new(
-            "capture replay prefill: logits",
-            format!("{REPLAY_SEQS} prompts, {tokens} tokens"),
-            dtype,
-            logits_error(&got, &want, REPLAY_SEQS),
-            logits_tol,
-        ));
-
-        let buckets = BucketPolicy::PowersOfTwo {
-            max: REPLAY_MAX_SEQS,
-        };
-        for (round, &b) in REPLAY_DECODE.iter().enumerate() {
-            let active: Vec<usize> = (0..b).map(|k| (k + round) % REPLAY_SEQS).collect();
-            for runner in [&mut eager, &mut graph] {
-                for &s in &active {
-                    runner.blocks.append(SeqId(s as u64), 1)?;
-                }
-            }
-            let inputs: Vec<[u32; 1]> = active.iter().map(|&s| [last[s]]).collect();
-            let batch: Vec<SeqStep<'_>> = active
-                .iter()
-                .zip(&inputs)
-                .map(|(&s, t)| SeqStep {
-                    seq: SeqId(s as u64),
-                    tokens: t,
-                    sampling: sampling[s],
-                })
-                .collect();
-            let (want_tokens, want) = eager.step_with_logits(&batch)?;
-            let (got_tokens, got) = graph.step_with_logits(&batch)?;
-
-            let shape = format!("b={b} bucket={}", buckets.bucket_for(b).unwrap_or(b));
-            let label = |what: &str| format!("capture replay #{round}: {what}");
-            results.push(CheckResult::new(
-                label("logits"),
-                shape.clone(),
-                dtype,
-                logits_error(&got, &want, b),
-                logits_tol,
-            ));
-            let ids = |t: &[u32]| t.iter().map(|&t| t as i32).collect::<Vec<i32>>();
-            let rows_greedy: Vec<bool> = active.iter().map(|&s| greedy[s]).collect();
-            let (random, exact_rows) =
-                token_mismatches(&ids(&got_tokens), &ids(&want_tokens), &rows_greedy);
-            let allowed = if exact || got.get(..b) == want.get(..b) {
-                0
-            } else {
-                allowed_sample_mismatches(b)
-            };
-            for (what, differ) in [("greedy tokens", exact_rows), ("sampled tokens", random)] {
-                results.push(CheckResult::new(
-                    label(what),
-                    shape.clone(),
-                    dtype,
-                    differ as f64,
-                    allowed as f64,
-                ));
-            }
-            for (&s, &t) in active.iter().zip(&want_tokens) {
-                last[s] = t;
-            }
-        }
-
-        // Every decode step ran a graph, and each bucket was captured once.
-        let decode_steps = REPLAY_DECODE.len();
-        let mut used: Vec<usize> = REPLAY_DECODE
-            .iter()
-            .filter_map(|&b| buckets.bucket_for(b))
-            .collect();
-        used.sort_unstable();
-        used.dedup();
-        let (graph_steps, captures) = graph
-            .graph_stats()
-            .map_or((0, 0), |s| (s.hits + s.misses, s.captures));
-        results.push(CheckResult::new(
-            "capture replay: graph steps",
-            format!(
-                "{graph_steps}/{decode_steps} steps, {captures}/{} captures",
-                used.len()
-            ),
-            dtype,
-            (decode_steps.abs_diff(graph_steps) + used.len().abs_diff(captures)) as f64,
-            0.0,
-        ));
+        results.extend(check_replay_dtype(backend, dtype, seed, &mut rng)?);
     }
     Ok(results)
 }
 
-/// An eager or graph-mode runner of [`REPLAY_MODEL`] with dummy weights from `seed`.
-fn replay_runner(be: &dyn Backend, dtype: DType, seed: u64, graph: bool) -> Result<Runner<'_>> {
+/// A runner of the replay check with the blocks and penalty slots its steps read.
+struct Side<'b> {
+    runner: Runner<'b>,
+    seqs: Seqs,
+}
+
+impl Side<'_> {
+    fn step(&mut self, batch: &[SeqStep<'_>]) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
+        self.runner.step_with_logits(&mut self.seqs, batch)
+    }
+}
+
+/// The replay check's sampling per sequence: greedy with a repetition penalty; min-p,
+/// top-k, top-p and all three penalties; temperature 1. Seeds drawn from `rng`.
+fn replay_sampling(rng: &mut impl Rng) -> Vec<SamplingParams> {
+    [
+        (0.0, 0, 1.0, 0.0, [1.5, 0.0, 0.0]),
+        (0.8, 20, 0.9, 0.05, [1.3, 0.2, 0.3]),
+        (1.0, 0, 1.0, 0.0, [1.0, 0.0, 0.0]),
+    ]
+    .into_iter()
+    .map(
+        |(temperature, top_k, top_p, min_p, [rep, freq, pres])| SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed: rng.random(),
+            repetition_penalty: rep,
+            frequency_penalty: freq,
+            presence_penalty: pres,
+            logprobs: None,
+        },
+    )
+    .collect()
+}
+
+/// [`check_capture_replay`] in one dtype.
+fn check_replay_dtype(
+    backend: &dyn Backend,
+    dtype: DType,
+    seed: u64,
+    rng: &mut impl Rng,
+) -> Result<Vec<CheckResult>> {
+    let exact = backend.device_name() == "cpu";
+    let mut eager = replay_runner(backend, dtype, seed, false)?;
+    let mut graph = replay_runner(backend, dtype, seed, true)?;
+    let vocab = eager.runner.model().cfg.vocab_size as u32;
+    let logits_tol = match (exact, dtype) {
+        (true, _) => 0.0,
+        (false, DType::F32) => 1e-4,
+        (false, _) => 3e-2,
+    };
+    let sampling = replay_sampling(rng);
+    // Prompts of at least 2 tokens (a 1-token prompt would be a decode step).
+    let prompts: Vec<Vec<u32>> = (0..REPLAY_SEQS)
+        .map(|_| {
+            let len = rng.random_range(2..=12);
+            (0..len).map(|_| rng.random_range(0..vocab)).collect()
+        })
+        .collect();
+    for side in [&mut eager, &mut graph] {
+        for (s, p) in prompts.iter().enumerate() {
+            side.seqs.blocks.allocate(SeqId(s as u64), p.len())?;
+            if sampling[s].has_penalties() {
+                side.seqs
+                    .begin_penalties(&side.runner, SeqId(s as u64), p, &[])?;
+            }
+        }
+    }
+    let prefill: Vec<SeqStep<'_>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(s, p)| SeqStep {
+            seq: SeqId(s as u64),
+            tokens: p,
+            sampling: sampling[s],
+        })
+        .collect();
+    let (mut last, want) = eager.step(&prefill)?;
+    let (_, got) = graph.step(&prefill)?;
+    let tokens: usize = prompts.iter().map(Vec::len).sum();
+    let mut results = vec![CheckResult::new(
+        "capture replay prefill: logits",
+        format!("{REPLAY_SEQS} prompts, {tokens} tokens"),
+        dtype,
+        logits_error(&got, &want, REPLAY_SEQS),
+        logits_tol,
+    )];
+    for round in 0..REPLAY_DECODE.len() {
+        let round = ReplayRound {
+            round,
+            dtype,
+            exact,
+            logits_tol,
+            sampling: &sampling,
+        };
+        results.extend(round.run(&mut eager, &mut graph, &mut last)?);
+    }
+    results.push(graph_steps_result(&graph.runner, dtype));
+    Ok(results)
+}
+
+/// One decode step of the replay check on both sides.
+struct ReplayRound<'a> {
+    round: usize,
+    dtype: DType,
+    exact: bool,
+    logits_tol: f64,
+    sampling: &'a [SamplingParams],
+}
+
+impl ReplayRound<'_> {
+    /// Decode `REPLAY_DECODE[round]` sequences from `last` (the eager side's tokens, which
+    /// it advances) on both sides; compare logits and tokens.
+    fn run<'b>(
+        &self,
+        eager: &mut Side<'b>,
+        graph: &mut Side<'b>,
+        last: &mut [u32],
+    ) -> Result<Vec<CheckResult>> {
+        let (round, dtype) = (self.round, self.dtype);
+        let b = REPLAY_DECODE[round];
+        let active: Vec<usize> = (0..b).map(|k| (k + round) % REPLAY_SEQS).collect();
+        for side in [&mut *eager, &mut *graph] {
+            for &s in &active {
+                side.seqs.blocks.append(SeqId(s as u64), 1)?;
+            }
+        }
+        let inputs: Vec<[u32; 1]> = active.iter().map(|&s| [last[s]]).collect();
+        let batch: Vec<SeqStep<'_>> = active
+            .iter()
+            .zip(&inputs)
+            .map(|(&s, t)| SeqStep {
+                seq: SeqId(s as u64),
+                tokens: t,
+                sampling: self.sampling[s],
+            })
+            .collect();
+        let (want_tokens, want) = eager.step(&batch)?;
+        let (got_tokens, got) = graph.step(&batch)?;
+
+        let buckets = BucketPolicy::PowersOfTwo {
+            max: REPLAY_MAX_SEQS,
+        };
+        let shape = format!("b={b} bucket={}", buckets.bucket_for(b).unwrap_or(b));
+        let label = |what: &str| format!("capture replay #{round}: {what}");
+        let mut results = vec![CheckResult::new(
+            label("logits"),
+            shape.clone(),
+            dtype,
+            logits_error(&got, &want, b),
+            self.logits_tol,
+        )];
+        let ids = |t: &[u32]| t.iter().map(|&t| t as i32).collect::<Vec<i32>>();
+        let rows_greedy: Vec<bool> = active
+            .iter()
+            .map(|&s| self.sampling[s].temperature <= 0.0)
+            .collect();
+        let (random, exact_rows) =
+            token_mismatches(&ids(&got_tokens), &ids(&want_tokens), &rows_greedy);
+        let allowed = if self.exact || got.get(..b) == want.get(..b) {
+            0
+        } else {
+            allowed_sample_mismatches(b)
+        };
+        for (what, differ) in [("greedy tokens", exact_rows), ("sampled tokens", random)] {
+            results.push(CheckResult::new(
+                label(what),
+                shape.clone(),
+                dtype,
+                differ as f64,
+                allowed as f64,
+            ));
+        }
+        for (&s, &t) in active.iter().zip(&want_tokens) {
+            last[s] = t;
+        }
+        Ok(results)
+    }
+}
+
+/// Every decode step of the replay check ran a graph, and each bucket was captured once.
+fn graph_steps_result(graph: &Runner<'_>, dtype: DType) -> CheckResult {
+    let buckets = BucketPolicy::PowersOfTwo {
+        max: REPLAY_MAX_SEQS,
+    };
+    let decode_steps = REPLAY_DECODE.len();
+    let mut used: Vec<usize> = REPLAY_DECODE
+        .iter()
+        .filter_map(|&b| buckets.bucket_for(b))
+        .collect();
+    used.sort_unstable();
+    used.dedup();
+    let (graph_steps, captures) = graph
+        .graph_stats()
+        .map_or((0, 0), |s| (s.hits + s.misses, s.captures));
+    CheckResult::new(
+        "capture replay: graph steps",
+        format!(
+            "{graph_steps}/{decode_steps} steps, {captures}/{} captures",
+            used.len()
+        ),
+        dtype,
+        (decode_steps.abs_diff(graph_steps) + used.len().abs_diff(captures)) as f64,
+        0.0,
+    )
+}
+
+/// An eager or graph-mode runner of [`REPLAY_MODEL`] with dummy weights from `seed`, and
+/// the blocks and penalty slots its steps read.
+fn replay_runner(be: &dyn Backend, dtype: DType, seed: u64, graph: bool) -> Result<Side<'_>> {
     let cfg = open_model(REPLAY_MODEL)?.config;
     let weights = weights::load(
         be,
@@ -219,7 +289,8 @@ fn replay_runner(be: &dyn Backend, dtype: DType, seed: u64, graph: bool) -> Resu
             max: REPLAY_MAX_SEQS,
         }));
     }
-    Ok(runner)
+    let seqs = Seqs::for_runner(&runner)?;
+    Ok(Side { runner, seqs })
 }
 
 /// [`normalized_error`] of the first `rows` logits rows of a step, all at once (NaN when

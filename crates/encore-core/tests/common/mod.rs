@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use encore_core::graph::BucketPolicy;
+use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, WeightSource};
@@ -19,29 +20,25 @@ pub fn tiny_runner(be: &dyn Backend) -> Runner<'_> {
 
 /// [`tiny_runner`] with a KV cache of `num_blocks` blocks (one is the null block).
 pub fn tiny_runner_with_blocks(be: &dyn Backend, num_blocks: usize) -> Runner<'_> {
-    let cfg = ModelConfig::dummy("tiny-qwen2").unwrap();
-    let w = weights::load(
-        be,
-        &cfg,
-        WeightSource::Dummy { seed: 3 },
-        DType::F32,
-        &encore_core::progress::NoProgress,
-    )
-    .unwrap();
-    let model = Model::new(be, cfg, w, 128).unwrap();
-    Runner::new(
-        be,
-        model,
-        RunnerConfig {
-            block_size: BLOCK,
-            num_blocks,
-            max_tokens_per_step: 256,
-            max_seqs: 16,
-            max_seq_len: 128,
-            penalty_slots: 16,
-        },
-    )
-    .unwrap()
+    Runner::new(be, tiny_model(be), tiny_config(num_blocks)).unwrap()
+}
+
+/// [`tiny_runner`] with captured graphs' memory held per `strategy`.
+pub fn tiny_runner_with_memory(be: &dyn Backend, strategy: GraphMemory) -> Runner<'_> {
+    let cfg = tiny_config(1 + 16 * (128 / BLOCK));
+    Runner::with_graph_memory(be, tiny_model(be), cfg, strategy).unwrap()
+}
+
+/// The sizes of [`tiny_runner`], with `num_blocks` KV blocks.
+pub fn tiny_config(num_blocks: usize) -> RunnerConfig {
+    RunnerConfig {
+        block_size: BLOCK,
+        num_blocks,
+        max_tokens_per_step: 256,
+        max_seqs: 16,
+        max_seq_len: 128,
+        penalty_slots: 16,
+    }
 }
 
 /// The bucket policy both test files capture with.
@@ -49,10 +46,11 @@ pub fn buckets() -> BucketPolicy {
     BucketPolicy::parse("buckets", "1,2,4,8,16", 16, BucketPolicy::None).unwrap()
 }
 
-/// One decode step of sequences `SeqId(0)..SeqId(last.len())`, each fed its last token
-/// (one slot appended first); returns the sampled tokens.
+/// One decode step of sequences `SeqId(0)..SeqId(last.len())` of `seqs`, each fed its
+/// last token (one slot appended first); returns the sampled tokens.
 pub fn decode_step(
     r: &mut Runner<'_>,
+    seqs: &mut encore_core::runner::Seqs,
     last: &[u32],
     sampling: encore_core::runner::SamplingParams,
 ) -> Vec<u32> {
@@ -62,7 +60,7 @@ pub fn decode_step(
         .enumerate()
         .map(|(i, t)| {
             let seq = encore_core::kv::SeqId(i as u64);
-            r.blocks.append(seq, 1).unwrap();
+            seqs.blocks.append(seq, 1).unwrap();
             encore_core::runner::SeqStep {
                 seq,
                 tokens: t,
@@ -70,7 +68,7 @@ pub fn decode_step(
             }
         })
         .collect();
-    r.step(&batch).unwrap()
+    r.step(seqs, &batch).unwrap()
 }
 
 /// The model of [`tiny_runner`] alone (for runners of another configuration).

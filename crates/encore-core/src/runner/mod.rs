@@ -1,0 +1,353 @@
+//! The model runner: one forward step for a batch of sequences. It owns the model, the KV
+//! cache, the step inputs, the sampling buffers and the graph executor; the caller (the
+//! scheduler) owns the sequences' KV blocks and penalty slots ([`Seqs`]) and hands them
+//! to each step, which reads their block tables. A step packs its metadata on the host
+//! (one upload), picks how it runs, and samples on the device:
+//! - a pure decode step within the largest decode bucket pads its batch to the bucket
+//!   and replays that bucket's full graph;
+//! - any other step within the largest token bucket (prefill, chunked prefill, decode
+//!   rows mixed in) pads its tokens to the bucket and replays that bucket's pieces, with
+//!   attention and the LM head eager between and after them;
+//! - everything else, and every step in eager mode, runs the same ops eagerly.
+//!
+//! Graphs are captured on first use or ahead of time ([`Runner::capture_all`]).
+//!
+//! By job: `pack` (the step inputs and how a batch goes into them), `policy` (which
+//! graph a step runs in, capture and warm-up), `sampling` (parameters, outputs, the
+//! penalty table), `step` (the forward as the executor's pieces, and the step itself),
+//! `seqs` (the blocks and penalty slots the caller owns).
+
+mod pack;
+mod policy;
+mod sampling;
+mod seqs;
+mod step;
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::graph::Executor;
+use crate::kv::{KvCache, KvCacheConfig, SeqId};
+use crate::memory::{GraphMemory, MemoryNeed};
+use crate::model::config::ModelConfig;
+use crate::model::llama::{Model, StepBuffers};
+use crate::tensor::DType;
+
+pub use pack::{StepHost, StepViews};
+pub use policy::GraphConfig;
+pub use sampling::{Sampled, SamplingParams, TokenLogprobs};
+pub use seqs::Seqs;
+
+use pack::Packer;
+use policy::GraphPolicy;
+use sampling::SampleBuffers;
+use step::{StepOut, StepShape};
+
+/// One sequence's part of a step: the new tokens to run (a whole prompt, a chunk of one,
+/// or the one token of a decode step).
+#[derive(Clone, Copy, Debug)]
+pub struct SeqStep<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    /// The sampled token's randomness is drawn from `sampling.seed` and the token's index
+    /// in its sequence alone: a request's stream does not depend on the batch around it,
+    /// its sequence id or when it runs.
+    pub sampling: SamplingParams,
+}
+
+/// Sizing of the runner's memory.
+#[derive(Clone, Copy, Debug)]
+pub struct RunnerConfig {
+    pub block_size: usize,
+    /// KV blocks, the null block included: the cache [`Runner::new`] allocates (and what
+    /// [`RunnerConfig::memory_need`] counts); [`RunnerBuilder::build`] takes its own.
+    pub num_blocks: usize,
+    /// Most tokens in one step.
+    pub max_tokens_per_step: usize,
+    /// Most sequences in one step.
+    pub max_seqs: usize,
+    /// Longest sequence (prompt + generated); bounds the block tables.
+    pub max_seq_len: usize,
+    /// Sequences that may use penalties at once: each holds a row of a device table of
+    /// `vocab` i32 (its tokens' prompt flags and output counts), `penalty_slots * vocab *
+    /// 4` bytes in all (128 slots of a 128k vocabulary: 64 MiB). 0: no table, and
+    /// requests with penalties are refused.
+    pub penalty_slots: usize,
+}
+
+impl RunnerConfig {
+    /// What a run of this configuration needs for a model of `model` in `dtype`: its
+    /// weights, the KV cache and arena [`Runner::new`] allocates, and the step inputs
+    /// (device buffers plus their host staging). Computed without allocating, so a
+    /// command can refuse a run that cannot fit before loading anything.
+    pub fn memory_need(&self, be: &dyn Backend, model: &ModelConfig, dtype: DType) -> MemoryNeed {
+        let kv_cfg = self.kv_config(model, dtype);
+        let table_width = self.table_width();
+        let arena = Model::arena_bytes_for(
+            model,
+            dtype,
+            be,
+            self.max_tokens_per_step,
+            self.max_seqs,
+            table_width,
+            self.block_size,
+        );
+        let inputs = Packer::bytes_for(self.token_rows(), self.max_seqs, table_width);
+        let sampling =
+            SampleBuffers::bytes_for(self.max_seqs, self.penalty_slots, model.vocab_size);
+        MemoryNeed {
+            weights: model.weight_bytes(dtype),
+            kv_cache: self.num_blocks.saturating_mul(kv_cfg.bytes_per_block()),
+            kv_blocks: self.num_blocks,
+            activations: arena.saturating_add(inputs).saturating_add(sampling),
+        }
+    }
+
+    /// The KV cache's layout for a model of `model` run in `dtype`.
+    pub fn kv_config(&self, model: &ModelConfig, dtype: DType) -> KvCacheConfig {
+        KvCacheConfig {
+            num_layers: model.num_layers,
+            num_kv_heads: model.num_kv_heads,
+            head_dim: model.head_dim,
+            block_size: self.block_size,
+            dtype,
+        }
+    }
+
+    /// Blocks per block-table row: enough for `max_seq_len` tokens.
+    fn table_width(&self) -> usize {
+        self.max_seq_len.div_ceil(self.block_size.max(1))
+    }
+
+    /// Token rows of the largest step (a decode step of `max_seqs` rows may exceed
+    /// `max_tokens_per_step`).
+    fn token_rows(&self) -> usize {
+        self.max_tokens_per_step.max(self.max_seqs)
+    }
+
+    fn validate(&self, model: &Model) -> Result<()> {
+        if self.block_size == 0
+            || self.max_tokens_per_step == 0
+            || self.max_seqs == 0
+            || self.max_seq_len == 0
+        {
+            return Err(Error::invalid(
+                "runner",
+                format!("block_size, max_tokens_per_step, max_seqs and max_seq_len must all be >= 1: {self:?}"),
+            ));
+        }
+        if self.max_seq_len > model.max_positions() {
+            return Err(Error::invalid(
+                "runner",
+                format!(
+                    "max_seq_len {} exceeds the model's {} positions",
+                    self.max_seq_len,
+                    model.max_positions()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a step reads and writes besides the executor: the model, the KV cache, the step
+/// inputs and the sampling buffers.
+struct Parts<'b> {
+    be: &'b dyn Backend,
+    model: Model,
+    kv: KvCache,
+    inputs: Packer<'b>,
+    sampling: SampleBuffers,
+}
+
+/// Runs one step at a time over the caller's sequences (see the module docs); built by
+/// [`Runner::new`] or, in boot order, by a [`RunnerBuilder`].
+pub struct Runner<'b> {
+    parts: Parts<'b>,
+    exec: Executor<StepBuffers>,
+    policy: GraphPolicy,
+    cfg: RunnerConfig,
+    /// Time spent waiting for the device at the end of steps (the sampled tokens'
+    /// download), summed: a step's wall time minus this is host work.
+    device_wait: Cell<Duration>,
+}
+
+/// A runner being built, in boot order: first everything but the KV cache (the step
+/// inputs, the sampling buffers and the executor with its arena, each at its final
+/// size), so that one eager step of the largest shape can measure what the KV cache may
+/// take before it is allocated ([`RunnerBuilder::measure_free`]); then the KV cache
+/// ([`RunnerBuilder::build`]).
+pub struct RunnerBuilder<'b> {
+    be: &'b dyn Backend,
+    model: Model,
+    inputs: Packer<'b>,
+    sampling: SampleBuffers,
+    exec: Executor<StepBuffers>,
+    cfg: RunnerConfig,
+}
+
+impl<'b> RunnerBuilder<'b> {
+    /// Allocate everything of a runner of `cfg` but its KV cache; captured graphs get
+    /// their intermediate memory per `graph_memory`.
+    pub fn new(
+        be: &'b dyn Backend,
+        model: Model,
+        cfg: RunnerConfig,
+        graph_memory: GraphMemory,
+    ) -> Result<Self> {
+        cfg.validate(&model)?;
+        let table_width = cfg.table_width();
+        let bytes = model.arena_bytes(
+            be,
+            cfg.token_rows(),
+            cfg.max_seqs,
+            table_width,
+            cfg.block_size,
+        );
+        let exec = Executor::new(be, bytes, graph_memory)?;
+        let inputs = Packer::new(be, cfg.token_rows(), cfg.max_seqs, table_width)?;
+        let sampling =
+            SampleBuffers::new(be, cfg.max_seqs, cfg.penalty_slots, model.cfg.vocab_size)?;
+        Ok(RunnerBuilder {
+            be,
+            model,
+            inputs,
+            sampling,
+            exec,
+            cfg,
+        })
+    }
+
+    /// The KV cache layout the runner will have.
+    pub fn kv_config(&self) -> KvCacheConfig {
+        self.cfg
+            .kv_config(&self.model.cfg, self.model.weights.dtype)
+    }
+
+    /// Run one all-padding step of the largest shape eagerly, over a scratch KV cache of
+    /// `scratch_blocks` blocks: it maps the arena's whole need and creates whatever a step
+    /// allocates on first use. Returns the device memory free while all of that, the
+    /// scratch cache included, is still held (`None` where the backend reports none);
+    /// the scratch cache is freed before this returns.
+    pub fn measure_free(&mut self, scratch_blocks: usize) -> Result<Option<usize>> {
+        let be = self.be;
+        let kv = KvCache::new(be, self.kv_config(), scratch_blocks)?;
+        let layout = self.inputs.layout(self.cfg.token_rows(), self.cfg.max_seqs);
+        self.inputs.pad_only(&layout, 1)?;
+        let step = step::ForwardStep::new(
+            be,
+            &self.model,
+            &kv,
+            &self.inputs,
+            &self.sampling,
+            &layout,
+            StepShape::whole(1, false, 0),
+        )?;
+        self.exec.eager(be, &step)?;
+        be.synchronize()?;
+        Ok(be.memory_info().map(|(free, _)| free))
+    }
+
+    /// The runner, with a KV cache of `num_blocks` blocks (the null block included).
+    pub fn build(self, num_blocks: usize) -> Result<Runner<'b>> {
+        let kv = KvCache::new(self.be, self.kv_config(), num_blocks)?;
+        let cfg = RunnerConfig {
+            num_blocks,
+            ..self.cfg
+        };
+        Ok(Runner {
+            parts: Parts {
+                be: self.be,
+                model: self.model,
+                kv,
+                inputs: self.inputs,
+                sampling: self.sampling,
+            },
+            exec: self.exec,
+            policy: GraphPolicy {
+                graphs: None,
+                force_eager: false,
+                verify: false,
+                max_tokens: cfg.max_tokens_per_step,
+                max_seqs: cfg.max_seqs,
+            },
+            cfg,
+            device_wait: Default::default(),
+        })
+    }
+}
+
+impl<'b> Runner<'b> {
+    /// A runner of `cfg` (a KV cache of `cfg.num_blocks` blocks, the `arena` graph
+    /// memory), eager until graphs are set ([`Runner::set_graphs`]).
+    pub fn new(be: &'b dyn Backend, model: Model, cfg: RunnerConfig) -> Result<Self> {
+        Self::with_graph_memory(be, model, cfg, GraphMemory::default())
+    }
+
+    /// [`Runner::new`] with captured graphs' intermediates held per `graph_memory`.
+    pub fn with_graph_memory(
+        be: &'b dyn Backend,
+        model: Model,
+        cfg: RunnerConfig,
+        graph_memory: GraphMemory,
+    ) -> Result<Self> {
+        RunnerBuilder::new(be, model, cfg, graph_memory)?.build(cfg.num_blocks)
+    }
+
+    pub fn config(&self) -> &RunnerConfig {
+        &self.cfg
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.parts.model
+    }
+
+    pub fn kv(&self) -> &KvCache {
+        &self.parts.kv
+    }
+
+    /// Seconds spent waiting for the device to finish steps so far (inside the download
+    /// of each step's sampled tokens). Against the steps' wall time, the rest is the
+    /// host's share: packing inputs, launching, and scheduling around them.
+    pub fn device_wait_secs(&self) -> f64 {
+        self.device_wait.get().as_secs_f64()
+    }
+
+    /// Run one step and sample one token per sequence. `seqs.blocks` must already hold
+    /// room for each sequence's new tokens (`BlockManager::allocate`/`append`): the step
+    /// writes them at positions `num_tokens(seq) - tokens.len() ..`.
+    pub fn step(&mut self, seqs: &mut Seqs, batch: &[SeqStep<'_>]) -> Result<Vec<u32>> {
+        Ok(self.run(seqs, batch, false)?.tokens)
+    }
+
+    /// Like [`Runner::step`], with each sequence's log-probabilities where its sampling
+    /// asks for them.
+    pub fn step_sampled(&mut self, seqs: &mut Seqs, batch: &[SeqStep<'_>]) -> Result<Vec<Sampled>> {
+        let out = self.run(seqs, batch, false)?;
+        Ok(out
+            .tokens
+            .into_iter()
+            .zip(out.logprobs)
+            .map(|(token, logprobs)| Sampled { token, logprobs })
+            .collect())
+    }
+
+    /// Like [`Runner::step`], and also return each sequence's f32 logits as the model
+    /// produced them, before penalties (for parity checks against a reference
+    /// implementation).
+    pub fn step_with_logits(
+        &mut self,
+        seqs: &mut Seqs,
+        batch: &[SeqStep<'_>],
+    ) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
+        let StepOut { tokens, logits, .. } = self.run(seqs, batch, true)?;
+        let vocab = self.parts.model.cfg.vocab_size;
+        let rows = match logits {
+            Some(l) => l.chunks(vocab).map(|r| r.to_vec()).collect(),
+            None => Vec::new(),
+        };
+        Ok((tokens, rows))
+    }
+}

@@ -1,0 +1,211 @@
+//! Step planning's data side: every per-step input declared once ([`StepViews`]), and
+//! the packing of a batch into the host staging of a layout, padded and uploaded in one
+//! copy.
+
+use crate::backend::{Backend, MAX_TOP_LOGPROBS};
+use crate::error::{Error, Result};
+use crate::graph::{InputTable, Layout};
+use crate::kv::NULL_BLOCK;
+
+use super::sampling::mix_seed;
+use super::{SeqStep, Seqs};
+
+crate::step_inputs! {
+    /// Every per-step input, declared once (see `graph::inputs`). The block tables, the
+    /// widest field, come last: a step uploads only the rows it uses of them.
+    pub struct StepViews, StepHost {
+        /// The step's token ids.
+        token_ids: i32 [Tokens, One] = 0,
+        /// Each token's position in its sequence.
+        positions: i32 [Tokens, One] = 0,
+        /// Each token's KV-cache slot; -1 (padding) writes nothing.
+        slot_mapping: i32 [Tokens, One] = -1,
+        /// Tokens in the cache per sequence after the step; 0 for padding.
+        seq_lens: i32 [Seqs, One] = 0,
+        /// Row offsets of the sequences' tokens.
+        cu_seqlens_q: i32 [SeqsPlusOne, One] = 0,
+        /// The row of each sequence's last token; -1 (padding) gathers a zero row.
+        logits_indices: i32 [Seqs, One] = -1,
+        /// Sampling per sequence; padding samples greedily.
+        temperature: f32 [Seqs, One] = 0.0,
+        top_k: i32 [Seqs, One] = 0,
+        top_p: f32 [Seqs, One] = 1.0,
+        min_p: f32 [Seqs, One] = 0.0,
+        seeds: i64 [Seqs, One] = 0,
+        /// The row's penalty slot; -1: no penalties (padding, a prompt chunk short of
+        /// the end, a sequence without penalties).
+        pen_slot: i32 [Seqs, One] = -1,
+        repetition: f32 [Seqs, One] = 1.0,
+        frequency: f32 [Seqs, One] = 0.0,
+        presence: f32 [Seqs, One] = 0.0,
+        /// Top log-probabilities per row; -1: none.
+        num_logprobs: i32 [Seqs, One] = -1,
+        /// A mixed step's `cu_seqlens_q` of the sequences after its leading decode rows,
+        /// relative to their first row (attention runs the two groups separately).
+        cu_rest: i32 [SeqsPlusOne, One] = 0,
+        /// Each sequence's blocks; unused entries and padding rows hold the null block.
+        block_tables: i32 [Seqs, Table] = NULL_BLOCK,
+    }
+}
+
+impl StepViews {
+    /// The views of `layout` with every sequence field cut to `seqs` rows (`cu_rest` to
+    /// the rows after the `decode_rows` leading decode rows); token fields keep the
+    /// layout's capacity.
+    pub fn cut(
+        table: &InputTable,
+        layout: &Layout,
+        seqs: usize,
+        decode_rows: usize,
+    ) -> Result<Self> {
+        let mut v = StepViews::of(table, layout)?;
+        v.seq_lens = v.seq_lens.prefix(seqs)?;
+        v.cu_seqlens_q = v.cu_seqlens_q.prefix(seqs + 1)?;
+        v.cu_rest = v.cu_rest.prefix(seqs - decode_rows + 1)?;
+        v.block_tables = v.block_tables.prefix(seqs)?;
+        v.temperature = v.temperature.prefix(seqs)?;
+        v.top_k = v.top_k.prefix(seqs)?;
+        v.top_p = v.top_p.prefix(seqs)?;
+        v.seeds = v.seeds.prefix(seqs)?;
+        v.min_p = v.min_p.prefix(seqs)?;
+        v.pen_slot = v.pen_slot.prefix(seqs)?;
+        v.repetition = v.repetition.prefix(seqs)?;
+        v.frequency = v.frequency.prefix(seqs)?;
+        v.presence = v.presence.prefix(seqs)?;
+        v.num_logprobs = v.num_logprobs.prefix(seqs)?;
+        Ok(v)
+    }
+}
+
+/// The persistent step inputs and how a batch goes into them.
+pub(super) struct Packer<'b> {
+    be: &'b dyn Backend,
+    pub table: InputTable,
+    /// Blocks per block-table row.
+    pub table_width: usize,
+}
+
+impl<'b> Packer<'b> {
+    /// Inputs for steps of up to `max_tokens` token rows and `max_seqs` sequences, block
+    /// tables `table_width` wide.
+    pub fn new(
+        be: &'b dyn Backend,
+        max_tokens: usize,
+        max_seqs: usize,
+        table_width: usize,
+    ) -> Result<Self> {
+        Ok(Packer {
+            be,
+            table: InputTable::new(be, StepViews::FIELDS, max_tokens, max_seqs, table_width)?,
+            table_width,
+        })
+    }
+
+    /// Device and host bytes of [`Packer::new`]'s inputs, for a memory estimate.
+    pub fn bytes_for(max_tokens: usize, max_seqs: usize, table_width: usize) -> usize {
+        InputTable::bytes_for(StepViews::FIELDS, max_tokens, max_seqs, table_width)
+            .saturating_mul(2)
+    }
+
+    /// The layout of a step capacity of `tokens` tokens and `seqs` sequences.
+    pub fn layout(&self, tokens: usize, seqs: usize) -> Layout {
+        self.table.layout(tokens, seqs)
+    }
+
+    /// Pack the step's metadata into the host staging of `layout` (rows beyond the
+    /// step's padded), and upload what the step reads (`read_seqs` sequence rows): one
+    /// copy. Block tables and slots come from `seqs.blocks`. With `penalties`, a row with
+    /// penalties whose sample is kept gets its slot (and the slot's sequence advances by
+    /// the token); otherwise none does. The first `d` sequences are a mixed step's
+    /// decode rows (0: no split).
+    pub fn pack(
+        &mut self,
+        seqs: &mut Seqs,
+        batch: &[SeqStep<'_>],
+        layout: &Layout,
+        read_seqs: usize,
+        d: usize,
+        penalties: bool,
+    ) -> Result<()> {
+        let w = self.table_width;
+        let h = StepHost::of(&mut self.table, layout)?;
+        h.cu_seqlens_q[0] = 0;
+        let mut t = 0usize;
+        for (i, s) in batch.iter().enumerate() {
+            let blocks = &seqs.blocks;
+            let total = blocks.num_tokens(s.seq)?;
+            if s.tokens.is_empty() || s.tokens.len() > total {
+                return Err(Error::invalid(
+                    "runner.step",
+                    format!(
+                        "sequence {}: {} new tokens but {total} in the cache",
+                        s.seq,
+                        s.tokens.len()
+                    ),
+                ));
+            }
+            let start = total - s.tokens.len();
+            for (j, &tok) in s.tokens.iter().enumerate() {
+                h.token_ids[t] = tok as i32;
+                h.positions[t] = (start + j) as i32;
+                h.slot_mapping[t] = blocks.slot(s.seq, start + j).ok_or_else(|| {
+                    Error::invalid(
+                        "runner.step",
+                        format!("sequence {}: no slot for position {}", s.seq, start + j),
+                    )
+                })?;
+                t += 1;
+            }
+            blocks.fill_block_table_row(
+                s.seq,
+                &mut h.block_tables[i * w..(i + 1) * w],
+                NULL_BLOCK as i32,
+            )?;
+            h.seq_lens[i] = total as i32;
+            h.cu_seqlens_q[i + 1] = t as i32;
+            h.logits_indices[i] = t as i32 - 1;
+            let sp = &s.sampling;
+            h.temperature[i] = sp.temperature;
+            h.top_k[i] = sp.top_k;
+            h.top_p[i] = sp.top_p;
+            h.min_p[i] = sp.min_p;
+            h.seeds[i] = mix_seed(sp.seed, total as u64) as i64;
+            h.repetition[i] = sp.repetition_penalty;
+            h.frequency[i] = sp.frequency_penalty;
+            h.presence[i] = sp.presence_penalty;
+            h.num_logprobs[i] = sp.logprobs.map_or(-1, |n| n.min(MAX_TOP_LOGPROBS) as i32);
+            h.pen_slot[i] = -1;
+            if penalties && sp.has_penalties() {
+                if let Some(slot) = seqs.penalty_slot_for_step(s.seq, total)? {
+                    h.pen_slot[i] = slot as i32;
+                }
+            }
+        }
+        // The sequences after the `d` decode rows, relative to their first row.
+        if d > 0 {
+            for k in 0..=batch.len() - d {
+                h.cu_rest[k] = h.cu_seqlens_q[d + k] - d as i32;
+            }
+        }
+        self.finish(layout, t, batch.len(), read_seqs)
+    }
+
+    /// Inputs of `seqs` empty sequences and no tokens: every row padding, `cu` all zero.
+    pub fn pad_only(&mut self, layout: &Layout, seqs: usize) -> Result<()> {
+        StepHost::of(&mut self.table, layout)?.cu_seqlens_q[0] = 0;
+        self.finish(layout, 0, 0, seqs)
+    }
+
+    /// Pad the rows a step of `tokens` / `seqs` leaves unused, and upload what a step
+    /// reading `read_seqs` rows of the block tables needs.
+    fn finish(
+        &mut self,
+        layout: &Layout,
+        tokens: usize,
+        seqs: usize,
+        read_seqs: usize,
+    ) -> Result<()> {
+        self.table.pad(layout, tokens, seqs)?;
+        self.table.upload(self.be, layout, layout.tokens, read_seqs)
+    }
+}

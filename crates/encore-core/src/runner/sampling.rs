@@ -1,0 +1,269 @@
+//! Sampling: the per-sequence parameters, what a step hands back per sequence (the token
+//! and its log-probabilities), and the device buffers sampling writes (sampled ids,
+//! log-probabilities, the penalty table whose rows the scheduler hands out).
+
+use crate::backend::{Backend, Penalties, SampleLogprobs, Sampling, MAX_TOP_LOGPROBS, PROMPT_BIT};
+use crate::error::{Error, Result};
+use crate::tensor::{DType, Tensor};
+
+use super::pack::StepViews;
+use super::SeqStep;
+
+/// Per-sequence sampling parameters (semantics: [`Sampling`], [`Penalties`],
+/// [`SampleLogprobs`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// <= 0: greedy.
+    pub temperature: f32,
+    /// <= 0: off.
+    pub top_k: i32,
+    /// >= 1: off.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; <= 0: off.
+    pub min_p: f32,
+    pub seed: u64,
+    /// Subtracted from the logit of every token the output holds; 0: off.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the output; 0: off.
+    pub frequency_penalty: f32,
+    /// Divides positive (multiplies negative) logits of tokens in the prompt or the
+    /// output; 1: off.
+    pub repetition_penalty: f32,
+    /// Log-probabilities of each sampled token and of the `n` most likely ones
+    /// (`n <= MAX_TOP_LOGPROBS`), over the logits after penalties and before temperature
+    /// and truncation; `None`: off.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logprobs: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Whether any penalty is on: the sequence then needs a penalty slot
+    /// ([`super::Seqs::begin_penalties`]).
+    pub fn has_penalties(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+    }
+}
+
+/// The log-probabilities of one sampled token: its own and the most likely tokens'
+/// (largest first), over the logits after penalties and before temperature (vLLM's
+/// "raw" log-probabilities when no penalty is on).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What a step produced for one sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    /// When the sequence's sampling asked for them.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// The log-probability outputs of sampling: the token's `[max_seqs]`, the top ids and
+/// log-probabilities `[max_seqs, MAX_TOP_LOGPROBS]`.
+pub(super) struct LogprobBuffers {
+    pub token: Tensor,
+    pub top_ids: Tensor,
+    pub top: Tensor,
+}
+
+impl LogprobBuffers {
+    /// The first `rows` rows of each.
+    fn prefix(&self, rows: usize) -> Result<LogprobBuffers> {
+        Ok(LogprobBuffers {
+            token: self.token.prefix(rows)?,
+            top_ids: self.top_ids.prefix(rows)?,
+            top: self.top.prefix(rows)?,
+        })
+    }
+}
+
+/// What sampling writes on the device: the sampled ids, the log-probabilities, and the
+/// penalty table (i32 `[penalty_slots, vocab]`, see [`Penalties`]; `None` with 0 slots).
+pub(super) struct SampleBuffers {
+    /// Sampled token ids, `[max_seqs]`.
+    sampled: Tensor,
+    lp: LogprobBuffers,
+    pen_counts: Option<Tensor>,
+    vocab: usize,
+}
+
+/// [`SampleBuffers`] cut to one step's rows, for the step's sampling call.
+pub(super) struct StepSampling<'a> {
+    sampled: Tensor,
+    lp: LogprobBuffers,
+    pen_counts: Option<&'a Tensor>,
+}
+
+impl SampleBuffers {
+    pub fn new(
+        be: &dyn Backend,
+        max_seqs: usize,
+        penalty_slots: usize,
+        vocab: usize,
+    ) -> Result<Self> {
+        Ok(SampleBuffers {
+            sampled: be.alloc(DType::I32, &[max_seqs])?,
+            lp: LogprobBuffers {
+                token: be.alloc(DType::F32, &[max_seqs])?,
+                top_ids: be.alloc(DType::I32, &[max_seqs, MAX_TOP_LOGPROBS])?,
+                top: be.alloc(DType::F32, &[max_seqs, MAX_TOP_LOGPROBS])?,
+            },
+            pen_counts: match penalty_slots {
+                0 => None,
+                n => Some(be.alloc(DType::I32, &[n, vocab])?),
+            },
+            vocab,
+        })
+    }
+
+    /// Device bytes of a runner's sampling buffers (sampled tokens, log-probabilities and
+    /// the penalty table), for a memory estimate.
+    pub fn bytes_for(max_seqs: usize, penalty_slots: usize, vocab: usize) -> usize {
+        max_seqs.saturating_mul(2 + 2 * MAX_TOP_LOGPROBS) * 4
+            + penalty_slots.saturating_mul(vocab).saturating_mul(4)
+    }
+
+    /// The buffers of a step's first `seqs` rows.
+    pub fn step(&self, seqs: usize) -> Result<StepSampling<'_>> {
+        Ok(StepSampling {
+            sampled: self.sampled.prefix(seqs)?,
+            lp: self.lp.prefix(seqs)?,
+            pen_counts: self.pen_counts.as_ref(),
+        })
+    }
+
+    /// Build the penalty row of a sequence holding `prompt` (flagged as prompt tokens)
+    /// and `output` (counted); an error for a token outside the vocabulary.
+    pub fn penalty_row(
+        &self,
+        op: &'static str,
+        what: &str,
+        prompt: &[u32],
+        output: &[u32],
+    ) -> Result<Vec<i32>> {
+        let vocab = self.vocab;
+        let mut row = vec![0i32; vocab];
+        let tokens = prompt.iter().map(|&t| (t, true));
+        for (t, in_prompt) in tokens.chain(output.iter().map(|&t| (t, false))) {
+            let Some(c) = row.get_mut(t as usize) else {
+                return Err(Error::invalid(
+                    op,
+                    format!("{what}: token id {t} is outside the vocabulary of {vocab}"),
+                ));
+            };
+            if in_prompt {
+                *c |= PROMPT_BIT;
+            } else {
+                *c += 1;
+            }
+        }
+        Ok(row)
+    }
+
+    /// Write `row` into penalty slot `slot` of the table, outside any step.
+    pub fn write_penalty_row(&self, be: &dyn Backend, slot: usize, row: &[i32]) -> Result<()> {
+        let Some(counts) = &self.pen_counts else {
+            return Err(Error::invalid(
+                "runner.penalties",
+                "the runner has no penalty table (RunnerConfig::penalty_slots 0)",
+            ));
+        };
+        be.write_bytes(&counts.narrow(slot, 1)?, bytemuck::cast_slice(row))
+    }
+
+    /// The first `b` sampled ids.
+    pub fn download_tokens(&self, be: &dyn Backend, b: usize) -> Result<Vec<u32>> {
+        let ids = be.download::<i32>(&self.sampled.prefix(b)?)?;
+        Ok(ids.into_iter().map(|t| t as u32).collect())
+    }
+
+    /// Each row's log-probabilities where its sampling asked for them (nothing is read
+    /// back when no row did).
+    pub fn download_logprobs(
+        &self,
+        be: &dyn Backend,
+        batch: &[SeqStep<'_>],
+    ) -> Result<Vec<Option<TokenLogprobs>>> {
+        if batch.iter().all(|s| s.sampling.logprobs.is_none()) {
+            return Ok(vec![None; batch.len()]);
+        }
+        let b = batch.len();
+        let token = be.download::<f32>(&self.lp.token.prefix(b)?)?;
+        let ids = be.download::<i32>(&self.lp.top_ids.prefix(b)?)?;
+        let top = be.download::<f32>(&self.lp.top.prefix(b)?)?;
+        Ok(batch
+            .iter()
+            .enumerate()
+            .map(|(r, s)| {
+                let n = s.sampling.logprobs?.min(MAX_TOP_LOGPROBS);
+                let at = r * MAX_TOP_LOGPROBS;
+                let top = ids[at..at + n]
+                    .iter()
+                    .zip(&top[at..at + n])
+                    .filter_map(|(&id, &lp)| u32::try_from(id).ok().map(|id| (id, lp)))
+                    .collect();
+                Some(TokenLogprobs {
+                    logprob: token[r],
+                    top,
+                })
+            })
+            .collect())
+    }
+}
+
+impl StepSampling<'_> {
+    /// Sample one token per row of `logits` (the step's `seqs` rows) with the step's
+    /// inputs `v`.
+    pub fn sample(&self, be: &dyn Backend, logits: &Tensor, v: &StepViews) -> Result<()> {
+        be.sample(
+            logits,
+            &Sampling {
+                temperature: &v.temperature,
+                top_k: &v.top_k,
+                top_p: &v.top_p,
+                min_p: &v.min_p,
+                seeds: &v.seeds,
+                penalties: self.pen_counts.map(|counts| Penalties {
+                    counts,
+                    slot: &v.pen_slot,
+                    repetition: &v.repetition,
+                    frequency: &v.frequency,
+                    presence: &v.presence,
+                }),
+                logprobs: Some(SampleLogprobs {
+                    num: &v.num_logprobs,
+                    token: &self.lp.token,
+                    top_ids: &self.lp.top_ids,
+                    top: &self.lp.top,
+                }),
+            },
+            &self.sampled,
+        )
+    }
+}
+
+/// The request seed mixed with the index of the token being sampled: a fresh,
+/// reproducible seed per token.
+pub(super) fn mix_seed(seed: u64, index: u64) -> u64 {
+    crate::ops::mix64(seed ^ index.wrapping_mul(crate::ops::GOLDEN))
+}

@@ -1,0 +1,384 @@
+//! The step itself: one forward over the runner's inputs as [`Pieces`] for the executor
+//! (the only place the ops of a step are sequenced), and the runner's step entry, which
+//! plans, packs, runs eagerly or replays, and reads the samples back.
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::graph::{Key, Layout, Phase, Pieces, StepHooks};
+use crate::kv::KvCache;
+use crate::memory::Arena;
+use crate::model::llama::{Model, StepBuffers, StepInputs};
+use crate::tensor::DType;
+
+use super::pack::{Packer, StepViews};
+use super::policy::Plan;
+use super::sampling::{SampleBuffers, StepSampling, TokenLogprobs};
+use super::{Parts, Runner, SeqStep, Seqs};
+
+/// How a step's ops are grouped into pieces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// One piece: the whole forward, LM head and sampling (eager steps, decode graphs).
+    Whole,
+    /// A piece before each attention and one after the last; attention, the LM head and
+    /// sampling are the seams (prefill and mixed graphs).
+    Split,
+    /// Only the LM head and sampling (warm-up).
+    HeadOnly,
+}
+
+/// What a step runs over its layout: `seqs` sequences (attention and sampling rows),
+/// pure decode or not, the leading decode rows of a mixed step (0: one attention launch),
+/// and how its ops are grouped.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StepShape {
+    shape: Shape,
+    decode: bool,
+    seqs: usize,
+    decode_rows: usize,
+}
+
+impl StepShape {
+    /// A step run as one piece (eager, or a decode graph).
+    pub fn whole(seqs: usize, decode: bool, decode_rows: usize) -> Self {
+        StepShape {
+            shape: Shape::Whole,
+            decode,
+            seqs,
+            decode_rows,
+        }
+    }
+
+    /// A prefill or mixed step split into pieces at its attention calls.
+    pub fn split(seqs: usize, decode_rows: usize) -> Self {
+        StepShape {
+            shape: Shape::Split,
+            decode: false,
+            seqs,
+            decode_rows,
+        }
+    }
+
+    /// The LM head and sampling alone, over `rows` rows (warm-up).
+    pub fn head_only(rows: usize) -> Self {
+        StepShape {
+            shape: Shape::HeadOnly,
+            decode: true,
+            seqs: rows,
+            decode_rows: 0,
+        }
+    }
+}
+
+/// One forward step over the runner's inputs, as [`Pieces`] for the executor.
+pub(super) struct ForwardStep<'a> {
+    be: &'a dyn Backend,
+    model: &'a Model,
+    kv: &'a KvCache,
+    /// The inputs: token fields at the layout's capacity, sequence fields cut to `seqs`.
+    v: StepViews,
+    /// The layout's capacity.
+    tokens: usize,
+    seq_rows: usize,
+    head_rows: usize,
+    shape: StepShape,
+    sampling: StepSampling<'a>,
+    table_width: usize,
+}
+
+impl<'a> ForwardStep<'a> {
+    /// A step over `inputs` in `layout`, shaped per `shape`.
+    pub fn new(
+        be: &'a dyn Backend,
+        model: &'a Model,
+        kv: &'a KvCache,
+        inputs: &'a Packer<'_>,
+        sampling: &'a SampleBuffers,
+        layout: &Layout,
+        mut shape: StepShape,
+    ) -> Result<Self> {
+        let seqs = shape.seqs;
+        if shape.decode_rows >= seqs {
+            shape.decode_rows = 0;
+        }
+        // The LM head's rows: padded to a power of two within the layout for pieces, so its
+        // GEMM shapes are few (and planned at capture).
+        let head_rows = match shape.shape {
+            Shape::Split => seqs.next_power_of_two().min(layout.seqs),
+            _ => seqs,
+        };
+        Ok(ForwardStep {
+            be,
+            model,
+            kv,
+            v: StepViews::cut(&inputs.table, layout, seqs, shape.decode_rows)?,
+            tokens: layout.tokens,
+            seq_rows: layout.seqs,
+            head_rows,
+            shape,
+            sampling: sampling.step(seqs)?,
+            table_width: inputs.table_width,
+        })
+    }
+
+    fn inputs(&self) -> StepInputs<'_> {
+        let d = self.shape.decode_rows;
+        StepInputs {
+            token_ids: &self.v.token_ids,
+            positions: &self.v.positions,
+            slot_mapping: &self.v.slot_mapping,
+            block_tables: &self.v.block_tables,
+            seq_lens: &self.v.seq_lens,
+            cu_seqlens_q: (!self.shape.decode).then_some(&self.v.cu_seqlens_q),
+            logits_indices: &self.v.logits_indices,
+            split: (d > 0).then_some((d, &self.v.cu_rest)),
+        }
+    }
+
+    fn head_and_sample(&self, buf: &StepBuffers) -> Result<()> {
+        let logits = self
+            .model
+            .head(self.be, &self.inputs(), buf, self.head_rows)?;
+        self.sampling
+            .sample(self.be, &logits.prefix(self.shape.seqs)?, &self.v)
+    }
+}
+
+impl Pieces for ForwardStep<'_> {
+    type State = StepBuffers;
+
+    fn alloc(&self, arena: &mut Arena) -> Result<StepBuffers> {
+        self.model.alloc_step(
+            self.be,
+            arena,
+            self.tokens,
+            self.seq_rows,
+            self.table_width,
+            self.kv.config().block_size,
+        )
+    }
+
+    fn count(&self) -> usize {
+        match self.shape.shape {
+            Shape::Split => self.model.num_pieces(),
+            Shape::Whole | Shape::HeadOnly => 1,
+        }
+    }
+
+    fn piece(&self, buf: &StepBuffers, i: usize) -> Result<()> {
+        let inp = self.inputs();
+        match self.shape.shape {
+            Shape::Split => self.model.piece(self.be, self.kv, &inp, buf, i),
+            Shape::HeadOnly => self.head_and_sample(buf),
+            Shape::Whole => {
+                self.model.layers(self.be, self.kv, &inp, buf)?;
+                self.head_and_sample(buf)
+            }
+        }
+    }
+
+    fn seam(&self, buf: &StepBuffers, i: usize) -> Result<()> {
+        if self.shape.shape != Shape::Split {
+            return Ok(());
+        }
+        if i + 1 < self.model.num_pieces() {
+            self.model
+                .attention(self.be, self.kv, &self.inputs(), buf, i)
+        } else {
+            self.head_and_sample(buf)
+        }
+    }
+
+    fn hooks(&self) -> Option<&dyn StepHooks> {
+        self.model.hooks()
+    }
+}
+
+/// What [`Runner::run`] returns: tokens, logits when asked, log-probabilities per row.
+#[derive(Default)]
+pub(super) struct StepOut {
+    pub tokens: Vec<u32>,
+    pub logits: Option<Vec<f32>>,
+    pub logprobs: Vec<Option<TokenLogprobs>>,
+}
+
+impl Parts<'_> {
+    /// A step over the runner's inputs in `layout`, shaped per `shape`.
+    pub fn forward(&self, layout: &Layout, shape: StepShape) -> Result<ForwardStep<'_>> {
+        ForwardStep::new(
+            self.be,
+            &self.model,
+            &self.kv,
+            &self.inputs,
+            &self.sampling,
+            layout,
+            shape,
+        )
+    }
+}
+
+impl Runner<'_> {
+    pub(super) fn run(
+        &mut self,
+        seqs: &mut Seqs,
+        batch: &[SeqStep<'_>],
+        keep_logits: bool,
+    ) -> Result<StepOut> {
+        let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let b = batch.len();
+        if b == 0 {
+            return Ok(StepOut::default());
+        }
+        if n > self.cfg.max_tokens_per_step || b > self.cfg.max_seqs {
+            return Err(Error::invalid(
+                "runner.step",
+                format!(
+                    "{n} tokens / {b} sequences exceed the configured {} / {}",
+                    self.cfg.max_tokens_per_step, self.cfg.max_seqs
+                ),
+            ));
+        }
+        let decode_only = batch.iter().all(|s| s.tokens.len() == 1);
+        // A mixed step runs its decode rows first, so attention can take them through the
+        // decode path and the rest through the prefill path (two launches); results go
+        // back in the caller's order.
+        let d = if decode_only {
+            0
+        } else {
+            batch.iter().filter(|s| s.tokens.len() == 1).count()
+        };
+        if d == 0 {
+            return self.run_sorted(seqs, batch, keep_logits, decode_only, 0);
+        }
+        let order: Vec<usize> = (0..b)
+            .filter(|&i| batch[i].tokens.len() == 1)
+            .chain((0..b).filter(|&i| batch[i].tokens.len() != 1))
+            .collect();
+        let sorted: Vec<SeqStep<'_>> = order.iter().map(|&i| batch[i]).collect();
+        let StepOut {
+            tokens,
+            logits,
+            mut logprobs,
+        } = self.run_sorted(seqs, &sorted, keep_logits, false, d)?;
+        let vocab = self.parts.model.cfg.vocab_size;
+        let mut out = StepOut {
+            tokens: vec![0u32; b],
+            logits: logits.as_ref().map(|l| vec![0f32; l.len()]),
+            logprobs: vec![None; b],
+        };
+        for (k, &i) in order.iter().enumerate() {
+            out.tokens[i] = tokens[k];
+            out.logprobs[i] = logprobs[k].take();
+            if let (Some(src), Some(dst)) = (&logits, out.logits.as_mut()) {
+                dst[i * vocab..(i + 1) * vocab].copy_from_slice(&src[k * vocab..(k + 1) * vocab]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Runner::run`] over a batch whose first `d` sequences are the decode rows of a
+    /// mixed step (0: no split).
+    fn run_sorted(
+        &mut self,
+        seqs: &mut Seqs,
+        batch: &[SeqStep<'_>],
+        keep_logits: bool,
+        decode_only: bool,
+        d: usize,
+    ) -> Result<StepOut> {
+        let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let b = batch.len();
+        let (plan, layout) = self.policy.plan(&self.parts.inputs, n, b, decode_only);
+        let be = self.parts.be;
+        let Plan::Graph(key) = plan else {
+            self.parts.inputs.pack(seqs, batch, &layout, b, d, true)?;
+            let step = self
+                .parts
+                .forward(&layout, StepShape::whole(b, decode_only, d))?;
+            let buf = self.exec.eager(be, &step)?;
+            let mut out = self.read_out(batch, None)?;
+            if keep_logits {
+                out.logits = Some(be.download::<f32>(&buf.logits(b)?)?);
+            }
+            return Ok(out);
+        };
+        // A miss captures first, on all-padding inputs: capturing runs the step eagerly
+        // once, and the real step must sample (and count penalties) once.
+        self.capture_key_from_padding(key, true)?;
+        let read = match key.phase {
+            Phase::Decode => key.bucket,
+            Phase::Mixed => b,
+        };
+        self.parts
+            .inputs
+            .pack(seqs, batch, &layout, read, d, true)?;
+        let (shape, real) = match key.phase {
+            Phase::Decode => (StepShape::whole(key.bucket, true, d), b),
+            Phase::Mixed => (StepShape::split(b, d), n),
+        };
+        let step = self.parts.forward(&layout, shape)?;
+        let buf = self.exec.replay(be, key, real, &step)?;
+        let replayed = if keep_logits || self.policy.verify {
+            Some(be.download::<f32>(&buf.logits(b)?)?)
+        } else {
+            None
+        };
+        let out = self.read_out(batch, replayed)?;
+        if !self.policy.verify {
+            return Ok(out);
+        }
+        self.verify_replay(seqs, batch, key, d, decode_only, out)
+    }
+
+    /// The step's samples (and log-probabilities where asked) read back, with `logits`.
+    fn read_out(&self, batch: &[SeqStep<'_>], logits: Option<Vec<f32>>) -> Result<StepOut> {
+        let (be, sampling) = (self.parts.be, &self.parts.sampling);
+        let t0 = std::time::Instant::now();
+        let tokens = sampling.download_tokens(be, batch.len());
+        self.device_wait.set(self.device_wait.get() + t0.elapsed());
+        Ok(StepOut {
+            tokens: tokens?,
+            logits,
+            logprobs: sampling.download_logprobs(be, batch)?,
+        })
+    }
+
+    /// Debug check after a replay of `key`: the same step eagerly and unpadded (its
+    /// samples are dropped, so it counts no penalties), its logits compared with the
+    /// replay's; returns the replay's tokens with the eager logits.
+    fn verify_replay(
+        &mut self,
+        seqs: &mut Seqs,
+        batch: &[SeqStep<'_>],
+        key: Key,
+        d: usize,
+        decode_only: bool,
+        replayed: StepOut,
+    ) -> Result<StepOut> {
+        let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let b = batch.len();
+        let be = self.parts.be;
+        let eager_layout = self.parts.inputs.layout(n, b);
+        self.parts
+            .inputs
+            .pack(seqs, batch, &eager_layout, b, d, false)?;
+        let step = self
+            .parts
+            .forward(&eager_layout, StepShape::whole(b, decode_only, d))?;
+        let buf = self.exec.eager(be, &step)?;
+        let eager = be.download::<f32>(&buf.logits(b)?)?;
+        let model = &self.parts.model;
+        let tol = if model.weights.dtype == DType::F32 {
+            1e-4
+        } else {
+            3e-2
+        };
+        let vocab = model.cfg.vocab_size;
+        let got = replayed.logits.as_deref().unwrap_or(&[]);
+        self.exec.verify(key, got, &eager, vocab, tol)?;
+        Ok(StepOut {
+            logits: Some(eager),
+            ..replayed
+        })
+    }
+}
