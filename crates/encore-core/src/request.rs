@@ -11,7 +11,66 @@ use std::fmt;
 use crate::backend::MAX_TOP_LOGPROBS;
 use crate::error::Error;
 
-pub use crate::runner::{SamplingParams, TokenLogprobs};
+/// Per-sequence sampling parameters (semantics: [`crate::backend::Sampling`],
+/// [`crate::backend::Penalties`], [`crate::backend::SampleLogprobs`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// <= 0: greedy.
+    pub temperature: f32,
+    /// <= 0: off.
+    pub top_k: i32,
+    /// >= 1: off.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; <= 0: off.
+    pub min_p: f32,
+    pub seed: u64,
+    /// Subtracted from the logit of every token the output holds; 0: off.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the output; 0: off.
+    pub frequency_penalty: f32,
+    /// Divides positive (multiplies negative) logits of tokens in the prompt or the
+    /// output; 1: off.
+    pub repetition_penalty: f32,
+    /// Log-probabilities of each sampled token and of the `n` most likely ones
+    /// (`n <= MAX_TOP_LOGPROBS`), over the logits after penalties and before temperature
+    /// and truncation; `None`: off.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logprobs: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Whether any penalty is on: the sequence then needs a penalty slot
+    /// ([`crate::runner::Seqs::begin_penalties`]).
+    pub fn has_penalties(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+    }
+}
+
+/// The log-probabilities of one sampled token: its own and the most likely tokens'
+/// (largest first), over the logits after penalties and before temperature (vLLM's
+/// "raw" log-probabilities when no penalty is on).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
 
 /// One request's generation parameters.
 #[derive(Clone, Debug, PartialEq)]

@@ -334,7 +334,8 @@ fn windowed_model_matches_cpu() {
     use encore_core::model::config::{ModelConfig, SlidingWindow};
     use encore_core::model::llama::Model;
     use encore_core::model::weights::{self, WeightSource};
-    use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep, Seqs};
+    use encore_core::request::SamplingParams;
+    use encore_core::runner::{Runner, RunnerConfig, SeqStep, Seqs};
     let _serial = serial();
     let cuda = cuda();
     let cpu = CpuBackend::new();

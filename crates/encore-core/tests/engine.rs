@@ -9,9 +9,8 @@ use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
 use encore_core::model::open_model;
 use encore_core::progress::{Progress, Unit};
-use encore_core::runner::{
-    GraphConfig, RunnerBuilder, RunnerConfig, SamplingParams, SeqStep, Seqs,
-};
+use encore_core::request::SamplingParams;
+use encore_core::runner::{GraphConfig, RunnerBuilder, RunnerConfig, SeqStep, Seqs};
 use encore_core::DType;
 use std::sync::Mutex;
 

@@ -7,7 +7,8 @@ use std::sync::Mutex;
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::kv::{SeqId, NULL_BLOCK};
-use encore_core::runner::{Runner, SamplingParams, SeqStep, Seqs};
+use encore_core::request::SamplingParams;
+use encore_core::runner::{Runner, SeqStep, Seqs};
 use encore_core::Backend;
 
 mod common;

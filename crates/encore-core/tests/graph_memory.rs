@@ -11,7 +11,8 @@ use std::sync::Mutex;
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::kv::SeqId;
 use encore_core::memory::{Arena, ArenaStats, GraphMemory};
-use encore_core::runner::{Runner, SamplingParams, SeqStep, Seqs};
+use encore_core::request::SamplingParams;
+use encore_core::runner::{Runner, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 
 mod common;

@@ -27,7 +27,8 @@ use encore_core::kv::SeqId;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, WeightSource};
-use encore_core::runner::{Runner, RunnerConfig, SamplingParams, SeqStep, Seqs};
+use encore_core::request::SamplingParams;
+use encore_core::runner::{Runner, RunnerConfig, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 use safetensors::{Dtype, SafeTensors};
 

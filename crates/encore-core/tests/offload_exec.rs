@@ -32,8 +32,9 @@ use encore_core::offload::{
     self, AccessOrder, OffloadConfig, Policy, Prepared, WeightBudget, SLOT_ALIGN,
 };
 use encore_core::progress::NoProgress;
+use encore_core::request::SamplingParams;
 use encore_core::request::{Request, RequestParams};
-use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep, Seqs};
+use encore_core::runner::{GraphConfig, Runner, SeqStep, Seqs};
 use encore_core::scheduler::{Scheduler, SchedulerConfig};
 use encore_core::{DType, Error};
 use half::bf16;

@@ -9,7 +9,8 @@ use std::sync::Mutex;
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::graph::{BucketPolicy, Key, Phase};
 use encore_core::kv::SeqId;
-use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep, Seqs};
+use encore_core::request::SamplingParams;
+use encore_core::runner::{GraphConfig, Runner, SeqStep, Seqs};
 use encore_core::Backend;
 
 mod common;

@@ -9,7 +9,8 @@ use encore_core::backend::cpu::CpuBackend;
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::request::{Output, Param, Request, RequestParams};
-use encore_core::runner::{GraphConfig, Runner, SamplingParams, SeqStep, Seqs, TokenLogprobs};
+use encore_core::request::{SamplingParams, TokenLogprobs};
+use encore_core::runner::{GraphConfig, Runner, SeqStep, Seqs};
 use encore_core::scheduler::{Scheduler, SchedulerConfig};
 
 mod common;

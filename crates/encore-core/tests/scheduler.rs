@@ -8,8 +8,9 @@
 use std::collections::HashMap;
 
 use encore_core::backend::cpu::CpuBackend;
+use encore_core::request::SamplingParams;
 use encore_core::request::{FinishReason, Request, RequestParams};
-use encore_core::runner::{Runner, SamplingParams, Seqs};
+use encore_core::runner::{Runner, Seqs};
 use encore_core::scheduler::{Scheduler, SchedulerConfig};
 
 mod common;

@@ -14,7 +14,8 @@ use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::ModelFiles;
-use encore_core::runner::{Runner, SamplingParams, SeqStep, Seqs};
+use encore_core::request::SamplingParams;
+use encore_core::runner::{Runner, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 
 use encore_core::offload::OffloadConfig;

@@ -10,7 +10,8 @@ use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
 use encore_core::model::ModelFiles;
-use encore_core::runner::{Runner, SamplingParams, SeqStep, Seqs};
+use encore_core::request::SamplingParams;
+use encore_core::runner::{Runner, SeqStep, Seqs};
 use encore_core::DType;
 use serde_json::{json, Value};
 

@@ -14,8 +14,8 @@ use clap::Args;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::ModelFiles;
 use encore_core::progress::{Progress, Unit};
+use encore_core::request::SamplingParams;
 use encore_core::request::{Event, FinishReason, Request, RequestParams};
-use encore_core::runner::SamplingParams;
 use encore_core::serve::{EngineHandle, RunnerStats};
 use encore_core::tokenizer::{ChatMessage, StopMatcher, StopStream, Tokenizer};
 

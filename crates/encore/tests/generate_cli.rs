@@ -7,7 +7,7 @@ mod common;
 use std::process::Output;
 
 use common::{bench_on_cpu, encore, encore_with_stdin, failure, json_lines, temp_dir, text};
-use encore_core::runner::SamplingParams;
+use encore_core::request::SamplingParams;
 use encore_core::DType;
 
 /// `encore generate --device cpu` with `args`.

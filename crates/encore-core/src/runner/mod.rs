@@ -33,11 +33,12 @@ use crate::kv::{KvCache, KvCacheConfig, SeqId};
 use crate::memory::{GraphMemory, MemoryNeed};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{Model, StepBuffers};
+use crate::request::SamplingParams;
 use crate::tensor::DType;
 
 pub use pack::{StepHost, StepViews};
 pub use policy::GraphConfig;
-pub use sampling::{Sampled, SamplingParams, TokenLogprobs};
+pub use sampling::Sampled;
 pub use seqs::Seqs;
 
 use pack::Packer;

@@ -12,8 +12,9 @@ use crate::tensor::DType;
 
 use super::pack::{Packer, StepViews};
 use super::policy::Plan;
-use super::sampling::{SampleBuffers, StepSampling, TokenLogprobs};
+use super::sampling::{SampleBuffers, StepSampling};
 use super::{Parts, Runner, SeqStep, Seqs};
+use crate::request::TokenLogprobs;
 
 /// How a step's ops are grouped into pieces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,8 @@ use crate::kv::SeqId;
 use crate::model::llama::Model;
 use crate::model::open_model;
 use crate::model::weights::{self, WeightSource};
-use crate::runner::{Runner, RunnerConfig, SamplingParams, SeqStep, Seqs};
+use crate::request::SamplingParams;
+use crate::runner::{Runner, RunnerConfig, SeqStep, Seqs};
 use crate::tensor::DType;
 use crate::testing::compare::{
     allowed_sample_mismatches, normalized_error, token_mismatches, CheckResult,

@@ -52,7 +52,7 @@ pub fn decode_step(
     r: &mut Runner<'_>,
     seqs: &mut encore_core::runner::Seqs,
     last: &[u32],
-    sampling: encore_core::runner::SamplingParams,
+    sampling: encore_core::request::SamplingParams,
 ) -> Vec<u32> {
     let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
     let batch: Vec<encore_core::runner::SeqStep<'_>> = toks
