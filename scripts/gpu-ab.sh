@@ -6,12 +6,14 @@
 # on the 0.5B / 1B / 8B shapes at batch 1, 64, 256 (two rounds), `bench prefill` on the 1B
 # and 8B shapes, `bench serve --in-process` (1B shape, 500 requests). JSON lines go to $OUT;
 # a table of medians is printed last.
-#   usage: bash scripts/gpu-ab.sh [rounds, default 2]
+#   usage: bash scripts/gpu-ab.sh [rounds, default 2] [parts, default decode,prefill,serve]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-$(mktemp -d)}
 rounds=${1:-2}
+parts=${2:-decode,prefill,serve}
+has() { [[ ",$parts," == *",$1,"* ]]; }
 export ENCORE_CACHE_DIR=$(mktemp -d)
 for bin in .bin/encore-base .bin/encore; do
   [ -x "$bin" ] || { echo "missing $bin (scripts/build-gpu.sh, then copy the base binary)"; exit 1; }
@@ -25,16 +27,18 @@ ab() { # tag, args...: one run of each binary, JSON lines appended to $OUT/<tag>
   done
 }
 for r in $(seq "$rounds"); do
+  has decode || break
   for m in qwen2.5-0.5b llama-3.2-1b llama-3-8b; do
     echo "== round $r decode $m"
     ab "decode-$m" bench decode --device cuda --model "dummy:$m" --batch 1,64,256
   done
 done
 for m in llama-3.2-1b llama-3-8b; do
+  has prefill || break
   echo "== prefill $m"
   ab "prefill-$m" bench prefill --device cuda --model "dummy:$m" --tokens 512,2048 --batch 1
 done
-echo "== serve in-process llama-3.2-1b"
+has serve && echo "== serve in-process llama-3.2-1b" &&
 ab "serve-llama-3.2-1b" bench serve --in-process --device cuda --model dummy:llama-3.2-1b \
   --input-len 128:1024 --output-len 64:512 --max-num-seqs 256 --max-num-batched-tokens 2048 \
   --num-prompts 500
