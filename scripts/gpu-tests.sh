@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU tests of a build carried as .gpu/gpu.tar.xz (encore, encore-base and test
+# binaries, made on the build machine): `encore info` (every CUDA kernel against the CPU,
+# graph replay against eager), the HF reference logits for hf_parity, then every carried
+# test binary with --include-ignored. Logs go to one tarball in $OUT; a table is printed.
+#   usage: bash scripts/gpu-tests.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-/tmp/encore-cache}
+OUT=${OUT:-$(mktemp -d)}
+logs=$(mktemp -d)
+mkdir -p .bin && tar -xJf .gpu/gpu.tar.xz -C .bin || exit 1
+nvidia-smi -L
+rows=()
+run() { # name, command...
+  local name=$1; shift
+  local t0=$EPOCHREALTIME
+  "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  local dt; dt=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $t0}")
+  local res; res=$(grep -E '^test result' "$logs/$name.log" | tail -1 | cut -c1-60)
+  rows+=("$(printf '%-24s rc=%-3s %7ss %s' "$name" "$rc" "$dt" "$res")")
+  [ $rc -eq 0 ] || grep -E 'FAILED|panicked|error' "$logs/$name.log" | head -8
+}
+run info .bin/encore info --device cuda --seed 1
+export ENCORE_HF_REF=$(mktemp -d)
+run hf-reference env PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF"
+for t in .bin/tests/*; do
+  run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4
+done
+tar -czf "$OUT/gpu-tests-logs.tgz" -C "$logs" .
+grep -E "^(kernels|self-check|check)" "$logs/info.log" | head -5
+printf '%s\n' "${rows[@]}"
