@@ -2,8 +2,6 @@
 //! its function by indexing (op, element type, variant); no kernel name is built or
 //! looked up while a step runs, and a missing entry point fails `CudaBackend::new`.
 
-use std::collections::HashMap;
-
 use cudarc::driver::CudaFunction;
 
 use crate::error::{Error, Result};
@@ -18,15 +16,29 @@ pub(super) struct Kernel {
     pub name: Box<str>,
 }
 
-/// A kernel instantiated per element type: `<op>_bf16`, `<op>_f16`, `<op>_f32`.
-pub(super) struct PerDType {
+/// A kernel instantiated per element type: `<op>_bf16`, `<op>_f16`, `<op>_f32`. `K` is
+/// what a name resolves to: a [`Kernel`] in the backend, the name itself in the tests.
+pub(super) struct PerDType<K = Kernel> {
     op: &'static str,
-    f: [Kernel; 3],
+    f: [K; 3],
 }
 
-impl PerDType {
-    fn resolve(fns: &HashMap<&'static str, CudaFunction>, op: &'static str) -> Result<Self> {
-        let f = [0, 1, 2].map(|i| take(fns, &format!("{op}_{}", DTYPES[i].kernel_suffix())));
+impl<K> PerDType<K> {
+    /// `<op>_<dt><suffix>` for each element type (the suffix names a variant: `_m1`).
+    fn names(op: &str, suffix: &str) -> [String; 3] {
+        DTYPES.map(|dt| format!("{op}_{}{suffix}", dt.kernel_suffix()))
+    }
+
+    fn resolve(take: &mut impl FnMut(&str) -> Result<K>, op: &'static str) -> Result<Self> {
+        Self::resolve_variant(take, op, "")
+    }
+
+    fn resolve_variant(
+        take: &mut impl FnMut(&str) -> Result<K>,
+        op: &'static str,
+        suffix: &str,
+    ) -> Result<Self> {
+        let f = Self::names(op, suffix).map(|name| take(&name));
         let [a, b, c] = f;
         Ok(PerDType {
             op,
@@ -35,7 +47,7 @@ impl PerDType {
     }
 
     /// The instantiation for `dt` (the ops' validation admits no other element type).
-    pub(super) fn get(&self, dt: DType) -> Result<&Kernel> {
+    pub(super) fn get(&self, dt: DType) -> Result<&K> {
         dtype_index(dt)
             .map(|i| &self.f[i])
             .ok_or_else(|| Error::invalid(self.op, format!("no {dt} kernel")))
@@ -50,73 +62,74 @@ pub(super) const SPLIT_VARIANTS: [usize; 4] = [1, 2, 4, 8];
 pub(super) const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// Every kernel of `kernels/*.cu`, by op.
-pub(super) struct Kernels {
-    pub embedding: PerDType,
-    pub rms_norm: PerDType,
-    pub silu_mul: PerDType,
-    pub qkv_rope: PerDType,
+pub(super) struct Kernels<K = Kernel> {
+    pub embedding: PerDType<K>,
+    pub rms_norm: PerDType<K>,
+    pub silu_mul: PerDType<K>,
+    pub qkv_rope: PerDType<K>,
     /// By [`SPLIT_VARIANTS`] index.
-    pub attention_split: [PerDType; 4],
-    pub attention_combine: PerDType,
+    pub attention_split: [PerDType<K>; 4],
+    pub attention_combine: PerDType<K>,
     /// By [`PREFILL_HEAD_DIMS`] index, then bf16 / f16.
-    pub attention_prefill: [[Kernel; 2]; 2],
+    pub attention_prefill: [[K; 2]; 2],
     /// By input element type, output (0: the input's type, 1: f32), [`GEMV_VARIANTS`] index.
-    pub gemv: [[[Kernel; 4]; 2]; 3],
+    pub gemv: [[[K; 4]; 2]; 3],
     /// The one-row fused gate/up projection and SiLU·mul.
-    pub gemv_silu: PerDType,
-    pub sample_f32: Kernel,
+    pub gemv_silu: PerDType<K>,
+    pub sample_f32: K,
 }
 
-impl Kernels {
-    /// Take every handle from the loaded functions (by their `extern "C"` names).
-    pub(super) fn resolve(fns: &HashMap<&'static str, CudaFunction>) -> Result<Self> {
-        let per = |op| PerDType::resolve(fns, op);
-        let split = |i: usize| PerDType::resolve(fns, SPLIT_NAMES[i]);
-        let prefill = |h: usize, d: usize| {
-            take(
-                fns,
-                &format!(
-                    "attention_prefill_hd{}_{}",
-                    PREFILL_HEAD_DIMS[h],
-                    DTYPES[d].kernel_suffix()
-                ),
-            )
+impl<K> Kernels<K> {
+    /// Take every handle, by its `extern "C"` name, from `take` (the backend's: a loaded
+    /// function, or an error naming the missing one).
+    pub(super) fn resolve(mut take: impl FnMut(&str) -> Result<K>) -> Result<Self> {
+        let t = &mut take;
+        let embedding = PerDType::resolve(t, "embedding")?;
+        let rms_norm = PerDType::resolve(t, "rms_norm")?;
+        let silu_mul = PerDType::resolve(t, "silu_mul")?;
+        let qkv_rope = PerDType::resolve(t, "qkv_rope")?;
+        let mut split = |i: usize| PerDType::resolve(t, SPLIT_NAMES[i]);
+        let attention_split = [split(0)?, split(1)?, split(2)?, split(3)?];
+        let attention_combine = PerDType::resolve(t, "attention_combine")?;
+        let mut prefill = |h: usize, d: usize| {
+            t(&format!(
+                "attention_prefill_hd{}_{}",
+                PREFILL_HEAD_DIMS[h],
+                DTYPES[d].kernel_suffix()
+            ))
         };
-        let gemv = |x: usize, o: usize, v: usize| {
+        let attention_prefill = [
+            [prefill(0, 0)?, prefill(0, 1)?],
+            [prefill(1, 0)?, prefill(1, 1)?],
+        ];
+        let mut gemv = |x: usize, o: usize| -> Result<[K; 4]> {
             let xs = DTYPES[x].kernel_suffix();
             let os = if o == 1 { "f32" } else { xs };
-            take(fns, &format!("gemv_{xs}_{os}_m{}", GEMV_VARIANTS[v]))
+            let mut v = |r: usize| t(&format!("gemv_{xs}_{os}_m{}", GEMV_VARIANTS[r]));
+            Ok([v(0)?, v(1)?, v(2)?, v(3)?])
         };
-        let gemv_out = |x: usize, o: usize| -> Result<[Kernel; 4]> {
-            Ok([
-                gemv(x, o, 0)?,
-                gemv(x, o, 1)?,
-                gemv(x, o, 2)?,
-                gemv(x, o, 3)?,
-            ])
-        };
-        let gemv_in =
-            |x: usize| -> Result<[[Kernel; 4]; 2]> { Ok([gemv_out(x, 0)?, gemv_out(x, 1)?]) };
+        let gemv = [
+            [gemv(0, 0)?, gemv(0, 1)?],
+            [gemv(1, 0)?, gemv(1, 1)?],
+            [gemv(2, 0)?, gemv(2, 1)?],
+        ];
         Ok(Kernels {
-            embedding: per("embedding")?,
-            rms_norm: per("rms_norm")?,
-            silu_mul: per("silu_mul")?,
-            qkv_rope: per("qkv_rope")?,
-            attention_split: [split(0)?, split(1)?, split(2)?, split(3)?],
-            attention_combine: per("attention_combine")?,
-            attention_prefill: [
-                [prefill(0, 0)?, prefill(0, 1)?],
-                [prefill(1, 0)?, prefill(1, 1)?],
-            ],
-            gemv: [gemv_in(0)?, gemv_in(1)?, gemv_in(2)?],
-            gemv_silu: per("gemv_silu")?,
-            sample_f32: take(fns, "sample_f32")?,
+            embedding,
+            rms_norm,
+            silu_mul,
+            qkv_rope,
+            attention_split,
+            attention_combine,
+            attention_prefill,
+            gemv,
+            gemv_silu: PerDType::resolve_variant(t, "gemv_silu", "_m1")?,
+            sample_f32: t("sample_f32")?,
         })
     }
 
     /// `gemv_<x>_<out>_m<rows>` for `rows` in [`GEMV_VARIANTS`] and `out` either `x`'s type
     /// or f32.
-    pub(super) fn gemv(&self, x: DType, out: DType, rows: usize) -> Result<&Kernel> {
+    pub(super) fn gemv(&self, x: DType, out: DType, rows: usize) -> Result<&K> {
         const OP: &str = "matmul (gemv)";
         let xi = dtype_index(x).ok_or_else(|| Error::invalid(OP, format!("no {x} kernel")))?;
         let oi = match out {
@@ -129,12 +142,12 @@ impl Kernels {
     }
 
     /// `attention_split_g<heads>_<dt>` for `heads` in [`SPLIT_VARIANTS`].
-    pub(super) fn attention_split(&self, heads: usize, dt: DType) -> Result<&Kernel> {
+    pub(super) fn attention_split(&self, heads: usize, dt: DType) -> Result<&K> {
         self.attention_split[variant(&SPLIT_VARIANTS, heads, "attention")?].get(dt)
     }
 
     /// `attention_prefill_hd<head_dim>_<dt>`, if that instantiation exists.
-    pub(super) fn attention_prefill(&self, head_dim: usize, dt: DType) -> Option<&Kernel> {
+    pub(super) fn attention_prefill(&self, head_dim: usize, dt: DType) -> Option<&K> {
         let h = PREFILL_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
         let d = match dt {
             DType::BF16 => 0,
@@ -162,7 +175,11 @@ fn variant(list: &[usize], v: usize, op: &'static str) -> Result<usize> {
         .ok_or_else(|| Error::invalid(op, format!("no kernel variant for {v}")))
 }
 
-fn take(fns: &HashMap<&'static str, CudaFunction>, name: &str) -> Result<Kernel> {
+/// The backend's resolver: the loaded function named `name`, or an error naming it.
+pub(super) fn take(
+    fns: &std::collections::HashMap<&'static str, CudaFunction>,
+    name: &str,
+) -> Result<Kernel> {
     let f = fns.get(name).cloned().ok_or_else(|| Error::Cuda {
         call: "kernel lookup".into(),
         message: format!("kernel `{name}` is not loaded (not listed in kernels/mod.rs SOURCES?)"),
@@ -171,4 +188,59 @@ fn take(fns: &HashMap<&'static str, CudaFunction>, name: &str) -> Result<Kernel>
         f,
         name: name.into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::super::kernels::SOURCES;
+    use super::*;
+
+    /// Without a GPU: [`Kernels::resolve`] asks for exactly the entry points the kernel
+    /// files define (one it asks for that is not listed would fail `CudaBackend::new`),
+    /// each once, and the accessors find the instantiations the launchers use.
+    #[test]
+    fn handles_name_exactly_the_listed_kernels() {
+        let mut asked = Vec::new();
+        let k = Kernels::resolve(|name: &str| {
+            asked.push(name.to_string());
+            Ok(name.to_string())
+        })
+        .unwrap();
+        let listed: BTreeSet<&str> = SOURCES
+            .iter()
+            .flat_map(|s| s.functions.iter().copied())
+            .collect();
+        let unique: BTreeSet<&str> = asked.iter().map(String::as_str).collect();
+        assert_eq!(unique, listed);
+        // f32 -> f32 gemv is asked for twice (its "same type" and "f32 out" slots).
+        assert_eq!(asked.len(), listed.len() + 4);
+        assert_eq!(
+            k.gemv(DType::BF16, DType::F32, 4).unwrap(),
+            "gemv_bf16_f32_m4"
+        );
+        assert_eq!(
+            k.gemv(DType::F16, DType::F16, 1).unwrap(),
+            "gemv_f16_f16_m1"
+        );
+        assert_eq!(
+            k.gemv(DType::F32, DType::F32, 8).unwrap(),
+            "gemv_f32_f32_m8"
+        );
+        assert!(k.gemv(DType::BF16, DType::F16, 1).is_err());
+        assert!(k.gemv(DType::BF16, DType::BF16, 3).is_err());
+        assert_eq!(k.gemv_silu.get(DType::F16).unwrap(), "gemv_silu_f16_m1");
+        assert_eq!(
+            k.attention_split(4, DType::F32).unwrap(),
+            "attention_split_g4_f32"
+        );
+        assert_eq!(
+            k.attention_prefill(128, DType::BF16).unwrap(),
+            "attention_prefill_hd128_bf16"
+        );
+        assert!(k.attention_prefill(128, DType::F32).is_none());
+        assert!(k.attention_prefill(96, DType::BF16).is_none());
+        assert!(k.embedding.get(DType::I32).is_err());
+    }
 }

@@ -233,7 +233,7 @@ impl CudaBackend {
             compile.seconds,
             compile.cache_hits
         );
-        let kernels = handles::Kernels::resolve(&functions)?;
+        let kernels = handles::Kernels::resolve(|name: &str| handles::take(&functions, name))?;
         Ok(CudaBackend {
             ctx,
             stream,
