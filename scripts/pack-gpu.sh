@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build, on the build machine, what scripts/gpu-tests.sh and scripts/gpu-ab.sh run on the
+# GPU machine, packed small enough to carry (64 MiB a call): the release `encore`, the
+# release test binaries that hold GPU tests, and a base binary for the A/B
+# (ENCORE_BASE_BIN, optional), stripped, in .gpu/gpu.tar.xz (git-ignored). Carry `.gpu`.
+#   usage: ENCORE_BASE_BIN=path/to/old/encore bash scripts/pack-gpu.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=$(mktemp -d)
+mkdir -p "$stage/tests"
+cargo build --release -p encore
+cp target/release/encore "$stage/encore"
+[ -n "${ENCORE_BASE_BIN:-}" ] && cp "$ENCORE_BASE_BIN" "$stage/encore-base"
+cargo test --release -p encore-core -p encore-backend --no-run --message-format=json \
+  --test cuda --test graph --test graph_memory --test hf_parity --test offload_exec \
+  --test piecewise --test scheduler --test capture --test engine --test model --lib 2>/dev/null \
+  | python3 -c '
+import json, os, shutil, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe and m.get("profile", {}).get("test"):
+        kind = m["target"]["kind"]
+        name = m["target"]["name"] + ("-lib" if kind == ["lib"] else "")
+        shutil.copy(exe, os.path.join(sys.argv[1], "tests", name))
+' "$stage"
+strip "$stage"/encore* "$stage"/tests/*
+rm -rf .gpu && mkdir -p .gpu
+tar -cJf .gpu/gpu.tar.xz -C "$stage" .
+rm -rf "$stage"
+ls -la .gpu/gpu.tar.xz
