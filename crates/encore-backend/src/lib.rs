@@ -5,8 +5,12 @@
 //! virtual memory and the capture arena, op validation, the device selector, kernel
 //! micro-benchmarks and the kernel-level test support. It knows no model, no KV cache and
 //! no request: `encore-core` builds the engine on top of it (and re-exports these modules
-//! under the same names), so a change above this crate never recompiles it. See
-//! ARCHITECTURE.md.
+//! under the same names), so a change above this crate never recompiles it.
+//!
+//! Its modules import only those before them: `dtype` < `error` < `storage` < `tensor` <
+//! `args` < `ops` < `vmm` < `backend` < `arena`; `bench`, `device` and `testing` sit on
+//! top. CUDA kernels are resolved into typed handles when the backend loads
+//! (`backend/cuda/handles.rs`), never looked up by name per launch. See ARCHITECTURE.md.
 
 pub mod arena;
 pub mod args;

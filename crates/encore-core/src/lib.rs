@@ -1,10 +1,16 @@
 //! encore-core: the engine on top of the backend layer (no HTTP, no CLI).
 //!
-//! The model (config, weights, the forward), the KV cache, the graph executor, the runner,
-//! the scheduler, the engine loop, weight offload and the tokenizer. The backend layer
-//! (`encore-backend`: tensors, ops, backends, kernels, virtual memory) is re-exported
-//! under its own module names, so `encore_core::backend` and `encore_backend::backend`
-//! are one module. See ARCHITECTURE.md.
+//! The model (the one declaration of its tensors, config, weights, the forward), the KV
+//! cache, the graph executor and its capture protocol, the runner, the request types and
+//! admission rules, the scheduler, start-up (`engine`), the engine loop (`serve`), weight
+//! offload and the tokenizer. The engine sees token ids only: tokenizing and stop strings
+//! are its callers'.
+//!
+//! The backend layer (`encore-backend`) is re-exported under its own module names
+//! (`backend`, `bench`, `device`, `error`, `ops`, `tensor`), so `encore_core::backend` and
+//! `encore_backend::backend` are one module; `memory` re-exports its `arena` and `vmm`
+//! beside the memory budget, and `testing` its kernel-level test support beside the
+//! runner's capture/replay check. See ARCHITECTURE.md.
 
 pub mod engine;
 pub mod generate;

@@ -1,5 +1,12 @@
 //! The `encore` command line: `info` (backends, devices, kernels, self-check),
 //! `generate`, `serve`, and `bench kernels | decode | prefill | capture | serve | offload`.
+//!
+//! One module per command (`generate_cmd`, `serve_cmd`, `bench_*`, `bench_serve/`), and
+//! the flags they share, declared once and flattened into them: `model_arg` (`--model`,
+//! `--device`, `--dtype`), `engine_arg` (the engine flags, which yield the engine's and the
+//! scheduler's configuration), `offload_arg` (the weight budget), `graphs` (bucket
+//! policies). Every command that runs a model starts it through
+//! `encore_core::engine::Engine::new`, directly or in the engine loop. See ARCHITECTURE.md.
 
 mod bench_capture;
 mod bench_decode;

@@ -18,8 +18,7 @@
 //! - Out-of-range indices never read or write out of bounds: the op's doc says what
 //!   happens instead (zeros, skip, leave untouched).
 //! - Shapes and dtypes are validated by `crate::ops` before any work; a mismatch is an
-//!   [`Error::Shape`](crate::Error::Shape) or [`Error::DType`](crate::Error::DType)
-//!   naming the tensor.
+//!   [`Error::Shape`] or [`Error::DType`] naming the tensor.
 
 pub mod cpu;
 pub mod cuda;

@@ -1,7 +1,7 @@
 //! Kernel-level test support shared by the test suites, the GPU tests and `encore info`'s
 //! self-check.
 //!
-//! - [`reference`]: a naive f64 version of every op on host data.
+//! - [`reference`](mod@reference): a naive f64 version of every op on host data.
 //! - [`inputs`]: seeded random inputs for every op, index edge cases included.
 //! - [`compare`]: normalised error, per-dtype tolerances, [`CheckResult`].
 //! - [`check`]: the checks themselves, for any `&dyn Backend`: every op against the CPU

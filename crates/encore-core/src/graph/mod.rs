@@ -1,7 +1,10 @@
 //! The graph runtime: the executor (capture and replay of pieces per (phase, bucket), with
-//! the shared arena and per-key statistics), the hooks it calls around a step
-//! ([`StepHooks`]), bucket policies, and the persistent input table. Invariant: this module imports neither the model nor any feature (no offload,
-//! no LoRA, no speculative decoding); a step reaches it through [`Pieces`].
+//! the shared arena and per-key statistics), the capture protocol it drives
+//! ([`StepHooks`]: it calls a step's hooks; no forward has to remember them), bucket
+//! policies, and the persistent input table.
+//!
+//! Invariant: this module imports neither the model nor any feature (no offload, no LoRA,
+//! no speculative decoding); a step reaches it through [`Pieces`] and its hooks.
 
 pub mod buckets;
 pub mod executor;

@@ -1,5 +1,8 @@
-//! Llama-family models: HF config, the declaration of the model's tensors ([`decl`]),
-//! weights (safetensors, GGUF or dummy), the forward pass, and [`open_model`], which resolves a `--model` spec.
+//! Llama-family models: HF config, the one declaration of the model's tensors ([`decl`],
+//! from which the loader, offload, the byte and parameter counts and the op ids derive),
+//! weights (safetensors, GGUF or dummy), the forward pass, and [`open_model`], which
+//! resolves a `--model` spec into [`ModelFiles`] (owned: it can be handed to the engine
+//! thread).
 
 pub mod config;
 pub mod decl;

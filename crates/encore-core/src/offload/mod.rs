@@ -1,8 +1,10 @@
 //! Weight offload planning: the host-side, device-free half of running a model whose
-//! weights exceed the device budget.
+//! weights exceed the device budget. The device half, [`Offload`] (the executor, one of
+//! the model's step hooks), is in `exec`.
 //!
-//! One forward step reads the weights in a static order ([`AccessOrder`]), step after
-//! step, so the future is known. From it this module derives:
+//! One forward step reads the weights in a static order ([`AccessOrder`], derived from the
+//! model's declaration by [`AccessOrder::from_decl`]), step after step, so the future is
+//! known. From it this module derives:
 //! - the **floor** ([`AccessOrder::floor`]): the smallest budget any streaming schedule
 //!   of this layer can use; a smaller `--weight-budget` ([`WeightBudget`]) is refused
 //!   with the exact minimum;

@@ -2,7 +2,8 @@
 //! installed), one non-blocking compute stream (the legacy default stream cannot be
 //! captured), encore-owned device buffers (cudarc's per-buffer event tracking is off, so
 //! nothing records events behind a capture's back), NVRTC-compiled kernels loaded at
-//! start-up, cuBLASLt GEMMs, and CUDA graphs for capture/replay.
+//! start-up and resolved into typed handles (`handles`), cuBLASLt GEMMs, and CUDA graphs
+//! for capture/replay.
 
 mod blas;
 mod copy_queue;

@@ -4,8 +4,10 @@
 //! file before compiling (see [`COMMON`]), and [`SOURCES`] lists every file with every
 //! `extern "C"` entry point it defines (`scripts/check-kernels.py` checks both lists against
 //! NVRTC's output). The backend validates shapes, dtypes and devices and then calls the
-//! launchers here, which only choose launch shapes (from tensor shapes alone: graphs replay
-//! them with new buffer contents), check alignment and pass pointers.
+//! launchers here (the attention launchers in `attention`), which only choose launch
+//! shapes (from tensor shapes alone: graphs replay them with new buffer contents), pick
+//! the function from the handles resolved at load (`super::handles`), check alignment and
+//! pass pointers.
 
 use cudarc::driver::LaunchConfig;
 
