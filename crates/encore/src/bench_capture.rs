@@ -63,15 +63,16 @@ const MAX_BATCH: usize = 1 << 24;
 /// KV block size of the engine the captures run in.
 const BLOCK_SIZE: usize = 16;
 
-/// The buckets `spec` lists for `flag` (`named` gives the sizes of the named policies, up
-/// to `cap`) and the largest of them (0 for none); refused above [`MAX_BATCH`].
+/// The buckets `spec` lists for `flag` (the named policies stop at `cap`; `default(cap)`
+/// is the flag's default) and the largest of them (0 for none); refused above
+/// [`MAX_BATCH`].
 fn parse_buckets(
     flag: &'static str,
     spec: &str,
     cap: usize,
-    named: BucketPolicy,
+    default: fn(usize) -> BucketPolicy,
 ) -> Result<(Vec<usize>, usize)> {
-    let buckets = BucketPolicy::parse(flag, spec, cap, named)?.buckets();
+    let buckets = BucketPolicy::parse(flag, spec, cap, default(cap))?.buckets();
     let largest = buckets.iter().copied().max().unwrap_or(0);
     if largest > MAX_BATCH {
         bail!("{flag}: the largest bucket {largest} exceeds {MAX_BATCH}");
@@ -103,19 +104,16 @@ struct Plan {
 
 impl Plan {
     fn new(a: &BenchCaptureArgs) -> Result<Self> {
-        let (buckets, largest) = parse_buckets(
-            "--buckets",
-            &a.buckets,
-            a.max_batch,
-            BucketPolicy::VllmLike { max: a.max_batch },
-        )?;
+        let vllm = |max| BucketPolicy::VllmLike { max };
+        let (buckets, largest) = parse_buckets("--buckets", &a.buckets, a.max_batch, vllm)?;
         // A list's largest size wins if larger (--max-batch is at most MAX_BATCH).
         let max_batch = largest.max(a.max_batch);
+        let sglang = |max| BucketPolicy::SglangLike { max };
         let (token_buckets, max_tokens) = parse_buckets(
             "--prefill-buckets",
             &a.prefill_buckets,
             a.max_tokens,
-            BucketPolicy::SglangLike { max: a.max_tokens },
+            sglang,
         )?;
         let graphs = GraphConfig {
             decode: BucketPolicy::Explicit(buckets.clone()),

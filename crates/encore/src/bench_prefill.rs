@@ -9,7 +9,6 @@ use clap::Args;
 use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
-use encore_core::model::ModelFiles;
 use encore_core::request::SamplingParams;
 use encore_core::runner::{Runner, SeqStep, Seqs};
 use encore_core::DType;
@@ -200,12 +199,8 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
         run_name: format!("bench prefill --tokens {max_tokens} --batch {max_batch}"),
         fix_hint: "lower --tokens or --batch".into(),
     };
-    let files = ModelFiles {
-        config: cfg.clone(),
-        source,
-    };
     let Engine { mut runner, report } =
-        Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
+        crate::bench_decode::start_engine(be, &cfg, source, &engine_cfg, a.json)?;
     let mut held = Seqs::for_runner(&runner)?;
     let load_secs = report.load_secs;
     let capture_secs = report.capture_secs;
