@@ -16,16 +16,16 @@ use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
 use encore_core::model::ModelFiles;
 use encore_core::runner::{GraphConfig, Runner};
-use encore_core::{Backend, DType};
+use encore_core::Backend;
 
+use crate::model_arg::ModelArgs;
 use crate::out::outln;
-use crate::{parse, DeviceArg};
+use crate::parse;
 
 #[derive(Args)]
 pub struct BenchCaptureArgs {
-    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME`.
-    #[arg(long, default_value = "dummy:tiny")]
-    model: String,
+    #[command(flatten)]
+    model: ModelArgs,
     /// `vllm` (vLLM's default sizes up to --max-batch), `pow2`, or a comma-separated list.
     #[arg(long, default_value = "vllm")]
     buckets: String,
@@ -48,12 +48,6 @@ pub struct BenchCaptureArgs {
     /// Longest sequence the block tables cover (shapes the attention scratch).
     #[arg(long, default_value = "2048", value_parser = parse::count::<1, { usize::MAX }>, allow_negative_numbers = true)]
     max_seq_len: usize,
-    #[command(flatten)]
-    device: DeviceArg,
-    /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
-    /// any case).
-    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
-    dtype: DType,
     /// One JSON object per strategy.
     #[arg(long)]
     json: bool,
@@ -69,6 +63,34 @@ const MAX_BATCH: usize = 1 << 24;
 /// KV block size of the engine the captures run in.
 const BLOCK_SIZE: usize = 16;
 
+/// The buckets `spec` lists for `flag` (the named policies stop at `cap`; `default(cap)`
+/// is the flag's default) and the largest of them (0 for none); refused above
+/// [`MAX_BATCH`].
+fn parse_buckets(
+    flag: &'static str,
+    spec: &str,
+    cap: usize,
+    default: fn(usize) -> BucketPolicy,
+) -> Result<(Vec<usize>, usize)> {
+    let buckets = BucketPolicy::parse(flag, spec, cap, default(cap))?.buckets();
+    let largest = buckets.iter().copied().max().unwrap_or(0);
+    if largest > MAX_BATCH {
+        bail!("{flag}: the largest bucket {largest} exceeds {MAX_BATCH}");
+    }
+    Ok((buckets, largest))
+}
+
+/// Put `keys` in a fixed (reproducible) shuffled order: an LCG-driven Fisher-Yates.
+fn shuffle(keys: &mut [Key]) {
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    for i in (1..keys.len()).rev() {
+        s = s
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        keys.swap(i, (s >> 33) as usize % (i + 1));
+    }
+}
+
 /// The buckets of a run: decode and token buckets as parsed, the largest of each, the
 /// graph configuration, and the keys in capture order.
 struct Plan {
@@ -82,28 +104,17 @@ struct Plan {
 
 impl Plan {
     fn new(a: &BenchCaptureArgs) -> Result<Self> {
-        let listed = BucketPolicy::parse(
-            "--buckets",
-            &a.buckets,
-            a.max_batch,
-            BucketPolicy::VllmLike { max: a.max_batch },
-        )?;
-        let buckets = listed.buckets();
-        let max_batch = buckets.iter().copied().max().unwrap_or(1).max(a.max_batch);
-        if max_batch > MAX_BATCH {
-            bail!("--buckets: the largest bucket {max_batch} exceeds {MAX_BATCH}");
-        }
-        let prefill = BucketPolicy::parse(
+        let vllm = |max| BucketPolicy::VllmLike { max };
+        let (buckets, largest) = parse_buckets("--buckets", &a.buckets, a.max_batch, vllm)?;
+        // A list's largest size wins if larger (--max-batch is at most MAX_BATCH).
+        let max_batch = largest.max(a.max_batch);
+        let sglang = |max| BucketPolicy::SglangLike { max };
+        let (token_buckets, max_tokens) = parse_buckets(
             "--prefill-buckets",
             &a.prefill_buckets,
             a.max_tokens,
-            BucketPolicy::SglangLike { max: a.max_tokens },
+            sglang,
         )?;
-        let token_buckets = prefill.buckets();
-        let max_tokens = token_buckets.iter().copied().max().unwrap_or(0);
-        if max_tokens > MAX_BATCH {
-            bail!("--prefill-buckets: the largest bucket {max_tokens} exceeds {MAX_BATCH}");
-        }
         let graphs = GraphConfig {
             decode: BucketPolicy::Explicit(buckets.clone()),
             mixed: BucketPolicy::Explicit(token_buckets.clone()),
@@ -123,16 +134,7 @@ impl Plan {
         match a.order.as_str() {
             "ascending" => {}
             "descending" => keys.reverse(),
-            "shuffled" => {
-                // A fixed permutation (reproducible): an LCG-driven Fisher-Yates.
-                let mut s = 0x9e37_79b9_7f4a_7c15u64;
-                for i in (1..keys.len()).rev() {
-                    s = s
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1_442_695_040_888_963_407);
-                    keys.swap(i, (s >> 33) as usize % (i + 1));
-                }
-            }
+            "shuffled" => shuffle(&mut keys),
             o => bail!("--order `{o}`: expected ascending, descending or shuffled"),
         }
         Ok(Plan {
@@ -153,7 +155,7 @@ impl Plan {
         be: &dyn Backend,
         cfg: &ModelConfig,
     ) -> EngineConfig {
-        let (dtype, max_batch) = (a.dtype, self.max_batch);
+        let (dtype, max_batch) = (a.model.dtype, self.max_batch);
         let table_width = a.max_seq_len.div_ceil(BLOCK_SIZE);
         let arena = |n: usize, b: usize| {
             Model::arena_bytes_for(cfg, dtype, be, n, b, table_width, BLOCK_SIZE)
@@ -199,10 +201,9 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
         bail!("--strategies: name at least one of private, multi-va, arena");
     }
     let plan = Plan::new(&a)?;
-    let opened = crate::model_arg::open_device(a.device.device)?;
+    let (opened, cfg, source) = a.model.open()?;
     let be = opened.backend();
     let be = be.as_ref();
-    let (cfg, source) = crate::model_arg::resolve(&a.model)?;
     if a.max_seq_len == 0 || a.max_seq_len > cfg.max_position_embeddings {
         bail!(
             "--max-seq-len {} must be in 1..={} (the model's max_position_embeddings)",
@@ -242,9 +243,9 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
 fn header(a: &BenchCaptureArgs, device: String, plan: &Plan, granularity: usize) -> Result<()> {
     outln!(
         "{} on {}, {}: {} decode buckets ({} .. {}) and {} token buckets (.. {}), captured {}, granularity {} KiB",
-        a.model,
+        a.model.model,
         device,
-        a.dtype,
+        a.model.dtype,
         plan.buckets.len(),
         plan.buckets.iter().min().unwrap_or(&0),
         plan.max_batch,
@@ -300,8 +301,9 @@ fn measure(
         outln!(
             "{}",
             serde_json::json!({
-                "strategy": strategy.name(), "model": a.model, "device": be.device_name(),
-                "dtype": a.dtype.to_string(), "order": a.order, "buckets": plan.buckets,
+                "strategy": strategy.name(), "model": a.model.model,
+                "device": be.device_name(), "dtype": a.model.dtype.to_string(),
+                "order": a.order, "buckets": plan.buckets,
                 "token_buckets": plan.token_buckets, "pieces": g.pieces,
                 "physical_bytes": m.physical_bytes, "virtual_bytes": m.virtual_bytes,
                 "chunks": m.chunks, "ranges": m.ranges, "granularity": m.granularity,

@@ -13,6 +13,7 @@ use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
+use encore_core::model::weights::WeightSource;
 use encore_core::model::ModelFiles;
 use encore_core::request::SamplingParams;
 use encore_core::runner::{Runner, SeqStep, Seqs};
@@ -32,22 +33,8 @@ const COPY_BYTES: usize = 256 << 20;
 pub struct BenchDecodeArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Batch sizes, comma-separated, each >= 1.
-    #[arg(
-        long,
-        default_value = "1,8,32,128,256",
-        value_delimiter = ',',
-        value_parser = parse::count::<1, { MAX_BATCH }>,
-        allow_negative_numbers = true
-    )]
-    batch: Vec<usize>,
-    /// Tokens already in each sequence's cache when the timed steps start (1..=2048: one
-    /// prefill step per sequence).
-    #[arg(long, default_value = "128", value_parser = parse::count::<1, 2048>, allow_negative_numbers = true)]
-    context: usize,
-    /// Timed decode steps per batch size (after 3 warm-up steps); the median is reported.
-    #[arg(long, default_value = "20", value_parser = parse::count::<1, 100_000>, allow_negative_numbers = true)]
-    steps: usize,
+    #[command(flatten)]
+    runs: DecodeRuns,
     #[command(flatten)]
     offload: OffloadArg,
     /// One JSON object per batch size.
@@ -77,21 +64,50 @@ pub(crate) fn positions(context: usize, steps: usize, phases: usize) -> usize {
     context + phases * (WARMUP + steps) + 1
 }
 
-/// The positions of `--context` then an eager and a graph phase of `--steps` (each
-/// appends warm-up + steps tokens), refused beyond the model's positions.
-pub(crate) fn eager_and_graph_positions(
-    context: usize,
-    steps: usize,
-    cfg: &ModelConfig,
-) -> Result<usize> {
-    let max_seq_len = positions(context, steps, 2);
-    if max_seq_len > cfg.max_position_embeddings {
-        bail!(
-            "--context {context} with --steps {steps} needs {max_seq_len} positions; the model has {}",
-            cfg.max_position_embeddings
-        );
+/// `--batch`, `--context` and `--steps`: the decode runs `bench decode` and `bench offload`
+/// time (`bench offload` gives other defaults with `#[command(mut_arg(...))]`).
+#[derive(Args)]
+pub(crate) struct DecodeRuns {
+    /// Batch sizes, comma-separated, each >= 1.
+    #[arg(
+        long,
+        default_value = "1,8,32,128,256",
+        value_delimiter = ',',
+        value_parser = parse::count::<1, { MAX_BATCH }>,
+        allow_negative_numbers = true
+    )]
+    pub batch: Vec<usize>,
+    /// Tokens already in each sequence's cache when the timed steps start (1..=2048: one
+    /// prefill step per sequence).
+    #[arg(long, default_value = "128", value_parser = parse::count::<1, 2048>, allow_negative_numbers = true)]
+    pub context: usize,
+    /// Timed decode steps per row (after 3 warm-up steps); the median is reported.
+    #[arg(long, default_value = "20", value_parser = parse::count::<1, 100_000>, allow_negative_numbers = true)]
+    pub steps: usize,
+}
+
+impl DecodeRuns {
+    /// The largest `--batch`; refused when none is given.
+    pub(crate) fn max_batch(&self) -> Result<usize> {
+        if self.batch.is_empty() {
+            bail!("--batch: give at least one batch size");
+        }
+        Ok(self.batch.iter().copied().max().unwrap_or(1))
     }
-    Ok(max_seq_len)
+
+    /// The positions of `--context` then an eager and a graph phase of `--steps` (each
+    /// appends warm-up + steps tokens), refused beyond the model's positions.
+    pub(crate) fn eager_and_graph_positions(&self, cfg: &ModelConfig) -> Result<usize> {
+        let (context, steps) = (self.context, self.steps);
+        let max_seq_len = positions(context, steps, 2);
+        if max_seq_len > cfg.max_position_embeddings {
+            bail!(
+                "--context {context} with --steps {steps} needs {max_seq_len} positions; the model has {}",
+                cfg.max_position_embeddings
+            );
+        }
+        Ok(max_seq_len)
+    }
 }
 
 /// An eager-capable engine configuration for decode benchmarks: `max_batch` sequences of
@@ -120,6 +136,23 @@ pub(crate) fn engine_config(
             KvSizing::Blocks(max_batch.saturating_mul(per_seq).saturating_add(1)),
         )
     }
+}
+
+/// Start an engine on `be` for the model `cfg` with weights from `source`, showing
+/// progress bars unless `json`.
+pub(crate) fn start_engine<'b>(
+    be: &'b dyn Backend,
+    cfg: &ModelConfig,
+    source: WeightSource,
+    engine_cfg: &EngineConfig,
+    json: bool,
+) -> Result<Engine<'b>> {
+    let files = ModelFiles {
+        config: cfg.clone(),
+        source,
+    };
+    let bars = crate::progress::Bars::new(!json);
+    Ok(Engine::new(be, files, engine_cfg, &bars)?)
 }
 
 /// Allocate sequences `0..batch` and prefill `context` tokens in each (one step per
@@ -213,14 +246,11 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let (opened, cfg, source) = a.model.open()?;
     let be = opened.backend();
     let be = be.as_ref();
-    if a.batch.is_empty() {
-        bail!("--batch: give at least one batch size");
-    }
+    let max_batch = a.runs.max_batch()?;
     if let Some(oc) = a.offload.config() {
         oc.check_graphs(!a.eager)?;
     }
-    let max_seq_len = eager_and_graph_positions(a.context, a.steps, &cfg)?;
-    let max_batch = a.batch.iter().copied().max().unwrap_or(1);
+    let max_seq_len = a.runs.eager_and_graph_positions(&cfg)?;
     let offload = a.offload.config();
     let engine_cfg = EngineConfig {
         graph_memory: a.graph_memory,
@@ -231,16 +261,14 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             max_batch,
             max_seq_len,
             offload,
-            format!("bench decode --batch {max_batch} --context {}", a.context),
+            format!(
+                "bench decode --batch {max_batch} --context {}",
+                a.runs.context
+            ),
             "lower --batch or --context",
         )
     };
-    let files = ModelFiles {
-        config: cfg.clone(),
-        source,
-    };
-    let Engine { mut runner, report } =
-        Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
+    let Engine { mut runner, report } = start_engine(be, &cfg, source, &engine_cfg, a.json)?;
     let mut held = Seqs::for_runner(&runner)?;
     let load_secs = report.load_secs;
     let weight_bytes = cfg.weight_bytes(dtype);
@@ -282,15 +310,15 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         floor_secs,
         load_secs,
     };
-    for &b in &a.batch {
-        let seqs = prefill(&mut runner, &mut held, b, a.context)?;
+    for &b in &a.runs.batch {
+        let seqs = prefill(&mut runner, &mut held, b, a.runs.context)?;
         let mut last = vec![1u32; b];
-        let eager = time_decode(&mut runner, &mut held, &seqs, &mut last, a.steps)?.median_s;
+        let eager = time_decode(&mut runner, &mut held, &seqs, &mut last, a.runs.steps)?.median_s;
         let (graph, capture_secs) = if a.eager {
             (None, 0.0)
         } else {
             runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
-            let g = time_decode(&mut runner, &mut held, &seqs, &mut last, a.steps)?.median_s;
+            let g = time_decode(&mut runner, &mut held, &seqs, &mut last, a.runs.steps)?.median_s;
             let stats = runner.graph_stats().unwrap_or_default();
             runner.set_graph_mode(None);
             (Some(g), stats.capture_secs)
@@ -363,7 +391,7 @@ fn print_row(
             "{}",
             serde_json::json!({
                 "model": a.model.model, "device": be.device_name(), "dtype": dtype.to_string(),
-                "batch": b, "context": a.context,
+                "batch": b, "context": a.runs.context,
                 "eager_step_ms": eager * 1e3, "graph_step_ms": graph.map(|g| g * 1e3),
                 "speedup": graph.map(|g| eager / g), "capture_s": capture_secs,
                 "tokens_per_s": b as f64 / graph.unwrap_or(eager),

@@ -10,19 +10,21 @@ use encore_core::bench;
 use encore_core::engine::Engine;
 use encore_core::graph::BucketPolicy;
 use encore_core::model::config::ModelConfig;
-use encore_core::model::ModelFiles;
 use encore_core::offload::{self, AccessOrder, OffloadConfig, Policy, WeightBudget};
 use encore_core::runner::{Runner, Seqs};
 use encore_core::{Backend, DType};
 use serde_json::json;
 
-use crate::bench_decode::{self, MAX_BATCH};
+use crate::bench_decode::{self, DecodeRuns};
 use crate::model_arg::ModelArgs;
 use crate::offload_arg::{self, human};
 use crate::out::{errln, outln};
-use crate::parse;
 
 #[derive(Args)]
+#[command(
+    mut_arg("batch", |a| a.default_value("1,64")),
+    mut_arg("steps", |a| a.default_value("10"))
+)]
 pub struct BenchOffloadArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -37,25 +39,12 @@ pub struct BenchOffloadArgs {
         allow_negative_numbers = true
     )]
     budgets: Vec<f64>,
-    /// Batch sizes, comma-separated, each >= 1.
-    #[arg(
-        long,
-        default_value = "1,64",
-        value_delimiter = ',',
-        value_parser = parse::count::<1, { MAX_BATCH }>,
-        allow_negative_numbers = true
-    )]
-    batch: Vec<usize>,
+    #[command(flatten)]
+    runs: DecodeRuns,
     /// Offload policies, comma-separated: planned, lru [default: planned,lru; planned
     /// with --graphs-only].
     #[arg(long, value_delimiter = ',', value_parser = offload_arg::policy)]
     policy: Vec<Policy>,
-    /// Timed decode steps per row (after 3 warm-up steps); the median is reported.
-    #[arg(long, default_value = "10", value_parser = parse::count::<1, 100_000>, allow_negative_numbers = true)]
-    steps: usize,
-    /// Tokens already in each sequence's cache when the timed steps start (1..=2048).
-    #[arg(long, default_value = "128", value_parser = parse::count::<1, 2048>, allow_negative_numbers = true)]
-    context: usize,
     /// Time eager steps only (by default the planned policy and the resident rows are
     /// timed replayed from captured graphs and eagerly; LRU only eagerly).
     #[arg(long, conflicts_with = "graphs_only")]
@@ -175,8 +164,8 @@ fn print_header(
         a.model.dtype,
         bw.h2d_gbs,
         bw.h2d_graph_gbs,
-        a.context,
-        a.steps
+        a.runs.context,
+        a.runs.steps
     )?;
     outln!(
         "{:>8} {:>5} {:>6} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10} {:>11} {:>10} {:>8}",
@@ -197,9 +186,7 @@ fn print_header(
 }
 
 pub fn run(a: BenchOffloadArgs) -> Result<()> {
-    if a.batch.is_empty() {
-        bail!("--batch: give at least one batch size");
-    }
+    let max_batch = a.runs.max_batch()?;
     if a.budgets.is_empty() {
         bail!("--budgets: give at least one percentage");
     }
@@ -208,8 +195,7 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
     let (opened, cfg, source) = a.model.open()?;
     let be = opened.backend();
     let be = be.as_ref();
-    let max_seq_len = bench_decode::eager_and_graph_positions(a.context, a.steps, &cfg)?;
-    let max_batch = a.batch.iter().copied().max().unwrap_or(1);
+    let max_seq_len = a.runs.eager_and_graph_positions(&cfg)?;
     let weight_bytes = cfg.weight_bytes(dtype);
     let runs = plan_runs(&a.budgets, &policies, &cfg, dtype)?;
     // Bytes each planned stream copies per step: the weights' own sizes (the plan's slots
@@ -227,10 +213,6 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
     };
     print_header(&a, be, weight_bytes, &bw)?;
     for r in &runs {
-        let files = ModelFiles {
-            config: cfg.clone(),
-            source: source.clone(),
-        };
         let policy_name = r.offloaded.map_or("resident", Policy::name);
         let engine_cfg = bench_decode::engine_config(
             dtype,
@@ -239,12 +221,12 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
             Some(r.config),
             format!(
                 "bench offload --budgets {} --policy {policy_name} --batch {max_batch} --context {}",
-                r.percent, a.context
+                r.percent, a.runs.context
             ),
             "lower --batch or --context",
         );
         let Engine { mut runner, report } =
-            Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
+            bench_decode::start_engine(be, &cfg, source.clone(), &engine_cfg, a.json)?;
         let bytes = match &report.offload {
             Some(o) => (o.budget_bytes, o.resident_bytes, o.streaming_bytes),
             None => (r.config.budget.bytes(weight_bytes), weight_bytes, 0),
@@ -297,20 +279,21 @@ fn time_rows(
     if !a.graphs_only {
         modes.push("eager");
     }
-    for &b in &a.batch {
-        let seqs = bench_decode::prefill(runner, &mut held, b, a.context)?;
+    for &b in &a.runs.batch {
+        let seqs = bench_decode::prefill(runner, &mut held, b, a.runs.context)?;
         let mut last = vec![1u32; b];
         for &mode in &modes {
             let graph = mode == "graph";
             if graph {
                 runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
             }
-            let timed = bench_decode::time_decode(runner, &mut held, &seqs, &mut last, a.steps);
+            let timed =
+                bench_decode::time_decode(runner, &mut held, &seqs, &mut last, a.runs.steps);
             if graph {
                 runner.set_graph_mode(None);
             }
             let timed = timed?;
-            let measured = timed.copied_bytes.map(|c| c as f64 / a.steps as f64);
+            let measured = timed.copied_bytes.map(|c| c as f64 / a.runs.steps as f64);
             let row = Row {
                 run: r,
                 mode,

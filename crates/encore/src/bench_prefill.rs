@@ -9,10 +9,9 @@ use clap::Args;
 use encore_core::engine::{Engine, EngineConfig, KvSizing};
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
-use encore_core::model::ModelFiles;
 use encore_core::request::SamplingParams;
 use encore_core::runner::{Runner, SeqStep, Seqs};
-use encore_core::DType;
+use encore_core::{Backend, DType};
 use serde_json::{json, Value};
 
 use crate::model_arg::ModelArgs;
@@ -160,6 +159,41 @@ fn print_cells(cells: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The engine the rows run in: `max_batch` sequences of `max_tokens` positions (the KV
+/// cache holds exactly them) prefilled in one step, with the token buckets of
+/// `--prefill-buckets` captured at start-up unless `--lazy-capture`.
+fn engine_config(
+    a: &BenchPrefillArgs,
+    be: &dyn Backend,
+    max_tokens: usize,
+    max_batch: usize,
+) -> Result<EngineConfig> {
+    let block_size = 16;
+    let graphs = crate::graphs::config(
+        be,
+        "none",
+        max_batch,
+        &a.prefill_buckets,
+        max_tokens * max_batch,
+    )?;
+    Ok(EngineConfig {
+        offload: None,
+        dtype: a.model.dtype,
+        block_size,
+        max_tokens_per_step: max_tokens * max_batch,
+        max_seqs: max_batch,
+        max_seq_len: max_tokens,
+        kv: KvSizing::Blocks(1 + max_batch * max_tokens.div_ceil(block_size)),
+        graphs: Some(graphs),
+        graph_memory: GraphMemory::default(),
+        capture_all: !a.lazy_capture,
+        verify_graphs: false,
+        extra_bytes: 0,
+        run_name: format!("bench prefill --tokens {max_tokens} --batch {max_batch}"),
+        fix_hint: "lower --tokens or --batch".into(),
+    })
+}
+
 pub fn run(a: BenchPrefillArgs) -> Result<()> {
     let dtype = a.model.dtype;
     if a.tokens.is_empty() || a.batch.is_empty() {
@@ -176,36 +210,9 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
             cfg.max_position_embeddings
         );
     }
-    let block_size = 16;
-    let graphs = crate::graphs::config(
-        be,
-        "none",
-        max_batch,
-        &a.prefill_buckets,
-        max_tokens * max_batch,
-    )?;
-    let engine_cfg = EngineConfig {
-        offload: None,
-        dtype,
-        block_size,
-        max_tokens_per_step: max_tokens * max_batch,
-        max_seqs: max_batch,
-        max_seq_len: max_tokens,
-        kv: KvSizing::Blocks(1 + max_batch * max_tokens.div_ceil(block_size)),
-        graphs: Some(graphs),
-        graph_memory: GraphMemory::default(),
-        capture_all: !a.lazy_capture,
-        verify_graphs: false,
-        extra_bytes: 0,
-        run_name: format!("bench prefill --tokens {max_tokens} --batch {max_batch}"),
-        fix_hint: "lower --tokens or --batch".into(),
-    };
-    let files = ModelFiles {
-        config: cfg.clone(),
-        source,
-    };
+    let engine_cfg = engine_config(&a, be, max_tokens, max_batch)?;
     let Engine { mut runner, report } =
-        Engine::new(be, files, &engine_cfg, &crate::progress::Bars::new(!a.json))?;
+        crate::bench_decode::start_engine(be, &cfg, source, &engine_cfg, a.json)?;
     let mut held = Seqs::for_runner(&runner)?;
     let load_secs = report.load_secs;
     let capture_secs = report.capture_secs;

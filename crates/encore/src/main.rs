@@ -286,6 +286,58 @@ fn rayon_threads() -> usize {
         .unwrap_or(1)
 }
 
+/// What `bench kernels` times, in order: GEMMs (m, n, k, dtype, iterations), the copy
+/// bandwidth (bytes, iterations), decode attention (shape, dtype, iterations) and the
+/// launch cost (iterations).
+struct KernelSuite {
+    gemms: &'static [(usize, usize, usize, DType, usize)],
+    copy: (usize, usize),
+    attention: &'static [(AttentionShape, DType, usize)],
+    launches: usize,
+}
+
+/// A decode-attention shape of 16-token KV blocks.
+const fn attention(
+    batch: usize,
+    context: usize,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+) -> AttentionShape {
+    AttentionShape {
+        batch,
+        context,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size: 16,
+    }
+}
+
+/// `--quick` (and the CPU): small shapes, few iterations.
+const QUICK: KernelSuite = KernelSuite {
+    gemms: &[(64, 256, 256, DType::F32, 5)],
+    copy: (8 << 20, 5),
+    attention: &[(attention(1, 256, 8, 2, 64), DType::F32, 5)],
+    launches: 100,
+};
+
+/// The full suite: Llama-3-8B's shapes.
+const FULL: KernelSuite = KernelSuite {
+    gemms: &[
+        (4096, 4096, 4096, DType::BF16, 50),
+        (4096, 4096, 4096, DType::F16, 50),
+        (1, 4096, 4096, DType::BF16, 200),
+        (64, 14336, 4096, DType::BF16, 200),
+    ],
+    copy: (1 << 30, 20),
+    attention: &[
+        (attention(1, 4096, 32, 8, 128), DType::BF16, 100),
+        (attention(64, 4096, 32, 8, 128), DType::BF16, 100),
+    ],
+    launches: 1000,
+};
+
 fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
     let opened = crate::model_arg::open_device(args.device.device)?;
     let be = opened.backend();
@@ -306,47 +358,20 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
         rows.push(r);
         Ok(())
     };
-    if quick {
-        push(bench::gemm(be, 64, 256, 256, DType::F32, 5)?)?;
-        push(bench::copy_bandwidth(be, 8 << 20, 5)?)?;
-        let s = AttentionShape {
-            batch: 1,
-            context: 256,
-            num_heads: 8,
-            num_kv_heads: 2,
-            head_dim: 64,
-            block_size: 16,
-        };
-        let (e, g) = bench::decode_attention(be, s, DType::F32, 5)?;
-        push(e)?;
-        push(g)?;
-        let (e, g) = bench::launch_cost(be, 100)?;
-        push(e)?;
-        push(g)?;
-    } else {
-        for dt in [DType::BF16, DType::F16] {
-            push(bench::gemm(be, 4096, 4096, 4096, dt, 50)?)?;
-        }
-        push(bench::gemm(be, 1, 4096, 4096, DType::BF16, 200)?)?;
-        push(bench::gemm(be, 64, 14336, 4096, DType::BF16, 200)?)?;
-        push(bench::copy_bandwidth(be, 1 << 30, 20)?)?;
-        for batch in [1, 64] {
-            let s = AttentionShape {
-                batch,
-                context: 4096,
-                num_heads: 32,
-                num_kv_heads: 8,
-                head_dim: 128,
-                block_size: 16,
-            };
-            let (e, g) = bench::decode_attention(be, s, DType::BF16, 100)?;
-            push(e)?;
-            push(g)?;
-        }
-        let (e, g) = bench::launch_cost(be, 1000)?;
-        push(e)?;
-        push(g)?;
+    let suite = if quick { &QUICK } else { &FULL };
+    for &(m, n, k, dtype, iters) in suite.gemms {
+        push(bench::gemm(be, m, n, k, dtype, iters)?)?;
     }
+    let (bytes, iters) = suite.copy;
+    push(bench::copy_bandwidth(be, bytes, iters)?)?;
+    for &(shape, dtype, iters) in suite.attention {
+        let (eager, graph) = bench::decode_attention(be, shape, dtype, iters)?;
+        push(eager)?;
+        push(graph)?;
+    }
+    let (eager, graph) = bench::launch_cost(be, suite.launches)?;
+    push(eager)?;
+    push(graph)?;
     if !args.json {
         outln!("{:<58} {:>12} {:<10} detail", "benchmark", "value", "unit")?;
         for r in &rows {

@@ -373,14 +373,22 @@ impl<'a> Fields<'a> {
         ))
     }
 
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+    /// The value of `key` through `conv`, or a wrong-type error expecting `expected`.
+    fn opt<T>(
+        &self,
+        key: &str,
+        expected: &str,
+        conv: impl FnOnce(&'a Value) -> Option<T>,
+    ) -> Result<Option<T>> {
         self.get(key)
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| self.wrong_type(key, "a non-negative integer", v))
-            })
+            .map(|v| conv(v).ok_or_else(|| self.wrong_type(key, expected, v)))
             .transpose()
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        self.opt(key, "a non-negative integer", |v| {
+            v.as_u64().and_then(|n| usize::try_from(n).ok())
+        })
     }
 
     /// A required integer that must be at least 1.
@@ -393,12 +401,7 @@ impl<'a> Fields<'a> {
     }
 
     fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
-        self.get(key)
-            .map(|v| {
-                v.as_f64()
-                    .ok_or_else(|| self.wrong_type(key, "a number", v))
-            })
-            .transpose()
+        self.opt(key, "a number", Value::as_f64)
     }
 
     fn req_f64(&self, key: &str) -> Result<f64> {
@@ -407,30 +410,15 @@ impl<'a> Fields<'a> {
     }
 
     fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        self.get(key)
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| self.wrong_type(key, "true or false", v))
-            })
-            .transpose()
+        self.opt(key, "true or false", Value::as_bool)
     }
 
     fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
-        self.get(key)
-            .map(|v| {
-                v.as_str()
-                    .ok_or_else(|| self.wrong_type(key, "a string", v))
-            })
-            .transpose()
+        self.opt(key, "a string", Value::as_str)
     }
 
     fn opt_object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>> {
-        self.get(key)
-            .map(|v| {
-                v.as_object()
-                    .ok_or_else(|| self.wrong_type(key, "an object", v))
-            })
-            .transpose()
+        self.opt(key, "an object", Value::as_object)
     }
 
     /// One token id, or a list of them.
@@ -454,32 +442,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let hidden_size = f.positive("hidden_size")?;
     let intermediate_size = f.positive("intermediate_size")?;
     let num_layers = f.positive("num_hidden_layers")?;
-    let num_heads = f.positive("num_attention_heads")?;
-    let num_kv_heads = match f.opt_usize("num_key_value_heads")? {
-        None => num_heads,
-        Some(_) => f.positive("num_key_value_heads")?,
-    };
-    if num_heads % num_kv_heads != 0 {
-        return Err(f.err(format!(
-            "num_attention_heads = {num_heads} is not a multiple of \
-             num_key_value_heads = {num_kv_heads}"
-        )));
-    }
-    let head_dim = match f.opt_usize("head_dim")? {
-        Some(_) => f.positive("head_dim")?,
-        None if hidden_size % num_heads == 0 => hidden_size / num_heads,
-        None => {
-            return Err(f.err(format!(
-                "hidden_size = {hidden_size} is not a multiple of num_attention_heads = \
-                 {num_heads} and there is no `head_dim`"
-            )))
-        }
-    };
-    if head_dim % 2 != 0 {
-        return Err(f.err(format!(
-            "head_dim = {head_dim} must be even (rotary embedding)"
-        )));
-    }
+    let heads = parse_heads(f, hidden_size)?;
     if let Some(act) = f.opt_str("hidden_act")? {
         if act != "silu" && act != "swish" {
             return Err(f.err(format!(
@@ -491,36 +454,15 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let max_position_embeddings = f
         .opt_usize("max_position_embeddings")?
         .unwrap_or(arch.default_max_positions());
-    let rope = parse_rope(f, head_dim)?;
+    let rope = parse_rope(f, heads.head_dim)?;
     let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
     if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
         return Err(f.err(format!("rms_norm_eps = {rms_norm_eps} must be >= 0")));
     }
     let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(false);
-
-    // Attention bias as the HF modeling code builds it: Qwen2 always has q/k/v biases,
-    // Mistral never; Llama and Qwen3 follow `attention_bias` (which also gives o_proj a
-    // bias: the loader accepts it only when it is all zeros).
-    let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
-    let qkv_bias = match arch {
-        Arch::Qwen2 => true,
-        Arch::Mistral => false,
-        Arch::Llama | Arch::Qwen3 => attention_bias,
-    };
-    if arch == Arch::Llama && f.opt_bool("mlp_bias")? == Some(true) {
-        return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
-    }
+    let qkv_bias = parse_bias(f, arch)?;
     let sliding_window = parse_sliding_window(f, arch, num_layers)?;
-
-    let torch_dtype = match f.opt_str("torch_dtype")?.or(f.opt_str("dtype")?) {
-        None => DType::BF16,
-        Some(s) => DType::parse_float(s).ok_or_else(|| {
-            f.err(format!(
-                "torch_dtype = \"{s}\" is not supported (expected {})",
-                DType::FLOAT_NAMES
-            ))
-        })?,
-    };
+    let torch_dtype = parse_torch_dtype(f)?;
     let bos_token_id = f.token_ids("bos_token_id")?.first().copied();
     let eos_token_ids = f.token_ids("eos_token_id")?;
 
@@ -530,9 +472,9 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         hidden_size,
         intermediate_size,
         num_layers,
-        num_heads,
-        num_kv_heads,
-        head_dim,
+        num_heads: heads.num_heads,
+        num_kv_heads: heads.num_kv_heads,
+        head_dim: heads.head_dim,
         rope,
         rms_norm_eps,
         tie_word_embeddings,
@@ -556,6 +498,79 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     ])
     .map_err(|what| f.err(what))?;
     Ok(cfg)
+}
+
+/// The attention heads: query and KV head counts and the head dimension.
+struct Heads {
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+/// `num_attention_heads`, `num_key_value_heads` (default: as many as the query heads, of
+/// which they must divide the count) and `head_dim` (default: `hidden_size` over the
+/// heads), which must be even.
+fn parse_heads(f: &Fields<'_>, hidden_size: usize) -> Result<Heads> {
+    let num_heads = f.positive("num_attention_heads")?;
+    let num_kv_heads = match f.opt_usize("num_key_value_heads")? {
+        None => num_heads,
+        Some(_) => f.positive("num_key_value_heads")?,
+    };
+    if num_heads % num_kv_heads != 0 {
+        return Err(f.err(format!(
+            "num_attention_heads = {num_heads} is not a multiple of \
+             num_key_value_heads = {num_kv_heads}"
+        )));
+    }
+    let head_dim = match f.opt_usize("head_dim")? {
+        Some(_) => f.positive("head_dim")?,
+        None if hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+        None => {
+            return Err(f.err(format!(
+                "hidden_size = {hidden_size} is not a multiple of num_attention_heads = \
+                 {num_heads} and there is no `head_dim`"
+            )))
+        }
+    };
+    if head_dim % 2 != 0 {
+        return Err(f.err(format!(
+            "head_dim = {head_dim} must be even (rotary embedding)"
+        )));
+    }
+    Ok(Heads {
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    })
+}
+
+/// Attention bias as the HF modeling code builds it: Qwen2 always has q/k/v biases,
+/// Mistral never; Llama and Qwen3 follow `attention_bias` (which also gives o_proj a
+/// bias: the loader accepts it only when it is all zeros). Llama's `mlp_bias` is refused.
+fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
+    let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
+    let qkv_bias = match arch {
+        Arch::Qwen2 => true,
+        Arch::Mistral => false,
+        Arch::Llama | Arch::Qwen3 => attention_bias,
+    };
+    if arch == Arch::Llama && f.opt_bool("mlp_bias")? == Some(true) {
+        return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
+    }
+    Ok(qkv_bias)
+}
+
+/// The checkpoint's dtype: `torch_dtype`, else `dtype` (transformers 5), else bf16.
+fn parse_torch_dtype(f: &Fields<'_>) -> Result<DType> {
+    Ok(match f.opt_str("torch_dtype")?.or(f.opt_str("dtype")?) {
+        None => DType::BF16,
+        Some(s) => DType::parse_float(s).ok_or_else(|| {
+            f.err(format!(
+                "torch_dtype = \"{s}\" is not supported (expected {})",
+                DType::FLOAT_NAMES
+            ))
+        })?,
+    })
 }
 
 /// `architectures` (the first one encore knows), else `model_type`.

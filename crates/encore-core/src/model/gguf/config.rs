@@ -74,34 +74,32 @@ impl<'a> Meta<'a> {
         }
     }
 
-    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+    /// The value of `key` through `conv`, or an error saying it must be `kind`.
+    fn opt<T>(
+        &self,
+        key: &str,
+        kind: &str,
+        conv: impl FnOnce(&'a Value) -> Option<T>,
+    ) -> Result<Option<T>> {
         self.get(key)
             .map(|v| {
-                v.as_f64().ok_or_else(|| {
-                    self.err(format!("`{key}` must be a number, found {}", v.describe()))
+                conv(v).ok_or_else(|| {
+                    self.err(format!("`{key}` must be {kind}, found {}", v.describe()))
                 })
             })
             .transpose()
+    }
+
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        self.opt(key, "a number", Value::as_f64)
     }
 
     fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
-        self.get(key)
-            .map(|v| {
-                v.as_str().ok_or_else(|| {
-                    self.err(format!("`{key}` must be a string, found {}", v.describe()))
-                })
-            })
-            .transpose()
+        self.opt(key, "a string", Value::as_str)
     }
 
     fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        self.get(key)
-            .map(|v| {
-                v.as_bool().ok_or_else(|| {
-                    self.err(format!("`{key}` must be a bool, found {}", v.describe()))
-                })
-            })
-            .transpose()
+        self.opt(key, "a bool", Value::as_bool)
     }
 
     fn opt_id(&self, key: &str) -> Result<Option<u32>> {
@@ -113,13 +111,7 @@ impl<'a> Meta<'a> {
     }
 
     fn opt_array(&self, key: &str) -> Result<Option<&'a [Value]>> {
-        self.get(key)
-            .map(|v| {
-                v.as_array().ok_or_else(|| {
-                    self.err(format!("`{key}` must be an array, found {}", v.describe()))
-                })
-            })
-            .transpose()
+        self.opt(key, "an array", Value::as_array)
     }
 
     /// An array whose every element `conv` accepts.
@@ -174,6 +166,83 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         arch: arch_name,
     };
     let k = |s: &str| m.key(s);
+    let sizes = parse_sizes(&m)?;
+    let rope = parse_rope(&m, sizes.head_dim)?;
+    let eps_key = k("attention.layer_norm_rms_epsilon");
+    let rms_norm_eps =
+        m.opt_f64(&eps_key)?
+            .ok_or_else(|| m.err(format!("required key `{eps_key}` is missing")))? as f32;
+    if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
+        return Err(m.err(format!("`{eps_key}` = {rms_norm_eps} must be >= 0")));
+    }
+    let vocab_size = parse_vocab_size(&m)?;
+    let sliding_window = match m.opt_usize(&k("attention.sliding_window"))? {
+        None => None,
+        Some(0) => {
+            return Err(m.err(format!(
+                "`{}` must be positive",
+                k("attention.sliding_window")
+            )))
+        }
+        Some(size) => Some(SlidingWindow {
+            size,
+            first_layer: 0,
+        }),
+    };
+    let max_position_embeddings = m.positive(&k("context_length"))?;
+    let bos_token_id = m.opt_id("tokenizer.ggml.bos_token_id")?;
+    let eos_token_ids = parse_eos_token_ids(&m)?;
+    let cfg = ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size: sizes.hidden_size,
+        intermediate_size: sizes.intermediate_size,
+        num_layers: sizes.num_layers,
+        num_heads: sizes.num_heads,
+        num_kv_heads: sizes.num_kv_heads,
+        head_dim: sizes.head_dim,
+        rope,
+        rms_norm_eps,
+        tie_word_embeddings: file.tensor("output.weight").is_none(),
+        qkv_bias: arch == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
+        qk_norm: arch == Arch::Qwen3,
+        max_position_embeddings,
+        torch_dtype: DType::BF16,
+        bos_token_id,
+        eos_token_ids,
+        sliding_window,
+    };
+    cfg.check_sizes([
+        &k("embedding_length"),
+        &k("feed_forward_length"),
+        &k("vocab_size"),
+        &k("block_count"),
+        &k("attention.head_count"),
+        &k("attention.head_count_kv"),
+        &k("attention.key_length"),
+        &k("context_length"),
+    ])
+    .map_err(|what| m.err(what))?;
+    check_embedding(&m, vocab_size, cfg.hidden_size)?;
+    Ok(cfg)
+}
+
+/// The layer count and the sizes of a layer.
+struct Sizes {
+    num_layers: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+/// `block_count` (mixture-of-experts refused, at most one layer per tensor), the
+/// embedding and feed-forward lengths, the head counts (KV heads dividing the query
+/// heads) and the head dim: the key length, else the embedding over the heads; the value
+/// length must match it, and it must be even.
+fn parse_sizes(m: &Meta<'_>) -> Result<Sizes> {
+    let k = |s: &str| m.key(s);
     if let Some(n) = m.opt_usize(&k("expert_count"))?.filter(|&n| n > 0) {
         return Err(m.err(format!(
             "`{}` = {n}: mixture-of-experts models are not supported",
@@ -182,11 +251,11 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     }
     let num_layers = m.positive(&k("block_count"))?;
     // Every layer has several tensors: a corrupt count must not size the plan.
-    if num_layers > file.tensors().len() {
+    if num_layers > m.file.tensors().len() {
         return Err(m.err(format!(
             "`{}` = {num_layers} but the file holds only {} tensors",
             k("block_count"),
-            file.tensors().len()
+            m.file.tensors().len()
         )));
     }
     let hidden_size = m.positive(&k("embedding_length"))?;
@@ -229,6 +298,20 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
             "head dim {head_dim} must be even (rotary embedding)"
         )));
     }
+    Ok(Sizes {
+        num_layers,
+        hidden_size,
+        intermediate_size,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    })
+}
+
+/// Full rotary over `head_dim` with the file's base, and Llama-3 scaling when the file
+/// holds [`ROPE_FREQS`]; any other scaling type is refused.
+fn parse_rope(m: &Meta<'_>, head_dim: usize) -> Result<RopeConfig> {
+    let k = |s: &str| m.key(s);
     if let Some(r) = m.opt_usize(&k("rope.dimension_count"))? {
         if r != head_dim {
             return Err(m.err(format!(
@@ -259,45 +342,31 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         theta: theta as f32,
         llama3: None,
     };
-    if file.tensor(ROPE_FREQS).is_some() {
-        rope.llama3 = Some(llama3_from_rope_freqs(file, &m, rope)?);
+    if m.file.tensor(ROPE_FREQS).is_some() {
+        rope.llama3 = Some(llama3_from_rope_freqs(m.file, m, rope)?);
     }
-    let eps_key = k("attention.layer_norm_rms_epsilon");
-    let rms_norm_eps =
-        m.opt_f64(&eps_key)?
-            .ok_or_else(|| m.err(format!("required key `{eps_key}` is missing")))? as f32;
-    if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
-        return Err(m.err(format!("`{eps_key}` = {rms_norm_eps} must be >= 0")));
-    }
-    let vocab_size = match m.opt_usize(&k("vocab_size"))? {
-        Some(_) => m.positive(&k("vocab_size"))?,
+    Ok(rope)
+}
+
+/// `vocab_size`, else the length of `tokenizer.ggml.tokens`.
+fn parse_vocab_size(m: &Meta<'_>) -> Result<usize> {
+    let key = m.key("vocab_size");
+    Ok(match m.opt_usize(&key)? {
+        Some(_) => m.positive(&key)?,
         None => match m.opt_array("tokenizer.ggml.tokens")? {
             Some(tokens) if !tokens.is_empty() => tokens.len(),
             _ => {
                 return Err(m.err(format!(
-                    "neither `{}` nor `tokenizer.ggml.tokens` gives the vocabulary size",
-                    k("vocab_size")
+                    "neither `{key}` nor `tokenizer.ggml.tokens` gives the vocabulary size"
                 )))
             }
         },
-    };
-    let sliding_window = match m.opt_usize(&k("attention.sliding_window"))? {
-        None => None,
-        Some(0) => {
-            return Err(m.err(format!(
-                "`{}` must be positive",
-                k("attention.sliding_window")
-            )))
-        }
-        Some(size) => Some(SlidingWindow {
-            size,
-            first_layer: 0,
-        }),
-    };
-    let max_position_embeddings = m.positive(&k("context_length"))?;
-    let bos_token_id = m.opt_id("tokenizer.ggml.bos_token_id")?;
-    // The same list as the tokenizer's `eos_token_ids()` (what `generate` stops on): the
-    // metadata's EOS and EOT, then the control tokens whose text ends a turn.
+    })
+}
+
+/// The same list as the tokenizer's `eos_token_ids()` (what `generate` stops on): the
+/// metadata's EOS and EOT, then the control tokens whose text ends a turn.
+fn parse_eos_token_ids(m: &Meta<'_>) -> Result<Vec<u32>> {
     let mut metadata_eos = Vec::new();
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
         metadata_eos.extend(m.opt_id(key)?);
@@ -312,51 +381,23 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         .enumerate()
         .filter(|(_, (ty, _))| ty.as_int() == Some(CONTROL_TOKEN_TYPE))
         .filter_map(|(id, (_, text))| Some((u32::try_from(id).ok()?, text.as_str()?)));
-    let eos_token_ids = end_of_generation_ids(metadata_eos, controls);
-    let cfg = ModelConfig {
-        arch,
-        vocab_size,
-        hidden_size,
-        intermediate_size,
-        num_layers,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        rope,
-        rms_norm_eps,
-        tie_word_embeddings: file.tensor("output.weight").is_none(),
-        qkv_bias: arch == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
-        qk_norm: arch == Arch::Qwen3,
-        max_position_embeddings,
-        torch_dtype: DType::BF16,
-        bos_token_id,
-        eos_token_ids,
-        sliding_window,
-    };
-    cfg.check_sizes([
-        &k("embedding_length"),
-        &k("feed_forward_length"),
-        &k("vocab_size"),
-        &k("block_count"),
-        &k("attention.head_count"),
-        &k("attention.head_count_kv"),
-        &k("attention.key_length"),
-        &k("context_length"),
-    ])
-    .map_err(|what| m.err(what))?;
-    // The embedding's shape ties the metadata to the tensors before anything is sized
-    // from the metadata (the memory estimate runs before the weights are checked).
-    if let Some(t) = file.tensor("token_embd.weight") {
+    Ok(end_of_generation_ids(metadata_eos, controls))
+}
+
+/// The embedding's shape ties the metadata to the tensors before anything is sized from
+/// the metadata (the memory estimate runs before the weights are checked).
+fn check_embedding(m: &Meta<'_>, vocab_size: usize, hidden_size: usize) -> Result<()> {
+    if let Some(t) = m.file.tensor("token_embd.weight") {
         if t.shape() != [vocab_size, hidden_size] {
             return Err(m.err(format!(
                 "`token_embd.weight` has shape {:?}, but the metadata gives a vocabulary \
                  of {vocab_size} and `{}` = {hidden_size}",
                 t.shape(),
-                k("embedding_length")
+                m.key("embedding_length")
             )));
         }
     }
-    Ok(cfg)
+    Ok(())
 }
 
 /// Llama-3 rope scaling is stored by llama.cpp as `rope_freqs.weight`, the divisor of
