@@ -1,6 +1,6 @@
 //! The model selection shared by the commands: `--model` (a Hugging Face directory, a
-//! GGUF file or `dummy:NAME`), `--device` (auto | cpu | cuda | cuda:N) and `--dtype`, and
-//! the memory check every command runs before it allocates.
+//! GGUF file or `dummy:NAME`), `--device` (auto | cpu | cuda | cuda:N) and `--dtype`.
+//! (The memory check a run makes before it allocates is `Engine::new`'s.)
 
 use anyhow::{Context, Result};
 use clap::Args;

@@ -1,6 +1,6 @@
 //! The offload executor: the device half of a weight budget.
 //!
-//! [`Offload::prepare`] turns a `--weight-budget` into device memory before the weights
+//! [`Prepared::new`] turns a `--weight-budget` into device memory before the weights
 //! load: for the **planned** policy the resident set and the ring of [`super::plan`],
 //! each streamed weight a fixed view of the ring at its slot; for **LRU** one pool of the
 //! budget's bytes. The loader then puts resident weights on the device and the streamed
