@@ -1,6 +1,11 @@
-//! Set-up shared by the runner-level tests (`graph.rs`, `graph_memory.rs`, `piecewise.rs`,
-//! `engine.rs`); not every file uses every helper.
+//! Set-up shared by encore-core's test files; not every file uses every helper. Here:
+//! the tiny runner of the runner-level tests (`graph.rs`, `graph_memory.rs`,
+//! `piecewise.rs`, `engine.rs`, ...); in [`checkpoint`], seeded values and safetensors
+//! checkpoints; in [`temp_dir`], a directory removed on drop.
 #![allow(dead_code)]
+
+pub mod checkpoint;
+pub mod temp_dir;
 
 use encore_core::graph::BucketPolicy;
 use encore_core::memory::GraphMemory;

@@ -1,0 +1,118 @@
+//! The real model (not in CI): a GGUF file on disk loads, matches gguf-py and answers.
+
+use super::*;
+
+/// `ENCORE_GGUF_MODEL` (default: `ENCORE_SMOLLM2_GGUF`, SmolLM2-135M-Instruct Q4_1) loads on the CPU, matches
+/// gguf-py's dequantization (`ENCORE_GGUF_REFERENCE`, made by
+/// `scripts/gguf_reference.py model`), and answers a factual prompt.
+#[test]
+#[ignore = "needs a real GGUF model on disk"]
+fn real_gguf_smoke() {
+    let Ok(model) =
+        std::env::var("ENCORE_GGUF_MODEL").or_else(|_| std::env::var("ENCORE_SMOLLM2_GGUF"))
+    else {
+        eprintln!("skipped: set ENCORE_GGUF_MODEL or ENCORE_SMOLLM2_GGUF to a GGUF file");
+        return;
+    };
+    let t = std::time::Instant::now();
+    let ModelFiles {
+        config: cfg,
+        source,
+    } = open_model(&model).unwrap();
+    eprintln!("config in {:.3} s: {cfg:?}", t.elapsed().as_secs_f64());
+    assert_eq!(
+        (
+            cfg.num_layers,
+            cfg.hidden_size,
+            cfg.vocab_size,
+            cfg.num_heads,
+            cfg.num_kv_heads
+        ),
+        (30, 576, 49152, 9, 3)
+    );
+    assert_eq!(
+        (cfg.head_dim, cfg.intermediate_size, cfg.rope.theta),
+        (64, 1536, 100000.0)
+    );
+    assert!(cfg.tie_word_embeddings && !cfg.qkv_bias);
+    let file = GgufFile::open(Path::new(&model)).unwrap();
+    if let Ok(reference) = std::env::var("ENCORE_GGUF_REFERENCE") {
+        let r = GgufFile::open(Path::new(&reference)).unwrap();
+        for t in r.tensors() {
+            let want = r.tensor_f32(&t.name).unwrap();
+            let got = file.tensor_f32(&t.name).unwrap();
+            let same = want
+                .iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same && want.len() == got.len(),
+                "{} differs from gguf-py",
+                t.name
+            );
+            eprintln!("{}: {} values equal gguf-py's", t.name, want.len());
+        }
+    }
+    let vocab = vocab_from_gguf(&file).unwrap();
+    let t = std::time::Instant::now();
+    let w = weights::load(
+        &CpuBackend::new(),
+        &cfg,
+        source,
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
+    eprintln!("weights (f32, CPU) in {:.2} s", t.elapsed().as_secs_f64());
+
+    let id = |s: &str| vocab.tokens.iter().position(|t| t == s).unwrap() as u32;
+    let prompt: Vec<u32> = ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
+        .map(id)
+        .to_vec();
+    let be = CpuBackend::new();
+    let model = Model::new(&be, cfg.clone(), w, 64).unwrap();
+    let mut runner = Runner::new(
+        &be,
+        model,
+        RunnerConfig {
+            block_size: 16,
+            num_blocks: 8,
+            max_tokens_per_step: 64,
+            max_seqs: 1,
+            max_seq_len: 64,
+            penalty_slots: 0,
+        },
+    )
+    .unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 8,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            ..Default::default()
+        },
+        ignore_eos: true,
+    };
+    let out = generate(
+        &mut runner,
+        &[prompt],
+        &[],
+        &opts,
+        &encore_core::progress::NoProgress,
+        |_, _| std::ops::ControlFlow::Continue(()),
+    )
+    .unwrap();
+    let text: String = out[0]
+        .output_ids
+        .iter()
+        .map(|&i| {
+            vocab.tokens[i as usize]
+                .replace('Ġ', " ")
+                .replace('Ċ', "\n")
+        })
+        .collect();
+    eprintln!("The capital of France is|{text}|");
+    assert!(text.contains("Paris"), "{text}");
+}
