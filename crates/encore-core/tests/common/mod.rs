@@ -78,7 +78,11 @@ pub fn decode_step(
 
 /// The model of [`tiny_runner`] alone (for runners of another configuration).
 pub fn tiny_model(be: &dyn Backend) -> Model {
-    let cfg = ModelConfig::dummy("tiny-qwen2").unwrap();
+    dummy_model(be, ModelConfig::dummy("tiny-qwen2").unwrap(), 128)
+}
+
+/// The f32 model of `cfg` with the dummy weights of seed 3, for `max_seq_len` tokens.
+pub fn dummy_model(be: &dyn Backend, cfg: ModelConfig, max_seq_len: usize) -> Model {
     let w = weights::load(
         be,
         &cfg,
@@ -87,5 +91,39 @@ pub fn tiny_model(be: &dyn Backend) -> Model {
         &encore_core::progress::NoProgress,
     )
     .unwrap();
-    Model::new(be, cfg, w, 128).unwrap()
+    Model::new(be, cfg, w, max_seq_len).unwrap()
+}
+
+/// Greedy tokens (temperature 0, no top-k or top-p) that `generate` gives each of
+/// `prompts`: at most `max_tokens` new ones, stopping at `eos` unless `ignore_eos`.
+pub fn generate_greedy(
+    runner: &mut Runner<'_>,
+    prompts: &[Vec<u32>],
+    eos: &[u32],
+    max_tokens: usize,
+    ignore_eos: bool,
+) -> Vec<Vec<u32>> {
+    let opts = encore_core::generate::GenerateOptions {
+        max_tokens,
+        sampling: encore_core::request::SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            ..Default::default()
+        },
+        ignore_eos,
+    };
+    encore_core::generate::generate(
+        runner,
+        prompts,
+        eos,
+        &opts,
+        &encore_core::progress::NoProgress,
+        |_, _| std::ops::ControlFlow::Continue(()),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|g| g.output_ids)
+    .collect()
 }

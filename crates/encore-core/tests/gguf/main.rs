@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 
 use encore_core::backend::cpu::CpuBackend;
-use encore_core::generate::{generate, GenerateOptions};
 use encore_core::model::config::{Arch, ModelConfig, SlidingWindow};
 use encore_core::model::gguf::{
     config_from_gguf, dequantize, vocab_from_gguf, GgmlType, GgufFile, GgufWriter, Value,
@@ -16,7 +15,6 @@ use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, ModelWeights, WeightSource};
 use encore_core::model::{open_model, ModelFiles};
 use encore_core::ops::{Llama3Scaling, RopeConfig};
-use encore_core::request::SamplingParams;
 use encore_core::runner::{Runner, RunnerConfig};
 use encore_core::{DType, Error};
 use half::f16;
@@ -238,27 +236,5 @@ fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
     )
     .unwrap();
     let prompts = vec![vec![1, 5, 9, 40, 77], vec![1, 90, 3]];
-    let opts = GenerateOptions {
-        max_tokens: 8,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-            ..Default::default()
-        },
-        ignore_eos: true,
-    };
-    generate(
-        &mut runner,
-        &prompts,
-        &[],
-        &opts,
-        &encore_core::progress::NoProgress,
-        |_, _| std::ops::ControlFlow::Continue(()),
-    )
-    .unwrap()
-    .into_iter()
-    .map(|g| g.output_ids)
-    .collect()
+    common::generate_greedy(&mut runner, &prompts, &[], 8, true)
 }

@@ -20,38 +20,10 @@ fn real_gguf_smoke() {
         source,
     } = open_model(&model).unwrap();
     eprintln!("config in {:.3} s: {cfg:?}", t.elapsed().as_secs_f64());
-    assert_eq!(
-        (
-            cfg.num_layers,
-            cfg.hidden_size,
-            cfg.vocab_size,
-            cfg.num_heads,
-            cfg.num_kv_heads
-        ),
-        (30, 576, 49152, 9, 3)
-    );
-    assert_eq!(
-        (cfg.head_dim, cfg.intermediate_size, cfg.rope.theta),
-        (64, 1536, 100000.0)
-    );
-    assert!(cfg.tie_word_embeddings && !cfg.qkv_bias);
+    assert_smollm2_135m_shape(&cfg);
     let file = GgufFile::open(Path::new(&model)).unwrap();
     if let Ok(reference) = std::env::var("ENCORE_GGUF_REFERENCE") {
-        let r = GgufFile::open(Path::new(&reference)).unwrap();
-        for t in r.tensors() {
-            let want = r.tensor_f32(&t.name).unwrap();
-            let got = file.tensor_f32(&t.name).unwrap();
-            let same = want
-                .iter()
-                .zip(&got)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(
-                same && want.len() == got.len(),
-                "{} differs from gguf-py",
-                t.name
-            );
-            eprintln!("{}: {} values equal gguf-py's", t.name, want.len());
-        }
+        assert_dequantized_like_gguf_py(&file, Path::new(&reference));
     }
     let vocab = vocab_from_gguf(&file).unwrap();
     let t = std::time::Instant::now();
@@ -69,6 +41,60 @@ fn real_gguf_smoke() {
     let prompt: Vec<u32> = ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
         .map(id)
         .to_vec();
+    let out = greedy_8(&cfg, w, prompt);
+    let text: String = out
+        .iter()
+        .map(|&i| {
+            vocab.tokens[i as usize]
+                .replace('Ġ', " ")
+                .replace('Ċ', "\n")
+        })
+        .collect();
+    eprintln!("The capital of France is|{text}|");
+    assert!(text.contains("Paris"), "{text}");
+}
+
+/// SmolLM2-135M's shape: 30 layers of 576, 9 heads over 3 KV heads, tied embeddings.
+fn assert_smollm2_135m_shape(cfg: &ModelConfig) {
+    assert_eq!(
+        (
+            cfg.num_layers,
+            cfg.hidden_size,
+            cfg.vocab_size,
+            cfg.num_heads,
+            cfg.num_kv_heads
+        ),
+        (30, 576, 49152, 9, 3)
+    );
+    assert_eq!(
+        (cfg.head_dim, cfg.intermediate_size, cfg.rope.theta),
+        (64, 1536, 100000.0)
+    );
+    assert!(cfg.tie_word_embeddings && !cfg.qkv_bias);
+}
+
+/// Every tensor of the `reference` file (gguf-py's dequantization) equals `file`'s, bit
+/// for bit.
+fn assert_dequantized_like_gguf_py(file: &GgufFile, reference: &Path) {
+    let r = GgufFile::open(reference).unwrap();
+    for t in r.tensors() {
+        let want = r.tensor_f32(&t.name).unwrap();
+        let got = file.tensor_f32(&t.name).unwrap();
+        let same = want
+            .iter()
+            .zip(&got)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same && want.len() == got.len(),
+            "{} differs from gguf-py",
+            t.name
+        );
+        eprintln!("{}: {} values equal gguf-py's", t.name, want.len());
+    }
+}
+
+/// Eight greedy tokens after `prompt`, f32 on the CPU.
+fn greedy_8(cfg: &ModelConfig, w: ModelWeights, prompt: Vec<u32>) -> Vec<u32> {
     let be = CpuBackend::new();
     let model = Model::new(&be, cfg.clone(), w, 64).unwrap();
     let mut runner = Runner::new(
@@ -84,35 +110,6 @@ fn real_gguf_smoke() {
         },
     )
     .unwrap();
-    let opts = GenerateOptions {
-        max_tokens: 8,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-            ..Default::default()
-        },
-        ignore_eos: true,
-    };
-    let out = generate(
-        &mut runner,
-        &[prompt],
-        &[],
-        &opts,
-        &encore_core::progress::NoProgress,
-        |_, _| std::ops::ControlFlow::Continue(()),
-    )
-    .unwrap();
-    let text: String = out[0]
-        .output_ids
-        .iter()
-        .map(|&i| {
-            vocab.tokens[i as usize]
-                .replace('Ġ', " ")
-                .replace('Ċ', "\n")
-        })
-        .collect();
-    eprintln!("The capital of France is|{text}|");
-    assert!(text.contains("Paris"), "{text}");
+    let mut out = common::generate_greedy(&mut runner, &[prompt], &[], 8, true);
+    out.remove(0)
 }
