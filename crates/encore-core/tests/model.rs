@@ -322,52 +322,23 @@ fn check_config(name: &str, cfg: ModelConfig, dtype: DType, tol: f64) {
             );
         }
     };
-    // Step 1: three prompts of different lengths prefilled in one batch (b crosses blocks).
-    let out = step(
-        be,
-        &model,
-        &mut arena,
-        &kv,
-        &mut seqs,
-        &[&a, &b, &c, &[]],
-        false,
-    );
-    check(out, &[0, 1, 2], &seqs, "prefill");
-    // Steps 2-3: pure decode (no cu_seqlens), crossing a block boundary for seq 1.
-    for t in 0..2u32 {
-        let out = step(
-            be,
-            &model,
-            &mut arena,
-            &kv,
-            &mut seqs,
-            &[&[t + 1], &[t + 2], &[t + 3], &[]],
-            true,
-        );
-        check(out, &[0, 1, 2], &seqs, "decode");
+    // (new tokens per sequence, decode only, the sequences in the batch, what the step is).
+    let (d1, d2) = (&d[..7], &d[7..]);
+    let steps: [([&[u32]; 4], bool, &[usize], &str); 5] = [
+        // Three prompts of different lengths prefilled in one batch (b crosses blocks).
+        ([&a, &b, &c, &[]], false, &[0, 1, 2], "prefill"),
+        // Pure decode (no cu_seqlens), crossing a block boundary for seq 1.
+        ([&[1], &[2], &[3], &[]], true, &[0, 1, 2], "decode"),
+        ([&[2], &[3], &[4], &[]], true, &[0, 1, 2], "decode"),
+        // Mixed: decode for 0 and 2, first chunk of a new prompt for 3.
+        ([&[9], &[], &[8], d1], false, &[0, 2, 3], "mixed"),
+        // The second chunk of seq 3's prompt attends to the first chunk in the cache.
+        ([&[], &[5], &[], d2], false, &[1, 3], "chunked prefill"),
+    ];
+    for (new, decode_only, which, what) in steps {
+        let out = step(be, &model, &mut arena, &kv, &mut seqs, &new, decode_only);
+        check(out, which, &seqs, what);
     }
-    // Step 4: mixed: decode for 0 and 2, first chunk of a new prompt for 3.
-    let out = step(
-        be,
-        &model,
-        &mut arena,
-        &kv,
-        &mut seqs,
-        &[&[9], &[], &[8], &d[..7]],
-        false,
-    );
-    check(out, &[0, 2, 3], &seqs, "mixed");
-    // Step 5: the second chunk of seq 3's prompt attends to the first chunk in the cache.
-    let out = step(
-        be,
-        &model,
-        &mut arena,
-        &kv,
-        &mut seqs,
-        &[&[], &[5], &[], &d[7..]],
-        false,
-    );
-    check(out, &[1, 3], &seqs, "chunked prefill");
 }
 
 #[test]
