@@ -8,11 +8,13 @@ pub mod checkpoint;
 pub mod temp_dir;
 
 use encore_core::graph::BucketPolicy;
+use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, WeightSource};
-use encore_core::runner::{Runner, RunnerConfig};
+use encore_core::request::SamplingParams;
+use encore_core::runner::{Runner, RunnerConfig, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 
 /// KV block size of the test runner.
@@ -55,25 +57,71 @@ pub fn buckets() -> BucketPolicy {
 /// last token (one slot appended first); returns the sampled tokens.
 pub fn decode_step(
     r: &mut Runner<'_>,
-    seqs: &mut encore_core::runner::Seqs,
+    seqs: &mut Seqs,
     last: &[u32],
-    sampling: encore_core::request::SamplingParams,
+    sampling: SamplingParams,
 ) -> Vec<u32> {
     let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
-    let batch: Vec<encore_core::runner::SeqStep<'_>> = toks
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let seq = encore_core::kv::SeqId(i as u64);
-            seqs.blocks.append(seq, 1).unwrap();
-            encore_core::runner::SeqStep {
-                seq,
-                tokens: t,
-                sampling,
-            }
-        })
-        .collect();
+    let active: Vec<usize> = (0..last.len()).collect();
+    let batch = decode_batch(&mut [seqs], &active, &toks, sampling);
     r.step(seqs, &batch).unwrap()
+}
+
+/// The distinct sequences `(k * stride + step_no) % n` for `k < bsz`, in order: the
+/// decode batch of step `step_no` of a varying-batch schedule.
+pub fn active_set(bsz: usize, stride: usize, step_no: usize, n: usize) -> Vec<usize> {
+    (0..bsz)
+        .map(|k| (k * stride + step_no) % n)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// A decode step of the sequences `active` (`SeqId(i)`), the k-th fed `toks[k]`, with one
+/// slot appended to each in every one of `all`.
+pub fn decode_batch<'a>(
+    all: &mut [&mut Seqs],
+    active: &[usize],
+    toks: &'a [[u32; 1]],
+    sampling: SamplingParams,
+) -> Vec<SeqStep<'a>> {
+    for s in all.iter_mut() {
+        for &i in active {
+            s.blocks.append(SeqId(i as u64), 1).unwrap();
+        }
+    }
+    active
+        .iter()
+        .zip(toks)
+        .map(|(&i, t)| SeqStep {
+            seq: SeqId(i as u64),
+            tokens: t,
+            sampling,
+        })
+        .collect()
+}
+
+/// Prefill `prompt` as `SeqId(i)` on both runners (each with its sequences); they must
+/// sample the same token, which is returned.
+pub fn prefill_both(
+    (a, a_seqs): (&mut Runner<'_>, &mut Seqs),
+    (b, b_seqs): (&mut Runner<'_>, &mut Seqs),
+    i: usize,
+    prompt: &[u32],
+    sampling: SamplingParams,
+) -> u32 {
+    for s in [&mut *a_seqs, &mut *b_seqs] {
+        s.blocks.allocate(SeqId(i as u64), prompt.len()).unwrap();
+    }
+    let step = [SeqStep {
+        seq: SeqId(i as u64),
+        tokens: prompt,
+        sampling,
+    }];
+    let x = a.step(a_seqs, &step).unwrap();
+    let y = b.step(b_seqs, &step).unwrap();
+    assert_eq!(x, y, "prefill of seq {i}");
+    x[0]
 }
 
 /// The model of [`tiny_runner`] alone (for runners of another configuration).
