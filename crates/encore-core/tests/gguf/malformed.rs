@@ -114,85 +114,96 @@ fn malformed_headers_name_what_is_wrong() {
     );
     assert_mentions(&open_err(&dir, b"GGUF"), &["truncated", "version"]);
     assert_mentions(&open_err(&dir, b""), &["truncated", "magic"]);
+}
 
-    let writer_err = |edit: &dyn Fn(&mut GgufWriter)| {
+/// A writer edit that breaks the file, and what its error must mention.
+type Breakage = (fn(&mut GgufWriter), &'static [&'static str]);
+
+#[test]
+fn malformed_metadata_and_tensor_infos_name_what_is_wrong() {
+    let dir = TempDir::new("hdr-writer");
+    let cases: &[Breakage] = &[
+        // Metadata values.
+        (
+            |w| {
+                w.kv(
+                    "x.deep",
+                    (0..12).fold(Value::U8(1), |v, _| Value::Array(9, vec![v])),
+                );
+            },
+            &["x.deep", "nests arrays"],
+        ),
+        (
+            |w| {
+                w.kv("x.arr", Value::Array(13, vec![]));
+            },
+            &["x.arr", "unknown value type 13"],
+        ),
+        (
+            |w| {
+                w.kv("general.alignment", Value::U32(24));
+            },
+            &["general.alignment", "power of two"],
+        ),
+        (
+            |w| {
+                w.metadata
+                    .push(("general.name".into(), Value::String("again".into())));
+            },
+            &["general.name", "twice"],
+        ),
+        // Tensor infos.
+        (
+            |w| {
+                w.tensors
+                    .push(("t5".into(), vec![1; 5], GgmlType::F32, vec![0; 4]));
+            },
+            &["t5", "5 dimensions"],
+        ),
+        (
+            |w| {
+                w.tensors
+                    .push(("huge".into(), vec![1 << 40, 1 << 40], GgmlType::F32, vec![]));
+            },
+            &["huge", "too large"],
+        ),
+        (
+            |w| {
+                w.tensors
+                    .push(("odd".into(), vec![33], GgmlType::Q8_0, vec![0; 34]));
+            },
+            &["odd", "not a multiple of the Q8_0 block"],
+        ),
+        (
+            |w| {
+                w.tensors
+                    .push(("alien".into(), vec![32], GgmlType(77), vec![]));
+            },
+            &["alien", "type id 77"],
+        ),
+        (
+            |w| {
+                w.tensors
+                    .push(("t".into(), vec![4], GgmlType::F32, vec![0; 16]));
+                w.tensors
+                    .push(("t".into(), vec![4], GgmlType::F32, vec![0; 16]));
+            },
+            &["`t`", "twice"],
+        ),
+        // Data past the end (a tensor claiming more bytes than were written).
+        (
+            |w| {
+                w.tensors
+                    .push(("big".into(), vec![1 << 20], GgmlType::F32, vec![0; 16]));
+            },
+            &["big", "extend past the end"],
+        ),
+    ];
+    for (edit, parts) in cases {
         let mut w = small_file();
         edit(&mut w);
-        open_err(&dir, &w.to_bytes())
-    };
-    // Metadata values.
-    let deep = (0..12).fold(Value::U8(1), |v, _| Value::Array(9, vec![v]));
-    assert_mentions(
-        &writer_err(&|w| {
-            w.kv("x.deep", deep.clone());
-        }),
-        &["x.deep", "nests arrays"],
-    );
-    assert_mentions(
-        &writer_err(&|w| {
-            w.kv("x.arr", Value::Array(13, vec![]));
-        }),
-        &["x.arr", "unknown value type 13"],
-    );
-    assert_mentions(
-        &writer_err(&|w| {
-            w.kv("general.alignment", Value::U32(24));
-        }),
-        &["general.alignment", "power of two"],
-    );
-    assert_mentions(
-        &writer_err(&|w| {
-            w.metadata
-                .push(("general.name".into(), Value::String("again".into())));
-        }),
-        &["general.name", "twice"],
-    );
-    // Tensor infos.
-    assert_mentions(
-        &writer_err(&|w| {
-            w.tensors
-                .push(("t5".into(), vec![1; 5], GgmlType::F32, vec![0; 4]));
-        }),
-        &["t5", "5 dimensions"],
-    );
-    assert_mentions(
-        &writer_err(&|w| {
-            w.tensors
-                .push(("huge".into(), vec![1 << 40, 1 << 40], GgmlType::F32, vec![]));
-        }),
-        &["huge", "too large"],
-    );
-    assert_mentions(
-        &writer_err(&|w| {
-            w.tensors
-                .push(("odd".into(), vec![33], GgmlType::Q8_0, vec![0; 34]));
-        }),
-        &["odd", "not a multiple of the Q8_0 block"],
-    );
-    assert_mentions(
-        &writer_err(&|w| {
-            w.tensors
-                .push(("alien".into(), vec![32], GgmlType(77), vec![]));
-        }),
-        &["alien", "type id 77"],
-    );
-    assert_mentions(
-        &writer_err(&|w| {
-            w.tensors
-                .push(("t".into(), vec![4], GgmlType::F32, vec![0; 16]));
-            w.tensors
-                .push(("t".into(), vec![4], GgmlType::F32, vec![0; 16]));
-        }),
-        &["`t`", "twice"],
-    );
-    // Data past the end (a tensor claiming more bytes than were written).
-    assert_mentions(
-        &writer_err(&|w| {
-            w.tensors
-                .push(("big".into(), vec![1 << 20], GgmlType::F32, vec![0; 16]));
-        }),
-        &["big", "extend past the end"],
-    );
+        assert_mentions(&open_err(&dir, &w.to_bytes()), parts);
+    }
 }
 
 #[test]
