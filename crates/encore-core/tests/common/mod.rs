@@ -13,7 +13,7 @@ use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, WeightSource};
-use encore_core::request::SamplingParams;
+use encore_core::request::{Request, RequestParams, SamplingParams};
 use encore_core::runner::{Runner, RunnerConfig, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 
@@ -174,4 +174,20 @@ pub fn generate_greedy(
     .into_iter()
     .map(|g| g.output_ids)
     .collect()
+}
+
+/// Request `id` for `prompt`: `max_tokens` new tokens sampled per `sampling`, ending at EOS,
+/// no stop tokens, refused (not fitted) when too long.
+pub fn request(id: u64, prompt: Vec<u32>, sampling: SamplingParams, max_tokens: usize) -> Request {
+    Request {
+        id,
+        prompt,
+        params: RequestParams {
+            sampling,
+            max_tokens,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            fit_context: false,
+        },
+    }
 }

@@ -33,7 +33,6 @@ use encore_core::offload::{
 };
 use encore_core::progress::NoProgress;
 use encore_core::request::SamplingParams;
-use encore_core::request::{Request, RequestParams};
 use encore_core::runner::{GraphConfig, Runner, SeqStep, Seqs};
 use encore_core::scheduler::{Scheduler, SchedulerConfig};
 use encore_core::{DType, Error};

@@ -124,18 +124,8 @@ fn scheduled(runner: &mut Runner<'_>, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, u
     )
     .unwrap();
     for (i, p) in prompts.iter().enumerate() {
-        let params = RequestParams {
-            sampling: SamplingParams::default(),
-            max_tokens: 12,
-            stop_token_ids: Vec::new(),
-            ignore_eos: true,
-            fit_context: false,
-        };
-        let req = Request {
-            id: i as u64,
-            prompt: p.clone(),
-            params,
-        };
+        let mut req = common::request(i as u64, p.clone(), SamplingParams::default(), 12);
+        req.params.ignore_eos = true;
         sched.add(req, runner).unwrap();
     }
     let mut out = vec![Vec::new(); prompts.len()];
