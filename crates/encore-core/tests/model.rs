@@ -274,6 +274,10 @@ fn check_arch(name: &str, dtype: DType, tol: f64) {
     check_config(name, ModelConfig::dummy(name).unwrap(), dtype, tol)
 }
 
+/// One step of [`check_config`]: the new tokens of each sequence, decode only, the
+/// sequences whose logits are checked, and what the step is.
+type Step<'a> = ([&'a [u32]; 4], bool, &'a [usize], &'a str);
+
 fn check_config(name: &str, cfg: ModelConfig, dtype: DType, tol: f64) {
     let cpu = CpuBackend::new();
     let be: &dyn Backend = &cpu;
@@ -324,7 +328,7 @@ fn check_config(name: &str, cfg: ModelConfig, dtype: DType, tol: f64) {
     };
     // (new tokens per sequence, decode only, the sequences in the batch, what the step is).
     let (d1, d2) = (&d[..7], &d[7..]);
-    let steps: [([&[u32]; 4], bool, &[usize], &str); 5] = [
+    let steps: [Step<'_>; 5] = [
         // Three prompts of different lengths prefilled in one batch (b crosses blocks).
         ([&a, &b, &c, &[]], false, &[0, 1, 2], "prefill"),
         // Pure decode (no cu_seqlens), crossing a block boundary for seq 1.
