@@ -287,9 +287,6 @@ fn run_attention(be: &dyn Backend, i: &testing::inputs::AttentionInputs, dtype: 
         .collect()
 }
 
-/// Sliding windows over contexts up to 8192 + 3 tokens (split-K decode, prefill rows):
-/// CUDA, which streams only the window's blocks and plans its splits by the window, agrees
-/// with the CPU kernel per (row, head).
 /// The attention output of `inputs` on `be` and on the CPU agree within the reduction
 /// tolerance of `dtype` (`what` names the case); returns `be`'s output.
 fn assert_attention_matches_cpu(
@@ -328,6 +325,9 @@ fn attention_shape(
     }
 }
 
+/// Sliding windows over contexts up to 8192 + 3 tokens (split-K decode, prefill rows):
+/// CUDA, which streams only the window's blocks and plans its splits by the window, agrees
+/// with the CPU kernel per (row, head).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn windowed_attention_over_long_contexts_matches_cpu() {

@@ -220,21 +220,33 @@ fn load(cfg: &ModelConfig, source: WeightSource) -> encore_core::Result<ModelWei
 
 /// Greedy tokens of two prompts, 8 new tokens each.
 fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
+    let prompts = vec![vec![1, 5, 9, 40, 77], vec![1, 90, 3]];
+    greedy_on_cpu(cfg, w, &prompts, 4, 1 + 2 * 16)
+}
+
+/// Greedy tokens (8 new, EOS ignored) of `prompts`, f32 on the CPU, with `num_blocks` KV
+/// blocks of `block_size`.
+fn greedy_on_cpu(
+    cfg: &ModelConfig,
+    w: ModelWeights,
+    prompts: &[Vec<u32>],
+    block_size: usize,
+    num_blocks: usize,
+) -> Vec<Vec<u32>> {
     let be = CpuBackend::new();
     let model = Model::new(&be, cfg.clone(), w, 64).unwrap();
     let mut runner = Runner::new(
         &be,
         model,
         RunnerConfig {
-            block_size: 4,
-            num_blocks: 1 + 2 * 16,
+            block_size,
+            num_blocks,
             max_tokens_per_step: 64,
-            max_seqs: 2,
+            max_seqs: prompts.len(),
             max_seq_len: 64,
             penalty_slots: 0,
         },
     )
     .unwrap();
-    let prompts = vec![vec![1, 5, 9, 40, 77], vec![1, 90, 3]];
-    common::generate_greedy(&mut runner, &prompts, &[], 8, true)
+    common::generate_greedy(&mut runner, prompts, &[], 8, true)
 }

@@ -41,7 +41,7 @@ fn real_gguf_smoke() {
     let prompt: Vec<u32> = ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
         .map(id)
         .to_vec();
-    let out = greedy_8(&cfg, w, prompt);
+    let out = greedy_on_cpu(&cfg, w, &[prompt], 16, 8).remove(0);
     let text: String = out
         .iter()
         .map(|&i| {
@@ -91,25 +91,4 @@ fn assert_dequantized_like_gguf_py(file: &GgufFile, reference: &Path) {
         );
         eprintln!("{}: {} values equal gguf-py's", t.name, want.len());
     }
-}
-
-/// Eight greedy tokens after `prompt`, f32 on the CPU.
-fn greedy_8(cfg: &ModelConfig, w: ModelWeights, prompt: Vec<u32>) -> Vec<u32> {
-    let be = CpuBackend::new();
-    let model = Model::new(&be, cfg.clone(), w, 64).unwrap();
-    let mut runner = Runner::new(
-        &be,
-        model,
-        RunnerConfig {
-            block_size: 16,
-            num_blocks: 8,
-            max_tokens_per_step: 64,
-            max_seqs: 1,
-            max_seq_len: 64,
-            penalty_slots: 0,
-        },
-    )
-    .unwrap();
-    let mut out = common::generate_greedy(&mut runner, &[prompt], &[], 8, true);
-    out.remove(0)
 }
