@@ -393,6 +393,13 @@ fn attention_edge_cases_by_hand() {
     assert_eq!(clamped(6), vec![30.0, -3.0]);
 }
 
+/// `err` matches the pattern (its message shown otherwise).
+macro_rules! assert_matches {
+    ($err:expr, $pat:pat) => {
+        assert!(matches!($err, $pat), "{}", $err)
+    };
+}
+
 #[test]
 fn wrong_shapes_and_dtypes_name_the_tensor() {
     let be = cpu();
@@ -402,21 +409,18 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
     let err = be
         .matmul(&x, &f32s(&[4, 7]), None, &f32s(&[2, 4]))
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Shape {
-                op: "matmul",
-                name: "w",
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::Shape {
+            op: "matmul",
+            name: "w",
+            ..
+        }
     );
     let err = be
         .matmul(&x, &f32s(&[4, 8]), Some(&f32s(&[5])), &f32s(&[2, 4]))
         .unwrap_err();
-    assert!(matches!(err, Error::Shape { name: "bias", .. }), "{err}");
+    assert_matches!(err, Error::Shape { name: "bias", .. });
     let err = be
         .matmul(
             &x,
@@ -425,72 +429,62 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
             &be.alloc(DType::I32, &[2, 4]).unwrap(),
         )
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::DType {
-                name: "out",
-                found: DType::I32,
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::DType {
+            name: "out",
+            found: DType::I32,
+            ..
+        }
     );
 
     let w16 = be.alloc(DType::F16, &[8]).unwrap();
     let err = be.rms_norm(&x, None, &w16, 1e-5, &x).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::DType {
-                op: "rms_norm",
-                name: "weight",
-                found: DType::F16,
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::DType {
+            op: "rms_norm",
+            name: "weight",
+            found: DType::F16,
+            ..
+        }
     );
     let err = be
         .rms_norm(&x, Some(&f32s(&[2, 7])), &f32s(&[8]), 1e-5, &x)
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Shape {
-                name: "residual",
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::Shape {
+            name: "residual",
+            ..
+        }
     );
     assert!(err.to_string().contains("residual"));
 
     let err = be.embedding(&f32s(&[2]), &x, &f32s(&[2, 8])).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::DType {
-                op: "embedding",
-                name: "ids",
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::DType {
+            op: "embedding",
+            name: "ids",
+            ..
+        }
     );
 
     let err = be.silu_mul(&f32s(&[2, 7]), &f32s(&[2, 3])).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Shape {
-                name: "gate_up",
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::Shape {
+            name: "gate_up",
+            ..
+        }
     );
+}
 
+#[test]
+fn wrong_attention_operands_name_the_tensor() {
+    let be = cpu();
+    let f32s = |shape: &[usize]| be.alloc(DType::F32, shape).unwrap();
     let i32s = |shape: &[usize]| be.alloc(DType::I32, shape).unwrap();
     let q = f32s(&[3, 4, 8]);
     let cache = f32s(&[5, 4, 2, 8]);
@@ -511,31 +505,31 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
         .unwrap_err()
     };
     let err = attention(&i32s(&[3, 2]), &i32s(&[4]), None);
-    assert!(
-        matches!(
-            err,
-            Error::Shape {
-                op: "attention",
-                name: "seq_lens",
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::Shape {
+            op: "attention",
+            name: "seq_lens",
+            ..
+        }
     );
     let err = attention(&f32s(&[3, 2]), &i32s(&[3]), None);
-    assert!(
-        matches!(
-            err,
-            Error::DType {
-                name: "block_tables",
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::DType {
+            name: "block_tables",
+            ..
+        }
     );
     let err = attention(&i32s(&[3, 2]), &i32s(&[3]), Some(0));
     assert!(err.to_string().contains("window must be >= 1"), "{err}");
+}
 
+#[test]
+fn wrong_sampling_operands_name_the_tensor() {
+    let be = cpu();
+    let f32s = |shape: &[usize]| be.alloc(DType::F32, shape).unwrap();
+    let i32s = |shape: &[usize]| be.alloc(DType::I32, shape).unwrap();
     let logits = f32s(&[2, 10]);
     let (t, k, p) = (f32s(&[2]), i32s(&[2]), f32s(&[2]));
     let seeds = i32s(&[2]);
@@ -550,17 +544,14 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
         logprobs: None,
     };
     let err = be.sample(&logits, &params, &i32s(&[2])).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::DType {
-                op: "sample",
-                name: "seeds",
-                found: DType::I32,
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::DType {
+            op: "sample",
+            name: "seeds",
+            found: DType::I32,
+            ..
+        }
     );
     let seeds = be.alloc(DType::I64, &[2]).unwrap();
     let (counts, slot) = (i32s(&[3, 11]), i32s(&[2]));
@@ -580,16 +571,13 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
         ..params
     };
     let err = be.sample(&logits, &params, &i32s(&[2])).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Shape {
-                op: "sample",
-                name: "counts",
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::Shape {
+            op: "sample",
+            name: "counts",
+            ..
+        }
     );
     let (num, token) = (i32s(&[2]), f32s(&[2]));
     let (ids, top) = (i32s(&[2, 21]), f32s(&[2, 21]));
@@ -604,16 +592,13 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
         ..params
     };
     let err = be.sample(&logits, &params, &i32s(&[2])).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Shape {
-                op: "sample",
-                name: "top_ids",
-                ..
-            }
-        ),
-        "{err}"
+    assert_matches!(
+        err,
+        Error::Shape {
+            op: "sample",
+            name: "top_ids",
+            ..
+        }
     );
     // NOTE: wrong-device errors need tensors of a second device kind; the GPU suite
     // (tests/cuda.rs) covers them.

@@ -134,6 +134,18 @@ struct Knobs<'a> {
     logprobs: Option<(i32, usize)>,
 }
 
+impl Knobs<'_> {
+    /// Greedy, no min-p or penalties, with `num` top log-probabilities of width `width`.
+    fn greedy_logprobs(num: i32, width: usize) -> Self {
+        Knobs {
+            temperature: 0.0,
+            min_p: 0.0,
+            penalties: None,
+            logprobs: Some((num, width)),
+        }
+    }
+}
+
 /// (counts `[slots, vocab]`, per-row slot, repetition, frequency, presence).
 type PenaltyKnobs<'a> = (&'a [i32], &'a [i32], f32, f32, f32);
 
@@ -293,18 +305,8 @@ fn penalties_follow_vllm_and_count_the_sampled_token() {
 fn logprobs_of_rows_that_ask_and_only_those() {
     let be = cpu();
     let logits = [0.5f32, 2.0, 2.0, f32::NAN, -1.0];
-    let (_, token_lp, top_ids, top_lp, _) = sample_knobs(
-        be.as_ref(),
-        &logits,
-        5,
-        Knobs {
-            temperature: 0.0,
-            min_p: 0.0,
-            penalties: None,
-            logprobs: Some((6, 6)),
-        },
-        0..1,
-    );
+    let (_, token_lp, top_ids, top_lp, _) =
+        sample_knobs(be.as_ref(), &logits, 5, Knobs::greedy_logprobs(6, 6), 0..1);
     // Ties by smaller index; NaN never listed; past the non-NaN count: -1 and -inf.
     assert_eq!(top_ids, vec![1, 2, 0, 4, -1, -1]);
     assert_eq!(top_lp[4], f32::NEG_INFINITY);
@@ -321,12 +323,7 @@ fn logprobs_of_rows_that_ask_and_only_those() {
             be.as_ref(),
             &logits,
             5,
-            Knobs {
-                temperature: 0.0,
-                min_p: 0.0,
-                penalties: None,
-                logprobs: Some((num, 3)),
-            },
+            Knobs::greedy_logprobs(num, 3),
             0..1,
         );
         assert_eq!(top_ids, want_top);

@@ -9,6 +9,8 @@ use encore_core::backend::cpu::CpuBackend;
 use encore_core::backend::cuda::CudaBackend;
 use encore_core::{testing, Attention, Backend, DType, Error};
 
+mod common;
+
 /// The tests of this binary run one at a time: a backend has one stream, and a capture
 /// on it must not see another test's launches (the engine drives a backend from one
 /// thread; tests must too).
@@ -285,40 +287,64 @@ fn run_attention(be: &dyn Backend, i: &testing::inputs::AttentionInputs, dtype: 
         .collect()
 }
 
+/// The attention output of `inputs` on `be` and on the CPU agree within the reduction
+/// tolerance of `dtype` (`what` names the case); returns `be`'s output.
+fn assert_attention_matches_cpu(
+    be: &dyn Backend,
+    inputs: &testing::inputs::AttentionInputs,
+    dtype: DType,
+    what: std::fmt::Arguments<'_>,
+) -> Vec<f64> {
+    use testing::compare::{max_row_error, tolerance, OpClass};
+    let got = run_attention(be, inputs, dtype);
+    let want = run_attention(&CpuBackend::new(), inputs, dtype);
+    let e = max_row_error(&got, &want, inputs.shape.head_dim);
+    let tol = tolerance(OpClass::Reduction, dtype);
+    assert!(e <= tol, "{what}: error {e:.2e} > {tol:.1e}");
+    got
+}
+
+/// Eight sequences of 8 heads over 2 KV heads in blocks of 16.
+fn attention_shape(
+    head_dim: usize,
+    table_width: usize,
+    prefill: bool,
+    max_q_len: usize,
+    window: Option<usize>,
+) -> testing::inputs::AttentionShape {
+    testing::inputs::AttentionShape {
+        num_seqs: 8,
+        num_heads: 8,
+        num_kv_heads: 2,
+        head_dim,
+        block_size: 16,
+        table_width,
+        prefill,
+        max_q_len,
+        window,
+    }
+}
+
 /// Sliding windows over contexts up to 8192 + 3 tokens (split-K decode, prefill rows):
 /// CUDA, which streams only the window's blocks and plans its splits by the window, agrees
 /// with the CPU kernel per (row, head).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn windowed_attention_over_long_contexts_matches_cpu() {
-    use testing::compare::{max_row_error, tolerance, OpClass};
-    use testing::inputs::{rng, AttentionInputs, AttentionShape};
+    use testing::inputs::{rng, AttentionInputs};
     let _serial = serial();
     let be = cuda();
-    let cpu = CpuBackend::new();
     let mut r = rng(fresh_seed());
     for dtype in [DType::BF16, DType::F32] {
         for prefill in [false, true] {
             for window in [None, Some(1), Some(64), Some(1000), Some(4096), Some(9000)] {
-                let shape = AttentionShape {
-                    num_seqs: 8,
-                    num_heads: 8,
-                    num_kv_heads: 2,
-                    head_dim: 128,
-                    block_size: 16,
-                    table_width: 512,
-                    prefill,
-                    max_q_len: 40,
-                    window,
-                };
+                let shape = attention_shape(128, 512, prefill, 40, window);
                 let inputs = AttentionInputs::random(&mut r, shape);
-                let got = run_attention(be.as_ref(), &inputs, dtype);
-                let want = run_attention(&cpu, &inputs, dtype);
-                let e = max_row_error(&got, &want, shape.head_dim);
-                let tol = tolerance(OpClass::Reduction, dtype);
-                assert!(
-                    e <= tol,
-                    "{dtype} prefill={prefill} window={window:?}: error {e:.2e} > {tol:.1e}"
+                assert_attention_matches_cpu(
+                    be.as_ref(),
+                    &inputs,
+                    dtype,
+                    format_args!("{dtype} prefill={prefill} window={window:?}"),
                 );
             }
         }
@@ -332,8 +358,6 @@ fn windowed_attention_over_long_contexts_matches_cpu() {
 fn windowed_model_matches_cpu() {
     use encore_core::kv::SeqId;
     use encore_core::model::config::{ModelConfig, SlidingWindow};
-    use encore_core::model::llama::Model;
-    use encore_core::model::weights::{self, WeightSource};
     use encore_core::request::SamplingParams;
     use encore_core::runner::{Runner, RunnerConfig, SeqStep, Seqs};
     let _serial = serial();
@@ -347,15 +371,7 @@ fn windowed_model_matches_cpu() {
         ..ModelConfig::dummy("tiny-qwen2").unwrap()
     };
     let run = |be: &dyn Backend| -> Vec<Vec<f32>> {
-        let w = weights::load(
-            be,
-            &cfg,
-            WeightSource::Dummy { seed: 3 },
-            DType::F32,
-            &encore_core::progress::NoProgress,
-        )
-        .unwrap();
-        let model = Model::new(be, cfg.clone(), w, 64).unwrap();
+        let model = common::dummy_model(be, cfg.clone(), 64);
         let mut r = Runner::new(
             be,
             model,
@@ -491,10 +507,8 @@ fn prefill_inputs(
 #[test]
 #[ignore = "needs a CUDA device"]
 fn prefill_attention_tensor_core_matches_cpu() {
-    use testing::compare::{max_row_error, tolerance, OpClass};
     let _serial = serial();
     let be = cuda();
-    let cpu = CpuBackend::new();
     let mut r = testing::inputs::rng(fresh_seed());
     // (query rows, cached tokens) per sequence, padding rows.
     let prefill_only: (&[(usize, usize)], usize) =
@@ -536,14 +550,14 @@ fn prefill_attention_tensor_core_matches_cpu() {
                         window,
                         k == 1,
                     );
-                    let got = run_attention(be.as_ref(), &inputs, dtype);
-                    let want = run_attention(&cpu, &inputs, dtype);
-                    let e = max_row_error(&got, &want, head_dim);
-                    let tol = tolerance(OpClass::Reduction, dtype);
-                    assert!(
-                        e <= tol,
-                        "{dtype} hd={head_dim} heads={nh}/{nkv} bs={block_size} \
-                         window={window:?} seqs={seqs:?} pad={pad}: error {e:.2e} > {tol:.1e}"
+                    let got = assert_attention_matches_cpu(
+                        be.as_ref(),
+                        &inputs,
+                        dtype,
+                        format_args!(
+                            "{dtype} hd={head_dim} heads={nh}/{nkv} bs={block_size} \
+                             window={window:?} seqs={seqs:?} pad={pad}"
+                        ),
                     );
                     // Padding rows are zeros.
                     let row_elems = nh * head_dim;
@@ -562,34 +576,20 @@ fn prefill_attention_tensor_core_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn prefill_attention_tensor_core_random_cases_match_cpu() {
-    use testing::compare::{max_row_error, tolerance, OpClass};
-    use testing::inputs::{rng, AttentionInputs, AttentionShape};
+    use testing::inputs::{rng, AttentionInputs};
     let _serial = serial();
     let be = cuda();
-    let cpu = CpuBackend::new();
     let mut r = rng(fresh_seed());
     for dtype in [DType::BF16, DType::F16] {
         for head_dim in [64, 128] {
             for window in [None, Some(1), Some(64), Some(1000)] {
-                let shape = AttentionShape {
-                    num_seqs: 8,
-                    num_heads: 8,
-                    num_kv_heads: 2,
-                    head_dim,
-                    block_size: 16,
-                    table_width: 40,
-                    prefill: true,
-                    max_q_len: 200,
-                    window,
-                };
+                let shape = attention_shape(head_dim, 40, true, 200, window);
                 let inputs = AttentionInputs::random(&mut r, shape);
-                let got = run_attention(be.as_ref(), &inputs, dtype);
-                let want = run_attention(&cpu, &inputs, dtype);
-                let e = max_row_error(&got, &want, head_dim);
-                let tol = tolerance(OpClass::Reduction, dtype);
-                assert!(
-                    e <= tol,
-                    "{dtype} hd={head_dim} window={window:?}: error {e:.2e} > {tol:.1e}"
+                assert_attention_matches_cpu(
+                    be.as_ref(),
+                    &inputs,
+                    dtype,
+                    format_args!("{dtype} hd={head_dim} window={window:?}"),
                 );
             }
         }

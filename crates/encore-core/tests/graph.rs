@@ -76,43 +76,27 @@ fn check_graph_matches_eager(be: &dyn Backend, tol: f64, exact_tokens: bool) {
         .collect();
     let mut last = vec![0u32; prompts.len()];
     for (i, p) in prompts.iter().enumerate() {
-        for s in [&mut eager_seqs, &mut graph_seqs] {
-            s.blocks.allocate(SeqId(i as u64), p.len()).unwrap();
-        }
-        let step = [SeqStep {
-            seq: SeqId(i as u64),
-            tokens: p,
+        // Prefills run eagerly in both modes.
+        last[i] = common::prefill_both(
+            (&mut eager, &mut eager_seqs),
+            (&mut graph, &mut graph_seqs),
+            i,
+            p,
             sampling,
-        }];
-        let a = eager.step(&mut eager_seqs, &step).unwrap();
-        let b = graph.step(&mut graph_seqs, &step).unwrap();
-        assert_eq!(a, b, "prefill of seq {i} (eager in both modes)");
-        last[i] = a[0];
+        );
     }
     // Batch sizes that are not bucket sizes, shrinking and growing: 3, 5, 13, 1, 7, 13, ...
     let schedule: &[usize] = &[3, 5, 13, 1, 7, 13, 2, 13, 6, 13];
     let mut checked_padding = false;
     for (step_no, &bsz) in schedule.iter().enumerate() {
-        let active: Vec<usize> = (0..bsz)
-            .map(|k| (k * 5 + step_no) % 13)
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        for s in [&mut eager_seqs, &mut graph_seqs] {
-            for &i in &active {
-                s.blocks.append(SeqId(i as u64), 1).unwrap();
-            }
-        }
+        let active = common::active_set(bsz, 5, step_no, 13);
         let toks: Vec<[u32; 1]> = active.iter().map(|&i| [last[i]]).collect();
-        let batch: Vec<SeqStep<'_>> = active
-            .iter()
-            .zip(&toks)
-            .map(|(&i, t)| SeqStep {
-                seq: SeqId(i as u64),
-                tokens: t,
-                sampling,
-            })
-            .collect();
+        let batch = common::decode_batch(
+            &mut [&mut eager_seqs, &mut graph_seqs],
+            &active,
+            &toks,
+            sampling,
+        );
         let before = (!checked_padding).then(|| unowned_kv(be, &graph, &graph_seqs));
         let (ta, la) = eager.step_with_logits(&mut eager_seqs, &batch).unwrap();
         let (tb, lb) = graph.step_with_logits(&mut graph_seqs, &batch).unwrap();

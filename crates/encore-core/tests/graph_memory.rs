@@ -9,10 +9,9 @@
 use std::sync::Mutex;
 
 use encore_core::backend::cpu::CpuBackend;
-use encore_core::kv::SeqId;
 use encore_core::memory::{Arena, ArenaStats, GraphMemory};
 use encore_core::request::SamplingParams;
-use encore_core::runner::{Runner, SeqStep, Seqs};
+use encore_core::runner::{Runner, Seqs};
 use encore_core::{Backend, DType};
 
 mod common;
@@ -139,44 +138,25 @@ fn check_replay_after_growth(be: &dyn Backend, strategy: GraphMemory, order: &[u
         let prompt: Vec<u32> = (0..2 + (i * 5) % 11)
             .map(|j| ((i * 31 + j * 7) % 250) as u32)
             .collect();
-        for r_seqs in [&mut eager_seqs, &mut graph_seqs] {
-            r_seqs
-                .blocks
-                .allocate(SeqId(i as u64), prompt.len())
-                .unwrap();
-        }
-        let step = [SeqStep {
-            seq: SeqId(i as u64),
-            tokens: &prompt,
-            sampling: greedy,
-        }];
-        let a = eager.step(&mut eager_seqs, &step).unwrap();
-        assert_eq!(a, graph.step(&mut graph_seqs, &step).unwrap());
-        *l = a[0];
+        *l = common::prefill_both(
+            (&mut eager, &mut eager_seqs),
+            (&mut graph, &mut graph_seqs),
+            i,
+            &prompt,
+            greedy,
+        );
     }
     // Buckets 1, 2, 4, 8, 16 (13 rows padded to 16), then the small ones again.
     let schedule = [1usize, 2, 3, 7, 13, 1, 5, 2];
     for (step_no, &bsz) in schedule.iter().enumerate() {
-        let active: Vec<usize> = (0..bsz)
-            .map(|k| (k * 3 + step_no) % n)
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        for r_seqs in [&mut eager_seqs, &mut graph_seqs] {
-            for &i in &active {
-                r_seqs.blocks.append(SeqId(i as u64), 1).unwrap();
-            }
-        }
+        let active = common::active_set(bsz, 3, step_no, n);
         let toks: Vec<[u32; 1]> = active.iter().map(|&i| [last[i]]).collect();
-        let batch: Vec<SeqStep<'_>> = active
-            .iter()
-            .zip(&toks)
-            .map(|(&i, t)| SeqStep {
-                seq: SeqId(i as u64),
-                tokens: t,
-                sampling: greedy,
-            })
-            .collect();
+        let batch = common::decode_batch(
+            &mut [&mut eager_seqs, &mut graph_seqs],
+            &active,
+            &toks,
+            greedy,
+        );
         let (ta, la) = eager.step_with_logits(&mut eager_seqs, &batch).unwrap();
         let (_, lb) = graph.step_with_logits(&mut graph_seqs, &batch).unwrap();
         for (k, (x, y)) in la.iter().zip(&lb).enumerate() {

@@ -72,106 +72,123 @@ impl RefModel {
     /// Logits of the last token of `tokens`, computing the whole sequence from scratch.
     fn last_logits(&self, tokens: &[u32]) -> Vec<f64> {
         let c = &self.cfg;
-        let (h, nh, kvh, hd) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim);
-        let inter = c.intermediate_size;
-        let eps = c.rms_norm_eps as f64;
-        let l = tokens.len();
-        let norm = |x: &[f64], w: &[f64]| -> Vec<f64> {
-            let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-            let r = 1.0 / (ms + eps).sqrt();
-            x.iter().zip(w).map(|(v, g)| v * r * g).collect()
-        };
-        // y[j] = sum_i x[i] * w[row0 + j][i]
-        let linear = |x: &[f64], w: &[f64], row0: usize, rows: usize, k: usize| -> Vec<f64> {
-            (0..rows)
-                .map(|j| (0..k).map(|i| x[i] * w[(row0 + j) * k + i]).sum())
-                .collect()
-        };
-        let inv_freq = c.rope.inv_freq();
-        let half = c.rope.rot_dim / 2;
-        let rope = |v: &mut [f64], pos: usize| {
-            for (i, f) in inv_freq.iter().enumerate() {
-                let ang = pos as f64 * f;
-                let (s, co) = ang.sin_cos();
-                let (a, b) = (v[i], v[i + half]);
-                v[i] = a * co - b * s;
-                v[i + half] = b * co + a * s;
-            }
-        };
+        let h = c.hidden_size;
         let mut x: Vec<Vec<f64>> = tokens
             .iter()
             .map(|&t| self.embed[t as usize * h..(t as usize + 1) * h].to_vec())
             .collect();
         for (li, lw) in self.layers.iter().enumerate() {
-            let mut qs = Vec::new();
-            let mut ks = Vec::new();
-            let mut vs = Vec::new();
-            for (p, xp) in x.iter().enumerate() {
-                let hn = norm(xp, &lw.input_norm);
-                let mut q = linear(&hn, &lw.qkv, 0, nh * hd, h);
-                let mut k = linear(&hn, &lw.qkv, nh * hd, kvh * hd, h);
-                let mut v = linear(&hn, &lw.qkv, (nh + kvh) * hd, kvh * hd, h);
-                if let Some(b) = &lw.qkv_bias {
-                    q.iter_mut().zip(&b[..nh * hd]).for_each(|(a, b)| *a += b);
-                    k.iter_mut()
-                        .zip(&b[nh * hd..(nh + kvh) * hd])
-                        .for_each(|(a, b)| *a += b);
-                    v.iter_mut()
-                        .zip(&b[(nh + kvh) * hd..])
-                        .for_each(|(a, b)| *a += b);
-                }
-                for head in q.chunks_mut(hd) {
-                    if let Some(qn) = &lw.q_norm {
-                        let n = norm(head, qn);
-                        head.copy_from_slice(&n);
-                    }
-                    rope(head, p);
-                }
-                for head in k.chunks_mut(hd) {
-                    if let Some(kn) = &lw.k_norm {
-                        let n = norm(head, kn);
-                        head.copy_from_slice(&n);
-                    }
-                    rope(head, p);
-                }
-                qs.push(q);
-                ks.push(k);
-                vs.push(v);
-            }
-            let scale = 1.0 / (hd as f64).sqrt();
-            for p in 0..l {
-                let mut attn = vec![0.0; nh * hd];
-                for head in 0..nh {
-                    let g = head / (nh / kvh);
-                    let q = &qs[p][head * hd..(head + 1) * hd];
-                    // The window: keys t with p - w < t <= p (transformers' semantics).
-                    let first = c.layer_window(li).map_or(0, |w| (p + 1).saturating_sub(w));
-                    let scores: Vec<f64> = (first..=p)
-                        .map(|t| (0..hd).map(|d| q[d] * ks[t][g * hd + d]).sum::<f64>() * scale)
-                        .collect();
-                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                    let z: f64 = e.iter().sum();
-                    for (t, et) in (first..).zip(&e) {
-                        for d in 0..hd {
-                            attn[head * hd + d] += et / z * vs[t][g * hd + d];
-                        }
-                    }
-                }
-                let o = linear(&attn, &lw.o_proj, 0, h, nh * hd);
-                x[p].iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-                let hn = norm(&x[p], &lw.post_norm);
-                let gu = linear(&hn, &lw.gate_up, 0, 2 * inter, h);
-                let act: Vec<f64> = (0..inter)
-                    .map(|j| gu[j] / (1.0 + (-gu[j]).exp()) * gu[inter + j])
-                    .collect();
-                let d = linear(&act, &lw.down, 0, h, inter);
-                x[p].iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+            let qkv: Vec<[Vec<f64>; 3]> = x
+                .iter()
+                .enumerate()
+                .map(|(p, xp)| self.qkv(lw, xp, p))
+                .collect();
+            for (p, xp) in x.iter_mut().enumerate() {
+                let attn = self.attention(li, &qkv, p);
+                let o = linear(&attn, &lw.o_proj, 0, h, c.num_heads * c.head_dim);
+                xp.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+                let d = self.mlp(lw, xp);
+                xp.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
             }
         }
-        let last = norm(&x[l - 1], &self.norm);
+        let last = self.norm(&x[tokens.len() - 1], &self.norm);
         linear(&last, &self.lm_head, 0, c.vocab_size, h)
     }
+
+    /// RMS norm of `x` with weight `w`.
+    fn norm(&self, x: &[f64], w: &[f64]) -> Vec<f64> {
+        let eps = self.cfg.rms_norm_eps as f64;
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+        let r = 1.0 / (ms + eps).sqrt();
+        x.iter().zip(w).map(|(v, g)| v * r * g).collect()
+    }
+
+    /// Rotary embedding of one head `v` at position `pos`.
+    fn rope(&self, v: &mut [f64], pos: usize) {
+        let half = self.cfg.rope.rot_dim / 2;
+        for (i, f) in self.cfg.rope.inv_freq().iter().enumerate() {
+            let ang = pos as f64 * f;
+            let (s, co) = ang.sin_cos();
+            let (a, b) = (v[i], v[i + half]);
+            v[i] = a * co - b * s;
+            v[i + half] = b * co + a * s;
+        }
+    }
+
+    /// The query, key and value of the token at position `p` with hidden state `xp`
+    /// (bias, q/k norm and rope applied).
+    fn qkv(&self, lw: &RefLayer, xp: &[f64], p: usize) -> [Vec<f64>; 3] {
+        let c = &self.cfg;
+        let (h, nh, kvh, hd) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim);
+        let hn = self.norm(xp, &lw.input_norm);
+        let mut q = linear(&hn, &lw.qkv, 0, nh * hd, h);
+        let mut k = linear(&hn, &lw.qkv, nh * hd, kvh * hd, h);
+        let mut v = linear(&hn, &lw.qkv, (nh + kvh) * hd, kvh * hd, h);
+        if let Some(b) = &lw.qkv_bias {
+            q.iter_mut().zip(&b[..nh * hd]).for_each(|(a, b)| *a += b);
+            k.iter_mut()
+                .zip(&b[nh * hd..(nh + kvh) * hd])
+                .for_each(|(a, b)| *a += b);
+            v.iter_mut()
+                .zip(&b[(nh + kvh) * hd..])
+                .for_each(|(a, b)| *a += b);
+        }
+        for (x, head_norm) in [(&mut q, &lw.q_norm), (&mut k, &lw.k_norm)] {
+            for head in x.chunks_mut(hd) {
+                if let Some(w) = head_norm {
+                    let n = self.norm(head, w);
+                    head.copy_from_slice(&n);
+                }
+                self.rope(head, p);
+            }
+        }
+        [q, k, v]
+    }
+
+    /// Causal attention output of position `p` in layer `li` over the keys and values of
+    /// `qkv` (within the layer's window).
+    fn attention(&self, li: usize, qkv: &[[Vec<f64>; 3]], p: usize) -> Vec<f64> {
+        let c = &self.cfg;
+        let (nh, kvh, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut attn = vec![0.0; nh * hd];
+        for head in 0..nh {
+            let g = head / (nh / kvh);
+            let q = &qkv[p][0][head * hd..(head + 1) * hd];
+            // The window: keys t with p - w < t <= p (transformers' semantics).
+            let first = c.layer_window(li).map_or(0, |w| (p + 1).saturating_sub(w));
+            let scores: Vec<f64> = (first..=p)
+                .map(|t| (0..hd).map(|d| q[d] * qkv[t][1][g * hd + d]).sum::<f64>() * scale)
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for (t, et) in (first..).zip(&e) {
+                for d in 0..hd {
+                    attn[head * hd + d] += et / z * qkv[t][2][g * hd + d];
+                }
+            }
+        }
+        attn
+    }
+
+    /// The SwiGLU MLP of hidden state `xp` (post-attention norm applied).
+    fn mlp(&self, lw: &RefLayer, xp: &[f64]) -> Vec<f64> {
+        let (h, inter) = (self.cfg.hidden_size, self.cfg.intermediate_size);
+        let hn = self.norm(xp, &lw.post_norm);
+        let gu = linear(&hn, &lw.gate_up, 0, 2 * inter, h);
+        let act: Vec<f64> = (0..inter)
+            .map(|j| gu[j] / (1.0 + (-gu[j]).exp()) * gu[inter + j])
+            .collect();
+        linear(&act, &lw.down, 0, h, inter)
+    }
+}
+
+/// `y[j] = sum_i x[i] * w[row0 + j][i]` for `rows` rows of `k` columns.
+fn linear(x: &[f64], w: &[f64], row0: usize, rows: usize, k: usize) -> Vec<f64> {
+    (0..rows)
+        .map(|j| (0..k).map(|i| x[i] * w[(row0 + j) * k + i]).sum())
+        .collect()
 }
 
 /// One sequence of the test: its tokens so far and the blocks it owns.
@@ -257,6 +274,10 @@ fn check_arch(name: &str, dtype: DType, tol: f64) {
     check_config(name, ModelConfig::dummy(name).unwrap(), dtype, tol)
 }
 
+/// One step of [`check_config`]: the new tokens of each sequence, decode only, the
+/// sequences whose logits are checked, and what the step is.
+type Step<'a> = ([&'a [u32]; 4], bool, &'a [usize], &'a str);
+
 fn check_config(name: &str, cfg: ModelConfig, dtype: DType, tol: f64) {
     let cpu = CpuBackend::new();
     let be: &dyn Backend = &cpu;
@@ -305,52 +326,23 @@ fn check_config(name: &str, cfg: ModelConfig, dtype: DType, tol: f64) {
             );
         }
     };
-    // Step 1: three prompts of different lengths prefilled in one batch (b crosses blocks).
-    let out = step(
-        be,
-        &model,
-        &mut arena,
-        &kv,
-        &mut seqs,
-        &[&a, &b, &c, &[]],
-        false,
-    );
-    check(out, &[0, 1, 2], &seqs, "prefill");
-    // Steps 2-3: pure decode (no cu_seqlens), crossing a block boundary for seq 1.
-    for t in 0..2u32 {
-        let out = step(
-            be,
-            &model,
-            &mut arena,
-            &kv,
-            &mut seqs,
-            &[&[t + 1], &[t + 2], &[t + 3], &[]],
-            true,
-        );
-        check(out, &[0, 1, 2], &seqs, "decode");
+    // (new tokens per sequence, decode only, the sequences in the batch, what the step is).
+    let (d1, d2) = (&d[..7], &d[7..]);
+    let steps: [Step<'_>; 5] = [
+        // Three prompts of different lengths prefilled in one batch (b crosses blocks).
+        ([&a, &b, &c, &[]], false, &[0, 1, 2], "prefill"),
+        // Pure decode (no cu_seqlens), crossing a block boundary for seq 1.
+        ([&[1], &[2], &[3], &[]], true, &[0, 1, 2], "decode"),
+        ([&[2], &[3], &[4], &[]], true, &[0, 1, 2], "decode"),
+        // Mixed: decode for 0 and 2, first chunk of a new prompt for 3.
+        ([&[9], &[], &[8], d1], false, &[0, 2, 3], "mixed"),
+        // The second chunk of seq 3's prompt attends to the first chunk in the cache.
+        ([&[], &[5], &[], d2], false, &[1, 3], "chunked prefill"),
+    ];
+    for (new, decode_only, which, what) in steps {
+        let out = step(be, &model, &mut arena, &kv, &mut seqs, &new, decode_only);
+        check(out, which, &seqs, what);
     }
-    // Step 4: mixed: decode for 0 and 2, first chunk of a new prompt for 3.
-    let out = step(
-        be,
-        &model,
-        &mut arena,
-        &kv,
-        &mut seqs,
-        &[&[9], &[], &[8], &d[..7]],
-        false,
-    );
-    check(out, &[0, 2, 3], &seqs, "mixed");
-    // Step 5: the second chunk of seq 3's prompt attends to the first chunk in the cache.
-    let out = step(
-        be,
-        &model,
-        &mut arena,
-        &kv,
-        &mut seqs,
-        &[&[], &[5], &[], &d[7..]],
-        false,
-    );
-    check(out, &[1, 3], &seqs, "chunked prefill");
 }
 
 #[test]

@@ -4,25 +4,22 @@
 //! Without the variable the tests say so and pass, unless `ENCORE_REQUIRE_SMOLLM2=1` (CI),
 //! where a missing model is a failure.
 
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use encore_core::backend::cpu::CpuBackend;
-use encore_core::generate::{generate, GenerateOptions};
 use encore_core::model::config::{Arch, ModelConfig};
 use encore_core::model::gguf::{GgufFile, GgufWeights};
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, WeightSource};
 use encore_core::model::{open_model, open_tokenizer};
-use encore_core::request::SamplingParams;
 use encore_core::runner::{Runner, RunnerConfig};
 use encore_core::tokenizer::{ChatMessage, Tokenizer};
 use encore_core::{Backend, DType};
 use safetensors::tensor::{Dtype, TensorView};
 
-#[path = "common/temp_dir.rs"]
-mod temp_dir;
-use temp_dir::TempDir;
+mod common;
+
+use common::temp_dir::TempDir;
 
 fn smollm2() -> Option<PathBuf> {
     match std::env::var_os("ENCORE_SMOLLM2_GGUF") {
@@ -82,29 +79,7 @@ fn greedy(
         },
     )
     .unwrap();
-    let opts = GenerateOptions {
-        max_tokens,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-            ..Default::default()
-        },
-        ignore_eos: false,
-    };
-    generate(
-        &mut runner,
-        prompts,
-        eos,
-        &opts,
-        &encore_core::progress::NoProgress,
-        |_, _| ControlFlow::Continue(()),
-    )
-    .unwrap()
-    .into_iter()
-    .map(|g| g.output_ids)
-    .collect()
+    common::generate_greedy(&mut runner, prompts, eos, max_tokens, false)
 }
 
 fn chat_prompt(tok: &Tokenizer, question: &str) -> Vec<u32> {

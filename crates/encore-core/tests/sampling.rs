@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
-use encore_core::request::{Output, Param, Request, RequestParams};
+use encore_core::request::{Output, Param, Request};
 use encore_core::request::{SamplingParams, TokenLogprobs};
 use encore_core::runner::{GraphConfig, Runner, SeqStep, Seqs};
 use encore_core::scheduler::{Scheduler, SchedulerConfig};
@@ -16,19 +16,10 @@ use encore_core::scheduler::{Scheduler, SchedulerConfig};
 mod common;
 
 fn request(id: u64, prompt_len: usize, max_tokens: usize, sampling: SamplingParams) -> Request {
-    Request {
-        id,
-        prompt: (0..prompt_len)
-            .map(|j| ((id as usize * 53 + j * 7) % 250) as u32)
-            .collect(),
-        params: RequestParams {
-            sampling,
-            max_tokens,
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-            fit_context: false,
-        },
-    }
+    let prompt = (0..prompt_len)
+        .map(|j| ((id as usize * 53 + j * 7) % 250) as u32)
+        .collect();
+    common::request(id, prompt, sampling, max_tokens)
 }
 
 fn greedy(rep: f32, freq: f32, pres: f32, logprobs: Option<usize>) -> SamplingParams {

@@ -9,32 +9,24 @@ use std::collections::HashMap;
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::request::SamplingParams;
-use encore_core::request::{FinishReason, Request, RequestParams};
+use encore_core::request::{FinishReason, Request};
 use encore_core::runner::{Runner, Seqs};
 use encore_core::scheduler::{Scheduler, SchedulerConfig};
 
 mod common;
 
 fn request(id: u64, prompt_len: usize, max_tokens: usize, temperature: f32) -> Request {
-    Request {
-        id,
-        prompt: (0..prompt_len)
-            .map(|j| ((id as usize * 37 + j * 11) % 250) as u32)
-            .collect(),
-        params: RequestParams {
-            sampling: SamplingParams {
-                temperature,
-                top_k: 40,
-                top_p: 0.9,
-                seed: 1000 + id,
-                ..Default::default()
-            },
-            max_tokens,
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-            fit_context: false,
-        },
-    }
+    let prompt = (0..prompt_len)
+        .map(|j| ((id as usize * 37 + j * 11) % 250) as u32)
+        .collect();
+    let sampling = SamplingParams {
+        temperature,
+        top_k: 40,
+        top_p: 0.9,
+        seed: 1000 + id,
+        ..Default::default()
+    };
+    common::request(id, prompt, sampling, max_tokens)
 }
 
 /// Run `reqs` (the second of each pair: the step at which it is added) to completion;

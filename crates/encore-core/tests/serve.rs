@@ -12,8 +12,10 @@ use encore_core::backend::cpu::CpuBackend;
 use encore_core::engine::{EngineConfig, KvSizing};
 use encore_core::progress::NoProgress;
 use encore_core::request::SamplingParams;
-use encore_core::request::{Event, FinishReason, Param, Request, RequestParams};
+use encore_core::request::{Event, FinishReason, Param, Request};
 use encore_core::scheduler::SchedulerConfig;
+
+mod common;
 use encore_core::serve::EngineHandle;
 use encore_core::DType;
 
@@ -36,23 +38,15 @@ fn start(num_blocks: usize) -> EngineHandle {
 
 /// A request whose prompt and seed depend on `len` only (not on the id).
 fn request(id: u64, len: usize, max_tokens: usize) -> Request {
-    Request {
-        id,
-        prompt: (0..len).map(|j| ((len * 7 + j * 3) % 200) as u32).collect(),
-        params: RequestParams {
-            sampling: SamplingParams {
-                temperature: 0.8,
-                top_k: 0,
-                top_p: 1.0,
-                seed: len as u64,
-                ..Default::default()
-            },
-            max_tokens,
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-            fit_context: false,
-        },
-    }
+    let prompt = (0..len).map(|j| ((len * 7 + j * 3) % 200) as u32).collect();
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 1.0,
+        seed: len as u64,
+        ..Default::default()
+    };
+    common::request(id, prompt, sampling, max_tokens)
 }
 
 fn sink(tx: mpsc::Sender<Event>) -> encore_core::serve::Sink {

@@ -1,13 +1,20 @@
-//! Set-up shared by the runner-level tests (`graph.rs`, `graph_memory.rs`, `piecewise.rs`,
-//! `engine.rs`); not every file uses every helper.
+//! Set-up shared by encore-core's test files; not every file uses every helper. Here:
+//! the tiny runner of the runner-level tests (`graph.rs`, `graph_memory.rs`,
+//! `piecewise.rs`, `engine.rs`, ...); in [`checkpoint`], seeded values and safetensors
+//! checkpoints; in [`temp_dir`], a directory removed on drop.
 #![allow(dead_code)]
 
+pub mod checkpoint;
+pub mod temp_dir;
+
 use encore_core::graph::BucketPolicy;
+use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, WeightSource};
-use encore_core::runner::{Runner, RunnerConfig};
+use encore_core::request::{Request, RequestParams, SamplingParams};
+use encore_core::runner::{Runner, RunnerConfig, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 
 /// KV block size of the test runner.
@@ -50,30 +57,80 @@ pub fn buckets() -> BucketPolicy {
 /// last token (one slot appended first); returns the sampled tokens.
 pub fn decode_step(
     r: &mut Runner<'_>,
-    seqs: &mut encore_core::runner::Seqs,
+    seqs: &mut Seqs,
     last: &[u32],
-    sampling: encore_core::request::SamplingParams,
+    sampling: SamplingParams,
 ) -> Vec<u32> {
     let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
-    let batch: Vec<encore_core::runner::SeqStep<'_>> = toks
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let seq = encore_core::kv::SeqId(i as u64);
-            seqs.blocks.append(seq, 1).unwrap();
-            encore_core::runner::SeqStep {
-                seq,
-                tokens: t,
-                sampling,
-            }
-        })
-        .collect();
+    let active: Vec<usize> = (0..last.len()).collect();
+    let batch = decode_batch(&mut [seqs], &active, &toks, sampling);
     r.step(seqs, &batch).unwrap()
+}
+
+/// The distinct sequences `(k * stride + step_no) % n` for `k < bsz`, in order: the
+/// decode batch of step `step_no` of a varying-batch schedule.
+pub fn active_set(bsz: usize, stride: usize, step_no: usize, n: usize) -> Vec<usize> {
+    (0..bsz)
+        .map(|k| (k * stride + step_no) % n)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// A decode step of the sequences `active` (`SeqId(i)`), the k-th fed `toks[k]`, with one
+/// slot appended to each in every one of `all`.
+pub fn decode_batch<'a>(
+    all: &mut [&mut Seqs],
+    active: &[usize],
+    toks: &'a [[u32; 1]],
+    sampling: SamplingParams,
+) -> Vec<SeqStep<'a>> {
+    for s in all.iter_mut() {
+        for &i in active {
+            s.blocks.append(SeqId(i as u64), 1).unwrap();
+        }
+    }
+    active
+        .iter()
+        .zip(toks)
+        .map(|(&i, t)| SeqStep {
+            seq: SeqId(i as u64),
+            tokens: t,
+            sampling,
+        })
+        .collect()
+}
+
+/// Prefill `prompt` as `SeqId(i)` on both runners (each with its sequences); they must
+/// sample the same token, which is returned.
+pub fn prefill_both(
+    (a, a_seqs): (&mut Runner<'_>, &mut Seqs),
+    (b, b_seqs): (&mut Runner<'_>, &mut Seqs),
+    i: usize,
+    prompt: &[u32],
+    sampling: SamplingParams,
+) -> u32 {
+    for s in [&mut *a_seqs, &mut *b_seqs] {
+        s.blocks.allocate(SeqId(i as u64), prompt.len()).unwrap();
+    }
+    let step = [SeqStep {
+        seq: SeqId(i as u64),
+        tokens: prompt,
+        sampling,
+    }];
+    let x = a.step(a_seqs, &step).unwrap();
+    let y = b.step(b_seqs, &step).unwrap();
+    assert_eq!(x, y, "prefill of seq {i}");
+    x[0]
 }
 
 /// The model of [`tiny_runner`] alone (for runners of another configuration).
 pub fn tiny_model(be: &dyn Backend) -> Model {
-    let cfg = ModelConfig::dummy("tiny-qwen2").unwrap();
+    dummy_model(be, ModelConfig::dummy("tiny-qwen2").unwrap(), 128)
+}
+
+/// The f32 model of `cfg` with the dummy weights of seed 3, for `max_seq_len` tokens.
+pub fn dummy_model(be: &dyn Backend, cfg: ModelConfig, max_seq_len: usize) -> Model {
     let w = weights::load(
         be,
         &cfg,
@@ -82,5 +139,55 @@ pub fn tiny_model(be: &dyn Backend) -> Model {
         &encore_core::progress::NoProgress,
     )
     .unwrap();
-    Model::new(be, cfg, w, 128).unwrap()
+    Model::new(be, cfg, w, max_seq_len).unwrap()
+}
+
+/// Greedy tokens (temperature 0, no top-k or top-p) that `generate` gives each of
+/// `prompts`: at most `max_tokens` new ones, stopping at `eos` unless `ignore_eos`.
+pub fn generate_greedy(
+    runner: &mut Runner<'_>,
+    prompts: &[Vec<u32>],
+    eos: &[u32],
+    max_tokens: usize,
+    ignore_eos: bool,
+) -> Vec<Vec<u32>> {
+    let opts = encore_core::generate::GenerateOptions {
+        max_tokens,
+        sampling: encore_core::request::SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            ..Default::default()
+        },
+        ignore_eos,
+    };
+    encore_core::generate::generate(
+        runner,
+        prompts,
+        eos,
+        &opts,
+        &encore_core::progress::NoProgress,
+        |_, _| std::ops::ControlFlow::Continue(()),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|g| g.output_ids)
+    .collect()
+}
+
+/// Request `id` for `prompt`: `max_tokens` new tokens sampled per `sampling`, ending at EOS,
+/// no stop tokens, refused (not fitted) when too long.
+pub fn request(id: u64, prompt: Vec<u32>, sampling: SamplingParams, max_tokens: usize) -> Request {
+    Request {
+        id,
+        prompt,
+        params: RequestParams {
+            sampling,
+            max_tokens,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            fit_context: false,
+        },
+    }
 }

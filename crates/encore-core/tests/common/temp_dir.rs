@@ -1,7 +1,5 @@
 //! A fresh directory under the system temp dir, removed on drop; shared by the test files
-//! that write checkpoints and GGUF files (`#[path = "common/temp_dir.rs"] mod temp_dir;`).
-
-#![allow(dead_code)] // each test file uses a different part
+//! that write checkpoints and GGUF files.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

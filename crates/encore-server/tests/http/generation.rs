@@ -27,14 +27,7 @@ fn completions_whole_and_streamed_match_generate() {
     let whole = v["choices"][0]["text"].as_str().unwrap().to_string();
     let body = json!({"model": MODEL, "prompt": [5, 6, 7, 8, 9], "max_tokens": 12, "temperature": 0,
                       "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
-    let (st, raw) = http(
-        s.addr,
-        "POST",
-        "/v1/completions",
-        Some(&body.to_string()),
-        &[],
-    );
-    assert_eq!(st, 200);
+    let raw = post_raw(s.addr, "/v1/completions", &body);
     let events = sse(&raw);
     assert_eq!(events.last().unwrap(), "[DONE]");
     let chunks: Vec<Value> = events[..events.len() - 1]
@@ -67,14 +60,7 @@ fn chat_completions_whole_and_streamed() {
     assert_eq!(v["usage"]["completion_tokens"], 6);
     let mut streamed = req.clone();
     streamed["stream"] = json!(true);
-    let (st, raw) = http(
-        s.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&streamed.to_string()),
-        &[],
-    );
-    assert_eq!(st, 200);
+    let raw = post_raw(s.addr, "/v1/chat/completions", &streamed);
     let events = sse(&raw);
     assert_eq!(events.last().unwrap(), "[DONE]");
     let first: Value = serde_json::from_str(&events[0]).unwrap();
@@ -107,14 +93,7 @@ fn concurrent_streaming_clients_all_complete() {
                 let body = json!({"model": MODEL, "prompt": format!("client {i} says hello"),
                                   "max_tokens": n, "ignore_eos": true, "seed": i, "stream": true,
                                   "stream_options": {"include_usage": true}});
-                let (st, raw) = http(
-                    addr,
-                    "POST",
-                    "/v1/completions",
-                    Some(&body.to_string()),
-                    &[],
-                );
-                assert_eq!(st, 200);
+                let raw = post_raw(addr, "/v1/completions", &body);
                 let events = sse(&raw);
                 let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
                 assert_eq!(usage["usage"]["completion_tokens"], n, "client {i}");
@@ -195,14 +174,7 @@ fn stop_strings_end_the_text_before_them_whole_and_streamed() {
         // the usage chunk counts the tokens generated until the stop.
         let body = req(json!({"stop": stop_field, "stream": true,
                               "stream_options": {"include_usage": true}}));
-        let (st, raw) = http(
-            s.addr,
-            "POST",
-            "/v1/completions",
-            Some(&body.to_string()),
-            &[],
-        );
-        assert_eq!(st, 200);
+        let raw = post_raw(s.addr, "/v1/completions", &body);
         let (text, finish) = streamed_text(&raw);
         assert_eq!(text, expected);
         assert_eq!(finish, "stop");

@@ -46,6 +46,23 @@ pub fn start_with(api_key: Option<&str>, max_waiting: Option<usize>) -> Server {
 
 /// A server over an engine of `cfg` that shuts down when `shutdown` resolves, with a grace
 /// period of `grace`; the receiver gets `serve`'s result when it returns.
+/// A server of [`long_engine_config`] that shuts down, with `grace`, when the returned
+/// sender fires; and the channel on which `serve` returns.
+pub fn start_long_with_shutdown(
+    grace: Duration,
+) -> (
+    Server,
+    std::sync::mpsc::Receiver<std::io::Result<()>>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = go_rx.await;
+    };
+    let (s, done) = start_full(None, None, long_engine_config(), shutdown, grace);
+    (s, done, go_tx)
+}
+
 pub fn start_full(
     api_key: Option<&str>,
     max_waiting: Option<usize>,
@@ -155,6 +172,13 @@ pub fn dechunk(mut s: &str) -> String {
 pub fn post(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {
     let (st, b) = http(addr, "POST", path, Some(&body.to_string()), &[]);
     (st, serde_json::from_str(&b).unwrap_or(json!({ "raw": b })))
+}
+
+/// A POST of `body` that must answer 200; the raw body (an SSE stream for `"stream": true`).
+pub fn post_raw(addr: SocketAddr, path: &str, body: &Value) -> String {
+    let (st, raw) = http(addr, "POST", path, Some(&body.to_string()), &[]);
+    assert_eq!(st, 200, "{raw}");
+    raw
 }
 
 /// The `data:` payloads of an SSE body.

@@ -103,16 +103,7 @@ fn a_served_model_under_a_weight_budget_answers_as_resident_and_reports_its_budg
 
 #[test]
 fn shutdown_lets_requests_in_flight_finish_and_refuses_new_connections() {
-    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-    let (s, done) = start_full(
-        None,
-        None,
-        long_engine_config(),
-        async move {
-            let _ = go_rx.await;
-        },
-        Duration::from_secs(120),
-    );
+    let (s, done, go_tx) = start_long_with_shutdown(Duration::from_secs(120));
     let n = 1000;
     let streams: Vec<_> = (0..3)
         .map(|i| {
@@ -153,16 +144,7 @@ fn shutdown_lets_requests_in_flight_finish_and_refuses_new_connections() {
 
 #[test]
 fn shutdown_past_the_grace_period_cuts_requests_off() {
-    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-    let (s, done) = start_full(
-        None,
-        None,
-        long_engine_config(),
-        async move {
-            let _ = go_rx.await;
-        },
-        Duration::ZERO,
-    );
+    let (s, done, go_tx) = start_long_with_shutdown(Duration::ZERO);
     let n = 2000;
     let body = move |stream: bool| {
         json!({"model": MODEL, "prompt": "a very long story", "max_tokens": n,
@@ -226,14 +208,7 @@ fn latency_histograms_and_graph_replays_in_metrics() {
     for n in [5, 7] {
         let body = json!({"model": MODEL, "prompt": "timing", "max_tokens": n, "ignore_eos": true,
                           "stream": true});
-        let (st, raw) = http(
-            s.addr,
-            "POST",
-            "/v1/completions",
-            Some(&body.to_string()),
-            &[],
-        );
-        assert_eq!(st, 200);
+        let raw = post_raw(s.addr, "/v1/completions", &body);
         assert_eq!(streamed_text(&raw).1, "length");
     }
     let (st, text) = http(s.addr, "GET", "/metrics", None, &[]);

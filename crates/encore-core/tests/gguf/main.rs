@@ -1,0 +1,252 @@
+//! GGUF loading at its boundaries: GGUF twins of HF checkpoints (F32/F16 exact, Q8_0 on
+//! exactly representable weights, llama's q/k permutation) load to the same weights and
+//! the same greedy tokens as the safetensors originals; the dequantizers match gguf-py's
+//! bit for bit (fixture from `scripts/gguf_reference.py`); config keys map as llama.cpp
+//! writes them; and every malformed file is an error naming what is wrong, never a panic.
+
+use std::path::{Path, PathBuf};
+
+use encore_core::backend::cpu::CpuBackend;
+use encore_core::model::config::{Arch, ModelConfig, SlidingWindow};
+use encore_core::model::gguf::{
+    config_from_gguf, dequantize, vocab_from_gguf, GgmlType, GgufFile, GgufWriter, Value,
+};
+use encore_core::model::llama::Model;
+use encore_core::model::weights::{self, ModelWeights, WeightSource};
+use encore_core::model::{open_model, ModelFiles};
+use encore_core::ops::{Llama3Scaling, RopeConfig};
+use encore_core::runner::{Runner, RunnerConfig};
+use encore_core::{DType, Error};
+use half::f16;
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use common::checkpoint::{
+    all_values, assert_mentions, err_text, f32_tensors, values, write_safetensors,
+};
+use common::temp_dir::TempDir;
+
+mod malformed;
+mod metadata;
+mod real;
+mod twins;
+
+// ---------------------------------------------------------------------------------------
+// Helpers.
+
+/// The llama.cpp name of an HF tensor, written out here independently of the loader.
+fn llama_cpp_name(hf: &str) -> String {
+    match hf {
+        "model.embed_tokens.weight" => return "token_embd.weight".into(),
+        "model.norm.weight" => return "output_norm.weight".into(),
+        "lm_head.weight" => return "output.weight".into(),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("model.layers.").unwrap();
+    let (layer, rest) = rest.split_once('.').unwrap();
+    let table = [
+        ("input_layernorm.weight", "attn_norm.weight"),
+        ("self_attn.q_proj.weight", "attn_q.weight"),
+        ("self_attn.k_proj.weight", "attn_k.weight"),
+        ("self_attn.v_proj.weight", "attn_v.weight"),
+        ("self_attn.q_proj.bias", "attn_q.bias"),
+        ("self_attn.k_proj.bias", "attn_k.bias"),
+        ("self_attn.v_proj.bias", "attn_v.bias"),
+        ("self_attn.o_proj.weight", "attn_output.weight"),
+        ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+        ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+        ("post_attention_layernorm.weight", "ffn_norm.weight"),
+        ("mlp.gate_proj.weight", "ffn_gate.weight"),
+        ("mlp.up_proj.weight", "ffn_up.weight"),
+        ("mlp.down_proj.weight", "ffn_down.weight"),
+    ];
+    let short = table.iter().find(|(h, _)| *h == rest).unwrap().1;
+    format!("blk.{layer}.{short}")
+}
+
+/// llama.cpp's `permute` (convert_hf_to_gguf.py): each head's rows reshaped
+/// `(2, head_dim / 2)` and transposed, so GGUF row `2j + i` is HF row `i * half + j`.
+fn llama_cpp_permute(v: &[f32], rows: usize, heads: usize) -> Vec<f32> {
+    let cols = v.len() / rows;
+    let hd = rows / heads;
+    let half = hd / 2;
+    let mut out = vec![0f32; v.len()];
+    for h in 0..heads {
+        for i in 0..2 {
+            for j in 0..half {
+                let src = h * hd + i * half + j;
+                let dst = h * hd + 2 * j + i;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&v[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// How the twin stores its matrices (norms and biases are always F32, as llama.cpp does).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Store {
+    F32,
+    F16,
+    /// Values are `d * q` with `d` a power of two and `|q| <= 127`, so Q8_0 is lossless.
+    Q8_0,
+}
+
+/// An HF checkpoint of `cfg` (values exact in the store type), as (name, shape, values).
+fn hf_checkpoint(
+    cfg: &ModelConfig,
+    store: Store,
+    seed: u64,
+) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    weights::hf_tensors(cfg)
+        .into_iter()
+        .enumerate()
+        .map(|(k, spec)| {
+            let n = spec.numel();
+            let raw = values(seed * 1000 + k as u64, n);
+            let matrix = spec.shape.len() == 2;
+            let v = if spec.name.ends_with("norm.weight") {
+                raw.iter().map(|x| 1.0 + 0.1 * x).collect()
+            } else if !matrix {
+                raw.iter().map(|x| 0.05 * x).collect()
+            } else {
+                match store {
+                    Store::F32 => raw.iter().map(|x| 0.2 * x).collect(),
+                    Store::F16 => raw
+                        .iter()
+                        .map(|&x| f16::from_f32(0.2 * x).to_f32())
+                        .collect(),
+                    Store::Q8_0 => q8_exact(&raw, k),
+                }
+            };
+            (spec.name, spec.shape, v)
+        })
+        .collect()
+}
+
+/// Per block of 32: `d = 2^-(7 + k % 3)`, `q = round(127 x)` with one element at ±127.
+fn q8_exact(raw: &[f32], k: usize) -> Vec<f32> {
+    let d = 2f32.powi(-(7 + (k % 3) as i32));
+    raw.chunks(32)
+        .flat_map(|b| {
+            b.iter().enumerate().map(move |(i, &x)| {
+                // `+ 0.0`: no -0, which Q8_0 cannot store.
+                let q = if i == 5 {
+                    127.0
+                } else {
+                    (127.0 * x).round() + 0.0
+                };
+                d * q
+            })
+        })
+        .collect()
+}
+
+fn q8_blocks(v: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in v.chunks(32) {
+        let d = b.iter().fold(0f32, |a, x| a.max(x.abs())) / 127.0;
+        out.extend(f16::from_f32(d).to_le_bytes());
+        out.extend(b.iter().map(|&x| (x / d).round() as i8 as u8));
+    }
+    out
+}
+
+/// The config.json the test models share (small, every inner dim a multiple of 32).
+fn tiny_json(arch: &str, extra: &str) -> String {
+    common::checkpoint::tiny_json(arch, 96, extra)
+}
+
+/// The metadata llama.cpp's converter writes for `cfg`, with a placeholder vocabulary.
+fn metadata(w: &mut GgufWriter, cfg: &ModelConfig) {
+    w.model_metadata(cfg);
+    w.kv("general.file_type", Value::U32(1));
+    w.kv("tokenizer.ggml.model", Value::String("gpt2".into()));
+    let tokens = (0..cfg.vocab_size)
+        .map(|i| Value::String(format!("t{i}")))
+        .collect();
+    w.kv("tokenizer.ggml.tokens", Value::Array(8, tokens));
+    w.kv(
+        "tokenizer.ggml.token_type",
+        Value::Array(5, vec![Value::I32(1); cfg.vocab_size]),
+    );
+    w.kv(
+        "tokenizer.ggml.merges",
+        Value::Array(8, vec![Value::String("t 1".into())]),
+    );
+    w.kv("tokenizer.ggml.bos_token_id", Value::U32(1));
+    w.kv("tokenizer.ggml.eos_token_id", Value::U32(2));
+    w.kv("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    w.kv("tokenizer.chat_template", Value::String("{{ x }}".into()));
+}
+
+/// A GGUF twin of an HF checkpoint, as llama.cpp's converter would write it.
+fn gguf_twin(cfg: &ModelConfig, ts: &[(String, Vec<usize>, Vec<f32>)], store: Store) -> GgufWriter {
+    let mut w = GgufWriter::new();
+    metadata(&mut w, cfg);
+    for (name, shape, v) in ts {
+        let heads = if name.contains("q_proj") {
+            cfg.num_heads
+        } else {
+            cfg.num_kv_heads
+        };
+        let permute = matches!(cfg.arch, Arch::Llama | Arch::Mistral)
+            && (name.contains("q_proj") || name.contains("k_proj"));
+        let v = if permute {
+            llama_cpp_permute(v, shape[0], heads)
+        } else {
+            v.clone()
+        };
+        let g = llama_cpp_name(name);
+        match (store, shape.len()) {
+            (_, 1) | (Store::F32, _) => w.tensor_f32(&g, shape, &v),
+            (Store::F16, _) => w.tensor_f16(&g, shape, &v),
+            (Store::Q8_0, _) => w.tensor(&g, shape, GgmlType::Q8_0, q8_blocks(&v)),
+        };
+    }
+    w
+}
+
+fn load(cfg: &ModelConfig, source: WeightSource) -> encore_core::Result<ModelWeights> {
+    weights::load(
+        &CpuBackend::new(),
+        cfg,
+        source,
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+}
+
+/// Greedy tokens of two prompts, 8 new tokens each.
+fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
+    let prompts = vec![vec![1, 5, 9, 40, 77], vec![1, 90, 3]];
+    greedy_on_cpu(cfg, w, &prompts, 4, 1 + 2 * 16)
+}
+
+/// Greedy tokens (8 new, EOS ignored) of `prompts`, f32 on the CPU, with `num_blocks` KV
+/// blocks of `block_size`.
+fn greedy_on_cpu(
+    cfg: &ModelConfig,
+    w: ModelWeights,
+    prompts: &[Vec<u32>],
+    block_size: usize,
+    num_blocks: usize,
+) -> Vec<Vec<u32>> {
+    let be = CpuBackend::new();
+    let model = Model::new(&be, cfg.clone(), w, 64).unwrap();
+    let mut runner = Runner::new(
+        &be,
+        model,
+        RunnerConfig {
+            block_size,
+            num_blocks,
+            max_tokens_per_step: 64,
+            max_seqs: prompts.len(),
+            max_seq_len: 64,
+            penalty_slots: 0,
+        },
+    )
+    .unwrap();
+    common::generate_greedy(&mut runner, prompts, &[], 8, true)
+}

@@ -1,0 +1,162 @@
+//! GGUF twins of HF checkpoints load the same weights and tokens; `open_model` resolves
+//! every kind of spec; the dequantizers match gguf-py and the quantizers round-trip.
+
+use super::*;
+
+#[test]
+fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
+    let cases: &[(&str, &str, Store)] = &[
+        ("LlamaForCausalLM", "", Store::F32),
+        (
+            "LlamaForCausalLM",
+            r#", "tie_word_embeddings": true"#,
+            Store::F16,
+        ),
+        ("LlamaForCausalLM", "", Store::Q8_0),
+        (
+            "Qwen2ForCausalLM",
+            r#", "tie_word_embeddings": true"#,
+            Store::F32,
+        ),
+        ("Qwen2ForCausalLM", "", Store::Q8_0),
+        ("Qwen3ForCausalLM", r#", "head_dim": 32"#, Store::F32),
+        (
+            "Qwen3ForCausalLM",
+            r#", "head_dim": 32, "tie_word_embeddings": true"#,
+            Store::Q8_0,
+        ),
+    ];
+    for (k, &(arch, extra, store)) in cases.iter().enumerate() {
+        let what = format!("{arch}{extra} {store:?}");
+        let dir = TempDir::new("twin");
+        let json = tiny_json(arch, extra);
+        std::fs::write(dir.file("config.json"), &json).unwrap();
+        let cfg = ModelConfig::from_json(&json, "test").unwrap();
+        let ts = hf_checkpoint(&cfg, store, k as u64 + 1);
+        write_safetensors(&dir.file("model.safetensors"), &f32_tensors(&ts));
+        let gguf = dir.file("model.gguf");
+        gguf_twin(&cfg, &ts, store).write(&gguf).unwrap();
+
+        let spec = gguf.to_str().unwrap();
+        let ModelFiles { config, source } = open_model(spec).unwrap();
+        assert_eq!(source, WeightSource::Gguf(PathBuf::from(&gguf)));
+        assert_eq!(config, cfg, "{what}: config from metadata");
+
+        let from_st = load(&cfg, WeightSource::Dir(PathBuf::from(dir.path()))).unwrap();
+        let from_gguf = load(&config, source).unwrap();
+        let (a, b) = (all_values(&from_st), all_values(&from_gguf));
+        for (t, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(a.len(), b.len(), "{what}: tensor {t}");
+            if let Some(i) = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits()) {
+                panic!("{what}: tensor {t} element {i}: {} vs {}", a[i], b[i]);
+            }
+        }
+        if k < 3 || store == Store::Q8_0 {
+            let a = greedy(&cfg, from_st);
+            let b = greedy(&config, from_gguf);
+            assert_eq!(a, b, "{what}: greedy tokens");
+        }
+    }
+}
+
+#[test]
+fn open_model_resolves_every_kind_of_spec() {
+    let dir = TempDir::new("open");
+    let json = tiny_json("LlamaForCausalLM", "");
+    std::fs::write(dir.file("config.json"), &json).unwrap();
+    let cfg = ModelConfig::from_json(&json, "test").unwrap();
+    let ts = hf_checkpoint(&cfg, Store::F32, 7);
+    write_safetensors(&dir.file("model.safetensors"), &f32_tensors(&ts));
+    // A GGUF file without the extension is recognised by its magic.
+    let gguf = dir.file("model.bin");
+    gguf_twin(&cfg, &ts, Store::F32).write(&gguf).unwrap();
+
+    let m = open_model("dummy:tiny").unwrap();
+    assert_eq!(m.source, WeightSource::Dummy { seed: 0 });
+    assert_eq!(m.tokenizer().unwrap().vocab_size(), 258);
+    let d = dir.path().to_str().unwrap().to_string();
+    assert_eq!(open_model(&d).unwrap().config, cfg);
+    let st = dir.file("model.safetensors");
+    let m = open_model(st.to_str().unwrap()).unwrap();
+    assert_eq!(
+        (m.config, m.source),
+        (cfg.clone(), WeightSource::Dir(PathBuf::from(&st)))
+    );
+    let m = open_model(gguf.to_str().unwrap()).unwrap();
+    assert_eq!(m.source, WeightSource::Gguf(PathBuf::from(&gguf)));
+    assert_eq!(m.config, cfg);
+    // The tokenizer comes from the metadata (built by Tokenizer::from_gguf_vocab).
+    let vocab = vocab_from_gguf(&GgufFile::open(&gguf).unwrap()).unwrap();
+    assert_eq!(vocab.model, "gpt2");
+    assert_eq!(vocab.tokens.len(), 96);
+    assert_eq!(vocab.tokens[5], "t5");
+    assert_eq!(vocab.token_types.as_deref().map(|t| t.len()), Some(96));
+    assert_eq!(vocab.merges, Some(vec!["t 1".to_string()]));
+    assert_eq!((vocab.bos_token_id, vocab.eos_token_id), (Some(1), Some(2)));
+    assert_eq!(vocab.add_bos_token, Some(false));
+    assert_eq!(vocab.chat_template.as_deref(), Some("{{ x }}"));
+    assert!(open_model("/nonexistent/model.gguf").is_err());
+}
+
+#[test]
+fn dequantizers_match_gguf_py_bit_for_bit() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gguf_blocks.gguf");
+    let file = GgufFile::open(&path).unwrap();
+    for ty in GgmlType::SUPPORTED {
+        let q = format!("q.{ty}");
+        let info = file
+            .tensor(&q)
+            .unwrap_or_else(|| panic!("fixture lacks {q}"));
+        assert_eq!(info.ggml_type, ty);
+        let got = file.tensor_f32(&q).unwrap();
+        let want = file.tensor_f32(&format!("f.{ty}")).unwrap();
+        assert_eq!(got.len(), want.len(), "{ty}");
+        assert!(want.iter().all(|x| x.is_finite()), "{ty}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{ty} element {i}: {g} vs gguf-py {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn quantizers_round_trip_within_their_step() {
+    let v: Vec<f32> = values(11, 32 * 64);
+    // Max error: half a step, except Q4_0's one-sided range [-8d, 7d] (a full step).
+    for (ty, bytes, bound) in [
+        (
+            GgmlType::Q8_0,
+            encore_core::model::gguf::quantize_q8_0(&v),
+            0.5 / 127.0,
+        ),
+        (
+            GgmlType::Q4_0,
+            encore_core::model::gguf::quantize_q4_0(&v),
+            1.0 / 8.0,
+        ),
+        (
+            GgmlType::Q4_1,
+            encore_core::model::gguf::quantize_q4_1(&v),
+            1.0 / 15.0,
+        ),
+    ] {
+        let mut out = vec![0f32; v.len()];
+        dequantize(ty, &bytes, &mut out).unwrap();
+        let worst = v
+            .iter()
+            .zip(&out)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        // (20% more for the scales rounded to f16.)
+        assert!(worst <= bound * 1.2, "{ty}: max error {worst}");
+    }
+    // Unsupported types and sizes are errors that name the type.
+    let mut out = vec![0f32; 256];
+    let e = dequantize(GgmlType::IQ2_XXS, &[0; 66], &mut out).unwrap_err();
+    assert_mentions(&e, &["IQ2_XXS", "Q4_K"]);
+    let e = dequantize(GgmlType::Q8_0, &[0; 33], &mut out).unwrap_err();
+    assert_mentions(&e, &["33 bytes", "Q8_0"]);
+}

@@ -1,0 +1,364 @@
+//! `config.json` parsing: real configs, parameter counts, HF defaults and errors.
+
+use super::*;
+
+const LLAMA_3_2_1B: &str = r#"{
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256
+}"#;
+
+const LLAMA_3_8B: &str = r#"{
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": null, "rope_theta": 500000.0, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": true,
+  "vocab_size": 128256
+}"#;
+
+const QWEN2_5_0_5B: &str = r#"{
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+  "initializer_range": 0.02, "intermediate_size": 4864, "max_position_embeddings": 32768,
+  "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+  "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": true,
+  "use_mrope": false, "use_sliding_window": false, "vocab_size": 151936
+}"#;
+
+const QWEN3_0_6B: &str = r#"{
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+  "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936
+}"#;
+
+const MISTRAL_7B_V0_1: &str = r#"{
+  "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.34.0.dev0", "use_cache": true, "vocab_size": 32000
+}"#;
+
+/// Llama-3.2-1B-Instruct as transformers 5 writes it: `rope_parameters`, `dtype`, eos list.
+const LLAMA_3_2_1B_TF5: &str = r#"{
+  "architectures": ["LlamaForCausalLM"], "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009], "head_dim": 64, "hidden_size": 2048,
+  "intermediate_size": 8192, "max_position_embeddings": 131072, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "dtype": "bfloat16", "tie_word_embeddings": true,
+  "rope_parameters": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192, "rope_type": "llama3", "rope_theta": 500000.0},
+  "vocab_size": 128256
+}"#;
+
+fn parse(json: &str) -> ModelConfig {
+    ModelConfig::from_json(json, "config.json").unwrap()
+}
+
+fn parse_err(json: &str) -> String {
+    let (e, msg) = err_text(ModelConfig::from_json(json, "some/config.json"));
+    assert!(matches!(e, Error::Config { .. }), "{msg}");
+    assert!(msg.contains("some/config.json"), "{msg}");
+    msg
+}
+
+#[test]
+fn real_configs_parse_to_the_expected_values() {
+    let llama32 = parse(LLAMA_3_2_1B);
+    assert_eq!(
+        llama32,
+        ModelConfig {
+            arch: Arch::Llama,
+            vocab_size: 128_256,
+            hidden_size: 2048,
+            intermediate_size: 8192,
+            num_layers: 16,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 64,
+            rope: RopeConfig {
+                rot_dim: 64,
+                theta: 500_000.0,
+                llama3: Some(Llama3Scaling {
+                    factor: 32.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 8192,
+                }),
+            },
+            rms_norm_eps: 1e-5,
+            tie_word_embeddings: true,
+            qkv_bias: false,
+            qk_norm: false,
+            max_position_embeddings: 131_072,
+            torch_dtype: DType::BF16,
+            bos_token_id: Some(128_000),
+            eos_token_ids: vec![128_001],
+            sliding_window: None,
+        }
+    );
+    let tf5 = parse(LLAMA_3_2_1B_TF5);
+    assert_eq!(
+        tf5,
+        ModelConfig {
+            eos_token_ids: vec![128_001, 128_008, 128_009],
+            ..llama32.clone()
+        }
+    );
+
+    let qwen2 = parse(QWEN2_5_0_5B);
+    assert_eq!(qwen2.arch, Arch::Qwen2);
+    assert_eq!(
+        (qwen2.num_heads, qwen2.num_kv_heads, qwen2.head_dim),
+        (14, 2, 64)
+    );
+    assert!(qwen2.qkv_bias && qwen2.tie_word_embeddings && !qwen2.qk_norm);
+    assert_eq!(qwen2.rope.theta, 1e6);
+    assert_eq!(qwen2.rope.llama3, None);
+    assert_eq!(qwen2.rms_norm_eps, 1e-6);
+    assert_eq!(qwen2.eos_token_ids, vec![151_643]);
+
+    let qwen3 = parse(QWEN3_0_6B);
+    assert_eq!(qwen3.arch, Arch::Qwen3);
+    // Explicit head_dim: 16 * 128 != 1024.
+    assert_eq!(
+        (qwen3.num_heads, qwen3.num_kv_heads, qwen3.head_dim),
+        (16, 8, 128)
+    );
+    assert_eq!(qwen3.rope.rot_dim, 128);
+    assert!(qwen3.qk_norm && !qwen3.qkv_bias && qwen3.tie_word_embeddings);
+    assert_eq!(qwen3.max_position_embeddings, 40960);
+    assert_eq!(qwen3.rope.theta, 1e6);
+
+    let mistral = parse(MISTRAL_7B_V0_1);
+    assert_eq!(mistral.arch, Arch::Mistral);
+    assert_eq!(mistral.head_dim, 128);
+    assert!(!mistral.qkv_bias && !mistral.tie_word_embeddings && !mistral.qk_norm);
+    assert_eq!(mistral.rope.theta, 10_000.0);
+    assert_eq!(mistral.bos_token_id, Some(1));
+
+    let llama3 = parse(LLAMA_3_8B);
+    assert_eq!(llama3.rope.llama3, None);
+    assert_eq!(llama3.head_dim, 128);
+}
+
+#[test]
+fn parameter_counts_match_the_published_ones() {
+    // Exact counts of the HF checkpoints (sum of numel over the safetensors).
+    let cases: &[(&str, usize)] = &[
+        (QWEN2_5_0_5B, 494_032_768),
+        (LLAMA_3_2_1B, 1_235_814_400),
+        (LLAMA_3_8B, 8_030_261_248),
+        (MISTRAL_7B_V0_1, 7_241_732_096),
+    ];
+    for &(json, n) in cases {
+        let cfg = parse(json);
+        assert_eq!(cfg.num_params(), n, "{:?}", cfg.arch);
+        assert_eq!(cfg.weight_bytes(DType::BF16), 2 * n);
+        assert_eq!(cfg.weight_bytes(DType::F32), 4 * n);
+    }
+    // Qwen3-0.6B: "0.6B parameters, 0.44B non-embedding".
+    let q3 = parse(QWEN3_0_6B);
+    let non_embedding = q3.num_params() - q3.vocab_size * q3.hidden_size;
+    assert!(
+        (non_embedding as f64 / 0.44e9 - 1.0).abs() < 0.01,
+        "{non_embedding}"
+    );
+    assert!((q3.num_params() as f64 / 0.596e9 - 1.0).abs() < 0.01);
+}
+
+#[test]
+fn real_shaped_dummies_match_the_real_configs() {
+    for (name, json) in [
+        ("qwen2.5-0.5b", QWEN2_5_0_5B),
+        ("llama-3.2-1b", LLAMA_3_2_1B),
+        ("llama-3-8b", LLAMA_3_8B),
+    ] {
+        let dummy = ModelConfig::dummy(name).unwrap();
+        let real = parse(json);
+        let ids = ModelConfig {
+            bos_token_id: dummy.bos_token_id,
+            eos_token_ids: dummy.eos_token_ids.clone(),
+            ..real
+        };
+        assert_eq!(dummy, ids, "{name}");
+        assert!(dummy.bos_token_id.unwrap() < 258 && dummy.eos_token_ids == [257]);
+    }
+}
+
+#[test]
+fn defaults_follow_hf() {
+    let cfg = parse(
+        r#"{"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "head_dim": null, "num_key_value_heads": null, "rope_scaling": {"rope_type": "default"}}"#,
+    );
+    assert_eq!(cfg.arch, Arch::Llama);
+    assert_eq!((cfg.num_kv_heads, cfg.head_dim), (4, 16));
+    assert_eq!(cfg.rope.theta, 10_000.0);
+    assert_eq!(cfg.rope.llama3, None);
+    assert_eq!(cfg.rms_norm_eps, 1e-6);
+    assert!(!cfg.tie_word_embeddings && !cfg.qkv_bias);
+    assert_eq!(cfg.max_position_embeddings, 2048);
+    assert_eq!(cfg.torch_dtype, DType::BF16);
+    assert_eq!((cfg.bos_token_id, cfg.eos_token_ids.len()), (None, 0));
+    // rope_theta from transformers 5's rope_parameters, dtype from "dtype".
+    let cfg = parse(&tiny_json(
+        "Qwen3ForCausalLM",
+        r#", "rope_theta": null, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "torch_dtype": null, "dtype": "float16""#,
+    ));
+    assert_eq!(cfg.rope.theta, 1e6);
+    assert_eq!(cfg.torch_dtype, DType::F16);
+    // Mistral's sliding window applies to every layer.
+    let mistral = parse(MISTRAL_7B_V0_1);
+    assert_eq!(mistral.arch, Arch::Mistral);
+    assert_eq!(
+        mistral.sliding_window,
+        Some(SlidingWindow {
+            size: 4096,
+            first_layer: 0
+        })
+    );
+    assert_eq!(
+        (mistral.layer_window(0), mistral.layer_window(31)),
+        (Some(4096), Some(4096))
+    );
+    // Qwen's window only with use_sliding_window, from max_window_layers on.
+    let qwen = |extra: &str| parse(&tiny_json("Qwen2ForCausalLM", extra));
+    assert_eq!(qwen(r#", "sliding_window": 64"#).sliding_window, None);
+    let windowed =
+        qwen(r#", "sliding_window": 64, "use_sliding_window": true, "max_window_layers": 1"#);
+    assert_eq!(
+        (windowed.layer_window(0), windowed.layer_window(1)),
+        (None, Some(64))
+    );
+    let all = qwen(r#", "sliding_window": 64, "use_sliding_window": true"#);
+    assert_eq!(all.layer_window(0), Some(64));
+    // Llama ignores the field, as transformers does.
+    assert_eq!(
+        parse(&tiny_json("LlamaForCausalLM", r#", "sliding_window": 64"#)).sliding_window,
+        None
+    );
+}
+
+#[test]
+fn config_errors_name_the_field_or_value() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("GPT2LMHeadModel", "", &["GPT2LMHeadModel", "architecture"]),
+        (
+            "LlamaForCausalLM",
+            r#", "rope_scaling": {"type": "yarn", "factor": 4.0}"#,
+            &["yarn"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}"#,
+            &["dynamic"],
+        ),
+        (
+            "Qwen2ForCausalLM",
+            r#", "rope_parameters": {"rope_type": "linear", "factor": 2.0}"#,
+            &["linear"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}"#,
+            &["rope_scaling.original_max_position_embeddings", "missing"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "num_key_value_heads": 3"#,
+            &["num_key_value_heads", "3"],
+        ),
+        ("LlamaForCausalLM", r#", "head_dim": 7"#, &["head_dim", "7"]),
+        ("LlamaForCausalLM", r#", "mlp_bias": true"#, &["mlp_bias"]),
+        (
+            "MistralForCausalLM",
+            r#", "sliding_window": 0"#,
+            &["sliding_window", "positive"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "num_hidden_layers": 1000000000"#,
+            &["num_hidden_layers", "1000000000", "beyond"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "hidden_size": 4611686018427387904, "head_dim": 64"#,
+            &["hidden_size", "4611686018427387904", "beyond"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "hidden_act": "gelu""#,
+            &["hidden_act", "gelu"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "partial_rotary_factor": 0.5"#,
+            &["partial_rotary_factor"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "hidden_size": "64""#,
+            &["hidden_size"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "hidden_size": 0"#,
+            &["hidden_size"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "torch_dtype": "float8_e4m3fn""#,
+            &["float8_e4m3fn"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "eos_token_id": [2, "x"]"#,
+            &["eos_token_id"],
+        ),
+    ];
+    for &(arch, extra, needles) in cases {
+        // Later duplicate keys win in serde_json, so `extra` overrides tiny_json's fields.
+        let msg = parse_err(&tiny_json(arch, extra));
+        for n in needles {
+            assert!(msg.contains(n), "{extra}: `{n}` not in: {msg}");
+        }
+    }
+    // A missing required field.
+    let no_hidden = LLAMA_3_8B.replace(r#""hidden_size": 4096,"#, "");
+    let msg = parse_err(&no_hidden);
+    assert!(
+        msg.contains("hidden_size") && msg.contains("missing"),
+        "{msg}"
+    );
+    let msg = parse_err(r#"{"vocab_size": 10}"#);
+    assert!(msg.contains("architectures"), "{msg}");
+    let msg = parse_err("{not json");
+    assert!(msg.contains("JSON"), "{msg}");
+    let (_, msg) = err_text(ModelConfig::dummy("huge"));
+    assert!(
+        msg.contains("dummy:huge") && msg.contains("tiny-qwen3"),
+        "{msg}"
+    );
+}

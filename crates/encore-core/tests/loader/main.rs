@@ -1,0 +1,215 @@
+//! The model loader at its boundaries: HF `config.json` parsing (shaped like the real
+//! configs), safetensors checkpoints written to a temp dir and loaded on the CPU backend
+//! (round trip with dtype conversion and q/k/v, gate/up merging, sharding, tying), the
+//! errors for broken checkpoints and configs, and the seeded dummy weights.
+
+use std::path::{Path, PathBuf};
+
+use encore_core::backend::cpu::CpuBackend;
+use encore_core::model::config::{Arch, ModelConfig, SlidingWindow};
+use encore_core::model::weights::{self, ModelWeights, WeightSource};
+use encore_core::ops::{Llama3Scaling, RopeConfig};
+use encore_core::{DType, Error, Tensor};
+use half::{bf16, f16};
+use safetensors::tensor::Dtype;
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use common::checkpoint::{
+    all_values, download, err_text, model_dir, values, write_safetensors, Ck,
+};
+use common::temp_dir::TempDir;
+
+mod config;
+mod dummy;
+mod errors;
+mod round_trip;
+
+// ---------------------------------------------------------------------------------------
+// Helpers: temp dirs, checkpoints, comparisons.
+
+/// The value `x` (exact in the source dtype) becomes after loading in `run`.
+fn round_to(run: DType, x: f32) -> f32 {
+    match run {
+        DType::BF16 => bf16::from_f32(x).to_f32(),
+        DType::F16 => f16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+fn exact_in(dtype: Dtype, x: f32) -> f32 {
+    match dtype {
+        Dtype::BF16 => bf16::from_f32(x).to_f32(),
+        Dtype::F16 => f16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+/// The HF tensor names and shapes of `cfg`, written out here independently of the loader.
+fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, hd, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    let (q, kv) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, h],
+    )];
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}.");
+        let mut add = |s: &str, shape: Vec<usize>| out.push((format!("{p}{s}"), shape));
+        add("input_layernorm.weight", vec![h]);
+        add("self_attn.q_proj.weight", vec![q, h]);
+        add("self_attn.k_proj.weight", vec![kv, h]);
+        add("self_attn.v_proj.weight", vec![kv, h]);
+        if cfg.qkv_bias {
+            add("self_attn.q_proj.bias", vec![q]);
+            add("self_attn.k_proj.bias", vec![kv]);
+            add("self_attn.v_proj.bias", vec![kv]);
+        }
+        if cfg.qk_norm {
+            add("self_attn.q_norm.weight", vec![hd]);
+            add("self_attn.k_norm.weight", vec![hd]);
+        }
+        add("self_attn.o_proj.weight", vec![h, q]);
+        add("post_attention_layernorm.weight", vec![h]);
+        add("mlp.gate_proj.weight", vec![i, h]);
+        add("mlp.up_proj.weight", vec![i, h]);
+        add("mlp.down_proj.weight", vec![h, i]);
+    }
+    out.push(("model.norm.weight".into(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h]));
+    }
+    out
+}
+
+/// A full random checkpoint for `cfg` in `dtype`.
+fn checkpoint(cfg: &ModelConfig, dtype: Dtype, seed: u64) -> Vec<Ck> {
+    hf_layout(cfg)
+        .into_iter()
+        .enumerate()
+        .map(|(k, (name, shape))| {
+            let n = shape.iter().product();
+            let values = values(seed * 1000 + k as u64, n)
+                .into_iter()
+                .map(|x| exact_in(dtype, x))
+                .collect();
+            Ck {
+                name,
+                dtype,
+                shape,
+                values,
+            }
+        })
+        .collect()
+}
+
+fn find<'a>(ts: &'a [Ck], name: &str) -> &'a Ck {
+    ts.iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("{name}"))
+}
+
+/// A small config.json of `arch` with the tiny shapes (intermediate size 80); `extra` is
+/// spliced in.
+fn tiny_json(arch: &str, extra: &str) -> String {
+    common::checkpoint::tiny_json(arch, 80, extra)
+}
+
+fn cpu() -> CpuBackend {
+    CpuBackend::new()
+}
+
+fn load_dir(dir: &Path, dtype: DType) -> encore_core::Result<(ModelConfig, ModelWeights)> {
+    let be = cpu();
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let w = weights::load(
+        &be,
+        &cfg,
+        WeightSource::Dir(PathBuf::from(dir)),
+        dtype,
+        &encore_core::progress::NoProgress,
+    )?;
+    Ok((cfg, w))
+}
+
+/// `t` holds exactly the rows of `parts`, in order, rounded to the run dtype.
+fn check_rows(t: &Tensor, parts: &[&Ck], run: DType) {
+    let expected: Vec<f32> = parts
+        .iter()
+        .flat_map(|p| p.values.iter().map(|&x| round_to(run, x)))
+        .collect();
+    let names: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(t.dtype(), run, "{names:?}");
+    let got = download(t);
+    assert_eq!(got.len(), expected.len(), "{names:?}");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != expected[i].to_bits()) {
+        panic!(
+            "{names:?}: element {i} is {}, expected {}",
+            got[i], expected[i]
+        );
+    }
+}
+
+/// Every loaded tensor equals the checkpoint's, merged and converted.
+fn check_model(cfg: &ModelConfig, w: &ModelWeights, ts: &[Ck], run: DType) {
+    let t = |n: &str| find(ts, n);
+    assert_eq!(w.dtype, run);
+    check_rows(&w.embed, &[t("model.embed_tokens.weight")], run);
+    check_rows(&w.norm, &[t("model.norm.weight")], run);
+    if cfg.tie_word_embeddings {
+        assert!(w.lm_head.same_start(&w.embed), "tied lm_head is embed");
+    } else {
+        assert!(!w.lm_head.same_start(&w.embed));
+        check_rows(&w.lm_head, &[t("lm_head.weight")], run);
+    }
+    assert_eq!(w.layers.len(), cfg.num_layers);
+    for (i, l) in w.layers.iter().enumerate() {
+        let n = |s: &str| format!("model.layers.{i}.{s}");
+        let t = |s: &str| find(ts, &n(s));
+        let qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
+        assert_eq!(l.qkv.shape(), &[qkv_rows, cfg.hidden_size]);
+        assert_eq!(
+            l.gate_up.shape(),
+            &[2 * cfg.intermediate_size, cfg.hidden_size]
+        );
+        check_rows(&l.input_norm, &[t("input_layernorm.weight")], run);
+        check_rows(
+            &l.qkv,
+            &[
+                t("self_attn.q_proj.weight"),
+                t("self_attn.k_proj.weight"),
+                t("self_attn.v_proj.weight"),
+            ],
+            run,
+        );
+        match &l.qkv_bias {
+            Some(b) => check_rows(
+                b,
+                &[
+                    t("self_attn.q_proj.bias"),
+                    t("self_attn.k_proj.bias"),
+                    t("self_attn.v_proj.bias"),
+                ],
+                run,
+            ),
+            None => assert!(!cfg.qkv_bias),
+        }
+        match (&l.q_norm, &l.k_norm) {
+            (Some(q), Some(k)) => {
+                check_rows(q, &[t("self_attn.q_norm.weight")], run);
+                check_rows(k, &[t("self_attn.k_norm.weight")], run);
+            }
+            (None, None) => assert!(!cfg.qk_norm),
+            _ => panic!("q_norm and k_norm come together"),
+        }
+        check_rows(&l.o_proj, &[t("self_attn.o_proj.weight")], run);
+        check_rows(&l.post_norm, &[t("post_attention_layernorm.weight")], run);
+        check_rows(
+            &l.gate_up,
+            &[t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")],
+            run,
+        );
+        check_rows(&l.down, &[t("mlp.down_proj.weight")], run);
+    }
+}
