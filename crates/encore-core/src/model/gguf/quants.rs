@@ -4,7 +4,7 @@
 //! (1 and the element size for the float types). The decoders below follow the block
 //! layouts of ggml (`ggml-common.h`) and compute every value in the same order of f32
 //! operations as ggml's reference dequantizer and gguf-py's `quants.py`, so the results
-//! are bit-identical to theirs (`tests/gguf.rs` checks a fixture made by gguf-py).
+//! are bit-identical to theirs (`tests/gguf/twins.rs` checks a fixture made by gguf-py).
 
 use half::{bf16, f16};
 use rayon::prelude::*;
