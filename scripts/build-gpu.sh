@@ -9,16 +9,6 @@ cargo build --release -p encore
 cp target/release/encore .bin/
 # Test executables, by name (cargo prints one JSON line per built artifact).
 cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
-  | python3 -c '
-import json, sys, shutil, os
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    exe = m.get("executable")
-    if m.get("reason") == "compiler-artifact" and exe and m.get("profile", {}).get("test"):
-        name = m["target"]["name"] + ("-lib" if m["target"]["kind"] == ["lib"] else "")
-        shutil.copy(exe, os.path.join(".bin/tests", name))
-        print("test binary:", name)
-'
+  | python3 scripts/copy_test_bins.py .bin/tests
 strip .bin/encore .bin/tests/* 2>/dev/null || true
 du -sh .bin

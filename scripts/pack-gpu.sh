@@ -14,17 +14,7 @@ cp target/release/encore "$stage/encore"
 cargo test --release -p encore-core -p encore-backend --no-run --message-format=json \
   --test cuda --test graph --test graph_memory --test hf_parity --test offload_exec \
   --test piecewise --test scheduler --test capture --test engine --test model --lib 2>/dev/null \
-  | python3 -c '
-import json, os, shutil, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    exe = m.get("executable")
-    if m.get("reason") == "compiler-artifact" and exe and m.get("profile", {}).get("test"):
-        kind = m["target"]["kind"]
-        name = m["target"]["name"] + ("-lib" if kind == ["lib"] else "")
-        shutil.copy(exe, os.path.join(sys.argv[1], "tests", name))
-' "$stage"
+  | python3 scripts/copy_test_bins.py "$stage/tests"
 strip "$stage"/encore* "$stage"/tests/*
 rm -rf .gpu && mkdir -p .gpu
 tar -cJf .gpu/gpu.tar.xz -C "$stage" .
