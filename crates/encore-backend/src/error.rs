@@ -103,9 +103,10 @@ pub enum Error {
         needed: usize,
         free: usize,
     },
-    /// A request can never run as asked: admission refused it, naming the parameter. The
-    /// engine's typed refusal (`encore_core::request::Refusal`; this layer knows no
-    /// requests), which `encore_core::request::refusal_of` reads back.
+    /// A request can never run as asked: admission refused it, naming the parameter (the
+    /// engine's typed `encore_core::request::Refusal`, boxed: this layer knows no
+    /// requests). Callers that need the parameter take the `Refusal` itself, which
+    /// `Scheduler::add` returns; this variant only carries it through `?`.
     #[error("{0}")]
     Refused(Box<dyn std::error::Error + Send + Sync>),
     /// A filesystem operation failed. The OS message is the error's `source` (printed

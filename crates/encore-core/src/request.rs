@@ -223,14 +223,6 @@ impl From<Refusal> for Error {
     }
 }
 
-/// The refusal an [`Error::Refused`] carries, if `e` is one.
-pub fn refusal_of(e: &Error) -> Option<&Refusal> {
-    match e {
-        Error::Refused(r) => r.downcast_ref(),
-        _ => None,
-    }
-}
-
 /// The admission rules of one engine: what a request may ask for, from the sizes it was
 /// built with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

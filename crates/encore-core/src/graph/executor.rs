@@ -84,6 +84,18 @@ impl Hooks<'_> {
     fn end_segment(&self, be: &dyn Backend) -> Result<()> {
         self.0.map_or(Ok(()), |h| h.end_segment(be))
     }
+
+    fn begin_capture(&self) {
+        if let Some(h) = self.0 {
+            h.begin_capture();
+        }
+    }
+
+    fn end_capture(&self) {
+        if let Some(h) = self.0 {
+            h.end_capture();
+        }
+    }
 }
 
 /// What one key's graphs did so far.
@@ -241,9 +253,7 @@ impl<S> Executor<S> {
         let hooks = Hooks::of(step);
         let state = step.alloc(arena)?;
         let mut graphs = Vec::with_capacity(step.count());
-        if let Some(h) = hooks.0 {
-            h.begin_capture();
-        }
+        hooks.begin_capture();
         let captured = (|| {
             for i in 0..step.count() {
                 be.begin_capture()?;
@@ -254,9 +264,7 @@ impl<S> Executor<S> {
             }
             Ok(())
         })();
-        if let Some(h) = hooks.0 {
-            h.end_capture();
-        }
+        hooks.end_capture();
         captured.map(|()| (graphs, state))
     }
 
