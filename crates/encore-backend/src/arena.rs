@@ -200,7 +200,7 @@ impl Arena {
     /// A view of `shape` elements of `dtype`, valid until the next `reset`. Outside a
     /// capture the memory is mapped before this returns.
     pub fn alloc(&mut self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
-        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let bytes = crate::tensor::shape_bytes("alloc", shape, dtype)?;
         let start = self.top.next_multiple_of(ARENA_ALIGN);
         if start + bytes > self.capacity {
             return Err(Error::OutOfMemory {

@@ -3,7 +3,10 @@
 
 use std::fmt;
 
-/// Element types encore stores.
+pub use crate::quant::QuantFormat;
+
+/// Element types encore stores: elements of a fixed size, or a block-quantized weight
+/// format ([`DType::Q`], a matrix quantized along its rows; see [`crate::quant`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     BF16,
@@ -11,15 +14,39 @@ pub enum DType {
     F32,
     I32,
     I64,
+    Q(QuantFormat),
 }
 
 impl DType {
+    /// Bytes of one element. A quantized format has no element size: ask
+    /// [`DType::bytes`] for a tensor's size (ops admit quantized tensors only where they
+    /// say so, so the kernels of element types never see one).
     pub const fn size(self) -> usize {
         match self {
             DType::BF16 | DType::F16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::I64 => 8,
+            DType::Q(_) => panic!("a quantized dtype has no element size"),
         }
+    }
+
+    /// Bytes of a tensor of `shape` in this dtype: `numel * size` for element types; for
+    /// a quantized format, rows of the last dimension at [`QuantFormat::row_bytes`].
+    /// `None` when a quantized shape's rows are not whole blocks (or it has no
+    /// dimension), or on overflow.
+    pub fn bytes(self, shape: &[usize]) -> Option<usize> {
+        match self {
+            DType::Q(f) => {
+                let (&k, rows) = shape.split_last()?;
+                let rows = rows.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+                f.bytes(rows, k)
+            }
+            _ => shape.iter().try_fold(self.size(), |a, &d| a.checked_mul(d)),
+        }
+    }
+
+    pub const fn is_quantized(self) -> bool {
+        matches!(self, DType::Q(_))
     }
 
     pub const fn is_float(self) -> bool {
@@ -34,6 +61,7 @@ impl DType {
             DType::F32 => "f32",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::Q(f) => f.name(),
         }
     }
 

@@ -7,7 +7,7 @@
 //! no request: `encore-core` builds the engine on top of it (and re-exports these modules
 //! under the same names), so a change above this crate never recompiles it.
 //!
-//! Its modules import only those before them: `dtype` < `error` < `storage` < `tensor` <
+//! Its modules import only those before them: `quant` < `dtype` < `error` < `storage` < `tensor` <
 //! `args` < `ops` < `vmm` < `backend` < `arena`; `bench`, `device` and `testing` sit on
 //! top. CUDA kernels are resolved into typed handles when the backend loads
 //! (`backend/cuda/handles.rs`), never looked up by name per launch. See ARCHITECTURE.md.
@@ -20,6 +20,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod ops;
+pub mod quant;
 pub mod storage;
 pub mod tensor;
 pub mod testing;

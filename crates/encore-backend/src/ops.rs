@@ -196,7 +196,10 @@ pub fn check_matmul(
     const OP: &str = "matmul";
     check_dtype(OP, "x", x, FLOAT_DTYPES)?;
     check_rank(OP, "x", x, 2, "[m, k]")?;
-    same_dtype(OP, "w", w, x.dtype())?;
+    // w is in x's dtype, or quantized (the kernels decode it; see `crate::quant`).
+    if !w.dtype().is_quantized() {
+        same_dtype(OP, "w", w, x.dtype())?;
+    }
     check_rank(OP, "w", w, 2, "[n, k]")?;
     let (m, k, n) = (x.dim(0), x.dim(1), w.dim(0));
     if w.dim(1) != k {

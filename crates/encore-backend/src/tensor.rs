@@ -31,10 +31,28 @@ impl fmt::Debug for Tensor {
     }
 }
 
+/// Bytes of a `shape` tensor of `dtype`, or an error naming `op` (a quantized shape whose
+/// rows are not whole blocks, or an overflow).
+pub fn shape_bytes(op: &'static str, shape: &[usize], dtype: DType) -> Result<usize> {
+    dtype.bytes(shape).ok_or_else(|| {
+        Error::invalid(
+            op,
+            match dtype {
+                DType::Q(f) => format!(
+                    "{shape:?} {dtype}: rows of {} values are not whole {f} blocks of {}",
+                    shape.last().copied().unwrap_or(0),
+                    f.block_elems()
+                ),
+                _ => format!("{shape:?} {dtype} overflows"),
+            },
+        )
+    })
+}
+
 impl Tensor {
     /// A view of `storage`. Fails if the view does not fit in the buffer.
     pub fn new(storage: Storage, offset: usize, shape: &[usize], dtype: DType) -> Result<Self> {
-        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let bytes = shape_bytes("Tensor::new", shape, dtype)?;
         if offset + bytes > storage.len_bytes() {
             return Err(Error::invalid(
                 "Tensor::new",
@@ -71,7 +89,8 @@ impl Tensor {
         self.shape.iter().product()
     }
     pub fn size_bytes(&self) -> usize {
-        self.numel() * self.dtype.size()
+        // Every constructor checked that the shape has a size in the dtype.
+        self.dtype.bytes(&self.shape).unwrap_or(0)
     }
     /// Size of dimension `i`; negative indices count from the end.
     pub fn dim(&self, i: isize) -> usize {
@@ -104,7 +123,13 @@ impl Tensor {
                 ),
             ));
         }
-        let row_bytes = self.shape[1..].iter().product::<usize>() * self.dtype.size();
+        if self.dtype.is_quantized() && self.rank() < 2 {
+            return Err(Error::invalid(
+                "Tensor::narrow",
+                format!("a {} tensor narrows by whole rows (rank >= 2)", self.dtype),
+            ));
+        }
+        let row_bytes = shape_bytes("Tensor::narrow", &self.shape[1..], self.dtype)?;
         let mut shape = self.shape.clone();
         shape[0] = len;
         Ok(Tensor {
@@ -122,7 +147,8 @@ impl Tensor {
 
     /// The same elements under another shape of equal element count.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
-        if shape.iter().product::<usize>() != self.numel() {
+        let same_rows = !self.dtype.is_quantized() || shape.last() == self.shape.last();
+        if shape.iter().product::<usize>() != self.numel() || !same_rows {
             return Err(Error::invalid(
                 "Tensor::reshape",
                 format!("cannot reshape {:?} to {:?}", self.shape, shape),

@@ -368,6 +368,7 @@ fn windowed_model_matches_cpu() {
             size: 5,
             first_layer: 1,
         }),
+        weights: Default::default(),
         ..ModelConfig::dummy("tiny-qwen2").unwrap()
     };
     let run = |be: &dyn Backend| -> Vec<Vec<f32>> {

@@ -378,6 +378,7 @@ fn windowed_qwen2() -> ModelConfig {
             size: 5,
             first_layer: 1,
         }),
+        weights: Default::default(),
         ..ModelConfig::dummy("tiny-qwen2").unwrap()
     }
 }
@@ -430,6 +431,7 @@ fn sliding_window_changes_logits_only_past_the_window() {
     let windowed = windowed_qwen2();
     let full = ModelConfig {
         sliding_window: None,
+        weights: Default::default(),
         ..windowed.clone()
     };
     let prompt: Vec<u32> = (0..17).map(|i| (i * 37 + 5) % 512).collect();

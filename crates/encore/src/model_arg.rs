@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use encore_core::device::{self, DeviceSpec, Opened};
 use encore_core::model::config::ModelConfig;
+use encore_core::model::formats::Quantization;
 use encore_core::model::weights::WeightSource;
 use encore_core::DType;
 
@@ -33,20 +34,29 @@ pub struct ModelArgs {
     /// any case).
     #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
     pub dtype: DType,
+    /// How weights are stored on the device: auto (a GGUF file's block formats stay
+    /// quantized, dense checkpoints stay dense), none (everything decoded to --dtype), or a
+    /// format every projection is quantized to at load: fp8, q8_0, q4_k (also q4_0, q4_1,
+    /// q5_0, q5_1, q5_k, q6_k). Activations stay in --dtype.
+    #[arg(long, default_value = "auto", value_parser = parse::quantization)]
+    pub quantization: Quantization,
 }
 
 impl ModelArgs {
     /// Open the device (see [`open_device`]) and the model's config and weight source.
     pub fn open(&self) -> Result<(Opened, ModelConfig, WeightSource)> {
         let opened = open_device(self.device.device)?;
-        let (cfg, source) = resolve(&self.model)?;
+        let (cfg, source) = resolve(&self.model, self.quantization)?;
         Ok((opened, cfg, source))
     }
 }
 
-/// The config and where the weights come from (seed 0 for dummy models).
-pub fn resolve(spec: &str) -> Result<(ModelConfig, WeightSource)> {
-    let m = encore_core::model::open_model(spec)?;
+/// The config (with the weight formats `quantization` gives it) and where the weights
+/// come from (seed 0 for dummy models).
+pub fn resolve(spec: &str, quantization: Quantization) -> Result<(ModelConfig, WeightSource)> {
+    let mut m = encore_core::model::open_model(spec)?;
+    m.quantize(quantization)
+        .with_context(|| format!("--quantization {quantization}"))?;
     Ok((m.config, m.source))
 }
 

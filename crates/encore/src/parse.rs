@@ -2,6 +2,7 @@
 //! flag (`invalid value '-1' for '--temperature <T>': ...`) before any work starts.
 
 use encore_core::device::DeviceSpec;
+use encore_core::model::formats::Quantization;
 use encore_core::DType;
 
 /// `--temperature`: finite and >= 0 (0 = greedy).
@@ -103,6 +104,11 @@ pub fn count<const MIN: usize, const MAX: usize>(s: &str) -> Result<usize, Strin
 /// `--dtype`: a float dtype name in any case (see [`DType::parse_float`]).
 pub fn dtype(s: &str) -> Result<DType, String> {
     DType::parse_float(s).ok_or_else(|| format!("expected {}", DType::FLOAT_NAMES))
+}
+
+/// `--quantization`: auto | none | a weight format.
+pub fn quantization(s: &str) -> Result<Quantization, String> {
+    Quantization::parse(s)
 }
 
 /// `--device`: auto | cpu | cuda | cuda:N.

@@ -137,7 +137,20 @@ pub trait Backend: Send + Sync {
     /// bias T `[n]`, out T or f32 `[m, n]` (T only when there is a bias). f32 accumulation.
     /// NOTE: with a bias, CUDA (cuBLASLt's bias epilogue, as PyTorch's `addmm`) may round
     /// `x · wᵀ` to T before adding the bias: a second rounding the CPU does not do.
+    ///
+    /// `w` may also be quantized ([`DType::Q`], `[n, k]` in `crate::quant`'s device
+    /// layout): the result is the matmul of its decoded values (the CPU decodes with
+    /// `quant::dequantize_row`, the reference the CUDA kernels are checked against).
     fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()>;
+
+    /// Reserve `bytes` of device scratch for matmuls with a quantized weight that decode
+    /// it whole before multiplying (large `m` on CUDA). Called once the weights are
+    /// loaded, before any capture, with the largest such weight's dense size; a backend
+    /// that needs no scratch ignores it.
+    fn reserve_dequant_scratch(&self, bytes: usize) -> Result<()> {
+        let _ = bytes;
+        Ok(())
+    }
 
     /// The MLP's gate/up projection and activation: `out = silu_mul(x · wᵀ)`, x T
     /// `[m, k]`, w T `[2 * inter, k]` (gate rows then up rows), out T `[m, inter]`, the

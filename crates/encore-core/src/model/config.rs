@@ -10,6 +10,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use super::formats::WeightFormats;
 use crate::error::{Error, Result};
 use crate::ops::{Llama3Scaling, RopeConfig};
 use crate::tensor::DType;
@@ -84,6 +85,9 @@ pub struct ModelConfig {
     /// Sliding-window attention (Mistral's `sliding_window`; Qwen2/Qwen3's when
     /// `use_sliding_window` is true), or `None` for full attention in every layer.
     pub sliding_window: Option<SlidingWindow>,
+    /// How the weights are stored on the device (dense unless quantized; see
+    /// [`crate::model::formats`]).
+    pub weights: WeightFormats,
 }
 
 /// Sliding-window attention as transformers applies it: in layers `first_layer..`, the
@@ -164,6 +168,7 @@ impl ModelConfig {
             bos_token_id: Some(256),
             eos_token_ids: vec![257],
             sliding_window: None,
+            weights: WeightFormats::default(),
         };
         let qwen = |c: ModelConfig| ModelConfig {
             rope: RopeConfig {
@@ -485,6 +490,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         bos_token_id,
         eos_token_ids,
         sliding_window,
+        weights: WeightFormats::default(),
     };
     cfg.check_sizes([
         "hidden_size",

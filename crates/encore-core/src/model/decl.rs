@@ -26,7 +26,11 @@
 //! on the tensors that use it in [`Decl::new`]; budgets, floors and offload count those
 //! bytes. The loader and the matmul kernels then learn to read that format.
 
+use encore_backend::quant::QuantFormat;
+
+use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
+use crate::model::formats::WeightFormats;
 use crate::tensor::DType;
 
 /// One HF tensor of the checkpoint layout.
@@ -125,6 +129,14 @@ impl Role {
         }
     }
 
+    /// Whether the role is a matrix the forward multiplies by (and so may be quantized).
+    pub fn is_projection(self) -> bool {
+        matches!(
+            self,
+            Role::Qkv | Role::OProj | Role::GateUp | Role::Down | Role::LmHead
+        )
+    }
+
     /// Whether the role has one tensor per decoder layer.
     pub fn per_layer(self) -> bool {
         !matches!(self, Role::Embedding | Role::FinalNorm | Role::LmHead)
@@ -163,17 +175,36 @@ impl Role {
 /// How a tensor's values are stored on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WeightFormat {
-    /// Dense, in the run dtype (bf16, f16 or f32). Block-quantized formats (GGUF Q8_0,
-    /// Q4_K, ...) and FP8 with scales come next as further variants.
+    /// Dense, in the run dtype (bf16, f16 or f32).
     #[default]
     Dense,
+    /// Block-quantized along its rows (GGUF's Q8_0 .. Q6_K, FP8 with block scales), in the
+    /// device layout of [`encore_backend::quant`].
+    Quant(QuantFormat),
 }
 
 impl WeightFormat {
-    /// Device bytes of `numel` values in this format for a run in `dtype`.
-    pub fn bytes(self, numel: usize, dtype: DType) -> usize {
+    /// The device dtype of a tensor in this format for a run in `dtype`.
+    pub fn dtype(self, dtype: DType) -> DType {
         match self {
-            WeightFormat::Dense => numel * dtype.size(),
+            WeightFormat::Dense => dtype,
+            WeightFormat::Quant(f) => DType::Q(f),
+        }
+    }
+
+    /// Device bytes of a `shape` tensor in this format for a run in `dtype` (0 for a
+    /// quantized shape that is not whole blocks, which [`ModelConfig::check_formats`]
+    /// refuses before anything loads).
+    pub fn bytes(self, shape: &[usize], dtype: DType) -> usize {
+        self.dtype(dtype).bytes(shape).unwrap_or(0)
+    }
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightFormat::Dense => f.write_str("dense"),
+            WeightFormat::Quant(q) => f.write_str(q.name()),
         }
     }
 }
@@ -284,7 +315,17 @@ impl TensorDecl {
 
     /// Device bytes in the run dtype `dtype`.
     pub fn bytes(&self, dtype: DType) -> usize {
-        self.format.bytes(self.numel(), dtype)
+        self.format.bytes(&self.shape, dtype)
+    }
+
+    /// The device dtype for a run in `dtype` (the run dtype, or the quantized format).
+    pub fn dtype(&self, dtype: DType) -> DType {
+        self.format.dtype(dtype)
+    }
+
+    /// Device bytes of part `k` (its rows of the tensor).
+    pub fn part_bytes(&self, k: usize, dtype: DType) -> usize {
+        self.format.bytes(&self.parts[k].shape, dtype)
     }
 }
 
@@ -317,7 +358,7 @@ impl Decl {
             cfg.vocab_size,
         );
         let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
-        let mut d = Builder::new(cfg.num_layers);
+        let mut d = Builder::new(cfg.num_layers, &cfg.weights);
         d.op(OpId::Embed);
         let embed = d.tensor(Role::Embedding, None, &[vocab], Some(h));
         for l in 0..cfg.num_layers {
@@ -377,6 +418,23 @@ impl Decl {
     pub fn bytes(&self, dtype: DType) -> usize {
         self.tensors.iter().map(|t| t.bytes(dtype)).sum()
     }
+
+    /// `(format, tensors, bytes)` per storage format, dense first (the start-up line and
+    /// `encore info` show it).
+    pub fn bytes_by_format(&self, dtype: DType) -> Vec<(WeightFormat, usize, usize)> {
+        let mut out: Vec<(WeightFormat, usize, usize)> = Vec::new();
+        for t in &self.tensors {
+            match out.iter_mut().find(|(f, _, _)| *f == t.format) {
+                Some(e) => {
+                    e.1 += 1;
+                    e.2 += t.bytes(dtype);
+                }
+                None => out.push((t.format, 1, t.bytes(dtype))),
+            }
+        }
+        out.sort_by_key(|(f, _, _)| !matches!(f, WeightFormat::Dense));
+        out
+    }
 }
 
 impl ModelConfig {
@@ -390,9 +448,29 @@ impl ModelConfig {
         self.decl().num_params()
     }
 
-    /// Bytes of all weights stored in `dtype`.
+    /// Bytes of all weights for a run in `dtype` (quantized tensors in their format).
     pub fn weight_bytes(&self, dtype: DType) -> usize {
         self.decl().bytes(dtype)
+    }
+
+    /// Every quantized tensor's rows must be whole blocks of its format: an error naming
+    /// the first tensor that is not.
+    pub fn check_formats(&self) -> Result<()> {
+        for t in self.decl().tensors() {
+            if let WeightFormat::Quant(f) = t.format {
+                let k = t.shape.last().copied().unwrap_or(0);
+                if f.row_bytes(k).is_none() {
+                    return Err(Error::Weights {
+                        tensor: t.name(),
+                        what: format!(
+                            "has rows of {k} values, which {f} (blocks of {}) cannot hold",
+                            f.block_elems()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -412,19 +490,21 @@ pub fn gguf_name(hf: &str) -> Option<String> {
 }
 
 /// Builds a [`Decl`] op by op.
-struct Builder {
+struct Builder<'a> {
     decl: Decl,
     num_layers: usize,
+    formats: &'a WeightFormats,
 }
 
-impl Builder {
-    fn new(num_layers: usize) -> Self {
+impl<'a> Builder<'a> {
+    fn new(num_layers: usize, formats: &'a WeightFormats) -> Self {
         Builder {
             decl: Decl {
                 tensors: Vec::new(),
                 ops: Vec::new(),
             },
             num_layers,
+            formats,
         }
     }
 
@@ -438,7 +518,8 @@ impl Builder {
     }
 
     /// Declare a tensor of `role` read by the current op, stacked from the role's sources
-    /// with `rows` rows each (of `cols` columns, or 1-D), dense and replicated.
+    /// with `rows` rows each (of `cols` columns, or 1-D), replicated; a projection is in
+    /// the format the config's [`WeightFormats`] gives it, everything else dense.
     fn tensor(
         &mut self,
         role: Role,
@@ -462,12 +543,20 @@ impl Builder {
             })
             .collect();
         let op = self.decl.ops.last().expect("an op is started first").op;
+        let name = match layer {
+            Some(l) => format!("model.layers.{l}.{}", role.module()),
+            None => role.module().to_string(),
+        };
+        let format = match role.is_projection() {
+            true => self.formats.projection(&name).map(WeightFormat::Quant),
+            false => None,
+        };
         self.decl.tensors.push(TensorDecl {
             role,
             layer,
             shape: shape(rows.iter().sum()),
             parts,
-            format: WeightFormat::Dense,
+            format: format.unwrap_or_default(),
             shard: Shard::Replicated,
             op,
         });

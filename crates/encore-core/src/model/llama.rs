@@ -83,6 +83,19 @@ impl StepBuffers {
     }
 }
 
+/// The dense bytes of the largest quantized weight in the run dtype `dtype`: the scratch a
+/// backend may decode a quantized weight into for a large matmul
+/// ([`Backend::reserve_dequant_scratch`]); 0 when every weight is dense.
+pub fn dequant_scratch_bytes(cfg: &ModelConfig, dtype: DType) -> usize {
+    cfg.decl()
+        .tensors()
+        .iter()
+        .filter(|t| t.dtype(dtype).is_quantized())
+        .map(|t| t.numel() * dtype.size())
+        .max()
+        .unwrap_or(0)
+}
+
 impl Model {
     /// Wrap loaded weights; builds the f32 rotary table for `max_positions` positions.
     pub fn new(
@@ -102,6 +115,7 @@ impl Model {
         }
         let table = cfg.rope.cos_sin_table(max_positions);
         let cos_sin = backend.upload(&table, &[max_positions, cfg.rope.rot_dim])?;
+        backend.reserve_dequant_scratch(dequant_scratch_bytes(&cfg, weights.dtype))?;
         Ok(Model {
             cfg,
             weights,

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod decl;
+pub mod formats;
 pub mod gguf;
 pub mod llama;
 mod open;

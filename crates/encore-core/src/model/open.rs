@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::config::ModelConfig;
+use super::formats::{Quantization, WeightFormats};
 use super::gguf::{self, GgufFile};
 use super::weights::WeightSource;
 use crate::error::Result;
@@ -30,8 +31,10 @@ pub fn open_model(spec: &str) -> Result<ModelFiles> {
     let path = Path::new(spec);
     if gguf::is_gguf(path) {
         let file = GgufFile::open(path)?;
+        let mut config = gguf::config_from_gguf(&file)?;
+        config.weights = gguf::stored_formats(&file, &config);
         return Ok(ModelFiles {
-            config: gguf::config_from_gguf(&file)?,
+            config,
             source: WeightSource::Gguf(path.to_path_buf()),
         });
     }
@@ -42,6 +45,23 @@ pub fn open_model(spec: &str) -> Result<ModelFiles> {
 }
 
 impl ModelFiles {
+    /// Apply `--quantization`: `auto` keeps what [`open_model`] found (a GGUF file's block
+    /// formats), `none` makes every weight dense, a format quantizes every projection at
+    /// load. An error names the first tensor whose rows the format cannot hold.
+    pub fn quantize(&mut self, q: Quantization) -> Result<()> {
+        match q {
+            Quantization::Auto => {}
+            Quantization::None => self.config.weights = WeightFormats::default(),
+            Quantization::To(f) => {
+                self.config.weights = WeightFormats {
+                    projections: Some(f),
+                    per_tensor: Default::default(),
+                }
+            }
+        }
+        self.config.check_formats()
+    }
+
     /// The model's tokenizer (see [`open_tokenizer`]).
     pub fn tokenizer(&self) -> Result<Tokenizer> {
         open_tokenizer(&self.source)

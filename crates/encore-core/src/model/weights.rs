@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::offload::{HostPart, HostWeights, Place, Prepared};
 use crate::progress::{Progress, Unit};
 use crate::tensor::{DType, Tensor};
+use encore_backend::quant::QuantFormat;
 
 /// One decoder layer's weights, in the run dtype.
 pub struct LayerWeights {
@@ -157,6 +158,7 @@ fn load_placed(
         ),
     };
 
+    cfg.check_formats()?;
     let total = decl.bytes(dtype);
     let mut host = match prepared {
         Some(p) => HostSide::new(backend, &decl, &source, dtype, p, progress)?,
@@ -168,24 +170,25 @@ fn load_placed(
     let mut staging = Staging::default();
     let weights = build(&decl, dtype, |i, m| {
         let place = prepared.map_or(Place::Device, |p| p.place[i].clone());
+        let mdt = m.dtype(dtype);
         if let Place::Host = place {
             for (k, part) in m.parts.iter().enumerate() {
-                host.fill(&source, cfg, i, k, part, dtype, &mut staging)?;
-                done += (part.numel() * dtype.size()) as u64;
+                host.fill(&source, cfg, i, k, part, mdt, &mut staging)?;
+                done += m.part_bytes(k, dtype) as u64;
                 bar.0.set(done);
             }
-            return host.view(backend, i, &m.shape, dtype);
+            return host.view(backend, i, &m.shape, mdt);
         }
         let t = match &place {
             Place::Slot(view) => view.clone(),
-            _ => backend.alloc(dtype, &m.shape)?,
+            _ => backend.alloc(mdt, &m.shape)?,
         };
         let mut row = 0;
         for (k, part) in m.parts.iter().enumerate() {
             let rows = part.shape[0];
             let dst = t.narrow(row, rows)?;
             if let Place::Slot(_) = place {
-                host.fill(&source, cfg, i, k, part, dtype, &mut staging)?;
+                host.fill(&source, cfg, i, k, part, mdt, &mut staging)?;
             } else {
                 source.write(backend, cfg, part, &dst, &mut staging)?;
             }
@@ -287,6 +290,9 @@ impl Source {
         staging: &mut Staging,
         f: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<R> {
+        if let DType::Q(fmt) = dtype {
+            return self.with_quantized(cfg, spec, fmt, staging, f);
+        }
         match self {
             Source::Checkpoint(ck) => {
                 let (src_dtype, bytes) = ck.data(&spec.name)?;
@@ -312,6 +318,44 @@ impl Source {
                 f(staging.dummy(*seed, &spec.name, spec.numel(), mean, std, dtype))
             }
         }
+    }
+}
+
+impl Source {
+    /// [`Source::with_bytes`] for a tensor kept in `fmt`: device rows (`crate::quant`'s
+    /// layout) of the file's own blocks when a GGUF file stores the part in `fmt`,
+    /// else of its values quantized at load.
+    fn with_quantized<R>(
+        &self,
+        cfg: &ModelConfig,
+        spec: &TensorSpec,
+        fmt: QuantFormat,
+        staging: &mut Staging,
+        f: impl FnOnce(&[u8]) -> Result<R>,
+    ) -> Result<R> {
+        let k = *spec.shape.last().unwrap_or(&0);
+        let bytes = match self {
+            Source::Gguf(g) => match g.tensor_blocks(spec, fmt)? {
+                Some(blocks) => staging.packed(fmt, k, &blocks),
+                None => {
+                    let values = g.tensor_f32(spec)?;
+                    staging.quantized(fmt, k, |s| s.floats_from(&values))
+                }
+            },
+            Source::Checkpoint(ck) => {
+                let (src_dtype, bytes) = ck.data(&spec.name)?;
+                staging.quantized(fmt, k, |s| s.floats_of(bytes, src_dtype))
+            }
+            Source::Dummy { seed } => {
+                let (mean, std) = dummy_init(cfg, spec);
+                staging.quantized(fmt, k, |s| {
+                    s.dummy(*seed, &spec.name, spec.numel(), mean, std, DType::F32)
+                        .len()
+                        / 4
+                })
+            }
+        };
+        f(bytes)
     }
 }
 
@@ -452,13 +496,13 @@ impl HostSide {
             let mut sizes = Vec::new();
             let host_read = matches!(prepared.place[i], Place::Host);
             if !matches!(prepared.place[i], Place::Device) {
-                for part in &m.parts {
-                    let bytes = part.numel() * dtype.size();
+                for (k, part) in m.parts.iter().enumerate() {
+                    let bytes = m.part_bytes(k, dtype);
                     let in_place = match source {
                         // A weight read in place must be one range (a view).
                         Source::Checkpoint(ck) if !host_read || m.parts.len() == 1 => {
                             let (d, file, range) = ck.location(&part.name)?;
-                            (d == dtype).then_some((file, range.start))
+                            (d == m.dtype(dtype)).then_some((file, range.start))
                         }
                         _ => None,
                     };

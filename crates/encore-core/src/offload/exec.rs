@@ -173,12 +173,13 @@ pub struct Prepared {
     memory: Tensor,
 }
 
-/// The shape of every weight in [`AccessOrder::llama`] order: the declared device tensors.
-fn shapes(cfg: &ModelConfig) -> Vec<Vec<usize>> {
+/// The shape and device dtype (the run dtype `dtype`, or a quantized format) of every
+/// weight in [`AccessOrder::llama`] order: the declared device tensors.
+fn shapes(cfg: &ModelConfig, dtype: DType) -> Vec<(Vec<usize>, DType)> {
     cfg.decl()
         .tensors()
         .iter()
-        .map(|t| t.shape.clone())
+        .map(|t| (t.shape.clone(), t.dtype(dtype)))
         .collect()
 }
 
@@ -254,7 +255,7 @@ impl Prepared {
             return Ok(None);
         };
         let order = executor_order(cfg, dtype)?;
-        let shapes = shapes(cfg);
+        let shapes = shapes(cfg, dtype);
         if shapes.len() != order.weights().len() {
             return Err(Error::invalid(
                 "weight offload",
@@ -277,7 +278,7 @@ impl Prepared {
         };
         let memory = alloc_bytes(be, bytes, config.policy)?;
         let view = |offset: usize, w: usize| {
-            Tensor::new(memory.storage().clone(), offset, &shapes[w], dtype)
+            Tensor::new(memory.storage().clone(), offset, &shapes[w].0, shapes[w].1)
         };
         let mut place = vec![Place::Device; shapes.len()];
         match &plan {
@@ -403,7 +404,7 @@ struct LruState {
 
 struct Lru {
     pool_bytes: usize,
-    shapes: Vec<Vec<usize>>,
+    shapes: Vec<(Vec<usize>, DType)>,
     state: Mutex<LruState>,
 }
 
@@ -415,7 +416,7 @@ enum Executor {
 
 impl Lru {
     /// An empty pool of `pool_bytes` for weights of `shapes`.
-    fn new(pool_bytes: usize, shapes: Vec<Vec<usize>>) -> Self {
+    fn new(pool_bytes: usize, shapes: Vec<(Vec<usize>, DType)>) -> Self {
         let mut free = BTreeMap::new();
         free.insert(0, pool_bytes);
         Lru {
@@ -433,7 +434,6 @@ impl Lru {
 /// A running offloaded model's weight traffic (see the module docs).
 pub struct Offload {
     order: AccessOrder,
-    dtype: DType,
     host: HostWeights,
     queue: Box<dyn CopyQueue>,
     memory: Tensor,
@@ -489,7 +489,7 @@ impl Offload {
                 ))
             }
             (Policy::Planned, Some(plan)) => Executor::Planned(Planned::new(plan, &place, n)?),
-            (Policy::Lru, _) => Executor::Lru(Lru::new(report.streaming_bytes, shapes(cfg))),
+            (Policy::Lru, _) => Executor::Lru(Lru::new(report.streaming_bytes, shapes(cfg, dtype))),
         };
         let events = match &executor {
             Executor::Planned(p) => p.plan.streams.len(),
@@ -498,7 +498,6 @@ impl Offload {
         let queue = be.copy_queue(events)?;
         let o = Offload {
             order,
-            dtype,
             host,
             queue,
             memory,
@@ -545,10 +544,13 @@ impl Offload {
     /// Queue the copies of weight `w` into `dst` (its slot or placement).
     fn copy_weight(&self, w: usize, dst: &Tensor) -> Result<()> {
         let storage: &Storage = dst.storage();
+        // Parts are whole rows of the weight (dense or quantized alike).
+        let row_bytes = dst.size_bytes() / dst.dim(0).max(1);
         for p in &self.host.parts[w] {
-            let elems = p.bytes / dst.dtype().size();
+            let mut shape = dst.shape().to_vec();
+            shape[0] = p.bytes / row_bytes.max(1);
             let base = dst.offset() + p.dst_offset;
-            let view = Tensor::new(storage.clone(), base, &[elems], dst.dtype())?;
+            let view = Tensor::new(storage.clone(), base, &shape, dst.dtype())?;
             self.queue
                 .copy(&self.host.memory[p.memory], p.offset, &view)?;
             self.copied.fetch_add(p.bytes as u64, Ordering::Relaxed);
@@ -677,12 +679,8 @@ impl Offload {
                     (off, true)
                 }
             };
-            let t = Tensor::new(
-                self.memory.storage().clone(),
-                offset,
-                &lru.shapes[w],
-                self.dtype,
-            )?;
+            let (shape, dt) = &lru.shapes[w];
+            let t = Tensor::new(self.memory.storage().clone(), offset, shape, *dt)?;
             if missing {
                 if !forked {
                     self.queue.fork()?;

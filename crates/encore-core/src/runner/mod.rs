@@ -102,7 +102,12 @@ impl RunnerConfig {
             weights: model.weight_bytes(dtype),
             kv_cache: self.num_blocks.saturating_mul(kv_cfg.bytes_per_block()),
             kv_blocks: self.num_blocks,
-            activations: arena.saturating_add(inputs).saturating_add(sampling),
+            // A quantized model's large matmuls may decode a weight into scratch first
+            // (`Backend::reserve_dequant_scratch`; backends without the need ignore it).
+            activations: arena
+                .saturating_add(inputs)
+                .saturating_add(sampling)
+                .saturating_add(crate::model::llama::dequant_scratch_bytes(model, dtype)),
         }
     }
 

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::model::config::{Arch, ModelConfig, SlidingWindow};
+use encore_core::model::formats::Quantization;
 use encore_core::model::gguf::{
     config_from_gguf, dequantize, vocab_from_gguf, GgmlType, GgufFile, GgufWriter, Value,
 };

@@ -38,7 +38,16 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
         gguf_twin(&cfg, &ts, store).write(&gguf).unwrap();
 
         let spec = gguf.to_str().unwrap();
-        let ModelFiles { config, source } = open_model(spec).unwrap();
+        let mut files = open_model(spec).unwrap();
+        let stored = files.config.weights.clone();
+        assert_eq!(
+            stored.per_tensor.is_empty(),
+            store != Store::Q8_0,
+            "{what}: a block-format file keeps its projections quantized"
+        );
+        // The values, bit for bit: decoded at load (`--quantization none`).
+        files.quantize(Quantization::None).unwrap();
+        let ModelFiles { config, source } = files;
         assert_eq!(source, WeightSource::Gguf(PathBuf::from(&gguf)));
         assert_eq!(config, cfg, "{what}: config from metadata");
 

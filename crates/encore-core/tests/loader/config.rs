@@ -115,6 +115,7 @@ fn real_configs_parse_to_the_expected_values() {
             bos_token_id: Some(128_000),
             eos_token_ids: vec![128_001],
             sliding_window: None,
+            weights: Default::default(),
         }
     );
     let tf5 = parse(LLAMA_3_2_1B_TF5);

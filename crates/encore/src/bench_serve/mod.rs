@@ -54,6 +54,9 @@ pub struct BenchServeArgs {
     /// Run dtype (--in-process).
     #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
     dtype: encore_core::DType,
+    /// Weight storage (--in-process): auto, none or a format (see `generate --help`).
+    #[arg(long, default_value = "auto", value_parser = parse::quantization)]
+    quantization: encore_core::model::formats::Quantization,
     #[command(flatten)]
     pub(crate) workload: WorkloadArgs,
     /// Most requests in flight at once (0: no limit).
@@ -228,7 +231,7 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
     let model = a.model.clone().unwrap_or_else(|| "dummy:tiny".into());
     let opened = crate::model_arg::open_device(a.device.device)?;
     let be = opened.backend();
-    let (cfg, source) = crate::model_arg::resolve(&model)?;
+    let (cfg, source) = crate::model_arg::resolve(&model, a.quantization)?;
     let w = workload::workload(&a.workload, cfg.vocab_size)?;
     let e = &a.engine;
     let max_seq_len = match e.max_seq_len {

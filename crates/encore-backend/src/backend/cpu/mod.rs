@@ -149,7 +149,7 @@ impl Backend for CpuBackend {
 
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         self.forbid_in_capture("alloc")?;
-        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let bytes = crate::tensor::shape_bytes("alloc", shape, dtype)?;
         let buf = CpuBuffer::new(bytes)?;
         Tensor::new(Storage::Cpu(Arc::new(buf)), 0, shape, dtype)
     }

@@ -417,7 +417,7 @@ impl Backend for CudaBackend {
 
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         self.forbid_in_capture("alloc")?;
-        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let bytes = crate::tensor::shape_bytes("alloc", shape, dtype)?;
         let buf = CudaBuffer::new(&self.ctx, bytes, &format!("tensor {shape:?} {dtype}"))?;
         Tensor::new(Storage::Cuda(Arc::new(buf)), 0, shape, dtype)
     }

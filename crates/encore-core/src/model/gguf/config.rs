@@ -211,6 +211,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         bos_token_id,
         eos_token_ids,
         sliding_window,
+        weights: Default::default(),
     };
     cfg.check_sizes([
         &k("embedding_length"),

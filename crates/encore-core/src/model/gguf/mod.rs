@@ -3,9 +3,11 @@
 //! of GGUF tensors onto the HF tensors [`crate::model::weights`] loads, and a small
 //! writer for tests.
 //!
-//! Weights are dequantized to f32 on the host (in parallel) and then converted to the run
-//! dtype: encore runs a GGUF model at full precision, it does not compute in the GGML
-//! quantized formats.
+//! A projection the file stores in one block format (all its q/k/v or gate/up parts in the
+//! same type) stays in that format on the device ([`stored_formats`]; the kernels decode
+//! it as they multiply); everything else (embeddings, norms, a projection whose parts
+//! differ in type, everything under `--quantization none`) is dequantized to f32 on the
+//! host and converted to the run dtype.
 
 mod config;
 mod quants;
@@ -14,9 +16,9 @@ mod tensors;
 pub mod writer;
 
 pub use config::{config_from_gguf, gguf_arch, vocab_from_gguf, ROPE_FREQS};
-pub use quants::{dequantize, quantize_q4_0, quantize_q4_1, quantize_q8_0, GgmlType};
+pub use quants::{dequantize, quantize, quantize_q4_0, quantize_q4_1, quantize_q8_0, GgmlType};
 pub use reader::{GgufFile, TensorInfo, Value, DEFAULT_ALIGNMENT, MAGIC};
-pub use tensors::{gguf_name, unpermute_rows, GgufWeights};
+pub use tensors::{gguf_name, stored_formats, unpermute_rows, GgufWeights};
 pub use writer::GgufWriter;
 
 use std::io::Read;

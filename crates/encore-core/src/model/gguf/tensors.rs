@@ -11,6 +11,36 @@ use crate::error::{Error, Result};
 use crate::model::config::{Arch, ModelConfig};
 pub use crate::model::decl::gguf_name;
 use crate::model::decl::TensorSpec;
+use crate::model::formats::WeightFormats;
+use encore_backend::quant::QuantFormat;
+
+/// The formats a GGUF file keeps on the device for `cfg`: each projection whose parts the
+/// file stores in one block format encore runs (a merged q/k/v whose v is Q6_K beside Q4_K
+/// q and k, as Q4_K_M files store some layers, is dequantized instead).
+pub fn stored_formats(file: &GgufFile, cfg: &ModelConfig) -> WeightFormats {
+    let mut formats = WeightFormats::default();
+    let mut plain = cfg.clone();
+    plain.weights = WeightFormats::default();
+    for t in plain.decl().tensors() {
+        if !t.role.is_projection() {
+            continue;
+        }
+        let types: Vec<Option<QuantFormat>> = t
+            .parts
+            .iter()
+            .map(|p| {
+                let info = gguf_name(&p.name).and_then(|n| file.tensor(&n));
+                info.and_then(|i| i.ggml_type.quant_format())
+            })
+            .collect();
+        if let Some(Some(f)) = types.first() {
+            if types.iter().all(|x| *x == Some(*f)) {
+                formats.per_tensor.insert(t.name(), *f);
+            }
+        }
+    }
+    formats
+}
 
 /// A GGUF file serving HF tensors.
 pub struct GgufWeights {
@@ -143,15 +173,40 @@ impl GgufWeights {
     }
 }
 
+impl GgufWeights {
+    /// The file's own blocks of HF tensor `spec` in HF row order, when the file stores it
+    /// in the block format `fmt` (`None` when it stores another type: the caller decodes
+    /// and quantizes).
+    pub fn tensor_blocks(&self, spec: &TensorSpec, fmt: QuantFormat) -> Result<Option<Vec<u8>>> {
+        let name = gguf_name(&spec.name)
+            .ok_or_else(|| self.err(&spec.name, "has no GGUF counterpart".into()))?;
+        let info = self
+            .file
+            .tensor(&name)
+            .ok_or_else(|| self.err(&spec.name, format!("is missing: no GGUF tensor `{name}`")))?;
+        if info.ggml_type.quant_format() != Some(fmt) {
+            return Ok(None);
+        }
+        let bytes = self.file.tensor_bytes(info);
+        let rows = spec.shape[0];
+        let heads = match self.permuted_heads {
+            Some((q, _)) if spec.name.contains(".q_proj.") => q,
+            Some((_, k)) if spec.name.contains(".k_proj.") => k,
+            _ => return Ok(Some(bytes.to_vec())),
+        };
+        Ok(Some(unpermute_rows(bytes, rows, heads)))
+    }
+}
+
 /// Undo llama.cpp's q/k permutation. Its converter reorders each head's `head_dim` rows
 /// from HF's rotate-half layout (first half, then second half of the rotary pairs) to
 /// interleaved pairs: GGUF row `2j + i` of a head is HF row `i * head_dim / 2 + j`. Works
 /// for weights (`rows x cols`) and biases (`cols = 1`).
-pub fn unpermute_rows(values: &[f32], rows: usize, heads: usize) -> Vec<f32> {
+pub fn unpermute_rows<T: Copy + Default>(values: &[T], rows: usize, heads: usize) -> Vec<T> {
     let cols = values.len() / rows.max(1);
     let head_dim = rows / heads.max(1);
     let half = head_dim / 2;
-    let mut out = vec![0f32; values.len()];
+    let mut out = vec![T::default(); values.len()];
     for (r, dst) in out.chunks_exact_mut(cols).enumerate() {
         let (h, within) = (r / head_dim, r % head_dim);
         let (i, j) = (within / half, within % half);

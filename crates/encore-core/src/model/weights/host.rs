@@ -4,6 +4,8 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use encore_backend::quant::{self, QuantFormat};
+
 use crate::ops::{splitmix64, GOLDEN};
 use crate::tensor::DType;
 
@@ -15,6 +17,8 @@ pub(super) struct Staging {
     /// bf16 or f16 bits.
     halves: Vec<u16>,
     floats: Vec<f32>,
+    /// Quantized device rows.
+    quant: Vec<u8>,
 }
 
 /// Elements per rayon task.
@@ -91,6 +95,54 @@ impl Staging {
             let sum = (r >> 32) as f32 + (r & 0xFFFF_FFFF) as f32;
             mean + (sum - u32::MAX as f32) * scale
         })
+    }
+}
+
+impl Staging {
+    /// The f32 values `values` writes into the staging buffer (`n` of them), quantized
+    /// to `fmt` device rows of `k` values (in parallel over rows); returns their bytes.
+    pub(super) fn quantized(
+        &mut self,
+        fmt: QuantFormat,
+        k: usize,
+        values: impl FnOnce(&mut Staging) -> usize,
+    ) -> &[u8] {
+        let n = values(self);
+        let rows = n / k;
+        let rb = fmt
+            .row_bytes(k)
+            .expect("formats are checked before loading");
+        let floats = &self.floats[..n];
+        let out = first(&mut self.quant, rows * rb);
+        out.par_chunks_mut(rb)
+            .zip(floats.par_chunks(k))
+            .for_each(|(o, v)| quant::quantize_rows(fmt, v, k, o));
+        out
+    }
+
+    /// f32 values into the staging buffer: `src` (little-endian `from` elements)
+    /// converted, or dummy values; returns the count (for [`Self::quantized`]).
+    pub(super) fn floats_of(&mut self, src: &[u8], from: DType) -> usize {
+        self.convert(src, from, DType::F32).len() / 4
+    }
+
+    /// Put `values` in the staging buffer; returns the count.
+    pub(super) fn floats_from(&mut self, values: &[f32]) -> usize {
+        first(&mut self.floats, values.len()).copy_from_slice(values);
+        values.len()
+    }
+
+    /// Rows of ggml blocks of `fmt` (`k` values a row) laid out as device rows.
+    pub(super) fn packed(&mut self, fmt: QuantFormat, k: usize, blocks: &[u8]) -> &[u8] {
+        let src_row = k / fmt.block_elems() * fmt.block_bytes();
+        let rb = fmt
+            .row_bytes(k)
+            .expect("formats are checked before loading");
+        let out = first(&mut self.quant, blocks.len() / src_row * rb);
+        out.par_chunks_mut(rb)
+            .zip(blocks.par_chunks(src_row))
+            .for_each(|(o, b)| quant::pack_row(fmt, b, o));
+        out
     }
 }
 

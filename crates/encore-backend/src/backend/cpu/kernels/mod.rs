@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use super::ptr_of;
 use crate::ops::{EmbeddingDims, MatmulDims, QkvRopeDims, RowDims};
+use crate::quant::{self, QuantFormat};
 use crate::tensor::{DType, Tensor};
 
 pub(super) use attention::{attention, AttentionArgs};
@@ -364,7 +365,10 @@ fn silu_mul_t<T: Float>(gu: &Tensor, out: &Tensor, d: &RowDims) {
 }
 
 pub(super) fn matmul(x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &Tensor, d: &MatmulDims) {
-    dispatch_float!(x.dtype(), matmul_t(x, w, b, out, d))
+    match w.dtype() {
+        DType::Q(fmt) => dispatch_float!(x.dtype(), qmatmul_t(fmt, x, w, b, out, d)),
+        _ => dispatch_float!(x.dtype(), matmul_t(x, w, b, out, d)),
+    }
 }
 
 /// Up to this many rows of `x`, matmul is dot products over each row of `w` widened once
@@ -441,21 +445,87 @@ fn matmul_t<T: Float>(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tenso
             // rhs element (kk, j) is `wf[j * k + kk]`: the rows of `w` are its columns.
             gemm_f32(m, nb, k, &mut acc, &xf, &wf, (1, k), false);
         }
-        for i in 0..m {
-            for j in 0..nb {
-                let v = acc[i * nb + j] + bias.map_or(0.0, |b| b[j0 + j].to_f32());
-                let at = i * n + j0 + j;
-                // SAFETY: `at < m * n` and column j0 + j belongs to this block alone; the
-                // element type is f32 or T as validated.
-                unsafe {
-                    if out_f32 {
-                        *(op.get() as *mut f32).add(at) = v;
-                    } else {
-                        *(op.get() as *mut T).add(at) = T::from_f32(v);
-                    }
+        store_columns(&acc, bias, &op, out_f32, (m, n), j0, nb);
+    });
+}
+
+/// Write columns `j0..j0 + nb` of `out` (`m x n`, f32 or T) from `acc` (`m x nb`), each
+/// plus its bias, rounded once.
+fn store_columns<T: Float>(
+    acc: &[f32],
+    bias: Option<&[T]>,
+    op: &SyncPtr<u8>,
+    out_f32: bool,
+    (m, n): (usize, usize),
+    j0: usize,
+    nb: usize,
+) {
+    for i in 0..m {
+        for j in 0..nb {
+            let v = acc[i * nb + j] + bias.map_or(0.0, |b| b[j0 + j].to_f32());
+            let at = i * n + j0 + j;
+            // SAFETY: `at < m * n` and column j0 + j belongs to the caller's block alone;
+            // the element type is f32 or T as validated.
+            unsafe {
+                if out_f32 {
+                    *(op.get() as *mut f32).add(at) = v;
+                } else {
+                    *(op.get() as *mut T).add(at) = T::from_f32(v);
                 }
             }
         }
+    }
+}
+
+/// [`matmul_t`] with a quantized `w` (`crate::quant`'s device layout): each block of rows
+/// is decoded to f32 once ([`quant::dequantize_row`], the reference decode) and then
+/// multiplied as a dense block, so the result is exactly the dense matmul of the decoded
+/// weights (up to f32 summation order).
+fn qmatmul_t<T: Float>(
+    fmt: QuantFormat,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    d: &MatmulDims,
+) {
+    let MatmulDims { m, n, k } = *d;
+    if m == 0 || n == 0 {
+        return;
+    }
+    let rb = fmt
+        .row_bytes(k)
+        .expect("a quantized w has whole blocks (Tensor::new)");
+    // SAFETY: dtypes validated; x and bias are only read. The weight bytes are read
+    // through a byte view of exactly `n * rb` bytes (its size_bytes).
+    let (x, bias) = unsafe { (view::<T>(x), bias.map(|b| view::<T>(b))) };
+    // SAFETY: w's view lies inside its buffer (Tensor::new) and spans size_bytes() bytes.
+    let wb = unsafe { std::slice::from_raw_parts(ptr_of(w) as *const u8, w.size_bytes()) };
+    let xf = to_f32(x);
+    let out_f32 = out.dtype() == DType::F32;
+    let op = SyncPtr(ptr_of(out));
+    let block = n
+        .div_ceil(2 * rayon::current_num_threads())
+        .clamp(16, 256)
+        .min(n);
+    (0..n.div_ceil(block)).into_par_iter().for_each(|bi| {
+        let j0 = bi * block;
+        let nb = block.min(n - j0);
+        let mut wf = vec![0f32; nb * k];
+        for (j, row) in wf.chunks_exact_mut(k).enumerate() {
+            quant::dequantize_row(fmt, &wb[(j0 + j) * rb..(j0 + j + 1) * rb], row);
+        }
+        let mut acc = vec![0f32; m * nb];
+        if m <= SMALL_M {
+            for (j, wrow) in wf.chunks_exact(k).enumerate() {
+                for i in 0..m {
+                    acc[i * nb + j] = dot(&xf[i * k..(i + 1) * k], wrow);
+                }
+            }
+        } else {
+            gemm_f32(m, nb, k, &mut acc, &xf, &wf, (1, k), false);
+        }
+        store_columns(&acc, bias, &op, out_f32, (m, n), j0, nb);
     });
 }
 
