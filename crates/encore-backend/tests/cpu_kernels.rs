@@ -57,6 +57,15 @@ fn every_op_matches_the_f64_reference() {
                 .iter()
                 .any(|r| r.dtype == dtype && r.op.starts_with("attention")));
         }
+        for fmt in encore_backend::quant::QuantFormat::ALL {
+            for op in [
+                format!("matmul({fmt}, bias, out bf16)"),
+                format!("matmul({fmt}, no bias, out f32)"),
+                format!("matmul_silu_mul({fmt})"),
+            ] {
+                assert!(results.iter().any(|r| r.op == op), "no check named `{op}`");
+            }
+        }
     }
 }
 

@@ -99,6 +99,7 @@ fn smollm2_gguf_answers_the_capital_of_france() {
         (cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.vocab_size),
         (Arch::Llama, 30, 576, 49152)
     );
+    assert!(!cfg.weights.is_dense(), "the file's projections stay quantized");
     let tok = files.tokenizer().unwrap();
     let prompt = chat_prompt(&tok, "What is the capital of France?");
     let be = CpuBackend::new();
@@ -161,13 +162,18 @@ fn smollm2_gguf_equals_its_dequantized_safetensors_twin() {
     let Some(path) = smollm2() else { return };
     let files = open_model(path.to_str().unwrap()).unwrap();
     let cfg = files.config.clone();
+    // The GGUF runs quantized (its Q4_1/Q8_0 projections decoded by the matmul), the
+    // twin dense with the same values.
+    assert_eq!(cfg.weights.per_tensor.len(), 4 * cfg.num_layers);
     let dir = TempDir::new("twin");
     write_twin(&path, &cfg, dir.path());
     let twin_cfg = ModelConfig::from_file(&dir.path().join("config.json")).unwrap();
+    assert!(twin_cfg.weights.is_dense());
     assert_eq!(
         twin_cfg,
         ModelConfig {
             torch_dtype: twin_cfg.torch_dtype,
+            weights: twin_cfg.weights.clone(),
             ..cfg.clone()
         }
     );

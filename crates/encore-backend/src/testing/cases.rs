@@ -4,6 +4,7 @@
 
 use crate::backend::{Attention, Backend, Penalties, QkvRope, SampleLogprobs, Sampling};
 use crate::error::Result;
+use crate::quant::QuantFormat;
 use crate::tensor::DType;
 
 use super::compare::{
@@ -177,6 +178,7 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 Op::MatmulSiluMul(MatmulInputs::random(rng, m, k, 2 * inter, false)),
             );
         }
+        quantized_matmul_cases(&mut extra, dtype, &mut push);
         for (n, nh, kvh, hd, rot, nb, bs, norm) in [
             (7, 4, 2, 64, 64, 6, 16, false),
             (5, 3, 1, 96, 64, 3, 8, true),
@@ -366,6 +368,67 @@ fn attention_out(values: Vec<f64>, head_dim: usize) -> Output {
     }
 }
 
+/// Matmuls with a quantized weight, every format: rows 1..=8 (CUDA's quantized gemv:
+/// whole and partial k chunks, k split over warps) and more (the decode-then-GEMM path),
+/// odd n, and the fused gate/up + SiLU for one row.
+fn quantized_matmul_cases(
+    rng: &mut rand::rngs::StdRng,
+    dtype: DType,
+    push: &mut impl FnMut(String, String, DType, Op),
+) {
+    for fmt in QuantFormat::ALL {
+        let b = fmt.block_elems();
+        for (m, blocks, n, bias, out_f32) in [
+            (1, 8, 129, false, true),
+            (1, 1, 7, true, false),
+            (2, 3, 65, false, false),
+            (3, 16, 1, true, false),
+            (5, 2, 33, false, false),
+            (8, 4, 77, false, true),
+            (17, 3, 40, true, false),
+            (64, 2, 9, false, false),
+        ] {
+            if out_f32 && dtype == DType::F32 {
+                continue;
+            }
+            let k = blocks * b;
+            let inputs = MatmulInputs::quantized(rng, m, k, n, bias, fmt);
+            let name = format!(
+                "matmul({fmt}, {}, out {})",
+                if bias { "bias" } else { "no bias" },
+                if out_f32 { DType::F32 } else { dtype }
+            );
+            push(
+                name,
+                format!("m={m} k={k} n={n}"),
+                dtype,
+                Op::Matmul { inputs, out_f32 },
+            );
+        }
+        for (m, blocks, inter) in [(1, 4, 70), (2, 1, 33)] {
+            let k = blocks * b;
+            push(
+                format!("matmul_silu_mul({fmt})"),
+                format!("m={m} k={k} inter={inter}"),
+                dtype,
+                Op::MatmulSiluMul(MatmulInputs::quantized(rng, m, k, 2 * inter, false, fmt)),
+            );
+        }
+    }
+}
+
+/// Upload the weight of matmul inputs: quantized when they say so, else in `dt`.
+fn upload_w(b: &dyn Backend, i: &MatmulInputs, dt: DType) -> Result<crate::tensor::Tensor> {
+    match i.w_format {
+        Some(fmt) => {
+            let w = b.alloc(DType::Q(fmt), &[i.n, i.k])?;
+            b.write_bytes(&w, &i.w_bytes(fmt))?;
+            Ok(w)
+        }
+        None => b.upload_f32_as(&i.w, &[i.n, i.k], dt),
+    }
+}
+
 /// Run `case` on `b` with poisoned outputs and read every result back.
 pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
     let dt = case.dtype;
@@ -420,7 +483,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
         }
         Op::Matmul { inputs: i, out_f32 } => {
             let x = f(&i.x, &[i.m, i.k])?;
-            let w = f(&i.w, &[i.n, i.k])?;
+            let w = upload_w(b, i, dt)?;
             let bias = i.bias.as_ref().map(|v| f(v, &[i.n])).transpose()?;
             let out = fresh(if *out_f32 { DType::F32 } else { dt }, &[i.m, i.n])?;
             b.matmul(&x, &w, bias.as_ref(), &out)?;
@@ -428,7 +491,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
         }
         Op::MatmulSiluMul(i) => {
             let x = f(&i.x, &[i.m, i.k])?;
-            let w = f(&i.w, &[i.n, i.k])?;
+            let w = upload_w(b, i, dt)?;
             let gate_up = fresh(dt, &[i.m, i.n])?;
             let out = fresh(dt, &[i.m, i.n / 2])?;
             b.matmul_silu_mul(&x, &w, &gate_up, &out)?;
@@ -600,11 +663,12 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
         )],
         Op::Matmul { inputs: i, .. } => {
             let bias = i.bias.as_ref().map(|b| q(b));
-            let out = reference::matmul(&q(&i.x), &q(&i.w), bias.as_deref(), i.m, i.n, i.k);
+            let out =
+                reference::matmul(&q(&i.x), &i.w_values(dt), bias.as_deref(), i.m, i.n, i.k);
             vec![floats("out", out, OpClass::Reduction)]
         }
         Op::MatmulSiluMul(i) => {
-            let gate_up = reference::matmul(&q(&i.x), &q(&i.w), None, i.m, i.n, i.k);
+            let gate_up = reference::matmul(&q(&i.x), &i.w_values(dt), None, i.m, i.n, i.k);
             // The backends round the product to the dtype before the activation.
             let gate_up: Vec<f64> = gate_up
                 .iter()

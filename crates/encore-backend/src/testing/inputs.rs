@@ -11,6 +11,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::ops::{Llama3Scaling, RopeConfig};
+use crate::quant::QuantFormat;
 use crate::tensor::DType;
 
 /// The generator every input comes from.
@@ -170,6 +171,8 @@ pub struct MatmulInputs {
     pub m: usize,
     pub n: usize,
     pub k: usize,
+    /// `w` is stored quantized to this format (its decoded values are the weights).
+    pub w_format: Option<QuantFormat>,
 }
 
 impl MatmulInputs {
@@ -181,6 +184,49 @@ impl MatmulInputs {
             m,
             n,
             k,
+            w_format: None,
+        }
+    }
+
+    /// [`Self::random`] with `w` quantized to `fmt` (`k` a whole number of its blocks).
+    pub fn quantized(
+        rng: &mut StdRng,
+        m: usize,
+        k: usize,
+        n: usize,
+        bias: bool,
+        fmt: QuantFormat,
+    ) -> Self {
+        MatmulInputs {
+            w_format: Some(fmt),
+            ..Self::random(rng, m, k, n, bias)
+        }
+    }
+
+    /// The device rows of the quantized `w` ([`crate::quant`]'s layout).
+    pub fn w_bytes(&self, fmt: QuantFormat) -> Vec<u8> {
+        let rb = fmt.row_bytes(self.k).expect("k is whole blocks");
+        let mut out = vec![0u8; self.n * rb];
+        crate::quant::quantize_rows(fmt, &self.w, self.k, &mut out);
+        out
+    }
+
+    /// The weights as the reference sees them: `w` rounded to `dtype`, or the decoded
+    /// values of the quantized `w`.
+    pub fn w_values(&self, dtype: DType) -> Vec<f64> {
+        match self.w_format {
+            None => quantize(dtype, &self.w).into_iter().map(f64::from).collect(),
+            Some(fmt) => {
+                let bytes = self.w_bytes(fmt);
+                let rb = bytes.len() / self.n.max(1);
+                let mut row = vec![0f32; self.k];
+                let mut out = Vec::with_capacity(self.n * self.k);
+                for r in 0..self.n {
+                    crate::quant::dequantize_row(fmt, &bytes[r * rb..(r + 1) * rb], &mut row);
+                    out.extend(row.iter().map(|&v| v as f64));
+                }
+                out
+            }
         }
     }
 }
