@@ -28,7 +28,7 @@ pub mod serve;
 pub mod testing;
 pub mod tokenizer;
 
-pub use encore_backend::{backend, bench, device, error, ops, tensor};
+pub use encore_backend::{backend, bench, device, error, ops, quant, tensor};
 
 pub use backend::{
     Attention, Backend, BackendRef, Graph, Penalties, QkvRope, SampleLogprobs, Sampling,

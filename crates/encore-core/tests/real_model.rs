@@ -99,7 +99,10 @@ fn smollm2_gguf_answers_the_capital_of_france() {
         (cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.vocab_size),
         (Arch::Llama, 30, 576, 49152)
     );
-    assert!(!cfg.weights.is_dense(), "the file's projections stay quantized");
+    assert!(
+        !cfg.weights.is_dense(),
+        "the file's projections stay quantized"
+    );
     let tok = files.tokenizer().unwrap();
     let prompt = chat_prompt(&tok, "What is the capital of France?");
     let be = CpuBackend::new();

@@ -214,7 +214,11 @@ fn load_placed(
 /// tables (`rotary_emb.inv_freq`), `lm_head.weight` beside tied embeddings, and the
 /// `o_proj` bias [`check_o_proj_bias`] checks.
 fn ignored_tensor(cfg: &ModelConfig, name: &str) -> bool {
-    name.ends_with("rotary_emb.inv_freq")
+    // FP8 scales are read with their weights ([`Checkpoint::fp8`]); activation scales of
+    // static FP8 schemes do not apply (activations run in the run dtype).
+    let fp8_scale = [".weight_scale_inv", ".weight_scale", ".input_scale"];
+    fp8_scale.iter().any(|s| name.ends_with(s))
+        || name.ends_with("rotary_emb.inv_freq")
         || (cfg.tie_word_embeddings && name == "lm_head.weight")
         || (cfg.qkv_bias
             && matches!(cfg.arch, Arch::Llama | Arch::Qwen3)
@@ -294,6 +298,10 @@ impl Source {
             return self.with_quantized(cfg, spec, fmt, staging, f);
         }
         match self {
+            Source::Checkpoint(ck) if ck.fp8(&spec.name)?.is_some() => {
+                let values = ck.fp8(&spec.name)?.expect("checked").to_f32();
+                f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype))
+            }
             Source::Checkpoint(ck) => {
                 let (src_dtype, bytes) = ck.data(&spec.name)?;
                 check_finite_norm(&spec.name, bytes, src_dtype)?;
@@ -342,10 +350,21 @@ impl Source {
                     staging.quantized(fmt, k, |s| s.floats_from(&values))
                 }
             },
-            Source::Checkpoint(ck) => {
-                let (src_dtype, bytes) = ck.data(&spec.name)?;
-                staging.quantized(fmt, k, |s| s.floats_of(bytes, src_dtype))
-            }
+            Source::Checkpoint(ck) => match ck.fp8(&spec.name)? {
+                // An FP8 checkpoint kept in FP8: its own bytes and scales.
+                Some(w) if fmt == QuantFormat::F8E4M3 => {
+                    let bytes = w.rows * fmt.row_bytes(k).unwrap_or(0);
+                    staging.rows_with(bytes, |out| w.device_rows(out))
+                }
+                Some(w) => {
+                    let values = w.to_f32();
+                    staging.quantized(fmt, k, |s| s.floats_from(&values))
+                }
+                None => {
+                    let (src_dtype, bytes) = ck.data(&spec.name)?;
+                    staging.quantized(fmt, k, |s| s.floats_of(bytes, src_dtype))
+                }
+            },
             Source::Dummy { seed } => {
                 let (mean, std) = dummy_init(cfg, spec);
                 staging.quantized(fmt, k, |s| {
@@ -500,7 +519,10 @@ impl HostSide {
                     let bytes = m.part_bytes(k, dtype);
                     let in_place = match source {
                         // A weight read in place must be one range (a view).
-                        Source::Checkpoint(ck) if !host_read || m.parts.len() == 1 => {
+                        Source::Checkpoint(ck)
+                            if (!host_read || m.parts.len() == 1)
+                                && ck.fp8(&part.name)?.is_none() =>
+                        {
                             let (d, file, range) = ck.location(&part.name)?;
                             (d == m.dtype(dtype)).then_some((file, range.start))
                         }

@@ -24,6 +24,7 @@ use common::temp_dir::TempDir;
 mod config;
 mod dummy;
 mod errors;
+mod fp8;
 mod round_trip;
 
 // ---------------------------------------------------------------------------------------

@@ -266,15 +266,79 @@ impl Checkpoint {
                     spec.shape
                 )));
             }
+            if info.dtype == Dtype::F8_E4M3 {
+                // Read now: a missing or misshapen scale is refused before loading.
+                self.fp8(&spec.name)?;
+                continue;
+            }
             dtype_of(info.dtype).ok_or_else(|| {
                 err(format!(
-                    "has dtype {:?} in `{}`, expected BF16, F16 or F32",
+                    "has dtype {:?} in `{}`, expected BF16, F16, F32 or F8_E4M3 (with its \
+                     scales)",
                     info.dtype,
                     file.name()
                 ))
             })?;
         }
         Ok(())
+    }
+
+    /// An FP8 E4M3 weight `[rows, cols]` and its scales (`None` for a tensor of another
+    /// dtype): `<name>_scale_inv` (DeepSeek and Qwen3-FP8: a `[ceil(rows / 128),
+    /// ceil(cols / 128)]` grid of f32 multipliers, or one value) or `<name>_scale` (one
+    /// per-tensor multiplier). A missing or misshapen scale is an error naming the tensor.
+    pub(super) fn fp8(&self, name: &str) -> Result<Option<Fp8<'_>>> {
+        let Some((file, info)) = self.info(name) else {
+            return Ok(None);
+        };
+        if info.dtype != Dtype::F8_E4M3 {
+            return Ok(None);
+        }
+        let err = |what: String| Error::Weights {
+            tensor: name.to_string(),
+            what,
+        };
+        let (rows, cols) = match info.shape[..] {
+            [r, c] => (r, c),
+            _ => {
+                return Err(err(format!(
+                    "is FP8 with shape {:?}, expected a matrix",
+                    info.shape
+                )))
+            }
+        };
+        let (scale_name, scale) = [format!("{name}_scale_inv"), format!("{name}_scale")]
+            .into_iter()
+            .find_map(|n| self.info(&n).map(|(_, i)| (n, i.shape.clone())))
+            .ok_or_else(|| {
+                err(format!(
+                    "is FP8 (F8_E4M3) but {} has no `{name}_scale_inv` or `{name}_scale`",
+                    self.origin
+                ))
+            })?;
+        let values = self.read_f32(&scale_name)?.unwrap_or_default();
+        let grid = (rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK));
+        let per_tensor = values.len() == 1;
+        if !per_tensor && (scale.len() != 2 || (scale[0], scale[1]) != grid) {
+            return Err(err(format!(
+                "has FP8 scales `{scale_name}` of shape {scale:?}, expected one value or \
+                 [{}, {}] (128x128 blocks)",
+                grid.0, grid.1
+            )));
+        }
+        if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+            return Err(err(format!(
+                "has a non-finite FP8 scale at {i} in `{scale_name}`"
+            )));
+        }
+        let (a, b) = info.data_offsets;
+        Ok(Some(Fp8 {
+            bytes: &file.mmap[file.data_start + a..file.data_start + b],
+            rows,
+            cols,
+            scales: values,
+            grid_cols: if per_tensor { 0 } else { grid.1 },
+        }))
     }
 
     /// The dtype and raw little-endian bytes of a validated tensor.
@@ -319,6 +383,65 @@ impl Checkpoint {
         }
         let (dtype, bytes) = self.data(name)?;
         Ok(Some(host::to_f32(bytes, dtype)))
+    }
+}
+
+/// Rows and columns of one FP8 scale block.
+const FP8_BLOCK: usize = 128;
+
+/// An FP8 weight of a checkpoint: E4M3 bytes, row-major, and its f32 scales.
+pub(super) struct Fp8<'a> {
+    pub bytes: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+    /// One multiplier, or a row-major grid of 128x128 blocks `grid_cols` wide.
+    scales: Vec<f32>,
+    grid_cols: usize,
+}
+
+impl Fp8<'_> {
+    /// The multiplier of element `(r, c)`.
+    pub fn scale(&self, r: usize, c: usize) -> f32 {
+        match self.grid_cols {
+            0 => self.scales[0],
+            w => self.scales[(r / FP8_BLOCK) * w + c / FP8_BLOCK],
+        }
+    }
+
+    /// The decoded values (`fp8 * scale`), row-major.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        use rayon::prelude::*;
+        out.par_chunks_mut(self.cols.max(1))
+            .enumerate()
+            .for_each(|(r, row)| {
+                let src = &self.bytes[r * self.cols..(r + 1) * self.cols];
+                for (c, (o, &q)) in row.iter_mut().zip(src).enumerate() {
+                    *o = encore_backend::quant::e4m3_to_f32(q) * self.scale(r, c);
+                }
+            });
+        out
+    }
+
+    /// Device rows of [`QuantFormat::F8E4M3`](encore_backend::quant::QuantFormat): each
+    /// 128 columns of a row are one block, its scale the row's block scale, its bytes the
+    /// checkpoint's own (nothing is requantized). `cols` must be a multiple of 128.
+    pub fn device_rows(&self, out: &mut [u8]) {
+        use encore_backend::quant::{pack_row, QuantFormat};
+        use rayon::prelude::*;
+        let fmt = QuantFormat::F8E4M3;
+        let rb = fmt
+            .row_bytes(self.cols)
+            .expect("cols checked by check_formats");
+        out.par_chunks_mut(rb).enumerate().for_each(|(r, o)| {
+            let src = &self.bytes[r * self.cols..(r + 1) * self.cols];
+            let mut blocks = Vec::with_capacity(self.cols / FP8_BLOCK * fmt.block_bytes());
+            for (b, q) in src.chunks_exact(FP8_BLOCK).enumerate() {
+                blocks.extend(self.scale(r, b * FP8_BLOCK).to_le_bytes());
+                blocks.extend_from_slice(q);
+            }
+            pack_row(fmt, &blocks, o);
+        });
     }
 }
 

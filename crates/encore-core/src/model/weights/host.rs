@@ -132,6 +132,13 @@ impl Staging {
         values.len()
     }
 
+    /// `bytes` of device rows written by `fill`.
+    pub(super) fn rows_with(&mut self, bytes: usize, fill: impl FnOnce(&mut [u8])) -> &[u8] {
+        let out = first(&mut self.quant, bytes);
+        fill(out);
+        out
+    }
+
     /// Rows of ggml blocks of `fmt` (`k` values a row) laid out as device rows.
     pub(super) fn packed(&mut self, fmt: QuantFormat, k: usize, blocks: &[u8]) -> &[u8] {
         let src_row = k / fmt.block_elems() * fmt.block_bytes();

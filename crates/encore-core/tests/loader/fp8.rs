@@ -1,0 +1,182 @@
+//! FP8 checkpoints in Hugging Face's layout (`quantization_config.quant_method = "fp8"`,
+//! E4M3 weights with 128x128 blocks of `weight_scale_inv` or a per-tensor
+//! `weight_scale`): they load with their projections kept in FP8 and run exactly as their
+//! dequantized twin (the same values in f32), and a missing or misshapen scale is an error
+//! naming the tensor.
+
+use super::*;
+use encore_core::model::config::ModelConfig;
+use encore_core::model::formats::Quantization;
+use encore_core::model::llama::Model;
+use encore_core::model::{open_model, ModelFiles};
+use encore_core::quant::{e4m3_to_f32, QuantFormat};
+use encore_core::runner::{Runner, RunnerConfig};
+
+/// A Llama of 2 layers with every matrix width a multiple of 128 (FP8 blocks).
+fn fp8_json(extra: &str) -> String {
+    format!(
+        r#"{{
+  "architectures": ["LlamaForCausalLM"],
+  "vocab_size": 96, "hidden_size": 256, "intermediate_size": 384,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
+  "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"{extra}
+}}"#
+    )
+}
+
+const QUANT: &str = r#", "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}"#;
+
+/// The FP8 checkpoint (projections as E4M3 codes with scales: 128x128 blocks, or one
+/// per-tensor scale for layer 1's MLP) and its twin (every tensor in f32, projections
+/// decoded). Codes are drawn uniformly from the finite E4M3 values.
+fn checkpoints(cfg: &ModelConfig) -> (Vec<Ck>, Vec<Ck>) {
+    let (mut fp8, mut twin) = (Vec::new(), Vec::new());
+    for (i, spec) in weights::hf_tensors(cfg).iter().enumerate() {
+        let v = values(100 + i as u64, spec.numel());
+        let projection = spec.shape.len() == 2 && !spec.name.contains("embed_tokens");
+        if !projection {
+            let mut t = Ck::f32(&spec.name, &spec.shape, &v);
+            if spec.name.ends_with("norm.weight") {
+                t.values.iter_mut().for_each(|x| *x = 1.0 + 0.1 * *x);
+            } else {
+                t.values.iter_mut().for_each(|x| *x *= 0.2);
+            }
+            fp8.push(t.clone());
+            twin.push(t);
+            continue;
+        }
+        let (rows, cols) = (spec.shape[0], spec.shape[1]);
+        // E4M3 values in about [-0.9, 0.9] (codes well inside the range).
+        let codes: Vec<f32> = v
+            .iter()
+            .map(|&x| e4m3_to_f32(encore_core::quant::f32_to_e4m3(x * 0.9)))
+            .collect();
+        let per_tensor = spec.name.starts_with("model.layers.1.mlp");
+        let grid = (rows.div_ceil(128), cols.div_ceil(128));
+        let scales: Vec<f32> = if per_tensor {
+            vec![0.07]
+        } else {
+            (0..grid.0 * grid.1)
+                .map(|b| 0.02 + 0.01 * (b % 7) as f32)
+                .collect()
+        };
+        let scale = |r: usize, c: usize| match per_tensor {
+            true => scales[0],
+            false => scales[(r / 128) * grid.1 + c / 128],
+        };
+        let decoded: Vec<f32> = (0..rows * cols)
+            .map(|i| codes[i] * scale(i / cols, i % cols))
+            .collect();
+        fp8.push(Ck {
+            name: spec.name.clone(),
+            dtype: Dtype::F8_E4M3,
+            shape: spec.shape.clone(),
+            values: codes,
+        });
+        fp8.push(match per_tensor {
+            true => Ck::f32(&format!("{}_scale", spec.name), &[], &scales),
+            false => Ck::f32(
+                &format!("{}_scale_inv", spec.name),
+                &[grid.0, grid.1],
+                &scales,
+            ),
+        });
+        twin.push(Ck::f32(&spec.name, &spec.shape, &decoded));
+    }
+    (fp8, twin)
+}
+
+fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
+    let be = CpuBackend::new();
+    let model = Model::new(&be, cfg.clone(), w, 64).unwrap();
+    let cfg = RunnerConfig {
+        block_size: 4,
+        num_blocks: 40,
+        max_tokens_per_step: 64,
+        max_seqs: 2,
+        max_seq_len: 64,
+        penalty_slots: 0,
+    };
+    let mut runner = Runner::new(&be, model, cfg).unwrap();
+    let prompts = vec![vec![1, 5, 9, 40, 77], vec![1, 90, 3]];
+    common::generate_greedy(&mut runner, &prompts, &[], 8, true)
+}
+
+fn load(cfg: &ModelConfig, dir: &Path) -> ModelWeights {
+    weights::load(
+        &CpuBackend::new(),
+        cfg,
+        WeightSource::Dir(dir.to_path_buf()),
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap()
+}
+
+#[test]
+fn an_fp8_checkpoint_runs_in_fp8_as_its_dequantized_twin() {
+    let twin_cfg = ModelConfig::from_json(&fp8_json(""), "twin").unwrap();
+    let (fp8, twin) = checkpoints(&twin_cfg);
+    let fp8_dir = model_dir("fp8", &fp8_json(QUANT), &fp8);
+    let twin_dir = model_dir("fp8-twin", &fp8_json(""), &twin);
+
+    let ModelFiles { config, .. } = open_model(fp8_dir.path().to_str().unwrap()).unwrap();
+    assert_eq!(config.weights.projections, Some(QuantFormat::F8E4M3));
+    let decl = config.decl();
+    let kept: Vec<_> = decl
+        .tensors()
+        .iter()
+        .filter(|t| t.dtype(DType::F32) == DType::Q(QuantFormat::F8E4M3))
+        .collect();
+    assert_eq!(
+        kept.len(),
+        4 * 2 + 1,
+        "q/k/v, o, gate/up, down per layer, lm_head"
+    );
+    assert!(config.weight_bytes(DType::F32) < twin_cfg.weight_bytes(DType::F32) / 2);
+
+    let w = load(&config, fp8_dir.path());
+    assert_eq!(w.layers[0].qkv.dtype(), DType::Q(QuantFormat::F8E4M3));
+    let expected = greedy(&twin_cfg, load(&twin_cfg, twin_dir.path()));
+    assert_eq!(greedy(&config, w), expected, "FP8 kept vs its twin");
+
+    // `--quantization none` decodes the FP8 values at load: the twin's weights exactly.
+    let mut files = open_model(fp8_dir.path().to_str().unwrap()).unwrap();
+    files.quantize(Quantization::None).unwrap();
+    let dense = load(&files.config, fp8_dir.path());
+    let twin_w = load(&twin_cfg, twin_dir.path());
+    assert_eq!(all_values(&dense), all_values(&twin_w));
+}
+
+#[test]
+fn fp8_weights_without_their_scales_are_refused_naming_the_tensor() {
+    let cfg = ModelConfig::from_json(&fp8_json(""), "twin").unwrap();
+    let (fp8, _) = checkpoints(&cfg);
+    let name = "model.layers.0.self_attn.k_proj.weight";
+    let scale = format!("{name}_scale_inv");
+    let load_err = |tensors: Vec<Ck>| {
+        let dir = model_dir("fp8-bad", &fp8_json(QUANT), &tensors);
+        let ModelFiles { config, source } = open_model(dir.path().to_str().unwrap()).unwrap();
+        let r = weights::load(
+            &CpuBackend::new(),
+            &config,
+            source,
+            DType::F32,
+            &encore_core::progress::NoProgress,
+        );
+        err_text(r).1
+    };
+    let missing: Vec<Ck> = fp8.iter().filter(|t| t.name != scale).cloned().collect();
+    let msg = load_err(missing);
+    assert!(msg.contains(name) && msg.contains("_scale_inv"), "{msg}");
+    let mut wrong = fp8.clone();
+    let s = wrong.iter_mut().find(|t| t.name == scale).unwrap();
+    s.shape = vec![s.values.len(), 1];
+    let msg = load_err(wrong);
+    assert!(msg.contains(name) && msg.contains("128x128"), "{msg}");
+
+    let other = fp8_json(r#", "quantization_config": {"quant_method": "awq"}"#);
+    let msg = err_text(ModelConfig::from_json(&other, "config.json")).1;
+    assert!(msg.contains("awq"), "{msg}");
+}
