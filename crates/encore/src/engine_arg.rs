@@ -165,6 +165,11 @@ pub fn start_engine(
 ) -> Result<EngineHandle> {
     let offload = engine_cfg.offload;
     let weight_bytes = model.config.weight_bytes(engine_cfg.dtype);
+    let formats = model.config.decl().format_summary(engine_cfg.dtype);
+    tracing::info!("weights {formats}");
+    if show && !model.config.weights.is_dense() {
+        errln!("weights {formats}");
+    }
     let engine = EngineHandle::start(be, model, engine_cfg, sched, progress)?;
     if let Some(line) =
         offload_arg::summary(offload.as_ref(), engine.boot.offload.as_ref(), weight_bytes)

@@ -75,6 +75,16 @@ struct InfoArgs {
     /// fresh inputs).
     #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
+    /// Also show how this model's weights are stored (format and bytes per group) under
+    /// --quantization and --dtype.
+    #[arg(long)]
+    model: Option<String>,
+    /// With --model: auto, none or a format (see `generate --help`).
+    #[arg(long, default_value = "auto", value_parser = parse::quantization)]
+    quantization: encore_core::model::formats::Quantization,
+    /// With --model: the run dtype.
+    #[arg(long, default_value = "bf16", value_parser = parse::dtype)]
+    dtype: encore_core::DType,
 }
 
 #[derive(Subcommand)]
@@ -166,6 +176,16 @@ fn gib(bytes: usize) -> f64 {
 fn info(args: InfoArgs) -> Result<ExitCode> {
     let spec = args.device.device;
     outln!("encore {}", env!("CARGO_PKG_VERSION"))?;
+    if let Some(model) = &args.model {
+        let (cfg, _) = model_arg::resolve(model, args.quantization)?;
+        outln!(
+            "model    {model}: {:?}, {} layers, hidden {}",
+            cfg.arch,
+            cfg.num_layers,
+            cfg.hidden_size
+        )?;
+        outln!("  weights {}", cfg.decl().format_summary(args.dtype))?;
+    }
     outln!("backends")?;
     outln!("  cpu      available ({} threads)", rayon_threads())?;
     let libs = CudaLibraries::probe();

@@ -419,6 +419,24 @@ impl Decl {
         self.tensors.iter().map(|t| t.bytes(dtype)).sum()
     }
 
+    /// One line of the weights by storage format for a run in `dtype`, e.g.
+    /// `1.21 GB: q4_k 0.95 GB (128 tensors), q6_k 0.07 GB (2), bf16 0.19 GB (67)`.
+    pub fn format_summary(&self, dtype: DType) -> String {
+        let gb = |b: usize| b as f64 / 1e9;
+        let parts: Vec<String> = self
+            .bytes_by_format(dtype)
+            .iter()
+            .map(|(f, n, b)| {
+                let name = match f {
+                    WeightFormat::Dense => dtype.to_string(),
+                    WeightFormat::Quant(q) => q.to_string(),
+                };
+                format!("{name} {:.2} GB ({n} tensors)", gb(*b))
+            })
+            .collect();
+        format!("{:.2} GB: {}", gb(self.bytes(dtype)), parts.join(", "))
+    }
+
     /// `(format, tensors, bytes)` per storage format, dense first (the start-up line and
     /// `encore info` show it).
     pub fn bytes_by_format(&self, dtype: DType) -> Vec<(WeightFormat, usize, usize)> {
