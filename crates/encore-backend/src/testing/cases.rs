@@ -663,8 +663,7 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
         )],
         Op::Matmul { inputs: i, .. } => {
             let bias = i.bias.as_ref().map(|b| q(b));
-            let out =
-                reference::matmul(&q(&i.x), &i.w_values(dt), bias.as_deref(), i.m, i.n, i.k);
+            let out = reference::matmul(&q(&i.x), &i.w_values(dt), bias.as_deref(), i.m, i.n, i.k);
             vec![floats("out", out, OpClass::Reduction)]
         }
         Op::MatmulSiluMul(i) => {

@@ -215,7 +215,10 @@ impl MatmulInputs {
     /// values of the quantized `w`.
     pub fn w_values(&self, dtype: DType) -> Vec<f64> {
         match self.w_format {
-            None => quantize(dtype, &self.w).into_iter().map(f64::from).collect(),
+            None => quantize(dtype, &self.w)
+                .into_iter()
+                .map(f64::from)
+                .collect(),
             Some(fmt) => {
                 let bytes = self.w_bytes(fmt);
                 let rb = bytes.len() / self.n.max(1);
