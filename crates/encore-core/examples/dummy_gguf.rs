@@ -4,15 +4,17 @@
 //!
 //!   cargo run --release --example dummy_gguf -- llama-3.2-1b q8_0 /tmp/llama-1b.q8_0.gguf
 //!
-//! Types: f16, q8_0, q4_0, q4_1 (norms are always f32). The file carries a byte-level
-//! placeholder vocabulary, so `encore bench decode` loads it; its text is noise.
+//! Types: f16, any block type encore runs (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k,
+//! q6_k), and the mixes llama.cpp's `llama-quantize` writes for `q4_k_m` and `q5_k_m`
+//! (attn_v and ffn_down in Q6_K in the first and last eighth of the layers and every third
+//! layer between, output in Q6_K, the rest in the base type); norms are always f32. The
+//! file carries a byte-level placeholder vocabulary, so `encore bench decode` and
+//! llama.cpp's `llama-bench` load it; its text is noise.
 
 use std::path::Path;
 
 use encore_core::model::config::ModelConfig;
-use encore_core::model::gguf::{
-    gguf_name, quantize_q4_0, quantize_q4_1, quantize_q8_0, GgmlType, GgufWriter, Value,
-};
+use encore_core::model::gguf::{gguf_name, quantize, GgmlType, GgufWriter, Value};
 use encore_core::model::weights::hf_tensors;
 use encore_core::ops::splitmix64;
 use half::f16;
@@ -21,7 +23,7 @@ use rayon::prelude::*;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [name, ty, out] = &args[..] else {
-        return Err("usage: dummy_gguf DUMMY_NAME f16|q8_0|q4_0|q4_1 OUT.gguf".into());
+        return Err("usage: dummy_gguf DUMMY_NAME f16|q8_0|q4_k|q4_k_m|... OUT.gguf".into());
     };
     let cfg = ModelConfig::dummy(name)?;
     let t = std::time::Instant::now();
@@ -54,19 +56,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             w.tensor_f32(&gname, &spec.shape, &values);
             continue;
         }
-        match ty.as_str() {
-            "f16" => {
-                let bytes = values
-                    .iter()
-                    .flat_map(|&x| f16::from_f32(x).to_le_bytes())
-                    .collect();
-                w.tensor(&gname, &spec.shape, GgmlType::F16, bytes)
-            }
-            "q8_0" => w.tensor(&gname, &spec.shape, GgmlType::Q8_0, quantize_q8_0(&values)),
-            "q4_0" => w.tensor(&gname, &spec.shape, GgmlType::Q4_0, quantize_q4_0(&values)),
-            "q4_1" => w.tensor(&gname, &spec.shape, GgmlType::Q4_1, quantize_q4_1(&values)),
-            other => return Err(format!("unknown type `{other}`").into()),
-        };
+        if ty == "f16" {
+            let bytes = values
+                .iter()
+                .flat_map(|&x| f16::from_f32(x).to_le_bytes())
+                .collect();
+            w.tensor(&gname, &spec.shape, GgmlType::F16, bytes);
+            continue;
+        }
+        let t = block_type(ty, &gname, cfg.num_layers)?;
+        w.tensor(&gname, &spec.shape, t, quantize(t, &values));
     }
     w.write(Path::new(out))?;
     eprintln!(
@@ -75,4 +74,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The block type of tensor `gname` in a file of type `ty` (see the module docs).
+fn block_type(ty: &str, gname: &str, layers: usize) -> Result<GgmlType, String> {
+    let parse = |t: &str| {
+        GgmlType::SUPPORTED
+            .into_iter()
+            .find(|g| g.name().eq_ignore_ascii_case(t) && g.quant_format().is_some())
+            .ok_or_else(|| format!("unknown type `{t}`"))
+    };
+    let Some(base) = ty.strip_suffix("_m") else {
+        return parse(ty);
+    };
+    let base = parse(base)?;
+    // llama.cpp's use_more_bits: the first and last eighth, and every third layer between.
+    let more_bits = |l: usize| l < layers / 8 || l >= 7 * layers / 8 || (l - layers / 8) % 3 == 2;
+    let layer = gname
+        .strip_prefix("blk.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|l| l.parse::<usize>().ok());
+    let wide = match layer {
+        Some(l) => (gname.contains("attn_v") || gname.contains("ffn_down")) && more_bits(l),
+        None => gname == "output.weight",
+    };
+    Ok(if wide { GgmlType::Q6_K } else { base })
 }

@@ -1,0 +1,58 @@
+// quant_q4_0.cu: the Q4_0 kernels (common.cuh's quantized-weight machinery; src/quant.rs's
+// layout). A block is 32 values: quant bytes qs[16] (value j in the low nibble of byte j,
+// value j + 16 in the high one), scale bytes d (f16); value = d * (q - 8).
+//
+// qgemv unit: a block (UPB = 1): one 16-byte load, two runs of 16 values (low nibbles,
+// high nibbles), and the scale bytes.
+
+struct QFormatQ4_0 {
+    static constexpr int BE = 32, QB = 16, SB = 2, UPB = 1, UNROLL = 4;
+    struct Unit {
+        uint4 q;
+        unsigned int d;
+    };
+    static __device__ __forceinline__ void load(Unit& u, const unsigned char* row, int nb, int b,
+                                                int) {
+        u.q = q_ld128(row + b * QB);
+        u.d = q_ld16(row + nb * QB + b * SB);
+    }
+
+    template <typename T, int M, int R>
+    static __device__ __forceinline__ void dot(const Unit (&u)[R], int, const T* __restrict__ x,
+                                               int k, int m_rows, float (&acc)[R][M]) {
+        float alpha[R], beta[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            alpha[r] = q_f16(u[r].d);
+            beta[r] = -8.0f * alpha[r];
+        }
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            float f[R][16];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int wd = 0; wd < 4; ++wd) {
+                    const unsigned int v = q_word(u[r].q, wd);
+                    q_mag4(hi ? (v >> 4) & 0x0F0F0F0Fu : v & 0x0F0F0F0Fu, &f[r][4 * wd]);
+                }
+            }
+            q_run16<T, M, R, true>(x + 16 * hi, k, m_rows, f, alpha, beta, acc);
+        }
+    }
+
+    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
+                                                    float* v) {
+        uint4 q[1];
+        q[0] = q_ldg128(row + gi * QB);
+        const float d = q_f16(q_ldg16(row + nb * QB + gi * SB));
+#pragma unroll
+        for (int l = 0; l < 16; ++l) {
+            const unsigned int byte = q_byte(q, l);
+            v[l] = __fmul_rn(d, (float)((int)(byte & 0xFu) - 8));
+            v[l + 16] = __fmul_rn(d, (float)((int)(byte >> 4) - 8));
+        }
+    }
+};
+
+QUANT_KERNELS(QFormatQ4_0, q4_0)

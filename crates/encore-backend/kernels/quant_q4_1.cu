@@ -1,0 +1,60 @@
+// quant_q4_1.cu: the Q4_1 kernels (common.cuh's quantized-weight machinery; src/quant.rs's
+// layout). A block is 32 values: quant bytes qs[16] as Q4_0, scale bytes d, m (f16); value
+// = d * q + m.
+//
+// qgemv unit: a block (UPB = 1): one 16-byte load, two runs of 16 values (low nibbles,
+// high nibbles), and the scale bytes.
+
+struct QFormatQ4_1 {
+    static constexpr int BE = 32, QB = 16, SB = 4, UPB = 1, UNROLL = 4;
+    struct Unit {
+        uint4 q;
+        unsigned int dm;
+    };
+    static __device__ __forceinline__ void load(Unit& u, const unsigned char* row, int nb, int b,
+                                                int) {
+        u.q = q_ld128(row + b * QB);
+        u.dm = q_ld32(row + nb * QB + b * SB);
+    }
+
+    template <typename T, int M, int R>
+    static __device__ __forceinline__ void dot(const Unit (&u)[R], int, const T* __restrict__ x,
+                                               int k, int m_rows, float (&acc)[R][M]) {
+        float alpha[R], beta[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float2 dm = q_f16x2(u[r].dm);
+            alpha[r] = dm.x;
+            beta[r] = dm.y;
+        }
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            float f[R][16];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int wd = 0; wd < 4; ++wd) {
+                    const unsigned int v = q_word(u[r].q, wd);
+                    q_mag4(hi ? (v >> 4) & 0x0F0F0F0Fu : v & 0x0F0F0F0Fu, &f[r][4 * wd]);
+                }
+            }
+            q_run16<T, M, R, true>(x + 16 * hi, k, m_rows, f, alpha, beta, acc);
+        }
+    }
+
+    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
+                                                    float* v) {
+        uint4 q[1];
+        q[0] = q_ldg128(row + gi * QB);
+        const float2 dm = q_f16x2(q_ldg32(row + nb * QB + gi * SB));
+        const float d = dm.x, m = dm.y;
+#pragma unroll
+        for (int l = 0; l < 16; ++l) {
+            const unsigned int byte = q_byte(q, l);
+            v[l] = __fadd_rn(__fmul_rn(d, (float)(byte & 0xFu)), m);
+            v[l + 16] = __fadd_rn(__fmul_rn(d, (float)(byte >> 4)), m);
+        }
+    }
+};
+
+QUANT_KERNELS(QFormatQ4_1, q4_1)

@@ -1,0 +1,92 @@
+// quant_q4_k.cu: the Q4_K kernels (common.cuh's quantized-weight machinery; src/quant.rs's
+// layout). A block is 256 values in 8 sub-blocks of 32: quant bytes qs[128] (bytes 32p..32p+32
+// hold sub-block 2p in their low nibbles and 2p + 1 in their high ones), scale bytes
+// d, dmin (f16) and 12 bytes of 6-bit scales and mins; value = d * sc * q - dmin * m.
+//
+// qgemv unit: half a block (UPB = 2), lane `sub` = h: the 16 bytes at 32p + 16h for p = 0..3
+// (four 16-byte loads, 128 values: 16 of each sub-block) and the block's 16 scale bytes
+// (one load shared by the block's two lanes). Every sub-block index is a constant.
+
+struct QFormatQ4K {
+    static constexpr int BE = 256, QB = 128, SB = 16, UPB = 2, UNROLL = 1;
+    struct Unit {
+        uint4 q[4];
+        uint4 s;
+    };
+    static __device__ __forceinline__ void load(Unit& u, const unsigned char* row, int nb, int b,
+                                                int sub) {
+        const unsigned char* qs = row + b * QB + 16 * sub;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) u.q[p] = q_ld128(qs + 32 * p);
+        u.s = q_ld128(row + nb * QB + b * SB);
+    }
+
+    // The 6-bit scales (sc) and mins (mn) of sub-blocks 0..3 (word 0) and 4..7 (word 1),
+    // one per byte (quant.rs's scale_min_k4 for all eight at once).
+    static __device__ __forceinline__ void scales(const uint4& s, unsigned int (&sc)[2],
+                                                  unsigned int (&mn)[2]) {
+        sc[0] = s.y & 0x3F3F3F3Fu;
+        mn[0] = s.z & 0x3F3F3F3Fu;
+        sc[1] = (s.w & 0x0F0F0F0Fu) | ((s.y >> 2) & 0x30303030u);
+        mn[1] = ((s.w >> 4) & 0x0F0F0F0Fu) | ((s.z >> 2) & 0x30303030u);
+    }
+
+    template <typename T, int M, int R>
+    static __device__ __forceinline__ void dot(const Unit (&u)[R], int sub, const T* __restrict__ x,
+                                               int k, int m_rows, float (&acc)[R][M]) {
+        float d[R], dmin[R];
+        unsigned int sc[R][2], mn[R][2];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float2 dd = q_f16x2(u[r].s.x);
+            d[r] = dd.x;
+            dmin[r] = dd.y;
+            scales(u[r].s, sc[r], mn[r]);
+        }
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const int j = 2 * p + hi;
+                float f[R][16], alpha[R], beta[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    // d * sc and -dmin * m, exactly: 256 d (0.5 + sc / 256) - 128 d.
+                    alpha[r] = fmaf(256.0f * d[r], q_mag(sc[r][j >> 2], j & 3), -128.0f * d[r]);
+                    beta[r] = fmaf(-256.0f * dmin[r], q_mag(mn[r][j >> 2], j & 3), 128.0f * dmin[r]);
+#pragma unroll
+                    for (int wd = 0; wd < 4; ++wd) {
+                        const unsigned int v = q_word(u[r].q[p], wd);
+                        q_mag4(hi ? (v >> 4) & 0x0F0F0F0Fu : v & 0x0F0F0F0Fu, &f[r][4 * wd]);
+                    }
+                }
+                q_run16<T, M, R, true>(x + 64 * p + 32 * hi + 16 * sub, k, m_rows, f, alpha, beta, acc);
+            }
+        }
+    }
+
+    // Sub-block gi % 8 of block gi / 8, as quant.rs's q4_k.
+    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
+                                                    float* v) {
+        const int b = gi >> 3, j = gi & 7;
+        uint4 q[2];
+        q[0] = q_ldg128(row + b * QB + 32 * (j >> 1));
+        q[1] = q_ldg128(row + b * QB + 32 * (j >> 1) + 16);
+        const uint4 s = q_ldg128(row + nb * QB + b * SB);
+        unsigned int sc[2], mn[2];
+        scales(s, sc, mn);
+        const float2 dd = q_f16x2(s.x);
+        const unsigned int scw = (j >> 2) ? sc[1] : sc[0], mnw = (j >> 2) ? mn[1] : mn[0];
+        const float scj = (float)((scw >> (8 * (j & 3))) & 0xFFu);
+        const float mj = (float)((mnw >> (8 * (j & 3))) & 0xFFu);
+        const float d0 = __fmul_rn(dd.x, scj), dm0 = __fmul_rn(dd.y, mj);
+#pragma unroll
+        for (int l = 0; l < 32; ++l) {
+            const unsigned int byte = q_byte(q, l);
+            const unsigned int nib = (j & 1) ? byte >> 4 : byte & 0xFu;
+            v[l] = __fsub_rn(__fmul_rn(d0, (float)nib), dm0);
+        }
+    }
+};
+
+QUANT_KERNELS(QFormatQ4K, q4_k)

@@ -1,0 +1,85 @@
+// quant_q6_k.cu: the Q6_K kernels (common.cuh's quantized-weight machinery; src/quant.rs's
+// layout). A block is 256 values in 16 sub-blocks of 16: quant bytes ql[128] (low nibbles)
+// then qh[64] (high 2-bit pairs), scale bytes 16 signed 8-bit scales then d (f16, so only
+// 2-byte aligned); value = d * sc * (q - 32). Half hh of the block (128 values) uses
+// ql[64hh..], qh[32hh..]: values l, l + 32, l + 64, l + 96 (l < 32) are the low nibbles of
+// ql[l], ql[l + 32], then their high nibbles, over bits 0-1, 2-3, 4-5, 6-7 of qh[l].
+//
+// qgemv unit: a quarter block (UPB = 4), lane `sub` = 2hh + s: l = 16s + 0..15 of half hh,
+// three 16-byte loads (ql at l, ql at l + 32, qh at l: 64 values in four runs of 16, each of
+// one sub-block) and the four scales it uses (2-byte loads; the byte is chosen by s) and d.
+
+struct QFormatQ6K {
+    static constexpr int BE = 256, QB = 192, SB = 18, UPB = 4, UNROLL = 2;
+    struct Unit {
+        uint4 a, b, h;
+        unsigned int sc[4];
+        unsigned int d;
+    };
+    static __device__ __forceinline__ void load(Unit& u, const unsigned char* row, int nb, int b,
+                                                int sub) {
+        const int hh = sub >> 1, s = sub & 1;
+        const unsigned char* base = row + b * QB;
+        u.a = q_ld128(base + 64 * hh + 16 * s);
+        u.b = q_ld128(base + 64 * hh + 32 + 16 * s);
+        u.h = q_ld128(base + 128 + 32 * hh + 16 * s);
+        const unsigned char* sb = row + nb * QB + b * SB;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) u.sc[t] = q_ld16(sb + 8 * hh + 2 * t);
+        u.d = q_ld16(sb + 16);
+    }
+
+    template <typename T, int M, int R>
+    static __device__ __forceinline__ void dot(const Unit (&u)[R], int sub, const T* __restrict__ x,
+                                               int k, int m_rows, float (&acc)[R][M]) {
+        const int hh = sub >> 1, s = sub & 1;
+        // Byte s of a 2-byte scale word, sign-extended: (int)(word << shl) >> 24.
+        const int shl = 24 - 8 * s;
+        float d[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) d[r] = q_f16(u[r].d);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            float f[R][16], alpha[R], beta[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                alpha[r] = d[r] * (float)((int)(u[r].sc[t] << shl) >> 24);
+                beta[r] = -32.0f * alpha[r];
+#pragma unroll
+                for (int wd = 0; wd < 4; ++wd) {
+                    const unsigned int a = q_word(t & 1 ? u[r].b : u[r].a, wd);
+                    const unsigned int h = q_word(u[r].h, wd);
+                    const unsigned int lo = (t >> 1 ? a >> 4 : a) & 0x0F0F0F0Fu;
+                    q_mag4(lo | (q_shift(h, 4 - 2 * t) & 0x30303030u), &f[r][4 * wd]);
+                }
+            }
+            q_run16<T, M, R, true>(x + 128 * hh + 32 * t + 16 * s, k, m_rows, f, alpha, beta, acc);
+        }
+    }
+
+    // Values 32t .. 32t + 31 of half hh of block b (gi = 8b + 4hh + t), as quant.rs's q6_k.
+    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
+                                                    float* v) {
+        const int b = gi >> 3, hh = (gi >> 2) & 1, t = gi & 3;
+        const unsigned char* base = row + b * QB;
+        uint4 ql[2], qh[2];
+        ql[0] = q_ldg128(base + 64 * hh + 32 * (t & 1));
+        ql[1] = q_ldg128(base + 64 * hh + 32 * (t & 1) + 16);
+        qh[0] = q_ldg128(base + 128 + 32 * hh);
+        qh[1] = q_ldg128(base + 128 + 32 * hh + 16);
+        const unsigned char* sb = row + nb * QB + b * SB;
+        const unsigned int scw = q_ldg16(sb + 8 * hh + 2 * t);
+        const float d = q_f16(q_ldg16(sb + 16));
+        const float s0 = __fmul_rn(d, (float)(signed char)(scw & 0xFFu));
+        const float s1 = __fmul_rn(d, (float)(signed char)(scw >> 8));
+#pragma unroll
+        for (int l = 0; l < 32; ++l) {
+            const unsigned int byte = q_byte(ql, l);
+            const unsigned int lo = (t >> 1) ? byte >> 4 : byte & 0xFu;
+            const int q = (int)(lo | ((q_byte(qh, l) >> (2 * t)) & 3u) << 4) - 32;
+            v[l] = __fmul_rn(l < 16 ? s0 : s1, (float)q);
+        }
+    }
+};
+
+QUANT_KERNELS(QFormatQ6K, q6_k)
