@@ -210,6 +210,50 @@ fn load_placed(
     Ok((weights, host.finish()))
 }
 
+/// The same weights with every quantized tensor decoded ([`encore_backend::quant`]'s
+/// reference decode) into the run dtype: the dense twin a quantized model is checked
+/// against. Dense tensors are shared, not copied.
+pub fn dequantized(backend: &dyn Backend, w: &ModelWeights) -> Result<ModelWeights> {
+    let dense = |t: &Tensor| -> Result<Tensor> {
+        let DType::Q(fmt) = t.dtype() else {
+            return Ok(t.clone());
+        };
+        let mut bytes = vec![0u8; t.size_bytes()];
+        backend.read_bytes(t, &mut bytes)?;
+        let (n, k) = (t.dim(0), t.dim(1));
+        let rb = bytes.len() / n.max(1);
+        let mut values = vec![0f32; n * k];
+        for (r, row) in values.chunks_exact_mut(k).enumerate() {
+            encore_backend::quant::dequantize_row(fmt, &bytes[r * rb..(r + 1) * rb], row);
+        }
+        backend.upload_f32_as(&values, &[n, k], w.dtype)
+    };
+    let layers = w
+        .layers
+        .iter()
+        .map(|l| {
+            Ok(LayerWeights {
+                input_norm: l.input_norm.clone(),
+                qkv: dense(&l.qkv)?,
+                qkv_bias: l.qkv_bias.clone(),
+                q_norm: l.q_norm.clone(),
+                k_norm: l.k_norm.clone(),
+                o_proj: dense(&l.o_proj)?,
+                post_norm: l.post_norm.clone(),
+                gate_up: dense(&l.gate_up)?,
+                down: dense(&l.down)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ModelWeights {
+        embed: w.embed.clone(),
+        layers,
+        norm: w.norm.clone(),
+        lm_head: dense(&w.lm_head)?,
+        dtype: w.dtype,
+    })
+}
+
 /// Checkpoint tensors the config does not use but a valid checkpoint may hold: rotary
 /// tables (`rotary_emb.inv_freq`), `lm_head.weight` beside tied embeddings, and the
 /// `o_proj` bias [`check_o_proj_bias`] checks.

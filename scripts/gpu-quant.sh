@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Quantized weights on the GPU (issue #20), from a build carried as .gpu/gpu.tar.xz:
+# the decode-step matrix (8B shape, bf16 / fp8 / q8_0 / q4_k in situ, each beside its own
+# weight floor), prefill at 512 and 2,048 tokens, device memory, and, with
+# .gpu/llama.cpp-src.tar.xz carried, the llama.cpp peer (llama-bench -fa 1) on a Q4_K_M and
+# a Q8_0 8B-shaped GGUF written by the dummy_gguf example, with encore on the same files.
+#   usage: OUT=... bash scripts/gpu-quant.sh [decode,prefill,gguf,peer]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-/tmp/encore-cache}
+OUT=${OUT:-$(mktemp -d)}
+parts=${1:-decode,prefill,gguf,peer}
+logs=$OUT/quant-logs
+mkdir -p "$logs" .bin
+[ -x .bin/encore ] || tar -xJf .gpu/gpu.tar.xz -C .bin || exit 1
+E=.bin/encore
+M=dummy:llama-3-8b
+has() { [[ ",$parts," == *",$1,"* ]]; }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+if has decode; then
+  for q in none fp8 q8_0 q4_k; do
+    $E bench decode --device cuda --model $M --quantization $q --batch 1,8,64,256 \
+      --steps 30 >"$logs/decode-$q.txt" 2>&1
+    echo "== decode $q"; grep -vE '^\s*$' "$logs/decode-$q.txt" | tail -8
+  done
+fi
+if has prefill; then
+  for q in none fp8 q8_0 q4_k; do
+    $E bench prefill --device cuda --model $M --quantization $q --tokens 512,2048 \
+      >"$logs/prefill-$q.txt" 2>&1
+    echo "== prefill $q"; tail -4 "$logs/prefill-$q.txt"
+  done
+fi
+G=/tmp/gguf
+if has gguf || has peer; then
+  mkdir -p $G
+  for t in q4_k_m q8_0; do
+    [ -f $G/8b-$t.gguf ] || .bin/dummy_gguf llama-3-8b $t $G/8b-$t.gguf >"$logs/gguf-$t.txt" 2>&1
+  done
+fi
+if has gguf; then
+  for t in q4_k_m q8_0; do
+    $E info --device cuda --no-self-check --model $G/8b-$t.gguf | grep -E '^(model|  weights)'
+    $E bench decode --device cuda --model $G/8b-$t.gguf --batch 1,64 --steps 30 \
+      >"$logs/decode-gguf-$t.txt" 2>&1
+    echo "== decode gguf $t"; tail -4 "$logs/decode-gguf-$t.txt"
+    $E bench prefill --device cuda --model $G/8b-$t.gguf --tokens 512,2048 \
+      >"$logs/prefill-gguf-$t.txt" 2>&1
+    echo "== prefill gguf $t"; tail -3 "$logs/prefill-gguf-$t.txt"
+  done
+fi
+if has peer && [ -f .gpu/llama.cpp-src.tar.xz ]; then
+  L=/tmp/llama.cpp
+  if [ ! -x $L/build/bin/llama-bench ]; then
+    mkdir -p /tmp && tar -xJf .gpu/llama.cpp-src.tar.xz -C /tmp
+    (cd $L && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+       -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
+       -DCMAKE_BUILD_TYPE=Release >"$logs/llama-cmake.txt" 2>&1 &&
+     cmake --build build --target llama-bench -j 16 >"$logs/llama-build.txt" 2>&1) ||
+      { echo "llama.cpp build failed"; tail -20 "$logs/llama-build.txt" "$logs/llama-cmake.txt"; }
+  fi
+  for t in q4_k_m q8_0; do
+    $L/build/bin/llama-bench -m $G/8b-$t.gguf -fa 1 -ngl 99 -p 512,2048 -n 128 -r 3 \
+      >"$logs/llama-bench-$t.txt" 2>&1
+    echo "== llama-bench $t"; tail -6 "$logs/llama-bench-$t.txt"
+  done
+fi
+tar -czf "$OUT/quant-logs.tgz" -C "$logs" . && rm -rf "$logs"
