@@ -59,6 +59,33 @@ fn bad_input_gets_a_clear_error() {
     let err = failure(&encore(&["generate", "--device", "cpu", "--dtype", "int4"]));
     assert!(err.contains("int4") && err.contains("--dtype"), "{err}");
 
+    // A weight format encore does not run, and one the model's rows cannot hold (tiny's
+    // rows of 128 are not whole Q4_K blocks of 256): the flag and the tensor.
+    let err = failure(&encore(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--quantization",
+        "q2_k",
+    ]));
+    assert!(
+        err.contains("q2_k") && err.contains("--quantization"),
+        "{err}"
+    );
+    let err = failure(&encore(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--quantization",
+        "q4_k",
+    ]));
+    assert!(
+        err.contains("--quantization q4_k")
+            && err.contains("model.layers.0.self_attn.qkv_proj")
+            && err.contains("128"),
+        "{err}"
+    );
+
     // A missing file: the path, and the OS's message once.
     let err = failure(&encore(&[
         "generate",

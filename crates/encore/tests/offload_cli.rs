@@ -95,6 +95,24 @@ fn generate_under_a_budget_prints_the_resident_text() {
         ids(&generate(&["--json", "--weight-budget", "40%"])),
         ids(&generate(&["--json"]))
     );
+    // Quantized weights stream in their format: the text under a budget is the resident
+    // quantized text (and the start-up line names the format).
+    let q8 = generate(&["--quantization", "q8_0"]);
+    let q8_text = success(&q8);
+    assert!(text(&q8.stderr).contains("q8_0"), "{}", text(&q8.stderr));
+    for extra in [
+        &["--weight-budget", "50%"][..],
+        &[
+            "--weight-budget",
+            "50%",
+            "--offload-policy",
+            "lru",
+            "--eager",
+        ],
+    ] {
+        let args = [&["--quantization", "q8_0"][..], extra].concat();
+        assert_eq!(success(&generate(&args)), q8_text, "{args:?}");
+    }
     // A budget holding every weight says so.
     let out = generate(&["--weight-budget", "100%"]);
     assert_eq!(success(&out), want);
