@@ -272,14 +272,19 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let mut held = Seqs::for_runner(&runner)?;
     let load_secs = report.load_secs;
     let weight_bytes = cfg.weight_bytes(dtype);
+    let decl = cfg.decl();
+    // The floor: the bytes a step reads (not the untied embedding table, of which a step
+    // gathers a few rows) at the measured copy bandwidth.
+    let step_bytes = decl.step_read_bytes(dtype);
     let copy = bench::copy_bandwidth(be, COPY_BYTES, 10)?;
-    let floor_secs = weight_bytes as f64 / (copy.value * 1e9);
+    let floor_secs = step_bytes as f64 / (copy.value * 1e9);
     if !a.json {
         outln!(
-            "{} on {}: {:.2} GB of weights ({dtype}), loaded in {:.2} s; copy bandwidth {:.0} GB/s -> floor {:.3} ms/step",
+            "{} on {}: weights {}, {:.2} GB read per step, loaded in {:.2} s; copy bandwidth {:.0} GB/s -> floor {:.3} ms/step",
             a.model.model,
             be.device_name(),
-            weight_bytes as f64 / 1e9,
+            decl.format_summary(dtype),
+            step_bytes as f64 / 1e9,
             load_secs,
             copy.value,
             floor_secs * 1e3
@@ -306,6 +311,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     }
     let floor = Floor {
         weight_bytes,
+        step_bytes,
         copy_gbps: copy.value,
         floor_secs,
         load_secs,
@@ -370,6 +376,7 @@ fn time_capture_all(
 /// give, and the load time.
 struct Floor {
     weight_bytes: usize,
+    step_bytes: usize,
     copy_gbps: f64,
     floor_secs: f64,
     load_secs: f64,
@@ -396,6 +403,7 @@ fn print_row(
                 "speedup": graph.map(|g| eager / g), "capture_s": capture_secs,
                 "tokens_per_s": b as f64 / graph.unwrap_or(eager),
                 "floor_ms": f.floor_secs * 1e3, "weight_bytes": f.weight_bytes,
+                "step_bytes": f.step_bytes, "quantization": a.model.quantization.to_string(),
                 "copy_gbps": f.copy_gbps, "load_s": f.load_secs,
             })
         )?;

@@ -419,6 +419,19 @@ impl Decl {
         self.tensors.iter().map(|t| t.bytes(dtype)).sum()
     }
 
+    /// Device bytes a decode step reads for a run in `dtype`: every tensor but an
+    /// embedding table only the embedding op reads (it gathers a few rows; a tied table
+    /// is read whole by the LM head). The weight-bandwidth floor of a step.
+    pub fn step_read_bytes(&self, dtype: DType) -> usize {
+        let readers = |w: usize| self.ops.iter().filter(|o| o.reads.contains(&w)).count();
+        self.tensors
+            .iter()
+            .enumerate()
+            .filter(|&(w, t)| !(t.role == Role::Embedding && readers(w) == 1))
+            .map(|(_, t)| t.bytes(dtype))
+            .sum()
+    }
+
     /// One line of the weights by storage format for a run in `dtype`, e.g.
     /// `1.21 GB: q4_k 0.95 GB (128 tensors), q6_k 0.07 GB (2), bf16 0.19 GB (67)`.
     pub fn format_summary(&self, dtype: DType) -> String {
