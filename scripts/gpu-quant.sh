@@ -4,7 +4,10 @@
 # weight floor), prefill at 512 and 2,048 tokens, device memory, and, with
 # .gpu/llama.cpp-src.tar.xz carried, the llama.cpp peer (llama-bench -fa 1) on a Q4_K_M and
 # a Q8_0 8B-shaped GGUF written by the dummy_gguf example, with encore on the same files.
-#   usage: OUT=... bash scripts/gpu-quant.sh [decode,prefill,gguf,peer]
+# `tests` runs the quantized GPU tests (cuda_quant, quantized) first; `gemm` times the
+# tensor-core quantized GEMM against the decode-then-GEMM baseline (ENCORE_QUANT_GEMM) on
+# the 8B shape: prefill 512 / 2,048 tokens and decode batches 16 / 64, Q4_K and Q8_0.
+#   usage: OUT=... bash scripts/gpu-quant.sh [tests,gemm,decode,prefill,gguf,peer]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -18,6 +21,25 @@ E=.bin/encore
 M=dummy:llama-3-8b
 has() { [[ ",$parts," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+if has tests; then
+  for t in cuda_quant quantized; do
+    [ -x .bin/tests/$t ] || continue
+    .bin/tests/$t --include-ignored --test-threads=1 >"$logs/test-$t.txt" 2>&1
+    echo "== test $t rc=$?"; grep -E '^test result|FAILED|panicked' "$logs/test-$t.txt" | head -8
+  done
+fi
+if has gemm; then
+  for q in q4_k q8_0; do
+    for g in mma dequant; do
+      ENCORE_QUANT_GEMM=$g $E bench prefill --device cuda --model $M --quantization $q \
+        --tokens 512,2048 >"$logs/gemm-prefill-$q-$g.txt" 2>&1
+      echo "== prefill $q $g"; tail -3 "$logs/gemm-prefill-$q-$g.txt"
+      ENCORE_QUANT_GEMM=$g $E bench decode --device cuda --model $M --quantization $q \
+        --batch 16,64 --steps 30 >"$logs/gemm-decode-$q-$g.txt" 2>&1
+      echo "== decode $q $g"; tail -3 "$logs/gemm-decode-$q-$g.txt"
+    done
+  done
+fi
 if has decode; then
   for q in none fp8 q8_0 q4_k; do
     $E bench decode --device cuda --model $M --quantization $q --batch 1,8,64,256 \

@@ -35,11 +35,7 @@
 // sees, and masks per key (range and block validity) only on tiles that some of its rows
 // see in part or that hold a key of an invalid block.
 //
-// mma.m16n8k16 fragments (g = lane / 4, t = lane % 4; two 16-bit elements per 32-bit
-// register, the lower column in the low half):
-//   A (16x16, row-major): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
-//   B (16x8, "col"):      b0 (k = 2t..2t+1, n = g), b1 (k = 2t+8..2t+9, n = g)
-//   C (16x8, f32):        c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1)
+// mma.m16n8k16 fragments: common.cuh (Mma16816).
 
 #define FA_THREADS 128
 #define FA_BM 128  // query rows per CTA
@@ -49,49 +45,6 @@
 // each), rows padded to HD + 8 elements, then sOk[2][FA_BN]. `fa_smem_bytes` in
 // kernels.rs mirrors this.
 #define FA_SMEM_BYTES(HD) ((FA_BM + 4 * FA_BN) * ((HD) + 8) * 2 + 2 * FA_BN * 4)
-
-template <typename T> struct FaMma;
-template <> struct FaMma<bf16> {
-    static __device__ __forceinline__ void mma(float* c, const unsigned int* a,
-                                               unsigned int b0, unsigned int b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-template <> struct FaMma<f16> {
-    static __device__ __forceinline__ void mma(float* c, const unsigned int* a,
-                                               unsigned int b0, unsigned int b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-
-// Four 8x8 16-bit matrices (addr: a shared-window address): lanes 8i..8i+7 give the row addresses (16 bytes each) of
-// matrix i; register i of lane L receives elements [L / 4][2 (L % 4)] and
-// [L / 4][2 (L % 4) + 1] of matrix i (low half first).
-__device__ __forceinline__ void fa_ldmatrix_x4(unsigned int addr, unsigned int& r0,
-                                               unsigned int& r1, unsigned int& r2,
-                                               unsigned int& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-// The same, transposed: register i of lane L receives elements [2 (L % 4)][L / 4] and
-// [2 (L % 4) + 1][L / 4] of matrix i (low half first).
-__device__ __forceinline__ void fa_ldmatrix_x4_trans(unsigned int addr, unsigned int& r0,
-                                                     unsigned int& r1, unsigned int& r2,
-                                                     unsigned int& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
 
 // 2^x (MUFU.EX2, flushing denormals; 2^-inf = 0).
 __device__ __forceinline__ float fa_exp2(float x) {
@@ -276,17 +229,17 @@ __device__ __forceinline__ void attention_prefill_impl(
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {
             unsigned int qa[2][4];
-            fa_ldmatrix_x4(qw + kk * 32, qa[0][0], qa[0][1], qa[0][2], qa[0][3]);
-            fa_ldmatrix_x4(qw + (16 * LD + kk * 16) * 2, qa[1][0], qa[1][1], qa[1][2], qa[1][3]);
+            ldmatrix_x4(qw + kk * 32, qa[0][0], qa[0][1], qa[0][2], qa[0][3]);
+            ldmatrix_x4(qw + (16 * LD + kk * 16) * 2, qa[1][0], qa[1][1], qa[1][2], qa[1][3]);
 #pragma unroll
             for (int n = 0; n < NS; n += 2) {
                 // Matrices: keys n*8.. x dims kk*16 + {0, 8}.., then keys (n+1)*8.. the same.
                 unsigned int b0, b1, b2, b3;
-                fa_ldmatrix_x4(kw + (n * 8 * LD + kk * 16) * 2, b0, b1, b2, b3);
-                FaMma<T>::mma(s[0][n], qa[0], b0, b1);
-                FaMma<T>::mma(s[1][n], qa[1], b0, b1);
-                FaMma<T>::mma(s[0][n + 1], qa[0], b2, b3);
-                FaMma<T>::mma(s[1][n + 1], qa[1], b2, b3);
+                ldmatrix_x4(kw + (n * 8 * LD + kk * 16) * 2, b0, b1, b2, b3);
+                Mma16816<T>::mma(s[0][n], qa[0], b0, b1);
+                Mma16816<T>::mma(s[1][n], qa[1], b0, b1);
+                Mma16816<T>::mma(s[0][n + 1], qa[0], b2, b3);
+                Mma16816<T>::mma(s[1][n + 1], qa[1], b2, b3);
             }
         }
 
@@ -373,11 +326,11 @@ __device__ __forceinline__ void attention_prefill_impl(
                 // Matrices: keys kk*16 + {0..7, 8..15} x dims n*8.., then the same x
                 // (n+1)*8..
                 unsigned int b0, b1, b2, b3;
-                fa_ldmatrix_x4_trans(vw + (kk * 16 * LD + n * 8) * 2, b0, b1, b2, b3);
-                FaMma<T>::mma(o[0][n], pa[0][kk], b0, b1);
-                FaMma<T>::mma(o[1][n], pa[1][kk], b0, b1);
-                FaMma<T>::mma(o[0][n + 1], pa[0][kk], b2, b3);
-                FaMma<T>::mma(o[1][n + 1], pa[1][kk], b2, b3);
+                ldmatrix_x4_trans(vw + (kk * 16 * LD + n * 8) * 2, b0, b1, b2, b3);
+                Mma16816<T>::mma(o[0][n], pa[0][kk], b0, b1);
+                Mma16816<T>::mma(o[1][n], pa[1][kk], b0, b1);
+                Mma16816<T>::mma(o[0][n + 1], pa[0][kk], b2, b3);
+                Mma16816<T>::mma(o[1][n + 1], pa[1][kk], b2, b3);
             }
         }
     }

@@ -216,6 +216,55 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Tensor-core helpers (attention_prefill.cu, the quantized mma in qmma_impl). Fragments of
+// mma.sync m16n8k16 for lane L (g = L / 4, t = L % 4; two 16-bit elements per 32-bit
+// register, the lower column in the low half):
+//   A (16x16, row-major): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B (16x8, "col"):      b0 (k = 2t..2t+1, n = g), b1 (k = 2t+8..2t+9, n = g)
+//   C (16x8, f32):        c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1)
+template <typename T> struct Mma16816;
+template <> struct Mma16816<bf16> {
+    static __device__ __forceinline__ void mma(float* c, const unsigned int* a,
+                                               unsigned int b0, unsigned int b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct Mma16816<f16> {
+    static __device__ __forceinline__ void mma(float* c, const unsigned int* a,
+                                               unsigned int b0, unsigned int b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// Four 8x8 16-bit matrices (addr: a shared-window address): lanes 8i..8i+7 give the row addresses (16 bytes each) of
+// matrix i; register i of lane L receives elements [L / 4][2 (L % 4)] and
+// [L / 4][2 (L % 4) + 1] of matrix i (low half first).
+__device__ __forceinline__ void ldmatrix_x4(unsigned int addr, unsigned int& r0,
+                                               unsigned int& r1, unsigned int& r2,
+                                               unsigned int& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// The same, transposed: register i of lane L receives elements [2 (L % 4)][L / 4] and
+// [2 (L % 4) + 1][L / 4] of matrix i (low half first).
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int addr, unsigned int& r0,
+                                                     unsigned int& r1, unsigned int& r2,
+                                                     unsigned int& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
 // ---------------------------------------------------------------------------------------
 // Quantized weights: the shared machinery of the q_*.cu files (one per format; each defines
 // its format struct and instantiates QUANT_KERNELS). The device layout is src/quant.rs's: a
@@ -308,7 +357,8 @@ __device__ __forceinline__ float2 q_f16x2(unsigned int bits) {
     __half2 h = *reinterpret_cast<__half2*>(&bits);
     return __half22float2(h);
 }
-// 0.5 + b / 256 for byte i of v (b < 128; i a constant after unrolling): one PRMT.
+// 0.5 + b / 256 for byte i of v (b < 128; i a constant after unrolling): one PRMT. A q of
+// n bits stored as b = q << (7 - n) gives F = 0.5 + q / 2^(n + 1).
 __device__ __forceinline__ float q_mag(unsigned int v, int i) {
     return __uint_as_float(__byte_perm(0x3F000000u, v, 0x3010u | ((4 + i) << 8)));
 }
@@ -321,20 +371,25 @@ __device__ __forceinline__ void q_mag4(unsigned int v, float* f) {
 __device__ __forceinline__ unsigned int q_shift(unsigned int v, int s) {
     return s >= 0 ? v << s : v >> -s;
 }
-// Bits 0..3 of t moved to bit 4 of bytes 0..3 (the fifth bits of four 5-bit values).
+// Bits 0..3 of t moved to bit 6 of bytes 0..3 (the fifth bits of four 5-bit values stored
+// as q << 2).
 __device__ __forceinline__ unsigned int q_spread4(unsigned int t) {
-    return ((t & 0xFu) * 0x02040810u) & 0x10101010u;
+    return ((t & 0xFu) * 0x08102040u) & 0x40404040u;
 }
 
 // One run of 16 consecutive k (x + m * k + 0..15, 16-byte aligned) for the warp's R rows.
-// OFF: f holds F = 0.5 + q / 256 and the values are alpha * q + beta, so
-//   acc[r][m] += alpha[r] * (256 sum(F x) - 128 sum(x)) + beta[r] * sum(x)
-// (sum(x) is shared by the rows); otherwise f holds values v and acc += alpha * sum(v x).
-template <typename T, int M, int R, bool OFF>
+// SH > 0: f holds F = 0.5 + q / 2^SH (q_mag of the byte q << (8 - SH)) and
+// the values are alpha * q + beta, so
+//   acc[r][m] += alpha[r] * (2^SH sum(F x) - 2^(SH-1) sum(x)) + beta[r] * sum(x)
+// (sum(x) shared by the rows). The q sit in the top bits of F's mantissa, so the 0.5 that
+// cancels costs about one bit of the f32 sums. SH == 0: f holds the values themselves and
+// acc += alpha * sum(f x).
+template <typename T, int M, int R, int SH>
 __device__ __forceinline__ void q_run16(const T* __restrict__ x, int k, int m_rows,
                                         const float (&f)[R][16], const float (&alpha)[R],
                                         const float (&beta)[R], float (&acc)[R][M]) {
     constexpr int V = Ty<T>::V;
+    constexpr float SCALE = (float)(1 << SH);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
         if (M == 1 || m < m_rows) {
@@ -342,8 +397,8 @@ __device__ __forceinline__ void q_run16(const T* __restrict__ x, int k, int m_ro
 #pragma unroll
             for (int v = 0; v < 16 / V; ++v)
                 Ty<T>::unpack(ldg16(x + (long long)m * k + v * V), xv + v * V);
-            float sx = 0.0f, sx128 = 0.0f;
-            if (OFF) {
+            float sx = 0.0f, sxh = 0.0f;
+            if (SH > 0) {
                 float s0 = xv[0], s1 = xv[1];
 #pragma unroll
                 for (int i = 2; i < 16; i += 2) {
@@ -351,15 +406,15 @@ __device__ __forceinline__ void q_run16(const T* __restrict__ x, int k, int m_ro
                     s1 += xv[i + 1];
                 }
                 sx = s0 + s1;
-                sx128 = -128.0f * sx;
+                sxh = -0.5f * SCALE * sx;
             }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 float s = f[r][0] * xv[0];
 #pragma unroll
                 for (int i = 1; i < 16; ++i) s = fmaf(f[r][i], xv[i], s);
-                if (OFF) {
-                    acc[r][m] = fmaf(alpha[r], fmaf(256.0f, s, sx128), acc[r][m]);
+                if (SH > 0) {
+                    acc[r][m] = fmaf(alpha[r], fmaf(SCALE, s, sxh), acc[r][m]);
                     acc[r][m] = fmaf(beta[r], sx, acc[r][m]);
                 } else {
                     acc[r][m] = fmaf(alpha[r], s, acc[r][m]);
@@ -506,6 +561,147 @@ __device__ __forceinline__ void qdequant_impl(const unsigned char* __restrict__ 
     }
 }
 
+// Quantized weights on the tensor cores (x of more than 8 rows in bf16 or f16: prefill and
+// large decode batches). out[M, N] = x[M, K] · decode(w)ᵀ (+ bias) with a CTA tile of BM (64
+// or 128) rows of x by QM_BN = 128 rows of w by QM_BK = 64 values of k; 8 warps in 2 (m) by
+// 4 (n), each (BM / 2) x 32 as m16n8k16 tiles. Per k tile the x tile streams into shared
+// memory by cp.async while each thread decodes one 32-value group of w (F::decode32) and
+// stores it as T: the weight is decoded once per CTA, in shared memory, never written to
+// global memory. Two stages: tile t + 1 loads and decodes while tile t multiplies. Rows of
+// shared memory are padded to QM_BK + 8 elements, so ldmatrix is free of bank conflicts.
+// k need not be a multiple of QM_BK (it is one of 32): the tail is zero-filled.
+// Split-K on grid z: with gridDim.z > 1, CTA z sums k tiles [z T / Z, (z + 1) T / Z) and
+// writes f32 partials to ws[z][M][N]; qmma_reduce adds them in z order (deterministic).
+#define QM_BN 128
+#define QM_BK 64
+#define QM_LD (QM_BK + 8)
+#define QM_THREADS 256
+// Dynamic shared memory of the BM variant; `qmma_smem_bytes` in quant.rs mirrors it.
+#define QM_SMEM_BYTES(BM) (2 * ((BM) + QM_BN) * QM_LD * 2)
+
+// Stage `stage` of the x and w tiles for k tile kt (see qmma_impl).
+template <class F, typename T, int BM>
+__device__ __forceinline__ void qmma_load(T* sA, T* sB, int stage, int kt,
+                                          const T* __restrict__ x,
+                                          const unsigned char* __restrict__ wrow, int m0,
+                                          int m_rows, int k, int nb) {
+    const int tid = threadIdx.x;
+    T* a = sA + stage * BM * QM_LD;
+#pragma unroll
+    for (int i = 0; i < BM * (QM_BK / 8) / QM_THREADS; ++i) {
+        const int c = tid + i * QM_THREADS;
+        const int r = c >> 3, part = c & 7;
+        const int kk = kt * QM_BK + part * 8;
+        const bool ok = m0 + r < m_rows && kk < k;
+        cp_async16(a + r * QM_LD + part * 8, ok ? x + (long long)(m0 + r) * k + kk : x, ok);
+    }
+    cp_async_commit();
+    // w: thread t decodes group 2 kt + t % 2 of row t / 2 of the tile.
+    const int gi = 2 * kt + (tid & 1);
+    T* b = sB + stage * QM_BN * QM_LD + (tid >> 1) * QM_LD + (tid & 1) * 32;
+    float v[32];
+    if (gi < (k >> 5)) {
+        F::decode32(wrow, nb, gi, v);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) v[i] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i += 8) store_vec(b + i, v + i);
+}
+
+template <class F, typename T, typename OutT, int BM>
+__device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
+                                          const unsigned char* __restrict__ w,
+                                          const T* __restrict__ bias, OutT* __restrict__ out,
+                                          float* __restrict__ ws, int m_rows, int n_rows,
+                                          int k) {
+    extern __shared__ __align__(16) unsigned char qm_smem[];
+    T* sA = reinterpret_cast<T*>(qm_smem);  // [2][BM][QM_LD]
+    T* sB = sA + 2 * BM * QM_LD;            // [2][QM_BN][QM_LD]
+    constexpr int MT = BM / 32;             // m16 tiles per warp
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * QM_BN;
+    const int ktiles = (k + QM_BK - 1) / QM_BK;
+    const int kt0 = (int)((long long)ktiles * blockIdx.z / gridDim.z);
+    const int kt1 = (int)((long long)ktiles * (blockIdx.z + 1) / gridDim.z);
+    const int nb = k / F::BE;
+    // Rows past the end decode the last row (never written out).
+    const unsigned char* wrow =
+        w + (long long)min(n0 + (int)(threadIdx.x >> 1), n_rows - 1) * q_row_bytes<F>(k);
+
+    float acc[MT][4][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+
+    const unsigned int a_sh = (unsigned int)__cvta_generic_to_shared(sA);
+    const unsigned int b_sh = (unsigned int)__cvta_generic_to_shared(sB);
+    // ldmatrix row addresses of this lane (bytes): A rows lane % 16 at k (lane / 16) * 8;
+    // B n rows (lane % 8) + 8 (lane / 16) at k 8 ((lane / 8) % 2), two n8 tiles per x4.
+    const unsigned int a_off =
+        ((wm * (BM / 2) + (lane & 15)) * QM_LD + (lane >> 4) * 8) * 2;
+    const unsigned int b_off =
+        ((wn * 32 + (lane & 7) + ((lane >> 4) << 3)) * QM_LD + ((lane >> 3) & 1) * 8) * 2;
+
+    if (kt0 < kt1) qmma_load<F, T, BM>(sA, sB, 0, kt0, x, wrow, m0, m_rows, k, nb);
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int kt = kt0; kt < kt1; ++kt) {
+        const int s = (kt - kt0) & 1;
+        if (kt + 1 < kt1) qmma_load<F, T, BM>(sA, sB, s ^ 1, kt + 1, x, wrow, m0, m_rows, k, nb);
+        const unsigned int ab = a_sh + s * BM * QM_LD * 2 + a_off;
+        const unsigned int bb = b_sh + s * QM_BN * QM_LD * 2 + b_off;
+#pragma unroll
+        for (int kk = 0; kk < QM_BK / 16; ++kk) {
+            unsigned int af[MT][4], bf[4][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(ab + (mt * 16 * QM_LD + kk * 16) * 2, af[mt][0], af[mt][1],
+                            af[mt][2], af[mt][3]);
+#pragma unroll
+            for (int np = 0; np < 2; ++np)
+                ldmatrix_x4(bb + (np * 16 * QM_LD + kk * 16) * 2, bf[2 * np][0], bf[2 * np][1],
+                            bf[2 * np + 1][0], bf[2 * np + 1][1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
+                    Mma16816<T>::mma(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+    }
+
+    const int g = lane >> 2, t4 = lane & 3;
+    const bool split = gridDim.z > 1;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = m0 + wm * (BM / 2) + mt * 16 + g + 8 * h;
+            if (m >= m_rows) continue;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int n = n0 + wn * 32 + nt * 8 + 2 * t4 + e;
+                    if (n >= n_rows) continue;
+                    const float v = acc[mt][nt][2 * h + e];
+                    if (split) {
+                        ws[((long long)blockIdx.z * m_rows + m) * n_rows + n] = v;
+                    } else {
+                        const float b = bias != nullptr ? to_f32(bias[n]) : 0.0f;
+                        out[(long long)m * n_rows + n] = from_f32<OutT>(v + b);
+                    }
+                }
+        }
+}
+
 // Read-only loads for the dequantize kernels (L1-cached: neighbouring threads share bytes).
 __device__ __forceinline__ uint4 q_ldg128(const unsigned char* p) {
     return __ldg(reinterpret_cast<const uint4*>(p));
@@ -524,12 +720,16 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
 // Every extern "C" entry point of one format: qgemv_<fmt>_<x>_<out>_m<M> for M in 1, 2, 4, 8
 // and (x, out) in (bf16, bf16), (bf16, f32), (f16, f16), (f16, f32), (f32, f32);
 // qgemv_silu_<fmt>_<x>_m1; dequant_<fmt>_<T>.
+// CTAs per SM the compiler must leave registers for: two (at most 128 registers) for the
+// bandwidth-bound 1- and 2-row variants; the 4- and 8-row ones are bound by arithmetic and
+// would spill.
+#define QG_MIN_CTAS(M) ((M) <= 2 ? 2 : 1)
 // Rows per warp of the variant for M rows of x.
 #ifndef QG_R
 #define QG_R(M) ((M) == 1 ? 4 : 2)
 #endif
 #define QGEMV_ONE(F, FN, T, OUT_T, TN, ON, M)                                                \
-    extern "C" __global__ void __launch_bounds__(QG_THREADS)                                  \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS, QG_MIN_CTAS(M))                  \
         qgemv_##FN##_##TN##_##ON##_m##M(const T* x, const unsigned char* w, const T* bias,   \
                                         OUT_T* out, int m_rows, int n_rows, int k,            \
                                         int ksplit) {                                         \
@@ -553,7 +753,26 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
         pdl_enter();                                                                          \
         qdequant_impl<F, T>(w, out, n_rows, k);                                               \
     }
+// The tensor-core variant for BM-row tiles (two CTAs per SM for BM = 64).
+#define QMMA_ONE(F, FN, T, OUT_T, TN, ON, BM)                                                \
+    extern "C" __global__ void __launch_bounds__(QM_THREADS, (BM) == 64 ? 2 : 1)              \
+        qmma_##FN##_##TN##_##ON##_bm##BM(const T* x, const unsigned char* w, const T* bias,  \
+                                         OUT_T* out, float* ws, int m_rows, int n_rows,       \
+                                         int k) {                                             \
+        pdl_enter();                                                                          \
+        qmma_impl<F, T, OUT_T, BM>(x, w, bias, out, ws, m_rows, n_rows, k);                   \
+    }
+#define QMMA_ALL(F, FN)                                                                      \
+    QMMA_ONE(F, FN, bf16, bf16, bf16, bf16, 64)                                               \
+    QMMA_ONE(F, FN, bf16, bf16, bf16, bf16, 128)                                              \
+    QMMA_ONE(F, FN, bf16, float, bf16, f32, 64)                                               \
+    QMMA_ONE(F, FN, bf16, float, bf16, f32, 128)                                              \
+    QMMA_ONE(F, FN, f16, f16, f16, f16, 64)                                                   \
+    QMMA_ONE(F, FN, f16, f16, f16, f16, 128)                                                  \
+    QMMA_ONE(F, FN, f16, float, f16, f32, 64)                                                 \
+    QMMA_ONE(F, FN, f16, float, f16, f32, 128)
 #define QUANT_KERNELS(F, FN)                                                                 \
+    QMMA_ALL(F, FN)                                                                           \
     QGEMV_ALL_M(F, FN, bf16, bf16, bf16, bf16)                                                \
     QGEMV_ALL_M(F, FN, bf16, float, bf16, f32)                                                \
     QGEMV_ALL_M(F, FN, f16, f16, f16, f16)                                                    \

@@ -193,3 +193,30 @@ GEMV_ALL_M(float, float, f32, f32)
 GEMV_SILU(bf16, bf16)
 GEMV_SILU(f16, f16)
 GEMV_SILU(float, f32)
+
+// The split-K sum of the quantized tensor-core matmul (common.cuh's qmma_impl):
+// out[i] = sum over z of ws[z][i] (z in order), + bias[i % n_rows], rounded once.
+template <typename T, typename OutT>
+__device__ __forceinline__ void qmma_reduce_impl(const float* __restrict__ ws,
+                                                 const T* __restrict__ bias,
+                                                 OutT* __restrict__ out, int m_rows, int n_rows,
+                                                 int splits) {
+    const long long total = (long long)m_rows * n_rows;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        float s = 0.0f;
+        for (int z = 0; z < splits; ++z) s += ws[z * total + i];
+        if (bias != nullptr) s += to_f32(bias[i % n_rows]);
+        out[i] = from_f32<OutT>(s);
+    }
+}
+#define QMMA_REDUCE(T, OUT_T, TN, ON)                                                       \
+    extern "C" __global__ void __launch_bounds__(256) qmma_reduce_##TN##_##ON(              \
+        const float* ws, const T* bias, OUT_T* out, int m_rows, int n_rows, int splits) {   \
+        pdl_enter();                                                                        \
+        qmma_reduce_impl<T, OUT_T>(ws, bias, out, m_rows, n_rows, splits);                  \
+    }
+QMMA_REDUCE(bf16, bf16, bf16, bf16)
+QMMA_REDUCE(bf16, float, bf16, f32)
+QMMA_REDUCE(f16, f16, f16, f16)
+QMMA_REDUCE(f16, float, f16, f32)

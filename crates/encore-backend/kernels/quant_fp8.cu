@@ -39,7 +39,7 @@ struct QFormatF8 {
                 f[r][4 * wd + 3] = f13.y;
             }
         }
-        q_run16<T, M, R, false>(x + 16 * sub, k, m_rows, f, alpha, alpha, acc);
+        q_run16<T, M, R, 0>(x + 16 * sub, k, m_rows, f, alpha, alpha, acc);
     }
 
     // quant.rs's e4m3_to_f32.
@@ -69,3 +69,69 @@ struct QFormatF8 {
 };
 
 QUANT_KERNELS(QFormatF8, fp8)
+
+// ---- The FP8 tensor-core GEMM's operands (cuBLASLt, 128-value block scales) ----
+// quant.rs's layout keeps a row's E4M3 bytes contiguous, so the weight is cuBLASLt's A as
+// it is (leading dimension: the row's bytes); these kernels make the rest.
+
+// x [m_rows, k] in T to E4M3 xq [m_pad, k] with one f32 scale per row per 128 values,
+// stored transposed as xs [k / 128][m_pad] (cuBLASLt's VEC128_32F layout: rows contiguous):
+// scale = amax / 448 (E4M3's largest finite value), q = round-to-nearest(x / scale),
+// saturated. Rows m_rows .. m_pad and all-zero groups get zeros and scale 1. One warp per
+// (row, group): four values a lane.
+template <typename T>
+__device__ __forceinline__ void fp8_quant_rows_impl(const T* __restrict__ x,
+                                                    unsigned char* __restrict__ xq,
+                                                    float* __restrict__ xs, int m_rows,
+                                                    int m_pad, int k) {
+    const int lane = threadIdx.x & 31;
+    const int groups = k >> 7;
+    const long long total = (long long)m_pad * groups;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long wi = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); wi < total;
+         wi += warps) {
+        const int row = (int)(wi / groups), g = (int)(wi - (long long)row * groups);
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (row < m_rows) {
+            const T* p = x + (long long)row * k + g * 128 + lane * 4;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = to_f32(p[i]);
+        }
+        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        const float inv = 1.0f / scale;
+        unsigned short lo, hi;
+        // cvt packs its first source into the upper byte.
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v[1] * inv), "f"(v[0] * inv));
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v[3] * inv), "f"(v[2] * inv));
+        *reinterpret_cast<unsigned int*>(xq + (long long)row * k + g * 128 + lane * 4) =
+            (unsigned int)lo | ((unsigned int)hi << 16);
+        if (lane == 0) xs[(long long)g * m_pad + row] = scale;
+    }
+}
+#define FP8_QUANT_ROWS(T, TN)                                                                \
+    extern "C" __global__ void __launch_bounds__(256) fp8_quant_rows_##TN(                   \
+        const T* x, unsigned char* xq, float* xs, int m_rows, int m_pad, int k) {            \
+        pdl_enter();                                                                          \
+        fp8_quant_rows_impl<T>(x, xq, xs, m_rows, m_pad, k);                                  \
+    }
+FP8_QUANT_ROWS(bf16, bf16)
+FP8_QUANT_ROWS(f16, f16)
+
+// The weight's scales (row r's k / 128 f32 after its E4M3 bytes) transposed to
+// ws [k / 128][n_rows] (VEC128_32F: rows contiguous).
+extern "C" __global__ void __launch_bounds__(256)
+    fp8_weight_scales(const unsigned char* w, float* ws, int n_rows, int k) {
+    pdl_enter();
+    const int nb = k >> 7;
+    const long long row_bytes = q_row_bytes<QFormatF8>(k);
+    const long long total = (long long)n_rows * nb;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const int b = (int)(i / n_rows), r = (int)(i - (long long)b * n_rows);
+        ws[i] = __uint_as_float(
+            q_ldg32(w + (long long)r * row_bytes + (long long)nb * QFormatF8::QB + b * 4));
+    }
+}

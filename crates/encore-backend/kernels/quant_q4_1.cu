@@ -35,10 +35,11 @@ struct QFormatQ4_1 {
 #pragma unroll
                 for (int wd = 0; wd < 4; ++wd) {
                     const unsigned int v = q_word(u[r].q, wd);
-                    q_mag4(hi ? (v >> 4) & 0x0F0F0F0Fu : v & 0x0F0F0F0Fu, &f[r][4 * wd]);
+                    // q << 3 in each byte: F = 0.5 + q / 32.
+                    q_mag4(hi ? (v >> 1) & 0x78787878u : (v << 3) & 0x78787878u, &f[r][4 * wd]);
                 }
             }
-            q_run16<T, M, R, true>(x + 16 * hi, k, m_rows, f, alpha, beta, acc);
+            q_run16<T, M, R, 5>(x + 16 * hi, k, m_rows, f, alpha, beta, acc);
         }
     }
 

@@ -37,12 +37,13 @@ struct QFormatQ5_0 {
 #pragma unroll
                 for (int wd = 0; wd < 4; ++wd) {
                     const unsigned int v = q_word(u[r].q, wd);
-                    const unsigned int nib = hi ? (v >> 4) & 0x0F0F0F0Fu : v & 0x0F0F0F0Fu;
-                    // Fifth bits of values 16hi + 4wd .. + 3 to bit 4 of each byte.
+                    // q << 2 in each byte (F = 0.5 + q / 64): the nibble, and the fifth bits of
+                    // values 16hi + 4wd .. + 3 as bit 6.
+                    const unsigned int nib = hi ? (v >> 2) & 0x3C3C3C3Cu : (v << 2) & 0x3C3C3C3Cu;
                     q_mag4(nib | q_spread4(u[r].qh >> (16 * hi + 4 * wd)), &f[r][4 * wd]);
                 }
             }
-            q_run16<T, M, R, true>(x + 16 * hi, k, m_rows, f, alpha, beta, acc);
+            q_run16<T, M, R, 6>(x + 16 * hi, k, m_rows, f, alpha, beta, acc);
         }
     }
 

@@ -55,13 +55,14 @@ struct QFormatQ5K {
 #pragma unroll
                     for (int wd = 0; wd < 4; ++wd) {
                         const unsigned int v = q_word(u[r].q[p], wd);
-                        const unsigned int nib = hi ? (v >> 4) & 0x0F0F0F0Fu : v & 0x0F0F0F0Fu;
-                        // Bit j of each high-bit byte to bit 4.
-                        const unsigned int h5 = q_shift(q_word(u[r].h, wd), 4 - j) & 0x10101010u;
+                        // q << 2 in each byte (F = 0.5 + q / 64): the nibble, and bit j of the
+                        // high-bit byte as bit 6.
+                        const unsigned int nib = hi ? (v >> 2) & 0x3C3C3C3Cu : (v << 2) & 0x3C3C3C3Cu;
+                        const unsigned int h5 = q_shift(q_word(u[r].h, wd), 6 - j) & 0x40404040u;
                         q_mag4(nib | h5, &f[r][4 * wd]);
                     }
                 }
-                q_run16<T, M, R, true>(x + 64 * p + 32 * hi + 16 * sub, k, m_rows, f, alpha, beta,
+                q_run16<T, M, R, 6>(x + 64 * p + 32 * hi + 16 * sub, k, m_rows, f, alpha, beta,
                                        acc);
             }
         }

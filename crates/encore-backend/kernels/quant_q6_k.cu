@@ -10,7 +10,7 @@
 // one sub-block) and the four scales it uses (2-byte loads; the byte is chosen by s) and d.
 
 struct QFormatQ6K {
-    static constexpr int BE = 256, QB = 192, SB = 18, UPB = 4, UNROLL = 2;
+    static constexpr int BE = 256, QB = 192, SB = 18, UPB = 4, UNROLL = 1;
     struct Unit {
         uint4 a, b, h;
         unsigned int sc[4];
@@ -49,11 +49,13 @@ struct QFormatQ6K {
                 for (int wd = 0; wd < 4; ++wd) {
                     const unsigned int a = q_word(t & 1 ? u[r].b : u[r].a, wd);
                     const unsigned int h = q_word(u[r].h, wd);
-                    const unsigned int lo = (t >> 1 ? a >> 4 : a) & 0x0F0F0F0Fu;
-                    q_mag4(lo | (q_shift(h, 4 - 2 * t) & 0x30303030u), &f[r][4 * wd]);
+                    // q << 1 in each byte (F = 0.5 + q / 128): the nibble at bits 1..4, bits
+                    // 2t, 2t + 1 of the high byte at 5, 6.
+                    const unsigned int lo = (t >> 1 ? a >> 3 : a << 1) & 0x1E1E1E1Eu;
+                    q_mag4(lo | (q_shift(h, 5 - 2 * t) & 0x60606060u), &f[r][4 * wd]);
                 }
             }
-            q_run16<T, M, R, true>(x + 128 * hh + 32 * t + 16 * s, k, m_rows, f, alpha, beta, acc);
+            q_run16<T, M, R, 7>(x + 128 * hh + 32 * t + 16 * s, k, m_rows, f, alpha, beta, acc);
         }
     }
 

@@ -33,7 +33,7 @@ struct QFormatQ8_0 {
                         __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7650u | e)) - 8388736.0f;
             }
         }
-        q_run16<T, M, R, false>(x + 16 * sub, k, m_rows, f, alpha, alpha, acc);
+        q_run16<T, M, R, 0>(x + 16 * sub, k, m_rows, f, alpha, alpha, acc);
     }
 
     static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,

@@ -1,6 +1,8 @@
-//! GEMM through cuBLASLt: bf16/f16/f32 inputs, f32 accumulation, a fixed workspace
-//! allocated once (so matmuls are capture-safe), and one plan per shape — descriptors and
-//! the heuristic's algorithm chosen on first use and cached, never re-chosen per call.
+//! GEMM through cuBLASLt: bf16/f16/f32 inputs, or FP8 E4M3 with one f32 scale per 128
+//! values of k on both operands (Hopper's block-scaled FP8 GEMM), f32 accumulation, a fixed
+//! workspace allocated once (so matmuls are capture-safe), and one plan per shape —
+//! descriptors and the heuristic's algorithm chosen on first use and cached, never
+//! re-chosen per call.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -27,6 +29,8 @@ struct PlanKey {
     /// Alignment (bytes, power of two up to 256) of the x, w, out pointers the plan
     /// was chosen for; a less aligned call gets its own plan.
     align: [u32; 3],
+    /// FP8 operands: w's leading dimension in bytes (0: x and w are in `dtype`).
+    fp8_ld: usize,
 }
 
 /// Descriptors and algorithm for one shape. Destroyed with the `Lt`.
@@ -84,6 +88,18 @@ pub struct MatmulCall {
     pub w: u64,
     pub bias: Option<u64>,
     pub out: u64,
+    /// x and w in FP8 E4M3 (`dtype` stays the bias's type), each with its scales.
+    pub fp8: Option<Fp8Operands>,
+}
+
+/// The FP8 operands of a [`MatmulCall`]: w's rows are `w_ld` bytes apart (its E4M3 values
+/// first); `w_scales` is `[k / 128][n]` f32 and `x_scales` `[k / 128][m]` f32, rows
+/// contiguous (cuBLASLt's VEC128_32F layout; m a multiple of 4, n of 8).
+#[derive(Clone, Copy)]
+pub struct Fp8Operands {
+    pub w_ld: usize,
+    pub w_scales: u64,
+    pub x_scales: u64,
 }
 
 impl Lt {
@@ -116,6 +132,7 @@ impl Lt {
             out: c.out_dtype,
             bias: c.bias.is_some(),
             align: [alignment(c.x), alignment(c.w), alignment(c.out)],
+            fp8_ld: c.fp8.map_or(0, |f| f.w_ld),
         };
         let mut plans = self.plans.lock().unwrap();
         let plan = match plans.entry(key) {
@@ -133,6 +150,26 @@ impl Lt {
                     std::mem::size_of::<u64>(),
                 )
                 .map_err(err("cublasLtMatmulDescSetAttribute(BIAS_POINTER)"))?;
+            }
+            if let Some(f) = &c.fp8 {
+                for (attr, p) in [
+                    (
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                        f.w_scales,
+                    ),
+                    (
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                        f.x_scales,
+                    ),
+                ] {
+                    lt::set_matmul_desc_attribute(
+                        plan.desc,
+                        attr,
+                        &p as *const u64 as *const c_void,
+                        std::mem::size_of::<u64>(),
+                    )
+                    .map_err(err("cublasLtMatmulDescSetAttribute(SCALE_POINTER)"))?;
+                }
             }
             let (alpha, beta) = (1.0f32, 0.0f32);
             lt::matmul(
@@ -164,9 +201,17 @@ impl Lt {
 
     /// Row-major `out[m,n] = x[m,k] · w[n,k]ᵀ` is column-major `outᵀ[n,m] = w · xᵀ`:
     /// A = w (stored k×n column-major, transposed), B = x (k×m, not transposed), D n×m.
+    /// FP8: A and B in E4M3 (the "TN" layout Hopper's FP8 GEMM needs), A's leading
+    /// dimension the row bytes, both scaled per 128 values of k (VEC128_32F).
     fn plan(&self, key: &PlanKey) -> Result<Plan> {
         let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
-        let t_in = data_type(key.dtype);
+        let fp8 = key.fp8_ld > 0;
+        let t_in = if fp8 {
+            sys::cudaDataType::CUDA_R_8F_E4M3
+        } else {
+            data_type(key.dtype)
+        };
+        let a_ld = if fp8 { key.fp8_ld as i64 } else { k as i64 };
         let t_out = data_type(key.out);
         // SAFETY: every descriptor created here is either returned in the plan or
         // destroyed on the error path by `Plan`'s cleanup below.
@@ -176,7 +221,7 @@ impl Lt {
                 sys::cudaDataType::CUDA_R_32F,
             )
             .map_err(err("cublasLtMatmulDescCreate"))?;
-            let a = lt::create_matrix_layout(t_in, k, n, k as i64)
+            let a = lt::create_matrix_layout(t_in, k, n, a_ld)
                 .map_err(err("cublasLtMatrixLayoutCreate(A)"))?;
             let b = lt::create_matrix_layout(t_in, k, m, k as i64)
                 .map_err(err("cublasLtMatrixLayoutCreate(B)"))?;
@@ -202,9 +247,29 @@ impl Lt {
                 plan.destroy();
                 return Err(e);
             }
+            if fp8 {
+                let mode =
+                    sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+                let r = set_desc(
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                    &mode as *const _ as *const c_void,
+                    std::mem::size_of_val(&mode),
+                )
+                .and_then(|_| {
+                    set_desc(
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                        &mode as *const _ as *const c_void,
+                        std::mem::size_of_val(&mode),
+                    )
+                });
+                if let Err(e) = r {
+                    plan.destroy();
+                    return Err(e);
+                }
+            }
             if key.bias {
                 let epi = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
-                let bias_t = t_in;
+                let bias_t = data_type(key.dtype);
                 let r = set_desc(
                     sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
                     &epi as *const _ as *const c_void,
@@ -260,11 +325,12 @@ impl Lt {
                     Err(Error::Cuda {
                         call: "cublasLtMatmulAlgoGetHeuristic".into(),
                         message: format!(
-                            "no algorithm for [{}x{}x{}] {} -> {}{}: {e:?}",
+                            "no algorithm for [{}x{}x{}] {}{} -> {}{}: {e:?}",
                             key.m,
                             key.n,
                             key.k,
                             key.dtype,
+                            if fp8 { " (FP8 E4M3 operands)" } else { "" },
                             key.out,
                             if key.bias { " with bias" } else { "" }
                         ),

@@ -5,6 +5,7 @@
 use cudarc::driver::CudaFunction;
 
 use crate::error::{Error, Result};
+use crate::quant::QuantFormat;
 use crate::tensor::DType;
 
 /// The element types the kernels are instantiated for, in handle order.
@@ -61,6 +62,33 @@ pub(super) const SPLIT_VARIANTS: [usize; 4] = [1, 2, 4, 8];
 /// Head sizes of the tensor-core prefill kernel (`attention_prefill_hd64`, `_hd128`).
 pub(super) const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 
+/// The quantized weight formats of the `quant_*.cu` kernels, in handle order.
+const QUANT_FORMATS: [QuantFormat; 9] = QuantFormat::ALL;
+/// `qgemv_silu_<fmt>` and `dequant_<fmt>` for each of [`QUANT_FORMATS`] (a [`PerDType`]'s op
+/// name is static).
+const QGEMV_SILU_OPS: [&str; 9] = [
+    "qgemv_silu_q8_0",
+    "qgemv_silu_q4_0",
+    "qgemv_silu_q4_1",
+    "qgemv_silu_q5_0",
+    "qgemv_silu_q5_1",
+    "qgemv_silu_q4_k",
+    "qgemv_silu_q5_k",
+    "qgemv_silu_q6_k",
+    "qgemv_silu_fp8",
+];
+const DEQUANT_OPS: [&str; 9] = [
+    "dequant_q8_0",
+    "dequant_q4_0",
+    "dequant_q4_1",
+    "dequant_q5_0",
+    "dequant_q5_1",
+    "dequant_q4_k",
+    "dequant_q5_k",
+    "dequant_q6_k",
+    "dequant_fp8",
+];
+
 /// Every kernel of `kernels/*.cu`, by op.
 pub(super) struct Kernels<K = Kernel> {
     pub embedding: PerDType<K>,
@@ -76,6 +104,21 @@ pub(super) struct Kernels<K = Kernel> {
     pub gemv: [[[K; 4]; 2]; 3],
     /// The one-row fused gate/up projection and SiLU·mul.
     pub gemv_silu: PerDType<K>,
+    /// Quantized-weight gemv: by [`QUANT_FORMATS`] index, then as `gemv`.
+    pub qgemv: [[[[K; 4]; 2]; 3]; 9],
+    /// Quantized-weight fused gate/up + SiLU·mul (one row), by [`QUANT_FORMATS`] index.
+    pub qgemv_silu: [PerDType<K>; 9],
+    /// Dense T from a quantized weight, by [`QUANT_FORMATS`] index.
+    pub dequant: [PerDType<K>; 9],
+    /// Quantized-weight tensor-core matmul: by [`QUANT_FORMATS`] index, x in bf16 / f16,
+    /// out in x's type / f32, then [`QMMA_TILES`].
+    pub qmma: [[[[K; 2]; 2]; 2]; 9],
+    /// Its split-K sum: x in bf16 / f16, out in x's type / f32.
+    pub qmma_reduce: [[K; 2]; 2],
+    /// The FP8 GEMM's operands: x to E4M3 with per-128 scales (bf16 / f16 x), and the
+    /// weight's scales transposed.
+    pub fp8_quant_rows: [K; 2],
+    pub fp8_weight_scales: K,
     pub sample_f32: K,
 }
 
@@ -113,6 +156,46 @@ impl<K> Kernels<K> {
             [gemv(1, 0)?, gemv(1, 1)?],
             [gemv(2, 0)?, gemv(2, 1)?],
         ];
+        let mut qgemv = |f: usize| -> Result<[[[K; 4]; 2]; 3]> {
+            let mut one = |x: usize, o: usize| -> Result<[K; 4]> {
+                let xs = DTYPES[x].kernel_suffix();
+                let os = if o == 1 { "f32" } else { xs };
+                let fname = QUANT_FORMATS[f].name();
+                let mut v = |r: usize| t(&format!("qgemv_{fname}_{xs}_{os}_m{}", GEMV_VARIANTS[r]));
+                Ok([v(0)?, v(1)?, v(2)?, v(3)?])
+            };
+            Ok([
+                [one(0, 0)?, one(0, 1)?],
+                [one(1, 0)?, one(1, 1)?],
+                [one(2, 0)?, one(2, 1)?],
+            ])
+        };
+        let qgemv = per_format(&mut qgemv)?;
+        let qgemv_silu = per_format(|f| PerDType::resolve_variant(t, QGEMV_SILU_OPS[f], "_m1"))?;
+        let dequant = per_format(|f| PerDType::resolve(t, DEQUANT_OPS[f]))?;
+        let mut qmma = |f: usize| -> Result<[[[K; 2]; 2]; 2]> {
+            let fname = QUANT_FORMATS[f].name();
+            let mut one = |x: usize, o: usize| -> Result<[K; 2]> {
+                let xs = DTYPES[x].kernel_suffix();
+                let os = if o == 1 { "f32" } else { xs };
+                let mut v = |b: usize| t(&format!("qmma_{fname}_{xs}_{os}_bm{}", QMMA_TILES[b]));
+                Ok([v(0)?, v(1)?])
+            };
+            Ok([[one(0, 0)?, one(0, 1)?], [one(1, 0)?, one(1, 1)?]])
+        };
+        let qmma = per_format(&mut qmma)?;
+        let mut reduce = |x: usize, o: usize| {
+            let xs = DTYPES[x].kernel_suffix();
+            t(&format!(
+                "qmma_reduce_{xs}_{}",
+                if o == 1 { "f32" } else { xs }
+            ))
+        };
+        let qmma_reduce = [
+            [reduce(0, 0)?, reduce(0, 1)?],
+            [reduce(1, 0)?, reduce(1, 1)?],
+        ];
+        let fp8_quant_rows = [t("fp8_quant_rows_bf16")?, t("fp8_quant_rows_f16")?];
         Ok(Kernels {
             embedding,
             rms_norm,
@@ -123,6 +206,13 @@ impl<K> Kernels<K> {
             attention_prefill,
             gemv,
             gemv_silu: PerDType::resolve_variant(t, "gemv_silu", "_m1")?,
+            qgemv,
+            qgemv_silu,
+            dequant,
+            qmma,
+            qmma_reduce,
+            fp8_quant_rows,
+            fp8_weight_scales: t("fp8_weight_scales")?,
             sample_f32: t("sample_f32")?,
         })
     }
@@ -139,6 +229,52 @@ impl<K> Kernels<K> {
         };
         let vi = variant(&GEMV_VARIANTS, rows, OP)?;
         Ok(&self.gemv[xi][oi][vi])
+    }
+
+    /// `qgemv_<fmt>_<x>_<out>_m<rows>` for `rows` in [`GEMV_VARIANTS`] and `out` either
+    /// `x`'s type or f32.
+    pub(super) fn qgemv(&self, fmt: QuantFormat, x: DType, out: DType, rows: usize) -> Result<&K> {
+        const OP: &str = "matmul (quantized gemv)";
+        let fi = format_index(fmt);
+        let xi = dtype_index(x).ok_or_else(|| Error::invalid(OP, format!("no {x} kernel")))?;
+        let oi = match out {
+            o if o == x => 0,
+            DType::F32 => 1,
+            o => return Err(Error::invalid(OP, format!("no {x} -> {o} kernel"))),
+        };
+        let vi = variant(&GEMV_VARIANTS, rows, OP)?;
+        Ok(&self.qgemv[fi][xi][oi][vi])
+    }
+
+    /// `qgemv_silu_<fmt>_<dt>_m1`.
+    pub(super) fn qgemv_silu(&self, fmt: QuantFormat, dt: DType) -> Result<&K> {
+        self.qgemv_silu[format_index(fmt)].get(dt)
+    }
+
+    /// `qmma_<fmt>_<x>_<out>_bm<rows>` for x in bf16 / f16, `out` either `x`'s type or f32
+    /// and `rows` in [`QMMA_TILES`].
+    pub(super) fn qmma(&self, fmt: QuantFormat, x: DType, out: DType, rows: usize) -> Result<&K> {
+        const OP: &str = "matmul (quantized mma)";
+        let (xi, oi) = qmma_types(x, out, OP)?;
+        let bi = variant(&QMMA_TILES, rows, OP)?;
+        Ok(&self.qmma[format_index(fmt)][xi][oi][bi])
+    }
+
+    /// `qmma_reduce_<x>_<out>`.
+    pub(super) fn qmma_reduce(&self, x: DType, out: DType) -> Result<&K> {
+        let (xi, oi) = qmma_types(x, out, "matmul (quantized mma)")?;
+        Ok(&self.qmma_reduce[xi][oi])
+    }
+
+    /// `fp8_quant_rows_<x>` for x in bf16 / f16.
+    pub(super) fn fp8_quant_rows(&self, x: DType) -> Result<&K> {
+        let (xi, _) = qmma_types(x, x, "matmul (FP8 GEMM)")?;
+        Ok(&self.fp8_quant_rows[xi])
+    }
+
+    /// `dequant_<fmt>_<dt>`.
+    pub(super) fn dequant(&self, fmt: QuantFormat, dt: DType) -> Result<&K> {
+        self.dequant[format_index(fmt)].get(dt)
     }
 
     /// `attention_split_g<heads>_<dt>` for `heads` in [`SPLIT_VARIANTS`].
@@ -164,6 +300,40 @@ const SPLIT_NAMES: [&str; 4] = [
     "attention_split_g4",
     "attention_split_g8",
 ];
+
+/// Rows of x per CTA of the `qmma` variants (`_bm64`, `_bm128`).
+pub(super) const QMMA_TILES: [usize; 2] = [64, 128];
+
+/// Indices of x (bf16, f16) and out (x's type, f32) in the `qmma` handles.
+fn qmma_types(x: DType, out: DType, op: &'static str) -> Result<(usize, usize)> {
+    let xi = match x {
+        DType::BF16 => 0,
+        DType::F16 => 1,
+        x => return Err(Error::invalid(op, format!("no {x} kernel"))),
+    };
+    let oi = match out {
+        o if o == x => 0,
+        DType::F32 => 1,
+        o => return Err(Error::invalid(op, format!("no {x} -> {o} kernel"))),
+    };
+    Ok((xi, oi))
+}
+
+fn format_index(fmt: QuantFormat) -> usize {
+    QUANT_FORMATS
+        .iter()
+        .position(|&f| f == fmt)
+        .expect("QUANT_FORMATS is QuantFormat::ALL")
+}
+
+/// `[f(0), .., f(8)]`, one per [`QUANT_FORMATS`] entry.
+fn per_format<T>(mut f: impl FnMut(usize) -> Result<T>) -> Result<[T; 9]> {
+    let v = (0..QUANT_FORMATS.len())
+        .map(&mut f)
+        .collect::<Result<Vec<T>>>()?;
+    Ok(v.try_into()
+        .unwrap_or_else(|_| unreachable!("nine formats")))
+}
 
 fn dtype_index(dt: DType) -> Option<usize> {
     DTYPES.iter().position(|&d| d == dt)
@@ -214,8 +384,46 @@ mod tests {
             .collect();
         let unique: BTreeSet<&str> = asked.iter().map(String::as_str).collect();
         assert_eq!(unique, listed);
-        // f32 -> f32 gemv is asked for twice (its "same type" and "f32 out" slots).
-        assert_eq!(asked.len(), listed.len() + 4);
+        // f32 -> f32 gemv and qgemv are asked for twice (their "same type" and "f32 out"
+        // slots): 4 variants, and 4 per quantized format.
+        assert_eq!(asked.len(), listed.len() + 4 + 4 * QUANT_FORMATS.len());
+        for (f, fmt) in QUANT_FORMATS.iter().enumerate() {
+            assert_eq!(QGEMV_SILU_OPS[f], format!("qgemv_silu_{}", fmt.name()));
+            assert_eq!(DEQUANT_OPS[f], format!("dequant_{}", fmt.name()));
+        }
+        assert_eq!(
+            k.qgemv(QuantFormat::Q4K, DType::BF16, DType::F32, 2)
+                .unwrap(),
+            "qgemv_q4_k_bf16_f32_m2"
+        );
+        assert_eq!(
+            k.qgemv(QuantFormat::F8E4M3, DType::F32, DType::F32, 8)
+                .unwrap(),
+            "qgemv_fp8_f32_f32_m8"
+        );
+        assert!(k
+            .qgemv(QuantFormat::Q8_0, DType::BF16, DType::F16, 1)
+            .is_err());
+        assert_eq!(
+            k.qgemv_silu(QuantFormat::Q6K, DType::F16).unwrap(),
+            "qgemv_silu_q6_k_f16_m1"
+        );
+        assert_eq!(
+            k.dequant(QuantFormat::Q5_1, DType::BF16).unwrap(),
+            "dequant_q5_1_bf16"
+        );
+        assert_eq!(
+            k.qmma(QuantFormat::Q4K, DType::F16, DType::F32, 128)
+                .unwrap(),
+            "qmma_q4_k_f16_f32_bm128"
+        );
+        assert!(k
+            .qmma(QuantFormat::Q4K, DType::F32, DType::F32, 64)
+            .is_err());
+        assert_eq!(
+            k.qmma_reduce(DType::BF16, DType::BF16).unwrap(),
+            "qmma_reduce_bf16_bf16"
+        );
         assert_eq!(
             k.gemv(DType::BF16, DType::F32, 4).unwrap(),
             "gemv_bf16_f32_m4"

@@ -116,6 +116,12 @@ pub struct CudaBackend {
     /// split-K kernel, for comparisons).
     flash_prefill: bool,
     vmm: Mutex<Option<Arc<CudaVmm>>>,
+    /// Where matmuls with a quantized weight and many rows decode it before the GEMM
+    /// (`Backend::reserve_dequant_scratch`; `kernels::quant`).
+    dequant_scratch: Mutex<kernels::quant::DequantScratch>,
+    /// How matmuls with a quantized weight and more rows than the gemv takes run
+    /// (`ENCORE_QUANT_GEMM`: `auto`, `mma` or `dequant`; `kernels::quant`).
+    quant_gemm: kernels::quant::QuantGemm,
 }
 
 /// Device address of a CUDA tensor's first element.
@@ -250,6 +256,8 @@ impl CudaBackend {
             flash_prefill: std::env::var("ENCORE_PREFILL_ATTENTION")
                 .map_or(true, |v| v.trim() != "split"),
             vmm: Mutex::new(None),
+            dequant_scratch: Mutex::new(Default::default()),
+            quant_gemm: kernels::quant::QuantGemm::from_env()?,
         })
     }
 
@@ -293,6 +301,11 @@ impl CudaBackend {
     /// gemv kernels; 0 sends every matmul to cuBLASLt. For tests and measurements.
     pub fn set_gemv_max_rows(&mut self, rows: usize) {
         self.gemv_max_rows = rows.min(kernels::GEMV_MAX_ROWS);
+    }
+
+    /// The quantized-weight GEMM setting (`ENCORE_QUANT_GEMM`).
+    pub(in crate::backend::cuda) fn quant_gemm(&self) -> kernels::quant::QuantGemm {
+        self.quant_gemm
     }
 
     /// Whether prefill attention may use the tensor-core kernel (see `flash_prefill`).
@@ -550,6 +563,9 @@ impl Backend for CudaBackend {
             return Err(Error::invalid("matmul", "k must be > 0"));
         }
         self.bind()?;
+        if let DType::Q(fmt) = w.dtype() {
+            return kernels::quant::matmul(self, fmt, x, w, bias, out, &d);
+        }
         if kernels::gemv_fits(x, w, &d, self.gemv_max_rows) {
             return kernels::gemv(self, x, w, bias, out, &d);
         }
@@ -565,8 +581,14 @@ impl Backend for CudaBackend {
                 w: dptr(w),
                 bias: bias.map(dptr),
                 out: dptr(out),
+                fp8: None,
             },
         )
+    }
+
+    fn reserve_dequant_scratch(&self, bytes: usize) -> Result<()> {
+        self.bind()?;
+        kernels::quant::reserve_scratch(self, bytes)
     }
 
     fn matmul_silu_mul(
@@ -582,6 +604,14 @@ impl Backend for CudaBackend {
         )?;
         let d = ops::check_matmul(x, w, None, gate_up)?;
         ops::check_silu_mul(gate_up, out)?;
+        if let DType::Q(fmt) = w.dtype() {
+            if d.m == 1 && out.dtype() == x.dtype() && kernels::quant::qgemv_fits(x, w, &d) {
+                self.bind()?;
+                return kernels::quant::qgemv_silu(self, fmt, x, w, out, &d);
+            }
+            self.matmul(x, w, None, gate_up)?;
+            return self.silu_mul(gate_up, out);
+        }
         if d.m == 1 && out.dtype() == x.dtype() && kernels::gemv_fits(x, w, &d, self.gemv_max_rows)
         {
             self.bind()?;

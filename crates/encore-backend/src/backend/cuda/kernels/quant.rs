@@ -1,0 +1,544 @@
+//! Matmuls with a quantized weight (`kernels/quant_*.cu`, the layout of `crate::quant`).
+//!
+//! Up to [`GEMV_MAX_ROWS`] rows of x run the quantized gemv kernels, which decode the weight
+//! in registers and stream its bytes once (the decode path: bound by weight bandwidth); a
+//! one-row gate/up projection fuses SiLU·mul the same way. More rows of a bf16 or f16 x
+//! (prefill, large batches) run `qmma_*`, a tensor-core GEMM that decodes each weight tile
+//! into shared memory (mma.sync m16n8k16, f32 accumulation), splitting k over CTAs into the
+//! scratch when the tiles alone would leave SMs idle. The baseline beside it (f32 x, or
+//! `ENCORE_QUANT_GEMM=dequant`) decodes the whole weight into the persistent scratch in x's
+//! dtype and runs the cuBLASLt GEMM on it. `reserve_dequant_scratch` sizes the scratch
+//! before any capture; a capture never grows it.
+
+use std::sync::MutexGuard;
+
+use super::{aligned16, cfg, grid_x, int, GEMV_MAX_ROWS, GEMV_WARPS};
+use crate::backend::cuda::{blas, dptr, CudaBackend, CudaBuffer};
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::ops::MatmulDims;
+use crate::quant::QuantFormat;
+use crate::tensor::{DType, Tensor};
+
+/// Rows of w one warp of `qgemv_*_m1` owns (`QG_R(1)` in common.cuh); 2 for more rows.
+fn rows_per_warp(m: usize) -> usize {
+    if m == 1 {
+        4
+    } else {
+        2
+    }
+}
+
+/// A warp lane's share of a block (`UPB` of each format's struct in `quant_*.cu`).
+fn units_per_block(fmt: QuantFormat) -> usize {
+    match fmt {
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 | QuantFormat::Q5_1 => 1,
+        QuantFormat::Q8_0 | QuantFormat::Q4K | QuantFormat::Q5K => 2,
+        QuantFormat::Q6K => 4,
+        QuantFormat::F8E4M3 => 8,
+    }
+}
+
+/// Whether the quantized gemv can run this matmul: 1..=[`GEMV_MAX_ROWS`] rows and 16-byte
+/// aligned x and w (every row of both is then aligned: a quantized row is a multiple of 16
+/// bytes, and k, a whole number of blocks, is a multiple of 32 values).
+pub(in crate::backend::cuda) fn qgemv_fits(x: &Tensor, w: &Tensor, d: &MatmulDims) -> bool {
+    d.m >= 1 && d.m <= GEMV_MAX_ROWS && aligned16(x) && aligned16(w)
+}
+
+/// `(ksplit, CTAs)` for `n_outs` outputs per x row, each warp computing `outs_per_warp` of
+/// them: as `gemv_layout`, with chunks of 32 units (one per lane) of a row.
+fn qgemv_layout(
+    be: &CudaBackend,
+    fmt: QuantFormat,
+    n_outs: usize,
+    k: usize,
+    outs_per_warp: usize,
+) -> (usize, usize) {
+    let units = k / fmt.block_elems() * units_per_block(fmt);
+    let nchunks = units.div_ceil(32);
+    let mut ksplit = 1;
+    while ksplit < GEMV_WARPS
+        && (n_outs * ksplit).div_ceil(GEMV_WARPS * outs_per_warp) < 2 * be.sm_count()
+        && 2 * ksplit <= nchunks
+    {
+        ksplit *= 2;
+    }
+    (ksplit, n_outs.div_ceil(GEMV_WARPS / ksplit * outs_per_warp))
+}
+
+/// How matmuls with a quantized weight and more than [`GEMV_MAX_ROWS`] rows run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::backend::cuda) enum QuantGemm {
+    /// FP8 weights: Hopper's FP8 GEMM (x quantized per 128 values); other formats: the
+    /// tensor-core kernel for x in bf16/f16; the decode-then-GEMM baseline otherwise.
+    Auto,
+    /// The tensor-core kernel (weights decoded to x's type) wherever it runs, FP8 too.
+    Mma,
+    /// Always the decode-then-GEMM baseline (for comparisons).
+    Dequant,
+}
+
+impl QuantGemm {
+    /// `ENCORE_QUANT_GEMM` (`auto` when unset); another value is an error naming it.
+    pub(in crate::backend::cuda) fn from_env() -> Result<Self> {
+        match std::env::var("ENCORE_QUANT_GEMM") {
+            Err(_) => Ok(QuantGemm::Auto),
+            Ok(v) => match v.trim() {
+                "" | "auto" => Ok(QuantGemm::Auto),
+                "mma" => Ok(QuantGemm::Mma),
+                "dequant" => Ok(QuantGemm::Dequant),
+                other => Err(Error::invalid(
+                    "ENCORE_QUANT_GEMM",
+                    format!("`{other}` is not one of auto, mma, dequant"),
+                )),
+            },
+        }
+    }
+}
+
+/// Rows of w per `qmma` CTA (`QM_BN`) and values of k per tile (`QM_BK`).
+const QMMA_BN: usize = 128;
+const QMMA_BK: usize = 64;
+/// Threads of a `qmma` CTA (`QM_THREADS`).
+const QMMA_THREADS: u32 = 256;
+
+/// Dynamic shared memory of `qmma_*_bm{bm}` (`QM_SMEM_BYTES`): two stages of a bm-row x
+/// tile and a 128-row w tile, rows of 64 + 8 16-bit elements.
+pub(in crate::backend::cuda) const fn qmma_smem_bytes(bm: usize) -> usize {
+    2 * (bm + QMMA_BN) * (QMMA_BK + 8) * 2
+}
+
+/// Whether `qmma` runs this matmul: x in bf16 or f16, 16-byte aligned (so is every row: k
+/// is a multiple of 32), out in x's type or f32.
+fn qmma_fits(x: &Tensor, out: &Tensor) -> bool {
+    matches!(x.dtype(), DType::BF16 | DType::F16)
+        && (out.dtype() == x.dtype() || out.dtype() == DType::F32)
+        && aligned16(x)
+}
+
+/// The `qmma` launch for `d`: rows of x per CTA and k splits. 128-row tiles once there
+/// are enough rows to keep the SMs busy with them; k split (at least 4 tiles of k each)
+/// until the grid covers two CTAs per SM, as far as `ws_bytes` of scratch holds the f32
+/// partials. A function of the shapes, the SM count and the reserved scratch only.
+fn qmma_plan(sm_count: usize, d: &MatmulDims, ws_bytes: usize) -> (usize, usize) {
+    let n_tiles = d.n.div_ceil(QMMA_BN);
+    let bm = if n_tiles * d.m.div_ceil(128) >= sm_count {
+        128
+    } else {
+        64
+    };
+    let ctas = n_tiles * d.m.div_ceil(bm);
+    let ktiles = d.k.div_ceil(QMMA_BK);
+    let mut splits = 1;
+    while ctas * splits * 2 <= 2 * sm_count
+        && ktiles >= 8 * splits
+        && 2 * splits * d.m * d.n * 4 <= ws_bytes
+    {
+        splits *= 2;
+    }
+    (bm, splits)
+}
+
+/// `qmma_*`: grid (ceil(n / 128), ceil(m / bm), splits), 256 threads, `qmma_smem_bytes`;
+/// with splits, the partials go to the scratch and `qmma_reduce_*` sums them.
+fn qmma(
+    be: &CudaBackend,
+    fmt: QuantFormat,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
+    const OP: &str = "matmul (quantized mma)";
+    let scratch = lock(be);
+    let (bm, splits) = qmma_plan(be.sm_count(), d, scratch.len());
+    let ws = if splits > 1 {
+        scratch.buf.as_ref().map_or(0, |b| b.dptr())
+    } else {
+        0
+    };
+    let dt = x.dtype();
+    let kernel = be.kernels().qmma(fmt, dt, out.dtype(), bm)?;
+    let mut c = cfg(
+        (
+            grid_x(OP, "n tiles", d.n.div_ceil(QMMA_BN))?,
+            u32::try_from(d.m.div_ceil(bm))
+                .ok()
+                .filter(|&y| y <= 65_535)
+                .ok_or_else(|| Error::invalid(OP, format!("m = {} rows is too many", d.m)))?,
+            splits as u32,
+        ),
+        (QMMA_THREADS, 1, 1),
+    );
+    c.shared_mem_bytes = qmma_smem_bytes(bm) as u32;
+    let (xp, wp, op) = (dptr(x), dptr(w), dptr(out));
+    let bp = bias.map_or(0, dptr);
+    let m = int(OP, "m", d.m)?;
+    let n = int(OP, "n", d.n)?;
+    let k = int(OP, "k", d.k)?;
+    be.launch(kernel, c, &mut args![xp, wp, bp, op, ws, m, n, k])?;
+    if splits > 1 {
+        let total = d.m * d.n;
+        let c = cfg(
+            (
+                grid_x(OP, "reduce CTAs", total.div_ceil(256).min(1 << 16))?,
+                1,
+                1,
+            ),
+            (256, 1, 1),
+        );
+        let splits = splits as i32;
+        be.launch(
+            be.kernels().qmma_reduce(dt, out.dtype())?,
+            c,
+            &mut args![ws, bp, op, m, n, splits],
+        )?;
+    }
+    Ok(())
+}
+
+/// Offsets in the scratch of the FP8 GEMM's operands for `d`: (x's E4M3 values, x's
+/// scales, w's scales, a staging output for an m that is not a multiple of 4 or 0, bytes
+/// in all), each 256-byte aligned.
+fn fp8_layout(d: &MatmulDims, out: DType) -> (usize, usize, usize, usize, usize) {
+    let al = |v: usize| v.div_ceil(256) * 256;
+    let m_pad = d.m.div_ceil(4) * 4;
+    let groups = d.k / 128;
+    let xq = 0;
+    let xs = al(m_pad * d.k);
+    let ws = xs + al(groups * m_pad * 4);
+    let staged = ws + al(groups * d.n * 4);
+    let end = if m_pad == d.m {
+        staged
+    } else {
+        staged + al(m_pad * d.n * out.size())
+    };
+    (xq, xs, ws, if m_pad == d.m { 0 } else { staged }, end)
+}
+
+/// Whether the FP8 GEMM runs this matmul: an FP8 weight, x in bf16 or f16, out in x's
+/// type or f32 (a bias only with out in x's type), n a multiple of 8 (cuBLASLt's FP8
+/// kernels), the operands within `scratch` bytes.
+fn fp8_fits(
+    fmt: QuantFormat,
+    x: &Tensor,
+    out: &Tensor,
+    bias: bool,
+    d: &MatmulDims,
+    scratch: usize,
+) -> bool {
+    fmt == QuantFormat::F8E4M3
+        && matches!(x.dtype(), DType::BF16 | DType::F16)
+        && (out.dtype() == x.dtype() || (out.dtype() == DType::F32 && !bias))
+        && d.n.is_multiple_of(8)
+        && d.k.is_multiple_of(128)
+        && aligned16(out)
+        && fp8_layout(d, out.dtype()).4 <= scratch
+}
+
+/// FP8 weights on Hopper's FP8 tensor cores: x quantized to E4M3 per row and 128 values
+/// (`fp8_quant_rows_*`, scale amax / 448), the weight's per-128 scales gathered into
+/// cuBLASLt's layout (`fp8_weight_scales`), then cuBLASLt's block-scaled FP8 GEMM
+/// (`blas::Fp8Operands`) straight from the weight's bytes. An m that is not a multiple of 4
+/// is padded with zero rows into a staging output, whose first m rows are copied out.
+fn fp8_gemm(
+    be: &CudaBackend,
+    scratch: &DequantScratch,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
+    const OP: &str = "matmul (FP8 GEMM)";
+    let base = scratch.buf.as_ref().map_or(0, |b| b.dptr());
+    let (xq, xs, ws, staged, _) = fp8_layout(d, out.dtype());
+    let (xq, xs, ws) = (base + xq as u64, base + xs as u64, base + ws as u64);
+    let m_pad = d.m.div_ceil(4) * 4;
+    let groups = d.k / 128;
+    let xp = dptr(x);
+    let (m, mp, k) = (int(OP, "m", d.m)?, int(OP, "m", m_pad)?, int(OP, "k", d.k)?);
+    let c = cfg(
+        (
+            grid_x(OP, "CTAs", (m_pad * groups).div_ceil(8).min(1 << 16))?,
+            1,
+            1,
+        ),
+        (256, 1, 1),
+    );
+    be.launch(
+        be.kernels().fp8_quant_rows(x.dtype())?,
+        c,
+        &mut args![xp, xq, xs, m, mp, k],
+    )?;
+    let wp = dptr(w);
+    let n = int(OP, "n", d.n)?;
+    let c = cfg(
+        (
+            grid_x(OP, "CTAs", (d.n * groups).div_ceil(256).min(1 << 16))?,
+            1,
+            1,
+        ),
+        (256, 1, 1),
+    );
+    be.launch(&be.kernels().fp8_weight_scales, c, &mut args![wp, ws, n, k])?;
+    let dst = if staged == 0 {
+        dptr(out)
+    } else {
+        base + staged as u64
+    };
+    be.lt.matmul(
+        &be.stream,
+        &blas::MatmulCall {
+            m: m_pad,
+            n: d.n,
+            k: d.k,
+            dtype: x.dtype(),
+            out_dtype: out.dtype(),
+            x: xq,
+            w: wp,
+            bias: bias.map(dptr),
+            out: dst,
+            fp8: Some(blas::Fp8Operands {
+                w_ld: QuantFormat::F8E4M3.row_bytes(d.k).ok_or_else(|| {
+                    Error::invalid(OP, format!("k = {} is not whole blocks", d.k))
+                })?,
+                w_scales: ws,
+                x_scales: xs,
+            }),
+        },
+    )?;
+    if staged != 0 {
+        // SAFETY: the staging output holds m_pad >= m rows of out; out holds m.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                dptr(out),
+                dst,
+                out.size_bytes(),
+                be.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", e))?;
+    }
+    Ok(())
+}
+
+/// `out = x · decode(w)ᵀ (+ bias)` for the checked shapes `d`, w quantized in `fmt`.
+pub(in crate::backend::cuda) fn matmul(
+    be: &CudaBackend,
+    fmt: QuantFormat,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
+    if d.m == 0 || d.n == 0 {
+        return Ok(());
+    }
+    // Both kernels read the weight in 16-byte pieces. A quantized tensor's rows are a
+    // multiple of 16 bytes, so only a view made at an odd byte offset can fail this.
+    if !aligned16(w) {
+        return Err(Error::invalid(
+            "matmul",
+            "a quantized w must start 16-byte aligned",
+        ));
+    }
+    if qgemv_fits(x, w, d) {
+        return qgemv(be, fmt, x, w, bias, out, d);
+    }
+    if be.quant_gemm() == QuantGemm::Auto {
+        let scratch = lock(be);
+        if fp8_fits(fmt, x, out, bias.is_some(), d, scratch.len()) {
+            return fp8_gemm(be, &scratch, x, w, bias, out, d);
+        }
+    }
+    if be.quant_gemm() != QuantGemm::Dequant && qmma_fits(x, out) {
+        return qmma(be, fmt, x, w, bias, out, d);
+    }
+    // Decode w into the scratch (dense [n, k] in x's dtype), then the GEMM.
+    const OP: &str = "matmul (quantized)";
+    let dt = x.dtype();
+    let bytes =
+        d.n.checked_mul(d.k)
+            .and_then(|e| e.checked_mul(dt.size()))
+            .ok_or_else(|| Error::invalid(OP, format!("w [{}, {}] overflows", d.n, d.k)))?;
+    let scratch = scratch_of_at_least(be, bytes, d)?;
+    let wd = scratch
+        .buf
+        .as_ref()
+        .expect("scratch_of_at_least allocates")
+        .dptr();
+    dequant(be, fmt, w, wd, dt, d.n, d.k)?;
+    be.lt.matmul(
+        &be.stream,
+        &blas::MatmulCall {
+            m: d.m,
+            n: d.n,
+            k: d.k,
+            dtype: dt,
+            out_dtype: out.dtype(),
+            x: dptr(x),
+            w: wd,
+            bias: bias.map(dptr),
+            out: dptr(out),
+            fp8: None,
+        },
+    )
+}
+
+/// `out = silu_mul(x · decode(w)ᵀ)` for one row of x in one pass over the merged gate/up
+/// weight (`qgemv_silu_*`). The caller checked shapes, out's dtype (x's) and
+/// [`qgemv_fits`].
+pub(in crate::backend::cuda) fn qgemv_silu(
+    be: &CudaBackend,
+    fmt: QuantFormat,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
+    const OP: &str = "matmul_silu_mul (quantized gemv)";
+    let inter = d.n / 2;
+    if inter == 0 {
+        return Ok(());
+    }
+    let dt = x.dtype();
+    let (ksplit, ctas) = qgemv_layout(be, fmt, inter, d.k, 1);
+    let c = cfg(
+        (grid_x(OP, "inter", ctas)?, 1, 1),
+        ((GEMV_WARPS * 32) as u32, 1, 1),
+    );
+    let (xp, wp, op) = (dptr(x), dptr(w), dptr(out));
+    let n = int(OP, "2 * inter", d.n).map(|_| inter as i32)?;
+    let k = int(OP, "k", d.k)?;
+    let ksplit = ksplit as i32;
+    be.launch(
+        be.kernels().qgemv_silu(fmt, dt)?,
+        c,
+        &mut args![xp, wp, op, n, k, ksplit],
+    )
+}
+
+/// The quantized gemv for `m <= GEMV_MAX_ROWS` rows (checked by [`qgemv_fits`]).
+fn qgemv(
+    be: &CudaBackend,
+    fmt: QuantFormat,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
+    const OP: &str = "matmul (quantized gemv)";
+    let dt = x.dtype();
+    let variant = d.m.next_power_of_two();
+    let (ksplit, ctas) = qgemv_layout(be, fmt, d.n, d.k, rows_per_warp(variant));
+    let kernel = be.kernels().qgemv(fmt, dt, out.dtype(), variant)?;
+    let c = cfg(
+        (grid_x(OP, "n", ctas)?, 1, 1),
+        ((GEMV_WARPS * 32) as u32, 1, 1),
+    );
+    let (xp, wp, bp, op) = (dptr(x), dptr(w), bias.map_or(0, dptr), dptr(out));
+    let m = d.m as i32; // <= GEMV_MAX_ROWS
+    let n = int(OP, "n", d.n)?;
+    let k = int(OP, "k", d.k)?;
+    let ksplit = ksplit as i32;
+    be.launch(kernel, c, &mut args![xp, wp, bp, op, m, n, k, ksplit])
+}
+
+/// Threads of a dequantize CTA, each decoding 32 consecutive values.
+const DEQUANT_THREADS: usize = 256;
+
+/// Decode the quantized `w` `[n, k]` into dense `dt` at `dst` (16-byte aligned, `n * k`
+/// elements).
+fn dequant(
+    be: &CudaBackend,
+    fmt: QuantFormat,
+    w: &Tensor,
+    dst: u64,
+    dt: DType,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    const OP: &str = "matmul (dequantize)";
+    let groups = n * (k / 32);
+    // A grid-stride loop covers what a grid of at most 2^20 CTAs does not.
+    let ctas = groups.div_ceil(DEQUANT_THREADS).min(1 << 20);
+    let c = cfg(
+        (grid_x(OP, "CTAs", ctas)?, 1, 1),
+        (DEQUANT_THREADS as u32, 1, 1),
+    );
+    let wp = dptr(w);
+    let n = int(OP, "n", n)?;
+    let k = int(OP, "k", k)?;
+    be.launch(be.kernels().dequant(fmt, dt)?, c, &mut args![wp, dst, n, k])
+}
+
+/// The decode-then-GEMM scratch of a backend: the buffer in use, and those it outgrew, kept
+/// because graphs captured before a growth still name their addresses.
+#[derive(Default)]
+pub(in crate::backend::cuda) struct DequantScratch {
+    buf: Option<CudaBuffer>,
+    retired: Vec<CudaBuffer>,
+}
+
+impl DequantScratch {
+    fn len(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.len())
+    }
+
+    /// Make the buffer at least `bytes` long (a new allocation; the old one is retired).
+    fn grow(&mut self, be: &CudaBackend, bytes: usize) -> Result<()> {
+        if self.len() >= bytes && self.buf.is_some() {
+            return Ok(());
+        }
+        let new = CudaBuffer::new(&be.ctx, bytes, "quantized matmul dequantize scratch")?;
+        if let Some(old) = self.buf.replace(new) {
+            self.retired.push(old);
+        }
+        Ok(())
+    }
+}
+
+/// `Backend::reserve_dequant_scratch`: grow the scratch to `bytes` (never during capture).
+pub(in crate::backend::cuda) fn reserve_scratch(be: &CudaBackend, bytes: usize) -> Result<()> {
+    be.forbid_in_capture("reserve_dequant_scratch")?;
+    if bytes == 0 {
+        return Ok(());
+    }
+    lock(be).grow(be, bytes)
+}
+
+fn lock(be: &CudaBackend) -> MutexGuard<'_, DequantScratch> {
+    be.dequant_scratch.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The scratch, grown to `bytes` when it is smaller and the stream is not capturing; an
+/// error naming the bytes needed when it is smaller during a capture.
+fn scratch_of_at_least<'a>(
+    be: &'a CudaBackend,
+    bytes: usize,
+    d: &MatmulDims,
+) -> Result<MutexGuard<'a, DequantScratch>> {
+    let mut s = lock(be);
+    if s.len() < bytes || s.buf.is_none() {
+        if be.is_capturing() {
+            return Err(Error::invalid(
+                "matmul (quantized)",
+                format!(
+                    "decoding the quantized w [{}, {}] for {} rows needs {bytes} bytes of \
+                     scratch, {} reserved: call reserve_dequant_scratch before capturing",
+                    d.n,
+                    d.k,
+                    d.m,
+                    s.len()
+                ),
+            ));
+        }
+        s.grow(be, bytes.max(1))?;
+    }
+    Ok(s)
+}
