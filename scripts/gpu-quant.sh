@@ -5,8 +5,9 @@
 # .gpu/llama.cpp-src.tar.xz carried, the llama.cpp peer (llama-bench -fa 1) on a Q4_K_M and
 # a Q8_0 8B-shaped GGUF written by the dummy_gguf example, with encore on the same files.
 # `tests` runs the quantized GPU tests (cuda_quant, quantized) first; `gemm` times the
-# tensor-core quantized GEMM against the decode-then-GEMM baseline (ENCORE_QUANT_GEMM) on
-# the 8B shape: prefill 512 / 2,048 tokens and decode batches 16 / 64, Q4_K and Q8_0.
+# tensor-core quantized GEMM against the decode-then-GEMM path (ENCORE_QUANT_GEMM=mma,
+# dequant; `decode`/`prefill` run the default, auto) on the 8B shape: prefill 512 / 2,048
+# tokens and decode batches 64 / 256, Q4_K and FP8.
 #   usage: OUT=... bash scripts/gpu-quant.sh [tests,gemm,decode,prefill,gguf,peer]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,22 +30,22 @@ if has tests; then
   done
 fi
 if has gemm; then
-  for q in q4_k q8_0; do
+  for q in q4_k fp8; do
     for g in mma dequant; do
       ENCORE_QUANT_GEMM=$g $E bench prefill --device cuda --model $M --quantization $q \
         --tokens 512,2048 >"$logs/gemm-prefill-$q-$g.txt" 2>&1
-      echo "== prefill $q $g"; tail -3 "$logs/gemm-prefill-$q-$g.txt"
+      echo "== prefill $q $g"; tail -2 "$logs/gemm-prefill-$q-$g.txt"
       ENCORE_QUANT_GEMM=$g $E bench decode --device cuda --model $M --quantization $q \
-        --batch 16,64 --steps 30 >"$logs/gemm-decode-$q-$g.txt" 2>&1
-      echo "== decode $q $g"; tail -3 "$logs/gemm-decode-$q-$g.txt"
+        --batch 64,256 --steps 30 >"$logs/gemm-decode-$q-$g.txt" 2>&1
+      echo "== decode $q $g"; tail -2 "$logs/gemm-decode-$q-$g.txt"
     done
   done
 fi
 if has decode; then
   for q in none fp8 q8_0 q4_k; do
-    $E bench decode --device cuda --model $M --quantization $q --batch 1,8,64,256 \
+    $E bench decode --device cuda --model $M --quantization $q --batch 1,8,16,64,256 \
       --steps 30 >"$logs/decode-$q.txt" 2>&1
-    echo "== decode $q"; grep -vE '^\s*$' "$logs/decode-$q.txt" | tail -8
+    echo "== decode $q"; grep -vE '^\s*$' "$logs/decode-$q.txt" | tail -6
   done
 fi
 if has prefill; then

@@ -539,8 +539,17 @@ __device__ __forceinline__ void qgemv_impl(const T* __restrict__ x,
     }
 }
 
+// Values 32 gi .. 32 gi + 31 of a row of format F: its bytes (F::load32, into F::Raw), then
+// the values (F::decode_raw, bit-identical to quant.rs's decode_block).
+template <class F>
+__device__ __forceinline__ void q_decode32(const unsigned char* row, int nb, int gi, float* v) {
+    typename F::Raw r;
+    F::load32(row, nb, gi, r);
+    F::decode_raw(r, gi, v);
+}
+
 // Dense T [n_rows, k] from a quantized [n_rows, k]: one thread per 32 consecutive values
-// (F::decode32), written as 16-byte vectors (out 16-byte aligned; k a multiple of 32).
+// (q_decode32), written as 16-byte vectors (out 16-byte aligned; k a multiple of 32).
 template <class F, typename T>
 __device__ __forceinline__ void qdequant_impl(const unsigned char* __restrict__ w,
                                               T* __restrict__ out, int n_rows, int k) {
@@ -554,7 +563,7 @@ __device__ __forceinline__ void qdequant_impl(const unsigned char* __restrict__ 
         const long long row = g / groups;
         const int gi = (int)(g - row * groups);
         float v[32];
-        F::decode32(w + row * row_bytes, nb, gi, v);
+        q_decode32<F>(w + row * row_bytes, nb, gi, v);
         T* o = out + row * k + gi * 32;
 #pragma unroll
         for (int i = 0; i < 32; i += V) store_vec(o + i, v + i);
@@ -562,12 +571,12 @@ __device__ __forceinline__ void qdequant_impl(const unsigned char* __restrict__ 
 }
 
 // Quantized weights on the tensor cores (x of more than 8 rows in bf16 or f16: prefill and
-// large decode batches). out[M, N] = x[M, K] · decode(w)ᵀ (+ bias) with a CTA tile of BM (64
-// or 128) rows of x by QM_BN = 128 rows of w by QM_BK = 64 values of k; 8 warps in 2 (m) by
+// large decode batches). out[M, N] = x[M, K] · decode(w)ᵀ (+ bias) with a CTA tile of BM (32,
+// 64 or 128) rows of x by QM_BN = 128 rows of w by QM_BK = 64 values of k; 8 warps in 2 (m) by
 // 4 (n), each (BM / 2) x 32 as m16n8k16 tiles. Per k tile the x tile streams into shared
-// memory by cp.async while each thread decodes one 32-value group of w (F::decode32) and
-// stores it as T: the weight is decoded once per CTA, in shared memory, never written to
-// global memory. Two stages: tile t + 1 loads and decodes while tile t multiplies. Rows of
+// memory by cp.async while each thread loads one 32-value group of w (F::load32), decodes it
+// (F::decode_raw) and stores it as T: the weight is decoded once per CTA, in shared memory,
+// never written to global memory. Two stages: tile t + 1 loads while tile t multiplies. Rows of
 // shared memory are padded to QM_BK + 8 elements, so ldmatrix is free of bank conflicts.
 // k need not be a multiple of QM_BK (it is one of 32): the tail is zero-filled.
 // Split-K on grid z: with gridDim.z > 1, CTA z sums k tiles [z T / Z, (z + 1) T / Z) and
@@ -579,12 +588,10 @@ __device__ __forceinline__ void qdequant_impl(const unsigned char* __restrict__ 
 // Dynamic shared memory of the BM variant; `qmma_smem_bytes` in quant.rs mirrors it.
 #define QM_SMEM_BYTES(BM) (2 * ((BM) + QM_BN) * QM_LD * 2)
 
-// Stage `stage` of the x and w tiles for k tile kt (see qmma_impl).
-template <class F, typename T, int BM>
-__device__ __forceinline__ void qmma_load(T* sA, T* sB, int stage, int kt,
-                                          const T* __restrict__ x,
-                                          const unsigned char* __restrict__ wrow, int m0,
-                                          int m_rows, int k, int nb) {
+// Stage `stage` of the x tile for k tile kt: cp.async, one group (see qmma_impl).
+template <typename T, int BM>
+__device__ __forceinline__ void qmma_load_x(T* sA, int stage, int kt, const T* __restrict__ x,
+                                            int m0, int m_rows, int k) {
     const int tid = threadIdx.x;
     T* a = sA + stage * BM * QM_LD;
 #pragma unroll
@@ -596,12 +603,18 @@ __device__ __forceinline__ void qmma_load(T* sA, T* sB, int stage, int kt,
         cp_async16(a + r * QM_LD + part * 8, ok ? x + (long long)(m0 + r) * k + kk : x, ok);
     }
     cp_async_commit();
-    // w: thread t decodes group 2 kt + t % 2 of row t / 2 of the tile.
-    const int gi = 2 * kt + (tid & 1);
+}
+
+// This thread's group gi of the w tile (row t / 2, group 2 kt + t % 2) into stage `stage`
+// as T, from the bytes `raw` loaded earlier (zeros past k).
+template <class F, typename T>
+__device__ __forceinline__ void qmma_store_w(T* sB, int stage, const typename F::Raw& raw,
+                                             int gi, int groups) {
+    const int tid = threadIdx.x;
     T* b = sB + stage * QM_BN * QM_LD + (tid >> 1) * QM_LD + (tid & 1) * 32;
     float v[32];
-    if (gi < (k >> 5)) {
-        F::decode32(wrow, nb, gi, v);
+    if (gi < groups) {
+        F::decode_raw(raw, gi, v);
     } else {
 #pragma unroll
         for (int i = 0; i < 32; ++i) v[i] = 0.0f;
@@ -648,12 +661,26 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
     const unsigned int b_off =
         ((wn * 32 + (lane & 7) + ((lane >> 4) << 3)) * QM_LD + ((lane >> 3) & 1) * 8) * 2;
 
-    if (kt0 < kt1) qmma_load<F, T, BM>(sA, sB, 0, kt0, x, wrow, m0, m_rows, k, nb);
+    // Software pipeline: tile t + 1's x copies and w loads are issued before tile t's mma,
+    // and its w decoded into shared memory after it, so the loads' latency hides behind the
+    // mma; one barrier per tile.
+    const int groups = k >> 5, gsel = threadIdx.x & 1;
+    typename F::Raw raw;
+    if (kt0 < kt1) {
+        qmma_load_x<T, BM>(sA, 0, kt0, x, m0, m_rows, k);
+        if (2 * kt0 + gsel < groups) F::load32(wrow, nb, 2 * kt0 + gsel, raw);
+        qmma_store_w<F, T>(sB, 0, raw, 2 * kt0 + gsel, groups);
+    }
     cp_async_wait<0>();
     __syncthreads();
     for (int kt = kt0; kt < kt1; ++kt) {
         const int s = (kt - kt0) & 1;
-        if (kt + 1 < kt1) qmma_load<F, T, BM>(sA, sB, s ^ 1, kt + 1, x, wrow, m0, m_rows, k, nb);
+        const bool next = kt + 1 < kt1;
+        const int gn = 2 * (kt + 1) + gsel;
+        if (next) {
+            qmma_load_x<T, BM>(sA, s ^ 1, kt + 1, x, m0, m_rows, k);
+            if (gn < groups) F::load32(wrow, nb, gn, raw);
+        }
         const unsigned int ab = a_sh + s * BM * QM_LD * 2 + a_off;
         const unsigned int bb = b_sh + s * QM_BN * QM_LD * 2 + b_off;
 #pragma unroll
@@ -673,6 +700,7 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
                 for (int nt = 0; nt < 4; ++nt)
                     Mma16816<T>::mma(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
         }
+        if (next) qmma_store_w<F, T>(sB, s ^ 1, raw, gn, groups);
         cp_async_wait<0>();
         __syncthreads();
     }
@@ -753,24 +781,24 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
         pdl_enter();                                                                          \
         qdequant_impl<F, T>(w, out, n_rows, k);                                               \
     }
-// The tensor-core variant for BM-row tiles (two CTAs per SM for BM = 64).
+// The tensor-core variant for BM-row tiles (two CTAs per SM for BM <= 64).
 #define QMMA_ONE(F, FN, T, OUT_T, TN, ON, BM)                                                \
-    extern "C" __global__ void __launch_bounds__(QM_THREADS, (BM) == 64 ? 2 : 1)              \
+    extern "C" __global__ void __launch_bounds__(QM_THREADS, (BM) <= 64 ? 2 : 1)              \
         qmma_##FN##_##TN##_##ON##_bm##BM(const T* x, const unsigned char* w, const T* bias,  \
                                          OUT_T* out, float* ws, int m_rows, int n_rows,       \
                                          int k) {                                             \
         pdl_enter();                                                                          \
         qmma_impl<F, T, OUT_T, BM>(x, w, bias, out, ws, m_rows, n_rows, k);                   \
     }
+#define QMMA_BMS(F, FN, T, OUT_T, TN, ON)                                                    \
+    QMMA_ONE(F, FN, T, OUT_T, TN, ON, 32)                                                     \
+    QMMA_ONE(F, FN, T, OUT_T, TN, ON, 64)                                                     \
+    QMMA_ONE(F, FN, T, OUT_T, TN, ON, 128)
 #define QMMA_ALL(F, FN)                                                                      \
-    QMMA_ONE(F, FN, bf16, bf16, bf16, bf16, 64)                                               \
-    QMMA_ONE(F, FN, bf16, bf16, bf16, bf16, 128)                                              \
-    QMMA_ONE(F, FN, bf16, float, bf16, f32, 64)                                               \
-    QMMA_ONE(F, FN, bf16, float, bf16, f32, 128)                                              \
-    QMMA_ONE(F, FN, f16, f16, f16, f16, 64)                                                   \
-    QMMA_ONE(F, FN, f16, f16, f16, f16, 128)                                                  \
-    QMMA_ONE(F, FN, f16, float, f16, f32, 64)                                                 \
-    QMMA_ONE(F, FN, f16, float, f16, f32, 128)
+    QMMA_BMS(F, FN, bf16, bf16, bf16, bf16)                                                   \
+    QMMA_BMS(F, FN, bf16, float, bf16, f32)                                                   \
+    QMMA_BMS(F, FN, f16, f16, f16, f16)                                                       \
+    QMMA_BMS(F, FN, f16, float, f16, f32)
 #define QUANT_KERNELS(F, FN)                                                                 \
     QMMA_ALL(F, FN)                                                                           \
     QGEMV_ALL_M(F, FN, bf16, bf16, bf16, bf16)                                                \

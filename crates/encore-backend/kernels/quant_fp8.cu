@@ -56,15 +56,21 @@ struct QFormatF8 {
     }
 
     // Values 32t .. 32t + 31 of block gi / 4 (t = gi % 4).
-    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
-                                                    float* v) {
-        const int b = gi >> 2, t = gi & 3;
+    struct Raw {
         uint4 q[2];
-        q[0] = q_ldg128(row + b * QB + 32 * t);
-        q[1] = q_ldg128(row + b * QB + 32 * t + 16);
-        const float s = __uint_as_float(q_ldg32(row + nb * QB + b * SB));
+        unsigned int s;
+    };
+    static __device__ __forceinline__ void load32(const unsigned char* row, int nb, int gi,
+                                                  Raw& r) {
+        const int b = gi >> 2, t = gi & 3;
+        r.q[0] = q_ldg128(row + b * QB + 32 * t);
+        r.q[1] = q_ldg128(row + b * QB + 32 * t + 16);
+        r.s = q_ldg32(row + nb * QB + b * SB);
+    }
+    static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
+        const float s = __uint_as_float(r.s);
 #pragma unroll
-        for (int l = 0; l < 32; ++l) v[l] = __fmul_rn(s, e4m3(q_byte(q, l)));
+        for (int l = 0; l < 32; ++l) v[l] = __fmul_rn(s, e4m3(q_byte(r.q, l)));
     }
 };
 

@@ -42,14 +42,20 @@ struct QFormatQ4_0 {
         }
     }
 
-    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
-                                                    float* v) {
+    struct Raw {
         uint4 q[1];
-        q[0] = q_ldg128(row + gi * QB);
-        const float d = q_f16(q_ldg16(row + nb * QB + gi * SB));
+        unsigned int s;
+    };
+    static __device__ __forceinline__ void load32(const unsigned char* row, int nb, int gi,
+                                                  Raw& r) {
+        r.q[0] = q_ldg128(row + gi * QB);
+        r.s = q_ldg16(row + nb * QB + gi * SB);
+    }
+    static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
+        const float d = q_f16(r.s);
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
-            const unsigned int byte = q_byte(q, l);
+            const unsigned int byte = q_byte(r.q, l);
             v[l] = __fmul_rn(d, (float)((int)(byte & 0xFu) - 8));
             v[l + 16] = __fmul_rn(d, (float)((int)(byte >> 4) - 8));
         }

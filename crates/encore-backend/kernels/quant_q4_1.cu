@@ -43,15 +43,21 @@ struct QFormatQ4_1 {
         }
     }
 
-    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
-                                                    float* v) {
+    struct Raw {
         uint4 q[1];
-        q[0] = q_ldg128(row + gi * QB);
-        const float2 dm = q_f16x2(q_ldg32(row + nb * QB + gi * SB));
+        unsigned int s;
+    };
+    static __device__ __forceinline__ void load32(const unsigned char* row, int nb, int gi,
+                                                  Raw& r) {
+        r.q[0] = q_ldg128(row + gi * QB);
+        r.s = q_ldg32(row + nb * QB + gi * SB);
+    }
+    static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
+        const float2 dm = q_f16x2(r.s);
         const float d = dm.x, m = dm.y;
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
-            const unsigned int byte = q_byte(q, l);
+            const unsigned int byte = q_byte(r.q, l);
             v[l] = __fadd_rn(__fmul_rn(d, (float)(byte & 0xFu)), m);
             v[l + 16] = __fadd_rn(__fmul_rn(d, (float)(byte >> 4)), m);
         }

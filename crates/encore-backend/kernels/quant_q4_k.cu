@@ -67,16 +67,23 @@ struct QFormatQ4K {
     }
 
     // Sub-block gi % 8 of block gi / 8, as quant.rs's q4_k.
-    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
-                                                    float* v) {
-        const int b = gi >> 3, j = gi & 7;
+    struct Raw {
         uint4 q[2];
-        q[0] = q_ldg128(row + b * QB + 32 * (j >> 1));
-        q[1] = q_ldg128(row + b * QB + 32 * (j >> 1) + 16);
-        const uint4 s = q_ldg128(row + nb * QB + b * SB);
+        uint4 s;
+    };
+    static __device__ __forceinline__ void load32(const unsigned char* row, int nb, int gi,
+                                                  Raw& r) {
+        const int b = gi >> 3, j = gi & 7;
+        r.q[0] = q_ldg128(row + b * QB + 32 * (j >> 1));
+        r.q[1] = q_ldg128(row + b * QB + 32 * (j >> 1) + 16);
+        r.s = q_ldg128(row + nb * QB + b * SB);
+    }
+    static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
+        const int j = gi & 7;
+        const uint4* q = r.q;
         unsigned int sc[2], mn[2];
-        scales(s, sc, mn);
-        const float2 dd = q_f16x2(s.x);
+        scales(r.s, sc, mn);
+        const float2 dd = q_f16x2(r.s.x);
         const unsigned int scw = (j >> 2) ? sc[1] : sc[0], mnw = (j >> 2) ? mn[1] : mn[0];
         const float scj = (float)((scw >> (8 * (j & 3))) & 0xFFu);
         const float mj = (float)((mnw >> (8 * (j & 3))) & 0xFFu);

@@ -47,16 +47,23 @@ struct QFormatQ5_0 {
         }
     }
 
-    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
-                                                    float* v) {
+    struct Raw {
         uint4 q[1];
-        q[0] = q_ldg128(row + gi * QB);
+        unsigned int d, qh;
+    };
+    static __device__ __forceinline__ void load32(const unsigned char* row, int nb, int gi,
+                                                  Raw& r) {
+        r.q[0] = q_ldg128(row + gi * QB);
         const unsigned char* s = row + nb * QB + gi * SB;
-        const float d = q_f16(q_ldg16(s));
-        const unsigned int qh = q_ldg16(s + 2) | q_ldg16(s + 4) << 16;
+        r.d = q_ldg16(s);
+        r.qh = q_ldg16(s + 2) | q_ldg16(s + 4) << 16;
+    }
+    static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
+        const float d = q_f16(r.d);
+        const unsigned int qh = r.qh;
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
-            const unsigned int byte = q_byte(q, l);
+            const unsigned int byte = q_byte(r.q, l);
             v[l] = __fmul_rn(d, (float)((int)((byte & 0xFu) | ((qh >> l) & 1u) << 4) - 16));
             v[l + 16] = __fmul_rn(d, (float)((int)((byte >> 4) | ((qh >> (l + 16)) & 1u) << 4) - 16));
         }

@@ -45,17 +45,24 @@ struct QFormatQ5_1 {
         }
     }
 
-    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
-                                                    float* v) {
+    struct Raw {
         uint4 q[1];
-        q[0] = q_ldg128(row + gi * QB);
+        unsigned int s, qh;
+    };
+    static __device__ __forceinline__ void load32(const unsigned char* row, int nb, int gi,
+                                                  Raw& r) {
+        r.q[0] = q_ldg128(row + gi * QB);
         const unsigned char* s = row + nb * QB + gi * SB;
-        const float2 dm = q_f16x2(q_ldg32(s));
+        r.s = q_ldg32(s);
+        r.qh = q_ldg32(s + 4);
+    }
+    static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
+        const float2 dm = q_f16x2(r.s);
         const float d = dm.x, m = dm.y;
-        const unsigned int qh = q_ldg32(s + 4);
+        const unsigned int qh = r.qh;
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
-            const unsigned int byte = q_byte(q, l);
+            const unsigned int byte = q_byte(r.q, l);
             v[l] = __fadd_rn(__fmul_rn(d, (float)((byte & 0xFu) | ((qh >> l) & 1u) << 4)), m);
             v[l + 16] = __fadd_rn(__fmul_rn(d, (float)((byte >> 4) | ((qh >> (l + 16)) & 1u) << 4)), m);
         }

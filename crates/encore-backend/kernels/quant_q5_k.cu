@@ -69,19 +69,26 @@ struct QFormatQ5K {
     }
 
     // Sub-block gi % 8 of block gi / 8, as quant.rs's q5_k.
-    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
-                                                    float* v) {
+    struct Raw {
+        uint4 q[2], h[2];
+        uint4 s;
+    };
+    static __device__ __forceinline__ void load32(const unsigned char* row, int nb, int gi,
+                                                  Raw& r) {
         const int b = gi >> 3, j = gi & 7;
         const unsigned char* base = row + b * QB;
-        uint4 q[2], h[2];
-        h[0] = q_ldg128(base);
-        h[1] = q_ldg128(base + 16);
-        q[0] = q_ldg128(base + 32 + 32 * (j >> 1));
-        q[1] = q_ldg128(base + 32 + 32 * (j >> 1) + 16);
-        const uint4 s = q_ldg128(row + nb * QB + b * SB);
+        r.h[0] = q_ldg128(base);
+        r.h[1] = q_ldg128(base + 16);
+        r.q[0] = q_ldg128(base + 32 + 32 * (j >> 1));
+        r.q[1] = q_ldg128(base + 32 + 32 * (j >> 1) + 16);
+        r.s = q_ldg128(row + nb * QB + b * SB);
+    }
+    static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
+        const int j = gi & 7;
+        const uint4 *q = r.q, *h = r.h;
         unsigned int sc[2], mn[2];
-        scales(s, sc, mn);
-        const float2 dd = q_f16x2(s.x);
+        scales(r.s, sc, mn);
+        const float2 dd = q_f16x2(r.s.x);
         const unsigned int scw = (j >> 2) ? sc[1] : sc[0], mnw = (j >> 2) ? mn[1] : mn[0];
         const float scj = (float)((scw >> (8 * (j & 3))) & 0xFFu);
         const float mj = (float)((mnw >> (8 * (j & 3))) & 0xFFu);

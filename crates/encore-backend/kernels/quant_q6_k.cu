@@ -60,18 +60,27 @@ struct QFormatQ6K {
     }
 
     // Values 32t .. 32t + 31 of half hh of block b (gi = 8b + 4hh + t), as quant.rs's q6_k.
-    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
-                                                    float* v) {
+    struct Raw {
+        uint4 ql[2], qh[2];
+        unsigned int scw, d;
+    };
+    static __device__ __forceinline__ void load32(const unsigned char* row, int nb, int gi,
+                                                  Raw& r) {
         const int b = gi >> 3, hh = (gi >> 2) & 1, t = gi & 3;
         const unsigned char* base = row + b * QB;
-        uint4 ql[2], qh[2];
-        ql[0] = q_ldg128(base + 64 * hh + 32 * (t & 1));
-        ql[1] = q_ldg128(base + 64 * hh + 32 * (t & 1) + 16);
-        qh[0] = q_ldg128(base + 128 + 32 * hh);
-        qh[1] = q_ldg128(base + 128 + 32 * hh + 16);
+        r.ql[0] = q_ldg128(base + 64 * hh + 32 * (t & 1));
+        r.ql[1] = q_ldg128(base + 64 * hh + 32 * (t & 1) + 16);
+        r.qh[0] = q_ldg128(base + 128 + 32 * hh);
+        r.qh[1] = q_ldg128(base + 128 + 32 * hh + 16);
         const unsigned char* sb = row + nb * QB + b * SB;
-        const unsigned int scw = q_ldg16(sb + 8 * hh + 2 * t);
-        const float d = q_f16(q_ldg16(sb + 16));
+        r.scw = q_ldg16(sb + 8 * hh + 2 * t);
+        r.d = q_ldg16(sb + 16);
+    }
+    static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
+        const int t = gi & 3;
+        const uint4 *ql = r.ql, *qh = r.qh;
+        const unsigned int scw = r.scw;
+        const float d = q_f16(r.d);
         const float s0 = __fmul_rn(d, (float)(signed char)(scw & 0xFFu));
         const float s1 = __fmul_rn(d, (float)(signed char)(scw >> 8));
 #pragma unroll

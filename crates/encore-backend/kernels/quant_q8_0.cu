@@ -36,14 +36,22 @@ struct QFormatQ8_0 {
         q_run16<T, M, R, 0>(x + 16 * sub, k, m_rows, f, alpha, alpha, acc);
     }
 
-    static __device__ __forceinline__ void decode32(const unsigned char* row, int nb, int gi,
-                                                    float* v) {
+    // The bytes of group gi (load32), then its values (decode_raw): qmma_impl issues the
+    // loads of the next tile before the current tile's mma and decodes after it.
+    struct Raw {
         uint4 q[2];
-        q[0] = q_ldg128(row + gi * QB);
-        q[1] = q_ldg128(row + gi * QB + 16);
-        const float d = q_f16(q_ldg16(row + nb * QB + gi * SB));
+        unsigned int s;
+    };
+    static __device__ __forceinline__ void load32(const unsigned char* row, int nb, int gi,
+                                                  Raw& r) {
+        r.q[0] = q_ldg128(row + gi * QB);
+        r.q[1] = q_ldg128(row + gi * QB + 16);
+        r.s = q_ldg16(row + nb * QB + gi * SB);
+    }
+    static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
+        const float d = q_f16(r.s);
 #pragma unroll
-        for (int l = 0; l < 32; ++l) v[l] = __fmul_rn(d, (float)(signed char)q_byte(q, l));
+        for (int l = 0; l < 32; ++l) v[l] = __fmul_rn(d, (float)(signed char)q_byte(r.q, l));
     }
 };
 

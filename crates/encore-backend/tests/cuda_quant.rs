@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use encore_backend::backend::cpu::CpuBackend;
-use encore_backend::backend::cuda::CudaBackend;
+use encore_backend::backend::cuda::{CudaBackend, QuantGemm};
 use encore_backend::quant::{self, QuantFormat};
 use encore_backend::testing::compare::{tolerance, OpClass};
 use encore_backend::{Backend, DType, Tensor};
@@ -22,17 +22,31 @@ fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One backend for the binary (opening compiles or loads every kernel), its scratch
-/// reserved as a model's would be (so which kernel runs a shape does not depend on the
-/// tests that ran before).
+/// One backend for the binary per quantized-GEMM mode (opening one compiles or loads every
+/// kernel), its scratch reserved as a model's would be (so which kernel runs a shape does
+/// not depend on the tests that ran before).
+fn backend(mode: QuantGemm) -> Arc<CudaBackend> {
+    static BE: [OnceLock<Arc<CudaBackend>>; 3] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let i = match mode {
+        QuantGemm::Auto => 0,
+        QuantGemm::Mma => 1,
+        QuantGemm::Dequant => 2,
+    };
+    BE[i]
+        .get_or_init(|| {
+            let be = CudaBackend::new(0)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .with_quant_gemm(mode);
+            be.reserve_dequant_scratch(64 << 20).unwrap();
+            Arc::new(be)
+        })
+        .clone()
+}
+
+/// The backend as a model runs it (`QuantGemm::Auto`).
 fn cuda() -> Arc<CudaBackend> {
-    static BE: OnceLock<Arc<CudaBackend>> = OnceLock::new();
-    BE.get_or_init(|| {
-        let be = CudaBackend::new(0).unwrap_or_else(|e| panic!("{e}"));
-        be.reserve_dequant_scratch(64 << 20).unwrap();
-        Arc::new(be)
-    })
-    .clone()
+    backend(QuantGemm::Auto)
 }
 
 /// Seeded uniform values in [-1, 1) (xorshift), with a few larger ones so that block
@@ -93,21 +107,22 @@ impl Case {
         )
     }
 
-    /// Whether CUDA runs this case as Hopper's FP8 GEMM, whose x is quantized to E4M3 per
-    /// row and 128 values (`fp8_fits` in the backend, given the reserved scratch).
-    fn fp8_gemm(&self) -> bool {
-        self.fmt == QuantFormat::F8E4M3
+    /// Whether CUDA in `mode` runs this case as Hopper's FP8 GEMM, whose x is quantized to
+    /// E4M3 per row and 128 values (`fp8_fits` in the backend, given the reserved scratch).
+    fn fp8_gemm(&self, mode: QuantGemm) -> bool {
+        mode == QuantGemm::Auto
+            && self.fmt == QuantFormat::F8E4M3
             && self.m > 8
             && self.dt != DType::F32
             && self.n.is_multiple_of(8)
             && (self.out == self.dt || !self.bias)
     }
 
-    /// The CPU's result: `run`, or for the FP8 GEMM the same product with x as that GEMM
-    /// sees it (rounded to the dtype, then quantized to E4M3 with per-128 scales as
-    /// `fp8_quant_rows` does), in f32.
-    fn reference(&self, cpu: &dyn Backend, w_bytes: &[u8]) -> Vec<f32> {
-        if !self.fp8_gemm() {
+    /// The CPU's result for CUDA in `mode`: `run`, or for the FP8 GEMM the same product with
+    /// x as that GEMM sees it (rounded to the dtype, then quantized to E4M3 with per-128
+    /// scales as `fp8_quant_rows` does), in f32.
+    fn reference(&self, cpu: &dyn Backend, w_bytes: &[u8], mode: QuantGemm) -> Vec<f32> {
+        if !self.fp8_gemm(mode) {
             return self.run(cpu, w_bytes);
         }
         let x = cpu
@@ -234,7 +249,7 @@ fn quantized_matmul_matches_cpu() {
                 };
                 let w = weight_bytes(fmt, n, k, seed);
                 let got = case.run(gpu, &w);
-                let want = case.reference(&cpu, &w);
+                let want = case.reference(&cpu, &w, QuantGemm::Auto);
                 assert_close(&case.name(), &got, &want, dt);
                 count += 1;
             }
@@ -320,45 +335,48 @@ fn dequantized_weights_are_bit_exact() {
     }
 }
 
-/// The tensor-core kernels at model shapes (k split over CTAs where the tiles alone leave
-/// SMs idle; FP8 weights through the FP8 GEMM, 200 rows padded to a multiple of 4 there):
-/// every format, 16 and 64 rows (64-row tiles, split k), 300 rows (128-row tiles), bf16 and
-/// f16 x, out in x's type and f32, with a bias where out is x's type.
+/// Every path of more than 8 rows at model shapes, each backend mode: `Mma` (the
+/// tensor-core kernel: 32-row tiles for 16 rows, 64-row tiles and k split over CTAs for 64,
+/// 128-row tiles for 300), `Auto` (FP8 weights through the FP8 GEMM, 202 rows padded to a
+/// multiple of 4 there; 300 rows decode-then-GEMM), `Dequant`; every format, bf16 and f16
+/// x, out in x's type and f32, with a bias where out is x's type.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn quantized_mma_matches_cpu_at_model_shapes() {
+fn quantized_gemm_paths_match_cpu_at_model_shapes() {
     let _serial = serial();
-    let gpu = cuda();
-    let gpu: &dyn Backend = gpu.as_ref();
     let cpu = CpuBackend::new();
-    for (f, fmt) in QuantFormat::ALL.into_iter().enumerate() {
-        for (i, (m, n, k, dt, out)) in [
-            (16, 2048, 4096usize, DType::BF16, DType::BF16),
-            (64, 1536, 2048, DType::F16, DType::F32),
-            (300, 4096, 1024, DType::BF16, DType::F32),
-            (202, 520, 768, DType::F16, DType::F16),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let k = k.div_ceil(fmt.block_elems()) * fmt.block_elems();
-            let case = Case {
-                fmt,
-                m,
-                n,
-                k,
-                dt,
-                out,
-                bias: out == dt,
-                seed: (10 * f + i) as u64,
-            };
-            let w = weight_bytes(fmt, n, k, case.seed);
-            assert_close(
-                &case.name(),
-                &case.run(gpu, &w),
-                &case.reference(&cpu, &w),
-                dt,
-            );
+    for mode in [QuantGemm::Mma, QuantGemm::Auto, QuantGemm::Dequant] {
+        let gpu = backend(mode);
+        let gpu: &dyn Backend = gpu.as_ref();
+        for (f, fmt) in QuantFormat::ALL.into_iter().enumerate() {
+            for (i, (m, n, k, dt, out)) in [
+                (16, 2048, 4096usize, DType::BF16, DType::BF16),
+                (64, 1536, 2048, DType::F16, DType::F32),
+                (300, 4096, 1024, DType::BF16, DType::F32),
+                (202, 520, 768, DType::F16, DType::F16),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let k = k.div_ceil(fmt.block_elems()) * fmt.block_elems();
+                let case = Case {
+                    fmt,
+                    m,
+                    n,
+                    k,
+                    dt,
+                    out,
+                    bias: out == dt,
+                    seed: (10 * f + i) as u64,
+                };
+                let w = weight_bytes(fmt, n, k, case.seed);
+                assert_close(
+                    &format!("{mode:?}: {}", case.name()),
+                    &case.run(gpu, &w),
+                    &case.reference(&cpu, &w, mode),
+                    dt,
+                );
+            }
         }
     }
 }

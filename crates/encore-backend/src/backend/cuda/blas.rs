@@ -262,6 +262,24 @@ impl Lt {
                         std::mem::size_of_val(&mode),
                     )
                 });
+                // Placeholder scale pointers (16-byte aligned) for the heuristic, which
+                // refuses block scaling without them; each call sets its own.
+                let placeholder = self.workspace.dptr();
+                let r = r
+                    .and_then(|_| {
+                        set_desc(
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                        &placeholder as *const u64 as *const c_void,
+                        8,
+                    )
+                    })
+                    .and_then(|_| {
+                        set_desc(
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                        &placeholder as *const u64 as *const c_void,
+                        8,
+                    )
+                    });
                 if let Err(e) = r {
                     plan.destroy();
                     return Err(e);

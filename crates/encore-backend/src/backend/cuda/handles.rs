@@ -112,7 +112,7 @@ pub(super) struct Kernels<K = Kernel> {
     pub dequant: [PerDType<K>; 9],
     /// Quantized-weight tensor-core matmul: by [`QUANT_FORMATS`] index, x in bf16 / f16,
     /// out in x's type / f32, then [`QMMA_TILES`].
-    pub qmma: [[[[K; 2]; 2]; 2]; 9],
+    pub qmma: [[[[K; 3]; 2]; 2]; 9],
     /// Its split-K sum: x in bf16 / f16, out in x's type / f32.
     pub qmma_reduce: [[K; 2]; 2],
     /// The FP8 GEMM's operands: x to E4M3 with per-128 scales (bf16 / f16 x), and the
@@ -173,13 +173,13 @@ impl<K> Kernels<K> {
         let qgemv = per_format(&mut qgemv)?;
         let qgemv_silu = per_format(|f| PerDType::resolve_variant(t, QGEMV_SILU_OPS[f], "_m1"))?;
         let dequant = per_format(|f| PerDType::resolve(t, DEQUANT_OPS[f]))?;
-        let mut qmma = |f: usize| -> Result<[[[K; 2]; 2]; 2]> {
+        let mut qmma = |f: usize| -> Result<[[[K; 3]; 2]; 2]> {
             let fname = QUANT_FORMATS[f].name();
-            let mut one = |x: usize, o: usize| -> Result<[K; 2]> {
+            let mut one = |x: usize, o: usize| -> Result<[K; 3]> {
                 let xs = DTYPES[x].kernel_suffix();
                 let os = if o == 1 { "f32" } else { xs };
                 let mut v = |b: usize| t(&format!("qmma_{fname}_{xs}_{os}_bm{}", QMMA_TILES[b]));
-                Ok([v(0)?, v(1)?])
+                Ok([v(0)?, v(1)?, v(2)?])
             };
             Ok([[one(0, 0)?, one(0, 1)?], [one(1, 0)?, one(1, 1)?]])
         };
@@ -301,8 +301,8 @@ const SPLIT_NAMES: [&str; 4] = [
     "attention_split_g8",
 ];
 
-/// Rows of x per CTA of the `qmma` variants (`_bm64`, `_bm128`).
-pub(super) const QMMA_TILES: [usize; 2] = [64, 128];
+/// Rows of x per CTA of the `qmma` variants (`_bm32`, `_bm64`, `_bm128`).
+pub(super) const QMMA_TILES: [usize; 3] = [32, 64, 128];
 
 /// Indices of x (bf16, f16) and out (x's type, f32) in the `qmma` handles.
 fn qmma_types(x: DType, out: DType, op: &'static str) -> Result<(usize, usize)> {

@@ -22,6 +22,7 @@ use cudarc::driver::{
 };
 
 pub use crate::storage::cuda::{CudaBuffer, PinnedStaging};
+pub use kernels::quant::QuantGemm;
 pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;
@@ -121,7 +122,7 @@ pub struct CudaBackend {
     dequant_scratch: Mutex<kernels::quant::DequantScratch>,
     /// How matmuls with a quantized weight and more rows than the gemv takes run
     /// (`ENCORE_QUANT_GEMM`: `auto`, `mma` or `dequant`; `kernels::quant`).
-    quant_gemm: kernels::quant::QuantGemm,
+    quant_gemm: QuantGemm,
 }
 
 /// Device address of a CUDA tensor's first element.
@@ -304,8 +305,15 @@ impl CudaBackend {
     }
 
     /// The quantized-weight GEMM setting (`ENCORE_QUANT_GEMM`).
-    pub(in crate::backend::cuda) fn quant_gemm(&self) -> kernels::quant::QuantGemm {
+    pub(in crate::backend::cuda) fn quant_gemm(&self) -> QuantGemm {
         self.quant_gemm
+    }
+
+    /// This backend with quantized-weight matmuls of more than 8 rows run as `g` says,
+    /// whatever `ENCORE_QUANT_GEMM` says (tests and comparisons pin one path).
+    pub fn with_quant_gemm(mut self, g: QuantGemm) -> Self {
+        self.quant_gemm = g;
+        self
     }
 
     /// Whether prefill attention may use the tensor-core kernel (see `flash_prefill`).

@@ -67,21 +67,26 @@ fn qgemv_layout(
     (ksplit, n_outs.div_ceil(GEMV_WARPS / ksplit * outs_per_warp))
 }
 
-/// How matmuls with a quantized weight and more than [`GEMV_MAX_ROWS`] rows run.
+/// How matmuls with a quantized weight and more than 8 rows run on CUDA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::backend::cuda) enum QuantGemm {
-    /// FP8 weights: Hopper's FP8 GEMM (x quantized per 128 values); other formats: the
-    /// tensor-core kernel for x in bf16/f16; the decode-then-GEMM baseline otherwise.
+pub enum QuantGemm {
+    /// FP8 weights: Hopper's FP8 GEMM (x quantized per 128 values); other formats with x
+    /// in bf16/f16: the tensor-core kernel up to [`QMMA_AUTO_MAX_ROWS`] rows, where it is
+    /// the faster, the decode-then-GEMM path above (and for f32 x).
     Auto,
     /// The tensor-core kernel (weights decoded to x's type) wherever it runs, FP8 too.
     Mma,
-    /// Always the decode-then-GEMM baseline (for comparisons).
+    /// Always the decode-then-GEMM path.
     Dequant,
 }
 
+/// Rows up to which `Auto` runs the tensor-core kernel rather than decode-then-GEMM
+/// (measured on the H100: BENCHMARKS.md, "Quantized weights").
+pub const QMMA_AUTO_MAX_ROWS: usize = 256;
+
 impl QuantGemm {
     /// `ENCORE_QUANT_GEMM` (`auto` when unset); another value is an error naming it.
-    pub(in crate::backend::cuda) fn from_env() -> Result<Self> {
+    pub fn from_env() -> Result<Self> {
         match std::env::var("ENCORE_QUANT_GEMM") {
             Err(_) => Ok(QuantGemm::Auto),
             Ok(v) => match v.trim() {
@@ -117,13 +122,16 @@ fn qmma_fits(x: &Tensor, out: &Tensor) -> bool {
         && aligned16(x)
 }
 
-/// The `qmma` launch for `d`: rows of x per CTA and k splits. 128-row tiles once there
-/// are enough rows to keep the SMs busy with them; k split (at least 4 tiles of k each)
+/// The `qmma` launch for `d`: rows of x per CTA and k splits. 32-row tiles for up to 32
+/// rows, 128-row tiles once there are enough rows to keep the SMs busy with them, 64
+/// otherwise; k split (at least 4 tiles of k each)
 /// until the grid covers two CTAs per SM, as far as `ws_bytes` of scratch holds the f32
 /// partials. A function of the shapes, the SM count and the reserved scratch only.
 fn qmma_plan(sm_count: usize, d: &MatmulDims, ws_bytes: usize) -> (usize, usize) {
     let n_tiles = d.n.div_ceil(QMMA_BN);
-    let bm = if n_tiles * d.m.div_ceil(128) >= sm_count {
+    let bm = if d.m <= 32 {
+        32
+    } else if n_tiles * d.m.div_ceil(128) >= sm_count {
         128
     } else {
         64
@@ -349,13 +357,19 @@ pub(in crate::backend::cuda) fn matmul(
     if qgemv_fits(x, w, d) {
         return qgemv(be, fmt, x, w, bias, out, d);
     }
-    if be.quant_gemm() == QuantGemm::Auto {
+    let mode = be.quant_gemm();
+    if mode == QuantGemm::Auto {
         let scratch = lock(be);
         if fp8_fits(fmt, x, out, bias.is_some(), d, scratch.len()) {
             return fp8_gemm(be, &scratch, x, w, bias, out, d);
         }
     }
-    if be.quant_gemm() != QuantGemm::Dequant && qmma_fits(x, out) {
+    let mma = match mode {
+        QuantGemm::Auto => d.m <= QMMA_AUTO_MAX_ROWS,
+        QuantGemm::Mma => true,
+        QuantGemm::Dequant => false,
+    };
+    if mma && qmma_fits(x, out) {
         return qmma(be, fmt, x, w, bias, out, d);
     }
     // Decode w into the scratch (dense [n, k] in x's dtype), then the GEMM.
