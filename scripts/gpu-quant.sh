@@ -5,9 +5,9 @@
 # .gpu/llama.cpp-src.tar.xz carried, the llama.cpp peer (llama-bench -fa 1) on a Q4_K_M and
 # a Q8_0 8B-shaped GGUF written by the dummy_gguf example, with encore on the same files.
 # `tests` runs the quantized GPU tests (cuda_quant, quantized) first; `gemm` times the
-# tensor-core quantized GEMM against the decode-then-GEMM path (ENCORE_QUANT_GEMM=mma,
-# dequant; `decode`/`prefill` run the default, auto) on the 8B shape: prefill 512 / 2,048
-# tokens and decode batches 64 / 256, Q4_K and FP8.
+# quantized GEMM paths other than the default (`decode`/`prefill` run ENCORE_QUANT_GEMM=auto)
+# on the 8B shape: prefill 512 / 2,048 tokens and decode batches 16 / 64 / 256, for
+# GEMM_FORMATS (default q4_k) in GEMM_MODES (default dequant; also mma).
 #   usage: OUT=... bash scripts/gpu-quant.sh [tests,gemm,decode,prefill,gguf,peer]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,14 +30,15 @@ if has tests; then
   done
 fi
 if has gemm; then
-  for q in q4_k fp8; do
-    for g in mma dequant; do
+  q=${GEMM_FORMATS:-q4_k}
+  for q in ${q//,/ }; do
+    for g in ${GEMM_MODES:-dequant}; do
       ENCORE_QUANT_GEMM=$g $E bench prefill --device cuda --model $M --quantization $q \
         --tokens 512,2048 >"$logs/gemm-prefill-$q-$g.txt" 2>&1
       echo "== prefill $q $g"; tail -2 "$logs/gemm-prefill-$q-$g.txt"
       ENCORE_QUANT_GEMM=$g $E bench decode --device cuda --model $M --quantization $q \
-        --batch 64,256 --steps 30 >"$logs/gemm-decode-$q-$g.txt" 2>&1
-      echo "== decode $q $g"; tail -2 "$logs/gemm-decode-$q-$g.txt"
+        --batch 16,64,256 --steps 30 >"$logs/gemm-decode-$q-$g.txt" 2>&1
+      echo "== decode $q $g"; tail -3 "$logs/gemm-decode-$q-$g.txt"
     done
   done
 fi

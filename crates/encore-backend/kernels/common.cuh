@@ -740,6 +740,12 @@ __device__ __forceinline__ unsigned int q_ldg16(const unsigned char* p) {
 __device__ __forceinline__ unsigned int q_ldg32(const unsigned char* p) {
     return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
+// (float)u - c, exactly, for u < 2^23 and a small integer c, without I2F (a quarter-rate
+// conversion that bounds the decode in qmma): u in the mantissa of 2^23, one LOP and one
+// FADD, both full rate.
+__device__ __forceinline__ float q_u2f(unsigned int u, float c) {
+    return __uint_as_float(0x4B000000u | u) - (8388608.0f + c);
+}
 // Byte i (a constant after unrolling) of 16-byte vectors u[0], u[1], ...
 __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
     return (q_word(u[i >> 4], (i >> 2) & 3) >> (8 * (i & 3))) & 0xFFu;

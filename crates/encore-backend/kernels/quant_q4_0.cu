@@ -56,8 +56,8 @@ struct QFormatQ4_0 {
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
             const unsigned int byte = q_byte(r.q, l);
-            v[l] = __fmul_rn(d, (float)((int)(byte & 0xFu) - 8));
-            v[l + 16] = __fmul_rn(d, (float)((int)(byte >> 4) - 8));
+            v[l] = __fmul_rn(d, q_u2f(byte & 0xFu, 8.0f));
+            v[l + 16] = __fmul_rn(d, q_u2f(byte >> 4, 8.0f));
         }
     }
 };

@@ -92,7 +92,7 @@ struct QFormatQ4K {
         for (int l = 0; l < 32; ++l) {
             const unsigned int byte = q_byte(q, l);
             const unsigned int nib = (j & 1) ? byte >> 4 : byte & 0xFu;
-            v[l] = __fsub_rn(__fmul_rn(d0, (float)nib), dm0);
+            v[l] = __fsub_rn(__fmul_rn(d0, q_u2f(nib, 0.0f)), dm0);
         }
     }
 };

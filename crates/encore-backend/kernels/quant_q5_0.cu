@@ -64,8 +64,8 @@ struct QFormatQ5_0 {
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
             const unsigned int byte = q_byte(r.q, l);
-            v[l] = __fmul_rn(d, (float)((int)((byte & 0xFu) | ((qh >> l) & 1u) << 4) - 16));
-            v[l + 16] = __fmul_rn(d, (float)((int)((byte >> 4) | ((qh >> (l + 16)) & 1u) << 4) - 16));
+            v[l] = __fmul_rn(d, q_u2f((byte & 0xFu) | ((qh >> l) & 1u) << 4, 16.0f));
+            v[l + 16] = __fmul_rn(d, q_u2f((byte >> 4) | ((qh >> (l + 16)) & 1u) << 4, 16.0f));
         }
     }
 };

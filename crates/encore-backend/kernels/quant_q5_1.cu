@@ -63,8 +63,8 @@ struct QFormatQ5_1 {
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
             const unsigned int byte = q_byte(r.q, l);
-            v[l] = __fadd_rn(__fmul_rn(d, (float)((byte & 0xFu) | ((qh >> l) & 1u) << 4)), m);
-            v[l + 16] = __fadd_rn(__fmul_rn(d, (float)((byte >> 4) | ((qh >> (l + 16)) & 1u) << 4)), m);
+            v[l] = __fadd_rn(__fmul_rn(d, q_u2f((byte & 0xFu) | ((qh >> l) & 1u) << 4, 0.0f)), m);
+            v[l + 16] = __fadd_rn(__fmul_rn(d, q_u2f((byte >> 4) | ((qh >> (l + 16)) & 1u) << 4, 0.0f)), m);
         }
     }
 };

@@ -98,7 +98,7 @@ struct QFormatQ5K {
             const unsigned int byte = q_byte(q, l);
             const unsigned int nib = (j & 1) ? byte >> 4 : byte & 0xFu;
             const unsigned int q5 = nib | ((q_byte(h, l) >> j) & 1u) << 4;
-            v[l] = __fsub_rn(__fmul_rn(d0, (float)q5), dm0);
+            v[l] = __fsub_rn(__fmul_rn(d0, q_u2f(q5, 0.0f)), dm0);
         }
     }
 };

@@ -87,8 +87,8 @@ struct QFormatQ6K {
         for (int l = 0; l < 32; ++l) {
             const unsigned int byte = q_byte(ql, l);
             const unsigned int lo = (t >> 1) ? byte >> 4 : byte & 0xFu;
-            const int q = (int)(lo | ((q_byte(qh, l) >> (2 * t)) & 3u) << 4) - 32;
-            v[l] = __fmul_rn(l < 16 ? s0 : s1, (float)q);
+            const unsigned int q = lo | ((q_byte(qh, l) >> (2 * t)) & 3u) << 4;
+            v[l] = __fmul_rn(l < 16 ? s0 : s1, q_u2f(q, 32.0f));
         }
     }
 };

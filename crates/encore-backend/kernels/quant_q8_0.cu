@@ -51,7 +51,7 @@ struct QFormatQ8_0 {
     static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
         const float d = q_f16(r.s);
 #pragma unroll
-        for (int l = 0; l < 32; ++l) v[l] = __fmul_rn(d, (float)(signed char)q_byte(r.q, l));
+        for (int l = 0; l < 32; ++l) v[l] = __fmul_rn(d, q_u2f(q_byte(r.q, l) ^ 0x80u, 128.0f));
     }
 };
 
