@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use encore_backend::backend::cpu::CpuBackend;
-use encore_backend::backend::cuda::{CudaBackend, QuantGemm};
+use encore_backend::backend::cuda::{CudaBackend, QuantGemm, QGEMV_DEFAULT_ROWS};
 use encore_backend::quant::{self, QuantFormat};
 use encore_backend::testing::compare::{tolerance, OpClass};
 use encore_backend::{Backend, DType, Tensor};
@@ -24,24 +24,35 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// One backend for the binary per quantized-GEMM mode (opening one compiles or loads every
 /// kernel), its scratch reserved as a model's would be (so which kernel runs a shape does
-/// not depend on the tests that ran before).
-fn backend(mode: QuantGemm) -> Arc<CudaBackend> {
-    static BE: [OnceLock<Arc<CudaBackend>>; 3] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    let i = match mode {
-        QuantGemm::Auto => 0,
-        QuantGemm::Mma => 1,
-        QuantGemm::Dequant => 2,
+/// not depend on the tests that ran before); one more, `Auto` with the quantized gemv up to
+/// 8 rows (`gemv8`), for the gemv's 5..=8-row variants.
+fn backend_with(mode: QuantGemm, gemv8: bool) -> Arc<CudaBackend> {
+    static BE: [OnceLock<Arc<CudaBackend>>; 4] = [
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+    ];
+    let i = match (mode, gemv8) {
+        (QuantGemm::Auto, false) => 0,
+        (QuantGemm::Mma, _) => 1,
+        (QuantGemm::Dequant, _) => 2,
+        (QuantGemm::Auto, true) => 3,
     };
     BE[i]
         .get_or_init(|| {
             let be = CudaBackend::new(0)
                 .unwrap_or_else(|e| panic!("{e}"))
-                .with_quant_gemm(mode);
+                .with_quant_gemm(mode)
+                .with_qgemv_max_rows(if gemv8 { 8 } else { QGEMV_DEFAULT_ROWS });
             be.reserve_dequant_scratch(64 << 20).unwrap();
             Arc::new(be)
         })
         .clone()
+}
+
+fn backend(mode: QuantGemm) -> Arc<CudaBackend> {
+    backend_with(mode, false)
 }
 
 /// The backend as a model runs it (`QuantGemm::Auto`).
@@ -107,12 +118,13 @@ impl Case {
         )
     }
 
-    /// Whether CUDA in `mode` runs this case as Hopper's FP8 GEMM, whose x is quantized to
-    /// E4M3 per row and 128 values (`fp8_fits` in the backend, given the reserved scratch).
-    fn fp8_gemm(&self, mode: QuantGemm) -> bool {
+    /// Whether CUDA in `mode`, its gemv taking up to `gemv_rows` rows, runs this case as
+    /// Hopper's FP8 GEMM, whose x is quantized to E4M3 per row and 128 values (`fp8_fits`
+    /// in the backend, given the reserved scratch).
+    fn fp8_gemm(&self, mode: QuantGemm, gemv_rows: usize) -> bool {
         mode == QuantGemm::Auto
             && self.fmt == QuantFormat::F8E4M3
-            && self.m > 8
+            && self.m > gemv_rows
             && self.dt != DType::F32
             && self.n.is_multiple_of(8)
             && (self.out == self.dt || !self.bias)
@@ -121,8 +133,14 @@ impl Case {
     /// The CPU's result for CUDA in `mode`: `run`, or for the FP8 GEMM the same product with
     /// x as that GEMM sees it (rounded to the dtype, then quantized to E4M3 with per-128
     /// scales as `fp8_quant_rows` does), in f32.
-    fn reference(&self, cpu: &dyn Backend, w_bytes: &[u8], mode: QuantGemm) -> Vec<f32> {
-        if !self.fp8_gemm(mode) {
+    fn reference(
+        &self,
+        cpu: &dyn Backend,
+        w_bytes: &[u8],
+        mode: QuantGemm,
+        gemv_rows: usize,
+    ) -> Vec<f32> {
+        if !self.fp8_gemm(mode, gemv_rows) {
             return self.run(cpu, w_bytes);
         }
         let x = cpu
@@ -229,6 +247,8 @@ fn quantized_matmul_matches_cpu() {
     let _serial = serial();
     let gpu = cuda();
     let gpu: &dyn Backend = gpu.as_ref();
+    let gemv8 = backend_with(QuantGemm::Auto, true);
+    let gemv8: &dyn Backend = gemv8.as_ref();
     let cpu = CpuBackend::new();
     let mut count = 0;
     for (f, fmt) in QuantFormat::ALL.into_iter().enumerate() {
@@ -249,9 +269,15 @@ fn quantized_matmul_matches_cpu() {
                 };
                 let w = weight_bytes(fmt, n, k, seed);
                 let got = case.run(gpu, &w);
-                let want = case.reference(&cpu, &w, QuantGemm::Auto);
+                let want = case.reference(&cpu, &w, QuantGemm::Auto, QGEMV_DEFAULT_ROWS);
                 assert_close(&case.name(), &got, &want, dt);
                 count += 1;
+                if (QGEMV_DEFAULT_ROWS + 1..=8).contains(&m) {
+                    // The gemv's 5..=8-row variants, off by default.
+                    let got = case.run(gemv8, &w);
+                    let want = case.reference(&cpu, &w, QuantGemm::Auto, 8);
+                    assert_close(&format!("gemv8 {}", case.name()), &got, &want, dt);
+                }
             }
         }
     }
@@ -264,7 +290,7 @@ fn quantized_matmul_matches_cpu() {
 #[ignore = "needs a CUDA device"]
 fn quantized_gemv_matches_cpu_at_model_shapes() {
     let _serial = serial();
-    let gpu = cuda();
+    let gpu = backend_with(QuantGemm::Auto, true);
     let gpu: &dyn Backend = gpu.as_ref();
     let cpu = CpuBackend::new();
     for fmt in QuantFormat::ALL {
@@ -373,7 +399,7 @@ fn quantized_gemm_paths_match_cpu_at_model_shapes() {
                 assert_close(
                     &format!("{mode:?}: {}", case.name()),
                     &case.run(gpu, &w),
-                    &case.reference(&cpu, &w, mode),
+                    &case.reference(&cpu, &w, mode, QGEMV_DEFAULT_ROWS),
                     dt,
                 );
             }

@@ -22,7 +22,7 @@ use cudarc::driver::{
 };
 
 pub use crate::storage::cuda::{CudaBuffer, PinnedStaging};
-pub use kernels::quant::QuantGemm;
+pub use kernels::quant::{QuantGemm, QGEMV_DEFAULT_ROWS};
 pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;
@@ -110,6 +110,9 @@ pub struct CudaBackend {
     /// Matmuls with at most this many rows run the gemv kernels instead of cuBLASLt
     /// (`ENCORE_GEMV_MAX_ROWS`, default `kernels::GEMV_DEFAULT_ROWS`; 0 turns gemv off).
     gemv_max_rows: usize,
+    /// Rows of x up to which a quantized weight's matmul runs the quantized gemv
+    /// (`ENCORE_QGEMV_MAX_ROWS`, default `kernels::quant::QGEMV_DEFAULT_ROWS`).
+    qgemv_max_rows: usize,
     /// Launch kernels with programmatic dependent launch (sm_90+, unless `ENCORE_PDL=0`).
     pdl: bool,
     /// Prefill / mixed attention in bf16 / f16 with head_dim 64 or 128 runs the
@@ -135,17 +138,19 @@ pub(super) fn dptr(t: &Tensor) -> u64 {
     }
 }
 
-/// `ENCORE_GEMV_MAX_ROWS` (a tuning and comparison knob: 0 sends every matmul to cuBLASLt).
-fn gemv_max_rows_from_env() -> Result<usize> {
-    match std::env::var("ENCORE_GEMV_MAX_ROWS") {
-        Err(_) => Ok(kernels::GEMV_DEFAULT_ROWS),
+/// `ENCORE_GEMV_MAX_ROWS` (a tuning and comparison knob: 0 sends every matmul to cuBLASLt)
+/// or `ENCORE_QGEMV_MAX_ROWS` (the same for quantized weights: 0 sends every one to the
+/// many-row paths), `default` when unset.
+fn gemv_max_rows_from_env(var: &str, default: usize) -> Result<usize> {
+    match std::env::var(var) {
+        Err(_) => Ok(default),
         Ok(v) => v
             .trim()
             .parse::<usize>()
             .ok()
             .filter(|&r| r <= kernels::GEMV_MAX_ROWS)
             .ok_or_else(|| Error::Config {
-                path: "ENCORE_GEMV_MAX_ROWS".into(),
+                path: var.into(),
                 what: format!(
                     "`{v}`: expected an integer in 0..={}",
                     kernels::GEMV_MAX_ROWS
@@ -252,7 +257,14 @@ impl CudaBackend {
             info,
             compile,
             capturing: AtomicBool::new(false),
-            gemv_max_rows: gemv_max_rows_from_env()?,
+            gemv_max_rows: gemv_max_rows_from_env(
+                "ENCORE_GEMV_MAX_ROWS",
+                kernels::GEMV_DEFAULT_ROWS,
+            )?,
+            qgemv_max_rows: gemv_max_rows_from_env(
+                "ENCORE_QGEMV_MAX_ROWS",
+                kernels::quant::QGEMV_DEFAULT_ROWS,
+            )?,
             pdl: cc.0 >= 9 && std::env::var("ENCORE_PDL").map_or(true, |v| v.trim() != "0"),
             flash_prefill: std::env::var("ENCORE_PREFILL_ATTENTION")
                 .map_or(true, |v| v.trim() != "split"),
@@ -304,12 +316,24 @@ impl CudaBackend {
         self.gemv_max_rows = rows.min(kernels::GEMV_MAX_ROWS);
     }
 
+    /// Rows up to which quantized matmuls run the quantized gemv.
+    pub(in crate::backend::cuda) fn qgemv_max_rows(&self) -> usize {
+        self.qgemv_max_rows
+    }
+
     /// The quantized-weight GEMM setting (`ENCORE_QUANT_GEMM`).
     pub(in crate::backend::cuda) fn quant_gemm(&self) -> QuantGemm {
         self.quant_gemm
     }
 
-    /// This backend with quantized-weight matmuls of more than 8 rows run as `g` says,
+    /// This backend with quantized-weight matmuls of up to `rows` rows (at most 8) on the
+    /// quantized gemv, whatever `ENCORE_QGEMV_MAX_ROWS` says.
+    pub fn with_qgemv_max_rows(mut self, rows: usize) -> Self {
+        self.qgemv_max_rows = rows.min(kernels::GEMV_MAX_ROWS);
+        self
+    }
+
+    /// This backend with quantized-weight matmuls beyond the gemv's rows run as `g` says,
     /// whatever `ENCORE_QUANT_GEMM` says (tests and comparisons pin one path).
     pub fn with_quant_gemm(mut self, g: QuantGemm) -> Self {
         self.quant_gemm = g;
@@ -613,7 +637,7 @@ impl Backend for CudaBackend {
         let d = ops::check_matmul(x, w, None, gate_up)?;
         ops::check_silu_mul(gate_up, out)?;
         if let DType::Q(fmt) = w.dtype() {
-            if d.m == 1 && out.dtype() == x.dtype() && kernels::quant::qgemv_fits(x, w, &d) {
+            if d.m == 1 && out.dtype() == x.dtype() && kernels::quant::qgemv_fits(self, x, w, &d) {
                 self.bind()?;
                 return kernels::quant::qgemv_silu(self, fmt, x, w, out, &d);
             }

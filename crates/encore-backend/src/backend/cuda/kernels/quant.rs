@@ -39,11 +39,23 @@ fn units_per_block(fmt: QuantFormat) -> usize {
     }
 }
 
-/// Whether the quantized gemv can run this matmul: 1..=[`GEMV_MAX_ROWS`] rows and 16-byte
-/// aligned x and w (every row of both is then aligned: a quantized row is a multiple of 16
-/// bytes, and k, a whole number of blocks, is a multiple of 32 values).
-pub(in crate::backend::cuda) fn qgemv_fits(x: &Tensor, w: &Tensor, d: &MatmulDims) -> bool {
-    d.m >= 1 && d.m <= GEMV_MAX_ROWS && aligned16(x) && aligned16(w)
+/// Rows up to which the quantized gemv runs by default. Its 8-row variant is bound by
+/// arithmetic (it decodes in f32 and does 8 FMAs a weight in CUDA cores): on the H100 an 8B
+/// Q4_K step at batch 8 took 18.2 ms with it and 8.6 ms at batch 16 on the tensor-core
+/// kernel (BENCHMARKS.md, "Quantized weights").
+pub const QGEMV_DEFAULT_ROWS: usize = 4;
+
+/// Whether the quantized gemv runs this matmul: 1..=the backend's `qgemv_max_rows` (at most
+/// [`GEMV_MAX_ROWS`]) rows and 16-byte aligned x and w (every row of both is then aligned:
+/// a quantized row is a multiple of 16 bytes, and k, a whole number of blocks, is a
+/// multiple of 32 values).
+pub(in crate::backend::cuda) fn qgemv_fits(
+    be: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    d: &MatmulDims,
+) -> bool {
+    d.m >= 1 && d.m <= be.qgemv_max_rows().min(GEMV_MAX_ROWS) && aligned16(x) && aligned16(w)
 }
 
 /// `(ksplit, CTAs)` for `n_outs` outputs per x row, each warp computing `outs_per_warp` of
@@ -67,7 +79,8 @@ fn qgemv_layout(
     (ksplit, n_outs.div_ceil(GEMV_WARPS / ksplit * outs_per_warp))
 }
 
-/// How matmuls with a quantized weight and more than 8 rows run on CUDA.
+/// How matmuls with a quantized weight and more rows than the quantized gemv takes run on
+/// CUDA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantGemm {
     /// FP8 weights: Hopper's FP8 GEMM (x quantized per 128 values); other formats with x
@@ -81,8 +94,9 @@ pub enum QuantGemm {
 }
 
 /// Rows up to which `Auto` runs the tensor-core kernel rather than decode-then-GEMM
-/// (measured on the H100: BENCHMARKS.md, "Quantized weights").
-pub const QMMA_AUTO_MAX_ROWS: usize = 256;
+/// (measured on the H100, 8B Q4_K decode step: 12.0 against 18.6 ms at 64 rows, 31.9
+/// against 22.5 ms at 256; BENCHMARKS.md, "Quantized weights").
+pub const QMMA_AUTO_MAX_ROWS: usize = 128;
 
 impl QuantGemm {
     /// `ENCORE_QUANT_GEMM` (`auto` when unset); another value is an error naming it.
@@ -354,7 +368,7 @@ pub(in crate::backend::cuda) fn matmul(
             "a quantized w must start 16-byte aligned",
         ));
     }
-    if qgemv_fits(x, w, d) {
+    if qgemv_fits(be, x, w, d) {
         return qgemv(be, fmt, x, w, bias, out, d);
     }
     let mode = be.quant_gemm();
