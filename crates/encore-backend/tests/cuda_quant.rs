@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use encore_backend::backend::cpu::CpuBackend;
-use encore_backend::backend::cuda::{CudaBackend, QuantGemm, QGEMV_DEFAULT_ROWS};
+use encore_backend::backend::cuda::{qgemv_default_rows, CudaBackend, QuantGemm};
 use encore_backend::quant::{self, QuantFormat};
 use encore_backend::testing::compare::{tolerance, OpClass};
 use encore_backend::{Backend, DType, Tensor};
@@ -25,7 +25,7 @@ fn serial() -> MutexGuard<'static, ()> {
 /// One backend for the binary per quantized-GEMM mode (opening one compiles or loads every
 /// kernel), its scratch reserved as a model's would be (so which kernel runs a shape does
 /// not depend on the tests that ran before); one more, `Auto` with the quantized gemv up to
-/// 8 rows (`gemv8`), for the gemv's 5..=8-row variants.
+/// 8 rows (`gemv8`), for the gemv's variants past its default rows.
 fn backend_with(mode: QuantGemm, gemv8: bool) -> Arc<CudaBackend> {
     static BE: [OnceLock<Arc<CudaBackend>>; 4] = [
         OnceLock::new(),
@@ -41,10 +41,12 @@ fn backend_with(mode: QuantGemm, gemv8: bool) -> Arc<CudaBackend> {
     };
     BE[i]
         .get_or_init(|| {
-            let be = CudaBackend::new(0)
+            let mut be = CudaBackend::new(0)
                 .unwrap_or_else(|e| panic!("{e}"))
-                .with_quant_gemm(mode)
-                .with_qgemv_max_rows(if gemv8 { 8 } else { QGEMV_DEFAULT_ROWS });
+                .with_quant_gemm(mode);
+            if gemv8 {
+                be = be.with_qgemv_max_rows(8);
+            }
             be.reserve_dequant_scratch(64 << 20).unwrap();
             Arc::new(be)
         })
@@ -269,11 +271,11 @@ fn quantized_matmul_matches_cpu() {
                 };
                 let w = weight_bytes(fmt, n, k, seed);
                 let got = case.run(gpu, &w);
-                let want = case.reference(&cpu, &w, QuantGemm::Auto, QGEMV_DEFAULT_ROWS);
+                let want = case.reference(&cpu, &w, QuantGemm::Auto, qgemv_default_rows(fmt));
                 assert_close(&case.name(), &got, &want, dt);
                 count += 1;
-                if (QGEMV_DEFAULT_ROWS + 1..=8).contains(&m) {
-                    // The gemv's 5..=8-row variants, off by default.
+                if (qgemv_default_rows(fmt) + 1..=8).contains(&m) {
+                    // The gemv's variants past its default rows.
                     let got = case.run(gemv8, &w);
                     let want = case.reference(&cpu, &w, QuantGemm::Auto, 8);
                     assert_close(&format!("gemv8 {}", case.name()), &got, &want, dt);
@@ -399,7 +401,7 @@ fn quantized_gemm_paths_match_cpu_at_model_shapes() {
                 assert_close(
                     &format!("{mode:?}: {}", case.name()),
                     &case.run(gpu, &w),
-                    &case.reference(&cpu, &w, mode, QGEMV_DEFAULT_ROWS),
+                    &case.reference(&cpu, &w, mode, qgemv_default_rows(fmt)),
                     dt,
                 );
             }

@@ -22,7 +22,7 @@ use cudarc::driver::{
 };
 
 pub use crate::storage::cuda::{CudaBuffer, PinnedStaging};
-pub use kernels::quant::{QuantGemm, QGEMV_DEFAULT_ROWS};
+pub use kernels::quant::{qgemv_default_rows, QuantGemm};
 pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;
@@ -111,8 +111,8 @@ pub struct CudaBackend {
     /// (`ENCORE_GEMV_MAX_ROWS`, default `kernels::GEMV_DEFAULT_ROWS`; 0 turns gemv off).
     gemv_max_rows: usize,
     /// Rows of x up to which a quantized weight's matmul runs the quantized gemv
-    /// (`ENCORE_QGEMV_MAX_ROWS`, default `kernels::quant::QGEMV_DEFAULT_ROWS`).
-    qgemv_max_rows: usize,
+    /// (`ENCORE_QGEMV_MAX_ROWS`; `None`: `kernels::quant::qgemv_default_rows` per format).
+    qgemv_max_rows: Option<usize>,
     /// Launch kernels with programmatic dependent launch (sm_90+, unless `ENCORE_PDL=0`).
     pdl: bool,
     /// Prefill / mixed attention in bf16 / f16 with head_dim 64 or 128 runs the
@@ -261,10 +261,10 @@ impl CudaBackend {
                 "ENCORE_GEMV_MAX_ROWS",
                 kernels::GEMV_DEFAULT_ROWS,
             )?,
-            qgemv_max_rows: gemv_max_rows_from_env(
-                "ENCORE_QGEMV_MAX_ROWS",
-                kernels::quant::QGEMV_DEFAULT_ROWS,
-            )?,
+            qgemv_max_rows: match std::env::var_os("ENCORE_QGEMV_MAX_ROWS") {
+                None => None,
+                Some(_) => Some(gemv_max_rows_from_env("ENCORE_QGEMV_MAX_ROWS", 0)?),
+            },
             pdl: cc.0 >= 9 && std::env::var("ENCORE_PDL").map_or(true, |v| v.trim() != "0"),
             flash_prefill: std::env::var("ENCORE_PREFILL_ATTENTION")
                 .map_or(true, |v| v.trim() != "split"),
@@ -316,8 +316,8 @@ impl CudaBackend {
         self.gemv_max_rows = rows.min(kernels::GEMV_MAX_ROWS);
     }
 
-    /// Rows up to which quantized matmuls run the quantized gemv.
-    pub(in crate::backend::cuda) fn qgemv_max_rows(&self) -> usize {
+    /// Rows up to which quantized matmuls run the quantized gemv, where set.
+    pub(in crate::backend::cuda) fn qgemv_max_rows(&self) -> Option<usize> {
         self.qgemv_max_rows
     }
 
@@ -329,7 +329,7 @@ impl CudaBackend {
     /// This backend with quantized-weight matmuls of up to `rows` rows (at most 8) on the
     /// quantized gemv, whatever `ENCORE_QGEMV_MAX_ROWS` says.
     pub fn with_qgemv_max_rows(mut self, rows: usize) -> Self {
-        self.qgemv_max_rows = rows.min(kernels::GEMV_MAX_ROWS);
+        self.qgemv_max_rows = Some(rows.min(kernels::GEMV_MAX_ROWS));
         self
     }
 
@@ -637,7 +637,10 @@ impl Backend for CudaBackend {
         let d = ops::check_matmul(x, w, None, gate_up)?;
         ops::check_silu_mul(gate_up, out)?;
         if let DType::Q(fmt) = w.dtype() {
-            if d.m == 1 && out.dtype() == x.dtype() && kernels::quant::qgemv_fits(self, x, w, &d) {
+            if d.m == 1
+                && out.dtype() == x.dtype()
+                && kernels::quant::qgemv_fits(self, fmt, x, w, &d)
+            {
                 self.bind()?;
                 return kernels::quant::qgemv_silu(self, fmt, x, w, out, &d);
             }

@@ -39,23 +39,34 @@ fn units_per_block(fmt: QuantFormat) -> usize {
     }
 }
 
-/// Rows up to which the quantized gemv runs by default. Its 8-row variant is bound by
-/// arithmetic (it decodes in f32 and does 8 FMAs a weight in CUDA cores): on the H100 an 8B
-/// Q4_K step at batch 8 took 18.2 ms with it and 8.6 ms at batch 16 on the tensor-core
-/// kernel (BENCHMARKS.md, "Quantized weights").
-pub const QGEMV_DEFAULT_ROWS: usize = 4;
+/// Rows up to which the quantized gemv runs by default: 2 for the K-quants, 4 for the
+/// others. Its 4- and 8-row variants decode in f32 and do 4 or 8 FMAs a weight in CUDA
+/// cores, so they are bound by arithmetic, the K-quants' most: on the H100 an 8B step took
+/// 9.03 ms at batch 4 on the Q4_K gemv and 8.09 ms on the tensor-core kernel, 6.17 against
+/// 7.14 ms for Q8_0; at batch 8 Q4_K 18.2 against 8.2 ms (BENCHMARKS.md, "Quantized
+/// weights").
+pub fn qgemv_default_rows(fmt: QuantFormat) -> usize {
+    match fmt {
+        QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K => 2,
+        _ => 4,
+    }
+}
 
 /// Whether the quantized gemv runs this matmul: 1..=the backend's `qgemv_max_rows` (at most
-/// [`GEMV_MAX_ROWS`]) rows and 16-byte aligned x and w (every row of both is then aligned:
-/// a quantized row is a multiple of 16 bytes, and k, a whole number of blocks, is a
-/// multiple of 32 values).
+/// [`GEMV_MAX_ROWS`]; [`qgemv_default_rows`] unless set) rows and 16-byte aligned x and w
+/// (every row of both is then aligned: a quantized row is a multiple of 16 bytes, and k, a
+/// whole number of blocks, is a multiple of 32 values).
 pub(in crate::backend::cuda) fn qgemv_fits(
     be: &CudaBackend,
+    fmt: QuantFormat,
     x: &Tensor,
     w: &Tensor,
     d: &MatmulDims,
 ) -> bool {
-    d.m >= 1 && d.m <= be.qgemv_max_rows().min(GEMV_MAX_ROWS) && aligned16(x) && aligned16(w)
+    let rows = be
+        .qgemv_max_rows()
+        .unwrap_or_else(|| qgemv_default_rows(fmt));
+    d.m >= 1 && d.m <= rows.min(GEMV_MAX_ROWS) && aligned16(x) && aligned16(w)
 }
 
 /// `(ksplit, CTAs)` for `n_outs` outputs per x row, each warp computing `outs_per_warp` of
@@ -368,7 +379,7 @@ pub(in crate::backend::cuda) fn matmul(
             "a quantized w must start 16-byte aligned",
         ));
     }
-    if qgemv_fits(be, x, w, d) {
+    if qgemv_fits(be, fmt, x, w, d) {
         return qgemv(be, fmt, x, w, bias, out, d);
     }
     let mode = be.quant_gemm();
