@@ -11,6 +11,7 @@
 
 use cudarc::driver::LaunchConfig;
 
+use super::handles::Kernel;
 use super::{dptr, CudaBackend};
 use crate::backend::{QkvRope, Sampling};
 use crate::error::{Error, Result};
@@ -762,20 +763,41 @@ pub(super) fn gemv_silu(
         return Ok(());
     }
     let dt = x.dtype();
-    let (ksplit, ctas) = gemv_layout(be, dt, inter, d.k, 1);
+    let layout = gemv_layout(be, dt, inter, d.k, 1);
+    launch_gemv_silu(
+        be,
+        OP,
+        be.kernels().gemv_silu.get(dt)?,
+        layout,
+        x,
+        w,
+        out,
+        d,
+    )
+}
+
+/// Launch a one-row fused gate/up + SiLU kernel of the gemv family (dense or quantized):
+/// `layout` is its `(ksplit, CTAs)` for `d.n / 2` outputs.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_gemv_silu(
+    be: &CudaBackend,
+    op_name: &'static str,
+    kernel: &Kernel,
+    (ksplit, ctas): (usize, usize),
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
     let c = cfg(
-        (grid_x(OP, "inter", ctas)?, 1, 1),
+        (grid_x(op_name, "inter", ctas)?, 1, 1),
         ((GEMV_WARPS * 32) as u32, 1, 1),
     );
     let (xp, wp, op) = (dptr(x), dptr(w), dptr(out));
-    let n = int(OP, "2 * inter", d.n).map(|_| inter as i32)?;
-    let k = int(OP, "k", d.k)?;
+    let n = int(op_name, "2 * inter", d.n).map(|n| n / 2)?;
+    let k = int(op_name, "k", d.k)?;
     let ksplit = ksplit as i32;
-    be.launch(
-        be.kernels().gemv_silu.get(dt)?,
-        c,
-        &mut args![xp, wp, op, n, k, ksplit],
-    )
+    be.launch(kernel, c, &mut args![xp, wp, op, n, k, ksplit])
 }
 
 /// `out = x · wᵀ (+ bias)` for `m <= GEMV_MAX_ROWS` rows (checked by [`gemv_fits`]).
@@ -793,16 +815,33 @@ pub(super) fn gemv(
     }
     let dt = x.dtype();
     let variant = d.m.next_power_of_two();
-    let (ksplit, ctas) = gemv_layout(be, dt, d.n, d.k, variant.min(4));
+    let layout = gemv_layout(be, dt, d.n, d.k, variant.min(4));
     let kernel = be.kernels().gemv(dt, out.dtype(), variant)?;
+    launch_gemv(be, OP, kernel, layout, x, w, bias, out, d)
+}
+
+/// Launch a gemv-family kernel (dense or quantized) for `d.m <= GEMV_MAX_ROWS` rows:
+/// `layout` is its `(ksplit, CTAs)`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_gemv(
+    be: &CudaBackend,
+    op_name: &'static str,
+    kernel: &Kernel,
+    (ksplit, ctas): (usize, usize),
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
     let c = cfg(
-        (grid_x(OP, "n", ctas)?, 1, 1),
+        (grid_x(op_name, "n", ctas)?, 1, 1),
         ((GEMV_WARPS * 32) as u32, 1, 1),
     );
     let (xp, wp, bp, op) = (dptr(x), dptr(w), bias.map_or(0, dptr), dptr(out));
     let m = d.m as i32; // <= GEMV_MAX_ROWS
-    let n = int(OP, "n", d.n)?;
-    let k = int(OP, "k", d.k)?;
+    let n = int(op_name, "n", d.n)?;
+    let k = int(op_name, "k", d.k)?;
     let ksplit = ksplit as i32;
     be.launch(kernel, c, &mut args![xp, wp, bp, op, m, n, k, ksplit])
 }

@@ -12,7 +12,9 @@
 
 use std::sync::MutexGuard;
 
-use super::{aligned16, cfg, grid_x, int, GEMV_MAX_ROWS, GEMV_WARPS};
+use super::{
+    aligned16, cfg, grid_x, int, launch_gemv, launch_gemv_silu, GEMV_MAX_ROWS, GEMV_WARPS,
+};
 use crate::backend::cuda::{blas, dptr, CudaBackend, CudaBuffer};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -445,20 +447,9 @@ pub(in crate::backend::cuda) fn qgemv_silu(
         return Ok(());
     }
     let dt = x.dtype();
-    let (ksplit, ctas) = qgemv_layout(be, fmt, inter, d.k, 1);
-    let c = cfg(
-        (grid_x(OP, "inter", ctas)?, 1, 1),
-        ((GEMV_WARPS * 32) as u32, 1, 1),
-    );
-    let (xp, wp, op) = (dptr(x), dptr(w), dptr(out));
-    let n = int(OP, "2 * inter", d.n).map(|_| inter as i32)?;
-    let k = int(OP, "k", d.k)?;
-    let ksplit = ksplit as i32;
-    be.launch(
-        be.kernels().qgemv_silu(fmt, dt)?,
-        c,
-        &mut args![xp, wp, op, n, k, ksplit],
-    )
+    let layout = qgemv_layout(be, fmt, inter, d.k, 1);
+    let kernel = be.kernels().qgemv_silu(fmt, dt)?;
+    launch_gemv_silu(be, OP, kernel, layout, x, w, out, d)
 }
 
 /// The quantized gemv for `m <= GEMV_MAX_ROWS` rows (checked by [`qgemv_fits`]).
@@ -474,18 +465,9 @@ fn qgemv(
     const OP: &str = "matmul (quantized gemv)";
     let dt = x.dtype();
     let variant = d.m.next_power_of_two();
-    let (ksplit, ctas) = qgemv_layout(be, fmt, d.n, d.k, rows_per_warp(variant));
+    let layout = qgemv_layout(be, fmt, d.n, d.k, rows_per_warp(variant));
     let kernel = be.kernels().qgemv(fmt, dt, out.dtype(), variant)?;
-    let c = cfg(
-        (grid_x(OP, "n", ctas)?, 1, 1),
-        ((GEMV_WARPS * 32) as u32, 1, 1),
-    );
-    let (xp, wp, bp, op) = (dptr(x), dptr(w), bias.map_or(0, dptr), dptr(out));
-    let m = d.m as i32; // <= GEMV_MAX_ROWS
-    let n = int(OP, "n", d.n)?;
-    let k = int(OP, "k", d.k)?;
-    let ksplit = ksplit as i32;
-    be.launch(kernel, c, &mut args![xp, wp, bp, op, m, n, k, ksplit])
+    launch_gemv(be, OP, kernel, layout, x, w, bias, out, d)
 }
 
 /// Threads of a dequantize CTA, each decoding 32 consecutive values.
