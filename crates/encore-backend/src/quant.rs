@@ -396,27 +396,20 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
     }
     let sign = if x.is_sign_negative() { 0x80 } else { 0 };
     let a = x.abs().min(E4M3_MAX);
-    // Positive codes 0x00..=0x7E are increasing in value: find the first above `a`.
-    let (mut lo, mut hi) = (0u8, 0x7E);
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        if e4m3_to_f32(mid) <= a {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    // lo is the largest code <= a; round to the nearer of lo and lo + 1.
-    let code = if lo < 0x7E {
-        let (below, above) = (e4m3_to_f32(lo), e4m3_to_f32(lo + 1));
-        let (db, da) = (a - below, above - a);
-        if da < db || (da == db && lo & 1 == 1) {
-            lo + 1
-        } else {
-            lo
-        }
+    let bits = a.to_bits();
+    let exp = (bits >> 23) as i32 - 127;
+    let code = if exp < -6 {
+        // Below 2^-6: the subnormal codes 0..=7 are multiples of 2^-9 (8 is 2^-6, the first
+        // normal code), and `a * 512` is exact.
+        (a * 512.0).round_ties_even() as u8
     } else {
-        lo
+        // Normal: the exponent (bias 7) and f32's mantissa rounded to 3 bits, ties to an
+        // even code; a carry out of the mantissa moves to the next exponent, as the codes
+        // are in value order. `a` <= 448 (0x7E), so the code stays finite.
+        let v = (((exp + 7) as u32) << 3) | ((bits >> 20) & 7);
+        let rem = bits & 0xF_FFFF;
+        let up = rem > 0x8_0000 || (rem == 0x8_0000 && v & 1 == 1);
+        (v + up as u32) as u8
     };
     sign | code
 }
@@ -673,6 +666,47 @@ mod tests {
                 unpack_block(fmt, &row, 3, b, &mut back);
                 let bb = fmt.block_bytes();
                 assert_eq!(back, blocks[b * bb..(b + 1) * bb], "{fmt} block {b}");
+            }
+        }
+    }
+
+    /// The nearest code by search over the decoded values (ties to the even code): what
+    /// `f32_to_e4m3` computes from the bits.
+    fn e4m3_by_search(x: f32) -> u8 {
+        let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+        let a = x.abs().min(E4M3_MAX);
+        let below = (0u8..=0x7E).rev().find(|&c| e4m3_to_f32(c) <= a).unwrap();
+        let code = if below < 0x7E {
+            let (db, da) = (a - e4m3_to_f32(below), e4m3_to_f32(below + 1) - a);
+            if da < db || (da == db && below & 1 == 1) {
+                below + 1
+            } else {
+                below
+            }
+        } else {
+            below
+        };
+        sign | code
+    }
+
+    #[test]
+    fn e4m3_encoding_matches_the_search_everywhere() {
+        // Every code, every midpoint between neighbours and the floats next to it, and a
+        // sweep of f32 bit patterns from 2^-12 to past the saturation point.
+        let mut xs = vec![0.0f32, -0.0, 1e-30, 1e9, -1e9, 464.0, 480.0];
+        for c in 0u8..0x7E {
+            let (lo, hi) = (e4m3_to_f32(c), e4m3_to_f32(c + 1));
+            let mid = (lo + hi) / 2.0;
+            xs.extend([lo, mid, f32::from_bits(mid.to_bits() - 1), mid.next_up()]);
+        }
+        let mut b = 2f32.powi(-12).to_bits();
+        while b < 500f32.to_bits() {
+            xs.push(f32::from_bits(b));
+            b += 997;
+        }
+        for &x in &xs {
+            for x in [x, -x] {
+                assert_eq!(f32_to_e4m3(x), e4m3_by_search(x), "{x:e}");
             }
         }
     }
