@@ -7,7 +7,8 @@ How CI calls it (from the repository root, in `.ci/run`):
     python3 scripts/check-kernels.py
 
 It compiles `kernels/common.cuh + <file>.cu` for every `crates/encore-backend/kernels/*.cu`
-exactly as the Rust loader does (common.cuh textually prepended; options
+(one file a core, concurrently) exactly as the Rust loader does (common.cuh textually
+prepended; options
 `--gpu-architecture=sm_90 --std=c++17 -I<include dir>`), prints one line per file, and
 exits non-zero if any file fails, if NVRTC prints anything (warnings count as errors),
 if a `.cu` file is missing from `SOURCES` in `src/backend/cuda/kernels/mod.rs` (or listed
@@ -27,6 +28,7 @@ kernel (`--ptxas-options=-v`); `--arch sm_XX` overrides the architecture.
 """
 
 import argparse
+import concurrent.futures
 import ctypes
 import os
 import re
@@ -203,15 +205,22 @@ def main():
     options = [f"--gpu-architecture={args.arch}", "--std=c++17", f"-I{include}"]
     if args.verbose:
         options.append("--ptxas-options=-v")
+    def compile_one(file):
+        t0 = time.time()
+        result = nvrtc.compile(common + (KERNEL_DIR / file).read_text(), file, options)
+        return result, time.time() - t0
+
+    # NVRTC compiles independent programs concurrently (ctypes releases the GIL): one file
+    # a core; the results are reported in SOURCES order.
+    present = [file for file, _, _ in entries if (KERNEL_DIR / file).exists()]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        compiled = dict(zip(present, pool.map(compile_one, present)))
     for file, src_path, funcs in entries:
         if f"/kernels/{file}" not in src_path:
             failures.append(f"{file}: include_str! path {src_path!r} does not name the file")
-        path = KERNEL_DIR / file
-        if not path.exists():
+        if file not in compiled:
             continue
-        t0 = time.time()
-        ok, log, ptx = nvrtc.compile(common + path.read_text(), file, options)
-        dt = time.time() - t0
+        (ok, log, ptx), dt = compiled[file]
         problems = []
         if not ok:
             problems.append("compile error")
