@@ -670,14 +670,14 @@ mod tests {
         }
     }
 
-    /// The nearest code by search over the decoded values (ties to the even code): what
-    /// `f32_to_e4m3` computes from the bits.
-    fn e4m3_by_search(x: f32) -> u8 {
+    /// The nearest code by search over the decoded values `vals` (codes 0..=0x7E; ties to
+    /// the even code): what `f32_to_e4m3` computes from the bits.
+    fn e4m3_by_search(vals: &[f32], x: f32) -> u8 {
         let sign = if x.is_sign_negative() { 0x80 } else { 0 };
         let a = x.abs().min(E4M3_MAX);
-        let below = (0u8..=0x7E).rev().find(|&c| e4m3_to_f32(c) <= a).unwrap();
+        let below = (vals.partition_point(|&v| v <= a) - 1) as u8;
         let code = if below < 0x7E {
-            let (db, da) = (a - e4m3_to_f32(below), e4m3_to_f32(below + 1) - a);
+            let (db, da) = (a - vals[below as usize], vals[below as usize + 1] - a);
             if da < db || (da == db && below & 1 == 1) {
                 below + 1
             } else {
@@ -704,9 +704,10 @@ mod tests {
             xs.push(f32::from_bits(b));
             b += 997;
         }
+        let vals: Vec<f32> = (0u8..=0x7E).map(e4m3_to_f32).collect();
         for &x in &xs {
             for x in [x, -x] {
-                assert_eq!(f32_to_e4m3(x), e4m3_by_search(x), "{x:e}");
+                assert_eq!(f32_to_e4m3(x), e4m3_by_search(&vals, x), "{x:e}");
             }
         }
     }
