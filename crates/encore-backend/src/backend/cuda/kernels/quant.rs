@@ -385,7 +385,7 @@ pub(in crate::backend::cuda) fn matmul(
         return qgemv(be, fmt, x, w, bias, out, d);
     }
     let mode = be.quant_gemm();
-    if mode == QuantGemm::Auto {
+    if mode == QuantGemm::Auto && fmt == QuantFormat::F8E4M3 {
         let scratch = lock(be);
         if fp8_fits(fmt, x, out, bias.is_some(), d, scratch.len()) {
             return fp8_gemm(be, &scratch, x, w, bias, out, d);
