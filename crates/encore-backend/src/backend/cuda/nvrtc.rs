@@ -22,6 +22,8 @@ pub struct CompiledModule {
     pub cubin: Vec<u8>,
     /// Whether the cubin came from the disk cache.
     pub cached: bool,
+    /// NVRTC's log of a successful compile (warnings); empty when clean or cached.
+    pub log: String,
     pub seconds: f64,
 }
 
@@ -176,12 +178,13 @@ fn compile_one(
                     functions: source.functions,
                     cubin,
                     cached: true,
+                    log: String::new(),
                     seconds: start.elapsed().as_secs_f64(),
                 });
             }
         }
     }
-    let cubin = compile_source(source.file, &format!("{COMMON}\n{}", source.src), opts)?;
+    let (cubin, log) = compile_source(source.file, &format!("{COMMON}\n{}", source.src), opts)?;
     if let Some(p) = &path {
         // Write to a temporary name then rename, so a concurrent reader never sees half a file.
         let tmp = p.with_extension(format!("tmp{}", std::process::id()));
@@ -198,12 +201,14 @@ fn compile_one(
         functions: source.functions,
         cubin,
         cached: false,
+        log,
         seconds: start.elapsed().as_secs_f64(),
     })
 }
 
-/// Compile one translation unit to a cubin; a failure carries NVRTC's log.
-fn compile_source(file: &str, src: &str, opts: &[String]) -> Result<Vec<u8>> {
+/// Compile one translation unit to a cubin and NVRTC's log (warnings, usually empty); a
+/// failure carries the log.
+fn compile_source(file: &str, src: &str, opts: &[String]) -> Result<(Vec<u8>, String)> {
     let c_src = CString::new(src).map_err(|_| Error::KernelCompile {
         file: file.into(),
         log: "source contains a NUL byte".into(),
@@ -226,7 +231,9 @@ fn compile_source(file: &str, src: &str, opts: &[String]) -> Result<Vec<u8>> {
                 if !log.trim().is_empty() {
                     tracing::debug!("nvrtc log for {file}: {log}");
                 }
-                get_cubin(prog).map_err(|e| Error::cuda("nvrtcGetCUBIN", e))
+                get_cubin(prog)
+                    .map(|cubin| (cubin, log))
+                    .map_err(|e| Error::cuda("nvrtcGetCUBIN", e))
             }
         };
         let _ = nvrtc::destroy_program(prog);
@@ -260,6 +267,21 @@ fn c_chars_to_string(v: &[c_char]) -> String {
 mod tests {
     use super::*;
 
+    /// SOURCES lists exactly the `.cu` files of `kernels/`, each once.
+    #[test]
+    fn sources_match_the_kernel_files() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".cu"))
+            .collect();
+        on_disk.sort();
+        let mut listed: Vec<String> = SOURCES.iter().map(|s| s.file.to_string()).collect();
+        listed.sort();
+        assert_eq!(listed, on_disk, "SOURCES in kernels/mod.rs against {}", dir.display());
+    }
+
     #[test]
     fn fnv_is_stable_and_separates_parts() {
         assert_eq!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"ab", b"c"]));
@@ -286,6 +308,22 @@ mod tests {
         assert_eq!(mods.len(), SOURCES.len());
         assert!(mods.iter().all(|m| !m.cubin.is_empty() && !m.cached));
         assert_eq!(report.cache_hits, 0);
+        // Warnings count as errors.
+        for m in &mods {
+            assert!(m.log.trim().is_empty(), "NVRTC warned on {}:\n{}", m.file, m.log);
+        }
+        // Every listed entry point is defined: an extern "C" name sits NUL-terminated in
+        // the cubin's string table.
+        for m in &mods {
+            for f in m.functions {
+                let name = format!("{f}\0");
+                assert!(
+                    m.cubin.windows(name.len()).any(|w| w == name.as_bytes()),
+                    "{} does not define {f} (listed in SOURCES)",
+                    m.file
+                );
+            }
+        }
         // A second compile is served from the cache, byte for byte.
         let (again, report) = compile_all("sm_90").unwrap();
         assert_eq!(report.cache_hits, SOURCES.len());

@@ -2,8 +2,8 @@
 //!
 //! Sources live in `crates/encore-backend/kernels/`: `common.cuh` is prepended to every `.cu`
 //! file before compiling (see [`COMMON`]), and [`SOURCES`] lists every file with every
-//! `extern "C"` entry point it defines (`scripts/check-kernels.py` checks both lists against
-//! NVRTC's output). The backend validates shapes, dtypes and devices and then calls the
+//! `extern "C"` entry point it defines (nvrtc.rs's tests and `scripts/check-kernels.py` check
+//! both lists against NVRTC's output). The backend validates shapes, dtypes and devices and then calls the
 //! launchers here (the attention launchers in `attention`), which only choose launch
 //! shapes (from tensor shapes alone: graphs replay them with new buffer contents), pick
 //! the function from the handles resolved at load (`super::handles`), check alignment and
