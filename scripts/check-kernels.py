@@ -183,6 +183,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-v", "--verbose", action="store_true", help="print ptxas resource usage")
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("files", nargs="*", help="only these .cu files (default: all)")
     args = ap.parse_args()
 
     nvrtc = Nvrtc(find_nvrtc())
@@ -212,7 +213,8 @@ def main():
 
     # NVRTC compiles independent programs concurrently (ctypes releases the GIL): one file
     # a core; the results are reported in SOURCES order.
-    present = [file for file, _, _ in entries if (KERNEL_DIR / file).exists()]
+    present = [file for file, _, _ in entries if (KERNEL_DIR / file).exists()
+               and (not args.files or file in args.files)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         compiled = dict(zip(present, pool.map(compile_one, present)))
     for file, src_path, funcs in entries:

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-/tmp/encore-cache}
 OUT=${OUT:-$(mktemp -d)}
-[ -x .bin/encore ] || { mkdir -p .bin && tar -xJf .gpu/gpu.tar.xz -C .bin; } || exit 1
+mkdir -p .bin; tar -xJf .gpu/gpu.tar.xz -C .bin || exit 1
 what=${1:-decode,prefill}
 model=${MODEL:-dummy:llama-3-8b}
 agg() { tee "$1" | python3 scripts/ncu_time_table.py; }  # ncu csv on stdin -> table, csv to $1

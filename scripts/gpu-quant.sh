@@ -7,7 +7,8 @@
 # `tests` runs the quantized GPU tests (cuda_quant, quantized) first; `gemm` times the
 # quantized GEMM paths other than the default (`decode`/`prefill` run ENCORE_QUANT_GEMM=auto)
 # on the 8B shape: prefill 512 / 2,048 tokens and decode batches 16 / 64 / 256, for
-# GEMM_FORMATS (default q4_k) in GEMM_MODES (default dequant; also mma).
+# GEMM_FORMATS (default q4_k) in GEMM_MODES (default dequant; also mma). DECODE_FORMATS,
+# BATCHES and PREFILL_FORMATS narrow `decode` and `prefill`.
 #   usage: OUT=... bash scripts/gpu-quant.sh [tests,gemm,decode,prefill,gguf,peer]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ OUT=${OUT:-$(mktemp -d)}
 parts=${1:-decode,prefill,gguf,peer}
 logs=$OUT/quant-logs
 mkdir -p "$logs" .bin
-[ -x .bin/encore ] || tar -xJf .gpu/gpu.tar.xz -C .bin || exit 1
+tar -xJf .gpu/gpu.tar.xz -C .bin || exit 1  # always: a warm machine keeps an older .bin
 E=.bin/encore
 M=dummy:llama-3-8b
 has() { [[ ",$parts," == *",$1,"* ]]; }
@@ -43,14 +44,14 @@ if has gemm; then
   done
 fi
 if has decode; then
-  for q in none fp8 q8_0 q4_k; do
-    $E bench decode --device cuda --model $M --quantization $q --batch 1,8,16,64,256 \
+  for q in ${DECODE_FORMATS:-none fp8 q8_0 q4_k}; do
+    $E bench decode --device cuda --model $M --quantization $q --batch ${BATCHES:-1,8,16,64,256} \
       --steps 30 >"$logs/decode-$q.txt" 2>&1
     echo "== decode $q"; grep -vE '^\s*$' "$logs/decode-$q.txt" | tail -6
   done
 fi
 if has prefill; then
-  for q in none fp8 q8_0 q4_k; do
+  for q in ${PREFILL_FORMATS:-none fp8 q8_0 q4_k}; do
     $E bench prefill --device cuda --model $M --quantization $q --tokens 512,2048 \
       >"$logs/prefill-$q.txt" 2>&1
     echo "== prefill $q"; tail -4 "$logs/prefill-$q.txt"

@@ -99,9 +99,11 @@ __device__ __forceinline__ void fp8_quant_rows_impl(const T* __restrict__ x,
         const int row = (int)(wi / groups), g = (int)(wi - (long long)row * groups);
         float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (row < m_rows) {
-            const T* p = x + (long long)row * k + g * 128 + lane * 4;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = to_f32(p[i]);
+            // Four values in one 8-byte load (x rows are 16-byte aligned, k % 128 == 0).
+            const uint2 raw = *reinterpret_cast<const uint2*>(x + (long long)row * k + g * 128 +
+                                                              lane * 4);
+            Ty<T>::unpack2(raw.x, v);
+            Ty<T>::unpack2(raw.y, v + 2);
         }
         float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
@@ -127,17 +129,30 @@ FP8_QUANT_ROWS(bf16, bf16)
 FP8_QUANT_ROWS(f16, f16)
 
 // The weight's scales (row r's k / 128 f32 after its E4M3 bytes) transposed to
-// ws [k / 128][n_rows] (VEC128_32F: rows contiguous).
+// ws [k / 128][n_rows] (VEC128_32F: rows contiguous), through a 32 x 32 shared tile so that
+// both the reads (a row's scales) and the writes (a block's rows) are whole 128-byte runs.
+// A CTA of 256 threads takes 32 rows.
 extern "C" __global__ void __launch_bounds__(256)
     fp8_weight_scales(const unsigned char* w, float* ws, int n_rows, int k) {
     pdl_enter();
+    __shared__ float tile[32][33];
     const int nb = k >> 7;
     const long long row_bytes = q_row_bytes<QFormatF8>(k);
-    const long long total = (long long)n_rows * nb;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const int b = (int)(i / n_rows), r = (int)(i - (long long)b * n_rows);
-        ws[i] = __uint_as_float(
-            q_ldg32(w + (long long)r * row_bytes + (long long)nb * QFormatF8::QB + b * 4));
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * 32;
+    for (int b0 = 0; b0 < nb; b0 += 32) {
+        for (int rr = ty; rr < 32; rr += 8) {
+            const int r = r0 + rr, b = b0 + tx;
+            tile[rr][tx] = (r < n_rows && b < nb)
+                               ? __uint_as_float(q_ldg32(w + (long long)r * row_bytes +
+                                                         (long long)nb * QFormatF8::QB + b * 4))
+                               : 0.0f;
+        }
+        __syncthreads();
+        for (int bb = ty; bb < 32; bb += 8) {
+            const int r = r0 + tx, b = b0 + bb;
+            if (r < n_rows && b < nb) ws[(long long)b * n_rows + r] = tile[tx][bb];
+        }
+        __syncthreads();
     }
 }

@@ -269,6 +269,7 @@ fn fp8_fits(
         && (out.dtype() == x.dtype() || (out.dtype() == DType::F32 && !bias))
         && d.n.is_multiple_of(8)
         && d.k.is_multiple_of(128)
+        && aligned16(x)
         && aligned16(out)
         && fp8_layout(d, out.dtype()).4 <= scratch
 }
@@ -312,7 +313,7 @@ fn fp8_gemm(
     let n = int(OP, "n", d.n)?;
     let c = cfg(
         (
-            grid_x(OP, "CTAs", (d.n * groups).div_ceil(256).min(1 << 16))?,
+            grid_x(OP, "CTAs", d.n.div_ceil(32))?,
             1,
             1,
         ),
