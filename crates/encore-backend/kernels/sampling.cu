@@ -4,7 +4,9 @@
 // Penalties are applied on the fly: every pass over a row with a penalty slot reads the
 // slot's counts beside the logits (load4p) and penalises each value with the same f32
 // operations as the CPU (no contraction into fma), so the logits stay untouched. A row
-// without a slot pays one branch per load.
+// without a slot pays one branch per load. A row with an allowed-token mask reads one mask
+// word per four logits in the same loads and turns the disallowed ones into NaN (never
+// kept, outside the log-probabilities), so every pass below sees the masked row.
 //
 // argmax (block_argmax, the greedy path): each thread scans a strided share of the row
 // (float4 loads when `vec`: vocab % 4 == 0 and the bases 16-byte aligned) keeping (value,
@@ -66,11 +68,18 @@ __device__ __forceinline__ void load4(const float* x, int vocab, int i0, int vec
     }
 }
 
-// One row's penalties: its counts row (nullptr: none) and the three factors.
+// One row's penalties: its counts row (nullptr: none) and the three factors; and its
+// allowed-token mask row (nullptr: none; see `TokenMask`: a disallowed token reads as NaN).
 struct Pen {
     const int* c;
     float rep, freq, pres;
+    const unsigned int* m;
 };
+
+// Whether the mask m (nullptr: none) allows token i (< vocab).
+__device__ __forceinline__ bool allowed(const unsigned int* m, int i) {
+    return m == nullptr || ((m[i >> 5] >> (i & 31)) & 1u);
+}
 
 // A logit after the penalties of a token whose count entry is c (see `Penalties`).
 __device__ __forceinline__ float penalise(float l, int c, const Pen& p) {
@@ -88,6 +97,13 @@ __device__ __forceinline__ float penalise(float l, int c, const Pen& p) {
 __device__ __forceinline__ void load4p(const float* x, const Pen& p, int vocab, int i0, int vec,
                                        float* o) {
     load4(x, vocab, i0, vec, o);
+    if (p.m != nullptr && i0 < vocab) {
+        // i0 % 4 == 0: the four tokens share a mask word.
+        const unsigned int bits = p.m[i0 >> 5] >> (i0 & 31);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (!((bits >> j) & 1u)) o[j] = __int_as_float(0x7fffffff);
+    }
     if (p.c == nullptr) return;
     int c[4];
     if (vec && i0 < vocab) {
@@ -506,7 +522,8 @@ __device__ void row_logprobs(const float* x, const Pen& pen, int vocab, int vec,
     s = block_sum(s, sh->shf);
     const float ln_sum = logf(s);
     if (tid == 0) {
-        const float l = pen.c != nullptr ? penalise(x[token], pen.c[token], pen) : x[token];
+        float l = pen.c != nullptr ? penalise(x[token], pen.c[token], pen) : x[token];
+        if (!allowed(pen.m, token)) l = __int_as_float(0x7fffffff);
         *tok = (l - mx) - ln_sum;
     }
     if (n <= 0) return;  // block-uniform
@@ -586,7 +603,7 @@ __device__ void row_logprobs(const float* x, const Pen& pen, int vocab, int vec,
 }
 
 // counts, pen_slot, ... : nullptr without penalties; num_lp, ... : nullptr without
-// log-probabilities.
+// log-probabilities; mask_bits, mask_on: nullptr without masks.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_f32(const float* __restrict__ logits, const float* __restrict__ temperature,
                const int* __restrict__ top_k, const float* __restrict__ top_p,
@@ -595,12 +612,14 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                const float* __restrict__ repetition, const float* __restrict__ frequency,
                const float* __restrict__ presence, int slots, const int* __restrict__ num_lp,
                float* __restrict__ tok_lp, int* __restrict__ top_ids,
-               float* __restrict__ top_lp, int top_n, int vocab, int vec) {
+               float* __restrict__ top_lp, int top_n, const unsigned int* __restrict__ mask_bits,
+               const int* __restrict__ mask_on, int mask_words, int vocab, int vec) {
     pdl_enter();
     __shared__ SampleShared sh;
     const long long row = blockIdx.x;
     const float* x = logits + row * vocab;
-    Pen pen = {nullptr, 1.0f, 0.0f, 0.0f};
+    Pen pen = {nullptr, 1.0f, 0.0f, 0.0f, nullptr};
+    if (mask_bits != nullptr && mask_on[row] != 0) pen.m = mask_bits + row * mask_words;
     int slot = -1;
     if (counts != nullptr) {
         const int s = pen_slot[row];

@@ -176,6 +176,23 @@ pub struct Sampling<'a> {
     pub penalties: Option<Penalties<'a>>,
     /// Where log-probabilities go; `None`: no row asks for them.
     pub logprobs: Option<SampleLogprobs<'a>>,
+    /// Allowed-token bitmasks (structured outputs); `None`: no row has one.
+    pub mask: Option<TokenMask<'a>>,
+}
+
+/// Allowed tokens of [`Sampling`]: in a row with `on[r] != 0`, every token `i` whose bit
+/// `bits[r, i / 32] >> (i % 32) & 1` is 0 reads as a NaN logit after the penalties, so the
+/// rules above never pick it (greedy, the truncations and the draw skip NaN) and leave it
+/// out of the log-probabilities: the allowed tokens' are normalized among themselves, and
+/// a disallowed token's is absent from the top entries. Rows with `on[r] == 0` read no
+/// bits. A row that allows no token samples as an all-NaN row does (token 0); callers
+/// end such a request before sampling.
+pub struct TokenMask<'a> {
+    /// i32 `[batch, W]`, `W >= ceil(vocab / 32)`: bit `i % 32` of word `i / 32` allows
+    /// token `i`.
+    pub bits: &'a Tensor,
+    /// i32 `[batch]`: nonzero where the row's mask applies.
+    pub on: &'a Tensor,
 }
 
 /// Penalties of [`Sampling`], with vLLM's (and Hugging Face's) semantics, applied in this
@@ -253,6 +270,9 @@ impl Sampling<'_> {
                 ("top_ids", l.top_ids),
                 ("top_logprobs", l.top),
             ]);
+        }
+        if let Some(m) = &self.mask {
+            ts.extend([("mask_bits", m.bits), ("mask_on", m.on)]);
         }
         ts
     }

@@ -27,7 +27,7 @@ pub mod testing;
 pub mod vmm;
 
 pub use backend::{
-    Attention, Backend, BackendRef, Graph, Penalties, QkvRope, SampleLogprobs, Sampling,
+    Attention, Backend, BackendRef, Graph, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask,
     MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 pub use error::{Error, Result};

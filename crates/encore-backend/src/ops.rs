@@ -409,6 +409,8 @@ pub struct SampleDims {
     pub slots: usize,
     /// Top log-probability entries per row (`N`); 0 without log-probabilities.
     pub top_n: usize,
+    /// Words per row of the allowed-token mask (`W`); 0 without one.
+    pub mask_words: usize,
 }
 
 fn check_logits(op: &'static str, logits: &Tensor, out: &Tensor) -> Result<SampleDims> {
@@ -425,6 +427,7 @@ fn check_logits(op: &'static str, logits: &Tensor, out: &Tensor) -> Result<Sampl
         vocab,
         slots: 0,
         top_n: 0,
+        mask_words: 0,
     })
 }
 
@@ -476,6 +479,21 @@ pub fn check_sample(logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<S
         check_dtype(OP, "top_logprobs", l.top, &[DType::F32])?;
         check_shape(OP, "top_logprobs", l.top, &shape, "[batch, N] like top_ids")?;
         d.top_n = n;
+    }
+    if let Some(m) = &p.mask {
+        check_dtype(OP, "mask_bits", m.bits, &[DType::I32])?;
+        check_rank(OP, "mask_bits", m.bits, 2, "[batch, W]")?;
+        let words = d.vocab.div_ceil(32);
+        if m.bits.dim(0) != d.batch || m.bits.dim(1) < words {
+            return Err(Error::Shape {
+                op: OP,
+                name: "mask_bits",
+                found: m.bits.shape().to_vec(),
+                expected: format!("[batch, W] with W >= {words} (vocab / 32, rounded up)"),
+            });
+        }
+        d.mask_words = m.bits.dim(1);
+        per_row("mask_on", m.on, DType::I32)?;
     }
     Ok(d)
 }

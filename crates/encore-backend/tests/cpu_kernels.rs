@@ -133,6 +133,7 @@ fn greedy_sampling_ties_nan_and_infinities() {
         seeds: &seeds,
         penalties: None,
         logprobs: None,
+        mask: None,
     };
     be.sample(&logits, &params, &out).unwrap();
     assert_eq!(be.download::<i32>(&out).unwrap(), vec![1, 1, 0, 0, 3, 3, 2]);
@@ -551,6 +552,7 @@ fn wrong_sampling_operands_name_the_tensor() {
         seeds: &seeds,
         penalties: None,
         logprobs: None,
+        mask: None,
     };
     let err = be.sample(&logits, &params, &i32s(&[2])).unwrap_err();
     assert_matches!(
@@ -609,6 +611,35 @@ fn wrong_sampling_operands_name_the_tensor() {
             ..
         }
     );
+    // A mask narrower than the vocabulary needs (21 tokens: one word), and one of the
+    // wrong type.
+    let (bits, on) = (i32s(&[2, 0]), i32s(&[2]));
+    let params = Sampling {
+        logprobs: None,
+        mask: Some(encore_backend::TokenMask {
+            bits: &bits,
+            on: &on,
+        }),
+        ..params
+    };
+    let err = be.sample(&logits, &params, &i32s(&[2])).unwrap_err();
+    assert_matches!(
+        err,
+        Error::Shape {
+            op: "sample",
+            name: "mask_bits",
+            ..
+        }
+    );
+    let bits = f32s(&[2, 1]);
+    let params = Sampling {
+        mask: Some(encore_backend::TokenMask {
+            bits: &bits,
+            on: &on,
+        }),
+        ..params
+    };
+    assert!(be.sample(&logits, &params, &i32s(&[2])).is_err());
     // NOTE: wrong-device errors need tensors of a second device kind; the GPU suite
     // (tests/cuda.rs) covers them.
 }

@@ -35,6 +35,7 @@ fn sample(
         seeds: &seeds,
         penalties: None,
         logprobs: None,
+        mask: None,
     };
     be.sample(&logits, &params, &out).unwrap();
     let mut ids = vec![0i32; b];
@@ -206,6 +207,7 @@ fn sample_knobs(
             top_ids: &lp.2,
             top: &lp.3,
         }),
+        mask: None,
     };
     be.sample(&logits, &params, &out).unwrap();
     (
@@ -328,5 +330,106 @@ fn logprobs_of_rows_that_ask_and_only_those() {
         );
         assert_eq!(top_ids, want_top);
         assert_eq!(token_lp[0] != 0.0, num == 0, "{num}: {token_lp:?}");
+    }
+}
+
+/// An allowed-token mask: sampled and greedy rows only ever pick allowed tokens (the
+/// best logit is disallowed), a row without its flag is untouched, and log-probabilities
+/// are normalised over the allowed tokens, disallowed ones absent from the top entries.
+#[test]
+fn masked_tokens_are_never_sampled_and_leave_the_logprobs() {
+    let be = cpu();
+    let vocab = 70; // three mask words, the last partly past the vocabulary
+    let b = 64;
+    let base: Vec<f32> = (0..vocab).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+    let best = (0..vocab)
+        .max_by(|&a, &c| base[a].total_cmp(&base[c]).then(c.cmp(&a)))
+        .unwrap();
+    let allowed: Vec<usize> = (0..vocab).filter(|&t| t % 3 == 1 && t != best).collect();
+    let mut words = vec![0i32; 3];
+    for &t in &allowed {
+        words[t / 32] |= (1u32 << (t % 32)) as i32;
+    }
+    words[2] |= !0 << (vocab % 32); // bits past the vocabulary are ignored
+    let logits: Vec<f32> = base.iter().copied().cycle().take(b * vocab).collect();
+    let logits = be.upload(&logits, &[b, vocab]).unwrap();
+    // Rows: greedy and sampled, masked, except the last row (flag off, greedy).
+    let temps: Vec<f32> = (0..b)
+        .map(|r| if r % 2 == 0 || r + 1 == b { 0.0 } else { 1.0 })
+        .collect();
+    let temperature = be.upload(&temps, &[b]).unwrap();
+    let top_k = be.upload(&vec![0i32; b], &[b]).unwrap();
+    let top_p = be.upload(&vec![1.0f32; b], &[b]).unwrap();
+    let min_p = be.upload(&vec![0.0f32; b], &[b]).unwrap();
+    let seeds = be.upload(&(0..b as i64).collect::<Vec<_>>(), &[b]).unwrap();
+    let bits: Vec<i32> = words.iter().copied().cycle().take(b * 3).collect();
+    let bits = be.upload(&bits, &[b, 3]).unwrap();
+    let on: Vec<i32> = (0..b).map(|r| (r + 1 < b) as i32).collect();
+    let on = be.upload(&on, &[b]).unwrap();
+    let num = be.upload(&vec![5i32; b], &[b]).unwrap();
+    let token = be.alloc(DType::F32, &[b]).unwrap();
+    let top_ids = be.alloc(DType::I32, &[b, 5]).unwrap();
+    let top = be.alloc(DType::F32, &[b, 5]).unwrap();
+    let out = be.alloc(DType::I32, &[b]).unwrap();
+    let params = Sampling {
+        temperature: &temperature,
+        top_k: &top_k,
+        top_p: &top_p,
+        min_p: &min_p,
+        seeds: &seeds,
+        penalties: None,
+        logprobs: Some(encore_backend::SampleLogprobs {
+            num: &num,
+            token: &token,
+            top_ids: &top_ids,
+            top: &top,
+        }),
+        mask: Some(encore_backend::TokenMask {
+            bits: &bits,
+            on: &on,
+        }),
+    };
+    be.sample(&logits, &params, &out).unwrap();
+    let read_i32 = |t| {
+        let mut v = vec![0i32; b * 5];
+        be.read_bytes(t, bytemuck::cast_slice_mut(&mut v[..t.numel()]))
+            .unwrap();
+        v.truncate(t.numel());
+        v
+    };
+    let read_f32 = |t| {
+        let mut v = vec![0f32; b * 5];
+        be.read_bytes(t, bytemuck::cast_slice_mut(&mut v[..t.numel()]))
+            .unwrap();
+        v.truncate(t.numel());
+        v
+    };
+    let (ids, ids_top, lp_top) = (read_i32(&out), read_i32(&top_ids), read_f32(&top));
+    for r in 0..b - 1 {
+        assert!(
+            allowed.contains(&(ids[r] as usize)),
+            "row {r} sampled {}",
+            ids[r]
+        );
+        for &t in &ids_top[r * 5..r * 5 + 5] {
+            assert!(allowed.contains(&(t as usize)), "row {r} top entry {t}");
+        }
+    }
+    // The unmasked greedy row takes the best token.
+    assert_eq!(ids[b - 1] as usize, best);
+    // Masked greedy rows take the best allowed logit (smallest index among ties).
+    let best_allowed = *allowed
+        .iter()
+        .max_by(|&&a, &&c| base[a].total_cmp(&base[c]).then(c.cmp(&a)))
+        .unwrap();
+    assert!((0..b - 1)
+        .step_by(2)
+        .all(|r| ids[r] as usize == best_allowed));
+    // Log-probabilities over the allowed tokens: the allowed softmax.
+    let m = allowed.iter().map(|&t| base[t]).fold(f32::MIN, f32::max);
+    let z: f32 = allowed.iter().map(|&t| (base[t] - m).exp()).sum();
+    for (j, &t) in ids_top[..5].iter().enumerate() {
+        let want = (base[t as usize] - m) - z.ln();
+        assert!((lp_top[j] - want).abs() < 1e-5, "{} vs {want}", lp_top[j]);
     }
 }

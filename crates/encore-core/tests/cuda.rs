@@ -660,6 +660,7 @@ fn sampling_counts_penalised_tokens_like_cpu() {
                     presence: &pres,
                 }),
                 logprobs: None,
+                mask: None,
             };
             b.sample(&logits, &params, &out).unwrap();
             (b.download(&out).unwrap(), b.download(&counts).unwrap())

@@ -30,7 +30,8 @@ pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Attention, Penalties, QkvRope, SampleLogprobs, Sampling, MAX_TOP_LOGPROBS, PROMPT_BIT,
+    Attention, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS,
+    PROMPT_BIT,
 };
 
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! backend (poisoned outputs, results read back to the host), how to compute it with the
 //! f64 reference, and how two results of a case compare.
 
-use crate::backend::{Attention, Backend, Penalties, QkvRope, SampleLogprobs, Sampling};
+use crate::backend::{Attention, Backend, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask};
 use crate::error::Result;
 use crate::quant::QuantFormat;
 use crate::tensor::DType;
@@ -276,6 +276,8 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             "penalties",
             "logprobs",
             "min_p, penalties, logprobs",
+            "mask",
+            "mask, penalties, logprobs",
         ] {
             let mut inputs = SampleInputs::random(&mut rng, batch, vocab);
             if knobs.contains("min_p") {
@@ -286,6 +288,9 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             }
             if knobs.contains("logprobs") {
                 inputs = inputs.with_logprobs(&mut rng, crate::backend::MAX_TOP_LOGPROBS);
+            }
+            if knobs.contains("mask") {
+                inputs = inputs.with_mask(&mut rng);
             }
             push(
                 format!("sample({knobs})"),
@@ -590,6 +595,12 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 )),
                 None => None,
             };
+            let mask = match &i.mask {
+                Some((bits, on, words)) => {
+                    Some((b.upload(bits, &[i.batch, *words])?, b.upload(on, &bs)?))
+                }
+                None => None,
+            };
             let params =
                 Sampling {
                     temperature: &temperature,
@@ -614,6 +625,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                             top_ids,
                             top,
                         }),
+                    mask: mask.as_ref().map(|(bits, on)| TokenMask { bits, on }),
                 };
             b.sample(&logits, &params, &out)?;
             let greedy = greedy_rows(&i.temperature);

@@ -427,6 +427,8 @@ pub struct SampleInputs {
     pub penalties: Option<PenaltyInputs>,
     /// Per row how many top log-probabilities (-1: none), and the top width `N`.
     pub logprobs: Option<(Vec<i32>, usize)>,
+    /// Allowed-token masks: `[batch, words]` bits, per-row on flags, and `words`.
+    pub mask: Option<(Vec<i32>, Vec<i32>, usize)>,
     pub batch: usize,
     pub vocab: usize,
 }
@@ -468,9 +470,40 @@ impl SampleInputs {
             seeds: (0..batch).map(|_| rng.random()).collect(),
             penalties: None,
             logprobs: None,
+            mask: None,
             batch,
             vocab,
         }
+    }
+
+    /// Allowed-token masks (one word more than the vocabulary needs): rows off, rows
+    /// allowing about half the tokens, a few, exactly one (the last token) and every
+    /// token; bits past the vocabulary set at random (they must be ignored).
+    pub fn with_mask(mut self, rng: &mut StdRng) -> Self {
+        let words = self.vocab.div_ceil(32) + 1;
+        let mut bits = vec![0i32; self.batch * words];
+        let mut on = vec![0i32; self.batch];
+        for r in 0..self.batch {
+            let row = &mut bits[r * words..(r + 1) * words];
+            let allow = |row: &mut [i32], t: usize| row[t / 32] |= (1u32 << (t % 32)) as i32;
+            match r % 6 {
+                0 => continue,
+                1 | 2 => (0..self.vocab)
+                    .filter(|_| rng.random_bool(0.5))
+                    .for_each(|t| allow(row, t)),
+                3 => (0..5).for_each(|_| allow(row, rng.random_range(0..self.vocab))),
+                4 => allow(row, self.vocab - 1),
+                _ => (0..self.vocab).for_each(|t| allow(row, t)),
+            }
+            for t in self.vocab..words * 32 {
+                if rng.random_bool(0.5) {
+                    allow(row, t);
+                }
+            }
+            on[r] = 1;
+        }
+        self.mask = Some((bits, on, words));
+        self
     }
 
     /// Min-p on most rows: off (0, negative), tiny, typical, large and above 1.

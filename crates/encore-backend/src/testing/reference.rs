@@ -251,8 +251,8 @@ pub fn penalise(l: f32, c: i32, repetition: f32, frequency: f32, presence: f32) 
     v
 }
 
-/// Per row, what [`crate::backend::Sampling`] describes (NaN logits are never kept), on
-/// the inputs' f32 values taken as f64.
+/// Per row, what [`crate::backend::Sampling`] describes (NaN logits are never kept, and a
+/// masked-out token reads as NaN), on the inputs' f32 values taken as f64.
 pub fn sample(i: &super::inputs::SampleInputs) -> SampleRef {
     let vocab = i.vocab;
     let mut counts = i
@@ -279,6 +279,15 @@ pub fn sample(i: &super::inputs::SampleInputs) -> SampleRef {
             }
             Some(s)
         });
+        if let Some((bits, on, words)) = &i.mask {
+            if on[r] != 0 {
+                for (t, v) in l.iter_mut().enumerate() {
+                    if (bits[r * words + t / 32] as u32 >> (t % 32)) & 1 == 0 {
+                        *v = f64::NAN;
+                    }
+                }
+            }
+        }
         let token = sample_row(
             &l,
             i.temperature[r],

@@ -196,6 +196,7 @@ impl StepSampling<'_> {
                     top_ids: &self.lp.top_ids,
                     top: &self.lp.top,
                 }),
+                mask: None,
             },
             &self.sampled,
         )

@@ -300,6 +300,10 @@ impl Backend for CpuBackend {
                 top_ids: l.top_ids.clone(),
                 top: l.top.clone(),
             }),
+            mask: p.mask.as_ref().map(|m| kernels::MaskArgs {
+                bits: m.bits.clone(),
+                on: m.on.clone(),
+            }),
             dims: d,
         };
         self.submit(move || kernels::sample(&args));

@@ -279,7 +279,12 @@ mod tests {
         on_disk.sort();
         let mut listed: Vec<String> = SOURCES.iter().map(|s| s.file.to_string()).collect();
         listed.sort();
-        assert_eq!(listed, on_disk, "SOURCES in kernels/mod.rs against {}", dir.display());
+        assert_eq!(
+            listed,
+            on_disk,
+            "SOURCES in kernels/mod.rs against {}",
+            dir.display()
+        );
     }
 
     #[test]
@@ -310,7 +315,12 @@ mod tests {
         assert_eq!(report.cache_hits, 0);
         // Warnings count as errors.
         for m in &mods {
-            assert!(m.log.trim().is_empty(), "NVRTC warned on {}:\n{}", m.file, m.log);
+            assert!(
+                m.log.trim().is_empty(),
+                "NVRTC warned on {}:\n{}",
+                m.file,
+                m.log
+            );
         }
         // Every listed entry point is defined: an extern "C" name sits NUL-terminated in
         // the cubin's string table.

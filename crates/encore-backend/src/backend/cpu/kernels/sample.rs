@@ -18,7 +18,13 @@ pub(in crate::backend::cpu) struct SampleArgs {
     pub out: Tensor,
     pub penalties: Option<PenaltyArgs>,
     pub logprobs: Option<LogprobArgs>,
+    pub mask: Option<MaskArgs>,
     pub dims: SampleDims,
+}
+
+pub(in crate::backend::cpu) struct MaskArgs {
+    pub bits: Tensor,
+    pub on: Tensor,
 }
 
 pub(in crate::backend::cpu) struct PenaltyArgs {
@@ -49,6 +55,7 @@ pub(in crate::backend::cpu) fn sample(a: &SampleArgs) {
         vocab,
         slots,
         top_n,
+        mask_words,
     } = a.dims;
     // SAFETY: dtypes and shapes validated (`check_sample`); nothing is written until
     // every row is computed, and then only `out`, the log-probability outputs and
@@ -75,6 +82,11 @@ pub(in crate::backend::cpu) fn sample(a: &SampleArgs) {
     });
     // SAFETY: as above.
     let num = a.logprobs.as_ref().map(|l| unsafe { view::<i32>(&l.num) });
+    // SAFETY: as above.
+    let mask = a
+        .mask
+        .as_ref()
+        .map(|m| unsafe { (view::<i32>(&m.bits), view::<i32>(&m.on)) });
     let rows: Vec<RowOut> = (0..batch)
         .into_par_iter()
         .map(|r| {
@@ -92,6 +104,15 @@ pub(in crate::backend::cpu) fn sample(a: &SampleArgs) {
                             .collect::<Vec<f32>>(),
                     );
                     slot = Some(s);
+                }
+            }
+            if let Some((bits, _)) = mask.filter(|(_, on)| on[r] != 0) {
+                let words = &bits[r * mask_words..(r + 1) * mask_words];
+                let row = penalised.get_or_insert_with(|| raw.to_vec());
+                for (i, l) in row.iter_mut().enumerate() {
+                    if (words[i / 32] as u32 >> (i % 32)) & 1 == 0 {
+                        *l = f32::NAN;
+                    }
                 }
             }
             let row = penalised.as_deref().unwrap_or(raw);

@@ -893,6 +893,12 @@ pub(super) fn sample(
         Some(q) => (dptr(q.num), dptr(q.token), dptr(q.top_ids), dptr(q.top)),
         None => (0, 0, 0, 0),
     };
+    let (mask_bits, mask_on) = match &p.mask {
+        Some(m) => (dptr(m.bits), dptr(m.on)),
+        None => (0, 0),
+    };
+    // row * mask_words indexes the bits in i64.
+    let mask_words = int(OP, "mask words", d.mask_words)?;
     let slots = int(OP, "penalty slots", d.slots)?;
     // slots * vocab indexes counts in i64; top_n <= MAX_TOP_LOGPROBS (check_sample).
     let top_n = d.top_n as i32;
@@ -903,7 +909,7 @@ pub(super) fn sample(
         c,
         &mut args![
             l, t, k, tp, mp, s, o, counts, slot, rep, freq, pres, slots, num, tok, ids, top, top_n,
-            vocab, vec
+            mask_bits, mask_on, mask_words, vocab, vec
         ],
     )
 }

@@ -311,14 +311,7 @@ fn fp8_gemm(
     )?;
     let wp = dptr(w);
     let n = int(OP, "n", d.n)?;
-    let c = cfg(
-        (
-            grid_x(OP, "CTAs", d.n.div_ceil(32))?,
-            1,
-            1,
-        ),
-        (256, 1, 1),
-    );
+    let c = cfg((grid_x(OP, "CTAs", d.n.div_ceil(32))?, 1, 1), (256, 1, 1));
     be.launch(&be.kernels().fp8_weight_scales, c, &mut args![wp, ws, n, k])?;
     let dst = if staged == 0 {
         dptr(out)
