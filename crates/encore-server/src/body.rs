@@ -1,21 +1,44 @@
-//! The request bodies of `/v1/completions` and `/v1/chat/completions` as typed structs,
-//! each with one `validate()` that checks what the wire format alone decides (types,
-//! the OpenAI API's ranges, the model's name) and names the field it refuses. What depends
-//! on the engine (the context, the KV cache, the vocabulary, the log-probability limit) is
+//! The request bodies of `/v1/completions`, `/v1/chat/completions`, `/tokenize` and
+//! `/detokenize` as typed structs, each with one `validate()` that checks what the wire
+//! format alone decides (types, the OpenAI API's ranges, the model's name, the chat
+//! messages' roles and content parts) and names the field it refuses. What depends on the
+//! engine (the context, the KV cache, the vocabulary, the log-probability limit) is
 //! admission's to check: its refusal comes back typed and is mapped to the same kind of
 //! 400 ([`ApiError::refused`](crate::error::ApiError::refused)).
 //!
-//! Fields the server does not know are ignored, as the hand-written parser this replaced
-//! ignored them (OpenAI clients send fields such as `user` and `n`).
+//! No field is silently ignored: [`read`] checks a body's keys against the endpoint's
+//! table in `fields` before the typed parsing, refusing with a 400 naming it a field the
+//! server does not know or does not support (yet), and logging the few it accepts
+//! without using them (`user`, `metadata`, ...).
 
+use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
+use axum::Json;
 use encore_core::request::{RequestParams, SamplingParams};
 use encore_core::tokenizer::{ChatMessage, StopMatcher};
-use serde::de::{DeserializeOwned, Deserializer, Error as _};
+use serde::de::{DeserializeOwned, Deserializer};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use crate::error::{ApiError, ParamNames};
+use crate::error::{json_body, ApiError, ParamNames};
+use crate::fields::{self, Rule};
+
+/// Read `body` as a `T`: a JSON object whose keys `table` knows and accepts (a field of
+/// the wrong type is `validate`'s to refuse).
+pub(crate) fn read<T: DeserializeOwned>(
+    body: Result<Json<Value>, JsonRejection>,
+    table: &[Rule],
+) -> Result<T, ApiError> {
+    let body = json_body(body)?;
+    let Value::Object(map) = &body else {
+        return Err(ApiError::bad(
+            "body",
+            "the request body must be a JSON object",
+        ));
+    };
+    fields::check(table, map, "")?;
+    serde_json::from_value(body).map_err(|e| ApiError::bad("body", format!("invalid body: {e}")))
+}
 
 /// A field as the client sent it. A value of the wrong type does not fail the body's
 /// deserialization: `validate` refuses it with a message naming the field. `null` reads
@@ -45,22 +68,6 @@ impl<T> Field<T> {
             Field::Given(x) => Ok(Some(x)),
             Field::Wrong => Err(ApiError::bad(name, rule())),
         }
-    }
-}
-
-/// A JSON object read as `T` (a derived struct would also take a JSON array, by
-/// position).
-pub(crate) struct Object<T>(T);
-
-impl<'de, T: DeserializeOwned> Deserialize<'de> for Object<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = Value::deserialize(d)?;
-        if !v.is_object() {
-            return Err(D::Error::custom("expected a JSON object"));
-        }
-        serde_json::from_value(v)
-            .map(Object)
-            .map_err(D::Error::custom)
     }
 }
 
@@ -109,10 +116,23 @@ pub(crate) enum Stop {
     Many(Vec<String>),
 }
 
-#[derive(Default, Deserialize)]
-#[serde(default)]
-pub(crate) struct StreamOptions {
-    include_usage: Field<bool>,
+/// `stream_options`: `include_usage` (other keys are refused).
+fn stream_options(f: Field<Map<String, Value>>) -> Result<bool, ApiError> {
+    let Some(o) = f.get("stream_options", || {
+        "`stream_options` must be an object".into()
+    })?
+    else {
+        return Ok(false);
+    };
+    fields::check(fields::STREAM_OPTION_KEYS, &o, "stream_options.")?;
+    match o.get("include_usage") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad(
+            "stream_options.include_usage",
+            "`stream_options.include_usage` must be a boolean",
+        )),
+    }
 }
 
 /// The sampling fields both endpoints share.
@@ -172,7 +192,7 @@ pub(crate) struct CommonBody {
     max_completion_tokens: Field<u64>,
     max_tokens: Field<u64>,
     stream: Field<bool>,
-    stream_options: Field<Object<StreamOptions>>,
+    stream_options: Field<Map<String, Value>>,
     ignore_eos: Field<bool>,
     stop_token_ids: Field<Vec<u32>>,
     stop: Field<Stop>,
@@ -200,7 +220,7 @@ impl CommonBody {
     /// Check every field; `served` is the model this server serves, `eos` the model's
     /// end-of-generation tokens.
     fn validate(self, served: &str, eos: &[u32]) -> Result<Common, ApiError> {
-        check_model(self.model, served)?;
+        check_model(self.model, served, true)?;
         let (sampling, seed) = self.sampling.validate()?;
         let (max_tokens, max_name) =
             match count(self.max_completion_tokens, "max_completion_tokens")? {
@@ -208,17 +228,7 @@ impl CommonBody {
                 None => (count(self.max_tokens, "max_tokens")?, "max_tokens"),
             };
         let stream = flag(self.stream, "stream")?;
-        let include_usage = match self.stream_options.get("stream_options", || {
-            "`stream_options` must be an object".into()
-        })? {
-            None => false,
-            Some(Object(o)) => o
-                .include_usage
-                .get("stream_options", || {
-                    "`include_usage` must be a boolean".into()
-                })?
-                .unwrap_or(false),
-        };
+        let include_usage = stream_options(self.stream_options)?;
         let ignore_eos = flag(self.ignore_eos, "ignore_eos")?;
         let mut stop_token_ids = if ignore_eos { Vec::new() } else { eos.to_vec() };
         let ids = self.stop_token_ids.get("stop_token_ids", || {
@@ -249,15 +259,17 @@ impl CommonBody {
     }
 }
 
-/// `model`: required, and the model this server serves (`served`; a 404 otherwise).
-fn check_model(model: Field<String>, served: &str) -> Result<(), ApiError> {
+/// `model`: the model this server serves (`served`; a 404 otherwise), `required` or
+/// not.
+fn check_model(model: Field<String>, served: &str, required: bool) -> Result<(), ApiError> {
     match model.get("model", || "`model` must be a string".into())? {
-        None => Err(ApiError::bad("model", "`model` is required")),
+        None if required => Err(ApiError::bad("model", "`model` is required")),
+        None => Ok(()),
         Some(m) if m != served => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!("the model `{m}` does not exist; this server serves `{served}`"),
             kind: "invalid_request_error",
-            param: Some("model"),
+            param: Some("model".into()),
         }),
         Some(_) => Ok(()),
     }
@@ -329,23 +341,111 @@ impl CompletionBody {
     }
 }
 
-/// One chat message.
-#[derive(Deserialize)]
-pub(crate) struct Message {
-    role: String,
-    content: String,
-}
-
 /// The body of `/v1/chat/completions`.
 #[derive(Default, Deserialize)]
 #[serde(default)]
 pub(crate) struct ChatBody {
-    messages: Field<Vec<Field<Object<Message>>>>,
+    messages: Field<Vec<Value>>,
     /// Whether to return log-probabilities, and how many top ones per token.
     logprobs: Field<bool>,
     top_logprobs: Field<u64>,
     #[serde(flatten)]
     common: CommonBody,
+}
+
+/// `messages`: a non-empty list of messages.
+fn messages(f: Field<Vec<Value>>) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = || "`messages` must be a non-empty list".to_string();
+    match f.get("messages", list)? {
+        Some(m) if !m.is_empty() => m.into_iter().enumerate().map(message).collect(),
+        _ => Err(ApiError::bad("messages", list())),
+    }
+}
+
+/// Message `i` as the chat template takes it: its role (`developer` read as `system`)
+/// and its content as one text.
+fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
+    let at = |key: &str| format!("messages[{i}]{key}");
+    let Value::Object(m) = m else {
+        return Err(ApiError::bad(
+            at(""),
+            format!("`messages[{i}]` must be an object with `role` and `content`"),
+        ));
+    };
+    fields::check(fields::MESSAGE, &m, &at("."))?;
+    let role = m.get("role").unwrap_or(&Value::Null);
+    let role = match role.as_str() {
+        Some("system" | "developer") => "system",
+        Some("user") => "user",
+        Some("assistant") => "assistant",
+        Some("tool") => {
+            let why = format!("`messages[{i}].role` `tool`: tool calling is not supported yet");
+            return Err(ApiError::bad(at(".role"), why));
+        }
+        _ if role.is_null() => {
+            return Err(ApiError::bad(
+                at(".role"),
+                format!("`messages[{i}].role` is required"),
+            ))
+        }
+        _ => {
+            let why = format!(
+                "`messages[{i}].role` must be one of `system`, `developer`, `user`, \
+                 `assistant`, `tool`, not {role}"
+            );
+            return Err(ApiError::bad(at(".role"), why));
+        }
+    };
+    let content = match m.get("content").unwrap_or(&Value::Null) {
+        Value::Null if role == "assistant" => String::new(),
+        Value::Null => {
+            return Err(ApiError::bad(
+                at(".content"),
+                format!("`messages[{i}].content` is required"),
+            ))
+        }
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .enumerate()
+            .map(|(j, p)| text_part(p, &at(&format!(".content[{j}]"))))
+            .collect::<Result<String, _>>()?,
+        _ => {
+            return Err(ApiError::bad(
+                at(".content"),
+                format!("`messages[{i}].content` must be a string or a list of content parts"),
+            ))
+        }
+    };
+    Ok(ChatMessage::new(role, content))
+}
+
+/// The text of content part `p` (named `at`): a `{"type": "text", "text": ...}` part.
+fn text_part<'a>(p: &'a Value, at: &str) -> Result<&'a str, ApiError> {
+    let shape = || {
+        ApiError::bad(
+            at.to_string(),
+            format!("`{at}` must be a content part `{{\"type\": \"text\", \"text\": ...}}`"),
+        )
+    };
+    let part = p.as_object().ok_or_else(shape)?;
+    match part.get("type").and_then(Value::as_str) {
+        Some("text") => {}
+        Some(other) => {
+            return Err(ApiError::bad(
+                format!("{at}.type"),
+                format!("content part type `{other}` is not supported: this model takes text"),
+            ))
+        }
+        None => return Err(shape()),
+    }
+    if let Some(k) = part.keys().find(|k| !matches!(k.as_str(), "type" | "text")) {
+        return Err(ApiError::bad(
+            format!("{at}.{k}"),
+            format!("unknown field `{at}.{k}` of a text part"),
+        ));
+    }
+    part.get("text").and_then(Value::as_str).ok_or_else(shape)
 }
 
 impl ChatBody {
@@ -354,21 +454,7 @@ impl ChatBody {
         served: &str,
         eos: &[u32],
     ) -> Result<(Vec<ChatMessage>, Common), ApiError> {
-        let list = || "`messages` must be a non-empty list".to_string();
-        let messages = match self.messages.get("messages", list)? {
-            Some(m) if !m.is_empty() => m,
-            _ => return Err(ApiError::bad("messages", list())),
-        };
-        let messages = messages
-            .into_iter()
-            .map(|m| match m {
-                Field::Given(Object(m)) => Ok(ChatMessage::new(m.role, m.content)),
-                _ => Err(ApiError::bad(
-                    "messages",
-                    "each message needs a string `role` and `content`",
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let messages = messages(self.messages)?;
         let mut c = self.common.validate(served, eos)?;
         let on = flag(self.logprobs, "logprobs")?;
         let top = count(self.top_logprobs, "top_logprobs")?;
@@ -381,5 +467,336 @@ impl ChatBody {
         c.params.sampling.logprobs = on.then_some(top.unwrap_or(0));
         c.names.logprobs = "top_logprobs";
         Ok((messages, c))
+    }
+}
+
+/// The body of `/tokenize` (vLLM's): a `prompt`, or `messages` rendered with the chat
+/// template.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct TokenizeBody {
+    model: Field<String>,
+    prompt: Field<String>,
+    messages: Field<Vec<Value>>,
+    add_special_tokens: Field<bool>,
+    add_generation_prompt: Field<bool>,
+}
+
+/// What `/tokenize` encodes.
+pub(crate) enum TokenizeInput {
+    Text(String),
+    Chat {
+        messages: Vec<ChatMessage>,
+        add_generation_prompt: bool,
+    },
+}
+
+impl TokenizeBody {
+    /// The input and whether to add the tokenizer's special tokens.
+    pub fn validate(self, served: &str) -> Result<(TokenizeInput, bool), ApiError> {
+        check_model(self.model, served, false)?;
+        let special = self.add_special_tokens.get("add_special_tokens", || {
+            "`add_special_tokens` must be a boolean".into()
+        })?;
+        let gen = self
+            .add_generation_prompt
+            .get("add_generation_prompt", || {
+                "`add_generation_prompt` must be a boolean".into()
+            })?;
+        let prompt = self
+            .prompt
+            .get("prompt", || "`prompt` must be a string".into())?;
+        match (prompt, self.messages) {
+            (Some(_), Field::Given(_) | Field::Wrong) => Err(ApiError::bad(
+                "messages",
+                "give `prompt` or `messages`, not both",
+            )),
+            (Some(_), Field::Absent) if gen.is_some() => Err(ApiError::bad(
+                "add_generation_prompt",
+                "`add_generation_prompt` goes with `messages`",
+            )),
+            (Some(p), Field::Absent) => Ok((TokenizeInput::Text(p), special.unwrap_or(true))),
+            (None, Field::Absent) => Err(ApiError::bad(
+                "prompt",
+                "`prompt` (a string) or `messages` is required",
+            )),
+            (None, m) => Ok((
+                TokenizeInput::Chat {
+                    messages: messages(m)?,
+                    add_generation_prompt: gen.unwrap_or(true),
+                },
+                special.unwrap_or(false),
+            )),
+        }
+    }
+}
+
+/// The body of `/detokenize` (vLLM's).
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct DetokenizeBody {
+    model: Field<String>,
+    tokens: Field<Vec<u64>>,
+}
+
+impl DetokenizeBody {
+    /// The token ids, each below `vocab_size`.
+    pub fn validate(self, served: &str, vocab_size: usize) -> Result<Vec<u32>, ApiError> {
+        check_model(self.model, served, false)?;
+        let ids = self
+            .tokens
+            .get("tokens", || "`tokens` must be a list of token ids".into())?
+            .ok_or_else(|| ApiError::bad("tokens", "`tokens` is required"))?;
+        ids.into_iter()
+            .map(|t| match u32::try_from(t) {
+                Ok(id) if (id as usize) < vocab_size => Ok(id),
+                _ => Err(ApiError::bad(
+                    "tokens",
+                    format!("token id {t} is outside the vocabulary (size {vocab_size})"),
+                )),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// `body` checked against `table`, read as a `T` and validated by `v`.
+    fn run<T: DeserializeOwned, R>(
+        table: &[Rule],
+        body: &Value,
+        v: impl FnOnce(T) -> Result<R, ApiError>,
+    ) -> Result<R, ApiError> {
+        fields::check(table, body.as_object().unwrap(), "")?;
+        v(serde_json::from_value(body.clone()).unwrap())
+    }
+
+    fn param(r: Result<impl Sized, ApiError>) -> String {
+        r.err()
+            .and_then(|e| e.param)
+            .unwrap_or_default()
+            .into_owned()
+    }
+
+    /// Every field a table calls honored is read by the typed body: a value of the wrong
+    /// type is refused naming it.
+    #[test]
+    fn every_honored_field_is_read_by_its_body() {
+        let wrong = json!([[[]]]);
+        // The `param` of a body's refusal ("" when valid).
+        type ParamOf = dyn Fn(&Value) -> String;
+        let endpoints: [(&[Rule], Value, &ParamOf); 4] = [
+            (
+                fields::COMPLETIONS,
+                json!({"model": "m", "prompt": "x"}),
+                &|b| {
+                    param(run(fields::COMPLETIONS, b, |c: CompletionBody| {
+                        c.validate("m", &[])
+                    }))
+                },
+            ),
+            (
+                fields::CHAT,
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+                &|b| param(run(fields::CHAT, b, |c: ChatBody| c.validate("m", &[]))),
+            ),
+            (
+                fields::TOKENIZE,
+                json!({"messages": [{"role": "user", "content": "x"}]}),
+                &|b| param(run(fields::TOKENIZE, b, |c: TokenizeBody| c.validate("m"))),
+            ),
+            (fields::DETOKENIZE, json!({"tokens": [1]}), &|b| {
+                param(run(fields::DETOKENIZE, b, |c: DetokenizeBody| {
+                    c.validate("m", 9)
+                }))
+            }),
+        ];
+        for (table, base, param_of) in endpoints {
+            assert_eq!(param_of(&base), "", "{base}");
+            for rule in table {
+                if let fields::Handling::Honored = rule.handling {
+                    let mut body = base.clone();
+                    body[rule.name] = wrong.clone();
+                    let p = param_of(&body);
+                    assert!(p.starts_with(rule.name), "{body}: param {p:?}");
+                }
+            }
+        }
+    }
+
+    fn chat(messages: Value) -> Result<Vec<ChatMessage>, ApiError> {
+        let body = json!({"model": "m", "messages": messages});
+        run(fields::CHAT, &body, |c: ChatBody| c.validate("m", &[])).map(|(m, _)| m)
+    }
+
+    #[test]
+    fn messages_take_roles_and_text_parts() {
+        let m = chat(json!([
+            {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
+            {"role": "user", "content": "hi", "name": null, "tool_calls": []},
+            {"role": "assistant", "content": null},
+            {"role": "assistant"},
+        ]))
+        .unwrap_or_else(|e| panic!("{}", e.message));
+        assert_eq!(
+            m,
+            [
+                ChatMessage::new("system", "be brief"),
+                ChatMessage::new("user", "hi"),
+                ChatMessage::new("assistant", ""),
+                ChatMessage::new("assistant", ""),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_messages_are_refused_naming_the_field() {
+        let user = |content: Value| json!([{"role": "user", "content": "a"}, {"role": "user", "content": content}]);
+        for (messages, want, words) in [
+            (
+                json!([{"role": "wizard", "content": "x"}]),
+                "messages[0].role",
+                "wizard",
+            ),
+            (json!([{"content": "x"}]), "messages[0].role", "role"),
+            (
+                json!([{"role": "tool", "content": "x", "tool_call_id": null}]),
+                "messages[0].role",
+                "tool calling",
+            ),
+            (json!([{"role": "user"}]), "messages[0].content", "required"),
+            (json!([5]), "messages[0]", "object"),
+            (
+                user(json!(7)),
+                "messages[1].content",
+                "list of content parts",
+            ),
+            (
+                user(
+                    json!([{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]),
+                ),
+                "messages[1].content[1].type",
+                "`image_url` is not supported",
+            ),
+            (
+                user(json!([{"text": "a"}])),
+                "messages[1].content[0]",
+                "type",
+            ),
+            (
+                user(json!([{"type": "text"}])),
+                "messages[1].content[0]",
+                "text",
+            ),
+            (
+                user(json!([{"type": "text", "text": 5}])),
+                "messages[1].content[0]",
+                "text",
+            ),
+            (
+                user(json!([{"type": "text", "text": "a", "cache_control": {}}])),
+                "messages[1].content[0].cache_control",
+                "unknown field",
+            ),
+            (
+                json!([{"role": "user", "content": "x", "name": "bob"}]),
+                "messages[0].name",
+                "not supported yet",
+            ),
+            (
+                json!([{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]),
+                "messages[0].tool_calls",
+                "tool calling",
+            ),
+            (
+                json!([{"role": "user", "content": "x", "weight": 1}]),
+                "messages[0].weight",
+                "unknown field",
+            ),
+        ] {
+            let e = chat(messages.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{messages} accepted"));
+            assert_eq!(e.param.as_deref(), Some(want), "{messages}: {}", e.message);
+            assert!(e.message.contains(words), "{messages}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn stream_options_keys_are_checked() {
+        let body =
+            |o: Value| json!({"model": "m", "prompt": "x", "stream": true, "stream_options": o});
+        let common = |o| {
+            run(fields::COMPLETIONS, &body(o), |c: CompletionBody| {
+                c.validate("m", &[])
+            })
+        };
+        assert!(
+            common(json!({"include_usage": true}))
+                .unwrap()
+                .1
+                .include_usage
+        );
+        assert_eq!(
+            param(common(json!({"include_usage": 1}))),
+            "stream_options.include_usage"
+        );
+        assert_eq!(
+            param(common(json!({"continuous_usage_stats": true}))),
+            "stream_options.continuous_usage_stats"
+        );
+    }
+
+    #[test]
+    fn tokenize_and_detokenize_bodies() {
+        let tok = |b: Value| run(fields::TOKENIZE, &b, |c: TokenizeBody| c.validate("m"));
+        match tok(json!({"prompt": "x"})) {
+            Ok((TokenizeInput::Text(p), true)) => assert_eq!(p, "x"),
+            _ => panic!("prompt"),
+        }
+        match tok(
+            json!({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false}),
+        ) {
+            Ok((
+                TokenizeInput::Chat {
+                    add_generation_prompt: false,
+                    messages,
+                },
+                false,
+            )) => {
+                assert_eq!(messages, [ChatMessage::new("user", "x")])
+            }
+            _ => panic!("messages"),
+        }
+        assert_eq!(param(tok(json!({}))), "prompt");
+        assert_eq!(
+            param(tok(json!({"prompt": "x", "messages": []}))),
+            "messages"
+        );
+        assert_eq!(
+            param(tok(json!({"prompt": "x", "add_generation_prompt": true}))),
+            "add_generation_prompt"
+        );
+        assert_eq!(
+            param(tok(json!({"prompt": "x", "model": "other"}))),
+            "model"
+        );
+        assert_eq!(
+            param(tok(json!({"prompt": "x", "return_token_strs": true}))),
+            "return_token_strs"
+        );
+        let detok = |b: Value| {
+            run(fields::DETOKENIZE, &b, |c: DetokenizeBody| {
+                c.validate("m", 10)
+            })
+        };
+        assert_eq!(detok(json!({"tokens": [0, 9]})).ok(), Some(vec![0, 9]));
+        assert_eq!(param(detok(json!({"tokens": [10]}))), "tokens");
+        assert_eq!(param(detok(json!({"tokens": [4294967296u64]}))), "tokens");
+        assert_eq!(param(detok(json!({}))), "tokens");
     }
 }

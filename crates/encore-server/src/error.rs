@@ -3,6 +3,8 @@
 //! parameter it concerns), an unknown model (404), a missing key (401), a body over the
 //! limit (413), a full queue or a shutdown (503) and an engine failure (500).
 
+use std::borrow::Cow;
+
 use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -11,11 +13,13 @@ use encore_core::request::{Param, Refusal};
 use serde_json::{json, Value};
 
 /// An OpenAI-style error response.
+#[derive(Debug)]
 pub(crate) struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub kind: &'static str,
-    pub param: Option<&'static str>,
+    /// The field concerned, as the body spells it (`messages[2].role`).
+    pub param: Option<Cow<'static, str>>,
 }
 
 /// How a request body spells the parameters whose name depends on the endpoint or on the
@@ -41,12 +45,12 @@ impl ParamNames {
 
 impl ApiError {
     /// A 400 for the request's field `param`.
-    pub fn bad(param: &'static str, message: impl Into<String>) -> Self {
+    pub fn bad(param: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
             kind: "invalid_request_error",
-            param: Some(param),
+            param: Some(param.into()),
         }
     }
 
@@ -105,7 +109,7 @@ pub(crate) fn json_body(body: Result<Json<Value>, JsonRejection>) -> Result<Valu
                 message: "the request body is larger than the server accepts (--max-body-bytes)"
                     .into(),
                 kind: "invalid_request_error",
-                param: Some("body"),
+                param: Some("body".into()),
             }
         } else {
             ApiError::bad("body", format!("invalid JSON body: {e}"))

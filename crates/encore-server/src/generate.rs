@@ -17,31 +17,17 @@ use encore_core::serve::EngineHandle;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::body::{ChatBody, Common, CompletionBody, PromptInput};
-use crate::error::{json_body, ApiError};
+use crate::body::{read, ChatBody, Common, CompletionBody, PromptInput};
+use crate::error::ApiError;
+use crate::fields;
 use crate::output::{Kind, Reply};
 use crate::AppState;
-
-/// Read `body` as a `T` (a JSON object; a field of the wrong type is `validate`'s to
-/// refuse).
-fn typed_body<T: serde::de::DeserializeOwned>(
-    body: Result<Json<Value>, JsonRejection>,
-) -> Result<T, ApiError> {
-    let body = json_body(body)?;
-    if !body.is_object() {
-        return Err(ApiError::bad(
-            "body",
-            "the request body must be a JSON object",
-        ));
-    }
-    serde_json::from_value(body).map_err(|e| ApiError::bad("body", format!("invalid body: {e}")))
-}
 
 pub(crate) async fn completions(
     State(s): State<Arc<AppState>>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Response {
-    let valid = typed_body::<CompletionBody>(body)
+    let valid = read::<CompletionBody>(body, fields::COMPLETIONS)
         .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
         .and_then(|(prompt, c)| {
             let ids = match prompt {
@@ -63,7 +49,7 @@ pub(crate) async fn chat_completions(
     State(s): State<Arc<AppState>>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Response {
-    let valid = typed_body::<ChatBody>(body)
+    let valid = read::<ChatBody>(body, fields::CHAT)
         .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
         .and_then(|(messages, c)| {
             let text = s

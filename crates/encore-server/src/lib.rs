@@ -1,18 +1,22 @@
 //! encore-server: the OpenAI-compatible HTTP API over the engine loop
 //! (`encore_core::serve::EngineHandle`): `/v1/completions` and `/v1/chat/completions`
-//! (streaming as server-sent events, or whole), `/v1/models`, `/health` and `/metrics`
-//! (Prometheus text). Request bodies are typed structs validated at the edge (`body`); what
-//! depends on the engine is checked once, at admission, whose typed refusal the server
-//! maps to its 400: a bad field or a refused parameter is a 400 with an OpenAI-style
-//! error body naming it; an unknown model a 404; a missing or wrong bearer token a 401
-//! when an API key is set; a body over the limit a 413. A client that goes away aborts
+//! (streaming as server-sent events, or whole), vLLM's `/tokenize` and `/detokenize`,
+//! `/v1/models`, `/health` and `/metrics` (Prometheus text). Every field of a request body
+//! is honored, accepted and logged, or refused with a 400 naming it, by one table per
+//! endpoint (`fields`): no field is silently ignored. Bodies are then read as typed
+//! structs validated at the edge (`body`); what depends on the engine is checked once, at
+//! admission, whose typed refusal the server maps to its 400: a bad field or a refused
+//! parameter is a 400 with an OpenAI-style error body naming it; an unknown model a 404;
+//! a missing or wrong bearer token a 401 when an API key is set; a body over the limit a
+//! 413. A client that goes away aborts
 //! its request, which frees its KV blocks within a step. [`serve`] shuts down
 //! gracefully: it stops accepting, lets the requests in flight finish for a grace period,
 //! then ends the rest.
 //!
-//! Modules by job: `body` (request bodies and their validation), `error` (error
-//! responses), `generate` (the two generation endpoints: admission, then a whole
-//! response (`whole`) or a stream (`stream`), both formatted by `output`), `metrics`
+//! Modules by job: `fields` (the table of each endpoint's fields), `body` (request bodies
+//! and their validation), `error` (error responses), `generate` (the two generation
+//! endpoints: admission, then a whole response (`whole`) or a stream (`stream`), both
+//! formatted by `output`), `tokenize` (`/tokenize`, `/detokenize`), `metrics`
 //! (`/metrics`), `shutdown` ([`serve`] and its drain).
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -31,11 +35,13 @@ use tokio::sync::watch;
 
 mod body;
 mod error;
+mod fields;
 mod generate;
 mod metrics;
 mod output;
 mod shutdown;
 mod stream;
+mod tokenize;
 mod whole;
 
 pub use shutdown::serve;
@@ -103,6 +109,8 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
         .route("/v1/models", get(models))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat_completions))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     let router = Router::new()
         .merge(v1)

@@ -132,7 +132,7 @@ fn bad_prompts_and_messages_get_openai_errors() {
         "/v1/chat/completions",
         r#"{"model": "dummy:tiny", "messages": [{"role": "user"}]}"#,
         400,
-        Some("messages"),
+        Some("messages[0].content"),
         "content",
     );
     // A refusal names the field the body used, and a body that is no object is refused.

@@ -3,12 +3,14 @@
 //! chat, whole and streamed (with the usage chunk), greedy output equal to `generate`,
 //! 64 concurrent streaming clients, stop strings, a client leaving mid-stream frees its KV
 //! blocks, the bad inputs' status codes and error bodies, bearer auth, models, health and
-//! metrics.
+//! metrics, the fields refused or only logged, chat content parts, `/tokenize` and
+//! `/detokenize`.
 //!
 //! One test binary in modules: `harness` (the server start-up and the HTTP client),
-//! `generation`, `errors`, `lifecycle`.
+//! `generation`, `errors`, `fields`, `lifecycle`.
 
 mod errors;
+mod fields;
 mod generation;
 mod harness;
 mod lifecycle;

@@ -1,0 +1,551 @@
+//! The fields each endpoint knows, one table per endpoint: honored (read by the typed body
+//! of `body.rs`), accepted and logged (they never change the output), or refused with a
+//! 400 naming them unless their value changes nothing. [`check`] runs over a body's keys
+//! before the typed parsing, so no field is silently ignored: a key no table lists is
+//! refused as unknown (a typo such as `temprature` too). `null` reads as absent
+//! everywhere. README.md's "Server API fields" tables are these tables (a test checks
+//! that they agree).
+
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// What an endpoint does with a field.
+#[derive(Clone, Copy)]
+pub(crate) enum Handling {
+    /// Read by the typed body and honored.
+    Honored,
+    /// Accepted when of this JSON type, and logged (debug); never changes the output.
+    Logged(Shape),
+    /// A 400 with the rule's note as its message, unless the value is this no-op.
+    Refused(NoOp),
+}
+
+/// The JSON type of a logged field.
+#[derive(Clone, Copy)]
+pub(crate) enum Shape {
+    String,
+    Object,
+}
+
+/// The values of a refused field that change nothing (accepted as if absent).
+#[derive(Clone, Copy)]
+pub(crate) enum NoOp {
+    /// Only `null`.
+    Nothing,
+    False,
+    One,
+    /// `""`, `[]` or `{}`.
+    Empty,
+    /// This JSON value.
+    Is(&'static str),
+}
+
+impl NoOp {
+    fn allows(self, v: &Value) -> bool {
+        match self {
+            NoOp::Nothing => false,
+            NoOp::False => *v == Value::Bool(false),
+            NoOp::One => v.as_f64() == Some(1.0),
+            NoOp::Empty => match v {
+                Value::String(s) => s.is_empty(),
+                Value::Array(a) => a.is_empty(),
+                Value::Object(o) => o.is_empty(),
+                _ => false,
+            },
+            NoOp::Is(json) => serde_json::from_str::<Value>(json).is_ok_and(|x| x == *v),
+        }
+    }
+}
+
+/// One field of an endpoint.
+pub(crate) struct Rule {
+    pub name: &'static str,
+    pub handling: Handling,
+    /// What the server does with it (for the README); for a refused field, the message
+    /// of its 400.
+    pub note: &'static str,
+}
+
+const fn honored(name: &'static str, note: &'static str) -> Rule {
+    Rule {
+        name,
+        handling: Handling::Honored,
+        note,
+    }
+}
+
+const fn logged(name: &'static str, shape: Shape) -> Rule {
+    Rule {
+        name,
+        handling: Handling::Logged(shape),
+        note: "logged (debug level); does not change the output",
+    }
+}
+
+const fn refused(name: &'static str, ok: NoOp, why: &'static str) -> Rule {
+    Rule {
+        name,
+        handling: Handling::Refused(ok),
+        note: why,
+    }
+}
+
+const MODEL: Rule = honored(
+    "model",
+    "required; the served model name (`--served-model-name`), 404 otherwise",
+);
+const MAX_TOKENS: Rule = honored(
+    "max_tokens",
+    "the most tokens to generate; default 16, shrunk to the room the context leaves",
+);
+const MAX_COMPLETION_TOKENS: Rule = honored(
+    "max_completion_tokens",
+    "the same as `max_tokens` (wins when both are given)",
+);
+const TEMPERATURE: Rule = honored("temperature", "0..=2, default 1; 0 is greedy");
+const TOP_P: Rule = honored("top_p", "(0, 1], default 1");
+const TOP_K: Rule = honored("top_k", "-1 or 0: off (vLLM extension)");
+const MIN_P: Rule = honored("min_p", "0..=1, default 0 (vLLM extension)");
+const SEED: Rule = honored(
+    "seed",
+    "a 64-bit integer: the same seed gives the same output",
+);
+const PRESENCE_PENALTY: Rule = honored("presence_penalty", "-2..=2, default 0");
+const FREQUENCY_PENALTY: Rule = honored("frequency_penalty", "-2..=2, default 0");
+const REPETITION_PENALTY: Rule = honored(
+    "repetition_penalty",
+    "above 0, default 1 (vLLM extension and semantics)",
+);
+const STOP: Rule = honored(
+    "stop",
+    "a string or a list of at most 4: the text ends before the first to occur",
+);
+const STOP_TOKEN_IDS: Rule = honored(
+    "stop_token_ids",
+    "token ids that end the text besides the model's end tokens (vLLM extension)",
+);
+const IGNORE_EOS: Rule = honored(
+    "ignore_eos",
+    "generate past the model's end tokens (vLLM extension)",
+);
+const STREAM: Rule = honored("stream", "server-sent events");
+const STREAM_OPTIONS: Rule = honored(
+    "stream_options",
+    "`include_usage` adds a final usage chunk; other keys are refused",
+);
+const N: Rule = refused("n", NoOp::One, "`n` must be 1: n > 1 is not supported yet");
+const LOGIT_BIAS: Rule = refused(
+    "logit_bias",
+    NoOp::Empty,
+    "`logit_bias` is not supported yet",
+);
+const ECHO: Rule = refused("echo", NoOp::False, "`echo` is not supported yet");
+const USER: Rule = logged("user", Shape::String);
+const RESPONSE_FORMAT: Rule = refused(
+    "response_format",
+    NoOp::Is(r#"{"type": "text"}"#),
+    "`response_format` (structured output) is not supported yet",
+);
+const STRUCTURED_OUTPUTS: Rule = refused(
+    "structured_outputs",
+    NoOp::Nothing,
+    "`structured_outputs` is not supported yet",
+);
+const GUIDED_JSON: Rule = refused(
+    "guided_json",
+    NoOp::Nothing,
+    "`guided_json` is not supported yet",
+);
+const GUIDED_REGEX: Rule = refused(
+    "guided_regex",
+    NoOp::Nothing,
+    "`guided_regex` is not supported yet",
+);
+const GUIDED_CHOICE: Rule = refused(
+    "guided_choice",
+    NoOp::Nothing,
+    "`guided_choice` is not supported yet",
+);
+const GUIDED_GRAMMAR: Rule = refused(
+    "guided_grammar",
+    NoOp::Nothing,
+    "`guided_grammar` is not supported yet",
+);
+const CHAT_TEMPLATE_KWARGS: Rule = refused(
+    "chat_template_kwargs",
+    NoOp::Empty,
+    "`chat_template_kwargs` is not supported yet",
+);
+
+/// `POST /v1/completions`.
+pub(crate) const COMPLETIONS: &[Rule] = &[
+    MODEL,
+    honored("prompt", "required: a string, or a list of token ids"),
+    MAX_TOKENS,
+    MAX_COMPLETION_TOKENS,
+    TEMPERATURE,
+    TOP_P,
+    TOP_K,
+    MIN_P,
+    SEED,
+    PRESENCE_PENALTY,
+    FREQUENCY_PENALTY,
+    REPETITION_PENALTY,
+    STOP,
+    STOP_TOKEN_IDS,
+    IGNORE_EOS,
+    STREAM,
+    STREAM_OPTIONS,
+    honored(
+        "logprobs",
+        "0..=20: the sampled token's log-probability and this many top ones",
+    ),
+    N,
+    refused(
+        "best_of",
+        NoOp::One,
+        "`best_of` is not supported; use `n` (only 1 for now)",
+    ),
+    ECHO,
+    refused("suffix", NoOp::Empty, "`suffix` is not supported yet"),
+    LOGIT_BIAS,
+    USER,
+    RESPONSE_FORMAT,
+    STRUCTURED_OUTPUTS,
+    GUIDED_JSON,
+    GUIDED_REGEX,
+    GUIDED_CHOICE,
+    GUIDED_GRAMMAR,
+];
+
+/// `POST /v1/chat/completions`.
+pub(crate) const CHAT: &[Rule] = &[
+    MODEL,
+    honored(
+        "messages",
+        "required, non-empty: rendered with the model's chat template (see the message table)",
+    ),
+    MAX_TOKENS,
+    MAX_COMPLETION_TOKENS,
+    TEMPERATURE,
+    TOP_P,
+    TOP_K,
+    MIN_P,
+    SEED,
+    PRESENCE_PENALTY,
+    FREQUENCY_PENALTY,
+    REPETITION_PENALTY,
+    STOP,
+    STOP_TOKEN_IDS,
+    IGNORE_EOS,
+    STREAM,
+    STREAM_OPTIONS,
+    honored("logprobs", "`true`: the sampled token's log-probability"),
+    honored(
+        "top_logprobs",
+        "0..=20 top log-probabilities per token; needs `logprobs: true`",
+    ),
+    N,
+    ECHO,
+    LOGIT_BIAS,
+    RESPONSE_FORMAT,
+    refused(
+        "tools",
+        NoOp::Empty,
+        "`tools`: tool calling is not supported yet",
+    ),
+    refused(
+        "tool_choice",
+        NoOp::Is(r#""none""#),
+        "`tool_choice`: tool calling is not supported yet",
+    ),
+    refused(
+        "parallel_tool_calls",
+        NoOp::Nothing,
+        "`parallel_tool_calls`: tool calling is not supported yet",
+    ),
+    refused(
+        "functions",
+        NoOp::Empty,
+        "`functions`: tool calling is not supported yet",
+    ),
+    refused(
+        "function_call",
+        NoOp::Is(r#""none""#),
+        "`function_call`: tool calling is not supported yet",
+    ),
+    refused(
+        "audio",
+        NoOp::Nothing,
+        "`audio` is not supported: this model takes and writes text",
+    ),
+    refused(
+        "modalities",
+        NoOp::Is(r#"["text"]"#),
+        "`modalities` other than [\"text\"] are not supported: this model writes text",
+    ),
+    refused(
+        "prediction",
+        NoOp::Nothing,
+        "`prediction` (predicted outputs) is not supported yet",
+    ),
+    refused(
+        "reasoning_effort",
+        NoOp::Nothing,
+        "`reasoning_effort` is not supported yet",
+    ),
+    refused(
+        "verbosity",
+        NoOp::Nothing,
+        "`verbosity` is not supported yet",
+    ),
+    refused(
+        "web_search_options",
+        NoOp::Nothing,
+        "`web_search_options` is not supported: the server does not search the web",
+    ),
+    USER,
+    logged("safety_identifier", Shape::String),
+    logged("prompt_cache_key", Shape::String),
+    logged("metadata", Shape::Object),
+    logged("service_tier", Shape::String),
+    refused(
+        "store",
+        NoOp::False,
+        "`store: true` is not supported: the server stores nothing",
+    ),
+    STRUCTURED_OUTPUTS,
+    GUIDED_JSON,
+    GUIDED_REGEX,
+    GUIDED_CHOICE,
+    GUIDED_GRAMMAR,
+    CHAT_TEMPLATE_KWARGS,
+];
+
+/// One message of `messages` (chat and `/tokenize`).
+pub(crate) const MESSAGE: &[Rule] = &[
+    honored(
+        "role",
+        "`system`, `developer` (read as `system`), `user` or `assistant`; `tool` is refused: tool calling is not supported yet",
+    ),
+    honored(
+        "content",
+        "a string, or a list of `{\"type\": \"text\", \"text\": ...}` parts (concatenated); other part types are refused; null or absent only for `assistant`",
+    ),
+    refused("name", NoOp::Nothing, "`name` is not supported yet"),
+    refused(
+        "tool_calls",
+        NoOp::Empty,
+        "`tool_calls`: tool calling is not supported yet",
+    ),
+    refused(
+        "tool_call_id",
+        NoOp::Nothing,
+        "`tool_call_id`: tool calling is not supported yet",
+    ),
+    refused(
+        "function_call",
+        NoOp::Nothing,
+        "`function_call`: tool calling is not supported yet",
+    ),
+];
+
+/// A `stream_options` object.
+pub(crate) const STREAM_OPTION_KEYS: &[Rule] =
+    &[honored("include_usage", "a final chunk with the usage")];
+
+/// `POST /tokenize` (vLLM's).
+pub(crate) const TOKENIZE: &[Rule] = &[
+    honored("model", "optional; the served model name, 404 otherwise"),
+    honored("prompt", "a string (this or `messages`)"),
+    honored(
+        "messages",
+        "a conversation, rendered with the chat template (as in chat completions)",
+    ),
+    honored(
+        "add_special_tokens",
+        "default `true` for `prompt`, `false` for `messages` (the template writes them)",
+    ),
+    honored("add_generation_prompt", "`messages` only; default `true`"),
+    refused(
+        "continue_final_message",
+        NoOp::False,
+        "`continue_final_message` is not supported yet",
+    ),
+    refused(
+        "return_token_strs",
+        NoOp::False,
+        "`return_token_strs` is not supported yet",
+    ),
+    refused(
+        "chat_template",
+        NoOp::Nothing,
+        "`chat_template` is not supported: the model's template is used",
+    ),
+    CHAT_TEMPLATE_KWARGS,
+    refused(
+        "tools",
+        NoOp::Empty,
+        "`tools`: tool calling is not supported yet",
+    ),
+];
+
+/// `POST /detokenize` (vLLM's).
+pub(crate) const DETOKENIZE: &[Rule] = &[
+    honored("model", "optional; the served model name, 404 otherwise"),
+    honored(
+        "tokens",
+        "required: token ids in the vocabulary (special tokens are written out)",
+    ),
+];
+
+/// Refuse the first key of `body` the table does not know or refuses (a 400 naming
+/// `{prefix}{key}`), and log the logged ones.
+pub(crate) fn check(
+    table: &[Rule],
+    body: &Map<String, Value>,
+    prefix: &str,
+) -> Result<(), ApiError> {
+    for (key, v) in body {
+        let Some(rule) = table.iter().find(|r| r.name == key) else {
+            return Err(ApiError::bad(
+                format!("{prefix}{key}"),
+                format!("unknown field `{prefix}{key}`"),
+            ));
+        };
+        match rule.handling {
+            _ if v.is_null() => {}
+            Handling::Honored => {}
+            Handling::Logged(shape) => {
+                let (fits, kind) = match shape {
+                    Shape::String => (v.is_string(), "a string"),
+                    Shape::Object => (v.is_object(), "an object"),
+                };
+                if !fits {
+                    return Err(ApiError::bad(
+                        format!("{prefix}{key}"),
+                        format!("`{prefix}{key}` must be {kind}"),
+                    ));
+                }
+                tracing::debug!("request field `{prefix}{key}`: {v}");
+            }
+            Handling::Refused(ok) if ok.allows(v) => {}
+            Handling::Refused(_) => {
+                return Err(ApiError::bad(format!("{prefix}{key}"), rule.note));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README's tables, rendered from the code's.
+    fn render() -> String {
+        let mut out = String::new();
+        for (title, table) in [
+            ("`POST /v1/completions`", COMPLETIONS),
+            ("`POST /v1/chat/completions`", CHAT),
+            ("A chat message (`messages[i]`)", MESSAGE),
+            ("`POST /tokenize`", TOKENIZE),
+            ("`POST /detokenize`", DETOKENIZE),
+        ] {
+            out.push_str(&format!(
+                "### {title}\n\n| field | handling | notes |\n|---|---|---|\n"
+            ));
+            for r in table {
+                let handling = match r.handling {
+                    Handling::Honored => "honored".to_string(),
+                    Handling::Logged(_) => "accepted and logged".to_string(),
+                    Handling::Refused(ok) => match ok {
+                        NoOp::Nothing => "refused".to_string(),
+                        NoOp::False => "refused unless `false`".to_string(),
+                        NoOp::One => "refused unless `1`".to_string(),
+                        NoOp::Empty => "refused unless empty".to_string(),
+                        NoOp::Is(json) => format!("refused unless `{json}`"),
+                    },
+                };
+                out.push_str(&format!("| `{}` | {handling} | {} |\n", r.name, r.note));
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    #[test]
+    fn the_readme_lists_the_tables_of_the_code() {
+        let readme = include_str!("../../../README.md");
+        let section = readme
+            .split_once("## Server API fields\n")
+            .map(|(_, s)| s)
+            .expect("README.md has no \"## Server API fields\" section");
+        let want = render();
+        assert!(
+            section.contains(&want),
+            "README.md's \"Server API fields\" tables differ from crates/encore-server/src/fields.rs; \
+             they should read:\n\n{want}"
+        );
+    }
+
+    #[test]
+    fn every_table_names_a_field_once() {
+        for table in [
+            COMPLETIONS,
+            CHAT,
+            MESSAGE,
+            STREAM_OPTION_KEYS,
+            TOKENIZE,
+            DETOKENIZE,
+        ] {
+            for (i, r) in table.iter().enumerate() {
+                assert!(
+                    table[..i].iter().all(|q| q.name != r.name),
+                    "{} twice",
+                    r.name
+                );
+                if let Handling::Refused(NoOp::Is(json)) = r.handling {
+                    assert!(serde_json::from_str::<Value>(json).is_ok(), "{json}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_ops_pass_and_the_rest_is_refused_naming_the_field() {
+        let body = |v: Value| v.as_object().unwrap().clone();
+        let no_ops = serde_json::json!({
+            "n": 1, "best_of": 1, "echo": false, "suffix": "", "logit_bias": {}, "user": "u",
+            "response_format": {"type": "text"}, "guided_json": null,
+        });
+        assert!(check(COMPLETIONS, &body(no_ops), "").is_ok());
+        for (bad, param) in [
+            (serde_json::json!({"n": 2}), "n"),
+            (serde_json::json!({"best_of": 3}), "best_of"),
+            (serde_json::json!({"echo": true}), "echo"),
+            (serde_json::json!({"suffix": "x"}), "suffix"),
+            (serde_json::json!({"logit_bias": {"1": 5}}), "logit_bias"),
+            (serde_json::json!({"user": 5}), "user"),
+            (
+                serde_json::json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (serde_json::json!({"temprature": 0}), "temprature"),
+            (serde_json::json!({"tools": []}), "tools"),
+        ] {
+            let e = check(COMPLETIONS, &body(bad.clone()), "").unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{bad}");
+            assert!(e.message.contains(param), "{bad}: {}", e.message);
+        }
+        let e = check(
+            MESSAGE,
+            &body(serde_json::json!({"nam": "x"})),
+            "messages[3].",
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[3].nam"));
+        assert_eq!(e.message, "unknown field `messages[3].nam`");
+    }
+}

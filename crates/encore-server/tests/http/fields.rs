@@ -1,0 +1,309 @@
+//! No field is silently ignored: the fields the server does not support (yet) and the
+//! ones it does not know get a 400 naming them, the ones it only logs are accepted, chat
+//! content given as text parts reads as the plain string, and vLLM's `/tokenize` and
+//! `/detokenize`.
+
+use serde_json::{json, Value};
+
+use crate::harness::*;
+
+const COMPLETIONS: &str = "/v1/completions";
+const CHAT: &str = "/v1/chat/completions";
+
+/// A valid small body of the endpoint at `path` with `extra` fields set.
+fn body(path: &str, extra: Value) -> Value {
+    let mut b = if path == CHAT {
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    } else {
+        json!({"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    };
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+/// POSTs `b` to `path` and checks a 400 whose `param` is `param` and whose message names
+/// `words`.
+fn refused(a: std::net::SocketAddr, path: &str, b: Value, param: &str, words: &str) {
+    let (st, v) = post(a, path, b.clone());
+    assert_eq!(st, 400, "{path} {b}: {v}");
+    assert_eq!(v["error"]["param"], param, "{path} {b}: {v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains(words), "{path} {b}: {msg}");
+}
+
+#[test]
+fn unsupported_and_unknown_fields_are_refused_naming_them() {
+    let s = start(None);
+    let both = [COMPLETIONS, CHAT];
+    let cases: &[(&[&str], Value, &str)] = &[
+        (&both, json!({"n": 2}), "n > 1 is not supported yet"),
+        (
+            &both,
+            json!({"logit_bias": {"50": 10}}),
+            "not supported yet",
+        ),
+        (&both, json!({"echo": true}), "not supported yet"),
+        (
+            &both,
+            json!({"response_format": {"type": "json_object"}}),
+            "not supported yet",
+        ),
+        (&both, json!({"guided_regex": "a+"}), "not supported yet"),
+        (
+            &both,
+            json!({"structured_outputs": {"json": {}}}),
+            "not supported yet",
+        ),
+        (&[COMPLETIONS], json!({"best_of": 2}), "use `n`"),
+        (
+            &[COMPLETIONS],
+            json!({"suffix": "end"}),
+            "not supported yet",
+        ),
+        (
+            &[CHAT],
+            json!({"tools": [{"type": "function"}]}),
+            "tool calling",
+        ),
+        (&[CHAT], json!({"tool_choice": "auto"}), "tool calling"),
+        (
+            &[CHAT],
+            json!({"parallel_tool_calls": false}),
+            "tool calling",
+        ),
+        (
+            &[CHAT],
+            json!({"functions": [{"name": "f"}]}),
+            "tool calling",
+        ),
+        (&[CHAT], json!({"function_call": "auto"}), "tool calling"),
+        (&[CHAT], json!({"audio": {"voice": "alloy"}}), "text"),
+        (&[CHAT], json!({"modalities": ["text", "audio"]}), "text"),
+        (
+            &[CHAT],
+            json!({"prediction": {"type": "content"}}),
+            "not supported yet",
+        ),
+        (
+            &[CHAT],
+            json!({"reasoning_effort": "low"}),
+            "not supported yet",
+        ),
+        (&[CHAT], json!({"web_search_options": {}}), "web"),
+        (&[CHAT], json!({"store": true}), "stores nothing"),
+        (
+            &[CHAT],
+            json!({"chat_template_kwargs": {"x": 1}}),
+            "not supported yet",
+        ),
+        (&[CHAT], json!({"metadata": "x"}), "object"),
+        (&both, json!({"user": 5}), "string"),
+        (
+            &both,
+            json!({"temprature": 0}),
+            "unknown field `temprature`",
+        ),
+        // A field of the other endpoint is unknown here.
+        (&[COMPLETIONS], json!({"tools": []}), "unknown field"),
+        (&[CHAT], json!({"suffix": ""}), "unknown field"),
+        (
+            &both,
+            json!({"stream": true, "stream_options": {"include_usage": true, "x": 1}}),
+            "unknown field `stream_options.x`",
+        ),
+    ];
+    for (paths, extra, words) in cases {
+        let k = extra.as_object().unwrap().keys().next_back().unwrap();
+        let param = match k.as_str() {
+            "stream_options" => "stream_options.x",
+            k => k,
+        };
+        for path in *paths {
+            refused(s.addr, path, body(path, extra.clone()), param, words);
+        }
+    }
+}
+
+#[test]
+fn no_op_values_and_logged_fields_are_accepted() {
+    let s = start(None);
+    let both = json!({"n": 1, "logit_bias": {}, "echo": false, "user": "u-1",
+                      "response_format": {"type": "text"}, "guided_json": null});
+    let chat = json!({"metadata": {"team": "a"}, "store": false, "service_tier": "auto",
+                      "tools": [], "tool_choice": "none", "modalities": ["text"],
+                      "safety_identifier": "s", "prompt_cache_key": "k", "chat_template_kwargs": {}});
+    let completions = json!({"best_of": 1, "suffix": ""});
+    for (path, extra) in [
+        (COMPLETIONS, &both),
+        (COMPLETIONS, &completions),
+        (CHAT, &both),
+        (CHAT, &chat),
+    ] {
+        let (st, v) = post(s.addr, path, body(path, extra.clone()));
+        assert_eq!(st, 200, "{path} {extra}: {v}");
+    }
+}
+
+#[test]
+fn content_parts_read_as_the_plain_string_and_roles_are_checked() {
+    let s = start(None);
+    let greedy = |messages: Value| {
+        let (st, v) = post(
+            s.addr,
+            CHAT,
+            json!({"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0,
+                   "ignore_eos": true}),
+        );
+        assert_eq!(st, 200, "{v}");
+        (
+            v["choices"][0]["message"]["content"].clone(),
+            v["usage"].clone(),
+        )
+    };
+    let plain = greedy(json!([{"role": "system", "content": "be brief"},
+                              {"role": "user", "content": "hello there"}]));
+    let parts = greedy(json!([
+        {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": " there"}]},
+    ]));
+    assert_eq!(parts, plain);
+    let user = |m: Value| body(CHAT, json!({ "messages": [m] }));
+    refused(
+        s.addr,
+        CHAT,
+        user(json!({"role": "wizard", "content": "x"})),
+        "messages[0].role",
+        "wizard",
+    );
+    refused(
+        s.addr,
+        CHAT,
+        user(json!({"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+        ]})),
+        "messages[0].content[1].type",
+        "content part type `image_url` is not supported",
+    );
+    refused(
+        s.addr,
+        CHAT,
+        user(json!({"role": "tool", "content": "42", "tool_call_id": "c1"})),
+        "messages[0].tool_call_id",
+        "tool calling",
+    );
+    refused(
+        s.addr,
+        CHAT,
+        user(json!({"role": "user", "content": "x", "name": "bob"})),
+        "messages[0].name",
+        "not supported yet",
+    );
+}
+
+#[test]
+fn tokenize_and_detokenize() {
+    let s = start(None);
+    let a = s.addr;
+    let (st, m) = http(a, "GET", "/v1/models", None, &[]);
+    assert_eq!(st, 200);
+    let max_len = serde_json::from_str::<Value>(&m).unwrap()["data"][0]["max_model_len"].clone();
+    // A prompt: the byte tokenizer puts BOS (256) first unless asked not to.
+    let (st, v) = post(a, "/tokenize", json!({"model": MODEL, "prompt": "hi"}));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v,
+        json!({"count": 3, "max_model_len": max_len, "tokens": [256, 104, 105]})
+    );
+    let text = "héllo, wörld";
+    let (_, v) = post(
+        a,
+        "/tokenize",
+        json!({"prompt": text, "add_special_tokens": false}),
+    );
+    let (st, back) = post(
+        a,
+        "/detokenize",
+        json!({"model": MODEL, "tokens": v["tokens"]}),
+    );
+    assert_eq!(st, 200, "{back}");
+    assert_eq!(back, json!({ "prompt": text }));
+    let (_, bos) = post(a, "/detokenize", json!({"tokens": [256, 104, 105]}));
+    assert_eq!(bos["prompt"], "<|bos|>hi");
+    // Messages: the chat template's prompt, as chat completions count it.
+    let messages = json!([{"role": "user", "content": [{"type": "text", "text": "hello"}]}]);
+    let (st, v) = post(a, "/tokenize", json!({ "messages": messages }));
+    assert_eq!(st, 200, "{v}");
+    let (_, chat) = post(a, CHAT, body(CHAT, json!({ "messages": messages })));
+    assert_eq!(v["count"], chat["usage"]["prompt_tokens"], "{v} {chat}");
+    let (_, without) = post(
+        a,
+        "/tokenize",
+        json!({"messages": messages, "add_generation_prompt": false}),
+    );
+    assert!(without["count"].as_u64() < v["count"].as_u64(), "{without}");
+    // Errors name the field.
+    refused(
+        a,
+        "/detokenize",
+        json!({"tokens": [104, 258]}),
+        "tokens",
+        "vocabulary",
+    );
+    refused(
+        a,
+        "/detokenize",
+        json!({"tokens": "hi"}),
+        "tokens",
+        "token ids",
+    );
+    refused(
+        a,
+        "/detokenize",
+        json!({"text": "hi", "tokens": []}),
+        "text",
+        "unknown field",
+    );
+    refused(a, "/tokenize", json!({}), "prompt", "required");
+    refused(
+        a,
+        "/tokenize",
+        json!({"prompt": "x", "messages": []}),
+        "messages",
+        "not both",
+    );
+    refused(
+        a,
+        "/tokenize",
+        json!({"messages": [{"role": "wizard", "content": "x"}]}),
+        "messages[0].role",
+        "wizard",
+    );
+    refused(
+        a,
+        "/tokenize",
+        json!({"prompt": "x", "return_token_strs": true}),
+        "return_token_strs",
+        "not supported yet",
+    );
+    let (st, v) = post(a, "/tokenize", json!({"model": "gpt-4", "prompt": "x"}));
+    assert_eq!((st, &v["error"]["param"]), (404, &json!("model")), "{v}");
+}
+
+#[test]
+fn tokenize_needs_the_api_key_too() {
+    let s = start(Some("sekret"));
+    let b = json!({"prompt": "hi"}).to_string();
+    assert_eq!(http(s.addr, "POST", "/tokenize", Some(&b), &[]).0, 401);
+    let (st, _) = http(
+        s.addr,
+        "POST",
+        "/tokenize",
+        Some(&b),
+        &[("Authorization", "Bearer sekret")],
+    );
+    assert_eq!(st, 200);
+}
