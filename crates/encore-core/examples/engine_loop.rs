@@ -77,6 +77,7 @@ fn main() -> encore_core::Result<()> {
                     stop_token_ids: Vec::new(),
                     ignore_eos: true,
                     fit_context: false,
+                    constraint: None,
                 },
             },
             Box::new(move |e| tx.send(e).is_ok()),

@@ -74,6 +74,9 @@ pub struct EngineConfig {
     /// A device budget for the weights (`--weight-budget`, `--offload-policy`); `None`:
     /// every weight resident.
     pub offload: Option<OffloadConfig>,
+    /// Compiles requests' constraints (structured outputs; built from the model's
+    /// tokenizer); `None`: a request with a constraint is refused.
+    pub constraints: Option<std::sync::Arc<crate::constraint::ConstraintCompiler>>,
 }
 
 impl EngineConfig {
@@ -103,6 +106,7 @@ impl EngineConfig {
             run_name: "engine".into(),
             fix_hint: String::new(),
             offload: None,
+            constraints: None,
         }
     }
 }

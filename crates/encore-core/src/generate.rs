@@ -65,6 +65,7 @@ pub fn generate(
                     stop_token_ids: eos.to_vec(),
                     ignore_eos: opts.ignore_eos,
                     fit_context: false,
+                    constraint: None,
                 },
             },
             runner,

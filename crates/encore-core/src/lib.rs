@@ -12,6 +12,7 @@
 //! beside the memory budget, and `testing` its kernel-level test support beside the
 //! runner's capture/replay check. See ARCHITECTURE.md.
 
+pub mod constraint;
 pub mod engine;
 pub mod generate;
 pub mod graph;

@@ -72,6 +72,24 @@ pub struct TokenLogprobs {
     pub top: Vec<(u32, f32)>,
 }
 
+/// What a request's output must match (structured outputs), compiled at admission by
+/// [`crate::constraint::ConstraintCompiler`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Constraint {
+    /// Only these token ids (vLLM's `allowed_token_ids`).
+    AllowedTokens(Vec<u32>),
+    /// JSON matching this JSON schema (its text).
+    JsonSchema(String),
+    /// Any JSON object.
+    JsonObject,
+    /// Text matching this regular expression, whole.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// Text of this Lark grammar (llguidance's dialect).
+    Lark(String),
+}
+
 /// One request's generation parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestParams {
@@ -86,6 +104,8 @@ pub struct RequestParams {
     /// the context (the OpenAI API's rule); `false`: it is admitted and ends with
     /// [`FinishReason::Context`] when the context is full.
     pub fit_context: bool,
+    /// What the output must match; `None`: anything.
+    pub constraint: Option<Constraint>,
 }
 
 /// A request: its caller-chosen id (unique among live requests), prompt and parameters.
@@ -160,6 +180,8 @@ pub enum Param {
     PresencePenalty,
     FrequencyPenalty,
     RepetitionPenalty,
+    /// What the output must match ([`RequestParams::constraint`]).
+    Constraint,
 }
 
 impl Param {
@@ -173,6 +195,7 @@ impl Param {
             Param::PresencePenalty => "presence_penalty",
             Param::FrequencyPenalty => "frequency_penalty",
             Param::RepetitionPenalty => "repetition_penalty",
+            Param::Constraint => "response_format",
         }
     }
 }
@@ -367,6 +390,7 @@ mod tests {
                 stop_token_ids: Vec::new(),
                 ignore_eos: false,
                 fit_context: false,
+                constraint: None,
             },
         }
     }

@@ -19,7 +19,9 @@
 //! produced tokens — become cached for later requests.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
+use crate::constraint::{ConstraintCompiler, TokenConstraint};
 use crate::error::{Error, Result};
 use crate::kv::{BlockManager, PrefixHit, SeqId};
 use crate::request::{FinishReason, Limits, Output, Param, Refusal, Request};
@@ -76,6 +78,10 @@ struct Seq {
     computed: usize,
     /// Whether it was ever admitted (its prompt was counted in the prefix statistics).
     admitted: bool,
+    /// The request's compiled constraint (it has advanced by every token produced, so a
+    /// preempted sequence keeps it), and the mask of its next token.
+    constraint: Option<Box<dyn TokenConstraint>>,
+    mask: Vec<u32>,
 }
 
 impl Seq {
@@ -92,6 +98,10 @@ pub struct Scheduler {
     running: Vec<Seq>,
     next_seq: u64,
     stats: SchedulerStats,
+    /// Compiles requests' constraints; `None`: a request with one is refused.
+    constraints: Option<Arc<ConstraintCompiler>>,
+    /// Requests that ended with an error since the last [`Scheduler::take_failed`].
+    failed: Vec<(u64, String)>,
 }
 
 impl Scheduler {
@@ -139,7 +149,22 @@ impl Scheduler {
             running: Vec::new(),
             next_seq: 0,
             stats: SchedulerStats::default(),
+            constraints: None,
+            failed: Vec::new(),
         })
+    }
+
+    /// Compile requests' constraints with `c` (the model's tokenizer indexed once); without
+    /// it a request with a constraint is refused.
+    pub fn set_constraint_compiler(&mut self, c: Arc<ConstraintCompiler>) {
+        self.constraints = Some(c);
+    }
+
+    /// The requests that ended with an error since the last call (a constraint that allows
+    /// no token, or failed), with the error; their blocks are already free and they
+    /// produce nothing more.
+    pub fn take_failed(&mut self) -> Vec<(u64, String)> {
+        std::mem::take(&mut self.failed)
     }
 
     /// Queue a request. Refused, naming the parameter, when it can never run (see
@@ -150,6 +175,21 @@ impl Scheduler {
             let m = format!("{} is already live", req.id);
             return Err(Refusal::new(req.id, Param::Id, m));
         }
+        let constraint = match &req.params.constraint {
+            None => None,
+            Some(c) => {
+                let Some(compiler) = &self.constraints else {
+                    let m = "is not supported by this engine (no constraint compiler)";
+                    return Err(Refusal::new(req.id, Param::Constraint, m));
+                };
+                let m = |e| format!("is invalid: {e}");
+                Some(
+                    compiler
+                        .compile(c)
+                        .map_err(|e| Refusal::new(req.id, Param::Constraint, m(e)))?,
+                )
+            }
+        };
         let seq = SeqId(self.next_seq);
         self.next_seq += 1;
         self.waiting.push_back(Seq {
@@ -158,6 +198,8 @@ impl Scheduler {
             seq,
             computed: 0,
             admitted: false,
+            constraint,
+            mask: Vec::new(),
         });
         Ok(())
     }
@@ -341,18 +383,63 @@ impl Scheduler {
     /// per sequence; a prompt chunk that does not reach the end produces none). Finished
     /// sequences free their blocks. An empty vector when nothing could run.
     pub fn step(&mut self, runner: &mut Runner<'_>) -> Result<Vec<Output>> {
-        let plan = self.schedule(runner)?;
+        let mut plan = self.schedule(runner)?;
         if plan.is_empty() {
             return Ok(Vec::new());
         }
+        // The masks of the constrained rows whose sample is kept; a constraint that fails
+        // ends its request before the step.
+        let words = runner.model().cfg.vocab_size.div_ceil(32);
+        let mut failed = Vec::new();
+        for &(i, take) in &plan {
+            let s = &mut self.running[i];
+            if s.computed + take < s.tokens.len() {
+                continue;
+            }
+            if let Some(c) = &mut s.constraint {
+                s.mask.resize(words, 0);
+                if let Err(e) = c.fill_mask(&mut s.mask) {
+                    failed.push((i, e));
+                }
+            }
+        }
+        plan.retain(|(i, _)| !failed.iter().any(|(f, _)| f == i));
+        let mut outputs = Vec::new();
+        if !plan.is_empty() {
+            outputs = self.run_plan(runner, &plan)?;
+        }
+        failed.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, e) in failed {
+            self.fail_running(i, e)?;
+        }
+        Ok(outputs)
+    }
+
+    /// End running sequence `i` with error `e`, freeing its blocks.
+    fn fail_running(&mut self, i: usize, e: String) -> Result<()> {
+        let s = self.running.remove(i);
+        self.seqs.release(s.seq)?;
+        self.stats.aborted += 1;
+        self.failed.push((s.req.id, e));
+        Ok(())
+    }
+
+    /// Run the planned step and collect its outputs.
+    fn run_plan(
+        &mut self,
+        runner: &mut Runner<'_>,
+        plan: &[(usize, usize)],
+    ) -> Result<Vec<Output>> {
         let steps: Vec<SeqStep<'_>> = plan
             .iter()
             .map(|&(i, take)| {
                 let s = &self.running[i];
+                let kept = s.computed + take == s.tokens.len();
                 SeqStep {
                     seq: s.seq,
                     tokens: &s.tokens[s.computed..s.computed + take],
                     sampling: s.req.params.sampling,
+                    mask: (kept && s.constraint.is_some()).then_some(&s.mask[..]),
                 }
             })
             .collect();
@@ -361,6 +448,7 @@ impl Scheduler {
         let max_seq_len = runner.config().max_seq_len;
         let mut outputs = Vec::new();
         let mut done = Vec::new();
+        let mut broken = Vec::new();
         for (&(i, take), out) in plan.iter().zip(sampled) {
             let token = out.token;
             self.stats.tokens_computed += take as u64;
@@ -373,6 +461,12 @@ impl Scheduler {
                 continue; // a prompt chunk short of the end
             }
             s.tokens.push(token);
+            if let Some(c) = &mut s.constraint {
+                if let Err(e) = c.commit(token) {
+                    broken.push((i, e));
+                    continue;
+                }
+            }
             let p = &s.req.params;
             let finish = if !p.ignore_eos && p.stop_token_ids.contains(&token) {
                 Some(FinishReason::Eos)
@@ -393,11 +487,19 @@ impl Scheduler {
                 done.push(i);
             }
         }
-        done.sort_unstable();
-        for &i in done.iter().rev() {
-            let s = self.running.remove(i);
-            self.seqs.release(s.seq)?;
-            self.stats.finished += 1;
+        // Remove from the back: finished and broken sequences, in descending index order.
+        let mut ends: Vec<(usize, Option<String>)> = done.into_iter().map(|i| (i, None)).collect();
+        ends.extend(broken.into_iter().map(|(i, e)| (i, Some(e))));
+        ends.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, e) in ends {
+            match e {
+                None => {
+                    let s = self.running.remove(i);
+                    self.seqs.release(s.seq)?;
+                    self.stats.finished += 1;
+                }
+                Some(e) => self.fail_running(i, e)?,
+            }
         }
         Ok(outputs)
     }

@@ -137,7 +137,10 @@ impl EngineHandle {
             .spawn(move || {
                 let be = &*backend;
                 let booted = Engine::new(be, model, &cfg, &*progress).and_then(|e| {
-                    let s = Scheduler::new(sched, &e.runner)?;
+                    let mut s = Scheduler::new(sched, &e.runner)?;
+                    if let Some(c) = &cfg.constraints {
+                        s.set_constraint_compiler(Arc::clone(c));
+                    }
                     Ok((e, s))
                 });
                 let (engine, scheduler) = match booted {
@@ -308,6 +311,12 @@ fn run_loop(
         let step_end = Instant::now();
         match stepped {
             Ok(outputs) => {
+                // Requests a constraint ended (it allowed no token, or failed).
+                for (id, msg) in sched.take_failed() {
+                    if let Some(mut live) = sinks.remove(&id) {
+                        (live.sink)(Event::Failed(msg));
+                    }
+                }
                 let now = step_end;
                 for o in outputs {
                     let (id, finished) = (o.id, o.finish.is_some());

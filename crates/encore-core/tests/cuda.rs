@@ -405,6 +405,7 @@ fn windowed_model_matches_cpu() {
                     seq,
                     tokens,
                     sampling: greedy,
+                    mask: None,
                 })
                 .collect();
             let (_, l) = r.step_with_logits(&mut seqs, &steps).unwrap();

@@ -153,6 +153,7 @@ fn capture_all_warms_every_bucket_largest_first() {
             seq: SeqId(0),
             tokens: &[1, 2, 3],
             sampling: SamplingParams::default(),
+            mask: None,
         }],
     )
     .unwrap();
@@ -163,6 +164,7 @@ fn capture_all_warms_every_bucket_largest_first() {
             seq: SeqId(0),
             tokens: &[4],
             sampling: SamplingParams::default(),
+            mask: None,
         }],
     )
     .unwrap();
@@ -188,6 +190,7 @@ fn verify_graphs_checks_every_replay_against_eager() {
                     seq: SeqId(i as u64),
                     tokens: p,
                     sampling: greedy,
+                    mask: None,
                 }],
             )
             .unwrap(),

@@ -262,6 +262,7 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
                     std::slice::from_ref(&p.greedy[step - 1])
                 },
                 sampling: SamplingParams::default(),
+                mask: None,
             })
             .collect();
         let (tokens, rows) = runner

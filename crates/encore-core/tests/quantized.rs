@@ -70,6 +70,7 @@ fn logits(be: &dyn Backend, model: Model) -> Vec<Vec<f32>> {
                 seq,
                 tokens,
                 sampling: SamplingParams::default(),
+                mask: None,
             })
             .collect();
         let (_, l) = r.step_with_logits(&mut seqs, &steps).unwrap();

@@ -248,6 +248,7 @@ impl CommonBody {
                 ignore_eos: false,
                 // The OpenAI API's rule: prompt and max_tokens must fit the context.
                 fit_context: true,
+                constraint: None,
             },
             seed,
             stop,

@@ -176,6 +176,7 @@ pub(crate) fn prefill(
                 seq: s,
                 tokens: &prompt,
                 sampling: SamplingParams::default(),
+                mask: None,
             }],
         )?;
     }
@@ -215,6 +216,7 @@ pub(crate) fn time_decode(
                 seq,
                 tokens: tok,
                 sampling: SamplingParams::default(),
+                mask: None,
             })
             .collect();
         if i == WARMUP {

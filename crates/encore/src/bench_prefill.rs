@@ -191,6 +191,7 @@ fn engine_config(
         extra_bytes: 0,
         run_name: format!("bench prefill --tokens {max_tokens} --batch {max_batch}"),
         fix_hint: "lower --tokens or --batch".into(),
+        constraints: None,
     })
 }
 
@@ -294,6 +295,7 @@ fn prefill_once(
             seq,
             tokens: p,
             sampling: SamplingParams::default(),
+            mask: None,
         })
         .collect();
     let (t, c) = (Instant::now(), process_cpu_ns());

@@ -144,6 +144,7 @@ impl EngineArgs {
             extra_bytes: 0,
             run_name: shape.run_name,
             fix_hint: shape.fix_hint,
+            constraints: None,
         };
         let sched = SchedulerConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,

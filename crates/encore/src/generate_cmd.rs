@@ -9,13 +9,14 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use encore_core::constraint::ConstraintCompiler;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::ModelFiles;
 use encore_core::progress::{Progress, Unit};
 use encore_core::request::SamplingParams;
-use encore_core::request::{Event, FinishReason, Request, RequestParams};
+use encore_core::request::{Constraint, Event, FinishReason, Request, RequestParams};
 use encore_core::serve::{EngineHandle, RunnerStats};
 use encore_core::tokenizer::{ChatMessage, StopMatcher, StopStream, Tokenizer};
 
@@ -75,6 +76,13 @@ pub struct GenerateArgs {
     /// Sampling seed (the same seed gives the same output).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
+    /// Constrain every output to JSON matching the JSON schema in FILE (structured
+    /// outputs, as the server's `response_format` json_schema).
+    #[arg(long, value_name = "FILE", conflicts_with = "regex")]
+    json_schema: Option<PathBuf>,
+    /// Constrain every output to text matching this regular expression, whole.
+    #[arg(long, value_name = "REGEX")]
+    regex: Option<String>,
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
     /// Keep generating past end-of-sequence tokens.
@@ -101,9 +109,16 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let tokenizer = encore_core::model::open_tokenizer(&source)?;
     let max_seq_len = a.engine.max_seq_len(&cfg)?;
     let prompts = encode(&a, &tokenizer, &texts, &cfg, max_seq_len)?;
-    let configs = a
-        .engine
-        .config(be, a.model.dtype, engine_shape(&a, &prompts, max_seq_len))?;
+    let mut configs =
+        a.engine
+            .config(be, a.model.dtype, engine_shape(&a, &prompts, max_seq_len))?;
+    let mut constrained = None;
+    if a.json_schema.is_some() || a.regex.is_some() {
+        let compiler = ConstraintCompiler::new(&tokenizer, cfg.vocab_size)
+            .map_err(|e| anyhow!("indexing the tokenizer for --json-schema / --regex: {e}"))?;
+        constrained = constraint(&a, &compiler)?;
+        configs.0.constraints = Some(std::sync::Arc::new(compiler));
+    }
     let engine = engine_arg::start_engine(
         backend.clone(),
         ModelFiles {
@@ -118,7 +133,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if a.capture_all {
         report_capture(&engine, a.json)?;
     }
-    let params = request_params(&a, &tokenizer);
+    let params = request_params(&a, &tokenizer, constrained);
     if prompts.is_empty() {
         bail!("no prompts to run");
     }
@@ -250,7 +265,11 @@ fn report_capture(engine: &EngineHandle, json: bool) -> Result<()> {
 }
 
 /// The sampling and stopping parameters of every prompt.
-fn request_params(a: &GenerateArgs, tokenizer: &Tokenizer) -> RequestParams {
+fn request_params(
+    a: &GenerateArgs,
+    tokenizer: &Tokenizer,
+    constraint: Option<Constraint>,
+) -> RequestParams {
     RequestParams {
         sampling: SamplingParams {
             temperature: a.temperature,
@@ -267,7 +286,24 @@ fn request_params(a: &GenerateArgs, tokenizer: &Tokenizer) -> RequestParams {
         stop_token_ids: tokenizer.eos_token_ids(),
         ignore_eos: a.ignore_eos,
         fit_context: false,
+        constraint,
     }
+}
+
+/// The constraint of `--json-schema` / `--regex`, checked by compiling it once (an error
+/// names the flag).
+fn constraint(a: &GenerateArgs, compiler: &ConstraintCompiler) -> Result<Option<Constraint>> {
+    let (c, flag) = match (&a.json_schema, &a.regex) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--json-schema: reading {}", path.display()))?;
+            (Constraint::JsonSchema(text), "--json-schema")
+        }
+        (None, Some(rx)) => (Constraint::Regex(rx.clone()), "--regex"),
+        (None, None) => return Ok(None),
+    };
+    compiler.compile(&c).map_err(|e| anyhow!("{flag}: {e}"))?;
+    Ok(Some(c))
 }
 
 /// Run every prompt on `engine` (streaming the first prompt's text to stdout when

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use encore_core::constraint::ConstraintCompiler;
 use encore_core::model::ModelFiles;
 use encore_server::ServerConfig;
 
@@ -70,7 +71,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         ),
         fix_hint: "lower --max-num-seqs, --max-num-batched-tokens or --max-seq-len".into(),
     };
-    let configs = e.config(be.as_ref(), a.model.dtype, shape)?;
+    let mut configs = e.config(be.as_ref(), a.model.dtype, shape)?;
+    configs.0.constraints = Some(Arc::new(
+        ConstraintCompiler::new(&tokenizer, cfg.vocab_size)
+            .map_err(|e| anyhow::anyhow!("indexing the tokenizer for structured outputs: {e}"))?,
+    ));
     let t = std::time::Instant::now();
     let engine = Arc::new(engine_arg::start_engine(
         be,

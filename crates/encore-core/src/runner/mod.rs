@@ -56,6 +56,10 @@ pub struct SeqStep<'a> {
     /// in its sequence alone: a request's stream does not depend on the batch around it,
     /// its sequence id or when it runs.
     pub sampling: SamplingParams,
+    /// The tokens the sample may take (bit `t % 32` of word `t / 32`, at least
+    /// vocabulary / 32 words, rounded up); `None`: any. Only a row whose sample is kept
+    /// needs one.
+    pub mask: Option<&'a [u32]>,
 }
 
 /// Sizing of the runner's memory.

@@ -40,6 +40,8 @@ crate::step_inputs! {
         presence: f32 [Seqs, One] = 0.0,
         /// Top log-probabilities per row; -1: none.
         num_logprobs: i32 [Seqs, One] = -1,
+        /// 1 where the row's sample is limited to its allowed-token mask.
+        mask_on: i32 [Seqs, One] = 0,
         /// A mixed step's `cu_seqlens_q` of the sequences after its leading decode rows,
         /// relative to their first row (attention runs the two groups separately).
         cu_rest: i32 [SeqsPlusOne, One] = 0,
@@ -73,6 +75,7 @@ impl StepViews {
         v.frequency = v.frequency.prefix(seqs)?;
         v.presence = v.presence.prefix(seqs)?;
         v.num_logprobs = v.num_logprobs.prefix(seqs)?;
+        v.mask_on = v.mask_on.prefix(seqs)?;
         Ok(v)
     }
 }
@@ -174,6 +177,7 @@ impl<'b> Packer<'b> {
             h.frequency[i] = sp.frequency_penalty;
             h.presence[i] = sp.presence_penalty;
             h.num_logprobs[i] = sp.logprobs.map_or(-1, |n| n.min(MAX_TOP_LOGPROBS) as i32);
+            h.mask_on[i] = s.mask.is_some() as i32;
             h.pen_slot[i] = -1;
             if penalties && sp.has_penalties() {
                 if let Some(slot) = seqs.penalty_slot_for_step(s.seq, total)? {

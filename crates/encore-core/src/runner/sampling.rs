@@ -2,7 +2,9 @@
 //! [`crate::request::SamplingParams`] says what it asked for), and the device buffers sampling writes (sampled ids,
 //! log-probabilities, the penalty table whose rows the scheduler hands out).
 
-use crate::backend::{Backend, Penalties, SampleLogprobs, Sampling, MAX_TOP_LOGPROBS, PROMPT_BIT};
+use crate::backend::{
+    Backend, Penalties, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
+};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
@@ -44,6 +46,9 @@ pub(super) struct SampleBuffers {
     sampled: Tensor,
     lp: LogprobBuffers,
     pen_counts: Option<Tensor>,
+    /// Allowed-token masks, i32 `[max_seqs, mask_words]`: row r is the step's row r's
+    /// (read only where the step's `mask_on` is set).
+    mask_bits: Tensor,
     vocab: usize,
 }
 
@@ -52,6 +57,7 @@ pub(super) struct StepSampling<'a> {
     sampled: Tensor,
     lp: LogprobBuffers,
     pen_counts: Option<&'a Tensor>,
+    mask_bits: Tensor,
 }
 
 impl SampleBuffers {
@@ -72,6 +78,7 @@ impl SampleBuffers {
                 0 => None,
                 n => Some(be.alloc(DType::I32, &[n, vocab])?),
             },
+            mask_bits: be.alloc(DType::I32, &[max_seqs, mask_words(vocab)])?,
             vocab,
         })
     }
@@ -79,8 +86,38 @@ impl SampleBuffers {
     /// Device bytes of a runner's sampling buffers (sampled tokens, log-probabilities and
     /// the penalty table), for a memory estimate.
     pub fn bytes_for(max_seqs: usize, penalty_slots: usize, vocab: usize) -> usize {
-        max_seqs.saturating_mul(2 + 2 * MAX_TOP_LOGPROBS) * 4
+        max_seqs.saturating_mul(2 + 2 * MAX_TOP_LOGPROBS + mask_words(vocab)) * 4
             + penalty_slots.saturating_mul(vocab).saturating_mul(4)
+    }
+
+    /// Upload the masks of the step's rows that have one (`batch` in the step's row
+    /// order), in one copy of the rows up to the last of them; other rows keep stale
+    /// bits their `mask_on` of 0 leaves unread.
+    pub fn write_masks(&self, be: &dyn Backend, batch: &[SeqStep<'_>]) -> Result<()> {
+        let Some(last) = batch.iter().rposition(|s| s.mask.is_some()) else {
+            return Ok(());
+        };
+        let w = mask_words(self.vocab);
+        let mut host = vec![0u32; (last + 1) * w];
+        for (row, s) in batch[..=last].iter().enumerate() {
+            if let Some(m) = s.mask {
+                if m.len() < w {
+                    return Err(Error::invalid(
+                        "runner.step",
+                        format!(
+                            "sequence {}: a mask of {} words, the vocabulary needs {w}",
+                            s.seq,
+                            m.len()
+                        ),
+                    ));
+                }
+                host[row * w..(row + 1) * w].copy_from_slice(&m[..w]);
+            }
+        }
+        be.write_bytes(
+            &self.mask_bits.prefix(last + 1)?,
+            bytemuck::cast_slice(&host),
+        )
     }
 
     /// The buffers of a step's first `seqs` rows.
@@ -89,6 +126,7 @@ impl SampleBuffers {
             sampled: self.sampled.prefix(seqs)?,
             lp: self.lp.prefix(seqs)?,
             pen_counts: self.pen_counts.as_ref(),
+            mask_bits: self.mask_bits.prefix(seqs)?,
         })
     }
 
@@ -196,11 +234,19 @@ impl StepSampling<'_> {
                     top_ids: &self.lp.top_ids,
                     top: &self.lp.top,
                 }),
-                mask: None,
+                mask: Some(TokenMask {
+                    bits: &self.mask_bits,
+                    on: &v.mask_on,
+                }),
             },
             &self.sampled,
         )
     }
+}
+
+/// Words of a mask row over `vocab` tokens.
+pub(super) fn mask_words(vocab: usize) -> usize {
+    vocab.div_ceil(32)
 }
 
 /// The request seed mixed with the index of the token being sampled: a fresh,

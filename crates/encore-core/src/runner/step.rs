@@ -293,6 +293,7 @@ impl Runner<'_> {
         let be = self.parts.be;
         let Plan::Graph(key) = plan else {
             self.parts.inputs.pack(seqs, batch, &layout, b, d, true)?;
+            self.parts.sampling.write_masks(be, batch)?;
             let step = self
                 .parts
                 .forward(&layout, StepShape::whole(b, decode_only, d))?;
@@ -313,6 +314,7 @@ impl Runner<'_> {
         self.parts
             .inputs
             .pack(seqs, batch, &layout, read, d, true)?;
+        self.parts.sampling.write_masks(be, batch)?;
         let (shape, real) = match key.phase {
             Phase::Decode => (StepShape::whole(key.bucket, true, d), b),
             Phase::Mixed => (StepShape::split(b, d), n),

@@ -126,6 +126,7 @@ fn check_replay_dtype(
         .iter()
         .enumerate()
         .map(|(s, p)| SeqStep {
+            mask: None,
             seq: SeqId(s as u64),
             tokens: p,
             sampling: sampling[s],
@@ -186,6 +187,7 @@ impl ReplayRound<'_> {
             .iter()
             .zip(&inputs)
             .map(|(&s, t)| SeqStep {
+                mask: None,
                 seq: SeqId(s as u64),
                 tokens: t,
                 sampling: self.sampling[s],

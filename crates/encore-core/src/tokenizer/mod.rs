@@ -266,6 +266,56 @@ impl Tokenizer {
         self.bos_id
     }
 
+    /// The bytes each token id in `0..vocab_size()` stands for in generated text, for
+    /// token-level constraints (structured outputs): a byte-level BPE token's bytes
+    /// through GPT-2's byte-to-character table, a SentencePiece token's text with `▁` as a
+    /// space and `<0xXX>` as the byte, and special tokens (added tokens marked special,
+    /// the byte tokenizer's BOS/EOS) as `0xFF` followed by their text, which no text
+    /// matches (the convention of `toktrie`). Ids without a token are empty.
+    pub fn token_bytes(&self) -> Vec<Vec<u8>> {
+        match &self.kind {
+            Kind::Bytes => (0..BYTES_VOCAB_SIZE as u32)
+                .map(|id| match id {
+                    0..=255 => vec![id as u8],
+                    BYTES_BOS => [&[0xFF][..], b"<|bos|>"].concat(),
+                    _ => [&[0xFF][..], b"<|eos|>"].concat(),
+                })
+                .collect(),
+            Kind::Hf(t) => {
+                let byte_level = t
+                    .get_decoder()
+                    .and_then(|d| serde_json::to_string(d).ok())
+                    .is_some_and(|d| d.contains("\"ByteLevel\""));
+                let special: std::collections::HashSet<u32> = t
+                    .get_added_tokens_decoder()
+                    .into_iter()
+                    .filter(|(_, a)| a.special)
+                    .map(|(id, _)| id)
+                    .collect();
+                let unbyte = byte_level.then(gpt2_char_bytes);
+                (0..self.vocab_size as u32)
+                    .map(|id| {
+                        let Some(tok) = t.id_to_token(id) else {
+                            return Vec::new();
+                        };
+                        if special.contains(&id) {
+                            return [&[0xFF][..], tok.as_bytes()].concat();
+                        }
+                        match &unbyte {
+                            Some(map) => tok
+                                .chars()
+                                .map(|c| map.get(&c).copied())
+                                .collect::<Option<Vec<u8>>>()
+                                // An added (not special) token is stored as its text.
+                                .unwrap_or_else(|| tok.as_bytes().to_vec()),
+                            None => sentencepiece_bytes(&tok),
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
     /// The id of a token string (special tokens included), if it is in the vocabulary.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         match &self.kind {
@@ -392,4 +442,33 @@ fn load_chat_template(dir: &Path, config: &Json) -> Result<(Option<ChatTemplate>
         Some(ChatTemplate::new(source, &config_path)?),
         String::new(),
     ))
+}
+
+/// GPT-2's byte-level BPE alphabet, reversed: the character standing for each byte (the
+/// printable bytes stand for themselves, the others for U+0100 onwards, in order).
+fn gpt2_char_bytes() -> std::collections::HashMap<char, u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 256u32;
+    (0..=255u8)
+        .map(|b| {
+            let c = if printable(b) {
+                char::from(b)
+            } else {
+                next += 1;
+                char::from_u32(next - 1).expect("U+0100.. are characters")
+            };
+            (c, b)
+        })
+        .collect()
+}
+
+/// A SentencePiece token's bytes: `<0xXX>` byte-fallback tokens are that byte, `▁` is a
+/// space.
+fn sentencepiece_bytes(tok: &str) -> Vec<u8> {
+    if let Some(hex) = tok.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+        if let (2, Ok(b)) = (hex.len(), u8::from_str_radix(hex, 16)) {
+            return vec![b];
+        }
+    }
+    tok.replace('\u{2581}', " ").into_bytes()
 }

@@ -97,6 +97,7 @@ pub fn decode_batch<'a>(
             seq: SeqId(i as u64),
             tokens: t,
             sampling,
+            mask: None,
         })
         .collect()
 }
@@ -117,6 +118,7 @@ pub fn prefill_both(
         seq: SeqId(i as u64),
         tokens: prompt,
         sampling,
+        mask: None,
     }];
     let x = a.step(a_seqs, &step).unwrap();
     let y = b.step(b_seqs, &step).unwrap();
@@ -188,6 +190,7 @@ pub fn request(id: u64, prompt: Vec<u32>, sampling: SamplingParams, max_tokens: 
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             fit_context: false,
+            constraint: None,
         },
     }
 }

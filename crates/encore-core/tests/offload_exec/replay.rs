@@ -66,6 +66,7 @@ fn lockstep(runners: &mut [Runner<'_>]) -> Vec<Vec<Vec<Vec<f32>>>> {
                     seq: SeqId(*s as u64),
                     tokens: toks,
                     sampling: SamplingParams::default(),
+                    mask: None,
                 })
                 .collect();
             let (t, logits) = r.step_with_logits(seqs, &steps).unwrap();

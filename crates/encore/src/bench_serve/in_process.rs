@@ -48,6 +48,7 @@ fn submit(
                 stop_token_ids: Vec::new(),
                 ignore_eos: true,
                 fit_context: false,
+                constraint: None,
             },
         },
         Box::new(move |e| {

@@ -1,0 +1,248 @@
+//! Constrained decoding (structured outputs) through the scheduler on the CPU backend,
+//! with the byte tokenizer over the tiny model: JSON-schema, regex, choice and
+//! allowed-token outputs match their constraint, greedy and sampled, also through
+//! preemption; unconstrained requests in the same batch produce what they produce alone;
+//! bad constraints are refused at admission naming the parameter.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use encore_core::backend::cpu::CpuBackend;
+use encore_core::constraint::ConstraintCompiler;
+use encore_core::request::{Constraint, FinishReason, Param, Request, SamplingParams};
+use encore_core::runner::Runner;
+use encore_core::scheduler::{Scheduler, SchedulerConfig};
+use encore_core::tokenizer::{Tokenizer, BYTES_EOS};
+
+mod common;
+
+fn compiler(r: &Runner<'_>) -> Arc<ConstraintCompiler> {
+    let vocab = r.model().cfg.vocab_size;
+    Arc::new(ConstraintCompiler::new(&Tokenizer::bytes(), vocab).unwrap())
+}
+
+/// A request for a short prompt, sampled (seed `id`) or greedy, ending at the byte
+/// tokenizer's EOS.
+fn request(id: u64, temperature: f32, max_tokens: usize, c: Option<Constraint>) -> Request {
+    let prompt = (0..6).map(|j| ((id * 29 + j * 7) % 200) as u32).collect();
+    let sampling = SamplingParams {
+        temperature,
+        seed: id,
+        ..Default::default()
+    };
+    let mut req = common::request(id, prompt, sampling, max_tokens);
+    req.params.stop_token_ids = vec![BYTES_EOS];
+    req.params.constraint = c;
+    req
+}
+
+/// Run every request to the end; per request its tokens and finish reason, and the
+/// scheduler's preemption count.
+fn run(
+    r: &mut Runner<'_>,
+    cfg: SchedulerConfig,
+    reqs: &[Request],
+) -> (HashMap<u64, (Vec<u32>, FinishReason)>, u64) {
+    let mut s = Scheduler::new(cfg, r).unwrap();
+    s.set_constraint_compiler(compiler(r));
+    for q in reqs {
+        s.add(q.clone(), r).unwrap();
+    }
+    let mut out = HashMap::new();
+    let mut steps = 0;
+    while s.has_work() {
+        for o in s.step(r).unwrap() {
+            let e = out
+                .entry(o.id)
+                .or_insert((Vec::new(), FinishReason::Stopped));
+            e.0.push(o.token);
+            if let Some(f) = o.finish {
+                e.1 = f;
+            }
+        }
+        assert_eq!(s.take_failed(), Vec::new());
+        steps += 1;
+        assert!(steps < 10_000, "no progress");
+    }
+    assert_eq!(s.blocks().num_used_blocks(), 0);
+    (out, s.stats().preemptions)
+}
+
+/// The text of byte tokens (the EOS that ends it dropped).
+fn text(tokens: &[u32]) -> String {
+    let bytes: Vec<u8> = tokens
+        .iter()
+        .filter(|&&t| t != BYTES_EOS)
+        .map(|&t| u8::try_from(t).expect("a byte token"))
+        .collect();
+    String::from_utf8(bytes).expect("constrained output is UTF-8")
+}
+
+const SCHEMA: &str = r#"{
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+        "ok": {"type": "boolean"}
+    },
+    "required": ["name", "age", "tags", "ok"],
+    "additionalProperties": false
+}"#;
+
+#[test]
+fn json_schema_outputs_parse_and_match_the_schema() {
+    let cpu = CpuBackend::new();
+    let mut r = common::tiny_runner(&cpu);
+    let reqs: Vec<Request> = (0..8)
+        .map(|i| {
+            let t = if i % 4 == 0 { 0.0 } else { 1.0 };
+            request(i, t, 100, Some(Constraint::JsonSchema(SCHEMA.into())))
+        })
+        .collect();
+    let (out, _) = run(&mut r, SchedulerConfig::new(64, 8), &reqs);
+    for q in &reqs {
+        let (tokens, finish) = &out[&q.id];
+        assert_eq!(*finish, FinishReason::Eos, "request {}: {tokens:?}", q.id);
+        let t = text(tokens);
+        let v: serde_json::Value = serde_json::from_str(&t).unwrap_or_else(|e| panic!("{t}: {e}"));
+        let o = v.as_object().unwrap();
+        assert_eq!(o.len(), 4, "{t}");
+        assert!(o["name"].as_str().unwrap().chars().count() <= 6, "{t}");
+        assert!((0..=120).contains(&o["age"].as_i64().unwrap()), "{t}");
+        let tags = o["tags"].as_array().unwrap();
+        assert!(
+            tags.len() <= 2 && tags.iter().all(|x| x == "a" || x == "b"),
+            "{t}"
+        );
+        assert!(o["ok"].is_boolean(), "{t}");
+        // The layout: one space after ':' and ','.
+        assert!(t.starts_with("{\"name\": \""), "{t}");
+    }
+}
+
+#[test]
+fn regex_choice_and_allowed_tokens() {
+    let cpu = CpuBackend::new();
+    let mut r = common::tiny_runner(&cpu);
+    let choices = ["yes", "no", "maybe so"];
+    let allowed = vec![b'x' as u32, b'y' as u32, BYTES_EOS];
+    let mut reqs = Vec::new();
+    for i in 0..4 {
+        let t = if i == 0 { 0.0 } else { 1.0 };
+        reqs.push(request(
+            i,
+            t,
+            40,
+            Some(Constraint::Regex("[0-9]{3}-[a-z]{2,4}".into())),
+        ));
+        reqs.push(request(
+            10 + i,
+            t,
+            40,
+            Some(Constraint::Choice(choices.map(String::from).to_vec())),
+        ));
+        reqs.push(request(
+            20 + i,
+            t,
+            12,
+            Some(Constraint::AllowedTokens(allowed.clone())),
+        ));
+    }
+    let (out, _) = run(&mut r, SchedulerConfig::new(64, 12), &reqs);
+    for i in 0..4 {
+        let (tokens, finish) = &out[&i];
+        let t = text(tokens);
+        let b = t.as_bytes();
+        assert_eq!(*finish, FinishReason::Eos, "{t}");
+        assert!(
+            b.len() >= 6
+                && b.len() <= 8
+                && b[..3].iter().all(u8::is_ascii_digit)
+                && b[3] == b'-'
+                && b[4..].iter().all(u8::is_ascii_lowercase),
+            "{t:?}"
+        );
+        let (tokens, finish) = &out[&(10 + i)];
+        assert_eq!(*finish, FinishReason::Eos);
+        assert!(choices.contains(&text(tokens).as_str()), "{tokens:?}");
+        let (tokens, _) = &out[&(20 + i)];
+        assert!(tokens.iter().all(|t| allowed.contains(t)), "{tokens:?}");
+    }
+}
+
+#[test]
+fn unconstrained_requests_are_unchanged_by_constrained_neighbours() {
+    let cpu = CpuBackend::new();
+    let mut r = common::tiny_runner(&cpu);
+    let plain: Vec<Request> = (0..4)
+        .map(|i| request(100 + i, if i % 2 == 0 { 0.0 } else { 0.8 }, 20, None))
+        .collect();
+    let (alone, _) = run(&mut r, SchedulerConfig::new(64, 8), &plain);
+    let mut mixed = plain.clone();
+    mixed.extend((0..4).map(|i| request(i, 1.0, 60, Some(Constraint::JsonObject))));
+    let (together, _) = run(&mut r, SchedulerConfig::new(64, 8), &mixed);
+    for q in &plain {
+        assert_eq!(together[&q.id], alone[&q.id], "request {}", q.id);
+    }
+    for i in 0..4 {
+        let (tokens, finish) = &together[&i];
+        if *finish == FinishReason::Eos {
+            let v: serde_json::Value = serde_json::from_str(&text(tokens)).unwrap();
+            assert!(v.is_object());
+        }
+    }
+}
+
+/// A KV cache too small for the batch preempts constrained requests; each recomputes
+/// and continues its constraint where it was: the same tokens as with room.
+#[test]
+fn constrained_requests_survive_preemption() {
+    let cpu = CpuBackend::new();
+    let reqs: Vec<Request> = (0..8)
+        .map(|i| request(i, 1.0, 60, Some(Constraint::JsonSchema(SCHEMA.into()))))
+        .collect();
+    let mut roomy = common::tiny_runner(&cpu);
+    let (reference, none) = run(&mut roomy, SchedulerConfig::new(64, 8), &reqs);
+    assert_eq!(none, 0);
+    let mut tight = common::tiny_runner_with_blocks(&cpu, 40);
+    let (out, preemptions) = run(&mut tight, SchedulerConfig::new(64, 8), &reqs);
+    assert!(preemptions > 0);
+    assert_eq!(out, reference);
+}
+
+#[test]
+fn bad_constraints_are_refused_at_admission() {
+    let cpu = CpuBackend::new();
+    let r = common::tiny_runner(&cpu);
+    let mut s = Scheduler::new(SchedulerConfig::new(64, 8), &r).unwrap();
+    // Without a compiler, any constraint is refused.
+    let e = s
+        .add(request(1, 0.0, 8, Some(Constraint::JsonObject)), &r)
+        .unwrap_err();
+    assert_eq!(e.param, Param::Constraint);
+    s.set_constraint_compiler(compiler(&r));
+    let vocab = r.model().cfg.vocab_size as u32;
+    for (c, says) in [
+        (Constraint::JsonSchema("{not json".into()), "not JSON"),
+        (Constraint::JsonSchema("[1, 2]".into()), "must be an object"),
+        (
+            Constraint::JsonSchema(r#"{"type": "wizard"}"#.into()),
+            "wizard",
+        ),
+        (Constraint::Regex("(unclosed".into()), ""),
+        (Constraint::Lark("start: undefined_rule".into()), ""),
+        (Constraint::Choice(Vec::new()), "empty"),
+        (
+            Constraint::AllowedTokens(vec![3, vocab]),
+            "outside the vocabulary",
+        ),
+    ] {
+        let e = s
+            .add(request(2, 0.0, 8, Some(c.clone())), &r)
+            .expect_err(&format!("{c:?} is refused"));
+        assert_eq!(e.param, Param::Constraint, "{c:?}");
+        assert!(e.message.contains(says), "{c:?}: {}", e.message);
+        assert!(!s.has_work(), "nothing is queued");
+    }
+}
