@@ -346,7 +346,7 @@ fn masked_tokens_are_never_sampled_and_leave_the_logprobs() {
         .max_by(|&a, &c| base[a].total_cmp(&base[c]).then(c.cmp(&a)))
         .unwrap();
     let allowed: Vec<usize> = (0..vocab).filter(|&t| t % 3 == 1 && t != best).collect();
-    let mut words = vec![0i32; 3];
+    let mut words = [0i32; 3];
     for &t in &allowed {
         words[t / 32] |= (1u32 << (t % 32)) as i32;
     }

@@ -14,7 +14,7 @@
 use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::Json;
-use encore_core::request::{RequestParams, SamplingParams};
+use encore_core::request::{Constraint, RequestParams, SamplingParams};
 use encore_core::tokenizer::{ChatMessage, StopMatcher};
 use serde::de::{DeserializeOwned, Deserializer};
 use serde::Deserialize;
@@ -196,6 +196,13 @@ pub(crate) struct CommonBody {
     ignore_eos: Field<bool>,
     stop_token_ids: Field<Vec<u32>>,
     stop: Field<Stop>,
+    /// Structured outputs: OpenAI's, vLLM's, and vLLM's older spelling.
+    response_format: Field<Value>,
+    structured_outputs: Field<Value>,
+    guided_json: Field<Value>,
+    guided_regex: Field<Value>,
+    guided_choice: Field<Value>,
+    guided_grammar: Field<Value>,
 }
 
 /// What the server needs of a valid body besides its prompt.
@@ -236,6 +243,14 @@ impl CommonBody {
         })?;
         stop_token_ids.extend(ids.unwrap_or_default());
         let stop = validate_stop(self.stop)?;
+        let (constraint, constraint_name) = constraint([
+            ("response_format", self.response_format),
+            ("structured_outputs", self.structured_outputs),
+            ("guided_json", self.guided_json),
+            ("guided_regex", self.guided_regex),
+            ("guided_choice", self.guided_choice),
+            ("guided_grammar", self.guided_grammar),
+        ])?;
         Ok(Common {
             stream,
             include_usage,
@@ -248,16 +263,165 @@ impl CommonBody {
                 ignore_eos: false,
                 // The OpenAI API's rule: prompt and max_tokens must fit the context.
                 fit_context: true,
-                constraint: None,
+                constraint,
             },
             seed,
             stop,
             names: ParamNames {
                 max_tokens: max_name,
                 logprobs: "logprobs",
+                constraint: constraint_name,
             },
         })
     }
+}
+
+/// The output's constraint from whichever structured-output field the body gave (at
+/// most one), and that field's name (for admission's refusal of a schema, regex or
+/// grammar it cannot compile). Shapes are checked here; what they say, at admission.
+fn constraint(
+    fields: [(&'static str, Field<Value>); 6],
+) -> Result<(Option<Constraint>, &'static str), ApiError> {
+    let mut found: Option<(Constraint, &'static str)> = None;
+    for (name, f) in fields {
+        let Field::Given(v) = f else { continue };
+        let c = match name {
+            "response_format" => response_format(&v)?,
+            "structured_outputs" => structured_outputs(&v)?,
+            "guided_json" => Some(json_schema(name, &v)?),
+            "guided_regex" => Some(Constraint::Regex(string(name, &v)?)),
+            "guided_choice" => Some(choice(name, &v)?),
+            _ => Some(Constraint::Lark(string(name, &v)?)),
+        };
+        let Some(c) = c else { continue };
+        if let Some((_, first)) = &found {
+            let m = format!(
+                "give one structured-output field: `{first}` and `{name}` both constrain the output"
+            );
+            return Err(ApiError::bad(name, m));
+        }
+        found = Some((c, name));
+    }
+    Ok(match found {
+        Some((c, name)) => (Some(c), name),
+        None => (None, "response_format"),
+    })
+}
+
+/// An error naming the first key of `o` outside `keys`, as `{at}.{key}`.
+fn known_keys(o: &Map<String, Value>, keys: &[&str], at: &str) -> Result<(), ApiError> {
+    match o.keys().find(|k| !keys.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::bad(
+            format!("{at}.{k}"),
+            format!("unknown field `{k}` in `{at}`"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// OpenAI's `response_format`: `text` (no constraint), `json_object`, or `json_schema`
+/// with its `schema` (`name`, `description` and `strict` are accepted; the output
+/// always follows the schema).
+fn response_format(v: &Value) -> Result<Option<Constraint>, ApiError> {
+    const P: &str = "response_format";
+    let o = v
+        .as_object()
+        .ok_or_else(|| ApiError::bad(P, "`response_format` must be an object with a `type`"))?;
+    match o.get("type").and_then(Value::as_str) {
+        Some("text") => known_keys(o, &["type"], P).map(|_| None),
+        Some("json_object") => known_keys(o, &["type"], P).map(|_| Some(Constraint::JsonObject)),
+        Some("json_schema") => {
+            known_keys(o, &["type", "json_schema"], P)?;
+            const S: &str = "response_format.json_schema";
+            let js = o
+                .get("json_schema")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    ApiError::bad(S, "`json_schema` must be an object with a `schema`")
+                })?;
+            known_keys(js, &["name", "description", "schema", "strict"], S)?;
+            let schema = js
+                .get("schema")
+                .filter(|s| !s.is_null())
+                .ok_or_else(|| ApiError::bad(S, "`json_schema` needs a `schema`"))?;
+            Ok(Some(json_schema(
+                "response_format.json_schema.schema",
+                schema,
+            )?))
+        }
+        Some(t) => Err(ApiError::bad(
+            "response_format.type",
+            format!("`response_format` type `{t}` is not one of text, json_object, json_schema"),
+        )),
+        None => Err(ApiError::bad(P, "`response_format` needs a string `type`")),
+    }
+}
+
+/// vLLM's `structured_outputs`: one of `json` (a schema), `json_object: true`, `regex`,
+/// `choice`, `grammar` (Lark).
+fn structured_outputs(v: &Value) -> Result<Option<Constraint>, ApiError> {
+    const P: &str = "structured_outputs";
+    let o = v
+        .as_object()
+        .ok_or_else(|| ApiError::bad(P, "`structured_outputs` must be an object"))?;
+    known_keys(o, &["json", "json_object", "regex", "choice", "grammar"], P)?;
+    let mut found = Vec::new();
+    for (k, x) in o.iter().filter(|(_, x)| !x.is_null()) {
+        found.push(match k.as_str() {
+            "json" => json_schema("structured_outputs.json", x)?,
+            "regex" => Constraint::Regex(string("structured_outputs.regex", x)?),
+            "choice" => choice("structured_outputs.choice", x)?,
+            "grammar" => Constraint::Lark(string("structured_outputs.grammar", x)?),
+            _ => match x {
+                Value::Bool(true) => Constraint::JsonObject,
+                Value::Bool(false) => continue,
+                _ => {
+                    let m = "`json_object` must be a boolean";
+                    return Err(ApiError::bad("structured_outputs.json_object", m));
+                }
+            },
+        });
+    }
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop()),
+        _ => Err(ApiError::bad(
+            P,
+            "give one of `json`, `json_object`, `regex`, `choice`, `grammar`",
+        )),
+    }
+}
+
+/// A JSON schema given as an object or as its text.
+fn json_schema(name: &'static str, v: &Value) -> Result<Constraint, ApiError> {
+    match v {
+        Value::Object(_) => Ok(Constraint::JsonSchema(v.to_string())),
+        Value::String(s) => Ok(Constraint::JsonSchema(s.clone())),
+        _ => Err(ApiError::bad(
+            name,
+            format!("`{name}` must be a JSON schema object"),
+        )),
+    }
+}
+
+fn string(name: &'static str, v: &Value) -> Result<String, ApiError> {
+    v.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| ApiError::bad(name, format!("`{name}` must be a string")))
+}
+
+fn choice(name: &'static str, v: &Value) -> Result<Constraint, ApiError> {
+    let rule = || {
+        ApiError::bad(
+            name,
+            format!("`{name}` must be a non-empty list of strings"),
+        )
+    };
+    let list = v.as_array().filter(|a| !a.is_empty()).ok_or_else(rule)?;
+    list.iter()
+        .map(|x| x.as_str().map(str::to_string).ok_or_else(rule))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Constraint::Choice)
 }
 
 /// `model`: the model this server serves (`served`; a 404 otherwise), `required` or

@@ -30,6 +30,9 @@ pub(crate) struct ParamNames {
     pub max_tokens: &'static str,
     /// Completions' `logprobs` or chat's `top_logprobs`.
     pub logprobs: &'static str,
+    /// The field that gave the output's constraint (`response_format`,
+    /// `structured_outputs`, `guided_json`, ...).
+    pub constraint: &'static str,
 }
 
 impl ParamNames {
@@ -38,6 +41,7 @@ impl ParamNames {
         match param {
             Param::MaxTokens => self.max_tokens,
             Param::Logprobs => self.logprobs,
+            Param::Constraint => self.constraint,
             p => p.name(),
         }
     }

@@ -142,36 +142,21 @@ const LOGIT_BIAS: Rule = refused(
 );
 const ECHO: Rule = refused("echo", NoOp::False, "`echo` is not supported yet");
 const USER: Rule = logged("user", Shape::String);
-const RESPONSE_FORMAT: Rule = refused(
+const RESPONSE_FORMAT: Rule = honored(
     "response_format",
-    NoOp::Is(r#"{"type": "text"}"#),
-    "`response_format` (structured output) is not supported yet",
+    "`text`, `json_object` or `json_schema` (its `schema`; `strict` or not, the output follows it): decoding is constrained to match",
 );
-const STRUCTURED_OUTPUTS: Rule = refused(
+const STRUCTURED_OUTPUTS: Rule = honored(
     "structured_outputs",
-    NoOp::Nothing,
-    "`structured_outputs` is not supported yet",
+    "one of `json` (a schema), `json_object`, `regex`, `choice`, `grammar` (Lark) (vLLM extension)",
 );
-const GUIDED_JSON: Rule = refused(
-    "guided_json",
-    NoOp::Nothing,
-    "`guided_json` is not supported yet",
-);
-const GUIDED_REGEX: Rule = refused(
+const GUIDED_JSON: Rule = honored("guided_json", "a JSON schema (vLLM's older spelling)");
+const GUIDED_REGEX: Rule = honored(
     "guided_regex",
-    NoOp::Nothing,
-    "`guided_regex` is not supported yet",
+    "a regular expression (vLLM's older spelling)",
 );
-const GUIDED_CHOICE: Rule = refused(
-    "guided_choice",
-    NoOp::Nothing,
-    "`guided_choice` is not supported yet",
-);
-const GUIDED_GRAMMAR: Rule = refused(
-    "guided_grammar",
-    NoOp::Nothing,
-    "`guided_grammar` is not supported yet",
-);
+const GUIDED_CHOICE: Rule = honored("guided_choice", "a list of strings (vLLM's older spelling)");
+const GUIDED_GRAMMAR: Rule = honored("guided_grammar", "a Lark grammar (vLLM's older spelling)");
 const CHAT_TEMPLATE_KWARGS: Rule = refused(
     "chat_template_kwargs",
     NoOp::Empty,
@@ -528,10 +513,6 @@ mod tests {
             (serde_json::json!({"suffix": "x"}), "suffix"),
             (serde_json::json!({"logit_bias": {"1": 5}}), "logit_bias"),
             (serde_json::json!({"user": 5}), "user"),
-            (
-                serde_json::json!({"response_format": {"type": "json_object"}}),
-                "response_format",
-            ),
             (serde_json::json!({"temprature": 0}), "temprature"),
             (serde_json::json!({"tools": []}), "tools"),
         ] {

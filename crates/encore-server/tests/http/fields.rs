@@ -46,17 +46,6 @@ fn unsupported_and_unknown_fields_are_refused_naming_them() {
             "not supported yet",
         ),
         (&both, json!({"echo": true}), "not supported yet"),
-        (
-            &both,
-            json!({"response_format": {"type": "json_object"}}),
-            "not supported yet",
-        ),
-        (&both, json!({"guided_regex": "a+"}), "not supported yet"),
-        (
-            &both,
-            json!({"structured_outputs": {"json": {}}}),
-            "not supported yet",
-        ),
         (&[COMPLETIONS], json!({"best_of": 2}), "use `n`"),
         (
             &[COMPLETIONS],
@@ -306,4 +295,150 @@ fn tokenize_needs_the_api_key_too() {
         &[("Authorization", "Bearer sekret")],
     );
     assert_eq!(st, 200);
+}
+
+/// Structured outputs: each spelling constrains the output (JSON that parses and follows
+/// the schema; a regex; a choice), greedy and sampled, whole and streamed; a bad
+/// schema, regex or shape is a 400 naming the field before anything is queued.
+#[test]
+fn structured_outputs_constrain_the_text() {
+    let s = start(None);
+    let schema = json!({"type": "object",
+        "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99},
+                       "tag": {"enum": ["x", "y"]}},
+        "required": ["id", "tag"], "additionalProperties": false});
+    let check_json = |text: &str| {
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert!((0..=99).contains(&v["id"].as_i64().unwrap()), "{text}");
+        assert!(v["tag"] == "x" || v["tag"] == "y", "{text}");
+        assert_eq!(v.as_object().unwrap().len(), 2, "{text}");
+    };
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": true}});
+    for path in [COMPLETIONS, CHAT] {
+        for (extra, seed) in [
+            (json!({"response_format": rf}), 0),
+            (
+                json!({"structured_outputs": {"json": schema}, "temperature": 1.0}),
+                1,
+            ),
+            (
+                json!({"guided_json": schema.to_string(), "temperature": 1.0}),
+                2,
+            ),
+        ] {
+            let mut b = body(path, extra);
+            b["max_tokens"] = json!(60);
+            b["seed"] = json!(seed);
+            let (st, v) = post(s.addr, path, b.clone());
+            assert_eq!(st, 200, "{b}: {v}");
+            let c = &v["choices"][0];
+            let text = if path == CHAT {
+                &c["message"]["content"]
+            } else {
+                &c["text"]
+            };
+            check_json(text.as_str().unwrap());
+            assert_eq!(c["finish_reason"], "stop", "{v}");
+            // Streamed: the same text.
+            b["stream"] = json!(true);
+            let streamed = stream_text(s.addr, path, b);
+            assert_eq!(streamed, text.as_str().unwrap());
+        }
+        for (extra, ok) in [
+            (
+                json!({"structured_outputs": {"regex": "[a-c]{2}-[0-9]"}, "temperature": 1.0}),
+                Box::new(|t: &str| {
+                    let b = t.as_bytes();
+                    b.len() == 4
+                        && b[..2].iter().all(|c| (b'a'..=b'c').contains(c))
+                        && b[2] == b'-'
+                        && b[3].is_ascii_digit()
+                }) as Box<dyn Fn(&str) -> bool>,
+            ),
+            (
+                json!({"guided_choice": ["red", "green"], "temperature": 1.0}),
+                Box::new(|t: &str| t == "red" || t == "green"),
+            ),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                Box::new(|t: &str| serde_json::from_str::<Value>(t).is_ok_and(|v| v.is_object())),
+            ),
+        ] {
+            let mut b = body(path, extra);
+            b["max_tokens"] = json!(60);
+            let (st, v) = post(s.addr, path, b.clone());
+            assert_eq!(st, 200, "{b}: {v}");
+            let c = &v["choices"][0];
+            let text = if path == CHAT {
+                &c["message"]["content"]
+            } else {
+                &c["text"]
+            };
+            let t = text.as_str().unwrap();
+            if c["finish_reason"] == "stop" {
+                assert!(ok(t), "{b}: {t:?}");
+            }
+        }
+        for (extra, param, words) in [
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "wizard"}}}}),
+                "response_format",
+                "wizard",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+                "response_format.json_schema",
+                "schema",
+            ),
+            (
+                json!({"response_format": {"type": "xml"}}),
+                "response_format.type",
+                "xml",
+            ),
+            (
+                json!({"structured_outputs": {"regex": "(open"}}),
+                "structured_outputs",
+                "invalid",
+            ),
+            (
+                json!({"structured_outputs": {"regex": "a", "choice": ["b"]}}),
+                "structured_outputs",
+                "one of",
+            ),
+            (
+                json!({"structured_outputs": {"whitespace_pattern": " "}}),
+                "structured_outputs.whitespace_pattern",
+                "unknown",
+            ),
+            (json!({"guided_choice": []}), "guided_choice", "non-empty"),
+            (
+                json!({"guided_json": {"type": "object"}, "guided_regex": "a"}),
+                "guided_regex",
+                "one structured-output field",
+            ),
+        ] {
+            refused(s.addr, path, body(path, extra), param, words);
+        }
+    }
+}
+
+/// The text of a streamed response of either endpoint.
+fn stream_text(a: std::net::SocketAddr, path: &str, b: Value) -> String {
+    let raw = post_raw(a, path, &b);
+    let mut text = String::new();
+    for e in sse(&raw) {
+        if e == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(&e).unwrap();
+        if let Some(c) = v["choices"].get(0) {
+            let piece = if path == CHAT {
+                &c["delta"]["content"]
+            } else {
+                &c["text"]
+            };
+            text.push_str(piece.as_str().unwrap_or(""));
+        }
+    }
+    text
 }

@@ -70,6 +70,14 @@ pub fn start_full(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> (Server, std::sync::mpsc::Receiver<std::io::Result<()>>) {
+    let files = encore_core::model::open_model(MODEL).unwrap();
+    let tokenizer = Arc::new(encore_core::model::open_tokenizer(&files.source).unwrap());
+    // Structured outputs, as `encore serve` sets them up.
+    let mut cfg = cfg;
+    cfg.constraints = Some(Arc::new(
+        encore_core::constraint::ConstraintCompiler::new(&tokenizer, files.config.vocab_size)
+            .unwrap(),
+    ));
     let engine = Arc::new(
         EngineHandle::start(
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
@@ -80,8 +88,6 @@ pub fn start_full(
         )
         .unwrap(),
     );
-    let files = encore_core::model::open_model(MODEL).unwrap();
-    let tokenizer = Arc::new(encore_core::model::open_tokenizer(&files.source).unwrap());
     let app = encore_server::app(
         Arc::clone(&engine),
         tokenizer,
