@@ -200,3 +200,100 @@ fn smollm2_gguf_equals_its_dequantized_safetensors_twin() {
     assert_eq!(from_gguf, from_twin);
     assert!(from_gguf.iter().all(|o| !o.is_empty()));
 }
+
+/// The trie's bytes of a real byte-level BPE tokenizer are what decoding gives (tokens
+/// that decode to whole UTF-8 text), and a JSON-schema constrained answer of the real
+/// model parses, follows the schema and still knows the answer.
+#[test]
+fn smollm2_gguf_answers_in_json_under_a_schema() {
+    use encore_core::constraint::ConstraintCompiler;
+    use encore_core::request::{Constraint, Request, RequestParams, SamplingParams};
+    use encore_core::scheduler::{Scheduler, SchedulerConfig};
+    use std::sync::Arc;
+
+    let Some(path) = smollm2() else { return };
+    let files = open_model(path.to_str().unwrap()).unwrap();
+    let cfg = files.config.clone();
+    let tok = files.tokenizer().unwrap();
+    let bytes = tok.token_bytes();
+    assert_eq!(bytes.len(), tok.vocab_size());
+    let mut checked = 0;
+    for id in (0..tok.vocab_size() as u32).step_by(7) {
+        let b = &bytes[id as usize];
+        if b.first() == Some(&0xFF) || std::str::from_utf8(b).is_err() {
+            continue; // special tokens, pieces of a UTF-8 character
+        }
+        assert_eq!(
+            tok.decode(&[id], false).unwrap().as_bytes(),
+            &b[..],
+            "token {id}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 6000, "{checked}");
+
+    let be = CpuBackend::new();
+    let w = weights::load(
+        &be,
+        &cfg,
+        files.source,
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
+    let model = Model::new(&be, cfg.clone(), w, 256).unwrap();
+    let mut runner = Runner::new(
+        &be,
+        model,
+        RunnerConfig {
+            block_size: 16,
+            num_blocks: 1 + 256 / 16,
+            max_tokens_per_step: 512,
+            max_seqs: 1,
+            max_seq_len: 256,
+            penalty_slots: 0,
+        },
+    )
+    .unwrap();
+    let mut sched = Scheduler::new(SchedulerConfig::new(512, 1), &runner).unwrap();
+    let compiler = ConstraintCompiler::new(&tok, cfg.vocab_size).unwrap();
+    sched.set_constraint_compiler(Arc::new(compiler));
+    let schema = r#"{"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "country": {"type": "string", "maxLength": 24}},
+        "required": ["city", "country"], "additionalProperties": false}"#;
+    let prompt = chat_prompt(
+        &tok,
+        "What is the capital of France? Answer in JSON with the keys city and country.",
+    );
+    let req = Request {
+        id: 0,
+        prompt,
+        params: RequestParams {
+            sampling: SamplingParams::default(),
+            max_tokens: 60,
+            stop_token_ids: tok.eos_token_ids(),
+            ignore_eos: false,
+            fit_context: false,
+            constraint: Some(Constraint::JsonSchema(schema.into())),
+        },
+    };
+    sched.add(req, &runner).unwrap();
+    let mut out = Vec::new();
+    while sched.has_work() {
+        out.extend(
+            sched
+                .step(&mut runner)
+                .unwrap()
+                .into_iter()
+                .map(|o| o.token),
+        );
+        assert_eq!(sched.take_failed(), Vec::new());
+    }
+    let text = tok.decode(&out, true).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    assert_eq!(v.as_object().unwrap().len(), 2, "{text}");
+    assert!(v["city"].as_str().unwrap().contains("Paris"), "{text}");
+    assert!(v["country"].is_string(), "{text}");
+}
