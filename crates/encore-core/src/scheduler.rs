@@ -21,6 +21,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use crate::constraint::{ConstraintCompiler, TokenConstraint};
 use crate::error::{Error, Result};
 use crate::kv::{BlockManager, PrefixHit, SeqId};
@@ -389,20 +391,25 @@ impl Scheduler {
         }
         // The masks of the constrained rows whose sample is kept; a constraint that fails
         // ends its request before the step.
+        // The masks are independent: computed in parallel (a large vocabulary's takes
+        // tens of microseconds or more).
         let words = runner.model().cfg.vocab_size.div_ceil(32);
-        let mut failed = Vec::new();
+        let mut sampled = vec![false; self.running.len()];
         for &(i, take) in &plan {
-            let s = &mut self.running[i];
-            if s.computed + take < s.tokens.len() {
-                continue;
-            }
-            if let Some(c) = &mut s.constraint {
-                s.mask.resize(words, 0);
-                if let Err(e) = c.fill_mask(&mut s.mask) {
-                    failed.push((i, e));
-                }
-            }
+            let s = &self.running[i];
+            sampled[i] = s.constraint.is_some() && s.computed + take == s.tokens.len();
         }
+        let mut failed: Vec<(usize, String)> = self
+            .running
+            .par_iter_mut()
+            .enumerate()
+            .filter(|(i, _)| sampled[*i])
+            .filter_map(|(i, s)| {
+                s.mask.resize(words, 0);
+                let c = s.constraint.as_mut().expect("a constrained row");
+                c.fill_mask(&mut s.mask).err().map(|e| (i, e))
+            })
+            .collect();
         plan.retain(|(i, _)| !failed.iter().any(|(f, _)| f == i));
         let mut outputs = Vec::new();
         if !plan.is_empty() {
