@@ -13,7 +13,8 @@ Checks, all greedy (temperature 0, end-of-sequence ignored): `models.list()`; co
 and chat completions, whole and streamed with `stream_options={"include_usage": True}`,
 each equal to the expected text, with the usage counts; chat content as a list of text
 parts; a stop string ends the text before it; errors (an unknown model, a bad
-temperature, `n=2`) as the client's exception types. Exits non-zero with a message on the
+temperature, `n=2`) as the client's exception types; structured outputs (a JSON schema
+validated with `jsonschema`, regex and choice; greedy and sampled, whole and streamed). Exits non-zero with a message on the
 first mismatch.
 """
 
@@ -121,7 +122,65 @@ def main():
         check(False, "n=2 was accepted")
     except openai.BadRequestError as e:
         check(e.param == "n", f"n=2: param {e.param!r}: {e.body}")
+    structured(client, model, messages)
     print(f"openai_client_test: ok (openai {openai.__version__}; stop string {stop!r})")
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "level": {"type": "integer", "minimum": 1, "maximum": 9},
+        "tags": {"type": "array", "items": {"enum": ["red", "blue"]}, "maxItems": 3},
+        "meta": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                 "required": ["ok"], "additionalProperties": False},
+    },
+    "required": ["name", "level", "tags", "meta"],
+    "additionalProperties": False,
+}
+
+
+def structured(client, model, messages):
+    """Structured outputs through the client: a JSON schema (`response_format`, nested
+    object, array, enum, bounds) validated with `jsonschema`, greedy and sampled, whole and
+    streamed; vLLM's `structured_outputs` regex and choice through `extra_body`; an invalid
+    schema as a BadRequestError naming `response_format`."""
+    import re
+    import jsonschema
+
+    rf = {"type": "json_schema", "json_schema": {"name": "card", "schema": SCHEMA, "strict": True}}
+    for temperature, seed in [(0, 0), (1.0, 1), (1.0, 2)]:
+        kw = dict(model=model, messages=messages, max_tokens=120, temperature=temperature,
+                  seed=seed, response_format=rf)
+        r = client.chat.completions.create(**kw)
+        text = r.choices[0].message.content
+        check(r.choices[0].finish_reason == "stop", f"json_schema: finish {r.choices[0].finish_reason}: {text!r}")
+        jsonschema.validate(json.loads(text), SCHEMA)
+        chunks = client.chat.completions.create(stream=True, **kw)
+        s_text, _, _ = streamed(chunks, "chat")
+        check(s_text == text, f"json_schema streamed {s_text!r} != {text!r}")
+        r = client.completions.create(model=model, prompt="card:", max_tokens=120,
+                                      temperature=temperature, seed=seed,
+                                      extra_body={"response_format": rf})
+        jsonschema.validate(json.loads(r.choices[0].text), SCHEMA)
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=20, temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"regex": "[a-f]{2,4}-[0-9]{2}"}})
+        t = r.choices[0].message.content
+        check(re.fullmatch("[a-f]{2,4}-[0-9]{2}", t) is not None, f"regex: {t!r}")
+        r = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=20, temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"choice": ["alpha", "beta", "gamma"]}})
+        t = r.choices[0].message.content
+        check(t in ("alpha", "beta", "gamma"), f"choice: {t!r}")
+    try:
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wizard"}}}
+        client.chat.completions.create(model=model, messages=messages, max_tokens=4,
+                                       response_format=bad)
+        check(False, "an invalid schema was accepted")
+    except openai.BadRequestError as e:
+        check(e.param == "response_format", f"invalid schema: param {e.param!r}: {e.body}")
 
 
 if __name__ == "__main__":
