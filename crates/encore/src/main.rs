@@ -13,6 +13,7 @@ mod bench_decode;
 mod bench_offload;
 mod bench_prefill;
 mod bench_serve;
+mod bench_structured;
 mod engine_arg;
 mod generate_cmd;
 mod graphs;
@@ -107,6 +108,9 @@ enum BenchCommand {
     /// vs eager, beside the PCIe bound (bytes streamed per step / measured host-to-device
     /// bandwidth).
     Offload(bench_offload::BenchOffloadArgs),
+    /// Host cost of structured outputs for a model's tokenizer: indexing it, compiling JSON
+    /// schemas (p50/p99), and the allowed-token mask and advance per generated token.
+    Structured(bench_structured::BenchStructuredArgs),
 }
 
 #[derive(Args)]
@@ -145,6 +149,9 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Serve(a)) => bench_serve::run(a).map(|_| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Offload(a)) => {
             bench_offload::run(a).map(|_| ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Structured(a)) => {
+            bench_structured::run(a).map(|_| ExitCode::SUCCESS)
         }
     };
     match result {

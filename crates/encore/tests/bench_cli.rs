@@ -159,3 +159,35 @@ fn bench_serve_in_process_reports_throughput_and_latencies() {
         "{err}"
     );
 }
+
+#[test]
+fn bench_structured_reports_compile_and_mask_times() {
+    let out = encore(&[
+        "bench",
+        "structured",
+        "--model",
+        "dummy:tiny",
+        "--repeats",
+        "1",
+        "--tokens",
+        "30",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows = json_lines(&out);
+    let r = &rows[0];
+    assert_eq!(r["schemas"], 8, "{r}");
+    assert!(r["tokens"].as_u64().unwrap() > 30, "{r}");
+    for k in [
+        "index_ms",
+        "compile_ms_p50",
+        "compile_ms_p99",
+        "mask_us_p50",
+        "mask_us_p99",
+    ] {
+        assert!(r[k].as_f64().unwrap() > 0.0, "{k}: {r}");
+    }
+    let out = encore(&["bench", "structured", "--repeats", "0"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("--repeats"));
+}

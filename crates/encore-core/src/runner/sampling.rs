@@ -3,7 +3,8 @@
 //! log-probabilities, the penalty table whose rows the scheduler hands out).
 
 use crate::backend::{
-    Backend, Penalties, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
+    Backend, HostStaging, Penalties, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS,
+    PROMPT_BIT,
 };
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
@@ -49,6 +50,9 @@ pub(super) struct SampleBuffers {
     /// Allowed-token masks, i32 `[max_seqs, mask_words]`: row r is the step's row r's
     /// (read only where the step's `mask_on` is set).
     mask_bits: Tensor,
+    /// Host staging of the masks (page-locked on CUDA: the upload is an asynchronous DMA
+    /// queued before the step).
+    mask_staging: HostStaging,
     vocab: usize,
 }
 
@@ -79,6 +83,7 @@ impl SampleBuffers {
                 n => Some(be.alloc(DType::I32, &[n, vocab])?),
             },
             mask_bits: be.alloc(DType::I32, &[max_seqs, mask_words(vocab)])?,
+            mask_staging: be.alloc_staging(max_seqs * mask_words(vocab) * 4)?,
             vocab,
         })
     }
@@ -91,14 +96,15 @@ impl SampleBuffers {
     }
 
     /// Upload the masks of the step's rows that have one (`batch` in the step's row
-    /// order), in one copy of the rows up to the last of them; other rows keep stale
-    /// bits their `mask_on` of 0 leaves unread.
-    pub fn write_masks(&self, be: &dyn Backend, batch: &[SeqStep<'_>]) -> Result<()> {
+    /// order), in one copy of the rows up to the last of them from the host staging;
+    /// other rows keep stale bits their `mask_on` of 0 leaves unread.
+    pub fn write_masks(&mut self, be: &dyn Backend, batch: &[SeqStep<'_>]) -> Result<()> {
         let Some(last) = batch.iter().rposition(|s| s.mask.is_some()) else {
             return Ok(());
         };
         let w = mask_words(self.vocab);
-        let mut host = vec![0u32; (last + 1) * w];
+        // Waits until the previous upload has read the staging.
+        let host = self.mask_staging.bytes_mut()?;
         for (row, s) in batch[..=last].iter().enumerate() {
             if let Some(m) = s.mask {
                 if m.len() < w {
@@ -111,13 +117,11 @@ impl SampleBuffers {
                         ),
                     ));
                 }
-                host[row * w..(row + 1) * w].copy_from_slice(&m[..w]);
+                let at = row * w * 4;
+                host[at..at + w * 4].copy_from_slice(bytemuck::cast_slice(&m[..w]));
             }
         }
-        be.write_bytes(
-            &self.mask_bits.prefix(last + 1)?,
-            bytemuck::cast_slice(&host),
-        )
+        be.upload_staging(&mut self.mask_staging, &self.mask_bits.prefix(last + 1)?)
     }
 
     /// The buffers of a step's first `seqs` rows.
