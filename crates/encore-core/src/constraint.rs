@@ -186,7 +186,7 @@ impl TokenConstraint for Grammar {
         let mask = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| format!("the constraint failed: {e}"))?;
+            .map_err(|e| format!("the constraint allows no token here ({})", first_line(&e)))?;
         words.fill(0);
         let src = mask.as_slice();
         let n = src.len().min(words.len());
@@ -221,6 +221,16 @@ impl TokenConstraint for Grammar {
         };
         self.matcher
             .consume_token(t)
-            .map_err(|e| format!("the constraint refused token {token}: {e}"))
+            .map_err(|e| format!("the constraint refused token {token}: {}", first_line(&e)))
     }
+}
+
+/// The first line of an llguidance error (the rest is a dump of the parser's state).
+fn first_line(e: &impl std::fmt::Display) -> String {
+    e.to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }

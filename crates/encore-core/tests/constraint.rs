@@ -246,3 +246,63 @@ fn bad_constraints_are_refused_at_admission() {
         assert!(!s.has_work(), "nothing is queued");
     }
 }
+
+/// A constraint the vocabulary cannot satisfy (a regex of letters the tokenizer has no
+/// token for) allows no token at the first step: the request ends with an error and frees
+/// its blocks, and a request beside it is unaffected.
+#[test]
+fn a_constraint_that_allows_nothing_fails_its_request() {
+    let dir = std::env::temp_dir().join(format!("encore-constraint-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A word-level tokenizer of four tokens: "a", "b", " " and the end token.
+    let tokenizer = serde_json::json!({
+        "version": "1.0",
+        "added_tokens": [{"id": 3, "content": "</s>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": null,
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1, " ": 2, "</s>": 3},
+                  "unk_token": "</s>"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"eos_token": "</s>"}"#,
+    )
+    .unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        tok.token_bytes()[..3],
+        [b"a".to_vec(), b"b".to_vec(), b" ".to_vec()]
+    );
+
+    let cpu = CpuBackend::new();
+    let mut r = common::tiny_runner(&cpu);
+    let compiler = ConstraintCompiler::new(&tok, r.model().cfg.vocab_size).unwrap();
+    let mut s = Scheduler::new(SchedulerConfig::new(64, 4), &r).unwrap();
+    s.set_constraint_compiler(Arc::new(compiler));
+    s.add(request(1, 0.0, 8, Some(Constraint::Regex("c+".into()))), &r)
+        .unwrap();
+    s.add(
+        request(2, 0.0, 8, Some(Constraint::Regex("(a|b)+".into()))),
+        &r,
+    )
+    .unwrap();
+    let (mut failed, mut produced) = (Vec::new(), Vec::new());
+    while s.has_work() {
+        produced.extend(s.step(&mut r).unwrap().into_iter().map(|o| (o.id, o.token)));
+        failed.extend(s.take_failed());
+    }
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, 1);
+    assert!(failed[0].1.contains("allows no token"), "{}", failed[0].1);
+    assert!(produced.iter().all(|&(id, _)| id == 2), "{produced:?}");
+    assert!(
+        produced.iter().all(|&(_, t)| t <= 1 || t == 3),
+        "{produced:?}"
+    );
+    assert_eq!(s.blocks().num_used_blocks(), 0);
+}
