@@ -389,27 +389,7 @@ impl Scheduler {
         if plan.is_empty() {
             return Ok(Vec::new());
         }
-        // The masks of the constrained rows whose sample is kept; a constraint that fails
-        // ends its request before the step.
-        // The masks are independent: computed in parallel (a large vocabulary's takes
-        // tens of microseconds or more).
-        let words = runner.model().cfg.vocab_size.div_ceil(32);
-        let mut sampled = vec![false; self.running.len()];
-        for &(i, take) in &plan {
-            let s = &self.running[i];
-            sampled[i] = s.constraint.is_some() && s.computed + take == s.tokens.len();
-        }
-        let mut failed: Vec<(usize, String)> = self
-            .running
-            .par_iter_mut()
-            .enumerate()
-            .filter(|(i, _)| sampled[*i])
-            .filter_map(|(i, s)| {
-                s.mask.resize(words, 0);
-                let c = s.constraint.as_mut().expect("a constrained row");
-                c.fill_mask(&mut s.mask).err().map(|e| (i, e))
-            })
-            .collect();
+        let mut failed = self.fill_masks(&plan);
         plan.retain(|(i, _)| !failed.iter().any(|(f, _)| f == i));
         let mut outputs = Vec::new();
         if !plan.is_empty() {
@@ -420,6 +400,33 @@ impl Scheduler {
             self.fail_running(i, e)?;
         }
         Ok(outputs)
+    }
+
+    /// Fill the masks of the planned constrained rows whose sample is kept, in parallel
+    /// (they are independent; a large vocabulary's takes microseconds to a few hundred);
+    /// the rows whose constraint failed, with the error. Nothing runs without such rows.
+    fn fill_masks(&mut self, plan: &[(usize, usize)]) -> Vec<(usize, String)> {
+        let Some(words) = self.constraints.as_ref().map(|c| c.mask_words()) else {
+            return Vec::new();
+        };
+        let mut masked = vec![false; self.running.len()];
+        for &(i, take) in plan {
+            let s = &self.running[i];
+            masked[i] = s.constraint.is_some() && s.computed + take == s.tokens.len();
+        }
+        if !masked.contains(&true) {
+            return Vec::new();
+        }
+        self.running
+            .par_iter_mut()
+            .enumerate()
+            .filter(|(i, _)| masked[*i])
+            .filter_map(|(i, s)| {
+                s.mask.resize(words, 0);
+                let c = s.constraint.as_mut().expect("a constrained row");
+                c.fill_mask(&mut s.mask).err().map(|e| (i, e))
+            })
+            .collect()
     }
 
     /// End running sequence `i` with error `e`, freeing its blocks.

@@ -244,12 +244,24 @@ impl CommonBody {
         stop_token_ids.extend(ids.unwrap_or_default());
         let stop = validate_stop(self.stop)?;
         let (constraint, constraint_name) = constraint([
-            ("response_format", self.response_format),
-            ("structured_outputs", self.structured_outputs),
-            ("guided_json", self.guided_json),
-            ("guided_regex", self.guided_regex),
-            ("guided_choice", self.guided_choice),
-            ("guided_grammar", self.guided_grammar),
+            ("response_format", self.response_format, |_, v| {
+                response_format(v)
+            }),
+            ("structured_outputs", self.structured_outputs, |_, v| {
+                structured_outputs(v)
+            }),
+            ("guided_json", self.guided_json, |n, v| {
+                json_schema(n, v).map(Some)
+            }),
+            ("guided_regex", self.guided_regex, |n, v| {
+                string(n, v).map(|r| Some(Constraint::Regex(r)))
+            }),
+            ("guided_choice", self.guided_choice, |n, v| {
+                choice(n, v).map(Some)
+            }),
+            ("guided_grammar", self.guided_grammar, |n, v| {
+                string(n, v).map(|g| Some(Constraint::Lark(g)))
+            }),
         ])?;
         Ok(Common {
             stream,
@@ -276,23 +288,20 @@ impl CommonBody {
     }
 }
 
+/// How one structured-output field reads: its value to the constraint it asks for
+/// (`None`: none, e.g. `response_format` `text`).
+type ReadConstraint = fn(&'static str, &Value) -> Result<Option<Constraint>, ApiError>;
+
 /// The output's constraint from whichever structured-output field the body gave (at
 /// most one), and that field's name (for admission's refusal of a schema, regex or
 /// grammar it cannot compile). Shapes are checked here; what they say, at admission.
 fn constraint(
-    fields: [(&'static str, Field<Value>); 6],
+    fields: [(&'static str, Field<Value>, ReadConstraint); 6],
 ) -> Result<(Option<Constraint>, &'static str), ApiError> {
     let mut found: Option<(Constraint, &'static str)> = None;
-    for (name, f) in fields {
+    for (name, f, read) in fields {
         let Field::Given(v) = f else { continue };
-        let c = match name {
-            "response_format" => response_format(&v)?,
-            "structured_outputs" => structured_outputs(&v)?,
-            "guided_json" => Some(json_schema(name, &v)?),
-            "guided_regex" => Some(Constraint::Regex(string(name, &v)?)),
-            "guided_choice" => Some(choice(name, &v)?),
-            _ => Some(Constraint::Lark(string(name, &v)?)),
-        };
+        let c = read(name, &v)?;
         let Some(c) = c else { continue };
         if let Some((_, first)) = &found {
             let m = format!(
