@@ -86,6 +86,47 @@ pub fn open(spec: DeviceSpec) -> Result<(Opened, Option<String>)> {
     }
 }
 
+/// Open `size` backends of one tensor-parallel group on `spec`: CPU ranks sharing memory
+/// (the CPU twin), or CUDA devices `N..N + size` for `cuda:N` joined by NCCL. `Auto`
+/// takes CUDA when device 0 opens and the CPU otherwise (the note says why). `size` 1 is
+/// [`open`].
+pub fn open_group(spec: DeviceSpec, size: usize) -> Result<(Vec<Opened>, Option<String>)> {
+    if size <= 1 {
+        let (be, note) = open(spec)?;
+        return Ok((vec![be], note));
+    }
+    let cpu = || {
+        CpuBackend::group(size)
+            .into_iter()
+            .map(|b| Opened::Cpu(Arc::new(b)))
+            .collect()
+    };
+    let cuda = |first| -> Result<Vec<Opened>> {
+        Ok(CudaBackend::group(first, size)?
+            .into_iter()
+            .map(|b| Opened::Cuda(Arc::new(b)))
+            .collect())
+    };
+    match spec {
+        DeviceSpec::Cpu => Ok((cpu(), None)),
+        DeviceSpec::Cuda(n) => Ok((cuda(n)?, None)),
+        DeviceSpec::Auto => match CudaBackend::new(0) {
+            Ok(b) => {
+                drop(b);
+                Ok((cuda(0)?, None))
+            }
+            Err(e) => {
+                tracing::info!("CUDA not used: {e}");
+                let note = format!(
+                    "no usable CUDA device ({}); running {size} ranks on the CPU",
+                    short_reason(&e)
+                );
+                Ok((cpu(), Some(note)))
+            }
+        },
+    }
+}
+
 /// A few words on why CUDA could not be opened, for the one-line fallback note (the whole
 /// error goes to the `info` log).
 fn short_reason(e: &Error) -> String {

@@ -91,9 +91,16 @@ pub struct EmbeddingDims {
     pub n: usize,
     pub vocab: usize,
     pub hidden: usize,
+    /// The id of the table's first row (a vocabulary shard's offset).
+    pub first: usize,
 }
 
-pub fn check_embedding(ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<EmbeddingDims> {
+pub fn check_embedding(
+    ids: &Tensor,
+    table: &Tensor,
+    first: usize,
+    out: &Tensor,
+) -> Result<EmbeddingDims> {
     const OP: &str = "embedding";
     check_dtype(OP, "ids", ids, &[DType::I32])?;
     check_rank(OP, "ids", ids, 1, "[n]")?;
@@ -102,7 +109,15 @@ pub fn check_embedding(ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<Emb
     same_dtype(OP, "out", out, table.dtype())?;
     let (n, vocab, hidden) = (ids.dim(0), table.dim(0), table.dim(1));
     check_shape(OP, "out", out, &[n, hidden], "[n, hidden]")?;
-    Ok(EmbeddingDims { n, vocab, hidden })
+    if first > i32::MAX as usize {
+        return Err(Error::invalid(OP, format!("first row {first} exceeds i32")));
+    }
+    Ok(EmbeddingDims {
+        n,
+        vocab,
+        hidden,
+        first,
+    })
 }
 
 pub struct RowDims {
@@ -508,6 +523,34 @@ pub fn check_copy(src: &Tensor, dst: &Tensor) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// `all_reduce`: a float tensor. Returns its element count.
+pub fn check_all_reduce(x: &Tensor) -> Result<usize> {
+    check_dtype("all_reduce", "x", x, FLOAT_DTYPES)?;
+    Ok(x.numel())
+}
+
+/// `all_gather` over `size` ranks: dst `[size, ..src]` of src's dtype.
+pub fn check_all_gather(src: &Tensor, dst: &Tensor, size: usize) -> Result<()> {
+    const OP: &str = "all_gather";
+    check_dtype(OP, "src", src, FLOAT_DTYPES)?;
+    same_dtype(OP, "dst", dst, src.dtype())?;
+    let expected: Vec<usize> = std::iter::once(size)
+        .chain(src.shape().iter().copied())
+        .collect();
+    check_shape(OP, "dst", dst, &expected, "[ranks, ..src]")
+}
+
+/// `unshard_columns`: src f32 `[s, rows, c]`, dst f32 `[rows, s * c]`. Returns `(s, rows, c)`.
+pub fn check_unshard_columns(src: &Tensor, dst: &Tensor) -> Result<(usize, usize, usize)> {
+    const OP: &str = "unshard_columns";
+    check_dtype(OP, "src", src, &[DType::F32])?;
+    check_rank(OP, "src", src, 3, "[shards, rows, cols]")?;
+    check_dtype(OP, "dst", dst, &[DType::F32])?;
+    let (s, rows, c) = (src.dim(0), src.dim(1), src.dim(2));
+    check_shape(OP, "dst", dst, &[rows, s * c], "[rows, shards * cols]")?;
+    Ok((s, rows, c))
 }
 
 /// The splitmix64 increment (2^64 / golden ratio).

@@ -114,7 +114,21 @@ pub trait Backend: Send + Sync {
 
     /// `out[i, :] = table[ids[i], :]`; an id outside `0..vocab` writes a zero row.
     /// ids i32 `[n]`, table T `[vocab, hidden]`, out T `[n, hidden]`.
-    fn embedding(&self, ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<()>;
+    fn embedding(&self, ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<()> {
+        self.embedding_rows(ids, table, 0, out)
+    }
+
+    /// [`Backend::embedding`] over rows `first..first + vocab` of a larger table (one
+    /// rank's shard of a vocabulary-parallel embedding): `out[i, :] = table[ids[i] -
+    /// first, :]`, and an id outside `first..first + vocab` writes a zero row, so the
+    /// shards' outputs sum to the whole table's. `first` at most `i32::MAX`.
+    fn embedding_rows(
+        &self,
+        ids: &Tensor,
+        table: &Tensor,
+        first: usize,
+        out: &Tensor,
+    ) -> Result<()>;
 
     /// RMSNorm over the last dimension, optionally fused with the residual add.
     /// Without `residual`: `out = x / sqrt(mean(x^2) + eps) * weight`.
@@ -190,6 +204,34 @@ pub trait Backend: Send + Sync {
 
     /// Sample one token per row: see [`Sampling`]. logits f32 `[b, vocab]`, out i32 `[b]`.
     fn sample(&self, logits: &Tensor, params: &Sampling<'_>, out: &Tensor) -> Result<()>;
+
+    /// This backend's place in its tensor-parallel group, `(rank, size)`: `(0, 1)` for a
+    /// backend opened alone. The group's backends are opened together
+    /// ([`crate::device::open_group`]); each rank runs its collectives from its own thread.
+    fn group(&self) -> (usize, usize) {
+        (0, 1)
+    }
+
+    /// Sum `x` over the group's ranks in place: afterwards every rank holds the same
+    /// values (f32 arithmetic, rounded to T once). Alone: nothing. Capturable (a graph
+    /// replays the collective). Every rank of a group must issue the same collectives
+    /// in the same order, with tensors of the same shape. x T `[..]`.
+    fn all_reduce(&self, x: &Tensor) -> Result<()>;
+
+    /// Gather every rank's `src` into `dst`: `dst[k] = src` of rank k, on every rank.
+    /// Alone: a copy. Capturable; collective like [`Backend::all_reduce`].
+    /// src T `[..]`, dst T `[size, ..src]`.
+    fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()>;
+
+    /// Interleave column shards (an all-gathered vocabulary-parallel LM head's logits):
+    /// `dst[r, k * c + j] = src[k, r, j]`. A pure copy. src f32 `[s, rows, c]`,
+    /// dst f32 `[rows, s * c]`.
+    fn unshard_columns(&self, src: &Tensor, dst: &Tensor) -> Result<()>;
+
+    /// A rank of this group failed: release every rank waiting in (or later entering) a
+    /// collective, which then returns without its result, so no rank hangs. Alone:
+    /// nothing.
+    fn abort_group(&self, _why: &str) {}
 
     /// Start recording ops instead of running them. Until [`Backend::end_capture`],
     /// host<->device copies, synchronisation and [`Backend::alloc`] fail with

@@ -93,11 +93,11 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
     };
     for dtype in DTYPES {
         let rng = &mut rng;
-        for (n, vocab, hidden) in [(9, 50, 64), (3, 1000, 200)] {
-            let inputs = EmbeddingInputs::random(rng, n, vocab, hidden);
+        for (n, vocab, hidden, first) in [(9, 50, 64, 0), (3, 1000, 200, 0), (16, 40, 64, 30)] {
+            let inputs = EmbeddingInputs::random(rng, n, vocab, hidden, first);
             push(
                 "embedding".into(),
-                format!("n={n} vocab={vocab} d={hidden}"),
+                format!("n={n} vocab={vocab} d={hidden} first={first}"),
                 dtype,
                 Op::Embedding(inputs),
             );
@@ -448,7 +448,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             let ids = b.upload(&i.ids, &[i.ids.len()])?;
             let table = f(&i.table, &[i.vocab, i.hidden])?;
             let out = fresh(dt, &[i.ids.len(), i.hidden])?;
-            b.embedding(&ids, &table, &out)?;
+            b.embedding_rows(&ids, &table, i.first, &out)?;
             vec![floats("out", download_f64(b, &out)?, OpClass::Copy)]
         }
         Op::RmsNorm {
@@ -651,7 +651,7 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
     match &case.op {
         Op::Embedding(i) => vec![floats(
             "out",
-            reference::embedding(&i.ids, &q(&i.table), i.hidden),
+            reference::embedding(&i.ids, &q(&i.table), i.hidden, i.first),
             OpClass::Copy,
         )],
         Op::RmsNorm {

@@ -39,22 +39,28 @@ pub fn quantize(dtype: DType, data: &[f32]) -> Vec<f32> {
     }
 }
 
-/// `embedding`: ids include -1 and `vocab` (both write zero rows) when `n >= 4`.
+/// `embedding`: ids include -1 and `first + vocab` (both write zero rows) when `n >= 4`;
+/// with `first > 0` (a vocabulary shard), ids are drawn from `0..first + vocab + first`, so
+/// ids below and above the shard occur too.
 pub struct EmbeddingInputs {
     pub ids: Vec<i32>,
     pub table: Vec<f32>,
     pub vocab: usize,
     pub hidden: usize,
+    pub first: usize,
 }
 
 impl EmbeddingInputs {
-    pub fn random(rng: &mut StdRng, n: usize, vocab: usize, hidden: usize) -> Self {
-        let mut ids: Vec<i32> = (0..n).map(|_| rng.random_range(0..vocab) as i32).collect();
+    pub fn random(rng: &mut StdRng, n: usize, vocab: usize, hidden: usize, first: usize) -> Self {
+        let mut ids: Vec<i32> = (0..n)
+            .map(|_| rng.random_range(0..vocab + 2 * first) as i32)
+            .collect();
         if n >= 4 {
             ids[1] = -1;
-            ids[n - 2] = vocab as i32;
+            ids[n - 2] = (first + vocab) as i32;
         }
         EmbeddingInputs {
+            first,
             ids,
             table: normal(rng, vocab * hidden, 1.0),
             vocab,

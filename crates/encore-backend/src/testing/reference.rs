@@ -18,10 +18,12 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
     }
 }
 
-pub fn embedding(ids: &[i32], table: &[f64], hidden: usize) -> Vec<f64> {
+/// Rows `ids - first` of `table` (zero rows for ids outside it).
+pub fn embedding(ids: &[i32], table: &[f64], hidden: usize, first: usize) -> Vec<f64> {
     let vocab = table.len() / hidden.max(1);
     let mut out = Vec::new();
     for &id in ids {
+        let id = id as i64 - first as i64;
         if id >= 0 && (id as usize) < vocab {
             out.extend_from_slice(&table[id as usize * hidden..(id as usize + 1) * hidden]);
         } else {

@@ -340,15 +340,48 @@ impl InputTable {
         seqs: usize,
     ) -> Result<()> {
         self.check_fits(l)?;
+        let end = self.upload_end(l, tokens, seqs);
+        let dst = self.device.view_as(DType::I32, &[end / 4])?;
+        be.upload_staging(&mut self.staging, &dst)
+    }
+
+    /// The staging bytes [`InputTable::upload`] of `l` for `tokens` and `seqs` sends
+    /// (what another rank of a tensor-parallel group loads with [`InputTable::load`]).
+    pub fn staged(&mut self, l: &Layout, tokens: usize, seqs: usize) -> Result<&[u8]> {
+        self.check_fits(l)?;
+        let end = self.upload_end(l, tokens, seqs);
+        Ok(&self.staging_mut(l)?[..end])
+    }
+
+    /// Put `bytes` (another table's [`InputTable::staged`] of the same layout) into the
+    /// staging and upload them.
+    pub fn load(&mut self, be: &dyn Backend, l: &Layout, bytes: &[u8]) -> Result<()> {
+        let staging = self.staging_mut(l)?;
+        if bytes.len() > staging.len() || bytes.len() % 4 != 0 {
+            return Err(Error::invalid(
+                "step inputs",
+                format!(
+                    "{} bytes do not fit the layout's {}",
+                    bytes.len(),
+                    staging.len()
+                ),
+            ));
+        }
+        staging[..bytes.len()].copy_from_slice(bytes);
+        let dst = self.device.view_as(DType::I32, &[bytes.len() / 4])?;
+        be.upload_staging(&mut self.staging, &dst)
+    }
+
+    /// Where the upload of `l` for `tokens` and `seqs` ends: past the last field's rows
+    /// in use (the fields before it are sent whole).
+    fn upload_end(&self, l: &Layout, tokens: usize, seqs: usize) -> usize {
         let last = self.fields.len() - 1;
         let f = self.fields[last];
         let per_row = l.field_bytes(last) / l.shape(last)[0].max(1);
         let rows = f.rows_for(tokens, seqs).min(l.shape(last)[0]);
-        let end = (l.offset(last) + rows * per_row)
+        (l.offset(last) + rows * per_row)
             .next_multiple_of(4)
-            .min(l.bytes);
-        let dst = self.device.view_as(DType::I32, &[end / 4])?;
-        be.upload_staging(&mut self.staging, &dst)
+            .min(l.bytes)
     }
 
     /// The device view of field `i` in layout `l` (its full capacity).

@@ -88,6 +88,21 @@ pub struct ModelConfig {
     /// How the weights are stored on the device (dense unless quantized; see
     /// [`crate::model::formats`]).
     pub weights: WeightFormats,
+    /// This config's share of a tensor-parallel model ([`ModelConfig::shard`]); `None`:
+    /// the whole model. A rank's config carries its own heads, KV heads and MLP width;
+    /// `vocab_size` stays the whole vocabulary (the logits' width).
+    pub tp: Option<TpShard>,
+}
+
+/// A rank's share of a tensor-parallel model: its place in the group and the whole
+/// model's sizes that its config divides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TpShard {
+    pub rank: usize,
+    pub size: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub intermediate_size: usize,
 }
 
 /// Sliding-window attention as transformers applies it: in layers `first_layer..`, the
@@ -169,6 +184,7 @@ impl ModelConfig {
             eos_token_ids: vec![257],
             sliding_window: None,
             weights: WeightFormats::default(),
+            tp: None,
         };
         let qwen = |c: ModelConfig| ModelConfig {
             rope: RopeConfig {
@@ -326,6 +342,88 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+
+    /// Rank `rank`'s config of this model split over `size` ranks (Megatron's split):
+    /// its share of the attention heads (KV heads split too, or replicated when there
+    /// are fewer KV heads than ranks) and of the MLP width, and a vocabulary shard of
+    /// `vocab_size / size` rows of the embedding and LM head. A size the model's
+    /// dimensions do not divide is refused naming both numbers. Size 1 is the model.
+    pub fn shard(&self, rank: usize, size: usize) -> Result<ModelConfig> {
+        if size <= 1 {
+            return Ok(self.clone());
+        }
+        if self.tp.is_some() {
+            return Err(Error::invalid(
+                "tensor parallel",
+                "the config is already a shard",
+            ));
+        }
+        if rank >= size {
+            return Err(Error::invalid(
+                "tensor parallel",
+                format!("rank {rank} of {size}"),
+            ));
+        }
+        let refuse = |what: String| {
+            Err(Error::Config {
+                path: "tensor parallel".into(),
+                what,
+            })
+        };
+        let kv = self.num_kv_heads;
+        if !self.num_heads.is_multiple_of(size) {
+            return refuse(format!(
+                "the model's {} attention heads do not divide by --tensor-parallel-size {size}",
+                self.num_heads
+            ));
+        }
+        if !(kv.is_multiple_of(size) || size.is_multiple_of(kv)) {
+            return refuse(format!(
+                "the model's {kv} KV heads neither divide by --tensor-parallel-size {size} \
+                 nor divide it (to be replicated)"
+            ));
+        }
+        for (what, n) in [
+            ("intermediate_size", self.intermediate_size),
+            ("vocab_size", self.vocab_size),
+        ] {
+            if !n.is_multiple_of(size) {
+                return refuse(format!(
+                    "the model's {what} {n} does not divide by --tensor-parallel-size {size}"
+                ));
+            }
+        }
+        Ok(ModelConfig {
+            num_heads: self.num_heads / size,
+            num_kv_heads: kv.div_ceil(size),
+            intermediate_size: self.intermediate_size / size,
+            tp: Some(TpShard {
+                rank,
+                size,
+                num_heads: self.num_heads,
+                num_kv_heads: kv,
+                intermediate_size: self.intermediate_size,
+            }),
+            ..self.clone()
+        })
+    }
+
+    /// `(rank, size)` of this config's tensor-parallel group; `(0, 1)` for the model.
+    pub fn tp_rank(&self) -> (usize, usize) {
+        self.tp.map_or((0, 1), |t| (t.rank, t.size))
+    }
+
+    /// The whole model's attention heads and KV heads (a shard's config holds its own).
+    pub fn whole_heads(&self) -> (usize, usize) {
+        self.tp.map_or((self.num_heads, self.num_kv_heads), |t| {
+            (t.num_heads, t.num_kv_heads)
+        })
+    }
+
+    /// Rows of this rank's embedding and LM head: `vocab_size / size`.
+    pub fn vocab_rows(&self) -> usize {
+        self.vocab_size / self.tp_rank().1
     }
 
     /// Rows of the q projection: `num_heads * head_dim`.
@@ -492,6 +590,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         eos_token_ids,
         sliding_window,
         weights,
+        tp: None,
     };
     cfg.check_sizes([
         "hidden_size",

@@ -38,12 +38,35 @@ use crate::tensor::DType;
 pub struct TensorSpec {
     /// HF name, e.g. `model.layers.0.self_attn.q_proj.weight`.
     pub name: String,
+    /// Its shape in the checkpoint.
     pub shape: Vec<usize>,
+    /// The part of it this rank holds (tensor parallelism); `None`: all of it.
+    pub slice: Option<Slice>,
+}
+
+/// The block of an HF tensor one rank holds: `len` rows from `row`, and `cols` columns
+/// from `col` (all columns of a 1-D tensor or a row split).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slice {
+    pub row: usize,
+    pub rows: usize,
+    pub col: usize,
+    pub cols: usize,
 }
 
 impl TensorSpec {
+    /// Elements of the whole checkpoint tensor.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// The shape this rank holds (the checkpoint's shape when unsliced).
+    pub fn local_shape(&self) -> Vec<usize> {
+        match (self.slice, self.shape.len()) {
+            (None, _) => self.shape.clone(),
+            (Some(s), 1) => vec![s.rows],
+            (Some(s), _) => vec![s.rows, s.cols],
+        }
     }
 }
 
@@ -209,13 +232,54 @@ impl std::fmt::Display for WeightFormat {
     }
 }
 
-/// How a tensor is split over the ranks of a tensor-parallel group.
+/// How a tensor is split over the ranks of a tensor-parallel group (Megatron's rules).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Shard {
-    /// Every rank holds all of it (the only rule while encore runs on one device; column,
-    /// row and vocab splits come with tensor parallelism).
+    /// Every rank holds all of it (norms; every tensor on one device).
     #[default]
     Replicated,
+    /// Column-parallel (qkv, gate/up): each part's output rows split in units of `unit`
+    /// rows (a head's rows for q/k/v); a part of fewer units than ranks (KV heads) gives
+    /// rank `r` unit `r * units / size`, replicated over the ranks that share it.
+    Column { unit: usize },
+    /// Row-parallel (o, down): the input columns split; the outputs are partial sums
+    /// the forward all-reduces.
+    Row,
+    /// Vocabulary-parallel (embedding, LM head): rank `r` holds rows `r * vocab / size..`.
+    Vocab,
+}
+
+impl Shard {
+    /// The block of a `rows x cols` part rank `rank` of `size` holds.
+    fn slice(self, rank: usize, size: usize, rows: usize, cols: usize) -> Slice {
+        let even = |n: usize| (rank * n / size, n / size);
+        let (row, rows, col, cols) = match self {
+            Shard::Replicated => (0, rows, 0, cols),
+            Shard::Vocab => {
+                let (r, n) = even(rows);
+                (r, n, 0, cols)
+            }
+            Shard::Row => {
+                let (c, n) = even(cols);
+                (0, rows, c, n)
+            }
+            Shard::Column { unit } => {
+                let units = rows / unit.max(1);
+                if units >= size {
+                    let (r, n) = even(rows);
+                    (r, n, 0, cols)
+                } else {
+                    (rank * units / size * unit, unit, 0, cols)
+                }
+            }
+        };
+        Slice {
+            row,
+            rows,
+            col,
+            cols,
+        }
+    }
 }
 
 /// One op of a decoder layer that reads weights, in the order they run.
@@ -325,7 +389,7 @@ impl TensorDecl {
 
     /// Device bytes of part `k` (its rows of the tensor).
     pub fn part_bytes(&self, k: usize, dtype: DType) -> usize {
-        self.format.bytes(&self.parts[k].shape, dtype)
+        self.format.bytes(&self.parts[k].local_shape(), dtype)
     }
 }
 
@@ -351,45 +415,47 @@ impl Decl {
     /// config has them), o, post norm, gate/up, down; final norm; lm_head, which reads
     /// the embedding again when the embeddings are tied.
     pub fn new(cfg: &ModelConfig) -> Decl {
-        let (h, hd, inter, vocab) = (
-            cfg.hidden_size,
-            cfg.head_dim,
-            cfg.intermediate_size,
-            cfg.vocab_size,
-        );
-        let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
-        let mut d = Builder::new(cfg.num_layers, &cfg.weights);
+        // The whole model's shapes (a tensor-parallel rank's parts are blocks of them).
+        let (heads, kv_heads) = cfg.whole_heads();
+        let (h, hd, vocab) = (cfg.hidden_size, cfg.head_dim, cfg.vocab_size);
+        let inter = cfg
+            .tp
+            .map_or(cfg.intermediate_size, |t| t.intermediate_size);
+        let (q, kv) = (heads * hd, kv_heads * hd);
+        let mut d = Builder::new(cfg.num_layers, &cfg.weights, cfg.tp_rank());
+        let (col, head_col) = (Shard::Column { unit: 1 }, Shard::Column { unit: hd });
+        use Shard::{Replicated as Rep, Row, Vocab};
         d.op(OpId::Embed);
-        let embed = d.tensor(Role::Embedding, None, &[vocab], Some(h));
+        let embed = d.tensor(Role::Embedding, None, &[vocab], Some(h), Vocab);
         for l in 0..cfg.num_layers {
             let (at, layer) = (|op| OpId::Layer(l, op), Some(l));
             d.op(at(LayerOp::InputNorm));
-            d.tensor(Role::AttnNorm, layer, &[h], None);
+            d.tensor(Role::AttnNorm, layer, &[h], None, Rep);
             d.op(at(LayerOp::Qkv));
-            d.tensor(Role::Qkv, layer, &[q, kv, kv], Some(h));
+            d.tensor(Role::Qkv, layer, &[q, kv, kv], Some(h), head_col);
             if cfg.qkv_bias {
-                d.tensor(Role::QkvBias, layer, &[q, kv, kv], None);
+                d.tensor(Role::QkvBias, layer, &[q, kv, kv], None, head_col);
             }
             if cfg.qk_norm {
-                d.tensor(Role::QNorm, layer, &[hd], None);
-                d.tensor(Role::KNorm, layer, &[hd], None);
+                d.tensor(Role::QNorm, layer, &[hd], None, Rep);
+                d.tensor(Role::KNorm, layer, &[hd], None, Rep);
             }
             d.op(at(LayerOp::OProj));
-            d.tensor(Role::OProj, layer, &[h], Some(q));
+            d.tensor(Role::OProj, layer, &[h], Some(q), Row);
             d.op(at(LayerOp::PostNorm));
-            d.tensor(Role::MlpNorm, layer, &[h], None);
+            d.tensor(Role::MlpNorm, layer, &[h], None, Rep);
             d.op(at(LayerOp::GateUp));
-            d.tensor(Role::GateUp, layer, &[inter, inter], Some(h));
+            d.tensor(Role::GateUp, layer, &[inter, inter], Some(h), col);
             d.op(at(LayerOp::Down));
-            d.tensor(Role::Down, layer, &[h], Some(inter));
+            d.tensor(Role::Down, layer, &[h], Some(inter), Row);
         }
         d.op(OpId::FinalNorm);
-        d.tensor(Role::FinalNorm, None, &[h], None);
+        d.tensor(Role::FinalNorm, None, &[h], None, Rep);
         d.op(OpId::LmHead);
         if cfg.tie_word_embeddings {
             d.read_again(embed);
         } else {
-            d.tensor(Role::LmHead, None, &[vocab], Some(h));
+            d.tensor(Role::LmHead, None, &[vocab], Some(h), Vocab);
         }
         d.decl
     }
@@ -525,10 +591,12 @@ struct Builder<'a> {
     decl: Decl,
     num_layers: usize,
     formats: &'a WeightFormats,
+    /// `(rank, size)` of the tensor-parallel group the tensors are declared for.
+    tp: (usize, usize),
 }
 
 impl<'a> Builder<'a> {
-    fn new(num_layers: usize, formats: &'a WeightFormats) -> Self {
+    fn new(num_layers: usize, formats: &'a WeightFormats, tp: (usize, usize)) -> Self {
         Builder {
             decl: Decl {
                 tensors: Vec::new(),
@@ -536,6 +604,7 @@ impl<'a> Builder<'a> {
             },
             num_layers,
             formats,
+            tp,
         }
     }
 
@@ -549,7 +618,8 @@ impl<'a> Builder<'a> {
     }
 
     /// Declare a tensor of `role` read by the current op, stacked from the role's sources
-    /// with `rows` rows each (of `cols` columns, or 1-D), replicated; a projection is in
+    /// with `rows` rows each (of `cols` columns, or 1-D), split over the group's ranks
+    /// by `shard` (each part its block of the checkpoint's tensor); a projection is in
     /// the format the config's [`WeightFormats`] gives it, everything else dense.
     fn tensor(
         &mut self,
@@ -557,6 +627,7 @@ impl<'a> Builder<'a> {
         layer: Option<usize>,
         rows: &[usize],
         cols: Option<usize>,
+        shard: Shard,
     ) -> usize {
         let sources = role.sources();
         debug_assert_eq!(sources.len(), rows.len(), "{role:?}");
@@ -565,14 +636,20 @@ impl<'a> Builder<'a> {
             None => vec![r],
         };
         let prefix = layer.map_or(String::new(), |l| format!("model.layers.{l}."));
-        let parts = sources
+        let (rank, size) = self.tp;
+        let shard = if size > 1 { shard } else { Shard::Replicated };
+        let parts: Vec<TensorSpec> = sources
             .iter()
             .zip(rows)
             .map(|(s, &r)| TensorSpec {
                 name: format!("{prefix}{}", s.hf),
                 shape: shape(r),
+                slice: (shard != Shard::Replicated)
+                    .then(|| shard.slice(rank, size, r, cols.unwrap_or(1))),
             })
             .collect();
+        let local_rows: usize = parts.iter().map(|p| p.local_shape()[0]).sum();
+        let local_cols = parts.first().and_then(|p| p.local_shape().get(1).copied());
         let op = self.decl.ops.last().expect("an op is started first").op;
         let name = match layer {
             Some(l) => format!("model.layers.{l}.{}", role.module()),
@@ -585,10 +662,13 @@ impl<'a> Builder<'a> {
         self.decl.tensors.push(TensorDecl {
             role,
             layer,
-            shape: shape(rows.iter().sum()),
+            shape: match local_cols {
+                Some(c) => vec![local_rows, c],
+                None => vec![local_rows],
+            },
             parts,
             format: format.unwrap_or_default(),
-            shard: Shard::Replicated,
+            shard,
             op,
         });
         let index = self.decl.tensors.len() - 1;
@@ -629,7 +709,7 @@ mod tests {
                 }
                 for (w, t) in d.tensors().iter().enumerate() {
                     assert!(d.ops()[t.op.index(cfg.num_layers)].reads.contains(&w));
-                    let rows: usize = t.parts.iter().map(|p| p.shape[0]).sum();
+                    let rows: usize = t.parts.iter().map(|p| p.local_shape()[0]).sum();
                     assert_eq!(rows, t.shape[0], "{name} {}", t.name());
                     for p in &t.parts {
                         assert!(gguf_name(&p.name).is_some(), "{}", p.name);

@@ -74,6 +74,10 @@ pub struct StepBuffers {
     scratch: Tensor,
     last: Tensor,
     logits: Tensor,
+    /// Tensor parallelism: this rank's logits (`[b, vocab / size]`) and every rank's,
+    /// gathered (`[size * b * vocab / size]`); one element each alone.
+    logits_shard: Tensor,
+    gathered: Tensor,
 }
 
 impl StepBuffers {
@@ -175,7 +179,12 @@ impl Model {
         n: usize,
         b: usize,
         scratch_len: usize,
-    ) -> [(DType, Vec<usize>); 11] {
+    ) -> [(DType, Vec<usize>); 13] {
+        let (_, size) = c.tp_rank();
+        let (shard, gathered) = match size {
+            1 => (vec![1, 1], vec![1]),
+            _ => (vec![b, c.vocab_rows()], vec![b * c.vocab_size]),
+        };
         [
             (t, vec![n, c.hidden_size]),
             (t, vec![n, c.hidden_size]),
@@ -188,6 +197,8 @@ impl Model {
             (DType::F32, vec![scratch_len.max(1)]),
             (t, vec![b, c.hidden_size]),
             (DType::F32, vec![b, c.vocab_size]),
+            (DType::F32, shard),
+            (DType::F32, gathered),
         ]
     }
 
@@ -277,7 +288,7 @@ impl Model {
             .map(|(d, s)| arena.alloc(d, &s))
             .collect::<Result<Vec<_>>>()?
             .into_iter();
-        let mut next = || it.next().expect("11 buffers");
+        let mut next = || it.next().expect("13 buffers");
         Ok(StepBuffers {
             hidden: next(),
             residual: next(),
@@ -290,6 +301,8 @@ impl Model {
             scratch: next(),
             last: next(),
             logits: next(),
+            logits_shard: next(),
+            gathered: next(),
         })
     }
 
@@ -329,14 +342,20 @@ impl Model {
                 None => w.clone(),
             })
         };
+        // Tensor parallelism: the embedding (vocabulary shards), o-proj and down (row
+        // shards) give partial sums, summed over the ranks.
+        let (rank, size) = c.tp_rank();
+        let reduce = |x: &Tensor| if size > 1 { be.all_reduce(x) } else { Ok(()) };
         if k == 0 {
             let embed = one(OpId::Embed, &self.weights.embed)?;
-            be.embedding(inp.token_ids, &embed, &buf.hidden)?;
+            be.embedding_rows(inp.token_ids, &embed, rank * c.vocab_rows(), &buf.hidden)?;
+            reduce(&buf.hidden)?;
         } else {
             // The rest of layer k - 1: o-proj, residual + post-norm, MLP.
             let (l, at) = (&layers[k - 1], |op| OpId::Layer(k - 1, op));
             let o_proj = one(at(LayerOp::OProj), &l.o_proj)?;
             be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
+            reduce(&buf.hidden)?;
             let post_norm = one(at(LayerOp::PostNorm), &l.post_norm)?;
             be.rms_norm(
                 &buf.hidden,
@@ -349,6 +368,7 @@ impl Model {
             be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
             let down = one(at(LayerOp::Down), &l.down)?;
             be.matmul(&buf.act, &down, None, &buf.hidden)?;
+            reduce(&buf.hidden)?;
         }
         let Some(l) = layers.get(k) else {
             let norm = one(OpId::FinalNorm, &self.weights.norm)?;
@@ -470,7 +490,21 @@ impl Model {
             Some(mut v) => v.swap_remove(0),
             None => self.weights.lm_head.clone(),
         };
-        be.matmul(&last, &lm_head, None, &logits)?;
+        let size = self.cfg.tp_rank().1;
+        if size == 1 {
+            be.matmul(&last, &lm_head, None, &logits)?;
+            return Ok(logits);
+        }
+        // Vocabulary-parallel: this rank's columns, every rank's gathered, interleaved.
+        let cols = self.cfg.vocab_rows();
+        let shard = buf.logits_shard.prefix(rows)?;
+        be.matmul(&last, &lm_head, None, &shard)?;
+        let gathered = buf
+            .gathered
+            .narrow(0, size * rows * cols)?
+            .reshape(&[size, rows, cols])?;
+        be.all_gather(&shard, &gathered)?;
+        be.unshard_columns(&gathered, &logits)?;
         Ok(logits)
     }
 

@@ -20,8 +20,8 @@ pub(crate) use self::checkpoint::natural_key;
 use self::checkpoint::Checkpoint;
 use self::host::Staging;
 use super::config::{Arch, ModelConfig};
-pub use super::decl::TensorSpec;
 use super::decl::{Decl, Role, TensorDecl};
+pub use super::decl::{Slice, TensorSpec};
 use super::gguf::{GgufFile, GgufWeights};
 use crate::backend::{Backend, HostMemory};
 use crate::error::{Error, Result};
@@ -185,7 +185,7 @@ fn load_placed(
         };
         let mut row = 0;
         for (k, part) in m.parts.iter().enumerate() {
-            let rows = part.shape[0];
+            let rows = part.local_shape()[0];
             let dst = t.narrow(row, rows)?;
             if let Place::Slot(_) = place {
                 host.fill(&source, cfg, i, k, part, mdt, &mut staging)?;
@@ -329,8 +329,27 @@ impl Source {
         })
     }
 
-    /// Call `f` with one HF tensor's bytes in `dtype` (converted on the host when needed).
+    /// Call `f` with one HF tensor's bytes in `dtype` (converted on the host when needed),
+    /// cut to the block this rank holds when the spec is sliced (tensor parallelism:
+    /// the whole tensor is read, then cut, so every rank's block is the whole model's).
     fn with_bytes<R>(
+        &self,
+        cfg: &ModelConfig,
+        spec: &TensorSpec,
+        dtype: DType,
+        staging: &mut Staging,
+        f: impl FnOnce(&[u8]) -> Result<R>,
+    ) -> Result<R> {
+        match spec.slice {
+            None => self.with_whole(cfg, spec, dtype, staging, f),
+            Some(s) => self.with_whole(cfg, spec, dtype, staging, |bytes| {
+                f(&slice_part(spec, s, dtype, bytes)?)
+            }),
+        }
+    }
+
+    /// [`Source::with_bytes`] of the whole HF tensor.
+    fn with_whole<R>(
         &self,
         cfg: &ModelConfig,
         spec: &TensorSpec,
@@ -420,6 +439,70 @@ impl Source {
         };
         f(bytes)
     }
+}
+
+/// The block `s` of the whole tensor `spec` whose device bytes in `dtype` are `bytes`: a
+/// range of rows, and of each row's columns (for a quantized format, whole blocks: a
+/// row's quant bytes and scale bytes of those blocks, padded as the device layout pads).
+fn slice_part(spec: &TensorSpec, s: Slice, dtype: DType, bytes: &[u8]) -> Result<Vec<u8>> {
+    let k = if spec.shape.len() == 1 {
+        1
+    } else {
+        spec.shape[1]
+    };
+    let (row_bytes, cut): (usize, Box<dyn Fn(&[u8], &mut Vec<u8>)>) = match dtype {
+        DType::Q(fmt) => {
+            let blk = fmt.block_elems();
+            let rb = fmt.row_bytes(k).unwrap_or(0);
+            if s.col % blk != 0 || s.cols % blk != 0 || rb == 0 {
+                return Err(Error::Weights {
+                    tensor: spec.name.clone(),
+                    what: format!(
+                        "its columns {}..{} (this rank's share) are not whole {fmt} blocks of {blk}",
+                        s.col,
+                        s.col + s.cols
+                    ),
+                });
+            }
+            let (nb, b0, n) = (k / blk, s.col / blk, s.cols / blk);
+            let (qb, sb) = (fmt.quant_bytes(), fmt.scale_bytes());
+            let out_rb = fmt.row_bytes(s.cols).unwrap_or(0);
+            (
+                rb,
+                Box::new(move |row: &[u8], out: &mut Vec<u8>| {
+                    let start = out.len();
+                    out.extend_from_slice(&row[b0 * qb..(b0 + n) * qb]);
+                    out.extend_from_slice(&row[nb * qb + b0 * sb..nb * qb + (b0 + n) * sb]);
+                    out.resize(start + out_rb, 0);
+                }),
+            )
+        }
+        _ => {
+            let e = dtype.size();
+            (
+                k * e,
+                Box::new(move |row: &[u8], out: &mut Vec<u8>| {
+                    out.extend_from_slice(&row[s.col * e..(s.col + s.cols) * e])
+                }),
+            )
+        }
+    };
+    if bytes.len() < (s.row + s.rows) * row_bytes {
+        return Err(Error::Weights {
+            tensor: spec.name.clone(),
+            what: format!(
+                "{} bytes cannot hold rows {}..{} of {row_bytes} bytes",
+                bytes.len(),
+                s.row,
+                s.row + s.rows
+            ),
+        });
+    }
+    let mut out = Vec::new();
+    for r in s.row..s.row + s.rows {
+        cut(&bytes[r * row_bytes..(r + 1) * row_bytes], &mut out);
+    }
+    Ok(out)
 }
 
 /// `(mean, std)` of a dummy tensor: scales that keep activations near unit size through

@@ -17,6 +17,7 @@
 //! penalty table), `step` (the forward as the executor's pieces, and the step itself),
 //! `seqs` (the blocks and penalty slots the caller owns).
 
+mod group;
 mod pack;
 mod policy;
 mod sampling;
@@ -36,6 +37,7 @@ use crate::model::llama::{Model, StepBuffers};
 use crate::request::SamplingParams;
 use crate::tensor::DType;
 
+pub use group::{AbortFn, Cmd, FollowerRank, Followers};
 pub use pack::{StepHost, StepViews};
 pub use policy::GraphConfig;
 pub use sampling::Sampled;
@@ -170,6 +172,8 @@ struct Parts<'b> {
     kv: KvCache,
     inputs: Packer<'b>,
     sampling: SampleBuffers,
+    /// Whether steps sample (a tensor-parallel follower's do not: rank 0 samples).
+    sample: bool,
 }
 
 /// Runs one step at a time over the caller's sequences (see the module docs); built by
@@ -182,6 +186,9 @@ pub struct Runner<'b> {
     /// Time spent waiting for the device at the end of steps (the sampled tokens'
     /// download), summed: a step's wall time minus this is host work.
     device_wait: Cell<Duration>,
+    /// The other ranks of a tensor-parallel group this runner leads (`None`: alone, or
+    /// a follower).
+    group: Option<Followers>,
 }
 
 /// A runner being built, in boot order: first everything but the KV cache (the step
@@ -254,6 +261,7 @@ impl<'b> RunnerBuilder<'b> {
             &self.sampling,
             &layout,
             StepShape::whole(1, false, 0),
+            true,
         )?;
         self.exec.eager(be, &step)?;
         be.synchronize()?;
@@ -274,6 +282,7 @@ impl<'b> RunnerBuilder<'b> {
                 kv,
                 inputs: self.inputs,
                 sampling: self.sampling,
+                sample: true,
             },
             exec: self.exec,
             policy: GraphPolicy {
@@ -285,6 +294,7 @@ impl<'b> RunnerBuilder<'b> {
             },
             cfg,
             device_wait: Default::default(),
+            group: None,
         })
     }
 }

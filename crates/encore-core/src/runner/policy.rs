@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::graph::{BucketPolicy, GraphStats, Key, Layout, Phase};
 use crate::memory::ArenaStats;
 
+use super::group::Cmd;
 use super::pack::Packer;
 use super::step::StepShape;
 use super::Runner;
@@ -123,6 +124,18 @@ impl Runner<'_> {
     /// Turn graph mode on with decode and token buckets, or off (`None`: every step
     /// eager). Drops the captured graphs and their statistics.
     pub fn set_graphs(&mut self, graphs: Option<GraphConfig>) {
+        let cmd = graphs.clone();
+        // Clearing captured graphs issues no collective; it cannot fail.
+        let _ = self.mirrored(
+            || Cmd::SetGraphs(cmd),
+            |r| {
+                r.set_graphs_local(graphs);
+                Ok(())
+            },
+        );
+    }
+
+    pub(super) fn set_graphs_local(&mut self, graphs: Option<GraphConfig>) {
         self.exec.clear();
         self.policy.graphs = graphs;
     }
@@ -130,7 +143,13 @@ impl Runner<'_> {
     /// Run every step eagerly while `on`, keeping the captured graphs and the graph
     /// configuration (to compare both modes in one process).
     pub fn set_force_eager(&mut self, on: bool) {
-        self.policy.force_eager = on;
+        let _ = self.mirrored(
+            || Cmd::SetForceEager(on),
+            |r| {
+                r.policy.force_eager = on;
+                Ok(())
+            },
+        );
     }
 
     /// Debug check: after every graph replay, run the same step eagerly (unpadded) and
@@ -138,7 +157,13 @@ impl Runner<'_> {
     /// error; f32 1e-4, bf16/f16 3e-2). The tokens returned are the replay's, the logits
     /// the eager run's. Costs an extra eager step per replay.
     pub fn set_verify_graphs(&mut self, on: bool) {
-        self.policy.verify = on;
+        let _ = self.mirrored(
+            || Cmd::SetVerify(on),
+            |r| {
+                r.policy.verify = on;
+                Ok(())
+            },
+        );
     }
 
     /// The key a step of `n` tokens from `b` sequences runs in, or `None` (eager).
@@ -159,9 +184,17 @@ impl Runner<'_> {
     /// GEMM for every row count a piecewise step may use; `progress(done, total)` after
     /// each capture.
     pub fn capture_all(&mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<()> {
+        self.mirrored(|| Cmd::CaptureAll, |r| r.capture_all_local(progress))
+    }
+
+    /// [`Runner::capture_all`] on this rank alone.
+    pub(super) fn capture_all_local(
+        &mut self,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<()> {
         let keys = self.graph_keys();
         for (i, &key) in keys.iter().enumerate() {
-            self.capture_key(key)?;
+            self.capture_key_from_padding(key, false)?;
             progress(i + 1, keys.len());
         }
         if keys.iter().any(|k| k.phase == Phase::Mixed) {
@@ -181,7 +214,10 @@ impl Runner<'_> {
     /// Capture `key` now (all rows padding), unless it is captured already. It must be
     /// one of [`Runner::graph_keys`].
     pub fn capture_key(&mut self, key: Key) -> Result<()> {
-        self.capture_key_from_padding(key, false)
+        self.mirrored(
+            || Cmd::Capture { key, ahead: false },
+            |r| r.capture_key_from_padding(key, false),
+        )
     }
 
     /// [`Runner::capture_key`]; `ahead`: for the step about to replay it (which then

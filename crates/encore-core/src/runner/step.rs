@@ -10,6 +10,7 @@ use crate::memory::Arena;
 use crate::model::llama::{Model, StepBuffers, StepInputs};
 use crate::tensor::DType;
 
+use super::group::{Cmd, Exec};
 use super::pack::{Packer, StepViews};
 use super::policy::Plan;
 use super::sampling::{SampleBuffers, StepSampling};
@@ -85,6 +86,7 @@ pub(super) struct ForwardStep<'a> {
     shape: StepShape,
     sampling: StepSampling<'a>,
     table_width: usize,
+    sample: bool,
 }
 
 impl<'a> ForwardStep<'a> {
@@ -97,6 +99,7 @@ impl<'a> ForwardStep<'a> {
         sampling: &'a SampleBuffers,
         layout: &Layout,
         mut shape: StepShape,
+        sample: bool,
     ) -> Result<Self> {
         let seqs = shape.seqs;
         if shape.decode_rows >= seqs {
@@ -119,6 +122,7 @@ impl<'a> ForwardStep<'a> {
             shape,
             sampling: sampling.step(seqs)?,
             table_width: inputs.table_width,
+            sample,
         })
     }
 
@@ -140,6 +144,9 @@ impl<'a> ForwardStep<'a> {
         let logits = self
             .model
             .head(self.be, &self.inputs(), buf, self.head_rows)?;
+        if !self.sample {
+            return Ok(());
+        }
         self.sampling
             .sample(self.be, &logits.prefix(self.shape.seqs)?, &self.v)
     }
@@ -214,6 +221,7 @@ impl Parts<'_> {
             &self.sampling,
             layout,
             shape,
+            self.sample,
         )
     }
 }
@@ -294,19 +302,29 @@ impl Runner<'_> {
         let Plan::Graph(key) = plan else {
             self.parts.inputs.pack(seqs, batch, &layout, b, d, true)?;
             self.parts.sampling.write_masks(be, batch)?;
-            let step = self
-                .parts
-                .forward(&layout, StepShape::whole(b, decode_only, d))?;
-            let buf = self.exec.eager(be, &step)?;
-            let mut out = self.read_out(batch, None)?;
-            if keep_logits {
-                out.logits = Some(be.download::<f32>(&buf.logits(b)?)?);
-            }
-            return Ok(out);
+            let shape = StepShape::whole(b, decode_only, d);
+            let cmd = self.run_cmd(&layout, b, Exec::Eager(shape))?;
+            return self.mirrored(
+                || cmd.expect("built with followers"),
+                |r| {
+                    let step = r.parts.forward(&layout, shape)?;
+                    let buf = r.exec.eager(be, &step)?;
+                    let mut out = r.read_out(batch, None)?;
+                    if keep_logits {
+                        out.logits = Some(be.download::<f32>(&buf.logits(b)?)?);
+                    }
+                    Ok(out)
+                },
+            );
         };
         // A miss captures first, on all-padding inputs: capturing runs the step eagerly
         // once, and the real step must sample (and count penalties) once.
-        self.capture_key_from_padding(key, true)?;
+        if !self.exec.contains(key) {
+            self.mirrored(
+                || Cmd::Capture { key, ahead: true },
+                |r| r.capture_key_from_padding(key, true),
+            )?;
+        }
         let read = match key.phase {
             Phase::Decode => key.bucket,
             Phase::Mixed => b,
@@ -319,14 +337,20 @@ impl Runner<'_> {
             Phase::Decode => (StepShape::whole(key.bucket, true, d), b),
             Phase::Mixed => (StepShape::split(b, d), n),
         };
-        let step = self.parts.forward(&layout, shape)?;
-        let buf = self.exec.replay(be, key, real, &step)?;
-        let replayed = if keep_logits || self.policy.verify {
-            Some(be.download::<f32>(&buf.logits(b)?)?)
-        } else {
-            None
-        };
-        let out = self.read_out(batch, replayed)?;
+        let cmd = self.run_cmd(&layout, read, Exec::Replay { key, real, shape })?;
+        let out = self.mirrored(
+            || cmd.expect("built with followers"),
+            |r| {
+                let step = r.parts.forward(&layout, shape)?;
+                let buf = r.exec.replay(be, key, real, &step)?;
+                let replayed = if keep_logits || r.policy.verify {
+                    Some(be.download::<f32>(&buf.logits(b)?)?)
+                } else {
+                    None
+                };
+                r.read_out(batch, replayed)
+            },
+        )?;
         if !self.policy.verify {
             return Ok(out);
         }
@@ -365,11 +389,16 @@ impl Runner<'_> {
         self.parts
             .inputs
             .pack(seqs, batch, &eager_layout, b, d, false)?;
-        let step = self
-            .parts
-            .forward(&eager_layout, StepShape::whole(b, decode_only, d))?;
-        let buf = self.exec.eager(be, &step)?;
-        let eager = be.download::<f32>(&buf.logits(b)?)?;
+        let shape = StepShape::whole(b, decode_only, d);
+        let cmd = self.run_cmd(&eager_layout, b, Exec::Eager(shape))?;
+        let eager = self.mirrored(
+            || cmd.expect("built with followers"),
+            |r| {
+                let step = r.parts.forward(&eager_layout, shape)?;
+                let buf = r.exec.eager(be, &step)?;
+                be.download::<f32>(&buf.logits(b)?)
+            },
+        )?;
         let model = &self.parts.model;
         let tol = if model.weights.dtype == DType::F32 {
             1e-4

@@ -7,7 +7,10 @@
 //! for real in CI: a kernel that baked a per-step host value replays wrong here too.
 
 mod copy_queue;
+mod group;
 mod kernels;
+
+pub use group::CpuGroup;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -80,6 +83,8 @@ pub struct CpuBackend {
     /// Added before each copy of the copy queue (a test knob: it makes a missing wait
     /// read stale weights every time instead of sometimes).
     copy_delay: std::time::Duration,
+    /// The tensor-parallel group this backend is rank `.1` of (`None`: alone).
+    group: Option<(Arc<CpuGroup>, usize)>,
 }
 
 impl Default for CpuBackend {
@@ -94,7 +99,20 @@ impl CpuBackend {
             rec: Arc::new(Recorder::default()),
             vmm: OnceLock::new(),
             copy_delay: std::time::Duration::ZERO,
+            group: None,
         }
+    }
+
+    /// `size` backends, ranks `0..size` of one tensor-parallel group (the CPU twin of a
+    /// multi-GPU group: each rank runs in its own thread).
+    pub fn group(size: usize) -> Vec<CpuBackend> {
+        let g = Arc::new(CpuGroup::new(size));
+        (0..size)
+            .map(|r| CpuBackend {
+                group: (size > 1).then(|| (g.clone(), r)),
+                ..Self::new()
+            })
+            .collect()
     }
 
     /// A backend whose copy queue ([`Backend::copy_queue`]) sleeps `delay` before each
@@ -188,12 +206,80 @@ impl Backend for CpuBackend {
         self.forbid_in_capture("synchronize")
     }
 
-    fn embedding(&self, ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<()> {
+    fn embedding_rows(
+        &self,
+        ids: &Tensor,
+        table: &Tensor,
+        first: usize,
+        out: &Tensor,
+    ) -> Result<()> {
         check_device("embedding", &[("ids", ids), ("table", table), ("out", out)])?;
-        let d = ops::check_embedding(ids, table, out)?;
+        let d = ops::check_embedding(ids, table, first, out)?;
         let (ids, table, out) = (ids.clone(), table.clone(), out.clone());
         self.submit(move || kernels::embedding(&ids, &table, &out, &d));
         Ok(())
+    }
+
+    fn group(&self) -> (usize, usize) {
+        self.group.as_ref().map_or((0, 1), |(g, r)| (*r, g.size()))
+    }
+
+    fn all_reduce(&self, x: &Tensor) -> Result<()> {
+        check_device("all_reduce", &[("x", x)])?;
+        let n = ops::check_all_reduce(x)?;
+        let Some((g, rank)) = self.group.clone() else {
+            return Ok(());
+        };
+        let x = x.clone();
+        self.submit(move || g.all_reduce(rank, ptr_of(&x) as usize, n, x.dtype()));
+        Ok(())
+    }
+
+    fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        check_device("all_gather", &[("src", src), ("dst", dst)])?;
+        ops::check_all_gather(src, dst, self.group().1)?;
+        let Some((g, rank)) = self.group.clone() else {
+            return self.copy(src, dst);
+        };
+        let (src, dst) = (src.clone(), dst.clone());
+        self.submit(move || {
+            g.all_gather(
+                rank,
+                ptr_of(&src) as usize,
+                ptr_of(&dst) as usize,
+                src.size_bytes(),
+            )
+        });
+        Ok(())
+    }
+
+    fn unshard_columns(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        check_device("unshard_columns", &[("src", src), ("dst", dst)])?;
+        let (s, rows, c) = ops::check_unshard_columns(src, dst)?;
+        let (src, dst) = (src.clone(), dst.clone());
+        self.submit(move || {
+            let (src, dst) = (ptr_of(&src) as *const f32, ptr_of(&dst) as *mut f32);
+            for k in 0..s {
+                for r in 0..rows {
+                    // SAFETY: shapes checked: src holds s * rows * c and dst rows * s * c
+                    // f32, distinct buffers.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            src.add((k * rows + r) * c),
+                            dst.add(r * s * c + k * c),
+                            c,
+                        )
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn abort_group(&self, why: &str) {
+        if let Some((g, _)) = &self.group {
+            g.abort(why);
+        }
     }
 
     fn rms_norm(

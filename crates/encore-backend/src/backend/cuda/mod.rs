@@ -9,6 +9,7 @@ mod blas;
 mod copy_queue;
 mod handles;
 mod kernels;
+pub mod nccl;
 pub mod nvrtc;
 
 use std::collections::HashMap;
@@ -126,6 +127,8 @@ pub struct CudaBackend {
     /// How matmuls with a quantized weight and more rows than the gemv takes run
     /// (`ENCORE_QUANT_GEMM`: `auto`, `mma` or `dequant`; `kernels::quant`).
     quant_gemm: QuantGemm,
+    /// The tensor-parallel group's communicator (`None`: alone).
+    comm: Option<nccl::Comm>,
 }
 
 /// Device address of a CUDA tensor's first element.
@@ -271,7 +274,24 @@ impl CudaBackend {
             vmm: Mutex::new(None),
             dequant_scratch: Mutex::new(Default::default()),
             quant_gemm: kernels::quant::QuantGemm::from_env()?,
+            comm: None,
         })
+    }
+
+    /// Backends on devices `first..first + size`, ranks of one tensor-parallel group
+    /// joined by NCCL. A device that cannot be opened is an error naming it.
+    pub fn group(first: usize, size: usize) -> Result<Vec<CudaBackend>> {
+        let devices: Vec<usize> = (first..first + size).collect();
+        let mut bes = devices
+            .iter()
+            .map(|&d| CudaBackend::new(d))
+            .collect::<Result<Vec<_>>>()?;
+        if size > 1 {
+            for (be, comm) in bes.iter_mut().zip(nccl::init_all(&devices)?) {
+                be.comm = Some(comm);
+            }
+        }
+        Ok(bes)
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -557,10 +577,92 @@ impl Backend for CudaBackend {
             .map_err(|e| Error::cuda("cuStreamSynchronize", e))
     }
 
-    fn embedding(&self, ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<()> {
+    fn embedding_rows(
+        &self,
+        ids: &Tensor,
+        table: &Tensor,
+        first: usize,
+        out: &Tensor,
+    ) -> Result<()> {
         self.check_device("embedding", &[("ids", ids), ("table", table), ("out", out)])?;
-        let d = ops::check_embedding(ids, table, out)?;
+        let d = ops::check_embedding(ids, table, first, out)?;
         kernels::embedding(self, ids, table, out, &d)
+    }
+
+    fn group(&self) -> (usize, usize) {
+        self.comm.as_ref().map_or((0, 1), |c| (c.rank, c.size))
+    }
+
+    fn all_reduce(&self, x: &Tensor) -> Result<()> {
+        self.check_device("all_reduce", &[("x", x)])?;
+        let n = ops::check_all_reduce(x)?;
+        let Some(comm) = &self.comm else {
+            return Ok(());
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: x spans n elements of its dtype on this device; the stream is ours.
+        unsafe { comm.all_reduce(dptr(x), n, x.dtype(), self.stream.cu_stream() as _) }
+    }
+
+    fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        self.check_device("all_gather", &[("src", src), ("dst", dst)])?;
+        ops::check_all_gather(src, dst, self.group().1)?;
+        let Some(comm) = &self.comm else {
+            return self.copy(src, dst);
+        };
+        if src.numel() == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: shapes checked: dst holds size * src.numel() elements; both on this
+        // device.
+        unsafe {
+            comm.all_gather(
+                dptr(src),
+                dptr(dst),
+                src.numel(),
+                src.dtype(),
+                self.stream.cu_stream() as _,
+            )
+        }
+    }
+
+    fn unshard_columns(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        self.check_device("unshard_columns", &[("src", src), ("dst", dst)])?;
+        let (s, rows, c) = ops::check_unshard_columns(src, dst)?;
+        if s * rows * c == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let w = c * 4;
+        for k in 0..s {
+            // One strided copy per shard: its rows, `w` bytes each, land at pitch `s * w`.
+            // SAFETY: a plain C struct of integers and pointers; all-zero is valid.
+            let mut p: drv_sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+            p.srcMemoryType = drv_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+            p.srcDevice = dptr(src) + (k * rows * w) as u64;
+            p.srcPitch = w;
+            p.dstMemoryType = drv_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+            p.dstDevice = dptr(dst) + (k * w) as u64;
+            p.dstPitch = s * w;
+            p.WidthInBytes = w;
+            p.Height = rows;
+            // SAFETY: shapes checked: the source rows lie in src, the strided destination
+            // rows in dst; both on this device.
+            unsafe { drv_sys::cuMemcpy2DAsync_v2(&p, self.stream.cu_stream()) }
+                .result()
+                .map_err(|e| Error::cuda("cuMemcpy2DAsync (unshard_columns)", e))?;
+        }
+        Ok(())
+    }
+
+    fn abort_group(&self, _why: &str) {
+        if let Some(c) = &self.comm {
+            c.abort();
+        }
     }
 
     fn rms_norm(

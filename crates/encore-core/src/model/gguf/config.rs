@@ -212,6 +212,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         eos_token_ids,
         sliding_window,
         weights: Default::default(),
+        tp: None,
     };
     cfg.check_sizes([
         &k("embedding_length"),

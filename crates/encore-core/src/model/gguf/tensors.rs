@@ -52,7 +52,7 @@ pub struct GgufWeights {
 impl GgufWeights {
     pub fn new(file: GgufFile, cfg: &ModelConfig) -> Result<GgufWeights> {
         let (_, arch) = gguf_arch(&file)?;
-        let permuted_heads = (arch == Arch::Llama).then_some((cfg.num_heads, cfg.num_kv_heads));
+        let permuted_heads = (arch == Arch::Llama).then_some(cfg.whole_heads());
         Ok(GgufWeights {
             file,
             permuted_heads,

@@ -177,12 +177,14 @@ fn embedding_t<T: Float>(ids: &Tensor, table: &Tensor, out: &Tensor, d: &Embeddi
     out.par_chunks_mut(d.hidden)
         .zip(ids.par_iter())
         .with_min_len(min_rows(d.hidden))
-        .for_each(|(row, &id)| match usize::try_from(id) {
-            Ok(id) if id < d.vocab => {
-                row.copy_from_slice(&table[id * d.hidden..(id + 1) * d.hidden])
-            }
-            _ => row.fill(T::from_f32(0.0)),
-        });
+        .for_each(
+            |(row, &id)| match usize::try_from(id as i64 - d.first as i64) {
+                Ok(id) if id < d.vocab => {
+                    row.copy_from_slice(&table[id * d.hidden..(id + 1) * d.hidden])
+                }
+                _ => row.fill(T::from_f32(0.0)),
+            },
+        );
 }
 
 pub(super) fn rms_norm(

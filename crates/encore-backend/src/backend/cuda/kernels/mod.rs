@@ -584,10 +584,11 @@ pub(super) fn embedding(
     let vocab = int(OP, "vocab", d.vocab)?;
     let hidden = int(OP, "hidden", d.hidden)?;
     let vec = vec as i32;
+    let first = int(OP, "first", d.first)?;
     be.launch(
         be.kernels().embedding.get(dt)?,
         c,
-        &mut args![ids, table, out, vocab, hidden, vec],
+        &mut args![ids, table, out, vocab, hidden, vec, first],
     )
 }
 

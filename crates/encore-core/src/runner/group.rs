@@ -1,0 +1,262 @@
+//! Tensor parallelism in the runner: the leader (rank 0, which the scheduler drives) and
+//! its followers (ranks 1.., one thread each, each with its own backend, model shard, KV
+//! cache, arena and graphs) run the same steps in lockstep.
+//!
+//! The rule: before the leader runs anything that issues collectives (a step, a capture,
+//! a change of graph mode), it sends the same command to every follower, then does it
+//! itself, then waits for every follower's verdict. A step's command carries the bytes
+//! of the leader's packed step inputs (one host table, the same upload on every rank)
+//! and how the step runs (eagerly, or the replay of a key), so a follower needs none of
+//! the scheduler's state. Only the leader samples: followers run the forward and the LM
+//! head (whose all-gather every rank joins) and skip sampling, so penalties, masks and
+//! the sampled tokens exist on rank 0 alone.
+//!
+//! A rank that fails aborts the group's collectives (no rank waits forever in one) and
+//! the leader's step returns the error, naming the rank; the group is then broken and
+//! every later step fails with the same error.
+
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::error::{Error, Result};
+use crate::graph::Key;
+
+use super::policy::GraphConfig;
+use super::step::StepShape;
+use super::Runner;
+
+/// How a step runs on every rank.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Exec {
+    Eager(StepShape),
+    Replay {
+        key: Key,
+        real: usize,
+        shape: StepShape,
+    },
+}
+
+/// What the leader tells its followers to do.
+#[derive(Clone, Debug)]
+pub enum Cmd {
+    /// Load the leader's packed step inputs for the layout of `tokens` x `seqs` rows and
+    /// run the step.
+    #[allow(private_interfaces)]
+    Run {
+        bytes: Arc<[u8]>,
+        tokens: usize,
+        seqs: usize,
+        exec: Exec,
+    },
+    Capture {
+        key: Key,
+        ahead: bool,
+    },
+    CaptureAll,
+    SetGraphs(Option<GraphConfig>),
+    SetForceEager(bool),
+    SetVerify(bool),
+}
+
+/// Ends every rank's collectives (the group failed).
+pub type AbortFn = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// One follower as the leader sees it.
+pub struct FollowerRank {
+    pub rank: usize,
+    pub device: String,
+    pub tx: Sender<Cmd>,
+    pub done: Receiver<Result<()>>,
+    pub thread: Option<JoinHandle<()>>,
+}
+
+/// The leader's handle on its followers.
+pub struct Followers {
+    ranks: Vec<FollowerRank>,
+    abort: AbortFn,
+    broken: Option<String>,
+}
+
+impl Followers {
+    pub fn new(ranks: Vec<FollowerRank>, abort: AbortFn) -> Self {
+        Followers {
+            ranks,
+            abort,
+            broken: None,
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(Error::invalid("tensor parallel", why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn send(&mut self, cmd: Cmd) -> Result<()> {
+        self.check()?;
+        for r in &self.ranks {
+            if r.tx.send(cmd.clone()).is_err() {
+                let why = format!("rank {} ({}) has stopped", r.rank, r.device);
+                (self.abort)(&why);
+                self.broken = Some(why);
+                return self.check();
+            }
+        }
+        Ok(())
+    }
+
+    /// After the leader's own part of a command (`local`): abort the group if it failed,
+    /// then every follower's verdict; the first error wins (the leader's first).
+    fn finish<T>(&mut self, local: Result<T>) -> Result<T> {
+        if let Err(e) = &local {
+            (self.abort)(&format!("rank 0: {e}"));
+        }
+        let mut first: Option<String> = None;
+        for r in &self.ranks {
+            let verdict = match r.done.recv() {
+                Ok(v) => v.map_err(|e| e.to_string()),
+                Err(_) => Err("stopped".into()),
+            };
+            if let Err(e) = verdict {
+                first.get_or_insert(format!("rank {} ({}): {e}", r.rank, r.device));
+            }
+        }
+        match (local, first) {
+            (Err(e), _) => {
+                self.broken = Some(format!("rank 0 failed: {e}"));
+                Err(e)
+            }
+            (Ok(_), Some(why)) => {
+                (self.abort)(&why);
+                self.broken = Some(why);
+                self.check().map(|_| unreachable!("broken"))
+            }
+            (Ok(t), None) => Ok(t),
+        }
+    }
+}
+
+impl Drop for Followers {
+    fn drop(&mut self) {
+        for r in &mut self.ranks {
+            // Closing the channel ends the follower's loop.
+            let (tx, _) = std::sync::mpsc::channel();
+            drop(std::mem::replace(&mut r.tx, tx));
+        }
+        for r in &mut self.ranks {
+            if let Some(t) = r.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Runner<'_> {
+    /// Make this runner the leader of `followers` (after every rank has booted: boot runs
+    /// the same steps on every rank by itself).
+    pub fn set_followers(&mut self, followers: Followers) {
+        self.group = Some(followers);
+    }
+
+    /// Ranks in this runner's tensor-parallel group.
+    pub fn tp_size(&self) -> usize {
+        1 + self.group.as_ref().map_or(0, |g| g.ranks.len())
+    }
+
+    /// Run `local` on the leader, with `cmd` sent to every follower first and their
+    /// verdicts collected after (just `local` without followers).
+    pub(super) fn mirrored<T>(
+        &mut self,
+        cmd: impl FnOnce() -> Cmd,
+        local: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        if self.group.is_none() {
+            return local(self);
+        }
+        self.group.as_mut().expect("checked").send(cmd())?;
+        let out = local(self);
+        self.group.as_mut().expect("checked").finish(out)
+    }
+
+    /// The command that runs the step just packed for `layout` (`read` sequence rows
+    /// uploaded) as `exec` on a follower: the packed bytes; `None` without followers.
+    pub(super) fn run_cmd(
+        &mut self,
+        layout: &crate::graph::Layout,
+        read: usize,
+        exec: Exec,
+    ) -> Result<Option<Cmd>> {
+        if self.group.is_none() {
+            return Ok(None);
+        }
+        let bytes: Arc<[u8]> = self
+            .parts
+            .inputs
+            .table
+            .staged(layout, layout.tokens, read)?
+            .into();
+        Ok(Some(Cmd::Run {
+            bytes,
+            tokens: layout.tokens,
+            seqs: layout.seqs,
+            exec,
+        }))
+    }
+
+    /// A follower's loop: obey each command and report, until the leader goes away. A
+    /// failed command aborts the group's collectives.
+    pub fn follow(&mut self, rx: Receiver<Cmd>, done: Sender<Result<()>>, abort: AbortFn) {
+        self.parts.sample = false;
+        while let Ok(cmd) = rx.recv() {
+            let r = self.obey(cmd);
+            if let Err(e) = &r {
+                abort(&e.to_string());
+            }
+            if done.send(r).is_err() {
+                break;
+            }
+        }
+    }
+
+    fn obey(&mut self, cmd: Cmd) -> Result<()> {
+        let be = self.parts.be;
+        match cmd {
+            Cmd::Run {
+                bytes,
+                tokens,
+                seqs,
+                exec,
+            } => {
+                let layout = self.parts.inputs.layout(tokens, seqs);
+                self.parts.inputs.table.load(be, &layout, &bytes)?;
+                match exec {
+                    Exec::Eager(shape) => {
+                        let step = self.parts.forward(&layout, shape)?;
+                        self.exec.eager(be, &step)?;
+                    }
+                    Exec::Replay { key, real, shape } => {
+                        let step = self.parts.forward(&layout, shape)?;
+                        self.exec.replay(be, key, real, &step)?;
+                    }
+                }
+                Ok(())
+            }
+            Cmd::Capture { key, ahead } => self.capture_key_from_padding(key, ahead),
+            Cmd::CaptureAll => self.capture_all_local(&mut |_, _| {}),
+            Cmd::SetGraphs(g) => {
+                self.set_graphs_local(g);
+                Ok(())
+            }
+            Cmd::SetForceEager(on) => {
+                self.policy.force_eager = on;
+                Ok(())
+            }
+            Cmd::SetVerify(on) => {
+                self.policy.verify = on;
+                Ok(())
+            }
+        }
+    }
+}
