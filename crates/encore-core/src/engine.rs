@@ -31,9 +31,13 @@ use crate::model::llama::Model;
 use crate::model::weights;
 use crate::model::ModelFiles;
 use crate::offload::{self, Offload, OffloadConfig, OffloadReport, Policy, Prepared};
+use crate::progress::NoProgress;
 use crate::progress::{Progress, Unit};
-use crate::runner::{GraphConfig, Runner, RunnerBuilder, RunnerConfig};
+use crate::runner::{
+    AbortFn, FollowerRank, Followers, GraphConfig, Runner, RunnerBuilder, RunnerConfig,
+};
 use crate::tensor::DType;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 /// How many KV blocks the cache gets.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -77,6 +81,21 @@ pub struct EngineConfig {
     /// Compiles requests' constraints (structured outputs; built from the model's
     /// tokenizer); `None`: a request with a constraint is refused.
     pub constraints: Option<std::sync::Arc<crate::constraint::ConstraintCompiler>>,
+    /// Tensor parallelism: every rank's backend, rank 0's (the one the engine is given)
+    /// first, opened together ([`encore_backend::device::open_group`]); empty or one:
+    /// one device.
+    pub tp: TpBackends,
+}
+
+/// The backends of a tensor-parallel group, rank order.
+#[derive(Clone, Default)]
+pub struct TpBackends(pub Vec<crate::backend::BackendRef>);
+
+impl std::fmt::Debug for TpBackends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.0.iter().map(|b| b.device_name()).collect();
+        write!(f, "TpBackends({names:?})")
+    }
 }
 
 impl EngineConfig {
@@ -107,6 +126,7 @@ impl EngineConfig {
             fix_hint: String::new(),
             offload: None,
             constraints: None,
+            tp: TpBackends::default(),
         }
     }
 }
@@ -139,8 +159,120 @@ impl<'b> Engine<'b> {
         cfg: &EngineConfig,
         progress: &dyn Progress,
     ) -> Result<Self> {
+        match cfg.tp.0.len() {
+            0 | 1 => Self::boot(be, files, cfg, progress, None),
+            _ => Self::new_group(be, files, cfg, progress),
+        }
+    }
+
+    /// [`Engine::new`] of a tensor-parallel group: ranks 1.. boot in threads of their own
+    /// (each its model shard, KV cache, arena and graphs) beside rank 0 here, meeting
+    /// between the start-up stages (a failed rank fails every rank, naming it; the KV
+    /// cache takes the fewest blocks any rank has room for); then rank 0's runner leads
+    /// the others ([`crate::runner::Followers`]).
+    fn new_group(
+        be: &'b dyn Backend,
+        files: ModelFiles,
+        cfg: &EngineConfig,
+        progress: &dyn Progress,
+    ) -> Result<Self> {
+        let ranks = cfg.tp.0.clone();
+        let size = ranks.len();
+        for (r, b) in ranks.iter().enumerate() {
+            if b.group() != (r, size) {
+                return Err(Error::invalid(
+                    "tensor parallel",
+                    format!(
+                        "{} is rank {:?} of its group, expected rank {r} of {size} (open the ranks together)",
+                        b.device_name(),
+                        b.group()
+                    ),
+                ));
+            }
+        }
+        if be.group() != (0, size) {
+            return Err(Error::invalid(
+                "tensor parallel",
+                format!("the engine's backend {} is not rank 0", be.device_name()),
+            ));
+        }
+        // Refuse a model the group cannot split before any thread starts.
+        files.config.shard(0, size)?;
+        let abort: AbortFn = {
+            let ranks = ranks.clone();
+            Arc::new(move |why: &str| ranks.iter().for_each(|b| b.abort_group(why)))
+        };
+        let rv = Arc::new(Rendezvous::new(
+            ranks.iter().map(|b| b.device_name()).collect(),
+            abort.clone(),
+        ));
+        let mut followers = Vec::new();
+        for (rank, fbe) in ranks.iter().enumerate().skip(1) {
+            let (tx, rx) = mpsc::channel();
+            let (done_tx, done) = mpsc::channel();
+            let files = ModelFiles {
+                config: files.config.shard(rank, size)?,
+                source: files.source.clone(),
+            };
+            let (cfg, rv, fbe, abort) = (cfg.clone(), rv.clone(), fbe.clone(), abort.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("encore-rank-{rank}"))
+                .spawn(move || {
+                    let booted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        Engine::boot(&*fbe, files, &cfg, &NoProgress, Some((&rv, rank)))
+                    }));
+                    match booted {
+                        Ok(Ok(mut e)) => e.runner.follow(rx, done_tx, abort),
+                        Ok(Err(e)) => rv.fail(rank, &e.to_string()),
+                        Err(_) => rv.fail(rank, "panicked while starting"),
+                    }
+                })
+                .map_err(|e| {
+                    Error::invalid("tensor parallel", format!("spawning rank {rank}: {e}"))
+                })?;
+            followers.push(FollowerRank {
+                rank,
+                device: fbe_name(&ranks[rank]),
+                tx,
+                done,
+                thread: Some(thread),
+            });
+        }
+        let files = ModelFiles {
+            config: files.config.shard(0, size)?,
+            source: files.source,
+        };
+        let booted = Self::boot(be, files, cfg, progress, Some((&rv, 0)));
+        let followers = Followers::new(followers, abort);
+        let mut engine = match booted {
+            Ok(e) => e,
+            Err(e) => {
+                rv.fail(0, &e.to_string());
+                // Dropping the followers closes their channels and joins them.
+                drop(followers);
+                return Err(e);
+            }
+        };
+        engine.runner.set_followers(followers);
+        tracing::info!("tensor parallel over {size} ranks: {:?}", cfg.tp);
+        Ok(engine)
+    }
+
+    /// Start one rank in the order of the module docs (`group`: its rank of a
+    /// tensor-parallel group, which it meets between stages).
+    fn boot(
+        be: &'b dyn Backend,
+        files: ModelFiles,
+        cfg: &EngineConfig,
+        progress: &dyn Progress,
+        group: Option<(&Rendezvous, usize)>,
+    ) -> Result<Self> {
+        let meet = |v: Result<usize>| match group {
+            Some((rv, rank)) => rv.agree(rank, v),
+            None => v,
+        };
         let t0 = Instant::now();
-        let mcfg = &files.config;
+        let mcfg = &files.config.clone();
         if cfg.max_seq_len > mcfg.max_position_embeddings {
             return Err(Error::invalid(
                 "engine",
@@ -164,20 +296,27 @@ impl<'b> Engine<'b> {
             penalty_slots: cfg.max_seqs,
         };
 
-        // 1. Sizes, before anything is allocated.
-        let (mut need, offload_report) = check_memory(be, mcfg, cfg, &rcfg)?;
-
-        // 2. Weights.
+        // 1-3. Sizes, before anything is allocated; the weights; the runner's step
+        // inputs, sampling buffers and executor (its arena).
         let t = Instant::now();
-        let (model, offload_report) = load_model(be, files, cfg, offload_report, progress)?;
-        be.synchronize()?;
+        let loaded = (|| {
+            let (need, offload_report) = check_memory(be, mcfg, cfg, &rcfg)?;
+            let (model, offload_report) = load_model(be, files, cfg, offload_report, progress)?;
+            be.synchronize()?;
+            let builder = RunnerBuilder::new(be, model, rcfg, cfg.graph_memory)?;
+            Ok((need, offload_report, builder))
+        })();
+        let (loaded, ok) = match loaded {
+            Ok(l) => (Some(l), Ok(0)),
+            Err(e) => (None, Err(e)),
+        };
+        meet(ok)?;
+        let (mut need, offload_report, mut builder) = loaded.expect("met without an error");
         let load_secs = t.elapsed().as_secs_f64();
 
-        // 3. The runner's step inputs, sampling buffers and executor (its arena).
-        let mut builder = RunnerBuilder::new(be, model, rcfg, cfg.graph_memory)?;
-
-        // 4. The KV cache's size: fixed, or measured after one step of the largest shape.
-        let num_blocks = kv_blocks(be, &mut builder, cfg, min_blocks)?;
+        // 4. The KV cache's size: fixed, or measured after one step of the largest shape
+        // (a tensor-parallel group takes the fewest blocks of any rank).
+        let num_blocks = meet(kv_blocks(be, &mut builder, cfg, min_blocks))?;
 
         // 5. The KV cache, and the runner.
         let mut runner = builder.build(num_blocks)?;
@@ -194,9 +333,13 @@ impl<'b> Engine<'b> {
                 keys as u64,
                 Unit::Graphs,
             );
-            runner.capture_all(&mut |done, _| bar.0.set(done as u64))?;
+            let captured = runner
+                .capture_all(&mut |done, _| bar.0.set(done as u64))
+                .and_then(|_| be.synchronize());
             drop(bar);
-            be.synchronize()?;
+            meet(captured.map(|_| 0))?;
+        } else {
+            meet(Ok(0))?;
         }
         let capture_secs = if cfg.capture_all {
             t.elapsed().as_secs_f64()
@@ -331,4 +474,92 @@ fn kv_blocks(
         });
     }
     Ok(fit)
+}
+
+fn fbe_name(b: &crate::backend::BackendRef) -> String {
+    b.device_name()
+}
+
+/// Where the ranks of a tensor-parallel group meet between start-up stages: each posts
+/// its stage's outcome and waits for the others; all get the smallest value posted, or
+/// the first failure (which aborts the group's collectives, so no rank stays inside one,
+/// and stays: every later meeting fails at once).
+struct Rendezvous {
+    devices: Vec<String>,
+    abort: AbortFn,
+    state: Mutex<Meeting>,
+    cv: Condvar,
+}
+
+struct Meeting {
+    generation: u64,
+    arrived: usize,
+    min: usize,
+    last: usize,
+    failed: Option<String>,
+}
+
+impl Rendezvous {
+    fn new(devices: Vec<String>, abort: AbortFn) -> Self {
+        Rendezvous {
+            devices,
+            abort,
+            state: Mutex::new(Meeting {
+                generation: 0,
+                arrived: 0,
+                min: usize::MAX,
+                last: 0,
+                failed: None,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn failure(why: &str) -> Error {
+        Error::invalid("tensor parallel", why.to_string())
+    }
+
+    /// Rank `rank` failed: fail every meeting and abort the collectives.
+    fn fail(&self, rank: usize, why: &str) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.failed.is_none() {
+            let dev = self.devices.get(rank).map_or("?", |d| d.as_str());
+            let msg = format!("rank {rank} ({dev}) failed to start: {why}");
+            (self.abort)(&msg);
+            s.failed = Some(msg);
+        }
+        self.cv.notify_all();
+    }
+
+    fn agree(&self, rank: usize, v: Result<usize>) -> Result<usize> {
+        let x = match v {
+            Ok(x) => x,
+            Err(e) => {
+                self.fail(rank, &e.to_string());
+                return Err(e);
+            }
+        };
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &s.failed {
+            return Err(Self::failure(why));
+        }
+        s.min = s.min.min(x);
+        s.arrived += 1;
+        if s.arrived == self.devices.len() {
+            s.arrived = 0;
+            s.generation += 1;
+            s.last = s.min;
+            s.min = usize::MAX;
+            self.cv.notify_all();
+            return Ok(s.last);
+        }
+        let g = s.generation;
+        while s.generation == g && s.failed.is_none() {
+            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        match &s.failed {
+            Some(why) if s.generation == g => Err(Self::failure(why)),
+            _ => Ok(s.last),
+        }
+    }
 }

@@ -201,7 +201,7 @@ pub fn run(a: BenchCaptureArgs) -> Result<()> {
         bail!("--strategies: name at least one of private, multi-va, arena");
     }
     let plan = Plan::new(&a)?;
-    let (opened, cfg, source) = a.model.open()?;
+    let (opened, cfg, source) = a.model.open_one("bench capture")?;
     let be = opened.backend();
     let be = be.as_ref();
     if a.max_seq_len == 0 || a.max_seq_len > cfg.max_position_embeddings {

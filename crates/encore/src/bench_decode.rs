@@ -245,7 +245,7 @@ pub(crate) fn free(held: &mut Seqs, seqs: &[SeqId]) -> Result<()> {
 
 pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let dtype = a.model.dtype;
-    let (opened, cfg, source) = a.model.open()?;
+    let (opened, cfg, source, tp) = a.model.open()?;
     let be = opened.backend();
     let be = be.as_ref();
     let max_batch = a.runs.max_batch()?;
@@ -258,6 +258,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         graph_memory: a.graph_memory,
         // The copy-bandwidth measurement's two buffers.
         extra_bytes: 2 * COPY_BYTES,
+        tp,
         ..engine_config(
             dtype,
             max_batch,

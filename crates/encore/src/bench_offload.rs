@@ -192,7 +192,7 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
     }
     let policies = policies(&a)?;
     let dtype = a.model.dtype;
-    let (opened, cfg, source) = a.model.open()?;
+    let (opened, cfg, source) = a.model.open_one("bench offload")?;
     let be = opened.backend();
     let be = be.as_ref();
     let max_seq_len = a.runs.eager_and_graph_positions(&cfg)?;

@@ -192,6 +192,7 @@ fn engine_config(
         run_name: format!("bench prefill --tokens {max_tokens} --batch {max_batch}"),
         fix_hint: "lower --tokens or --batch".into(),
         constraints: None,
+        tp: Default::default(),
     })
 }
 
@@ -200,7 +201,7 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
     if a.tokens.is_empty() || a.batch.is_empty() {
         bail!("--tokens and --batch: give at least one value each");
     }
-    let (opened, cfg, source) = a.model.open()?;
+    let (opened, cfg, source, tp) = a.model.open()?;
     let be = opened.backend();
     let be = be.as_ref();
     let max_tokens = a.tokens.iter().copied().max().unwrap_or(1);
@@ -211,7 +212,10 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
             cfg.max_position_embeddings
         );
     }
-    let engine_cfg = engine_config(&a, be, max_tokens, max_batch)?;
+    let engine_cfg = EngineConfig {
+        tp,
+        ..engine_config(&a, be, max_tokens, max_batch)?
+    };
     let Engine { mut runner, report } =
         crate::bench_decode::start_engine(be, &cfg, source, &engine_cfg, a.json)?;
     let mut held = Seqs::for_runner(&runner)?;

@@ -145,6 +145,7 @@ impl EngineArgs {
             run_name: shape.run_name,
             fix_hint: shape.fix_hint,
             constraints: None,
+            tp: Default::default(),
         };
         let sched = SchedulerConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,

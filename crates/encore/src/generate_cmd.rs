@@ -103,7 +103,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     } else {
         prompts::collect(&a.prompts, a.prompt_file.as_deref(), prompts::read_stdin)?
     };
-    let (opened, cfg, source) = a.model.open()?;
+    let (opened, cfg, source, tp) = a.model.open()?;
     let backend = opened.backend();
     let be = backend.as_ref();
     let tokenizer = encore_core::model::open_tokenizer(&source)?;
@@ -112,6 +112,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let mut configs =
         a.engine
             .config(be, a.model.dtype, engine_shape(&a, &prompts, max_seq_len))?;
+    configs.0.tp = tp;
     let mut constrained = None;
     if a.json_schema.is_some() || a.regex.is_some() {
         let compiler = ConstraintCompiler::new(&tokenizer, cfg.vocab_size)

@@ -182,6 +182,9 @@ fn gib(bytes: usize) -> f64 {
 
 fn info(args: InfoArgs) -> Result<ExitCode> {
     let spec = args.device.device;
+    if args.device.tensor_parallel_size > 1 {
+        anyhow::bail!("--tensor-parallel-size: info opens one device");
+    }
     outln!("encore {}", env!("CARGO_PKG_VERSION"))?;
     if let Some(model) = &args.model {
         let (cfg, _) = model_arg::resolve(model, args.quantization)?;
@@ -198,10 +201,11 @@ fn info(args: InfoArgs) -> Result<ExitCode> {
     let libs = CudaLibraries::probe();
     let yes = |b| if b { "found" } else { "missing" };
     outln!(
-        "  cuda     libcuda {}, libnvrtc {}, libcublasLt {}",
+        "  cuda     libcuda {}, libnvrtc {}, libcublasLt {}, libnccl {} (tensor parallelism)",
         yes(libs.driver),
         yes(libs.nvrtc),
-        yes(libs.cublaslt)
+        yes(libs.cublaslt),
+        yes(encore_core::backend::cuda::nccl::available())
     )?;
     match cuda::device_count() {
         Ok(n) => outln!("           {n} device(s)")?,
@@ -366,6 +370,9 @@ const FULL: KernelSuite = KernelSuite {
 };
 
 fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
+    if args.device.tensor_parallel_size > 1 {
+        anyhow::bail!("--tensor-parallel-size: bench kernels runs on one device");
+    }
     let opened = crate::model_arg::open_device(args.device.device)?;
     let be = opened.backend();
     let be = be.as_ref();

@@ -5,6 +5,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use encore_core::device::{self, DeviceSpec, Opened};
+use encore_core::engine::TpBackends;
 use encore_core::model::config::ModelConfig;
 use encore_core::model::formats::Quantization;
 use encore_core::model::weights::WeightSource;
@@ -18,6 +19,10 @@ pub struct DeviceArg {
     /// auto | cpu | cuda | cuda:N (auto: CUDA when usable, else the CPU).
     #[arg(long, default_value = "auto", value_parser = parse::device)]
     pub device: DeviceSpec,
+    /// Split the model over this many devices (tensor parallelism: cuda:N..N+size, or
+    /// as many CPU ranks in threads); one engine, rank 0 schedules and samples.
+    #[arg(long, short = 't', alias = "tp", default_value = "1", value_parser = parse::count::<1, 64>, allow_negative_numbers = true)]
+    pub tensor_parallel_size: usize,
 }
 
 /// `--model`, `--device` and `--dtype`: what to run, where, in which precision.
@@ -43,12 +48,42 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// Open the device (see [`open_device`]) and the model's config and weight source.
-    pub fn open(&self) -> Result<(Opened, ModelConfig, WeightSource)> {
-        let opened = open_device(self.device.device)?;
+    /// Open the device (see [`open_device`]; every rank's with
+    /// `--tensor-parallel-size`, rank 0 first) and the model's config and weight source.
+    pub fn open(&self) -> Result<(Opened, ModelConfig, WeightSource, TpBackends)> {
+        let (opened, tp) = open_devices(self.device.device, self.device.tensor_parallel_size)?;
         let (cfg, source) = resolve(&self.model, self.quantization)?;
+        Ok((opened, cfg, source, tp))
+    }
+
+    /// [`ModelArgs::open`] for a command that runs on one device: refuses
+    /// `--tensor-parallel-size` above 1, naming the command.
+    pub fn open_one(&self, command: &str) -> Result<(Opened, ModelConfig, WeightSource)> {
+        if self.device.tensor_parallel_size > 1 {
+            anyhow::bail!(
+                "--tensor-parallel-size {}: {command} runs on one device",
+                self.device.tensor_parallel_size
+            );
+        }
+        let (opened, cfg, source, _) = self.open()?;
         Ok((opened, cfg, source))
     }
+}
+
+/// Open `size` ranks of a tensor-parallel group on `spec` (one backend when `size` is
+/// 1): rank 0's backend and every rank's, in order.
+pub fn open_devices(spec: DeviceSpec, size: usize) -> Result<(Opened, TpBackends)> {
+    if size <= 1 {
+        return Ok((open_device(spec)?, TpBackends::default()));
+    }
+    let (opened, note) = device::open_group(spec, size)
+        .with_context(|| format!("--device {spec} --tensor-parallel-size {size}"))?;
+    if let Some(note) = note {
+        crate::out::errln!("note: {note}");
+    }
+    let tp = TpBackends(opened.iter().map(|o| o.backend()).collect());
+    let first = opened.into_iter().next().expect("size ranks");
+    Ok((first, tp))
 }
 
 /// The config (with the weight formats `quantization` gives it) and where the weights

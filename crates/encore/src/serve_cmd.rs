@@ -53,7 +53,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    let (opened, cfg, source) = a.model.open()?;
+    let (opened, cfg, source, tp) = a.model.open()?;
     let be = opened.backend();
     let tokenizer = Arc::new(encore_core::model::open_tokenizer(&source)?);
     let max_seq_len = a.engine.max_seq_len(&cfg)?;
@@ -72,6 +72,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         fix_hint: "lower --max-num-seqs, --max-num-batched-tokens or --max-seq-len".into(),
     };
     let mut configs = e.config(be.as_ref(), a.model.dtype, shape)?;
+    configs.0.tp = tp;
     configs.0.constraints = Some(Arc::new(
         ConstraintCompiler::new(&tokenizer, cfg.vocab_size)
             .map_err(|e| anyhow::anyhow!("indexing the tokenizer for structured outputs: {e}"))?,

@@ -229,7 +229,8 @@ fn run_url(a: BenchServeArgs) -> Result<()> {
 
 fn run_in_process(a: BenchServeArgs) -> Result<()> {
     let model = a.model.clone().unwrap_or_else(|| "dummy:tiny".into());
-    let opened = crate::model_arg::open_device(a.device.device)?;
+    let (opened, tp) =
+        crate::model_arg::open_devices(a.device.device, a.device.tensor_parallel_size)?;
     let be = opened.backend();
     let (cfg, source) = crate::model_arg::resolve(&model, a.quantization)?;
     let w = workload::workload(&a.workload, cfg.vocab_size)?;
@@ -262,7 +263,8 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
         fix_hint: "lower --max-num-seqs, --max-num-batched-tokens, --input-len or --output-len"
             .into(),
     };
-    let configs = e.config(be.as_ref(), a.dtype, shape)?;
+    let mut configs = e.config(be.as_ref(), a.dtype, shape)?;
+    configs.0.tp = tp;
     let engine = engine_arg::start_engine(
         be,
         ModelFiles {
