@@ -156,8 +156,23 @@ impl Backend for Faulty {
     fn synchronize(&self) -> Result<()> {
         self.inner.synchronize()
     }
-    fn embedding(&self, ids: &Tensor, table: &Tensor, out: &Tensor) -> Result<()> {
-        self.inner.embedding(ids, table, out)
+    fn embedding_rows(
+        &self,
+        ids: &Tensor,
+        table: &Tensor,
+        first: usize,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.inner.embedding_rows(ids, table, first, out)
+    }
+    fn all_reduce(&self, x: &Tensor) -> Result<()> {
+        self.inner.all_reduce(x)
+    }
+    fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        self.inner.all_gather(src, dst)
+    }
+    fn unshard_columns(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        self.inner.unshard_columns(src, dst)
     }
     fn rms_norm(
         &self,

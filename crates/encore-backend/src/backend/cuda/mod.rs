@@ -640,16 +640,25 @@ impl Backend for CudaBackend {
         let w = c * 4;
         for k in 0..s {
             // One strided copy per shard: its rows, `w` bytes each, land at pitch `s * w`.
-            // SAFETY: a plain C struct of integers and pointers; all-zero is valid.
-            let mut p: drv_sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-            p.srcMemoryType = drv_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-            p.srcDevice = dptr(src) + (k * rows * w) as u64;
-            p.srcPitch = w;
-            p.dstMemoryType = drv_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-            p.dstDevice = dptr(dst) + (k * w) as u64;
-            p.dstPitch = s * w;
-            p.WidthInBytes = w;
-            p.Height = rows;
+            let device = drv_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+            let p = drv_sys::CUDA_MEMCPY2D {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: device,
+                srcHost: std::ptr::null(),
+                srcDevice: dptr(src) + (k * rows * w) as u64,
+                srcArray: std::ptr::null_mut(),
+                srcPitch: w,
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: device,
+                dstHost: std::ptr::null_mut(),
+                dstDevice: dptr(dst) + (k * w) as u64,
+                dstArray: std::ptr::null_mut(),
+                dstPitch: s * w,
+                WidthInBytes: w,
+                Height: rows,
+            };
             // SAFETY: shapes checked: the source rows lie in src, the strided destination
             // rows in dst; both on this device.
             unsafe { drv_sys::cuMemcpy2DAsync_v2(&p, self.stream.cu_stream()) }

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Tensor parallelism on a machine of 2+ GPUs (run with the device tool's nvidia-h100-x2 or
+# nvidia-h200-x2, carrying .gpu from scripts/pack-gpu.sh):
+#   1. the kernel check (embedding over a vocabulary shard among the cases);
+#   2. greedy tokens over 2 GPUs == 1 GPU (NCCL inside the decode graphs and the pieces);
+#   3. `encore generate` over 1 and 2 GPUs, f32 (same text) and bf16;
+#   4. `bench decode` 8B shape batch 1/16/64 over 1 and 2 GPUs, and 1B;
+# then a short table. NCCL comes from the PyTorch wheel (linked as libnccl.so, the name
+# cudarc loads); NVLink multicast off.
+#   usage: bash scripts/gpu-tp.sh [check] [bench]   (both by default)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${*:-check bench}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" .bin
+tar -xJf .gpu/gpu.tar.xz -C .bin
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64
+nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+mkdir -p /tmp/nccl && ln -sf "$nccl/libnccl.so.2" /tmp/nccl/libnccl.so
+export LD_LIBRARY_PATH=/tmp/nccl:$LD_LIBRARY_PATH
+export NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpus.txt"
+nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
+E=.bin/encore
+run() { local name=$1; shift; echo "== $name: $*"; "$@" > "$OUT/$name.log" 2>&1; echo "   rc=$?"; tail -3 "$OUT/$name.log"; }
+$E info > "$OUT/info.txt" 2>&1; grep -i nccl "$OUT/info.txt"
+if [[ $what == *check* ]]; then
+  run kernels .bin/tests/cuda --include-ignored --test-threads=1 kernels_match_cpu
+  run tp-tests .bin/tests/tensor_parallel --include-ignored --test-threads=1
+  for dt in f32 bf16; do
+    for tp in 1 2; do
+      run "gen-$dt-tp$tp" $E generate --device cuda --model dummy:llama-3.2-1b --dtype $dt \
+        -t $tp --max-tokens 24 --json --prompt "The quick brown fox" --prompt "Tensor parallel"
+    done
+    python3 - "$OUT/gen-$dt-tp1.log" "$OUT/gen-$dt-tp2.log" <<'PY'
+import json, sys
+def texts(p):
+    out = []
+    for line in open(p):
+        line = line.strip()
+        if line.startswith("{"):
+            try: out.append(json.loads(line))
+            except Exception: pass
+    return [o.get("text") for o in out if "text" in o]
+a, b = texts(sys.argv[1]), texts(sys.argv[2])
+print("   generate equal:", a == b, "(", len(a), "outputs )")
+PY
+  done
+fi
+if [[ $what == *bench* ]]; then
+  for m in llama-3-8b llama-3.2-1b; do
+    for tp in 1 2; do
+      run "decode-$m-tp$tp" $E bench decode --device cuda --model "dummy:$m" --batch 1,16,64 -t $tp
+    done
+  done
+  echo "== table (graph ms/step)"
+  for f in "$OUT"/decode-*.log; do echo "-- $(basename "$f" .log)"; grep -E "^ *[0-9]+ " "$f" | head -5; done
+fi
