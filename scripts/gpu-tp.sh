@@ -48,6 +48,9 @@ PY
   done
 fi
 if [[ $what == *bench* ]]; then
+  run allreduce $E bench allreduce --device cuda -t 2 --bytes 8192,65536,524288,2097152,16777216
+  cat "$OUT/allreduce.log"
+  ENCORE_ALLREDUCE=nccl run decode-llama-3-8b-tp2-nccl $E bench decode --device cuda --model dummy:llama-3-8b --batch 1,16,64 -t 2
   for m in llama-3-8b llama-3.2-1b; do
     for tp in 1 2; do
       run "decode-$m-tp$tp" $E bench decode --device cuda --model "dummy:$m" --batch 1,16,64 -t $tp

@@ -14,6 +14,7 @@ use encore_core::generate::{generate, GenerateOptions};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::model::open_model;
+use encore_core::offload::{OffloadConfig, Policy, WeightBudget};
 use encore_core::progress::NoProgress;
 use encore_core::request::SamplingParams;
 use encore_core::runner::{GraphConfig, SeqStep, Seqs};
@@ -52,9 +53,19 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn greedy(model: &str, size: usize, graphs: bool) -> Vec<Vec<u32>> {
+    greedy_with(model, size, graphs, None)
+}
+
+fn greedy_with(
+    model: &str,
+    size: usize,
+    graphs: bool,
+    offload: Option<OffloadConfig>,
+) -> Vec<Vec<u32>> {
     let (be, tp) = group(size);
     let cfg = EngineConfig {
         tp,
+        offload,
         ..config(graphs)
     };
     let Engine { mut runner, .. } =
@@ -88,6 +99,25 @@ fn greedy_tokens_over_2_and_4_ranks_equal_one_rank() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn each_rank_streams_its_shard_under_its_own_weight_budget() {
+    // Every rank keeps 60% of its shard resident and streams the rest inside the graphs.
+    let budget = || {
+        Some(OffloadConfig {
+            budget: WeightBudget::Percent(60.0),
+            policy: Policy::Planned,
+        })
+    };
+    let one = greedy("dummy:tiny", 1, true);
+    for size in [1, 2] {
+        assert_eq!(
+            greedy_with("dummy:tiny", size, true, budget()),
+            one,
+            "{size} ranks"
+        );
     }
 }
 
@@ -207,5 +237,84 @@ fn cuda_greedy_tokens_over_two_gpus_equal_one_gpu() {
             let two = cuda_greedy(model, 2, DType::F32, graphs);
             assert_eq!(two, one, "{model}, graphs {graphs}");
         }
+    }
+}
+
+/// Every rank's all-reduce and all-gather against the sums and concatenations computed
+/// here, eagerly and replayed from a graph with new contents, at sizes around the
+/// one-shot kernel's blocks and past its cap (NCCL on CUDA).
+fn check_collectives(ranks: &[BackendRef]) {
+    let n = ranks.len();
+    let values = |rank: usize, len: usize, round: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7 + rank * 13 + round * 29) % 61) as f32 / 8.0 - 3.0)
+            .collect()
+    };
+    for len in [8usize, 4096, 4096 * 64 + 8, 3 << 20] {
+        std::thread::scope(|s| {
+            for (rank, be) in ranks.iter().enumerate() {
+                s.spawn(move || {
+                    let x = be
+                        .upload_f32_as(&values(rank, len, 0), &[len], DType::BF16)
+                        .unwrap();
+                    be.all_reduce(&x).unwrap();
+                    let g_src = be
+                        .upload_f32_as(&values(rank, 24, 0), &[24], DType::F32)
+                        .unwrap();
+                    let g_dst = be.alloc(DType::F32, &[n, 24]).unwrap();
+                    be.all_gather(&g_src, &g_dst).unwrap();
+                    let want = |round: usize| -> Vec<f32> {
+                        let all: Vec<Vec<f32>> = (0..n).map(|r| values(r, len, round)).collect();
+                        (0..len)
+                            .map(|i| all.iter().map(|v| v[i]).sum::<f32>())
+                            .collect()
+                    };
+                    assert_eq!(be.download_f32(&x).unwrap(), want(0), "len {len} eager");
+                    let gathered: Vec<f32> = (0..n).flat_map(|r| values(r, 24, 0)).collect();
+                    assert_eq!(be.download_f32(&g_dst).unwrap(), gathered);
+                    // A graph of the all-reduce, replayed over new contents.
+                    be.begin_capture().unwrap();
+                    be.all_reduce(&x).unwrap();
+                    let graph = be.end_capture().unwrap();
+                    for round in 1..3 {
+                        let v = be.upload_f32_as(&values(rank, len, round), &[len], DType::BF16);
+                        be.copy(&v.unwrap(), &x).unwrap();
+                        graph.replay().unwrap();
+                        assert_eq!(
+                            be.download_f32(&x).unwrap(),
+                            want(round),
+                            "len {len} replay"
+                        );
+                    }
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn collectives_sum_and_gather_over_cpu_ranks() {
+    for size in [2, 3] {
+        let (_, tp) = group(size);
+        check_collectives(&tp.0);
+    }
+}
+
+#[test]
+#[ignore = "needs 2 CUDA devices"]
+fn cuda_collectives_sum_and_gather_over_two_gpus() {
+    use encore_core::backend::cuda::CudaBackend;
+    for one_shot in [true, false] {
+        let ranks: Vec<Arc<CudaBackend>> = CudaBackend::group(0, 2)
+            .unwrap()
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        assert!(ranks.iter().all(|r| r.has_one_shot_allreduce()));
+        ranks
+            .iter()
+            .for_each(|r| r.set_one_shot_allreduce(one_shot));
+        let refs: Vec<BackendRef> = ranks.iter().map(|r| r.clone() as BackendRef).collect();
+        check_collectives(&refs);
     }
 }

@@ -275,7 +275,9 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let mut held = Seqs::for_runner(&runner)?;
     let load_secs = report.load_secs;
     let weight_bytes = cfg.weight_bytes(dtype);
-    let decl = cfg.decl();
+    // Over a tensor-parallel group, rank 0's shard: each rank reads its own share of the
+    // weights at once, so the floor is one rank's.
+    let decl = cfg.shard(0, runner.tp_size())?.decl();
     // The floor: the bytes a step reads (not the untied embedding table, of which a step
     // gathers a few rows) at the measured copy bandwidth.
     let step_bytes = decl.step_read_bytes(dtype);
@@ -283,9 +285,13 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let floor_secs = step_bytes as f64 / (copy.value * 1e9);
     if !a.json {
         outln!(
-            "{} on {}: weights {}, {:.2} GB read per step, loaded in {:.2} s; copy bandwidth {:.0} GB/s -> floor {:.3} ms/step",
+            "{} on {}{}: weights {}, {:.2} GB read per step, loaded in {:.2} s; copy bandwidth {:.0} GB/s -> floor {:.3} ms/step",
             a.model.model,
             be.device_name(),
+            match runner.tp_size() {
+                1 => String::new(),
+                n => format!(" (rank 0 of {n}, its shard)"),
+            },
             decl.format_summary(dtype),
             step_bytes as f64 / 1e9,
             load_secs,

@@ -8,6 +8,7 @@
 //! policies). Every command that runs a model starts it through
 //! `encore_core::engine::Engine::new`, directly or in the engine loop. See ARCHITECTURE.md.
 
+mod bench_allreduce;
 mod bench_capture;
 mod bench_decode;
 mod bench_offload;
@@ -111,6 +112,10 @@ enum BenchCommand {
     /// Host cost of structured outputs for a model's tokenizer: indexing it, compiling JSON
     /// schemas (p50/p99), and the allowed-token mask and advance per generated token.
     Structured(bench_structured::BenchStructuredArgs),
+    /// All-reduce latency over a tensor-parallel group inside a captured graph, per
+    /// message size: the one-shot peer-memory kernel against NCCL (CUDA), or the CPU
+    /// twin's shared-memory reduce.
+    Allreduce(bench_allreduce::BenchAllreduceArgs),
 }
 
 #[derive(Args)]
@@ -149,6 +154,9 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Serve(a)) => bench_serve::run(a).map(|_| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Offload(a)) => {
             bench_offload::run(a).map(|_| ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Allreduce(a)) => {
+            bench_allreduce::run(a).map(|_| ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Structured(a)) => {
             bench_structured::run(a).map(|_| ExitCode::SUCCESS)

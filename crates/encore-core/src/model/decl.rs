@@ -557,10 +557,14 @@ impl ModelConfig {
             if let WeightFormat::Quant(f) = t.format {
                 let k = t.shape.last().copied().unwrap_or(0);
                 if f.row_bytes(k).is_none() {
+                    let share = match self.tp {
+                        Some(tp) => format!(" (its share over {} tensor-parallel ranks)", tp.size),
+                        None => String::new(),
+                    };
                     return Err(Error::Weights {
                         tensor: t.name(),
                         what: format!(
-                            "has rows of {k} values, which {f} (blocks of {}) cannot hold",
+                            "has rows of {k} values{share}, which {f} (blocks of {}) cannot hold",
                             f.block_elems()
                         ),
                     });

@@ -94,6 +94,7 @@ pub(super) struct Kernels<K = Kernel> {
     pub embedding: PerDType<K>,
     pub rms_norm: PerDType<K>,
     pub silu_mul: PerDType<K>,
+    pub allreduce: PerDType<K>,
     pub qkv_rope: PerDType<K>,
     /// By [`SPLIT_VARIANTS`] index.
     pub attention_split: [PerDType<K>; 4],
@@ -130,6 +131,7 @@ impl<K> Kernels<K> {
         let embedding = PerDType::resolve(t, "embedding")?;
         let rms_norm = PerDType::resolve(t, "rms_norm")?;
         let silu_mul = PerDType::resolve(t, "silu_mul")?;
+        let allreduce = PerDType::resolve(t, "allreduce")?;
         let qkv_rope = PerDType::resolve(t, "qkv_rope")?;
         let mut split = |i: usize| PerDType::resolve(t, SPLIT_NAMES[i]);
         let attention_split = [split(0)?, split(1)?, split(2)?, split(3)?];
@@ -200,6 +202,7 @@ impl<K> Kernels<K> {
             embedding,
             rms_norm,
             silu_mul,
+            allreduce,
             qkv_rope,
             attention_split,
             attention_combine,

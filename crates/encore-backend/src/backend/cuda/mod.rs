@@ -129,7 +129,28 @@ pub struct CudaBackend {
     quant_gemm: QuantGemm,
     /// The tensor-parallel group's communicator (`None`: alone).
     comm: Option<nccl::Comm>,
+    /// The one-shot all-reduce's peer memory (`None`: alone, no peer access between the
+    /// group's devices, or `ENCORE_ALLREDUCE=nccl`).
+    p2p: Option<P2p>,
+    /// Whether all-reduces that fit take the one-shot kernel (`set_one_shot_allreduce`).
+    p2p_on: AtomicBool,
 }
+
+/// One rank's part of the one-shot all-reduce (kernels/allreduce.cu): its `ArPeers` table
+/// (every rank's staging and flag addresses), its per-block call counters, and its own
+/// staging and flags (which the peers' tables point at).
+struct P2p {
+    peers: Tensor,
+    count: Tensor,
+    /// Bytes of the largest tensor it reduces (larger ones go through NCCL).
+    cap: usize,
+    _staging: Tensor,
+    _flags: Tensor,
+}
+
+/// The one-shot all-reduce takes tensors up to this size (decode's hidden states up to a
+/// few hundred rows); NCCL the rest.
+const P2P_CAP: usize = 2 << 20;
 
 /// Device address of a CUDA tensor's first element.
 ///
@@ -275,6 +296,8 @@ impl CudaBackend {
             dequant_scratch: Mutex::new(Default::default()),
             quant_gemm: kernels::quant::QuantGemm::from_env()?,
             comm: None,
+            p2p: None,
+            p2p_on: AtomicBool::new(true),
         })
     }
 
@@ -290,8 +313,99 @@ impl CudaBackend {
             for (be, comm) in bes.iter_mut().zip(nccl::init_all(&devices)?) {
                 be.comm = Some(comm);
             }
+            let nccl_only = std::env::var("ENCORE_ALLREDUCE").is_ok_and(|v| v.trim() == "nccl");
+            if !nccl_only && size <= kernels::AR_MAX_RANKS {
+                match Self::peer_access(&bes) {
+                    Ok(()) => Self::set_up_p2p(&mut bes)?,
+                    Err(why) => tracing::info!("one-shot all-reduce off: {why}; NCCL only"),
+                }
+            }
         }
         Ok(bes)
+    }
+
+    /// Route all-reduces that fit through the one-shot peer-memory kernel (`true`, the
+    /// default where the group's devices reach each other's memory) or all through NCCL
+    /// (for comparisons: `bench allreduce`). Takes effect for ops issued afterwards
+    /// (captured graphs keep the path of their capture).
+    pub fn set_one_shot_allreduce(&self, on: bool) {
+        self.p2p_on.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether this rank has the one-shot all-reduce (its group's devices map each
+    /// other's memory and `ENCORE_ALLREDUCE` is not `nccl`).
+    pub fn has_one_shot_allreduce(&self) -> bool {
+        self.p2p.is_some()
+    }
+
+    /// Map every device of the group into every other's address space (P2P over NVLink
+    /// or PCIe), or say why not.
+    fn peer_access(bes: &[CudaBackend]) -> std::result::Result<(), String> {
+        for a in bes {
+            for b in bes {
+                if std::ptr::eq(a, b) {
+                    continue;
+                }
+                let mut can = 0;
+                // SAFETY: plain queries on valid devices.
+                unsafe {
+                    drv_sys::cuDeviceCanAccessPeer(&mut can, a.ctx.cu_device(), b.ctx.cu_device())
+                }
+                .result()
+                .map_err(|e| format!("cuDeviceCanAccessPeer: {e:?}"))?;
+                if can == 0 {
+                    return Err(format!(
+                        "cuda:{} cannot access cuda:{}'s memory",
+                        a.ctx.ordinal(),
+                        b.ctx.ordinal()
+                    ));
+                }
+                a.bind().map_err(|e| e.to_string())?;
+                // SAFETY: `b`'s context is live; enabling twice is reported and ignored.
+                let r = unsafe { drv_sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
+                if r != drv_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                    r.result()
+                        .map_err(|e| format!("cuCtxEnablePeerAccess: {e:?}"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Each rank's staging and flags, and its table of every rank's.
+    fn set_up_p2p(bes: &mut [CudaBackend]) -> Result<()> {
+        let mut staging = Vec::new();
+        let mut flags = Vec::new();
+        for be in bes.iter() {
+            staging.push(be.alloc(DType::I32, &[2 * P2P_CAP / 4])?);
+            let f = be.alloc(
+                DType::I32,
+                &[kernels::AR_MAX_BLOCKS * kernels::AR_MAX_RANKS],
+            )?;
+            be.write_bytes(&f, &vec![0u8; f.size_bytes()])?;
+            flags.push(f);
+        }
+        let mut table = vec![0u64; 2 * kernels::AR_MAX_RANKS];
+        for (r, (s, f)) in staging.iter().zip(&flags).enumerate() {
+            table[r] = dptr(s);
+            table[kernels::AR_MAX_RANKS + r] = dptr(f);
+        }
+        let bytes: Vec<u8> = table.iter().flat_map(|p| p.to_le_bytes()).collect();
+        for (r, be) in bes.iter_mut().enumerate() {
+            let peers = be.alloc(DType::I64, &[table.len()])?;
+            be.write_bytes(&peers, &bytes)?;
+            let count = be.alloc(DType::I32, &[kernels::AR_MAX_BLOCKS])?;
+            be.write_bytes(&count, &vec![0u8; count.size_bytes()])?;
+            be.synchronize()?;
+            be.p2p = Some(P2p {
+                peers,
+                count,
+                cap: P2P_CAP,
+                _staging: staging[r].clone(),
+                _flags: flags[r].clone(),
+            });
+        }
+        Ok(())
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -603,6 +717,17 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.bind()?;
+        if let Some(p) = self
+            .p2p
+            .as_ref()
+            .filter(|_| self.p2p_on.load(Ordering::Relaxed))
+        {
+            let bytes = x.size_bytes();
+            if bytes <= p.cap && bytes.is_multiple_of(16) && dptr(x).is_multiple_of(16) {
+                let (peers, count) = (dptr(&p.peers), dptr(&p.count));
+                return kernels::allreduce(self, x, peers, count, (comm.rank, comm.size), p.cap);
+            }
+        }
         // SAFETY: x spans n elements of its dtype on this device; the stream is ours.
         unsafe { comm.all_reduce(dptr(x), n, x.dtype(), self.stream.cu_stream() as _) }
     }

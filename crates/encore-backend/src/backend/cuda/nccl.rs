@@ -53,10 +53,14 @@ pub(super) fn init_all(devices: &[usize]) -> Result<Vec<Comm>> {
                 .into(),
         });
     }
-    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-        // SAFETY: called while opening the group, before any rank thread exists (the
-        // engine's threads are spawned after the backends are open).
-        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    // NVLink multicast off; every connection made at init, not lazily at a collective's
+    // first call (which may be inside a graph capture, where NCCL cannot set up peers).
+    for (var, value) in [("NCCL_NVLS_ENABLE", "0"), ("NCCL_RUNTIME_CONNECT", "0")] {
+        if std::env::var_os(var).is_none() {
+            // SAFETY: called while opening the group, before any rank thread exists (the
+            // engine's threads are spawned after the backends are open).
+            unsafe { std::env::set_var(var, value) };
+        }
     }
     let n = devices.len();
     let mut raw: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); n];

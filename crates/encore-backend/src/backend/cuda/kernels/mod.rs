@@ -30,6 +30,11 @@ pub(super) const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 
 pub(super) const SOURCES: &[KernelSource] = &[
     KernelSource {
+        file: "allreduce.cu",
+        src: include_str!("../../../../kernels/allreduce.cu"),
+        functions: &["allreduce_bf16", "allreduce_f16", "allreduce_f32"],
+    },
+    KernelSource {
         file: "embedding.cu",
         src: include_str!("../../../../kernels/embedding.cu"),
         functions: &["embedding_bf16", "embedding_f16", "embedding_f32"],
@@ -556,6 +561,40 @@ fn aligned16(t: &Tensor) -> bool {
 /// Threads for a block that strides over `work` items: a multiple of 32 in 32..=max.
 fn threads_for(work: usize, max: u32) -> u32 {
     (work.div_ceil(32) * 32).clamp(32, max as usize) as u32
+}
+
+/// The one-shot all-reduce's most blocks (`AR_MAX_BLOCKS` in allreduce.cu) and ranks.
+pub(super) const AR_MAX_BLOCKS: usize = 64;
+pub(super) const AR_MAX_RANKS: usize = 8;
+
+/// The one-shot peer-memory all-reduce of `x` (allreduce.cu): `peers` is this rank's
+/// `ArPeers` table, `count` its per-block call counters; x's bytes a multiple of 16, at
+/// most `cap`.
+pub(super) fn allreduce(
+    be: &CudaBackend,
+    x: &Tensor,
+    peers: u64,
+    count: u64,
+    (rank, ranks): (usize, usize),
+    cap: usize,
+) -> Result<()> {
+    const OP: &str = "all_reduce";
+    let nv = (x.size_bytes() / 16) as i64;
+    if nv == 0 {
+        return Ok(());
+    }
+    // Blocks of 256 threads, one 16-byte vector each per pass, at most AR_MAX_BLOCKS:
+    // a function of the shape alone, the same on every rank.
+    let blocks = (nv as usize).div_ceil(256).clamp(1, AR_MAX_BLOCKS) as u32;
+    let c = cfg((blocks, 1, 1), (256, 1, 1));
+    let xp = dptr(x);
+    let (rank, ranks) = (int(OP, "rank", rank)?, int(OP, "ranks", ranks)?);
+    let cap = cap as i64;
+    be.launch(
+        be.kernels().allreduce.get(x.dtype())?,
+        c,
+        &mut args![xp, nv, peers, count, rank, ranks, cap],
+    )
 }
 
 pub(super) fn embedding(

@@ -1,0 +1,90 @@
+// allreduce: the one-shot sum of a tensor over the ranks of a tensor-parallel group,
+// through peer memory (the group's devices map each other's memory: NVLink or PCIe P2P),
+// for the small messages of decode, where NCCL's latency dominates.
+//
+// Every rank runs the same grid over the same tensor shape; block b of every rank owns
+// the same chunk of the tensor. A call:
+//   1. block b copies its chunk of x into its rank's staging buffer (two buffers, used by
+//      alternate calls of the block: `c & 1`, c its call count);
+//   2. tells every rank "chunk b of call c is written" (a release store of c into that
+//      rank's flag slot [b][me]) and waits until every rank has said the same to it
+//      (acquire loads of its own slots [b][r] until >= c: a fast peer may already have
+//      written c + 1);
+//   3. sums chunk b over the ranks' staging buffers in rank order (f32, rounded once), so
+//      every rank computes bit-identical values, into x.
+// No second barrier: a rank writes buffer `c & 1` again only at call c + 2, which it
+// starts after every peer has arrived at call c + 1 (step 2 of c + 1), i.e. after every
+// peer has finished reading call c's buffers. Call counts live in device memory (per
+// block, per rank), so a captured graph replays correctly; flags compare with >=.
+// x: T [n], n * sizeof(T) a multiple of 16 and at most `cap` bytes (checked on the host).
+
+#define AR_MAX_RANKS 8
+#define AR_MAX_BLOCKS 64
+
+struct ArPeers {
+    char* bufs[AR_MAX_RANKS];          // each rank's staging: 2 * cap bytes
+    unsigned int* flags[AR_MAX_RANKS]; // each rank's slots [AR_MAX_BLOCKS][AR_MAX_RANKS]
+};
+
+__device__ __forceinline__ void st_release_sys(unsigned int* p, unsigned int v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned int ld_acquire_sys(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// A peer's staging, read past L1 (the same addresses hold new values every other call).
+__device__ __forceinline__ uint4 ld_cg16(const void* p) {
+    return __ldcg(reinterpret_cast<const uint4*>(p));
+}
+
+template <typename T>
+__device__ __forceinline__ void allreduce_impl(T* x, long long nv, const ArPeers* peers,
+                                               unsigned int* count, int rank, int ranks,
+                                               long long cap) {
+    __shared__ unsigned int sh_c;
+    const int b = blockIdx.x;
+    if (threadIdx.x == 0) sh_c = count[b] + 1;
+    __syncthreads();
+    const unsigned int c = sh_c;
+    const long long per = (nv + gridDim.x - 1) / gridDim.x;
+    const long long lo = (long long)b * per;
+    const long long hi = min(nv, lo + per);
+    const long long half = (long long)(c & 1u) * cap;
+    uint4* mine = reinterpret_cast<uint4*>(peers->bufs[rank] + half);
+    uint4* xs = reinterpret_cast<uint4*>(x);
+    for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) mine[i] = xs[i];
+    __syncthreads();
+    if (threadIdx.x < ranks) {
+        st_release_sys(peers->flags[threadIdx.x] + b * AR_MAX_RANKS + rank, c);
+        const unsigned int* f = peers->flags[rank] + b * AR_MAX_RANKS + threadIdx.x;
+        while (ld_acquire_sys(f) < c) {
+        }
+    }
+    __syncthreads();
+    for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float acc[Ty<T>::V];
+#pragma unroll
+        for (int k = 0; k < Ty<T>::V; k++) acc[k] = 0.0f;
+        for (int r = 0; r < ranks; r++) {
+            float v[Ty<T>::V];
+            Ty<T>::unpack(ld_cg16(peers->bufs[r] + half + i * 16), v);
+#pragma unroll
+            for (int k = 0; k < Ty<T>::V; k++) acc[k] += v[k];
+        }
+        xs[i] = Ty<T>::pack(acc);
+    }
+    if (threadIdx.x == 0) count[b] = c;
+}
+
+#define ALLREDUCE(NAME, T)                                                                 \
+    extern "C" __global__ void NAME(T* x, long long nv, const ArPeers* peers,               \
+                                    unsigned int* count, int rank, int ranks,              \
+                                    long long cap) {                                       \
+        pdl_enter();                                                                       \
+        allreduce_impl<T>(x, nv, peers, count, rank, ranks, cap);                          \
+    }
+ALLREDUCE(allreduce_bf16, bf16)
+ALLREDUCE(allreduce_f16, f16)
+ALLREDUCE(allreduce_f32, float)
