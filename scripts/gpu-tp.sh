@@ -22,6 +22,15 @@ export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpus.txt"
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 E=.bin/encore
+cmp_gen() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+def ids(p):
+    return [json.loads(l)["output_ids"] for l in open(p) if l.startswith("{")]
+a, b = ids(sys.argv[1]), ids(sys.argv[2])
+print("   same tokens:", a == b, "(", len(a), "outputs )")
+PY
+}
 run() { local name=$1; shift; echo "== $name: $*"; "$@" > "$OUT/$name.log" 2>&1; echo "   rc=$?"; tail -3 "$OUT/$name.log"; }
 $E info > "$OUT/info.txt" 2>&1; grep -i nccl "$OUT/info.txt"
 if [[ $what == *check* ]]; then
@@ -32,6 +41,19 @@ if [[ $what == *check* ]]; then
       run "gen-$dt-tp$tp" $E generate --device cuda --model dummy:llama-3.2-1b --dtype $dt \
         -t $tp --max-tokens 24 --json --prompt "The quick brown fox" --prompt "Tensor parallel"
     done
+    cmp_gen "$OUT/gen-$dt-tp1.log" "$OUT/gen-$dt-tp2.log"
+  done
+  # Quantized weights split over the ranks (q4_k: column cuts on whole 256-value blocks).
+  for q in q8_0 q4_k; do
+    for tp in 1 2; do
+      run "gen-$q-tp$tp" $E generate --device cuda --model dummy:llama-3.2-1b --dtype f32 \
+        --quantization $q -t $tp --max-tokens 24 --json --prompt "The quick brown fox" --prompt "Tensor parallel"
+    done
+    cmp_gen "$OUT/gen-$q-tp1.log" "$OUT/gen-$q-tp2.log"
+  done
+fi
+if false; then
+  for dt in x; do
     python3 - "$OUT/gen-$dt-tp1.log" "$OUT/gen-$dt-tp2.log" <<'PY'
 import json, sys
 def texts(p):
@@ -58,4 +80,15 @@ if [[ $what == *bench* ]]; then
   done
   echo "== table (graph ms/step)"
   for f in "$OUT"/decode-*.log; do echo "-- $(basename "$f" .log)"; grep -E "^ *[0-9]+ " "$f" | head -5; done
+fi
+if [[ $what == *serve* ]]; then
+  # Serving throughput: one engine over 2 GPUs against two one-GPU engines (half the
+  # requests each, at once).
+  common=(--in-process --model dummy:llama-3-8b --input-len 128:1024 --output-len 64:512
+          --max-num-seqs 256 --max-num-batched-tokens 2048)
+  run serve-tp2 $E bench serve "${common[@]}" --device cuda -t 2 --num-prompts 1000
+  $E bench serve "${common[@]}" --device cuda:0 --num-prompts 500 --seed 1 > "$OUT/serve-tp1-gpu0.log" 2>&1 &
+  $E bench serve "${common[@]}" --device cuda:1 --num-prompts 500 --seed 2 > "$OUT/serve-tp1-gpu1.log" 2>&1 &
+  wait
+  for f in serve-tp2 serve-tp1-gpu0 serve-tp1-gpu1; do echo "-- $f"; grep -iE "throughput|tok/s|duration|wall" "$OUT/$f.log" | head -6; done
 fi

@@ -88,3 +88,90 @@ __device__ __forceinline__ void allreduce_impl(T* x, long long nv, const ArPeers
 ALLREDUCE(allreduce_bf16, bf16)
 ALLREDUCE(allreduce_f16, f16)
 ALLREDUCE(allreduce_f32, float)
+
+// allreduce_rms_norm: the one-shot all-reduce of x [rows, dim] fused with the RMSNorm that
+// follows it in the forward (rms_norm.cu's residual form): x = T(sum over ranks), then
+// residual = T(residual + x) stored back, out = residual / sqrt(mean(residual^2) + eps) * w.
+// Block b owns rows b, b + grid, ...: it stages them, meets the ranks once (as
+// allreduce), then reduces, adds and normalises each row (a block reduction per row).
+// Every element is handled by the same thread in both passes. 16-byte vectors only
+// (dim * sizeof(T) a multiple of 16; rows * dim * sizeof(T) at most `cap`).
+template <typename T>
+__device__ __forceinline__ void allreduce_rms_norm_impl(T* x, T* residual,
+                                                        const T* __restrict__ w, T* out,
+                                                        int rows, int dim, float eps,
+                                                        const ArPeers* peers,
+                                                        unsigned int* count, int rank,
+                                                        int ranks, long long cap) {
+    __shared__ unsigned int sh_c;
+    __shared__ float sh[32];
+    constexpr int V = Ty<T>::V;
+    const int b = blockIdx.x;
+    if (threadIdx.x == 0) sh_c = count[b] + 1;
+    __syncthreads();
+    const unsigned int c = sh_c;
+    const int nv = dim / V;
+    const long long half = (long long)(c & 1u) * cap;
+    uint4* mine = reinterpret_cast<uint4*>(peers->bufs[rank] + half);
+    for (int r = b; r < rows; r += gridDim.x) {
+        const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)r * dim);
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) mine[(long long)r * nv + i] = xr[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < ranks) {
+        st_release_sys(peers->flags[threadIdx.x] + b * AR_MAX_RANKS + rank, c);
+        const unsigned int* f = peers->flags[rank] + b * AR_MAX_RANKS + threadIdx.x;
+        while (ld_acquire_sys(f) < c) {
+        }
+    }
+    __syncthreads();
+    for (int r = b; r < rows; r += gridDim.x) {
+        const long long base = (long long)r * dim;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float acc[V];
+#pragma unroll
+            for (int e = 0; e < V; e++) acc[e] = 0.0f;
+            for (int k = 0; k < ranks; k++) {
+                float v[V];
+                Ty<T>::unpack(ld_cg16(peers->bufs[k] + half + (base / V + i) * 16), v);
+#pragma unroll
+                for (int e = 0; e < V; e++) acc[e] += v[e];
+            }
+            store_vec(x + base + i * V, acc);
+            float res[V];
+            load_vec(residual + base + i * V, res);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                const float s = to_f32(from_f32<T>(acc[e]));
+                res[e] = to_f32(from_f32<T>(res[e] + s));
+                ss += res[e] * res[e];
+            }
+            store_vec(residual + base + i * V, res);
+        }
+        ss = block_sum(ss, sh);
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float a[V], g[V];
+            load_vec(residual + base + i * V, a);
+            load_vec(w + i * V, g);
+#pragma unroll
+            for (int e = 0; e < V; ++e) a[e] = a[e] * inv * g[e];
+            store_vec(out + base + i * V, a);
+        }
+    }
+    if (threadIdx.x == 0) count[b] = c;
+}
+
+#define ALLREDUCE_RMS_NORM(NAME, T)                                                        \
+    extern "C" __global__ void NAME(T* x, T* residual, const T* w, T* out, int rows,        \
+                                    int dim, float eps, const ArPeers* peers,              \
+                                    unsigned int* count, int rank, int ranks,              \
+                                    long long cap) {                                       \
+        pdl_enter();                                                                       \
+        allreduce_rms_norm_impl<T>(x, residual, w, out, rows, dim, eps, peers, count, rank, \
+                                   ranks, cap);                                            \
+    }
+ALLREDUCE_RMS_NORM(allreduce_rms_norm_bf16, bf16)
+ALLREDUCE_RMS_NORM(allreduce_rms_norm_f16, f16)
+ALLREDUCE_RMS_NORM(allreduce_rms_norm_f32, float)

@@ -292,11 +292,71 @@ fn check_collectives(ranks: &[BackendRef]) {
     }
 }
 
+/// The all-reduce fused with the residual RMSNorm against the sum computed here and the
+/// CPU backend's norm of it, within bf16 rounding (the one-shot kernel on CUDA for up to
+/// 2 MiB, the two ops past it).
+fn check_all_reduce_rms_norm(ranks: &[BackendRef]) {
+    let n = ranks.len();
+    let values = |seed: usize, len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7 + seed * 13) % 61) as f32 / 16.0 - 1.5)
+            .collect()
+    };
+    for (rows, dim) in [(1usize, 4096usize), (3, 128), (64, 4096), (300, 4096)] {
+        let len = rows * dim;
+        // What every rank must get: the CPU's rms_norm of the rounded sum.
+        let cpu_be = CpuBackend::new();
+        let cpu: &dyn Backend = &cpu_be;
+        let bf = |v: &[f32], shape: &[usize]| cpu.upload_f32_as(v, shape, DType::BF16).unwrap();
+        let parts: Vec<Vec<f32>> = (0..n).map(|r| values(r, len)).collect();
+        let sum: Vec<f32> = (0..len)
+            .map(|i| parts.iter().map(|p| p[i]).sum::<f32>())
+            .collect();
+        let (x, res, w) = (
+            bf(&sum, &[rows, dim]),
+            bf(&values(99, len), &[rows, dim]),
+            bf(&values(77, dim), &[dim]),
+        );
+        let out = cpu.alloc(DType::BF16, &[rows, dim]).unwrap();
+        cpu.rms_norm(&x, Some(&res), &w, 1e-5, &out).unwrap();
+        let want = (
+            cpu.download_f32(&out).unwrap(),
+            cpu.download_f32(&res).unwrap(),
+        );
+        std::thread::scope(|s| {
+            for (rank, be) in ranks.iter().enumerate() {
+                let want = &want;
+                s.spawn(move || {
+                    let up = |v: &[f32], shape: &[usize]| {
+                        be.upload_f32_as(v, shape, DType::BF16).unwrap()
+                    };
+                    let x = up(&values(rank, len), &[rows, dim]);
+                    let res = up(&values(99, len), &[rows, dim]);
+                    let w = up(&values(77, dim), &[dim]);
+                    let out = be.alloc(DType::BF16, &[rows, dim]).unwrap();
+                    be.all_reduce_rms_norm(&x, &res, &w, 1e-5, &out).unwrap();
+                    let close = |got: Vec<f32>, want: &[f32], what: &str| {
+                        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                            assert!(
+                                (g - w).abs() <= 1e-2 * w.abs().max(1.0),
+                                "{rows}x{dim} {what}[{i}]: {g} vs {w}"
+                            );
+                        }
+                    };
+                    close(be.download_f32(&out).unwrap(), &want.0, "out");
+                    close(be.download_f32(&res).unwrap(), &want.1, "residual");
+                });
+            }
+        });
+    }
+}
+
 #[test]
 fn collectives_sum_and_gather_over_cpu_ranks() {
     for size in [2, 3] {
         let (_, tp) = group(size);
         check_collectives(&tp.0);
+        check_all_reduce_rms_norm(&tp.0);
     }
 }
 
@@ -316,5 +376,6 @@ fn cuda_collectives_sum_and_gather_over_two_gpus() {
             .for_each(|r| r.set_one_shot_allreduce(one_shot));
         let refs: Vec<BackendRef> = ranks.iter().map(|r| r.clone() as BackendRef).collect();
         check_collectives(&refs);
+        check_all_reduce_rms_norm(&refs);
     }
 }

@@ -218,6 +218,23 @@ pub trait Backend: Send + Sync {
     /// in the same order, with tensors of the same shape. x T `[..]`.
     fn all_reduce(&self, x: &Tensor) -> Result<()>;
 
+    /// [`Backend::all_reduce`] of `x`, then [`Backend::rms_norm`] of it with `residual`
+    /// (`residual = T(residual + x)` stored back, `out = norm(residual) * w`): the norm
+    /// that follows a row-parallel projection. Fused into one kernel where the backend
+    /// can (CUDA's one-shot peer-memory all-reduce), with the same results; the two ops
+    /// otherwise. x, residual, out T `[rows, d]`, w T `[d]`.
+    fn all_reduce_rms_norm(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        w: &Tensor,
+        eps: f32,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.all_reduce(x)?;
+        self.rms_norm(x, Some(residual), w, eps, out)
+    }
+
     /// Gather every rank's `src` into `dst`: `dst[k] = src` of rank k, on every rank.
     /// Alone: a copy. Capturable; collective like [`Backend::all_reduce`].
     /// src T `[..]`, dst T `[size, ..src]`.

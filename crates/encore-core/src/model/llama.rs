@@ -343,36 +343,39 @@ impl Model {
             })
         };
         // Tensor parallelism: the embedding (vocabulary shards), o-proj and down (row
-        // shards) give partial sums, summed over the ranks.
+        // shards) give partial sums, summed over the ranks; after o-proj and down the sum
+        // is fused with the residual RMSNorm that follows (one kernel where the backend
+        // can).
         let (rank, size) = c.tp_rank();
-        let reduce = |x: &Tensor| if size > 1 { be.all_reduce(x) } else { Ok(()) };
+        let add_norm = |w: &Tensor| {
+            if size > 1 {
+                be.all_reduce_rms_norm(&buf.hidden, &buf.residual, w, eps, &buf.normed)
+            } else {
+                be.rms_norm(&buf.hidden, Some(&buf.residual), w, eps, &buf.normed)
+            }
+        };
         if k == 0 {
             let embed = one(OpId::Embed, &self.weights.embed)?;
             be.embedding_rows(inp.token_ids, &embed, rank * c.vocab_rows(), &buf.hidden)?;
-            reduce(&buf.hidden)?;
+            if size > 1 {
+                be.all_reduce(&buf.hidden)?;
+            }
         } else {
-            // The rest of layer k - 1: o-proj, residual + post-norm, MLP.
+            // The rest of layer k - 1: o-proj, residual + post-norm, MLP (whose down
+            // projection the next norm adds to the residual).
             let (l, at) = (&layers[k - 1], |op| OpId::Layer(k - 1, op));
             let o_proj = one(at(LayerOp::OProj), &l.o_proj)?;
             be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
-            reduce(&buf.hidden)?;
             let post_norm = one(at(LayerOp::PostNorm), &l.post_norm)?;
-            be.rms_norm(
-                &buf.hidden,
-                Some(&buf.residual),
-                &post_norm,
-                eps,
-                &buf.normed,
-            )?;
+            add_norm(&post_norm)?;
             let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;
             be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
             let down = one(at(LayerOp::Down), &l.down)?;
             be.matmul(&buf.act, &down, None, &buf.hidden)?;
-            reduce(&buf.hidden)?;
         }
         let Some(l) = layers.get(k) else {
             let norm = one(OpId::FinalNorm, &self.weights.norm)?;
-            return be.rms_norm(&buf.hidden, Some(&buf.residual), &norm, eps, &buf.normed);
+            return add_norm(&norm);
         };
         let input_norm = one(OpId::Layer(k, LayerOp::InputNorm), &l.input_norm)?;
         // residual = residual + hidden (the first layer starts the residual stream).
@@ -380,13 +383,7 @@ impl Model {
             be.copy(&buf.hidden, &buf.residual)?;
             be.rms_norm(&buf.hidden, None, &input_norm, eps, &buf.normed)?;
         } else {
-            be.rms_norm(
-                &buf.hidden,
-                Some(&buf.residual),
-                &input_norm,
-                eps,
-                &buf.normed,
-            )?;
+            add_norm(&input_norm)?;
         }
         // One projection by the merged weight, then split / head norm / rope / KV write.
         // The op reads qkv, then its bias and head norms when the model has them.

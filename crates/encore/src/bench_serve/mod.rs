@@ -149,10 +149,13 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
 /// running batch when it exposes encore's /metrics).
 fn run_url(a: BenchServeArgs) -> Result<()> {
     use client::Client;
-    if a.engine.offload.weight_budget.is_some() || a.engine.eager {
+    if a.engine.offload.weight_budget.is_some()
+        || a.engine.eager
+        || a.device.tensor_parallel_size > 1
+    {
         bail!(
-            "--weight-budget, --offload-policy and --eager apply to the engine of --in-process; \
-             give them to the server (`encore serve`) instead"
+            "--weight-budget, --offload-policy, --eager and --tensor-parallel-size apply to the \
+             engine of --in-process; give them to the server (`encore serve`) instead"
         );
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -95,6 +95,7 @@ pub(super) struct Kernels<K = Kernel> {
     pub rms_norm: PerDType<K>,
     pub silu_mul: PerDType<K>,
     pub allreduce: PerDType<K>,
+    pub allreduce_rms_norm: PerDType<K>,
     pub qkv_rope: PerDType<K>,
     /// By [`SPLIT_VARIANTS`] index.
     pub attention_split: [PerDType<K>; 4],
@@ -132,6 +133,7 @@ impl<K> Kernels<K> {
         let rms_norm = PerDType::resolve(t, "rms_norm")?;
         let silu_mul = PerDType::resolve(t, "silu_mul")?;
         let allreduce = PerDType::resolve(t, "allreduce")?;
+        let allreduce_rms_norm = PerDType::resolve(t, "allreduce_rms_norm")?;
         let qkv_rope = PerDType::resolve(t, "qkv_rope")?;
         let mut split = |i: usize| PerDType::resolve(t, SPLIT_NAMES[i]);
         let attention_split = [split(0)?, split(1)?, split(2)?, split(3)?];
@@ -203,6 +205,7 @@ impl<K> Kernels<K> {
             rms_norm,
             silu_mul,
             allreduce,
+            allreduce_rms_norm,
             qkv_rope,
             attention_split,
             attention_combine,

@@ -732,6 +732,39 @@ impl Backend for CudaBackend {
         unsafe { comm.all_reduce(dptr(x), n, x.dtype(), self.stream.cu_stream() as _) }
     }
 
+    fn all_reduce_rms_norm(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        w: &Tensor,
+        eps: f32,
+        out: &Tensor,
+    ) -> Result<()> {
+        let tensors = [("x", x), ("residual", residual), ("w", w), ("out", out)];
+        self.check_device("all_reduce_rms_norm", &tensors)?;
+        let d = ops::check_rms_norm(x, Some(residual), w, eps, out)?;
+        if let (Some(comm), Some(p)) = (&self.comm, self.p2p.as_ref()) {
+            if self.p2p_on.load(Ordering::Relaxed) {
+                self.bind()?;
+                let (peers, count) = (dptr(&p.peers), dptr(&p.count));
+                if let Some(r) = kernels::allreduce_rms_norm(
+                    self,
+                    (x, residual, w, out),
+                    eps,
+                    &d,
+                    peers,
+                    count,
+                    (comm.rank, comm.size),
+                    p.cap,
+                ) {
+                    return r;
+                }
+            }
+        }
+        self.all_reduce(x)?;
+        self.rms_norm(x, Some(residual), w, eps, out)
+    }
+
     fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
         self.check_device("all_gather", &[("src", src), ("dst", dst)])?;
         ops::check_all_gather(src, dst, self.group().1)?;

@@ -32,7 +32,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "allreduce.cu",
         src: include_str!("../../../../kernels/allreduce.cu"),
-        functions: &["allreduce_bf16", "allreduce_f16", "allreduce_f32"],
+        functions: &[
+            "allreduce_bf16",
+            "allreduce_f16",
+            "allreduce_f32",
+            "allreduce_rms_norm_bf16",
+            "allreduce_rms_norm_f16",
+            "allreduce_rms_norm_f32",
+        ],
     },
     KernelSource {
         file: "embedding.cu",
@@ -595,6 +602,49 @@ pub(super) fn allreduce(
         c,
         &mut args![xp, nv, peers, count, rank, ranks, cap],
     )
+}
+
+/// The one-shot all-reduce fused with the residual RMSNorm after it
+/// (allreduce.cu's `allreduce_rms_norm`); `None` when the shapes do not suit it (not
+/// 16-byte vectors, or more than `cap` bytes): the caller runs the two ops.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn allreduce_rms_norm(
+    be: &CudaBackend,
+    (x, residual, w, out): (&Tensor, &Tensor, &Tensor, &Tensor),
+    eps: f32,
+    d: &RowDims,
+    peers: u64,
+    count: u64,
+    (rank, ranks): (usize, usize),
+    cap: usize,
+) -> Option<Result<()>> {
+    const OP: &str = "all_reduce_rms_norm";
+    let dt = x.dtype();
+    let fits = (d.dim * dt.size()).is_multiple_of(16)
+        && [x, residual, w, out].iter().all(|t| aligned16(t))
+        && x.size_bytes() <= cap
+        && d.rows > 0;
+    if !fits {
+        return None;
+    }
+    let run = || {
+        let nv = d.dim * dt.size() / 16;
+        // rms_norm's block size, so each thread sums the same elements in the same order.
+        let c = cfg(
+            (d.rows.min(AR_MAX_BLOCKS) as u32, 1, 1),
+            (threads_for(nv, 1024), 1, 1),
+        );
+        let (xp, rp, wp, op) = (dptr(x), dptr(residual), dptr(w), dptr(out));
+        let (rows, dim) = (int(OP, "rows", d.rows)?, int(OP, "dim", d.dim)?);
+        let (rank, ranks) = (int(OP, "rank", rank)?, int(OP, "ranks", ranks)?);
+        let cap = cap as i64;
+        be.launch(
+            be.kernels().allreduce_rms_norm.get(dt)?,
+            c,
+            &mut args![xp, rp, wp, op, rows, dim, eps, peers, count, rank, ranks, cap],
+        )
+    };
+    Some(run())
 }
 
 pub(super) fn embedding(
