@@ -12,11 +12,15 @@
 //      written c + 1);
 //   3. sums chunk b over the ranks' staging buffers in rank order (f32, rounded once), so
 //      every rank computes bit-identical values, into x.
-// No second barrier: a rank writes buffer `c & 1` again only at call c + 2, which it
-// starts after every peer has arrived at call c + 1 (step 2 of c + 1), i.e. after every
-// peer has finished reading call c's buffers. Call counts live in device memory (per
-// block, per rank), so a captured graph replays correctly; flags compare with >=.
-// x: T [n], n * sizeof(T) a multiple of 16 and at most `cap` bytes (checked on the host).
+// No second barrier: block b stages into its own slot of the staging buffer (bytes
+// [b * slot, (b + 1) * slot), slot = cap / AR_MAX_BLOCKS, whatever the call's shape), so
+// only block b of any rank reads it, and block b writes buffer `c & 1` again only at its
+// call c + 2, which it starts after block b of every peer has arrived at call c + 1
+// (step 2 of c + 1), i.e. after they have finished reading call c's slot. Call counts
+// live in device memory (per block, per rank), so a captured graph replays correctly;
+// flags compare with >=.
+// x: T [n], n * sizeof(T) a multiple of 16, each block's chunk at most a slot (checked on
+// the host).
 
 #define AR_MAX_RANKS 8
 #define AR_MAX_BLOCKS 64
@@ -51,10 +55,10 @@ __device__ __forceinline__ void allreduce_impl(T* x, long long nv, const ArPeers
     const long long per = (nv + gridDim.x - 1) / gridDim.x;
     const long long lo = (long long)b * per;
     const long long hi = min(nv, lo + per);
-    const long long half = (long long)(c & 1u) * cap;
+    const long long half = (long long)(c & 1u) * cap + (long long)b * (cap / AR_MAX_BLOCKS);
     uint4* mine = reinterpret_cast<uint4*>(peers->bufs[rank] + half);
     uint4* xs = reinterpret_cast<uint4*>(x);
-    for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) mine[i] = xs[i];
+    for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) mine[i - lo] = xs[i];
     __syncthreads();
     if (threadIdx.x < ranks) {
         st_release_sys(peers->flags[threadIdx.x] + b * AR_MAX_RANKS + rank, c);
@@ -69,7 +73,7 @@ __device__ __forceinline__ void allreduce_impl(T* x, long long nv, const ArPeers
         for (int k = 0; k < Ty<T>::V; k++) acc[k] = 0.0f;
         for (int r = 0; r < ranks; r++) {
             float v[Ty<T>::V];
-            Ty<T>::unpack(ld_cg16(peers->bufs[r] + half + i * 16), v);
+            Ty<T>::unpack(ld_cg16(peers->bufs[r] + half + (i - lo) * 16), v);
 #pragma unroll
             for (int k = 0; k < Ty<T>::V; k++) acc[k] += v[k];
         }
@@ -95,7 +99,7 @@ ALLREDUCE(allreduce_f32, float)
 // Block b owns rows b, b + grid, ...: it stages them, meets the ranks once (as
 // allreduce), then reduces, adds and normalises each row (a block reduction per row).
 // Every element is handled by the same thread in both passes. 16-byte vectors only
-// (dim * sizeof(T) a multiple of 16; rows * dim * sizeof(T) at most `cap`).
+// (dim * sizeof(T) a multiple of 16; a block's rows fit its slot, cap / AR_MAX_BLOCKS).
 template <typename T>
 __device__ __forceinline__ void allreduce_rms_norm_impl(T* x, T* residual,
                                                         const T* __restrict__ w, T* out,
@@ -111,11 +115,12 @@ __device__ __forceinline__ void allreduce_rms_norm_impl(T* x, T* residual,
     __syncthreads();
     const unsigned int c = sh_c;
     const int nv = dim / V;
-    const long long half = (long long)(c & 1u) * cap;
+    // Block b's slot holds its rows one after another (row j of the block at j * nv).
+    const long long half = (long long)(c & 1u) * cap + (long long)b * (cap / AR_MAX_BLOCKS);
     uint4* mine = reinterpret_cast<uint4*>(peers->bufs[rank] + half);
-    for (int r = b; r < rows; r += gridDim.x) {
+    for (int r = b, j = 0; r < rows; r += gridDim.x, j++) {
         const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)r * dim);
-        for (int i = threadIdx.x; i < nv; i += blockDim.x) mine[(long long)r * nv + i] = xr[i];
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) mine[(long long)j * nv + i] = xr[i];
     }
     __syncthreads();
     if (threadIdx.x < ranks) {
@@ -125,7 +130,7 @@ __device__ __forceinline__ void allreduce_rms_norm_impl(T* x, T* residual,
         }
     }
     __syncthreads();
-    for (int r = b; r < rows; r += gridDim.x) {
+    for (int r = b, j = 0; r < rows; r += gridDim.x, j++) {
         const long long base = (long long)r * dim;
         float ss = 0.0f;
         for (int i = threadIdx.x; i < nv; i += blockDim.x) {
@@ -134,7 +139,7 @@ __device__ __forceinline__ void allreduce_rms_norm_impl(T* x, T* residual,
             for (int e = 0; e < V; e++) acc[e] = 0.0f;
             for (int k = 0; k < ranks; k++) {
                 float v[V];
-                Ty<T>::unpack(ld_cg16(peers->bufs[k] + half + (base / V + i) * 16), v);
+                Ty<T>::unpack(ld_cg16(peers->bufs[k] + half + ((long long)j * nv + i) * 16), v);
 #pragma unroll
                 for (int e = 0; e < V; e++) acc[e] += v[e];
             }

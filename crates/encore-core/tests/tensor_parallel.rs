@@ -22,7 +22,7 @@ use encore_core::DType;
 
 fn config(graphs: bool) -> EngineConfig {
     EngineConfig {
-        graphs: graphs.then(|| GraphConfig {
+        graphs: graphs.then_some(GraphConfig {
             decode: BucketPolicy::PowersOfTwo { max: 4 },
             mixed: BucketPolicy::PowersOfTwo { max: 32 },
         }),

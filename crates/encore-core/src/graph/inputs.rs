@@ -357,7 +357,7 @@ impl InputTable {
     /// staging and upload them.
     pub fn load(&mut self, be: &dyn Backend, l: &Layout, bytes: &[u8]) -> Result<()> {
         let staging = self.staging_mut(l)?;
-        if bytes.len() > staging.len() || bytes.len() % 4 != 0 {
+        if bytes.len() > staging.len() || !bytes.len().is_multiple_of(4) {
             return Err(Error::invalid(
                 "step inputs",
                 format!(

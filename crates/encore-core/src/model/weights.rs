@@ -441,6 +441,9 @@ impl Source {
     }
 }
 
+/// Appends one row's kept columns to the output.
+type RowCut = dyn Fn(&[u8], &mut Vec<u8>);
+
 /// The block `s` of the whole tensor `spec` whose device bytes in `dtype` are `bytes`: a
 /// range of rows, and of each row's columns (for a quantized format, whole blocks: a
 /// row's quant bytes and scale bytes of those blocks, padded as the device layout pads).
@@ -450,11 +453,11 @@ fn slice_part(spec: &TensorSpec, s: Slice, dtype: DType, bytes: &[u8]) -> Result
     } else {
         spec.shape[1]
     };
-    let (row_bytes, cut): (usize, Box<dyn Fn(&[u8], &mut Vec<u8>)>) = match dtype {
+    let (row_bytes, cut): (usize, Box<RowCut>) = match dtype {
         DType::Q(fmt) => {
             let blk = fmt.block_elems();
             let rb = fmt.row_bytes(k).unwrap_or(0);
-            if s.col % blk != 0 || s.cols % blk != 0 || rb == 0 {
+            if !s.col.is_multiple_of(blk) || !s.cols.is_multiple_of(blk) || rb == 0 {
                 return Err(Error::Weights {
                     tensor: spec.name.clone(),
                     what: format!(

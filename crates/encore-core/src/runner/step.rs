@@ -90,7 +90,9 @@ pub(super) struct ForwardStep<'a> {
 }
 
 impl<'a> ForwardStep<'a> {
-    /// A step over `inputs` in `layout`, shaped per `shape`.
+    /// A step over `inputs` in `layout`, shaped per `shape`; `sample`: sample at its
+    /// end (a tensor-parallel follower's steps stop at the logits).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         be: &'a dyn Backend,
         model: &'a Model,

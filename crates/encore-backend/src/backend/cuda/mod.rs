@@ -385,7 +385,7 @@ impl CudaBackend {
             be.write_bytes(&f, &vec![0u8; f.size_bytes()])?;
             flags.push(f);
         }
-        let mut table = vec![0u64; 2 * kernels::AR_MAX_RANKS];
+        let mut table = [0u64; 2 * kernels::AR_MAX_RANKS];
         for (r, (s, f)) in staging.iter().zip(&flags).enumerate() {
             table[r] = dptr(s);
             table[kernels::AR_MAX_RANKS + r] = dptr(f);

@@ -592,7 +592,18 @@ pub(super) fn allreduce(
     }
     // Blocks of 256 threads, one 16-byte vector each per pass, at most AR_MAX_BLOCKS:
     // a function of the shape alone, the same on every rank.
-    let blocks = (nv as usize).div_ceil(256).clamp(1, AR_MAX_BLOCKS) as u32;
+    let blocks = (nv as usize).div_ceil(256).clamp(1, AR_MAX_BLOCKS);
+    // Each block stages its chunk in its own slot of the staging buffer.
+    if (nv as usize).div_ceil(blocks) * 16 > cap / AR_MAX_BLOCKS {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "{} bytes exceed the one-shot all-reduce's {cap}",
+                x.size_bytes()
+            ),
+        ));
+    }
+    let blocks = blocks as u32;
     let c = cfg((blocks, 1, 1), (256, 1, 1));
     let xp = dptr(x);
     let (rank, ranks) = (int(OP, "rank", rank)?, int(OP, "ranks", ranks)?);
@@ -620,20 +631,19 @@ pub(super) fn allreduce_rms_norm(
 ) -> Option<Result<()>> {
     const OP: &str = "all_reduce_rms_norm";
     let dt = x.dtype();
+    // Block b stages its rows (b, b + grid, ...) in its own slot of the staging buffer.
+    let grid = d.rows.min(AR_MAX_BLOCKS);
     let fits = (d.dim * dt.size()).is_multiple_of(16)
         && [x, residual, w, out].iter().all(|t| aligned16(t))
-        && x.size_bytes() <= cap
-        && d.rows > 0;
+        && d.rows > 0
+        && d.rows.div_ceil(grid.max(1)) * d.dim * dt.size() <= cap / AR_MAX_BLOCKS;
     if !fits {
         return None;
     }
     let run = || {
         let nv = d.dim * dt.size() / 16;
         // rms_norm's block size, so each thread sums the same elements in the same order.
-        let c = cfg(
-            (d.rows.min(AR_MAX_BLOCKS) as u32, 1, 1),
-            (threads_for(nv, 1024), 1, 1),
-        );
+        let c = cfg((grid as u32, 1, 1), (threads_for(nv, 1024), 1, 1));
         let (xp, rp, wp, op) = (dptr(x), dptr(residual), dptr(w), dptr(out));
         let (rows, dim) = (int(OP, "rows", d.rows)?, int(OP, "dim", d.dim)?);
         let (rank, ranks) = (int(OP, "rank", rank)?, int(OP, "ranks", ranks)?);
