@@ -3,11 +3,14 @@
 # nvidia-h200-x2, carrying .gpu from scripts/pack-gpu.sh):
 #   1. the kernel check (embedding over a vocabulary shard among the cases);
 #   2. greedy tokens over 2 GPUs == 1 GPU (NCCL inside the decode graphs and the pieces);
-#   3. `encore generate` over 1 and 2 GPUs, f32 (same text) and bf16;
-#   4. `bench decode` 8B shape batch 1/16/64 over 1 and 2 GPUs, and 1B;
+#   3. `encore generate` over 1 and 2 GPUs: the same tokens in f32, bf16, q8_0 and q4_k;
+#   4. (bench) `bench allreduce` (one-shot vs NCCL) and `bench decode` 8B and 1B batch
+#      1/16/64 over 1 and 2 GPUs (8B over 2 also with NCCL only);
+#   5. (serve) `bench serve --in-process` 8B: one engine over 2 GPUs against two one-GPU
+#      engines at once, half the requests each;
 # then a short table. NCCL comes from the PyTorch wheel (linked as libnccl.so, the name
 # cudarc loads); NVLink multicast off.
-#   usage: bash scripts/gpu-tp.sh [check] [bench]   (both by default)
+#   usage: bash scripts/gpu-tp.sh [check] [bench] [serve]   (check and bench by default)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${*:-check bench}
@@ -50,23 +53,6 @@ if [[ $what == *check* ]]; then
         --quantization $q -t $tp --max-tokens 24 --json --prompt "The quick brown fox" --prompt "Tensor parallel"
     done
     cmp_gen "$OUT/gen-$q-tp1.log" "$OUT/gen-$q-tp2.log"
-  done
-fi
-if false; then
-  for dt in x; do
-    python3 - "$OUT/gen-$dt-tp1.log" "$OUT/gen-$dt-tp2.log" <<'PY'
-import json, sys
-def texts(p):
-    out = []
-    for line in open(p):
-        line = line.strip()
-        if line.startswith("{"):
-            try: out.append(json.loads(line))
-            except Exception: pass
-    return [o.get("text") for o in out if "text" in o]
-a, b = texts(sys.argv[1]), texts(sys.argv[2])
-print("   generate equal:", a == b, "(", len(a), "outputs )")
-PY
   done
 fi
 if [[ $what == *bench* ]]; then

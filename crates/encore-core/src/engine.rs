@@ -196,8 +196,13 @@ impl<'b> Engine<'b> {
                 format!("the engine's backend {} is not rank 0", be.device_name()),
             ));
         }
-        // Refuse a model the group cannot split before any thread starts.
-        files.config.shard(0, size)?;
+        // Every rank's config, so a model the group cannot split is refused before any
+        // thread starts.
+        let mut configs = (0..size)
+            .map(|r| files.config.shard(r, size))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter();
+        let config0 = configs.next().expect("size >= 2");
         let abort: AbortFn = {
             let ranks = ranks.clone();
             Arc::new(move |why: &str| ranks.iter().for_each(|b| b.abort_group(why)))
@@ -207,39 +212,43 @@ impl<'b> Engine<'b> {
             abort.clone(),
         ));
         let mut followers = Vec::new();
-        for (rank, fbe) in ranks.iter().enumerate().skip(1) {
+        for ((rank, fbe), config) in ranks.iter().enumerate().skip(1).zip(configs) {
             let (tx, rx) = mpsc::channel();
             let (done_tx, done) = mpsc::channel();
             let files = ModelFiles {
-                config: files.config.shard(rank, size)?,
+                config,
                 source: files.source.clone(),
             };
-            let (cfg, rv, fbe, abort) = (cfg.clone(), rv.clone(), fbe.clone(), abort.clone());
+            let device = fbe.device_name();
+            let (cfg, rank_rv, fbe, abort) = (cfg.clone(), rv.clone(), fbe.clone(), abort.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("encore-rank-{rank}"))
                 .spawn(move || {
                     let booted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        Engine::boot(&*fbe, files, &cfg, &NoProgress, Some((&rv, rank)))
+                        Engine::boot(&*fbe, files, &cfg, &NoProgress, Some((&rank_rv, rank)))
                     }));
                     match booted {
                         Ok(Ok(mut e)) => e.runner.follow(rx, done_tx, abort),
-                        Ok(Err(e)) => rv.fail(rank, &e.to_string()),
-                        Err(_) => rv.fail(rank, "panicked while starting"),
+                        Ok(Err(e)) => rank_rv.fail(rank, &e.to_string()),
+                        Err(_) => rank_rv.fail(rank, "panicked while starting"),
                     }
                 })
                 .map_err(|e| {
-                    Error::invalid("tensor parallel", format!("spawning rank {rank}: {e}"))
+                    let e = format!("spawning rank {rank}: {e}");
+                    // The ranks already started wait at their first meeting: release them.
+                    rv.fail(rank, &e);
+                    Error::invalid("tensor parallel", e)
                 })?;
             followers.push(FollowerRank {
                 rank,
-                device: fbe_name(&ranks[rank]),
+                device,
                 tx,
                 done,
                 thread: Some(thread),
             });
         }
         let files = ModelFiles {
-            config: files.config.shard(0, size)?,
+            config: config0,
             source: files.source,
         };
         let booted = Self::boot(be, files, cfg, progress, Some((&rv, 0)));
@@ -474,10 +483,6 @@ fn kv_blocks(
         });
     }
     Ok(fit)
-}
-
-fn fbe_name(b: &crate::backend::BackendRef) -> String {
-    b.device_name()
 }
 
 /// Where the ranks of a tensor-parallel group meet between start-up stages: each posts

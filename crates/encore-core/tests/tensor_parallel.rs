@@ -68,11 +68,23 @@ fn greedy_with(
         offload,
         ..config(graphs)
     };
+    greedy_over(model, be, cfg, size, 12)
+}
+
+/// Greedy tokens (`max_tokens` each) for `prompts()` from an engine of `cfg` led by `be`
+/// over `size` ranks.
+fn greedy_over(
+    model: &str,
+    be: BackendRef,
+    cfg: EngineConfig,
+    size: usize,
+    max_tokens: usize,
+) -> Vec<Vec<u32>> {
     let Engine { mut runner, .. } =
         Engine::new(be.as_ref(), open_model(model).unwrap(), &cfg, &NoProgress).unwrap();
     assert_eq!(runner.tp_size(), size);
     let opts = GenerateOptions {
-        max_tokens: 12,
+        max_tokens,
         sampling: SamplingParams::default(),
         ignore_eos: true,
     };
@@ -212,18 +224,7 @@ fn cuda_greedy(model: &str, size: usize, dtype: DType, graphs: bool) -> Vec<Vec<
         dtype,
         ..config(graphs)
     };
-    let Engine { mut runner, .. } =
-        Engine::new(be.as_ref(), open_model(model).unwrap(), &cfg, &NoProgress).unwrap();
-    let opts = GenerateOptions {
-        max_tokens: 16,
-        sampling: SamplingParams::default(),
-        ignore_eos: true,
-    };
-    let out = generate(&mut runner, &prompts(), &[], &opts, &NoProgress, |_, _| {
-        std::ops::ControlFlow::Continue(())
-    })
-    .unwrap();
-    out.into_iter().map(|g| g.output_ids).collect()
+    greedy_over(model, be, cfg, size, 16)
 }
 
 #[test]

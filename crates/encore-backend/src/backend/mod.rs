@@ -43,6 +43,20 @@ use crate::vmm::Vmm;
 /// Shared handle to a backend.
 pub type BackendRef = Arc<dyn Backend>;
 
+/// [`Backend::all_reduce_rms_norm`] as its two ops (the default, and a backend's fallback
+/// where its fused kernel does not apply).
+pub(crate) fn all_reduce_then_rms_norm<B: Backend + ?Sized>(
+    be: &B,
+    x: &Tensor,
+    residual: &Tensor,
+    w: &Tensor,
+    eps: f32,
+    out: &Tensor,
+) -> Result<()> {
+    be.all_reduce(x)?;
+    be.rms_norm(x, Some(residual), w, eps, out)
+}
+
 /// A captured, replayable sequence of ops (a CUDA graph, or a CPU tape).
 pub trait Graph: Send {
     /// Re-run every captured op. Kernel arguments (pointers, launch scalars) are those of
@@ -231,8 +245,7 @@ pub trait Backend: Send + Sync {
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
-        self.all_reduce(x)?;
-        self.rms_norm(x, Some(residual), w, eps, out)
+        all_reduce_then_rms_norm(self, x, residual, w, eps, out)
     }
 
     /// Gather every rank's `src` into `dst`: `dst[k] = src` of rank k, on every rank.

@@ -441,9 +441,6 @@ impl Source {
     }
 }
 
-/// Appends one row's kept columns to the output.
-type RowCut = dyn Fn(&[u8], &mut Vec<u8>);
-
 /// The block `s` of the whole tensor `spec` whose device bytes in `dtype` are `bytes`: a
 /// range of rows, and of each row's columns (for a quantized format, whole blocks: a
 /// row's quant bytes and scale bytes of those blocks, padded as the device layout pads).
@@ -453,7 +450,8 @@ fn slice_part(spec: &TensorSpec, s: Slice, dtype: DType, bytes: &[u8]) -> Result
     } else {
         spec.shape[1]
     };
-    let (row_bytes, cut): (usize, Box<RowCut>) = match dtype {
+    // A source row's bytes, the byte ranges (from, to) of it kept, an output row's bytes.
+    let (row_bytes, kept, out_row) = match dtype {
         DType::Q(fmt) => {
             let blk = fmt.block_elems();
             let rb = fmt.row_bytes(k).unwrap_or(0);
@@ -469,27 +467,21 @@ fn slice_part(spec: &TensorSpec, s: Slice, dtype: DType, bytes: &[u8]) -> Result
             }
             let (nb, b0, n) = (k / blk, s.col / blk, s.cols / blk);
             let (qb, sb) = (fmt.quant_bytes(), fmt.scale_bytes());
-            let out_rb = fmt.row_bytes(s.cols).unwrap_or(0);
-            (
-                rb,
-                Box::new(move |row: &[u8], out: &mut Vec<u8>| {
-                    let start = out.len();
-                    out.extend_from_slice(&row[b0 * qb..(b0 + n) * qb]);
-                    out.extend_from_slice(&row[nb * qb + b0 * sb..nb * qb + (b0 + n) * sb]);
-                    out.resize(start + out_rb, 0);
-                }),
-            )
+            let scales = nb * qb;
+            let kept = vec![
+                (b0 * qb, (b0 + n) * qb),
+                (scales + b0 * sb, scales + (b0 + n) * sb),
+            ];
+            (rb, kept, fmt.row_bytes(s.cols).unwrap_or(0))
         }
         _ => {
             let e = dtype.size();
-            (
-                k * e,
-                Box::new(move |row: &[u8], out: &mut Vec<u8>| {
-                    out.extend_from_slice(&row[s.col * e..(s.col + s.cols) * e])
-                }),
-            )
+            (k * e, vec![(s.col * e, (s.col + s.cols) * e)], s.cols * e)
         }
     };
+    if row_bytes == 0 {
+        return Ok(Vec::new());
+    }
     if bytes.len() < (s.row + s.rows) * row_bytes {
         return Err(Error::Weights {
             tensor: spec.name.clone(),
@@ -501,9 +493,13 @@ fn slice_part(spec: &TensorSpec, s: Slice, dtype: DType, bytes: &[u8]) -> Result
             ),
         });
     }
-    let mut out = Vec::new();
-    for r in s.row..s.row + s.rows {
-        cut(&bytes[r * row_bytes..(r + 1) * row_bytes], &mut out);
+    let mut out = Vec::with_capacity(s.rows * out_row);
+    for row in bytes[s.row * row_bytes..(s.row + s.rows) * row_bytes].chunks(row_bytes) {
+        let start = out.len();
+        for &(from, to) in &kept {
+            out.extend_from_slice(&row[from..to]);
+        }
+        out.resize(start + out_row, 0);
     }
     Ok(out)
 }
@@ -867,5 +863,81 @@ impl HostSide {
             registered_bytes: self.registered_bytes,
             copied_bytes: self.copied_bytes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use encore_backend::quant::{quantize_rows, QuantFormat};
+
+    fn spec(shape: &[usize]) -> TensorSpec {
+        TensorSpec {
+            name: "w".into(),
+            shape: shape.to_vec(),
+            slice: None,
+        }
+    }
+
+    #[test]
+    fn a_rank_s_block_of_a_quantized_tensor_is_the_block_quantized_alone() {
+        // Blocks quantize independently, so cutting whole blocks out of the device rows
+        // must give the device rows of the cut values.
+        let (rows, k) = (3, 512);
+        let values: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let cut = Slice {
+            row: 1,
+            rows: 2,
+            col: 256,
+            cols: 256,
+        };
+        for fmt in QuantFormat::ALL {
+            let mut whole = vec![0u8; fmt.bytes(rows, k).unwrap()];
+            quantize_rows(fmt, &values, k, &mut whole);
+            let part: Vec<f32> = (cut.row..cut.row + cut.rows)
+                .flat_map(|r| values[r * k + cut.col..r * k + cut.col + cut.cols].to_vec())
+                .collect();
+            let mut want = vec![0u8; fmt.bytes(cut.rows, cut.cols).unwrap()];
+            quantize_rows(fmt, &part, cut.cols, &mut want);
+            let got = slice_part(&spec(&[rows, k]), cut, DType::Q(fmt), &whole).unwrap();
+            assert_eq!(got, want, "{fmt}");
+        }
+        // A cut that is not whole blocks is refused, naming the tensor.
+        let bad = Slice { col: 16, ..cut };
+        let q = DType::Q(QuantFormat::Q4K);
+        let whole = vec![0u8; QuantFormat::Q4K.bytes(rows, k).unwrap()];
+        let e = slice_part(&spec(&[rows, k]), bad, q, &whole)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`w`") && e.contains("not whole q4_k blocks of 256"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_rank_s_block_of_a_dense_tensor_is_its_rows_and_columns() {
+        let values: Vec<f32> = (0..4 * 6).map(|i| i as f32).collect();
+        let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
+        let cut = Slice {
+            row: 1,
+            rows: 2,
+            col: 2,
+            cols: 3,
+        };
+        let got = slice_part(&spec(&[4, 6]), cut, DType::F32, &bytes).unwrap();
+        let got: &[f32] = bytemuck::cast_slice(&got);
+        assert_eq!(got, &[8.0, 9.0, 10.0, 14.0, 15.0, 16.0]);
+        // A 1-D tensor (a bias) cut by rows.
+        let rows = Slice {
+            row: 2,
+            rows: 2,
+            col: 0,
+            cols: 1,
+        };
+        let got = slice_part(&spec(&[6]), rows, DType::F32, &bytes[..24]).unwrap();
+        assert_eq!(bytemuck::cast_slice::<u8, f32>(&got), &[2.0, 3.0]);
     }
 }

@@ -130,8 +130,8 @@ impl Followers {
             }
             (Ok(_), Some(why)) => {
                 (self.abort)(&why);
-                self.broken = Some(why);
-                self.check().map(|_| unreachable!("broken"))
+                self.broken = Some(why.clone());
+                Err(Error::invalid("tensor parallel", why))
             }
             (Ok(t), None) => Ok(t),
         }

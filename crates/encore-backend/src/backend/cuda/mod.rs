@@ -761,8 +761,7 @@ impl Backend for CudaBackend {
                 }
             }
         }
-        self.all_reduce(x)?;
-        self.rms_norm(x, Some(residual), w, eps, out)
+        crate::backend::all_reduce_then_rms_norm(self, x, residual, w, eps, out)
     }
 
     fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
