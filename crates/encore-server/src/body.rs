@@ -15,13 +15,16 @@ use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::Json;
 use encore_core::request::{Constraint, RequestParams, SamplingParams};
-use encore_core::tokenizer::{ChatMessage, StopMatcher};
+use encore_core::tokenizer::{
+    ChatMessage, ChatOptions, FunctionCall, StopMatcher, ToolCall, RESERVED_TEMPLATE_VARS,
+};
 use serde::de::{DeserializeOwned, Deserializer};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::{json_body, ApiError, ParamNames};
 use crate::fields::{self, Rule};
+use crate::tools::Tools;
 
 /// Read `body` as a `T`: a JSON object whose keys `table` knows and accepts (a field of
 /// the wrong type is `validate`'s to refuse).
@@ -523,8 +526,51 @@ pub(crate) struct ChatBody {
     /// Whether to return log-probabilities, and how many top ones per token.
     logprobs: Field<bool>,
     top_logprobs: Field<u64>,
+    tools: Field<Value>,
+    tool_choice: Field<Value>,
+    parallel_tool_calls: Field<Value>,
+    chat_template_kwargs: Field<Value>,
     #[serde(flatten)]
     common: CommonBody,
+}
+
+/// A valid chat body: the conversation, how to render it, and the common fields.
+pub(crate) struct Chat {
+    pub messages: Vec<ChatMessage>,
+    pub tools: Option<Tools>,
+    /// `chat_template_kwargs`.
+    pub kwargs: Map<String, Value>,
+    pub common: Common,
+}
+
+/// A `Field<Value>` as an option (`null` is absent).
+fn given(f: Field<Value>) -> Option<Value> {
+    match f {
+        Field::Given(v) => Some(v),
+        _ => None,
+    }
+}
+
+/// `chat_template_kwargs`: an object of template variables, none of those the renderer
+/// sets.
+fn template_kwargs(f: Field<Value>) -> Result<Map<String, Value>, ApiError> {
+    const P: &str = "chat_template_kwargs";
+    match given(f) {
+        None => Ok(Map::new()),
+        Some(Value::Object(o)) => {
+            if let Some(k) = o
+                .keys()
+                .find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str()))
+            {
+                return Err(ApiError::bad(
+                    format!("{P}.{k}"),
+                    format!("`{P}.{k}` is set by the server, not by the request"),
+                ));
+            }
+            Ok(o)
+        }
+        Some(_) => Err(ApiError::bad(P, "`chat_template_kwargs` must be an object")),
+    }
 }
 
 /// `messages`: a non-empty list of messages.
@@ -536,8 +582,8 @@ fn messages(f: Field<Vec<Value>>) -> Result<Vec<ChatMessage>, ApiError> {
     }
 }
 
-/// Message `i` as the chat template takes it: its role (`developer` read as `system`)
-/// and its content as one text.
+/// Message `i` as the chat template takes it: its role (`developer` read as `system`),
+/// its content as one text, and the fields of tool calling and reasoning.
 fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
     let at = |key: &str| format!("messages[{i}]{key}");
     let Value::Object(m) = m else {
@@ -547,15 +593,13 @@ fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
         ));
     };
     fields::check(fields::MESSAGE, &m, &at("."))?;
-    let role = m.get("role").unwrap_or(&Value::Null);
+    let get = |k: &str| m.get(k).filter(|v| !v.is_null());
+    let role = get("role").unwrap_or(&Value::Null);
     let role = match role.as_str() {
         Some("system" | "developer") => "system",
         Some("user") => "user",
         Some("assistant") => "assistant",
-        Some("tool") => {
-            let why = format!("`messages[{i}].role` `tool`: tool calling is not supported yet");
-            return Err(ApiError::bad(at(".role"), why));
-        }
+        Some("tool") => "tool",
         _ if role.is_null() => {
             return Err(ApiError::bad(
                 at(".role"),
@@ -570,28 +614,135 @@ fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
             return Err(ApiError::bad(at(".role"), why));
         }
     };
-    let content = match m.get("content").unwrap_or(&Value::Null) {
-        Value::Null if role == "assistant" => String::new(),
-        Value::Null => {
+    // Fields that only some roles carry.
+    for (key, owner) in [
+        ("tool_calls", "assistant"),
+        ("reasoning_content", "assistant"),
+        ("tool_call_id", "tool"),
+    ] {
+        if get(key).is_some() && role != owner {
+            return Err(ApiError::bad(
+                at(&format!(".{key}")),
+                format!("`{key}` belongs to `{owner}` messages, not `{role}`"),
+            ));
+        }
+    }
+    let content = match get("content") {
+        None if role == "assistant" => None,
+        None => {
             return Err(ApiError::bad(
                 at(".content"),
                 format!("`messages[{i}].content` is required"),
             ))
         }
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .enumerate()
-            .map(|(j, p)| text_part(p, &at(&format!(".content[{j}]"))))
-            .collect::<Result<String, _>>()?,
-        _ => {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(parts)) => Some(
+            parts
+                .iter()
+                .enumerate()
+                .map(|(j, p)| text_part(p, &at(&format!(".content[{j}]"))))
+                .collect::<Result<String, _>>()?,
+        ),
+        Some(_) => {
             return Err(ApiError::bad(
                 at(".content"),
                 format!("`messages[{i}].content` must be a string or a list of content parts"),
             ))
         }
     };
-    Ok(ChatMessage::new(role, content))
+    let string = |key: &str| -> Result<Option<String>, ApiError> {
+        match get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(ApiError::bad(
+                at(&format!(".{key}")),
+                format!("`messages[{i}].{key}` must be a string"),
+            )),
+        }
+    };
+    let tool_call_id = string("tool_call_id")?;
+    if role == "tool" && tool_call_id.is_none() {
+        return Err(ApiError::bad(
+            at(".tool_call_id"),
+            format!("`messages[{i}].tool_call_id` is required: the call this answers"),
+        ));
+    }
+    let tool_calls = match get("tool_calls") {
+        None => Vec::new(),
+        Some(Value::Array(calls)) => calls
+            .iter()
+            .enumerate()
+            .map(|(j, c)| tool_call(c, &at(&format!(".tool_calls[{j}]"))))
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::bad(
+                at(".tool_calls"),
+                format!("`messages[{i}].tool_calls` must be a list of tool calls"),
+            ))
+        }
+    };
+    Ok(ChatMessage {
+        role: role.to_string(),
+        content,
+        name: string("name")?,
+        tool_calls,
+        tool_call_id,
+        reasoning_content: string("reasoning_content")?,
+    })
+}
+
+/// An assistant's tool call `c` (named `at`): `{"id", "type": "function", "function":
+/// {"name", "arguments"}}`, its arguments (a JSON text) parsed for the template.
+fn tool_call(c: &Value, at: &str) -> Result<ToolCall, ApiError> {
+    let shape = || {
+        ApiError::bad(
+            at.to_string(),
+            format!(
+                "`{at}` must be `{{\"id\": ..., \"type\": \"function\", \"function\": \
+                 {{\"name\": ..., \"arguments\": ...}}}}`"
+            ),
+        )
+    };
+    let o = c.as_object().ok_or_else(shape)?;
+    let f = o
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(shape)?;
+    let unknown = o
+        .keys()
+        .find(|k| !matches!(k.as_str(), "id" | "type" | "function"))
+        .map(|k| format!("{at}.{k}"))
+        .or_else(|| {
+            f.keys()
+                .find(|k| !matches!(k.as_str(), "name" | "arguments"))
+                .map(|k| format!("{at}.function.{k}"))
+        });
+    if let Some(k) = unknown {
+        return Err(ApiError::bad(k.clone(), format!("unknown field `{k}`")));
+    }
+    if o.get("type").and_then(Value::as_str) != Some("function") {
+        return Err(shape());
+    }
+    let id = o.get("id").and_then(Value::as_str).ok_or_else(shape)?;
+    let name = f.get("name").and_then(Value::as_str).ok_or_else(shape)?;
+    let args = f
+        .get("arguments")
+        .and_then(Value::as_str)
+        .ok_or_else(shape)?;
+    let arguments = serde_json::from_str(args).map_err(|e| {
+        ApiError::bad(
+            format!("{at}.function.arguments"),
+            format!("`{at}.function.arguments` must be a JSON text: {e}"),
+        )
+    })?;
+    Ok(ToolCall {
+        id: id.to_string(),
+        kind: "function".into(),
+        function: FunctionCall {
+            name: name.to_string(),
+            arguments,
+        },
+    })
 }
 
 /// The text of content part `p` (named `at`): a `{"type": "text", "text": ...}` part.
@@ -623,11 +774,7 @@ fn text_part<'a>(p: &'a Value, at: &str) -> Result<&'a str, ApiError> {
 }
 
 impl ChatBody {
-    pub fn validate(
-        self,
-        served: &str,
-        eos: &[u32],
-    ) -> Result<(Vec<ChatMessage>, Common), ApiError> {
+    pub fn validate(self, served: &str, eos: &[u32]) -> Result<Chat, ApiError> {
         let messages = messages(self.messages)?;
         let mut c = self.common.validate(served, eos)?;
         let on = flag(self.logprobs, "logprobs")?;
@@ -640,7 +787,32 @@ impl ChatBody {
         }
         c.params.sampling.logprobs = on.then_some(top.unwrap_or(0));
         c.names.logprobs = "top_logprobs";
-        Ok((messages, c))
+        let tools = Tools::read(
+            given(self.tools),
+            given(self.tool_choice),
+            given(self.parallel_tool_calls),
+        )?;
+        if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
+            if c.params.constraint.is_some() {
+                let name = c.names.constraint;
+                return Err(ApiError::bad(
+                    name,
+                    format!(
+                        "`{name}` and `tool_choice` `required` or a named function both \
+                         constrain the output"
+                    ),
+                ));
+            }
+            c.params.constraint = Some(forced);
+            c.names.constraint = "tools";
+        }
+        let kwargs = template_kwargs(self.chat_template_kwargs)?;
+        Ok(Chat {
+            messages,
+            tools,
+            kwargs,
+            common: c,
+        })
     }
 }
 
@@ -654,6 +826,8 @@ pub(crate) struct TokenizeBody {
     messages: Field<Vec<Value>>,
     add_special_tokens: Field<bool>,
     add_generation_prompt: Field<bool>,
+    tools: Field<Value>,
+    chat_template_kwargs: Field<Value>,
 }
 
 /// What `/tokenize` encodes.
@@ -661,7 +835,7 @@ pub(crate) enum TokenizeInput {
     Text(String),
     Chat {
         messages: Vec<ChatMessage>,
-        add_generation_prompt: bool,
+        opts: ChatOptions,
     },
 }
 
@@ -680,6 +854,16 @@ impl TokenizeBody {
         let prompt = self
             .prompt
             .get("prompt", || "`prompt` must be a string".into())?;
+        let kwargs = template_kwargs(self.chat_template_kwargs)?;
+        let tools = Tools::read(given(self.tools), None, None)?;
+        if prompt.is_some() && (tools.is_some() || !kwargs.is_empty()) {
+            let p = if tools.is_some() {
+                "tools"
+            } else {
+                "chat_template_kwargs"
+            };
+            return Err(ApiError::bad(p, format!("`{p}` goes with `messages`")));
+        }
         match (prompt, self.messages) {
             (Some(_), Field::Given(_) | Field::Wrong) => Err(ApiError::bad(
                 "messages",
@@ -697,7 +881,11 @@ impl TokenizeBody {
             (None, m) => Ok((
                 TokenizeInput::Chat {
                     messages: messages(m)?,
-                    add_generation_prompt: gen.unwrap_or(true),
+                    opts: ChatOptions {
+                        add_generation_prompt: gen.unwrap_or(true),
+                        tools: tools.map(|t| t.defs),
+                        kwargs,
+                    },
                 },
                 special.unwrap_or(false),
             )),
@@ -804,25 +992,48 @@ mod tests {
 
     fn chat(messages: Value) -> Result<Vec<ChatMessage>, ApiError> {
         let body = json!({"model": "m", "messages": messages});
-        run(fields::CHAT, &body, |c: ChatBody| c.validate("m", &[])).map(|(m, _)| m)
+        run(fields::CHAT, &body, |c: ChatBody| c.validate("m", &[])).map(|c| c.messages)
     }
 
     #[test]
     fn messages_take_roles_and_text_parts() {
         let m = chat(json!([
             {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
-            {"role": "user", "content": "hi", "name": null, "tool_calls": []},
+            {"role": "user", "content": "hi", "name": null, "tool_calls": null},
             {"role": "assistant", "content": null},
-            {"role": "assistant"},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+              "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": [2]}"}}],
+             "reasoning_content": "why"},
+            {"role": "tool", "content": "22C", "tool_call_id": "c1", "name": "f"},
         ]))
         .unwrap_or_else(|e| panic!("{}", e.message));
+        let mut call = ChatMessage {
+            content: None,
+            ..ChatMessage::new("assistant", "")
+        };
+        let none = call.clone();
+        call.reasoning_content = Some("why".into());
+        call.tool_calls = vec![ToolCall {
+            id: "c1".into(),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: "f".into(),
+                arguments: json!({"b": 1, "a": [2]}),
+            },
+        }];
+        let tool = ChatMessage {
+            tool_call_id: Some("c1".into()),
+            name: Some("f".into()),
+            ..ChatMessage::new("tool", "22C")
+        };
         assert_eq!(
             m,
             [
                 ChatMessage::new("system", "be brief"),
                 ChatMessage::new("user", "hi"),
-                ChatMessage::new("assistant", ""),
-                ChatMessage::new("assistant", ""),
+                none,
+                call,
+                tool,
             ]
         );
     }
@@ -839,8 +1050,13 @@ mod tests {
             (json!([{"content": "x"}]), "messages[0].role", "role"),
             (
                 json!([{"role": "tool", "content": "x", "tool_call_id": null}]),
-                "messages[0].role",
-                "tool calling",
+                "messages[0].tool_call_id",
+                "required",
+            ),
+            (
+                json!([{"role": "user", "content": "x", "tool_call_id": "c"}]),
+                "messages[0].tool_call_id",
+                "belongs to `tool`",
             ),
             (json!([{"role": "user"}]), "messages[0].content", "required"),
             (json!([5]), "messages[0]", "object"),
@@ -877,14 +1093,20 @@ mod tests {
                 "unknown field",
             ),
             (
-                json!([{"role": "user", "content": "x", "name": "bob"}]),
+                json!([{"role": "user", "content": "x", "name": 5}]),
                 "messages[0].name",
-                "not supported yet",
+                "string",
             ),
             (
                 json!([{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]),
-                "messages[0].tool_calls",
-                "tool calling",
+                "messages[0].tool_calls[0]",
+                "function",
+            ),
+            (
+                json!([{"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
+                         "function": {"name": "f", "arguments": "{oops"}}]}]),
+                "messages[0].tool_calls[0].function.arguments",
+                "JSON text",
             ),
             (
                 json!([{"role": "user", "content": "x", "weight": 1}]),
@@ -935,13 +1157,8 @@ mod tests {
         match tok(
             json!({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false}),
         ) {
-            Ok((
-                TokenizeInput::Chat {
-                    add_generation_prompt: false,
-                    messages,
-                },
-                false,
-            )) => {
+            Ok((TokenizeInput::Chat { opts, messages }, false)) => {
+                assert!(!opts.add_generation_prompt);
                 assert_eq!(messages, [ChatMessage::new("user", "x")])
             }
             _ => panic!("messages"),

@@ -157,10 +157,13 @@ const GUIDED_REGEX: Rule = honored(
 );
 const GUIDED_CHOICE: Rule = honored("guided_choice", "a list of strings (vLLM's older spelling)");
 const GUIDED_GRAMMAR: Rule = honored("guided_grammar", "a Lark grammar (vLLM's older spelling)");
-const CHAT_TEMPLATE_KWARGS: Rule = refused(
+const CHAT_TEMPLATE_KWARGS: Rule = honored(
     "chat_template_kwargs",
-    NoOp::Empty,
-    "`chat_template_kwargs` is not supported yet",
+    "more variables for the chat template, e.g. `{\"enable_thinking\": false}` (vLLM extension); those the server sets are refused",
+);
+const TOOLS: Rule = honored(
+    "tools",
+    "`{\"type\": \"function\", \"function\": {name, description, parameters, strict}}` each, rendered by the chat template (refused when it renders none)",
 );
 
 /// `POST /v1/completions`.
@@ -235,30 +238,24 @@ pub(crate) const CHAT: &[Rule] = &[
     ECHO,
     LOGIT_BIAS,
     RESPONSE_FORMAT,
-    refused(
-        "tools",
-        NoOp::Empty,
-        "`tools`: tool calling is not supported yet",
-    ),
-    refused(
+    TOOLS,
+    honored(
         "tool_choice",
-        NoOp::Is(r#""none""#),
-        "`tool_choice`: tool calling is not supported yet",
+        "`auto` (default with tools: calls read from the model's format, `--tool-call-parser`), `none` (tools not rendered), `required` or `{\"type\": \"function\", \"function\": {\"name\": ...}}` (both forced by a grammar)",
     ),
-    refused(
+    honored(
         "parallel_tool_calls",
-        NoOp::Nothing,
-        "`parallel_tool_calls`: tool calling is not supported yet",
+        "default `true`; `false`: `required` forces exactly one call, `auto` keeps the first",
     ),
     refused(
         "functions",
         NoOp::Empty,
-        "`functions`: tool calling is not supported yet",
+        "`functions` is deprecated and not supported: use `tools`",
     ),
     refused(
         "function_call",
-        NoOp::Is(r#""none""#),
-        "`function_call`: tool calling is not supported yet",
+        NoOp::Nothing,
+        "`function_call` is deprecated and not supported: use `tool_choice`",
     ),
     refused(
         "audio",
@@ -312,27 +309,29 @@ pub(crate) const CHAT: &[Rule] = &[
 pub(crate) const MESSAGE: &[Rule] = &[
     honored(
         "role",
-        "`system`, `developer` (read as `system`), `user` or `assistant`; `tool` is refused: tool calling is not supported yet",
+        "`system`, `developer` (read as `system`), `user`, `assistant` or `tool`",
     ),
     honored(
         "content",
         "a string, or a list of `{\"type\": \"text\", \"text\": ...}` parts (concatenated); other part types are refused; null or absent only for `assistant`",
     ),
-    refused("name", NoOp::Nothing, "`name` is not supported yet"),
-    refused(
+    honored("name", "a string, passed to the chat template"),
+    honored(
         "tool_calls",
-        NoOp::Empty,
-        "`tool_calls`: tool calling is not supported yet",
+        "`assistant` only: `{id, type: \"function\", function: {name, arguments}}` each, `arguments` a JSON text (the template gets it parsed)",
     ),
-    refused(
+    honored(
         "tool_call_id",
-        NoOp::Nothing,
-        "`tool_call_id`: tool calling is not supported yet",
+        "`tool` only, and required there: the call the message answers",
+    ),
+    honored(
+        "reasoning_content",
+        "`assistant` only: its reasoning, passed to the chat template",
     ),
     refused(
         "function_call",
         NoOp::Nothing,
-        "`function_call`: tool calling is not supported yet",
+        "`function_call` is deprecated and not supported: use `tool_calls`",
     ),
 ];
 
@@ -369,10 +368,9 @@ pub(crate) const TOKENIZE: &[Rule] = &[
         "`chat_template` is not supported: the model's template is used",
     ),
     CHAT_TEMPLATE_KWARGS,
-    refused(
+    honored(
         "tools",
-        NoOp::Empty,
-        "`tools`: tool calling is not supported yet",
+        "`messages` only: tool definitions the chat template renders",
     ),
 ];
 

@@ -17,10 +17,14 @@ use encore_core::serve::EngineHandle;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::body::{read, ChatBody, Common, CompletionBody, PromptInput};
+use encore_core::tokenizer::ChatOptions;
+
+use crate::body::{read, Chat, ChatBody, Common, CompletionBody, PromptInput};
 use crate::error::ApiError;
 use crate::fields;
 use crate::output::{Kind, Reply};
+use crate::parse::{CallMode, ChatParser, ToolFormat};
+use crate::tools::ToolChoice;
 use crate::AppState;
 
 pub(crate) async fn completions(
@@ -40,7 +44,7 @@ pub(crate) async fn completions(
             Ok((ids, c))
         });
     match valid {
-        Ok((prompt, c)) => generate(s, c, prompt, Kind::Completion).await,
+        Ok((prompt, c)) => generate(s, c, prompt, Kind::Completion, None).await,
         Err(e) => e.into_response(),
     }
 }
@@ -51,25 +55,132 @@ pub(crate) async fn chat_completions(
 ) -> Response {
     let valid = read::<ChatBody>(body, fields::CHAT)
         .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
-        .and_then(|(messages, c)| {
-            let text = s
-                .tokenizer
-                .apply_chat_template(&messages, true)
-                .map_err(|e| ApiError::bad("messages", e.to_string()))?;
-            let ids = s
-                .tokenizer
-                .encode(&text, false)
-                .map_err(|e| ApiError::bad("messages", e.to_string()))?;
-            Ok((ids, c))
-        });
+        .and_then(|chat| chat_prompt(&s, chat));
     match valid {
-        Ok((prompt, c)) => generate(s, c, prompt, Kind::Chat).await,
+        Ok((prompt, c, out)) => generate(s, c, prompt, Kind::Chat, Some(out)).await,
         Err(e) => e.into_response(),
     }
 }
 
+/// A chat request's prompt (the conversation and its tools rendered by the template), its
+/// common fields, and how its output is read.
+fn chat_prompt(s: &AppState, chat: Chat) -> Result<(Vec<u32>, Common, ChatOut), ApiError> {
+    let Chat {
+        messages,
+        tools,
+        kwargs,
+        common,
+    } = chat;
+    // `tool_choice: none`: the tools are not shown and nothing is read as a call.
+    let tools = tools.filter(|t| t.choice != ToolChoice::None);
+    let calls = match &tools {
+        None => None,
+        Some(t) => {
+            if !s.chat.template_takes_tools {
+                return Err(ApiError::bad(
+                    "tools",
+                    "this model's chat template does not render tools, so the model would \
+                     not see them",
+                ));
+            }
+            Some(match &t.choice {
+                ToolChoice::Required => CallMode::Required,
+                ToolChoice::Named(name) => CallMode::Named(name.clone()),
+                _ => match s.chat.tool_format {
+                    Some(f) => CallMode::Native(f),
+                    None => {
+                        return Err(ApiError::bad(
+                            "tools",
+                            "no tool-call format is known for this model's chat template: \
+                             start the server with `--tool-call-parser`",
+                        ))
+                    }
+                },
+            })
+        }
+    };
+    let first_only = tools.as_ref().is_some_and(|t| !t.parallel);
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        tools: tools.map(|t| t.defs),
+        kwargs,
+    };
+    let text = s
+        .tokenizer
+        .render_chat(&messages, &opts)
+        .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+    let ids = s
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+    // Reasoning the template opened in the prompt is already under way.
+    let think = s
+        .chat
+        .reasoning
+        .map(|_| text.trim_end().ends_with("<think>"));
+    let out = ChatOut {
+        // Markers such as `[TOOL_CALLS]` and `<|python_tag|>` are special tokens.
+        keep_special: matches!(calls, Some(CallMode::Native(_))),
+        mistral_ids: s.chat.tool_format == Some(ToolFormat::Mistral),
+        parser: (think.is_some() || calls.is_some()).then_some(ChatParser {
+            think,
+            calls,
+            first_only,
+        }),
+        reasoning: think.is_some(),
+        id_seed: 0,
+    };
+    Ok((ids, common, out))
+}
+
+/// How an answer is written: what its every part repeats, and for chat how its output
+/// is read.
+pub(crate) struct Form {
+    pub reply: Reply,
+    pub chat: Option<ChatOut>,
+}
+
+/// How a chat request's output is read and answered.
+pub(crate) struct ChatOut {
+    /// `None`: the text is all content.
+    pub parser: Option<ChatParser>,
+    /// Decode with special tokens (the end-of-generation token excepted).
+    pub keep_special: bool,
+    /// Tool-call ids of Mistral's shape.
+    pub mistral_ids: bool,
+    /// Answer with `reasoning_content`.
+    pub reasoning: bool,
+    /// Seeds the tool-call ids.
+    pub id_seed: u64,
+}
+
+impl ChatOut {
+    /// The finish reason of an output that ended as `finish` with `called` tool calls:
+    /// `tool_calls` when the model chose to call (not for a named function, as OpenAI).
+    pub fn finish(&self, finish: &'static str, called: bool) -> &'static str {
+        let named = matches!(
+            self.parser,
+            Some(ChatParser {
+                calls: Some(CallMode::Named(_)),
+                ..
+            })
+        );
+        if called && finish == "stop" && !named {
+            "tool_calls"
+        } else {
+            finish
+        }
+    }
+}
+
 /// Admit a valid request of `prompt` and answer it, whole or streamed.
-async fn generate(s: Arc<AppState>, mut c: Common, prompt: Vec<u32>, kind: Kind) -> Response {
+async fn generate(
+    s: Arc<AppState>,
+    mut c: Common,
+    prompt: Vec<u32>,
+    kind: Kind,
+    chat: Option<ChatOut>,
+) -> Response {
     s.requests_total.fetch_add(1, Ordering::Relaxed);
     if let Some(busy) = busy(&s) {
         return busy;
@@ -98,10 +209,16 @@ async fn generate(s: Arc<AppState>, mut c: Common, prompt: Vec<u32>, kind: Kind)
         Err(Admission::Failed(e)) => return e.into_response(),
     };
     let reply = Reply::new(kind, id, s.cfg.served_model_name.clone());
+    let chat = chat.map(|mut c| {
+        c.id_seed = reply.created.rotate_left(32) ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        c
+    });
     if c.stream {
-        crate::stream::respond(&s, rx, guard, prompt, c.stop, c.include_usage, reply)
+        let form = Form { reply, chat };
+        crate::stream::respond(&s, rx, guard, prompt, c.stop, c.include_usage, form)
     } else {
-        crate::whole::respond(&s, rx, guard, prompt, c.stop, reply).await
+        let form = Form { reply, chat };
+        crate::whole::respond(&s, rx, guard, prompt, c.stop, form).await
     }
 }
 

@@ -39,11 +39,14 @@ mod fields;
 mod generate;
 mod metrics;
 mod output;
+mod parse;
 mod shutdown;
 mod stream;
 mod tokenize;
+mod tools;
 mod whole;
 
+pub use parse::{ReasoningFormat, ToolFormat};
 pub use shutdown::serve;
 
 use error::ApiError;
@@ -62,6 +65,20 @@ pub struct ServerConfig {
     /// Refuse new requests with 503 (and `Retry-After`) while this many wait in the
     /// engine's queue; `None`: no limit.
     pub max_waiting: Option<usize>,
+    /// The format tool calls are read in (`--tool-call-parser`); `None`: the one the chat
+    /// template shows.
+    pub tool_call_parser: Option<ToolFormat>,
+    /// Split reasoning out of chat outputs (`--reasoning-parser`).
+    pub reasoning_parser: Option<ReasoningFormat>,
+}
+
+/// What the server knows of the model's chat formats.
+struct ChatFormats {
+    /// The chat template renders `tools`.
+    template_takes_tools: bool,
+    /// How the model writes tool calls, if known.
+    tool_format: Option<ToolFormat>,
+    reasoning: Option<ReasoningFormat>,
 }
 
 /// Shared by the handlers.
@@ -69,6 +86,7 @@ struct AppState {
     engine: Arc<EngineHandle>,
     tokenizer: Arc<Tokenizer>,
     eos: Vec<u32>,
+    chat: ChatFormats,
     cfg: ServerConfig,
     next_id: AtomicU64,
     requests_total: AtomicU64,
@@ -95,10 +113,29 @@ impl App {
 pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConfig) -> App {
     let eos = tokenizer.eos_token_ids();
     let limit = cfg.max_body_bytes;
+    let template = tokenizer.chat_template_source().unwrap_or("");
+    let chat = ChatFormats {
+        template_takes_tools: template.contains("tools"),
+        tool_format: cfg
+            .tool_call_parser
+            .or_else(|| ToolFormat::detect(template)),
+        reasoning: cfg.reasoning_parser,
+    };
+    tracing::info!(
+        "chat: tools {}, tool-call format {}, reasoning {}",
+        if chat.template_takes_tools {
+            "rendered"
+        } else {
+            "not rendered by the template"
+        },
+        chat.tool_format.map_or("unknown", ToolFormat::name),
+        chat.reasoning.map_or("not split", ReasoningFormat::name),
+    );
     let state = Arc::new(AppState {
         engine,
         tokenizer,
         eos,
+        chat,
         cfg,
         next_id: AtomicU64::new(1),
         requests_total: AtomicU64::new(0),

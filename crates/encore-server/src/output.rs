@@ -4,9 +4,11 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use encore_core::request::{FinishReason, TokenLogprobs};
+use encore_core::request::{FinishReason, Output, TokenLogprobs};
 use encore_core::tokenizer::{StopStream, Tokenizer};
 use serde_json::{json, Value};
+
+use crate::parse::Delta;
 
 /// Which endpoint a request came through.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -55,6 +57,35 @@ impl Reply {
         }
     }
 
+    /// The chunk of one streamed chat token whose output is read by a parser: its
+    /// reasoning, content and tool-call deltas (`{"content": ""}` when it has none), the
+    /// finish reason on the last, the role on the first.
+    pub fn parsed_chunk(
+        &self,
+        d: &Delta,
+        finish: Option<&str>,
+        first: bool,
+        logprobs: Value,
+    ) -> Value {
+        let mut delta = serde_json::Map::new();
+        if first {
+            delta.insert("role".into(), json!("assistant"));
+        }
+        if !d.reasoning.is_empty() {
+            delta.insert("reasoning_content".into(), json!(d.reasoning));
+        }
+        if !d.content.is_empty() || d.is_empty() {
+            delta.insert("content".into(), json!(d.content));
+        }
+        if !d.calls.is_empty() {
+            delta.insert("tool_calls".into(), Value::Array(d.calls.clone()));
+        }
+        let choice =
+            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
+        json!({"id": self.id, "object": self.chunk_object(), "created": self.created,
+               "model": self.model, "choices": [choice]})
+    }
+
     /// The chunk of one streamed token: its text `delta`, the finish reason on the last,
     /// the role on chat's first.
     pub fn chunk(&self, delta: &str, finish: Option<&str>, first: bool, logprobs: Value) -> Value {
@@ -82,7 +113,8 @@ impl Reply {
         })
     }
 
-    /// A whole response of `text` (its token `ids`), ended by `finish`.
+    /// A whole response of `text` (its token `ids`), ended by `finish`; a chat's
+    /// `message` when a parser read the text.
     pub fn whole(
         &self,
         text: &str,
@@ -90,13 +122,16 @@ impl Reply {
         logprobs: Value,
         finish: &str,
         prompt: usize,
+        message: Option<Value>,
     ) -> Value {
         let choice = match self.kind {
             Kind::Completion => {
                 json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
             }
             Kind::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
+                let message =
+                    message.unwrap_or_else(|| json!({"role": "assistant", "content": text}));
+                json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
             }
         };
         json!({
@@ -125,9 +160,15 @@ pub(crate) fn finish_name(f: FinishReason) -> &'static str {
     }
 }
 
-/// The text `token` releases, and whether a stop string ended the text there; `last`: the
-/// engine's final token, after which everything held back is released.
-pub(crate) fn release(text: &mut StopStream<'_>, token: u32, last: bool) -> (String, bool) {
+/// The text output `o` releases, and whether a stop string ended the text there; after
+/// the engine's final token everything held back is released. `keep_special`: the text
+/// holds special tokens, but not the end-of-generation token that ended it.
+pub(crate) fn release(text: &mut StopStream<'_>, o: &Output, keep_special: bool) -> (String, bool) {
+    if keep_special && o.finish == Some(FinishReason::Eos) {
+        let rest = text.finish();
+        return (rest, text.stopped());
+    }
+    let (token, last) = (o.token, o.finish.is_some());
     let mut out = text.push(token);
     if last && !out.stopped {
         out.text.push_str(&text.finish());

@@ -18,8 +18,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 
 use crate::error::ApiError;
-use crate::generate::AbortGuard;
+use crate::generate::{AbortGuard, ChatOut, Form};
 use crate::output::{finish_name, logprobs_json, release, Reply};
+use crate::parse::{CallIds, ChatStream};
 use crate::shutdown::cut_off;
 use crate::AppState;
 
@@ -31,10 +32,19 @@ pub(crate) fn respond(
     prompt: Vec<u32>,
     stop: StopMatcher,
     include_usage: bool,
-    reply: Reply,
+    form: Form,
 ) -> Response {
+    let Form { reply, chat } = form;
     let (out, out_rx) = mpsc::unbounded_channel::<String>();
+    let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
+    let parsed = chat.and_then(|c| {
+        let ids = CallIds::new(c.id_seed, c.mistral_ids);
+        let p = c.parser.clone()?;
+        Some((ChatStream::new(p, ids), c))
+    });
     let task = Task {
+        keep_special,
+        parsed,
         tokenizer: Arc::clone(&s.tokenizer),
         reply,
         include_usage,
@@ -52,6 +62,10 @@ pub(crate) fn respond(
 
 /// The task that streams one request.
 struct Task {
+    /// The text holds special tokens (not the end-of-generation one).
+    keep_special: bool,
+    /// A chat output read by a parser.
+    parsed: Option<(ChatStream, ChatOut)>,
     tokenizer: Arc<Tokenizer>,
     reply: Reply,
     include_usage: bool,
@@ -75,6 +89,9 @@ impl Task {
     ) {
         let tokenizer = Arc::clone(&self.tokenizer);
         let mut text = StopStream::new(&tokenizer, &prompt, stop);
+        if self.keep_special {
+            text = text.keep_special_tokens();
+        }
         let cut = cut_off(cut);
         tokio::pin!(cut);
         loop {
@@ -113,8 +130,8 @@ impl Task {
     /// Send the chunk of token `o`; whether the stream goes on.
     fn token(&mut self, text: &mut StopStream<'_>, o: Output) -> bool {
         self.n += 1;
-        let (delta, stopped) = release(text, o.token, o.finish.is_some());
-        let finish = if stopped {
+        let (delta, stopped) = release(text, &o, self.keep_special);
+        let mut finish = if stopped {
             Some("stop")
         } else {
             o.finish.map(finish_name)
@@ -128,7 +145,14 @@ impl Task {
             ),
             None => Value::Null,
         };
-        let c = self.reply.chunk(&delta, finish, self.n == 1, lps);
+        let c = match &mut self.parsed {
+            Some((stream, out)) => {
+                let d = stream.push(&delta, finish.is_some());
+                finish = finish.map(|f| out.finish(f, stream.called()));
+                self.reply.parsed_chunk(&d, finish, self.n == 1, lps)
+            }
+            None => self.reply.chunk(&delta, finish, self.n == 1, lps),
+        };
         if self.out.send(c.to_string()).is_err() {
             return false;
         }

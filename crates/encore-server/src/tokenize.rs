@@ -24,13 +24,10 @@ pub(crate) async fn tokenize(
         .and_then(|(input, special)| {
             let (text, param) = match input {
                 TokenizeInput::Text(p) => (p, "prompt"),
-                TokenizeInput::Chat {
-                    messages,
-                    add_generation_prompt,
-                } => {
+                TokenizeInput::Chat { messages, opts } => {
                     let text = s
                         .tokenizer
-                        .apply_chat_template(&messages, add_generation_prompt)
+                        .render_chat(&messages, &opts)
                         .map_err(|e| ApiError::bad("messages", e.to_string()))?;
                     (text, "messages")
                 }

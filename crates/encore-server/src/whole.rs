@@ -11,8 +11,9 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::generate::AbortGuard;
-use crate::output::{finish_name, logprobs_json, release, Reply};
+use crate::generate::{AbortGuard, ChatOut, Form};
+use crate::output::{finish_name, logprobs_json, release};
+use crate::parse::{self, CallIds};
 use crate::shutdown::cut_off;
 use crate::AppState;
 
@@ -32,9 +33,11 @@ pub(crate) async fn respond(
     guard: AbortGuard,
     prompt: Vec<u32>,
     stop: StopMatcher,
-    reply: Reply,
+    form: Form,
 ) -> Response {
-    let c = match collect(s, events, guard, &prompt, stop).await {
+    let Form { reply, chat } = form;
+    let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
+    let c = match collect(s, events, guard, &prompt, stop, keep_special).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
@@ -54,7 +57,20 @@ pub(crate) async fn respond(
     } else {
         logprobs_json(&s.tokenizer, reply.kind, &c.logprobs, &mut 0)
     };
-    Json(reply.whole(&text, &c.ids, lps, c.finish, prompt.len())).into_response()
+    let (message, finish) = match &chat {
+        Some(
+            out @ ChatOut {
+                parser: Some(p), ..
+            },
+        ) => {
+            let parsed = p.parse(&text, true);
+            let mut ids = CallIds::new(out.id_seed, out.mistral_ids);
+            let m = parse::message(&parsed, &mut ids, out.reasoning);
+            (Some(m), out.finish(c.finish, !parsed.calls.is_empty()))
+        }
+        _ => (None, c.finish),
+    };
+    Json(reply.whole(&text, &c.ids, lps, finish, prompt.len(), message)).into_response()
 }
 
 /// Take the request's events until its end.
@@ -64,12 +80,21 @@ async fn collect(
     mut guard: AbortGuard,
     prompt: &[u32],
     stop: StopMatcher,
+    keep_special: bool,
 ) -> Result<Collected, ApiError> {
     let mut ids = Vec::new();
     let mut logprobs: Vec<(u32, TokenLogprobs)> = Vec::new();
-    // With stop strings the text is built as it streams, to end at the first one.
-    let mut stop_text =
-        (!stop.is_empty()).then(|| (StopStream::new(&s.tokenizer, prompt, stop), String::new()));
+    // With stop strings the text is built as it streams, to end at the first one; with
+    // special tokens, to leave out the end-of-generation one.
+    let mut stop_text = (!stop.is_empty() || keep_special).then(|| {
+        let t = StopStream::new(&s.tokenizer, prompt, stop);
+        let t = if keep_special {
+            t.keep_special_tokens()
+        } else {
+            t
+        };
+        (t, String::new())
+    });
     let cut = cut_off(s.cut.subscribe());
     tokio::pin!(cut);
     let finish = loop {
@@ -101,7 +126,7 @@ async fn collect(
             logprobs.push((o.token, lp));
         }
         if let Some((t, acc)) = &mut stop_text {
-            let (piece, stopped) = release(t, o.token, o.finish.is_some());
+            let (piece, stopped) = release(t, &o, keep_special);
             acc.push_str(&piece);
             if stopped {
                 if o.finish.is_some() {

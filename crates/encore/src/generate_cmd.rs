@@ -175,13 +175,8 @@ fn encode(
         .iter()
         .map(|p| {
             if a.chat {
-                let text = tokenizer.apply_chat_template(
-                    &[ChatMessage {
-                        role: "user".into(),
-                        content: p.clone(),
-                    }],
-                    true,
-                )?;
+                let text =
+                    tokenizer.apply_chat_template(&[ChatMessage::new("user", p.clone())], true)?;
                 tokenizer.encode(&text, false)
             } else {
                 tokenizer.encode(p, true)

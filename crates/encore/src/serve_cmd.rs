@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use encore_core::constraint::ConstraintCompiler;
 use encore_core::model::ModelFiles;
-use encore_server::ServerConfig;
+use encore_server::{ReasoningFormat, ServerConfig, ToolFormat};
 
 use crate::engine_arg::{self, EngineArgs, EngineShape};
 use crate::model_arg::ModelArgs;
@@ -37,6 +37,15 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1 requests (also from ENCORE_API_KEY).
     #[arg(long, env = "ENCORE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// How the model writes tool calls: hermes (`<tool_call>` tags: Hermes, Qwen2.5, Qwen3),
+    /// llama3_json (Llama 3.x), mistral (`[TOOL_CALLS]`). Default: read from the chat
+    /// template.
+    #[arg(long, value_name = "FORMAT", value_parser = parse_tool_format)]
+    tool_call_parser: Option<ToolFormat>,
+    /// Split `<think>` reasoning out of chat answers into `reasoning_content`: qwen3 or
+    /// deepseek_r1.
+    #[arg(long, value_name = "FORMAT", value_parser = parse_reasoning_format)]
+    reasoning_parser: Option<ReasoningFormat>,
     /// The model name clients use (default: the --model value).
     #[arg(long)]
     served_model_name: Option<String>,
@@ -94,6 +103,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_body_bytes: a.max_body_bytes,
         default_max_tokens: 16,
         max_waiting: a.max_waiting,
+        tool_call_parser: a.tool_call_parser,
+        reasoning_parser: a.reasoning_parser,
     };
     let name = server_cfg.served_model_name.clone();
     let app = encore_server::app(Arc::clone(&engine), tokenizer, server_cfg);
@@ -147,4 +158,24 @@ async fn shutdown_signal() -> &'static str {
         _ = ctrl_c => "SIGINT",
         _ = term => "SIGTERM",
     }
+}
+
+/// A `--tool-call-parser` name.
+fn parse_tool_format(s: &str) -> Result<ToolFormat, String> {
+    named(s, &ToolFormat::ALL)
+}
+
+/// A `--reasoning-parser` name.
+fn parse_reasoning_format(s: &str) -> Result<ReasoningFormat, String> {
+    named(s, &ReasoningFormat::ALL)
+}
+
+fn named<T: Copy>(s: &str, all: &[(&str, T)]) -> Result<T, String> {
+    all.iter()
+        .find(|(n, _)| *n == s)
+        .map(|&(_, f)| f)
+        .ok_or_else(|| {
+            let names: Vec<&str> = all.iter().map(|(n, _)| *n).collect();
+            format!("`{s}` is not one of {}", names.join(", "))
+        })
 }

@@ -51,6 +51,8 @@ fn start(max_waiting: Option<usize>) -> Server {
             max_body_bytes: 64 * 1024,
             default_max_tokens: 16,
             max_waiting,
+            tool_call_parser: None,
+            reasoning_parser: None,
         },
     );
     let rt = tokio::runtime::Builder::new_multi_thread()

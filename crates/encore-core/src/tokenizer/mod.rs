@@ -35,25 +35,98 @@ pub const BYTES_EOS: u32 = 257;
 pub const BYTES_VOCAB_SIZE: usize = 258;
 
 /// The byte tokenizer's chat template: `<|role|>\ncontent\n` per message, then
-/// `<|assistant|>\n` when a generation prompt is asked for.
-const BYTES_CHAT_TEMPLATE: &str = "{% for message in messages %}<|{{ message.role }}|>\n\
-     {{ message.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+/// `<|assistant|>\n` when a generation prompt is asked for. With `tools` it starts with a
+/// `<|system|>` turn listing them, and writes an assistant's tool calls as Hermes does
+/// (`<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`), so dummy models take
+/// the tool-calling path of real ones.
+const BYTES_CHAT_TEMPLATE: &str = "{% if tools %}<|system|>\n# Tools\n{% for tool in tools %}\
+     {{ tool | tojson }}{{ '\\n' }}{% endfor %}Call a tool as <tool_call>{{ '\\n' }}\
+     {\"name\": <name>, \"arguments\": <arguments>}{{ '\\n' }}</tool_call>{{ '\\n' }}{% endif %}\
+     {% for message in messages %}<|{{ message.role }}|>\n\
+     {% if message.content is not none %}{{ message.content }}{% endif %}\
+     {% for call in message.tool_calls or [] %}<tool_call>{{ '\\n' }}{\"name\": \"\
+     {{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}\
+     {{ '\\n' }}</tool_call>{% endfor %}{{ '\\n' }}{% endfor %}\
+     {% if add_generation_prompt %}<|assistant|>\n{% endif %}";
 
-/// One message of a conversation.
+/// One message of a conversation, as the chat template sees it (the OpenAI message shape
+/// that `transformers` templates take).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
-    pub content: String,
+    /// `None`: no content (an assistant message that only calls tools). Templates see
+    /// `none`.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// The participant's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An assistant message's tool calls; absent from the template's view when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A `tool` message's answer to this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// An assistant message's reasoning (templates of thinking models read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
+    /// A message of `role` with text `content` and nothing else.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         ChatMessage {
             role: role.into(),
-            content: content.into(),
+            content: Some(content.into()),
+            name: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            reasoning_content: None,
         }
     }
 }
+
+/// A tool call in an assistant message: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, its arguments a JSON value (an object), not the OpenAI wire format's
+/// string, since templates write them with `tojson` (as vLLM passes them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+/// The function a [`ToolCall`] calls.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: Json,
+}
+
+/// What a chat template renders besides the messages.
+#[derive(Clone, Debug, Default)]
+pub struct ChatOptions {
+    /// End with the header of the assistant's turn.
+    pub add_generation_prompt: bool,
+    /// Tool definitions (`{"type": "function", "function": {...}}`), the template's
+    /// `tools`; `None`: undefined.
+    pub tools: Option<Vec<Json>>,
+    /// More template variables (`chat_template_kwargs`, e.g. `enable_thinking`); keys the
+    /// renderer sets itself ([`RESERVED_TEMPLATE_VARS`]) are refused.
+    pub kwargs: serde_json::Map<String, Json>,
+}
+
+/// The template variables [`Tokenizer::render_chat`] sets itself.
+pub const RESERVED_TEMPLATE_VARS: &[&str] = &[
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "pad_token",
+];
 
 /// Text <-> token ids, special tokens and the chat template of one model.
 pub struct Tokenizer {
@@ -339,21 +412,51 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        let opts = ChatOptions {
+            add_generation_prompt,
+            ..ChatOptions::default()
+        };
+        self.render_chat(messages, &opts)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with tools and more template variables.
+    pub fn render_chat(&self, messages: &[ChatMessage], opts: &ChatOptions) -> Result<String> {
         let template = self
             .template
             .as_ref()
             .ok_or_else(|| Error::Tokenizer(self.no_template_reason.clone()))?;
+        if let Some(k) = opts
+            .kwargs
+            .keys()
+            .find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str()))
+        {
+            return Err(Error::Tokenizer(format!(
+                "the template variable `{k}` is set by the renderer"
+            )));
+        }
         let mut ctx: Vec<(&str, minijinja::Value)> = vec![
             ("messages", minijinja::Value::from_serialize(messages)),
             (
                 "add_generation_prompt",
-                minijinja::Value::from(add_generation_prompt),
+                minijinja::Value::from(opts.add_generation_prompt),
             ),
         ];
+        if let Some(tools) = &opts.tools {
+            ctx.push(("tools", minijinja::Value::from_serialize(tools)));
+        }
+        for (k, v) in &opts.kwargs {
+            ctx.push((k.as_str(), minijinja::Value::from_serialize(v)));
+        }
         for (&k, v) in &self.special_strings {
             ctx.push((k, minijinja::Value::from(v.as_str())));
         }
         template.render(ctx.into_iter().collect())
+    }
+
+    /// The chat template's Jinja source, if the model has one (which tool-call and
+    /// reasoning formats the model writes is read from it).
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.template.as_ref().map(|t| t.source())
     }
 
     pub fn has_chat_template(&self) -> bool {

@@ -133,6 +133,15 @@ impl<'t> StopStream<'t> {
         }
     }
 
+    /// Write special tokens into the text instead of leaving them out (tool-call markers
+    /// such as `[TOOL_CALLS]` are special tokens).
+    pub fn keep_special_tokens(self) -> Self {
+        StopStream {
+            dec: self.dec.skip_special_tokens(false),
+            stop: self.stop,
+        }
+    }
+
     /// The text token `id` releases, and whether a stop string ended the text there
     /// (the stop string and anything after it are never released).
     pub fn push(&mut self, id: u32) -> StopOutput {

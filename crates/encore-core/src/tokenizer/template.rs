@@ -15,6 +15,7 @@ const NAME: &str = "chat_template";
 /// One compiled chat template.
 pub(crate) struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
 }
 
 impl ChatTemplate {
@@ -29,9 +30,14 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source)
+        env.add_template_owned(NAME, source.clone())
             .map_err(|e| Error::Tokenizer(format!("chat template from `{origin}`: {e}")))?;
-        Ok(ChatTemplate { env })
+        Ok(ChatTemplate { env, source })
+    }
+
+    /// The Jinja source.
+    pub(crate) fn source(&self) -> &str {
+        &self.source
     }
 
     /// Render with the variables of `ctx`.
@@ -51,12 +57,23 @@ fn raise_exception(msg: String) -> Result<Value, minijinja::Error> {
 
 /// `x | tojson(indent=None, ensure_ascii=False, sort_keys=False)` as Python's
 /// `json.dumps` writes it: `", "` and `": "` separators, or `indent` spaces per level.
-/// Keys come out sorted (minijinja's maps are ordered by key).
+/// Keys keep their order, as in Python's dicts, unless `sort_keys`.
 fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
-    let _sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     kwargs.assert_all_used()?;
+    let sorted;
+    let value = if sort_keys == Some(true) {
+        let mut v = serde_json::to_value(value).map_err(|e| {
+            minijinja::Error::new(ErrorKind::BadSerialization, "tojson failed").with_source(e)
+        })?;
+        sort_keys_deep(&mut v);
+        sorted = Value::from_serialize(&v);
+        &sorted
+    } else {
+        value
+    };
     let mut out = Vec::new();
     let written = match indent {
         Some(n) => {
@@ -80,6 +97,18 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
         s = escape_non_ascii(&s);
     }
     Ok(Value::from_safe_string(s))
+}
+
+/// Sort every object's keys, at every depth.
+fn sort_keys_deep(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(o) => {
+            o.sort_keys();
+            o.values_mut().for_each(sort_keys_deep);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(sort_keys_deep),
+        _ => {}
+    }
 }
 
 /// Python's compact `json.dumps` separators: `", "` between items, `": "` after keys.
@@ -263,7 +292,7 @@ mod tests {
     #[test]
     fn tojson_writes_like_python_json_dumps() {
         let t = ChatTemplate::new(
-            "{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ 'é<' | tojson(ensure_ascii=true) }}"
+            "{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ 'é<' | tojson(ensure_ascii=true) }}|{{ x | tojson(sort_keys=true) }}"
                 .into(),
             "test",
         )
@@ -272,8 +301,9 @@ mod tests {
         let ctx: Value = [("x", Value::from_serialize(&x))].into_iter().collect();
         assert_eq!(
             t.render(ctx).unwrap(),
-            "{\"a\": {\"k\": 1.5}, \"b\": [1, \"two\", null, true]}|{\n  \"a\": {\n    \"k\": \
-             1.5\n  },\n  \"b\": [\n    1,\n    \"two\",\n    null,\n    true\n  ]\n}|\"\\u00e9<\""
+            "{\"b\": [1, \"two\", null, true], \"a\": {\"k\": 1.5}}|{\n  \"b\": [\n    1,\n    \
+             \"two\",\n    null,\n    true\n  ],\n  \"a\": {\n    \"k\": 1.5\n  }\n}|\"\\u00e9<\"|{\"a\": {\"k\": \
+             1.5}, \"b\": [1, \"two\", null, true]}"
         );
     }
 }

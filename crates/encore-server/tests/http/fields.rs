@@ -54,21 +54,14 @@ fn unsupported_and_unknown_fields_are_refused_naming_them() {
         ),
         (
             &[CHAT],
-            json!({"tools": [{"type": "function"}]}),
-            "tool calling",
-        ),
-        (&[CHAT], json!({"tool_choice": "auto"}), "tool calling"),
-        (
-            &[CHAT],
-            json!({"parallel_tool_calls": false}),
-            "tool calling",
-        ),
-        (
-            &[CHAT],
             json!({"functions": [{"name": "f"}]}),
-            "tool calling",
+            "use `tools`",
         ),
-        (&[CHAT], json!({"function_call": "auto"}), "tool calling"),
+        (
+            &[CHAT],
+            json!({"function_call": "auto"}),
+            "use `tool_choice`",
+        ),
         (&[CHAT], json!({"audio": {"voice": "alloy"}}), "text"),
         (&[CHAT], json!({"modalities": ["text", "audio"]}), "text"),
         (
@@ -83,11 +76,6 @@ fn unsupported_and_unknown_fields_are_refused_naming_them() {
         ),
         (&[CHAT], json!({"web_search_options": {}}), "web"),
         (&[CHAT], json!({"store": true}), "stores nothing"),
-        (
-            &[CHAT],
-            json!({"chat_template_kwargs": {"x": 1}}),
-            "not supported yet",
-        ),
         (&[CHAT], json!({"metadata": "x"}), "object"),
         (&both, json!({"user": 5}), "string"),
         (
@@ -180,16 +168,16 @@ fn content_parts_read_as_the_plain_string_and_roles_are_checked() {
     refused(
         s.addr,
         CHAT,
-        user(json!({"role": "tool", "content": "42", "tool_call_id": "c1"})),
+        user(json!({"role": "tool", "content": "42"})),
         "messages[0].tool_call_id",
-        "tool calling",
+        "required",
     );
     refused(
         s.addr,
         CHAT,
-        user(json!({"role": "user", "content": "x", "name": "bob"})),
+        user(json!({"role": "user", "content": "x", "name": 5})),
         "messages[0].name",
-        "not supported yet",
+        "string",
     );
 }
 

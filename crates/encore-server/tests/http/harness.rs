@@ -12,7 +12,7 @@ use encore_core::progress::NoProgress;
 use encore_core::scheduler::SchedulerConfig;
 use encore_core::serve::EngineHandle;
 use encore_core::DType;
-use encore_server::ServerConfig;
+use encore_server::{ReasoningFormat, ServerConfig, ToolFormat};
 use serde_json::{json, Value};
 
 pub const MODEL: &str = "dummy:tiny";
@@ -63,12 +63,37 @@ pub fn start_long_with_shutdown(
     (s, done, go_tx)
 }
 
+/// A server whose chat outputs are read with these parsers (`--tool-call-parser`,
+/// `--reasoning-parser`), with room for prompts that list tools.
+pub fn start_parsers(tool: Option<ToolFormat>, reasoning: Option<ReasoningFormat>) -> Server {
+    start_full_with(
+        None,
+        None,
+        long_engine_config(),
+        std::future::pending(),
+        Duration::ZERO,
+        (tool, reasoning),
+    )
+    .0
+}
+
 pub fn start_full(
     api_key: Option<&str>,
     max_waiting: Option<usize>,
     cfg: EngineConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     grace: Duration,
+) -> (Server, std::sync::mpsc::Receiver<std::io::Result<()>>) {
+    start_full_with(api_key, max_waiting, cfg, shutdown, grace, (None, None))
+}
+
+fn start_full_with(
+    api_key: Option<&str>,
+    max_waiting: Option<usize>,
+    cfg: EngineConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+    parsers: (Option<ToolFormat>, Option<ReasoningFormat>),
 ) -> (Server, std::sync::mpsc::Receiver<std::io::Result<()>>) {
     let files = encore_core::model::open_model(MODEL).unwrap();
     let tokenizer = Arc::new(encore_core::model::open_tokenizer(&files.source).unwrap());
@@ -97,6 +122,8 @@ pub fn start_full(
             max_body_bytes: 64 * 1024,
             default_max_tokens: 16,
             max_waiting,
+            tool_call_parser: parsers.0,
+            reasoning_parser: parsers.1,
         },
     );
     let rt = tokio::runtime::Builder::new_multi_thread()

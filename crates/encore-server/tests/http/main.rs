@@ -4,13 +4,15 @@
 //! 64 concurrent streaming clients, stop strings, a client leaving mid-stream frees its KV
 //! blocks, the bad inputs' status codes and error bodies, bearer auth, models, health and
 //! metrics, the fields refused or only logged, chat content parts, `/tokenize` and
-//! `/detokenize`.
+//! `/detokenize`, tool calls (each format, every `tool_choice`, whole and streamed) and
+//! reasoning.
 //!
 //! One test binary in modules: `harness` (the server start-up and the HTTP client),
-//! `generation`, `errors`, `fields`, `lifecycle`.
+//! `generation`, `errors`, `fields`, `lifecycle`, `tools`.
 
 mod errors;
 mod fields;
 mod generation;
 mod harness;
 mod lifecycle;
+mod tools;

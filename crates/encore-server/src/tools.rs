@@ -1,0 +1,373 @@
+//! Tool calling's request side: `tools`, `tool_choice` and `parallel_tool_calls` read and
+//! checked at the edge, the tools the chat template renders, and the grammar
+//! `tool_choice` `required` or a named function puts on the output (format-independent,
+//! as vLLM's: `required` is a JSON list of `{"name", "parameters"}` objects, one per call;
+//! a named function's output is its arguments).
+
+use encore_core::request::Constraint;
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+
+/// What `tool_choice` asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ToolChoice {
+    /// No call: the tools are not rendered and the output is all content.
+    None,
+    /// The model decides; its calls are read from its own format.
+    Auto,
+    /// At least one call, forced by a grammar.
+    Required,
+    /// A call of this function, forced by a grammar.
+    Named(String),
+}
+
+/// A request's tools.
+#[derive(Clone, Debug)]
+pub(crate) struct Tools {
+    /// As given (`{"type": "function", "function": {...}}` each), for the template.
+    pub defs: Vec<Value>,
+    pub choice: ToolChoice,
+    /// `parallel_tool_calls`: more than one call allowed (default `true`).
+    pub parallel: bool,
+}
+
+/// The longest function name (OpenAI's limit).
+const MAX_NAME: usize = 64;
+
+impl Tools {
+    /// Read `tools`, `tool_choice` and `parallel_tool_calls` (each `None` when absent or
+    /// null). `None` when there are no tools and the choice is absent or `none`.
+    pub fn read(
+        tools: Option<Value>,
+        choice: Option<Value>,
+        parallel: Option<Value>,
+    ) -> Result<Option<Tools>, ApiError> {
+        let parallel = match parallel {
+            None => true,
+            Some(Value::Bool(b)) => b,
+            Some(_) => {
+                let m = "`parallel_tool_calls` must be a boolean";
+                return Err(ApiError::bad("parallel_tool_calls", m));
+            }
+        };
+        let defs = match tools {
+            None => Vec::new(),
+            Some(Value::Array(list)) => list,
+            Some(_) => {
+                let m = "`tools` must be a list of `{\"type\": \"function\", \"function\": {...}}`";
+                return Err(ApiError::bad("tools", m));
+            }
+        };
+        let mut names = Vec::new();
+        for (i, t) in defs.iter().enumerate() {
+            let name = tool(i, t)?;
+            if names.contains(&name) {
+                return Err(ApiError::bad(
+                    format!("tools[{i}].function.name"),
+                    format!("two tools are named `{name}`"),
+                ));
+            }
+            names.push(name);
+        }
+        let choice = match choice {
+            None if defs.is_empty() => ToolChoice::None,
+            None => ToolChoice::Auto,
+            Some(c) => tool_choice(&c, &names)?,
+        };
+        if defs.is_empty() {
+            return match choice {
+                ToolChoice::None => Ok(None),
+                _ => Err(ApiError::bad(
+                    "tool_choice",
+                    "`tool_choice` other than `none` needs `tools`",
+                )),
+            };
+        }
+        Ok(Some(Tools {
+            defs,
+            choice,
+            parallel,
+        }))
+    }
+
+    /// The function definition named `name`.
+    fn function(&self, name: &str) -> Option<&Map<String, Value>> {
+        self.defs
+            .iter()
+            .filter_map(|t| t["function"].as_object())
+            .find(|f| f["name"] == name)
+    }
+
+    /// The grammar `tool_choice` puts on the output, if any.
+    pub fn constraint(&self) -> Option<Constraint> {
+        // A function without parameters takes none: `{}`.
+        let params = |f: &Map<String, Value>| {
+            f.get("parameters")
+                .filter(|p| !p.is_null())
+                .cloned()
+                .unwrap_or_else(
+                    || json!({"type": "object", "properties": {}, "additionalProperties": false}),
+                )
+        };
+        match &self.choice {
+            ToolChoice::None | ToolChoice::Auto => None,
+            ToolChoice::Named(name) => {
+                let f = self.function(name)?;
+                Some(Constraint::JsonSchema(params(f).to_string()))
+            }
+            ToolChoice::Required => {
+                let calls: Vec<Value> = self
+                    .defs
+                    .iter()
+                    .filter_map(|t| t["function"].as_object())
+                    .map(|f| {
+                        json!({
+                            "type": "object",
+                            "properties": {
+                                "name": {"type": "string", "enum": [f["name"]]},
+                                "parameters": params(f),
+                            },
+                            "required": ["name", "parameters"],
+                            "additionalProperties": false,
+                        })
+                    })
+                    .collect();
+                let mut schema = json!({"type": "array", "minItems": 1, "items": {"anyOf": calls}});
+                if !self.parallel {
+                    schema["maxItems"] = json!(1);
+                }
+                Some(Constraint::JsonSchema(schema.to_string()))
+            }
+        }
+    }
+}
+
+/// Check tool `i` (`{"type": "function", "function": {"name", "description",
+/// "parameters", "strict"}}`); its name.
+fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
+    let at = format!("tools[{i}]");
+    let shape = || {
+        ApiError::bad(
+            at.clone(),
+            format!("`{at}` must be `{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}`"),
+        )
+    };
+    let o = t.as_object().ok_or_else(shape)?;
+    if let Some(k) = o
+        .keys()
+        .find(|k| !matches!(k.as_str(), "type" | "function"))
+    {
+        return Err(ApiError::bad(
+            format!("{at}.{k}"),
+            format!("unknown field `{k}` of a tool"),
+        ));
+    }
+    match o.get("type").and_then(Value::as_str) {
+        Some("function") => {}
+        Some(other) => {
+            return Err(ApiError::bad(
+                format!("{at}.type"),
+                format!("tool type `{other}` is not supported: only `function`"),
+            ))
+        }
+        None => return Err(shape()),
+    }
+    let f = o
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(shape)?;
+    let fat = format!("{at}.function");
+    if let Some(k) = f
+        .keys()
+        .find(|k| !matches!(k.as_str(), "name" | "description" | "parameters" | "strict"))
+    {
+        return Err(ApiError::bad(
+            format!("{fat}.{k}"),
+            format!("unknown field `{k}` of a function"),
+        ));
+    }
+    let name = f.get("name").and_then(Value::as_str).unwrap_or("");
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !valid {
+        return Err(ApiError::bad(
+            format!("{fat}.name"),
+            format!("`{fat}.name` must be 1 to {MAX_NAME} letters, digits, `_`, `-` or `.`"),
+        ));
+    }
+    let typed = |k: &str, ok: fn(&Value) -> bool, what: &str| match f.get(k) {
+        Some(v) if !v.is_null() && !ok(v) => Err(ApiError::bad(
+            format!("{fat}.{k}"),
+            format!("`{fat}.{k}` must be {what}"),
+        )),
+        _ => Ok(()),
+    };
+    typed("description", Value::is_string, "a string")?;
+    typed("parameters", Value::is_object, "a JSON schema object")?;
+    typed("strict", Value::is_boolean, "a boolean")?;
+    Ok(name.to_string())
+}
+
+/// `tool_choice`: `none`, `auto`, `required`, or `{"type": "function", "function":
+/// {"name": ...}}` naming one of `names`.
+fn tool_choice(c: &Value, names: &[String]) -> Result<ToolChoice, ApiError> {
+    const P: &str = "tool_choice";
+    let shape = || {
+        ApiError::bad(
+            P,
+            "`tool_choice` must be `none`, `auto`, `required` or \
+             `{\"type\": \"function\", \"function\": {\"name\": ...}}`",
+        )
+    };
+    match c {
+        Value::String(s) => match s.as_str() {
+            "none" => Ok(ToolChoice::None),
+            "auto" => Ok(ToolChoice::Auto),
+            "required" => Ok(ToolChoice::Required),
+            _ => Err(shape()),
+        },
+        Value::Object(o) => {
+            if o.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(shape());
+            }
+            let f = o
+                .get("function")
+                .and_then(Value::as_object)
+                .ok_or_else(shape)?;
+            let name = f.get("name").and_then(Value::as_str).ok_or_else(shape)?;
+            if let Some(k) = o
+                .keys()
+                .find(|k| !matches!(k.as_str(), "type" | "function"))
+                .or_else(|| f.keys().find(|k| k.as_str() != "name"))
+            {
+                return Err(ApiError::bad(
+                    format!("{P}.{k}"),
+                    format!("unknown field `{k}` in `tool_choice`"),
+                ));
+            }
+            if !names.iter().any(|n| n == name) {
+                return Err(ApiError::bad(
+                    P,
+                    format!("`tool_choice` names the function `{name}`, which is not in `tools`"),
+                ));
+            }
+            Ok(ToolChoice::Named(name.to_string()))
+        }
+        _ => Err(shape()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> Value {
+        json!({"type": "function", "function": {"name": "get_weather", "description": "Weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}})
+    }
+
+    fn param(r: Result<Option<Tools>, ApiError>) -> String {
+        r.err()
+            .and_then(|e| e.param)
+            .unwrap_or_default()
+            .into_owned()
+    }
+
+    #[test]
+    fn tools_and_choices() {
+        let t = Tools::read(Some(json!([weather()])), None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!((t.choice.clone(), t.parallel), (ToolChoice::Auto, true));
+        assert_eq!(t.constraint(), None);
+        assert!(Tools::read(None, Some(json!("none")), None)
+            .unwrap()
+            .is_none());
+        let named = json!({"type": "function", "function": {"name": "get_weather"}});
+        let t = Tools::read(Some(json!([weather()])), Some(named), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.choice, ToolChoice::Named("get_weather".into()));
+        let Some(Constraint::JsonSchema(s)) = t.constraint() else {
+            panic!("named")
+        };
+        assert_eq!(
+            serde_json::from_str::<Value>(&s).unwrap(),
+            weather()["function"]["parameters"]
+        );
+        let t = Tools::read(
+            Some(json!([weather()])),
+            Some(json!("required")),
+            Some(json!(false)),
+        )
+        .unwrap()
+        .unwrap();
+        let Some(Constraint::JsonSchema(s)) = t.constraint() else {
+            panic!("required")
+        };
+        let s: Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(
+            (s["minItems"].as_u64(), s["maxItems"].as_u64()),
+            (Some(1), Some(1))
+        );
+    }
+
+    #[test]
+    fn bad_tools_are_refused_naming_the_field() {
+        let one = |t: Value| Tools::read(Some(json!([t])), None, None);
+        assert_eq!(param(Tools::read(Some(json!({})), None, None)), "tools");
+        assert_eq!(param(one(json!(5))), "tools[0]");
+        assert_eq!(
+            param(one(json!({"type": "retrieval", "function": {"name": "a"}}))),
+            "tools[0].type"
+        );
+        assert_eq!(
+            param(one(
+                json!({"type": "function", "function": {"name": "a b"}})
+            )),
+            "tools[0].function.name"
+        );
+        assert_eq!(
+            param(one(
+                json!({"type": "function", "function": {"name": "a", "parameters": "x"}})
+            )),
+            "tools[0].function.parameters"
+        );
+        assert_eq!(
+            param(one(
+                json!({"type": "function", "function": {"name": "a", "returns": {}}})
+            )),
+            "tools[0].function.returns"
+        );
+        assert_eq!(
+            param(Tools::read(Some(json!([weather(), weather()])), None, None)),
+            "tools[1].function.name"
+        );
+        let unknown = json!({"type": "function", "function": {"name": "nope"}});
+        assert_eq!(
+            param(Tools::read(Some(json!([weather()])), Some(unknown), None)),
+            "tool_choice"
+        );
+        assert_eq!(
+            param(Tools::read(
+                Some(json!([weather()])),
+                Some(json!("always")),
+                None
+            )),
+            "tool_choice"
+        );
+        assert_eq!(
+            param(Tools::read(None, Some(json!("required")), None)),
+            "tool_choice"
+        );
+        assert_eq!(
+            param(Tools::read(Some(json!([weather()])), None, Some(json!(1)))),
+            "parallel_tool_calls"
+        );
+    }
+}
