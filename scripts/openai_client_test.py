@@ -14,8 +14,10 @@ and chat completions, whole and streamed with `stream_options={"include_usage": 
 each equal to the expected text, with the usage counts; chat content as a list of text
 parts; a stop string ends the text before it; errors (an unknown model, a bad
 temperature, `n=2`) as the client's exception types; structured outputs (a JSON schema
-validated with `jsonschema`, regex and choice; greedy and sampled, whole and streamed). Exits non-zero with a message on the
-first mismatch.
+validated with `jsonschema`, regex and choice; greedy and sampled, whole and streamed);
+tool calls (`tool_choice` required and named, sampled, whole and streamed, their
+arguments validated against the tool's schema, the calls and a tool result passed back).
+Exits non-zero with a message on the first mismatch.
 """
 
 import json
@@ -123,6 +125,7 @@ def main():
     except openai.BadRequestError as e:
         check(e.param == "n", f"n=2: param {e.param!r}: {e.body}")
     structured(client, model, messages)
+    tool_calls(client, model)
     print(f"openai_client_test: ok (openai {openai.__version__}; stop string {stop!r})")
 
 
@@ -181,6 +184,71 @@ def structured(client, model, messages):
         check(False, "an invalid schema was accepted")
     except openai.BadRequestError as e:
         check(e.param == "response_format", f"invalid schema: param {e.param!r}: {e.body}")
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                                      "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                       "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time now"}},
+]
+
+
+def tool_calls(client, model):
+    """Tool calls through the client: `tool_choice` required (parallel or not) and named,
+    sampled, whole and streamed (the stream's `tool_calls` deltas put together by index as
+    OpenAI's docs do), each call's arguments validated against its tool's schema; the
+    assistant message and a tool result passed back; an unknown function in
+    `tool_choice` as a BadRequestError naming it."""
+    import jsonschema
+    schemas = {t["function"]["name"]: t["function"].get(
+        "parameters", {"type": "object", "additionalProperties": False}) for t in TOOLS}
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    choices = ["required", {"type": "function", "function": {"name": "get_weather"}}]
+    for seed in range(2):
+        for choice in choices:
+            for parallel in (True, False):
+                kw = dict(model=model, messages=messages, tools=TOOLS, tool_choice=choice,
+                          parallel_tool_calls=parallel, temperature=1.0, seed=seed,
+                          max_tokens=200)
+                r = client.chat.completions.create(**kw)
+                ch = r.choices[0]
+                want = "tool_calls" if choice == "required" else "stop"
+                check(ch.finish_reason == want, f"tools {choice}: finish {ch.finish_reason}")
+                calls = ch.message.tool_calls or []
+                check(calls, f"tools {choice}: no calls: {ch.message}")
+                if not parallel or choice != "required":
+                    check(len(calls) == 1, f"tools {choice}: {len(calls)} calls")
+                for c in calls:
+                    check(c.type == "function" and c.id, f"tools: call {c}")
+                    jsonschema.validate(json.loads(c.function.arguments), schemas[c.function.name])
+                acc = {}
+                for chunk in client.chat.completions.create(stream=True, **kw):
+                    for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                        e = acc.setdefault(d.index, {"name": None, "args": ""})
+                        if d.function and d.function.name:
+                            e["name"] = d.function.name
+                        if d.function and d.function.arguments:
+                            e["args"] += d.function.arguments
+                got = [(acc[i]["name"], acc[i]["args"]) for i in sorted(acc)]
+                check(got == [(c.function.name, c.function.arguments) for c in calls],
+                      f"tools streamed {got} != {calls}")
+            # The call and its result go back to the model.
+            follow = messages + [ch.message] + [
+                {"role": "tool", "tool_call_id": c.id, "content": "22 degrees"} for c in calls]
+            r = client.chat.completions.create(model=model, messages=follow, tools=TOOLS,
+                                               max_tokens=4)
+            check(r.choices[0].message.role == "assistant", "tools: the follow-up")
+    try:
+        client.chat.completions.create(
+            model=model, messages=messages, tools=TOOLS, max_tokens=4,
+            tool_choice={"type": "function", "function": {"name": "fly"}})
+        check(False, "an unknown function in tool_choice was accepted")
+    except openai.BadRequestError as e:
+        check(e.param == "tool_choice", f"unknown function: param {e.param!r}: {e.body}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use encore_core::tokenizer::{
-    ChatMessage, StreamDecoder, Tokenizer, BYTES_BOS, BYTES_EOS, BYTES_VOCAB_SIZE,
+    ChatMessage, ChatOptions, StreamDecoder, Tokenizer, BYTES_BOS, BYTES_EOS, BYTES_VOCAB_SIZE,
 };
 use encore_core::Error;
 use serde_json::{json, Value};
@@ -421,4 +421,43 @@ fn stream_decoder_reproduces_the_full_decode() {
 fn tokenizer_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<Tokenizer>();
+}
+
+/// Real models' chat templates (Llama 3.1, Qwen2.5, Qwen3, Mistral Nemo, Hermes 3, as they
+/// ship them) render conversations with tools, tool calls and their results, reasoning
+/// and `chat_template_kwargs` exactly as transformers renders them
+/// (`scripts/render-chat-templates.py` wrote the expected texts).
+#[test]
+fn real_chat_templates_render_tools_as_transformers_does() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
+    let cases: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(data.join("expected.json")).unwrap())
+            .unwrap();
+    assert!(cases.len() >= 20, "{} cases", cases.len());
+    let mut templates = std::collections::BTreeSet::new();
+    for c in &cases {
+        let name = c["template"].as_str().unwrap();
+        templates.insert(name);
+        let source = std::fs::read_to_string(data.join(name)).unwrap();
+        let dir = llama3_dir("real-template", &source);
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        assert_eq!(c["special"]["bos_token"], "<|begin_of_text|>");
+        assert_eq!(c["special"]["eos_token"], "<|eot_id|>");
+        let messages: Vec<ChatMessage> = serde_json::from_value(c["messages"].clone()).unwrap();
+        let opts = ChatOptions {
+            add_generation_prompt: c["add_generation_prompt"].as_bool().unwrap(),
+            tools: c["tools"].as_array().cloned(),
+            kwargs: c["kwargs"].as_object().unwrap().clone(),
+        };
+        let got = tok
+            .render_chat(&messages, &opts)
+            .unwrap_or_else(|e| panic!("{name} / {}: {e}", c["case"]));
+        assert_eq!(
+            got,
+            c["expected"].as_str().unwrap(),
+            "{name} / {}",
+            c["case"]
+        );
+    }
+    assert_eq!(templates.len(), 5, "{templates:?}");
 }

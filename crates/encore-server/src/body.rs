@@ -627,8 +627,10 @@ fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
             ));
         }
     }
+    // An assistant's missing content reads as empty: templates such as Qwen3's search
+    // the text of every assistant message.
     let content = match get("content") {
-        None if role == "assistant" => None,
+        None if role == "assistant" => Some(String::new()),
         None => {
             return Err(ApiError::bad(
                 at(".content"),
@@ -1007,10 +1009,7 @@ mod tests {
             {"role": "tool", "content": "22C", "tool_call_id": "c1", "name": "f"},
         ]))
         .unwrap_or_else(|e| panic!("{}", e.message));
-        let mut call = ChatMessage {
-            content: None,
-            ..ChatMessage::new("assistant", "")
-        };
+        let mut call = ChatMessage::new("assistant", "");
         let none = call.clone();
         call.reasoning_content = Some("why".into());
         call.tool_calls = vec![ToolCall {

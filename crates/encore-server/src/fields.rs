@@ -313,7 +313,7 @@ pub(crate) const MESSAGE: &[Rule] = &[
     ),
     honored(
         "content",
-        "a string, or a list of `{\"type\": \"text\", \"text\": ...}` parts (concatenated); other part types are refused; null or absent only for `assistant`",
+        "a string, or a list of `{\"type\": \"text\", \"text\": ...}` parts (concatenated); other part types are refused; null or absent only for `assistant` (read as empty)",
     ),
     honored("name", "a string, passed to the chat template"),
     honored(
