@@ -13,7 +13,8 @@ Checks, all greedy (temperature 0, end-of-sequence ignored): `models.list()`; co
 and chat completions, whole and streamed with `stream_options={"include_usage": True}`,
 each equal to the expected text, with the usage counts; chat content as a list of text
 parts; a stop string ends the text before it; errors (an unknown model, a bad
-temperature, `n=2`) as the client's exception types; structured outputs (a JSON schema
+temperature, `best_of`) as the client's exception types; `n=3` as three choices, whole and
+streamed; structured outputs (a JSON schema
 validated with `jsonschema`, regex and choice; greedy and sampled, whole and streamed);
 tool calls (`tool_choice` required and named, sampled, whole and streamed, their
 arguments validated against the tool's schema, the calls and a tool result passed back).
@@ -118,12 +119,22 @@ def main():
         check(False, "temperature 9 was accepted")
     except openai.BadRequestError:
         pass
-    # A field the server does not support yet is refused, not ignored.
+    # A field the server does not support is refused, not ignored.
     try:
-        client.chat.completions.create(model=model, messages=messages, max_tokens=2, n=2)
-        check(False, "n=2 was accepted")
+        client.completions.create(model=model, prompt=prompt, max_tokens=2, best_of=2)
+        check(False, "best_of=2 was accepted")
     except openai.BadRequestError as e:
-        check(e.param == "n", f"n=2: param {e.param!r}: {e.body}")
+        check(e.param == "best_of", f"best_of=2: param {e.param!r}: {e.body}")
+    # n samples: one choice each, whole and streamed alike.
+    kw = dict(model=model, messages=messages, max_tokens=6, n=3, temperature=1.0, seed=9)
+    r = client.chat.completions.create(**kw)
+    check([c.index for c in r.choices] == [0, 1, 2], f"n=3: {r.choices}")
+    texts = [c.message.content for c in r.choices]
+    got = {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            got[ch.index] = got.get(ch.index, "") + (ch.delta.content or "")
+    check([got.get(i) for i in range(3)] == texts, f"n=3 streamed {got} != {texts}")
     structured(client, model, messages)
     tool_calls(client, model)
     print(f"openai_client_test: ok (openai {openai.__version__}; stop string {stop!r})")

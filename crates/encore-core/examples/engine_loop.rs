@@ -78,6 +78,7 @@ fn main() -> encore_core::Result<()> {
                     ignore_eos: true,
                     fit_context: false,
                     constraint: None,
+                    share_prompt: None,
                 },
             },
             Box::new(move |e| tx.send(e).is_ok()),

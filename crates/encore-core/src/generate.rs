@@ -66,6 +66,7 @@ pub fn generate(
                     ignore_eos: opts.ignore_eos,
                     fit_context: false,
                     constraint: None,
+                    share_prompt: None,
                 },
             },
             runner,

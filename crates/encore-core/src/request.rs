@@ -106,6 +106,10 @@ pub struct RequestParams {
     pub fit_context: bool,
     /// What the output must match; `None`: anything.
     pub constraint: Option<Constraint>,
+    /// Requests with the same value share their prompt (the `n` samples of one API
+    /// request): with prefix caching on, while one of them computes the prompt the others
+    /// wait, then start from its cached KV blocks, so the prompt is computed once.
+    pub share_prompt: Option<u64>,
 }
 
 /// A request: its caller-chosen id (unique among live requests), prompt and parameters.
@@ -391,6 +395,7 @@ mod tests {
                 ignore_eos: false,
                 fit_context: false,
                 constraint: None,
+                share_prompt: None,
             },
         }
     }

@@ -16,7 +16,9 @@
 //! starts from the longest run of cached full KV blocks holding a prefix of its tokens
 //! (`BlockManager::lookup`) and computes only the rest; after each step the scheduler
 //! commits every sequence's computed tokens, so blocks that filled up — with prompt or
-//! produced tokens — become cached for later requests.
+//! produced tokens — become cached for later requests. Requests that share their prompt
+//! (`RequestParams::share_prompt`, the `n` samples of one API request) wait while one of
+//! them computes it, then start from its cached blocks.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -333,6 +335,18 @@ impl Scheduler {
             && self.running.len() < self.cfg.max_num_seqs
         {
             let Some(s) = self.waiting.front() else { break };
+            // A request that shares its prompt with one still computing it waits for
+            // those blocks to be cached (the prompt is computed once for `n` samples).
+            if self.cfg.prefix_cache && s.req.params.share_prompt.is_some() {
+                let group = s.req.params.share_prompt;
+                let sibling_prefilling = self
+                    .running
+                    .iter()
+                    .any(|r| r.req.params.share_prompt == group && r.computed < r.req.prompt.len());
+                if sibling_prefilling {
+                    break;
+                }
+            }
             let hit = if self.cfg.prefix_cache {
                 self.seqs.blocks.lookup(&s.tokens)
             } else {

@@ -37,7 +37,7 @@ pub type Verdict = Box<dyn FnOnce(Result<(), Refusal>) + Send>;
 enum Message {
     /// A request, its sink, when it was submitted, and who to tell whether it was
     /// admitted (without one, a refusal goes to the sink).
-    Add(Request, Sink, Instant, Option<Verdict>),
+    Add(Box<Request>, Sink, Instant, Option<Verdict>),
     Abort(u64),
     /// End a request early as finished (a stop string matched in its text).
     Finish(u64),
@@ -191,7 +191,7 @@ impl EngineHandle {
 
     fn send_add(&self, req: Request, sink: Sink, verdict: Option<Verdict>) -> Result<()> {
         self.tx
-            .send(Message::Add(req, sink, Instant::now(), verdict))
+            .send(Message::Add(Box::new(req), sink, Instant::now(), verdict))
             .map_err(|_| Error::invalid("engine", "the engine loop has stopped"))
     }
 
@@ -279,7 +279,7 @@ fn run_loop(
             match msg {
                 Message::Add(req, sink, submitted, verdict) => {
                     add(
-                        &mut sched, runner, &mut sinks, req, sink, submitted, verdict,
+                        &mut sched, runner, &mut sinks, *req, sink, submitted, verdict,
                     );
                 }
                 Message::Abort(id) => {

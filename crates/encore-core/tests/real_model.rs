@@ -276,6 +276,7 @@ fn smollm2_gguf_answers_in_json_under_a_schema() {
             ignore_eos: false,
             fit_context: false,
             constraint: Some(Constraint::JsonSchema(schema.into())),
+            share_prompt: None,
         },
     };
     sched.add(req, &runner).unwrap();

@@ -196,6 +196,7 @@ pub(crate) struct CommonBody {
     max_tokens: Field<u64>,
     stream: Field<bool>,
     stream_options: Field<Map<String, Value>>,
+    n: Field<i64>,
     ignore_eos: Field<bool>,
     stop_token_ids: Field<Vec<u32>>,
     stop: Field<Stop>,
@@ -208,9 +209,14 @@ pub(crate) struct CommonBody {
     guided_grammar: Field<Value>,
 }
 
+/// The most samples one request may ask for (`n`).
+pub(crate) const MAX_N: usize = 64;
+
 /// What the server needs of a valid body besides its prompt.
 pub(crate) struct Common {
     pub stream: bool,
+    /// Samples of the prompt (`n`).
+    pub n: usize,
     pub include_usage: bool,
     /// `None`: the request gave none; the server's default applies (it shrinks to the
     /// room the context leaves, as vLLM's does).
@@ -238,6 +244,7 @@ impl CommonBody {
                 None => (count(self.max_tokens, "max_tokens")?, "max_tokens"),
             };
         let stream = flag(self.stream, "stream")?;
+        let n = integer(self.n, "n", 1, MAX_N as i64)?.unwrap_or(1) as usize;
         let include_usage = stream_options(self.stream_options)?;
         let ignore_eos = flag(self.ignore_eos, "ignore_eos")?;
         let mut stop_token_ids = if ignore_eos { Vec::new() } else { eos.to_vec() };
@@ -268,6 +275,7 @@ impl CommonBody {
         ])?;
         Ok(Common {
             stream,
+            n,
             include_usage,
             max_tokens,
             params: RequestParams {
@@ -279,6 +287,7 @@ impl CommonBody {
                 // The OpenAI API's rule: prompt and max_tokens must fit the context.
                 fit_context: true,
                 constraint,
+                share_prompt: None,
             },
             seed,
             stop,

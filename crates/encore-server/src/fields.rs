@@ -134,7 +134,10 @@ const STREAM_OPTIONS: Rule = honored(
     "stream_options",
     "`include_usage` adds a final usage chunk; other keys are refused",
 );
-const N: Rule = refused("n", NoOp::One, "`n` must be 1: n > 1 is not supported yet");
+const N: Rule = honored(
+    "n",
+    "1..=64 samples of the prompt (`choices[i]`), each with its own sampling stream (seed + i); the prompt is computed once and its KV blocks shared",
+);
 const LOGIT_BIAS: Rule = refused(
     "logit_bias",
     NoOp::Empty,
@@ -190,11 +193,7 @@ pub(crate) const COMPLETIONS: &[Rule] = &[
         "0..=20: the sampled token's log-probability and this many top ones",
     ),
     N,
-    refused(
-        "best_of",
-        NoOp::One,
-        "`best_of` is not supported; use `n` (only 1 for now)",
-    ),
+    refused("best_of", NoOp::One, "`best_of` is not supported; use `n`"),
     ECHO,
     refused("suffix", NoOp::Empty, "`suffix` is not supported yet"),
     LOGIT_BIAS,
@@ -505,7 +504,6 @@ mod tests {
         });
         assert!(check(COMPLETIONS, &body(no_ops), "").is_ok());
         for (bad, param) in [
-            (serde_json::json!({"n": 2}), "n"),
             (serde_json::json!({"best_of": 3}), "best_of"),
             (serde_json::json!({"echo": true}), "echo"),
             (serde_json::json!({"suffix": "x"}), "suffix"),

@@ -141,6 +141,7 @@ pub(crate) struct Form {
 }
 
 /// How a chat request's output is read and answered.
+#[derive(Clone)]
 pub(crate) struct ChatOut {
     /// `None`: the text is all content.
     pub parser: Option<ChatParser>,
@@ -197,30 +198,41 @@ async fn generate(
             .default_max_tokens
             .min(room.saturating_sub(prompt.len()).max(1))
     });
-    let id = s.next_id.fetch_add(1, Ordering::Relaxed);
-    let req = Request {
-        id,
-        prompt: prompt.clone(),
-        params: c.params.clone(),
-    };
-    let (guard, rx) = match admit(&s.engine, req).await {
-        Ok(x) => x,
-        Err(Admission::Refused(r)) => return ApiError::refused(&r, c.names).into_response(),
-        Err(Admission::Failed(e)) => return e.into_response(),
-    };
-    let reply = Reply::new(kind, id, s.cfg.served_model_name.clone());
+    // `n` samples: one request each, in order, sharing the prompt (computed once).
+    let n = c.n;
+    let first = s.next_id.fetch_add(n as u64, Ordering::Relaxed);
+    let mut children = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut params = c.params.clone();
+        params.sampling.seed = params.sampling.seed.wrapping_add(i as u64);
+        params.share_prompt = (n > 1).then_some(first);
+        let req = Request {
+            id: first + i as u64,
+            prompt: prompt.clone(),
+            params,
+        };
+        // A refusal drops the children already admitted, which aborts them.
+        match admit(&s.engine, req).await {
+            Ok(x) => children.push(x),
+            Err(Admission::Refused(r)) => return ApiError::refused(&r, c.names).into_response(),
+            Err(Admission::Failed(e)) => return e.into_response(),
+        }
+    }
+    let reply = Reply::new(kind, first, s.cfg.served_model_name.clone());
     let chat = chat.map(|mut c| {
-        c.id_seed = reply.created.rotate_left(32) ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        c.id_seed = reply.created.rotate_left(32) ^ first.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         c
     });
+    let form = Form { reply, chat };
     if c.stream {
-        let form = Form { reply, chat };
-        crate::stream::respond(&s, rx, guard, prompt, c.stop, c.include_usage, form)
+        crate::stream::respond(&s, children, prompt, c.stop, c.include_usage, form)
     } else {
-        let form = Form { reply, chat };
-        crate::whole::respond(&s, rx, guard, prompt, c.stop, form).await
+        crate::whole::respond(&s, children, prompt, c.stop, form).await
     }
 }
+
+/// One admitted choice of a request: the guard that aborts it, and its events.
+pub(crate) type Child = (AbortGuard, mpsc::UnboundedReceiver<Event>);
 
 /// A 503 when the server drains or its queue is full.
 fn busy(s: &AppState) -> Option<Response> {

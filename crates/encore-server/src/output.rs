@@ -62,6 +62,7 @@ impl Reply {
     /// finish reason on the last, the role on the first.
     pub fn parsed_chunk(
         &self,
+        index: usize,
         d: &Delta,
         finish: Option<&str>,
         first: bool,
@@ -81,24 +82,31 @@ impl Reply {
             delta.insert("tool_calls".into(), Value::Array(d.calls.clone()));
         }
         let choice =
-            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
+            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
         json!({"id": self.id, "object": self.chunk_object(), "created": self.created,
                "model": self.model, "choices": [choice]})
     }
 
-    /// The chunk of one streamed token: its text `delta`, the finish reason on the last,
-    /// the role on chat's first.
-    pub fn chunk(&self, delta: &str, finish: Option<&str>, first: bool, logprobs: Value) -> Value {
+    /// The chunk of one streamed token of choice `index`: its text `delta`, the finish
+    /// reason on the last, the role on chat's first.
+    pub fn chunk(
+        &self,
+        index: usize,
+        delta: &str,
+        finish: Option<&str>,
+        first: bool,
+        logprobs: Value,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Completion => {
-                json!({"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Chat => {
                 let mut d = json!({"content": delta});
                 if first {
                     d["role"] = json!("assistant");
                 }
-                json!({"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": d, "logprobs": logprobs, "finish_reason": finish})
             }
         };
         json!({"id": self.id, "object": self.chunk_object(), "created": self.created,
@@ -113,30 +121,35 @@ impl Reply {
         })
     }
 
-    /// A whole response of `text` (its token `ids`), ended by `finish`; a chat's
-    /// `message` when a parser read the text.
-    pub fn whole(
+    /// Choice `index` of a whole response: `text` (its token `ids`), ended by `finish`;
+    /// a chat's `message` when a parser read the text.
+    pub fn choice(
         &self,
+        index: usize,
         text: &str,
         ids: &[u32],
         logprobs: Value,
         finish: &str,
-        prompt: usize,
         message: Option<Value>,
     ) -> Value {
-        let choice = match self.kind {
+        match self.kind {
             Kind::Completion => {
-                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
+                json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
             }
             Kind::Chat => {
                 let message =
                     message.unwrap_or_else(|| json!({"role": "assistant", "content": text}));
-                json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
+                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
             }
-        };
+        }
+    }
+
+    /// A whole response of `choices`, with the usage of a `prompt` of so many tokens and
+    /// `completion` tokens over all choices.
+    pub fn whole(&self, choices: Vec<Value>, prompt: usize, completion: usize) -> Value {
         json!({
             "id": self.id, "object": self.object(), "created": self.created, "model": self.model,
-            "choices": [choice], "usage": usage(prompt, ids.len()),
+            "choices": choices, "usage": usage(prompt, completion),
         })
     }
 }

@@ -1,7 +1,8 @@
 //! A streamed answer: a task turns the engine's events into server-sent events, one per
 //! token as vLLM sends them (its text may be empty while a character or a possible stop
-//! string is incomplete, so clients can time every token), the last with the finish
-//! reason, the usage chunk when asked for, then `[DONE]`. When the client goes away the
+//! string is incomplete, so clients can time every token), each choice's last with its
+//! finish reason (with `n` > 1 the choices' chunks interleave, each with its `index`),
+//! the usage chunk when asked for, then `[DONE]` once every choice ended. When the client goes away the
 //! task ends and its guard aborts the request; at a shutdown's cut-off the stream ends
 //! with an error event.
 
@@ -18,17 +19,16 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 
 use crate::error::ApiError;
-use crate::generate::{AbortGuard, ChatOut, Form};
+use crate::generate::{AbortGuard, ChatOut, Child, Form};
 use crate::output::{finish_name, logprobs_json, release, Reply};
 use crate::parse::{CallIds, ChatStream};
 use crate::shutdown::cut_off;
 use crate::AppState;
 
-/// Answer an admitted request as a stream of its `events`.
+/// Answer an admitted request as a stream of its `children`'s events (one per choice).
 pub(crate) fn respond(
     s: &AppState,
-    events: mpsc::UnboundedReceiver<Event>,
-    guard: AbortGuard,
+    children: Vec<Child>,
     prompt: Vec<u32>,
     stop: StopMatcher,
     include_usage: bool,
@@ -37,22 +37,42 @@ pub(crate) fn respond(
     let Form { reply, chat } = form;
     let (out, out_rx) = mpsc::unbounded_channel::<String>();
     let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
-    let parsed = chat.and_then(|c| {
-        let ids = CallIds::new(c.id_seed, c.mistral_ids);
-        let p = c.parser.clone()?;
-        Some((ChatStream::new(p, ids), c))
-    });
+    // The choices' events, merged and tagged with their index.
+    let (merged, events) = mpsc::unbounded_channel::<(usize, Event)>();
+    let mut choices = Vec::with_capacity(children.len());
+    for (index, (guard, mut rx)) in children.into_iter().enumerate() {
+        let merged = merged.clone();
+        tokio::spawn(async move {
+            while let Some(e) = rx.recv().await {
+                if merged.send((index, e)).is_err() {
+                    return;
+                }
+            }
+        });
+        let parsed = chat.as_ref().and_then(|c| {
+            let seed = c.id_seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let p = c.parser.clone()?;
+            Some((
+                ChatStream::new(p, CallIds::new(seed, c.mistral_ids)),
+                c.clone(),
+            ))
+        });
+        choices.push(Choice {
+            guard,
+            parsed,
+            n: 0,
+            offset: 0,
+            done: false,
+        });
+    }
     let task = Task {
         keep_special,
-        parsed,
         tokenizer: Arc::clone(&s.tokenizer),
         reply,
         include_usage,
         prompt_len: prompt.len(),
         out,
-        guard,
-        n: 0,
-        offset: 0,
+        choices,
     };
     tokio::spawn(task.run(events, prompt, stop, s.cut.subscribe()));
     let data = UnboundedReceiverStream::new(out_rx)
@@ -64,34 +84,47 @@ pub(crate) fn respond(
 struct Task {
     /// The text holds special tokens (not the end-of-generation one).
     keep_special: bool,
-    /// A chat output read by a parser.
-    parsed: Option<(ChatStream, ChatOut)>,
     tokenizer: Arc<Tokenizer>,
     reply: Reply,
     include_usage: bool,
     prompt_len: usize,
     /// The SSE data payloads.
     out: mpsc::UnboundedSender<String>,
+    choices: Vec<Choice>,
+}
+
+/// One choice of a streamed request.
+struct Choice {
     guard: AbortGuard,
+    /// A chat output read by a parser.
+    parsed: Option<(ChatStream, ChatOut)>,
     /// Tokens sent so far.
     n: usize,
     /// The text offset of the next token's log-probabilities.
     offset: usize,
+    /// Its last chunk went out.
+    done: bool,
 }
 
 impl Task {
     async fn run(
         mut self,
-        mut events: mpsc::UnboundedReceiver<Event>,
+        mut events: mpsc::UnboundedReceiver<(usize, Event)>,
         prompt: Vec<u32>,
         stop: StopMatcher,
         cut: tokio::sync::watch::Receiver<bool>,
     ) {
         let tokenizer = Arc::clone(&self.tokenizer);
-        let mut text = StopStream::new(&tokenizer, &prompt, stop);
-        if self.keep_special {
-            text = text.keep_special_tokens();
-        }
+        let mut texts: Vec<StopStream<'_>> = (0..self.choices.len())
+            .map(|_| {
+                let t = StopStream::new(&tokenizer, &prompt, stop.clone());
+                if self.keep_special {
+                    t.keep_special_tokens()
+                } else {
+                    t
+                }
+            })
+            .collect();
         let cut = cut_off(cut);
         tokio::pin!(cut);
         loop {
@@ -99,23 +132,23 @@ impl Task {
                 ev = events.recv() => ev,
                 _ = self.out.closed() => return,
                 _ = &mut cut => {
-                    // The guard aborts the request in the engine.
+                    // The guards abort the request's choices in the engine.
                     self.end_with(&ApiError::shutting_down().body());
                     return;
                 }
             };
-            let Some(ev) = ev else { return };
+            let Some((i, ev)) = ev else { return };
             let more = match ev {
-                Event::Token(o) => self.token(&mut text, o),
+                Event::Token(o) => self.token(i, &mut texts[i], o),
                 Event::Refused(r) => {
                     // A refusal is the request's fault; a failed step the server's.
-                    self.guard.done = true;
+                    self.choices[i].guard.done = true;
                     let e = ApiError::bad(r.param.name(), r.message_naming(r.param.name()));
                     self.end_with(&e.body());
                     false
                 }
                 Event::Failed(e) => {
-                    self.guard.done = true;
+                    self.choices[i].guard.done = true;
                     let e = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
                     self.end_with(&e);
                     false
@@ -127,9 +160,14 @@ impl Task {
         }
     }
 
-    /// Send the chunk of token `o`; whether the stream goes on.
-    fn token(&mut self, text: &mut StopStream<'_>, o: Output) -> bool {
-        self.n += 1;
+    /// Send the chunk of token `o` of choice `i`; whether the stream goes on.
+    fn token(&mut self, i: usize, text: &mut StopStream<'_>, o: Output) -> bool {
+        let c = &mut self.choices[i];
+        if c.done {
+            // A step still in flight after a stop string.
+            return true;
+        }
+        c.n += 1;
         let (delta, stopped) = release(text, &o, self.keep_special);
         let mut finish = if stopped {
             Some("stop")
@@ -141,32 +179,38 @@ impl Task {
                 &self.tokenizer,
                 self.reply.kind,
                 &[(o.token, lp)],
-                &mut self.offset,
+                &mut c.offset,
             ),
             None => Value::Null,
         };
-        let c = match &mut self.parsed {
+        let first = c.n == 1;
+        let chunk = match &mut c.parsed {
             Some((stream, out)) => {
                 let d = stream.push(&delta, finish.is_some());
                 finish = finish.map(|f| out.finish(f, stream.called()));
-                self.reply.parsed_chunk(&d, finish, self.n == 1, lps)
+                self.reply.parsed_chunk(i, &d, finish, first, lps)
             }
-            None => self.reply.chunk(&delta, finish, self.n == 1, lps),
+            None => self.reply.chunk(i, &delta, finish, first, lps),
         };
-        if self.out.send(c.to_string()).is_err() {
+        if self.out.send(chunk.to_string()).is_err() {
             return false;
         }
         if finish.is_none() {
             return true;
         }
-        // A stop string ends the request here; the engine may still be running it: it
+        // A stop string ends the choice here; the engine may still be running it: it
         // ends there as finished.
-        self.guard.done = o.finish.is_some();
+        c.done = true;
+        c.guard.done = o.finish.is_some();
         if stopped {
-            self.guard.stopped();
+            c.guard.stopped();
+        }
+        if self.choices.iter().any(|c| !c.done) {
+            return true;
         }
         if self.include_usage {
-            let u = self.reply.usage_chunk(self.prompt_len, self.n);
+            let tokens = self.choices.iter().map(|c| c.n).sum();
+            let u = self.reply.usage_chunk(self.prompt_len, tokens);
             let _ = self.out.send(u.to_string());
         }
         let _ = self.out.send("[DONE]".into());

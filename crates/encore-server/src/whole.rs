@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::generate::{AbortGuard, ChatOut, Form};
+use crate::generate::{AbortGuard, ChatOut, Child, Form};
 use crate::output::{finish_name, logprobs_json, release};
 use crate::parse::{self, CallIds};
 use crate::shutdown::cut_off;
@@ -26,51 +26,60 @@ struct Collected {
     finish: &'static str,
 }
 
-/// Answer an admitted request whole, from its `events`.
+/// Answer an admitted request whole, from the events of its `children` (one per choice).
 pub(crate) async fn respond(
     s: &AppState,
-    events: mpsc::UnboundedReceiver<Event>,
-    guard: AbortGuard,
+    children: Vec<Child>,
     prompt: Vec<u32>,
     stop: StopMatcher,
     form: Form,
 ) -> Response {
     let Form { reply, chat } = form;
     let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
-    let c = match collect(s, events, guard, &prompt, stop, keep_special).await {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
-    let decoded = match c.text {
-        Some(t) => Ok(t),
-        None => s.tokenizer.decode(&c.ids, true),
-    };
-    let text = match decoded {
-        Ok(t) => t,
-        Err(e) => {
-            return ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-                .into_response()
-        }
-    };
-    let lps = if c.logprobs.is_empty() {
-        Value::Null
-    } else {
-        logprobs_json(&s.tokenizer, reply.kind, &c.logprobs, &mut 0)
-    };
-    let (message, finish) = match &chat {
-        Some(
-            out @ ChatOut {
-                parser: Some(p), ..
-            },
-        ) => {
-            let parsed = p.parse(&text, true);
-            let mut ids = CallIds::new(out.id_seed, out.mistral_ids);
-            let m = parse::message(&parsed, &mut ids, out.reasoning);
-            (Some(m), out.finish(c.finish, !parsed.calls.is_empty()))
-        }
-        _ => (None, c.finish),
-    };
-    Json(reply.whole(&text, &c.ids, lps, finish, prompt.len(), message)).into_response()
+    let mut choices = Vec::with_capacity(children.len());
+    let mut completion = 0;
+    let mut children = children.into_iter();
+    // The choices run together in the engine; their events wait in their channels while
+    // an earlier one is collected. A failure drops the rest, which aborts them.
+    for (index, (guard, events)) in children.by_ref().enumerate() {
+        let c = match collect(s, events, guard, &prompt, stop.clone(), keep_special).await {
+            Ok(c) => c,
+            Err(e) => return e.into_response(),
+        };
+        completion += c.ids.len();
+        let decoded = match c.text {
+            Some(t) => Ok(t),
+            None => s.tokenizer.decode(&c.ids, true),
+        };
+        let text = match decoded {
+            Ok(t) => t,
+            Err(e) => {
+                return ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                    .into_response()
+            }
+        };
+        let lps = if c.logprobs.is_empty() {
+            Value::Null
+        } else {
+            logprobs_json(&s.tokenizer, reply.kind, &c.logprobs, &mut 0)
+        };
+        let (message, finish) = match &chat {
+            Some(
+                out @ ChatOut {
+                    parser: Some(p), ..
+                },
+            ) => {
+                let parsed = p.parse(&text, true);
+                let seed = out.id_seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                let mut ids = CallIds::new(seed, out.mistral_ids);
+                let m = parse::message(&parsed, &mut ids, out.reasoning);
+                (Some(m), out.finish(c.finish, !parsed.calls.is_empty()))
+            }
+            _ => (None, c.finish),
+        };
+        choices.push(reply.choice(index, &text, &c.ids, lps, finish, message));
+    }
+    Json(reply.whole(choices, prompt.len(), completion)).into_response()
 }
 
 /// Take the request's events until its end.

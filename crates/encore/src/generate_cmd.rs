@@ -283,6 +283,7 @@ fn request_params(
         ignore_eos: a.ignore_eos,
         fit_context: false,
         constraint,
+        share_prompt: None,
     }
 }
 

@@ -191,6 +191,7 @@ pub fn request(id: u64, prompt: Vec<u32>, sampling: SamplingParams, max_tokens: 
             ignore_eos: false,
             fit_context: false,
             constraint: None,
+            share_prompt: None,
         },
     }
 }

@@ -39,7 +39,8 @@ fn unsupported_and_unknown_fields_are_refused_naming_them() {
     let s = start(None);
     let both = [COMPLETIONS, CHAT];
     let cases: &[(&[&str], Value, &str)] = &[
-        (&both, json!({"n": 2}), "n > 1 is not supported yet"),
+        (&both, json!({"n": 0}), "integer in [1, 64]"),
+        (&both, json!({"n": 65}), "integer in [1, 64]"),
         (
             &both,
             json!({"logit_bias": {"50": 10}}),

@@ -299,3 +299,62 @@ fn logprobs_come_back_in_the_openai_shapes() {
         .sum();
     assert_eq!(entries, 7, "{b}");
 }
+
+/// `n` samples: choice `i` is the single request with seed + i, whole and streamed; the
+/// prompt's full KV blocks are computed once (the other samples find them cached, as
+/// /metrics counts); usage counts the prompt once and every choice's tokens.
+#[test]
+fn n_samples_share_one_prefill() {
+    let s = start_parsers(None, None);
+    // 100 prompt tokens: 6 full blocks of 16.
+    let prompt: Vec<u32> = (0..100).map(|i| 32 + (i * 7) % 90).collect();
+    let body = |n: usize, seed: u64, stream: bool| {
+        json!({"model": MODEL, "prompt": prompt, "max_tokens": 10, "temperature": 1.0,
+               "seed": seed, "n": n, "ignore_eos": true, "stream": stream,
+               "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null }})
+    };
+    let metrics = || http(s.addr, "GET", "/metrics", None, &[]).1;
+    let before = metrics();
+    let (st, v) = post(s.addr, "/v1/completions", body(4, 40, false));
+    assert_eq!(st, 200, "{v}");
+    let after = metrics();
+    let delta = |name: &str| metric(&after, name) - metric(&before, name);
+    assert_eq!(delta("encore_prefix_cache_queries_total"), 400.0);
+    assert_eq!(delta("encore_prefix_cache_hits_total"), 3.0 * 96.0);
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 100, "completion_tokens": 40, "total_tokens": 140})
+    );
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    let texts: Vec<&str> = choices
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["finish_reason"], "length");
+        // The same as one sample with seed + i.
+        let (_, one) = post(s.addr, "/v1/completions", body(1, 40 + i as u64, false));
+        assert_eq!(one["choices"][0]["text"], c["text"], "choice {i}");
+    }
+    assert!(texts.iter().any(|t| *t != texts[0]), "{texts:?}");
+    // Streamed: chunks of every choice interleave; each choice's pieces add up to its text.
+    let raw = post_raw(s.addr, "/v1/completions", &body(4, 40, true));
+    let events = sse(&raw);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let mut got = vec![String::new(); 4];
+    let mut finished = 0;
+    for e in &events[..events.len() - 2] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        let c = &v["choices"][0];
+        got[c["index"].as_u64().unwrap() as usize].push_str(c["text"].as_str().unwrap());
+        finished += usize::from(!c["finish_reason"].is_null());
+    }
+    assert_eq!(
+        (got, finished),
+        (texts.iter().map(|t| t.to_string()).collect(), 4)
+    );
+    let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 40);
+}

@@ -49,6 +49,7 @@ fn submit(
                 ignore_eos: true,
                 fit_context: false,
                 constraint: None,
+                share_prompt: None,
             },
         },
         Box::new(move |e| {
