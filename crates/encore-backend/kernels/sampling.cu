@@ -645,3 +645,20 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (threadIdx.x == 0) atomicAdd(counts + (long long)slot * vocab + res, 1);
     }
 }
+
+// Per-row additive logit biases (see LogitBias in args.rs), in place on f32 logits
+// [batch, vocab]: logits[r, ids[r, j]] += vals[r, j] for j < count[r]; ids outside
+// [0, vocab) are skipped. One block per row; ids are distinct within a row.
+extern "C" __global__ void logit_bias_f32(float* __restrict__ logits,
+                                          const int* __restrict__ ids,
+                                          const float* __restrict__ vals,
+                                          const int* __restrict__ count, int vocab, int k) {
+    const long long r = blockIdx.x;
+    const int n = min(count[r], k);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const int id = ids[r * k + j];
+        if (id >= 0 && id < vocab) {
+            logits[r * vocab + id] += vals[r * k + j];
+        }
+    }
+}

@@ -180,6 +180,21 @@ pub struct Sampling<'a> {
     pub mask: Option<TokenMask<'a>>,
 }
 
+/// Per-row additive logit biases (OpenAI's `logit_bias`), applied in place to f32 logits
+/// `[batch, vocab]` before sampling ([`crate::backend::Backend::logit_bias`]): for each
+/// row `r` and `j < count[r]`, `logits[r, ids[r, j]] += vals[r, j]`. An id outside
+/// `0..vocab` is skipped; ids are distinct within a row (the caller merges repeats).
+/// Rows with `count[r] == 0` are untouched, so one launch serves a batch where few rows
+/// have biases (captured in a graph, it costs those rows nothing).
+pub struct LogitBias<'a> {
+    /// i32 `[batch, K]`.
+    pub ids: &'a Tensor,
+    /// f32 `[batch, K]`.
+    pub vals: &'a Tensor,
+    /// i32 `[batch]`, each in `0..=K`.
+    pub count: &'a Tensor,
+}
+
 /// Allowed tokens of [`Sampling`]: in a row with `on[r] != 0`, every token `i` whose bit
 /// `bits[r, i / 32] >> (i % 32) & 1` is 0 reads as a NaN logit after the penalties, so the
 /// rules above never pick it (greedy, the truncations and the draw skip NaN) and leave it

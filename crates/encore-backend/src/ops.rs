@@ -1,7 +1,7 @@
 //! What both backends share about the ops: argument validation (so a bad call fails the
 //! same way everywhere, naming the tensor), the rotary table, and the sampling RNG.
 
-use crate::args::{Attention, QkvRope, Sampling, MAX_TOP_LOGPROBS};
+use crate::args::{Attention, LogitBias, QkvRope, Sampling, MAX_TOP_LOGPROBS};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
@@ -511,6 +511,36 @@ pub fn check_sample(logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<S
         per_row("mask_on", m.on, DType::I32)?;
     }
     Ok(d)
+}
+
+/// Checks [`crate::backend::Backend::logit_bias`]'s arguments; `(batch, vocab, K)`.
+pub fn check_logit_bias(logits: &Tensor, b: &LogitBias<'_>) -> Result<(usize, usize, usize)> {
+    const OP: &str = "logit_bias";
+    check_dtype(OP, "logits", logits, &[DType::F32])?;
+    check_rank(OP, "logits", logits, 2, "[batch, vocab]")?;
+    let (batch, vocab) = (logits.dim(0), logits.dim(1));
+    check_dtype(OP, "ids", b.ids, &[DType::I32])?;
+    check_rank(OP, "ids", b.ids, 2, "[batch, K]")?;
+    let k = b.ids.dim(1);
+    check_shape(OP, "ids", b.ids, &[batch, k], "[batch, K]")?;
+    check_dtype(OP, "vals", b.vals, &[DType::F32])?;
+    check_shape(OP, "vals", b.vals, &[batch, k], "[batch, K] like ids")?;
+    check_dtype(OP, "count", b.count, &[DType::I32])?;
+    check_shape(OP, "count", b.count, &[batch], "[batch]")?;
+    Ok((batch, vocab, k))
+}
+
+/// The reference [`crate::backend::Backend::logit_bias`] on host slices.
+pub fn logit_bias_ref(logits: &mut [f32], vocab: usize, ids: &[i32], vals: &[f32], count: &[i32]) {
+    let k = ids.len() / count.len().max(1);
+    for (r, &n) in count.iter().enumerate() {
+        for j in 0..(n.max(0) as usize).min(k) {
+            let id = ids[r * k + j];
+            if id >= 0 && (id as usize) < vocab {
+                logits[r * vocab + id as usize] += vals[r * k + j];
+            }
+        }
+    }
 }
 
 pub fn check_copy(src: &Tensor, dst: &Tensor) -> Result<()> {

@@ -79,6 +79,7 @@ fn main() -> encore_core::Result<()> {
                     fit_context: false,
                     constraint: None,
                     share_prompt: None,
+                    logit_bias: Vec::new(),
                 },
             },
             Box::new(move |e| tx.send(e).is_ok()),

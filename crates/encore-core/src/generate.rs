@@ -67,6 +67,7 @@ pub fn generate(
                     fit_context: false,
                     constraint: None,
                     share_prompt: None,
+                    logit_bias: Vec::new(),
                 },
             },
             runner,

@@ -32,7 +32,7 @@ pub mod tokenizer;
 pub use encore_backend::{backend, bench, device, error, ops, quant, tensor};
 
 pub use backend::{
-    Attention, Backend, BackendRef, Graph, Penalties, QkvRope, SampleLogprobs, Sampling,
+    Attention, Backend, BackendRef, Graph, LogitBias, Penalties, QkvRope, SampleLogprobs, Sampling,
     MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 pub use error::{Error, Result};

@@ -110,7 +110,13 @@ pub struct RequestParams {
     /// request): with prefix caching on, while one of them computes the prompt the others
     /// wait, then start from its cached KV blocks, so the prompt is computed once.
     pub share_prompt: Option<u64>,
+    /// Added to the logits of these tokens before sampling (OpenAI's `logit_bias`; ids
+    /// distinct, at most [`MAX_LOGIT_BIAS`]), inside the captured step.
+    pub logit_bias: Vec<(u32, f32)>,
 }
+
+/// The most logit biases one request may give.
+pub const MAX_LOGIT_BIAS: usize = 1024;
 
 /// A request: its caller-chosen id (unique among live requests), prompt and parameters.
 #[derive(Clone, Debug)]
@@ -186,6 +192,8 @@ pub enum Param {
     RepetitionPenalty,
     /// What the output must match ([`RequestParams::constraint`]).
     Constraint,
+    /// [`RequestParams::logit_bias`].
+    LogitBias,
 }
 
 impl Param {
@@ -200,6 +208,7 @@ impl Param {
             Param::FrequencyPenalty => "frequency_penalty",
             Param::RepetitionPenalty => "repetition_penalty",
             Param::Constraint => "response_format",
+            Param::LogitBias => "logit_bias",
         }
     }
 }
@@ -331,6 +340,26 @@ impl Limits {
 
     fn check_sampling(&self, req: &Request) -> Result<(), Refusal> {
         let refuse = |param, m: String| Err(Refusal::new(req.id, param, m));
+        let bias = &req.params.logit_bias;
+        if bias.len() > MAX_LOGIT_BIAS {
+            return refuse(
+                Param::LogitBias,
+                format!("has {} entries; at most {MAX_LOGIT_BIAS}", bias.len()),
+            );
+        }
+        let vocab = self.vocab_size;
+        if let Some((t, _)) = bias.iter().find(|&&(t, _)| t as usize >= vocab) {
+            return refuse(
+                Param::LogitBias,
+                format!("names token id {t}, outside the vocabulary of {vocab}"),
+            );
+        }
+        if let Some((t, b)) = bias.iter().find(|(_, b)| !b.is_finite()) {
+            return refuse(
+                Param::LogitBias,
+                format!("gives token {t} the bias {b}; biases must be finite"),
+            );
+        }
         let sp = &req.params.sampling;
         if let Some(n) = sp.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
             return refuse(
@@ -396,6 +425,7 @@ mod tests {
                 fit_context: false,
                 constraint: None,
                 share_prompt: None,
+                logit_bias: Vec::new(),
             },
         }
     }

@@ -468,6 +468,7 @@ impl Scheduler {
                     tokens: &s.tokens[s.computed..s.computed + take],
                     sampling: s.req.params.sampling,
                     mask: (kept && s.constraint.is_some()).then_some(&s.mask[..]),
+                    logit_bias: &s.req.params.logit_bias,
                 }
             })
             .collect();

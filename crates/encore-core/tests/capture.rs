@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::testing;
-use encore_core::{Attention, Backend, DType, Error, Graph, QkvRope, Result, Sampling, Tensor};
+use encore_core::{
+    Attention, Backend, DType, Error, Graph, LogitBias, QkvRope, Result, Sampling, Tensor,
+};
 
 fn cpu() -> Box<dyn Backend> {
     Box::new(CpuBackend::new())
@@ -214,6 +216,9 @@ impl Backend for Faulty {
     }
     fn sample(&self, logits: &Tensor, params: &Sampling<'_>, out: &Tensor) -> Result<()> {
         self.inner.sample(logits, params, out)
+    }
+    fn logit_bias(&self, logits: &Tensor, bias: &LogitBias<'_>) -> Result<()> {
+        self.inner.logit_bias(logits, bias)
     }
     fn begin_capture(&self) -> Result<()> {
         match self.fault {

@@ -306,3 +306,8 @@ fn a_constraint_that_allows_nothing_fails_its_request() {
     );
     assert_eq!(s.blocks().num_used_blocks(), 0);
 }
+
+#[test]
+fn logit_bias_forces_and_bans_tokens_eager_and_in_graphs() {
+    common::check_logit_bias(&CpuBackend::new());
+}

@@ -49,6 +49,63 @@ fn assert_all_pass(results: &[testing::CheckResult]) {
     );
 }
 
+/// Logit biases on the GPU, eager and in graphs (the same checks as on the CPU), and
+/// the kernel against the reference on random rows.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn logit_bias_on_the_gpu() {
+    let _g = serial();
+    let be = cuda();
+    common::check_logit_bias(be.as_ref());
+    let (rows, vocab, k) = (5, 1000, 7);
+    let mut rng = fresh_seed();
+    let mut next = || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) as u32
+    };
+    let logits: Vec<f32> = (0..rows * vocab)
+        .map(|_| (next() % 2000) as f32 / 100.0 - 10.0)
+        .collect();
+    let count: Vec<i32> = (0..rows).map(|r| (r as i32 * 2).min(k as i32)).collect();
+    let mut ids = vec![0i32; rows * k];
+    let mut vals = vec![0f32; rows * k];
+    for r in 0..rows {
+        for j in 0..k {
+            // Distinct ids per row; one past the vocabulary, skipped.
+            ids[r * k + j] = if j == 3 {
+                vocab as i32
+            } else {
+                (j * 131 + r) as i32 % vocab as i32
+            };
+            vals[r * k + j] = (next() % 400) as f32 / 2.0 - 100.0;
+        }
+    }
+    let up = |dtype, shape: &[usize], bytes: &[u8]| {
+        let t = be.alloc(dtype, shape).unwrap();
+        be.write_bytes(&t, bytes).unwrap();
+        t
+    };
+    let lt = up(DType::F32, &[rows, vocab], bytemuck::cast_slice(&logits));
+    let it = up(DType::I32, &[rows, k], bytemuck::cast_slice(&ids));
+    let vt = up(DType::F32, &[rows, k], bytemuck::cast_slice(&vals));
+    let ct = up(DType::I32, &[rows], bytemuck::cast_slice(&count));
+    be.logit_bias(
+        &lt,
+        &encore_core::LogitBias {
+            ids: &it,
+            vals: &vt,
+            count: &ct,
+        },
+    )
+    .unwrap();
+    let got = be.download::<f32>(&lt).unwrap();
+    let mut want = logits.clone();
+    encore_core::ops::logit_bias_ref(&mut want, vocab, &ids, &vals, &count);
+    assert_eq!(got, want);
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn kernels_match_cpu() {
@@ -406,6 +463,7 @@ fn windowed_model_matches_cpu() {
                     tokens,
                     sampling: greedy,
                     mask: None,
+                    logit_bias: &[],
                 })
                 .collect();
             let (_, l) = r.step_with_logits(&mut seqs, &steps).unwrap();

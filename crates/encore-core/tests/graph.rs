@@ -154,6 +154,7 @@ fn capture_all_warms_every_bucket_largest_first() {
             tokens: &[1, 2, 3],
             sampling: SamplingParams::default(),
             mask: None,
+            logit_bias: &[],
         }],
     )
     .unwrap();
@@ -165,6 +166,7 @@ fn capture_all_warms_every_bucket_largest_first() {
             tokens: &[4],
             sampling: SamplingParams::default(),
             mask: None,
+            logit_bias: &[],
         }],
     )
     .unwrap();
@@ -191,6 +193,7 @@ fn verify_graphs_checks_every_replay_against_eager() {
                     tokens: p,
                     sampling: greedy,
                     mask: None,
+                    logit_bias: &[],
                 }],
             )
             .unwrap(),

@@ -183,6 +183,7 @@ fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
                 tokens: toks,
                 sampling,
                 mask: None,
+                logit_bias: &[],
             })
             .collect();
         let (ta, la) = eager.step_with_logits(&mut eager_seqs, &steps).unwrap();
@@ -259,6 +260,7 @@ fn run_splits(
                     tokens: toks,
                     sampling: SamplingParams::default(),
                     mask: None,
+                    logit_bias: &[],
                 }
             })
             .collect();
@@ -345,6 +347,7 @@ fn a_chunked_prompt_gives_the_tokens_of_one_step() {
                         tokens: &[last[k]],
                         sampling: SamplingParams::default(),
                         mask: None,
+                        logit_bias: &[],
                     }],
                 )
                 .unwrap()[0];
@@ -380,6 +383,7 @@ fn capture_all_covers_decode_and_token_buckets() {
             tokens: &[3; 30],
             sampling: SamplingParams::default(),
             mask: None,
+            logit_bias: &[],
         }],
     )
     .unwrap();

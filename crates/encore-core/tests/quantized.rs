@@ -71,6 +71,7 @@ fn logits(be: &dyn Backend, model: Model) -> Vec<Vec<f32>> {
                 tokens,
                 sampling: SamplingParams::default(),
                 mask: None,
+                logit_bias: &[],
             })
             .collect();
         let (_, l) = r.step_with_logits(&mut seqs, &steps).unwrap();

@@ -277,6 +277,7 @@ fn smollm2_gguf_answers_in_json_under_a_schema() {
             fit_context: false,
             constraint: Some(Constraint::JsonSchema(schema.into())),
             share_prompt: None,
+            logit_bias: Vec::new(),
         },
     };
     sched.add(req, &runner).unwrap();

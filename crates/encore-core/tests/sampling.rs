@@ -75,6 +75,7 @@ fn host_reference(req: &Request) -> Vec<(u32, Option<TokenLogprobs>)> {
             tokens: &input,
             sampling: SamplingParams::default(),
             mask: None,
+            logit_bias: &[],
         };
         let (_, logits) = r.step_with_logits(&mut r_seqs, &[step]).unwrap();
         let row: Vec<f32> = logits[0]

@@ -197,6 +197,7 @@ pub(crate) struct CommonBody {
     stream: Field<bool>,
     stream_options: Field<Map<String, Value>>,
     n: Field<i64>,
+    logit_bias: Field<Map<String, Value>>,
     ignore_eos: Field<bool>,
     stop_token_ids: Field<Vec<u32>>,
     stop: Field<Stop>,
@@ -253,6 +254,7 @@ impl CommonBody {
         })?;
         stop_token_ids.extend(ids.unwrap_or_default());
         let stop = validate_stop(self.stop)?;
+        let logit_bias = logit_bias(self.logit_bias)?;
         let (constraint, constraint_name) = constraint([
             ("response_format", self.response_format, |_, v| {
                 response_format(v)
@@ -288,6 +290,7 @@ impl CommonBody {
                 fit_context: true,
                 constraint,
                 share_prompt: None,
+                logit_bias,
             },
             seed,
             stop,
@@ -459,6 +462,35 @@ fn check_model(model: Field<String>, served: &str, required: bool) -> Result<(),
         }),
         Some(_) => Ok(()),
     }
+}
+
+/// `logit_bias`: token ids (as strings) to biases in [-100, 100], added to the logits
+/// before sampling (an id given twice, e.g. `"7"` and `"07"`, adds both). Whether the ids
+/// are in the vocabulary is admission's to check.
+fn logit_bias(f: Field<Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiError> {
+    const P: &str = "logit_bias";
+    let rule = || "`logit_bias` must map token ids to numbers in [-100, 100]".to_string();
+    let Some(map) = f.get(P, rule)? else {
+        return Ok(Vec::new());
+    };
+    let mut out: Vec<(u32, f32)> = Vec::with_capacity(map.len());
+    for (k, v) in &map {
+        let Ok(id) = k.trim().parse::<u32>() else {
+            return Err(ApiError::bad(
+                P,
+                format!("`logit_bias` key `{k}` is not a token id"),
+            ));
+        };
+        let b = v
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| ApiError::bad(P, rule()))?;
+        match out.iter_mut().find(|(t, _)| *t == id) {
+            Some((_, sum)) => *sum += b as f32,
+            None => out.push((id, b as f32)),
+        }
+    }
+    Ok(out)
 }
 
 /// `stop`: a string or a list of at most 4, none empty.

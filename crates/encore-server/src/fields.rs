@@ -138,10 +138,9 @@ const N: Rule = honored(
     "n",
     "1..=64 samples of the prompt (`choices[i]`), each with its own sampling stream (seed + i); the prompt is computed once and its KV blocks shared",
 );
-const LOGIT_BIAS: Rule = refused(
+const LOGIT_BIAS: Rule = honored(
     "logit_bias",
-    NoOp::Empty,
-    "`logit_bias` is not supported yet",
+    "token ids (as strings) to biases in [-100, 100], added to the logits before sampling, inside the captured step (at most 1024)",
 );
 const ECHO: Rule = refused("echo", NoOp::False, "`echo` is not supported yet");
 const USER: Rule = logged("user", Shape::String);

@@ -177,6 +177,7 @@ pub(crate) fn prefill(
                 tokens: &prompt,
                 sampling: SamplingParams::default(),
                 mask: None,
+                logit_bias: &[],
             }],
         )?;
     }
@@ -217,6 +218,7 @@ pub(crate) fn time_decode(
                 tokens: tok,
                 sampling: SamplingParams::default(),
                 mask: None,
+                logit_bias: &[],
             })
             .collect();
         if i == WARMUP {

@@ -300,6 +300,7 @@ fn prefill_once(
             tokens: p,
             sampling: SamplingParams::default(),
             mask: None,
+            logit_bias: &[],
         })
         .collect();
     let (t, c) = (Instant::now(), process_cpu_ns());

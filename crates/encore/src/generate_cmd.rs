@@ -284,6 +284,7 @@ fn request_params(
         fit_context: false,
         constraint,
         share_prompt: None,
+        logit_bias: Vec::new(),
     }
 }
 

@@ -30,8 +30,8 @@ pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Attention, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS,
-    PROMPT_BIT,
+    Attention, LogitBias, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask,
+    MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 
 use std::sync::Arc;
@@ -218,6 +218,10 @@ pub trait Backend: Send + Sync {
 
     /// Sample one token per row: see [`Sampling`]. logits f32 `[b, vocab]`, out i32 `[b]`.
     fn sample(&self, logits: &Tensor, params: &Sampling<'_>, out: &Tensor) -> Result<()>;
+
+    /// Add each row's logit biases to f32 `logits` `[b, vocab]` in place: see
+    /// [`LogitBias`]. Capturable.
+    fn logit_bias(&self, logits: &Tensor, bias: &LogitBias<'_>) -> Result<()>;
 
     /// This backend's place in its tensor-parallel group, `(rank, size)`: `(0, 1)` for a
     /// backend opened alone. The group's backends are opened together

@@ -62,6 +62,9 @@ pub struct SeqStep<'a> {
     /// vocabulary / 32 words, rounded up); `None`: any. Only a row whose sample is kept
     /// needs one.
     pub mask: Option<&'a [u32]>,
+    /// Added to these tokens' logits before sampling (distinct ids in the vocabulary, at
+    /// most [`crate::request::MAX_LOGIT_BIAS`]); empty: none.
+    pub logit_bias: &'a [(u32, f32)],
 }
 
 /// Sizing of the runner's memory.

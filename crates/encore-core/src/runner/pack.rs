@@ -6,6 +6,7 @@ use crate::backend::{Backend, MAX_TOP_LOGPROBS};
 use crate::error::{Error, Result};
 use crate::graph::{InputTable, Layout};
 use crate::kv::NULL_BLOCK;
+use crate::request::MAX_LOGIT_BIAS;
 
 use super::sampling::mix_seed;
 use super::{SeqStep, Seqs};
@@ -42,6 +43,8 @@ crate::step_inputs! {
         num_logprobs: i32 [Seqs, One] = -1,
         /// 1 where the row's sample is limited to its allowed-token mask.
         mask_on: i32 [Seqs, One] = 0,
+        /// The row's logit biases (its first entries of the bias tables).
+        bias_n: i32 [Seqs, One] = 0,
         /// A mixed step's `cu_seqlens_q` of the sequences after its leading decode rows,
         /// relative to their first row (attention runs the two groups separately).
         cu_rest: i32 [SeqsPlusOne, One] = 0,
@@ -76,6 +79,7 @@ impl StepViews {
         v.presence = v.presence.prefix(seqs)?;
         v.num_logprobs = v.num_logprobs.prefix(seqs)?;
         v.mask_on = v.mask_on.prefix(seqs)?;
+        v.bias_n = v.bias_n.prefix(seqs)?;
         Ok(v)
     }
 }
@@ -178,6 +182,7 @@ impl<'b> Packer<'b> {
             h.presence[i] = sp.presence_penalty;
             h.num_logprobs[i] = sp.logprobs.map_or(-1, |n| n.min(MAX_TOP_LOGPROBS) as i32);
             h.mask_on[i] = s.mask.is_some() as i32;
+            h.bias_n[i] = s.logit_bias.len().min(MAX_LOGIT_BIAS) as i32;
             h.pen_slot[i] = -1;
             if penalties && sp.has_penalties() {
                 if let Some(slot) = seqs.penalty_slot_for_step(s.seq, total)? {

@@ -3,10 +3,11 @@
 //! log-probabilities, the penalty table whose rows the scheduler hands out).
 
 use crate::backend::{
-    Backend, HostStaging, Penalties, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS,
-    PROMPT_BIT,
+    Backend, HostStaging, LogitBias, Penalties, SampleLogprobs, Sampling, TokenMask,
+    MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 use crate::error::{Error, Result};
+use crate::request::MAX_LOGIT_BIAS;
 use crate::tensor::{DType, Tensor};
 
 use super::pack::StepViews;
@@ -53,6 +54,11 @@ pub(super) struct SampleBuffers {
     /// Host staging of the masks (page-locked on CUDA: the upload is an asynchronous DMA
     /// queued before the step).
     mask_staging: HostStaging,
+    /// Logit-bias tables, i32 ids and f32 values `[max_seqs, MAX_LOGIT_BIAS]`: row r's
+    /// first `bias_n[r]` entries are the step's row r's (see [`crate::backend::LogitBias`]).
+    bias_ids: Tensor,
+    bias_vals: Tensor,
+    bias_staging: [HostStaging; 2],
     vocab: usize,
 }
 
@@ -62,6 +68,8 @@ pub(super) struct StepSampling<'a> {
     lp: LogprobBuffers,
     pen_counts: Option<&'a Tensor>,
     mask_bits: Tensor,
+    bias_ids: Tensor,
+    bias_vals: Tensor,
 }
 
 impl SampleBuffers {
@@ -84,6 +92,12 @@ impl SampleBuffers {
             },
             mask_bits: be.alloc(DType::I32, &[max_seqs, mask_words(vocab)])?,
             mask_staging: be.alloc_staging(max_seqs * mask_words(vocab) * 4)?,
+            bias_ids: be.alloc(DType::I32, &[max_seqs, MAX_LOGIT_BIAS])?,
+            bias_vals: be.alloc(DType::F32, &[max_seqs, MAX_LOGIT_BIAS])?,
+            bias_staging: [
+                be.alloc_staging(max_seqs * MAX_LOGIT_BIAS * 4)?,
+                be.alloc_staging(max_seqs * MAX_LOGIT_BIAS * 4)?,
+            ],
             vocab,
         })
     }
@@ -91,7 +105,8 @@ impl SampleBuffers {
     /// Device bytes of a runner's sampling buffers (sampled tokens, log-probabilities and
     /// the penalty table), for a memory estimate.
     pub fn bytes_for(max_seqs: usize, penalty_slots: usize, vocab: usize) -> usize {
-        max_seqs.saturating_mul(2 + 2 * MAX_TOP_LOGPROBS + mask_words(vocab)) * 4
+        max_seqs.saturating_mul(2 + 2 * MAX_TOP_LOGPROBS + mask_words(vocab) + 2 * MAX_LOGIT_BIAS)
+            * 4
             + penalty_slots.saturating_mul(vocab).saturating_mul(4)
     }
 
@@ -124,6 +139,33 @@ impl SampleBuffers {
         be.upload_staging(&mut self.mask_staging, &self.mask_bits.prefix(last + 1)?)
     }
 
+    /// Upload the logit biases of the step's rows that have some (`batch` in the step's
+    /// row order), the rows up to the last of them; other rows' `bias_n` of 0 leaves their
+    /// stale entries unread.
+    pub fn write_bias(&mut self, be: &dyn Backend, batch: &[SeqStep<'_>]) -> Result<()> {
+        let Some(last) = batch.iter().rposition(|s| !s.logit_bias.is_empty()) else {
+            return Ok(());
+        };
+        let [ids_staging, vals_staging] = &mut self.bias_staging;
+        // Each waits until the previous upload has read it.
+        let ids = ids_staging.bytes_mut()?;
+        for (row, s) in batch[..=last].iter().enumerate() {
+            for (j, &(t, _)) in s.logit_bias.iter().take(MAX_LOGIT_BIAS).enumerate() {
+                let at = (row * MAX_LOGIT_BIAS + j) * 4;
+                ids[at..at + 4].copy_from_slice(&(t as i32).to_ne_bytes());
+            }
+        }
+        let vals = vals_staging.bytes_mut()?;
+        for (row, s) in batch[..=last].iter().enumerate() {
+            for (j, &(_, b)) in s.logit_bias.iter().take(MAX_LOGIT_BIAS).enumerate() {
+                let at = (row * MAX_LOGIT_BIAS + j) * 4;
+                vals[at..at + 4].copy_from_slice(&b.to_ne_bytes());
+            }
+        }
+        be.upload_staging(ids_staging, &self.bias_ids.prefix(last + 1)?)?;
+        be.upload_staging(vals_staging, &self.bias_vals.prefix(last + 1)?)
+    }
+
     /// The buffers of a step's first `seqs` rows.
     pub fn step(&self, seqs: usize) -> Result<StepSampling<'_>> {
         Ok(StepSampling {
@@ -131,6 +173,8 @@ impl SampleBuffers {
             lp: self.lp.prefix(seqs)?,
             pen_counts: self.pen_counts.as_ref(),
             mask_bits: self.mask_bits.prefix(seqs)?,
+            bias_ids: self.bias_ids.prefix(seqs)?,
+            bias_vals: self.bias_vals.prefix(seqs)?,
         })
     }
 
@@ -217,6 +261,15 @@ impl StepSampling<'_> {
     /// Sample one token per row of `logits` (the step's `seqs` rows) with the step's
     /// inputs `v`.
     pub fn sample(&self, be: &dyn Backend, logits: &Tensor, v: &StepViews) -> Result<()> {
+        // Rows without biases (`bias_n` 0) are untouched.
+        be.logit_bias(
+            logits,
+            &LogitBias {
+                ids: &self.bias_ids,
+                vals: &self.bias_vals,
+                count: &v.bias_n,
+            },
+        )?;
         be.sample(
             logits,
             &Sampling {

@@ -304,6 +304,7 @@ impl Runner<'_> {
         let Plan::Graph(key) = plan else {
             self.parts.inputs.pack(seqs, batch, &layout, b, d, true)?;
             self.parts.sampling.write_masks(be, batch)?;
+            self.parts.sampling.write_bias(be, batch)?;
             let shape = StepShape::whole(b, decode_only, d);
             let cmd = self.run_cmd(&layout, b, Exec::Eager(shape))?;
             return self.mirrored(
@@ -335,6 +336,7 @@ impl Runner<'_> {
             .inputs
             .pack(seqs, batch, &layout, read, d, true)?;
         self.parts.sampling.write_masks(be, batch)?;
+        self.parts.sampling.write_bias(be, batch)?;
         let (shape, real) = match key.phase {
             Phase::Decode => (StepShape::whole(key.bucket, true, d), b),
             Phase::Mixed => (StepShape::split(b, d), n),

@@ -127,6 +127,7 @@ fn check_replay_dtype(
         .enumerate()
         .map(|(s, p)| SeqStep {
             mask: None,
+            logit_bias: &[],
             seq: SeqId(s as u64),
             tokens: p,
             sampling: sampling[s],
@@ -188,6 +189,7 @@ impl ReplayRound<'_> {
             .zip(&inputs)
             .map(|(&s, t)| SeqStep {
                 mask: None,
+                logit_bias: &[],
                 seq: SeqId(s as u64),
                 tokens: t,
                 sampling: self.sampling[s],

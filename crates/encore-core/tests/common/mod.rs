@@ -98,6 +98,7 @@ pub fn decode_batch<'a>(
             tokens: t,
             sampling,
             mask: None,
+            logit_bias: &[],
         })
         .collect()
 }
@@ -119,6 +120,7 @@ pub fn prefill_both(
         tokens: prompt,
         sampling,
         mask: None,
+        logit_bias: &[],
     }];
     let x = a.step(a_seqs, &step).unwrap();
     let y = b.step(b_seqs, &step).unwrap();
@@ -192,6 +194,91 @@ pub fn request(id: u64, prompt: Vec<u32>, sampling: SamplingParams, max_tokens: 
             fit_context: false,
             constraint: None,
             share_prompt: None,
+            logit_bias: Vec::new(),
         },
+    }
+}
+
+/// Run `reqs` through a scheduler on `r` to the end: each request's tokens.
+pub fn run_requests(
+    r: &mut Runner<'_>,
+    reqs: &[Request],
+) -> std::collections::HashMap<u64, Vec<u32>> {
+    use encore_core::scheduler::{Scheduler, SchedulerConfig};
+    let mut s = Scheduler::new(SchedulerConfig::new(64, 8), r).unwrap();
+    for q in reqs {
+        s.add(q.clone(), r).unwrap();
+    }
+    let mut out: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+    let mut steps = 0;
+    while s.has_work() {
+        for o in s.step(r).unwrap() {
+            out.entry(o.id).or_default().push(o.token);
+        }
+        assert_eq!(s.take_failed(), Vec::new());
+        steps += 1;
+        assert!(steps < 10_000, "no progress");
+    }
+    out
+}
+
+/// Logit biases on `be`, eager and replayed from graphs: a +100 bias forces its token, a
+/// -100 bias bans the token greedy decoding picked, and requests without biases in the
+/// same batches give the tokens they give alone; too many, out-of-vocabulary or
+/// non-finite biases are refused at admission naming `logit_bias`.
+pub fn check_logit_bias(be: &dyn Backend) {
+    use encore_core::graph::BucketPolicy;
+    use encore_core::request::{Param, MAX_LOGIT_BIAS};
+    use encore_core::runner::GraphConfig;
+    let greedy = |id: u64| {
+        let prompt = (0..5).map(|j| ((id * 31 + j * 11) % 200) as u32).collect();
+        request(id, prompt, SamplingParams::default(), 12)
+    };
+    for graphs in [false, true] {
+        let mut r = tiny_runner(be);
+        if graphs {
+            r.set_graphs(Some(GraphConfig {
+                decode: buckets(),
+                mixed: BucketPolicy::SglangLike { max: 256 },
+            }));
+        }
+        let plain: Vec<Request> = (10..13).map(greedy).collect();
+        let alone = run_requests(&mut r, &plain);
+        let mut forced = greedy(1);
+        forced.params.logit_bias = vec![(65, 100.0), (3, -5.0)];
+        let mut banned = greedy(2);
+        let first = alone[&10][0];
+        banned.prompt = plain[0].prompt.clone();
+        banned.params.logit_bias = vec![(first, -100.0)];
+        let mut mixed = plain.clone();
+        mixed.extend([forced, banned]);
+        let together = run_requests(&mut r, &mixed);
+        let what = if graphs { "graphs" } else { "eager" };
+        assert_eq!(together[&1], vec![65; 12], "{what}");
+        assert!(!together[&2].contains(&first), "{what}: {:?}", together[&2]);
+        for q in &plain {
+            assert_eq!(together[&q.id], alone[&q.id], "{what}: request {}", q.id);
+        }
+        if graphs {
+            assert!(r.graph_stats().unwrap().hits > 5);
+        }
+    }
+    let r = tiny_runner(be);
+    let vocab = r.model().cfg.vocab_size as u32;
+    let s = encore_core::scheduler::Scheduler::new(
+        encore_core::scheduler::SchedulerConfig::new(64, 8),
+        &r,
+    )
+    .unwrap();
+    let limits = s.limits(&r);
+    for bias in [
+        vec![(vocab, 1.0)],
+        vec![(1, f32::NAN)],
+        (0..MAX_LOGIT_BIAS as u32 + 1).map(|t| (t, 1.0)).collect(),
+    ] {
+        let mut q = greedy(3);
+        q.params.logit_bias = bias;
+        let e = limits.check(&q).unwrap_err();
+        assert_eq!(e.param, Param::LogitBias, "{}", e.message);
     }
 }

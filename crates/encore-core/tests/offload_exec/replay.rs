@@ -67,6 +67,7 @@ fn lockstep(runners: &mut [Runner<'_>]) -> Vec<Vec<Vec<Vec<f32>>>> {
                     tokens: toks,
                     sampling: SamplingParams::default(),
                     mask: None,
+                    logit_bias: &[],
                 })
                 .collect();
             let (t, logits) = r.step_with_logits(seqs, &steps).unwrap();

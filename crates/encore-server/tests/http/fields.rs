@@ -41,10 +41,12 @@ fn unsupported_and_unknown_fields_are_refused_naming_them() {
     let cases: &[(&[&str], Value, &str)] = &[
         (&both, json!({"n": 0}), "integer in [1, 64]"),
         (&both, json!({"n": 65}), "integer in [1, 64]"),
+        (&both, json!({"logit_bias": {"abc": 10}}), "not a token id"),
+        (&both, json!({"logit_bias": {"5": 101}}), "[-100, 100]"),
         (
             &both,
-            json!({"logit_bias": {"50": 10}}),
-            "not supported yet",
+            json!({"logit_bias": {"99999": 1}}),
+            "outside the vocabulary",
         ),
         (&both, json!({"echo": true}), "not supported yet"),
         (&[COMPLETIONS], json!({"best_of": 2}), "use `n`"),

@@ -358,3 +358,41 @@ fn n_samples_share_one_prefill() {
     let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
     assert_eq!(usage["usage"]["completion_tokens"], 40);
 }
+
+/// `logit_bias`: +100 forces a token, -100 bans one, on both endpoints, whole and
+/// streamed.
+#[test]
+fn logit_bias_forces_and_bans_tokens() {
+    let s = start(None);
+    for (path, base) in [
+        ("/v1/completions", json!({"prompt": "hi"})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ),
+    ] {
+        let mut b = base.clone();
+        b["model"] = json!(MODEL);
+        b["max_tokens"] = json!(6);
+        b["temperature"] = json!(0);
+        b["ignore_eos"] = json!(true);
+        b["logit_bias"] = json!({"65": 100, "66": -3.5});
+        let (st, v) = post(s.addr, path, b.clone());
+        assert_eq!(st, 200, "{v}");
+        let c = &v["choices"][0];
+        let text = c["text"]
+            .as_str()
+            .or(c["message"]["content"].as_str())
+            .unwrap();
+        assert_eq!(text, "AAAAAA", "{path}");
+        // Ban what greedy decoding writes first.
+        b["logit_bias"] = json!({});
+        let (_, v) = post(s.addr, path, b.clone());
+        let ids: Vec<u32> = serde_json::from_value(v["choices"][0]["token_ids"].clone()).unwrap();
+        b["logit_bias"] = json!({ ids[0].to_string(): -100 });
+        let (_, v) = post(s.addr, path, b.clone());
+        let banned: Vec<u32> =
+            serde_json::from_value(v["choices"][0]["token_ids"].clone()).unwrap();
+        assert!(!banned.contains(&ids[0]), "{path}: {banned:?}");
+    }
+}

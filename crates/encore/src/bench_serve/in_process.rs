@@ -50,6 +50,7 @@ fn submit(
                 fit_context: false,
                 constraint: None,
                 share_prompt: None,
+                logit_bias: Vec::new(),
             },
         },
         Box::new(move |e| {

@@ -15,7 +15,7 @@ pub use group::CpuGroup;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::backend::{Attention, Backend, Graph, QkvRope, Sampling};
+use crate::backend::{Attention, Backend, Graph, LogitBias, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::ops;
 pub use crate::storage::CpuBuffer;
@@ -393,6 +393,28 @@ impl Backend for CpuBackend {
             dims: d,
         };
         self.submit(move || kernels::sample(&args));
+        Ok(())
+    }
+
+    fn logit_bias(&self, logits: &Tensor, b: &LogitBias<'_>) -> Result<()> {
+        let t = [
+            ("logits", logits),
+            ("ids", b.ids),
+            ("vals", b.vals),
+            ("count", b.count),
+        ];
+        check_device("logit_bias", &t)?;
+        let (batch, vocab, _) = ops::check_logit_bias(logits, b)?;
+        if batch == 0 {
+            return Ok(());
+        }
+        let (logits, ids, vals, count) = (
+            logits.clone(),
+            b.ids.clone(),
+            b.vals.clone(),
+            b.count.clone(),
+        );
+        self.submit(move || kernels::logit_bias(&logits, &ids, &vals, &count, vocab));
         Ok(())
     }
 

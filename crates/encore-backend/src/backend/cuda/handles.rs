@@ -122,6 +122,7 @@ pub(super) struct Kernels<K = Kernel> {
     pub fp8_quant_rows: [K; 2],
     pub fp8_weight_scales: K,
     pub sample_f32: K,
+    pub logit_bias_f32: K,
 }
 
 impl<K> Kernels<K> {
@@ -220,6 +221,7 @@ impl<K> Kernels<K> {
             fp8_quant_rows,
             fp8_weight_scales: t("fp8_weight_scales")?,
             sample_f32: t("sample_f32")?,
+            logit_bias_f32: t("logit_bias_f32")?,
         })
     }
 

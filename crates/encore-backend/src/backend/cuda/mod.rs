@@ -27,7 +27,7 @@ pub use kernels::quant::{qgemv_default_rows, QuantGemm};
 pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;
-use crate::backend::{Attention, Backend, Graph, HostStaging, QkvRope, Sampling};
+use crate::backend::{Attention, Backend, Graph, HostStaging, LogitBias, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::tensor::{DType, Storage, Tensor};
@@ -969,6 +969,18 @@ impl Backend for CudaBackend {
         self.check_device("sample", &p.tensors())?;
         let d = ops::check_sample(logits, p, out)?;
         kernels::sample(self, logits, p, out, &d)
+    }
+
+    fn logit_bias(&self, logits: &Tensor, b: &LogitBias<'_>) -> Result<()> {
+        let t = [
+            ("logits", logits),
+            ("ids", b.ids),
+            ("vals", b.vals),
+            ("count", b.count),
+        ];
+        self.check_device("logit_bias", &t)?;
+        let d = ops::check_logit_bias(logits, b)?;
+        kernels::logit_bias(self, logits, b, d)
     }
 
     fn begin_capture(&self) -> Result<()> {

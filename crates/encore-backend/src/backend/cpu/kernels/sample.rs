@@ -49,6 +49,26 @@ struct RowOut {
     logprobs: Option<(f32, Vec<(i32, f32)>)>,
 }
 
+/// [`crate::backend::Backend::logit_bias`] (checked by `check_logit_bias`).
+pub(in crate::backend::cpu) fn logit_bias(
+    logits: &Tensor,
+    ids: &Tensor,
+    vals: &Tensor,
+    count: &Tensor,
+    vocab: usize,
+) {
+    // SAFETY: dtypes and shapes validated; `logits` overlaps none of the others.
+    unsafe {
+        crate::ops::logit_bias_ref(
+            view_mut::<f32>(logits),
+            vocab,
+            view::<i32>(ids),
+            view::<f32>(vals),
+            view::<i32>(count),
+        )
+    }
+}
+
 pub(in crate::backend::cpu) fn sample(a: &SampleArgs) {
     let SampleDims {
         batch,

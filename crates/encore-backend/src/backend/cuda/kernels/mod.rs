@@ -13,7 +13,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::handles::Kernel;
 use super::{dptr, CudaBackend};
-use crate::backend::{QkvRope, Sampling};
+use crate::backend::{LogitBias, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::ops::{EmbeddingDims, MatmulDims, QkvRopeDims, RowDims, SampleDims};
 use crate::tensor::{DType, Tensor};
@@ -527,7 +527,7 @@ pub(super) const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "sampling.cu",
         src: include_str!("../../../../kernels/sampling.cu"),
-        functions: &["sample_f32"],
+        functions: &["sample_f32", "logit_bias_f32"],
     },
 ];
 
@@ -951,6 +951,27 @@ pub(super) fn launch_gemv(
 
 /// Threads per row (`SAMPLE_THREADS` in sampling.cu).
 const SAMPLE_THREADS: u32 = 1024;
+
+pub(super) fn logit_bias(
+    be: &CudaBackend,
+    logits: &Tensor,
+    b: &LogitBias<'_>,
+    (batch, vocab, k): (usize, usize, usize),
+) -> Result<()> {
+    const OP: &str = "logit_bias";
+    if batch == 0 || k == 0 {
+        return Ok(());
+    }
+    let c = cfg((grid_x(OP, "batch", batch)?, 1, 1), (128, 1, 1));
+    let (l, ids, vals, count) = (dptr(logits), dptr(b.ids), dptr(b.vals), dptr(b.count));
+    let vocab = int(OP, "vocab", vocab)?;
+    let k = int(OP, "K", k)?;
+    be.launch(
+        &be.kernels().logit_bias_f32,
+        c,
+        &mut args![l, ids, vals, count, vocab, k],
+    )
+}
 
 pub(super) fn sample(
     be: &CudaBackend,
