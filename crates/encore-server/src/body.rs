@@ -218,6 +218,8 @@ pub(crate) struct Common {
     pub stream: bool,
     /// Samples of the prompt (`n`).
     pub n: usize,
+    /// Completions' `echo`: each choice's text starts with the prompt's.
+    pub echo: bool,
     pub include_usage: bool,
     /// `None`: the request gave none; the server's default applies (it shrinks to the
     /// room the context leaves, as vLLM's does).
@@ -278,6 +280,7 @@ impl CommonBody {
         Ok(Common {
             stream,
             n,
+            echo: false,
             include_usage,
             max_tokens,
             params: RequestParams {
@@ -520,6 +523,7 @@ pub(crate) struct CompletionBody {
     prompt: Field<Prompt>,
     /// The number of top log-probabilities per token.
     logprobs: Field<u64>,
+    echo: Field<bool>,
     #[serde(flatten)]
     common: CommonBody,
 }
@@ -555,6 +559,14 @@ impl CompletionBody {
         };
         let mut c = self.common.validate(served, eos)?;
         c.params.sampling.logprobs = count(self.logprobs, "logprobs")?;
+        c.echo = flag(self.echo, "echo")?;
+        if c.echo && c.params.sampling.logprobs.is_some() {
+            return Err(ApiError::bad(
+                "echo",
+                "`echo` with `logprobs` needs the prompt's log-probabilities, which are not \
+                 computed yet",
+            ));
+        }
         Ok((prompt, c))
     }
 }

@@ -142,7 +142,11 @@ const LOGIT_BIAS: Rule = honored(
     "logit_bias",
     "token ids (as strings) to biases in [-100, 100], added to the logits before sampling, inside the captured step (at most 1024)",
 );
-const ECHO: Rule = refused("echo", NoOp::False, "`echo` is not supported yet");
+const ECHO: Rule = refused(
+    "echo",
+    NoOp::False,
+    "`echo` is not supported on chat completions",
+);
 const USER: Rule = logged("user", Shape::String);
 const RESPONSE_FORMAT: Rule = honored(
     "response_format",
@@ -193,7 +197,10 @@ pub(crate) const COMPLETIONS: &[Rule] = &[
     ),
     N,
     refused("best_of", NoOp::One, "`best_of` is not supported; use `n`"),
-    ECHO,
+    honored(
+        "echo",
+        "each choice's text starts with the prompt (whole, or in each choice's first chunk); with `logprobs` refused: prompt log-probabilities are not computed yet",
+    ),
     refused("suffix", NoOp::Empty, "`suffix` is not supported yet"),
     LOGIT_BIAS,
     USER,
@@ -504,9 +511,7 @@ mod tests {
         assert!(check(COMPLETIONS, &body(no_ops), "").is_ok());
         for (bad, param) in [
             (serde_json::json!({"best_of": 3}), "best_of"),
-            (serde_json::json!({"echo": true}), "echo"),
             (serde_json::json!({"suffix": "x"}), "suffix"),
-            (serde_json::json!({"logit_bias": {"1": 5}}), "logit_bias"),
             (serde_json::json!({"user": 5}), "user"),
             (serde_json::json!({"temprature": 0}), "temprature"),
             (serde_json::json!({"tools": []}), "tools"),

@@ -34,17 +34,30 @@ pub(crate) async fn completions(
     let valid = read::<CompletionBody>(body, fields::COMPLETIONS)
         .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
         .and_then(|(prompt, c)| {
-            let ids = match prompt {
-                PromptInput::Ids(ids) => ids,
-                PromptInput::Text(p) => s
-                    .tokenizer
-                    .encode(&p, true)
-                    .map_err(|e| ApiError::bad("prompt", e.to_string()))?,
+            let (ids, text) = match prompt {
+                PromptInput::Ids(ids) => (ids, None),
+                PromptInput::Text(p) => {
+                    let ids = s
+                        .tokenizer
+                        .encode(&p, true)
+                        .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
+                    (ids, Some(p))
+                }
             };
-            Ok((ids, c))
+            // `echo`: the prompt as given, or its token ids written out.
+            let echo = match (c.echo, text) {
+                (false, _) => None,
+                (true, Some(t)) => Some(t),
+                (true, None) => Some(
+                    s.tokenizer
+                        .decode(&ids, false)
+                        .map_err(|e| ApiError::bad("prompt", e.to_string()))?,
+                ),
+            };
+            Ok((ids, c, echo))
         });
     match valid {
-        Ok((prompt, c)) => generate(s, c, prompt, Kind::Completion, None).await,
+        Ok((prompt, c, echo)) => generate(s, c, prompt, Kind::Completion, None, echo).await,
         Err(e) => e.into_response(),
     }
 }
@@ -57,7 +70,7 @@ pub(crate) async fn chat_completions(
         .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
         .and_then(|chat| chat_prompt(&s, chat));
     match valid {
-        Ok((prompt, c, out)) => generate(s, c, prompt, Kind::Chat, Some(out)).await,
+        Ok((prompt, c, out)) => generate(s, c, prompt, Kind::Chat, Some(out), None).await,
         Err(e) => e.into_response(),
     }
 }
@@ -138,6 +151,8 @@ fn chat_prompt(s: &AppState, chat: Chat) -> Result<(Vec<u32>, Common, ChatOut), 
 pub(crate) struct Form {
     pub reply: Reply,
     pub chat: Option<ChatOut>,
+    /// Completions' `echo`: the prompt text each choice starts with.
+    pub echo: Option<String>,
 }
 
 /// How a chat request's output is read and answered.
@@ -181,6 +196,7 @@ async fn generate(
     prompt: Vec<u32>,
     kind: Kind,
     chat: Option<ChatOut>,
+    echo: Option<String>,
 ) -> Response {
     s.requests_total.fetch_add(1, Ordering::Relaxed);
     if let Some(busy) = busy(&s) {
@@ -223,7 +239,7 @@ async fn generate(
         c.id_seed = reply.created.rotate_left(32) ^ first.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         c
     });
-    let form = Form { reply, chat };
+    let form = Form { reply, chat, echo };
     if c.stream {
         crate::stream::respond(&s, children, prompt, c.stop, c.include_usage, form)
     } else {

@@ -34,7 +34,7 @@ pub(crate) fn respond(
     include_usage: bool,
     form: Form,
 ) -> Response {
-    let Form { reply, chat } = form;
+    let Form { reply, chat, echo } = form;
     let (out, out_rx) = mpsc::unbounded_channel::<String>();
     let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
     // The choices' events, merged and tagged with their index.
@@ -66,6 +66,7 @@ pub(crate) fn respond(
         });
     }
     let task = Task {
+        echo,
         keep_special,
         tokenizer: Arc::clone(&s.tokenizer),
         reply,
@@ -82,6 +83,8 @@ pub(crate) fn respond(
 
 /// The task that streams one request.
 struct Task {
+    /// Completions' `echo`: each choice's first chunk starts with this prompt text.
+    echo: Option<String>,
     /// The text holds special tokens (not the end-of-generation one).
     keep_special: bool,
     tokenizer: Arc<Tokenizer>,
@@ -190,7 +193,12 @@ impl Task {
                 finish = finish.map(|f| out.finish(f, stream.called()));
                 self.reply.parsed_chunk(i, &d, finish, first, lps)
             }
-            None => self.reply.chunk(i, &delta, finish, first, lps),
+            None => match (&self.echo, first) {
+                (Some(e), true) => self
+                    .reply
+                    .chunk(i, &format!("{e}{delta}"), finish, first, lps),
+                _ => self.reply.chunk(i, &delta, finish, first, lps),
+            },
         };
         if self.out.send(chunk.to_string()).is_err() {
             return false;

@@ -34,7 +34,7 @@ pub(crate) async fn respond(
     stop: StopMatcher,
     form: Form,
 ) -> Response {
-    let Form { reply, chat } = form;
+    let Form { reply, chat, echo } = form;
     let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
     let mut choices = Vec::with_capacity(children.len());
     let mut completion = 0;
@@ -76,6 +76,10 @@ pub(crate) async fn respond(
                 (Some(m), out.finish(c.finish, !parsed.calls.is_empty()))
             }
             _ => (None, c.finish),
+        };
+        let text = match &echo {
+            Some(e) => format!("{e}{text}"),
+            None => text,
         };
         choices.push(reply.choice(index, &text, &c.ids, lps, finish, message));
     }

@@ -48,7 +48,12 @@ fn unsupported_and_unknown_fields_are_refused_naming_them() {
             json!({"logit_bias": {"99999": 1}}),
             "outside the vocabulary",
         ),
-        (&both, json!({"echo": true}), "not supported yet"),
+        (&[CHAT], json!({"echo": true}), "not supported on chat"),
+        (
+            &[COMPLETIONS],
+            json!({"logprobs": 2, "echo": true}),
+            "prompt's log-probabilities",
+        ),
         (&[COMPLETIONS], json!({"best_of": 2}), "use `n`"),
         (
             &[COMPLETIONS],

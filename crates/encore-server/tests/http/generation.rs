@@ -396,3 +396,28 @@ fn logit_bias_forces_and_bans_tokens() {
         assert!(!banned.contains(&ids[0]), "{path}: {banned:?}");
     }
 }
+
+/// Completions' `echo`: every choice's text starts with the prompt (as given, or its ids
+/// written out), whole and streamed.
+#[test]
+fn echo_starts_the_text_with_the_prompt() {
+    let s = start(None);
+    for (prompt, echoed) in [(json!("Once upon"), "Once upon"), (json!([72, 105]), "Hi")] {
+        let b = json!({"model": MODEL, "prompt": prompt, "max_tokens": 5, "temperature": 0,
+                       "ignore_eos": true, "echo": true, "n": 2});
+        let (st, v) = post(s.addr, "/v1/completions", b.clone());
+        assert_eq!(st, 200, "{v}");
+        let mut plain = b.clone();
+        plain["echo"] = json!(false);
+        let (_, p) = post(s.addr, "/v1/completions", plain);
+        for i in 0..2 {
+            let want = format!("{echoed}{}", p["choices"][i]["text"].as_str().unwrap());
+            assert_eq!(v["choices"][i]["text"], want.as_str());
+        }
+        let mut streamed = b.clone();
+        streamed["stream"] = json!(true);
+        streamed["n"] = json!(1);
+        let (text, _) = streamed_text(&post_raw(s.addr, "/v1/completions", &streamed));
+        assert_eq!(text, v["choices"][0]["text"].as_str().unwrap());
+    }
+}
