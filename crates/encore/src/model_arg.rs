@@ -30,7 +30,7 @@ pub struct DeviceArg {
 pub struct ModelArgs {
     /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME` for seeded random weights
     /// (tiny, tiny-llama3, tiny-qwen2, tiny-qwen3, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b,
-    /// llama-3-8b).
+    /// llama-3-8b, llama-3-70b).
     #[arg(long, default_value = "dummy:tiny")]
     pub model: String,
     #[command(flatten)]

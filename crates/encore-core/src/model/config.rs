@@ -125,6 +125,7 @@ const DUMMY_NAMES: &[&str] = &[
     "qwen2.5-0.5b",
     "llama-3.2-1b",
     "llama-3-8b",
+    "llama-3-70b",
     "smollm2-135m",
 ];
 
@@ -275,6 +276,23 @@ impl ModelConfig {
                 intermediate_size: 14336,
                 num_layers: 32,
                 num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 128,
+                rope: RopeConfig {
+                    rot_dim: 128,
+                    theta: 500_000.0,
+                    llama3: None,
+                },
+                max_position_embeddings: 8192,
+                ..tiny
+            },
+            // For tensor parallelism over 4 or more GPUs (141 GB of bf16 weights).
+            "llama-3-70b" => ModelConfig {
+                vocab_size: 128_256,
+                hidden_size: 8192,
+                intermediate_size: 28672,
+                num_layers: 80,
+                num_heads: 64,
                 num_kv_heads: 8,
                 head_dim: 128,
                 rope: RopeConfig {

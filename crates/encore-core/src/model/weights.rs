@@ -340,9 +340,21 @@ impl Source {
         staging: &mut Staging,
         f: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<R> {
-        match spec.slice {
-            None => self.with_whole(cfg, spec, dtype, staging, f),
-            Some(s) => self.with_whole(cfg, spec, dtype, staging, |bytes| {
+        match (spec.slice, self) {
+            (None, _) => self.with_whole(cfg, spec, dtype, staging, f),
+            // Dummy values depend on the element's index alone: a rank draws its block
+            // without the whole tensor (a 70B shape's ranks would each draw 141 GB).
+            (Some(s), Source::Dummy { seed }) if !matches!(dtype, DType::Q(_)) => {
+                let (mean, std) = dummy_init(cfg, spec);
+                let k = if spec.shape.len() == 1 {
+                    1
+                } else {
+                    spec.shape[1]
+                };
+                let block = (s.row, s.rows, s.col, s.cols);
+                f(staging.dummy_block(*seed, &spec.name, k, block, mean, std, dtype))
+            }
+            (Some(s), _) => self.with_whole(cfg, spec, dtype, staging, |bytes| {
                 f(&slice_part(spec, s, dtype, bytes)?)
             }),
         }
@@ -939,5 +951,41 @@ mod tests {
         };
         let got = slice_part(&spec(&[6]), rows, DType::F32, &bytes[..24]).unwrap();
         assert_eq!(bytemuck::cast_slice::<u8, f32>(&got), &[2.0, 3.0]);
+    }
+
+    /// A rank's dummy block drawn alone is the block of the whole dummy tensor.
+    #[test]
+    fn a_dummy_block_drawn_alone_is_the_whole_tensors_block() {
+        for dtype in [DType::F32, DType::BF16] {
+            for (shape, cut) in [
+                (
+                    vec![6, 10],
+                    Slice {
+                        row: 2,
+                        rows: 3,
+                        col: 4,
+                        cols: 5,
+                    },
+                ),
+                (
+                    vec![9],
+                    Slice {
+                        row: 3,
+                        rows: 4,
+                        col: 0,
+                        cols: 1,
+                    },
+                ),
+            ] {
+                let sp = spec(&shape);
+                let mut staging = Staging::default();
+                let whole = staging.dummy(7, "w", sp.numel(), 0.1, 0.5, dtype).to_vec();
+                let want = slice_part(&sp, cut, dtype, &whole).unwrap();
+                let k = if shape.len() == 1 { 1 } else { shape[1] };
+                let block = (cut.row, cut.rows, cut.col, cut.cols);
+                let got = staging.dummy_block(7, "w", k, block, 0.1, 0.5, dtype);
+                assert_eq!(got, &want[..], "{dtype} {shape:?}");
+            }
+        }
     }
 }

@@ -88,13 +88,41 @@ impl Staging {
         std: f32,
         to: DType,
     ) -> &[u8] {
-        let key = splitmix64(seed ^ fnv1a(name));
-        let scale = std * 6f32.sqrt() / u32::MAX as f32;
-        self.generate(n, to, move |i| {
-            let r = splitmix64(key.wrapping_add((i as u64).wrapping_mul(GOLDEN)));
-            let sum = (r >> 32) as f32 + (r & 0xFFFF_FFFF) as f32;
-            mean + (sum - u32::MAX as f32) * scale
+        let value = dummy_value(seed, name, mean, std);
+        self.generate(n, to, value)
+    }
+
+    /// The block `rows x cols` at (`row`, `col`) of the dummy tensor `name` whose rows
+    /// hold `k` values: the values [`Self::dummy`] gives those elements, drawn alone (a
+    /// tensor-parallel rank's share without the whole tensor).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn dummy_block(
+        &mut self,
+        seed: u64,
+        name: &str,
+        k: usize,
+        (row, rows, col, cols): (usize, usize, usize, usize),
+        mean: f32,
+        std: f32,
+        to: DType,
+    ) -> &[u8] {
+        let value = dummy_value(seed, name, mean, std);
+        let cols = cols.max(1);
+        self.generate(rows * cols, to, move |j| {
+            value((row + j / cols) * k + col + j % cols)
         })
+    }
+}
+
+/// Element `i` of dummy tensor `name`: `mean + std * t` with `t` the sum of two uniform
+/// draws of splitmix64 of `(seed, name, i)`, rescaled to unit variance.
+fn dummy_value(seed: u64, name: &str, mean: f32, std: f32) -> impl Fn(usize) -> f32 + Sync {
+    let key = splitmix64(seed ^ fnv1a(name));
+    let scale = std * 6f32.sqrt() / u32::MAX as f32;
+    move |i| {
+        let r = splitmix64(key.wrapping_add((i as u64).wrapping_mul(GOLDEN)));
+        let sum = (r >> 32) as f32 + (r & 0xFFFF_FFFF) as f32;
+        mean + (sum - u32::MAX as f32) * scale
     }
 }
 
