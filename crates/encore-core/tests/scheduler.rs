@@ -449,6 +449,46 @@ fn a_cache_too_small_evicts_cached_blocks_and_preempts_and_every_request_gets_it
     s.blocks().check_consistency().unwrap();
 }
 
+/// `n` samples of one prompt (`share_prompt`): the prompt's full blocks are computed once
+/// (the others wait for them, then find them cached), with a small chunk budget (the
+/// prompt takes several steps) and with a cache small enough to preempt; every sample gets
+/// its cold tokens.
+#[test]
+fn samples_sharing_a_prompt_compute_it_once_and_get_their_cold_tokens() {
+    let cpu = CpuBackend::new();
+    let group = |n: u64, at: u64| -> Vec<(Request, u64)> {
+        let base = request(40, 61, 14, 0.9);
+        (0..n)
+            .map(|i| {
+                let mut q = base.clone();
+                q.id = 40 + i;
+                q.params.sampling.seed += i;
+                q.params.share_prompt = Some(40);
+                (q, at)
+            })
+            .collect()
+    };
+    let reqs = group(4, 0);
+    let reference = alone(&reqs);
+    for (blocks, preempts) in [(1 + 16 * 32, false), (24, true)] {
+        let mut r = common::tiny_runner_with_blocks(&cpu, blocks);
+        let (out, s) = run(&mut r, SchedulerConfig::new(16, 8), &reqs);
+        for (q, _) in &reqs {
+            assert_eq!(
+                out[&q.id], reference[&q.id],
+                "request {} ({blocks} blocks)",
+                q.id
+            );
+        }
+        let st = s.stats();
+        assert_eq!(st.preemptions > 0, preempts, "{st:?}");
+        if !preempts {
+            // 61 prompt tokens: 15 full blocks of 4, found cached by the 3 others.
+            assert_eq!(st.prefix_hit_tokens, 3 * 60, "{st:?}");
+        }
+    }
+}
+
 /// On CUDA, at a real model's shape in bf16 (tensor-core prefill, split-K decode, mixed
 /// steps attended in two launches, every bucket captured): 96 requests of random lengths
 /// under tight budgets all complete with their token counts, with no step failing.
