@@ -29,7 +29,7 @@ use crate::constraint::{ConstraintCompiler, TokenConstraint};
 use crate::error::{Error, Result};
 use crate::kv::{BlockManager, PrefixHit, SeqId};
 use crate::request::{FinishReason, Limits, Output, Param, Refusal, Request};
-use crate::runner::{Runner, SeqStep, Seqs};
+use crate::runner::{Runner, Sampled, SeqStep, Seqs};
 
 /// The scheduler's budgets and policies.
 #[derive(Clone, Copy, Debug)]
@@ -452,6 +452,41 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Advance the constraint of every planned row that produced a token, in parallel
+    /// when there are several (an advance over a large vocabulary takes microseconds to
+    /// tens of them, which a batch of constrained rows would add up one after another);
+    /// per running row, its outcome (`None`: nothing to advance).
+    fn advance_constraints(
+        &mut self,
+        plan: &[(usize, usize)],
+        sampled: &[Sampled],
+    ) -> Vec<Option<Result<(), String>>> {
+        let mut token: Vec<Option<u32>> = vec![None; self.running.len()];
+        for (&(i, take), out) in plan.iter().zip(sampled) {
+            let s = &self.running[i];
+            if s.constraint.is_some() && s.computed + take == s.tokens.len() {
+                token[i] = Some(out.token);
+            }
+        }
+        let advance = |(s, t): (&mut Seq, &Option<u32>)| {
+            let c = s.constraint.as_mut()?;
+            Some(c.commit((*t)?))
+        };
+        if token.iter().flatten().count() > 1 {
+            self.running
+                .par_iter_mut()
+                .zip(token.par_iter())
+                .map(advance)
+                .collect()
+        } else {
+            self.running
+                .iter_mut()
+                .zip(token.iter())
+                .map(advance)
+                .collect()
+        }
+    }
+
     /// Run the planned step and collect its outputs.
     fn run_plan(
         &mut self,
@@ -474,6 +509,7 @@ impl Scheduler {
             .collect();
         let sampled = runner.step_sampled(&mut self.seqs, &steps)?;
         self.stats.steps += 1;
+        let mut committed = self.advance_constraints(plan, &sampled);
         let max_seq_len = runner.config().max_seq_len;
         let mut outputs = Vec::new();
         let mut done = Vec::new();
@@ -490,11 +526,9 @@ impl Scheduler {
                 continue; // a prompt chunk short of the end
             }
             s.tokens.push(token);
-            if let Some(c) = &mut s.constraint {
-                if let Err(e) = c.commit(token) {
-                    broken.push((i, e));
-                    continue;
-                }
+            if let Some(Err(e)) = committed[i].take() {
+                broken.push((i, e));
+                continue;
             }
             let p = &s.req.params;
             let finish = if !p.ignore_eos && p.stop_token_ids.contains(&token) {
