@@ -455,18 +455,23 @@ impl Scheduler {
     /// Advance the constraint of every planned row that produced a token, in parallel
     /// when there are several (an advance over a large vocabulary takes microseconds to
     /// tens of them, which a batch of constrained rows would add up one after another);
-    /// per running row, its outcome (`None`: nothing to advance).
+    /// per running row, its outcome (`None`: nothing to advance; an empty vector, and no
+    /// allocation, when no planned row has a constraint).
     fn advance_constraints(
         &mut self,
         plan: &[(usize, usize)],
         sampled: &[Sampled],
     ) -> Vec<Option<Result<(), String>>> {
-        let mut token: Vec<Option<u32>> = vec![None; self.running.len()];
+        let mut token: Vec<Option<u32>> = Vec::new();
         for (&(i, take), out) in plan.iter().zip(sampled) {
             let s = &self.running[i];
             if s.constraint.is_some() && s.computed + take == s.tokens.len() {
+                token.resize(self.running.len(), None);
                 token[i] = Some(out.token);
             }
+        }
+        if token.is_empty() {
+            return Vec::new();
         }
         let advance = |(s, t): (&mut Seq, &Option<u32>)| {
             let c = s.constraint.as_mut()?;
@@ -526,7 +531,7 @@ impl Scheduler {
                 continue; // a prompt chunk short of the end
             }
             s.tokens.push(token);
-            if let Some(Err(e)) = committed[i].take() {
+            if let Some(Err(e)) = committed.get_mut(i).and_then(Option::take) {
                 broken.push((i, e));
                 continue;
             }

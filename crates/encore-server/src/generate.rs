@@ -23,7 +23,7 @@ use crate::body::{read, Chat, ChatBody, Common, CompletionBody, PromptInput};
 use crate::error::ApiError;
 use crate::fields;
 use crate::output::{Kind, Reply};
-use crate::parse::{CallMode, ChatParser, ToolFormat};
+use crate::parse::{CallIds, CallMode, ChatParser, ToolFormat};
 use crate::tools::ToolChoice;
 use crate::AppState;
 
@@ -171,6 +171,12 @@ pub(crate) struct ChatOut {
 }
 
 impl ChatOut {
+    /// The tool-call ids of choice `index`.
+    pub fn call_ids(&self, index: usize) -> CallIds {
+        let seed = self.id_seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        CallIds::new(seed, self.mistral_ids)
+    }
+
     /// The finish reason of an output that ended as `finish` with `called` tool calls:
     /// `tool_calls` when the model chose to call (not for a named function, as OpenAI).
     pub fn finish(&self, finish: &'static str, called: bool) -> &'static str {

@@ -97,18 +97,15 @@ impl Reply {
         first: bool,
         logprobs: Value,
     ) -> Value {
-        let choice = match self.kind {
-            Kind::Completion => {
-                json!({"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish})
-            }
-            Kind::Chat => {
-                let mut d = json!({"content": delta});
-                if first {
-                    d["role"] = json!("assistant");
-                }
-                json!({"index": index, "delta": d, "logprobs": logprobs, "finish_reason": finish})
-            }
-        };
+        if self.kind == Kind::Chat {
+            let d = Delta {
+                content: delta.to_string(),
+                ..Delta::default()
+            };
+            return self.parsed_chunk(index, &d, finish, first, logprobs);
+        }
+        let choice =
+            json!({"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish});
         json!({"id": self.id, "object": self.chunk_object(), "created": self.created,
                "model": self.model, "choices": [choice]})
     }

@@ -21,7 +21,7 @@ use tokio_stream::StreamExt;
 use crate::error::ApiError;
 use crate::generate::{AbortGuard, ChatOut, Child, Form};
 use crate::output::{finish_name, logprobs_json, release, Reply};
-use crate::parse::{CallIds, ChatStream};
+use crate::parse::ChatStream;
 use crate::shutdown::cut_off;
 use crate::AppState;
 
@@ -50,12 +50,8 @@ pub(crate) fn respond(
             }
         });
         let parsed = chat.as_ref().and_then(|c| {
-            let seed = c.id_seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let p = c.parser.clone()?;
-            Some((
-                ChatStream::new(p, CallIds::new(seed, c.mistral_ids)),
-                c.clone(),
-            ))
+            Some((ChatStream::new(p, c.call_ids(index)), c.clone()))
         });
         choices.push(Choice {
             guard,
@@ -120,12 +116,8 @@ impl Task {
         let tokenizer = Arc::clone(&self.tokenizer);
         let mut texts: Vec<StopStream<'_>> = (0..self.choices.len())
             .map(|_| {
-                let t = StopStream::new(&tokenizer, &prompt, stop.clone());
-                if self.keep_special {
-                    t.keep_special_tokens()
-                } else {
-                    t
-                }
+                StopStream::new(&tokenizer, &prompt, stop.clone())
+                    .keep_special_tokens(self.keep_special)
             })
             .collect();
         let cut = cut_off(cut);

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::error::ApiError;
 use crate::generate::{AbortGuard, ChatOut, Child, Form};
 use crate::output::{finish_name, logprobs_json, release};
-use crate::parse::{self, CallIds};
+use crate::parse;
 use crate::shutdown::cut_off;
 use crate::AppState;
 
@@ -70,8 +70,7 @@ pub(crate) async fn respond(
                 },
             ) => {
                 let parsed = p.parse(&text, true);
-                let seed = out.id_seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                let mut ids = CallIds::new(seed, out.mistral_ids);
+                let mut ids = out.call_ids(index);
                 let m = parse::message(&parsed, &mut ids, out.reasoning);
                 (Some(m), out.finish(c.finish, !parsed.calls.is_empty()))
             }
@@ -100,12 +99,7 @@ async fn collect(
     // With stop strings the text is built as it streams, to end at the first one; with
     // special tokens, to leave out the end-of-generation one.
     let mut stop_text = (!stop.is_empty() || keep_special).then(|| {
-        let t = StopStream::new(&s.tokenizer, prompt, stop);
-        let t = if keep_special {
-            t.keep_special_tokens()
-        } else {
-            t
-        };
+        let t = StopStream::new(&s.tokenizer, prompt, stop).keep_special_tokens(keep_special);
         (t, String::new())
     });
     let cut = cut_off(s.cut.subscribe());

@@ -196,6 +196,22 @@ impl ModelConfig {
             tie_word_embeddings: true,
             ..c
         };
+        let llama3_8b = ModelConfig {
+            vocab_size: 128_256,
+            hidden_size: 4096,
+            intermediate_size: 14336,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            rope: RopeConfig {
+                rot_dim: 128,
+                theta: 500_000.0,
+                llama3: None,
+            },
+            max_position_embeddings: 8192,
+            ..tiny.clone()
+        };
         let cfg = match name {
             "tiny" => tiny,
             "tiny-qwen2" => qwen(ModelConfig {
@@ -270,38 +286,14 @@ impl ModelConfig {
                 max_position_embeddings: 131_072,
                 ..tiny
             },
-            "llama-3-8b" => ModelConfig {
-                vocab_size: 128_256,
-                hidden_size: 4096,
-                intermediate_size: 14336,
-                num_layers: 32,
-                num_heads: 32,
-                num_kv_heads: 8,
-                head_dim: 128,
-                rope: RopeConfig {
-                    rot_dim: 128,
-                    theta: 500_000.0,
-                    llama3: None,
-                },
-                max_position_embeddings: 8192,
-                ..tiny
-            },
+            "llama-3-8b" => llama3_8b,
             // For tensor parallelism over 4 or more GPUs (141 GB of bf16 weights).
             "llama-3-70b" => ModelConfig {
-                vocab_size: 128_256,
                 hidden_size: 8192,
                 intermediate_size: 28672,
                 num_layers: 80,
                 num_heads: 64,
-                num_kv_heads: 8,
-                head_dim: 128,
-                rope: RopeConfig {
-                    rot_dim: 128,
-                    theta: 500_000.0,
-                    llama3: None,
-                },
-                max_position_embeddings: 8192,
-                ..tiny
+                ..llama3_8b
             },
             "smollm2-135m" => ModelConfig {
                 vocab_size: 49_152,

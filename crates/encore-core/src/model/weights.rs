@@ -331,7 +331,9 @@ impl Source {
 
     /// Call `f` with one HF tensor's bytes in `dtype` (converted on the host when needed),
     /// cut to the block this rank holds when the spec is sliced (tensor parallelism:
-    /// the whole tensor is read, then cut, so every rank's block is the whole model's).
+    /// the whole tensor is read, then cut, so every rank's block is the whole model's;
+    /// dummy values, which depend on the element's index alone, are drawn for the block
+    /// only: a 70B shape's ranks would each draw 141 GB).
     fn with_bytes<R>(
         &self,
         cfg: &ModelConfig,
@@ -342,17 +344,10 @@ impl Source {
     ) -> Result<R> {
         match (spec.slice, self) {
             (None, _) => self.with_whole(cfg, spec, dtype, staging, f),
-            // Dummy values depend on the element's index alone: a rank draws its block
-            // without the whole tensor (a 70B shape's ranks would each draw 141 GB).
             (Some(s), Source::Dummy { seed }) if !matches!(dtype, DType::Q(_)) => {
                 let (mean, std) = dummy_init(cfg, spec);
-                let k = if spec.shape.len() == 1 {
-                    1
-                } else {
-                    spec.shape[1]
-                };
-                let block = (s.row, s.rows, s.col, s.cols);
-                f(staging.dummy_block(*seed, &spec.name, k, block, mean, std, dtype))
+                let k = row_len(spec);
+                f(staging.dummy_block(*seed, &spec.name, k, s, mean, std, dtype))
             }
             (Some(s), _) => self.with_whole(cfg, spec, dtype, staging, |bytes| {
                 f(&slice_part(spec, s, dtype, bytes)?)
@@ -457,11 +452,7 @@ impl Source {
 /// range of rows, and of each row's columns (for a quantized format, whole blocks: a
 /// row's quant bytes and scale bytes of those blocks, padded as the device layout pads).
 fn slice_part(spec: &TensorSpec, s: Slice, dtype: DType, bytes: &[u8]) -> Result<Vec<u8>> {
-    let k = if spec.shape.len() == 1 {
-        1
-    } else {
-        spec.shape[1]
-    };
+    let k = row_len(spec);
     // A source row's bytes, the byte ranges (from, to) of it kept, an output row's bytes.
     let (row_bytes, kept, out_row) = match dtype {
         DType::Q(fmt) => {
@@ -514,6 +505,15 @@ fn slice_part(spec: &TensorSpec, s: Slice, dtype: DType, bytes: &[u8]) -> Result
         out.resize(start + out_row, 0);
     }
     Ok(out)
+}
+
+/// Values per row of a tensor as [`Slice`] cuts it (a 1-D tensor's rows are its elements).
+fn row_len(spec: &TensorSpec) -> usize {
+    if spec.shape.len() == 1 {
+        1
+    } else {
+        spec.shape[1]
+    }
 }
 
 /// `(mean, std)` of a dummy tensor: scales that keep activations near unit size through
@@ -981,9 +981,7 @@ mod tests {
                 let mut staging = Staging::default();
                 let whole = staging.dummy(7, "w", sp.numel(), 0.1, 0.5, dtype).to_vec();
                 let want = slice_part(&sp, cut, dtype, &whole).unwrap();
-                let k = if shape.len() == 1 { 1 } else { shape[1] };
-                let block = (cut.row, cut.rows, cut.col, cut.cols);
-                let got = staging.dummy_block(7, "w", k, block, 0.1, 0.5, dtype);
+                let got = staging.dummy_block(7, "w", row_len(&sp), cut, 0.1, 0.5, dtype);
                 assert_eq!(got, &want[..], "{dtype} {shape:?}");
             }
         }

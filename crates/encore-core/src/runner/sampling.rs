@@ -148,17 +148,11 @@ impl SampleBuffers {
         };
         let [ids_staging, vals_staging] = &mut self.bias_staging;
         // Each waits until the previous upload has read it.
-        let ids = ids_staging.bytes_mut()?;
+        let (ids, vals) = (ids_staging.bytes_mut()?, vals_staging.bytes_mut()?);
         for (row, s) in batch[..=last].iter().enumerate() {
-            for (j, &(t, _)) in s.logit_bias.iter().take(MAX_LOGIT_BIAS).enumerate() {
+            for (j, &(t, b)) in s.logit_bias.iter().take(MAX_LOGIT_BIAS).enumerate() {
                 let at = (row * MAX_LOGIT_BIAS + j) * 4;
                 ids[at..at + 4].copy_from_slice(&(t as i32).to_ne_bytes());
-            }
-        }
-        let vals = vals_staging.bytes_mut()?;
-        for (row, s) in batch[..=last].iter().enumerate() {
-            for (j, &(_, b)) in s.logit_bias.iter().take(MAX_LOGIT_BIAS).enumerate() {
-                let at = (row * MAX_LOGIT_BIAS + j) * 4;
                 vals[at..at + 4].copy_from_slice(&b.to_ne_bytes());
             }
         }

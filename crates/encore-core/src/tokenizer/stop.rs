@@ -133,11 +133,11 @@ impl<'t> StopStream<'t> {
         }
     }
 
-    /// Write special tokens into the text instead of leaving them out (tool-call markers
-    /// such as `[TOOL_CALLS]` are special tokens).
-    pub fn keep_special_tokens(self) -> Self {
+    /// With `keep`, write special tokens into the text instead of leaving them out
+    /// (tool-call markers such as `[TOOL_CALLS]` are special tokens).
+    pub fn keep_special_tokens(self, keep: bool) -> Self {
         StopStream {
-            dec: self.dec.skip_special_tokens(false),
+            dec: self.dec.skip_special_tokens(!keep),
             stop: self.stop,
         }
     }

@@ -6,6 +6,7 @@ use rayon::prelude::*;
 
 use encore_backend::quant::{self, QuantFormat};
 
+use crate::model::decl::Slice;
 use crate::ops::{splitmix64, GOLDEN};
 use crate::tensor::DType;
 
@@ -92,8 +93,7 @@ impl Staging {
         self.generate(n, to, value)
     }
 
-    /// The block `rows x cols` at (`row`, `col`) of the dummy tensor `name` whose rows
-    /// hold `k` values: the values [`Self::dummy`] gives those elements, drawn alone (a
+    /// The block `s` of the dummy tensor `name` whose rows hold `k` values: the values [`Self::dummy`] gives those elements, drawn alone (a
     /// tensor-parallel rank's share without the whole tensor).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dummy_block(
@@ -101,15 +101,15 @@ impl Staging {
         seed: u64,
         name: &str,
         k: usize,
-        (row, rows, col, cols): (usize, usize, usize, usize),
+        s: Slice,
         mean: f32,
         std: f32,
         to: DType,
     ) -> &[u8] {
         let value = dummy_value(seed, name, mean, std);
-        let cols = cols.max(1);
-        self.generate(rows * cols, to, move |j| {
-            value((row + j / cols) * k + col + j % cols)
+        let cols = s.cols.max(1);
+        self.generate(s.rows * cols, to, move |j| {
+            value((s.row + j / cols) * k + s.col + j % cols)
         })
     }
 }
