@@ -29,7 +29,7 @@ use crate::constraint::{ConstraintCompiler, TokenConstraint};
 use crate::error::{Error, Result};
 use crate::kv::{BlockManager, PrefixHit, SeqId};
 use crate::request::{FinishReason, Limits, Output, Param, Refusal, Request};
-use crate::runner::{Runner, Sampled, SeqStep, Seqs};
+use crate::runner::{Runner, SeqStep, Seqs};
 
 /// The scheduler's budgets and policies.
 #[derive(Clone, Copy, Debug)]
@@ -71,6 +71,9 @@ pub struct SchedulerStats {
     pub prefix_hit_tokens: u64,
 }
 
+/// A constraint taken out of its sequence for a step, with the sequence's row in the step.
+type Held = (usize, Box<dyn TokenConstraint>);
+
 /// A live request.
 struct Seq {
     req: Request,
@@ -83,9 +86,8 @@ struct Seq {
     /// Whether it was ever admitted (its prompt was counted in the prefix statistics).
     admitted: bool,
     /// The request's compiled constraint (it has advanced by every token produced, so a
-    /// preempted sequence keeps it), and the mask of its next token.
+    /// preempted sequence keeps it).
     constraint: Option<Box<dyn TokenConstraint>>,
-    mask: Vec<u32>,
 }
 
 impl Seq {
@@ -203,7 +205,6 @@ impl Scheduler {
             computed: 0,
             admitted: false,
             constraint,
-            mask: Vec::new(),
         });
         Ok(())
     }
@@ -399,48 +400,11 @@ impl Scheduler {
     /// per sequence; a prompt chunk that does not reach the end produces none). Finished
     /// sequences free their blocks. An empty vector when nothing could run.
     pub fn step(&mut self, runner: &mut Runner<'_>) -> Result<Vec<Output>> {
-        let mut plan = self.schedule(runner)?;
+        let plan = self.schedule(runner)?;
         if plan.is_empty() {
             return Ok(Vec::new());
         }
-        let mut failed = self.fill_masks(&plan);
-        plan.retain(|(i, _)| !failed.iter().any(|(f, _)| f == i));
-        let mut outputs = Vec::new();
-        if !plan.is_empty() {
-            outputs = self.run_plan(runner, &plan)?;
-        }
-        failed.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
-        for (i, e) in failed {
-            self.fail_running(i, e)?;
-        }
-        Ok(outputs)
-    }
-
-    /// Fill the masks of the planned constrained rows whose sample is kept, in parallel
-    /// (they are independent; a large vocabulary's takes microseconds to a few hundred);
-    /// the rows whose constraint failed, with the error. Nothing runs without such rows.
-    fn fill_masks(&mut self, plan: &[(usize, usize)]) -> Vec<(usize, String)> {
-        let Some(words) = self.constraints.as_ref().map(|c| c.mask_words()) else {
-            return Vec::new();
-        };
-        let mut masked = vec![false; self.running.len()];
-        for &(i, take) in plan {
-            let s = &self.running[i];
-            masked[i] = s.constraint.is_some() && s.computed + take == s.tokens.len();
-        }
-        if !masked.contains(&true) {
-            return Vec::new();
-        }
-        self.running
-            .par_iter_mut()
-            .enumerate()
-            .filter(|(i, _)| masked[*i])
-            .filter_map(|(i, s)| {
-                s.mask.resize(words, 0);
-                let c = s.constraint.as_mut().expect("a constrained row");
-                c.fill_mask(&mut s.mask).err().map(|e| (i, e))
-            })
-            .collect()
+        self.run_plan(runner, &plan)
     }
 
     /// End running sequence `i` with error `e`, freeing its blocks.
@@ -452,24 +416,12 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Advance the constraint of every planned row that produced a token, in parallel
-    /// when there are several (an advance over a large vocabulary takes microseconds to
-    /// tens of them, which a batch of constrained rows would add up one after another);
-    /// per running row, its outcome (`None`: nothing to advance; an empty vector, and no
-    /// allocation, when no planned row has a constraint).
-    fn advance_constraints(
-        &mut self,
-        plan: &[(usize, usize)],
-        sampled: &[Sampled],
-    ) -> Vec<Option<Result<(), String>>> {
-        let mut token: Vec<Option<u32>> = Vec::new();
-        for (&(i, take), out) in plan.iter().zip(sampled) {
-            let s = &self.running[i];
-            if s.constraint.is_some() && s.computed + take == s.tokens.len() {
-                token.resize(self.running.len(), None);
-                token[i] = Some(out.token);
-            }
-        }
+    /// Advance the constraint of every running row with a token in `token` (indexed
+    /// like `running`; empty: none), in parallel when there are several (an advance over
+    /// a large vocabulary takes microseconds to tens of them, which a batch of
+    /// constrained rows would add up one after another); per running row, its outcome
+    /// (`None`: nothing to advance; an empty vector when `token` is).
+    fn advance_constraints(&mut self, token: &[Option<u32>]) -> Vec<Option<Result<(), String>>> {
         if token.is_empty() {
             return Vec::new();
         }
@@ -492,29 +444,89 @@ impl Scheduler {
         }
     }
 
-    /// Run the planned step and collect its outputs.
+    /// Run the planned step and collect its outputs. The constraints of the rows whose
+    /// sample is kept write those rows' masks while the device runs the step's forward
+    /// (in parallel: a large vocabulary's mask takes microseconds to a few hundred); a
+    /// constraint that fails there ends its request after the step, its sample dropped.
     fn run_plan(
         &mut self,
         runner: &mut Runner<'_>,
         plan: &[(usize, usize)],
     ) -> Result<Vec<Output>> {
+        // The masked rows' constraints, by plan row, held outside their sequences for the
+        // step (whose inputs borrow the sequences).
+        let mut held: Vec<Held> = Vec::new();
+        for (k, &(i, take)) in plan.iter().enumerate() {
+            let s = &mut self.running[i];
+            if s.computed + take == s.tokens.len() {
+                if let Some(c) = s.constraint.take() {
+                    held.push((k, c));
+                }
+            }
+        }
         let steps: Vec<SeqStep<'_>> = plan
             .iter()
-            .map(|&(i, take)| {
+            .enumerate()
+            .map(|(k, &(i, take))| {
                 let s = &self.running[i];
-                let kept = s.computed + take == s.tokens.len();
                 SeqStep {
                     seq: s.seq,
                     tokens: &s.tokens[s.computed..s.computed + take],
                     sampling: s.req.params.sampling,
-                    mask: (kept && s.constraint.is_some()).then_some(&s.mask[..]),
+                    masked: held.binary_search_by_key(&k, |h| h.0).is_ok(),
                     logit_bias: &s.req.params.logit_bias,
                 }
             })
             .collect();
-        let sampled = runner.step_sampled(&mut self.seqs, &steps)?;
+        let mut mask_failed: Vec<(usize, String)> = Vec::new();
+        let sampled = if held.is_empty() {
+            runner.step_sampled(&mut self.seqs, &steps)
+        } else {
+            let mut fill = |rows: &mut [(usize, &mut [u32])]| {
+                rows.sort_unstable_by_key(|r| r.0);
+                debug_assert!(rows.iter().map(|r| r.0).eq(held.iter().map(|h| h.0)));
+                let fill_one = |((k, row), (_, c)): (&mut (usize, &mut [u32]), &mut Held)| {
+                    c.fill_mask(row).err().map(|e| {
+                        row.fill(u32::MAX); // any token: the sample is dropped
+                        (*k, e)
+                    })
+                };
+                mask_failed = if rows.len() > 1 {
+                    rows.par_iter_mut()
+                        .zip(held.par_iter_mut())
+                        .filter_map(fill_one)
+                        .collect()
+                } else {
+                    rows.iter_mut()
+                        .zip(held.iter_mut())
+                        .filter_map(fill_one)
+                        .collect()
+                };
+            };
+            runner.step_constrained(&mut self.seqs, &steps, &mut fill)
+        };
+        drop(steps);
+        for (k, c) in held {
+            self.running[plan[k].0].constraint = Some(c);
+        }
+        let sampled = sampled?;
         self.stats.steps += 1;
-        let mut committed = self.advance_constraints(plan, &sampled);
+        let mut token: Vec<Option<u32>> = Vec::new();
+        for (k, (&(i, take), out)) in plan.iter().zip(&sampled).enumerate() {
+            let s = &self.running[i];
+            let failed = mask_failed.iter().any(|f| f.0 == k);
+            if s.constraint.is_some() && s.computed + take == s.tokens.len() && !failed {
+                token.resize(self.running.len(), None);
+                token[i] = Some(out.token);
+            }
+        }
+        let mut committed = self.advance_constraints(&token);
+        if !mask_failed.is_empty() {
+            committed.resize_with(self.running.len(), || None);
+            for (k, e) in mask_failed {
+                committed[plan[k].0] = Some(Err(e));
+            }
+        }
         let max_seq_len = runner.config().max_seq_len;
         let mut outputs = Vec::new();
         let mut done = Vec::new();

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::backend::BackendRef;
 use crate::engine::{BootReport, Engine, EngineConfig};
 use crate::error::{Error, Result};
-use crate::graph::GraphStats;
+use crate::graph::{GraphStats, Phase};
 use crate::histogram::{Histogram, ItlBuckets, TtftBuckets};
 use crate::memory::ArenaStats;
 use crate::model::ModelFiles;
@@ -406,11 +406,16 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
         .store(st.prefix_queried_tokens, Ordering::Relaxed);
     m.prefix_cache_hits_total
         .store(st.prefix_hit_tokens, Ordering::Relaxed);
-    if let Some(p) = runner.phase_stats(crate::graph::Phase::Decode) {
-        m.graph_replays_decode
-            .store((p.hits + p.misses) as u64, Ordering::Relaxed);
+    // Decode steps with masks replay their bucket's logits-only graph.
+    let decode = [Phase::Decode, Phase::DecodeLogits]
+        .into_iter()
+        .filter_map(|phase| runner.phase_stats(phase))
+        .map(|p| (p.hits + p.misses) as u64)
+        .reduce(|a, b| a + b);
+    if let Some(n) = decode {
+        m.graph_replays_decode.store(n, Ordering::Relaxed);
     }
-    if let Some(p) = runner.phase_stats(crate::graph::Phase::Mixed) {
+    if let Some(p) = runner.phase_stats(Phase::Mixed) {
         m.graph_replays_mixed
             .store((p.hits + p.misses) as u64, Ordering::Relaxed);
     }

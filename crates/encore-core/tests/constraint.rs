@@ -311,3 +311,48 @@ fn a_constraint_that_allows_nothing_fails_its_request() {
 fn logit_bias_forces_and_bans_tokens_eager_and_in_graphs() {
     common::check_logit_bias(&CpuBackend::new());
 }
+
+/// Constrained steps in graph mode stop at the logits (a decode bucket's logits-only
+/// graph, a token bucket's pieces) and sample after the masks arrive: the same tokens as
+/// eager, for constrained and unconstrained requests side by side, and the plain decode
+/// graphs still serve the steps without masks.
+#[test]
+fn constrained_steps_in_graphs_equal_eager() {
+    use encore_core::graph::{BucketPolicy, Phase};
+    use encore_core::runner::GraphConfig;
+    let cpu = CpuBackend::new();
+    let mut reqs: Vec<Request> = (0..3)
+        .map(|i| request(100 + i, if i == 0 { 0.0 } else { 0.9 }, 100, None))
+        .collect();
+    reqs.extend((0..3).map(|i| request(i, 1.0, 40, Some(Constraint::JsonSchema(SCHEMA.into())))));
+    reqs.push(request(
+        9,
+        0.7,
+        12,
+        Some(Constraint::Regex("[a-f]+".into())),
+    ));
+    let mut eager = common::tiny_runner(&cpu);
+    let (reference, _) = run(&mut eager, SchedulerConfig::new(64, 8), &reqs);
+    let mut r = common::tiny_runner(&cpu);
+    r.set_graphs(Some(GraphConfig {
+        decode: common::buckets(),
+        mixed: BucketPolicy::SglangLike { max: 256 },
+    }));
+    let (out, _) = run(&mut r, SchedulerConfig::new(64, 8), &reqs);
+    assert_eq!(out, reference);
+    let logits_only = r.phase_stats(Phase::DecodeLogits).unwrap();
+    assert!(logits_only.hits > 5, "{logits_only:?}");
+    assert!(r.phase_stats(Phase::Decode).unwrap().hits > 5);
+    let mixed = r.phase_stats(Phase::Mixed).unwrap();
+    assert!(mixed.hits + mixed.misses > 0, "{mixed:?}");
+    // Every constrained output is what its constraint allows.
+    for i in 0..3 {
+        let (tokens, finish) = &out[&i];
+        if *finish == FinishReason::Eos {
+            let v: serde_json::Value = serde_json::from_str(&text(tokens)).unwrap();
+            assert_eq!(v.as_object().unwrap().len(), 4);
+        }
+    }
+    let t = text(&out[&9].0);
+    assert!(t.bytes().all(|c| (b'a'..=b'f').contains(&c)), "{t:?}");
+}

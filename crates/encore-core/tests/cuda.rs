@@ -462,7 +462,7 @@ fn windowed_model_matches_cpu() {
                     seq,
                     tokens,
                     sampling: greedy,
-                    mask: None,
+                    masked: false,
                     logit_bias: &[],
                 })
                 .collect();

@@ -80,7 +80,7 @@ fn start_up_captures_everything_and_the_first_requests_replay() {
             seq: SeqId(i as u64),
             tokens: p,
             sampling: SamplingParams::default(),
-            mask: None,
+            masked: false,
             logit_bias: &[],
         })
         .collect();

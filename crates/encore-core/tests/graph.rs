@@ -153,7 +153,7 @@ fn capture_all_warms_every_bucket_largest_first() {
             seq: SeqId(0),
             tokens: &[1, 2, 3],
             sampling: SamplingParams::default(),
-            mask: None,
+            masked: false,
             logit_bias: &[],
         }],
     )
@@ -165,7 +165,7 @@ fn capture_all_warms_every_bucket_largest_first() {
             seq: SeqId(0),
             tokens: &[4],
             sampling: SamplingParams::default(),
-            mask: None,
+            masked: false,
             logit_bias: &[],
         }],
     )
@@ -192,7 +192,7 @@ fn verify_graphs_checks_every_replay_against_eager() {
                     seq: SeqId(i as u64),
                     tokens: p,
                     sampling: greedy,
-                    mask: None,
+                    masked: false,
                     logit_bias: &[],
                 }],
             )

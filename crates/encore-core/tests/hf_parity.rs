@@ -262,7 +262,7 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
                     std::slice::from_ref(&p.greedy[step - 1])
                 },
                 sampling: SamplingParams::default(),
-                mask: None,
+                masked: false,
                 logit_bias: &[],
             })
             .collect();

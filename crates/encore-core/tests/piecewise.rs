@@ -182,7 +182,7 @@ fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
                 seq: *id,
                 tokens: toks,
                 sampling,
-                mask: None,
+                masked: false,
                 logit_bias: &[],
             })
             .collect();
@@ -259,7 +259,7 @@ fn run_splits(
                     seq: SeqId(s as u64),
                     tokens: toks,
                     sampling: SamplingParams::default(),
-                    mask: None,
+                    masked: false,
                     logit_bias: &[],
                 }
             })
@@ -346,7 +346,7 @@ fn a_chunked_prompt_gives_the_tokens_of_one_step() {
                         seq: SeqId(0),
                         tokens: &[last[k]],
                         sampling: SamplingParams::default(),
-                        mask: None,
+                        masked: false,
                         logit_bias: &[],
                     }],
                 )
@@ -382,7 +382,7 @@ fn capture_all_covers_decode_and_token_buckets() {
             seq: SeqId(0),
             tokens: &[3; 30],
             sampling: SamplingParams::default(),
-            mask: None,
+            masked: false,
             logit_bias: &[],
         }],
     )

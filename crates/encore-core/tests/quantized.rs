@@ -70,7 +70,7 @@ fn logits(be: &dyn Backend, model: Model) -> Vec<Vec<f32>> {
                 seq,
                 tokens,
                 sampling: SamplingParams::default(),
-                mask: None,
+                masked: false,
                 logit_bias: &[],
             })
             .collect();

@@ -74,7 +74,7 @@ fn host_reference(req: &Request) -> Vec<(u32, Option<TokenLogprobs>)> {
             seq,
             tokens: &input,
             sampling: SamplingParams::default(),
-            mask: None,
+            masked: false,
             logit_bias: &[],
         };
         let (_, logits) = r.step_with_logits(&mut r_seqs, &[step]).unwrap();

@@ -155,7 +155,7 @@ fn logits_over_two_ranks_match_one_rank() {
             seq: SeqId(0),
             tokens: p,
             sampling: SamplingParams::default(),
-            mask: None,
+            masked: false,
             logit_bias: &[],
         };
         runner.step_with_logits(&mut seqs, &[step]).unwrap().1

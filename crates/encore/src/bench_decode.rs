@@ -176,7 +176,7 @@ pub(crate) fn prefill(
                 seq: s,
                 tokens: &prompt,
                 sampling: SamplingParams::default(),
-                mask: None,
+                masked: false,
                 logit_bias: &[],
             }],
         )?;
@@ -217,7 +217,7 @@ pub(crate) fn time_decode(
                 seq,
                 tokens: tok,
                 sampling: SamplingParams::default(),
-                mask: None,
+                masked: false,
                 logit_bias: &[],
             })
             .collect();

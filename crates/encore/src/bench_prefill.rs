@@ -299,7 +299,7 @@ fn prefill_once(
             seq,
             tokens: p,
             sampling: SamplingParams::default(),
-            mask: None,
+            masked: false,
             logit_bias: &[],
         })
         .collect();

@@ -22,6 +22,10 @@ use crate::memory::{Arena, ArenaStats, CaptureMemory, GraphMemory};
 pub enum Phase {
     /// Every sequence adds one token: one full graph per batch-size bucket.
     Decode,
+    /// A decode bucket's graph stopping at the logits, for steps with allowed-token
+    /// masks: their sampling runs after the graph, once the host has written the masks
+    /// while the graph ran. Captured on a bucket's first such step.
+    DecodeLogits,
     /// Prefill, chunked prefill and decode rows together: pieces per token-count bucket,
     /// attention eager between them.
     Mixed,
@@ -31,6 +35,7 @@ impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Phase::Decode => "decode",
+            Phase::DecodeLogits => "decode (logits)",
             Phase::Mixed => "mixed",
         })
     }

@@ -58,14 +58,22 @@ pub struct SeqStep<'a> {
     /// in its sequence alone: a request's stream does not depend on the batch around it,
     /// its sequence id or when it runs.
     pub sampling: SamplingParams,
-    /// The tokens the sample may take (bit `t % 32` of word `t / 32`, at least
-    /// vocabulary / 32 words, rounded up); `None`: any. Only a row whose sample is kept
-    /// needs one.
-    pub mask: Option<&'a [u32]>,
+    /// Whether the sample is limited to an allowed-token mask, which the step's
+    /// [`FillMasks`] writes while the device runs the forward (see
+    /// [`Runner::step_constrained`]). Only a row whose sample is kept needs one.
+    pub masked: bool,
     /// Added to these tokens' logits before sampling (distinct ids in the vocabulary, at
     /// most [`crate::request::MAX_LOGIT_BIAS`]); empty: none.
     pub logit_bias: &'a [(u32, f32)],
 }
+
+/// Writes a step's allowed-token masks: called once in a step with masked rows, after the
+/// step's forward is queued on the device and before its sampling, so the host computes
+/// the masks while the device runs the layers. It gets one `(batch index, row)` per masked
+/// row, each row [`Runner::mask_words`] words, zeroed: bit `t % 32` of word `t / 32` set
+/// allows token `t`. A row left with no bit set is sampled anyhow (the caller drops that
+/// sample); bits past the vocabulary are ignored.
+pub type FillMasks<'f> = dyn FnMut(&mut [(usize, &mut [u32])]) + 'f;
 
 /// Sizing of the runner's memory.
 #[derive(Clone, Copy, Debug)]
@@ -342,19 +350,34 @@ impl<'b> Runner<'b> {
     /// room for each sequence's new tokens (`BlockManager::allocate`/`append`): the step
     /// writes them at positions `num_tokens(seq) - tokens.len() ..`.
     pub fn step(&mut self, seqs: &mut Seqs, batch: &[SeqStep<'_>]) -> Result<Vec<u32>> {
-        Ok(self.run(seqs, batch, false)?.tokens)
+        Ok(self.run(seqs, batch, false, None)?.tokens)
     }
 
     /// Like [`Runner::step`], with each sequence's log-probabilities where its sampling
     /// asks for them.
     pub fn step_sampled(&mut self, seqs: &mut Seqs, batch: &[SeqStep<'_>]) -> Result<Vec<Sampled>> {
-        let out = self.run(seqs, batch, false)?;
-        Ok(out
-            .tokens
-            .into_iter()
-            .zip(out.logprobs)
-            .map(|(token, logprobs)| Sampled { token, logprobs })
-            .collect())
+        self.run(seqs, batch, false, None).map(StepOut::sampled)
+    }
+
+    /// Like [`Runner::step_sampled`], with the masks of the rows marked
+    /// [`SeqStep::masked`] written by `fill` while the device runs the step's forward:
+    /// such a step's graph stops at the logits (a decode bucket's logits-only graph,
+    /// captured on first use; a token bucket's pieces as they are), and its sampling runs
+    /// after the masks' upload.
+    pub fn step_constrained(
+        &mut self,
+        seqs: &mut Seqs,
+        batch: &[SeqStep<'_>],
+        fill: &mut FillMasks<'_>,
+    ) -> Result<Vec<Sampled>> {
+        self.run(seqs, batch, false, Some(fill))
+            .map(StepOut::sampled)
+    }
+
+    /// Words of an allowed-token mask row ([`FillMasks`]): the vocabulary / 32, rounded
+    /// up.
+    pub fn mask_words(&self) -> usize {
+        sampling::mask_words(self.parts.model.cfg.vocab_size)
     }
 
     /// Like [`Runner::step`], and also return each sequence's f32 logits as the model
@@ -365,7 +388,7 @@ impl<'b> Runner<'b> {
         seqs: &mut Seqs,
         batch: &[SeqStep<'_>],
     ) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
-        let StepOut { tokens, logits, .. } = self.run(seqs, batch, true)?;
+        let StepOut { tokens, logits, .. } = self.run(seqs, batch, true, None)?;
         let vocab = self.parts.model.cfg.vocab_size;
         let rows = match logits {
             Some(l) => l.chunks(vocab).map(|r| r.to_vec()).collect(),

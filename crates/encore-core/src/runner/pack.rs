@@ -181,7 +181,7 @@ impl<'b> Packer<'b> {
             h.frequency[i] = sp.frequency_penalty;
             h.presence[i] = sp.presence_penalty;
             h.num_logprobs[i] = sp.logprobs.map_or(-1, |n| n.min(MAX_TOP_LOGPROBS) as i32);
-            h.mask_on[i] = s.mask.is_some() as i32;
+            h.mask_on[i] = s.masked as i32;
             h.bias_n[i] = s.logit_bias.len().min(MAX_LOGIT_BIAS) as i32;
             h.pen_slot[i] = -1;
             if penalties && sp.has_penalties() {

@@ -74,7 +74,7 @@ impl GraphPolicy {
     /// sequence row; a token bucket has room for as many sequences as it can hold.
     pub fn layout_of(&self, inputs: &Packer<'_>, key: Key) -> Layout {
         match key.phase {
-            Phase::Decode => inputs.layout(key.bucket, key.bucket),
+            Phase::Decode | Phase::DecodeLogits => inputs.layout(key.bucket, key.bucket),
             Phase::Mixed => inputs.layout(key.bucket, key.bucket.min(self.max_seqs)),
         }
     }
@@ -94,9 +94,17 @@ impl GraphPolicy {
             .collect()
     }
 
-    /// An error unless `key` is one of [`GraphPolicy::keys`].
+    /// An error unless `key` is one of [`GraphPolicy::keys`] (or the logits-only graph
+    /// of one of its decode buckets).
     fn check(&self, key: Key) -> Result<()> {
-        if self.keys().contains(&key) {
+        let listed = Key {
+            phase: match key.phase {
+                Phase::DecodeLogits => Phase::Decode,
+                p => p,
+            },
+            ..key
+        };
+        if self.keys().contains(&listed) {
             return Ok(());
         }
         Err(Error::invalid(
@@ -233,6 +241,10 @@ impl Runner<'_> {
             Phase::Decode => {
                 self.parts.inputs.pad_only(&layout, layout.seqs)?;
                 StepShape::whole(layout.seqs, true, 0)
+            }
+            Phase::DecodeLogits => {
+                self.parts.inputs.pad_only(&layout, layout.seqs)?;
+                StepShape::whole(layout.seqs, true, 0).logits_only()
             }
             Phase::Mixed => {
                 // One empty sequence: every token row is padding.

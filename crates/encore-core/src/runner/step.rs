@@ -13,8 +13,8 @@ use crate::tensor::DType;
 use super::group::{Cmd, Exec};
 use super::pack::{Packer, StepViews};
 use super::policy::Plan;
-use super::sampling::{SampleBuffers, StepSampling};
-use super::{Parts, Runner, SeqStep, Seqs};
+use super::sampling::{SampleBuffers, Sampled, StepSampling};
+use super::{FillMasks, Parts, Runner, SeqStep, Seqs};
 use crate::request::TokenLogprobs;
 
 /// How a step's ops are grouped into pieces.
@@ -31,13 +31,14 @@ enum Shape {
 
 /// What a step runs over its layout: `seqs` sequences (attention and sampling rows),
 /// pure decode or not, the leading decode rows of a mixed step (0: one attention launch),
-/// and how its ops are grouped.
+/// how its ops are grouped, and whether it samples at its end.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct StepShape {
     shape: Shape,
     decode: bool,
     seqs: usize,
     decode_rows: usize,
+    sample: bool,
 }
 
 impl StepShape {
@@ -48,6 +49,7 @@ impl StepShape {
             decode,
             seqs,
             decode_rows,
+            sample: true,
         }
     }
 
@@ -58,6 +60,7 @@ impl StepShape {
             decode: false,
             seqs,
             decode_rows,
+            sample: true,
         }
     }
 
@@ -68,6 +71,15 @@ impl StepShape {
             decode: true,
             seqs: rows,
             decode_rows: 0,
+            sample: true,
+        }
+    }
+
+    /// The same step stopping at the logits (its sampling runs after it, eagerly).
+    pub fn logits_only(self) -> Self {
+        StepShape {
+            sample: false,
+            ..self
         }
     }
 }
@@ -91,7 +103,7 @@ pub(super) struct ForwardStep<'a> {
 
 impl<'a> ForwardStep<'a> {
     /// A step over `inputs` in `layout`, shaped per `shape`; `sample`: sample at its
-    /// end (a tensor-parallel follower's steps stop at the logits).
+    /// end where `shape` does (a tensor-parallel follower's steps stop at the logits).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         be: &'a dyn Backend,
@@ -124,7 +136,7 @@ impl<'a> ForwardStep<'a> {
             shape,
             sampling: sampling.step(seqs)?,
             table_width: inputs.table_width,
-            sample,
+            sample: sample && shape.sample,
         })
     }
 
@@ -212,7 +224,34 @@ pub(super) struct StepOut {
     pub logprobs: Vec<Option<TokenLogprobs>>,
 }
 
+impl StepOut {
+    /// Each row's token with its log-probabilities.
+    pub fn sampled(self) -> Vec<Sampled> {
+        self.tokens
+            .into_iter()
+            .zip(self.logprobs)
+            .map(|(token, logprobs)| Sampled { token, logprobs })
+            .collect()
+    }
+}
+
 impl Parts<'_> {
+    /// The sampling of a step whose forward stopped at the logits in `buf` (`batch` in
+    /// the step's row order): the masks written by `fill` (host work while the device
+    /// still runs the forward), uploaded, then the step's rows sampled.
+    fn sample_after(
+        &mut self,
+        batch: &[SeqStep<'_>],
+        layout: &Layout,
+        buf: &StepBuffers,
+        fill: &mut FillMasks<'_>,
+    ) -> Result<()> {
+        let b = batch.len();
+        self.sampling.write_masks(self.be, batch, fill)?;
+        let v = StepViews::cut(&self.inputs.table, layout, b, 0)?;
+        self.sampling.step(b)?.sample(self.be, &buf.logits(b)?, &v)
+    }
+
     /// A step over the runner's inputs in `layout`, shaped per `shape`.
     pub fn forward(&self, layout: &Layout, shape: StepShape) -> Result<ForwardStep<'_>> {
         ForwardStep::new(
@@ -229,11 +268,14 @@ impl Parts<'_> {
 }
 
 impl Runner<'_> {
+    /// One step over `batch`; `fill` writes the masks of its masked rows (an error when
+    /// a row is masked and there is none).
     pub(super) fn run(
         &mut self,
         seqs: &mut Seqs,
         batch: &[SeqStep<'_>],
         keep_logits: bool,
+        fill: Option<&mut FillMasks<'_>>,
     ) -> Result<StepOut> {
         let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let b = batch.len();
@@ -249,6 +291,17 @@ impl Runner<'_> {
                 ),
             ));
         }
+        if fill.is_none() {
+            if let Some(s) = batch.iter().find(|s| s.masked) {
+                return Err(Error::invalid(
+                    "runner.step",
+                    format!(
+                        "sequence {}: a masked row needs a step that writes masks (Runner::step_constrained)",
+                        s.seq
+                    ),
+                ));
+            }
+        }
         let decode_only = batch.iter().all(|s| s.tokens.len() == 1);
         // A mixed step runs its decode rows first, so attention can take them through the
         // decode path and the rest through the prefill path (two launches); results go
@@ -259,18 +312,35 @@ impl Runner<'_> {
             batch.iter().filter(|s| s.tokens.len() == 1).count()
         };
         if d == 0 {
-            return self.run_sorted(seqs, batch, keep_logits, decode_only, 0);
+            return self.run_sorted(seqs, batch, keep_logits, decode_only, 0, fill);
         }
         let order: Vec<usize> = (0..b)
             .filter(|&i| batch[i].tokens.len() == 1)
             .chain((0..b).filter(|&i| batch[i].tokens.len() != 1))
             .collect();
         let sorted: Vec<SeqStep<'_>> = order.iter().map(|&i| batch[i]).collect();
+        // The mask writer sees the caller's batch indices.
+        let ord = &order;
+        let mut remapped = fill.map(|fill| {
+            move |rows: &mut [(usize, &mut [u32])]| {
+                for (i, _) in rows.iter_mut() {
+                    *i = ord[*i];
+                }
+                fill(rows)
+            }
+        });
         let StepOut {
             tokens,
             logits,
             mut logprobs,
-        } = self.run_sorted(seqs, &sorted, keep_logits, false, d)?;
+        } = self.run_sorted(
+            seqs,
+            &sorted,
+            keep_logits,
+            false,
+            d,
+            remapped.as_mut().map(|f| f as &mut FillMasks<'_>),
+        )?;
         let vocab = self.parts.model.cfg.vocab_size;
         let mut out = StepOut {
             tokens: vec![0u32; b],
@@ -288,7 +358,8 @@ impl Runner<'_> {
     }
 
     /// [`Runner::run`] over a batch whose first `d` sequences are the decode rows of a
-    /// mixed step (0: no split).
+    /// mixed step (0: no split). With masked rows, the step stops at the logits; `fill`
+    /// writes the masks while the device runs it, and the sampling follows.
     fn run_sorted(
         &mut self,
         seqs: &mut Seqs,
@@ -296,22 +367,30 @@ impl Runner<'_> {
         keep_logits: bool,
         decode_only: bool,
         d: usize,
+        fill: Option<&mut FillMasks<'_>>,
     ) -> Result<StepOut> {
         let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let b = batch.len();
+        let fill = fill.filter(|_| batch.iter().any(|s| s.masked));
         let (plan, layout) = self.policy.plan(&self.parts.inputs, n, b, decode_only);
         let be = self.parts.be;
-        let Plan::Graph(key) = plan else {
+        let Plan::Graph(mut key) = plan else {
             self.parts.inputs.pack(seqs, batch, &layout, b, d, true)?;
-            self.parts.sampling.write_masks(be, batch)?;
             self.parts.sampling.write_bias(be, batch)?;
-            let shape = StepShape::whole(b, decode_only, d);
+            let mut shape = StepShape::whole(b, decode_only, d);
+            if fill.is_some() {
+                shape = shape.logits_only();
+            }
             let cmd = self.run_cmd(&layout, b, Exec::Eager(shape))?;
             return self.mirrored(
                 || cmd.expect("built with followers"),
                 |r| {
                     let step = r.parts.forward(&layout, shape)?;
                     let buf = r.exec.eager(be, &step)?;
+                    drop(step);
+                    if let Some(fill) = fill {
+                        r.parts.sample_after(batch, &layout, &buf, fill)?;
+                    }
                     let mut out = r.read_out(batch, None)?;
                     if keep_logits {
                         out.logits = Some(be.download::<f32>(&buf.logits(b)?)?);
@@ -320,6 +399,9 @@ impl Runner<'_> {
                 },
             );
         };
+        if fill.is_some() && key.phase == Phase::Decode {
+            key.phase = Phase::DecodeLogits;
+        }
         // A miss captures first, on all-padding inputs: capturing runs the step eagerly
         // once, and the real step must sample (and count penalties) once.
         if !self.exec.contains(key) {
@@ -329,24 +411,30 @@ impl Runner<'_> {
             )?;
         }
         let read = match key.phase {
-            Phase::Decode => key.bucket,
+            Phase::Decode | Phase::DecodeLogits => key.bucket,
             Phase::Mixed => b,
         };
         self.parts
             .inputs
             .pack(seqs, batch, &layout, read, d, true)?;
-        self.parts.sampling.write_masks(be, batch)?;
         self.parts.sampling.write_bias(be, batch)?;
-        let (shape, real) = match key.phase {
-            Phase::Decode => (StepShape::whole(key.bucket, true, d), b),
+        let (mut shape, real) = match key.phase {
+            Phase::Decode | Phase::DecodeLogits => (StepShape::whole(key.bucket, true, d), b),
             Phase::Mixed => (StepShape::split(b, d), n),
         };
+        if fill.is_some() {
+            shape = shape.logits_only();
+        }
         let cmd = self.run_cmd(&layout, read, Exec::Replay { key, real, shape })?;
         let out = self.mirrored(
             || cmd.expect("built with followers"),
             |r| {
                 let step = r.parts.forward(&layout, shape)?;
                 let buf = r.exec.replay(be, key, real, &step)?;
+                drop(step);
+                if let Some(fill) = fill {
+                    r.parts.sample_after(batch, &layout, buf, fill)?;
+                }
                 let replayed = if keep_logits || r.policy.verify {
                     Some(be.download::<f32>(&buf.logits(b)?)?)
                 } else {

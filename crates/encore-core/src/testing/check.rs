@@ -126,7 +126,7 @@ fn check_replay_dtype(
         .iter()
         .enumerate()
         .map(|(s, p)| SeqStep {
-            mask: None,
+            masked: false,
             logit_bias: &[],
             seq: SeqId(s as u64),
             tokens: p,
@@ -188,7 +188,7 @@ impl ReplayRound<'_> {
             .iter()
             .zip(&inputs)
             .map(|(&s, t)| SeqStep {
-                mask: None,
+                masked: false,
                 logit_bias: &[],
                 seq: SeqId(s as u64),
                 tokens: t,

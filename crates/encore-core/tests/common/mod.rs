@@ -97,7 +97,7 @@ pub fn decode_batch<'a>(
             seq: SeqId(i as u64),
             tokens: t,
             sampling,
-            mask: None,
+            masked: false,
             logit_bias: &[],
         })
         .collect()
@@ -119,7 +119,7 @@ pub fn prefill_both(
         seq: SeqId(i as u64),
         tokens: prompt,
         sampling,
-        mask: None,
+        masked: false,
         logit_bias: &[],
     }];
     let x = a.step(a_seqs, &step).unwrap();

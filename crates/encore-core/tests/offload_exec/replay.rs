@@ -66,7 +66,7 @@ fn lockstep(runners: &mut [Runner<'_>]) -> Vec<Vec<Vec<Vec<f32>>>> {
                     seq: SeqId(*s as u64),
                     tokens: toks,
                     sampling: SamplingParams::default(),
-                    mask: None,
+                    masked: false,
                     logit_bias: &[],
                 })
                 .collect();
