@@ -3,7 +3,9 @@
 # (scripts/pack-gpu.sh): the CUDA sampling kernel with allowed-token masks against the CPU
 # (`encore info` self-check and the cuda test binary), constrained generation replayed
 # from graphs against eager (same tokens), and the decode cost of constraining every
-# request (a regex that never ends, `--ignore-eos`), 1B and 8B shapes, 1 and 64 prompts.
+# request (a regex and a JSON schema that do not end within the run, `--ignore-eos`), 1B
+# and 8B shapes, 1, 64 and 256 prompts (MODELS, PROMPTS override), alternating with
+# .bin/encore-base when the pack has one (ENCORE_BASE_BIN of scripts/pack-gpu.sh).
 #   usage: OUT=... bash scripts/gpu-structured.sh [check,time]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,15 +50,24 @@ for r in g[:2]: print("  ", r.get("text", "")[:120])
 PY
 fi
 if has time; then
-  for m in llama-3.2-1b llama-3-8b; do
-    for n in 1 64; do
+  # Alternates .bin/encore-base (when packed) with .bin/encore on each case.
+  bins=(.bin/encore); [ -x .bin/encore-base ] && bins=(.bin/encore-base .bin/encore)
+  # A string of at least 600 characters: the schema cannot close within the run.
+  printf '%s' '{"type":"object","properties":{"text":{"type":"string","minLength":600}},"required":["text"],"additionalProperties":false}' >/tmp/long.json
+  for m in ${MODELS:-llama-3.2-1b llama-3-8b}; do
+    for n in ${PROMPTS:-1 64 256}; do
       prompts=(); for i in $(seq $n); do prompts+=(--prompt "p$i"); done
-      for c in none regex; do
-        extra=(); [ $c = regex ] && extra=(--regex '[a-z ]+')
-        $E generate --device cuda --model dummy:$m --max-tokens 64 --ignore-eos \
-          "${extra[@]}" "${prompts[@]}" >/dev/null 2>"$logs/time-$m-$n-$c.err"
-        rate=$(grep -oE 'decode [0-9.]+ tok/s \(all sequences\)|decode [0-9.]+ tok/s' "$logs/time-$m-$n-$c.err" | tail -1)
-        echo "== $m prompts=$n constraint=$c: $rate"
+      for c in none regex schema; do
+        extra=()
+        [ $c = regex ] && extra=(--regex '[a-z ]+')
+        [ $c = schema ] && extra=(--json-schema /tmp/long.json)
+        for B in "${bins[@]}"; do
+          $B generate --device cuda --model dummy:$m --max-tokens 128 --ignore-eos \
+            "${extra[@]}" "${prompts[@]}" >/dev/null 2>"$logs/time-$m-$n-$c.err"
+          rate=$(grep -oE 'decode [0-9.]+ tok/s \(all sequences\)|decode [0-9.]+ tok/s' "$logs/time-$m-$n-$c.err" | tail -1)
+          echo "== $(basename $B) $m prompts=$n constraint=$c: $rate"
+          [ -z "$rate" ] && tail -3 "$logs/time-$m-$n-$c.err"
+        done
       done
     done
   done

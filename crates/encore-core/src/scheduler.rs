@@ -71,8 +71,14 @@ pub struct SchedulerStats {
     pub prefix_hit_tokens: u64,
 }
 
-/// A constraint taken out of its sequence for a step, with the sequence's row in the step.
-type Held = (usize, Box<dyn TokenConstraint>);
+/// A masked row's constraint, taken out of its sequence for a step (whose inputs borrow
+/// the sequences): the sequence's row in the step, the constraint, and the token it has
+/// yet to advance by.
+struct Held {
+    row: usize,
+    constraint: Box<dyn TokenConstraint>,
+    pending: Option<u32>,
+}
 
 /// A live request.
 struct Seq {
@@ -85,9 +91,11 @@ struct Seq {
     computed: usize,
     /// Whether it was ever admitted (its prompt was counted in the prefix statistics).
     admitted: bool,
-    /// The request's compiled constraint (it has advanced by every token produced, so a
-    /// preempted sequence keeps it).
+    /// The request's compiled constraint (kept through preemption), and the last token
+    /// produced, which it advances by only when it writes the next mask: with that mask,
+    /// while the device runs the next step, not between the steps.
     constraint: Option<Box<dyn TokenConstraint>>,
+    pending: Option<u32>,
 }
 
 impl Seq {
@@ -205,6 +213,7 @@ impl Scheduler {
             computed: 0,
             admitted: false,
             constraint,
+            pending: None,
         });
         Ok(())
     }
@@ -416,51 +425,27 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Advance the constraint of every running row with a token in `token` (indexed
-    /// like `running`; empty: none), in parallel when there are several (an advance over
-    /// a large vocabulary takes microseconds to tens of them, which a batch of
-    /// constrained rows would add up one after another); per running row, its outcome
-    /// (`None`: nothing to advance; an empty vector when `token` is).
-    fn advance_constraints(&mut self, token: &[Option<u32>]) -> Vec<Option<Result<(), String>>> {
-        if token.is_empty() {
-            return Vec::new();
-        }
-        let advance = |(s, t): (&mut Seq, &Option<u32>)| {
-            let c = s.constraint.as_mut()?;
-            Some(c.commit((*t)?))
-        };
-        if token.iter().flatten().count() > 1 {
-            self.running
-                .par_iter_mut()
-                .zip(token.par_iter())
-                .map(advance)
-                .collect()
-        } else {
-            self.running
-                .iter_mut()
-                .zip(token.iter())
-                .map(advance)
-                .collect()
-        }
-    }
-
     /// Run the planned step and collect its outputs. The constraints of the rows whose
-    /// sample is kept write those rows' masks while the device runs the step's forward
-    /// (in parallel: a large vocabulary's mask takes microseconds to a few hundred); a
-    /// constraint that fails there ends its request after the step, its sample dropped.
+    /// sample is kept advance by their last token and write those rows' masks while the
+    /// device runs the step's forward, in parallel (a large vocabulary's mask takes
+    /// microseconds to a few hundred); a constraint that fails there ends its request
+    /// after the step, its sample dropped. (A sampled token always passes its mask, so
+    /// advancing by it fails only on a fault in the grammar engine.)
     fn run_plan(
         &mut self,
         runner: &mut Runner<'_>,
         plan: &[(usize, usize)],
     ) -> Result<Vec<Output>> {
-        // The masked rows' constraints, by plan row, held outside their sequences for the
-        // step (whose inputs borrow the sequences).
         let mut held: Vec<Held> = Vec::new();
-        for (k, &(i, take)) in plan.iter().enumerate() {
+        for (row, &(i, take)) in plan.iter().enumerate() {
             let s = &mut self.running[i];
             if s.computed + take == s.tokens.len() {
-                if let Some(c) = s.constraint.take() {
-                    held.push((k, c));
+                if let Some(constraint) = s.constraint.take() {
+                    held.push(Held {
+                        row,
+                        constraint,
+                        pending: s.pending.take(),
+                    });
                 }
             }
         }
@@ -473,7 +458,7 @@ impl Scheduler {
                     seq: s.seq,
                     tokens: &s.tokens[s.computed..s.computed + take],
                     sampling: s.req.params.sampling,
-                    masked: held.binary_search_by_key(&k, |h| h.0).is_ok(),
+                    masked: held.binary_search_by_key(&k, |h| h.row).is_ok(),
                     logit_bias: &s.req.params.logit_bias,
                 }
             })
@@ -484,9 +469,11 @@ impl Scheduler {
         } else {
             let mut fill = |rows: &mut [(usize, &mut [u32])]| {
                 rows.sort_unstable_by_key(|r| r.0);
-                debug_assert!(rows.iter().map(|r| r.0).eq(held.iter().map(|h| h.0)));
-                let fill_one = |((k, row), (_, c)): (&mut (usize, &mut [u32]), &mut Held)| {
-                    c.fill_mask(row).err().map(|e| {
+                debug_assert!(rows.iter().map(|r| r.0).eq(held.iter().map(|h| h.row)));
+                let fill_one = |((k, row), h): (&mut (usize, &mut [u32]), &mut Held)| {
+                    let c = &mut h.constraint;
+                    let advanced = h.pending.take().map_or(Ok(()), |t| c.commit(t));
+                    advanced.and_then(|()| c.fill_mask(row)).err().map(|e| {
                         row.fill(u32::MAX); // any token: the sample is dropped
                         (*k, e)
                     })
@@ -506,32 +493,25 @@ impl Scheduler {
             runner.step_constrained(&mut self.seqs, &steps, &mut fill)
         };
         drop(steps);
-        for (k, c) in held {
-            self.running[plan[k].0].constraint = Some(c);
+        for h in held {
+            let s = &mut self.running[plan[h.row].0];
+            s.constraint = Some(h.constraint);
+            s.pending = h.pending;
         }
         let sampled = sampled?;
         self.stats.steps += 1;
-        let mut token: Vec<Option<u32>> = Vec::new();
-        for (k, (&(i, take), out)) in plan.iter().zip(&sampled).enumerate() {
-            let s = &self.running[i];
-            let failed = mask_failed.iter().any(|f| f.0 == k);
-            if s.constraint.is_some() && s.computed + take == s.tokens.len() && !failed {
-                token.resize(self.running.len(), None);
-                token[i] = Some(out.token);
-            }
-        }
-        let mut committed = self.advance_constraints(&token);
+        let mut failed: Vec<Option<String>> = Vec::new();
         if !mask_failed.is_empty() {
-            committed.resize_with(self.running.len(), || None);
+            failed.resize(plan.len(), None);
             for (k, e) in mask_failed {
-                committed[plan[k].0] = Some(Err(e));
+                failed[k] = Some(e);
             }
         }
         let max_seq_len = runner.config().max_seq_len;
         let mut outputs = Vec::new();
         let mut done = Vec::new();
         let mut broken = Vec::new();
-        for (&(i, take), out) in plan.iter().zip(sampled) {
+        for (k, (&(i, take), out)) in plan.iter().zip(sampled).enumerate() {
             let token = out.token;
             self.stats.tokens_computed += take as u64;
             let s = &mut self.running[i];
@@ -543,9 +523,12 @@ impl Scheduler {
                 continue; // a prompt chunk short of the end
             }
             s.tokens.push(token);
-            if let Some(Err(e)) = committed.get_mut(i).and_then(Option::take) {
+            if let Some(e) = failed.get_mut(k).and_then(Option::take) {
                 broken.push((i, e));
                 continue;
+            }
+            if s.constraint.is_some() {
+                s.pending = Some(token);
             }
             let p = &s.req.params;
             let finish = if !p.ignore_eos && p.stop_token_ids.contains(&token) {

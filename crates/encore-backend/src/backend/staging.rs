@@ -13,8 +13,9 @@ use super::cuda::PinnedStaging;
 pub struct HostStaging(pub(crate) Staging);
 
 pub(crate) enum Staging {
-    /// Ordinary heap memory (the CPU backend, or CUDA's fallback): uploads copy it at once.
-    Heap(Vec<u8>),
+    /// Ordinary heap memory (the CPU backend, or CUDA's fallback), `len` bytes held in
+    /// 8-byte words (so the bytes are aligned for any word view): uploads copy it at once.
+    Heap(Vec<u64>, usize),
     /// Page-locked memory with the event of the last upload that reads it.
     Pinned(PinnedStaging),
 }
@@ -22,12 +23,12 @@ pub(crate) enum Staging {
 impl HostStaging {
     /// `len` zeroed bytes of ordinary heap memory.
     pub fn heap(len: usize) -> Self {
-        HostStaging(Staging::Heap(vec![0u8; len]))
+        HostStaging(Staging::Heap(vec![0u64; len.div_ceil(8)], len))
     }
 
     pub fn len(&self) -> usize {
         match &self.0 {
-            Staging::Heap(v) => v.len(),
+            Staging::Heap(_, len) => *len,
             Staging::Pinned(p) => p.len(),
         }
     }
@@ -44,7 +45,7 @@ impl HostStaging {
     /// The bytes, to read (an upload in flight only reads them too).
     pub fn bytes(&self) -> &[u8] {
         match &self.0 {
-            Staging::Heap(v) => v,
+            Staging::Heap(v, len) => &bytemuck::cast_slice(v)[..*len],
             Staging::Pinned(p) => p.bytes(),
         }
     }
@@ -68,8 +69,18 @@ impl HostStaging {
     /// them.
     pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
         match &mut self.0 {
-            Staging::Heap(v) => Ok(v),
+            Staging::Heap(v, len) => Ok(&mut bytemuck::cast_slice_mut(v)[..*len]),
             Staging::Pinned(p) => p.bytes_mut(),
         }
+    }
+
+    /// [`HostStaging::bytes_mut`] as 32-bit words (the bytes are aligned for them: heap
+    /// staging is held in 8-byte words, page-locked staging starts a page), the last
+    /// `len % 4` bytes left out.
+    pub fn words_mut(&mut self) -> Result<&mut [u32]> {
+        let bytes = self.bytes_mut()?;
+        let n = bytes.len() / 4 * 4;
+        bytemuck::try_cast_slice_mut(&mut bytes[..n])
+            .map_err(|e| Error::invalid("host staging", format!("not a word view: {e}")))
     }
 }

@@ -70,9 +70,9 @@ pub struct SeqStep<'a> {
 /// Writes a step's allowed-token masks: called once in a step with masked rows, after the
 /// step's forward is queued on the device and before its sampling, so the host computes
 /// the masks while the device runs the layers. It gets one `(batch index, row)` per masked
-/// row, each row [`Runner::mask_words`] words, zeroed: bit `t % 32` of word `t / 32` set
-/// allows token `t`. A row left with no bit set is sampled anyhow (the caller drops that
-/// sample); bits past the vocabulary are ignored.
+/// row, each row [`Runner::mask_words`] words holding stale bits, and writes every word:
+/// bit `t % 32` of word `t / 32` set allows token `t`. A row with no bit set is sampled
+/// anyhow (the caller drops that sample); bits past the vocabulary are ignored.
 pub type FillMasks<'f> = dyn FnMut(&mut [(usize, &mut [u32])]) + 'f;
 
 /// Sizing of the runner's memory.

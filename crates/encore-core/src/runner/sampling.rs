@@ -51,9 +51,8 @@ pub(super) struct SampleBuffers {
     /// Allowed-token masks, i32 `[max_seqs, mask_words]`: row r is the step's row r's
     /// (read only where the step's `mask_on` is set).
     mask_bits: Tensor,
-    /// The masks as their writer fills them (grown on the first masked step), and their
-    /// host staging (page-locked on CUDA: the upload is an asynchronous DMA).
-    mask_host: Vec<u32>,
+    /// Host staging of the masks, which their writer fills in place (page-locked on
+    /// CUDA: the upload is an asynchronous DMA).
     mask_staging: HostStaging,
     /// Logit-bias tables, i32 ids and f32 values `[max_seqs, MAX_LOGIT_BIAS]`: row r's
     /// first `bias_n[r]` entries are the step's row r's (see [`crate::backend::LogitBias`]).
@@ -92,7 +91,6 @@ impl SampleBuffers {
                 n => Some(be.alloc(DType::I32, &[n, vocab])?),
             },
             mask_bits: be.alloc(DType::I32, &[max_seqs, mask_words(vocab)])?,
-            mask_host: Vec::new(),
             mask_staging: be.alloc_staging(max_seqs * mask_words(vocab) * 4)?,
             bias_ids: be.alloc(DType::I32, &[max_seqs, MAX_LOGIT_BIAS])?,
             bias_vals: be.alloc(DType::F32, &[max_seqs, MAX_LOGIT_BIAS])?,
@@ -113,8 +111,8 @@ impl SampleBuffers {
     }
 
     /// Have `fill` write the masks of the step's masked rows (`batch` in the step's row
-    /// order) and upload them, in one copy of the rows up to the last of them through
-    /// the host staging; other rows keep stale bits their `mask_on` of 0 leaves unread.
+    /// order) straight into the host staging, and upload them in one copy of the rows up
+    /// to the last of them; other rows keep stale bits their `mask_on` of 0 leaves unread.
     pub fn write_masks(
         &mut self,
         be: &dyn Backend,
@@ -125,24 +123,15 @@ impl SampleBuffers {
             return Ok(());
         };
         let w = mask_words(self.vocab);
-        let words = (last + 1) * w;
-        if self.mask_host.len() < words {
-            self.mask_host.resize(words, 0);
-        }
-        let mut rows: Vec<(usize, &mut [u32])> = self.mask_host[..words]
+        // Waits until the previous upload has read the staging.
+        let host = self.mask_staging.words_mut()?;
+        let mut rows: Vec<(usize, &mut [u32])> = host[..(last + 1) * w]
             .chunks_exact_mut(w)
             .enumerate()
             .filter(|(i, _)| batch[*i].masked)
-            .map(|(i, row)| {
-                row.fill(0);
-                (i, row)
-            })
             .collect();
         fill(&mut rows);
         drop(rows);
-        // Waits until the previous upload has read the staging.
-        let host = self.mask_staging.bytes_mut()?;
-        host[..words * 4].copy_from_slice(bytemuck::cast_slice(&self.mask_host[..words]));
         be.upload_staging(&mut self.mask_staging, &self.mask_bits.prefix(last + 1)?)
     }
 
