@@ -315,6 +315,9 @@ fn print_checks(results: &[CheckResult]) -> std::io::Result<()> {
             r.tolerance,
             if r.pass { "ok" } else { "FAIL" }
         )?;
+        if let Some(note) = &r.note {
+            outln!("      {note}")?;
+        }
     }
     Ok(())
 }

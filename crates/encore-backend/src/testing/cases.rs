@@ -834,19 +834,42 @@ pub(crate) fn compare(
                         allowed_sample_mismatches(greedy.len())
                     };
                     let name = format!("{base} (random rows)");
-                    results.push(CheckResult::new(
+                    let mut r = CheckResult::new(
                         name,
                         case.shape.clone(),
                         case.dtype,
                         random as f64,
                         tol as f64,
-                    ));
+                    );
+                    if !r.pass {
+                        r.note = Some(sample_mismatches(case, ids, want));
+                    }
+                    results.push(r);
                 }
             }
             _ => unreachable!("run and reference produce outputs of the same kinds"),
         }
     }
     results
+}
+
+/// The sampled rows where `got` and `want` differ, with their parameters (to tell a
+/// draw at a float boundary from a wrong kernel).
+fn sample_mismatches(case: &Case, got: &[i32], want: &[i32]) -> String {
+    let Op::Sample(i) = &case.op else {
+        return String::new();
+    };
+    let rows: Vec<String> = (0..got.len().min(want.len()))
+        .filter(|&r| got[r] != want[r])
+        .take(8)
+        .map(|r| {
+            format!(
+                "row {r}: got {} want {} (temperature {}, top_k {}, top_p {}, min_p {})",
+                got[r], want[r], i.temperature[r], i.top_k[r], i.top_p[r], i.min_p[r]
+            )
+        })
+        .collect();
+    rows.join("; ")
 }
 
 /// The tolerance class of a matmul case: FP8 weights with more rows than the quantized
