@@ -603,7 +603,8 @@ __device__ void row_logprobs(const float* x, const Pen& pen, int vocab, int vec,
 }
 
 // counts, pen_slot, ... : nullptr without penalties; num_lp, ... : nullptr without
-// log-probabilities; mask_bits, mask_on: nullptr without masks.
+// log-probabilities (lp_target: nullptr when every row scores its sampled token);
+// mask_bits, mask_on: nullptr without masks.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_f32(const float* __restrict__ logits, const float* __restrict__ temperature,
                const int* __restrict__ top_k, const float* __restrict__ top_p,
@@ -612,7 +613,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                const float* __restrict__ repetition, const float* __restrict__ frequency,
                const float* __restrict__ presence, int slots, const int* __restrict__ num_lp,
                float* __restrict__ tok_lp, int* __restrict__ top_ids,
-               float* __restrict__ top_lp, int top_n, const unsigned int* __restrict__ mask_bits,
+               float* __restrict__ top_lp, int top_n, const int* __restrict__ lp_target,
+               const unsigned int* __restrict__ mask_bits,
                const int* __restrict__ mask_on, int mask_words, int vocab, int vec) {
     pdl_enter();
     __shared__ SampleShared sh;
@@ -636,8 +638,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (threadIdx.x == 0) out[row] = res;
     if (num_lp != nullptr) {
         const int n = num_lp[row];
+        // The scored token: the row's target where one is given (a prompt token).
+        int scored = res;
+        if (lp_target != nullptr && lp_target[row] >= 0 && lp_target[row] < vocab)
+            scored = lp_target[row];
         if (n >= 0)  // block-uniform
-            row_logprobs(x, pen, vocab, vec, min(n, top_n), res, tok_lp + row,
+            row_logprobs(x, pen, vocab, vec, min(n, top_n), scored, tok_lp + row,
                          top_ids + row * top_n, top_lp + row * top_n, &sh);
     }
     if (slot >= 0) {

@@ -241,7 +241,8 @@ pub struct Penalties<'a> {
 /// `N` count as `N`), with `l` the penalised row, `m` its largest non-NaN logit and
 /// `lse = m + ln(sum over non-NaN l_j of exp(l_j - m))`, a token's log-probability is
 /// `(l_i - m) - ln(sum)`:
-/// - `token[r]`: the returned token's;
+/// - `token[r]`: the returned token's, or `target[r]`'s where `target` is given and
+///   `0 <= target[r] < vocab` (a prompt token being scored);
 /// - `top_ids[r, ..num]`, `top[r, ..num]`: the `num` largest non-NaN logits' tokens and
 ///   log-probabilities, largest first, ties by smaller index; entries past the row's
 ///   non-NaN count hold id -1 and `-inf`.
@@ -257,6 +258,11 @@ pub struct SampleLogprobs<'a> {
     pub top_ids: &'a Tensor,
     /// f32 `[batch, N]`.
     pub top: &'a Tensor,
+    /// i32 `[batch]`: the token whose log-probability `token[r]` holds instead of the
+    /// returned one's (rows with an id outside the vocabulary, e.g. -1, keep the returned
+    /// one's; a target the row's mask leaves out has none: NaN); `None`: every row the
+    /// returned one's.
+    pub target: Option<&'a Tensor>,
 }
 
 impl Sampling<'_> {
@@ -285,6 +291,7 @@ impl Sampling<'_> {
                 ("top_ids", l.top_ids),
                 ("top_logprobs", l.top),
             ]);
+            ts.extend(l.target.map(|t| ("logprob_target", t)));
         }
         if let Some(m) = &self.mask {
             ts.extend([("mask_bits", m.bits), ("mask_on", m.on)]);

@@ -479,6 +479,9 @@ pub fn check_sample(logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<S
     if let Some(l) = &p.logprobs {
         per_row("num_logprobs", l.num, DType::I32)?;
         per_row("token_logprob", l.token, DType::F32)?;
+        if let Some(t) = l.target {
+            per_row("logprob_target", t, DType::I32)?;
+        }
         check_dtype(OP, "top_ids", l.top_ids, &[DType::I32])?;
         check_rank(OP, "top_ids", l.top_ids, 2, "[batch, N]")?;
         let n = l.top_ids.dim(1);

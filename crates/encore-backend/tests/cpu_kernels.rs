@@ -599,6 +599,7 @@ fn wrong_sampling_operands_name_the_tensor() {
             token: &token,
             top_ids: &ids,
             top: &top,
+            target: None,
         }),
         ..params
     };

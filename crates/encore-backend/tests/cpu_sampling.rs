@@ -206,6 +206,7 @@ fn sample_knobs(
             token: &lp.1,
             top_ids: &lp.2,
             top: &lp.3,
+            target: None,
         }),
         mask: None,
     };
@@ -383,6 +384,7 @@ fn masked_tokens_are_never_sampled_and_leave_the_logprobs() {
             token: &token,
             top_ids: &top_ids,
             top: &top,
+            target: None,
         }),
         mask: Some(encore_backend::TokenMask {
             bits: &bits,

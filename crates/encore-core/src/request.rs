@@ -35,6 +35,12 @@ pub struct SamplingParams {
     /// (`n <= MAX_TOP_LOGPROBS`), over the logits after penalties and before temperature
     /// and truncation; `None`: off.
     pub logprobs: Option<usize>,
+    /// Log-probabilities of each prompt token after the first given the tokens before it,
+    /// with the `n` most likely tokens there (`n <= MAX_TOP_LOGPROBS`), over the model's
+    /// logits (no penalties), on the request's first [`Output`]; `None`: off. Such a
+    /// prompt is computed whole (no prefix-cache reuse), in chunks of at most the
+    /// runner's `max_seqs` tokens.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -49,6 +55,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -133,6 +140,9 @@ pub struct Output {
     pub token: u32,
     /// When the request's sampling asks for log-probabilities.
     pub logprobs: Option<TokenLogprobs>,
+    /// On a request's first output when its sampling asks for them
+    /// ([`SamplingParams::prompt_logprobs`]): one entry per prompt token after the first.
+    pub prompt_logprobs: Option<Vec<TokenLogprobs>>,
     pub finish: Option<FinishReason>,
 }
 
@@ -187,6 +197,8 @@ pub enum Param {
     MaxTokens,
     /// The number of top log-probabilities (`SamplingParams::logprobs`).
     Logprobs,
+    /// The prompt's log-probabilities (`SamplingParams::prompt_logprobs`).
+    PromptLogprobs,
     PresencePenalty,
     FrequencyPenalty,
     RepetitionPenalty,
@@ -204,6 +216,7 @@ impl Param {
             Param::Prompt => "prompt",
             Param::MaxTokens => "max_tokens",
             Param::Logprobs => "logprobs",
+            Param::PromptLogprobs => "prompt_logprobs",
             Param::PresencePenalty => "presence_penalty",
             Param::FrequencyPenalty => "frequency_penalty",
             Param::RepetitionPenalty => "repetition_penalty",
@@ -364,6 +377,14 @@ impl Limits {
         if let Some(n) = sp.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
             return refuse(
                 Param::Logprobs,
+                format!(
+                    "asks for {n} top log-probabilities; they are limited to {MAX_TOP_LOGPROBS}"
+                ),
+            );
+        }
+        if let Some(n) = sp.prompt_logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+            return refuse(
+                Param::PromptLogprobs,
                 format!(
                     "asks for {n} top log-probabilities; they are limited to {MAX_TOP_LOGPROBS}"
                 ),

@@ -28,8 +28,8 @@ use rayon::prelude::*;
 use crate::constraint::{ConstraintCompiler, TokenConstraint};
 use crate::error::{Error, Result};
 use crate::kv::{BlockManager, PrefixHit, SeqId};
-use crate::request::{FinishReason, Limits, Output, Param, Refusal, Request};
-use crate::runner::{Runner, SeqStep, Seqs};
+use crate::request::{FinishReason, Limits, Output, Param, Refusal, Request, TokenLogprobs};
+use crate::runner::{Runner, Score, SeqStep, Seqs};
 
 /// The scheduler's budgets and policies.
 #[derive(Clone, Copy, Debug)]
@@ -96,11 +96,39 @@ struct Seq {
     /// while the device runs the next step, not between the steps.
     constraint: Option<Box<dyn TokenConstraint>>,
     pending: Option<u32>,
+    /// The prompt's log-probabilities scored so far (one per prompt token after the
+    /// first, [`crate::request::SamplingParams::prompt_logprobs`]); `None` once they
+    /// went out with the first output (or were never asked for).
+    prompt_lp: Option<Vec<TokenLogprobs>>,
 }
 
 impl Seq {
     fn produced(&self) -> usize {
         self.tokens.len() - self.req.prompt.len()
+    }
+
+    /// Whether its next chunk is scored (the prompt's log-probabilities are asked for
+    /// and not out yet).
+    fn scoring(&self) -> bool {
+        self.prompt_lp.is_some()
+    }
+
+    /// Sampling rows a chunk of `take` tokens needs: one, or one per token when scored.
+    fn rows(&self, take: usize) -> usize {
+        if self.scoring() {
+            take
+        } else {
+            1
+        }
+    }
+
+    /// The most tokens its next chunk may take with `rows` sampling rows left.
+    fn max_take(&self, rows: usize) -> usize {
+        if self.scoring() {
+            rows
+        } else {
+            usize::MAX
+        }
     }
 }
 
@@ -204,6 +232,7 @@ impl Scheduler {
                 )
             }
         };
+        let prompt_lp = req.params.sampling.prompt_logprobs.map(|_| Vec::new());
         let seq = SeqId(self.next_seq);
         self.next_seq += 1;
         self.waiting.push_back(Seq {
@@ -214,6 +243,7 @@ impl Scheduler {
             admitted: false,
             constraint,
             pending: None,
+            prompt_lp,
         });
         Ok(())
     }
@@ -303,6 +333,10 @@ impl Scheduler {
         let mut s = self.running.pop().expect("a running sequence to preempt");
         self.seqs.release(s.seq)?;
         s.computed = 0;
+        // A prompt being scored is scored again from its start.
+        if let Some(lp) = &mut s.prompt_lp {
+            lp.clear();
+        }
         self.waiting.push_front(s);
         self.stats.preemptions += 1;
         Ok(())
@@ -313,10 +347,15 @@ impl Scheduler {
     fn schedule(&mut self, runner: &Runner<'_>) -> Result<Vec<(usize, usize)>> {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new();
+        // Sampling rows: one a sequence, one a token of a scored prompt chunk.
+        let mut rows = 0;
+        let max_rows = self.cfg.max_num_seqs;
         let mut i = 0;
-        while i < self.running.len() && budget > 0 && plan.len() < self.cfg.max_num_seqs {
+        while i < self.running.len() && budget > 0 && rows < max_rows {
             let s = &self.running[i];
-            let take = (s.tokens.len() - s.computed).min(budget);
+            let take = (s.tokens.len() - s.computed)
+                .min(budget)
+                .min(s.max_take(max_rows - rows));
             if take == 0 {
                 i += 1;
                 continue;
@@ -335,15 +374,13 @@ impl Scheduler {
                 break;
             }
             self.seqs.blocks.append(s.seq, extra)?;
+            rows += s.rows(take);
             plan.push((i, take));
             budget -= take;
             i += 1;
         }
         // Waiting requests, first come first served (a preempted one is first again).
-        while budget > 0
-            && plan.len() < self.cfg.max_num_seqs
-            && self.running.len() < self.cfg.max_num_seqs
-        {
+        while budget > 0 && rows < max_rows && self.running.len() < self.cfg.max_num_seqs {
             let Some(s) = self.waiting.front() else { break };
             // A request that shares its prompt with one still computing it waits for
             // those blocks to be cached (the prompt is computed once for `n` samples).
@@ -357,13 +394,16 @@ impl Scheduler {
                     break;
                 }
             }
-            let hit = if self.cfg.prefix_cache {
+            // A scored prompt is computed whole: its cached blocks would skip its scores.
+            let hit = if self.cfg.prefix_cache && !s.scoring() {
                 self.seqs.blocks.lookup(&s.tokens)
             } else {
                 PrefixHit::none()
             };
             let cached = hit.num_tokens();
-            let take = (s.tokens.len() - cached).min(budget);
+            let take = (s.tokens.len() - cached)
+                .min(budget)
+                .min(s.max_take(max_rows - rows));
             let penalties = s.req.params.sampling.has_penalties();
             if !self
                 .seqs
@@ -398,6 +438,7 @@ impl Scheduler {
                 self.stats.prefix_hit_tokens += cached as u64;
             }
             s.admitted = true;
+            rows += s.rows(take);
             self.running.push(s);
             plan.push((self.running.len() - 1, take));
             budget -= take;
@@ -454,12 +495,17 @@ impl Scheduler {
             .enumerate()
             .map(|(k, &(i, take))| {
                 let s = &self.running[i];
+                let end = s.computed + take;
                 SeqStep {
                     seq: s.seq,
-                    tokens: &s.tokens[s.computed..s.computed + take],
+                    tokens: &s.tokens[s.computed..end],
                     sampling: s.req.params.sampling,
                     masked: held.binary_search_by_key(&k, |h| h.row).is_ok(),
                     logit_bias: &s.req.params.logit_bias,
+                    score: s.prompt_lp.as_ref().map(|_| Score {
+                        num: s.req.params.sampling.prompt_logprobs.unwrap_or(0),
+                        next: s.tokens.get(end).copied(),
+                    }),
                 }
             })
             .collect();
@@ -516,6 +562,9 @@ impl Scheduler {
             self.stats.tokens_computed += take as u64;
             let s = &mut self.running[i];
             s.computed += take;
+            if let Some(lp) = &mut s.prompt_lp {
+                lp.extend(out.prompt);
+            }
             if self.cfg.prefix_cache {
                 self.seqs.blocks.commit(s.seq, &s.tokens, s.computed)?;
             }
@@ -544,6 +593,7 @@ impl Scheduler {
                 id: s.req.id,
                 token,
                 logprobs: out.logprobs,
+                prompt_logprobs: s.prompt_lp.take(),
                 finish,
             });
             if finish.is_some() {

@@ -49,6 +49,17 @@ fn assert_all_pass(results: &[testing::CheckResult]) {
     );
 }
 
+/// Prompt log-probabilities (`echo` with `logprobs`, `prompt_logprobs`) on the GPU: the
+/// scored rows' kernel path (a target token per row) against teacher forcing, in chunks,
+/// beside plain requests, through preemption.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn prompt_logprobs_on_the_gpu() {
+    let _g = serial();
+    let be = cuda();
+    common::check_prompt_logprobs(be.as_ref(), 5e-3);
+}
+
 /// Logit biases on the GPU, eager and in graphs (the same checks as on the CPU), and
 /// the kernel against the reference on random rows.
 #[test]
@@ -463,6 +474,7 @@ fn windowed_model_matches_cpu() {
                     tokens,
                     sampling: greedy,
                     masked: false,
+                    score: None,
                     logit_bias: &[],
                 })
                 .collect();

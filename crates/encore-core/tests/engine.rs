@@ -81,6 +81,7 @@ fn start_up_captures_everything_and_the_first_requests_replay() {
             tokens: p,
             sampling: SamplingParams::default(),
             masked: false,
+            score: None,
             logit_bias: &[],
         })
         .collect();

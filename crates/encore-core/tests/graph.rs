@@ -154,6 +154,7 @@ fn capture_all_warms_every_bucket_largest_first() {
             tokens: &[1, 2, 3],
             sampling: SamplingParams::default(),
             masked: false,
+            score: None,
             logit_bias: &[],
         }],
     )
@@ -166,6 +167,7 @@ fn capture_all_warms_every_bucket_largest_first() {
             tokens: &[4],
             sampling: SamplingParams::default(),
             masked: false,
+            score: None,
             logit_bias: &[],
         }],
     )
@@ -193,6 +195,7 @@ fn verify_graphs_checks_every_replay_against_eager() {
                     tokens: p,
                     sampling: greedy,
                     masked: false,
+                    score: None,
                     logit_bias: &[],
                 }],
             )

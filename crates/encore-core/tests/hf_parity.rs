@@ -263,6 +263,7 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
                 },
                 sampling: SamplingParams::default(),
                 masked: false,
+                score: None,
                 logit_bias: &[],
             })
             .collect();

@@ -183,6 +183,7 @@ fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
                 tokens: toks,
                 sampling,
                 masked: false,
+                score: None,
                 logit_bias: &[],
             })
             .collect();
@@ -260,6 +261,7 @@ fn run_splits(
                     tokens: toks,
                     sampling: SamplingParams::default(),
                     masked: false,
+                    score: None,
                     logit_bias: &[],
                 }
             })
@@ -347,6 +349,7 @@ fn a_chunked_prompt_gives_the_tokens_of_one_step() {
                         tokens: &[last[k]],
                         sampling: SamplingParams::default(),
                         masked: false,
+                        score: None,
                         logit_bias: &[],
                     }],
                 )
@@ -383,6 +386,7 @@ fn capture_all_covers_decode_and_token_buckets() {
             tokens: &[3; 30],
             sampling: SamplingParams::default(),
             masked: false,
+            score: None,
             logit_bias: &[],
         }],
     )

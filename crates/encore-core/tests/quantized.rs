@@ -71,6 +71,7 @@ fn logits(be: &dyn Backend, model: Model) -> Vec<Vec<f32>> {
                 tokens,
                 sampling: SamplingParams::default(),
                 masked: false,
+                score: None,
                 logit_bias: &[],
             })
             .collect();

@@ -75,6 +75,7 @@ fn host_reference(req: &Request) -> Vec<(u32, Option<TokenLogprobs>)> {
             tokens: &input,
             sampling: SamplingParams::default(),
             masked: false,
+            score: None,
             logit_bias: &[],
         };
         let (_, logits) = r.step_with_logits(&mut r_seqs, &[step]).unwrap();
@@ -247,4 +248,9 @@ fn sampling_values_that_cannot_work_are_refused() {
     assert!(err.to_string().contains("no penalty slots"), "{err}");
     s0.add(request(2, 4, 4, greedy(1.0, 0.0, 0.0, Some(2))), &r0)
         .unwrap();
+}
+
+#[test]
+fn prompt_logprobs_match_teacher_forcing() {
+    common::check_prompt_logprobs(&CpuBackend::new(), 1e-4);
 }

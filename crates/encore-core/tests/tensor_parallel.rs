@@ -156,6 +156,7 @@ fn logits_over_two_ranks_match_one_rank() {
             tokens: p,
             sampling: SamplingParams::default(),
             masked: false,
+            score: None,
             logit_bias: &[],
         };
         runner.step_with_logits(&mut seqs, &[step]).unwrap().1

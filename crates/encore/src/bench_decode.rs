@@ -177,6 +177,7 @@ pub(crate) fn prefill(
                 tokens: &prompt,
                 sampling: SamplingParams::default(),
                 masked: false,
+                score: None,
                 logit_bias: &[],
             }],
         )?;
@@ -218,6 +219,7 @@ pub(crate) fn time_decode(
                 tokens: tok,
                 sampling: SamplingParams::default(),
                 masked: false,
+                score: None,
                 logit_bias: &[],
             })
             .collect();

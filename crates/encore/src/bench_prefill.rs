@@ -300,6 +300,7 @@ fn prefill_once(
             tokens: p,
             sampling: SamplingParams::default(),
             masked: false,
+            score: None,
             logit_bias: &[],
         })
         .collect();

@@ -278,6 +278,8 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             "min_p, penalties, logprobs",
             "mask",
             "mask, penalties, logprobs",
+            "logprobs, targets",
+            "min_p, penalties, logprobs, targets",
         ] {
             let mut inputs = SampleInputs::random(&mut rng, batch, vocab);
             if knobs.contains("min_p") {
@@ -291,6 +293,9 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             }
             if knobs.contains("mask") {
                 inputs = inputs.with_mask(&mut rng);
+            }
+            if knobs.contains("targets") {
+                inputs = inputs.with_targets(&mut rng);
             }
             push(
                 format!("sample({knobs})"),
@@ -595,6 +600,10 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 )),
                 None => None,
             };
+            let target = match &i.target {
+                Some(t) => Some(b.upload(t, &bs)?),
+                None => None,
+            };
             let mask = match &i.mask {
                 Some((bits, on, words)) => {
                     Some((b.upload(bits, &[i.batch, *words])?, b.upload(on, &bs)?))
@@ -624,6 +633,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                             token,
                             top_ids,
                             top,
+                            target: target.as_ref(),
                         }),
                     mask: mask.as_ref().map(|(bits, on)| TokenMask { bits, on }),
                 };

@@ -433,6 +433,9 @@ pub struct SampleInputs {
     pub penalties: Option<PenaltyInputs>,
     /// Per row how many top log-probabilities (-1: none), and the top width `N`.
     pub logprobs: Option<(Vec<i32>, usize)>,
+    /// Per-row tokens whose log-probability is reported instead of the sampled one's
+    /// (`SampleLogprobs::target`; -1 and ids past the vocabulary: the sampled one's).
+    pub target: Option<Vec<i32>>,
     /// Allowed-token masks: `[batch, words]` bits, per-row on flags, and `words`.
     pub mask: Option<(Vec<i32>, Vec<i32>, usize)>,
     pub batch: usize,
@@ -476,6 +479,7 @@ impl SampleInputs {
             seeds: (0..batch).map(|_| rng.random()).collect(),
             penalties: None,
             logprobs: None,
+            target: None,
             mask: None,
             batch,
             vocab,
@@ -578,6 +582,23 @@ impl SampleInputs {
             .map(|_| ns[rng.random_range(0..ns.len())])
             .collect();
         self.logprobs = Some((num, n));
+        self
+    }
+
+    /// Scored tokens on most rows (`SampleInputs::target`): random ids, the first and
+    /// last token, -1, and an id past the vocabulary.
+    pub fn with_targets(mut self, rng: &mut StdRng) -> Self {
+        let v = self.vocab as i32;
+        let target = (0..self.batch)
+            .map(|r| match r % 5 {
+                0 => -1,
+                1 => 0,
+                2 => v - 1,
+                3 => v + 7,
+                _ => rng.random_range(0..v),
+            })
+            .collect();
+        self.target = Some(target);
         self
     }
 

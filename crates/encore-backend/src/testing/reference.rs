@@ -316,7 +316,13 @@ pub fn sample(i: &super::inputs::SampleInputs) -> SampleRef {
                 .map(|&t| (t as i32, lp(l[t])))
                 .collect();
             top.resize(n, (-1, f64::NEG_INFINITY));
-            Some((lp(l[token as usize]), top))
+            let scored = i
+                .target
+                .as_ref()
+                .and_then(|t| usize::try_from(t[r]).ok())
+                .filter(|&t| t < vocab)
+                .unwrap_or(token as usize);
+            Some((lp(l[scored]), top))
         }));
         if let Some(s) = slot {
             counts[s * vocab + token as usize] += 1;

@@ -65,6 +65,21 @@ pub struct SeqStep<'a> {
     /// Added to these tokens' logits before sampling (distinct ids in the vocabulary, at
     /// most [`crate::request::MAX_LOGIT_BIAS`]); empty: none.
     pub logit_bias: &'a [(u32, f32)],
+    /// Score `tokens` (a prompt chunk) as well: see [`Score`]; `None`: sample only.
+    pub score: Option<Score>,
+}
+
+/// Scoring a prompt chunk: the log-probability of each of its tokens after the first
+/// given the tokens before it, and of `next` after its last when the prompt goes on,
+/// each with the `num` most likely tokens there, over the model's logits (no penalties,
+/// biases or mask), in [`Sampled::prompt`]. A step with scored chunks runs eagerly, one
+/// sampling row per scored token beside the sequences' own: its sequences plus its
+/// scored tokens must fit the runner's `max_seqs`. With `next`, the sequence's own row
+/// scores it and its sample is meaningless (the chunk does not end the prompt).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Score {
+    pub num: usize,
+    pub next: Option<u32>,
 }
 
 /// Writes a step's allowed-token masks: called once in a step with masked rows, after the

@@ -43,6 +43,9 @@ crate::step_inputs! {
         num_logprobs: i32 [Seqs, One] = -1,
         /// 1 where the row's sample is limited to its allowed-token mask.
         mask_on: i32 [Seqs, One] = 0,
+        /// The token whose log-probability the row reports instead of its sample's (a
+        /// scored prompt token); -1: the sample's.
+        lp_target: i32 [Seqs, One] = -1,
         /// The row's logit biases (its first entries of the bias tables).
         bias_n: i32 [Seqs, One] = 0,
         /// A mixed step's `cu_seqlens_q` of the sequences after its leading decode rows,
@@ -79,6 +82,7 @@ impl StepViews {
         v.presence = v.presence.prefix(seqs)?;
         v.num_logprobs = v.num_logprobs.prefix(seqs)?;
         v.mask_on = v.mask_on.prefix(seqs)?;
+        v.lp_target = v.lp_target.prefix(seqs)?;
         v.bias_n = v.bias_n.prefix(seqs)?;
         Ok(v)
     }
@@ -182,6 +186,7 @@ impl<'b> Packer<'b> {
             h.presence[i] = sp.presence_penalty;
             h.num_logprobs[i] = sp.logprobs.map_or(-1, |n| n.min(MAX_TOP_LOGPROBS) as i32);
             h.mask_on[i] = s.masked as i32;
+            h.lp_target[i] = -1;
             h.bias_n[i] = s.logit_bias.len().min(MAX_LOGIT_BIAS) as i32;
             h.pen_slot[i] = -1;
             if penalties && sp.has_penalties() {
@@ -196,7 +201,57 @@ impl<'b> Packer<'b> {
                 h.cu_rest[k] = h.cu_seqlens_q[d + k] - d as i32;
             }
         }
-        self.finish(layout, t, batch.len(), read_seqs)
+        // Scored chunks: a greedy, penalty-free row per token after a chunk's first, after
+        // the batch's rows in batch order; the sequence's own row scores `next`.
+        let mut row = batch.len();
+        for (i, s) in batch.iter().enumerate() {
+            let Some(score) = s.score else { continue };
+            let num = score.num.min(MAX_TOP_LOGPROBS) as i32;
+            let first = h.cu_seqlens_q[i];
+            for (j, &target) in s.tokens.iter().enumerate().skip(1) {
+                if row >= layout.seqs {
+                    return Err(Error::invalid(
+                        "runner.step",
+                        format!(
+                            "scored tokens and sequences exceed the step's {} sampling rows",
+                            layout.seqs
+                        ),
+                    ));
+                }
+                h.logits_indices[row] = first + j as i32 - 1;
+                h.temperature[row] = 0.0;
+                h.top_k[row] = 0;
+                h.top_p[row] = 1.0;
+                h.min_p[row] = 0.0;
+                h.seeds[row] = 0;
+                h.repetition[row] = 1.0;
+                h.frequency[row] = 0.0;
+                h.presence[row] = 0.0;
+                h.num_logprobs[row] = num;
+                h.mask_on[row] = 0;
+                h.bias_n[row] = 0;
+                h.pen_slot[row] = -1;
+                h.lp_target[row] = target as i32;
+                row += 1;
+            }
+            if let Some(next) = score.next {
+                h.lp_target[i] = next as i32;
+                h.num_logprobs[i] = num;
+            }
+        }
+        self.finish(layout, t, row, read_seqs)
+    }
+
+    /// Sampling rows of a step over `batch`: one per sequence, and one per scored token
+    /// after a chunk's first ([`super::Score`]).
+    pub fn rows(batch: &[SeqStep<'_>]) -> usize {
+        batch
+            .iter()
+            .map(|s| match s.score {
+                Some(_) => s.tokens.len().max(1),
+                None => 1,
+            })
+            .sum()
     }
 
     /// Inputs of `seqs` empty sequences and no tokens: every row padding, `cu` all zero.

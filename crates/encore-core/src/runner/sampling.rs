@@ -20,6 +20,9 @@ pub struct Sampled {
     pub token: u32,
     /// When the sequence's sampling asked for them.
     pub logprobs: Option<TokenLogprobs>,
+    /// A scored chunk's ([`super::Score`]): one entry per token after its first, and one
+    /// for the token after it when given; empty otherwise.
+    pub prompt: Vec<TokenLogprobs>,
 }
 
 /// The log-probability outputs of sampling: the token's `[max_seqs]`, the top ids and
@@ -213,25 +216,25 @@ impl SampleBuffers {
         Ok(ids.into_iter().map(|t| t as u32).collect())
     }
 
-    /// Each row's log-probabilities where its sampling asked for them (nothing is read
-    /// back when no row did).
+    /// The log-probabilities of the step's first `nums.len()` rows, `nums[r]` top
+    /// entries for row `r` (`None`: none; nothing is read back when no row has any).
     pub fn download_logprobs(
         &self,
         be: &dyn Backend,
-        batch: &[SeqStep<'_>],
+        nums: &[Option<usize>],
     ) -> Result<Vec<Option<TokenLogprobs>>> {
-        if batch.iter().all(|s| s.sampling.logprobs.is_none()) {
-            return Ok(vec![None; batch.len()]);
+        if nums.iter().all(Option::is_none) {
+            return Ok(vec![None; nums.len()]);
         }
-        let b = batch.len();
+        let b = nums.len();
         let token = be.download::<f32>(&self.lp.token.prefix(b)?)?;
         let ids = be.download::<i32>(&self.lp.top_ids.prefix(b)?)?;
         let top = be.download::<f32>(&self.lp.top.prefix(b)?)?;
-        Ok(batch
+        Ok(nums
             .iter()
             .enumerate()
-            .map(|(r, s)| {
-                let n = s.sampling.logprobs?.min(MAX_TOP_LOGPROBS);
+            .map(|(r, n)| {
+                let n = (*n)?.min(MAX_TOP_LOGPROBS);
                 let at = r * MAX_TOP_LOGPROBS;
                 let top = ids[at..at + n]
                     .iter()
@@ -280,6 +283,7 @@ impl StepSampling<'_> {
                     token: &self.lp.token,
                     top_ids: &self.lp.top_ids,
                     top: &self.lp.top,
+                    target: Some(&v.lp_target),
                 }),
                 mask: Some(TokenMask {
                     bits: &self.mask_bits,

@@ -14,7 +14,7 @@ use super::group::{Cmd, Exec};
 use super::pack::{Packer, StepViews};
 use super::policy::Plan;
 use super::sampling::{SampleBuffers, Sampled, StepSampling};
-use super::{FillMasks, Parts, Runner, SeqStep, Seqs};
+use super::{FillMasks, Parts, Runner, Score, SeqStep, Seqs};
 use crate::request::TokenLogprobs;
 
 /// How a step's ops are grouped into pieces.
@@ -29,9 +29,10 @@ enum Shape {
     HeadOnly,
 }
 
-/// What a step runs over its layout: `seqs` sequences (attention and sampling rows),
-/// pure decode or not, the leading decode rows of a mixed step (0: one attention launch),
-/// how its ops are grouped, and whether it samples at its end.
+/// What a step runs over its layout: `seqs` sequences (attention rows), pure decode or
+/// not, the leading decode rows of a mixed step (0: one attention launch), how its ops
+/// are grouped, whether it samples at its end, and its sampling rows (`seqs`, or more
+/// with scored prompt tokens).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct StepShape {
     shape: Shape,
@@ -39,6 +40,7 @@ pub(super) struct StepShape {
     seqs: usize,
     decode_rows: usize,
     sample: bool,
+    rows: usize,
 }
 
 impl StepShape {
@@ -50,6 +52,7 @@ impl StepShape {
             seqs,
             decode_rows,
             sample: true,
+            rows: seqs,
         }
     }
 
@@ -61,6 +64,7 @@ impl StepShape {
             seqs,
             decode_rows,
             sample: true,
+            rows: seqs,
         }
     }
 
@@ -72,6 +76,16 @@ impl StepShape {
             seqs: rows,
             decode_rows: 0,
             sample: true,
+            rows,
+        }
+    }
+
+    /// The same step (run whole) with `rows >= seqs` sampling rows: the sequences' and,
+    /// after them, one per scored prompt token.
+    pub fn with_rows(self, rows: usize) -> Self {
+        StepShape {
+            rows: rows.max(self.seqs),
+            ..self
         }
     }
 
@@ -89,8 +103,10 @@ pub(super) struct ForwardStep<'a> {
     be: &'a dyn Backend,
     model: &'a Model,
     kv: &'a KvCache,
-    /// The inputs: token fields at the layout's capacity, sequence fields cut to `seqs`.
+    /// The inputs: token fields at the layout's capacity, sequence fields cut to `seqs`;
+    /// and cut to the sampling rows, for sampling.
     v: StepViews,
+    vs: StepViews,
     /// The layout's capacity.
     tokens: usize,
     seq_rows: usize,
@@ -123,18 +139,19 @@ impl<'a> ForwardStep<'a> {
         // GEMM shapes are few (and planned at capture).
         let head_rows = match shape.shape {
             Shape::Split => seqs.next_power_of_two().min(layout.seqs),
-            _ => seqs,
+            _ => shape.rows,
         };
         Ok(ForwardStep {
             be,
             model,
             kv,
             v: StepViews::cut(&inputs.table, layout, seqs, shape.decode_rows)?,
+            vs: StepViews::cut(&inputs.table, layout, shape.rows, 0)?,
             tokens: layout.tokens,
             seq_rows: layout.seqs,
             head_rows,
             shape,
-            sampling: sampling.step(seqs)?,
+            sampling: sampling.step(shape.rows)?,
             table_width: inputs.table_width,
             sample: sample && shape.sample,
         })
@@ -162,7 +179,7 @@ impl<'a> ForwardStep<'a> {
             return Ok(());
         }
         self.sampling
-            .sample(self.be, &logits.prefix(self.shape.seqs)?, &self.v)
+            .sample(self.be, &logits.prefix(self.shape.rows)?, &self.vs)
     }
 }
 
@@ -216,12 +233,14 @@ impl Pieces for ForwardStep<'_> {
     }
 }
 
-/// What [`Runner::run`] returns: tokens, logits when asked, log-probabilities per row.
+/// What [`Runner::run`] returns: tokens, logits when asked, log-probabilities and a
+/// scored chunk's prompt log-probabilities per row.
 #[derive(Default)]
 pub(super) struct StepOut {
     pub tokens: Vec<u32>,
     pub logits: Option<Vec<f32>>,
     pub logprobs: Vec<Option<TokenLogprobs>>,
+    pub prompt: Vec<Vec<TokenLogprobs>>,
 }
 
 impl StepOut {
@@ -230,26 +249,33 @@ impl StepOut {
         self.tokens
             .into_iter()
             .zip(self.logprobs)
-            .map(|(token, logprobs)| Sampled { token, logprobs })
+            .zip(self.prompt)
+            .map(|((token, logprobs), prompt)| Sampled {
+                token,
+                logprobs,
+                prompt,
+            })
             .collect()
     }
 }
 
 impl Parts<'_> {
     /// The sampling of a step whose forward stopped at the logits in `buf` (`batch` in
-    /// the step's row order): the masks written by `fill` (host work while the device
-    /// still runs the forward), uploaded, then the step's rows sampled.
+    /// the step's row order, `rows` sampling rows): the masks written by `fill` (host
+    /// work while the device still runs the forward), uploaded, then the rows sampled.
     fn sample_after(
         &mut self,
         batch: &[SeqStep<'_>],
         layout: &Layout,
+        rows: usize,
         buf: &StepBuffers,
         fill: &mut FillMasks<'_>,
     ) -> Result<()> {
-        let b = batch.len();
         self.sampling.write_masks(self.be, batch, fill)?;
-        let v = StepViews::cut(&self.inputs.table, layout, b, 0)?;
-        self.sampling.step(b)?.sample(self.be, &buf.logits(b)?, &v)
+        let v = StepViews::cut(&self.inputs.table, layout, rows, 0)?;
+        self.sampling
+            .step(rows)?
+            .sample(self.be, &buf.logits(rows)?, &v)
     }
 
     /// A step over the runner's inputs in `layout`, shaped per `shape`.
@@ -333,6 +359,7 @@ impl Runner<'_> {
             tokens,
             logits,
             mut logprobs,
+            mut prompt,
         } = self.run_sorted(
             seqs,
             &sorted,
@@ -346,10 +373,12 @@ impl Runner<'_> {
             tokens: vec![0u32; b],
             logits: logits.as_ref().map(|l| vec![0f32; l.len()]),
             logprobs: vec![None; b],
+            prompt: vec![Vec::new(); b],
         };
         for (k, &i) in order.iter().enumerate() {
             out.tokens[i] = tokens[k];
             out.logprobs[i] = logprobs[k].take();
+            out.prompt[i] = std::mem::take(&mut prompt[k]);
             if let (Some(src), Some(dst)) = (&logits, out.logits.as_mut()) {
                 dst[i * vocab..(i + 1) * vocab].copy_from_slice(&src[k * vocab..(k + 1) * vocab]);
             }
@@ -372,12 +401,20 @@ impl Runner<'_> {
         let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let b = batch.len();
         let fill = fill.filter(|_| batch.iter().any(|s| s.masked));
-        let (plan, layout) = self.policy.plan(&self.parts.inputs, n, b, decode_only);
+        // Scored prompt tokens take sampling rows of their own: such a step runs eagerly.
+        let rows = Packer::rows(batch);
+        let (plan, layout) = if rows > b {
+            (Plan::Eager, self.parts.inputs.layout(n, rows))
+        } else {
+            self.policy.plan(&self.parts.inputs, n, b, decode_only)
+        };
         let be = self.parts.be;
         let Plan::Graph(mut key) = plan else {
-            self.parts.inputs.pack(seqs, batch, &layout, b, d, true)?;
+            self.parts
+                .inputs
+                .pack(seqs, batch, &layout, rows, d, true)?;
             self.parts.sampling.write_bias(be, batch)?;
-            let mut shape = StepShape::whole(b, decode_only, d);
+            let mut shape = StepShape::whole(b, decode_only, d).with_rows(rows);
             if fill.is_some() {
                 shape = shape.logits_only();
             }
@@ -389,7 +426,7 @@ impl Runner<'_> {
                     let buf = r.exec.eager(be, &step)?;
                     drop(step);
                     if let Some(fill) = fill {
-                        r.parts.sample_after(batch, &layout, &buf, fill)?;
+                        r.parts.sample_after(batch, &layout, rows, &buf, fill)?;
                     }
                     let mut out = r.read_out(batch, None)?;
                     if keep_logits {
@@ -433,7 +470,7 @@ impl Runner<'_> {
                 let buf = r.exec.replay(be, key, real, &step)?;
                 drop(step);
                 if let Some(fill) = fill {
-                    r.parts.sample_after(batch, &layout, buf, fill)?;
+                    r.parts.sample_after(batch, &layout, b, buf, fill)?;
                 }
                 let replayed = if keep_logits || r.policy.verify {
                     Some(be.download::<f32>(&buf.logits(b)?)?)
@@ -449,16 +486,51 @@ impl Runner<'_> {
         self.verify_replay(seqs, batch, key, d, decode_only, out)
     }
 
-    /// The step's samples (and log-probabilities where asked) read back, with `logits`.
+    /// The step's samples (and log-probabilities where asked, and the scores of scored
+    /// chunks) read back, with `logits`.
     fn read_out(&self, batch: &[SeqStep<'_>], logits: Option<Vec<f32>>) -> Result<StepOut> {
         let (be, sampling) = (self.parts.be, &self.parts.sampling);
         let t0 = std::time::Instant::now();
         let tokens = sampling.download_tokens(be, batch.len());
         self.device_wait.set(self.device_wait.get() + t0.elapsed());
+        // Per sampling row, its top entries: a sequence's own row, then the scored tokens'.
+        let mut nums: Vec<Option<usize>> = batch
+            .iter()
+            .map(|s| match s.score {
+                Some(Score { num, next: Some(_) }) => Some(num),
+                _ => s.sampling.logprobs,
+            })
+            .collect();
+        for s in batch {
+            if let Some(score) = s.score {
+                nums.extend((1..s.tokens.len()).map(|_| Some(score.num)));
+            }
+        }
+        let mut lps = sampling.download_logprobs(be, &nums)?.into_iter();
+        let mut logprobs: Vec<Option<TokenLogprobs>> = lps.by_ref().take(batch.len()).collect();
+        let prompt = batch
+            .iter()
+            .zip(logprobs.iter_mut())
+            .map(|(s, own)| {
+                let Some(score) = s.score else {
+                    return Vec::new();
+                };
+                let mut p: Vec<TokenLogprobs> = lps
+                    .by_ref()
+                    .take(s.tokens.len().saturating_sub(1))
+                    .flatten()
+                    .collect();
+                if score.next.is_some() {
+                    p.extend(own.take());
+                }
+                p
+            })
+            .collect();
         Ok(StepOut {
             tokens: tokens?,
             logits,
-            logprobs: sampling.download_logprobs(be, batch)?,
+            logprobs,
+            prompt,
         })
     }
 

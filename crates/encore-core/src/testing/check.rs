@@ -84,6 +84,7 @@ fn replay_sampling(rng: &mut impl Rng) -> Vec<SamplingParams> {
             frequency_penalty: freq,
             presence_penalty: pres,
             logprobs: None,
+            prompt_logprobs: None,
         },
     )
     .collect()
@@ -127,6 +128,7 @@ fn check_replay_dtype(
         .enumerate()
         .map(|(s, p)| SeqStep {
             masked: false,
+            score: None,
             logit_bias: &[],
             seq: SeqId(s as u64),
             tokens: p,
@@ -189,6 +191,7 @@ impl ReplayRound<'_> {
             .zip(&inputs)
             .map(|(&s, t)| SeqStep {
                 masked: false,
+                score: None,
                 logit_bias: &[],
                 seq: SeqId(s as u64),
                 tokens: t,

@@ -98,6 +98,7 @@ pub fn decode_batch<'a>(
             tokens: t,
             sampling,
             masked: false,
+            score: None,
             logit_bias: &[],
         })
         .collect()
@@ -120,6 +121,7 @@ pub fn prefill_both(
         tokens: prompt,
         sampling,
         masked: false,
+        score: None,
         logit_bias: &[],
     }];
     let x = a.step(a_seqs, &step).unwrap();
@@ -280,5 +282,151 @@ pub fn check_logit_bias(be: &dyn Backend) {
         q.params.logit_bias = bias;
         let e = limits.check(&q).unwrap_err();
         assert_eq!(e.param, Param::LogitBias, "{}", e.message);
+    }
+}
+
+/// The f64 log-softmax of `logits`.
+fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let m = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |a, &l| a.max(l as f64));
+    let lse = m + logits
+        .iter()
+        .map(|&l| (l as f64 - m).exp())
+        .sum::<f64>()
+        .ln();
+    logits.iter().map(|&l| l as f64 - lse).collect()
+}
+
+/// The log-softmax after each prefix `prompt[..=p]`, one token a step (teacher forcing).
+fn teacher_forced(be: &dyn Backend, prompt: &[u32]) -> Vec<Vec<f64>> {
+    let mut r = tiny_runner(be);
+    let mut seqs = Seqs::for_runner(&r).unwrap();
+    let seq = SeqId(0);
+    let mut rows = Vec::new();
+    for p in 0..prompt.len() {
+        if p == 0 {
+            seqs.blocks.allocate(seq, 1).unwrap();
+        } else {
+            seqs.blocks.append(seq, 1).unwrap();
+        }
+        let step = [SeqStep {
+            seq,
+            tokens: &prompt[p..=p],
+            sampling: SamplingParams::default(),
+            masked: false,
+            score: None,
+            logit_bias: &[],
+        }];
+        let (_, logits) = r.step_with_logits(&mut seqs, &step).unwrap();
+        rows.push(log_softmax(&logits[0]));
+    }
+    rows
+}
+
+/// Prompt log-probabilities on `be` (`SamplingParams::prompt_logprobs`) against teacher
+/// forcing: each prompt token's after the first, and the top entries there, within `tol`;
+/// with the prompt in chunks of at most 8 and 16 scored rows, beside a plain request, after
+/// the same prompt was cached (a scored prompt is computed whole), and through
+/// preemption (a cache too small for both scored prompts at once).
+pub fn check_prompt_logprobs(be: &dyn Backend, tol: f64) {
+    use encore_core::scheduler::{Scheduler, SchedulerConfig};
+    const TOP: usize = 3;
+    let prompt: Vec<u32> = (0..37u32).map(|j| (j * 13 + 5) % 250).collect();
+    let want = teacher_forced(be, &prompt);
+    let check = |what: &str, got: &[encore_core::request::TokenLogprobs]| {
+        assert_eq!(
+            got.len(),
+            prompt.len() - 1,
+            "{what}: one per token after the first"
+        );
+        for (p, lp) in got.iter().enumerate() {
+            let row = &want[p];
+            let t = prompt[p + 1] as usize;
+            assert!(
+                (lp.logprob as f64 - row[t]).abs() < tol,
+                "{what}: token {}: {} vs {}",
+                p + 1,
+                lp.logprob,
+                row[t]
+            );
+            assert_eq!(lp.top.len(), TOP, "{what}");
+            let mut sorted = row.clone();
+            sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
+            for (k, &(id, v)) in lp.top.iter().enumerate() {
+                assert!(
+                    (v as f64 - row[id as usize]).abs() < tol,
+                    "{what}: top {k} at {}",
+                    p + 1
+                );
+                assert!(
+                    (v as f64 - sorted[k]).abs() < tol,
+                    "{what}: top {k} at {} is the {k}-th largest",
+                    p + 1
+                );
+            }
+        }
+    };
+    for (max_seqs, blocks) in [
+        (8, 1 + 16 * (128 / BLOCK)),
+        (16, 1 + 16 * (128 / BLOCK)),
+        (8, 1 + 14),
+    ] {
+        let mut r = tiny_runner_with_blocks(be, blocks);
+        let mut s = Scheduler::new(SchedulerConfig::new(64, max_seqs), &r).unwrap();
+        let scored = |id: u64| {
+            let sampling = SamplingParams {
+                prompt_logprobs: Some(TOP),
+                ..Default::default()
+            };
+            request(id, prompt.clone(), sampling, 3)
+        };
+        // The prompt cached first, by a plain request that runs to the end.
+        s.add(request(1, prompt.clone(), SamplingParams::default(), 2), &r)
+            .unwrap();
+        while s.has_work() {
+            s.step(&mut r).unwrap();
+        }
+        s.add(scored(2), &r).unwrap();
+        s.add(
+            request(3, (0..9).collect(), SamplingParams::default(), 12),
+            &r,
+        )
+        .unwrap();
+        s.add(scored(4), &r).unwrap();
+        let mut firsts = std::collections::HashMap::new();
+        let mut steps = 0;
+        while s.has_work() {
+            for o in s.step(&mut r).unwrap() {
+                let first = !firsts.contains_key(&o.id);
+                if first {
+                    firsts.insert(o.id, o.prompt_logprobs.clone());
+                } else {
+                    assert_eq!(
+                        o.prompt_logprobs, None,
+                        "only the first output carries them"
+                    );
+                }
+            }
+            assert_eq!(s.take_failed(), Vec::new());
+            steps += 1;
+            assert!(steps < 1_000, "no progress");
+        }
+        let what = format!("max_seqs {max_seqs}, {blocks} blocks");
+        check(
+            &format!("{what}, request 2"),
+            firsts[&2].as_deref().expect("asked for"),
+        );
+        check(
+            &format!("{what}, request 4"),
+            firsts[&4].as_deref().expect("asked for"),
+        );
+        assert_eq!(firsts[&3], None, "{what}: not asked for");
+        if blocks < 20 {
+            assert!(
+                s.stats().preemptions > 0,
+                "{what}: the small cache preempts"
+            );
+        }
     }
 }

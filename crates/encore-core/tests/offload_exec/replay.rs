@@ -67,6 +67,7 @@ fn lockstep(runners: &mut [Runner<'_>]) -> Vec<Vec<Vec<Vec<f32>>>> {
                     tokens: toks,
                     sampling: SamplingParams::default(),
                     masked: false,
+                    score: None,
                     logit_bias: &[],
                 })
                 .collect();

@@ -385,6 +385,7 @@ impl Backend for CpuBackend {
                 token: l.token.clone(),
                 top_ids: l.top_ids.clone(),
                 top: l.top.clone(),
+                target: l.target.cloned(),
             }),
             mask: p.mask.as_ref().map(|m| kernels::MaskArgs {
                 bits: m.bits.clone(),

@@ -40,6 +40,7 @@ pub(in crate::backend::cpu) struct LogprobArgs {
     pub token: Tensor,
     pub top_ids: Tensor,
     pub top: Tensor,
+    pub target: Option<Tensor>,
 }
 
 /// One row's result: the token, its penalty slot, and its log-probabilities.
@@ -103,6 +104,12 @@ pub(in crate::backend::cpu) fn sample(a: &SampleArgs) {
     // SAFETY: as above.
     let num = a.logprobs.as_ref().map(|l| unsafe { view::<i32>(&l.num) });
     // SAFETY: as above.
+    let target = a
+        .logprobs
+        .as_ref()
+        .and_then(|l| l.target.as_ref())
+        .map(|t| unsafe { view::<i32>(t) });
+    // SAFETY: as above.
     let mask = a
         .mask
         .as_ref()
@@ -144,7 +151,11 @@ pub(in crate::backend::cpu) fn sample(a: &SampleArgs) {
                     .into_iter()
                     .map(|i| i.map_or((-1, f32::NEG_INFINITY), |i| (i as i32, lp(row[i]))))
                     .collect();
-                (lp(row[token as usize]), top)
+                let scored = target
+                    .and_then(|t| usize::try_from(t[r]).ok())
+                    .filter(|&t| t < vocab)
+                    .unwrap_or(token as usize);
+                (lp(row[scored]), top)
             });
             RowOut {
                 token,

@@ -1010,9 +1010,15 @@ pub(super) fn sample(
         ),
         None => (0, 0, 0, 0, 0),
     };
-    let (num, tok, ids, top) = match &p.logprobs {
-        Some(q) => (dptr(q.num), dptr(q.token), dptr(q.top_ids), dptr(q.top)),
-        None => (0, 0, 0, 0),
+    let (num, tok, ids, top, target) = match &p.logprobs {
+        Some(q) => (
+            dptr(q.num),
+            dptr(q.token),
+            dptr(q.top_ids),
+            dptr(q.top),
+            q.target.map_or(0, dptr),
+        ),
+        None => (0, 0, 0, 0, 0),
     };
     let (mask_bits, mask_on) = match &p.mask {
         Some(m) => (dptr(m.bits), dptr(m.on)),
@@ -1030,7 +1036,7 @@ pub(super) fn sample(
         c,
         &mut args![
             l, t, k, tp, mp, s, o, counts, slot, rep, freq, pres, slots, num, tok, ids, top, top_n,
-            mask_bits, mask_on, mask_words, vocab, vec
+            target, mask_bits, mask_on, mask_words, vocab, vec
         ],
     )
 }
