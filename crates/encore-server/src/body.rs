@@ -560,12 +560,9 @@ impl CompletionBody {
         let mut c = self.common.validate(served, eos)?;
         c.params.sampling.logprobs = count(self.logprobs, "logprobs")?;
         c.echo = flag(self.echo, "echo")?;
-        if c.echo && c.params.sampling.logprobs.is_some() {
-            return Err(ApiError::bad(
-                "echo",
-                "`echo` with `logprobs` needs the prompt's log-probabilities, which are not \
-                 computed yet",
-            ));
+        if c.echo {
+            // The echoed prompt's tokens get log-probabilities too.
+            c.params.sampling.prompt_logprobs = c.params.sampling.logprobs;
         }
         Ok((prompt, c))
     }

@@ -199,7 +199,7 @@ pub(crate) const COMPLETIONS: &[Rule] = &[
     refused("best_of", NoOp::One, "`best_of` is not supported; use `n`"),
     honored(
         "echo",
-        "each choice's text starts with the prompt (whole, or in each choice's first chunk); with `logprobs` refused: prompt log-probabilities are not computed yet",
+        "each choice's text starts with the prompt (whole, or in each choice's first chunk); with `logprobs`, the prompt's tokens lead the log-probabilities (the first with `null`), computed as the prompt runs (no prefix-cache reuse for it)",
     ),
     refused("suffix", NoOp::Empty, "`suffix` is not supported yet"),
     LOGIT_BIAS,

@@ -193,6 +193,52 @@ fn token_text(tok: &Tokenizer, id: u32) -> String {
     tok.decode(&[id], false).unwrap_or_default()
 }
 
+/// Completions' `logprobs` object `{tokens, token_logprobs, top_logprobs, text_offset}`
+/// of `entries`, offsets from `*offset` (advanced past the tokens); an entry without
+/// log-probabilities (an echoed prompt's first token) has `null` for both.
+pub(crate) fn completion_logprobs<'a>(
+    tok: &Tokenizer,
+    entries: impl Iterator<Item = (u32, Option<&'a TokenLogprobs>)>,
+    offset: &mut usize,
+) -> Value {
+    let (mut tokens, mut lps, mut tops, mut offsets) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (id, lp) in entries {
+        let text = token_text(tok, id);
+        offsets.push(*offset);
+        *offset += text.len();
+        tokens.push(text);
+        let Some(lp) = lp else {
+            lps.push(Value::Null);
+            tops.push(Value::Null);
+            continue;
+        };
+        lps.push(json!(lp.logprob));
+        // Keyed by text: of tokens with the same text the likelier stays.
+        let mut top = serde_json::Map::new();
+        for &(t, l) in &lp.top {
+            top.entry(token_text(tok, t)).or_insert(json!(l));
+        }
+        tops.push(Value::Object(top));
+    }
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// The entries of an echoed prompt with its log-probabilities (`scores`: one per token
+/// after the first), for [`completion_logprobs`].
+pub(crate) fn prompt_entries<'a>(
+    prompt: &'a [u32],
+    scores: &'a [TokenLogprobs],
+) -> impl Iterator<Item = (u32, Option<&'a TokenLogprobs>)> + 'a {
+    let first = prompt.first().map(|&t| (t, None));
+    let rest = prompt
+        .iter()
+        .skip(1)
+        .zip(scores)
+        .map(|(&t, lp)| (t, Some(lp)));
+    first.into_iter().chain(rest)
+}
+
 /// The OpenAI `logprobs` object of `entries` (tokens with their log-probabilities):
 /// completions' `{tokens, token_logprobs, top_logprobs, text_offset}` with offsets from
 /// `*offset` (advanced past the tokens), chat's `{content: [{token, logprob, bytes,
@@ -205,22 +251,7 @@ pub(crate) fn logprobs_json(
 ) -> Value {
     match kind {
         Kind::Completion => {
-            let (mut tokens, mut lps, mut tops, mut offsets) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for (id, lp) in entries {
-                let text = token_text(tok, *id);
-                offsets.push(*offset);
-                *offset += text.len();
-                tokens.push(text);
-                lps.push(lp.logprob);
-                // Keyed by text: of tokens with the same text the likelier stays.
-                let mut top = serde_json::Map::new();
-                for &(t, l) in &lp.top {
-                    top.entry(token_text(tok, t)).or_insert(json!(l));
-                }
-                tops.push(Value::Object(top));
-            }
-            json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+            completion_logprobs(tok, entries.iter().map(|(id, lp)| (*id, Some(lp))), offset)
         }
         Kind::Chat => {
             let entry = |id: u32, l: f32| {

@@ -20,7 +20,9 @@ use tokio_stream::StreamExt;
 
 use crate::error::ApiError;
 use crate::generate::{AbortGuard, ChatOut, Child, Form};
-use crate::output::{finish_name, logprobs_json, release, Reply};
+use crate::output::{
+    completion_logprobs, finish_name, logprobs_json, prompt_entries, release, Reply,
+};
 use crate::parse::ChatStream;
 use crate::shutdown::cut_off;
 use crate::AppState;
@@ -67,11 +69,11 @@ pub(crate) fn respond(
         tokenizer: Arc::clone(&s.tokenizer),
         reply,
         include_usage,
-        prompt_len: prompt.len(),
+        prompt: prompt.into(),
         out,
         choices,
     };
-    tokio::spawn(task.run(events, prompt, stop, s.cut.subscribe()));
+    tokio::spawn(task.run(events, stop, s.cut.subscribe()));
     let data = UnboundedReceiverStream::new(out_rx)
         .map(|d| Ok::<_, Infallible>(SseEvent::default().data(d)));
     Sse::new(data).into_response()
@@ -86,7 +88,7 @@ struct Task {
     tokenizer: Arc<Tokenizer>,
     reply: Reply,
     include_usage: bool,
-    prompt_len: usize,
+    prompt: Arc<[u32]>,
     /// The SSE data payloads.
     out: mpsc::UnboundedSender<String>,
     choices: Vec<Choice>,
@@ -109,11 +111,11 @@ impl Task {
     async fn run(
         mut self,
         mut events: mpsc::UnboundedReceiver<(usize, Event)>,
-        prompt: Vec<u32>,
         stop: StopMatcher,
         cut: tokio::sync::watch::Receiver<bool>,
     ) {
         let tokenizer = Arc::clone(&self.tokenizer);
+        let prompt = Arc::clone(&self.prompt);
         let mut texts: Vec<StopStream<'_>> = (0..self.choices.len())
             .map(|_| {
                 StopStream::new(&tokenizer, &prompt, stop.clone())
@@ -169,14 +171,20 @@ impl Task {
         } else {
             o.finish.map(finish_name)
         };
-        let lps = match o.logprobs {
-            Some(lp) => logprobs_json(
+        let lps = match (&o.prompt_logprobs, o.logprobs) {
+            // `echo` with `logprobs`: the prompt's entries come in the first chunk.
+            (Some(scores), lp) => {
+                let own = lp.as_ref().map(|lp| (o.token, Some(lp)));
+                let entries = prompt_entries(&self.prompt, scores).chain(own);
+                completion_logprobs(&self.tokenizer, entries, &mut c.offset)
+            }
+            (None, Some(lp)) => logprobs_json(
                 &self.tokenizer,
                 self.reply.kind,
                 &[(o.token, lp)],
                 &mut c.offset,
             ),
-            None => Value::Null,
+            (None, None) => Value::Null,
         };
         let first = c.n == 1;
         let chunk = match &mut c.parsed {
@@ -210,7 +218,7 @@ impl Task {
         }
         if self.include_usage {
             let tokens = self.choices.iter().map(|c| c.n).sum();
-            let u = self.reply.usage_chunk(self.prompt_len, tokens);
+            let u = self.reply.usage_chunk(self.prompt.len(), tokens);
             let _ = self.out.send(u.to_string());
         }
         let _ = self.out.send("[DONE]".into());

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::generate::{AbortGuard, ChatOut, Child, Form};
-use crate::output::{finish_name, logprobs_json, release};
+use crate::output::{completion_logprobs, finish_name, logprobs_json, prompt_entries, release};
 use crate::parse;
 use crate::shutdown::cut_off;
 use crate::AppState;
@@ -21,6 +21,8 @@ use crate::AppState;
 struct Collected {
     ids: Vec<u32>,
     logprobs: Vec<(u32, TokenLogprobs)>,
+    /// The prompt's log-probabilities, when asked for (`echo` with `logprobs`).
+    prompt_logprobs: Option<Vec<TokenLogprobs>>,
     /// Its text when stop strings built it as it streamed.
     text: Option<String>,
     finish: &'static str,
@@ -58,10 +60,15 @@ pub(crate) async fn respond(
                     .into_response()
             }
         };
-        let lps = if c.logprobs.is_empty() {
-            Value::Null
-        } else {
-            logprobs_json(&s.tokenizer, reply.kind, &c.logprobs, &mut 0)
+        let lps = match &c.prompt_logprobs {
+            // `echo` with `logprobs`: the prompt's entries first.
+            Some(scores) => {
+                let generated = c.logprobs.iter().map(|(id, lp)| (*id, Some(lp)));
+                let entries = prompt_entries(&prompt, scores).chain(generated);
+                completion_logprobs(&s.tokenizer, entries, &mut 0)
+            }
+            None if c.logprobs.is_empty() => Value::Null,
+            None => logprobs_json(&s.tokenizer, reply.kind, &c.logprobs, &mut 0),
         };
         let (message, finish) = match &chat {
             Some(
@@ -96,6 +103,7 @@ async fn collect(
 ) -> Result<Collected, ApiError> {
     let mut ids = Vec::new();
     let mut logprobs: Vec<(u32, TokenLogprobs)> = Vec::new();
+    let mut prompt_logprobs = None;
     // With stop strings the text is built as it streams, to end at the first one; with
     // special tokens, to leave out the end-of-generation one.
     let mut stop_text = (!stop.is_empty() || keep_special).then(|| {
@@ -132,6 +140,9 @@ async fn collect(
         if let Some(lp) = o.logprobs.clone() {
             logprobs.push((o.token, lp));
         }
+        if o.prompt_logprobs.is_some() {
+            prompt_logprobs = o.prompt_logprobs.clone();
+        }
         if let Some((t, acc)) = &mut stop_text {
             let (piece, stopped) = release(t, &o, keep_special);
             acc.push_str(&piece);
@@ -152,6 +163,7 @@ async fn collect(
     Ok(Collected {
         ids,
         logprobs,
+        prompt_logprobs,
         text: stop_text.map(|(_, acc)| acc),
         finish,
     })

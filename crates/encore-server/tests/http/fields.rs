@@ -49,11 +49,6 @@ fn unsupported_and_unknown_fields_are_refused_naming_them() {
             "outside the vocabulary",
         ),
         (&[CHAT], json!({"echo": true}), "not supported on chat"),
-        (
-            &[COMPLETIONS],
-            json!({"logprobs": 2, "echo": true}),
-            "prompt's log-probabilities",
-        ),
         (&[COMPLETIONS], json!({"best_of": 2}), "use `n`"),
         (
             &[COMPLETIONS],

@@ -421,3 +421,62 @@ fn echo_starts_the_text_with_the_prompt() {
         assert_eq!(text, v["choices"][0]["text"].as_str().unwrap());
     }
 }
+
+/// Completions' `echo` with `logprobs`: the prompt's tokens lead the log-probabilities
+/// (the first with `null`), whole and streamed, for every choice; a prompt token scores
+/// what the same token scored when it was sampled after the same text.
+#[test]
+fn echo_with_logprobs_scores_the_prompt() {
+    let s = start(None);
+    let prompt: Vec<u32> = "Once upon a".bytes().map(u32::from).collect();
+    let plain = json!({"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+                       "ignore_eos": true, "logprobs": 2});
+    let (st, p) = post(s.addr, "/v1/completions", plain);
+    assert_eq!(st, 200, "{p}");
+    let t = p["choices"][0]["token_ids"][0].as_u64().unwrap() as u32;
+    let sampled = p["choices"][0]["logprobs"]["token_logprobs"][0]
+        .as_f64()
+        .unwrap();
+    let mut longer = prompt.clone();
+    longer.push(t);
+    let b = json!({"model": MODEL, "prompt": longer, "max_tokens": 3, "temperature": 0,
+                   "ignore_eos": true, "logprobs": 2, "echo": true, "n": 2});
+    let (st, v) = post(s.addr, "/v1/completions", b.clone());
+    assert_eq!(st, 200, "{v}");
+    let n = longer.len();
+    for i in 0..2 {
+        let lp = &v["choices"][i]["logprobs"];
+        let tokens = lp["tokens"].as_array().unwrap();
+        assert_eq!(tokens.len(), n + 3, "{lp}");
+        assert_eq!(lp["token_logprobs"][0], Value::Null);
+        assert_eq!(lp["top_logprobs"][0], Value::Null);
+        for k in 1..n + 3 {
+            let l = lp["token_logprobs"][k].as_f64().unwrap();
+            assert!(l <= 0.0, "{l}");
+            let top = lp["top_logprobs"][k].as_object().unwrap();
+            assert!(!top.is_empty() && top.len() <= 2, "{top:?}");
+        }
+        let scored = lp["token_logprobs"][n - 1].as_f64().unwrap();
+        assert!((scored - sampled).abs() < 1e-3, "{scored} vs {sampled}");
+        let arr = |v: &Value| v.as_array().unwrap()[..n].to_vec();
+        assert_eq!(
+            arr(&lp["tokens"]),
+            arr(&v["choices"][0]["logprobs"]["tokens"])
+        );
+        let offsets = lp["text_offset"].as_array().unwrap();
+        assert_eq!(offsets[0], 0);
+    }
+    let mut streamed = b.clone();
+    streamed["stream"] = json!(true);
+    streamed["n"] = json!(1);
+    let events = sse(&post_raw(s.addr, "/v1/completions", &streamed));
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    let lp = &first["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), n + 1, "{first}");
+    assert_eq!(lp["token_logprobs"][0], Value::Null);
+    let arr = |v: &Value| v.as_array().unwrap()[..n].to_vec();
+    assert_eq!(
+        arr(&lp["token_logprobs"]),
+        arr(&v["choices"][0]["logprobs"]["token_logprobs"])
+    );
+}
