@@ -108,6 +108,17 @@ def main():
     check(r.choices[0].text == want, f"stop {stop!r}: text {r.choices[0].text!r} != {want!r}")
     check(r.choices[0].finish_reason == "stop", f"stop: finish_reason {r.choices[0].finish_reason}")
 
+    # echo with logprobs: the prompt's tokens lead the log-probabilities, the first None.
+    r = client.completions.create(model=model, prompt=prompt, echo=True, logprobs=2,
+                                  temperature=0, max_tokens=3, extra_body={"ignore_eos": True})
+    c, lp = r.choices[0], r.choices[0].logprobs
+    check(c.text.startswith(prompt), f"echo: text {c.text!r} does not start with the prompt")
+    check(len(lp.tokens) == r.usage.prompt_tokens + 3 == len(lp.token_logprobs),
+          f"echo: {len(lp.tokens)} tokens for {r.usage}")
+    check(lp.token_logprobs[0] is None and lp.top_logprobs[0] is None,
+          f"echo: the first prompt token has {lp.token_logprobs[0]}")
+    check(all(x <= 0 for x in lp.token_logprobs[1:]), f"echo: {lp.token_logprobs}")
+
     # Errors come back as the client's exception types.
     try:
         client.completions.create(model="no-such-model", prompt=prompt, max_tokens=2)
