@@ -403,6 +403,16 @@ impl Runner<'_> {
         let fill = fill.filter(|_| batch.iter().any(|s| s.masked));
         // Scored prompt tokens take sampling rows of their own: such a step runs eagerly.
         let rows = Packer::rows(batch);
+        if rows > self.cfg.max_seqs {
+            return Err(Error::invalid(
+                "runner.step",
+                format!(
+                    "{b} sequences and {} scored prompt tokens exceed the {} sampling rows (max_seqs)",
+                    rows - b,
+                    self.cfg.max_seqs
+                ),
+            ));
+        }
         let (plan, layout) = if rows > b {
             (Plan::Eager, self.parts.inputs.layout(n, rows))
         } else {
