@@ -195,7 +195,7 @@ fn info(args: InfoArgs) -> Result<ExitCode> {
     }
     outln!("encore {}", env!("CARGO_PKG_VERSION"))?;
     if let Some(model) = &args.model {
-        let (cfg, _) = model_arg::resolve(model, args.quantization)?;
+        let (cfg, _) = model_arg::resolve(model, "main", args.quantization)?;
         outln!(
             "model    {model}: {:?}, {} layers, hidden {}",
             cfg.arch,

@@ -1,5 +1,6 @@
 //! The model selection shared by the commands: `--model` (a Hugging Face directory, a
-//! GGUF file or `dummy:NAME`), `--device` (auto | cpu | cuda | cuda:N) and `--dtype`.
+//! GGUF file, `dummy:NAME` or a Hub id with `--revision`), `--device` (auto | cpu | cuda
+//! | cuda:N) and `--dtype`.
 //! (The memory check a run makes before it allocates is `Engine::new`'s.)
 
 use anyhow::{Context, Result};
@@ -28,11 +29,16 @@ pub struct DeviceArg {
 /// `--model`, `--device` and `--dtype`: what to run, where, in which precision.
 #[derive(Args)]
 pub struct ModelArgs {
-    /// A Hugging Face model directory, a `.gguf` file, or `dummy:NAME` for seeded random weights
-    /// (tiny, tiny-llama3, tiny-qwen2, tiny-qwen3, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b,
-    /// llama-3-8b, llama-3-70b).
+    /// A Hugging Face model directory, a `.gguf` file, a Hub id (`org/name`, or
+    /// `org/name:Q4_K_M` / `org/name:FILE.gguf` for a GGUF file in the repository: from the
+    /// Hugging Face cache, downloaded into it when missing unless HF_HUB_OFFLINE=1), or
+    /// `dummy:NAME` for seeded random weights (tiny, tiny-llama3, tiny-qwen2, tiny-qwen3,
+    /// smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b, llama-3-70b).
     #[arg(long, default_value = "dummy:tiny")]
     pub model: String,
+    /// The revision of a Hub id `--model`: a branch, a tag or a commit.
+    #[arg(long, default_value = "main")]
+    pub revision: String,
     #[command(flatten)]
     pub device: DeviceArg,
     /// Run dtype: bf16, f16 or f32 (also bfloat16, fp16, float16, half, fp32, float32;
@@ -52,7 +58,7 @@ impl ModelArgs {
     /// `--tensor-parallel-size`, rank 0 first) and the model's config and weight source.
     pub fn open(&self) -> Result<(Opened, ModelConfig, WeightSource, TpBackends)> {
         let (opened, tp) = open_devices(self.device.device, self.device.tensor_parallel_size)?;
-        let (cfg, source) = resolve(&self.model, self.quantization)?;
+        let (cfg, source) = resolve(&self.model, &self.revision, self.quantization)?;
         Ok((opened, cfg, source, tp))
     }
 
@@ -87,9 +93,13 @@ pub fn open_devices(spec: DeviceSpec, size: usize) -> Result<(Opened, TpBackends
 }
 
 /// The config (with the weight formats `quantization` gives it) and where the weights
-/// come from (seed 0 for dummy models).
-pub fn resolve(spec: &str, quantization: Quantization) -> Result<(ModelConfig, WeightSource)> {
-    let mut m = encore_core::model::open_model(spec)?;
+/// come from (seed 0 for dummy models); a Hub id at `revision`.
+pub fn resolve(
+    spec: &str,
+    revision: &str,
+    quantization: Quantization,
+) -> Result<(ModelConfig, WeightSource)> {
+    let mut m = encore_core::model::open_model_at(spec, revision)?;
     m.quantize(quantization)
         .with_context(|| format!("--quantization {quantization}"))?;
     Ok((m.config, m.source))

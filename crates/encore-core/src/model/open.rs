@@ -1,12 +1,14 @@
 //! `--model` specs resolved into a config, a weight source and a tokenizer: `dummy:NAME`,
 //! an HF directory, one `.safetensors` file (its directory holds `config.json` and the
-//! tokenizer), or a GGUF file (a `.gguf` name or a file starting with `GGUF`).
+//! tokenizer), a GGUF file (a `.gguf` name or a file starting with `GGUF`), or a Hub id
+//! (`org/name`, `org/name:QUANT`; see [`super::hub`]) resolved to one of those.
 
 use std::path::Path;
 
 use super::config::ModelConfig;
 use super::formats::{Quantization, WeightFormats};
 use super::gguf::{self, GgufFile};
+use super::hub::{HubCache, HubId};
 use super::weights::WeightSource;
 use crate::error::Result;
 use crate::tokenizer::Tokenizer;
@@ -20,15 +22,44 @@ pub struct ModelFiles {
     pub source: WeightSource,
 }
 
-/// Resolve a model spec (see the module docs); the config is parsed, nothing else is read.
+/// Resolve a model spec (see the module docs; a Hub id at its `main` revision); the
+/// config is parsed, nothing else is read.
 pub fn open_model(spec: &str) -> Result<ModelFiles> {
+    open_model_at(spec, "main")
+}
+
+/// [`open_model`] with a Hub id at `revision` (a branch, tag or commit), resolved through
+/// the cache the environment names ([`HubCache::from_env`]).
+pub fn open_model_at(spec: &str, revision: &str) -> Result<ModelFiles> {
+    open_spec(spec, revision, true)
+}
+
+/// [`open_model`] taking a Hub id from the local cache only (never downloading).
+pub fn open_local_model(spec: &str) -> Result<ModelFiles> {
+    open_spec(spec, "main", false)
+}
+
+fn open_spec(spec: &str, revision: &str, download: bool) -> Result<ModelFiles> {
+    if let Some(id) = HubId::parse(spec) {
+        let cache = HubCache::from_env();
+        let path = if download {
+            cache.resolve(&id, revision)?
+        } else {
+            cache.local(&id, revision)?
+        };
+        return open_path(&path);
+    }
     if let Some(name) = spec.strip_prefix("dummy:") {
         return Ok(ModelFiles {
             config: ModelConfig::dummy(name)?,
             source: WeightSource::Dummy { seed: 0 },
         });
     }
-    let path = Path::new(spec);
+    open_path(Path::new(spec))
+}
+
+/// A model directory, `.safetensors` file or GGUF file.
+fn open_path(path: &Path) -> Result<ModelFiles> {
     if gguf::is_gguf(path) {
         let file = GgufFile::open(path)?;
         let mut config = gguf::config_from_gguf(&file)?;

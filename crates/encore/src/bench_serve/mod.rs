@@ -38,10 +38,13 @@ pub struct BenchServeArgs {
     #[arg(long)]
     in_process: bool,
     /// The model: with --url, the name the server serves (default: the first of its
-    /// /v1/models); with --in-process, a Hugging Face directory, a `.gguf` file or
-    /// `dummy:NAME` (default dummy:tiny).
+    /// /v1/models); with --in-process, a Hugging Face directory, a `.gguf` file, a Hub id
+    /// or `dummy:NAME` (default dummy:tiny).
     #[arg(long)]
     model: Option<String>,
+    /// The revision of a Hub id --model (--in-process).
+    #[arg(long, default_value = "main")]
+    revision: String,
     /// Bearer key for the server (--url; also from ENCORE_API_KEY).
     #[arg(long, env = "ENCORE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -185,7 +188,7 @@ fn run_url(a: BenchServeArgs) -> Result<()> {
         };
         let vocab = match a.vocab_size {
             Some(v) => v,
-            None => match encore_core::model::open_model(&model) {
+            None => match encore_core::model::open_local_model(&model) {
                 Ok(files) => files.config.vocab_size,
                 Err(e) => bail!(
                     "--vocab-size: the served model `{model}` is not a model on this machine ({e}); give the vocabulary size to draw prompt ids from"
@@ -235,7 +238,7 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
     let (opened, tp) =
         crate::model_arg::open_devices(a.device.device, a.device.tensor_parallel_size)?;
     let be = opened.backend();
-    let (cfg, source) = crate::model_arg::resolve(&model, a.quantization)?;
+    let (cfg, source) = crate::model_arg::resolve(&model, &a.revision, a.quantization)?;
     let w = workload::workload(&a.workload, cfg.vocab_size)?;
     let e = &a.engine;
     let max_seq_len = match e.max_seq_len {
