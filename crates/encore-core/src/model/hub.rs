@@ -5,7 +5,8 @@
 //! `huggingface_hub` writes (`models--org--name/refs/REVISION` holding a commit,
 //! `snapshots/COMMIT/FILES`), when its files are there or when `HF_HUB_OFFLINE` is set;
 //! otherwise the missing files are downloaded into the cache through the `hf-hub` crate,
-//! with a progress bar per file. The cache is `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+//! with a progress bar per file (`HF_TOKEN` or the saved login for gated models,
+//! `HF_ENDPOINT` for a mirror). The cache is `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
 //! `~/.cache/huggingface/hub`.
 
 use std::path::{Path, PathBuf};
@@ -155,10 +156,20 @@ impl HubCache {
     fn download(&self, id: &HubId, revision: &str) -> std::result::Result<PathBuf, String> {
         use hf_hub::api::sync::ApiBuilder;
         use hf_hub::{Cache, Repo, RepoType};
-        let api = ApiBuilder::from_cache(Cache::new(self.dir.clone()))
-            .with_progress(true)
-            .build()
-            .map_err(|e| e.to_string())?;
+        let cache = Cache::new(self.dir.clone());
+        // A gated model needs a token: `HF_TOKEN`, else the one `huggingface-cli login`
+        // saved beside the cache; `HF_ENDPOINT` names a mirror.
+        let token = std::env::var("HF_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .or_else(|| cache.token());
+        let mut api = ApiBuilder::from_cache(cache)
+            .with_token(token)
+            .with_progress(true);
+        if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
+            api = api.with_endpoint(endpoint);
+        }
+        let api = api.build().map_err(|e| e.to_string())?;
         let repo = api.repo(Repo::with_revision(
             id.repo.clone(),
             RepoType::Model,
@@ -166,15 +177,41 @@ impl HubCache {
         ));
         let info = repo.info().map_err(|e| e.to_string())?;
         let names: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
-        let wanted: Vec<String> = match &id.pick {
-            Some(pick) => vec![pick_gguf(&names, pick).map_err(|e| format!("{e} on the Hub"))?],
-            None => names.into_iter().filter(|n| is_model_file(n)).collect(),
-        };
-        if wanted.is_empty() {
-            return Err("the repository holds no model files".into());
+        let get = |name: &str| repo.get(name).map_err(|e| format!("{name}: {e}"));
+        if let Some(pick) = &id.pick {
+            get(&pick_gguf(&names, pick).map_err(|e| format!("{e} on the Hub"))?)?;
+            return self.find(id, revision);
         }
-        for name in &wanted {
-            repo.get(name).map_err(|e| format!("{name}: {e}"))?;
+        let has = |n: &str| names.iter().any(|x| x == n);
+        if !has("config.json") {
+            return Err(format!(
+                "the repository has no config.json (a GGUF repository? name a file as {}:QUANT)",
+                id.repo
+            ));
+        }
+        for name in names
+            .iter()
+            .filter(|n| is_model_file(n) && !n.ends_with(".safetensors"))
+        {
+            get(name)?;
+        }
+        // The weights: the shards the index names, else `model.safetensors`, else every
+        // safetensors file (never a second copy in another layout beside them).
+        let weights: Vec<String> = if has("model.safetensors.index.json") {
+            let index = std::fs::read_to_string(get("model.safetensors.index.json")?)
+                .map_err(|e| format!("model.safetensors.index.json: {e}"))?;
+            index_shards(&index).into_iter().collect()
+        } else if has("model.safetensors") {
+            vec!["model.safetensors".into()]
+        } else {
+            names
+                .iter()
+                .filter(|n| is_model_file(n) && n.ends_with(".safetensors"))
+                .cloned()
+                .collect()
+        };
+        for name in &weights {
+            get(name)?;
         }
         self.find(id, revision)
     }
@@ -206,6 +243,9 @@ fn list_files(dir: &Path) -> Vec<String> {
             let p = e.path();
             if p.is_dir() {
                 stack.push(p);
+            } else if !p.exists() {
+                // A link to a blob that is not there (an interrupted download).
+                continue;
             } else if let Ok(rel) = p.strip_prefix(dir) {
                 out.push(rel.to_string_lossy().replace('\\', "/"));
             }
@@ -286,20 +326,23 @@ fn missing_model_files(snapshot: &Path, files: &[String]) -> Vec<String> {
         .collect();
     let index = snapshot.join("model.safetensors.index.json");
     if let Ok(text) = std::fs::read_to_string(&index) {
-        let shards: std::collections::BTreeSet<String> =
-            serde_json::from_str::<serde_json::Value>(&text)
-                .ok()
-                .and_then(|v| {
-                    v.get("weight_map")?.as_object().map(|m| {
-                        m.values()
-                            .filter_map(|s| s.as_str().map(str::to_string))
-                            .collect()
-                    })
-                })
-                .unwrap_or_default();
-        absent.extend(shards.into_iter().filter(|s| !has(s)));
+        absent.extend(index_shards(&text).into_iter().filter(|s| !has(s)));
     } else if !files.iter().any(|f| f.ends_with(".safetensors")) {
         absent.push("model.safetensors".into());
     }
     absent
+}
+
+/// The shard files a `model.safetensors.index.json` names (its `weight_map` values).
+fn index_shards(index: &str) -> std::collections::BTreeSet<String> {
+    serde_json::from_str::<serde_json::Value>(index)
+        .ok()
+        .and_then(|v| {
+            v.get("weight_map")?.as_object().map(|m| {
+                m.values()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
 }
