@@ -33,6 +33,7 @@ fn cache(dir: &TempDir) -> HubCache {
     HubCache {
         dir: dir.path().to_path_buf(),
         offline: true,
+        endpoint: None,
     }
 }
 
@@ -212,4 +213,168 @@ fn open_model_reads_the_cache_the_environment_names() {
         .to_string();
     assert!(e.contains("no repository acme/absent"), "{e}");
     assert!(!e.contains("downloading"), "offline: {e}");
+}
+
+/// A Hub on loopback serving `files` of repository `repo` at commit `commit`, as the
+/// Hub's API does for `hf-hub`: the revision's file list, and each file's metadata (etag,
+/// commit, size, from a one-byte range) and bytes (from a range start); every path asked
+/// for is logged.
+fn fake_hub(
+    repo: &'static str,
+    commit: &'static str,
+    files: Vec<(&'static str, Vec<u8>)>,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = log.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+            let mut from = 0usize;
+            let mut one = false;
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+                if let Some(r) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                    let r = r.trim();
+                    one = r == "0-0";
+                    from = r
+                        .trim_end_matches('-')
+                        .split('-')
+                        .next()
+                        .unwrap()
+                        .parse()
+                        .unwrap_or(0);
+                }
+            }
+            seen.lock().unwrap().push(path.clone());
+            let info = format!("/api/models/{repo}/revision/main");
+            let prefix = format!("/{repo}/resolve/main/");
+            let (status, headers, body): (&str, String, Vec<u8>) = if path == info {
+                let siblings: Vec<_> = files
+                    .iter()
+                    .map(|(n, _)| serde_json::json!({ "rfilename": n }))
+                    .collect();
+                let v = serde_json::json!({"sha": commit, "siblings": siblings});
+                ("200 OK", String::new(), v.to_string().into_bytes())
+            } else if let Some((i, (_, bytes))) = path
+                .strip_prefix(&prefix)
+                .and_then(|f| files.iter().enumerate().find(|(_, (n, _))| *n == f))
+            {
+                let end = if one { 1 } else { bytes.len() };
+                let headers = format!(
+                    "etag: \"{:040x}\"\r\nx-repo-commit: {commit}\r\ncontent-range: bytes {from}-{}/{}\r\n",
+                    i + 1,
+                    end - 1,
+                    bytes.len()
+                );
+                ("206 Partial Content", headers, bytes[from..end].to_vec())
+            } else {
+                ("404 Not Found", String::new(), b"{}".to_vec())
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes());
+            let _ = conn.write_all(&body);
+        }
+    });
+    (format!("http://{addr}"), log)
+}
+
+/// A model missing from the cache is downloaded into it from the Hub (here one on
+/// loopback): its config, tokenizer, index and the shards the index names, not a second
+/// copy of the weights nor other files; the cache then resolves it offline.
+#[test]
+fn a_missing_model_is_downloaded_into_the_cache() {
+    let d = TempDir::new("hub-download");
+    let config = common::checkpoint::tiny_json("LlamaForCausalLM", 128, "");
+    let index = r#"{"weight_map": {"a": "model-00001-of-00002.safetensors",
+                                   "b": "model-00002-of-00002.safetensors"}}"#;
+    let files = vec![
+        ("config.json", config.clone().into_bytes()),
+        ("tokenizer.json", b"{\"model\": {}}".to_vec()),
+        ("model.safetensors.index.json", index.as_bytes().to_vec()),
+        ("model-00001-of-00002.safetensors", vec![1u8; 3000]),
+        ("model-00002-of-00002.safetensors", vec![2u8; 5000]),
+        ("consolidated.safetensors", vec![3u8; 100]),
+        ("README.md", b"# tiny".to_vec()),
+    ];
+    let (endpoint, log) = fake_hub("acme/dl", MAIN, files);
+    let c = HubCache {
+        dir: d.path().to_path_buf(),
+        offline: false,
+        endpoint: Some(endpoint),
+    };
+    let snap = c.resolve(&id("acme/dl"), "main").unwrap();
+    assert_eq!(snap, d.path().join("models--acme--dl/snapshots").join(MAIN));
+    assert_eq!(
+        std::fs::read_to_string(snap.join("config.json")).unwrap(),
+        config
+    );
+    assert_eq!(
+        std::fs::read(snap.join("model-00002-of-00002.safetensors")).unwrap(),
+        vec![2u8; 5000]
+    );
+    assert!(!snap.join("consolidated.safetensors").exists());
+    assert!(!snap.join("README.md").exists());
+    let asked = log.lock().unwrap().clone();
+    assert!(
+        !asked
+            .iter()
+            .any(|p| p.contains("consolidated") || p.contains("README")),
+        "{asked:?}"
+    );
+    // Now in the cache: it resolves offline.
+    let offline = HubCache { offline: true, ..c };
+    assert_eq!(offline.resolve(&id("acme/dl"), "main").unwrap(), snap);
+    // A file the Hub lacks is an error naming it.
+    let e = err(offline.resolve(&id("acme/dl:Q4_0"), "main"));
+    assert!(e.contains("quantization Q4_0"), "{e}");
+}
+
+/// A GGUF file named by quantization is the one file downloaded.
+#[test]
+fn a_gguf_file_is_downloaded_alone() {
+    let d = TempDir::new("hub-download-gguf");
+    let files = vec![
+        ("m-Q4_0.gguf", vec![4u8; 700]),
+        ("m-Q8_0.gguf", vec![8u8; 900]),
+        ("README.md", b"# m".to_vec()),
+    ];
+    let (endpoint, log) = fake_hub("acme/m-GGUF", V1, files);
+    let c = HubCache {
+        dir: d.path().to_path_buf(),
+        offline: false,
+        endpoint: Some(endpoint),
+    };
+    let path = c.resolve(&id("acme/m-GGUF:q8_0"), "main").unwrap();
+    let snap = d.path().join("models--acme--m-GGUF/snapshots").join(V1);
+    assert_eq!(path, snap.join("m-Q8_0.gguf"));
+    assert_eq!(std::fs::read(&path).unwrap(), vec![8u8; 900]);
+    assert!(!snap.join("m-Q4_0.gguf").exists());
+    let asked = log.lock().unwrap().clone();
+    assert!(
+        asked
+            .iter()
+            .all(|p| !p.contains("Q4_0") && !p.contains("README")),
+        "{asked:?}"
+    );
+    // Named without a file, a GGUF repository is refused naming how to name one.
+    let e = err(c.resolve(&id("acme/m-GGUF"), "main"));
+    assert!(
+        e.contains("no config.json") && e.contains("acme/m-GGUF:QUANT"),
+        "{e}"
+    );
 }

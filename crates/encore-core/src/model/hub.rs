@@ -66,16 +66,19 @@ impl std::fmt::Display for HubId {
     }
 }
 
-/// Where models are looked up and downloaded to, and whether downloading is allowed.
+/// Where models are looked up and downloaded to, whether downloading is allowed, and
+/// from where (`None`: huggingface.co).
 #[derive(Clone, Debug)]
 pub struct HubCache {
     pub dir: PathBuf,
     pub offline: bool,
+    pub endpoint: Option<String>,
 }
 
 impl HubCache {
     /// The cache the environment names (`HF_HUB_CACHE`, `HF_HOME`, the home directory),
-    /// offline when `HF_HUB_OFFLINE` is `1`, `true`, `yes` or `on`.
+    /// offline when `HF_HUB_OFFLINE` is `1`, `true`, `yes` or `on`, downloading from
+    /// `HF_ENDPOINT` when set (a mirror).
     pub fn from_env() -> HubCache {
         let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
         let dir = match (var("HF_HUB_CACHE"), var("HF_HOME"), var("HOME")) {
@@ -90,7 +93,12 @@ impl HubCache {
                 "1" | "true" | "yes" | "on"
             )
         });
-        HubCache { dir, offline }
+        let endpoint = std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty());
+        HubCache {
+            dir,
+            offline,
+            endpoint,
+        }
     }
 
     /// The local path of `id` at `revision`: the snapshot directory of a safetensors
@@ -158,7 +166,7 @@ impl HubCache {
         use hf_hub::{Cache, Repo, RepoType};
         let cache = Cache::new(self.dir.clone());
         // A gated model needs a token: `HF_TOKEN`, else the one `huggingface-cli login`
-        // saved beside the cache; `HF_ENDPOINT` names a mirror.
+        // saved beside the cache.
         let token = std::env::var("HF_TOKEN")
             .ok()
             .filter(|t| !t.is_empty())
@@ -166,8 +174,8 @@ impl HubCache {
         let mut api = ApiBuilder::from_cache(cache)
             .with_token(token)
             .with_progress(true);
-        if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
-            api = api.with_endpoint(endpoint);
+        if let Some(endpoint) = &self.endpoint {
+            api = api.with_endpoint(endpoint.trim_end_matches('/').to_string());
         }
         let api = api.build().map_err(|e| e.to_string())?;
         let repo = api.repo(Repo::with_revision(
