@@ -278,8 +278,6 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             "min_p, penalties, logprobs",
             "mask",
             "mask, penalties, logprobs",
-            "logprobs, targets",
-            "min_p, penalties, logprobs, targets",
         ] {
             let mut inputs = SampleInputs::random(&mut rng, batch, vocab);
             if knobs.contains("min_p") {
@@ -294,9 +292,28 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             if knobs.contains("mask") {
                 inputs = inputs.with_mask(&mut rng);
             }
-            if knobs.contains("targets") {
-                inputs = inputs.with_targets(&mut rng);
+            push(
+                format!("sample({knobs})"),
+                format!("b={batch} vocab={vocab}"),
+                DType::F32,
+                Op::Sample(inputs),
+            );
+        }
+    }
+    // Log-probability targets (a scored prompt token per row), drawn from `extra` so the
+    // cases above keep their inputs for a given seed.
+    for (batch, vocab) in [(100, 1000), (8, 32_000), (30, 1003)] {
+        for knobs in ["logprobs, targets", "min_p, penalties, logprobs, targets"] {
+            let mut inputs = SampleInputs::random(&mut extra, batch, vocab);
+            if knobs.contains("min_p") {
+                inputs = inputs.with_min_p(&mut extra);
             }
+            if knobs.contains("penalties") {
+                inputs = inputs.with_penalties(&mut extra);
+            }
+            inputs = inputs
+                .with_logprobs(&mut extra, crate::backend::MAX_TOP_LOGPROBS)
+                .with_targets(&mut extra);
             push(
                 format!("sample({knobs})"),
                 format!("b={batch} vocab={vocab}"),
@@ -873,9 +890,25 @@ fn sample_mismatches(case: &Case, got: &[i32], want: &[i32]) -> String {
         .filter(|&r| got[r] != want[r])
         .take(8)
         .map(|r| {
+            // Where the draw lands against each pick, as fractions of the kept mass: a
+            // pick is right when its interval holds the target.
+            let at = |t: i32| {
+                usize::try_from(t)
+                    .ok()
+                    .and_then(|t| reference::draw_interval(i, r, t))
+                    .map_or("-".to_string(), |(lo, hi, _)| format!("[{lo:.9}, {hi:.9})"))
+            };
+            let target = reference::draw_interval(i, r, 0).map_or(f64::NAN, |x| x.2);
             format!(
-                "row {r}: got {} want {} (temperature {}, top_k {}, top_p {}, min_p {})",
-                got[r], want[r], i.temperature[r], i.top_k[r], i.top_p[r], i.min_p[r]
+                "row {r}: got {} {} want {} {}, target {target:.9} (temperature {}, top_k {}, top_p {}, min_p {})",
+                got[r],
+                at(got[r]),
+                want[r],
+                at(want[r]),
+                i.temperature[r],
+                i.top_k[r],
+                i.top_p[r],
+                i.min_p[r]
             )
         })
         .collect();

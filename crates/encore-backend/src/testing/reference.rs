@@ -264,32 +264,7 @@ pub fn sample(i: &super::inputs::SampleInputs) -> SampleRef {
     let mut ids = Vec::new();
     let mut logprobs = Vec::new();
     for r in 0..i.batch {
-        let mut l: Vec<f64> = i.logits[r * vocab..(r + 1) * vocab]
-            .iter()
-            .map(|&v| v as f64)
-            .collect();
-        let slot = i.penalties.as_ref().and_then(|p| {
-            let s = usize::try_from(p.slot[r]).ok().filter(|&s| s < p.slots)?;
-            for (t, v) in l.iter_mut().enumerate() {
-                *v = penalise(
-                    *v as f32,
-                    p.counts[s * vocab + t],
-                    p.repetition[r],
-                    p.frequency[r],
-                    p.presence[r],
-                );
-            }
-            Some(s)
-        });
-        if let Some((bits, on, words)) = &i.mask {
-            if on[r] != 0 {
-                for (t, v) in l.iter_mut().enumerate() {
-                    if (bits[r * words + t / 32] as u32 >> (t % 32)) & 1 == 0 {
-                        *v = f64::NAN;
-                    }
-                }
-            }
-        }
+        let (l, slot) = row_logits(i, r);
         let token = sample_row(
             &l,
             i.temperature[r],
@@ -337,10 +312,87 @@ pub fn sample(i: &super::inputs::SampleInputs) -> SampleRef {
 
 /// One row of [`sample`] on (penalised) logits `l`.
 fn sample_row(l: &[f64], temperature: f32, top_k: i32, top_p: f32, min_p: f32, seed: i64) -> i32 {
+    let Some(w) = kept_weights(l, temperature, top_k, top_p, min_p) else {
+        return argmax(l, l.len())[0];
+    };
+    let z_kept: f64 = w.iter().sum();
+    let target = uniform_from_seed(seed) as f64 * z_kept;
+    let mut running = 0.0;
+    let mut chosen = None;
+    for (i, &m) in w.iter().enumerate() {
+        if m > 0.0 {
+            running += m;
+            chosen = Some(i);
+            if running > target {
+                break;
+            }
+        }
+    }
+    chosen.unwrap_or(0) as i32
+}
+
+/// Where row `r`'s draw lands against `token`: the kept mass before `token`, through it,
+/// and the draw's target, each a fraction of the kept mass (in index order, as the draw
+/// walks); `None` for a greedy row. A sampled token is right when `lo <= target < hi`.
+pub fn draw_interval(
+    i: &super::inputs::SampleInputs,
+    r: usize,
+    token: usize,
+) -> Option<(f64, f64, f64)> {
+    let (l, _) = row_logits(i, r);
+    let w = kept_weights(&l, i.temperature[r], i.top_k[r], i.top_p[r], i.min_p[r])?;
+    let z: f64 = w.iter().sum();
+    let lo: f64 = w.get(..token)?.iter().sum();
+    let hi = lo + w.get(token)?;
+    Some((lo / z, hi / z, uniform_from_seed(i.seeds[r]) as f64))
+}
+
+/// Row `r`'s logits as sampling reads them (penalised, a masked-out token NaN), with its
+/// penalty slot.
+fn row_logits(i: &super::inputs::SampleInputs, r: usize) -> (Vec<f64>, Option<usize>) {
+    let vocab = i.vocab;
+    let mut l: Vec<f64> = i.logits[r * vocab..(r + 1) * vocab]
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    let slot = i.penalties.as_ref().and_then(|p| {
+        let s = usize::try_from(p.slot[r]).ok().filter(|&s| s < p.slots)?;
+        for (t, v) in l.iter_mut().enumerate() {
+            *v = penalise(
+                *v as f32,
+                p.counts[s * vocab + t],
+                p.repetition[r],
+                p.frequency[r],
+                p.presence[r],
+            );
+        }
+        Some(s)
+    });
+    if let Some((bits, on, words)) = &i.mask {
+        if on[r] != 0 {
+            for (t, v) in l.iter_mut().enumerate() {
+                if (bits[r * words + t / 32] as u32 >> (t % 32)) & 1 == 0 {
+                    *v = f64::NAN;
+                }
+            }
+        }
+    }
+    (l, slot)
+}
+
+/// The weights a draw of (penalised) logits `l` walks: `exp(l / t - max)` for the tokens
+/// min-p, top-k and top-p keep, 0 for the others; `None` when the row is greedy.
+fn kept_weights(
+    l: &[f64],
+    temperature: f32,
+    top_k: i32,
+    top_p: f32,
+    min_p: f32,
+) -> Option<Vec<f64>> {
     let vocab = l.len();
     let t = temperature as f64;
     if t.is_nan() || t <= 0.0 {
-        return argmax(l, vocab)[0];
+        return None;
     }
     let z: Vec<f64> = l.iter().map(|v| v / t).collect();
     let max = z
@@ -396,18 +448,9 @@ fn sample_row(l: &[f64], temperature: f32, top_k: i32, top_p: f32, min_p: f32, s
         }
     }
 
-    let z_kept: f64 = (0..vocab).filter(|&i| keep[i]).map(|i| e[i]).sum();
-    let target = uniform_from_seed(seed) as f64 * z_kept;
-    let mut running = 0.0;
-    let mut chosen = None;
-    for i in 0..vocab {
-        if keep[i] {
-            running += e[i];
-            chosen = Some(i);
-            if running > target {
-                break;
-            }
-        }
-    }
-    chosen.unwrap_or(0) as i32
+    Some(
+        (0..vocab)
+            .map(|i| if keep[i] { e[i] } else { 0.0 })
+            .collect(),
+    )
 }

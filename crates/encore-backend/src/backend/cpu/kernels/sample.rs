@@ -268,6 +268,15 @@ fn argmax_row(row: &[f32]) -> i32 {
     best.map_or(0, |(i, _)| i as i32)
 }
 
+/// The summed weights `e` of the kept tokens, in f64.
+fn kept_mass(kept: &[bool], e: &[f32]) -> f64 {
+    kept.iter()
+        .zip(e)
+        .filter(|(k, _)| **k)
+        .map(|(_, &e)| e as f64)
+        .sum()
+}
+
 /// One row of [`crate::backend::Sampling`]. NaN logits are never kept (like the greedy
 /// [`argmax_row`] never picks them); a NaN temperature counts as `<= 0` (greedy).
 fn sample_row(row: &[f32], temperature: f32, top_k: i32, top_p: f32, min_p: f32, seed: i64) -> i32 {
@@ -312,19 +321,14 @@ fn sample_row(row: &[f32], temperature: f32, top_k: i32, top_p: f32, min_p: f32,
 
     // 2. top-p: the largest threshold whose kept mass at or above it reaches top_p * S.
     if top_p > 0.0 && top_p < 1.0 {
-        let total: f32 = kept
-            .iter()
-            .zip(&e)
-            .filter(|(k, _)| **k)
-            .map(|(_, e)| e)
-            .sum();
+        let total = kept_mass(&kept, &e);
         let mut order: Vec<usize> = (0..row.len()).filter(|&i| kept[i]).collect();
         order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
-        let target = top_p * total;
-        let mut mass = 0f32;
+        let target = top_p as f64 * total;
+        let mut mass = 0f64;
         let mut threshold = None;
         for (j, &i) in order.iter().enumerate() {
-            mass += e[i];
+            mass += e[i] as f64;
             // Only a whole group of equal logits can be cut.
             let group_ends = order.get(j + 1).is_none_or(|&n| row[n] != row[i]);
             if group_ends && mass >= target {
@@ -340,21 +344,18 @@ fn sample_row(row: &[f32], temperature: f32, top_k: i32, top_p: f32, min_p: f32,
         }
     }
 
-    // 3. Inverse CDF over the kept tokens in index order.
-    let mass: f32 = kept
-        .iter()
-        .zip(&e)
-        .filter(|(k, _)| **k)
-        .map(|(_, e)| e)
-        .sum();
-    let target = uniform_from_seed(seed) * mass;
-    let mut running = 0f32;
+    // 3. Inverse CDF over the kept tokens in index order. The sums are f64: a f32 running
+    // sum over a large vocabulary drifts by more than a token's share of a flat row
+    // (the CUDA kernel sums exact fixed-point masses).
+    let mass = kept_mass(&kept, &e);
+    let target = uniform_from_seed(seed) as f64 * mass;
+    let mut running = 0f64;
     let mut last = None;
     for (i, (&keep, &e)) in kept.iter().zip(&e).enumerate() {
         if !keep {
             continue;
         }
-        running += e;
+        running += e as f64;
         last = Some(i);
         if running > target {
             return i as i32;
