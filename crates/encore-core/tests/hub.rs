@@ -37,6 +37,15 @@ fn cache(dir: &TempDir) -> HubCache {
     }
 }
 
+/// A cache at `dir` downloading from `endpoint`.
+fn online(dir: &TempDir, endpoint: String) -> HubCache {
+    HubCache {
+        offline: false,
+        endpoint: Some(endpoint),
+        ..cache(dir)
+    }
+}
+
 fn id(spec: &str) -> HubId {
     HubId::parse(spec).unwrap_or_else(|| panic!("{spec} is a Hub id"))
 }
@@ -312,11 +321,7 @@ fn a_missing_model_is_downloaded_into_the_cache() {
         ("README.md", b"# tiny".to_vec()),
     ];
     let (endpoint, log) = fake_hub("acme/dl", MAIN, files);
-    let c = HubCache {
-        dir: d.path().to_path_buf(),
-        offline: false,
-        endpoint: Some(endpoint),
-    };
+    let c = online(&d, endpoint);
     let snap = c.resolve(&id("acme/dl"), "main").unwrap();
     assert_eq!(snap, d.path().join("models--acme--dl/snapshots").join(MAIN));
     assert_eq!(
@@ -354,11 +359,7 @@ fn a_gguf_file_is_downloaded_alone() {
         ("README.md", b"# m".to_vec()),
     ];
     let (endpoint, log) = fake_hub("acme/m-GGUF", V1, files);
-    let c = HubCache {
-        dir: d.path().to_path_buf(),
-        offline: false,
-        endpoint: Some(endpoint),
-    };
+    let c = online(&d, endpoint);
     let path = c.resolve(&id("acme/m-GGUF:q8_0"), "main").unwrap();
     let snap = d.path().join("models--acme--m-GGUF/snapshots").join(V1);
     assert_eq!(path, snap.join("m-Q8_0.gguf"));

@@ -104,9 +104,9 @@ pub(super) struct ForwardStep<'a> {
     model: &'a Model,
     kv: &'a KvCache,
     /// The inputs: token fields at the layout's capacity, sequence fields cut to `seqs`;
-    /// and cut to the sampling rows, for sampling.
+    /// and, when scored prompt tokens add sampling rows, cut to those rows for sampling.
     v: StepViews,
-    vs: StepViews,
+    vs: Option<StepViews>,
     /// The layout's capacity.
     tokens: usize,
     seq_rows: usize,
@@ -146,7 +146,10 @@ impl<'a> ForwardStep<'a> {
             model,
             kv,
             v: StepViews::cut(&inputs.table, layout, seqs, shape.decode_rows)?,
-            vs: StepViews::cut(&inputs.table, layout, shape.rows, 0)?,
+            vs: match shape.rows > seqs {
+                true => Some(StepViews::cut(&inputs.table, layout, shape.rows, 0)?),
+                false => None,
+            },
             tokens: layout.tokens,
             seq_rows: layout.seqs,
             head_rows,
@@ -178,8 +181,11 @@ impl<'a> ForwardStep<'a> {
         if !self.sample {
             return Ok(());
         }
-        self.sampling
-            .sample(self.be, &logits.prefix(self.shape.rows)?, &self.vs)
+        self.sampling.sample(
+            self.be,
+            &logits.prefix(self.shape.rows)?,
+            self.vs.as_ref().unwrap_or(&self.v),
+        )
     }
 }
 
@@ -503,6 +509,18 @@ impl Runner<'_> {
         let t0 = std::time::Instant::now();
         let tokens = sampling.download_tokens(be, batch.len());
         self.device_wait.set(self.device_wait.get() + t0.elapsed());
+        let b = batch.len();
+        if batch
+            .iter()
+            .all(|s| s.sampling.logprobs.is_none() && s.score.is_none())
+        {
+            return Ok(StepOut {
+                tokens: tokens?,
+                logits,
+                logprobs: vec![None; b],
+                prompt: vec![Vec::new(); b],
+            });
+        }
         // Per sampling row, its top entries: a sequence's own row, then the scored tokens'.
         let mut nums: Vec<Option<usize>> = batch
             .iter()
@@ -517,7 +535,7 @@ impl Runner<'_> {
             }
         }
         let mut lps = sampling.download_logprobs(be, &nums)?.into_iter();
-        let mut logprobs: Vec<Option<TokenLogprobs>> = lps.by_ref().take(batch.len()).collect();
+        let mut logprobs: Vec<Option<TokenLogprobs>> = lps.by_ref().take(b).collect();
         let prompt = batch
             .iter()
             .zip(logprobs.iter_mut())
