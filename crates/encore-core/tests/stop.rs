@@ -245,3 +245,18 @@ fn byte_tokens_through_the_stream_decoder_stop_before_a_multi_byte_stop() {
         Some(text.find('€').unwrap() + '€'.len_utf8() - 1)
     );
 }
+
+#[test]
+fn the_stop_that_ended_the_text_is_named() {
+    let mut m = StopMatcher::new(["world", "lo w", "z"]).unwrap();
+    assert_eq!(m.matched(), None);
+    assert_eq!(m.push("Hel").text, "He");
+    assert_eq!(m.matched(), None);
+    // "lo w" completes before "world" does.
+    assert!(m.push("lo world").stopped);
+    assert_eq!(m.matched(), Some("lo w"));
+    let mut none = StopMatcher::new(["z"]).unwrap();
+    none.push("abc");
+    none.finish();
+    assert_eq!(none.matched(), None);
+}

@@ -65,7 +65,11 @@ impl<'de, T: DeserializeOwned> Deserialize<'de> for Field<T> {
 
 impl<T> Field<T> {
     /// The value (`None` when absent), or a 400 for field `name` saying `rule`.
-    fn get(self, name: &'static str, rule: impl FnOnce() -> String) -> Result<Option<T>, ApiError> {
+    pub fn get(
+        self,
+        name: &'static str,
+        rule: impl FnOnce() -> String,
+    ) -> Result<Option<T>, ApiError> {
         match self {
             Field::Absent => Ok(None),
             Field::Given(x) => Ok(Some(x)),
@@ -75,7 +79,7 @@ impl<T> Field<T> {
 }
 
 /// A number field in `[lo, hi]`, `default` when absent.
-fn number(
+pub(crate) fn number(
     f: Field<f64>,
     name: &'static str,
     lo: f64,
@@ -91,7 +95,12 @@ fn number(
 }
 
 /// An integer field in `[lo, hi]`.
-fn integer(f: Field<i64>, name: &'static str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+pub(crate) fn integer(
+    f: Field<i64>,
+    name: &'static str,
+    lo: i64,
+    hi: i64,
+) -> Result<Option<i64>, ApiError> {
     let rule = || format!("`{name}` must be an integer in [{lo}, {hi}]");
     match f.get(name, rule)? {
         Some(x) if x < lo || x > hi => Err(ApiError::bad(name, rule())),
@@ -100,13 +109,13 @@ fn integer(f: Field<i64>, name: &'static str, lo: i64, hi: i64) -> Result<Option
 }
 
 /// A non-negative integer field (its upper bound is admission's to check).
-fn count(f: Field<u64>, name: &'static str) -> Result<Option<usize>, ApiError> {
+pub(crate) fn count(f: Field<u64>, name: &'static str) -> Result<Option<usize>, ApiError> {
     let n = f.get(name, || format!("`{name}` must be a non-negative integer"))?;
     Ok(n.map(|n| usize::try_from(n).unwrap_or(usize::MAX)))
 }
 
 /// A boolean field, `false` when absent.
-fn flag(f: Field<bool>, name: &'static str) -> Result<bool, ApiError> {
+pub(crate) fn flag(f: Field<bool>, name: &'static str) -> Result<bool, ApiError> {
     Ok(f.get(name, || format!("`{name}` must be a boolean"))?
         .unwrap_or(false))
 }
@@ -142,19 +151,19 @@ fn stream_options(f: Field<Map<String, Value>>) -> Result<bool, ApiError> {
 #[derive(Default, Deserialize)]
 #[serde(default)]
 pub(crate) struct SamplingBody {
-    temperature: Field<f64>,
-    top_p: Field<f64>,
-    top_k: Field<i64>,
-    seed: Field<i64>,
-    min_p: Field<f64>,
-    presence_penalty: Field<f64>,
-    frequency_penalty: Field<f64>,
-    repetition_penalty: Field<f64>,
+    pub temperature: Field<f64>,
+    pub top_p: Field<f64>,
+    pub top_k: Field<i64>,
+    pub seed: Field<i64>,
+    pub min_p: Field<f64>,
+    pub presence_penalty: Field<f64>,
+    pub frequency_penalty: Field<f64>,
+    pub repetition_penalty: Field<f64>,
 }
 
 impl SamplingBody {
     /// The sampling parameters (no log-probabilities yet), and the seed when given.
-    fn validate(self) -> Result<(SamplingParams, Option<u64>), ApiError> {
+    pub fn validate(self) -> Result<(SamplingParams, Option<u64>), ApiError> {
         let temperature = number(self.temperature, "temperature", 0.0, 2.0, 1.0)?;
         // Above 0 in f32 too: the kernel reads 0 as "off".
         let top_p = number(self.top_p, "top_p", f32::MIN_POSITIVE as f64, 1.0, 1.0)?;
@@ -277,32 +286,51 @@ impl CommonBody {
                 string(n, v).map(|g| Some(Constraint::Lark(g)))
             }),
         ])?;
-        Ok(Common {
-            stream,
-            n,
+        let mut c = Common::new(sampling, seed, stop_token_ids);
+        c.stream = stream;
+        c.n = n;
+        c.include_usage = include_usage;
+        c.max_tokens = max_tokens;
+        c.stop = stop;
+        c.params.constraint = constraint;
+        c.params.logit_bias = logit_bias;
+        c.names.max_tokens = max_name;
+        c.names.constraint = constraint_name;
+        Ok(c)
+    }
+}
+
+impl Common {
+    /// A request of one sample with `sampling`, the `seed` if given, ended by
+    /// `stop_token_ids`; not streamed, no stop strings, no constraint, the server's
+    /// default `max_tokens`.
+    pub fn new(sampling: SamplingParams, seed: Option<u64>, stop_token_ids: Vec<u32>) -> Self {
+        Common {
+            stream: false,
+            n: 1,
             echo: false,
-            include_usage,
-            max_tokens,
+            include_usage: false,
+            max_tokens: None,
             params: RequestParams {
                 sampling,
-                max_tokens: max_tokens.unwrap_or(0),
+                max_tokens: 0,
                 stop_token_ids,
                 // The stop ids already hold the model's end tokens unless ignore_eos.
                 ignore_eos: false,
                 // The OpenAI API's rule: prompt and max_tokens must fit the context.
                 fit_context: true,
-                constraint,
+                constraint: None,
                 share_prompt: None,
-                logit_bias,
+                logit_bias: Vec::new(),
             },
             seed,
-            stop,
+            stop: StopMatcher::new(Vec::<String>::new()).expect("no stop strings"),
             names: ParamNames {
-                max_tokens: max_name,
+                max_tokens: "max_tokens",
                 logprobs: "logprobs",
-                constraint: constraint_name,
+                constraint: "response_format",
             },
-        })
+        }
     }
 }
 
@@ -336,7 +364,7 @@ fn constraint(
 }
 
 /// An error naming the first key of `o` outside `keys`, as `{at}.{key}`.
-fn known_keys(o: &Map<String, Value>, keys: &[&str], at: &str) -> Result<(), ApiError> {
+pub(crate) fn known_keys(o: &Map<String, Value>, keys: &[&str], at: &str) -> Result<(), ApiError> {
     match o.keys().find(|k| !keys.contains(&k.as_str())) {
         Some(k) => Err(ApiError::bad(
             format!("{at}.{k}"),
@@ -420,7 +448,7 @@ fn structured_outputs(v: &Value) -> Result<Option<Constraint>, ApiError> {
 }
 
 /// A JSON schema given as an object or as its text.
-fn json_schema(name: &'static str, v: &Value) -> Result<Constraint, ApiError> {
+pub(crate) fn json_schema(name: &'static str, v: &Value) -> Result<Constraint, ApiError> {
     match v {
         Value::Object(_) => Ok(Constraint::JsonSchema(v.to_string())),
         Value::String(s) => Ok(Constraint::JsonSchema(s.clone())),
@@ -453,7 +481,11 @@ fn choice(name: &'static str, v: &Value) -> Result<Constraint, ApiError> {
 
 /// `model`: the model this server serves (`served`; a 404 otherwise), `required` or
 /// not.
-fn check_model(model: Field<String>, served: &str, required: bool) -> Result<(), ApiError> {
+pub(crate) fn check_model(
+    model: Field<String>,
+    served: &str,
+    required: bool,
+) -> Result<(), ApiError> {
     match model.get("model", || "`model` must be a string".into())? {
         None if required => Err(ApiError::bad("model", "`model` is required")),
         None => Ok(()),
@@ -594,7 +626,7 @@ pub(crate) struct Chat {
 }
 
 /// A `Field<Value>` as an option (`null` is absent).
-fn given(f: Field<Value>) -> Option<Value> {
+pub(crate) fn given(f: Field<Value>) -> Option<Value> {
     match f {
         Field::Given(v) => Some(v),
         _ => None,
@@ -603,7 +635,7 @@ fn given(f: Field<Value>) -> Option<Value> {
 
 /// `chat_template_kwargs`: an object of template variables, none of those the renderer
 /// sets.
-fn template_kwargs(f: Field<Value>) -> Result<Map<String, Value>, ApiError> {
+pub(crate) fn template_kwargs(f: Field<Value>) -> Result<Map<String, Value>, ApiError> {
     const P: &str = "chat_template_kwargs";
     match given(f) {
         None => Ok(Map::new()),
@@ -798,7 +830,7 @@ fn tool_call(c: &Value, at: &str) -> Result<ToolCall, ApiError> {
 }
 
 /// The text of content part `p` (named `at`): a `{"type": "text", "text": ...}` part.
-fn text_part<'a>(p: &'a Value, at: &str) -> Result<&'a str, ApiError> {
+pub(crate) fn text_part<'a>(p: &'a Value, at: &str) -> Result<&'a str, ApiError> {
     let shape = || {
         ApiError::bad(
             at.to_string(),

@@ -39,6 +39,8 @@ pub(crate) enum NoOp {
     Empty,
     /// This JSON value.
     Is(&'static str),
+    /// One of these strings.
+    AnyOf(&'static [&'static str]),
 }
 
 impl NoOp {
@@ -54,6 +56,7 @@ impl NoOp {
                 _ => false,
             },
             NoOp::Is(json) => serde_json::from_str::<Value>(json).is_ok_and(|x| x == *v),
+            NoOp::AnyOf(list) => v.as_str().is_some_and(|s| list.contains(&s)),
         }
     }
 }
@@ -310,6 +313,225 @@ pub(crate) const CHAT: &[Rule] = &[
     CHAT_TEMPLATE_KWARGS,
 ];
 
+/// `POST /v1/responses` (stateless).
+pub(crate) const RESPONSES: &[Rule] = &[
+    MODEL,
+    honored(
+        "input",
+        "required: a string (a user message) or a list of items: messages (`role`, `content` as a string or `input_text` / `output_text` parts), `function_call`, `function_call_output`, `reasoning` (its text, or the `encrypted_content` this server wrote, back into the conversation); other item and part types are refused",
+    ),
+    honored(
+        "instructions",
+        "a system message before `input`",
+    ),
+    honored(
+        "max_output_tokens",
+        "the most tokens to generate; default 16, shrunk to the room the context leaves; reaching it makes the response `incomplete`",
+    ),
+    TEMPERATURE,
+    TOP_P,
+    TOP_K,
+    MIN_P,
+    SEED,
+    PRESENCE_PENALTY,
+    FREQUENCY_PENALTY,
+    REPETITION_PENALTY,
+    honored(
+        "stream",
+        "the typed events: `response.created`, `response.in_progress`, `response.output_item.added`/`.done`, `response.content_part.added`/`.done`, `response.output_text.delta`/`.done`, `response.reasoning_text.delta`/`.done`, `response.function_call_arguments.delta`/`.done`, then `response.completed` (or `response.incomplete`)",
+    ),
+    honored(
+        "tools",
+        "`{\"type\": \"function\", name, description, parameters, strict}` each, rendered by the chat template; other tool types are refused",
+    ),
+    honored(
+        "tool_choice",
+        "`auto` (default with tools), `none`, `required` or `{\"type\": \"function\", \"name\": ...}`, as in chat completions",
+    ),
+    honored(
+        "parallel_tool_calls",
+        "default `true`; `false`: one call at most",
+    ),
+    honored(
+        "text",
+        "`format`: `text`, `json_object` or `json_schema` (`name`, `schema`, `description`, `strict`): decoding is constrained to match; `verbosity` refused unless `medium`",
+    ),
+    honored(
+        "reasoning",
+        "`effort`: `none` turns thinking off through the template's `enable_thinking` switch, any other level turns it on (and is the template's `reasoning_effort` where it reads one); needs `--reasoning-parser`. The reasoning comes back whole as a `reasoning` item's `reasoning_text`; `summary` is accepted, but there is no summarizer: the item's `summary` is empty",
+    ),
+    honored(
+        "top_logprobs",
+        "0..=20 top log-probabilities per output token (implies `message.output_text.logprobs`)",
+    ),
+    honored(
+        "include",
+        "`message.output_text.logprobs` (the output text's log-probabilities) and `reasoning.encrypted_content` (a reasoning item's text, to send back: nothing is stored); others are refused",
+    ),
+    refused(
+        "store",
+        NoOp::False,
+        "`store: true` is not supported: the server is stateless and stores no responses",
+    ),
+    refused(
+        "previous_response_id",
+        NoOp::Nothing,
+        "`previous_response_id` is not supported: the server is stateless; send the whole conversation as `input`",
+    ),
+    refused(
+        "conversation",
+        NoOp::Nothing,
+        "`conversation` is not supported: the server is stateless; send the whole conversation as `input`",
+    ),
+    refused(
+        "background",
+        NoOp::False,
+        "`background: true` is not supported",
+    ),
+    refused("prompt", NoOp::Nothing, "`prompt` (stored prompt templates) is not supported"),
+    refused(
+        "max_tool_calls",
+        NoOp::Nothing,
+        "`max_tool_calls` is not supported yet",
+    ),
+    refused(
+        "truncation",
+        NoOp::Is(r#""disabled""#),
+        "`truncation` other than `disabled` is not supported: a conversation longer than the context is refused",
+    ),
+    refused(
+        "service_tier",
+        NoOp::Is(r#""auto""#),
+        "`service_tier` other than `auto` is not supported",
+    ),
+    refused(
+        "stream_options",
+        NoOp::Empty,
+        "`stream_options` is not supported",
+    ),
+    logged("metadata", Shape::Object),
+    USER,
+    logged("prompt_cache_key", Shape::String),
+    logged("safety_identifier", Shape::String),
+];
+
+/// What `/v1/messages` and `/v1/messages/count_tokens` share.
+const ANTHROPIC_MODEL: Rule = honored(
+    "model",
+    "required; the served model name (`--served-model-name`), `not_found_error` otherwise",
+);
+const ANTHROPIC_MESSAGES: Rule = honored(
+    "messages",
+    "required, non-empty: `user` and `assistant` turns, `content` a string or blocks: `text` (`cache_control` accepted: prefix caching is automatic), `tool_use` (assistant), `tool_result` (user: a `tool` message; `is_error` writes `Error: ` before its text), `thinking` (assistant: its reasoning); other block types are refused",
+);
+const ANTHROPIC_SYSTEM: Rule = honored(
+    "system",
+    "a string or a list of text blocks: the system message",
+);
+const ANTHROPIC_TOOLS: Rule = honored(
+    "tools",
+    "client tools `{name, description, input_schema}` (`input_schema` of `type` `object`), rendered by the chat template; server tool types are refused",
+);
+const ANTHROPIC_TOOL_CHOICE: Rule = honored(
+    "tool_choice",
+    "`auto` (default with tools), `any` and `tool` (`name`) forced by a grammar, `none` (tools not rendered); `disable_parallel_tool_use`: one call at most",
+);
+const ANTHROPIC_THINKING: Rule = honored(
+    "thinking",
+    "`enabled` (`budget_tokens` at least 1024 and below `max_tokens`; the thinking ends when the model ends it, within `max_tokens`; needs `--reasoning-parser`) or `disabled`, through the template's `enable_thinking` switch; `adaptive`: the model's default; the reasoning comes back as `thinking` blocks (`display: \"omitted\"`: without their text); `between_tools` is refused",
+);
+const ANTHROPIC_OUTPUT_CONFIG: Rule = honored(
+    "output_config",
+    "`format` `{\"type\": \"json_schema\", \"schema\"}`: decoding is constrained to match; `effort`: the template's `reasoning_effort` (refused when the template reads none)",
+);
+const ANTHROPIC_CACHE_CONTROL: Rule =
+    honored("cache_control", "accepted: prefix caching is automatic");
+const ANTHROPIC_SPEED: Rule = refused(
+    "speed",
+    NoOp::Is(r#""standard""#),
+    "`speed` other than `standard` is not supported",
+);
+const ANTHROPIC_USER_PROFILE: Rule = logged("user_profile_id", Shape::String);
+const ANTHROPIC_WORKSPACE: Rule = logged("workspace_id", Shape::String);
+
+/// `POST /v1/messages` (Anthropic's).
+pub(crate) const MESSAGES: &[Rule] = &[
+    ANTHROPIC_MODEL,
+    ANTHROPIC_MESSAGES,
+    honored("max_tokens", "required: the most tokens to generate"),
+    ANTHROPIC_SYSTEM,
+    honored(
+        "stop_sequences",
+        "at most 64 non-empty strings: the text ends before the first to occur (`stop_reason` `stop_sequence`, `stop_sequence` names it)",
+    ),
+    honored(
+        "stream",
+        "the events `message_start`, `content_block_start` / `content_block_delta` (`text_delta`, `thinking_delta`, `input_json_delta`) / `content_block_stop` per block, `message_delta` (stop reason, usage), `message_stop`",
+    ),
+    honored(
+        "temperature",
+        "0..=1, default 1; 0 is greedy (older clients send it; the current SDK sends it as an extra)",
+    ),
+    TOP_P,
+    honored("top_k", "sample from the k likeliest tokens"),
+    ANTHROPIC_TOOLS,
+    ANTHROPIC_TOOL_CHOICE,
+    ANTHROPIC_THINKING,
+    ANTHROPIC_OUTPUT_CONFIG,
+    ANTHROPIC_CACHE_CONTROL,
+    ANTHROPIC_SPEED,
+    logged("metadata", Shape::Object),
+    ANTHROPIC_USER_PROFILE,
+    ANTHROPIC_WORKSPACE,
+    refused(
+        "service_tier",
+        NoOp::AnyOf(&["auto", "standard_only"]),
+        "`service_tier` other than `auto` or `standard_only` is not supported",
+    ),
+    refused("container", NoOp::Nothing, "`container` is not supported"),
+    refused(
+        "diagnostics",
+        NoOp::Nothing,
+        "`diagnostics` is not supported",
+    ),
+    refused(
+        "inference_geo",
+        NoOp::Nothing,
+        "`inference_geo` is not supported: inference runs on this server",
+    ),
+    refused(
+        "mcp_servers",
+        NoOp::Empty,
+        "`mcp_servers` is not supported: give client `tools`",
+    ),
+    refused(
+        "context_management",
+        NoOp::Nothing,
+        "`context_management` is not supported",
+    ),
+];
+
+/// `POST /v1/messages/count_tokens` (Anthropic's): the prompt's tokens, as
+/// `/v1/messages` would render it.
+pub(crate) const COUNT_TOKENS: &[Rule] = &[
+    ANTHROPIC_MODEL,
+    ANTHROPIC_MESSAGES,
+    ANTHROPIC_SYSTEM,
+    ANTHROPIC_TOOLS,
+    ANTHROPIC_TOOL_CHOICE,
+    ANTHROPIC_THINKING,
+    ANTHROPIC_OUTPUT_CONFIG,
+    ANTHROPIC_CACHE_CONTROL,
+    ANTHROPIC_SPEED,
+    ANTHROPIC_USER_PROFILE,
+    ANTHROPIC_WORKSPACE,
+    refused(
+        "mcp_servers",
+        NoOp::Empty,
+        "`mcp_servers` is not supported: give client `tools`",
+    ),
+];
+
 /// One message of `messages` (chat and `/tokenize`).
 pub(crate) const MESSAGE: &[Rule] = &[
     honored(
@@ -438,6 +660,9 @@ mod tests {
             ("`POST /v1/completions`", COMPLETIONS),
             ("`POST /v1/chat/completions`", CHAT),
             ("A chat message (`messages[i]`)", MESSAGE),
+            ("`POST /v1/responses`", RESPONSES),
+            ("`POST /v1/messages`", MESSAGES),
+            ("`POST /v1/messages/count_tokens`", COUNT_TOKENS),
             ("`POST /tokenize`", TOKENIZE),
             ("`POST /detokenize`", DETOKENIZE),
         ] {
@@ -454,6 +679,7 @@ mod tests {
                         NoOp::One => "refused unless `1`".to_string(),
                         NoOp::Empty => "refused unless empty".to_string(),
                         NoOp::Is(json) => format!("refused unless `{json}`"),
+                        NoOp::AnyOf(list) => format!("refused unless `{}`", list.join("` or `")),
                     },
                 };
                 out.push_str(&format!("| `{}` | {handling} | {} |\n", r.name, r.note));
@@ -484,6 +710,9 @@ mod tests {
             COMPLETIONS,
             CHAT,
             MESSAGE,
+            RESPONSES,
+            MESSAGES,
+            COUNT_TOKENS,
             STREAM_OPTION_KEYS,
             TOKENIZE,
             DETOKENIZE,

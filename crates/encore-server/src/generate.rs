@@ -57,7 +57,9 @@ pub(crate) async fn completions(
             Ok((ids, c, echo))
         });
     match valid {
-        Ok((prompt, c, echo)) => generate(s, c, prompt, Kind::Completion, None, echo).await,
+        Ok((prompt, c, echo)) => {
+            generate(s, c, prompt, Kind::Completion, None, echo, Api::OpenAi).await
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -70,14 +72,19 @@ pub(crate) async fn chat_completions(
         .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
         .and_then(|chat| chat_prompt(&s, chat));
     match valid {
-        Ok((prompt, c, out)) => generate(s, c, prompt, Kind::Chat, Some(out), None).await,
+        Ok((prompt, c, out)) => {
+            generate(s, c, prompt, Kind::Chat, Some(out), None, Api::OpenAi).await
+        }
         Err(e) => e.into_response(),
     }
 }
 
 /// A chat request's prompt (the conversation and its tools rendered by the template), its
 /// common fields, and how its output is read.
-fn chat_prompt(s: &AppState, chat: Chat) -> Result<(Vec<u32>, Common, ChatOut), ApiError> {
+pub(crate) fn chat_prompt(
+    s: &AppState,
+    chat: Chat,
+) -> Result<(Vec<u32>, Common, ChatOut), ApiError> {
     let Chat {
         messages,
         tools,
@@ -153,6 +160,42 @@ pub(crate) struct Form {
     pub chat: Option<ChatOut>,
     /// Completions' `echo`: the prompt text each choice starts with.
     pub echo: Option<String>,
+    pub api: Api,
+}
+
+/// The API an answer is written in.
+pub(crate) enum Api {
+    /// Completions or chat completions (the reply's kind says which).
+    OpenAi,
+    /// OpenAI's responses, with what the response object repeats of its request.
+    Responses(Box<crate::responses::Echo>),
+    /// Anthropic's messages; `omit_thinking`: thinking blocks come without their text
+    /// (`thinking.display: "omitted"`).
+    Messages { omit_thinking: bool },
+}
+
+impl Api {
+    /// The response of error `e` in this API's shape.
+    pub fn error(&self, e: ApiError) -> Response {
+        match self {
+            Api::Messages { .. } => crate::messages::error(e),
+            _ => e.into_response(),
+        }
+    }
+}
+
+/// A typed server-sent event of the responses and messages APIs: its name, and its data.
+pub(crate) type Typed = (&'static str, Value);
+
+/// How one output ended, as the responses and messages APIs report it.
+pub(crate) struct Ending {
+    /// The finish reason's OpenAI name (`stop`, `length`, `tool_calls`, `abort`).
+    pub finish: &'static str,
+    /// The stop string that ended the text.
+    pub stop: Option<String>,
+    /// Tokens of the prompt and of the output.
+    pub prompt: usize,
+    pub completion: usize,
 }
 
 /// How a chat request's output is read and answered.
@@ -195,18 +238,24 @@ impl ChatOut {
     }
 }
 
-/// Admit a valid request of `prompt` and answer it, whole or streamed.
-async fn generate(
+/// Admit a valid request of `prompt` and answer it in `api`, whole or streamed.
+pub(crate) async fn generate(
     s: Arc<AppState>,
     mut c: Common,
     prompt: Vec<u32>,
     kind: Kind,
     chat: Option<ChatOut>,
     echo: Option<String>,
+    api: Api,
 ) -> Response {
     s.requests_total.fetch_add(1, Ordering::Relaxed);
-    if let Some(busy) = busy(&s) {
-        return busy;
+    if let Some((e, retry)) = busy(&s) {
+        let mut r = api.error(e);
+        if retry {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        return r;
     }
     c.params.sampling.seed = c.seed.unwrap_or_else(|| {
         s.next_id
@@ -236,8 +285,8 @@ async fn generate(
         // A refusal drops the children already admitted, which aborts them.
         match admit(&s.engine, req).await {
             Ok(x) => children.push(x),
-            Err(Admission::Refused(r)) => return ApiError::refused(&r, c.names).into_response(),
-            Err(Admission::Failed(e)) => return e.into_response(),
+            Err(Admission::Refused(r)) => return api.error(ApiError::refused(&r, c.names)),
+            Err(Admission::Failed(e)) => return api.error(e),
         }
     }
     let reply = Reply::new(kind, first, s.cfg.served_model_name.clone());
@@ -245,7 +294,12 @@ async fn generate(
         c.id_seed = reply.created.rotate_left(32) ^ first.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         c
     });
-    let form = Form { reply, chat, echo };
+    let form = Form {
+        reply,
+        chat,
+        echo,
+        api,
+    };
     if c.stream {
         crate::stream::respond(&s, children, prompt, c.stop, c.include_usage, form)
     } else {
@@ -256,22 +310,19 @@ async fn generate(
 /// One admitted choice of a request: the guard that aborts it, and its events.
 pub(crate) type Child = (AbortGuard, mpsc::UnboundedReceiver<Event>);
 
-/// A 503 when the server drains or its queue is full.
-fn busy(s: &AppState) -> Option<Response> {
+/// A 503 when the server drains or its queue is full (then with `Retry-After`: `true`).
+fn busy(s: &AppState) -> Option<(ApiError, bool)> {
     if s.draining.load(Ordering::SeqCst) {
-        return Some(ApiError::shutting_down().into_response());
+        return Some((ApiError::shutting_down(), false));
     }
     if let Some(limit) = s.cfg.max_waiting {
         let waiting = s.engine.metrics.requests_waiting.load(Ordering::Relaxed) as usize;
         if waiting >= limit {
-            let mut r = ApiError::server(
+            let e = ApiError::server(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("the server is at capacity ({waiting} requests waiting); retry shortly"),
-            )
-            .into_response();
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-            return Some(r);
+            );
+            return Some((e, true));
         }
     }
     None

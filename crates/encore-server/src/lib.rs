@@ -14,9 +14,10 @@
 //! then ends the rest.
 //!
 //! Modules by job: `fields` (the table of each endpoint's fields), `body` (request bodies
-//! and their validation), `error` (error responses), `generate` (the two generation
-//! endpoints: admission, then a whole response (`whole`) or a stream (`stream`), both
-//! formatted by `output`), `tokenize` (`/tokenize`, `/detokenize`), `metrics`
+//! and their validation), `error` (error responses), `generate` (the generation path:
+//! admission, then a whole response (`whole`) or a stream (`stream`), formatted by
+//! `output` for completions and chat, by `responses` and `messages` (which also read
+//! their own bodies into the chat request) for theirs), `tokenize` (`/tokenize`, `/detokenize`), `metrics`
 //! (`/metrics`), `shutdown` ([`serve`] and its drain).
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -37,9 +38,11 @@ mod body;
 mod error;
 mod fields;
 mod generate;
+mod messages;
 mod metrics;
 mod output;
 mod parse;
+mod responses;
 mod shutdown;
 mod stream;
 mod tokenize;
@@ -79,6 +82,10 @@ struct ChatFormats {
     /// How the model writes tool calls, if known.
     tool_format: Option<ToolFormat>,
     reasoning: Option<ReasoningFormat>,
+    /// The chat template reads `enable_thinking` (Qwen3's switch).
+    template_switches_thinking: bool,
+    /// The chat template reads `reasoning_effort`.
+    template_reads_effort: bool,
 }
 
 /// Shared by the handlers.
@@ -120,6 +127,8 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
             .tool_call_parser
             .or_else(|| ToolFormat::detect(template)),
         reasoning: cfg.reasoning_parser,
+        template_switches_thinking: template.contains("enable_thinking"),
+        template_reads_effort: template.contains("reasoning_effort"),
     };
     tracing::info!(
         "chat: tools {}, tool-call format {}, reasoning {}",
@@ -146,6 +155,9 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
         .route("/v1/models", get(models))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat_completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
@@ -165,18 +177,23 @@ async fn auth(
     next: Next,
 ) -> Response {
     if let Some(key) = &s.cfg.api_key {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
-            return ApiError {
+        // OpenAI's clients send a bearer token, Anthropic's an `x-api-key`.
+        let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+        let bearer = header(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
+        let given = [bearer, header(header::HeaderName::from_static("x-api-key"))];
+        if !given.contains(&Some(key.as_str())) {
+            let e = ApiError {
                 status: StatusCode::UNAUTHORIZED,
-                message: "missing or wrong API key (Authorization: Bearer ...)".into(),
+                message: "missing or wrong API key (`Authorization: Bearer ...` or `x-api-key`)"
+                    .into(),
                 kind: "authentication_error",
                 param: None,
-            }
-            .into_response();
+            };
+            return if req.uri().path().starts_with("/v1/messages") {
+                messages::error(e)
+            } else {
+                e.into_response()
+            };
         }
     }
     next.run(req).await

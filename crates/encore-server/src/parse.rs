@@ -616,13 +616,22 @@ impl CallIds {
         }
     }
 
-    fn next(&mut self) -> String {
-        const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-        let len = if self.mistral { 9 } else { 24 };
-        let mut s = String::with_capacity(len + 5);
-        if !self.mistral {
-            s.push_str("call_");
+    pub fn next(&mut self) -> String {
+        if self.mistral {
+            self.alnum(9)
+        } else {
+            format!("call_{}", self.alnum(24))
         }
+    }
+
+    /// An id of another kind of output item: `prefix`, `_`, 24 letters and digits.
+    pub fn item(&mut self, prefix: &str) -> String {
+        format!("{prefix}_{}", self.alnum(24))
+    }
+
+    fn alnum(&mut self, len: usize) -> String {
+        const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+        let mut s = String::with_capacity(len);
         for _ in 0..len {
             // splitmix64.
             self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);

@@ -13,19 +13,22 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use encore_core::request::{Event, Output};
 use encore_core::tokenizer::{StopMatcher, StopStream, Tokenizer};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 
+use axum::http::StatusCode;
+
 use crate::error::ApiError;
-use crate::generate::{AbortGuard, ChatOut, Child, Form};
+use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form, Typed};
 use crate::output::{
     completion_logprobs, finish_name, logprobs_json, prompt_entries, release, Reply,
 };
-use crate::parse::ChatStream;
+use crate::parse::{ChatStream, Delta};
 use crate::shutdown::cut_off;
 use crate::AppState;
+use crate::{messages, responses};
 
 /// Answer an admitted request as a stream of its `children`'s events (one per choice).
 pub(crate) fn respond(
@@ -36,8 +39,13 @@ pub(crate) fn respond(
     include_usage: bool,
     form: Form,
 ) -> Response {
-    let Form { reply, chat, echo } = form;
-    let (out, out_rx) = mpsc::unbounded_channel::<String>();
+    let Form {
+        reply,
+        chat,
+        echo,
+        api,
+    } = form;
+    let (out, out_rx) = mpsc::unbounded_channel::<SseEvent>();
     let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
     // The choices' events, merged and tagged with their index.
     let (merged, events) = mpsc::unbounded_channel::<(usize, Event)>();
@@ -63,7 +71,27 @@ pub(crate) fn respond(
             done: false,
         });
     }
+    let id_seed = chat.as_ref().map_or(0, |c| c.id_seed);
+    let mut writer = match api {
+        Api::OpenAi => Writer::OpenAi,
+        Api::Responses(e) => {
+            Writer::Responses(responses::Stream::new(e, id_seed, Arc::clone(&s.tokenizer)))
+        }
+        Api::Messages { omit_thinking } => {
+            Writer::Messages(messages::Stream::new(id_seed, omit_thinking))
+        }
+    };
+    // The typed streams open before the first token.
+    let opening = match &mut writer {
+        Writer::OpenAi => Vec::new(),
+        Writer::Responses(w) => w.start(&reply),
+        Writer::Messages(w) => w.start(&reply, prompt.len()),
+    };
+    for e in opening {
+        let _ = out.send(typed_event(e));
+    }
     let task = Task {
+        writer,
         echo,
         keep_special,
         tokenizer: Arc::clone(&s.tokenizer),
@@ -74,13 +102,26 @@ pub(crate) fn respond(
         choices,
     };
     tokio::spawn(task.run(events, stop, s.cut.subscribe()));
-    let data = UnboundedReceiverStream::new(out_rx)
-        .map(|d| Ok::<_, Infallible>(SseEvent::default().data(d)));
+    let data = UnboundedReceiverStream::new(out_rx).map(Ok::<_, Infallible>);
     Sse::new(data).into_response()
+}
+
+/// The server-sent event of a typed event.
+fn typed_event((name, data): Typed) -> SseEvent {
+    SseEvent::default().event(name).data(data.to_string())
+}
+
+/// How a stream's events are written.
+enum Writer {
+    /// Completions' or chat's chunks, then `[DONE]`.
+    OpenAi,
+    Responses(responses::Stream),
+    Messages(messages::Stream),
 }
 
 /// The task that streams one request.
 struct Task {
+    writer: Writer,
     /// Completions' `echo`: each choice's first chunk starts with this prompt text.
     echo: Option<String>,
     /// The text holds special tokens (not the end-of-generation one).
@@ -89,8 +130,8 @@ struct Task {
     reply: Reply,
     include_usage: bool,
     prompt: Arc<[u32]>,
-    /// The SSE data payloads.
-    out: mpsc::UnboundedSender<String>,
+    /// The events to send.
+    out: mpsc::UnboundedSender<SseEvent>,
     choices: Vec<Choice>,
 }
 
@@ -130,24 +171,26 @@ impl Task {
                 _ = self.out.closed() => return,
                 _ = &mut cut => {
                     // The guards abort the request's choices in the engine.
-                    self.end_with(&ApiError::shutting_down().body());
+                    self.end_with(ApiError::shutting_down());
                     return;
                 }
             };
             let Some((i, ev)) = ev else { return };
             let more = match ev {
-                Event::Token(o) => self.token(i, &mut texts[i], o),
+                Event::Token(o) if matches!(self.writer, Writer::OpenAi) => {
+                    self.token(i, &mut texts[i], o)
+                }
+                Event::Token(o) => self.typed_token(i, &mut texts[i], o),
                 Event::Refused(r) => {
                     // A refusal is the request's fault; a failed step the server's.
                     self.choices[i].guard.done = true;
                     let e = ApiError::bad(r.param.name(), r.message_naming(r.param.name()));
-                    self.end_with(&e.body());
+                    self.end_with(e);
                     false
                 }
                 Event::Failed(e) => {
                     self.choices[i].guard.done = true;
-                    let e = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
-                    self.end_with(&e);
+                    self.end_with(ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, e));
                     false
                 }
             };
@@ -200,7 +243,11 @@ impl Task {
                 _ => self.reply.chunk(i, &delta, finish, first, lps),
             },
         };
-        if self.out.send(chunk.to_string()).is_err() {
+        if self
+            .out
+            .send(SseEvent::default().data(chunk.to_string()))
+            .is_err()
+        {
             return false;
         }
         if finish.is_none() {
@@ -219,15 +266,89 @@ impl Task {
         if self.include_usage {
             let tokens = self.choices.iter().map(|c| c.n).sum();
             let u = self.reply.usage_chunk(self.prompt.len(), tokens);
-            let _ = self.out.send(u.to_string());
+            let _ = self.send(u.to_string());
         }
-        let _ = self.out.send("[DONE]".into());
+        let _ = self.send("[DONE]".into());
         false
     }
 
-    /// End the stream with an error event and `[DONE]`.
-    fn end_with(&self, err: &Value) {
-        let _ = self.out.send(err.to_string());
-        let _ = self.out.send("[DONE]".into());
+    /// Send the event of data `d`.
+    fn send(&self, d: String) -> Result<(), ()> {
+        self.out.send(SseEvent::default().data(d)).map_err(|_| ())
+    }
+
+    /// Send the events of token `o` of a responses or messages stream (one choice);
+    /// whether the stream goes on.
+    fn typed_token(&mut self, i: usize, text: &mut StopStream<'_>, o: Output) -> bool {
+        let c = &mut self.choices[i];
+        if c.done {
+            return true;
+        }
+        c.n += 1;
+        let (piece, stopped) = release(text, &o, self.keep_special);
+        let finish = if stopped {
+            Some("stop")
+        } else {
+            o.finish.map(finish_name)
+        };
+        let (d, finish) = match &mut c.parsed {
+            Some((stream, out)) => {
+                let d = stream.push(&piece, finish.is_some());
+                (d, finish.map(|f| out.finish(f, stream.called())))
+            }
+            None => {
+                let d = Delta {
+                    content: piece,
+                    ..Delta::default()
+                };
+                (d, finish)
+            }
+        };
+        let lp = o.logprobs.map(|lp| (o.token, lp));
+        let mut events = match &mut self.writer {
+            Writer::Responses(w) => w.token(&d, lp),
+            Writer::Messages(w) => w.token(&d),
+            Writer::OpenAi => Vec::new(),
+        };
+        if let Some(finish) = finish {
+            let end = Ending {
+                finish,
+                stop: text.matched().map(str::to_string),
+                prompt: self.prompt.len(),
+                completion: c.n,
+            };
+            events.extend(match &mut self.writer {
+                Writer::Responses(w) => w.end(&self.reply, &end),
+                Writer::Messages(w) => w.end(&end),
+                Writer::OpenAi => Vec::new(),
+            });
+            c.done = true;
+            c.guard.done = o.finish.is_some();
+            if stopped {
+                c.guard.stopped();
+            }
+        }
+        for e in events {
+            if self.out.send(typed_event(e)).is_err() {
+                return false;
+            }
+        }
+        finish.is_none()
+    }
+
+    /// End the stream with error `e`: an error event (and `[DONE]` for chunks).
+    fn end_with(&mut self, e: ApiError) {
+        let events = match &mut self.writer {
+            Writer::OpenAi => {
+                let _ = self.send(e.body().to_string());
+                let _ = self.send("[DONE]".into());
+                return;
+            }
+            Writer::Responses(w) => w.error(&e),
+            Writer::Messages(w) => w.error(&e),
+        };
+        for ev in events {
+            let _ = self.out.send(typed_event(ev));
+        }
     }
 }

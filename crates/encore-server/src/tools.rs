@@ -70,25 +70,50 @@ impl Tools {
             }
             names.push(name);
         }
+        let choice = choice.map(|c| tool_choice(&c)).transpose()?;
+        Tools::assemble(defs, choice, parallel, "tool_choice")
+    }
+
+    /// Tools already checked, in chat's shape (`{"type": "function", "function": {...}}`
+    /// each, names unique), with the choice given (`None`: absent, `auto` when there are
+    /// tools) and named `choice_param` in the request. `None` when there are no tools and
+    /// the choice is absent or `none`.
+    pub fn assemble(
+        defs: Vec<Value>,
+        choice: Option<ToolChoice>,
+        parallel: bool,
+        choice_param: &'static str,
+    ) -> Result<Option<Tools>, ApiError> {
         let choice = match choice {
             None if defs.is_empty() => ToolChoice::None,
             None => ToolChoice::Auto,
-            Some(c) => tool_choice(&c, &names)?,
+            Some(c) => c,
         };
         if defs.is_empty() {
             return match choice {
                 ToolChoice::None => Ok(None),
                 _ => Err(ApiError::bad(
-                    "tool_choice",
-                    "`tool_choice` other than `none` needs `tools`",
+                    choice_param,
+                    format!("`{choice_param}` other than `none` needs `tools`"),
                 )),
             };
         }
-        Ok(Some(Tools {
+        let t = Tools {
             defs,
             choice,
             parallel,
-        }))
+        };
+        if let ToolChoice::Named(name) = &t.choice {
+            if t.function(name).is_none() {
+                return Err(ApiError::bad(
+                    choice_param,
+                    format!(
+                        "`{choice_param}` names the function `{name}`, which is not in `tools`"
+                    ),
+                ));
+            }
+        }
+        Ok(Some(t))
     }
 
     /// The function definition named `name`.
@@ -143,6 +168,66 @@ impl Tools {
     }
 }
 
+/// Tools given in another API's shape (`shape` says which, for the error), each read by
+/// `read` (the tool's object and its path, `tools[i]`) into a function definition; its
+/// `name` is checked here (valid, unique). The tools in chat's shape.
+pub(crate) fn read_list(
+    v: Option<&Value>,
+    shape: &str,
+    read: impl Fn(&Map<String, Value>, &str) -> Result<Map<String, Value>, ApiError>,
+) -> Result<Vec<Value>, ApiError> {
+    let Some(v) = v else { return Ok(Vec::new()) };
+    let list = v
+        .as_array()
+        .ok_or_else(|| ApiError::bad("tools", format!("`tools` must be a list of `{shape}`")))?;
+    let mut defs: Vec<Value> = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let o = t
+            .as_object()
+            .ok_or_else(|| ApiError::bad(at.clone(), format!("`{at}` must be `{shape}`")))?;
+        let mut f = read(o, &at)?;
+        let name = o.get("name").and_then(Value::as_str).unwrap_or("");
+        if !valid_name(name) {
+            return Err(ApiError::bad(
+                format!("{at}.name"),
+                format!("`{at}.name` must be {NAME_RULE}"),
+            ));
+        }
+        if defs.iter().any(|d| d["function"]["name"] == name) {
+            return Err(ApiError::bad(
+                format!("{at}.name"),
+                format!("two tools are named `{name}`"),
+            ));
+        }
+        f.insert("name".into(), json!(name));
+        defs.push(json!({"type": "function", "function": f}));
+    }
+    Ok(defs)
+}
+
+/// `tool_choice` given as a word: `none`, `auto` or `required`.
+pub(crate) fn choice_word(w: &str) -> Option<ToolChoice> {
+    match w {
+        "none" => Some(ToolChoice::None),
+        "auto" => Some(ToolChoice::Auto),
+        "required" => Some(ToolChoice::Required),
+        _ => None,
+    }
+}
+
+/// Whether `name` is a valid function name: 1 to 64 letters, digits, `_`, `-` or `.`.
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// The rule of [`valid_name`], for messages.
+pub(crate) const NAME_RULE: &str = "1 to 64 letters, digits, `_`, `-` or `.`";
+
 /// Check tool `i` (`{"type": "function", "function": {"name", "description",
 /// "parameters", "strict"}}`); its name.
 fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
@@ -188,15 +273,10 @@ fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
         ));
     }
     let name = f.get("name").and_then(Value::as_str).unwrap_or("");
-    let valid = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if !valid {
+    if !valid_name(name) {
         return Err(ApiError::bad(
             format!("{fat}.name"),
-            format!("`{fat}.name` must be 1 to {MAX_NAME} letters, digits, `_`, `-` or `.`"),
+            format!("`{fat}.name` must be {NAME_RULE}"),
         ));
     }
     let typed = |k: &str, ok: fn(&Value) -> bool, what: &str| match f.get(k) {
@@ -213,8 +293,8 @@ fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
 }
 
 /// `tool_choice`: `none`, `auto`, `required`, or `{"type": "function", "function":
-/// {"name": ...}}` naming one of `names`.
-fn tool_choice(c: &Value, names: &[String]) -> Result<ToolChoice, ApiError> {
+/// {"name": ...}}` (whether `tools` has it is [`Tools::assemble`]'s to check).
+fn tool_choice(c: &Value) -> Result<ToolChoice, ApiError> {
     const P: &str = "tool_choice";
     let shape = || {
         ApiError::bad(
@@ -224,12 +304,7 @@ fn tool_choice(c: &Value, names: &[String]) -> Result<ToolChoice, ApiError> {
         )
     };
     match c {
-        Value::String(s) => match s.as_str() {
-            "none" => Ok(ToolChoice::None),
-            "auto" => Ok(ToolChoice::Auto),
-            "required" => Ok(ToolChoice::Required),
-            _ => Err(shape()),
-        },
+        Value::String(s) => choice_word(s).ok_or_else(shape),
         Value::Object(o) => {
             if o.get("type").and_then(Value::as_str) != Some("function") {
                 return Err(shape());
@@ -247,12 +322,6 @@ fn tool_choice(c: &Value, names: &[String]) -> Result<ToolChoice, ApiError> {
                 return Err(ApiError::bad(
                     format!("{P}.{k}"),
                     format!("unknown field `{k}` in `tool_choice`"),
-                ));
-            }
-            if !names.iter().any(|n| n == name) {
-                return Err(ApiError::bad(
-                    P,
-                    format!("`tool_choice` names the function `{name}`, which is not in `tools`"),
                 ));
             }
             Ok(ToolChoice::Named(name.to_string()))

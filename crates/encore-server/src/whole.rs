@@ -11,11 +11,14 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::generate::{AbortGuard, ChatOut, Child, Form};
-use crate::output::{completion_logprobs, finish_name, logprobs_json, prompt_entries, release};
-use crate::parse;
+use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form};
+use crate::output::{
+    completion_logprobs, finish_name, logprobs_json, prompt_entries, release, Reply,
+};
+use crate::parse::{self, Parsed};
 use crate::shutdown::cut_off;
 use crate::AppState;
+use crate::{messages, responses};
 
 /// What a request produced until its end.
 struct Collected {
@@ -26,6 +29,8 @@ struct Collected {
     /// Its text when stop strings built it as it streamed.
     text: Option<String>,
     finish: &'static str,
+    /// The stop string that ended the text.
+    stop_string: Option<String>,
 }
 
 /// Answer an admitted request whole, from the events of its `children` (one per choice).
@@ -36,7 +41,15 @@ pub(crate) async fn respond(
     stop: StopMatcher,
     form: Form,
 ) -> Response {
-    let Form { reply, chat, echo } = form;
+    let Form {
+        reply,
+        chat,
+        echo,
+        api,
+    } = form;
+    if let (Some(out), Api::Responses(_) | Api::Messages { .. }) = (&chat, &api) {
+        return typed(s, children, prompt, stop, &reply, out, &api).await;
+    }
     let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
     let mut choices = Vec::with_capacity(children.len());
     let mut completion = 0;
@@ -92,6 +105,61 @@ pub(crate) async fn respond(
     Json(reply.whole(choices, prompt.len(), completion)).into_response()
 }
 
+/// The whole answer of a responses or messages request (one choice).
+async fn typed(
+    s: &AppState,
+    children: Vec<Child>,
+    prompt: Vec<u32>,
+    stop: StopMatcher,
+    reply: &Reply,
+    out: &ChatOut,
+    api: &Api,
+) -> Response {
+    let Some((guard, events)) = children.into_iter().next() else {
+        let e = ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "no output");
+        return api.error(e);
+    };
+    let c = match collect(s, events, guard, &prompt, stop, out.keep_special).await {
+        Ok(c) => c,
+        Err(e) => return api.error(e),
+    };
+    let text = match c.text {
+        Some(t) => t,
+        None => match s.tokenizer.decode(&c.ids, true) {
+            Ok(t) => t,
+            Err(e) => {
+                return api.error(ApiError::server(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    e.to_string(),
+                ))
+            }
+        },
+    };
+    let parsed = match &out.parser {
+        Some(p) => p.parse(&text, true),
+        None => Parsed {
+            content: text,
+            ..Parsed::default()
+        },
+    };
+    let end = Ending {
+        finish: out.finish(c.finish, !parsed.calls.is_empty()),
+        stop: c.stop_string,
+        prompt: prompt.len(),
+        completion: c.ids.len(),
+    };
+    let body = match api {
+        Api::Responses(echo) => {
+            responses::whole(&s.tokenizer, reply, echo, out, &parsed, &c.logprobs, &end)
+        }
+        Api::Messages { omit_thinking } => {
+            messages::whole(reply, out, &parsed, &end, *omit_thinking)
+        }
+        Api::OpenAi => Value::Null,
+    };
+    Json(body).into_response()
+}
+
 /// Take the request's events until its end.
 async fn collect(
     s: &AppState,
@@ -104,6 +172,7 @@ async fn collect(
     let mut ids = Vec::new();
     let mut logprobs: Vec<(u32, TokenLogprobs)> = Vec::new();
     let mut prompt_logprobs = None;
+    let mut stop_string = None;
     // With stop strings the text is built as it streams, to end at the first one; with
     // special tokens, to leave out the end-of-generation one.
     let mut stop_text = (!stop.is_empty() || keep_special).then(|| {
@@ -147,6 +216,7 @@ async fn collect(
             let (piece, stopped) = release(t, &o, keep_special);
             acc.push_str(&piece);
             if stopped {
+                stop_string = t.matched().map(str::to_string);
                 if o.finish.is_some() {
                     guard.done = true;
                 }
@@ -166,5 +236,6 @@ async fn collect(
         prompt_logprobs,
         text: stop_text.map(|(_, acc)| acc),
         finish,
+        stop_string,
     })
 }

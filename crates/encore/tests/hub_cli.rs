@@ -13,12 +13,7 @@ const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
 #[test]
 fn a_hub_id_with_a_quantization_runs_the_cached_gguf() {
-    let Some(gguf) = std::env::var_os("ENCORE_SMOLLM2_GGUF") else {
-        assert!(
-            std::env::var("ENCORE_REQUIRE_SMOLLM2").as_deref() != Ok("1"),
-            "ENCORE_REQUIRE_SMOLLM2=1 but ENCORE_SMOLLM2_GGUF is not set"
-        );
-        eprintln!("skipped: set ENCORE_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf");
+    let Some(gguf) = common::smollm2_gguf() else {
         return;
     };
     let cache = temp_dir("hub-cache");

@@ -3,9 +3,13 @@
 //! finish and exits 0; with `--shutdown-timeout 0` they are cut off and it still exits 0;
 //! the official `openai` Python client gets the greedy text of `encore generate`.
 //!
-//! The client test needs a python with `openai` installed (`scripts/ci-venv.sh` makes one
-//! and `.ci/run` sets `ENCORE_OPENAI_PYTHON` to it). Without it the test says so and passes,
-//! unless `ENCORE_REQUIRE_OPENAI=1` (CI), where that is a failure.
+//! The official `openai` and `anthropic` clients drive `/v1/responses` and `/v1/messages`
+//! (scripts/agent_clients_test.py), on `dummy:tiny` and on the real SmolLM2 GGUF.
+//!
+//! The client tests need a python with `openai`, `anthropic` and `jsonschema` installed
+//! (`scripts/ci-venv.sh` makes one and `.ci/run` sets `ENCORE_OPENAI_PYTHON` to it). Without
+//! it the tests say so and pass, unless `ENCORE_REQUIRE_OPENAI=1` (CI), where that is a
+//! failure.
 
 mod common;
 
@@ -166,11 +170,17 @@ fn a_bad_shutdown_timeout_names_the_flag() {
 /// The python to run the `openai` client with, or `None` (skip) when there is none and
 /// it is not required.
 fn openai_python() -> Option<PathBuf> {
+    python_with("openai")
+}
+
+/// The python to run the clients with, with the `modules` (`import` syntax), or `None`
+/// (skip) when there is none and it is not required.
+fn python_with(modules: &str) -> Option<PathBuf> {
     let required = std::env::var("ENCORE_REQUIRE_OPENAI").as_deref() == Ok("1");
     let py = std::env::var_os("ENCORE_OPENAI_PYTHON").map(PathBuf::from);
     let usable = py.as_ref().is_some_and(|p| {
         Command::new(p)
-            .args(["-c", "import openai"])
+            .args(["-c", &format!("import {modules}")])
             .output()
             .is_ok_and(|o| o.status.success())
     });
@@ -179,13 +189,95 @@ fn openai_python() -> Option<PathBuf> {
     }
     assert!(
         !required,
-        "ENCORE_REQUIRE_OPENAI=1 but ENCORE_OPENAI_PYTHON ({py:?}) is not a python with `openai`"
+        "ENCORE_REQUIRE_OPENAI=1 but ENCORE_OPENAI_PYTHON ({py:?}) is not a python with {modules}"
     );
     eprintln!(
-        "skipped: set ENCORE_OPENAI_PYTHON to a python with the `openai` package \
+        "skipped: set ENCORE_OPENAI_PYTHON to a python with {modules} \
          (scripts/ci-venv.sh makes one)"
     );
     None
+}
+
+/// Run `scripts/{script}` with the JSON `case` (a file, its one argument); it must pass.
+fn run_script(python: &PathBuf, script: &str, case: &Value) {
+    let model = case["model"].as_str().unwrap_or_default();
+    let dir = common::temp_dir(&format!("{script}-{model}"));
+    let cfg = dir.join("case.json");
+    std::fs::write(&cfg, case.to_string()).unwrap();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(script);
+    let out = Command::new(python).arg(&path).arg(&cfg).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout).trim());
+}
+
+/// Run scripts/agent_clients_test.py against the server at `addr` serving `model`.
+fn agent_clients(python: &PathBuf, addr: SocketAddr, model: &str, case: Value) {
+    let mut c = json!({"base_url": format!("http://{addr}"), "api_key": "sekret", "model": model});
+    for (k, v) in case.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    run_script(python, "agent_clients_test.py", &c);
+}
+
+/// `/v1/responses` through the official `openai` client and `/v1/messages` through the
+/// official `anthropic` client, on `dummy:tiny` (whose template renders tools: the tool
+/// round trips too).
+#[test]
+fn the_agent_python_clients_work() {
+    let Some(python) = python_with("openai, anthropic, jsonschema") else {
+        return;
+    };
+    let s = start(&["--api-key", "sekret"]);
+    let case = json!({"prompt": "stop strings, please", "max_tokens": 24, "tools": true,
+                      "answer": null});
+    agent_clients(&python, s.addr, MODEL, case);
+    s.signal("-TERM");
+    let (st, err) = s.wait(Duration::from_secs(60));
+    assert!(st.success(), "exit {st}: {err}");
+}
+
+/// The same clients on the real SmolLM2 GGUF (`ENCORE_SMOLLM2_GGUF`, as `.ci/run` sets
+/// it): the answers hold "Paris". Its template renders no tools.
+#[test]
+fn the_agent_python_clients_work_on_smollm2() {
+    let Some(gguf) = common::smollm2_gguf() else {
+        return;
+    };
+    let Some(python) = python_with("openai, anthropic, jsonschema") else {
+        return;
+    };
+    let gguf = gguf.to_string_lossy().to_string();
+    let s = Serve::start(
+        &[
+            "--model",
+            &gguf,
+            "--device",
+            "cpu",
+            "--served-model-name",
+            "smollm2",
+            "--port",
+            "0",
+            "--api-key",
+            "sekret",
+            "--max-num-seqs",
+            "4",
+        ],
+        Duration::from_secs(300),
+    );
+    let case = json!({"prompt": "What is the capital of France?", "max_tokens": 24,
+                      "tools": false, "answer": "Paris"});
+    agent_clients(&python, s.addr, "smollm2", case);
+    s.signal("-TERM");
+    let (st, err) = s.wait(Duration::from_secs(60));
+    assert!(st.success(), "exit {st}: {err}");
 }
 
 /// `encore generate`'s greedy text for `prompt` (`--chat`: through the chat template).
@@ -219,30 +311,12 @@ fn the_openai_python_client_works() {
     let completion_text = generate_text(prompt, n, false);
     let chat_text = generate_text(prompt, n, true);
     let s = start(&["--api-key", "sekret"]);
-    let dir = std::env::temp_dir().join(format!("encore-openai-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cfg = dir.join("case.json");
     let case = json!({
         "base_url": format!("http://{}/v1", s.addr), "api_key": "sekret", "model": MODEL,
         "prompt": prompt, "max_tokens": n,
         "completion_text": completion_text, "chat_text": chat_text,
     });
-    std::fs::write(&cfg, case.to_string()).unwrap();
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/openai_client_test.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{}", String::from_utf8_lossy(&out.stdout).trim());
+    run_script(&python, "openai_client_test.py", &case);
     // The server is still healthy after the client's requests and errors.
     assert_eq!(http(s.addr, "GET", "/health", None).0, 200);
     s.signal("-TERM");

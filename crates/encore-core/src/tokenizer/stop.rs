@@ -30,6 +30,8 @@ pub struct StopMatcher {
     /// Arrived, not released, no stop string inside it.
     held: String,
     stopped: bool,
+    /// The stop string that matched (its index in `stops`).
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
@@ -44,6 +46,7 @@ impl StopMatcher {
             stops,
             held: String::new(),
             stopped: false,
+            matched: None,
         })
     }
 
@@ -55,6 +58,11 @@ impl StopMatcher {
     /// Whether a stop string matched (later pushes release nothing).
     pub fn stopped(&self) -> bool {
         self.stopped
+    }
+
+    /// The stop string that ended the text, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Add the next piece of text; returns what can be released now, and whether a stop
@@ -80,11 +88,13 @@ impl StopMatcher {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at + s.len(), at)))
+            .enumerate()
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at + s.len(), at, i)))
             .min();
-        if let Some((_, at)) = first {
+        if let Some((_, at, i)) = first {
             self.held.truncate(at);
             self.stopped = true;
+            self.matched = Some(i);
             return StopOutput {
                 text: std::mem::take(&mut self.held),
                 stopped: true,
@@ -171,5 +181,10 @@ impl<'t> StopStream<'t> {
     /// Whether a stop string ended the text.
     pub fn stopped(&self) -> bool {
         self.stop.stopped()
+    }
+
+    /// The stop string that ended the text, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.stop.matched()
     }
 }

@@ -10,6 +10,7 @@
 //! One test binary in modules: `harness` (the server start-up and the HTTP client),
 //! `generation`, `errors`, `fields`, `lifecycle`, `tools`.
 
+mod agents;
 mod errors;
 mod fields;
 mod generation;

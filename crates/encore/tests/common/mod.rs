@@ -176,3 +176,18 @@ impl Drop for Serve {
 pub fn bench_on_cpu(cmd: &str, args: &[&str]) -> Output {
     encore(&[&["bench", cmd, "--device", "cpu"][..], args].concat())
 }
+
+/// The real SmolLM2 GGUF (`ENCORE_SMOLLM2_GGUF`, as `.ci/run` sets it), or `None` (the
+/// test says so and passes) unless `ENCORE_REQUIRE_SMOLLM2=1` (CI), where its absence
+/// fails.
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    let Some(gguf) = std::env::var_os("ENCORE_SMOLLM2_GGUF") else {
+        assert!(
+            std::env::var("ENCORE_REQUIRE_SMOLLM2").as_deref() != Ok("1"),
+            "ENCORE_REQUIRE_SMOLLM2=1 but ENCORE_SMOLLM2_GGUF is not set"
+        );
+        eprintln!("skipped: set ENCORE_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf");
+        return None;
+    };
+    Some(PathBuf::from(gguf))
+}

@@ -1,0 +1,1099 @@
+//! Anthropic's `POST /v1/messages` and `POST /v1/messages/count_tokens`: the request
+//! (`system`, `messages` of content blocks including `tool_use` and `tool_result`,
+//! `tools`, `tool_choice`, `stop_sequences`, `thinking`) is read into the same typed chat
+//! request as `/v1/chat/completions` ([`Chat`]) and runs the same path; only the answer's
+//! shape differs: a `message` whose `content` holds a `thinking` block (when the
+//! reasoning parser split some out), a `text` block and a `tool_use` block per call, with
+//! Anthropic's `stop_reason`; streamed as `message_start`, `content_block_start` /
+//! `content_block_delta` / `content_block_stop` per block, `message_delta` and
+//! `message_stop`. Errors have Anthropic's shape, `{"type": "error", "error": {"type",
+//! "message"}}`, the message naming the field.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use encore_core::tokenizer::{ChatMessage, FunctionCall, ToolCall};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::body::{
+    check_model, count, flag, given, json_schema, known_keys, number, read, Chat, Common, Field,
+    SamplingBody,
+};
+use crate::error::ApiError;
+use crate::fields;
+use crate::generate::{chat_prompt, generate, Api, ChatOut, Ending, Typed};
+use crate::output::{Kind, Reply};
+use crate::parse::{CallIds, Delta, Parsed};
+use crate::responses::thinking_switch;
+use crate::tools::{read_list, ToolChoice, Tools};
+use crate::AppState;
+
+/// The most stop sequences a request may give.
+const MAX_STOP_SEQUENCES: usize = 64;
+
+pub(crate) async fn create(
+    State(s): State<Arc<AppState>>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Response {
+    let valid = read::<MessagesBody>(body, fields::MESSAGES)
+        .and_then(|b| b.validate(&s))
+        .and_then(|(chat, omit)| Ok((chat_prompt(&s, chat)?, omit)));
+    match valid {
+        Ok(((prompt, c, out), omit_thinking)) => {
+            let api = Api::Messages { omit_thinking };
+            generate(s, c, prompt, Kind::Chat, Some(out), None, api).await
+        }
+        Err(e) => error(e),
+    }
+}
+
+pub(crate) async fn count_tokens(
+    State(s): State<Arc<AppState>>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Response {
+    let valid = read::<CountBody>(body, fields::COUNT_TOKENS)
+        .and_then(|b| b.validate(&s))
+        .and_then(|(chat, _)| chat_prompt(&s, chat));
+    match valid {
+        Ok((prompt, ..)) => Json(json!({"input_tokens": prompt.len()})).into_response(),
+        Err(e) => error(e),
+    }
+}
+
+/// Error `e` in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`,
+/// the message naming the field.
+pub(crate) fn error(e: ApiError) -> Response {
+    (e.status, Json(error_body(&e))).into_response()
+}
+
+fn error_body(e: &ApiError) -> Value {
+    let kind = match e.status {
+        StatusCode::BAD_REQUEST => "invalid_request_error",
+        StatusCode::UNAUTHORIZED => "authentication_error",
+        StatusCode::FORBIDDEN => "permission_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+        StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+        _ => "api_error",
+    };
+    let message = match &e.param {
+        Some(p) => format!("{p}: {}", e.message),
+        None => e.message.clone(),
+    };
+    json!({"type": "error", "error": {"type": kind, "message": message}})
+}
+
+/// What both bodies share: the conversation, its tools and thinking.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Conversation {
+    model: Field<String>,
+    messages: Field<Vec<Value>>,
+    system: Field<Value>,
+    tools: Field<Value>,
+    tool_choice: Field<Value>,
+    thinking: Field<Value>,
+    output_config: Field<Value>,
+}
+
+/// The body of `/v1/messages`.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct MessagesBody {
+    #[serde(flatten)]
+    conversation: Conversation,
+    max_tokens: Field<u64>,
+    stop_sequences: Field<Vec<String>>,
+    stream: Field<bool>,
+    temperature: Field<f64>,
+    top_p: Field<f64>,
+    top_k: Field<i64>,
+}
+
+/// The body of `/v1/messages/count_tokens`.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct CountBody {
+    #[serde(flatten)]
+    conversation: Conversation,
+}
+
+impl CountBody {
+    fn validate(self, s: &AppState) -> Result<(Chat, bool), ApiError> {
+        let c = Common::new(Default::default(), None, s.eos.clone());
+        self.conversation.validate(s, c, None)
+    }
+}
+
+impl MessagesBody {
+    /// The chat request, and whether the thinking is left out of the answer.
+    pub fn validate(self, s: &AppState) -> Result<(Chat, bool), ApiError> {
+        let sampling = SamplingBody {
+            top_p: self.top_p,
+            top_k: self.top_k,
+            ..SamplingBody::default()
+        };
+        let (mut sampling, _) = sampling.validate()?;
+        sampling.temperature = number(self.temperature, "temperature", 0.0, 1.0, 1.0)? as f32;
+        let mut c = Common::new(sampling, None, s.eos.clone());
+        c.stream = flag(self.stream, "stream")?;
+        let max = count(self.max_tokens, "max_tokens")?
+            .ok_or_else(|| ApiError::bad("max_tokens", "`max_tokens` is required"))?;
+        if max == 0 {
+            return Err(ApiError::bad(
+                "max_tokens",
+                "`max_tokens` must be at least 1",
+            ));
+        }
+        c.max_tokens = Some(max);
+        c.names.constraint = "tool_choice";
+        let rule = || {
+            format!(
+                "`stop_sequences` must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings"
+            )
+        };
+        let stops = self
+            .stop_sequences
+            .get("stop_sequences", rule)?
+            .unwrap_or_default();
+        if stops.len() > MAX_STOP_SEQUENCES {
+            return Err(ApiError::bad("stop_sequences", rule()));
+        }
+        c.stop = encore_core::tokenizer::StopMatcher::new(stops)
+            .map_err(|_| ApiError::bad("stop_sequences", rule()))?;
+        self.conversation.validate(s, c, Some(max))
+    }
+}
+
+impl Conversation {
+    /// The chat request, and whether the thinking is left out of the answer;
+    /// `max_tokens` bounds a thinking budget.
+    fn validate(
+        self,
+        s: &AppState,
+        mut c: Common,
+        max_tokens: Option<usize>,
+    ) -> Result<(Chat, bool), ApiError> {
+        check_model(self.model, &s.cfg.served_model_name, true)?;
+        let mut kwargs = Map::new();
+        let omit_thinking = match given(self.thinking) {
+            Some(t) => thinking(&t, s, max_tokens, &mut kwargs)?,
+            None => false,
+        };
+        if let Some(o) = given(self.output_config) {
+            c.params.constraint = output_config(&o, s, &mut kwargs)?;
+            c.names.constraint = "output_config.format";
+        }
+        let defs = tools(given(self.tools).as_ref())?;
+        let (choice, parallel) = match given(self.tool_choice) {
+            None => (None, true),
+            Some(v) => tool_choice(&v)?,
+        };
+        let tools = Tools::assemble(defs, choice, parallel, "tool_choice")?;
+        if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
+            if c.params.constraint.is_some() {
+                return Err(ApiError::bad(
+                    "output_config.format",
+                    "`output_config.format` and `tool_choice` `any` or `tool` both constrain \
+                     the output",
+                ));
+            }
+            c.params.constraint = Some(forced);
+            c.names.constraint = "tool_choice";
+        }
+        let mut messages = Vec::new();
+        if let Some(sys) = given(self.system) {
+            let text = match &sys {
+                Value::String(t) => t.clone(),
+                Value::Array(_) => blocks_text(&sys, "system")?,
+                _ => {
+                    return Err(ApiError::bad(
+                        "system",
+                        "`system` must be a string or a list of text blocks",
+                    ))
+                }
+            };
+            messages.push(ChatMessage::new("system", text));
+        }
+        let list = self
+            .messages
+            .get("messages", || "`messages` must be a list".into())?
+            .ok_or_else(|| ApiError::bad("messages", "`messages` is required"))?;
+        if list.is_empty() {
+            return Err(ApiError::bad("messages", "`messages` must not be empty"));
+        }
+        conversation(&list, &mut messages)?;
+        let chat = Chat {
+            messages,
+            tools,
+            kwargs,
+            common: c,
+        };
+        Ok((chat, omit_thinking))
+    }
+}
+
+/// `output_config`: `format` (`{"type": "json_schema", "schema"}`), the output's
+/// constraint; `effort`, the template's `reasoning_effort` where it reads one.
+fn output_config(
+    v: &Value,
+    s: &AppState,
+    kwargs: &mut Map<String, Value>,
+) -> Result<Option<encore_core::request::Constraint>, ApiError> {
+    const P: &str = "output_config";
+    let o = v
+        .as_object()
+        .ok_or_else(|| ApiError::bad(P, "`output_config` must be an object"))?;
+    known_keys(o, &["effort", "format"], P)?;
+    match o.get("effort") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(e))
+            if matches!(e.as_str(), "low" | "medium" | "high" | "xhigh" | "max") =>
+        {
+            if !s.chat.template_reads_effort {
+                let m = "this model's chat template takes no effort level (`reasoning_effort`)";
+                return Err(ApiError::bad("output_config.effort", m));
+            }
+            kwargs.insert("reasoning_effort".into(), json!(e));
+        }
+        Some(_) => {
+            return Err(ApiError::bad(
+                "output_config.effort",
+                "`output_config.effort` must be one of low, medium, high, xhigh, max",
+            ))
+        }
+    }
+    let Some(f) = o.get("format").filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    const F: &str = "output_config.format";
+    let fo = f
+        .as_object()
+        .filter(|fo| fo.get("type").and_then(Value::as_str) == Some("json_schema"))
+        .ok_or_else(|| {
+            ApiError::bad(
+                F,
+                "`output_config.format` must be `{\"type\": \"json_schema\", \"schema\": ...}`",
+            )
+        })?;
+    known_keys(fo, &["type", "schema"], F)?;
+    let schema = fo.get("schema").filter(|x| x.is_object()).ok_or_else(|| {
+        ApiError::bad(
+            "output_config.format.schema",
+            "`output_config.format.schema` must be a JSON schema object",
+        )
+    })?;
+    Ok(Some(json_schema("output_config.format.schema", schema)?))
+}
+
+/// `thinking`: `{"type": "enabled", "budget_tokens", "display"}`, `{"type":
+/// "adaptive", "display"}` (the model's own default) or `{"type": "disabled"}`; whether
+/// the thinking is left out of the answer (`display: "omitted"`). The budget is checked
+/// as Anthropic does (at least 1024, below `max_tokens`); the thinking ends when the
+/// model ends it, within `max_tokens`.
+fn thinking(
+    t: &Value,
+    s: &AppState,
+    max_tokens: Option<usize>,
+    kwargs: &mut Map<String, Value>,
+) -> Result<bool, ApiError> {
+    const P: &str = "thinking";
+    let o = t
+        .as_object()
+        .ok_or_else(|| ApiError::bad(P, "`thinking` must be an object with a `type`"))?;
+    let omit = match o.get("display") {
+        None | Some(Value::Null) => false,
+        Some(x) if x == "summarized" => false,
+        Some(x) if x == "omitted" => true,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "thinking.display",
+                "`thinking.display` must be `summarized` or `omitted`",
+            ))
+        }
+    };
+    match o.get("type").and_then(Value::as_str) {
+        Some("adaptive") => {
+            known_keys(o, &["type", "display"], P)?;
+            Ok(omit)
+        }
+        Some("enabled") => {
+            known_keys(o, &["type", "budget_tokens", "display"], P)?;
+            let budget = o.get("budget_tokens").and_then(Value::as_u64);
+            let Some(b) = budget.filter(|&b| b >= 1024) else {
+                let m = "`thinking.budget_tokens` is required: an integer of at least 1024";
+                return Err(ApiError::bad("thinking.budget_tokens", m));
+            };
+            if let Some(max) = max_tokens {
+                if b as usize >= max {
+                    let m = format!(
+                        "`thinking.budget_tokens` ({b}) must be below `max_tokens` ({max})"
+                    );
+                    return Err(ApiError::bad("thinking.budget_tokens", m));
+                }
+            }
+            thinking_switch(s, true, P, kwargs)?;
+            Ok(omit)
+        }
+        Some("disabled") => {
+            known_keys(o, &["type"], P)?;
+            thinking_switch(s, false, P, kwargs)?;
+            Ok(false)
+        }
+        _ => Err(ApiError::bad(
+            "thinking.type",
+            "`thinking.type` must be `enabled`, `adaptive` or `disabled`",
+        )),
+    }
+}
+
+/// `tools`: `{"name", "description", "input_schema"}` each (client tools), in chat's
+/// shape.
+fn tools(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+    read_list(
+        v,
+        "{\"name\", \"description\", \"input_schema\"}",
+        |o, at| {
+            match o.get("type") {
+                None | Some(Value::Null) => {}
+                Some(x) if x == "custom" => {}
+                Some(x) => {
+                    return Err(ApiError::bad(
+                        format!("{at}.type"),
+                        format!("tool type {x} is not supported: only client tools (`custom`)"),
+                    ))
+                }
+            }
+            known_keys(
+                o,
+                &[
+                    "type",
+                    "name",
+                    "description",
+                    "input_schema",
+                    "cache_control",
+                    "strict",
+                    "eager_input_streaming",
+                    "defer_loading",
+                    "input_examples",
+                    "allowed_callers",
+                ],
+                at,
+            )?;
+            // Accepted as no-ops: `strict` (a forced call follows the schema; others are read
+            // as written), `eager_input_streaming` (a call's input always streams as it is
+            // written), `defer_loading: false`, no `input_examples`; refused otherwise.
+            for (k, ok) in [
+                ("strict", Value::is_boolean as fn(&Value) -> bool),
+                ("eager_input_streaming", |v: &Value| v.is_boolean()),
+                ("defer_loading", |v: &Value| *v == json!(false)),
+                ("input_examples", |v: &Value| {
+                    v.as_array().is_some_and(Vec::is_empty)
+                }),
+                ("allowed_callers", |_: &Value| false),
+            ] {
+                if let Some(v) = o.get(k).filter(|v| !v.is_null()) {
+                    if !ok(v) {
+                        return Err(ApiError::bad(
+                            format!("{at}.{k}"),
+                            format!("`{at}.{k}` is not supported with this value"),
+                        ));
+                    }
+                }
+            }
+            let schema = o
+                .get("input_schema")
+                .and_then(Value::as_object)
+                .filter(|s| s.get("type").and_then(Value::as_str) == Some("object"))
+                .ok_or_else(|| {
+                    ApiError::bad(
+                        format!("{at}.input_schema"),
+                        format!(
+                        "`{at}.input_schema` is required: a JSON schema object of `type` `object`"
+                    ),
+                    )
+                })?;
+            let mut f = Map::new();
+            match o.get("description") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(d)) => {
+                    f.insert("description".into(), json!(d));
+                }
+                Some(_) => {
+                    return Err(ApiError::bad(
+                        format!("{at}.description"),
+                        format!("`{at}.description` must be a string"),
+                    ))
+                }
+            }
+            f.insert("parameters".into(), Value::Object(schema.clone()));
+            Ok(f)
+        },
+    )
+}
+
+/// `tool_choice`: `{"type": "auto" | "any" | "tool" | "none", "name",
+/// "disable_parallel_tool_use"}`; the choice and whether calls may be parallel.
+fn tool_choice(v: &Value) -> Result<(Option<ToolChoice>, bool), ApiError> {
+    const P: &str = "tool_choice";
+    let o = v
+        .as_object()
+        .ok_or_else(|| ApiError::bad(P, "`tool_choice` must be an object with a `type`"))?;
+    let parallel = match o.get("disable_parallel_tool_use") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => !b,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "tool_choice.disable_parallel_tool_use",
+                "`tool_choice.disable_parallel_tool_use` must be a boolean",
+            ))
+        }
+    };
+    let choice = match o.get("type").and_then(Value::as_str) {
+        Some("auto") => {
+            known_keys(o, &["type", "disable_parallel_tool_use"], P)?;
+            ToolChoice::Auto
+        }
+        Some("any") => {
+            known_keys(o, &["type", "disable_parallel_tool_use"], P)?;
+            ToolChoice::Required
+        }
+        Some("none") => {
+            known_keys(o, &["type"], P)?;
+            ToolChoice::None
+        }
+        Some("tool") => {
+            known_keys(o, &["type", "name", "disable_parallel_tool_use"], P)?;
+            let name = o.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::bad("tool_choice.name", "`tool_choice` `tool` needs a `name`")
+            })?;
+            ToolChoice::Named(name.to_string())
+        }
+        _ => {
+            return Err(ApiError::bad(
+                "tool_choice.type",
+                "`tool_choice.type` must be `auto`, `any`, `tool` or `none`",
+            ))
+        }
+    };
+    Ok((Some(choice), parallel))
+}
+
+/// The text of a list of text blocks (`system`, a tool result's content).
+fn blocks_text(v: &Value, at: &str) -> Result<String, ApiError> {
+    let list = v.as_array().ok_or_else(|| {
+        ApiError::bad(
+            at.to_string(),
+            format!("`{at}` must be a list of text blocks"),
+        )
+    })?;
+    let mut text = String::new();
+    for (j, b) in list.iter().enumerate() {
+        let bat = format!("{at}[{j}]");
+        let o = b.as_object().ok_or_else(|| {
+            ApiError::bad(
+                bat.clone(),
+                format!("`{bat}` must be a content block object"),
+            )
+        })?;
+        match o.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            other => return Err(unsupported_block(other, &bat)),
+        }
+        text.push_str(text_block(o, &bat)?);
+    }
+    Ok(text)
+}
+
+fn unsupported_block(kind: Option<&str>, at: &str) -> ApiError {
+    let why = match kind {
+        Some(k @ ("image" | "document" | "search_result")) => {
+            format!("content block type `{k}` is not supported: this model takes text")
+        }
+        Some(k) => format!("content block type `{k}` is not supported here"),
+        None => format!("`{at}` needs a `type`"),
+    };
+    ApiError::bad(format!("{at}.type"), why)
+}
+
+/// A text block's text (`cache_control` is accepted: the prefix cache is automatic).
+fn text_block<'a>(o: &'a Map<String, Value>, at: &str) -> Result<&'a str, ApiError> {
+    known_keys(o, &["type", "text", "cache_control", "citations"], at)?;
+    if o.get("citations")
+        .is_some_and(|c| !c.is_null() && c != &json!([]))
+    {
+        let m = "citations are not supported";
+        return Err(ApiError::bad(format!("{at}.citations"), m));
+    }
+    o.get("text").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::bad(
+            format!("{at}.text"),
+            format!("`{at}.text` must be a string"),
+        )
+    })
+}
+
+/// `messages` as the chat template's conversation, after `out`'s system message: a
+/// user's `tool_result` blocks become `tool` messages (before its text), an assistant's
+/// `tool_use` blocks its tool calls and its `thinking` its reasoning.
+fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+    // The function of each tool-use id, for the results that answer them.
+    let mut called: HashMap<String, String> = HashMap::new();
+    for (i, m) in list.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let o = m.as_object().ok_or_else(|| {
+            ApiError::bad(
+                at.clone(),
+                format!("`{at}` must be an object with `role` and `content`"),
+            )
+        })?;
+        known_keys(o, &["role", "content"], &at)?;
+        let role = match o.get("role").and_then(Value::as_str) {
+            Some(r @ ("user" | "assistant")) => r,
+            _ => {
+                return Err(ApiError::bad(
+                    format!("{at}.role"),
+                    format!("`{at}.role` must be `user` or `assistant`"),
+                ))
+            }
+        };
+        let blocks = match o.get("content") {
+            Some(Value::String(t)) => {
+                out.push(ChatMessage::new(role, t.clone()));
+                continue;
+            }
+            Some(Value::Array(b)) => b,
+            _ => {
+                return Err(ApiError::bad(
+                    format!("{at}.content"),
+                    format!("`{at}.content` must be a string or a list of content blocks"),
+                ))
+            }
+        };
+        let mut msg = ChatMessage::new(role, "");
+        for (j, b) in blocks.iter().enumerate() {
+            let bat = format!("{at}.content[{j}]");
+            let bo = b.as_object().ok_or_else(|| {
+                ApiError::bad(
+                    bat.clone(),
+                    format!("`{bat}` must be a content block object"),
+                )
+            })?;
+            let kind = bo.get("type").and_then(Value::as_str);
+            let wrong_role = |owner: &str| {
+                ApiError::bad(
+                    format!("{bat}.type"),
+                    format!(
+                        "`{}` blocks belong to `{owner}` messages",
+                        kind.unwrap_or("")
+                    ),
+                )
+            };
+            match kind {
+                Some("text") => {
+                    let t = text_block(bo, &bat)?;
+                    msg.content.get_or_insert_with(String::new).push_str(t);
+                }
+                Some("tool_use") => {
+                    if role != "assistant" {
+                        return Err(wrong_role("assistant"));
+                    }
+                    known_keys(bo, &["type", "id", "name", "input", "cache_control"], &bat)?;
+                    let str_of = |k: &str| {
+                        bo.get(k)
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                            .ok_or_else(|| {
+                                ApiError::bad(
+                                    format!("{bat}.{k}"),
+                                    format!("`{bat}.{k}` must be a string"),
+                                )
+                            })
+                    };
+                    let (id, name) = (str_of("id")?, str_of("name")?);
+                    let input = bo.get("input").filter(|x| x.is_object()).ok_or_else(|| {
+                        ApiError::bad(
+                            format!("{bat}.input"),
+                            format!("`{bat}.input` must be an object"),
+                        )
+                    })?;
+                    called.insert(id.clone(), name.clone());
+                    msg.tool_calls.push(ToolCall {
+                        id,
+                        kind: "function".into(),
+                        function: FunctionCall {
+                            name,
+                            arguments: input.clone(),
+                        },
+                    });
+                }
+                Some("thinking") => {
+                    if role != "assistant" {
+                        return Err(wrong_role("assistant"));
+                    }
+                    known_keys(bo, &["type", "thinking", "signature"], &bat)?;
+                    let t = bo.get("thinking").and_then(Value::as_str).ok_or_else(|| {
+                        ApiError::bad(
+                            format!("{bat}.thinking"),
+                            format!("`{bat}.thinking` must be a string"),
+                        )
+                    })?;
+                    msg.reasoning_content
+                        .get_or_insert_with(String::new)
+                        .push_str(t);
+                }
+                Some("tool_result") => {
+                    if role != "user" {
+                        return Err(wrong_role("user"));
+                    }
+                    known_keys(
+                        bo,
+                        &[
+                            "type",
+                            "tool_use_id",
+                            "content",
+                            "is_error",
+                            "cache_control",
+                        ],
+                        &bat,
+                    )?;
+                    let id = bo
+                        .get("tool_use_id")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| {
+                            ApiError::bad(
+                                format!("{bat}.tool_use_id"),
+                                format!("`{bat}.tool_use_id` must be a string"),
+                            )
+                        })?;
+                    let mut text = match bo.get("content") {
+                        None | Some(Value::Null) => String::new(),
+                        Some(Value::String(t)) => t.clone(),
+                        Some(v @ Value::Array(_)) => blocks_text(v, &format!("{bat}.content"))?,
+                        Some(_) => {
+                            return Err(ApiError::bad(
+                                format!("{bat}.content"),
+                                format!(
+                                    "`{bat}.content` must be a string or a list of text blocks"
+                                ),
+                            ))
+                        }
+                    };
+                    match bo.get("is_error") {
+                        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+                        // The template has no error flag: the text says it.
+                        Some(Value::Bool(true)) => text = format!("Error: {text}"),
+                        Some(_) => {
+                            return Err(ApiError::bad(
+                                format!("{bat}.is_error"),
+                                format!("`{bat}.is_error` must be a boolean"),
+                            ))
+                        }
+                    }
+                    let mut tm = ChatMessage::new("tool", text);
+                    tm.name = called.get(id).cloned();
+                    tm.tool_call_id = Some(id.to_string());
+                    out.push(tm);
+                }
+                other => return Err(unsupported_block(other, &bat)),
+            }
+        }
+        // A user turn of tool results only is those results.
+        let empty = msg.content.as_deref() == Some("");
+        if role == "assistant" || !empty || !blocks_had_results(blocks) {
+            out.push(msg);
+        }
+    }
+    Ok(())
+}
+
+/// Whether a user message's blocks held tool results (then an empty text adds nothing).
+fn blocks_had_results(blocks: &[Value]) -> bool {
+    blocks.iter().any(|b| b["type"] == "tool_result")
+}
+
+/// The stop reason of an output.
+fn stop_reason(end: &Ending, called: bool) -> &'static str {
+    if called {
+        "tool_use"
+    } else if end.finish == "length" {
+        "max_tokens"
+    } else if end.stop.is_some() {
+        "stop_sequence"
+    } else {
+        "end_turn"
+    }
+}
+
+/// A call's `input`: its arguments parsed (the raw text if they are not JSON).
+fn input(arguments: &str) -> Value {
+    if arguments.trim().is_empty() {
+        return json!({});
+    }
+    serde_json::from_str(arguments).unwrap_or_else(|_| json!(arguments))
+}
+
+fn message_id(seed: u64) -> String {
+    CallIds::new(seed ^ 0x2545_f491_4f6c_dd1d, false).item("msg")
+}
+
+/// A whole answer: the message.
+pub(crate) fn whole(
+    reply: &Reply,
+    out: &ChatOut,
+    parsed: &Parsed,
+    end: &Ending,
+    omit_thinking: bool,
+) -> Value {
+    let mut calls = out.call_ids(0);
+    let mut content = Vec::new();
+    if !parsed.reasoning.is_empty() {
+        let text = if omit_thinking { "" } else { &parsed.reasoning };
+        content.push(json!({"type": "thinking", "thinking": text, "signature": ""}));
+    }
+    let named: Vec<_> = parsed.calls.iter().filter(|c| c.name.is_some()).collect();
+    if !parsed.content.is_empty() || (named.is_empty() && content.is_empty()) {
+        content.push(json!({"type": "text", "text": parsed.content}));
+    }
+    for c in &named {
+        content.push(json!({"type": "tool_use", "id": calls.next(),
+            "name": c.name.as_deref().unwrap_or_default(), "input": input(&c.arguments)}));
+    }
+    json!({
+        "id": message_id(out.id_seed), "type": "message", "role": "assistant", "model": reply.model,
+        "content": content, "stop_reason": stop_reason(end, !named.is_empty()),
+        "stop_sequence": end.stop,
+        "usage": {"input_tokens": end.prompt, "output_tokens": end.completion},
+    })
+}
+
+/// The kind of the content block a stream has open.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Thinking,
+    Text,
+    ToolUse,
+}
+
+/// A streamed message: its content blocks opened, filled and closed in order.
+pub(crate) struct Stream {
+    id: String,
+    /// The open block and its index.
+    open: Option<(usize, Block)>,
+    blocks: usize,
+    called: bool,
+    /// Thinking blocks come without their text.
+    omit_thinking: bool,
+}
+
+impl Stream {
+    pub fn new(id_seed: u64, omit_thinking: bool) -> Self {
+        Stream {
+            id: message_id(id_seed),
+            open: None,
+            blocks: 0,
+            called: false,
+            omit_thinking,
+        }
+    }
+
+    fn event(kind: &'static str, mut data: Value) -> Typed {
+        data["type"] = json!(kind);
+        (kind, data)
+    }
+
+    /// The event that opens the message.
+    pub fn start(&mut self, reply: &Reply, prompt: usize) -> Vec<Typed> {
+        let m = json!({
+            "id": self.id, "type": "message", "role": "assistant", "model": reply.model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": prompt, "output_tokens": 0},
+        });
+        vec![Self::event("message_start", json!({ "message": m }))]
+    }
+
+    fn close(&mut self, out: &mut Vec<Typed>) {
+        if let Some((i, _)) = self.open.take() {
+            out.push(Self::event("content_block_stop", json!({ "index": i })));
+        }
+    }
+
+    /// Open a block (closing the one open) unless one of `kind` is open and `reuse`.
+    fn open(&mut self, kind: Block, block: Value, reuse: bool, out: &mut Vec<Typed>) -> usize {
+        if let Some((i, k)) = self.open {
+            if k == kind && reuse {
+                return i;
+            }
+        }
+        self.close(out);
+        let i = self.blocks;
+        self.blocks += 1;
+        self.open = Some((i, kind));
+        let e = json!({"index": i, "content_block": block});
+        out.push(Self::event("content_block_start", e));
+        i
+    }
+
+    /// The events of one token's output `d`.
+    pub fn token(&mut self, d: &Delta) -> Vec<Typed> {
+        let mut out = Vec::new();
+        if !d.reasoning.is_empty() {
+            let b = json!({"type": "thinking", "thinking": "", "signature": ""});
+            let i = self.open(Block::Thinking, b, true, &mut out);
+            if !self.omit_thinking {
+                let delta = json!({"type": "thinking_delta", "thinking": d.reasoning});
+                out.push(Self::event(
+                    "content_block_delta",
+                    json!({"index": i, "delta": delta}),
+                ));
+            }
+        }
+        if !d.content.is_empty() {
+            let b = json!({"type": "text", "text": ""});
+            let i = self.open(Block::Text, b, true, &mut out);
+            let delta = json!({"type": "text_delta", "text": d.content});
+            out.push(Self::event(
+                "content_block_delta",
+                json!({"index": i, "delta": delta}),
+            ));
+        }
+        for c in &d.calls {
+            if let Some(id) = c["id"].as_str() {
+                let b = json!({"type": "tool_use", "id": id,
+                    "name": c["function"]["name"], "input": {}});
+                self.open(Block::ToolUse, b, false, &mut out);
+                self.called = true;
+            }
+            let args = c["function"]["arguments"].as_str().unwrap_or("");
+            if let (false, Some((i, Block::ToolUse))) = (args.is_empty(), self.open) {
+                let delta = json!({"type": "input_json_delta", "partial_json": args});
+                out.push(Self::event(
+                    "content_block_delta",
+                    json!({"index": i, "delta": delta}),
+                ));
+            }
+        }
+        out
+    }
+
+    /// The events that end the message.
+    pub fn end(&mut self, end: &Ending) -> Vec<Typed> {
+        let mut out = Vec::new();
+        if self.blocks == 0 {
+            // An empty answer is still a text block, as whole.
+            self.open(
+                Block::Text,
+                json!({"type": "text", "text": ""}),
+                true,
+                &mut out,
+            );
+        }
+        self.close(&mut out);
+        let delta =
+            json!({"stop_reason": stop_reason(end, self.called), "stop_sequence": end.stop});
+        let usage = json!({"output_tokens": end.completion});
+        out.push(Self::event(
+            "message_delta",
+            json!({"delta": delta, "usage": usage}),
+        ));
+        out.push(Self::event("message_stop", json!({})));
+        out
+    }
+
+    /// The event of an error that ends the stream.
+    pub fn error(&mut self, e: &ApiError) -> Vec<Typed> {
+        vec![("error", error_body(e))]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::Call;
+
+    /// The content blocks a client builds from a stream's events, and its stop reason.
+    fn accumulate(events: &[Typed]) -> (Vec<Value>, Value, Value) {
+        let mut blocks: Vec<Value> = Vec::new();
+        let mut json_text: Vec<String> = Vec::new();
+        let (mut stop, mut seq) = (Value::Null, Value::Null);
+        for (kind, e) in events {
+            assert_eq!(e["type"], *kind);
+            match *kind {
+                "content_block_start" => {
+                    assert_eq!(e["index"], blocks.len());
+                    blocks.push(e["content_block"].clone());
+                    json_text.push(String::new());
+                }
+                "content_block_delta" => {
+                    let i = e["index"].as_u64().unwrap() as usize;
+                    let d = &e["delta"];
+                    match d["type"].as_str().unwrap() {
+                        "text_delta" => {
+                            let t = blocks[i]["text"].as_str().unwrap().to_string();
+                            blocks[i]["text"] = json!(t + d["text"].as_str().unwrap());
+                        }
+                        "thinking_delta" => {
+                            let t = blocks[i]["thinking"].as_str().unwrap().to_string();
+                            blocks[i]["thinking"] = json!(t + d["thinking"].as_str().unwrap());
+                        }
+                        "input_json_delta" => {
+                            json_text[i].push_str(d["partial_json"].as_str().unwrap())
+                        }
+                        other => panic!("{other}"),
+                    }
+                }
+                "content_block_stop" => {
+                    let i = e["index"].as_u64().unwrap() as usize;
+                    if blocks[i]["type"] == "tool_use" {
+                        blocks[i]["input"] = serde_json::from_str(&json_text[i]).unwrap();
+                    }
+                }
+                "message_delta" => {
+                    stop = e["delta"]["stop_reason"].clone();
+                    seq = e["delta"]["stop_sequence"].clone();
+                }
+                _ => {}
+            }
+        }
+        (blocks, stop, seq)
+    }
+
+    fn out(id_seed: u64) -> ChatOut {
+        ChatOut {
+            parser: None,
+            keep_special: false,
+            mistral_ids: false,
+            reasoning: false,
+            id_seed,
+        }
+    }
+
+    #[test]
+    fn a_stream_builds_the_whole_message() {
+        let reply = Reply::new(Kind::Chat, 7, "m".into());
+        let parsed = Parsed {
+            reasoning: "Hmm.".into(),
+            content: "Let me look.".into(),
+            calls: vec![Call {
+                name: Some("get_weather".into()),
+                arguments: "{\"city\": \"Paris\"}".into(),
+            }],
+        };
+        let end = Ending {
+            finish: "tool_calls",
+            stop: None,
+            prompt: 3,
+            completion: 20,
+        };
+        let w = whole(&reply, &out(9), &parsed, &end, false);
+        assert_eq!(w["stop_reason"], "tool_use");
+        let mut ids = out(9).call_ids(0);
+        let d = |r: &str, c: &str, calls: Vec<Value>| Delta {
+            reasoning: r.into(),
+            content: c.into(),
+            calls,
+        };
+        let mut st = Stream::new(9, false);
+        let mut events = st.start(&reply, 3);
+        for delta in [
+            d("Hm", "", vec![]),
+            d("m.", "Let me", vec![]),
+            d(
+                "",
+                " look.",
+                vec![json!({"index": 0, "id": ids.next(), "type": "function",
+                "function": {"name": "get_weather", "arguments": ""}})],
+            ),
+            d(
+                "",
+                "",
+                vec![json!({"index": 0, "function": {"arguments": "{\"city\": "}})],
+            ),
+            d(
+                "",
+                "",
+                vec![json!({"index": 0, "function": {"arguments": "\"Paris\"}"}})],
+            ),
+        ] {
+            events.extend(st.token(&delta));
+        }
+        events.extend(st.end(&end));
+        assert_eq!(events[0].0, "message_start");
+        assert_eq!(events[0].1["message"]["id"], w["id"]);
+        assert_eq!(events.last().unwrap().0, "message_stop");
+        let (blocks, stop, _) = accumulate(&events);
+        assert_eq!(Value::Array(blocks), w["content"]);
+        assert_eq!(stop, w["stop_reason"]);
+        let kinds: Vec<&str> = w["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["thinking", "text", "tool_use"]);
+    }
+
+    #[test]
+    fn stop_reasons() {
+        let reply = Reply::new(Kind::Chat, 7, "m".into());
+        let text = Parsed {
+            content: "Hi".into(),
+            ..Parsed::default()
+        };
+        for (finish, stop, want) in [
+            ("stop", None, "end_turn"),
+            ("length", None, "max_tokens"),
+            ("stop", Some("\n\n".to_string()), "stop_sequence"),
+        ] {
+            let end = Ending {
+                finish,
+                stop: stop.clone(),
+                prompt: 1,
+                completion: 2,
+            };
+            let w = whole(&reply, &out(1), &text, &end, false);
+            assert_eq!(
+                (w["stop_reason"].as_str(), &w["stop_sequence"]),
+                (Some(want), &json!(stop))
+            );
+            let mut st = Stream::new(1, false);
+            let mut events = st.start(&reply, 1);
+            events.extend(st.token(&Delta {
+                content: "Hi".into(),
+                ..Delta::default()
+            }));
+            events.extend(st.end(&end));
+            let (blocks, s, q) = accumulate(&events);
+            assert_eq!(
+                (Value::Array(blocks), s, q),
+                (
+                    w["content"].clone(),
+                    w["stop_reason"].clone(),
+                    w["stop_sequence"].clone()
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field_in_anthropics_shape() {
+        let e = ApiError::bad(
+            "messages[0].content[1].type",
+            "content block type `image` is not supported",
+        );
+        let b = error_body(&e);
+        assert_eq!(b["type"], "error");
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+        assert!(b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("messages[0].content[1].type: "));
+    }
+}

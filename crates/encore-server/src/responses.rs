@@ -1,0 +1,1243 @@
+//! OpenAI's `POST /v1/responses`, stateless: the request (`input` as a string or a list of
+//! items, `instructions`, function `tools`, `text.format`, `reasoning`) is read into the
+//! same typed chat request as `/v1/chat/completions` ([`Chat`]) and runs the same path;
+//! only the answer's shape differs. A whole answer is a `response` object whose `output`
+//! holds a `reasoning` item (when the reasoning parser split some out), a `message` item
+//! with one `output_text` part, and a `function_call` item per call; a streamed one is
+//! the typed events (`response.created`, `response.output_item.added`,
+//! `response.output_text.delta`, ..., `response.completed`), each item opened, filled and
+//! closed in order. Nothing is stored: `previous_response_id` and `store: true` are
+//! refused; a reasoning item's `encrypted_content` (asked for with `include`) is its text,
+//! read back into the conversation when a client sends the item back.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use encore_core::request::{Constraint, TokenLogprobs};
+use encore_core::tokenizer::{ChatMessage, FunctionCall, Tokenizer, ToolCall};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::body::{
+    check_model, count, flag, given, json_schema, known_keys, read, Chat, Common, Field,
+    SamplingBody,
+};
+use crate::error::ApiError;
+use crate::fields;
+use crate::generate::{chat_prompt, generate, Api, ChatOut, Ending, Typed};
+use crate::output::{logprobs_json, Kind, Reply};
+use crate::parse::{CallIds, Delta, Parsed};
+use crate::tools::{choice_word, read_list, ToolChoice, Tools};
+use crate::AppState;
+
+pub(crate) async fn create(
+    State(s): State<Arc<AppState>>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Response {
+    let valid = read::<ResponsesBody>(body, fields::RESPONSES)
+        .and_then(|b| b.validate(&s))
+        .and_then(|(chat, echo)| {
+            let (ids, c, out) = chat_prompt(&s, chat)?;
+            Ok((ids, c, out, echo))
+        });
+    match valid {
+        Ok((prompt, c, out, echo)) => {
+            let api = Api::Responses(Box::new(echo));
+            generate(s, c, prompt, Kind::Chat, Some(out), None, api).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The body of `/v1/responses`.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct ResponsesBody {
+    model: Field<String>,
+    input: Field<Value>,
+    instructions: Field<String>,
+    max_output_tokens: Field<u64>,
+    #[serde(flatten)]
+    sampling: SamplingBody,
+    stream: Field<bool>,
+    tools: Field<Value>,
+    tool_choice: Field<Value>,
+    parallel_tool_calls: Field<Value>,
+    text: Field<Value>,
+    reasoning: Field<Value>,
+    top_logprobs: Field<u64>,
+    include: Field<Value>,
+    metadata: Field<Value>,
+}
+
+/// What a response object repeats of its request.
+pub(crate) struct Echo {
+    instructions: Value,
+    max_output_tokens: Value,
+    temperature: f64,
+    top_p: f64,
+    tools: Value,
+    tool_choice: Value,
+    parallel_tool_calls: bool,
+    text: Value,
+    reasoning: Value,
+    metadata: Value,
+    top_logprobs: usize,
+    /// Output text carries log-probabilities.
+    logprobs: bool,
+    /// Reasoning items carry `encrypted_content` (their text).
+    encrypted_reasoning: bool,
+}
+
+impl ResponsesBody {
+    pub fn validate(self, s: &AppState) -> Result<(Chat, Echo), ApiError> {
+        check_model(self.model, &s.cfg.served_model_name, true)?;
+        let (sampling, seed) = self.sampling.validate()?;
+        let (temperature, top_p) = (sampling.temperature as f64, sampling.top_p as f64);
+        let mut c = Common::new(sampling, seed, s.eos.clone());
+        c.stream = flag(self.stream, "stream")?;
+        c.max_tokens = count(self.max_output_tokens, "max_output_tokens")?;
+        c.names.max_tokens = "max_output_tokens";
+        c.names.logprobs = "top_logprobs";
+        c.names.constraint = "text.format";
+        let include = include(given(self.include))?;
+        let top = count(self.top_logprobs, "top_logprobs")?;
+        let logprobs = include.logprobs || top.is_some();
+        if logprobs {
+            c.params.sampling.logprobs = Some(top.unwrap_or(0));
+        }
+        let (text, constraint) = text(given(self.text))?;
+        c.params.constraint = constraint;
+        let (reasoning, kwargs) = reasoning(given(self.reasoning), s)?;
+        let tools_given = given(self.tools);
+        let choice_given = given(self.tool_choice);
+        let parallel = match given(self.parallel_tool_calls) {
+            None => true,
+            Some(Value::Bool(b)) => b,
+            Some(_) => {
+                let m = "`parallel_tool_calls` must be a boolean";
+                return Err(ApiError::bad("parallel_tool_calls", m));
+            }
+        };
+        let defs = tools(tools_given.as_ref())?;
+        let choice = choice_given.as_ref().map(tool_choice).transpose()?;
+        let tools = Tools::assemble(defs, choice, parallel, "tool_choice")?;
+        if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
+            if c.params.constraint.is_some() {
+                return Err(ApiError::bad(
+                    "text.format",
+                    "`text.format` and `tool_choice` `required` or a named function both \
+                     constrain the output",
+                ));
+            }
+            c.params.constraint = Some(forced);
+            c.names.constraint = "tools";
+        }
+        let instructions = self
+            .instructions
+            .get("instructions", || "`instructions` must be a string".into())?;
+        let mut messages = Vec::new();
+        if let Some(i) = &instructions {
+            messages.push(ChatMessage::new("system", i.clone()));
+        }
+        messages.extend(input(self.input)?);
+        let metadata = given(self.metadata);
+        if metadata.as_ref().is_some_and(|m| !m.is_object()) {
+            return Err(ApiError::bad("metadata", "`metadata` must be an object"));
+        }
+        let echo = Echo {
+            instructions: json!(instructions),
+            max_output_tokens: json!(c.max_tokens),
+            temperature,
+            top_p,
+            tools: tools_given.unwrap_or_else(|| json!([])),
+            tool_choice: choice_given.unwrap_or_else(|| json!("auto")),
+            parallel_tool_calls: parallel,
+            text,
+            reasoning,
+            metadata: metadata.unwrap_or_else(|| json!({})),
+            top_logprobs: top.unwrap_or(0),
+            logprobs,
+            encrypted_reasoning: include.encrypted_reasoning,
+        };
+        let chat = Chat {
+            messages,
+            tools,
+            kwargs,
+            common: c,
+        };
+        Ok((chat, echo))
+    }
+}
+
+/// What `include` asks to add.
+#[derive(Default)]
+struct Include {
+    logprobs: bool,
+    encrypted_reasoning: bool,
+}
+
+fn include(v: Option<Value>) -> Result<Include, ApiError> {
+    let mut out = Include::default();
+    let Some(v) = v else { return Ok(out) };
+    let list = v
+        .as_array()
+        .ok_or_else(|| ApiError::bad("include", "`include` must be a list of strings"))?;
+    for (i, x) in list.iter().enumerate() {
+        match x.as_str() {
+            Some("message.output_text.logprobs") => out.logprobs = true,
+            Some("reasoning.encrypted_content") => out.encrypted_reasoning = true,
+            Some(other) => {
+                return Err(ApiError::bad(
+                    format!("include[{i}]"),
+                    format!(
+                        "`include` value `{other}` is not supported: only \
+                         `message.output_text.logprobs` and `reasoning.encrypted_content`"
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::bad(
+                    format!("include[{i}]"),
+                    "`include` must be a list of strings",
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `text`: `{"format": {"type": "text" | "json_object" | "json_schema", ...}}`; what the
+/// response repeats, and the output's constraint.
+fn text(v: Option<Value>) -> Result<(Value, Option<Constraint>), ApiError> {
+    let plain = json!({"format": {"type": "text"}});
+    let Some(v) = v else { return Ok((plain, None)) };
+    let o = v
+        .as_object()
+        .ok_or_else(|| ApiError::bad("text", "`text` must be an object with a `format`"))?;
+    known_keys(o, &["format", "verbosity"], "text")?;
+    if let Some(x) = o.get("verbosity").filter(|x| !x.is_null()) {
+        if x != "medium" {
+            let m = "`text.verbosity` other than `medium` is not supported";
+            return Err(ApiError::bad("text.verbosity", m));
+        }
+    }
+    let Some(f) = o.get("format").filter(|f| !f.is_null()) else {
+        return Ok((plain, None));
+    };
+    const P: &str = "text.format";
+    let fo = f
+        .as_object()
+        .ok_or_else(|| ApiError::bad(P, "`text.format` must be an object with a `type`"))?;
+    let constraint = match fo.get("type").and_then(Value::as_str) {
+        Some("text") => {
+            known_keys(fo, &["type"], P)?;
+            None
+        }
+        Some("json_object") => {
+            known_keys(fo, &["type"], P)?;
+            Some(Constraint::JsonObject)
+        }
+        Some("json_schema") => {
+            known_keys(fo, &["type", "name", "schema", "description", "strict"], P)?;
+            let schema = fo.get("schema").filter(|s| !s.is_null()).ok_or_else(|| {
+                ApiError::bad("text.format.schema", "`json_schema` needs a `schema`")
+            })?;
+            Some(json_schema("text.format.schema", schema)?)
+        }
+        Some(t) => {
+            return Err(ApiError::bad(
+                "text.format.type",
+                format!("`text.format` type `{t}` is not one of text, json_object, json_schema"),
+            ))
+        }
+        None => return Err(ApiError::bad(P, "`text.format` needs a string `type`")),
+    };
+    Ok((json!({ "format": f }), constraint))
+}
+
+/// `reasoning`: `{"effort", "summary"}`; what the response repeats, and the template
+/// variables it sets. An effort of `none` turns thinking off through the template's
+/// `enable_thinking` switch; any other turns it on, and is passed as `reasoning_effort` to
+/// a template that reads it. The reasoning comes back whole (a `reasoning_text` part);
+/// there is no summarizer, so `summary` stays empty.
+fn reasoning(v: Option<Value>, s: &AppState) -> Result<(Value, Map<String, Value>), ApiError> {
+    let mut kwargs = Map::new();
+    let Some(v) = v else {
+        return Ok((json!({"effort": null, "summary": null}), kwargs));
+    };
+    const P: &str = "reasoning";
+    let o = v
+        .as_object()
+        .ok_or_else(|| ApiError::bad(P, "`reasoning` must be an object"))?;
+    known_keys(o, &["effort", "summary", "generate_summary"], P)?;
+    for k in ["summary", "generate_summary"] {
+        match o.get(k) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(x)) if matches!(x.as_str(), "auto" | "concise" | "detailed") => {}
+            Some(_) => {
+                return Err(ApiError::bad(
+                    format!("{P}.{k}"),
+                    format!("`{P}.{k}` must be `auto`, `concise` or `detailed`"),
+                ))
+            }
+        }
+    }
+    let effort = match o.get("effort") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e))
+            if matches!(
+                e.as_str(),
+                "none" | "minimal" | "low" | "medium" | "high" | "xhigh"
+            ) =>
+        {
+            Some(e.clone())
+        }
+        Some(_) => {
+            return Err(ApiError::bad(
+                "reasoning.effort",
+                "`reasoning.effort` must be one of none, minimal, low, medium, high, xhigh",
+            ))
+        }
+    };
+    if let Some(e) = &effort {
+        thinking_switch(s, e != "none", "reasoning.effort", &mut kwargs)?;
+        if e != "none" && s.chat.template_reads_effort {
+            kwargs.insert("reasoning_effort".into(), json!(e));
+        }
+    }
+    let summary = o.get("summary").cloned().unwrap_or(Value::Null);
+    Ok((json!({"effort": effort, "summary": summary}), kwargs))
+}
+
+/// Turn the model's thinking on or off (`param` names the request field that asks): on
+/// needs the reasoning parser, to split it out; off needs a template with an
+/// `enable_thinking` switch, unless the model does not think (no parser).
+pub(crate) fn thinking_switch(
+    s: &AppState,
+    on: bool,
+    param: &'static str,
+    kwargs: &mut Map<String, Value>,
+) -> Result<(), ApiError> {
+    let parser = s.chat.reasoning.is_some();
+    if on && !parser {
+        return Err(ApiError::bad(
+            param,
+            format!(
+                "`{param}` asks for reasoning, which this server does not split out: start \
+                 it with `--reasoning-parser`"
+            ),
+        ));
+    }
+    if s.chat.template_switches_thinking {
+        kwargs.insert("enable_thinking".into(), json!(on));
+    } else if !on && parser {
+        return Err(ApiError::bad(
+            param,
+            format!(
+                "`{param}` asks for no reasoning, but this model's chat template has no \
+                 `enable_thinking` switch to turn it off"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `tools`: function tools, `{"type": "function", "name", "description", "parameters",
+/// "strict"}` each, in chat's shape.
+fn tools(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+    read_list(v, "{\"type\": \"function\", \"name\": ...}", |o, at| {
+        match o.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            Some(other) => {
+                return Err(ApiError::bad(
+                    format!("{at}.type"),
+                    format!("tool type `{other}` is not supported: only `function`"),
+                ))
+            }
+            None => {
+                return Err(ApiError::bad(
+                    format!("{at}.type"),
+                    format!("`{at}.type` is required (`function`)"),
+                ))
+            }
+        }
+        known_keys(
+            o,
+            &["type", "name", "description", "parameters", "strict"],
+            at,
+        )?;
+        let mut f = Map::new();
+        for (k, ok, what) in [
+            (
+                "description",
+                Value::is_string as fn(&Value) -> bool,
+                "a string",
+            ),
+            ("parameters", Value::is_object, "a JSON schema object"),
+            ("strict", Value::is_boolean, "a boolean"),
+        ] {
+            match o.get(k) {
+                None | Some(Value::Null) => {}
+                Some(x) if ok(x) => {
+                    f.insert(k.into(), x.clone());
+                }
+                Some(_) => {
+                    return Err(ApiError::bad(
+                        format!("{at}.{k}"),
+                        format!("`{at}.{k}` must be {what}"),
+                    ))
+                }
+            }
+        }
+        Ok(f)
+    })
+}
+
+/// `tool_choice`: `none`, `auto`, `required` or `{"type": "function", "name": ...}`.
+fn tool_choice(c: &Value) -> Result<ToolChoice, ApiError> {
+    const P: &str = "tool_choice";
+    let shape = || {
+        ApiError::bad(
+            P,
+            "`tool_choice` must be `none`, `auto`, `required` or \
+             `{\"type\": \"function\", \"name\": ...}`",
+        )
+    };
+    match c {
+        Value::String(s) => choice_word(s).ok_or_else(shape),
+        Value::Object(o) => {
+            match o.get("type").and_then(Value::as_str) {
+                Some("function") => {}
+                Some(t) => {
+                    return Err(ApiError::bad(
+                        "tool_choice.type",
+                        format!("`tool_choice` type `{t}` is not supported: only `function`"),
+                    ))
+                }
+                None => return Err(shape()),
+            }
+            known_keys(o, &["type", "name"], P)?;
+            let name = o.get("name").and_then(Value::as_str).ok_or_else(shape)?;
+            Ok(ToolChoice::Named(name.to_string()))
+        }
+        _ => Err(shape()),
+    }
+}
+
+/// `input`: a string (one user message) or a list of items, as the conversation.
+fn input(f: Field<Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let rule = || "`input` must be a string or a non-empty list of input items".to_string();
+    let items = match f.get("input", rule)? {
+        None => return Err(ApiError::bad("input", "`input` is required")),
+        Some(Value::String(s)) => return Ok(vec![ChatMessage::new("user", s)]),
+        Some(Value::Array(items)) if !items.is_empty() => items,
+        Some(_) => return Err(ApiError::bad("input", rule())),
+    };
+    let mut out: Vec<ChatMessage> = Vec::new();
+    // Reasoning waits for the assistant turn it belongs to.
+    let mut reasoning: Option<String> = None;
+    // The function of each call id, for the outputs that answer them.
+    let mut called: HashMap<String, String> = HashMap::new();
+    // The last item was part of an assistant turn (a message or a call).
+    let mut in_turn = false;
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        let o = item.as_object().ok_or_else(|| {
+            ApiError::bad(at.clone(), format!("`{at}` must be an input item object"))
+        })?;
+        let kind = match o.get("type").and_then(Value::as_str) {
+            Some(t) => t,
+            None if o.contains_key("role") => "message",
+            None => {
+                return Err(ApiError::bad(
+                    format!("{at}.type"),
+                    format!("`{at}` needs a `type` (or a `role`, for a message)"),
+                ))
+            }
+        };
+        let str_of = |k: &str| -> Result<String, ApiError> {
+            o.get(k)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    ApiError::bad(format!("{at}.{k}"), format!("`{at}.{k}` must be a string"))
+                })
+        };
+        match kind {
+            "message" => {
+                known_keys(o, &["type", "role", "content", "id", "status"], &at)?;
+                let role = match o.get("role").and_then(Value::as_str) {
+                    Some("system" | "developer") => "system",
+                    Some(r @ ("user" | "assistant")) => r,
+                    _ => {
+                        return Err(ApiError::bad(
+                            format!("{at}.role"),
+                            format!(
+                                "`{at}.role` must be one of `user`, `assistant`, `system`, \
+                                 `developer`"
+                            ),
+                        ))
+                    }
+                };
+                let content = message_content(o.get("content"), &format!("{at}.content"))?;
+                let mut m = ChatMessage::new(role, content);
+                if role == "assistant" {
+                    m.reasoning_content = reasoning.take();
+                    in_turn = true;
+                } else {
+                    in_turn = false;
+                }
+                out.push(m);
+            }
+            "function_call" => {
+                known_keys(
+                    o,
+                    &["type", "id", "call_id", "name", "arguments", "status"],
+                    &at,
+                )?;
+                let call_id = str_of("call_id")?;
+                let name = str_of("name")?;
+                let args = str_of("arguments")?;
+                let arguments = serde_json::from_str(&args).map_err(|e| {
+                    ApiError::bad(
+                        format!("{at}.arguments"),
+                        format!("`{at}.arguments` must be a JSON text: {e}"),
+                    )
+                })?;
+                called.insert(call_id.clone(), name.clone());
+                let call = ToolCall {
+                    id: call_id,
+                    kind: "function".into(),
+                    function: FunctionCall { name, arguments },
+                };
+                match out.last_mut() {
+                    Some(m) if in_turn && m.role == "assistant" => {
+                        if m.reasoning_content.is_none() {
+                            m.reasoning_content = reasoning.take();
+                        }
+                        m.tool_calls.push(call);
+                    }
+                    _ => {
+                        let mut m = ChatMessage::new("assistant", "");
+                        m.reasoning_content = reasoning.take();
+                        m.tool_calls.push(call);
+                        out.push(m);
+                    }
+                }
+                in_turn = true;
+            }
+            "function_call_output" => {
+                known_keys(o, &["type", "id", "call_id", "output", "status"], &at)?;
+                let call_id = str_of("call_id")?;
+                let output = message_content(o.get("output"), &format!("{at}.output"))?;
+                let mut m = ChatMessage::new("tool", output);
+                m.name = called.get(&call_id).cloned();
+                m.tool_call_id = Some(call_id);
+                out.push(m);
+                in_turn = false;
+            }
+            "reasoning" => {
+                known_keys(
+                    o,
+                    &[
+                        "type",
+                        "id",
+                        "summary",
+                        "content",
+                        "encrypted_content",
+                        "status",
+                    ],
+                    &at,
+                )?;
+                let mut text = String::new();
+                if let Some(parts) = o.get("content").filter(|c| !c.is_null()) {
+                    text = parts_text(parts, &format!("{at}.content"), &["reasoning_text"])?;
+                }
+                if text.is_empty() {
+                    // Its text sent back as this server wrote it.
+                    if let Some(e) = o.get("encrypted_content").filter(|c| !c.is_null()) {
+                        text = e
+                            .as_str()
+                            .ok_or_else(|| {
+                                ApiError::bad(
+                                    format!("{at}.encrypted_content"),
+                                    format!("`{at}.encrypted_content` must be a string"),
+                                )
+                            })?
+                            .to_string();
+                    }
+                }
+                if let Some(parts) = o.get("summary").filter(|c| !c.is_null()) {
+                    let summary = parts_text(parts, &format!("{at}.summary"), &["summary_text"])?;
+                    if text.is_empty() {
+                        text = summary;
+                    }
+                }
+                reasoning = Some(text);
+            }
+            other => {
+                return Err(ApiError::bad(
+                    format!("{at}.type"),
+                    format!(
+                        "input item type `{other}` is not supported: `message`, \
+                         `function_call`, `function_call_output` and `reasoning` are"
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A message's `content` (or a call output's `output`): a string, or a list of text
+/// parts (`input_text`, `output_text`) concatenated.
+fn message_content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
+    match v {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(parts @ Value::Array(_)) => {
+            parts_text(parts, at, &["input_text", "output_text", "refusal"])
+        }
+        None | Some(Value::Null) => {
+            Err(ApiError::bad(at.to_string(), format!("`{at}` is required")))
+        }
+        Some(_) => Err(ApiError::bad(
+            at.to_string(),
+            format!("`{at}` must be a string or a list of text parts"),
+        )),
+    }
+}
+
+/// The text of a list of parts of the `kinds` given (`{"type", "text"}`; a `refusal`
+/// part's text is its `refusal`), concatenated.
+fn parts_text(parts: &Value, at: &str, kinds: &[&str]) -> Result<String, ApiError> {
+    let list = parts
+        .as_array()
+        .ok_or_else(|| ApiError::bad(at.to_string(), format!("`{at}` must be a list of parts")))?;
+    let mut text = String::new();
+    for (j, p) in list.iter().enumerate() {
+        let pat = format!("{at}[{j}]");
+        let o = p
+            .as_object()
+            .ok_or_else(|| ApiError::bad(pat.clone(), format!("`{pat}` must be a part object")))?;
+        let kind = o.get("type").and_then(Value::as_str).unwrap_or("");
+        if !kinds.contains(&kind) {
+            let why = match kind {
+                "input_image" | "input_file" | "input_audio" => {
+                    format!("part type `{kind}` is not supported: this model takes text")
+                }
+                "" => format!("`{pat}` needs a `type`"),
+                _ => format!("part type `{kind}` is not one of {}", kinds.join(", ")),
+            };
+            return Err(ApiError::bad(format!("{pat}.type"), why));
+        }
+        let key = if kind == "refusal" { "refusal" } else { "text" };
+        known_keys(o, &["type", key, "annotations", "logprobs"], &pat)?;
+        let t = o.get(key).and_then(Value::as_str).ok_or_else(|| {
+            ApiError::bad(
+                format!("{pat}.{key}"),
+                format!("`{pat}.{key}` must be a string"),
+            )
+        })?;
+        text.push_str(t);
+    }
+    Ok(text)
+}
+
+/// The `usage` of a response.
+fn usage(prompt: usize, output: usize, reasoning: usize) -> Value {
+    json!({
+        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": output, "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": prompt + output,
+    })
+}
+
+/// A response's status, and why it is incomplete, from how its output ended.
+fn status(finish: &str) -> (&'static str, Value) {
+    match finish {
+        "length" => ("incomplete", json!({"reason": "max_output_tokens"})),
+        "abort" => ("cancelled", Value::Null),
+        _ => ("completed", Value::Null),
+    }
+}
+
+/// The response object of `reply`: the request's `echo`, its `status` and `output`.
+fn response(
+    reply: &Reply,
+    id: &str,
+    echo: &Echo,
+    status: &str,
+    incomplete: Value,
+    output: Vec<Value>,
+    usage: Value,
+) -> Value {
+    json!({
+        "id": id, "object": "response", "created_at": reply.created, "status": status,
+        "background": false, "error": null, "incomplete_details": incomplete,
+        "instructions": echo.instructions, "max_output_tokens": echo.max_output_tokens,
+        "max_tool_calls": null, "model": reply.model, "output": output,
+        "parallel_tool_calls": echo.parallel_tool_calls, "previous_response_id": null,
+        "reasoning": echo.reasoning, "service_tier": "auto", "store": false,
+        "temperature": echo.temperature, "text": echo.text, "tool_choice": echo.tool_choice,
+        "tools": echo.tools, "top_logprobs": echo.top_logprobs, "top_p": echo.top_p,
+        "truncation": "disabled", "usage": usage, "user": null, "metadata": echo.metadata,
+    })
+}
+
+/// The ids of one response and its items.
+fn ids(seed: u64) -> (String, CallIds) {
+    let mut ids = CallIds::new(seed ^ 0x5bd1_e995_5bd1_e995, false);
+    (ids.item("resp"), ids)
+}
+
+fn reasoning_item(id: &str, text: &str, echo: &Echo, status: &str) -> Value {
+    let mut item = json!({"id": id, "type": "reasoning", "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}], "status": status});
+    if echo.encrypted_reasoning {
+        item["encrypted_content"] = json!(text);
+    }
+    item
+}
+
+fn text_part(text: &str, logprobs: &Value) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
+}
+
+fn message_item(id: &str, text: &str, logprobs: &Value, status: &str) -> Value {
+    json!({"id": id, "type": "message", "status": status, "role": "assistant",
+           "content": [text_part(text, logprobs)]})
+}
+
+fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
+    json!({"id": id, "type": "function_call", "call_id": call_id, "name": name,
+           "arguments": arguments, "status": status})
+}
+
+/// The `logprobs` of output text: chat's entries.
+fn logprob_entries(tok: &Tokenizer, entries: &[(u32, TokenLogprobs)]) -> Value {
+    logprobs_json(tok, Kind::Chat, entries, &mut 0)["content"].take()
+}
+
+/// Tokens of `text` (the reasoning's share of the output, as the usage reports it).
+fn tokens_of(tok: &Tokenizer, text: &str) -> usize {
+    if text.is_empty() {
+        0
+    } else {
+        tok.encode(text, false).map_or(0, |ids| ids.len())
+    }
+}
+
+/// A whole answer: the response object.
+pub(crate) fn whole(
+    tok: &Tokenizer,
+    reply: &Reply,
+    echo: &Echo,
+    out: &ChatOut,
+    parsed: &Parsed,
+    logprobs: &[(u32, TokenLogprobs)],
+    end: &Ending,
+) -> Value {
+    let (id, mut ids) = ids(out.id_seed);
+    let mut calls = out.call_ids(0);
+    let mut output = Vec::new();
+    if !parsed.reasoning.is_empty() {
+        output.push(reasoning_item(
+            &ids.item("rs"),
+            &parsed.reasoning,
+            echo,
+            "completed",
+        ));
+    }
+    let named: Vec<_> = parsed.calls.iter().filter(|c| c.name.is_some()).collect();
+    if !parsed.content.is_empty() || named.is_empty() {
+        let lps = if echo.logprobs {
+            logprob_entries(tok, logprobs)
+        } else {
+            json!([])
+        };
+        output.push(message_item(
+            &ids.item("msg"),
+            &parsed.content,
+            &lps,
+            "completed",
+        ));
+    }
+    for c in named {
+        let name = c.name.as_deref().unwrap_or_default();
+        output.push(call_item(
+            &ids.item("fc"),
+            &calls.next(),
+            name,
+            &c.arguments,
+            "completed",
+        ));
+    }
+    let (status, incomplete) = status(end.finish);
+    let u = usage(
+        end.prompt,
+        end.completion,
+        tokens_of(tok, &parsed.reasoning),
+    );
+    response(reply, &id, echo, status, incomplete, output, u)
+}
+
+/// The kind of the item a stream has open.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Reasoning,
+    Message,
+    Call,
+}
+
+/// One output item of a streamed response: its kind, id, and text (or a call's
+/// arguments) so far.
+struct Item {
+    kind: Open,
+    id: String,
+    text: String,
+    /// A call's id and name.
+    call: Option<(String, String)>,
+}
+
+/// A streamed response: the typed events of each piece of output, items opened and
+/// closed in order.
+pub(crate) struct Stream {
+    echo: Box<Echo>,
+    id: String,
+    ids: CallIds,
+    items: Vec<Item>,
+    /// The last item is open.
+    open: bool,
+    seq: u64,
+    /// Every generated token's log-probabilities (for the message's output text).
+    logprobs: Vec<(u32, TokenLogprobs)>,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl Stream {
+    pub fn new(echo: Box<Echo>, id_seed: u64, tokenizer: Arc<Tokenizer>) -> Self {
+        let (id, ids) = ids(id_seed);
+        Stream {
+            echo,
+            id,
+            ids,
+            items: Vec::new(),
+            open: false,
+            seq: 0,
+            logprobs: Vec::new(),
+            tokenizer,
+        }
+    }
+
+    fn event(&mut self, kind: &'static str, mut data: Value) -> Typed {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        (kind, data)
+    }
+
+    fn snapshot(&self, reply: &Reply, status: &str, incomplete: Value, usage: Value) -> Value {
+        let output = (0..self.items.len())
+            .map(|i| {
+                self.item_json(
+                    i,
+                    if self.open && i + 1 == self.items.len() {
+                        "in_progress"
+                    } else {
+                        "completed"
+                    },
+                )
+            })
+            .collect();
+        response(
+            reply, &self.id, &self.echo, status, incomplete, output, usage,
+        )
+    }
+
+    fn item_json(&self, i: usize, status: &str) -> Value {
+        let it = &self.items[i];
+        match it.kind {
+            Open::Reasoning => reasoning_item(&it.id, &it.text, &self.echo, status),
+            Open::Message => {
+                let lps = if self.echo.logprobs {
+                    logprob_entries(&self.tokenizer, &self.logprobs)
+                } else {
+                    json!([])
+                };
+                message_item(&it.id, &it.text, &lps, status)
+            }
+            Open::Call => {
+                let (call_id, name) = it.call.clone().unwrap_or_default();
+                call_item(&it.id, &call_id, &name, &it.text, status)
+            }
+        }
+    }
+
+    /// The events that open the response.
+    pub fn start(&mut self, reply: &Reply) -> Vec<Typed> {
+        let r = self.snapshot(reply, "in_progress", Value::Null, Value::Null);
+        vec![
+            self.event("response.created", json!({ "response": r })),
+            self.event("response.in_progress", json!({ "response": r })),
+        ]
+    }
+
+    /// Close the open item.
+    fn close(&mut self, out: &mut Vec<Typed>) {
+        if !self.open {
+            return;
+        }
+        self.open = false;
+        let i = self.items.len() - 1;
+        let (id, text) = (self.items[i].id.clone(), self.items[i].text.clone());
+        match self.items[i].kind {
+            Open::Reasoning => {
+                let part = json!({"type": "reasoning_text", "text": text});
+                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "text": text});
+                out.push(self.event("response.reasoning_text.done", e));
+                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": part});
+                out.push(self.event("response.content_part.done", e));
+            }
+            Open::Message => {
+                let lps = if self.echo.logprobs {
+                    logprob_entries(&self.tokenizer, &self.logprobs)
+                } else {
+                    json!([])
+                };
+                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "text": text, "logprobs": lps});
+                out.push(self.event("response.output_text.done", e));
+                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": text_part(&text, &lps)});
+                out.push(self.event("response.content_part.done", e));
+            }
+            Open::Call => {
+                let name = self.items[i].call.as_ref().map(|c| c.1.clone());
+                let e = json!({"item_id": id, "output_index": i, "name": name, "arguments": text});
+                out.push(self.event("response.function_call_arguments.done", e));
+            }
+        }
+        let item = self.item_json(i, "completed");
+        out.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": i, "item": item}),
+        ));
+    }
+
+    /// Open an item of `kind` (closing the one open), unless one of that kind is open.
+    fn ensure(&mut self, kind: Open, out: &mut Vec<Typed>) {
+        if self.open && self.items.last().is_some_and(|it| it.kind == kind) && kind != Open::Call {
+            return;
+        }
+        self.close(out);
+        let prefix = match kind {
+            Open::Reasoning => "rs",
+            Open::Message => "msg",
+            Open::Call => "fc",
+        };
+        let id = self.ids.item(prefix);
+        self.items.push(Item {
+            kind,
+            id,
+            text: String::new(),
+            call: None,
+        });
+        self.open = true;
+    }
+
+    /// Announce the item just opened (a call once its id and name are set).
+    fn added(&mut self, out: &mut Vec<Typed>) {
+        let i = self.items.len() - 1;
+        let item = self.item_json(i, "in_progress");
+        out.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": i, "item": item}),
+        ));
+        let id = self.items[i].id.clone();
+        let part = match self.items[i].kind {
+            Open::Reasoning => json!({"type": "reasoning_text", "text": ""}),
+            Open::Message => text_part("", &json!([])),
+            Open::Call => return,
+        };
+        let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": part});
+        out.push(self.event("response.content_part.added", e));
+    }
+
+    /// The events of one token's output `d` (its log-probabilities `lp`).
+    pub fn token(&mut self, d: &Delta, lp: Option<(u32, TokenLogprobs)>) -> Vec<Typed> {
+        let mut out = Vec::new();
+        let lp_now = lp.clone();
+        if let Some(x) = lp {
+            self.logprobs.push(x);
+        }
+        if !d.reasoning.is_empty() {
+            let was = self.open
+                && self
+                    .items
+                    .last()
+                    .is_some_and(|it| it.kind == Open::Reasoning);
+            self.ensure(Open::Reasoning, &mut out);
+            if !was {
+                self.added(&mut out);
+            }
+            let i = self.items.len() - 1;
+            self.items[i].text.push_str(&d.reasoning);
+            let e = json!({"item_id": self.items[i].id, "output_index": i, "content_index": 0, "delta": d.reasoning});
+            out.push(self.event("response.reasoning_text.delta", e));
+        }
+        if !d.content.is_empty() {
+            let was = self.open && self.items.last().is_some_and(|it| it.kind == Open::Message);
+            self.ensure(Open::Message, &mut out);
+            if !was {
+                self.added(&mut out);
+            }
+            let i = self.items.len() - 1;
+            self.items[i].text.push_str(&d.content);
+            let lps = match (&lp_now, self.echo.logprobs) {
+                (Some(x), true) => logprob_entries(&self.tokenizer, std::slice::from_ref(x)),
+                _ => json!([]),
+            };
+            let e = json!({"item_id": self.items[i].id, "output_index": i, "content_index": 0, "delta": d.content, "logprobs": lps});
+            out.push(self.event("response.output_text.delta", e));
+        }
+        for c in &d.calls {
+            let args = c["function"]["arguments"].as_str().unwrap_or("");
+            if let Some(call_id) = c["id"].as_str() {
+                // A new call: its id and name.
+                let name = c["function"]["name"].as_str().unwrap_or("").to_string();
+                self.ensure(Open::Call, &mut out);
+                let i = self.items.len() - 1;
+                self.items[i].call = Some((call_id.to_string(), name));
+                self.added(&mut out);
+            }
+            if !args.is_empty() {
+                let i = self.items.len() - 1;
+                self.items[i].text.push_str(args);
+                let e = json!({"item_id": self.items[i].id, "output_index": i, "delta": args});
+                out.push(self.event("response.function_call_arguments.delta", e));
+            }
+        }
+        out
+    }
+
+    /// The events that end the response.
+    pub fn end(&mut self, reply: &Reply, end: &Ending) -> Vec<Typed> {
+        let mut out = Vec::new();
+        if self.items.is_empty() {
+            // An empty answer is still a message.
+            self.ensure(Open::Message, &mut out);
+            self.added(&mut out);
+        }
+        self.close(&mut out);
+        let reasoning: String = self
+            .items
+            .iter()
+            .filter(|it| it.kind == Open::Reasoning)
+            .map(|it| it.text.as_str())
+            .collect();
+        let (status, incomplete) = status(end.finish);
+        let u = usage(
+            end.prompt,
+            end.completion,
+            tokens_of(&self.tokenizer, &reasoning),
+        );
+        let r = self.snapshot(reply, status, incomplete, u);
+        let kind = match status {
+            "completed" => "response.completed",
+            "incomplete" => "response.incomplete",
+            _ => "response.failed",
+        };
+        out.push(self.event(kind, json!({ "response": r })));
+        out
+    }
+
+    /// The event of an error that ends the stream.
+    pub fn error(&mut self, e: &ApiError) -> Vec<Typed> {
+        let b = e.body();
+        let err = &b["error"];
+        let data = json!({"code": err["code"], "message": err["message"], "param": err["param"]});
+        vec![self.event("error", data)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::Call;
+
+    fn echo() -> Echo {
+        Echo {
+            instructions: Value::Null,
+            max_output_tokens: json!(32),
+            temperature: 1.0,
+            top_p: 1.0,
+            tools: json!([]),
+            tool_choice: json!("auto"),
+            parallel_tool_calls: true,
+            text: json!({"format": {"type": "text"}}),
+            reasoning: json!({"effort": null, "summary": null}),
+            metadata: json!({}),
+            top_logprobs: 0,
+            logprobs: false,
+            encrypted_reasoning: true,
+        }
+    }
+
+    /// How a chat output is read, its ids seeded by `id_seed`.
+    fn out(id_seed: u64) -> ChatOut {
+        ChatOut {
+            parser: None,
+            keep_special: false,
+            mistral_ids: false,
+            reasoning: false,
+            id_seed,
+        }
+    }
+
+    /// The deltas a stream sends for reasoning, content and two calls, their ids drawn
+    /// from `ids` as a chat stream draws them.
+    fn deltas(ids: &mut CallIds) -> Vec<Delta> {
+        let d = |r: &str, c: &str, calls: Vec<Value>| Delta {
+            reasoning: r.into(),
+            content: c.into(),
+            calls,
+        };
+        let header = |i: usize, id: String, name: &str| {
+            json!({"index": i, "id": id, "type": "function",
+                   "function": {"name": name, "arguments": ""}})
+        };
+        let args = |i: usize, a: &str| json!({"index": i, "function": {"arguments": a}});
+        vec![
+            d("I ", "", vec![]),
+            d("think.", "Hel", vec![]),
+            d("", "", vec![]),
+            d(
+                "",
+                "lo",
+                vec![header(0, ids.next(), "f"), args(0, "{\"a\": ")],
+            ),
+            d("", "", vec![args(0, "1}"), header(1, ids.next(), "g")]),
+            d("", "", vec![args(1, "{}")]),
+        ]
+    }
+
+    fn parsed() -> Parsed {
+        let call = |n: &str, a: &str| Call {
+            name: Some(n.into()),
+            arguments: a.into(),
+        };
+        Parsed {
+            reasoning: "I think.".into(),
+            content: "Hello".into(),
+            calls: vec![call("f", "{\"a\": 1}"), call("g", "{}")],
+        }
+    }
+
+    #[test]
+    fn a_stream_ends_as_the_whole_response() {
+        let tok = Arc::new(Tokenizer::bytes());
+        let reply = Reply::new(Kind::Chat, 7, "m".into());
+        let end = Ending {
+            finish: "tool_calls",
+            stop: None,
+            prompt: 5,
+            completion: 9,
+        };
+        let whole = whole(&tok, &reply, &echo(), &out(42), &parsed(), &[], &end);
+        let mut st = Stream::new(Box::new(echo()), 42, Arc::clone(&tok));
+        let mut events = st.start(&reply);
+        for d in deltas(&mut out(42).call_ids(0)) {
+            events.extend(st.token(&d, None));
+        }
+        events.extend(st.end(&reply, &end));
+        let kinds: Vec<&str> = events.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        for (i, (_, e)) in events.iter().enumerate() {
+            assert_eq!(e["sequence_number"], json!(i));
+        }
+        let (_, last) = events.last().unwrap();
+        assert_eq!(last["response"], whole);
+        assert_eq!(whole["status"], "completed");
+        let out = whole["output"].as_array().unwrap();
+        let kinds: Vec<&str> = out.iter().map(|o| o["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            ["reasoning", "message", "function_call", "function_call"]
+        );
+        assert_eq!(out[0]["encrypted_content"], "I think.");
+        assert_eq!(out[1]["content"][0]["text"], "Hello");
+        assert_eq!(out[2]["arguments"], "{\"a\": 1}");
+        assert!(out[3]["call_id"].as_str().unwrap().starts_with("call_"));
+        // The deltas of each item add up to its text.
+        let mut args = String::new();
+        for (k, e) in &events {
+            if *k == "response.function_call_arguments.delta" && e["output_index"] == 2 {
+                args.push_str(e["delta"].as_str().unwrap());
+            }
+        }
+        assert_eq!(args, "{\"a\": 1}");
+    }
+
+    #[test]
+    fn a_length_cut_is_incomplete_and_an_empty_answer_is_a_message() {
+        let tok = Arc::new(Tokenizer::bytes());
+        let reply = Reply::new(Kind::Chat, 7, "m".into());
+        let end = Ending {
+            finish: "length",
+            stop: None,
+            prompt: 5,
+            completion: 0,
+        };
+        let w = whole(
+            &tok,
+            &reply,
+            &echo(),
+            &out(1),
+            &Parsed::default(),
+            &[],
+            &end,
+        );
+        assert_eq!(w["status"], "incomplete");
+        assert_eq!(w["incomplete_details"]["reason"], "max_output_tokens");
+        let mut st = Stream::new(Box::new(echo()), 1, Arc::clone(&tok));
+        let mut events = st.start(&reply);
+        events.extend(st.end(&reply, &end));
+        let (kind, last) = events.last().unwrap();
+        assert_eq!(*kind, "response.incomplete");
+        assert_eq!(last["response"], w);
+        assert_eq!(w["output"][0]["type"], "message");
+    }
+}
