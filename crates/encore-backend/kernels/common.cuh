@@ -576,7 +576,8 @@ __device__ __forceinline__ void qdequant_impl(const unsigned char* __restrict__ 
 // 4 (n), each (BM / 2) x 32 as m16n8k16 tiles. Per k tile the x tile streams into shared
 // memory by cp.async while each thread loads one 32-value group of w (F::load32), decodes it
 // (F::decode_raw) and stores it as T: the weight is decoded once per CTA, in shared memory,
-// never written to global memory. Two stages: tile t + 1 loads while tile t multiplies. Rows of
+// never written to global memory. Two stages in shared memory (tile t + 1 is decoded while
+// tile t multiplies), and w's bytes are loaded two tiles ahead, in registers. Rows of
 // shared memory are padded to QM_BK + 8 elements, so ldmatrix is free of bank conflicts.
 // k need not be a multiple of QM_BK (it is one of 32): the tail is zero-filled.
 // Split-K on grid z: with gridDim.z > 1, CTA z sums k tiles [z T / Z, (z + 1) T / Z) and
@@ -661,26 +662,31 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
     const unsigned int b_off =
         ((wn * 32 + (lane & 7) + ((lane >> 4) << 3)) * QM_LD + ((lane >> 3) & 1) * 8) * 2;
 
-    // Software pipeline: tile t + 1's x copies and w loads are issued before tile t's mma,
-    // and its w decoded into shared memory after it, so the loads' latency hides behind the
-    // mma; one barrier per tile.
+    // Software pipeline: a thread's w bytes are loaded two tiles ahead (registers `ra`,
+    // `rb`, whose roles alternate so no register holding a pending load is ever moved),
+    // tile t + 1's x copies issued before tile t's mma and its w decoded into shared memory
+    // after it, so two tiles of work hide a load's latency; one barrier per tile.
     const int groups = k >> 5, gsel = threadIdx.x & 1;
-    typename F::Raw raw;
+    typename F::Raw ra, rb;
+    auto load_w = [&](int kt, typename F::Raw& raw) {
+        const int gi = 2 * kt + gsel;
+        if (kt < kt1 && gi < groups) F::load32(wrow, nb, gi, raw);
+    };
     if (kt0 < kt1) {
         qmma_load_x<T, BM>(sA, 0, kt0, x, m0, m_rows, k);
-        if (2 * kt0 + gsel < groups) F::load32(wrow, nb, 2 * kt0 + gsel, raw);
-        qmma_store_w<F, T>(sB, 0, raw, 2 * kt0 + gsel, groups);
+        load_w(kt0, ra);
+        load_w(kt0 + 1, rb);
+        qmma_store_w<F, T>(sB, 0, ra, 2 * kt0 + gsel, groups);
+        load_w(kt0 + 2, ra);
     }
     cp_async_wait<0>();
     __syncthreads();
-    for (int kt = kt0; kt < kt1; ++kt) {
+    // Tile kt from stage (kt - kt0) % 2; `cur` holds tile kt + 1's w bytes and is then
+    // reloaded with tile kt + 3's.
+    auto step = [&](int kt, typename F::Raw& cur) {
         const int s = (kt - kt0) & 1;
         const bool next = kt + 1 < kt1;
-        const int gn = 2 * (kt + 1) + gsel;
-        if (next) {
-            qmma_load_x<T, BM>(sA, s ^ 1, kt + 1, x, m0, m_rows, k);
-            if (gn < groups) F::load32(wrow, nb, gn, raw);
-        }
+        if (next) qmma_load_x<T, BM>(sA, s ^ 1, kt + 1, x, m0, m_rows, k);
         const unsigned int ab = a_sh + s * BM * QM_LD * 2 + a_off;
         const unsigned int bb = b_sh + s * QM_BN * QM_LD * 2 + b_off;
 #pragma unroll
@@ -700,9 +706,16 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
                 for (int nt = 0; nt < 4; ++nt)
                     Mma16816<T>::mma(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
         }
-        if (next) qmma_store_w<F, T>(sB, s ^ 1, raw, gn, groups);
+        if (next) {
+            qmma_store_w<F, T>(sB, s ^ 1, cur, 2 * (kt + 1) + gsel, groups);
+            load_w(kt + 3, cur);
+        }
         cp_async_wait<0>();
         __syncthreads();
+    };
+    for (int kt = kt0; kt < kt1; kt += 2) {
+        step(kt, rb);
+        if (kt + 1 < kt1) step(kt + 1, ra);
     }
 
     const int g = lane >> 2, t4 = lane & 3;
