@@ -13,9 +13,10 @@ OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT"
 parts=${1:-tests,ab}
 has() { [[ ",$parts," == *",$1,"* ]]; }
 mkdir -p .bin && tar -xJf .gpu/gpu.tar.xz -C .bin || exit 1
-# A third variant, optional: .gpu/b.tar.xz holding encore-b.
+# More variants, optional: .gpu/b.tar.xz holding encore-b, encore-c, ...
 [ -f .gpu/b.tar.xz ] && tar -xJf .gpu/b.tar.xz -C .bin
-variants=(base new); [ -x .bin/encore-b ] && variants+=(b)
+variants=(base new)
+for v in b c d; do [ -x .bin/encore-$v ] && variants+=($v); done
 export ENCORE_CACHE_DIR=/tmp/encore-cache
 M=dummy:llama-3-8b
 B=${BATCHES:-8,16,64,256}
@@ -33,7 +34,7 @@ if has ab; then
     for q in ${FORMATS:-q4_k q8_0}; do
       for which in "${variants[@]}"; do
         bin=.bin/encore; [ $which = base ] && bin=.bin/encore-base
-        [ $which = b ] && bin=.bin/encore-b
+        case $which in base|new) ;; *) bin=.bin/encore-$which ;; esac
         $bin bench decode --device cuda --model $M --quantization $q --batch $B --steps 30 \
           --json >>"$OUT/decode-$q-$which.jsonl" 2>>"$OUT/decode-$q-$which.err" \
           || { echo "FAIL $q $which"; tail -3 "$OUT/decode-$q-$which.err"; }
