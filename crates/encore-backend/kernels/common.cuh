@@ -606,6 +606,29 @@ __device__ __forceinline__ void qmma_load_x(T* sA, int stage, int kt, const T* _
     cp_async_commit();
 }
 
+// Whether format F decodes a 32-value group straight to bf16 pairs with integer and bf16x2
+// ops (`F::decode_bf16`), for a bf16 qmma; a format's file specializes it.
+template <class F> struct QDecodeBf16 {
+    static constexpr bool value = false;
+};
+template <class A, class B> struct QSame {
+    static constexpr bool value = false;
+};
+template <class A> struct QSame<A, A> {
+    static constexpr bool value = true;
+};
+// a * b + c on bf16 pairs, rounded once.
+__device__ __forceinline__ unsigned int q_bf2_fma(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// The bf16 pair (x, x).
+__device__ __forceinline__ unsigned int q_bf2(float x) {
+    const unsigned int h = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    return h | (h << 16);
+}
+
 // This thread's group gi of the w tile (row t / 2, group 2 kt + t % 2) into stage `stage`
 // as T, from the bytes `raw` loaded earlier (zeros past k).
 template <class F, typename T>
@@ -613,6 +636,19 @@ __device__ __forceinline__ void qmma_store_w(T* sB, int stage, const typename F:
                                              int gi, int groups) {
     const int tid = threadIdx.x;
     T* b = sB + stage * QM_BN * QM_LD + (tid >> 1) * QM_LD + (tid & 1) * 32;
+    if constexpr (QDecodeBf16<F>::value && QSame<T, bf16>::value) {
+        unsigned int o[16];
+        if (gi < groups) {
+            F::decode_bf16(raw, gi, o);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) o[i] = 0u;
+        }
+        uint4* d = reinterpret_cast<uint4*>(b);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) d[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+        return;
+    }
     float v[32];
     if (gi < groups) {
         F::decode_raw(raw, gi, v);
