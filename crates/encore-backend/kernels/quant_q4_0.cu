@@ -60,6 +60,21 @@ struct QFormatQ4_0 {
             v[l + 16] = __fmul_rn(d, q_u2f(byte >> 4, 8.0f));
         }
     }
+    // The same 32 values as 16 bf16 pairs in k order, for a bf16 qmma (q_bf2_bytes; d
+    // rounded to bf16 first).
+    static __device__ __forceinline__ void decode_bf16(const Raw& r, int gi, unsigned int (&o)[16]) {
+        const unsigned int d = q_bf2(q_f16(r.s));
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const unsigned int word = q_word(r.q[0], w);
+            q_bf2_bytes(word & 0x0F0F0F0Fu, 0xC308C308u, d, Q_BF2_NEG0, o[2 * w], o[2 * w + 1]);
+            q_bf2_bytes((word >> 4) & 0x0F0F0F0Fu, 0xC308C308u, d, Q_BF2_NEG0, o[8 + 2 * w],
+                        o[9 + 2 * w]);
+        }
+    }
+};
+template <> struct QDecodeBf16<QFormatQ4_0> {
+    static constexpr bool value = true;
 };
 
 QUANT_KERNELS(QFormatQ4_0, q4_0)

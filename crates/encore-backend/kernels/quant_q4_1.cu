@@ -62,6 +62,21 @@ struct QFormatQ4_1 {
             v[l + 16] = __fadd_rn(__fmul_rn(d, q_u2f(byte >> 4, 0.0f)), m);
         }
     }
+    // The same 32 values as 16 bf16 pairs in k order, for a bf16 qmma (q_bf2_bytes; d and
+    // m rounded to bf16 first).
+    static __device__ __forceinline__ void decode_bf16(const Raw& r, int gi, unsigned int (&o)[16]) {
+        const float2 dm = q_f16x2(r.s);
+        const unsigned int d = q_bf2(dm.x), m = q_bf2(dm.y);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const unsigned int word = q_word(r.q[0], w);
+            q_bf2_bytes(word & 0x0F0F0F0Fu, Q_BF2_M128, d, m, o[2 * w], o[2 * w + 1]);
+            q_bf2_bytes((word >> 4) & 0x0F0F0F0Fu, Q_BF2_M128, d, m, o[8 + 2 * w], o[9 + 2 * w]);
+        }
+    }
+};
+template <> struct QDecodeBf16<QFormatQ4_1> {
+    static constexpr bool value = true;
 };
 
 QUANT_KERNELS(QFormatQ4_1, q4_1)

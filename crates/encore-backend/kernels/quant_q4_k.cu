@@ -95,11 +95,8 @@ struct QFormatQ4K {
             v[l] = __fsub_rn(__fmul_rn(d0, q_u2f(nib, 0.0f)), dm0);
         }
     }
-    // The same 32 values as 16 bf16 pairs in k order, for a bf16 qmma: a pair of nibbles
-    // spread to the low bits of two halves (PRMT, LOP3) and or-ed into 0x4300 is the bf16
-    // pair 128 + q; fma by 1 and -128 leaves q exactly; fma by d sc and -dmin m (each
-    // rounded to bf16) gives the value, rounded once: about 2 instructions a value against
-    // 6 through f32.
+    // The same 32 values as 16 bf16 pairs in k order, for a bf16 qmma (q_bf2_bytes; d sc
+    // and -dmin m rounded to bf16 first).
     static __device__ __forceinline__ void decode_bf16(const Raw& r, int gi, unsigned int (&o)[16]) {
         const int j = gi & 7;
         unsigned int sc[2], mn[2];
@@ -109,15 +106,11 @@ struct QFormatQ4K {
         const float scj = (float)((scw >> (8 * (j & 3))) & 0xFFu);
         const float mj = (float)((mnw >> (8 * (j & 3))) & 0xFFu);
         const unsigned int a = q_bf2(__fmul_rn(dd.x, scj)), b = q_bf2(-__fmul_rn(dd.y, mj));
-        const unsigned int one = 0x3F803F80u, m128 = 0xC300C300u;
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
             const unsigned int word = q_word(r.q[w >> 2], w & 3);
-            const unsigned int nib = (j & 1) ? word >> 4 : word;
-            const unsigned int p01 = (__byte_perm(nib, 0u, 0x4140) & 0x000F000Fu) | 0x43004300u;
-            const unsigned int p23 = (__byte_perm(nib, 0u, 0x4342) & 0x000F000Fu) | 0x43004300u;
-            o[2 * w] = q_bf2_fma(q_bf2_fma(p01, one, m128), a, b);
-            o[2 * w + 1] = q_bf2_fma(q_bf2_fma(p23, one, m128), a, b);
+            const unsigned int nib = ((j & 1) ? word >> 4 : word) & 0x0F0F0F0Fu;
+            q_bf2_bytes(nib, Q_BF2_M128, a, b, o[2 * w], o[2 * w + 1]);
         }
     }
 };

@@ -101,6 +101,28 @@ struct QFormatQ5K {
             v[l] = __fsub_rn(__fmul_rn(d0, q_u2f(q5, 0.0f)), dm0);
         }
     }
+    // The same 32 values as 16 bf16 pairs in k order, for a bf16 qmma (q_bf2_bytes; d sc
+    // and -dmin m rounded to bf16 first).
+    static __device__ __forceinline__ void decode_bf16(const Raw& r, int gi, unsigned int (&o)[16]) {
+        const int j = gi & 7;
+        unsigned int sc[2], mn[2];
+        scales(r.s, sc, mn);
+        const float2 dd = q_f16x2(r.s.x);
+        const unsigned int scw = (j >> 2) ? sc[1] : sc[0], mnw = (j >> 2) ? mn[1] : mn[0];
+        const float scj = (float)((scw >> (8 * (j & 3))) & 0xFFu);
+        const float mj = (float)((mnw >> (8 * (j & 3))) & 0xFFu);
+        const unsigned int a = q_bf2(__fmul_rn(dd.x, scj)), b = q_bf2(-__fmul_rn(dd.y, mj));
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            const unsigned int qw = q_word(r.q[w >> 2], w & 3), hw = q_word(r.h[w >> 2], w & 3);
+            const unsigned int q =
+                (((j & 1) ? qw >> 4 : qw) & 0x0F0F0F0Fu) | (((hw >> j) & 0x01010101u) << 4);
+            q_bf2_bytes(q, Q_BF2_M128, a, b, o[2 * w], o[2 * w + 1]);
+        }
+    }
+};
+template <> struct QDecodeBf16<QFormatQ5K> {
+    static constexpr bool value = true;
 };
 
 QUANT_KERNELS(QFormatQ5K, q5_k)

@@ -325,6 +325,10 @@ fn quantized_gemv_matches_cpu_at_model_shapes() {
 
 /// x = the identity (k rows: the tensor-core kernel for bf16/f16, decode-then-GEMM for
 /// f32): out = the decoded weight, transposed and rounded to T once, bit for bit the CPU's.
+/// Except bf16 with the formats the tensor-core kernel decodes straight to bf16 pairs
+/// (`decode_bf16`: Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): their scales are rounded to bf16 before
+/// the one rounding of the value, so a weight may differ from the CPU's by 2^-8 of the
+/// largest weight of its row (Q4's own step is 1/15 of a block's range).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn dequantized_weights_are_bit_exact() {
@@ -348,11 +352,25 @@ fn dequantized_weights_are_bit_exact() {
                     be.download_f32(&out).unwrap()
                 };
                 let (got, want) = (run(gpu), run(&cpu));
+                let direct = dt == DType::BF16
+                    && matches!(
+                        fmt,
+                        QuantFormat::Q4_0
+                            | QuantFormat::Q4_1
+                            | QuantFormat::Q4K
+                            | QuantFormat::Q5K
+                            | QuantFormat::Q6K
+                    );
+                // out is [k, n]: weight row r is column r.
+                let row_max: Vec<f32> = (0..n)
+                    .map(|r| (0..k).map(|c| want[c * n + r].abs()).fold(0.0, f32::max))
+                    .collect();
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    // == rather than bits: a decoded -0 summed with the identity's zero
+                    let tol = if direct { row_max[i % n] / 256.0 } else { 0.0 };
+                    // <= rather than bits: a decoded -0 summed with the identity's zero
                     // products may come out as either zero.
                     assert!(
-                        g == w,
+                        (g - w).abs() <= tol,
                         "{fmt} {dt} n={n} k={k}: w[{}, {}] decodes to {g}, the CPU {w}",
                         i % n,
                         i / n
