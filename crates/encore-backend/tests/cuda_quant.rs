@@ -327,8 +327,9 @@ fn quantized_gemv_matches_cpu_at_model_shapes() {
 /// f32): out = the decoded weight, transposed and rounded to T once, bit for bit the CPU's.
 /// Except bf16 with the formats the tensor-core kernel decodes straight to bf16 pairs
 /// (`decode_bf16`: Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): their scales are rounded to bf16 before
-/// the one rounding of the value, so a weight may differ from the CPU's by 2^-8 of the
-/// largest weight of its row (Q4's own step is 1/15 of a block's range).
+/// the one rounding of the value, so a weight may differ from the CPU's by about an ulp
+/// of the largest weight of its row: 2^-6 of it is allowed (Q4's own step is 1/15 of a
+/// block's range).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn dequantized_weights_are_bit_exact() {
@@ -366,7 +367,7 @@ fn dequantized_weights_are_bit_exact() {
                     .map(|r| (0..k).map(|c| want[c * n + r].abs()).fold(0.0, f32::max))
                     .collect();
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    let tol = if direct { row_max[i % n] / 256.0 } else { 0.0 };
+                    let tol = if direct { row_max[i % n] / 64.0 } else { 0.0 };
                     // <= rather than bits: a decoded -0 summed with the identity's zero
                     // products may come out as either zero.
                     assert!(
