@@ -1013,7 +1013,9 @@ impl Stream {
                 self.items[i].call = Some((call_id.to_string(), name));
                 self.added(&mut out);
             }
-            if !args.is_empty() {
+            // Arguments go to the call item open (a call's header always comes first).
+            let open_call = self.open && self.items.last().is_some_and(|it| it.kind == Open::Call);
+            if !args.is_empty() && open_call {
                 let i = self.items.len() - 1;
                 self.items[i].text.push_str(args);
                 let e = json!({"item_id": self.items[i].id, "output_index": i, "delta": args});
