@@ -629,6 +629,27 @@ __device__ __forceinline__ unsigned int q_bf2(float x) {
     return h | (h << 16);
 }
 
+// The K-quants' (Q4_K, Q5_K) scale bytes `s`: d and dmin (f16) in s.x, then 12 bytes of
+// 6-bit scales and mins. The scales (sc) and mins (mn) of sub-blocks 0..3 (word 0) and
+// 4..7 (word 1), one per byte (quant.rs's scale_min_k4 for all eight at once).
+__device__ __forceinline__ void q_k4_scales(const uint4& s, unsigned int (&sc)[2],
+                                            unsigned int (&mn)[2]) {
+    sc[0] = s.y & 0x3F3F3F3Fu;
+    mn[0] = s.z & 0x3F3F3F3Fu;
+    sc[1] = (s.w & 0x0F0F0F0Fu) | ((s.y >> 2) & 0x30303030u);
+    mn[1] = ((s.w >> 4) & 0x0F0F0F0Fu) | ((s.z >> 2) & 0x30303030u);
+}
+// d * sc and dmin * m of sub-block j (each product rounded once), as quant.rs decodes.
+__device__ __forceinline__ float2 q_k4_sub(const uint4& s, int j) {
+    unsigned int sc[2], mn[2];
+    q_k4_scales(s, sc, mn);
+    const float2 dd = q_f16x2(s.x);
+    const unsigned int scw = (j >> 2) ? sc[1] : sc[0], mnw = (j >> 2) ? mn[1] : mn[0];
+    const float scj = (float)((scw >> (8 * (j & 3))) & 0xFFu);
+    const float mj = (float)((mnw >> (8 * (j & 3))) & 0xFFu);
+    return make_float2(__fmul_rn(dd.x, scj), __fmul_rn(dd.y, mj));
+}
+
 // Four integers below 128, one a byte of `q`, as two bf16 pairs in byte order: `lo` =
 // (q0, q1), `hi` = (q2, q3), each (q - off) * s + c. PRMT spreads a pair to the low bits of
 // two halves and LOP3 or-s in 0x4300, the bf16 128 + q; fma by 1 and `neg` (the pair

@@ -21,16 +21,6 @@ struct QFormatQ4K {
         u.s = q_ld128(row + nb * QB + b * SB);
     }
 
-    // The 6-bit scales (sc) and mins (mn) of sub-blocks 0..3 (word 0) and 4..7 (word 1),
-    // one per byte (quant.rs's scale_min_k4 for all eight at once).
-    static __device__ __forceinline__ void scales(const uint4& s, unsigned int (&sc)[2],
-                                                  unsigned int (&mn)[2]) {
-        sc[0] = s.y & 0x3F3F3F3Fu;
-        mn[0] = s.z & 0x3F3F3F3Fu;
-        sc[1] = (s.w & 0x0F0F0F0Fu) | ((s.y >> 2) & 0x30303030u);
-        mn[1] = ((s.w >> 4) & 0x0F0F0F0Fu) | ((s.z >> 2) & 0x30303030u);
-    }
-
     template <typename T, int M, int R>
     static __device__ __forceinline__ void dot(const Unit (&u)[R], int sub, const T* __restrict__ x,
                                                int k, int m_rows, float (&acc)[R][M]) {
@@ -41,7 +31,7 @@ struct QFormatQ4K {
             const float2 dd = q_f16x2(u[r].s.x);
             d[r] = dd.x;
             dmin[r] = dd.y;
-            scales(u[r].s, sc[r], mn[r]);
+            q_k4_scales(u[r].s, sc[r], mn[r]);
         }
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
@@ -81,13 +71,8 @@ struct QFormatQ4K {
     static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
         const int j = gi & 7;
         const uint4* q = r.q;
-        unsigned int sc[2], mn[2];
-        scales(r.s, sc, mn);
-        const float2 dd = q_f16x2(r.s.x);
-        const unsigned int scw = (j >> 2) ? sc[1] : sc[0], mnw = (j >> 2) ? mn[1] : mn[0];
-        const float scj = (float)((scw >> (8 * (j & 3))) & 0xFFu);
-        const float mj = (float)((mnw >> (8 * (j & 3))) & 0xFFu);
-        const float d0 = __fmul_rn(dd.x, scj), dm0 = __fmul_rn(dd.y, mj);
+        const float2 sm = q_k4_sub(r.s, j);
+        const float d0 = sm.x, dm0 = sm.y;
 #pragma unroll
         for (int l = 0; l < 32; ++l) {
             const unsigned int byte = q_byte(q, l);
@@ -99,13 +84,8 @@ struct QFormatQ4K {
     // and -dmin m rounded to bf16 first).
     static __device__ __forceinline__ void decode_bf16(const Raw& r, int gi, unsigned int (&o)[16]) {
         const int j = gi & 7;
-        unsigned int sc[2], mn[2];
-        scales(r.s, sc, mn);
-        const float2 dd = q_f16x2(r.s.x);
-        const unsigned int scw = (j >> 2) ? sc[1] : sc[0], mnw = (j >> 2) ? mn[1] : mn[0];
-        const float scj = (float)((scw >> (8 * (j & 3))) & 0xFFu);
-        const float mj = (float)((mnw >> (8 * (j & 3))) & 0xFFu);
-        const unsigned int a = q_bf2(__fmul_rn(dd.x, scj)), b = q_bf2(-__fmul_rn(dd.y, mj));
+        const float2 sm = q_k4_sub(r.s, j);
+        const unsigned int a = q_bf2(sm.x), b = q_bf2(-sm.y);
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
             const unsigned int word = q_word(r.q[w >> 2], w & 3);

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use encore_core::request::{Event, Refusal, Request};
 use encore_core::serve::EngineHandle;
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use encore_core::tokenizer::ChatOptions;
@@ -153,6 +153,39 @@ pub(crate) fn chat_prompt(
     Ok((ids, common, out))
 }
 
+/// Turn the model's thinking on or off (`param` names the request field that asks): on
+/// needs the reasoning parser, to split it out; off needs a template with an
+/// `enable_thinking` switch, unless the model does not think (no parser).
+pub(crate) fn thinking_switch(
+    s: &AppState,
+    on: bool,
+    param: &'static str,
+    kwargs: &mut Map<String, Value>,
+) -> Result<(), ApiError> {
+    let parser = s.chat.reasoning.is_some();
+    if on && !parser {
+        return Err(ApiError::bad(
+            param,
+            format!(
+                "`{param}` asks for reasoning, which this server does not split out: start \
+                 it with `--reasoning-parser`"
+            ),
+        ));
+    }
+    if s.chat.template_switches_thinking {
+        kwargs.insert("enable_thinking".into(), json!(on));
+    } else if !on && parser {
+        return Err(ApiError::bad(
+            param,
+            format!(
+                "`{param}` asks for no reasoning, but this model's chat template has no \
+                 `enable_thinking` switch to turn it off"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// How an answer is written: what its every part repeats, and for chat how its output
 /// is read.
 pub(crate) struct Form {
@@ -214,6 +247,18 @@ pub(crate) struct ChatOut {
 }
 
 impl ChatOut {
+    /// An output read as plain content, its ids seeded by `id_seed` (the writers' tests).
+    #[cfg(test)]
+    pub fn plain(id_seed: u64) -> Self {
+        ChatOut {
+            parser: None,
+            keep_special: false,
+            mistral_ids: false,
+            reasoning: false,
+            id_seed,
+        }
+    }
+
     /// The tool-call ids of choice `index`.
     pub fn call_ids(&self, index: usize) -> CallIds {
         let seed = self.id_seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);

@@ -27,10 +27,9 @@ use crate::body::{
 };
 use crate::error::ApiError;
 use crate::fields;
-use crate::generate::{chat_prompt, generate, Api, ChatOut, Ending, Typed};
+use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Ending, Typed};
 use crate::output::{Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
-use crate::responses::thinking_switch;
 use crate::tools::{read_list, ToolChoice, Tools};
 use crate::AppState;
 
@@ -578,6 +577,7 @@ fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), ApiErr
             }
         };
         let mut msg = ChatMessage::new(role, "");
+        let mut had_results = false;
         for (j, b) in blocks.iter().enumerate() {
             let bat = format!("{at}.content[{j}]");
             let bo = b.as_object().ok_or_else(|| {
@@ -653,6 +653,7 @@ fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), ApiErr
                     if role != "user" {
                         return Err(wrong_role("user"));
                     }
+                    had_results = true;
                     known_keys(
                         bo,
                         &[
@@ -707,16 +708,11 @@ fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), ApiErr
         }
         // A user turn of tool results only is those results.
         let empty = msg.content.as_deref() == Some("");
-        if role == "assistant" || !empty || !blocks_had_results(blocks) {
+        if role == "assistant" || !empty || !had_results {
             out.push(msg);
         }
     }
     Ok(())
-}
-
-/// Whether a user message's blocks held tool results (then an empty text adds nothing).
-fn blocks_had_results(blocks: &[Value]) -> bool {
-    blocks.iter().any(|b| b["type"] == "tool_result")
 }
 
 /// The stop reason of an output.
@@ -918,6 +914,10 @@ mod tests {
     use super::*;
     use crate::parse::Call;
 
+    fn out(id_seed: u64) -> ChatOut {
+        ChatOut::plain(id_seed)
+    }
+
     /// The content blocks a client builds from a stream's events, and its stop reason.
     fn accumulate(events: &[Typed]) -> (Vec<Value>, Value, Value) {
         let mut blocks: Vec<Value> = Vec::new();
@@ -963,16 +963,6 @@ mod tests {
             }
         }
         (blocks, stop, seq)
-    }
-
-    fn out(id_seed: u64) -> ChatOut {
-        ChatOut {
-            parser: None,
-            keep_special: false,
-            mistral_ids: false,
-            reasoning: false,
-            id_seed,
-        }
     }
 
     #[test]

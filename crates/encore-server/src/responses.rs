@@ -28,7 +28,7 @@ use crate::body::{
 };
 use crate::error::ApiError;
 use crate::fields;
-use crate::generate::{chat_prompt, generate, Api, ChatOut, Ending, Typed};
+use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Ending, Typed};
 use crate::output::{logprobs_json, Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
 use crate::tools::{choice_word, read_list, ToolChoice, Tools};
@@ -312,39 +312,6 @@ fn reasoning(v: Option<Value>, s: &AppState) -> Result<(Value, Map<String, Value
     }
     let summary = o.get("summary").cloned().unwrap_or(Value::Null);
     Ok((json!({"effort": effort, "summary": summary}), kwargs))
-}
-
-/// Turn the model's thinking on or off (`param` names the request field that asks): on
-/// needs the reasoning parser, to split it out; off needs a template with an
-/// `enable_thinking` switch, unless the model does not think (no parser).
-pub(crate) fn thinking_switch(
-    s: &AppState,
-    on: bool,
-    param: &'static str,
-    kwargs: &mut Map<String, Value>,
-) -> Result<(), ApiError> {
-    let parser = s.chat.reasoning.is_some();
-    if on && !parser {
-        return Err(ApiError::bad(
-            param,
-            format!(
-                "`{param}` asks for reasoning, which this server does not split out: start \
-                 it with `--reasoning-parser`"
-            ),
-        ));
-    }
-    if s.chat.template_switches_thinking {
-        kwargs.insert("enable_thinking".into(), json!(on));
-    } else if !on && parser {
-        return Err(ApiError::bad(
-            param,
-            format!(
-                "`{param}` asks for no reasoning, but this model's chat template has no \
-                 `enable_thinking` switch to turn it off"
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// `tools`: function tools, `{"type": "function", "name", "description", "parameters",
@@ -1088,15 +1055,8 @@ mod tests {
         }
     }
 
-    /// How a chat output is read, its ids seeded by `id_seed`.
     fn out(id_seed: u64) -> ChatOut {
-        ChatOut {
-            parser: None,
-            keep_special: false,
-            mistral_ids: false,
-            reasoning: false,
-            id_seed,
-        }
+        ChatOut::plain(id_seed)
     }
 
     /// The deltas a stream sends for reasoning, content and two calls, their ids drawn

@@ -9,16 +9,15 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
-use encore_core::request::{Event, Output};
+use encore_core::request::{Event, Output, TokenLogprobs};
 use encore_core::tokenizer::{StopMatcher, StopStream, Tokenizer};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
-
-use axum::http::StatusCode;
 
 use crate::error::ApiError;
 use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form, Typed};
@@ -73,22 +72,22 @@ pub(crate) fn respond(
     }
     let id_seed = chat.as_ref().map_or(0, |c| c.id_seed);
     let mut writer = match api {
-        Api::OpenAi => Writer::OpenAi,
-        Api::Responses(e) => {
-            Writer::Responses(responses::Stream::new(e, id_seed, Arc::clone(&s.tokenizer)))
-        }
-        Api::Messages { omit_thinking } => {
-            Writer::Messages(messages::Stream::new(id_seed, omit_thinking))
-        }
+        Api::OpenAi => None,
+        Api::Responses(e) => Some(Writer::Responses(responses::Stream::new(
+            e,
+            id_seed,
+            Arc::clone(&s.tokenizer),
+        ))),
+        Api::Messages { omit_thinking } => Some(Writer::Messages(messages::Stream::new(
+            id_seed,
+            omit_thinking,
+        ))),
     };
     // The typed streams open before the first token.
-    let opening = match &mut writer {
-        Writer::OpenAi => Vec::new(),
-        Writer::Responses(w) => w.start(&reply),
-        Writer::Messages(w) => w.start(&reply, prompt.len()),
-    };
-    for e in opening {
-        let _ = out.send(typed_event(e));
+    if let Some(w) = &mut writer {
+        for e in w.start(&reply, prompt.len()) {
+            let _ = out.send(typed_event(e));
+        }
     }
     let task = Task {
         writer,
@@ -111,17 +110,50 @@ fn typed_event((name, data): Typed) -> SseEvent {
     SseEvent::default().event(name).data(data.to_string())
 }
 
-/// How a stream's events are written.
+/// How a responses or messages stream's typed events are written.
 enum Writer {
-    /// Completions' or chat's chunks, then `[DONE]`.
-    OpenAi,
     Responses(responses::Stream),
     Messages(messages::Stream),
 }
 
+impl Writer {
+    /// The events that open the stream (a prompt of `prompt` tokens).
+    fn start(&mut self, reply: &Reply, prompt: usize) -> Vec<Typed> {
+        match self {
+            Writer::Responses(w) => w.start(reply),
+            Writer::Messages(w) => w.start(reply, prompt),
+        }
+    }
+
+    /// The events of one token's output `d` (its log-probabilities `lp`).
+    fn token(&mut self, d: &Delta, lp: Option<(u32, TokenLogprobs)>) -> Vec<Typed> {
+        match self {
+            Writer::Responses(w) => w.token(d, lp),
+            Writer::Messages(w) => w.token(d),
+        }
+    }
+
+    /// The events that end the stream.
+    fn end(&mut self, reply: &Reply, end: &Ending) -> Vec<Typed> {
+        match self {
+            Writer::Responses(w) => w.end(reply, end),
+            Writer::Messages(w) => w.end(end),
+        }
+    }
+
+    /// The events of an error that ends the stream.
+    fn error(&mut self, e: &ApiError) -> Vec<Typed> {
+        match self {
+            Writer::Responses(w) => w.error(e),
+            Writer::Messages(w) => w.error(e),
+        }
+    }
+}
+
 /// The task that streams one request.
 struct Task {
-    writer: Writer,
+    /// `None`: completions' or chat's chunks, then `[DONE]`.
+    writer: Option<Writer>,
     /// Completions' `echo`: each choice's first chunk starts with this prompt text.
     echo: Option<String>,
     /// The text holds special tokens (not the end-of-generation one).
@@ -177,9 +209,7 @@ impl Task {
             };
             let Some((i, ev)) = ev else { return };
             let more = match ev {
-                Event::Token(o) if matches!(self.writer, Writer::OpenAi) => {
-                    self.token(i, &mut texts[i], o)
-                }
+                Event::Token(o) if self.writer.is_none() => self.token(i, &mut texts[i], o),
                 Event::Token(o) => self.typed_token(i, &mut texts[i], o),
                 Event::Refused(r) => {
                     // A refusal is the request's fault; a failed step the server's.
@@ -304,12 +334,10 @@ impl Task {
                 (d, finish)
             }
         };
-        let lp = o.logprobs.map(|lp| (o.token, lp));
-        let mut events = match &mut self.writer {
-            Writer::Responses(w) => w.token(&d, lp),
-            Writer::Messages(w) => w.token(&d),
-            Writer::OpenAi => Vec::new(),
+        let Some(w) = &mut self.writer else {
+            return false;
         };
+        let mut events = w.token(&d, o.logprobs.map(|lp| (o.token, lp)));
         if let Some(finish) = finish {
             let end = Ending {
                 finish,
@@ -317,11 +345,7 @@ impl Task {
                 prompt: self.prompt.len(),
                 completion: c.n,
             };
-            events.extend(match &mut self.writer {
-                Writer::Responses(w) => w.end(&self.reply, &end),
-                Writer::Messages(w) => w.end(&end),
-                Writer::OpenAi => Vec::new(),
-            });
+            events.extend(w.end(&self.reply, &end));
             c.done = true;
             c.guard.done = o.finish.is_some();
             if stopped {
@@ -338,17 +362,16 @@ impl Task {
 
     /// End the stream with error `e`: an error event (and `[DONE]` for chunks).
     fn end_with(&mut self, e: ApiError) {
-        let events = match &mut self.writer {
-            Writer::OpenAi => {
+        match &mut self.writer {
+            None => {
                 let _ = self.send(e.body().to_string());
                 let _ = self.send("[DONE]".into());
-                return;
             }
-            Writer::Responses(w) => w.error(&e),
-            Writer::Messages(w) => w.error(&e),
-        };
-        for ev in events {
-            let _ = self.out.send(typed_event(ev));
+            Some(w) => {
+                for ev in w.error(&e) {
+                    let _ = self.out.send(typed_event(ev));
+                }
+            }
         }
     }
 }

@@ -12,9 +12,7 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form};
-use crate::output::{
-    completion_logprobs, finish_name, logprobs_json, prompt_entries, release, Reply,
-};
+use crate::output::{completion_logprobs, finish_name, logprobs_json, prompt_entries, release};
 use crate::parse::{self, Parsed};
 use crate::shutdown::cut_off;
 use crate::AppState;
@@ -47,8 +45,21 @@ pub(crate) async fn respond(
         echo,
         api,
     } = form;
-    if let (Some(out), Api::Responses(_) | Api::Messages { .. }) = (&chat, &api) {
-        return typed(s, children, prompt, stop, &reply, out, &api).await;
+    // Responses and messages: one output, written in their own shape.
+    match (&chat, &api) {
+        (Some(out), Api::Responses(echo)) => {
+            return typed(s, children, &prompt, stop, out, &api, |p, lps, end| {
+                responses::whole(&s.tokenizer, &reply, echo, out, p, lps, end)
+            })
+            .await
+        }
+        (Some(out), Api::Messages { omit_thinking }) => {
+            return typed(s, children, &prompt, stop, out, &api, |p, _, end| {
+                messages::whole(&reply, out, p, end, *omit_thinking)
+            })
+            .await
+        }
+        _ => {}
     }
     let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
     let mut choices = Vec::with_capacity(children.len());
@@ -105,35 +116,44 @@ pub(crate) async fn respond(
     Json(reply.whole(choices, prompt.len(), completion)).into_response()
 }
 
-/// The whole answer of a responses or messages request (one choice).
+/// The answer to a responses or messages request: its one output, split by its parser and
+/// written by `write` (the split, the tokens' log-probabilities, how it ended); an error
+/// in `api`'s shape.
 async fn typed(
     s: &AppState,
     children: Vec<Child>,
-    prompt: Vec<u32>,
+    prompt: &[u32],
     stop: StopMatcher,
-    reply: &Reply,
     out: &ChatOut,
     api: &Api,
+    write: impl FnOnce(&Parsed, &[(u32, TokenLogprobs)], &Ending) -> Value,
 ) -> Response {
-    let Some((guard, events)) = children.into_iter().next() else {
-        let e = ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "no output");
-        return api.error(e);
-    };
-    let c = match collect(s, events, guard, &prompt, stop, out.keep_special).await {
-        Ok(c) => c,
-        Err(e) => return api.error(e),
-    };
+    match split(s, children, prompt, stop, out).await {
+        Ok((parsed, logprobs, end)) => Json(write(&parsed, &logprobs, &end)).into_response(),
+        Err(e) => api.error(e),
+    }
+}
+
+/// The one output of a responses or messages request, split by its parser: the split,
+/// the tokens' log-probabilities, and how it ended.
+async fn split(
+    s: &AppState,
+    children: Vec<Child>,
+    prompt: &[u32],
+    stop: StopMatcher,
+    out: &ChatOut,
+) -> Result<(Parsed, Vec<(u32, TokenLogprobs)>, Ending), ApiError> {
+    let (guard, events) = children
+        .into_iter()
+        .next()
+        .ok_or_else(|| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "no output"))?;
+    let c = collect(s, events, guard, prompt, stop, out.keep_special).await?;
     let text = match c.text {
         Some(t) => t,
-        None => match s.tokenizer.decode(&c.ids, true) {
-            Ok(t) => t,
-            Err(e) => {
-                return api.error(ApiError::server(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    e.to_string(),
-                ))
-            }
-        },
+        None => s
+            .tokenizer
+            .decode(&c.ids, true)
+            .map_err(|e| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
     };
     let parsed = match &out.parser {
         Some(p) => p.parse(&text, true),
@@ -148,16 +168,7 @@ async fn typed(
         prompt: prompt.len(),
         completion: c.ids.len(),
     };
-    let body = match api {
-        Api::Responses(echo) => {
-            responses::whole(&s.tokenizer, reply, echo, out, &parsed, &c.logprobs, &end)
-        }
-        Api::Messages { omit_thinking } => {
-            messages::whole(reply, out, &parsed, &end, *omit_thinking)
-        }
-        Api::OpenAi => Value::Null,
-    };
-    Json(body).into_response()
+    Ok((parsed, c.logprobs, end))
 }
 
 /// Take the request's events until its end.
