@@ -9,7 +9,8 @@
 # on the 8B shape: prefill 512 / 2,048 tokens and decode batches 16 / 64 / 256, for
 # GEMM_FORMATS (default q4_k) in GEMM_MODES (default dequant; also mma). DECODE_FORMATS,
 # BATCHES and PREFILL_FORMATS narrow `decode` and `prefill`.
-#   usage: OUT=... bash scripts/gpu-quant.sh [tests,gemm,decode,prefill,gguf,peer]
+# `peerbuild` builds the peer while the GGUF files are written (a call of its own).
+#   usage: OUT=... bash scripts/gpu-quant.sh [tests,gemm,decode,prefill,gguf,peerbuild,peer]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -58,7 +59,23 @@ if has prefill; then
   done
 fi
 G=/tmp/gguf
-if has gguf || has peer; then
+L=/tmp/llama.cpp
+# The peer's build alone (`peerbuild`, about 5 minutes on 16 cores), so that a lease can
+# build it while the GGUF files are written, then bench both in the next call.
+build_peer() {
+  [ -x $L/build/bin/llama-bench ] && return 0
+  [ -f .gpu/llama.cpp-src.tar.xz ] || { echo "no .gpu/llama.cpp-src.tar.xz"; return 1; }
+  tar -xJf .gpu/llama.cpp-src.tar.xz -C /tmp
+  (cd $L && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+     -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
+     -DCMAKE_BUILD_TYPE=Release >"$logs/llama-cmake.txt" 2>&1 &&
+   cmake --build build --target llama-bench -j 16 >"$logs/llama-build.txt" 2>&1) ||
+    { echo "llama.cpp build failed"; tail -20 "$logs/llama-build.txt" "$logs/llama-cmake.txt"; return 1; }
+}
+if has peerbuild; then
+  build_peer & bp=$!
+fi
+if has gguf || has peer || has peerbuild; then
   mkdir -p $G
   for t in q4_k_m q8_0; do
     [ -f $G/8b-$t.gguf ] || .bin/dummy_gguf llama-3-8b $t $G/8b-$t.gguf >"$logs/gguf-$t.txt" 2>&1
@@ -75,16 +92,10 @@ if has gguf; then
     echo "== prefill gguf $t"; tail -3 "$logs/prefill-gguf-$t.txt"
   done
 fi
-if has peer && [ -f .gpu/llama.cpp-src.tar.xz ]; then
-  L=/tmp/llama.cpp
-  if [ ! -x $L/build/bin/llama-bench ]; then
-    mkdir -p /tmp && tar -xJf .gpu/llama.cpp-src.tar.xz -C /tmp
-    (cd $L && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-       -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
-       -DCMAKE_BUILD_TYPE=Release >"$logs/llama-cmake.txt" 2>&1 &&
-     cmake --build build --target llama-bench -j 16 >"$logs/llama-build.txt" 2>&1) ||
-      { echo "llama.cpp build failed"; tail -20 "$logs/llama-build.txt" "$logs/llama-cmake.txt"; }
-  fi
+if has peerbuild; then
+  wait $bp && echo "== llama-bench built: $($L/build/bin/llama-bench --help >/dev/null 2>&1 && echo ok)"
+fi
+if has peer && build_peer; then
   for t in q4_k_m q8_0; do
     $L/build/bin/llama-bench -m $G/8b-$t.gguf -fa 1 -ngl 99 -p 512,2048 -n 128 -r 3 \
       >"$logs/llama-bench-$t.txt" 2>&1

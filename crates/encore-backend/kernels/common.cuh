@@ -844,9 +844,11 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
 // bandwidth-bound 1- and 2-row variants; the 4- and 8-row ones are bound by arithmetic and
 // would spill.
 #define QG_MIN_CTAS(M) ((M) <= 2 ? 2 : 1)
-// Rows per warp of the variant for M rows of x.
+// Rows per warp of the variant for M rows of x: two for every M (four rows a warp at M = 1
+// measured 5% slower on the 8B Q4_K and Q6_K steps, BENCHMARKS.md: twice the registers, so
+// half the warps to hide the loads' latency; equal for FP8 and Q8_0).
 #ifndef QG_R
-#define QG_R(M) ((M) == 1 ? 4 : 2)
+#define QG_R(M) 2
 #endif
 #define QGEMV_ONE(F, FN, T, OUT_T, TN, ON, M)                                                \
     extern "C" __global__ void __launch_bounds__(QG_THREADS, QG_MIN_CTAS(M))                  \

@@ -116,11 +116,29 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 }
 
 fn options(arch: &str, include: &Path) -> Vec<String> {
-    vec![
+    let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         format!("-I{}", include.display()),
-    ]
+    ];
+    // Kernel variants for measurements (`NAME=VALUE ...`); part of the cache key.
+    o.extend(
+        kernel_defines()
+            .into_iter()
+            .map(|(k, v)| format!("-D{k}={v}")),
+    );
+    o
+}
+
+/// `ENCORE_KERNEL_DEFINES`: `NAME=VALUE` pairs (space-separated) passed to every kernel
+/// file, for measuring variants of a kernel without a rebuild.
+pub fn kernel_defines() -> Vec<(String, String)> {
+    std::env::var("ENCORE_KERNEL_DEFINES")
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// Compile every kernel file for `arch` (e.g. `sm_90`), using the disk cache.

@@ -22,14 +22,8 @@ use crate::ops::MatmulDims;
 use crate::quant::QuantFormat;
 use crate::tensor::{DType, Tensor};
 
-/// Rows of w one warp of `qgemv_*_m1` owns (`QG_R(1)` in common.cuh); 2 for more rows.
-fn rows_per_warp(m: usize) -> usize {
-    if m == 1 {
-        4
-    } else {
-        2
-    }
-}
+/// Rows of w one warp of `qgemv_*` owns (`QG_R` in common.cuh).
+const ROWS_PER_WARP: usize = 2;
 
 /// A warp lane's share of a block (`UPB` of each format's struct in `quant_*.cu`).
 fn units_per_block(fmt: QuantFormat) -> usize {
@@ -461,7 +455,7 @@ fn qgemv(
     const OP: &str = "matmul (quantized gemv)";
     let dt = x.dtype();
     let variant = d.m.next_power_of_two();
-    let layout = qgemv_layout(be, fmt, d.n, d.k, rows_per_warp(variant));
+    let layout = qgemv_layout(be, fmt, d.n, d.k, ROWS_PER_WARP);
     let kernel = be.kernels().qgemv(fmt, dt, out.dtype(), variant)?;
     launch_gemv(be, OP, kernel, layout, x, w, bias, out, d)
 }
