@@ -54,11 +54,14 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// Open the device (see [`open_device`]; every rank's with
-    /// `--tensor-parallel-size`, rank 0 first) and the model's config and weight source.
+    /// The model's config and weight source (refused when the forward pass does not run
+    /// it: [`ModelConfig::check_runs`]), then the device (see [`open_device`]; every
+    /// rank's with `--tensor-parallel-size`, rank 0 first).
     pub fn open(&self) -> Result<(Opened, ModelConfig, WeightSource, TpBackends)> {
-        let (opened, tp) = open_devices(self.device.device, self.device.tensor_parallel_size)?;
         let (cfg, source) = resolve(&self.model, &self.revision, self.quantization)?;
+        cfg.check_runs()
+            .with_context(|| format!("--model {}", self.model))?;
+        let (opened, tp) = open_devices(self.device.device, self.device.tensor_parallel_size)?;
         Ok((opened, cfg, source, tp))
     }
 

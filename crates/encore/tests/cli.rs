@@ -8,7 +8,7 @@ use std::io::Read;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{bench_on_cpu, command, encore, failure, temp_dir, text};
+use common::{bench_on_cpu, command, encore, failure, success, temp_dir, text};
 
 #[test]
 fn bad_input_gets_a_clear_error() {
@@ -115,6 +115,28 @@ fn bad_input_gets_a_clear_error() {
     ]));
     assert!(
         err.contains("tokenizer.json` is JSON but not a Hugging Face tokenizer"),
+        "{err}"
+    );
+
+    // A mixture of experts is read (`info` counts its weights) but does not run yet:
+    // `generate` says so before it looks for a tokenizer or a device. Mixtral-8x7B's
+    // config: 46,702,792,704 parameters, 93.41 GB in bf16.
+    let dir = temp_dir("moe");
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"architectures": ["MixtralForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "rms_norm_eps": 1e-5, "rope_theta": 1e6, "tie_word_embeddings": false}"#,
+    )
+    .unwrap();
+    let model = dir.to_str().unwrap();
+    let out = success(&encore(&["info", "--device", "cpu", "--model", model]));
+    assert!(out.contains("Mixtral, 32 layers, hidden 4096"), "{out}");
+    assert!(out.contains("weights 93.41 GB"), "{out}");
+    let err = failure(&encore(&["generate", "--device", "cpu", "--model", model]));
+    assert!(
+        err.contains("mixtral") && err.contains("(8 experts, top 2) do not run yet"),
         "{err}"
     );
 }

@@ -1,5 +1,6 @@
 //! The model configuration: HF `config.json` parsed into [`ModelConfig`] (Llama, Mistral,
-//! Qwen2, Qwen3), and the built-in configs behind `--model dummy:NAME`.
+//! Qwen2, Qwen3, and the mixtures of experts Qwen2-MoE, Qwen3-MoE and Mixtral), and the
+//! built-in configs behind `--model dummy:NAME`.
 //!
 //! Parsing follows HF transformers: absent optional fields take the defaults of the
 //! architecture's `PretrainedConfig` class, and anything the forward pass cannot honour
@@ -22,10 +23,35 @@ pub enum Arch {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen2's attention with a mixture-of-experts MLP and a gated shared expert.
+    Qwen2Moe,
+    /// Qwen3's attention with a mixture-of-experts MLP.
+    Qwen3Moe,
+    /// Mistral's attention with a mixture-of-experts MLP.
+    Mixtral,
 }
 
 impl Arch {
-    const ALL: [Arch; 4] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
+    const ALL: [Arch; 7] = [
+        Arch::Llama,
+        Arch::Mistral,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Qwen2Moe,
+        Arch::Qwen3Moe,
+        Arch::Mixtral,
+    ];
+
+    /// The dense architecture whose attention and norms this one shares (itself for the
+    /// dense ones).
+    pub fn base(self) -> Arch {
+        match self {
+            Arch::Qwen2Moe => Arch::Qwen2,
+            Arch::Qwen3Moe => Arch::Qwen3,
+            Arch::Mixtral => Arch::Mistral,
+            a => a,
+        }
+    }
 
     /// The HF `architectures` entry, e.g. `LlamaForCausalLM`.
     pub fn hf_name(self) -> &'static str {
@@ -34,6 +60,9 @@ impl Arch {
             Arch::Mistral => "MistralForCausalLM",
             Arch::Qwen2 => "Qwen2ForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
+            Arch::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Arch::Mixtral => "MixtralForCausalLM",
         }
     }
 
@@ -44,15 +73,18 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen2Moe => "qwen2_moe",
+            Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Mixtral => "mixtral",
         }
     }
 
     /// HF's default `max_position_embeddings` for the architecture.
     fn default_max_positions(self) -> usize {
-        match self {
+        match self.base() {
             Arch::Llama => 2048,
             Arch::Mistral => 4096 * 32,
-            Arch::Qwen2 | Arch::Qwen3 => 32768,
+            _ => 32768,
         }
     }
 }
@@ -88,10 +120,42 @@ pub struct ModelConfig {
     /// How the weights are stored on the device (dense unless quantized; see
     /// [`crate::model::formats`]).
     pub weights: WeightFormats,
+    /// The mixture-of-experts MLP of the MoE architectures (`None` for the dense ones).
+    pub moe: Option<MoeConfig>,
     /// This config's share of a tensor-parallel model ([`ModelConfig::shard`]); `None`:
     /// the whole model. A rank's config carries its own heads, KV heads and MLP width;
     /// `vocab_size` stays the whole vocabulary (the logits' width).
     pub tp: Option<TpShard>,
+}
+
+/// A mixture-of-experts MLP as transformers runs it: in a sparse layer a router
+/// (`[num_experts, hidden]`, no bias) scores the experts; the softmax of the scores, in
+/// f32, picks the `top_k` most probable (ties to the lower index), renormalised to sum to
+/// 1 where `norm_topk_prob`; the MLP's output is those experts' outputs (each a SiLU MLP
+/// of width `expert_intermediate`) weighted by their probabilities, plus, for Qwen2-MoE,
+/// a shared expert scaled by the sigmoid of its gate (`[1, hidden]`). Layers that are not
+/// sparse have a dense MLP of `intermediate_size`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    /// Experts per token (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Each expert's MLP width (`moe_intermediate_size`; Mixtral's `intermediate_size`).
+    pub expert_intermediate: usize,
+    /// Renormalise the top-k probabilities (Mixtral always; Qwen with `norm_topk_prob`).
+    pub norm_topk_prob: bool,
+    /// Per layer: sparse (experts) or dense (HF's rule: not in `mlp_only_layers`, and
+    /// `(layer + 1) % decoder_sparse_step == 0`).
+    pub sparse: Vec<bool>,
+    /// Qwen2-MoE's shared expert: its MLP width (`shared_expert_intermediate_size`).
+    pub shared_expert_intermediate: Option<usize>,
+}
+
+impl MoeConfig {
+    /// Whether layer `layer` runs experts (else a dense MLP).
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        self.sparse.get(layer).copied().unwrap_or(false)
+    }
 }
 
 /// A rank's share of a tensor-parallel model: its place in the group and the whole
@@ -185,6 +249,7 @@ impl ModelConfig {
             eos_token_ids: vec![257],
             sliding_window: None,
             weights: WeightFormats::default(),
+            moe: None,
             tp: None,
         };
         let qwen = |c: ModelConfig| ModelConfig {
@@ -381,6 +446,12 @@ impl ModelConfig {
                 what,
             })
         };
+        if self.moe.is_some() {
+            return refuse(format!(
+                "{} (a mixture of experts) does not run tensor-parallel",
+                self.arch.model_type()
+            ));
+        }
         let kv = self.num_kv_heads;
         if !self.num_heads.is_multiple_of(size) {
             return refuse(format!(
@@ -417,6 +488,22 @@ impl ModelConfig {
             }),
             ..self.clone()
         })
+    }
+
+    /// Whether the forward pass runs this model: the mixture-of-experts MLPs are parsed
+    /// and declared (parameter and byte counts, `encore info`) but not run yet, an error
+    /// naming the architecture.
+    pub fn check_runs(&self) -> Result<()> {
+        match &self.moe {
+            Some(moe) => Err(Error::Config {
+                path: self.arch.model_type().to_string(),
+                what: format!(
+                    "mixture-of-experts models ({} experts, top {}) do not run yet",
+                    moe.num_experts, moe.top_k
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// `(rank, size)` of this config's tensor-parallel group; `(0, 1)` for the model.
@@ -577,6 +664,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let sliding_window = parse_sliding_window(f, arch, num_layers)?;
     let torch_dtype = parse_torch_dtype(f)?;
     let weights = parse_quantization(f)?;
+    let moe = parse_moe(f, arch, num_layers, intermediate_size)?;
     let bos_token_id = f.token_ids("bos_token_id")?.first().copied();
     let eos_token_ids = f.token_ids("eos_token_id")?;
 
@@ -593,13 +681,14 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         rms_norm_eps,
         tie_word_embeddings,
         qkv_bias,
-        qk_norm: arch == Arch::Qwen3,
+        qk_norm: arch.base() == Arch::Qwen3,
         max_position_embeddings,
         torch_dtype,
         bos_token_id,
         eos_token_ids,
         sliding_window,
         weights,
+        moe,
         tp: None,
     };
     cfg.check_sizes([
@@ -667,8 +756,10 @@ fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
     let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
     let qkv_bias = match arch {
         Arch::Qwen2 => true,
-        Arch::Mistral => false,
-        Arch::Llama | Arch::Qwen3 => attention_bias,
+        // Qwen2-MoE's q/k/v biases follow `qkv_bias` (default true).
+        Arch::Qwen2Moe => f.opt_bool("qkv_bias")?.unwrap_or(true),
+        Arch::Mistral | Arch::Mixtral => false,
+        Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => attention_bias,
     };
     if arch == Arch::Llama && f.opt_bool("mlp_bias")? == Some(true) {
         return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
@@ -717,6 +808,97 @@ fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
         projections: Some(encore_backend::quant::QuantFormat::F8E4M3),
         per_tensor: Default::default(),
     })
+}
+
+/// The experts of the MoE architectures, with transformers' defaults for absent fields
+/// (Qwen2-MoE: 60 experts, top 4, width 1408, shared expert 5632; Qwen3-MoE: 128, top 8,
+/// width 768; Mixtral: 8, top 2, its `intermediate_size`); `None` for the dense ones.
+/// Sizes no model has, a top-k above the expert count, or a dense layer of a Mixtral are
+/// refused naming the field.
+fn parse_moe(
+    f: &Fields<'_>,
+    arch: Arch,
+    num_layers: usize,
+    intermediate_size: usize,
+) -> Result<Option<MoeConfig>> {
+    let (experts_key, experts, top_k, width) = match arch {
+        Arch::Qwen2Moe => ("num_experts", 60, 4, 1408),
+        Arch::Qwen3Moe => ("num_experts", 128, 8, 768),
+        Arch::Mixtral => ("num_local_experts", 8, 2, intermediate_size),
+        _ => return Ok(None),
+    };
+    let positive = |key: &str, default: usize| -> Result<usize> {
+        match f.opt_usize(key)? {
+            None => Ok(default),
+            Some(_) => f.positive(key),
+        }
+    };
+    let num_experts = positive(experts_key, experts)?;
+    let top_k = positive("num_experts_per_tok", top_k)?;
+    if top_k > num_experts {
+        return Err(f.err(format!(
+            "num_experts_per_tok = {top_k} is more than the {num_experts} experts"
+        )));
+    }
+    let expert_intermediate = match arch {
+        Arch::Mixtral => width,
+        _ => positive("moe_intermediate_size", width)?,
+    };
+    let norm_topk_prob = match arch {
+        Arch::Mixtral => true,
+        _ => f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+    };
+    let step = positive("decoder_sparse_step", 1)?;
+    let dense: Vec<usize> = match f.get("mlp_only_layers") {
+        None => Vec::new(),
+        Some(v) => v
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .ok_or_else(|| f.wrong_type("mlp_only_layers", "a list of layer indices", v))?,
+    };
+    if arch == Arch::Mixtral && (step != 1 || !dense.is_empty()) {
+        return Err(f.err(
+            "decoder_sparse_step / mlp_only_layers are not Mixtral fields (every layer is sparse)",
+        ));
+    }
+    let sparse = (0..num_layers)
+        .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
+        .collect();
+    let shared_expert_intermediate = match arch {
+        Arch::Qwen2Moe => match f.opt_usize("shared_expert_intermediate_size")? {
+            Some(0) => None,
+            None => Some(5632),
+            Some(n) => Some(n),
+        },
+        _ => None,
+    };
+    for (key, n, max) in [
+        (experts_key, num_experts, 1 << 12),
+        ("moe_intermediate_size", expert_intermediate, 1 << 20),
+        (
+            "shared_expert_intermediate_size",
+            shared_expert_intermediate.unwrap_or(0),
+            1 << 20,
+        ),
+    ] {
+        if n > max {
+            return Err(f.err(format!(
+                "`{key}` = {n} is beyond any supported model (at most {max})"
+            )));
+        }
+    }
+    Ok(Some(MoeConfig {
+        num_experts,
+        top_k,
+        expert_intermediate,
+        norm_topk_prob,
+        sparse,
+        shared_expert_intermediate,
+    }))
 }
 
 /// The checkpoint's dtype: `torch_dtype`, else `dtype` (transformers 5), else bf16.
@@ -864,7 +1046,18 @@ fn parse_sliding_window(
 ) -> Result<Option<SlidingWindow>> {
     let first_layer = match arch {
         Arch::Llama => return Ok(None),
-        Arch::Mistral => 0,
+        Arch::Mistral | Arch::Mixtral => 0,
+        // Their windows alternate over layers (Qwen2-MoE) or cover every layer (Qwen3-MoE);
+        // no released checkpoint turns them on.
+        Arch::Qwen2Moe | Arch::Qwen3Moe => {
+            if f.opt_bool("use_sliding_window")? == Some(true) {
+                return Err(f.err(format!(
+                    "use_sliding_window = true is not supported for {}",
+                    arch.model_type()
+                )));
+            }
+            return Ok(None);
+        }
         Arch::Qwen2 | Arch::Qwen3 => {
             if f.opt_bool("use_sliding_window")? != Some(true) {
                 return Ok(None);

@@ -29,7 +29,7 @@
 use encore_backend::quant::QuantFormat;
 
 use crate::error::{Error, Result};
-use crate::model::config::ModelConfig;
+use crate::model::config::{Arch, ModelConfig, MoeConfig};
 use crate::model::formats::WeightFormats;
 use crate::tensor::DType;
 
@@ -115,10 +115,22 @@ pub enum Role {
     FinalNorm,
     /// The output projection of untied embeddings.
     LmHead,
+    /// A sparse layer's router `[num_experts, hidden]` (HF `mlp.gate`).
+    Router,
+    /// Every expert's gate rows, then every expert's up rows: `[2 * E * I, hidden]` (the
+    /// GGUF `ffn_gate_exps` and `ffn_up_exps` stacks one after the other).
+    ExpertsGateUp,
+    /// Every expert's down projection, stacked: `[E * hidden, I]`.
+    ExpertsDown,
+    /// Qwen2-MoE's shared expert: gate rows, then up rows.
+    SharedGateUp,
+    SharedDown,
+    /// The shared expert's gate `[1, hidden]` (its output scaled by the sigmoid of it).
+    SharedGate,
 }
 
 impl Role {
-    pub const ALL: [Role; 12] = [
+    pub const ALL: [Role; 18] = [
         Role::Embedding,
         Role::AttnNorm,
         Role::Qkv,
@@ -131,6 +143,12 @@ impl Role {
         Role::Down,
         Role::FinalNorm,
         Role::LmHead,
+        Role::Router,
+        Role::ExpertsGateUp,
+        Role::ExpertsDown,
+        Role::SharedGateUp,
+        Role::SharedDown,
+        Role::SharedGate,
     ];
 
     /// The device tensor's name, without the layer prefix for per-layer roles (the name
@@ -149,6 +167,12 @@ impl Role {
             Role::Down => "mlp.down_proj",
             Role::FinalNorm => "model.norm",
             Role::LmHead => "lm_head",
+            Role::Router => "mlp.gate",
+            Role::ExpertsGateUp => "mlp.experts.gate_up_proj",
+            Role::ExpertsDown => "mlp.experts.down_proj",
+            Role::SharedGateUp => "mlp.shared_expert.gate_up_proj",
+            Role::SharedDown => "mlp.shared_expert.down_proj",
+            Role::SharedGate => "mlp.shared_expert_gate",
         }
     }
 
@@ -156,7 +180,15 @@ impl Role {
     pub fn is_projection(self) -> bool {
         matches!(
             self,
-            Role::Qkv | Role::OProj | Role::GateUp | Role::Down | Role::LmHead
+            Role::Qkv
+                | Role::OProj
+                | Role::GateUp
+                | Role::Down
+                | Role::LmHead
+                | Role::ExpertsGateUp
+                | Role::ExpertsDown
+                | Role::SharedGateUp
+                | Role::SharedDown
         )
     }
 
@@ -165,7 +197,9 @@ impl Role {
         !matches!(self, Role::Embedding | Role::FinalNorm | Role::LmHead)
     }
 
-    /// The HF tensors stacked along the first dimension into this one, in row order.
+    /// The HF tensors stacked along the first dimension into this one, in row order
+    /// (none for the mixture-of-experts roles, whose names depend on the architecture and
+    /// the expert: [`Decl::new`] names them).
     pub fn sources(self) -> &'static [Source] {
         match self {
             Role::Embedding => &[src!("model.embed_tokens.weight", "token_embd.weight")],
@@ -191,6 +225,12 @@ impl Role {
             Role::Down => &[src!("mlp.down_proj.weight", "ffn_down.weight")],
             Role::FinalNorm => &[src!("model.norm.weight", "output_norm.weight")],
             Role::LmHead => &[src!("lm_head.weight", "output.weight")],
+            Role::Router
+            | Role::ExpertsGateUp
+            | Role::ExpertsDown
+            | Role::SharedGateUp
+            | Role::SharedDown
+            | Role::SharedGate => &[],
         }
     }
 }
@@ -444,10 +484,15 @@ impl Decl {
             d.tensor(Role::OProj, layer, &[h], Some(q), Row);
             d.op(at(LayerOp::PostNorm));
             d.tensor(Role::MlpNorm, layer, &[h], None, Rep);
-            d.op(at(LayerOp::GateUp));
-            d.tensor(Role::GateUp, layer, &[inter, inter], Some(h), col);
-            d.op(at(LayerOp::Down));
-            d.tensor(Role::Down, layer, &[h], Some(inter), Row);
+            match &cfg.moe {
+                Some(moe) if moe.is_sparse(l) => d.experts(cfg.arch, moe, l, h),
+                _ => {
+                    d.op(at(LayerOp::GateUp));
+                    d.tensor(Role::GateUp, layer, &[inter, inter], Some(h), col);
+                    d.op(at(LayerOp::Down));
+                    d.tensor(Role::Down, layer, &[h], Some(inter), Row);
+                }
+            }
         }
         d.op(OpId::FinalNorm);
         d.tensor(Role::FinalNorm, None, &[h], None, Rep);
@@ -621,6 +666,44 @@ impl<'a> Builder<'a> {
         });
     }
 
+    /// A sparse layer's ops: the router, the experts' gate/up (and the shared expert's
+    /// gate/up and gate) under `GateUp`, the experts' down (and the shared expert's)
+    /// under `Down`, with the architecture's HF names (Mixtral's `block_sparse_moe.*`,
+    /// `w1` gate, `w3` up, `w2` down).
+    fn experts(&mut self, arch: Arch, moe: &MoeConfig, l: usize, h: usize) {
+        let (e, i, layer) = (moe.num_experts, moe.expert_intermediate, Some(l));
+        let at = |op| OpId::Layer(l, op);
+        let rep = Shard::Replicated;
+        let (base, gate, up, down) = match arch {
+            Arch::Mixtral => ("block_sparse_moe", "w1", "w3", "w2"),
+            _ => ("mlp", "gate_proj", "up_proj", "down_proj"),
+        };
+        let expert = |x: usize, w: &str| format!("{base}.experts.{x}.{w}.weight");
+        self.op(at(LayerOp::GateUp));
+        let router = [(format!("{base}.gate.weight"), e)];
+        self.tensor_from(Role::Router, layer, &router, Some(h), rep);
+        let gate_up: Vec<(String, usize)> = [gate, up]
+            .iter()
+            .flat_map(|w| (0..e).map(move |x| (expert(x, w), i)))
+            .collect();
+        self.tensor_from(Role::ExpertsGateUp, layer, &gate_up, Some(h), rep);
+        let shared = moe.shared_expert_intermediate;
+        if let Some(s) = shared {
+            let parts =
+                ["gate_proj", "up_proj"].map(|w| (format!("mlp.shared_expert.{w}.weight"), s));
+            self.tensor_from(Role::SharedGateUp, layer, &parts, Some(h), rep);
+            let gate = [("mlp.shared_expert_gate.weight".to_string(), 1)];
+            self.tensor_from(Role::SharedGate, layer, &gate, Some(h), rep);
+        }
+        self.op(at(LayerOp::Down));
+        let downs: Vec<(String, usize)> = (0..e).map(|x| (expert(x, down), h)).collect();
+        self.tensor_from(Role::ExpertsDown, layer, &downs, Some(i), rep);
+        if let Some(s) = shared {
+            let parts = [("mlp.shared_expert.down_proj.weight".to_string(), h)];
+            self.tensor_from(Role::SharedDown, layer, &parts, Some(s), rep);
+        }
+    }
+
     /// Declare a tensor of `role` read by the current op, stacked from the role's sources
     /// with `rows` rows each (of `cols` columns, or 1-D), split over the group's ranks
     /// by `shard` (each part its block of the checkpoint's tensor); a projection is in
@@ -635,6 +718,23 @@ impl<'a> Builder<'a> {
     ) -> usize {
         let sources = role.sources();
         debug_assert_eq!(sources.len(), rows.len(), "{role:?}");
+        let parts: Vec<(String, usize)> = sources
+            .iter()
+            .zip(rows)
+            .map(|(s, &r)| (s.hf.to_string(), r))
+            .collect();
+        self.tensor_from(role, layer, &parts, cols, shard)
+    }
+
+    /// [`Builder::tensor`] from HF names (without the layer prefix) and rows.
+    fn tensor_from(
+        &mut self,
+        role: Role,
+        layer: Option<usize>,
+        parts: &[(String, usize)],
+        cols: Option<usize>,
+        shard: Shard,
+    ) -> usize {
         let shape = |r: usize| match cols {
             Some(c) => vec![r, c],
             None => vec![r],
@@ -642,11 +742,11 @@ impl<'a> Builder<'a> {
         let prefix = layer.map_or(String::new(), |l| format!("model.layers.{l}."));
         let (rank, size) = self.tp;
         let shard = if size > 1 { shard } else { Shard::Replicated };
-        let parts: Vec<TensorSpec> = sources
+        let parts: Vec<TensorSpec> = parts
             .iter()
-            .zip(rows)
-            .map(|(s, &r)| TensorSpec {
-                name: format!("{prefix}{}", s.hf),
+            .map(|(hf, r)| (hf, *r))
+            .map(|(hf, r)| TensorSpec {
+                name: format!("{prefix}{hf}"),
                 shape: shape(r),
                 slice: (shard != Shard::Replicated)
                     .then(|| shard.slice(rank, size, r, cols.unwrap_or(1))),

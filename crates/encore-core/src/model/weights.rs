@@ -159,6 +159,7 @@ fn load_placed(
     };
 
     cfg.check_formats()?;
+    cfg.check_runs()?;
     let total = decl.bytes(dtype);
     let mut host = match prepared {
         Some(p) => HostSide::new(backend, &decl, &source, dtype, p, progress)?,

@@ -123,6 +123,14 @@ fn unsupported_metadata_is_an_error_naming_the_key() {
             vec!["general.architecture", "missing"],
         ),
         (
+            // Mixtral as llama.cpp writes it: `llama` with experts.
+            Box::new(|w| {
+                w.kv("llama.expert_count", Value::U32(8));
+                w.kv("llama.expert_used_count", Value::U32(2));
+            }),
+            vec!["llama.expert_count", "mixture-of-experts"],
+        ),
+        (
             Box::new(|w| {
                 w.kv("llama.rope.dimension_count", Value::U32(8));
             }),

@@ -116,6 +116,7 @@ fn real_configs_parse_to_the_expected_values() {
             eos_token_ids: vec![128_001],
             sliding_window: None,
             weights: Default::default(),
+            moe: None,
             tp: None,
         }
     );

@@ -25,6 +25,7 @@ mod config;
 mod dummy;
 mod errors;
 mod fp8;
+mod moe;
 mod round_trip;
 
 // ---------------------------------------------------------------------------------------

@@ -166,6 +166,14 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         arch: arch_name,
     };
     let k = |s: &str| m.key(s);
+    // llama.cpp writes Mixtral as `llama` with experts; MoE files are not read yet.
+    if m.opt_usize(&k("expert_count"))?.unwrap_or(0) > 0 {
+        return Err(m.err(format!(
+            "{} has experts ({}): mixture-of-experts GGUF files are not supported yet",
+            arch_name,
+            k("expert_count")
+        )));
+    }
     let sizes = parse_sizes(&m)?;
     let rope = parse_rope(&m, sizes.head_dim)?;
     let eps_key = k("attention.layer_norm_rms_epsilon");
@@ -212,6 +220,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         eos_token_ids,
         sliding_window,
         weights: Default::default(),
+        moe: None,
         tp: None,
     };
     cfg.check_sizes([

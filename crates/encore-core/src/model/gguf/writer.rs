@@ -53,9 +53,11 @@ impl GgufWriter {
     /// rope scaling (a `rope_freqs.weight` tensor in GGUF) is not written.
     pub fn model_metadata(&mut self, cfg: &ModelConfig) -> &mut Self {
         let a = match cfg.arch {
-            Arch::Llama | Arch::Mistral => "llama",
+            Arch::Llama | Arch::Mistral | Arch::Mixtral => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen2Moe => "qwen2moe",
+            Arch::Qwen3Moe => "qwen3moe",
         };
         let u = |x: usize| Value::U32(x as u32);
         self.kv("general.architecture", Value::String(a.into()));
@@ -81,6 +83,17 @@ impl GgufWriter {
         }
         if let Some(w) = cfg.sliding_window {
             self.kv(&format!("{a}.attention.sliding_window"), u(w.size));
+        }
+        if let Some(moe) = &cfg.moe {
+            self.kv(&format!("{a}.expert_count"), u(moe.num_experts));
+            self.kv(&format!("{a}.expert_used_count"), u(moe.top_k));
+            if cfg.arch != Arch::Mixtral {
+                let width = u(moe.expert_intermediate);
+                self.kv(&format!("{a}.expert_feed_forward_length"), width);
+            }
+            if let Some(n) = moe.shared_expert_intermediate {
+                self.kv(&format!("{a}.expert_shared_feed_forward_length"), u(n));
+            }
         }
         self
     }
