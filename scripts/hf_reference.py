@@ -3,7 +3,8 @@
     usage: python3 scripts/hf_reference.py OUTDIR [--device cuda] [--models llama,qwen3]
 
 Builds small random-weight models of every architecture encore runs (Llama, Llama with
-llama3 rope scaling, Mistral, Qwen2, Qwen3, and Mistral and Qwen2 with sliding windows)
+llama3 rope scaling, Mistral, Qwen2, Qwen3, Mistral and Qwen2 with sliding windows, and
+the mixtures of experts Qwen3-MoE, with a dense layer, and Mixtral)
 with odd sizes (vocab not a multiple of 64, head_dim != hidden / heads, MQA and GQA,
 intermediate not a power of two), saves each as float32 safetensors in OUTDIR/<name>/
 (config.json + model.safetensors), reloads it with
@@ -43,10 +44,14 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 PROMPT_LENS = (5, 11, 23)
@@ -192,6 +197,49 @@ MODELS = [
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         ),
     ),
+    # Mixtures of experts (saved by save_pretrained with transformers' per-expert names).
+    (
+        "qwen3_moe",
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=160,
+            intermediate_size=400,  # the dense layer 0
+            moe_intermediate_size=96,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[0],
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=48,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+    (
+        "mixtral",
+        MixtralConfig,
+        MixtralForCausalLM,
+        dict(
+            vocab_size=1000,
+            hidden_size=128,
+            intermediate_size=160,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            sliding_window=None,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
 ]
 
 COMMON = dict(
@@ -239,6 +287,9 @@ def reinit_(model, seed, tied):
                 fan_in = p.shape[1]
                 gain = 0.7 if ("q_proj" in name or "k_proj" in name) else 1.0
                 value = noise * (gain / math.sqrt(fan_in))
+            elif p.dim() == 3:
+                # Stacked experts [experts, out, in] (transformers 5 fuses them in memory).
+                value = noise / math.sqrt(p.shape[2])
             else:
                 raise RuntimeError(f"unexpected parameter {name} {tuple(p.shape)}")
             p.copy_(value.to(p.dtype))

@@ -299,3 +299,42 @@ impl Sampling<'_> {
         ts
     }
 }
+
+/// A sparse MLP layer's experts for `n` token rows (see `Backend::moe`): route each row
+/// (softmax of its router logits in f32, the `top_k` most probable experts, ties to the
+/// lower index, renormalised to sum to 1 when `renormalize`), then sum the chosen
+/// experts' SiLU MLPs weighted by their probabilities.
+pub struct Moe<'a> {
+    /// T `[n, hidden]`: the normed hidden rows.
+    pub x: &'a Tensor,
+    /// T or f32 `[n, num_experts]`: the router's logits.
+    pub logits: &'a Tensor,
+    pub top_k: usize,
+    pub renormalize: bool,
+    /// T or quantized `[2 * E * I, hidden]`: every expert's gate rows, then every
+    /// expert's up rows (expert `e`'s gate is rows `e I..`, its up rows `E I + e I..`).
+    pub gate_up: &'a Tensor,
+    /// T or quantized `[E * hidden, I]`: expert `e`'s down projection is rows `e hidden..`.
+    pub down: &'a Tensor,
+    /// Written: i32 `[n, top_k]`, the chosen experts in order of probability, and f32
+    /// `[n, top_k]`, their weights.
+    pub ids: &'a Tensor,
+    pub weights: &'a Tensor,
+    /// T `[n, hidden]`.
+    pub out: &'a Tensor,
+}
+
+impl Moe<'_> {
+    /// Every tensor argument with its name (for device checks and errors).
+    pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
+        vec![
+            ("x", self.x),
+            ("logits", self.logits),
+            ("gate_up", self.gate_up),
+            ("down", self.down),
+            ("ids", self.ids),
+            ("weights", self.weights),
+            ("out", self.out),
+        ]
+    }
+}

@@ -674,6 +674,74 @@ impl RopeConfig {
     }
 }
 
+pub struct MoeDims {
+    pub n: usize,
+    pub hidden: usize,
+    pub experts: usize,
+    pub inter: usize,
+    pub top_k: usize,
+}
+
+pub fn check_moe(a: &crate::args::Moe<'_>) -> Result<MoeDims> {
+    const OP: &str = "moe";
+    check_dtype(OP, "x", a.x, FLOAT_DTYPES)?;
+    check_rank(OP, "x", a.x, 2, "[n, hidden]")?;
+    let (n, hidden) = (a.x.dim(0), a.x.dim(1));
+    check_dtype(OP, "logits", a.logits, &[a.x.dtype(), DType::F32])?;
+    check_rank(OP, "logits", a.logits, 2, "[n, num_experts]")?;
+    let experts = a.logits.dim(1);
+    if a.logits.dim(0) != n || experts == 0 {
+        return Err(Error::Shape {
+            op: OP,
+            name: "logits",
+            found: a.logits.shape().to_vec(),
+            expected: format!("[{n}, num_experts >= 1]"),
+        });
+    }
+    if a.top_k == 0 || a.top_k > experts {
+        return Err(Error::invalid(
+            OP,
+            format!("top_k {} must be 1..={experts} (the experts)", a.top_k),
+        ));
+    }
+    for (name, w) in [("gate_up", a.gate_up), ("down", a.down)] {
+        if !w.dtype().is_quantized() {
+            same_dtype(OP, name, w, a.x.dtype())?;
+        }
+        check_rank(OP, name, w, 2, "[rows, k]")?;
+    }
+    let rows = a.gate_up.dim(0);
+    if a.gate_up.dim(1) != hidden || rows == 0 || !rows.is_multiple_of(2 * experts) {
+        return Err(Error::Shape {
+            op: OP,
+            name: "gate_up",
+            found: a.gate_up.shape().to_vec(),
+            expected: format!("[2 * {experts} * inter, {hidden}]"),
+        });
+    }
+    let inter = rows / (2 * experts);
+    check_shape(
+        OP,
+        "down",
+        a.down,
+        &[experts * hidden, inter],
+        "[experts * hidden, inter]",
+    )?;
+    check_dtype(OP, "ids", a.ids, &[DType::I32])?;
+    check_shape(OP, "ids", a.ids, &[n, a.top_k], "[n, top_k]")?;
+    check_dtype(OP, "weights", a.weights, &[DType::F32])?;
+    check_shape(OP, "weights", a.weights, &[n, a.top_k], "[n, top_k]")?;
+    same_dtype(OP, "out", a.out, a.x.dtype())?;
+    check_shape(OP, "out", a.out, &[n, hidden], "[n, hidden]")?;
+    Ok(MoeDims {
+        n,
+        hidden,
+        experts,
+        inter,
+        top_k: a.top_k,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -644,3 +644,209 @@ fn wrong_sampling_operands_name_the_tensor() {
     // NOTE: wrong-device errors need tensors of a second device kind; the GPU suite
     // (tests/cuda.rs) covers them.
 }
+
+/// Seeded values in [-1, 1) (xorshift).
+fn uniform(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
+        })
+        .collect()
+}
+
+/// One MoE case: (dtype, weight format, tokens, hidden, experts, expert width, top_k,
+/// renormalise).
+type MoeCase = (
+    DType,
+    Option<encore_backend::quant::QuantFormat>,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    bool,
+);
+
+/// `moe` against an f64 reference of transformers' routing and experts (softmax, top k,
+/// renormalised or not; each product rounded to the dtype where the backend stores it),
+/// dense and quantized experts; the routing exactly, the output within the matmul
+/// tolerance of the dtype.
+#[test]
+fn moe_matches_the_f64_reference() {
+    use encore_backend::quant::{self, QuantFormat};
+    use encore_backend::testing::reference::round_to;
+    let cases: [MoeCase; 5] = [
+        (DType::F32, None, 5, 64, 6, 40, 2, true),
+        (DType::BF16, None, 3, 96, 4, 24, 3, false),
+        (DType::F32, None, 2, 32, 8, 16, 8, false),
+        (DType::F16, None, 4, 64, 5, 32, 1, true),
+        (DType::BF16, Some(QuantFormat::Q8_0), 3, 64, 4, 32, 2, true),
+    ];
+    let be = cpu();
+    for (c, &(dt, fmt, n, h, e, i, k, renorm)) in cases.iter().enumerate() {
+        let seed = 100 * c as u64;
+        let exact = |v: Vec<f32>| -> Vec<f32> {
+            v.iter().map(|&x| round_to(dt, x as f64) as f32).collect()
+        };
+        let x = exact(uniform(n * h, seed));
+        // Logits far apart within a row, so the top k are not a near tie.
+        let logits: Vec<f32> = (0..n * e)
+            .map(|j| ((j * 7 + c) % e) as f32 * 0.37 + 0.01 * uniform(1, seed + j as u64)[0])
+            .collect();
+        let scale = |v: Vec<f32>, fan_in: usize| -> Vec<f32> {
+            v.iter().map(|x| x / (fan_in as f32).sqrt()).collect()
+        };
+        let gu = scale(uniform(2 * e * i * h, seed + 1), h);
+        let dn = scale(uniform(e * h * i, seed + 2), i);
+        // The weights as the backend holds them, and their values.
+        let (gu_t, gu_v, dn_t, dn_v) = match fmt {
+            None => {
+                let (g, d) = (exact(gu), exact(dn));
+                (
+                    be.upload_f32_as(&g, &[2 * e * i, h], dt).unwrap(),
+                    g,
+                    be.upload_f32_as(&d, &[e * h, i], dt).unwrap(),
+                    d,
+                )
+            }
+            Some(f) => {
+                let q = |v: &[f32], rows: usize, cols: usize| {
+                    let mut bytes = vec![0u8; f.bytes(rows, cols).unwrap()];
+                    quant::quantize_rows(f, v, cols, &mut bytes);
+                    let t = be.alloc(DType::Q(f), &[rows, cols]).unwrap();
+                    be.write_bytes(&t, &bytes).unwrap();
+                    let rb = f.row_bytes(cols).unwrap();
+                    let mut vals = vec![0f32; rows * cols];
+                    for (r, out) in vals.chunks_exact_mut(cols).enumerate() {
+                        quant::dequantize_row(f, &bytes[r * rb..(r + 1) * rb], out);
+                    }
+                    (t, vals)
+                };
+                let (g, gv) = q(&gu, 2 * e * i, h);
+                let (d, dv) = q(&dn, e * h, i);
+                (g, gv, d, dv)
+            }
+        };
+        let xt = be.upload_f32_as(&x, &[n, h], dt).unwrap();
+        let lt = be.upload(&logits, &[n, e]).unwrap();
+        let ids = be.alloc(DType::I32, &[n, k]).unwrap();
+        let wts = be.alloc(DType::F32, &[n, k]).unwrap();
+        let out = be.alloc(dt, &[n, h]).unwrap();
+        be.moe(&encore_backend::Moe {
+            x: &xt,
+            logits: &lt,
+            top_k: k,
+            renormalize: renorm,
+            gate_up: &gu_t,
+            down: &dn_t,
+            ids: &ids,
+            weights: &wts,
+            out: &out,
+        })
+        .unwrap();
+        let (got_ids, got_w) = (
+            be.download::<i32>(&ids).unwrap(),
+            be.download::<f32>(&wts).unwrap(),
+        );
+        let got = be.download_f32(&out).unwrap();
+        let r = |v: f64| round_to(dt, v);
+        let mut want = Vec::new();
+        for t in 0..n {
+            let l: Vec<f64> = logits[t * e..(t + 1) * e]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            let mx = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = l.iter().map(|v| (v - mx).exp()).collect();
+            let s: f64 = p.iter().sum();
+            let mut order: Vec<usize> = (0..e).collect();
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let top = &order[..k];
+            let total: f64 = top.iter().map(|&j| p[j] / s).sum();
+            let xr = &x[t * h..(t + 1) * h];
+            let mut acc = vec![0f64; h];
+            for (slot, &ex) in top.iter().enumerate() {
+                let w = p[ex] / s / if renorm { total } else { 1.0 };
+                assert_eq!(
+                    got_ids[t * k + slot],
+                    ex as i32,
+                    "case {c} token {t} slot {slot}"
+                );
+                assert!(
+                    (got_w[t * k + slot] as f64 - w).abs() < 1e-6,
+                    "case {c}: weight"
+                );
+                let dot = |row: &[f32], v: &[f64]| -> f64 {
+                    row.iter().zip(v).map(|(&a, &b)| a as f64 * b).sum()
+                };
+                let xv: Vec<f64> = xr.iter().map(|&v| v as f64).collect();
+                let act: Vec<f64> = (0..i)
+                    .map(|j| {
+                        let g = r(dot(&gu_v[(ex * i + j) * h..(ex * i + j + 1) * h], &xv));
+                        let u = r(dot(
+                            &gu_v[((e + ex) * i + j) * h..((e + ex) * i + j + 1) * h],
+                            &xv,
+                        ));
+                        r(g / (1.0 + (-g).exp()) * u)
+                    })
+                    .collect();
+                for (o, a) in acc.iter_mut().enumerate() {
+                    let row = &dn_v[(ex * h + o) * i..(ex * h + o + 1) * i];
+                    *a += w * r(dot(row, &act));
+                }
+            }
+            want.extend(acc.into_iter().map(r));
+        }
+        let got: Vec<f64> = got.iter().map(|&v| v as f64).collect();
+        let err = compare::normalized_error(&got, &want);
+        let tol = compare::tolerance(compare::OpClass::Reduction, dt);
+        assert!(
+            err <= tol,
+            "case {c} ({dt}, {fmt:?}): normalised error {err:.3e} > {tol:.1e}"
+        );
+    }
+}
+
+#[test]
+fn moe_breaks_ties_toward_the_lower_expert_and_checks_its_operands() {
+    let be = cpu();
+    let (n, h, e, i) = (1, 32, 4, 32);
+    let x = be.upload(&uniform(n * h, 1), &[n, h]).unwrap();
+    let logits = be.upload(&[1.0f32, 3.0, 3.0, 0.0], &[n, e]).unwrap();
+    let gu = be
+        .upload(&uniform(2 * e * i * h, 2), &[2 * e * i, h])
+        .unwrap();
+    let dn = be.upload(&uniform(e * h * i, 3), &[e * h, i]).unwrap();
+    let ids = be.alloc(DType::I32, &[n, 2]).unwrap();
+    let wts = be.alloc(DType::F32, &[n, 2]).unwrap();
+    let out = be.alloc(DType::F32, &[n, h]).unwrap();
+    let args = |top_k, out: &Tensor, ids: &Tensor| -> Result<(), Error> {
+        be.moe(&encore_backend::Moe {
+            x: &x,
+            logits: &logits,
+            top_k,
+            renormalize: true,
+            gate_up: &gu,
+            down: &dn,
+            ids,
+            weights: &wts,
+            out,
+        })
+    };
+    args(2, &out, &ids).unwrap();
+    assert_eq!(be.download::<i32>(&ids).unwrap(), [1, 2]);
+    assert_eq!(be.download::<f32>(&wts).unwrap(), [0.5, 0.5]);
+    // Bad operands name themselves.
+    let e1 = args(5, &out, &ids).unwrap_err().to_string();
+    assert!(e1.contains("top_k 5"), "{e1}");
+    let short = be.alloc(DType::F32, &[n, h - 1]).unwrap();
+    let e2 = args(2, &short, &ids).unwrap_err().to_string();
+    assert!(e2.contains("out"), "{e2}");
+    let f_ids = be.alloc(DType::F32, &[n, 2]).unwrap();
+    let e3 = args(2, &out, &f_ids).unwrap_err().to_string();
+    assert!(e3.contains("ids"), "{e3}");
+}

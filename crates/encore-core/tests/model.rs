@@ -34,6 +34,8 @@ struct RefLayer {
     post_norm: Vec<f64>,
     gate_up: Vec<f64>,
     down: Vec<f64>,
+    /// A sparse layer's router (then gate_up and down are the experts' stacks).
+    router: Option<Vec<f64>>,
 }
 
 fn host(be: &dyn Backend, t: &encore_core::Tensor) -> Vec<f64> {
@@ -62,6 +64,7 @@ impl RefModel {
                     post_norm: host(be, &l.post_norm),
                     gate_up: host(be, &l.gate_up),
                     down: host(be, &l.down),
+                    router: l.router.as_ref().map(|t| host(be, t)),
                 })
                 .collect(),
             norm: host(be, &w.norm),
@@ -172,10 +175,39 @@ impl RefModel {
         attn
     }
 
-    /// The SwiGLU MLP of hidden state `xp` (post-attention norm applied).
+    /// The SwiGLU MLP of hidden state `xp` (post-attention norm applied); in a sparse
+    /// layer, the top-k experts' (softmax of the router, ties to the lower index,
+    /// renormalised where the config says) weighted sum.
     fn mlp(&self, lw: &RefLayer, xp: &[f64]) -> Vec<f64> {
         let (h, inter) = (self.cfg.hidden_size, self.cfg.intermediate_size);
         let hn = self.norm(xp, &lw.post_norm);
+        if let (Some(router), Some(moe)) = (&lw.router, &self.cfg.moe) {
+            let (e, ei) = (moe.num_experts, moe.expert_intermediate);
+            let logits = linear(&hn, router, 0, e, h);
+            let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = logits.iter().map(|l| (l - mx).exp()).collect();
+            let mut order: Vec<usize> = (0..e).collect();
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let top = &order[..moe.top_k];
+            let total: f64 = if moe.norm_topk_prob {
+                top.iter().map(|&x| p[x]).sum()
+            } else {
+                p.iter().sum()
+            };
+            let mut out = vec![0.0; h];
+            for &x in top {
+                let g = linear(&hn, &lw.gate_up, x * ei, ei, h);
+                let u = linear(&hn, &lw.gate_up, (e + x) * ei, ei, h);
+                let act: Vec<f64> = (0..ei)
+                    .map(|j| g[j] / (1.0 + (-g[j]).exp()) * u[j])
+                    .collect();
+                let y = linear(&act, &lw.down, x * h, h, ei);
+                for (o, y) in out.iter_mut().zip(y) {
+                    *o += p[x] / total * y;
+                }
+            }
+            return out;
+        }
         let gu = linear(&hn, &lw.gate_up, 0, 2 * inter, h);
         let act: Vec<f64> = (0..inter)
             .map(|j| gu[j] / (1.0 + (-gu[j]).exp()) * gu[inter + j])
@@ -363,6 +395,21 @@ fn qwen2_bias_and_tied_embeddings_match_f64_reference() {
 #[test]
 fn qwen3_qk_norm_matches_f64_reference() {
     check_arch("tiny-qwen3", DType::F32, 1e-4);
+}
+
+#[test]
+fn qwen3_moe_with_a_dense_layer_matches_f64_reference() {
+    check_arch("tiny-qwen3-moe", DType::F32, 1e-4);
+}
+
+#[test]
+fn mixtral_matches_f64_reference() {
+    check_arch("tiny-mixtral", DType::F32, 1e-4);
+}
+
+#[test]
+fn moe_bf16_run_stays_close_to_f64_reference() {
+    check_arch("tiny-qwen3-moe", DType::BF16, 5e-2);
 }
 
 #[test]

@@ -54,14 +54,20 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// The model's config and weight source (refused when the forward pass does not run
-    /// it: [`ModelConfig::check_runs`]), then the device (see [`open_device`]; every
-    /// rank's with `--tensor-parallel-size`, rank 0 first).
+    /// The model's config and weight source, and the device (see [`open_device`]; every
+    /// rank's with `--tensor-parallel-size`, rank 0 first); a model the device does not
+    /// run is refused ([`ModelConfig::check_runs`]).
     pub fn open(&self) -> Result<(Opened, ModelConfig, WeightSource, TpBackends)> {
         let (cfg, source) = resolve(&self.model, &self.revision, self.quantization)?;
-        cfg.check_runs()
-            .with_context(|| format!("--model {}", self.model))?;
         let (opened, tp) = open_devices(self.device.device, self.device.tensor_parallel_size)?;
+        cfg.check_runs(opened.backend().runs_moe())
+            .with_context(|| {
+                format!(
+                    "--model {} on {}",
+                    self.model,
+                    opened.backend().device_name()
+                )
+            })?;
         Ok((opened, cfg, source, tp))
     }
 

@@ -118,9 +118,8 @@ fn bad_input_gets_a_clear_error() {
         "{err}"
     );
 
-    // A mixture of experts is read (`info` counts its weights) but does not run yet:
-    // `generate` says so before it looks for a tokenizer or a device. Mixtral-8x7B's
-    // config: 46,702,792,704 parameters, 93.41 GB in bf16.
+    // A mixture of experts is read (`info` counts its weights): Mixtral-8x7B's config,
+    // 46,702,792,704 parameters, 93.41 GB in bf16.
     let dir = temp_dir("moe");
     std::fs::write(
         dir.join("config.json"),
@@ -134,9 +133,19 @@ fn bad_input_gets_a_clear_error() {
     let out = success(&encore(&["info", "--device", "cpu", "--model", model]));
     assert!(out.contains("Mixtral, 32 layers, hidden 4096"), "{out}");
     assert!(out.contains("weights 93.41 GB"), "{out}");
+    // What does not run yet is refused before the tokenizer is read: Qwen2-MoE's shared
+    // expert.
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"architectures": ["Qwen2MoeForCausalLM"], "vocab_size": 96, "hidden_size": 64,
+            "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64}"#,
+    )
+    .unwrap();
     let err = failure(&encore(&["generate", "--device", "cpu", "--model", model]));
     assert!(
-        err.contains("mixtral") && err.contains("(8 experts, top 2) do not run yet"),
+        err.contains("qwen2_moe") && err.contains("(4 experts, top 2): its shared expert"),
         "{err}"
     );
 }

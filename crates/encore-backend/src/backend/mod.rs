@@ -30,7 +30,7 @@ pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Attention, LogitBias, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask,
+    Attention, LogitBias, Moe, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask,
     MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 
@@ -196,6 +196,26 @@ pub trait Backend: Send + Sync {
     ) -> Result<()> {
         self.matmul(x, w, None, gate_up)?;
         self.silu_mul(gate_up, out)
+    }
+
+    /// Whether [`Backend::moe`] runs here (a model with experts is refused at load where
+    /// it does not).
+    fn runs_moe(&self) -> bool {
+        false
+    }
+
+    /// A sparse MLP layer: see [`Moe`]. Each expert's gate and up products are rounded to
+    /// T as [`Backend::matmul`] rounds them, its SiLU·mul as [`Backend::silu_mul`], its down
+    /// product to T; the weighted sum over the chosen experts is f32, rounded to T once.
+    fn moe(&self, args: &Moe<'_>) -> Result<()> {
+        let _ = args;
+        Err(Error::invalid(
+            "moe",
+            format!(
+                "mixture-of-experts layers do not run on {} yet",
+                self.device_name()
+            ),
+        ))
     }
 
     /// Split the merged q/k/v projection, normalise and rotate q and k, write q out and

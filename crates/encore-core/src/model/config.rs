@@ -186,6 +186,8 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-qwen2",
     "tiny-qwen3",
     "tiny-llama3",
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
     "qwen2.5-0.5b",
     "llama-3.2-1b",
     "llama-3-8b",
@@ -295,6 +297,40 @@ impl ModelConfig {
                 qk_norm: true,
                 ..tiny
             }),
+            // Qwen3-MoE in small: 8 experts, top 2, renormalised; layer 0 dense (as
+            // `mlp_only_layers: [0]` makes it).
+            "tiny-qwen3-moe" => qwen(ModelConfig {
+                arch: Arch::Qwen3Moe,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    ..tiny.rope
+                },
+                qk_norm: true,
+                tie_word_embeddings: false,
+                moe: Some(MoeConfig {
+                    num_experts: 8,
+                    top_k: 2,
+                    expert_intermediate: 64,
+                    norm_topk_prob: true,
+                    sparse: vec![false, true, true, true],
+                    shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
+            }),
+            // Mixtral in small: 4 experts of Mistral's MLP width, top 2, every layer sparse.
+            "tiny-mixtral" => ModelConfig {
+                arch: Arch::Mixtral,
+                moe: Some(MoeConfig {
+                    num_experts: 4,
+                    top_k: 2,
+                    expert_intermediate: tiny.intermediate_size,
+                    norm_topk_prob: true,
+                    sparse: vec![true; 4],
+                    shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
+            },
             // original_max_position_embeddings well inside the head's wavelengths, so the
             // table has unscaled, scaled and interpolated frequencies.
             "tiny-llama3" => ModelConfig {
@@ -490,20 +526,27 @@ impl ModelConfig {
         })
     }
 
-    /// Whether the forward pass runs this model: the mixture-of-experts MLPs are parsed
-    /// and declared (parameter and byte counts, `encore info`) but not run yet, an error
-    /// naming the architecture.
-    pub fn check_runs(&self) -> Result<()> {
-        match &self.moe {
-            Some(moe) => Err(Error::Config {
-                path: self.arch.model_type().to_string(),
-                what: format!(
-                    "mixture-of-experts models ({} experts, top {}) do not run yet",
-                    moe.num_experts, moe.top_k
-                ),
-            }),
-            None => Ok(()),
-        }
+    /// Whether the forward pass runs this model on a backend that runs mixture-of-experts
+    /// layers (`runs_moe`: the CPU backend) or not: a model with experts runs only there,
+    /// and Qwen2-MoE's shared expert not yet; an error naming the architecture.
+    pub fn check_runs(&self, runs_moe: bool) -> Result<()> {
+        let Some(moe) = &self.moe else {
+            return Ok(());
+        };
+        let what = if moe.shared_expert_intermediate.is_some() {
+            "its shared expert does not run yet"
+        } else if !runs_moe {
+            "mixture-of-experts layers run on the CPU backend only, for now"
+        } else {
+            return Ok(());
+        };
+        Err(Error::Config {
+            path: self.arch.model_type().to_string(),
+            what: format!(
+                "a mixture of experts ({} experts, top {}): {what}",
+                moe.num_experts, moe.top_k
+            ),
+        })
     }
 
     /// `(rank, size)` of this config's tensor-parallel group; `(0, 1)` for the model.

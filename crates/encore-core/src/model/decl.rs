@@ -815,7 +815,8 @@ mod tests {
                     assert!(d.ops()[t.op.index(cfg.num_layers)].reads.contains(&w));
                     let rows: usize = t.parts.iter().map(|p| p.local_shape()[0]).sum();
                     assert_eq!(rows, t.shape[0], "{name} {}", t.name());
-                    for p in &t.parts {
+                    // (Experts have no GGUF names yet: those files are refused.)
+                    for p in t.parts.iter().filter(|_| !t.role.sources().is_empty()) {
                         assert!(gguf_name(&p.name).is_some(), "{}", p.name);
                     }
                 }

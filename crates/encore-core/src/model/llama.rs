@@ -7,7 +7,7 @@
 //! ([`StepInputs`]); intermediates come from the arena in a fixed order, so the same call
 //! can be captured into a graph.
 
-use crate::backend::{Attention, Backend, QkvRope};
+use crate::backend::{Attention, Backend, Moe, QkvRope};
 use crate::error::{Error, Result};
 use crate::graph::StepHooks;
 use crate::kv::KvCache;
@@ -78,6 +78,11 @@ pub struct StepBuffers {
     /// gathered (`[size * b * vocab / size]`); one element each alone.
     logits_shard: Tensor,
     gathered: Tensor,
+    /// Sparse layers: the router's logits `[n, experts]`, the chosen experts (i32) and
+    /// their weights (f32) `[n, top_k]`; one element each without experts.
+    router_logits: Tensor,
+    moe_ids: Tensor,
+    moe_weights: Tensor,
 }
 
 impl StepBuffers {
@@ -179,12 +184,14 @@ impl Model {
         n: usize,
         b: usize,
         scratch_len: usize,
-    ) -> [(DType, Vec<usize>); 13] {
+    ) -> [(DType, Vec<usize>); 16] {
         let (_, size) = c.tp_rank();
         let (shard, gathered) = match size {
             1 => (vec![1, 1], vec![1]),
             _ => (vec![b, c.vocab_rows()], vec![b * c.vocab_size]),
         };
+        let (experts, top_k) = c.moe.as_ref().map_or((1, 1), |m| (m.num_experts, m.top_k));
+        let moe_rows = if c.moe.is_some() { n } else { 1 };
         [
             (t, vec![n, c.hidden_size]),
             (t, vec![n, c.hidden_size]),
@@ -199,6 +206,9 @@ impl Model {
             (DType::F32, vec![b, c.vocab_size]),
             (DType::F32, shard),
             (DType::F32, gathered),
+            (t, vec![moe_rows, experts]),
+            (DType::I32, vec![moe_rows, top_k]),
+            (DType::F32, vec![moe_rows, top_k]),
         ]
     }
 
@@ -288,7 +298,7 @@ impl Model {
             .map(|(d, s)| arena.alloc(d, &s))
             .collect::<Result<Vec<_>>>()?
             .into_iter();
-        let mut next = || it.next().expect("13 buffers");
+        let mut next = || it.next().expect("16 buffers");
         Ok(StepBuffers {
             hidden: next(),
             residual: next(),
@@ -303,6 +313,9 @@ impl Model {
             logits: next(),
             logits_shard: next(),
             gathered: next(),
+            router_logits: next(),
+            moe_ids: next(),
+            moe_weights: next(),
         })
     }
 
@@ -368,10 +381,41 @@ impl Model {
             be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
             let post_norm = one(at(LayerOp::PostNorm), &l.post_norm)?;
             add_norm(&post_norm)?;
-            let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;
-            be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
-            let down = one(at(LayerOp::Down), &l.down)?;
-            be.matmul(&buf.act, &down, None, &buf.hidden)?;
+            match (&l.router, &c.moe) {
+                (Some(router), Some(moe)) => {
+                    // A sparse layer: the router, then the chosen experts (the op reads
+                    // the router first, then the experts' gate/up).
+                    let (router, gate_up) = match self.enter(at(LayerOp::GateUp))? {
+                        None => (router.clone(), l.gate_up.clone()),
+                        Some(v) => {
+                            let mut it = v.into_iter();
+                            let router = it.next().expect("the router is read first");
+                            (router, it.next().expect("then the experts' gate/up"))
+                        }
+                    };
+                    let n = buf.normed.dim(0);
+                    let logits = buf.router_logits.prefix(n)?;
+                    be.matmul(&buf.normed, &router, None, &logits)?;
+                    let down = one(at(LayerOp::Down), &l.down)?;
+                    be.moe(&Moe {
+                        x: &buf.normed,
+                        logits: &logits,
+                        top_k: moe.top_k,
+                        renormalize: moe.norm_topk_prob,
+                        gate_up: &gate_up,
+                        down: &down,
+                        ids: &buf.moe_ids.prefix(n)?,
+                        weights: &buf.moe_weights.prefix(n)?,
+                        out: &buf.hidden,
+                    })?;
+                }
+                _ => {
+                    let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;
+                    be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
+                    let down = one(at(LayerOp::Down), &l.down)?;
+                    be.matmul(&buf.act, &down, None, &buf.hidden)?;
+                }
+            }
         }
         let Some(l) = layers.get(k) else {
             let norm = one(OpId::FinalNorm, &self.weights.norm)?;

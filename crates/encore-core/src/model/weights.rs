@@ -46,10 +46,15 @@ pub struct LayerWeights {
     pub o_proj: Tensor,
     /// `[hidden]` (HF `post_attention_layernorm`).
     pub post_norm: Tensor,
-    /// `[2 * intermediate, hidden]`: gate rows, then up rows.
+    /// `[2 * intermediate, hidden]`: gate rows, then up rows. In a sparse layer (with a
+    /// `router`), every expert's gate rows then every expert's up rows,
+    /// `[2 * experts * expert_intermediate, hidden]`.
     pub gate_up: Tensor,
-    /// `[hidden, intermediate]`.
+    /// `[hidden, intermediate]`; in a sparse layer the experts' stacked,
+    /// `[experts * hidden, expert_intermediate]`.
     pub down: Tensor,
+    /// A sparse layer's router `[experts, hidden]`.
+    pub router: Option<Tensor>,
 }
 
 /// All weights of a model, on one backend, in one dtype.
@@ -159,7 +164,7 @@ fn load_placed(
     };
 
     cfg.check_formats()?;
-    cfg.check_runs()?;
+    cfg.check_runs(backend.runs_moe())?;
     let total = decl.bytes(dtype);
     let mut host = match prepared {
         Some(p) => HostSide::new(backend, &decl, &source, dtype, p, progress)?,
@@ -243,6 +248,7 @@ pub fn dequantized(backend: &dyn Backend, w: &ModelWeights) -> Result<ModelWeigh
                 post_norm: l.post_norm.clone(),
                 gate_up: dense(&l.gate_up)?,
                 down: dense(&l.down)?,
+                router: l.router.clone(),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -573,8 +579,15 @@ fn build(
             k_norm: s[slot(Role::KNorm)].take(),
             o_proj: need(&mut s, Role::OProj)?,
             post_norm: need(&mut s, Role::MlpNorm)?,
-            gate_up: need(&mut s, Role::GateUp)?,
-            down: need(&mut s, Role::Down)?,
+            gate_up: match s[slot(Role::Router)].is_some() {
+                true => need(&mut s, Role::ExpertsGateUp)?,
+                false => need(&mut s, Role::GateUp)?,
+            },
+            down: match s[slot(Role::Router)].is_some() {
+                true => need(&mut s, Role::ExpertsDown)?,
+                false => need(&mut s, Role::Down)?,
+            },
+            router: s[slot(Role::Router)].take(),
         });
     }
     let embed = need(&mut top, Role::Embedding)?;

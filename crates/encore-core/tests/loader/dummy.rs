@@ -49,6 +49,12 @@ fn every_dummy_has_consistent_shapes_and_counts() {
     assert!(q3.qk_norm && q3.num_heads * q3.head_dim != q3.hidden_size);
     let q2 = ModelConfig::dummy("tiny-qwen2").unwrap();
     assert!(q2.qkv_bias && q2.tie_word_embeddings);
+    // The MoE dummies mix a dense layer into the sparse ones (Qwen3-MoE) or are sparse
+    // throughout (Mixtral).
+    let m = ModelConfig::dummy("tiny-qwen3-moe").unwrap().moe.unwrap();
+    assert_eq!(m.sparse, [false, true, true, true]);
+    let m = ModelConfig::dummy("tiny-mixtral").unwrap().moe.unwrap();
+    assert!(m.sparse.iter().all(|&s| s) && m.norm_topk_prob);
 }
 
 fn check_shapes(cfg: &ModelConfig, w: &ModelWeights) {
@@ -71,11 +77,19 @@ fn check_shapes(cfg: &ModelConfig, w: &ModelWeights) {
             l.o_proj.shape(),
             &[cfg.hidden_size, cfg.num_heads * cfg.head_dim]
         );
-        assert_eq!(
-            l.gate_up.shape(),
-            &[2 * cfg.intermediate_size, cfg.hidden_size]
-        );
-        assert_eq!(l.down.shape(), &[cfg.hidden_size, cfg.intermediate_size]);
+        let h = cfg.hidden_size;
+        match (&l.router, &cfg.moe) {
+            (Some(router), Some(m)) => {
+                let (e, ei) = (m.num_experts, m.expert_intermediate);
+                assert_eq!(router.shape(), &[e, h]);
+                assert_eq!(l.gate_up.shape(), &[2 * e * ei, h]);
+                assert_eq!(l.down.shape(), &[e * h, ei]);
+            }
+            _ => {
+                assert_eq!(l.gate_up.shape(), &[2 * cfg.intermediate_size, h]);
+                assert_eq!(l.down.shape(), &[h, cfg.intermediate_size]);
+            }
+        }
         assert_eq!(l.input_norm.shape(), &[cfg.hidden_size]);
         assert_eq!(l.post_norm.shape(), &[cfg.hidden_size]);
     }

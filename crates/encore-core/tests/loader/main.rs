@@ -74,9 +74,34 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         }
         add("self_attn.o_proj.weight", vec![h, q]);
         add("post_attention_layernorm.weight", vec![h]);
-        add("mlp.gate_proj.weight", vec![i, h]);
-        add("mlp.up_proj.weight", vec![i, h]);
-        add("mlp.down_proj.weight", vec![h, i]);
+        match &cfg.moe {
+            Some(m) if m.is_sparse(l) => {
+                // The loader's order: the router, every expert's gate, every expert's up,
+                // then the experts' down projections.
+                let (e, ei) = (m.num_experts, m.expert_intermediate);
+                let (base, names) = match cfg.arch {
+                    Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                    _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+                };
+                add(&format!("{base}.gate.weight"), vec![e, h]);
+                for w in &names[..2] {
+                    for x in 0..e {
+                        add(&format!("{base}.experts.{x}.{w}.weight"), vec![ei, h]);
+                    }
+                }
+                for x in 0..e {
+                    add(
+                        &format!("{base}.experts.{x}.{}.weight", names[2]),
+                        vec![h, ei],
+                    );
+                }
+            }
+            _ => {
+                add("mlp.gate_proj.weight", vec![i, h]);
+                add("mlp.up_proj.weight", vec![i, h]);
+                add("mlp.down_proj.weight", vec![h, i]);
+            }
+        }
     }
     out.push(("model.norm.weight".into(), vec![h]));
     if !cfg.tie_word_embeddings {

@@ -15,7 +15,7 @@ pub use group::CpuGroup;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::backend::{Attention, Backend, Graph, LogitBias, QkvRope, Sampling};
+use crate::backend::{Attention, Backend, Graph, LogitBias, Moe, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::ops;
 pub use crate::storage::CpuBuffer;
@@ -317,6 +317,27 @@ impl Backend for CpuBackend {
         let d = ops::check_matmul(x, w, bias, out)?;
         let (x, w, bias, out) = (x.clone(), w.clone(), bias.cloned(), out.clone());
         self.submit(move || kernels::matmul(&x, &w, bias.as_ref(), &out, &d));
+        Ok(())
+    }
+
+    fn runs_moe(&self) -> bool {
+        true
+    }
+
+    fn moe(&self, a: &Moe<'_>) -> Result<()> {
+        check_device("moe", &a.tensors())?;
+        let d = ops::check_moe(a)?;
+        let args = kernels::MoeArgs {
+            x: a.x.clone(),
+            logits: a.logits.clone(),
+            renormalize: a.renormalize,
+            gate_up: a.gate_up.clone(),
+            down: a.down.clone(),
+            ids: a.ids.clone(),
+            weights: a.weights.clone(),
+            out: a.out.clone(),
+        };
+        self.submit(move || kernels::moe(&args, &d));
         Ok(())
     }
 

@@ -20,7 +20,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::ptr_of;
-use crate::ops::{EmbeddingDims, MatmulDims, QkvRopeDims, RowDims};
+use crate::ops::{EmbeddingDims, MatmulDims, MoeDims, QkvRopeDims, RowDims};
 use crate::quant::{self, QuantFormat};
 use crate::tensor::{DType, Tensor};
 
@@ -589,4 +589,150 @@ pub(super) fn gemm_f32(
             gemm::Parallelism::None,
         )
     }
+}
+
+/// [`crate::args::Moe`]'s tensors, owned for the queue.
+pub(super) struct MoeArgs {
+    pub x: Tensor,
+    pub logits: Tensor,
+    pub renormalize: bool,
+    pub gate_up: Tensor,
+    pub down: Tensor,
+    pub ids: Tensor,
+    pub weights: Tensor,
+    pub out: Tensor,
+}
+
+pub(super) fn moe(a: &MoeArgs, d: &MoeDims) {
+    dispatch_float!(a.x.dtype(), moe_t(a, d))
+}
+
+/// The rows of a weight in T or quantized, each decoded to f32 on request.
+struct WeightRows<'a, T> {
+    dense: Option<&'a [T]>,
+    bytes: &'a [u8],
+    fmt: Option<QuantFormat>,
+    k: usize,
+    row_bytes: usize,
+}
+
+impl<'a, T: Float> WeightRows<'a, T> {
+    /// # Safety
+    /// `w` is T or quantized with rows of `k` values (validated), and nothing writes it
+    /// while the rows are read.
+    unsafe fn new(w: &'a Tensor, k: usize) -> Self {
+        match w.dtype() {
+            DType::Q(fmt) => WeightRows {
+                dense: None,
+                // SAFETY: w's view lies inside its buffer and spans size_bytes() bytes.
+                bytes: unsafe {
+                    std::slice::from_raw_parts(ptr_of(w) as *const u8, w.size_bytes())
+                },
+                fmt: Some(fmt),
+                k,
+                row_bytes: fmt.row_bytes(k).expect("a quantized w has whole blocks"),
+            },
+            // SAFETY: the caller's contract.
+            _ => WeightRows {
+                dense: Some(unsafe { view::<T>(w) }),
+                bytes: &[],
+                fmt: None,
+                k,
+                row_bytes: 0,
+            },
+        }
+    }
+
+    fn row(&self, r: usize, out: &mut [f32]) {
+        match (self.dense, self.fmt) {
+            (Some(d), _) => T::widen(&d[r * self.k..(r + 1) * self.k], out),
+            (None, Some(fmt)) => {
+                let rb = self.row_bytes;
+                quant::dequantize_row(fmt, &self.bytes[r * rb..(r + 1) * rb], out)
+            }
+            (None, None) => unreachable!("a weight is dense or quantized"),
+        }
+    }
+}
+
+/// `v` rounded to T and back (the value an op that stores T would pass on).
+fn round_to<T: Float>(v: f32) -> f32 {
+    T::from_f32(v).to_f32()
+}
+
+/// Route each row, then run its experts: one row per rayon task.
+fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
+    let MoeDims {
+        n,
+        hidden: h,
+        experts: ne,
+        inter: ni,
+        top_k,
+    } = *d;
+    if n == 0 {
+        return;
+    }
+    // SAFETY: dtypes and shapes validated (`check_moe`); x, logits and the weights are only
+    // read; ids, weights and out are distinct outputs, each row written by its task alone.
+    let (x, ids, wts, out) = unsafe {
+        (
+            view::<T>(&a.x),
+            view_mut::<i32>(&a.ids),
+            view_mut::<f32>(&a.weights),
+            view_mut::<T>(&a.out),
+        )
+    };
+    let logits: Cow<'_, [f32]> = match a.logits.dtype() {
+        // SAFETY: as above.
+        DType::F32 => Cow::Borrowed(unsafe { view::<f32>(&a.logits) }),
+        _ => to_f32(unsafe { view::<T>(&a.logits) }),
+    };
+    // SAFETY: as above.
+    let (gu, dn) = unsafe {
+        (
+            WeightRows::<T>::new(&a.gate_up, h),
+            WeightRows::<T>::new(&a.down, ni),
+        )
+    };
+    out.par_chunks_mut(h)
+        .zip(ids.par_chunks_mut(top_k))
+        .zip(wts.par_chunks_mut(top_k))
+        .enumerate()
+        .for_each(|(t, ((o, id), wt))| {
+            // Softmax in f32, the top k by probability (ties to the lower index).
+            let l = &logits[t * ne..(t + 1) * ne];
+            let mx = l.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut p: Vec<f32> = l.iter().map(|&v| (v - mx).exp()).collect();
+            let sum: f32 = p.iter().sum();
+            p.iter_mut().for_each(|v| *v /= sum);
+            let mut order: Vec<usize> = (0..ne).collect();
+            order.sort_by(|&i, &j| p[j].total_cmp(&p[i]).then(i.cmp(&j)));
+            let chosen = &order[..top_k];
+            let total: f32 = chosen.iter().map(|&e| p[e]).sum();
+            for (s, &e) in chosen.iter().enumerate() {
+                id[s] = e as i32;
+                wt[s] = if a.renormalize { p[e] / total } else { p[e] };
+            }
+            let mut xf = vec![0f32; h];
+            T::widen(&x[t * h..(t + 1) * h], &mut xf);
+            let (mut row, mut down_row) = (vec![0f32; h], vec![0f32; ni]);
+            let mut act = vec![0f32; ni];
+            let mut acc = vec![0f32; h];
+            for (s, &e) in chosen.iter().enumerate() {
+                for (j, a) in act.iter_mut().enumerate() {
+                    gu.row(e * ni + j, &mut row);
+                    let g = round_to::<T>(dot(&xf, &row[..]));
+                    gu.row((ne + e) * ni + j, &mut row);
+                    let u = round_to::<T>(dot(&xf, &row[..]));
+                    *a = round_to::<T>(g / (1.0 + (-g).exp()) * u);
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    dn.row(e * h + r, &mut down_row);
+                    *acc += wt[s] * round_to::<T>(dot(&act, &down_row[..]));
+                }
+            }
+            for (o, v) in o.iter_mut().zip(&acc) {
+                *o = T::from_f32(*v);
+            }
+        });
 }
