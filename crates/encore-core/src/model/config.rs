@@ -876,6 +876,15 @@ fn parse_moe(
             Some(_) => f.positive(key),
         }
     };
+    // transformers 5 writes either name (its configs alias one to the other).
+    let alias = match experts_key {
+        "num_experts" => "num_local_experts",
+        _ => "num_experts",
+    };
+    let experts_key = match f.get(experts_key) {
+        None if f.get(alias).is_some() => alias,
+        _ => experts_key,
+    };
     let num_experts = positive(experts_key, experts)?;
     let top_k = positive("num_experts_per_tok", top_k)?;
     if top_k > num_experts {

@@ -103,6 +103,24 @@ fn real_moe_configs_parse_as_transformers_reads_them() {
         (128, 8, 768)
     );
     assert!(!m.norm_topk_prob);
+    // transformers 5.17 saves Qwen3-MoE's expert count as `num_local_experts`; either name
+    // is read for either architecture.
+    let q3 = QWEN3_30B_A3B.replace("\"num_experts\": 128,", "");
+    assert_eq!(
+        parse(&with(&q3, "num_local_experts", "16"))
+            .moe
+            .unwrap()
+            .num_experts,
+        16
+    );
+    let mx = MIXTRAL_8X7B.replace("\"num_local_experts\": 8,", "");
+    assert_eq!(
+        parse(&with(&mx, "num_experts", "4"))
+            .moe
+            .unwrap()
+            .num_experts,
+        4
+    );
 }
 
 #[test]
