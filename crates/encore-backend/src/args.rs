@@ -322,6 +322,9 @@ pub struct Moe<'a> {
     pub weights: &'a Tensor,
     /// T `[n, hidden]`.
     pub out: &'a Tensor,
+    /// T `[n * top_k, I]`: scratch for the chosen experts' activations (a backend may
+    /// leave it unused).
+    pub scratch: &'a Tensor,
 }
 
 impl Moe<'_> {
@@ -335,6 +338,7 @@ impl Moe<'_> {
             ("ids", self.ids),
             ("weights", self.weights),
             ("out", self.out),
+            ("scratch", self.scratch),
         ]
     }
 }

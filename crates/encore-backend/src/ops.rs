@@ -733,6 +733,14 @@ pub fn check_moe(a: &crate::args::Moe<'_>) -> Result<MoeDims> {
     check_shape(OP, "weights", a.weights, &[n, a.top_k], "[n, top_k]")?;
     same_dtype(OP, "out", a.out, a.x.dtype())?;
     check_shape(OP, "out", a.out, &[n, hidden], "[n, hidden]")?;
+    same_dtype(OP, "scratch", a.scratch, a.x.dtype())?;
+    check_shape(
+        OP,
+        "scratch",
+        a.scratch,
+        &[n * a.top_k, inter],
+        "[n * top_k, inter]",
+    )?;
     Ok(MoeDims {
         n,
         hidden,

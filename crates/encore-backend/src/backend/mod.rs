@@ -198,9 +198,10 @@ pub trait Backend: Send + Sync {
         self.silu_mul(gate_up, out)
     }
 
-    /// Whether [`Backend::moe`] runs here (a model with experts is refused at load where
-    /// it does not).
-    fn runs_moe(&self) -> bool {
+    /// Whether [`Backend::moe`] runs here, with quantized experts when `quantized` (a
+    /// model with experts is refused at load where it does not).
+    fn runs_moe(&self, quantized: bool) -> bool {
+        let _ = quantized;
         false
     }
 

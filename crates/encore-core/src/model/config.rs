@@ -526,17 +526,26 @@ impl ModelConfig {
         })
     }
 
-    /// Whether the forward pass runs this model on a backend that runs mixture-of-experts
-    /// layers (`runs_moe`: the CPU backend) or not: a model with experts runs only there,
-    /// and Qwen2-MoE's shared expert not yet; an error naming the architecture.
+    /// Whether the experts are stored quantized (in-situ `--quantization` or a
+    /// checkpoint's format): what [`crate::backend::Backend::runs_moe`] is asked.
+    pub fn experts_quantized(&self) -> bool {
+        self.weights.projections.is_some() || !self.weights.per_tensor.is_empty()
+    }
+
+    /// Whether the forward pass runs this model where `runs_moe` says whether the backend
+    /// runs its experts (`Backend::runs_moe(cfg.experts_quantized())`): a model with
+    /// experts runs only there, and Qwen2-MoE's shared expert not yet; an error naming the
+    /// architecture.
     pub fn check_runs(&self, runs_moe: bool) -> Result<()> {
         let Some(moe) = &self.moe else {
             return Ok(());
         };
         let what = if moe.shared_expert_intermediate.is_some() {
             "its shared expert does not run yet"
+        } else if !runs_moe && self.experts_quantized() {
+            "quantized experts run on the CPU backend only, for now"
         } else if !runs_moe {
-            "mixture-of-experts layers run on the CPU backend only, for now"
+            "this backend does not run mixture-of-experts layers"
         } else {
             return Ok(());
         };

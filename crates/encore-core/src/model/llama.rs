@@ -83,6 +83,8 @@ pub struct StepBuffers {
     router_logits: Tensor,
     moe_ids: Tensor,
     moe_weights: Tensor,
+    /// The chosen experts' activations `[n * top_k, expert_intermediate]`.
+    moe_act: Tensor,
 }
 
 impl StepBuffers {
@@ -184,13 +186,15 @@ impl Model {
         n: usize,
         b: usize,
         scratch_len: usize,
-    ) -> [(DType, Vec<usize>); 16] {
+    ) -> [(DType, Vec<usize>); 17] {
         let (_, size) = c.tp_rank();
         let (shard, gathered) = match size {
             1 => (vec![1, 1], vec![1]),
             _ => (vec![b, c.vocab_rows()], vec![b * c.vocab_size]),
         };
-        let (experts, top_k) = c.moe.as_ref().map_or((1, 1), |m| (m.num_experts, m.top_k));
+        let (experts, top_k, ei) = c.moe.as_ref().map_or((1, 1, 1), |m| {
+            (m.num_experts, m.top_k, m.expert_intermediate)
+        });
         let moe_rows = if c.moe.is_some() { n } else { 1 };
         [
             (t, vec![n, c.hidden_size]),
@@ -209,6 +213,7 @@ impl Model {
             (t, vec![moe_rows, experts]),
             (DType::I32, vec![moe_rows, top_k]),
             (DType::F32, vec![moe_rows, top_k]),
+            (t, vec![moe_rows * top_k, ei]),
         ]
     }
 
@@ -298,7 +303,7 @@ impl Model {
             .map(|(d, s)| arena.alloc(d, &s))
             .collect::<Result<Vec<_>>>()?
             .into_iter();
-        let mut next = || it.next().expect("16 buffers");
+        let mut next = || it.next().expect("17 buffers");
         Ok(StepBuffers {
             hidden: next(),
             residual: next(),
@@ -316,6 +321,7 @@ impl Model {
             router_logits: next(),
             moe_ids: next(),
             moe_weights: next(),
+            moe_act: next(),
         })
     }
 
@@ -407,6 +413,7 @@ impl Model {
                         ids: &buf.moe_ids.prefix(n)?,
                         weights: &buf.moe_weights.prefix(n)?,
                         out: &buf.hidden,
+                        scratch: &buf.moe_act.prefix(n * moe.top_k)?,
                     })?;
                 }
                 _ => {

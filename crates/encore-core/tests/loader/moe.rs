@@ -267,7 +267,14 @@ fn moe_models_are_refused_where_they_do_not_run_yet() {
         msg.contains("qwen3_moe") && msg.contains("128 experts"),
         "{msg}"
     );
-    assert!(msg.contains("CPU backend only"), "{msg}");
+    assert!(msg.contains("does not run mixture-of-experts"), "{msg}");
+    let mut q = cfg.clone();
+    q.weights.projections = Some(encore_backend::quant::QuantFormat::Q8_0);
+    let (_, msg) = err_text(q.check_runs(false));
+    assert!(
+        msg.contains("quantized experts run on the CPU backend only"),
+        "{msg}"
+    );
     let (_, msg) = err_text(cfg.shard(0, 2));
     assert!(msg.contains("tensor-parallel"), "{msg}");
     // Qwen2-MoE's shared expert does not run yet: loading stops before any weight is read.

@@ -320,7 +320,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn runs_moe(&self) -> bool {
+    fn runs_moe(&self, _quantized: bool) -> bool {
         true
     }
 

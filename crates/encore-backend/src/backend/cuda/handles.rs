@@ -94,6 +94,10 @@ pub(super) struct Kernels<K = Kernel> {
     pub embedding: PerDType<K>,
     pub rms_norm: PerDType<K>,
     pub silu_mul: PerDType<K>,
+    /// Mixture-of-experts layers (moe.cu): routing, the experts' gate/up + SiLU, down.
+    pub moe_route: PerDType<K>,
+    pub moe_gate_up: PerDType<K>,
+    pub moe_down: PerDType<K>,
     pub allreduce: PerDType<K>,
     pub allreduce_rms_norm: PerDType<K>,
     pub qkv_rope: PerDType<K>,
@@ -133,6 +137,9 @@ impl<K> Kernels<K> {
         let embedding = PerDType::resolve(t, "embedding")?;
         let rms_norm = PerDType::resolve(t, "rms_norm")?;
         let silu_mul = PerDType::resolve(t, "silu_mul")?;
+        let moe_route = PerDType::resolve(t, "moe_route")?;
+        let moe_gate_up = PerDType::resolve(t, "moe_gate_up")?;
+        let moe_down = PerDType::resolve(t, "moe_down")?;
         let allreduce = PerDType::resolve(t, "allreduce")?;
         let allreduce_rms_norm = PerDType::resolve(t, "allreduce_rms_norm")?;
         let qkv_rope = PerDType::resolve(t, "qkv_rope")?;
@@ -205,6 +212,9 @@ impl<K> Kernels<K> {
             embedding,
             rms_norm,
             silu_mul,
+            moe_route,
+            moe_gate_up,
+            moe_down,
             allreduce,
             allreduce_rms_norm,
             qkv_rope,

@@ -27,7 +27,7 @@ pub use kernels::quant::{qgemv_default_rows, QuantGemm};
 pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;
-use crate::backend::{Attention, Backend, Graph, HostStaging, LogitBias, QkvRope, Sampling};
+use crate::backend::{Attention, Backend, Graph, HostStaging, LogitBias, Moe, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::tensor::{DType, Storage, Tensor};
@@ -922,6 +922,16 @@ impl Backend for CudaBackend {
         }
         self.matmul(x, w, None, gate_up)?;
         self.silu_mul(gate_up, out)
+    }
+
+    fn runs_moe(&self, quantized: bool) -> bool {
+        !quantized
+    }
+
+    fn moe(&self, a: &Moe<'_>) -> Result<()> {
+        self.check_device("moe", &a.tensors())?;
+        let d = ops::check_moe(a)?;
+        kernels::moe(self, a, &d)
     }
 
     fn qkv_rope_write(&self, a: &QkvRope<'_>) -> Result<()> {

@@ -52,6 +52,21 @@ pub(super) const SOURCES: &[KernelSource] = &[
         functions: &["rms_norm_bf16", "rms_norm_f16", "rms_norm_f32"],
     },
     KernelSource {
+        file: "moe.cu",
+        src: include_str!("../../../../kernels/moe.cu"),
+        functions: &[
+            "moe_route_bf16",
+            "moe_route_f16",
+            "moe_route_f32",
+            "moe_gate_up_bf16",
+            "moe_gate_up_f16",
+            "moe_gate_up_f32",
+            "moe_down_bf16",
+            "moe_down_f16",
+            "moe_down_f32",
+        ],
+    },
+    KernelSource {
         file: "silu_mul.cu",
         src: include_str!("../../../../kernels/silu_mul.cu"),
         functions: &["silu_mul_bf16", "silu_mul_f16", "silu_mul_f32"],
@@ -723,6 +738,102 @@ pub(super) fn rms_norm(
         be.kernels().rms_norm.get(dt)?,
         c,
         &mut args![x, res, w, out, dim, eps, has_res, vec],
+    )
+}
+
+/// Warps of a `moe.cu` CTA (`MOE_WARPS`), and the experts and chosen experts its router
+/// kernel holds (32 lanes x `MOE_PER_LANE`; one lane per chosen expert).
+const MOE_WARPS: usize = 8;
+const MOE_MAX_EXPERTS: usize = 32 * 16;
+const MOE_MAX_TOP_K: usize = 32;
+
+/// A mixture-of-experts layer (`moe.cu`): the router's top k into `ids` / `weights`, the
+/// chosen experts' gate/up + SiLU into the scratch, their down projections summed by
+/// weight into `out`. Three launches that read the routing from device memory.
+pub(super) fn moe(
+    be: &CudaBackend,
+    a: &crate::args::Moe<'_>,
+    d: &crate::ops::MoeDims,
+) -> Result<()> {
+    const OP: &str = "moe";
+    if d.experts > MOE_MAX_EXPERTS || d.top_k > MOE_MAX_TOP_K {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "{} experts, top {}: the CUDA kernels take at most {MOE_MAX_EXPERTS} experts and \
+                 top {MOE_MAX_TOP_K}",
+                d.experts, d.top_k
+            ),
+        ));
+    }
+    for (name, w) in [("gate_up", a.gate_up), ("down", a.down)] {
+        if w.dtype().is_quantized() {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{name} is {}: quantized experts do not run on CUDA yet",
+                    w.dtype()
+                ),
+            ));
+        }
+    }
+    if d.n == 0 {
+        return Ok(());
+    }
+    let dt = a.x.dtype();
+    let k = be.kernels();
+    let threads = ((MOE_WARPS * 32) as u32, 1, 1);
+    let (n, hidden, inter) = (
+        int(OP, "n", d.n)?,
+        int(OP, "hidden", d.hidden)?,
+        int(OP, "inter", d.inter)?,
+    );
+    let (experts, top_k) = (d.experts as i32, d.top_k as i32);
+    let (ids, wts) = (dptr(a.ids), dptr(a.weights));
+    let renorm = a.renormalize as i32;
+    let logits = dptr(a.logits);
+    // The router's logits are in x's dtype (the launcher of f32 logits is the f32 one).
+    let route = k.moe_route.get(a.logits.dtype())?;
+    be.launch(
+        route,
+        cfg(
+            (grid_x(OP, "rows", d.n.div_ceil(MOE_WARPS))?, 1, 1),
+            threads,
+        ),
+        &mut args![logits, n, experts, top_k, renorm, ids, wts],
+    )?;
+    let pairs = d.n * d.top_k;
+    let (x, w, act) = (dptr(a.x), dptr(a.gate_up), dptr(a.scratch));
+    let grid_y = |what, v: usize| {
+        u32::try_from(v)
+            .ok()
+            .filter(|&v| v <= 65_535)
+            .ok_or_else(|| Error::invalid(OP, format!("{v} {what} (at most 65535)")))
+    };
+    be.launch(
+        k.moe_gate_up.get(dt)?,
+        cfg(
+            (
+                grid_x(OP, "inter", d.inter.div_ceil(MOE_WARPS))?,
+                grid_y("(token, expert) pairs", pairs)?,
+                1,
+            ),
+            threads,
+        ),
+        &mut args![x, w, ids, act, hidden, inter, experts, top_k],
+    )?;
+    let (down, out) = (dptr(a.down), dptr(a.out));
+    be.launch(
+        k.moe_down.get(dt)?,
+        cfg(
+            (
+                grid_x(OP, "hidden", d.hidden.div_ceil(MOE_WARPS))?,
+                grid_y("tokens", d.n)?,
+                1,
+            ),
+            threads,
+        ),
+        &mut args![act, down, ids, wts, out, hidden, inter, experts, top_k],
     )
 }
 

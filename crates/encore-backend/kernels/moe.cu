@@ -1,0 +1,160 @@
+// moe.cu: mixture-of-experts layers (Backend::moe, args::Moe; the CPU kernel is the
+// reference): route each token row, then run its chosen experts' SiLU MLPs and sum them by
+// weight. Every launch reads the chosen experts from device memory, so one captured graph
+// serves any routing. Dense experts (x's dtype); one warp per output row, coalesced
+// element loads (a first, correct version: no tiles, no tensor cores).
+//
+// moe_route: one warp per token row (CTAs of MOE_WARPS warps). Softmax of the row's logits
+// in f32 (the max, then the sum of exp), then the top k one at a time by a warp argmax
+// (ties to the lower index), renormalised when asked. At most 32 * MOE_PER_LANE experts
+// and 32 chosen (the launcher checks).
+// moe_gate_up: grid (ceil(inter / MOE_WARPS), n * top_k); warp j of pair p = t * top_k + s
+// computes act[p, j] = silu(gate . x_t) * (up . x_t) of expert ids[p], each product rounded
+// to T first (as matmul then silu_mul round them).
+// moe_down: grid (ceil(hidden / MOE_WARPS), n); warp h of token t sums over the slots in
+// order w[t, s] * round_T(act[t, s] . down_e[h]) in f32 and rounds once. An expert id out of
+// range (never written by moe_route) contributes nothing.
+
+#define MOE_WARPS 8
+#define MOE_PER_LANE 16
+
+template <typename T> __device__ __forceinline__ float moe_round(float v) {
+    return to_f32(from_f32<T>(v));
+}
+
+template <typename T>
+__device__ __forceinline__ void moe_route_impl(const T* __restrict__ logits, int n, int experts,
+                                               int top_k, int renorm, int* __restrict__ ids,
+                                               float* __restrict__ weights) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * MOE_WARPS + warp;
+    if (row >= n) return;
+    const T* l = logits + (long long)row * experts;
+    float v[MOE_PER_LANE];
+    float mx = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < MOE_PER_LANE; ++i) {
+        const int e = lane + 32 * i;
+        v[i] = e < experts ? to_f32(l[e]) : NEG_INF;
+        mx = fmaxf(mx, v[i]);
+    }
+    mx = warp_max(mx);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MOE_PER_LANE; ++i) {
+        v[i] = lane + 32 * i < experts ? expf(v[i] - mx) : -1.0f;
+        s += fmaxf(v[i], 0.0f);
+    }
+    s = warp_sum(s);
+    unsigned int taken = 0u;
+    float total = 0.0f, mine = 0.0f;
+    int my_id = 0;
+    for (int k = 0; k < top_k; ++k) {
+        float best = -1.0f;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < MOE_PER_LANE; ++i) {
+            if (!((taken >> i) & 1u) && v[i] > best) {
+                best = v[i];
+                bi = lane + 32 * i;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(FULL_MASK, best, o);
+            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (ob > best || (ob == best && oi < bi)) {
+                best = ob;
+                bi = oi;
+            }
+        }
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+        total += best;
+        if (lane == k) {
+            my_id = bi;
+            mine = best;
+        }
+    }
+    if (lane < top_k) {
+        ids[(long long)row * top_k + lane] = my_id;
+        weights[(long long)row * top_k + lane] = mine / (renorm ? total : s);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x,
+                                                 const T* __restrict__ w,
+                                                 const int* __restrict__ ids,
+                                                 T* __restrict__ act, int hidden, int inter,
+                                                 int experts, int top_k) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int j = blockIdx.x * MOE_WARPS + warp;
+    const long long p = blockIdx.y;
+    if (j >= inter) return;
+    const int e = ids[p];
+    if (e < 0 || e >= experts) {
+        if (lane == 0) act[p * inter + j] = from_f32<T>(0.0f);
+        return;
+    }
+    const T* xr = x + (p / top_k) * hidden;
+    const T* g = w + ((long long)e * inter + j) * hidden;
+    const T* u = w + ((long long)(experts + e) * inter + j) * hidden;
+    float sg = 0.0f, su = 0.0f;
+    for (int c = lane; c < hidden; c += 32) {
+        const float xv = to_f32(xr[c]);
+        sg = fmaf(xv, to_f32(g[c]), sg);
+        su = fmaf(xv, to_f32(u[c]), su);
+    }
+    sg = warp_sum(sg);
+    su = warp_sum(su);
+    if (lane == 0)
+        act[p * inter + j] = from_f32<T>(silu_mul_f32(moe_round<T>(sg), moe_round<T>(su)));
+}
+
+template <typename T>
+__device__ __forceinline__ void moe_down_impl(const T* __restrict__ act,
+                                              const T* __restrict__ down,
+                                              const int* __restrict__ ids,
+                                              const float* __restrict__ weights,
+                                              T* __restrict__ out, int hidden, int inter,
+                                              int experts, int top_k) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.x * MOE_WARPS + warp;
+    const long long t = blockIdx.y;
+    if (h >= hidden) return;
+    float acc = 0.0f;
+    for (int s = 0; s < top_k; ++s) {
+        const long long p = t * top_k + s;
+        const int e = ids[p];
+        if (e < 0 || e >= experts) continue;
+        const T* a = act + p * inter;
+        const T* d = down + ((long long)e * hidden + h) * inter;
+        float y = 0.0f;
+        for (int c = lane; c < inter; c += 32) y = fmaf(to_f32(a[c]), to_f32(d[c]), y);
+        acc = fmaf(weights[p], moe_round<T>(warp_sum(y)), acc);
+    }
+    if (lane == 0) out[t * hidden + h] = from_f32<T>(acc);
+}
+
+#define MOE_KERNELS(TN, T)                                                                 \
+    extern "C" __global__ void __launch_bounds__(MOE_WARPS * 32)                            \
+        moe_route_##TN(const T* logits, int n, int experts, int top_k, int renorm, int* ids, \
+                       float* weights) {                                                    \
+        pdl_enter();                                                                        \
+        moe_route_impl<T>(logits, n, experts, top_k, renorm, ids, weights);                 \
+    }                                                                                       \
+    extern "C" __global__ void __launch_bounds__(MOE_WARPS * 32)                            \
+        moe_gate_up_##TN(const T* x, const T* w, const int* ids, T* act, int hidden,        \
+                         int inter, int experts, int top_k) {                               \
+        pdl_enter();                                                                        \
+        moe_gate_up_impl<T>(x, w, ids, act, hidden, inter, experts, top_k);                 \
+    }                                                                                       \
+    extern "C" __global__ void __launch_bounds__(MOE_WARPS * 32)                            \
+        moe_down_##TN(const T* act, const T* down, const int* ids, const float* weights,    \
+                      T* out, int hidden, int inter, int experts, int top_k) {              \
+        pdl_enter();                                                                        \
+        moe_down_impl<T>(act, down, ids, weights, out, hidden, inter, experts, top_k);      \
+    }
+MOE_KERNELS(bf16, bf16)
+MOE_KERNELS(f16, f16)
+MOE_KERNELS(f32, float)
