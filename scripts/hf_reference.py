@@ -4,7 +4,8 @@
 
 Builds small random-weight models of every architecture encore runs (Llama, Llama with
 llama3 rope scaling, Mistral, Qwen2, Qwen3, Mistral and Qwen2 with sliding windows, and
-the mixtures of experts Qwen3-MoE, with a dense layer, and Mixtral)
+the mixtures of experts Qwen3-MoE, with a dense layer, Mixtral, and Qwen2-MoE with its
+shared expert)
 with odd sizes (vocab not a multiple of 64, head_dim != hidden / heads, MQA and GQA,
 intermediate not a power of two), saves each as float32 safetensors in OUTDIR/<name>/
 (config.json + model.safetensors), reloads it with
@@ -48,6 +49,8 @@ from transformers import (  # noqa: E402
     MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
@@ -238,6 +241,29 @@ MODELS = [
             sliding_window=None,
             tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+    (
+        "qwen2_moe",
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        dict(
+            vocab_size=1000,
+            hidden_size=128,
+            intermediate_size=320,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=160,
+            num_experts=6,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         ),
     ),
 ]

@@ -136,6 +136,18 @@ __device__ __forceinline__ void moe_down_impl(const T* __restrict__ act,
     if (lane == 0) out[t * hidden + h] = from_f32<T>(acc);
 }
 
+// Qwen2-MoE's shared expert joining the routed ones: x[i, j] += sigmoid(gate[i]) * y[i, j],
+// the sigmoid, the product and the sum each rounded to T. One thread per element.
+template <typename T>
+__device__ __forceinline__ void moe_shared_add_impl(T* __restrict__ x, const T* __restrict__ gate,
+                                                    const T* __restrict__ y, long long total,
+                                                    int dim) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const float s = moe_round<T>(1.0f / (1.0f + expf(-to_f32(gate[i / dim]))));
+    x[i] = from_f32<T>(to_f32(x[i]) + moe_round<T>(s * to_f32(y[i])));
+}
+
 #define MOE_KERNELS(TN, T)                                                                 \
     extern "C" __global__ void __launch_bounds__(MOE_WARPS * 32)                            \
         moe_route_##TN(const T* logits, int n, int experts, int top_k, int renorm, int* ids, \
@@ -154,6 +166,11 @@ __device__ __forceinline__ void moe_down_impl(const T* __restrict__ act,
                       T* out, int hidden, int inter, int experts, int top_k) {              \
         pdl_enter();                                                                        \
         moe_down_impl<T>(act, down, ids, weights, out, hidden, inter, experts, top_k);      \
+    }                                                                                       \
+    extern "C" __global__ void moe_shared_add_##TN(T* x, const T* gate, const T* y,          \
+                                                   long long total, int dim) {              \
+        pdl_enter();                                                                        \
+        moe_shared_add_impl<T>(x, gate, y, total, dim);                                     \
     }
 MOE_KERNELS(bf16, bf16)
 MOE_KERNELS(f16, f16)

@@ -750,6 +750,18 @@ pub fn check_moe(a: &crate::args::Moe<'_>) -> Result<MoeDims> {
     })
 }
 
+pub fn check_sigmoid_gate_add(x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<RowDims> {
+    const OP: &str = "sigmoid_gate_add";
+    check_dtype(OP, "x", x, FLOAT_DTYPES)?;
+    check_rank(OP, "x", x, 2, "[n, d]")?;
+    let (rows, dim) = (x.dim(0), x.dim(1));
+    same_dtype(OP, "gate", gate, x.dtype())?;
+    check_shape(OP, "gate", gate, &[rows, 1], "[n, 1]")?;
+    same_dtype(OP, "y", y, x.dtype())?;
+    check_shape(OP, "y", y, &[rows, dim], "[n, d]")?;
+    Ok(RowDims { rows, dim })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,6 +36,8 @@ struct RefLayer {
     down: Vec<f64>,
     /// A sparse layer's router (then gate_up and down are the experts' stacks).
     router: Option<Vec<f64>>,
+    /// Qwen2-MoE's shared expert: gate/up, gate, down.
+    shared: Option<[Vec<f64>; 3]>,
 }
 
 fn host(be: &dyn Backend, t: &encore_core::Tensor) -> Vec<f64> {
@@ -65,6 +67,10 @@ impl RefModel {
                     gate_up: host(be, &l.gate_up),
                     down: host(be, &l.down),
                     router: l.router.as_ref().map(|t| host(be, t)),
+                    shared: l
+                        .shared
+                        .as_ref()
+                        .map(|s| [host(be, &s.gate_up), host(be, &s.gate), host(be, &s.down)]),
                 })
                 .collect(),
             norm: host(be, &w.norm),
@@ -204,6 +210,19 @@ impl RefModel {
                 let y = linear(&act, &lw.down, x * h, h, ei);
                 for (o, y) in out.iter_mut().zip(y) {
                     *o += p[x] / total * y;
+                }
+            }
+            if let (Some([gu, gate, down]), Some(s)) = (&lw.shared, moe.shared_expert_intermediate)
+            {
+                let gu = linear(&hn, gu, 0, 2 * s, h);
+                let act: Vec<f64> = (0..s)
+                    .map(|j| gu[j] / (1.0 + (-gu[j]).exp()) * gu[s + j])
+                    .collect();
+                let y = linear(&act, down, 0, h, s);
+                let g = linear(&hn, gate, 0, 1, h)[0];
+                let sig = 1.0 / (1.0 + (-g).exp());
+                for (o, y) in out.iter_mut().zip(y) {
+                    *o += sig * y;
                 }
             }
             return out;
@@ -400,6 +419,11 @@ fn qwen3_qk_norm_matches_f64_reference() {
 #[test]
 fn qwen3_moe_with_a_dense_layer_matches_f64_reference() {
     check_arch("tiny-qwen3-moe", DType::F32, 1e-4);
+}
+
+#[test]
+fn qwen2_moe_shared_expert_matches_f64_reference() {
+    check_arch("tiny-qwen2-moe", DType::F32, 1e-4);
 }
 
 #[test]

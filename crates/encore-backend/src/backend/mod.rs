@@ -219,6 +219,17 @@ pub trait Backend: Send + Sync {
         ))
     }
 
+    /// Qwen2-MoE's shared expert joining the routed ones: `x[i, j] += sigmoid(gate[i]) *
+    /// y[i, j]`, x and y T `[n, d]`, gate T `[n, 1]`, the sigmoid, the product and the sum
+    /// each rounded to T (as transformers computes it in T).
+    fn sigmoid_gate_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<()> {
+        let _ = (x, gate, y);
+        Err(Error::invalid(
+            "sigmoid_gate_add",
+            format!("not implemented on {}", self.device_name()),
+        ))
+    }
+
     /// Split the merged q/k/v projection, normalise and rotate q and k, write q out and
     /// k, v into the paged cache: see [`QkvRope`].
     fn qkv_rope_write(&self, args: &QkvRope<'_>) -> Result<()>;

@@ -188,6 +188,7 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-llama3",
     "tiny-qwen3-moe",
     "tiny-mixtral",
+    "tiny-qwen2-moe",
     "qwen2.5-0.5b",
     "llama-3.2-1b",
     "llama-3-8b",
@@ -315,6 +316,22 @@ impl ModelConfig {
                     norm_topk_prob: true,
                     sparse: vec![false, true, true, true],
                     shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
+            }),
+            // Qwen2-MoE in small: 6 experts, top 2, not renormalised, and the gated shared
+            // expert; q/k/v biases.
+            "tiny-qwen2-moe" => qwen(ModelConfig {
+                arch: Arch::Qwen2Moe,
+                qkv_bias: true,
+                tie_word_embeddings: false,
+                moe: Some(MoeConfig {
+                    num_experts: 6,
+                    top_k: 2,
+                    expert_intermediate: 64,
+                    norm_topk_prob: false,
+                    sparse: vec![true; 4],
+                    shared_expert_intermediate: Some(96),
                 }),
                 ..tiny.clone()
             }),
@@ -534,15 +551,12 @@ impl ModelConfig {
 
     /// Whether the forward pass runs this model where `runs_moe` says whether the backend
     /// runs its experts (`Backend::runs_moe(cfg.experts_quantized())`): a model with
-    /// experts runs only there, and Qwen2-MoE's shared expert not yet; an error naming the
-    /// architecture.
+    /// experts runs only there; an error naming the architecture.
     pub fn check_runs(&self, runs_moe: bool) -> Result<()> {
         let Some(moe) = &self.moe else {
             return Ok(());
         };
-        let what = if moe.shared_expert_intermediate.is_some() {
-            "its shared expert does not run yet"
-        } else if !runs_moe && self.experts_quantized() {
+        let what = if !runs_moe && self.experts_quantized() {
             "quantized experts run on the CPU backend only, for now"
         } else if !runs_moe {
             "this backend does not run mixture-of-experts layers"

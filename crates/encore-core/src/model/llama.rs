@@ -85,6 +85,12 @@ pub struct StepBuffers {
     moe_weights: Tensor,
     /// The chosen experts' activations `[n * top_k, expert_intermediate]`.
     moe_act: Tensor,
+    /// Qwen2-MoE's shared expert: its gate/up product and activation, output, and gate
+    /// (`[n, 2 S]`, `[n, S]`, `[n, hidden]`, `[n, 1]`); one element each without it.
+    shared_gate_up: Tensor,
+    shared_act: Tensor,
+    shared_out: Tensor,
+    shared_gate: Tensor,
 }
 
 impl StepBuffers {
@@ -186,7 +192,7 @@ impl Model {
         n: usize,
         b: usize,
         scratch_len: usize,
-    ) -> [(DType, Vec<usize>); 17] {
+    ) -> [(DType, Vec<usize>); 21] {
         let (_, size) = c.tp_rank();
         let (shard, gathered) = match size {
             1 => (vec![1, 1], vec![1]),
@@ -196,6 +202,8 @@ impl Model {
             (m.num_experts, m.top_k, m.expert_intermediate)
         });
         let moe_rows = if c.moe.is_some() { n } else { 1 };
+        let shared = c.moe.as_ref().and_then(|m| m.shared_expert_intermediate);
+        let (srows, s, sh) = shared.map_or((1, 1, 1), |s| (n, s, c.hidden_size));
         [
             (t, vec![n, c.hidden_size]),
             (t, vec![n, c.hidden_size]),
@@ -214,6 +222,10 @@ impl Model {
             (DType::I32, vec![moe_rows, top_k]),
             (DType::F32, vec![moe_rows, top_k]),
             (t, vec![moe_rows * top_k, ei]),
+            (t, vec![srows, 2 * s]),
+            (t, vec![srows, s]),
+            (t, vec![srows, sh]),
+            (t, vec![srows, 1]),
         ]
     }
 
@@ -303,7 +315,7 @@ impl Model {
             .map(|(d, s)| arena.alloc(d, &s))
             .collect::<Result<Vec<_>>>()?
             .into_iter();
-        let mut next = || it.next().expect("17 buffers");
+        let mut next = || it.next().expect("21 buffers");
         Ok(StepBuffers {
             hidden: next(),
             residual: next(),
@@ -322,6 +334,10 @@ impl Model {
             moe_ids: next(),
             moe_weights: next(),
             moe_act: next(),
+            shared_gate_up: next(),
+            shared_act: next(),
+            shared_out: next(),
+            shared_gate: next(),
         })
     }
 
@@ -391,18 +407,38 @@ impl Model {
                 (Some(router), Some(moe)) => {
                     // A sparse layer: the router, then the chosen experts (the op reads
                     // the router first, then the experts' gate/up).
-                    let (router, gate_up) = match self.enter(at(LayerOp::GateUp))? {
-                        None => (router.clone(), l.gate_up.clone()),
+                    // Read in declaration order: router, experts' gate/up, then the shared
+                    // expert's gate/up and gate.
+                    let (router, gate_up, shared_gu) = match self.enter(at(LayerOp::GateUp))? {
+                        None => (
+                            router.clone(),
+                            l.gate_up.clone(),
+                            l.shared
+                                .as_ref()
+                                .map(|s| (s.gate_up.clone(), s.gate.clone())),
+                        ),
                         Some(v) => {
                             let mut it = v.into_iter();
                             let router = it.next().expect("the router is read first");
-                            (router, it.next().expect("then the experts' gate/up"))
+                            let gate_up = it.next().expect("then the experts' gate/up");
+                            let shared = l.shared.as_ref().map(|_| {
+                                let gu = it.next().expect("then the shared expert's gate/up");
+                                (gu, it.next().expect("and its gate"))
+                            });
+                            (router, gate_up, shared)
                         }
                     };
                     let n = buf.normed.dim(0);
                     let logits = buf.router_logits.prefix(n)?;
                     be.matmul(&buf.normed, &router, None, &logits)?;
-                    let down = one(at(LayerOp::Down), &l.down)?;
+                    let (down, shared_down) = match self.enter(at(LayerOp::Down))? {
+                        None => (l.down.clone(), l.shared.as_ref().map(|s| s.down.clone())),
+                        Some(v) => {
+                            let mut it = v.into_iter();
+                            let down = it.next().expect("the experts' down is read first");
+                            (down, l.shared.as_ref().and_then(|_| it.next()))
+                        }
+                    };
                     be.moe(&Moe {
                         x: &buf.normed,
                         logits: &logits,
@@ -415,6 +451,18 @@ impl Model {
                         out: &buf.hidden,
                         scratch: &buf.moe_act.prefix(n * moe.top_k)?,
                     })?;
+                    // The shared expert (Qwen2-MoE): its MLP, scaled by the sigmoid of its
+                    // gate, added to the routed experts' sum.
+                    if let (Some((gu, gate)), Some(sd)) = (shared_gu, shared_down) {
+                        let (sgu, sact) =
+                            (buf.shared_gate_up.prefix(n)?, buf.shared_act.prefix(n)?);
+                        be.matmul_silu_mul(&buf.normed, &gu, &sgu, &sact)?;
+                        let sout = buf.shared_out.prefix(n)?;
+                        be.matmul(&sact, &sd, None, &sout)?;
+                        let g = buf.shared_gate.prefix(n)?;
+                        be.matmul(&buf.normed, &gate, None, &g)?;
+                        be.sigmoid_gate_add(&buf.hidden, &g, &sout)?;
+                    }
                 }
                 _ => {
                     let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;

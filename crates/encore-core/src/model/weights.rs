@@ -55,6 +55,17 @@ pub struct LayerWeights {
     pub down: Tensor,
     /// A sparse layer's router `[experts, hidden]`.
     pub router: Option<Tensor>,
+    /// Qwen2-MoE's shared expert of a sparse layer: gate/up `[2 * S, hidden]` (gate rows,
+    /// then up rows), its gate `[1, hidden]` and down `[hidden, S]`.
+    pub shared: Option<SharedExpert>,
+}
+
+/// Qwen2-MoE's shared expert (see [`LayerWeights::shared`]).
+#[derive(Clone)]
+pub struct SharedExpert {
+    pub gate_up: Tensor,
+    pub gate: Tensor,
+    pub down: Tensor,
 }
 
 /// All weights of a model, on one backend, in one dtype.
@@ -249,6 +260,7 @@ pub fn dequantized(backend: &dyn Backend, w: &ModelWeights) -> Result<ModelWeigh
                 gate_up: dense(&l.gate_up)?,
                 down: dense(&l.down)?,
                 router: l.router.clone(),
+                shared: l.shared.clone(),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -588,6 +600,14 @@ fn build(
                 false => need(&mut s, Role::Down)?,
             },
             router: s[slot(Role::Router)].take(),
+            shared: match s[slot(Role::SharedGateUp)].take() {
+                None => None,
+                Some(gate_up) => Some(SharedExpert {
+                    gate_up,
+                    gate: need(&mut s, Role::SharedGate)?,
+                    down: need(&mut s, Role::SharedDown)?,
+                }),
+            },
         });
     }
     let embed = need(&mut top, Role::Embedding)?;

@@ -84,6 +84,13 @@ fn check_shapes(cfg: &ModelConfig, w: &ModelWeights) {
                 assert_eq!(router.shape(), &[e, h]);
                 assert_eq!(l.gate_up.shape(), &[2 * e * ei, h]);
                 assert_eq!(l.down.shape(), &[e * h, ei]);
+                let s = m.shared_expert_intermediate;
+                let gu = l.shared.as_ref().map(|x| x.gate_up.shape().to_vec());
+                assert_eq!(gu, s.map(|s| vec![2 * s, h]));
+                if let (Some(x), Some(s)) = (&l.shared, s) {
+                    assert_eq!(x.gate.shape(), &[1, h]);
+                    assert_eq!(x.down.shape(), &[h, s]);
+                }
             }
             _ => {
                 assert_eq!(l.gate_up.shape(), &[2 * cfg.intermediate_size, h]);

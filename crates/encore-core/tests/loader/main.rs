@@ -89,11 +89,19 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
                         add(&format!("{base}.experts.{x}.{w}.weight"), vec![ei, h]);
                     }
                 }
+                if let Some(s) = m.shared_expert_intermediate {
+                    add("mlp.shared_expert.gate_proj.weight", vec![s, h]);
+                    add("mlp.shared_expert.up_proj.weight", vec![s, h]);
+                    add("mlp.shared_expert_gate.weight", vec![1, h]);
+                }
                 for x in 0..e {
                     add(
                         &format!("{base}.experts.{x}.{}.weight", names[2]),
                         vec![h, ei],
                     );
+                }
+                if let Some(s) = m.shared_expert_intermediate {
+                    add("mlp.shared_expert.down_proj.weight", vec![h, s]);
                 }
             }
             _ => {

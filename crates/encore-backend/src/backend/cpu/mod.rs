@@ -320,6 +320,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn sigmoid_gate_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<()> {
+        check_device("sigmoid_gate_add", &[("x", x), ("gate", gate), ("y", y)])?;
+        let d = ops::check_sigmoid_gate_add(x, gate, y)?;
+        let (x, gate, y) = (x.clone(), gate.clone(), y.clone());
+        self.submit(move || kernels::sigmoid_gate_add(&x, &gate, &y, &d));
+        Ok(())
+    }
+
     fn runs_moe(&self, _quantized: bool) -> bool {
         true
     }

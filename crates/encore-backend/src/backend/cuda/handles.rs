@@ -98,6 +98,7 @@ pub(super) struct Kernels<K = Kernel> {
     pub moe_route: PerDType<K>,
     pub moe_gate_up: PerDType<K>,
     pub moe_down: PerDType<K>,
+    pub moe_shared_add: PerDType<K>,
     pub allreduce: PerDType<K>,
     pub allreduce_rms_norm: PerDType<K>,
     pub qkv_rope: PerDType<K>,
@@ -140,6 +141,7 @@ impl<K> Kernels<K> {
         let moe_route = PerDType::resolve(t, "moe_route")?;
         let moe_gate_up = PerDType::resolve(t, "moe_gate_up")?;
         let moe_down = PerDType::resolve(t, "moe_down")?;
+        let moe_shared_add = PerDType::resolve(t, "moe_shared_add")?;
         let allreduce = PerDType::resolve(t, "allreduce")?;
         let allreduce_rms_norm = PerDType::resolve(t, "allreduce_rms_norm")?;
         let qkv_rope = PerDType::resolve(t, "qkv_rope")?;
@@ -215,6 +217,7 @@ impl<K> Kernels<K> {
             moe_route,
             moe_gate_up,
             moe_down,
+            moe_shared_add,
             allreduce,
             allreduce_rms_norm,
             qkv_rope,

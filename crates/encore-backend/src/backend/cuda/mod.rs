@@ -924,6 +924,12 @@ impl Backend for CudaBackend {
         self.silu_mul(gate_up, out)
     }
 
+    fn sigmoid_gate_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<()> {
+        self.check_device("sigmoid_gate_add", &[("x", x), ("gate", gate), ("y", y)])?;
+        let d = ops::check_sigmoid_gate_add(x, gate, y)?;
+        kernels::sigmoid_gate_add(self, x, gate, y, &d)
+    }
+
     fn runs_moe(&self, quantized: bool) -> bool {
         !quantized
     }

@@ -736,3 +736,26 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
             }
         });
 }
+
+pub(super) fn sigmoid_gate_add(x: &Tensor, gate: &Tensor, y: &Tensor, d: &RowDims) {
+    dispatch_float!(x.dtype(), sigmoid_gate_add_t(x, gate, y, d))
+}
+
+fn sigmoid_gate_add_t<T: Float>(x: &Tensor, gate: &Tensor, y: &Tensor, d: &RowDims) {
+    if d.rows == 0 || d.dim == 0 {
+        return;
+    }
+    // SAFETY: dtypes and shapes validated; x is the only output and distinct from the
+    // inputs, each row written by its task alone.
+    let (x, gate, y) = unsafe { (view_mut::<T>(x), view::<T>(gate), view::<T>(y)) };
+    x.par_chunks_mut(d.dim)
+        .zip(y.par_chunks(d.dim))
+        .zip(gate.par_iter())
+        .for_each(|((x, y), g)| {
+            let g = g.to_f32();
+            let s = round_to::<T>(1.0 / (1.0 + (-g).exp()));
+            for (x, y) in x.iter_mut().zip(y) {
+                *x = T::from_f32(x.to_f32() + round_to::<T>(s * y.to_f32()));
+            }
+        });
+}

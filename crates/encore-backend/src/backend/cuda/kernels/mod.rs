@@ -64,6 +64,9 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "moe_down_bf16",
             "moe_down_f16",
             "moe_down_f32",
+            "moe_shared_add_bf16",
+            "moe_shared_add_f16",
+            "moe_shared_add_f32",
         ],
     },
     KernelSource {
@@ -834,6 +837,33 @@ pub(super) fn moe(
             threads,
         ),
         &mut args![act, down, ids, wts, out, hidden, inter, experts, top_k],
+    )
+}
+
+/// `x += sigmoid(gate) * y` (`moe_shared_add`): Qwen2-MoE's shared expert.
+pub(super) fn sigmoid_gate_add(
+    be: &CudaBackend,
+    x: &Tensor,
+    gate: &Tensor,
+    y: &Tensor,
+    d: &RowDims,
+) -> Result<()> {
+    const OP: &str = "sigmoid_gate_add";
+    let total = d.rows * d.dim;
+    if total == 0 {
+        return Ok(());
+    }
+    const THREADS: usize = 256;
+    let c = cfg(
+        (grid_x(OP, "elements", total.div_ceil(THREADS))?, 1, 1),
+        (THREADS as u32, 1, 1),
+    );
+    let (xp, gp, yp) = (dptr(x), dptr(gate), dptr(y));
+    let (total, dim) = (total as i64, int(OP, "dim", d.dim)?);
+    be.launch(
+        be.kernels().moe_shared_add.get(x.dtype())?,
+        c,
+        &mut args![xp, gp, yp, total, dim],
     )
 }
 
