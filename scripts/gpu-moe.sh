@@ -15,8 +15,8 @@ echo "== cuda moe rc=$?"; grep -E '^test |test result|panicked|assert' "$OUT/cud
 [ -d /tmp/ref/qwen3_moe ] || python3 scripts/hf_reference.py /tmp/ref >"$OUT/ref.log" 2>&1
 ENCORE_HF_REF=/tmp/ref .moe/tests/hf_parity --include-ignored --test-threads=1 --nocapture \
   >"$OUT/hf-parity.txt" 2>&1
-echo "== hf_parity rc=$?"; grep -E '^(qwen3_moe|mixtral) |test result|skipped' "$OUT/hf-parity.txt"
-for m in tiny-qwen3-moe tiny-mixtral; do
+echo "== hf_parity rc=$?"; grep -E "^(qwen3_moe|qwen2_moe|mixtral) |test result|skipped|note \(bf16 experts" "$OUT/hf-parity.txt"
+for m in tiny-qwen3-moe tiny-qwen2-moe tiny-mixtral; do
   .moe/encore generate --device cuda --model dummy:$m --prompt hello --max-tokens 16 --verify-graphs \
     >"$OUT/gen-$m.txt" 2>&1
   echo "== generate $m rc=$?"; tail -2 "$OUT/gen-$m.txt"
