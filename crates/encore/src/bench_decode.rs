@@ -286,6 +286,10 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     // gathers a few rows) at the measured copy bandwidth.
     let step_bytes = decl.step_read_bytes(dtype);
     let copy = bench::copy_bandwidth(be, COPY_BYTES, 10)?;
+    // A mixture of experts: a step reads only the experts its rows are routed to; the
+    // floor counts the expected share under uniform routing (per batch, in the rows).
+    let expert_bytes = decl.expert_bytes(dtype);
+    let routed = cfg.moe.as_ref().map(|m| (m.top_k, m.num_experts));
     let floor_secs = step_bytes as f64 / (copy.value * 1e9);
     if !a.json {
         outln!(
@@ -306,6 +310,12 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             offload_arg::summary(offload.as_ref(), report.offload.as_ref(), weight_bytes)
         {
             outln!("{line}")?;
+        }
+        if routed.is_some() {
+            outln!(
+                "(experts {:.2} GB of it: each row's floor counts the share its batch is routed to under uniform routing)",
+                expert_bytes as f64 / 1e9
+            )?;
         }
         outln!(
             "{:>6} {:>10} {:>10} {:>8} {:>12} {:>10} {:>9} {:>10}",
@@ -328,6 +338,8 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         copy_gbps: copy.value,
         floor_secs,
         load_secs,
+        expert_bytes,
+        routed,
     };
     for &b in &a.runs.batch {
         let seqs = prefill(&mut runner, &mut held, b, a.runs.context)?;
@@ -393,6 +405,32 @@ struct Floor {
     copy_gbps: f64,
     floor_secs: f64,
     load_secs: f64,
+    /// A mixture of experts: the experts' bytes (within `step_bytes`) and (top k,
+    /// experts).
+    expert_bytes: usize,
+    routed: Option<(usize, usize)>,
+}
+
+impl Floor {
+    /// The bytes a step of `b` rows reads: everything but the experts, and of the experts
+    /// the expected share `b` rows routed uniformly touch, `1 - (1 - k / E)^b`.
+    fn step_bytes_at(&self, b: usize) -> f64 {
+        match self.routed {
+            None => self.step_bytes as f64,
+            Some((k, e)) => {
+                let touched = 1.0 - (1.0 - k as f64 / e as f64).powi(b as i32);
+                (self.step_bytes - self.expert_bytes) as f64 + self.expert_bytes as f64 * touched
+            }
+        }
+    }
+
+    /// The floor of a step of `b` rows, in seconds.
+    fn secs_at(&self, b: usize) -> f64 {
+        match self.routed {
+            None => self.floor_secs,
+            Some(_) => self.step_bytes_at(b) / (self.copy_gbps * 1e9),
+        }
+    }
 }
 
 /// One batch size's row: the eager and graph step medians (seconds) beside the floor.
@@ -415,8 +453,8 @@ fn print_row(
                 "eager_step_ms": eager * 1e3, "graph_step_ms": graph.map(|g| g * 1e3),
                 "speedup": graph.map(|g| eager / g), "capture_s": capture_secs,
                 "tokens_per_s": b as f64 / graph.unwrap_or(eager),
-                "floor_ms": f.floor_secs * 1e3, "weight_bytes": f.weight_bytes,
-                "step_bytes": f.step_bytes, "quantization": a.model.quantization.to_string(),
+                "floor_ms": f.secs_at(b) * 1e3, "weight_bytes": f.weight_bytes,
+                "step_bytes": f.step_bytes_at(b), "quantization": a.model.quantization.to_string(),
                 "copy_gbps": f.copy_gbps, "load_s": f.load_secs,
             })
         )?;
@@ -429,8 +467,8 @@ fn print_row(
             g * 1e3,
             eager / g,
             b as f64 / graph.unwrap_or(eager),
-            f.floor_secs * 1e3,
-            graph.unwrap_or(eager) / f.floor_secs,
+            f.secs_at(b) * 1e3,
+            graph.unwrap_or(eager) / f.secs_at(b),
             capture_secs * 1e3
         )?;
     }

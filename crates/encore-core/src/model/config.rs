@@ -189,6 +189,7 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-qwen3-moe",
     "tiny-mixtral",
     "tiny-qwen2-moe",
+    "qwen3-30b-a3b",
     "qwen2.5-0.5b",
     "llama-3.2-1b",
     "llama-3-8b",
@@ -308,7 +309,6 @@ impl ModelConfig {
                     ..tiny.rope
                 },
                 qk_norm: true,
-                tie_word_embeddings: false,
                 moe: Some(MoeConfig {
                     num_experts: 8,
                     top_k: 2,
@@ -324,7 +324,6 @@ impl ModelConfig {
             "tiny-qwen2-moe" => qwen(ModelConfig {
                 arch: Arch::Qwen2Moe,
                 qkv_bias: true,
-                tie_word_embeddings: false,
                 moe: Some(MoeConfig {
                     num_experts: 6,
                     top_k: 2,
@@ -335,6 +334,35 @@ impl ModelConfig {
                 }),
                 ..tiny.clone()
             }),
+            // Qwen3-30B-A3B's shapes: 128 experts of 768, top 8, 48 layers.
+            "qwen3-30b-a3b" => ModelConfig {
+                arch: Arch::Qwen3Moe,
+                vocab_size: 151_936,
+                hidden_size: 2048,
+                intermediate_size: 6144,
+                num_layers: 48,
+                num_heads: 32,
+                num_kv_heads: 4,
+                head_dim: 128,
+                rope: RopeConfig {
+                    rot_dim: 128,
+                    theta: 1_000_000.0,
+                    llama3: None,
+                },
+                rms_norm_eps: 1e-6,
+                qk_norm: true,
+                tie_word_embeddings: false,
+                max_position_embeddings: 40_960,
+                moe: Some(MoeConfig {
+                    num_experts: 128,
+                    top_k: 8,
+                    expert_intermediate: 768,
+                    norm_topk_prob: true,
+                    sparse: vec![true; 48],
+                    shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
+            },
             // Mixtral in small: 4 experts of Mistral's MLP width, top 2, every layer sparse.
             "tiny-mixtral" => ModelConfig {
                 arch: Arch::Mixtral,

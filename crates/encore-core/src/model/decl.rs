@@ -543,6 +543,16 @@ impl Decl {
             .sum()
     }
 
+    /// Device bytes of the routed experts' stacks for a run in `dtype` (of which a decode
+    /// step reads only the experts its rows are routed to).
+    pub fn expert_bytes(&self, dtype: DType) -> usize {
+        self.tensors
+            .iter()
+            .filter(|t| matches!(t.role, Role::ExpertsGateUp | Role::ExpertsDown))
+            .map(|t| t.bytes(dtype))
+            .sum()
+    }
+
     /// One line of the weights by storage format for a run in `dtype`, e.g.
     /// `1.21 GB: q4_k 0.95 GB (128 tensors), q6_k 0.07 GB (2), bf16 0.19 GB (67)`.
     pub fn format_summary(&self, dtype: DType) -> String {

@@ -39,6 +39,7 @@ fn every_dummy_has_consistent_shapes_and_counts() {
         ("qwen2.5-0.5b", 494e6),
         ("llama-3.2-1b", 1.236e9),
         ("llama-3-8b", 8.03e9),
+        ("qwen3-30b-a3b", 30.53e9),
     ] {
         let p = ModelConfig::dummy(name).unwrap().num_params() as f64;
         assert!((p / n - 1.0).abs() < 0.01, "{name}: {p}");
