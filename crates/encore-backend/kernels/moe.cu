@@ -1,8 +1,8 @@
 // moe.cu: mixture-of-experts layers (Backend::moe, args::Moe; the CPU kernel is the
 // reference): route each token row, then run its chosen experts' SiLU MLPs and sum them by
 // weight. Every launch reads the chosen experts from device memory, so one captured graph
-// serves any routing. Dense experts (x's dtype); one warp per output row, coalesced
-// element loads (a first, correct version: no tiles, no tensor cores).
+// serves any routing. Dense experts (x's dtype); one warp per output row, 16-byte loads
+// where the rows allow (a first, correct version: no tiles, no tensor cores).
 //
 // moe_route: one warp per token row (CTAs of MOE_WARPS warps). Softmax of the row's logits
 // in f32 (the max, then the sum of exp), then the top k one at a time by a warp argmax
@@ -86,7 +86,7 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x,
                                                  const T* __restrict__ w,
                                                  const int* __restrict__ ids,
                                                  T* __restrict__ act, int hidden, int inter,
-                                                 int experts, int top_k) {
+                                                 int experts, int top_k, int vec) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j = blockIdx.x * MOE_WARPS + warp;
     const long long p = blockIdx.y;
@@ -100,10 +100,26 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x,
     const T* g = w + ((long long)e * inter + j) * hidden;
     const T* u = w + ((long long)(experts + e) * inter + j) * hidden;
     float sg = 0.0f, su = 0.0f;
-    for (int c = lane; c < hidden; c += 32) {
-        const float xv = to_f32(xr[c]);
-        sg = fmaf(xv, to_f32(g[c]), sg);
-        su = fmaf(xv, to_f32(u[c]), su);
+    if (vec) {
+        // 16-byte loads (the host checked rows and bases are 16-byte aligned).
+        constexpr int V = Ty<T>::V;
+        for (int c = lane * V; c < hidden; c += 32 * V) {
+            float xv[V], gv[V], uv[V];
+            Ty<T>::unpack(ldg16(xr + c), xv);
+            Ty<T>::unpack(ldg16(g + c), gv);
+            Ty<T>::unpack(ldg16(u + c), uv);
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                sg = fmaf(xv[i], gv[i], sg);
+                su = fmaf(xv[i], uv[i], su);
+            }
+        }
+    } else {
+        for (int c = lane; c < hidden; c += 32) {
+            const float xv = to_f32(xr[c]);
+            sg = fmaf(xv, to_f32(g[c]), sg);
+            su = fmaf(xv, to_f32(u[c]), su);
+        }
     }
     sg = warp_sum(sg);
     su = warp_sum(su);
@@ -117,7 +133,7 @@ __device__ __forceinline__ void moe_down_impl(const T* __restrict__ act,
                                               const int* __restrict__ ids,
                                               const float* __restrict__ weights,
                                               T* __restrict__ out, int hidden, int inter,
-                                              int experts, int top_k) {
+                                              int experts, int top_k, int vec) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.x * MOE_WARPS + warp;
     const long long t = blockIdx.y;
@@ -130,7 +146,18 @@ __device__ __forceinline__ void moe_down_impl(const T* __restrict__ act,
         const T* a = act + p * inter;
         const T* d = down + ((long long)e * hidden + h) * inter;
         float y = 0.0f;
-        for (int c = lane; c < inter; c += 32) y = fmaf(to_f32(a[c]), to_f32(d[c]), y);
+        if (vec) {
+            constexpr int V = Ty<T>::V;
+            for (int c = lane * V; c < inter; c += 32 * V) {
+                float av[V], dv[V];
+                Ty<T>::unpack(ld16(a + c), av);
+                Ty<T>::unpack(ldg16(d + c), dv);
+#pragma unroll
+                for (int i = 0; i < V; ++i) y = fmaf(av[i], dv[i], y);
+            }
+        } else {
+            for (int c = lane; c < inter; c += 32) y = fmaf(to_f32(a[c]), to_f32(d[c]), y);
+        }
         acc = fmaf(weights[p], moe_round<T>(warp_sum(y)), acc);
     }
     if (lane == 0) out[t * hidden + h] = from_f32<T>(acc);
@@ -157,15 +184,15 @@ __device__ __forceinline__ void moe_shared_add_impl(T* __restrict__ x, const T* 
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(MOE_WARPS * 32)                            \
         moe_gate_up_##TN(const T* x, const T* w, const int* ids, T* act, int hidden,        \
-                         int inter, int experts, int top_k) {                               \
+                         int inter, int experts, int top_k, int vec) {                      \
         pdl_enter();                                                                        \
-        moe_gate_up_impl<T>(x, w, ids, act, hidden, inter, experts, top_k);                 \
+        moe_gate_up_impl<T>(x, w, ids, act, hidden, inter, experts, top_k, vec);            \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(MOE_WARPS * 32)                            \
         moe_down_##TN(const T* act, const T* down, const int* ids, const float* weights,    \
-                      T* out, int hidden, int inter, int experts, int top_k) {              \
+                      T* out, int hidden, int inter, int experts, int top_k, int vec) {     \
         pdl_enter();                                                                        \
-        moe_down_impl<T>(act, down, ids, weights, out, hidden, inter, experts, top_k);      \
+        moe_down_impl<T>(act, down, ids, weights, out, hidden, inter, experts, top_k, vec); \
     }                                                                                       \
     extern "C" __global__ void moe_shared_add_##TN(T* x, const T* gate, const T* y,          \
                                                    long long total, int dim) {              \

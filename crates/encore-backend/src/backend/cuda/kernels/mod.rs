@@ -807,6 +807,12 @@ pub(super) fn moe(
     )?;
     let pairs = d.n * d.top_k;
     let (x, w, act) = (dptr(a.x), dptr(a.gate_up), dptr(a.scratch));
+    // 16-byte loads when every row starts 16-byte aligned.
+    let rows16 = |len: usize, ts: &[&Tensor]| {
+        (len * dt.size()).is_multiple_of(16) && ts.iter().all(|t| aligned16(t))
+    };
+    let vec_in = rows16(d.hidden, &[a.x, a.gate_up]) as i32;
+    let vec_down = rows16(d.inter, &[a.scratch, a.down]) as i32;
     let grid_y = |what, v: usize| {
         u32::try_from(v)
             .ok()
@@ -823,7 +829,7 @@ pub(super) fn moe(
             ),
             threads,
         ),
-        &mut args![x, w, ids, act, hidden, inter, experts, top_k],
+        &mut args![x, w, ids, act, hidden, inter, experts, top_k, vec_in],
     )?;
     let (down, out) = (dptr(a.down), dptr(a.out));
     be.launch(
@@ -836,7 +842,7 @@ pub(super) fn moe(
             ),
             threads,
         ),
-        &mut args![act, down, ids, wts, out, hidden, inter, experts, top_k],
+        &mut args![act, down, ids, wts, out, hidden, inter, experts, top_k, vec_down],
     )
 }
 
