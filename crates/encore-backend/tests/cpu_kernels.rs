@@ -645,17 +645,9 @@ fn wrong_sampling_operands_name_the_tensor() {
     // (tests/cuda.rs) covers them.
 }
 
-/// Seeded values in [-1, 1) (xorshift).
+/// `n` seeded samples (normal, std 0.5: the shared test inputs' generator).
 fn uniform(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
-        })
-        .collect()
+    encore_backend::testing::inputs::normal(&mut encore_backend::testing::inputs::rng(seed), n, 0.5)
 }
 
 /// One MoE case: (dtype, weight format, tokens, hidden, experts, expert width, top_k,

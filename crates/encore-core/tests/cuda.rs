@@ -759,17 +759,9 @@ fn h2d_bandwidth_is_a_page_locked_dma_rate() {
     assert!(gbs.is_finite() && gbs > 15.0, "{gbs} GB/s");
 }
 
-/// Seeded values in [-1, 1) (xorshift).
+/// `n` seeded samples (normal, std 0.5: the shared test inputs' generator).
 fn uniform(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
-        })
-        .collect()
+    encore_core::testing::inputs::normal(&mut encore_core::testing::inputs::rng(seed), n, 0.5)
 }
 
 /// The mixture-of-experts op on CUDA against the CPU kernel on fresh random inputs (every

@@ -336,7 +336,6 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         weight_bytes,
         step_bytes,
         copy_gbps: copy.value,
-        floor_secs,
         load_secs,
         expert_bytes,
         routed,
@@ -403,7 +402,6 @@ struct Floor {
     weight_bytes: usize,
     step_bytes: usize,
     copy_gbps: f64,
-    floor_secs: f64,
     load_secs: f64,
     /// A mixture of experts: the experts' bytes (within `step_bytes`) and (top k,
     /// experts).
@@ -426,10 +424,7 @@ impl Floor {
 
     /// The floor of a step of `b` rows, in seconds.
     fn secs_at(&self, b: usize) -> f64 {
-        match self.routed {
-            None => self.floor_secs,
-            Some(_) => self.step_bytes_at(b) / (self.copy_gbps * 1e9),
-        }
+        self.step_bytes_at(b) / (self.copy_gbps * 1e9)
     }
 }
 

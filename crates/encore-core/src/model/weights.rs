@@ -583,6 +583,11 @@ fn build(
     }
     let mut layers = Vec::with_capacity(per_layer.len());
     for mut s in per_layer {
+        // A sparse layer's MLP is its experts' stacks.
+        let (gate_up_role, down_role) = match s[slot(Role::Router)].is_some() {
+            true => (Role::ExpertsGateUp, Role::ExpertsDown),
+            false => (Role::GateUp, Role::Down),
+        };
         layers.push(LayerWeights {
             input_norm: need(&mut s, Role::AttnNorm)?,
             qkv: need(&mut s, Role::Qkv)?,
@@ -591,14 +596,8 @@ fn build(
             k_norm: s[slot(Role::KNorm)].take(),
             o_proj: need(&mut s, Role::OProj)?,
             post_norm: need(&mut s, Role::MlpNorm)?,
-            gate_up: match s[slot(Role::Router)].is_some() {
-                true => need(&mut s, Role::ExpertsGateUp)?,
-                false => need(&mut s, Role::GateUp)?,
-            },
-            down: match s[slot(Role::Router)].is_some() {
-                true => need(&mut s, Role::ExpertsDown)?,
-                false => need(&mut s, Role::Down)?,
-            },
+            gate_up: need(&mut s, gate_up_role)?,
+            down: need(&mut s, down_role)?,
             router: s[slot(Role::Router)].take(),
             shared: match s[slot(Role::SharedGateUp)].take() {
                 None => None,
