@@ -1,26 +1,91 @@
 #!/usr/bin/env bash
-# Mixtures of experts on the GPU machine, from .gpu/moe.tar.xz (encore and the cuda and
-# hf_parity test binaries): the MoE op against the CPU and in a graph (tests/cuda), the
-# HF reference with the MoE models and the parity test on CPU and CUDA, and the tiny MoE
-# dummies generating in graph mode. Logs under $OUT.
-#   usage: OUT=... bash scripts/gpu-moe.sh
+# Mixtures of experts on the GPU machine, from .gpu/moe.tar.xz (encore, the dummy_gguf
+# example and the cuda, cuda_quant and hf_parity test binaries). Parts (comma-separated):
+#   tests     the MoE op against the CPU and in a graph (tests/cuda, tests/cuda_quant: dense
+#             and quantized experts), the HF reference with the MoE models and the parity
+#             test on CPU and CUDA, the tiny MoE dummies generating in graph mode;
+#   bench     decode steps at Qwen3-30B-A3B's shapes: bf16, and q8_0 / q4_k in situ;
+#   write     Qwen3-30B-A3B-shaped Q4_K_M and Q8_0 GGUFs (dummy_gguf) in /tmp/gguf;
+#   gguf      (writing them first if missing) encore's decode and prefill on them;
+#   peerbuild llama.cpp's llama-bench from .gpu/llama.cpp-src.tar.xz (about 5 minutes),
+#             beside the GGUF writing;
+#   peer      llama-bench -fa 1 on the same GGUF files.
+# Logs under $OUT.
+#   usage: OUT=... bash scripts/gpu-moe.sh tests,peerbuild,write  then  gguf,peer  (one warm lease)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ENCORE_CACHE_DIR=/tmp/encore-cache
 OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT" .moe
+parts=${1:-tests}
+has() { [[ ",$parts," == *",$1,"* ]]; }
 tar -xJf .gpu/moe.tar.xz -C .moe || exit 1
-.moe/tests/cuda --include-ignored --test-threads=1 moe >"$OUT/cuda-moe.txt" 2>&1
-echo "== cuda moe rc=$?"; grep -E '^test |test result|panicked|assert' "$OUT/cuda-moe.txt" | head -8
-[ -d /tmp/ref/qwen3_moe ] || python3 scripts/hf_reference.py /tmp/ref >"$OUT/ref.log" 2>&1
-ENCORE_HF_REF=/tmp/ref .moe/tests/hf_parity --include-ignored --test-threads=1 --nocapture \
-  >"$OUT/hf-parity.txt" 2>&1
-echo "== hf_parity rc=$?"; grep -E "^(qwen3_moe|qwen2_moe|mixtral) |test result|skipped|note \(bf16 experts" "$OUT/hf-parity.txt"
-for m in tiny-qwen3-moe tiny-qwen2-moe tiny-mixtral; do
-  .moe/encore generate --device cuda --model dummy:$m --prompt hello --max-tokens 16 --verify-graphs \
-    >"$OUT/gen-$m.txt" 2>&1
-  echo "== generate $m rc=$?"; tail -2 "$OUT/gen-$m.txt"
-  .moe/encore bench decode --device cuda --model dummy:$m --batch 1,8,64 --steps 20 \
-    >"$OUT/decode-$m.txt" 2>&1
-  echo "== bench decode $m rc=$?"; tail -4 "$OUT/decode-$m.txt"
-done
+E=.moe/encore
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+G=/tmp/gguf
+L=/tmp/llama.cpp
+build_peer() {
+  [ -x $L/build/bin/llama-bench ] && return 0
+  [ -f .gpu/llama.cpp-src.tar.xz ] || { echo "no .gpu/llama.cpp-src.tar.xz"; return 1; }
+  tar -xJf .gpu/llama.cpp-src.tar.xz -C /tmp
+  (cd $L && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+     -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
+     -DCMAKE_BUILD_TYPE=Release >"$OUT/llama-cmake.txt" 2>&1 &&
+   cmake --build build --target llama-bench -j 12 >"$OUT/llama-build.txt" 2>&1) ||
+    { echo "llama.cpp build failed"; tail -20 "$OUT/llama-build.txt" "$OUT/llama-cmake.txt"; return 1; }
+}
+if has peerbuild; then
+  build_peer & bp=$!
+fi
+if has tests; then
+  .moe/tests/cuda --include-ignored --test-threads=1 moe >"$OUT/cuda-moe.txt" 2>&1
+  echo "== cuda moe rc=$?"; grep -E '^test |test result|panicked|assert' "$OUT/cuda-moe.txt" | head -8
+  .moe/tests/cuda_quant --include-ignored --test-threads=1 moe >"$OUT/cuda-quant-moe.txt" 2>&1
+  echo "== cuda_quant moe rc=$?"; grep -E '^test |test result|panicked|assert' "$OUT/cuda-quant-moe.txt" | head -8
+  [ -d /tmp/ref/qwen3_moe ] || python3 scripts/hf_reference.py /tmp/ref >"$OUT/ref.log" 2>&1
+  ENCORE_HF_REF=/tmp/ref .moe/tests/hf_parity --include-ignored --test-threads=1 --nocapture \
+    >"$OUT/hf-parity.txt" 2>&1
+  echo "== hf_parity rc=$?"; grep -E "^(qwen3_moe|qwen2_moe|mixtral) |test result|skipped" "$OUT/hf-parity.txt"
+  for m in tiny-qwen3-moe tiny-qwen2-moe tiny-mixtral; do
+    for q in none q8_0; do
+      $E generate --device cuda --model dummy:$m --quantization $q --prompt hello \
+        --max-tokens 16 --verify-graphs >"$OUT/gen-$m-$q.txt" 2>&1
+      echo "== generate $m $q rc=$?"; tail -1 "$OUT/gen-$m-$q.txt"
+    done
+  done
+fi
+if has bench; then
+  for q in none q8_0 q4_k; do
+    $E bench decode --device cuda --model dummy:qwen3-30b-a3b --quantization $q \
+      --batch 1,8,64 --steps 30 >"$OUT/decode-30b-$q.txt" 2>&1
+    echo "== decode qwen3-30b-a3b $q rc=$?"; tail -5 "$OUT/decode-30b-$q.txt"
+  done
+fi
+if has write || has gguf || has peer; then
+  mkdir -p $G
+  for t in q4_k_m q8_0; do
+    [ -f $G/30b-$t.gguf ] || .moe/dummy_gguf qwen3-30b-a3b $t $G/30b-$t.gguf >"$OUT/gguf-$t.txt" 2>&1
+    echo "== gguf $t: $(tail -1 "$OUT/gguf-$t.txt")"
+  done
+fi
+if has gguf; then
+  for t in q4_k_m q8_0; do
+    $E info --device cuda --no-self-check --model $G/30b-$t.gguf | grep -E '^(model|  )'
+    $E bench decode --device cuda --model $G/30b-$t.gguf --batch 1,8,64 --steps 30 \
+      >"$OUT/decode-gguf-$t.txt" 2>&1
+    echo "== decode gguf $t rc=$?"; tail -5 "$OUT/decode-gguf-$t.txt"
+    $E bench prefill --device cuda --model $G/30b-$t.gguf --tokens 512,2048 \
+      >"$OUT/prefill-gguf-$t.txt" 2>&1
+    echo "== prefill gguf $t rc=$?"; tail -3 "$OUT/prefill-gguf-$t.txt"
+  done
+fi
+if has peerbuild; then
+  wait $bp && echo "== llama-bench built: $($L/build/bin/llama-bench --help >/dev/null 2>&1 && echo ok)"
+fi
+if has peer && build_peer; then
+  for t in q4_k_m q8_0; do
+    $L/build/bin/llama-bench -m $G/30b-$t.gguf -fa 1 -ngl 99 -p 512,2048 -n 128 -r 3 \
+      >"$OUT/llama-bench-$t.txt" 2>&1
+    echo "== llama-bench $t"; tail -6 "$OUT/llama-bench-$t.txt"
+  done
+fi

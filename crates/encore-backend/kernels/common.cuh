@@ -539,6 +539,117 @@ __device__ __forceinline__ void qgemv_impl(const T* __restrict__ x,
     }
 }
 
+// qmoe: a mixture-of-experts layer's quantized experts for a few token rows (Backend::moe's
+// decode path; moe.cu routes first and holds the dense version). Expert rows are short (a
+// Qwen3-30B-A3B expert's down rows are 768 values: 6 Q4_K units), so a warp is cut into
+// lane groups of G lanes (a power of two, at least a row's units or 32), each owning one
+// output: its lanes take units gl, gl + G, ... of the output's rows (the loads of a group
+// cover whole blocks, as qgemv's chunks do) and reduce by shuffles inside the group.
+// qmoe_gate_up: grid (ceil(inter / outputs per CTA), pairs); the group of output j of pair
+//   p = t * top_k + s reads expert e = ids[p]'s gate row e I + j and up row (E + e) I + j
+//   against x[t] and writes act[p, j] = silu(round_T(g)) * round_T(u), rounded to T.
+// qmoe_down: grid (ceil(hidden / (2 * 32 / G)), n); a lane group owns outputs h, h + 1 of
+//   token t and reads rows e H + h, e H + h + 1 of a chosen expert against act[p]; the sum
+//   of w[p] * round_T(dot) over the slots is f32, in slot order, rounded once (moe.cu's).
+// An expert id out of range (never written by moe_route) contributes nothing.
+template <class F, typename T, int R>
+__device__ __forceinline__ void qmoe_dot(const unsigned char* const (&wr)[R],
+                                         const T* __restrict__ x, int k, int gl, int g,
+                                         float (&acc)[R][1]) {
+    const int nb = k / F::BE;
+    const int units = nb * F::UPB;
+    const int sub = gl & (F::UPB - 1);
+    for (int unit = gl; unit < units; unit += g) {
+        const int b = unit / F::UPB;
+        typename F::Unit un[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) F::load(un[r], wr[r], nb, b, sub);
+        F::template dot<T, 1, R>(un, sub, x + (long long)b * F::BE, k, 1, acc);
+    }
+}
+
+// The sum over a lane group of g lanes (a power of two <= 32, groups aligned to g): every
+// lane of the warp must call it.
+__device__ __forceinline__ float qmoe_group_sum(float v, int g) {
+    for (int o = g >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+template <class F, typename T>
+__device__ __forceinline__ void qmoe_gate_up_impl(const T* __restrict__ x,
+                                                  const unsigned char* __restrict__ w,
+                                                  const int* __restrict__ ids, T* __restrict__ act,
+                                                  int hidden, int inter, int experts, int top_k,
+                                                  int g) {
+    const int gl = threadIdx.x & (g - 1);
+    const int j = blockIdx.x * (QG_THREADS / g) + threadIdx.x / g;
+    const long long p = blockIdx.y;
+    const int e = ids[p];
+    const bool live = j < inter && e >= 0 && e < experts;
+    float acc[2][1] = {{0.0f}, {0.0f}};
+    if (live) {
+        const long long row_bytes = q_row_bytes<F>(hidden);
+        const unsigned char* const wr[2] = {w + ((long long)e * inter + j) * row_bytes,
+                                            w + ((long long)(experts + e) * inter + j) * row_bytes};
+        qmoe_dot<F, T, 2>(wr, x + (p / top_k) * hidden, hidden, gl, g, acc);
+    }
+    const float sg = qmoe_group_sum(acc[0][0], g), su = qmoe_group_sum(acc[1][0], g);
+    if (j < inter && gl == 0)
+        act[p * inter + j] = from_f32<T>(live ? silu_mul_f32(to_f32(from_f32<T>(sg)),
+                                                             to_f32(from_f32<T>(su)))
+                                              : 0.0f);
+}
+
+// The down projection: CTA (x, t) owns outputs h0 .. h0 + 2 G' (G' = 32 / g lane groups of
+// a warp, two outputs each) of token t; warp w takes slots w, w + QG_WARPS, .. (the slots'
+// expert rows in parallel: at batch 1 the CTAs alone would not fill the GPU), rounds each
+// product to T into shared memory, and one thread per output sums them in slot order.
+#define QMOE_MAX_TOP_K 32
+template <class F, typename T>
+__device__ __forceinline__ void qmoe_down_impl(const T* __restrict__ act,
+                                               const unsigned char* __restrict__ down,
+                                               const int* __restrict__ ids,
+                                               const float* __restrict__ weights,
+                                               T* __restrict__ out, int hidden, int inter,
+                                               int experts, int top_k, int g) {
+    __shared__ float red[QMOE_MAX_TOP_K][64];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gl = lane & (g - 1), grp = lane / g;
+    const int outs = 2 * (32 / g);
+    const int h0 = blockIdx.x * outs;
+    const int h = h0 + 2 * grp;
+    const long long t = blockIdx.y;
+    const long long row_bytes = q_row_bytes<F>(inter);
+    for (int s = warp; s < top_k; s += QG_WARPS) {
+        const long long p = t * top_k + s;
+        const int e = ids[p];
+        const bool live = h < hidden && e >= 0 && e < experts;
+        float acc[2][1] = {{0.0f}, {0.0f}};
+        if (live) {
+            // A second row past the end re-reads the first (never written).
+            const long long r0 = (long long)e * hidden + h;
+            const unsigned char* const wr[2] = {down + r0 * row_bytes,
+                                                down + (h + 1 < hidden ? r0 + 1 : r0) * row_bytes};
+            qmoe_dot<F, T, 2>(wr, act + p * inter, inter, gl, g, acc);
+        }
+        const float y0 = qmoe_group_sum(acc[0][0], g), y1 = qmoe_group_sum(acc[1][0], g);
+        if (gl == 0) {
+            red[s][2 * grp] = live ? to_f32(from_f32<T>(y0)) : 0.0f;
+            red[s][2 * grp + 1] = live ? to_f32(from_f32<T>(y1)) : 0.0f;
+        }
+    }
+    __syncthreads();
+    const int o = threadIdx.x;
+    if (o < outs && h0 + o < hidden) {
+        float total = 0.0f;
+        for (int s = 0; s < top_k; ++s) {
+            const int e = ids[t * top_k + s];
+            if (e >= 0 && e < experts) total = fmaf(weights[t * top_k + s], red[s][o], total);
+        }
+        out[t * hidden + h0 + o] = from_f32<T>(total);
+    }
+}
+
 // Values 32 gi .. 32 gi + 31 of a row of format F: its bytes (F::load32, into F::Raw), then
 // the values (F::decode_raw, bit-identical to quant.rs's decode_block).
 template <class F>
@@ -839,7 +950,7 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
 
 // Every extern "C" entry point of one format: qgemv_<fmt>_<x>_<out>_m<M> for M in 1, 2, 4, 8
 // and (x, out) in (bf16, bf16), (bf16, f32), (f16, f16), (f16, f32), (f32, f32);
-// qgemv_silu_<fmt>_<x>_m1; dequant_<fmt>_<T>.
+// qgemv_silu_<fmt>_<x>_m1; dequant_<fmt>_<T>; qmoe_gate_up_<fmt>_<T> and qmoe_down_<fmt>_<T>.
 // CTAs per SM the compiler must leave registers for: two (at most 128 registers) for the
 // bandwidth-bound 1- and 2-row variants; the 4- and 8-row ones are bound by arithmetic and
 // would spill.
@@ -893,6 +1004,19 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
     QMMA_BMS(F, FN, bf16, float, bf16, f32)                                                   \
     QMMA_BMS(F, FN, f16, f16, f16, f16)                                                       \
     QMMA_BMS(F, FN, f16, float, f16, f32)
+#define QMOE(F, FN, T, TN)                                                                   \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) qmoe_gate_up_##FN##_##TN(          \
+        const T* x, const unsigned char* w, const int* ids, T* act, int hidden, int inter,     \
+        int experts, int top_k, int g) {                                                        \
+        pdl_enter();                                                                            \
+        qmoe_gate_up_impl<F, T>(x, w, ids, act, hidden, inter, experts, top_k, g);              \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) qmoe_down_##FN##_##TN(             \
+        const T* act, const unsigned char* down, const int* ids, const float* weights, T* out,  \
+        int hidden, int inter, int experts, int top_k, int g) {                                 \
+        pdl_enter();                                                                            \
+        qmoe_down_impl<F, T>(act, down, ids, weights, out, hidden, inter, experts, top_k, g);   \
+    }
 #define QUANT_KERNELS(F, FN)                                                                 \
     QMMA_ALL(F, FN)                                                                           \
     QGEMV_ALL_M(F, FN, bf16, bf16, bf16, bf16)                                                \
@@ -905,4 +1029,7 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
     QGEMV_SILU(F, FN, float, f32)                                                             \
     QDEQUANT(F, FN, bf16, bf16)                                                               \
     QDEQUANT(F, FN, f16, f16)                                                                 \
-    QDEQUANT(F, FN, float, f32)
+    QDEQUANT(F, FN, float, f32)                                                               \
+    QMOE(F, FN, bf16, bf16)                                                                   \
+    QMOE(F, FN, f16, f16)                                                                     \
+    QMOE(F, FN, float, f32)

@@ -548,3 +548,143 @@ fn misaligned_x_still_matches_cpu() {
     };
     assert_close("misaligned x", &run(gpu), &run(&cpu), DType::BF16);
 }
+
+/// A mixture-of-experts layer with quantized experts (`qmoe_*`) against the CPU backend:
+/// every format, x in bf16 / f16 / f32, gate/up and down in different formats (a Q4_K_M
+/// file's Q4_K gate/up with Q6_K down), rows of 1..=16 blocks (lane groups of 1 to 32
+/// lanes), 1, 3 and 40 tokens, every token on one expert; the routing exactly; captured once
+/// and replayed on other routing.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn quantized_moe_matches_cpu() {
+    let _serial = serial();
+    let gpu = cuda();
+    let gpu: &dyn Backend = gpu.as_ref();
+    let cpu = CpuBackend::new();
+    // (gate/up format, down format, x dtype, tokens, hidden, experts, expert width, top k,
+    // all tokens on expert 0)
+    type MoeCase = (
+        QuantFormat,
+        QuantFormat,
+        DType,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        bool,
+    );
+    let mut cases: Vec<MoeCase> = QuantFormat::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, &f)| {
+            let dt = [DType::BF16, DType::F16, DType::F32][i % 3];
+            let n = [1, 3, 40][i % 3];
+            (f, f, dt, n, 512, 8, 256, 2, false)
+        })
+        .collect();
+    cases.extend([
+        (
+            QuantFormat::Q4K,
+            QuantFormat::Q6K,
+            DType::BF16,
+            1,
+            768,
+            16,
+            768,
+            8,
+            false,
+        ),
+        (
+            QuantFormat::Q4K,
+            QuantFormat::Q6K,
+            DType::BF16,
+            5,
+            256,
+            4,
+            4096,
+            2,
+            true,
+        ),
+        (
+            QuantFormat::Q8_0,
+            QuantFormat::Q4_0,
+            DType::F16,
+            2,
+            32,
+            6,
+            64,
+            3,
+            false,
+        ),
+    ]);
+    for (c, &(gf, df, dt, n, h, e, i, k, one)) in cases.iter().enumerate() {
+        let seed = 1000 + 31 * c as u64;
+        let x = values(n * h, seed);
+        let logits: Vec<f32> = (0..n * e)
+            .map(|j| {
+                let ex = j % e;
+                if one {
+                    if ex == 0 {
+                        4.0
+                    } else {
+                        ex as f32 * 0.1
+                    }
+                } else {
+                    ((j * 7919 + c) % e) as f32 * 0.23
+                }
+            })
+            .collect();
+        let gu = weight_bytes(gf, 2 * e * i, h, seed + 1);
+        let dn = weight_bytes(df, e * h, i, seed + 2);
+        let name = format!("case {c} ({gf}/{df}, {dt}, n={n} h={h} e={e} i={i} k={k})");
+        let run = |be: &dyn Backend, replay: bool| {
+            let xt = be.upload_f32_as(&x, &[n, h], dt).unwrap();
+            let lt = be.upload_f32_as(&logits, &[n, e], DType::F32).unwrap();
+            let gt = upload_q(be, gf, 2 * e * i, h, &gu);
+            let dnt = upload_q(be, df, e * h, i, &dn);
+            let ids = be.alloc(DType::I32, &[n, k]).unwrap();
+            let wts = be.alloc(DType::F32, &[n, k]).unwrap();
+            let out = be.alloc(dt, &[n, h]).unwrap();
+            let scratch = be.alloc(dt, &[n * k, i]).unwrap();
+            let moe = || {
+                be.moe(&encore_backend::backend::Moe {
+                    x: &xt,
+                    logits: &lt,
+                    top_k: k,
+                    renormalize: true,
+                    gate_up: &gt,
+                    down: &dnt,
+                    ids: &ids,
+                    weights: &wts,
+                    out: &out,
+                    scratch: &scratch,
+                })
+                .unwrap()
+            };
+            if replay {
+                // Captured on reversed logits, replayed on the real ones.
+                let rev: Vec<f32> = logits.iter().rev().copied().collect();
+                be.write(&lt, &rev).unwrap();
+                be.begin_capture().unwrap();
+                moe();
+                let graph = be.end_capture().unwrap();
+                be.write(&lt, &logits).unwrap();
+                graph.replay().unwrap();
+            } else {
+                moe();
+            }
+            (
+                be.download::<i32>(&ids).unwrap(),
+                be.download_f32(&out).unwrap(),
+            )
+        };
+        let (gi, go) = run(gpu, false);
+        let (ci, co) = run(&cpu, false);
+        assert_eq!(gi, ci, "{name}: chosen experts");
+        assert_close(&name, &go, &co, dt);
+        let (ri, ro) = run(gpu, true);
+        assert_eq!(ri, gi, "{name}: replayed routing");
+        assert_eq!(ro, go, "{name}: replay against eager");
+    }
+}

@@ -7,14 +7,15 @@
 //! Types: f16, any block type encore runs (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k,
 //! q6_k), and the mixes llama.cpp's `llama-quantize` writes for `q4_k_m` and `q5_k_m`
 //! (attn_v and ffn_down in Q6_K in the first and last eighth of the layers and every third
-//! layer between, output in Q6_K, the rest in the base type); norms are always f32. The
+//! layer between, output in Q6_K, the rest in the base type); norms and routers are always
+//! f32. A mixture of experts' experts are stacked per layer (`ffn_{gate,up,down}_exps`). The
 //! file carries a byte-level placeholder vocabulary, so `encore bench decode` and
 //! llama.cpp's `llama-bench` load it; its text is noise.
 
 use std::path::Path;
 
 use encore_core::model::config::ModelConfig;
-use encore_core::model::gguf::{gguf_name, quantize, GgmlType, GgufWriter, Value};
+use encore_core::model::gguf::{gguf_source, quantize, GgmlType, GgufWriter, Value};
 use encore_core::model::weights::hf_tensors;
 use encore_core::ops::splitmix64;
 use half::f16;
@@ -35,8 +36,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     w.kv("tokenizer.ggml.model", Value::String("gpt2".into()));
     w.kv("tokenizer.ggml.tokens", Value::Array(8, tokens));
     w.kv("tokenizer.ggml.merges", Value::Array(8, Vec::new()));
-    for (i, spec) in hf_tensors(&cfg).iter().enumerate() {
-        let gname = gguf_name(&spec.name).ok_or("no GGUF name")?;
+    // Experts of the stack being gathered: (GGUF name, one expert's shape, values so far).
+    let mut stack: Option<(String, Vec<usize>, Vec<f32>)> = None;
+    let specs = hf_tensors(&cfg);
+    for (i, spec) in specs.iter().enumerate() {
+        let (gname, expert) = gguf_source(&spec.name).ok_or("no GGUF name")?;
         let norm = spec.name.ends_with("norm.weight");
         let std = 1.0 / (*spec.shape.last().unwrap_or(&1) as f32).sqrt();
         let seed = splitmix64(i as u64 + 1);
@@ -52,8 +56,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             })
             .collect();
-        if norm || spec.shape.len() == 1 {
-            w.tensor_f32(&gname, &spec.shape, &values);
+        let (shape, values) = match expert {
+            None => (spec.shape.clone(), values),
+            Some(x) => {
+                let (_, _, all) =
+                    stack.get_or_insert_with(|| (gname.clone(), spec.shape.clone(), Vec::new()));
+                all.extend(values);
+                let last = specs
+                    .get(i + 1)
+                    .and_then(|n| gguf_source(&n.name))
+                    .is_none_or(|(n, _)| n != gname);
+                if !last {
+                    continue;
+                }
+                let (_, shape, all) = stack.take().expect("gathered above");
+                ([vec![x + 1], shape].concat(), all)
+            }
+        };
+        // llama.cpp stores Qwen2-MoE's [1, hidden] shared-expert gate as a vector.
+        let shape = if gname.ends_with("ffn_gate_inp_shexp.weight") {
+            shape[1..].to_vec()
+        } else {
+            shape
+        };
+        let router = gname.contains("ffn_gate_inp");
+        if norm || router || shape.len() == 1 {
+            w.tensor_f32(&gname, &shape, &values);
             continue;
         }
         if ty == "f16" {
@@ -61,11 +89,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .iter()
                 .flat_map(|&x| f16::from_f32(x).to_le_bytes())
                 .collect();
-            w.tensor(&gname, &spec.shape, GgmlType::F16, bytes);
+            w.tensor(&gname, &shape, GgmlType::F16, bytes);
             continue;
         }
         let t = block_type(ty, &gname, cfg.num_layers)?;
-        w.tensor(&gname, &spec.shape, t, quantize(t, &values));
+        // Whole blocks per task, quantized in parallel (a 30B model's experts are billions
+        // of values).
+        let fmt = t.quant_format().ok_or("not a block type")?;
+        let bytes: Vec<u8> = values
+            .par_chunks(fmt.block_elems() * 4096)
+            .map(|c| quantize(t, c))
+            .collect::<Vec<_>>()
+            .concat();
+        w.tensor(&gname, &shape, t, bytes);
     }
     w.write(Path::new(out))?;
     eprintln!(

@@ -60,7 +60,7 @@ impl ModelArgs {
     pub fn open(&self) -> Result<(Opened, ModelConfig, WeightSource, TpBackends)> {
         let (cfg, source) = resolve(&self.model, &self.revision, self.quantization)?;
         let (opened, tp) = open_devices(self.device.device, self.device.tensor_parallel_size)?;
-        cfg.check_runs(opened.backend().runs_moe(cfg.experts_quantized()))
+        cfg.check_runs(opened.backend().runs_moe())
             .with_context(|| {
                 format!(
                     "--model {} on {}",

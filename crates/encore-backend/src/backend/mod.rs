@@ -198,10 +198,9 @@ pub trait Backend: Send + Sync {
         self.silu_mul(gate_up, out)
     }
 
-    /// Whether [`Backend::moe`] runs here, with quantized experts when `quantized` (a
-    /// model with experts is refused at load where it does not).
-    fn runs_moe(&self, quantized: bool) -> bool {
-        let _ = quantized;
+    /// Whether [`Backend::moe`] runs here, dense and quantized experts alike (a model with
+    /// experts is refused at load where it does not).
+    fn runs_moe(&self) -> bool {
         false
     }
 

@@ -571,33 +571,21 @@ impl ModelConfig {
         })
     }
 
-    /// Whether the experts are stored quantized (in-situ `--quantization` or a
-    /// checkpoint's format): what [`crate::backend::Backend::runs_moe`] is asked.
-    pub fn experts_quantized(&self) -> bool {
-        self.weights.projections.is_some() || !self.weights.per_tensor.is_empty()
-    }
-
     /// Whether the forward pass runs this model where `runs_moe` says whether the backend
-    /// runs its experts (`Backend::runs_moe(cfg.experts_quantized())`): a model with
-    /// experts runs only there; an error naming the architecture.
+    /// runs mixture-of-experts layers (`Backend::runs_moe`): a model with experts runs only
+    /// there; an error naming the architecture.
     pub fn check_runs(&self, runs_moe: bool) -> Result<()> {
-        let Some(moe) = &self.moe else {
-            return Ok(());
-        };
-        let what = if !runs_moe && self.experts_quantized() {
-            "quantized experts run on the CPU backend only, for now"
-        } else if !runs_moe {
-            "this backend does not run mixture-of-experts layers"
-        } else {
-            return Ok(());
-        };
-        Err(Error::Config {
-            path: self.arch.model_type().to_string(),
-            what: format!(
-                "a mixture of experts ({} experts, top {}): {what}",
-                moe.num_experts, moe.top_k
-            ),
-        })
+        match &self.moe {
+            Some(moe) if !runs_moe => Err(Error::Config {
+                path: self.arch.model_type().to_string(),
+                what: format!(
+                    "a mixture of experts ({} experts, top {}): this backend does not run \
+                     mixture-of-experts layers",
+                    moe.num_experts, moe.top_k
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// `(rank, size)` of this config's tensor-parallel group; `(0, 1)` for the model.

@@ -631,18 +631,53 @@ impl ModelConfig {
 }
 
 /// The llama.cpp name of an HF tensor name declared by some [`Role`] (`None` for names
-/// with no GGUF counterpart).
+/// with no GGUF counterpart); one expert's matrix names the stacked tensor of every
+/// expert that holds it (see [`gguf_source`]).
 pub fn gguf_name(hf: &str) -> Option<String> {
+    gguf_source(hf).map(|(name, _)| name)
+}
+
+/// The GGUF tensor holding an HF tensor and, for one expert's matrix, the expert's index
+/// in it: llama.cpp stacks a layer's experts as `blk.N.ffn_{gate,up,down}_exps` of shape
+/// `[experts, rows, k]` (Mixtral's `w1`, `w3`, `w2` too); the router is `ffn_gate_inp`,
+/// Qwen2-MoE's shared expert `ffn_{gate,up,down}_shexp` and its gate `ffn_gate_inp_shexp`.
+pub fn gguf_source(hf: &str) -> Option<(String, Option<usize>)> {
     let Some(rest) = hf.strip_prefix("model.layers.") else {
         let found = Role::ALL.iter().filter(|r| !r.per_layer());
         let s = found.flat_map(|r| r.sources()).find(|s| s.hf == hf)?;
-        return Some(s.gguf.to_string());
+        return Some((s.gguf.to_string(), None));
     };
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
+    let blk = |g: &str| format!("blk.{layer}.{g}");
+    let expert = ["mlp.experts.", "block_sparse_moe.experts."]
+        .iter()
+        .find_map(|p| rest.strip_prefix(p));
+    if let Some(e) = expert {
+        let (x, w) = e.split_once('.')?;
+        let x: usize = x.parse().ok()?;
+        let stacked = match w {
+            "gate_proj.weight" | "w1.weight" => "ffn_gate_exps.weight",
+            "up_proj.weight" | "w3.weight" => "ffn_up_exps.weight",
+            "down_proj.weight" | "w2.weight" => "ffn_down_exps.weight",
+            _ => return None,
+        };
+        return Some((blk(stacked), Some(x)));
+    }
+    let moe = match rest {
+        "mlp.gate.weight" | "block_sparse_moe.gate.weight" => Some("ffn_gate_inp.weight"),
+        "mlp.shared_expert.gate_proj.weight" => Some("ffn_gate_shexp.weight"),
+        "mlp.shared_expert.up_proj.weight" => Some("ffn_up_shexp.weight"),
+        "mlp.shared_expert.down_proj.weight" => Some("ffn_down_shexp.weight"),
+        "mlp.shared_expert_gate.weight" => Some("ffn_gate_inp_shexp.weight"),
+        _ => None,
+    };
+    if let Some(g) = moe {
+        return Some((blk(g), None));
+    }
     let found = Role::ALL.iter().filter(|r| r.per_layer());
     let s = found.flat_map(|r| r.sources()).find(|s| s.hf == rest)?;
-    Some(format!("blk.{layer}.{}", s.gguf))
+    Some((blk(s.gguf), None))
 }
 
 /// Builds a [`Decl`] op by op.
@@ -858,11 +893,36 @@ mod tests {
                 "model.layers.12.self_attn.q_norm.weight",
                 Some("blk.12.attn_q_norm.weight"),
             ),
+            (
+                "model.layers.2.mlp.experts.17.down_proj.weight",
+                Some("blk.2.ffn_down_exps.weight"),
+            ),
+            (
+                "model.layers.0.block_sparse_moe.experts.7.w3.weight",
+                Some("blk.0.ffn_up_exps.weight"),
+            ),
+            (
+                "model.layers.1.block_sparse_moe.gate.weight",
+                Some("blk.1.ffn_gate_inp.weight"),
+            ),
+            (
+                "model.layers.4.mlp.shared_expert_gate.weight",
+                Some("blk.4.ffn_gate_inp_shexp.weight"),
+            ),
+            ("model.layers.0.mlp.experts.x.up_proj.weight", None),
             ("model.layers.x.mlp.up_proj.weight", None),
             ("model.rotary_emb.inv_freq", None),
         ];
         for (hf, want) in cases {
             assert_eq!(gguf_name(hf).as_deref(), want, "{hf}");
         }
+        assert_eq!(
+            gguf_source("model.layers.2.mlp.experts.17.gate_proj.weight"),
+            Some(("blk.2.ffn_gate_exps.weight".to_string(), Some(17)))
+        );
+        assert_eq!(
+            gguf_source("model.layers.2.mlp.gate_proj.weight"),
+            Some(("blk.2.ffn_gate.weight".to_string(), None))
+        );
     }
 }

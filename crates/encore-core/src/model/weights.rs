@@ -175,7 +175,7 @@ fn load_placed(
     };
 
     cfg.check_formats()?;
-    cfg.check_runs(backend.runs_moe(cfg.experts_quantized()))?;
+    cfg.check_runs(backend.runs_moe())?;
     let total = decl.bytes(dtype);
     let mut host = match prepared {
         Some(p) => HostSide::new(backend, &decl, &source, dtype, p, progress)?,

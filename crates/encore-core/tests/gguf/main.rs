@@ -36,6 +36,41 @@ mod twins;
 // ---------------------------------------------------------------------------------------
 // Helpers.
 
+/// The llama.cpp tensor of an HF tensor and, for one expert's matrix, its index in the
+/// stacked `*_exps` tensor, written out here independently of the loader.
+fn llama_cpp_source(hf: &str) -> (String, Option<usize>) {
+    if let Some(rest) = hf.strip_prefix("model.layers.") {
+        let (layer, rest) = rest.split_once('.').unwrap();
+        let rest = rest
+            .strip_prefix("block_sparse_moe.")
+            .or(rest.strip_prefix("mlp."))
+            .unwrap_or(rest);
+        if let Some(e) = rest.strip_prefix("experts.") {
+            let (x, w) = e.split_once('.').unwrap();
+            let stacked = match w {
+                "gate_proj.weight" | "w1.weight" => "gate",
+                "up_proj.weight" | "w3.weight" => "up",
+                _ => "down",
+            };
+            return (
+                format!("blk.{layer}.ffn_{stacked}_exps.weight"),
+                Some(x.parse().unwrap()),
+            );
+        }
+        let moe = [
+            ("gate.weight", "ffn_gate_inp.weight"),
+            ("shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+            ("shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+            ("shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+            ("shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+        ];
+        if let Some((_, g)) = moe.iter().find(|(h, _)| *h == rest) {
+            return (format!("blk.{layer}.{g}"), None);
+        }
+    }
+    (llama_cpp_name(hf), None)
+}
+
 /// The llama.cpp name of an HF tensor, written out here independently of the loader.
 fn llama_cpp_name(hf: &str) -> String {
     match hf {
@@ -182,28 +217,61 @@ fn metadata(w: &mut GgufWriter, cfg: &ModelConfig) {
     w.kv("tokenizer.chat_template", Value::String("{{ x }}".into()));
 }
 
-/// A GGUF twin of an HF checkpoint, as llama.cpp's converter would write it.
+/// A GGUF twin of an HF checkpoint, as llama.cpp's converter would write it: each layer's
+/// experts stacked `[experts, rows, k]`, Qwen2-MoE's `[1, hidden]` shared-expert gate as a
+/// vector.
 fn gguf_twin(cfg: &ModelConfig, ts: &[(String, Vec<usize>, Vec<f32>)], store: Store) -> GgufWriter {
     let mut w = GgufWriter::new();
     metadata(&mut w, cfg);
+    // (GGUF name, one expert's shape, (expert, values) of each expert).
+    type Stack = (String, Vec<usize>, Vec<(usize, Vec<f32>)>);
+    let mut stacks: Vec<Stack> = Vec::new();
     for (name, shape, v) in ts {
+        let (g, expert) = llama_cpp_source(name);
+        if let Some(x) = expert {
+            match stacks.iter_mut().find(|(n, ..)| *n == g) {
+                Some((_, _, parts)) => parts.push((x, v.clone())),
+                None => stacks.push((g, shape.clone(), vec![(x, v.clone())])),
+            }
+        }
+    }
+    let mut stacked = Vec::new();
+    for (g, shape, mut parts) in stacks {
+        parts.sort_by_key(|(x, _)| *x);
+        let mut full = vec![parts.len()];
+        full.extend(shape);
+        let v: Vec<f32> = parts.into_iter().flat_map(|(_, v)| v).collect();
+        stacked.push((g, full, v));
+    }
+    let plain = ts.iter().filter(|(n, ..)| llama_cpp_source(n).1.is_none());
+    let plain = plain.map(|(n, shape, v)| {
+        let shape = if n.ends_with("shared_expert_gate.weight") {
+            shape[1..].to_vec()
+        } else {
+            shape.clone()
+        };
+        (llama_cpp_source(n).0, n.clone(), shape, v.clone())
+    });
+    let all: Vec<(String, String, Vec<usize>, Vec<f32>)> = plain
+        .chain(stacked.into_iter().map(|(g, s, v)| (g.clone(), g, s, v)))
+        .collect();
+    for (g, name, shape, v) in &all {
         let heads = if name.contains("q_proj") {
             cfg.num_heads
         } else {
             cfg.num_kv_heads
         };
-        let permute = matches!(cfg.arch, Arch::Llama | Arch::Mistral)
+        let permute = matches!(cfg.arch.base(), Arch::Llama | Arch::Mistral)
             && (name.contains("q_proj") || name.contains("k_proj"));
         let v = if permute {
             llama_cpp_permute(v, shape[0], heads)
         } else {
             v.clone()
         };
-        let g = llama_cpp_name(name);
         match (store, shape.len()) {
-            (_, 1) | (Store::F32, _) => w.tensor_f32(&g, shape, &v),
-            (Store::F16, _) => w.tensor_f16(&g, shape, &v),
-            (Store::Q8_0, _) => w.tensor(&g, shape, GgmlType::Q8_0, q8_blocks(&v)),
+            (_, 1) | (Store::F32, _) => w.tensor_f32(g, shape, &v),
+            (Store::F16, _) => w.tensor_f16(g, shape, &v),
+            (Store::Q8_0, _) => w.tensor(g, shape, GgmlType::Q8_0, q8_blocks(&v)),
         };
     }
     w

@@ -123,12 +123,18 @@ fn unsupported_metadata_is_an_error_naming_the_key() {
             vec!["general.architecture", "missing"],
         ),
         (
-            // Mixtral as llama.cpp writes it: `llama` with experts.
+            // Mixtral as llama.cpp writes it (`llama` with experts), with more experts
+            // per token than experts.
             Box::new(|w| {
                 w.kv("llama.expert_count", Value::U32(8));
-                w.kv("llama.expert_used_count", Value::U32(2));
+                w.kv("llama.expert_used_count", Value::U32(9));
             }),
-            vec!["llama.expert_count", "mixture-of-experts"],
+            vec![
+                "llama.expert_used_count",
+                "9",
+                "more than",
+                "llama.expert_count",
+            ],
         ),
         (
             Box::new(|w| {
@@ -146,7 +152,7 @@ fn unsupported_metadata_is_an_error_naming_the_key() {
             Box::new(|w| {
                 w.kv("llama.expert_count", Value::U32(8));
             }),
-            vec!["llama.expert_count", "mixture-of-experts"],
+            vec!["llama.expert_used_count", "missing"],
         ),
         (
             Box::new(|w| {

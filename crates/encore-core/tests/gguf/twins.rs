@@ -25,6 +25,32 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
             r#", "head_dim": 32, "tie_word_embeddings": true"#,
             Store::Q8_0,
         ),
+        // Mixtures of experts: stacked `*_exps` tensors; layer 1 dense (no router).
+        (
+            "Qwen3MoeForCausalLM",
+            r#", "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 32, "norm_topk_prob": true, "mlp_only_layers": [1]"#,
+            Store::Q8_0,
+        ),
+        // Not renormalised: the file says so (`expert_weights_norm`).
+        (
+            "Qwen3MoeForCausalLM",
+            r#", "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 32, "norm_topk_prob": false"#,
+            Store::F16,
+        ),
+        (
+            "Qwen2MoeForCausalLM",
+            r#", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "shared_expert_intermediate_size": 64"#,
+            Store::Q8_0,
+        ),
+        // llama.cpp writes Mixtral as `llama` with experts (q/k permuted).
+        (
+            "MixtralForCausalLM",
+            r#", "num_local_experts": 4, "num_experts_per_tok": 2"#,
+            Store::Q8_0,
+        ),
     ];
     for (k, &(arch, extra, store)) in cases.iter().enumerate() {
         let what = format!("{arch}{extra} {store:?}");
@@ -60,7 +86,7 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
                 panic!("{what}: tensor {t} element {i}: {} vs {}", a[i], b[i]);
             }
         }
-        if k < 3 || store == Store::Q8_0 {
+        if k < 3 || store == Store::Q8_0 || cfg.moe.is_some() {
             let a = greedy(&cfg, from_st);
             let b = greedy(&config, from_gguf);
             assert_eq!(a, b, "{what}: greedy tokens");
@@ -168,4 +194,59 @@ fn quantizers_round_trip_within_their_step() {
     assert_mentions(&e, &["IQ2_XXS", "Q4_K"]);
     let e = dequantize(GgmlType::Q8_0, &[0; 33], &mut out).unwrap_err();
     assert_mentions(&e, &["33 bytes", "Q8_0"]);
+}
+
+/// A MoE file whose stacked experts are missing or of the wrong shape is an error naming
+/// the HF tensor (its layer and expert), the GGUF tensor and the shapes.
+#[test]
+fn moe_files_with_bad_expert_tensors_are_errors_naming_them() {
+    let dir = TempDir::new("moe-bad");
+    let json = tiny_json(
+        "Qwen3MoeForCausalLM",
+        r#", "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 32, "norm_topk_prob": true"#,
+    );
+    let cfg = ModelConfig::from_json(&json, "test").unwrap();
+    let ts = hf_checkpoint(&cfg, Store::F32, 3);
+    let path = dir.file("moe.gguf");
+    let open = |w: &GgufWriter| {
+        w.write(&path).unwrap();
+        let files = open_model(path.to_str().unwrap())?;
+        load(&files.config, files.source)
+    };
+    // Three experts in a four-expert stack.
+    let mut w = gguf_twin(&cfg, &ts, Store::F32);
+    let name = "blk.1.ffn_down_exps.weight";
+    let (_, dims, _, bytes) = w.tensors.iter().find(|t| t.0 == name).unwrap().clone();
+    let keep = bytes.len() / 4 * 3;
+    w.remove_tensor(name);
+    let shape: Vec<usize> = [3, dims[1] as usize, dims[0] as usize].to_vec();
+    w.tensor(name, &shape, GgmlType::F32, bytes[..keep].to_vec());
+    let (_, msg) = err_text(open(&w));
+    assert_mentions(
+        &msg,
+        &[
+            "model.layers.1.mlp.experts.0.down_proj.weight",
+            name,
+            "expert 0",
+            "[4, 64, 32]",
+        ],
+    );
+    // No gate stack at all.
+    let mut w = gguf_twin(&cfg, &ts, Store::F32);
+    w.remove_tensor("blk.0.ffn_gate_exps.weight");
+    let (_, msg) = err_text(open(&w));
+    assert_mentions(
+        &msg,
+        &[
+            "model.layers.0.mlp.experts.0.gate_proj.weight",
+            "blk.0.ffn_gate_exps.weight",
+            "missing",
+        ],
+    );
+    // The experts' key missing.
+    let mut w = gguf_twin(&cfg, &ts, Store::F32);
+    w.remove_kv("qwen3moe.expert_feed_forward_length");
+    let (_, msg) = err_text(open(&w));
+    assert_mentions(&msg, &["qwen3moe.expert_feed_forward_length", "missing"]);
 }

@@ -1,7 +1,6 @@
 //! Mixture-of-experts configs (Qwen3-MoE, Qwen2-MoE, Mixtral): parsed as transformers
 //! reads them, declared tensor by tensor (exact parameter counts of the real checkpoints,
-//! the per-expert HF names), and refused where they do not run (quantized experts off the
-//! CPU backend).
+//! the per-expert HF names), and refused where they do not run.
 
 use super::*;
 use encore_core::model::config::MoeConfig;
@@ -268,13 +267,6 @@ fn moe_models_are_refused_where_they_do_not_run_yet() {
         "{msg}"
     );
     assert!(msg.contains("does not run mixture-of-experts"), "{msg}");
-    let mut q = cfg.clone();
-    q.weights.projections = Some(encore_backend::quant::QuantFormat::Q8_0);
-    let (_, msg) = err_text(q.check_runs(false));
-    assert!(
-        msg.contains("quantized experts run on the CPU backend only"),
-        "{msg}"
-    );
     let (_, msg) = err_text(cfg.shard(0, 2));
     assert!(msg.contains("tensor-parallel"), "{msg}");
     // Qwen2-MoE, its shared expert too, runs where experts run.

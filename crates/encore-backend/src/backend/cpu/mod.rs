@@ -328,7 +328,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn runs_moe(&self, _quantized: bool) -> bool {
+    fn runs_moe(&self) -> bool {
         true
     }
 

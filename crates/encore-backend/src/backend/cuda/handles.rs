@@ -89,6 +89,30 @@ const DEQUANT_OPS: [&str; 9] = [
     "dequant_fp8",
 ];
 
+/// `qmoe_gate_up_<fmt>` and `qmoe_down_<fmt>`: a mixture of experts' quantized experts.
+const QMOE_GATE_UP_OPS: [&str; 9] = [
+    "qmoe_gate_up_q8_0",
+    "qmoe_gate_up_q4_0",
+    "qmoe_gate_up_q4_1",
+    "qmoe_gate_up_q5_0",
+    "qmoe_gate_up_q5_1",
+    "qmoe_gate_up_q4_k",
+    "qmoe_gate_up_q5_k",
+    "qmoe_gate_up_q6_k",
+    "qmoe_gate_up_fp8",
+];
+const QMOE_DOWN_OPS: [&str; 9] = [
+    "qmoe_down_q8_0",
+    "qmoe_down_q4_0",
+    "qmoe_down_q4_1",
+    "qmoe_down_q5_0",
+    "qmoe_down_q5_1",
+    "qmoe_down_q4_k",
+    "qmoe_down_q5_k",
+    "qmoe_down_q6_k",
+    "qmoe_down_fp8",
+];
+
 /// Every kernel of `kernels/*.cu`, by op.
 pub(super) struct Kernels<K = Kernel> {
     pub embedding: PerDType<K>,
@@ -117,6 +141,10 @@ pub(super) struct Kernels<K = Kernel> {
     pub qgemv_silu: [PerDType<K>; 9],
     /// Dense T from a quantized weight, by [`QUANT_FORMATS`] index.
     pub dequant: [PerDType<K>; 9],
+    /// Quantized experts' gate/up + SiLU and weighted down (a mixture of experts' few-row
+    /// path), by [`QUANT_FORMATS`] index.
+    pub qmoe_gate_up: [PerDType<K>; 9],
+    pub qmoe_down: [PerDType<K>; 9],
     /// Quantized-weight tensor-core matmul: by [`QUANT_FORMATS`] index, x in bf16 / f16,
     /// out in x's type / f32, then [`QMMA_TILES`].
     pub qmma: [[[[K; 3]; 2]; 2]; 9],
@@ -187,6 +215,8 @@ impl<K> Kernels<K> {
         let qgemv = per_format(&mut qgemv)?;
         let qgemv_silu = per_format(|f| PerDType::resolve_variant(t, QGEMV_SILU_OPS[f], "_m1"))?;
         let dequant = per_format(|f| PerDType::resolve(t, DEQUANT_OPS[f]))?;
+        let qmoe_gate_up = per_format(|f| PerDType::resolve(t, QMOE_GATE_UP_OPS[f]))?;
+        let qmoe_down = per_format(|f| PerDType::resolve(t, QMOE_DOWN_OPS[f]))?;
         let mut qmma = |f: usize| -> Result<[[[K; 3]; 2]; 2]> {
             let fname = QUANT_FORMATS[f].name();
             let mut one = |x: usize, o: usize| -> Result<[K; 3]> {
@@ -229,6 +259,8 @@ impl<K> Kernels<K> {
             qgemv,
             qgemv_silu,
             dequant,
+            qmoe_gate_up,
+            qmoe_down,
             qmma,
             qmma_reduce,
             fp8_quant_rows,
@@ -411,6 +443,8 @@ mod tests {
         for (f, fmt) in QUANT_FORMATS.iter().enumerate() {
             assert_eq!(QGEMV_SILU_OPS[f], format!("qgemv_silu_{}", fmt.name()));
             assert_eq!(DEQUANT_OPS[f], format!("dequant_{}", fmt.name()));
+            assert_eq!(QMOE_GATE_UP_OPS[f], format!("qmoe_gate_up_{}", fmt.name()));
+            assert_eq!(QMOE_DOWN_OPS[f], format!("qmoe_down_{}", fmt.name()));
         }
         assert_eq!(
             k.qgemv(QuantFormat::Q4K, DType::BF16, DType::F32, 2)

@@ -930,8 +930,8 @@ impl Backend for CudaBackend {
         kernels::sigmoid_gate_add(self, x, gate, y, &d)
     }
 
-    fn runs_moe(&self, quantized: bool) -> bool {
-        !quantized
+    fn runs_moe(&self) -> bool {
+        true
     }
 
     fn moe(&self, a: &Moe<'_>) -> Result<()> {

@@ -6,7 +6,7 @@
 
 use super::reader::{GgufFile, Value};
 use crate::error::{Error, Result};
-use crate::model::config::{Arch, ModelConfig, SlidingWindow};
+use crate::model::config::{Arch, ModelConfig, MoeConfig, SlidingWindow};
 use crate::ops::{Llama3Scaling, RopeConfig};
 use crate::tensor::DType;
 use crate::tokenizer::{end_of_generation_ids, GgufVocab};
@@ -15,10 +15,12 @@ use crate::tokenizer::{end_of_generation_ids, GgufVocab};
 const CONTROL_TOKEN_TYPE: i128 = 3;
 
 /// The GGUF architectures encore runs, and the [`Arch`] each becomes.
-const ARCHS: [(&str, Arch); 3] = [
+const ARCHS: [(&str, Arch); 5] = [
     ("llama", Arch::Llama),
     ("qwen2", Arch::Qwen2),
     ("qwen3", Arch::Qwen3),
+    ("qwen2moe", Arch::Qwen2Moe),
+    ("qwen3moe", Arch::Qwen3Moe),
 ];
 
 /// The tensor llama.cpp stores Llama-3 rope scaling in (per-frequency divisors).
@@ -166,15 +168,13 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         arch: arch_name,
     };
     let k = |s: &str| m.key(s);
-    // llama.cpp writes Mixtral as `llama` with experts; MoE files are not read yet.
-    if m.opt_usize(&k("expert_count"))?.unwrap_or(0) > 0 {
-        return Err(m.err(format!(
-            "{} has experts ({}): mixture-of-experts GGUF files are not supported yet",
-            arch_name,
-            k("expert_count")
-        )));
-    }
     let sizes = parse_sizes(&m)?;
+    // llama.cpp writes Mixtral as `llama` with experts.
+    let arch = match arch {
+        Arch::Llama if m.opt_usize(&k("expert_count"))?.unwrap_or(0) > 0 => Arch::Mixtral,
+        a => a,
+    };
+    let moe = parse_moe(&m, arch, &sizes)?;
     let rope = parse_rope(&m, sizes.head_dim)?;
     let eps_key = k("attention.layer_norm_rms_epsilon");
     let rms_norm_eps =
@@ -212,15 +212,15 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         rope,
         rms_norm_eps,
         tie_word_embeddings: file.tensor("output.weight").is_none(),
-        qkv_bias: arch == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
-        qk_norm: arch == Arch::Qwen3,
+        qkv_bias: arch.base() == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
+        qk_norm: arch.base() == Arch::Qwen3,
         max_position_embeddings,
         torch_dtype: DType::BF16,
         bos_token_id,
         eos_token_ids,
         sliding_window,
         weights: Default::default(),
-        moe: None,
+        moe,
         tp: None,
     };
     cfg.check_sizes([
@@ -238,6 +238,73 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     Ok(cfg)
 }
 
+/// The experts of a `qwen3moe`, `qwen2moe` or `llama`-with-experts (Mixtral) file, as
+/// llama.cpp reads them: `expert_count`, `expert_used_count`, the expert width
+/// (`expert_feed_forward_length`; Mixtral's `feed_forward_length`), the shared expert's
+/// (`expert_shared_feed_forward_length`, Qwen2-MoE), the top-k renormalised for Qwen3-MoE and
+/// Mixtral and not for Qwen2-MoE (`expert_weights_norm` where the file says), and a layer
+/// sparse where it has a router (`blk.N.ffn_gate_inp.weight`).
+fn parse_moe(m: &Meta<'_>, arch: Arch, sizes: &Sizes) -> Result<Option<MoeConfig>> {
+    let k = |s: &str| m.key(s);
+    if !matches!(arch, Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Mixtral) {
+        return Ok(None);
+    }
+    let num_experts = m.positive(&k("expert_count"))?;
+    let top_k = m.positive(&k("expert_used_count"))?;
+    if top_k > num_experts {
+        return Err(m.err(format!(
+            "`{}` = {top_k} is more than `{}` = {num_experts}",
+            k("expert_used_count"),
+            k("expert_count")
+        )));
+    }
+    let expert_intermediate = match arch {
+        Arch::Mixtral => sizes.intermediate_size,
+        _ => m.positive(&k("expert_feed_forward_length"))?,
+    };
+    let shared_expert_intermediate = match arch {
+        Arch::Qwen2Moe => m
+            .opt_usize(&k("expert_shared_feed_forward_length"))?
+            .filter(|&n| n > 0),
+        _ => None,
+    };
+    let norm_topk_prob = match m.opt_bool(&k("expert_weights_norm"))? {
+        Some(b) => b,
+        None => arch != Arch::Qwen2Moe,
+    };
+    for (key, n, max) in [
+        ("expert_count", num_experts, 1 << 12),
+        ("expert_feed_forward_length", expert_intermediate, 1 << 20),
+        (
+            "expert_shared_feed_forward_length",
+            shared_expert_intermediate.unwrap_or(0),
+            1 << 20,
+        ),
+    ] {
+        if n > max {
+            return Err(m.err(format!(
+                "`{}` = {n} is beyond any supported model (at most {max})",
+                k(key)
+            )));
+        }
+    }
+    let sparse = (0..sizes.num_layers)
+        .map(|l| {
+            m.file
+                .tensor(&format!("blk.{l}.ffn_gate_inp.weight"))
+                .is_some()
+        })
+        .collect();
+    Ok(Some(MoeConfig {
+        num_experts,
+        top_k,
+        expert_intermediate,
+        norm_topk_prob,
+        sparse,
+        shared_expert_intermediate,
+    }))
+}
+
 /// The layer count and the sizes of a layer.
 struct Sizes {
     num_layers: usize,
@@ -248,18 +315,12 @@ struct Sizes {
     head_dim: usize,
 }
 
-/// `block_count` (mixture-of-experts refused, at most one layer per tensor), the
+/// `block_count` (at most one layer per tensor), the
 /// embedding and feed-forward lengths, the head counts (KV heads dividing the query
 /// heads) and the head dim: the key length, else the embedding over the heads; the value
 /// length must match it, and it must be even.
 fn parse_sizes(m: &Meta<'_>) -> Result<Sizes> {
     let k = |s: &str| m.key(s);
-    if let Some(n) = m.opt_usize(&k("expert_count"))?.filter(|&n| n > 0) {
-        return Err(m.err(format!(
-            "`{}` = {n}: mixture-of-experts models are not supported",
-            k("expert_count")
-        )));
-    }
     let num_layers = m.positive(&k("block_count"))?;
     // Every layer has several tensors: a corrupt count must not size the plan.
     if num_layers > m.file.tensors().len() {

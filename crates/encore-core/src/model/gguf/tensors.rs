@@ -6,11 +6,11 @@
 use std::collections::HashSet;
 
 use super::config::{gguf_arch, ROPE_FREQS};
-use super::reader::GgufFile;
+use super::reader::{GgufFile, TensorInfo};
 use crate::error::{Error, Result};
 use crate::model::config::{Arch, ModelConfig};
-pub use crate::model::decl::gguf_name;
 use crate::model::decl::TensorSpec;
+pub use crate::model::decl::{gguf_name, gguf_source};
 use crate::model::formats::WeightFormats;
 use encore_backend::quant::QuantFormat;
 
@@ -47,6 +47,8 @@ pub struct GgufWeights {
     file: GgufFile,
     /// Heads of q and of k whose rows llama.cpp interleaved (architecture `llama`).
     permuted_heads: Option<(usize, usize)>,
+    /// Experts per stacked `*_exps` tensor (0 without experts).
+    experts: usize,
 }
 
 impl GgufWeights {
@@ -56,7 +58,54 @@ impl GgufWeights {
         Ok(GgufWeights {
             file,
             permuted_heads,
+            experts: cfg.moe.as_ref().map_or(0, |m| m.num_experts),
         })
+    }
+
+    /// The GGUF tensor holding HF tensor `spec` and its bytes (one expert's slice of a
+    /// stacked tensor), after checking the tensor's shape: `spec`'s, `[experts, ..spec]`
+    /// for an expert, or `spec`'s without a leading 1 (llama.cpp stores Qwen2-MoE's
+    /// `[1, hidden]` shared-expert gate as a vector).
+    fn locate(&self, spec: &TensorSpec) -> Result<(String, &TensorInfo, &[u8])> {
+        let (name, expert) = gguf_source(&spec.name)
+            .ok_or_else(|| self.err(&spec.name, "has no GGUF counterpart".into()))?;
+        let info = self
+            .file
+            .tensor(&name)
+            .ok_or_else(|| self.err(&spec.name, format!("is missing: no GGUF tensor `{name}`")))?;
+        let shape = info.shape();
+        let (fits, expected) = match expert {
+            Some(x) => {
+                let mut want = vec![self.experts];
+                want.extend(&spec.shape);
+                (shape == want && x < self.experts, want)
+            }
+            None => {
+                let flat = spec.shape.first() == Some(&1) && shape == spec.shape[1..];
+                (shape == spec.shape || flat, spec.shape.clone())
+            }
+        };
+        if !fits {
+            let whose = expert.map_or(String::new(), |x| format!(" (expert {x})"));
+            return Err(self.err(
+                &spec.name,
+                format!(
+                    "GGUF tensor `{name}`{whose} has dims {:?} (shape {shape:?}), expected \
+                     shape {expected:?}",
+                    info.dims
+                ),
+            ));
+        }
+        let bytes = self.file.tensor_bytes(info);
+        let bytes = match expert {
+            // Whole rows of whole blocks: each expert's slice is an equal share.
+            Some(x) => {
+                let each = bytes.len() / self.experts;
+                &bytes[x * each..(x + 1) * each]
+            }
+            None => bytes,
+        };
+        Ok((name, info, bytes))
     }
 
     pub fn file(&self) -> &GgufFile {
@@ -76,22 +125,7 @@ impl GgufWeights {
     pub fn validate(&self, specs: &[&TensorSpec]) -> Result<()> {
         let mut used = HashSet::new();
         for spec in specs {
-            let name = gguf_name(&spec.name)
-                .ok_or_else(|| self.err(&spec.name, "has no GGUF counterpart".into()))?;
-            let info = self.file.tensor(&name).ok_or_else(|| {
-                self.err(&spec.name, format!("is missing: no GGUF tensor `{name}`"))
-            })?;
-            if info.shape() != spec.shape {
-                return Err(self.err(
-                    &spec.name,
-                    format!(
-                        "GGUF tensor `{name}` has dims {:?} (shape {:?}), expected shape {:?}",
-                        info.dims,
-                        info.shape(),
-                        spec.shape
-                    ),
-                ));
-            }
+            let (name, info, _) = self.locate(spec)?;
             if !info.ggml_type.is_supported() {
                 return Err(Error::Weights {
                     tensor: name.clone(),
@@ -151,19 +185,10 @@ impl GgufWeights {
 
     /// The values of HF tensor `spec` in HF layout, as f32.
     pub fn tensor_f32(&self, spec: &TensorSpec) -> Result<Vec<f32>> {
-        let name = gguf_name(&spec.name)
-            .ok_or_else(|| self.err(&spec.name, "has no GGUF counterpart".into()))?;
-        let values = self.file.tensor_f32(&name)?;
-        if values.len() != spec.numel() {
-            return Err(self.err(
-                &spec.name,
-                format!(
-                    "GGUF `{name}` has {} elements, expected {}",
-                    values.len(),
-                    spec.numel()
-                ),
-            ));
-        }
+        let (name, info, bytes) = self.locate(spec)?;
+        let mut values = vec![0f32; spec.numel()];
+        super::quants::dequantize(info.ggml_type, bytes, &mut values)
+            .map_err(|what| self.err(&spec.name, format!("GGUF tensor `{name}`: {what}")))?;
         let heads = match self.permuted_heads {
             Some((q, _)) if spec.name.contains(".q_proj.") => q,
             Some((_, k)) if spec.name.contains(".k_proj.") => k,
@@ -178,16 +203,10 @@ impl GgufWeights {
     /// in the block format `fmt` (`None` when it stores another type: the caller decodes
     /// and quantizes).
     pub fn tensor_blocks(&self, spec: &TensorSpec, fmt: QuantFormat) -> Result<Option<Vec<u8>>> {
-        let name = gguf_name(&spec.name)
-            .ok_or_else(|| self.err(&spec.name, "has no GGUF counterpart".into()))?;
-        let info = self
-            .file
-            .tensor(&name)
-            .ok_or_else(|| self.err(&spec.name, format!("is missing: no GGUF tensor `{name}`")))?;
+        let (_, info, bytes) = self.locate(spec)?;
         if info.ggml_type.quant_format() != Some(fmt) {
             return Ok(None);
         }
-        let bytes = self.file.tensor_bytes(info);
         let rows = spec.shape[0];
         let heads = match self.permuted_heads {
             Some((q, _)) if spec.name.contains(".q_proj.") => q,

@@ -94,6 +94,14 @@ impl GgufWriter {
             if let Some(n) = moe.shared_expert_intermediate {
                 self.kv(&format!("{a}.expert_shared_feed_forward_length"), u(n));
             }
+            // llama.cpp renormalises the top k for Mixtral and Qwen3-MoE, not Qwen2-MoE;
+            // a config that differs says so.
+            if moe.norm_topk_prob != (cfg.arch != Arch::Qwen2Moe) {
+                self.kv(
+                    &format!("{a}.expert_weights_norm"),
+                    Value::Bool(moe.norm_topk_prob),
+                );
+            }
         }
         self
     }

@@ -173,6 +173,12 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "dequant_q8_0_bf16",
             "dequant_q8_0_f16",
             "dequant_q8_0_f32",
+            "qmoe_gate_up_q8_0_bf16",
+            "qmoe_gate_up_q8_0_f16",
+            "qmoe_gate_up_q8_0_f32",
+            "qmoe_down_q8_0_bf16",
+            "qmoe_down_q8_0_f16",
+            "qmoe_down_q8_0_f32",
             "qmma_q8_0_bf16_bf16_bm32",
             "qmma_q8_0_bf16_bf16_bm64",
             "qmma_q8_0_bf16_bf16_bm128",
@@ -217,6 +223,12 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "dequant_q4_0_bf16",
             "dequant_q4_0_f16",
             "dequant_q4_0_f32",
+            "qmoe_gate_up_q4_0_bf16",
+            "qmoe_gate_up_q4_0_f16",
+            "qmoe_gate_up_q4_0_f32",
+            "qmoe_down_q4_0_bf16",
+            "qmoe_down_q4_0_f16",
+            "qmoe_down_q4_0_f32",
             "qmma_q4_0_bf16_bf16_bm32",
             "qmma_q4_0_bf16_bf16_bm64",
             "qmma_q4_0_bf16_bf16_bm128",
@@ -261,6 +273,12 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "dequant_q4_1_bf16",
             "dequant_q4_1_f16",
             "dequant_q4_1_f32",
+            "qmoe_gate_up_q4_1_bf16",
+            "qmoe_gate_up_q4_1_f16",
+            "qmoe_gate_up_q4_1_f32",
+            "qmoe_down_q4_1_bf16",
+            "qmoe_down_q4_1_f16",
+            "qmoe_down_q4_1_f32",
             "qmma_q4_1_bf16_bf16_bm32",
             "qmma_q4_1_bf16_bf16_bm64",
             "qmma_q4_1_bf16_bf16_bm128",
@@ -305,6 +323,12 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "dequant_q5_0_bf16",
             "dequant_q5_0_f16",
             "dequant_q5_0_f32",
+            "qmoe_gate_up_q5_0_bf16",
+            "qmoe_gate_up_q5_0_f16",
+            "qmoe_gate_up_q5_0_f32",
+            "qmoe_down_q5_0_bf16",
+            "qmoe_down_q5_0_f16",
+            "qmoe_down_q5_0_f32",
             "qmma_q5_0_bf16_bf16_bm32",
             "qmma_q5_0_bf16_bf16_bm64",
             "qmma_q5_0_bf16_bf16_bm128",
@@ -349,6 +373,12 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "dequant_q5_1_bf16",
             "dequant_q5_1_f16",
             "dequant_q5_1_f32",
+            "qmoe_gate_up_q5_1_bf16",
+            "qmoe_gate_up_q5_1_f16",
+            "qmoe_gate_up_q5_1_f32",
+            "qmoe_down_q5_1_bf16",
+            "qmoe_down_q5_1_f16",
+            "qmoe_down_q5_1_f32",
             "qmma_q5_1_bf16_bf16_bm32",
             "qmma_q5_1_bf16_bf16_bm64",
             "qmma_q5_1_bf16_bf16_bm128",
@@ -393,6 +423,12 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "dequant_q4_k_bf16",
             "dequant_q4_k_f16",
             "dequant_q4_k_f32",
+            "qmoe_gate_up_q4_k_bf16",
+            "qmoe_gate_up_q4_k_f16",
+            "qmoe_gate_up_q4_k_f32",
+            "qmoe_down_q4_k_bf16",
+            "qmoe_down_q4_k_f16",
+            "qmoe_down_q4_k_f32",
             "qmma_q4_k_bf16_bf16_bm32",
             "qmma_q4_k_bf16_bf16_bm64",
             "qmma_q4_k_bf16_bf16_bm128",
@@ -437,6 +473,12 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "dequant_q5_k_bf16",
             "dequant_q5_k_f16",
             "dequant_q5_k_f32",
+            "qmoe_gate_up_q5_k_bf16",
+            "qmoe_gate_up_q5_k_f16",
+            "qmoe_gate_up_q5_k_f32",
+            "qmoe_down_q5_k_bf16",
+            "qmoe_down_q5_k_f16",
+            "qmoe_down_q5_k_f32",
             "qmma_q5_k_bf16_bf16_bm32",
             "qmma_q5_k_bf16_bf16_bm64",
             "qmma_q5_k_bf16_bf16_bm128",
@@ -481,6 +523,12 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "dequant_q6_k_bf16",
             "dequant_q6_k_f16",
             "dequant_q6_k_f32",
+            "qmoe_gate_up_q6_k_bf16",
+            "qmoe_gate_up_q6_k_f16",
+            "qmoe_gate_up_q6_k_f32",
+            "qmoe_down_q6_k_bf16",
+            "qmoe_down_q6_k_f16",
+            "qmoe_down_q6_k_f32",
             "qmma_q6_k_bf16_bf16_bm32",
             "qmma_q6_k_bf16_bf16_bm64",
             "qmma_q6_k_bf16_bf16_bm128",
@@ -525,6 +573,12 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "dequant_fp8_bf16",
             "dequant_fp8_f16",
             "dequant_fp8_f32",
+            "qmoe_gate_up_fp8_bf16",
+            "qmoe_gate_up_fp8_f16",
+            "qmoe_gate_up_fp8_f32",
+            "qmoe_down_fp8_bf16",
+            "qmoe_down_fp8_f16",
+            "qmoe_down_fp8_f32",
             "qmma_fp8_bf16_bf16_bm32",
             "qmma_fp8_bf16_bf16_bm64",
             "qmma_fp8_bf16_bf16_bm128",
@@ -770,13 +824,10 @@ pub(super) fn moe(
         ));
     }
     for (name, w) in [("gate_up", a.gate_up), ("down", a.down)] {
-        if w.dtype().is_quantized() {
+        if w.dtype().is_quantized() && !aligned16(w) {
             return Err(Error::invalid(
                 OP,
-                format!(
-                    "{name} is {}: quantized experts do not run on CUDA yet",
-                    w.dtype()
-                ),
+                format!("a quantized {name} must start 16-byte aligned"),
             ));
         }
     }
@@ -819,31 +870,81 @@ pub(super) fn moe(
             .filter(|&v| v <= 65_535)
             .ok_or_else(|| Error::invalid(OP, format!("{v} {what} (at most 65535)")))
     };
-    be.launch(
-        k.moe_gate_up.get(dt)?,
-        cfg(
-            (
-                grid_x(OP, "inter", d.inter.div_ceil(MOE_WARPS))?,
-                grid_y("(token, expert) pairs", pairs)?,
-                1,
+    // A quantized expert tensor's x (x, then the scratch) is read in 16-byte pieces.
+    let x_aligned = |w: &Tensor, x: &Tensor| {
+        if aligned16(x) {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                OP,
+                format!(
+                    "{} experts need a 16-byte aligned input",
+                    w.dtype().kernel_suffix()
+                ),
+            ))
+        }
+    };
+    if let DType::Q(fmt) = a.gate_up.dtype() {
+        x_aligned(a.gate_up, a.x)?;
+        x_aligned(a.gate_up, a.scratch)?;
+        let (g, per_cta) = quant::moe_groups(fmt, d.hidden);
+        be.launch(
+            k.qmoe_gate_up[quant::format_slot(fmt)].get(dt)?,
+            cfg(
+                (
+                    grid_x(OP, "inter", d.inter.div_ceil(per_cta))?,
+                    grid_y("(token, expert) pairs", pairs)?,
+                    1,
+                ),
+                threads,
             ),
-            threads,
-        ),
-        &mut args![x, w, ids, act, hidden, inter, experts, top_k, vec_in],
-    )?;
+            &mut args![x, w, ids, act, hidden, inter, experts, top_k, g],
+        )?;
+    } else {
+        be.launch(
+            k.moe_gate_up.get(dt)?,
+            cfg(
+                (
+                    grid_x(OP, "inter", d.inter.div_ceil(MOE_WARPS))?,
+                    grid_y("(token, expert) pairs", pairs)?,
+                    1,
+                ),
+                threads,
+            ),
+            &mut args![x, w, ids, act, hidden, inter, experts, top_k, vec_in],
+        )?;
+    }
     let (down, out) = (dptr(a.down), dptr(a.out));
-    be.launch(
-        k.moe_down.get(dt)?,
-        cfg(
-            (
-                grid_x(OP, "hidden", d.hidden.div_ceil(MOE_WARPS))?,
-                grid_y("tokens", d.n)?,
-                1,
+    if let DType::Q(fmt) = a.down.dtype() {
+        x_aligned(a.down, a.scratch)?;
+        // Two outputs per lane group, the lane groups of one warp per CTA.
+        let (g, _) = quant::moe_groups(fmt, d.inter);
+        be.launch(
+            k.qmoe_down[quant::format_slot(fmt)].get(dt)?,
+            cfg(
+                (
+                    grid_x(OP, "hidden", d.hidden.div_ceil(2 * 32 / g as usize))?,
+                    grid_y("tokens", d.n)?,
+                    1,
+                ),
+                threads,
             ),
-            threads,
-        ),
-        &mut args![act, down, ids, wts, out, hidden, inter, experts, top_k, vec_down],
-    )
+            &mut args![act, down, ids, wts, out, hidden, inter, experts, top_k, g],
+        )
+    } else {
+        be.launch(
+            k.moe_down.get(dt)?,
+            cfg(
+                (
+                    grid_x(OP, "hidden", d.hidden.div_ceil(MOE_WARPS))?,
+                    grid_y("tokens", d.n)?,
+                    1,
+                ),
+                threads,
+            ),
+            &mut args![act, down, ids, wts, out, hidden, inter, experts, top_k, vec_down],
+        )
+    }
 }
 
 /// `x += sigmoid(gate) * y` (`moe_shared_add`): Qwen2-MoE's shared expert.

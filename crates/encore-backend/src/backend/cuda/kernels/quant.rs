@@ -35,6 +35,22 @@ fn units_per_block(fmt: QuantFormat) -> usize {
     }
 }
 
+/// The lane groups of `qmoe_*` (common.cuh) for rows of k values: lanes per group (the
+/// row's units rounded up to a power of two, at most 32) and groups per 256-thread CTA.
+pub(in crate::backend::cuda) fn moe_groups(fmt: QuantFormat, k: usize) -> (i32, usize) {
+    let units = k / fmt.block_elems() * units_per_block(fmt);
+    let g = units.next_power_of_two().clamp(1, 32);
+    (g as i32, 256 / g)
+}
+
+/// The handle slot of `fmt` (`QuantFormat::ALL`'s order, as the handles are resolved).
+pub(in crate::backend::cuda) fn format_slot(fmt: QuantFormat) -> usize {
+    QuantFormat::ALL
+        .iter()
+        .position(|&f| f == fmt)
+        .expect("QuantFormat::ALL holds every format")
+}
+
 /// Rows up to which the quantized gemv runs by default: 2 for the K-quants, 4 for the
 /// others. Its 4- and 8-row variants decode in f32 and do 4 or 8 FMAs a weight in CUDA
 /// cores, so they are bound by arithmetic, the K-quants' most: on the H100 an 8B step took
