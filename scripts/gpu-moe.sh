@@ -10,7 +10,7 @@
 #   peerbuild llama.cpp's llama-bench from .gpu/llama.cpp-src.tar.xz (about 5 minutes),
 #             beside the GGUF writing;
 #   peer      llama-bench -fa 1 on the same GGUF files.
-# Logs under $OUT.
+# GGUF_TYPES narrows the files (default "q4_k_m q8_0"). Logs under $OUT.
 #   usage: OUT=... bash scripts/gpu-moe.sh tests,peerbuild,write  then  gguf,peer  (one warm lease)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,13 +63,13 @@ if has bench; then
 fi
 if has write || has gguf || has peer; then
   mkdir -p $G
-  for t in q4_k_m q8_0; do
+  for t in ${GGUF_TYPES:-q4_k_m q8_0}; do
     [ -f $G/30b-$t.gguf ] || .moe/dummy_gguf qwen3-30b-a3b $t $G/30b-$t.gguf >"$OUT/gguf-$t.txt" 2>&1
     echo "== gguf $t: $(tail -1 "$OUT/gguf-$t.txt")"
   done
 fi
 if has gguf; then
-  for t in q4_k_m q8_0; do
+  for t in ${GGUF_TYPES:-q4_k_m q8_0}; do
     $E info --device cuda --no-self-check --model $G/30b-$t.gguf | grep -E '^(model|  )'
     $E bench decode --device cuda --model $G/30b-$t.gguf --batch 1,8,64 --steps 30 \
       >"$OUT/decode-gguf-$t.txt" 2>&1
@@ -83,7 +83,7 @@ if has peerbuild; then
   wait $bp && echo "== llama-bench built: $($L/build/bin/llama-bench --help >/dev/null 2>&1 && echo ok)"
 fi
 if has peer && build_peer; then
-  for t in q4_k_m q8_0; do
+  for t in ${GGUF_TYPES:-q4_k_m q8_0}; do
     $L/build/bin/llama-bench -m $G/30b-$t.gguf -fa 1 -ngl 99 -p 512,2048 -n 128 -r 3 \
       >"$OUT/llama-bench-$t.txt" 2>&1
     echo "== llama-bench $t"; tail -6 "$OUT/llama-bench-$t.txt"

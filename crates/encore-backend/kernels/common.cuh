@@ -808,28 +808,19 @@ __device__ __forceinline__ void qmma_store_w(T* sB, int stage, const typename F:
     for (int i = 0; i < 32; i += 8) store_vec(b + i, v + i);
 }
 
-template <class F, typename T, typename OutT, int BM>
-__device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
-                                          const unsigned char* __restrict__ w,
-                                          const T* __restrict__ bias, OutT* __restrict__ out,
-                                          float* __restrict__ ws, int m_rows, int n_rows,
-                                          int k) {
-    extern __shared__ __align__(16) unsigned char qm_smem[];
-    T* sA = reinterpret_cast<T*>(qm_smem);  // [2][BM][QM_LD]
-    T* sB = sA + 2 * BM * QM_LD;            // [2][QM_BN][QM_LD]
-    constexpr int MT = BM / 32;             // m16 tiles per warp
+// The main loop of qmma_impl and the grouped MoE GEMM (gmoe_impl): k tiles [kt0, kt1) of
+// this CTA's x tile (`load_x(stage, kt)` issues its cp.async copies and commits them) by
+// the 128 w rows whose thread row (threadIdx.x / 2) is `wrow`, accumulated into `acc` in
+// the mma fragment layout (warp (wm, wn): rows wm BM / 2 + mt 16 + g (+ 8), columns wn 32 +
+// nt 8 + 2 t4 (+ 1)).
+template <class F, typename T, int BM, class LoadX>
+__device__ __forceinline__ void qmma_core(T* sA, T* sB, LoadX load_x,
+                                          const unsigned char* __restrict__ wrow, int k, int kt0,
+                                          int kt1, float (&acc)[BM / 32][4][4]) {
+    constexpr int MT = BM / 32;  // m16 tiles per warp
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm = warp >> 2, wn = warp & 3;
-    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * QM_BN;
-    const int ktiles = (k + QM_BK - 1) / QM_BK;
-    const int kt0 = (int)((long long)ktiles * blockIdx.z / gridDim.z);
-    const int kt1 = (int)((long long)ktiles * (blockIdx.z + 1) / gridDim.z);
     const int nb = k / F::BE;
-    // Rows past the end decode the last row (never written out).
-    const unsigned char* wrow =
-        w + (long long)min(n0 + (int)(threadIdx.x >> 1), n_rows - 1) * q_row_bytes<F>(k);
-
-    float acc[MT][4][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -857,7 +848,7 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
         if (kt < kt1 && gi < groups) F::load32(wrow, nb, gi, raw);
     };
     if (kt0 < kt1) {
-        qmma_load_x<T, BM>(sA, 0, kt0, x, m0, m_rows, k);
+        load_x(0, kt0);
         load_w(kt0, ra);
         load_w(kt0 + 1, rb);
         qmma_store_w<F, T>(sB, 0, ra, 2 * kt0 + gsel, groups);
@@ -870,7 +861,7 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
     auto step = [&](int kt, typename F::Raw& cur) {
         const int s = (kt - kt0) & 1;
         const bool next = kt + 1 < kt1;
-        if (next) qmma_load_x<T, BM>(sA, s ^ 1, kt + 1, x, m0, m_rows, k);
+        if (next) load_x(s ^ 1, kt + 1);
         const unsigned int ab = a_sh + s * BM * QM_LD * 2 + a_off;
         const unsigned int bb = b_sh + s * QM_BN * QM_LD * 2 + b_off;
 #pragma unroll
@@ -901,6 +892,32 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
         step(kt, rb);
         if (kt + 1 < kt1) step(kt + 1, ra);
     }
+}
+
+template <class F, typename T, typename OutT, int BM>
+__device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
+                                          const unsigned char* __restrict__ w,
+                                          const T* __restrict__ bias, OutT* __restrict__ out,
+                                          float* __restrict__ ws, int m_rows, int n_rows,
+                                          int k) {
+    extern __shared__ __align__(16) unsigned char qm_smem[];
+    T* sA = reinterpret_cast<T*>(qm_smem);  // [2][BM][QM_LD]
+    T* sB = sA + 2 * BM * QM_LD;            // [2][QM_BN][QM_LD]
+    constexpr int MT = BM / 32;             // m16 tiles per warp
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * QM_BN;
+    const int ktiles = (k + QM_BK - 1) / QM_BK;
+    const int kt0 = (int)((long long)ktiles * blockIdx.z / gridDim.z);
+    const int kt1 = (int)((long long)ktiles * (blockIdx.z + 1) / gridDim.z);
+    // Rows past the end decode the last row (never written out).
+    const unsigned char* wrow =
+        w + (long long)min(n0 + (int)(threadIdx.x >> 1), n_rows - 1) * q_row_bytes<F>(k);
+    float acc[MT][4][4];
+    auto load_x = [&](int stage, int kt) {
+        qmma_load_x<T, BM>(sA, stage, kt, x, m0, m_rows, k);
+    };
+    qmma_core<F, T, BM>(sA, sB, load_x, wrow, k, kt0, kt1, acc);
 
     const int g = lane >> 2, t4 = lane & 3;
     const bool split = gridDim.z > 1;
@@ -924,6 +941,104 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
                         out[(long long)m * n_rows + n] = from_f32<OutT>(v + b);
                     }
                 }
+        }
+}
+
+// The grouped GEMM of a mixture of experts' layer (prefill and large batches): moe_align
+// (moe.cu) has sorted the (token, expert) pairs by expert into `sorted`, each expert's run
+// padded to a multiple of BM with -1, and written each BM-row tile's expert to
+// `tile_expert` (-1: an unused tile). CTA (x, tile) multiplies the tile's rows of x by 128
+// rows of its expert, as qmma does (decode in shared memory, mma.sync), so an expert's
+// weights are read once per tile of its pairs rather than once per pair.
+//   SILU (gate/up): x rows are tokens (pair / top_k), the CTA's 128 rows are 64 gate rows
+//     j0.. and the 64 matching up rows of expert e (rows e I + j, (E + e) I + j), laid out so
+//     that each thread holds a gate column and its up column (n8 tiles alternate gate, up),
+//     and act[pair, j] = silu(round_T(g)) * round_T(u), rounded to T.
+//   else (down): x rows are pairs (act), the rows h0.. of expert e (e H + h), and
+//     y[pair, h] = round_T(dot); moe_combine sums the slots.
+template <class F, typename T, int BM, bool SILU>
+__device__ __forceinline__ void gmoe_impl(const T* __restrict__ x,
+                                          const unsigned char* __restrict__ w,
+                                          const int* __restrict__ sorted,
+                                          const int* __restrict__ tile_expert,
+                                          T* __restrict__ out, int k, int n_out, int experts,
+                                          int top_k) {
+    extern __shared__ __align__(16) unsigned char qm_smem[];
+    const int tile = blockIdx.y;
+    const int e = tile_expert[tile];
+    if (e < 0 || e >= experts) return;
+    T* sA = reinterpret_cast<T*>(qm_smem);
+    T* sB = sA + 2 * BM * QM_LD;
+    constexpr int MT = BM / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int* rows = sorted + (long long)tile * BM;
+    // This thread's x rows (tile rows threadIdx.x / 8 + 32 i), null for padding.
+    const T* xr[MT];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        const int p = rows[(threadIdx.x >> 3) + 32 * i];
+        const long long xrow = SILU ? p / top_k : p;
+        xr[i] = p >= 0 ? x + xrow * k : nullptr;
+    }
+    const long long row_bytes = q_row_bytes<F>(k);
+    const int nl = threadIdx.x >> 1;
+    long long wr;
+    int n0;
+    if (SILU) {
+        // Tile row nl: warp column wn = nl / 32, its n8 tile q = (nl % 32) / 8 (even: gate).
+        n0 = blockIdx.x * (QM_BN / 2);
+        const int q = (nl & 31) >> 3;
+        const int j = min(n0 + (nl >> 5) * 16 + (q >> 1) * 8 + (nl & 7), n_out - 1);
+        wr = (q & 1) ? (long long)(experts + e) * n_out + j : (long long)e * n_out + j;
+    } else {
+        n0 = blockIdx.x * QM_BN;
+        wr = (long long)e * n_out + min(n0 + nl, n_out - 1);
+    }
+    float acc[MT][4][4];
+    auto load_x = [&](int stage, int kt) {
+        T* a = sA + stage * BM * QM_LD;
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            const int c = threadIdx.x + i * QM_THREADS;
+            const int r = c >> 3, part = c & 7;
+            const int kk = kt * QM_BK + part * 8;
+            const bool ok = xr[i] != nullptr && kk < k;
+            cp_async16(a + r * QM_LD + part * 8, ok ? xr[i] + kk : x, ok);
+        }
+        cp_async_commit();
+    };
+    const int ktiles = (k + QM_BK - 1) / QM_BK;
+    qmma_core<F, T, BM>(sA, sB, load_x, w + wr * row_bytes, k, 0, ktiles, acc);
+
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int p = rows[wm * (BM / 2) + mt * 16 + g + 8 * h];
+            if (p < 0) continue;
+            if (SILU) {
+#pragma unroll
+                for (int np = 0; np < 2; ++np)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int j = n0 + wn * 16 + np * 8 + 2 * t4 + c;
+                        if (j >= n_out) continue;
+                        const float gv = to_f32(from_f32<T>(acc[mt][2 * np][2 * h + c]));
+                        const float uv = to_f32(from_f32<T>(acc[mt][2 * np + 1][2 * h + c]));
+                        out[(long long)p * n_out + j] = from_f32<T>(silu_mul_f32(gv, uv));
+                    }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int n = n0 + wn * 32 + nt * 8 + 2 * t4 + c;
+                        if (n < n_out)
+                            out[(long long)p * n_out + n] = from_f32<T>(acc[mt][nt][2 * h + c]);
+                    }
+            }
         }
 }
 
@@ -1017,6 +1132,25 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
         pdl_enter();                                                                            \
         qmoe_down_impl<F, T>(act, down, ids, weights, out, hidden, inter, experts, top_k, g);   \
     }
+// The grouped MoE GEMM (gmoe_impl) for x in T and BM-row tiles: gate/up + SiLU, and down.
+#define GMOE_ONE(F, FN, T, TN, BM)                                                           \
+    extern "C" __global__ void __launch_bounds__(QM_THREADS, (BM) <= 64 ? 2 : 1)              \
+        gmoe_gate_up_##FN##_##TN##_bm##BM(const T* x, const unsigned char* w,                 \
+                                          const int* sorted, const int* tile_expert, T* out,  \
+                                          int k, int n_out, int experts, int top_k) {         \
+        pdl_enter();                                                                          \
+        gmoe_impl<F, T, BM, true>(x, w, sorted, tile_expert, out, k, n_out, experts, top_k);  \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(QM_THREADS, (BM) <= 64 ? 2 : 1)              \
+        gmoe_down_##FN##_##TN##_bm##BM(const T* x, const unsigned char* w,                    \
+                                       const int* sorted, const int* tile_expert, T* out,     \
+                                       int k, int n_out, int experts, int top_k) {            \
+        pdl_enter();                                                                          \
+        gmoe_impl<F, T, BM, false>(x, w, sorted, tile_expert, out, k, n_out, experts, top_k); \
+    }
+#define GMOE(F, FN, T, TN)                                                                   \
+    GMOE_ONE(F, FN, T, TN, 32)                                                                \
+    GMOE_ONE(F, FN, T, TN, 64)
 #define QUANT_KERNELS(F, FN)                                                                 \
     QMMA_ALL(F, FN)                                                                           \
     QGEMV_ALL_M(F, FN, bf16, bf16, bf16, bf16)                                                \
@@ -1032,4 +1166,6 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
     QDEQUANT(F, FN, float, f32)                                                               \
     QMOE(F, FN, bf16, bf16)                                                                   \
     QMOE(F, FN, f16, f16)                                                                     \
-    QMOE(F, FN, float, f32)
+    QMOE(F, FN, float, f32)                                                                   \
+    GMOE(F, FN, bf16, bf16)                                                                   \
+    GMOE(F, FN, f16, f16)

@@ -202,3 +202,110 @@ __device__ __forceinline__ void moe_shared_add_impl(T* __restrict__ x, const T* 
 MOE_KERNELS(bf16, bf16)
 MOE_KERNELS(f16, f16)
 MOE_KERNELS(f32, float)
+
+// ---------------------------------------------------------------------------------------
+// The grouped path (prefill and large batches; common.cuh's gmoe_impl): moe_align sorts the
+// (token, expert) pairs by expert into BM-row tiles, the grouped GEMMs run each tile on the
+// tensor cores, moe_combine sums each token's slots.
+//
+// moe_align: one CTA of 1024 threads. Counts the pairs of each expert, lays the experts'
+// runs out in expert order, each padded to a multiple of bm (tile t's expert in
+// tile_expert[t], -1 past the last), and scatters each pair's index into its expert's run
+// (sorted[], -1 in the padding). The order within a run depends on the atomics, but no
+// result does: each output row of the GEMMs depends on its own row alone.
+#define MOE_ALIGN_THREADS 1024
+extern "C" __global__ void __launch_bounds__(MOE_ALIGN_THREADS)
+    moe_align(const int* __restrict__ ids, int pairs, int experts, int bm, int* __restrict__ sorted,
+              int sorted_len, int* __restrict__ tile_expert, int max_tiles) {
+    pdl_enter();
+    __shared__ int count[32 * MOE_PER_LANE];
+    __shared__ int cursor[32 * MOE_PER_LANE];
+    const int tid = threadIdx.x;
+    for (int e = tid; e < experts; e += MOE_ALIGN_THREADS) count[e] = 0;
+    for (int i = tid; i < sorted_len; i += MOE_ALIGN_THREADS) sorted[i] = -1;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += MOE_ALIGN_THREADS) {
+        const int e = ids[p];
+        if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int off = 0;
+        for (int e = 0; e < experts; ++e) {
+            cursor[e] = off;
+            const int tiles = (count[e] + bm - 1) / bm;
+            for (int t = 0; t < tiles; ++t) tile_expert[off / bm + t] = e;
+            off += tiles * bm;
+        }
+        for (int t = off / bm; t < max_tiles; ++t) tile_expert[t] = -1;
+    }
+    __syncthreads();
+    for (int p = tid; p < pairs; p += MOE_ALIGN_THREADS) {
+        const int e = ids[p];
+        if (e >= 0 && e < experts) sorted[atomicAdd(&cursor[e], 1)] = p;
+    }
+}
+
+// moe_combine: out[t, h] = sum over the slots s in order of w[t, s] * y[t top_k + s, h] in
+// f32 (y holds each pair's down product, rounded to T), rounded once; an expert id out of
+// range contributes nothing. One thread per output element.
+template <typename T>
+__device__ __forceinline__ void moe_combine_impl(const T* __restrict__ y,
+                                                 const int* __restrict__ ids,
+                                                 const float* __restrict__ weights,
+                                                 T* __restrict__ out, long long total, int hidden,
+                                                 int experts, int top_k) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const long long t = i / hidden, h = i - t * hidden;
+    float acc = 0.0f;
+    for (int s = 0; s < top_k; ++s) {
+        const long long p = t * top_k + s;
+        const int e = ids[p];
+        if (e >= 0 && e < experts) acc = fmaf(weights[p], to_f32(y[p * hidden + h]), acc);
+    }
+    out[i] = from_f32<T>(acc);
+}
+
+// Dense experts through the grouped GEMM: a pseudo-format whose "blocks" are 32 values of T
+// (no scale bytes), so a row is its 32 k / 32 values and gmoe_impl decodes nothing.
+template <typename T> struct QFormatDense {
+    static constexpr int BE = 32, QB = 32 * (int)sizeof(T), SB = 0;
+    struct Raw {
+        uint4 q[QB / 16];
+    };
+    static __device__ __forceinline__ void load32(const unsigned char* row, int nb, int gi,
+                                                  Raw& r) {
+#pragma unroll
+        for (int i = 0; i < QB / 16; ++i)
+            r.q[i] = __ldg(reinterpret_cast<const uint4*>(row + gi * QB + 16 * i));
+    }
+    static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
+        constexpr int V = 16 / (int)sizeof(T);
+#pragma unroll
+        for (int i = 0; i < QB / 16; ++i) Ty<T>::unpack(r.q[i], v + V * i);
+    }
+    // bf16 values are their own bf16 pairs.
+    static __device__ __forceinline__ void decode_bf16(const Raw& r, int gi, unsigned int (&o)[16]) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) o[4 * i + j] = q_word(r.q[i], j);
+    }
+};
+template <> struct QDecodeBf16<QFormatDense<bf16>> {
+    static constexpr bool value = true;
+};
+
+#define MOE_GROUPED(TN, T)                                                                   \
+    extern "C" __global__ void moe_combine_##TN(const T* y, const int* ids, const float* weights, \
+                                                T* out, long long total, int hidden,          \
+                                                int experts, int top_k) {                     \
+        pdl_enter();                                                                          \
+        moe_combine_impl<T>(y, ids, weights, out, total, hidden, experts, top_k);             \
+    }
+MOE_GROUPED(bf16, bf16)
+MOE_GROUPED(f16, f16)
+MOE_GROUPED(f32, float)
+GMOE(QFormatDense<bf16>, dense, bf16, bf16)
+GMOE(QFormatDense<f16>, dense, f16, f16)

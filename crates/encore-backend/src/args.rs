@@ -325,6 +325,10 @@ pub struct Moe<'a> {
     /// T `[n * top_k, I]`: scratch for the chosen experts' activations (a backend may
     /// leave it unused).
     pub scratch: &'a Tensor,
+    /// Device workspace of at least [`crate::Backend::moe_workspace_bytes`] bytes for
+    /// these `n` rows (any dtype; the CUDA backend's grouped GEMM sorts the pairs and
+    /// holds their down products there).
+    pub workspace: &'a Tensor,
 }
 
 impl Moe<'_> {
@@ -339,6 +343,7 @@ impl Moe<'_> {
             ("weights", self.weights),
             ("out", self.out),
             ("scratch", self.scratch),
+            ("workspace", self.workspace),
         ]
     }
 }

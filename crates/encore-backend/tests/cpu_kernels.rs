@@ -729,6 +729,9 @@ fn moe_matches_the_f64_reference() {
         let wts = be.alloc(DType::F32, &[n, k]).unwrap();
         let out = be.alloc(dt, &[n, h]).unwrap();
         let scratch = be.alloc(dt, &[n * k, i]).unwrap();
+        // The CPU backend needs no workspace.
+        assert_eq!(be.moe_workspace_bytes(n, h, e, k, dt), 0);
+        let work = be.alloc(DType::I32, &[1]).unwrap();
         be.moe(&encore_backend::Moe {
             x: &xt,
             logits: &lt,
@@ -740,6 +743,7 @@ fn moe_matches_the_f64_reference() {
             weights: &wts,
             out: &out,
             scratch: &scratch,
+            workspace: &work,
         })
         .unwrap();
         let (got_ids, got_w) = (
@@ -819,6 +823,7 @@ fn moe_breaks_ties_toward_the_lower_expert_and_checks_its_operands() {
     let wts = be.alloc(DType::F32, &[n, 2]).unwrap();
     let out = be.alloc(DType::F32, &[n, h]).unwrap();
     let scratch = be.alloc(DType::F32, &[n * 5, i]).unwrap();
+    let work = be.alloc(DType::I32, &[1]).unwrap();
     let args = |top_k: usize, out: &Tensor, ids: &Tensor| -> Result<(), Error> {
         be.moe(&encore_backend::Moe {
             x: &x,
@@ -831,6 +836,7 @@ fn moe_breaks_ties_toward_the_lower_expert_and_checks_its_operands() {
             weights: &wts,
             out,
             scratch: &scratch.prefix(n * top_k.min(5))?,
+            workspace: &work,
         })
     };
     args(2, &out, &ids).unwrap();

@@ -559,7 +559,8 @@ fn misaligned_x_still_matches_cpu() {
 fn quantized_moe_matches_cpu() {
     let _serial = serial();
     let gpu = cuda();
-    let gpu: &dyn Backend = gpu.as_ref();
+    // The grouped GEMM from one token on (x in bf16 / f16; f32 stays on the pair kernels).
+    let grouped = CudaBackend::new(0).unwrap().with_moe_gemm_min_tokens(1);
     let cpu = CpuBackend::new();
     // (gate/up format, down format, x dtype, tokens, hidden, experts, expert width, top k,
     // all tokens on expert 0)
@@ -618,6 +619,29 @@ fn quantized_moe_matches_cpu() {
             false,
         ),
     ]);
+    // 64-row tiles of the grouped GEMM (over 32 pairs an expert).
+    cases.push((
+        QuantFormat::Q4K,
+        QuantFormat::Q6K,
+        DType::BF16,
+        300,
+        256,
+        4,
+        256,
+        2,
+        false,
+    ));
+    cases.push((
+        QuantFormat::Q5_1,
+        QuantFormat::F8E4M3,
+        DType::F16,
+        90,
+        256,
+        4,
+        128,
+        2,
+        true,
+    ));
     for (c, &(gf, df, dt, n, h, e, i, k, one)) in cases.iter().enumerate() {
         let seed = 1000 + 31 * c as u64;
         let x = values(n * h, seed);
@@ -647,6 +671,8 @@ fn quantized_moe_matches_cpu() {
             let wts = be.alloc(DType::F32, &[n, k]).unwrap();
             let out = be.alloc(dt, &[n, h]).unwrap();
             let scratch = be.alloc(dt, &[n * k, i]).unwrap();
+            let work_len = be.moe_workspace_bytes(n, h, e, k, dt).div_ceil(4).max(1);
+            let work = be.alloc(DType::I32, &[work_len]).unwrap();
             let moe = || {
                 be.moe(&encore_backend::backend::Moe {
                     x: &xt,
@@ -659,6 +685,7 @@ fn quantized_moe_matches_cpu() {
                     weights: &wts,
                     out: &out,
                     scratch: &scratch,
+                    workspace: &work,
                 })
                 .unwrap()
             };
@@ -679,12 +706,18 @@ fn quantized_moe_matches_cpu() {
                 be.download_f32(&out).unwrap(),
             )
         };
-        let (gi, go) = run(gpu, false);
         let (ci, co) = run(&cpu, false);
-        assert_eq!(gi, ci, "{name}: chosen experts");
-        assert_close(&name, &go, &co, dt);
-        let (ri, ro) = run(gpu, true);
-        assert_eq!(ri, gi, "{name}: replayed routing");
-        assert_eq!(ro, go, "{name}: replay against eager");
+        for (path, gpu) in [
+            ("pairs", gpu.as_ref() as &dyn Backend),
+            ("grouped", &grouped),
+        ] {
+            let name = format!("{name}, {path}");
+            let (gi, go) = run(gpu, false);
+            assert_eq!(gi, ci, "{name}: chosen experts");
+            assert_close(&name, &go, &co, dt);
+            let (ri, ro) = run(gpu, true);
+            assert_eq!(ri, gi, "{name}: replayed routing");
+            assert_eq!(ro, go, "{name}: replay against eager");
+        }
     }
 }

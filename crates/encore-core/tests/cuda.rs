@@ -782,7 +782,17 @@ fn moe_matches_cpu_and_replays() {
         (DType::BF16, 33, 72, 60, 24, 4, false),
         (DType::F16, 3, 64, 4, 33, 1, true),
         (DType::BF16, 7, 64, 128, 16, 8, true),
+        // The grouped GEMM's shapes: 32-row tiles, and 64-row tiles (over 32 pairs an
+        // expert), some tiles partly padding.
+        (DType::BF16, 40, 64, 8, 32, 2, true),
+        (DType::F16, 300, 128, 4, 96, 2, false),
+        (DType::BF16, 70, 96, 128, 64, 8, true),
     ];
+    // The same layers on the grouped GEMM from one token on (the default runs it from
+    // MOE_GEMM_MIN_TOKENS; shapes it does not take stay on the pair kernels).
+    let grouped = CudaBackend::new(0)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_moe_gemm_min_tokens(1);
     for (c, &(dt, n, h, e, i, k, renorm)) in cases.iter().enumerate() {
         let s = seed.wrapping_add(100 * c as u64);
         let x = uniform(n * h, s);
@@ -804,6 +814,8 @@ fn moe_matches_cpu_and_replays() {
             let wts = be.alloc(DType::F32, &[n, k]).unwrap();
             let out = be.alloc(dt, &[n, h]).unwrap();
             let scratch = be.alloc(dt, &[n * k, i]).unwrap();
+            let work_len = be.moe_workspace_bytes(n, h, e, k, dt).div_ceil(4).max(1);
+            let work = be.alloc(DType::I32, &[work_len]).unwrap();
             be.moe(&encore_core::backend::Moe {
                 x: &xt,
                 logits: &lt,
@@ -815,6 +827,7 @@ fn moe_matches_cpu_and_replays() {
                 weights: &wts,
                 out: &out,
                 scratch: &scratch,
+                workspace: &work,
             })
             .unwrap();
             (
@@ -823,39 +836,60 @@ fn moe_matches_cpu_and_replays() {
                 be.download_f32(&out).unwrap(),
             )
         };
-        let (gi, gw, go) = run(gpu.as_ref());
         let (ci, cw, co) = run(&cpu);
-        let name = format!("case {c} ({dt}, n={n} h={h} e={e} i={i} k={k}) seed {seed}");
-        assert_eq!(gi, ci, "{name}: chosen experts");
-        for (g, w) in gw.iter().zip(&cw) {
-            assert!(
-                (g - w).abs() <= 1e-6 * w.abs().max(1.0),
-                "{name}: weight {g} vs {w}"
+        for (path, be) in [
+            ("pairs", gpu.as_ref() as &dyn Backend),
+            ("grouped", &grouped),
+        ] {
+            let (gi, gw, go) = run(be);
+            let name =
+                format!("case {c} ({dt}, n={n} h={h} e={e} i={i} k={k}, {path}) seed {seed}");
+            assert_eq!(gi, ci, "{name}: chosen experts");
+            for (g, w) in gw.iter().zip(&cw) {
+                assert!(
+                    (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                    "{name}: weight {g} vs {w}"
+                );
+            }
+            let err = testing::compare::normalized_error(
+                &go.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+                &co.iter().map(|&v| v as f64).collect::<Vec<_>>(),
             );
+            let tol = testing::compare::tolerance(testing::compare::OpClass::Reduction, dt);
+            assert!(err <= tol, "{name}: normalised error {err:.3e} > {tol:.1e}");
         }
-        let err = testing::compare::normalized_error(
-            &go.iter().map(|&v| v as f64).collect::<Vec<_>>(),
-            &co.iter().map(|&v| v as f64).collect::<Vec<_>>(),
-        );
-        let tol = testing::compare::tolerance(testing::compare::OpClass::Reduction, dt);
-        assert!(err <= tol, "{name}: normalised error {err:.3e} > {tol:.1e}");
     }
 
-    // Captured once, replayed on other logits: the graph reads the routing on the device.
-    let (n, h, e, i, k) = (4, 64, 8, 32, 2);
-    let be: &dyn Backend = gpu.as_ref();
-    let xt = be.upload(&uniform(n * h, seed + 7), &[n, h]).unwrap();
+    // Captured once, replayed on other logits: the graph reads the routing on the device
+    // (the pair kernels at 4 tokens, the grouped GEMM's sort and tiles at 40).
+    for (be, n, dt) in [
+        (gpu.as_ref() as &dyn Backend, 4, DType::F32),
+        (&grouped, 40, DType::BF16),
+    ] {
+        replays_on_new_routing(be, n, dt, seed);
+    }
+}
+
+/// One MoE layer of `n` tokens in `dt` captured once and replayed on three other
+/// routings: the routing and the output equal to an eager run of each.
+fn replays_on_new_routing(be: &dyn Backend, n: usize, dt: DType, seed: u64) {
+    let (h, e, i, k) = (64, 8, 32, 2);
+    let xt = be
+        .upload_f32_as(&uniform(n * h, seed + 7), &[n, h], dt)
+        .unwrap();
     let lt = be.alloc(DType::F32, &[n, e]).unwrap();
     let gt = be
-        .upload(&uniform(2 * e * i * h, seed + 8), &[2 * e * i, h])
+        .upload_f32_as(&uniform(2 * e * i * h, seed + 8), &[2 * e * i, h], dt)
         .unwrap();
     let dnt = be
-        .upload(&uniform(e * h * i, seed + 9), &[e * h, i])
+        .upload_f32_as(&uniform(e * h * i, seed + 9), &[e * h, i], dt)
         .unwrap();
     let ids = be.alloc(DType::I32, &[n, k]).unwrap();
     let wts = be.alloc(DType::F32, &[n, k]).unwrap();
-    let out = be.alloc(DType::F32, &[n, h]).unwrap();
-    let scratch = be.alloc(DType::F32, &[n * k, i]).unwrap();
+    let out = be.alloc(dt, &[n, h]).unwrap();
+    let scratch = be.alloc(dt, &[n * k, i]).unwrap();
+    let work_len = be.moe_workspace_bytes(n, h, e, k, dt).div_ceil(4).max(1);
+    let work = be.alloc(DType::I32, &[work_len]).unwrap();
     let moe = || {
         be.moe(&encore_core::backend::Moe {
             x: &xt,
@@ -868,6 +902,7 @@ fn moe_matches_cpu_and_replays() {
             weights: &wts,
             out: &out,
             scratch: &scratch,
+            workspace: &work,
         })
         .unwrap()
     };
@@ -885,18 +920,18 @@ fn moe_matches_cpu_and_replays() {
         graph.replay().unwrap();
         let (replayed_ids, replayed) = (
             be.download::<i32>(&ids).unwrap(),
-            be.download::<f32>(&out).unwrap(),
+            be.download_f32(&out).unwrap(),
         );
         moe();
         assert_eq!(
             be.download::<i32>(&ids).unwrap(),
             replayed_ids,
-            "routing {r}"
+            "{n} tokens, routing {r}"
         );
         assert_eq!(
-            be.download::<f32>(&out).unwrap(),
+            be.download_f32(&out).unwrap(),
             replayed,
-            "routing {r}: replay equals eager"
+            "{n} tokens, routing {r}: replay equals eager"
         );
     }
 }

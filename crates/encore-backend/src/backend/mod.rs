@@ -204,6 +204,21 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Bytes of [`Moe::workspace`] a layer of `n` token rows needs (`hidden` wide, of
+    /// `experts`, `top_k` per row, x in `dtype`); 0 where the backend needs none. Never
+    /// less for more rows, so a buffer sized for the largest step serves every step.
+    fn moe_workspace_bytes(
+        &self,
+        n: usize,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        dtype: DType,
+    ) -> usize {
+        let _ = (n, hidden, experts, top_k, dtype);
+        0
+    }
+
     /// A sparse MLP layer: see [`Moe`]. Each expert's gate and up products are rounded to
     /// T as [`Backend::matmul`] rounds them, its SiLU·mul as [`Backend::silu_mul`], its down
     /// product to T; the weighted sum over the chosen experts is f32, rounded to T once.

@@ -85,6 +85,8 @@ pub struct StepBuffers {
     moe_weights: Tensor,
     /// The chosen experts' activations `[n * top_k, expert_intermediate]`.
     moe_act: Tensor,
+    /// The backend's workspace for a sparse layer (`Backend::moe_workspace_bytes`, as i32).
+    moe_work: Tensor,
     /// Qwen2-MoE's shared expert: its gate/up product and activation, output, and gate
     /// (`[n, 2 S]`, `[n, S]`, `[n, hidden]`, `[n, 1]`); one element each without it.
     shared_gate_up: Tensor,
@@ -192,7 +194,8 @@ impl Model {
         n: usize,
         b: usize,
         scratch_len: usize,
-    ) -> [(DType, Vec<usize>); 21] {
+        moe_work: usize,
+    ) -> [(DType, Vec<usize>); 22] {
         let (_, size) = c.tp_rank();
         let (shard, gathered) = match size {
             1 => (vec![1, 1], vec![1]),
@@ -222,6 +225,7 @@ impl Model {
             (DType::I32, vec![moe_rows, top_k]),
             (DType::F32, vec![moe_rows, top_k]),
             (t, vec![moe_rows * top_k, ei]),
+            (DType::I32, vec![moe_work.div_ceil(4).max(1)]),
             (t, vec![srows, 2 * s]),
             (t, vec![srows, s]),
             (t, vec![srows, sh]),
@@ -263,7 +267,8 @@ impl Model {
         block_size: usize,
     ) -> usize {
         let scratch = Self::scratch_len(cfg, backend, n, b, table_width, block_size);
-        Self::buffer_shapes(cfg, dtype, n, b, scratch)
+        let work = Self::moe_work_bytes(cfg, backend, dtype, n);
+        Self::buffer_shapes(cfg, dtype, n, b, scratch, work)
             .iter()
             .map(|(d, s)| {
                 s.iter()
@@ -272,6 +277,14 @@ impl Model {
                     .unwrap_or(usize::MAX)
             })
             .fold(0usize, usize::saturating_add)
+    }
+
+    /// The backend's workspace bytes for a sparse layer of `n` token rows (0 without
+    /// experts).
+    fn moe_work_bytes(cfg: &ModelConfig, backend: &dyn Backend, dtype: DType, n: usize) -> usize {
+        cfg.moe.as_ref().map_or(0, |m| {
+            backend.moe_workspace_bytes(n, cfg.hidden_size, m.num_experts, m.top_k, dtype)
+        })
     }
 
     /// Attention scratch (f32 elements) for a step of up to `n` token rows and `b`
@@ -310,12 +323,13 @@ impl Model {
                 .entry([n, b, w, bs])
                 .or_insert_with(|| Self::scratch_len(&self.cfg, backend, n, b, w, bs))
         };
-        let mut it = Self::buffer_shapes(&self.cfg, self.dtype(), n, b, scratch)
+        let work = Self::moe_work_bytes(&self.cfg, backend, self.dtype(), n);
+        let mut it = Self::buffer_shapes(&self.cfg, self.dtype(), n, b, scratch, work)
             .into_iter()
             .map(|(d, s)| arena.alloc(d, &s))
             .collect::<Result<Vec<_>>>()?
             .into_iter();
-        let mut next = || it.next().expect("21 buffers");
+        let mut next = || it.next().expect("22 buffers");
         Ok(StepBuffers {
             hidden: next(),
             residual: next(),
@@ -334,6 +348,7 @@ impl Model {
             moe_ids: next(),
             moe_weights: next(),
             moe_act: next(),
+            moe_work: next(),
             shared_gate_up: next(),
             shared_act: next(),
             shared_out: next(),
@@ -450,6 +465,7 @@ impl Model {
                         weights: &buf.moe_weights.prefix(n)?,
                         out: &buf.hidden,
                         scratch: &buf.moe_act.prefix(n * moe.top_k)?,
+                        workspace: &buf.moe_work,
                     })?;
                     // The shared expert (Qwen2-MoE): its MLP, scaled by the sigmoid of its
                     // gate, added to the routed experts' sum.

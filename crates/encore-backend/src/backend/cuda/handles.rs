@@ -145,6 +145,11 @@ pub(super) struct Kernels<K = Kernel> {
     /// path), by [`QUANT_FORMATS`] index.
     pub qmoe_gate_up: [PerDType<K>; 9],
     pub qmoe_down: [PerDType<K>; 9],
+    /// The grouped MoE GEMM: by weight format ([`QUANT_FORMATS`] index, then dense), x in
+    /// bf16 / f16, gate/up then down, [`GMOE_TILES`]; the pairs' sort and the slots' sum.
+    pub gmoe: [[[[K; 2]; 2]; 2]; 10],
+    pub moe_align: K,
+    pub moe_combine: PerDType<K>,
     /// Quantized-weight tensor-core matmul: by [`QUANT_FORMATS`] index, x in bf16 / f16,
     /// out in x's type / f32, then [`QMMA_TILES`].
     pub qmma: [[[[K; 3]; 2]; 2]; 9],
@@ -217,6 +222,19 @@ impl<K> Kernels<K> {
         let dequant = per_format(|f| PerDType::resolve(t, DEQUANT_OPS[f]))?;
         let qmoe_gate_up = per_format(|f| PerDType::resolve(t, QMOE_GATE_UP_OPS[f]))?;
         let qmoe_down = per_format(|f| PerDType::resolve(t, QMOE_DOWN_OPS[f]))?;
+        let mut gmoe_one = |fname: &str| -> Result<[[[K; 2]; 2]; 2]> {
+            let mut one = |x: usize, op: &str| -> Result<[K; 2]> {
+                let xs = DTYPES[x].kernel_suffix();
+                let mut v = |b: usize| t(&format!("gmoe_{op}_{fname}_{xs}_bm{}", GMOE_TILES[b]));
+                Ok([v(0)?, v(1)?])
+            };
+            Ok([
+                [one(0, "gate_up")?, one(0, "down")?],
+                [one(1, "gate_up")?, one(1, "down")?],
+            ])
+        };
+        let [a, b, c, d, e, f, g, h, i] = per_format(|f| gmoe_one(QUANT_FORMATS[f].name()))?;
+        let gmoe = [a, b, c, d, e, f, g, h, i, gmoe_one("dense")?];
         let mut qmma = |f: usize| -> Result<[[[K; 3]; 2]; 2]> {
             let fname = QUANT_FORMATS[f].name();
             let mut one = |x: usize, o: usize| -> Result<[K; 3]> {
@@ -261,6 +279,9 @@ impl<K> Kernels<K> {
             dequant,
             qmoe_gate_up,
             qmoe_down,
+            gmoe,
+            moe_align: t("moe_align")?,
+            moe_combine: PerDType::resolve(t, "moe_combine")?,
             qmma,
             qmma_reduce,
             fp8_quant_rows,
@@ -325,6 +346,22 @@ impl<K> Kernels<K> {
         Ok(&self.fp8_quant_rows[xi])
     }
 
+    /// `gmoe_{gate_up,down}_<fmt>_<x>_bm<tile>`: `fmt` the experts' format (`None`:
+    /// dense, in x's type), x in bf16 / f16, `tile` in [`GMOE_TILES`].
+    pub(super) fn gmoe(
+        &self,
+        fmt: Option<QuantFormat>,
+        x: DType,
+        gate_up: bool,
+        tile: usize,
+    ) -> Result<&K> {
+        const OP: &str = "moe (grouped GEMM)";
+        let (xi, _) = qmma_types(x, x, OP)?;
+        let fi = fmt.map_or(QUANT_FORMATS.len(), format_index);
+        let bi = variant(&GMOE_TILES, tile, OP)?;
+        Ok(&self.gmoe[fi][xi][usize::from(!gate_up)][bi])
+    }
+
     /// `dequant_<fmt>_<dt>`.
     pub(super) fn dequant(&self, fmt: QuantFormat, dt: DType) -> Result<&K> {
         self.dequant[format_index(fmt)].get(dt)
@@ -353,6 +390,9 @@ const SPLIT_NAMES: [&str; 4] = [
     "attention_split_g4",
     "attention_split_g8",
 ];
+
+/// Rows per tile of the grouped MoE GEMM variants (`gmoe_*_bm32`, `_bm64`).
+pub(super) const GMOE_TILES: [usize; 2] = [32, 64];
 
 /// Rows of x per CTA of the `qmma` variants (`_bm32`, `_bm64`, `_bm128`).
 pub(super) const QMMA_TILES: [usize; 3] = [32, 64, 128];
@@ -475,6 +515,16 @@ mod tests {
         assert!(k
             .qmma(QuantFormat::Q4K, DType::F32, DType::F32, 64)
             .is_err());
+        assert_eq!(
+            k.gmoe(Some(QuantFormat::Q6K), DType::F16, false, 64)
+                .unwrap(),
+            "gmoe_down_q6_k_f16_bm64"
+        );
+        assert_eq!(
+            k.gmoe(None, DType::BF16, true, 32).unwrap(),
+            "gmoe_gate_up_dense_bf16_bm32"
+        );
+        assert!(k.gmoe(None, DType::F32, true, 32).is_err());
         assert_eq!(
             k.qmma_reduce(DType::BF16, DType::BF16).unwrap(),
             "qmma_reduce_bf16_bf16"

@@ -127,6 +127,9 @@ pub struct CudaBackend {
     /// How matmuls with a quantized weight and more rows than the gemv takes run
     /// (`ENCORE_QUANT_GEMM`: `auto`, `mma` or `dequant`; `kernels::quant`).
     quant_gemm: QuantGemm,
+    /// Mixture-of-experts layers of at least this many token rows run the grouped GEMM
+    /// (`ENCORE_MOE_GEMM_MIN_TOKENS`, default `kernels::MOE_GEMM_MIN_TOKENS`).
+    moe_gemm_min_tokens: usize,
     /// The tensor-parallel group's communicator (`None`: alone).
     comm: Option<nccl::Comm>,
     /// The one-shot all-reduce's peer memory (`None`: alone, no peer access between the
@@ -295,6 +298,15 @@ impl CudaBackend {
             vmm: Mutex::new(None),
             dequant_scratch: Mutex::new(Default::default()),
             quant_gemm: kernels::quant::QuantGemm::from_env()?,
+            moe_gemm_min_tokens: match std::env::var("ENCORE_MOE_GEMM_MIN_TOKENS") {
+                Err(_) => kernels::MOE_GEMM_MIN_TOKENS,
+                Ok(v) => v.trim().parse().map_err(|_| {
+                    Error::invalid(
+                        "ENCORE_MOE_GEMM_MIN_TOKENS",
+                        format!("`{v}` is not a token count"),
+                    )
+                })?,
+            },
             comm: None,
             p2p: None,
             p2p_on: AtomicBool::new(true),
@@ -471,6 +483,18 @@ impl CudaBackend {
     /// whatever `ENCORE_QUANT_GEMM` says (tests and comparisons pin one path).
     pub fn with_quant_gemm(mut self, g: QuantGemm) -> Self {
         self.quant_gemm = g;
+        self
+    }
+
+    /// Token rows from which a mixture-of-experts layer runs the grouped GEMM.
+    pub(in crate::backend::cuda) fn moe_gemm_min_tokens(&self) -> usize {
+        self.moe_gemm_min_tokens
+    }
+
+    /// This backend with mixture-of-experts layers of at least `tokens` rows on the
+    /// grouped GEMM, whatever `ENCORE_MOE_GEMM_MIN_TOKENS` says (tests pin one path).
+    pub fn with_moe_gemm_min_tokens(mut self, tokens: usize) -> Self {
+        self.moe_gemm_min_tokens = tokens;
         self
     }
 
@@ -932,6 +956,17 @@ impl Backend for CudaBackend {
 
     fn runs_moe(&self) -> bool {
         true
+    }
+
+    fn moe_workspace_bytes(
+        &self,
+        n: usize,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        dtype: DType,
+    ) -> usize {
+        kernels::moe_workspace_bytes(n, hidden, experts, top_k, dtype)
     }
 
     fn moe(&self, a: &Moe<'_>) -> Result<()> {

@@ -67,6 +67,18 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "moe_shared_add_bf16",
             "moe_shared_add_f16",
             "moe_shared_add_f32",
+            "gmoe_gate_up_dense_bf16_bm32",
+            "gmoe_gate_up_dense_bf16_bm64",
+            "gmoe_gate_up_dense_f16_bm32",
+            "gmoe_gate_up_dense_f16_bm64",
+            "gmoe_down_dense_bf16_bm32",
+            "gmoe_down_dense_bf16_bm64",
+            "gmoe_down_dense_f16_bm32",
+            "gmoe_down_dense_f16_bm64",
+            "moe_align",
+            "moe_combine_bf16",
+            "moe_combine_f16",
+            "moe_combine_f32",
         ],
     },
     KernelSource {
@@ -179,6 +191,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "qmoe_down_q8_0_bf16",
             "qmoe_down_q8_0_f16",
             "qmoe_down_q8_0_f32",
+            "gmoe_gate_up_q8_0_bf16_bm32",
+            "gmoe_gate_up_q8_0_bf16_bm64",
+            "gmoe_gate_up_q8_0_f16_bm32",
+            "gmoe_gate_up_q8_0_f16_bm64",
+            "gmoe_down_q8_0_bf16_bm32",
+            "gmoe_down_q8_0_bf16_bm64",
+            "gmoe_down_q8_0_f16_bm32",
+            "gmoe_down_q8_0_f16_bm64",
             "qmma_q8_0_bf16_bf16_bm32",
             "qmma_q8_0_bf16_bf16_bm64",
             "qmma_q8_0_bf16_bf16_bm128",
@@ -229,6 +249,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "qmoe_down_q4_0_bf16",
             "qmoe_down_q4_0_f16",
             "qmoe_down_q4_0_f32",
+            "gmoe_gate_up_q4_0_bf16_bm32",
+            "gmoe_gate_up_q4_0_bf16_bm64",
+            "gmoe_gate_up_q4_0_f16_bm32",
+            "gmoe_gate_up_q4_0_f16_bm64",
+            "gmoe_down_q4_0_bf16_bm32",
+            "gmoe_down_q4_0_bf16_bm64",
+            "gmoe_down_q4_0_f16_bm32",
+            "gmoe_down_q4_0_f16_bm64",
             "qmma_q4_0_bf16_bf16_bm32",
             "qmma_q4_0_bf16_bf16_bm64",
             "qmma_q4_0_bf16_bf16_bm128",
@@ -279,6 +307,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "qmoe_down_q4_1_bf16",
             "qmoe_down_q4_1_f16",
             "qmoe_down_q4_1_f32",
+            "gmoe_gate_up_q4_1_bf16_bm32",
+            "gmoe_gate_up_q4_1_bf16_bm64",
+            "gmoe_gate_up_q4_1_f16_bm32",
+            "gmoe_gate_up_q4_1_f16_bm64",
+            "gmoe_down_q4_1_bf16_bm32",
+            "gmoe_down_q4_1_bf16_bm64",
+            "gmoe_down_q4_1_f16_bm32",
+            "gmoe_down_q4_1_f16_bm64",
             "qmma_q4_1_bf16_bf16_bm32",
             "qmma_q4_1_bf16_bf16_bm64",
             "qmma_q4_1_bf16_bf16_bm128",
@@ -329,6 +365,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "qmoe_down_q5_0_bf16",
             "qmoe_down_q5_0_f16",
             "qmoe_down_q5_0_f32",
+            "gmoe_gate_up_q5_0_bf16_bm32",
+            "gmoe_gate_up_q5_0_bf16_bm64",
+            "gmoe_gate_up_q5_0_f16_bm32",
+            "gmoe_gate_up_q5_0_f16_bm64",
+            "gmoe_down_q5_0_bf16_bm32",
+            "gmoe_down_q5_0_bf16_bm64",
+            "gmoe_down_q5_0_f16_bm32",
+            "gmoe_down_q5_0_f16_bm64",
             "qmma_q5_0_bf16_bf16_bm32",
             "qmma_q5_0_bf16_bf16_bm64",
             "qmma_q5_0_bf16_bf16_bm128",
@@ -379,6 +423,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "qmoe_down_q5_1_bf16",
             "qmoe_down_q5_1_f16",
             "qmoe_down_q5_1_f32",
+            "gmoe_gate_up_q5_1_bf16_bm32",
+            "gmoe_gate_up_q5_1_bf16_bm64",
+            "gmoe_gate_up_q5_1_f16_bm32",
+            "gmoe_gate_up_q5_1_f16_bm64",
+            "gmoe_down_q5_1_bf16_bm32",
+            "gmoe_down_q5_1_bf16_bm64",
+            "gmoe_down_q5_1_f16_bm32",
+            "gmoe_down_q5_1_f16_bm64",
             "qmma_q5_1_bf16_bf16_bm32",
             "qmma_q5_1_bf16_bf16_bm64",
             "qmma_q5_1_bf16_bf16_bm128",
@@ -429,6 +481,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "qmoe_down_q4_k_bf16",
             "qmoe_down_q4_k_f16",
             "qmoe_down_q4_k_f32",
+            "gmoe_gate_up_q4_k_bf16_bm32",
+            "gmoe_gate_up_q4_k_bf16_bm64",
+            "gmoe_gate_up_q4_k_f16_bm32",
+            "gmoe_gate_up_q4_k_f16_bm64",
+            "gmoe_down_q4_k_bf16_bm32",
+            "gmoe_down_q4_k_bf16_bm64",
+            "gmoe_down_q4_k_f16_bm32",
+            "gmoe_down_q4_k_f16_bm64",
             "qmma_q4_k_bf16_bf16_bm32",
             "qmma_q4_k_bf16_bf16_bm64",
             "qmma_q4_k_bf16_bf16_bm128",
@@ -479,6 +539,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "qmoe_down_q5_k_bf16",
             "qmoe_down_q5_k_f16",
             "qmoe_down_q5_k_f32",
+            "gmoe_gate_up_q5_k_bf16_bm32",
+            "gmoe_gate_up_q5_k_bf16_bm64",
+            "gmoe_gate_up_q5_k_f16_bm32",
+            "gmoe_gate_up_q5_k_f16_bm64",
+            "gmoe_down_q5_k_bf16_bm32",
+            "gmoe_down_q5_k_bf16_bm64",
+            "gmoe_down_q5_k_f16_bm32",
+            "gmoe_down_q5_k_f16_bm64",
             "qmma_q5_k_bf16_bf16_bm32",
             "qmma_q5_k_bf16_bf16_bm64",
             "qmma_q5_k_bf16_bf16_bm128",
@@ -529,6 +597,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "qmoe_down_q6_k_bf16",
             "qmoe_down_q6_k_f16",
             "qmoe_down_q6_k_f32",
+            "gmoe_gate_up_q6_k_bf16_bm32",
+            "gmoe_gate_up_q6_k_bf16_bm64",
+            "gmoe_gate_up_q6_k_f16_bm32",
+            "gmoe_gate_up_q6_k_f16_bm64",
+            "gmoe_down_q6_k_bf16_bm32",
+            "gmoe_down_q6_k_bf16_bm64",
+            "gmoe_down_q6_k_f16_bm32",
+            "gmoe_down_q6_k_f16_bm64",
             "qmma_q6_k_bf16_bf16_bm32",
             "qmma_q6_k_bf16_bf16_bm64",
             "qmma_q6_k_bf16_bf16_bm128",
@@ -579,6 +655,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "qmoe_down_fp8_bf16",
             "qmoe_down_fp8_f16",
             "qmoe_down_fp8_f32",
+            "gmoe_gate_up_fp8_bf16_bm32",
+            "gmoe_gate_up_fp8_bf16_bm64",
+            "gmoe_gate_up_fp8_f16_bm32",
+            "gmoe_gate_up_fp8_f16_bm64",
+            "gmoe_down_fp8_bf16_bm32",
+            "gmoe_down_fp8_bf16_bm64",
+            "gmoe_down_fp8_f16_bm32",
+            "gmoe_down_fp8_f16_bm64",
             "qmma_fp8_bf16_bf16_bm32",
             "qmma_fp8_bf16_bf16_bm64",
             "qmma_fp8_bf16_bf16_bm128",
@@ -857,6 +941,9 @@ pub(super) fn moe(
         &mut args![logits, n, experts, top_k, renorm, ids, wts],
     )?;
     let pairs = d.n * d.top_k;
+    if d.n >= be.moe_gemm_min_tokens() && grouped_fits(a, d) {
+        return moe_grouped(be, a, d);
+    }
     let (x, w, act) = (dptr(a.x), dptr(a.gate_up), dptr(a.scratch));
     // 16-byte loads when every row starts 16-byte aligned.
     let rows16 = |len: usize, ts: &[&Tensor]| {
@@ -945,6 +1032,151 @@ pub(super) fn moe(
             &mut args![act, down, ids, wts, out, hidden, inter, experts, top_k, vec_down],
         )
     }
+}
+
+/// Tokens from which a mixture-of-experts layer runs the grouped GEMM by default
+/// (`ENCORE_MOE_GEMM_MIN_TOKENS`); fewer run one (token, expert) pair at a time. Measured
+/// on the H100, Qwen3-30B-A3B-shaped Q4_K_M decode step (BENCHMARKS.md): pairs 2.55 /
+/// 3.86 / 5.16 / 7.45 ms at 1 / 2 / 4 / 8 tokens, grouped 5.37 / 6.05 / 6.16 / 6.42 ms.
+pub(super) const MOE_GEMM_MIN_TOKENS: usize = 8;
+
+/// Whether the grouped GEMM runs this layer: x in bf16 / f16, expert rows of whole 32-value
+/// groups (the tile loader's unit), the experts' tensors 16-byte aligned.
+fn grouped_fits(a: &crate::args::Moe<'_>, d: &crate::ops::MoeDims) -> bool {
+    matches!(a.x.dtype(), DType::BF16 | DType::F16)
+        && d.hidden.is_multiple_of(32)
+        && d.inter.is_multiple_of(32)
+        && [a.x, a.gate_up, a.down, a.scratch]
+            .iter()
+            .all(|t| aligned16(t))
+}
+
+/// The grouped path's workspace for `pairs` (token, expert) pairs: `(sorted, tiles, y,
+/// bytes in all)`, byte offsets of the pairs sorted by expert (i32, room for every
+/// expert's run padded to 64 rows), the tiles' experts (i32, room for 32-row tiles) and
+/// the pairs' down products (`[pairs, hidden]` of `dt`), each 256-byte aligned.
+fn moe_workspace(
+    pairs: usize,
+    hidden: usize,
+    experts: usize,
+    dt: DType,
+) -> (usize, usize, usize, usize) {
+    let al = |v: usize| v.div_ceil(256) * 256;
+    let sorted_len = pairs + experts * (GMOE_MAX_TILE - 1);
+    let tiles = (pairs + experts * (GMOE_MIN_TILE - 1)).div_ceil(GMOE_MIN_TILE);
+    let t_off = al(sorted_len * 4);
+    let y_off = t_off + al(tiles * 4);
+    (0, t_off, y_off, y_off + al(pairs * hidden * dt.size()))
+}
+
+/// Rows of the grouped GEMM's tiles (`GMOE_TILES`).
+const GMOE_MIN_TILE: usize = 32;
+const GMOE_MAX_TILE: usize = 64;
+
+/// `Backend::moe_workspace_bytes` on CUDA.
+pub(super) fn moe_workspace_bytes(
+    n: usize,
+    hidden: usize,
+    experts: usize,
+    top_k: usize,
+    dt: DType,
+) -> usize {
+    match dt {
+        DType::BF16 | DType::F16 => moe_workspace(n * top_k, hidden, experts, dt).3,
+        _ => 0,
+    }
+}
+
+/// The grouped path (after `moe_route`): `moe_align` sorts the pairs by expert into tiles
+/// of `bm` rows (64 where an expert averages more than 32 pairs, else 32), `gmoe_gate_up`
+/// writes the activations into the scratch, `gmoe_down` each pair's down product into the
+/// workspace, and `moe_combine` sums each token's slots in order.
+fn moe_grouped(be: &CudaBackend, a: &crate::args::Moe<'_>, d: &crate::ops::MoeDims) -> Result<()> {
+    const OP: &str = "moe (grouped GEMM)";
+    let dt = a.x.dtype();
+    let pairs = d.n * d.top_k;
+    let (s_off, t_off, y_off, need) = moe_workspace(pairs, d.hidden, d.experts, dt);
+    if a.workspace.size_bytes() < need || !aligned16(a.workspace) {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "{} tokens need a 16-byte aligned workspace of {need} bytes \
+                 (Backend::moe_workspace_bytes), got {}",
+                d.n,
+                a.workspace.size_bytes()
+            ),
+        ));
+    }
+    let bm = if pairs > 32 * d.experts {
+        GMOE_MAX_TILE
+    } else {
+        GMOE_MIN_TILE
+    };
+    let sorted_len = pairs + d.experts * (bm - 1);
+    let max_tiles = sorted_len.div_ceil(bm);
+    let base = dptr(a.workspace);
+    let (sorted, tiles, y) = (
+        base + s_off as u64,
+        base + t_off as u64,
+        base + y_off as u64,
+    );
+    let k = be.kernels();
+    let (experts, top_k) = (d.experts as i32, d.top_k as i32);
+    let (np, nsorted, ntiles) = (
+        int(OP, "pairs", pairs)?,
+        int(OP, "sorted rows", sorted_len)?,
+        int(OP, "tiles", max_tiles)?,
+    );
+    let bmi = bm as i32;
+    let ids = dptr(a.ids);
+    be.launch(
+        &k.moe_align,
+        cfg((1, 1, 1), (1024, 1, 1)),
+        &mut args![ids, np, experts, bmi, sorted, nsorted, tiles, ntiles],
+    )?;
+    let tiles_y = u32::try_from(max_tiles)
+        .ok()
+        .filter(|&v| v <= 65_535)
+        .ok_or_else(|| Error::invalid(OP, format!("{max_tiles} tiles (at most 65535)")))?;
+    let fmt = |t: &Tensor| match t.dtype() {
+        DType::Q(f) => Some(f),
+        _ => None,
+    };
+    let (hidden, inter) = (int(OP, "hidden", d.hidden)?, int(OP, "inter", d.inter)?);
+    let smem = quant::qmma_smem_bytes(bm) as u32;
+    let (x, gu, act) = (dptr(a.x), dptr(a.gate_up), dptr(a.scratch));
+    let mut c = cfg(
+        (grid_x(OP, "inter", d.inter.div_ceil(64))?, tiles_y, 1),
+        (256, 1, 1),
+    );
+    c.shared_mem_bytes = smem;
+    be.launch(
+        k.gmoe(fmt(a.gate_up), dt, true, bm)?,
+        c,
+        &mut args![x, gu, sorted, tiles, act, hidden, inter, experts, top_k],
+    )?;
+    let dn = dptr(a.down);
+    let mut c = cfg(
+        (grid_x(OP, "hidden", d.hidden.div_ceil(128))?, tiles_y, 1),
+        (256, 1, 1),
+    );
+    c.shared_mem_bytes = smem;
+    be.launch(
+        k.gmoe(fmt(a.down), dt, false, bm)?,
+        c,
+        &mut args![act, dn, sorted, tiles, y, inter, hidden, experts, top_k],
+    )?;
+    let total = d.n * d.hidden;
+    let (wts, out) = (dptr(a.weights), dptr(a.out));
+    let total_i = total as i64;
+    be.launch(
+        k.moe_combine.get(dt)?,
+        cfg(
+            (grid_x(OP, "elements", total.div_ceil(256))?, 1, 1),
+            (256, 1, 1),
+        ),
+        &mut args![y, ids, wts, out, total_i, hidden, experts, top_k],
+    )
 }
 
 /// `x += sigmoid(gate) * y` (`moe_shared_add`): Qwen2-MoE's shared expert.
