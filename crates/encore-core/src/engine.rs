@@ -85,6 +85,9 @@ pub struct EngineConfig {
     /// first, opened together ([`encore_backend::device::open_group`]); empty or one:
     /// one device.
     pub tp: TpBackends,
+    /// Synthetic routing for a mixture of experts' benchmarks (`--router-skew`), set
+    /// before any graph is captured; `None`: the routers.
+    pub router_skew: Option<crate::model::routing::RouterSkew>,
 }
 
 /// The backends of a tensor-parallel group, rank order.
@@ -127,6 +130,7 @@ impl EngineConfig {
             offload: None,
             constraints: None,
             tp: TpBackends::default(),
+            router_skew: None,
         }
     }
 }
@@ -329,6 +333,9 @@ impl<'b> Engine<'b> {
 
         // 5. The KV cache, and the runner.
         let mut runner = builder.build(num_blocks)?;
+        if cfg.router_skew.is_some() {
+            runner.set_router_skew(cfg.router_skew)?;
+        }
         runner.set_graphs(cfg.graphs.clone());
         runner.set_verify_graphs(cfg.verify_graphs);
 

@@ -461,6 +461,15 @@ fn qwen2_sliding_window_matches_f64_reference() {
 
 /// Last-token logits of each prompt, all prefilled in one step.
 fn prefill_logits(cfg: &ModelConfig, prompts: &[&[u32]]) -> Vec<Vec<f32>> {
+    prefill_logits_routed(cfg, prompts, None)
+}
+
+/// [`prefill_logits`] with the sparse layers routed by a synthetic table.
+fn prefill_logits_routed(
+    cfg: &ModelConfig,
+    prompts: &[&[u32]],
+    skew: Option<encore_core::model::routing::RouterSkew>,
+) -> Vec<Vec<f32>> {
     let cpu = CpuBackend::new();
     let be: &dyn Backend = &cpu;
     let w = weights::load(
@@ -471,7 +480,8 @@ fn prefill_logits(cfg: &ModelConfig, prompts: &[&[u32]]) -> Vec<Vec<f32>> {
         &encore_core::progress::NoProgress,
     )
     .unwrap();
-    let model = Model::new(be, cfg.clone(), w, 64).unwrap();
+    let mut model = Model::new(be, cfg.clone(), w, 64).unwrap();
+    model.set_router_skew(be, skew, 48).unwrap();
     let kv_cfg = KvCacheConfig {
         num_layers: cfg.num_layers,
         num_kv_heads: cfg.num_kv_heads,
@@ -522,4 +532,41 @@ fn sliding_window_changes_logits_only_past_the_window() {
             "seq {s}: windowed and full logits differ by only {e:.1e}"
         );
     }
+}
+
+/// `--router-skew` replaces the routers' choice: the logits change, the same skew gives the
+/// same logits again, another skew other logits; a dense model refuses it, naming the
+/// option.
+#[test]
+fn a_router_skew_routes_by_its_table() {
+    use encore_core::model::routing::RouterSkew;
+    let cfg = ModelConfig::dummy("tiny-qwen3-moe").unwrap();
+    let prompts: [&[u32]; 2] = [&[3, 9, 27, 81, 5], &[7, 1, 4]];
+    let routers = prefill_logits(&cfg, &prompts);
+    let uniform = prefill_logits_routed(&cfg, &prompts, Some(RouterSkew::new(0.0).unwrap()));
+    let again = prefill_logits_routed(&cfg, &prompts, Some(RouterSkew::new(0.0).unwrap()));
+    let skewed = prefill_logits_routed(&cfg, &prompts, Some(RouterSkew::new(2.0).unwrap()));
+    assert_eq!(uniform, again);
+    assert_ne!(uniform, routers);
+    assert_ne!(uniform, skewed);
+    assert!(uniform.iter().flatten().all(|v| v.is_finite()));
+    let dense = ModelConfig::dummy("tiny").unwrap();
+    let be = CpuBackend::new();
+    let w = weights::load(
+        &be,
+        &dense,
+        WeightSource::Dummy { seed: 7 },
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
+    let mut model = Model::new(&be, dense, w, 64).unwrap();
+    let err = model
+        .set_router_skew(&be, Some(RouterSkew::new(1.0).unwrap()), 8)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--router-skew") && err.contains("no experts"),
+        "{err}"
+    );
 }

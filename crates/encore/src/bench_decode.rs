@@ -13,6 +13,7 @@ use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
 use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
+use encore_core::model::routing::RoutingTable;
 use encore_core::model::weights::WeightSource;
 use encore_core::model::ModelFiles;
 use encore_core::request::SamplingParams;
@@ -50,6 +51,12 @@ pub struct BenchDecodeArgs {
     /// How captured graphs share intermediate memory: private | multi-va | arena.
     #[arg(long, default_value = "arena")]
     graph_memory: GraphMemory,
+    /// A mixture of experts: route every sparse layer by a seeded table instead of its
+    /// router, each token's experts drawn from a Zipf law of this exponent over the
+    /// experts (0: uniform); the floor then counts the experts each batch reaches. Random
+    /// weights route as no trained model does.
+    #[arg(long, value_parser = parse::router_skew, allow_negative_numbers = true)]
+    router_skew: Option<encore_core::model::routing::RouterSkew>,
 }
 
 /// The largest `--batch`.
@@ -263,6 +270,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         // The copy-bandwidth measurement's two buffers.
         extra_bytes: 2 * COPY_BYTES,
         tp,
+        router_skew: a.router_skew,
         ..engine_config(
             dtype,
             max_batch,
@@ -313,12 +321,25 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         }
         if routed.is_some() {
             outln!(
-                "(experts {:.2} GB of it: each row's floor counts the share its batch is routed to under uniform routing)",
-                expert_bytes as f64 / 1e9
+                "(experts {:.2} GB of it: each row's floor counts the share its batch is routed to, {})",
+                expert_bytes as f64 / 1e9,
+                if a.router_skew.is_some() {
+                    "the table's"
+                } else {
+                    "expected under uniform routing"
+                }
+            )?;
+        }
+        if let Some(s) = a.router_skew {
+            outln!(
+                "(routing: --router-skew {} (seed {}), not the routers; `experts` is the distinct experts a layer reaches at that batch, of {})",
+                s.exponent,
+                s.seed,
+                routed.map_or(0, |r| r.1)
             )?;
         }
         outln!(
-            "{:>6} {:>10} {:>10} {:>8} {:>12} {:>10} {:>9} {:>10}",
+            "{:>6} {:>10} {:>10} {:>8} {:>12} {:>10} {:>9} {:>10}{}",
             "batch",
             "eager ms",
             "graph ms",
@@ -326,12 +347,18 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             "tok/s",
             "floor ms",
             "x floor",
-            "capture ms"
+            "capture ms",
+            if a.router_skew.is_some() {
+                "    experts"
+            } else {
+                ""
+            }
         )?;
     }
     if a.capture_all {
         time_capture_all(&a, &mut runner, be, max_batch)?;
     }
+    let table = runner.model().routing_table();
     let floor = Floor {
         weight_bytes,
         step_bytes,
@@ -339,6 +366,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         load_secs,
         expert_bytes,
         routed,
+        table: table.map(|t| (t, cfg.num_layers)),
     };
     for &b in &a.runs.batch {
         let seqs = prefill(&mut runner, &mut held, b, a.runs.context)?;
@@ -407,19 +435,33 @@ struct Floor {
     /// experts).
     expert_bytes: usize,
     routed: Option<(usize, usize)>,
+    /// The synthetic routing (`--router-skew`) and the layers reading it.
+    table: Option<(std::sync::Arc<RoutingTable>, usize)>,
 }
 
 impl Floor {
     /// The bytes a step of `b` rows reads: everything but the experts, and of the experts
-    /// the expected share `b` rows routed uniformly touch, `1 - (1 - k / E)^b`.
+    /// the share `b` rows reach: under `--router-skew` the table's, else the expected
+    /// share under uniform routing, `1 - (1 - k / E)^b`.
     fn step_bytes_at(&self, b: usize) -> f64 {
         match self.routed {
             None => self.step_bytes as f64,
             Some((k, e)) => {
-                let touched = 1.0 - (1.0 - k as f64 / e as f64).powi(b as i32);
+                let touched = match self.experts_at(b) {
+                    Some(d) => d / e as f64,
+                    None => 1.0 - (1.0 - k as f64 / e as f64).powi(b as i32),
+                };
                 (self.step_bytes - self.expert_bytes) as f64 + self.expert_bytes as f64 * touched
             }
         }
+    }
+
+    /// Under `--router-skew`: the distinct experts a layer reaches at batch `b`, the mean
+    /// over the layers (each reads its own rows of the table).
+    fn experts_at(&self, b: usize) -> Option<f64> {
+        let (t, layers) = self.table.as_ref()?;
+        let sum: usize = (0..*layers).map(|l| t.distinct(l, b)).sum();
+        Some(sum as f64 / *layers as f64)
     }
 
     /// The floor of a step of `b` rows, in seconds.
@@ -451,12 +493,14 @@ fn print_row(
                 "floor_ms": f.secs_at(b) * 1e3, "weight_bytes": f.weight_bytes,
                 "step_bytes": f.step_bytes_at(b), "quantization": a.model.quantization.to_string(),
                 "copy_gbps": f.copy_gbps, "load_s": f.load_secs,
+                "router_skew": a.router_skew.map(|s| s.exponent),
+                "experts_per_layer": f.experts_at(b),
             })
         )?;
     } else {
         let g = graph.unwrap_or(f64::NAN);
         outln!(
-            "{:>6} {:>10.3} {:>10.3} {:>8.2} {:>12.1} {:>10.3} {:>9.2} {:>10.1}",
+            "{:>6} {:>10.3} {:>10.3} {:>8.2} {:>12.1} {:>10.3} {:>9.2} {:>10.1}{}",
             b,
             eager * 1e3,
             g * 1e3,
@@ -464,7 +508,9 @@ fn print_row(
             b as f64 / graph.unwrap_or(eager),
             f.secs_at(b) * 1e3,
             graph.unwrap_or(eager) / f.secs_at(b),
-            capture_secs * 1e3
+            capture_secs * 1e3,
+            f.experts_at(b)
+                .map_or(String::new(), |d| format!(" {d:>10.1}"))
         )?;
     }
     Ok(())

@@ -54,6 +54,11 @@ pub struct BenchPrefillArgs {
     /// One JSON object per row.
     #[arg(long)]
     json: bool,
+    /// A mixture of experts: route every sparse layer by a seeded table instead of its
+    /// router, each token's experts drawn from a Zipf law of this exponent over the
+    /// experts (0: uniform). Random weights route as no trained model does.
+    #[arg(long, value_parser = parse::router_skew, allow_negative_numbers = true)]
+    router_skew: Option<encore_core::model::routing::RouterSkew>,
 }
 
 /// The longest `--tokens`.
@@ -193,6 +198,7 @@ fn engine_config(
         fix_hint: "lower --tokens or --batch".into(),
         constraints: None,
         tp: Default::default(),
+        router_skew: a.router_skew,
     })
 }
 

@@ -146,6 +146,7 @@ impl EngineArgs {
             fix_hint: shape.fix_hint,
             constraints: None,
             tp: Default::default(),
+            router_skew: None,
         };
         let sched = SchedulerConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,

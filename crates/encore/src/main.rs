@@ -202,7 +202,25 @@ fn info(args: InfoArgs) -> Result<ExitCode> {
             cfg.num_layers,
             cfg.hidden_size
         )?;
-        outln!("  weights {}", cfg.decl().format_summary(args.dtype))?;
+        let decl = cfg.decl();
+        outln!("  weights {}", decl.format_summary(args.dtype))?;
+        if let Some(m) = &cfg.moe {
+            let bytes = decl.expert_bytes(args.dtype);
+            let sparse = m.sparse.iter().filter(|&&s| s).count();
+            let per_expert = bytes / (sparse * m.num_experts).max(1);
+            outln!(
+                "  experts {} per sparse layer ({sparse} of {} layers), top {}, {} wide{}: {:.2} GB, {:.1} MB each; a token reads {:.2} GB of them",
+                m.num_experts,
+                cfg.num_layers,
+                m.top_k,
+                m.expert_intermediate,
+                m.shared_expert_intermediate
+                    .map_or(String::new(), |s| format!(", a shared expert {s} wide")),
+                bytes as f64 / 1e9,
+                per_expert as f64 / 1e6,
+                (per_expert * m.top_k * sparse) as f64 / 1e9
+            )?;
+        }
     }
     outln!("backends")?;
     outln!("  cpu      available ({} threads)", rayon_threads())?;

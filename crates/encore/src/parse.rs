@@ -101,6 +101,15 @@ pub fn count<const MIN: usize, const MAX: usize>(s: &str) -> Result<usize, Strin
     }
 }
 
+/// `--router-skew`: a Zipf exponent in 0..=8 over each layer's experts (0: uniform).
+pub fn router_skew(s: &str) -> Result<encore_core::model::routing::RouterSkew, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    encore_core::model::routing::RouterSkew::new(v).map_err(|e| e.to_string())
+}
+
 /// `--dtype`: a float dtype name in any case (see [`DType::parse_float`]).
 pub fn dtype(s: &str) -> Result<DType, String> {
     DType::parse_float(s).ok_or_else(|| format!("expected {}", DType::FLOAT_NAMES))

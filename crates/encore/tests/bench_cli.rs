@@ -191,3 +191,44 @@ fn bench_structured_reports_compile_and_mask_times() {
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("--repeats"));
 }
+
+/// `--router-skew` on a mixture of experts: the rows report the distinct experts each
+/// batch reaches under the table; bad values and a dense model are refused naming it.
+#[test]
+fn bench_decode_router_skew_reports_experts_and_refuses_bad_values() {
+    let out = bench_on_cpu(
+        "decode",
+        &[
+            "--model",
+            "dummy:tiny-qwen3-moe",
+            "--batch",
+            "1,4",
+            "--steps",
+            "2",
+            "--eager",
+            "--router-skew",
+            "0",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 2);
+    // tiny-qwen3-moe: 8 experts, top 2; one row reaches 2 experts a layer.
+    assert_eq!(rows[0]["experts_per_layer"].as_f64(), Some(2.0));
+    let four = rows[1]["experts_per_layer"].as_f64().unwrap();
+    assert!((2.0..=8.0).contains(&four), "{four}");
+    assert_eq!(rows[1]["router_skew"].as_f64(), Some(0.0));
+    for (args, says) in [
+        (["dummy:tiny-qwen3-moe", "-1"], "0..=8"),
+        (["dummy:tiny-qwen3-moe", "x"], "not a number"),
+        (["dummy:tiny", "1"], "no experts"),
+    ] {
+        let out = bench_on_cpu(
+            "decode",
+            &["--model", args[0], "--batch", "1", "--router-skew", args[1]],
+        );
+        let err = failure(&out);
+        assert!(err.contains("--router-skew") && err.contains(says), "{err}");
+    }
+}

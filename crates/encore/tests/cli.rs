@@ -133,6 +133,20 @@ fn bad_input_gets_a_clear_error() {
     let out = success(&encore(&["info", "--device", "cpu", "--model", model]));
     assert!(out.contains("Mixtral, 32 layers, hidden 4096"), "{out}");
     assert!(out.contains("weights 93.41 GB"), "{out}");
+    // 8 experts of 3 x 4096 x 14336 in bf16 a layer; a token reads 2 of them.
+    assert!(
+        out.contains("experts 8 per sparse layer (32 of 32 layers), top 2, 14336 wide: 90.19 GB, 352.3 MB each; a token reads 22.55 GB"),
+        "{out}"
+    );
+    // Its dummy twin has the same shapes.
+    let out = success(&encore(&[
+        "info",
+        "--device",
+        "cpu",
+        "--model",
+        "dummy:mixtral-8x7b",
+    ]));
+    assert!(out.contains("weights 93.41 GB"), "{out}");
 }
 
 #[test]

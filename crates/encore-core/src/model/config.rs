@@ -190,6 +190,7 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-mixtral",
     "tiny-qwen2-moe",
     "qwen3-30b-a3b",
+    "mixtral-8x7b",
     "qwen2.5-0.5b",
     "llama-3.2-1b",
     "llama-3-8b",
@@ -359,6 +360,34 @@ impl ModelConfig {
                     expert_intermediate: 768,
                     norm_topk_prob: true,
                     sparse: vec![true; 48],
+                    shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
+            },
+            // Mixtral-8x7B's shapes: 8 experts of 14,336, top 2, 32 layers (93 GB in bf16:
+            // run it quantized on one 80 GB card).
+            "mixtral-8x7b" => ModelConfig {
+                arch: Arch::Mixtral,
+                vocab_size: 32_000,
+                hidden_size: 4096,
+                intermediate_size: 14_336,
+                num_layers: 32,
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 128,
+                rope: RopeConfig {
+                    rot_dim: 128,
+                    theta: 1_000_000.0,
+                    llama3: None,
+                },
+                rms_norm_eps: 1e-5,
+                max_position_embeddings: 32_768,
+                moe: Some(MoeConfig {
+                    num_experts: 8,
+                    top_k: 2,
+                    expert_intermediate: 14_336,
+                    norm_topk_prob: true,
+                    sparse: vec![true; 32],
                     shared_expert_intermediate: None,
                 }),
                 ..tiny.clone()

@@ -15,6 +15,7 @@ use crate::memory::Arena;
 use crate::memory::ARENA_ALIGN;
 use crate::model::config::ModelConfig;
 use crate::model::decl::{LayerOp, OpId};
+use crate::model::routing::{RouterSkew, RoutingTable};
 use crate::model::weights::ModelWeights;
 use crate::offload::Offload;
 use crate::tensor::{DType, Tensor};
@@ -58,6 +59,10 @@ pub struct Model {
     scratch: std::sync::Mutex<std::collections::HashMap<[usize; 4], usize>>,
     /// Weights under a device budget: what streams them (`None`: all resident).
     offload: Option<Offload>,
+    /// Synthetic routing for benchmarks ([`Model::set_router_skew`]): the table's logits
+    /// (`[rows + layers, experts]` in the run dtype; layer `l` of a step of `n` rows reads
+    /// rows `l..l + n`) and the table.
+    router_table: Option<(Tensor, std::sync::Arc<RoutingTable>)>,
 }
 
 /// The intermediates of one step (arena views), allocated from the arena in this order.
@@ -142,6 +147,7 @@ impl Model {
             max_positions,
             scratch: Default::default(),
             offload: None,
+            router_table: None,
         })
     }
 
@@ -157,6 +163,37 @@ impl Model {
         let mut m = Self::new(backend, cfg, weights, max_positions)?;
         m.offload = Some(offload);
         Ok(m)
+    }
+
+    /// Route every sparse layer by a synthetic table of `rows` token rows instead of its
+    /// router (`--router-skew`; `None`: the routers). Steps captured before keep what
+    /// they captured: set it before any graph.
+    pub fn set_router_skew(
+        &mut self,
+        backend: &dyn Backend,
+        skew: Option<RouterSkew>,
+        rows: usize,
+    ) -> Result<()> {
+        let Some(skew) = skew else {
+            self.router_table = None;
+            return Ok(());
+        };
+        let Some(moe) = &self.cfg.moe else {
+            return Err(Error::invalid(
+                "--router-skew",
+                format!("{} has no experts to route", self.cfg.arch.model_type()),
+            ));
+        };
+        let len = rows + self.cfg.num_layers;
+        let table = RoutingTable::new(skew, moe.num_experts, moe.top_k, len);
+        let t = backend.upload_f32_as(&table.logits(), &[len, moe.num_experts], self.dtype())?;
+        self.router_table = Some((t, std::sync::Arc::new(table)));
+        Ok(())
+    }
+
+    /// The synthetic routing table, when one is set.
+    pub fn routing_table(&self) -> Option<std::sync::Arc<RoutingTable>> {
+        self.router_table.as_ref().map(|(_, t)| t.clone())
     }
 
     /// The weight offload executor, when the weights run under a budget.
@@ -446,6 +483,9 @@ impl Model {
                     let n = buf.normed.dim(0);
                     let logits = buf.router_logits.prefix(n)?;
                     be.matmul(&buf.normed, &router, None, &logits)?;
+                    if let Some((table, _)) = &self.router_table {
+                        be.copy(&table.narrow(k - 1, n)?, &logits)?;
+                    }
                     let (down, shared_down) = match self.enter(at(LayerOp::Down))? {
                         None => (l.down.clone(), l.shared.as_ref().map(|s| s.down.clone())),
                         Some(v) => {

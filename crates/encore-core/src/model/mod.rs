@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod hub;
 pub mod llama;
 mod open;
+pub mod routing;
 pub mod weights;
 
 pub use open::{open_local_model, open_model, open_model_at, open_tokenizer, ModelFiles};

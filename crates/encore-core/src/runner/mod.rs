@@ -34,6 +34,7 @@ use crate::kv::{KvCache, KvCacheConfig, SeqId};
 use crate::memory::{GraphMemory, MemoryNeed};
 use crate::model::config::ModelConfig;
 use crate::model::llama::{Model, StepBuffers};
+use crate::model::routing::RouterSkew;
 use crate::request::SamplingParams;
 use crate::tensor::DType;
 
@@ -348,6 +349,22 @@ impl<'b> Runner<'b> {
 
     pub fn model(&self) -> &Model {
         &self.parts.model
+    }
+
+    /// Route the model's sparse layers by a synthetic table (`--router-skew`, see
+    /// [`crate::model::routing`]) for steps of up to `max_tokens_per_step` rows, or by
+    /// their routers again (`None`). Drops the captured graphs (they hold the routing they
+    /// were captured with).
+    pub fn set_router_skew(&mut self, skew: Option<RouterSkew>) -> Result<()> {
+        if self.tp_size() > 1 {
+            return Err(Error::invalid(
+                "--router-skew",
+                "a tensor-parallel model has no experts".to_string(),
+            ));
+        }
+        self.exec.clear();
+        let rows = self.cfg.max_tokens_per_step;
+        self.parts.model.set_router_skew(self.parts.be, skew, rows)
     }
 
     pub fn kv(&self) -> &KvCache {
