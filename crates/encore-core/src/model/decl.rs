@@ -711,9 +711,9 @@ impl<'a> Builder<'a> {
         });
     }
 
-    /// A sparse layer's ops: the router, the experts' gate/up (and the shared expert's
-    /// gate/up and gate) under `GateUp`, the experts' down (and the shared expert's)
-    /// under `Down`, with the architecture's HF names (Mixtral's `block_sparse_moe.*`,
+    /// A sparse layer's ops: the router, the experts' gate/up and down (and the shared
+    /// expert's gate/up and gate) under `GateUp`, the shared expert's down under `Down`
+    /// (which reads nothing without one), with the architecture's HF names (Mixtral's `block_sparse_moe.*`,
     /// `w1` gate, `w3` up, `w2` down).
     fn experts(&mut self, arch: Arch, moe: &MoeConfig, l: usize, h: usize) {
         let (e, i, layer) = (moe.num_experts, moe.expert_intermediate, Some(l));
@@ -732,6 +732,11 @@ impl<'a> Builder<'a> {
             .flat_map(|w| (0..e).map(move |x| (expert(x, w), i)))
             .collect();
         self.tensor_from(Role::ExpertsGateUp, layer, &gate_up, Some(h), rep);
+        // The experts' down stack is read by the same op: one backend call runs the whole
+        // routed MLP, so under a budget both stacks must be resident together (entering
+        // `Down` would let the executor reuse the gate/up slot before that call runs).
+        let downs: Vec<(String, usize)> = (0..e).map(|x| (expert(x, down), h)).collect();
+        self.tensor_from(Role::ExpertsDown, layer, &downs, Some(i), rep);
         let shared = moe.shared_expert_intermediate;
         if let Some(s) = shared {
             let parts =
@@ -741,8 +746,6 @@ impl<'a> Builder<'a> {
             self.tensor_from(Role::SharedGate, layer, &gate, Some(h), rep);
         }
         self.op(at(LayerOp::Down));
-        let downs: Vec<(String, usize)> = (0..e).map(|x| (expert(x, down), h)).collect();
-        self.tensor_from(Role::ExpertsDown, layer, &downs, Some(i), rep);
         if let Some(s) = shared {
             let parts = [("mlp.shared_expert.down_proj.weight".to_string(), h)];
             self.tensor_from(Role::SharedDown, layer, &parts, Some(s), rep);

@@ -457,43 +457,38 @@ impl Model {
             add_norm(&post_norm)?;
             match (&l.router, &c.moe) {
                 (Some(router), Some(moe)) => {
-                    // A sparse layer: the router, then the chosen experts (the op reads
-                    // the router first, then the experts' gate/up).
-                    // Read in declaration order: router, experts' gate/up, then the shared
-                    // expert's gate/up and gate.
-                    let (router, gate_up, shared_gu) = match self.enter(at(LayerOp::GateUp))? {
-                        None => (
-                            router.clone(),
-                            l.gate_up.clone(),
-                            l.shared
-                                .as_ref()
-                                .map(|s| (s.gate_up.clone(), s.gate.clone())),
-                        ),
-                        Some(v) => {
-                            let mut it = v.into_iter();
-                            let router = it.next().expect("the router is read first");
-                            let gate_up = it.next().expect("then the experts' gate/up");
-                            let shared = l.shared.as_ref().map(|_| {
-                                let gu = it.next().expect("then the shared expert's gate/up");
-                                (gu, it.next().expect("and its gate"))
-                            });
-                            (router, gate_up, shared)
-                        }
-                    };
+                    // A sparse layer: the router, then the chosen experts. `GateUp` reads,
+                    // in declaration order, the router, the experts' gate/up and down, then
+                    // the shared expert's gate/up and gate; `Down` the shared expert's down
+                    // (so everything a backend call reads is resident during it).
+                    let (router, gate_up, down, shared_gu) =
+                        match self.enter(at(LayerOp::GateUp))? {
+                            None => (
+                                router.clone(),
+                                l.gate_up.clone(),
+                                l.down.clone(),
+                                l.shared
+                                    .as_ref()
+                                    .map(|s| (s.gate_up.clone(), s.gate.clone())),
+                            ),
+                            Some(v) => {
+                                let mut it = v.into_iter();
+                                let router = it.next().expect("the router is read first");
+                                let gate_up = it.next().expect("then the experts' gate/up");
+                                let down = it.next().expect("then the experts' down");
+                                let shared = l.shared.as_ref().map(|_| {
+                                    let gu = it.next().expect("then the shared expert's gate/up");
+                                    (gu, it.next().expect("and its gate"))
+                                });
+                                (router, gate_up, down, shared)
+                            }
+                        };
                     let n = buf.normed.dim(0);
                     let logits = buf.router_logits.prefix(n)?;
                     be.matmul(&buf.normed, &router, None, &logits)?;
                     if let Some((table, _)) = &self.router_table {
                         be.copy(&table.narrow(k - 1, n)?, &logits)?;
                     }
-                    let (down, shared_down) = match self.enter(at(LayerOp::Down))? {
-                        None => (l.down.clone(), l.shared.as_ref().map(|s| s.down.clone())),
-                        Some(v) => {
-                            let mut it = v.into_iter();
-                            let down = it.next().expect("the experts' down is read first");
-                            (down, l.shared.as_ref().and_then(|_| it.next()))
-                        }
-                    };
                     be.moe(&Moe {
                         x: &buf.normed,
                         logits: &logits,
@@ -509,14 +504,24 @@ impl Model {
                     })?;
                     // The shared expert (Qwen2-MoE): its MLP, scaled by the sigmoid of its
                     // gate, added to the routed experts' sum.
-                    if let (Some((gu, gate)), Some(sd)) = (shared_gu, shared_down) {
-                        let (sgu, sact) =
-                            (buf.shared_gate_up.prefix(n)?, buf.shared_act.prefix(n)?);
-                        be.matmul_silu_mul(&buf.normed, &gu, &sgu, &sact)?;
+                    let shared = match shared_gu {
+                        Some((gu, gate)) => {
+                            let (sgu, sact) =
+                                (buf.shared_gate_up.prefix(n)?, buf.shared_act.prefix(n)?);
+                            be.matmul_silu_mul(&buf.normed, &gu, &sgu, &sact)?;
+                            let g = buf.shared_gate.prefix(n)?;
+                            be.matmul(&buf.normed, &gate, None, &g)?;
+                            Some((sact, g))
+                        }
+                        None => None,
+                    };
+                    let shared_down = match self.enter(at(LayerOp::Down))? {
+                        None => l.shared.as_ref().map(|s| s.down.clone()),
+                        Some(v) => v.into_iter().next(),
+                    };
+                    if let (Some((sact, g)), Some(sd)) = (shared, shared_down) {
                         let sout = buf.shared_out.prefix(n)?;
                         be.matmul(&sact, &sd, None, &sout)?;
-                        let g = buf.shared_gate.prefix(n)?;
-                        be.matmul(&buf.normed, &gate, None, &g)?;
                         be.sigmoid_gate_add(&buf.hidden, &g, &sout)?;
                     }
                 }

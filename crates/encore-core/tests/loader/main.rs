@@ -77,7 +77,8 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         match &cfg.moe {
             Some(m) if m.is_sparse(l) => {
                 // The loader's order: the router, every expert's gate, every expert's up,
-                // then the experts' down projections.
+                // the experts' down projections, then the shared expert's gate, up, gate
+                // and down.
                 let (e, ei) = (m.num_experts, m.expert_intermediate);
                 let (base, names) = match cfg.arch {
                     Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
@@ -89,11 +90,6 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
                         add(&format!("{base}.experts.{x}.{w}.weight"), vec![ei, h]);
                     }
                 }
-                if let Some(s) = m.shared_expert_intermediate {
-                    add("mlp.shared_expert.gate_proj.weight", vec![s, h]);
-                    add("mlp.shared_expert.up_proj.weight", vec![s, h]);
-                    add("mlp.shared_expert_gate.weight", vec![1, h]);
-                }
                 for x in 0..e {
                     add(
                         &format!("{base}.experts.{x}.{}.weight", names[2]),
@@ -101,6 +97,9 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
                     );
                 }
                 if let Some(s) = m.shared_expert_intermediate {
+                    add("mlp.shared_expert.gate_proj.weight", vec![s, h]);
+                    add("mlp.shared_expert.up_proj.weight", vec![s, h]);
+                    add("mlp.shared_expert_gate.weight", vec![1, h]);
                     add("mlp.shared_expert.down_proj.weight", vec![h, s]);
                 }
             }

@@ -81,3 +81,35 @@ fn planned_streams_less_than_lru_below_the_whole_model() {
         assert!(planned.resident_bytes + planned.streaming_bytes <= planned.budget_bytes);
     }
 }
+
+/// Mixtures of experts under budgets (whole expert stacks stream like any weight for now,
+/// so the floor holds two layers' stacks: 25% is below it on these dummies): 100 / 50% and
+/// the floor give the resident tokens, eager and in graphs.
+#[test]
+fn mixtures_of_experts_under_budgets_give_the_resident_tokens() {
+    let cpu = slow_cpu();
+    for model in [
+        "dummy:tiny-qwen3-moe",
+        "dummy:tiny-qwen2-moe",
+        "dummy:tiny-mixtral",
+    ] {
+        let files = open_model(model).unwrap();
+        let (want, _) = run_files(&cpu, &files, &config(false, None)).unwrap();
+        let floor = order(&files.config).floor().bytes;
+        let budgets = [
+            WeightBudget::Percent(100.0),
+            WeightBudget::Percent(50.0),
+            WeightBudget::Bytes(floor),
+        ];
+        for b in budgets {
+            for graphs in [false, true] {
+                let oc = OffloadConfig {
+                    budget: b.clone(),
+                    policy: Policy::Planned,
+                };
+                let (got, _) = run_files(&cpu, &files, &config(graphs, Some(oc))).unwrap();
+                assert_eq!(got, want, "{model}, budget {b:?}, graphs {graphs}");
+            }
+        }
+    }
+}
