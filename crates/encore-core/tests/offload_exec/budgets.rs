@@ -104,7 +104,7 @@ fn mixtures_of_experts_under_budgets_give_the_resident_tokens() {
         for b in budgets {
             for graphs in [false, true] {
                 let oc = OffloadConfig {
-                    budget: b.clone(),
+                    budget: b,
                     policy: Policy::Planned,
                 };
                 let (got, _) = run_files(&cpu, &files, &config(graphs, Some(oc))).unwrap();
