@@ -9,7 +9,11 @@
 #   gguf      (writing them first if missing) encore's decode and prefill on them;
 #   peerbuild llama.cpp's llama-bench from .gpu/llama.cpp-src.tar.xz (about 5 minutes),
 #             beside the GGUF writing;
-#   peer      llama-bench -fa 1 on the same GGUF files.
+#   peer      llama-bench -fa 1 on the same GGUF files;
+#   skew      decode and prefill at Qwen3-30B-A3B's (q4_k in situ, bf16) and Mixtral-8x7B's
+#             (q4_k) shapes, routed by --router-skew 0 (and 1.2);
+#   offload   the tiny MoE dummies under --weight-budget 50% and at the floor on CUDA,
+#             their greedy tokens against the resident run.
 # GGUF_TYPES narrows the files (default "q4_k_m q8_0"). Logs under $OUT.
 #   usage: OUT=... bash scripts/gpu-moe.sh tests,peerbuild,write  then  gguf,peer  (one warm lease)
 set -uo pipefail
@@ -59,6 +63,47 @@ if has bench; then
     $E bench decode --device cuda --model dummy:qwen3-30b-a3b --quantization $q \
       --batch 1,8,64 --steps 30 >"$OUT/decode-30b-$q.txt" 2>&1
     echo "== decode qwen3-30b-a3b $q rc=$?"; tail -5 "$OUT/decode-30b-$q.txt"
+  done
+fi
+# Routed by --router-skew tables (uniform, and Zipf 1.2), not by the random routers.
+if has skew; then
+  M=dummy:qwen3-30b-a3b
+  for sk in 0 1.2; do
+    $E bench decode --device cuda --model $M --quantization q4_k --batch 1,8,16,64,256 \
+      --steps 30 --router-skew $sk >"$OUT/skew-decode-q4_k-$sk.txt" 2>&1
+    echo "== decode $M q4_k skew $sk rc=$?"; tail -6 "$OUT/skew-decode-q4_k-$sk.txt"
+  done
+  $E bench prefill --device cuda --model $M --quantization q4_k --tokens 512,2048 \
+    --router-skew 0 >"$OUT/skew-prefill-q4_k.txt" 2>&1
+  echo "== prefill $M q4_k skew 0 rc=$?"; tail -3 "$OUT/skew-prefill-q4_k.txt"
+  $E bench decode --device cuda --model $M --batch 1,8,64 --steps 30 --router-skew 0 \
+    >"$OUT/skew-decode-bf16.txt" 2>&1
+  echo "== decode $M bf16 skew 0 rc=$?"; tail -4 "$OUT/skew-decode-bf16.txt"
+  $E bench prefill --device cuda --model $M --tokens 512,2048 --router-skew 0 \
+    >"$OUT/skew-prefill-bf16.txt" 2>&1
+  echo "== prefill $M bf16 skew 0 rc=$?"; tail -3 "$OUT/skew-prefill-bf16.txt"
+  M=dummy:mixtral-8x7b
+  $E bench decode --device cuda --model $M --quantization q4_k --batch 1,8,64 --steps 30 \
+    --router-skew 0 >"$OUT/skew-decode-mixtral.txt" 2>&1
+  echo "== decode $M q4_k skew 0 rc=$?"; tail -4 "$OUT/skew-decode-mixtral.txt"
+  $E bench prefill --device cuda --model $M --quantization q4_k --tokens 512,2048 \
+    --router-skew 0 >"$OUT/skew-prefill-mixtral.txt" 2>&1
+  echo "== prefill $M q4_k skew 0 rc=$?"; tail -3 "$OUT/skew-prefill-mixtral.txt"
+fi
+# The MoE dummies under weight budgets on CUDA: the same greedy tokens as resident.
+if has offload; then
+  for m in tiny-qwen3-moe tiny-qwen2-moe tiny-mixtral; do
+    ref=$($E generate --device cuda --model dummy:$m --prompt hello --prompt "a longer prompt" \
+      --max-tokens 16 --ignore-eos --json 2>/dev/null | grep -o '"output_ids":\[[0-9,]*\]' | tr '\n' ' ')
+    floor=$($E generate --device cuda --model dummy:$m --prompt hello --max-tokens 1 \
+      --weight-budget 1 2>&1 | grep -o 'minimum of [0-9]* bytes' | grep -o '[0-9]*')
+    for b in 50% $floor; do
+      got=$($E generate --device cuda --model dummy:$m --prompt hello --prompt "a longer prompt" \
+        --max-tokens 16 --ignore-eos --json --weight-budget $b 2>"$OUT/offload-$m-$b.txt" \
+        | grep -o '"output_ids":\[[0-9,]*\]' | tr '\n' ' ')
+      [ -n "$ref" ] && [ "$got" = "$ref" ] && r=same || r="DIFFERENT ($got vs $ref)"
+      echo "== offload $m budget $b (floor $floor): $r"
+    done
   done
 fi
 if has write || has gguf || has peer; then

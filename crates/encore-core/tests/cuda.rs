@@ -772,7 +772,6 @@ fn uniform(n: usize, seed: u64) -> Vec<f32> {
 #[ignore = "needs a CUDA device"]
 fn moe_matches_cpu_and_replays() {
     let _serial = serial();
-    let gpu = cuda();
     let cpu = CpuBackend::new();
     let seed = fresh_seed();
     // (dtype, tokens, hidden, experts, expert width, top_k, renormalise)
@@ -788,8 +787,11 @@ fn moe_matches_cpu_and_replays() {
         (DType::F16, 300, 128, 4, 96, 2, false),
         (DType::BF16, 70, 96, 128, 64, 8, true),
     ];
-    // The same layers on the grouped GEMM from one token on (the default runs it from
-    // MOE_GEMM_MIN_TOKENS; shapes it does not take stay on the pair kernels).
+    // The same layers on the pair kernels alone and on the grouped GEMM from one token on
+    // (shapes it does not take stay on the pair kernels).
+    let pairs = CudaBackend::new(0)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_moe_gemm_min_tokens(usize::MAX);
     let grouped = CudaBackend::new(0)
         .unwrap_or_else(|e| panic!("{e}"))
         .with_moe_gemm_min_tokens(1);
@@ -837,10 +839,7 @@ fn moe_matches_cpu_and_replays() {
             )
         };
         let (ci, cw, co) = run(&cpu);
-        for (path, be) in [
-            ("pairs", gpu.as_ref() as &dyn Backend),
-            ("grouped", &grouped),
-        ] {
+        for (path, be) in [("pairs", &pairs as &dyn Backend), ("grouped", &grouped)] {
             let (gi, gw, go) = run(be);
             let name =
                 format!("case {c} ({dt}, n={n} h={h} e={e} i={i} k={k}, {path}) seed {seed}");
@@ -863,7 +862,7 @@ fn moe_matches_cpu_and_replays() {
     // Captured once, replayed on other logits: the graph reads the routing on the device
     // (the pair kernels at 4 tokens, the grouped GEMM's sort and tiles at 40).
     for (be, n, dt) in [
-        (gpu.as_ref() as &dyn Backend, 4, DType::F32),
+        (&pairs as &dyn Backend, 4, DType::F32),
         (&grouped, 40, DType::BF16),
     ] {
         replays_on_new_routing(be, n, dt, seed);

@@ -128,8 +128,9 @@ pub struct CudaBackend {
     /// (`ENCORE_QUANT_GEMM`: `auto`, `mma` or `dequant`; `kernels::quant`).
     quant_gemm: QuantGemm,
     /// Mixture-of-experts layers of at least this many token rows run the grouped GEMM
-    /// (`ENCORE_MOE_GEMM_MIN_TOKENS`, default `kernels::MOE_GEMM_MIN_TOKENS`).
-    moe_gemm_min_tokens: usize,
+    /// (`ENCORE_MOE_GEMM_MIN_TOKENS`); `None`: those averaging
+    /// `kernels::MOE_GEMM_MIN_PAIRS_PER_EXPERT` pairs an expert.
+    moe_gemm_min_tokens: Option<usize>,
     /// The tensor-parallel group's communicator (`None`: alone).
     comm: Option<nccl::Comm>,
     /// The one-shot all-reduce's peer memory (`None`: alone, no peer access between the
@@ -299,13 +300,13 @@ impl CudaBackend {
             dequant_scratch: Mutex::new(Default::default()),
             quant_gemm: kernels::quant::QuantGemm::from_env()?,
             moe_gemm_min_tokens: match std::env::var("ENCORE_MOE_GEMM_MIN_TOKENS") {
-                Err(_) => kernels::MOE_GEMM_MIN_TOKENS,
-                Ok(v) => v.trim().parse().map_err(|_| {
+                Err(_) => None,
+                Ok(v) => Some(v.trim().parse().map_err(|_| {
                     Error::invalid(
                         "ENCORE_MOE_GEMM_MIN_TOKENS",
                         format!("`{v}` is not a token count"),
                     )
-                })?,
+                })?),
             },
             comm: None,
             p2p: None,
@@ -486,15 +487,15 @@ impl CudaBackend {
         self
     }
 
-    /// Token rows from which a mixture-of-experts layer runs the grouped GEMM.
-    pub(in crate::backend::cuda) fn moe_gemm_min_tokens(&self) -> usize {
+    /// Token rows from which a mixture-of-experts layer runs the grouped GEMM, where set.
+    pub(in crate::backend::cuda) fn moe_gemm_min_tokens(&self) -> Option<usize> {
         self.moe_gemm_min_tokens
     }
 
     /// This backend with mixture-of-experts layers of at least `tokens` rows on the
     /// grouped GEMM, whatever `ENCORE_MOE_GEMM_MIN_TOKENS` says (tests pin one path).
     pub fn with_moe_gemm_min_tokens(mut self, tokens: usize) -> Self {
-        self.moe_gemm_min_tokens = tokens;
+        self.moe_gemm_min_tokens = Some(tokens);
         self
     }
 

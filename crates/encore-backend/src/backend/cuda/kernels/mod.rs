@@ -941,7 +941,11 @@ pub(super) fn moe(
         &mut args![logits, n, experts, top_k, renorm, ids, wts],
     )?;
     let pairs = d.n * d.top_k;
-    if d.n >= be.moe_gemm_min_tokens() && grouped_fits(a, d) {
+    let grouped = match be.moe_gemm_min_tokens() {
+        Some(min) => d.n >= min,
+        None => pairs >= MOE_GEMM_MIN_PAIRS_PER_EXPERT * d.experts,
+    };
+    if grouped && grouped_fits(a, d) {
         return moe_grouped(be, a, d);
     }
     let (x, w, act) = (dptr(a.x), dptr(a.gate_up), dptr(a.scratch));
@@ -1034,11 +1038,14 @@ pub(super) fn moe(
     }
 }
 
-/// Tokens from which a mixture-of-experts layer runs the grouped GEMM by default
-/// (`ENCORE_MOE_GEMM_MIN_TOKENS`); fewer run one (token, expert) pair at a time. Measured
-/// on the H100, Qwen3-30B-A3B-shaped Q4_K_M decode step (BENCHMARKS.md): pairs 2.55 /
-/// 3.86 / 5.16 / 7.45 ms at 1 / 2 / 4 / 8 tokens, grouped 5.37 / 6.05 / 6.16 / 6.42 ms.
-pub(super) const MOE_GEMM_MIN_TOKENS: usize = 8;
+/// (Token, expert) pairs per expert, on average, from which a mixture-of-experts layer runs
+/// the grouped GEMM by default (unless `ENCORE_MOE_GEMM_MIN_TOKENS` sets a token count);
+/// fewer run one pair at a time. Measured on the H100 under uniform routing
+/// (`--router-skew 0`, BENCHMARKS.md), pair kernels against the grouped GEMM, decode step
+/// ms: Qwen3-30B-A3B shapes in Q4_K (128 experts, top 8) 7.7 / 11.9 at 8 tokens (0.5 pairs
+/// an expert), 11.8 / 16.0 at 16 (1), 20.3 / 21.0 at 32 (2), grouped 24.0 at 64;
+/// Mixtral-8x7B shapes (8 experts, top 2) 31.8 / 26.7 at 8 tokens (2 an expert).
+pub(super) const MOE_GEMM_MIN_PAIRS_PER_EXPERT: usize = 2;
 
 /// Whether the grouped GEMM runs this layer: x in bf16 / f16, expert rows of whole 32-value
 /// groups (the tile loader's unit), the experts' tensors 16-byte aligned.
