@@ -27,19 +27,9 @@ tar -xJf .gpu/moe.tar.xz -C .moe || exit 1
 E=.moe/encore
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 G=/tmp/gguf
-L=/tmp/llama.cpp
-build_peer() {
-  [ -x $L/build/bin/llama-bench ] && return 0
-  [ -f .gpu/llama.cpp-src.tar.xz ] || { echo "no .gpu/llama.cpp-src.tar.xz"; return 1; }
-  tar -xJf .gpu/llama.cpp-src.tar.xz -C /tmp
-  (cd $L && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-     -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
-     -DCMAKE_BUILD_TYPE=Release >"$OUT/llama-cmake.txt" 2>&1 &&
-   cmake --build build --target llama-bench -j 12 >"$OUT/llama-build.txt" 2>&1) ||
-    { echo "llama.cpp build failed"; tail -20 "$OUT/llama-build.txt" "$OUT/llama-cmake.txt"; return 1; }
-}
+source scripts/llama-peer.sh
 if has peerbuild; then
-  build_peer & bp=$!
+  build_peer "$OUT" & bp=$!
 fi
 if has tests; then
   .moe/tests/cuda --include-ignored --test-threads=1 moe >"$OUT/cuda-moe.txt" 2>&1
@@ -127,7 +117,7 @@ fi
 if has peerbuild; then
   wait $bp && echo "== llama-bench built: $($L/build/bin/llama-bench --help >/dev/null 2>&1 && echo ok)"
 fi
-if has peer && build_peer; then
+if has peer && build_peer "$OUT"; then
   for t in ${GGUF_TYPES:-q4_k_m q8_0}; do
     $L/build/bin/llama-bench -m $G/30b-$t.gguf -fa 1 -ngl 99 -p 512,2048 -n 128 -r 3 \
       >"$OUT/llama-bench-$t.txt" 2>&1

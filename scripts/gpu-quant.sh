@@ -59,21 +59,11 @@ if has prefill; then
   done
 fi
 G=/tmp/gguf
-L=/tmp/llama.cpp
 # The peer's build alone (`peerbuild`, about 5 minutes on 16 cores), so that a lease can
 # build it while the GGUF files are written, then bench both in the next call.
-build_peer() {
-  [ -x $L/build/bin/llama-bench ] && return 0
-  [ -f .gpu/llama.cpp-src.tar.xz ] || { echo "no .gpu/llama.cpp-src.tar.xz"; return 1; }
-  tar -xJf .gpu/llama.cpp-src.tar.xz -C /tmp
-  (cd $L && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-     -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
-     -DCMAKE_BUILD_TYPE=Release >"$logs/llama-cmake.txt" 2>&1 &&
-   cmake --build build --target llama-bench -j 16 >"$logs/llama-build.txt" 2>&1) ||
-    { echo "llama.cpp build failed"; tail -20 "$logs/llama-build.txt" "$logs/llama-cmake.txt"; return 1; }
-}
+source scripts/llama-peer.sh
 if has peerbuild; then
-  build_peer & bp=$!
+  build_peer "$logs" & bp=$!
 fi
 if has gguf || has peer || has peerbuild; then
   mkdir -p $G
@@ -95,7 +85,7 @@ fi
 if has peerbuild; then
   wait $bp && echo "== llama-bench built: $($L/build/bin/llama-bench --help >/dev/null 2>&1 && echo ok)"
 fi
-if has peer && build_peer; then
+if has peer && build_peer "$logs"; then
   for t in q4_k_m q8_0; do
     $L/build/bin/llama-bench -m $G/8b-$t.gguf -fa 1 -ngl 99 -p 512,2048 -n 128 -r 3 \
       >"$logs/llama-bench-$t.txt" 2>&1

@@ -152,6 +152,25 @@ pub struct MoeConfig {
 }
 
 impl MoeConfig {
+    /// The sizes no supported model exceeds; an error text naming the key, `keys` being
+    /// the names the source gives the expert count, the expert width and the shared
+    /// expert's width.
+    pub fn check_sizes(&self, keys: [&str; 3]) -> std::result::Result<(), String> {
+        let sizes = [
+            (self.num_experts, 1 << 12),
+            (self.expert_intermediate, 1 << 20),
+            (self.shared_expert_intermediate.unwrap_or(0), 1 << 20),
+        ];
+        for (key, (n, max)) in keys.iter().zip(sizes) {
+            if n > max {
+                return Err(format!(
+                    "`{key}` = {n} is beyond any supported model (at most {max})"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether layer `layer` runs experts (else a dense MLP).
     pub fn is_sparse(&self, layer: usize) -> bool {
         self.sparse.get(layer).copied().unwrap_or(false)
@@ -996,29 +1015,21 @@ fn parse_moe(
         },
         _ => None,
     };
-    for (key, n, max) in [
-        (experts_key, num_experts, 1 << 12),
-        ("moe_intermediate_size", expert_intermediate, 1 << 20),
-        (
-            "shared_expert_intermediate_size",
-            shared_expert_intermediate.unwrap_or(0),
-            1 << 20,
-        ),
-    ] {
-        if n > max {
-            return Err(f.err(format!(
-                "`{key}` = {n} is beyond any supported model (at most {max})"
-            )));
-        }
-    }
-    Ok(Some(MoeConfig {
+    let moe = MoeConfig {
         num_experts,
         top_k,
         expert_intermediate,
         norm_topk_prob,
         sparse,
         shared_expert_intermediate,
-    }))
+    };
+    moe.check_sizes([
+        experts_key,
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+    ])
+    .map_err(|what| f.err(what))?;
+    Ok(Some(moe))
 }
 
 /// The checkpoint's dtype: `torch_dtype`, else `dtype` (transformers 5), else bf16.

@@ -272,22 +272,6 @@ fn parse_moe(m: &Meta<'_>, arch: Arch, sizes: &Sizes) -> Result<Option<MoeConfig
         Some(b) => b,
         None => arch != Arch::Qwen2Moe,
     };
-    for (key, n, max) in [
-        ("expert_count", num_experts, 1 << 12),
-        ("expert_feed_forward_length", expert_intermediate, 1 << 20),
-        (
-            "expert_shared_feed_forward_length",
-            shared_expert_intermediate.unwrap_or(0),
-            1 << 20,
-        ),
-    ] {
-        if n > max {
-            return Err(m.err(format!(
-                "`{}` = {n} is beyond any supported model (at most {max})",
-                k(key)
-            )));
-        }
-    }
     let sparse = (0..sizes.num_layers)
         .map(|l| {
             m.file
@@ -295,14 +279,21 @@ fn parse_moe(m: &Meta<'_>, arch: Arch, sizes: &Sizes) -> Result<Option<MoeConfig
                 .is_some()
         })
         .collect();
-    Ok(Some(MoeConfig {
+    let moe = MoeConfig {
         num_experts,
         top_k,
         expert_intermediate,
         norm_topk_prob,
         sparse,
         shared_expert_intermediate,
-    }))
+    };
+    moe.check_sizes([
+        &k("expert_count"),
+        &k("expert_feed_forward_length"),
+        &k("expert_shared_feed_forward_length"),
+    ])
+    .map_err(|what| m.err(what))?;
+    Ok(Some(moe))
 }
 
 /// The layer count and the sizes of a layer.
