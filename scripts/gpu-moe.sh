@@ -13,7 +13,12 @@
 #   skew      decode and prefill at Qwen3-30B-A3B's (q4_k in situ, bf16) and Mixtral-8x7B's
 #             (q4_k) shapes, routed by --router-skew 0 (and 1.2);
 #   offload   the tiny MoE dummies under --weight-budget 50% and at the floor on CUDA,
-#             their greedy tokens against the resident run.
+#             their greedy tokens against the resident run (the expert cache, the default
+#             policy for experts, and the planned ring);
+#   cache     the expert cache: its CUDA tests (decisions against the CPU's, replays), the
+#             offload executor's CUDA tests, then decode at Qwen3-30B-A3B's shapes (q4_k
+#             in situ) under 50% and 25% budgets, batch 1 and 16, router skew 0 and
+#             CACHE_SKEWS (default "0.8 1.2"), against the resident run.
 # GGUF_TYPES narrows the files (default "q4_k_m q8_0"). Logs under $OUT.
 #   usage: OUT=... bash scripts/gpu-moe.sh tests,peerbuild,write  then  gguf,peer  (one warm lease)
 set -uo pipefail
@@ -85,14 +90,33 @@ if has offload; then
   for m in tiny-qwen3-moe tiny-qwen2-moe tiny-mixtral; do
     ref=$($E generate --device cuda --model dummy:$m --prompt hello --prompt "a longer prompt" \
       --max-tokens 16 --ignore-eos --json 2>/dev/null | grep -o '"output_ids":\[[0-9,]*\]' | tr '\n' ' ')
-    floor=$($E generate --device cuda --model dummy:$m --prompt hello --max-tokens 1 \
-      --weight-budget 1 2>&1 | grep -o 'minimum of [0-9]* bytes' | grep -o '[0-9]*')
-    for b in 50% $floor; do
-      got=$($E generate --device cuda --model dummy:$m --prompt hello --prompt "a longer prompt" \
-        --max-tokens 16 --ignore-eos --json --weight-budget $b 2>"$OUT/offload-$m-$b.txt" \
-        | grep -o '"output_ids":\[[0-9,]*\]' | tr '\n' ' ')
-      [ -n "$ref" ] && [ "$got" = "$ref" ] && r=same || r="DIFFERENT ($got vs $ref)"
-      echo "== offload $m budget $b (floor $floor): $r"
+    for pol in auto planned; do
+      floor=$($E generate --device cuda --model dummy:$m --prompt hello --max-tokens 1 \
+        --weight-budget 1 --offload-policy $pol 2>&1 | grep -o 'minimum of [0-9]* bytes' | grep -o '[0-9]*')
+      for b in 50% $floor; do
+        got=$($E generate --device cuda --model dummy:$m --prompt hello --prompt "a longer prompt" \
+          --max-tokens 16 --ignore-eos --json --weight-budget $b --offload-policy $pol \
+          2>"$OUT/offload-$m-$pol-$b.txt" | grep -o '"output_ids":\[[0-9,]*\]' | tr '\n' ' ')
+        [ -n "$ref" ] && [ "$got" = "$ref" ] && r=same || r="DIFFERENT ($got vs $ref)"
+        echo "== offload $m $pol budget $b (floor $floor): $r"
+      done
+    done
+  done
+fi
+# The expert cache: CUDA tests, then decode under budgets with set routing.
+if has cache; then
+  .moe/tests/cuda_quant --include-ignored --test-threads=1 expert_cache >"$OUT/cuda-cache.txt" 2>&1
+  echo "== cuda_quant expert_cache rc=$?"; grep -E 'test result|panicked|assert' "$OUT/cuda-cache.txt" | head -6
+  .moe/tests/offload_exec --include-ignored --test-threads=1 >"$OUT/offload-exec.txt" 2>&1
+  echo "== offload_exec rc=$?"; grep -E 'test result|panicked|FAILED' "$OUT/offload-exec.txt" | head -6
+  M=dummy:qwen3-30b-a3b
+  for sk in 0 ${CACHE_SKEWS:-0.8 1.2}; do
+    for b in none 50% 25%; do
+      [ $b = none ] && flag="" || flag="--weight-budget $b"
+      $E bench decode --device cuda --model $M --quantization q4_k --batch 1,16 --steps 30 \
+        --router-skew $sk $flag >"$OUT/cache-$sk-${b%\%}.txt" 2>&1
+      echo "== decode $M q4_k skew $sk budget $b rc=$?"; grep -E '^ +(1|16) ' "$OUT/cache-$sk-${b%\%}.txt"
+      grep -E 'weight budget' "$OUT/cache-$sk-${b%\%}.txt"
     done
   done
 fi

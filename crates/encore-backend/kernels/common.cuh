@@ -539,6 +539,28 @@ __device__ __forceinline__ void qgemv_impl(const T* __restrict__ x,
     }
 }
 
+// Where a mixture-of-experts layer's experts lie (every expert kernel takes one): expert e
+// is slot s = slot_of[e] (the expert cache's slots under a weight budget), or s = e when
+// slot_of is null (the stacks: gate/up [2 E I, H], down [E H, I]). Slot s's gate rows start
+// at gu + s * gu_stride, its up rows up_off bytes further, its down rows at dn + s *
+// dn_stride. The stacks: gu_stride = I row bytes, up_off = E I row bytes, dn_stride = H row
+// bytes.
+struct MoeExperts {
+    const unsigned char* gu;
+    const unsigned char* dn;
+    const int* slot_of;
+    long long gu_stride, up_off, dn_stride;
+};
+__device__ __forceinline__ long long moe_slot(const MoeExperts& m, int e) {
+    return m.slot_of != nullptr ? (long long)m.slot_of[e] : (long long)e;
+}
+__device__ __forceinline__ const unsigned char* moe_gate(const MoeExperts& m, int e) {
+    return m.gu + moe_slot(m, e) * m.gu_stride;
+}
+__device__ __forceinline__ const unsigned char* moe_down(const MoeExperts& m, int e) {
+    return m.dn + moe_slot(m, e) * m.dn_stride;
+}
+
 // qmoe: a mixture-of-experts layer's quantized experts for a few token rows (Backend::moe's
 // decode path; moe.cu routes first and holds the dense version). Expert rows are short (a
 // Qwen3-30B-A3B expert's down rows are 768 values: 6 Q4_K units), so a warp is cut into
@@ -576,8 +598,7 @@ __device__ __forceinline__ float qmoe_group_sum(float v, int g) {
 }
 
 template <class F, typename T>
-__device__ __forceinline__ void qmoe_gate_up_impl(const T* __restrict__ x,
-                                                  const unsigned char* __restrict__ w,
+__device__ __forceinline__ void qmoe_gate_up_impl(const T* __restrict__ x, const MoeExperts& w,
                                                   const int* __restrict__ ids, T* __restrict__ act,
                                                   int hidden, int inter, int experts, int top_k,
                                                   int g) {
@@ -589,8 +610,8 @@ __device__ __forceinline__ void qmoe_gate_up_impl(const T* __restrict__ x,
     float acc[2][1] = {{0.0f}, {0.0f}};
     if (live) {
         const long long row_bytes = q_row_bytes<F>(hidden);
-        const unsigned char* const wr[2] = {w + ((long long)e * inter + j) * row_bytes,
-                                            w + ((long long)(experts + e) * inter + j) * row_bytes};
+        const unsigned char* gate = moe_gate(w, e) + j * row_bytes;
+        const unsigned char* const wr[2] = {gate, gate + w.up_off};
         qmoe_dot<F, T, 2>(wr, x + (p / top_k) * hidden, hidden, gl, g, acc);
     }
     const float sg = qmoe_group_sum(acc[0][0], g), su = qmoe_group_sum(acc[1][0], g);
@@ -606,8 +627,7 @@ __device__ __forceinline__ void qmoe_gate_up_impl(const T* __restrict__ x,
 // product to T into shared memory, and one thread per output sums them in slot order.
 #define QMOE_MAX_TOP_K 32
 template <class F, typename T>
-__device__ __forceinline__ void qmoe_down_impl(const T* __restrict__ act,
-                                               const unsigned char* __restrict__ down,
+__device__ __forceinline__ void qmoe_down_impl(const T* __restrict__ act, const MoeExperts& down,
                                                const int* __restrict__ ids,
                                                const float* __restrict__ weights,
                                                T* __restrict__ out, int hidden, int inter,
@@ -627,9 +647,8 @@ __device__ __forceinline__ void qmoe_down_impl(const T* __restrict__ act,
         float acc[2][1] = {{0.0f}, {0.0f}};
         if (live) {
             // A second row past the end re-reads the first (never written).
-            const long long r0 = (long long)e * hidden + h;
-            const unsigned char* const wr[2] = {down + r0 * row_bytes,
-                                                down + (h + 1 < hidden ? r0 + 1 : r0) * row_bytes};
+            const unsigned char* d = moe_down(down, e) + (long long)h * row_bytes;
+            const unsigned char* const wr[2] = {d, h + 1 < hidden ? d + row_bytes : d};
             qmoe_dot<F, T, 2>(wr, act + p * inter, inter, gl, g, acc);
         }
         const float y0 = qmoe_group_sum(acc[0][0], g), y1 = qmoe_group_sum(acc[1][0], g);
@@ -957,8 +976,7 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
 //   else (down): x rows are pairs (act), the rows h0.. of expert e (e H + h), and
 //     y[pair, h] = round_T(dot); moe_combine sums the slots.
 template <class F, typename T, int BM, bool SILU>
-__device__ __forceinline__ void gmoe_impl(const T* __restrict__ x,
-                                          const unsigned char* __restrict__ w,
+__device__ __forceinline__ void gmoe_impl(const T* __restrict__ x, const MoeExperts& w,
                                           const int* __restrict__ sorted,
                                           const int* __restrict__ tile_expert,
                                           T* __restrict__ out, int k, int n_out, int experts,
@@ -983,17 +1001,17 @@ __device__ __forceinline__ void gmoe_impl(const T* __restrict__ x,
     }
     const long long row_bytes = q_row_bytes<F>(k);
     const int nl = threadIdx.x >> 1;
-    long long wr;
+    const unsigned char* wr;
     int n0;
     if (SILU) {
         // Tile row nl: warp column wn = nl / 32, its n8 tile q = (nl % 32) / 8 (even: gate).
         n0 = blockIdx.x * (QM_BN / 2);
         const int q = (nl & 31) >> 3;
         const int j = min(n0 + (nl >> 5) * 16 + (q >> 1) * 8 + (nl & 7), n_out - 1);
-        wr = (q & 1) ? (long long)(experts + e) * n_out + j : (long long)e * n_out + j;
+        wr = moe_gate(w, e) + ((q & 1) ? w.up_off : 0) + j * row_bytes;
     } else {
         n0 = blockIdx.x * QM_BN;
-        wr = (long long)e * n_out + min(n0 + nl, n_out - 1);
+        wr = moe_down(w, e) + min(n0 + nl, n_out - 1) * row_bytes;
     }
     float acc[MT][4][4];
     auto load_x = [&](int stage, int kt) {
@@ -1009,7 +1027,7 @@ __device__ __forceinline__ void gmoe_impl(const T* __restrict__ x,
         cp_async_commit();
     };
     const int ktiles = (k + QM_BK - 1) / QM_BK;
-    qmma_core<F, T, BM>(sA, sB, load_x, w + wr * row_bytes, k, 0, ktiles, acc);
+    qmma_core<F, T, BM>(sA, sB, load_x, wr, k, 0, ktiles, acc);
 
     const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
@@ -1121,13 +1139,13 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
     QMMA_BMS(F, FN, f16, float, f16, f32)
 #define QMOE(F, FN, T, TN)                                                                   \
     extern "C" __global__ void __launch_bounds__(QG_THREADS) qmoe_gate_up_##FN##_##TN(          \
-        const T* x, const unsigned char* w, const int* ids, T* act, int hidden, int inter,     \
-        int experts, int top_k, int g) {                                                        \
+        const T* x, MoeExperts w, const int* ids, T* act, int hidden, int inter, int experts,  \
+        int top_k, int g) {                                                                     \
         pdl_enter();                                                                            \
         qmoe_gate_up_impl<F, T>(x, w, ids, act, hidden, inter, experts, top_k, g);              \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(QG_THREADS) qmoe_down_##FN##_##TN(             \
-        const T* act, const unsigned char* down, const int* ids, const float* weights, T* out,  \
+        const T* act, MoeExperts down, const int* ids, const float* weights, T* out,            \
         int hidden, int inter, int experts, int top_k, int g) {                                 \
         pdl_enter();                                                                            \
         qmoe_down_impl<F, T>(act, down, ids, weights, out, hidden, inter, experts, top_k, g);   \
@@ -1135,14 +1153,14 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
 // The grouped MoE GEMM (gmoe_impl) for x in T and BM-row tiles: gate/up + SiLU, and down.
 #define GMOE_ONE(F, FN, T, TN, BM)                                                           \
     extern "C" __global__ void __launch_bounds__(QM_THREADS, (BM) <= 64 ? 2 : 1)              \
-        gmoe_gate_up_##FN##_##TN##_bm##BM(const T* x, const unsigned char* w,                 \
+        gmoe_gate_up_##FN##_##TN##_bm##BM(const T* x, MoeExperts w,                           \
                                           const int* sorted, const int* tile_expert, T* out,  \
                                           int k, int n_out, int experts, int top_k) {         \
         pdl_enter();                                                                          \
         gmoe_impl<F, T, BM, true>(x, w, sorted, tile_expert, out, k, n_out, experts, top_k);  \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(QM_THREADS, (BM) <= 64 ? 2 : 1)              \
-        gmoe_down_##FN##_##TN##_bm##BM(const T* x, const unsigned char* w,                    \
+        gmoe_down_##FN##_##TN##_bm##BM(const T* x, MoeExperts w,                              \
                                        const int* sorted, const int* tile_expert, T* out,     \
                                        int k, int n_out, int experts, int top_k) {            \
         pdl_enter();                                                                          \

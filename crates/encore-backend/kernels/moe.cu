@@ -82,8 +82,7 @@ __device__ __forceinline__ void moe_route_impl(const T* __restrict__ logits, int
 }
 
 template <typename T>
-__device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x,
-                                                 const T* __restrict__ w,
+__device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const MoeExperts& w,
                                                  const int* __restrict__ ids,
                                                  T* __restrict__ act, int hidden, int inter,
                                                  int experts, int top_k, int vec) {
@@ -97,8 +96,8 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x,
         return;
     }
     const T* xr = x + (p / top_k) * hidden;
-    const T* g = w + ((long long)e * inter + j) * hidden;
-    const T* u = w + ((long long)(experts + e) * inter + j) * hidden;
+    const T* g = reinterpret_cast<const T*>(moe_gate(w, e)) + (long long)j * hidden;
+    const T* u = reinterpret_cast<const T*>(moe_gate(w, e) + w.up_off) + (long long)j * hidden;
     float sg = 0.0f, su = 0.0f;
     if (vec) {
         // 16-byte loads (the host checked rows and bases are 16-byte aligned).
@@ -128,8 +127,7 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x,
 }
 
 template <typename T>
-__device__ __forceinline__ void moe_down_impl(const T* __restrict__ act,
-                                              const T* __restrict__ down,
+__device__ __forceinline__ void moe_down_impl(const T* __restrict__ act, const MoeExperts& down,
                                               const int* __restrict__ ids,
                                               const float* __restrict__ weights,
                                               T* __restrict__ out, int hidden, int inter,
@@ -144,7 +142,7 @@ __device__ __forceinline__ void moe_down_impl(const T* __restrict__ act,
         const int e = ids[p];
         if (e < 0 || e >= experts) continue;
         const T* a = act + p * inter;
-        const T* d = down + ((long long)e * hidden + h) * inter;
+        const T* d = reinterpret_cast<const T*>(moe_down(down, e)) + (long long)h * inter;
         float y = 0.0f;
         if (vec) {
             constexpr int V = Ty<T>::V;
@@ -183,13 +181,13 @@ __device__ __forceinline__ void moe_shared_add_impl(T* __restrict__ x, const T* 
         moe_route_impl<T>(logits, n, experts, top_k, renorm, ids, weights);                 \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(MOE_WARPS * 32)                            \
-        moe_gate_up_##TN(const T* x, const T* w, const int* ids, T* act, int hidden,        \
+        moe_gate_up_##TN(const T* x, MoeExperts w, const int* ids, T* act, int hidden,      \
                          int inter, int experts, int top_k, int vec) {                      \
         pdl_enter();                                                                        \
         moe_gate_up_impl<T>(x, w, ids, act, hidden, inter, experts, top_k, vec);            \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(MOE_WARPS * 32)                            \
-        moe_down_##TN(const T* act, const T* down, const int* ids, const float* weights,    \
+        moe_down_##TN(const T* act, MoeExperts down, const int* ids, const float* weights,  \
                       T* out, int hidden, int inter, int experts, int top_k, int vec) {     \
         pdl_enter();                                                                        \
         moe_down_impl<T>(act, down, ids, weights, out, hidden, inter, experts, top_k, vec); \
@@ -309,3 +307,128 @@ MOE_GROUPED(f16, f16)
 MOE_GROUPED(f32, float)
 GMOE(QFormatDense<bf16>, dense, bf16, bf16)
 GMOE(QFormatDense<f16>, dense, f16, f16)
+
+// ---------------------------------------------------------------------------------------
+// The expert cache (args::ExpertCache; the CPU's expert_cache_plan is the reference and
+// makes the same decisions).
+//
+// moe_cache_plan: one CTA of 1024 threads, after moe_route. Counts each expert's pairs,
+// updates the layer's scores (score * decay + count, one fma), looks each needed expert up,
+// then for each miss in ascending expert order takes the slot of least score (empty: -1;
+// ties to the lower slot) among the slots not holding an expert this call needs (a block
+// argmin over the slots per miss), evicts its expert and records the fill. Then the
+// running totals.
+#define MOE_PLAN_THREADS 1024
+__device__ __forceinline__ unsigned int moe_order_bits(float f) {
+    const unsigned int b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
+    moe_cache_plan(const int* __restrict__ ids, int pairs, int experts, int layer, int slots,
+                   int* __restrict__ slot_of, int* __restrict__ owner, float* __restrict__ score,
+                   int* __restrict__ fills, long long* __restrict__ stats, float decay,
+                   long long expert_bytes) {
+    pdl_enter();
+    __shared__ int need[32 * MOE_PER_LANE];
+    __shared__ int miss[32 * MOE_PER_LANE];
+    __shared__ int nmiss, nhit, ndistinct;
+    __shared__ unsigned long long red[MOE_PLAN_THREADS / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int e = tid; e < experts; e += MOE_PLAN_THREADS) need[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += MOE_PLAN_THREADS) {
+        const int e = ids[p];
+        if (e >= 0 && e < experts) atomicAdd(&need[e], 1);
+    }
+    __syncthreads();
+    int* map = slot_of + (long long)layer * experts;
+    float* sc = score + (long long)layer * experts;
+    for (int e = tid; e < experts; e += MOE_PLAN_THREADS) sc[e] = fmaf(sc[e], decay, (float)need[e]);
+    if (tid == 0) {
+        int m = 0, h = 0, d = 0;
+        for (int e = 0; e < experts; ++e) {
+            if (need[e] == 0) continue;
+            ++d;
+            if (map[e] >= 0)
+                ++h;
+            else
+                miss[m++] = e;
+        }
+        nmiss = m;
+        nhit = h;
+        ndistinct = d;
+    }
+    __syncthreads();
+    const int m = nmiss;
+    for (int i = 0; i < m; ++i) {
+        unsigned long long best = ~0ull;
+        for (int s = tid; s < slots; s += MOE_PLAN_THREADS) {
+            const int o = owner[s];
+            const bool pinned = o >= 0 && o / experts == layer && need[o % experts] > 0;
+            if (pinned) continue;
+            const float key = o < 0 ? -1.0f : score[o];
+            const unsigned long long k =
+                ((unsigned long long)moe_order_bits(key) << 32) | (unsigned int)s;
+            best = k < best ? k : best;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long v = __shfl_xor_sync(FULL_MASK, best, o);
+            best = v < best ? v : best;
+        }
+        if (lane == 0) red[warp] = best;
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < MOE_PLAN_THREADS / 32; ++w) best = red[w] < best ? red[w] : best;
+            const int s = (int)(best & 0xffffffffull), e = miss[i];
+            const int old = owner[s];
+            if (old >= 0) slot_of[old] = -1;
+            owner[s] = layer * experts + e;
+            map[e] = s;
+            fills[1 + 2 * i] = e;
+            fills[2 + 2 * i] = s;
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        fills[0] = m;
+        stats[0] += ndistinct;
+        stats[1] += nhit;
+        stats[2] += m;
+        stats[3] += (long long)m * expert_bytes;
+    }
+}
+
+// moe_cache_fill: copies each fill's expert from host memory (mapped, read over the bus)
+// into its slot: its gate rows (half bytes from gu_host + e half), its up rows (from
+// gu_host + (E + e) half) behind them, its down rows (down bytes from dn_host + e down).
+// A grid-stride loop of 16-byte pieces over all fills, so one fill uses the whole grid.
+extern "C" __global__ void moe_cache_fill(const int* __restrict__ fills,
+                                          const unsigned char* gu_host,
+                                          const unsigned char* dn_host,
+                                          unsigned char* __restrict__ gu_slots,
+                                          unsigned char* __restrict__ dn_slots, int experts,
+                                          long long half, long long down, long long gu_slot,
+                                          long long dn_slot) {
+    pdl_enter();
+    const long long m = fills[0];
+    const long long per = (2 * half + down) / 16;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long u = (long long)blockIdx.x * blockDim.x + threadIdx.x; u < m * per; u += stride) {
+        const long long f = u / per, off = (u - f * per) * 16;
+        const long long e = fills[1 + 2 * f], s = fills[2 + 2 * f];
+        const unsigned char* src;
+        unsigned char* dst;
+        if (off < half) {
+            src = gu_host + e * half + off;
+            dst = gu_slots + s * gu_slot + off;
+        } else if (off < 2 * half) {
+            src = gu_host + (experts + e) * half + (off - half);
+            dst = gu_slots + s * gu_slot + off;
+        } else {
+            src = dn_host + e * down + (off - 2 * half);
+            dst = dn_slots + s * dn_slot + (off - 2 * half);
+        }
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    }
+}

@@ -329,12 +329,57 @@ pub struct Moe<'a> {
     /// these `n` rows (any dtype; the CUDA backend's grouped GEMM sorts the pairs and
     /// holds their down products there).
     pub workspace: &'a Tensor,
+    /// Routed experts served from a device cache of expert slots (weight offload): then
+    /// `gate_up` and `down` are in host memory the device reads, and only the slots'
+    /// copies are computed with. `None`: `gate_up` and `down` are read where they are.
+    pub cache: Option<ExpertCache<'a>>,
 }
+
+/// A device cache of expert slots for [`Moe`] (routed experts streamed under a weight
+/// budget). Each slot holds one expert of one sparse layer: its gate rows then its up rows
+/// (`gate_up_slots` row `s`), and its down rows (`down_slots` row `s`), in the layer's
+/// formats. After routing, the backend, on the device and with no host round trip:
+/// 1. counts each expert's pairs (`need`), and updates the layer's scores:
+///    `score = score * decay + need` (f32, one fused multiply-add);
+/// 2. looks up each needed expert (`slot_of`): a hit, or a miss;
+/// 3. for each miss in ascending expert order, takes the slot of least score (an empty slot
+///    scores -1; ties to the lower slot) among those not holding an expert this call needs,
+///    evicts its expert (`slot_of` = -1), and records the fill (`fills`);
+/// 4. copies the filled experts' rows from host memory into their slots, then runs the
+///    experts from the slots.
+///
+/// So the policy is frequency over a decaying window, deterministic, and the same on every
+/// backend; correctness never depends on it (a slot holds a bit-exact copy).
+pub struct ExpertCache<'a> {
+    /// This layer's row of `slot_of` and `score`.
+    pub layer: usize,
+    /// i32 `[layers, experts]`: the slot holding each expert, -1 where none does.
+    pub slot_of: &'a Tensor,
+    /// i32 `[slots]`: the `layer * experts + expert` each slot holds, -1 when empty.
+    pub owner: &'a Tensor,
+    /// f32 `[layers, experts]`: the replacement policy's scores.
+    pub score: &'a Tensor,
+    /// i32 `[1 + 2 * experts]`, written: this call's fills (their count, then (expert,
+    /// slot) pairs).
+    pub fills: &'a Tensor,
+    /// i64 `[4]`, accumulated: distinct experts needed, hits, misses (fills), bytes filled.
+    pub stats: &'a Tensor,
+    /// The slots' bytes (any dtype): `[slots, gate/up slot bytes]` and `[slots, down slot
+    /// bytes]` as rows of whole elements; each slot at least the layer's expert's bytes and
+    /// a multiple of 16 bytes.
+    pub gate_up_slots: &'a Tensor,
+    pub down_slots: &'a Tensor,
+    /// The scores' decay per call of the layer, in [0, 1].
+    pub decay: f32,
+}
+
+/// The slot statistics [`ExpertCache::stats`] accumulates, in order.
+pub const EXPERT_STATS: [&str; 4] = ["needed", "hits", "misses", "bytes"];
 
 impl Moe<'_> {
     /// Every tensor argument with its name (for device checks and errors).
     pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
-        vec![
+        let mut ts = vec![
             ("x", self.x),
             ("logits", self.logits),
             ("gate_up", self.gate_up),
@@ -344,6 +389,18 @@ impl Moe<'_> {
             ("out", self.out),
             ("scratch", self.scratch),
             ("workspace", self.workspace),
-        ]
+        ];
+        if let Some(c) = &self.cache {
+            ts.extend([
+                ("slot_of", c.slot_of),
+                ("owner", c.owner),
+                ("score", c.score),
+                ("fills", c.fills),
+                ("stats", c.stats),
+                ("gate_up_slots", c.gate_up_slots),
+                ("down_slots", c.down_slots),
+            ]);
+        }
+        ts
     }
 }

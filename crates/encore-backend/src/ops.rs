@@ -674,12 +674,130 @@ impl RopeConfig {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeDims {
     pub n: usize,
     pub hidden: usize,
     pub experts: usize,
     pub inter: usize,
     pub top_k: usize,
+    /// With an expert cache ([`crate::args::ExpertCache`]).
+    pub cache: Option<CacheDims>,
+}
+
+/// The expert cache of a [`crate::args::Moe`] call, validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheDims {
+    pub layer: usize,
+    pub layers: usize,
+    pub slots: usize,
+    /// Bytes of one expert's gate rows (= its up rows) and of its down rows.
+    pub half_bytes: usize,
+    pub down_bytes: usize,
+    /// Bytes of a slot in `gate_up_slots` and in `down_slots`.
+    pub gate_up_slot: usize,
+    pub down_slot: usize,
+}
+
+impl CacheDims {
+    /// Bytes copied to fill one slot.
+    pub fn expert_bytes(&self) -> usize {
+        2 * self.half_bytes + self.down_bytes
+    }
+}
+
+/// The expert cache's checks: shapes, dtypes, slots large enough for this layer's experts
+/// and numerous enough for this call's `n * top_k` pairs.
+fn check_expert_cache(
+    c: &crate::args::ExpertCache<'_>,
+    experts: usize,
+    pairs: usize,
+    half_bytes: usize,
+    down_bytes: usize,
+) -> Result<CacheDims> {
+    const OP: &str = "moe (expert cache)";
+    check_dtype(OP, "slot_of", c.slot_of, &[DType::I32])?;
+    check_rank(OP, "slot_of", c.slot_of, 2, "[layers, experts]")?;
+    let layers = c.slot_of.dim(0);
+    if c.slot_of.dim(1) != experts || c.layer >= layers {
+        return Err(Error::Shape {
+            op: OP,
+            name: "slot_of",
+            found: c.slot_of.shape().to_vec(),
+            expected: format!("[layers > {}, {experts}]", c.layer),
+        });
+    }
+    check_dtype(OP, "score", c.score, &[DType::F32])?;
+    check_shape(
+        OP,
+        "score",
+        c.score,
+        &[layers, experts],
+        "[layers, experts]",
+    )?;
+    check_dtype(OP, "owner", c.owner, &[DType::I32])?;
+    check_rank(OP, "owner", c.owner, 1, "[slots]")?;
+    let slots = c.owner.dim(0);
+    check_dtype(OP, "fills", c.fills, &[DType::I32])?;
+    check_shape(
+        OP,
+        "fills",
+        c.fills,
+        &[1 + 2 * experts],
+        "[1 + 2 * experts]",
+    )?;
+    check_dtype(OP, "stats", c.stats, &[DType::I64])?;
+    check_shape(OP, "stats", c.stats, &[4], "[4]")?;
+    let mut sizes = [0usize; 2];
+    for (i, (name, t, need)) in [
+        ("gate_up_slots", c.gate_up_slots, 2 * half_bytes),
+        ("down_slots", c.down_slots, down_bytes),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let slot = if t.rank() == 2 && t.dim(0) == slots {
+            t.size_bytes() / slots.max(1)
+        } else {
+            0
+        };
+        if slot < need || !slot.is_multiple_of(16) {
+            return Err(Error::Shape {
+                op: OP,
+                name,
+                found: t.shape().to_vec(),
+                expected: format!(
+                    "[{slots} slots, a row of at least {need} bytes, a multiple of 16]"
+                ),
+            });
+        }
+        sizes[i] = slot;
+    }
+    if !(0.0..=1.0).contains(&c.decay) {
+        return Err(Error::invalid(
+            OP,
+            format!("decay {} must be in [0, 1]", c.decay),
+        ));
+    }
+    let worst = experts.min(pairs);
+    if slots < worst {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "{slots} expert slots for {pairs} (token, expert) pairs of {experts} experts: \
+                 a step may need {worst}"
+            ),
+        ));
+    }
+    Ok(CacheDims {
+        layer: c.layer,
+        layers,
+        slots,
+        half_bytes,
+        down_bytes,
+        gate_up_slot: sizes[0],
+        down_slot: sizes[1],
+    })
 }
 
 pub fn check_moe(a: &crate::args::Moe<'_>) -> Result<MoeDims> {
@@ -741,12 +859,23 @@ pub fn check_moe(a: &crate::args::Moe<'_>) -> Result<MoeDims> {
         &[n * a.top_k, inter],
         "[n * top_k, inter]",
     )?;
+    let cache = match &a.cache {
+        Some(c) => Some(check_expert_cache(
+            c,
+            experts,
+            n * a.top_k,
+            a.gate_up.size_bytes() / (2 * experts),
+            a.down.size_bytes() / experts,
+        )?),
+        None => None,
+    };
     Ok(MoeDims {
         n,
         hidden,
         experts,
         inter,
         top_k: a.top_k,
+        cache,
     })
 }
 

@@ -744,6 +744,7 @@ fn moe_matches_the_f64_reference() {
             out: &out,
             scratch: &scratch,
             workspace: &work,
+            cache: None,
         })
         .unwrap();
         let (got_ids, got_w) = (
@@ -837,6 +838,7 @@ fn moe_breaks_ties_toward_the_lower_expert_and_checks_its_operands() {
             out,
             scratch: &scratch.prefix(n * top_k.min(5))?,
             workspace: &work,
+            cache: None,
         })
     };
     args(2, &out, &ids).unwrap();
@@ -851,4 +853,272 @@ fn moe_breaks_ties_toward_the_lower_expert_and_checks_its_operands() {
     let f_ids = be.alloc(DType::F32, &[n, 2]).unwrap();
     let e3 = args(2, &out, &f_ids).unwrap_err().to_string();
     assert!(e3.contains("ids"), "{e3}");
+}
+
+/// An expert cache of `slots` slots for `layers` layers of `e` experts whose gate/up
+/// and down stacks are `gu` and `dn` (every slot empty, decay `decay`).
+struct TestCache {
+    slot_of: Tensor,
+    owner: Tensor,
+    score: Tensor,
+    fills: Tensor,
+    stats: Tensor,
+    gu_slots: Tensor,
+    dn_slots: Tensor,
+    decay: f32,
+}
+
+impl TestCache {
+    fn new(
+        be: &dyn Backend,
+        layers: usize,
+        e: usize,
+        slots: usize,
+        gu: &Tensor,
+        dn: &Tensor,
+        decay: f32,
+    ) -> Self {
+        let slot_words = |t: &Tensor, parts: usize| (t.size_bytes() / parts).div_ceil(16) * 4;
+        TestCache {
+            slot_of: be.upload(&vec![-1i32; layers * e], &[layers, e]).unwrap(),
+            owner: be.upload(&vec![-1i32; slots], &[slots]).unwrap(),
+            score: be.upload(&vec![0f32; layers * e], &[layers, e]).unwrap(),
+            fills: be.upload(&vec![0i32; 1 + 2 * e], &[1 + 2 * e]).unwrap(),
+            stats: be.upload(&[0i64; 4], &[4]).unwrap(),
+            gu_slots: be.alloc(DType::I32, &[slots, slot_words(gu, e)]).unwrap(),
+            dn_slots: be.alloc(DType::I32, &[slots, slot_words(dn, e)]).unwrap(),
+            decay,
+        }
+    }
+
+    fn args(&self, layer: usize) -> encore_backend::ExpertCache<'_> {
+        encore_backend::ExpertCache {
+            layer,
+            slot_of: &self.slot_of,
+            owner: &self.owner,
+            score: &self.score,
+            fills: &self.fills,
+            stats: &self.stats,
+            gate_up_slots: &self.gu_slots,
+            down_slots: &self.dn_slots,
+            decay: self.decay,
+        }
+    }
+}
+
+/// The expert cache's decisions, step by step (E = 4, top 1, 2 slots, 2 layers, decay
+/// 0.5): empty slots first, then the least score among the slots not needed now, across
+/// layers; hits copy nothing; the outputs equal the stacks' whatever the slots hold.
+#[test]
+fn the_expert_cache_fills_and_evicts_by_decayed_frequency() {
+    let be = cpu();
+    let (h, e, i) = (32, 4, 16);
+    let x = be.upload(&uniform(h, 5), &[1, h]).unwrap();
+    let gu = be
+        .upload(&uniform(2 * e * i * h, 6), &[2 * e * i, h])
+        .unwrap();
+    let dn = be.upload(&uniform(e * h * i, 7), &[e * h, i]).unwrap();
+    let cache = TestCache::new(be.as_ref(), 2, e, 2, &gu, &dn, 0.5);
+    let (ids, wts, scratch) = (
+        be.alloc(DType::I32, &[1, 1]).unwrap(),
+        be.alloc(DType::F32, &[1, 1]).unwrap(),
+        be.alloc(DType::F32, &[1, i]).unwrap(),
+    );
+    let work = be.alloc(DType::I32, &[1]).unwrap();
+    let call = |layer: usize, expert: usize, cached: bool| -> Vec<f32> {
+        let mut l = vec![0f32; e];
+        l[expert] = 10.0;
+        let logits = be.upload(&l, &[1, e]).unwrap();
+        let out = be.alloc(DType::F32, &[1, h]).unwrap();
+        be.moe(&encore_backend::Moe {
+            x: &x,
+            logits: &logits,
+            top_k: 1,
+            renormalize: true,
+            gate_up: &gu,
+            down: &dn,
+            ids: &ids,
+            weights: &wts,
+            out: &out,
+            scratch: &scratch,
+            workspace: &work,
+            cache: cached.then(|| cache.args(layer)),
+        })
+        .unwrap();
+        be.download::<f32>(&out).unwrap()
+    };
+    let tables = || {
+        (
+            be.download::<i32>(&cache.slot_of).unwrap(),
+            be.download::<i32>(&cache.owner).unwrap(),
+            be.download::<i32>(&cache.fills).unwrap()[..3].to_vec(),
+        )
+    };
+    // (layer, expert) -> (slot_of, owner, fills[..3]) after the call.
+    let steps: [((usize, usize), (Vec<i32>, Vec<i32>, Vec<i32>)); 5] = [
+        // An empty slot, the lowest.
+        (
+            (0, 0),
+            (
+                vec![0, -1, -1, -1, -1, -1, -1, -1],
+                vec![0, -1],
+                vec![1, 0, 0],
+            ),
+        ),
+        // The other empty slot.
+        (
+            (0, 1),
+            (
+                vec![0, 1, -1, -1, -1, -1, -1, -1],
+                vec![0, 1],
+                vec![1, 1, 1],
+            ),
+        ),
+        // Scores e0 0.25, e1 0.5: e0's slot.
+        (
+            (0, 2),
+            (
+                vec![-1, 1, 0, -1, -1, -1, -1, -1],
+                vec![2, 1],
+                vec![1, 2, 0],
+            ),
+        ),
+        // A hit: nothing filled.
+        (
+            (0, 1),
+            (
+                vec![-1, 1, 0, -1, -1, -1, -1, -1],
+                vec![2, 1],
+                vec![0, 2, 0],
+            ),
+        ),
+        // Layer 1's expert 3: e2 scores 0.25, e1 1.25: e2's slot.
+        (
+            (1, 3),
+            (
+                vec![-1, 1, -1, -1, -1, -1, -1, 0],
+                vec![7, 1],
+                vec![1, 3, 0],
+            ),
+        ),
+    ];
+    for ((layer, expert), want) in steps {
+        let got = call(layer, expert, true);
+        assert_eq!(tables(), want, "layer {layer} expert {expert}");
+        assert_eq!(
+            got,
+            call(layer, expert, false),
+            "layer {layer} expert {expert}"
+        );
+    }
+    let stats = be.download::<i64>(&cache.stats).unwrap();
+    let expert_bytes = (3 * i * h * 4) as i64;
+    assert_eq!(stats, [5, 1, 4, 4 * expert_bytes]);
+}
+
+/// Random routing through a cache of the fewest slots a call may need: dense and
+/// quantized experts give the stacks' outputs bit for bit, and the tables stay a
+/// bijection between slots and cached experts.
+#[test]
+fn moe_through_the_expert_cache_equals_the_stacks() {
+    let be = cpu();
+    use encore_backend::quant;
+    for (c, fmt) in [None, Some(quant::QuantFormat::Q4K)]
+        .into_iter()
+        .enumerate()
+    {
+        let (n, h, e, i, k, layers) = (3, 256, 8, 256, 2, 2);
+        let seed = 100 + c as u64;
+        let (gu, dn) = match fmt {
+            None => (
+                be.upload(&uniform(2 * e * i * h, seed), &[2 * e * i, h])
+                    .unwrap(),
+                be.upload(&uniform(e * h * i, seed + 1), &[e * h, i])
+                    .unwrap(),
+            ),
+            Some(f) => {
+                let q = |v: &[f32], rows: usize, cols: usize| {
+                    let mut bytes = vec![0u8; f.bytes(rows, cols).unwrap()];
+                    quant::quantize_rows(f, v, cols, &mut bytes);
+                    let t = be.alloc(DType::Q(f), &[rows, cols]).unwrap();
+                    be.write_bytes(&t, &bytes).unwrap();
+                    t
+                };
+                (
+                    q(&uniform(2 * e * i * h, seed), 2 * e * i, h),
+                    q(&uniform(e * h * i, seed + 1), e * h, i),
+                )
+            }
+        };
+        let slots = e.min(n * k);
+        let cache = TestCache::new(be.as_ref(), layers, e, slots, &gu, &dn, 0.9);
+        let x = be.upload(&uniform(n * h, seed + 2), &[n, h]).unwrap();
+        let (ids, wts, scratch, work) = (
+            be.alloc(DType::I32, &[n, k]).unwrap(),
+            be.alloc(DType::F32, &[n, k]).unwrap(),
+            be.alloc(DType::F32, &[n * k, i]).unwrap(),
+            be.alloc(DType::I32, &[1]).unwrap(),
+        );
+        for step in 0..12 {
+            let logits = be
+                .upload(&uniform(n * e, seed + 10 + step as u64), &[n, e])
+                .unwrap();
+            let run = |cached: bool| {
+                let out = be.alloc(DType::F32, &[n, h]).unwrap();
+                be.moe(&encore_backend::Moe {
+                    x: &x,
+                    logits: &logits,
+                    top_k: k,
+                    renormalize: false,
+                    gate_up: &gu,
+                    down: &dn,
+                    ids: &ids,
+                    weights: &wts,
+                    out: &out,
+                    scratch: &scratch,
+                    workspace: &work,
+                    cache: cached.then(|| cache.args(step % layers)),
+                })
+                .unwrap();
+                be.download::<f32>(&out).unwrap()
+            };
+            assert_eq!(run(true), run(false), "{fmt:?} step {step}");
+            let (slot_of, owner) = (
+                be.download::<i32>(&cache.slot_of).unwrap(),
+                be.download::<i32>(&cache.owner).unwrap(),
+            );
+            for (s, &o) in owner.iter().enumerate() {
+                if o >= 0 {
+                    assert_eq!(slot_of[o as usize], s as i32, "{fmt:?} step {step}");
+                }
+            }
+            for (le, &s) in slot_of.iter().enumerate() {
+                if s >= 0 {
+                    assert_eq!(owner[s as usize], le as i32, "{fmt:?} step {step}");
+                }
+            }
+        }
+        // Too few slots for a call's pairs: refused naming the need.
+        let small = TestCache::new(be.as_ref(), layers, e, slots - 1, &gu, &dn, 0.9);
+        let logits = be.upload(&uniform(n * e, seed), &[n, e]).unwrap();
+        let out = be.alloc(DType::F32, &[n, h]).unwrap();
+        let err = be
+            .moe(&encore_backend::Moe {
+                x: &x,
+                logits: &logits,
+                top_k: k,
+                renormalize: false,
+                gate_up: &gu,
+                down: &dn,
+                ids: &ids,
+                weights: &wts,
+                out: &out,
+                scratch: &scratch,
+                workspace: &work,
+                cache: Some(small.args(0)),
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a step may need 6"), "{err}");
+    }
 }

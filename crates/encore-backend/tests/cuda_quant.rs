@@ -688,6 +688,7 @@ fn quantized_moe_matches_cpu() {
                     out: &out,
                     scratch: &scratch,
                     workspace: &work,
+                    cache: None,
                 })
                 .unwrap()
             };
@@ -717,6 +718,160 @@ fn quantized_moe_matches_cpu() {
             let (ri, ro) = run(gpu, true);
             assert_eq!(ri, gi, "{name}: replayed routing");
             assert_eq!(ro, go, "{name}: replay against eager");
+        }
+    }
+}
+
+/// The expert cache on CUDA against the CPU's: the same decisions call after call (the
+/// slot table, the owners, the fills and the totals equal), the outputs within tolerance,
+/// and equal bit for bit to the same kernels reading the resident stacks; replayed from
+/// captured graphs (one per layer, the decisions made inside them) the same as eager. Dense
+/// and quantized experts, the pair kernels and the grouped GEMM, the fewest slots a call
+/// may need (so most calls evict).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn expert_cache_matches_cpu_and_replays() {
+    let _serial = serial();
+    let grouped = CudaBackend::new(0).unwrap().with_moe_gemm_min_tokens(1);
+    let pairs = CudaBackend::new(0)
+        .unwrap()
+        .with_moe_gemm_min_tokens(usize::MAX);
+    let cpu = CpuBackend::new();
+    // (gate/up format, down format (None: bf16), tokens)
+    let cases: [(Option<QuantFormat>, Option<QuantFormat>, usize); 4] = [
+        (None, None, 1),
+        (None, None, 40),
+        (Some(QuantFormat::Q4K), Some(QuantFormat::Q6K), 3),
+        (Some(QuantFormat::Q4K), Some(QuantFormat::Q6K), 40),
+    ];
+    let (h, e, i, k, layers, calls) = (256, 8, 256, 2, 2, 8);
+    let dt = DType::BF16;
+    for (c, &(gf, df, n)) in cases.iter().enumerate() {
+        let seed = 5000 + 17 * c as u64;
+        let bytes = |f: Option<QuantFormat>, rows: usize, cols: usize, s: u64| match f {
+            Some(f) => weight_bytes(f, rows, cols, s),
+            None => values(rows * cols, s)
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v / 16.0).to_le_bytes())
+                .collect(),
+        };
+        let gu = bytes(gf, 2 * e * i, h, seed);
+        let dn = bytes(df, e * h, i, seed + 1);
+        let x = values(n * h, seed + 2);
+        let logits: Vec<Vec<f32>> = (0..calls)
+            .map(|s| values(n * e, seed + 10 + s as u64))
+            .collect();
+        let slots = e.min(n * k);
+        let name = format!("case {c} ({gf:?}/{df:?}, n={n}, {slots} slots)");
+        type Call = (Vec<i32>, Vec<f32>, Vec<i32>, Vec<i32>, Vec<i32>, Vec<i64>);
+        // Each call's chosen experts, output and tables (slot_of, owner, fills, stats);
+        // `cached`: through the cache (else the resident stacks); `replay`: from graphs.
+        let run = |be: &dyn Backend, cached: bool, replay: bool| -> Vec<Call> {
+            let host = |b: &[u8], shape: &[usize], f: Option<QuantFormat>| {
+                let dtype = f.map_or(dt, DType::Q);
+                if !cached {
+                    let t = be.alloc(dtype, shape).unwrap();
+                    be.write_bytes(&t, b).unwrap();
+                    return t;
+                }
+                let mut mem = be.alloc_host(b.len()).unwrap();
+                mem.bytes_mut().unwrap().copy_from_slice(b);
+                be.host_view(&Arc::new(mem), 0, shape, dtype).unwrap()
+            };
+            let gt = host(&gu, &[2 * e * i, h], gf);
+            let dnt = host(&dn, &[e * h, i], df);
+            let slot_words = |t: &Tensor| (t.size_bytes() / e).div_ceil(16) * 4;
+            let slot_of = be.upload(&vec![-1i32; layers * e], &[layers, e]).unwrap();
+            let owner = be.upload(&vec![-1i32; slots], &[slots]).unwrap();
+            let score = be.upload(&vec![0f32; layers * e], &[layers, e]).unwrap();
+            let fills = be.upload(&vec![0i32; 1 + 2 * e], &[1 + 2 * e]).unwrap();
+            let stats = be.upload(&[0i64; 4], &[4]).unwrap();
+            let gus = be.alloc(DType::I32, &[slots, slot_words(&gt)]).unwrap();
+            let dns = be.alloc(DType::I32, &[slots, slot_words(&dnt)]).unwrap();
+            let xt = be.upload_f32_as(&x, &[n, h], dt).unwrap();
+            let lt = be.upload_f32_as(&logits[0], &[n, e], DType::F32).unwrap();
+            let ids = be.alloc(DType::I32, &[n, k]).unwrap();
+            let wts = be.alloc(DType::F32, &[n, k]).unwrap();
+            let out = be.alloc(dt, &[n, h]).unwrap();
+            let scratch = be.alloc(dt, &[n * k, i]).unwrap();
+            let work_len = be.moe_workspace_bytes(n, h, e, k, dt).div_ceil(4).max(1);
+            let work = be.alloc(DType::I32, &[work_len]).unwrap();
+            let moe = |layer: usize| {
+                be.moe(&encore_backend::backend::Moe {
+                    x: &xt,
+                    logits: &lt,
+                    top_k: k,
+                    renormalize: false,
+                    gate_up: &gt,
+                    down: &dnt,
+                    ids: &ids,
+                    weights: &wts,
+                    out: &out,
+                    scratch: &scratch,
+                    workspace: &work,
+                    cache: cached.then_some(encore_backend::ExpertCache {
+                        layer,
+                        slot_of: &slot_of,
+                        owner: &owner,
+                        score: &score,
+                        fills: &fills,
+                        stats: &stats,
+                        gate_up_slots: &gus,
+                        down_slots: &dns,
+                        decay: 0.75,
+                    }),
+                })
+                .unwrap()
+            };
+            let graphs: Vec<_> = (0..layers)
+                .filter(|_| replay)
+                .map(|l| {
+                    be.begin_capture().unwrap();
+                    moe(l);
+                    be.end_capture().unwrap()
+                })
+                .collect();
+            (0..calls)
+                .map(|s| {
+                    be.write(&lt, &logits[s]).unwrap();
+                    match graphs.get(s % layers) {
+                        Some(g) => g.replay().unwrap(),
+                        None => moe(s % layers),
+                    }
+                    (
+                        be.download::<i32>(&ids).unwrap(),
+                        be.download_f32(&out).unwrap(),
+                        be.download::<i32>(&slot_of).unwrap(),
+                        be.download::<i32>(&owner).unwrap(),
+                        be.download::<i32>(&fills).unwrap(),
+                        be.download::<i64>(&stats).unwrap(),
+                    )
+                })
+                .collect()
+        };
+        let want = run(&cpu, true, false);
+        assert!(
+            want.last().unwrap().5[2] > slots as i64,
+            "{name}: the calls should evict"
+        );
+        for (path, gpu) in [("pairs", &pairs as &dyn Backend), ("grouped", &grouped)] {
+            let name = format!("{name}, {path}");
+            let got = run(gpu, true, false);
+            let resident = run(gpu, false, false);
+            for (s, ((g, w), r)) in got.iter().zip(&want).zip(&resident).enumerate() {
+                assert_eq!(g.0, w.0, "{name} call {s}: chosen experts");
+                assert_close(&format!("{name} call {s}"), &g.1, &w.1, dt);
+                assert_eq!(g.1, r.1, "{name} call {s}: cached against resident");
+                assert_eq!(
+                    (&g.2, &g.3, &g.4, &g.5),
+                    (&w.2, &w.3, &w.4, &w.5),
+                    "{name} call {s}: the cache's decisions"
+                );
+            }
+            let replayed = run(gpu, true, true);
+            for (s, (r, g)) in replayed.iter().zip(&got).enumerate() {
+                assert_eq!(r, g, "{name} call {s}: replayed against eager");
+            }
         }
     }
 }

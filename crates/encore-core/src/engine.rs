@@ -314,7 +314,8 @@ impl<'b> Engine<'b> {
         let t = Instant::now();
         let loaded = (|| {
             let (need, offload_report) = check_memory(be, mcfg, cfg, &rcfg)?;
-            let (model, offload_report) = load_model(be, files, cfg, offload_report, progress)?;
+            let (model, offload_report) =
+                load_model(be, files, cfg, rcfg.token_rows(), offload_report, progress)?;
             be.synchronize()?;
             let builder = RunnerBuilder::new(be, model, rcfg, cfg.graph_memory)?;
             Ok((need, offload_report, builder))
@@ -396,7 +397,7 @@ fn check_memory(
     let offload_report = match &cfg.offload {
         Some(oc) => {
             oc.check_graphs(cfg.graphs.is_some())?;
-            offload::device_bytes(mcfg, cfg.dtype, oc)?
+            offload::device_bytes(mcfg, cfg.dtype, oc, rcfg.token_rows())?
         }
         None => None,
     };
@@ -424,12 +425,13 @@ fn load_model(
     be: &dyn Backend,
     files: ModelFiles,
     cfg: &EngineConfig,
+    max_tokens: usize,
     offload_report: Option<OffloadReport>,
     progress: &dyn Progress,
 ) -> Result<(Model, Option<OffloadReport>)> {
     let mcfg = files.config;
     let prepared = match &cfg.offload {
-        Some(oc) => Prepared::new(be, &mcfg, cfg.dtype, oc)?,
+        Some(oc) => Prepared::new(be, &mcfg, cfg.dtype, oc, max_tokens)?,
         None => None,
     };
     let Some(p) = prepared else {
@@ -446,10 +448,10 @@ fn load_model(
         r.policy.map_or("", |p| p.name()),
         crate::error::gib(r.resident_bytes),
         crate::error::gib(r.streaming_bytes),
-        if o.policy() == Policy::Lru {
-            "LRU pool"
-        } else {
-            "ring"
+        match o.policy() {
+            Policy::Lru => "LRU pool".to_string(),
+            Policy::Experts => format!("in {} expert slots", r.expert_slots),
+            _ => "ring".to_string(),
         },
         crate::error::gib(r.streamed_bytes_per_step)
     );

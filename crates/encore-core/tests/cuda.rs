@@ -830,6 +830,7 @@ fn moe_matches_cpu_and_replays() {
                 out: &out,
                 scratch: &scratch,
                 workspace: &work,
+                cache: None,
             })
             .unwrap();
             (
@@ -902,6 +903,7 @@ fn replays_on_new_routing(be: &dyn Backend, n: usize, dt: DType, seed: u64) {
             out: &out,
             scratch: &scratch,
             workspace: &work,
+            cache: None,
         })
         .unwrap()
     };

@@ -20,7 +20,7 @@ use encore_core::request::SamplingParams;
 use encore_core::runner::{Runner, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 
-use encore_core::offload::OffloadConfig;
+use encore_core::offload::{ExpertStats, OffloadConfig};
 
 use crate::model_arg::ModelArgs;
 use crate::offload_arg::{self, OffloadArg};
@@ -137,12 +137,17 @@ pub(crate) fn engine_config(
         ..EngineConfig::new(
             dtype,
             block_size,
-            2048.max(max_batch),
+            max_tokens(max_batch),
             max_batch,
             max_seq_len,
             KvSizing::Blocks(max_batch.saturating_mul(per_seq).saturating_add(1)),
         )
     }
+}
+
+/// Most tokens of a step of the benches' engines (prefill chunks of 2,048 tokens).
+pub(crate) fn max_tokens(max_batch: usize) -> usize {
+    2048.max(max_batch)
 }
 
 /// Start an engine on `be` for the model `cfg` with weights from `source`, showing
@@ -199,6 +204,8 @@ pub(crate) struct Timed {
     /// Bytes the weight offloader queued for copying during the timed steps (`None`
     /// without a budget; graph replays' copies are not seen by the host).
     pub copied_bytes: Option<u64>,
+    /// The expert cache's totals over the timed steps (the experts offload policy).
+    pub experts: Option<ExpertStats>,
 }
 
 /// Run [`WARMUP`] untimed then `steps` timed greedy decode steps of `seqs` (one token
@@ -213,6 +220,7 @@ pub(crate) fn time_decode(
     let copied = |r: &Runner<'_>| r.model().offload().map(|o| o.copied_bytes());
     let mut times = Vec::with_capacity(steps);
     let mut before = None;
+    let mut experts_before = None;
     for i in 0..WARMUP + steps {
         for &s in seqs {
             held.blocks.append(s, 1)?;
@@ -232,6 +240,7 @@ pub(crate) fn time_decode(
             .collect();
         if i == WARMUP {
             before = copied(runner);
+            experts_before = runner.expert_stats()?;
         }
         let t = Instant::now();
         *last = runner.step(held, &batch)?;
@@ -243,6 +252,10 @@ pub(crate) fn time_decode(
     Ok(Timed {
         median_s: times[times.len() / 2],
         copied_bytes: copied(runner).zip(before).map(|(a, b)| a.saturating_sub(b)),
+        experts: runner
+            .expert_stats()?
+            .zip(experts_before)
+            .map(|(a, b)| a.since(&b)),
     })
 }
 
@@ -368,23 +381,62 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         routed,
         table: table.map(|t| (t, cfg.num_layers)),
     };
+    // The expert cache streams what its misses need: its bound is those bytes at the
+    // host-to-device bandwidth.
+    let h2d_gbps = match runner.expert_stats()? {
+        Some(_) => Some(bench::h2d_bandwidth(be, 256 << 20)?),
+        None => None,
+    };
     for &b in &a.runs.batch {
         let seqs = prefill(&mut runner, &mut held, b, a.runs.context)?;
         let mut last = vec![1u32; b];
-        let eager = time_decode(&mut runner, &mut held, &seqs, &mut last, a.runs.steps)?.median_s;
+        let eager = time_decode(&mut runner, &mut held, &seqs, &mut last, a.runs.steps)?;
         let (graph, capture_secs) = if a.eager {
             (None, 0.0)
         } else {
             runner.set_graph_mode(Some(BucketPolicy::VllmLike { max: max_batch }));
-            let g = time_decode(&mut runner, &mut held, &seqs, &mut last, a.runs.steps)?.median_s;
+            let g = time_decode(&mut runner, &mut held, &seqs, &mut last, a.runs.steps)?;
             let stats = runner.graph_stats().unwrap_or_default();
             runner.set_graph_mode(None);
             (Some(g), stats.capture_secs)
         };
         free(&mut held, &seqs)?;
-        print_row(&a, be, &floor, b, eager, graph, capture_secs)?;
+        let timed = graph.as_ref().unwrap_or(&eager);
+        let cache = timed.experts.zip(h2d_gbps).map(|(x, h2d)| CacheRow {
+            hit_rate: x.hit_rate(),
+            bytes_per_step: x.bytes as f64 / a.runs.steps as f64,
+            misses_per_step: x.misses as f64 / a.runs.steps as f64,
+            h2d_gbps: h2d,
+        });
+        let graph = graph.map(|g| g.median_s);
+        print_row(
+            &a,
+            be,
+            &floor,
+            b,
+            eager.median_s,
+            graph,
+            capture_secs,
+            cache,
+        )?;
     }
     Ok(())
+}
+
+/// The expert cache over one row's timed steps (graph steps where they ran).
+struct CacheRow {
+    hit_rate: f64,
+    bytes_per_step: f64,
+    misses_per_step: f64,
+    /// Page-locked host-to-device copy bandwidth, GB/s.
+    h2d_gbps: f64,
+}
+
+impl CacheRow {
+    /// The bytes streamed per step at the host-to-device bandwidth.
+    fn bound_ms(&self) -> f64 {
+        self.bytes_per_step / (self.h2d_gbps * 1e9) * 1e3
+    }
 }
 
 /// `--capture-all`: capture every bucket of the default policy up to `max_batch`, largest
@@ -479,6 +531,7 @@ fn print_row(
     eager: f64,
     graph: Option<f64>,
     capture_secs: f64,
+    cache: Option<CacheRow>,
 ) -> Result<()> {
     let dtype = a.model.dtype;
     if a.json {
@@ -495,6 +548,11 @@ fn print_row(
                 "copy_gbps": f.copy_gbps, "load_s": f.load_secs,
                 "router_skew": a.router_skew.map(|s| s.exponent),
                 "experts_per_layer": f.experts_at(b),
+                "expert_hit_rate": cache.as_ref().map(|c| c.hit_rate),
+                "expert_misses_per_step": cache.as_ref().map(|c| c.misses_per_step),
+                "streamed_bytes_per_step": cache.as_ref().map(|c| c.bytes_per_step),
+                "pcie_bound_ms": cache.as_ref().map(|c| c.bound_ms()),
+                "h2d_gbps": cache.as_ref().map(|c| c.h2d_gbps),
             })
         )?;
     } else {
@@ -512,6 +570,18 @@ fn print_row(
             f.experts_at(b)
                 .map_or(String::new(), |d| format!(" {d:>10.1}"))
         )?;
+        if let Some(c) = cache {
+            outln!(
+                "{:>6} expert cache: {:.1}% hits, {:.1} misses and {:.1} MB streamed per step; at {:.1} GB/s host-to-device {:.3} ms, the step {:.2}x that bound",
+                "",
+                c.hit_rate * 100.0,
+                c.misses_per_step,
+                c.bytes_per_step / 1e6,
+                c.h2d_gbps,
+                c.bound_ms(),
+                graph.unwrap_or(eager) * 1e3 / c.bound_ms().max(1e-9)
+            )?;
+        }
     }
     Ok(())
 }

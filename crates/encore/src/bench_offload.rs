@@ -41,8 +41,8 @@ pub struct BenchOffloadArgs {
     budgets: Vec<f64>,
     #[command(flatten)]
     runs: DecodeRuns,
-    /// Offload policies, comma-separated: planned, lru [default: planned,lru; planned
-    /// with --graphs-only].
+    /// Offload policies, comma-separated: auto, planned, lru, experts [default: auto,lru;
+    /// auto with --graphs-only].
     #[arg(long, value_delimiter = ',', value_parser = offload_arg::policy)]
     policy: Vec<Policy>,
     /// Time eager steps only (by default the planned policy and the resident rows are
@@ -97,7 +97,7 @@ fn policies(a: &BenchOffloadArgs) -> Result<Vec<Policy>> {
         }
     }
     if policies.is_empty() {
-        policies.push(Policy::Planned);
+        policies.push(Policy::Auto);
         if !a.graphs_only {
             policies.push(Policy::Lru);
         }
@@ -116,6 +116,7 @@ fn plan_runs(
     policies: &[Policy],
     cfg: &ModelConfig,
     dtype: DType,
+    max_tokens: usize,
 ) -> Result<Vec<Run>> {
     let mut runs: Vec<Run> = Vec::new();
     for &percent in budgets {
@@ -124,9 +125,9 @@ fn plan_runs(
                 budget: WeightBudget::Percent(percent),
                 policy,
             };
-            let offloaded = offload::device_bytes(cfg, dtype, &config)
+            let offloaded = offload::device_bytes(cfg, dtype, &config, max_tokens)
                 .map_err(|e| anyhow::anyhow!("--budgets {percent}: {e}"))?
-                .map(|_| policy);
+                .map(|_| policy.resolve(cfg));
             if offloaded.is_none() && runs.iter().any(|r| r.percent == percent) {
                 continue; // one resident row per budget, whatever the policy
             }
@@ -168,7 +169,7 @@ fn print_header(
         a.runs.steps
     )?;
     outln!(
-        "{:>8} {:>5} {:>6} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10} {:>11} {:>10} {:>8}",
+        "{:>8} {:>5} {:>6} {:>7} {:>11} {:>11} {:>11} {:>11} {:>10} {:>11} {:>10} {:>8} {:>6}",
         "policy",
         "mode",
         "batch",
@@ -180,7 +181,8 @@ fn print_header(
         "step ms",
         "tok/s",
         "pcie ms",
-        "x bound"
+        "x bound",
+        "hit %"
     )?;
     Ok(())
 }
@@ -197,7 +199,13 @@ pub fn run(a: BenchOffloadArgs) -> Result<()> {
     let be = be.as_ref();
     let max_seq_len = a.runs.eager_and_graph_positions(&cfg)?;
     let weight_bytes = cfg.weight_bytes(dtype);
-    let runs = plan_runs(&a.budgets, &policies, &cfg, dtype)?;
+    let runs = plan_runs(
+        &a.budgets,
+        &policies,
+        &cfg,
+        dtype,
+        bench_decode::max_tokens(max_batch),
+    )?;
     // Bytes each planned stream copies per step: the weights' own sizes (the plan's slots
     // are rounded up to the slot alignment; the copies are not).
     let true_sizes: Vec<usize> = AccessOrder::llama(&cfg, dtype)?
@@ -293,7 +301,11 @@ fn time_rows(
                 runner.set_graph_mode(None);
             }
             let timed = timed?;
-            let measured = timed.copied_bytes.map(|c| c as f64 / a.runs.steps as f64);
+            let steps = a.runs.steps as f64;
+            let measured = match timed.experts {
+                Some(x) => Some(x.bytes as f64 / steps),
+                None => timed.copied_bytes.map(|c| c as f64 / steps),
+            };
             let row = Row {
                 run: r,
                 mode,
@@ -301,6 +313,7 @@ fn time_rows(
                 bytes: e.bytes,
                 streamed: streamed_per_step(r, graph, e.planned_per_step, measured)?,
                 step_ms: timed.median_s * 1e3,
+                hit_rate: timed.experts.map(|x| x.hit_rate()),
             };
             print_row(a, bw, &row)?;
         }
@@ -351,6 +364,8 @@ struct Row<'r> {
     streamed: usize,
     /// The median step.
     step_ms: f64,
+    /// The expert cache's hits over needed experts (the experts policy).
+    hit_rate: Option<f64>,
 }
 
 /// A row of the table, or a JSON object with `--json`.
@@ -373,12 +388,12 @@ fn print_row(a: &BenchOffloadArgs, bw: &Bandwidth, row: &Row<'_>) -> Result<()> 
                 "streamed_bytes_per_step": streamed, "step_ms": step_ms,
                 "tok_s": tok_s, "pcie_bound_ms": pcie_bound_ms,
                 "bound_ratio": bound_ratio, "h2d_gbs": bw.h2d_gbs,
-                "h2d_graph_gbs": bw.h2d_graph_gbs,
+                "h2d_graph_gbs": bw.h2d_graph_gbs, "expert_hit_rate": row.hit_rate,
             })
         )?;
     } else {
         outln!(
-            "{:>8} {:>5} {:>6} {:>6}% {:>11} {:>11} {:>11} {:>11} {:>10.3} {:>11.1} {:>10.3} {:>8}",
+            "{:>8} {:>5} {:>6} {:>6}% {:>11} {:>11} {:>11} {:>11} {:>10.3} {:>11.1} {:>10.3} {:>8} {:>6}",
             policy_name,
             mode,
             b,
@@ -390,7 +405,9 @@ fn print_row(a: &BenchOffloadArgs, bw: &Bandwidth, row: &Row<'_>) -> Result<()> 
             step_ms,
             tok_s,
             pcie_bound_ms,
-            bound_ratio.map_or("-".into(), |x| format!("{x:.2}"))
+            bound_ratio.map_or("-".into(), |x| format!("{x:.2}")),
+            row.hit_rate
+                .map_or("-".into(), |h| format!("{:.1}", h * 100.0))
         )?;
     }
     Ok(())

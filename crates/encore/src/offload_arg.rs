@@ -15,9 +15,17 @@ pub struct OffloadArg {
     #[arg(long, value_name = "BYTES|P%", value_parser = weight_budget)]
     pub weight_budget: Option<WeightBudget>,
     /// How weights over the budget move: planned (a fixed resident set and a ring of
-    /// prefetch slots filled ahead of use; works in graphs) or lru (on-demand copies, the
-    /// baseline; needs --eager). Needs --weight-budget. [default: planned]
-    #[arg(long, value_name = "planned|lru", value_parser = policy, requires = "weight_budget")]
+    /// prefetch slots filled ahead of use; works in graphs), experts (a mixture of
+    /// experts: every weight but the routed experts resident, the experts in a device
+    /// cache of slots filled on the device after routing; works in graphs), lru (on-demand
+    /// copies, the baseline; needs --eager), or auto (experts for a model with routed
+    /// experts, else planned). Needs --weight-budget. [default: auto]
+    #[arg(
+        long,
+        value_name = "auto|planned|experts|lru",
+        value_parser = policy,
+        requires = "weight_budget"
+    )]
     pub offload_policy: Option<Policy>,
 }
 
@@ -72,21 +80,34 @@ pub fn summary(
 ) -> Option<String> {
     let config = config?;
     Some(match report {
-        Some(r) => format!(
-            "weight budget {} of {} ({}): {} resident, {} {}, {} streamed per step (floor {})",
+        Some(r) if r.policy == Some(Policy::Experts) => format!(
+            "weight budget {} of {} (experts): {} resident, {} expert slots in {}, the rest \
+             of the routed experts in host memory (floor {})",
             human(r.budget_bytes),
             human(r.total_bytes),
-            config.policy.name(),
             human(r.resident_bytes),
+            r.expert_slots,
             human(r.streaming_bytes),
-            if config.policy == Policy::Lru {
-                "LRU pool"
-            } else {
-                "prefetch ring"
-            },
-            human(r.streamed_bytes_per_step),
             human(r.floor_bytes),
         ),
+        Some(r) => {
+            let policy = r.policy.unwrap_or(config.policy);
+            format!(
+                "weight budget {} of {} ({}): {} resident, {} {}, {} streamed per step (floor {})",
+                human(r.budget_bytes),
+                human(r.total_bytes),
+                policy.name(),
+                human(r.resident_bytes),
+                human(r.streaming_bytes),
+                if policy == Policy::Lru {
+                    "LRU pool"
+                } else {
+                    "prefetch ring"
+                },
+                human(r.streamed_bytes_per_step),
+                human(r.floor_bytes),
+            )
+        }
         None => format!(
             "weight budget {} holds every weight ({}): nothing is offloaded",
             human(config.budget.bytes(weight_bytes)),

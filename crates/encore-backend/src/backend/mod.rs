@@ -30,8 +30,8 @@ pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Attention, LogitBias, Moe, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask,
-    MAX_TOP_LOGPROBS, PROMPT_BIT,
+    Attention, ExpertCache, LogitBias, Moe, Penalties, QkvRope, SampleLogprobs, Sampling,
+    TokenMask, EXPERT_STATS, MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 
 use std::sync::Arc;

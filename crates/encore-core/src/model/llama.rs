@@ -501,6 +501,7 @@ impl Model {
                         out: &buf.hidden,
                         scratch: &buf.moe_act.prefix(n * moe.top_k)?,
                         workspace: &buf.moe_work,
+                        cache: self.offload.as_ref().and_then(|o| o.expert_cache(k - 1)),
                     })?;
                     // The shared expert (Qwen2-MoE): its MLP, scaled by the sigmoid of its
                     // gate, added to the routed experts' sum.

@@ -33,8 +33,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::experts::{ExpertLayout, ExpertPool, ExpertStats};
 use super::{plan, validate, AccessOrder, Plan, WeightBudget};
-use crate::backend::{Backend, CopyQueue, HostMemory};
+use crate::backend::{Backend, CopyQueue, ExpertCache, HostMemory};
 use crate::error::{gib, Error, Result};
 use crate::graph::StepHooks;
 use crate::model::config::ModelConfig;
@@ -48,30 +49,49 @@ pub const SLOT_ALIGN: usize = 256;
 /// How streamed weights are chosen and moved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Policy {
+    /// `experts` for a model with routed experts, `planned` otherwise.
+    #[default]
+    Auto,
     /// A fixed resident set and a ring of prefetch slots (see [`super::plan`]); works in
     /// graphs.
-    #[default]
     Planned,
     /// On-demand LRU over a pool of the budget's bytes (the baseline; eager only).
     Lru,
+    /// Every weight but the routed experts resident, the experts in a device cache of
+    /// slots filled on the device (see [`super::experts`]); works in graphs.
+    Experts,
 }
 
 impl Policy {
     pub fn parse(s: &str) -> Result<Self> {
         match s.trim() {
+            "auto" => Ok(Policy::Auto),
             "planned" => Ok(Policy::Planned),
             "lru" => Ok(Policy::Lru),
+            "experts" => Ok(Policy::Experts),
             _ => Err(Error::invalid(
                 "--offload-policy",
-                format!("`{s}`: expected `planned` or `lru`"),
+                format!("`{s}`: expected `auto`, `planned`, `lru` or `experts`"),
             )),
         }
     }
 
     pub fn name(self) -> &'static str {
         match self {
+            Policy::Auto => "auto",
             Policy::Planned => "planned",
             Policy::Lru => "lru",
+            Policy::Experts => "experts",
+        }
+    }
+
+    /// The policy that runs for `cfg`: `Auto` resolved (the expert cache for a model with
+    /// routed experts).
+    pub fn resolve(self, cfg: &ModelConfig) -> Policy {
+        match self {
+            Policy::Auto if cfg.moe.is_some() => Policy::Experts,
+            Policy::Auto => Policy::Planned,
+            p => p,
         }
     }
 
@@ -153,8 +173,11 @@ pub struct OffloadReport {
     /// The ring (planned) or the pool (LRU).
     pub streaming_bytes: usize,
     /// Planned: bytes copied per step. LRU: its steady-state estimate
-    /// ([`super::lru_streamed_per_step`]); the executor counts the real figure.
+    /// ([`super::lru_streamed_per_step`]); the executor counts the real figure. Experts:
+    /// 0 (it depends on the routing; the cache counts it).
     pub streamed_bytes_per_step: usize,
+    /// The expert cache's slots (0 under the other policies).
+    pub expert_slots: usize,
     pub registered_bytes: usize,
     pub copied_bytes: usize,
 }
@@ -169,8 +192,11 @@ pub struct Prepared {
     /// The run dtype of the weights.
     pub dtype: DType,
     plan: Option<Plan>,
-    /// The ring or the pool.
-    memory: Tensor,
+    /// The expert cache's layout (the experts policy).
+    experts: Option<ExpertLayout>,
+    /// The ring or the pool (none under the experts policy, whose pool is allocated with
+    /// its tables by the executor).
+    memory: Option<Tensor>,
 }
 
 /// The shape and device dtype (the run dtype `dtype`, or a quantized format) of every
@@ -208,10 +234,14 @@ fn host_served(decl: &Decl) -> Vec<usize> {
 /// Device bytes a budget takes for `cfg` in `dtype` (resident weights + ring, or the LRU
 /// pool), and the report, without allocating: for the memory check before loading.
 /// `None` when the budget holds every weight (nothing is offloaded).
+///
+/// `max_tokens` is the most token rows of one step (the expert cache's floor depends on
+/// it).
 pub fn device_bytes(
     cfg: &ModelConfig,
     dtype: DType,
     config: &OffloadConfig,
+    max_tokens: usize,
 ) -> Result<Option<OffloadReport>> {
     let total = cfg.weight_bytes(dtype);
     let budget = config.budget.bytes(total);
@@ -219,15 +249,29 @@ pub fn device_bytes(
         return Ok(None);
     }
     let order = executor_order(cfg, dtype)?;
+    let policy = config.policy.resolve(cfg);
+    if policy == Policy::Experts {
+        let l = expert_layout(cfg, &order, budget, max_tokens)?;
+        return Ok(Some(OffloadReport {
+            policy: Some(policy),
+            budget_bytes: budget,
+            total_bytes: total,
+            floor_bytes: l.floor_bytes,
+            resident_bytes: l.resident_bytes,
+            streaming_bytes: l.pool_bytes(l.slots),
+            expert_slots: l.slots,
+            ..Default::default()
+        }));
+    }
     let floor = super::check_budget(&order, budget)?;
     let mut r = OffloadReport {
-        policy: Some(config.policy),
+        policy: Some(policy),
         budget_bytes: budget,
         total_bytes: total,
         floor_bytes: floor.bytes,
         ..Default::default()
     };
-    match config.policy {
+    match policy {
         Policy::Planned => {
             let p = plan(&order, budget)?;
             r.resident_bytes = p.resident_bytes;
@@ -238,8 +282,20 @@ pub fn device_bytes(
             r.streaming_bytes = budget;
             r.streamed_bytes_per_step = super::lru_streamed_per_step(&order, budget, 3)?;
         }
+        Policy::Auto | Policy::Experts => unreachable!("resolved above"),
     }
     Ok(Some(r))
+}
+
+/// The expert cache's layout of `budget` over `order`'s weights.
+fn expert_layout(
+    cfg: &ModelConfig,
+    order: &AccessOrder,
+    budget: usize,
+    max_tokens: usize,
+) -> Result<ExpertLayout> {
+    let bytes: Vec<usize> = order.weights().iter().map(|w| w.bytes).collect();
+    super::experts::layout(cfg, &bytes, budget, max_tokens)
 }
 
 impl Prepared {
@@ -250,11 +306,41 @@ impl Prepared {
         cfg: &ModelConfig,
         dtype: DType,
         config: &OffloadConfig,
+        max_tokens: usize,
     ) -> Result<Option<Prepared>> {
-        let Some(mut report) = device_bytes(cfg, dtype, config)? else {
+        let Some(mut report) = device_bytes(cfg, dtype, config, max_tokens)? else {
             return Ok(None);
         };
         let order = executor_order(cfg, dtype)?;
+        let policy = config.policy.resolve(cfg);
+        if policy == Policy::Experts {
+            // Routed experts in host memory (the device reads them to fill its slots), an
+            // untied embedding table read in place, every other weight resident.
+            let l = expert_layout(cfg, &order, report.budget_bytes, max_tokens)?;
+            let decl = cfg.decl();
+            let host = host_served(&decl);
+            let place = decl
+                .tensors()
+                .iter()
+                .enumerate()
+                .map(|(w, t)| match t.role {
+                    Role::ExpertsGateUp | Role::ExpertsDown => Place::Host,
+                    _ if host.contains(&w) => Place::Host,
+                    _ => Place::Device,
+                })
+                .collect();
+            report.streaming_bytes = l.pool_bytes(l.slots);
+            return Ok(Some(Prepared {
+                order,
+                policy,
+                place,
+                report,
+                dtype,
+                plan: None,
+                experts: Some(l),
+                memory: None,
+            }));
+        }
         let shapes = shapes(cfg, dtype);
         if shapes.len() != order.weights().len() {
             return Err(Error::invalid(
@@ -267,16 +353,16 @@ impl Prepared {
             ));
         }
         let budget = report.budget_bytes;
-        let (plan, bytes) = match config.policy {
-            Policy::Planned => {
+        let (plan, bytes) = match policy {
+            Policy::Lru => (None, budget),
+            _ => {
                 let p = plan(&order, budget)?;
                 validate(&order, &p)?;
                 let ring = p.ring_bytes;
                 (Some(p), ring)
             }
-            Policy::Lru => (None, budget),
         };
-        let memory = alloc_bytes(be, bytes, config.policy)?;
+        let memory = alloc_bytes(be, bytes, policy)?;
         let view = |offset: usize, w: usize| {
             Tensor::new(memory.storage().clone(), offset, &shapes[w].0, shapes[w].1)
         };
@@ -299,12 +385,13 @@ impl Prepared {
         report.streaming_bytes = bytes;
         Ok(Some(Prepared {
             order,
-            policy: config.policy,
+            policy,
             place,
             report,
             dtype,
             plan,
-            memory,
+            experts: None,
+            memory: Some(memory),
         }))
     }
 }
@@ -319,8 +406,8 @@ fn alloc_bytes(be: &dyn Backend, bytes: usize, policy: Policy) -> Result<Tensor>
             what: format!(
                 "the weight offload {} ({:.3} GiB); the device pool was refused",
                 match policy {
-                    Policy::Planned => "ring",
                     Policy::Lru => "LRU pool",
+                    _ => "ring",
                 },
                 gib(bytes)
             ),
@@ -412,6 +499,7 @@ struct Lru {
 enum Executor {
     Planned(Planned),
     Lru(Lru),
+    Experts(ExpertPool),
 }
 
 impl Lru {
@@ -436,7 +524,7 @@ pub struct Offload {
     order: AccessOrder,
     host: HostWeights,
     queue: Box<dyn CopyQueue>,
-    memory: Tensor,
+    memory: Option<Tensor>,
     executor: Executor,
     report: OffloadReport,
     copied: AtomicU64,
@@ -460,6 +548,7 @@ impl Offload {
             mut report,
             dtype,
             plan,
+            experts,
             memory,
         } = prepared;
         let n = order.ops().len();
@@ -481,19 +570,26 @@ impl Offload {
                 ));
             }
         }
-        let executor = match (policy, plan) {
-            (Policy::Planned, None) => {
+        let executor = match (policy, plan, experts) {
+            (Policy::Planned, Some(plan), _) => Executor::Planned(Planned::new(plan, &place, n)?),
+            (Policy::Lru, _, _) => {
+                Executor::Lru(Lru::new(report.streaming_bytes, shapes(cfg, dtype)))
+            }
+            (Policy::Experts, _, Some(layout)) => {
+                let pool = ExpertPool::new(be, layout)?;
+                report.expert_slots = pool.layout.slots;
+                Executor::Experts(pool)
+            }
+            (p, _, _) => {
                 return Err(Error::invalid(
                     "weight offload",
-                    "the planned policy was prepared without a plan",
+                    format!("the {} policy was prepared without its plan", p.name()),
                 ))
             }
-            (Policy::Planned, Some(plan)) => Executor::Planned(Planned::new(plan, &place, n)?),
-            (Policy::Lru, _) => Executor::Lru(Lru::new(report.streaming_bytes, shapes(cfg, dtype))),
         };
         let events = match &executor {
             Executor::Planned(p) => p.plan.streams.len(),
-            Executor::Lru(_) => 0,
+            _ => 0,
         };
         let queue = be.copy_queue(events)?;
         let o = Offload {
@@ -517,13 +613,32 @@ impl Offload {
         match self.executor {
             Executor::Planned(_) => Policy::Planned,
             Executor::Lru(_) => Policy::Lru,
+            Executor::Experts(_) => Policy::Experts,
         }
     }
 
     pub fn plan(&self) -> Option<&Plan> {
         match &self.executor {
             Executor::Planned(p) => Some(&p.plan),
-            Executor::Lru(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The expert cache arguments of decoder layer `layer`'s MoE call (the experts
+    /// policy); `None` under the other policies.
+    pub fn expert_cache(&self, layer: usize) -> Option<ExpertCache<'_>> {
+        match &self.executor {
+            Executor::Experts(pool) => Some(pool.cache(layer)),
+            _ => None,
+        }
+    }
+
+    /// The expert cache's running totals (synchronises with the device); `None` under the
+    /// other policies.
+    pub fn expert_stats(&self, be: &dyn Backend) -> Result<Option<ExpertStats>> {
+        match &self.executor {
+            Executor::Experts(pool) => pool.stats(be).map(Some),
+            _ => Ok(None),
         }
     }
 
@@ -564,6 +679,8 @@ impl Offload {
     pub fn enter(&self, op: usize) -> Result<Option<Vec<Tensor>>> {
         match &self.executor {
             Executor::Planned(p) => self.enter_planned(p, op).map(|()| None),
+            // The cache runs inside the MoE op; every other weight is resident.
+            Executor::Experts(_) => Ok(None),
             Executor::Lru(lru) => {
                 // The configuration refuses this ([`Policy::check_graphs`]); a capture
                 // reaching here anyway gets the same refusal rather than a frozen choice.
@@ -680,7 +797,8 @@ impl Offload {
                 }
             };
             let (shape, dt) = &lru.shapes[w];
-            let t = Tensor::new(self.memory.storage().clone(), offset, shape, *dt)?;
+            let pool = self.memory.as_ref().expect("the LRU policy has a pool");
+            let t = Tensor::new(pool.storage().clone(), offset, shape, *dt)?;
             if missing {
                 if !forked {
                     self.queue.fork()?;

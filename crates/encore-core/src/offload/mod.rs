@@ -24,11 +24,13 @@
 //! the earlier one's last reader (another event).
 
 mod exec;
+pub mod experts;
 
 pub use exec::{
     device_bytes, executor_order, HostPart, HostWeights, Offload, OffloadConfig, OffloadReport,
     Place, Policy, Prepared, SLOT_ALIGN,
 };
+pub use experts::{ExpertLayout, ExpertStats};
 
 use std::collections::{HashMap, VecDeque};
 

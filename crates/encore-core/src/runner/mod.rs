@@ -162,7 +162,7 @@ impl RunnerConfig {
 
     /// Token rows of the largest step (a decode step of `max_seqs` rows may exceed
     /// `max_tokens_per_step`).
-    fn token_rows(&self) -> usize {
+    pub fn token_rows(&self) -> usize {
         self.max_tokens_per_step.max(self.max_seqs)
     }
 
@@ -349,6 +349,15 @@ impl<'b> Runner<'b> {
 
     pub fn model(&self) -> &Model {
         &self.parts.model
+    }
+
+    /// The expert cache's running totals under the experts offload policy (synchronises
+    /// with the device); `None` otherwise.
+    pub fn expert_stats(&self) -> Result<Option<crate::offload::ExpertStats>> {
+        match self.parts.model.offload() {
+            Some(o) => o.expert_stats(self.parts.be),
+            None => Ok(None),
+        }
     }
 
     /// Route the model's sparse layers by a synthetic table (`--router-skew`, see

@@ -161,7 +161,7 @@ fn cuda_a_pool_beyond_the_device_is_refused() {
         budget: WeightBudget::Bytes(pool),
         policy: Policy::Lru,
     };
-    let err = Prepared::new(be, &cfg, DType::BF16, &lru)
+    let err = Prepared::new(be, &cfg, DType::BF16, &lru, 64)
         .err()
         .expect("a pool larger than the device");
     let msg = err.to_string();
@@ -192,12 +192,12 @@ fn cuda_a_pool_beyond_the_device_is_refused() {
         budget: WeightBudget::Bytes(floor),
         policy: Policy::Planned,
     };
-    let ring = offload::device_bytes(&cfg, DType::BF16, &planned)
+    let ring = offload::device_bytes(&cfg, DType::BF16, &planned, 64)
         .unwrap()
         .unwrap()
         .streaming_bytes;
     assert!(ring > total, "a ring of {ring} bytes fits the device");
-    let err = Prepared::new(be, &cfg, DType::BF16, &planned)
+    let err = Prepared::new(be, &cfg, DType::BF16, &planned, 64)
         .err()
         .expect("a ring larger than the device");
     let msg = err.to_string();

@@ -93,7 +93,7 @@ fn a_ring_or_pool_the_device_cannot_allocate_is_a_clear_error() {
             budget: WeightBudget::Bytes(floor),
             policy,
         };
-        let err = Prepared::new(&cpu, &cfg, DType::F32, &oc)
+        let err = Prepared::new(&cpu, &cfg, DType::F32, &oc, 64)
             .err()
             .expect("a PiB ring is refused");
         let msg = err.to_string();
@@ -120,7 +120,7 @@ fn a_budget_beyond_host_memory_fails_the_memory_check_before_loading() {
         source: WeightSource::Dummy { seed: 0 },
     };
     let oc = budget(50.0, Policy::Planned).unwrap();
-    let r = offload::device_bytes(&cfg, DType::F32, &oc)
+    let r = offload::device_bytes(&cfg, DType::F32, &oc, 64)
         .unwrap()
         .unwrap();
     let t = Instant::now();

@@ -149,6 +149,8 @@ pub(super) struct Kernels<K = Kernel> {
     /// bf16 / f16, gate/up then down, [`GMOE_TILES`]; the pairs' sort and the slots' sum.
     pub gmoe: [[[[K; 2]; 2]; 2]; 10],
     pub moe_align: K,
+    pub moe_cache_plan: K,
+    pub moe_cache_fill: K,
     pub moe_combine: PerDType<K>,
     /// Quantized-weight tensor-core matmul: by [`QUANT_FORMATS`] index, x in bf16 / f16,
     /// out in x's type / f32, then [`QMMA_TILES`].
@@ -281,6 +283,8 @@ impl<K> Kernels<K> {
             qmoe_down,
             gmoe,
             moe_align: t("moe_align")?,
+            moe_cache_plan: t("moe_cache_plan")?,
+            moe_cache_fill: t("moe_cache_fill")?,
             moe_combine: PerDType::resolve(t, "moe_combine")?,
             qmma,
             qmma_reduce,

@@ -601,57 +601,108 @@ pub(super) struct MoeArgs {
     pub ids: Tensor,
     pub weights: Tensor,
     pub out: Tensor,
+    pub cache: Option<CacheArgs>,
+}
+
+/// [`crate::args::ExpertCache`]'s tensors, owned for the queue.
+pub(super) struct CacheArgs {
+    pub slot_of: Tensor,
+    pub owner: Tensor,
+    pub score: Tensor,
+    pub fills: Tensor,
+    pub stats: Tensor,
+    pub gate_up_slots: Tensor,
+    pub down_slots: Tensor,
+    pub decay: f32,
 }
 
 pub(super) fn moe(a: &MoeArgs, d: &MoeDims) {
     dispatch_float!(a.x.dtype(), moe_t(a, d))
 }
 
-/// The rows of a weight in T or quantized, each decoded to f32 on request.
+/// The bytes of a tensor.
+///
+/// # Safety
+/// Nothing writes `t` while the slice lives.
+unsafe fn bytes_of(t: &Tensor) -> &[u8] {
+    // SAFETY: t's view lies inside its buffer and spans size_bytes() bytes.
+    unsafe { std::slice::from_raw_parts(ptr_of(t) as *const u8, t.size_bytes()) }
+}
+
+/// The rows of a weight in T or quantized, each decoded to f32 on request: rows of `k`
+/// values, `row_bytes` each, anywhere in `bytes` (a row starts at any multiple of T's
+/// size).
 struct WeightRows<'a, T> {
-    dense: Option<&'a [T]>,
     bytes: &'a [u8],
     fmt: Option<QuantFormat>,
     k: usize,
     row_bytes: usize,
+    _t: std::marker::PhantomData<T>,
 }
 
 impl<'a, T: Float> WeightRows<'a, T> {
-    /// # Safety
-    /// `w` is T or quantized with rows of `k` values (validated), and nothing writes it
-    /// while the rows are read.
-    unsafe fn new(w: &'a Tensor, k: usize) -> Self {
-        match w.dtype() {
-            DType::Q(fmt) => WeightRows {
-                dense: None,
-                // SAFETY: w's view lies inside its buffer and spans size_bytes() bytes.
-                bytes: unsafe {
-                    std::slice::from_raw_parts(ptr_of(w) as *const u8, w.size_bytes())
-                },
-                fmt: Some(fmt),
-                k,
-                row_bytes: fmt.row_bytes(k).expect("a quantized w has whole blocks"),
-            },
-            // SAFETY: the caller's contract.
-            _ => WeightRows {
-                dense: Some(unsafe { view::<T>(w) }),
-                bytes: &[],
-                fmt: None,
-                k,
-                row_bytes: 0,
-            },
+    /// Rows of `k` values of `dtype` (T or quantized, validated) in `bytes`.
+    fn new(bytes: &'a [u8], dtype: DType, k: usize) -> Self {
+        let fmt = match dtype {
+            DType::Q(fmt) => Some(fmt),
+            _ => None,
+        };
+        WeightRows {
+            bytes,
+            fmt,
+            k,
+            row_bytes: dtype.bytes(&[1, k]).expect("a weight has whole rows"),
+            _t: std::marker::PhantomData,
         }
     }
 
-    fn row(&self, r: usize, out: &mut [f32]) {
-        match (self.dense, self.fmt) {
-            (Some(d), _) => T::widen(&d[r * self.k..(r + 1) * self.k], out),
-            (None, Some(fmt)) => {
-                let rb = self.row_bytes;
-                quant::dequantize_row(fmt, &self.bytes[r * rb..(r + 1) * rb], out)
+    /// The row at byte `off`.
+    fn row_at(&self, off: usize, out: &mut [f32]) {
+        let b = &self.bytes[off..off + self.row_bytes];
+        match self.fmt {
+            Some(fmt) => quant::dequantize_row(fmt, b, out),
+            None => {
+                assert!(b.as_ptr().cast::<T>().is_aligned(), "a T row is T-aligned");
+                // SAFETY: b spans k values of T, aligned (asserted); T is plain data.
+                let v = unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<T>(), self.k) };
+                T::widen(v, out)
             }
-            (None, None) => unreachable!("a weight is dense or quantized"),
         }
+    }
+}
+
+/// Where each expert's rows lie: the stacks (expert `e`'s gate rows at `e I`, its up rows
+/// at `E I + e I`, its down rows at `e H`), or the expert cache's slots (`slot_of`).
+struct ExpertRows<'a, T> {
+    gu: WeightRows<'a, T>,
+    dn: WeightRows<'a, T>,
+    slot_of: Option<&'a [i32]>,
+    gu_stride: usize,
+    up_off: usize,
+    dn_stride: usize,
+}
+
+impl<T: Float> ExpertRows<'_, T> {
+    fn slot(&self, e: usize) -> usize {
+        match self.slot_of {
+            Some(m) => usize::try_from(m[e]).expect("a routed expert has a slot"),
+            None => e,
+        }
+    }
+
+    fn gate(&self, e: usize, j: usize, out: &mut [f32]) {
+        let off = self.slot(e) * self.gu_stride + j * self.gu.row_bytes;
+        self.gu.row_at(off, out)
+    }
+
+    fn up(&self, e: usize, j: usize, out: &mut [f32]) {
+        let off = self.slot(e) * self.gu_stride + self.up_off + j * self.gu.row_bytes;
+        self.gu.row_at(off, out)
+    }
+
+    fn down(&self, e: usize, h: usize, out: &mut [f32]) {
+        let off = self.slot(e) * self.dn_stride + h * self.dn.row_bytes;
+        self.dn.row_at(off, out)
     }
 }
 
@@ -660,7 +711,76 @@ fn round_to<T: Float>(v: f32) -> f32 {
     T::from_f32(v).to_f32()
 }
 
-/// Route each row, then run its experts: one row per rayon task.
+/// The expert cache's step for one layer (see [`crate::args::ExpertCache`]): count the
+/// pairs, update the scores, look each needed expert up, give each miss (in ascending
+/// expert order) the unpinned slot of least score, and record the fills. The CUDA kernel
+/// `moe_cache_plan` makes the same decisions.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn expert_cache_plan(
+    ids: &[i32],
+    experts: usize,
+    layer: usize,
+    slot_of: &mut [i32],
+    owner: &mut [i32],
+    score: &mut [f32],
+    fills: &mut [i32],
+    stats: &mut [i64],
+    decay: f32,
+    expert_bytes: usize,
+) {
+    let mut need = vec![0u32; experts];
+    for &e in ids {
+        if let Some(n) = usize::try_from(e).ok().and_then(|e| need.get_mut(e)) {
+            *n += 1;
+        }
+    }
+    let base = layer * experts;
+    for (s, &n) in score[base..base + experts].iter_mut().zip(&need) {
+        *s = s.mul_add(decay, n as f32);
+    }
+    let (mut distinct, mut hits, mut misses) = (0i64, 0i64, 0usize);
+    let pinned = |o: i32, need: &[u32]| {
+        o >= 0 && o as usize / experts == layer && need[o as usize % experts] > 0
+    };
+    for e in 0..experts {
+        if need[e] == 0 {
+            continue;
+        }
+        distinct += 1;
+        if slot_of[base + e] >= 0 {
+            hits += 1;
+            continue;
+        }
+        let key = |s: usize| {
+            let o = owner[s];
+            if o < 0 {
+                -1.0
+            } else {
+                score[o as usize]
+            }
+        };
+        let victim = (0..owner.len())
+            .filter(|&s| !pinned(owner[s], &need))
+            .min_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)))
+            .expect("the slots hold every expert a step needs (checked)");
+        if owner[victim] >= 0 {
+            slot_of[owner[victim] as usize] = -1;
+        }
+        owner[victim] = (base + e) as i32;
+        slot_of[base + e] = victim as i32;
+        fills[1 + 2 * misses] = e as i32;
+        fills[2 + 2 * misses] = victim as i32;
+        misses += 1;
+    }
+    fills[0] = misses as i32;
+    stats[0] += distinct;
+    stats[1] += hits;
+    stats[2] += misses as i64;
+    stats[3] += (misses * expert_bytes) as i64;
+}
+
+/// Route each row (one row per rayon task); with an expert cache, plan and fill the slots;
+/// then run each row's experts (one row per task).
 fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
     let MoeDims {
         n,
@@ -668,6 +788,7 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
         experts: ne,
         inter: ni,
         top_k,
+        cache,
     } = *d;
     if n == 0 {
         return;
@@ -687,18 +808,10 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
         DType::F32 => Cow::Borrowed(unsafe { view::<f32>(&a.logits) }),
         _ => to_f32(unsafe { view::<T>(&a.logits) }),
     };
-    // SAFETY: as above.
-    let (gu, dn) = unsafe {
-        (
-            WeightRows::<T>::new(&a.gate_up, h),
-            WeightRows::<T>::new(&a.down, ni),
-        )
-    };
-    out.par_chunks_mut(h)
-        .zip(ids.par_chunks_mut(top_k))
+    ids.par_chunks_mut(top_k)
         .zip(wts.par_chunks_mut(top_k))
         .enumerate()
-        .for_each(|(t, ((o, id), wt))| {
+        .for_each(|(t, (id, wt))| {
             // Softmax in f32, the top k by probability (ties to the lower index).
             let l = &logits[t * ne..(t + 1) * ne];
             let mx = l.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
@@ -713,28 +826,91 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
                 id[s] = e as i32;
                 wt[s] = if a.renormalize { p[e] / total } else { p[e] };
             }
-            let mut xf = vec![0f32; h];
-            T::widen(&x[t * h..(t + 1) * h], &mut xf);
-            let (mut row, mut down_row) = (vec![0f32; h], vec![0f32; ni]);
-            let mut act = vec![0f32; ni];
-            let mut acc = vec![0f32; h];
-            for (s, &e) in chosen.iter().enumerate() {
-                for (j, a) in act.iter_mut().enumerate() {
-                    gu.row(e * ni + j, &mut row);
-                    let g = round_to::<T>(dot(&xf, &row[..]));
-                    gu.row((ne + e) * ni + j, &mut row);
-                    let u = round_to::<T>(dot(&xf, &row[..]));
-                    *a = round_to::<T>(g / (1.0 + (-g).exp()) * u);
-                }
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    dn.row(e * h + r, &mut down_row);
-                    *acc += wt[s] * round_to::<T>(dot(&act, &down_row[..]));
-                }
-            }
-            for (o, v) in o.iter_mut().zip(&acc) {
-                *o = T::from_f32(*v);
-            }
         });
+    let (gu_dt, dn_dt) = (a.gate_up.dtype(), a.down.dtype());
+    // SAFETY: as above; the cache's tables and slots are written here alone, before any
+    // expert reads them.
+    let experts = match (&a.cache, cache) {
+        (Some(c), Some(cd)) => unsafe {
+            let slot_of = view_mut::<i32>(&c.slot_of);
+            expert_cache_plan(
+                ids,
+                ne,
+                cd.layer,
+                slot_of,
+                view_mut::<i32>(&c.owner),
+                view_mut::<f32>(&c.score),
+                view_mut::<i32>(&c.fills),
+                view_mut::<i64>(&c.stats),
+                c.decay,
+                cd.expert_bytes(),
+            );
+            let fills = view::<i32>(&c.fills);
+            let (gu_host, dn_host) = (bytes_of(&a.gate_up), bytes_of(&a.down));
+            let gu_slots = std::slice::from_raw_parts_mut(
+                ptr_of(&c.gate_up_slots) as *mut u8,
+                c.gate_up_slots.size_bytes(),
+            );
+            let dn_slots = std::slice::from_raw_parts_mut(
+                ptr_of(&c.down_slots) as *mut u8,
+                c.down_slots.size_bytes(),
+            );
+            let half = cd.half_bytes;
+            for f in 0..fills[0] as usize {
+                let (e, s) = (fills[1 + 2 * f] as usize, fills[2 + 2 * f] as usize);
+                let g = &mut gu_slots[s * cd.gate_up_slot..][..2 * half];
+                g[..half].copy_from_slice(&gu_host[e * half..][..half]);
+                g[half..].copy_from_slice(&gu_host[(ne + e) * half..][..half]);
+                dn_slots[s * cd.down_slot..][..cd.down_bytes]
+                    .copy_from_slice(&dn_host[e * cd.down_bytes..][..cd.down_bytes]);
+            }
+            ExpertRows::<T> {
+                gu: WeightRows::new(bytes_of(&c.gate_up_slots), gu_dt, h),
+                dn: WeightRows::new(bytes_of(&c.down_slots), dn_dt, ni),
+                slot_of: Some(&slot_of[cd.layer * ne..(cd.layer + 1) * ne]),
+                gu_stride: cd.gate_up_slot,
+                up_off: half,
+                dn_stride: cd.down_slot,
+            }
+        },
+        _ => unsafe {
+            let half = a.gate_up.size_bytes() / (2 * ne);
+            ExpertRows::<T> {
+                gu: WeightRows::new(bytes_of(&a.gate_up), gu_dt, h),
+                dn: WeightRows::new(bytes_of(&a.down), dn_dt, ni),
+                slot_of: None,
+                gu_stride: half,
+                up_off: ne * half,
+                dn_stride: a.down.size_bytes() / ne,
+            }
+        },
+    };
+    let (ids, wts) = (&*ids, &*wts);
+    out.par_chunks_mut(h).enumerate().for_each(|(t, o)| {
+        let (id, wt) = (&ids[t * top_k..][..top_k], &wts[t * top_k..][..top_k]);
+        let mut xf = vec![0f32; h];
+        T::widen(&x[t * h..(t + 1) * h], &mut xf);
+        let (mut row, mut down_row) = (vec![0f32; h], vec![0f32; ni]);
+        let mut act = vec![0f32; ni];
+        let mut acc = vec![0f32; h];
+        for (s, &e) in id.iter().enumerate() {
+            let e = e as usize;
+            for (j, a) in act.iter_mut().enumerate() {
+                experts.gate(e, j, &mut row);
+                let g = round_to::<T>(dot(&xf, &row[..]));
+                experts.up(e, j, &mut row);
+                let u = round_to::<T>(dot(&xf, &row[..]));
+                *a = round_to::<T>(g / (1.0 + (-g).exp()) * u);
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                experts.down(e, r, &mut down_row);
+                *acc += wt[s] * round_to::<T>(dot(&act, &down_row[..]));
+            }
+        }
+        for (o, v) in o.iter_mut().zip(&acc) {
+            *o = T::from_f32(*v);
+        }
+    });
 }
 
 pub(super) fn sigmoid_gate_add(x: &Tensor, gate: &Tensor, y: &Tensor, d: &RowDims) {

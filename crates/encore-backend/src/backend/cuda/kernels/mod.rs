@@ -76,6 +76,8 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "gmoe_down_dense_f16_bm32",
             "gmoe_down_dense_f16_bm64",
             "moe_align",
+            "moe_cache_plan",
+            "moe_cache_fill",
             "moe_combine_bf16",
             "moe_combine_f16",
             "moe_combine_f32",
@@ -941,20 +943,40 @@ pub(super) fn moe(
         &mut args![logits, n, experts, top_k, renorm, ids, wts],
     )?;
     let pairs = d.n * d.top_k;
+    // Where the experts are read: the stacks, or the expert cache's slots once filled.
+    let (ex, gu_t, dn_t) = match (&a.cache, &d.cache) {
+        (Some(c), Some(cd)) => (
+            expert_cache(be, a, c, cd, d)?,
+            c.gate_up_slots,
+            c.down_slots,
+        ),
+        _ => {
+            let half = (a.gate_up.size_bytes() / (2 * d.experts)) as i64;
+            let ex = MoeExpertsArg {
+                gu: dptr(a.gate_up),
+                dn: dptr(a.down),
+                slot_of: 0,
+                gu_stride: half,
+                up_off: half * d.experts as i64,
+                dn_stride: (a.down.size_bytes() / d.experts) as i64,
+            };
+            (ex, a.gate_up, a.down)
+        }
+    };
     let grouped = match be.moe_gemm_min_tokens() {
         Some(min) => d.n >= min,
         None => pairs >= MOE_GEMM_MIN_PAIRS_PER_EXPERT * d.experts,
     };
-    if grouped && grouped_fits(a, d) {
-        return moe_grouped(be, a, d);
+    if grouped && grouped_fits(a, d, gu_t, dn_t) {
+        return moe_grouped(be, a, d, ex);
     }
-    let (x, w, act) = (dptr(a.x), dptr(a.gate_up), dptr(a.scratch));
+    let (x, act) = (dptr(a.x), dptr(a.scratch));
     // 16-byte loads when every row starts 16-byte aligned.
     let rows16 = |len: usize, ts: &[&Tensor]| {
         (len * dt.size()).is_multiple_of(16) && ts.iter().all(|t| aligned16(t))
     };
-    let vec_in = rows16(d.hidden, &[a.x, a.gate_up]) as i32;
-    let vec_down = rows16(d.inter, &[a.scratch, a.down]) as i32;
+    let vec_in = rows16(d.hidden, &[a.x, gu_t]) as i32;
+    let vec_down = rows16(d.inter, &[a.scratch, dn_t]) as i32;
     let grid_y = |what, v: usize| {
         u32::try_from(v)
             .ok()
@@ -989,7 +1011,7 @@ pub(super) fn moe(
                 ),
                 threads,
             ),
-            &mut args![x, w, ids, act, hidden, inter, experts, top_k, g],
+            &mut args![x, ex, ids, act, hidden, inter, experts, top_k, g],
         )?;
     } else {
         be.launch(
@@ -1002,10 +1024,10 @@ pub(super) fn moe(
                 ),
                 threads,
             ),
-            &mut args![x, w, ids, act, hidden, inter, experts, top_k, vec_in],
+            &mut args![x, ex, ids, act, hidden, inter, experts, top_k, vec_in],
         )?;
     }
-    let (down, out) = (dptr(a.down), dptr(a.out));
+    let out = dptr(a.out);
     if let DType::Q(fmt) = a.down.dtype() {
         x_aligned(a.down, a.scratch)?;
         // Two outputs per lane group, the lane groups of one warp per CTA.
@@ -1020,7 +1042,7 @@ pub(super) fn moe(
                 ),
                 threads,
             ),
-            &mut args![act, down, ids, wts, out, hidden, inter, experts, top_k, g],
+            &mut args![act, ex, ids, wts, out, hidden, inter, experts, top_k, g],
         )
     } else {
         be.launch(
@@ -1033,7 +1055,7 @@ pub(super) fn moe(
                 ),
                 threads,
             ),
-            &mut args![act, down, ids, wts, out, hidden, inter, experts, top_k, vec_down],
+            &mut args![act, ex, ids, wts, out, hidden, inter, experts, top_k, vec_down],
         )
     }
 }
@@ -1049,13 +1071,132 @@ pub(super) const MOE_GEMM_MIN_PAIRS_PER_EXPERT: usize = 2;
 
 /// Whether the grouped GEMM runs this layer: x in bf16 / f16, expert rows of whole 32-value
 /// groups (the tile loader's unit), the experts' tensors 16-byte aligned.
-fn grouped_fits(a: &crate::args::Moe<'_>, d: &crate::ops::MoeDims) -> bool {
+fn grouped_fits(
+    a: &crate::args::Moe<'_>,
+    d: &crate::ops::MoeDims,
+    gate_up: &Tensor,
+    down: &Tensor,
+) -> bool {
     matches!(a.x.dtype(), DType::BF16 | DType::F16)
         && d.hidden.is_multiple_of(32)
         && d.inter.is_multiple_of(32)
-        && [a.x, a.gate_up, a.down, a.scratch]
-            .iter()
-            .all(|t| aligned16(t))
+        && [a.x, gate_up, down, a.scratch].iter().all(|t| aligned16(t))
+}
+
+/// The kernels' `MoeExperts` (common.cuh): where expert `e`'s rows lie, in bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct MoeExpertsArg {
+    gu: u64,
+    dn: u64,
+    /// Device address of this layer's `slot_of` row; 0: the stacks (slot = expert).
+    slot_of: u64,
+    gu_stride: i64,
+    up_off: i64,
+    dn_stride: i64,
+}
+
+/// CTAs per SM of `moe_cache_fill`'s grid (256 threads each): enough 16-byte reads in
+/// flight to keep the bus busy for one expert.
+const MOE_FILL_CTAS_PER_SM: u32 = 8;
+
+/// The expert cache's step (after `moe_route`): `moe_cache_plan` decides the fills,
+/// `moe_cache_fill` copies them from host memory into their slots; the experts are then
+/// read from the slots.
+fn expert_cache(
+    be: &CudaBackend,
+    a: &crate::args::Moe<'_>,
+    c: &crate::args::ExpertCache<'_>,
+    cd: &crate::ops::CacheDims,
+    d: &crate::ops::MoeDims,
+) -> Result<MoeExpertsArg> {
+    const OP: &str = "moe (expert cache)";
+    if !cd.half_bytes.is_multiple_of(16) || !cd.down_bytes.is_multiple_of(16) {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "an expert's gate rows ({} bytes) and down rows ({} bytes) must be multiples \
+                 of 16 bytes to be copied into a slot",
+                cd.half_bytes, cd.down_bytes
+            ),
+        ));
+    }
+    for (name, t) in [
+        ("gate_up", a.gate_up),
+        ("down", a.down),
+        ("gate_up_slots", c.gate_up_slots),
+        ("down_slots", c.down_slots),
+    ] {
+        if !aligned16(t) {
+            return Err(Error::invalid(
+                OP,
+                format!("{name} must start 16-byte aligned"),
+            ));
+        }
+    }
+    let k = be.kernels();
+    let (ids, pairs) = (dptr(a.ids), int(OP, "pairs", d.n * d.top_k)?);
+    let (experts, layer, slots) = (
+        d.experts as i32,
+        int(OP, "layer", cd.layer)?,
+        int(OP, "slots", cd.slots)?,
+    );
+    let (slot_of, owner, score, fills, stats) = (
+        dptr(c.slot_of),
+        dptr(c.owner),
+        dptr(c.score),
+        dptr(c.fills),
+        dptr(c.stats),
+    );
+    let (decay, expert_bytes) = (c.decay, cd.expert_bytes() as i64);
+    be.launch(
+        &k.moe_cache_plan,
+        cfg((1, 1, 1), (1024, 1, 1)),
+        &mut args![
+            ids,
+            pairs,
+            experts,
+            layer,
+            slots,
+            slot_of,
+            owner,
+            score,
+            fills,
+            stats,
+            decay,
+            expert_bytes
+        ],
+    )?;
+    let (gu_host, dn_host, gu_slots, dn_slots) = (
+        dptr(a.gate_up),
+        dptr(a.down),
+        dptr(c.gate_up_slots),
+        dptr(c.down_slots),
+    );
+    let (half, down, gu_slot, dn_slot) = (
+        cd.half_bytes as i64,
+        cd.down_bytes as i64,
+        cd.gate_up_slot as i64,
+        cd.down_slot as i64,
+    );
+    be.launch(
+        &k.moe_cache_fill,
+        cfg(
+            (be.info.sm_count as u32 * MOE_FILL_CTAS_PER_SM, 1, 1),
+            (256, 1, 1),
+        ),
+        &mut args![
+            fills, gu_host, dn_host, gu_slots, dn_slots, experts, half, down, gu_slot, dn_slot
+        ],
+    )?;
+    Ok(MoeExpertsArg {
+        gu: gu_slots,
+        dn: dn_slots,
+        slot_of: slot_of + (cd.layer * d.experts * 4) as u64,
+        gu_stride: gu_slot,
+        up_off: half,
+        dn_stride: dn_slot,
+    })
 }
 
 /// The grouped path's workspace for `pairs` (token, expert) pairs: `(sorted, tiles, y,
@@ -1098,7 +1239,12 @@ pub(super) fn moe_workspace_bytes(
 /// of `bm` rows (64 where an expert averages more than 32 pairs, else 32), `gmoe_gate_up`
 /// writes the activations into the scratch, `gmoe_down` each pair's down product into the
 /// workspace, and `moe_combine` sums each token's slots in order.
-fn moe_grouped(be: &CudaBackend, a: &crate::args::Moe<'_>, d: &crate::ops::MoeDims) -> Result<()> {
+fn moe_grouped(
+    be: &CudaBackend,
+    a: &crate::args::Moe<'_>,
+    d: &crate::ops::MoeDims,
+    ex: MoeExpertsArg,
+) -> Result<()> {
     const OP: &str = "moe (grouped GEMM)";
     let dt = a.x.dtype();
     let pairs = d.n * d.top_k;
@@ -1151,7 +1297,7 @@ fn moe_grouped(be: &CudaBackend, a: &crate::args::Moe<'_>, d: &crate::ops::MoeDi
     };
     let (hidden, inter) = (int(OP, "hidden", d.hidden)?, int(OP, "inter", d.inter)?);
     let smem = quant::qmma_smem_bytes(bm) as u32;
-    let (x, gu, act) = (dptr(a.x), dptr(a.gate_up), dptr(a.scratch));
+    let (x, act) = (dptr(a.x), dptr(a.scratch));
     let mut c = cfg(
         (grid_x(OP, "inter", d.inter.div_ceil(64))?, tiles_y, 1),
         (256, 1, 1),
@@ -1160,9 +1306,8 @@ fn moe_grouped(be: &CudaBackend, a: &crate::args::Moe<'_>, d: &crate::ops::MoeDi
     be.launch(
         k.gmoe(fmt(a.gate_up), dt, true, bm)?,
         c,
-        &mut args![x, gu, sorted, tiles, act, hidden, inter, experts, top_k],
+        &mut args![x, ex, sorted, tiles, act, hidden, inter, experts, top_k],
     )?;
-    let dn = dptr(a.down);
     let mut c = cfg(
         (grid_x(OP, "hidden", d.hidden.div_ceil(128))?, tiles_y, 1),
         (256, 1, 1),
@@ -1171,7 +1316,7 @@ fn moe_grouped(be: &CudaBackend, a: &crate::args::Moe<'_>, d: &crate::ops::MoeDi
     be.launch(
         k.gmoe(fmt(a.down), dt, false, bm)?,
         c,
-        &mut args![act, dn, sorted, tiles, y, inter, hidden, experts, top_k],
+        &mut args![act, ex, sorted, tiles, y, inter, hidden, experts, top_k],
     )?;
     let total = d.n * d.hidden;
     let (wts, out) = (dptr(a.weights), dptr(a.out));
