@@ -313,15 +313,33 @@ GMOE(QFormatDense<f16>, dense, f16, f16)
 // makes the same decisions).
 //
 // moe_cache_plan: one CTA of 1024 threads, after moe_route. Counts each expert's pairs,
-// updates the layer's scores (score * decay + count, one fma), looks each needed expert up,
-// then for each miss in ascending expert order takes the slot of least score (empty: -1;
-// ties to the lower slot) among the slots not holding an expert this call needs (a block
-// argmin over the slots per miss), evicts its expert and records the fill. Then the
-// running totals.
+// updates the layer's scores (score * decay + count, one fma), looks each needed expert up
+// and lists the misses in ascending expert order (warp ballots), then gives the misses, in
+// that order, the unpinned slots of least key in ascending key order: the key of a slot is
+// its expert's score (-1 when empty) then its index, the pinned slots those holding an
+// expert this call needs. Taking the m least keys in order is what picking the least slot
+// miss after miss does (a filled slot becomes pinned; no other key changes). Each thread
+// keeps the least key of its own slots (s = tid, tid + 1024, ...); per miss a block argmin
+// over the threads, and the winner's thread looks its slots over again. Then the totals.
 #define MOE_PLAN_THREADS 1024
 __device__ __forceinline__ unsigned int moe_order_bits(float f) {
     const unsigned int b = __float_as_uint(f);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+// The least key among slots tid, tid + 1024, .. that are neither pinned nor taken (taken:
+// filled by this call, so owned by this layer and needed, hence pinned as well).
+__device__ __forceinline__ unsigned long long moe_plan_least(const int* owner, const float* score,
+                                                              const int* need, int experts,
+                                                              int layer, int slots, int tid) {
+    unsigned long long best = ~0ull;
+    for (int s = tid; s < slots; s += MOE_PLAN_THREADS) {
+        const int o = owner[s];
+        if (o >= 0 && o / experts == layer && need[o % experts] > 0) continue;
+        const float key = o < 0 ? -1.0f : score[o];
+        const unsigned long long k = ((unsigned long long)moe_order_bits(key) << 32) | (unsigned int)s;
+        best = k < best ? k : best;
+    }
+    return best;
 }
 extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
     moe_cache_plan(const int* __restrict__ ids, int pairs, int experts, int layer, int slots,
@@ -331,8 +349,10 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
     pdl_enter();
     __shared__ int need[32 * MOE_PER_LANE];
     __shared__ int miss[32 * MOE_PER_LANE];
-    __shared__ int nmiss, nhit, ndistinct;
+    __shared__ int warp_miss[MOE_PLAN_THREADS / 32], warp_hit[MOE_PLAN_THREADS / 32],
+        warp_need[MOE_PLAN_THREADS / 32];
     __shared__ unsigned long long red[MOE_PLAN_THREADS / 32];
+    __shared__ int nmiss;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     for (int e = tid; e < experts; e += MOE_PLAN_THREADS) need[e] = 0;
     __syncthreads();
@@ -343,34 +363,34 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
     __syncthreads();
     int* map = slot_of + (long long)layer * experts;
     float* sc = score + (long long)layer * experts;
-    for (int e = tid; e < experts; e += MOE_PLAN_THREADS) sc[e] = fmaf(sc[e], decay, (float)need[e]);
+    // experts <= 512 < MOE_PLAN_THREADS: thread e owns expert e.
+    const bool needed = tid < experts && need[tid] > 0;
+    const bool is_miss = needed && map[tid] < 0;
+    if (tid < experts) sc[tid] = fmaf(sc[tid], decay, (float)need[tid]);
+    const unsigned int mb = __ballot_sync(FULL_MASK, is_miss);
+    const unsigned int nb = __ballot_sync(FULL_MASK, needed);
+    if (lane == 0) {
+        warp_miss[warp] = __popc(mb);
+        warp_need[warp] = __popc(nb);
+        warp_hit[warp] = __popc(nb & ~mb);
+    }
+    __syncthreads();
+    if (is_miss) {
+        int before = __popc(mb & ((1u << lane) - 1u));
+        for (int w = 0; w < warp; ++w) before += warp_miss[w];
+        miss[before] = tid;
+    }
     if (tid == 0) {
-        int m = 0, h = 0, d = 0;
-        for (int e = 0; e < experts; ++e) {
-            if (need[e] == 0) continue;
-            ++d;
-            if (map[e] >= 0)
-                ++h;
-            else
-                miss[m++] = e;
-        }
+        int m = 0;
+        for (int w = 0; w < MOE_PLAN_THREADS / 32; ++w) m += warp_miss[w];
         nmiss = m;
-        nhit = h;
-        ndistinct = d;
     }
     __syncthreads();
     const int m = nmiss;
+    unsigned long long mine =
+        m > 0 ? moe_plan_least(owner, score, need, experts, layer, slots, tid) : ~0ull;
     for (int i = 0; i < m; ++i) {
-        unsigned long long best = ~0ull;
-        for (int s = tid; s < slots; s += MOE_PLAN_THREADS) {
-            const int o = owner[s];
-            const bool pinned = o >= 0 && o / experts == layer && need[o % experts] > 0;
-            if (pinned) continue;
-            const float key = o < 0 ? -1.0f : score[o];
-            const unsigned long long k =
-                ((unsigned long long)moe_order_bits(key) << 32) | (unsigned int)s;
-            best = k < best ? k : best;
-        }
+        unsigned long long best = mine;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             const unsigned long long v = __shfl_xor_sync(FULL_MASK, best, o);
@@ -378,27 +398,41 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
         }
         if (lane == 0) red[warp] = best;
         __syncthreads();
-        if (tid == 0) {
-            for (int w = 1; w < MOE_PLAN_THREADS / 32; ++w) best = red[w] < best ? red[w] : best;
-            const int s = (int)(best & 0xffffffffull), e = miss[i];
+        best = red[lane];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long v = __shfl_xor_sync(FULL_MASK, best, o);
+            best = v < best ? v : best;
+        }
+        const int s = (int)(best & 0xffffffffull);
+        if ((s % MOE_PLAN_THREADS) == tid) {
+            // This thread's slot: evict its expert, fill it, look its slots over again.
+            const int e = miss[i];
             const int old = owner[s];
             if (old >= 0) slot_of[old] = -1;
             owner[s] = layer * experts + e;
             map[e] = s;
             fills[1 + 2 * i] = e;
             fills[2 + 2 * i] = s;
+            mine = moe_plan_least(owner, score, need, experts, layer, slots, tid);
         }
         __syncthreads();
     }
     if (tid == 0) {
+        int d = 0, h = 0;
+        for (int w = 0; w < MOE_PLAN_THREADS / 32; ++w) {
+            d += warp_need[w];
+            h += warp_hit[w];
+        }
         fills[0] = m;
-        stats[0] += ndistinct;
-        stats[1] += nhit;
+        stats[0] += d;
+        stats[1] += h;
         stats[2] += m;
         stats[3] += (long long)m * expert_bytes;
     }
 }
 
+#define MOE_FILL_UNROLL 4
 // moe_cache_fill: copies each fill's expert from host memory (mapped, read over the bus)
 // into its slot: its gate rows (half bytes from gu_host + e half), its up rows (from
 // gu_host + (E + e) half) behind them, its down rows (down bytes from dn_host + e down).
@@ -412,23 +446,37 @@ extern "C" __global__ void moe_cache_fill(const int* __restrict__ fills,
                                           long long dn_slot) {
     pdl_enter();
     const long long m = fills[0];
+    if (m == 0) return;
     const long long per = (2 * half + down) / 16;
+    const long long total = m * per;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long u = (long long)blockIdx.x * blockDim.x + threadIdx.x; u < m * per; u += stride) {
-        const long long f = u / per, off = (u - f * per) * 16;
-        const long long e = fills[1 + 2 * f], s = fills[2 + 2 * f];
-        const unsigned char* src;
-        unsigned char* dst;
-        if (off < half) {
-            src = gu_host + e * half + off;
-            dst = gu_slots + s * gu_slot + off;
-        } else if (off < 2 * half) {
-            src = gu_host + (experts + e) * half + (off - half);
-            dst = gu_slots + s * gu_slot + off;
-        } else {
-            src = dn_host + e * down + (off - 2 * half);
-            dst = dn_slots + s * dn_slot + (off - 2 * half);
+    // MOE_FILL_UNROLL independent 16-byte reads in flight per thread before their writes.
+    for (long long u0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; u0 < total;
+         u0 += MOE_FILL_UNROLL * stride) {
+        uint4 v[MOE_FILL_UNROLL];
+        unsigned char* dst[MOE_FILL_UNROLL];
+#pragma unroll
+        for (int r = 0; r < MOE_FILL_UNROLL; ++r) {
+            const long long u = u0 + r * stride;
+            dst[r] = nullptr;
+            if (u >= total) continue;
+            const long long f = u / per, off = (u - f * per) * 16;
+            const long long e = fills[1 + 2 * f], s = fills[2 + 2 * f];
+            const unsigned char* src;
+            if (off < half) {
+                src = gu_host + e * half + off;
+                dst[r] = gu_slots + s * gu_slot + off;
+            } else if (off < 2 * half) {
+                src = gu_host + (experts + e) * half + (off - half);
+                dst[r] = gu_slots + s * gu_slot + off;
+            } else {
+                src = dn_host + e * down + (off - 2 * half);
+                dst[r] = dn_slots + s * dn_slot + (off - 2 * half);
+            }
+            v[r] = *reinterpret_cast<const uint4*>(src);
         }
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#pragma unroll
+        for (int r = 0; r < MOE_FILL_UNROLL; ++r)
+            if (dst[r] != nullptr) *reinterpret_cast<uint4*>(dst[r]) = v[r];
     }
 }

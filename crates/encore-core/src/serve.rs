@@ -79,6 +79,13 @@ pub struct EngineMetrics {
     /// Graph replays of decode and of mixed (prefill) steps.
     pub graph_replays_decode: AtomicU64,
     pub graph_replays_mixed: AtomicU64,
+    /// The expert cache's totals (the experts offload policy; 0 otherwise), read from the
+    /// device every [`EXPERT_STATS_EVERY`] steps and when idle: distinct experts the
+    /// layers needed, summed over layers and steps; hits; misses (fills); bytes streamed.
+    pub expert_needed_total: AtomicU64,
+    pub expert_hits_total: AtomicU64,
+    pub expert_misses_total: AtomicU64,
+    pub expert_bytes_streamed_total: AtomicU64,
     /// Time from a request's submission to its first token (queueing and prefill).
     pub time_to_first_token: Histogram<TtftBuckets>,
     /// Time between consecutive tokens of a request, taken when the step that sampled
@@ -384,8 +391,20 @@ fn add(
     }
 }
 
+/// Steps between reads of the expert cache's totals (each read waits for the device).
+pub const EXPERT_STATS_EVERY: u64 = 16;
+
 fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<'_>) {
     let st = sched.stats();
+    if !sched.has_work() || st.steps.is_multiple_of(EXPERT_STATS_EVERY) {
+        if let Ok(Some(x)) = runner.expert_stats() {
+            m.expert_needed_total.store(x.needed, Ordering::Relaxed);
+            m.expert_hits_total.store(x.hits, Ordering::Relaxed);
+            m.expert_misses_total.store(x.misses, Ordering::Relaxed);
+            m.expert_bytes_streamed_total
+                .store(x.bytes, Ordering::Relaxed);
+        }
+    }
     m.requests_running
         .store(sched.num_running() as u64, Ordering::Relaxed);
     m.requests_waiting

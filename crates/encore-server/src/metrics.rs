@@ -13,7 +13,7 @@ use crate::AppState;
 
 /// The engine's counters and gauges, and the server's request count: name, type, help,
 /// value.
-fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 12] {
+fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 16] {
     let m = &s.engine.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     [
@@ -88,6 +88,30 @@ fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 12] {
             "counter",
             "Prompt tokens found in the prefix cache (not computed).",
             g(&m.prefix_cache_hits_total),
+        ),
+        (
+            "encore_expert_cache_needed_total",
+            "counter",
+            "Distinct routed experts the sparse layers' steps needed, summed (the expert cache).",
+            g(&m.expert_needed_total),
+        ),
+        (
+            "encore_expert_cache_hits_total",
+            "counter",
+            "Needed experts found in the expert cache's device slots.",
+            g(&m.expert_hits_total),
+        ),
+        (
+            "encore_expert_cache_misses_total",
+            "counter",
+            "Needed experts copied into a slot from host memory.",
+            g(&m.expert_misses_total),
+        ),
+        (
+            "encore_expert_cache_streamed_bytes_total",
+            "counter",
+            "Bytes of experts copied from host memory into the expert cache.",
+            g(&m.expert_bytes_streamed_total),
         ),
     ]
 }

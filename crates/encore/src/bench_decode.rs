@@ -379,7 +379,10 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         load_secs,
         expert_bytes,
         routed,
-        table: table.map(|t| (t, cfg.num_layers)),
+        table: table.map(|t| {
+            let window = runner.config().max_tokens_per_step + cfg.num_layers;
+            (t, cfg.num_layers, window)
+        }),
     };
     // The expert cache streams what its misses need: its bound is those bytes at the
     // host-to-device bandwidth.
@@ -488,7 +491,7 @@ struct Floor {
     expert_bytes: usize,
     routed: Option<(usize, usize)>,
     /// The synthetic routing (`--router-skew`) and the layers reading it.
-    table: Option<(std::sync::Arc<RoutingTable>, usize)>,
+    table: Option<(std::sync::Arc<RoutingTable>, usize, usize)>,
 }
 
 impl Floor {
@@ -511,9 +514,8 @@ impl Floor {
     /// Under `--router-skew`: the distinct experts a layer reaches at batch `b`, the mean
     /// over the layers (each reads its own rows of the table).
     fn experts_at(&self, b: usize) -> Option<f64> {
-        let (t, layers) = self.table.as_ref()?;
-        let sum: usize = (0..*layers).map(|l| t.distinct(l, b)).sum();
-        Some(sum as f64 / *layers as f64)
+        let (t, layers, window) = self.table.as_ref()?;
+        Some(t.mean_distinct(b, *layers, *window, 32))
     }
 
     /// The floor of a step of `b` rows, in seconds.

@@ -229,7 +229,8 @@ fn offload_flags_on_the_other_commands_name_the_flag_or_minimum() {
 }
 
 /// The fields of a `bench offload --json` row.
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 15] = [
+    "expert_hit_rate",
     "policy",
     "mode",
     "batch",
@@ -451,5 +452,105 @@ fn bench_decode_and_serve_take_a_budget() {
             .any(|l| l.starts_with("weight budget") && l.contains("(planned)")),
         "{:?}",
         s.before
+    );
+}
+
+/// A mixture of experts under a budget takes the expert cache by default: the resident
+/// text from generate, the budget line naming the slots, and `/metrics` counting the
+/// cache's hits, misses and streamed bytes.
+#[test]
+fn a_mixture_of_experts_runs_its_experts_through_the_cache() {
+    let moe = "dummy:tiny-qwen3-moe";
+    let gen = |extra: &[&str]| {
+        let args = [
+            &[
+                "generate",
+                "--device",
+                "cpu",
+                "--model",
+                moe,
+                "--prompt",
+                "Hello there",
+                "--max-tokens",
+                "8",
+                "--ignore-eos",
+            ][..],
+            extra,
+        ]
+        .concat();
+        encore(&args)
+    };
+    let want = success(&gen(&[]));
+    let out = gen(&["--weight-budget", "80%"]);
+    assert_eq!(success(&out), want);
+    let err = text(&out.stderr);
+    assert!(
+        err.lines().any(|l| l.starts_with("weight budget")
+            && l.contains("(experts)")
+            && l.contains("expert slots")),
+        "{err}"
+    );
+    // The planned ring still runs on request, with the same text.
+    let out = gen(&["--weight-budget", "80%", "--offload-policy", "planned"]);
+    assert_eq!(success(&out), want);
+    // Below the cache's floor: refused with the minimum.
+    let low = failure(&gen(&["--weight-budget", "30%"]));
+    assert!(
+        low.contains("minimum of") && low.contains("expert slots"),
+        "{low}"
+    );
+
+    let args = [
+        "--device",
+        "cpu",
+        "--model",
+        moe,
+        "--port",
+        "0",
+        "--lazy-capture",
+        "--cpu-kv-blocks",
+        "64",
+        "--max-seq-len",
+        "256",
+        "--weight-budget",
+        "80%",
+    ];
+    let s = Serve::start(&args, Duration::from_secs(60));
+    let body = serde_json::json!({
+        "model": moe, "prompt": "Hello there", "max_tokens": 8, "ignore_eos": true
+    });
+    let (status, reply) = common::http(s.addr, "POST", "/v1/completions", Some(&body));
+    assert_eq!(status, 200, "{reply}");
+    // The engine publishes its figures after the step that answered (and reads the
+    // cache's totals when it goes idle): poll until it has.
+    let t = std::time::Instant::now();
+    let metrics = loop {
+        let (status, metrics) = common::http(s.addr, "GET", "/metrics", None);
+        assert_eq!(status, 200);
+        if metrics.contains("encore_requests_running 0")
+            && !metrics.contains("encore_expert_cache_needed_total 0")
+        {
+            break metrics;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "{metrics}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} not in {metrics}"))
+            .parse()
+            .unwrap()
+    };
+    let (needed, hits, misses) = (
+        value("encore_expert_cache_needed_total"),
+        value("encore_expert_cache_hits_total"),
+        value("encore_expert_cache_misses_total"),
+    );
+    assert!(needed > 0 && hits + misses == needed, "{metrics}");
+    assert!(
+        value("encore_expert_cache_streamed_bytes_total") > 0,
+        "{metrics}"
     );
 }

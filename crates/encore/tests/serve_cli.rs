@@ -13,7 +13,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
@@ -21,7 +21,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{encore, failure, success, Serve};
+use common::{encore, failure, http, success, Serve};
 use serde_json::{json, Value};
 
 const MODEL: &str = "dummy:tiny";
@@ -37,25 +37,6 @@ fn start(extra: &[&str]) -> Serve {
         &[&CPU_F32[..], &args, extra].concat(),
         Duration::from_secs(120),
     )
-}
-
-/// One request on its own connection; returns (status, body with chunking undone).
-fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let b = body.map(Value::to_string).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
-        b.len()
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, rest.to_string())
 }
 
 /// A streaming completion on its own connection, read on a thread; returns once its

@@ -60,9 +60,18 @@ pub struct Model {
     /// Weights under a device budget: what streams them (`None`: all resident).
     offload: Option<Offload>,
     /// Synthetic routing for benchmarks ([`Model::set_router_skew`]): the table's logits
-    /// (`[rows + layers, experts]` in the run dtype; layer `l` of a step of `n` rows reads
-    /// rows `l..l + n`) and the table.
-    router_table: Option<(Tensor, std::sync::Arc<RoutingTable>)>,
+    /// in the run dtype and the window of `rows + layers` rows a step reads.
+    router_table: Option<RouterTable>,
+}
+
+/// `--router-skew`'s logits on the device: the whole table, and the window the forward
+/// reads (layer `l` of a step of `n` rows reads its rows `l..l + n`), moved before each step.
+struct RouterTable {
+    all: Tensor,
+    window: Tensor,
+    table: std::sync::Arc<RoutingTable>,
+    /// The first row of the whole table the next step's window copies.
+    next: std::sync::atomic::AtomicUsize,
 }
 
 /// The intermediates of one step (arena views), allocated from the arena in this order.
@@ -184,16 +193,40 @@ impl Model {
                 format!("{} has no experts to route", self.cfg.arch.model_type()),
             ));
         };
-        let len = rows + self.cfg.num_layers;
+        let window = rows + self.cfg.num_layers;
+        let len = RoutingTable::table_rows(window);
         let table = RoutingTable::new(skew, moe.num_experts, moe.top_k, len);
-        let t = backend.upload_f32_as(&table.logits(), &[len, moe.num_experts], self.dtype())?;
-        self.router_table = Some((t, std::sync::Arc::new(table)));
+        let all = backend.upload_f32_as(&table.logits(), &[len, moe.num_experts], self.dtype())?;
+        let window = backend.alloc(self.dtype(), &[window, moe.num_experts])?;
+        backend.copy(&all.narrow(0, window.dim(0))?, &window)?;
+        self.router_table = Some(RouterTable {
+            all,
+            window,
+            table: std::sync::Arc::new(table),
+            next: std::sync::atomic::AtomicUsize::new(0),
+        });
         Ok(())
     }
 
     /// The synthetic routing table, when one is set.
     pub fn routing_table(&self) -> Option<std::sync::Arc<RoutingTable>> {
-        self.router_table.as_ref().map(|(_, t)| t.clone())
+        self.router_table.as_ref().map(|r| r.table.clone())
+    }
+
+    /// Before a step of `rows` token rows (never inside a capture): the synthetic routing
+    /// table's window moves to fresh rows ([`RoutingTable::next_start`]), so each step
+    /// routes anew, as a real router does, while the graphs read the same window.
+    pub fn advance_routing(&self, backend: &dyn Backend, rows: usize) -> Result<()> {
+        let Some(r) = &self.router_table else {
+            return Ok(());
+        };
+        use std::sync::atomic::Ordering;
+        let w = r.window.dim(0);
+        let start = r.next.load(Ordering::Relaxed);
+        backend.copy(&r.all.narrow(start, w)?, &r.window)?;
+        let next = RoutingTable::next_start(start, rows, self.cfg.num_layers, w, r.all.dim(0));
+        r.next.store(next, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The weight offload executor, when the weights run under a budget.
@@ -486,8 +519,8 @@ impl Model {
                     let n = buf.normed.dim(0);
                     let logits = buf.router_logits.prefix(n)?;
                     be.matmul(&buf.normed, &router, None, &logits)?;
-                    if let Some((table, _)) = &self.router_table {
-                        be.copy(&table.narrow(k - 1, n)?, &logits)?;
+                    if let Some(r) = &self.router_table {
+                        be.copy(&r.window.narrow(k - 1, n)?, &logits)?;
                     }
                     be.moe(&Moe {
                         x: &buf.normed,

@@ -97,6 +97,47 @@ impl RoutingTable {
     }
 
     /// The distinct experts rows `start..start + n` choose.
+    /// Rows of a table whose steps read windows of `window` rows: room for at least 64
+    /// windows and 65,536 rows, so steps rarely repeat a row (a cache of experts would
+    /// otherwise see the same steps again).
+    pub fn table_rows(window: usize) -> usize {
+        (64 * window).max(65_536)
+    }
+
+    /// The first row of the window after a step of `rows` token rows that read from
+    /// `start` (its `layers` layers read rows `start + l .. start + l + rows`): the next
+    /// row none of them read, or the table's start when the window would run past its
+    /// `len` rows.
+    pub fn next_start(
+        start: usize,
+        rows: usize,
+        layers: usize,
+        window: usize,
+        len: usize,
+    ) -> usize {
+        let next = start + layers + rows;
+        if next + window > len {
+            0
+        } else {
+            next
+        }
+    }
+
+    /// The distinct experts a layer reaches in a step of `n` rows, the mean over `steps`
+    /// successive steps and the `layers` layers (each step's window as
+    /// [`RoutingTable::next_start`] moves it).
+    pub fn mean_distinct(&self, n: usize, layers: usize, window: usize, steps: usize) -> f64 {
+        let mut start = 0;
+        let mut sum = 0;
+        for _ in 0..steps {
+            sum += (0..layers)
+                .map(|l| self.distinct(start + l, n))
+                .sum::<usize>();
+            start = Self::next_start(start, n, layers, window, self.chosen.len());
+        }
+        sum as f64 / (steps * layers).max(1) as f64
+    }
+
     pub fn distinct(&self, start: usize, n: usize) -> usize {
         let mut seen = vec![false; self.experts];
         for c in &self.chosen[start..start + n] {

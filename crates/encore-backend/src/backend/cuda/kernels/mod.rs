@@ -1096,9 +1096,9 @@ struct MoeExpertsArg {
     dn_stride: i64,
 }
 
-/// CTAs per SM of `moe_cache_fill`'s grid (256 threads each): enough 16-byte reads in
-/// flight to keep the bus busy for one expert.
-const MOE_FILL_CTAS_PER_SM: u32 = 8;
+/// CTAs per SM of `moe_cache_fill`'s grid (256 threads, 4 reads of 16 bytes in flight
+/// each): megabytes in flight, far more than the bus's bandwidth-delay product.
+const MOE_FILL_CTAS_PER_SM: u32 = 2;
 
 /// The expert cache's step (after `moe_route`): `moe_cache_plan` decides the fills,
 /// `moe_cache_fill` copies them from host memory into their slots; the experts are then
