@@ -525,6 +525,7 @@ impl Floor {
 }
 
 /// One batch size's row: the eager and graph step medians (seconds) beside the floor.
+#[allow(clippy::too_many_arguments)]
 fn print_row(
     a: &BenchDecodeArgs,
     be: &dyn Backend,

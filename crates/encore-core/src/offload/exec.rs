@@ -499,7 +499,7 @@ struct Lru {
 enum Executor {
     Planned(Planned),
     Lru(Lru),
-    Experts(ExpertPool),
+    Experts(Box<ExpertPool>),
 }
 
 impl Lru {
@@ -578,7 +578,7 @@ impl Offload {
             (Policy::Experts, _, Some(layout)) => {
                 let pool = ExpertPool::new(be, layout)?;
                 report.expert_slots = pool.layout.slots;
-                Executor::Experts(pool)
+                Executor::Experts(Box::new(pool))
             }
             (p, _, _) => {
                 return Err(Error::invalid(

@@ -172,3 +172,43 @@ fn preemption_and_chunked_prefill_under_offload_give_the_resident_tokens() {
         }
     }
 }
+
+/// The same stream of chunked prompts, preempted under KV pressure, through a mixture of
+/// experts under the expert cache at its floor (every step evicts), eager and in graphs:
+/// the resident tokens.
+#[test]
+fn preemption_and_chunked_prefill_under_the_expert_cache_give_the_resident_tokens() {
+    let cpu = slow_cpu();
+    let files = open_model("dummy:tiny-qwen3-moe").unwrap();
+    let small = |graphs: bool, offload| EngineConfig {
+        max_tokens_per_step: 32,
+        kv: KvSizing::Blocks(8),
+        graphs: graphs.then_some(GraphConfig {
+            decode: BucketPolicy::PowersOfTwo { max: 4 },
+            mixed: BucketPolicy::SglangLike { max: 32 },
+        }),
+        ..config(graphs, offload)
+    };
+    let (want, _) = run_files(&cpu, &files, &config(false, None)).unwrap();
+    let bytes: Vec<usize> = order(&files.config)
+        .weights()
+        .iter()
+        .map(|w| w.bytes)
+        .collect();
+    let floor = offload::experts::layout(&files.config, &bytes, usize::MAX, 32)
+        .unwrap()
+        .floor_bytes;
+    for graphs in [false, true] {
+        let oc = Some(OffloadConfig {
+            budget: WeightBudget::Bytes(floor),
+            policy: Policy::Experts,
+        });
+        let Engine { mut runner, .. } =
+            Engine::new(&cpu, files.clone(), &small(graphs, oc), &NoProgress).unwrap();
+        let (got, preemptions) = scheduled(&mut runner, &prompts());
+        assert_eq!(got, want, "graphs {graphs}");
+        assert!(preemptions > 0, "graphs {graphs}: no preemption");
+        let s = runner.expert_stats().unwrap().unwrap();
+        assert!(s.misses > 0, "{s:?}");
+    }
+}

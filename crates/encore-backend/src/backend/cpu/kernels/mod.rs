@@ -848,13 +848,11 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
             let fills = view::<i32>(&c.fills);
             let (gu_host, dn_host) = (bytes_of(&a.gate_up), bytes_of(&a.down));
             let gu_slots = std::slice::from_raw_parts_mut(
-                ptr_of(&c.gate_up_slots) as *mut u8,
+                ptr_of(&c.gate_up_slots),
                 c.gate_up_slots.size_bytes(),
             );
-            let dn_slots = std::slice::from_raw_parts_mut(
-                ptr_of(&c.down_slots) as *mut u8,
-                c.down_slots.size_bytes(),
-            );
+            let dn_slots =
+                std::slice::from_raw_parts_mut(ptr_of(&c.down_slots), c.down_slots.size_bytes());
             let half = cd.half_bytes;
             for f in 0..fills[0] as usize {
                 let (e, s) = (fills[1 + 2 * f] as usize, fills[2 + 2 * f] as usize);
