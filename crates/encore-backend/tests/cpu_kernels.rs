@@ -955,7 +955,8 @@ fn the_expert_cache_fills_and_evicts_by_decayed_frequency() {
         )
     };
     // (layer, expert) -> (slot_of, owner, fills[..3]) after the call.
-    let steps: [((usize, usize), (Vec<i32>, Vec<i32>, Vec<i32>)); 5] = [
+    type Tables = (Vec<i32>, Vec<i32>, Vec<i32>);
+    let steps: [((usize, usize), Tables); 5] = [
         // An empty slot, the lowest.
         (
             (0, 0),
