@@ -568,10 +568,11 @@ __device__ __forceinline__ const unsigned char* moe_down(const MoeExperts& m, in
 // output: its lanes take units gl, gl + G, ... of the output's rows (the loads of a group
 // cover whole blocks, as qgemv's chunks do) and reduce by shuffles inside the group.
 // qmoe_gate_up: grid (ceil(inter / outputs per CTA), pairs); the group of output j of pair
-//   p = t * top_k + s reads expert e = ids[p]'s gate row e I + j and up row (E + e) I + j
-//   against x[t] and writes act[p, j] = silu(round_T(g)) * round_T(u), rounded to T.
+//   p = t * top_k + s reads expert e = ids[p]'s gate row j and up row j (MoeExperts: in the
+//   stacks, rows e I + j and (E + e) I + j) against x[t] and writes act[p, j] =
+//   silu(round_T(g)) * round_T(u), rounded to T.
 // qmoe_down: grid (ceil(hidden / (2 * 32 / G)), n); a lane group owns outputs h, h + 1 of
-//   token t and reads rows e H + h, e H + h + 1 of a chosen expert against act[p]; the sum
+//   token t and reads down rows h, h + 1 of a chosen expert against act[p]; the sum
 //   of w[p] * round_T(dot) over the slots is f32, in slot order, rounded once (moe.cu's).
 // An expert id out of range (never written by moe_route) contributes nothing.
 template <class F, typename T, int R>
@@ -970,10 +971,10 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
 // rows of its expert, as qmma does (decode in shared memory, mma.sync), so an expert's
 // weights are read once per tile of its pairs rather than once per pair.
 //   SILU (gate/up): x rows are tokens (pair / top_k), the CTA's 128 rows are 64 gate rows
-//     j0.. and the 64 matching up rows of expert e (rows e I + j, (E + e) I + j), laid out so
+//     j0.. and the 64 matching up rows of expert e (MoeExperts), laid out so
 //     that each thread holds a gate column and its up column (n8 tiles alternate gate, up),
 //     and act[pair, j] = silu(round_T(g)) * round_T(u), rounded to T.
-//   else (down): x rows are pairs (act), the rows h0.. of expert e (e H + h), and
+//   else (down): x rows are pairs (act), the down rows h0.. of expert e, and
 //     y[pair, h] = round_T(dot); moe_combine sums the slots.
 template <class F, typename T, int BM, bool SILU>
 __device__ __forceinline__ void gmoe_impl(const T* __restrict__ x, const MoeExperts& w,

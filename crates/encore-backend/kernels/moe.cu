@@ -10,7 +10,8 @@
 // and 32 chosen (the launcher checks).
 // moe_gate_up: grid (ceil(inter / MOE_WARPS), n * top_k); warp j of pair p = t * top_k + s
 // computes act[p, j] = silu(gate . x_t) * (up . x_t) of expert ids[p], each product rounded
-// to T first (as matmul then silu_mul round them).
+// to T first (as matmul then silu_mul round them). Every expert kernel finds an expert's
+// rows through a MoeExperts (common.cuh): the stacks, or the expert cache's slots.
 // moe_down: grid (ceil(hidden / MOE_WARPS), n); warp h of token t sums over the slots in
 // order w[t, s] * round_T(act[t, s] . down_e[h]) in f32 and rounds once. An expert id out of
 // range (never written by moe_route) contributes nothing.
