@@ -265,6 +265,154 @@ pub fn decode_attention(
     Ok((row("eager", eager), row("graph", replayed)))
 }
 
+/// A mixture-of-experts layer's shape for [`moe_streaming`].
+#[derive(Clone, Copy, Debug)]
+pub struct MoeShape {
+    pub rows: usize,
+    pub hidden: usize,
+    pub inter: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    /// The experts' format (`None`: x's dtype).
+    pub format: Option<crate::quant::QuantFormat>,
+}
+
+/// How fast a step can use experts that live in host memory (the expert cache's choice,
+/// args::ExpertCache): each call routes its rows to one of four disjoint sets of experts in
+/// turn (more bytes than the L2 holds), and runs the layer
+/// - `direct`: the experts read in place over the bus by the expert kernels (no cache);
+/// - `cache miss`: through an expert cache of the fewest slots, so every call copies its
+///   experts into slots (plan, fill kernel reading mapped host memory) and runs them there;
+/// - `cache hit`: the same cache with one set, every expert already in its slot.
+///
+/// GB/s of the chosen experts' bytes per call.
+pub fn moe_streaming(
+    be: &dyn Backend,
+    s: MoeShape,
+    dtype: DType,
+    iters: usize,
+) -> Result<Vec<BenchRow>> {
+    use crate::args::{ExpertCache, Moe};
+    let mut rng = StdRng::seed_from_u64(3);
+    let (n, h, i, e, k) = (s.rows, s.hidden, s.inter, s.experts, s.top_k);
+    let sets = 4;
+    if sets * n * k > e {
+        return Err(Error::invalid(
+            "moe_streaming",
+            format!("{sets} sets of {n} x {k} experts need more than {e}"),
+        ));
+    }
+    let wdt = s.format.map_or(dtype, DType::Q);
+    let host_weight = |rows: usize, cols: usize, rng: &mut StdRng| -> Result<Tensor> {
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.random_range(-1.0f32..1.0) / (cols as f32).sqrt())
+            .collect();
+        let bytes = match s.format {
+            Some(f) => {
+                let mut b = vec![0u8; wdt.bytes(&[rows, cols]).unwrap_or(0)];
+                crate::quant::quantize_rows(f, &v, cols, &mut b);
+                b
+            }
+            None => {
+                let t = be.upload_f32_as(&v, &[rows, cols], dtype)?;
+                let mut b = vec![0u8; t.size_bytes()];
+                be.read_bytes(&t, &mut b)?;
+                b
+            }
+        };
+        let mut mem = be.alloc_host(bytes.len())?;
+        mem.bytes_mut()
+            .ok_or_else(|| Error::invalid("moe_streaming", "host memory not writable"))?
+            .copy_from_slice(&bytes);
+        be.host_view(&Arc::new(mem), 0, &[rows, cols], wdt)
+    };
+    let gate_up = host_weight(2 * e * i, h, &mut rng)?;
+    let down = host_weight(e * h, i, &mut rng)?;
+    let x = random_tensor(be, &mut rng, &[n, h], dtype, 1.0)?;
+    // Set c routes row r to experts c n k + r k .. + k (descending logits).
+    let logits: Vec<Tensor> = (0..sets)
+        .map(|c| {
+            let mut l = vec![0f32; n * e];
+            for r in 0..n {
+                for j in 0..k {
+                    l[r * e + c * n * k + r * k + j] = 8.0 - j as f32 * 0.1;
+                }
+            }
+            be.upload(&l, &[n, e])
+        })
+        .collect::<Result<_>>()?;
+    let ids = be.alloc(DType::I32, &[n, k])?;
+    let wts = be.alloc(DType::F32, &[n, k])?;
+    let out = be.alloc(dtype, &[n, h])?;
+    let scratch = be.alloc(dtype, &[n * k, i])?;
+    let work_len = be.moe_workspace_bytes(n, h, e, k, dtype).div_ceil(4).max(1);
+    let work = be.alloc(DType::I32, &[work_len])?;
+    let slots = n * k;
+    let slot_words = |t: &Tensor| (t.size_bytes() / e).div_ceil(256) * 64;
+    let slot_of = be.upload(&vec![-1i32; e], &[1, e])?;
+    let owner = be.upload(&vec![-1i32; slots], &[slots])?;
+    let score = be.upload(&vec![0f32; e], &[1, e])?;
+    let fills = be.upload(&vec![0i32; 1 + 2 * e], &[1 + 2 * e])?;
+    let stats = be.upload(&[0i64; 4], &[4])?;
+    let gus = be.alloc(DType::I32, &[slots, slot_words(&gate_up)])?;
+    let dns = be.alloc(DType::I32, &[slots, slot_words(&down)])?;
+    let call = |set: usize, cached: bool| {
+        be.moe(&Moe {
+            x: &x,
+            logits: &logits[set],
+            top_k: k,
+            renormalize: true,
+            gate_up: &gate_up,
+            down: &down,
+            ids: &ids,
+            weights: &wts,
+            out: &out,
+            scratch: &scratch,
+            workspace: &work,
+            cache: cached.then_some(ExpertCache {
+                layer: 0,
+                slot_of: &slot_of,
+                owner: &owner,
+                score: &score,
+                fills: &fills,
+                stats: &stats,
+                gate_up_slots: &gus,
+                down_slots: &dns,
+                decay: 0.5,
+            }),
+        })
+    };
+    let mut c = 0usize;
+    let mut next = || {
+        c += 1;
+        c % sets
+    };
+    let direct = time_per_call(be, iters, 5, || call(next(), false))?;
+    let miss = time_per_call(be, iters, 5, || call(next(), true))?;
+    let hit = time_per_call(be, iters, 5, || call(0, true))?;
+    let per_call = n * k * (gate_up.size_bytes() + down.size_bytes()) / e;
+    let name = format!(
+        "moe {n} rows, {e} experts {h}x{i} top {k}, {} experts in host memory",
+        s.format.map_or(dtype.to_string(), |f| f.to_string())
+    );
+    let row = |how: &str, secs: f64| BenchRow {
+        name: format!("{name}: {how}"),
+        value: per_call as f64 / secs / 1e9,
+        unit: "GB/s",
+        seconds: secs,
+        detail: format!(
+            "{:.1} us a call, {:.1} MiB of experts",
+            secs * 1e6,
+            per_call as f64 / (1 << 20) as f64
+        ),
+    };
+    Ok(vec![
+        row("direct read", direct),
+        row("cache miss", miss),
+        row("cache hit", hit),
+    ])
+}
+
 /// Per-launch cost of a tiny kernel, eager and inside a graph: microseconds each.
 pub fn launch_cost(be: &dyn Backend, launches: usize) -> Result<(BenchRow, BenchRow)> {
     let x = be.upload_f32_as(&[0.5, 1.5], &[1, 2], DType::F32)?;

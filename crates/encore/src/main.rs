@@ -32,8 +32,9 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use encore_core::backend::cuda::{self, CudaLibraries};
-use encore_core::bench::{self, AttentionShape, BenchRow};
+use encore_core::bench::{self, AttentionShape, BenchRow, MoeShape};
 use encore_core::device::{self, Opened};
+use encore_core::quant::QuantFormat;
 use encore_core::testing::{self, CheckResult};
 use encore_core::DType;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -354,6 +355,8 @@ struct KernelSuite {
     copy: (usize, usize),
     attention: &'static [(AttentionShape, DType, usize)],
     launches: usize,
+    /// Experts in host memory: read in place, or through the expert cache.
+    moe: &'static [(MoeShape, DType, usize)],
 }
 
 /// A decode-attention shape of 16-token KV blocks.
@@ -380,6 +383,18 @@ const QUICK: KernelSuite = KernelSuite {
     copy: (8 << 20, 5),
     attention: &[(attention(1, 256, 8, 2, 64), DType::F32, 5)],
     launches: 100,
+    moe: &[(
+        MoeShape {
+            rows: 1,
+            hidden: 64,
+            inter: 32,
+            experts: 8,
+            top_k: 2,
+            format: None,
+        },
+        DType::F32,
+        5,
+    )],
 };
 
 /// The full suite: Llama-3-8B's shapes.
@@ -396,6 +411,33 @@ const FULL: KernelSuite = KernelSuite {
         (attention(64, 4096, 32, 8, 128), DType::BF16, 100),
     ],
     launches: 1000,
+    // Qwen3-30B-A3B's experts in Q4_K and bf16, one token.
+    moe: &[
+        (
+            MoeShape {
+                rows: 1,
+                hidden: 2048,
+                inter: 768,
+                experts: 128,
+                top_k: 8,
+                format: Some(QuantFormat::Q4K),
+            },
+            DType::BF16,
+            20,
+        ),
+        (
+            MoeShape {
+                rows: 1,
+                hidden: 2048,
+                inter: 768,
+                experts: 128,
+                top_k: 8,
+                format: None,
+            },
+            DType::BF16,
+            20,
+        ),
+    ],
 };
 
 fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
@@ -435,6 +477,13 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
     let (eager, graph) = bench::launch_cost(be, suite.launches)?;
     push(eager)?;
     push(graph)?;
+    if be.runs_moe() {
+        for &(shape, dtype, iters) in suite.moe {
+            for r in bench::moe_streaming(be, shape, dtype, iters)? {
+                push(r)?;
+            }
+        }
+    }
     if !args.json {
         outln!("{:<58} {:>12} {:<10} detail", "benchmark", "value", "unit")?;
         for r in &rows {
