@@ -115,18 +115,84 @@ fn mixtures_of_experts_under_budgets_give_the_resident_tokens() {
     }
 }
 
-/// The expert cache's layout for `cfg` in f32 with steps of [`config`]'s 64 tokens.
-fn expert_layout(cfg: &ModelConfig) -> offload::ExpertLayout {
-    let bytes: Vec<usize> = order(cfg).weights().iter().map(|w| w.bytes).collect();
+/// The expert cache's layout for `cfg` in `dtype` with steps of [`config`]'s 64 tokens.
+pub(super) fn expert_layout(cfg: &ModelConfig, dtype: DType) -> offload::ExpertLayout {
+    let bytes: Vec<usize> = offload::executor_order(cfg, dtype)
+        .unwrap()
+        .weights()
+        .iter()
+        .map(|w| w.bytes)
+        .collect();
     offload::experts::layout(cfg, &bytes, usize::MAX, 64).unwrap()
 }
 
-/// The expert cache (the default policy for mixtures of experts): budgets that hold the
-/// resident weights and 100 / 50 / 25% of the routed experts, and the exact floor (one
-/// layer's experts: a 64-token step can need them all), give the resident tokens, eager
-/// and in graphs (the cache's decisions run inside the captured graphs); one byte under
-/// the floor is refused with the minimum; the cache misses more at the floor than with
-/// room.
+/// The expert cache on `be` for `files` run by `config_of(graphs, offload)` in `dtype`:
+/// budgets that hold the resident weights and 100 / 50 / 25% of the routed experts, and
+/// the exact floor (one layer's experts: a 64-token step can need them all), give the
+/// resident tokens, eager and in graphs (the cache's decisions run inside the captured
+/// graphs); one byte under the floor is refused with the minimum; the cache misses more at
+/// the floor than with room.
+pub(super) fn check_expert_cache_budgets(
+    be: &dyn Backend,
+    files: &ModelFiles,
+    dtype: DType,
+    config_of: impl Fn(bool, Option<OffloadConfig>) -> EngineConfig,
+) {
+    let model = files.config.arch.model_type();
+    let (want, _) = run_files(be, files, &config_of(false, None)).unwrap();
+    let l = expert_layout(&files.config, dtype);
+    let floor = l.floor_bytes;
+    let at = |b: usize, graphs: bool| {
+        config_of(
+            graphs,
+            Some(OffloadConfig {
+                budget: WeightBudget::Bytes(b),
+                policy: Policy::Auto,
+            }),
+        )
+    };
+    let err = run_files(be, files, &at(floor - 1, false))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("minimum of {floor} bytes")) && err.contains("expert slots"),
+        "{model}: {err}"
+    );
+    let with = |pct: usize| l.resident_bytes + l.pool_bytes(l.total_experts * pct / 100);
+    let mut hit_rates = Vec::new();
+    for (name, b) in [
+        ("100%", with(100)),
+        ("50%", with(50)),
+        ("25%", with(25)),
+        ("floor", floor),
+    ] {
+        if b < floor {
+            continue; // fewer slots than one layer's experts
+        }
+        for graphs in [false, true] {
+            let Engine { mut runner, report } =
+                Engine::new(be, files.clone(), &at(b, graphs), &NoProgress).unwrap();
+            let got = greedy(&mut runner, &prompts()).unwrap();
+            assert_eq!(got, want, "{model}, budget {name}, graphs {graphs}");
+            let Some(r) = &report.offload else {
+                continue; // the budget holds every weight
+            };
+            assert_eq!(r.policy, Some(Policy::Experts), "{model}");
+            assert!(r.resident_bytes + r.streaming_bytes <= r.budget_bytes);
+            let s = runner.expert_stats().unwrap().expect("the expert cache");
+            assert!(s.needed > 0 && s.hits + s.misses == s.needed, "{s:?}");
+            hit_rates.push((name, graphs, s.hit_rate()));
+        }
+    }
+    let rate = |n: &str| hit_rates.iter().find(|r| r.0 == n && !r.1).unwrap().2;
+    assert!(
+        rate("floor") < rate("50%"),
+        "{model}: hit rates {hit_rates:?}"
+    );
+}
+
+/// The expert cache (the default policy for mixtures of experts) on the CPU twin: see
+/// [`check_expert_cache_budgets`].
 #[test]
 fn mixtures_of_experts_under_the_expert_cache_give_the_resident_tokens() {
     let cpu = slow_cpu();
@@ -136,57 +202,16 @@ fn mixtures_of_experts_under_the_expert_cache_give_the_resident_tokens() {
         "dummy:tiny-mixtral",
     ] {
         let files = open_model(model).unwrap();
-        let (want, _) = run_files(&cpu, &files, &config(false, None)).unwrap();
-        let l = expert_layout(&files.config);
-        let floor = l.floor_bytes;
-        let at = |b: usize, graphs: bool| {
-            config(
-                graphs,
-                Some(OffloadConfig {
-                    budget: WeightBudget::Bytes(b),
-                    policy: Policy::Auto,
-                }),
-            )
-        };
-        let err = run_files(&cpu, &files, &at(floor - 1, false))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains(&format!("minimum of {floor} bytes")) && err.contains("expert slots"),
-            "{model}: {err}"
-        );
-        let with = |pct: usize| l.resident_bytes + l.pool_bytes(l.total_experts * pct / 100);
-        let mut hit_rates = Vec::new();
-        for (name, b) in [
-            ("100%", with(100)),
-            ("50%", with(50)),
-            ("25%", with(25)),
-            ("floor", floor),
-        ] {
-            if b < floor {
-                continue; // fewer slots than one layer's experts
-            }
-            for graphs in [false, true] {
-                let Engine { mut runner, report } =
-                    Engine::new(&cpu, files.clone(), &at(b, graphs), &NoProgress).unwrap();
-                let got = greedy(&mut runner, &prompts()).unwrap();
-                assert_eq!(got, want, "{model}, budget {name}, graphs {graphs}");
-                let Some(r) = &report.offload else {
-                    continue; // the budget holds every weight
-                };
-                assert_eq!(r.policy, Some(Policy::Experts), "{model}");
-                assert!(r.resident_bytes + r.streaming_bytes <= r.budget_bytes);
-                let s = runner.expert_stats().unwrap().expect("the expert cache");
-                assert!(s.needed > 0 && s.hits + s.misses == s.needed, "{s:?}");
-                hit_rates.push((name, graphs, s.hit_rate()));
-            }
-        }
-        let rate = |n: &str| hit_rates.iter().find(|r| r.0 == n && !r.1).unwrap().2;
-        assert!(
-            rate("floor") < rate("50%"),
-            "{model}: hit rates {hit_rates:?}"
-        );
+        check_expert_cache_budgets(&cpu, &files, DType::F32, config);
     }
+}
+
+/// The same on a mixture of experts whose experts are most of its bytes, so that budgets
+/// of half and a quarter of them are above the floor.
+#[test]
+fn the_expert_cache_at_half_and_a_quarter_of_the_experts() {
+    let files = super::cuda::moe_model();
+    check_expert_cache_budgets(&slow_cpu(), &files, DType::F32, config);
 }
 
 /// The expert cache on a model without experts is refused naming the flag.

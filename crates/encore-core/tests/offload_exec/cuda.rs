@@ -215,3 +215,45 @@ fn cuda_copy_queue_orders_copies_waits_and_joins_eagerly_and_captured() {
     let (_g, be) = cuda();
     check_copy_queue(be, Duration::ZERO);
 }
+
+/// A Qwen3-MoE of 32 experts (top 4) of width 256 over 4 layers of hidden 512: the experts
+/// are most of its bytes, so budgets of half and a quarter of them are above the cache's
+/// floor.
+pub(super) fn moe_model() -> ModelFiles {
+    let tiny = ModelConfig::dummy("tiny-qwen3-moe").unwrap();
+    let moe = tiny.moe.clone().unwrap();
+    let config = ModelConfig {
+        vocab_size: 2048,
+        hidden_size: 512,
+        num_layers: 4,
+        num_heads: 8,
+        num_kv_heads: 2,
+        moe: Some(encore_core::model::config::MoeConfig {
+            num_experts: 32,
+            top_k: 4,
+            expert_intermediate: 256,
+            sparse: vec![true; 4],
+            ..moe
+        }),
+        ..tiny
+    };
+    ModelFiles {
+        config,
+        source: WeightSource::Dummy { seed: 9 },
+    }
+}
+
+/// The expert cache on CUDA, bf16: budgets of the resident weights and 100 / 50 / 25% of
+/// the experts and the exact floor give the resident tokens, eager and in graphs.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_the_expert_cache_gives_the_resident_tokens() {
+    let (_g, be) = cuda();
+    let files = moe_model();
+    let l = super::budgets::expert_layout(&files.config, DType::BF16);
+    assert!(
+        l.resident_bytes + l.pool_bytes(l.total_experts / 4) > l.floor_bytes,
+        "{l:?}"
+    );
+    super::budgets::check_expert_cache_budgets(be, &files, DType::BF16, bf16_config);
+}
