@@ -54,9 +54,9 @@ pub struct Model {
     pub weights: ModelWeights,
     cos_sin: Tensor,
     max_positions: usize,
-    /// [`Model::scratch_len`] per step capacity `(n, b, w, bs)`: it evaluates the split-K
-    /// plan for up to `2 b` row counts, too much to repeat on every eager step.
-    scratch: std::sync::Mutex<std::collections::HashMap<[usize; 4], usize>>,
+    /// [`Model::scratch_len`] per step capacity `(n, w, bs)`: it evaluates the split-K
+    /// plan for every row count up to `n`, too much to repeat on every eager step.
+    scratch: std::sync::Mutex<std::collections::HashMap<[usize; 3], usize>>,
     /// Weights under a device budget: what streams them (`None`: all resident).
     offload: Option<Offload>,
     /// Synthetic routing for benchmarks ([`Model::set_router_skew`]): the table's logits
@@ -336,7 +336,7 @@ impl Model {
         table_width: usize,
         block_size: usize,
     ) -> usize {
-        let scratch = Self::scratch_len(cfg, backend, n, b, table_width, block_size);
+        let scratch = Self::scratch_len(cfg, backend, n, table_width, block_size);
         let work = Self::moe_work_bytes(cfg, backend, dtype, n);
         Self::buffer_shapes(cfg, dtype, n, b, scratch, work)
             .iter()
@@ -357,22 +357,22 @@ impl Model {
         })
     }
 
-    /// Attention scratch (f32 elements) for a step of up to `n` token rows and `b`
-    /// sequences: one launch over all rows, or (a mixed step) its leading decode rows — up
-    /// to `b` of them — and the rows after them, in two launches. The split-K plan uses
-    /// more splits for fewer rows, so the need is not monotonic in the row count: the
-    /// maximum is taken over every count either launch may have.
+    /// Attention scratch (f32 elements) for a step of up to `n` token rows: one launch
+    /// over all rows, or (a mixed step) its leading decode rows and the rows after them,
+    /// in two launches. The split-K plan uses more splits for fewer rows, so the need is
+    /// not monotonic in the row count: the maximum is taken over every count up to `n`.
+    /// That also makes it monotonic in `n`, which the arena needs: sized for the largest
+    /// step, it must hold every smaller bucket's buffers (a 48-token bucket's scratch
+    /// exceeded a 64-token capacity's before, on a model of 8 heads of 64).
     fn scratch_len(
         cfg: &ModelConfig,
         backend: &dyn Backend,
         n: usize,
-        b: usize,
         w: usize,
         bs: usize,
     ) -> usize {
         let len = |rows| backend.attention_scratch_len(rows, cfg.num_heads, cfg.head_dim, w, bs);
-        let d = b.min(n);
-        (1..=d).chain(n - d..n).map(len).fold(len(n), usize::max)
+        (1..=n).map(len).fold(0, usize::max)
     }
 
     /// Allocate one step's intermediates for a capacity of `n` token rows and `b`
@@ -390,8 +390,8 @@ impl Model {
         let scratch = {
             let mut cache = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
             *cache
-                .entry([n, b, w, bs])
-                .or_insert_with(|| Self::scratch_len(&self.cfg, backend, n, b, w, bs))
+                .entry([n, w, bs])
+                .or_insert_with(|| Self::scratch_len(&self.cfg, backend, n, w, bs))
         };
         let work = Self::moe_work_bytes(&self.cfg, backend, self.dtype(), n);
         let mut it = Self::buffer_shapes(&self.cfg, self.dtype(), n, b, scratch, work)
