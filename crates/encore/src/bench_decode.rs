@@ -574,15 +574,22 @@ fn print_row(
                 .map_or(String::new(), |d| format!(" {d:>10.1}"))
         )?;
         if let Some(c) = cache {
+            let ratio = if c.bytes_per_step > 0.0 {
+                format!(
+                    ", the step {:.2}x that bound",
+                    graph.unwrap_or(eager) * 1e3 / c.bound_ms()
+                )
+            } else {
+                String::new()
+            };
             outln!(
-                "{:>6} expert cache: {:.1}% hits, {:.1} misses and {:.1} MB streamed per step; at {:.1} GB/s host-to-device {:.3} ms, the step {:.2}x that bound",
+                "{:>6} expert cache: {:.1}% hits, {:.1} misses and {:.1} MB streamed per step; at {:.1} GB/s host-to-device {:.3} ms{ratio}",
                 "",
                 c.hit_rate * 100.0,
                 c.misses_per_step,
                 c.bytes_per_step / 1e6,
                 c.h2d_gbps,
                 c.bound_ms(),
-                graph.unwrap_or(eager) * 1e3 / c.bound_ms().max(1e-9)
             )?;
         }
     }

@@ -515,6 +515,41 @@ fn a_mixture_of_experts_runs_its_experts_through_the_cache() {
         "--weight-budget",
         "80%",
     ];
+    // bench decode reports the cache per batch: a table line, and JSON fields.
+    let bench = |json: bool| {
+        let mut a = vec![
+            "--model",
+            moe,
+            "--batch",
+            "1,2",
+            "--steps",
+            "3",
+            "--context",
+            "8",
+            "--router-skew",
+            "0.8",
+            "--weight-budget",
+            "80%",
+        ];
+        if json {
+            a.push("--json");
+        }
+        success(&bench_on_cpu("decode", &a))
+    };
+    let table = bench(false);
+    assert!(
+        table.contains("(experts)") && table.contains("expert cache:") && table.contains("% hits"),
+        "{table}"
+    );
+    for row in bench(true)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    {
+        let hits = row["expert_hit_rate"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&hits), "{row}");
+        assert!(row["streamed_bytes_per_step"].as_f64().is_some(), "{row}");
+    }
+
     let s = Serve::start(&args, Duration::from_secs(60));
     let body = serde_json::json!({
         "model": moe, "prompt": "Hello there", "max_tokens": 8, "ignore_eos": true
