@@ -130,7 +130,10 @@ mod tests {
         assert!(weight_budget("0").unwrap_err().contains("zero"));
         assert!(weight_budget("101%").unwrap_err().contains("(0, 100]"));
         assert_eq!(policy("lru"), Ok(Policy::Lru));
-        assert!(policy("fifo").unwrap_err().contains("`fifo`"));
+        assert_eq!(policy("experts"), Ok(Policy::Experts));
+        assert_eq!(policy("auto"), Ok(Policy::Auto));
+        let e = policy("fifo").unwrap_err();
+        assert!(e.contains("`fifo`") && e.contains("`experts`"), "{e}");
         assert_eq!(human(512), "512 B");
         assert_eq!(human(3 << 20), "3.00 MiB");
         let cfg = OffloadConfig {

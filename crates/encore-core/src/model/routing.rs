@@ -195,4 +195,28 @@ mod tests {
         let again = RoutingTable::new(RouterSkew::new(1.2).unwrap(), e, k, rows);
         assert_eq!(again.chosen, skewed.chosen);
     }
+
+    /// Successive steps read disjoint rows until the table runs out, then start over;
+    /// the mean distinct experts follows the same windows.
+    #[test]
+    fn steps_move_to_fresh_rows() {
+        let (layers, rows) = (4, 16);
+        let window = rows + layers;
+        let len = RoutingTable::table_rows(window);
+        assert!(len >= 64 * window);
+        let mut start = 0;
+        let mut starts = vec![start];
+        for _ in 0..10 {
+            start = RoutingTable::next_start(start, rows, layers, window, len);
+            starts.push(start);
+        }
+        for w in starts.windows(2) {
+            assert_eq!(w[1], w[0] + layers + rows, "{starts:?}");
+        }
+        let last = len - window;
+        assert_eq!(RoutingTable::next_start(last, rows, layers, window, len), 0);
+        let t = RoutingTable::new(RouterSkew::new(0.0).unwrap(), 64, 8, len);
+        let mean = t.mean_distinct(2, layers, window, 8);
+        assert!((8.0..=16.0).contains(&mean), "{mean}");
+    }
 }
