@@ -373,9 +373,6 @@ pub struct ExpertCache<'a> {
     pub decay: f32,
 }
 
-/// The slot statistics [`ExpertCache::stats`] accumulates, in order.
-pub const EXPERT_STATS: [&str; 4] = ["needed", "hits", "misses", "bytes"];
-
 impl Moe<'_> {
     /// Every tensor argument with its name (for device checks and errors).
     pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {

@@ -292,7 +292,8 @@ pub fn moe_streaming(
     dtype: DType,
     iters: usize,
 ) -> Result<Vec<BenchRow>> {
-    use crate::args::{ExpertCache, Moe};
+    use crate::args::Moe;
+    use crate::backend::ExpertSlots;
     let mut rng = StdRng::seed_from_u64(3);
     let (n, h, i, e, k) = (s.rows, s.hidden, s.inter, s.experts, s.top_k);
     let sets = 4;
@@ -347,15 +348,9 @@ pub fn moe_streaming(
     let scratch = be.alloc(dtype, &[n * k, i])?;
     let work_len = be.moe_workspace_bytes(n, h, e, k, dtype).div_ceil(4).max(1);
     let work = be.alloc(DType::I32, &[work_len])?;
-    let slots = n * k;
-    let slot_words = |t: &Tensor| (t.size_bytes() / e).div_ceil(256) * 64;
-    let slot_of = be.upload(&vec![-1i32; e], &[1, e])?;
-    let owner = be.upload(&vec![-1i32; slots], &[slots])?;
-    let score = be.upload(&vec![0f32; e], &[1, e])?;
-    let fills = be.upload(&vec![0i32; 1 + 2 * e], &[1 + 2 * e])?;
-    let stats = be.upload(&[0i64; 4], &[4])?;
-    let gus = be.alloc(DType::I32, &[slots, slot_words(&gate_up)])?;
-    let dns = be.alloc(DType::I32, &[slots, slot_words(&down)])?;
+    // 256-byte slots of the fewest a call may need.
+    let slot_bytes = |t: &Tensor| (t.size_bytes() / e).next_multiple_of(256);
+    let cache = ExpertSlots::new(be, 1, e, n * k, slot_bytes(&gate_up), slot_bytes(&down))?;
     let call = |set: usize, cached: bool| {
         be.moe(&Moe {
             x: &x,
@@ -369,17 +364,7 @@ pub fn moe_streaming(
             out: &out,
             scratch: &scratch,
             workspace: &work,
-            cache: cached.then_some(ExpertCache {
-                layer: 0,
-                slot_of: &slot_of,
-                owner: &owner,
-                score: &score,
-                fills: &fills,
-                stats: &stats,
-                gate_up_slots: &gus,
-                down_slots: &dns,
-                decay: 0.5,
-            }),
+            cache: cached.then(|| cache.args(0, 0.5)),
         })
     };
     let mut c = 0usize;

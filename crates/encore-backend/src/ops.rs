@@ -689,7 +689,6 @@ pub struct MoeDims {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheDims {
     pub layer: usize,
-    pub layers: usize,
     pub slots: usize,
     /// Bytes of one expert's gate rows (= its up rows) and of its down rows.
     pub half_bytes: usize,
@@ -791,7 +790,6 @@ fn check_expert_cache(
     }
     Ok(CacheDims {
         layer: c.layer,
-        layers,
         slots,
         half_bytes,
         down_bytes,

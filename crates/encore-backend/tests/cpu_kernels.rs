@@ -856,54 +856,17 @@ fn moe_breaks_ties_toward_the_lower_expert_and_checks_its_operands() {
 }
 
 /// An expert cache of `slots` slots for `layers` layers of `e` experts whose gate/up
-/// and down stacks are `gu` and `dn` (every slot empty, decay `decay`).
-struct TestCache {
-    slot_of: Tensor,
-    owner: Tensor,
-    score: Tensor,
-    fills: Tensor,
-    stats: Tensor,
-    gu_slots: Tensor,
-    dn_slots: Tensor,
-    decay: f32,
-}
-
-impl TestCache {
-    fn new(
-        be: &dyn Backend,
-        layers: usize,
-        e: usize,
-        slots: usize,
-        gu: &Tensor,
-        dn: &Tensor,
-        decay: f32,
-    ) -> Self {
-        let slot_words = |t: &Tensor, parts: usize| (t.size_bytes() / parts).div_ceil(16) * 4;
-        TestCache {
-            slot_of: be.upload(&vec![-1i32; layers * e], &[layers, e]).unwrap(),
-            owner: be.upload(&vec![-1i32; slots], &[slots]).unwrap(),
-            score: be.upload(&vec![0f32; layers * e], &[layers, e]).unwrap(),
-            fills: be.upload(&vec![0i32; 1 + 2 * e], &[1 + 2 * e]).unwrap(),
-            stats: be.upload(&[0i64; 4], &[4]).unwrap(),
-            gu_slots: be.alloc(DType::I32, &[slots, slot_words(gu, e)]).unwrap(),
-            dn_slots: be.alloc(DType::I32, &[slots, slot_words(dn, e)]).unwrap(),
-            decay,
-        }
-    }
-
-    fn args(&self, layer: usize) -> encore_backend::ExpertCache<'_> {
-        encore_backend::ExpertCache {
-            layer,
-            slot_of: &self.slot_of,
-            owner: &self.owner,
-            score: &self.score,
-            fills: &self.fills,
-            stats: &self.stats,
-            gate_up_slots: &self.gu_slots,
-            down_slots: &self.dn_slots,
-            decay: self.decay,
-        }
-    }
+/// and down stacks are `gu` and `dn` (16-byte slots, every slot empty).
+fn test_cache(
+    be: &dyn Backend,
+    layers: usize,
+    e: usize,
+    slots: usize,
+    gu: &Tensor,
+    dn: &Tensor,
+) -> encore_backend::ExpertSlots {
+    let slot = |t: &Tensor| (t.size_bytes() / e).next_multiple_of(16);
+    encore_backend::ExpertSlots::new(be, layers, e, slots, slot(gu), slot(dn)).unwrap()
 }
 
 /// The expert cache's decisions, step by step (E = 4, top 1, 2 slots, 2 layers, decay
@@ -918,7 +881,7 @@ fn the_expert_cache_fills_and_evicts_by_decayed_frequency() {
         .upload(&uniform(2 * e * i * h, 6), &[2 * e * i, h])
         .unwrap();
     let dn = be.upload(&uniform(e * h * i, 7), &[e * h, i]).unwrap();
-    let cache = TestCache::new(be.as_ref(), 2, e, 2, &gu, &dn, 0.5);
+    let cache = test_cache(be.as_ref(), 2, e, 2, &gu, &dn);
     let (ids, wts, scratch) = (
         be.alloc(DType::I32, &[1, 1]).unwrap(),
         be.alloc(DType::F32, &[1, 1]).unwrap(),
@@ -942,7 +905,7 @@ fn the_expert_cache_fills_and_evicts_by_decayed_frequency() {
             out: &out,
             scratch: &scratch,
             workspace: &work,
-            cache: cached.then(|| cache.args(layer)),
+            cache: cached.then(|| cache.args(layer, 0.5)),
         })
         .unwrap();
         be.download::<f32>(&out).unwrap()
@@ -1052,7 +1015,7 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
             }
         };
         let slots = e.min(n * k);
-        let cache = TestCache::new(be.as_ref(), layers, e, slots, &gu, &dn, 0.9);
+        let cache = test_cache(be.as_ref(), layers, e, slots, &gu, &dn);
         let x = be.upload(&uniform(n * h, seed + 2), &[n, h]).unwrap();
         let (ids, wts, scratch, work) = (
             be.alloc(DType::I32, &[n, k]).unwrap(),
@@ -1078,7 +1041,7 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
                     out: &out,
                     scratch: &scratch,
                     workspace: &work,
-                    cache: cached.then(|| cache.args(step % layers)),
+                    cache: cached.then(|| cache.args(step % layers, 0.9)),
                 })
                 .unwrap();
                 be.download::<f32>(&out).unwrap()
@@ -1100,7 +1063,7 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
             }
         }
         // Too few slots for a call's pairs: refused naming the need.
-        let small = TestCache::new(be.as_ref(), layers, e, slots - 1, &gu, &dn, 0.9);
+        let small = test_cache(be.as_ref(), layers, e, slots - 1, &gu, &dn);
         let logits = be.upload(&uniform(n * e, seed), &[n, e]).unwrap();
         let out = be.alloc(DType::F32, &[n, h]).unwrap();
         let err = be
@@ -1116,7 +1079,7 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
                 out: &out,
                 scratch: &scratch,
                 workspace: &work,
-                cache: Some(small.args(0)),
+                cache: Some(small.args(0, 0.9)),
             })
             .unwrap_err()
             .to_string();

@@ -13,7 +13,7 @@ use encore_backend::backend::cpu::CpuBackend;
 use encore_backend::backend::cuda::{qgemv_default_rows, CudaBackend, QuantGemm};
 use encore_backend::quant::{self, QuantFormat};
 use encore_backend::testing::compare::{tolerance, OpClass};
-use encore_backend::{Backend, DType, Tensor};
+use encore_backend::{Backend, DType, ExpertSlots, Tensor};
 
 /// One test at a time: a backend has one stream, and a capture must not see another
 /// test's launches.
@@ -780,14 +780,8 @@ fn expert_cache_matches_cpu_and_replays() {
             };
             let gt = host(&gu, &[2 * e * i, h], gf);
             let dnt = host(&dn, &[e * h, i], df);
-            let slot_words = |t: &Tensor| (t.size_bytes() / e).div_ceil(16) * 4;
-            let slot_of = be.upload(&vec![-1i32; layers * e], &[layers, e]).unwrap();
-            let owner = be.upload(&vec![-1i32; slots], &[slots]).unwrap();
-            let score = be.upload(&vec![0f32; layers * e], &[layers, e]).unwrap();
-            let fills = be.upload(&vec![0i32; 1 + 2 * e], &[1 + 2 * e]).unwrap();
-            let stats = be.upload(&[0i64; 4], &[4]).unwrap();
-            let gus = be.alloc(DType::I32, &[slots, slot_words(&gt)]).unwrap();
-            let dns = be.alloc(DType::I32, &[slots, slot_words(&dnt)]).unwrap();
+            let slot = |t: &Tensor| (t.size_bytes() / e).next_multiple_of(16);
+            let cache = ExpertSlots::new(be, layers, e, slots, slot(&gt), slot(&dnt)).unwrap();
             let xt = be.upload_f32_as(&x, &[n, h], dt).unwrap();
             let lt = be.upload_f32_as(&logits[0], &[n, e], DType::F32).unwrap();
             let ids = be.alloc(DType::I32, &[n, k]).unwrap();
@@ -809,17 +803,7 @@ fn expert_cache_matches_cpu_and_replays() {
                     out: &out,
                     scratch: &scratch,
                     workspace: &work,
-                    cache: cached.then_some(encore_backend::ExpertCache {
-                        layer,
-                        slot_of: &slot_of,
-                        owner: &owner,
-                        score: &score,
-                        fills: &fills,
-                        stats: &stats,
-                        gate_up_slots: &gus,
-                        down_slots: &dns,
-                        decay: 0.75,
-                    }),
+                    cache: cached.then(|| cache.args(layer, 0.75)),
                 })
                 .unwrap()
             };
@@ -841,10 +825,10 @@ fn expert_cache_matches_cpu_and_replays() {
                     (
                         be.download::<i32>(&ids).unwrap(),
                         be.download_f32(&out).unwrap(),
-                        be.download::<i32>(&slot_of).unwrap(),
-                        be.download::<i32>(&owner).unwrap(),
-                        be.download::<i32>(&fills).unwrap(),
-                        be.download::<i64>(&stats).unwrap(),
+                        be.download::<i32>(&cache.slot_of).unwrap(),
+                        be.download::<i32>(&cache.owner).unwrap(),
+                        be.download::<i32>(&cache.fills).unwrap(),
+                        be.download::<i64>(&cache.stats).unwrap(),
                     )
                 })
                 .collect()

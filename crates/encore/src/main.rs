@@ -377,6 +377,18 @@ const fn attention(
     }
 }
 
+/// One token of Qwen3-30B-A3B's experts (128 of 2048 x 768, top 8) in `format`.
+const fn qwen3_30b_experts(format: Option<QuantFormat>) -> MoeShape {
+    MoeShape {
+        rows: 1,
+        hidden: 2048,
+        inter: 768,
+        experts: 128,
+        top_k: 8,
+        format,
+    }
+}
+
 /// `--quick` (and the CPU): small shapes, few iterations.
 const QUICK: KernelSuite = KernelSuite {
     gemms: &[(64, 256, 256, DType::F32, 5)],
@@ -413,30 +425,8 @@ const FULL: KernelSuite = KernelSuite {
     launches: 1000,
     // Qwen3-30B-A3B's experts in Q4_K and bf16, one token.
     moe: &[
-        (
-            MoeShape {
-                rows: 1,
-                hidden: 2048,
-                inter: 768,
-                experts: 128,
-                top_k: 8,
-                format: Some(QuantFormat::Q4K),
-            },
-            DType::BF16,
-            20,
-        ),
-        (
-            MoeShape {
-                rows: 1,
-                hidden: 2048,
-                inter: 768,
-                experts: 128,
-                top_k: 8,
-                format: None,
-            },
-            DType::BF16,
-            20,
-        ),
+        (qwen3_30b_experts(Some(QuantFormat::Q4K)), DType::BF16, 20),
+        (qwen3_30b_experts(None), DType::BF16, 20),
     ],
 };
 

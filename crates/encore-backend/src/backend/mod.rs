@@ -22,16 +22,18 @@
 
 pub mod cpu;
 pub mod cuda;
+mod expert_slots;
 mod host;
 mod staging;
 
+pub use expert_slots::ExpertSlots;
 pub(crate) use host::{check_copy as check_host_copy, check_view as check_host_view};
 pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
     Attention, ExpertCache, LogitBias, Moe, Penalties, QkvRope, SampleLogprobs, Sampling,
-    TokenMask, EXPERT_STATS, MAX_TOP_LOGPROBS, PROMPT_BIT,
+    TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 
 use std::sync::Arc;

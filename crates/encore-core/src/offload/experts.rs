@@ -35,11 +35,10 @@
 //! the largest step (`max_tokens`, padding rows included, which route too); a budget below
 //! the resident weights plus those slots and the tables is refused with the minimum.
 
-use crate::backend::{Backend, ExpertCache};
+use crate::backend::{Backend, ExpertCache, ExpertSlots};
 use crate::error::{gib, Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::decl::Role;
-use crate::tensor::{DType, Tensor};
 
 /// The scores' decay per step when `ENCORE_EXPERT_DECAY` is unset: a window of about 20
 /// steps.
@@ -171,17 +170,11 @@ pub fn layout(
 /// The device side of the expert cache: the slots and the tables.
 pub struct ExpertPool {
     pub layout: ExpertLayout,
-    slot_of: Tensor,
-    owner: Tensor,
-    score: Tensor,
-    fills: Tensor,
-    stats: Tensor,
-    gate_up_slots: Tensor,
-    down_slots: Tensor,
+    slots: ExpertSlots,
     decay: f32,
 }
 
-/// The expert cache's running totals ([`crate::backend::EXPERT_STATS`]).
+/// The expert cache's running totals ([`ExpertCache::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExpertStats {
     /// Distinct experts the layers' calls needed, summed over calls.
@@ -234,32 +227,29 @@ fn decay_from_env() -> Result<f32> {
 impl ExpertPool {
     /// Allocate the slots and the tables of `layout` (every slot empty).
     pub fn new(be: &dyn Backend, layout: ExpertLayout) -> Result<Self> {
-        let (l, e, s) = (layout.layers, layout.experts, layout.slots);
-        let oom = |err: Error| match err {
+        let l = &layout;
+        let slots = ExpertSlots::new(
+            be,
+            l.layers,
+            l.experts,
+            l.slots,
+            l.gate_up_slot,
+            l.down_slot,
+        )
+        .map_err(|err| match err {
             Error::OutOfMemory { device, bytes, .. } => Error::OutOfMemory {
                 device,
                 bytes,
                 what: format!(
-                    "the expert cache's {s} slots ({:.3} GiB)",
-                    gib(s * layout.slot_bytes())
+                    "the expert cache's {} slots ({:.3} GiB)",
+                    l.slots,
+                    gib(l.slots * l.slot_bytes())
                 ),
             },
             e => e,
-        };
-        let gate_up_slots = be
-            .alloc(DType::I32, &[s, layout.gate_up_slot / 4])
-            .map_err(oom)?;
-        let down_slots = be
-            .alloc(DType::I32, &[s, layout.down_slot / 4])
-            .map_err(oom)?;
+        })?;
         Ok(ExpertPool {
-            slot_of: be.upload(&vec![-1i32; l * e], &[l, e])?,
-            owner: be.upload(&vec![-1i32; s], &[s])?,
-            score: be.upload(&vec![0f32; l * e], &[l, e])?,
-            fills: be.upload(&vec![0i32; 1 + 2 * e], &[1 + 2 * e])?,
-            stats: be.upload(&[0i64; 4], &[4])?,
-            gate_up_slots,
-            down_slots,
+            slots,
             decay: decay_from_env()?,
             layout,
         })
@@ -267,32 +257,17 @@ impl ExpertPool {
 
     /// The cache arguments of decoder layer `layer`'s MoE call.
     pub fn cache(&self, layer: usize) -> ExpertCache<'_> {
-        ExpertCache {
-            layer,
-            slot_of: &self.slot_of,
-            owner: &self.owner,
-            score: &self.score,
-            fills: &self.fills,
-            stats: &self.stats,
-            gate_up_slots: &self.gate_up_slots,
-            down_slots: &self.down_slots,
-            decay: self.decay,
-        }
+        self.slots.args(layer, self.decay)
     }
 
     /// The running totals (synchronises with the device).
     pub fn stats(&self, be: &dyn Backend) -> Result<ExpertStats> {
-        let v = be.download::<i64>(&self.stats)?;
+        let [needed, hits, misses, bytes] = self.slots.totals(be)?;
         Ok(ExpertStats {
-            needed: v[0] as u64,
-            hits: v[1] as u64,
-            misses: v[2] as u64,
-            bytes: v[3] as u64,
+            needed,
+            hits,
+            misses,
+            bytes,
         })
-    }
-
-    /// Device bytes of the slots and tables.
-    pub fn device_bytes(&self) -> usize {
-        self.layout.pool_bytes(self.layout.slots)
     }
 }

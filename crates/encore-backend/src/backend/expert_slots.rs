@@ -1,0 +1,64 @@
+//! The device memory of an expert cache ([`crate::args::ExpertCache`]): its tables and
+//! slots, owned, every slot empty at the start.
+
+use super::Backend;
+use crate::args::ExpertCache;
+use crate::error::Result;
+use crate::tensor::{DType, Tensor};
+
+/// An expert cache's tables and slots for `layers` layers of `experts` experts (the
+/// tensors [`ExpertCache`] borrows; see it for their meaning).
+pub struct ExpertSlots {
+    pub slot_of: Tensor,
+    pub owner: Tensor,
+    pub score: Tensor,
+    pub fills: Tensor,
+    pub stats: Tensor,
+    pub gate_up_slots: Tensor,
+    pub down_slots: Tensor,
+}
+
+impl ExpertSlots {
+    /// `slots` empty slots of `gate_up_slot` and `down_slot` bytes (multiples of 16, at
+    /// least a layer's expert: [`Backend::moe`] checks), no expert cached, scores 0.
+    pub fn new(
+        be: &dyn Backend,
+        layers: usize,
+        experts: usize,
+        slots: usize,
+        gate_up_slot: usize,
+        down_slot: usize,
+    ) -> Result<Self> {
+        Ok(ExpertSlots {
+            gate_up_slots: be.alloc(DType::I32, &[slots, gate_up_slot / 4])?,
+            down_slots: be.alloc(DType::I32, &[slots, down_slot / 4])?,
+            slot_of: be.upload(&vec![-1i32; layers * experts], &[layers, experts])?,
+            owner: be.upload(&vec![-1i32; slots], &[slots])?,
+            score: be.upload(&vec![0f32; layers * experts], &[layers, experts])?,
+            fills: be.upload(&vec![0i32; 1 + 2 * experts], &[1 + 2 * experts])?,
+            stats: be.upload(&[0i64; 4], &[4])?,
+        })
+    }
+
+    /// The cache arguments of layer `layer`'s MoE call, scores decaying by `decay`.
+    pub fn args(&self, layer: usize, decay: f32) -> ExpertCache<'_> {
+        ExpertCache {
+            layer,
+            slot_of: &self.slot_of,
+            owner: &self.owner,
+            score: &self.score,
+            fills: &self.fills,
+            stats: &self.stats,
+            gate_up_slots: &self.gate_up_slots,
+            down_slots: &self.down_slots,
+            decay,
+        }
+    }
+
+    /// The running totals ([`ExpertCache::stats`]: distinct experts needed, hits, misses,
+    /// bytes filled); synchronises with the device.
+    pub fn totals(&self, be: &dyn Backend) -> Result<[u64; 4]> {
+        let v = be.download::<i64>(&self.stats)?;
+        Ok(std::array::from_fn(|i| v[i].max(0) as u64))
+    }
+}
