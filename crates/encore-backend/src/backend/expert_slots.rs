@@ -40,6 +40,19 @@ impl ExpertSlots {
         })
     }
 
+    /// The tensors `c` borrows, held (the CPU backend's queued op keeps them).
+    pub fn of(c: &ExpertCache<'_>) -> Self {
+        ExpertSlots {
+            slot_of: c.slot_of.clone(),
+            owner: c.owner.clone(),
+            score: c.score.clone(),
+            fills: c.fills.clone(),
+            stats: c.stats.clone(),
+            gate_up_slots: c.gate_up_slots.clone(),
+            down_slots: c.down_slots.clone(),
+        }
+    }
+
     /// The cache arguments of layer `layer`'s MoE call, scores decaying by `decay`.
     pub fn args(&self, layer: usize, decay: f32) -> ExpertCache<'_> {
         ExpertCache {

@@ -344,16 +344,10 @@ impl Backend for CpuBackend {
             ids: a.ids.clone(),
             weights: a.weights.clone(),
             out: a.out.clone(),
-            cache: a.cache.as_ref().map(|c| kernels::CacheArgs {
-                slot_of: c.slot_of.clone(),
-                owner: c.owner.clone(),
-                score: c.score.clone(),
-                fills: c.fills.clone(),
-                stats: c.stats.clone(),
-                gate_up_slots: c.gate_up_slots.clone(),
-                down_slots: c.down_slots.clone(),
-                decay: c.decay,
-            }),
+            cache: a
+                .cache
+                .as_ref()
+                .map(|c| (crate::backend::ExpertSlots::of(c), c.decay)),
         };
         self.submit(move || kernels::moe(&args, &d));
         Ok(())

@@ -601,19 +601,8 @@ pub(super) struct MoeArgs {
     pub ids: Tensor,
     pub weights: Tensor,
     pub out: Tensor,
-    pub cache: Option<CacheArgs>,
-}
-
-/// [`crate::args::ExpertCache`]'s tensors, owned for the queue.
-pub(super) struct CacheArgs {
-    pub slot_of: Tensor,
-    pub owner: Tensor,
-    pub score: Tensor,
-    pub fills: Tensor,
-    pub stats: Tensor,
-    pub gate_up_slots: Tensor,
-    pub down_slots: Tensor,
-    pub decay: f32,
+    /// The expert cache's tensors and its decay.
+    pub cache: Option<(crate::backend::ExpertSlots, f32)>,
 }
 
 pub(super) fn moe(a: &MoeArgs, d: &MoeDims) {
@@ -831,7 +820,7 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
     // SAFETY: as above; the cache's tables and slots are written here alone, before any
     // expert reads them.
     let experts = match (&a.cache, cache) {
-        (Some(c), Some(cd)) => unsafe {
+        (Some((c, decay)), Some(cd)) => unsafe {
             let slot_of = view_mut::<i32>(&c.slot_of);
             expert_cache_plan(
                 ids,
@@ -842,7 +831,7 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
                 view_mut::<f32>(&c.score),
                 view_mut::<i32>(&c.fills),
                 view_mut::<i64>(&c.stats),
-                c.decay,
+                *decay,
                 cd.expert_bytes(),
             );
             let fills = view::<i32>(&c.fills);
