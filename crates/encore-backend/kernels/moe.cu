@@ -322,6 +322,12 @@ GMOE(QFormatDense<f16>, dense, f16, f16)
 // miss after miss does (a filled slot becomes pinned; no other key changes). Each thread
 // keeps the least key of its own slots (s = tid, tid + 1024, ...); per miss a block argmin
 // over the threads, and the winner's thread looks its slots over again. Then the totals.
+//
+// A prefetch (args::ExpertPrefetch; prefetch = 1): the same plan for a later layer's
+// predicted experts, right after this layer's plan, with three differences: the slots
+// holding an expert the current call needs (pin_ids of pin_layer) are pinned too, the
+// scores are left alone (they count use, not predictions), and the misses stop when no
+// unpinned slot is left. Its fills count into stats[3] and stats[4].
 #define MOE_PLAN_THREADS 1024
 __device__ __forceinline__ unsigned int moe_order_bits(float f) {
     const unsigned int b = __float_as_uint(f);
@@ -330,12 +336,14 @@ __device__ __forceinline__ unsigned int moe_order_bits(float f) {
 // The least key among slots tid, tid + 1024, .. that are neither pinned nor taken (taken:
 // filled by this call, so owned by this layer and needed, hence pinned as well).
 __device__ __forceinline__ unsigned long long moe_plan_least(const int* owner, const float* score,
-                                                              const int* need, int experts,
-                                                              int layer, int slots, int tid) {
+                                                              const int* need, const int* pin,
+                                                              int experts, int layer,
+                                                              int pin_layer, int slots, int tid) {
     unsigned long long best = ~0ull;
     for (int s = tid; s < slots; s += MOE_PLAN_THREADS) {
         const int o = owner[s];
         if (o >= 0 && o / experts == layer && need[o % experts] > 0) continue;
+        if (o >= 0 && o / experts == pin_layer && pin[o % experts] > 0) continue;
         const float key = o < 0 ? -1.0f : score[o];
         const unsigned long long k = ((unsigned long long)moe_order_bits(key) << 32) | (unsigned int)s;
         best = k < best ? k : best;
@@ -346,20 +354,26 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
     moe_cache_plan(const int* __restrict__ ids, int pairs, int experts, int layer, int slots,
                    int* __restrict__ slot_of, int* __restrict__ owner, float* __restrict__ score,
                    int* __restrict__ fills, long long* __restrict__ stats, float decay,
-                   long long expert_bytes) {
+                   long long expert_bytes, const int* __restrict__ pin_ids, int pin_pairs,
+                   int pin_layer, int prefetch) {
     pdl_enter();
     __shared__ int need[32 * MOE_PER_LANE];
+    __shared__ int pin[32 * MOE_PER_LANE];
     __shared__ int miss[32 * MOE_PER_LANE];
     __shared__ int warp_miss[MOE_PLAN_THREADS / 32], warp_hit[MOE_PLAN_THREADS / 32],
         warp_need[MOE_PLAN_THREADS / 32];
     __shared__ unsigned long long red[MOE_PLAN_THREADS / 32];
     __shared__ int nmiss;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int e = tid; e < experts; e += MOE_PLAN_THREADS) need[e] = 0;
+    for (int e = tid; e < experts; e += MOE_PLAN_THREADS) need[e] = pin[e] = 0;
     __syncthreads();
     for (int p = tid; p < pairs; p += MOE_PLAN_THREADS) {
         const int e = ids[p];
         if (e >= 0 && e < experts) atomicAdd(&need[e], 1);
+    }
+    for (int p = tid; p < pin_pairs; p += MOE_PLAN_THREADS) {
+        const int e = pin_ids[p];
+        if (e >= 0 && e < experts) atomicAdd(&pin[e], 1);
     }
     __syncthreads();
     int* map = slot_of + (long long)layer * experts;
@@ -367,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
     // experts <= 512 < MOE_PLAN_THREADS: thread e owns expert e.
     const bool needed = tid < experts && need[tid] > 0;
     const bool is_miss = needed && map[tid] < 0;
-    if (tid < experts) sc[tid] = fmaf(sc[tid], decay, (float)need[tid]);
+    if (tid < experts && !prefetch) sc[tid] = fmaf(sc[tid], decay, (float)need[tid]);
     const unsigned int mb = __ballot_sync(FULL_MASK, is_miss);
     const unsigned int nb = __ballot_sync(FULL_MASK, needed);
     if (lane == 0) {
@@ -387,9 +401,10 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
         nmiss = m;
     }
     __syncthreads();
-    const int m = nmiss;
+    int m = nmiss;
     unsigned long long mine =
-        m > 0 ? moe_plan_least(owner, score, need, experts, layer, slots, tid) : ~0ull;
+        m > 0 ? moe_plan_least(owner, score, need, pin, experts, layer, pin_layer, slots, tid)
+              : ~0ull;
     for (int i = 0; i < m; ++i) {
         unsigned long long best = mine;
 #pragma unroll
@@ -405,6 +420,11 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
             const unsigned long long v = __shfl_xor_sync(FULL_MASK, best, o);
             best = v < best ? v : best;
         }
+        // No unpinned slot left (a prefetch only: a plan has its floor): stop.
+        if (best == ~0ull) {
+            m = i;
+            break;
+        }
         const int s = (int)(best & 0xffffffffull);
         if ((s % MOE_PLAN_THREADS) == tid) {
             // This thread's slot: evict its expert, fill it, look its slots over again.
@@ -415,7 +435,8 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
             map[e] = s;
             fills[1 + 2 * i] = e;
             fills[2 + 2 * i] = s;
-            mine = moe_plan_least(owner, score, need, experts, layer, slots, tid);
+            mine = moe_plan_least(owner, score, need, pin, experts, layer, pin_layer, slots,
+                                  tid);
         }
         __syncthreads();
     }
@@ -426,9 +447,13 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
             h += warp_hit[w];
         }
         fills[0] = m;
-        stats[0] += d;
-        stats[1] += h;
-        stats[2] += m;
+        if (prefetch) {
+            stats[4] += m;
+        } else {
+            stats[0] += d;
+            stats[1] += h;
+            stats[2] += m;
+        }
         stats[3] += (long long)m * expert_bytes;
     }
 }

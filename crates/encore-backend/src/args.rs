@@ -362,7 +362,8 @@ pub struct ExpertCache<'a> {
     /// i32 `[1 + 2 * experts]`, written: this call's fills (their count, then (expert,
     /// slot) pairs).
     pub fills: &'a Tensor,
-    /// i64 `[4]`, accumulated: distinct experts needed, hits, misses (fills), bytes filled.
+    /// i64 `[5]`, accumulated: distinct experts needed, hits, misses (fills), bytes filled
+    /// (prefetches included), experts prefetched.
     pub stats: &'a Tensor,
     /// The slots' bytes (any dtype): `[slots, gate/up slot bytes]` and `[slots, down slot
     /// bytes]` as rows of whole elements; each slot at least the layer's expert's bytes and
@@ -371,6 +372,34 @@ pub struct ExpertCache<'a> {
     pub down_slots: &'a Tensor,
     /// The scores' decay per call of the layer, in [0, 1].
     pub decay: f32,
+    /// A later layer's experts fetched ahead, while this call's experts run.
+    pub prefetch: Option<ExpertPrefetch<'a>>,
+}
+
+/// A later sparse layer's experts fetched ahead (Pre-gated MoE): right after this call's
+/// plan, the backend routes `logits` (that layer's router applied early, to this layer's
+/// input: the prediction) into `ids`, plans the predicted experts as a call of `layer`
+/// would, with three differences (the slots this call needs stay pinned, the scores are
+/// left alone, and it stops when no unpinned slot is left), and copies them into their
+/// slots on a second stream, beside this call's experts and what follows them. The fills
+/// join the compute stream before the next call that plans (`Backend::moe` with a cache)
+/// or at [`crate::Backend::join_expert_prefetch`], whichever comes first. A wrong
+/// prediction costs bytes, never correctness: `layer`'s own call looks its experts up
+/// again.
+pub struct ExpertPrefetch<'a> {
+    /// The later layer (its row of `slot_of` and `score`).
+    pub layer: usize,
+    /// T or f32 `[n, experts]`: the predicted logits.
+    pub logits: &'a Tensor,
+    /// Written: i32 `[n, top_k]` and f32 `[n, top_k]`, the predicted experts and weights.
+    pub ids: &'a Tensor,
+    pub weights: &'a Tensor,
+    /// That layer's experts in host memory (as [`Moe::gate_up`] and [`Moe::down`]).
+    pub gate_up: &'a Tensor,
+    pub down: &'a Tensor,
+    /// i32 `[1 + 2 * experts]`, written: the prefetch's fills (its own, since this call's
+    /// `fills` are read while it plans).
+    pub fills: &'a Tensor,
 }
 
 impl Moe<'_> {
@@ -397,6 +426,16 @@ impl Moe<'_> {
                 ("gate_up_slots", c.gate_up_slots),
                 ("down_slots", c.down_slots),
             ]);
+            if let Some(p) = &c.prefetch {
+                ts.extend([
+                    ("prefetch.logits", p.logits),
+                    ("prefetch.ids", p.ids),
+                    ("prefetch.weights", p.weights),
+                    ("prefetch.gate_up", p.gate_up),
+                    ("prefetch.down", p.down),
+                    ("prefetch.fills", p.fills),
+                ]);
+            }
         }
         ts
     }

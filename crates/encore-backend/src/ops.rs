@@ -696,6 +696,23 @@ pub struct CacheDims {
     /// Bytes of a slot in `gate_up_slots` and in `down_slots`.
     pub gate_up_slot: usize,
     pub down_slot: usize,
+    /// A later layer's experts fetched ahead ([`crate::args::ExpertPrefetch`]).
+    pub prefetch: Option<PrefetchDims>,
+}
+
+/// A validated [`crate::args::ExpertPrefetch`]: its layer and its experts' bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefetchDims {
+    pub layer: usize,
+    pub half_bytes: usize,
+    pub down_bytes: usize,
+}
+
+impl PrefetchDims {
+    /// Bytes copied to fill one slot.
+    pub fn expert_bytes(&self) -> usize {
+        2 * self.half_bytes + self.down_bytes
+    }
 }
 
 impl CacheDims {
@@ -706,14 +723,15 @@ impl CacheDims {
 }
 
 /// The expert cache's checks: shapes, dtypes, slots large enough for this layer's experts
-/// and numerous enough for this call's `n * top_k` pairs.
+/// and numerous enough for this call's `n * top_k` pairs; a prefetch's tensors.
 fn check_expert_cache(
+    a: &crate::args::Moe<'_>,
     c: &crate::args::ExpertCache<'_>,
     experts: usize,
-    pairs: usize,
     half_bytes: usize,
     down_bytes: usize,
 ) -> Result<CacheDims> {
+    let (n, pairs) = (a.x.dim(0), a.x.dim(0) * a.top_k);
     const OP: &str = "moe (expert cache)";
     check_dtype(OP, "slot_of", c.slot_of, &[DType::I32])?;
     check_rank(OP, "slot_of", c.slot_of, 2, "[layers, experts]")?;
@@ -746,11 +764,76 @@ fn check_expert_cache(
         "[1 + 2 * experts]",
     )?;
     check_dtype(OP, "stats", c.stats, &[DType::I64])?;
-    check_shape(OP, "stats", c.stats, &[4], "[4]")?;
+    let stats = crate::backend::EXPERT_STATS;
+    check_shape(OP, "stats", c.stats, &[stats], "[5]")?;
+    let prefetch = match &c.prefetch {
+        None => None,
+        Some(p) => {
+            if p.layer >= layers || p.layer == c.layer {
+                return Err(Error::invalid(
+                    OP,
+                    format!(
+                        "a prefetch of layer {} from layer {} of {layers}",
+                        p.layer, c.layer
+                    ),
+                ));
+            }
+            check_dtype(OP, "prefetch.logits", p.logits, &[a.logits.dtype()])?;
+            check_shape(
+                OP,
+                "prefetch.logits",
+                p.logits,
+                a.logits.shape(),
+                "as logits",
+            )?;
+            check_dtype(OP, "prefetch.ids", p.ids, &[DType::I32])?;
+            check_shape(OP, "prefetch.ids", p.ids, &[n, a.top_k], "[n, top_k]")?;
+            check_dtype(OP, "prefetch.weights", p.weights, &[DType::F32])?;
+            check_shape(
+                OP,
+                "prefetch.weights",
+                p.weights,
+                &[n, a.top_k],
+                "[n, top_k]",
+            )?;
+            check_dtype(OP, "prefetch.fills", p.fills, &[DType::I32])?;
+            check_shape(
+                OP,
+                "prefetch.fills",
+                p.fills,
+                &[1 + 2 * experts],
+                "[1 + 2 * experts]",
+            )?;
+            for (name, w, like) in [
+                ("prefetch.gate_up", p.gate_up, a.gate_up),
+                ("prefetch.down", p.down, a.down),
+            ] {
+                // Formats may differ between layers; the experts' shapes may not.
+                if w.rank() != 2 || w.dim(0) != like.dim(0) || w.dim(1) != like.dim(1) {
+                    return Err(Error::Shape {
+                        op: OP,
+                        name,
+                        found: w.shape().to_vec(),
+                        expected: format!("{:?}, as this layer's", like.shape()),
+                    });
+                }
+            }
+            Some(PrefetchDims {
+                layer: p.layer,
+                half_bytes: p.gate_up.size_bytes() / (2 * experts),
+                down_bytes: p.down.size_bytes() / experts,
+            })
+        }
+    };
     let mut sizes = [0usize; 2];
+    let (pf_half, pf_down) = prefetch.map_or((0, 0), |p| (p.half_bytes, p.down_bytes));
     for (i, (name, t, need)) in [
-        ("gate_up_slots", c.gate_up_slots, 2 * half_bytes),
-        ("down_slots", c.down_slots, down_bytes),
+        (
+            "gate_up_slots",
+            c.gate_up_slots,
+            2 * half_bytes.max(pf_half),
+        ),
+        ("down_slots", c.down_slots, down_bytes.max(pf_down)),
     ]
     .into_iter()
     .enumerate()
@@ -795,6 +878,7 @@ fn check_expert_cache(
         down_bytes,
         gate_up_slot: sizes[0],
         down_slot: sizes[1],
+        prefetch,
     })
 }
 
@@ -859,9 +943,9 @@ pub fn check_moe(a: &crate::args::Moe<'_>) -> Result<MoeDims> {
     )?;
     let cache = match &a.cache {
         Some(c) => Some(check_expert_cache(
+            a,
             c,
             experts,
-            n * a.top_k,
             a.gate_up.size_bytes() / (2 * experts),
             a.down.size_bytes() / experts,
         )?),

@@ -977,7 +977,157 @@ fn the_expert_cache_fills_and_evicts_by_decayed_frequency() {
     }
     let stats = be.download::<i64>(&cache.stats).unwrap();
     let expert_bytes = (3 * i * h * 4) as i64;
-    assert_eq!(stats, [5, 1, 4, 4 * expert_bytes]);
+    assert_eq!(stats, [5, 1, 4, 4 * expert_bytes, 0]);
+}
+
+/// The expert prefetch's decisions, step by step (E = 4, top 1, 3 slots, 2 layers, decay
+/// 0.5): after a call's own plan, the predicted experts of a later layer take the least
+/// slots not holding the call's experts, the scores stay as they were, a right prediction
+/// is a hit at its layer's call and a wrong one is planned again; the outputs equal the
+/// stacks'.
+#[test]
+fn the_expert_prefetch_plans_beside_the_call() {
+    let be = cpu();
+    let (h, e, i) = (32, 4, 16);
+    let x = be.upload(&uniform(h, 15), &[1, h]).unwrap();
+    let gu = be
+        .upload(&uniform(2 * e * i * h, 16), &[2 * e * i, h])
+        .unwrap();
+    let dn = be.upload(&uniform(e * h * i, 17), &[e * h, i]).unwrap();
+    let cache = test_cache(be.as_ref(), 2, e, 3, &gu, &dn);
+    let alloc = |dt, shape: &[usize]| be.alloc(dt, shape).unwrap();
+    let (ids, wts, scratch, work) = (
+        alloc(DType::I32, &[1, 1]),
+        alloc(DType::F32, &[1, 1]),
+        alloc(DType::F32, &[1, i]),
+        alloc(DType::I32, &[1]),
+    );
+    let (pf_ids, pf_wts) = (alloc(DType::I32, &[1, 1]), alloc(DType::F32, &[1, 1]));
+    let one_hot = |expert: usize| {
+        let mut l = vec![0f32; e];
+        l[expert] = 10.0;
+        be.upload(&l, &[1, e]).unwrap()
+    };
+    let call = |layer: usize, expert: usize, pf: Option<(usize, usize)>| -> Vec<f32> {
+        let (logits, pf_logits) = (one_hot(expert), one_hot(pf.map_or(0, |p| p.1)));
+        let out = alloc(DType::F32, &[1, h]);
+        let mut c = cache.args(layer, 0.5);
+        c.prefetch = pf.map(|(l, _)| encore_backend::ExpertPrefetch {
+            layer: l,
+            logits: &pf_logits,
+            ids: &pf_ids,
+            weights: &pf_wts,
+            gate_up: &gu,
+            down: &dn,
+            fills: &cache.prefetch_fills,
+        });
+        let moe = |cache| encore_backend::Moe {
+            x: &x,
+            logits: &logits,
+            top_k: 1,
+            renormalize: true,
+            gate_up: &gu,
+            down: &dn,
+            ids: &ids,
+            weights: &wts,
+            out: &out,
+            scratch: &scratch,
+            workspace: &work,
+            cache,
+        };
+        be.moe(&moe(None)).unwrap();
+        let plain = be.download::<f32>(&out).unwrap();
+        be.moe(&moe(Some(c))).unwrap();
+        let got = be.download::<f32>(&out).unwrap();
+        assert_eq!(got, plain, "layer {layer} expert {expert}");
+        got
+    };
+    let tables = || {
+        let d = |t: &Tensor| be.download::<i32>(t).unwrap();
+        (
+            d(&cache.slot_of),
+            d(&cache.owner),
+            d(&cache.fills)[..3].to_vec(),
+            d(&cache.prefetch_fills)[..3].to_vec(),
+        )
+    };
+    // (layer, expert, prefetch) -> (slot_of, owner, fills[..3], prefetch fills[..3]).
+    type Tables = (Vec<i32>, Vec<i32>, Vec<i32>, Vec<i32>);
+    type Call = (usize, usize, Option<(usize, usize)>);
+    let steps: [(Call, Tables); 3] = [
+        // Layer 0's e0 into slot 0; layer 1's e2 predicted, into slot 1.
+        (
+            (0, 0, Some((1, 2))),
+            (
+                vec![0, -1, -1, -1, -1, -1, 1, -1],
+                vec![0, 6, -1],
+                vec![1, 0, 0],
+                vec![1, 2, 1],
+            ),
+        ),
+        // Layer 1's e2 hits; layer 0's e3 predicted: the empty slot 2 (slot 1 pinned).
+        (
+            (1, 2, Some((0, 3))),
+            (
+                vec![0, -1, -1, 2, -1, -1, 1, -1],
+                vec![0, 6, 3],
+                vec![0, 0, 0],
+                vec![1, 3, 2],
+            ),
+        ),
+        // Layer 0's e1, not e3: scores e0 0.5, e3 0 (a prefetch set none), l1 e2 1: e3's
+        // slot. Then layer 1's e0 predicted: slot 2 is pinned, e0 (0.5) goes.
+        (
+            (0, 1, Some((1, 0))),
+            (
+                vec![-1, 2, -1, -1, 0, -1, 1, -1],
+                vec![4, 6, 1],
+                vec![1, 1, 2],
+                vec![1, 0, 0],
+            ),
+        ),
+    ];
+    for ((layer, expert, pf), want) in steps {
+        call(layer, expert, pf);
+        assert_eq!(tables(), want, "layer {layer} expert {expert}");
+    }
+    let score = be.download::<f32>(&cache.score).unwrap();
+    assert_eq!(score, [0.5, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]);
+    let stats = be.download::<i64>(&cache.stats).unwrap();
+    let expert_bytes = (3 * i * h * 4) as i64;
+    assert_eq!(stats, [3, 1, 2, 5 * expert_bytes, 3]);
+    // A prefetch of the call's own layer, or of a layer past the tables: refused.
+    for bad in [0, 2] {
+        let (logits, out) = (one_hot(0), alloc(DType::F32, &[1, h]));
+        let mut c = cache.args(0, 0.5);
+        c.prefetch = Some(encore_backend::ExpertPrefetch {
+            layer: bad,
+            logits: &logits,
+            ids: &pf_ids,
+            weights: &pf_wts,
+            gate_up: &gu,
+            down: &dn,
+            fills: &cache.prefetch_fills,
+        });
+        let err = be
+            .moe(&encore_backend::Moe {
+                x: &x,
+                logits: &logits,
+                top_k: 1,
+                renormalize: true,
+                gate_up: &gu,
+                down: &dn,
+                ids: &ids,
+                weights: &wts,
+                out: &out,
+                scratch: &scratch,
+                workspace: &work,
+                cache: Some(c),
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a prefetch of layer"), "{err}");
+    }
 }
 
 /// Random routing through a cache of the fewest slots a call may need: dense and
@@ -1023,9 +1173,18 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
             be.alloc(DType::F32, &[n * k, i]).unwrap(),
             be.alloc(DType::I32, &[1]).unwrap(),
         );
-        for step in 0..12 {
+        let (pf_ids, pf_wts) = (
+            be.alloc(DType::I32, &[n, k]).unwrap(),
+            be.alloc(DType::F32, &[n, k]).unwrap(),
+        );
+        // Steps 12.. also prefetch the other layer's experts, predicted by other random
+        // logits: with the fewest slots, the call's pinned slots often leave too few.
+        for step in 0..24 {
             let logits = be
                 .upload(&uniform(n * e, seed + 10 + step as u64), &[n, e])
+                .unwrap();
+            let pf_logits = be
+                .upload(&uniform(n * e, seed + 50 + step as u64), &[n, e])
                 .unwrap();
             let run = |cached: bool| {
                 let out = be.alloc(DType::F32, &[n, h]).unwrap();
@@ -1041,7 +1200,19 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
                     out: &out,
                     scratch: &scratch,
                     workspace: &work,
-                    cache: cached.then(|| cache.args(step % layers, 0.9)),
+                    cache: cached.then(|| {
+                        let mut c = cache.args(step % layers, 0.9);
+                        c.prefetch = (step >= 12).then(|| encore_backend::ExpertPrefetch {
+                            layer: (step + 1) % layers,
+                            logits: &pf_logits,
+                            ids: &pf_ids,
+                            weights: &pf_wts,
+                            gate_up: &gu,
+                            down: &dn,
+                            fills: &cache.prefetch_fills,
+                        });
+                        c
+                    }),
                 })
                 .unwrap();
                 be.download::<f32>(&out).unwrap()
@@ -1062,6 +1233,8 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
                 }
             }
         }
+        let stats = be.download::<i64>(&cache.stats).unwrap();
+        assert!(stats[4] > 0, "{fmt:?}: something was prefetched: {stats:?}");
         // Too few slots for a call's pairs: refused naming the need.
         let small = test_cache(be.as_ref(), layers, e, slots - 1, &gu, &dn);
         let logits = be.upload(&uniform(n * e, seed), &[n, e]).unwrap();

@@ -727,7 +727,8 @@ fn quantized_moe_matches_cpu() {
 /// and equal bit for bit to the same kernels reading the resident stacks; replayed from
 /// captured graphs (one per layer, the decisions made inside them) the same as eager. Dense
 /// and quantized experts, the pair kernels and the grouped GEMM, the fewest slots a call
-/// may need (so most calls evict).
+/// may need (so most calls evict). With a prefetch of the other layer's experts (predicted
+/// by other random logits) on the side stream, the same again, its fills included.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn expert_cache_matches_cpu_and_replays() {
@@ -761,100 +762,143 @@ fn expert_cache_matches_cpu_and_replays() {
         let logits: Vec<Vec<f32>> = (0..calls)
             .map(|s| values(n * e, seed + 10 + s as u64))
             .collect();
+        let predicted: Vec<Vec<f32>> = (0..calls)
+            .map(|s| values(n * e, seed + 50 + s as u64))
+            .collect();
         let slots = e.min(n * k);
-        let name = format!("case {c} ({gf:?}/{df:?}, n={n}, {slots} slots)");
-        type Call = (Vec<i32>, Vec<f32>, Vec<i32>, Vec<i32>, Vec<i32>, Vec<i64>);
-        // Each call's chosen experts, output and tables (slot_of, owner, fills, stats);
-        // `cached`: through the cache (else the resident stacks); `replay`: from graphs.
-        let run = |be: &dyn Backend, cached: bool, replay: bool| -> Vec<Call> {
-            let host = |b: &[u8], shape: &[usize], f: Option<QuantFormat>| {
-                let dtype = f.map_or(dt, DType::Q);
-                if !cached {
-                    let t = be.alloc(dtype, shape).unwrap();
-                    be.write_bytes(&t, b).unwrap();
-                    return t;
-                }
-                let mut mem = be.alloc_host(b.len()).unwrap();
-                mem.bytes_mut().unwrap().copy_from_slice(b);
-                be.host_view(&Arc::new(mem), 0, shape, dtype).unwrap()
-            };
-            let gt = host(&gu, &[2 * e * i, h], gf);
-            let dnt = host(&dn, &[e * h, i], df);
-            let slot = |t: &Tensor| (t.size_bytes() / e).next_multiple_of(16);
-            let cache = ExpertSlots::new(be, layers, e, slots, slot(&gt), slot(&dnt)).unwrap();
-            let xt = be.upload_f32_as(&x, &[n, h], dt).unwrap();
-            let lt = be.upload_f32_as(&logits[0], &[n, e], DType::F32).unwrap();
-            let ids = be.alloc(DType::I32, &[n, k]).unwrap();
-            let wts = be.alloc(DType::F32, &[n, k]).unwrap();
-            let out = be.alloc(dt, &[n, h]).unwrap();
-            let scratch = be.alloc(dt, &[n * k, i]).unwrap();
-            let work_len = be.moe_workspace_bytes(n, h, e, k, dt).div_ceil(4).max(1);
-            let work = be.alloc(DType::I32, &[work_len]).unwrap();
-            let moe = |layer: usize| {
-                be.moe(&encore_backend::backend::Moe {
-                    x: &xt,
-                    logits: &lt,
-                    top_k: k,
-                    renormalize: false,
-                    gate_up: &gt,
-                    down: &dnt,
-                    ids: &ids,
-                    weights: &wts,
-                    out: &out,
-                    scratch: &scratch,
-                    workspace: &work,
-                    cache: cached.then(|| cache.args(layer, 0.75)),
-                })
-                .unwrap()
-            };
-            let graphs: Vec<_> = (0..layers)
-                .filter(|_| replay)
-                .map(|l| {
-                    be.begin_capture().unwrap();
-                    moe(l);
-                    be.end_capture().unwrap()
-                })
-                .collect();
-            (0..calls)
-                .map(|s| {
-                    be.write(&lt, &logits[s]).unwrap();
-                    match graphs.get(s % layers) {
-                        Some(g) => g.replay().unwrap(),
-                        None => moe(s % layers),
+        for prefetch in [false, true] {
+            let name =
+                format!("case {c} ({gf:?}/{df:?}, n={n}, {slots} slots, prefetch {prefetch})");
+            type Call = (
+                Vec<i32>,
+                Vec<f32>,
+                Vec<i32>,
+                Vec<i32>,
+                Vec<i32>,
+                Vec<i64>,
+                Vec<i32>,
+            );
+            // Each call's chosen experts, output and tables (slot_of, owner, fills, stats,
+            // prefetch fills); `cached`: through the cache (else the resident stacks);
+            // `replay`: from graphs.
+            let run = |be: &dyn Backend, cached: bool, replay: bool| -> Vec<Call> {
+                let host = |b: &[u8], shape: &[usize], f: Option<QuantFormat>| {
+                    let dtype = f.map_or(dt, DType::Q);
+                    if !cached {
+                        let t = be.alloc(dtype, shape).unwrap();
+                        be.write_bytes(&t, b).unwrap();
+                        return t;
                     }
-                    (
-                        be.download::<i32>(&ids).unwrap(),
-                        be.download_f32(&out).unwrap(),
-                        be.download::<i32>(&cache.slot_of).unwrap(),
-                        be.download::<i32>(&cache.owner).unwrap(),
-                        be.download::<i32>(&cache.fills).unwrap(),
-                        be.download::<i64>(&cache.stats).unwrap(),
-                    )
-                })
-                .collect()
-        };
-        let want = run(&cpu, true, false);
-        assert!(
-            want.last().unwrap().5[2] > slots as i64,
-            "{name}: the calls should evict"
-        );
-        for (path, gpu) in [("pairs", &pairs as &dyn Backend), ("grouped", &grouped)] {
-            let name = format!("{name}, {path}");
-            let got = run(gpu, true, false);
-            let resident = run(gpu, false, false);
-            for (s, ((g, w), r)) in got.iter().zip(&want).zip(&resident).enumerate() {
-                assert_eq!(g.0, w.0, "{name} call {s}: chosen experts");
-                assert_close(&format!("{name} call {s}"), &g.1, &w.1, dt);
-                assert_eq!(g.1, r.1, "{name} call {s}: cached against resident");
-                assert_eq!(
-                    (&g.2, &g.3, &g.4, &g.5),
-                    (&w.2, &w.3, &w.4, &w.5),
-                    "{name} call {s}: the cache's decisions"
+                    let mut mem = be.alloc_host(b.len()).unwrap();
+                    mem.bytes_mut().unwrap().copy_from_slice(b);
+                    be.host_view(&Arc::new(mem), 0, shape, dtype).unwrap()
+                };
+                let gt = host(&gu, &[2 * e * i, h], gf);
+                let dnt = host(&dn, &[e * h, i], df);
+                let slot = |t: &Tensor| (t.size_bytes() / e).next_multiple_of(16);
+                let cache = ExpertSlots::new(be, layers, e, slots, slot(&gt), slot(&dnt)).unwrap();
+                let xt = be.upload_f32_as(&x, &[n, h], dt).unwrap();
+                let lt = be.upload_f32_as(&logits[0], &[n, e], DType::F32).unwrap();
+                let pt = be
+                    .upload_f32_as(&predicted[0], &[n, e], DType::F32)
+                    .unwrap();
+                let ids = be.alloc(DType::I32, &[n, k]).unwrap();
+                let wts = be.alloc(DType::F32, &[n, k]).unwrap();
+                let (pids, pwts) = (
+                    be.alloc(DType::I32, &[n, k]).unwrap(),
+                    be.alloc(DType::F32, &[n, k]).unwrap(),
                 );
-            }
-            let replayed = run(gpu, true, true);
-            for (s, (r, g)) in replayed.iter().zip(&got).enumerate() {
-                assert_eq!(r, g, "{name} call {s}: replayed against eager");
+                let out = be.alloc(dt, &[n, h]).unwrap();
+                let scratch = be.alloc(dt, &[n * k, i]).unwrap();
+                let work_len = be.moe_workspace_bytes(n, h, e, k, dt).div_ceil(4).max(1);
+                let work = be.alloc(DType::I32, &[work_len]).unwrap();
+                let moe = |layer: usize| {
+                    be.moe(&encore_backend::backend::Moe {
+                        x: &xt,
+                        logits: &lt,
+                        top_k: k,
+                        renormalize: false,
+                        gate_up: &gt,
+                        down: &dnt,
+                        ids: &ids,
+                        weights: &wts,
+                        out: &out,
+                        scratch: &scratch,
+                        workspace: &work,
+                        cache: cached.then(|| {
+                            let mut c = cache.args(layer, 0.75);
+                            c.prefetch = prefetch.then(|| encore_backend::ExpertPrefetch {
+                                layer: (layer + 1) % layers,
+                                logits: &pt,
+                                ids: &pids,
+                                weights: &pwts,
+                                gate_up: &gt,
+                                down: &dnt,
+                                fills: &cache.prefetch_fills,
+                            });
+                            c
+                        }),
+                    })
+                    .unwrap();
+                    // Where a segment ends: the side stream joins.
+                    be.join_expert_prefetch().unwrap();
+                };
+                let graphs: Vec<_> = (0..layers)
+                    .filter(|_| replay)
+                    .map(|l| {
+                        be.begin_capture().unwrap();
+                        moe(l);
+                        be.end_capture().unwrap()
+                    })
+                    .collect();
+                (0..calls)
+                    .map(|s| {
+                        be.write(&lt, &logits[s]).unwrap();
+                        be.write(&pt, &predicted[s]).unwrap();
+                        match graphs.get(s % layers) {
+                            Some(g) => g.replay().unwrap(),
+                            None => moe(s % layers),
+                        }
+                        (
+                            be.download::<i32>(&ids).unwrap(),
+                            be.download_f32(&out).unwrap(),
+                            be.download::<i32>(&cache.slot_of).unwrap(),
+                            be.download::<i32>(&cache.owner).unwrap(),
+                            be.download::<i32>(&cache.fills).unwrap(),
+                            be.download::<i64>(&cache.stats).unwrap(),
+                            be.download::<i32>(&cache.prefetch_fills).unwrap(),
+                        )
+                    })
+                    .collect()
+            };
+            let want = run(&cpu, true, false);
+            assert!(
+                want.last().unwrap().5[2] > slots as i64,
+                "{name}: the calls should evict"
+            );
+            assert_eq!(
+                want.last().unwrap().5[4] > 0,
+                prefetch,
+                "{name}: experts prefetched"
+            );
+            for (path, gpu) in [("pairs", &pairs as &dyn Backend), ("grouped", &grouped)] {
+                let name = format!("{name}, {path}");
+                let got = run(gpu, true, false);
+                let resident = run(gpu, false, false);
+                for (s, ((g, w), r)) in got.iter().zip(&want).zip(&resident).enumerate() {
+                    assert_eq!(g.0, w.0, "{name} call {s}: chosen experts");
+                    assert_close(&format!("{name} call {s}"), &g.1, &w.1, dt);
+                    assert_eq!(g.1, r.1, "{name} call {s}: cached against resident");
+                    assert_eq!(
+                        (&g.2, &g.3, &g.4, &g.5, &g.6),
+                        (&w.2, &w.3, &w.4, &w.5, &w.6),
+                        "{name} call {s}: the cache's decisions"
+                    );
+                }
+                let replayed = run(gpu, true, true);
+                for (s, (r, g)) in replayed.iter().zip(&got).enumerate() {
+                    assert_eq!(r, g, "{name} call {s}: replayed against eager");
+                }
             }
         }
     }

@@ -81,11 +81,13 @@ pub struct EngineMetrics {
     pub graph_replays_mixed: AtomicU64,
     /// The expert cache's totals (the experts offload policy; 0 otherwise), read from the
     /// device every [`EXPERT_STATS_EVERY`] steps and when idle: distinct experts the
-    /// layers needed, summed over layers and steps; hits; misses (fills); bytes streamed.
+    /// layers needed, summed over layers and steps; hits; misses (fills); bytes streamed;
+    /// experts prefetched.
     pub expert_needed_total: AtomicU64,
     pub expert_hits_total: AtomicU64,
     pub expert_misses_total: AtomicU64,
     pub expert_bytes_streamed_total: AtomicU64,
+    pub expert_prefetched_total: AtomicU64,
     /// Time from a request's submission to its first token (queueing and prefill).
     pub time_to_first_token: Histogram<TtftBuckets>,
     /// Time between consecutive tokens of a request, taken when the step that sampled
@@ -403,6 +405,8 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
             m.expert_misses_total.store(x.misses, Ordering::Relaxed);
             m.expert_bytes_streamed_total
                 .store(x.bytes, Ordering::Relaxed);
+            m.expert_prefetched_total
+                .store(x.prefetched, Ordering::Relaxed);
         }
     }
     m.requests_running

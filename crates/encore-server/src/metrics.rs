@@ -13,7 +13,7 @@ use crate::AppState;
 
 /// The engine's counters and gauges, and the server's request count: name, type, help,
 /// value.
-fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 16] {
+fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 17] {
     let m = &s.engine.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     [
@@ -110,8 +110,14 @@ fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 16] {
         (
             "encore_expert_cache_streamed_bytes_total",
             "counter",
-            "Bytes of experts copied from host memory into the expert cache.",
+            "Bytes of experts copied from host memory into the expert cache (prefetches included).",
             g(&m.expert_bytes_streamed_total),
+        ),
+        (
+            "encore_expert_cache_prefetched_total",
+            "counter",
+            "Experts copied into a slot ahead of their layer, as the layer before predicted them.",
+            g(&m.expert_prefetched_total),
         ),
     ]
 }

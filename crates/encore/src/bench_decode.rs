@@ -57,6 +57,11 @@ pub struct BenchDecodeArgs {
     /// weights route as no trained model does.
     #[arg(long, value_parser = parse::router_skew, allow_negative_numbers = true)]
     router_skew: Option<encore_core::model::routing::RouterSkew>,
+    /// Under --router-skew and the expert cache: the share of each layer's chosen experts
+    /// the prefetch predicts (0..=1; default 0.8, an assumption: the table has no router
+    /// to apply a layer early). A model's own routers predict as well as they do.
+    #[arg(long, requires = "router_skew", allow_negative_numbers = true)]
+    prefetch_accuracy: Option<f64>,
 }
 
 /// The largest `--batch`.
@@ -278,12 +283,16 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     }
     let max_seq_len = a.runs.eager_and_graph_positions(&cfg)?;
     let offload = a.offload.config();
+    let router_skew = match (a.router_skew, a.prefetch_accuracy) {
+        (Some(s), Some(p)) => Some(s.with_prefetch_accuracy(p)?),
+        (s, _) => s,
+    };
     let engine_cfg = EngineConfig {
         graph_memory: a.graph_memory,
         // The copy-bandwidth measurement's two buffers.
         extra_bytes: 2 * COPY_BYTES,
         tp,
-        router_skew: a.router_skew,
+        router_skew,
         ..engine_config(
             dtype,
             max_batch,
@@ -343,12 +352,13 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
                 }
             )?;
         }
-        if let Some(s) = a.router_skew {
+        if let Some(s) = router_skew {
             outln!(
-                "(routing: --router-skew {} (seed {}), not the routers; `experts` is the distinct experts a layer reaches at that batch, of {})",
+                "(routing: --router-skew {} (seed {}), not the routers; `experts` is the distinct experts a layer reaches at that batch, of {}; an expert cache's prefetch predicts {:.0}% of them)",
                 s.exponent,
                 s.seed,
-                routed.map_or(0, |r| r.1)
+                routed.map_or(0, |r| r.1),
+                s.prefetch_accuracy * 100.0
             )?;
         }
         outln!(
@@ -409,6 +419,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             hit_rate: x.hit_rate(),
             bytes_per_step: x.bytes as f64 / a.runs.steps as f64,
             misses_per_step: x.misses as f64 / a.runs.steps as f64,
+            prefetched_per_step: x.prefetched as f64 / a.runs.steps as f64,
             h2d_gbps: h2d,
         });
         let graph = graph.map(|g| g.median_s);
@@ -416,6 +427,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             &a,
             be,
             &floor,
+            router_skew,
             b,
             eager.median_s,
             graph,
@@ -431,6 +443,8 @@ struct CacheRow {
     hit_rate: f64,
     bytes_per_step: f64,
     misses_per_step: f64,
+    /// Experts copied ahead of their layer (the prefetch), per step.
+    prefetched_per_step: f64,
     /// Page-locked host-to-device copy bandwidth, GB/s.
     h2d_gbps: f64,
 }
@@ -530,6 +544,7 @@ fn print_row(
     a: &BenchDecodeArgs,
     be: &dyn Backend,
     f: &Floor,
+    router_skew: Option<encore_core::model::routing::RouterSkew>,
     b: usize,
     eager: f64,
     graph: Option<f64>,
@@ -549,7 +564,9 @@ fn print_row(
                 "floor_ms": f.secs_at(b) * 1e3, "weight_bytes": f.weight_bytes,
                 "step_bytes": f.step_bytes_at(b), "quantization": a.model.quantization.to_string(),
                 "copy_gbps": f.copy_gbps, "load_s": f.load_secs,
-                "router_skew": a.router_skew.map(|s| s.exponent),
+                "router_skew": router_skew.map(|s| s.exponent),
+                "prefetch_accuracy": router_skew.map(|s| s.prefetch_accuracy),
+                "expert_prefetched_per_step": cache.as_ref().map(|c| c.prefetched_per_step),
                 "experts_per_layer": f.experts_at(b),
                 "expert_hit_rate": cache.as_ref().map(|c| c.hit_rate),
                 "expert_misses_per_step": cache.as_ref().map(|c| c.misses_per_step),
@@ -583,10 +600,11 @@ fn print_row(
                 String::new()
             };
             outln!(
-                "{:>6} expert cache: {:.1}% hits, {:.1} misses and {:.1} MB streamed per step; at {:.1} GB/s host-to-device {:.3} ms{ratio}",
+                "{:>6} expert cache: {:.1}% hits, {:.1} misses, {:.1} prefetched and {:.1} MB streamed per step; at {:.1} GB/s host-to-device {:.3} ms{ratio}",
                 "",
                 c.hit_rate * 100.0,
                 c.misses_per_step,
+                c.prefetched_per_step,
                 c.bytes_per_step / 1e6,
                 c.h2d_gbps,
                 c.bound_ms(),

@@ -528,6 +528,8 @@ fn a_mixture_of_experts_runs_its_experts_through_the_cache() {
             "8",
             "--router-skew",
             "0.8",
+            "--prefetch-accuracy",
+            "0.5",
             "--weight-budget",
             "80%",
         ];
@@ -538,7 +540,11 @@ fn a_mixture_of_experts_runs_its_experts_through_the_cache() {
     };
     let table = bench(false);
     assert!(
-        table.contains("(experts)") && table.contains("expert cache:") && table.contains("% hits"),
+        table.contains("(experts)")
+            && table.contains("expert cache:")
+            && table.contains("% hits")
+            && table.contains("prefetched")
+            && table.contains("prefetch predicts 50%"),
         "{table}"
     );
     for row in bench(true)
@@ -548,6 +554,11 @@ fn a_mixture_of_experts_runs_its_experts_through_the_cache() {
         let hits = row["expert_hit_rate"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&hits), "{row}");
         assert!(row["streamed_bytes_per_step"].as_f64().is_some(), "{row}");
+        assert_eq!(row["prefetch_accuracy"].as_f64(), Some(0.5), "{row}");
+        assert!(
+            row["expert_prefetched_per_step"].as_f64().is_some(),
+            "{row}"
+        );
     }
 
     let s = Serve::start(&args, Duration::from_secs(60));
@@ -588,4 +599,6 @@ fn a_mixture_of_experts_runs_its_experts_through_the_cache() {
         value("encore_expert_cache_streamed_bytes_total") > 0,
         "{metrics}"
     );
+    // 80% of the experts cached: the sparse layers prefetch (a count, whatever it is).
+    value("encore_expert_cache_prefetched_total");
 }

@@ -6,6 +6,9 @@ use crate::args::ExpertCache;
 use crate::error::Result;
 use crate::tensor::{DType, Tensor};
 
+/// Entries of [`ExpertCache::stats`].
+pub const STATS: usize = 5;
+
 /// An expert cache's tables and slots for `layers` layers of `experts` experts (the
 /// tensors [`ExpertCache`] borrows; see it for their meaning).
 pub struct ExpertSlots {
@@ -16,6 +19,8 @@ pub struct ExpertSlots {
     pub stats: Tensor,
     pub gate_up_slots: Tensor,
     pub down_slots: Tensor,
+    /// A prefetch's fills ([`crate::args::ExpertPrefetch::fills`]).
+    pub prefetch_fills: Tensor,
 }
 
 impl ExpertSlots {
@@ -36,7 +41,8 @@ impl ExpertSlots {
             owner: be.upload(&vec![-1i32; slots], &[slots])?,
             score: be.upload(&vec![0f32; layers * experts], &[layers, experts])?,
             fills: be.upload(&vec![0i32; 1 + 2 * experts], &[1 + 2 * experts])?,
-            stats: be.upload(&[0i64; 4], &[4])?,
+            stats: be.upload(&[0i64; STATS], &[STATS])?,
+            prefetch_fills: be.upload(&vec![0i32; 1 + 2 * experts], &[1 + 2 * experts])?,
         })
     }
 
@@ -50,6 +56,10 @@ impl ExpertSlots {
             stats: c.stats.clone(),
             gate_up_slots: c.gate_up_slots.clone(),
             down_slots: c.down_slots.clone(),
+            prefetch_fills: c
+                .prefetch
+                .as_ref()
+                .map_or_else(|| c.fills.clone(), |p| p.fills.clone()),
         }
     }
 
@@ -65,12 +75,13 @@ impl ExpertSlots {
             gate_up_slots: &self.gate_up_slots,
             down_slots: &self.down_slots,
             decay,
+            prefetch: None,
         }
     }
 
     /// The running totals ([`ExpertCache::stats`]: distinct experts needed, hits, misses,
-    /// bytes filled); synchronises with the device.
-    pub fn totals(&self, be: &dyn Backend) -> Result<[u64; 4]> {
+    /// bytes filled, experts prefetched); synchronises with the device.
+    pub fn totals(&self, be: &dyn Backend) -> Result<[u64; STATS]> {
         let v = be.download::<i64>(&self.stats)?;
         Ok(std::array::from_fn(|i| v[i].max(0) as u64))
     }

@@ -26,14 +26,14 @@ mod expert_slots;
 mod host;
 mod staging;
 
-pub use expert_slots::ExpertSlots;
+pub use expert_slots::{ExpertSlots, STATS as EXPERT_STATS};
 pub(crate) use host::{check_copy as check_host_copy, check_view as check_host_view};
 pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Attention, ExpertCache, LogitBias, Moe, Penalties, QkvRope, SampleLogprobs, Sampling,
-    TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
+    Attention, ExpertCache, ExpertPrefetch, LogitBias, Moe, Penalties, QkvRope, SampleLogprobs,
+    Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 
 use std::sync::Arc;
@@ -233,6 +233,13 @@ pub trait Backend: Send + Sync {
                 self.device_name()
             ),
         ))
+    }
+
+    /// The compute stream waits for an expert prefetch still in flight
+    /// ([`crate::args::ExpertPrefetch`]); nothing where none is. Called where a segment
+    /// ends (a captured piece must join every stream it forked).
+    fn join_expert_prefetch(&self) -> Result<()> {
+        Ok(())
     }
 
     /// Qwen2-MoE's shared expert joining the routed ones: `x[i, j] += sigmoid(gate[i]) *

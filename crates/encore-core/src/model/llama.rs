@@ -7,7 +7,7 @@
 //! ([`StepInputs`]); intermediates come from the arena in a fixed order, so the same call
 //! can be captured into a graph.
 
-use crate::backend::{Attention, Backend, Moe, QkvRope};
+use crate::backend::{Attention, Backend, ExpertPrefetch, Moe, QkvRope};
 use crate::error::{Error, Result};
 use crate::graph::StepHooks;
 use crate::kv::KvCache;
@@ -69,6 +69,9 @@ pub struct Model {
 struct RouterTable {
     all: Tensor,
     window: Tensor,
+    /// The prefetch's predictions of the same rows ([`RoutingTable::predicted`]).
+    predicted_all: Tensor,
+    predicted: Tensor,
     table: std::sync::Arc<RoutingTable>,
     /// The first row of the whole table the next step's window copies.
     next: std::sync::atomic::AtomicUsize,
@@ -97,6 +100,10 @@ pub struct StepBuffers {
     router_logits: Tensor,
     moe_ids: Tensor,
     moe_weights: Tensor,
+    /// The same for the next sparse layer's experts predicted by an expert prefetch.
+    prefetch_logits: Tensor,
+    prefetch_ids: Tensor,
+    prefetch_weights: Tensor,
     /// The chosen experts' activations `[n * top_k, expert_intermediate]`.
     moe_act: Tensor,
     /// The backend's workspace for a sparse layer (`Backend::moe_workspace_bytes`, as i32).
@@ -197,11 +204,20 @@ impl Model {
         let len = RoutingTable::table_rows(window);
         let table = RoutingTable::new(skew, moe.num_experts, moe.top_k, len);
         let all = backend.upload_f32_as(&table.logits(), &[len, moe.num_experts], self.dtype())?;
+        let predicted_all = backend.upload_f32_as(
+            &table.predicted_logits(),
+            &[len, moe.num_experts],
+            self.dtype(),
+        )?;
         let window = backend.alloc(self.dtype(), &[window, moe.num_experts])?;
+        let predicted = backend.alloc(self.dtype(), window.shape())?;
         backend.copy(&all.narrow(0, window.dim(0))?, &window)?;
+        backend.copy(&predicted_all.narrow(0, window.dim(0))?, &predicted)?;
         self.router_table = Some(RouterTable {
             all,
             window,
+            predicted_all,
+            predicted,
             table: std::sync::Arc::new(table),
             next: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -224,6 +240,7 @@ impl Model {
         let w = r.window.dim(0);
         let start = r.next.load(Ordering::Relaxed);
         backend.copy(&r.all.narrow(start, w)?, &r.window)?;
+        backend.copy(&r.predicted_all.narrow(start, w)?, &r.predicted)?;
         let next = RoutingTable::next_start(start, rows, self.cfg.num_layers, w, r.all.dim(0));
         r.next.store(next, Ordering::Relaxed);
         Ok(())
@@ -265,7 +282,7 @@ impl Model {
         b: usize,
         scratch_len: usize,
         moe_work: usize,
-    ) -> [(DType, Vec<usize>); 22] {
+    ) -> [(DType, Vec<usize>); 25] {
         let (_, size) = c.tp_rank();
         let (shard, gathered) = match size {
             1 => (vec![1, 1], vec![1]),
@@ -291,6 +308,9 @@ impl Model {
             (DType::F32, vec![b, c.vocab_size]),
             (DType::F32, shard),
             (DType::F32, gathered),
+            (t, vec![moe_rows, experts]),
+            (DType::I32, vec![moe_rows, top_k]),
+            (DType::F32, vec![moe_rows, top_k]),
             (t, vec![moe_rows, experts]),
             (DType::I32, vec![moe_rows, top_k]),
             (DType::F32, vec![moe_rows, top_k]),
@@ -399,7 +419,7 @@ impl Model {
             .map(|(d, s)| arena.alloc(d, &s))
             .collect::<Result<Vec<_>>>()?
             .into_iter();
-        let mut next = || it.next().expect("22 buffers");
+        let mut next = || it.next().expect("25 buffers");
         Ok(StepBuffers {
             hidden: next(),
             residual: next(),
@@ -417,6 +437,9 @@ impl Model {
             router_logits: next(),
             moe_ids: next(),
             moe_weights: next(),
+            prefetch_logits: next(),
+            prefetch_ids: next(),
+            prefetch_weights: next(),
             moe_act: next(),
             moe_work: next(),
             shared_gate_up: next(),
@@ -522,6 +545,39 @@ impl Model {
                     if let Some(r) = &self.router_table {
                         be.copy(&r.window.narrow(k - 1, n)?, &logits)?;
                     }
+                    let mut cache = self.offload.as_ref().and_then(|o| o.expert_cache(k - 1));
+                    let (pf_logits, pf_ids, pf_weights) = (
+                        buf.prefetch_logits.prefix(n)?,
+                        buf.prefetch_ids.prefix(n)?,
+                        buf.prefetch_weights.prefix(n)?,
+                    );
+                    if let (Some(c), Some(fills), Some(j)) = (
+                        cache.as_mut(),
+                        self.offload
+                            .as_ref()
+                            .and_then(|o| o.expert_prefetch_fills()),
+                        (k..layers.len()).find(|&j| layers[j].router.is_some()),
+                    ) {
+                        // Pre-gated: layer j's router applied to this layer's input
+                        // predicts j's experts, fetched while this layer's run.
+                        let next = &layers[j];
+                        match &self.router_table {
+                            Some(r) => be.copy(&r.predicted.narrow(j, n)?, &pf_logits)?,
+                            None => {
+                                let router = next.router.as_ref().expect("a sparse layer");
+                                be.matmul(&buf.normed, router, None, &pf_logits)?
+                            }
+                        }
+                        c.prefetch = Some(ExpertPrefetch {
+                            layer: j,
+                            logits: &pf_logits,
+                            ids: &pf_ids,
+                            weights: &pf_weights,
+                            gate_up: &next.gate_up,
+                            down: &next.down,
+                            fills,
+                        });
+                    }
                     be.moe(&Moe {
                         x: &buf.normed,
                         logits: &logits,
@@ -534,7 +590,7 @@ impl Model {
                         out: &buf.hidden,
                         scratch: &buf.moe_act.prefix(n * moe.top_k)?,
                         workspace: &buf.moe_work,
-                        cache: self.offload.as_ref().and_then(|o| o.expert_cache(k - 1)),
+                        cache,
                     })?;
                     // The shared expert (Qwen2-MoE): its MLP, scaled by the sigmoid of its
                     // gate, added to the routed experts' sum.

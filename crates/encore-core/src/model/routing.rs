@@ -13,7 +13,17 @@ use crate::ops::splitmix64;
 pub struct RouterSkew {
     pub exponent: f64,
     pub seed: u64,
+    /// The share of a layer's chosen experts the expert cache's prefetch predicts
+    /// (`--prefetch-accuracy`): the synthetic routing has no router to apply early, so the
+    /// prediction is the table's own row with each chosen expert kept with this
+    /// probability and otherwise swapped for another. Default [`DEFAULT_PREFETCH_ACCURACY`].
+    pub prefetch_accuracy: f64,
 }
+
+/// The prefetch accuracy assumed by default under `--router-skew`: trained routers are
+/// reported to keep most of the next layer's experts when applied a layer early, but no
+/// trained checkpoint was measured here; 0.8 is an assumption, stated with every figure.
+pub const DEFAULT_PREFETCH_ACCURACY: f64 = 0.8;
 
 impl RouterSkew {
     /// A skew of `exponent` (finite, 0..=8), seed 0; an error naming `--router-skew`.
@@ -24,7 +34,26 @@ impl RouterSkew {
                 format!("{exponent} is not a Zipf exponent in 0..=8 (0: uniform routing)"),
             ));
         }
-        Ok(RouterSkew { exponent, seed: 0 })
+        Ok(RouterSkew {
+            exponent,
+            seed: 0,
+            prefetch_accuracy: DEFAULT_PREFETCH_ACCURACY,
+        })
+    }
+
+    /// This skew with a prefetch accuracy of `p` (0..=1); an error naming
+    /// `--prefetch-accuracy`.
+    pub fn with_prefetch_accuracy(self, p: f64) -> Result<RouterSkew> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Error::invalid(
+                "--prefetch-accuracy",
+                format!("{p} is not a probability in 0..=1"),
+            ));
+        }
+        Ok(RouterSkew {
+            prefetch_accuracy: p,
+            ..self
+        })
     }
 }
 
@@ -38,6 +67,10 @@ pub struct RoutingTable {
     pub top_k: usize,
     /// Each row's chosen experts, in order drawn.
     pub chosen: Vec<Vec<u32>>,
+    /// Each row's experts as the prefetch predicts them: `chosen`, each kept with
+    /// probability [`RouterSkew::prefetch_accuracy`], else another expert of the row's
+    /// unchosen ones.
+    pub predicted: Vec<Vec<u32>>,
 }
 
 impl RoutingTable {
@@ -77,18 +110,48 @@ impl RoutingTable {
                     })
                     .collect()
             })
+            .collect::<Vec<Vec<u32>>>();
+        let predicted = chosen
+            .iter()
+            .map(|c| {
+                let mut out = c.clone();
+                for i in 0..out.len() {
+                    if next() < skew.prefetch_accuracy || experts == top_k {
+                        continue;
+                    }
+                    // Another expert, none of the row's chosen or predicted ones.
+                    loop {
+                        let e = ((next() * experts as f64) as u32).min(experts as u32 - 1);
+                        if !c.contains(&e) && !out.contains(&e) {
+                            out[i] = e;
+                            break;
+                        }
+                    }
+                }
+                out
+            })
             .collect();
         RoutingTable {
             experts,
             top_k,
             chosen,
+            predicted,
         }
     }
 
     /// The logits, `[rows, experts]` row-major.
     pub fn logits(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.chosen.len() * self.experts];
-        for (row, c) in out.chunks_exact_mut(self.experts).zip(&self.chosen) {
+        Self::logits_of(&self.chosen, self.experts)
+    }
+
+    /// The prefetch's predicted logits, `[rows, experts]` row-major.
+    pub fn predicted_logits(&self) -> Vec<f32> {
+        Self::logits_of(&self.predicted, self.experts)
+    }
+
+    fn logits_of(rows: &[Vec<u32>], experts: usize) -> Vec<f32> {
+        let mut out = vec![0f32; rows.len() * experts];
+        for (row, c) in out.chunks_exact_mut(experts).zip(rows) {
             for (j, &e) in c.iter().enumerate() {
                 row[e as usize] = 4.0 - 0.01 * j as f32;
             }

@@ -633,6 +633,16 @@ impl Offload {
         }
     }
 
+    /// Where an expert prefetch plans its fills, when the calls prefetch the next sparse
+    /// layer's experts (the experts policy, unless every expert has a slot or
+    /// `ENCORE_EXPERT_PREFETCH=0`).
+    pub fn expert_prefetch_fills(&self) -> Option<&Tensor> {
+        match &self.executor {
+            Executor::Experts(pool) if pool.prefetches() => Some(pool.prefetch_fills()),
+            _ => None,
+        }
+    }
+
     /// The expert cache's running totals (synchronises with the device); `None` under the
     /// other policies.
     pub fn expert_stats(&self, be: &dyn Backend) -> Result<Option<ExpertStats>> {
@@ -877,7 +887,10 @@ impl StepHooks for Offload {
 
     /// Where a captured piece or an eager seam ends: the compute stream waits for every
     /// copy queued in it.
-    fn end_segment(&self, _be: &dyn Backend) -> Result<()> {
+    fn end_segment(&self, be: &dyn Backend) -> Result<()> {
+        if let Executor::Experts(_) = &self.executor {
+            be.join_expert_prefetch()?;
+        }
         self.join_segment()
     }
 }

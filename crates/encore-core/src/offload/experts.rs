@@ -172,6 +172,9 @@ pub struct ExpertPool {
     pub layout: ExpertLayout,
     slots: ExpertSlots,
     decay: f32,
+    /// Whether each sparse layer's call fetches the next sparse layer's predicted experts
+    /// ahead (`ENCORE_EXPERT_PREFETCH`, default on; never when every expert has a slot).
+    prefetch: bool,
 }
 
 /// The expert cache's running totals ([`ExpertCache::stats`]).
@@ -181,8 +184,10 @@ pub struct ExpertStats {
     pub needed: u64,
     pub hits: u64,
     pub misses: u64,
-    /// Bytes copied into slots.
+    /// Bytes copied into slots (prefetches included).
     pub bytes: u64,
+    /// Experts copied ahead of their layer's call ([`crate::backend::ExpertPrefetch`]).
+    pub prefetched: u64,
 }
 
 impl ExpertStats {
@@ -202,6 +207,7 @@ impl ExpertStats {
             hits: self.hits - earlier.hits,
             misses: self.misses - earlier.misses,
             bytes: self.bytes - earlier.bytes,
+            prefetched: self.prefetched - earlier.prefetched,
         }
     }
 }
@@ -221,6 +227,21 @@ fn decay_from_env() -> Result<f32> {
                 )
             }),
         Err(_) => Ok(DEFAULT_DECAY),
+    }
+}
+
+/// `ENCORE_EXPERT_PREFETCH` (`1` / `on`, `0` / `off`; unset: on).
+fn prefetch_from_env() -> Result<bool> {
+    match std::env::var("ENCORE_EXPERT_PREFETCH") {
+        Ok(v) => match v.trim() {
+            "1" | "on" => Ok(true),
+            "0" | "off" => Ok(false),
+            _ => Err(Error::invalid(
+                "ENCORE_EXPERT_PREFETCH",
+                format!("`{v}`: expected on (1) or off (0)"),
+            )),
+        },
+        Err(_) => Ok(true),
     }
 }
 
@@ -248,9 +269,11 @@ impl ExpertPool {
             },
             e => e,
         })?;
+        let prefetch = prefetch_from_env()? && l.slots < l.total_experts;
         Ok(ExpertPool {
             slots,
             decay: decay_from_env()?,
+            prefetch,
             layout,
         })
     }
@@ -260,14 +283,25 @@ impl ExpertPool {
         self.slots.args(layer, self.decay)
     }
 
+    /// Whether the calls prefetch the next sparse layer's experts.
+    pub fn prefetches(&self) -> bool {
+        self.prefetch
+    }
+
+    /// Where a prefetch plans its fills ([`crate::backend::ExpertPrefetch::fills`]).
+    pub fn prefetch_fills(&self) -> &crate::tensor::Tensor {
+        &self.slots.prefetch_fills
+    }
+
     /// The running totals (synchronises with the device).
     pub fn stats(&self, be: &dyn Backend) -> Result<ExpertStats> {
-        let [needed, hits, misses, bytes] = self.slots.totals(be)?;
+        let [needed, hits, misses, bytes, prefetched] = self.slots.totals(be)?;
         Ok(ExpertStats {
             needed,
             hits,
             misses,
             bytes,
+            prefetched,
         })
     }
 }

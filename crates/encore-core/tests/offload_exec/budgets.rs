@@ -131,7 +131,7 @@ pub(super) fn expert_layout(cfg: &ModelConfig, dtype: DType) -> offload::ExpertL
 /// the exact floor (one layer's experts: a 64-token step can need them all), give the
 /// resident tokens, eager and in graphs (the cache's decisions run inside the captured
 /// graphs); one byte under the floor is refused with the minimum; the cache misses more at
-/// the floor than with room.
+/// the floor than with room; below 100% each sparse layer prefetches the next one's experts.
 pub(super) fn check_expert_cache_budgets(
     be: &dyn Backend,
     files: &ModelFiles,
@@ -181,6 +181,13 @@ pub(super) fn check_expert_cache_budgets(
             assert!(r.resident_bytes + r.streaming_bytes <= r.budget_bytes);
             let s = runner.expert_stats().unwrap().expect("the expert cache");
             assert!(s.needed > 0 && s.hits + s.misses == s.needed, "{s:?}");
+            // Part of the experts cached: each sparse layer prefetches the next one's.
+            if matches!(name, "50%" | "25%") {
+                assert!(s.prefetched > 0, "{model}, budget {name}: {s:?}");
+            }
+            if name == "100%" {
+                assert_eq!(s.prefetched, 0, "{model}: every expert has a slot");
+            }
             hit_rates.push((name, graphs, s.hit_rate()));
         }
     }

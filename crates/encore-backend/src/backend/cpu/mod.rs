@@ -348,6 +348,16 @@ impl Backend for CpuBackend {
                 .cache
                 .as_ref()
                 .map(|c| (crate::backend::ExpertSlots::of(c), c.decay)),
+            prefetch: a.cache.as_ref().and_then(|c| c.prefetch.as_ref()).map(|p| {
+                kernels::PrefetchArgs {
+                    logits: p.logits.clone(),
+                    ids: p.ids.clone(),
+                    weights: p.weights.clone(),
+                    gate_up: p.gate_up.clone(),
+                    down: p.down.clone(),
+                    fills: p.fills.clone(),
+                }
+            }),
         };
         self.submit(move || kernels::moe(&args, &d));
         Ok(())

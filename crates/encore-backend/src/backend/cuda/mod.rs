@@ -138,6 +138,90 @@ pub struct CudaBackend {
     p2p: Option<P2p>,
     /// Whether all-reduces that fit take the one-shot kernel (`set_one_shot_allreduce`).
     p2p_on: AtomicBool,
+    /// The expert prefetch's stream (`args::ExpertPrefetch`), made at its first use.
+    expert_side: Mutex<Option<SideStream>>,
+}
+
+/// A stream forked from the compute stream and joined back by events: the expert
+/// prefetch's route, plan and fill run there beside the compute stream's work. Inside a
+/// capture the fork brings it into the graph and the join adds the edges back.
+struct SideStream {
+    stream: Arc<CudaStream>,
+    fork: drv_sys::CUevent,
+    join: drv_sys::CUevent,
+    /// Forked and not joined yet.
+    pending: bool,
+}
+
+// SAFETY: driver handles used from the thread driving the backend, under its mutex.
+unsafe impl Send for SideStream {}
+
+impl Drop for SideStream {
+    fn drop(&mut self) {
+        // SAFETY: our events; nothing waits on them any more (the backend is dropping).
+        unsafe {
+            let _ = drv_sys::cuEventDestroy_v2(self.fork);
+            let _ = drv_sys::cuEventDestroy_v2(self.join);
+        }
+    }
+}
+
+impl CudaBackend {
+    /// `to` waits for the work queued on `from` so far, through `ev`.
+    fn order(
+        &self,
+        ev: drv_sys::CUevent,
+        from: &CudaStream,
+        to: &CudaStream,
+        what: &str,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: our event and two live streams of this context.
+        unsafe {
+            drv_sys::cuEventRecord(ev, from.cu_stream())
+                .result()
+                .map_err(|e| Error::cuda(format!("cuEventRecord ({what})"), e))?;
+            drv_sys::cuStreamWaitEvent(to.cu_stream(), ev, 0)
+                .result()
+                .map_err(|e| Error::cuda(format!("cuStreamWaitEvent ({what})"), e))
+        }
+    }
+
+    /// Fork the expert prefetch's stream from the compute stream (made at its first use)
+    /// and run `f` on it; it stays pending until [`Backend::join_expert_prefetch`].
+    pub(in crate::backend::cuda) fn on_expert_side(
+        &self,
+        f: impl FnOnce(&CudaStream) -> Result<()>,
+    ) -> Result<()> {
+        let mut side = self.expert_side.lock().unwrap_or_else(|e| e.into_inner());
+        if side.is_none() {
+            self.bind()?;
+            let stream = self
+                .ctx
+                .new_stream()
+                .map_err(|e| Error::cuda("cuStreamCreate (expert prefetch)", e))?;
+            let event = || {
+                drv::event::create(drv_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                    .map_err(|e| Error::cuda("cuEventCreate", e))
+            };
+            *side = Some(SideStream {
+                stream,
+                fork: event()?,
+                join: event()?,
+                pending: false,
+            });
+        }
+        let s = side.as_mut().expect("made above");
+        if s.pending {
+            return Err(Error::invalid(
+                "moe (expert prefetch)",
+                "a prefetch is still pending: join it first",
+            ));
+        }
+        self.order(s.fork, &self.stream, &s.stream, "expert prefetch fork")?;
+        s.pending = true;
+        f(&s.stream)
+    }
 }
 
 /// One rank's part of the one-shot all-reduce (kernels/allreduce.cu): its `ArPeers` table
@@ -310,6 +394,7 @@ impl CudaBackend {
             },
             comm: None,
             p2p: None,
+            expert_side: Mutex::new(None),
             p2p_on: AtomicBool::new(true),
         })
     }
@@ -515,6 +600,19 @@ impl CudaBackend {
         cfg: LaunchConfig,
         args: &mut [*mut c_void],
     ) -> Result<()> {
+        self.launch_on(&self.stream, self.pdl, kernel, cfg, args)
+    }
+
+    /// Launch `kernel` on `stream` (the compute stream, or a stream forked from it), with
+    /// programmatic dependent launch when `pdl`.
+    fn launch_on(
+        &self,
+        stream: &CudaStream,
+        pdl: bool,
+        kernel: &handles::Kernel,
+        cfg: LaunchConfig,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
         let f = &kernel.f;
         self.bind()?;
         // Programmatic dependent launch: every kernel starts with `pdl_enter()` (see
@@ -534,9 +632,9 @@ impl CudaBackend {
             blockDimY: cfg.block_dim.1,
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
+            hStream: stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: self.pdl as u32,
+            numAttrs: pdl as u32,
         };
         // SAFETY: the launcher built `args` to match the kernel's parameter list; every
         // pointer argument is a validated tensor of this device; `config` and `attr` live
@@ -974,6 +1072,17 @@ impl Backend for CudaBackend {
         self.check_device("moe", &a.tensors())?;
         let d = ops::check_moe(a)?;
         kernels::moe(self, a, &d)
+    }
+
+    fn join_expert_prefetch(&self) -> Result<()> {
+        let mut side = self.expert_side.lock().unwrap_or_else(|e| e.into_inner());
+        match side.as_mut() {
+            Some(s) if s.pending => {
+                s.pending = false;
+                self.order(s.join, &s.stream, &self.stream, "expert prefetch join")
+            }
+            _ => Ok(()),
+        }
     }
 
     fn qkv_rope_write(&self, a: &QkvRope<'_>) -> Result<()> {

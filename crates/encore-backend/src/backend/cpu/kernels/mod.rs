@@ -603,6 +603,18 @@ pub(super) struct MoeArgs {
     pub out: Tensor,
     /// The expert cache's tensors and its decay.
     pub cache: Option<(crate::backend::ExpertSlots, f32)>,
+    /// A later layer's experts fetched ahead ([`crate::args::ExpertPrefetch`]).
+    pub prefetch: Option<PrefetchArgs>,
+}
+
+/// [`crate::args::ExpertPrefetch`]'s tensors, owned for the queue.
+pub(super) struct PrefetchArgs {
+    pub logits: Tensor,
+    pub ids: Tensor,
+    pub weights: Tensor,
+    pub gate_up: Tensor,
+    pub down: Tensor,
+    pub fills: Tensor,
 }
 
 pub(super) fn moe(a: &MoeArgs, d: &MoeDims) {
@@ -704,11 +716,17 @@ fn round_to<T: Float>(v: f32) -> f32 {
 /// pairs, update the scores, look each needed expert up, give each miss (in ascending
 /// expert order) the unpinned slot of least score, and record the fills. The CUDA kernel
 /// `moe_cache_plan` makes the same decisions.
+///
+/// A prefetch (`pin`: the current call's layer and chosen experts; see
+/// [`crate::args::ExpertPrefetch`]) plans `layer`'s predicted experts the same way, but the
+/// slots holding the current call's experts stay pinned, the scores are left alone, it
+/// stops when no unpinned slot is left, and it counts into `stats[3]` and `stats[4]`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn expert_cache_plan(
     ids: &[i32],
     experts: usize,
     layer: usize,
+    pin: Option<(usize, &[i32])>,
     slot_of: &mut [i32],
     owner: &mut [i32],
     score: &mut [f32],
@@ -717,19 +735,30 @@ pub(crate) fn expert_cache_plan(
     decay: f32,
     expert_bytes: usize,
 ) {
-    let mut need = vec![0u32; experts];
-    for &e in ids {
-        if let Some(n) = usize::try_from(e).ok().and_then(|e| need.get_mut(e)) {
-            *n += 1;
+    let count = |ids: &[i32]| {
+        let mut need = vec![0u32; experts];
+        for &e in ids {
+            if let Some(n) = usize::try_from(e).ok().and_then(|e| need.get_mut(e)) {
+                *n += 1;
+            }
         }
-    }
+        need
+    };
+    let need = count(ids);
+    let (pin_layer, pin_need) = match pin {
+        Some((l, ids)) => (l, count(ids)),
+        None => (usize::MAX, vec![0; experts]),
+    };
     let base = layer * experts;
-    for (s, &n) in score[base..base + experts].iter_mut().zip(&need) {
-        *s = s.mul_add(decay, n as f32);
+    if pin.is_none() {
+        for (s, &n) in score[base..base + experts].iter_mut().zip(&need) {
+            *s = s.mul_add(decay, n as f32);
+        }
     }
     let (mut distinct, mut hits, mut misses) = (0i64, 0i64, 0usize);
     let pinned = |o: i32, need: &[u32]| {
-        o >= 0 && o as usize / experts == layer && need[o as usize % experts] > 0
+        let (l, e) = (o as usize / experts, o as usize % experts);
+        o >= 0 && ((l == layer && need[e] > 0) || (l == pin_layer && pin_need[e] > 0))
     };
     for e in 0..experts {
         if need[e] == 0 {
@@ -750,8 +779,13 @@ pub(crate) fn expert_cache_plan(
         };
         let victim = (0..owner.len())
             .filter(|&s| !pinned(owner[s], &need))
-            .min_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)))
-            .expect("the slots hold every expert a step needs (checked)");
+            .min_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+        let Some(victim) = victim else {
+            // Only a prefetch runs out: a plan's slots hold every expert a step needs
+            // (checked).
+            assert!(pin.is_some(), "the slots hold every expert a step needs");
+            break;
+        };
         if owner[victim] >= 0 {
             slot_of[owner[victim] as usize] = -1;
         }
@@ -762,10 +796,74 @@ pub(crate) fn expert_cache_plan(
         misses += 1;
     }
     fills[0] = misses as i32;
-    stats[0] += distinct;
-    stats[1] += hits;
-    stats[2] += misses as i64;
+    if pin.is_some() {
+        stats[4] += misses as i64;
+    } else {
+        stats[0] += distinct;
+        stats[1] += hits;
+        stats[2] += misses as i64;
+    }
     stats[3] += (misses * expert_bytes) as i64;
+}
+
+/// Softmax over each row's `experts` logits in f32, its top k by probability (ties to the
+/// lower index) into `ids` and their weights (renormalized on request) into `wts`.
+fn route_rows(logits: &[f32], experts: usize, renormalize: bool, ids: &mut [i32], wts: &mut [f32]) {
+    let top_k = ids.len() / (logits.len() / experts).max(1);
+    ids.par_chunks_mut(top_k)
+        .zip(wts.par_chunks_mut(top_k))
+        .enumerate()
+        .for_each(|(t, (id, wt))| {
+            let l = &logits[t * experts..(t + 1) * experts];
+            let mx = l.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut p: Vec<f32> = l.iter().map(|&v| (v - mx).exp()).collect();
+            let sum: f32 = p.iter().sum();
+            p.iter_mut().for_each(|v| *v /= sum);
+            let mut order: Vec<usize> = (0..experts).collect();
+            order.sort_by(|&i, &j| p[j].total_cmp(&p[i]).then(i.cmp(&j)));
+            let chosen = &order[..top_k];
+            let total: f32 = chosen.iter().map(|&e| p[e]).sum();
+            for (s, &e) in chosen.iter().enumerate() {
+                id[s] = e as i32;
+                wt[s] = if renormalize { p[e] / total } else { p[e] };
+            }
+        });
+}
+
+/// Logits `t` (f32 or T) as f32.
+///
+/// # Safety
+/// Nothing writes `t` while the result lives.
+unsafe fn logits_f32<T: Float>(t: &Tensor) -> Cow<'_, [f32]> {
+    match t.dtype() {
+        // SAFETY: the caller's.
+        DType::F32 => Cow::Borrowed(unsafe { view::<f32>(t) }),
+        _ => to_f32(unsafe { view::<T>(t) }),
+    }
+}
+
+/// Copy each of `fills`' experts from the host stacks into its slot (the CUDA kernel
+/// `moe_cache_fill`).
+#[allow(clippy::too_many_arguments)]
+fn fill_slots(
+    fills: &[i32],
+    gu_host: &[u8],
+    dn_host: &[u8],
+    experts: usize,
+    half: usize,
+    down: usize,
+    gu_slots: &mut [u8],
+    gate_up_slot: usize,
+    dn_slots: &mut [u8],
+    down_slot: usize,
+) {
+    for f in 0..fills[0] as usize {
+        let (e, s) = (fills[1 + 2 * f] as usize, fills[2 + 2 * f] as usize);
+        let g = &mut gu_slots[s * gate_up_slot..][..2 * half];
+        g[..half].copy_from_slice(&gu_host[e * half..][..half]);
+        g[half..].copy_from_slice(&gu_host[(experts + e) * half..][..half]);
+        dn_slots[s * down_slot..][..down].copy_from_slice(&dn_host[e * down..][..down]);
+    }
 }
 
 /// Route each row (one row per rayon task); with an expert cache, plan and fill the slots;
@@ -792,30 +890,9 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
             view_mut::<T>(&a.out),
         )
     };
-    let logits: Cow<'_, [f32]> = match a.logits.dtype() {
-        // SAFETY: as above.
-        DType::F32 => Cow::Borrowed(unsafe { view::<f32>(&a.logits) }),
-        _ => to_f32(unsafe { view::<T>(&a.logits) }),
-    };
-    ids.par_chunks_mut(top_k)
-        .zip(wts.par_chunks_mut(top_k))
-        .enumerate()
-        .for_each(|(t, (id, wt))| {
-            // Softmax in f32, the top k by probability (ties to the lower index).
-            let l = &logits[t * ne..(t + 1) * ne];
-            let mx = l.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut p: Vec<f32> = l.iter().map(|&v| (v - mx).exp()).collect();
-            let sum: f32 = p.iter().sum();
-            p.iter_mut().for_each(|v| *v /= sum);
-            let mut order: Vec<usize> = (0..ne).collect();
-            order.sort_by(|&i, &j| p[j].total_cmp(&p[i]).then(i.cmp(&j)));
-            let chosen = &order[..top_k];
-            let total: f32 = chosen.iter().map(|&e| p[e]).sum();
-            for (s, &e) in chosen.iter().enumerate() {
-                id[s] = e as i32;
-                wt[s] = if a.renormalize { p[e] / total } else { p[e] };
-            }
-        });
+    // SAFETY: as above.
+    let logits = unsafe { logits_f32::<T>(&a.logits) };
+    route_rows(&logits, ne, a.renormalize, ids, wts);
     let (gu_dt, dn_dt) = (a.gate_up.dtype(), a.down.dtype());
     // SAFETY: as above; the cache's tables and slots are written here alone, before any
     // expert reads them.
@@ -826,6 +903,7 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
                 ids,
                 ne,
                 cd.layer,
+                None,
                 slot_of,
                 view_mut::<i32>(&c.owner),
                 view_mut::<f32>(&c.score),
@@ -834,8 +912,6 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
                 *decay,
                 cd.expert_bytes(),
             );
-            let fills = view::<i32>(&c.fills);
-            let (gu_host, dn_host) = (bytes_of(&a.gate_up), bytes_of(&a.down));
             let gu_slots = std::slice::from_raw_parts_mut(
                 ptr_of(&c.gate_up_slots),
                 c.gate_up_slots.size_bytes(),
@@ -843,13 +919,47 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
             let dn_slots =
                 std::slice::from_raw_parts_mut(ptr_of(&c.down_slots), c.down_slots.size_bytes());
             let half = cd.half_bytes;
-            for f in 0..fills[0] as usize {
-                let (e, s) = (fills[1 + 2 * f] as usize, fills[2 + 2 * f] as usize);
-                let g = &mut gu_slots[s * cd.gate_up_slot..][..2 * half];
-                g[..half].copy_from_slice(&gu_host[e * half..][..half]);
-                g[half..].copy_from_slice(&gu_host[(ne + e) * half..][..half]);
-                dn_slots[s * cd.down_slot..][..cd.down_bytes]
-                    .copy_from_slice(&dn_host[e * cd.down_bytes..][..cd.down_bytes]);
+            fill_slots(
+                view::<i32>(&c.fills),
+                bytes_of(&a.gate_up),
+                bytes_of(&a.down),
+                ne,
+                half,
+                cd.down_bytes,
+                gu_slots,
+                cd.gate_up_slot,
+                dn_slots,
+                cd.down_slot,
+            );
+            // The prefetch: plans and fills slots this call's experts do not use.
+            if let (Some(p), Some(pd)) = (&a.prefetch, cd.prefetch) {
+                let (pids, pwts) = (view_mut::<i32>(&p.ids), view_mut::<f32>(&p.weights));
+                route_rows(&logits_f32::<T>(&p.logits), ne, a.renormalize, pids, pwts);
+                expert_cache_plan(
+                    pids,
+                    ne,
+                    pd.layer,
+                    Some((cd.layer, &*ids)),
+                    slot_of,
+                    view_mut::<i32>(&c.owner),
+                    view_mut::<f32>(&c.score),
+                    view_mut::<i32>(&p.fills),
+                    view_mut::<i64>(&c.stats),
+                    *decay,
+                    pd.expert_bytes(),
+                );
+                fill_slots(
+                    view::<i32>(&p.fills),
+                    bytes_of(&p.gate_up),
+                    bytes_of(&p.down),
+                    ne,
+                    pd.half_bytes,
+                    pd.down_bytes,
+                    gu_slots,
+                    cd.gate_up_slot,
+                    dn_slots,
+                    cd.down_slot,
+                );
             }
             ExpertRows::<T> {
                 gu: WeightRows::new(bytes_of(&c.gate_up_slots), gu_dt, h),

@@ -1100,6 +1100,10 @@ struct MoeExpertsArg {
 /// each): megabytes in flight, far more than the bus's bandwidth-delay product.
 const MOE_FILL_CTAS_PER_SM: u32 = 2;
 
+/// CTAs per SM of a prefetch's `moe_cache_fill` (on the side stream, beside the compute
+/// stream's kernels, so it leaves them most of each SM).
+const MOE_PREFETCH_CTAS_PER_SM: u32 = 1;
+
 /// The expert cache's step (after `moe_route`): `moe_cache_plan` decides the fills,
 /// `moe_cache_fill` copies them from host memory into their slots; the experts are then
 /// read from the slots.
@@ -1134,6 +1138,16 @@ fn expert_cache(
             ));
         }
     }
+    if let Some(p) = &c.prefetch {
+        for (name, t) in [("prefetch.gate_up", p.gate_up), ("prefetch.down", p.down)] {
+            if !aligned16(t) {
+                return Err(Error::invalid(
+                    OP,
+                    format!("{name} must start 16-byte aligned"),
+                ));
+            }
+        }
+    }
     let k = be.kernels();
     let (ids, pairs) = (dptr(a.ids), int(OP, "pairs", d.n * d.top_k)?);
     let (experts, layer, slots) = (
@@ -1148,47 +1162,133 @@ fn expert_cache(
         dptr(c.fills),
         dptr(c.stats),
     );
-    let (decay, expert_bytes) = (c.decay, cd.expert_bytes() as i64);
-    be.launch(
-        &k.moe_cache_plan,
-        cfg((1, 1, 1), (1024, 1, 1)),
-        &mut args![
-            ids,
-            pairs,
-            experts,
-            layer,
-            slots,
-            slot_of,
-            owner,
-            score,
-            fills,
-            stats,
-            decay,
-            expert_bytes
-        ],
+    let decay = c.decay;
+    // A prefetch still in flight (an earlier layer's, for this one) lands first: this
+    // plan may take its slots, and a hit reads them.
+    crate::Backend::join_expert_prefetch(be)?;
+    // The plan (prefetch: the predicted experts of `plan_layer`, the slots of this call's
+    // experts pinned).
+    let plan = |stream: &cudarc::driver::CudaStream,
+                pdl: bool,
+                ids: u64,
+                plan_layer: i32,
+                fills: u64,
+                expert_bytes: i64,
+                prefetch: bool|
+     -> Result<()> {
+        let (pin_ids, pin_pairs, pin_layer) = if prefetch {
+            (dptr(a.ids), pairs, layer)
+        } else {
+            (0u64, 0i32, -1i32)
+        };
+        let prefetch = prefetch as i32;
+        be.launch_on(
+            stream,
+            pdl,
+            &k.moe_cache_plan,
+            cfg((1, 1, 1), (1024, 1, 1)),
+            &mut args![
+                ids,
+                pairs,
+                experts,
+                plan_layer,
+                slots,
+                slot_of,
+                owner,
+                score,
+                fills,
+                stats,
+                decay,
+                expert_bytes,
+                pin_ids,
+                pin_pairs,
+                pin_layer,
+                prefetch
+            ],
+        )
+    };
+    // The fills' copies, from the host stacks `gate_up` / `down` of experts `half` and
+    // `down` bytes, over `ctas` CTAs.
+    let (gu_slots, dn_slots) = (dptr(c.gate_up_slots), dptr(c.down_slots));
+    let (gu_slot, dn_slot) = (cd.gate_up_slot as i64, cd.down_slot as i64);
+    let fill = |stream: &cudarc::driver::CudaStream,
+                pdl: bool,
+                fills: u64,
+                gate_up: &Tensor,
+                down: &Tensor,
+                (half, dn): (usize, usize),
+                ctas: u32|
+     -> Result<()> {
+        let (gu_host, dn_host, half, down) = (dptr(gate_up), dptr(down), half as i64, dn as i64);
+        be.launch_on(
+            stream,
+            pdl,
+            &k.moe_cache_fill,
+            cfg((ctas, 1, 1), (256, 1, 1)),
+            &mut args![
+                fills, gu_host, dn_host, gu_slots, dn_slots, experts, half, down, gu_slot, dn_slot
+            ],
+        )
+    };
+    plan(
+        &be.stream,
+        be.pdl,
+        ids,
+        layer,
+        fills,
+        cd.expert_bytes() as i64,
+        false,
     )?;
-    let (gu_host, dn_host, gu_slots, dn_slots) = (
-        dptr(a.gate_up),
-        dptr(a.down),
-        dptr(c.gate_up_slots),
-        dptr(c.down_slots),
-    );
-    let (half, down, gu_slot, dn_slot) = (
-        cd.half_bytes as i64,
-        cd.down_bytes as i64,
-        cd.gate_up_slot as i64,
-        cd.down_slot as i64,
-    );
-    be.launch(
-        &k.moe_cache_fill,
-        cfg(
-            (be.info.sm_count as u32 * MOE_FILL_CTAS_PER_SM, 1, 1),
-            (256, 1, 1),
-        ),
-        &mut args![
-            fills, gu_host, dn_host, gu_slots, dn_slots, experts, half, down, gu_slot, dn_slot
-        ],
+    if let (Some(p), Some(pd)) = (&c.prefetch, cd.prefetch) {
+        // Forked after this plan: route the prediction, plan it, copy it, on the side
+        // stream, while this call's own fill and experts run on the compute stream.
+        let (n, top_k) = (int(OP, "n", d.n)?, d.top_k as i32);
+        let renorm = a.renormalize as i32;
+        let (logits, pids, pwts, pfills) =
+            (dptr(p.logits), dptr(p.ids), dptr(p.weights), dptr(p.fills));
+        let ctas = be.info.sm_count as u32 * MOE_PREFETCH_CTAS_PER_SM;
+        be.on_expert_side(|side| {
+            be.launch_on(
+                side,
+                false,
+                k.moe_route.get(p.logits.dtype())?,
+                cfg(
+                    (grid_x(OP, "rows", d.n.div_ceil(MOE_WARPS))?, 1, 1),
+                    ((MOE_WARPS * 32) as u32, 1, 1),
+                ),
+                &mut args![logits, n, experts, top_k, renorm, pids, pwts],
+            )?;
+            let pl = int(OP, "prefetch layer", pd.layer)?;
+            plan(
+                side,
+                false,
+                pids,
+                pl,
+                pfills,
+                pd.expert_bytes() as i64,
+                true,
+            )?;
+            fill(
+                side,
+                false,
+                pfills,
+                p.gate_up,
+                p.down,
+                (pd.half_bytes, pd.down_bytes),
+                ctas,
+            )
+        })?;
+    }
+    fill(
+        &be.stream,
+        be.pdl,
+        fills,
+        a.gate_up,
+        a.down,
+        (cd.half_bytes, cd.down_bytes),
+        be.info.sm_count as u32 * MOE_FILL_CTAS_PER_SM,
     )?;
+    let half = cd.half_bytes as i64;
     Ok(MoeExpertsArg {
         gu: gu_slots,
         dn: dn_slots,
