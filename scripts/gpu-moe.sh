@@ -18,7 +18,10 @@
 #   cache     the expert cache: its CUDA tests (decisions against the CPU's, replays), the
 #             offload executor's CUDA tests, then decode at Qwen3-30B-A3B's shapes (q4_k
 #             in situ) under 50% and 25% budgets, batch 1 and 16, router skew 0 and
-#             CACHE_SKEWS (default "0.8 1.2"), against the resident run.
+#             CACHE_SKEWS (default "0.8 1.2"), against the resident run;
+#   prefetch  the expert prefetch: its CUDA tests, then decode (q4_k in situ, batch 1 and 16)
+#             with it off and on, at PREFETCH_CASES ("skew:budget:accuracy ..."; default
+#             0.8 at 50% with accuracy 1, 0.8 and 0.5).
 # GGUF_TYPES narrows the files (default "q4_k_m q8_0"). Logs under $OUT.
 #   usage: OUT=... bash scripts/gpu-moe.sh tests,peerbuild,write  then  gguf,peer  (one warm lease)
 set -uo pipefail
@@ -118,6 +121,33 @@ if has cache; then
       echo "== decode $M q4_k skew $sk budget $b rc=$?"; grep -E '^ +(1|16) ' "$OUT/cache-$sk-${b%\%}.txt"
       grep -E 'weight budget' "$OUT/cache-$sk-${b%\%}.txt"
     done
+  done
+fi
+# The expert prefetch: off against on, per "skew:budget:accuracy" case.
+if has prefetch; then
+  if [ -z "${PREFETCH_NO_TESTS:-}" ]; then
+    .moe/tests/cuda_quant --include-ignored --test-threads=1 expert_cache >"$OUT/cuda-cache.txt" 2>&1
+    echo "== cuda_quant expert_cache rc=$?"; grep -E 'test result|panicked|assert' "$OUT/cuda-cache.txt" | head -6
+    .moe/tests/offload_exec --include-ignored --test-threads=1 >"$OUT/offload-exec.txt" 2>&1
+    echo "== offload_exec rc=$?"; grep -E 'test result|panicked|FAILED' "$OUT/offload-exec.txt" | head -6
+  fi
+  M=dummy:qwen3-30b-a3b
+  prev=""
+  for c in ${PREFETCH_CASES:-0.8:50%:1 0.8:50%:0.8 0.8:50%:0.5}; do
+    IFS=: read -r sk b acc <<<"$c"
+    if [ "$sk:$b" != "$prev" ]; then
+      $E bench decode --device cuda --model $M --quantization q4_k \
+        --batch 1,16 --steps 30 --router-skew $sk --weight-budget $b \
+        >"$OUT/prefetch-$sk-${b%\%}-off.txt" 2>&1
+      echo "== decode $M q4_k skew $sk budget $b prefetch off rc=$?"
+      grep -E '^ +(1|16) |expert cache' "$OUT/prefetch-$sk-${b%\%}-off.txt"
+      prev="$sk:$b"
+    fi
+    $E bench decode --device cuda --model $M --quantization q4_k --batch 1,16 --steps 30 \
+      --router-skew $sk --weight-budget $b --expert-prefetch --prefetch-accuracy $acc \
+      >"$OUT/prefetch-$sk-${b%\%}-$acc.txt" 2>&1
+    echo "== decode $M q4_k skew $sk budget $b prefetch accuracy $acc rc=$?"
+    grep -E '^ +(1|16) |expert cache' "$OUT/prefetch-$sk-${b%\%}-$acc.txt"
   done
 fi
 if has write || has gguf || has peer; then

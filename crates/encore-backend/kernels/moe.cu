@@ -506,3 +506,118 @@ extern "C" __global__ void moe_cache_fill(const int* __restrict__ fills,
             if (dst[r] != nullptr) *reinterpret_cast<uint4*>(dst[r]) = v[r];
     }
 }
+
+// moe_cache_fill_bulk: moe_cache_fill's copies by the Hopper bulk-copy (TMA) engine: one
+// thread per CTA streams chunks of at most MOE_BULK_CHUNK bytes from mapped host memory
+// into shared memory (cp.async.bulk, completing on an mbarrier) and from there into the
+// slot (cp.async.bulk, a bulk group), MOE_BULK_BUFS chunks in flight. It holds few SM
+// resources, so it can run beside the compute stream's kernels (the expert prefetch).
+// Each fill is three segments (its gate rows, its up rows, its down rows) cut into chunks;
+// the chunks of all fills are dealt to the CTAs round robin.
+#define MOE_BULK_CHUNK 11264
+#define MOE_BULK_BUFS 4
+struct MoeBulkChunk {
+    const unsigned char* src;
+    unsigned char* dst;
+    unsigned int bytes;
+};
+__device__ __forceinline__ MoeBulkChunk moe_bulk_chunk(long long c, const int* fills,
+                                                       long long cg, long long cd,
+                                                       const unsigned char* gu_host,
+                                                       const unsigned char* dn_host,
+                                                       unsigned char* gu_slots,
+                                                       unsigned char* dn_slots, int experts,
+                                                       long long half, long long down,
+                                                       long long gu_slot, long long dn_slot) {
+    const long long per = 2 * cg + cd;
+    const long long f = c / per;
+    long long r = c - f * per;
+    const long long e = fills[1 + 2 * f], s = fills[2 + 2 * f];
+    MoeBulkChunk k;
+    long long off, len;
+    if (r < cg) {
+        off = r * MOE_BULK_CHUNK;
+        k.src = gu_host + e * half + off;
+        k.dst = gu_slots + s * gu_slot + off;
+        len = half - off;
+    } else if (r < 2 * cg) {
+        off = (r - cg) * MOE_BULK_CHUNK;
+        k.src = gu_host + (experts + e) * half + off;
+        k.dst = gu_slots + s * gu_slot + half + off;
+        len = half - off;
+    } else {
+        off = (r - 2 * cg) * MOE_BULK_CHUNK;
+        k.src = dn_host + e * down + off;
+        k.dst = dn_slots + s * dn_slot + off;
+        len = down - off;
+    }
+    k.bytes = (unsigned int)(len < MOE_BULK_CHUNK ? len : MOE_BULK_CHUNK);
+    return k;
+}
+extern "C" __global__ void __launch_bounds__(32)
+    moe_cache_fill_bulk(const int* __restrict__ fills, const unsigned char* gu_host,
+                        const unsigned char* dn_host, unsigned char* gu_slots,
+                        unsigned char* dn_slots, int experts, long long half, long long down,
+                        long long gu_slot, long long dn_slot) {
+    pdl_enter();
+    __shared__ __align__(128) unsigned char buf[MOE_BULK_BUFS][MOE_BULK_CHUNK];
+    __shared__ __align__(8) unsigned long long bar[MOE_BULK_BUFS];
+    if (threadIdx.x != 0) return;
+    const long long m = fills[0];
+    if (m == 0) return;
+    const long long cg = (half + MOE_BULK_CHUNK - 1) / MOE_BULK_CHUNK;
+    const long long cd = (down + MOE_BULK_CHUNK - 1) / MOE_BULK_CHUNK;
+    const long long total = m * (2 * cg + cd);
+    // This CTA's chunks: c = blockIdx.x + j * gridDim.x, j = 0 .. n - 1.
+    const long long first = blockIdx.x;
+    if (first >= total) return;
+    const long long n = (total - first + gridDim.x - 1) / gridDim.x;
+    for (int b = 0; b < MOE_BULK_BUFS; ++b) {
+        const unsigned int a = (unsigned int)__cvta_generic_to_shared(&bar[b]);
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    auto load = [&](long long j) {
+        const MoeBulkChunk k = moe_bulk_chunk(first + j * gridDim.x, fills, cg, cd, gu_host,
+                                              dn_host, gu_slots, dn_slots, experts, half, down,
+                                              gu_slot, dn_slot);
+        const int b = (int)(j % MOE_BULK_BUFS);
+        const unsigned int a = (unsigned int)__cvta_generic_to_shared(&bar[b]);
+        const unsigned int d = (unsigned int)__cvta_generic_to_shared(&buf[b][0]);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a),
+                     "r"(k.bytes)
+                     : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(d),
+            "l"(k.src), "r"(k.bytes), "r"(a)
+            : "memory");
+    };
+    long long issued = 0;
+    for (; issued < n && issued < MOE_BULK_BUFS; ++issued) load(issued);
+    for (long long j = 0; j < n; ++j) {
+        const int b = (int)(j % MOE_BULK_BUFS);
+        const unsigned int parity = (unsigned int)((j / MOE_BULK_BUFS) & 1);
+        const unsigned int a = (unsigned int)__cvta_generic_to_shared(&bar[b]);
+        unsigned int ready = 0;
+        while (!ready) {
+            asm volatile(
+                "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                " selp.u32 %0, 1, 0, p;\n}" : "=r"(ready) : "r"(a), "r"(parity) : "memory");
+        }
+        const MoeBulkChunk k = moe_bulk_chunk(first + j * gridDim.x, fills, cg, cd, gu_host,
+                                              dn_host, gu_slots, dn_slots, experts, half, down,
+                                              gu_slot, dn_slot);
+        const unsigned int d = (unsigned int)__cvta_generic_to_shared(&buf[b][0]);
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(k.dst),
+                     "r"(d), "r"(k.bytes)
+                     : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        if (issued < n) {
+            // The buffer is reused once the store just queued has read it.
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            load(issued++);
+        }
+    }
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}

@@ -381,11 +381,12 @@ pub struct ExpertCache<'a> {
 /// input: the prediction) into `ids`, plans the predicted experts as a call of `layer`
 /// would, with three differences (the slots this call needs stay pinned, the scores are
 /// left alone, and it stops when no unpinned slot is left), and copies them into their
-/// slots on a second stream, beside this call's experts and what follows them. The fills
-/// join the compute stream before the next call that plans (`Backend::moe` with a cache)
-/// or at [`crate::Backend::join_expert_prefetch`], whichever comes first. A wrong
-/// prediction costs bytes, never correctness: `layer`'s own call looks its experts up
-/// again.
+/// slots on a second stream, beside this call's experts and what follows them (the
+/// copies of successive prefetches run one after another there). The call of the next
+/// layer with a cache waits for them before its own copies and experts (so a layer's call
+/// names the prefetch of the next sparse layer, if any), as does
+/// [`crate::Backend::join_expert_prefetch`]. A wrong prediction costs bytes, never
+/// correctness: `layer`'s own call looks its experts up again.
 pub struct ExpertPrefetch<'a> {
     /// The later layer (its row of `slot_of` and `score`).
     pub layer: usize,
@@ -397,8 +398,10 @@ pub struct ExpertPrefetch<'a> {
     /// That layer's experts in host memory (as [`Moe::gate_up`] and [`Moe::down`]).
     pub gate_up: &'a Tensor,
     pub down: &'a Tensor,
-    /// i32 `[1 + 2 * experts]`, written: the prefetch's fills (its own, since this call's
-    /// `fills` are read while it plans).
+    /// i32 `[1 + 2 * experts]`, written: the prefetch's fills (not this call's `fills`,
+    /// which its own copies read). A prefetch's copies read them until the call of its
+    /// layer, after the next prefetch is planned: successive prefetches alternate between
+    /// two rows ([`crate::backend::ExpertSlots::prefetch_fills`]).
     pub fills: &'a Tensor,
 }
 

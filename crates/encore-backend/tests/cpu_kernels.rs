@@ -1003,6 +1003,8 @@ fn the_expert_prefetch_plans_beside_the_call() {
         alloc(DType::I32, &[1]),
     );
     let (pf_ids, pf_wts) = (alloc(DType::I32, &[1, 1]), alloc(DType::F32, &[1, 1]));
+    // One row of fills serves every prefetch here (the CPU runs each call to its end).
+    let pf_fills = cache.prefetch_fills(0).unwrap();
     let one_hot = |expert: usize| {
         let mut l = vec![0f32; e];
         l[expert] = 10.0;
@@ -1019,7 +1021,7 @@ fn the_expert_prefetch_plans_beside_the_call() {
             weights: &pf_wts,
             gate_up: &gu,
             down: &dn,
-            fills: &cache.prefetch_fills,
+            fills: &pf_fills,
         });
         let moe = |cache| encore_backend::Moe {
             x: &x,
@@ -1048,7 +1050,7 @@ fn the_expert_prefetch_plans_beside_the_call() {
             d(&cache.slot_of),
             d(&cache.owner),
             d(&cache.fills)[..3].to_vec(),
-            d(&cache.prefetch_fills)[..3].to_vec(),
+            d(&pf_fills)[..3].to_vec(),
         )
     };
     // (layer, expert, prefetch) -> (slot_of, owner, fills[..3], prefetch fills[..3]).
@@ -1107,7 +1109,7 @@ fn the_expert_prefetch_plans_beside_the_call() {
             weights: &pf_wts,
             gate_up: &gu,
             down: &dn,
-            fills: &cache.prefetch_fills,
+            fills: &pf_fills,
         });
         let err = be
             .moe(&encore_backend::Moe {
@@ -1186,6 +1188,7 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
             let pf_logits = be
                 .upload(&uniform(n * e, seed + 50 + step as u64), &[n, e])
                 .unwrap();
+            let pf_row = cache.prefetch_fills(step).unwrap();
             let run = |cached: bool| {
                 let out = be.alloc(DType::F32, &[n, h]).unwrap();
                 be.moe(&encore_backend::Moe {
@@ -1209,7 +1212,7 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
                             weights: &pf_wts,
                             gate_up: &gu,
                             down: &dn,
-                            fills: &cache.prefetch_fills,
+                            fills: &pf_row,
                         });
                         c
                     }),

@@ -121,6 +121,7 @@ fn each_rank_streams_its_shard_under_its_own_weight_budget() {
         Some(OffloadConfig {
             budget: WeightBudget::Percent(60.0),
             policy: Policy::Planned,
+            expert_prefetch: false,
         })
     };
     let one = greedy("dummy:tiny", 1, true);

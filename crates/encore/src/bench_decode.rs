@@ -57,9 +57,9 @@ pub struct BenchDecodeArgs {
     /// weights route as no trained model does.
     #[arg(long, value_parser = parse::router_skew, allow_negative_numbers = true)]
     router_skew: Option<encore_core::model::routing::RouterSkew>,
-    /// Under --router-skew and the expert cache: the share of each layer's chosen experts
-    /// the prefetch predicts (0..=1; default 0.8, an assumption: the table has no router
-    /// to apply a layer early). A model's own routers predict as well as they do.
+    /// Under --router-skew with --expert-prefetch: the share of each layer's chosen
+    /// experts the prefetch predicts (0..=1; default 0.8, an assumption: the table has no
+    /// router to apply a layer early). A model's own routers predict as well as they do.
     #[arg(long, requires = "router_skew", allow_negative_numbers = true)]
     prefetch_accuracy: Option<f64>,
 }

@@ -124,6 +124,7 @@ fn plan_runs(
             let config = OffloadConfig {
                 budget: WeightBudget::Percent(percent),
                 policy,
+                expert_prefetch: false,
             };
             let offloaded = offload::device_bytes(cfg, dtype, &config, max_tokens)
                 .map_err(|e| anyhow::anyhow!("--budgets {percent}: {e}"))?

@@ -27,6 +27,13 @@ pub struct OffloadArg {
         requires = "weight_budget"
     )]
     pub offload_policy: Option<Policy>,
+    /// The expert cache: each sparse layer also fetches the next sparse layer's experts
+    /// ahead, as that layer's router applied to this layer's input predicts them, on a
+    /// second stream beside the compute (Pre-gated MoE). Pays only with an accurate
+    /// prediction: on the H100 it gained 9-13% with every expert predicted and lost
+    /// 16-18% with 80% (BENCHMARKS.md). Needs --weight-budget.
+    #[arg(long, requires = "weight_budget")]
+    pub expert_prefetch: bool,
 }
 
 impl OffloadArg {
@@ -35,6 +42,7 @@ impl OffloadArg {
         self.weight_budget.map(|budget| OffloadConfig {
             budget,
             policy: self.offload_policy.unwrap_or_default(),
+            expert_prefetch: self.expert_prefetch,
         })
     }
 }
@@ -139,6 +147,7 @@ mod tests {
         let cfg = OffloadConfig {
             budget: WeightBudget::Percent(100.0),
             policy: Policy::Planned,
+            expert_prefetch: false,
         };
         assert_eq!(summary(None, None, 10), None);
         let line = summary(Some(&cfg), None, 4096).unwrap();

@@ -19,7 +19,9 @@ pub struct ExpertSlots {
     pub stats: Tensor,
     pub gate_up_slots: Tensor,
     pub down_slots: Tensor,
-    /// A prefetch's fills ([`crate::args::ExpertPrefetch::fills`]).
+    /// i32 `[2, 1 + 2 * experts]`: the prefetches' fills
+    /// ([`crate::args::ExpertPrefetch::fills`]), two rows for successive prefetches to
+    /// alternate between ([`ExpertSlots::prefetch_fills`]).
     pub prefetch_fills: Tensor,
 }
 
@@ -42,7 +44,7 @@ impl ExpertSlots {
             score: be.upload(&vec![0f32; layers * experts], &[layers, experts])?,
             fills: be.upload(&vec![0i32; 1 + 2 * experts], &[1 + 2 * experts])?,
             stats: be.upload(&[0i64; STATS], &[STATS])?,
-            prefetch_fills: be.upload(&vec![0i32; 1 + 2 * experts], &[1 + 2 * experts])?,
+            prefetch_fills: be.upload(&vec![0i32; 2 + 4 * experts], &[2, 1 + 2 * experts])?,
         })
     }
 
@@ -61,6 +63,14 @@ impl ExpertSlots {
                 .as_ref()
                 .map_or_else(|| c.fills.clone(), |p| p.fills.clone()),
         }
+    }
+
+    /// The fills row of the `i`-th prefetch of a sequence ([`crate::args::ExpertPrefetch`]:
+    /// successive ones alternate, as one's copies may still read its row while the next
+    /// is planned).
+    pub fn prefetch_fills(&self, i: usize) -> Result<Tensor> {
+        let w = self.prefetch_fills.dim(1);
+        self.prefetch_fills.narrow(i % 2, 1)?.reshape(&[w])
     }
 
     /// The cache arguments of layer `layer`'s MoE call, scores decaying by `decay`.

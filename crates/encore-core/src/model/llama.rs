@@ -551,13 +551,18 @@ impl Model {
                         buf.prefetch_ids.prefix(n)?,
                         buf.prefetch_weights.prefix(n)?,
                     );
-                    if let (Some(c), Some(fills), Some(j)) = (
-                        cache.as_mut(),
-                        self.offload
-                            .as_ref()
-                            .and_then(|o| o.expert_prefetch_fills()),
-                        (k..layers.len()).find(|&j| layers[j].router.is_some()),
-                    ) {
+                    let next_sparse = (k..layers.len()).find(|&j| layers[j].router.is_some());
+                    // Successive prefetches alternate between two rows of fills.
+                    let fills = match (&self.offload, next_sparse) {
+                        (Some(o), Some(j)) => {
+                            let nth = layers[..j].iter().filter(|l| l.router.is_some()).count();
+                            o.expert_prefetch_fills(nth).transpose()?
+                        }
+                        _ => None,
+                    };
+                    if let (Some(c), Some(fills), Some(j)) =
+                        (cache.as_mut(), fills.as_ref(), next_sparse)
+                    {
                         // Pre-gated: layer j's router applied to this layer's input
                         // predicts j's experts, fetched while this layer's run.
                         let next = &layers[j];

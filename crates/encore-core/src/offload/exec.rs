@@ -110,11 +110,17 @@ impl Policy {
     }
 }
 
-/// A weight budget and its policy (`--weight-budget`, `--offload-policy`).
+/// A weight budget and its policy (`--weight-budget`, `--offload-policy`,
+/// `--expert-prefetch`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OffloadConfig {
     pub budget: WeightBudget,
     pub policy: Policy,
+    /// The expert cache: each sparse layer's call fetches the next sparse layer's
+    /// predicted experts ahead, on a second stream (Pre-gated MoE;
+    /// [`crate::backend::ExpertPrefetch`]). Off by default: it pays only with an accurate
+    /// predictor (BENCHMARKS.md); never when every expert has a slot.
+    pub expert_prefetch: bool,
 }
 
 impl OffloadConfig {
@@ -194,6 +200,8 @@ pub struct Prepared {
     plan: Option<Plan>,
     /// The expert cache's layout (the experts policy).
     experts: Option<ExpertLayout>,
+    /// Whether the expert cache prefetches ([`OffloadConfig::expert_prefetch`]).
+    expert_prefetch: bool,
     /// The ring or the pool (none under the experts policy, whose pool is allocated with
     /// its tables by the executor).
     memory: Option<Tensor>,
@@ -338,6 +346,7 @@ impl Prepared {
                 dtype,
                 plan: None,
                 experts: Some(l),
+                expert_prefetch: config.expert_prefetch,
                 memory: None,
             }));
         }
@@ -391,6 +400,7 @@ impl Prepared {
             dtype,
             plan,
             experts: None,
+            expert_prefetch: false,
             memory: Some(memory),
         }))
     }
@@ -549,6 +559,7 @@ impl Offload {
             dtype,
             plan,
             experts,
+            expert_prefetch,
             memory,
         } = prepared;
         let n = order.ops().len();
@@ -576,7 +587,7 @@ impl Offload {
                 Executor::Lru(Lru::new(report.streaming_bytes, shapes(cfg, dtype)))
             }
             (Policy::Experts, _, Some(layout)) => {
-                let pool = ExpertPool::new(be, layout)?;
+                let pool = ExpertPool::new(be, layout, expert_prefetch)?;
                 report.expert_slots = pool.layout.slots;
                 Executor::Experts(Box::new(pool))
             }
@@ -633,12 +644,12 @@ impl Offload {
         }
     }
 
-    /// Where an expert prefetch plans its fills, when the calls prefetch the next sparse
-    /// layer's experts (the experts policy, unless every expert has a slot or
-    /// `ENCORE_EXPERT_PREFETCH=0`).
-    pub fn expert_prefetch_fills(&self) -> Option<&Tensor> {
+    /// Where the `i`-th expert prefetch of a step plans its fills, when the calls
+    /// prefetch the next sparse layer's experts (the experts policy, unless every expert
+    /// has a slot or `--expert-prefetch` is off).
+    pub fn expert_prefetch_fills(&self, i: usize) -> Option<Result<Tensor>> {
         match &self.executor {
-            Executor::Experts(pool) if pool.prefetches() => Some(pool.prefetch_fills()),
+            Executor::Experts(pool) if pool.prefetches() => Some(pool.prefetch_fills(i)),
             _ => None,
         }
     }

@@ -173,7 +173,7 @@ pub struct ExpertPool {
     slots: ExpertSlots,
     decay: f32,
     /// Whether each sparse layer's call fetches the next sparse layer's predicted experts
-    /// ahead (`ENCORE_EXPERT_PREFETCH`, default on; never when every expert has a slot).
+    /// ahead (`--expert-prefetch`; never when every expert has a slot).
     prefetch: bool,
 }
 
@@ -230,24 +230,9 @@ fn decay_from_env() -> Result<f32> {
     }
 }
 
-/// `ENCORE_EXPERT_PREFETCH` (`1` / `on`, `0` / `off`; unset: on).
-fn prefetch_from_env() -> Result<bool> {
-    match std::env::var("ENCORE_EXPERT_PREFETCH") {
-        Ok(v) => match v.trim() {
-            "1" | "on" => Ok(true),
-            "0" | "off" => Ok(false),
-            _ => Err(Error::invalid(
-                "ENCORE_EXPERT_PREFETCH",
-                format!("`{v}`: expected on (1) or off (0)"),
-            )),
-        },
-        Err(_) => Ok(true),
-    }
-}
-
 impl ExpertPool {
     /// Allocate the slots and the tables of `layout` (every slot empty).
-    pub fn new(be: &dyn Backend, layout: ExpertLayout) -> Result<Self> {
+    pub fn new(be: &dyn Backend, layout: ExpertLayout, prefetch: bool) -> Result<Self> {
         let l = &layout;
         let slots = ExpertSlots::new(
             be,
@@ -269,7 +254,7 @@ impl ExpertPool {
             },
             e => e,
         })?;
-        let prefetch = prefetch_from_env()? && l.slots < l.total_experts;
+        let prefetch = prefetch && l.slots < l.total_experts;
         Ok(ExpertPool {
             slots,
             decay: decay_from_env()?,
@@ -288,9 +273,10 @@ impl ExpertPool {
         self.prefetch
     }
 
-    /// Where a prefetch plans its fills ([`crate::backend::ExpertPrefetch::fills`]).
-    pub fn prefetch_fills(&self) -> &crate::tensor::Tensor {
-        &self.slots.prefetch_fills
+    /// Where the `i`-th prefetch of a step plans its fills
+    /// ([`crate::backend::ExpertPrefetch::fills`]).
+    pub fn prefetch_fills(&self, i: usize) -> Result<crate::tensor::Tensor> {
+        self.slots.prefetch_fills(i)
     }
 
     /// The running totals (synchronises with the device).

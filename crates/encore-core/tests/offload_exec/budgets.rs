@@ -46,6 +46,7 @@ fn a_budget_one_byte_under_the_floor_fails_and_at_the_floor_runs() {
                 Some(OffloadConfig {
                     budget: WeightBudget::Bytes(bytes),
                     policy: Policy::Planned,
+                    expert_prefetch: false,
                 }),
             )
         };
@@ -107,6 +108,7 @@ fn mixtures_of_experts_under_budgets_give_the_resident_tokens() {
                 let oc = OffloadConfig {
                     budget: b,
                     policy: Policy::Planned,
+                    expert_prefetch: false,
                 };
                 let (got, _) = run_files(&cpu, &files, &config(graphs, Some(oc))).unwrap();
                 assert_eq!(got, want, "{model}, budget {b:?}, graphs {graphs}");
@@ -131,7 +133,8 @@ pub(super) fn expert_layout(cfg: &ModelConfig, dtype: DType) -> offload::ExpertL
 /// the exact floor (one layer's experts: a 64-token step can need them all), give the
 /// resident tokens, eager and in graphs (the cache's decisions run inside the captured
 /// graphs); one byte under the floor is refused with the minimum; the cache misses more at
-/// the floor than with room; below 100% each sparse layer prefetches the next one's experts.
+/// the floor than with room; with the prefetch on, the same tokens, and below 100% each
+/// sparse layer fetches the next one's experts ahead.
 pub(super) fn check_expert_cache_budgets(
     be: &dyn Backend,
     files: &ModelFiles,
@@ -142,16 +145,17 @@ pub(super) fn check_expert_cache_budgets(
     let (want, _) = run_files(be, files, &config_of(false, None)).unwrap();
     let l = expert_layout(&files.config, dtype);
     let floor = l.floor_bytes;
-    let at = |b: usize, graphs: bool| {
+    let at = |b: usize, graphs: bool, prefetch: bool| {
         config_of(
             graphs,
             Some(OffloadConfig {
                 budget: WeightBudget::Bytes(b),
                 policy: Policy::Auto,
+                expert_prefetch: prefetch,
             }),
         )
     };
-    let err = run_files(be, files, &at(floor - 1, false))
+    let err = run_files(be, files, &at(floor - 1, false, false))
         .unwrap_err()
         .to_string();
     assert!(
@@ -169,11 +173,14 @@ pub(super) fn check_expert_cache_budgets(
         if b < floor {
             continue; // fewer slots than one layer's experts
         }
-        for graphs in [false, true] {
+        for (graphs, prefetch) in [(false, false), (true, false), (false, true), (true, true)] {
             let Engine { mut runner, report } =
-                Engine::new(be, files.clone(), &at(b, graphs), &NoProgress).unwrap();
+                Engine::new(be, files.clone(), &at(b, graphs, prefetch), &NoProgress).unwrap();
             let got = greedy(&mut runner, &prompts()).unwrap();
-            assert_eq!(got, want, "{model}, budget {name}, graphs {graphs}");
+            assert_eq!(
+                got, want,
+                "{model}, budget {name}, graphs {graphs}, prefetch {prefetch}"
+            );
             let Some(r) = &report.offload else {
                 continue; // the budget holds every weight
             };
@@ -181,14 +188,20 @@ pub(super) fn check_expert_cache_budgets(
             assert!(r.resident_bytes + r.streaming_bytes <= r.budget_bytes);
             let s = runner.expert_stats().unwrap().expect("the expert cache");
             assert!(s.needed > 0 && s.hits + s.misses == s.needed, "{s:?}");
-            // Part of the experts cached: each sparse layer prefetches the next one's.
-            if matches!(name, "50%" | "25%") {
+            // Prefetching, with part of the experts cached: each sparse layer fetches the
+            // next one's.
+            if prefetch && matches!(name, "50%" | "25%") {
                 assert!(s.prefetched > 0, "{model}, budget {name}: {s:?}");
             }
-            if name == "100%" {
-                assert_eq!(s.prefetched, 0, "{model}: every expert has a slot");
+            if !prefetch || name == "100%" {
+                assert_eq!(
+                    s.prefetched, 0,
+                    "{model}, budget {name}: nothing prefetched"
+                );
             }
-            hit_rates.push((name, graphs, s.hit_rate()));
+            if !prefetch {
+                hit_rates.push((name, graphs, s.hit_rate()));
+            }
         }
     }
     let rate = |n: &str| hit_rates.iter().find(|r| r.0 == n && !r.1).unwrap().2;

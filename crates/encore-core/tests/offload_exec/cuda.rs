@@ -85,6 +85,7 @@ fn cuda_a_budget_one_byte_under_the_floor_fails_and_at_the_floor_runs() {
             Some(OffloadConfig {
                 budget: WeightBudget::Bytes(bytes),
                 policy: Policy::Planned,
+                expert_prefetch: false,
             }),
         )
     };
@@ -160,6 +161,7 @@ fn cuda_a_pool_beyond_the_device_is_refused() {
     let lru = OffloadConfig {
         budget: WeightBudget::Bytes(pool),
         policy: Policy::Lru,
+        expert_prefetch: false,
     };
     let err = Prepared::new(be, &cfg, DType::BF16, &lru, 64)
         .err()
@@ -191,6 +193,7 @@ fn cuda_a_pool_beyond_the_device_is_refused() {
     let planned = OffloadConfig {
         budget: WeightBudget::Bytes(floor),
         policy: Policy::Planned,
+        expert_prefetch: false,
     };
     let ring = offload::device_bytes(&cfg, DType::BF16, &planned, 64)
         .unwrap()

@@ -92,6 +92,7 @@ fn a_ring_or_pool_the_device_cannot_allocate_is_a_clear_error() {
         let oc = OffloadConfig {
             budget: WeightBudget::Bytes(floor),
             policy,
+            expert_prefetch: false,
         };
         let err = Prepared::new(&cpu, &cfg, DType::F32, &oc, 64)
             .err()

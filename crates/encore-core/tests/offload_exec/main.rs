@@ -106,6 +106,7 @@ fn budget(p: f64, policy: Policy) -> Option<OffloadConfig> {
     Some(OffloadConfig {
         budget: WeightBudget::Percent(p),
         policy,
+        expert_prefetch: false,
     })
 }
 

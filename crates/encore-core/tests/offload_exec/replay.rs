@@ -202,6 +202,7 @@ fn preemption_and_chunked_prefill_under_the_expert_cache_give_the_resident_token
         let oc = Some(OffloadConfig {
             budget: WeightBudget::Bytes(floor),
             policy: Policy::Experts,
+            expert_prefetch: false,
         });
         let Engine { mut runner, .. } =
             Engine::new(&cpu, files.clone(), &small(graphs, oc), &NoProgress).unwrap();

@@ -77,6 +77,7 @@ fn a_served_model_under_a_weight_budget_answers_as_resident_and_reports_its_budg
         offload: Some(OffloadConfig {
             budget: WeightBudget::Percent(50.0),
             policy: Policy::Planned,
+            expert_prefetch: false,
         }),
         ..engine_config()
     });

@@ -151,6 +151,7 @@ pub(super) struct Kernels<K = Kernel> {
     pub moe_align: K,
     pub moe_cache_plan: K,
     pub moe_cache_fill: K,
+    pub moe_cache_fill_bulk: K,
     pub moe_combine: PerDType<K>,
     /// Quantized-weight tensor-core matmul: by [`QUANT_FORMATS`] index, x in bf16 / f16,
     /// out in x's type / f32, then [`QMMA_TILES`].
@@ -285,6 +286,7 @@ impl<K> Kernels<K> {
             moe_align: t("moe_align")?,
             moe_cache_plan: t("moe_cache_plan")?,
             moe_cache_fill: t("moe_cache_fill")?,
+            moe_cache_fill_bulk: t("moe_cache_fill_bulk")?,
             moe_combine: PerDType::resolve(t, "moe_combine")?,
             qmma,
             qmma_reduce,

@@ -131,6 +131,13 @@ pub struct CudaBackend {
     /// (`ENCORE_MOE_GEMM_MIN_TOKENS`); `None`: those averaging
     /// `kernels::MOE_GEMM_MIN_PAIRS_PER_EXPERT` pairs an expert.
     moe_gemm_min_tokens: Option<usize>,
+    /// CTAs per SM of an expert prefetch's copy kernel (`ENCORE_EXPERT_PREFETCH_CTAS`,
+    /// default `kernels::MOE_PREFETCH_CTAS_PER_SM`).
+    prefetch_ctas_per_sm: u32,
+    /// The expert cache's copies by the bulk-copy engine (`moe_cache_fill_bulk`) over this
+    /// many CTAs (`ENCORE_EXPERT_FILL=bulk`, `ENCORE_EXPERT_FILL_CTAS`); `None`: by
+    /// threads (`moe_cache_fill`).
+    bulk_fill: Option<u32>,
     /// The tensor-parallel group's communicator (`None`: alone).
     comm: Option<nccl::Comm>,
     /// The one-shot all-reduce's peer memory (`None`: alone, no peer access between the
@@ -142,15 +149,22 @@ pub struct CudaBackend {
     expert_side: Mutex<Option<SideStream>>,
 }
 
+/// Queues a prefetch's copies on the side stream, at the given launch priority.
+pub(in crate::backend::cuda) type SideCopies<'a> = dyn Fn(&CudaStream, i32) -> Result<()> + 'a;
+
 /// A stream forked from the compute stream and joined back by events: the expert
-/// prefetch's route, plan and fill run there beside the compute stream's work. Inside a
-/// capture the fork brings it into the graph and the join adds the edges back.
+/// prefetch's copies run there, one after another, beside the compute stream's work.
+/// Inside a capture the fork brings it into the graph and the join adds the edges back.
 struct SideStream {
     stream: Arc<CudaStream>,
+    /// Its priority (the highest).
+    priority: i32,
     fork: drv_sys::CUevent,
-    join: drv_sys::CUevent,
-    /// Forked and not joined yet.
-    pending: bool,
+    /// Recorded after each prefetch's copies, alternately.
+    done: [drv_sys::CUevent; 2],
+    next: usize,
+    /// The `done` event of the prefetch not joined yet.
+    pending: Option<usize>,
 }
 
 // SAFETY: driver handles used from the thread driving the backend, under its mutex.
@@ -161,7 +175,8 @@ impl Drop for SideStream {
         // SAFETY: our events; nothing waits on them any more (the backend is dropping).
         unsafe {
             let _ = drv_sys::cuEventDestroy_v2(self.fork);
-            let _ = drv_sys::cuEventDestroy_v2(self.join);
+            let _ = drv_sys::cuEventDestroy_v2(self.done[0]);
+            let _ = drv_sys::cuEventDestroy_v2(self.done[1]);
         }
     }
 }
@@ -187,40 +202,113 @@ impl CudaBackend {
         }
     }
 
-    /// Fork the expert prefetch's stream from the compute stream (made at its first use)
-    /// and run `f` on it; it stays pending until [`Backend::join_expert_prefetch`].
-    pub(in crate::backend::cuda) fn on_expert_side(
+    /// An expert cache's call, between its plans and its own fill: queue `copies` (a
+    /// prefetch's, for a later layer) on the side stream (made at its first use), forked
+    /// from the compute stream here; then the compute stream waits for the prefetch
+    /// queued before (for this layer: its slots are read next, and this call's fill may
+    /// take one of them). The new one stays pending until the next call or
+    /// [`Backend::join_expert_prefetch`].
+    pub(in crate::backend::cuda) fn expert_side(
         &self,
-        f: impl FnOnce(&CudaStream) -> Result<()>,
+        copies: Option<&SideCopies<'_>>,
     ) -> Result<()> {
         let mut side = self.expert_side.lock().unwrap_or_else(|e| e.into_inner());
+        if side.is_none() && copies.is_none() {
+            return Ok(());
+        }
         if side.is_none() {
             self.bind()?;
+            // The highest priority: the block scheduler places its copy CTAs as soon as a
+            // compute kernel's CTA leaves an SM, instead of after that kernel's whole grid
+            // (the copies would otherwise wait behind each large compute grid).
+            let (_, greatest) = drv::stream::get_priority_range()
+                .map_err(|e| Error::cuda("cuCtxGetStreamPriorityRange", e))?;
             let stream = self
                 .ctx
-                .new_stream()
-                .map_err(|e| Error::cuda("cuStreamCreate (expert prefetch)", e))?;
+                .new_stream_with_priority(greatest)
+                .map_err(|e| Error::cuda("cuStreamCreateWithPriority (expert prefetch)", e))?;
             let event = || {
                 drv::event::create(drv_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                     .map_err(|e| Error::cuda("cuEventCreate", e))
             };
             *side = Some(SideStream {
                 stream,
+                priority: greatest,
                 fork: event()?,
-                join: event()?,
-                pending: false,
+                done: [event()?, event()?],
+                next: 0,
+                pending: None,
             });
         }
         let s = side.as_mut().expect("made above");
-        if s.pending {
-            return Err(Error::invalid(
-                "moe (expert prefetch)",
-                "a prefetch is still pending: join it first",
-            ));
+        let older = s.pending.take();
+        if let Some(copies) = copies {
+            self.order(s.fork, &self.stream, &s.stream, "expert prefetch fork")?;
+            copies(&s.stream, s.priority)?;
+            let done = s.done[s.next];
+            // SAFETY: our event, our live stream.
+            unsafe { drv_sys::cuEventRecord(done, s.stream.cu_stream()) }
+                .result()
+                .map_err(|e| Error::cuda("cuEventRecord (expert prefetch)", e))?;
+            s.pending = Some(s.next);
+            s.next ^= 1;
         }
-        self.order(s.fork, &self.stream, &s.stream, "expert prefetch fork")?;
-        s.pending = true;
-        f(&s.stream)
+        if let Some(o) = older {
+            self.wait_side(s, o)?;
+        }
+        Ok(())
+    }
+
+    /// The compute stream waits for `s`'s `done[i]`.
+    fn wait_side(&self, s: &SideStream, i: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: our event (recorded on the side stream), our live compute stream.
+        unsafe { drv_sys::cuStreamWaitEvent(self.stream.cu_stream(), s.done[i], 0) }
+            .result()
+            .map_err(|e| Error::cuda("cuStreamWaitEvent (expert prefetch join)", e))
+    }
+}
+
+/// `ENCORE_EXPERT_FILL` (`bulk` or `threads`; unset: `threads`) and
+/// `ENCORE_EXPERT_FILL_CTAS` (the bulk copies' CTAs, default 64): how the expert cache
+/// copies experts into its slots. Bulk copies need sm_90.
+fn bulk_fill_from_env(sm90: bool) -> Result<Option<u32>> {
+    let bulk = match std::env::var("ENCORE_EXPERT_FILL") {
+        Err(_) => false,
+        Ok(v) => match v.trim() {
+            "bulk" => true,
+            "threads" => false,
+            _ => {
+                return Err(Error::invalid(
+                    "ENCORE_EXPERT_FILL",
+                    format!("`{v}`: expected bulk or threads"),
+                ))
+            }
+        },
+    };
+    if !bulk {
+        return Ok(None);
+    }
+    if !sm90 {
+        return Err(Error::invalid(
+            "ENCORE_EXPERT_FILL",
+            "bulk copies need compute capability 9.0 or later",
+        ));
+    }
+    match std::env::var("ENCORE_EXPERT_FILL_CTAS") {
+        Err(_) => Ok(Some(64)),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&c| (1..=4096).contains(&c))
+            .map(Some)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "ENCORE_EXPERT_FILL_CTAS",
+                    format!("`{v}`: expected 1 to 4096 CTAs"),
+                )
+            }),
     }
 }
 
@@ -392,6 +480,21 @@ impl CudaBackend {
                     )
                 })?),
             },
+            prefetch_ctas_per_sm: match std::env::var("ENCORE_EXPERT_PREFETCH_CTAS") {
+                Err(_) => kernels::MOE_PREFETCH_CTAS_PER_SM,
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|&c| (1..=8).contains(&c))
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "ENCORE_EXPERT_PREFETCH_CTAS",
+                            format!("`{v}`: expected 1 to 8 CTAs per SM"),
+                        )
+                    })?,
+            },
+            bulk_fill: bulk_fill_from_env(cc.0 >= 9)?,
             comm: None,
             p2p: None,
             expert_side: Mutex::new(None),
@@ -600,15 +703,17 @@ impl CudaBackend {
         cfg: LaunchConfig,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        self.launch_on(&self.stream, self.pdl, kernel, cfg, args)
+        self.launch_on(&self.stream, self.pdl, None, kernel, cfg, args)
     }
 
     /// Launch `kernel` on `stream` (the compute stream, or a stream forked from it), with
-    /// programmatic dependent launch when `pdl`.
+    /// programmatic dependent launch when `pdl`, else at `priority` if given (a graph's
+    /// kernel node keeps it).
     fn launch_on(
         &self,
         stream: &CudaStream,
         pdl: bool,
+        priority: Option<i32>,
         kernel: &handles::Kernel,
         cfg: LaunchConfig,
         args: &mut [*mut c_void],
@@ -621,9 +726,19 @@ impl CudaBackend {
         // SAFETY: a plain-old-data attribute; the union member written is the one its id
         // selects.
         let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id =
-            drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        let num_attrs = match (pdl, priority) {
+            (true, _) => {
+                attr.id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attr.value.programmaticStreamSerializationAllowed = 1;
+                1
+            }
+            (false, Some(p)) => {
+                attr.id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY;
+                attr.value.priority = p;
+                1
+            }
+            (false, None) => 0,
+        };
         let config = drv_sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -634,7 +749,7 @@ impl CudaBackend {
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: pdl as u32,
+            numAttrs: num_attrs,
         };
         // SAFETY: the launcher built `args` to match the kernel's parameter list; every
         // pointer argument is a validated tensor of this device; `config` and `attr` live
@@ -1077,11 +1192,11 @@ impl Backend for CudaBackend {
     fn join_expert_prefetch(&self) -> Result<()> {
         let mut side = self.expert_side.lock().unwrap_or_else(|e| e.into_inner());
         match side.as_mut() {
-            Some(s) if s.pending => {
-                s.pending = false;
-                self.order(s.join, &s.stream, &self.stream, "expert prefetch join")
-            }
-            _ => Ok(()),
+            Some(s) => match s.pending.take() {
+                Some(i) => self.wait_side(s, i),
+                None => Ok(()),
+            },
+            None => Ok(()),
         }
     }
 

@@ -78,6 +78,7 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "moe_align",
             "moe_cache_plan",
             "moe_cache_fill",
+            "moe_cache_fill_bulk",
             "moe_combine_bf16",
             "moe_combine_f16",
             "moe_combine_f32",
@@ -1102,7 +1103,7 @@ const MOE_FILL_CTAS_PER_SM: u32 = 2;
 
 /// CTAs per SM of a prefetch's `moe_cache_fill` (on the side stream, beside the compute
 /// stream's kernels, so it leaves them most of each SM).
-const MOE_PREFETCH_CTAS_PER_SM: u32 = 1;
+pub(super) const MOE_PREFETCH_CTAS_PER_SM: u32 = 1;
 
 /// The expert cache's step (after `moe_route`): `moe_cache_plan` decides the fills,
 /// `moe_cache_fill` copies them from host memory into their slots; the experts are then
@@ -1163,9 +1164,6 @@ fn expert_cache(
         dptr(c.stats),
     );
     let decay = c.decay;
-    // A prefetch still in flight (an earlier layer's, for this one) lands first: this
-    // plan may take its slots, and a hit reads them.
-    crate::Backend::join_expert_prefetch(be)?;
     // The plan (prefetch: the predicted experts of `plan_layer`, the slots of this call's
     // experts pinned).
     let plan = |stream: &cudarc::driver::CudaStream,
@@ -1185,6 +1183,7 @@ fn expert_cache(
         be.launch_on(
             stream,
             pdl,
+            None,
             &k.moe_cache_plan,
             cfg((1, 1, 1), (1024, 1, 1)),
             &mut args![
@@ -1213,6 +1212,7 @@ fn expert_cache(
     let (gu_slot, dn_slot) = (cd.gate_up_slot as i64, cd.down_slot as i64);
     let fill = |stream: &cudarc::driver::CudaStream,
                 pdl: bool,
+                priority: Option<i32>,
                 fills: u64,
                 gate_up: &Tensor,
                 down: &Tensor,
@@ -1220,11 +1220,16 @@ fn expert_cache(
                 ctas: u32|
      -> Result<()> {
         let (gu_host, dn_host, half, down) = (dptr(gate_up), dptr(down), half as i64, dn as i64);
+        let (kernel, grid, block) = match be.bulk_fill {
+            Some(b) => (&k.moe_cache_fill_bulk, b, 32),
+            None => (&k.moe_cache_fill, ctas, 256),
+        };
         be.launch_on(
             stream,
             pdl,
-            &k.moe_cache_fill,
-            cfg((ctas, 1, 1), (256, 1, 1)),
+            priority,
+            kernel,
+            cfg((grid, 1, 1), (block, 1, 1)),
             &mut args![
                 fills, gu_host, dn_host, gu_slots, dn_slots, experts, half, down, gu_slot, dn_slot
             ],
@@ -1239,18 +1244,19 @@ fn expert_cache(
         cd.expert_bytes() as i64,
         false,
     )?;
-    if let (Some(p), Some(pd)) = (&c.prefetch, cd.prefetch) {
-        // Forked after this plan: route the prediction, plan it, copy it, on the side
-        // stream, while this call's own fill and experts run on the compute stream.
-        let (n, top_k) = (int(OP, "n", d.n)?, d.top_k as i32);
-        let renorm = a.renormalize as i32;
-        let (logits, pids, pwts, pfills) =
-            (dptr(p.logits), dptr(p.ids), dptr(p.weights), dptr(p.fills));
-        let ctas = be.info.sm_count as u32 * MOE_PREFETCH_CTAS_PER_SM;
-        be.on_expert_side(|side| {
-            be.launch_on(
-                side,
-                false,
+    // The prefetch: the prediction routed and planned on the compute stream (every table
+    // is written in stream order there), its copies forked onto the side stream, where
+    // they run one prefetch after another, beside this call's and the next layers' work.
+    // Its slots are disjoint from this call's (pinned), so only the call of its layer
+    // waits for it, before its own fill (that fill may take a slot a wrong prediction is
+    // still copying into) and its experts.
+    let copies = match (&c.prefetch, cd.prefetch) {
+        (Some(p), Some(pd)) => {
+            let (n, top_k) = (int(OP, "n", d.n)?, d.top_k as i32);
+            let renorm = a.renormalize as i32;
+            let (logits, pids, pwts, pfills) =
+                (dptr(p.logits), dptr(p.ids), dptr(p.weights), dptr(p.fills));
+            be.launch(
                 k.moe_route.get(p.logits.dtype())?,
                 cfg(
                     (grid_x(OP, "rows", d.n.div_ceil(MOE_WARPS))?, 1, 1),
@@ -1260,28 +1266,37 @@ fn expert_cache(
             )?;
             let pl = int(OP, "prefetch layer", pd.layer)?;
             plan(
-                side,
-                false,
+                &be.stream,
+                be.pdl,
                 pids,
                 pl,
                 pfills,
                 pd.expert_bytes() as i64,
                 true,
             )?;
-            fill(
-                side,
-                false,
-                pfills,
-                p.gate_up,
-                p.down,
-                (pd.half_bytes, pd.down_bytes),
-                ctas,
-            )
-        })?;
-    }
+            Some((p, pd, pfills))
+        }
+        _ => None,
+    };
+    let ctas = be.info.sm_count as u32 * be.prefetch_ctas_per_sm;
+    let side_fill = |side: &cudarc::driver::CudaStream, priority: i32| -> Result<()> {
+        let (p, pd, pfills) = copies.as_ref().expect("a prefetch");
+        fill(
+            side,
+            false,
+            Some(priority),
+            *pfills,
+            p.gate_up,
+            p.down,
+            (pd.half_bytes, pd.down_bytes),
+            ctas,
+        )
+    };
+    be.expert_side(copies.is_some().then_some(&side_fill as _))?;
     fill(
         &be.stream,
         be.pdl,
+        None,
         fills,
         a.gate_up,
         a.down,
