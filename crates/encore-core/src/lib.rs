@@ -26,6 +26,7 @@ pub mod request;
 pub mod runner;
 pub mod scheduler;
 pub mod serve;
+pub mod spec;
 pub mod testing;
 pub mod tokenizer;
 
