@@ -60,7 +60,11 @@ pub struct BenchDecodeArgs {
     /// Under --router-skew with --expert-prefetch: the share of each layer's chosen
     /// experts the prefetch predicts (0..=1; default 0.8, an assumption: the table has no
     /// router to apply a layer early). A model's own routers predict as well as they do.
-    #[arg(long, requires = "router_skew", allow_negative_numbers = true)]
+    #[arg(
+        long,
+        requires_all = ["router_skew", "expert_prefetch"],
+        allow_negative_numbers = true
+    )]
     prefetch_accuracy: Option<f64>,
 }
 

@@ -125,7 +125,7 @@ fn generate_under_a_budget_prints_the_resident_text() {
 
 #[test]
 fn bad_offload_values_name_the_flag_value_or_minimum() {
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 8] = [
         (
             &["--weight-budget", "0"],
             &["--weight-budget", "`0` is zero"],
@@ -149,6 +149,15 @@ fn bad_offload_values_name_the_flag_value_or_minimum() {
         (
             &["--weight-budget", "50%", "--offload-policy", "lru"],
             &["--offload-policy lru", "--eager"],
+        ),
+        // A dense model has no expert cache to prefetch into.
+        (
+            &["--weight-budget", "50%", "--expert-prefetch"],
+            &["--expert-prefetch", "planned offload policy"],
+        ),
+        (
+            &["--expert-prefetch"],
+            &["--weight-budget", "--expert-prefetch"],
         ),
     ];
     for (args, want) in cases {

@@ -251,13 +251,24 @@ pub fn device_bytes(
     config: &OffloadConfig,
     max_tokens: usize,
 ) -> Result<Option<OffloadReport>> {
+    let policy = config.policy.resolve(cfg);
+    if config.expert_prefetch && policy != Policy::Experts {
+        return Err(Error::invalid(
+            "--expert-prefetch",
+            format!(
+                "prefetches a mixture of experts' routed experts into the expert cache; \
+                 {} runs the {} offload policy",
+                cfg.arch.model_type(),
+                policy.name()
+            ),
+        ));
+    }
     let total = cfg.weight_bytes(dtype);
     let budget = config.budget.bytes(total);
     if budget >= total {
         return Ok(None);
     }
     let order = executor_order(cfg, dtype)?;
-    let policy = config.policy.resolve(cfg);
     if policy == Policy::Experts {
         let l = expert_layout(cfg, &order, budget, max_tokens)?;
         return Ok(Some(OffloadReport {
