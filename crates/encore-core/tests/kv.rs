@@ -67,11 +67,11 @@ fn run_random(seed: u64, num_blocks: usize, block_size: usize, steps: usize) {
     let mut bm = BlockManager::new(num_blocks, block_size).unwrap();
     let mut model: BTreeMap<u64, usize> = BTreeMap::new();
     let mut next_id = 0u64;
-    let (mut allocs, mut ooms, mut appends, mut frees) = (0, 0, 0, 0);
+    let (mut allocs, mut ooms, mut appends, mut frees, mut cuts) = (0, 0, 0, 0, 0);
     for _ in 0..steps {
         let before = snapshot(&bm);
         let live: Vec<u64> = model.keys().copied().collect();
-        match rng.random_range(0..10) {
+        match rng.random_range(0..11) {
             0..=2 => {
                 let tokens = rng.random_range(0..4 * block_size);
                 let seq = SeqId(next_id);
@@ -125,12 +125,31 @@ fn run_random(seed: u64, num_blocks: usize, block_size: usize, steps: usize) {
                 assert_eq!(bm.num_free_blocks(), before.0 + blocks);
                 frees += 1;
             }
+            9 if !live.is_empty() => {
+                // Rejected drafts: back to fewer tokens (never more).
+                let id = live[rng.random_range(0..live.len())];
+                let tokens = model[&id];
+                let to = rng.random_range(0..tokens + 1);
+                bm.truncate(SeqId(id), to).unwrap();
+                model.insert(id, to);
+                let old = &before.1[&id].1;
+                let kept = to.div_ceil(block_size);
+                assert_eq!(bm.block_table(SeqId(id)).unwrap(), &old[..kept]);
+                assert_eq!(bm.num_free_blocks(), before.0 + old.len() - kept);
+                let e = bm.truncate(SeqId(id), to + 1).unwrap_err();
+                assert!(matches!(e, Error::Invalid { .. }), "{e}");
+                cuts += 1;
+            }
             _ => {
                 // Misuse: unknown sequences and double allocation are errors that change
                 // nothing.
                 let unknown = SeqId(next_id + 1000);
                 assert!(matches!(bm.free(unknown), Err(Error::Invalid { .. })));
                 assert!(matches!(bm.append(unknown, 1), Err(Error::Invalid { .. })));
+                assert!(matches!(
+                    bm.truncate(unknown, 0),
+                    Err(Error::Invalid { .. })
+                ));
                 assert!(matches!(bm.num_tokens(unknown), Err(Error::Invalid { .. })));
                 assert!(matches!(
                     bm.block_table(unknown),
@@ -149,8 +168,9 @@ fn run_random(seed: u64, num_blocks: usize, block_size: usize, steps: usize) {
     }
     // Every kind of step happened, failures included.
     assert!(
-        allocs > 10 && ooms > 10 && appends > 10 && frees > 10,
-        "seed {seed}: {allocs} allocs, {ooms} out-of-blocks, {appends} appends, {frees} frees"
+        allocs > 10 && ooms > 10 && appends > 10 && frees > 10 && cuts > 10,
+        "seed {seed}: {allocs} allocs, {ooms} out-of-blocks, {appends} appends, {frees} frees, \
+         {cuts} truncations"
     );
     for id in model.keys() {
         bm.free(SeqId(*id)).unwrap();
@@ -785,4 +805,41 @@ fn random_prefix_caching_keeps_the_invariants_and_hits_hold_the_right_kv() {
     }
     run_random_prefix(100, 12, 1, 3000);
     run_random_prefix(101, 40, 16, 3000);
+}
+
+/// Truncation (the KV of rejected drafts) never cuts into committed blocks, which other
+/// sequences may share: down to their end it gives back only the tail, and the shared
+/// blocks keep their owners.
+#[test]
+fn truncation_stops_at_the_committed_blocks() {
+    let mut bm = BlockManager::new(16, 4).unwrap();
+    let tokens: Vec<u32> = (0..14).collect();
+    bm.allocate(SeqId(1), 14).unwrap();
+    bm.commit(SeqId(1), &tokens, 9).unwrap(); // blocks 0 and 1 cached
+    let before = snapshot(&bm);
+    let e = bm.truncate(SeqId(1), 7).unwrap_err().to_string();
+    assert!(e.contains("the first 8 committed"), "{e}");
+    assert_eq!(snapshot(&bm), before, "a failing truncate changes nothing");
+    // A second sequence shares the two cached blocks.
+    let hit = bm.lookup(&tokens);
+    assert_eq!(hit.num_tokens(), 8);
+    bm.allocate_with_prefix(SeqId(2), &hit, 10).unwrap();
+    let shared = table(&bm, 1)[..2].to_vec();
+    assert_eq!(table(&bm, 2)[..2], shared[..]);
+    let free = bm.num_free_blocks();
+    bm.truncate(SeqId(1), 8).unwrap();
+    assert_eq!(table(&bm, 1), shared);
+    assert_eq!(
+        bm.num_free_blocks(),
+        free + 2,
+        "its two uncached tail blocks"
+    );
+    for &b in &shared {
+        assert_eq!(bm.ref_count(b), 2);
+        assert!(bm.is_cached(b));
+    }
+    // And it grows again from there.
+    bm.append(SeqId(1), 5).unwrap();
+    assert_eq!(bm.num_tokens(SeqId(1)).unwrap(), 13);
+    bm.check_consistency().unwrap();
 }

@@ -335,6 +335,37 @@ impl BlockManager {
         Ok(())
     }
 
+    /// Shrink a live sequence to its first `num_tokens` tokens (speculative decoding: the
+    /// KV of rejected drafts is dropped), giving back the blocks past them as
+    /// [`BlockManager::free`] does (the tail's first). Fails, changing nothing, if `seq` is
+    /// not live, holds fewer than `num_tokens` tokens, or `num_tokens` cuts into its
+    /// committed blocks (cached content other sequences may share is never cut).
+    pub fn truncate(&mut self, seq: SeqId, num_tokens: usize) -> Result<()> {
+        const OP: &str = "BlockManager::truncate";
+        let bs = self.block_size;
+        let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(OP, seq))?;
+        if num_tokens > s.num_tokens || num_tokens < s.committed * bs {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{seq} to {num_tokens} tokens: it holds {}, the first {} committed",
+                    s.num_tokens,
+                    s.committed * bs
+                ),
+            ));
+        }
+        let keep = num_tokens.div_ceil(bs);
+        let dropped = s.blocks.split_off(keep);
+        s.num_tokens = num_tokens;
+        // Past the committed blocks, so uncached and owned by `seq` alone.
+        for &b in dropped.iter().rev() {
+            debug_assert!(self.cached[b as usize].is_none() && self.refs[b as usize] == 1);
+            self.refs[b as usize] = 0;
+            self.free.push(b);
+        }
+        Ok(())
+    }
+
     /// Stop tracking `seq`. Each of its blocks that no other sequence owns becomes
     /// evictable if cached (tail blocks first in eviction order) or free otherwise.
     pub fn free(&mut self, seq: SeqId) -> Result<()> {
