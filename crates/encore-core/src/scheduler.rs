@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::kv::{BlockManager, PrefixHit, SeqId};
 use crate::request::{FinishReason, Limits, Output, Param, Refusal, Request, TokenLogprobs};
 use crate::runner::{Runner, Score, SeqStep, Seqs};
+use crate::spec::ngram::{NgramConfig, NgramIndex};
 
 /// The scheduler's budgets and policies.
 #[derive(Clone, Copy, Debug)]
@@ -41,6 +42,13 @@ pub struct SchedulerConfig {
     /// Reuse cached full KV blocks of earlier sequences with the same prefix (see the
     /// module docs); off, every request computes all its tokens.
     pub prefix_cache: bool,
+    /// Speculative decoding by n-gram lookup: a decoding sequence whose sampling allows
+    /// it (no penalties, logit bias, constraint or log-probabilities) proposes drafts from
+    /// its own tokens ([`crate::spec::ngram`]), and a verify step samples after each
+    /// ([`SeqStep::verify`]); each draft equal to the target's sample there is kept, then
+    /// the target's own sample. The tokens are those decoding one at a time gives, sampled
+    /// or greedy (each position's sample uses that token's seed either way). `None`: off.
+    pub speculative: Option<NgramConfig>,
 }
 
 impl SchedulerConfig {
@@ -50,6 +58,7 @@ impl SchedulerConfig {
             max_num_batched_tokens,
             max_num_seqs,
             prefix_cache: true,
+            speculative: None,
         }
     }
 }
@@ -69,6 +78,10 @@ pub struct SchedulerStats {
     /// Of those, tokens found cached (not computed): the hit ratio is
     /// `prefix_hit_tokens / prefix_queried_tokens`.
     pub prefix_hit_tokens: u64,
+    /// Speculative decoding: drafts verified, and of those kept (the acceptance rate is
+    /// `drafts_accepted / drafts_proposed`).
+    pub drafts_proposed: u64,
+    pub drafts_accepted: u64,
 }
 
 /// A masked row's constraint, taken out of its sequence for a step (whose inputs borrow
@@ -100,11 +113,48 @@ struct Seq {
     /// first, [`crate::request::SamplingParams::prompt_logprobs`]); `None` once they
     /// went out with the first output (or were never asked for).
     prompt_lp: Option<Vec<TokenLogprobs>>,
+    /// Speculative decoding: its n-gram index (made at its first proposal), and how many
+    /// drafts sit at the end of `tokens` for the step being planned (0: none).
+    ngram: Option<NgramIndex>,
+    drafts: usize,
 }
 
 impl Seq {
     fn produced(&self) -> usize {
         self.tokens.len() - self.req.prompt.len()
+    }
+
+    /// Speculative decoding: when it is decoding (one token to compute) and its sampling
+    /// allows it, append the n-gram drafts for its next step to `tokens` (`drafts`),
+    /// as many as fit `budget` tokens, `rows` sampling rows, its `max_tokens` and
+    /// `max_seq_len`, and `cfg.k`. Nothing when drafts are already there.
+    fn propose(&mut self, cfg: &NgramConfig, budget: usize, rows: usize, max_seq_len: usize) {
+        let p = &self.req.params;
+        let eligible = self.drafts == 0
+            && self.tokens.len() == self.computed + 1
+            && !p.sampling.has_penalties()
+            && p.logit_bias.is_empty()
+            && p.sampling.logprobs.is_none()
+            && self.constraint.is_none()
+            && !self.scoring();
+        if !eligible {
+            return;
+        }
+        // Room for the drafts and the target's token after them.
+        let cap = cfg
+            .k
+            .min(p.max_tokens.saturating_sub(self.produced() + 1))
+            .min(max_seq_len.saturating_sub(self.tokens.len() + 1))
+            .min(budget.saturating_sub(1))
+            .min(rows.saturating_sub(1));
+        if cap == 0 {
+            return;
+        }
+        let index = self.ngram.get_or_insert_with(|| NgramIndex::new(*cfg));
+        let mut drafts = index.propose(&self.tokens);
+        drafts.truncate(cap);
+        self.drafts = drafts.len();
+        self.tokens.extend(drafts);
     }
 
     /// Whether its next chunk is scored (the prompt's log-probabilities are asked for
@@ -113,9 +163,10 @@ impl Seq {
         self.prompt_lp.is_some()
     }
 
-    /// Sampling rows a chunk of `take` tokens needs: one, or one per token when scored.
+    /// Sampling rows a chunk of `take` tokens needs: one, or one per token when scored or
+    /// verifying drafts.
     fn rows(&self, take: usize) -> usize {
-        if self.scoring() {
+        if self.scoring() || self.drafts > 0 {
             take
         } else {
             1
@@ -124,7 +175,7 @@ impl Seq {
 
     /// The most tokens its next chunk may take with `rows` sampling rows left.
     fn max_take(&self, rows: usize) -> usize {
-        if self.scoring() {
+        if self.scoring() || self.drafts > 0 {
             rows
         } else {
             usize::MAX
@@ -244,6 +295,8 @@ impl Scheduler {
             constraint,
             pending: None,
             prompt_lp,
+            ngram: None,
+            drafts: 0,
         });
         Ok(())
     }
@@ -333,6 +386,8 @@ impl Scheduler {
         let mut s = self.running.pop().expect("a running sequence to preempt");
         self.seqs.release(s.seq)?;
         s.computed = 0;
+        s.tokens.truncate(s.tokens.len() - s.drafts);
+        s.drafts = 0;
         // A prompt being scored is scored again from its start.
         if let Some(lp) = &mut s.prompt_lp {
             lp.clear();
@@ -351,7 +406,11 @@ impl Scheduler {
         let mut rows = 0;
         let max_rows = self.cfg.max_num_seqs;
         let mut i = 0;
+        let max_seq_len = runner.config().max_seq_len;
         while i < self.running.len() && budget > 0 && rows < max_rows {
+            if let Some(cfg) = self.cfg.speculative {
+                self.running[i].propose(&cfg, budget, max_rows - rows, max_seq_len);
+            }
             let s = &self.running[i];
             let take = (s.tokens.len() - s.computed)
                 .min(budget)
@@ -506,6 +565,7 @@ impl Scheduler {
                         num: s.req.params.sampling.prompt_logprobs.unwrap_or(0),
                         next: s.tokens.get(end).copied(),
                     }),
+                    verify: s.drafts > 0,
                 }
             })
             .collect();
@@ -558,46 +618,76 @@ impl Scheduler {
         let mut done = Vec::new();
         let mut broken = Vec::new();
         for (k, (&(i, take), out)) in plan.iter().zip(sampled).enumerate() {
-            let token = out.token;
             self.stats.tokens_computed += take as u64;
             let s = &mut self.running[i];
             s.computed += take;
+            // A verify step: the drafts equal to the target's samples are kept, then the
+            // target's sample after the last kept one; the KV of the rest is dropped.
+            let emitted = if s.drafts > 0 {
+                let d = s.drafts;
+                s.drafts = 0;
+                let base = s.tokens.len() - d;
+                let kept = s.tokens[base..]
+                    .iter()
+                    .zip(&out.verified)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                let mut emitted = s.tokens[base..base + kept].to_vec();
+                emitted.push(out.verified.get(kept).copied().unwrap_or(out.token));
+                // The drafts leave `tokens` and come back below as emitted tokens, each
+                // checked for a finish; their KV (the kept ones') stays.
+                s.tokens.truncate(base);
+                s.computed = base + kept;
+                self.seqs.blocks.truncate(s.seq, s.computed)?;
+                self.stats.drafts_proposed += d as u64;
+                self.stats.drafts_accepted += kept as u64;
+                emitted
+            } else {
+                vec![out.token]
+            };
             if let Some(lp) = &mut s.prompt_lp {
                 lp.extend(out.prompt);
             }
             if self.cfg.prefix_cache {
-                self.seqs.blocks.commit(s.seq, &s.tokens, s.computed)?;
+                // (After a verify step the kept drafts are committed with a later step.)
+                let known = s.computed.min(s.tokens.len());
+                self.seqs.blocks.commit(s.seq, &s.tokens, known)?;
             }
             if s.computed < s.tokens.len() {
                 continue; // a prompt chunk short of the end
             }
-            s.tokens.push(token);
             if let Some(e) = failed.get_mut(k).and_then(Option::take) {
+                s.tokens.push(emitted[0]);
                 broken.push((i, e));
                 continue;
             }
-            if s.constraint.is_some() {
-                s.pending = Some(token);
-            }
-            let p = &s.req.params;
-            let finish = if !p.ignore_eos && p.stop_token_ids.contains(&token) {
-                Some(FinishReason::Eos)
-            } else if s.produced() >= p.max_tokens {
-                Some(FinishReason::Length)
-            } else if s.tokens.len() >= max_seq_len {
-                Some(FinishReason::Context)
-            } else {
-                None
-            };
-            outputs.push(Output {
-                id: s.req.id,
-                token,
-                logprobs: out.logprobs,
-                prompt_logprobs: s.prompt_lp.take(),
-                finish,
-            });
-            if finish.is_some() {
-                done.push(i);
+            let mut logprobs = out.logprobs;
+            for token in emitted {
+                s.tokens.push(token);
+                if s.constraint.is_some() {
+                    s.pending = Some(token);
+                }
+                let p = &s.req.params;
+                let finish = if !p.ignore_eos && p.stop_token_ids.contains(&token) {
+                    Some(FinishReason::Eos)
+                } else if s.produced() >= p.max_tokens {
+                    Some(FinishReason::Length)
+                } else if s.tokens.len() >= max_seq_len {
+                    Some(FinishReason::Context)
+                } else {
+                    None
+                };
+                outputs.push(Output {
+                    id: s.req.id,
+                    token,
+                    logprobs: logprobs.take(),
+                    prompt_logprobs: s.prompt_lp.take(),
+                    finish,
+                });
+                if finish.is_some() {
+                    done.push(i);
+                    break;
+                }
             }
         }
         // Remove from the back: finished and broken sequences, in descending index order.

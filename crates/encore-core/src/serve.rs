@@ -88,6 +88,9 @@ pub struct EngineMetrics {
     pub expert_misses_total: AtomicU64,
     pub expert_bytes_streamed_total: AtomicU64,
     pub expert_prefetched_total: AtomicU64,
+    /// Speculative decoding: drafts verified, and of those kept.
+    pub spec_drafts_total: AtomicU64,
+    pub spec_accepted_total: AtomicU64,
     /// Time from a request's submission to its first token (queueing and prefill).
     pub time_to_first_token: Histogram<TtftBuckets>,
     /// Time between consecutive tokens of a request, taken when the step that sampled
@@ -419,6 +422,10 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
     m.device_wait_micros_total
         .store((runner.device_wait_secs() * 1e6) as u64, Ordering::Relaxed);
     m.steps_total.store(st.steps, Ordering::Relaxed);
+    m.spec_drafts_total
+        .store(st.drafts_proposed, Ordering::Relaxed);
+    m.spec_accepted_total
+        .store(st.drafts_accepted, Ordering::Relaxed);
     m.tokens_computed_total
         .store(st.tokens_computed, Ordering::Relaxed);
     m.requests_finished_total

@@ -475,6 +475,7 @@ fn windowed_model_matches_cpu() {
                     sampling: greedy,
                     masked: false,
                     score: None,
+                    verify: false,
                     logit_bias: &[],
                 })
                 .collect();

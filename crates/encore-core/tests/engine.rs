@@ -82,6 +82,7 @@ fn start_up_captures_everything_and_the_first_requests_replay() {
             sampling: SamplingParams::default(),
             masked: false,
             score: None,
+            verify: false,
             logit_bias: &[],
         })
         .collect();

@@ -155,6 +155,7 @@ fn capture_all_warms_every_bucket_largest_first() {
             sampling: SamplingParams::default(),
             masked: false,
             score: None,
+            verify: false,
             logit_bias: &[],
         }],
     )
@@ -168,6 +169,7 @@ fn capture_all_warms_every_bucket_largest_first() {
             sampling: SamplingParams::default(),
             masked: false,
             score: None,
+            verify: false,
             logit_bias: &[],
         }],
     )
@@ -196,6 +198,7 @@ fn verify_graphs_checks_every_replay_against_eager() {
                     sampling: greedy,
                     masked: false,
                     score: None,
+                    verify: false,
                     logit_bias: &[],
                 }],
             )

@@ -267,6 +267,7 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
                 sampling: SamplingParams::default(),
                 masked: false,
                 score: None,
+                verify: false,
                 logit_bias: &[],
             })
             .collect();

@@ -184,6 +184,7 @@ fn check_piecewise_matches_eager(be: &dyn Backend, tol: f64) {
                 sampling,
                 masked: false,
                 score: None,
+                verify: false,
                 logit_bias: &[],
             })
             .collect();
@@ -262,6 +263,7 @@ fn run_splits(
                     sampling: SamplingParams::default(),
                     masked: false,
                     score: None,
+                    verify: false,
                     logit_bias: &[],
                 }
             })
@@ -350,6 +352,7 @@ fn a_chunked_prompt_gives_the_tokens_of_one_step() {
                         sampling: SamplingParams::default(),
                         masked: false,
                         score: None,
+                        verify: false,
                         logit_bias: &[],
                     }],
                 )
@@ -387,6 +390,7 @@ fn capture_all_covers_decode_and_token_buckets() {
             sampling: SamplingParams::default(),
             masked: false,
             score: None,
+            verify: false,
             logit_bias: &[],
         }],
     )

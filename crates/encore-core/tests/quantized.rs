@@ -72,6 +72,7 @@ fn logits(be: &dyn Backend, model: Model) -> Vec<Vec<f32>> {
                 sampling: SamplingParams::default(),
                 masked: false,
                 score: None,
+                verify: false,
                 logit_bias: &[],
             })
             .collect();

@@ -76,6 +76,7 @@ fn host_reference(req: &Request) -> Vec<(u32, Option<TokenLogprobs>)> {
             sampling: SamplingParams::default(),
             masked: false,
             score: None,
+            verify: false,
             logit_bias: &[],
         };
         let (_, logits) = r.step_with_logits(&mut r_seqs, &[step]).unwrap();

@@ -538,3 +538,74 @@ fn cuda_mixed_steps_at_a_real_shape_complete() {
     let g = runner.graph_stats().unwrap();
     assert!(g.hits > 50, "{g:?}");
 }
+
+/// Speculative decoding by n-gram lookup gives each request the tokens it gets decoding
+/// one at a time, greedy and sampled (each position's sample uses that token's seed):
+/// beside plain sequences (a penalty keeps one out of it), with chunked prompts, an EOS
+/// or max_tokens inside a run of kept drafts, and preemption; drafts are verified and
+/// some kept (random weights fall into loops, which n-grams predict).
+#[test]
+fn speculative_decoding_gives_the_tokens_of_decoding_one_at_a_time() {
+    use encore_core::spec::ngram::NgramConfig;
+    let cpu = CpuBackend::new();
+    let mut reqs = mix();
+    // Prompts that repeat themselves, greedy and sampled, and one with a penalty.
+    let pattern = |id: u64, temperature: f32, max_tokens: usize| {
+        let mut r = request(id, 0, max_tokens, temperature);
+        r.prompt = [7u32, 9, 11, 13, 15].repeat(8);
+        r
+    };
+    reqs.push((pattern(20, 0.0, 40), 1));
+    reqs.push((pattern(21, 0.9, 40), 1));
+    let mut penalized = pattern(22, 0.0, 30);
+    penalized.params.sampling.presence_penalty = 0.5;
+    reqs.push((penalized, 2));
+    let reference = alone(&reqs);
+    let spec = Some(NgramConfig::new(1, 4, 4).unwrap());
+    for (name, blocks, cfg) in [
+        ("chunked", None, SchedulerConfig::new(16, 3)),
+        ("roomy", None, SchedulerConfig::new(64, 16)),
+        ("preempting", Some(42), SchedulerConfig::new(64, 8)),
+    ] {
+        let mut r = match blocks {
+            Some(n) => common::tiny_runner_with_blocks(&cpu, n),
+            None => common::tiny_runner(&cpu),
+        };
+        let cfg = SchedulerConfig {
+            speculative: spec,
+            ..cfg
+        };
+        let (out, s) = run(&mut r, cfg, &reqs);
+        for (req, _) in &reqs {
+            assert_eq!(
+                out[&req.id], reference[&req.id],
+                "{name}: request {}",
+                req.id
+            );
+        }
+        let st = s.stats();
+        assert!(
+            st.drafts_accepted > 10 && st.drafts_proposed > st.drafts_accepted,
+            "{name}: {st:?}"
+        );
+        if blocks.is_some() {
+            assert!(st.preemptions > 0, "{name}: {st:?}");
+        }
+    }
+    // An EOS inside a run of kept drafts ends the request there.
+    let greedy = pattern(23, 0.0, 40);
+    let mut r = common::tiny_runner(&cpu);
+    let plain = run(&mut r, SchedulerConfig::new(64, 4), &[(greedy.clone(), 0)]).0[&23]
+        .0
+        .clone();
+    let mut eos = greedy;
+    eos.params.stop_token_ids = vec![plain[9]];
+    let first = plain.iter().position(|&t| t == plain[9]).unwrap();
+    let cfg = SchedulerConfig {
+        speculative: spec,
+        ..SchedulerConfig::new(64, 4)
+    };
+    let (out, _) = run(&mut r, cfg, &[(eos, 0)]);
+    assert_eq!(out[&23].0, plain[..=first].to_vec());
+    assert_eq!(out[&23].1, FinishReason::Eos);
+}

@@ -158,6 +158,7 @@ fn logits_over_two_ranks_match_one_rank() {
             sampling: SamplingParams::default(),
             masked: false,
             score: None,
+            verify: false,
             logit_bias: &[],
         };
         runner.step_with_logits(&mut seqs, &[step]).unwrap().1

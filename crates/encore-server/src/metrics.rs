@@ -13,7 +13,7 @@ use crate::AppState;
 
 /// The engine's counters and gauges, and the server's request count: name, type, help,
 /// value.
-fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 17] {
+fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 19] {
     let m = &s.engine.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     [
@@ -118,6 +118,18 @@ fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 17] {
             "counter",
             "Experts copied into a slot ahead of their layer, as the layer before predicted them.",
             g(&m.expert_prefetched_total),
+        ),
+        (
+            "encore_spec_decode_num_draft_tokens_total",
+            "counter",
+            "Speculative decoding: draft tokens verified (--speculative-method).",
+            g(&m.spec_drafts_total),
+        ),
+        (
+            "encore_spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Speculative decoding: draft tokens the target kept.",
+            g(&m.spec_accepted_total),
         ),
     ]
 }

@@ -199,6 +199,7 @@ pub(crate) fn prefill(
                 sampling: SamplingParams::default(),
                 masked: false,
                 score: None,
+                verify: false,
                 logit_bias: &[],
             }],
         )?;
@@ -244,6 +245,7 @@ pub(crate) fn time_decode(
                 sampling: SamplingParams::default(),
                 masked: false,
                 score: None,
+                verify: false,
                 logit_bias: &[],
             })
             .collect();

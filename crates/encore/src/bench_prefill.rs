@@ -307,6 +307,7 @@ fn prefill_once(
             sampling: SamplingParams::default(),
             masked: false,
             score: None,
+            verify: false,
             logit_bias: &[],
         })
         .collect();

@@ -65,6 +65,30 @@ pub struct EngineArgs {
     /// (a virtual range per graph over shared chunks), arena (one growable range).
     #[arg(long, default_value = "arena")]
     pub graph_memory: GraphMemory,
+    /// Speculative decoding: ngram (drafts from each sequence's own tokens: what followed
+    /// the latest earlier occurrence of its last tokens), verified by the target in one
+    /// step; the output is the one decoding token by token gives. Requests with
+    /// penalties, logit bias, a grammar or log-probabilities decode as usual. Verify
+    /// steps run eagerly for now.
+    #[arg(long, value_name = "ngram", value_parser = speculative_method)]
+    pub speculative_method: Option<String>,
+    /// Drafts a speculating sequence proposes per step (1 to 16).
+    #[arg(long, default_value = "4", requires = "speculative_method", allow_negative_numbers = true, value_parser = parse::count::<1, 16>)]
+    pub num_speculative_tokens: usize,
+    /// The shortest and longest suffix (tokens) the ngram method matches.
+    #[arg(long, default_value = "1", requires = "speculative_method", allow_negative_numbers = true, value_parser = parse::count::<1, 64>)]
+    pub ngram_min: usize,
+    #[arg(long, default_value = "4", requires = "speculative_method", allow_negative_numbers = true, value_parser = parse::count::<1, 64>)]
+    pub ngram_max: usize,
+}
+
+/// `--speculative-method`: the methods built so far.
+fn speculative_method(s: &str) -> std::result::Result<String, String> {
+    match s {
+        "ngram" => Ok(s.to_string()),
+        "draft" | "eagle3" => Err(format!("`{s}` is not built yet; ngram is")),
+        _ => Err(format!("`{s}`: expected ngram")),
+    }
 }
 
 /// What a command decides about its engine beside the flags.
@@ -148,10 +172,19 @@ impl EngineArgs {
             tp: Default::default(),
             router_skew: None,
         };
+        let speculative = match &self.speculative_method {
+            Some(_) => Some(encore_core::spec::ngram::NgramConfig::new(
+                self.ngram_min,
+                self.ngram_max,
+                self.num_speculative_tokens,
+            )?),
+            None => None,
+        };
         let sched = SchedulerConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: shape.max_seqs,
             prefix_cache: !self.no_prefix_cache,
+            speculative,
         };
         Ok((engine, sched))
     }

@@ -105,7 +105,7 @@ enum BenchCommand {
     /// (--in-process): Poisson, fixed-rate or all-at-once arrivals, length ranges or a
     /// JSONL trace, a concurrency limit; request and token throughput, TTFT, TPOT and
     /// inter-token latency percentiles.
-    Serve(bench_serve::BenchServeArgs),
+    Serve(Box<bench_serve::BenchServeArgs>),
     /// Decode-step latency under weight budgets (--weight-budget), planned vs LRU, graph
     /// vs eager, beside the PCIe bound (bytes streamed per step / measured host-to-device
     /// bandwidth).
@@ -152,7 +152,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Capture(a)) => {
             bench_capture::run(a).map(|_| ExitCode::SUCCESS)
         }
-        Command::Bench(BenchCommand::Serve(a)) => bench_serve::run(a).map(|_| ExitCode::SUCCESS),
+        Command::Bench(BenchCommand::Serve(a)) => bench_serve::run(*a).map(|_| ExitCode::SUCCESS),
         Command::Bench(BenchCommand::Offload(a)) => {
             bench_offload::run(a).map(|_| ExitCode::SUCCESS)
         }

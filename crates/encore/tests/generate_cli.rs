@@ -441,3 +441,73 @@ fn stop_strings_end_generate_text_before_them() {
     let err = failure(&run(&["--stop", ""]));
     assert!(err.contains("--stop"), "{err}");
 }
+
+/// `--speculative-method ngram` generates what decoding token by token generates, greedy
+/// and sampled, in graph mode (verify steps eagerly beside the graphs) and eagerly; bad
+/// speculative flags are refused naming them.
+#[test]
+fn ngram_speculation_generates_the_same_tokens() {
+    let run = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let mut args = vec![
+            "--model",
+            "dummy:tiny",
+            "--prompt",
+            "abcabcabcabcabcabc",
+            "--prompt",
+            "the cat sat on the mat, the cat sat on",
+            "--max-tokens",
+            "40",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json_lines(&generate(&args))
+            .into_iter()
+            .map(|v| v["output_ids"].clone())
+            .collect()
+    };
+    let spec = [
+        "--speculative-method",
+        "ngram",
+        "--num-speculative-tokens",
+        "6",
+    ];
+    for sampling in [
+        &["--temperature", "0"][..],
+        &["--temperature", "0.9", "--seed", "5"],
+    ] {
+        for mode in [&[][..], &["--eager"]] {
+            let plain = run(&[sampling, mode].concat());
+            let fast = run(&[sampling, mode, &spec[..]].concat());
+            assert_eq!(plain, fast, "{sampling:?} {mode:?}");
+        }
+    }
+    for (args, want) in [
+        (&["--speculative-method", "draft"][..], "not built yet"),
+        (&["--speculative-method", "medusa"], "expected ngram"),
+        (&["--num-speculative-tokens", "4"], "--speculative-method"),
+        (
+            &[
+                "--speculative-method",
+                "ngram",
+                "--num-speculative-tokens",
+                "0",
+            ],
+            "--num-speculative-tokens",
+        ),
+        (
+            &[
+                "--speculative-method",
+                "ngram",
+                "--ngram-min",
+                "5",
+                "--ngram-max",
+                "2",
+            ],
+            "--ngram-min",
+        ),
+    ] {
+        let err = failure(&generate(&[args, &["--max-tokens", "2"]].concat()));
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

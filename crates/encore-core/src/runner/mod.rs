@@ -68,6 +68,14 @@ pub struct SeqStep<'a> {
     pub logit_bias: &'a [(u32, f32)],
     /// Score `tokens` (a prompt chunk) as well: see [`Score`]; `None`: sample only.
     pub score: Option<Score>,
+    /// Speculative decoding's verify step: `tokens` are the last accepted token then the
+    /// drafts, and the target samples after each of them, not only after the last. Each
+    /// token but the last takes a sampling row of its own (as a scored token does, so the
+    /// step runs eagerly), sampled with this sequence's sampling and the seed of the
+    /// token it samples (so its sample is the one decoding token by token would draw
+    /// there), in [`Sampled::verified`]. Needs no penalties, logit bias, mask, logprobs
+    /// or score: those depend on the tokens before, which a draft may change.
+    pub verify: bool,
 }
 
 /// Scoring a prompt chunk: the log-probability of each of its tokens after the first

@@ -205,6 +205,49 @@ impl<'b> Packer<'b> {
         // the batch's rows in batch order; the sequence's own row scores `next`.
         let mut row = batch.len();
         for (i, s) in batch.iter().enumerate() {
+            if s.verify {
+                // Verify rows: a row per token before the last, sampled as the sequence's
+                // own row would be there (its sampling, the seed of the token it samples).
+                let sp = &s.sampling;
+                if sp.has_penalties() || !s.logit_bias.is_empty() || s.masked {
+                    return Err(Error::invalid(
+                        "runner.step",
+                        format!(
+                            "sequence {}: a verify step takes no penalties, logit bias or mask",
+                            s.seq
+                        ),
+                    ));
+                }
+                let first = h.cu_seqlens_q[i];
+                let start = h.seq_lens[i] as usize - s.tokens.len();
+                for j in 0..s.tokens.len().saturating_sub(1) {
+                    if row >= layout.seqs {
+                        return Err(Error::invalid(
+                            "runner.step",
+                            format!(
+                                "drafts and sequences exceed the step's {} sampling rows",
+                                layout.seqs
+                            ),
+                        ));
+                    }
+                    h.logits_indices[row] = first + j as i32;
+                    h.temperature[row] = sp.temperature;
+                    h.top_k[row] = sp.top_k;
+                    h.top_p[row] = sp.top_p;
+                    h.min_p[row] = sp.min_p;
+                    h.seeds[row] = mix_seed(sp.seed, (start + j + 1) as u64) as i64;
+                    h.repetition[row] = 1.0;
+                    h.frequency[row] = 0.0;
+                    h.presence[row] = 0.0;
+                    h.num_logprobs[row] = -1;
+                    h.mask_on[row] = 0;
+                    h.bias_n[row] = 0;
+                    h.pen_slot[row] = -1;
+                    h.lp_target[row] = -1;
+                    row += 1;
+                }
+                continue;
+            }
             let Some(score) = s.score else { continue };
             let num = score.num.min(MAX_TOP_LOGPROBS) as i32;
             let first = h.cu_seqlens_q[i];
@@ -249,6 +292,7 @@ impl<'b> Packer<'b> {
             .iter()
             .map(|s| match s.score {
                 Some(_) => s.tokens.len().max(1),
+                None if s.verify => s.tokens.len().max(1),
                 None => 1,
             })
             .sum()

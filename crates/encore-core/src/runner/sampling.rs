@@ -23,6 +23,9 @@ pub struct Sampled {
     /// A scored chunk's ([`super::Score`]): one entry per token after its first, and one
     /// for the token after it when given; empty otherwise.
     pub prompt: Vec<TokenLogprobs>,
+    /// A verify step's ([`super::SeqStep::verify`]): the target's sample after each of its
+    /// tokens but the last (`token` is the sample after the last); empty otherwise.
+    pub verified: Vec<u32>,
 }
 
 /// The log-probability outputs of sampling: the token's `[max_seqs]`, the top ids and

@@ -247,19 +247,26 @@ pub(super) struct StepOut {
     pub logits: Option<Vec<f32>>,
     pub logprobs: Vec<Option<TokenLogprobs>>,
     pub prompt: Vec<Vec<TokenLogprobs>>,
+    /// A verify step's samples after each token but the last, per row.
+    pub verified: Vec<Vec<u32>>,
 }
 
 impl StepOut {
     /// Each row's token with its log-probabilities.
     pub fn sampled(self) -> Vec<Sampled> {
+        let b = self.tokens.len();
+        let mut verified = self.verified;
+        verified.resize(b, Vec::new());
         self.tokens
             .into_iter()
             .zip(self.logprobs)
             .zip(self.prompt)
-            .map(|((token, logprobs), prompt)| Sampled {
+            .zip(verified)
+            .map(|(((token, logprobs), prompt), verified)| Sampled {
                 token,
                 logprobs,
                 prompt,
+                verified,
             })
             .collect()
     }
@@ -368,6 +375,7 @@ impl Runner<'_> {
             logits,
             mut logprobs,
             mut prompt,
+            mut verified,
         } = self.run_sorted(
             seqs,
             &sorted,
@@ -382,11 +390,14 @@ impl Runner<'_> {
             logits: logits.as_ref().map(|l| vec![0f32; l.len()]),
             logprobs: vec![None; b],
             prompt: vec![Vec::new(); b],
+            verified: vec![Vec::new(); b],
         };
+        verified.resize(b, Vec::new());
         for (k, &i) in order.iter().enumerate() {
             out.tokens[i] = tokens[k];
             out.logprobs[i] = logprobs[k].take();
             out.prompt[i] = std::mem::take(&mut prompt[k]);
+            out.verified[i] = std::mem::take(&mut verified[k]);
             if let (Some(src), Some(dst)) = (&logits, out.logits.as_mut()) {
                 dst[i * vocab..(i + 1) * vocab].copy_from_slice(&src[k * vocab..(k + 1) * vocab]);
             }
@@ -509,9 +520,29 @@ impl Runner<'_> {
     fn read_out(&self, batch: &[SeqStep<'_>], logits: Option<Vec<f32>>) -> Result<StepOut> {
         let (be, sampling) = (self.parts.be, &self.parts.sampling);
         let t0 = std::time::Instant::now();
-        let tokens = sampling.download_tokens(be, batch.len());
-        self.device_wait.set(self.device_wait.get() + t0.elapsed());
         let b = batch.len();
+        let verifying = batch.iter().any(|s| s.verify);
+        // A verify step reads its extra rows' samples too (scored rows' are skipped).
+        let read = if verifying { Packer::rows(batch) } else { b };
+        let all = sampling.download_tokens(be, read);
+        self.device_wait.set(self.device_wait.get() + t0.elapsed());
+        let mut all = all?;
+        let mut verified = vec![Vec::new(); b];
+        if verifying {
+            let mut extra = all.split_off(b).into_iter();
+            for (s, v) in batch.iter().zip(verified.iter_mut()) {
+                let rows = match s.score {
+                    Some(_) => s.tokens.len().saturating_sub(1),
+                    None if s.verify => s.tokens.len().saturating_sub(1),
+                    None => 0,
+                };
+                let taken: Vec<u32> = extra.by_ref().take(rows).collect();
+                if s.verify {
+                    *v = taken;
+                }
+            }
+        }
+        let tokens: Result<Vec<u32>> = Ok(all);
         if batch
             .iter()
             .all(|s| s.sampling.logprobs.is_none() && s.score.is_none())
@@ -521,6 +552,7 @@ impl Runner<'_> {
                 logits,
                 logprobs: vec![None; b],
                 prompt: vec![Vec::new(); b],
+                verified,
             });
         }
         // Per sampling row, its top entries: a sequence's own row, then the scored tokens'.
@@ -534,6 +566,8 @@ impl Runner<'_> {
         for s in batch {
             if let Some(score) = s.score {
                 nums.extend((1..s.tokens.len()).map(|_| Some(score.num)));
+            } else if s.verify {
+                nums.extend((1..s.tokens.len()).map(|_| None));
             }
         }
         let mut lps = sampling.download_logprobs(be, &nums)?.into_iter();
@@ -543,6 +577,12 @@ impl Runner<'_> {
             .zip(logprobs.iter_mut())
             .map(|(s, own)| {
                 let Some(score) = s.score else {
+                    if s.verify {
+                        // Its rows carry no log-probabilities.
+                        lps.by_ref()
+                            .take(s.tokens.len().saturating_sub(1))
+                            .for_each(drop);
+                    }
                     return Vec::new();
                 };
                 let mut p: Vec<TokenLogprobs> = lps
@@ -561,6 +601,7 @@ impl Runner<'_> {
             logits,
             logprobs,
             prompt,
+            verified,
         })
     }
 

@@ -129,6 +129,7 @@ fn check_replay_dtype(
         .map(|(s, p)| SeqStep {
             masked: false,
             score: None,
+            verify: false,
             logit_bias: &[],
             seq: SeqId(s as u64),
             tokens: p,
@@ -192,6 +193,7 @@ impl ReplayRound<'_> {
             .map(|(&s, t)| SeqStep {
                 masked: false,
                 score: None,
+                verify: false,
                 logit_bias: &[],
                 seq: SeqId(s as u64),
                 tokens: t,

@@ -99,6 +99,7 @@ pub fn decode_batch<'a>(
             sampling,
             masked: false,
             score: None,
+            verify: false,
             logit_bias: &[],
         })
         .collect()
@@ -122,6 +123,7 @@ pub fn prefill_both(
         sampling,
         masked: false,
         score: None,
+        verify: false,
         logit_bias: &[],
     }];
     let x = a.step(a_seqs, &step).unwrap();
@@ -316,6 +318,7 @@ fn teacher_forced(be: &dyn Backend, prompt: &[u32]) -> Vec<Vec<f64>> {
             sampling: SamplingParams::default(),
             masked: false,
             score: None,
+            verify: false,
             logit_bias: &[],
         }];
         let (_, logits) = r.step_with_logits(&mut seqs, &step).unwrap();

@@ -68,6 +68,7 @@ fn lockstep(runners: &mut [Runner<'_>]) -> Vec<Vec<Vec<Vec<f32>>>> {
                     sampling: SamplingParams::default(),
                     masked: false,
                     score: None,
+                    verify: false,
                     logit_bias: &[],
                 })
                 .collect();
