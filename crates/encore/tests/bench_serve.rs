@@ -194,9 +194,17 @@ fn a_trace_and_length_ranges_complete_with_their_token_counts() {
     let ratio = r["prefix_cache_hit_ratio"].as_f64().unwrap();
     assert!((ratio - 7.0 * 32.0 / 320.0).abs() < 1e-9, "{r}");
 
-    // Every request was seen through: the engine holds no blocks and ran 23 requests.
+    // Every request was seen through: the engine holds no blocks and ran 23 requests. It
+    // publishes its figures after the step that answered the last one, which the client
+    // may see first: wait for them.
     let m = &s.engine.metrics;
     let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let t = std::time::Instant::now();
+    while (load(&m.requests_finished_total), load(&m.kv_blocks_used)) != (23, 0)
+        && t.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     assert_eq!(load(&m.requests_finished_total), 23);
     assert_eq!(load(&m.kv_blocks_used), 0);
     let _ = std::fs::remove_file(trace);
