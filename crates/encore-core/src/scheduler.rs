@@ -82,6 +82,9 @@ pub struct SchedulerStats {
     /// `drafts_accepted / drafts_proposed`).
     pub drafts_proposed: u64,
     pub drafts_accepted: u64,
+    /// Verify chunks run (a sequence's drafts in one step): the mean tokens a verify emits
+    /// is `1 + drafts_accepted / verifications`.
+    pub verifications: u64,
 }
 
 /// A masked row's constraint, taken out of its sequence for a step (whose inputs borrow
@@ -402,9 +405,10 @@ impl Scheduler {
     fn schedule(&mut self, runner: &Runner<'_>) -> Result<Vec<(usize, usize)>> {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new();
-        // Sampling rows: one a sequence, one a token of a scored prompt chunk.
+        // Sampling rows (the runner's `max_seqs`): one a sequence, one a token of a scored
+        // prompt chunk or a verify chunk.
         let mut rows = 0;
-        let max_rows = self.cfg.max_num_seqs;
+        let max_rows = runner.config().max_seqs.max(1);
         let mut i = 0;
         let max_seq_len = runner.config().max_seq_len;
         while i < self.running.len() && budget > 0 && rows < max_rows {
@@ -641,6 +645,7 @@ impl Scheduler {
                 self.seqs.blocks.truncate(s.seq, s.computed)?;
                 self.stats.drafts_proposed += d as u64;
                 self.stats.drafts_accepted += kept as u64;
+                self.stats.verifications += 1;
                 emitted
             } else {
                 vec![out.token]

@@ -91,6 +91,7 @@ pub struct EngineMetrics {
     /// Speculative decoding: drafts verified, and of those kept.
     pub spec_drafts_total: AtomicU64,
     pub spec_accepted_total: AtomicU64,
+    pub spec_verifications_total: AtomicU64,
     /// Time from a request's submission to its first token (queueing and prefill).
     pub time_to_first_token: Histogram<TtftBuckets>,
     /// Time between consecutive tokens of a request, taken when the step that sampled
@@ -426,6 +427,8 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
         .store(st.drafts_proposed, Ordering::Relaxed);
     m.spec_accepted_total
         .store(st.drafts_accepted, Ordering::Relaxed);
+    m.spec_verifications_total
+        .store(st.verifications, Ordering::Relaxed);
     m.tokens_computed_total
         .store(st.tokens_computed, Ordering::Relaxed);
     m.requests_finished_total

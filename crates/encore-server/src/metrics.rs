@@ -13,7 +13,7 @@ use crate::AppState;
 
 /// The engine's counters and gauges, and the server's request count: name, type, help,
 /// value.
-fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 19] {
+fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 20] {
     let m = &s.engine.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     [
@@ -130,6 +130,12 @@ fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 19] {
             "counter",
             "Speculative decoding: draft tokens the target kept.",
             g(&m.spec_accepted_total),
+        ),
+        (
+            "encore_spec_decode_num_verifications_total",
+            "counter",
+            "Speculative decoding: verify chunks run (one sequence's drafts in one step).",
+            g(&m.spec_verifications_total),
         ),
     ]
 }

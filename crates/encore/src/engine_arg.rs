@@ -75,9 +75,10 @@ pub struct EngineArgs {
     /// Drafts a speculating sequence proposes per step (1 to 16).
     #[arg(long, default_value = "4", requires = "speculative_method", allow_negative_numbers = true, value_parser = parse::count::<1, 16>)]
     pub num_speculative_tokens: usize,
-    /// The shortest and longest suffix (tokens) the ngram method matches.
+    /// The shortest suffix (tokens) the ngram method matches.
     #[arg(long, default_value = "1", requires = "speculative_method", allow_negative_numbers = true, value_parser = parse::count::<1, 64>)]
     pub ngram_min: usize,
+    /// The longest suffix (tokens) the ngram method matches (the longest match wins).
     #[arg(long, default_value = "4", requires = "speculative_method", allow_negative_numbers = true, value_parser = parse::count::<1, 64>)]
     pub ngram_max: usize,
 }
@@ -153,12 +154,23 @@ impl EngineArgs {
                 at_least: shape.kv_at_least,
             },
         };
+        let speculative = match &self.speculative_method {
+            Some(_) => Some(encore_core::spec::ngram::NgramConfig::new(
+                self.ngram_min,
+                self.ngram_max,
+                self.num_speculative_tokens,
+            )?),
+            None => None,
+        };
+        // A verify chunk takes a sampling row per draft beside its sequence's: room for
+        // up to 8 sequences' drafts in one step (more sequences share it).
+        let spec_rows = speculative.map_or(0, |c| c.k * shape.max_seqs.min(8));
         let engine = EngineConfig {
             offload: self.offload.config(),
             dtype,
             block_size: self.block_size,
             max_tokens_per_step: self.max_num_batched_tokens,
-            max_seqs: shape.max_seqs,
+            max_seqs: shape.max_seqs + spec_rows,
             max_seq_len: shape.max_seq_len,
             kv,
             graphs,
@@ -171,14 +183,6 @@ impl EngineArgs {
             constraints: None,
             tp: Default::default(),
             router_skew: None,
-        };
-        let speculative = match &self.speculative_method {
-            Some(_) => Some(encore_core::spec::ngram::NgramConfig::new(
-                self.ngram_min,
-                self.ngram_max,
-                self.num_speculative_tokens,
-            )?),
-            None => None,
         };
         let sched = SchedulerConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,

@@ -139,6 +139,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("no prompts to run");
     }
     let stream = prompts.len() == 1 && !a.json;
+    let metrics = engine.metrics.clone();
     let (gens, released, stats) = run_prompts(&a, engine, &tokenizer, &prompts, &params, stream)?;
     if let (Ok(stats), false) = (stats, a.json) {
         print_graph_stats(&stats);
@@ -158,6 +159,20 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     if !a.json && !stream {
         print_batch_summary(&run, &gens);
+    }
+    if a.engine.speculative_method.is_some() && !a.json {
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        let m = &metrics;
+        let (drafts, kept, verifies) = (
+            load(&m.spec_drafts_total),
+            load(&m.spec_accepted_total),
+            load(&m.spec_verifications_total),
+        );
+        errln!(
+            "speculative decoding: {verifies} verify steps, {drafts} drafts, {kept} kept ({:.1}%), {:.2} tokens a verify step",
+            100.0 * kept as f64 / drafts.max(1) as f64,
+            1.0 + kept as f64 / verifies.max(1) as f64
+        );
     }
     Ok(())
 }
