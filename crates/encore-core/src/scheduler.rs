@@ -405,10 +405,14 @@ impl Scheduler {
     fn schedule(&mut self, runner: &Runner<'_>) -> Result<Vec<(usize, usize)>> {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new();
-        // Sampling rows (the runner's `max_seqs`): one a sequence, one a token of a scored
-        // prompt chunk or a verify chunk.
+        // Sampling rows: one a sequence, one a token of a scored prompt chunk or a verify
+        // chunk; `max_num_seqs` of them, or with speculation all the runner has (the
+        // engine gives it rows for drafts beyond the sequences).
         let mut rows = 0;
-        let max_rows = runner.config().max_seqs.max(1);
+        let max_rows = match self.cfg.speculative {
+            Some(_) => runner.config().max_seqs.max(self.cfg.max_num_seqs),
+            None => self.cfg.max_num_seqs,
+        };
         let mut i = 0;
         let max_seq_len = runner.config().max_seq_len;
         while i < self.running.len() && budget > 0 && rows < max_rows {
