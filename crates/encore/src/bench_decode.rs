@@ -66,6 +66,11 @@ pub struct BenchDecodeArgs {
         allow_negative_numbers = true
     )]
     prefetch_accuracy: Option<f64>,
+    /// Also time speculative decoding's verify step with this many drafts per sequence
+    /// (comma-separated, each 1..=16) after each batch's decode steps: the step that
+    /// scores the last token and k drafts (eager for now), against the decode step.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = parse::count::<1, 16>)]
+    speculative: Vec<usize>,
 }
 
 /// The largest `--batch`.
@@ -270,6 +275,59 @@ pub(crate) fn time_decode(
     })
 }
 
+/// Median seconds of speculative decoding's verify step over `seqs`: each sequence's
+/// last token and `k` drafts (the next ids after it) scored with a sample after each
+/// (`SeqStep::verify`), then its KV cut back to one new token, as if no draft was kept.
+fn time_verify(
+    runner: &mut Runner<'_>,
+    held: &mut Seqs,
+    seqs: &[SeqId],
+    last: &mut Vec<u32>,
+    k: usize,
+    steps: usize,
+) -> Result<f64> {
+    let vocab = runner.model().cfg.vocab_size as u32;
+    let mut times = Vec::with_capacity(steps);
+    for i in 0..WARMUP + steps {
+        let mut held_tokens = Vec::with_capacity(seqs.len());
+        for &s in seqs {
+            held_tokens.push(held.blocks.num_tokens(s)?);
+            held.blocks.append(s, 1 + k)?;
+        }
+        let toks: Vec<Vec<u32>> = last
+            .iter()
+            .map(|&t| (0..=k as u32).map(|j| (t + j) % vocab).collect())
+            .collect();
+        let batch: Vec<SeqStep<'_>> = seqs
+            .iter()
+            .zip(&toks)
+            .map(|(&seq, tok)| SeqStep {
+                seq,
+                tokens: tok,
+                sampling: SamplingParams::default(),
+                masked: false,
+                score: None,
+                verify: true,
+                logit_bias: &[],
+            })
+            .collect();
+        let t = Instant::now();
+        let out = runner.step_sampled(held, &batch)?;
+        if i >= WARMUP {
+            times.push(t.elapsed().as_secs_f64());
+        }
+        for (&s, n) in seqs.iter().zip(held_tokens) {
+            held.blocks.truncate(s, n + 1)?;
+        }
+        *last = out
+            .iter()
+            .map(|o| o.verified.first().copied().unwrap_or(o.token))
+            .collect();
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
 /// Free the sequences of [`prefill`].
 pub(crate) fn free(held: &mut Seqs, seqs: &[SeqId]) -> Result<()> {
     for &s in seqs {
@@ -287,7 +345,19 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     if let Some(oc) = a.offload.config() {
         oc.check_graphs(!a.eager)?;
     }
-    let max_seq_len = a.runs.eager_and_graph_positions(&cfg)?;
+    let kmax = a.speculative.iter().copied().max().unwrap_or(0);
+    // Each verify phase appends warm-up + steps tokens, k more at its peak.
+    let max_seq_len = a.runs.eager_and_graph_positions(&cfg)?
+        + a.speculative.len() * (WARMUP + a.runs.steps)
+        + kmax;
+    if max_seq_len > cfg.max_position_embeddings {
+        bail!(
+            "--speculative with --context {} and --steps {} needs {max_seq_len} positions; the model has {}",
+            a.runs.context,
+            a.runs.steps,
+            cfg.max_position_embeddings
+        );
+    }
     let offload = a.offload.config();
     let router_skew = match (a.router_skew, a.prefetch_accuracy) {
         (Some(s), Some(p)) => Some(s.with_prefetch_accuracy(p)?),
@@ -310,6 +380,11 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             ),
             "lower --batch or --context",
         )
+    };
+    // A verify step samples after every draft: a sampling row each.
+    let engine_cfg = EngineConfig {
+        max_seqs: max_batch * (1 + kmax),
+        ..engine_cfg
     };
     let Engine { mut runner, report } = start_engine(be, &cfg, source, &engine_cfg, a.json)?;
     let mut held = Seqs::for_runner(&runner)?;
@@ -419,6 +494,11 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             runner.set_graph_mode(None);
             (Some(g), stats.capture_secs)
         };
+        let mut verify = Vec::new();
+        for &k in &a.speculative {
+            let v = time_verify(&mut runner, &mut held, &seqs, &mut last, k, a.runs.steps)?;
+            verify.push((k, v));
+        }
         free(&mut held, &seqs)?;
         let timed = graph.as_ref().unwrap_or(&eager);
         let cache = timed.experts.zip(h2d_gbps).map(|(x, h2d)| CacheRow {
@@ -439,6 +519,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             graph,
             capture_secs,
             cache,
+            &verify,
         )?;
     }
     Ok(())
@@ -556,7 +637,9 @@ fn print_row(
     graph: Option<f64>,
     capture_secs: f64,
     cache: Option<CacheRow>,
+    verify: &[(usize, f64)],
 ) -> Result<()> {
+    let step = graph.unwrap_or(eager);
     let dtype = a.model.dtype;
     if a.json {
         outln!(
@@ -579,6 +662,7 @@ fn print_row(
                 "streamed_bytes_per_step": cache.as_ref().map(|c| c.bytes_per_step),
                 "pcie_bound_ms": cache.as_ref().map(|c| c.bound_ms()),
                 "h2d_gbps": cache.as_ref().map(|c| c.h2d_gbps),
+                "verify_ms": verify.iter().map(|&(k, s)| (k.to_string(), serde_json::json!(s * 1e3))).collect::<serde_json::Map<_, _>>(),
             })
         )?;
     } else {
@@ -614,6 +698,14 @@ fn print_row(
                 c.bytes_per_step / 1e6,
                 c.h2d_gbps,
                 c.bound_ms(),
+            )?;
+        }
+        for &(k, v) in verify {
+            outln!(
+                "{:>6} verify step, {k} drafts a sequence: {:.3} ms, {:.2}x the decode step (eager)",
+                "",
+                v * 1e3,
+                v / step
             )?;
         }
     }

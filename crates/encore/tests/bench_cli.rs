@@ -232,3 +232,57 @@ fn bench_decode_router_skew_reports_experts_and_refuses_bad_values() {
         assert!(err.contains("--router-skew") && err.contains(says), "{err}");
     }
 }
+
+/// `bench decode --speculative K,...` times the verify step per draft count beside each
+/// batch's decode step (JSON `verify_ms`, a table line each); a bad count is refused.
+#[test]
+fn bench_decode_times_the_verify_step() {
+    let out = bench_on_cpu(
+        "decode",
+        &[
+            "--model",
+            "dummy:tiny",
+            "--batch",
+            "1,3",
+            "--steps",
+            "2",
+            "--speculative",
+            "1,4",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for row in json_lines(&out) {
+        for k in ["1", "4"] {
+            let ms = row["verify_ms"][k].as_f64().unwrap_or(-1.0);
+            assert!(ms > 0.0, "{row}");
+        }
+    }
+    let table = bench_on_cpu(
+        "decode",
+        &[
+            "--model",
+            "dummy:tiny",
+            "--batch",
+            "2",
+            "--steps",
+            "2",
+            "--speculative",
+            "2",
+        ],
+    );
+    let t = text(&table.stdout);
+    assert!(t.contains("verify step, 2 drafts a sequence"), "{t}");
+    let err = failure(&bench_on_cpu(
+        "decode",
+        &[
+            "--model",
+            "dummy:tiny",
+            "--batch",
+            "1",
+            "--speculative",
+            "17",
+        ],
+    ));
+    assert!(err.contains("--speculative"), "{err}");
+}
