@@ -3,6 +3,8 @@
 # binary): generate on dummy shapes (random weights: their acceptance says nothing about
 # real models; the point is a verify step's cost, eager, against graph decode), plain
 # against --speculative-method ngram. Logs under $OUT.
+#   bench decode --speculative 1,2,4,8 first (the verify step against the decode step);
+#   SPEC_BENCH_ONLY=1 skips the generate runs.
 #   usage: OUT=... bash scripts/gpu-spec.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +15,9 @@ tar -xJf .gpu/spec.tar.xz -C .spec || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
 P=$(printf 'one two three four five six seven eight %.0s' $(seq 1 12))
 for m in ${SPEC_MODELS:-llama-3.2-1b llama-3-8b}; do
+  .spec/encore bench decode --device cuda --model dummy:$m --batch 1,64 --steps 20 --speculative 1,2,4,8 >"$OUT/verify-$m.txt" 2>&1
+  echo "== bench decode $m --speculative rc=$?"; grep -E "^ +(1|64) |verify step" "$OUT/verify-$m.txt"
+  [ -n "${SPEC_BENCH_ONLY:-}" ] && continue
   for s in "" "--speculative-method ngram --num-speculative-tokens 4"; do
     .spec/encore generate --device cuda --model dummy:$m --prompt "$P" --max-tokens 128 \
       --ignore-eos $s >"$OUT/gen-$m-${s:+spec}.txt" 2>&1
