@@ -144,6 +144,33 @@ fn bench_serve_in_process_reports_throughput_and_latencies() {
         }
     }
     assert!(r["output_throughput"].as_f64().unwrap() > 0.0);
+    assert!(r["spec_acceptance_rate"].is_null(), "no speculation: {r}");
+    // With n-gram speculation: the same token counts, and its acceptance figures.
+    let spec = json_lines(&bench_on_cpu(
+        "serve",
+        &[
+            "--in-process",
+            "--model",
+            "dummy:tiny",
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "16",
+            "--output-len",
+            "32",
+            "--speculative-method",
+            "ngram",
+            "--json",
+        ],
+    ));
+    let r = &spec[0];
+    assert_eq!(r["output_tokens"], 4 * 32, "{r}");
+    let rate = r["spec_acceptance_rate"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&rate), "{r}");
+    assert!(
+        r["spec_mean_accepted_length"].as_f64().unwrap() >= 1.0,
+        "{r}"
+    );
     for (flag, value, what) in [
         ("--input-len", "5:2", "--input-len"),
         ("--request-rate", "0", "--request-rate"),

@@ -153,6 +153,14 @@ pub fn engine_figures(
         "prefix_cache_hit_ratio".into(),
         json!(m.prefix_cache_hit_ratio()),
     );
+    let load = |c: &AtomicU64| Some(c.load(Ordering::Relaxed) as f64);
+    let (rate, length) = super::spec_figures(
+        load(&m.spec_drafts_total),
+        load(&m.spec_accepted_total),
+        load(&m.spec_verifications_total),
+    );
+    row.insert("spec_acceptance_rate".into(), rate);
+    row.insert("spec_mean_accepted_length".into(), length);
     // The weight budget (null: every weight on the device).
     row.insert(
         "offload".into(),

@@ -229,8 +229,30 @@ fn run_url(a: BenchServeArgs) -> Result<()> {
             _ => Value::Null,
         };
         row.insert("prefix_cache_hit_ratio".into(), ratio);
+        // Speculative decoding over this run: drafts kept per draft, tokens per verify.
+        let (drafts, kept, verifies) = (
+            delta("encore_spec_decode_num_draft_tokens_total").as_f64(),
+            delta("encore_spec_decode_num_accepted_tokens_total").as_f64(),
+            delta("encore_spec_decode_num_verifications_total").as_f64(),
+        );
+        let (rate, length) = spec_figures(drafts, kept, verifies);
+        row.insert("spec_acceptance_rate".into(), rate);
+        row.insert("spec_mean_accepted_length".into(), length);
         print(&a, row)
     })
+}
+
+/// Speculative decoding's acceptance rate (drafts kept per draft) and mean accepted length
+/// (tokens a verify step emits: 1 + kept per verify); null without drafts.
+pub(crate) fn spec_figures(
+    drafts: Option<f64>,
+    kept: Option<f64>,
+    verifies: Option<f64>,
+) -> (Value, Value) {
+    match (drafts, kept, verifies) {
+        (Some(d), Some(k), Some(v)) if d > 0.0 && v > 0.0 => (json!(k / d), json!(1.0 + k / v)),
+        _ => (Value::Null, Value::Null),
+    }
 }
 
 fn run_in_process(a: BenchServeArgs) -> Result<()> {
