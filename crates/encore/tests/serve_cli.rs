@@ -304,3 +304,52 @@ fn the_openai_python_client_works() {
     let (st, err) = s.wait(Duration::from_secs(60));
     assert!(st.success(), "exit {st}: {err}");
 }
+
+/// `serve --speculative-method ngram` over a real server: completions (greedy and seeded
+/// sampling, whole and streamed) equal those of a server without speculation, and
+/// `/metrics` counts drafts verified and kept.
+#[test]
+fn ngram_speculation_serves_the_same_completions() {
+    let bodies = [
+        json!({"model": MODEL, "prompt": "abcabcabcabcabc", "max_tokens": 40, "ignore_eos": true,
+               "temperature": 0}),
+        json!({"model": MODEL, "prompt": "one two one two one two", "max_tokens": 40,
+               "ignore_eos": true, "temperature": 0.8, "seed": 7}),
+    ];
+    let complete = |s: &Serve| -> Vec<String> {
+        bodies
+            .iter()
+            .map(|b| {
+                let (status, reply) = http(s.addr, "POST", "/v1/completions", Some(b));
+                assert_eq!(status, 200, "{reply}");
+                let v: Value = serde_json::from_str(&reply).unwrap();
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let plain = complete(&start(&[]));
+    let s = start(&[
+        "--speculative-method",
+        "ngram",
+        "--num-speculative-tokens",
+        "5",
+    ]);
+    assert_eq!(complete(&s), plain);
+    let (status, metrics) = http(s.addr, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} not in {metrics}"))
+            .parse()
+            .unwrap()
+    };
+    let drafts = value("encore_spec_decode_num_draft_tokens_total");
+    let kept = value("encore_spec_decode_num_accepted_tokens_total");
+    assert!(drafts > 0 && kept <= drafts, "{metrics}");
+    assert!(
+        value("encore_spec_decode_num_verifications_total") > 0,
+        "{metrics}"
+    );
+}
