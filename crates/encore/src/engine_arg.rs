@@ -67,7 +67,8 @@ pub struct EngineArgs {
     pub graph_memory: GraphMemory,
     /// Speculative decoding: ngram (drafts from each sequence's own tokens: what followed
     /// the latest earlier occurrence of its last tokens), verified by the target in one
-    /// step; the output is the one decoding token by token gives. Requests with
+    /// step; the output is the one decoding token by token gives (up to the rounding
+    /// differences between a multi-token step and a decode step). Requests with
     /// penalties, logit bias, a grammar or log-probabilities decode as usual. Verify
     /// steps run eagerly for now.
     #[arg(long, value_name = "ngram", value_parser = speculative_method)]
