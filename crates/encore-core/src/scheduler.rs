@@ -43,7 +43,7 @@ pub struct SchedulerConfig {
     /// module docs); off, every request computes all its tokens.
     pub prefix_cache: bool,
     /// Speculative decoding by n-gram lookup: a decoding sequence whose sampling allows
-    /// it (no penalties, logit bias, constraint or log-probabilities) proposes drafts from
+    /// it (no penalties, logit bias or constraint) proposes drafts from
     /// its own tokens ([`crate::spec::ngram`]), and a verify step samples after each
     /// ([`SeqStep::verify`]); each draft equal to the target's sample there is kept, then
     /// the target's own sample. The tokens are those decoding one at a time gives, sampled
@@ -137,7 +137,6 @@ impl Seq {
             && self.tokens.len() == self.computed + 1
             && !p.sampling.has_penalties()
             && p.logit_bias.is_empty()
-            && p.sampling.logprobs.is_none()
             && self.constraint.is_none()
             && !self.scoring();
         if !eligible {
@@ -631,6 +630,8 @@ impl Scheduler {
             s.computed += take;
             // A verify step: the drafts equal to the target's samples are kept, then the
             // target's sample after the last kept one; the KV of the rest is dropped.
+            // A verify step's per-token log-probabilities, in emission order.
+            let mut emitted_lp: Vec<Option<TokenLogprobs>> = Vec::new();
             let emitted = if s.drafts > 0 {
                 let d = s.drafts;
                 s.drafts = 0;
@@ -642,6 +643,11 @@ impl Scheduler {
                     .count();
                 let mut emitted = s.tokens[base..base + kept].to_vec();
                 emitted.push(out.verified.get(kept).copied().unwrap_or(out.token));
+                let mut lps = out.verified_logprobs.into_iter();
+                emitted_lp = lps.by_ref().take(kept + 1).collect();
+                if kept == d {
+                    emitted_lp.push(out.logprobs.clone());
+                }
                 // The drafts leave `tokens` and come back below as emitted tokens, each
                 // checked for a finish; their KV (the kept ones') stays.
                 s.tokens.truncate(base);
@@ -671,7 +677,11 @@ impl Scheduler {
                 continue;
             }
             let mut logprobs = out.logprobs;
+            let mut emitted_lp = emitted_lp.into_iter();
             for token in emitted {
+                if let Some(lp) = emitted_lp.next() {
+                    logprobs = lp;
+                }
                 s.tokens.push(token);
                 if s.constraint.is_some() {
                     s.pending = Some(token);

@@ -609,3 +609,48 @@ fn speculative_decoding_gives_the_tokens_of_decoding_one_at_a_time() {
     assert_eq!(out[&23].0, plain[..=first].to_vec());
     assert_eq!(out[&23].1, FinishReason::Eos);
 }
+
+/// Log-probabilities under speculation: each emitted token's, from the verify row that
+/// sampled it, equal those of decoding one token at a time (bit for bit on the CPU).
+#[test]
+fn speculative_decoding_reports_each_tokens_logprobs() {
+    use encore_core::spec::ngram::NgramConfig;
+    let cpu = CpuBackend::new();
+    let mut reqs = Vec::new();
+    for (id, temperature) in [(30u64, 0.0f32), (31, 0.8)] {
+        let mut r = request(id, 0, 30, temperature);
+        r.prompt = [3u32, 5, 8, 13].repeat(10);
+        r.params.sampling.logprobs = Some(3);
+        reqs.push(r);
+    }
+    let collect = |speculative: Option<NgramConfig>| {
+        let mut r = common::tiny_runner(&cpu);
+        let cfg = SchedulerConfig {
+            speculative,
+            ..SchedulerConfig::new(64, 4)
+        };
+        let mut s = Scheduler::new(cfg, &r).unwrap();
+        for q in &reqs {
+            s.add(q.clone(), &r).unwrap();
+        }
+        let mut out: HashMap<u64, Vec<(u32, Option<encore_core::request::TokenLogprobs>)>> =
+            HashMap::new();
+        while s.has_work() {
+            for o in s.step(&mut r).unwrap() {
+                out.entry(o.id).or_default().push((o.token, o.logprobs));
+            }
+        }
+        (out, s.stats())
+    };
+    let (plain, _) = collect(None);
+    let (spec, st) = collect(Some(NgramConfig::new(1, 4, 4).unwrap()));
+    assert!(st.drafts_accepted > 0, "{st:?}");
+    for q in &reqs {
+        let (a, b) = (&plain[&q.id], &spec[&q.id]);
+        assert_eq!(a.len(), 30);
+        assert!(b
+            .iter()
+            .all(|(_, lp)| lp.as_ref().is_some_and(|l| l.top.len() == 3)));
+        assert_eq!(a, b, "request {}", q.id);
+    }
+}

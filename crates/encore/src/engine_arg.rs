@@ -69,7 +69,7 @@ pub struct EngineArgs {
     /// the latest earlier occurrence of its last tokens), verified by the target in one
     /// step; the output is the one decoding token by token gives (up to the rounding
     /// differences between a multi-token step and a decode step). Requests with
-    /// penalties, logit bias, a grammar or log-probabilities decode as usual. Verify
+    /// penalties, logit bias or a grammar decode as usual. Verify
     /// steps run eagerly for now.
     #[arg(long, value_name = "ngram", value_parser = speculative_method)]
     pub speculative_method: Option<String>,

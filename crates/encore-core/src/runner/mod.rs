@@ -73,8 +73,9 @@ pub struct SeqStep<'a> {
     /// token but the last takes a sampling row of its own (as a scored token does, so the
     /// step runs eagerly), sampled with this sequence's sampling and the seed of the
     /// token it samples (so its sample is the one decoding token by token would draw
-    /// there), in [`Sampled::verified`]. Needs no penalties, logit bias, mask, logprobs
-    /// or score: those depend on the tokens before, which a draft may change.
+    /// there), in [`Sampled::verified`] (with their log-probabilities where asked). Needs
+    /// no penalties, logit bias, mask or score: those depend on the tokens before, which
+    /// a draft may change.
     pub verify: bool,
 }
 

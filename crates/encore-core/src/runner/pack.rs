@@ -239,7 +239,8 @@ impl<'b> Packer<'b> {
                     h.repetition[row] = 1.0;
                     h.frequency[row] = 0.0;
                     h.presence[row] = 0.0;
-                    h.num_logprobs[row] = -1;
+                    h.num_logprobs[row] =
+                        sp.logprobs.map_or(-1, |n| n.min(MAX_TOP_LOGPROBS) as i32);
                     h.mask_on[row] = 0;
                     h.bias_n[row] = 0;
                     h.pen_slot[row] = -1;

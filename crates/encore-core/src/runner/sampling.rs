@@ -26,6 +26,9 @@ pub struct Sampled {
     /// A verify step's ([`super::SeqStep::verify`]): the target's sample after each of its
     /// tokens but the last (`token` is the sample after the last); empty otherwise.
     pub verified: Vec<u32>,
+    /// Their log-probabilities, one per sample (`None` each unless the sequence's
+    /// sampling asks for them).
+    pub verified_logprobs: Vec<Option<TokenLogprobs>>,
 }
 
 /// The log-probability outputs of sampling: the token's `[max_seqs]`, the top ids and

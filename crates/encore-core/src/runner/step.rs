@@ -247,27 +247,33 @@ pub(super) struct StepOut {
     pub logits: Option<Vec<f32>>,
     pub logprobs: Vec<Option<TokenLogprobs>>,
     pub prompt: Vec<Vec<TokenLogprobs>>,
-    /// A verify step's samples after each token but the last, per row.
+    /// A verify step's samples after each token but the last, per row, and their
+    /// log-probabilities where the sequence's sampling asks for them.
     pub verified: Vec<Vec<u32>>,
+    pub verified_logprobs: Vec<Vec<Option<TokenLogprobs>>>,
 }
 
 impl StepOut {
     /// Each row's token with its log-probabilities.
     pub fn sampled(self) -> Vec<Sampled> {
         let b = self.tokens.len();
-        let mut verified = self.verified;
+        let (mut verified, mut verified_lp) = (self.verified, self.verified_logprobs);
         verified.resize(b, Vec::new());
+        verified_lp.resize(b, Vec::new());
         self.tokens
             .into_iter()
             .zip(self.logprobs)
             .zip(self.prompt)
-            .zip(verified)
-            .map(|(((token, logprobs), prompt), verified)| Sampled {
-                token,
-                logprobs,
-                prompt,
-                verified,
-            })
+            .zip(verified.into_iter().zip(verified_lp))
+            .map(
+                |(((token, logprobs), prompt), (verified, verified_logprobs))| Sampled {
+                    token,
+                    logprobs,
+                    prompt,
+                    verified,
+                    verified_logprobs,
+                },
+            )
             .collect()
     }
 }
@@ -376,6 +382,7 @@ impl Runner<'_> {
             mut logprobs,
             mut prompt,
             mut verified,
+            mut verified_logprobs,
         } = self.run_sorted(
             seqs,
             &sorted,
@@ -391,13 +398,16 @@ impl Runner<'_> {
             logprobs: vec![None; b],
             prompt: vec![Vec::new(); b],
             verified: vec![Vec::new(); b],
+            verified_logprobs: vec![Vec::new(); b],
         };
         verified.resize(b, Vec::new());
+        verified_logprobs.resize(b, Vec::new());
         for (k, &i) in order.iter().enumerate() {
             out.tokens[i] = tokens[k];
             out.logprobs[i] = logprobs[k].take();
             out.prompt[i] = std::mem::take(&mut prompt[k]);
             out.verified[i] = std::mem::take(&mut verified[k]);
+            out.verified_logprobs[i] = std::mem::take(&mut verified_logprobs[k]);
             if let (Some(src), Some(dst)) = (&logits, out.logits.as_mut()) {
                 dst[i * vocab..(i + 1) * vocab].copy_from_slice(&src[k * vocab..(k + 1) * vocab]);
             }
@@ -553,6 +563,7 @@ impl Runner<'_> {
                 logprobs: vec![None; b],
                 prompt: vec![Vec::new(); b],
                 verified,
+                verified_logprobs: vec![Vec::new(); b],
             });
         }
         // Per sampling row, its top entries: a sequence's own row, then the scored tokens'.
@@ -567,21 +578,23 @@ impl Runner<'_> {
             if let Some(score) = s.score {
                 nums.extend((1..s.tokens.len()).map(|_| Some(score.num)));
             } else if s.verify {
-                nums.extend((1..s.tokens.len()).map(|_| None));
+                nums.extend((1..s.tokens.len()).map(|_| s.sampling.logprobs));
             }
         }
         let mut lps = sampling.download_logprobs(be, &nums)?.into_iter();
         let mut logprobs: Vec<Option<TokenLogprobs>> = lps.by_ref().take(b).collect();
+        let mut verified_logprobs = vec![Vec::new(); b];
         let prompt = batch
             .iter()
             .zip(logprobs.iter_mut())
-            .map(|(s, own)| {
+            .zip(verified_logprobs.iter_mut())
+            .map(|((s, own), vlp)| {
                 let Some(score) = s.score else {
                     if s.verify {
-                        // Its rows carry no log-probabilities.
-                        lps.by_ref()
+                        *vlp = lps
+                            .by_ref()
                             .take(s.tokens.len().saturating_sub(1))
-                            .for_each(drop);
+                            .collect();
                     }
                     return Vec::new();
                 };
@@ -602,6 +615,7 @@ impl Runner<'_> {
             logprobs,
             prompt,
             verified,
+            verified_logprobs,
         })
     }
 
