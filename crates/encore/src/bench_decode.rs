@@ -241,19 +241,7 @@ pub(crate) fn time_decode(
             held.blocks.append(s, 1)?;
         }
         let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
-        let batch: Vec<SeqStep<'_>> = seqs
-            .iter()
-            .zip(&toks)
-            .map(|(&seq, tok)| SeqStep {
-                seq,
-                tokens: tok,
-                sampling: SamplingParams::default(),
-                masked: false,
-                score: None,
-                verify: false,
-                logit_bias: &[],
-            })
-            .collect();
+        let batch = greedy_steps(seqs, &toks, false);
         if i == WARMUP {
             before = copied(runner);
             experts_before = runner.expert_stats()?;
@@ -273,6 +261,26 @@ pub(crate) fn time_decode(
             .zip(experts_before)
             .map(|(a, b)| a.since(&b)),
     })
+}
+
+/// One greedy step per sequence of `seqs` over its `toks` (a verify chunk when `verify`).
+fn greedy_steps<'a, T: AsRef<[u32]>>(
+    seqs: &[SeqId],
+    toks: &'a [T],
+    verify: bool,
+) -> Vec<SeqStep<'a>> {
+    seqs.iter()
+        .zip(toks)
+        .map(|(&seq, tok)| SeqStep {
+            seq,
+            tokens: tok.as_ref(),
+            sampling: SamplingParams::default(),
+            masked: false,
+            score: None,
+            verify,
+            logit_bias: &[],
+        })
+        .collect()
 }
 
 /// Median seconds of speculative decoding's verify step over `seqs`: each sequence's
@@ -298,19 +306,7 @@ fn time_verify(
             .iter()
             .map(|&t| (0..=k as u32).map(|j| (t + j) % vocab).collect())
             .collect();
-        let batch: Vec<SeqStep<'_>> = seqs
-            .iter()
-            .zip(&toks)
-            .map(|(&seq, tok)| SeqStep {
-                seq,
-                tokens: tok,
-                sampling: SamplingParams::default(),
-                masked: false,
-                score: None,
-                verify: true,
-                logit_bias: &[],
-            })
-            .collect();
+        let batch = greedy_steps(seqs, &toks, true);
         let t = Instant::now();
         let out = runner.step_sampled(held, &batch)?;
         if i >= WARMUP {

@@ -58,10 +58,8 @@ impl ExpertSlots {
             stats: c.stats.clone(),
             gate_up_slots: c.gate_up_slots.clone(),
             down_slots: c.down_slots.clone(),
-            prefetch_fills: c
-                .prefetch
-                .as_ref()
-                .map_or_else(|| c.fills.clone(), |p| p.fills.clone()),
+            // Unread by the queued op: a prefetch's own fills row travels with its args.
+            prefetch_fills: c.fills.clone(),
         }
     }
 

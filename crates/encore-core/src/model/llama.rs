@@ -69,9 +69,9 @@ pub struct Model {
 struct RouterTable {
     all: Tensor,
     window: Tensor,
-    /// The prefetch's predictions of the same rows ([`RoutingTable::predicted`]).
-    predicted_all: Tensor,
-    predicted: Tensor,
+    /// The prefetch's predictions of the same rows ([`RoutingTable::predicted`]): the
+    /// whole table and the window, only when the expert cache prefetches.
+    predicted: Option<(Tensor, Tensor)>,
     table: std::sync::Arc<RoutingTable>,
     /// The first row of the whole table the next step's window copies.
     next: std::sync::atomic::AtomicUsize,
@@ -204,19 +204,28 @@ impl Model {
         let len = RoutingTable::table_rows(window);
         let table = RoutingTable::new(skew, moe.num_experts, moe.top_k, len);
         let all = backend.upload_f32_as(&table.logits(), &[len, moe.num_experts], self.dtype())?;
-        let predicted_all = backend.upload_f32_as(
-            &table.predicted_logits(),
-            &[len, moe.num_experts],
-            self.dtype(),
-        )?;
         let window = backend.alloc(self.dtype(), &[window, moe.num_experts])?;
-        let predicted = backend.alloc(self.dtype(), window.shape())?;
         backend.copy(&all.narrow(0, window.dim(0))?, &window)?;
-        backend.copy(&predicted_all.narrow(0, window.dim(0))?, &predicted)?;
+        // The prefetch's predictions, only where the expert cache prefetches.
+        let prefetches = self
+            .offload
+            .as_ref()
+            .is_some_and(|o| o.prefetches_experts());
+        let predicted = if prefetches {
+            let p_all = backend.upload_f32_as(
+                &table.predicted_logits(),
+                &[len, moe.num_experts],
+                self.dtype(),
+            )?;
+            let p = backend.alloc(self.dtype(), window.shape())?;
+            backend.copy(&p_all.narrow(0, window.dim(0))?, &p)?;
+            Some((p_all, p))
+        } else {
+            None
+        };
         self.router_table = Some(RouterTable {
             all,
             window,
-            predicted_all,
             predicted,
             table: std::sync::Arc::new(table),
             next: std::sync::atomic::AtomicUsize::new(0),
@@ -240,7 +249,9 @@ impl Model {
         let w = r.window.dim(0);
         let start = r.next.load(Ordering::Relaxed);
         backend.copy(&r.all.narrow(start, w)?, &r.window)?;
-        backend.copy(&r.predicted_all.narrow(start, w)?, &r.predicted)?;
+        if let Some((p_all, p)) = &r.predicted {
+            backend.copy(&p_all.narrow(start, w)?, p)?;
+        }
         let next = RoutingTable::next_start(start, rows, self.cfg.num_layers, w, r.all.dim(0));
         r.next.store(next, Ordering::Relaxed);
         Ok(())
@@ -566,8 +577,12 @@ impl Model {
                         // Pre-gated: layer j's router applied to this layer's input
                         // predicts j's experts, fetched while this layer's run.
                         let next = &layers[j];
-                        match &self.router_table {
-                            Some(r) => be.copy(&r.predicted.narrow(j, n)?, &pf_logits)?,
+                        match self
+                            .router_table
+                            .as_ref()
+                            .and_then(|r| r.predicted.as_ref())
+                        {
+                            Some((_, p)) => be.copy(&p.narrow(j, n)?, &pf_logits)?,
                             None => {
                                 let router = next.router.as_ref().expect("a sparse layer");
                                 be.matmul(&buf.normed, router, None, &pf_logits)?

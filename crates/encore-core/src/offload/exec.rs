@@ -655,6 +655,11 @@ impl Offload {
         }
     }
 
+    /// Whether the expert cache's calls prefetch the next sparse layer's experts.
+    pub fn prefetches_experts(&self) -> bool {
+        matches!(&self.executor, Executor::Experts(pool) if pool.prefetches())
+    }
+
     /// Where the `i`-th expert prefetch of a step plans its fills, when the calls
     /// prefetch the next sparse layer's experts (the experts policy, unless every expert
     /// has a slot or `--expert-prefetch` is off).

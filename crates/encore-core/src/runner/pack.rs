@@ -289,14 +289,17 @@ impl<'b> Packer<'b> {
     /// Sampling rows of a step over `batch`: one per sequence, and one per scored token
     /// after a chunk's first ([`super::Score`]).
     pub fn rows(batch: &[SeqStep<'_>]) -> usize {
-        batch
-            .iter()
-            .map(|s| match s.score {
-                Some(_) => s.tokens.len().max(1),
-                None if s.verify => s.tokens.len().max(1),
-                None => 1,
-            })
-            .sum()
+        batch.iter().map(|s| 1 + Self::extra_rows(s)).sum()
+    }
+
+    /// A sequence's sampling rows beside its own: one per token after its chunk's first
+    /// when scored or verifying (in batch order, after the batch's own rows).
+    pub fn extra_rows(s: &SeqStep<'_>) -> usize {
+        if s.score.is_some() || s.verify {
+            s.tokens.len().saturating_sub(1)
+        } else {
+            0
+        }
     }
 
     /// Inputs of `seqs` empty sequences and no tokens: every row padding, `cu` all zero.

@@ -536,29 +536,23 @@ impl Runner<'_> {
         let read = if verifying { Packer::rows(batch) } else { b };
         let all = sampling.download_tokens(be, read);
         self.device_wait.set(self.device_wait.get() + t0.elapsed());
-        let mut all = all?;
+        let mut tokens = all?;
         let mut verified = vec![Vec::new(); b];
         if verifying {
-            let mut extra = all.split_off(b).into_iter();
+            let mut extra = tokens.split_off(b).into_iter();
             for (s, v) in batch.iter().zip(verified.iter_mut()) {
-                let rows = match s.score {
-                    Some(_) => s.tokens.len().saturating_sub(1),
-                    None if s.verify => s.tokens.len().saturating_sub(1),
-                    None => 0,
-                };
-                let taken: Vec<u32> = extra.by_ref().take(rows).collect();
+                let taken: Vec<u32> = extra.by_ref().take(Packer::extra_rows(s)).collect();
                 if s.verify {
                     *v = taken;
                 }
             }
         }
-        let tokens: Result<Vec<u32>> = Ok(all);
         if batch
             .iter()
             .all(|s| s.sampling.logprobs.is_none() && s.score.is_none())
         {
             return Ok(StepOut {
-                tokens: tokens?,
+                tokens,
                 logits,
                 logprobs: vec![None; b],
                 prompt: vec![Vec::new(); b],
@@ -610,7 +604,7 @@ impl Runner<'_> {
             })
             .collect();
         Ok(StepOut {
-            tokens: tokens?,
+            tokens,
             logits,
             logprobs,
             prompt,

@@ -203,15 +203,27 @@ impl CudaCopyQueue {
         what: &str,
     ) -> Result<()> {
         self.bind()?;
-        // SAFETY: our event and two live streams of this context.
-        unsafe {
-            drv_sys::cuEventRecord(ev, from.cu_stream())
-                .result()
-                .map_err(|e| Error::cuda(format!("cuEventRecord ({what})"), e))?;
-            drv_sys::cuStreamWaitEvent(to.cu_stream(), ev, 0)
-                .result()
-                .map_err(|e| Error::cuda(format!("cuStreamWaitEvent ({what})"), e))
-        }
+        order(ev, from, to, what)
+    }
+}
+
+/// `to` waits for the work queued on `from` so far, through `ev` (recorded on `from`):
+/// a fork or a join of two streams, captured as graph edges inside a capture. The
+/// context is bound.
+pub(super) fn order(
+    ev: drv_sys::CUevent,
+    from: &CudaStream,
+    to: &CudaStream,
+    what: &str,
+) -> Result<()> {
+    // SAFETY: a live event and two live streams of the bound context.
+    unsafe {
+        drv_sys::cuEventRecord(ev, from.cu_stream())
+            .result()
+            .map_err(|e| Error::cuda(format!("cuEventRecord ({what})"), e))?;
+        drv_sys::cuStreamWaitEvent(to.cu_stream(), ev, 0)
+            .result()
+            .map_err(|e| Error::cuda(format!("cuStreamWaitEvent ({what})"), e))
     }
 }
 

@@ -182,26 +182,6 @@ impl Drop for SideStream {
 }
 
 impl CudaBackend {
-    /// `to` waits for the work queued on `from` so far, through `ev`.
-    fn order(
-        &self,
-        ev: drv_sys::CUevent,
-        from: &CudaStream,
-        to: &CudaStream,
-        what: &str,
-    ) -> Result<()> {
-        self.bind()?;
-        // SAFETY: our event and two live streams of this context.
-        unsafe {
-            drv_sys::cuEventRecord(ev, from.cu_stream())
-                .result()
-                .map_err(|e| Error::cuda(format!("cuEventRecord ({what})"), e))?;
-            drv_sys::cuStreamWaitEvent(to.cu_stream(), ev, 0)
-                .result()
-                .map_err(|e| Error::cuda(format!("cuStreamWaitEvent ({what})"), e))
-        }
-    }
-
     /// An expert cache's call, between its plans and its own fill: queue `copies` (a
     /// prefetch's, for a later layer) on the side stream (made at its first use), forked
     /// from the compute stream here; then the compute stream waits for the prefetch
@@ -243,7 +223,8 @@ impl CudaBackend {
         let s = side.as_mut().expect("made above");
         let older = s.pending.take();
         if let Some(copies) = copies {
-            self.order(s.fork, &self.stream, &s.stream, "expert prefetch fork")?;
+            self.bind()?;
+            copy_queue::order(s.fork, &self.stream, &s.stream, "expert prefetch fork")?;
             copies(&s.stream, s.priority)?;
             let done = s.done[s.next];
             // SAFETY: our event, our live stream.
