@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # n-gram speculative decoding on the GPU machine, from .gpu/spec.tar.xz (the encore
 # binary): generate on dummy shapes (random weights: their acceptance says nothing about
-# real models; the point is a verify step's cost, eager, against graph decode), plain
+# real models; the point is a verify step's cost against graph decode), plain
 # against --speculative-method ngram. Logs under $OUT.
 #   bench decode --speculative 1,2,4,8 first (the verify step against the decode step);
-#   SPEC_BENCH_ONLY=1 skips the generate runs.
+#   SPEC_BENCH_ONLY=1 skips the generate runs, SPEC_GEN_ONLY=1 the benches and tests.
+#   generate captures every graph at start-up (--capture-all): decode rates are steady.
 #   usage: OUT=... bash scripts/gpu-spec.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,14 +14,22 @@ export ENCORE_CACHE_DIR=/tmp/encore-cache
 OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT" .spec
 tar -xJf .gpu/spec.tar.xz -C .spec || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
+# The CUDA verify-graph test, when the bundle carries the graph test binary.
+if [ -x .spec/graph-test ] && [ -z "${SPEC_GEN_ONLY:-}" ]; then
+  .spec/graph-test --include-ignored cuda_ >"$OUT/graph-test.txt" 2>&1
+  echo "== graph tests (CUDA) rc=$?"; grep -E "^test |test result" "$OUT/graph-test.txt"
+fi
 P=$(printf 'one two three four five six seven eight %.0s' $(seq 1 12))
 for m in ${SPEC_MODELS:-llama-3.2-1b llama-3-8b}; do
-  .spec/encore bench decode --device cuda --model dummy:$m --batch 1,64 --steps 20 --speculative 1,2,4,8 >"$OUT/verify-$m.txt" 2>&1
-  echo "== bench decode $m --speculative rc=$?"; grep -E "^ +(1|64) |verify step" "$OUT/verify-$m.txt"
+  if [ -z "${SPEC_GEN_ONLY:-}" ]; then
+    .spec/encore bench decode --device cuda --model dummy:$m --batch 1,2,4,8,64 --steps 20 \
+      --speculative 1,2,4,8 >"$OUT/verify-$m.txt" 2>&1
+    echo "== bench decode $m --speculative rc=$?"; grep -E "^ +(1|2|4|8|64) |verify step" "$OUT/verify-$m.txt"
+  fi
   [ -n "${SPEC_BENCH_ONLY:-}" ] && continue
   for s in "" "--speculative-method ngram --num-speculative-tokens 4"; do
     .spec/encore generate --device cuda --model dummy:$m --prompt "$P" --max-tokens 128 \
-      --ignore-eos $s >"$OUT/gen-$m-${s:+spec}.txt" 2>&1
+      --ignore-eos --capture-all $s >"$OUT/gen-$m-${s:+spec}.txt" 2>&1
     echo "== $m ${s:-plain} rc=$?"; grep -E "summary|speculative decoding" "$OUT/gen-$m-${s:+spec}.txt"
   done
 done

@@ -44,6 +44,7 @@ fn main() -> encore_core::Result<()> {
             } else {
                 encore_core::graph::BucketPolicy::None
             },
+            verify: 0,
         }),
         capture_all: true,
         ..EngineConfig::new(

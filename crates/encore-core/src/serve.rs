@@ -76,9 +76,10 @@ pub struct EngineMetrics {
     /// Prompt tokens looked up in the prefix cache, and those found there (not computed).
     pub prefix_cache_queries_total: AtomicU64,
     pub prefix_cache_hits_total: AtomicU64,
-    /// Graph replays of decode and of mixed (prefill) steps.
+    /// Graph replays of decode, mixed (prefill) and verify (speculative decoding) steps.
     pub graph_replays_decode: AtomicU64,
     pub graph_replays_mixed: AtomicU64,
+    pub graph_replays_verify: AtomicU64,
     /// The expert cache's totals (the experts offload policy; 0 otherwise), read from the
     /// device every [`EXPERT_STATS_EVERY`] steps and when idle: distinct experts the
     /// layers needed, summed over layers and steps; hits; misses (fills); bytes streamed;
@@ -450,6 +451,10 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
     }
     if let Some(p) = runner.phase_stats(Phase::Mixed) {
         m.graph_replays_mixed
+            .store((p.hits + p.misses) as u64, Ordering::Relaxed);
+    }
+    if let Some(p) = runner.phase_stats(Phase::Verify) {
+        m.graph_replays_verify
             .store((p.hits + p.misses) as u64, Ordering::Relaxed);
     }
 }

@@ -337,6 +337,7 @@ fn constrained_steps_in_graphs_equal_eager() {
     r.set_graphs(Some(GraphConfig {
         decode: common::buckets(),
         mixed: BucketPolicy::SglangLike { max: 256 },
+        verify: 0,
     }));
     let (out, _) = run(&mut r, SchedulerConfig::new(64, 8), &reqs);
     assert_eq!(out, reference);

@@ -21,6 +21,7 @@ fn config() -> EngineConfig {
         graphs: Some(GraphConfig {
             decode: BucketPolicy::PowersOfTwo { max: 4 },
             mixed: BucketPolicy::SglangLike { max: 128 },
+            verify: 0,
         }),
         capture_all: true,
         run_name: "engine test".into(),

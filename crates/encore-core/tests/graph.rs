@@ -223,3 +223,171 @@ fn cuda_graph_decode_matches_eager() {
     // logits agree to f32 rounding, and sampled tokens are compared through the logits.
     check_graph_matches_eager(&be, 1e-4, false);
 }
+
+/// Verify steps (each sequence's last token and up to `k` drafts, or one decode token)
+/// replayed from the verify graph of their batch's bucket equal the same steps run
+/// eagerly: the samples after every token, their log-probabilities, and the KV cache
+/// they write (padding writes none), as batches shrink and grow across buckets. Other
+/// row counts round GEMMs differently: log-probabilities and the cache agree to 1e-4;
+/// samples are equal when `exact`, else they must agree at all but `1 / 50` rows.
+fn check_verify_graphs_match_eager(be: &dyn Backend, exact: bool) {
+    use encore_core::graph::{BucketPolicy, Phase};
+    use encore_core::runner::{GraphConfig, RunnerConfig};
+    let k = 3;
+    // Room for 8 sequences of 4 rows: verify graphs of buckets 1, 2, 4 and 8.
+    let cfg = RunnerConfig {
+        max_seqs: 32,
+        ..common::tiny_config(1 + 16 * (128 / common::BLOCK))
+    };
+    let make = |graph: bool| {
+        let mut r = Runner::new(be, common::tiny_model(be), cfg).unwrap();
+        if graph {
+            r.set_graphs(Some(GraphConfig {
+                decode: common::buckets(),
+                mixed: BucketPolicy::None,
+                verify: k,
+            }));
+        }
+        let s = Seqs::for_runner(&r).unwrap();
+        (r, s)
+    };
+    let (mut eager, mut es) = make(false);
+    let (mut graph, mut gs) = make(true);
+    let sampling = |i: usize| SamplingParams {
+        temperature: if i.is_multiple_of(2) { 0.0 } else { 0.8 },
+        top_k: 20,
+        seed: 7 + i as u64,
+        logprobs: (i % 3 == 1).then_some(2),
+        ..Default::default()
+    };
+    let n = 7;
+    let mut last = Vec::new();
+    for i in 0..n {
+        let prompt: Vec<u32> = (0..5 + 3 * i)
+            .map(|j| ((i * 13 + j * 7) % 200) as u32)
+            .collect();
+        let x = common::prefill_both(
+            (&mut eager, &mut es),
+            (&mut graph, &mut gs),
+            i,
+            &prompt,
+            sampling(i),
+        );
+        last.push(x);
+    }
+    // (sequence, drafts) per step; 0 drafts: a plain decode row. Step 4 follows step 0
+    // in bucket 8 with fewer sequences and more tokens: its padding sequences must not
+    // attend over stale rows.
+    let schedule: [&[(usize, usize)]; 7] = [
+        &[(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 1)],
+        &[(1, 3), (3, 2), (5, 1)],
+        &[(3, 1)],
+        &[(0, 2), (6, 0)],
+        &[(0, 3), (1, 3), (2, 3), (3, 3), (4, 3)],
+        &[(4, 1), (5, 2), (6, 3)],
+        &[(0, 1), (1, 2), (2, 3), (3, 0), (4, 1), (5, 2), (6, 3)],
+    ];
+    let (mut rows, mut moved) = (0usize, 0usize);
+    for (step, plan) in schedule.iter().enumerate() {
+        let active: Vec<usize> = plan.iter().map(|&(i, _)| i).collect();
+        let toks: Vec<Vec<u32>> = plan
+            .iter()
+            .map(|&(i, d)| {
+                std::iter::once(last[i])
+                    .chain((0..d).map(|j| ((i * 5 + j * 3 + step) % 200) as u32))
+                    .collect()
+            })
+            .collect();
+        for s in [&mut es, &mut gs] {
+            for (&i, t) in active.iter().zip(&toks) {
+                s.blocks.append(SeqId(i as u64), t.len()).unwrap();
+            }
+        }
+        let batch: Vec<SeqStep<'_>> = active
+            .iter()
+            .zip(&toks)
+            .map(|(&i, t)| SeqStep {
+                seq: SeqId(i as u64),
+                tokens: t,
+                sampling: sampling(i),
+                masked: false,
+                score: None,
+                verify: t.len() > 1,
+                logit_bias: &[],
+            })
+            .collect();
+        let a = eager.step_sampled(&mut es, &batch).unwrap();
+        let b = graph.step_sampled(&mut gs, &batch).unwrap();
+        for ((x, y), &(i, want)) in a.iter().zip(&b).zip(plan.iter()) {
+            assert_eq!(
+                (x.verified.len(), y.verified.len()),
+                (want, want),
+                "step {step}"
+            );
+            let lps = |s: &encore_core::runner::Sampled| {
+                let all = s.verified_logprobs.iter().chain([&s.logprobs]);
+                all.flatten()
+                    .flat_map(|l| {
+                        let top = l.top.iter().map(|&(_, p)| p);
+                        std::iter::once(l.logprob).chain(top).collect::<Vec<_>>()
+                    })
+                    .collect::<Vec<f32>>()
+            };
+            let (p, q) = (lps(x), lps(y));
+            assert_eq!(p.len(), q.len(), "step {step}, sequence {i}");
+            assert!(
+                p.iter().zip(&q).all(|(u, v)| (u - v).abs() < 1e-4),
+                "step {step}, sequence {i}: {p:?} {q:?}"
+            );
+            assert_eq!(i % 3 == 1, !p.is_empty(), "step {step}, sequence {i}");
+            if exact {
+                assert_eq!(
+                    (&x.token, &x.verified),
+                    (&y.token, &y.verified),
+                    "step {step}, sequence {i}"
+                );
+            } else {
+                let xs = x.verified.iter().chain([&x.token]);
+                let ys = y.verified.iter().chain([&y.token]);
+                moved += xs.zip(ys).filter(|(p, q)| p != q).count();
+            }
+            rows += 1 + want;
+            last[i] = x.token;
+        }
+    }
+    assert!(moved * 50 <= rows, "{moved} of {rows} samples differ");
+    let kv = |r: &Runner<'_>| {
+        let t = r.kv().tensor();
+        let mut bytes = vec![0u8; t.size_bytes()];
+        be.read_bytes(t, &mut bytes).unwrap();
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect::<Vec<f32>>()
+    };
+    let (ka, kb) = (kv(&eager), kv(&graph));
+    assert!(ka.iter().any(|&x| x != 0.0));
+    let worst = ka
+        .iter()
+        .zip(&kb)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-4, "the KV caches differ by {worst}");
+    let v = graph.phase_stats(Phase::Verify).unwrap();
+    assert_eq!(v.hits + v.misses, schedule.len(), "{v:?}");
+    assert_eq!(v.captures, 4, "{v:?}");
+    // Padded: 7 of 8, 3 of 4, 1 of 1, 2 of 2, 5 of 8, 3 of 4, 7 of 8.
+    assert_eq!(v.padded_rows, 1 + 1 + 3 + 1 + 1, "{v:?}");
+}
+
+#[test]
+fn verify_graphs_match_eager_verify_steps() {
+    check_verify_graphs_match_eager(&CpuBackend::new(), true);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_verify_graphs_match_eager_verify_steps() {
+    let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
+    check_verify_graphs_match_eager(&be, false);
+}

@@ -28,6 +28,7 @@ fn graphs() -> GraphConfig {
     GraphConfig {
         decode: common::buckets(),
         mixed: BucketPolicy::SglangLike { max: 256 },
+        verify: 0,
     }
 }
 
@@ -503,6 +504,7 @@ fn cuda_engine_start_up_leaves_nothing_to_plan() {
         graphs: Some(GraphConfig {
             decode: BucketPolicy::VllmLike { max: 8 },
             mixed: BucketPolicy::SglangLike { max: 512 },
+            verify: 0,
         }),
         capture_all: true,
         ..EngineConfig::new(DType::BF16, 16, 512, 8, 512, kv)

@@ -196,6 +196,7 @@ fn penalties_and_logprobs_match_the_host_reference_through_chunks_and_preemption
     g.set_graphs(Some(GraphConfig {
         decode: common::buckets(),
         mixed: BucketPolicy::SglangLike { max: 256 },
+        verify: 0,
     }));
     let (out, _) = run(&mut g, cfg, &reqs);
     for q in &reqs {

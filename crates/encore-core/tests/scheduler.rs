@@ -144,6 +144,7 @@ fn graphs_and_piecewise_steps_serve_the_scheduler_alike() {
     graph.set_graphs(Some(encore_core::runner::GraphConfig {
         decode: common::buckets(),
         mixed: encore_core::graph::BucketPolicy::SglangLike { max: 256 },
+        verify: 0,
     }));
     let (b, _) = run(&mut graph, cfg, &reqs);
     assert_eq!(a, b);
@@ -355,6 +356,7 @@ fn prefix_hits_through_decode_graphs_and_piecewise_steps_give_the_cold_tokens() 
         r.set_graphs(Some(encore_core::runner::GraphConfig {
             decode: common::buckets(),
             mixed: encore_core::graph::BucketPolicy::SglangLike { max: 256 },
+            verify: 0,
         }));
         r
     };
@@ -503,6 +505,7 @@ fn cuda_mixed_steps_at_a_real_shape_complete() {
         graphs: Some(GraphConfig {
             decode: BucketPolicy::VllmLike { max: 64 },
             mixed: BucketPolicy::SglangLike { max: 1024 },
+            verify: 0,
         }),
         capture_all: true,
         ..EngineConfig::new(
@@ -653,4 +656,60 @@ fn speculative_decoding_reports_each_tokens_logprobs() {
             .all(|(_, lp)| lp.as_ref().is_some_and(|l| l.top.len() == 3)));
         assert_eq!(a, b, "request {}", q.id);
     }
+}
+
+/// Verify steps replayed from verify graphs (one per decode bucket, padded sequences and
+/// rows, speculating and plain sequences in one graph) give the tokens of decoding one at
+/// a time, greedy and sampled, with log-probabilities; a step with a prompt chunk runs
+/// eagerly. Every bucket whose rows fit is captured, and replays count.
+#[test]
+fn verify_graphs_give_the_tokens_of_decoding_one_at_a_time() {
+    use encore_core::graph::{BucketPolicy, Phase};
+    use encore_core::runner::{GraphConfig, RunnerConfig};
+    use encore_core::spec::ngram::NgramConfig;
+    let cpu = CpuBackend::new();
+    let mut reqs = mix();
+    for (id, temperature) in [(40u64, 0.0f32), (41, 0.9), (42, 0.0)] {
+        let mut r = request(id, 0, 36, temperature);
+        r.prompt = [4u32, 6, 8, 10, 12, 14].repeat(6);
+        r.params.sampling.logprobs = (id == 42).then_some(2);
+        reqs.push((r, id - 39));
+    }
+    let mut penalized = request(43, 0, 20, 0.0);
+    penalized.prompt = [5u32, 7, 9].repeat(8);
+    penalized.params.sampling.repetition_penalty = 1.3;
+    reqs.push((penalized, 2));
+    let reference = alone(&reqs);
+    let k = 4;
+    // Room for 8 sequences' drafts: verify graphs for buckets 1, 2, 4 and 8.
+    let cfg = RunnerConfig {
+        max_seqs: 40,
+        ..common::tiny_config(1 + 16 * (128 / common::BLOCK))
+    };
+    let mut r = Runner::new(&cpu, common::tiny_model(&cpu), cfg).unwrap();
+    r.set_graphs(Some(GraphConfig {
+        decode: common::buckets(),
+        mixed: BucketPolicy::SglangLike { max: 256 },
+        verify: k,
+    }));
+    let verify_keys: Vec<usize> = r
+        .graph_keys()
+        .into_iter()
+        .filter(|key| key.phase == Phase::Verify)
+        .map(|key| key.bucket)
+        .collect();
+    assert_eq!(verify_keys, vec![8, 4, 2, 1]);
+    let sched = SchedulerConfig {
+        speculative: Some(NgramConfig::new(1, 4, k).unwrap()),
+        ..SchedulerConfig::new(64, 8)
+    };
+    let (out, s) = run(&mut r, sched, &reqs);
+    for (req, _) in &reqs {
+        assert_eq!(out[&req.id], reference[&req.id], "request {}", req.id);
+    }
+    let st = s.stats();
+    assert!(st.drafts_accepted > 10, "{st:?}");
+    let v = r.phase_stats(Phase::Verify).unwrap();
+    assert!(v.hits > 5 && v.captures >= 2, "{v:?}");
+    assert!(v.padded_rows > 0, "{v:?}");
 }

@@ -25,6 +25,7 @@ fn config(graphs: bool) -> EngineConfig {
         graphs: graphs.then_some(GraphConfig {
             decode: BucketPolicy::PowersOfTwo { max: 4 },
             mixed: BucketPolicy::PowersOfTwo { max: 32 },
+            verify: 0,
         }),
         capture_all: graphs,
         run_name: "tp test".into(),

@@ -156,9 +156,10 @@ pub(crate) async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse
     offload_gauges(&s, &mut text);
     text.push_str("# HELP encore_graph_replays_total Graph replays by phase.\n# TYPE encore_graph_replays_total counter\n");
     text.push_str(&format!(
-        "encore_graph_replays_total{{phase=\"decode\"}} {}\nencore_graph_replays_total{{phase=\"mixed\"}} {}\n",
+        "encore_graph_replays_total{{phase=\"decode\"}} {}\nencore_graph_replays_total{{phase=\"mixed\"}} {}\nencore_graph_replays_total{{phase=\"verify\"}} {}\n",
         g(&m.graph_replays_decode),
-        g(&m.graph_replays_mixed)
+        g(&m.graph_replays_mixed),
+        g(&m.graph_replays_verify)
     ));
     histogram_text(
         &mut text,

@@ -118,6 +118,7 @@ impl Plan {
         let graphs = GraphConfig {
             decode: BucketPolicy::Explicit(buckets.clone()),
             mixed: BucketPolicy::Explicit(token_buckets.clone()),
+            verify: 0,
         };
         // Decode buckets, then token buckets, each ascending; then put in --order.
         let mut keys: Vec<Key> = buckets

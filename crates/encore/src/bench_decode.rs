@@ -17,7 +17,7 @@ use encore_core::model::routing::RoutingTable;
 use encore_core::model::weights::WeightSource;
 use encore_core::model::ModelFiles;
 use encore_core::request::SamplingParams;
-use encore_core::runner::{Runner, SeqStep, Seqs};
+use encore_core::runner::{GraphConfig, Runner, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 
 use encore_core::offload::{ExpertStats, OffloadConfig};
@@ -68,7 +68,8 @@ pub struct BenchDecodeArgs {
     prefetch_accuracy: Option<f64>,
     /// Also time speculative decoding's verify step with this many drafts per sequence
     /// (comma-separated, each 1..=16) after each batch's decode steps: the step that
-    /// scores the last token and k drafts (eager for now), against the decode step.
+    /// scores the last token and k drafts (its verify graph, or eager with --eager),
+    /// against the decode step.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = parse::count::<1, 16>)]
     speculative: Vec<usize>,
 }
@@ -492,7 +493,16 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         };
         let mut verify = Vec::new();
         for &k in &a.speculative {
+            // Graph mode replays the verify graph of the batch's bucket for `k` drafts.
+            if !a.eager {
+                runner.set_graphs(Some(GraphConfig {
+                    decode: BucketPolicy::VllmLike { max: max_batch },
+                    mixed: BucketPolicy::None,
+                    verify: k,
+                }));
+            }
             let v = time_verify(&mut runner, &mut held, &seqs, &mut last, k, a.runs.steps)?;
+            runner.set_graph_mode(None);
             verify.push((k, v));
         }
         free(&mut held, &seqs)?;
@@ -698,10 +708,15 @@ fn print_row(
         }
         for &(k, v) in verify {
             outln!(
-                "{:>6} verify step, {k} drafts a sequence: {:.3} ms, {:.2}x the decode step (eager)",
+                "{:>6} verify step, {k} drafts a sequence: {:.3} ms, {:.2}x the decode step ({})",
                 "",
                 v * 1e3,
-                v / step
+                v / step,
+                if graph.is_some() {
+                    "both graphs"
+                } else {
+                    "both eager"
+                }
             )?;
         }
     }

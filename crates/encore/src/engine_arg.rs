@@ -135,7 +135,7 @@ impl EngineArgs {
         dtype: DType,
         shape: EngineShape,
     ) -> Result<(EngineConfig, SchedulerConfig)> {
-        let graphs = if self.eager {
+        let mut graphs = if self.eager {
             None
         } else {
             Some(crate::graphs::config(
@@ -166,6 +166,10 @@ impl EngineArgs {
         // A verify chunk takes a sampling row per draft beside its sequence's: room for
         // up to 8 sequences' drafts in one step (more sequences share it).
         let spec_rows = speculative.map_or(0, |c| c.k * shape.max_seqs.min(8));
+        // Verify steps replay graphs of their decode bucket (where its rows fit).
+        if let (Some(g), Some(c)) = (graphs.as_mut(), speculative) {
+            g.verify = c.k;
+        }
         let engine = EngineConfig {
             offload: self.offload.config(),
             dtype,

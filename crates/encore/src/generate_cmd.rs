@@ -91,8 +91,8 @@ pub struct GenerateArgs {
     /// Print one JSON object per prompt (ids, text, timings) instead of text.
     #[arg(long)]
     json: bool,
-    /// Capture every decode and prefill bucket at start-up, largest first (a warm-up),
-    /// instead of on first use.
+    /// Capture every decode, prefill and verify bucket at start-up, largest first (a
+    /// warm-up), instead of on first use.
     #[arg(long)]
     capture_all: bool,
 }

@@ -36,6 +36,7 @@ pub fn config(
     Ok(GraphConfig {
         decode,
         mixed: prefill,
+        verify: 0,
     })
 }
 

@@ -307,7 +307,7 @@ fn the_openai_python_client_works() {
 
 /// `serve --speculative-method ngram` over a real server: completions (greedy and seeded
 /// sampling, whole and streamed) equal those of a server without speculation, and
-/// `/metrics` counts drafts verified and kept.
+/// `/metrics` counts drafts verified and kept, and verify graphs replayed.
 #[test]
 fn ngram_speculation_serves_the_same_completions() {
     let bodies = [
@@ -350,6 +350,11 @@ fn ngram_speculation_serves_the_same_completions() {
     assert!(drafts > 0 && kept <= drafts, "{metrics}");
     assert!(
         value("encore_spec_decode_num_verifications_total") > 0,
+        "{metrics}"
+    );
+    // Verify steps replay their bucket's verify graph.
+    assert!(
+        value("encore_graph_replays_total{phase=\"verify\"}") > 0,
         "{metrics}"
     );
 }

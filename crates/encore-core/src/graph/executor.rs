@@ -29,6 +29,10 @@ pub enum Phase {
     /// Prefill, chunked prefill and decode rows together: pieces per token-count bucket,
     /// attention eager between them.
     Mixed,
+    /// Speculative decoding's verify steps: one full graph per batch-size bucket `B`,
+    /// `B * (k + 1)` token rows (each sequence's last token and up to `k` drafts, or one
+    /// decode token) and as many sampling rows, attention through the prefill path.
+    Verify,
 }
 
 impl std::fmt::Display for Phase {
@@ -37,6 +41,7 @@ impl std::fmt::Display for Phase {
             Phase::Decode => "decode",
             Phase::DecodeLogits => "decode (logits)",
             Phase::Mixed => "mixed",
+            Phase::Verify => "verify",
         })
     }
 }

@@ -128,7 +128,10 @@ impl<'b> Packer<'b> {
     /// copy. Block tables and slots come from `seqs.blocks`. With `penalties`, a row with
     /// penalties whose sample is kept gets its slot (and the slot's sequence advances by
     /// the token); otherwise none does. The first `d` sequences are a mixed step's
-    /// decode rows (0: no split).
+    /// decode rows (0: no split). Extra sampling rows (scored or verified tokens) start
+    /// at row `first_extra` (at least the batch's size); a verify graph's padding
+    /// sequences sit between.
+    #[allow(clippy::too_many_arguments)]
     pub fn pack(
         &mut self,
         seqs: &mut Seqs,
@@ -137,7 +140,9 @@ impl<'b> Packer<'b> {
         read_seqs: usize,
         d: usize,
         penalties: bool,
+        first_extra: usize,
     ) -> Result<()> {
+        let first_extra = first_extra.max(batch.len());
         let w = self.table_width;
         let h = StepHost::of(&mut self.table, layout)?;
         h.cu_seqlens_q[0] = 0;
@@ -201,9 +206,19 @@ impl<'b> Packer<'b> {
                 h.cu_rest[k] = h.cu_seqlens_q[d + k] - d as i32;
             }
         }
+        // Padding sequences before the extra rows: empty, every field its padding value.
+        let h = if first_extra > batch.len() {
+            self.table.pad(layout, t, batch.len())?;
+            let h = StepHost::of(&mut self.table, layout)?;
+            h.cu_seqlens_q[batch.len() + 1..=first_extra].fill(t as i32);
+            h
+        } else {
+            h
+        };
         // Scored chunks: a greedy, penalty-free row per token after a chunk's first, after
-        // the batch's rows in batch order; the sequence's own row scores `next`.
-        let mut row = batch.len();
+        // the batch's rows (and padding) in batch order; the sequence's own row scores
+        // `next`.
+        let mut row = first_extra;
         for (i, s) in batch.iter().enumerate() {
             if s.verify {
                 // Verify rows: a row per token before the last, sampled as the sequence's

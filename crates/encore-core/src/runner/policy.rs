@@ -9,14 +9,20 @@ use crate::memory::ArenaStats;
 use super::group::Cmd;
 use super::pack::Packer;
 use super::step::StepShape;
-use super::Runner;
+use super::{Runner, SeqStep};
 
 /// Which graphs the runner captures: decode batch-size buckets and token-count buckets
-/// for prefill and mixed steps ([`BucketPolicy::None`] for either keeps it eager).
+/// for prefill and mixed steps ([`BucketPolicy::None`] for either keeps it eager), and
+/// speculative decoding's verify graphs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GraphConfig {
     pub decode: BucketPolicy,
     pub mixed: BucketPolicy,
+    /// Drafts per sequence of the verify graphs (0: none): a verify graph per decode
+    /// bucket `B` whose `B * (verify + 1)` token rows fit `max_seqs` sampling rows and
+    /// `max_tokens_per_step`, serving verify steps of up to `B` sequences, each
+    /// verifying up to `verify` drafts or decoding one token ([`Phase::Verify`]).
+    pub verify: usize,
 }
 
 /// How a step runs, fixed by its shape.
@@ -58,6 +64,11 @@ impl GraphPolicy {
                 return (Plan::Graph(key), self.layout_of(inputs, key));
             }
         }
+        self.mixed(inputs, g, n, b)
+    }
+
+    /// A token bucket's pieces for a step of `n` tokens from `b` sequences, or eager.
+    fn mixed(&self, inputs: &Packer<'_>, g: &GraphConfig, n: usize, b: usize) -> (Plan, Layout) {
         match g.mixed.bucket_for(n).filter(|&t| t <= self.max_tokens) {
             Some(t) => {
                 let key = Key {
@@ -70,12 +81,51 @@ impl GraphPolicy {
         }
     }
 
+    /// The verify graph a speculative step over `batch` runs in, with its layout: every
+    /// sequence verifies at most the graphs' drafts (or decodes one token), none is
+    /// scored, no row is masked (`masked`: the step has masked rows), and its decode
+    /// bucket has a verify graph. `None`: the step runs eagerly.
+    pub fn plan_verify(
+        &self,
+        inputs: &Packer<'_>,
+        batch: &[SeqStep<'_>],
+        masked: bool,
+    ) -> Option<(Key, Layout)> {
+        let g = self.graphs.as_ref().filter(|_| !self.force_eager)?;
+        let k = g.verify;
+        let fits = |s: &SeqStep<'_>| {
+            s.score.is_none() && (s.tokens.len() == 1 || (s.verify && s.tokens.len() <= k + 1))
+        };
+        if k == 0 || masked || !batch.iter().all(fits) {
+            return None;
+        }
+        let bucket = g.decode.bucket_for(batch.len())?;
+        let key = Key {
+            phase: Phase::Verify,
+            bucket,
+        };
+        self.verify_fits(g, bucket)
+            .then(|| (key, self.layout_of(inputs, key)))
+    }
+
+    /// Whether decode bucket `bucket` has a verify graph: its token and sampling rows fit.
+    fn verify_fits(&self, g: &GraphConfig, bucket: usize) -> bool {
+        g.verify > 0 && bucket.saturating_mul(g.verify + 1) <= self.max_seqs.min(self.max_tokens)
+    }
+
     /// The fixed input layout of a captured key: decode buckets have one token per
-    /// sequence row; a token bucket has room for as many sequences as it can hold.
+    /// sequence row; a token bucket has room for as many sequences as it can hold; a
+    /// verify graph of bucket `B` has `B * (k + 1)` token and sampling rows (its
+    /// sequences' own rows first, their drafts' rows from row `B`).
     pub fn layout_of(&self, inputs: &Packer<'_>, key: Key) -> Layout {
         match key.phase {
             Phase::Decode | Phase::DecodeLogits => inputs.layout(key.bucket, key.bucket),
             Phase::Mixed => inputs.layout(key.bucket, key.bucket.min(self.max_seqs)),
+            Phase::Verify => {
+                let k = self.graphs.as_ref().map_or(0, |g| g.verify);
+                let rows = key.bucket * (k + 1);
+                inputs.layout(rows, rows)
+            }
         }
     }
 
@@ -89,8 +139,19 @@ impl GraphPolicy {
             let buckets = policy.buckets().into_iter().filter(move |&r| r <= max);
             buckets.rev().map(move |bucket| Key { phase, bucket })
         };
+        let verify = g
+            .decode
+            .buckets()
+            .into_iter()
+            .rev()
+            .filter(|&b| self.verify_fits(g, b))
+            .map(|bucket| Key {
+                phase: Phase::Verify,
+                bucket,
+            });
         keys(&g.decode, Phase::Decode, self.max_seqs)
             .chain(keys(&g.mixed, Phase::Mixed, self.max_tokens))
+            .chain(verify)
             .collect()
     }
 
@@ -126,6 +187,7 @@ impl Runner<'_> {
         self.set_graphs(policy.map(|decode| GraphConfig {
             decode,
             mixed: BucketPolicy::None,
+            verify: 0,
         }));
     }
 
@@ -250,6 +312,10 @@ impl Runner<'_> {
                 // One empty sequence: every token row is padding.
                 self.parts.inputs.pad_only(&layout, 1)?;
                 StepShape::split(1, 0)
+            }
+            Phase::Verify => {
+                self.parts.inputs.pad_only(&layout, key.bucket)?;
+                StepShape::verify(key.bucket, layout.seqs)
             }
         };
         let step = self.parts.forward(&layout, shape)?;

@@ -68,6 +68,12 @@ impl StepShape {
         }
     }
 
+    /// A verify graph's step: `seqs` sequences (the bucket) through the prefill path of
+    /// attention, run as one piece, with `rows` sampling rows.
+    pub fn verify(seqs: usize, rows: usize) -> Self {
+        StepShape::whole(seqs, false, 0).with_rows(rows)
+    }
+
     /// The LM head and sampling alone, over `rows` rows (warm-up).
     pub fn head_only(rows: usize) -> Self {
         StepShape {
@@ -443,7 +449,13 @@ impl Runner<'_> {
             ));
         }
         let (plan, layout) = if rows > b {
-            (Plan::Eager, self.parts.inputs.layout(n, rows))
+            match self
+                .policy
+                .plan_verify(&self.parts.inputs, batch, fill.is_some())
+            {
+                Some((key, layout)) => (Plan::Graph(key), layout),
+                None => (Plan::Eager, self.parts.inputs.layout(n, rows)),
+            }
         } else {
             self.policy.plan(&self.parts.inputs, n, b, decode_only)
         };
@@ -451,7 +463,7 @@ impl Runner<'_> {
         let Plan::Graph(mut key) = plan else {
             self.parts
                 .inputs
-                .pack(seqs, batch, &layout, rows, d, true)?;
+                .pack(seqs, batch, &layout, rows, d, true, b)?;
             self.parts.sampling.write_bias(be, batch)?;
             let mut shape = StepShape::whole(b, decode_only, d).with_rows(rows);
             if fill.is_some() {
@@ -467,7 +479,7 @@ impl Runner<'_> {
                     if let Some(fill) = fill {
                         r.parts.sample_after(batch, &layout, rows, &buf, fill)?;
                     }
-                    let mut out = r.read_out(batch, None)?;
+                    let mut out = r.read_out(batch, None, b)?;
                     if keep_logits {
                         out.logits = Some(be.download::<f32>(&buf.logits(b)?)?);
                     }
@@ -489,14 +501,21 @@ impl Runner<'_> {
         let read = match key.phase {
             Phase::Decode | Phase::DecodeLogits => key.bucket,
             Phase::Mixed => b,
+            Phase::Verify => layout.seqs,
+        };
+        // A verify graph's drafts' rows follow its bucket's sequence rows.
+        let first_extra = match key.phase {
+            Phase::Verify => key.bucket,
+            _ => b,
         };
         self.parts
             .inputs
-            .pack(seqs, batch, &layout, read, d, true)?;
+            .pack(seqs, batch, &layout, read, d, true, first_extra)?;
         self.parts.sampling.write_bias(be, batch)?;
         let (mut shape, real) = match key.phase {
             Phase::Decode | Phase::DecodeLogits => (StepShape::whole(key.bucket, true, d), b),
             Phase::Mixed => (StepShape::split(b, d), n),
+            Phase::Verify => (StepShape::verify(key.bucket, layout.seqs), b),
         };
         if fill.is_some() {
             shape = shape.logits_only();
@@ -516,7 +535,7 @@ impl Runner<'_> {
                 } else {
                     None
                 };
-                r.read_out(batch, replayed)
+                r.read_out(batch, replayed, first_extra)
             },
         )?;
         if !self.policy.verify {
@@ -526,20 +545,31 @@ impl Runner<'_> {
     }
 
     /// The step's samples (and log-probabilities where asked, and the scores of scored
-    /// chunks) read back, with `logits`.
-    fn read_out(&self, batch: &[SeqStep<'_>], logits: Option<Vec<f32>>) -> Result<StepOut> {
+    /// chunks) read back, with `logits`; extra sampling rows start at row `first_extra`.
+    fn read_out(
+        &self,
+        batch: &[SeqStep<'_>],
+        logits: Option<Vec<f32>>,
+        first_extra: usize,
+    ) -> Result<StepOut> {
         let (be, sampling) = (self.parts.be, &self.parts.sampling);
         let t0 = std::time::Instant::now();
         let b = batch.len();
+        let gap = first_extra.max(b) - b;
         let verifying = batch.iter().any(|s| s.verify);
         // A verify step reads its extra rows' samples too (scored rows' are skipped).
-        let read = if verifying { Packer::rows(batch) } else { b };
+        let read = if verifying {
+            Packer::rows(batch) + gap
+        } else {
+            b
+        };
         let all = sampling.download_tokens(be, read);
         self.device_wait.set(self.device_wait.get() + t0.elapsed());
         let mut tokens = all?;
         let mut verified = vec![Vec::new(); b];
         if verifying {
-            let mut extra = tokens.split_off(b).into_iter();
+            let mut extra = tokens.split_off(b + gap).into_iter();
+            tokens.truncate(b);
             for (s, v) in batch.iter().zip(verified.iter_mut()) {
                 let taken: Vec<u32> = extra.by_ref().take(Packer::extra_rows(s)).collect();
                 if s.verify {
@@ -568,6 +598,7 @@ impl Runner<'_> {
                 _ => s.sampling.logprobs,
             })
             .collect();
+        nums.resize(b + gap, None);
         for s in batch {
             if let Some(score) = s.score {
                 nums.extend((1..s.tokens.len()).map(|_| Some(score.num)));
@@ -577,6 +608,7 @@ impl Runner<'_> {
         }
         let mut lps = sampling.download_logprobs(be, &nums)?.into_iter();
         let mut logprobs: Vec<Option<TokenLogprobs>> = lps.by_ref().take(b).collect();
+        lps.by_ref().take(gap).for_each(drop);
         let mut verified_logprobs = vec![Vec::new(); b];
         let prompt = batch
             .iter()
@@ -627,12 +659,13 @@ impl Runner<'_> {
     ) -> Result<StepOut> {
         let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let b = batch.len();
+        let rows = Packer::rows(batch);
         let be = self.parts.be;
-        let eager_layout = self.parts.inputs.layout(n, b);
+        let eager_layout = self.parts.inputs.layout(n, rows);
         self.parts
             .inputs
-            .pack(seqs, batch, &eager_layout, b, d, false)?;
-        let shape = StepShape::whole(b, decode_only, d);
+            .pack(seqs, batch, &eager_layout, rows, d, false, b)?;
+        let shape = StepShape::whole(b, decode_only, d).with_rows(rows);
         let cmd = self.run_cmd(&eager_layout, b, Exec::Eager(shape))?;
         let eager = self.mirrored(
             || cmd.expect("built with followers"),

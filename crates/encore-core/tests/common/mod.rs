@@ -244,6 +244,7 @@ pub fn check_logit_bias(be: &dyn Backend) {
             r.set_graphs(Some(GraphConfig {
                 decode: buckets(),
                 mixed: BucketPolicy::SglangLike { max: 256 },
+                verify: 0,
             }));
         }
         let plain: Vec<Request> = (10..13).map(greedy).collect();

