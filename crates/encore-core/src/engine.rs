@@ -88,6 +88,10 @@ pub struct EngineConfig {
     /// Synthetic routing for a mixture of experts' benchmarks (`--router-skew`), set
     /// before any graph is captured; `None`: the routers.
     pub router_skew: Option<crate::model::routing::RouterSkew>,
+    /// Speculative decoding's draft model (`--draft-model`): the engine loop boots it
+    /// after the target, on the same device, with [`EngineConfig::for_draft`]; `None`:
+    /// none.
+    pub draft: Option<ModelFiles>,
 }
 
 /// The backends of a tensor-parallel group, rank order.
@@ -131,6 +135,26 @@ impl EngineConfig {
             constraints: None,
             tp: TpBackends::default(),
             router_skew: None,
+            draft: None,
+        }
+    }
+
+    /// The configuration a draft model boots with: the target's sizes, graphs (decode and
+    /// token buckets; the draft runs no verify step) and KV sizing (of the memory the
+    /// target left), every weight resident, one device.
+    pub fn for_draft(&self) -> EngineConfig {
+        EngineConfig {
+            graphs: self.graphs.clone().map(|g| GraphConfig { verify: 0, ..g }),
+            verify_graphs: false,
+            extra_bytes: 0,
+            run_name: format!("{} (its draft model)", self.run_name),
+            fix_hint: format!("{}, or pick a smaller --draft-model", self.fix_hint),
+            offload: None,
+            constraints: None,
+            tp: TpBackends::default(),
+            router_skew: None,
+            draft: None,
+            ..self.clone()
         }
     }
 }

@@ -20,7 +20,7 @@
 //! (`RequestParams::share_prompt`, the `n` samples of one API request) wait while one of
 //! them computes it, then start from its cached blocks.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -30,7 +30,9 @@ use crate::error::{Error, Result};
 use crate::kv::{BlockManager, PrefixHit, SeqId};
 use crate::request::{FinishReason, Limits, Output, Param, Refusal, Request, TokenLogprobs};
 use crate::runner::{Runner, Score, SeqStep, Seqs};
-use crate::spec::ngram::{NgramConfig, NgramIndex};
+use crate::spec::draft::{DraftRequest, Drafter};
+use crate::spec::ngram::NgramIndex;
+use crate::spec::Proposer;
 
 /// The scheduler's budgets and policies.
 #[derive(Clone, Copy, Debug)]
@@ -42,13 +44,14 @@ pub struct SchedulerConfig {
     /// Reuse cached full KV blocks of earlier sequences with the same prefix (see the
     /// module docs); off, every request computes all its tokens.
     pub prefix_cache: bool,
-    /// Speculative decoding by n-gram lookup: a decoding sequence whose sampling allows
-    /// it (no penalties, logit bias or constraint) proposes drafts from
-    /// its own tokens ([`crate::spec::ngram`]), and a verify step samples after each
+    /// Speculative decoding: a decoding sequence whose sampling allows it (no penalties,
+    /// logit bias or constraint) gets drafts from the proposer (n-grams of its own tokens,
+    /// [`crate::spec::ngram`], or a draft model, [`crate::spec::draft`], which
+    /// [`Scheduler::step_with`] is given), and a verify step samples after each
     /// ([`SeqStep::verify`]); each draft equal to the target's sample there is kept, then
     /// the target's own sample. The tokens are those decoding one at a time gives, sampled
     /// or greedy (each position's sample uses that token's seed either way). `None`: off.
-    pub speculative: Option<NgramConfig>,
+    pub speculative: Option<Proposer>,
 }
 
 impl SchedulerConfig {
@@ -127,11 +130,11 @@ impl Seq {
         self.tokens.len() - self.req.prompt.len()
     }
 
-    /// Speculative decoding: when it is decoding (one token to compute) and its sampling
-    /// allows it, append the n-gram drafts for its next step to `tokens` (`drafts`),
-    /// as many as fit `budget` tokens, `rows` sampling rows, its `max_tokens` and
-    /// `max_seq_len`, and `cfg.k`. Nothing when drafts are already there.
-    fn propose(&mut self, cfg: &NgramConfig, budget: usize, rows: usize, max_seq_len: usize) {
+    /// Speculative decoding: how many drafts it may verify in its next step (0: none),
+    /// when it is decoding (one token to compute) and its sampling allows it: as many as
+    /// fit `budget` tokens, `rows` sampling rows, its `max_tokens` and `max_seq_len`, and
+    /// `k`. None when drafts are already there.
+    fn draft_cap(&self, k: usize, budget: usize, rows: usize, max_seq_len: usize) -> usize {
         let p = &self.req.params;
         let eligible = self.drafts == 0
             && self.tokens.len() == self.computed + 1
@@ -140,20 +143,17 @@ impl Seq {
             && self.constraint.is_none()
             && !self.scoring();
         if !eligible {
-            return;
+            return 0;
         }
         // Room for the drafts and the target's token after them.
-        let cap = cfg
-            .k
-            .min(p.max_tokens.saturating_sub(self.produced() + 1))
+        k.min(p.max_tokens.saturating_sub(self.produced() + 1))
             .min(max_seq_len.saturating_sub(self.tokens.len() + 1))
             .min(budget.saturating_sub(1))
-            .min(rows.saturating_sub(1));
-        if cap == 0 {
-            return;
-        }
-        let index = self.ngram.get_or_insert_with(|| NgramIndex::new(*cfg));
-        let mut drafts = index.propose(&self.tokens);
+            .min(rows.saturating_sub(1))
+    }
+
+    /// Append up to `cap` of `drafts` to `tokens` for its next step (`drafts`).
+    fn add_drafts(&mut self, mut drafts: Vec<u32>, cap: usize) {
         drafts.truncate(cap);
         self.drafts = drafts.len();
         self.tokens.extend(drafts);
@@ -399,9 +399,54 @@ impl Scheduler {
         Ok(())
     }
 
+    /// The draft model's drafts for the running sequences that may speculate in the next
+    /// step: each one's cap as the step's budgets would give it were every one before it
+    /// to take its whole share (the step may cut a proposal shorter). The drafter first
+    /// forgets the sequences no longer running.
+    fn run_drafter(
+        &mut self,
+        drafter: &mut Drafter<'_>,
+        k: usize,
+        max_rows: usize,
+        max_seq_len: usize,
+    ) -> Result<HashMap<SeqId, Vec<u32>>> {
+        drafter.retain(|seq| self.running.iter().any(|s| s.seq == seq))?;
+        let (mut budget, mut rows) = (self.cfg.max_num_batched_tokens, max_rows);
+        let mut reqs = Vec::new();
+        for s in &self.running {
+            if budget == 0 || rows == 0 {
+                break;
+            }
+            let cap = s.draft_cap(k, budget, rows, max_seq_len);
+            let take = if cap > 0 {
+                cap + 1
+            } else {
+                (s.tokens.len() - s.computed).max(1)
+            };
+            budget = budget.saturating_sub(take);
+            rows = rows.saturating_sub(if cap > 0 { take } else { 1 });
+            if cap > 0 {
+                reqs.push(DraftRequest {
+                    seq: s.seq,
+                    tokens: &s.tokens,
+                    max_drafts: cap,
+                });
+            }
+        }
+        if reqs.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let drafts = drafter.propose(&reqs)?;
+        Ok(reqs.iter().map(|r| r.seq).zip(drafts).collect())
+    }
+
     /// Plan one step: `(index into running, new tokens)` per scheduled sequence, with KV
-    /// room made for each.
-    fn schedule(&mut self, runner: &Runner<'_>) -> Result<Vec<(usize, usize)>> {
+    /// room made for each; `drafter`: the draft model of [`Proposer::Draft`].
+    fn schedule(
+        &mut self,
+        runner: &Runner<'_>,
+        drafter: Option<&mut Drafter<'_>>,
+    ) -> Result<Vec<(usize, usize)>> {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new();
         // Sampling rows: one a sequence, one a token of a scored prompt chunk or a verify
@@ -414,9 +459,26 @@ impl Scheduler {
         };
         let mut i = 0;
         let max_seq_len = runner.config().max_seq_len;
+        let mut drafted = match (self.cfg.speculative, drafter) {
+            (Some(Proposer::Draft { k }), Some(d)) => {
+                self.run_drafter(d, k, max_rows, max_seq_len)?
+            }
+            _ => HashMap::new(),
+        };
         while i < self.running.len() && budget > 0 && rows < max_rows {
-            if let Some(cfg) = self.cfg.speculative {
-                self.running[i].propose(&cfg, budget, max_rows - rows, max_seq_len);
+            if let Some(p) = self.cfg.speculative {
+                let s = &mut self.running[i];
+                let cap = s.draft_cap(p.k(), budget, max_rows - rows, max_seq_len);
+                if cap > 0 {
+                    let drafts = match p {
+                        Proposer::Ngram(cfg) => {
+                            let index = s.ngram.get_or_insert_with(|| NgramIndex::new(cfg));
+                            index.propose(&s.tokens)
+                        }
+                        Proposer::Draft { .. } => drafted.remove(&s.seq).unwrap_or_default(),
+                    };
+                    s.add_drafts(drafts, cap);
+                }
             }
             let s = &self.running[i];
             let take = (s.tokens.len() - s.computed)
@@ -516,7 +578,17 @@ impl Scheduler {
     /// per sequence; a prompt chunk that does not reach the end produces none). Finished
     /// sequences free their blocks. An empty vector when nothing could run.
     pub fn step(&mut self, runner: &mut Runner<'_>) -> Result<Vec<Output>> {
-        let plan = self.schedule(runner)?;
+        self.step_with(runner, None)
+    }
+
+    /// [`Scheduler::step`] with the draft model of [`Proposer::Draft`] (without it, no
+    /// sequence speculates under that proposer).
+    pub fn step_with(
+        &mut self,
+        runner: &mut Runner<'_>,
+        drafter: Option<&mut Drafter<'_>>,
+    ) -> Result<Vec<Output>> {
+        let plan = self.schedule(runner, drafter)?;
         if plan.is_empty() {
             return Ok(Vec::new());
         }

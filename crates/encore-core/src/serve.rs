@@ -24,6 +24,7 @@ use crate::model::ModelFiles;
 use crate::progress::Progress;
 use crate::request::{Event, Limits, Output, Param, Refusal, Request};
 use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::spec::draft::Drafter;
 
 /// Where a request's tokens go. Returns `false` when nobody reads them any more (the
 /// request is then aborted).
@@ -155,9 +156,13 @@ impl EngineHandle {
                     if let Some(c) = &cfg.constraints {
                         s.set_constraint_compiler(Arc::clone(c));
                     }
-                    Ok((e, s))
+                    let drafter = match cfg.draft.clone() {
+                        Some(files) => Some(boot_draft(be, files, &cfg, &e, &*progress)?),
+                        None => None,
+                    };
+                    Ok((e, s, drafter))
                 });
-                let (engine, scheduler) = match booted {
+                let (engine, scheduler, drafter) = match booted {
                     Ok(x) => x,
                     Err(e) => {
                         let _ = boot_tx.send(Err(e));
@@ -166,7 +171,7 @@ impl EngineHandle {
                 };
                 let limits = scheduler.limits(&engine.runner);
                 let _ = boot_tx.send(Ok((limits, engine.report.clone())));
-                run_loop(engine, scheduler, rx, &m);
+                run_loop(engine, scheduler, drafter, rx, &m);
             })
             .map_err(|e| Error::invalid("engine", format!("cannot start its thread: {e}")))?;
         match boot_rx.recv() {
@@ -268,9 +273,35 @@ impl Live {
     }
 }
 
+/// The draft model's engine of `cfg` (booted after the target's `target`, of the memory
+/// it left), as a [`Drafter`] checked against the target.
+fn boot_draft<'b>(
+    be: &'b dyn crate::backend::Backend,
+    files: ModelFiles,
+    cfg: &EngineConfig,
+    target: &Engine<'_>,
+    progress: &dyn Progress,
+) -> Result<Drafter<'b>> {
+    if cfg.tp.0.len() > 1 {
+        return Err(Error::invalid(
+            "--draft-model",
+            "a draft model runs on one device; tensor parallelism takes none",
+        ));
+    }
+    crate::spec::draft::check_pair(&target.runner.model().cfg, &files.config)?;
+    let draft = Engine::new(be, files, &cfg.for_draft(), progress)?;
+    tracing::info!(
+        "draft model up: {} KV blocks, weights in {:.2} s",
+        draft.report.kv_blocks,
+        draft.report.load_secs
+    );
+    Drafter::new(draft.runner, &target.runner)
+}
+
 fn run_loop(
     mut engine: Engine<'_>,
     mut sched: Scheduler,
+    mut drafter: Option<Drafter<'_>>,
     rx: Receiver<Message>,
     m: &EngineMetrics,
 ) {
@@ -321,7 +352,7 @@ fn run_loop(
             continue;
         }
         let step_start = Instant::now();
-        let stepped = sched.step(runner);
+        let stepped = sched.step_with(runner, drafter.as_mut());
         let step_end = Instant::now();
         match stepped {
             Ok(outputs) => {

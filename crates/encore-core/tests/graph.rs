@@ -356,16 +356,34 @@ fn check_verify_graphs_match_eager(be: &dyn Backend, exact: bool) {
         }
     }
     assert!(moved * 50 <= rows, "{moved} of {rows} samples differ");
-    let kv = |r: &Runner<'_>| {
+    // The KV of every live token, per layer, K then V (other slots hold whatever the
+    // allocation had).
+    let kv = |r: &Runner<'_>, seqs: &Seqs| {
         let t = r.kv().tensor();
         let mut bytes = vec![0u8; t.size_bytes()];
         be.read_bytes(t, &mut bytes).unwrap();
-        bytes
+        let all: Vec<f32> = bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect::<Vec<f32>>()
+            .collect();
+        let c = &r.model().cfg;
+        let row = c.num_kv_heads * c.head_dim;
+        let slots = r.kv().num_blocks() * seqs.blocks.block_size();
+        let mut out = Vec::new();
+        for i in 0..n {
+            let seq = SeqId(i as u64);
+            for p in 0..seqs.blocks.num_tokens(seq).unwrap() {
+                let slot = seqs.blocks.slot(seq, p).unwrap() as usize;
+                for half in 0..2 * c.num_layers {
+                    let at = (half * slots + slot) * row;
+                    out.extend_from_slice(&all[at..at + row]);
+                }
+            }
+        }
+        out
     };
-    let (ka, kb) = (kv(&eager), kv(&graph));
+    let (ka, kb) = (kv(&eager, &es), kv(&graph, &gs));
+    assert_eq!(ka.len(), kb.len());
     assert!(ka.iter().any(|&x| x != 0.0));
     let worst = ka
         .iter()

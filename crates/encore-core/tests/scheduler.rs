@@ -550,6 +550,7 @@ fn cuda_mixed_steps_at_a_real_shape_complete() {
 #[test]
 fn speculative_decoding_gives_the_tokens_of_decoding_one_at_a_time() {
     use encore_core::spec::ngram::NgramConfig;
+    use encore_core::spec::Proposer;
     let cpu = CpuBackend::new();
     let mut reqs = mix();
     // Prompts that repeat themselves, greedy and sampled, and one with a penalty.
@@ -564,7 +565,7 @@ fn speculative_decoding_gives_the_tokens_of_decoding_one_at_a_time() {
     penalized.params.sampling.presence_penalty = 0.5;
     reqs.push((penalized, 2));
     let reference = alone(&reqs);
-    let spec = Some(NgramConfig::new(1, 4, 4).unwrap());
+    let spec = Some(Proposer::Ngram(NgramConfig::new(1, 4, 4).unwrap()));
     for (name, blocks, cfg) in [
         ("chunked", None, SchedulerConfig::new(16, 3)),
         ("roomy", None, SchedulerConfig::new(64, 16)),
@@ -618,6 +619,7 @@ fn speculative_decoding_gives_the_tokens_of_decoding_one_at_a_time() {
 #[test]
 fn speculative_decoding_reports_each_tokens_logprobs() {
     use encore_core::spec::ngram::NgramConfig;
+    use encore_core::spec::Proposer;
     let cpu = CpuBackend::new();
     let mut reqs = Vec::new();
     for (id, temperature) in [(30u64, 0.0f32), (31, 0.8)] {
@@ -626,7 +628,7 @@ fn speculative_decoding_reports_each_tokens_logprobs() {
         r.params.sampling.logprobs = Some(3);
         reqs.push(r);
     }
-    let collect = |speculative: Option<NgramConfig>| {
+    let collect = |speculative: Option<Proposer>| {
         let mut r = common::tiny_runner(&cpu);
         let cfg = SchedulerConfig {
             speculative,
@@ -646,7 +648,7 @@ fn speculative_decoding_reports_each_tokens_logprobs() {
         (out, s.stats())
     };
     let (plain, _) = collect(None);
-    let (spec, st) = collect(Some(NgramConfig::new(1, 4, 4).unwrap()));
+    let (spec, st) = collect(Some(Proposer::Ngram(NgramConfig::new(1, 4, 4).unwrap())));
     assert!(st.drafts_accepted > 0, "{st:?}");
     for q in &reqs {
         let (a, b) = (&plain[&q.id], &spec[&q.id]);
@@ -667,6 +669,7 @@ fn verify_graphs_give_the_tokens_of_decoding_one_at_a_time() {
     use encore_core::graph::{BucketPolicy, Phase};
     use encore_core::runner::{GraphConfig, RunnerConfig};
     use encore_core::spec::ngram::NgramConfig;
+    use encore_core::spec::Proposer;
     let cpu = CpuBackend::new();
     let mut reqs = mix();
     for (id, temperature) in [(40u64, 0.0f32), (41, 0.9), (42, 0.0)] {
@@ -700,7 +703,7 @@ fn verify_graphs_give_the_tokens_of_decoding_one_at_a_time() {
         .collect();
     assert_eq!(verify_keys, vec![8, 4, 2, 1]);
     let sched = SchedulerConfig {
-        speculative: Some(NgramConfig::new(1, 4, k).unwrap()),
+        speculative: Some(Proposer::Ngram(NgramConfig::new(1, 4, k).unwrap())),
         ..SchedulerConfig::new(64, 8)
     };
     let (out, s) = run(&mut r, sched, &reqs);
@@ -712,4 +715,138 @@ fn verify_graphs_give_the_tokens_of_decoding_one_at_a_time() {
     let v = r.phase_stats(Phase::Verify).unwrap();
     assert!(v.hits > 5 && v.captures >= 2, "{v:?}");
     assert!(v.padded_rows > 0, "{v:?}");
+}
+
+/// Speculative decoding with a draft model gives each request the tokens it gets decoding
+/// one at a time (greedy and sampled, beside plain and penalized sequences, with chunked
+/// prompts and preemption), through verify graphs and eagerly. A draft that is the target
+/// itself has every greedy draft kept; the target in bf16 most, another model of the
+/// same vocabulary few or none. The draft's KV follows the kept tokens: what it was fed
+/// and the target rejected is cut, and finished sequences leave it.
+#[test]
+fn draft_model_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
+    use encore_core::graph::BucketPolicy;
+    use encore_core::model::config::ModelConfig;
+    use encore_core::runner::{GraphConfig, RunnerConfig};
+    use encore_core::spec::draft::Drafter;
+    use encore_core::spec::Proposer;
+    use encore_core::DType;
+    let cpu = CpuBackend::new();
+    let mut reqs = mix();
+    for (id, temperature) in [(50u64, 0.0f32), (51, 0.7)] {
+        let mut r = request(id, 0, 30, temperature);
+        r.prompt = [3u32, 1, 4, 1, 5, 9, 2, 6].repeat(3);
+        reqs.push((r, id - 49));
+    }
+    let mut penalized = request(52, 9, 20, 0.0);
+    penalized.params.sampling.frequency_penalty = 0.4;
+    reqs.push((penalized, 1));
+    let greedy: Vec<(Request, u64)> = reqs
+        .iter()
+        .filter(|(r, _)| r.params.sampling.temperature == 0.0)
+        .cloned()
+        .collect();
+    let reference = alone(&reqs);
+    let k = 3;
+    let cfg = |blocks: usize| RunnerConfig {
+        max_seqs: 16 + 8 * k,
+        ..common::tiny_config(blocks)
+    };
+    let roomy = 1 + 16 * (128 / common::BLOCK);
+    let (f32, bf16) = (DType::F32, DType::BF16);
+    for (name, all, draft_arch, dtype, blocks, graphs) in [
+        ("itself, greedy", false, "tiny-qwen2", f32, roomy, true),
+        ("itself in bf16", true, "tiny-qwen2", bf16, roomy, true),
+        (
+            "itself in bf16, eager",
+            true,
+            "tiny-qwen2",
+            bf16,
+            roomy,
+            false,
+        ),
+        ("another model", true, "tiny-llama3", f32, roomy, true),
+        ("preempting", true, "tiny-qwen2", bf16, 60, true),
+    ] {
+        let reqs = if all { &reqs } else { &greedy };
+        let mut target = Runner::new(&cpu, common::tiny_model(&cpu), cfg(blocks)).unwrap();
+        let arch = ModelConfig::dummy(draft_arch).unwrap();
+        let draft_model = common::dummy_model_in(&cpu, arch, 128, dtype);
+        let mut draft = Runner::new(&cpu, draft_model, cfg(roomy)).unwrap();
+        if graphs {
+            target.set_graphs(Some(GraphConfig {
+                decode: common::buckets(),
+                mixed: BucketPolicy::SglangLike { max: 256 },
+                verify: k,
+            }));
+            draft.set_graph_mode(Some(common::buckets()));
+        }
+        let mut drafter = Drafter::new(draft, &target).unwrap();
+        let sched = SchedulerConfig {
+            speculative: Some(Proposer::Draft { k }),
+            ..SchedulerConfig::new(48, 8)
+        };
+        let mut s = Scheduler::new(sched, &target).unwrap();
+        let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+        let mut step = 0u64;
+        while s.has_work() || reqs.iter().any(|(_, at)| *at > step) {
+            for (req, at) in reqs {
+                if *at == step {
+                    s.add(req.clone(), &target).unwrap();
+                }
+            }
+            for o in s.step_with(&mut target, Some(&mut drafter)).unwrap() {
+                out.entry(o.id).or_default().push(o.token);
+            }
+            step += 1;
+            assert!(step < 10_000, "no progress");
+        }
+        for (req, _) in reqs {
+            assert_eq!(
+                out[&req.id], reference[&req.id].0,
+                "{name}: request {}",
+                req.id
+            );
+        }
+        let st = s.stats();
+        assert!(st.drafts_proposed > 50, "{name}: {st:?}");
+        // A step may verify fewer drafts than proposed (its budgets, a preemption).
+        assert!(drafter.stats.drafts >= st.drafts_proposed, "{name}");
+        match name {
+            "itself, greedy" => assert_eq!(st.drafts_accepted, st.drafts_proposed),
+            "another model" => assert!(st.drafts_accepted * 4 < st.drafts_proposed, "{st:?}"),
+            _ => assert!(
+                st.drafts_accepted * 4 > st.drafts_proposed,
+                "{name}: {st:?}"
+            ),
+        }
+        if blocks < roomy {
+            assert!(st.preemptions > 0, "{name}: {st:?}");
+        }
+        // Finished sequences leave the draft's cache at its next proposal.
+        s.add(request(99, 4, 2, 0.0), &target).unwrap();
+        while s.has_work() {
+            s.step_with(&mut target, Some(&mut drafter)).unwrap();
+        }
+        assert!(drafter.live() <= 1, "{name}: {} live", drafter.live());
+    }
+}
+
+/// A draft model whose vocabulary is not the target's is refused, naming the flag.
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused() {
+    use encore_core::model::config::ModelConfig;
+    use encore_core::spec::draft::Drafter;
+    let cpu = CpuBackend::new();
+    let target = common::tiny_runner(&cpu);
+    let mut other = ModelConfig::dummy("tiny").unwrap();
+    other.vocab_size = 600;
+    let draft = Runner::new(
+        &cpu,
+        common::dummy_model(&cpu, other, 128),
+        common::tiny_config(64),
+    )
+    .unwrap();
+    let e = Drafter::new(draft, &target).err().unwrap().to_string();
+    assert!(e.contains("--draft-model") && e.contains("600"), "{e}");
 }

@@ -199,6 +199,7 @@ fn engine_config(
         constraints: None,
         tp: Default::default(),
         router_skew: a.router_skew,
+        draft: None,
     })
 }
 

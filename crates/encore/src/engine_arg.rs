@@ -3,15 +3,18 @@
 //! weight budget, declared once and turned into the engine's configuration by
 //! [`EngineArgs::config`].
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use encore_core::engine::{EngineConfig, KvSizing};
 use encore_core::memory::GraphMemory;
 use encore_core::model::config::ModelConfig;
+use encore_core::model::formats::Quantization;
 use encore_core::model::ModelFiles;
 use encore_core::progress::Progress;
 use encore_core::scheduler::SchedulerConfig;
 use encore_core::serve::EngineHandle;
+use encore_core::spec::ngram::NgramConfig;
+use encore_core::spec::Proposer;
 use encore_core::{Backend, BackendRef, DType};
 
 use crate::offload_arg::{self, OffloadArg};
@@ -66,13 +69,18 @@ pub struct EngineArgs {
     #[arg(long, default_value = "arena")]
     pub graph_memory: GraphMemory,
     /// Speculative decoding: ngram (drafts from each sequence's own tokens: what followed
-    /// the latest earlier occurrence of its last tokens), verified by the target in one
-    /// step; the output is the one decoding token by token gives (up to the rounding
-    /// differences between a multi-token step and a decode step). Requests with
-    /// penalties, logit bias or a grammar decode as usual. Verify
-    /// steps run eagerly for now.
-    #[arg(long, value_name = "ngram", value_parser = speculative_method)]
+    /// the latest earlier occurrence of its last tokens) or draft (a smaller model's
+    /// greedy tokens, --draft-model), verified by the target in one step replayed from
+    /// its verify graph; the output is the one decoding token by token gives (up to the
+    /// rounding differences between a multi-token step and a decode step). Requests with
+    /// penalties, logit bias or a grammar decode as usual.
+    #[arg(long, value_name = "ngram|draft", value_parser = speculative_method)]
     pub speculative_method: Option<String>,
+    /// The draft model of --speculative-method draft (a Hugging Face directory, a .gguf
+    /// file, a Hub id or dummy:NAME, as --model): same tokenizer as the target; booted
+    /// after it on the same device with its sizes, of the memory it left.
+    #[arg(long, value_name = "DIR|FILE.gguf|dummy:NAME")]
+    pub draft_model: Option<String>,
     /// Drafts a speculating sequence proposes per step (1 to 16).
     #[arg(long, default_value = "4", requires = "speculative_method", allow_negative_numbers = true, value_parser = parse::count::<1, 16>)]
     pub num_speculative_tokens: usize,
@@ -87,10 +95,21 @@ pub struct EngineArgs {
 /// `--speculative-method`: the methods built so far.
 fn speculative_method(s: &str) -> std::result::Result<String, String> {
     match s {
-        "ngram" => Ok(s.to_string()),
-        "draft" | "eagle3" => Err(format!("`{s}` is not built yet; ngram is")),
-        _ => Err(format!("`{s}`: expected ngram")),
+        "ngram" | "draft" => Ok(s.to_string()),
+        "eagle3" => Err(format!("`{s}` is not built yet; ngram and draft are")),
+        _ => Err(format!("`{s}`: expected ngram or draft")),
     }
+}
+
+/// The draft model `spec` names (`--draft-model`), its weight formats as in its files,
+/// refused where `be` does not run it.
+fn draft_files(be: &dyn Backend, spec: &str) -> Result<ModelFiles> {
+    let (config, source) = crate::model_arg::resolve(spec, "main", Quantization::Auto)
+        .with_context(|| format!("--draft-model {spec}"))?;
+    config
+        .check_runs(be.runs_moe())
+        .with_context(|| format!("--draft-model {spec} on {}", be.device_name()))?;
+    Ok(ModelFiles { config, source })
 }
 
 /// What a command decides about its engine beside the flags.
@@ -155,20 +174,27 @@ impl EngineArgs {
                 at_least: shape.kv_at_least,
             },
         };
-        let speculative = match &self.speculative_method {
-            Some(_) => Some(encore_core::spec::ngram::NgramConfig::new(
-                self.ngram_min,
-                self.ngram_max,
-                self.num_speculative_tokens,
-            )?),
-            None => None,
+        let k = self.num_speculative_tokens;
+        let (speculative, draft) = match (self.speculative_method.as_deref(), &self.draft_model) {
+            (Some("draft"), Some(m)) => (Some(Proposer::Draft { k }), Some(draft_files(be, m)?)),
+            (Some("draft"), None) => bail!("--speculative-method draft needs --draft-model"),
+            (_, Some(_)) => bail!("--draft-model goes with --speculative-method draft"),
+            (Some(_), None) => (
+                Some(Proposer::Ngram(NgramConfig::new(
+                    self.ngram_min,
+                    self.ngram_max,
+                    k,
+                )?)),
+                None,
+            ),
+            (None, None) => (None, None),
         };
         // A verify chunk takes a sampling row per draft beside its sequence's: room for
         // up to 8 sequences' drafts in one step (more sequences share it).
-        let spec_rows = speculative.map_or(0, |c| c.k * shape.max_seqs.min(8));
+        let spec_rows = speculative.map_or(0, |p| p.k() * shape.max_seqs.min(8));
         // Verify steps replay graphs of their decode bucket (where its rows fit).
-        if let (Some(g), Some(c)) = (graphs.as_mut(), speculative) {
-            g.verify = c.k;
+        if let (Some(g), Some(p)) = (graphs.as_mut(), speculative) {
+            g.verify = p.k();
         }
         let engine = EngineConfig {
             offload: self.offload.config(),
@@ -188,6 +214,7 @@ impl EngineArgs {
             constraints: None,
             tp: Default::default(),
             router_skew: None,
+            draft,
         };
         let sched = SchedulerConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,

@@ -442,15 +442,20 @@ fn stop_strings_end_generate_text_before_them() {
     assert!(err.contains("--stop"), "{err}");
 }
 
-/// `--speculative-method ngram` generates what decoding token by token generates, greedy
-/// and sampled, in graph mode (verify steps eagerly beside the graphs) and eagerly; bad
-/// speculative flags are refused naming them.
+/// `--speculative-method ngram` and `draft` generate what decoding token by token
+/// generates, greedy and sampled, in graph mode (verify steps replayed from their graphs)
+/// and eagerly; bad speculative flags (a draft model of another vocabulary among them)
+/// are refused naming them.
 #[test]
 fn ngram_speculation_generates_the_same_tokens() {
     let run = |extra: &[&str]| -> Vec<serde_json::Value> {
+        // In f32 a verify step's logits equal a decode step's bit for bit on the CPU (in
+        // bf16 they round differently, which can move a sample).
         let mut args = vec![
             "--model",
             "dummy:tiny",
+            "--dtype",
+            "f32",
             "--prompt",
             "abcabcabcabcabcabc",
             "--prompt",
@@ -466,11 +471,24 @@ fn ngram_speculation_generates_the_same_tokens() {
             .map(|v| v["output_ids"].clone())
             .collect()
     };
-    let spec = [
+    let ngram = [
         "--speculative-method",
         "ngram",
         "--num-speculative-tokens",
         "6",
+    ];
+    // The target itself as the draft (every greedy draft kept), and another model.
+    let draft = [
+        "--speculative-method",
+        "draft",
+        "--draft-model",
+        "dummy:tiny",
+    ];
+    let other = [
+        "--speculative-method",
+        "draft",
+        "--draft-model",
+        "dummy:tiny-llama3",
     ];
     for sampling in [
         &["--temperature", "0"][..],
@@ -478,13 +496,70 @@ fn ngram_speculation_generates_the_same_tokens() {
     ] {
         for mode in [&[][..], &["--eager"]] {
             let plain = run(&[sampling, mode].concat());
-            let fast = run(&[sampling, mode, &spec[..]].concat());
-            assert_eq!(plain, fast, "{sampling:?} {mode:?}");
+            for spec in [&ngram[..], &draft, &other] {
+                let fast = run(&[sampling, mode, spec].concat());
+                assert_eq!(plain, fast, "{sampling:?} {mode:?} {spec:?}");
+            }
         }
     }
+    // The summary line counts the kept drafts: all of them, greedy with itself.
+    let out = generate(
+        &[
+            &[
+                "--model",
+                "dummy:tiny",
+                "--prompt",
+                "abc",
+                "--max-tokens",
+                "20",
+            ][..],
+            &draft,
+        ]
+        .concat(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("speculative decoding:"))
+        .unwrap_or_else(|| panic!("no speculative line: {err}"));
+    let kept = line.split(", ").find(|p| p.ends_with("(100.0%)"));
+    assert!(kept.is_some(), "{line}");
     for (args, want) in [
-        (&["--speculative-method", "draft"][..], "not built yet"),
-        (&["--speculative-method", "medusa"], "expected ngram"),
+        (&["--speculative-method", "eagle3"][..], "not built yet"),
+        (
+            &["--speculative-method", "medusa"],
+            "expected ngram or draft",
+        ),
+        (&["--speculative-method", "draft"], "needs --draft-model"),
+        (&["--draft-model", "dummy:tiny"], "--speculative-method"),
+        (
+            &[
+                "--speculative-method",
+                "ngram",
+                "--draft-model",
+                "dummy:tiny",
+            ],
+            "--speculative-method draft",
+        ),
+        (
+            &[
+                "--speculative-method",
+                "draft",
+                "--draft-model",
+                "dummy:qwen2.5-0.5b",
+            ],
+            "--draft-model",
+        ),
+        (
+            &[
+                "--speculative-method",
+                "draft",
+                "--draft-model",
+                "/no/such/model",
+            ],
+            "--draft-model /no/such/model",
+        ),
         (&["--num-speculative-tokens", "4"], "--speculative-method"),
         (
             &[

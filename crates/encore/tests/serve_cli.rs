@@ -305,8 +305,9 @@ fn the_openai_python_client_works() {
     assert!(st.success(), "exit {st}: {err}");
 }
 
-/// `serve --speculative-method ngram` over a real server: completions (greedy and seeded
-/// sampling, whole and streamed) equal those of a server without speculation, and
+/// `serve --speculative-method ngram` (and `draft`) over a real server: completions
+/// (greedy and seeded sampling, whole and streamed) equal those of a server without
+/// speculation, and
 /// `/metrics` counts drafts verified and kept, and verify graphs replayed.
 #[test]
 fn ngram_speculation_serves_the_same_completions() {
@@ -328,6 +329,21 @@ fn ngram_speculation_serves_the_same_completions() {
             .collect()
     };
     let plain = complete(&start(&[]));
+    // A draft model (the target itself) serves the same completions.
+    let drafted = start(&[
+        "--speculative-method",
+        "draft",
+        "--draft-model",
+        MODEL,
+        "--num-speculative-tokens",
+        "3",
+    ]);
+    assert_eq!(complete(&drafted), plain);
+    let (_, metrics) = http(drafted.addr, "GET", "/metrics", None);
+    assert!(
+        !metrics.contains("encore_spec_decode_num_accepted_tokens_total 0\n"),
+        "{metrics}"
+    );
     let s = start(&[
         "--speculative-method",
         "ngram",

@@ -139,11 +139,21 @@ pub fn tiny_model(be: &dyn Backend) -> Model {
 
 /// The f32 model of `cfg` with the dummy weights of seed 3, for `max_seq_len` tokens.
 pub fn dummy_model(be: &dyn Backend, cfg: ModelConfig, max_seq_len: usize) -> Model {
+    dummy_model_in(be, cfg, max_seq_len, DType::F32)
+}
+
+/// [`dummy_model`] run in `dtype`.
+pub fn dummy_model_in(
+    be: &dyn Backend,
+    cfg: ModelConfig,
+    max_seq_len: usize,
+    dtype: DType,
+) -> Model {
     let w = weights::load(
         be,
         &cfg,
         WeightSource::Dummy { seed: 3 },
-        DType::F32,
+        dtype,
         &encore_core::progress::NoProgress,
     )
     .unwrap();
