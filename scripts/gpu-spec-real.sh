@@ -26,8 +26,10 @@ launches on the device, so the host only packs the inputs and reads the sampled 
 P="Repeat the following text exactly, word for word: $DOC"
 for n in 1 8; do
   prompts=(); for i in $(seq $n); do prompts+=(--prompt "$P"); done
-  for k in off 4 8; do
+  for k in off 4 8 self4; do
     spec=(); [ $k != off ] && spec=(--speculative-method ngram --num-speculative-tokens $k)
+    # The model as its own draft: every greedy draft kept, at a draft step's full cost.
+    [ $k = self4 ] && spec=(--speculative-method draft --draft-model $M --num-speculative-tokens 4)
     .spec/encore generate --device cuda --model $M --chat --max-tokens 160 --capture-all \
       "${spec[@]}" "${prompts[@]}" >"$OUT/smol-$n-$k.txt" 2>"$OUT/smol-$n-$k.err"
     echo "== prompts=$n k=$k rc=$? text md5 $(md5sum <"$OUT/smol-$n-$k.txt" | cut -c1-8)"

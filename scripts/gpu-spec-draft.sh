@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Draft-model speculative decoding on the GPU machine (issue #24), from .gpu/spec.tar.xz
+# (the encore binary, and the scheduler test binary as scheduler-test):
+#   1. the CUDA draft-model test (greedy tokens equal to speculation off);
+#   2. `encore generate --capture-all` on random-weight shapes: a target alone, with
+#      ngram drafts, and with a draft model (Llama-3-8B with a Llama-3.2-1B-shaped draft;
+#      Llama-3.2-1B with itself, every greedy draft kept). Random weights: the 8B/1B pair
+#      agrees on nothing, so its rate is the cost of a round that emits one token.
+# Logs under $OUT.   usage: OUT=... bash scripts/gpu-spec-draft.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export ENCORE_CACHE_DIR=/tmp/encore-cache
+OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT" .spec
+tar -xJf .gpu/spec.tar.xz -C .spec || exit 1
+nvidia-smi --query-gpu=name --format=csv,noheader
+if [ -x .spec/scheduler-test ]; then
+  .spec/scheduler-test --include-ignored cuda_draft >"$OUT/scheduler-test.txt" 2>&1
+  echo "== scheduler cuda_draft rc=$?"; grep -E "^test |test result" "$OUT/scheduler-test.txt"
+fi
+P=$(printf 'one two three four five six seven eight %.0s' $(seq 1 12))
+run() { # name, model, flags...
+  local name=$1 m=$2; shift 2
+  .spec/encore generate --device cuda --model dummy:$m --prompt "$P" --max-tokens 128 \
+    --ignore-eos --capture-all "$@" >"$OUT/$name.txt" 2>&1
+  echo "== $name rc=$?"; grep -E "summary|speculative decoding" "$OUT/$name.txt"
+}
+run 8b-plain llama-3-8b
+run 8b-draft-1b-k4 llama-3-8b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 4
+run 8b-draft-1b-k2 llama-3-8b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 2
+run 1b-plain llama-3.2-1b
+run 1b-draft-self-k4 llama-3.2-1b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 4
