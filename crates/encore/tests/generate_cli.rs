@@ -586,3 +586,72 @@ fn ngram_speculation_generates_the_same_tokens() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// Speculation over a mixture of experts, under a weight budget (the expert cache and the
+/// layer ring) and with quantized weights generates what decoding token by token does;
+/// and a stop string inside a run of kept drafts ends the text where it ends without
+/// speculation.
+#[test]
+fn speculation_with_moe_offload_quantized_weights_and_stop_strings() {
+    let run = |extra: &[&str]| -> Vec<(serde_json::Value, serde_json::Value)> {
+        let mut args = vec![
+            "--dtype",
+            "f32",
+            "--prompt",
+            "abcabcabcabcabcabcabcabc",
+            "--max-tokens",
+            "30",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json_lines(&generate(&args))
+            .into_iter()
+            .map(|v| (v["output_ids"].clone(), v["text"].clone()))
+            .collect()
+    };
+    let ngram = ["--speculative-method", "ngram"];
+    for model in [
+        &["--model", "dummy:tiny-qwen3-moe"][..],
+        &["--model", "dummy:tiny-qwen3-moe", "--weight-budget", "80%"],
+        &["--model", "dummy:tiny", "--weight-budget", "50%"],
+        &["--model", "dummy:tiny", "--quantization", "q8_0"],
+    ] {
+        let plain = run(model);
+        assert_eq!(plain.len(), 1, "{model:?}");
+        assert_eq!(run(&[model, &ngram[..]].concat()), plain, "{model:?}");
+    }
+    // A stop string taken from the middle of the plain text.
+    let plain = run(&["--model", "dummy:tiny"]);
+    let text = plain[0].1.as_str().unwrap().to_string();
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() > 12, "{text:?}");
+    let stop: String = chars[8..10].iter().collect();
+    let with_stop = |extra: &[&str]| {
+        let args = [
+            &["--model", "dummy:tiny", "--stop", stop.as_str()][..],
+            extra,
+        ]
+        .concat();
+        let v = json_lines(&generate(
+            &[
+                &args[..],
+                &[
+                    "--dtype",
+                    "f32",
+                    "--prompt",
+                    "abcabcabcabcabcabcabcabc",
+                    "--max-tokens",
+                    "30",
+                    "--json",
+                ],
+            ]
+            .concat(),
+        ));
+        (v[0]["text"].clone(), v[0]["finish_reason"].clone())
+    };
+    let want = with_stop(&[]);
+    assert_eq!(want.1, "stop", "{want:?}");
+    assert!(!want.0.as_str().unwrap().contains(&stop), "{want:?}");
+    assert_eq!(with_stop(&ngram), want);
+}
