@@ -26,6 +26,17 @@ pub trait TokenConstraint: Send {
     fn fill_mask(&mut self, words: &mut [u32]) -> Result<(), String>;
     /// Advance by the token sampled under the last mask.
     fn commit(&mut self, token: u32) -> Result<(), String>;
+    /// Speculative decoding: how many of `tokens`, in a row from here, the constraint
+    /// allows (the drafts a grammar rejects are cut there); it does not advance.
+    fn validate(&mut self, tokens: &[u32]) -> usize;
+    /// Speculative decoding: undo the last `n` commits (drafts a verify step's masks were
+    /// computed through).
+    fn rollback(&mut self, n: usize) -> Result<(), String>;
+    /// Tokens the constraint forces from here, one way only (a JSON key, a closing
+    /// bracket): drafts every sample under its masks will equal. Empty: none.
+    fn forced(&mut self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// Compiles [`Constraint`]s for one model: its tokenizer's tokens, indexed once.
@@ -172,6 +183,18 @@ impl TokenConstraint for Fixed {
     fn commit(&mut self, _: u32) -> Result<(), String> {
         Ok(())
     }
+
+    fn validate(&mut self, tokens: &[u32]) -> usize {
+        let allowed = |t: u32| {
+            let w = self.0.get(t as usize / 32).copied().unwrap_or(0);
+            (w >> (t % 32)) & 1 == 1
+        };
+        tokens.iter().take_while(|&&t| allowed(t)).count()
+    }
+
+    fn rollback(&mut self, _: usize) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// An llguidance grammar (JSON schema, regex, choice, Lark).
@@ -222,6 +245,31 @@ impl TokenConstraint for Grammar {
         self.matcher
             .consume_token(t)
             .map_err(|e| format!("the constraint refused token {token}: {}", first_line(&e)))
+    }
+
+    fn validate(&mut self, tokens: &[u32]) -> usize {
+        // The grammar knows one end token: the others map to it, and nothing follows.
+        // An end token is never a draft here (its commit may consume nothing, which a
+        // rollback would miscount): drafts stop before it.
+        let ids: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .take_while(|t| !self.eos.contains(t))
+            .collect();
+        self.matcher.validate_tokens(&ids).unwrap_or(0)
+    }
+
+    fn rollback(&mut self, n: usize) -> Result<(), String> {
+        self.matcher
+            .rollback(n)
+            .map_err(|e| format!("the constraint could not roll back: {}", first_line(&e)))
+    }
+
+    fn forced(&mut self) -> Vec<u32> {
+        if self.matcher.is_stopped() {
+            return Vec::new();
+        }
+        self.matcher.compute_ff_tokens()
     }
 }
 

@@ -96,7 +96,10 @@ pub struct SchedulerStats {
 struct Held {
     row: usize,
     constraint: Box<dyn TokenConstraint>,
-    pending: Option<u32>,
+    pending: Vec<u32>,
+    /// A verify chunk's drafts: its rows' masks are computed through them, then rolled
+    /// back.
+    drafts: Vec<u32>,
 }
 
 /// A live request.
@@ -110,11 +113,12 @@ struct Seq {
     computed: usize,
     /// Whether it was ever admitted (its prompt was counted in the prefix statistics).
     admitted: bool,
-    /// The request's compiled constraint (kept through preemption), and the last token
-    /// produced, which it advances by only when it writes the next mask: with that mask,
-    /// while the device runs the next step, not between the steps.
+    /// The request's compiled constraint (kept through preemption), and the tokens
+    /// produced since it last advanced (the last one, or a verify step's run), which it
+    /// advances by only when it writes the next mask (with that mask, while the device
+    /// runs the next step, not between the steps) or checks drafts.
     constraint: Option<Box<dyn TokenConstraint>>,
-    pending: Option<u32>,
+    pending: Vec<u32>,
     /// The prompt's log-probabilities scored so far (one per prompt token after the
     /// first, [`crate::request::SamplingParams::prompt_logprobs`]); `None` once they
     /// went out with the first output (or were never asked for).
@@ -140,7 +144,6 @@ impl Seq {
             && self.tokens.len() == self.computed + 1
             && !p.sampling.has_penalties()
             && p.logit_bias.is_empty()
-            && self.constraint.is_none()
             && !self.scoring();
         if !eligible {
             return 0;
@@ -152,8 +155,28 @@ impl Seq {
             .min(rows.saturating_sub(1))
     }
 
-    /// Append up to `cap` of `drafts` to `tokens` for its next step (`drafts`).
+    /// Append up to `cap` of `drafts` to `tokens` for its next step (`drafts`). Under a
+    /// constraint (advanced by its pending tokens first), the tokens it forces replace
+    /// them, and they are cut before the first one it rejects; none when it failed.
     fn add_drafts(&mut self, mut drafts: Vec<u32>, cap: usize) {
+        if let Some(c) = &mut self.constraint {
+            // A failed commit leaves the constraint failed: its next mask ends the request.
+            if self
+                .pending
+                .drain(..)
+                .try_for_each(|t| c.commit(t))
+                .is_err()
+            {
+                return;
+            }
+            let forced = c.forced();
+            if !forced.is_empty() {
+                drafts = forced;
+            }
+            drafts.truncate(cap);
+            let ok = c.validate(&drafts);
+            drafts.truncate(ok);
+        }
         drafts.truncate(cap);
         self.drafts = drafts.len();
         self.tokens.extend(drafts);
@@ -295,7 +318,7 @@ impl Scheduler {
             computed: 0,
             admitted: false,
             constraint,
-            pending: None,
+            pending: Vec::new(),
             prompt_lp,
             ngram: None,
             drafts: 0,
@@ -623,7 +646,8 @@ impl Scheduler {
                     held.push(Held {
                         row,
                         constraint,
-                        pending: s.pending.take(),
+                        pending: std::mem::take(&mut s.pending),
+                        drafts: s.tokens[s.tokens.len() - s.drafts..].to_vec(),
                     });
                 }
             }
@@ -653,23 +677,49 @@ impl Scheduler {
             runner.step_sampled(&mut self.seqs, &steps)
         } else {
             let mut fill = |rows: &mut [(usize, &mut [u32])]| {
-                rows.sort_unstable_by_key(|r| r.0);
-                debug_assert!(rows.iter().map(|r| r.0).eq(held.iter().map(|h| h.row)));
-                let fill_one = |((k, row), h): (&mut (usize, &mut [u32]), &mut Held)| {
+                // Stable: a verify chunk's rows stay in their tokens' order.
+                rows.sort_by_key(|r| r.0);
+                let mut groups: Vec<&mut [(usize, &mut [u32])]> =
+                    rows.chunk_by_mut(|a, b| a.0 == b.0).collect();
+                debug_assert!(groups.iter().map(|g| g[0].0).eq(held.iter().map(|h| h.row)));
+                debug_assert!(groups
+                    .iter()
+                    .zip(&held)
+                    .all(|(g, h)| g.len() == 1 + h.drafts.len()));
+                // Advance by the pending tokens, write the first row's mask, then each
+                // next row's after one more draft; roll the drafts back.
+                let fill_one = |(group, h): (&mut &mut [(usize, &mut [u32])], &mut Held)| {
                     let c = &mut h.constraint;
-                    let advanced = h.pending.take().map_or(Ok(()), |t| c.commit(t));
-                    advanced.and_then(|()| c.fill_mask(row)).err().map(|e| {
-                        row.fill(u32::MAX); // any token: the sample is dropped
-                        (*k, e)
+                    let k = group[0].0;
+                    let filled = (|| {
+                        h.pending.drain(..).try_for_each(|t| c.commit(t))?;
+                        let (first, rest) = group.split_first_mut().expect("a row");
+                        c.fill_mask(first.1)?;
+                        for ((_, row), &d) in rest.iter_mut().zip(&h.drafts) {
+                            c.commit(d)?;
+                            c.fill_mask(row)?;
+                        }
+                        if !rest.is_empty() {
+                            c.rollback(rest.len())?;
+                        }
+                        Ok(())
+                    })();
+                    filled.err().map(|e: String| {
+                        for (_, row) in group.iter_mut() {
+                            row.fill(u32::MAX); // any token: the sample is dropped
+                        }
+                        (k, e)
                     })
                 };
-                mask_failed = if rows.len() > 1 {
-                    rows.par_iter_mut()
+                mask_failed = if groups.len() > 1 {
+                    groups
+                        .par_iter_mut()
                         .zip(held.par_iter_mut())
                         .filter_map(fill_one)
                         .collect()
                 } else {
-                    rows.iter_mut()
+                    groups
+                        .iter_mut()
                         .zip(held.iter_mut())
                         .filter_map(fill_one)
                         .collect()
@@ -756,7 +806,7 @@ impl Scheduler {
                 }
                 s.tokens.push(token);
                 if s.constraint.is_some() {
-                    s.pending = Some(token);
+                    s.pending.push(token);
                 }
                 let p = &s.req.params;
                 let finish = if !p.ignore_eos && p.stop_token_ids.contains(&token) {

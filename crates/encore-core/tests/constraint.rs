@@ -357,3 +357,83 @@ fn constrained_steps_in_graphs_equal_eager() {
     let t = text(&out[&9].0);
     assert!(t.bytes().all(|c| (b'a'..=b'f').contains(&c)), "{t:?}");
 }
+
+/// Speculative decoding under constraints: drafts are the tokens the grammar forces (a
+/// JSON key) or the n-gram proposals it allows, cut before the first it rejects; the
+/// verify step's rows each get the mask after the drafts before them. The tokens equal
+/// those of decoding one at a time (greedy and sampled; JSON schema, regex, choice and
+/// allowed tokens, beside unconstrained requests, and through preemption), and drafts
+/// are kept.
+#[test]
+fn speculation_under_constraints_gives_the_tokens_of_decoding_one_at_a_time() {
+    use encore_core::spec::ngram::NgramConfig;
+    use encore_core::spec::Proposer;
+    let cpu = CpuBackend::new();
+    let mut reqs = Vec::new();
+    for i in 0..3u64 {
+        let t = if i == 0 { 0.0 } else { 0.9 };
+        reqs.push(request(
+            i,
+            t,
+            80,
+            Some(Constraint::JsonSchema(SCHEMA.into())),
+        ));
+        reqs.push(request(
+            10 + i,
+            t,
+            40,
+            Some(Constraint::Regex("([0-9]{3}-[a-z]{2,4} ){2,5}".into())),
+        ));
+        reqs.push(request(
+            20 + i,
+            t,
+            40,
+            Some(Constraint::Choice(vec![
+                "maybe so".into(),
+                "maybe not".into(),
+            ])),
+        ));
+        reqs.push(request(
+            30 + i,
+            t,
+            16,
+            Some(Constraint::AllowedTokens(vec![b'x' as u32, b'y' as u32])),
+        ));
+        reqs.push(request(40 + i, t, 30, None));
+    }
+    let spec = SchedulerConfig {
+        speculative: Some(Proposer::Ngram(NgramConfig::new(1, 4, 4).unwrap())),
+        ..SchedulerConfig::new(64, 8)
+    };
+    for blocks in [1 + 16 * (128 / common::BLOCK), 40] {
+        let mut r = common::tiny_runner_with_blocks(&cpu, blocks);
+        let (plain, _) = run(&mut r, SchedulerConfig::new(64, 8), &reqs);
+        let mut s = Scheduler::new(spec, &r).unwrap();
+        s.set_constraint_compiler(compiler(&r));
+        for q in &reqs {
+            s.add(q.clone(), &r).unwrap();
+        }
+        let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+        while s.has_work() {
+            for o in s.step(&mut r).unwrap() {
+                out.entry(o.id).or_default().push(o.token);
+            }
+            assert_eq!(s.take_failed(), Vec::new());
+        }
+        for q in &reqs {
+            assert_eq!(
+                out[&q.id], plain[&q.id].0,
+                "blocks {blocks}: request {}",
+                q.id
+            );
+        }
+        // The constrained requests alone keep about 70 drafts (JSON keys, choices).
+        let st = s.stats();
+        assert!(st.drafts_accepted > 50, "{st:?}");
+        if blocks == 40 {
+            assert!(st.preemptions > 0, "{st:?}");
+        }
+        let t = text(&out[&0]);
+        assert!(serde_json::from_str::<serde_json::Value>(&t).is_ok(), "{t}");
+    }
+}

@@ -70,12 +70,12 @@ pub struct SeqStep<'a> {
     pub score: Option<Score>,
     /// Speculative decoding's verify step: `tokens` are the last accepted token then the
     /// drafts, and the target samples after each of them, not only after the last. Each
-    /// token but the last takes a sampling row of its own (as a scored token does, so the
-    /// step runs eagerly), sampled with this sequence's sampling and the seed of the
+    /// token but the last takes a sampling row of its own (as a scored token does; a
+    /// step of verify chunks and decode rows replays its bucket's verify graph), sampled with this sequence's sampling and the seed of the
     /// token it samples (so its sample is the one decoding token by token would draw
     /// there), in [`Sampled::verified`] (with their log-probabilities where asked). Needs
-    /// no penalties, logit bias, mask or score: those depend on the tokens before, which
-    /// a draft may change.
+    /// no penalties, logit bias or score: those depend on the tokens before, which a draft
+    /// may change. A masked verify chunk has a mask per row (see [`FillMasks`]).
     pub verify: bool,
 }
 
@@ -97,7 +97,9 @@ pub struct Score {
 /// the masks while the device runs the layers. It gets one `(batch index, row)` per masked
 /// row, each row [`Runner::mask_words`] words holding stale bits, and writes every word:
 /// bit `t % 32` of word `t / 32` set allows token `t`. A row with no bit set is sampled
-/// anyhow (the caller drops that sample); bits past the vocabulary are ignored.
+/// anyhow (the caller drops that sample); bits past the vocabulary are ignored. A masked
+/// verify chunk has a row per token, given consecutively in the chunk's order: the row
+/// sampling after its first token first, its own row (after its last token) last.
 pub type FillMasks<'f> = dyn FnMut(&mut [(usize, &mut [u32])]) + 'f;
 
 /// Sizing of the runner's memory.

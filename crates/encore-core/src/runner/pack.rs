@@ -224,11 +224,11 @@ impl<'b> Packer<'b> {
                 // Verify rows: a row per token before the last, sampled as the sequence's
                 // own row would be there (its sampling, the seed of the token it samples).
                 let sp = &s.sampling;
-                if sp.has_penalties() || !s.logit_bias.is_empty() || s.masked {
+                if sp.has_penalties() || !s.logit_bias.is_empty() {
                     return Err(Error::invalid(
                         "runner.step",
                         format!(
-                            "sequence {}: a verify step takes no penalties, logit bias or mask",
+                            "sequence {}: a verify step takes no penalties or logit bias",
                             s.seq
                         ),
                     ));
@@ -256,7 +256,7 @@ impl<'b> Packer<'b> {
                     h.presence[row] = 0.0;
                     h.num_logprobs[row] =
                         sp.logprobs.map_or(-1, |n| n.min(MAX_TOP_LOGPROBS) as i32);
-                    h.mask_on[row] = 0;
+                    h.mask_on[row] = s.masked as i32;
                     h.bias_n[row] = 0;
                     h.pen_slot[row] = -1;
                     h.lp_target[row] = -1;

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::request::MAX_LOGIT_BIAS;
 use crate::tensor::{DType, Tensor};
 
-use super::pack::StepViews;
+use super::pack::{Packer, StepViews};
 use super::{FillMasks, SeqStep};
 use crate::request::TokenLogprobs;
 
@@ -120,24 +120,43 @@ impl SampleBuffers {
     }
 
     /// Have `fill` write the masks of the step's masked rows (`batch` in the step's row
-    /// order) straight into the host staging, and upload them in one copy of the rows up
-    /// to the last of them; other rows keep stale bits their `mask_on` of 0 leaves unread.
+    /// order, its extra sampling rows after its own) straight into the host staging, and
+    /// upload them in one copy of the rows up to the last of them; other rows keep stale
+    /// bits their `mask_on` of 0 leaves unread. A masked verify chunk's rows come as
+    /// consecutive entries of its batch index, in the order of the tokens they sample
+    /// after: its extra rows, then its own row (after its last token).
     pub fn write_masks(
         &mut self,
         be: &dyn Backend,
         batch: &[SeqStep<'_>],
         fill: &mut FillMasks<'_>,
     ) -> Result<()> {
-        let Some(last) = batch.iter().rposition(|s| s.masked) else {
+        // (batch index, sampling row) of every masked row, in the order `fill` gets them.
+        let mut order: Vec<(usize, usize)> = Vec::new();
+        let mut extra = batch.len();
+        for (i, s) in batch.iter().enumerate() {
+            let n = Packer::extra_rows(s);
+            if s.masked {
+                if s.verify {
+                    order.extend((extra..extra + n).map(|r| (i, r)));
+                }
+                order.push((i, i));
+            }
+            extra += n;
+        }
+        let Some(last) = order.iter().map(|&(_, r)| r).max() else {
             return Ok(());
         };
         let w = mask_words(self.vocab);
         // Waits until the previous upload has read the staging.
         let host = self.mask_staging.words_mut()?;
-        let mut rows: Vec<(usize, &mut [u32])> = host[..(last + 1) * w]
+        let mut slots: Vec<Option<&mut [u32]>> = host[..(last + 1) * w]
             .chunks_exact_mut(w)
-            .enumerate()
-            .filter(|(i, _)| batch[*i].masked)
+            .map(Some)
+            .collect();
+        let mut rows: Vec<(usize, &mut [u32])> = order
+            .iter()
+            .map(|&(i, r)| (i, slots[r].take().expect("each row once")))
             .collect();
         fill(&mut rows);
         drop(rows);
