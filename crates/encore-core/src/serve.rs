@@ -484,8 +484,12 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
         m.graph_replays_mixed
             .store((p.hits + p.misses) as u64, Ordering::Relaxed);
     }
-    if let Some(p) = runner.phase_stats(Phase::Verify) {
-        m.graph_replays_verify
-            .store((p.hits + p.misses) as u64, Ordering::Relaxed);
+    let verify = [Phase::Verify, Phase::VerifyLogits]
+        .into_iter()
+        .filter_map(|phase| runner.phase_stats(phase))
+        .map(|p| (p.hits + p.misses) as u64)
+        .reduce(|a, b| a + b);
+    if let Some(n) = verify {
+        m.graph_replays_verify.store(n, Ordering::Relaxed);
     }
 }

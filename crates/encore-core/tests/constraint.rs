@@ -366,6 +366,8 @@ fn constrained_steps_in_graphs_equal_eager() {
 /// are kept.
 #[test]
 fn speculation_under_constraints_gives_the_tokens_of_decoding_one_at_a_time() {
+    use encore_core::graph::{BucketPolicy, Phase};
+    use encore_core::runner::{GraphConfig, RunnerConfig};
     use encore_core::spec::ngram::NgramConfig;
     use encore_core::spec::Proposer;
     let cpu = CpuBackend::new();
@@ -405,9 +407,24 @@ fn speculation_under_constraints_gives_the_tokens_of_decoding_one_at_a_time() {
         speculative: Some(Proposer::Ngram(NgramConfig::new(1, 4, 4).unwrap())),
         ..SchedulerConfig::new(64, 8)
     };
-    for blocks in [1 + 16 * (128 / common::BLOCK), 40] {
+    let roomy = 1 + 16 * (128 / common::BLOCK);
+    for (blocks, graphs) in [(roomy, false), (40, false), (roomy, true)] {
         let mut r = common::tiny_runner_with_blocks(&cpu, blocks);
         let (plain, _) = run(&mut r, SchedulerConfig::new(64, 8), &reqs);
+        if graphs {
+            // Room for 8 sequences' drafts: verify graphs of buckets 1 to 8, masked
+            // steps replaying the ones that stop at the logits.
+            let cfg = RunnerConfig {
+                max_seqs: 40,
+                ..common::tiny_config(blocks)
+            };
+            r = Runner::new(&cpu, common::tiny_model(&cpu), cfg).unwrap();
+            r.set_graphs(Some(GraphConfig {
+                decode: common::buckets(),
+                mixed: BucketPolicy::SglangLike { max: 256 },
+                verify: 4,
+            }));
+        }
         let mut s = Scheduler::new(spec, &r).unwrap();
         s.set_constraint_compiler(compiler(&r));
         for q in &reqs {
@@ -435,5 +452,9 @@ fn speculation_under_constraints_gives_the_tokens_of_decoding_one_at_a_time() {
         }
         let t = text(&out[&0]);
         assert!(serde_json::from_str::<serde_json::Value>(&t).is_ok(), "{t}");
+        if graphs {
+            let v = r.phase_stats(Phase::VerifyLogits).unwrap();
+            assert!(v.hits > 5, "{v:?}");
+        }
     }
 }

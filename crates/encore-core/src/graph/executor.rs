@@ -33,6 +33,9 @@ pub enum Phase {
     /// `B * (k + 1)` token rows (each sequence's last token and up to `k` drafts, or one
     /// decode token) and as many sampling rows, attention through the prefill path.
     Verify,
+    /// A verify graph stopping at the logits, for verify steps with masks (structured
+    /// outputs); captured on a bucket's first such step.
+    VerifyLogits,
 }
 
 impl std::fmt::Display for Phase {
@@ -42,6 +45,7 @@ impl std::fmt::Display for Phase {
             Phase::DecodeLogits => "decode (logits)",
             Phase::Mixed => "mixed",
             Phase::Verify => "verify",
+            Phase::VerifyLogits => "verify (logits)",
         })
     }
 }

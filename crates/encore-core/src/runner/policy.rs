@@ -83,8 +83,8 @@ impl GraphPolicy {
 
     /// The verify graph a speculative step over `batch` runs in, with its layout: every
     /// sequence verifies at most the graphs' drafts (or decodes one token), none is
-    /// scored, no row is masked (`masked`: the step has masked rows), and its decode
-    /// bucket has a verify graph. `None`: the step runs eagerly.
+    /// scored, and its decode bucket has a verify graph; with masked rows (`masked`) the
+    /// graph stopping at the logits. `None`: the step runs eagerly.
     pub fn plan_verify(
         &self,
         inputs: &Packer<'_>,
@@ -96,12 +96,16 @@ impl GraphPolicy {
         let fits = |s: &SeqStep<'_>| {
             s.score.is_none() && (s.tokens.len() == 1 || (s.verify && s.tokens.len() <= k + 1))
         };
-        if k == 0 || masked || !batch.iter().all(fits) {
+        if k == 0 || !batch.iter().all(fits) {
             return None;
         }
         let bucket = g.decode.bucket_for(batch.len())?;
         let key = Key {
-            phase: Phase::Verify,
+            phase: if masked {
+                Phase::VerifyLogits
+            } else {
+                Phase::Verify
+            },
             bucket,
         };
         self.verify_fits(g, bucket)
@@ -121,7 +125,7 @@ impl GraphPolicy {
         match key.phase {
             Phase::Decode | Phase::DecodeLogits => inputs.layout(key.bucket, key.bucket),
             Phase::Mixed => inputs.layout(key.bucket, key.bucket.min(self.max_seqs)),
-            Phase::Verify => {
+            Phase::Verify | Phase::VerifyLogits => {
                 let k = self.graphs.as_ref().map_or(0, |g| g.verify);
                 let rows = key.bucket * (k + 1);
                 inputs.layout(rows, rows)
@@ -161,6 +165,7 @@ impl GraphPolicy {
         let listed = Key {
             phase: match key.phase {
                 Phase::DecodeLogits => Phase::Decode,
+                Phase::VerifyLogits => Phase::Verify,
                 p => p,
             },
             ..key
@@ -316,6 +321,10 @@ impl Runner<'_> {
             Phase::Verify => {
                 self.parts.inputs.pad_only(&layout, key.bucket)?;
                 StepShape::verify(key.bucket, layout.seqs)
+            }
+            Phase::VerifyLogits => {
+                self.parts.inputs.pad_only(&layout, key.bucket)?;
+                StepShape::verify(key.bucket, layout.seqs).logits_only()
             }
         };
         let step = self.parts.forward(&layout, shape)?;

@@ -124,16 +124,18 @@ impl SampleBuffers {
     /// upload them in one copy of the rows up to the last of them; other rows keep stale
     /// bits their `mask_on` of 0 leaves unread. A masked verify chunk's rows come as
     /// consecutive entries of its batch index, in the order of the tokens they sample
-    /// after: its extra rows, then its own row (after its last token).
+    /// after: its extra rows (from row `first_extra` in batch order), then its own row
+    /// (after its last token).
     pub fn write_masks(
         &mut self,
         be: &dyn Backend,
         batch: &[SeqStep<'_>],
+        first_extra: usize,
         fill: &mut FillMasks<'_>,
     ) -> Result<()> {
         // (batch index, sampling row) of every masked row, in the order `fill` gets them.
         let mut order: Vec<(usize, usize)> = Vec::new();
-        let mut extra = batch.len();
+        let mut extra = first_extra.max(batch.len());
         for (i, s) in batch.iter().enumerate() {
             let n = Packer::extra_rows(s);
             if s.masked {

@@ -286,17 +286,21 @@ impl StepOut {
 
 impl Parts<'_> {
     /// The sampling of a step whose forward stopped at the logits in `buf` (`batch` in
-    /// the step's row order, `rows` sampling rows): the masks written by `fill` (host
-    /// work while the device still runs the forward), uploaded, then the rows sampled.
+    /// the step's row order, `rows` sampling rows, extra rows from `first_extra`): the
+    /// masks written by `fill` (host work while the device still runs the forward),
+    /// uploaded, then the rows sampled.
+    #[allow(clippy::too_many_arguments)]
     fn sample_after(
         &mut self,
         batch: &[SeqStep<'_>],
         layout: &Layout,
         rows: usize,
+        first_extra: usize,
         buf: &StepBuffers,
         fill: &mut FillMasks<'_>,
     ) -> Result<()> {
-        self.sampling.write_masks(self.be, batch, fill)?;
+        self.sampling
+            .write_masks(self.be, batch, first_extra, fill)?;
         let v = StepViews::cut(&self.inputs.table, layout, rows, 0)?;
         self.sampling
             .step(rows)?
@@ -477,7 +481,7 @@ impl Runner<'_> {
                     let buf = r.exec.eager(be, &step)?;
                     drop(step);
                     if let Some(fill) = fill {
-                        r.parts.sample_after(batch, &layout, rows, &buf, fill)?;
+                        r.parts.sample_after(batch, &layout, rows, b, &buf, fill)?;
                     }
                     let mut out = r.read_out(batch, None, b)?;
                     if keep_logits {
@@ -501,11 +505,11 @@ impl Runner<'_> {
         let read = match key.phase {
             Phase::Decode | Phase::DecodeLogits => key.bucket,
             Phase::Mixed => b,
-            Phase::Verify => layout.seqs,
+            Phase::Verify | Phase::VerifyLogits => layout.seqs,
         };
         // A verify graph's drafts' rows follow its bucket's sequence rows.
         let first_extra = match key.phase {
-            Phase::Verify => key.bucket,
+            Phase::Verify | Phase::VerifyLogits => key.bucket,
             _ => b,
         };
         self.parts
@@ -515,7 +519,7 @@ impl Runner<'_> {
         let (mut shape, real) = match key.phase {
             Phase::Decode | Phase::DecodeLogits => (StepShape::whole(key.bucket, true, d), b),
             Phase::Mixed => (StepShape::split(b, d), n),
-            Phase::Verify => (StepShape::verify(key.bucket, layout.seqs), b),
+            Phase::Verify | Phase::VerifyLogits => (StepShape::verify(key.bucket, layout.seqs), b),
         };
         if fill.is_some() {
             shape = shape.logits_only();
@@ -528,7 +532,12 @@ impl Runner<'_> {
                 let buf = r.exec.replay(be, key, real, &step)?;
                 drop(step);
                 if let Some(fill) = fill {
-                    r.parts.sample_after(batch, &layout, b, buf, fill)?;
+                    let rows = match key.phase {
+                        Phase::VerifyLogits => layout.seqs,
+                        _ => b,
+                    };
+                    r.parts
+                        .sample_after(batch, &layout, rows, first_extra, buf, fill)?;
                 }
                 let replayed = if keep_logits || r.policy.verify {
                     Some(be.download::<f32>(&buf.logits(b)?)?)
