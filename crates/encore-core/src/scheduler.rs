@@ -44,11 +44,11 @@ pub struct SchedulerConfig {
     /// Reuse cached full KV blocks of earlier sequences with the same prefix (see the
     /// module docs); off, every request computes all its tokens.
     pub prefix_cache: bool,
-    /// Speculative decoding: a decoding sequence whose sampling allows it (no penalties,
-    /// logit bias or constraint) gets drafts from the proposer (n-grams of its own tokens,
+    /// Speculative decoding: a decoding sequence whose sampling allows it (no penalties or
+    /// logit bias) gets drafts from the proposer (n-grams of its own tokens,
     /// [`crate::spec::ngram`], or a draft model, [`crate::spec::draft`], which
-    /// [`Scheduler::step_with`] is given), and a verify step samples after each
-    /// ([`SeqStep::verify`]); each draft equal to the target's sample there is kept, then
+    /// [`Scheduler::step_with`] is given; under a constraint, the tokens it forces or the
+    /// proposals it allows), and a verify step samples after each ([`SeqStep::verify`]); each draft equal to the target's sample there is kept, then
     /// the target's own sample. The tokens are those decoding one at a time gives, sampled
     /// or greedy (each position's sample uses that token's seed either way). `None`: off.
     pub speculative: Option<Proposer>,
