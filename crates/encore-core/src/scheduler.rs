@@ -88,6 +88,9 @@ pub struct SchedulerStats {
     /// Verify chunks run (a sequence's drafts in one step): the mean tokens a verify emits
     /// is `1 + drafts_accepted / verifications`.
     pub verifications: u64,
+    /// Times a sequence stopped speculating for a while because too few of its drafts
+    /// were kept ([`Proposer::min_acceptance`]).
+    pub spec_pauses: u64,
 }
 
 /// A masked row's constraint, taken out of its sequence for a step (whose inputs borrow
@@ -127,6 +130,54 @@ struct Seq {
     /// drafts sit at the end of `tokens` for the step being planned (0: none).
     ngram: Option<NgramIndex>,
     drafts: usize,
+    /// How its drafts fare: see [`Backoff`].
+    backoff: Backoff,
+}
+
+/// Speculation that does not pay stops for a while: a sequence keeps a moving average of
+/// the share of its drafts kept; below its proposer's [`Proposer::min_acceptance`] it
+/// decodes plainly for `pause` steps (8, doubling on each pause in a row up to 64), then
+/// proposes again from an average of 0.5 (so a retry that keeps nothing pauses after two
+/// verify steps).
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    kept: f32,
+    pause: u32,
+    next: u32,
+}
+
+impl Backoff {
+    const FIRST: u32 = 8;
+    const MAX: u32 = 64;
+    /// The weight of the latest verify step in the average.
+    const WEIGHT: f32 = 0.3;
+
+    fn new() -> Self {
+        Backoff {
+            kept: 1.0,
+            pause: 0,
+            next: Self::FIRST,
+        }
+    }
+
+    /// After a verify step that kept `kept` of `drafts`: whether it pauses now.
+    fn verified(&mut self, kept: usize, drafts: usize, min: f32) -> bool {
+        let share = kept as f32 / drafts.max(1) as f32;
+        self.kept = (1.0 - Self::WEIGHT) * self.kept + Self::WEIGHT * share;
+        if self.kept >= min {
+            self.next = Self::FIRST;
+            return false;
+        }
+        self.pause = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        self.kept = 0.5;
+        true
+    }
+
+    /// After a plain decode step.
+    fn decoded(&mut self) {
+        self.pause = self.pause.saturating_sub(1);
+    }
 }
 
 impl Seq {
@@ -141,6 +192,7 @@ impl Seq {
     fn draft_cap(&self, k: usize, budget: usize, rows: usize, max_seq_len: usize) -> usize {
         let p = &self.req.params;
         let eligible = self.drafts == 0
+            && self.backoff.pause == 0
             && self.tokens.len() == self.computed + 1
             && !p.sampling.has_penalties()
             && p.logit_bias.is_empty()
@@ -322,6 +374,7 @@ impl Scheduler {
             prompt_lp,
             ngram: None,
             drafts: 0,
+            backoff: Backoff::new(),
         });
         Ok(())
     }
@@ -778,8 +831,16 @@ impl Scheduler {
                 self.stats.drafts_proposed += d as u64;
                 self.stats.drafts_accepted += kept as u64;
                 self.stats.verifications += 1;
+                if let Some(p) = self.cfg.speculative {
+                    if s.backoff.verified(kept, d, p.min_acceptance()) {
+                        self.stats.spec_pauses += 1;
+                    }
+                }
                 emitted
             } else {
+                if s.computed == s.tokens.len() {
+                    s.backoff.decoded();
+                }
                 vec![out.token]
             };
             if let Some(lp) = &mut s.prompt_lp {

@@ -94,6 +94,8 @@ pub struct EngineMetrics {
     pub spec_drafts_total: AtomicU64,
     pub spec_accepted_total: AtomicU64,
     pub spec_verifications_total: AtomicU64,
+    /// Times a sequence stopped speculating for a while (too few drafts kept).
+    pub spec_pauses_total: AtomicU64,
     /// Time from a request's submission to its first token (queueing and prefill).
     pub time_to_first_token: Histogram<TtftBuckets>,
     /// Time between consecutive tokens of a request, taken when the step that sampled
@@ -461,6 +463,7 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
         .store(st.drafts_accepted, Ordering::Relaxed);
     m.spec_verifications_total
         .store(st.verifications, Ordering::Relaxed);
+    m.spec_pauses_total.store(st.spec_pauses, Ordering::Relaxed);
     m.tokens_computed_total
         .store(st.tokens_computed, Ordering::Relaxed);
     m.requests_finished_total

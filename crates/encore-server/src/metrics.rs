@@ -13,7 +13,7 @@ use crate::AppState;
 
 /// The engine's counters and gauges, and the server's request count: name, type, help,
 /// value.
-fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 20] {
+fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 21] {
     let m = &s.engine.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     [
@@ -136,6 +136,12 @@ fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 20] {
             "counter",
             "Speculative decoding: verify chunks run (one sequence's drafts in one step).",
             g(&m.spec_verifications_total),
+        ),
+        (
+            "encore_spec_decode_num_pauses_total",
+            "counter",
+            "Speculative decoding: times a sequence stopped speculating for a while because too few of its drafts were kept.",
+            g(&m.spec_pauses_total),
         ),
     ]
 }

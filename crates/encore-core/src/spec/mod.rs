@@ -25,4 +25,17 @@ impl Proposer {
             Proposer::Draft { k } => *k,
         }
     }
+
+    /// The share of drafts a sequence must keep (a moving average) to go on speculating:
+    /// below it, its verify steps cost more than they save, and it decodes plainly for a
+    /// while. n-gram drafts cost nothing to propose and a verify step little more than a
+    /// decode step (1.09x at 8B batch 1 with 4 drafts on the H100); a draft model's cost
+    /// k of its own steps a round (4 steps of a 1B model beside an 8B target: about as
+    /// much as the verify step), so it must keep more.
+    pub fn min_acceptance(&self) -> f32 {
+        match self {
+            Proposer::Ngram(_) => 0.1,
+            Proposer::Draft { .. } => 0.3,
+        }
+    }
 }

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Speculation beside the engine's other parts on the GPU (issue #24), from
+# .gpu/spec.tar.xz: ngram drafts over a weight budget (the layer ring and the expert
+# cache), quantized weights and a mixture of experts, f32 activations (so a verify step's
+# logits round like a decode step's but for GEMM shapes), greedy: plain against
+# `--speculative-method ngram`, the output ids compared and the rates printed.
+#   usage: OUT=... bash scripts/gpu-spec-combos.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export ENCORE_CACHE_DIR=/tmp/encore-cache
+OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT" .spec
+tar -xJf .gpu/spec.tar.xz -C .spec || exit 1
+nvidia-smi --query-gpu=name --format=csv,noheader
+P=$(printf 'one two three four five six seven eight %.0s' $(seq 1 12))
+ids() { python3 -c "import sys,json; print(json.dumps([json.loads(l)['output_ids'] for l in sys.stdin if l.strip()]))"; }
+case_() { # name, flags...
+  local name=$1; shift
+  for s in plain ngram; do
+    spec=(); [ $s = ngram ] && spec=(--speculative-method ngram --num-speculative-tokens 4)
+    .spec/encore generate --device cuda --dtype f32 --prompt "$P" --prompt "$P two" \
+      --max-tokens 64 --ignore-eos --capture-all --json "$@" "${spec[@]}" \
+      >"$OUT/$name-$s.json" 2>"$OUT/$name-$s.err"
+    echo "== $name $s rc=$? $(grep -oE '"decode_tokens_per_s":[0-9.]+' "$OUT/$name-$s.json" | head -1)"
+    grep -iE "error" "$OUT/$name-$s.err" | head -2
+  done
+  python3 - "$OUT/$name-plain.json" "$OUT/$name-ngram.json" <<'PY'
+import json, sys
+a = [json.loads(l)["output_ids"] for l in open(sys.argv[1]) if l.strip()]
+b = [json.loads(l)["output_ids"] for l in open(sys.argv[2]) if l.strip()]
+same = sum(x == y for p, q in zip(a, b) for x, y in zip(p, q))
+first = [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in zip(a, b)]
+print(f"   tokens equal: {same} of {sum(map(len, a))}; first difference per prompt: {first}")
+PY
+}
+case_ offload-ring --model dummy:llama-3.2-1b --weight-budget 50%
+case_ q4k-8b --model dummy:llama-3-8b --quantization q4_k
+case_ moe-q4k --model dummy:qwen3-30b-a3b --quantization q4_k
+case_ moe-experts-budget --model dummy:qwen3-30b-a3b --quantization q4_k --weight-budget 60%
