@@ -136,9 +136,10 @@ struct Seq {
 
 /// Speculation that does not pay stops for a while: a sequence keeps a moving average of
 /// the share of its drafts kept; below its proposer's [`Proposer::min_acceptance`] it
-/// decodes plainly for `pause` steps (8, doubling on each pause in a row up to 64), then
-/// proposes again from an average of 0.5 (so a retry that keeps nothing pauses after two
-/// verify steps).
+/// decodes plainly for `pause` steps, then proposes again from an average of 0.5 (a retry
+/// that keeps nothing pauses again after two verify steps under a draft model, five under
+/// n-grams). The pause is 8 steps, doubling up to 64 while the average has not climbed
+/// back to 0.5 since the last pause.
 #[derive(Clone, Copy, Debug)]
 struct Backoff {
     kept: f32,
@@ -151,6 +152,8 @@ impl Backoff {
     const MAX: u32 = 64;
     /// The weight of the latest verify step in the average.
     const WEIGHT: f32 = 0.3;
+    /// The average a retry starts from; climbing back to it ends a run of pauses.
+    const RESTART: f32 = 0.5;
 
     fn new() -> Self {
         Backoff {
@@ -164,13 +167,15 @@ impl Backoff {
     fn verified(&mut self, kept: usize, drafts: usize, min: f32) -> bool {
         let share = kept as f32 / drafts.max(1) as f32;
         self.kept = (1.0 - Self::WEIGHT) * self.kept + Self::WEIGHT * share;
-        if self.kept >= min {
+        if self.kept >= Self::RESTART {
             self.next = Self::FIRST;
+        }
+        if self.kept >= min {
             return false;
         }
         self.pause = self.next;
         self.next = (self.next * 2).min(Self::MAX);
-        self.kept = 0.5;
+        self.kept = Self::RESTART;
         true
     }
 
@@ -907,5 +912,52 @@ impl Scheduler {
             }
         }
         Ok(outputs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backoff;
+
+    /// Verify steps that keep nothing pause a draft-model sequence after four of them
+    /// (from an average of 1), then after two at each retry, for 8, 16, 32, 64 and 64
+    /// steps; a verify that brings the average back to 0.5 starts over at 8.
+    #[test]
+    fn backoff_pauses_double_until_the_average_recovers() {
+        let min = 0.3;
+        let mut b = Backoff::new();
+        let fails_to_pause = |b: &mut Backoff| {
+            let mut n = 0;
+            loop {
+                n += 1;
+                if b.verified(0, 4, min) {
+                    return n;
+                }
+                assert!(n < 100);
+            }
+        };
+        let mut pauses = Vec::new();
+        let mut fails = Vec::new();
+        for _ in 0..5 {
+            fails.push(fails_to_pause(&mut b));
+            pauses.push(b.pause);
+            for _ in 0..b.pause {
+                assert!(b.pause > 0);
+                b.decoded();
+            }
+            assert_eq!(b.pause, 0);
+        }
+        assert_eq!(fails, vec![4, 2, 2, 2, 2]);
+        assert_eq!(pauses, vec![8, 16, 32, 64, 64]);
+        // A good run ends the streak: the next pause is 8 again.
+        assert!(!b.verified(4, 4, min));
+        assert!(b.kept >= 0.5);
+        fails_to_pause(&mut b);
+        assert_eq!(b.pause, 8);
+        // n-grams (0.1): five verifies that keep nothing after a retry.
+        let mut n = Backoff::new();
+        n.kept = 0.5;
+        let k = (1..).find(|_| n.verified(0, 4, 0.1)).unwrap();
+        assert_eq!(k, 5);
     }
 }

@@ -985,3 +985,62 @@ fn sampled_speculation_keeps_the_target_distribution() {
         "the control: chi-square {x:.1}: {off:?} against {colder:?}"
     );
 }
+
+/// A draft KV with one free block and two sequences at a block boundary: the first takes
+/// the block for its next draft, the second stops at the drafts it has (no error); what
+/// the draft holds follows what it was fed.
+#[test]
+fn a_full_draft_cache_cuts_drafts_short() {
+    use encore_core::kv::SeqId;
+    use encore_core::spec::draft::{DraftRequest, Drafter};
+    let cpu = CpuBackend::new();
+    let target = common::tiny_runner(&cpu);
+    // The null block and 3 of 4 tokens: each 4-token prompt fills one.
+    let draft = Runner::new(&cpu, common::tiny_model(&cpu), common::tiny_config(4)).unwrap();
+    let mut d = Drafter::new(draft, &target).unwrap();
+    let (a, b) = ([5u32, 6, 7, 8], [9u32, 10, 11, 12]);
+    let reqs = [
+        DraftRequest {
+            seq: SeqId(0),
+            tokens: &a,
+            max_drafts: 3,
+        },
+        DraftRequest {
+            seq: SeqId(1),
+            tokens: &b,
+            max_drafts: 3,
+        },
+    ];
+    let drafts = d.propose(&reqs).unwrap();
+    assert_eq!(
+        drafts.iter().map(Vec::len).collect::<Vec<_>>(),
+        vec![3, 1],
+        "{drafts:?}"
+    );
+    assert_eq!(d.live(), 2);
+    // The first sequence's drafts were all kept but the last: the draft keeps their KV,
+    // and the second's tokens moved on; both propose again from there.
+    let a2: Vec<u32> = a
+        .iter()
+        .chain(&drafts[0][..2])
+        .copied()
+        .chain([1])
+        .collect();
+    let b2: Vec<u32> = b.iter().copied().chain([2]).collect();
+    d.release(SeqId(1)).unwrap();
+    let again = d
+        .propose(&[DraftRequest {
+            seq: SeqId(0),
+            tokens: &a2,
+            max_drafts: 2,
+        }])
+        .unwrap();
+    assert!(!again[0].is_empty());
+    assert!(d
+        .propose(&[DraftRequest {
+            seq: SeqId(1),
+            tokens: &b2,
+            max_drafts: 1
+        }])
+        .is_ok());
+}

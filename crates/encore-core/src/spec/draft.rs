@@ -124,10 +124,12 @@ impl<'b> Drafter<'b> {
             }
             let same = fed.iter().zip(r.tokens).take_while(|(a, b)| a == b).count();
             let keep = same.min(r.tokens.len() - 1);
-            if keep < fed.len() {
+            // Against the blocks' count, not `fed`'s: a failed step may have left them
+            // longer.
+            if keep < self.seqs.blocks.num_tokens(r.seq)? {
                 self.seqs.blocks.truncate(r.seq, keep)?;
-                fed.truncate(keep);
             }
+            fed.truncate(keep);
             todo.push(i);
         }
         // Catch-up: each sequence's unseen tokens, in chunks of the draft's token budget;
@@ -180,13 +182,19 @@ impl<'b> Drafter<'b> {
         }
         // Rounds: each further draft, one decode step over the sequences that may have it.
         loop {
-            let round: Vec<usize> = todo
-                .iter()
-                .copied()
-                .filter(|&i| !drafts[i].is_empty() && drafts[i].len() < reqs[i].max_drafts)
-                .filter(|&i| self.seqs.blocks.can_append(reqs[i].seq, 1))
-                .take(max_seqs)
-                .collect();
+            // Each one's slot taken as it is checked (two at a block boundary may not both
+            // find a free block).
+            let mut round: Vec<usize> = Vec::new();
+            for &i in &todo {
+                if round.len() == max_seqs {
+                    break;
+                }
+                let wants = !drafts[i].is_empty() && drafts[i].len() < reqs[i].max_drafts;
+                if wants && self.seqs.blocks.can_append(reqs[i].seq, 1) {
+                    self.seqs.blocks.append(reqs[i].seq, 1)?;
+                    round.push(i);
+                }
+            }
             if round.is_empty() {
                 break;
             }
@@ -194,9 +202,6 @@ impl<'b> Drafter<'b> {
                 .iter()
                 .map(|&i| [*drafts[i].last().expect("non-empty")])
                 .collect();
-            for &i in &round {
-                self.seqs.blocks.append(reqs[i].seq, 1)?;
-            }
             let steps: Vec<SeqStep<'_>> = round
                 .iter()
                 .zip(&last)
