@@ -560,6 +560,17 @@ fn ngram_speculation_generates_the_same_tokens() {
             ],
             "--draft-model /no/such/model",
         ),
+        (
+            &[
+                "--speculative-method",
+                "draft",
+                "--draft-model",
+                "dummy:tiny",
+                "-t",
+                "2",
+            ],
+            "a draft model runs on one device",
+        ),
         (&["--num-speculative-tokens", "4"], "--speculative-method"),
         (
             &[
@@ -588,7 +599,8 @@ fn ngram_speculation_generates_the_same_tokens() {
 }
 
 /// Speculation over a mixture of experts, under a weight budget (the expert cache and the
-/// layer ring) and with quantized weights generates what decoding token by token does;
+/// layer ring), with quantized weights and over two tensor-parallel ranks generates what
+/// decoding token by token does;
 /// and a stop string inside a run of kept drafts ends the text where it ends without
 /// speculation.
 #[test]
@@ -616,6 +628,8 @@ fn speculation_with_moe_offload_quantized_weights_and_stop_strings() {
         &["--model", "dummy:tiny-qwen3-moe", "--weight-budget", "80%"],
         &["--model", "dummy:tiny", "--weight-budget", "50%"],
         &["--model", "dummy:tiny", "--quantization", "q8_0"],
+        // Tensor parallelism: the verify graphs run on every rank.
+        &["--model", "dummy:tiny", "--tensor-parallel-size", "2"],
     ] {
         let plain = run(model);
         assert_eq!(plain.len(), 1, "{model:?}");
