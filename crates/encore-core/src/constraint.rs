@@ -29,14 +29,14 @@ pub trait TokenConstraint: Send {
     /// Speculative decoding: how many of `tokens`, in a row from here, the constraint
     /// allows (the drafts a grammar rejects are cut there); it does not advance.
     fn validate(&mut self, tokens: &[u32]) -> usize;
+    /// Speculative decoding: undo the last `n` commits (drafts a verify step's masks were
+    /// computed through).
+    fn rollback(&mut self, n: usize) -> Result<(), String>;
     /// Tokens the constraint forces from here, one way only (a JSON key, a closing
     /// bracket): drafts every sample under its masks will equal. Empty: none.
     fn forced(&mut self) -> Vec<u32> {
         Vec::new()
     }
-    /// An independent copy of its state (speculative decoding: a verify chunk's masks are
-    /// computed on copies advanced through the drafts, in parallel).
-    fn fork(&self) -> Box<dyn TokenConstraint>;
 }
 
 /// Compiles [`Constraint`]s for one model: its tokenizer's tokens, indexed once.
@@ -192,8 +192,8 @@ impl TokenConstraint for Fixed {
         tokens.iter().take_while(|&&t| allowed(t)).count()
     }
 
-    fn fork(&self) -> Box<dyn TokenConstraint> {
-        Box::new(Fixed(self.0.clone()))
+    fn rollback(&mut self, _: usize) -> Result<(), String> {
+        Ok(())
     }
 }
 
@@ -248,8 +248,9 @@ impl TokenConstraint for Grammar {
     }
 
     fn validate(&mut self, tokens: &[u32]) -> usize {
-        // An end token is never a draft here: drafts stop before it (the target's own
-        // sample may end the sequence).
+        // The grammar knows one end token: the others map to it, and nothing follows.
+        // An end token is never a draft here (its commit may consume nothing, which a
+        // rollback would miscount): drafts stop before it.
         let ids: Vec<u32> = tokens
             .iter()
             .copied()
@@ -258,19 +259,17 @@ impl TokenConstraint for Grammar {
         self.matcher.validate_tokens(&ids).unwrap_or(0)
     }
 
+    fn rollback(&mut self, n: usize) -> Result<(), String> {
+        self.matcher
+            .rollback(n)
+            .map_err(|e| format!("the constraint could not roll back: {}", first_line(&e)))
+    }
+
     fn forced(&mut self) -> Vec<u32> {
         if self.matcher.is_stopped() {
             return Vec::new();
         }
         self.matcher.compute_ff_tokens()
-    }
-
-    fn fork(&self) -> Box<dyn TokenConstraint> {
-        Box::new(Grammar {
-            matcher: self.matcher.deep_clone(),
-            eos: self.eos.clone(),
-            grammar_eos: self.grammar_eos,
-        })
     }
 }
 

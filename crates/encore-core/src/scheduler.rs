@@ -100,8 +100,8 @@ struct Held {
     row: usize,
     constraint: Box<dyn TokenConstraint>,
     pending: Vec<u32>,
-    /// A verify chunk's drafts: its rows' masks are computed on copies of the constraint
-    /// advanced through them.
+    /// A verify chunk's drafts: its rows' masks are computed through them, then rolled
+    /// back.
     drafts: Vec<u32>,
 }
 
@@ -744,30 +744,23 @@ impl Scheduler {
                     .iter()
                     .zip(&held)
                     .all(|(g, h)| g.len() == 1 + h.drafts.len()));
-                // Advance by the pending tokens; the first row's mask is the constraint's,
-                // each next row's that of a copy advanced by one more draft, filled in
-                // parallel (the constraint itself stays before the drafts).
+                // Advance by the pending tokens, write the first row's mask, then each
+                // next row's after one more draft; roll the drafts back.
                 let fill_one = |(group, h): (&mut &mut [(usize, &mut [u32])], &mut Held)| {
                     let c = &mut h.constraint;
                     let k = group[0].0;
                     let filled = (|| {
                         h.pending.drain(..).try_for_each(|t| c.commit(t))?;
                         let (first, rest) = group.split_first_mut().expect("a row");
-                        if rest.is_empty() {
-                            return c.fill_mask(first.1);
+                        c.fill_mask(first.1)?;
+                        for ((_, row), &d) in rest.iter_mut().zip(&h.drafts) {
+                            c.commit(d)?;
+                            c.fill_mask(row)?;
                         }
-                        let mut forks = draft_forks(c.as_ref(), &h.drafts[..rest.len()])?;
-                        let mut masks: Vec<(&mut Box<dyn TokenConstraint>, &mut [u32])> =
-                            std::iter::once(c)
-                                .chain(forks.iter_mut())
-                                .zip(
-                                    std::iter::once(&mut *first.1)
-                                        .chain(rest.iter_mut().map(|(_, row)| &mut **row)),
-                                )
-                                .collect();
-                        masks
-                            .par_iter_mut()
-                            .try_for_each(|(c, row)| c.fill_mask(row))
+                        if !rest.is_empty() {
+                            c.rollback(rest.len())?;
+                        }
+                        Ok(())
                     })();
                     filled.err().map(|e: String| {
                         for (_, row) in group.iter_mut() {
@@ -920,21 +913,6 @@ impl Scheduler {
         }
         Ok(outputs)
     }
-}
-
-/// Copies of `c` advanced through the first 1, 2, ... of `drafts` (one per draft); an
-/// error when a draft is refused.
-fn draft_forks(
-    c: &dyn TokenConstraint,
-    drafts: &[u32],
-) -> Result<Vec<Box<dyn TokenConstraint>>, String> {
-    let mut forks: Vec<Box<dyn TokenConstraint>> = Vec::with_capacity(drafts.len());
-    for &d in drafts {
-        let mut f = forks.last().map_or_else(|| c.fork(), |prev| prev.fork());
-        f.commit(d)?;
-        forks.push(f);
-    }
-    Ok(forks)
 }
 
 #[cfg(test)]
