@@ -291,6 +291,15 @@ fn boot_draft<'b>(
         ));
     }
     crate::spec::draft::check_pair(&target.runner.model().cfg, &files.config)?;
+    if files.config.max_position_embeddings < cfg.max_seq_len {
+        return Err(Error::invalid(
+            "--draft-model",
+            format!(
+                "the draft model holds {} positions, fewer than the run's max_seq_len {}: lower --max-seq-len",
+                files.config.max_position_embeddings, cfg.max_seq_len
+            ),
+        ));
+    }
     let draft = Engine::new(be, files, &cfg.for_draft(), progress)?;
     tracing::info!(
         "draft model up: {} KV blocks, weights in {:.2} s",

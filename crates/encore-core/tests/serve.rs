@@ -184,3 +184,59 @@ fn refused_requests_get_an_error_event_and_boot_errors_return() {
     let e = boot("dummy:no-such-model", 10).err().unwrap().to_string();
     assert!(e.contains("no-such-model"), "{e}");
 }
+
+/// A draft model (`EngineConfig::draft`) boots beside the target in the engine loop and
+/// the tokens stream as without it; a draft of another vocabulary or of fewer positions
+/// than the run holds is a boot error naming `--draft-model`.
+#[test]
+fn a_draft_model_boots_in_the_engine_loop_and_bad_ones_are_refused() {
+    use encore_core::spec::Proposer;
+    let boot_with = |draft: encore_core::model::ModelFiles| {
+        let cfg = EngineConfig {
+            draft: Some(draft),
+            ..EngineConfig::new(
+                DType::F32,
+                4,
+                64,
+                8 + 3 * 8,
+                128,
+                KvSizing::Blocks(1 + 8 * 32),
+            )
+        };
+        let sched = SchedulerConfig {
+            speculative: Some(Proposer::Draft { k: 3 }),
+            ..SchedulerConfig::new(32, 8)
+        };
+        EngineHandle::start(
+            Arc::new(CpuBackend::new()),
+            encore_core::model::open_model("dummy:tiny").unwrap(),
+            cfg,
+            sched,
+            Box::new(NoProgress),
+        )
+    };
+    let run = |engine: &EngineHandle| {
+        let (tx, rx) = mpsc::channel();
+        engine.submit(request(1, 9, 20), sink(tx)).unwrap();
+        collect(&rx)
+    };
+    let plain = run(&start(1 + 8 * 32));
+    let engine = boot_with(encore_core::model::open_model("dummy:tiny").unwrap()).unwrap();
+    assert_eq!(run(&engine), plain);
+    // The metrics are published when the loop goes idle.
+    wait_until("the draft's kept tokens in the metrics", || {
+        engine.metrics.spec_accepted_total.load(Ordering::Relaxed) > 0
+    });
+    drop(engine);
+    let mut other = encore_core::model::open_model("dummy:tiny").unwrap();
+    other.config.vocab_size = 600;
+    let e = boot_with(other).err().unwrap().to_string();
+    assert!(e.contains("--draft-model") && e.contains("600"), "{e}");
+    let mut short = encore_core::model::open_model("dummy:tiny").unwrap();
+    short.config.max_position_embeddings = 64;
+    let e = boot_with(short).err().unwrap().to_string();
+    assert!(
+        e.contains("--draft-model") && e.contains("64 positions"),
+        "{e}"
+    );
+}
