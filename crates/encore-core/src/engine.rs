@@ -140,11 +140,12 @@ impl EngineConfig {
     }
 
     /// The configuration a draft model boots with: the target's sizes, graphs (decode and
-    /// token buckets; the draft runs no verify step) and KV sizing (of the memory the
+    /// token buckets, and the graphs of 2-token chunks: a catch-up after every draft was
+    /// kept feeds the last draft and the target's token) and KV sizing (of the memory the
     /// target left), every weight resident, one device.
     pub fn for_draft(&self) -> EngineConfig {
         EngineConfig {
-            graphs: self.graphs.clone().map(|g| GraphConfig { verify: 0, ..g }),
+            graphs: self.graphs.clone().map(|g| GraphConfig { verify: 1, ..g }),
             verify_graphs: false,
             extra_bytes: 0,
             run_name: format!("{} (its draft model)", self.run_name),

@@ -742,7 +742,7 @@ fn cuda_draft_model_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
 /// The draft-model speculation check on `be`: the tokens of a plain scheduler on `be`
 /// (of greedy requests only with `greedy_only`) for each draft and mode.
 fn check_draft_speculation(be: &dyn encore_core::Backend, greedy_only: bool) {
-    use encore_core::graph::BucketPolicy;
+    use encore_core::graph::{BucketPolicy, Phase};
     use encore_core::model::config::ModelConfig;
     use encore_core::runner::{GraphConfig, RunnerConfig};
     use encore_core::spec::draft::Drafter;
@@ -805,7 +805,12 @@ fn check_draft_speculation(be: &dyn encore_core::Backend, greedy_only: bool) {
         let mut draft = Runner::new(be, draft_model, cfg(roomy)).unwrap();
         if with_graphs {
             target.set_graphs(Some(graphs.clone()));
-            draft.set_graph_mode(Some(common::buckets()));
+            // As the engine boots a draft (`EngineConfig::for_draft`): 2-token catch-ups
+            // replay verify graphs.
+            draft.set_graphs(Some(GraphConfig {
+                verify: 1,
+                ..graphs.clone()
+            }));
         }
         let mut drafter = Drafter::new(draft, &target).unwrap();
         let sched = SchedulerConfig {
@@ -842,6 +847,10 @@ fn check_draft_speculation(be: &dyn encore_core::Backend, greedy_only: bool) {
             "itself, greedy" => {
                 assert_eq!(st.drafts_accepted, st.drafts_proposed);
                 assert_eq!(st.spec_pauses, 0, "{st:?}");
+                // Every draft kept: each catch-up feeds the last draft and the target's
+                // token, a 2-token chunk that replays the draft's verify graph.
+                let v = drafter.runner().phase_stats(Phase::Verify).unwrap();
+                assert!(v.hits + v.misses > 10, "{v:?}");
             }
             "another model" => {
                 assert!(st.drafts_accepted * 4 < st.drafts_proposed, "{st:?}");

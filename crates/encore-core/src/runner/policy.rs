@@ -81,10 +81,11 @@ impl GraphPolicy {
         }
     }
 
-    /// The verify graph a speculative step over `batch` runs in, with its layout: every
-    /// sequence verifies at most the graphs' drafts (or decodes one token), none is
-    /// scored, and its decode bucket has a verify graph; with masked rows (`masked`) the
-    /// graph stopping at the logits. `None`: the step runs eagerly.
+    /// The verify graph a step over `batch` runs in, with its layout: every sequence's
+    /// chunk has at most the graphs' drafts + 1 tokens (a verify chunk, a decode token, a
+    /// short chunk of a prompt or of a draft model's catch-up), none is scored, and its
+    /// decode bucket has a verify graph; with masked rows (`masked`) the graph stopping at
+    /// the logits. `None`: none serves it.
     pub fn plan_verify(
         &self,
         inputs: &Packer<'_>,
@@ -93,9 +94,7 @@ impl GraphPolicy {
     ) -> Option<(Key, Layout)> {
         let g = self.graphs.as_ref().filter(|_| !self.force_eager)?;
         let k = g.verify;
-        let fits = |s: &SeqStep<'_>| {
-            s.score.is_none() && (s.tokens.len() == 1 || (s.verify && s.tokens.len() <= k + 1))
-        };
+        let fits = |s: &SeqStep<'_>| s.score.is_none() && s.tokens.len() <= k + 1;
         if k == 0 || !batch.iter().all(fits) {
             return None;
         }

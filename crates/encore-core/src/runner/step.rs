@@ -460,8 +460,18 @@ impl Runner<'_> {
                 Some((key, layout)) => (Plan::Graph(key), layout),
                 None => (Plan::Eager, self.parts.inputs.layout(n, rows)),
             }
-        } else {
+        } else if decode_only {
             self.policy.plan(&self.parts.inputs, n, b, decode_only)
+        } else {
+            // Chunks of at most k + 1 tokens (a draft model's catch-up, a prompt's last
+            // few tokens) replay a verify graph, whole, rather than a token bucket's pieces.
+            match self
+                .policy
+                .plan_verify(&self.parts.inputs, batch, fill.is_some())
+            {
+                Some((key, layout)) => (Plan::Graph(key), layout),
+                None => self.policy.plan(&self.parts.inputs, n, b, decode_only),
+            }
         };
         let be = self.parts.be;
         let Plan::Graph(mut key) = plan else {
