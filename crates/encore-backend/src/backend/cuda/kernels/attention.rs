@@ -408,3 +408,42 @@ fn attention_prefill(
         ],
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(rows: usize, num_seqs: usize, num_heads: usize) -> AttentionDims {
+        AttentionDims {
+            rows,
+            num_heads,
+            num_kv_heads: num_heads / 4,
+            head_dim: 128,
+            num_blocks: 1024,
+            block_size: 16,
+            num_seqs,
+            table_width: 128,
+        }
+    }
+
+    /// The split-K kernel takes decode-like steps (2 queries a sequence) and verify steps
+    /// of few sequences; the tile kernel takes prompts and verify steps that fill the SMs
+    /// (the H100's 132 SMs, 32 heads).
+    #[test]
+    fn few_queries_picks_the_split_kernel_for_verify_shapes() {
+        let sm = 132;
+        // Verify steps, k = 1, 4, 8 at batch 1; k = 4 at batch 8 and 64.
+        assert!(few_queries(&dims(2, 1, 32), sm));
+        assert!(few_queries(&dims(5, 1, 32), sm));
+        assert!(few_queries(&dims(9, 1, 32), sm));
+        assert!(!few_queries(&dims(40, 8, 32), sm));
+        assert!(!few_queries(&dims(320, 64, 32), sm));
+        // k = 1 at batch 64: two queries a sequence.
+        assert!(few_queries(&dims(128, 64, 32), sm));
+        // A prompt of 2,048 tokens, and 17 queries for one sequence.
+        assert!(!few_queries(&dims(2048, 1, 32), sm));
+        assert!(!few_queries(&dims(17, 1, 32), sm));
+        // No sequence: no division by zero.
+        assert!(few_queries(&dims(0, 0, 32), sm));
+    }
+}
