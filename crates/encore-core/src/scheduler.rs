@@ -52,6 +52,10 @@ pub struct SchedulerConfig {
     /// the target's own sample. The tokens are those decoding one at a time gives, sampled
     /// or greedy (each position's sample uses that token's seed either way). `None`: off.
     pub speculative: Option<Proposer>,
+    /// No sequence speculates in a step planned while more than this many run (vLLM's
+    /// `speculative_disable_by_batch_size`: a large batch is compute-bound, and a verify
+    /// step past the verify graphs' buckets runs eagerly); 0: no limit.
+    pub speculative_max_batch: usize,
 }
 
 impl SchedulerConfig {
@@ -62,6 +66,7 @@ impl SchedulerConfig {
             max_num_seqs,
             prefix_cache: true,
             speculative: None,
+            speculative_max_batch: 0,
         }
     }
 }
@@ -540,14 +545,19 @@ impl Scheduler {
         };
         let mut i = 0;
         let max_seq_len = runner.config().max_seq_len;
-        let mut drafted = match (self.cfg.speculative, drafter) {
+        let limit = self.cfg.speculative_max_batch;
+        let speculative = self
+            .cfg
+            .speculative
+            .filter(|_| limit == 0 || self.running.len() <= limit);
+        let mut drafted = match (speculative, drafter) {
             (Some(Proposer::Draft { k }), Some(d)) => {
                 self.run_drafter(d, k, max_rows, max_seq_len)?
             }
             _ => HashMap::new(),
         };
         while i < self.running.len() && budget > 0 && rows < max_rows {
-            if let Some(p) = self.cfg.speculative {
+            if let Some(p) = speculative {
                 let s = &mut self.running[i];
                 let cap = s.draft_cap(p.k(), budget, max_rows - rows, max_seq_len);
                 if cap > 0 {

@@ -1053,3 +1053,50 @@ fn a_full_draft_cache_cuts_drafts_short() {
         }])
         .is_ok());
 }
+
+/// `speculative_max_batch`: no sequence speculates in a step planned while more run; the
+/// tokens are those of decoding one at a time either way.
+#[test]
+fn speculation_stops_above_its_batch_limit() {
+    use encore_core::spec::ngram::NgramConfig;
+    use encore_core::spec::Proposer;
+    let cpu = CpuBackend::new();
+    let reqs: Vec<(Request, u64)> = (0..4u64)
+        .map(|id| {
+            let mut r = request(60 + id, 0, 10 + 12 * id as usize, 0.0);
+            r.prompt = [7u32, 9, 11, 13, 15].repeat(6);
+            (r, 0)
+        })
+        .collect();
+    let reference = alone(&reqs);
+    let mut r = common::tiny_runner(&cpu);
+    let cfg = SchedulerConfig {
+        speculative: Some(Proposer::Ngram(NgramConfig::new(1, 4, 3).unwrap())),
+        speculative_max_batch: 2,
+        ..SchedulerConfig::new(64, 8)
+    };
+    let mut s = Scheduler::new(cfg, &r).unwrap();
+    for (q, _) in &reqs {
+        s.add(q.clone(), &r).unwrap();
+    }
+    let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+    let (mut above, mut below) = (0u64, 0u64);
+    while s.has_work() {
+        let running = s.num_running().max(s.num_waiting());
+        let before = s.stats().verifications;
+        for o in s.step(&mut r).unwrap() {
+            out.entry(o.id).or_default().push(o.token);
+        }
+        let verified = s.stats().verifications - before;
+        if running > 2 {
+            above += verified;
+        } else {
+            below += verified;
+        }
+    }
+    for (q, _) in &reqs {
+        assert_eq!(out[&q.id], reference[&q.id].0, "request {}", q.id);
+    }
+    assert_eq!(above, 0);
+    assert!(below > 0);
+}

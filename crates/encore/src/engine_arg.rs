@@ -82,6 +82,10 @@ pub struct EngineArgs {
     /// after it on the same device with its sizes, of the memory it left.
     #[arg(long, value_name = "DIR|FILE.gguf|dummy:NAME")]
     pub draft_model: Option<String>,
+    /// No sequence speculates while more than this many run (a large batch is
+    /// compute-bound); default: the most whose drafts fit one verify step's rows.
+    #[arg(long, value_name = "N", requires = "speculative_method", allow_negative_numbers = true, value_parser = parse::count::<1, 1048576>)]
+    pub speculative_disable_by_batch_size: Option<usize>,
     /// Drafts a speculating sequence proposes per step (1 to 16).
     #[arg(long, default_value = "4", requires = "speculative_method", allow_negative_numbers = true, value_parser = parse::count::<1, 16>)]
     pub num_speculative_tokens: usize,
@@ -222,6 +226,12 @@ impl EngineArgs {
             max_num_seqs: shape.max_seqs,
             prefix_cache: !self.no_prefix_cache,
             speculative,
+            // By default, while the batch's verify rows fit the runner's sampling rows
+            // (and so its verify graphs, where captured).
+            speculative_max_batch: speculative.map_or(0, |p| {
+                self.speculative_disable_by_batch_size
+                    .unwrap_or((shape.max_seqs + spec_rows) / (p.k() + 1))
+            }),
         };
         Ok((engine, sched))
     }

@@ -573,6 +573,19 @@ fn ngram_speculation_generates_the_same_tokens() {
         ),
         (&["--num-speculative-tokens", "4"], "--speculative-method"),
         (
+            &["--speculative-disable-by-batch-size", "4"],
+            "--speculative-method",
+        ),
+        (
+            &[
+                "--speculative-method",
+                "ngram",
+                "--speculative-disable-by-batch-size",
+                "0",
+            ],
+            "--speculative-disable-by-batch-size",
+        ),
+        (
             &[
                 "--speculative-method",
                 "ngram",
