@@ -44,8 +44,8 @@ pub struct SchedulerConfig {
     /// Reuse cached full KV blocks of earlier sequences with the same prefix (see the
     /// module docs); off, every request computes all its tokens.
     pub prefix_cache: bool,
-    /// Speculative decoding: a decoding sequence whose sampling allows it (no penalties or
-    /// logit bias) gets drafts from the proposer (n-grams of its own tokens,
+    /// Speculative decoding: a decoding sequence whose sampling allows it (no penalties;
+    /// its logit bias applies to every verify row) gets drafts from the proposer (n-grams of its own tokens,
     /// [`crate::spec::ngram`], or a draft model, [`crate::spec::draft`], which
     /// [`Scheduler::step_with`] is given; under a constraint, the tokens it forces or the
     /// proposals it allows), and a verify step samples after each ([`SeqStep::verify`]); each draft equal to the target's sample there is kept, then
@@ -205,7 +205,6 @@ impl Seq {
             && self.backoff.pause == 0
             && self.tokens.len() == self.computed + 1
             && !p.sampling.has_penalties()
-            && p.logit_bias.is_empty()
             && !self.scoring();
         if !eligible {
             return 0;

@@ -1100,3 +1100,55 @@ fn speculation_stops_above_its_batch_limit() {
     assert_eq!(above, 0);
     assert!(below > 0);
 }
+
+/// Requests with a logit bias speculate: each verify row applies the bias, so the tokens
+/// equal those of decoding one at a time (greedy and sampled), and drafts are kept.
+#[test]
+fn speculation_with_a_logit_bias_gives_the_tokens_of_decoding_one_at_a_time() {
+    use encore_core::spec::ngram::NgramConfig;
+    use encore_core::spec::Proposer;
+    let cpu = CpuBackend::new();
+    let reqs: Vec<(Request, u64)> = [(70u64, 0.0f32), (71, 0.8), (72, 0.0)]
+        .into_iter()
+        .map(|(id, t)| {
+            let mut r = request(id, 0, 30, t);
+            r.prompt = [21u32, 22, 23, 24].repeat(6);
+            // Push one token up and ban the one the first request repeats.
+            r.params.logit_bias = vec![(21, 2.5), (22, -100.0)];
+            (r, id - 70)
+        })
+        .collect();
+    let reference = alone(&reqs);
+    for graphs in [false, true] {
+        let cfg = encore_core::runner::RunnerConfig {
+            max_seqs: 16 + 8 * 4,
+            ..common::tiny_config(1 + 16 * (128 / common::BLOCK))
+        };
+        let mut r = Runner::new(&cpu, common::tiny_model(&cpu), cfg).unwrap();
+        if graphs {
+            r.set_graphs(Some(encore_core::runner::GraphConfig {
+                decode: common::buckets(),
+                mixed: encore_core::graph::BucketPolicy::SglangLike { max: 256 },
+                verify: 4,
+            }));
+        }
+        let sched = SchedulerConfig {
+            speculative: Some(Proposer::Ngram(NgramConfig::new(1, 4, 4).unwrap())),
+            ..SchedulerConfig::new(64, 8)
+        };
+        let (out, s) = run(&mut r, sched, &reqs);
+        for (q, _) in &reqs {
+            assert_eq!(
+                out[&q.id], reference[&q.id],
+                "graphs {graphs}: request {}",
+                q.id
+            );
+            assert!(
+                !out[&q.id].0.contains(&22),
+                "graphs {graphs}: {:?}",
+                out[&q.id]
+            );
+        }
+        assert!(s.stats().drafts_accepted > 5, "{:?}", s.stats());
+    }
+}

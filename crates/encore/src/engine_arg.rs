@@ -73,7 +73,7 @@ pub struct EngineArgs {
     /// greedy tokens, --draft-model), verified by the target in one step replayed from
     /// its verify graph; the output is the one decoding token by token gives (up to the
     /// rounding differences between a multi-token step and a decode step). Requests with
-    /// penalties or logit bias decode as usual; under a grammar the drafts are the tokens
+    /// penalties decode as usual; under a grammar the drafts are the tokens
     /// it forces or the proposals it allows.
     #[arg(long, value_name = "ngram|draft", value_parser = speculative_method)]
     pub speculative_method: Option<String>,

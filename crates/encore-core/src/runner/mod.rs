@@ -70,12 +70,13 @@ pub struct SeqStep<'a> {
     pub score: Option<Score>,
     /// Speculative decoding's verify step: `tokens` are the last accepted token then the
     /// drafts, and the target samples after each of them, not only after the last. Each
-    /// token but the last takes a sampling row of its own (as a scored token does; a
-    /// step of verify chunks and decode rows replays its bucket's verify graph), sampled with this sequence's sampling and the seed of the
-    /// token it samples (so its sample is the one decoding token by token would draw
-    /// there), in [`Sampled::verified`] (with their log-probabilities where asked). Needs
-    /// no penalties, logit bias or score: those depend on the tokens before, which a draft
-    /// may change. A masked verify chunk has a mask per row (see [`FillMasks`]).
+    /// token but the last takes a sampling row of its own (as a scored token does; a step
+    /// of verify chunks and decode rows replays its bucket's verify graph), sampled with
+    /// this sequence's sampling, its logit bias and the seed of the token it samples (so
+    /// its sample is the one decoding token by token would draw there), in
+    /// [`Sampled::verified`] (with their log-probabilities where asked). Needs no
+    /// penalties or score: those depend on the tokens before, which a draft may change. A
+    /// masked verify chunk has a mask per row (see [`FillMasks`]).
     pub verify: bool,
 }
 

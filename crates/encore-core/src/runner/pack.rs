@@ -224,13 +224,10 @@ impl<'b> Packer<'b> {
                 // Verify rows: a row per token before the last, sampled as the sequence's
                 // own row would be there (its sampling, the seed of the token it samples).
                 let sp = &s.sampling;
-                if sp.has_penalties() || !s.logit_bias.is_empty() {
+                if sp.has_penalties() {
                     return Err(Error::invalid(
                         "runner.step",
-                        format!(
-                            "sequence {}: a verify step takes no penalties or logit bias",
-                            s.seq
-                        ),
+                        format!("sequence {}: a verify step takes no penalties", s.seq),
                     ));
                 }
                 let first = h.cu_seqlens_q[i];
@@ -257,7 +254,7 @@ impl<'b> Packer<'b> {
                     h.num_logprobs[row] =
                         sp.logprobs.map_or(-1, |n| n.min(MAX_TOP_LOGPROBS) as i32);
                     h.mask_on[row] = s.masked as i32;
-                    h.bias_n[row] = 0;
+                    h.bias_n[row] = s.logit_bias.len().min(MAX_LOGIT_BIAS) as i32;
                     h.pen_slot[row] = -1;
                     h.lp_target[row] = -1;
                     row += 1;

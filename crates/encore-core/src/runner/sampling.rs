@@ -166,17 +166,36 @@ impl SampleBuffers {
     }
 
     /// Upload the logit biases of the step's rows that have some (`batch` in the step's
-    /// row order), the rows up to the last of them; other rows' `bias_n` of 0 leaves their
-    /// stale entries unread.
-    pub fn write_bias(&mut self, be: &dyn Backend, batch: &[SeqStep<'_>]) -> Result<()> {
-        let Some(last) = batch.iter().rposition(|s| !s.logit_bias.is_empty()) else {
+    /// row order; a verify chunk's extra rows, from row `first_extra` in batch order, have
+    /// its biases too), the rows up to the last of them; other rows' `bias_n` of 0 leaves
+    /// their stale entries unread.
+    pub fn write_bias(
+        &mut self,
+        be: &dyn Backend,
+        batch: &[SeqStep<'_>],
+        first_extra: usize,
+    ) -> Result<()> {
+        // (sampling row, batch index) of every row with biases.
+        let mut rows: Vec<(usize, usize)> = Vec::new();
+        let mut extra = first_extra.max(batch.len());
+        for (i, s) in batch.iter().enumerate() {
+            let n = Packer::extra_rows(s);
+            if !s.logit_bias.is_empty() {
+                rows.push((i, i));
+                if s.verify {
+                    rows.extend((extra..extra + n).map(|r| (r, i)));
+                }
+            }
+            extra += n;
+        }
+        let Some(last) = rows.iter().map(|&(r, _)| r).max() else {
             return Ok(());
         };
         let [ids_staging, vals_staging] = &mut self.bias_staging;
         // Each waits until the previous upload has read it.
         let (ids, vals) = (ids_staging.bytes_mut()?, vals_staging.bytes_mut()?);
-        for (row, s) in batch[..=last].iter().enumerate() {
-            for (j, &(t, b)) in s.logit_bias.iter().take(MAX_LOGIT_BIAS).enumerate() {
+        for &(row, i) in &rows {
+            for (j, &(t, b)) in batch[i].logit_bias.iter().take(MAX_LOGIT_BIAS).enumerate() {
                 let at = (row * MAX_LOGIT_BIAS + j) * 4;
                 ids[at..at + 4].copy_from_slice(&(t as i32).to_ne_bytes());
                 vals[at..at + 4].copy_from_slice(&b.to_ne_bytes());

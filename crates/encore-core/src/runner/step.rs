@@ -478,7 +478,7 @@ impl Runner<'_> {
             self.parts
                 .inputs
                 .pack(seqs, batch, &layout, rows, d, true, b)?;
-            self.parts.sampling.write_bias(be, batch)?;
+            self.parts.sampling.write_bias(be, batch, b)?;
             let mut shape = StepShape::whole(b, decode_only, d).with_rows(rows);
             if fill.is_some() {
                 shape = shape.logits_only();
@@ -525,7 +525,7 @@ impl Runner<'_> {
         self.parts
             .inputs
             .pack(seqs, batch, &layout, read, d, true, first_extra)?;
-        self.parts.sampling.write_bias(be, batch)?;
+        self.parts.sampling.write_bias(be, batch, first_extra)?;
         let (mut shape, real) = match key.phase {
             Phase::Decode | Phase::DecodeLogits => (StepShape::whole(key.bucket, true, d), b),
             Phase::Mixed => (StepShape::split(b, d), n),
