@@ -15,6 +15,13 @@ use encore_core::scheduler::{Scheduler, SchedulerConfig};
 
 mod common;
 
+/// The CUDA tests of this file, one at a time: a kernel loaded lazily by one test's thread
+/// while another captures a graph invalidates that capture.
+fn cuda_serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn request(id: u64, prompt_len: usize, max_tokens: usize, temperature: f32) -> Request {
     let prompt = (0..prompt_len)
         .map(|j| ((id as usize * 37 + j * 11) % 250) as u32)
@@ -497,6 +504,7 @@ fn samples_sharing_a_prompt_compute_it_once_and_get_their_cold_tokens() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn cuda_mixed_steps_at_a_real_shape_complete() {
+    let _serial = cuda_serial();
     use encore_core::engine::{Engine, EngineConfig, KvSizing};
     use encore_core::graph::BucketPolicy;
     use encore_core::runner::GraphConfig;
@@ -735,6 +743,7 @@ fn draft_model_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn cuda_draft_model_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
+    let _serial = cuda_serial();
     let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
     check_draft_speculation(&be, true);
 }
@@ -1105,9 +1114,23 @@ fn speculation_stops_above_its_batch_limit() {
 /// equal those of decoding one at a time (greedy and sampled), and drafts are kept.
 #[test]
 fn speculation_with_a_logit_bias_gives_the_tokens_of_decoding_one_at_a_time() {
+    check_logit_bias_speculation(&CpuBackend::new());
+}
+
+/// [`speculation_with_a_logit_bias_gives_the_tokens_of_decoding_one_at_a_time`] on CUDA
+/// (f32: the verify rows round like decode rows but for GEMM shapes).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_speculation_with_a_logit_bias_gives_the_tokens_of_decoding_one_at_a_time() {
+    let _serial = cuda_serial();
+    let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
+    check_logit_bias_speculation(&be);
+}
+
+/// The logit-bias speculation check on `be`, against a plain scheduler on `be`.
+fn check_logit_bias_speculation(be: &dyn encore_core::Backend) {
     use encore_core::spec::ngram::NgramConfig;
     use encore_core::spec::Proposer;
-    let cpu = CpuBackend::new();
     let reqs: Vec<(Request, u64)> = [(70u64, 0.0f32), (71, 0.8), (72, 0.0)]
         .into_iter()
         .map(|(id, t)| {
@@ -1118,13 +1141,16 @@ fn speculation_with_a_logit_bias_gives_the_tokens_of_decoding_one_at_a_time() {
             (r, id - 70)
         })
         .collect();
-    let reference = alone(&reqs);
+    let cfg = encore_core::runner::RunnerConfig {
+        max_seqs: 16 + 8 * 4,
+        ..common::tiny_config(1 + 16 * (128 / common::BLOCK))
+    };
+    let reference = {
+        let mut r = Runner::new(be, common::tiny_model(be), cfg).unwrap();
+        run(&mut r, SchedulerConfig::new(64, 8), &reqs).0
+    };
     for graphs in [false, true] {
-        let cfg = encore_core::runner::RunnerConfig {
-            max_seqs: 16 + 8 * 4,
-            ..common::tiny_config(1 + 16 * (128 / common::BLOCK))
-        };
-        let mut r = Runner::new(&cpu, common::tiny_model(&cpu), cfg).unwrap();
+        let mut r = Runner::new(be, common::tiny_model(be), cfg).unwrap();
         if graphs {
             r.set_graphs(Some(encore_core::runner::GraphConfig {
                 decode: common::buckets(),
