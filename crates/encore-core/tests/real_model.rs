@@ -299,3 +299,112 @@ fn smollm2_gguf_answers_in_json_under_a_schema() {
     assert!(v["city"].as_str().unwrap().contains("Paris"), "{text}");
     assert!(v["country"].is_string(), "{text}");
 }
+
+/// Speculative decoding on the real model (f32, CPU): n-gram drafts while it repeats a
+/// paragraph, and under a JSON schema (the grammar's forced tokens as drafts), give the
+/// tokens of decoding one at a time, and most drafts are kept while it copies.
+#[test]
+fn smollm2_gguf_speculates_with_the_tokens_of_decoding_one_at_a_time() {
+    use encore_core::constraint::ConstraintCompiler;
+    use encore_core::request::{Constraint, Request, RequestParams, SamplingParams};
+    use encore_core::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
+    use encore_core::spec::ngram::NgramConfig;
+    use encore_core::spec::Proposer;
+    use std::sync::Arc;
+
+    let Some(path) = smollm2() else { return };
+    let files = open_model(path.to_str().unwrap()).unwrap();
+    let cfg = files.config.clone();
+    let tok = files.tokenizer().unwrap();
+    let be = CpuBackend::new();
+    let w = weights::load(
+        &be,
+        &cfg,
+        files.source,
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
+    let model = Model::new(&be, cfg.clone(), w, 384).unwrap();
+    let mut runner = Runner::new(
+        &be,
+        model,
+        RunnerConfig {
+            block_size: 16,
+            num_blocks: 1 + 384 / 16,
+            max_tokens_per_step: 512,
+            max_seqs: 1 + 4,
+            max_seq_len: 384,
+            penalty_slots: 0,
+        },
+    )
+    .unwrap();
+    let compiler = Arc::new(ConstraintCompiler::new(&tok, cfg.vocab_size).unwrap());
+    let request = |prompt: Vec<u32>, max_tokens, constraint| Request {
+        id: 0,
+        prompt,
+        params: RequestParams {
+            sampling: SamplingParams::default(),
+            max_tokens,
+            stop_token_ids: tok.eos_token_ids(),
+            ignore_eos: false,
+            fit_context: false,
+            constraint,
+            share_prompt: None,
+            logit_bias: Vec::new(),
+        },
+    };
+    let mut generate = |req: &Request, spec: Option<Proposer>| -> (Vec<u32>, SchedulerStats) {
+        let cfg = SchedulerConfig {
+            speculative: spec,
+            ..SchedulerConfig::new(512, 1)
+        };
+        let mut sched = Scheduler::new(cfg, &runner).unwrap();
+        sched.set_constraint_compiler(Arc::clone(&compiler));
+        sched.add(req.clone(), &runner).unwrap();
+        let mut out = Vec::new();
+        while sched.has_work() {
+            out.extend(
+                sched
+                    .step(&mut runner)
+                    .unwrap()
+                    .into_iter()
+                    .map(|o| o.token),
+            );
+            assert_eq!(sched.take_failed(), Vec::new());
+        }
+        (out, sched.stats())
+    };
+    let ngram = Some(Proposer::Ngram(NgramConfig::new(1, 4, 4).unwrap()));
+    let copy = request(
+        chat_prompt(
+            &tok,
+            "Repeat the following text exactly, word for word: A paged KV cache stores \
+             the keys and values of every sequence in fixed-size blocks, so that memory \
+             is allocated on demand.",
+        ),
+        40,
+        None,
+    );
+    let (plain, _) = generate(&copy, None);
+    let (fast, st) = generate(&copy, ngram);
+    assert_eq!(fast, plain, "{}", tok.decode(&plain, true).unwrap());
+    assert!(st.drafts_accepted * 2 > st.drafts_proposed, "{st:?}");
+    assert!(st.drafts_accepted >= 15, "{st:?}");
+    let schema = r#"{"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "country": {"type": "string", "maxLength": 24}},
+        "required": ["city", "country"], "additionalProperties": false}"#;
+    let json = request(
+        chat_prompt(
+            &tok,
+            "What is the capital of France? Answer in JSON with the keys city and country.",
+        ),
+        60,
+        Some(Constraint::JsonSchema(schema.into())),
+    );
+    let (plain, _) = generate(&json, None);
+    let (fast, st) = generate(&json, ngram);
+    assert_eq!(fast, plain, "{}", tok.decode(&plain, true).unwrap());
+    assert!(st.drafts_accepted > 0, "{st:?}");
+}
