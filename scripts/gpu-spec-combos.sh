@@ -6,12 +6,7 @@
 # `--speculative-method ngram`, the output ids compared and the rates printed.
 #   usage: OUT=... bash scripts/gpu-spec-combos.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export ENCORE_CACHE_DIR=/tmp/encore-cache
-OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT" .spec
-tar -xJf .gpu/spec.tar.xz -C .spec || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader
+source "$(dirname "$0")/gpu-spec-env.sh"
 P=$(printf 'one two three four five six seven eight %.0s' $(seq 1 12))
 ids() { python3 -c "import sys,json; print(json.dumps([json.loads(l)['output_ids'] for l in sys.stdin if l.strip()]))"; }
 case_() { # name, flags...

@@ -8,12 +8,7 @@
 #      agrees on nothing, so its rate is the cost of a round that emits one token.
 # Logs under $OUT.   usage: OUT=... bash scripts/gpu-spec-draft.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export ENCORE_CACHE_DIR=/tmp/encore-cache
-OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT" .spec
-tar -xJf .gpu/spec.tar.xz -C .spec || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader
+source "$(dirname "$0")/gpu-spec-env.sh"
 if [ -x .spec/scheduler-test ]; then
   .spec/scheduler-test --include-ignored cuda_draft >"$OUT/scheduler-test.txt" 2>&1
   echo "== scheduler cuda_draft rc=$?"; grep -E "^test |test result" "$OUT/scheduler-test.txt"

@@ -8,16 +8,12 @@
 # .gpu/sm.part2; the encore binary comes in .gpu/spec.tar.xz. Logs under $OUT.
 #   usage: OUT=... bash scripts/gpu-spec-real.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export ENCORE_CACHE_DIR=/tmp/encore-cache
-OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT" .spec /tmp/sm
-tar -xJf .gpu/spec.tar.xz -C .spec || exit 1
+source "$(dirname "$0")/gpu-spec-env.sh"
+mkdir -p /tmp/sm
 M=/tmp/sm/model.gguf
 if [ ! -f $M ]; then
   cat /tmp/sm/model.part1 .gpu/sm.part2 >$M || exit 1
 fi
-nvidia-smi --query-gpu=name --format=csv,noheader
 DOC="A paged KV cache stores the keys and values of every sequence in fixed-size blocks, \
 so that memory is allocated on demand and shared between requests with a common prefix. \
 The scheduler admits a request only when its blocks fit, and preempts the newest request \

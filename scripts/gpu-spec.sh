@@ -8,12 +8,7 @@
 #   generate captures every graph at start-up (--capture-all): decode rates are steady.
 #   usage: OUT=... bash scripts/gpu-spec.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export ENCORE_CACHE_DIR=/tmp/encore-cache
-OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT" .spec
-tar -xJf .gpu/spec.tar.xz -C .spec || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader
+source "$(dirname "$0")/gpu-spec-env.sh"
 # The CUDA verify-graph test, when the bundle carries the graph test binary.
 if [ -x .spec/graph-test ] && [ -z "${SPEC_GEN_ONLY:-}" ]; then
   .spec/graph-test --include-ignored cuda_ >"$OUT/graph-test.txt" 2>&1

@@ -483,25 +483,24 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
         .store(st.prefix_queried_tokens, Ordering::Relaxed);
     m.prefix_cache_hits_total
         .store(st.prefix_hit_tokens, Ordering::Relaxed);
-    // Decode steps with masks replay their bucket's logits-only graph.
-    let decode = [Phase::Decode, Phase::DecodeLogits]
-        .into_iter()
-        .filter_map(|phase| runner.phase_stats(phase))
-        .map(|p| (p.hits + p.misses) as u64)
-        .reduce(|a, b| a + b);
-    if let Some(n) = decode {
-        m.graph_replays_decode.store(n, Ordering::Relaxed);
-    }
-    if let Some(p) = runner.phase_stats(Phase::Mixed) {
-        m.graph_replays_mixed
-            .store((p.hits + p.misses) as u64, Ordering::Relaxed);
-    }
-    let verify = [Phase::Verify, Phase::VerifyLogits]
-        .into_iter()
-        .filter_map(|phase| runner.phase_stats(phase))
-        .map(|p| (p.hits + p.misses) as u64)
-        .reduce(|a, b| a + b);
-    if let Some(n) = verify {
-        m.graph_replays_verify.store(n, Ordering::Relaxed);
-    }
+    // Steps with masks replay their bucket's logits-only graph (counted with the others).
+    let replays = |phases: &[Phase], counter: &AtomicU64| {
+        let n = phases
+            .iter()
+            .filter_map(|&phase| runner.phase_stats(phase))
+            .map(|p| (p.hits + p.misses) as u64)
+            .reduce(|a, b| a + b);
+        if let Some(n) = n {
+            counter.store(n, Ordering::Relaxed);
+        }
+    };
+    replays(
+        &[Phase::Decode, Phase::DecodeLogits],
+        &m.graph_replays_decode,
+    );
+    replays(&[Phase::Mixed], &m.graph_replays_mixed);
+    replays(
+        &[Phase::Verify, Phase::VerifyLogits],
+        &m.graph_replays_verify,
+    );
 }

@@ -82,6 +82,35 @@ fn greedy(
     common::generate_greedy(&mut runner, prompts, eos, max_tokens, false)
 }
 
+/// A runner of the model in f32 for one sequence of up to `max_seq_len` tokens (blocks of
+/// 16, every block it can need), `max_seqs` sampling rows, no penalty slots.
+fn f32_runner<'b>(
+    be: &'b dyn Backend,
+    cfg: &ModelConfig,
+    source: WeightSource,
+    max_seq_len: usize,
+    max_seqs: usize,
+) -> Runner<'b> {
+    let w = weights::load(
+        be,
+        cfg,
+        source,
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
+    let model = Model::new(be, cfg.clone(), w, max_seq_len).unwrap();
+    let rcfg = RunnerConfig {
+        block_size: 16,
+        num_blocks: 1 + max_seq_len / 16,
+        max_tokens_per_step: 512,
+        max_seqs,
+        max_seq_len,
+        penalty_slots: 0,
+    };
+    Runner::new(be, model, rcfg).unwrap()
+}
+
 fn chat_prompt(tok: &Tokenizer, question: &str) -> Vec<u32> {
     let text = tok
         .apply_chat_template(&[ChatMessage::new("user", question)], true)
@@ -233,28 +262,7 @@ fn smollm2_gguf_answers_in_json_under_a_schema() {
     assert!(checked > 6000, "{checked}");
 
     let be = CpuBackend::new();
-    let w = weights::load(
-        &be,
-        &cfg,
-        files.source,
-        DType::F32,
-        &encore_core::progress::NoProgress,
-    )
-    .unwrap();
-    let model = Model::new(&be, cfg.clone(), w, 256).unwrap();
-    let mut runner = Runner::new(
-        &be,
-        model,
-        RunnerConfig {
-            block_size: 16,
-            num_blocks: 1 + 256 / 16,
-            max_tokens_per_step: 512,
-            max_seqs: 1,
-            max_seq_len: 256,
-            penalty_slots: 0,
-        },
-    )
-    .unwrap();
+    let mut runner = f32_runner(&be, &cfg, files.source, 256, 1);
     let mut sched = Scheduler::new(SchedulerConfig::new(512, 1), &runner).unwrap();
     let compiler = ConstraintCompiler::new(&tok, cfg.vocab_size).unwrap();
     sched.set_constraint_compiler(Arc::new(compiler));
@@ -317,28 +325,8 @@ fn smollm2_gguf_speculates_with_the_tokens_of_decoding_one_at_a_time() {
     let cfg = files.config.clone();
     let tok = files.tokenizer().unwrap();
     let be = CpuBackend::new();
-    let w = weights::load(
-        &be,
-        &cfg,
-        files.source,
-        DType::F32,
-        &encore_core::progress::NoProgress,
-    )
-    .unwrap();
-    let model = Model::new(&be, cfg.clone(), w, 384).unwrap();
-    let mut runner = Runner::new(
-        &be,
-        model,
-        RunnerConfig {
-            block_size: 16,
-            num_blocks: 1 + 384 / 16,
-            max_tokens_per_step: 512,
-            max_seqs: 1 + 4,
-            max_seq_len: 384,
-            penalty_slots: 0,
-        },
-    )
-    .unwrap();
+    // Sampling rows for one sequence and its 4 drafts.
+    let mut runner = f32_runner(&be, &cfg, files.source, 384, 1 + 4);
     let compiler = Arc::new(ConstraintCompiler::new(&tok, cfg.vocab_size).unwrap());
     let request = |prompt: Vec<u32>, max_tokens, constraint| Request {
         id: 0,

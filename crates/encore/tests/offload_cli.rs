@@ -591,14 +591,7 @@ fn a_mixture_of_experts_runs_its_experts_through_the_cache() {
         assert!(t.elapsed() < Duration::from_secs(30), "{metrics}");
         std::thread::sleep(Duration::from_millis(50));
     };
-    let value = |name: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("{name} not in {metrics}"))
-            .parse()
-            .unwrap()
-    };
+    let value = |name: &str| common::metric(&metrics, name);
     let (needed, hits, misses) = (
         value("encore_expert_cache_needed_total"),
         value("encore_expert_cache_hits_total"),

@@ -353,14 +353,7 @@ fn ngram_speculation_serves_the_same_completions() {
     assert_eq!(complete(&s), plain);
     let (status, metrics) = http(s.addr, "GET", "/metrics", None);
     assert_eq!(status, 200);
-    let value = |name: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("{name} not in {metrics}"))
-            .parse()
-            .unwrap()
-    };
+    let value = |name: &str| common::metric(&metrics, name);
     let drafts = value("encore_spec_decode_num_draft_tokens_total");
     let kept = value("encore_spec_decode_num_accepted_tokens_total");
     assert!(drafts > 0 && kept <= drafts, "{metrics}");

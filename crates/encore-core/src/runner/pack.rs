@@ -304,6 +304,19 @@ impl<'b> Packer<'b> {
         batch.iter().map(|s| 1 + Self::extra_rows(s)).sum()
     }
 
+    /// Each sequence's extra sampling rows (see [`Packer::extra_rows`]), in batch order
+    /// from row `first_extra` (at least the batch's size).
+    pub fn extra_row_ranges<'s>(
+        batch: &'s [SeqStep<'_>],
+        first_extra: usize,
+    ) -> impl Iterator<Item = std::ops::Range<usize>> + 's {
+        batch.iter().scan(first_extra.max(batch.len()), |at, s| {
+            let start = *at;
+            *at += Self::extra_rows(s);
+            Some(start..*at)
+        })
+    }
+
     /// A sequence's sampling rows beside its own: one per token after its chunk's first
     /// when scored or verifying (in batch order, after the batch's own rows).
     pub fn extra_rows(s: &SeqStep<'_>) -> usize {

@@ -135,16 +135,14 @@ impl SampleBuffers {
     ) -> Result<()> {
         // (batch index, sampling row) of every masked row, in the order `fill` gets them.
         let mut order: Vec<(usize, usize)> = Vec::new();
-        let mut extra = first_extra.max(batch.len());
-        for (i, s) in batch.iter().enumerate() {
-            let n = Packer::extra_rows(s);
+        let extras = Packer::extra_row_ranges(batch, first_extra);
+        for ((i, s), extra) in batch.iter().enumerate().zip(extras) {
             if s.masked {
                 if s.verify {
-                    order.extend((extra..extra + n).map(|r| (i, r)));
+                    order.extend(extra.map(|r| (i, r)));
                 }
                 order.push((i, i));
             }
-            extra += n;
         }
         let Some(last) = order.iter().map(|&(_, r)| r).max() else {
             return Ok(());
@@ -177,16 +175,14 @@ impl SampleBuffers {
     ) -> Result<()> {
         // (sampling row, batch index) of every row with biases.
         let mut rows: Vec<(usize, usize)> = Vec::new();
-        let mut extra = first_extra.max(batch.len());
-        for (i, s) in batch.iter().enumerate() {
-            let n = Packer::extra_rows(s);
+        let extras = Packer::extra_row_ranges(batch, first_extra);
+        for ((i, s), extra) in batch.iter().enumerate().zip(extras) {
             if !s.logit_bias.is_empty() {
                 rows.push((i, i));
                 if s.verify {
-                    rows.extend((extra..extra + n).map(|r| (r, i)));
+                    rows.extend(extra.map(|r| (r, i)));
                 }
             }
-            extra += n;
         }
         let Some(last) = rows.iter().map(|&(r, _)| r).max() else {
             return Ok(());

@@ -452,26 +452,19 @@ impl Runner<'_> {
                 ),
             ));
         }
-        let (plan, layout) = if rows > b {
-            match self
+        // Verify chunks, and chunks of at most k + 1 tokens (a draft model's catch-up, a
+        // prompt's last few tokens), replay a verify graph whole; other steps with extra
+        // sampling rows run eagerly.
+        let verify = match decode_only && rows == b {
+            true => None,
+            false => self
                 .policy
-                .plan_verify(&self.parts.inputs, batch, fill.is_some())
-            {
-                Some((key, layout)) => (Plan::Graph(key), layout),
-                None => (Plan::Eager, self.parts.inputs.layout(n, rows)),
-            }
-        } else if decode_only {
-            self.policy.plan(&self.parts.inputs, n, b, decode_only)
-        } else {
-            // Chunks of at most k + 1 tokens (a draft model's catch-up, a prompt's last
-            // few tokens) replay a verify graph, whole, rather than a token bucket's pieces.
-            match self
-                .policy
-                .plan_verify(&self.parts.inputs, batch, fill.is_some())
-            {
-                Some((key, layout)) => (Plan::Graph(key), layout),
-                None => self.policy.plan(&self.parts.inputs, n, b, decode_only),
-            }
+                .plan_verify(&self.parts.inputs, batch, fill.is_some()),
+        };
+        let (plan, layout) = match verify {
+            Some((key, layout)) => (Plan::Graph(key), layout),
+            None if rows > b => (Plan::Eager, self.parts.inputs.layout(n, rows)),
+            None => self.policy.plan(&self.parts.inputs, n, b, decode_only),
         };
         let be = self.parts.be;
         let Plan::Graph(mut key) = plan else {

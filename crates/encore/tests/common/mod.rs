@@ -192,6 +192,17 @@ pub fn smollm2_gguf() -> Option<PathBuf> {
     Some(PathBuf::from(gguf))
 }
 
+/// The value of the Prometheus sample `name` (a metric name, with its labels if any) in
+/// `/metrics` text `metrics`; panics naming it when absent.
+pub fn metric(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} not in {metrics}"))
+        .parse()
+        .unwrap()
+}
+
 /// One request on its own connection; returns (status, body with chunking undone).
 pub fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
