@@ -55,40 +55,19 @@ fn greedy(
     eos: &[u32],
     max_tokens: usize,
 ) -> Vec<Vec<u32>> {
-    let w = weights::load(
-        be,
-        cfg,
-        source,
-        DType::F32,
-        &encore_core::progress::NoProgress,
-    )
-    .unwrap();
-    let max_seq_len = 256;
-    let model = Model::new(be, cfg.clone(), w, max_seq_len).unwrap();
-    let block_size = 16;
-    let mut runner = Runner::new(
-        be,
-        model,
-        RunnerConfig {
-            block_size,
-            num_blocks: 1 + prompts.len() * max_seq_len / block_size,
-            max_tokens_per_step: 512,
-            max_seqs: prompts.len(),
-            max_seq_len,
-            penalty_slots: 0,
-        },
-    )
-    .unwrap();
+    let n = prompts.len();
+    let mut runner = f32_runner(be, cfg, source, 256, n, n);
     common::generate_greedy(&mut runner, prompts, eos, max_tokens, false)
 }
 
-/// A runner of the model in f32 for one sequence of up to `max_seq_len` tokens (blocks of
-/// 16, every block it can need), `max_seqs` sampling rows, no penalty slots.
+/// A runner of the model in f32 for `seqs` sequences of up to `max_seq_len` tokens
+/// (blocks of 16, every block they can need), `max_seqs` sampling rows, no penalty slots.
 fn f32_runner<'b>(
     be: &'b dyn Backend,
     cfg: &ModelConfig,
     source: WeightSource,
     max_seq_len: usize,
+    seqs: usize,
     max_seqs: usize,
 ) -> Runner<'b> {
     let w = weights::load(
@@ -102,7 +81,7 @@ fn f32_runner<'b>(
     let model = Model::new(be, cfg.clone(), w, max_seq_len).unwrap();
     let rcfg = RunnerConfig {
         block_size: 16,
-        num_blocks: 1 + max_seq_len / 16,
+        num_blocks: 1 + seqs * max_seq_len / 16,
         max_tokens_per_step: 512,
         max_seqs,
         max_seq_len,
@@ -262,7 +241,7 @@ fn smollm2_gguf_answers_in_json_under_a_schema() {
     assert!(checked > 6000, "{checked}");
 
     let be = CpuBackend::new();
-    let mut runner = f32_runner(&be, &cfg, files.source, 256, 1);
+    let mut runner = f32_runner(&be, &cfg, files.source, 256, 1, 1);
     let mut sched = Scheduler::new(SchedulerConfig::new(512, 1), &runner).unwrap();
     let compiler = ConstraintCompiler::new(&tok, cfg.vocab_size).unwrap();
     sched.set_constraint_compiler(Arc::new(compiler));
@@ -326,7 +305,7 @@ fn smollm2_gguf_speculates_with_the_tokens_of_decoding_one_at_a_time() {
     let tok = files.tokenizer().unwrap();
     let be = CpuBackend::new();
     // Sampling rows for one sequence and its 4 drafts.
-    let mut runner = f32_runner(&be, &cfg, files.source, 384, 1 + 4);
+    let mut runner = f32_runner(&be, &cfg, files.source, 384, 1, 1 + 4);
     let compiler = Arc::new(ConstraintCompiler::new(&tok, cfg.vocab_size).unwrap());
     let request = |prompt: Vec<u32>, max_tokens, constraint| Request {
         id: 0,
