@@ -575,12 +575,14 @@ pub fn check_all_gather(src: &Tensor, dst: &Tensor, size: usize) -> Result<()> {
     check_shape(OP, "dst", dst, &expected, "[ranks, ..src]")
 }
 
-/// `unshard_columns`: src f32 `[s, rows, c]`, dst f32 `[rows, s * c]`. Returns `(s, rows, c)`.
+/// `unshard_columns`: src T `[s, rows, c]`, dst T `[rows, s * c]`, T a float or i32
+/// element type. Returns `(s, rows, c)`.
 pub fn check_unshard_columns(src: &Tensor, dst: &Tensor) -> Result<(usize, usize, usize)> {
     const OP: &str = "unshard_columns";
-    check_dtype(OP, "src", src, &[DType::F32])?;
+    let elems = [DType::F32, DType::BF16, DType::F16, DType::I32];
+    check_dtype(OP, "src", src, &elems)?;
     check_rank(OP, "src", src, 3, "[shards, rows, cols]")?;
-    check_dtype(OP, "dst", dst, &[DType::F32])?;
+    same_dtype(OP, "dst", dst, src.dtype())?;
     let (s, rows, c) = (src.dim(0), src.dim(1), src.dim(2));
     check_shape(OP, "dst", dst, &[rows, s * c], "[rows, shards * cols]")?;
     Ok((s, rows, c))

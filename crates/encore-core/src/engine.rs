@@ -92,6 +92,13 @@ pub struct EngineConfig {
     /// after the target, on the same device, with [`EngineConfig::for_draft`]; `None`:
     /// none.
     pub draft: Option<ModelFiles>,
+    /// Capture the residual stream at the input of these three layers in every step
+    /// (the target of an EAGLE-3 head, [`crate::model::llama::Model::capture_aux`]);
+    /// `None`: none.
+    pub eagle_aux: Option<[usize; 3]>,
+    /// An EAGLE-3 head's boot: the target's embedding it shares
+    /// ([`crate::model::llama::Model::enable_eagle`]); `None` for every other model.
+    pub eagle_embed: Option<crate::tensor::Tensor>,
 }
 
 /// The backends of a tensor-parallel group, rank order.
@@ -136,6 +143,8 @@ impl EngineConfig {
             tp: TpBackends::default(),
             router_skew: None,
             draft: None,
+            eagle_aux: None,
+            eagle_embed: None,
         }
     }
 
@@ -155,6 +164,8 @@ impl EngineConfig {
             tp: TpBackends::default(),
             router_skew: None,
             draft: None,
+            eagle_aux: None,
+            eagle_embed: None,
             ..self.clone()
         }
     }
@@ -339,8 +350,25 @@ impl<'b> Engine<'b> {
         let t = Instant::now();
         let loaded = (|| {
             let (need, offload_report) = check_memory(be, mcfg, cfg, &rcfg)?;
-            let (model, offload_report) =
+            let (mut model, offload_report) =
                 load_model(be, files, cfg, rcfg.token_rows(), offload_report, progress)?;
+            // EAGLE-3: the target captures what the head reads; the head gets the
+            // target's embedding and its rows (both before any step or graph).
+            if let Some(layers) = cfg.eagle_aux {
+                model.capture_aux(be, layers, rcfg.token_rows())?;
+            }
+            match (&cfg.eagle_embed, model.cfg.eagle.is_some()) {
+                (Some(embed), true) => {
+                    model.enable_eagle(be, embed, rcfg.token_rows(), rcfg.max_seqs)?
+                }
+                (None, false) => {}
+                _ => {
+                    return Err(Error::invalid(
+                        "--draft-model",
+                        "an EAGLE-3 head boots as the draft of --speculative-method eagle3",
+                    ))
+                }
+            }
             be.synchronize()?;
             let builder = RunnerBuilder::new(be, model, rcfg, cfg.graph_memory)?;
             Ok((need, offload_report, builder))

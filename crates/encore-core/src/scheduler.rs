@@ -491,6 +491,7 @@ impl Scheduler {
     fn run_drafter(
         &mut self,
         drafter: &mut Drafter<'_>,
+        target: &Runner<'_>,
         k: usize,
         max_rows: usize,
         max_seq_len: usize,
@@ -510,7 +511,8 @@ impl Scheduler {
             };
             budget = budget.saturating_sub(take);
             rows = rows.saturating_sub(if cap > 0 { take } else { 1 });
-            if cap > 0 {
+            // An EAGLE head sees every sequence's tokens as the target computes them.
+            if cap > 0 || drafter.is_eagle() {
                 reqs.push(DraftRequest {
                     seq: s.seq,
                     tokens: &s.tokens,
@@ -521,7 +523,7 @@ impl Scheduler {
         if reqs.is_empty() {
             return Ok(HashMap::new());
         }
-        let drafts = drafter.propose(&reqs)?;
+        let drafts = drafter.propose(&reqs, target)?;
         Ok(reqs.iter().map(|r| r.seq).zip(drafts).collect())
     }
 
@@ -551,7 +553,7 @@ impl Scheduler {
             .filter(|_| limit == 0 || self.running.len() <= limit);
         let mut drafted = match (speculative, drafter) {
             (Some(Proposer::Draft { k }), Some(d)) => {
-                self.run_drafter(d, k, max_rows, max_seq_len)?
+                self.run_drafter(d, runner, k, max_rows, max_seq_len)?
             }
             _ => HashMap::new(),
         };

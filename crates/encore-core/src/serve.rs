@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::graph::{GraphStats, Phase};
 use crate::histogram::{Histogram, ItlBuckets, TtftBuckets};
 use crate::memory::ArenaStats;
+use crate::model::config::ModelConfig;
 use crate::model::ModelFiles;
 use crate::progress::Progress;
 use crate::request::{Event, Limits, Output, Param, Refusal, Request};
@@ -145,6 +146,20 @@ impl EngineHandle {
         sched: SchedulerConfig,
         progress: Box<dyn Progress + Send>,
     ) -> Result<EngineHandle> {
+        let mut cfg = cfg;
+        // An EAGLE-3 head: a random one takes the target's shape; the target captures
+        // the hidden states it reads.
+        if let Some(d) = cfg.draft.as_mut() {
+            if d.config.eagle.is_some() {
+                if let crate::model::weights::WeightSource::Dummy { .. } = d.source {
+                    let vocab = model.config.vocab_size.min(DUMMY_DRAFT_VOCAB);
+                    d.config = ModelConfig::eagle_head_for(&model.config, vocab);
+                }
+                let e = d.config.eagle.as_ref().expect("checked");
+                crate::spec::draft::check_pair(&model.config, &d.config)?;
+                cfg.eagle_aux = Some(e.aux_layers_for(model.config.num_layers)?);
+            }
+        }
         let (tx, rx) = mpsc::channel::<Message>();
         let (boot_tx, boot_rx) = mpsc::channel::<Result<(Limits, BootReport)>>();
         let metrics = Arc::new(EngineMetrics::default());
@@ -300,14 +315,42 @@ fn boot_draft<'b>(
             ),
         ));
     }
-    let draft = Engine::new(be, files, &cfg.for_draft(), progress)?;
+    if files.config.eagle.is_none() {
+        let draft = Engine::new(be, files, &cfg.for_draft(), progress)?;
+        tracing::info!(
+            "draft model up: {} KV blocks, weights in {:.2} s",
+            draft.report.kv_blocks,
+            draft.report.load_secs
+        );
+        return Drafter::new(draft.runner, &target.runner);
+    }
+    // An EAGLE-3 head: the target's embedding, its vocabulary map.
+    if target.runner.model().offload().is_some() {
+        return Err(Error::invalid(
+            "--draft-model",
+            "an EAGLE-3 head shares the target's embedding, which --weight-budget may stream: run it with every weight resident",
+        ));
+    }
+    let d2t = match &files.source {
+        crate::model::weights::WeightSource::Dir(path) => crate::spec::eagle::read_d2t(path)?,
+        _ => Vec::new(),
+    };
+    let head_cfg = EngineConfig {
+        eagle_embed: Some(target.runner.model().weights.embed.clone()),
+        ..cfg.for_draft()
+    };
+    let head = Engine::new(be, files, &head_cfg, progress)?;
     tracing::info!(
-        "draft model up: {} KV blocks, weights in {:.2} s",
-        draft.report.kv_blocks,
-        draft.report.load_secs
+        "EAGLE-3 head up: {} KV blocks, weights in {:.2} s",
+        head.report.kv_blocks,
+        head.report.load_secs
     );
-    Drafter::new(draft.runner, &target.runner)
+    Drafter::eagle(head.runner, &target.runner, d2t)
 }
+
+/// The draft vocabulary of a random EAGLE-3 head (`--draft-model dummy:eagle3`): the
+/// published heads' 32k tokens, or the target's whole vocabulary when smaller.
+pub const DUMMY_DRAFT_VOCAB: usize = 32_000;
 
 fn run_loop(
     mut engine: Engine<'_>,

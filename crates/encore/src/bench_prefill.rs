@@ -200,6 +200,8 @@ fn engine_config(
         tp: Default::default(),
         router_skew: a.router_skew,
         draft: None,
+        eagle_aux: None,
+        eagle_embed: None,
     })
 }
 

@@ -69,17 +69,20 @@ pub struct EngineArgs {
     #[arg(long, default_value = "arena")]
     pub graph_memory: GraphMemory,
     /// Speculative decoding: ngram (drafts from each sequence's own tokens: what followed
-    /// the latest earlier occurrence of its last tokens) or draft (a smaller model's
-    /// greedy tokens, --draft-model), verified by the target in one step replayed from
-    /// its verify graph; the output is the one decoding token by token gives (up to the
+    /// the latest earlier occurrence of its last tokens), draft (a smaller model's
+    /// greedy tokens, --draft-model) or eagle3 (an EAGLE-3 head's greedy tokens,
+    /// --draft-model: a one-layer head reading the target's hidden states), verified by
+    /// the target in one step replayed from its verify graph; the output is the one decoding token by token gives (up to the
     /// rounding differences between a multi-token step and a decode step). Requests with
     /// penalties decode as usual; under a grammar the drafts are the tokens
     /// it forces or the proposals it allows.
-    #[arg(long, value_name = "ngram|draft", value_parser = speculative_method)]
+    #[arg(long, value_name = "ngram|draft|eagle3", value_parser = speculative_method)]
     pub speculative_method: Option<String>,
     /// The draft model of --speculative-method draft (a Hugging Face directory, a .gguf
     /// file, a Hub id or dummy:NAME, as --model): same tokenizer as the target; booted
-    /// after it on the same device with its sizes, of the memory it left.
+    /// after it on the same device with its sizes, of the memory it left. With eagle3:
+    /// the EAGLE-3 head's directory (LlamaForCausalLMEagle3, safetensors) or
+    /// dummy:eagle3 (random weights shaped for the target).
     #[arg(long, value_name = "DIR|FILE.gguf|dummy:NAME")]
     pub draft_model: Option<String>,
     /// No sequence speculates while more than this many run (a large batch is
@@ -100,10 +103,30 @@ pub struct EngineArgs {
 /// `--speculative-method`: the methods built so far.
 fn speculative_method(s: &str) -> std::result::Result<String, String> {
     match s {
-        "ngram" | "draft" => Ok(s.to_string()),
-        "eagle3" => Err(format!("`{s}` is not built yet; ngram and draft are")),
-        _ => Err(format!("`{s}`: expected ngram or draft")),
+        "ngram" | "draft" | "eagle3" => Ok(s.to_string()),
+        _ => Err(format!("`{s}`: expected ngram, draft or eagle3")),
     }
+}
+
+/// The EAGLE-3 head `spec` names (`--draft-model` of `--speculative-method eagle3`): a
+/// directory, a Hub id, or `dummy:eagle3` (random weights the engine shapes for the
+/// target at start-up).
+fn eagle_files(be: &dyn Backend, spec: &str) -> Result<ModelFiles> {
+    if spec == "dummy:eagle3" {
+        let placeholder = ModelConfig::dummy("tiny")?;
+        return Ok(ModelFiles {
+            config: ModelConfig::eagle_head_for(&placeholder, placeholder.vocab_size),
+            source: encore_core::model::weights::WeightSource::Dummy { seed: 0xea91e },
+        });
+    }
+    let files = draft_files(be, spec)?;
+    if files.config.eagle.is_none() {
+        bail!(
+            "--draft-model {spec}: not an EAGLE-3 head (its architectures name no ...Eagle3 class): \
+             --speculative-method draft runs a draft model"
+        );
+    }
+    Ok(files)
 }
 
 /// The draft model `spec` names (`--draft-model`), its weight formats as in its files,
@@ -181,9 +204,20 @@ impl EngineArgs {
         };
         let k = self.num_speculative_tokens;
         let (speculative, draft) = match (self.speculative_method.as_deref(), &self.draft_model) {
-            (Some("draft"), Some(m)) => (Some(Proposer::Draft { k }), Some(draft_files(be, m)?)),
-            (Some("draft"), None) => bail!("--speculative-method draft needs --draft-model"),
-            (_, Some(_)) => bail!("--draft-model goes with --speculative-method draft"),
+            (Some("draft"), Some(m)) => {
+                let files = draft_files(be, m)?;
+                if files.config.eagle.is_some() {
+                    bail!("--draft-model {m} is an EAGLE-3 head: use --speculative-method eagle3");
+                }
+                (Some(Proposer::Draft { k }), Some(files))
+            }
+            (Some("eagle3"), Some(m)) => (Some(Proposer::Draft { k }), Some(eagle_files(be, m)?)),
+            (Some(m @ ("draft" | "eagle3")), None) => {
+                bail!("--speculative-method {m} needs --draft-model")
+            }
+            (_, Some(_)) => {
+                bail!("--draft-model goes with --speculative-method draft or eagle3")
+            }
             (Some(_), None) => (
                 Some(Proposer::Ngram(NgramConfig::new(
                     self.ngram_min,
@@ -220,6 +254,8 @@ impl EngineArgs {
             tp: Default::default(),
             router_skew: None,
             draft,
+            eagle_aux: None,
+            eagle_embed: None,
         };
         let sched = SchedulerConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,

@@ -312,9 +312,9 @@ pub trait Backend: Send + Sync {
     /// src T `[..]`, dst T `[size, ..src]`.
     fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()>;
 
-    /// Interleave column shards (an all-gathered vocabulary-parallel LM head's logits):
-    /// `dst[r, k * c + j] = src[k, r, j]`. A pure copy. src f32 `[s, rows, c]`,
-    /// dst f32 `[rows, s * c]`.
+    /// Interleave column shards (an all-gathered vocabulary-parallel LM head's logits;
+    /// EAGLE's concatenated hidden states): `dst[r, k * c + j] = src[k, r, j]`. A pure
+    /// copy. src T `[s, rows, c]`, dst T `[rows, s * c]`, T f32, bf16, f16 or i32.
     fn unshard_columns(&self, src: &Tensor, dst: &Tensor) -> Result<()>;
 
     /// A rank of this group failed: release every rank waiting in (or later entering) a

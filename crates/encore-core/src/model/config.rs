@@ -126,6 +126,53 @@ pub struct ModelConfig {
     /// the whole model. A rank's config carries its own heads, KV heads and MLP width;
     /// `vocab_size` stays the whole vocabulary (the logits' width).
     pub tp: Option<TpShard>,
+    /// An EAGLE-3 draft head, not a model of its own (`None` for every model).
+    pub eagle: Option<EagleConfig>,
+}
+
+/// An EAGLE-3 draft head (HF `LlamaForCausalLMEagle3`, the layout of the published
+/// heads): one Llama decoder layer whose q/k/v read `2 * hidden` columns, the RMS-normed
+/// embedding of the next token beside the RMS-normed (`hidden_norm`) hidden state. The
+/// hidden state is `fc` (`[hidden, 3 * target_hidden]`) of the target's residual stream
+/// at the input of three of its layers, concatenated, or the head's own pre-norm output
+/// for the drafts after the first; the residual stream starts at that hidden state
+/// (after its norm with `norm_before_residual`). The head shares the target's embedding
+/// and has an LM head over `draft_vocab` tokens (the config's `vocab_size` is the
+/// target's): draft token `d` is target token `d + d2t[d]`.
+///
+/// On a [`ModelConfig`] of a head, `vocab_size` is the draft vocabulary (the logits'
+/// width) and `num_layers` 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EagleConfig {
+    /// The target's vocabulary: the rows of the embedding the head shares.
+    pub target_vocab: usize,
+    /// The target's hidden size (`target_hidden_size`, default `hidden_size`).
+    pub target_hidden: usize,
+    /// The target layers whose input the head reads (`eagle_config.
+    /// eagle_aux_hidden_state_layer_ids`); `None`: layers 2, L / 2 and L - 3 of an
+    /// L-layer target, as the published heads were trained.
+    pub aux_layers: Option<[usize; 3]>,
+    /// The residual stream starts after `hidden_norm` (`norm_before_residual`).
+    pub norm_before_residual: bool,
+}
+
+impl EagleConfig {
+    /// The target layers the head reads for a target of `target_layers` layers, ascending;
+    /// an error naming `--draft-model` when one is not a layer of it.
+    pub fn aux_layers_for(&self, target_layers: usize) -> Result<[usize; 3]> {
+        let layers = match self.aux_layers {
+            Some(l) => l,
+            None if target_layers >= 6 => [2, target_layers / 2, target_layers - 3],
+            None => [0, target_layers / 2, target_layers.saturating_sub(1)],
+        };
+        if let Some(l) = layers.iter().find(|&&l| l >= target_layers) {
+            return Err(Error::invalid(
+                "--draft-model",
+                format!("the EAGLE head reads layer {l} of a target of {target_layers} layers"),
+            ));
+        }
+        Ok(layers)
+    }
 }
 
 /// A mixture-of-experts MLP as transformers runs it: in a sparse layer a router
@@ -275,6 +322,7 @@ impl ModelConfig {
             weights: WeightFormats::default(),
             moe: None,
             tp: None,
+            eagle: None,
         };
         let qwen = |c: ModelConfig| ModelConfig {
             rope: RopeConfig {
@@ -619,6 +667,59 @@ impl ModelConfig {
         })
     }
 
+    /// This parsed config as an EAGLE-3 head (`eagle`, and the draft vocabulary that
+    /// becomes `vocab_size`); an error text when its shape is not one encore runs.
+    fn into_eagle(self, (eagle, draft_vocab): (EagleConfig, usize)) -> std::result::Result<Self, String> {
+        if self.num_layers != 1 {
+            return Err(format!(
+                "an EAGLE-3 head of {} layers (num_hidden_layers): encore runs heads of one layer",
+                self.num_layers
+            ));
+        }
+        if self.moe.is_some() || self.sliding_window.is_some() || self.tie_word_embeddings {
+            return Err(
+                "an EAGLE-3 head with experts, a sliding window or tied embeddings".into(),
+            );
+        }
+        Ok(ModelConfig {
+            vocab_size: draft_vocab,
+            eagle: Some(eagle),
+            ..self
+        })
+    }
+
+    /// A random-weight EAGLE-3 head shaped for `target` (`--draft-model dummy:eagle3`):
+    /// one layer of the target's attention and MLP sizes, an LM head over `draft_vocab`
+    /// tokens (at most the target's), reading the default three layers.
+    pub fn eagle_head_for(target: &ModelConfig, draft_vocab: usize) -> ModelConfig {
+        let (heads, kv_heads) = target.whole_heads();
+        let intermediate = target
+            .tp
+            .map_or(target.intermediate_size, |t| t.intermediate_size);
+        ModelConfig {
+            arch: Arch::Llama,
+            vocab_size: draft_vocab.clamp(1, target.vocab_size),
+            num_layers: 1,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            intermediate_size: intermediate,
+            tie_word_embeddings: false,
+            qkv_bias: false,
+            qk_norm: false,
+            sliding_window: None,
+            weights: WeightFormats::default(),
+            moe: None,
+            tp: None,
+            eagle: Some(EagleConfig {
+                target_vocab: target.vocab_size,
+                target_hidden: target.hidden_size,
+                aux_layers: None,
+                norm_before_residual: false,
+            }),
+            ..target.clone()
+        }
+    }
+
     /// Whether the forward pass runs this model where `runs_moe` says whether the backend
     /// runs mixture-of-experts layers (`Backend::runs_moe`): a model with experts runs only
     /// there; an error naming the architecture.
@@ -820,6 +921,11 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         weights,
         moe,
         tp: None,
+        eagle: None,
+    };
+    let cfg = match parse_eagle(f)? {
+        None => cfg,
+        Some(eagle) => cfg.into_eagle(eagle).map_err(|what| f.err(what))?,
     };
     cfg.check_sizes([
         "hidden_size",
@@ -1045,9 +1151,76 @@ fn parse_torch_dtype(f: &Fields<'_>) -> Result<DType> {
     })
 }
 
-/// `architectures` (the first one encore knows), else `model_type`.
+/// An EAGLE-3 head's fields, when `architectures` names one (a class name with
+/// `Eagle3` in it, e.g. `LlamaForCausalLMEagle3`).
+fn parse_eagle(f: &Fields<'_>) -> Result<Option<(EagleConfig, usize)>> {
+    let Some(names) = f.get("architectures").and_then(Value::as_array) else {
+        return Ok(None);
+    };
+    if !names.iter().filter_map(Value::as_str).any(|n| n.contains("Eagle3")) {
+        return Ok(None);
+    }
+    let target_vocab = f.positive("vocab_size")?;
+    let draft_vocab = f.opt_usize("draft_vocab_size")?.unwrap_or(target_vocab);
+    if draft_vocab == 0 || draft_vocab > target_vocab {
+        return Err(f.err(format!(
+            "draft_vocab_size = {draft_vocab} must be 1 to vocab_size ({target_vocab})"
+        )));
+    }
+    let hidden = f.positive("hidden_size")?;
+    let target_hidden = f.opt_usize("target_hidden_size")?.unwrap_or(hidden);
+    let aux_layers = match f.opt_object("eagle_config")? {
+        None => None,
+        Some(obj) => {
+            let ef = Fields {
+                obj,
+                path: f.path,
+                prefix: "eagle_config.",
+            };
+            match ef.get("eagle_aux_hidden_state_layer_ids") {
+                None => None,
+                Some(v) => {
+                    let ids: Option<Vec<usize>> = v.as_array().and_then(|a| {
+                        a.iter()
+                            .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+                            .collect()
+                    });
+                    match ids.as_deref() {
+                        Some(&[a, b, c]) => Some([a, b, c]),
+                        _ => {
+                            return Err(ef.wrong_type(
+                                "eagle_aux_hidden_state_layer_ids",
+                                "a list of three layer indices",
+                                v,
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let norm_before_residual = f.opt_bool("norm_before_residual")?.unwrap_or(false);
+    Ok(Some((
+        EagleConfig {
+            target_vocab,
+            target_hidden,
+            aux_layers,
+            norm_before_residual,
+        },
+        draft_vocab,
+    )))
+}
+
+/// `architectures` (the first one encore knows), else `model_type`. An EAGLE-3 head
+/// (`LlamaForCausalLMEagle3`) is a Llama layer.
 fn parse_arch(f: &Fields<'_>) -> Result<Arch> {
     if let Some(v) = f.get("architectures") {
+        let eagle = v
+            .as_array()
+            .is_some_and(|a| a.iter().filter_map(Value::as_str).any(|n| n.contains("Eagle3")));
+        if eagle {
+            return Ok(Arch::Llama);
+        }
         let names: Vec<&str> = v
             .as_array()
             .map(|a| a.iter().filter_map(Value::as_str).collect())

@@ -127,10 +127,15 @@ pub enum Role {
     SharedDown,
     /// The shared expert's gate `[1, hidden]` (its output scaled by the sigmoid of it).
     SharedGate,
+    /// An EAGLE-3 head's projection of the target's three hidden states
+    /// `[hidden, 3 * target_hidden]` (HF `fc`).
+    EagleFc,
+    /// An EAGLE-3 head's RMSNorm of its input hidden state (HF `hidden_norm`).
+    HiddenNorm,
 }
 
 impl Role {
-    pub const ALL: [Role; 18] = [
+    pub const ALL: [Role; 20] = [
         Role::Embedding,
         Role::AttnNorm,
         Role::Qkv,
@@ -149,6 +154,8 @@ impl Role {
         Role::SharedGateUp,
         Role::SharedDown,
         Role::SharedGate,
+        Role::EagleFc,
+        Role::HiddenNorm,
     ];
 
     /// The device tensor's name, without the layer prefix for per-layer roles (the name
@@ -173,6 +180,8 @@ impl Role {
             Role::SharedGateUp => "mlp.shared_expert.gate_up_proj",
             Role::SharedDown => "mlp.shared_expert.down_proj",
             Role::SharedGate => "mlp.shared_expert_gate",
+            Role::EagleFc => "fc",
+            Role::HiddenNorm => "hidden_norm",
         }
     }
 
@@ -189,12 +198,16 @@ impl Role {
                 | Role::ExpertsDown
                 | Role::SharedGateUp
                 | Role::SharedDown
+                | Role::EagleFc
         )
     }
 
     /// Whether the role has one tensor per decoder layer.
     pub fn per_layer(self) -> bool {
-        !matches!(self, Role::Embedding | Role::FinalNorm | Role::LmHead)
+        !matches!(
+            self,
+            Role::Embedding | Role::FinalNorm | Role::LmHead | Role::EagleFc
+        )
     }
 
     /// The HF tensors stacked along the first dimension into this one, in row order
@@ -225,6 +238,8 @@ impl Role {
             Role::Down => &[src!("mlp.down_proj.weight", "ffn_down.weight")],
             Role::FinalNorm => &[src!("model.norm.weight", "output_norm.weight")],
             Role::LmHead => &[src!("lm_head.weight", "output.weight")],
+            Role::EagleFc => &[src!("fc.weight", "eagle.fc.weight")],
+            Role::HiddenNorm => &[src!("hidden_norm.weight", "eagle.hidden_norm.weight")],
             Role::Router
             | Role::ExpertsGateUp
             | Role::ExpertsDown
@@ -454,6 +469,11 @@ impl Decl {
     /// embedding; per layer input norm, qkv (with its bias and q/k head norms when the
     /// config has them), o, post norm, gate/up, down; final norm; lm_head, which reads
     /// the embedding again when the embeddings are tied.
+    ///
+    /// An EAGLE-3 head ([`ModelConfig::eagle`]) declares `fc` where the embedding would be
+    /// (it shares the target's), `hidden_norm` beside its one layer's input norm, q/k/v
+    /// of `2 * hidden` columns, and the checkpoint's names (`midlayer.*`, `norm.weight`,
+    /// `fc.weight`, `lm_head.weight` over the draft vocabulary).
     pub fn new(cfg: &ModelConfig) -> Decl {
         // The whole model's shapes (a tensor-parallel rank's parts are blocks of them).
         let (heads, kv_heads) = cfg.whole_heads();
@@ -465,14 +485,25 @@ impl Decl {
         let mut d = Builder::new(cfg.num_layers, &cfg.weights, cfg.tp_rank());
         let (col, head_col) = (Shard::Column { unit: 1 }, Shard::Column { unit: hd });
         use Shard::{Replicated as Rep, Row, Vocab};
+        let eagle = cfg.eagle.as_ref();
         d.op(OpId::Embed);
-        let embed = d.tensor(Role::Embedding, None, &[vocab], Some(h), Vocab);
+        let embed = match eagle {
+            None => Some(d.tensor(Role::Embedding, None, &[vocab], Some(h), Vocab)),
+            Some(e) => {
+                d.tensor(Role::EagleFc, None, &[h], Some(3 * e.target_hidden), Rep);
+                None
+            }
+        };
+        let qkv_cols = if eagle.is_some() { 2 * h } else { h };
         for l in 0..cfg.num_layers {
             let (at, layer) = (|op| OpId::Layer(l, op), Some(l));
             d.op(at(LayerOp::InputNorm));
             d.tensor(Role::AttnNorm, layer, &[h], None, Rep);
+            if eagle.is_some() {
+                d.tensor(Role::HiddenNorm, layer, &[h], None, Rep);
+            }
             d.op(at(LayerOp::Qkv));
-            d.tensor(Role::Qkv, layer, &[q, kv, kv], Some(h), head_col);
+            d.tensor(Role::Qkv, layer, &[q, kv, kv], Some(qkv_cols), head_col);
             if cfg.qkv_bias {
                 d.tensor(Role::QkvBias, layer, &[q, kv, kv], None, head_col);
             }
@@ -497,12 +528,24 @@ impl Decl {
         d.op(OpId::FinalNorm);
         d.tensor(Role::FinalNorm, None, &[h], None, Rep);
         d.op(OpId::LmHead);
-        if cfg.tie_word_embeddings {
-            d.read_again(embed);
-        } else {
-            d.tensor(Role::LmHead, None, &[vocab], Some(h), Vocab);
+        match embed {
+            Some(embed) if cfg.tie_word_embeddings => d.read_again(embed),
+            _ => {
+                d.tensor(Role::LmHead, None, &[vocab], Some(h), Vocab);
+            }
         }
-        d.decl
+        let mut decl = d.decl;
+        if eagle.is_some() {
+            // The published heads' names: the layer is `midlayer`, the norm top-level.
+            for part in decl.tensors.iter_mut().flat_map(|t| t.parts.iter_mut()) {
+                if let Some(rest) = part.name.strip_prefix("model.layers.0.") {
+                    part.name = format!("midlayer.{rest}");
+                } else if let Some(rest) = part.name.strip_prefix("model.") {
+                    part.name = rest.to_string();
+                }
+            }
+        }
+        decl
     }
 
     /// The device tensors, in the order they are first read (the loader's order).

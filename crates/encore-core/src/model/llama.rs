@@ -62,6 +62,30 @@ pub struct Model {
     /// Synthetic routing for benchmarks ([`Model::set_router_skew`]): the table's logits
     /// in the run dtype and the window of `rows + layers` rows a step reads.
     router_table: Option<RouterTable>,
+    /// A target's capture of the hidden states an EAGLE-3 head reads
+    /// ([`Model::capture_aux`]).
+    aux: Option<AuxCapture>,
+    /// An EAGLE-3 head's persistent input and output rows ([`Model::enable_eagle`]).
+    eagle: Option<EagleRows>,
+}
+
+/// The residual stream at the input of three layers, per token row of the last step:
+/// `buf` is `[3 * rows, hidden]`, layer `layers[k]`'s rows at `k * rows..`.
+struct AuxCapture {
+    layers: [usize; 3],
+    buf: Tensor,
+    rows: usize,
+}
+
+/// An EAGLE-3 head's rows outside the arena, so that graphs read and write them in place:
+/// `input` `[rows, hidden]`, the hidden state of each token row of the next step (the
+/// drafter writes it before the step), and `next` `[seqs, hidden]`, each sampled row's
+/// pre-norm output (the hidden state of the draft after it); `shared` says the target's
+/// embedding is set.
+struct EagleRows {
+    input: Tensor,
+    next: Tensor,
+    shared: bool,
 }
 
 /// `--router-skew`'s logits on the device: the whole table, and the window the forward
@@ -114,6 +138,10 @@ pub struct StepBuffers {
     shared_act: Tensor,
     shared_out: Tensor,
     shared_gate: Tensor,
+    /// An EAGLE-3 head's normed embedding and normed hidden state `[2, n, hidden]`, and
+    /// the two side by side `[n, 2 * hidden]`; one element each for other models.
+    eagle_pair: Tensor,
+    eagle_cat: Tensor,
 }
 
 impl StepBuffers {
@@ -164,7 +192,73 @@ impl Model {
             scratch: Default::default(),
             offload: None,
             router_table: None,
+            aux: None,
+            eagle: None,
         })
+    }
+
+    /// Capture, in every later step (eager or captured: call it before any graph), the
+    /// residual stream at the input of `layers` for each of up to `rows` token rows, the
+    /// hidden states an EAGLE-3 head reads ([`Model::aux_hidden`]).
+    pub fn capture_aux(&mut self, be: &dyn Backend, layers: [usize; 3], rows: usize) -> Result<()> {
+        if let Some(&l) = layers.iter().find(|&&l| l >= self.cfg.num_layers) {
+            return Err(Error::invalid(
+                "capture_aux",
+                format!("layer {l} of a model of {} layers", self.cfg.num_layers),
+            ));
+        }
+        let buf = be.alloc(self.dtype(), &[3 * rows, self.cfg.hidden_size])?;
+        self.aux = Some(AuxCapture { layers, buf, rows });
+        Ok(())
+    }
+
+    /// The captured hidden states of the last step ([`Model::capture_aux`]): `[rows,
+    /// hidden]` per layer, in the order the layers were given; `None` without a capture.
+    pub fn aux_hidden(&self) -> Option<[Tensor; 3]> {
+        let a = self.aux.as_ref()?;
+        let block = |k: usize| a.buf.narrow(k * a.rows, a.rows).ok();
+        Some([block(0)?, block(1)?, block(2)?])
+    }
+
+    /// An EAGLE-3 head's persistent rows for steps of up to `rows` token rows and `seqs`
+    /// sampled rows (call it before any graph), and the target's embedding it shares
+    /// (`[target_vocab, hidden]` in the run dtype).
+    pub fn enable_eagle(
+        &mut self,
+        be: &dyn Backend,
+        embed: &Tensor,
+        rows: usize,
+        seqs: usize,
+    ) -> Result<()> {
+        let Some(e) = &self.cfg.eagle else {
+            return Err(Error::invalid("enable_eagle", "the model is not an EAGLE head"));
+        };
+        let h = self.cfg.hidden_size;
+        let want = [e.target_vocab, h];
+        if embed.shape() != want || embed.dtype() != self.dtype() {
+            return Err(Error::invalid(
+                "--draft-model",
+                format!(
+                    "the EAGLE head needs the target's embedding as {} {want:?}, the target has {} {:?}",
+                    self.dtype(),
+                    embed.dtype(),
+                    embed.shape()
+                ),
+            ));
+        }
+        self.weights.embed = embed.clone();
+        self.eagle = Some(EagleRows {
+            input: be.alloc(self.dtype(), &[rows, h])?,
+            next: be.alloc(self.dtype(), &[seqs, h])?,
+            shared: true,
+        });
+        Ok(())
+    }
+
+    /// An EAGLE-3 head's input hidden rows and sampled rows' outputs
+    /// ([`Model::enable_eagle`]).
+    pub fn eagle_rows(&self) -> Option<(&Tensor, &Tensor)> {
+        self.eagle.as_ref().map(|e| (&e.input, &e.next))
     }
 
     /// [`Model::new`] for weights loaded under a budget
@@ -293,7 +387,7 @@ impl Model {
         b: usize,
         scratch_len: usize,
         moe_work: usize,
-    ) -> [(DType, Vec<usize>); 25] {
+    ) -> [(DType, Vec<usize>); 27] {
         let (_, size) = c.tp_rank();
         let (shard, gathered) = match size {
             1 => (vec![1, 1], vec![1]),
@@ -305,6 +399,11 @@ impl Model {
         let moe_rows = if c.moe.is_some() { n } else { 1 };
         let shared = c.moe.as_ref().and_then(|m| m.shared_expert_intermediate);
         let (srows, s, sh) = shared.map_or((1, 1, 1), |s| (n, s, c.hidden_size));
+        // An EAGLE-3 head's two normed inputs, then the pair side by side.
+        let (erows, eh) = match c.eagle {
+            Some(_) => (n, c.hidden_size),
+            None => (1, 1),
+        };
         [
             (t, vec![n, c.hidden_size]),
             (t, vec![n, c.hidden_size]),
@@ -331,6 +430,8 @@ impl Model {
             (t, vec![srows, s]),
             (t, vec![srows, sh]),
             (t, vec![srows, 1]),
+            (t, vec![2, erows, eh]),
+            (t, vec![erows, 2 * eh]),
         ]
     }
 
@@ -430,7 +531,7 @@ impl Model {
             .map(|(d, s)| arena.alloc(d, &s))
             .collect::<Result<Vec<_>>>()?
             .into_iter();
-        let mut next = || it.next().expect("25 buffers");
+        let mut next = || it.next().expect("27 buffers");
         Ok(StepBuffers {
             hidden: next(),
             residual: next(),
@@ -457,6 +558,8 @@ impl Model {
             shared_act: next(),
             shared_out: next(),
             shared_gate: next(),
+            eagle_pair: next(),
+            eagle_cat: next(),
         })
     }
 
@@ -508,6 +611,9 @@ impl Model {
                 be.rms_norm(&buf.hidden, Some(&buf.residual), w, eps, &buf.normed)
             }
         };
+        if k == 0 && c.eagle.is_some() {
+            return self.eagle_prologue(be, kv, inp, buf);
+        }
         if k == 0 {
             let embed = one(OpId::Embed, &self.weights.embed)?;
             be.embedding_rows(inp.token_ids, &embed, rank * c.vocab_rows(), &buf.hidden)?;
@@ -655,7 +761,79 @@ impl Model {
         } else {
             add_norm(&input_norm)?;
         }
-        // One projection by the merged weight, then split / head norm / rope / KV write.
+        // The residual stream entering this layer, where an EAGLE head reads it.
+        if let Some(a) = &self.aux {
+            if let Some(j) = a.layers.iter().position(|&l| l == k) {
+                let n = buf.residual.dim(0);
+                be.copy(&buf.residual, &a.buf.narrow(j * a.rows, n)?)?;
+            }
+        }
+        self.qkv_write(be, kv, inp, buf, k)
+    }
+
+    /// An EAGLE-3 head's piece 0: the shared embedding of the step's tokens and the
+    /// hidden state of each row ([`Model::eagle_rows`]' input), each RMS-normed, side by
+    /// side into the layer's q/k/v; the residual stream starts at the hidden state (after
+    /// its norm with `norm_before_residual`).
+    fn eagle_prologue(
+        &self,
+        be: &dyn Backend,
+        kv: &KvCache,
+        inp: &StepInputs<'_>,
+        buf: &StepBuffers,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (Some(e), Some(rows)) = (&c.eagle, &self.eagle) else {
+            return Err(Error::invalid(
+                "forward",
+                "an EAGLE head runs after Model::enable_eagle gave it the target's embedding",
+            ));
+        };
+        debug_assert!(rows.shared);
+        let l = &self.weights.layers[0];
+        let hidden_norm = l.hidden_norm.as_ref().ok_or_else(|| {
+            Error::invalid("forward", "an EAGLE head without its hidden_norm weight")
+        })?;
+        let n = buf.hidden.dim(0);
+        let eps = c.rms_norm_eps;
+        be.embedding(inp.token_ids, &self.weights.embed, &buf.hidden)?;
+        let pair = &buf.eagle_pair;
+        let (normed_e, normed_h) = (pair.narrow(0, 1)?, pair.narrow(1, 1)?);
+        let (normed_e, normed_h) = (
+            normed_e.reshape(&[n, c.hidden_size])?,
+            normed_h.reshape(&[n, c.hidden_size])?,
+        );
+        be.rms_norm(&buf.hidden, None, &l.input_norm, eps, &normed_e)?;
+        let input = rows.input.prefix(n)?;
+        be.rms_norm(&input, None, hidden_norm, eps, &normed_h)?;
+        let start = if e.norm_before_residual {
+            &normed_h
+        } else {
+            &input
+        };
+        be.copy(start, &buf.residual)?;
+        be.unshard_columns(pair, &buf.eagle_cat)?;
+        self.qkv_write(be, kv, inp, buf, 0)
+    }
+
+    /// Layer `k`'s q/k/v from `buf.normed` (an EAGLE head's from its pair of inputs):
+    /// one projection by the merged weight, then split / head norm / rope / KV write.
+    fn qkv_write(
+        &self,
+        be: &dyn Backend,
+        kv: &KvCache,
+        inp: &StepInputs<'_>,
+        buf: &StepBuffers,
+        k: usize,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let l = &self.weights.layers[k];
+        let eps = c.rms_norm_eps;
+        let x = if c.eagle.is_some() {
+            &buf.eagle_cat
+        } else {
+            &buf.normed
+        };
         // The op reads qkv, then its bias and head norms when the model has them.
         let (qkv, bias, q_norm, k_norm) = match self.enter(OpId::Layer(k, LayerOp::Qkv))? {
             None => (
@@ -673,7 +851,7 @@ impl Model {
                 (qkv, bias, q_norm, k_norm)
             }
         };
-        be.matmul(&buf.normed, &qkv, bias.as_ref(), &buf.qkv)?;
+        be.matmul(x, &qkv, bias.as_ref(), &buf.qkv)?;
         let n = buf.q.dim(0);
         be.qkv_rope_write(&QkvRope {
             qkv: &buf.qkv,
@@ -753,6 +931,11 @@ impl Model {
         let logits = buf.logits.prefix(rows)?;
         // The embedding op is a row gather.
         be.embedding(&inp.logits_indices.prefix(rows)?, &buf.normed, &last)?;
+        // An EAGLE head: the pre-norm output of each sampled row, the next draft's input.
+        if let Some(e) = &self.eagle {
+            let next = e.next.prefix(rows)?;
+            be.embedding(&inp.logits_indices.prefix(rows)?, &buf.residual, &next)?;
+        }
         let lm_head = match self.enter(OpId::LmHead)? {
             Some(mut v) => v.swap_remove(0),
             None => self.weights.lm_head.clone(),

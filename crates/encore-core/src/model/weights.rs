@@ -34,6 +34,8 @@ use encore_backend::quant::QuantFormat;
 pub struct LayerWeights {
     /// `[hidden]`.
     pub input_norm: Tensor,
+    /// An EAGLE-3 head's norm of its input hidden state `[hidden]`.
+    pub hidden_norm: Option<Tensor>,
     /// `[(num_heads + 2 * num_kv_heads) * head_dim, hidden]`: q rows, then k, then v.
     pub qkv: Tensor,
     /// `[(num_heads + 2 * num_kv_heads) * head_dim]`, same order (Qwen2).
@@ -77,6 +79,10 @@ pub struct ModelWeights {
     pub norm: Tensor,
     /// `[vocab, hidden]`; the same tensor as `embed` (same storage) when tied.
     pub lm_head: Tensor,
+    /// An EAGLE-3 head's `fc` `[hidden, 3 * target_hidden]`. A head's `embed` is the
+    /// target's, set by [`crate::model::llama::Model::share_embedding`] (until then a
+    /// placeholder the forward refuses).
+    pub eagle_fc: Option<Tensor>,
     pub dtype: DType,
 }
 
@@ -152,8 +158,11 @@ fn load_placed(
         WeightSource::Dir(path) => {
             let ck = Checkpoint::open(&path)?;
             // Before the declaration, which holds every layer's names: a corrupt layer
-            // count must not make the loader build millions of them.
-            ck.check_layer_count(cfg.num_layers)?;
+            // count must not make the loader build millions of them (an EAGLE head has
+            // one, `midlayer`).
+            if cfg.eagle.is_none() {
+                ck.check_layer_count(cfg.num_layers)?;
+            }
             let decl = cfg.decl();
             let specs: Vec<&TensorSpec> = decl.hf_tensors().collect();
             ck.validate(&specs, |name| ignored_tensor(cfg, name))?;
@@ -251,6 +260,7 @@ pub fn dequantized(backend: &dyn Backend, w: &ModelWeights) -> Result<ModelWeigh
         .map(|l| {
             Ok(LayerWeights {
                 input_norm: l.input_norm.clone(),
+                hidden_norm: l.hidden_norm.clone(),
                 qkv: dense(&l.qkv)?,
                 qkv_bias: l.qkv_bias.clone(),
                 q_norm: l.q_norm.clone(),
@@ -269,6 +279,7 @@ pub fn dequantized(backend: &dyn Backend, w: &ModelWeights) -> Result<ModelWeigh
         layers,
         norm: w.norm.clone(),
         lm_head: dense(&w.lm_head)?,
+        eagle_fc: w.eagle_fc.as_ref().map(dense).transpose()?,
         dtype: w.dtype,
     })
 }
@@ -283,6 +294,9 @@ fn ignored_tensor(cfg: &ModelConfig, name: &str) -> bool {
     fp8_scale.iter().any(|s| name.ends_with(s))
         || name.ends_with("rotary_emb.inv_freq")
         || (cfg.tie_word_embeddings && name == "lm_head.weight")
+        // An EAGLE-3 head's vocabulary maps (read by the drafter) and an embedding of
+        // its own (it shares the target's, as SGLang and vLLM run it).
+        || (cfg.eagle.is_some() && matches!(name, "d2t" | "t2d" | "embed_tokens.weight"))
         || (cfg.qkv_bias
             && matches!(cfg.arch, Arch::Llama | Arch::Qwen3)
             && name.ends_with("self_attn.o_proj.bias"))
@@ -590,6 +604,7 @@ fn build(
         };
         layers.push(LayerWeights {
             input_norm: need(&mut s, Role::AttnNorm)?,
+            hidden_norm: s[slot(Role::HiddenNorm)].take(),
             qkv: need(&mut s, Role::Qkv)?,
             qkv_bias: s[slot(Role::QkvBias)].take(),
             q_norm: s[slot(Role::QNorm)].take(),
@@ -609,17 +624,29 @@ fn build(
             },
         });
     }
-    let embed = need(&mut top, Role::Embedding)?;
+    let eagle_fc = top[slot(Role::EagleFc)].take();
     let norm = need(&mut top, Role::FinalNorm)?;
-    // Tied embeddings: the LM head is the same tensor (same storage).
-    let lm_head = top[slot(Role::LmHead)]
-        .take()
-        .unwrap_or_else(|| embed.clone());
+    let (embed, lm_head) = match &eagle_fc {
+        // An EAGLE-3 head shares the target's embedding: a placeholder until then.
+        Some(_) => {
+            let lm_head = need(&mut top, Role::LmHead)?;
+            (lm_head.clone(), lm_head)
+        }
+        None => {
+            let embed = need(&mut top, Role::Embedding)?;
+            // Tied embeddings: the LM head is the same tensor (same storage).
+            let lm_head = top[slot(Role::LmHead)]
+                .take()
+                .unwrap_or_else(|| embed.clone());
+            (embed, lm_head)
+        }
+    };
     Ok(ModelWeights {
         embed,
         layers,
         norm,
         lm_head,
+        eagle_fc,
         dtype,
     })
 }

@@ -228,6 +228,18 @@ pub struct Runner<'b> {
     /// The other ranks of a tensor-parallel group this runner leads (`None`: alone, or
     /// a follower).
     group: Option<Followers>,
+    /// Where each sequence's tokens sat in the last step's token rows.
+    last_rows: Vec<TokenRows>,
+}
+
+/// One sequence's tokens in a step's token rows: positions `position..position + len`
+/// at rows `row..row + len` (the rows of [`crate::model::llama::Model::aux_hidden`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenRows {
+    pub seq: SeqId,
+    pub position: usize,
+    pub row: usize,
+    pub len: usize,
 }
 
 /// A runner being built, in boot order: first everything but the KV cache (the step
@@ -334,6 +346,7 @@ impl<'b> RunnerBuilder<'b> {
             cfg,
             device_wait: Default::default(),
             group: None,
+            last_rows: Vec::new(),
         })
     }
 }
@@ -357,6 +370,17 @@ impl<'b> Runner<'b> {
 
     pub fn config(&self) -> &RunnerConfig {
         &self.cfg
+    }
+
+    /// Where each sequence's tokens sat in the last step's token rows (empty before the
+    /// first step and after a failed one).
+    pub fn last_rows(&self) -> &[TokenRows] {
+        &self.last_rows
+    }
+
+    /// The backend the runner steps on.
+    pub fn backend(&self) -> &'b dyn Backend {
+        self.parts.be
     }
 
     pub fn model(&self) -> &Model {

@@ -12,6 +12,7 @@ use crate::tensor::DType;
 
 use super::group::{Cmd, Exec};
 use super::pack::{Packer, StepViews};
+use super::TokenRows;
 use super::policy::Plan;
 use super::sampling::{SampleBuffers, Sampled, StepSampling};
 use super::{FillMasks, Parts, Runner, Score, SeqStep, Seqs};
@@ -368,13 +369,34 @@ impl Runner<'_> {
         } else {
             batch.iter().filter(|s| s.tokens.len() == 1).count()
         };
-        if d == 0 {
-            return self.run_sorted(seqs, batch, keep_logits, decode_only, 0, fill);
+        let order: Vec<usize> = match d {
+            0 => (0..b).collect(),
+            _ => (0..b)
+                .filter(|&i| batch[i].tokens.len() == 1)
+                .chain((0..b).filter(|&i| batch[i].tokens.len() != 1))
+                .collect(),
+        };
+        // Where each sequence's tokens go in the step's token rows.
+        self.last_rows.clear();
+        let mut row = 0;
+        let mut rows = Vec::with_capacity(b);
+        for &i in &order {
+            let s = &batch[i];
+            let len = s.tokens.len();
+            let position = seqs.blocks.num_tokens(s.seq)?.saturating_sub(len);
+            rows.push(TokenRows {
+                seq: s.seq,
+                position,
+                row,
+                len,
+            });
+            row += len;
         }
-        let order: Vec<usize> = (0..b)
-            .filter(|&i| batch[i].tokens.len() == 1)
-            .chain((0..b).filter(|&i| batch[i].tokens.len() != 1))
-            .collect();
+        if d == 0 {
+            let out = self.run_sorted(seqs, batch, keep_logits, decode_only, 0, fill)?;
+            self.last_rows = rows;
+            return Ok(out);
+        }
         let sorted: Vec<SeqStep<'_>> = order.iter().map(|&i| batch[i]).collect();
         // The mask writer sees the caller's batch indices.
         let ord = &order;
@@ -401,6 +423,7 @@ impl Runner<'_> {
             d,
             remapped.as_mut().map(|f| f as &mut FillMasks<'_>),
         )?;
+        self.last_rows = rows;
         let vocab = self.parts.model.cfg.vocab_size;
         let mut out = StepOut {
             tokens: vec![0u32; b],

@@ -29,10 +29,13 @@ use crate::runner::{Runner, SeqStep, Seqs};
 
 /// A draft model's runner and the KV it holds per sequence.
 pub struct Drafter<'b> {
-    runner: Runner<'b>,
-    seqs: Seqs,
-    /// Per sequence, the tokens whose KV the draft's cache holds, in order.
-    fed: HashMap<SeqId, Vec<u32>>,
+    pub(super) runner: Runner<'b>,
+    pub(super) seqs: Seqs,
+    /// Per sequence, the tokens whose KV the draft's cache holds, in order (an EAGLE
+    /// head's: the token after each position it holds).
+    pub(super) fed: HashMap<SeqId, Vec<u32>>,
+    /// An EAGLE-3 head's state ([`super::eagle`]); `None`: a draft model.
+    pub(super) eagle: Option<super::eagle::Eagle>,
     /// Draft tokens proposed and draft-model steps run, for statistics.
     pub stats: DraftStats,
 }
@@ -74,8 +77,45 @@ impl<'b> Drafter<'b> {
             runner,
             seqs,
             fed: HashMap::new(),
+            eagle: None,
             stats: DraftStats::default(),
         })
+    }
+
+    /// A drafter over the EAGLE-3 head `runner` runs (booted with the target's
+    /// embedding), with the vocabulary map `d2t` ([`super::eagle::read_d2t`]), checked
+    /// against the target's runner: its vocabulary and hidden size, the hidden states it
+    /// captures, and its longest sequence. Errors name `--draft-model`.
+    pub fn eagle(runner: Runner<'b>, target: &Runner<'_>, d2t: Vec<i64>) -> Result<Self> {
+        check_pair(&target.model().cfg, &runner.model().cfg)?;
+        let (tl, dl) = (target.config().max_seq_len, runner.config().max_seq_len);
+        if dl < tl {
+            return Err(Error::invalid(
+                "--draft-model",
+                format!("the head's runner holds {dl} tokens a sequence, the target {tl}"),
+            ));
+        }
+        if target.model().aux_hidden().is_none() {
+            return Err(Error::invalid(
+                "--draft-model",
+                "the target was booted without capturing the hidden states the EAGLE-3 head reads",
+            ));
+        }
+        let eagle = super::eagle::Eagle::new(&runner, d2t)?;
+        let seqs = Seqs::for_runner(&runner)?;
+        Ok(Drafter {
+            runner,
+            seqs,
+            fed: HashMap::new(),
+            eagle: Some(eagle),
+            stats: DraftStats::default(),
+        })
+    }
+
+    /// Whether the drafter is an EAGLE-3 head (which sees every running sequence's
+    /// tokens, drafting or not: [`Drafter::propose`]).
+    pub fn is_eagle(&self) -> bool {
+        self.eagle.is_some()
     }
 
     /// The draft model's runner.
@@ -107,8 +147,17 @@ impl<'b> Drafter<'b> {
 
     /// Up to `max_drafts` greedy drafts for each request (fewer where its draft KV
     /// cannot grow; none for a request with no tokens or `max_drafts` 0), in request
-    /// order. See the module docs for the steps run.
-    pub fn propose(&mut self, reqs: &[DraftRequest<'_>]) -> Result<Vec<Vec<u32>>> {
+    /// order. See the module docs for the steps run; an EAGLE-3 head's are in
+    /// [`super::eagle`] (it reads the hidden states of `target`'s last step, and catches
+    /// up on a request of `max_drafts` 0 too).
+    pub fn propose(
+        &mut self,
+        reqs: &[DraftRequest<'_>],
+        target: &Runner<'_>,
+    ) -> Result<Vec<Vec<u32>>> {
+        if self.eagle.is_some() {
+            return self.propose_eagle(reqs, target);
+        }
         let mut drafts: Vec<Vec<u32>> = vec![Vec::new(); reqs.len()];
         // Sync: the longest prefix of what was fed that the tokens still begin with, never
         // the last token (it is fed again, for its sample).
@@ -228,6 +277,30 @@ impl<'b> Drafter<'b> {
 /// target alone decides where a sequence ends).
 pub fn check_pair(target: &ModelConfig, draft: &ModelConfig) -> Result<()> {
     const WHAT: &str = "--draft-model";
+    if let Some(e) = &draft.eagle {
+        // An EAGLE-3 head: the target's vocabulary and hidden size, over enough layers.
+        let (tv, th) = (target.vocab_size, target.hidden_size);
+        if e.target_vocab != tv {
+            return Err(Error::invalid(
+                WHAT,
+                format!(
+                    "the EAGLE-3 head was made for a vocabulary of {} tokens, the target's has {tv}",
+                    e.target_vocab
+                ),
+            ));
+        }
+        if e.target_hidden != th {
+            return Err(Error::invalid(
+                WHAT,
+                format!(
+                    "the EAGLE-3 head reads hidden states of {} (target_hidden_size), the target's are {th}",
+                    e.target_hidden
+                ),
+            ));
+        }
+        e.aux_layers_for(target.num_layers)?;
+        return Ok(());
+    }
     let (tv, dv) = (target.vocab_size, draft.vocab_size);
     if tv != dv {
         return Err(Error::invalid(
@@ -241,7 +314,7 @@ pub fn check_pair(target: &ModelConfig, draft: &ModelConfig) -> Result<()> {
 }
 
 /// A greedy step of `tokens` for `seq` on the draft runner.
-fn greedy(seq: SeqId, tokens: &[u32]) -> SeqStep<'_> {
+pub(super) fn greedy(seq: SeqId, tokens: &[u32]) -> SeqStep<'_> {
     SeqStep {
         seq,
         tokens,

@@ -1,10 +1,11 @@
 //! Speculative decoding's host-side parts (issue #24): the proposers the scheduler runs
 //! (`SchedulerConfig::speculative`): n-gram lookup over a sequence's own tokens
-//! ([`ngram`]) and a draft model ([`draft`]); and the acceptance rules' references
+//! ([`ngram`]), a draft model ([`draft`]) and an EAGLE-3 head ([`eagle`]); and the acceptance rules' references
 //! ([`accept`]).
 
 pub mod accept;
 pub mod draft;
+pub mod eagle;
 pub mod ngram;
 
 /// Where a speculating sequence's drafts come from.

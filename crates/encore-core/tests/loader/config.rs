@@ -118,6 +118,7 @@ fn real_configs_parse_to_the_expected_values() {
             weights: Default::default(),
             moe: None,
             tp: None,
+            eagle: None,
         }
     );
     let tf5 = parse(LLAMA_3_2_1B_TF5);

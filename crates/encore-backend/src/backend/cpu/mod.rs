@@ -257,17 +257,18 @@ impl Backend for CpuBackend {
         check_device("unshard_columns", &[("src", src), ("dst", dst)])?;
         let (s, rows, c) = ops::check_unshard_columns(src, dst)?;
         let (src, dst) = (src.clone(), dst.clone());
+        let e = src.dtype().size();
         self.submit(move || {
-            let (src, dst) = (ptr_of(&src) as *const f32, ptr_of(&dst) as *mut f32);
+            let (src, dst) = (ptr_of(&src) as *const u8, ptr_of(&dst));
             for k in 0..s {
                 for r in 0..rows {
                     // SAFETY: shapes checked: src holds s * rows * c and dst rows * s * c
-                    // f32, distinct buffers.
+                    // elements of `e` bytes, distinct buffers.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
-                            src.add((k * rows + r) * c),
-                            dst.add(r * s * c + k * c),
-                            c,
+                            src.add((k * rows + r) * c * e),
+                            dst.add((r * s * c + k * c) * e),
+                            c * e,
                         )
                     }
                 }

@@ -1013,7 +1013,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        let w = c * 4;
+        let w = c * src.dtype().size();
         for k in 0..s {
             // One strided copy per shard: its rows, `w` bytes each, land at pitch `s * w`.
             let device = drv_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;

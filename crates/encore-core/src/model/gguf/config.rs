@@ -222,6 +222,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         weights: Default::default(),
         moe,
         tp: None,
+        eagle: None,
     };
     cfg.check_sizes([
         &k("embedding_length"),
