@@ -97,6 +97,9 @@ pub struct EngineMetrics {
     pub spec_verifications_total: AtomicU64,
     /// Times a sequence stopped speculating for a while (too few drafts kept).
     pub spec_pauses_total: AtomicU64,
+    /// The draft model's (or EAGLE head's) steps, and the wall time spent proposing.
+    pub spec_draft_steps_total: AtomicU64,
+    pub spec_draft_micros_total: AtomicU64,
     /// Time from a request's submission to its first token (queueing and prefill).
     pub time_to_first_token: Histogram<TtftBuckets>,
     /// Time between consecutive tokens of a request, taken when the step that sampled
@@ -408,6 +411,12 @@ fn run_loop(
         let step_start = Instant::now();
         let stepped = sched.step_with(runner, drafter.as_mut());
         let step_end = Instant::now();
+        if let Some(d) = &drafter {
+            m.spec_draft_steps_total
+                .store(d.stats.steps, Ordering::Relaxed);
+            m.spec_draft_micros_total
+                .store(d.stats.micros, Ordering::Relaxed);
+        }
         match stepped {
             Ok(outputs) => {
                 // Requests a constraint ended (it allowed no token, or failed).

@@ -748,6 +748,149 @@ fn cuda_draft_model_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
     check_draft_speculation(&be, true);
 }
 
+/// EAGLE-3 speculation (a random head shaped for the tiny target, reading its layers 0,
+/// 2 and 3) gives the tokens of decoding one at a time: greedy and sampled requests,
+/// eagerly, in graphs and while preempting. The head's drafts are proposed from the
+/// target's hidden states every step (its catch-up covers prompts as they are
+/// prefilled), and finished sequences leave its cache.
+#[test]
+fn eagle_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
+    check_eagle_speculation(&CpuBackend::new());
+}
+
+/// [`eagle_speculation_gives_the_tokens_of_decoding_one_at_a_time`] on CUDA.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_eagle_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
+    let _serial = cuda_serial();
+    let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
+    check_eagle_speculation(&be);
+}
+
+fn check_eagle_speculation(be: &dyn encore_core::Backend) {
+    use encore_core::graph::BucketPolicy;
+    use encore_core::model::config::ModelConfig;
+    use encore_core::runner::{GraphConfig, RunnerConfig};
+    use encore_core::spec::draft::Drafter;
+    use encore_core::spec::Proposer;
+    let mut reqs = mix();
+    for (id, temperature) in [(50u64, 0.0f32), (51, 0.7)] {
+        let mut r = request(id, 0, 30, temperature);
+        r.prompt = [3u32, 1, 4, 1, 5, 9, 2, 6].repeat(3);
+        reqs.push((r, id - 49));
+    }
+    let k = 3;
+    let cfg = |blocks: usize| RunnerConfig {
+        max_seqs: 16 + 8 * k,
+        ..common::tiny_config(blocks)
+    };
+    let roomy = 1 + 16 * (128 / common::BLOCK);
+    let graphs = GraphConfig {
+        decode: common::buckets(),
+        mixed: BucketPolicy::SglangLike { max: 256 },
+        verify: k,
+    };
+    let reference = {
+        let mut r = Runner::new(be, common::tiny_model(be), cfg(roomy)).unwrap();
+        r.set_graphs(Some(graphs.clone()));
+        run(&mut r, SchedulerConfig::new(48, 8), &reqs).0
+    };
+    for (name, blocks, with_graphs) in [
+        ("graphs", roomy, true),
+        ("eager", roomy, false),
+        ("preempting", 60, true),
+    ] {
+        let mut target = common::tiny_model(be);
+        let head_cfg = ModelConfig::eagle_head_for(&target.cfg, 300);
+        let layers = head_cfg
+            .eagle
+            .as_ref()
+            .unwrap()
+            .aux_layers_for(target.cfg.num_layers)
+            .unwrap();
+        assert_eq!(layers, [0, 2, 3]);
+        let rows = cfg(blocks).token_rows();
+        target.capture_aux(be, layers, rows).unwrap();
+        let embed = target.weights.embed.clone();
+        let mut target = Runner::new(be, target, cfg(blocks)).unwrap();
+        let mut head = common::dummy_model(be, head_cfg, 128);
+        head.enable_eagle(be, &embed, rows, cfg(roomy).max_seqs)
+            .unwrap();
+        let mut head = Runner::new(be, head, cfg(roomy)).unwrap();
+        if with_graphs {
+            target.set_graphs(Some(graphs.clone()));
+            head.set_graphs(Some(GraphConfig {
+                verify: 1,
+                ..graphs.clone()
+            }));
+        }
+        let mut drafter = Drafter::eagle(head, &target, Vec::new()).unwrap();
+        let sched = SchedulerConfig {
+            speculative: Some(Proposer::Draft { k }),
+            ..SchedulerConfig::new(48, 8)
+        };
+        let mut s = Scheduler::new(sched, &target).unwrap();
+        let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+        let mut step = 0u64;
+        while s.has_work() || reqs.iter().any(|(_, at)| *at > step) {
+            for (req, at) in &reqs {
+                if *at == step {
+                    s.add(req.clone(), &target).unwrap();
+                }
+            }
+            for o in s.step_with(&mut target, Some(&mut drafter)).unwrap() {
+                out.entry(o.id).or_default().push(o.token);
+            }
+            step += 1;
+            assert!(step < 10_000, "no progress");
+        }
+        for (req, _) in &reqs {
+            assert_eq!(
+                out[&req.id], reference[&req.id].0,
+                "{name}: request {}",
+                req.id
+            );
+        }
+        let st = s.stats();
+        assert!(st.drafts_proposed > 20, "{name}: {st:?}");
+        assert!(drafter.stats.drafts >= st.drafts_proposed, "{name}");
+        // The head catches up on every prompt token as it is prefilled.
+        let prompts: usize = reqs.iter().map(|(r, _)| r.prompt.len()).sum();
+        assert!(drafter.stats.tokens as usize >= prompts, "{name}: {:?}", drafter.stats);
+        if blocks < roomy {
+            assert!(st.preemptions > 0, "{name}: {st:?}");
+        }
+        s.add(request(99, 4, 2, 0.0), &target).unwrap();
+        while s.has_work() {
+            s.step_with(&mut target, Some(&mut drafter)).unwrap();
+        }
+        assert!(drafter.live() <= 1, "{name}: {} live", drafter.live());
+    }
+}
+
+/// An EAGLE-3 head made for another target is refused, naming the flag: another
+/// vocabulary, another hidden size, a layer the target does not have.
+#[test]
+fn an_eagle_head_for_another_target_is_refused() {
+    use encore_core::model::config::ModelConfig;
+    use encore_core::spec::draft::check_pair;
+    let target = ModelConfig::dummy("tiny-qwen2").unwrap();
+    let head = ModelConfig::eagle_head_for(&target, 300);
+    assert!(check_pair(&target, &head).is_ok());
+    let mut other = target.clone();
+    other.vocab_size = 600;
+    let e = check_pair(&other, &head).unwrap_err().to_string();
+    assert!(e.contains("--draft-model") && e.contains("600"), "{e}");
+    other = target.clone();
+    other.hidden_size = 256;
+    let e = check_pair(&other, &head).unwrap_err().to_string();
+    assert!(e.contains("--draft-model") && e.contains("256"), "{e}");
+    let mut far = head.clone();
+    far.eagle.as_mut().unwrap().aux_layers = Some([1, 2, 9]);
+    let e = check_pair(&target, &far).unwrap_err().to_string();
+    assert!(e.contains("--draft-model") && e.contains("layer 9"), "{e}");
+}
+
 /// The draft-model speculation check on `be`: the tokens of a plain scheduler on `be`
 /// (of greedy requests only with `greedy_only`) for each draft and mode.
 fn check_draft_speculation(be: &dyn encore_core::Backend, greedy_only: bool) {
@@ -1029,7 +1172,7 @@ fn a_full_draft_cache_cuts_drafts_short() {
             max_drafts: 3,
         },
     ];
-    let drafts = d.propose(&reqs).unwrap();
+    let drafts = d.propose(&reqs, &target).unwrap();
     assert_eq!(
         drafts.iter().map(Vec::len).collect::<Vec<_>>(),
         vec![3, 1],
@@ -1051,7 +1194,7 @@ fn a_full_draft_cache_cuts_drafts_short() {
             seq: SeqId(0),
             tokens: &a2,
             max_drafts: 2,
-        }])
+        }], &target)
         .unwrap();
     assert!(!again[0].is_empty());
     assert!(d
@@ -1059,7 +1202,7 @@ fn a_full_draft_cache_cuts_drafts_short() {
             seq: SeqId(1),
             tokens: &b2,
             max_drafts: 1
-        }])
+        }], &target)
         .is_ok());
 }
 

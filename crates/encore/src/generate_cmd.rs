@@ -173,6 +173,17 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             100.0 * kept as f64 / drafts.max(1) as f64,
             1.0 + kept as f64 / verifies.max(1) as f64
         );
+        let (steps, micros) = (
+            load(&m.spec_draft_steps_total),
+            load(&m.spec_draft_micros_total),
+        );
+        if steps > 0 {
+            errln!(
+                "drafting: {steps} draft steps in {:.1} ms ({:.3} ms a verify step)",
+                micros as f64 / 1e3,
+                micros as f64 / 1e3 / verifies.max(1) as f64
+            );
+        }
     }
     Ok(())
 }

@@ -763,7 +763,7 @@ impl Model {
         }
         // The residual stream entering this layer, where an EAGLE head reads it.
         if let Some(a) = &self.aux {
-            if let Some(j) = a.layers.iter().position(|&l| l == k) {
+            for (j, _) in a.layers.iter().enumerate().filter(|&(_, &l)| l == k) {
                 let n = buf.residual.dim(0);
                 be.copy(&buf.residual, &a.buf.narrow(j * a.rows, n)?)?;
             }

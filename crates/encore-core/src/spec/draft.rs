@@ -49,6 +49,9 @@ pub struct DraftStats {
     pub tokens: u64,
     /// Drafts proposed.
     pub drafts: u64,
+    /// Wall time in [`Drafter::propose`], microseconds (it ends with the draft's sampled
+    /// tokens read back, so this is the device's time too).
+    pub micros: u64,
 }
 
 /// One sequence's request to [`Drafter::propose`]: its tokens (prompt and output so far)
@@ -155,9 +158,17 @@ impl<'b> Drafter<'b> {
         reqs: &[DraftRequest<'_>],
         target: &Runner<'_>,
     ) -> Result<Vec<Vec<u32>>> {
-        if self.eagle.is_some() {
-            return self.propose_eagle(reqs, target);
-        }
+        let start = std::time::Instant::now();
+        let out = match self.eagle {
+            Some(_) => self.propose_eagle(reqs, target),
+            None => self.propose_model(reqs),
+        };
+        self.stats.micros += start.elapsed().as_micros() as u64;
+        out
+    }
+
+    /// [`Drafter::propose`] of a draft model.
+    fn propose_model(&mut self, reqs: &[DraftRequest<'_>]) -> Result<Vec<Vec<u32>>> {
         let mut drafts: Vec<Vec<u32>> = vec![Vec::new(); reqs.len()];
         // Sync: the longest prefix of what was fed that the tokens still begin with, never
         // the last token (it is fed again, for its sample).
