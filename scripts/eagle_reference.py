@@ -20,6 +20,9 @@ Writes, in float32:
         next.{i}     int64 [1]     the target's greedy token after the prompt
         drafts.{i}   int64 [K]     the head's greedy drafts after it (target ids)
         margin.{i}   float32 [K]   the head's top-2 logit margin at each draft
+        stale.{i}    int64 [K]     control: drafts with every round fed the catch-up's
+                                   output instead of the previous round's
+        shifted.{i}  int64 [K]     control: drafts from the layers before the right ones
 """
 
 import argparse
@@ -34,7 +37,7 @@ from safetensors.torch import save_file  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 K = 5
-PROMPT_LENS = (6, 13, 29)
+PROMPT_LENS = (6, 13, 29, 40)
 TARGET = dict(
     vocab_size=211,
     hidden_size=64,
@@ -61,7 +64,7 @@ def rms(x, w, eps):
 
 def rope(x, pos, theta, hd):
     # x [T, H, hd]; HF Llama's rotate_half convention.
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64, device=pos.device) / hd))
     f = pos.double()[:, None] * inv[None, :]
     emb = torch.cat([f, f], -1)
     cos, sin = emb.cos().float()[:, None, :], emb.sin().float()[:, None, :]
@@ -103,8 +106,9 @@ class Head:
         K_ = K_.repeat_interleave(rep, 1)
         V_ = V_.repeat_interleave(rep, 1)
         s = torch.einsum("thd,shd->hts", q, K_) / hd ** 0.5
-        mask = torch.arange(K_.shape[0])[None, :] > (start + torch.arange(t))[:, None]
-        s = s.masked_fill(mask[None].to(s.device), float("-inf"))
+        kpos = torch.arange(K_.shape[0], device=s.device)
+        mask = kpos[None, :] > (start + torch.arange(t, device=s.device))[:, None]
+        s = s.masked_fill(mask[None], float("-inf"))
         a = torch.einsum("hts,shd->thd", s.softmax(-1), V_).reshape(t, nh * hd)
         o = a @ w["midlayer.self_attn.o_proj.weight"].T
         residual = residual + o
@@ -176,19 +180,21 @@ def main():
         return 1 + 0.05 * torch.randn(n, generator=g)
 
     w = {
-        "fc.weight": rnd(h, 3 * h, fan=3 * h),
+        # A small fc and large o/down: the layer's own output, not the residual stream
+        # it starts from, picks the drafts, so each round's input matters.
+        "fc.weight": rnd(h, 3 * h, fan=3 * h) * 0.1,
         "midlayer.input_layernorm.weight": norm(h),
         "midlayer.hidden_norm.weight": norm(h),
         "midlayer.self_attn.q_proj.weight": rnd(nh * hd, 2 * h, fan=2 * h),
         "midlayer.self_attn.k_proj.weight": rnd(kvh * hd, 2 * h, fan=2 * h),
         "midlayer.self_attn.v_proj.weight": rnd(kvh * hd, 2 * h, fan=2 * h),
-        "midlayer.self_attn.o_proj.weight": rnd(h, nh * hd, fan=nh * hd),
+        "midlayer.self_attn.o_proj.weight": rnd(h, nh * hd, fan=nh * hd) * 2,
         "midlayer.post_attention_layernorm.weight": norm(h),
         "midlayer.mlp.gate_proj.weight": rnd(HEAD_INTERMEDIATE, h, fan=h),
         "midlayer.mlp.up_proj.weight": rnd(HEAD_INTERMEDIATE, h, fan=h),
-        "midlayer.mlp.down_proj.weight": rnd(h, HEAD_INTERMEDIATE, fan=HEAD_INTERMEDIATE),
+        "midlayer.mlp.down_proj.weight": rnd(h, HEAD_INTERMEDIATE, fan=HEAD_INTERMEDIATE) * 2,
         "norm.weight": norm(h),
-        "lm_head.weight": rnd(DRAFT_VOCAB, h, fan=h) * 4,
+        "lm_head.weight": rnd(DRAFT_VOCAB, h, fan=h) * 2,
     }
     # A draft vocabulary of sorted distinct target ids: d2t[d] = target - d.
     chosen = torch.randperm(TARGET["vocab_size"], generator=g)[:DRAFT_VOCAB].sort().values
@@ -213,28 +219,43 @@ def main():
             nxt = int(r.logits[0, -1].argmax())
             hs = r.hidden_states
             feats = torch.cat([hs[l][0] for l in aux], -1)  # [n, 3h]
-            head = Head(wd, hc)
             toks = torch.cat([prompt[1:], torch.tensor([nxt])]).to(dev)
-            logits, pre = head.step(
-                embed[toks], feats @ wd["fc.weight"].T, torch.arange(n, device=dev))
-            drafts, margins = [], []
-            last_logits, last_pre, pos = logits[-1], pre[-1:], n
-            for _ in range(K):
-                top = last_logits.topk(2)
-                margins.append(float(top.values[0] - top.values[1]))
-                d = int(top.indices[0])
-                t = d + int(d2t[d])
-                drafts.append(t)
+
+            def drafts_of(round_hidden, layers):
+                """The greedy drafts; `round_hidden` picks a round's hidden state from
+                the previous one's output (the published head: the output itself)."""
+                head = Head(wd, hc)
+                f = torch.cat([hs[l][0] for l in layers], -1)
                 logits, pre = head.step(
-                    embed[torch.tensor([t], device=dev)], last_pre,
-                    torch.tensor([pos], device=dev))
-                last_logits, last_pre, pos = logits[-1], pre, pos + 1
+                    embed[toks], f @ wd["fc.weight"].T, torch.arange(n, device=dev))
+                drafts, margins = [], []
+                last_logits, last_pre, pos = logits[-1], pre[-1:], n
+                first = last_pre
+                for _ in range(K):
+                    top = last_logits.topk(2)
+                    margins.append(float(top.values[0] - top.values[1]))
+                    d = int(top.indices[0])
+                    t = d + int(d2t[d])
+                    drafts.append(t)
+                    logits, pre = head.step(
+                        embed[torch.tensor([t], device=dev)],
+                        round_hidden(last_pre, first), torch.tensor([pos], device=dev))
+                    last_logits, last_pre, pos = logits[-1], pre, pos + 1
+                return drafts, margins
+
+            drafts, margins = drafts_of(lambda prev, first: prev, aux)
+            # Controls, the mistakes the test must tell apart: every round fed the
+            # catch-up's output; the target's hidden states of other layers.
+            stale, _ = drafts_of(lambda prev, first: first, aux)
+            shifted, _ = drafts_of(lambda prev, first: prev, [l - 1 for l in aux])
         out[f"prompt.{i}"] = prompt.long()
         out[f"next.{i}"] = torch.tensor([nxt])
         out[f"drafts.{i}"] = torch.tensor(drafts)
         out[f"margin.{i}"] = torch.tensor(margins)
+        out[f"stale.{i}"] = torch.tensor(stale)
+        out[f"shifted.{i}"] = torch.tensor(shifted)
         print(f"prompt {i} ({n} tokens): next {nxt}, drafts {drafts}, "
-              f"min margin {min(margins):.3f}")
+              f"min margin {min(margins):.3f}; controls {stale} {shifted}")
     save_file(out, os.path.join(a.outdir, "reference.safetensors"))
 
 

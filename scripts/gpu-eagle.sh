@@ -14,6 +14,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu-spec-env.sh"
 python3 scripts/eagle_reference.py "$OUT/eagle-ref" >"$OUT/eagle-ref.txt" 2>&1
 echo "== eagle_reference rc=$?"; tail -4 "$OUT/eagle-ref.txt"
+tar -cf "$OUT/eagle-ref.tar" -C "$OUT" eagle-ref
 ENCORE_EAGLE_REF="$OUT/eagle-ref" .spec/eagle-test --include-ignored --test-threads 1 --nocapture >"$OUT/eagle-test.txt" 2>&1
 echo "== eagle-test rc=$?"; grep -E "^test |test result|drafts of|panicked|left|right" "$OUT/eagle-test.txt" | head -20
 .spec/scheduler-test --include-ignored eagle >"$OUT/scheduler-test.txt" 2>&1

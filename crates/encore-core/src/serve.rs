@@ -338,8 +338,11 @@ fn boot_draft<'b>(
         crate::model::weights::WeightSource::Dir(path) => crate::spec::eagle::read_d2t(path)?,
         _ => Vec::new(),
     };
+    // Its catch-up chunks (the tokens a verify step kept) hold at most k + 1 tokens:
+    // they replay verify graphs of the target's k.
     let head_cfg = EngineConfig {
         eagle_embed: Some(target.runner.model().weights.embed.clone()),
+        graphs: cfg.graphs.clone(),
         ..cfg.for_draft()
     };
     let head = Engine::new(be, files, &head_cfg, progress)?;

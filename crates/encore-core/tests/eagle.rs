@@ -2,15 +2,15 @@
 //! transformers class for one): `python3 scripts/eagle_reference.py DIR` (torch and
 //! transformers) writes a random 7-layer Llama target, a random `LlamaForCausalLMEagle3`
 //! head for it (`d2t` over a draft vocabulary of 97 of the target's 211 tokens, reading
-//! layers 2, 3 and 4), and for 3 prompts the target's greedy token after the prompt and
+//! layers 2, 3 and 4), and for 4 prompts the target's greedy token after the prompt and
 //! the head's 5 greedy drafts after it, computed from the target's hidden states. Its
 //! output (1.3 MB) is kept in `tests/data/eagle`, so the CPU test runs in CI;
 //! `ENCORE_EAGLE_REF=DIR` reads another.
 //!
-//! These tests load both from the same float32 safetensors, run the 3 prompts as one
+//! These tests load both from the same float32 safetensors, run the 4 prompts as one
 //! prefill step of the target (which captures the three layers' hidden states), and ask
 //! the drafter ([`Drafter::eagle`]) for 5 drafts of each at once: its catch-up step over
-//! the 3 prompts and its 4 rounds must give the reference's drafts (a draft whose
+//! the 4 prompts and its 4 rounds must give the reference's drafts (a draft whose
 //! reference top-2 margin is under 1e-3 ends the comparison of that prompt). Eagerly on
 //! the CPU and on CUDA, and on CUDA with the head's rounds replayed from decode graphs.
 //!
@@ -40,6 +40,9 @@ struct Case {
     next: u32,
     drafts: Vec<u32>,
     margins: Vec<f32>,
+    /// The reference's controls: drafts with every round fed the catch-up's output, and
+    /// drafts from the wrong layers; the test must tell each from the right drafts.
+    controls: [Vec<u32>; 2],
 }
 
 fn reference_dir() -> PathBuf {
@@ -73,6 +76,7 @@ fn read_cases(dir: &Path) -> Vec<Case> {
             next: ints(&format!("next.{i}"))[0],
             drafts: ints(&format!("drafts.{i}")),
             margins: floats(&format!("margin.{i}")),
+            controls: [ints(&format!("stale.{i}")), ints(&format!("shifted.{i}"))],
         })
         .collect()
 }
@@ -188,7 +192,14 @@ fn check(be: &dyn Backend, graphs: bool) {
             compared += 1;
         }
     }
-    assert!(compared >= 10, "only {compared} drafts compared");
+    assert!(compared >= 12, "only {compared} drafts compared");
+    // The comparison can fail: each control differs from the right drafts somewhere.
+    for k in 0..2 {
+        assert!(
+            cases.iter().any(|c| c.controls[k] != c.drafts),
+            "control {k} gives the right drafts"
+        );
+    }
     println!(
         "{}{}: {compared} drafts of {} equal the reference's",
         be.device_name(),
