@@ -140,7 +140,9 @@ fn run(be: &dyn Backend, graphs: bool) -> (Vec<Case>, Vec<u32>, Vec<Vec<u32>>) {
     let mut drafter = Drafter::eagle(head, &target, d2t).unwrap();
     let mut seqs = Seqs::for_runner(&target).unwrap();
     for (i, c) in cases.iter().enumerate() {
-        seqs.blocks.allocate(SeqId(i as u64), c.prompt.len()).unwrap();
+        seqs.blocks
+            .allocate(SeqId(i as u64), c.prompt.len())
+            .unwrap();
     }
     let steps: Vec<SeqStep<'_>> = cases
         .iter()

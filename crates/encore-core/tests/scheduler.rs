@@ -856,7 +856,11 @@ fn check_eagle_speculation(be: &dyn encore_core::Backend) {
         assert!(drafter.stats.drafts >= st.drafts_proposed, "{name}");
         // The head catches up on every prompt token as it is prefilled.
         let prompts: usize = reqs.iter().map(|(r, _)| r.prompt.len()).sum();
-        assert!(drafter.stats.tokens as usize >= prompts, "{name}: {:?}", drafter.stats);
+        assert!(
+            drafter.stats.tokens as usize >= prompts,
+            "{name}: {:?}",
+            drafter.stats
+        );
         if blocks < roomy {
             assert!(st.preemptions > 0, "{name}: {st:?}");
         }
@@ -1190,19 +1194,25 @@ fn a_full_draft_cache_cuts_drafts_short() {
     let b2: Vec<u32> = b.iter().copied().chain([2]).collect();
     d.release(SeqId(1)).unwrap();
     let again = d
-        .propose(&[DraftRequest {
-            seq: SeqId(0),
-            tokens: &a2,
-            max_drafts: 2,
-        }], &target)
+        .propose(
+            &[DraftRequest {
+                seq: SeqId(0),
+                tokens: &a2,
+                max_drafts: 2,
+            }],
+            &target,
+        )
         .unwrap();
     assert!(!again[0].is_empty());
     assert!(d
-        .propose(&[DraftRequest {
-            seq: SeqId(1),
-            tokens: &b2,
-            max_drafts: 1
-        }], &target)
+        .propose(
+            &[DraftRequest {
+                seq: SeqId(1),
+                tokens: &b2,
+                max_drafts: 1
+            }],
+            &target
+        )
         .is_ok());
 }
 

@@ -40,6 +40,13 @@ pub(crate) enum Op {
         in_place: bool,
     },
     SiluMul(SiluMulInputs),
+    /// `unshard_columns` of `[shards, rows, cols]` values (a pure copy).
+    UnshardColumns {
+        values: Vec<f32>,
+        shards: usize,
+        rows: usize,
+        cols: usize,
+    },
     Matmul {
         inputs: MatmulInputs,
         out_f32: bool,
@@ -123,6 +130,20 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                     },
                 );
             }
+        }
+        // EAGLE's side-by-side hidden states (2 or 3 blocks), a vocabulary shard's logits.
+        for (shards, rows, cols) in [(2, 5, 64), (3, 7, 33), (4, 1, 250)] {
+            push(
+                "unshard_columns".into(),
+                format!("shards={shards} rows={rows} cols={cols}"),
+                dtype,
+                Op::UnshardColumns {
+                    values: normal(rng, shards * rows * cols, 1.0),
+                    shards,
+                    rows,
+                    cols,
+                },
+            );
         }
         for (n, inter) in [(5, 100), (1, 257)] {
             let inputs = SiluMulInputs::random(rng, n, inter);
@@ -502,6 +523,17 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             }
             r
         }
+        Op::UnshardColumns {
+            values,
+            shards,
+            rows,
+            cols,
+        } => {
+            let src = f(values, &[*shards, *rows, *cols])?;
+            let out = fresh(dt, &[*rows, shards * cols])?;
+            b.unshard_columns(&src, &out)?;
+            vec![floats("out", download_f64(b, &out)?, OpClass::Copy)]
+        }
         Op::SiluMul(i) => {
             let gu = f(&i.gate_up, &[i.n, 2 * i.inter])?;
             let out = fresh(dt, &[i.n, i.inter])?;
@@ -700,6 +732,22 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             reference::silu_mul(&q(&i.gate_up), i.inter),
             OpClass::Pointwise,
         )],
+        Op::UnshardColumns {
+            values,
+            shards,
+            rows,
+            cols,
+        } => {
+            let v = q(values);
+            let mut out = Vec::with_capacity(v.len());
+            for r in 0..*rows {
+                for k in 0..*shards {
+                    let at = (k * rows + r) * cols;
+                    out.extend_from_slice(&v[at..at + cols]);
+                }
+            }
+            vec![floats("out", out, OpClass::Copy)]
+        }
         Op::Matmul { inputs: i, .. } => {
             let bias = i.bias.as_ref().map(|b| q(b));
             let out = reference::matmul(&q(&i.x), &i.w_values(dt), bias.as_deref(), i.m, i.n, i.k);

@@ -669,7 +669,10 @@ impl ModelConfig {
 
     /// This parsed config as an EAGLE-3 head (`eagle`, and the draft vocabulary that
     /// becomes `vocab_size`); an error text when its shape is not one encore runs.
-    fn into_eagle(self, (eagle, draft_vocab): (EagleConfig, usize)) -> std::result::Result<Self, String> {
+    fn into_eagle(
+        self,
+        (eagle, draft_vocab): (EagleConfig, usize),
+    ) -> std::result::Result<Self, String> {
         if self.num_layers != 1 {
             return Err(format!(
                 "an EAGLE-3 head of {} layers (num_hidden_layers): encore runs heads of one layer",
@@ -677,9 +680,7 @@ impl ModelConfig {
             ));
         }
         if self.moe.is_some() || self.sliding_window.is_some() || self.tie_word_embeddings {
-            return Err(
-                "an EAGLE-3 head with experts, a sliding window or tied embeddings".into(),
-            );
+            return Err("an EAGLE-3 head with experts, a sliding window or tied embeddings".into());
         }
         Ok(ModelConfig {
             vocab_size: draft_vocab,
@@ -1157,7 +1158,11 @@ fn parse_eagle(f: &Fields<'_>) -> Result<Option<(EagleConfig, usize)>> {
     let Some(names) = f.get("architectures").and_then(Value::as_array) else {
         return Ok(None);
     };
-    if !names.iter().filter_map(Value::as_str).any(|n| n.contains("Eagle3")) {
+    if !names
+        .iter()
+        .filter_map(Value::as_str)
+        .any(|n| n.contains("Eagle3"))
+    {
         return Ok(None);
     }
     let target_vocab = f.positive("vocab_size")?;
@@ -1215,9 +1220,11 @@ fn parse_eagle(f: &Fields<'_>) -> Result<Option<(EagleConfig, usize)>> {
 /// (`LlamaForCausalLMEagle3`) is a Llama layer.
 fn parse_arch(f: &Fields<'_>) -> Result<Arch> {
     if let Some(v) = f.get("architectures") {
-        let eagle = v
-            .as_array()
-            .is_some_and(|a| a.iter().filter_map(Value::as_str).any(|n| n.contains("Eagle3")));
+        let eagle = v.as_array().is_some_and(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .any(|n| n.contains("Eagle3"))
+        });
         if eagle {
             return Ok(Arch::Llama);
         }

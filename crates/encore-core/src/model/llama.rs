@@ -231,7 +231,10 @@ impl Model {
         seqs: usize,
     ) -> Result<()> {
         let Some(e) = &self.cfg.eagle else {
-            return Err(Error::invalid("enable_eagle", "the model is not an EAGLE head"));
+            return Err(Error::invalid(
+                "enable_eagle",
+                "the model is not an EAGLE head",
+            ));
         };
         let h = self.cfg.hidden_size;
         let want = [e.target_vocab, h];

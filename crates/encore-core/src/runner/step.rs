@@ -12,9 +12,9 @@ use crate::tensor::DType;
 
 use super::group::{Cmd, Exec};
 use super::pack::{Packer, StepViews};
-use super::TokenRows;
 use super::policy::Plan;
 use super::sampling::{SampleBuffers, Sampled, StepSampling};
+use super::TokenRows;
 use super::{FillMasks, Parts, Runner, Score, SeqStep, Seqs};
 use crate::request::TokenLogprobs;
 

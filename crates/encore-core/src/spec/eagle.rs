@@ -116,7 +116,9 @@ impl Eagle {
             None if self.d2t.is_empty() => d as i64,
             None => return None,
         };
-        u32::try_from(t).ok().filter(|&t| (t as usize) < self.target_vocab)
+        u32::try_from(t)
+            .ok()
+            .filter(|&t| (t as usize) < self.target_vocab)
     }
 
     /// Upload the gather's row ids.
@@ -257,8 +259,8 @@ impl Drafter<'_> {
                 .take_while(|(a, b)| a == b)
                 .count();
             let covered = cover(r.seq).map(|t| (t.position, t.position + t.len));
-            drafting[i] = r.max_drafts > 0
-                && covered.is_some_and(|(s, e)| s <= len - 2 && len - 2 < e);
+            drafting[i] =
+                r.max_drafts > 0 && covered.is_some_and(|(s, e)| s <= len - 2 && len - 2 < e);
             let keep = if drafting[i] {
                 same.min(len - 2)
             } else {
@@ -359,7 +361,8 @@ impl Drafter<'_> {
                     break;
                 }
                 let Some(&b) = prev.get(&i) else { continue };
-                if drafts[i].len() < reqs[i].max_drafts && self.seqs.blocks.can_append(reqs[i].seq, 1)
+                if drafts[i].len() < reqs[i].max_drafts
+                    && self.seqs.blocks.can_append(reqs[i].seq, 1)
                 {
                     self.seqs.blocks.append(reqs[i].seq, 1)?;
                     round.push(i);
