@@ -442,7 +442,7 @@ fn stop_strings_end_generate_text_before_them() {
     assert!(err.contains("--stop"), "{err}");
 }
 
-/// `--speculative-method ngram` and `draft` generate what decoding token by token
+/// `--speculative-method ngram`, `draft` and `eagle3` generate what decoding token by token
 /// generates, greedy and sampled, in graph mode (verify steps replayed from their graphs)
 /// and eagerly; bad speculative flags (a draft model of another vocabulary among them)
 /// are refused naming them.
@@ -490,13 +490,20 @@ fn ngram_speculation_generates_the_same_tokens() {
         "--draft-model",
         "dummy:tiny-llama3",
     ];
+    // A random EAGLE-3 head shaped for the target.
+    let eagle = [
+        "--speculative-method",
+        "eagle3",
+        "--draft-model",
+        "dummy:eagle3",
+    ];
     for sampling in [
         &["--temperature", "0"][..],
         &["--temperature", "0.9", "--seed", "5"],
     ] {
         for mode in [&[][..], &["--eager"]] {
             let plain = run(&[sampling, mode].concat());
-            for spec in [&ngram[..], &draft, &other] {
+            for spec in [&ngram[..], &draft, &other, &eagle] {
                 let fast = run(&[sampling, mode, spec].concat());
                 assert_eq!(plain, fast, "{sampling:?} {mode:?} {spec:?}");
             }
@@ -525,11 +532,47 @@ fn ngram_speculation_generates_the_same_tokens() {
         .unwrap_or_else(|| panic!("no speculative line: {err}"));
     let kept = line.split(", ").find(|p| p.ends_with("(100.0%)"));
     assert!(kept.is_some(), "{line}");
+    let head = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../encore-core/tests/data/eagle/head"
+    );
     for (args, want) in [
-        (&["--speculative-method", "eagle3"][..], "not built yet"),
+        (
+            &["--speculative-method", "eagle3"][..],
+            "--speculative-method eagle3 needs --draft-model",
+        ),
         (
             &["--speculative-method", "medusa"],
-            "expected ngram or draft",
+            "expected ngram, draft or eagle3",
+        ),
+        (
+            &[
+                "--speculative-method",
+                "eagle3",
+                "--draft-model",
+                "dummy:tiny",
+            ],
+            "not an EAGLE-3 head",
+        ),
+        (
+            &["--speculative-method", "draft", "--draft-model", head],
+            "use --speculative-method eagle3",
+        ),
+        // The reference head was made for a target of 211 tokens.
+        (
+            &["--speculative-method", "eagle3", "--draft-model", head],
+            "vocabulary of 211 tokens",
+        ),
+        (
+            &[
+                "--speculative-method",
+                "eagle3",
+                "--draft-model",
+                "dummy:eagle3",
+                "-t",
+                "2",
+            ],
+            "a draft model runs on one device",
         ),
         (&["--speculative-method", "draft"], "needs --draft-model"),
         (&["--draft-model", "dummy:tiny"], "--speculative-method"),
