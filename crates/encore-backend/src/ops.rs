@@ -546,6 +546,35 @@ pub fn logit_bias_ref(logits: &mut [f32], vocab: usize, ids: &[i32], vals: &[f32
     }
 }
 
+/// Checks [`crate::backend::Backend::penalty_count`]'s arguments; `(slots, vocab, n)`.
+pub fn check_penalty_count(
+    counts: &Tensor,
+    slots: &Tensor,
+    tokens: &Tensor,
+) -> Result<(usize, usize, usize)> {
+    const OP: &str = "penalty_count";
+    check_dtype(OP, "counts", counts, &[DType::I32])?;
+    check_rank(OP, "counts", counts, 2, "[slots, vocab]")?;
+    check_dtype(OP, "slots", slots, &[DType::I32])?;
+    check_rank(OP, "slots", slots, 1, "[n]")?;
+    let n = slots.dim(0);
+    check_dtype(OP, "tokens", tokens, &[DType::I32])?;
+    check_shape(OP, "tokens", tokens, &[n], "[n] like slots")?;
+    Ok((counts.dim(0), counts.dim(1), n))
+}
+
+/// The reference [`crate::backend::Backend::penalty_count`] on host slices: one after the
+/// other, `counts[slots[i] * vocab + tokens[i]] += 1` (wrapping) where both are in range.
+pub fn penalty_count_ref(counts: &mut [i32], vocab: usize, slots: &[i32], tokens: &[i32]) {
+    let rows = counts.len() / vocab.max(1);
+    for (&s, &t) in slots.iter().zip(tokens) {
+        if s >= 0 && (s as usize) < rows && t >= 0 && (t as usize) < vocab {
+            let c = &mut counts[s as usize * vocab + t as usize];
+            *c = c.wrapping_add(1);
+        }
+    }
+}
+
 pub fn check_copy(src: &Tensor, dst: &Tensor) -> Result<()> {
     if src.size_bytes() != dst.size_bytes() {
         return Err(Error::Shape {

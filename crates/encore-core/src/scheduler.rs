@@ -44,8 +44,8 @@ pub struct SchedulerConfig {
     /// Reuse cached full KV blocks of earlier sequences with the same prefix (see the
     /// module docs); off, every request computes all its tokens.
     pub prefix_cache: bool,
-    /// Speculative decoding: a decoding sequence whose sampling allows it (no penalties;
-    /// its logit bias applies to every verify row) gets drafts from the proposer (n-grams of its own tokens,
+    /// Speculative decoding: a decoding sequence (its logit bias and penalties apply to
+    /// every verify row; with penalties, as many drafts as free penalty slots) gets drafts from the proposer (n-grams of its own tokens,
     /// [`crate::spec::ngram`], or a draft model, [`crate::spec::draft`], which
     /// [`Scheduler::step_with`] is given; under a constraint, the tokens it forces or the
     /// proposals it allows), and a verify step samples after each ([`SeqStep::verify`]); each draft equal to the target's sample there is kept, then
@@ -204,7 +204,6 @@ impl Seq {
         let eligible = self.drafts == 0
             && self.backoff.pause == 0
             && self.tokens.len() == self.computed + 1
-            && !p.sampling.has_penalties()
             && !self.scoring();
         if !eligible {
             return 0;
@@ -451,6 +450,11 @@ impl Scheduler {
         &self.seqs.blocks
     }
 
+    /// Penalty slots free now (of the runner's `penalty_slots`).
+    pub fn free_penalty_slots(&self) -> usize {
+        self.seqs.free_penalty_slots()
+    }
+
     /// The live sequences' KV blocks and penalty slots.
     pub fn seqs(&self) -> &Seqs {
         &self.seqs
@@ -551,6 +555,9 @@ impl Scheduler {
             .cfg
             .speculative
             .filter(|_| limit == 0 || self.running.len() <= limit);
+        // A speculating sequence with penalties takes a scratch penalty slot per draft
+        // for its step (`Seqs::penalty_fork`): reserved here, taken when it is packed.
+        let mut reserved = 0usize;
         let mut drafted = match (speculative, drafter) {
             (Some(Proposer::Draft { k }), Some(d)) => {
                 self.run_drafter(d, runner, k, max_rows, max_seq_len)?
@@ -559,8 +566,13 @@ impl Scheduler {
         };
         while i < self.running.len() && budget > 0 && rows < max_rows {
             if let Some(p) = speculative {
+                let spare = self.seqs.free_penalty_slots().saturating_sub(reserved);
                 let s = &mut self.running[i];
-                let cap = s.draft_cap(p.k(), budget, max_rows - rows, max_seq_len);
+                let mut cap = s.draft_cap(p.k(), budget, max_rows - rows, max_seq_len);
+                let penalties = s.req.params.sampling.has_penalties();
+                if penalties {
+                    cap = cap.min(spare);
+                }
                 if cap > 0 {
                     let drafts = match p {
                         Proposer::Ngram(cfg) => {
@@ -571,6 +583,10 @@ impl Scheduler {
                     };
                     s.add_drafts(drafts, cap);
                 }
+            }
+            let s = &self.running[i];
+            if s.drafts > 0 && s.req.params.sampling.has_penalties() {
+                reserved += s.drafts;
             }
             let s = &self.running[i];
             let take = (s.tokens.len() - s.computed)
@@ -629,7 +645,7 @@ impl Scheduler {
                 .seqs
                 .blocks
                 .can_allocate_with_prefix(&hit, cached + take)
-                || (penalties && self.seqs.free_penalty_slots() == 0)
+                || (penalties && self.seqs.free_penalty_slots() <= reserved)
             {
                 break;
             }

@@ -220,6 +220,9 @@ impl Backend for Faulty {
     fn logit_bias(&self, logits: &Tensor, bias: &LogitBias<'_>) -> Result<()> {
         self.inner.logit_bias(logits, bias)
     }
+    fn penalty_count(&self, counts: &Tensor, slots: &Tensor, tokens: &Tensor) -> Result<()> {
+        self.inner.penalty_count(counts, slots, tokens)
+    }
     fn begin_capture(&self) -> Result<()> {
         match self.fault {
             Fault::ReplayIsNoop => {

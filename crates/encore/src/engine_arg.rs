@@ -73,9 +73,9 @@ pub struct EngineArgs {
     /// greedy tokens, --draft-model) or eagle3 (an EAGLE-3 head's greedy tokens,
     /// --draft-model: a one-layer head reading the target's hidden states), verified by
     /// the target in one step replayed from its verify graph; the output is the one decoding token by token gives (up to the
-    /// rounding differences between a multi-token step and a decode step). Requests with
-    /// penalties decode as usual; under a grammar the drafts are the tokens
-    /// it forces or the proposals it allows.
+    /// rounding differences between a multi-token step and a decode step). Penalties
+    /// apply to every verify row; under a grammar the drafts are the tokens it forces or
+    /// the proposals it allows.
     #[arg(long, value_name = "ngram|draft|eagle3", value_parser = speculative_method)]
     pub speculative_method: Option<String>,
     /// The draft model of --speculative-method draft (a Hugging Face directory, a .gguf

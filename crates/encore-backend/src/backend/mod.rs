@@ -278,6 +278,13 @@ pub trait Backend: Send + Sync {
     /// [`LogitBias`]. Capturable.
     fn logit_bias(&self, logits: &Tensor, bias: &LogitBias<'_>) -> Result<()>;
 
+    /// Count tokens into a penalty table (see [`Penalties`]): for each `i` in order,
+    /// `counts[slots[i], tokens[i]] += 1` (an output occurrence, wrapping), skipping a pair
+    /// outside the table. counts i32 `[slots, vocab]`, slots and tokens i32 `[n]`.
+    /// Capturable. (Speculative decoding counts a row's drafts into a copy of its
+    /// sequence's row.)
+    fn penalty_count(&self, counts: &Tensor, slots: &Tensor, tokens: &Tensor) -> Result<()>;
+
     /// This backend's place in its tensor-parallel group, `(rank, size)`: `(0, 1)` for a
     /// backend opened alone. The group's backends are opened together
     /// ([`crate::device::open_group`]); each rank runs its collectives from its own thread.

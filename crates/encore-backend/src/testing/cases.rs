@@ -40,6 +40,14 @@ pub(crate) enum Op {
         in_place: bool,
     },
     SiluMul(SiluMulInputs),
+    /// `penalty_count` into a `[rows, vocab]` table (repeated and out-of-table pairs
+    /// among them).
+    PenaltyCount {
+        counts: Vec<i32>,
+        vocab: usize,
+        slots: Vec<i32>,
+        tokens: Vec<i32>,
+    },
     /// `unshard_columns` of `[shards, rows, cols]` values (a pure copy).
     UnshardColumns {
         values: Vec<f32>,
@@ -130,6 +138,36 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                     },
                 );
             }
+        }
+        // Speculative decoding's draft counts: pairs repeat, and some fall outside.
+        if dtype == DType::F32 {
+            use rand::Rng;
+            let (rows, vocab) = (6usize, 301usize);
+            let counts: Vec<i32> = (0..rows * vocab)
+                .map(|_| rng.random_range(0..4) | if rng.random_bool(0.2) { 1 << 30 } else { 0 })
+                .collect();
+            let n = 40;
+            let mut slots: Vec<i32> = (0..n)
+                .map(|_| rng.random_range(-1..rows as i32 + 1))
+                .collect();
+            let mut tokens: Vec<i32> = (0..n)
+                .map(|_| rng.random_range(-2..vocab as i32 + 2))
+                .collect();
+            slots[1] = slots[0].max(0);
+            tokens[1] = tokens[0].clamp(0, vocab as i32 - 1);
+            slots[0] = slots[1];
+            tokens[0] = tokens[1];
+            push(
+                "penalty_count".into(),
+                format!("slots={rows} vocab={vocab} n={n}"),
+                DType::I32,
+                Op::PenaltyCount {
+                    counts,
+                    vocab,
+                    slots,
+                    tokens,
+                },
+            );
         }
         // EAGLE's side-by-side hidden states (2 or 3 blocks), a vocabulary shard's logits.
         for (shards, rows, cols) in [(2, 5, 64), (3, 7, 33), (4, 1, 250)] {
@@ -523,6 +561,24 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             }
             r
         }
+        Op::PenaltyCount {
+            counts,
+            vocab,
+            slots,
+            tokens,
+        } => {
+            let table = b.upload(counts, &[counts.len() / vocab, *vocab])?;
+            let s = b.upload(slots, &[slots.len()])?;
+            let t = b.upload(tokens, &[tokens.len()])?;
+            b.penalty_count(&table, &s, &t)?;
+            let ids = b.download::<i32>(&table)?;
+            let greedy = vec![true; ids.len()];
+            vec![Output::Tokens {
+                name: "counts",
+                ids,
+                greedy,
+            }]
+        }
         Op::UnshardColumns {
             values,
             shards,
@@ -732,6 +788,21 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             reference::silu_mul(&q(&i.gate_up), i.inter),
             OpClass::Pointwise,
         )],
+        Op::PenaltyCount {
+            counts,
+            vocab,
+            slots,
+            tokens,
+        } => {
+            let mut ids = counts.clone();
+            crate::ops::penalty_count_ref(&mut ids, *vocab, slots, tokens);
+            let greedy = vec![true; ids.len()];
+            vec![Output::Tokens {
+                name: "counts",
+                ids,
+                greedy,
+            }]
+        }
         Op::UnshardColumns {
             values,
             shards,

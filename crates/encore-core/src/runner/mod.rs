@@ -74,9 +74,12 @@ pub struct SeqStep<'a> {
     /// of verify chunks and decode rows replays its bucket's verify graph), sampled with
     /// this sequence's sampling, its logit bias and the seed of the token it samples (so
     /// its sample is the one decoding token by token would draw there), in
-    /// [`Sampled::verified`] (with their log-probabilities where asked). Needs no
-    /// penalties or score: those depend on the tokens before, which a draft may change. A
-    /// masked verify chunk has a mask per row (see [`FillMasks`]).
+    /// [`Sampled::verified`] (with their log-probabilities where asked). With penalties,
+    /// each row samples with the sequence's counts and the drafts before it counted (a
+    /// scratch penalty slot per draft, [`Seqs`]), and after the step the sequence's row
+    /// is that of its last kept sample (the samples up to the first that differs from
+    /// its draft). No score. A masked verify chunk has a mask per row (see
+    /// [`FillMasks`]).
     pub verify: bool,
 }
 

@@ -9,6 +9,7 @@ use crate::kv::NULL_BLOCK;
 use crate::request::MAX_LOGIT_BIAS;
 
 use super::sampling::mix_seed;
+use super::seqs::PenaltyFork;
 use super::{SeqStep, Seqs};
 
 crate::step_inputs! {
@@ -94,6 +95,9 @@ pub(super) struct Packer<'b> {
     pub table: InputTable,
     /// Blocks per block-table row.
     pub table_width: usize,
+    /// The last pack's verify chunks with penalties: their rows' penalty slots, which the
+    /// step prepares before it samples ([`super::Runner::prepare_forks`]).
+    pub forks: Vec<PenaltyFork>,
 }
 
 impl<'b> Packer<'b> {
@@ -109,6 +113,7 @@ impl<'b> Packer<'b> {
             be,
             table: InputTable::new(be, StepViews::FIELDS, max_tokens, max_seqs, table_width)?,
             table_width,
+            forks: Vec::new(),
         })
     }
 
@@ -144,6 +149,9 @@ impl<'b> Packer<'b> {
     ) -> Result<()> {
         let first_extra = first_extra.max(batch.len());
         let w = self.table_width;
+        self.forks.clear();
+        // Per batch index, its verify chunk's penalty rows (an index into `forks`).
+        let mut fork_of: Vec<Option<usize>> = vec![None; batch.len()];
         let h = StepHost::of(&mut self.table, layout)?;
         h.cu_seqlens_q[0] = 0;
         let mut t = 0usize;
@@ -195,7 +203,14 @@ impl<'b> Packer<'b> {
             h.bias_n[i] = s.logit_bias.len().min(MAX_LOGIT_BIAS) as i32;
             h.pen_slot[i] = -1;
             if penalties && sp.has_penalties() {
-                if let Some(slot) = seqs.penalty_slot_for_step(s.seq, total)? {
+                if s.verify && s.tokens.len() > 1 {
+                    // The row after the last draft samples with the last scratch row.
+                    let drafts = &s.tokens[1..];
+                    let f = seqs.penalty_fork(s.seq, total - drafts.len(), drafts)?;
+                    h.pen_slot[i] = *f.fork.last().expect("a draft") as i32;
+                    fork_of[i] = Some(self.forks.len());
+                    self.forks.push(f);
+                } else if let Some(slot) = seqs.penalty_slot_for_step(s.seq, total)? {
                     h.pen_slot[i] = slot as i32;
                 }
             }
@@ -224,10 +239,16 @@ impl<'b> Packer<'b> {
                 // Verify rows: a row per token before the last, sampled as the sequence's
                 // own row would be there (its sampling, the seed of the token it samples).
                 let sp = &s.sampling;
-                if sp.has_penalties() {
+                // With penalties, row j samples with the sequence's slot (j = 0) or the
+                // scratch row holding drafts 1..=j.
+                let fork = fork_of[i].map(|f| &self.forks[f]);
+                if sp.has_penalties() && fork.is_none() {
                     return Err(Error::invalid(
                         "runner.step",
-                        format!("sequence {}: a verify step takes no penalties", s.seq),
+                        format!(
+                            "sequence {}: a verify step with penalties needs its penalty rows",
+                            s.seq
+                        ),
                     ));
                 }
                 let first = h.cu_seqlens_q[i];
@@ -248,14 +269,18 @@ impl<'b> Packer<'b> {
                     h.top_p[row] = sp.top_p;
                     h.min_p[row] = sp.min_p;
                     h.seeds[row] = mix_seed(sp.seed, (start + j + 1) as u64) as i64;
-                    h.repetition[row] = 1.0;
-                    h.frequency[row] = 0.0;
-                    h.presence[row] = 0.0;
+                    h.repetition[row] = sp.repetition_penalty;
+                    h.frequency[row] = sp.frequency_penalty;
+                    h.presence[row] = sp.presence_penalty;
                     h.num_logprobs[row] =
                         sp.logprobs.map_or(-1, |n| n.min(MAX_TOP_LOGPROBS) as i32);
                     h.mask_on[row] = s.masked as i32;
                     h.bias_n[row] = s.logit_bias.len().min(MAX_LOGIT_BIAS) as i32;
-                    h.pen_slot[row] = -1;
+                    h.pen_slot[row] = match fork {
+                        Some(f) if j == 0 => f.slot as i32,
+                        Some(f) => f.fork[j - 1] as i32,
+                        None => -1,
+                    };
                     h.lp_target[row] = -1;
                     row += 1;
                 }

@@ -11,6 +11,7 @@ use crate::request::MAX_LOGIT_BIAS;
 use crate::tensor::{DType, Tensor};
 
 use super::pack::{Packer, StepViews};
+use super::seqs::PenaltyFork;
 use super::{FillMasks, SeqStep};
 use crate::request::TokenLogprobs;
 
@@ -68,8 +69,15 @@ pub(super) struct SampleBuffers {
     bias_ids: Tensor,
     bias_vals: Tensor,
     bias_staging: [HostStaging; 2],
+    /// The (slot, token) pairs a verify step's penalty forks count, i32
+    /// `[max_seqs * FORK_PAIRS]` each (see [`SampleBuffers::fork_penalties`]).
+    fork_slots: Tensor,
+    fork_tokens: Tensor,
     vocab: usize,
 }
+
+/// Draft counts one sequence's penalty fork may need: drafts `1..=j` for each `j <= 16`.
+const FORK_PAIRS: usize = 16 * 17 / 2;
 
 /// [`SampleBuffers`] cut to one step's rows, for the step's sampling call.
 pub(super) struct StepSampling<'a> {
@@ -107,6 +115,8 @@ impl SampleBuffers {
                 be.alloc_staging(max_seqs * MAX_LOGIT_BIAS * 4)?,
                 be.alloc_staging(max_seqs * MAX_LOGIT_BIAS * 4)?,
             ],
+            fork_slots: be.alloc(DType::I32, &[max_seqs * FORK_PAIRS])?,
+            fork_tokens: be.alloc(DType::I32, &[max_seqs * FORK_PAIRS])?,
             vocab,
         })
     }
@@ -114,8 +124,9 @@ impl SampleBuffers {
     /// Device bytes of a runner's sampling buffers (sampled tokens, log-probabilities and
     /// the penalty table), for a memory estimate.
     pub fn bytes_for(max_seqs: usize, penalty_slots: usize, vocab: usize) -> usize {
-        max_seqs.saturating_mul(2 + 2 * MAX_TOP_LOGPROBS + mask_words(vocab) + 2 * MAX_LOGIT_BIAS)
-            * 4
+        max_seqs.saturating_mul(
+            2 + 2 * MAX_TOP_LOGPROBS + mask_words(vocab) + 2 * MAX_LOGIT_BIAS + 2 * FORK_PAIRS,
+        ) * 4
             + penalty_slots.saturating_mul(vocab).saturating_mul(4)
     }
 
@@ -239,6 +250,50 @@ impl SampleBuffers {
             }
         }
         Ok(row)
+    }
+
+    /// Before a step that samples verify chunks with penalties (outside any capture): each
+    /// fork's scratch row `j` becomes a copy of its sequence's row with drafts `1..=j + 1`
+    /// counted.
+    pub fn fork_penalties(&self, be: &dyn Backend, forks: &[PenaltyFork]) -> Result<()> {
+        if forks.is_empty() {
+            return Ok(());
+        }
+        let counts = self
+            .pen_counts
+            .as_ref()
+            .ok_or_else(|| Error::invalid("runner.penalties", "the runner has no penalty table"))?;
+        let (mut slots, mut tokens) = (Vec::new(), Vec::new());
+        for f in forks {
+            let row = counts.narrow(f.slot, 1)?;
+            for (j, &dst) in f.fork.iter().enumerate() {
+                be.copy(&row, &counts.narrow(dst, 1)?)?;
+                for &d in &f.drafts[..=j] {
+                    slots.push(dst as i32);
+                    tokens.push(d as i32);
+                }
+            }
+        }
+        let n = slots.len();
+        if n > self.fork_slots.numel() {
+            return Err(Error::invalid(
+                "runner.penalties",
+                format!("{n} draft counts exceed {}", self.fork_slots.numel()),
+            ));
+        }
+        let (s, t) = (self.fork_slots.prefix(n)?, self.fork_tokens.prefix(n)?);
+        be.write_bytes(&s, bytemuck::cast_slice(&slots))?;
+        be.write_bytes(&t, bytemuck::cast_slice(&tokens))?;
+        be.penalty_count(counts, &s, &t)
+    }
+
+    /// Copy penalty row `from` over row `to` (a verify step's last kept sample's scratch
+    /// row over its sequence's).
+    pub fn copy_penalty_row(&self, be: &dyn Backend, from: usize, to: usize) -> Result<()> {
+        let Some(counts) = &self.pen_counts else {
+            return Ok(());
+        };
+        be.copy(&counts.narrow(from, 1)?, &counts.narrow(to, 1)?)
     }
 
     /// Write `row` into penalty slot `slot` of the table, outside any step.

@@ -27,9 +27,23 @@ struct PenaltySlots {
 
 /// A sequence's penalty row, and the length the sequence has when a step samples the
 /// token it keeps (a step ending short of it is a prompt chunk whose sample is dropped).
+/// A verify step in flight also holds `fork`: a scratch row per draft, the sequence's
+/// row with the drafts up to it counted (see [`Seqs::penalty_fork`]).
 struct PenaltySeq {
     slot: usize,
     len: usize,
+    fork: Vec<usize>,
+}
+
+/// A verify chunk's penalty rows ([`Seqs::penalty_fork`]): its first row samples with the
+/// sequence's `slot`; the row after draft `j` (1-based) with `fork[j - 1]`, which the step
+/// must first make a copy of `slot` with drafts `1..=j` counted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PenaltyFork {
+    pub seq: SeqId,
+    pub slot: usize,
+    pub fork: Vec<usize>,
+    pub drafts: Vec<u32>,
 }
 
 impl Seqs {
@@ -92,17 +106,88 @@ impl Seqs {
             PenaltySeq {
                 slot,
                 len: prompt.len() + output.len(),
+                fork: Vec::new(),
             },
         );
         Ok(true)
     }
 
     /// Free `seq`'s penalty slot, if it holds one (when it finishes, is aborted or
-    /// preempted).
+    /// preempted), and the scratch rows of a verify step it had in flight.
     pub fn end_penalties(&mut self, seq: SeqId) {
         if let Some(p) = self.penalties.held.remove(&seq) {
             self.penalties.free.push(p.slot);
+            self.penalties.free.extend(p.fork);
         }
+    }
+
+    /// A verify chunk of `seq` holding `drafts` after its last kept token, whose first
+    /// row samples when the sequence has `first_total` tokens (its decode row's place):
+    /// the rows each of its samples reads and counts into ([`PenaltyFork`]), a scratch
+    /// slot per draft taken until [`Seqs::penalty_join`]. An error when `seq` holds no
+    /// slot, the chunk does not start where the sequence samples next, or too few slots
+    /// are free.
+    pub(super) fn penalty_fork(
+        &mut self,
+        seq: SeqId,
+        first_total: usize,
+        drafts: &[u32],
+    ) -> Result<PenaltyFork> {
+        let p = &mut self.penalties;
+        let held = p.held.get_mut(&seq).ok_or_else(|| {
+            Error::invalid(
+                "runner.step",
+                format!("sequence {seq}: a verify chunk with penalties but no penalty slot"),
+            )
+        })?;
+        // A step that failed left its scratch rows.
+        p.free.append(&mut held.fork);
+        if first_total != held.len {
+            return Err(Error::invalid(
+                "runner.step",
+                format!(
+                    "sequence {seq}: a verify chunk sampling first at {first_total} tokens, the sequence samples next at {}",
+                    held.len
+                ),
+            ));
+        }
+        if p.free.len() < drafts.len() {
+            return Err(Error::invalid(
+                "runner.step",
+                format!(
+                    "sequence {seq}: {} drafts with penalties need as many free penalty slots, {} are",
+                    drafts.len(),
+                    p.free.len()
+                ),
+            ));
+        }
+        let at = p.free.len() - drafts.len();
+        held.fork = p.free.split_off(at);
+        Ok(PenaltyFork {
+            seq,
+            slot: held.slot,
+            fork: held.fork.clone(),
+            drafts: drafts.to_vec(),
+        })
+    }
+
+    /// After a verify step of `seq` ([`Seqs::penalty_fork`]) of which the first `kept`
+    /// samples are the sequence's (the drafts kept, then the target's token): its scratch
+    /// slots are free again, the sequence advances by `kept` tokens, and `Some((from,
+    /// to))` says that the caller must copy row `from` (the last kept sample's, which
+    /// counted it) over the sequence's row `to`. `None` for a sequence with no fork.
+    pub(super) fn penalty_join(&mut self, seq: SeqId, kept: usize) -> Option<(usize, usize)> {
+        let p = &mut self.penalties;
+        let held = p.held.get_mut(&seq)?;
+        if held.fork.is_empty() {
+            return None;
+        }
+        let fork = std::mem::take(&mut held.fork);
+        held.len += kept;
+        let last = kept.clamp(1, fork.len() + 1) - 1;
+        let copy = (last > 0).then(|| (fork[last - 1], held.slot));
+        p.free.extend(fork);
+        copy
     }
 
     /// Penalty slots free now.

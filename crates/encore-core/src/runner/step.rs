@@ -395,6 +395,7 @@ impl Runner<'_> {
         if d == 0 {
             let out = self.run_sorted(seqs, batch, keep_logits, decode_only, 0, fill)?;
             self.last_rows = rows;
+            self.join_forks(seqs, batch, &out)?;
             return Ok(out);
         }
         let sorted: Vec<SeqStep<'_>> = order.iter().map(|&i| batch[i]).collect();
@@ -445,7 +446,41 @@ impl Runner<'_> {
                 dst[i * vocab..(i + 1) * vocab].copy_from_slice(&src[k * vocab..(k + 1) * vocab]);
             }
         }
+        self.join_forks(seqs, batch, &out)?;
         Ok(out)
+    }
+
+    /// After a step with verify chunks under penalties ([`Seqs::penalty_fork`]): each
+    /// sequence keeps its samples up to the first that differs from its draft there (and
+    /// that one), so the scratch row of its last kept sample, which counted every kept
+    /// token, becomes its row.
+    fn join_forks(&mut self, seqs: &mut Seqs, batch: &[SeqStep<'_>], out: &StepOut) -> Result<()> {
+        let forks = std::mem::take(&mut self.parts.inputs.forks);
+        for f in forks {
+            let Some(i) = batch.iter().position(|s| s.seq == f.seq) else {
+                continue;
+            };
+            let verified = out.verified.get(i).map_or(&[][..], Vec::as_slice);
+            let kept = 1 + verified
+                .iter()
+                .zip(&f.drafts)
+                .take_while(|(v, d)| v == d)
+                .count();
+            if let Some((from, to)) = seqs.penalty_join(f.seq, kept) {
+                self.parts
+                    .sampling
+                    .copy_penalty_row(self.parts.be, from, to)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Prepare the penalty rows of the step just packed ([`Seqs::penalty_fork`]) before
+    /// its sampling runs.
+    fn prepare_forks(&self) -> Result<()> {
+        self.parts
+            .sampling
+            .fork_penalties(self.parts.be, &self.parts.inputs.forks)
     }
 
     /// [`Runner::run`] over a batch whose first `d` sequences are the decode rows of a
@@ -494,6 +529,7 @@ impl Runner<'_> {
             self.parts
                 .inputs
                 .pack(seqs, batch, &layout, rows, d, true, b)?;
+            self.prepare_forks()?;
             self.parts.sampling.write_bias(be, batch, b)?;
             let mut shape = StepShape::whole(b, decode_only, d).with_rows(rows);
             if fill.is_some() {
@@ -541,6 +577,7 @@ impl Runner<'_> {
         self.parts
             .inputs
             .pack(seqs, batch, &layout, read, d, true, first_extra)?;
+        self.prepare_forks()?;
         self.parts.sampling.write_bias(be, batch, first_extra)?;
         let (mut shape, real) = match key.phase {
             Phase::Decode | Phase::DecodeLogits => (StepShape::whole(key.bucket, true, d), b),

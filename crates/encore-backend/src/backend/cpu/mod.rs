@@ -463,6 +463,18 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn penalty_count(&self, counts: &Tensor, slots: &Tensor, tokens: &Tensor) -> Result<()> {
+        let t = [("counts", counts), ("slots", slots), ("tokens", tokens)];
+        check_device("penalty_count", &t)?;
+        let (_, vocab, n) = ops::check_penalty_count(counts, slots, tokens)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (counts, slots, tokens) = (counts.clone(), slots.clone(), tokens.clone());
+        self.submit(move || kernels::penalty_count(&counts, &slots, &tokens, vocab));
+        Ok(())
+    }
+
     fn begin_capture(&self) -> Result<()> {
         if self.rec.capturing.swap(true, Ordering::AcqRel) {
             return Err(Error::Capture(

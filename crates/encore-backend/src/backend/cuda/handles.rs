@@ -164,6 +164,7 @@ pub(super) struct Kernels<K = Kernel> {
     pub fp8_weight_scales: K,
     pub sample_f32: K,
     pub logit_bias_f32: K,
+    pub penalty_count_i32: K,
 }
 
 impl<K> Kernels<K> {
@@ -294,6 +295,7 @@ impl<K> Kernels<K> {
             fp8_weight_scales: t("fp8_weight_scales")?,
             sample_f32: t("sample_f32")?,
             logit_bias_f32: t("logit_bias_f32")?,
+            penalty_count_i32: t("penalty_count_i32")?,
         })
     }
 

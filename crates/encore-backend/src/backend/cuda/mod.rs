@@ -1228,6 +1228,13 @@ impl Backend for CudaBackend {
         kernels::sample(self, logits, p, out, &d)
     }
 
+    fn penalty_count(&self, counts: &Tensor, slots: &Tensor, tokens: &Tensor) -> Result<()> {
+        let t = [("counts", counts), ("slots", slots), ("tokens", tokens)];
+        self.check_device("penalty_count", &t)?;
+        let d = ops::check_penalty_count(counts, slots, tokens)?;
+        kernels::penalty_count(self, counts, slots, tokens, d)
+    }
+
     fn logit_bias(&self, logits: &Tensor, b: &LogitBias<'_>) -> Result<()> {
         let t = [
             ("logits", logits),

@@ -25,7 +25,9 @@ use crate::quant::{self, QuantFormat};
 use crate::tensor::{DType, Tensor};
 
 pub(super) use attention::{attention, AttentionArgs};
-pub(super) use sample::{logit_bias, sample, LogprobArgs, MaskArgs, PenaltyArgs, SampleArgs};
+pub(super) use sample::{
+    logit_bias, penalty_count, sample, LogprobArgs, MaskArgs, PenaltyArgs, SampleArgs,
+};
 
 /// A float element type the kernels compute with (always through f32).
 trait Float: Copy + Send + Sync + 'static {

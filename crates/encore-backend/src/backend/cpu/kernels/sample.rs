@@ -70,6 +70,24 @@ pub(in crate::backend::cpu) fn logit_bias(
     }
 }
 
+/// [`crate::backend::Backend::penalty_count`] (checked by `check_penalty_count`).
+pub(in crate::backend::cpu) fn penalty_count(
+    counts: &Tensor,
+    slots: &Tensor,
+    tokens: &Tensor,
+    vocab: usize,
+) {
+    // SAFETY: dtypes and shapes validated; `counts` overlaps neither of the others.
+    unsafe {
+        crate::ops::penalty_count_ref(
+            view_mut::<i32>(counts),
+            vocab,
+            view::<i32>(slots),
+            view::<i32>(tokens),
+        )
+    }
+}
+
 pub(in crate::backend::cpu) fn sample(a: &SampleArgs) {
     let SampleDims {
         batch,

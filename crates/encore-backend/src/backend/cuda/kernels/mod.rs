@@ -686,7 +686,7 @@ pub(super) const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "sampling.cu",
         src: include_str!("../../../../kernels/sampling.cu"),
-        functions: &["sample_f32", "logit_bias_f32"],
+        functions: &["sample_f32", "logit_bias_f32", "penalty_count_i32"],
     },
 ];
 
@@ -1717,6 +1717,31 @@ pub(super) fn logit_bias(
         &be.kernels().logit_bias_f32,
         c,
         &mut args![l, ids, vals, count, vocab, k],
+    )
+}
+
+pub(super) fn penalty_count(
+    be: &CudaBackend,
+    counts: &Tensor,
+    slots: &Tensor,
+    tokens: &Tensor,
+    (rows, vocab, n): (usize, usize, usize),
+) -> Result<()> {
+    const OP: &str = "penalty_count";
+    if n == 0 {
+        return Ok(());
+    }
+    let c = cfg((1, 1, 1), (32, 1, 1));
+    let (p, s, t) = (dptr(counts), dptr(slots), dptr(tokens));
+    let (n, rows, vocab) = (
+        int(OP, "n", n)?,
+        int(OP, "slots", rows)?,
+        int(OP, "vocab", vocab)?,
+    );
+    be.launch(
+        &be.kernels().penalty_count_i32,
+        c,
+        &mut args![p, s, t, n, rows, vocab],
     )
 }
 
