@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Speculative decoding with penalties on a real model (issue #24): SmolLM2-135M-Instruct's
+# Q4_1 GGUF asked to repeat a paragraph (scripts/gpu-spec-real.sh's prompt and its two-part
+# carry), with a repetition penalty (greedy) and a frequency penalty (sampled, seeded),
+# plain against `--speculative-method ngram --num-speculative-tokens 4`, 1 and 8 prompts.
+# Logs under $OUT.   usage: OUT=... bash scripts/gpu-spec-penalties.sh
+set -uo pipefail
+source "$(dirname "$0")/gpu-spec-env.sh"
+mkdir -p /tmp/sm
+M=/tmp/sm/model.gguf
+if [ ! -f $M ]; then
+  cat /tmp/sm/model.part1 .gpu/sm.part2 >$M || exit 1
+fi
+DOC="A paged KV cache stores the keys and values of every sequence in fixed-size blocks, \
+so that memory is allocated on demand and shared between requests with a common prefix. \
+The scheduler admits a request only when its blocks fit, and preempts the newest request \
+when the cache runs out, recomputing its tokens later. Graph replay keeps the step's \
+launches on the device, so the host only packs the inputs and reads the sampled tokens."
+P="Repeat the following text exactly, word for word: $DOC"
+for pen in rep freq; do
+  case $pen in
+    rep) sampling=(--repetition-penalty 1.1) ;;
+    freq) sampling=(--frequency-penalty 0.2 --temperature 0.7 --seed 7) ;;
+  esac
+  for n in 1 8; do
+    prompts=(); for i in $(seq $n); do prompts+=(--prompt "$P"); done
+    for k in off 4; do
+      spec=(); [ $k != off ] && spec=(--speculative-method ngram --num-speculative-tokens $k)
+      .spec/encore generate --device cuda --model $M --chat --max-tokens 160 --capture-all \
+        "${sampling[@]}" "${spec[@]}" "${prompts[@]}" >"$OUT/$pen-$n-$k.txt" 2>"$OUT/$pen-$n-$k.err"
+      echo "== $pen prompts=$n k=$k rc=$? text md5 $(md5sum <"$OUT/$pen-$n-$k.txt" | cut -c1-8)"
+      grep -E "^summary:|speculative decoding|rror" "$OUT/$pen-$n-$k.err" | tail -2
+    done
+  done
+  head -c 300 "$OUT/$pen-1-off.txt"; echo
+done
