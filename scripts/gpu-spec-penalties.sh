@@ -34,3 +34,16 @@ for pen in rep freq; do
   done
   head -c 300 "$OUT/$pen-1-off.txt"; echo
 done
+# In f32 a verify step's logits round like a decode step's: the greedy ids must be equal
+# (in bf16 a repetition penalty on a copying prompt makes near-ties rounding decides).
+for k in off 4; do
+  spec=(); [ $k != off ] && spec=(--speculative-method ngram --num-speculative-tokens $k)
+  .spec/encore generate --device cuda --model $M --chat --max-tokens 160 --dtype f32 --json \
+    --repetition-penalty 1.1 "${spec[@]}" --prompt "$P" >"$OUT/f32-rep-$k.json" 2>"$OUT/f32-rep-$k.err"
+  grep -E "speculative decoding" "$OUT/f32-rep-$k.err"
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+ids = [json.loads(open(f"{sys.argv[1]}/f32-rep-{k}.json").readline())["output_ids"] for k in ("off", "4")]
+print(f"== f32 repetition penalty, greedy: {len(ids[0])} and {len(ids[1])} ids,", "equal" if ids[0] == ids[1] else "DIFFERENT")
+PY
