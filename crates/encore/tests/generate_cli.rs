@@ -656,7 +656,8 @@ fn ngram_speculation_generates_the_same_tokens() {
 
 /// Speculation over a mixture of experts, under a weight budget (the expert cache and the
 /// layer ring), with quantized weights and over two tensor-parallel ranks generates what
-/// decoding token by token does;
+/// decoding token by token does (n-gram drafts everywhere; an EAGLE-3 head over the MoE
+/// and the quantized model);
 /// and a stop string inside a run of kept drafts ends the text where it ends without
 /// speculation.
 #[test]
@@ -690,6 +691,18 @@ fn speculation_with_moe_offload_quantized_weights_and_stop_strings() {
         let plain = run(model);
         assert_eq!(plain.len(), 1, "{model:?}");
         assert_eq!(run(&[model, &ngram[..]].concat()), plain, "{model:?}");
+        // An EAGLE-3 head reads an MoE's and a quantized model's hidden states alike (it
+        // needs every weight resident and one device).
+        let resident = !model.contains(&"--weight-budget") && !model.contains(&"2");
+        if resident {
+            let eagle = [
+                "--speculative-method",
+                "eagle3",
+                "--draft-model",
+                "dummy:eagle3",
+            ];
+            assert_eq!(run(&[model, &eagle[..]].concat()), plain, "{model:?}");
+        }
     }
     // A stop string taken from the middle of the plain text.
     let plain = run(&["--model", "dummy:tiny"]);
