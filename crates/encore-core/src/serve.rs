@@ -153,6 +153,15 @@ impl EngineHandle {
         // An EAGLE-3 head: a random one takes the target's shape; the target captures
         // the hidden states it reads.
         if let Some(d) = cfg.draft.as_mut() {
+            // Under tensor parallelism a draft model runs on rank 0's device alone (the
+            // target's leader); an EAGLE-3 head would need the whole embedding, which the
+            // ranks split.
+            if d.config.eagle.is_some() && cfg.tp.0.len() > 1 {
+                return Err(Error::invalid(
+                    "--draft-model",
+                    "an EAGLE-3 head shares the target's embedding, which tensor parallelism splits over the ranks: run it on one device",
+                ));
+            }
             if d.config.eagle.is_some() {
                 if let crate::model::weights::WeightSource::Dummy { .. } = d.source {
                     let vocab = model.config.vocab_size.min(DUMMY_DRAFT_VOCAB);
@@ -302,12 +311,6 @@ fn boot_draft<'b>(
     target: &Engine<'_>,
     progress: &dyn Progress,
 ) -> Result<Drafter<'b>> {
-    if cfg.tp.0.len() > 1 {
-        return Err(Error::invalid(
-            "--draft-model",
-            "a draft model runs on one device; tensor parallelism takes none",
-        ));
-    }
     crate::spec::draft::check_pair(&target.runner.model().cfg, &files.config)?;
     if files.config.max_position_embeddings < cfg.max_seq_len {
         return Err(Error::invalid(

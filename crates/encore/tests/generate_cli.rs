@@ -572,7 +572,7 @@ fn ngram_speculation_generates_the_same_tokens() {
                 "-t",
                 "2",
             ],
-            "a draft model runs on one device",
+            "tensor parallelism splits",
         ),
         (&["--speculative-method", "draft"], "needs --draft-model"),
         (&["--draft-model", "dummy:tiny"], "--speculative-method"),
@@ -602,17 +602,6 @@ fn ngram_speculation_generates_the_same_tokens() {
                 "/no/such/model",
             ],
             "--draft-model /no/such/model",
-        ),
-        (
-            &[
-                "--speculative-method",
-                "draft",
-                "--draft-model",
-                "dummy:tiny",
-                "-t",
-                "2",
-            ],
-            "a draft model runs on one device",
         ),
         (&["--num-speculative-tokens", "4"], "--speculative-method"),
         (
@@ -693,6 +682,16 @@ fn speculation_with_moe_offload_quantized_weights_and_stop_strings() {
         assert_eq!(run(&[model, &ngram[..]].concat()), plain, "{model:?}");
         // An EAGLE-3 head reads an MoE's and a quantized model's hidden states alike (it
         // needs every weight resident and one device).
+        // Over two ranks a draft model runs on the first rank's device.
+        if model.contains(&"--tensor-parallel-size") {
+            let draft = [
+                "--speculative-method",
+                "draft",
+                "--draft-model",
+                "dummy:tiny",
+            ];
+            assert_eq!(run(&[model, &draft[..]].concat()), plain, "{model:?}");
+        }
         let resident = !model.contains(&"--weight-budget") && !model.contains(&"2");
         if resident {
             let eagle = [
