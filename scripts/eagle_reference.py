@@ -168,7 +168,8 @@ def main():
         hidden_act="silu",
         tie_word_embeddings=False,
         torch_dtype="float32",
-        eagle_config={"eagle_aux_hidden_state_layer_ids": aux},
+        # SGLang's convention: the layers whose output (the next one's input) is read.
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [l - 1 for l in aux]},
     )
     nh, kvh, hd = hc["num_attention_heads"], hc["num_key_value_heads"], hc["head_dim"]
     g = torch.Generator().manual_seed(11)

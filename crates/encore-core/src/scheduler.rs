@@ -320,6 +320,15 @@ impl Scheduler {
                 ),
             ));
         }
+        if let Some(p) = cfg.speculative {
+            let max = crate::spec::ngram::MAX_SPECULATIVE_TOKENS;
+            if p.k() == 0 || p.k() > max {
+                return Err(Error::invalid(
+                    "--num-speculative-tokens",
+                    format!("{} drafts a step: 1 to {max}", p.k()),
+                ));
+            }
+        }
         Ok(Scheduler {
             cfg,
             seqs,
@@ -496,18 +505,31 @@ impl Scheduler {
         &mut self,
         drafter: &mut Drafter<'_>,
         target: &Runner<'_>,
-        k: usize,
+        (k, speculate): (usize, bool),
         max_rows: usize,
         max_seq_len: usize,
     ) -> Result<HashMap<SeqId, Vec<u32>>> {
         drafter.retain(|seq| self.running.iter().any(|s| s.seq == seq))?;
         let (mut budget, mut rows) = (self.cfg.max_num_batched_tokens, max_rows);
         let mut reqs = Vec::new();
+        let eagle = drafter.is_eagle();
         for s in &self.running {
             if budget == 0 || rows == 0 {
-                break;
+                // An EAGLE head still catches up on what the target's last step computed.
+                if eagle {
+                    reqs.push(DraftRequest {
+                        seq: s.seq,
+                        tokens: &s.tokens,
+                        max_drafts: 0,
+                    });
+                }
+                continue;
             }
-            let cap = s.draft_cap(k, budget, rows, max_seq_len);
+            let cap = if speculate {
+                s.draft_cap(k, budget, rows, max_seq_len)
+            } else {
+                0
+            };
             let take = if cap > 0 {
                 cap + 1
             } else {
@@ -516,7 +538,7 @@ impl Scheduler {
             budget = budget.saturating_sub(take);
             rows = rows.saturating_sub(if cap > 0 { take } else { 1 });
             // An EAGLE head sees every sequence's tokens as the target computes them.
-            if cap > 0 || drafter.is_eagle() {
+            if cap > 0 || eagle {
                 reqs.push(DraftRequest {
                     seq: s.seq,
                     tokens: &s.tokens,
@@ -558,9 +580,12 @@ impl Scheduler {
         // A speculating sequence with penalties takes a scratch penalty slot per draft
         // for its step (`Seqs::penalty_fork`): reserved here, taken when it is packed.
         let mut reserved = 0usize;
-        let mut drafted = match (speculative, drafter) {
-            (Some(Proposer::Draft { k }), Some(d)) => {
-                self.run_drafter(d, runner, k, max_rows, max_seq_len)?
+        let mut drafted = match (self.cfg.speculative, drafter) {
+            (Some(Proposer::Draft { k }), Some(d)) if speculative.is_some() || d.is_eagle() => {
+                // Above the batch limit an EAGLE head only catches up (no drafts), so its
+                // KV keeps the target's hidden states for when speculation resumes.
+                let on = speculative.is_some();
+                self.run_drafter(d, runner, (k, on), max_rows, max_seq_len)?
             }
             _ => HashMap::new(),
         };
@@ -584,9 +609,13 @@ impl Scheduler {
                     s.add_drafts(drafts, cap);
                 }
             }
-            let s = &self.running[i];
-            if s.drafts > 0 && s.req.params.sampling.has_penalties() {
-                reserved += s.drafts;
+            // Drafts of an earlier plan with penalties: as many as scratch slots are free.
+            let spare = self.seqs.free_penalty_slots().saturating_sub(reserved);
+            let s = &mut self.running[i];
+            if s.drafts > spare && s.req.params.sampling.has_penalties() {
+                let n = s.tokens.len() - (s.drafts - spare);
+                s.tokens.truncate(n);
+                s.drafts = spare;
             }
             let s = &self.running[i];
             let take = (s.tokens.len() - s.computed)
@@ -611,6 +640,9 @@ impl Scheduler {
             }
             self.seqs.blocks.append(s.seq, extra)?;
             rows += s.rows(take);
+            if s.drafts > 0 && s.req.params.sampling.has_penalties() {
+                reserved += s.drafts;
+            }
             plan.push((i, take));
             budget -= take;
             i += 1;

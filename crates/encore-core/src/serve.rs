@@ -338,7 +338,20 @@ fn boot_draft<'b>(
         ));
     }
     let d2t = match &files.source {
-        crate::model::weights::WeightSource::Dir(path) => crate::spec::eagle::read_d2t(path)?,
+        crate::model::weights::WeightSource::Dir(path) => {
+            let d2t = crate::spec::eagle::read_d2t(path)?;
+            let e = files.config.eagle.as_ref().expect("an EAGLE head");
+            if d2t.is_empty() && files.config.vocab_size != e.target_vocab {
+                return Err(Error::invalid(
+                    "--draft-model",
+                    format!(
+                        "the EAGLE-3 head drafts over {} of the target's {} tokens but its checkpoint has no d2t map",
+                        files.config.vocab_size, e.target_vocab
+                    ),
+                ));
+            }
+            d2t
+        }
         _ => Vec::new(),
     };
     // Its catch-up chunks (the tokens a verify step kept) hold at most k + 1 tokens:

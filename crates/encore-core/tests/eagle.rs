@@ -9,8 +9,9 @@
 //!
 //! These tests load both from the same float32 safetensors, run the 4 prompts as one
 //! prefill step of the target (which captures the three layers' hidden states), and ask
-//! the drafter ([`Drafter::eagle`]) for 5 drafts of each at once: its catch-up step over
-//! the 4 prompts and its 4 rounds must give the reference's drafts (a draft whose
+//! the drafter ([`Drafter::eagle`]) for 5 drafts of each at once: its catch-up over the 4
+//! prompts (one head step, or several of 16 tokens) and its 4 rounds must give the
+//! reference's drafts (a draft whose
 //! reference top-2 margin is under 1e-3 ends the comparison of that prompt). Eagerly on
 //! the CPU and on CUDA, and on CUDA with the head's rounds replayed from decode graphs.
 //!
@@ -81,11 +82,11 @@ fn read_cases(dir: &Path) -> Vec<Case> {
         .collect()
 }
 
-fn runner_config(seqs: usize) -> RunnerConfig {
+fn runner_config(seqs: usize, tokens: usize) -> RunnerConfig {
     RunnerConfig {
         block_size: BLOCK_SIZE,
         num_blocks: 1 + 2 * seqs * MAX_SEQ_LEN.div_ceil(BLOCK_SIZE),
-        max_tokens_per_step: 128,
+        max_tokens_per_step: tokens,
         max_seqs: seqs,
         max_seq_len: MAX_SEQ_LEN,
         penalty_slots: 0,
@@ -105,8 +106,9 @@ fn load(be: &dyn Backend, dir: &Path, dtype: DType) -> (ModelConfig, weights::Mo
     (cfg, w)
 }
 
-/// The drafts of every case, as the drafter gives them after one prefill step of all.
-fn run(be: &dyn Backend, graphs: bool) -> (Vec<Case>, Vec<u32>, Vec<Vec<u32>>) {
+/// The drafts of every case, as the drafter gives them after one prefill step of all, with
+/// a head of `head_tokens` tokens a step.
+fn run(be: &dyn Backend, graphs: bool, head_tokens: usize) -> (Vec<Case>, Vec<u32>, Vec<Vec<u32>>) {
     let dir = reference_dir();
     let cases = read_cases(&dir);
     let n = cases.len();
@@ -118,15 +120,16 @@ fn run(be: &dyn Backend, graphs: bool) -> (Vec<Case>, Vec<u32>, Vec<Vec<u32>>) {
         .expect("an EAGLE-3 head")
         .aux_layers_for(tcfg.num_layers)
         .unwrap();
-    let rc = runner_config(n);
+    let rc = runner_config(n, 128);
+    let hc = runner_config(n, head_tokens);
     let mut target = Model::new(be, tcfg, tw, MAX_SEQ_LEN).unwrap();
     target.capture_aux(be, layers, rc.token_rows()).unwrap();
     let embed = target.weights.embed.clone();
     let target = Runner::new(be, target, rc).unwrap();
     let mut head = Model::new(be, hcfg, hw, MAX_SEQ_LEN).unwrap();
-    head.enable_eagle(be, &embed, rc.token_rows(), rc.max_seqs)
+    head.enable_eagle(be, &embed, hc.token_rows(), hc.max_seqs)
         .unwrap();
-    let mut head = Runner::new(be, head, rc).unwrap();
+    let mut head = Runner::new(be, head, hc).unwrap();
     if graphs {
         head.set_graphs(Some(GraphConfig {
             decode: encore_core::graph::BucketPolicy::Explicit(vec![1, 2, 4]),
@@ -176,8 +179,8 @@ fn run(be: &dyn Backend, graphs: bool) -> (Vec<Case>, Vec<u32>, Vec<Vec<u32>>) {
     (cases, next, drafts)
 }
 
-fn check(be: &dyn Backend, graphs: bool) {
-    let (cases, next, drafts) = run(be, graphs);
+fn check(be: &dyn Backend, graphs: bool, head_tokens: usize) {
+    let (cases, next, drafts) = run(be, graphs, head_tokens);
     let mut compared = 0;
     for (i, c) in cases.iter().enumerate() {
         assert_eq!(next[i], c.next, "prompt {i}: the target's greedy token");
@@ -203,7 +206,7 @@ fn check(be: &dyn Backend, graphs: bool) {
         );
     }
     println!(
-        "{}{}: {compared} drafts of {} equal the reference's",
+        "{}{}, head steps of {head_tokens} tokens: {compared} drafts of {} equal the reference's",
         be.device_name(),
         if graphs { " (graphs)" } else { "" },
         cases.len() * K
@@ -212,13 +215,16 @@ fn check(be: &dyn Backend, graphs: bool) {
 
 #[test]
 fn eagle_head_matches_the_reference_on_the_cpu() {
-    check(&CpuBackend::new(), false);
+    check(&CpuBackend::new(), false, 128);
+    // A catch-up over several head steps: every sequence still gets all its drafts.
+    check(&CpuBackend::new(), false, 16);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn eagle_head_matches_the_reference_on_cuda() {
     let be = CudaBackend::new(0).unwrap();
-    check(&be, false);
-    check(&be, true);
+    check(&be, false, 128);
+    check(&be, true, 128);
+    check(&be, true, 16);
 }

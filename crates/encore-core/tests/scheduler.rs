@@ -1317,8 +1317,16 @@ fn check_penalty_speculation(be: &dyn encore_core::Backend) {
         let mut r = Runner::new(be, common::tiny_model(be), cfg).unwrap();
         run(&mut r, SchedulerConfig::new(64, 8), &reqs).0
     };
-    for (proposer, graphs) in [("ngram", false), ("ngram", true), ("draft", true)] {
+    // The last case checks every replayed step against an eager twin
+    // (`--verify-graphs`), which packs the step again without counting penalties.
+    for (proposer, graphs, check) in [
+        ("ngram", false, false),
+        ("ngram", true, false),
+        ("draft", true, false),
+        ("ngram", true, true),
+    ] {
         let mut r = Runner::new(be, common::tiny_model(be), cfg).unwrap();
+        r.set_verify_graphs(check);
         let graph_cfg = encore_core::runner::GraphConfig {
             decode: common::buckets(),
             mixed: encore_core::graph::BucketPolicy::SglangLike { max: 256 },

@@ -148,17 +148,19 @@ pub struct EagleConfig {
     pub target_vocab: usize,
     /// The target's hidden size (`target_hidden_size`, default `hidden_size`).
     pub target_hidden: usize,
-    /// The target layers whose input the head reads (`eagle_config.
-    /// eagle_aux_hidden_state_layer_ids`); `None`: layers 2, L / 2 and L - 3 of an
-    /// L-layer target, as the published heads were trained.
+    /// The target layers whose input the head reads: the top-level
+    /// `eagle_aux_hidden_state_layer_ids` (vLLM's), or each of `eagle_config`'s plus one
+    /// (SGLang's names the layer whose output is read); `None`: layers 2, L / 2 and L - 3
+    /// of an L-layer target, as the published heads were trained.
     pub aux_layers: Option<[usize; 3]>,
     /// The residual stream starts after `hidden_norm` (`norm_before_residual`).
     pub norm_before_residual: bool,
 }
 
 impl EagleConfig {
-    /// The target layers the head reads for a target of `target_layers` layers, ascending;
-    /// an error naming `--draft-model` when one is not a layer of it.
+    /// The target layers the head reads for a target of `target_layers` layers, in the
+    /// order `fc` takes them; an error naming `--draft-model` when one is not a layer of
+    /// it.
     pub fn aux_layers_for(&self, target_layers: usize) -> Result<[usize; 3]> {
         let layers = match self.aux_layers {
             Some(l) => l,
@@ -1174,35 +1176,35 @@ fn parse_eagle(f: &Fields<'_>) -> Result<Option<(EagleConfig, usize)>> {
     }
     let hidden = f.positive("hidden_size")?;
     let target_hidden = f.opt_usize("target_hidden_size")?.unwrap_or(hidden);
-    let aux_layers = match f.opt_object("eagle_config")? {
-        None => None,
-        Some(obj) => {
-            let ef = Fields {
+    // Pinned layers. vLLM's (speculators) top-level field names the layers whose input
+    // the head reads; SGLang's `eagle_config` field names the layers whose output it
+    // reads, the input of the next.
+    let three = |f: &Fields<'_>| -> Result<Option<[usize; 3]>> {
+        const KEY: &str = "eagle_aux_hidden_state_layer_ids";
+        let Some(v) = f.get(KEY) else {
+            return Ok(None);
+        };
+        let ids: Option<Vec<usize>> = v.as_array().and_then(|a| {
+            a.iter()
+                .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+                .collect()
+        });
+        match ids.as_deref() {
+            Some(&[a, b, c]) => Ok(Some([a, b, c])),
+            _ => Err(f.wrong_type(KEY, "a list of three layer indices", v)),
+        }
+    };
+    let aux_layers = match three(f)? {
+        Some(l) => Some(l),
+        None => match f.opt_object("eagle_config")? {
+            None => None,
+            Some(obj) => three(&Fields {
                 obj,
                 path: f.path,
                 prefix: "eagle_config.",
-            };
-            match ef.get("eagle_aux_hidden_state_layer_ids") {
-                None => None,
-                Some(v) => {
-                    let ids: Option<Vec<usize>> = v.as_array().and_then(|a| {
-                        a.iter()
-                            .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
-                            .collect()
-                    });
-                    match ids.as_deref() {
-                        Some(&[a, b, c]) => Some([a, b, c]),
-                        _ => {
-                            return Err(ef.wrong_type(
-                                "eagle_aux_hidden_state_layer_ids",
-                                "a list of three layer indices",
-                                v,
-                            ))
-                        }
-                    }
-                }
-            }
-        }
+            })?
+            .map(|l| l.map(|x| x + 1)),
+        },
     };
     let norm_before_residual = f.opt_bool("norm_before_residual")?.unwrap_or(false);
     Ok(Some((

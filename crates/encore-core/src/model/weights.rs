@@ -80,7 +80,7 @@ pub struct ModelWeights {
     /// `[vocab, hidden]`; the same tensor as `embed` (same storage) when tied.
     pub lm_head: Tensor,
     /// An EAGLE-3 head's `fc` `[hidden, 3 * target_hidden]`. A head's `embed` is the
-    /// target's, set by [`crate::model::llama::Model::share_embedding`] (until then a
+    /// target's, set by [`crate::model::llama::Model::enable_eagle`] (until then a
     /// placeholder the forward refuses).
     pub eagle_fc: Option<Tensor>,
     pub dtype: DType,

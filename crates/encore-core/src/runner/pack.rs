@@ -242,7 +242,7 @@ impl<'b> Packer<'b> {
                 // With penalties, row j samples with the sequence's slot (j = 0) or the
                 // scratch row holding drafts 1..=j.
                 let fork = fork_of[i].map(|f| &self.forks[f]);
-                if sp.has_penalties() && fork.is_none() {
+                if penalties && sp.has_penalties() && fork.is_none() {
                     return Err(Error::invalid(
                         "runner.step",
                         format!(

@@ -76,8 +76,11 @@ pub(super) struct SampleBuffers {
     vocab: usize,
 }
 
-/// Draft counts one sequence's penalty fork may need: drafts `1..=j` for each `j <= 16`.
-const FORK_PAIRS: usize = 16 * 17 / 2;
+/// Draft counts one sequence's penalty fork may need: drafts `1..=j` for each `j <= k`.
+const FORK_PAIRS: usize = {
+    let k = crate::spec::ngram::MAX_SPECULATIVE_TOKENS;
+    k * (k + 1) / 2
+};
 
 /// [`SampleBuffers`] cut to one step's rows, for the step's sampling call.
 pub(super) struct StepSampling<'a> {

@@ -734,9 +734,14 @@ impl Runner<'_> {
         let rows = Packer::rows(batch);
         let be = self.parts.be;
         let eager_layout = self.parts.inputs.layout(n, rows);
-        self.parts
+        // The replayed step's penalty forks stay for its join; this pack counts nothing.
+        let forks = std::mem::take(&mut self.parts.inputs.forks);
+        let packed = self
+            .parts
             .inputs
-            .pack(seqs, batch, &eager_layout, rows, d, false, b)?;
+            .pack(seqs, batch, &eager_layout, rows, d, false, b);
+        self.parts.inputs.forks = forks;
+        packed?;
         let shape = StepShape::whole(b, decode_only, d).with_rows(rows);
         let cmd = self.run_cmd(&eager_layout, b, Exec::Eager(shape))?;
         let eager = self.mirrored(

@@ -54,6 +54,10 @@ pub struct Eagle {
     cat: Tensor,
     /// i32 `[rows]`: the rows a gather reads (-1: a zero row).
     ids: Tensor,
+    /// `[seqs, hidden]`: the head's output at each first draft of a propose call, held
+    /// across its catch-up steps (each overwrites the head's output rows) for the first
+    /// round.
+    held: Tensor,
 }
 
 impl Eagle {
@@ -97,6 +101,7 @@ impl Eagle {
         let be = runner.backend();
         let (rows, th) = (runner.config().token_rows(), e.target_hidden);
         let dtype = runner.model().weights.dtype;
+        let seqs = runner.config().max_seqs;
         Ok(Eagle {
             d2t,
             target_vocab: e.target_vocab,
@@ -106,6 +111,7 @@ impl Eagle {
             gathered: be.alloc(dtype, &[3 * rows * th])?,
             cat: be.alloc(dtype, &[rows * 3 * th])?,
             ids: be.alloc(DType::I32, &[rows])?,
+            held: be.alloc(dtype, &[seqs, cfg.hidden_size])?,
         })
     }
 
@@ -285,8 +291,15 @@ impl Drafter<'_> {
             .eagle_rows()
             .map(|(i, _)| i.clone())
             .expect("an EAGLE head has its rows");
-        // Per request: its row in the last head step that sampled for it.
+        // Per request with a first draft: its row of `held` (the head's output there).
         let mut prev: HashMap<usize, usize> = HashMap::new();
+        let mut held = 0usize;
+        let next_rows = self
+            .runner
+            .model()
+            .eagle_rows()
+            .map(|(_, n)| n.clone())
+            .expect("an EAGLE head has its rows");
         let mut pending: Vec<(usize, usize)> = todo.clone();
         while !pending.is_empty() {
             // (request, from, take, end)
@@ -326,7 +339,8 @@ impl Drafter<'_> {
                 .collect();
             let sampled = self.runner.step(&mut self.seqs, &steps)?;
             self.stats.steps += 1;
-            prev.clear();
+            // This step's first drafts: their output rows, moved to `held`.
+            let mut hold: Vec<i32> = Vec::new();
             for (b, (&(i, from, take, end), token)) in plan.iter().zip(sampled).enumerate() {
                 let r = &reqs[i];
                 self.stats.tokens += take as u64;
@@ -339,20 +353,24 @@ impl Drafter<'_> {
                 } else if from + take == r.tokens.len() - 1 && drafting[i] {
                     if let Some(t) = eagle.to_target(token) {
                         drafts[i].push(t);
-                        prev.insert(i, b);
+                        if held + hold.len() < eagle.held.dim(0) {
+                            prev.insert(i, held + hold.len());
+                            hold.push(b as i32);
+                        }
                     }
                 }
+            }
+            if !hold.is_empty() {
+                let ids = eagle.write_ids(be, &hold)?;
+                be.embedding(&ids, &next_rows, &eagle.held.narrow(held, hold.len())?)?;
+                held += hold.len();
             }
             pending = next;
         }
         // Rounds: each further draft, one decode step of the sequences whose last draft
-        // the previous head step sampled (its output row is that step's).
-        let next_rows = self
-            .runner
-            .model()
-            .eagle_rows()
-            .map(|(_, n)| n.clone())
-            .expect("an EAGLE head has its rows");
+        // the previous head step sampled; the first reads the held outputs, the others
+        // the previous round's.
+        let mut source = &eagle.held;
         loop {
             let mut round: Vec<usize> = Vec::new();
             let mut ids: Vec<i32> = Vec::new();
@@ -374,7 +392,8 @@ impl Drafter<'_> {
             }
             // The head's own output at the previous draft is this one's hidden state.
             let idx = eagle.write_ids(be, &ids)?;
-            be.embedding(&idx, &next_rows, &input.prefix(round.len())?)?;
+            be.embedding(&idx, source, &input.prefix(round.len())?)?;
+            source = &next_rows;
             let last: Vec<[u32; 1]> = round
                 .iter()
                 .map(|&i| [*drafts[i].last().expect("drafting")])

@@ -366,3 +366,44 @@ fn config_errors_name_the_field_or_value() {
         "{msg}"
     );
 }
+
+/// An EAGLE-3 head's config (the published `LlamaForCausalLMEagle3` layout): the draft
+/// vocabulary becomes `vocab_size`, the target's is kept; pinned layers in vLLM's
+/// top-level field are the inputs read, in SGLang's `eagle_config` the outputs (so the
+/// next layers' inputs); a head of two layers or a draft vocabulary over the target's is
+/// refused naming the field.
+#[test]
+fn eagle3_heads_parse() {
+    let head = |extra: &str| {
+        format!(
+            r#"{{"architectures": ["LlamaForCausalLMEagle3"], "vocab_size": 128256,
+            "draft_vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "max_position_embeddings": 2048, "rope_theta": 500000.0 {extra}}}"#
+        )
+    };
+    let c = parse(&head(""));
+    let e = c.eagle.as_ref().expect("an EAGLE head");
+    assert_eq!(
+        (c.vocab_size, e.target_vocab, e.target_hidden),
+        (32000, 128256, 4096)
+    );
+    assert_eq!(e.aux_layers, None);
+    assert_eq!(e.aux_layers_for(32).unwrap(), [2, 16, 29]);
+    let c = parse(&head(
+        r#", "eagle_aux_hidden_state_layer_ids": [1, 23, 44]"#,
+    ));
+    assert_eq!(c.eagle.unwrap().aux_layers, Some([1, 23, 44]));
+    let c = parse(&head(
+        r#", "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 23, 44]}"#,
+    ));
+    assert_eq!(c.eagle.unwrap().aux_layers, Some([2, 24, 45]));
+    let e = parse_err(&head(r#", "eagle_aux_hidden_state_layer_ids": [1, 2]"#));
+    assert!(e.contains("eagle_aux_hidden_state_layer_ids"), "{e}");
+    let e = parse_err(
+        &head(r#", "draft_vocab_size": 200000"#).replace(r#""draft_vocab_size": 32000, "#, ""),
+    );
+    assert!(e.contains("draft_vocab_size"), "{e}");
+    let e = parse_err(&head("").replace(r#""num_hidden_layers": 1"#, r#""num_hidden_layers": 2"#));
+    assert!(e.contains("one layer"), "{e}");
+}
