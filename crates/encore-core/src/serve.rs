@@ -330,12 +330,19 @@ fn boot_draft<'b>(
         );
         return Drafter::new(draft.runner, &target.runner);
     }
-    // An EAGLE-3 head: the target's embedding, its vocabulary map.
-    if target.runner.model().offload().is_some() {
-        return Err(Error::invalid(
-            "--draft-model",
-            "an EAGLE-3 head shares the target's embedding, which --weight-budget may stream: run it with every weight resident",
-        ));
+    // An EAGLE-3 head: the target's embedding (under a weight budget only where it stays
+    // put: read in place from host memory, resident, or beside streamed experts only),
+    // its vocabulary map.
+    if let Some(o) = target.runner.model().offload() {
+        use crate::offload::Policy;
+        let from_host = o.order().weights().first().is_some_and(|w| w.bytes == 0);
+        let resident = o.plan().is_some_and(|p| p.resident.contains(&0));
+        if !(from_host || resident || o.policy() == Policy::Experts) {
+            return Err(Error::invalid(
+                "--draft-model",
+                "an EAGLE-3 head shares the target's embedding, which this --weight-budget streams: raise the budget or use --offload-policy planned",
+            ));
+        }
     }
     let d2t = match &files.source {
         crate::model::weights::WeightSource::Dir(path) => {
