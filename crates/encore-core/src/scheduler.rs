@@ -505,7 +505,7 @@ impl Scheduler {
         &mut self,
         drafter: &mut Drafter<'_>,
         target: &Runner<'_>,
-        (k, speculate): (usize, bool),
+        k: usize,
         max_rows: usize,
         max_seq_len: usize,
     ) -> Result<HashMap<SeqId, Vec<u32>>> {
@@ -525,11 +525,7 @@ impl Scheduler {
                 }
                 continue;
             }
-            let cap = if speculate {
-                s.draft_cap(k, budget, rows, max_seq_len)
-            } else {
-                0
-            };
+            let cap = s.draft_cap(k, budget, rows, max_seq_len);
             let take = if cap > 0 {
                 cap + 1
             } else {
@@ -580,12 +576,12 @@ impl Scheduler {
         // A speculating sequence with penalties takes a scratch penalty slot per draft
         // for its step (`Seqs::penalty_fork`): reserved here, taken when it is packed.
         let mut reserved = 0usize;
-        let mut drafted = match (self.cfg.speculative, drafter) {
-            (Some(Proposer::Draft { k }), Some(d)) if speculative.is_some() || d.is_eagle() => {
-                // Above the batch limit an EAGLE head only catches up (no drafts), so its
-                // KV keeps the target's hidden states for when speculation resumes.
-                let on = speculative.is_some();
-                self.run_drafter(d, runner, (k, on), max_rows, max_seq_len)?
+        // Above the batch limit nothing drafts, and an EAGLE head does not catch up
+        // either (a step of its own for every running sequence would cost a large batch
+        // several percent): the positions computed meanwhile get zero hidden states.
+        let mut drafted = match (speculative, drafter) {
+            (Some(Proposer::Draft { k }), Some(d)) => {
+                self.run_drafter(d, runner, k, max_rows, max_seq_len)?
             }
             _ => HashMap::new(),
         };

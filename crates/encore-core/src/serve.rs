@@ -335,12 +335,23 @@ fn boot_draft<'b>(
     // its vocabulary map.
     if let Some(o) = target.runner.model().offload() {
         use crate::offload::Policy;
-        let from_host = o.order().weights().first().is_some_and(|w| w.bytes == 0);
-        let resident = o.plan().is_some_and(|p| p.resident.contains(&0));
+        let model = target.runner.model();
+        let decl = model.cfg.decl();
+        // The access order is the declaration's.
+        let embed = decl
+            .tensors()
+            .iter()
+            .position(|t| t.role == crate::model::decl::Role::Embedding);
+        let from_host = embed
+            .and_then(|w| o.order().weights().get(w))
+            .is_some_and(|w| w.bytes == 0);
+        let resident = o
+            .plan()
+            .is_some_and(|p| embed.is_some_and(|w| p.resident.contains(&w)));
         if !(from_host || resident || o.policy() == Policy::Experts) {
             return Err(Error::invalid(
                 "--draft-model",
-                "an EAGLE-3 head shares the target's embedding, which this --weight-budget streams: raise the budget or use --offload-policy planned",
+                "an EAGLE-3 head shares the target's embedding, which this --weight-budget streams: raise the budget so that it stays resident",
             ));
         }
     }

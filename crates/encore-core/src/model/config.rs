@@ -1203,7 +1203,7 @@ fn parse_eagle(f: &Fields<'_>) -> Result<Option<(EagleConfig, usize)>> {
                 path: f.path,
                 prefix: "eagle_config.",
             })?
-            .map(|l| l.map(|x| x + 1)),
+            .map(|l| l.map(|x| x.saturating_add(1))),
         },
     };
     let norm_before_residual = f.opt_bool("norm_before_residual")?.unwrap_or(false);
