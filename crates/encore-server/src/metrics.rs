@@ -13,7 +13,7 @@ use crate::AppState;
 
 /// The engine's counters and gauges, and the server's request count: name, type, help,
 /// value.
-fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 21] {
+fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 22] {
     let m = &s.engine.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     [
@@ -143,6 +143,12 @@ fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 21] {
             "Speculative decoding: times a sequence stopped speculating for a while because too few of its drafts were kept.",
             g(&m.spec_pauses_total),
         ),
+        (
+            "encore_spec_decode_draft_steps_total",
+            "counter",
+            "Speculative decoding: steps of the draft model or EAGLE-3 head (catch-up and rounds).",
+            g(&m.spec_draft_steps_total),
+        ),
     ]
 }
 
@@ -155,6 +161,10 @@ pub(crate) async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
         ));
     }
+    text.push_str(&format!(
+        "# HELP encore_spec_decode_draft_seconds_total Speculative decoding: wall time proposing drafts with the draft model or EAGLE-3 head.\n# TYPE encore_spec_decode_draft_seconds_total counter\nencore_spec_decode_draft_seconds_total {}\n",
+        g(&m.spec_draft_micros_total) as f64 / 1e6
+    ));
     text.push_str(&format!(
         "# HELP encore_prefix_cache_hit_ratio Prompt tokens found in the prefix cache per token looked up.\n# TYPE encore_prefix_cache_hit_ratio gauge\nencore_prefix_cache_hit_ratio {}\n",
         m.prefix_cache_hit_ratio()

@@ -308,7 +308,8 @@ fn the_openai_python_client_works() {
 /// `serve --speculative-method ngram` (and `draft`) over a real server: completions
 /// (greedy and seeded sampling, whole and streamed) equal those of a server without
 /// speculation, and
-/// `/metrics` counts drafts verified and kept, and verify graphs replayed.
+/// `/metrics` counts drafts verified and kept, the draft model's steps and time, and verify
+/// graphs replayed.
 #[test]
 fn ngram_speculation_serves_the_same_completions() {
     let bodies = [
@@ -342,6 +343,16 @@ fn ngram_speculation_serves_the_same_completions() {
     let (_, metrics) = http(drafted.addr, "GET", "/metrics", None);
     assert!(
         !metrics.contains("encore_spec_decode_num_accepted_tokens_total 0\n"),
+        "{metrics}"
+    );
+    // The draft model's steps and time.
+    assert!(
+        common::metric(&metrics, "encore_spec_decode_draft_steps_total") > 0,
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("encore_spec_decode_draft_seconds_total ")
+            && !metrics.contains("encore_spec_decode_draft_seconds_total 0\n"),
         "{metrics}"
     );
     let s = start(&[
