@@ -205,6 +205,18 @@ fn info(args: InfoArgs) -> Result<ExitCode> {
         )?;
         let decl = cfg.decl();
         outln!("  weights {}", decl.format_summary(args.dtype))?;
+        if let Some(e) = &cfg.eagle {
+            let layers = match e.aux_layers {
+                Some(l) => format!("the inputs of layers {l:?}"),
+                None => "the inputs of layers 2, L/2 and L-3".into(),
+            };
+            outln!(
+                "  eagle3  a draft head (--speculative-method eagle3): drafts over {} of the target's {} tokens, reads {layers} of a target of hidden size {}",
+                cfg.vocab_size,
+                e.target_vocab,
+                e.target_hidden
+            )?;
+        }
         if let Some(m) = &cfg.moe {
             let bytes = decl.expert_bytes(args.dtype);
             let sparse = m.sparse.iter().filter(|&&s| s).count();
