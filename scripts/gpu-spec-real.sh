@@ -9,17 +9,7 @@
 #   usage: OUT=... bash scripts/gpu-spec-real.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu-spec-env.sh"
-mkdir -p /tmp/sm
-M=/tmp/sm/model.gguf
-if [ ! -f $M ]; then
-  cat /tmp/sm/model.part1 .gpu/sm.part2 >$M || exit 1
-fi
-DOC="A paged KV cache stores the keys and values of every sequence in fixed-size blocks, \
-so that memory is allocated on demand and shared between requests with a common prefix. \
-The scheduler admits a request only when its blocks fit, and preempts the newest request \
-when the cache runs out, recomputing its tokens later. Graph replay keeps the step's \
-launches on the device, so the host only packs the inputs and reads the sampled tokens."
-P="Repeat the following text exactly, word for word: $DOC"
+source "$(dirname "$0")/gpu-spec-smol.sh"
 for n in 1 8; do
   prompts=(); for i in $(seq $n); do prompts+=(--prompt "$P"); done
   for k in off 4 8 self4; do

@@ -152,25 +152,24 @@ impl EngineHandle {
         let mut cfg = cfg;
         // An EAGLE-3 head: a random one takes the target's shape; the target captures
         // the hidden states it reads.
-        if let Some(d) = cfg.draft.as_mut() {
+        let tp = cfg.tp.0.len() > 1;
+        if let Some(d) = cfg.draft.as_mut().filter(|d| d.config.eagle.is_some()) {
             // Under tensor parallelism a draft model runs on rank 0's device alone (the
             // target's leader); an EAGLE-3 head would need the whole embedding, which the
             // ranks split.
-            if d.config.eagle.is_some() && cfg.tp.0.len() > 1 {
+            if tp {
                 return Err(Error::invalid(
                     "--draft-model",
                     "an EAGLE-3 head shares the target's embedding, which tensor parallelism splits over the ranks: run it on one device",
                 ));
             }
-            if d.config.eagle.is_some() {
-                if let crate::model::weights::WeightSource::Dummy { .. } = d.source {
-                    let vocab = model.config.vocab_size.min(DUMMY_DRAFT_VOCAB);
-                    d.config = ModelConfig::eagle_head_for(&model.config, vocab);
-                }
-                let e = d.config.eagle.as_ref().expect("checked");
-                crate::spec::draft::check_pair(&model.config, &d.config)?;
-                cfg.eagle_aux = Some(e.aux_layers_for(model.config.num_layers)?);
+            if let crate::model::weights::WeightSource::Dummy { .. } = d.source {
+                let vocab = model.config.vocab_size.min(DUMMY_DRAFT_VOCAB);
+                d.config = ModelConfig::eagle_head_for(&model.config, vocab);
             }
+            let e = d.config.eagle.as_ref().expect("filtered");
+            crate::spec::draft::check_pair(&model.config, &d.config)?;
+            cfg.eagle_aux = Some(e.aux_layers_for(model.config.num_layers)?);
         }
         let (tx, rx) = mpsc::channel::<Message>();
         let (boot_tx, boot_rx) = mpsc::channel::<Result<(Limits, BootReport)>>();

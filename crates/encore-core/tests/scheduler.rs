@@ -47,6 +47,32 @@ fn run(
     run_with(r, seqs, cfg, reqs)
 }
 
+/// Run `reqs` (each added at its step) to completion through [`Scheduler::step_with`] with
+/// `drafter`; each request's tokens, and the scheduler.
+fn run_drafted(
+    r: &mut Runner<'_>,
+    cfg: SchedulerConfig,
+    mut drafter: Option<&mut encore_core::spec::draft::Drafter<'_>>,
+    reqs: &[(Request, u64)],
+) -> (HashMap<u64, Vec<u32>>, Scheduler) {
+    let mut s = Scheduler::new(cfg, r).unwrap();
+    let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut step = 0u64;
+    while s.has_work() || reqs.iter().any(|(_, at)| *at > step) {
+        for (req, at) in reqs {
+            if *at == step {
+                s.add(req.clone(), r).unwrap();
+            }
+        }
+        for o in s.step_with(r, drafter.as_deref_mut()).unwrap() {
+            out.entry(o.id).or_default().push(o.token);
+        }
+        step += 1;
+        assert!(step < 10_000, "no progress");
+    }
+    (out, s)
+}
+
 /// [`run`] over the blocks (and cached prefixes) of an earlier scheduler.
 fn run_with(
     r: &mut Runner<'_>,
@@ -829,21 +855,7 @@ fn check_eagle_speculation(be: &dyn encore_core::Backend) {
             speculative: Some(Proposer::Draft { k }),
             ..SchedulerConfig::new(48, 8)
         };
-        let mut s = Scheduler::new(sched, &target).unwrap();
-        let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
-        let mut step = 0u64;
-        while s.has_work() || reqs.iter().any(|(_, at)| *at > step) {
-            for (req, at) in &reqs {
-                if *at == step {
-                    s.add(req.clone(), &target).unwrap();
-                }
-            }
-            for o in s.step_with(&mut target, Some(&mut drafter)).unwrap() {
-                out.entry(o.id).or_default().push(o.token);
-            }
-            step += 1;
-            assert!(step < 10_000, "no progress");
-        }
+        let (out, mut s) = run_drafted(&mut target, sched, Some(&mut drafter), &reqs);
         for (req, _) in &reqs {
             assert_eq!(
                 out[&req.id], reference[&req.id].0,
@@ -973,21 +985,7 @@ fn check_draft_speculation(be: &dyn encore_core::Backend, greedy_only: bool) {
             speculative: Some(Proposer::Draft { k }),
             ..SchedulerConfig::new(48, 8)
         };
-        let mut s = Scheduler::new(sched, &target).unwrap();
-        let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
-        let mut step = 0u64;
-        while s.has_work() || reqs.iter().any(|(_, at)| *at > step) {
-            for (req, at) in reqs {
-                if *at == step {
-                    s.add(req.clone(), &target).unwrap();
-                }
-            }
-            for o in s.step_with(&mut target, Some(&mut drafter)).unwrap() {
-                out.entry(o.id).or_default().push(o.token);
-            }
-            step += 1;
-            assert!(step < 10_000, "no progress");
-        }
+        let (out, mut s) = run_drafted(&mut target, sched, Some(&mut drafter), reqs);
         for (req, _) in reqs {
             assert_eq!(
                 out[&req.id], reference[&req.id].0,
@@ -1350,21 +1348,7 @@ fn check_penalty_speculation(be: &dyn encore_core::Backend) {
             speculative: Some(spec),
             ..SchedulerConfig::new(64, 8)
         };
-        let mut s = Scheduler::new(sched, &r).unwrap();
-        let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
-        let mut step = 0u64;
-        while s.has_work() || reqs.iter().any(|(_, at)| *at > step) {
-            for (req, at) in &reqs {
-                if *at == step {
-                    s.add(req.clone(), &r).unwrap();
-                }
-            }
-            for o in s.step_with(&mut r, drafter.as_mut()).unwrap() {
-                out.entry(o.id).or_default().push(o.token);
-            }
-            step += 1;
-            assert!(step < 10_000, "no progress");
-        }
+        let (out, s) = run_drafted(&mut r, sched, drafter.as_mut(), &reqs);
         for (q, _) in &reqs {
             assert_eq!(
                 out[&q.id], reference[&q.id].0,

@@ -80,12 +80,11 @@ struct AuxCapture {
 /// An EAGLE-3 head's rows outside the arena, so that graphs read and write them in place:
 /// `input` `[rows, hidden]`, the hidden state of each token row of the next step (the
 /// drafter writes it before the step), and `next` `[seqs, hidden]`, each sampled row's
-/// pre-norm output (the hidden state of the draft after it); `shared` says the target's
-/// embedding is set.
+/// pre-norm output (the hidden state of the draft after it). Set with the target's
+/// embedding ([`Model::enable_eagle`]).
 struct EagleRows {
     input: Tensor,
     next: Tensor,
-    shared: bool,
 }
 
 /// `--router-skew`'s logits on the device: the whole table, and the window the forward
@@ -212,6 +211,11 @@ impl Model {
         Ok(())
     }
 
+    /// Whether steps capture hidden states ([`Model::capture_aux`]).
+    pub fn captures_aux(&self) -> bool {
+        self.aux.is_some()
+    }
+
     /// The captured hidden states of the last step ([`Model::capture_aux`]): `[rows,
     /// hidden]` per layer, in the order the layers were given; `None` without a capture.
     pub fn aux_hidden(&self) -> Option<[Tensor; 3]> {
@@ -253,7 +257,6 @@ impl Model {
         self.eagle = Some(EagleRows {
             input: be.alloc(self.dtype(), &[rows, h])?,
             next: be.alloc(self.dtype(), &[seqs, h])?,
-            shared: true,
         });
         Ok(())
     }
@@ -792,7 +795,6 @@ impl Model {
                 "an EAGLE head runs after Model::enable_eagle gave it the target's embedding",
             ));
         };
-        debug_assert!(rows.shared);
         let l = &self.weights.layers[0];
         let hidden_norm = l.hidden_norm.as_ref().ok_or_else(|| {
             Error::invalid("forward", "an EAGLE head without its hidden_norm weight")

@@ -99,6 +99,12 @@ pub enum WeightSource {
     Dummy { seed: u64 },
 }
 
+/// An optional 1-D int64 tensor `name` of the checkpoint at `path` (a directory or a
+/// `.safetensors` file, as [`WeightSource::Dir`]); `None` when it has none.
+pub fn read_i64_tensor(path: &std::path::Path, name: &str) -> Result<Option<Vec<i64>>> {
+    Checkpoint::open(path)?.read_i64(name)
+}
+
 /// Every HF tensor `cfg` implies, in load order (`lm_head.weight` only when untied).
 pub fn hf_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
     cfg.decl().hf_tensors().cloned().collect()

@@ -375,7 +375,8 @@ impl<'b> Runner<'b> {
         &self.cfg
     }
 
-    /// Where each sequence's tokens sat in the last step's token rows (empty before the
+    /// Where each sequence's tokens sat in the last step's token rows, recorded when the
+    /// model captures hidden states ([`Model::captures_aux`]; empty otherwise, before the
     /// first step and after a failed one).
     pub fn last_rows(&self) -> &[TokenRows] {
         &self.last_rows

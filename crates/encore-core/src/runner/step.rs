@@ -376,21 +376,24 @@ impl Runner<'_> {
                 .chain((0..b).filter(|&i| batch[i].tokens.len() != 1))
                 .collect(),
         };
-        // Where each sequence's tokens go in the step's token rows.
+        // Where each sequence's tokens go in the step's token rows (read with the hidden
+        // states an EAGLE head's target captures; none without).
         self.last_rows.clear();
-        let mut row = 0;
-        let mut rows = Vec::with_capacity(b);
-        for &i in &order {
-            let s = &batch[i];
-            let len = s.tokens.len();
-            let position = seqs.blocks.num_tokens(s.seq)?.saturating_sub(len);
-            rows.push(TokenRows {
-                seq: s.seq,
-                position,
-                row,
-                len,
-            });
-            row += len;
+        let mut rows = Vec::new();
+        if self.parts.model.captures_aux() {
+            let mut row = 0;
+            for &i in &order {
+                let s = &batch[i];
+                let len = s.tokens.len();
+                let position = seqs.blocks.num_tokens(s.seq)?.saturating_sub(len);
+                rows.push(TokenRows {
+                    seq: s.seq,
+                    position,
+                    row,
+                    len,
+                });
+                row += len;
+            }
         }
         if d == 0 {
             let out = self.run_sorted(seqs, batch, keep_logits, decode_only, 0, fill)?;

@@ -67,6 +67,16 @@ impl<'b> Drafter<'b> {
     /// the vocabularies must be the same size and the draft must hold the target's
     /// longest sequence. Errors name `--draft-model`.
     pub fn new(runner: Runner<'b>, target: &Runner<'_>) -> Result<Self> {
+        Self::checked(runner, target, None)
+    }
+
+    /// A drafter of `runner` and `eagle`'s state, checked against `target`: the pair
+    /// ([`check_pair`]) and the longest sequence.
+    fn checked(
+        runner: Runner<'b>,
+        target: &Runner<'_>,
+        eagle: Option<super::eagle::Eagle>,
+    ) -> Result<Self> {
         check_pair(&target.model().cfg, &runner.model().cfg)?;
         let (tl, dl) = (target.config().max_seq_len, runner.config().max_seq_len);
         if dl < tl {
@@ -80,7 +90,7 @@ impl<'b> Drafter<'b> {
             runner,
             seqs,
             fed: HashMap::new(),
-            eagle: None,
+            eagle,
             stats: DraftStats::default(),
         })
     }
@@ -90,29 +100,14 @@ impl<'b> Drafter<'b> {
     /// against the target's runner: its vocabulary and hidden size, the hidden states it
     /// captures, and its longest sequence. Errors name `--draft-model`.
     pub fn eagle(runner: Runner<'b>, target: &Runner<'_>, d2t: Vec<i64>) -> Result<Self> {
-        check_pair(&target.model().cfg, &runner.model().cfg)?;
-        let (tl, dl) = (target.config().max_seq_len, runner.config().max_seq_len);
-        if dl < tl {
-            return Err(Error::invalid(
-                "--draft-model",
-                format!("the head's runner holds {dl} tokens a sequence, the target {tl}"),
-            ));
-        }
-        if target.model().aux_hidden().is_none() {
+        if !target.model().captures_aux() {
             return Err(Error::invalid(
                 "--draft-model",
                 "the target was booted without capturing the hidden states the EAGLE-3 head reads",
             ));
         }
         let eagle = super::eagle::Eagle::new(&runner, d2t)?;
-        let seqs = Seqs::for_runner(&runner)?;
-        Ok(Drafter {
-            runner,
-            seqs,
-            fed: HashMap::new(),
-            eagle: Some(eagle),
-            stats: DraftStats::default(),
-        })
+        Self::checked(runner, target, Some(eagle))
     }
 
     /// Whether the drafter is an EAGLE-3 head (which sees every running sequence's

@@ -33,7 +33,8 @@ use std::path::Path;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::runner::{Runner, SeqStep};
+use crate::kv::SeqId;
+use crate::runner::{Runner, SeqStep, TokenRows};
 use crate::tensor::{DType, Tensor};
 
 use super::draft::{DraftRequest, Drafter};
@@ -162,60 +163,10 @@ impl Eagle {
     }
 }
 
-/// An EAGLE-3 head's `d2t` from its checkpoint directory (or file): the int64 tensor
-/// `d2t` of whichever safetensors file holds it; empty when none does (a head over the
-/// target's whole vocabulary).
+/// An EAGLE-3 head's `d2t` from its checkpoint directory (or file); empty when it has
+/// none (a head over the target's whole vocabulary).
 pub fn read_d2t(path: &Path) -> Result<Vec<i64>> {
-    let files: Vec<std::path::PathBuf> = if path.is_file() {
-        vec![path.to_path_buf()]
-    } else {
-        let dir = std::fs::read_dir(path).map_err(|source| Error::Io {
-            what: "reading the EAGLE head's directory",
-            path: path.display().to_string(),
-            source,
-        })?;
-        let mut v: Vec<_> = dir
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        v.sort();
-        v
-    };
-    for file in files {
-        let f = std::fs::File::open(&file).map_err(|source| Error::Io {
-            what: "opening the EAGLE head's weights",
-            path: file.display().to_string(),
-            source,
-        })?;
-        // SAFETY: read-only mapping of a file nothing here writes.
-        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| Error::Io {
-            what: "mapping the EAGLE head's weights",
-            path: file.display().to_string(),
-            source,
-        })?;
-        let st = safetensors::SafeTensors::deserialize(&map).map_err(|e| Error::Weights {
-            tensor: "d2t".into(),
-            what: format!("{}: {e}", file.display()),
-        })?;
-        let Ok(t) = st.tensor("d2t") else { continue };
-        if t.dtype() != safetensors::Dtype::I64 || t.shape().len() != 1 {
-            return Err(Error::Weights {
-                tensor: "d2t".into(),
-                what: format!(
-                    "is {:?} {:?} in {}, expected a 1-D int64 tensor",
-                    t.dtype(),
-                    t.shape(),
-                    file.display()
-                ),
-            });
-        }
-        return Ok(t
-            .data()
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
-            .collect());
-    }
-    Ok(Vec::new())
+    Ok(crate::model::weights::read_i64_tensor(path, "d2t")?.unwrap_or_default())
 }
 
 impl Drafter<'_> {
@@ -234,8 +185,9 @@ impl Drafter<'_> {
                 "the target does not capture the hidden states an EAGLE-3 head reads",
             )
         })?;
-        let last = target.last_rows();
-        let cover = |seq| last.iter().find(|t| t.seq == seq);
+        let last: HashMap<SeqId, &TokenRows> =
+            target.last_rows().iter().map(|t| (t.seq, t)).collect();
+        let cover = |seq| last.get(&seq).copied();
         let row_of = |seq, pos: usize| -> i32 {
             match cover(seq) {
                 Some(t) if pos >= t.position && pos < t.position + t.len => {
@@ -285,21 +237,15 @@ impl Drafter<'_> {
         // its token rows are in the order given (the runner puts decode rows first).
         let budget = self.runner.config().max_tokens_per_step;
         let max_seqs = self.runner.config().max_seqs;
-        let input = self
+        let (input, next_rows) = self
             .runner
             .model()
             .eagle_rows()
-            .map(|(i, _)| i.clone())
+            .map(|(i, n)| (i.clone(), n.clone()))
             .expect("an EAGLE head has its rows");
         // Per request with a first draft: its row of `held` (the head's output there).
         let mut prev: HashMap<usize, usize> = HashMap::new();
         let mut held = 0usize;
-        let next_rows = self
-            .runner
-            .model()
-            .eagle_rows()
-            .map(|(_, n)| n.clone())
-            .expect("an EAGLE head has its rows");
         let mut pending: Vec<(usize, usize)> = todo.clone();
         while !pending.is_empty() {
             // (request, from, take, end)

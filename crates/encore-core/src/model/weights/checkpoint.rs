@@ -376,6 +376,33 @@ impl Checkpoint {
         self.files[file].name()
     }
 
+    /// An optional 1-D int64 tensor's values (an EAGLE-3 head's `d2t`), `None` when the
+    /// checkpoint lacks it; an error naming it when it is another dtype or rank.
+    pub(super) fn read_i64(&self, name: &str) -> Result<Option<Vec<i64>>> {
+        let Some((file, info)) = self.info(name) else {
+            return Ok(None);
+        };
+        if info.dtype != safetensors::Dtype::I64 || info.shape.len() != 1 {
+            return Err(Error::Weights {
+                tensor: name.to_string(),
+                what: format!(
+                    "is {:?} {:?} in {}, expected a 1-D int64 tensor",
+                    info.dtype,
+                    info.shape,
+                    file.name()
+                ),
+            });
+        }
+        let (a, b) = info.data_offsets;
+        let bytes = &file.mmap[file.data_start + a..file.data_start + b];
+        Ok(Some(
+            bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+        ))
+    }
+
     /// An optional tensor's values as f32, `None` when the checkpoint lacks it.
     pub(super) fn read_f32(&self, name: &str) -> Result<Option<Vec<f32>>> {
         if self.info(name).is_none() {
