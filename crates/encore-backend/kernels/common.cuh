@@ -26,7 +26,9 @@ typedef __half f16;
 // on the stream is still finishing; `pdl_enter()`, the first statement of every kernel,
 // waits until that predecessor has completed and its writes are visible (a no-op when
 // there is none or the launch had no such attribute), then lets the next kernel start
-// launching its CTAs, which hides launch latency between dependent kernels.
+// launching its CTAs, which hides launch latency between dependent kernels. The gemvs
+// issue their first weight loads before it (weights never depend on the kernel before);
+// nothing they read or write that a kernel may produce is touched before it.
 __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -459,22 +461,40 @@ __device__ __forceinline__ void qgemv_impl(const T* __restrict__ x,
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
 
-    if (n0 < n_rows) {
-        // Rows past the end re-read the last row (never written): no per-load branches.
-        const unsigned char* wr[R];
+    // Rows past the end re-read the last row (never written): no per-load branches.
+    const unsigned char* wr[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int row = SILU ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
-            wr[r] = w + (long long)row * row_bytes;
+    for (int r = 0; r < R; ++r) {
+        const int row = SILU ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
+        wr[r] = w + (long long)row * row_bytes;
+    }
+    // The first round of weight loads goes out before the PDL wait, as in gemv.cu.
+    typename F::Unit un[UN][R];
+#ifdef GEMV_LATE_LOADS
+    const bool early = false;
+#else
+    const bool early = n0 < n_rows && part + (UN - 1) * ksplit < nfull;
+#endif
+    if (early) {
+#pragma unroll
+        for (int u = 0; u < UN; ++u) {
+            const int b = (((part + u * ksplit) << 5) + lane) / F::UPB;
+#pragma unroll
+            for (int r = 0; r < R; ++r) F::load(un[u][r], wr[r], nb, b, sub);
         }
+    }
+    pdl_enter();
+
+    if (n0 < n_rows) {
         int c = part;
         for (; c + (UN - 1) * ksplit < nfull; c += UN * ksplit) {
-            typename F::Unit un[UN][R];
+            if (!early || c != part) {
 #pragma unroll
-            for (int u = 0; u < UN; ++u) {
-                const int b = (((c + u * ksplit) << 5) + lane) / F::UPB;
+                for (int u = 0; u < UN; ++u) {
+                    const int b = (((c + u * ksplit) << 5) + lane) / F::UPB;
 #pragma unroll
-                for (int r = 0; r < R; ++r) F::load(un[u][r], wr[r], nb, b, sub);
+                    for (int r = 0; r < R; ++r) F::load(un[u][r], wr[r], nb, b, sub);
+                }
             }
 #pragma unroll
             for (int u = 0; u < UN; ++u) {
@@ -1100,7 +1120,6 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
         qgemv_##FN##_##TN##_##ON##_m##M(const T* x, const unsigned char* w, const T* bias,   \
                                         OUT_T* out, int m_rows, int n_rows, int k,            \
                                         int ksplit) {                                         \
-        pdl_enter();                                                                          \
         qgemv_impl<F, T, OUT_T, M, QG_R(M), false>(x, w, bias, out, m_rows, n_rows, k, ksplit);     \
     }
 #define QGEMV_ALL_M(F, FN, T, OUT_T, TN, ON)                                                 \
@@ -1111,7 +1130,6 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
 #define QGEMV_SILU(F, FN, T, TN)                                                             \
     extern "C" __global__ void __launch_bounds__(QG_THREADS) qgemv_silu_##FN##_##TN##_m1(    \
         const T* x, const unsigned char* w, T* out, int n_rows, int k, int ksplit) {          \
-        pdl_enter();                                                                          \
         qgemv_impl<F, T, T, 1, 2, true>(x, w, nullptr, out, 1, n_rows, k, ksplit);            \
     }
 #define QDEQUANT(F, FN, T, TN)                                                               \

@@ -15,7 +15,8 @@
 // leaves room for x, which every warp re-reads) with 4 (R = 4: 2) chunks of loads in
 // flight, and keeps R x M f32 partial sums. They are reduced with a butterfly, then across
 // the ksplit warps in shared memory in a fixed order (deterministic), and part 0's lane
-// r * M + m writes (m, row r). Host guarantees: k % V == 0, 16-byte aligned x and w (so
+// r * M + m writes (m, row r). The kernel's PDL wait (`pdl_enter`) comes after its first
+// round of weight loads. Host guarantees: k % V == 0, 16-byte aligned x and w (so
 // every row of both is 16-byte aligned), m_rows <= M.
 
 #define GEMV_THREADS 256
@@ -81,25 +82,44 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
 
-    if (n0 < n_rows) {
-        // Rows past the end re-read the last row (never written): no per-load branches.
-        const T* wr[R];
+    // Rows past the end re-read the last row (never written): no per-load branches.
+    const T* wr[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int row = SILU ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
-            wr[r] = w + (long long)row * k + lane * V;
-        }
+    for (int r = 0; r < R; ++r) {
+        const int row = SILU ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
+        wr[r] = w + (long long)row * k + lane * V;
+    }
+    const int nfull = k / CHUNK;
+    // The first round of weight loads goes out before the PDL wait (`pdl_enter`): the
+    // weights never depend on the kernel before, so they stream while it finishes (an
+    // all-reduce, attention, a norm) instead of after. Only x waits.
+    uint4 wv[UNROLL][R];
+#ifdef GEMV_LATE_LOADS
+    const bool early = false;
+#else
+    const bool early = n0 < n_rows && part + (UNROLL - 1) * ksplit < nfull;
+#endif
+    if (early) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) wv[u][r] = ld_stream16(wr[r] + (part + u * ksplit) * CHUNK);
+    }
+    pdl_enter();
+
+    if (n0 < n_rows) {
         const T* xr = x + lane * V;
         int c = part;
         // Main loop over whole chunks: UNROLL of them, all weight loads issued before use;
         // each x vector is loaded once and used for the warp's R rows.
-        const int nfull = k / CHUNK;
         for (; c + (UNROLL - 1) * ksplit < nfull; c += UNROLL * ksplit) {
-            uint4 wv[UNROLL][R];
+            if (!early || c != part) {
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
+                for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-                for (int r = 0; r < R; ++r) wv[u][r] = ld_stream16(wr[r] + (c + u * ksplit) * CHUNK);
+                    for (int r = 0; r < R; ++r)
+                        wv[u][r] = ld_stream16(wr[r] + (c + u * ksplit) * CHUNK);
+            }
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u)
                 gemv_fma<T, M, R>(xr, k, (c + u * ksplit) * CHUNK, m_rows, wv[u], acc);
@@ -167,7 +187,6 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_##TN##_##ON##_m##M(     \
         const T* x, const T* w, const T* bias, OUT_T* out, int m_rows, int n_rows, int k,   \
         int ksplit) {                                                                       \
-        pdl_enter();                                                                        \
         gemv_impl<T, OUT_T, M, GEMV_R(M)>(x, w, bias, out, m_rows, n_rows, k, ksplit);      \
     }
 #define GEMV_ALL_M(T, OUT_T, TN, ON)                                                        \
@@ -187,7 +206,6 @@ GEMV_ALL_M(float, float, f32, f32)
 #define GEMV_SILU(T, TN)                                                                    \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_##TN##_m1(         \
         const T* x, const T* w, T* out, int n_rows, int k, int ksplit) {                   \
-        pdl_enter();                                                                        \
         gemv_impl<T, T, 1, 2, true>(x, w, nullptr, out, 1, n_rows, k, ksplit);             \
     }
 GEMV_SILU(bf16, bf16)

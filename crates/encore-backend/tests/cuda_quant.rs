@@ -909,3 +909,85 @@ fn expert_cache_matches_cpu_and_replays() {
         }
     }
 }
+
+/// The gemvs issue their first weight loads before the PDL wait, so they run beside the
+/// kernel before them; x they still read after it. norm(x0) -> each weight's gemv and
+/// gemv + SiLU (dense bf16, Q4_K, Q8_0), eagerly and replayed in one graph, with new x0
+/// values before every step, against the CPU backend on the same values: a gemv that read
+/// x before the norm wrote it would give the previous step's outputs.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemvs_wait_for_the_kernel_before_them() {
+    let _serial = serial();
+    let (n, k) = (1536, 2048);
+    let cpu = CpuBackend::new();
+    let gpu = CudaBackend::new(0).unwrap();
+    // The outputs of norm(x0) -> every weight's gemv and gemv + SiLU, for each x0 given.
+    let run = |be: &dyn Backend, x0s: &[Vec<f32>], graph: bool| -> Vec<Vec<f32>> {
+        let ws = [
+            be.upload_f32_as(&values(n * k, 11), &[n, k], DType::BF16)
+                .unwrap(),
+            upload_q(
+                be,
+                QuantFormat::Q4K,
+                n,
+                k,
+                &weight_bytes(QuantFormat::Q4K, n, k, 12),
+            ),
+            upload_q(
+                be,
+                QuantFormat::Q8_0,
+                n,
+                k,
+                &weight_bytes(QuantFormat::Q8_0, n, k, 13),
+            ),
+        ];
+        let x0 = be.alloc(DType::BF16, &[1, k]).unwrap();
+        let x = be.alloc(DType::BF16, &[1, k]).unwrap();
+        let g = be.upload_f32_as(&values(k, 14), &[k], DType::BF16).unwrap();
+        let outs: Vec<(Tensor, Tensor, Tensor)> = ws
+            .iter()
+            .map(|_| {
+                (
+                    be.alloc(DType::BF16, &[1, n]).unwrap(),
+                    be.alloc(DType::BF16, &[1, n]).unwrap(),
+                    be.alloc(DType::BF16, &[1, n / 2]).unwrap(),
+                )
+            })
+            .collect();
+        let step = || {
+            be.rms_norm(&x0, None, &g, 1e-5, &x).unwrap();
+            for (w, (o, gu, act)) in ws.iter().zip(&outs) {
+                be.matmul(&x, w, None, o).unwrap();
+                be.matmul_silu_mul(&x, w, gu, act).unwrap();
+            }
+        };
+        let graph = graph.then(|| {
+            be.begin_capture().unwrap();
+            step();
+            be.end_capture().unwrap()
+        });
+        let mut got = Vec::new();
+        for v in x0s {
+            let host = be.upload_f32_as(v, &[1, k], DType::BF16).unwrap();
+            be.copy(&host, &x0).unwrap();
+            match &graph {
+                Some(g) => g.replay().unwrap(),
+                None => step(),
+            }
+            for (o, _, act) in &outs {
+                got.push(be.download_f32(o).unwrap());
+                got.push(be.download_f32(act).unwrap());
+            }
+        }
+        got
+    };
+    let x0s: Vec<Vec<f32>> = (0..3).map(|i| values(k, 20 + i)).collect();
+    let want = run(&cpu, &x0s, false);
+    for graph in [false, true] {
+        let got = run(&gpu, &x0s, graph);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_close(&format!("output {i}, graph {graph}"), g, w, DType::BF16);
+        }
+    }
+}

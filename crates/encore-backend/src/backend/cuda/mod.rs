@@ -145,6 +145,10 @@ pub struct CudaBackend {
     p2p: Option<P2p>,
     /// Whether all-reduces that fit take the one-shot kernel (`set_one_shot_allreduce`).
     p2p_on: AtomicBool,
+    /// `ENCORE_ALLREDUCE=skip`, a measurement knob only: every all-reduce is left out (an
+    /// all-reduce + RMSNorm is the norm alone), so a step's time without its collectives
+    /// can be read beside the real one. The ranks' results are wrong.
+    skip_all_reduce: bool,
     /// The expert prefetch's stream (`args::ExpertPrefetch`), made at its first use.
     expert_side: Mutex<Option<SideStream>>,
 }
@@ -480,6 +484,7 @@ impl CudaBackend {
             p2p: None,
             expert_side: Mutex::new(None),
             p2p_on: AtomicBool::new(true),
+            skip_all_reduce: false,
         })
     }
 
@@ -495,7 +500,26 @@ impl CudaBackend {
             for (be, comm) in bes.iter_mut().zip(nccl::init_all(&devices)?) {
                 be.comm = Some(comm);
             }
-            let nccl_only = std::env::var("ENCORE_ALLREDUCE").is_ok_and(|v| v.trim() == "nccl");
+            let mode = std::env::var("ENCORE_ALLREDUCE").unwrap_or_default();
+            let nccl_only = match mode.trim() {
+                "" | "auto" => false,
+                "nccl" => true,
+                "skip" => {
+                    tracing::warn!(
+                        "ENCORE_ALLREDUCE=skip: all-reduces left out (a measurement knob; results are wrong)"
+                    );
+                    for be in bes.iter_mut() {
+                        be.skip_all_reduce = true;
+                    }
+                    false
+                }
+                other => {
+                    return Err(Error::Config {
+                        path: "ENCORE_ALLREDUCE".into(),
+                        what: format!("`{other}`: expected auto, nccl or skip"),
+                    })
+                }
+            };
             if !nccl_only && size <= kernels::AR_MAX_RANKS {
                 match Self::peer_access(&bes) {
                     Ok(()) => Self::set_up_p2p(&mut bes)?,
@@ -932,7 +956,7 @@ impl Backend for CudaBackend {
         let Some(comm) = &self.comm else {
             return Ok(());
         };
-        if n == 0 {
+        if n == 0 || self.skip_all_reduce {
             return Ok(());
         }
         self.bind()?;
@@ -962,6 +986,9 @@ impl Backend for CudaBackend {
         let tensors = [("x", x), ("residual", residual), ("w", w), ("out", out)];
         self.check_device("all_reduce_rms_norm", &tensors)?;
         let d = ops::check_rms_norm(x, Some(residual), w, eps, out)?;
+        if self.skip_all_reduce {
+            return self.rms_norm(x, Some(residual), w, eps, out);
+        }
         if let (Some(comm), Some(p)) = (&self.comm, self.p2p.as_ref()) {
             if self.p2p_on.load(Ordering::Relaxed) {
                 self.bind()?;

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Decode-step A/B of kernel settings over 1 and N GPUs, on the GPU machine (device tool,
+# nvidia-h100-x2 or larger, carrying .gpu/tp.tar.xz: `encore` and the test binaries
+# tests/{cuda,cuda_quant,tensor_parallel}):
+#   VARIANTS="ENCORE_GEMV_PREFETCH_MB=0 ENCORE_GEMV_PREFETCH_MB=16" MODELS="llama-3-8b" \
+#   TPS="1 2" ROUNDS=2 TESTS=1 bash scripts/gpu-tp-ab.sh
+# Each variant is one environment assignment (or `base` for none); every (model, tp) runs
+# each variant ROUNDS times, alternating, batch 1 (BATCHES), graph mode; then a table of
+# the graph ms per step. TESTS=1 runs the GPU tests first. Logs in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" .bin
+tar -xJf .gpu/tp.tar.xz -C .bin
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64
+nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+mkdir -p /tmp/nccl && ln -sf "$nccl/libnccl.so.2" /tmp/nccl/libnccl.so
+export LD_LIBRARY_PATH=/tmp/nccl:$LD_LIBRARY_PATH
+export NCCL_NVLS_ENABLE=0
+export ENCORE_CACHE_DIR=/tmp/encore-cache
+E=.bin/encore
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+if [ "${TESTS:-0}" = 1 ]; then
+  for t in "cuda_quant" "cuda kernels_match_cpu" "tensor_parallel"; do
+    set -- $t
+    echo "== tests $t"
+    .bin/tests/$1 --include-ignored --test-threads=1 ${2:-} > "$OUT/test-$1.log" 2>&1
+    echo "   rc=$? $(grep -E '^test result' "$OUT/test-$1.log" | tail -1)"
+    grep -E "FAILED|panicked" "$OUT/test-$1.log" | head -5
+  done
+fi
+ngpu=$(nvidia-smi -L | wc -l)
+for m in ${MODELS:-llama-3-8b}; do
+  for tp in ${TPS:-1 2}; do
+    [ "$tp" -le "$ngpu" ] || continue
+    for r in $(seq 1 "${ROUNDS:-2}"); do
+      for v in ${VARIANTS:-base}; do
+        log="$OUT/decode-$m-tp$tp-$v-r$r.log"
+        if [ "$v" = base ]; then envs=(); else envs=("$v"); fi
+        env "${envs[@]}" $E bench decode --device cuda --model "dummy:$m" -t "$tp" \
+          --batch "${BATCHES:-1}" --steps "${STEPS:-50}" > "$log" 2>&1 || echo "   failed: $log"
+      done
+    done
+  done
+done
+echo "== graph ms per step (model tp variant round: lines of bench decode)"
+for f in "$OUT"/decode-*.log; do
+  printf '%-60s %s\n' "$(basename "$f" .log)" "$(grep -E '^ *[0-9]+ ' "$f" | head -3 | tr -s ' ' | tr '\n' '|')"
+done
