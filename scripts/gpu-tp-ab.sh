@@ -6,7 +6,8 @@
 #   TPS="1 2" ROUNDS=2 TESTS=1 bash scripts/gpu-tp-ab.sh
 # Each variant is one environment assignment (or `base` for none); every (model, tp) runs
 # each variant ROUNDS times, alternating, batch 1 (BATCHES), graph mode; then a table of
-# the graph ms per step. TESTS=1 runs the GPU tests first. Logs in $OUT.
+# the graph ms per step. TESTS=1 runs the GPU tests first (or TESTS="binary[:filter] ...",
+# some of them). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -20,8 +21,11 @@ export NCCL_NVLS_ENABLE=0
 export ENCORE_CACHE_DIR=/tmp/encore-cache
 E=.bin/encore
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
-if [ "${TESTS:-0}" = 1 ]; then
-  for t in "cuda_quant" "cuda kernels_match_cpu" "tensor_parallel"; do
+tests=${TESTS:-0}
+[ "$tests" = 1 ] && tests="cuda_quant cuda:kernels_match_cpu tensor_parallel"
+if [ "$tests" != 0 ]; then
+  for t in $tests; do
+    t=${t/:/ }
     set -- $t
     echo "== tests $t"
     .bin/tests/$1 --include-ignored --test-threads=1 ${2:-} > "$OUT/test-$1.log" 2>&1

@@ -22,26 +22,12 @@
 // x: T [n], n * sizeof(T) a multiple of 16, each block's chunk at most a slot (checked on
 // the host).
 
-#define AR_MAX_RANKS 8
 #define AR_MAX_BLOCKS 64
 
 struct ArPeers {
     char* bufs[AR_MAX_RANKS];          // each rank's staging: 2 * cap bytes
     unsigned int* flags[AR_MAX_RANKS]; // each rank's slots [AR_MAX_BLOCKS][AR_MAX_RANKS]
 };
-
-__device__ __forceinline__ void st_release_sys(unsigned int* p, unsigned int v) {
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ unsigned int ld_acquire_sys(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-// A peer's staging, read past L1 (the same addresses hold new values every other call).
-__device__ __forceinline__ uint4 ld_cg16(const void* p) {
-    return __ldcg(reinterpret_cast<const uint4*>(p));
-}
 
 template <typename T>
 __device__ __forceinline__ void allreduce_impl(T* x, long long nv, const ArPeers* peers,
@@ -180,3 +166,80 @@ __device__ __forceinline__ void allreduce_rms_norm_impl(T* x, T* residual,
 ALLREDUCE_RMS_NORM(allreduce_rms_norm_bf16, bf16)
 ALLREDUCE_RMS_NORM(allreduce_rms_norm_f16, f16)
 ALLREDUCE_RMS_NORM(allreduce_rms_norm_f32, float)
+
+// pushed_rms_norm: the second half of the pushed all-reduce (gemv.cu's gemv_push_*, whose
+// comment gives the protocol), c = *count + 1: for each of the rows, each thread waits
+// until its 16-byte vectors of every source rank's slot in buffer c % 3 hold no unwritten
+// element (volatile loads of the data itself), puts the all-ones bits back for call c + 3,
+// then x = T(sum over the source ranks in rank order, f32), residual = T(residual + x)
+// stored back, out = residual / sqrt(mean(residual^2) + eps) * w (allreduce_rms_norm's
+// arithmetic, so every rank computes bit-identical values). One CTA; it advances *count
+// to c at the end. x: T [rows, dim], dim * sizeof(T) a multiple of 16.
+template <typename T>
+__device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T* __restrict__ w,
+                                                     T* out, int rows, int dim, float eps,
+                                                     const ArPush* push, unsigned int* count,
+                                                     int rank, int ranks, long long cap) {
+    __shared__ unsigned int sh_c;
+    __shared__ float sh[32];
+    constexpr int V = Ty<T>::V;
+    if (threadIdx.x == 0) sh_c = *count + 1;
+    __syncthreads();
+    const unsigned int c = sh_c;
+    char* bufs = push->bufs[rank] + (long long)(c % 3u) * AR_MAX_RANKS * cap;
+    const uint4 unwritten = make_uint4(~0u, ~0u, ~0u, ~0u);
+    const int nv = dim / V;
+    for (int r = 0; r < rows; r++) {
+        const long long base = (long long)r * dim;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float acc[V];
+#pragma unroll
+            for (int e = 0; e < V; e++) acc[e] = 0.0f;
+            for (int k = 0; k < ranks; k++) {
+                char* p = bufs + k * cap + (base + i * V) * (long long)sizeof(T);
+                uint4 u = ld_volatile16(p);
+                while (push_unwritten(u, sizeof(T))) u = ld_volatile16(p);
+                *reinterpret_cast<uint4*>(p) = unwritten;
+                float v[V];
+                Ty<T>::unpack(u, v);
+#pragma unroll
+                for (int e = 0; e < V; e++) acc[e] += v[e];
+            }
+            store_vec(x + base + i * V, acc);
+            float res[V];
+            load_vec(residual + base + i * V, res);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                const float s = to_f32(from_f32<T>(acc[e]));
+                res[e] = to_f32(from_f32<T>(res[e] + s));
+                ss += res[e] * res[e];
+            }
+            store_vec(residual + base + i * V, res);
+        }
+        ss = block_sum(ss, sh);
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float a[V], g[V];
+            load_vec(residual + base + i * V, a);
+            load_vec(w + i * V, g);
+#pragma unroll
+            for (int e = 0; e < V; ++e) a[e] = a[e] * inv * g[e];
+            store_vec(out + base + i * V, a);
+        }
+    }
+    if (threadIdx.x == 0) *count = c;
+}
+
+#define PUSHED_RMS_NORM(NAME, T)                                                           \
+    extern "C" __global__ void NAME(T* x, T* residual, const T* w, T* out, int rows,        \
+                                    int dim, float eps, const ArPush* push,                \
+                                    unsigned int* count, int rank, int ranks,              \
+                                    long long cap) {                                       \
+        pdl_enter();                                                                       \
+        pushed_rms_norm_impl<T>(x, residual, w, out, rows, dim, eps, push, count, rank,    \
+                                ranks, cap);                                               \
+    }
+PUSHED_RMS_NORM(pushed_rms_norm_bf16, bf16)
+PUSHED_RMS_NORM(pushed_rms_norm_f16, f16)
+PUSHED_RMS_NORM(pushed_rms_norm_f32, float)

@@ -35,6 +35,56 @@ __device__ __forceinline__ void pdl_enter() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// Tensor parallelism's peer-memory collectives (allreduce.cu; the pushed all-reduce of
+// gemv.cu's gemv_push_* and allreduce.cu's pushed_rms_norm_*).
+#define AR_MAX_RANKS 8
+// The pushed all-reduce's peer table: every rank's staging [3][AR_MAX_RANKS][cap] bytes
+// (call c % 3, source rank), all-ones bits where not written (gemv.cu's PUSH).
+struct ArPush {
+    char* bufs[AR_MAX_RANKS];
+};
+// A pushed value: all-ones bits mark a slot not yet written, so an output with those bits
+// (a NaN) is stored as the canonical NaN instead.
+__device__ __forceinline__ bf16 push_value(bf16 v) {
+    return __bfloat16_as_ushort(v) == 0xFFFFu ? __ushort_as_bfloat16(0x7FC0u) : v;
+}
+__device__ __forceinline__ f16 push_value(f16 v) {
+    return __half_as_ushort(v) == 0xFFFFu ? __ushort_as_half(0x7E00u) : v;
+}
+__device__ __forceinline__ float push_value(float v) {
+    return __float_as_uint(v) == 0xFFFFFFFFu ? __uint_as_float(0x7FC00000u) : v;
+}
+// Whether a 16-byte vector of pushed elements of `bytes` each still holds an unwritten one.
+__device__ __forceinline__ bool push_unwritten(const uint4& u, int bytes) {
+    const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+    bool any = false;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        any |= bytes == 4 ? w[i] == 0xFFFFFFFFu
+                          : ((w[i] & 0xFFFFu) == 0xFFFFu || (w[i] >> 16) == 0xFFFFu);
+    return any;
+}
+__device__ __forceinline__ uint4 ld_volatile16(const void* p) {
+    uint4 r;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p)
+                 : "memory");
+    return r;
+}
+__device__ __forceinline__ void st_release_sys(unsigned int* p, unsigned int v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned int ld_acquire_sys(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// Staging a peer writes, read past L1 (the same addresses hold new values every other call).
+__device__ __forceinline__ uint4 ld_cg16(const void* p) {
+    return __ldcg(reinterpret_cast<const uint4*>(p));
+}
+
 #define NEG_INF (__int_as_float(0xff800000))
 #define POS_INF (__int_as_float(0x7f800000))
 

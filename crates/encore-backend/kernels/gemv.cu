@@ -58,10 +58,29 @@ __device__ __forceinline__ void gemv_fma(const T* xr, int k, int k0, int m_rows,
 // [2 * n_rows, k] (gate rows, then up rows); the warp of output j computes gate row j and
 // up row n_rows + j, rounds both to T as a matmul would, and writes
 // out[j] = silu(gate) * up rounded to T, exactly what matmul + silu_mul.cu produce.
-template <typename T, typename OutT, int M, int R, bool SILU = false>
+//
+// PUSH (gemv_push_*, OutT = T): tensor parallelism's row-parallel projection, whose output
+// is summed over the ranks. Instead of writing `out`, the CTA gathers its outputs
+// [m_rows, its rows] in shared memory and stores them straight into every rank's staging
+// slot for this rank (peer memory: NVLink or PCIe P2P), c = *count + 1, buffer c % 3.
+// No flag follows: a slot holds all-ones bits (a NaN no output takes: one that would is
+// stored as the canonical NaN) until written, so allreduce.cu's pushed_rms_norm_* waits on
+// the data itself, sums the slots in rank order, puts the all-ones bits back and advances
+// *count. A rank writes buffer c % 3 again at call c + 3, after every rank has finished
+// call c + 1's norm, which needed this rank's call c + 1 pushes, made after its own
+// call c norm had reset the buffer.
+struct PushTo {
+    const ArPush* peers;
+    const unsigned int* count;
+    int rank, ranks;
+    long long cap; // bytes of one (buffer, source rank) slot
+};
+
+template <typename T, typename OutT, int M, int R, bool SILU = false, bool PUSH = false>
 __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w,
                                           const T* __restrict__ bias, OutT* __restrict__ out,
-                                          int m_rows, int n_rows, int k, int ksplit) {
+                                          int m_rows, int n_rows, int k, int ksplit,
+                                          PushTo push = PushTo{}) {
     constexpr int V = Ty<T>::V;
     constexpr int CHUNK = 32 * V;
     constexpr int UNROLL = R >= 4 ? 2 : 4;
@@ -106,6 +125,8 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
             for (int r = 0; r < R; ++r) wv[u][r] = ld_stream16(wr[r] + (part + u * ksplit) * CHUNK);
     }
     pdl_enter();
+    __shared__ unsigned int sh_c;
+    if (PUSH && threadIdx.x == 0) sh_c = *push.count + 1;
 
     if (n0 < n_rows) {
         const T* xr = x + lane * V;
@@ -164,6 +185,36 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
             const float u = to_f32(from_f32<T>(acc[R - 1][0]));
             out[n0] = from_f32<OutT>(silu_mul_f32(g, u));
         }
+    } else if (PUSH) {
+        // This CTA's outputs [m, its rows], then every rank's slot for this rank.
+        __shared__ T pst[GEMV_WARPS * 4 * M];
+        const int cta_n0 = blockIdx.x * rows_per_cta;
+        const int rows_here = min(rows_per_cta, n_rows - cta_n0);
+        if (part == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int n = n0 + r;
+                if (n < n_rows) {
+                    const float b = bias != nullptr ? to_f32(bias[n]) : 0.0f;
+#pragma unroll
+                    for (int m = 0; m < M; ++m) {
+                        if (lane == r * M + m && m < m_rows)
+                            pst[m * rows_per_cta + (n - cta_n0)] =
+                                push_value(from_f32<T>(acc[r][m] + b));
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        const unsigned int c = sh_c;
+        const int cnt = rows_here * m_rows;
+        const long long slot = ((long long)(c % 3u) * AR_MAX_RANKS + push.rank) * push.cap;
+        for (int t = threadIdx.x; t < cnt * push.ranks; t += blockDim.x) {
+            const int dst = t / cnt, e = t - dst * cnt;
+            const int m = e / rows_here, r = e - m * rows_here;
+            T* buf = reinterpret_cast<T*>(push.peers->bufs[dst] + slot);
+            buf[(long long)m * n_rows + cta_n0 + r] = pst[m * rows_per_cta + r];
+        }
     } else if (part == 0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -200,6 +251,26 @@ GEMV_ALL_M(bf16, float, bf16, f32)
 GEMV_ALL_M(f16, f16, f16, f16)
 GEMV_ALL_M(f16, float, f16, f32)
 GEMV_ALL_M(float, float, f32, f32)
+
+// The row-parallel projection of tensor parallelism, pushing its outputs to every rank
+// (PUSH above) for allreduce.cu's pushed_rms_norm_*.
+#define GEMV_PUSH(T, TN, M)                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_push_##TN##_m##M(       \
+        const T* x, const T* w, const T* bias, int m_rows, int n_rows, int k, int ksplit,   \
+        const ArPush* peers, const unsigned int* count, int rank, int ranks,               \
+        long long cap) {                                                                    \
+        gemv_impl<T, T, M, GEMV_R(M), false, true>(x, w, bias, nullptr, m_rows, n_rows, k, \
+                                                   ksplit,                                  \
+                                                   PushTo{peers, count, rank, ranks, cap}); \
+    }
+#define GEMV_PUSH_ALL_M(T, TN)                                                              \
+    GEMV_PUSH(T, TN, 1)                                                                     \
+    GEMV_PUSH(T, TN, 2)                                                                     \
+    GEMV_PUSH(T, TN, 4)                                                                     \
+    GEMV_PUSH(T, TN, 8)
+GEMV_PUSH_ALL_M(bf16, bf16)
+GEMV_PUSH_ALL_M(f16, f16)
+GEMV_PUSH_ALL_M(float, f32)
 
 // out[0, j] = silu(x · w[j]) * (x · w[n_rows + j]) for one row of x: the MLP's gate/up
 // projection and activation in one pass over the merged gate_up weight.

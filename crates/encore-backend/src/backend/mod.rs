@@ -314,6 +314,27 @@ pub trait Backend: Send + Sync {
         all_reduce_then_rms_norm(self, x, residual, w, eps, out)
     }
 
+    /// Tensor parallelism's row-parallel projection and the residual RMSNorm after it:
+    /// `hidden = sum over the ranks of x · wᵀ` (x T `[m, k]`, w this rank's `[n, k]`,
+    /// hidden T `[m, n]`), then, as [`Backend::all_reduce_rms_norm`], the residual adds
+    /// hidden and `out = norm(residual) * norm_w`. The default is [`Backend::matmul`]
+    /// then [`Backend::all_reduce_rms_norm`]; a backend may move the sum into the matmul
+    /// (CUDA: its gemv stores its outputs straight into every rank's memory).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_all_reduce_rms_norm(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        hidden: &Tensor,
+        residual: &Tensor,
+        norm_w: &Tensor,
+        eps: f32,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.matmul(x, w, None, hidden)?;
+        self.all_reduce_rms_norm(hidden, residual, norm_w, eps, out)
+    }
+
     /// Gather every rank's `src` into `dst`: `dst[k] = src` of rank k, on every rank.
     /// Alone: a copy. Capturable; collective like [`Backend::all_reduce`].
     /// src T `[..]`, dst T `[size, ..src]`.

@@ -617,9 +617,18 @@ impl Model {
                 be.rms_norm(&buf.hidden, Some(&buf.residual), w, eps, &buf.normed)
             }
         };
+        // Without weight offload (no announcement between the two ops), a row-parallel
+        // projection and the norm after it go to the backend as one op, which may sum
+        // over the ranks inside the matmul.
+        let fused = size > 1 && self.offload.is_none();
+        let project_add_norm = |x: &Tensor, w: &Tensor, norm: &Tensor| {
+            be.matmul_all_reduce_rms_norm(x, w, &buf.hidden, &buf.residual, norm, eps, &buf.normed)
+        };
         if k == 0 && c.eagle.is_some() {
             return self.eagle_prologue(be, kv, inp, buf);
         }
+        // A dense layer's down projection waiting for the norm after it (`fused`).
+        let mut down_pending = None;
         if k == 0 {
             let embed = one(OpId::Embed, &self.weights.embed)?;
             be.embedding_rows(inp.token_ids, &embed, rank * c.vocab_rows(), &buf.hidden)?;
@@ -631,9 +640,13 @@ impl Model {
             // projection the next norm adds to the residual).
             let (l, at) = (&layers[k - 1], |op| OpId::Layer(k - 1, op));
             let o_proj = one(at(LayerOp::OProj), &l.o_proj)?;
-            be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
-            let post_norm = one(at(LayerOp::PostNorm), &l.post_norm)?;
-            add_norm(&post_norm)?;
+            if fused {
+                project_add_norm(&buf.attn, &o_proj, &l.post_norm)?;
+            } else {
+                be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
+                let post_norm = one(at(LayerOp::PostNorm), &l.post_norm)?;
+                add_norm(&post_norm)?;
+            }
             match (&l.router, &c.moe) {
                 (Some(router), Some(moe)) => {
                     // A sparse layer: the router, then the chosen experts. `GateUp` reads,
@@ -751,10 +764,18 @@ impl Model {
                     let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;
                     be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
                     let down = one(at(LayerOp::Down), &l.down)?;
-                    be.matmul(&buf.act, &down, None, &buf.hidden)?;
+                    if fused {
+                        down_pending = Some(down);
+                    } else {
+                        be.matmul(&buf.act, &down, None, &buf.hidden)?;
+                    }
                 }
             }
         }
+        let add_norm = |norm: &Tensor| match &down_pending {
+            Some(down) => project_add_norm(&buf.act, down, norm),
+            None => add_norm(norm),
+        };
         let Some(l) = layers.get(k) else {
             let norm = one(OpId::FinalNorm, &self.weights.norm)?;
             return add_norm(&norm);

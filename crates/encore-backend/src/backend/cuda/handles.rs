@@ -125,6 +125,10 @@ pub(super) struct Kernels<K = Kernel> {
     pub moe_shared_add: PerDType<K>,
     pub allreduce: PerDType<K>,
     pub allreduce_rms_norm: PerDType<K>,
+    /// The pushed all-reduce: the row-parallel gemv that pushes its outputs to every rank
+    /// (by [`GEMV_VARIANTS`] index), and the sum + residual RMSNorm after it.
+    pub gemv_push: [PerDType<K>; 4],
+    pub pushed_rms_norm: PerDType<K>,
     pub qkv_rope: PerDType<K>,
     /// By [`SPLIT_VARIANTS`] index.
     pub attention_split: [PerDType<K>; 4],
@@ -181,6 +185,12 @@ impl<K> Kernels<K> {
         let moe_shared_add = PerDType::resolve(t, "moe_shared_add")?;
         let allreduce = PerDType::resolve(t, "allreduce")?;
         let allreduce_rms_norm = PerDType::resolve(t, "allreduce_rms_norm")?;
+        let mut push = |r: usize| {
+            let suffix = format!("_m{}", GEMV_VARIANTS[r]);
+            PerDType::resolve_variant(t, "gemv_push", &suffix)
+        };
+        let gemv_push = [push(0)?, push(1)?, push(2)?, push(3)?];
+        let pushed_rms_norm = PerDType::resolve(t, "pushed_rms_norm")?;
         let qkv_rope = PerDType::resolve(t, "qkv_rope")?;
         let mut split = |i: usize| PerDType::resolve(t, SPLIT_NAMES[i]);
         let attention_split = [split(0)?, split(1)?, split(2)?, split(3)?];
@@ -272,6 +282,8 @@ impl<K> Kernels<K> {
             moe_shared_add,
             allreduce,
             allreduce_rms_norm,
+            gemv_push,
+            pushed_rms_norm,
             qkv_rope,
             attention_split,
             attention_combine,
@@ -311,6 +323,12 @@ impl<K> Kernels<K> {
         };
         let vi = variant(&GEMV_VARIANTS, rows, OP)?;
         Ok(&self.gemv[xi][oi][vi])
+    }
+
+    /// `gemv_push_<x>_m<rows>` for `rows` in [`GEMV_VARIANTS`].
+    pub(super) fn gemv_push(&self, x: DType, rows: usize) -> Result<&K> {
+        let vi = variant(&GEMV_VARIANTS, rows, "matmul_all_reduce_rms_norm (gemv)")?;
+        self.gemv_push[vi].get(x)
     }
 
     /// `qgemv_<fmt>_<x>_<out>_m<rows>` for `rows` in [`GEMV_VARIANTS`] and `out` either

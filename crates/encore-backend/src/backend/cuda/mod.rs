@@ -149,6 +149,9 @@ pub struct CudaBackend {
     /// all-reduce + RMSNorm is the norm alone), so a step's time without its collectives
     /// can be read beside the real one. The ranks' results are wrong.
     skip_all_reduce: bool,
+    /// Whether a row-parallel projection + norm may take the pushed all-reduce
+    /// (`matmul_all_reduce_rms_norm`; off with `ENCORE_ALLREDUCE=oneshot`, for comparisons).
+    push_on: bool,
     /// The expert prefetch's stream (`args::ExpertPrefetch`), made at its first use.
     expert_side: Mutex<Option<SideStream>>,
 }
@@ -307,7 +310,17 @@ struct P2p {
     cap: usize,
     _staging: Tensor,
     _flags: Tensor,
+    /// The pushed all-reduce (`matmul_all_reduce_rms_norm`): the `ArPush` table of every
+    /// rank's staging, this rank's call counter, and its own staging
+    /// `[3][AR_MAX_RANKS][PUSH_CAP]` bytes (all-ones where not written).
+    push_peers: Tensor,
+    push_count: Tensor,
+    _push_staging: Tensor,
 }
+
+/// Bytes one rank's pushed outputs may take in a peer's staging (a call's `[rows, n]`):
+/// 8 rows of an 8192-wide f32 hidden state.
+const PUSH_CAP: usize = 256 << 10;
 
 /// The one-shot all-reduce takes tensors up to this size (decode's hidden states up to a
 /// few hundred rows); NCCL the rest.
@@ -485,6 +498,7 @@ impl CudaBackend {
             expert_side: Mutex::new(None),
             p2p_on: AtomicBool::new(true),
             skip_all_reduce: false,
+            push_on: true,
         })
     }
 
@@ -503,6 +517,12 @@ impl CudaBackend {
             let mode = std::env::var("ENCORE_ALLREDUCE").unwrap_or_default();
             let nccl_only = match mode.trim() {
                 "" | "auto" => false,
+                "oneshot" => {
+                    for be in bes.iter_mut() {
+                        be.push_on = false;
+                    }
+                    false
+                }
                 "nccl" => true,
                 "skip" => {
                     tracing::warn!(
@@ -516,7 +536,7 @@ impl CudaBackend {
                 other => {
                     return Err(Error::Config {
                         path: "ENCORE_ALLREDUCE".into(),
-                        what: format!("`{other}`: expected auto, nccl or skip"),
+                        what: format!("`{other}`: expected auto, oneshot, nccl or skip"),
                     })
                 }
             };
@@ -597,11 +617,24 @@ impl CudaBackend {
             table[kernels::AR_MAX_RANKS + r] = dptr(f);
         }
         let bytes: Vec<u8> = table.iter().flat_map(|p| p.to_le_bytes()).collect();
+        let mut push_staging = Vec::new();
+        let mut push_table = [0u64; kernels::AR_MAX_RANKS];
+        for (r, be) in bes.iter().enumerate() {
+            let s = be.alloc(DType::I32, &[3 * kernels::AR_MAX_RANKS * PUSH_CAP / 4])?;
+            be.write_bytes(&s, &vec![0xFFu8; s.size_bytes()])?;
+            push_table[r] = dptr(&s);
+            push_staging.push(s);
+        }
+        let push_bytes: Vec<u8> = push_table.iter().flat_map(|p| p.to_le_bytes()).collect();
         for (r, be) in bes.iter_mut().enumerate() {
             let peers = be.alloc(DType::I64, &[table.len()])?;
             be.write_bytes(&peers, &bytes)?;
             let count = be.alloc(DType::I32, &[kernels::AR_MAX_BLOCKS])?;
             be.write_bytes(&count, &vec![0u8; count.size_bytes()])?;
+            let push_peers = be.alloc(DType::I64, &[push_table.len()])?;
+            be.write_bytes(&push_peers, &push_bytes)?;
+            let push_count = be.alloc(DType::I32, &[4])?;
+            be.write_bytes(&push_count, &[0u8; 16])?;
             be.synchronize()?;
             be.p2p = Some(P2p {
                 peers,
@@ -609,6 +642,9 @@ impl CudaBackend {
                 cap: P2P_CAP,
                 _staging: staging[r].clone(),
                 _flags: flags[r].clone(),
+                push_peers,
+                push_count,
+                _push_staging: push_staging[r].clone(),
             });
         }
         Ok(())
@@ -1008,6 +1044,49 @@ impl Backend for CudaBackend {
             }
         }
         crate::backend::all_reduce_then_rms_norm(self, x, residual, w, eps, out)
+    }
+
+    fn matmul_all_reduce_rms_norm(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        hidden: &Tensor,
+        residual: &Tensor,
+        norm_w: &Tensor,
+        eps: f32,
+        out: &Tensor,
+    ) -> Result<()> {
+        let pushed = self.p2p.as_ref().zip(self.comm.as_ref()).filter(|_| {
+            self.push_on && self.p2p_on.load(Ordering::Relaxed) && !self.skip_all_reduce
+        });
+        if let Some((p, comm)) = pushed.filter(|_| !matches!(w.dtype(), DType::Q(_))) {
+            let tensors = [
+                ("x", x),
+                ("w", w),
+                ("hidden", hidden),
+                ("residual", residual),
+                ("norm_w", norm_w),
+                ("out", out),
+            ];
+            self.check_device("matmul_all_reduce_rms_norm", &tensors)?;
+            let d = ops::check_matmul(x, w, None, hidden)?;
+            ops::check_rms_norm(hidden, Some(residual), norm_w, eps, out)?;
+            self.bind()?;
+            if let Some(r) = kernels::gemv_push_rms_norm(
+                self,
+                (x, w, hidden),
+                (residual, norm_w, out),
+                eps,
+                &d,
+                (dptr(&p.push_peers), dptr(&p.push_count)),
+                (comm.rank, comm.size),
+                (PUSH_CAP, self.gemv_max_rows),
+            ) {
+                return r;
+            }
+        }
+        self.matmul(x, w, None, hidden)?;
+        self.all_reduce_rms_norm(hidden, residual, norm_w, eps, out)
     }
 
     fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {

@@ -39,6 +39,9 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "allreduce_rms_norm_bf16",
             "allreduce_rms_norm_f16",
             "allreduce_rms_norm_f32",
+            "pushed_rms_norm_bf16",
+            "pushed_rms_norm_f16",
+            "pushed_rms_norm_f32",
         ],
     },
     KernelSource {
@@ -149,6 +152,18 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "gemv_f32_f32_m2",
             "gemv_f32_f32_m4",
             "gemv_f32_f32_m8",
+            "gemv_push_bf16_m1",
+            "gemv_push_bf16_m2",
+            "gemv_push_bf16_m4",
+            "gemv_push_bf16_m8",
+            "gemv_push_f16_m1",
+            "gemv_push_f16_m2",
+            "gemv_push_f16_m4",
+            "gemv_push_f16_m8",
+            "gemv_push_f32_m1",
+            "gemv_push_f32_m2",
+            "gemv_push_f32_m4",
+            "gemv_push_f32_m8",
             "gemv_silu_bf16_m1",
             "gemv_silu_f16_m1",
             "gemv_silu_f32_m1",
@@ -772,6 +787,67 @@ pub(super) fn allreduce(
         c,
         &mut args![xp, nv, peers, count, rank, ranks, cap],
     )
+}
+
+/// The pushed all-reduce: tensor parallelism's row-parallel projection `x · wᵀ` summed over
+/// the ranks into `hidden`, then the residual RMSNorm, as two kernels: `gemv_push_*`
+/// (gemv.cu: each CTA stores its outputs straight into every rank's staging), then
+/// `pushed_rms_norm_*` (allreduce.cu: waits on the data from every rank, sums in rank
+/// order, adds and normalises). `push` is this rank's `ArPush` table and call counter,
+/// `cap` a slot's bytes. `None` when the shapes do not suit it (not the gemv's rows, not
+/// 16-byte rows, more than a slot): the caller runs matmul, then all_reduce_rms_norm.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemv_push_rms_norm(
+    be: &CudaBackend,
+    (x, w, hidden): (&Tensor, &Tensor, &Tensor),
+    (residual, norm_w, out): (&Tensor, &Tensor, &Tensor),
+    eps: f32,
+    d: &MatmulDims,
+    push: (u64, u64),
+    (rank, ranks): (usize, usize),
+    (cap, max_rows): (usize, usize),
+) -> Option<Result<()>> {
+    const OP: &str = "matmul_all_reduce_rms_norm";
+    let dt = x.dtype();
+    let variant = d.m.next_power_of_two();
+    let (ksplit, ctas) = gemv_layout(be, dt, d.n, d.k, variant.min(4));
+    let fits = gemv_fits(x, w, d, max_rows)
+        && w.dtype() == dt
+        && hidden.dtype() == dt
+        && (d.n * dt.size()).is_multiple_of(16)
+        && d.m * d.n * dt.size() <= cap
+        && [hidden, residual, norm_w, out].iter().all(|t| aligned16(t));
+    if !fits || d.n == 0 {
+        return None;
+    }
+    let run = || {
+        let kernel = be.kernels().gemv_push(dt, variant)?;
+        let c = cfg(
+            (grid_x(OP, "n", ctas)?, 1, 1),
+            ((GEMV_WARPS * 32) as u32, 1, 1),
+        );
+        let (xp, wp, bp) = (dptr(x), dptr(w), 0u64);
+        let (m, n, k) = (d.m as i32, int(OP, "n", d.n)?, int(OP, "k", d.k)?);
+        let ksplit = ksplit as i32;
+        let (peers, count) = push;
+        let (rank, ranks) = (int(OP, "rank", rank)?, int(OP, "ranks", ranks)?);
+        let cap = cap as i64;
+        be.launch(
+            kernel,
+            c,
+            &mut args![xp, wp, bp, m, n, k, ksplit, peers, count, rank, ranks, cap],
+        )?;
+        let nv = d.n * dt.size() / 16;
+        // rms_norm's block size, so each thread sums the same elements in the same order.
+        let c = cfg((1, 1, 1), (threads_for(nv, 1024), 1, 1));
+        let (hp, rp, gp, op) = (dptr(hidden), dptr(residual), dptr(norm_w), dptr(out));
+        be.launch(
+            be.kernels().pushed_rms_norm.get(dt)?,
+            c,
+            &mut args![hp, rp, gp, op, m, n, eps, peers, count, rank, ranks, cap],
+        )
+    };
+    Some(run())
 }
 
 /// The one-shot all-reduce fused with the residual RMSNorm after it
