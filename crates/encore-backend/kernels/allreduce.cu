@@ -8,8 +8,8 @@
 //      alternate calls of the block: `c & 1`, c its call count);
 //   2. tells every rank "chunk b of call c is written" (a release store of c into that
 //      rank's flag slot [b][me]) and waits until every rank has said the same to it
-//      (acquire loads of its own slots [b][r] until >= c: a fast peer may already have
-//      written c + 1);
+//      (acquire loads of its own slots [b][r] until >= c, in serial-number order so
+//      the u32 counts may wrap: a fast peer may already have written c + 1);
 //   3. sums chunk b over the ranks' staging buffers in rank order (f32, rounded once), so
 //      every rank computes bit-identical values, into x.
 // No second barrier: block b stages into its own slot of the staging buffer (bytes
@@ -18,7 +18,7 @@
 // call c + 2, which it starts after block b of every peer has arrived at call c + 1
 // (step 2 of c + 1), i.e. after they have finished reading call c's slot. Call counts
 // live in device memory (per block, per rank), so a captured graph replays correctly;
-// flags compare with >=.
+// flags compare with >= in serial-number order (wrapping u32).
 // x: T [n], n * sizeof(T) a multiple of 16, each block's chunk at most a slot (checked on
 // the host).
 
@@ -49,7 +49,7 @@ __device__ __forceinline__ void allreduce_impl(T* x, long long nv, const ArPeers
     if (threadIdx.x < ranks) {
         st_release_sys(peers->flags[threadIdx.x] + b * AR_MAX_RANKS + rank, c);
         const unsigned int* f = peers->flags[rank] + b * AR_MAX_RANKS + threadIdx.x;
-        while (ld_acquire_sys(f) < c) {
+        while ((int)(ld_acquire_sys(f) - c) < 0) {
         }
     }
     __syncthreads();
@@ -112,7 +112,7 @@ __device__ __forceinline__ void allreduce_rms_norm_impl(T* x, T* residual,
     if (threadIdx.x < ranks) {
         st_release_sys(peers->flags[threadIdx.x] + b * AR_MAX_RANKS + rank, c);
         const unsigned int* f = peers->flags[rank] + b * AR_MAX_RANKS + threadIdx.x;
-        while (ld_acquire_sys(f) < c) {
+        while ((int)(ld_acquire_sys(f) - c) < 0) {
         }
     }
     __syncthreads();
@@ -168,13 +168,13 @@ ALLREDUCE_RMS_NORM(allreduce_rms_norm_f16, f16)
 ALLREDUCE_RMS_NORM(allreduce_rms_norm_f32, float)
 
 // pushed_rms_norm: the second half of the pushed all-reduce (gemv.cu's gemv_push_*, whose
-// comment gives the protocol), c = *count + 1: for each of the rows, each thread waits
-// until its 16-byte vectors of every source rank's slot in buffer c % 3 hold no unwritten
-// element (volatile loads of the data itself), puts the all-ones bits back for call c + 3,
+// comment gives the protocol), buffer c = (*count + 1) % 3: for each of the rows, each
+// thread waits until its 16-byte vectors of every source rank's slot in buffer c hold no
+// unwritten element (volatile loads of the data itself), puts the all-ones bits back,
 // then x = T(sum over the source ranks in rank order, f32), residual = T(residual + x)
 // stored back, out = residual / sqrt(mean(residual^2) + eps) * w (allreduce_rms_norm's
-// arithmetic, so every rank computes bit-identical values). One CTA; it advances *count
-// to c at the end. x: T [rows, dim], dim * sizeof(T) a multiple of 16.
+// arithmetic, so every rank computes bit-identical values). One CTA; it sets *count to c
+// at the end. x: T [rows, dim], dim * sizeof(T) a multiple of 16.
 template <typename T>
 __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T* __restrict__ w,
                                                      T* out, int rows, int dim, float eps,
@@ -183,10 +183,10 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
     __shared__ unsigned int sh_c;
     __shared__ float sh[32];
     constexpr int V = Ty<T>::V;
-    if (threadIdx.x == 0) sh_c = *count + 1;
+    if (threadIdx.x == 0) sh_c = (*count + 1) % 3u;
     __syncthreads();
     const unsigned int c = sh_c;
-    char* bufs = push->bufs[rank] + (long long)(c % 3u) * AR_MAX_RANKS * cap;
+    char* bufs = push->bufs[rank] + (long long)c * AR_MAX_RANKS * cap;
     const uint4 unwritten = make_uint4(~0u, ~0u, ~0u, ~0u);
     const int nv = dim / V;
     for (int r = 0; r < rows; r++) {

@@ -62,13 +62,14 @@ __device__ __forceinline__ void gemv_fma(const T* xr, int k, int k0, int m_rows,
 // PUSH (gemv_push_*, OutT = T): tensor parallelism's row-parallel projection, whose output
 // is summed over the ranks. Instead of writing `out`, the CTA gathers its outputs
 // [m_rows, its rows] in shared memory and stores them straight into every rank's staging
-// slot for this rank (peer memory: NVLink or PCIe P2P), c = *count + 1, buffer c % 3.
+// slot for this rank (peer memory: NVLink or PCIe P2P) in buffer c = (*count + 1) % 3.
 // No flag follows: a slot holds all-ones bits (a NaN no output takes: one that would is
 // stored as the canonical NaN) until written, so allreduce.cu's pushed_rms_norm_* waits on
 // the data itself, sums the slots in rank order, puts the all-ones bits back and advances
-// *count. A rank writes buffer c % 3 again at call c + 3, after every rank has finished
-// call c + 1's norm, which needed this rank's call c + 1 pushes, made after its own
-// call c norm had reset the buffer.
+// sets *count = c (so the count only cycles through 0, 1, 2). A rank writes a buffer again
+// three calls later, after every rank has finished the norm of the call after this one,
+// which needed this rank's pushes of that call, made after its own norm of this call had
+// reset the buffer.
 struct PushTo {
     const ArPush* peers;
     const unsigned int* count;
@@ -126,7 +127,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
     }
     pdl_enter();
     __shared__ unsigned int sh_c;
-    if (PUSH && threadIdx.x == 0) sh_c = *push.count + 1;
+    if (PUSH && threadIdx.x == 0) sh_c = (*push.count + 1) % 3u;
 
     if (n0 < n_rows) {
         const T* xr = x + lane * V;
@@ -208,7 +209,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
         __syncthreads();
         const unsigned int c = sh_c;
         const int cnt = rows_here * m_rows;
-        const long long slot = ((long long)(c % 3u) * AR_MAX_RANKS + push.rank) * push.cap;
+        const long long slot = ((long long)c * AR_MAX_RANKS + push.rank) * push.cap;
         for (int t = threadIdx.x; t < cnt * push.ranks; t += blockDim.x) {
             const int dst = t / cnt, e = t - dst * cnt;
             const int m = e / rows_here, r = e - m * rows_here;
