@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Decode-step A/B of kernel settings over 1 and N GPUs, on the GPU machine (device tool,
-# nvidia-h100-x2 or larger, carrying .gpu/tp.tar.xz: `encore` and the test binaries
+# nvidia-h100-x2 or larger, carrying .gpu/tp.tar.xz, or TARBALL, e.g. .gpu/gpu.tar.xz from
+# scripts/pack-gpu.sh: `encore` and the test binaries
 # tests/{cuda,cuda_quant,tensor_parallel}):
-#   VARIANTS="ENCORE_GEMV_PREFETCH_MB=0 ENCORE_GEMV_PREFETCH_MB=16" MODELS="llama-3-8b" \
+#   VARIANTS="base ENCORE_ALLREDUCE=oneshot ENCORE_ALLREDUCE=skip" MODELS="llama-3-8b" \
 #   TPS="1 2" ROUNDS=2 TESTS=1 bash scripts/gpu-tp-ab.sh
 # Each variant is one environment assignment (or `base` for none); every (model, tp) runs
 # each variant ROUNDS times, alternating, batch 1 (BATCHES), graph mode; then a table of
@@ -12,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" .bin
-tar -xJf .gpu/tp.tar.xz -C .bin
+tar -xJf "${TARBALL:-.gpu/tp.tar.xz}" -C .bin
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
 mkdir -p /tmp/nccl && ln -sf "$nccl/libnccl.so.2" /tmp/nccl/libnccl.so

@@ -65,11 +65,11 @@ __device__ __forceinline__ void gemv_fma(const T* xr, int k, int k0, int m_rows,
 // slot for this rank (peer memory: NVLink or PCIe P2P) in buffer c = (*count + 1) % 3.
 // No flag follows: a slot holds all-ones bits (a NaN no output takes: one that would is
 // stored as the canonical NaN) until written, so allreduce.cu's pushed_rms_norm_* waits on
-// the data itself, sums the slots in rank order, puts the all-ones bits back and advances
-// sets *count = c (so the count only cycles through 0, 1, 2). A rank writes a buffer again
-// three calls later, after every rank has finished the norm of the call after this one,
-// which needed this rank's pushes of that call, made after its own norm of this call had
-// reset the buffer.
+// the data itself, sums the slots in rank order, puts the all-ones bits back and sets
+// *count = c (so the count only cycles through 0, 1, 2). Reuse: rank R writes buffer c
+// again three calls later, after its norm of call c + 2, which needed every peer P's pushes
+// of call c + 2; P made them after its own norms of calls c + 1 and c, and its norm of
+// call c had read and reset P's buffer c. So no rank writes a buffer a peer still reads.
 struct PushTo {
     const ArPush* peers;
     const unsigned int* count;

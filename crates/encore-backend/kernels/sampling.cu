@@ -652,14 +652,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
 }
 
-// Per-row additive logit biases (see LogitBias in args.rs), in place on f32 logits
-// [batch, vocab]: logits[r, ids[r, j]] += vals[r, j] for j < count[r]; ids outside
-// [0, vocab) are skipped. One block per row; ids are distinct within a row.
 // Backend::penalty_count: counts[slots[i], tokens[i]] += 1 for i in order (one thread, so
 // repeated pairs add up; n is a step's drafts, a few dozen), pairs outside the table skipped.
 extern "C" __global__ void penalty_count_i32(int* __restrict__ counts, const int* __restrict__ slots,
                                              const int* __restrict__ tokens, int n, int rows,
                                              int vocab) {
+    pdl_enter();
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     for (int i = 0; i < n; ++i) {
         const int s = slots[i], t = tokens[i];
@@ -669,10 +667,14 @@ extern "C" __global__ void penalty_count_i32(int* __restrict__ counts, const int
     }
 }
 
+// Per-row additive logit biases (see LogitBias in args.rs), in place on f32 logits
+// [batch, vocab]: logits[r, ids[r, j]] += vals[r, j] for j < count[r]; ids outside
+// [0, vocab) are skipped. One block per row; ids are distinct within a row.
 extern "C" __global__ void logit_bias_f32(float* __restrict__ logits,
                                           const int* __restrict__ ids,
                                           const float* __restrict__ vals,
                                           const int* __restrict__ count, int vocab, int k) {
+    pdl_enter();
     const long long r = blockIdx.x;
     const int n = min(count[r], k);
     for (int j = threadIdx.x; j < n; j += blockDim.x) {

@@ -955,10 +955,12 @@ fn gemvs_wait_for_the_kernel_before_them() {
                 )
             })
             .collect();
+        // Each gemv right after the norm that writes its x.
         let step = || {
-            be.rms_norm(&x0, None, &g, 1e-5, &x).unwrap();
             for (w, (o, gu, act)) in ws.iter().zip(&outs) {
+                be.rms_norm(&x0, None, &g, 1e-5, &x).unwrap();
                 be.matmul(&x, w, None, o).unwrap();
+                be.rms_norm(&x0, None, &g, 1e-5, &x).unwrap();
                 be.matmul_silu_mul(&x, w, gu, act).unwrap();
             }
         };

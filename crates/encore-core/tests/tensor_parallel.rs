@@ -359,9 +359,9 @@ fn check_all_reduce_rms_norm(ranks: &[BackendRef]) {
 
 /// The row-parallel projection + all-reduce + residual RMSNorm op against the CPU
 /// backend's matmul of each rank's shard, summed here, then its norm, within bf16
-/// rounding: eagerly, then from one graph replayed over new x (three calls, so both
-/// staging buffers of the CUDA pushed all-reduce are used), with a plain all-reduce + norm
-/// between calls. On CUDA the pushed kernels take the gemv's row counts (the ranks here
+/// rounding (the sum, the residual and the norm): one eager call, then three replays of
+/// one graph over new x (so each of the CUDA pushed all-reduce's three staging buffers is
+/// used), with a plain all-reduce + norm between calls. On CUDA the pushed kernels take the gemv's row counts (the ranks here
 /// run the gemv up to 8 rows), the other shapes the two ops.
 fn check_matmul_all_reduce_rms_norm(ranks: &[BackendRef]) {
     let n_ranks = ranks.len();
@@ -384,7 +384,7 @@ fn check_matmul_all_reduce_rms_norm(ranks: &[BackendRef]) {
         let w_of = |rank: usize| values(rank * 3 + 40, n * k);
         // What every rank must get after a call on round `round`'s x: the residual and
         // the norm, starting from `res0`.
-        let want = |round: usize, res0: &[f32]| -> (Vec<f32>, Vec<f32>) {
+        let want = |round: usize, res0: &[f32]| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
             let mut sum = vec![0f32; m * n];
             for r in 0..n_ranks {
                 let part = cpu.alloc(DType::BF16, &[m, n]).unwrap();
@@ -406,6 +406,7 @@ fn check_matmul_all_reduce_rms_norm(ranks: &[BackendRef]) {
             (
                 cpu.download_f32(&out).unwrap(),
                 cpu.download_f32(&res).unwrap(),
+                cpu.download_f32(&h).unwrap(),
             )
         };
         std::thread::scope(|s| {
@@ -433,9 +434,10 @@ fn check_matmul_all_reduce_rms_norm(ranks: &[BackendRef]) {
                         || be.matmul_all_reduce_rms_norm(&x, &w, &hidden, &res, &g, 1e-5, &out);
                     let res0 = be.download_f32(&res).unwrap();
                     call().unwrap();
-                    let (o, r) = want(0, &res0);
+                    let (o, r, h) = want(0, &res0);
                     close(be.download_f32(&out).unwrap(), &o, "eager out");
                     close(be.download_f32(&res).unwrap(), &r, "eager residual");
+                    close(be.download_f32(&hidden).unwrap(), &h, "eager sum");
                     be.begin_capture().unwrap();
                     call().unwrap();
                     let graph = be.end_capture().unwrap();
@@ -449,9 +451,10 @@ fn check_matmul_all_reduce_rms_norm(ranks: &[BackendRef]) {
                         be.copy(&up(&x_of(rank, round), &[m, k]), &x).unwrap();
                         let res0 = be.download_f32(&res).unwrap();
                         graph.replay().unwrap();
-                        let (o, r) = want(round, &res0);
+                        let (o, r, h) = want(round, &res0);
                         close(be.download_f32(&out).unwrap(), &o, "replayed out");
                         close(be.download_f32(&res).unwrap(), &r, "replayed residual");
+                        close(be.download_f32(&hidden).unwrap(), &h, "replayed sum");
                         be.all_reduce_rms_norm(&plain, &pres, &pw, 1e-5, &pout)
                             .unwrap();
                     }

@@ -319,7 +319,9 @@ pub trait Backend: Send + Sync {
     /// hidden T `[m, n]`), then, as [`Backend::all_reduce_rms_norm`], the residual adds
     /// hidden and `out = norm(residual) * norm_w`. The default is [`Backend::matmul`]
     /// then [`Backend::all_reduce_rms_norm`]; a backend may move the sum into the matmul
-    /// (CUDA: its gemv stores its outputs straight into every rank's memory).
+    /// (CUDA: its gemv stores its outputs straight into every rank's memory). Collective:
+    /// every rank issues it in the same order on the same shapes, and the ranks' backends
+    /// must be set alike (e.g. the CUDA gemv's row limit), so that all take the same path.
     #[allow(clippy::too_many_arguments)]
     fn matmul_all_reduce_rms_norm(
         &self,

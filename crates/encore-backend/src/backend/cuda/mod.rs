@@ -762,8 +762,9 @@ impl CudaBackend {
         let f = &kernel.f;
         self.bind()?;
         // Programmatic dependent launch: every kernel starts with `pdl_enter()` (see
-        // common.cuh), which waits for its predecessor, so the attribute only lets the
-        // launch itself overlap the predecessor's tail.
+        // common.cuh; the gemvs issue their first weight loads before it), which waits for
+        // its predecessor, so the attribute lets the launch, and those loads, overlap the
+        // predecessor's tail (nvrtc.rs's every_kernel_waits_for_the_one_before_it).
         // SAFETY: a plain-old-data attribute; the union member written is the one its id
         // selects.
         let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };

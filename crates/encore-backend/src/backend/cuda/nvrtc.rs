@@ -311,6 +311,51 @@ mod tests {
         assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
     }
 
+    /// Every kernel definition (a macro's counts once) waits for its predecessor first.
+    #[test]
+    fn every_kernel_waits_for_the_one_before_it() {
+        // Every kernel is launched with programmatic dependent launch, so it may start
+        // before its predecessor finished: each `extern "C"` kernel's first statement is
+        // `pdl_enter()`, or a gemv body that calls it after its first weight loads.
+        let waiting_bodies = [
+            (
+                "gemv_impl<",
+                SOURCES.iter().find(|s| s.file == "gemv.cu").unwrap().src,
+            ),
+            ("qgemv_impl<", COMMON),
+        ];
+        for (call, text) in waiting_bodies {
+            let name = call.trim_end_matches('<');
+            let at = text
+                .find(&format!("void {name}("))
+                .unwrap_or_else(|| panic!("{name} not found"));
+            let end = at + text[at..].find("\n}\n").unwrap();
+            assert!(
+                text[at..end].contains("pdl_enter();"),
+                "{name} does not wait"
+            );
+        }
+        let mut kernels = 0;
+        for src in SOURCES {
+            for (i, _) in src.src.match_indices("extern \"C\" __global__") {
+                let open = i + src.src[i..].find('{').unwrap();
+                let first = src.src[open + 1..]
+                    .trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+                assert!(
+                    first.starts_with("pdl_enter();")
+                        || waiting_bodies
+                            .iter()
+                            .any(|(call, _)| first.starts_with(call)),
+                    "{}: the kernel at byte {i} does not start with pdl_enter(): {}",
+                    src.file,
+                    &first[..first.len().min(60)]
+                );
+                kernels += 1;
+            }
+        }
+        assert!(kernels > 20, "{kernels} kernel definitions found");
+    }
+
     /// Every kernel file compiles for sm_90. Runs wherever NVRTC and the CUDA headers are
     /// found (CI installs the NVRTC 13.0 wheel and sets ENCORE_REQUIRE_NVRTC=1 so that a
     /// missing library fails instead of skipping).
