@@ -175,6 +175,13 @@ ALLREDUCE_RMS_NORM(allreduce_rms_norm_f32, float)
 // stored back, out = residual / sqrt(mean(residual^2) + eps) * w (allreduce_rms_norm's
 // arithmetic, so every rank computes bit-identical values). One CTA; it sets *count to c
 // at the end. x: T [rows, dim], dim * sizeof(T) a multiple of 16.
+// The one kernel that does not start with the PDL wait: it waits on its data instead, so
+// it starts polling while the gemv before it still runs, and lets the next kernel launch
+// once every element has arrived. It reads nothing that gemv writes except the polled
+// staging; what it reads from earlier kernels (count, residual) was complete before that
+// gemv passed its own wait (the norm before the gemv's predecessor, at least two kernels
+// back), and it reads those past L1. `PUSHED_NORM_WAITS` (ENCORE_KERNEL_DEFINES) restores
+// the wait, for comparisons.
 template <typename T>
 __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T* __restrict__ w,
                                                      T* out, int rows, int dim, float eps,
@@ -183,12 +190,28 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
     __shared__ unsigned int sh_c;
     __shared__ float sh[32];
     constexpr int V = Ty<T>::V;
-    if (threadIdx.x == 0) sh_c = (*count + 1) % 3u;
+#ifdef PUSHED_NORM_WAITS
+    pdl_enter();
+#endif
+    if (threadIdx.x == 0) sh_c = (ld_volatile_u32(count) + 1) % 3u;
     __syncthreads();
     const unsigned int c = sh_c;
     char* bufs = push->bufs[rank] + (long long)c * AR_MAX_RANKS * cap;
     const uint4 unwritten = make_uint4(~0u, ~0u, ~0u, ~0u);
     const int nv = dim / V;
+    // Wait until every element this thread sums has arrived, then let the next kernel
+    // launch.
+    for (int r = 0; r < rows; r++)
+        for (int i = threadIdx.x; i < nv; i += blockDim.x)
+            for (int k = 0; k < ranks; k++) {
+                const char* p = bufs + k * cap + ((long long)r * dim + i * V) * (long long)sizeof(T);
+                while (push_unwritten(ld_volatile16(p), sizeof(T))) {
+                }
+            }
+    __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
     for (int r = 0; r < rows; r++) {
         const long long base = (long long)r * dim;
         float ss = 0.0f;
@@ -198,8 +221,7 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
             for (int e = 0; e < V; e++) acc[e] = 0.0f;
             for (int k = 0; k < ranks; k++) {
                 char* p = bufs + k * cap + (base + i * V) * (long long)sizeof(T);
-                uint4 u = ld_volatile16(p);
-                while (push_unwritten(u, sizeof(T))) u = ld_volatile16(p);
+                const uint4 u = ld_volatile16(p);
                 *reinterpret_cast<uint4*>(p) = unwritten;
                 float v[V];
                 Ty<T>::unpack(u, v);
@@ -208,7 +230,7 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
             }
             store_vec(x + base + i * V, acc);
             float res[V];
-            load_vec(residual + base + i * V, res);
+            Ty<T>::unpack(ld_cg16(residual + base + i * V), res);
 #pragma unroll
             for (int e = 0; e < V; e++) {
                 const float s = to_f32(from_f32<T>(acc[e]));
@@ -221,7 +243,7 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
         const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
         for (int i = threadIdx.x; i < nv; i += blockDim.x) {
             float a[V], g[V];
-            load_vec(residual + base + i * V, a);
+            Ty<T>::unpack(ld_cg16(residual + base + i * V), a);
             load_vec(w + i * V, g);
 #pragma unroll
             for (int e = 0; e < V; ++e) a[e] = a[e] * inv * g[e];
@@ -236,7 +258,6 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
                                     int dim, float eps, const ArPush* push,                \
                                     unsigned int* count, int rank, int ranks,              \
                                     long long cap) {                                       \
-        pdl_enter();                                                                       \
         pushed_rms_norm_impl<T>(x, residual, w, out, rows, dim, eps, push, count, rank,    \
                                 ranks, cap);                                               \
     }

@@ -64,6 +64,11 @@ __device__ __forceinline__ bool push_unwritten(const uint4& u, int bytes) {
                           : ((w[i] & 0xFFFFu) == 0xFFFFu || (w[i] >> 16) == 0xFFFFu);
     return any;
 }
+__device__ __forceinline__ unsigned int ld_volatile_u32(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.volatile.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 __device__ __forceinline__ uint4 ld_volatile16(const void* p) {
     uint4 r;
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"

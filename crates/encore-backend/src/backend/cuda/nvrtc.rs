@@ -335,6 +335,17 @@ mod tests {
                 "{name} does not wait"
             );
         }
+        // The pushed all-reduce's norm waits on its data instead, then lets the next
+        // kernel launch (allreduce.cu).
+        let waits_on_data = "pushed_rms_norm_impl<";
+        let allreduce = SOURCES
+            .iter()
+            .find(|s| s.file == "allreduce.cu")
+            .unwrap()
+            .src;
+        let at = allreduce.find("void pushed_rms_norm_impl(").unwrap();
+        let end = at + allreduce[at..].find("\n}\n").unwrap();
+        assert!(allreduce[at..end].contains("griddepcontrol.launch_dependents"));
         let mut kernels = 0;
         for src in SOURCES {
             for (i, _) in src.src.match_indices("extern \"C\" __global__") {
@@ -343,6 +354,7 @@ mod tests {
                     .trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
                 assert!(
                     first.starts_with("pdl_enter();")
+                        || first.starts_with(waits_on_data)
                         || waiting_bodies
                             .iter()
                             .any(|(call, _)| first.starts_with(call)),
