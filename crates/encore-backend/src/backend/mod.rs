@@ -172,6 +172,9 @@ pub trait Backend: Send + Sync {
     /// `w` may also be quantized ([`DType::Q`], `[n, k]` in `crate::quant`'s device
     /// layout): the result is the matmul of its decoded values (the CPU decodes with
     /// `quant::dequantize_row`, the reference the CUDA kernels are checked against).
+    ///
+    /// `w` is a weight: no kernel op writes it (uploads and copies may). CUDA's gemvs
+    /// start reading it before the op before them on the stream has finished.
     fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()>;
 
     /// Reserve `bytes` of device scratch for matmuls with a quantized weight that decode
