@@ -19,14 +19,7 @@ ENCORE_EAGLE_REF="$OUT/eagle-ref" .spec/eagle-test --include-ignored --test-thre
 echo "== eagle-test rc=$?"; grep -E "^test |test result|drafts of|panicked|left|right" "$OUT/eagle-test.txt" | head -20
 .spec/scheduler-test --include-ignored eagle >"$OUT/scheduler-test.txt" 2>&1
 echo "== scheduler eagle rc=$?"; grep -E "^test |test result|panicked" "$OUT/scheduler-test.txt"
-P=$(printf 'one two three four five six seven eight %.0s' $(seq 1 12))
-run() { # name, model, flags...
-  local name=$1 m=$2; shift 2
-  .spec/encore generate --device cuda --model dummy:$m --prompt "$P" --max-tokens 128 \
-    --ignore-eos --capture-all "$@" >"$OUT/$name.txt" 2>&1
-  echo "== $name rc=$?"; grep -E "summary|speculative decoding|drafting|rror" "$OUT/$name.txt"
-}
-run 8b-plain llama-3-8b
-run 8b-eagle-k4 llama-3-8b --speculative-method eagle3 --draft-model dummy:eagle3 --num-speculative-tokens 4
-run 8b-eagle-k2 llama-3-8b --speculative-method eagle3 --draft-model dummy:eagle3 --num-speculative-tokens 2
-run 8b-draft-1b-k4 llama-3-8b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 4
+spec_gen 8b-plain llama-3-8b
+spec_gen 8b-eagle-k4 llama-3-8b --speculative-method eagle3 --draft-model dummy:eagle3 --num-speculative-tokens 4
+spec_gen 8b-eagle-k2 llama-3-8b --speculative-method eagle3 --draft-model dummy:eagle3 --num-speculative-tokens 2
+spec_gen 8b-draft-1b-k4 llama-3-8b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 4

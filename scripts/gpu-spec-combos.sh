@@ -8,8 +8,6 @@
 #   usage: OUT=... bash scripts/gpu-spec-combos.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu-spec-env.sh"
-P=$(printf 'one two three four five six seven eight %.0s' $(seq 1 12))
-ids() { python3 -c "import sys,json; print(json.dumps([json.loads(l)['output_ids'] for l in sys.stdin if l.strip()]))"; }
 case_() { # name, flags...
   local name=$1; shift
   for s in plain ngram eagle3; do

@@ -13,15 +13,8 @@ if [ -x .spec/scheduler-test ]; then
   .spec/scheduler-test --include-ignored cuda_draft >"$OUT/scheduler-test.txt" 2>&1
   echo "== scheduler cuda_draft rc=$?"; grep -E "^test |test result" "$OUT/scheduler-test.txt"
 fi
-P=$(printf 'one two three four five six seven eight %.0s' $(seq 1 12))
-run() { # name, model, flags...
-  local name=$1 m=$2; shift 2
-  .spec/encore generate --device cuda --model dummy:$m --prompt "$P" --max-tokens 128 \
-    --ignore-eos --capture-all "$@" >"$OUT/$name.txt" 2>&1
-  echo "== $name rc=$?"; grep -E "summary|speculative decoding" "$OUT/$name.txt"
-}
-run 8b-plain llama-3-8b
-run 8b-draft-1b-k4 llama-3-8b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 4
-run 8b-draft-1b-k2 llama-3-8b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 2
-run 1b-plain llama-3.2-1b
-run 1b-draft-self-k4 llama-3.2-1b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 4
+spec_gen 8b-plain llama-3-8b
+spec_gen 8b-draft-1b-k4 llama-3-8b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 4
+spec_gen 8b-draft-1b-k2 llama-3-8b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 2
+spec_gen 1b-plain llama-3.2-1b
+spec_gen 1b-draft-self-k4 llama-3.2-1b --speculative-method draft --draft-model dummy:llama-3.2-1b --num-speculative-tokens 4

@@ -14,7 +14,6 @@ if [ -x .spec/graph-test ] && [ -z "${SPEC_GEN_ONLY:-}" ]; then
   .spec/graph-test --include-ignored cuda_ >"$OUT/graph-test.txt" 2>&1
   echo "== graph tests (CUDA) rc=$?"; grep -E "^test |test result" "$OUT/graph-test.txt"
 fi
-P=$(printf 'one two three four five six seven eight %.0s' $(seq 1 12))
 for m in ${SPEC_MODELS:-llama-3.2-1b llama-3-8b}; do
   if [ -z "${SPEC_GEN_ONLY:-}" ]; then
     .spec/encore bench decode --device cuda --model dummy:$m --batch 1,2,4,8,64 --steps 20 \
@@ -22,9 +21,6 @@ for m in ${SPEC_MODELS:-llama-3.2-1b llama-3-8b}; do
     echo "== bench decode $m --speculative rc=$?"; grep -E "^ +(1|2|4|8|64) |verify step" "$OUT/verify-$m.txt"
   fi
   [ -n "${SPEC_BENCH_ONLY:-}" ] && continue
-  for s in "" "--speculative-method ngram --num-speculative-tokens 4"; do
-    .spec/encore generate --device cuda --model dummy:$m --prompt "$P" --max-tokens 128 \
-      --ignore-eos --capture-all $s >"$OUT/gen-$m-${s:+spec}.txt" 2>&1
-    echo "== $m ${s:-plain} rc=$?"; grep -E "summary|speculative decoding" "$OUT/gen-$m-${s:+spec}.txt"
-  done
+  spec_gen "gen-$m-plain" $m
+  spec_gen "gen-$m-spec" $m --speculative-method ngram --num-speculative-tokens 4
 done

@@ -793,34 +793,84 @@ fn cuda_eagle_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
     check_eagle_speculation(&be);
 }
 
-fn check_eagle_speculation(be: &dyn encore_core::Backend) {
-    use encore_core::graph::BucketPolicy;
-    use encore_core::model::config::ModelConfig;
-    use encore_core::runner::{GraphConfig, RunnerConfig};
-    use encore_core::spec::draft::Drafter;
-    use encore_core::spec::Proposer;
+/// [`mix`] and two greedy / sampled requests of a repeating prompt (drafts that get kept):
+/// the requests of the draft-model and EAGLE checks.
+fn repeating_mix() -> Vec<(Request, u64)> {
     let mut reqs = mix();
     for (id, temperature) in [(50u64, 0.0f32), (51, 0.7)] {
         let mut r = request(id, 0, 30, temperature);
         r.prompt = [3u32, 1, 4, 1, 5, 9, 2, 6].repeat(3);
         reqs.push((r, id - 49));
     }
+    reqs
+}
+
+/// The graphs of the drafted checks (verify graphs of `k`) and the reference: the tokens of
+/// decoding `reqs` one at a time with them, on a cache of `cfg`.
+fn drafted_reference(
+    be: &dyn encore_core::Backend,
+    k: usize,
+    cfg: encore_core::runner::RunnerConfig,
+    reqs: &[(Request, u64)],
+) -> (
+    encore_core::runner::GraphConfig,
+    HashMap<u64, (Vec<u32>, FinishReason)>,
+) {
+    let graphs = encore_core::runner::GraphConfig {
+        decode: common::buckets(),
+        mixed: encore_core::graph::BucketPolicy::SglangLike { max: 256 },
+        verify: k,
+    };
+    let mut r = Runner::new(be, common::tiny_model(be), cfg).unwrap();
+    r.set_graphs(Some(graphs.clone()));
+    let reference = run(&mut r, SchedulerConfig::new(48, 8), reqs).0;
+    (graphs, reference)
+}
+
+/// Every request of `reqs` gave the reference's tokens.
+fn assert_reference_tokens(
+    name: &str,
+    reqs: &[(Request, u64)],
+    out: &HashMap<u64, Vec<u32>>,
+    reference: &HashMap<u64, (Vec<u32>, FinishReason)>,
+) {
+    for (req, _) in reqs {
+        assert_eq!(
+            out[&req.id], reference[&req.id].0,
+            "{name}: request {}",
+            req.id
+        );
+    }
+}
+
+/// Finished sequences leave the drafter's cache at its next proposal: one more request run
+/// to the end leaves at most itself there.
+fn assert_drafter_releases(
+    name: &str,
+    s: &mut Scheduler,
+    target: &mut Runner<'_>,
+    drafter: &mut encore_core::spec::draft::Drafter<'_>,
+) {
+    s.add(request(99, 4, 2, 0.0), target).unwrap();
+    while s.has_work() {
+        s.step_with(target, Some(&mut *drafter)).unwrap();
+    }
+    assert!(drafter.live() <= 1, "{name}: {} live", drafter.live());
+}
+
+fn check_eagle_speculation(be: &dyn encore_core::Backend) {
+    use encore_core::model::config::ModelConfig;
+    use encore_core::runner::{GraphConfig, RunnerConfig};
+    use encore_core::spec::draft::Drafter;
+    use encore_core::spec::Proposer;
+    let reqs = repeating_mix();
     let k = 3;
     let cfg = |blocks: usize| RunnerConfig {
         max_seqs: 16 + 8 * k,
         ..common::tiny_config(blocks)
     };
     let roomy = 1 + 16 * (128 / common::BLOCK);
-    let graphs = GraphConfig {
-        decode: common::buckets(),
-        mixed: BucketPolicy::SglangLike { max: 256 },
-        verify: k,
-    };
-    let reference = {
-        let mut r = Runner::new(be, common::tiny_model(be), cfg(roomy)).unwrap();
-        r.set_graphs(Some(graphs.clone()));
-        run(&mut r, SchedulerConfig::new(48, 8), &reqs).0
-    };
+    let (graphs, reference) = drafted_reference(be, k, cfg(roomy), &reqs);
     for (name, blocks, with_graphs) in [
         ("graphs", roomy, true),
         ("eager", roomy, false),
@@ -856,13 +906,7 @@ fn check_eagle_speculation(be: &dyn encore_core::Backend) {
             ..SchedulerConfig::new(48, 8)
         };
         let (out, mut s) = run_drafted(&mut target, sched, Some(&mut drafter), &reqs);
-        for (req, _) in &reqs {
-            assert_eq!(
-                out[&req.id], reference[&req.id].0,
-                "{name}: request {}",
-                req.id
-            );
-        }
+        assert_reference_tokens(name, &reqs, &out, &reference);
         let st = s.stats();
         assert!(st.drafts_proposed > 20, "{name}: {st:?}");
         assert!(drafter.stats.drafts >= st.drafts_proposed, "{name}");
@@ -876,11 +920,7 @@ fn check_eagle_speculation(be: &dyn encore_core::Backend) {
         if blocks < roomy {
             assert!(st.preemptions > 0, "{name}: {st:?}");
         }
-        s.add(request(99, 4, 2, 0.0), &target).unwrap();
-        while s.has_work() {
-            s.step_with(&mut target, Some(&mut drafter)).unwrap();
-        }
-        assert!(drafter.live() <= 1, "{name}: {} live", drafter.live());
+        assert_drafter_releases(name, &mut s, &mut target, &mut drafter);
     }
 }
 
@@ -910,18 +950,13 @@ fn an_eagle_head_for_another_target_is_refused() {
 /// The draft-model speculation check on `be`: the tokens of a plain scheduler on `be`
 /// (of greedy requests only with `greedy_only`) for each draft and mode.
 fn check_draft_speculation(be: &dyn encore_core::Backend, greedy_only: bool) {
-    use encore_core::graph::{BucketPolicy, Phase};
+    use encore_core::graph::Phase;
     use encore_core::model::config::ModelConfig;
     use encore_core::runner::{GraphConfig, RunnerConfig};
     use encore_core::spec::draft::Drafter;
     use encore_core::spec::Proposer;
     use encore_core::DType;
-    let mut reqs = mix();
-    for (id, temperature) in [(50u64, 0.0f32), (51, 0.7)] {
-        let mut r = request(id, 0, 30, temperature);
-        r.prompt = [3u32, 1, 4, 1, 5, 9, 2, 6].repeat(3);
-        reqs.push((r, id - 49));
-    }
+    let mut reqs = repeating_mix();
     let mut penalized = request(52, 9, 20, 0.0);
     penalized.params.sampling.frequency_penalty = 0.4;
     reqs.push((penalized, 1));
@@ -941,16 +976,7 @@ fn check_draft_speculation(be: &dyn encore_core::Backend, greedy_only: bool) {
     let roomy = 1 + 16 * (128 / common::BLOCK);
     // Few enough blocks that the requests preempt one another.
     let tight = if greedy_only { 24 } else { 60 };
-    let graphs = GraphConfig {
-        decode: common::buckets(),
-        mixed: BucketPolicy::SglangLike { max: 256 },
-        verify: k,
-    };
-    let reference = {
-        let mut r = Runner::new(be, common::tiny_model(be), cfg(roomy)).unwrap();
-        r.set_graphs(Some(graphs.clone()));
-        run(&mut r, SchedulerConfig::new(48, 8), &reqs).0
-    };
+    let (graphs, reference) = drafted_reference(be, k, cfg(roomy), &reqs);
     let (f32, bf16) = (DType::F32, DType::BF16);
     for (name, all, draft_arch, dtype, blocks, with_graphs) in [
         ("itself, greedy", false, "tiny-qwen2", f32, roomy, true),
@@ -986,13 +1012,7 @@ fn check_draft_speculation(be: &dyn encore_core::Backend, greedy_only: bool) {
             ..SchedulerConfig::new(48, 8)
         };
         let (out, mut s) = run_drafted(&mut target, sched, Some(&mut drafter), reqs);
-        for (req, _) in reqs {
-            assert_eq!(
-                out[&req.id], reference[&req.id].0,
-                "{name}: request {}",
-                req.id
-            );
-        }
+        assert_reference_tokens(name, reqs, &out, &reference);
         let st = s.stats();
         assert!(st.drafts_proposed > 50, "{name}: {st:?}");
         // A step may verify fewer drafts than proposed (its budgets, a preemption).
@@ -1030,12 +1050,7 @@ fn check_draft_speculation(be: &dyn encore_core::Backend, greedy_only: bool) {
         if blocks < roomy {
             assert!(st.preemptions > 0, "{name}: {st:?}");
         }
-        // Finished sequences leave the draft's cache at its next proposal.
-        s.add(request(99, 4, 2, 0.0), &target).unwrap();
-        while s.has_work() {
-            s.step_with(&mut target, Some(&mut drafter)).unwrap();
-        }
-        assert!(drafter.live() <= 1, "{name}: {} live", drafter.live());
+        assert_drafter_releases(name, &mut s, &mut target, &mut drafter);
     }
 }
 

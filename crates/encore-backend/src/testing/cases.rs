@@ -406,11 +406,7 @@ fn logprob_outputs(i: &SampleInputs, token: &[f64], ids: &[i32], top: &[f64]) ->
         }
     }
     vec![
-        Output::Tokens {
-            name: "top_logprobs ids",
-            greedy: vec![true; top_ids.len()],
-            ids: top_ids,
-        },
+        exact_ids("top_logprobs ids", top_ids),
         Output::Floats {
             name: "top_logprobs",
             values: top_values,
@@ -432,6 +428,15 @@ fn greedy_rows(temperature: &[f32]) -> Vec<bool> {
         .iter()
         .map(|&t| t.is_nan() || t <= 0.0)
         .collect()
+}
+
+/// Integer outputs that must match exactly (every entry compared as a greedy token).
+fn exact_ids(name: &'static str, ids: Vec<i32>) -> Output {
+    Output::Tokens {
+        name,
+        greedy: vec![true; ids.len()],
+        ids,
+    }
 }
 
 fn floats(name: &'static str, values: Vec<f64>, class: OpClass) -> Output {
@@ -571,13 +576,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             let s = b.upload(slots, &[slots.len()])?;
             let t = b.upload(tokens, &[tokens.len()])?;
             b.penalty_count(&table, &s, &t)?;
-            let ids = b.download::<i32>(&table)?;
-            let greedy = vec![true; ids.len()];
-            vec![Output::Tokens {
-                name: "counts",
-                ids,
-                greedy,
-            }]
+            vec![exact_ids("counts", b.download::<i32>(&table)?)]
         }
         Op::UnshardColumns {
             values,
@@ -796,12 +795,7 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
         } => {
             let mut ids = counts.clone();
             crate::ops::penalty_count_ref(&mut ids, *vocab, slots, tokens);
-            let greedy = vec![true; ids.len()];
-            vec![Output::Tokens {
-                name: "counts",
-                ids,
-                greedy,
-            }]
+            vec![exact_ids("counts", ids)]
         }
         Op::UnshardColumns {
             values,
