@@ -6,7 +6,8 @@
 #   VARIANTS="base ENCORE_ALLREDUCE=oneshot ENCORE_ALLREDUCE=skip" MODELS="llama-3-8b" \
 #   TPS="1 2" ROUNDS=2 TESTS=1 bash scripts/gpu-tp-ab.sh
 # Each variant is one environment assignment (or `base` for none); every (model, tp) runs
-# each variant ROUNDS times, alternating, batch 1 (BATCHES), graph mode; then a table of
+# each variant ROUNDS times, alternating, batch 1 (BATCHES), context 128 (CONTEXT), graph
+# mode; then a table of
 # the graph ms per step. TESTS=1 runs the GPU tests first (or TESTS="binary[:filter] ...",
 # some of them). Logs in $OUT.
 set -uo pipefail
@@ -43,7 +44,8 @@ for m in ${MODELS:-llama-3-8b}; do
         log="$OUT/decode-$m-tp$tp-$v-r$r.log"
         if [ "$v" = base ]; then envs=(); else envs=("$v"); fi
         env "${envs[@]}" $E bench decode --device cuda --model "dummy:$m" -t "$tp" \
-          --batch "${BATCHES:-1}" --steps "${STEPS:-50}" > "$log" 2>&1 || echo "   failed: $log"
+          --batch "${BATCHES:-1}" --steps "${STEPS:-50}" --context "${CONTEXT:-128}" \
+          > "$log" 2>&1 || echo "   failed: $log"
       done
     done
   done

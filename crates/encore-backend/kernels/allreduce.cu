@@ -174,7 +174,7 @@ ALLREDUCE_RMS_NORM(allreduce_rms_norm_f32, float)
 // then x = T(sum over the source ranks in rank order, f32), residual = T(residual + x)
 // stored back, out = residual / sqrt(mean(residual^2) + eps) * w (allreduce_rms_norm's
 // arithmetic, so every rank computes bit-identical values). One CTA; it sets *count to c
-// at the end. x: T [rows, dim], dim * sizeof(T) a multiple of 16.
+// at the end. x: T [rows, dim], dim * sizeof(T) a multiple of 16, rows <= PUSH_MAX_ROWS.
 // The one kernel that does not start with the PDL wait: it waits on its data instead, so
 // it starts polling while the gemv before it still runs, and lets the next kernel launch
 // once every element has arrived. It reads nothing that gemv writes except the polled
@@ -182,6 +182,8 @@ ALLREDUCE_RMS_NORM(allreduce_rms_norm_f32, float)
 // gemv passed its own wait (the norm before the gemv's predecessor, at least two kernels
 // back), and it reads those past L1. `PUSHED_NORM_WAITS` (ENCORE_KERNEL_DEFINES) restores
 // the wait, for comparisons.
+#define PUSH_MAX_ROWS 8   // rows of one call (the gemv's most)
+#define PUSH_POLL_RANKS 4 // source ranks whose vectors one polling round loads together
 template <typename T>
 __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T* __restrict__ w,
                                                      T* out, int rows, int dim, float eps,
@@ -189,62 +191,94 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
                                                      int rank, int ranks, long long cap) {
     __shared__ unsigned int sh_c;
     __shared__ float sh[32];
+    __shared__ float sh_inv[PUSH_MAX_ROWS];
     constexpr int V = Ty<T>::V;
+    const int nv = dim / V;
 #ifdef PUSHED_NORM_WAITS
     pdl_enter();
 #endif
+    // First the loads that do not wait for the gemv, all in flight together: the count,
+    // the norm weight and row 0's residual of this thread's first vector (the residual was
+    // complete two kernels back; read past L1).
+    const bool first = threadIdx.x < nv;
+    uint4 w0 = make_uint4(0u, 0u, 0u, 0u), r0 = w0;
+    if (first) {
+        w0 = ldg16(w + threadIdx.x * V);
+        r0 = ld_cg16(residual + threadIdx.x * V);
+    }
     if (threadIdx.x == 0) sh_c = (ld_volatile_u32(count) + 1) % 3u;
     __syncthreads();
     const unsigned int c = sh_c;
     char* bufs = push->bufs[rank] + (long long)c * AR_MAX_RANKS * cap;
     const uint4 unwritten = make_uint4(~0u, ~0u, ~0u, ~0u);
-    const int nv = dim / V;
-    // Wait until every element this thread sums has arrived, then let the next kernel
-    // launch.
-    for (int r = 0; r < rows; r++)
-        for (int i = threadIdx.x; i < nv; i += blockDim.x)
-            for (int k = 0; k < ranks; k++) {
-                const char* p = bufs + k * cap + ((long long)r * dim + i * V) * (long long)sizeof(T);
-                while (push_unwritten(ld_volatile16(p), sizeof(T))) {
-                }
-            }
-    __syncthreads();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+    // Pass 1, per row: for each vector, wait until every source rank's has arrived
+    // (volatile loads of PUSH_POLL_RANKS ranks in flight together per round), put the
+    // all-ones bits back, x = the sum in rank order, residual += x; then the row's scale.
     for (int r = 0; r < rows; r++) {
         const long long base = (long long)r * dim;
         float ss = 0.0f;
         for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            const long long at = (base + i * V) * (long long)sizeof(T);
             float acc[V];
 #pragma unroll
             for (int e = 0; e < V; e++) acc[e] = 0.0f;
-            for (int k = 0; k < ranks; k++) {
-                char* p = bufs + k * cap + (base + i * V) * (long long)sizeof(T);
-                const uint4 u = ld_volatile16(p);
-                *reinterpret_cast<uint4*>(p) = unwritten;
-                float v[V];
-                Ty<T>::unpack(u, v);
+            for (int k0 = 0; k0 < ranks; k0 += PUSH_POLL_RANKS) {
+                uint4 u[PUSH_POLL_RANKS];
+                for (bool pending = true; pending;) {
 #pragma unroll
-                for (int e = 0; e < V; e++) acc[e] += v[e];
+                    for (int k = 0; k < PUSH_POLL_RANKS; k++)
+                        if (k0 + k < ranks) u[k] = ld_volatile16(bufs + (k0 + k) * cap + at);
+                    pending = false;
+#pragma unroll
+                    for (int k = 0; k < PUSH_POLL_RANKS; k++)
+                        if (k0 + k < ranks) pending |= push_unwritten(u[k], sizeof(T));
+                }
+#pragma unroll
+                for (int k = 0; k < PUSH_POLL_RANKS; k++) {
+                    if (k0 + k < ranks) {
+                        *reinterpret_cast<uint4*>(bufs + (k0 + k) * cap + at) = unwritten;
+                        float v[V];
+                        Ty<T>::unpack(u[k], v);
+#pragma unroll
+                        for (int e = 0; e < V; e++) acc[e] += v[e];
+                    }
+                }
             }
             store_vec(x + base + i * V, acc);
             float res[V];
-            Ty<T>::unpack(ld_cg16(residual + base + i * V), res);
+            const bool kept = r == 0 && i == threadIdx.x;  // r0 holds it
+            Ty<T>::unpack(kept ? r0 : ld_cg16(residual + base + i * V), res);
 #pragma unroll
             for (int e = 0; e < V; e++) {
                 const float s = to_f32(from_f32<T>(acc[e]));
                 res[e] = to_f32(from_f32<T>(res[e] + s));
                 ss += res[e] * res[e];
             }
-            store_vec(residual + base + i * V, res);
+            const uint4 packed = Ty<T>::pack(res);
+            st16(residual + base + i * V, packed);
+            if (kept) r0 = packed;  // from here on r0 is the new residual
         }
         ss = block_sum(ss, sh);
-        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        if (threadIdx.x == 0) sh_inv[r] = 1.0f / sqrtf(ss / (float)dim + eps);
+    }
+    // Every element has arrived: let the next kernel launch.
+    __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+    // Pass 2: out = residual * inv * w.
+    for (int r = 0; r < rows; r++) {
+        const long long base = (long long)r * dim;
+        const float inv = sh_inv[r];
         for (int i = threadIdx.x; i < nv; i += blockDim.x) {
             float a[V], g[V];
-            Ty<T>::unpack(ld_cg16(residual + base + i * V), a);
-            load_vec(w + i * V, g);
+            if (r == 0 && i == threadIdx.x) {
+                Ty<T>::unpack(r0, a);
+                Ty<T>::unpack(w0, g);
+            } else {
+                Ty<T>::unpack(ld_cg16(residual + base + i * V), a);
+                load_vec(w + i * V, g);
+            }
 #pragma unroll
             for (int e = 0; e < V; ++e) a[e] = a[e] * inv * g[e];
             store_vec(out + base + i * V, a);
@@ -254,10 +288,9 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
 }
 
 #define PUSHED_RMS_NORM(NAME, T)                                                           \
-    extern "C" __global__ void NAME(T* x, T* residual, const T* w, T* out, int rows,        \
-                                    int dim, float eps, const ArPush* push,                \
-                                    unsigned int* count, int rank, int ranks,              \
-                                    long long cap) {                                       \
+    extern "C" __global__ void __launch_bounds__(1024)                                     \
+        NAME(T* x, T* residual, const T* w, T* out, int rows, int dim, float eps,          \
+             const ArPush* push, unsigned int* count, int rank, int ranks, long long cap) { \
         pushed_rms_norm_impl<T>(x, residual, w, out, rows, dim, eps, push, count, rank,    \
                                 ranks, cap);                                               \
     }

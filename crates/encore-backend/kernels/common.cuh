@@ -871,6 +871,27 @@ __device__ __forceinline__ void q_bf2_bytes(unsigned int q, unsigned int neg, un
 // bf16 pairs: -0 (c of a plain product), -128 (off 0).
 #define Q_BF2_NEG0 0x80008000u
 #define Q_BF2_M128 0xC300C300u
+// The bf16 pairs (hi, hi) and (lo, lo) of `x` split as hi = bf16(x), lo = bf16(x - hi)
+// (x - hi is exact): x to 16 significant bits, for q_bf2_bytes_split.
+__device__ __forceinline__ void q_bf2_split(float x, unsigned int& hi, unsigned int& lo) {
+    const float h = __bfloat162float(__float2bfloat16_rn(x));
+    hi = q_bf2(h);
+    lo = q_bf2(x - h);
+}
+// As q_bf2_bytes with c = -0, for a scale s = hi + lo (q_bf2_split): (q - off) * lo rounded,
+// then (q - off) * hi plus it rounded once, so each value is (q - off) * s rounded to bf16
+// once (within 2^-16 of it), not the product of an already rounded scale (two roundings of
+// up to 2^-9 each, the first shared by a whole sub-block).
+__device__ __forceinline__ void q_bf2_bytes_split(unsigned int q, unsigned int neg,
+                                                  unsigned int s_hi, unsigned int s_lo,
+                                                  unsigned int& lo, unsigned int& hi) {
+    const unsigned int p01 = __byte_perm(q, 0u, 0x4140) | 0x43004300u;
+    const unsigned int p23 = __byte_perm(q, 0u, 0x4342) | 0x43004300u;
+    const unsigned int q01 = q_bf2_fma(p01, 0x3F803F80u, neg);
+    const unsigned int q23 = q_bf2_fma(p23, 0x3F803F80u, neg);
+    lo = q_bf2_fma(q01, s_hi, q_bf2_fma(q01, s_lo, Q_BF2_NEG0));
+    hi = q_bf2_fma(q23, s_hi, q_bf2_fma(q23, s_lo, Q_BF2_NEG0));
+}
 
 // This thread's group gi of the w tile (row t / 2, group 2 kt + t % 2) into stage `stage`
 // as T, from the bytes `raw` loaded earlier (zeros past k).

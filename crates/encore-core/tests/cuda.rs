@@ -315,44 +315,76 @@ fn buffers_are_released() {
     assert!(free2 + (64 << 20) >= free0, "leak: {free0} -> {free2}");
 }
 
+/// The device tensors of one attention launch of [`testing::inputs::AttentionInputs`].
+struct AttentionOnDevice {
+    q: encore_core::Tensor,
+    k_cache: encore_core::Tensor,
+    v_cache: encore_core::Tensor,
+    tables: encore_core::Tensor,
+    lens: encore_core::Tensor,
+    cu: Option<encore_core::Tensor>,
+    out: encore_core::Tensor,
+    scratch: encore_core::Tensor,
+    scale: f32,
+    window: Option<usize>,
+}
+
+impl AttentionOnDevice {
+    fn upload(be: &dyn Backend, i: &testing::inputs::AttentionInputs, dtype: DType) -> Self {
+        let s = i.shape;
+        let qs = [i.rows, s.num_heads, s.head_dim];
+        let cache = [i.num_blocks, s.block_size, s.num_kv_heads, s.head_dim];
+        let len =
+            be.attention_scratch_len(i.rows, s.num_heads, s.head_dim, s.table_width, s.block_size);
+        AttentionOnDevice {
+            q: be.upload_f32_as(&i.q, &qs, dtype).unwrap(),
+            k_cache: be.upload_f32_as(&i.k_cache, &cache, dtype).unwrap(),
+            v_cache: be.upload_f32_as(&i.v_cache, &cache, dtype).unwrap(),
+            tables: be
+                .upload(&i.block_tables, &[s.num_seqs, s.table_width])
+                .unwrap(),
+            lens: be.upload(&i.seq_lens, &[s.num_seqs]).unwrap(),
+            cu: i
+                .cu_seqlens_q
+                .as_ref()
+                .map(|cu| be.upload(cu, &[cu.len()]).unwrap()),
+            out: be.alloc(dtype, &qs).unwrap(),
+            scratch: be.alloc(DType::F32, &[len.max(1)]).unwrap(),
+            scale: i.scale,
+            window: s.window,
+        }
+    }
+
+    fn run(&self, be: &dyn Backend) {
+        be.attention(&Attention {
+            q: &self.q,
+            k_cache: &self.k_cache,
+            v_cache: &self.v_cache,
+            block_tables: &self.tables,
+            seq_lens: &self.lens,
+            cu_seqlens_q: self.cu.as_ref(),
+            scale: self.scale,
+            window: self.window,
+            out: &self.out,
+            scratch: &self.scratch,
+        })
+        .unwrap()
+    }
+
+    fn out(&self, be: &dyn Backend) -> Vec<f64> {
+        be.download_f32(&self.out)
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    }
+}
+
 /// Run one attention launch of `inputs` on `be`; the output as f64.
 fn run_attention(be: &dyn Backend, i: &testing::inputs::AttentionInputs, dtype: DType) -> Vec<f64> {
-    let s = i.shape;
-    let qs = [i.rows, s.num_heads, s.head_dim];
-    let cache = [i.num_blocks, s.block_size, s.num_kv_heads, s.head_dim];
-    let q = be.upload_f32_as(&i.q, &qs, dtype).unwrap();
-    let kc = be.upload_f32_as(&i.k_cache, &cache, dtype).unwrap();
-    let vc = be.upload_f32_as(&i.v_cache, &cache, dtype).unwrap();
-    let tables = be
-        .upload(&i.block_tables, &[s.num_seqs, s.table_width])
-        .unwrap();
-    let lens = be.upload(&i.seq_lens, &[s.num_seqs]).unwrap();
-    let cu = i
-        .cu_seqlens_q
-        .as_ref()
-        .map(|cu| be.upload(cu, &[cu.len()]).unwrap());
-    let out = be.alloc(dtype, &qs).unwrap();
-    let len =
-        be.attention_scratch_len(i.rows, s.num_heads, s.head_dim, s.table_width, s.block_size);
-    let scratch = be.alloc(DType::F32, &[len.max(1)]).unwrap();
-    be.attention(&Attention {
-        q: &q,
-        k_cache: &kc,
-        v_cache: &vc,
-        block_tables: &tables,
-        seq_lens: &lens,
-        cu_seqlens_q: cu.as_ref(),
-        scale: i.scale,
-        window: s.window,
-        out: &out,
-        scratch: &scratch,
-    })
-    .unwrap();
-    be.download_f32(&out)
-        .unwrap()
-        .into_iter()
-        .map(f64::from)
-        .collect()
+    let a = AttentionOnDevice::upload(be, i, dtype);
+    a.run(be);
+    a.out(be)
 }
 
 /// The attention output of `inputs` on `be` and on the CPU agree within the reduction
@@ -390,6 +422,85 @@ fn attention_shape(
         prefill,
         max_q_len,
         window,
+    }
+}
+
+/// Decode attention split over many CTAs per row (split-K, then the combine launch):
+/// eager launches back to back, then one graph replayed on new queries and shorter
+/// contexts (per-step data read on the device), each against the CPU kernel on the same
+/// inputs. Shapes with one CTA per GQA group, groups cut into several CTAs, head_dim 64
+/// to 256.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn split_attention_replays_on_new_queries_and_lengths() {
+    use rand::Rng;
+    use testing::inputs::{normal, rng, AttentionInputs, AttentionShape};
+    let _serial = serial();
+    let cuda = cuda();
+    let be: &dyn Backend = cuda.as_ref();
+    let cpu = CpuBackend::new();
+    let mut r = rng(fresh_seed());
+    for dtype in [DType::BF16, DType::F32] {
+        for (num_seqs, num_heads, num_kv_heads, head_dim) in [
+            (1, 8, 2, 128),
+            (3, 32, 8, 64),
+            (2, 16, 1, 256),
+            (5, 4, 4, 128),
+        ] {
+            let shape = AttentionShape {
+                num_seqs,
+                num_heads,
+                num_kv_heads,
+                head_dim,
+                block_size: 16,
+                table_width: 256,
+                prefill: false,
+                max_q_len: 1,
+                window: None,
+            };
+            let mut inputs = AttentionInputs::random(&mut r, shape);
+            let full = inputs.seq_lens.clone();
+            assert!(
+                be.attention_scratch_len(inputs.rows, num_heads, head_dim, 256, 16) > 0,
+                "the shape splits"
+            );
+            let a = AttentionOnDevice::upload(be, &inputs, dtype);
+            let mut graph = None;
+            for round in 0..6 {
+                if round > 0 {
+                    // New queries; each context at most its first length (the tables
+                    // cover it), at least one token where it had one.
+                    inputs.q = normal(&mut r, inputs.q.len(), 1.0);
+                    for (l, &f) in inputs.seq_lens.iter_mut().zip(&full) {
+                        *l = r.random_range(f.min(1)..=f);
+                    }
+                    let q = be.upload_f32_as(&inputs.q, a.q.shape(), dtype).unwrap();
+                    be.copy(&q, &a.q).unwrap();
+                    be.write(&a.lens, &inputs.seq_lens).unwrap();
+                }
+                match round {
+                    0 | 1 => a.run(be),
+                    2 => {
+                        be.begin_capture().unwrap();
+                        a.run(be);
+                        graph = Some(be.end_capture().unwrap());
+                        graph.as_ref().unwrap().replay().unwrap();
+                    }
+                    _ => graph.as_ref().unwrap().replay().unwrap(),
+                }
+                let got = a.out(be);
+                let want = run_attention(&cpu, &inputs, dtype);
+                use testing::compare::{max_row_error, tolerance, OpClass};
+                let e = max_row_error(&got, &want, head_dim);
+                let tol = tolerance(OpClass::Reduction, dtype);
+                assert!(
+                    e <= tol,
+                    "{dtype} {num_seqs} seqs h={num_heads}/{num_kv_heads} hd={head_dim} \
+                     round {round} (lens {:?}): error {e:.2e} > {tol:.1e}",
+                    inputs.seq_lens
+                );
+            }
+        }
     }
 }
 
