@@ -7,8 +7,7 @@
 #   TPS="1 2" ROUNDS=2 TESTS=1 bash scripts/gpu-tp-ab.sh
 # Each variant is one environment assignment (or `base` for none); every (model, tp) runs
 # each variant ROUNDS times, alternating, batch 1 (BATCHES), context 128 (CONTEXT), graph
-# mode; then a table of
-# the graph ms per step. TESTS=1 runs the GPU tests first (or TESTS="binary[:filter] ...",
+# mode; then a table of the graph ms per step. TESTS=1 runs the GPU tests first (or TESTS="binary[:filter] ...",
 # some of them). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -21,7 +21,9 @@
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
-#define GEMV_UNROLL 4
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 4  // chunks of loads in flight per warp (half for R = 4)
+#endif
 
 // 16-byte load that does not allocate in L1 (weights are streamed once per step).
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
@@ -84,7 +86,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
                                           PushTo push = PushTo{}) {
     constexpr int V = Ty<T>::V;
     constexpr int CHUNK = 32 * V;
-    constexpr int UNROLL = R >= 4 ? 2 : 4;
+    constexpr int UNROLL = R >= 4 ? GEMV_UNROLL / 2 : GEMV_UNROLL;
     static_assert(!SILU || (M == 1 && R == 2), "SILU pairs one gate row with one up row");
     __shared__ float red[GEMV_WARPS][R * M];
 

@@ -265,6 +265,46 @@ pub fn decode_attention(
     Ok((row("eager", eager), row("graph", replayed)))
 }
 
+/// A decode projection's weight streaming: `x[1, k] · wᵀ` over distinct `[n, k]` weights
+/// (as many as take at least `min_bytes`, more than the L2 holds, so every call reads its
+/// weight from memory), all captured in one graph as a step would run them. GB/s of
+/// weight bytes read; the detail gives the time per call.
+pub fn gemv_stream(
+    be: &dyn Backend,
+    n: usize,
+    k: usize,
+    dtype: DType,
+    min_bytes: usize,
+) -> Result<BenchRow> {
+    let mut rng = StdRng::seed_from_u64(3);
+    let w_bytes = n * k * dtype.size();
+    let copies = min_bytes.div_ceil(w_bytes.max(1)).max(2);
+    let x = random_tensor(be, &mut rng, &[1, k], dtype, 1.0)?;
+    let out = be.alloc(dtype, &[1, n])?;
+    let ws = (0..copies)
+        .map(|_| random_tensor(be, &mut rng, &[n, k], dtype, 0.05))
+        .collect::<Result<Vec<_>>>()?;
+    let run = || ws.iter().try_for_each(|w| be.matmul(&x, w, None, &out));
+    run()?;
+    be.begin_capture()?;
+    let captured = run();
+    let graph = be.end_capture();
+    captured?;
+    let graph = graph?;
+    let s = time_per_call(be, 3, 7, || graph.replay())? / copies as f64;
+    Ok(BenchRow {
+        name: format!("gemv 1x{n}x{k} {dtype}, {copies} weights in a graph"),
+        value: w_bytes as f64 / s / 1e9,
+        unit: "GB/s",
+        seconds: s,
+        detail: format!(
+            "{:.2} us a call, {:.1} MiB",
+            s * 1e6,
+            w_bytes as f64 / (1 << 20) as f64
+        ),
+    })
+}
+
 /// A mixture-of-experts layer's shape for [`moe_streaming`].
 #[derive(Clone, Copy, Debug)]
 pub struct MoeShape {

@@ -129,6 +129,20 @@ struct BenchKernelsArgs {
     /// Small shapes and few iterations (for a quick look, e.g. on CPU).
     #[arg(long)]
     quick: bool,
+    /// Only these groups (comma-separated; all by default).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<KernelGroup>,
+}
+
+/// The groups of `bench kernels`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum KernelGroup {
+    Gemm,
+    Copy,
+    Gemv,
+    Attention,
+    Launch,
+    Moe,
 }
 
 fn main() -> ExitCode {
@@ -364,6 +378,8 @@ fn rayon_threads() -> usize {
 /// launch cost (iterations).
 struct KernelSuite {
     gemms: &'static [(usize, usize, usize, DType, usize)],
+    /// Decode projections `(n, k)` streamed in a graph over more weight bytes than L2.
+    gemvs: &'static [(usize, usize, DType)],
     copy: (usize, usize),
     attention: &'static [(AttentionShape, DType, usize)],
     launches: usize,
@@ -404,6 +420,7 @@ const fn qwen3_30b_experts(format: Option<QuantFormat>) -> MoeShape {
 /// `--quick` (and the CPU): small shapes, few iterations.
 const QUICK: KernelSuite = KernelSuite {
     gemms: &[(64, 256, 256, DType::F32, 5)],
+    gemvs: &[(256, 256, DType::F32)],
     copy: (8 << 20, 5),
     attention: &[(attention(1, 256, 8, 2, 64), DType::F32, 5)],
     launches: 100,
@@ -428,6 +445,17 @@ const FULL: KernelSuite = KernelSuite {
         (4096, 4096, 4096, DType::F16, 50),
         (1, 4096, 4096, DType::BF16, 200),
         (64, 14336, 4096, DType::BF16, 200),
+    ],
+    // Llama-3-8B's q/k/v, o, gate/up and down, then one rank's of a 70B over 4 GPUs.
+    gemvs: &[
+        (6144, 4096, DType::BF16),
+        (4096, 4096, DType::BF16),
+        (28672, 4096, DType::BF16),
+        (4096, 14336, DType::BF16),
+        (2560, 8192, DType::BF16),
+        (8192, 2048, DType::BF16),
+        (14336, 8192, DType::BF16),
+        (8192, 7168, DType::BF16),
     ],
     copy: (1 << 30, 20),
     attention: &[
@@ -466,20 +494,35 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
         Ok(())
     };
     let suite = if quick { &QUICK } else { &FULL };
-    for &(m, n, k, dtype, iters) in suite.gemms {
-        push(bench::gemm(be, m, n, k, dtype, iters)?)?;
+    let on = |g: KernelGroup| args.only.is_empty() || args.only.contains(&g);
+    if on(KernelGroup::Gemm) {
+        for &(m, n, k, dtype, iters) in suite.gemms {
+            push(bench::gemm(be, m, n, k, dtype, iters)?)?;
+        }
     }
-    let (bytes, iters) = suite.copy;
-    push(bench::copy_bandwidth(be, bytes, iters)?)?;
-    for &(shape, dtype, iters) in suite.attention {
-        let (eager, graph) = bench::decode_attention(be, shape, dtype, iters)?;
+    if on(KernelGroup::Copy) {
+        let (bytes, iters) = suite.copy;
+        push(bench::copy_bandwidth(be, bytes, iters)?)?;
+    }
+    if on(KernelGroup::Gemv) {
+        let min_bytes = if quick { 1 << 20 } else { 1 << 30 };
+        for &(n, k, dtype) in suite.gemvs {
+            push(bench::gemv_stream(be, n, k, dtype, min_bytes)?)?;
+        }
+    }
+    if on(KernelGroup::Attention) {
+        for &(shape, dtype, iters) in suite.attention {
+            let (eager, graph) = bench::decode_attention(be, shape, dtype, iters)?;
+            push(eager)?;
+            push(graph)?;
+        }
+    }
+    if on(KernelGroup::Launch) {
+        let (eager, graph) = bench::launch_cost(be, suite.launches)?;
         push(eager)?;
         push(graph)?;
     }
-    let (eager, graph) = bench::launch_cost(be, suite.launches)?;
-    push(eager)?;
-    push(graph)?;
-    if be.runs_moe() {
+    if on(KernelGroup::Moe) && be.runs_moe() {
         for &(shape, dtype, iters) in suite.moe {
             for r in bench::moe_streaming(be, shape, dtype, iters)? {
                 push(r)?;

@@ -272,6 +272,35 @@ fn a_run_too_big_for_memory_is_refused_at_once() {
     assert!(err.contains("--batch"), "{err}");
 }
 
+/// `bench kernels --only` runs just the named groups (on the CPU, quick shapes) and
+/// refuses a group it does not know, listing the ones it does.
+#[test]
+fn bench_kernels_runs_only_the_named_groups() {
+    let out = encore(&[
+        "bench",
+        "kernels",
+        "--device",
+        "cpu",
+        "--quick",
+        "--only",
+        "copy,gemv",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(table.contains("device copy"), "{table}");
+    assert!(
+        table.contains("gemv 1x256x256 f32") && table.contains("GB/s"),
+        "{table}"
+    );
+    for absent in ["gemm", "decode attention", "launch", "moe"] {
+        assert!(!table.contains(absent), "{absent} in {table}");
+    }
+    let out = encore(&["bench", "kernels", "--device", "cpu", "--only", "gemv,nope"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("nope") && err.contains("gemv"), "{err}");
+}
+
 #[test]
 fn every_flag_has_a_help_line() {
     for cmd in [

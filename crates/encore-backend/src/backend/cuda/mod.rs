@@ -111,6 +111,10 @@ pub struct CudaBackend {
     /// Matmuls with at most this many rows run the gemv kernels instead of cuBLASLt
     /// (`ENCORE_GEMV_MAX_ROWS`, default `kernels::GEMV_DEFAULT_ROWS`; 0 turns gemv off).
     gemv_max_rows: usize,
+    /// The gemv splits k over more warps until it has this many CTAs per SM
+    /// (`ENCORE_GEMV_CTAS_PER_SM`, 1 to 16, default `kernels::GEMV_CTAS_PER_SM`; a tuning
+    /// knob).
+    gemv_ctas_per_sm: usize,
     /// Rows of x up to which a quantized weight's matmul runs the quantized gemv
     /// (`ENCORE_QGEMV_MAX_ROWS`; `None`: `kernels::quant::qgemv_default_rows` per format).
     qgemv_max_rows: Option<usize>,
@@ -459,6 +463,20 @@ impl CudaBackend {
                 "ENCORE_GEMV_MAX_ROWS",
                 kernels::GEMV_DEFAULT_ROWS,
             )?,
+            gemv_ctas_per_sm: match std::env::var("ENCORE_GEMV_CTAS_PER_SM") {
+                Err(_) => kernels::GEMV_CTAS_PER_SM,
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|c| (1..=16).contains(c))
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "ENCORE_GEMV_CTAS_PER_SM",
+                            format!("`{v}`: expected 1 to 16 CTAs per SM"),
+                        )
+                    })?,
+            },
             qgemv_max_rows: match std::env::var_os("ENCORE_QGEMV_MAX_ROWS") {
                 None => None,
                 Some(_) => Some(gemv_max_rows_from_env("ENCORE_QGEMV_MAX_ROWS", 0)?),
@@ -693,6 +711,11 @@ impl CudaBackend {
     }
 
     /// Rows up to which quantized matmuls run the quantized gemv, where set.
+    /// CTAs per SM the gemv's k split aims for (`ENCORE_GEMV_CTAS_PER_SM`).
+    pub(in crate::backend::cuda) fn gemv_ctas_per_sm(&self) -> usize {
+        self.gemv_ctas_per_sm
+    }
+
     pub(in crate::backend::cuda) fn qgemv_max_rows(&self) -> Option<usize> {
         self.qgemv_max_rows
     }

@@ -1650,9 +1650,15 @@ pub(super) fn gemv_fits(x: &Tensor, w: &Tensor, d: &MatmulDims, max_rows: usize)
         && aligned16(w)
 }
 
+/// CTAs per SM the gemv's k split aims for: enough loads in flight to stream at the copy
+/// rate. Eight, not two, took 1.5% off an 8B decode step on the H100 and 4.4% on the H200
+/// (the o and down projections, 4096 and 8192 rows, streamed 7-17% faster; BENCHMARKS.md).
+pub(super) const GEMV_CTAS_PER_SM: usize = 8;
+
 /// `(ksplit, CTAs)` of a gemv over `n` rows of `k` with `rows_per_warp` rows per warp:
-/// split k over more warps while there are too few CTAs to keep every SM streaming (two
-/// per SM) and each warp still gets a 16-byte-per-lane chunk of k.
+/// split k over more warps while there are too few CTAs to keep every SM streaming
+/// ([`GEMV_CTAS_PER_SM`], `ENCORE_GEMV_CTAS_PER_SM`) and each warp still gets a
+/// 16-byte-per-lane chunk of k.
 fn gemv_layout(
     be: &CudaBackend,
     dt: DType,
@@ -1663,7 +1669,7 @@ fn gemv_layout(
     let nchunks = k.div_ceil(32 * 16 / dt.size());
     let mut ksplit = 1;
     while ksplit < GEMV_WARPS
-        && (n * ksplit).div_ceil(GEMV_WARPS * rows_per_warp) < 2 * be.sm_count()
+        && (n * ksplit).div_ceil(GEMV_WARPS * rows_per_warp) < be.gemv_ctas_per_sm() * be.sm_count()
         && 2 * ksplit <= nchunks
     {
         ksplit *= 2;
