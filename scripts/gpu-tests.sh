@@ -26,8 +26,11 @@ run() { # name, command...
 run info .bin/encore info --device cuda --seed 1
 export ENCORE_HF_REF=$(mktemp -d)
 run hf-reference env PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF"
+# The tests that need two GPUs (named `..._two_gpus...`) are skipped on one.
+skip=()
+[ "$(nvidia-smi -L | wc -l)" -ge 2 ] || skip=(--skip two_gpus)
 for t in .bin/tests/*; do
-  run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4
+  run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4 "${skip[@]}"
 done
 tar -czf "$OUT/gpu-tests-logs.tgz" -C "$logs" .
 grep -E "^(kernels|self-check|check)" "$logs/info.log" | head -5
