@@ -86,7 +86,8 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
                                           PushTo push = PushTo{}) {
     constexpr int V = Ty<T>::V;
     constexpr int CHUNK = 32 * V;
-    constexpr int UNROLL = R >= 4 ? GEMV_UNROLL / 2 : GEMV_UNROLL;
+    static_assert(GEMV_UNROLL >= 1, "GEMV_UNROLL: at least one chunk of loads in flight");
+    constexpr int UNROLL = R >= 4 ? (GEMV_UNROLL + 1) / 2 : GEMV_UNROLL;
     static_assert(!SILU || (M == 1 && R == 2), "SILU pairs one gate row with one up row");
     __shared__ float red[GEMV_WARPS][R * M];
 

@@ -820,6 +820,8 @@ pub(super) fn gemv_push_rms_norm(
     if !fits || d.n == 0 {
         return None;
     }
+    // pushed_rms_norm handles up to PUSH_MAX_ROWS (8) rows: the gemv's most.
+    debug_assert!(d.m <= GEMV_MAX_ROWS && GEMV_MAX_ROWS <= 8);
     let run = || {
         let kernel = be.kernels().gemv_push(dt, variant)?;
         let c = cfg(
