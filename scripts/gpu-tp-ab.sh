@@ -40,7 +40,7 @@ for m in ${MODELS:-llama-3-8b}; do
     [ "$tp" -le "$ngpu" ] || continue
     for r in $(seq 1 "${ROUNDS:-2}"); do
       for v in ${VARIANTS:-base}; do
-        log="$OUT/decode-$m-tp$tp-$v-r$r.log"
+        log="$OUT/decode-$m-tp$tp-${v//[^A-Za-z0-9._-]/_}-r$r.log"  # names the device tool returns
         if [ "$v" = base ]; then envs=(); else envs=("$v"); fi
         env "${envs[@]}" $E bench decode --device cuda --model "dummy:$m" -t "$tp" \
           --batch "${BATCHES:-1}" --steps "${STEPS:-50}" --context "${CONTEXT:-128}" \
@@ -53,3 +53,20 @@ echo "== graph ms per step (model tp variant round: lines of bench decode)"
 for f in "$OUT"/decode-*.log; do
   printf '%-60s %s\n' "$(basename "$f" .log)" "$(grep -E '^ *[0-9]+ ' "$f" | head -3 | tr -s ' ' | tr '\n' '|')"
 done
+echo "== medians over rounds, batch ${BATCHES:-1}'s first row: graph ms, x rank 0's floor, / the 1-GPU step of the same variant"
+python3 - "$OUT" <<'PY'
+import glob, os, re, statistics, sys
+runs = {}
+for f in glob.glob(os.path.join(sys.argv[1], "decode-*.log")):
+    m = re.match(r"decode-(.+)-tp(\d+)-(.+)-r\d+\.log$", os.path.basename(f))
+    rows = [l.split() for l in open(f) if re.match(r"^ *\d+ ", l)]
+    if m and rows:
+        runs.setdefault((m[1], int(m[2]), m[3]), []).append((float(rows[0][2]), float(rows[0][5])))
+for (model, tp, v), xs in sorted(runs.items()):
+    g = statistics.median(x[0] for x in xs)
+    fl = statistics.median(x[1] for x in xs)
+    one = runs.get((model, 1, v))
+    rel = " %.3f of 1 GPU" % (g / statistics.median(x[0] for x in one)) if one and tp > 1 else ""
+    print("%-12s tp%d %-40s %8.3f ms  %.3fx floor%s  (%d runs)" % (model, tp, v, g, g / fl, rel, len(xs)))
+PY
+
