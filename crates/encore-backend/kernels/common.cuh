@@ -486,6 +486,64 @@ template <class F> __device__ __forceinline__ long long q_row_bytes(int k) {
     return ((long long)(k / F::BE) * (F::QB + F::SB) + 15) & ~15ll;
 }
 
+// The end of a gemv (gemv.cu's gemv_impl, qgemv_impl below): each warp's R x M partial
+// sums are reduced over its lanes (every lane gets the sums), then over the ksplit warps
+// of the same rows through `red` [warps][R * M] in a fixed order; part 0 then holds them.
+template <int M, int R>
+__device__ __forceinline__ void gemv_reduce(float (&acc)[R][M], float (*red)[R * M], int lane,
+                                            int warp, int part, int ksplit) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+    if (ksplit > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int m = 0; m < M; ++m) red[warp][r * M + m] = acc[r][m];
+        }
+        __syncthreads();
+        if (part == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    float s = 0.0f;
+                    for (int p = 0; p < ksplit; ++p) s += red[warp + p][r * M + m];
+                    acc[r][m] = s;
+                }
+        }
+    }
+}
+// A gemv's outputs, on part 0 after gemv_reduce: lane r * M + m calls store(m, n, value)
+// for row n = n0 + r < n_rows and m < m_rows, value = the sum plus bias[n] in f32 (not yet
+// rounded).
+template <typename T, int M, int R, typename Store>
+__device__ __forceinline__ void gemv_each_output(const float (&acc)[R][M],
+                                                 const T* __restrict__ bias, int n0,
+                                                 int n_rows, int m_rows, int lane,
+                                                 Store store) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int n = n0 + r;
+        if (n < n_rows) {
+            const float b = bias != nullptr ? to_f32(bias[n]) : 0.0f;
+#pragma unroll
+            for (int m = 0; m < M; ++m)
+                if (lane == r * M + m && m < m_rows) store(m, n, acc[r][m] + b);
+        }
+    }
+}
+// The gate/up gemv's output: gate and up rounded to T as a matmul would, then
+// silu(gate) * up rounded to the output type.
+template <typename T, typename OutT>
+__device__ __forceinline__ void gemv_store_silu(float gate, float up, OutT* out) {
+    const float g = to_f32(from_f32<T>(gate));
+    const float u = to_f32(from_f32<T>(up));
+    *out = from_f32<OutT>(silu_mul_f32(g, u));
+}
+
 // SILU: M = 1, R = 2: the warp of output j reads gate row j and up row n_rows + j, rounds
 // both sums to T as a matmul would and writes out[j] = silu(gate) * up rounded to T, exactly
 // what matmul + silu_mul.cu produce (gemv.cu's gemv_silu).
@@ -569,48 +627,15 @@ __device__ __forceinline__ void qgemv_impl(const T* __restrict__ x,
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
-    if (ksplit > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int m = 0; m < M; ++m) red[warp][r * M + m] = acc[r][m];
-        }
-        __syncthreads();
-        if (part == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    float s = 0.0f;
-                    for (int p = 0; p < ksplit; ++p) s += red[warp + p][r * M + m];
-                    acc[r][m] = s;
-                }
-        }
-    }
+    gemv_reduce<M, R>(acc, red, lane, warp, part, ksplit);
     if (SILU) {
-        if (part == 0 && n0 < n_rows && lane == 0) {
-            const float g = to_f32(from_f32<T>(acc[0][0]));
-            const float u = to_f32(from_f32<T>(acc[R - 1][0]));
-            out[n0] = from_f32<OutT>(silu_mul_f32(g, u));
-        }
+        if (part == 0 && n0 < n_rows && lane == 0)
+            gemv_store_silu<T>(acc[0][0], acc[R - 1][0], out + n0);
     } else if (part == 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int n = n0 + r;
-            if (n < n_rows) {
-                const float b = bias != nullptr ? to_f32(bias[n]) : 0.0f;
-#pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    if (lane == r * M + m && m < m_rows)
-                        out[(long long)m * n_rows + n] = from_f32<OutT>(acc[r][m] + b);
-                }
-            }
-        }
+        gemv_each_output<T, M, R>(acc, bias, n0, n_rows, m_rows, lane,
+                                  [&](int m, int n, float v) {
+                                      out[(long long)m * n_rows + n] = from_f32<OutT>(v);
+                                  });
     }
 }
 

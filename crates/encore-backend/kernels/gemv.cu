@@ -160,55 +160,21 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
-    if (ksplit > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int m = 0; m < M; ++m) red[warp][r * M + m] = acc[r][m];
-        }
-        __syncthreads();
-        if (part == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    float s = 0.0f;
-                    for (int p = 0; p < ksplit; ++p) s += red[warp + p][r * M + m];
-                    acc[r][m] = s;
-                }
-        }
-    }
+    gemv_reduce<M, R>(acc, red, lane, warp, part, ksplit);
     if (SILU) {
-        if (part == 0 && n0 < n_rows && lane == 0) {
-            const float g = to_f32(from_f32<T>(acc[0][0]));
-            const float u = to_f32(from_f32<T>(acc[R - 1][0]));
-            out[n0] = from_f32<OutT>(silu_mul_f32(g, u));
-        }
+        if (part == 0 && n0 < n_rows && lane == 0)
+            gemv_store_silu<T>(acc[0][0], acc[R - 1][0], out + n0);
     } else if (PUSH) {
         // This CTA's outputs [m, its rows], then every rank's slot for this rank.
         __shared__ T pst[GEMV_WARPS * 4 * M];
         const int cta_n0 = blockIdx.x * rows_per_cta;
         const int rows_here = min(rows_per_cta, n_rows - cta_n0);
-        if (part == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const int n = n0 + r;
-                if (n < n_rows) {
-                    const float b = bias != nullptr ? to_f32(bias[n]) : 0.0f;
-#pragma unroll
-                    for (int m = 0; m < M; ++m) {
-                        if (lane == r * M + m && m < m_rows)
-                            pst[m * rows_per_cta + (n - cta_n0)] =
-                                push_value(from_f32<T>(acc[r][m] + b));
-                    }
-                }
-            }
-        }
+        if (part == 0)
+            gemv_each_output<T, M, R>(acc, bias, n0, n_rows, m_rows, lane,
+                                      [&](int m, int n, float v) {
+                                          pst[m * rows_per_cta + (n - cta_n0)] =
+                                              push_value(from_f32<T>(v));
+                                      });
         __syncthreads();
         const unsigned int c = sh_c;
         const int cnt = rows_here * m_rows;
@@ -220,18 +186,10 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
             buf[(long long)m * n_rows + cta_n0 + r] = pst[m * rows_per_cta + r];
         }
     } else if (part == 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int n = n0 + r;
-            if (n < n_rows) {
-                const float b = bias != nullptr ? to_f32(bias[n]) : 0.0f;
-#pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    if (lane == r * M + m && m < m_rows)
-                        out[(long long)m * n_rows + n] = from_f32<OutT>(acc[r][m] + b);
-                }
-            }
-        }
+        gemv_each_output<T, M, R>(acc, bias, n0, n_rows, m_rows, lane,
+                                  [&](int m, int n, float v) {
+                                      out[(long long)m * n_rows + n] = from_f32<OutT>(v);
+                                  });
     }
 }
 

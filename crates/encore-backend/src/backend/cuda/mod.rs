@@ -710,12 +710,12 @@ impl CudaBackend {
         self.gemv_max_rows = rows.min(kernels::GEMV_MAX_ROWS);
     }
 
-    /// Rows up to which quantized matmuls run the quantized gemv, where set.
     /// CTAs per SM the gemv's k split aims for (`ENCORE_GEMV_CTAS_PER_SM`).
     pub(in crate::backend::cuda) fn gemv_ctas_per_sm(&self) -> usize {
         self.gemv_ctas_per_sm
     }
 
+    /// Rows up to which quantized matmuls run the quantized gemv, where set.
     pub(in crate::backend::cuda) fn qgemv_max_rows(&self) -> Option<usize> {
         self.qgemv_max_rows
     }
