@@ -251,6 +251,7 @@ impl<'b> Engine<'b> {
             ranks.iter().map(|b| b.device_name()).collect(),
             abort.clone(),
         ));
+        let spin = follower_spin(&*ranks[0])?;
         let mut followers = Vec::new();
         for ((rank, fbe), config) in ranks.iter().enumerate().skip(1).zip(configs) {
             let (tx, rx) = mpsc::channel();
@@ -268,7 +269,7 @@ impl<'b> Engine<'b> {
                         Engine::boot(&*fbe, files, &cfg, &NoProgress, Some((&rank_rv, rank)))
                     }));
                     match booted {
-                        Ok(Ok(mut e)) => e.runner.follow(rx, done_tx, abort),
+                        Ok(Ok(mut e)) => e.runner.follow(rx, done_tx, abort, spin),
                         Ok(Err(e)) => rank_rv.fail(rank, &e.to_string()),
                         Err(_) => rank_rv.fail(rank, "panicked while starting"),
                     }
@@ -436,6 +437,35 @@ impl<'b> Engine<'b> {
         );
         Ok(Engine { runner, report })
     }
+}
+
+/// How long a follower rank polls for its next command before it sleeps
+/// (`ENCORE_TP_SPIN_MS`, 0..=1000 milliseconds; default 20 on GPUs, 0 on the CPU, whose
+/// ranks compute on the cores a poll would take).
+fn follower_spin(be: &dyn Backend) -> Result<std::time::Duration> {
+    spin_from(
+        std::env::var("ENCORE_TP_SPIN_MS").ok().as_deref(),
+        be.device_name() == "cpu",
+    )
+}
+
+fn spin_from(var: Option<&str>, cpu: bool) -> Result<std::time::Duration> {
+    let ms = match var {
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|ms| *ms <= 1000)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "ENCORE_TP_SPIN_MS",
+                    format!("{v:?} is not a whole number of milliseconds 0..=1000"),
+                )
+            })?,
+        None if cpu => 0,
+        None => 20,
+    };
+    Ok(std::time::Duration::from_millis(ms))
 }
 
 /// Step 1: what the run needs, checked against the device (or host) before anything is
@@ -627,6 +657,30 @@ impl Rendezvous {
         match &s.failed {
             Some(why) if s.generation == g => Err(Self::failure(why)),
             _ => Ok(s.last),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spin_from;
+    use std::time::Duration;
+
+    #[test]
+    fn follower_spin_defaults_by_device_and_refuses_bad_values() {
+        assert_eq!(spin_from(None, false).unwrap(), Duration::from_millis(20));
+        assert_eq!(spin_from(None, true).unwrap(), Duration::ZERO);
+        assert_eq!(
+            spin_from(Some(" 5 "), true).unwrap(),
+            Duration::from_millis(5)
+        );
+        assert_eq!(spin_from(Some("0"), false).unwrap(), Duration::ZERO);
+        for bad in ["", "-1", "1001", "2.5", "fast"] {
+            let e = spin_from(Some(bad), false).unwrap_err().to_string();
+            assert!(
+                e.contains("ENCORE_TP_SPIN_MS") && e.contains("0..=1000"),
+                "{bad}: {e}"
+            );
         }
     }
 }

@@ -975,6 +975,11 @@ impl Model {
         let cols = self.cfg.vocab_rows();
         let shard = buf.logits_shard.prefix(rows)?;
         be.matmul(&last, &lm_head, None, &shard)?;
+        if rows == 1 {
+            // One row: the shards side by side are already the row's logits.
+            be.all_gather(&shard, &logits.reshape(&[size, rows, cols])?)?;
+            return Ok(logits);
+        }
         let gathered = buf
             .gathered
             .narrow(0, size * rows * cols)?

@@ -15,9 +15,10 @@
 //! the leader's step returns the error, naming the rank; the group is then broken and
 //! every later step fails with the same error.
 
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::{Receiver, RecvError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::graph::Key;
@@ -61,6 +62,26 @@ pub enum Cmd {
 
 /// Ends every rank's collectives (the group failed).
 pub type AbortFn = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The next message of `rx`, polled for up to `spin` (yielding the core between polls)
+/// before a blocking receive. A follower's step starts when its command arrives, and the
+/// leader's first collective waits for it: a sleeping thread's wake-up (tens of
+/// microseconds) would be on every step's path, while the next command of a busy engine
+/// comes within a step.
+fn recv_spinning<T>(rx: &Receiver<T>, spin: Duration) -> std::result::Result<T, RecvError> {
+    if !spin.is_zero() {
+        let start = Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(t) => return Ok(t),
+                Err(TryRecvError::Disconnected) => return Err(RecvError),
+                Err(TryRecvError::Empty) if start.elapsed() < spin => std::thread::yield_now(),
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+    }
+    rx.recv()
+}
 
 /// One follower as the leader sees it.
 pub struct FollowerRank {
@@ -206,10 +227,17 @@ impl Runner<'_> {
     }
 
     /// A follower's loop: obey each command and report, until the leader goes away. A
-    /// failed command aborts the group's collectives.
-    pub fn follow(&mut self, rx: Receiver<Cmd>, done: Sender<Result<()>>, abort: AbortFn) {
+    /// failed command aborts the group's collectives. After each command it polls for
+    /// the next for up to `spin` before it sleeps.
+    pub fn follow(
+        &mut self,
+        rx: Receiver<Cmd>,
+        done: Sender<Result<()>>,
+        abort: AbortFn,
+        spin: Duration,
+    ) {
         self.parts.sample = false;
-        while let Ok(cmd) = rx.recv() {
+        while let Ok(cmd) = recv_spinning(&rx, spin) {
             let r = self.obey(cmd);
             if let Err(e) = &r {
                 abort(&e.to_string());
@@ -258,5 +286,49 @@ impl Runner<'_> {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recv_spinning;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn recv_spinning_takes_messages_while_polling_and_after() {
+        let (tx, rx) = mpsc::channel();
+        tx.send(1).unwrap();
+        assert_eq!(recv_spinning(&rx, Duration::from_millis(50)), Ok(1));
+        // Sent while the receiver polls.
+        let t = std::thread::spawn({
+            let tx = tx.clone();
+            move || {
+                std::thread::sleep(Duration::from_millis(5));
+                tx.send(2).unwrap();
+            }
+        });
+        assert_eq!(recv_spinning(&rx, Duration::from_secs(5)), Ok(2));
+        t.join().unwrap();
+        // Sent after the poll gave up: the blocking receive takes it.
+        let t = std::thread::spawn({
+            let tx = tx.clone();
+            move || {
+                std::thread::sleep(Duration::from_millis(30));
+                tx.send(3).unwrap();
+            }
+        });
+        let start = Instant::now();
+        assert_eq!(recv_spinning(&rx, Duration::from_millis(1)), Ok(3));
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        t.join().unwrap();
+        // No poll: a plain blocking receive.
+        tx.send(4).unwrap();
+        assert_eq!(recv_spinning(&rx, Duration::ZERO), Ok(4));
+        // A closed channel ends the poll at once.
+        drop(tx);
+        let start = Instant::now();
+        assert!(recv_spinning(&rx, Duration::from_secs(5)).is_err());
+        assert!(start.elapsed() < Duration::from_secs(1));
     }
 }
