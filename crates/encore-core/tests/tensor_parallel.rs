@@ -2,8 +2,9 @@
 //! model (heads, KV heads, MLP width and vocabulary split as Megatron splits them), the
 //! collectives in shared memory. Greedy generation over 2 and 4 ranks gives the tokens of
 //! one rank, eagerly and with graphs (decode graphs and piecewise prefill), with chunked
-//! prefill and mixed steps; the logits agree to f32 rounding; a model the group cannot
-//! split is refused naming both numbers.
+//! prefill and mixed steps, for dense models and mixtures of experts (each expert split
+//! as the dense MLP is, also under the expert cache); the logits agree to f32 rounding; a
+//! model the group cannot split is refused naming both numbers.
 
 use std::sync::Arc;
 
@@ -13,9 +14,11 @@ use encore_core::engine::{Engine, EngineConfig, KvSizing, TpBackends};
 use encore_core::generate::{generate, GenerateOptions};
 use encore_core::graph::BucketPolicy;
 use encore_core::kv::SeqId;
-use encore_core::model::open_model;
+use encore_core::model::config::ModelConfig;
+use encore_core::model::{open_model, ModelFiles};
 use encore_core::offload::{OffloadConfig, Policy, WeightBudget};
 use encore_core::progress::NoProgress;
+use encore_core::quant::QuantFormat;
 use encore_core::request::SamplingParams;
 use encore_core::runner::{GraphConfig, SeqStep, Seqs};
 use encore_core::DType;
@@ -81,8 +84,18 @@ fn greedy_over(
     size: usize,
     max_tokens: usize,
 ) -> Vec<Vec<u32>> {
-    let Engine { mut runner, .. } =
-        Engine::new(be.as_ref(), open_model(model).unwrap(), &cfg, &NoProgress).unwrap();
+    greedy_of(open_model(model).unwrap(), be, cfg, size, max_tokens)
+}
+
+/// [`greedy_over`] of opened model files.
+fn greedy_of(
+    files: ModelFiles,
+    be: BackendRef,
+    cfg: EngineConfig,
+    size: usize,
+    max_tokens: usize,
+) -> Vec<Vec<u32>> {
+    let Engine { mut runner, .. } = Engine::new(be.as_ref(), files, &cfg, &NoProgress).unwrap();
     assert_eq!(runner.tp_size(), size);
     let opts = GenerateOptions {
         max_tokens,
@@ -113,6 +126,144 @@ fn greedy_tokens_over_2_and_4_ranks_equal_one_rank() {
             }
         }
     }
+}
+
+#[test]
+fn greedy_tokens_of_mixtures_of_experts_over_2_and_4_ranks_equal_one_rank() {
+    // Every expert split as a dense MLP is (gate/up rows, down columns): tiny-qwen3-moe
+    // (8 experts of 64, top 2, layer 0 dense), tiny-mixtral (4 experts of 352) and
+    // tiny-qwen2-moe (6 experts of 64 and a gated shared expert of 96).
+    for model in [
+        "dummy:tiny-qwen3-moe",
+        "dummy:tiny-mixtral",
+        "dummy:tiny-qwen2-moe",
+    ] {
+        for graphs in [false, true] {
+            let one = greedy(model, 1, graphs);
+            for size in [2, 4] {
+                assert_eq!(
+                    greedy(model, size, graphs),
+                    one,
+                    "{model}, {size} ranks, graphs {graphs}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_rank_routes_by_the_leaders_window_of_a_routing_table() {
+    // `--router-skew`: each step routes by fresh rows of a seeded table; a follower takes
+    // the rows the leader's step took, so the ranks' partial sums are of the same experts.
+    let skew = encore_core::model::routing::RouterSkew::new(1.0).unwrap();
+    for graphs in [false, true] {
+        let run = |size: usize| {
+            let (be, tp) = group(size);
+            let cfg = EngineConfig {
+                tp,
+                router_skew: Some(skew),
+                ..config(graphs)
+            };
+            greedy_over("dummy:tiny-mixtral", be, cfg, size, 12)
+        };
+        let one = run(1);
+        assert_ne!(
+            one,
+            greedy("dummy:tiny-mixtral", 1, graphs),
+            "the table routes"
+        );
+        for size in [2, 4] {
+            assert_eq!(run(size), one, "{size} ranks, graphs {graphs}");
+        }
+    }
+}
+
+#[test]
+fn each_rank_caches_its_share_of_the_experts_under_its_own_budget() {
+    // The expert cache: every rank keeps its dense weights and the router resident and
+    // fills its slots with its blocks of the chosen experts, inside the graphs.
+    let budget = || {
+        Some(OffloadConfig {
+            budget: WeightBudget::Percent(80.0),
+            policy: Policy::Experts,
+            expert_prefetch: false,
+        })
+    };
+    let one = greedy("dummy:tiny-qwen3-moe", 1, true);
+    for size in [1, 2] {
+        assert_eq!(
+            greedy_with("dummy:tiny-qwen3-moe", size, true, budget()),
+            one,
+            "{size} ranks"
+        );
+    }
+}
+
+#[test]
+fn quantized_experts_over_2_ranks_equal_one_rank_and_a_share_a_block_cannot_hold_is_refused() {
+    // Every projection q8_0 (blocks of 32): each rank quantizes its block of every expert
+    // as one device would and cuts its share. The dense layer 0 made 512 wide, so that
+    // its share of a down row holds whole blocks over 4 ranks as the experts' (64) do.
+    let files = || {
+        let mut f = open_model("dummy:tiny-qwen3-moe").unwrap();
+        f.config.intermediate_size = 512;
+        f.config.weights.projections = Some(QuantFormat::Q8_0);
+        f
+    };
+    for graphs in [false, true] {
+        let run = |size: usize| {
+            let (be, tp) = group(size);
+            let cfg = EngineConfig {
+                tp,
+                ..config(graphs)
+            };
+            greedy_of(files(), be, cfg, size, 12)
+        };
+        assert_eq!(run(2), run(1), "graphs {graphs}");
+        // Over 4 ranks an expert's down row is 16 wide: q8_0 cannot hold that share.
+        let (be, tp) = group(4);
+        let cfg = EngineConfig {
+            tp,
+            ..config(graphs)
+        };
+        let e = Engine::new(be.as_ref(), files(), &cfg, &NoProgress)
+            .err()
+            .expect("16 of 32")
+            .to_string();
+        assert!(
+            e.contains("experts") && e.contains("4 tensor-parallel ranks") && e.contains("q8_0"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn an_expert_width_the_group_cannot_split_is_refused_naming_both_numbers() {
+    let mut cfg = ModelConfig::dummy("tiny-qwen2-moe").unwrap();
+    assert!(cfg.shard(1, 2).is_ok());
+    let moe = cfg.moe.as_mut().unwrap();
+    moe.shared_expert_intermediate = Some(95);
+    let e = cfg.shard(0, 2).unwrap_err().to_string();
+    assert!(
+        e.contains("shared_expert_intermediate_size 95") && e.contains("--tensor-parallel-size 2"),
+        "{e}"
+    );
+    let moe = cfg.moe.as_mut().unwrap();
+    moe.shared_expert_intermediate = Some(96);
+    moe.expert_intermediate = 66;
+    let e = cfg.shard(0, 4).unwrap_err().to_string();
+    assert!(
+        e.contains("expert MLP width 66") && e.contains("--tensor-parallel-size 4"),
+        "{e}"
+    );
+    // A rank's experts are its block of every expert.
+    let two = cfg.shard(1, 2).unwrap();
+    let m = two.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.expert_intermediate, m.shared_expert_intermediate),
+        (33, Some(48))
+    );
+    assert_eq!(two.whole_expert_widths(), Some((66, Some(96))));
 }
 
 #[test]
@@ -238,6 +389,24 @@ fn cuda_greedy_tokens_over_two_gpus_equal_one_gpu() {
     // NCCL's all-reduce inside the decode graphs and the piecewise pieces, f32 so the
     // order of the partial sums cannot flip a greedy choice.
     for model in ["dummy:tiny", "dummy:tiny-qwen3", "dummy:tiny-llama3"] {
+        for graphs in [false, true] {
+            let one = cuda_greedy(model, 1, DType::F32, graphs);
+            let two = cuda_greedy(model, 2, DType::F32, graphs);
+            assert_eq!(two, one, "{model}, graphs {graphs}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs 2 CUDA devices"]
+fn cuda_mixture_of_experts_greedy_tokens_over_two_gpus_equal_one_gpu() {
+    // Every expert split over the GPUs (the routed sum a partial sum the next norm's
+    // all-reduce completes), eagerly and in graphs.
+    for model in [
+        "dummy:tiny-qwen3-moe",
+        "dummy:tiny-mixtral",
+        "dummy:tiny-qwen2-moe",
+    ] {
         for graphs in [false, true] {
             let one = cuda_greedy(model, 1, DType::F32, graphs);
             let two = cuda_greedy(model, 2, DType::F32, graphs);

@@ -643,6 +643,38 @@ fn ngram_speculation_generates_the_same_tokens() {
     }
 }
 
+/// A mixture of experts over two and four tensor-parallel CPU ranks generates one rank's
+/// tokens: with a shared expert, and under the expert cache (each rank its own budget).
+#[test]
+fn a_mixture_of_experts_over_tensor_parallel_ranks_generates_one_ranks_tokens() {
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "--dtype",
+            "f32",
+            "--prompt",
+            "the quick brown fox",
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v = json_lines(&generate(&args));
+        assert_eq!(v.len(), 1, "{extra:?}");
+        v[0]["output_ids"].clone()
+    };
+    for model in [
+        &["--model", "dummy:tiny-qwen2-moe"][..],
+        &["--model", "dummy:tiny-qwen3-moe", "--weight-budget", "80%"],
+    ] {
+        let one = run(model);
+        for size in ["2", "4"] {
+            let tp = run(&[model, &["--tensor-parallel-size", size][..]].concat());
+            assert_eq!(tp, one, "{model:?} over {size} ranks");
+        }
+    }
+}
+
 /// Speculation over a mixture of experts, under a weight budget (the expert cache and the
 /// layer ring), with quantized weights and over two tensor-parallel ranks generates what
 /// decoding token by token does (n-gram drafts everywhere; an EAGLE-3 head but over two

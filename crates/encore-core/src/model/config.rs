@@ -235,6 +235,10 @@ pub struct TpShard {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub intermediate_size: usize,
+    /// Each routed expert's MLP width (0 without experts).
+    pub expert_intermediate: usize,
+    /// The shared expert's MLP width (Qwen2-MoE).
+    pub shared_expert_intermediate: Option<usize>,
 }
 
 /// Sliding-window attention as transformers applies it: in layers `first_layer..`, the
@@ -625,12 +629,6 @@ impl ModelConfig {
                 what,
             })
         };
-        if self.moe.is_some() {
-            return refuse(format!(
-                "{} (a mixture of experts) does not run tensor-parallel",
-                self.arch.model_type()
-            ));
-        }
         let kv = self.num_kv_heads;
         if !self.num_heads.is_multiple_of(size) {
             return refuse(format!(
@@ -644,10 +642,22 @@ impl ModelConfig {
                  nor divide it (to be replicated)"
             ));
         }
-        for (what, n) in [
+        // Every expert is split by the dense MLP's rule: its gate/up rows and its down
+        // columns over the ranks.
+        let (expert_width, shared_width) = self.moe.as_ref().map_or((0, None), |m| {
+            (m.expert_intermediate, m.shared_expert_intermediate)
+        });
+        let mut sizes = vec![
             ("intermediate_size", self.intermediate_size),
             ("vocab_size", self.vocab_size),
-        ] {
+        ];
+        if self.moe.is_some() {
+            sizes.push(("expert MLP width", expert_width));
+        }
+        if let Some(s) = shared_width {
+            sizes.push(("shared_expert_intermediate_size", s));
+        }
+        for (what, n) in sizes {
             if !n.is_multiple_of(size) {
                 return refuse(format!(
                     "the model's {what} {n} does not divide by --tensor-parallel-size {size}"
@@ -658,12 +668,19 @@ impl ModelConfig {
             num_heads: self.num_heads / size,
             num_kv_heads: kv.div_ceil(size),
             intermediate_size: self.intermediate_size / size,
+            moe: self.moe.as_ref().map(|m| MoeConfig {
+                expert_intermediate: m.expert_intermediate / size,
+                shared_expert_intermediate: m.shared_expert_intermediate.map(|s| s / size),
+                ..m.clone()
+            }),
             tp: Some(TpShard {
                 rank,
                 size,
                 num_heads: self.num_heads,
                 num_kv_heads: kv,
                 intermediate_size: self.intermediate_size,
+                expert_intermediate: expert_width,
+                shared_expert_intermediate: shared_width,
             }),
             ..self.clone()
         })
@@ -743,6 +760,18 @@ impl ModelConfig {
     /// `(rank, size)` of this config's tensor-parallel group; `(0, 1)` for the model.
     pub fn tp_rank(&self) -> (usize, usize) {
         self.tp.map_or((0, 1), |t| (t.rank, t.size))
+    }
+
+    /// The whole model's expert MLP width and shared expert width (a shard's `moe` holds
+    /// its own); `None` without experts.
+    pub fn whole_expert_widths(&self) -> Option<(usize, Option<usize>)> {
+        let m = self.moe.as_ref()?;
+        Some(
+            self.tp
+                .map_or((m.expert_intermediate, m.shared_expert_intermediate), |t| {
+                    (t.expert_intermediate, t.shared_expert_intermediate)
+                }),
+        )
     }
 
     /// The whole model's attention heads and KV heads (a shard's config holds its own).

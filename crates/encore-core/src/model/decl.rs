@@ -516,7 +516,10 @@ impl Decl {
             d.op(at(LayerOp::PostNorm));
             d.tensor(Role::MlpNorm, layer, &[h], None, Rep);
             match &cfg.moe {
-                Some(moe) if moe.is_sparse(l) => d.experts(cfg.arch, moe, l, h),
+                Some(moe) if moe.is_sparse(l) => {
+                    let widths = cfg.whole_expert_widths().expect("a model with experts");
+                    d.experts(cfg.arch, moe, widths, l, h)
+                }
                 _ => {
                     d.op(at(LayerOp::GateUp));
                     d.tensor(Role::GateUp, layer, &[inter, inter], Some(h), col);
@@ -757,11 +760,23 @@ impl<'a> Builder<'a> {
     /// A sparse layer's ops: the router, the experts' gate/up and down (and the shared
     /// expert's gate/up and gate) under `GateUp`, the shared expert's down under `Down`
     /// (which reads nothing without one), with the architecture's HF names (Mixtral's `block_sparse_moe.*`,
-    /// `w1` gate, `w3` up, `w2` down).
-    fn experts(&mut self, arch: Arch, moe: &MoeConfig, l: usize, h: usize) {
-        let (e, i, layer) = (moe.num_experts, moe.expert_intermediate, Some(l));
+    /// `w1` gate, `w3` up, `w2` down). `(i, shared)` are the whole model's expert and
+    /// shared expert widths. Over several ranks every expert (and the shared expert) is
+    /// split as a dense MLP is: its gate and up rows column-parallel, its down columns
+    /// row-parallel, so the layer's output is a partial sum the next norm's all-reduce
+    /// completes; the router and the shared expert's gate are replicated (every rank
+    /// routes every token alike).
+    fn experts(
+        &mut self,
+        arch: Arch,
+        moe: &MoeConfig,
+        (i, shared): (usize, Option<usize>),
+        l: usize,
+        h: usize,
+    ) {
+        let (e, layer) = (moe.num_experts, Some(l));
         let at = |op| OpId::Layer(l, op);
-        let rep = Shard::Replicated;
+        let (rep, col, row) = (Shard::Replicated, Shard::Column { unit: 1 }, Shard::Row);
         let (base, gate, up, down) = match arch {
             Arch::Mixtral => ("block_sparse_moe", "w1", "w3", "w2"),
             _ => ("mlp", "gate_proj", "up_proj", "down_proj"),
@@ -774,24 +789,23 @@ impl<'a> Builder<'a> {
             .iter()
             .flat_map(|w| (0..e).map(move |x| (expert(x, w), i)))
             .collect();
-        self.tensor_from(Role::ExpertsGateUp, layer, &gate_up, Some(h), rep);
+        self.tensor_from(Role::ExpertsGateUp, layer, &gate_up, Some(h), col);
         // The experts' down stack is read by the same op: one backend call runs the whole
         // routed MLP, so under a budget both stacks must be resident together (entering
         // `Down` would let the executor reuse the gate/up slot before that call runs).
         let downs: Vec<(String, usize)> = (0..e).map(|x| (expert(x, down), h)).collect();
-        self.tensor_from(Role::ExpertsDown, layer, &downs, Some(i), rep);
-        let shared = moe.shared_expert_intermediate;
+        self.tensor_from(Role::ExpertsDown, layer, &downs, Some(i), row);
         if let Some(s) = shared {
             let parts =
                 ["gate_proj", "up_proj"].map(|w| (format!("mlp.shared_expert.{w}.weight"), s));
-            self.tensor_from(Role::SharedGateUp, layer, &parts, Some(h), rep);
+            self.tensor_from(Role::SharedGateUp, layer, &parts, Some(h), col);
             let gate = [("mlp.shared_expert_gate.weight".to_string(), 1)];
             self.tensor_from(Role::SharedGate, layer, &gate, Some(h), rep);
         }
         self.op(at(LayerOp::Down));
         if let Some(s) = shared {
             let parts = [("mlp.shared_expert.down_proj.weight".to_string(), h)];
-            self.tensor_from(Role::SharedDown, layer, &parts, Some(s), rep);
+            self.tensor_from(Role::SharedDown, layer, &parts, Some(s), row);
         }
     }
 

@@ -341,19 +341,39 @@ impl Model {
     /// Before a step of `rows` token rows (never inside a capture): the synthetic routing
     /// table's window moves to fresh rows ([`RoutingTable::next_start`]), so each step
     /// routes anew, as a real router does, while the graphs read the same window.
-    pub fn advance_routing(&self, backend: &dyn Backend, rows: usize) -> Result<()> {
+    pub fn advance_routing(&self, backend: &dyn Backend, rows: usize) -> Result<Option<usize>> {
         let Some(r) = &self.router_table else {
-            return Ok(());
+            return Ok(None);
         };
-        use std::sync::atomic::Ordering;
+        let start = r.next.load(std::sync::atomic::Ordering::Relaxed);
+        self.route_window(backend, start, rows)?;
+        Ok(Some(start))
+    }
+
+    /// A tensor-parallel follower's step under a routing table: the window the leader's
+    /// [`Model::advance_routing`] took for it (from row `start`, a step of `rows`), so
+    /// every rank routes every token alike.
+    pub fn follow_routing(&self, backend: &dyn Backend, start: usize, rows: usize) -> Result<()> {
+        if self.router_table.is_none() {
+            return Err(Error::invalid(
+                "tensor parallel",
+                "the leader routes by a table this rank does not have",
+            ));
+        }
+        self.route_window(backend, start, rows)
+    }
+
+    /// Copy the table's rows from `start` into the window the graphs read, and move the
+    /// next step's start past a step of `rows`.
+    fn route_window(&self, backend: &dyn Backend, start: usize, rows: usize) -> Result<()> {
+        let r = self.router_table.as_ref().expect("checked by the callers");
         let w = r.window.dim(0);
-        let start = r.next.load(Ordering::Relaxed);
         backend.copy(&r.all.narrow(start, w)?, &r.window)?;
         if let Some((p_all, p)) = &r.predicted {
             backend.copy(&p_all.narrow(start, w)?, p)?;
         }
         let next = RoutingTable::next_start(start, rows, self.cfg.num_layers, w, r.all.dim(0));
-        r.next.store(next, Ordering::Relaxed);
+        r.next.store(next, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -49,6 +49,9 @@ pub enum Cmd {
         tokens: usize,
         seqs: usize,
         exec: Exec,
+        /// Under a routing table: the leader's window for this step (its first row and
+        /// the step's rows, [`crate::model::llama::Model::follow_routing`]).
+        routing: Option<(usize, usize)>,
     },
     Capture {
         key: Key,
@@ -223,6 +226,7 @@ impl Runner<'_> {
             tokens: layout.tokens,
             seqs: layout.seqs,
             exec,
+            routing: self.routed.take(),
         }))
     }
 
@@ -256,7 +260,11 @@ impl Runner<'_> {
                 tokens,
                 seqs,
                 exec,
+                routing,
             } => {
+                if let Some((start, rows)) = routing {
+                    self.parts.model.follow_routing(be, start, rows)?;
+                }
                 let layout = self.parts.inputs.layout(tokens, seqs);
                 self.parts.inputs.table.load(be, &layout, &bytes)?;
                 match exec {

@@ -233,6 +233,9 @@ pub struct Runner<'b> {
     group: Option<Followers>,
     /// Where each sequence's tokens sat in the last step's token rows.
     last_rows: Vec<TokenRows>,
+    /// Under a routing table (`--router-skew`), where this step's window began and the
+    /// step's rows, until the step's command takes them to the followers.
+    routed: Option<(usize, usize)>,
 }
 
 /// One sequence's tokens in a step's token rows: positions `position..position + len`
@@ -350,6 +353,7 @@ impl<'b> RunnerBuilder<'b> {
             device_wait: Default::default(),
             group: None,
             last_rows: Vec::new(),
+            routed: None,
         })
     }
 }
@@ -408,7 +412,9 @@ impl<'b> Runner<'b> {
         if self.tp_size() > 1 {
             return Err(Error::invalid(
                 "--router-skew",
-                "a tensor-parallel model has no experts".to_string(),
+                "a routing table set after start-up would not reach the other \
+                 tensor-parallel ranks (set `EngineConfig::router_skew`)"
+                    .to_string(),
             ));
         }
         self.exec.clear();
