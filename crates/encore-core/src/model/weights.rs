@@ -722,13 +722,28 @@ impl HostSide {
                 for (k, part) in m.parts.iter().enumerate() {
                     let bytes = m.part_bytes(k, dtype);
                     let in_place = match source {
-                        // A weight read in place must be one range (a view).
+                        // A weight read in place must be one range (a view): a
+                        // tensor-parallel rank's block of whole rows is (from its first
+                        // row), a block of columns is not and is copied.
                         Source::Checkpoint(ck)
                             if (!host_read || m.parts.len() == 1)
                                 && ck.fp8(&part.name)?.is_none() =>
                         {
                             let (d, file, range) = ck.location(&part.name)?;
-                            (d == m.dtype(dtype)).then_some((file, range.start))
+                            let skip = match part.slice {
+                                None => Some(0),
+                                Some(s) if s.col == 0 && s.cols == row_len(part) => {
+                                    let rows = part.shape[0].max(1);
+                                    Some(s.row * (range.len() / rows))
+                                }
+                                Some(_) => None,
+                            };
+                            match skip {
+                                Some(skip) if d == m.dtype(dtype) => {
+                                    Some((file, range.start + skip))
+                                }
+                                _ => None,
+                            }
                         }
                         _ => None,
                     };

@@ -56,6 +56,9 @@ pub enum Cmd {
     Capture {
         key: Key,
         ahead: bool,
+        /// The routing window of the step the capture is for (as in `Run`), so that the
+        /// capture's eager run fills each rank's expert cache with the leader's experts.
+        routing: Option<(usize, usize)>,
     },
     CaptureAll,
     SetGraphs(Option<GraphConfig>),
@@ -279,7 +282,16 @@ impl Runner<'_> {
                 }
                 Ok(())
             }
-            Cmd::Capture { key, ahead } => self.capture_key_from_padding(key, ahead),
+            Cmd::Capture {
+                key,
+                ahead,
+                routing,
+            } => {
+                if let Some((start, rows)) = routing {
+                    self.parts.model.follow_routing(be, start, rows)?;
+                }
+                self.capture_key_from_padding(key, ahead)
+            }
             Cmd::CaptureAll => self.capture_all_local(&mut |_, _| {}),
             Cmd::SetGraphs(g) => {
                 self.set_graphs_local(g);

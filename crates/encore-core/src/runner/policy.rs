@@ -289,7 +289,11 @@ impl Runner<'_> {
     /// one of [`Runner::graph_keys`].
     pub fn capture_key(&mut self, key: Key) -> Result<()> {
         self.mirrored(
-            || Cmd::Capture { key, ahead: false },
+            || Cmd::Capture {
+                key,
+                ahead: false,
+                routing: None,
+            },
             |r| r.capture_key_from_padding(key, false),
         )
     }

@@ -566,8 +566,13 @@ impl Runner<'_> {
         // A miss captures first, on all-padding inputs: capturing runs the step eagerly
         // once, and the real step must sample (and count penalties) once.
         if !self.exec.contains(key) {
+            let routing = self.routed;
             self.mirrored(
-                || Cmd::Capture { key, ahead: true },
+                || Cmd::Capture {
+                    key,
+                    ahead: true,
+                    routing,
+                },
                 |r| r.capture_key_from_padding(key, true),
             )?;
         }

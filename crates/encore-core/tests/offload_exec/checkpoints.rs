@@ -75,3 +75,62 @@ fn a_checkpoint_in_the_run_dtype_is_read_in_place_and_a_converted_one_copied() {
     let (got, _) = run_files(&cpu, &files, &config(false, budget(50.0, Policy::Lru))).unwrap();
     assert_eq!(got, want, "bf16 checkpoint run in f32, LRU");
 }
+
+/// `files` over `size` CPU ranks (1: alone) under `offload`: the greedy tokens and rank
+/// 0's offload report.
+fn over_ranks(
+    files: &ModelFiles,
+    size: usize,
+    offload: Option<OffloadConfig>,
+) -> (Vec<Vec<u32>>, Option<encore_core::offload::OffloadReport>) {
+    use encore_core::backend::BackendRef;
+    use encore_core::engine::TpBackends;
+    let ranks: Vec<BackendRef> = CpuBackend::group(size)
+        .into_iter()
+        .map(|b| Arc::new(b) as BackendRef)
+        .collect();
+    let cfg = EngineConfig {
+        tp: TpBackends(if size > 1 { ranks.clone() } else { vec![] }),
+        ..config(true, offload)
+    };
+    let Engine { mut runner, report } =
+        Engine::new(ranks[0].as_ref(), files.clone(), &cfg, &NoProgress).unwrap();
+    (greedy(&mut runner, &prompts()).unwrap(), report.offload)
+}
+
+#[test]
+fn a_tensor_parallel_rank_reads_its_rows_in_place_and_copies_its_columns() {
+    // A rank's block of whole rows (q/k/v, gate/up, the vocabulary shards, each expert's
+    // gate/up) is one range of the mapping, from its first row; a block of columns (o,
+    // down, each expert's down) is cut into a copy.
+    let json = cpu_json();
+    let dense = ModelConfig::from_json(&json, "test").unwrap();
+    let dense_dir = model_dir("tp-in-place", &json, &checkpoint(&dense, Dtype::F32));
+    let mut moe = ModelConfig::dummy("tiny-qwen3-moe").unwrap();
+    moe.tie_word_embeddings = false;
+    let moe_dir = TempDir::new("tp-in-place-moe");
+    write_safetensors(
+        &moe_dir.path().join("model.safetensors"),
+        &checkpoint(&moe, Dtype::F32),
+    );
+    let moe_files = ModelFiles {
+        config: moe,
+        source: WeightSource::Dir(moe_dir.path().to_path_buf()),
+    };
+    let cases = [
+        (dir_files(dense_dir.path()), budget(50.0, Policy::Planned)),
+        (moe_files.clone(), budget(60.0, Policy::Planned)),
+        (moe_files, budget(80.0, Policy::Experts)),
+    ];
+    for (files, offload) in cases {
+        let (want, _) = over_ranks(&files, 1, None);
+        let (got, report) = over_ranks(&files, 2, offload);
+        assert_eq!(
+            got, want,
+            "{:?} over 2 ranks, {offload:?}",
+            files.config.arch
+        );
+        let r = report.expect("a budget offloads");
+        assert!(r.registered_bytes > 0 && r.copied_bytes > 0, "{r:?}");
+    }
+}
