@@ -7,7 +7,8 @@
 #   TPS="1 2" ROUNDS=2 TESTS=1 bash scripts/gpu-tp-ab.sh
 # Each variant is one environment assignment (or `base` for none); every (model, tp) runs
 # each variant ROUNDS times, alternating, batch 1 (BATCHES), context 128 (CONTEXT), graph
-# mode; then a table of the graph ms per step. TESTS=1 runs the GPU tests first (or TESTS="binary[:filter] ...",
+# mode (EXTRA: more `bench decode` flags, e.g. EXTRA="--router-skew 0" routes a mixture of
+# experts uniformly); then a table of the graph ms per step. TESTS=1 runs the GPU tests first (or TESTS="binary[:filter] ...",
 # some of them). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +45,7 @@ for m in ${MODELS:-llama-3-8b}; do
         if [ "$v" = base ]; then envs=(); else envs=("$v"); fi
         env "${envs[@]}" $E bench decode --device cuda --model "dummy:$m" -t "$tp" \
           --batch "${BATCHES:-1}" --steps "${STEPS:-50}" --context "${CONTEXT:-128}" \
-          > "$log" 2>&1 || echo "   failed: $log"
+          ${EXTRA:-} > "$log" 2>&1 || echo "   failed: $log"
       done
     done
   done

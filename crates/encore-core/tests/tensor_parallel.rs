@@ -256,6 +256,14 @@ fn an_expert_width_the_group_cannot_split_is_refused_naming_both_numbers() {
         e.contains("expert MLP width 66") && e.contains("--tensor-parallel-size 4"),
         "{e}"
     );
+    // The dense MLP's width binds only a model with a dense layer.
+    let mut mixtral = ModelConfig::dummy("tiny-mixtral").unwrap();
+    mixtral.intermediate_size = 353;
+    assert!(mixtral.shard(0, 2).is_ok());
+    let mut qwen3 = ModelConfig::dummy("tiny-qwen3-moe").unwrap();
+    qwen3.intermediate_size = 353;
+    let e = qwen3.shard(0, 2).unwrap_err().to_string();
+    assert!(e.contains("intermediate_size 353"), "{e}");
     // A rank's experts are its block of every expert.
     let two = cfg.shard(1, 2).unwrap();
     let m = two.moe.as_ref().unwrap();

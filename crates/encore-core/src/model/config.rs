@@ -647,10 +647,12 @@ impl ModelConfig {
         let (expert_width, shared_width) = self.moe.as_ref().map_or((0, None), |m| {
             (m.expert_intermediate, m.shared_expert_intermediate)
         });
-        let mut sizes = vec![
-            ("intermediate_size", self.intermediate_size),
-            ("vocab_size", self.vocab_size),
-        ];
+        // The dense MLP's width matters only where a layer is dense.
+        let dense = (0..self.num_layers).any(|l| self.moe.as_ref().is_none_or(|m| !m.is_sparse(l)));
+        let mut sizes = vec![("vocab_size", self.vocab_size)];
+        if dense {
+            sizes.insert(0, ("intermediate_size", self.intermediate_size));
+        }
         if self.moe.is_some() {
             sizes.push(("expert MLP width", expert_width));
         }
