@@ -446,12 +446,17 @@ const FULL: KernelSuite = KernelSuite {
         (1, 4096, 4096, DType::BF16, 200),
         (64, 14336, 4096, DType::BF16, 200),
     ],
-    // Llama-3-8B's q/k/v, o, gate/up and down, then one rank's of a 70B over 4 GPUs.
+    // Llama-3-8B's q/k/v, o, gate/up and down, one rank's of the 8B over 2 GPUs, then one
+    // rank's of a 70B over 4 GPUs.
     gemvs: &[
         (6144, 4096, DType::BF16),
         (4096, 4096, DType::BF16),
         (28672, 4096, DType::BF16),
         (4096, 14336, DType::BF16),
+        (3072, 4096, DType::BF16),
+        (4096, 2048, DType::BF16),
+        (14336, 4096, DType::BF16),
+        (4096, 7168, DType::BF16),
         (2560, 8192, DType::BF16),
         (8192, 2048, DType::BF16),
         (14336, 8192, DType::BF16),
