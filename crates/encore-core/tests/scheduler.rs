@@ -405,19 +405,14 @@ fn prefix_hits_through_decode_graphs_and_piecewise_steps_give_the_cold_tokens() 
 fn prefix_hits_over_two_tensor_parallel_ranks_give_one_ranks_cold_tokens() {
     // The leader's scheduler finds the cached blocks; every rank holds the same blocks of
     // its KV heads, so the followers skip the same tokens.
-    use encore_core::backend::BackendRef;
-    use encore_core::engine::{Engine, EngineConfig, KvSizing, TpBackends};
+    use encore_core::engine::{Engine, EngineConfig, KvSizing};
     use encore_core::model::open_model;
     use encore_core::progress::NoProgress;
     use encore_core::DType;
-    use std::sync::Arc;
     let engine = |size: usize, graphs: bool, f: &mut dyn FnMut(&mut Runner<'_>)| {
-        let ranks: Vec<BackendRef> = CpuBackend::group(size)
-            .into_iter()
-            .map(|b| Arc::new(b) as BackendRef)
-            .collect();
+        let (leader, tp) = common::cpu_group(size);
         let cfg = EngineConfig {
-            tp: TpBackends(if size > 1 { ranks.clone() } else { vec![] }),
+            tp,
             graphs: graphs.then(|| encore_core::runner::GraphConfig {
                 decode: common::buckets(),
                 mixed: encore_core::graph::BucketPolicy::SglangLike { max: 256 },
@@ -427,7 +422,7 @@ fn prefix_hits_over_two_tensor_parallel_ranks_give_one_ranks_cold_tokens() {
         };
         let files = open_model("dummy:tiny-qwen2").unwrap();
         let Engine { mut runner, .. } =
-            Engine::new(ranks[0].as_ref(), files, &cfg, &NoProgress).unwrap();
+            Engine::new(leader.as_ref(), files, &cfg, &NoProgress).unwrap();
         assert_eq!(runner.tp_size(), size);
         f(&mut runner);
     };

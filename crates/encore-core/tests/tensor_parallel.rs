@@ -23,6 +23,8 @@ use encore_core::request::SamplingParams;
 use encore_core::runner::{GraphConfig, SeqStep, Seqs};
 use encore_core::DType;
 
+mod common;
+
 fn config(graphs: bool) -> EngineConfig {
     EngineConfig {
         graphs: graphs.then_some(GraphConfig {
@@ -36,17 +38,7 @@ fn config(graphs: bool) -> EngineConfig {
     }
 }
 
-/// `size` CPU ranks; rank 0's backend and the group.
-fn group(size: usize) -> (BackendRef, TpBackends) {
-    let ranks: Vec<BackendRef> = CpuBackend::group(size)
-        .into_iter()
-        .map(|b| Arc::new(b) as BackendRef)
-        .collect();
-    (
-        ranks[0].clone(),
-        TpBackends(if size > 1 { ranks } else { vec![] }),
-    )
-}
+use common::cpu_group as group;
 
 fn prompts() -> Vec<Vec<u32>> {
     vec![
@@ -114,18 +106,7 @@ fn greedy_tokens_over_2_and_4_ranks_equal_one_rank() {
     // tiny: 4 heads, 2 KV heads (split over 2 ranks, replicated over 4), MLP 352, vocab
     // 512; tiny-qwen3 adds q/k head norms and an explicit head_dim, tiny-qwen2 q/k/v
     // biases and tied embeddings.
-    for model in ["dummy:tiny", "dummy:tiny-qwen3", "dummy:tiny-qwen2"] {
-        for graphs in [false, true] {
-            let one = greedy(model, 1, graphs);
-            for size in [2, 4] {
-                assert_eq!(
-                    greedy(model, size, graphs),
-                    one,
-                    "{model}, {size} ranks, graphs {graphs}"
-                );
-            }
-        }
-    }
+    ranks_give_one_ranks_tokens(&["dummy:tiny", "dummy:tiny-qwen3", "dummy:tiny-qwen2"]);
 }
 
 #[test]
@@ -133,11 +114,16 @@ fn greedy_tokens_of_mixtures_of_experts_over_2_and_4_ranks_equal_one_rank() {
     // Every expert split as a dense MLP is (gate/up rows, down columns): tiny-qwen3-moe
     // (8 experts of 64, top 2, layer 0 dense), tiny-mixtral (4 experts of 352) and
     // tiny-qwen2-moe (6 experts of 64 and a gated shared expert of 96).
-    for model in [
+    ranks_give_one_ranks_tokens(&[
         "dummy:tiny-qwen3-moe",
         "dummy:tiny-mixtral",
         "dummy:tiny-qwen2-moe",
-    ] {
+    ]);
+}
+
+/// Each model's greedy tokens over 2 and 4 ranks equal one rank's, eagerly and in graphs.
+fn ranks_give_one_ranks_tokens(models: &[&str]) {
+    for model in models {
         for graphs in [false, true] {
             let one = greedy(model, 1, graphs);
             for size in [2, 4] {
@@ -178,25 +164,31 @@ fn every_rank_routes_by_the_leaders_window_of_a_routing_table() {
     }
 }
 
+/// Greedy tokens of `model` over 1 and 2 ranks, each under `percent`% of its shard with
+/// `policy`, equal one rank's with every weight resident (graphs).
+fn budgeted_ranks_give_one_ranks_tokens(model: &str, percent: f64, policy: Policy) {
+    let budget = || {
+        Some(OffloadConfig {
+            budget: WeightBudget::Percent(percent),
+            policy,
+            expert_prefetch: false,
+        })
+    };
+    let one = greedy(model, 1, true);
+    for size in [1, 2] {
+        assert_eq!(
+            greedy_with(model, size, true, budget()),
+            one,
+            "{model}, {size} ranks"
+        );
+    }
+}
+
 #[test]
 fn each_rank_caches_its_share_of_the_experts_under_its_own_budget() {
     // The expert cache: every rank keeps its dense weights and the router resident and
     // fills its slots with its blocks of the chosen experts, inside the graphs.
-    let budget = || {
-        Some(OffloadConfig {
-            budget: WeightBudget::Percent(80.0),
-            policy: Policy::Experts,
-            expert_prefetch: false,
-        })
-    };
-    let one = greedy("dummy:tiny-qwen3-moe", 1, true);
-    for size in [1, 2] {
-        assert_eq!(
-            greedy_with("dummy:tiny-qwen3-moe", size, true, budget()),
-            one,
-            "{size} ranks"
-        );
-    }
+    budgeted_ranks_give_one_ranks_tokens("dummy:tiny-qwen3-moe", 80.0, Policy::Experts);
 }
 
 #[test]
@@ -277,21 +269,7 @@ fn an_expert_width_the_group_cannot_split_is_refused_naming_both_numbers() {
 #[test]
 fn each_rank_streams_its_shard_under_its_own_weight_budget() {
     // Every rank keeps 60% of its shard resident and streams the rest inside the graphs.
-    let budget = || {
-        Some(OffloadConfig {
-            budget: WeightBudget::Percent(60.0),
-            policy: Policy::Planned,
-            expert_prefetch: false,
-        })
-    };
-    let one = greedy("dummy:tiny", 1, true);
-    for size in [1, 2] {
-        assert_eq!(
-            greedy_with("dummy:tiny", size, true, budget()),
-            one,
-            "{size} ranks"
-        );
-    }
+    budgeted_ranks_give_one_ranks_tokens("dummy:tiny", 60.0, Policy::Planned);
 }
 
 #[test]

@@ -17,6 +17,24 @@ use encore_core::request::{Request, RequestParams, SamplingParams};
 use encore_core::runner::{Runner, RunnerConfig, SeqStep, Seqs};
 use encore_core::{Backend, DType};
 
+/// `size` CPU ranks of one tensor-parallel group: rank 0's backend (the engine's) and
+/// the group for `EngineConfig::tp` (empty for one rank, which runs alone).
+pub fn cpu_group(
+    size: usize,
+) -> (
+    encore_core::backend::BackendRef,
+    encore_core::engine::TpBackends,
+) {
+    let ranks: Vec<encore_core::backend::BackendRef> =
+        encore_core::backend::cpu::CpuBackend::group(size)
+            .into_iter()
+            .map(|b| std::sync::Arc::new(b) as encore_core::backend::BackendRef)
+            .collect();
+    let leader = ranks[0].clone();
+    let tp = encore_core::engine::TpBackends(if size > 1 { ranks } else { vec![] });
+    (leader, tp)
+}
+
 /// KV block size of the test runner.
 pub const BLOCK: usize = 4;
 

@@ -83,18 +83,13 @@ fn over_ranks(
     size: usize,
     offload: Option<OffloadConfig>,
 ) -> (Vec<Vec<u32>>, Option<encore_core::offload::OffloadReport>) {
-    use encore_core::backend::BackendRef;
-    use encore_core::engine::TpBackends;
-    let ranks: Vec<BackendRef> = CpuBackend::group(size)
-        .into_iter()
-        .map(|b| Arc::new(b) as BackendRef)
-        .collect();
+    let (leader, tp) = common::cpu_group(size);
     let cfg = EngineConfig {
-        tp: TpBackends(if size > 1 { ranks.clone() } else { vec![] }),
+        tp,
         ..config(true, offload)
     };
     let Engine { mut runner, report } =
-        Engine::new(ranks[0].as_ref(), files.clone(), &cfg, &NoProgress).unwrap();
+        Engine::new(leader.as_ref(), files.clone(), &cfg, &NoProgress).unwrap();
     (greedy(&mut runner, &prompts()).unwrap(), report.offload)
 }
 
