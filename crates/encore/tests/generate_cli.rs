@@ -644,7 +644,8 @@ fn ngram_speculation_generates_the_same_tokens() {
 }
 
 /// A mixture of experts over two and four tensor-parallel CPU ranks generates one rank's
-/// tokens: with a shared expert, and under the expert cache (each rank its own budget).
+/// tokens: with a shared expert, and under the expert cache (each rank its own budget),
+/// with and without its prefetch of the next layer's experts.
 #[test]
 fn a_mixture_of_experts_over_tensor_parallel_ranks_generates_one_ranks_tokens() {
     let run = |extra: &[&str]| -> serde_json::Value {
@@ -666,6 +667,13 @@ fn a_mixture_of_experts_over_tensor_parallel_ranks_generates_one_ranks_tokens() 
     for model in [
         &["--model", "dummy:tiny-qwen2-moe"][..],
         &["--model", "dummy:tiny-qwen3-moe", "--weight-budget", "80%"],
+        &[
+            "--model",
+            "dummy:tiny-qwen3-moe",
+            "--weight-budget",
+            "80%",
+            "--expert-prefetch",
+        ],
     ] {
         let one = run(model);
         for size in ["2", "4"] {
