@@ -191,79 +191,92 @@ fn each_rank_caches_its_share_of_the_experts_under_its_own_budget() {
     budgeted_ranks_give_one_ranks_tokens("dummy:tiny-qwen3-moe", 80.0, Policy::Experts);
 }
 
+/// Greedy tokens of `files()` over `size` CPU ranks.
+fn greedy_files(files: impl Fn() -> ModelFiles, size: usize, graphs: bool) -> Vec<Vec<u32>> {
+    let (be, tp) = group(size);
+    let cfg = EngineConfig {
+        tp,
+        ..config(graphs)
+    };
+    greedy_of(files(), be, cfg, size, 12)
+}
+
 #[test]
-fn quantized_experts_over_2_ranks_equal_one_rank_and_a_share_a_block_cannot_hold_is_refused() {
-    // Every projection q8_0 (blocks of 32): each rank quantizes its block of every expert
-    // as one device would and cuts its share. The dense layer 0 made 512 wide, so that
-    // its share of a down row holds whole blocks over 4 ranks as the experts' (64) do.
+fn quantized_weights_split_in_whole_blocks_over_ranks_give_one_ranks_tokens() {
+    // Every projection q8_0 (blocks of 32): each rank quantizes its block of every
+    // weight as one device would and cuts its share, in whole blocks of the down
+    // projection's rows: the dense layer's 352 (11 blocks) splits 160 + 192 over 2 ranks,
+    // each expert's 64 (2 blocks) 32 + 32; over 4 ranks an expert has too few blocks.
     let files = || {
         let mut f = open_model("dummy:tiny-qwen3-moe").unwrap();
-        f.config.intermediate_size = 512;
         f.config.weights.projections = Some(QuantFormat::Q8_0);
         f
     };
     for graphs in [false, true] {
-        let run = |size: usize| {
-            let (be, tp) = group(size);
-            let cfg = EngineConfig {
-                tp,
-                ..config(graphs)
-            };
-            greedy_of(files(), be, cfg, size, 12)
-        };
-        assert_eq!(run(2), run(1), "graphs {graphs}");
-        // Over 4 ranks an expert's down row is 16 wide: q8_0 cannot hold that share.
-        let (be, tp) = group(4);
-        let cfg = EngineConfig {
-            tp,
-            ..config(graphs)
-        };
-        let e = Engine::new(be.as_ref(), files(), &cfg, &NoProgress)
-            .err()
-            .expect("16 of 32")
-            .to_string();
-        assert!(
-            e.contains("experts") && e.contains("4 tensor-parallel ranks") && e.contains("q8_0"),
-            "{e}"
+        assert_eq!(
+            greedy_files(files, 2, graphs),
+            greedy_files(files, 1, graphs),
+            "graphs {graphs}"
         );
+    }
+    let e = files().config.shard(0, 4).unwrap_err().to_string();
+    assert!(
+        e.contains("expert MLP width 64 (2 blocks of 32 values in q8_0)")
+            && e.contains("--tensor-parallel-size 4"),
+        "{e}"
+    );
+    // A dense width the ranks do not divide: shares one element apart (176 + 177).
+    let uneven = || {
+        let mut f = open_model("dummy:tiny").unwrap();
+        f.config.intermediate_size = 353;
+        f
+    };
+    let (a, b) = (uneven().config.shard(0, 2), uneven().config.shard(1, 2));
+    assert_eq!(
+        (a.unwrap().intermediate_size, b.unwrap().intermediate_size),
+        (176, 177)
+    );
+    for graphs in [false, true] {
+        let one = greedy_files(uneven, 1, graphs);
+        for size in [2, 4] {
+            assert_eq!(
+                greedy_files(uneven, size, graphs),
+                one,
+                "{size} ranks, graphs {graphs}"
+            );
+        }
     }
 }
 
 #[test]
-fn an_expert_width_the_group_cannot_split_is_refused_naming_both_numbers() {
+fn an_mlp_width_smaller_than_the_group_is_refused_naming_both_numbers() {
     let mut cfg = ModelConfig::dummy("tiny-qwen2-moe").unwrap();
-    assert!(cfg.shard(1, 2).is_ok());
     let moe = cfg.moe.as_mut().unwrap();
-    moe.shared_expert_intermediate = Some(95);
-    let e = cfg.shard(0, 2).unwrap_err().to_string();
-    assert!(
-        e.contains("shared_expert_intermediate_size 95") && e.contains("--tensor-parallel-size 2"),
-        "{e}"
-    );
-    let moe = cfg.moe.as_mut().unwrap();
-    moe.shared_expert_intermediate = Some(96);
-    moe.expert_intermediate = 66;
+    moe.expert_intermediate = 3;
     let e = cfg.shard(0, 4).unwrap_err().to_string();
     assert!(
-        e.contains("expert MLP width 66") && e.contains("--tensor-parallel-size 4"),
+        e.contains("expert MLP width 3") && e.contains("--tensor-parallel-size 4"),
         "{e}"
     );
     // The dense MLP's width binds only a model with a dense layer.
     let mut mixtral = ModelConfig::dummy("tiny-mixtral").unwrap();
-    mixtral.intermediate_size = 353;
-    assert!(mixtral.shard(0, 2).is_ok());
+    mixtral.intermediate_size = 3;
+    assert!(mixtral.shard(0, 4).is_ok());
     let mut qwen3 = ModelConfig::dummy("tiny-qwen3-moe").unwrap();
-    qwen3.intermediate_size = 353;
-    let e = qwen3.shard(0, 2).unwrap_err().to_string();
-    assert!(e.contains("intermediate_size 353"), "{e}");
+    qwen3.intermediate_size = 3;
+    let e = qwen3.shard(0, 4).unwrap_err().to_string();
+    assert!(e.contains("intermediate_size 3"), "{e}");
     // A rank's experts are its block of every expert.
+    let moe = cfg.moe.as_mut().unwrap();
+    moe.expert_intermediate = 66;
+    moe.shared_expert_intermediate = Some(95);
     let two = cfg.shard(1, 2).unwrap();
     let m = two.moe.as_ref().unwrap();
     assert_eq!(
         (m.expert_intermediate, m.shared_expert_intermediate),
         (33, Some(48))
     );
-    assert_eq!(two.whole_expert_widths(), Some((66, Some(96))));
+    assert_eq!(two.whole_expert_widths(), Some((66, Some(95))));
 }
 
 #[test]

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use super::decl::{Role, WeightFormat};
 use super::formats::WeightFormats;
 use crate::error::{Error, Result};
 use crate::ops::{Llama3Scaling, RopeConfig};
@@ -239,6 +240,11 @@ pub struct TpShard {
     pub expert_intermediate: usize,
     /// The shared expert's MLP width (Qwen2-MoE).
     pub shared_expert_intermediate: Option<usize>,
+    /// The units the dense MLP, each expert and the shared expert split in over the ranks
+    /// (a block of their down projection's format; 1 when dense).
+    pub mlp_unit: usize,
+    pub expert_unit: usize,
+    pub shared_unit: usize,
 }
 
 /// Sliding-window attention as transformers applies it: in layers `first_layer..`, the
@@ -642,37 +648,84 @@ impl ModelConfig {
                  nor divide it (to be replicated)"
             ));
         }
-        // Every expert is split by the dense MLP's rule: its gate/up rows and its down
-        // columns over the ranks.
+        if !self.vocab_size.is_multiple_of(size) {
+            return refuse(format!(
+                "the model's vocab_size {} does not divide by --tensor-parallel-size {size}",
+                self.vocab_size
+            ));
+        }
+        // Every MLP (a dense layer's, each expert, the shared expert) splits its gate/up
+        // rows and its down columns over the ranks in units of a block of its down
+        // projection's format (1 when dense), so every share of a down row is whole
+        // blocks; where the units do not divide, shares differ by one unit.
+        let decl = self.decl();
+        let unit = |role: Role| {
+            decl.tensors()
+                .iter()
+                .filter(|t| t.role == role)
+                .map(|t| match t.format {
+                    WeightFormat::Quant(f) => (f.block_elems(), Some(f)),
+                    WeightFormat::Dense => (1, None),
+                })
+                .max_by_key(|&(u, _)| u)
+                .unwrap_or((1, None))
+        };
         let (expert_width, shared_width) = self.moe.as_ref().map_or((0, None), |m| {
             (m.expert_intermediate, m.shared_expert_intermediate)
         });
-        // The dense MLP's width matters only where a layer is dense.
         let dense = (0..self.num_layers).any(|l| self.moe.as_ref().is_none_or(|m| !m.is_sparse(l)));
-        let mut sizes = vec![("vocab_size", self.vocab_size)];
+        let mut widths = Vec::new();
         if dense {
-            sizes.insert(0, ("intermediate_size", self.intermediate_size));
+            widths.push((
+                "intermediate_size",
+                self.intermediate_size,
+                unit(Role::Down),
+            ));
         }
         if self.moe.is_some() {
-            sizes.push(("expert MLP width", expert_width));
+            widths.push(("expert MLP width", expert_width, unit(Role::ExpertsDown)));
         }
         if let Some(s) = shared_width {
-            sizes.push(("shared_expert_intermediate_size", s));
+            widths.push(("shared_expert_intermediate_size", s, unit(Role::SharedDown)));
         }
-        for (what, n) in sizes {
-            if !n.is_multiple_of(size) {
+        for &(what, n, (u, format)) in &widths {
+            let blocks = match format {
+                Some(f) if !n.is_multiple_of(u) => {
+                    return refuse(format!(
+                        "the model's {what} {n} is not whole blocks of {u} values ({f})"
+                    ))
+                }
+                Some(f) => format!(" ({} blocks of {u} values in {f})", n / u),
+                None => String::new(),
+            };
+            if n / u < size {
                 return refuse(format!(
-                    "the model's {what} {n} does not divide by --tensor-parallel-size {size}"
+                    "the model's {what} {n}{blocks} cannot give each of \
+                     --tensor-parallel-size {size} ranks a share"
                 ));
             }
         }
+        let unit_of = |what: &str| {
+            widths
+                .iter()
+                .find(|w| w.0 == what)
+                .map_or(1, |&(_, _, (u, _))| u)
+        };
+        let (mlp_unit, expert_unit, shared_unit) = (
+            unit_of("intermediate_size"),
+            unit_of("expert MLP width"),
+            unit_of("shared_expert_intermediate_size"),
+        );
+        let mine = |n: usize, unit: usize| crate::model::decl::share(rank, size, n, unit).1;
         Ok(ModelConfig {
             num_heads: self.num_heads / size,
             num_kv_heads: kv.div_ceil(size),
-            intermediate_size: self.intermediate_size / size,
+            intermediate_size: mine(self.intermediate_size, mlp_unit),
             moe: self.moe.as_ref().map(|m| MoeConfig {
-                expert_intermediate: m.expert_intermediate / size,
-                shared_expert_intermediate: m.shared_expert_intermediate.map(|s| s / size),
+                expert_intermediate: mine(m.expert_intermediate, expert_unit),
+                shared_expert_intermediate: m
+                    .shared_expert_intermediate
+                    .map(|s| mine(s, shared_unit)),
                 ..m.clone()
             }),
             tp: Some(TpShard {
@@ -683,6 +736,9 @@ impl ModelConfig {
                 intermediate_size: self.intermediate_size,
                 expert_intermediate: expert_width,
                 shared_expert_intermediate: shared_width,
+                mlp_unit,
+                expert_unit,
+                shared_unit,
             }),
             ..self.clone()
         })

@@ -294,12 +294,16 @@ pub enum Shard {
     #[default]
     Replicated,
     /// Column-parallel (qkv, gate/up): each part's output rows split in units of `unit`
-    /// rows (a head's rows for q/k/v); a part of fewer units than ranks (KV heads) gives
-    /// rank `r` unit `r * units / size`, replicated over the ranks that share it.
+    /// rows (a head's rows for q/k/v, a block of the down projection's format for
+    /// gate/up), rank `r` taking units `r * units / size..(r + 1) * units / size` (shares
+    /// differ by at most one unit where the units do not divide); a part of fewer units
+    /// than ranks (KV heads) gives rank `r` unit `r * units / size`, replicated over the
+    /// ranks that share it.
     Column { unit: usize },
-    /// Row-parallel (o, down): the input columns split; the outputs are partial sums
-    /// the forward all-reduces.
-    Row,
+    /// Row-parallel (o, down): the input columns split in units of `unit` columns (a
+    /// head's for o, a block of the format for down), as `Column` splits rows; the
+    /// outputs are partial sums the forward all-reduces.
+    Row { unit: usize },
     /// Vocabulary-parallel (embedding, LM head): rank `r` holds rows `r * vocab / size..`.
     Vocab,
 }
@@ -314,14 +318,14 @@ impl Shard {
                 let (r, n) = even(rows);
                 (r, n, 0, cols)
             }
-            Shard::Row => {
-                let (c, n) = even(cols);
+            Shard::Row { unit } => {
+                let (c, n) = share(rank, size, cols, unit);
                 (0, rows, c, n)
             }
             Shard::Column { unit } => {
                 let units = rows / unit.max(1);
                 if units >= size {
-                    let (r, n) = even(rows);
+                    let (r, n) = share(rank, size, rows, unit);
                     (r, n, 0, cols)
                 } else {
                     (rank * units / size * unit, unit, 0, cols)
@@ -335,6 +339,16 @@ impl Shard {
             cols,
         }
     }
+}
+
+/// Rank `rank`'s share of `n` split over `size` ranks in units of `unit`: its first index
+/// and its length, units `rank * units / size..(rank + 1) * units / size` (`n / size`
+/// each where the units divide; at most one unit apart where they do not).
+pub fn share(rank: usize, size: usize, n: usize, unit: usize) -> (usize, usize) {
+    let unit = unit.max(1);
+    let units = n / unit;
+    let (a, b) = (rank * units / size, (rank + 1) * units / size);
+    (a * unit, (b - a) * unit)
 }
 
 /// One op of a decoder layer that reads weights, in the order they run.
@@ -483,8 +497,12 @@ impl Decl {
             .map_or(cfg.intermediate_size, |t| t.intermediate_size);
         let (q, kv) = (heads * hd, kv_heads * hd);
         let mut d = Builder::new(cfg.num_layers, &cfg.weights, cfg.tp_rank());
-        let (col, head_col) = (Shard::Column { unit: 1 }, Shard::Column { unit: hd });
-        use Shard::{Replicated as Rep, Row, Vocab};
+        // The MLP splits in blocks of the down projection's format (1 when dense), so
+        // that every rank's share of a down row is whole blocks.
+        let mlp_unit = cfg.tp.map_or(1, |t| t.mlp_unit);
+        let (col, head_col) = (Shard::Column { unit: mlp_unit }, Shard::Column { unit: hd });
+        let (row, head_row) = (Shard::Row { unit: mlp_unit }, Shard::Row { unit: hd });
+        use Shard::{Replicated as Rep, Vocab};
         let eagle = cfg.eagle.as_ref();
         d.op(OpId::Embed);
         let embed = match eagle {
@@ -512,19 +530,20 @@ impl Decl {
                 d.tensor(Role::KNorm, layer, &[hd], None, Rep);
             }
             d.op(at(LayerOp::OProj));
-            d.tensor(Role::OProj, layer, &[h], Some(q), Row);
+            d.tensor(Role::OProj, layer, &[h], Some(q), head_row);
             d.op(at(LayerOp::PostNorm));
             d.tensor(Role::MlpNorm, layer, &[h], None, Rep);
             match &cfg.moe {
                 Some(moe) if moe.is_sparse(l) => {
                     let widths = cfg.whole_expert_widths().expect("a model with experts");
-                    d.experts(cfg.arch, moe, widths, l, h)
+                    let units = cfg.tp.map_or((1, 1), |t| (t.expert_unit, t.shared_unit));
+                    d.experts(cfg.arch, moe, widths, units, l, h)
                 }
                 _ => {
                     d.op(at(LayerOp::GateUp));
                     d.tensor(Role::GateUp, layer, &[inter, inter], Some(h), col);
                     d.op(at(LayerOp::Down));
-                    d.tensor(Role::Down, layer, &[h], Some(inter), Row);
+                    d.tensor(Role::Down, layer, &[h], Some(inter), row);
                 }
             }
         }
@@ -761,7 +780,8 @@ impl<'a> Builder<'a> {
     /// expert's gate/up and gate) under `GateUp`, the shared expert's down under `Down`
     /// (which reads nothing without one), with the architecture's HF names (Mixtral's `block_sparse_moe.*`,
     /// `w1` gate, `w3` up, `w2` down). `(i, shared)` are the whole model's expert and
-    /// shared expert widths. Over several ranks every expert (and the shared expert) is
+    /// shared expert widths, `(eu, su)` the units they split in (a block of their down
+    /// projection's format). Over several ranks every expert (and the shared expert) is
     /// split as a dense MLP is: its gate and up rows column-parallel, its down columns
     /// row-parallel, so the layer's output is a partial sum the next norm's all-reduce
     /// completes; the router and the shared expert's gate are replicated (every rank
@@ -771,12 +791,15 @@ impl<'a> Builder<'a> {
         arch: Arch,
         moe: &MoeConfig,
         (i, shared): (usize, Option<usize>),
+        (eu, su): (usize, usize),
         l: usize,
         h: usize,
     ) {
         let (e, layer) = (moe.num_experts, Some(l));
         let at = |op| OpId::Layer(l, op);
-        let (rep, col, row) = (Shard::Replicated, Shard::Column { unit: 1 }, Shard::Row);
+        let rep = Shard::Replicated;
+        let (col, row) = (Shard::Column { unit: eu }, Shard::Row { unit: eu });
+        let (shared_col, shared_row) = (Shard::Column { unit: su }, Shard::Row { unit: su });
         let (base, gate, up, down) = match arch {
             Arch::Mixtral => ("block_sparse_moe", "w1", "w3", "w2"),
             _ => ("mlp", "gate_proj", "up_proj", "down_proj"),
@@ -798,14 +821,14 @@ impl<'a> Builder<'a> {
         if let Some(s) = shared {
             let parts =
                 ["gate_proj", "up_proj"].map(|w| (format!("mlp.shared_expert.{w}.weight"), s));
-            self.tensor_from(Role::SharedGateUp, layer, &parts, Some(h), col);
+            self.tensor_from(Role::SharedGateUp, layer, &parts, Some(h), shared_col);
             let gate = [("mlp.shared_expert_gate.weight".to_string(), 1)];
             self.tensor_from(Role::SharedGate, layer, &gate, Some(h), rep);
         }
         self.op(at(LayerOp::Down));
         if let Some(s) = shared {
             let parts = [("mlp.shared_expert.down_proj.weight".to_string(), h)];
-            self.tensor_from(Role::SharedDown, layer, &parts, Some(s), row);
+            self.tensor_from(Role::SharedDown, layer, &parts, Some(s), shared_row);
         }
     }
 
