@@ -387,9 +387,11 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
     let mut held = Seqs::for_runner(&runner)?;
     let load_secs = report.load_secs;
     let weight_bytes = cfg.weight_bytes(dtype);
-    // Over a tensor-parallel group, rank 0's shard: each rank reads its own share of the
-    // weights at once, so the floor is one rank's.
-    let decl = cfg.shard(0, runner.tp_size())?.decl();
+    // Over a tensor-parallel group, the last rank's shard: each rank reads its own share
+    // of the weights at once, so the floor is one rank's, the largest (an MLP whose blocks
+    // the ranks do not divide gives the last ranks one block more).
+    let ranks = runner.tp_size();
+    let decl = cfg.shard(ranks - 1, ranks)?.decl();
     // The floor: the bytes a step reads (not the untied embedding table, of which a step
     // gathers a few rows) at the measured copy bandwidth.
     let step_bytes = decl.step_read_bytes(dtype);
@@ -406,7 +408,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             be.device_name(),
             match runner.tp_size() {
                 1 => String::new(),
-                n => format!(" (rank 0 of {n}, its shard)"),
+                n => format!(" (rank {} of {n}, its shard, the largest)", n - 1),
             },
             decl.format_summary(dtype),
             step_bytes as f64 / 1e9,

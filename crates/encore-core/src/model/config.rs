@@ -820,6 +820,15 @@ impl ModelConfig {
         self.tp.map_or((0, 1), |t| (t.rank, t.size))
     }
 
+    /// Whether every rank holds the same share of the dense MLP (always alone): where it
+    /// does not, a rank's down projection has another k than its peers' and could take
+    /// another kernel path, so the forward keeps it out of the fused all-reduce, whose
+    /// path every rank must take alike.
+    pub fn mlp_shares_even(&self) -> bool {
+        self.tp
+            .is_none_or(|t| (t.intermediate_size / t.mlp_unit.max(1)).is_multiple_of(t.size))
+    }
+
     /// The whole model's expert MLP width and shared expert width (a shard's `moe` holds
     /// its own); `None` without experts.
     pub fn whole_expert_widths(&self) -> Option<(usize, Option<usize>)> {

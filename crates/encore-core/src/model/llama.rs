@@ -641,6 +641,8 @@ impl Model {
         // projection and the norm after it go to the backend as one op, which may sum
         // over the ranks inside the matmul.
         let fused = size > 1 && self.offload.is_none();
+        // The down projection too, where every rank's share of the MLP is the same.
+        let fused_down = fused && c.mlp_shares_even();
         let project_add_norm = |x: &Tensor, w: &Tensor, norm: &Tensor| {
             be.matmul_all_reduce_rms_norm(x, w, &buf.hidden, &buf.residual, norm, eps, &buf.normed)
         };
@@ -784,7 +786,7 @@ impl Model {
                     let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;
                     be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
                     let down = one(at(LayerOp::Down), &l.down)?;
-                    if fused {
+                    if fused_down {
                         down_pending = Some(down);
                     } else {
                         be.matmul(&buf.act, &down, None, &buf.hidden)?;
