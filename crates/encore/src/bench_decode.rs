@@ -408,7 +408,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
             be.device_name(),
             match runner.tp_size() {
                 1 => String::new(),
-                n => format!(" (rank {} of {n}, its shard, the largest)", n - 1),
+                n => format!(" over {n} ranks (figures of the largest shard, rank {}'s)", n - 1),
             },
             decl.format_summary(dtype),
             step_bytes as f64 / 1e9,
