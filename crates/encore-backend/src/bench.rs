@@ -11,7 +11,7 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::{Attention, Backend};
+use crate::backend::{Attention, Backend, Graph};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
@@ -29,6 +29,15 @@ pub struct BenchRow {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
+}
+
+/// The ops `f` enqueues, captured into one graph (the capture ends even where `f` fails).
+fn capture(be: &dyn Backend, f: impl FnOnce() -> Result<()>) -> Result<Box<dyn Graph>> {
+    be.begin_capture()?;
+    let enqueued = f();
+    let graph = be.end_capture();
+    enqueued?;
+    graph
 }
 
 /// Median seconds per call of `f`, timed in `repeats` batches of `iters` calls after
@@ -157,15 +166,13 @@ pub fn h2d_bandwidth_captured(be: &dyn Backend, bytes: usize) -> Result<f64> {
     let host = Arc::new(be.alloc_host(bytes)?);
     let dst = be.alloc(DType::I32, &[bytes / 4])?;
     let queue = be.copy_queue(1)?;
-    be.begin_capture()?;
-    let captured = (0..4).try_for_each(|_| {
-        queue.fork()?;
-        queue.copy(&host, 0, &dst)?;
-        queue.join()
-    });
-    let graph = be.end_capture();
-    captured?;
-    let graph = graph?;
+    let graph = capture(be, || {
+        (0..4).try_for_each(|_| {
+            queue.fork()?;
+            queue.copy(&host, 0, &dst)?;
+            queue.join()
+        })
+    })?;
     graph.replay()?;
     be.synchronize()?;
     let mut best = f64::INFINITY;
@@ -240,11 +247,7 @@ pub fn decode_attention(
     };
     let eager = time_per_call(be, iters, 5, || be.attention(&args))?;
     // The same calls replayed from one graph: what a decode step pays, without launch gaps.
-    be.begin_capture()?;
-    let captured = (0..iters).try_for_each(|_| be.attention(&args));
-    let graph = be.end_capture();
-    captured?;
-    let graph = graph?;
+    let graph = capture(be, || (0..iters).try_for_each(|_| be.attention(&args)))?;
     let replayed = time_per_call(be, 1, 5, || graph.replay())? / iters as f64;
     let kv_bytes = 2 * s.batch * s.context * s.num_kv_heads * s.head_dim * dtype.size();
     let name = format!(
@@ -286,11 +289,7 @@ pub fn gemv_stream(
         .collect::<Result<Vec<_>>>()?;
     let run = || ws.iter().try_for_each(|w| be.matmul(&x, w, None, &out));
     run()?;
-    be.begin_capture()?;
-    let captured = run();
-    let graph = be.end_capture();
-    captured?;
-    let graph = graph?;
+    let graph = capture(be, run)?;
     let s = time_per_call(be, 3, 7, || graph.replay())? / copies as f64;
     Ok(BenchRow {
         name: format!("gemv 1x{n}x{k} {dtype}, {copies} weights in a graph"),
@@ -448,11 +447,7 @@ pub fn launch_cost(be: &dyn Backend, launches: usize) -> Result<(BenchRow, Bench
         }
         Ok(())
     })? / launches as f64;
-    be.begin_capture()?;
-    let captured = (0..launches).try_for_each(|_| be.silu_mul(&x, &y));
-    let graph = be.end_capture();
-    captured?;
-    let graph = graph?;
+    let graph = capture(be, || (0..launches).try_for_each(|_| be.silu_mul(&x, &y)))?;
     let replay = time_per_call(be, 5, 5, || graph.replay())? / launches as f64;
     let row = |name: &str, s: f64| BenchRow {
         name: format!("{name} ({launches} tiny kernels)"),

@@ -124,15 +124,20 @@ fn greedy_tokens_of_mixtures_of_experts_over_2_and_4_ranks_equal_one_rank() {
 /// Each model's greedy tokens over 2 and 4 ranks equal one rank's, eagerly and in graphs.
 fn ranks_give_one_ranks_tokens(models: &[&str]) {
     for model in models {
-        for graphs in [false, true] {
-            let one = greedy(model, 1, graphs);
-            for size in [2, 4] {
-                assert_eq!(
-                    greedy(model, size, graphs),
-                    one,
-                    "{model}, {size} ranks, graphs {graphs}"
-                );
-            }
+        files_give_one_ranks_tokens(model, || open_model(model).unwrap());
+    }
+}
+
+/// [`ranks_give_one_ranks_tokens`] of the model `files()` opens (`name` in messages).
+fn files_give_one_ranks_tokens(name: &str, files: impl Fn() -> ModelFiles + Copy) {
+    for graphs in [false, true] {
+        let one = greedy_files(files, 1, graphs);
+        for size in [2, 4] {
+            assert_eq!(
+                greedy_files(files, size, graphs),
+                one,
+                "{name}, {size} ranks, graphs {graphs}"
+            );
         }
     }
 }
@@ -236,16 +241,7 @@ fn quantized_weights_split_in_whole_blocks_over_ranks_give_one_ranks_tokens() {
         (a.unwrap().intermediate_size, b.unwrap().intermediate_size),
         (176, 177)
     );
-    for graphs in [false, true] {
-        let one = greedy_files(uneven, 1, graphs);
-        for size in [2, 4] {
-            assert_eq!(
-                greedy_files(uneven, size, graphs),
-                one,
-                "{size} ranks, graphs {graphs}"
-            );
-        }
-    }
+    files_give_one_ranks_tokens("tiny of width 353", uneven);
 }
 
 #[test]

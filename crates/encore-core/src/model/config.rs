@@ -674,21 +674,22 @@ impl ModelConfig {
             (m.expert_intermediate, m.shared_expert_intermediate)
         });
         let dense = (0..self.num_layers).any(|l| self.moe.as_ref().is_none_or(|m| !m.is_sparse(l)));
+        let (mlp, experts, shared) = (
+            unit(Role::Down),
+            unit(Role::ExpertsDown),
+            unit(Role::SharedDown),
+        );
         let mut widths = Vec::new();
         if dense {
-            widths.push((
-                "intermediate_size",
-                self.intermediate_size,
-                unit(Role::Down),
-            ));
+            widths.push(("intermediate_size", self.intermediate_size, mlp));
         }
         if self.moe.is_some() {
-            widths.push(("expert MLP width", expert_width, unit(Role::ExpertsDown)));
+            widths.push(("expert MLP width", expert_width, experts));
         }
         if let Some(s) = shared_width {
-            widths.push(("shared_expert_intermediate_size", s, unit(Role::SharedDown)));
+            widths.push(("shared_expert_intermediate_size", s, shared));
         }
-        for &(what, n, (u, format)) in &widths {
+        for (what, n, (u, format)) in widths {
             let blocks = match format {
                 Some(f) if !n.is_multiple_of(u) => {
                     return refuse(format!(
@@ -705,17 +706,7 @@ impl ModelConfig {
                 ));
             }
         }
-        let unit_of = |what: &str| {
-            widths
-                .iter()
-                .find(|w| w.0 == what)
-                .map_or(1, |&(_, _, (u, _))| u)
-        };
-        let (mlp_unit, expert_unit, shared_unit) = (
-            unit_of("intermediate_size"),
-            unit_of("expert MLP width"),
-            unit_of("shared_expert_intermediate_size"),
-        );
+        let (mlp_unit, expert_unit, shared_unit) = (mlp.0, experts.0, shared.0);
         let mine = |n: usize, unit: usize| crate::model::decl::share(rank, size, n, unit).1;
         Ok(ModelConfig {
             num_heads: self.num_heads / size,

@@ -311,11 +311,10 @@ pub enum Shard {
 impl Shard {
     /// The block of a `rows x cols` part rank `rank` of `size` holds.
     fn slice(self, rank: usize, size: usize, rows: usize, cols: usize) -> Slice {
-        let even = |n: usize| (rank * n / size, n / size);
         let (row, rows, col, cols) = match self {
             Shard::Replicated => (0, rows, 0, cols),
             Shard::Vocab => {
-                let (r, n) = even(rows);
+                let (r, n) = share(rank, size, rows, 1);
                 (r, n, 0, cols)
             }
             Shard::Row { unit } => {

@@ -341,19 +341,32 @@ impl Model {
     /// Before a step of `rows` token rows (never inside a capture): the synthetic routing
     /// table's window moves to fresh rows ([`RoutingTable::next_start`]), so each step
     /// routes anew, as a real router does, while the graphs read the same window.
-    pub fn advance_routing(&self, backend: &dyn Backend, rows: usize) -> Result<Option<usize>> {
+    /// Returns the window it took, `(start, rows)`, for the followers of a
+    /// tensor-parallel group ([`Model::follow_routing`]); `None` without a table.
+    pub fn advance_routing(
+        &self,
+        backend: &dyn Backend,
+        rows: usize,
+    ) -> Result<Option<(usize, usize)>> {
         let Some(r) = &self.router_table else {
             return Ok(None);
         };
         let start = r.next.load(std::sync::atomic::Ordering::Relaxed);
         self.route_window(backend, start, rows)?;
-        Ok(Some(start))
+        Ok(Some((start, rows)))
     }
 
-    /// A tensor-parallel follower's step under a routing table: the window the leader's
-    /// [`Model::advance_routing`] took for it (from row `start`, a step of `rows`), so
-    /// every rank routes every token alike.
-    pub fn follow_routing(&self, backend: &dyn Backend, start: usize, rows: usize) -> Result<()> {
+    /// A tensor-parallel follower's step: the routing window the leader's
+    /// [`Model::advance_routing`] took for it (nothing for `None`), so every rank routes
+    /// every token alike.
+    pub fn follow_routing(
+        &self,
+        backend: &dyn Backend,
+        window: Option<(usize, usize)>,
+    ) -> Result<()> {
+        let Some((start, rows)) = window else {
+            return Ok(());
+        };
         if self.router_table.is_none() {
             return Err(Error::invalid(
                 "tensor parallel",

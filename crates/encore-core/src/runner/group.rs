@@ -265,9 +265,7 @@ impl Runner<'_> {
                 exec,
                 routing,
             } => {
-                if let Some((start, rows)) = routing {
-                    self.parts.model.follow_routing(be, start, rows)?;
-                }
+                self.parts.model.follow_routing(be, routing)?;
                 let layout = self.parts.inputs.layout(tokens, seqs);
                 self.parts.inputs.table.load(be, &layout, &bytes)?;
                 match exec {
@@ -287,9 +285,7 @@ impl Runner<'_> {
                 ahead,
                 routing,
             } => {
-                if let Some((start, rows)) = routing {
-                    self.parts.model.follow_routing(be, start, rows)?;
-                }
+                self.parts.model.follow_routing(be, routing)?;
                 self.capture_key_from_padding(key, ahead)
             }
             Cmd::CaptureAll => self.capture_all_local(&mut |_, _| {}),

@@ -359,11 +359,7 @@ impl Runner<'_> {
             }
         }
         // `--router-skew`: this step routes by fresh rows of the table.
-        self.routed = self
-            .parts
-            .model
-            .advance_routing(self.parts.be, n)?
-            .map(|start| (start, n));
+        self.routed = self.parts.model.advance_routing(self.parts.be, n)?;
         let decode_only = batch.iter().all(|s| s.tokens.len() == 1);
         // A mixed step runs its decode rows first, so attention can take them through the
         // decode path and the rest through the prefill path (two launches); results go

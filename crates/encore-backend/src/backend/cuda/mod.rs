@@ -261,6 +261,23 @@ impl CudaBackend {
     }
 }
 
+/// A count knob `var` in `lo..=hi` (`default` when unset); an error names the variable
+/// and the range, `what` the count's unit.
+fn count_from_env<T>(var: &'static str, lo: T, hi: T, default: T, what: &str) -> Result<T>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    match std::env::var(var) {
+        Err(_) => Ok(default),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|c| (lo..=hi).contains(c))
+            .ok_or_else(|| Error::invalid(var, format!("`{v}`: expected {lo} to {hi} {what}"))),
+    }
+}
+
 /// `ENCORE_EXPERT_FILL` (`bulk` or `threads`; unset: `threads`) and
 /// `ENCORE_EXPERT_FILL_CTAS` (the bulk copies' CTAs, default 64): how the expert cache
 /// copies experts into its slots. Bulk copies need sm_90.
@@ -287,21 +304,7 @@ fn bulk_fill_from_env(sm90: bool) -> Result<Option<u32>> {
             "bulk copies need compute capability 9.0 or later",
         ));
     }
-    match std::env::var("ENCORE_EXPERT_FILL_CTAS") {
-        Err(_) => Ok(Some(64)),
-        Ok(v) => v
-            .trim()
-            .parse()
-            .ok()
-            .filter(|&c| (1..=4096).contains(&c))
-            .map(Some)
-            .ok_or_else(|| {
-                Error::invalid(
-                    "ENCORE_EXPERT_FILL_CTAS",
-                    format!("`{v}`: expected 1 to 4096 CTAs"),
-                )
-            }),
-    }
+    count_from_env("ENCORE_EXPERT_FILL_CTAS", 1, 4096, 64, "CTAs").map(Some)
 }
 
 /// One rank's part of the one-shot all-reduce (kernels/allreduce.cu): its `ArPeers` table
@@ -463,20 +466,13 @@ impl CudaBackend {
                 "ENCORE_GEMV_MAX_ROWS",
                 kernels::GEMV_DEFAULT_ROWS,
             )?,
-            gemv_ctas_per_sm: match std::env::var("ENCORE_GEMV_CTAS_PER_SM") {
-                Err(_) => kernels::GEMV_CTAS_PER_SM,
-                Ok(v) => v
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|c| (1..=16).contains(c))
-                    .ok_or_else(|| {
-                        Error::invalid(
-                            "ENCORE_GEMV_CTAS_PER_SM",
-                            format!("`{v}`: expected 1 to 16 CTAs per SM"),
-                        )
-                    })?,
-            },
+            gemv_ctas_per_sm: count_from_env(
+                "ENCORE_GEMV_CTAS_PER_SM",
+                1,
+                16,
+                kernels::GEMV_CTAS_PER_SM,
+                "CTAs per SM",
+            )?,
             qgemv_max_rows: match std::env::var_os("ENCORE_QGEMV_MAX_ROWS") {
                 None => None,
                 Some(_) => Some(gemv_max_rows_from_env("ENCORE_QGEMV_MAX_ROWS", 0)?),
@@ -496,20 +492,13 @@ impl CudaBackend {
                     )
                 })?),
             },
-            prefetch_ctas_per_sm: match std::env::var("ENCORE_EXPERT_PREFETCH_CTAS") {
-                Err(_) => kernels::MOE_PREFETCH_CTAS_PER_SM,
-                Ok(v) => v
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|&c| (1..=8).contains(&c))
-                    .ok_or_else(|| {
-                        Error::invalid(
-                            "ENCORE_EXPERT_PREFETCH_CTAS",
-                            format!("`{v}`: expected 1 to 8 CTAs per SM"),
-                        )
-                    })?,
-            },
+            prefetch_ctas_per_sm: count_from_env(
+                "ENCORE_EXPERT_PREFETCH_CTAS",
+                1,
+                8,
+                kernels::MOE_PREFETCH_CTAS_PER_SM,
+                "CTAs per SM",
+            )?,
             bulk_fill: bulk_fill_from_env(cc.0 >= 9)?,
             comm: None,
             p2p: None,
