@@ -5,11 +5,12 @@
 # tests/{cuda,cuda_quant,tensor_parallel}):
 #   VARIANTS="base ENCORE_ALLREDUCE=oneshot ENCORE_ALLREDUCE=skip" MODELS="llama-3-8b" \
 #   TPS="1 2" ROUNDS=2 TESTS=1 bash scripts/gpu-tp-ab.sh
-# Each variant is one environment assignment (or `base` for none); every (model, tp) runs
+# Each variant is one environment assignment, `base` for none, or `BIN=name`: the binary
+# .bin/name instead of .bin/encore (e.g. `BIN=encore-base`, pack-gpu.sh's ENCORE_BASE_BIN); every (model, tp) runs
 # each variant ROUNDS times, alternating, batch 1 (BATCHES), context 128 (CONTEXT), graph
 # mode (EXTRA: more `bench decode` flags, e.g. EXTRA="--router-skew 0" routes a mixture of
 # experts uniformly); then a table of the graph ms per step. TESTS=1 runs the GPU tests first (or TESTS="binary[:filter] ...",
-# some of them). Logs in $OUT.
+# some of them). Logs in $OUT (the decode logs in decode-logs.tgz).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -32,7 +33,7 @@ if [ "$tests" != 0 ]; then
     echo "== tests $t"
     .bin/tests/$1 --include-ignored --test-threads=1 ${2:-} > "$OUT/test-$1.log" 2>&1
     echo "   rc=$? $(grep -E '^test result' "$OUT/test-$1.log" | tail -1)"
-    grep -E "FAILED|panicked" "$OUT/test-$1.log" | head -5
+    grep -E -A8 "panicked" "$OUT/test-$1.log" | cut -c1-300 | head -24
   done
 fi
 ngpu=$(nvidia-smi -L | wc -l)
@@ -42,8 +43,9 @@ for m in ${MODELS:-llama-3-8b}; do
     for r in $(seq 1 "${ROUNDS:-2}"); do
       for v in ${VARIANTS:-base}; do
         log="$OUT/decode-$m-tp$tp-${v//[^A-Za-z0-9._-]/_}-r$r.log"  # names the device tool returns
-        if [ "$v" = base ]; then envs=(); else envs=("$v"); fi
-        env "${envs[@]}" $E bench decode --device cuda --model "dummy:$m" -t "$tp" \
+        bin=$E envs=()
+        case $v in base) ;; BIN=*) bin=.bin/${v#BIN=} ;; *) envs=("$v") ;; esac
+        env "${envs[@]}" "$bin" bench decode --device cuda --model "dummy:$m" -t "$tp" \
           --batch "${BATCHES:-1}" --steps "${STEPS:-50}" --context "${CONTEXT:-128}" \
           ${EXTRA:-} > "$log" 2>&1 || echo "   failed: $log"
       done
@@ -70,4 +72,7 @@ for (model, tp, v), xs in sorted(runs.items()):
     rel = " %.3f of 1 GPU" % (g / statistics.median(x[0] for x in one)) if one and tp > 1 else ""
     print("%-12s tp%d %-40s %8.3f ms  %.3fx floor%s  (%d runs)" % (model, tp, v, g, g / fl, rel, len(xs)))
 PY
-
+# The device tool returns at most 8 files: the decode logs go back as one tarball, so the
+# test logs and gpus.txt come back too.
+tar -czf "$OUT/decode-logs.tgz" -C "$OUT" $(cd "$OUT" && ls decode-*.log 2>/dev/null) 2>/dev/null \
+  && rm -f "$OUT"/decode-*.log

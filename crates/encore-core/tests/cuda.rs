@@ -26,11 +26,16 @@ fn cuda() -> Arc<CudaBackend> {
         .clone()
 }
 
+/// A seed of the clock, printed (a failed test shows it: `encore info --device cuda --seed
+/// N` runs the kernel checks again on it, with `ENCORE_GEMV_MAX_ROWS=8` as
+/// `gemv_kernels_match_cpu_for_every_row_count` does).
 fn fresh_seed() -> u64 {
-    std::time::SystemTime::now()
+    let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_nanos() as u64
+        .as_nanos() as u64;
+    eprintln!("fresh seed {seed}");
+    seed
 }
 
 fn assert_all_pass(results: &[testing::CheckResult]) {

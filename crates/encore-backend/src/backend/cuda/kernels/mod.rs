@@ -1657,10 +1657,18 @@ pub(super) fn gemv_fits(x: &Tensor, w: &Tensor, d: &MatmulDims, max_rows: usize)
 /// (the o and down projections, 4096 and 8192 rows, streamed 7-17% faster; BENCHMARKS.md).
 pub(super) const GEMV_CTAS_PER_SM: usize = 8;
 
+/// Chunks of k a gemv warp keeps in flight (`GEMV_UNROLL` in gemv.cu, at one row a warp):
+/// a warp with fewer left loads them one at a time.
+const GEMV_ROUND: usize = 4;
+
 /// `(ksplit, CTAs)` of a gemv over `n` rows of `k` with `rows_per_warp` rows per warp:
 /// split k over more warps while there are too few CTAs to keep every SM streaming
 /// ([`GEMV_CTAS_PER_SM`], `ENCORE_GEMV_CTAS_PER_SM`) and each warp still gets a
-/// 16-byte-per-lane chunk of k.
+/// 16-byte-per-lane chunk of k; once there are half that many CTAs, not below a whole
+/// round of loads a warp ([`GEMV_ROUND`] chunks): 8B's o projection over 2 GPUs (4,096 x
+/// 2,048) streamed at 2,620-2,640 GB/s as 1,024 CTAs of 4 chunks a warp, 2,230 as 2,048
+/// CTAs of 2 (H200, BENCHMARKS.md). Among Llama-3 8B and 70B shards it binds that one
+/// and 8B's q/k/v, o and down over 4 GPUs, 8B's down and gate/up and 70B's o over 8.
 fn gemv_layout(
     be: &CudaBackend,
     dt: DType,
@@ -1669,10 +1677,13 @@ fn gemv_layout(
     rows_per_warp: usize,
 ) -> (usize, usize) {
     let nchunks = k.div_ceil(32 * 16 / dt.size());
+    let ctas = |ksplit: usize| (n * ksplit).div_ceil(GEMV_WARPS * rows_per_warp);
+    let target = be.gemv_ctas_per_sm() * be.sm_count();
     let mut ksplit = 1;
     while ksplit < GEMV_WARPS
-        && (n * ksplit).div_ceil(GEMV_WARPS * rows_per_warp) < be.gemv_ctas_per_sm() * be.sm_count()
+        && ctas(ksplit) < target
         && 2 * ksplit <= nchunks
+        && (2 * ctas(ksplit) < target || nchunks >= 2 * ksplit * GEMV_ROUND)
     {
         ksplit *= 2;
     }
