@@ -34,7 +34,8 @@ use crate::offload::{self, Offload, OffloadConfig, OffloadReport, Policy, Prepar
 use crate::progress::NoProgress;
 use crate::progress::{Progress, Unit};
 use crate::runner::{
-    AbortFn, FollowerRank, Followers, GraphConfig, Runner, RunnerBuilder, RunnerConfig,
+    panic_message, AbortFn, FollowerRank, Followers, GraphConfig, GroupAbort, Runner,
+    RunnerBuilder, RunnerConfig,
 };
 use crate::tensor::DType;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
@@ -245,7 +246,7 @@ impl<'b> Engine<'b> {
         let config0 = configs.next().expect("size >= 2");
         let abort: AbortFn = {
             let ranks = ranks.clone();
-            Arc::new(move |why: &str| ranks.iter().for_each(|b| b.abort_group(why)))
+            GroupAbort::new(move |why: &str| ranks.iter().for_each(|b| b.abort_group(why)))
         };
         let rv = Arc::new(Rendezvous::new(
             ranks.iter().map(|b| b.device_name()).collect(),
@@ -269,9 +270,15 @@ impl<'b> Engine<'b> {
                         Engine::boot(&*fbe, files, &cfg, &NoProgress, Some((&rank_rv, rank)))
                     }));
                     match booted {
-                        Ok(Ok(mut e)) => e.runner.follow(rx, done_tx, abort, spin),
+                        Ok(Ok(mut e)) => {
+                            let who = format!("rank {rank} ({})", fbe.device_name());
+                            e.runner.follow(&who, rx, done_tx, abort, spin)
+                        }
                         Ok(Err(e)) => rank_rv.fail(rank, &e.to_string()),
-                        Err(_) => rank_rv.fail(rank, "panicked while starting"),
+                        Err(p) => {
+                            let why = format!("panicked while starting: {}", panic_message(&*p));
+                            rank_rv.fail(rank, &why)
+                        }
                     }
                 })
                 .map_err(|e| {
@@ -292,15 +299,27 @@ impl<'b> Engine<'b> {
             config: config0,
             source: files.source,
         };
-        let booted = Self::boot(be, files, cfg, progress, Some((&rv, 0)));
-        let followers = Followers::new(followers, abort);
+        let booted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Self::boot(be, files, cfg, progress, Some((&rv, 0)))
+        }));
+        let followers = Followers::new(&be.device_name(), followers, abort);
         let mut engine = match booted {
-            Ok(e) => e,
-            Err(e) => {
+            Ok(Ok(e)) => e,
+            Ok(Err(e)) => {
                 rv.fail(0, &e.to_string());
                 // Dropping the followers closes their channels and joins them.
                 drop(followers);
                 return Err(e);
+            }
+            Err(p) => {
+                // Release the followers waiting at a meeting, join them, then go on
+                // unwinding.
+                rv.fail(
+                    0,
+                    &format!("panicked while starting: {}", panic_message(&*p)),
+                );
+                drop(followers);
+                std::panic::resume_unwind(p);
             }
         };
         engine.runner.set_followers(followers);
@@ -374,12 +393,19 @@ impl<'b> Engine<'b> {
             let builder = RunnerBuilder::new(be, model, rcfg, cfg.graph_memory)?;
             Ok((need, offload_report, builder))
         })();
+        // The ranks agree on whether any of them streams weights (1: none does).
         let (loaded, ok) = match loaded {
-            Ok(l) => (Some(l), Ok(0)),
+            Ok(l) => {
+                let resident = l.2.model().offload().is_none();
+                (Some(l), Ok(resident as usize))
+            }
             Err(e) => (None, Err(e)),
         };
-        meet(ok)?;
+        let all_resident = meet(ok)? == 1;
         let (mut need, offload_report, mut builder) = loaded.expect("met without an error");
+        if !all_resident {
+            builder.model_mut().set_group_offloads();
+        }
         let load_secs = t.elapsed().as_secs_f64();
 
         // 4. The KV cache's size: fixed, or measured after one step of the largest shape
@@ -622,7 +648,7 @@ impl Rendezvous {
         if s.failed.is_none() {
             let dev = self.devices.get(rank).map_or("?", |d| d.as_str());
             let msg = format!("rank {rank} ({dev}) failed to start: {why}");
-            (self.abort)(&msg);
+            self.abort.abort(&msg);
             s.failed = Some(msg);
         }
         self.cv.notify_all();

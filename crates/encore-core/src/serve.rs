@@ -100,6 +100,9 @@ pub struct EngineMetrics {
     /// The draft model's (or EAGLE head's) steps, and the wall time spent proposing.
     pub spec_draft_steps_total: AtomicU64,
     pub spec_draft_micros_total: AtomicU64,
+    /// Why the engine runs no more steps (its tensor-parallel group failed); unset while
+    /// it runs.
+    pub broken: std::sync::OnceLock<String>,
     /// Time from a request's submission to its first token (queueing and prefill).
     pub time_to_first_token: Histogram<TtftBuckets>,
     /// Time between consecutive tokens of a request, taken when the step that sampled
@@ -415,10 +418,18 @@ fn run_loop(
         };
         while let Some(msg) = next {
             match msg {
-                Message::Add(req, sink, submitted, verdict) => {
-                    add(
-                        &mut sched, runner, &mut sinks, *req, sink, submitted, verdict,
-                    );
+                Message::Add(req, mut sink, submitted, verdict) => {
+                    if let Some(why) = m.broken.get() {
+                        // Nothing can run: the request fails at once, as a step would.
+                        if let Some(v) = verdict {
+                            v(Ok(()));
+                        }
+                        sink(Event::Failed(why.clone()));
+                    } else {
+                        add(
+                            &mut sched, runner, &mut sinks, *req, sink, submitted, verdict,
+                        );
+                    }
                 }
                 Message::Abort(id) => {
                     if sinks.remove(&id).is_some() {
@@ -475,12 +486,20 @@ fn run_loop(
                 }
             }
             Err(e) => {
-                // A failed step fails every live request; the engine stays up.
+                // A failed step fails every live request; the engine stays up, unless
+                // the failure broke its tensor-parallel group: then every later request
+                // fails at once with the cause, and /health says so.
                 let msg = format!("engine step failed: {e}");
                 tracing::error!("{msg}");
                 for (id, mut live) in sinks.drain() {
                     (live.sink)(Event::Failed(msg.clone()));
                     let _ = sched.abort(id);
+                }
+                if let Some(why) = runner.group_broken() {
+                    let _ = m.broken.set(format!(
+                        "the engine's tensor-parallel group failed and runs no more steps \
+                         (restart it): {why}"
+                    ));
                 }
             }
         }

@@ -196,6 +196,60 @@ fn each_rank_caches_its_share_of_the_experts_under_its_own_budget() {
     budgeted_ranks_give_one_ranks_tokens("dummy:tiny-qwen3-moe", 80.0, Policy::Experts);
 }
 
+/// `dummy:tiny` with an MLP width of 353: 176 + 177 over 2 ranks, so the last rank's
+/// shard is the larger.
+fn tiny_of_width_353() -> ModelFiles {
+    let mut f = open_model("dummy:tiny").unwrap();
+    f.config.intermediate_size = 353;
+    f
+}
+
+/// A byte budget that holds rank 0's shard and not the last rank's, over 2 ranks in f32.
+fn budget_between_the_shards() -> Option<OffloadConfig> {
+    let c = tiny_of_width_353().config;
+    let (small, large) = (c.shard(0, 2).unwrap(), c.shard(1, 2).unwrap());
+    let bytes = small.weight_bytes(DType::F32);
+    assert!(bytes < large.weight_bytes(DType::F32));
+    Some(OffloadConfig {
+        budget: WeightBudget::Bytes(bytes),
+        policy: Policy::Planned,
+        expert_prefetch: false,
+    })
+}
+
+#[test]
+fn a_rank_that_streams_nothing_leaves_the_fused_projections_when_a_peer_streams() {
+    // Rank 0's shard fits the budget, the last rank's does not: rank 0 streams nothing but
+    // must run its row-parallel projections as the streaming rank does (outside the fused
+    // all-reduce; on CUDA the two paths wait for different signals and the group hung).
+    let (be, tp) = group(2);
+    let cfg = EngineConfig {
+        tp,
+        offload: budget_between_the_shards(),
+        ..config(true)
+    };
+    let engine = Engine::new(be.as_ref(), tiny_of_width_353(), &cfg, &NoProgress).unwrap();
+    assert!(engine.runner.model().offload().is_none());
+    assert!(engine.runner.model().group_offloads());
+    drop(engine);
+    let (be, tp) = group(2);
+    let cfg = EngineConfig {
+        tp,
+        offload: budget_between_the_shards(),
+        ..config(true)
+    };
+    let (one, _) = group(1);
+    assert_eq!(
+        greedy_of(tiny_of_width_353(), be, cfg, 2, 12),
+        greedy_of(tiny_of_width_353(), one, config(true), 1, 12)
+    );
+    // Alone, or with every rank resident, the projections stay fused.
+    let (be, tp) = group(2);
+    let cfg = EngineConfig { tp, ..config(true) };
+    let engine = Engine::new(be.as_ref(), tiny_of_width_353(), &cfg, &NoProgress).unwrap();
+    assert!(!engine.runner.model().group_offloads());
+}
+
 /// Greedy tokens of `files()` over `size` CPU ranks.
 fn greedy_files(files: impl Fn() -> ModelFiles, size: usize, graphs: bool) -> Vec<Vec<u32>> {
     let (be, tp) = group(size);
@@ -373,6 +427,17 @@ fn cuda_greedy_of(
     dtype: DType,
     graphs: bool,
 ) -> Vec<Vec<u32>> {
+    cuda_greedy_with(files, size, dtype, graphs, None)
+}
+
+/// [`cuda_greedy_of`] with every rank under `offload`.
+fn cuda_greedy_with(
+    files: impl Fn() -> ModelFiles,
+    size: usize,
+    dtype: DType,
+    graphs: bool,
+    offload: Option<OffloadConfig>,
+) -> Vec<Vec<u32>> {
     use encore_core::backend::cuda::CudaBackend;
     let ranks: Vec<BackendRef> = CudaBackend::group(0, size)
         .unwrap()
@@ -383,6 +448,7 @@ fn cuda_greedy_of(
     let cfg = EngineConfig {
         tp: TpBackends(if size > 1 { ranks } else { vec![] }),
         dtype,
+        offload,
         ..config(graphs)
     };
     greedy_of(files(), be, cfg, size, 16)
@@ -425,6 +491,24 @@ fn cuda_uneven_mlp_shares_over_two_gpus_give_one_gpus_tokens() {
             let two = cuda_greedy_of(files, 2, DType::F32, graphs);
             assert_eq!(two, one, "graphs {graphs}");
         }
+    }
+}
+
+#[test]
+#[ignore = "needs 2 CUDA devices"]
+fn cuda_a_byte_budget_between_the_shards_gives_one_gpus_tokens() {
+    // Rank 0 streams nothing, rank 1 streams: both run the row-parallel projections
+    // outside the fused all-reduce (had rank 0 taken the pushed path, a hang).
+    for graphs in [false, true] {
+        let one = cuda_greedy_of(tiny_of_width_353, 1, DType::F32, graphs);
+        let two = cuda_greedy_with(
+            tiny_of_width_353,
+            2,
+            DType::F32,
+            graphs,
+            budget_between_the_shards(),
+        );
+        assert_eq!(two, one, "graphs {graphs}");
     }
 }
 
@@ -697,4 +781,249 @@ fn cuda_collectives_sum_and_gather_over_two_gpus() {
         check_all_reduce_rms_norm(&refs);
         check_matmul_all_reduce_rms_norm(&refs);
     }
+}
+
+/// How a [`Faulty`] rank fails, once armed.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    Error,
+    Panic,
+}
+
+/// A CPU rank that fails its first matmul after [`Faulty::arm`] (an error or a panic);
+/// every other op is the CPU rank's.
+struct Faulty {
+    inner: CpuBackend,
+    fault: Fault,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl Faulty {
+    fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+mod faulty_backend {
+    use super::{Fault, Faulty};
+    use encore_core::backend::{CopyQueue, HostMemory, Moe};
+    use encore_core::memory::vmm::Vmm;
+    use encore_core::{
+        Attention, Backend, DType, Error, Graph, LogitBias, QkvRope, Result, Sampling, Tensor,
+    };
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    impl Backend for Faulty {
+        fn device_name(&self) -> String {
+            self.inner.device_name()
+        }
+        fn memory_info(&self) -> Option<(usize, usize)> {
+            self.inner.memory_info()
+        }
+        fn vmm(&self) -> Result<Arc<dyn Vmm>> {
+            self.inner.vmm()
+        }
+        fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+            self.inner.alloc(dtype, shape)
+        }
+        fn write_bytes(&self, dst: &Tensor, src: &[u8]) -> Result<()> {
+            self.inner.write_bytes(dst, src)
+        }
+        fn read_bytes(&self, src: &Tensor, dst: &mut [u8]) -> Result<()> {
+            self.inner.read_bytes(src, dst)
+        }
+        fn copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+            self.inner.copy(src, dst)
+        }
+        fn synchronize(&self) -> Result<()> {
+            self.inner.synchronize()
+        }
+        fn embedding_rows(
+            &self,
+            ids: &Tensor,
+            t: &Tensor,
+            first: usize,
+            out: &Tensor,
+        ) -> Result<()> {
+            self.inner.embedding_rows(ids, t, first, out)
+        }
+        fn group(&self) -> (usize, usize) {
+            self.inner.group()
+        }
+        fn all_reduce(&self, x: &Tensor) -> Result<()> {
+            self.inner.all_reduce(x)
+        }
+        fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+            self.inner.all_gather(src, dst)
+        }
+        fn unshard_columns(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+            self.inner.unshard_columns(src, dst)
+        }
+        fn abort_group(&self, why: &str) {
+            self.inner.abort_group(why)
+        }
+        fn rms_norm(
+            &self,
+            x: &Tensor,
+            r: Option<&Tensor>,
+            w: &Tensor,
+            eps: f32,
+            out: &Tensor,
+        ) -> Result<()> {
+            self.inner.rms_norm(x, r, w, eps, out)
+        }
+        fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
+            self.inner.silu_mul(gate_up, out)
+        }
+        fn matmul(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &Tensor) -> Result<()> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                match self.fault {
+                    Fault::Error => {
+                        return Err(Error::invalid("matmul", "the injected fault"));
+                    }
+                    Fault::Panic => panic!("the injected panic"),
+                }
+            }
+            self.inner.matmul(x, w, b, out)
+        }
+        fn sigmoid_gate_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<()> {
+            self.inner.sigmoid_gate_add(x, gate, y)
+        }
+        fn runs_moe(&self) -> bool {
+            self.inner.runs_moe()
+        }
+        fn moe(&self, a: &Moe<'_>) -> Result<()> {
+            self.inner.moe(a)
+        }
+        fn qkv_rope_write(&self, a: &QkvRope<'_>) -> Result<()> {
+            self.inner.qkv_rope_write(a)
+        }
+        fn attention(&self, a: &Attention<'_>) -> Result<()> {
+            self.inner.attention(a)
+        }
+        fn attention_scratch_len(&self, a: usize, b: usize, c: usize, d: usize, e: usize) -> usize {
+            self.inner.attention_scratch_len(a, b, c, d, e)
+        }
+        fn sample(&self, logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<()> {
+            self.inner.sample(logits, p, out)
+        }
+        fn logit_bias(&self, logits: &Tensor, b: &LogitBias<'_>) -> Result<()> {
+            self.inner.logit_bias(logits, b)
+        }
+        fn penalty_count(&self, counts: &Tensor, slots: &Tensor, tokens: &Tensor) -> Result<()> {
+            self.inner.penalty_count(counts, slots, tokens)
+        }
+        fn begin_capture(&self) -> Result<()> {
+            self.inner.begin_capture()
+        }
+        fn end_capture(&self) -> Result<Box<dyn Graph>> {
+            self.inner.end_capture()
+        }
+        fn is_capturing(&self) -> bool {
+            self.inner.is_capturing()
+        }
+        fn host_view(
+            &self,
+            mem: &Arc<HostMemory>,
+            offset: usize,
+            shape: &[usize],
+            dtype: DType,
+        ) -> Result<Tensor> {
+            self.inner.host_view(mem, offset, shape, dtype)
+        }
+        fn copy_queue(&self, events: usize) -> Result<Box<dyn CopyQueue>> {
+            self.inner.copy_queue(events)
+        }
+    }
+}
+
+/// Generate over 2 eager CPU ranks, rank `faulty` failing (`fault`) once armed after
+/// start-up: within 30 s the leader's generate returns the error naming the failed rank
+/// (or, when the leader panics, its thread ends), and a later step fails at once with
+/// the same cause. `None` from the thread means it never answered (a hang).
+fn fail_a_rank(faulty: usize, fault: Fault) -> Option<std::thread::Result<(String, String)>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let result = std::panic::catch_unwind(|| {
+            let mut ranks: Vec<Arc<Faulty>> = CpuBackend::group(2)
+                .into_iter()
+                .map(|inner| {
+                    Arc::new(Faulty {
+                        inner,
+                        fault,
+                        armed: Default::default(),
+                    })
+                })
+                .collect();
+            let target = ranks[faulty].clone();
+            let refs: Vec<BackendRef> = ranks.drain(..).map(|r| r as BackendRef).collect();
+            let be = refs[0].clone();
+            let cfg = EngineConfig {
+                tp: TpBackends(refs),
+                ..config(false)
+            };
+            let files = open_model("dummy:tiny").unwrap();
+            let Engine { mut runner, .. } =
+                Engine::new(be.as_ref(), files, &cfg, &NoProgress).unwrap();
+            target.arm();
+            let opts = GenerateOptions {
+                max_tokens: 4,
+                sampling: SamplingParams::default(),
+                ignore_eos: true,
+            };
+            let run = |runner: &mut encore_core::runner::Runner<'_>| {
+                generate(runner, &prompts(), &[], &opts, &NoProgress, |_, _| {
+                    std::ops::ControlFlow::Continue(())
+                })
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+            };
+            let first = run(&mut runner);
+            let again = run(&mut runner);
+            let broken = runner.group_broken().expect("the group is broken");
+            assert!(again.ends_with(broken), "{again} / {broken}");
+            (first, again)
+        });
+        let _ = tx.send(result);
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30)).ok()
+}
+
+#[test]
+fn a_rank_that_fails_or_panics_mid_step_ends_the_step_with_its_error() {
+    // A follower's error: the leader's step fails naming the rank and the cause, and
+    // every later step fails at once with that cause.
+    let (first, again) = fail_a_rank(1, Fault::Error)
+        .expect("a follower's error left the leader waiting")
+        .expect("no panic");
+    assert!(
+        first.contains("rank 1 (") && first.contains("the injected fault"),
+        "{first}"
+    );
+    assert!(
+        again.contains("rank 1 (") && again.contains("the injected fault"),
+        "{again}"
+    );
+    // A follower's panic: the same, the panic's message the cause.
+    let (first, _) = fail_a_rank(1, Fault::Panic)
+        .expect("a follower's panic left the leader waiting")
+        .expect("no panic on the leader");
+    assert!(
+        first.contains("rank 1 (") && first.contains("the injected panic"),
+        "{first}"
+    );
+    // The leader's error: returned as it is, the group broken by it.
+    let (first, again) = fail_a_rank(0, Fault::Error)
+        .expect("the leader's error left a follower waiting")
+        .expect("no panic");
+    assert!(first.contains("the injected fault"), "{first}");
+    assert!(
+        again.contains("rank 0 (") && again.contains("the injected fault"),
+        "{again}"
+    );
+    // The leader's panic: it unwinds, its followers are released and joined.
+    let panicked = fail_a_rank(0, Fault::Panic).expect("the leader's panic hung its drop");
+    assert!(panicked.is_err());
 }

@@ -163,11 +163,19 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     let router = Router::new()
         .merge(v1)
-        .route("/health", get(|| async { "ok" }))
+        .route("/health", get(health))
         .route("/metrics", get(metrics::metrics))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(Arc::clone(&state));
     App { router, state }
+}
+
+/// `ok`, or 503 with the reason once the engine runs no more steps.
+async fn health(State(s): State<Arc<AppState>>) -> Response {
+    match s.engine.metrics.broken.get() {
+        None => "ok".into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why.clone()).into_response(),
+    }
 }
 
 async fn auth(

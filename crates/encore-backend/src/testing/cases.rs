@@ -193,10 +193,12 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             );
         }
         // Rows 1..=8 with k a multiple of 8 take CUDA's gemv kernels (whole and partial
-        // k chunks, more rows than the variant's warps, k split over warps); k = 70 and
-        // m > 8 take cuBLASLt.
+        // k chunks, more rows than the variant's warps, k split over warps; 4,096 rows of
+        // 2,048, 8B's o projection over 2 GPUs, enough CTAs that the split keeps a warp's
+        // whole round of loads); k = 70 and m > 8 take cuBLASLt.
         for (m, k, n) in [
             (1, 64, 257),
+            (1, 2048, 4096),
             (3, 200, 1),
             (17, 64, 63),
             (127, 200, 257),

@@ -59,6 +59,10 @@ pub struct Model {
     scratch: std::sync::Mutex<std::collections::HashMap<[usize; 3], usize>>,
     /// Weights under a device budget: what streams them (`None`: all resident).
     offload: Option<Offload>,
+    /// Whether some rank of the tensor-parallel group streams weights (this one's
+    /// `offload`, or a peer's: [`Model::set_group_offloads`]). The fused row-parallel
+    /// projections need every rank on the same path.
+    group_offloads: bool,
     /// Synthetic routing for benchmarks ([`Model::set_router_skew`]): the table's logits
     /// in the run dtype and the window of `rows + layers` rows a step reads.
     router_table: Option<RouterTable>,
@@ -190,6 +194,7 @@ impl Model {
             max_positions,
             scratch: Default::default(),
             offload: None,
+            group_offloads: false,
             router_table: None,
             aux: None,
             eagle: None,
@@ -278,7 +283,23 @@ impl Model {
     ) -> Result<Self> {
         let mut m = Self::new(backend, cfg, weights, max_positions)?;
         m.offload = Some(offload);
+        m.group_offloads = true;
         Ok(m)
+    }
+
+    /// Whether some rank of the tensor-parallel group streams weights (this one or a
+    /// peer): the row-parallel projections then stay out of the fused all-reduce.
+    pub fn group_offloads(&self) -> bool {
+        self.group_offloads
+    }
+
+    /// A tensor-parallel peer streams weights, though this rank may not (a byte budget
+    /// between the ranks' shard sizes, which differ where the MLP shares do): this rank
+    /// leaves the row-parallel projections out of the fused all-reduce as that peer does,
+    /// for on CUDA the two paths wait for different signals and the group would hang.
+    /// Call it before any step.
+    pub fn set_group_offloads(&mut self) {
+        self.group_offloads = true;
     }
 
     /// Route every sparse layer by a synthetic table of `rows` token rows instead of its
@@ -653,7 +674,7 @@ impl Model {
         // Without weight offload (no announcement between the two ops), a row-parallel
         // projection and the norm after it go to the backend as one op, which may sum
         // over the ranks inside the matmul.
-        let fused = size > 1 && self.offload.is_none();
+        let fused = size > 1 && !self.group_offloads;
         // The down projection too, where every rank's share of the MLP is the same.
         let fused_down = fused && c.mlp_shares_even();
         let project_add_norm = |x: &Tensor, w: &Tensor, norm: &Tensor| {

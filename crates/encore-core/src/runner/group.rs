@@ -16,7 +16,7 @@
 //! every later step fails with the same error.
 
 use std::sync::mpsc::{Receiver, RecvError, Sender, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -66,8 +66,49 @@ pub enum Cmd {
     SetVerify(bool),
 }
 
-/// Ends every rank's collectives (the group failed).
-pub type AbortFn = Arc<dyn Fn(&str) + Send + Sync>;
+/// Ends every rank's collectives, once, when the group fails, and keeps the first cause:
+/// once one rank's communicator is aborted its peers' collectives fail too, and their
+/// errors are consequences, not the cause.
+pub struct GroupAbort {
+    cause: OnceLock<String>,
+    abort_all: Box<dyn Fn(&str) + Send + Sync>,
+}
+
+impl GroupAbort {
+    /// `abort_all` ends the collectives of every rank (given the cause).
+    pub fn new(abort_all: impl Fn(&str) + Send + Sync + 'static) -> Arc<Self> {
+        Arc::new(GroupAbort {
+            cause: OnceLock::new(),
+            abort_all: Box::new(abort_all),
+        })
+    }
+
+    /// The group failed because of `why` (which names the rank): the first call aborts
+    /// every rank's collectives, later ones only return.
+    pub fn abort(&self, why: &str) {
+        if self.cause.set(why.to_string()).is_ok() {
+            tracing::error!("tensor-parallel group aborted: {why}");
+            (self.abort_all)(why);
+        }
+    }
+
+    /// The first cause given to [`GroupAbort::abort`].
+    pub fn cause(&self) -> Option<&str> {
+        self.cause.get().map(String::as_str)
+    }
+}
+
+/// The group's abort, shared by every rank.
+pub type AbortFn = Arc<GroupAbort>;
+
+/// A panic's message (its payload, when a string).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
 
 /// The next message of `rx`, polled for up to `spin` (yielding the core between polls)
 /// before a blocking receive. A follower's step starts when its command arrives, and the
@@ -100,18 +141,27 @@ pub struct FollowerRank {
 
 /// The leader's handle on its followers.
 pub struct Followers {
+    /// The leader as errors name it: `rank 0 (device)`.
+    leader: String,
     ranks: Vec<FollowerRank>,
     abort: AbortFn,
     broken: Option<String>,
 }
 
 impl Followers {
-    pub fn new(ranks: Vec<FollowerRank>, abort: AbortFn) -> Self {
+    /// The followers of the leader on `leader_device`.
+    pub fn new(leader_device: &str, ranks: Vec<FollowerRank>, abort: AbortFn) -> Self {
         Followers {
+            leader: format!("rank 0 ({leader_device})"),
             ranks,
             abort,
             broken: None,
         }
+    }
+
+    /// Why the group can run nothing more (a rank failed), if it failed.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
     }
 
     fn check(&self) -> Result<()> {
@@ -126,8 +176,8 @@ impl Followers {
         for r in &self.ranks {
             if r.tx.send(cmd.clone()).is_err() {
                 let why = format!("rank {} ({}) has stopped", r.rank, r.device);
-                (self.abort)(&why);
-                self.broken = Some(why);
+                self.abort.abort(&why);
+                self.broken = Some(self.abort.cause().unwrap_or(&why).to_string());
                 return self.check();
             }
         }
@@ -135,10 +185,12 @@ impl Followers {
     }
 
     /// After the leader's own part of a command (`local`): abort the group if it failed,
-    /// then every follower's verdict; the first error wins (the leader's first).
+    /// then every follower's verdict. The group's first failure is the cause the error
+    /// names (the others may follow from its abort); the leader's own error is returned
+    /// as it is.
     fn finish<T>(&mut self, local: Result<T>) -> Result<T> {
         if let Err(e) = &local {
-            (self.abort)(&format!("rank 0: {e}"));
+            self.abort.abort(&format!("{}: {e}", self.leader));
         }
         let mut first: Option<String> = None;
         for r in &self.ranks {
@@ -152,11 +204,13 @@ impl Followers {
         }
         match (local, first) {
             (Err(e), _) => {
-                self.broken = Some(format!("rank 0 failed: {e}"));
+                let cause = self.abort.cause().map(str::to_string);
+                self.broken = Some(cause.unwrap_or_else(|| format!("{}: {e}", self.leader)));
                 Err(e)
             }
             (Ok(_), Some(why)) => {
-                (self.abort)(&why);
+                self.abort.abort(&why);
+                let why = self.abort.cause().unwrap_or(&why).to_string();
                 self.broken = Some(why.clone());
                 Err(Error::invalid("tensor parallel", why))
             }
@@ -167,6 +221,11 @@ impl Followers {
 
 impl Drop for Followers {
     fn drop(&mut self) {
+        // The leader unwinding from a panic may have left its followers inside a
+        // collective it never reached: end them, or the joins below would wait forever.
+        if std::thread::panicking() {
+            self.abort.abort(&format!("{} panicked", self.leader));
+        }
         for r in &mut self.ranks {
             // Closing the channel ends the follower's loop.
             let (tx, _) = std::sync::mpsc::channel();
@@ -185,6 +244,12 @@ impl Runner<'_> {
     /// the same steps on every rank by itself).
     pub fn set_followers(&mut self, followers: Followers) {
         self.group = Some(followers);
+    }
+
+    /// Why this runner's tensor-parallel group can run nothing more (a rank failed and
+    /// the group's collectives were aborted); `None` while it can (and alone).
+    pub fn group_broken(&self) -> Option<&str> {
+        self.group.as_ref().and_then(Followers::broken)
     }
 
     /// Ranks in this runner's tensor-parallel group.
@@ -233,11 +298,14 @@ impl Runner<'_> {
         }))
     }
 
-    /// A follower's loop: obey each command and report, until the leader goes away. A
-    /// failed command aborts the group's collectives. After each command it polls for
-    /// the next for up to `spin` before it sleeps.
+    /// A follower's loop (`who`: `rank N (device)`): obey each command and report, until
+    /// the leader goes away. A failed command aborts the group's collectives; a panic
+    /// too, reported as the command's error, and ends the loop (the rank's state is
+    /// unknown after it). After each command it polls for the next for up to `spin`
+    /// before it sleeps.
     pub fn follow(
         &mut self,
+        who: &str,
         rx: Receiver<Cmd>,
         done: Sender<Result<()>>,
         abort: AbortFn,
@@ -245,11 +313,18 @@ impl Runner<'_> {
     ) {
         self.parts.sample = false;
         while let Ok(cmd) = recv_spinning(&rx, spin) {
-            let r = self.obey(cmd);
+            let obeyed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.obey(cmd)));
+            let (r, panicked) = match obeyed {
+                Ok(r) => (r, false),
+                Err(p) => {
+                    let why = format!("panicked: {}", panic_message(&*p));
+                    (Err(Error::invalid("tensor parallel", why)), true)
+                }
+            };
             if let Err(e) = &r {
-                abort(&e.to_string());
+                abort.abort(&format!("{who}: {e}"));
             }
-            if done.send(r).is_err() {
+            if done.send(r).is_err() || panicked {
                 break;
             }
         }

@@ -38,7 +38,7 @@ use crate::model::routing::RouterSkew;
 use crate::request::SamplingParams;
 use crate::tensor::DType;
 
-pub use group::{AbortFn, Cmd, FollowerRank, Followers};
+pub use group::{panic_message, AbortFn, Cmd, FollowerRank, Followers, GroupAbort};
 pub use pack::{StepHost, StepViews};
 pub use policy::GraphConfig;
 pub use sampling::Sampled;
@@ -292,6 +292,16 @@ impl<'b> RunnerBuilder<'b> {
             exec,
             cfg,
         })
+    }
+
+    /// The model the runner will run.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The model, to change before the runner is built.
+    pub fn model_mut(&mut self) -> &mut Model {
+        &mut self.model
     }
 
     /// The KV cache layout the runner will have.

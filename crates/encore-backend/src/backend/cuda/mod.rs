@@ -1164,8 +1164,12 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn abort_group(&self, _why: &str) {
+    fn abort_group(&self, why: &str) {
         if let Some(c) = &self.comm {
+            tracing::warn!(
+                "{}: aborting the group's NCCL communicator: {why}",
+                self.device_name()
+            );
             c.abort();
         }
     }

@@ -4,6 +4,8 @@
 //! any other op. NCCL is loaded at run time (cudarc's `nccl` bindings); NVLink
 //! multicast (NVLS) is off unless `NCCL_NVLS_ENABLE` says otherwise.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use cudarc::nccl::{result as nccl, sys};
 
 use crate::error::{Error, Result};
@@ -14,6 +16,9 @@ pub(super) struct Comm {
     raw: sys::ncclComm_t,
     pub rank: usize,
     pub size: usize,
+    /// `ncclCommAbort` frees the communicator: after it `raw` is neither used, aborted
+    /// again nor destroyed.
+    aborted: AtomicBool,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
@@ -24,8 +29,11 @@ unsafe impl Sync for Comm {}
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        // SAFETY: `raw` came from ncclCommInitAll and is destroyed once.
-        let _ = unsafe { nccl::comm_destroy(self.raw) };
+        if !*self.aborted.get_mut() {
+            // SAFETY: `raw` came from ncclCommInitAll, was not aborted (which frees it) and
+            // is destroyed once.
+            let _ = unsafe { nccl::comm_destroy(self.raw) };
+        }
     }
 }
 
@@ -71,7 +79,12 @@ pub(super) fn init_all(devices: &[usize]) -> Result<Vec<Comm>> {
     Ok(raw
         .into_iter()
         .enumerate()
-        .map(|(rank, raw)| Comm { raw, rank, size: n })
+        .map(|(rank, raw)| Comm {
+            raw,
+            rank,
+            size: n,
+            aborted: AtomicBool::new(false),
+        })
         .collect())
 }
 
@@ -85,6 +98,17 @@ fn data_type(dtype: DType) -> Result<sys::ncclDataType_t> {
 }
 
 impl Comm {
+    /// The error of a collective on an aborted communicator.
+    fn live(&self, what: &str) -> Result<()> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(Error::DeviceUnavailable {
+                device: format!("nccl rank {}", self.rank),
+                why: format!("{what}: the group's communicators were aborted (a rank failed)"),
+            });
+        }
+        Ok(())
+    }
+
     /// Sum `count` elements at `ptr` over the ranks, in place, on `stream`.
     ///
     /// # Safety
@@ -96,6 +120,7 @@ impl Comm {
         dtype: DType,
         stream: sys::cudaStream_t,
     ) -> Result<()> {
+        self.live("ncclAllReduce")?;
         let p = ptr as *mut std::ffi::c_void;
         nccl::all_reduce(
             p,
@@ -123,6 +148,7 @@ impl Comm {
         dtype: DType,
         stream: sys::cudaStream_t,
     ) -> Result<()> {
+        self.live("ncclAllGather")?;
         nccl::all_gather(
             src as *const std::ffi::c_void,
             dst as *mut std::ffi::c_void,
@@ -138,7 +164,11 @@ impl Comm {
     /// End the communicator's pending and future collectives on every rank (a peer
     /// failed).
     pub fn abort(&self) {
-        // SAFETY: `raw` is live; NCCL allows abort from any thread.
+        if self.aborted.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // SAFETY: `raw` is live (not aborted before: the swap above lets one caller
+        // through); NCCL allows abort from any thread.
         let _ = unsafe { nccl::comm_abort(self.raw) };
     }
 }
