@@ -25,6 +25,8 @@ use encore_core::DType;
 
 mod common;
 
+use common::hooked::Hooked;
+
 fn config(graphs: bool) -> EngineConfig {
     EngineConfig {
         graphs: graphs.then_some(GraphConfig {
@@ -783,157 +785,30 @@ fn cuda_collectives_sum_and_gather_over_two_gpus() {
     }
 }
 
-/// How a [`Faulty`] rank fails, once armed.
+/// How a rank fails, once armed.
 #[derive(Clone, Copy, PartialEq)]
 enum Fault {
     Error,
     Panic,
 }
 
-/// A CPU rank that fails its first matmul after [`Faulty::arm`] (an error or a panic);
-/// every other op is the CPU rank's.
-struct Faulty {
-    inner: CpuBackend,
+/// A rank's first matmul after it is armed fails (an error or a panic).
+struct RankFault {
     fault: Fault,
     armed: std::sync::atomic::AtomicBool,
 }
 
-impl Faulty {
-    fn arm(&self) {
-        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-mod faulty_backend {
-    use super::{Fault, Faulty};
-    use encore_core::backend::{CopyQueue, HostMemory, Moe};
-    use encore_core::memory::vmm::Vmm;
-    use encore_core::{
-        Attention, Backend, DType, Error, Graph, LogitBias, QkvRope, Result, Sampling, Tensor,
-    };
-    use std::sync::atomic::Ordering;
-    use std::sync::Arc;
-
-    impl Backend for Faulty {
-        fn device_name(&self) -> String {
-            self.inner.device_name()
+impl common::hooked::Hooks for RankFault {
+    fn matmul(&self, _: &CpuBackend, _: &encore_core::Tensor) -> Option<encore_core::Result<()>> {
+        if !self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return None;
         }
-        fn memory_info(&self) -> Option<(usize, usize)> {
-            self.inner.memory_info()
-        }
-        fn vmm(&self) -> Result<Arc<dyn Vmm>> {
-            self.inner.vmm()
-        }
-        fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
-            self.inner.alloc(dtype, shape)
-        }
-        fn write_bytes(&self, dst: &Tensor, src: &[u8]) -> Result<()> {
-            self.inner.write_bytes(dst, src)
-        }
-        fn read_bytes(&self, src: &Tensor, dst: &mut [u8]) -> Result<()> {
-            self.inner.read_bytes(src, dst)
-        }
-        fn copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
-            self.inner.copy(src, dst)
-        }
-        fn synchronize(&self) -> Result<()> {
-            self.inner.synchronize()
-        }
-        fn embedding_rows(
-            &self,
-            ids: &Tensor,
-            t: &Tensor,
-            first: usize,
-            out: &Tensor,
-        ) -> Result<()> {
-            self.inner.embedding_rows(ids, t, first, out)
-        }
-        fn group(&self) -> (usize, usize) {
-            self.inner.group()
-        }
-        fn all_reduce(&self, x: &Tensor) -> Result<()> {
-            self.inner.all_reduce(x)
-        }
-        fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
-            self.inner.all_gather(src, dst)
-        }
-        fn unshard_columns(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
-            self.inner.unshard_columns(src, dst)
-        }
-        fn abort_group(&self, why: &str) {
-            self.inner.abort_group(why)
-        }
-        fn rms_norm(
-            &self,
-            x: &Tensor,
-            r: Option<&Tensor>,
-            w: &Tensor,
-            eps: f32,
-            out: &Tensor,
-        ) -> Result<()> {
-            self.inner.rms_norm(x, r, w, eps, out)
-        }
-        fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
-            self.inner.silu_mul(gate_up, out)
-        }
-        fn matmul(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &Tensor) -> Result<()> {
-            if self.armed.swap(false, Ordering::SeqCst) {
-                match self.fault {
-                    Fault::Error => {
-                        return Err(Error::invalid("matmul", "the injected fault"));
-                    }
-                    Fault::Panic => panic!("the injected panic"),
-                }
-            }
-            self.inner.matmul(x, w, b, out)
-        }
-        fn sigmoid_gate_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<()> {
-            self.inner.sigmoid_gate_add(x, gate, y)
-        }
-        fn runs_moe(&self) -> bool {
-            self.inner.runs_moe()
-        }
-        fn moe(&self, a: &Moe<'_>) -> Result<()> {
-            self.inner.moe(a)
-        }
-        fn qkv_rope_write(&self, a: &QkvRope<'_>) -> Result<()> {
-            self.inner.qkv_rope_write(a)
-        }
-        fn attention(&self, a: &Attention<'_>) -> Result<()> {
-            self.inner.attention(a)
-        }
-        fn attention_scratch_len(&self, a: usize, b: usize, c: usize, d: usize, e: usize) -> usize {
-            self.inner.attention_scratch_len(a, b, c, d, e)
-        }
-        fn sample(&self, logits: &Tensor, p: &Sampling<'_>, out: &Tensor) -> Result<()> {
-            self.inner.sample(logits, p, out)
-        }
-        fn logit_bias(&self, logits: &Tensor, b: &LogitBias<'_>) -> Result<()> {
-            self.inner.logit_bias(logits, b)
-        }
-        fn penalty_count(&self, counts: &Tensor, slots: &Tensor, tokens: &Tensor) -> Result<()> {
-            self.inner.penalty_count(counts, slots, tokens)
-        }
-        fn begin_capture(&self) -> Result<()> {
-            self.inner.begin_capture()
-        }
-        fn end_capture(&self) -> Result<Box<dyn Graph>> {
-            self.inner.end_capture()
-        }
-        fn is_capturing(&self) -> bool {
-            self.inner.is_capturing()
-        }
-        fn host_view(
-            &self,
-            mem: &Arc<HostMemory>,
-            offset: usize,
-            shape: &[usize],
-            dtype: DType,
-        ) -> Result<Tensor> {
-            self.inner.host_view(mem, offset, shape, dtype)
-        }
-        fn copy_queue(&self, events: usize) -> Result<Box<dyn CopyQueue>> {
-            self.inner.copy_queue(events)
+        match self.fault {
+            Fault::Error => Some(Err(encore_core::Error::invalid(
+                "matmul",
+                "the injected fault",
+            ))),
+            Fault::Panic => panic!("the injected panic"),
         }
     }
 }
@@ -946,14 +821,12 @@ fn fail_a_rank(faulty: usize, fault: Fault) -> Option<std::thread::Result<(Strin
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let result = std::panic::catch_unwind(|| {
-            let mut ranks: Vec<Arc<Faulty>> = CpuBackend::group(2)
+            let mut ranks: Vec<Arc<Hooked<RankFault>>> = CpuBackend::group(2)
                 .into_iter()
                 .map(|inner| {
-                    Arc::new(Faulty {
-                        inner,
-                        fault,
-                        armed: Default::default(),
-                    })
+                    let armed = Default::default();
+                    let hooks = RankFault { fault, armed };
+                    Arc::new(Hooked { inner, hooks })
                 })
                 .collect();
             let target = ranks[faulty].clone();
@@ -966,7 +839,10 @@ fn fail_a_rank(faulty: usize, fault: Fault) -> Option<std::thread::Result<(Strin
             let files = open_model("dummy:tiny").unwrap();
             let Engine { mut runner, .. } =
                 Engine::new(be.as_ref(), files, &cfg, &NoProgress).unwrap();
-            target.arm();
+            target
+                .hooks
+                .armed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             let opts = GenerateOptions {
                 max_tokens: 4,
                 sampling: SamplingParams::default(),
