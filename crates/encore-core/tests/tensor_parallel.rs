@@ -286,6 +286,19 @@ fn quantized_weights_split_in_whole_blocks_over_ranks_give_one_ranks_tokens() {
             && e.contains("--tensor-parallel-size 4"),
         "{e}"
     );
+    // o_proj splits by heads: a share of them that is not whole blocks is refused when
+    // the group is planned, naming the tensor (Qwen3-0.6B's shape: 16 heads of 128 in
+    // Q4_K, blocks of 256; over 16 ranks a rank's 128 columns are half a block).
+    let mut c = open_model("dummy:tiny").unwrap().config;
+    c.weights.projections = Some(QuantFormat::Q4K);
+    (c.num_heads, c.num_kv_heads, c.head_dim) = (16, 16, 128);
+    (c.hidden_size, c.intermediate_size) = (2048, 16 * 256);
+    assert!(c.shard(0, 8).is_ok());
+    let e = c.shard(0, 16).unwrap_err().to_string();
+    assert!(
+        e.contains("o_proj") && e.contains("128 values") && e.contains("16 tensor-parallel"),
+        "{e}"
+    );
     // A dense width the ranks do not divide: shares one element apart (176 + 177).
     let uneven = || {
         let mut f = open_model("dummy:tiny").unwrap();

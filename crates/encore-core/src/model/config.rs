@@ -708,7 +708,7 @@ impl ModelConfig {
         }
         let (mlp_unit, expert_unit, shared_unit) = (mlp.0, experts.0, shared.0);
         let mine = |n: usize, unit: usize| crate::model::decl::share(rank, size, n, unit).1;
-        Ok(ModelConfig {
+        let shard = ModelConfig {
             num_heads: self.num_heads / size,
             num_kv_heads: kv.div_ceil(size),
             intermediate_size: mine(self.intermediate_size, mlp_unit),
@@ -732,7 +732,11 @@ impl ModelConfig {
                 shared_unit,
             }),
             ..self.clone()
-        })
+        };
+        // A quantized tensor split by heads (o_proj's columns) must still be whole blocks:
+        // refused here, before any rank starts, as the load would.
+        shard.check_formats()?;
+        Ok(shard)
     }
 
     /// This parsed config as an EAGLE-3 head (`eagle`, and the draft vocabulary that
