@@ -37,13 +37,6 @@ impl Drop for Comm {
     }
 }
 
-fn nccl_err(what: &str, e: impl std::fmt::Debug) -> Error {
-    Error::DeviceUnavailable {
-        device: "nccl".into(),
-        why: format!("{what}: {e:?}"),
-    }
-}
-
 /// Whether libnccl can be loaded.
 pub fn available() -> bool {
     // SAFETY: only tries to load the library.
@@ -74,8 +67,12 @@ pub(super) fn init_all(devices: &[usize]) -> Result<Vec<Comm>> {
     let mut raw: Vec<sys::ncclComm_t> = vec![std::ptr::null_mut(); n];
     let ordinals: Vec<i32> = devices.iter().map(|&d| d as i32).collect();
     // SAFETY: `raw` has room for n communicators; `ordinals` names n devices.
-    unsafe { nccl::comm_init_all(raw.as_mut_ptr(), n as i32, ordinals.as_ptr()) }
-        .map_err(|e| nccl_err(&format!("ncclCommInitAll over cuda devices {devices:?}"), e))?;
+    unsafe { nccl::comm_init_all(raw.as_mut_ptr(), n as i32, ordinals.as_ptr()) }.map_err(|e| {
+        Error::DeviceUnavailable {
+            device: format!("cuda devices {devices:?}"),
+            why: format!("ncclCommInitAll: {e:?}"),
+        }
+    })?;
     Ok(raw
         .into_iter()
         .enumerate()
@@ -98,11 +95,19 @@ fn data_type(dtype: DType) -> Result<sys::ncclDataType_t> {
 }
 
 impl Comm {
+    /// An error of `what` on this rank's communicator.
+    fn err(&self, what: &str, e: impl std::fmt::Debug) -> Error {
+        Error::DeviceUnavailable {
+            device: format!("nccl rank {} of {}", self.rank, self.size),
+            why: format!("{what}: {e:?}"),
+        }
+    }
+
     /// The error of a collective on an aborted communicator.
     fn live(&self, what: &str) -> Result<()> {
         if self.aborted.load(Ordering::Acquire) {
             return Err(Error::DeviceUnavailable {
-                device: format!("nccl rank {}", self.rank),
+                device: format!("nccl rank {} of {}", self.rank, self.size),
                 why: format!("{what}: the group's communicators were aborted (a rank failed)"),
             });
         }
@@ -132,7 +137,7 @@ impl Comm {
             stream,
         )
         .map(|_| ())
-        .map_err(|e| nccl_err("ncclAllReduce", e))
+        .map_err(|e| self.err("ncclAllReduce", e))
     }
 
     /// Gather `count` elements at `src` of every rank into `dst` (rank order).
@@ -158,7 +163,7 @@ impl Comm {
             stream,
         )
         .map(|_| ())
-        .map_err(|e| nccl_err("ncclAllGather", e))
+        .map_err(|e| self.err("ncclAllGather", e))
     }
 
     /// End the communicator's pending and future collectives on every rank (a peer
