@@ -266,6 +266,17 @@ impl EngineHandle {
         rx.recv().map_err(|_| stopped())
     }
 
+    /// Why the engine serves no more requests: its tensor-parallel group failed
+    /// ([`EngineMetrics::broken`]), or its loop has ended (a panic); `None` while it
+    /// serves.
+    pub fn unhealthy(&self) -> Option<String> {
+        if let Some(why) = self.metrics.broken.get() {
+            return Some(why.clone());
+        }
+        let ended = self.thread.as_ref().is_none_or(|t| t.is_finished());
+        ended.then(|| "the engine loop has stopped".to_string())
+    }
+
     /// Stop the loop after the step in flight; requests still live are dropped.
     pub fn shutdown(mut self) {
         self.stop();

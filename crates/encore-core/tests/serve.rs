@@ -240,3 +240,56 @@ fn a_draft_model_boots_in_the_engine_loop_and_bad_ones_are_refused() {
         "{e}"
     );
 }
+
+/// The next event of `rx`: a failure's message (panics on anything else).
+fn failure(rx: &mpsc::Receiver<Event>) -> String {
+    match rx.recv_timeout(Duration::from_secs(30)).unwrap() {
+        Event::Failed(e) => e,
+        Event::Token(o) => panic!("a token: {o:?}"),
+        Event::Refused(r) => panic!("refused: {r}"),
+    }
+}
+
+#[test]
+fn a_failed_tensor_parallel_group_fails_later_requests_at_once_naming_the_cause() {
+    use common::hooked::{FailArmed, Hooked};
+    use encore_core::backend::BackendRef;
+    use encore_core::engine::TpBackends;
+    // Two CPU ranks; rank 1 fails its first matmul once armed.
+    let ranks: Vec<Arc<Hooked<FailArmed>>> = CpuBackend::group(2)
+        .into_iter()
+        .map(|inner| {
+            let hooks = FailArmed::default();
+            Arc::new(Hooked { inner, hooks })
+        })
+        .collect();
+    let refs: Vec<BackendRef> = ranks.iter().map(|r| r.clone() as BackendRef).collect();
+    let cfg = EngineConfig {
+        tp: TpBackends(refs.clone()),
+        ..EngineConfig::new(DType::F32, 4, 64, 8, 128, KvSizing::Blocks(1 + 8 * 32))
+    };
+    let model = encore_core::model::open_model("dummy:tiny").unwrap();
+    let sched = SchedulerConfig::new(32, 8);
+    let engine =
+        EngineHandle::start(refs[0].clone(), model, cfg, sched, Box::new(NoProgress)).unwrap();
+    let (tx, rx) = mpsc::channel();
+    engine.submit(request(1, 10, 4), sink(tx)).unwrap();
+    assert_eq!(collect(&rx).0.len(), 4);
+    assert_eq!(engine.unhealthy(), None);
+    // The failing step fails its request naming the rank and the cause.
+    ranks[1].hooks.arm();
+    let (tx, rx) = mpsc::channel();
+    engine.submit(request(2, 10, 4), sink(tx)).unwrap();
+    let e = failure(&rx);
+    assert!(
+        e.contains("rank 1 (") && e.contains("the injected fault"),
+        "{e}"
+    );
+    // The group is broken: the engine says why, and a new request fails at once with it.
+    wait_until("unhealthy", || engine.unhealthy().is_some());
+    let why = engine.unhealthy().unwrap();
+    assert!(why.contains("restart") && why.contains("rank 1 ("), "{why}");
+    let (tx, rx) = mpsc::channel();
+    engine.submit(request(3, 10, 4), sink(tx)).unwrap();
+    assert_eq!(failure(&rx), why);
+}

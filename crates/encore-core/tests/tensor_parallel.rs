@@ -25,7 +25,7 @@ use encore_core::DType;
 
 mod common;
 
-use common::hooked::Hooked;
+use common::hooked::{FailArmed, Hooked};
 
 fn config(graphs: bool) -> EngineConfig {
     EngineConfig {
@@ -805,27 +805,6 @@ enum Fault {
     Panic,
 }
 
-/// A rank's first matmul after it is armed fails (an error or a panic).
-struct RankFault {
-    fault: Fault,
-    armed: std::sync::atomic::AtomicBool,
-}
-
-impl common::hooked::Hooks for RankFault {
-    fn matmul(&self, _: &CpuBackend, _: &encore_core::Tensor) -> Option<encore_core::Result<()>> {
-        if !self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            return None;
-        }
-        match self.fault {
-            Fault::Error => Some(Err(encore_core::Error::invalid(
-                "matmul",
-                "the injected fault",
-            ))),
-            Fault::Panic => panic!("the injected panic"),
-        }
-    }
-}
-
 /// Generate over 2 eager CPU ranks, rank `faulty` failing (`fault`) once armed after
 /// start-up: within 30 s the leader's generate returns the error naming the failed rank
 /// (or, when the leader panics, its thread ends), and a later step fails at once with
@@ -834,11 +813,13 @@ fn fail_a_rank(faulty: usize, fault: Fault) -> Option<std::thread::Result<(Strin
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let result = std::panic::catch_unwind(|| {
-            let mut ranks: Vec<Arc<Hooked<RankFault>>> = CpuBackend::group(2)
+            let mut ranks: Vec<Arc<Hooked<FailArmed>>> = CpuBackend::group(2)
                 .into_iter()
                 .map(|inner| {
-                    let armed = Default::default();
-                    let hooks = RankFault { fault, armed };
+                    let hooks = FailArmed {
+                        panic: fault == Fault::Panic,
+                        ..Default::default()
+                    };
                     Arc::new(Hooked { inner, hooks })
                 })
                 .collect();

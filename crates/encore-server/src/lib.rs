@@ -170,11 +170,12 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
     App { router, state }
 }
 
-/// `ok`, or 503 with the reason once the engine runs no more steps.
+/// `ok`, or 503 with the reason once the engine serves no more requests (its
+/// tensor-parallel group failed, or its loop ended).
 async fn health(State(s): State<Arc<AppState>>) -> Response {
-    match s.engine.metrics.broken.get() {
+    match s.engine.unhealthy() {
         None => "ok".into_response(),
-        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why.clone()).into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
     }
 }
 

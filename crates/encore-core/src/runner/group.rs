@@ -189,8 +189,12 @@ impl Followers {
     /// names (the others may follow from its abort); the leader's own error is returned
     /// as it is.
     fn finish<T>(&mut self, local: Result<T>) -> Result<T> {
-        if let Err(e) = &local {
-            self.abort.abort(&format!("{}: {e}", self.leader));
+        let own = local
+            .as_ref()
+            .err()
+            .map(|e| format!("{}: {e}", self.leader));
+        if let Some(own) = &own {
+            self.abort.abort(own);
         }
         let mut first: Option<String> = None;
         for r in &self.ranks {
@@ -205,8 +209,15 @@ impl Followers {
         match (local, first) {
             (Err(e), _) => {
                 let cause = self.abort.cause().map(str::to_string);
-                self.broken = Some(cause.unwrap_or_else(|| format!("{}: {e}", self.leader)));
-                Err(e)
+                let own = own.expect("the leader failed");
+                self.broken = Some(cause.clone().unwrap_or_else(|| own.clone()));
+                match cause {
+                    // The leader's error followed from a peer's failure (its aborted
+                    // collective): the step's error is that cause.
+                    Some(cause) if cause != own => Err(Error::invalid("tensor parallel", cause)),
+                    // Its own failure, returned as it is (its kind intact).
+                    _ => Err(e),
+                }
             }
             (Ok(_), Some(why)) => {
                 self.abort.abort(&why);
@@ -318,7 +329,7 @@ impl Runner<'_> {
                 Ok(r) => (r, false),
                 Err(p) => {
                     let why = format!("panicked: {}", panic_message(&*p));
-                    (Err(Error::invalid("tensor parallel", why)), true)
+                    (Err(Error::invalid("step", why)), true)
                 }
             };
             if let Err(e) = &r {

@@ -2,12 +2,15 @@
 //! backend: every op runs on the CPU backend unless its hook (where there is one) answers
 //! it instead.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::backend::{CopyQueue, HostMemory, Moe};
 use encore_core::memory::vmm::Vmm;
-use encore_core::{Attention, Backend, DType, Graph, LogitBias, QkvRope, Result, Sampling, Tensor};
+use encore_core::{
+    Attention, Backend, DType, Error, Graph, LogitBias, QkvRope, Result, Sampling, Tensor,
+};
 
 /// What a [`Hooked`] backend does instead of the CPU backend's op (`None`: the op runs
 /// as it is). Each hook sees the CPU backend.
@@ -31,6 +34,32 @@ pub trait Hooks: Send + Sync {
     }
     fn is_capturing(&self, _inner: &CpuBackend) -> Option<bool> {
         None
+    }
+}
+
+/// Hooks that fail the first matmul after [`FailArmed::arm`]: an error ("the injected
+/// fault") or, with `panic`, a panic ("the injected panic").
+#[derive(Default)]
+pub struct FailArmed {
+    pub armed: AtomicBool,
+    pub panic: bool,
+}
+
+impl FailArmed {
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Hooks for FailArmed {
+    fn matmul(&self, _: &CpuBackend, _: &Tensor) -> Option<Result<()>> {
+        if !self.armed.swap(false, Ordering::SeqCst) {
+            return None;
+        }
+        if self.panic {
+            panic!("the injected panic");
+        }
+        Some(Err(Error::invalid("matmul", "the injected fault")))
     }
 }
 

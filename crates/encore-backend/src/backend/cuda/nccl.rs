@@ -16,8 +16,10 @@ pub(super) struct Comm {
     raw: sys::ncclComm_t,
     pub rank: usize,
     pub size: usize,
-    /// `ncclCommAbort` frees the communicator: after it `raw` is neither used, aborted
-    /// again nor destroyed.
+    /// `ncclCommAbort` frees the communicator: after it `raw` is not aborted again nor
+    /// destroyed, and collectives issued later are refused. Not guarded: a collective
+    /// this rank's thread issues while another thread aborts, and the NCCL kernels of a
+    /// graph replayed after the abort (the group is broken then; the step fails).
     aborted: AtomicBool,
 }
 
