@@ -27,6 +27,7 @@
 struct ArPeers {
     char* bufs[AR_MAX_RANKS];          // each rank's staging: 2 * cap bytes
     unsigned int* flags[AR_MAX_RANKS]; // each rank's slots [AR_MAX_BLOCKS][AR_MAX_RANKS]
+    const unsigned int* abort;         // the group's abort word (common.cuh's ar_aborted)
 };
 
 template <typename T>
@@ -49,8 +50,8 @@ __device__ __forceinline__ void allreduce_impl(T* x, long long nv, const ArPeers
     if (threadIdx.x < ranks) {
         st_release_sys(peers->flags[threadIdx.x] + b * AR_MAX_RANKS + rank, c);
         const unsigned int* f = peers->flags[rank] + b * AR_MAX_RANKS + threadIdx.x;
-        while ((int)(ld_acquire_sys(f) - c) < 0) {
-        }
+        for (unsigned int n = 1; (int)(ld_acquire_sys(f) - c) < 0; ++n)
+            if ((n & AR_ABORT_POLL) == 0u && ar_aborted(peers->abort)) break;
     }
     __syncthreads();
     for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
@@ -112,8 +113,8 @@ __device__ __forceinline__ void allreduce_rms_norm_impl(T* x, T* residual,
     if (threadIdx.x < ranks) {
         st_release_sys(peers->flags[threadIdx.x] + b * AR_MAX_RANKS + rank, c);
         const unsigned int* f = peers->flags[rank] + b * AR_MAX_RANKS + threadIdx.x;
-        while ((int)(ld_acquire_sys(f) - c) < 0) {
-        }
+        for (unsigned int n = 1; (int)(ld_acquire_sys(f) - c) < 0; ++n)
+            if ((n & AR_ABORT_POLL) == 0u && ar_aborted(peers->abort)) break;
     }
     __syncthreads();
     for (int r = b, j = 0; r < rows; r += gridDim.x, j++) {
@@ -224,6 +225,7 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
             for (int e = 0; e < V; e++) acc[e] = 0.0f;
             for (int k0 = 0; k0 < ranks; k0 += PUSH_POLL_RANKS) {
                 uint4 u[PUSH_POLL_RANKS];
+                unsigned int spins = 0;
                 for (bool pending = true; pending;) {
 #pragma unroll
                     for (int k = 0; k < PUSH_POLL_RANKS; k++)
@@ -232,6 +234,8 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
 #pragma unroll
                     for (int k = 0; k < PUSH_POLL_RANKS; k++)
                         if (k0 + k < ranks) pending |= push_unwritten(u[k], sizeof(T));
+                    if (pending && (++spins & AR_ABORT_POLL) == 0u && ar_aborted(push->abort))
+                        pending = false;
                 }
 #pragma unroll
                 for (int k = 0; k < PUSH_POLL_RANKS; k++) {

@@ -42,7 +42,14 @@ __device__ __forceinline__ void pdl_enter() {
 // (call c % 3, source rank), all-ones bits where not written (gemv.cu's PUSH).
 struct ArPush {
     char* bufs[AR_MAX_RANKS];
+    const unsigned int* abort; // the group's abort word (ar_aborted)
 };
+// The group's abort word: page-locked host memory every rank maps, which the host sets
+// when a rank fails (`Backend::abort_group`). A kernel spinning on its peers (the
+// one-shot flags, the pushed data) reads it every AR_ABORT_POLL + 1 rounds and stops
+// waiting once it is set: it then finishes on whatever its buffers hold (the group is
+// broken and its results are discarded), so no rank spins forever on a peer that failed.
+#define AR_ABORT_POLL 0xFFFFu
 // A pushed value: all-ones bits mark a slot not yet written, so an output with those bits
 // (a NaN) is stored as the canonical NaN instead.
 __device__ __forceinline__ bf16 push_value(bf16 v) {
@@ -68,6 +75,9 @@ __device__ __forceinline__ unsigned int ld_volatile_u32(const unsigned int* p) {
     unsigned int v;
     asm volatile("ld.volatile.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+__device__ __forceinline__ bool ar_aborted(const unsigned int* abort) {
+    return abort != nullptr && ld_volatile_u32(abort) != 0u;
 }
 __device__ __forceinline__ uint4 ld_volatile16(const void* p) {
     uint4 r;

@@ -511,6 +511,63 @@ fn cuda_uneven_mlp_shares_over_two_gpus_give_one_gpus_tokens() {
 
 #[test]
 #[ignore = "needs 2 CUDA devices"]
+fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes() {
+    // Rank 0 alone enters each peer-memory collective (the one-shot all-reduce, its fused
+    // norm, the pushed projection and norm); rank 1 never does, as a rank that failed.
+    // The group's abort must end rank 0's wait: its stream drains.
+    use encore_core::backend::cuda::CudaBackend;
+    type Op = fn(&dyn Backend) -> encore_core::Result<()>;
+    let ops: [(&str, Op); 3] = [
+        ("all_reduce", |be| {
+            let x = be.upload_f32_as(&[1.0; 4096], &[1, 4096], DType::BF16)?;
+            be.all_reduce(&x)
+        }),
+        ("all_reduce_rms_norm", |be| {
+            let up = |v: f32| be.upload_f32_as(&[v; 4096], &[1, 4096], DType::BF16);
+            let (x, res, out) = (up(1.0)?, up(0.5)?, up(0.0)?);
+            let w = be.upload_f32_as(&[1.0; 4096], &[4096], DType::BF16)?;
+            be.all_reduce_rms_norm(&x, &res, &w, 1e-5, &out)
+        }),
+        ("matmul_all_reduce_rms_norm", |be| {
+            let up = |v: f32, shape: &[usize]| {
+                let n = shape.iter().product::<usize>();
+                be.upload_f32_as(&vec![v; n], shape, DType::BF16)
+            };
+            let (x, w) = (up(0.01, &[1, 1024])?, up(0.01, &[4096, 1024])?);
+            let (hidden, res, out) = (
+                up(0.0, &[1, 4096])?,
+                up(0.5, &[1, 4096])?,
+                up(0.0, &[1, 4096])?,
+            );
+            let norm = up(1.0, &[4096])?;
+            be.matmul_all_reduce_rms_norm(&x, &w, &hidden, &res, &norm, 1e-5, &out)
+        }),
+    ];
+    for (name, op) in ops {
+        let ranks = CudaBackend::group(0, 2).unwrap();
+        assert!(ranks[0].has_one_shot_allreduce());
+        op(&ranks[0] as &dyn Backend).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let r0 = &ranks[0];
+            s.spawn(move || {
+                let _ = tx.send(r0.synchronize());
+            });
+            // Still waiting for its peer.
+            assert!(
+                rx.recv_timeout(std::time::Duration::from_millis(300))
+                    .is_err(),
+                "{name}: rank 0 finished without its peer"
+            );
+            ranks[1].abort_group("the test's peer never comes");
+            let done = rx.recv_timeout(std::time::Duration::from_secs(20));
+            assert!(done.is_ok(), "{name}: the abort did not end rank 0's wait");
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs 2 CUDA devices"]
 fn cuda_a_byte_budget_between_the_shards_gives_one_gpus_tokens() {
     // Rank 0 streams nothing, rank 1 streams: both run the row-parallel projections
     // outside the fused all-reduce (had rank 0 taken the pushed path, a hang).

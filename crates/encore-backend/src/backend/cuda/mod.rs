@@ -323,6 +323,21 @@ struct P2p {
     push_peers: Tensor,
     push_count: Tensor,
     _push_staging: Tensor,
+    /// The group's abort word (one for every rank; page-locked, mapped by every device,
+    /// its address at the end of both tables): set by `abort_group`, it ends the
+    /// kernels' waits on their peers (common.cuh's `ar_aborted`).
+    abort: Arc<crate::backend::HostMemory>,
+}
+
+impl P2p {
+    /// Tell every rank's spinning kernels that the group failed.
+    fn set_abort(&self) {
+        // SAFETY: the word is 4 aligned, writable, page-locked bytes that live as long as
+        // `self.abort`; the devices only read it.
+        let word =
+            unsafe { std::sync::atomic::AtomicU32::from_ptr(self.abort.as_ptr() as *mut u32) };
+        word.store(1, Ordering::SeqCst);
+    }
 }
 
 /// Bytes one rank's pushed outputs may take in a peer's staging (a call's `[rows, n]`):
@@ -607,6 +622,8 @@ impl CudaBackend {
 
     /// Each rank's staging and flags, and its table of every rank's.
     fn set_up_p2p(bes: &mut [CudaBackend]) -> Result<()> {
+        // The abort word: page-locked host memory every device maps (zeroed).
+        let abort = Arc::new(copy_queue::alloc(&bes[0].ctx, 64)?);
         let mut staging = Vec::new();
         let mut flags = Vec::new();
         for be in bes.iter() {
@@ -618,22 +635,28 @@ impl CudaBackend {
             be.write_bytes(&f, &vec![0u8; f.size_bytes()])?;
             flags.push(f);
         }
-        let mut table = [0u64; 2 * kernels::AR_MAX_RANKS];
+        // ArPeers: every rank's staging, every rank's flags, then the abort word's address
+        // on the rank's device (the last entry, written per rank below).
+        let mut table = [0u64; 2 * kernels::AR_MAX_RANKS + 1];
         for (r, (s, f)) in staging.iter().zip(&flags).enumerate() {
             table[r] = dptr(s);
             table[kernels::AR_MAX_RANKS + r] = dptr(f);
         }
-        let bytes: Vec<u8> = table.iter().flat_map(|p| p.to_le_bytes()).collect();
         let mut push_staging = Vec::new();
-        let mut push_table = [0u64; kernels::AR_MAX_RANKS];
+        // ArPush: every rank's staging, then the abort word's address.
+        let mut push_table = [0u64; kernels::AR_MAX_RANKS + 1];
         for (r, be) in bes.iter().enumerate() {
             let s = be.alloc(DType::I32, &[3 * kernels::AR_MAX_RANKS * PUSH_CAP / 4])?;
             be.write_bytes(&s, &vec![0xFFu8; s.size_bytes()])?;
             push_table[r] = dptr(&s);
             push_staging.push(s);
         }
-        let push_bytes: Vec<u8> = push_table.iter().flat_map(|p| p.to_le_bytes()).collect();
         for (r, be) in bes.iter_mut().enumerate() {
+            let word = copy_queue::device_pointer(&be.ctx, &abort)?;
+            table[2 * kernels::AR_MAX_RANKS] = word;
+            push_table[kernels::AR_MAX_RANKS] = word;
+            let bytes: Vec<u8> = table.iter().flat_map(|p| p.to_le_bytes()).collect();
+            let push_bytes: Vec<u8> = push_table.iter().flat_map(|p| p.to_le_bytes()).collect();
             let peers = be.alloc(DType::I64, &[table.len()])?;
             be.write_bytes(&peers, &bytes)?;
             let count = be.alloc(DType::I32, &[kernels::AR_MAX_BLOCKS])?;
@@ -652,6 +675,7 @@ impl CudaBackend {
                 push_peers,
                 push_count,
                 _push_staging: push_staging[r].clone(),
+                abort: abort.clone(),
             });
         }
         Ok(())
@@ -1165,9 +1189,13 @@ impl Backend for CudaBackend {
     }
 
     fn abort_group(&self, why: &str) {
+        // The peer-memory kernels' waits first (NCCL's abort does not reach them).
+        if let Some(p) = &self.p2p {
+            p.set_abort();
+        }
         if let Some(c) = &self.comm {
             tracing::warn!(
-                "{}: aborting the group's NCCL communicator: {why}",
+                "{}: aborting the group's collectives: {why}",
                 self.device_name()
             );
             c.abort();
