@@ -326,17 +326,19 @@ struct P2p {
     /// The group's abort word (one for every rank; page-locked, mapped by every device,
     /// its address at the end of both tables): set by `abort_group`, it ends the
     /// kernels' waits on their peers (common.cuh's `ar_aborted`).
-    abort: Arc<crate::backend::HostMemory>,
+    abort: Option<Arc<crate::backend::HostMemory>>,
 }
 
 impl P2p {
     /// Tell every rank's spinning kernels that the group failed.
     fn set_abort(&self) {
-        // SAFETY: the word is 4 aligned, writable, page-locked bytes that live as long as
-        // `self.abort`; the devices only read it.
-        let word =
-            unsafe { std::sync::atomic::AtomicU32::from_ptr(self.abort.as_ptr() as *mut u32) };
-        word.store(1, Ordering::SeqCst);
+        if let Some(abort) = &self.abort {
+            // SAFETY: the word is 4 aligned (page-aligned), writable, page-locked bytes
+            // that live as long as `abort`; the devices only read it.
+            let word =
+                unsafe { std::sync::atomic::AtomicU32::from_ptr(abort.as_ptr() as *mut u32) };
+            word.store(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -622,8 +624,13 @@ impl CudaBackend {
 
     /// Each rank's staging and flags, and its table of every rank's.
     fn set_up_p2p(bes: &mut [CudaBackend]) -> Result<()> {
-        // The abort word: page-locked host memory every device maps (zeroed).
-        let abort = Arc::new(copy_queue::alloc(&bes[0].ctx, 64)?);
+        // The abort word: page-locked host memory every device maps (zeroed). Where the
+        // driver refuses it, the kernels get a null address and do not poll (the waits
+        // then end only with their peers, as NCCL's abort does not reach them).
+        let abort = copy_queue::alloc(&bes[0].ctx, 64)
+            .map_err(|e| tracing::warn!("no abort word for the peer-memory all-reduce: {e}"))
+            .ok()
+            .map(Arc::new);
         let mut staging = Vec::new();
         let mut flags = Vec::new();
         for be in bes.iter() {
@@ -652,7 +659,12 @@ impl CudaBackend {
             push_staging.push(s);
         }
         for (r, be) in bes.iter_mut().enumerate() {
-            let word = copy_queue::device_pointer(&be.ctx, &abort)?;
+            let word = abort.as_ref().map_or(0, |a| {
+                copy_queue::device_pointer(&be.ctx, a).unwrap_or_else(|e| {
+                    tracing::warn!("{}: the abort word is not mapped: {e}", be.device_name());
+                    0
+                })
+            });
             table[2 * kernels::AR_MAX_RANKS] = word;
             push_table[kernels::AR_MAX_RANKS] = word;
             let bytes: Vec<u8> = table.iter().flat_map(|p| p.to_le_bytes()).collect();
