@@ -76,9 +76,6 @@ __device__ __forceinline__ unsigned int ld_volatile_u32(const unsigned int* p) {
     asm volatile("ld.volatile.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-__device__ __forceinline__ bool ar_aborted(const unsigned int* abort) {
-    return abort != nullptr && ld_volatile_u32(abort) != 0u;
-}
 __device__ __forceinline__ uint4 ld_volatile16(const void* p) {
     uint4 r;
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -94,6 +91,10 @@ __device__ __forceinline__ unsigned int ld_acquire_sys(const unsigned int* p) {
     unsigned int v;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+// Whether the group's abort word (host memory the host writes: a system-scope load) is set.
+__device__ __forceinline__ bool ar_aborted(const unsigned int* abort) {
+    return abort != nullptr && ld_acquire_sys(abort) != 0u;
 }
 // Staging a peer writes, read past L1 (the same addresses hold new values every other call).
 __device__ __forceinline__ uint4 ld_cg16(const void* p) {
