@@ -4,7 +4,9 @@
 //! one rank, eagerly and with graphs (decode graphs and piecewise prefill), with chunked
 //! prefill and mixed steps, for dense models and mixtures of experts (each expert split
 //! as the dense MLP is, also under the expert cache); the logits agree to f32 rounding; a
-//! model the group cannot split is refused naming both numbers.
+//! model the group cannot split is refused naming both numbers; a rank that fails to start,
+//! or fails or panics in a step, ends the start-up or the step with an error naming it,
+//! never a hang.
 
 use std::sync::Arc;
 
@@ -953,4 +955,54 @@ fn a_rank_that_fails_or_panics_mid_step_ends_the_step_with_its_error() {
     // The leader's panic: it unwinds, its followers are released and joined.
     let panicked = fail_a_rank(0, Fault::Panic).expect("the leader's panic hung its drop");
     assert!(panicked.is_err());
+}
+
+#[test]
+fn a_rank_that_fails_to_start_is_an_error_naming_it() {
+    // Rank 1 cannot allocate: the engine's start-up fails naming the rank, its device and
+    // the cause, and rank 0 (which met it at a start-up meeting) is released, not left
+    // waiting.
+    struct NoMemory;
+    impl common::hooked::Hooks for NoMemory {
+        fn alloc(
+            &self,
+            _: &CpuBackend,
+            _: DType,
+            _: &[usize],
+        ) -> Option<encore_core::Result<encore_core::Tensor>> {
+            Some(Err(encore_core::Error::invalid(
+                "alloc",
+                "the injected shortage",
+            )))
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut ranks = CpuBackend::group(2).into_iter();
+        let leader: BackendRef = Arc::new(ranks.next().unwrap());
+        let hooks = NoMemory;
+        let failing: BackendRef = Arc::new(Hooked {
+            inner: ranks.next().unwrap(),
+            hooks,
+        });
+        let cfg = EngineConfig {
+            tp: TpBackends(vec![leader.clone(), failing]),
+            ..config(true)
+        };
+        let files = open_model("dummy:tiny").unwrap();
+        let e = Engine::new(leader.as_ref(), files, &cfg, &NoProgress)
+            .err()
+            .map(|e| e.to_string());
+        let _ = tx.send(e);
+    });
+    let e = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("rank 0 was left waiting for the rank that failed")
+        .expect("the engine started");
+    assert!(
+        e.contains("rank 1 (cpu")
+            && e.contains("failed to start")
+            && e.contains("the injected shortage"),
+        "{e}"
+    );
 }
