@@ -211,6 +211,10 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
     __syncthreads();
     const unsigned int c = sh_c;
     char* bufs = push->bufs[rank] + (long long)c * AR_MAX_RANKS * cap;
+    // Rounds this thread has waited, and whether the group's abort ended its waits (then
+    // the later ones end at once too).
+    unsigned int spins = 0;
+    bool gave_up = false;
     const uint4 unwritten = make_uint4(~0u, ~0u, ~0u, ~0u);
     // Pass 1, per row: for each vector, wait until every source rank's has arrived
     // (volatile loads of PUSH_POLL_RANKS ranks in flight together per round), put the
@@ -225,7 +229,6 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
             for (int e = 0; e < V; e++) acc[e] = 0.0f;
             for (int k0 = 0; k0 < ranks; k0 += PUSH_POLL_RANKS) {
                 uint4 u[PUSH_POLL_RANKS];
-                unsigned int spins = 0;
                 for (bool pending = true; pending;) {
 #pragma unroll
                     for (int k = 0; k < PUSH_POLL_RANKS; k++)
@@ -234,8 +237,11 @@ __device__ __forceinline__ void pushed_rms_norm_impl(T* x, T* residual, const T*
 #pragma unroll
                     for (int k = 0; k < PUSH_POLL_RANKS; k++)
                         if (k0 + k < ranks) pending |= push_unwritten(u[k], sizeof(T));
-                    if (pending && (++spins & AR_ABORT_POLL) == 0u && ar_aborted(push->abort))
+                    if (pending &&
+                        (gave_up || ((++spins & AR_ABORT_POLL) == 0u && ar_aborted(push->abort)))) {
+                        gave_up = true;
                         pending = false;
+                    }
                 }
 #pragma unroll
                 for (int k = 0; k < PUSH_POLL_RANKS; k++) {

@@ -46,10 +46,11 @@ struct ArPush {
 };
 // The group's abort word: page-locked host memory every rank maps, which the host sets
 // when a rank fails (`Backend::abort_group`). A kernel spinning on its peers (the
-// one-shot flags, the pushed data) reads it every AR_ABORT_POLL + 1 rounds and stops
-// waiting once it is set: it then finishes on whatever its buffers hold (the group is
-// broken and its results are discarded), so no rank spins forever on a peer that failed.
-#define AR_ABORT_POLL 0xFFFFu
+// one-shot flags, the pushed data) reads it every AR_ABORT_POLL + 1 rounds (a read over
+// PCIe, only once a wait has lasted that long) and stops waiting once it is set: it then
+// finishes on whatever its buffers hold (the group is broken and its results are
+// discarded), so no rank spins forever on a peer that failed.
+#define AR_ABORT_POLL 0x3FFu
 // A pushed value: all-ones bits mark a slot not yet written, so an output with those bits
 // (a NaN) is stored as the canonical NaN instead.
 __device__ __forceinline__ bf16 push_value(bf16 v) {

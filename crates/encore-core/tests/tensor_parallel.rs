@@ -545,26 +545,35 @@ fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes() {
             be.matmul_all_reduce_rms_norm(&x, &w, &hidden, &res, &norm, 1e-5, &out)
         }),
     ];
+    // (With ENCORE_ALLREDUCE=oneshot or ENCORE_GEMV_MAX_ROWS=0 set, the third takes the
+    // second's path.)
     for (name, op) in ops {
-        let ranks = CudaBackend::group(0, 2).unwrap();
+        let ranks: Arc<Vec<CudaBackend>> = Arc::new(CudaBackend::group(0, 2).unwrap());
         assert!(ranks[0].has_one_shot_allreduce());
         op(&ranks[0] as &dyn Backend).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::scope(|s| {
-            let r0 = &ranks[0];
-            s.spawn(move || {
-                let _ = tx.send(r0.synchronize());
-            });
-            // Still waiting for its peer.
-            assert!(
-                rx.recv_timeout(std::time::Duration::from_millis(300))
-                    .is_err(),
-                "{name}: rank 0 finished without its peer"
-            );
-            ranks[1].abort_group("the test's peer never comes");
-            let done = rx.recv_timeout(std::time::Duration::from_secs(20));
-            assert!(done.is_ok(), "{name}: the abort did not end rank 0's wait");
+        // A detached thread: should the abort not end the wait, the test fails instead
+        // of waiting with it.
+        let waiting = ranks.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(waiting[0].synchronize());
         });
+        // Still waiting for its peer.
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "{name}: rank 0 finished without its peer"
+        );
+        ranks[1].abort_group("the test's peer never comes");
+        let done = rx.recv_timeout(std::time::Duration::from_secs(20));
+        assert!(
+            matches!(done, Ok(Ok(()))),
+            "{name}: the abort did not end rank 0's wait: {done:?}"
+        );
+        // Every rank aborted, as the engine does; later peer-memory collectives refuse.
+        ranks[0].abort_group("the test's peer never comes");
+        let e = op(&ranks[0] as &dyn Backend).unwrap_err().to_string();
+        assert!(e.contains("aborted"), "{name}: {e}");
     }
 }
 

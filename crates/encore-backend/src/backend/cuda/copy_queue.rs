@@ -66,7 +66,7 @@ pub(super) fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<HostMemory> 
     let ptr = unsafe { drv::malloc_host(bytes.max(1), flags) }.map_err(|e| Error::OutOfMemory {
         device: "host (page-locked)".into(),
         bytes,
-        what: format!("offloaded weights: cuMemHostAlloc refused ({e:?})"),
+        what: format!("page-locked host memory: cuMemHostAlloc refused ({e:?})"),
     })?;
     // SAFETY: `ptr` holds `bytes.max(1)` bytes.
     unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes.max(1)) };

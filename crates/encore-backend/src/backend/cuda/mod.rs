@@ -330,6 +330,23 @@ struct P2p {
 }
 
 impl P2p {
+    /// Whether the group's abort word is set (the group failed): the peer-memory
+    /// collectives then refuse, as NCCL's do once aborted.
+    fn check_live(&self, op: &'static str, device: &str) -> Result<()> {
+        let set = self.abort.as_ref().is_some_and(|a| {
+            // SAFETY: as in `set_abort`.
+            let word = unsafe { std::sync::atomic::AtomicU32::from_ptr(a.as_ptr() as *mut u32) };
+            word.load(Ordering::SeqCst) != 0
+        });
+        if set {
+            return Err(Error::DeviceUnavailable {
+                device: device.to_string(),
+                why: format!("{op}: the group's collectives were aborted (a rank failed)"),
+            });
+        }
+        Ok(())
+    }
+
     /// Tell every rank's spinning kernels that the group failed.
     fn set_abort(&self) {
         if let Some(abort) = &self.abort {
@@ -338,6 +355,18 @@ impl P2p {
             let word =
                 unsafe { std::sync::atomic::AtomicU32::from_ptr(abort.as_ptr() as *mut u32) };
             word.store(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // A rank of a group: let its stream drain before its part of the group's memory
+        // (staging the peers write, the abort word its kernels poll) is freed. After an
+        // abort every wait on a peer ends, so this returns.
+        if self.p2p.is_some() {
+            let _ = self.bind();
+            let _ = self.stream.synchronize();
         }
     }
 }
@@ -1052,6 +1081,7 @@ impl Backend for CudaBackend {
         {
             let bytes = x.size_bytes();
             if bytes <= p.cap && bytes.is_multiple_of(16) && dptr(x).is_multiple_of(16) {
+                p.check_live("all_reduce", &self.device_name())?;
                 let (peers, count) = (dptr(&p.peers), dptr(&p.count));
                 return kernels::allreduce(self, x, peers, count, (comm.rank, comm.size), p.cap);
             }
@@ -1076,6 +1106,7 @@ impl Backend for CudaBackend {
         }
         if let (Some(comm), Some(p)) = (&self.comm, self.p2p.as_ref()) {
             if self.p2p_on.load(Ordering::Relaxed) {
+                p.check_live("all_reduce_rms_norm", &self.device_name())?;
                 self.bind()?;
                 let (peers, count) = (dptr(&p.peers), dptr(&p.count));
                 if let Some(r) = kernels::allreduce_rms_norm(
@@ -1110,6 +1141,7 @@ impl Backend for CudaBackend {
         });
         // (A quantized w takes the two ops: `gemv_push_rms_norm` wants w in x's type.)
         if let Some((p, comm)) = pushed {
+            p.check_live("matmul_all_reduce_rms_norm", &self.device_name())?;
             let tensors = [
                 ("x", x),
                 ("w", w),
