@@ -302,11 +302,7 @@ fn quantized_weights_split_in_whole_blocks_over_ranks_give_one_ranks_tokens() {
         "{e}"
     );
     // A dense width the ranks do not divide: shares one element apart (176 + 177).
-    let uneven = || {
-        let mut f = open_model("dummy:tiny").unwrap();
-        f.config.intermediate_size = 353;
-        f
-    };
+    let uneven = tiny_of_width_353;
     let (a, b) = (uneven().config.shard(0, 2), uneven().config.shard(1, 2));
     assert_eq!(
         (a.unwrap().intermediate_size, b.unwrap().intermediate_size),

@@ -373,7 +373,7 @@ impl Model {
             return Ok(None);
         };
         let start = r.next.load(std::sync::atomic::Ordering::Relaxed);
-        self.route_window(backend, start, rows)?;
+        self.route_window(r, backend, start, rows)?;
         Ok(Some((start, rows)))
     }
 
@@ -388,19 +388,24 @@ impl Model {
         let Some((start, rows)) = window else {
             return Ok(());
         };
-        if self.router_table.is_none() {
+        let Some(r) = &self.router_table else {
             return Err(Error::invalid(
                 "tensor parallel",
                 "the leader routes by a table this rank does not have",
             ));
-        }
-        self.route_window(backend, start, rows)
+        };
+        self.route_window(r, backend, start, rows)
     }
 
-    /// Copy the table's rows from `start` into the window the graphs read, and move the
+    /// Copy table `r`'s rows from `start` into the window the graphs read, and move the
     /// next step's start past a step of `rows`.
-    fn route_window(&self, backend: &dyn Backend, start: usize, rows: usize) -> Result<()> {
-        let r = self.router_table.as_ref().expect("checked by the callers");
+    fn route_window(
+        &self,
+        r: &RouterTable,
+        backend: &dyn Backend,
+        start: usize,
+        rows: usize,
+    ) -> Result<()> {
         let w = r.window.dim(0);
         backend.copy(&r.all.narrow(start, w)?, &r.window)?;
         if let Some((p_all, p)) = &r.predicted {

@@ -144,8 +144,8 @@ pub struct Followers {
     /// The leader as errors name it: `rank 0 (device)`.
     leader: String,
     ranks: Vec<FollowerRank>,
+    /// The group's abort; its first cause, once set, is why the group is broken.
     abort: AbortFn,
-    broken: Option<String>,
 }
 
 impl Followers {
@@ -155,18 +155,17 @@ impl Followers {
             leader: format!("rank 0 ({leader_device})"),
             ranks,
             abort,
-            broken: None,
         }
     }
 
     /// Why the group can run nothing more (a rank failed), if it failed.
     pub fn broken(&self) -> Option<&str> {
-        self.broken.as_deref()
+        self.abort.cause()
     }
 
     fn check(&self) -> Result<()> {
-        match &self.broken {
-            Some(why) => Err(Error::invalid("tensor parallel", why.clone())),
+        match self.broken() {
+            Some(why) => Err(Error::invalid("tensor parallel", why)),
             None => Ok(()),
         }
     }
@@ -177,7 +176,6 @@ impl Followers {
             if r.tx.send(cmd.clone()).is_err() {
                 let why = format!("rank {} ({}) has stopped", r.rank, r.device);
                 self.abort.abort(&why);
-                self.broken = Some(self.abort.cause().unwrap_or(&why).to_string());
                 return self.check();
             }
         }
@@ -187,7 +185,7 @@ impl Followers {
     /// After the leader's own part of a command (`local`): abort the group if it failed,
     /// then every follower's verdict. The group's first failure is the cause the error
     /// names (the others may follow from its abort); the leader's own error is returned
-    /// as it is.
+    /// as it is. The group stays broken after (its abort keeps the cause).
     fn finish<T>(&mut self, local: Result<T>) -> Result<T> {
         let own = local
             .as_ref()
@@ -206,26 +204,17 @@ impl Followers {
                 first.get_or_insert(format!("rank {} ({}): {e}", r.rank, r.device));
             }
         }
-        match (local, first) {
-            (Err(e), _) => {
-                let cause = self.abort.cause().map(str::to_string);
-                let own = own.expect("the leader failed");
-                self.broken = Some(cause.clone().unwrap_or_else(|| own.clone()));
-                match cause {
-                    // The leader's error followed from a peer's failure (its aborted
-                    // collective): the step's error is that cause.
-                    Some(cause) if cause != own => Err(Error::invalid("tensor parallel", cause)),
-                    // Its own failure, returned as it is (its kind intact).
-                    _ => Err(e),
-                }
-            }
-            (Ok(_), Some(why)) => {
-                self.abort.abort(&why);
-                let why = self.abort.cause().unwrap_or(&why).to_string();
-                self.broken = Some(why.clone());
-                Err(Error::invalid("tensor parallel", why))
-            }
+        if let Some(why) = &first {
+            self.abort.abort(why);
+        }
+        match (local, self.broken()) {
             (Ok(t), None) => Ok(t),
+            // The leader's own failure, returned as it is (its kind intact).
+            (Err(e), None) => Err(e),
+            (Err(e), cause) if cause == own.as_deref() => Err(e),
+            // A peer's failure (the leader's error, if any, followed from its aborted
+            // collective): the step's error names that cause.
+            (_, Some(cause)) => Err(Error::invalid("tensor parallel", cause)),
         }
     }
 }

@@ -330,15 +330,22 @@ struct P2p {
 }
 
 impl P2p {
+    /// The group's abort word, seen from the host.
+    fn abort_word(&self) -> Option<&std::sync::atomic::AtomicU32> {
+        // SAFETY: the word is 4 aligned (page-aligned), writable, page-locked bytes that
+        // live as long as `self.abort`; the devices only read it.
+        self.abort
+            .as_ref()
+            .map(|a| unsafe { std::sync::atomic::AtomicU32::from_ptr(a.as_ptr() as *mut u32) })
+    }
+
     /// Whether the group's abort word is set (the group failed): the peer-memory
     /// collectives then refuse, as NCCL's do once aborted.
     fn check_live(&self, op: &'static str, device: &str) -> Result<()> {
-        let set = self.abort.as_ref().is_some_and(|a| {
-            // SAFETY: as in `set_abort`.
-            let word = unsafe { std::sync::atomic::AtomicU32::from_ptr(a.as_ptr() as *mut u32) };
-            word.load(Ordering::SeqCst) != 0
-        });
-        if set {
+        if self
+            .abort_word()
+            .is_some_and(|w| w.load(Ordering::SeqCst) != 0)
+        {
             return Err(Error::DeviceUnavailable {
                 device: device.to_string(),
                 why: format!("{op}: the group's collectives were aborted (a rank failed)"),
@@ -349,12 +356,8 @@ impl P2p {
 
     /// Tell every rank's spinning kernels that the group failed.
     fn set_abort(&self) {
-        if let Some(abort) = &self.abort {
-            // SAFETY: the word is 4 aligned (page-aligned), writable, page-locked bytes
-            // that live as long as `abort`; the devices only read it.
-            let word =
-                unsafe { std::sync::atomic::AtomicU32::from_ptr(abort.as_ptr() as *mut u32) };
-            word.store(1, Ordering::SeqCst);
+        if let Some(w) = self.abort_word() {
+            w.store(1, Ordering::SeqCst);
         }
     }
 }

@@ -98,20 +98,18 @@ fn data_type(dtype: DType) -> Result<sys::ncclDataType_t> {
 
 impl Comm {
     /// An error of `what` on this rank's communicator.
-    fn err(&self, what: &str, e: impl std::fmt::Debug) -> Error {
+    fn err(&self, what: &str, why: impl std::fmt::Display) -> Error {
         Error::DeviceUnavailable {
             device: format!("nccl rank {} of {}", self.rank, self.size),
-            why: format!("{what}: {e:?}"),
+            why: format!("{what}: {why}"),
         }
     }
 
     /// The error of a collective on an aborted communicator.
     fn live(&self, what: &str) -> Result<()> {
         if self.aborted.load(Ordering::Acquire) {
-            return Err(Error::DeviceUnavailable {
-                device: format!("nccl rank {} of {}", self.rank, self.size),
-                why: format!("{what}: the group's communicators were aborted (a rank failed)"),
-            });
+            let why = "the group's communicators were aborted (a rank failed)";
+            return Err(self.err(what, why));
         }
         Ok(())
     }
@@ -139,7 +137,7 @@ impl Comm {
             stream,
         )
         .map(|_| ())
-        .map_err(|e| self.err("ncclAllReduce", e))
+        .map_err(|e| self.err("ncclAllReduce", format!("{e:?}")))
     }
 
     /// Gather `count` elements at `src` of every rank into `dst` (rank order).
@@ -165,7 +163,7 @@ impl Comm {
             stream,
         )
         .map(|_| ())
-        .map_err(|e| self.err("ncclAllGather", e))
+        .map_err(|e| self.err("ncclAllGather", format!("{e:?}")))
     }
 
     /// End the communicator's pending and future collectives on every rank (a peer
