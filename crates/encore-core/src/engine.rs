@@ -246,7 +246,15 @@ impl<'b> Engine<'b> {
         let config0 = configs.next().expect("size >= 2");
         let abort: AbortFn = {
             let ranks = ranks.clone();
-            GroupAbort::new(move |why: &str| ranks.iter().for_each(|b| b.abort_group(why)))
+            // Every rank's at once: NCCL's abort of one communicator of a group may wait
+            // for its peers' aborts (the group's resources are freed together).
+            GroupAbort::new(move |why: &str| {
+                std::thread::scope(|s| {
+                    for b in ranks.iter() {
+                        s.spawn(move || b.abort_group(why));
+                    }
+                })
+            })
         };
         let rv = Arc::new(Rendezvous::new(
             ranks.iter().map(|b| b.device_name()).collect(),

@@ -509,22 +509,26 @@ fn cuda_uneven_mlp_shares_over_two_gpus_give_one_gpus_tokens() {
 
 #[test]
 #[ignore = "needs 2 CUDA devices"]
-fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes() {
+fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes_on_two_gpus() {
     // Rank 0 alone enters each peer-memory collective (the one-shot all-reduce, its fused
     // norm, the pushed projection and norm); rank 1 never does, as a rank that failed.
     // The group's abort must end rank 0's wait: its stream drains.
     use encore_core::backend::cuda::CudaBackend;
-    type Op = fn(&dyn Backend) -> encore_core::Result<()>;
+    // Each op returns its tensors: they must outlive the wait (freeing device memory
+    // waits for the device, here for the kernel that waits for the peer).
+    type Op = fn(&dyn Backend) -> encore_core::Result<Vec<encore_core::Tensor>>;
     let ops: [(&str, Op); 3] = [
         ("all_reduce", |be| {
             let x = be.upload_f32_as(&[1.0; 4096], &[1, 4096], DType::BF16)?;
-            be.all_reduce(&x)
+            be.all_reduce(&x)?;
+            Ok(vec![x])
         }),
         ("all_reduce_rms_norm", |be| {
             let up = |v: f32| be.upload_f32_as(&[v; 4096], &[1, 4096], DType::BF16);
             let (x, res, out) = (up(1.0)?, up(0.5)?, up(0.0)?);
             let w = be.upload_f32_as(&[1.0; 4096], &[4096], DType::BF16)?;
-            be.all_reduce_rms_norm(&x, &res, &w, 1e-5, &out)
+            be.all_reduce_rms_norm(&x, &res, &w, 1e-5, &out)?;
+            Ok(vec![x, res, out, w])
         }),
         ("matmul_all_reduce_rms_norm", |be| {
             let up = |v: f32, shape: &[usize]| {
@@ -538,7 +542,8 @@ fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes() {
                 up(0.0, &[1, 4096])?,
             );
             let norm = up(1.0, &[4096])?;
-            be.matmul_all_reduce_rms_norm(&x, &w, &hidden, &res, &norm, 1e-5, &out)
+            be.matmul_all_reduce_rms_norm(&x, &w, &hidden, &res, &norm, 1e-5, &out)?;
+            Ok(vec![x, w, hidden, res, out, norm])
         }),
     ];
     // (With ENCORE_ALLREDUCE=oneshot or ENCORE_GEMV_MAX_ROWS=0 set, the third takes the
@@ -546,7 +551,7 @@ fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes() {
     for (name, op) in ops {
         let ranks: Arc<Vec<CudaBackend>> = Arc::new(CudaBackend::group(0, 2).unwrap());
         assert!(ranks[0].has_one_shot_allreduce());
-        op(&ranks[0] as &dyn Backend).unwrap();
+        let _in_use = op(&ranks[0] as &dyn Backend).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         // A detached thread: should the abort not end the wait, the test fails instead
         // of waiting with it.
@@ -560,7 +565,13 @@ fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes() {
                 .is_err(),
             "{name}: rank 0 finished without its peer"
         );
-        ranks[1].abort_group("the test's peer never comes");
+        // Rank 1's abort on its own thread (NCCL's abort of rank 1 may wait for rank 0's).
+        let (aborted_tx, aborted) = std::sync::mpsc::channel();
+        let aborting = ranks.clone();
+        std::thread::spawn(move || {
+            aborting[1].abort_group("the test's peer never comes");
+            let _ = aborted_tx.send(());
+        });
         let done = rx.recv_timeout(std::time::Duration::from_secs(20));
         assert!(
             matches!(done, Ok(Ok(()))),
@@ -568,6 +579,12 @@ fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes() {
         );
         // Every rank aborted, as the engine does; later peer-memory collectives refuse.
         ranks[0].abort_group("the test's peer never comes");
+        assert!(
+            aborted
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .is_ok(),
+            "{name}: rank 1's abort did not return"
+        );
         let e = op(&ranks[0] as &dyn Backend).unwrap_err().to_string();
         assert!(e.contains("aborted"), "{name}: {e}");
     }
@@ -575,7 +592,7 @@ fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes() {
 
 #[test]
 #[ignore = "needs 2 CUDA devices"]
-fn cuda_a_byte_budget_between_the_shards_gives_one_gpus_tokens() {
+fn cuda_a_byte_budget_between_the_shards_of_two_gpus_gives_one_gpus_tokens() {
     // Rank 0 streams nothing, rank 1 streams: both run the row-parallel projections
     // outside the fused all-reduce (had rank 0 taken the pushed path, a hang).
     for graphs in [false, true] {
