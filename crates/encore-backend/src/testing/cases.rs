@@ -464,6 +464,12 @@ fn attention_out(values: Vec<f64>, head_dim: usize) -> Output {
 /// Matmuls with a quantized weight, every format: rows 1..=8 (CUDA's quantized gemv:
 /// whole and partial k chunks, k split over warps) and more (the decode-then-GEMM path),
 /// odd n, and the fused gate/up + SiLU for one row.
+///
+/// Every case has 5 or more outputs: the normalised error of fewer is too noisy. With
+/// m=3 n=1, 1 run in about 10 failed on a fresh seed (bf16, Q4_K, outputs all under 0.5:
+/// 2.6e-2 through CUDA's tensor-core path, which rounds a K format's sub-block scale and
+/// offset to bf16 before it decodes, against 5.1e-3 through decode-then-GEMM and 0
+/// through the gemv); with m=1 n=1, one output near 0 fails f32's bound on seed 1.
 fn quantized_matmul_cases(
     rng: &mut rand::rngs::StdRng,
     dtype: DType,
@@ -475,7 +481,7 @@ fn quantized_matmul_cases(
             (1, 8, 129, false, true),
             (1, 1, 7, true, false),
             (2, 3, 65, false, false),
-            (3, 16, 1, true, false),
+            (3, 16, 5, true, false),
             (5, 2, 33, false, false),
             (8, 4, 77, false, true),
             (17, 3, 40, true, false),
