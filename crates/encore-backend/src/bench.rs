@@ -32,7 +32,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The ops `f` enqueues, captured into one graph (the capture ends even where `f` fails).
-fn capture(be: &dyn Backend, f: impl FnOnce() -> Result<()>) -> Result<Box<dyn Graph>> {
+pub fn capture(be: &dyn Backend, f: impl FnOnce() -> Result<()>) -> Result<Box<dyn Graph>> {
     be.begin_capture()?;
     let enqueued = f();
     let graph = be.end_capture();

@@ -49,11 +49,9 @@ fn time(ranks: &[Opened], bytes: usize, per_graph: usize, replays: usize) -> Res
                     be.write_bytes(&x, &vec![0u8; bytes])?;
                     be.synchronize()?;
                     barrier.wait();
-                    be.begin_capture()?;
-                    let issued = (0..per_graph).try_for_each(|_| be.all_reduce(&x));
-                    let graph = be.end_capture();
-                    issued?;
-                    let graph = graph?;
+                    let graph = encore_core::bench::capture(&*be, || {
+                        (0..per_graph).try_for_each(|_| be.all_reduce(&x))
+                    })?;
                     let mut t = Vec::with_capacity(replays);
                     for _ in 0..=replays {
                         barrier.wait();
