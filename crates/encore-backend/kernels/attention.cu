@@ -12,7 +12,12 @@
 // is outside 0..num_blocks contribute nothing (they are never read). Only [lo, ctx) is
 // split and streamed: blocks before the window are never read.
 //
-// Kernel 1, attention_split_g<GMAX>_<dtype>: grid (rows, num_kv_heads * num_sub,
+// FP8 cache (the `_kv8` variants, KV = fp8): each lane's vector of a K/V row is the same
+// V elements in V bytes of E4M3 (8- or 4-byte cp.async), decoded in registers; the layer's
+// key scale is folded into qscale by the host, its value scale (vscale, 1 otherwise)
+// multiplies the output or the partial acc.
+//
+// Kernel 1, attention_split_g<GMAX>_<dtype>[_kv8]: grid (rows, num_kv_heads * num_sub,
 // num_splits), ATT_THREADS threads. One CTA owns one query row, `heads_per_cta` <= GMAX
 // query heads of one GQA group (the group is cut into num_sub parts: the whole group when
 // it has <= 8 heads and the batch fills the GPU; fewer heads per CTA for small batches,
@@ -46,30 +51,33 @@
 
 #define ATT_STAGES 4        // cp.async ring depth: loads of 3 steps in flight during compute
 
-template <typename T, int GMAX> struct AttCfg {
+template <typename T, typename KV, int GMAX> struct AttCfg {
     static constexpr int V = Ty<T>::V;
     // Vectors per lane: head_dim <= 256 is at most 32 vectors of 16-bit types (one per lane
     // of a 32-lane token group) and 64 of f32.
     static constexpr int NV = sizeof(T) == 4 ? 2 : 1;
-    // Tokens per slot per step. The ring holds ATT_STAGES * U * NV * 2 16-byte vectors per
-    // thread: 32 KiB per CTA.
-    static constexpr int U = sizeof(T) == 4 ? 1 : 2;
+    // Tokens per slot per step. The ring holds ATT_STAGES * U * NV * 2 vectors per thread
+    // (16 bytes of T, or V bytes of E4M3 and twice the tokens): 32 KiB per CTA (16 KiB for
+    // f32 q over an FP8 cache).
+    static constexpr int U = KvVec<T, KV>::U;
 };
 
 // cp.async copies (common.cuh): each thread only ever reads back its own copies, after
 // cp_async_wait, so no barrier is needed between the copy and the read.
 
-template <typename T, int GMAX>
+template <typename T, typename KV, int GMAX>
 __device__ __forceinline__ void attention_split_impl(
-    const T* q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+    const T* q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     const int* __restrict__ cu_seqlens, int has_cu, T* out, float* __restrict__ scratch,
-    float qscale, int window, int num_seqs, int rows, int num_heads, int num_kv_heads,
-    int head_dim, int num_blocks, int block_size, int table_width, int group,
+    float qscale, float vscale, int window, int num_seqs, int rows, int num_heads,
+    int num_kv_heads, int head_dim, int num_blocks, int block_size, int table_width, int group,
     int heads_per_cta, int num_sub, int num_splits, int lpt) {
-    constexpr int V = AttCfg<T, GMAX>::V;
-    constexpr int NV = AttCfg<T, GMAX>::NV;
-    constexpr int U = AttCfg<T, GMAX>::U;
+    constexpr int V = AttCfg<T, KV, GMAX>::V;
+    constexpr int NV = AttCfg<T, KV, GMAX>::NV;
+    constexpr int U = AttCfg<T, KV, GMAX>::U;
+    typedef KvVec<T, KV> Kv;
+    typedef typename Kv::type kvec;
 
     __shared__ float sm_m[ATT_MAX_SLOTS][GMAX];
     __shared__ float sm_l[ATT_MAX_SLOTS][GMAX];
@@ -175,7 +183,7 @@ __device__ __forceinline__ void attention_split_impl(
     // Per-thread ring of K/V vectors: ring[stage][u][v][0 = K, 1 = V][tid] (consecutive
     // threads, consecutive 16 bytes: conflict-free). okbits bit (stage * U + u) says whether
     // token u of that stage is a real token of a valid block.
-    __shared__ uint4 ring[ATT_STAGES][U][NV][2][ATT_THREADS];
+    __shared__ kvec ring[ATT_STAGES][U][NV][2][ATT_THREADS];
     unsigned int okbits = 0u;
     const int niter = (end - start + chunk - 1) / chunk;
 
@@ -201,8 +209,8 @@ __device__ __forceinline__ void attention_split_impl(
                     const int vi = lane + v * lpt;
                     const bool on = ok && vi < nvec;
                     const long long o = on ? off + vi * V : 0;
-                    cp_async16(&ring[stage][u][v][0][tid], k_cache + o, on);
-                    cp_async16(&ring[stage][u][v][1][tid], v_cache + o, on);
+                    Kv::copy(&ring[stage][u][v][0][tid], k_cache + o, on);
+                    Kv::copy(&ring[stage][u][v][1][tid], v_cache + o, on);
                 }
                 if (++r == block_size) {
                     r = 0;
@@ -221,7 +229,7 @@ __device__ __forceinline__ void attention_split_impl(
         // Groups committed so far: it + STAGES - 1; step `it` is the oldest pending one.
         cp_async_wait<ATT_STAGES - 2>();
         const int stage = it % ATT_STAGES;
-        uint4 kr[U][NV], vr[U][NV];
+        kvec kr[U][NV], vr[U][NV];
         bool ok[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -244,7 +252,7 @@ __device__ __forceinline__ void attention_split_impl(
 #pragma unroll
             for (int v = 0; v < NV; ++v) {
                 float kf[V];
-                Ty<T>::unpack(kr[u][v], kf);
+                Kv::unpack(kr[u][v], kf);
 #pragma unroll
                 for (int i = 0; i < GMAX; ++i)
 #pragma unroll
@@ -287,7 +295,7 @@ __device__ __forceinline__ void attention_split_impl(
 #pragma unroll
             for (int v = 0; v < NV; ++v) {
                 float vf[V];
-                Ty<T>::unpack(vr[u][v], vf);
+                Kv::unpack(vr[u][v], vf);
 #pragma unroll
                 for (int i = 0; i < GMAX; ++i)
 #pragma unroll
@@ -355,7 +363,7 @@ __device__ __forceinline__ void attention_split_impl(
         for (int i = 0; i < GMAX; ++i) {
             if (i < gh) {
                 T* o = out + ((long long)row * num_heads + h0 + i) * head_dim;
-                const float inv = L[i] > 0.0f ? 1.0f / L[i] : 0.0f;
+                const float inv = L[i] > 0.0f ? vscale / L[i] : 0.0f;
                 for (int d = tid; d < head_dim; d += ATT_THREADS)
                     o[d] = from_f32<T>(red[i * head_dim + d] * inv);
             }
@@ -368,7 +376,8 @@ __device__ __forceinline__ void attention_split_impl(
                 const long long pidx =
                     ((long long)row * num_heads + h0 + i) * num_splits + split;
                 float* dst = scratch + pidx * head_dim;
-                for (int d = tid; d < head_dim; d += ATT_THREADS) dst[d] = red[i * head_dim + d];
+                for (int d = tid; d < head_dim; d += ATT_THREADS)
+                    dst[d] = red[i * head_dim + d] * vscale;
                 if (tid == 0) {
                     ml[2 * pidx] = M[i];
                     ml[2 * pidx + 1] = L[i];
@@ -430,19 +439,19 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
     }
 }
 
-#define ATTENTION_SPLIT(NAME, T, GMAX)                                                     \
+#define ATTENTION_SPLIT(NAME, T, KV, GMAX)                                                 \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) NAME(                        \
-        const T* q, const T* k_cache, const T* v_cache, const int* block_tables,           \
+        const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
         const int* seq_lens, const int* cu_seqlens, int has_cu, T* out, float* scratch,    \
-        float qscale, int window, int num_seqs, int rows, int num_heads, int num_kv_heads, \
-        int head_dim, int num_blocks, int block_size, int table_width, int group,          \
-        int heads_per_cta, int num_sub, int num_splits, int lpt) {                          \
+        float qscale, float vscale, int window, int num_seqs, int rows, int num_heads,     \
+        int num_kv_heads, int head_dim, int num_blocks, int block_size, int table_width,   \
+        int group, int heads_per_cta, int num_sub, int num_splits, int lpt) {              \
         pdl_enter();                                                                        \
-        attention_split_impl<T, GMAX>(q, k_cache, v_cache, block_tables, seq_lens,         \
-                                      cu_seqlens, has_cu, out, scratch, qscale, window,    \
-                                      num_seqs, rows, num_heads, num_kv_heads, head_dim,   \
-                                      num_blocks, block_size, table_width, group,          \
-                                      heads_per_cta, num_sub, num_splits, lpt);            \
+        attention_split_impl<T, KV, GMAX>(q, k_cache, v_cache, block_tables, seq_lens,     \
+                                          cu_seqlens, has_cu, out, scratch, qscale, vscale, \
+                                          window, num_seqs, rows, num_heads, num_kv_heads,  \
+                                          head_dim, num_blocks, block_size, table_width,    \
+                                          group, heads_per_cta, num_sub, num_splits, lpt);  \
     }
 #define ATTENTION_COMBINE(NAME, T)                                                         \
     extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)                      \
@@ -452,18 +461,19 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
         attention_combine_impl<T>(scratch, out, rows, num_heads, head_dim, num_splits);    \
     }
 
-ATTENTION_SPLIT(attention_split_g1_bf16, bf16, 1)
-ATTENTION_SPLIT(attention_split_g2_bf16, bf16, 2)
-ATTENTION_SPLIT(attention_split_g4_bf16, bf16, 4)
-ATTENTION_SPLIT(attention_split_g8_bf16, bf16, 8)
-ATTENTION_SPLIT(attention_split_g1_f16, f16, 1)
-ATTENTION_SPLIT(attention_split_g2_f16, f16, 2)
-ATTENTION_SPLIT(attention_split_g4_f16, f16, 4)
-ATTENTION_SPLIT(attention_split_g8_f16, f16, 8)
-ATTENTION_SPLIT(attention_split_g1_f32, float, 1)
-ATTENTION_SPLIT(attention_split_g2_f32, float, 2)
-ATTENTION_SPLIT(attention_split_g4_f32, float, 4)
-ATTENTION_SPLIT(attention_split_g8_f32, float, 8)
+// The variants by heads per CTA and q's type; `_kv8`: over an FP8 cache.
+#define ATTENTION_SPLITS(T, TN)                                                            \
+    ATTENTION_SPLIT(attention_split_g1_##TN, T, T, 1)                                      \
+    ATTENTION_SPLIT(attention_split_g2_##TN, T, T, 2)                                      \
+    ATTENTION_SPLIT(attention_split_g4_##TN, T, T, 4)                                      \
+    ATTENTION_SPLIT(attention_split_g8_##TN, T, T, 8)                                      \
+    ATTENTION_SPLIT(attention_split_g1_##TN##_kv8, T, fp8, 1)                              \
+    ATTENTION_SPLIT(attention_split_g2_##TN##_kv8, T, fp8, 2)                              \
+    ATTENTION_SPLIT(attention_split_g4_##TN##_kv8, T, fp8, 4)                              \
+    ATTENTION_SPLIT(attention_split_g8_##TN##_kv8, T, fp8, 8)
+ATTENTION_SPLITS(bf16, bf16)
+ATTENTION_SPLITS(f16, f16)
+ATTENTION_SPLITS(float, f32)
 ATTENTION_COMBINE(attention_combine_bf16, bf16)
 ATTENTION_COMBINE(attention_combine_f16, f16)
 ATTENTION_COMBINE(attention_combine_f32, float)

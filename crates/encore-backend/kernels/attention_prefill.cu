@@ -35,6 +35,13 @@
 // sees, and masks per key (range and block validity) only on tiles that some of its rows
 // see in part or that hold a key of an invalid block.
 //
+// FP8 cache (the `_kv8` variants, KV = fp8): a thread loads its 8-byte parts of tile j + 1's
+// K and V rows into registers while tile j is computed, and decodes them to T (exact) into
+// their shared buffer at the top of the next iteration, before its barrier (that buffer
+// held tile j - 1, which every warp finished before the previous barrier). The layer's key
+// scale is folded into qscale by the host; the value scale (vscale, 1 otherwise) multiplies
+// the output.
+//
 // mma.m16n8k16 fragments: common.cuh (Mma16816).
 
 #define FA_THREADS 128
@@ -53,11 +60,35 @@ __device__ __forceinline__ float fa_exp2(float x) {
     return y;
 }
 
-template <typename T, int HD>
+// Tile j + 1's K/V parts of one thread, loaded from an FP8 cache while tile j is computed
+// (unused for a cache of T).
+template <typename T, typename KV, int N> struct FaStage {
+    __device__ __forceinline__ void load(int, const KV*, const KV*, long long, bool) {}
+    __device__ __forceinline__ void land(int, T*, T*) const {}
+};
+template <typename T, int N> struct FaStage<T, fp8, N> {
+    uint2 k[N], v[N];
+    __device__ __forceinline__ void load(int i, const fp8* kc, const fp8* vc, long long off,
+                                         bool ok) {
+        k[i] = ok ? *reinterpret_cast<const uint2*>(kc + off) : make_uint2(0u, 0u);
+        v[i] = ok ? *reinterpret_cast<const uint2*>(vc + off) : make_uint2(0u, 0u);
+    }
+    // Decode part i into its shared rows (8 elements of T, 16 bytes).
+    __device__ __forceinline__ void land(int i, T* dk, T* dv) const {
+        float f[8];
+        Fp8Vec<8>::unpack(k[i], f);
+        st16(dk, Ty<T>::pack(f));
+        Fp8Vec<8>::unpack(v[i], f);
+        st16(dv, Ty<T>::pack(f));
+    }
+};
+
+template <typename T, typename KV, int HD>
 __device__ __forceinline__ void attention_prefill_impl(
-    const T* q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+    const T* q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const int* __restrict__ cu_seqlens, T* out, float qscale, int window, int num_seqs,
+    const int* __restrict__ cu_seqlens, T* out, float qscale, float vscale, int window,
+    int num_seqs,
     int rows, int num_heads, int num_kv_heads, int num_blocks, int block_size,
     int table_width, int group) {
     constexpr int LD = HD + 8;         // padded shared row (elements)
@@ -150,13 +181,28 @@ __device__ __forceinline__ void attention_prefill_impl(
     const long long tok_stride = (long long)num_kv_heads * HD;
     const long long head_off = (long long)kvh * HD + (tid % CPR) * 8;  // + this thread's part
 
-    // Gather the K and V rows of keys kt..kt + FA_BN - 1 into buffer b (zeros for invalid keys)
-    // and record each key's validity in sOk[b].
+    constexpr bool F8 = sizeof(KV) == 1;
+    constexpr int PARTS = FA_BN * CPR / FA_THREADS;  // 16-byte parts of a tile per thread
+    FaStage<T, KV, PARTS> stage;
+    // An FP8 tile's parts, from `stage` into buffer b.
+    auto land = [&](int b) {
+#pragma unroll
+        for (int i = 0; i < PARTS; ++i) {
+            const int c = tid + i * FA_THREADS;
+            const int key = c / CPR, part = c % CPR;
+            stage.land(i, sK + b * FA_BN * LD + key * LD + part * 8,
+                       sV + b * FA_BN * LD + key * LD + part * 8);
+        }
+    };
+
+    // Gather the K and V rows of keys kt..kt + FA_BN - 1 into buffer b (zeros for invalid keys;
+    // from an FP8 cache into `stage`, landed by `land`) and record each key's validity in
+    // sOk[b].
     auto issue = [&](int kt, int b) {
         T* dk = sK + b * FA_BN * LD;
         T* dv = sV + b * FA_BN * LD;
 #pragma unroll
-        for (int i = 0; i < FA_BN * CPR / FA_THREADS; ++i) {
+        for (int i = 0; i < PARTS; ++i) {
             const int c = tid + i * FA_THREADS;
             const int key = c / CPR, part = c % CPR;  // part == tid % CPR
             const int k = kt + key;
@@ -166,8 +212,12 @@ __device__ __forceinline__ void attention_prefill_impl(
             const long long off =
                 ok ? ((long long)blk * block_size + (k % block_size)) * tok_stride + head_off
                    : 0;
-            cp_async16(dk + key * LD + part * 8, k_cache + off, ok);
-            cp_async16(dv + key * LD + part * 8, v_cache + off, ok);
+            if (F8) {
+                stage.load(i, k_cache, v_cache, off, ok);
+            } else {
+                cp_async16(dk + key * LD + part * 8, k_cache + off, ok);
+                cp_async16(dv + key * LD + part * 8, v_cache + off, ok);
+            }
             if (part == 0) sOk[b * FA_BN + key] = ok ? 1 : 0;
         }
     };
@@ -180,6 +230,7 @@ __device__ __forceinline__ void attention_prefill_impl(
         cp_async16(sQ + r * LD + part * 8, src, ok);
     }
     if (ntiles > 0) issue(kt0, 0);
+    if (F8 && ntiles > 0) land(0);
     cp_async_commit();
 
     // Rows of this thread: (mt, ri) -> warp row mt * 16 + ri * 8 + g, index mt * 2 + ri.
@@ -203,6 +254,7 @@ __device__ __forceinline__ void attention_prefill_impl(
     for (int j = 0; j < ntiles; ++j) {
         const int kt = kt0 + j * FA_BN;
         const int buf = j & 1;
+        if (F8 && j > 0) land(buf);  // tile j, loaded during tile j - 1
         // Tile j (and Q) has landed, and every warp is done with tile j - 1, whose
         // buffers now receive tile j + 1 while this one is computed.
         cp_async_wait<0>();
@@ -343,7 +395,7 @@ __device__ __forceinline__ void attention_prefill_impl(
         float sum = l[rr];
         sum += __shfl_xor_sync(FULL_MASK, sum, 1);
         sum += __shfl_xor_sync(FULL_MASK, sum, 2);
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const float inv = sum > 0.0f ? vscale / sum : 0.0f;
         const int r = wr0 + mt * 16 + ri * 8 + g;
         if (r < row_end) {
             T* dst = out + ((long long)r * num_heads + h) * HD + 2 * t4;
@@ -356,20 +408,24 @@ __device__ __forceinline__ void attention_prefill_impl(
     }
 }
 
-#define ATTENTION_PREFILL(NAME, T, HD)                                                     \
+#define ATTENTION_PREFILL(NAME, T, KV, HD)                                                 \
     extern "C" __global__ void __launch_bounds__(FA_THREADS) NAME(                         \
-        const T* q, const T* k_cache, const T* v_cache, const int* block_tables,           \
-        const int* seq_lens, const int* cu_seqlens, T* out, float qscale, int window,      \
-        int num_seqs, int rows, int num_heads, int num_kv_heads, int num_blocks,           \
-        int block_size, int table_width, int group) {                                      \
+        const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
+        const int* seq_lens, const int* cu_seqlens, T* out, float qscale, float vscale,    \
+        int window, int num_seqs, int rows, int num_heads, int num_kv_heads,               \
+        int num_blocks, int block_size, int table_width, int group) {                      \
         pdl_enter();                                                                        \
-        attention_prefill_impl<T, HD>(q, k_cache, v_cache, block_tables, seq_lens,        \
-                                      cu_seqlens, out, qscale, window, num_seqs, rows,     \
-                                      num_heads, num_kv_heads, num_blocks, block_size,     \
-                                      table_width, group);                                 \
+        attention_prefill_impl<T, KV, HD>(q, k_cache, v_cache, block_tables, seq_lens,    \
+                                          cu_seqlens, out, qscale, vscale, window,         \
+                                          num_seqs, rows, num_heads, num_kv_heads,         \
+                                          num_blocks, block_size, table_width, group);     \
     }
 
-ATTENTION_PREFILL(attention_prefill_hd64_bf16, bf16, 64)
-ATTENTION_PREFILL(attention_prefill_hd128_bf16, bf16, 128)
-ATTENTION_PREFILL(attention_prefill_hd64_f16, f16, 64)
-ATTENTION_PREFILL(attention_prefill_hd128_f16, f16, 128)
+ATTENTION_PREFILL(attention_prefill_hd64_bf16, bf16, bf16, 64)
+ATTENTION_PREFILL(attention_prefill_hd128_bf16, bf16, bf16, 128)
+ATTENTION_PREFILL(attention_prefill_hd64_f16, f16, f16, 64)
+ATTENTION_PREFILL(attention_prefill_hd128_f16, f16, f16, 128)
+ATTENTION_PREFILL(attention_prefill_hd64_bf16_kv8, bf16, fp8, 64)
+ATTENTION_PREFILL(attention_prefill_hd128_bf16_kv8, bf16, fp8, 128)
+ATTENTION_PREFILL(attention_prefill_hd64_f16_kv8, f16, fp8, 64)
+ATTENTION_PREFILL(attention_prefill_hd128_f16_kv8, f16, fp8, 128)

@@ -6,7 +6,9 @@
 // dims by the token's position (rounded to T; positions outside 0..max_positions leave the
 // head as is), then q heads go to q_out [n, num_heads, head_dim] and k heads to the k cache
 // at the token's slot; v heads are copied to the v cache. Slots < 0 or >= num_slots
-// (padding) write nothing. The same arithmetic as rms_norm.cu.
+// (padding) write nothing. The same arithmetic as rms_norm.cu. The `_kv8` variants write
+// an FP8 cache (common.cuh's kv_store: each value as T holds it, times k_inv or v_inv, in
+// E4M3); the others ignore k_inv and v_inv.
 //
 // Grid: ceil(n * heads / QKV_WARPS) CTAs of QKV_WARPS warps; one warp per (token, head)
 // item. The head passes through a per-warp shared row so a lane can read its rope partner.
@@ -15,13 +17,13 @@
 #define QKV_WARPS 4
 #define QKV_MAX_HEAD_DIM 256
 
-template <typename T>
+template <typename T, typename KV>
 __device__ __forceinline__ void qkv_rope_impl(
     const T* __restrict__ qkv, const T* __restrict__ q_norm, const T* __restrict__ k_norm,
     int has_norm, float eps, const int* __restrict__ positions,
     const float* __restrict__ cos_sin, const int* __restrict__ slot_mapping, T* q_out,
-    T* k_cache, T* v_cache, int n, int num_heads, int num_kv_heads, int head_dim, int rot,
-    int max_positions, long long num_slots) {
+    KV* k_cache, KV* v_cache, int n, int num_heads, int num_kv_heads, int head_dim, int rot,
+    int max_positions, long long num_slots, float k_inv, float v_inv) {
     __shared__ float buf[QKV_WARPS][QKV_MAX_HEAD_DIM];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int heads = num_heads + 2 * num_kv_heads;
@@ -31,7 +33,8 @@ __device__ __forceinline__ void qkv_rope_impl(
     const int h = (int)(item - tok * heads);
     const T* src = qkv + (tok * heads + h) * head_dim;
 
-    T* dst;
+    T* dst = nullptr;   // a q head
+    KV* kdst = nullptr;  // a k head
     const T* w = nullptr;
     if (h < num_heads) {
         dst = q_out + (tok * num_heads + h) * head_dim;
@@ -41,11 +44,12 @@ __device__ __forceinline__ void qkv_rope_impl(
         if (slot < 0 || slot >= num_slots) return;
         const bool is_k = h < num_heads + num_kv_heads;
         const int kh = is_k ? h - num_heads : h - num_heads - num_kv_heads;
-        dst = (is_k ? k_cache : v_cache) + (slot * num_kv_heads + kh) * head_dim;
+        KV* at = (is_k ? k_cache : v_cache) + (slot * num_kv_heads + kh) * head_dim;
         if (!is_k) {
-            for (int d = lane; d < head_dim; d += 32) dst[d] = src[d];
+            for (int d = lane; d < head_dim; d += 32) kv_store(at + d, to_f32(src[d]), v_inv);
             return;
         }
+        kdst = at;
         if (has_norm) w = k_norm;
     }
 
@@ -75,20 +79,28 @@ __device__ __forceinline__ void qkv_rope_impl(
         }
         __syncwarp();
     }
-    for (int d = lane; d < head_dim; d += 32) dst[d] = from_f32<T>(b[d]);
+    if (dst != nullptr) {
+        for (int d = lane; d < head_dim; d += 32) dst[d] = from_f32<T>(b[d]);
+    } else {
+        for (int d = lane; d < head_dim; d += 32) kv_store(kdst + d, b[d], k_inv);
+    }
 }
 
-#define QKV_ROPE(NAME, T)                                                                   \
+#define QKV_ROPE(NAME, T, KV)                                                               \
     extern "C" __global__ void __launch_bounds__(QKV_WARPS * 32) NAME(                      \
         const T* qkv, const T* q_norm, const T* k_norm, int has_norm, float eps,            \
         const int* positions, const float* cos_sin, const int* slot_mapping, T* q_out,      \
-        T* k_cache, T* v_cache, int n, int num_heads, int num_kv_heads, int head_dim,       \
-        int rot, int max_positions, long long num_slots) {                                  \
+        KV* k_cache, KV* v_cache, int n, int num_heads, int num_kv_heads, int head_dim,     \
+        int rot, int max_positions, long long num_slots, float k_inv, float v_inv) {        \
         pdl_enter();                                                                        \
-        qkv_rope_impl<T>(qkv, q_norm, k_norm, has_norm, eps, positions, cos_sin,            \
-                         slot_mapping, q_out, k_cache, v_cache, n, num_heads, num_kv_heads, \
-                         head_dim, rot, max_positions, num_slots);                          \
+        qkv_rope_impl<T, KV>(qkv, q_norm, k_norm, has_norm, eps, positions, cos_sin,        \
+                             slot_mapping, q_out, k_cache, v_cache, n, num_heads,           \
+                             num_kv_heads, head_dim, rot, max_positions, num_slots, k_inv,  \
+                             v_inv);                                                        \
     }
-QKV_ROPE(qkv_rope_bf16, bf16)
-QKV_ROPE(qkv_rope_f16, f16)
-QKV_ROPE(qkv_rope_f32, float)
+QKV_ROPE(qkv_rope_bf16, bf16, bf16)
+QKV_ROPE(qkv_rope_f16, f16, f16)
+QKV_ROPE(qkv_rope_f32, float, float)
+QKV_ROPE(qkv_rope_bf16_kv8, bf16, fp8)
+QKV_ROPE(qkv_rope_f16_kv8, f16, fp8)
+QKV_ROPE(qkv_rope_f32_kv8, float, fp8)

@@ -28,13 +28,19 @@ use crate::tensor::Tensor;
 /// contributes nothing (never an out-of-bounds read).
 ///
 /// GQA: query head `h` uses KV head `h / (num_heads / num_kv_heads)`.
+///
+/// An FP8 cache ([`crate::tensor::DType::F8E4M3`]) holds `K / kv_scale.k` and `V /
+/// kv_scale.v`: a key is its byte's value times `kv_scale.k` (folded into the softmax
+/// scale), the output is multiplied by `kv_scale.v`. A cache of T ignores `kv_scale`.
 pub struct Attention<'a> {
     /// `[rows, num_heads, head_dim]`, dtype T.
     pub q: &'a Tensor,
-    /// `[num_blocks, block_size, num_kv_heads, head_dim]`, dtype T.
+    /// `[num_blocks, block_size, num_kv_heads, head_dim]`, dtype T or F8E4M3.
     pub k_cache: &'a Tensor,
     /// Same shape and dtype as `k_cache`.
     pub v_cache: &'a Tensor,
+    /// The scales of an FP8 cache (ignored for a cache of T).
+    pub kv_scale: KvScale,
     /// i32 `[num_seqs, table_width]`.
     pub block_tables: &'a Tensor,
     /// i32 `[num_seqs]`.
@@ -68,6 +74,10 @@ pub struct Attention<'a> {
 /// - the q heads go to `q_out` T `[n, num_heads, head_dim]`;
 /// - the k and v heads go to the paged caches at slot `slot_mapping[i]` =
 ///   block * block_size + row (a slot `< 0`, padding, or beyond the cache is skipped).
+///   An FP8 cache ([`crate::tensor::DType::F8E4M3`]) stores each value (as T holds it)
+///   times `1 / kv_scale.k` (keys) or `1 / kv_scale.v` (values), the reciprocal rounded
+///   to f32 once, rounded to the nearest E4M3 code (ties to even), saturating at ±448
+///   ([`crate::quant::f32_to_e4m3`]).
 pub struct QkvRope<'a> {
     pub qkv: &'a Tensor,
     /// `(q_norm, k_norm)` weights, T `[head_dim]`.
@@ -81,9 +91,42 @@ pub struct QkvRope<'a> {
     /// i32 `[n]`.
     pub slot_mapping: &'a Tensor,
     pub q_out: &'a Tensor,
-    /// T `[num_blocks, block_size, num_kv_heads, head_dim]`.
+    /// T or F8E4M3 `[num_blocks, block_size, num_kv_heads, head_dim]`.
     pub k_cache: &'a Tensor,
     pub v_cache: &'a Tensor,
+    /// The scales of an FP8 cache (ignored for a cache of T).
+    pub kv_scale: KvScale,
+}
+
+/// The per-layer scales of an FP8 KV cache: the cache stores `K / k` and `V / v` in E4M3
+/// (whose largest value is 448), as vLLM's `k_scale` / `v_scale`. A checkpoint may ship
+/// them (calibrated so its keys and values fit); otherwise 1.0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvScale {
+    pub k: f32,
+    pub v: f32,
+}
+
+impl KvScale {
+    /// No scaling.
+    pub const ONE: KvScale = KvScale { k: 1.0, v: 1.0 };
+
+    /// The multipliers a cache write applies, `(1 / k, 1 / v)` rounded to f32 (the CPU and
+    /// CUDA writes use these same values, so they store the same bytes).
+    pub fn inverse(self) -> (f32, f32) {
+        (1.0 / self.k, 1.0 / self.v)
+    }
+
+    /// Both scales finite and positive.
+    pub fn is_valid(self) -> bool {
+        [self.k, self.v].iter().all(|s| s.is_finite() && *s > 0.0)
+    }
+}
+
+impl Default for KvScale {
+    fn default() -> Self {
+        KvScale::ONE
+    }
 }
 
 impl QkvRope<'_> {

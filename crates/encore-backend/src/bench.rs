@@ -194,10 +194,13 @@ pub struct AttentionShape {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
+    /// An FP8 KV cache (scales 1) instead of one of the run dtype.
+    pub fp8_cache: bool,
 }
 
-/// Paged decode attention, every sequence at `context` tokens: GB/s of K/V read, launched
-/// eagerly back to back and replayed from one graph of `iters` calls.
+/// Paged decode attention, every sequence at `context` tokens: GB/s of K/V read (an FP8
+/// cache's bytes: half of bf16's for the same tokens), launched eagerly back to back and
+/// replayed from one graph of `iters` calls.
 pub fn decode_attention(
     be: &dyn Backend,
     s: AttentionShape,
@@ -208,8 +211,19 @@ pub fn decode_attention(
     let blocks_per_seq = s.context.div_ceil(s.block_size);
     let num_blocks = s.batch * blocks_per_seq;
     let cache_shape = [num_blocks, s.block_size, s.num_kv_heads, s.head_dim];
-    let k_cache = random_tensor(be, &mut rng, &cache_shape, dtype, 1.0)?;
-    let v_cache = random_tensor(be, &mut rng, &cache_shape, dtype, 1.0)?;
+    let kv_dtype = if s.fp8_cache { DType::F8E4M3 } else { dtype };
+    let mut cache = || -> Result<Tensor> {
+        if !s.fp8_cache {
+            return random_tensor(be, &mut rng, &cache_shape, dtype, 1.0);
+        }
+        let t = be.alloc(DType::F8E4M3, &cache_shape)?;
+        let bytes: Vec<u8> = (0..t.numel())
+            .map(|_| crate::quant::f32_to_e4m3(rng.random_range(-1.0..1.0)))
+            .collect();
+        be.write_bytes(&t, &bytes)?;
+        Ok(t)
+    };
+    let (k_cache, v_cache) = (cache()?, cache()?);
     // Each sequence owns a random permutation of blocks, as a real cache would look.
     let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
     for i in (1..ids.len()).rev() {
@@ -237,6 +251,7 @@ pub fn decode_attention(
         q: &q,
         k_cache: &k_cache,
         v_cache: &v_cache,
+        kv_scale: crate::args::KvScale::ONE,
         block_tables: &block_tables,
         seq_lens: &seq_lens,
         cu_seqlens_q: None,
@@ -249,9 +264,10 @@ pub fn decode_attention(
     // The same calls replayed from one graph: what a decode step pays, without launch gaps.
     let graph = capture(be, || (0..iters).try_for_each(|_| be.attention(&args)))?;
     let replayed = time_per_call(be, 1, 5, || graph.replay())? / iters as f64;
-    let kv_bytes = 2 * s.batch * s.context * s.num_kv_heads * s.head_dim * dtype.size();
+    let kv_bytes = 2 * s.batch * s.context * s.num_kv_heads * s.head_dim * kv_dtype.size();
+    let kv = if s.fp8_cache { " kv=fp8" } else { "" };
     let name = format!(
-        "decode attention b={} ctx={} h={}/{} d={} {dtype}",
+        "decode attention b={} ctx={} h={}/{} d={} {dtype}{kv}",
         s.batch, s.context, s.num_heads, s.num_kv_heads, s.head_dim
     );
     let row = |how: &str, secs: f64| BenchRow {

@@ -14,6 +14,10 @@ pub enum DType {
     F32,
     I32,
     I64,
+    /// FP8 E4M3 (OCP "fn": no infinities, `0x7F`/`0xFF` NaN), one byte an element: the
+    /// storage of an FP8 KV cache (its values are the keys and values divided by a
+    /// per-layer scale, [`crate::args::KvScale`]). No op computes in it.
+    F8E4M3,
     Q(QuantFormat),
 }
 
@@ -23,6 +27,7 @@ impl DType {
     /// say so, so the kernels of element types never see one).
     pub const fn size(self) -> usize {
         match self {
+            DType::F8E4M3 => 1,
             DType::BF16 | DType::F16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::I64 => 8,
@@ -61,6 +66,7 @@ impl DType {
             DType::F32 => "f32",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::F8E4M3 => "f8e4m3",
             DType::Q(f) => f.name(),
         }
     }
@@ -75,6 +81,11 @@ impl DType {
             "f32" | "fp32" | "float32" | "float" => Some(DType::F32),
             _ => None,
         }
+    }
+
+    /// Whether a KV cache can store this dtype: a float dtype or [`DType::F8E4M3`].
+    pub const fn is_kv_cache(self) -> bool {
+        self.is_float() || matches!(self, DType::F8E4M3)
     }
 
     /// The names [`DType::parse_float`] accepts, for messages.

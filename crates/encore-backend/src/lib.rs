@@ -27,8 +27,9 @@ pub mod testing;
 pub mod vmm;
 
 pub use backend::{
-    Attention, Backend, BackendRef, ExpertCache, ExpertPrefetch, ExpertSlots, Graph, LogitBias,
-    Moe, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
+    Attention, Backend, BackendRef, ExpertCache, ExpertPrefetch, ExpertSlots, Graph, KvScale,
+    LogitBias, Moe, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS,
+    PROMPT_BIT,
 };
 pub use error::{Error, Result};
 pub use tensor::{DType, Element, Tensor};

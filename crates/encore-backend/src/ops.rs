@@ -1,7 +1,7 @@
 //! What both backends share about the ops: argument validation (so a bad call fails the
 //! same way everywhere, naming the tensor), the rotary table, and the sampling RNG.
 
-use crate::args::{Attention, LogitBias, QkvRope, Sampling, MAX_TOP_LOGPROBS};
+use crate::args::{Attention, KvScale, LogitBias, QkvRope, Sampling, MAX_TOP_LOGPROBS};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
@@ -254,7 +254,7 @@ pub fn check_qkv_rope(a: &QkvRope<'_>) -> Result<QkvRopeDims> {
     check_rank(OP, "q_out", q, 3, "[n, num_heads, head_dim]")?;
     let (n, nh, hd) = (q.dim(0), q.dim(1), q.dim(2));
     let dt = q.dtype();
-    same_dtype(OP, "k_cache", a.k_cache, dt)?;
+    check_kv_cache(OP, a.k_cache, a.v_cache, dt, a.kv_scale)?;
     check_rank(
         OP,
         "k_cache",
@@ -271,7 +271,6 @@ pub fn check_qkv_rope(a: &QkvRope<'_>) -> Result<QkvRopeDims> {
             expected: format!("[num_blocks, block_size, num_kv_heads, {hd}]"),
         });
     }
-    same_dtype(OP, "v_cache", a.v_cache, dt)?;
     check_shape(
         OP,
         "v_cache",
@@ -310,6 +309,30 @@ pub fn check_qkv_rope(a: &QkvRope<'_>) -> Result<QkvRopeDims> {
     })
 }
 
+/// A KV cache pair: both of the activations' dtype `dt`, or both FP8 with valid scales.
+fn check_kv_cache(
+    op: &'static str,
+    k: &Tensor,
+    v: &Tensor,
+    dt: DType,
+    scale: KvScale,
+) -> Result<()> {
+    let kdt = if k.dtype() == DType::F8E4M3 {
+        DType::F8E4M3
+    } else {
+        dt
+    };
+    same_dtype(op, "k_cache", k, kdt)?;
+    same_dtype(op, "v_cache", v, kdt)?;
+    if kdt == DType::F8E4M3 && !scale.is_valid() {
+        return Err(Error::invalid(
+            op,
+            format!("kv_scale {scale:?}: the FP8 cache's scales must be finite and positive"),
+        ));
+    }
+    Ok(())
+}
+
 pub struct AttentionDims {
     pub rows: usize,
     pub num_heads: usize,
@@ -326,7 +349,7 @@ pub fn check_attention(a: &Attention<'_>) -> Result<AttentionDims> {
     check_dtype(OP, "q", a.q, FLOAT_DTYPES)?;
     check_rank(OP, "q", a.q, 3, "[rows, num_heads, head_dim]")?;
     let (rows, nh, hd) = (a.q.dim(0), a.q.dim(1), a.q.dim(2));
-    same_dtype(OP, "k_cache", a.k_cache, a.q.dtype())?;
+    check_kv_cache(OP, a.k_cache, a.v_cache, a.q.dtype(), a.kv_scale)?;
     check_rank(
         OP,
         "k_cache",
@@ -343,7 +366,6 @@ pub fn check_attention(a: &Attention<'_>) -> Result<AttentionDims> {
             expected: format!("[num_blocks, block_size > 0, num_kv_heads dividing {nh}, {hd}]"),
         });
     }
-    same_dtype(OP, "v_cache", a.v_cache, a.q.dtype())?;
     check_shape(
         OP,
         "v_cache",

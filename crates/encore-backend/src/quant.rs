@@ -386,6 +386,13 @@ pub fn e4m3_to_f32(q: u8) -> f32 {
     sign * mag
 }
 
+/// Every E4M3 byte's value ([`e4m3_to_f32`]), for decoding in bulk (an FP8 KV cache).
+pub fn e4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::LazyLock<[f32; 256]> =
+        std::sync::LazyLock::new(|| std::array::from_fn(|b| e4m3_to_f32(b as u8)));
+    &TABLE
+}
+
 /// The largest finite E4M3 value.
 pub const E4M3_MAX: f32 = 448.0;
 

@@ -3,7 +3,7 @@
 
 use encore_backend::backend::cpu::CpuBackend;
 use encore_backend::testing::{self, compare};
-use encore_backend::{Attention, Backend, DType, Error, QkvRope, Sampling, Tensor};
+use encore_backend::{Attention, Backend, DType, Error, KvScale, QkvRope, Sampling, Tensor};
 
 fn cpu() -> Box<dyn Backend> {
     Box::new(CpuBackend::new())
@@ -39,6 +39,10 @@ fn every_op_matches_the_f64_reference() {
             "attention(prefill)",
             "attention(decode, window)",
             "attention(prefill, window)",
+            "qkv_rope_write(fp8 cache): k_cache",
+            "qkv_rope_write(fp8 cache): v_cache",
+            "attention(decode, fp8 cache)",
+            "attention(prefill, fp8 cache)",
             "sample(greedy)",
             "sample (greedy rows)",
             "sample (random rows)",
@@ -226,6 +230,7 @@ fn qkv_rope_write_rotates_first_rot_dims_and_skips_out_of_range_positions_and_sl
         q_out: &q_out,
         k_cache: &kc,
         v_cache: &vc,
+        kv_scale: KvScale::ONE,
     })
     .unwrap();
     let close = |got: &[f32], want: &[f32]| {
@@ -331,6 +336,7 @@ impl Tiny {
             q: &q,
             k_cache: &self.kc,
             v_cache: &self.vc,
+            kv_scale: KvScale::ONE,
             block_tables: &tables,
             seq_lens: &lens_t,
             cu_seqlens_q: cu.as_ref(),
@@ -504,6 +510,7 @@ fn wrong_attention_operands_name_the_tensor() {
             q: &q,
             k_cache: &cache,
             v_cache: &cache,
+            kv_scale: KvScale::ONE,
             block_tables: tables,
             seq_lens: lens,
             cu_seqlens_q: None,

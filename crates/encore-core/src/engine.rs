@@ -100,6 +100,9 @@ pub struct EngineConfig {
     /// An EAGLE-3 head's boot: the target's embedding it shares
     /// ([`crate::model::llama::Model::enable_eagle`]); `None` for every other model.
     pub eagle_embed: Option<crate::tensor::Tensor>,
+    /// What the KV cache stores (`--kv-cache-dtype`): `None` the run dtype, or
+    /// [`DType::F8E4M3`] (a draft model keeps the target's choice).
+    pub kv_cache_dtype: Option<DType>,
 }
 
 /// The backends of a tensor-parallel group, rank order.
@@ -146,6 +149,7 @@ impl EngineConfig {
             draft: None,
             eagle_aux: None,
             eagle_embed: None,
+            kv_cache_dtype: None,
         }
     }
 
@@ -371,6 +375,7 @@ impl<'b> Engine<'b> {
             max_seq_len: cfg.max_seq_len,
             // One penalty row per sequence a step may hold (see RunnerConfig).
             penalty_slots: cfg.max_seqs,
+            kv_dtype: cfg.kv_cache_dtype,
         };
 
         // 1-3. Sizes, before anything is allocated; the weights; the runner's step

@@ -33,8 +33,8 @@ pub mod tokenizer;
 pub use encore_backend::{backend, bench, device, error, ops, quant, tensor};
 
 pub use backend::{
-    Attention, Backend, BackendRef, Graph, LogitBias, Penalties, QkvRope, SampleLogprobs, Sampling,
-    MAX_TOP_LOGPROBS, PROMPT_BIT,
+    Attention, Backend, BackendRef, Graph, KvScale, LogitBias, Penalties, QkvRope, SampleLogprobs,
+    Sampling, MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 pub use error::{Error, Result};
 pub use tensor::{DType, Element, Tensor};

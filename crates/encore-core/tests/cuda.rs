@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::backend::cuda::CudaBackend;
-use encore_core::{testing, Attention, Backend, DType, Error};
+use encore_core::{testing, Attention, Backend, DType, Error, KvScale};
 
 mod common;
 
@@ -365,6 +365,7 @@ impl AttentionOnDevice {
             q: &self.q,
             k_cache: &self.k_cache,
             v_cache: &self.v_cache,
+            kv_scale: KvScale::ONE,
             block_tables: &self.tables,
             seq_lens: &self.lens,
             cu_seqlens_q: self.cu.as_ref(),
@@ -567,6 +568,7 @@ fn windowed_model_matches_cpu() {
                 max_seqs: 2,
                 max_seq_len: 64,
                 penalty_slots: 0,
+                kv_dtype: None,
             },
         )
         .unwrap();
@@ -679,6 +681,7 @@ fn prefill_inputs(
         q: normal(r, rows * num_heads * head_dim, 1.0),
         k_cache: normal(r, num_blocks * block_size * row, 1.0),
         v_cache: normal(r, num_blocks * block_size * row, 1.0),
+        kv8: None,
         block_tables,
         seq_lens,
         cu_seqlens_q: Some(cu),

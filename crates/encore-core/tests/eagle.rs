@@ -90,6 +90,7 @@ fn runner_config(seqs: usize, tokens: usize) -> RunnerConfig {
         max_seqs: seqs,
         max_seq_len: MAX_SEQ_LEN,
         penalty_slots: 0,
+        kv_dtype: None,
     }
 }
 

@@ -150,6 +150,7 @@ fn the_kv_cache_is_built_once_after_the_measuring_step() {
         max_seqs: 4,
         max_seq_len: 128,
         penalty_slots: 4,
+        kv_dtype: None,
     };
     let mut b =
         RunnerBuilder::new(&cpu, common::tiny_model(&cpu), cfg, GraphMemory::Arena).unwrap();

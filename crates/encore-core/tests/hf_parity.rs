@@ -233,6 +233,7 @@ fn run_encore(be: &dyn Backend, r: &Reference, dtype: DType) -> Result<Run, Stri
             max_seqs: n,
             max_seq_len: MAX_SEQ_LEN,
             penalty_slots: 0,
+            kv_dtype: None,
         },
     )
     .map_err(ctx("Runner::new"))?;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::kv::{BlockManager, KvCache, KvCacheConfig, SeqId, MIN_KV_BLOCKS, NULL_BLOCK};
-use encore_core::{Backend, DType, Error, QkvRope};
+use encore_core::{Backend, DType, Error, KvScale, QkvRope};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -306,6 +306,7 @@ fn layer_views_alias_only_their_own_region() {
         q_out: &q_out,
         k_cache: cache.k(3),
         v_cache: cache.v(3),
+        kv_scale: KvScale::ONE,
     })
     .unwrap();
 

@@ -49,6 +49,7 @@ fn logits(be: &dyn Backend, model: Model) -> Vec<Vec<f32>> {
         max_seqs: 2,
         max_seq_len: 64,
         penalty_slots: 0,
+        kv_dtype: None,
     };
     let vocab = model.cfg.vocab_size as u32;
     let mut r = Runner::new(be, model, rc).unwrap();

@@ -86,6 +86,7 @@ fn f32_runner<'b>(
         max_seqs,
         max_seq_len,
         penalty_slots: 0,
+        kv_dtype: None,
     };
     Runner::new(be, model, rcfg).unwrap()
 }

@@ -72,6 +72,9 @@ pub struct BenchDecodeArgs {
     /// against the decode step.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = parse::count::<1, 16>)]
     speculative: Vec<usize>,
+    /// What the KV cache stores: auto (the run dtype) or fp8 (E4M3, scales 1).
+    #[arg(long, default_value = "auto", value_name = "auto|fp8|DTYPE", value_parser = parse::kv_cache_dtype)]
+    kv_cache_dtype: parse::KvCacheDtype,
 }
 
 /// The largest `--batch`.
@@ -366,6 +369,7 @@ pub fn run(a: BenchDecodeArgs) -> Result<()> {
         extra_bytes: 2 * COPY_BYTES,
         tp,
         router_skew,
+        kv_cache_dtype: crate::engine_arg::kv_cache_dtype(a.kv_cache_dtype, dtype)?,
         ..engine_config(
             dtype,
             max_batch,
@@ -654,6 +658,7 @@ fn print_row(
             "{}",
             serde_json::json!({
                 "model": a.model.model, "device": be.device_name(), "dtype": dtype.to_string(),
+                "kv_cache_dtype": a.kv_cache_dtype.0.unwrap_or(dtype).to_string(),
                 "batch": b, "context": a.runs.context,
                 "eager_step_ms": eager * 1e3, "graph_step_ms": graph.map(|g| g * 1e3),
                 "speedup": graph.map(|g| eager / g), "capture_s": capture_secs,

@@ -202,6 +202,7 @@ fn engine_config(
         draft: None,
         eagle_aux: None,
         eagle_embed: None,
+        kv_cache_dtype: None,
     })
 }
 

@@ -44,6 +44,11 @@ pub struct EngineArgs {
     /// KV cache, in (0, 1]; CUDA only.
     #[arg(long, default_value = "0.8", value_parser = parse::fraction, allow_negative_numbers = true)]
     pub kv_fraction: f64,
+    /// What the KV cache stores: auto (the run dtype) or fp8 (E4M3, half of bf16's bytes,
+    /// so twice the tokens in the same memory; each layer's keys and values divided by
+    /// its scale, 1.0 unless the checkpoint ships `k_scale`/`v_scale`).
+    #[arg(long, default_value = "auto", value_name = "auto|fp8|DTYPE", value_parser = parse::kv_cache_dtype)]
+    pub kv_cache_dtype: parse::KvCacheDtype,
     /// Compute every prompt whole: no reuse of cached KV blocks of earlier prompts with
     /// the same prefix.
     #[arg(long)]
@@ -98,6 +103,17 @@ pub struct EngineArgs {
     /// The longest suffix (tokens) the ngram method matches (the longest match wins).
     #[arg(long, default_value = "4", requires = "speculative_method", allow_negative_numbers = true, value_parser = parse::count::<1, 64>)]
     pub ngram_max: usize,
+}
+
+/// `--kv-cache-dtype` against the run dtype: FP8, or the run dtype itself (`None`: auto).
+pub fn kv_cache_dtype(kv: parse::KvCacheDtype, dtype: DType) -> Result<Option<DType>> {
+    match kv.0 {
+        Some(k) if k != DType::F8E4M3 && k != dtype => {
+            bail!("--kv-cache-dtype {k} with --dtype {dtype}: the cache holds the run dtype or fp8")
+        }
+        Some(k) if k == dtype => Ok(None),
+        k => Ok(k),
+    }
 }
 
 /// `--speculative-method`: the methods built so far.
@@ -256,6 +272,7 @@ impl EngineArgs {
             draft,
             eagle_aux: None,
             eagle_embed: None,
+            kv_cache_dtype: kv_cache_dtype(self.kv_cache_dtype, dtype)?,
         };
         let sched = SchedulerConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,

@@ -402,6 +402,16 @@ const fn attention(
         num_kv_heads,
         head_dim,
         block_size: 16,
+        fp8_cache: false,
+    }
+}
+
+/// Llama-3-8B's decode attention (heads 32/8, d 128) at `batch` x `context`, over a
+/// cache of the run dtype or FP8.
+const fn llama8b_attention(batch: usize, context: usize, fp8_cache: bool) -> AttentionShape {
+    AttentionShape {
+        fp8_cache,
+        ..attention(batch, context, 32, 8, 128)
     }
 }
 
@@ -422,7 +432,17 @@ const QUICK: KernelSuite = KernelSuite {
     gemms: &[(64, 256, 256, DType::F32, 5)],
     gemvs: &[(256, 256, DType::F32)],
     copy: (8 << 20, 5),
-    attention: &[(attention(1, 256, 8, 2, 64), DType::F32, 5)],
+    attention: &[
+        (attention(1, 256, 8, 2, 64), DType::F32, 5),
+        (
+            AttentionShape {
+                fp8_cache: true,
+                ..attention(4, 256, 8, 2, 64)
+            },
+            DType::F32,
+            5,
+        ),
+    ],
     launches: 100,
     moe: &[(
         MoeShape {
@@ -463,9 +483,19 @@ const FULL: KernelSuite = KernelSuite {
         (8192, 7168, DType::BF16),
     ],
     copy: (1 << 30, 20),
+    // The serving issue's rows, (batch, context) = (1, 8k), (64, 2k), (256, 2k), (1024,
+    // 1k), over bf16 and FP8 caches, and the earlier rows at 4k.
     attention: &[
         (attention(1, 4096, 32, 8, 128), DType::BF16, 100),
         (attention(64, 4096, 32, 8, 128), DType::BF16, 100),
+        (llama8b_attention(1, 8192, false), DType::BF16, 100),
+        (llama8b_attention(1, 8192, true), DType::BF16, 100),
+        (llama8b_attention(64, 2048, false), DType::BF16, 100),
+        (llama8b_attention(64, 2048, true), DType::BF16, 100),
+        (llama8b_attention(256, 2048, false), DType::BF16, 50),
+        (llama8b_attention(256, 2048, true), DType::BF16, 50),
+        (llama8b_attention(1024, 1024, false), DType::BF16, 50),
+        (llama8b_attention(1024, 1024, true), DType::BF16, 50),
     ],
     launches: 1000,
     // Qwen3-30B-A3B's experts in Q4_K and bf16, one token.

@@ -115,6 +115,24 @@ pub fn dtype(s: &str) -> Result<DType, String> {
     DType::parse_float(s).ok_or_else(|| format!("expected {}", DType::FLOAT_NAMES))
 }
 
+/// `--kv-cache-dtype`'s value: `None` for auto (the run dtype).
+#[derive(Clone, Copy, Debug)]
+pub struct KvCacheDtype(pub Option<DType>);
+
+/// `--kv-cache-dtype`: auto, fp8 / fp8_e4m3, or a float dtype (which must be the run
+/// dtype: [`crate::engine_arg::kv_cache_dtype`] checks). vLLM's `fp8_e5m2` is refused by
+/// name.
+pub fn kv_cache_dtype(s: &str) -> Result<KvCacheDtype, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "auto" => Ok(KvCacheDtype(None)),
+        "fp8" | "fp8_e4m3" | "f8e4m3" => Ok(KvCacheDtype(Some(DType::F8E4M3))),
+        "fp8_e5m2" => Err("fp8_e5m2 is not supported: use fp8 (E4M3)".to_string()),
+        other => DType::parse_float(other)
+            .map(|d| KvCacheDtype(Some(d)))
+            .ok_or_else(|| format!("expected auto, fp8 (fp8_e4m3) or {}", DType::FLOAT_NAMES)),
+    }
+}
+
 /// `--quantization`: auto | none | a weight format.
 pub fn quantization(s: &str) -> Result<Quantization, String> {
     Quantization::parse(s)

@@ -32,8 +32,8 @@ pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Attention, ExpertCache, ExpertPrefetch, LogitBias, Moe, Penalties, QkvRope, SampleLogprobs,
-    Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
+    Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Moe, Penalties, QkvRope,
+    SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 
 use std::sync::Arc;

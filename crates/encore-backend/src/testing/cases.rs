@@ -13,7 +13,7 @@ use super::compare::{
 };
 use super::host::{download_f64, poison};
 use super::inputs::*;
-use super::reference;
+use super::{kv8, reference};
 
 pub(crate) const DTYPES: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
 
@@ -310,6 +310,7 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 }
             }
         }
+        fp8_cache_cases(&mut extra, dtype, &mut push);
     }
     for (batch, vocab) in [(12, 1000), (4, 32_000)] {
         let inputs = SampleInputs::greedy(&mut rng, batch, vocab);
@@ -517,6 +518,64 @@ fn quantized_matmul_cases(
 }
 
 /// Upload the weight of matmul inputs: quantized when they say so, else in `dt`.
+/// The FP8 KV cache's cases ([`kv8::CASE_SCALE`]): writes of two shapes, then decode
+/// and prefill reads: a short context, a long one (split-K), prefill rows past the CPU
+/// kernel's tiles at head_dim 64 and 128 (the GPU's tensor-core kernel), a window.
+fn fp8_cache_cases(
+    rng: &mut rand::rngs::StdRng,
+    dtype: DType,
+    push: &mut impl FnMut(String, String, DType, Op),
+) {
+    for (n, nh, kvh, hd, rot, nb, bs, norm) in [
+        (7, 4, 2, 64, 64, 6, 16, false),
+        (9, 8, 8, 128, 128, 4, 8, true),
+    ] {
+        let mut inputs = QkvRopeInputs::random(rng, n, nh, kvh, hd, rot, nb, bs, norm);
+        inputs.kv.kv8 = Some(kv8::CASE_SCALE);
+        push(
+            "qkv_rope_write(fp8 cache)".into(),
+            format!("n={n} h={nh}/{kvh} hd={hd} rot={rot} blocks={nb}x{bs} head_norm={norm}"),
+            dtype,
+            Op::QkvRope(inputs),
+        );
+    }
+    let shapes: [AttentionCase; 5] = [
+        (6, 4, 2, 64, 16, 4, 6, FULL),
+        (5, 8, 2, 128, 16, 64, 6, FULL),
+        (5, 4, 1, 64, 16, 64, 40, FULL),
+        (4, 8, 2, 128, 16, 16, 40, FULL),
+        (5, 4, 1, 64, 16, 64, 40, &[Some(100)]),
+    ];
+    for prefill in [false, true] {
+        for &(num_seqs, nh, nkv, hd, bs, tw, max_q_len, windows) in &shapes {
+            let window = windows[0];
+            let shape = AttentionShape {
+                num_seqs,
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                block_size: bs,
+                table_width: tw,
+                prefill,
+                max_q_len,
+                window,
+            };
+            let mut inputs = AttentionInputs::random(rng, shape);
+            inputs.kv8 = Some(kv8::CASE_SCALE);
+            let name = if prefill {
+                "attention(prefill, fp8 cache)"
+            } else {
+                "attention(decode, fp8 cache)"
+            };
+            let mut shape = format!("rows={} h={nh}/{nkv} hd={hd} bs={bs}", inputs.rows);
+            if let Some(w) = window {
+                shape += &format!(" window={w}");
+            }
+            push(name.into(), shape, dtype, Op::Attention(inputs));
+        }
+    }
+}
+
 fn upload_w(b: &dyn Backend, i: &MatmulInputs, dt: DType) -> Result<crate::tensor::Tensor> {
     match i.w_format {
         Some(fmt) => {
@@ -631,7 +690,13 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             let cs = b.upload(&r.cos_sin, &[r.max_positions, r.rot])?;
             let sm = b.upload(&kv.slot_mapping, &[n])?;
             let cache = [kv.num_blocks, kv.block_size, kvh, hd];
-            let (kc, vc) = (f(&kv.k_cache, &cache)?, f(&kv.v_cache, &cache)?);
+            let (kc, vc) = match kv.kv8 {
+                Some(s) => (
+                    kv8::upload(b, &kv.k_cache, &cache, s.k)?,
+                    kv8::upload(b, &kv.v_cache, &cache, s.v)?,
+                ),
+                None => (f(&kv.k_cache, &cache)?, f(&kv.v_cache, &cache)?),
+            };
             let q_out = fresh(dt, &[n, nh, hd])?;
             b.qkv_rope_write(&QkvRope {
                 qkv: &qkv,
@@ -643,19 +708,34 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 q_out: &q_out,
                 k_cache: &kc,
                 v_cache: &vc,
+                kv_scale: kv.kv8.unwrap_or_default(),
             })?;
-            vec![
-                floats("q", download_f64(b, &q_out)?, OpClass::Pointwise),
-                floats("k_cache", download_f64(b, &kc)?, OpClass::Pointwise),
-                floats("v_cache", download_f64(b, &vc)?, OpClass::Copy),
-            ]
+            let q = floats("q", download_f64(b, &q_out)?, OpClass::Pointwise);
+            match kv.kv8 {
+                Some(s) => vec![
+                    q,
+                    floats("k_cache", kv8::download(b, &kc, s.k)?, OpClass::Fp8Cache),
+                    floats("v_cache", kv8::download(b, &vc, s.v)?, OpClass::Fp8Cache),
+                ],
+                None => vec![
+                    q,
+                    floats("k_cache", download_f64(b, &kc)?, OpClass::Pointwise),
+                    floats("v_cache", download_f64(b, &vc)?, OpClass::Copy),
+                ],
+            }
         }
         Op::Attention(i) => {
             let s = i.shape;
             let qs = [i.rows, s.num_heads, s.head_dim];
             let cache = [i.num_blocks, s.block_size, s.num_kv_heads, s.head_dim];
             let q = f(&i.q, &qs)?;
-            let (kc, vc) = (f(&i.k_cache, &cache)?, f(&i.v_cache, &cache)?);
+            let (kc, vc) = match i.kv8 {
+                Some(s) => (
+                    kv8::upload(b, &i.k_cache, &cache, s.k)?,
+                    kv8::upload(b, &i.v_cache, &cache, s.v)?,
+                ),
+                None => (f(&i.k_cache, &cache)?, f(&i.v_cache, &cache)?),
+            };
             let tables = b.upload(&i.block_tables, &[s.num_seqs, s.table_width])?;
             let lens = b.upload(&i.seq_lens, &[s.num_seqs])?;
             let cu = i
@@ -676,6 +756,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 q: &q,
                 k_cache: &kc,
                 v_cache: &vc,
+                kv_scale: i.kv8.unwrap_or_default(),
                 block_tables: &tables,
                 seq_lens: &lens,
                 cu_seqlens_q: cu.as_ref(),
@@ -849,8 +930,30 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             }
             reference::rope(&mut qv, &r.positions, &cs, hd, rot);
             reference::rope(&mut kv_, &r.positions, &cs, hd, rot);
-            let (mut kc, mut vc) = (q(&kv.k_cache), q(&kv.v_cache));
             let row = r.num_kv_heads * hd;
+            if let Some(s) = kv.kv8 {
+                // The caches hold E4M3 values; a write stores the dtype's rounding of each
+                // value in E4M3 (the scales are powers of two: exact in every dtype).
+                let (mut kc, mut vc) = (
+                    kv8::through(&kv.k_cache, s.k),
+                    kv8::through(&kv.v_cache, s.v),
+                );
+                let through = |v: &[f64], scale: f32| -> Vec<f64> {
+                    let v: Vec<f32> = v
+                        .iter()
+                        .map(|&x| reference::round_to(dt, x) as f32)
+                        .collect();
+                    kv8::through(&v, scale)
+                };
+                let (kw, vw) = (through(&kv_, s.k), through(&q(&kv.v), s.v));
+                reference::kv_write(&kw, &vw, &mut kc, &mut vc, &kv.slot_mapping, row);
+                return vec![
+                    floats("q", qv, OpClass::Pointwise),
+                    floats("k_cache", kc, OpClass::Fp8Cache),
+                    floats("v_cache", vc, OpClass::Fp8Cache),
+                ];
+            }
+            let (mut kc, mut vc) = (q(&kv.k_cache), q(&kv.v_cache));
             reference::kv_write(&kv_, &q(&kv.v), &mut kc, &mut vc, &kv.slot_mapping, row);
             vec![
                 floats("q", qv, OpClass::Pointwise),
@@ -860,7 +963,14 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
         }
         Op::Attention(i) => {
             let s = i.shape;
-            let (qv, kc, vc) = (q(&i.q), q(&i.k_cache), q(&i.v_cache));
+            let (qv, kc, vc) = match i.kv8 {
+                Some(sc) => (
+                    q(&i.q),
+                    kv8::through(&i.k_cache, sc.k),
+                    kv8::through(&i.v_cache, sc.v),
+                ),
+                None => (q(&i.q), q(&i.k_cache), q(&i.v_cache)),
+            };
             let out = reference::attention(&reference::AttentionRef {
                 q: &qv,
                 k_cache: &kc,

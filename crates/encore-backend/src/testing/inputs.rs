@@ -254,6 +254,8 @@ pub struct KvWriteInputs {
     pub head_dim: usize,
     pub num_blocks: usize,
     pub block_size: usize,
+    /// The caches are FP8 with these scales (`None`: of the case's dtype).
+    pub kv8: Option<crate::args::KvScale>,
 }
 
 impl KvWriteInputs {
@@ -286,6 +288,7 @@ impl KvWriteInputs {
             head_dim,
             num_blocks,
             block_size,
+            kv8: None,
         }
     }
 }
@@ -327,6 +330,8 @@ pub struct AttentionInputs {
     pub scale: f32,
     pub rows: usize,
     pub num_blocks: usize,
+    /// The caches are FP8 with these scales (`None`: of the case's dtype).
+    pub kv8: Option<crate::args::KvScale>,
 }
 
 impl AttentionInputs {
@@ -410,6 +415,7 @@ impl AttentionInputs {
             scale: 1.0 / (head_dim as f32).sqrt(),
             rows,
             num_blocks,
+            kv8: None,
         }
     }
 }

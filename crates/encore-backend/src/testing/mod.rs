@@ -13,6 +13,7 @@ pub mod check;
 pub mod compare;
 mod host;
 pub mod inputs;
+pub mod kv8;
 pub mod reference;
 
 pub use check::{check_backend_against_cpu, check_capture_forbidden, check_cpu_against_reference};

@@ -1,7 +1,7 @@
 //! The KV cache's device memory: one allocation for every layer's keys and values, and
 //! its sizing from a memory budget.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, KvScale};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
@@ -20,7 +20,7 @@ pub struct KvCacheConfig {
     pub head_dim: usize,
     /// Tokens per block.
     pub block_size: usize,
-    /// A float dtype (the model's activation dtype).
+    /// A float dtype (usually the model's activation dtype) or [`DType::F8E4M3`].
     pub dtype: DType,
 }
 
@@ -47,7 +47,7 @@ impl KvCacheConfig {
         self.block_size * self.num_kv_heads * self.head_dim
     }
 
-    /// Every dimension non-zero, a float dtype, and a block small enough to count.
+    /// Every dimension non-zero, a KV cache dtype, and a block small enough to count.
     pub fn validate(&self) -> Result<()> {
         const OP: &str = "KvCacheConfig";
         for (name, v) in [
@@ -60,10 +60,13 @@ impl KvCacheConfig {
                 return Err(Error::invalid(OP, format!("{name} must be at least 1")));
             }
         }
-        if !self.dtype.is_float() {
+        if !self.dtype.is_kv_cache() {
             return Err(Error::invalid(
                 OP,
-                format!("dtype {} is not a float dtype", self.dtype),
+                format!(
+                    "dtype {} cannot hold a KV cache (bf16, f16, f32 or f8e4m3)",
+                    self.dtype
+                ),
             ));
         }
         if self.bytes_per_block() == usize::MAX {
@@ -84,12 +87,16 @@ impl KvCacheConfig {
 ///
 /// Block [`NULL_BLOCK`] of every layer is zeroed at creation; the rest is uninitialised
 /// (attention never reads a token it has not been given: see `seq_lens`).
+///
+/// An FP8 cache ([`DType::F8E4M3`]) stores each layer's keys and values divided by that
+/// layer's [`KvScale`] (1.0 until [`KvCache::set_scales`]).
 pub struct KvCache {
     cfg: KvCacheConfig,
     num_blocks: usize,
     full: Tensor,
     k: Vec<Tensor>,
     v: Vec<Tensor>,
+    scales: Vec<KvScale>,
 }
 
 impl KvCache {
@@ -139,7 +146,37 @@ impl KvCache {
             full,
             k,
             v,
+            scales: vec![KvScale::ONE; num_layers],
         })
+    }
+
+    /// Layer `layer`'s scales (what [`crate::QkvRope`] and [`crate::Attention`] take; a
+    /// cache of a float dtype ignores them).
+    ///
+    /// # Panics
+    /// If `layer >= num_layers`.
+    pub fn scale(&self, layer: usize) -> KvScale {
+        self.scales[layer]
+    }
+
+    /// Set every layer's scales (a checkpoint's `k_scale` / `v_scale`): one per layer,
+    /// finite and positive. Only before anything is written: the cache's bytes are the
+    /// values divided by the scales they were written with.
+    pub fn set_scales(&mut self, scales: Vec<KvScale>) -> Result<()> {
+        if scales.len() != self.cfg.num_layers {
+            return Err(Error::invalid(
+                "KvCache::set_scales",
+                format!("{} scales for {} layers", scales.len(), self.cfg.num_layers),
+            ));
+        }
+        if let Some((l, s)) = scales.iter().enumerate().find(|(_, s)| !s.is_valid()) {
+            return Err(Error::invalid(
+                "KvCache::set_scales",
+                format!("layer {l}: {s:?} is not finite and positive"),
+            ));
+        }
+        self.scales = scales;
+        Ok(())
     }
 
     /// Layer `layer`'s key cache, `[num_blocks, block_size, num_kv_heads, head_dim]`.

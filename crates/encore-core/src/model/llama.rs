@@ -950,6 +950,7 @@ impl Model {
             q_out: &buf.q.reshape(&[n, c.num_heads, c.head_dim])?,
             k_cache: kv.k(k),
             v_cache: kv.v(k),
+            kv_scale: kv.scale(k),
         })
     }
 
@@ -974,6 +975,7 @@ impl Model {
                     q,
                     k_cache: kv.k(layer),
                     v_cache: kv.v(layer),
+                    kv_scale: kv.scale(layer),
                     block_tables: tables,
                     seq_lens: lens,
                     cu_seqlens_q: cu,

@@ -124,6 +124,10 @@ pub struct RunnerConfig {
     /// 4` bytes in all (128 slots of a 128k vocabulary: 64 MiB). 0: no table, and
     /// requests with penalties are refused.
     pub penalty_slots: usize,
+    /// What the KV cache stores (`--kv-cache-dtype`): `None` the run dtype, or
+    /// [`DType::F8E4M3`] (half the bytes of bf16: twice the blocks for the same memory),
+    /// or another float dtype.
+    pub kv_dtype: Option<DType>,
 }
 
 impl RunnerConfig {
@@ -166,7 +170,7 @@ impl RunnerConfig {
             num_kv_heads: model.num_kv_heads,
             head_dim: model.head_dim,
             block_size: self.block_size,
-            dtype,
+            dtype: self.kv_dtype.unwrap_or(dtype),
         }
     }
 

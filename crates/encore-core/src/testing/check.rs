@@ -29,8 +29,8 @@ const REPLAY_SEQS: usize = 3;
 /// 2 (capture), 4 (replay), 1 (capture), 2 (replay).
 const REPLAY_DECODE: [usize; 6] = [3, 3, 2, 3, 1, 2];
 
-/// The real runner on the `dummy:tiny` model (random weights from `seed`), f32 and bf16,
-/// eagerly and in graph mode (buckets 1, 2, 4) side by side: one prefill step of three
+/// The real runner on the `dummy:tiny` model (random weights from `seed`), f32 and bf16
+/// (and bf16 over an FP8 KV cache: its shapes read `kv=fp8`), eagerly and in graph mode (buckets 1, 2, 4) side by side: one prefill step of three
 /// prompts of random lengths, then decode steps of 3, 3, 2, 3, 1 and 2 sequences, so each
 /// bucket is captured on its first step and replayed after that, with padding rows. Both
 /// runners are fed the eager runner's tokens. One sequence samples greedily with a
@@ -46,8 +46,12 @@ const REPLAY_DECODE: [usize; 6] = [3, 3, 2, 3, 1, 2];
 pub fn check_capture_replay(backend: &dyn Backend, seed: u64) -> Result<Vec<CheckResult>> {
     let mut rng = rng(seed);
     let mut results = Vec::new();
-    for dtype in [DType::F32, DType::BF16] {
-        results.extend(check_replay_dtype(backend, dtype, seed, &mut rng)?);
+    for (dtype, kv) in [
+        (DType::F32, None),
+        (DType::BF16, None),
+        (DType::BF16, Some(DType::F8E4M3)),
+    ] {
+        results.extend(check_replay_dtype(backend, dtype, kv, seed, &mut rng)?);
     }
     Ok(results)
 }
@@ -90,16 +94,18 @@ fn replay_sampling(rng: &mut impl Rng) -> Vec<SamplingParams> {
     .collect()
 }
 
-/// [`check_capture_replay`] in one dtype.
+/// [`check_capture_replay`] in one dtype, over a KV cache of `kv` (`None`: the dtype).
 fn check_replay_dtype(
     backend: &dyn Backend,
     dtype: DType,
+    kv: Option<DType>,
     seed: u64,
     rng: &mut impl Rng,
 ) -> Result<Vec<CheckResult>> {
     let exact = backend.device_name() == "cpu";
-    let mut eager = replay_runner(backend, dtype, seed, false)?;
-    let mut graph = replay_runner(backend, dtype, seed, true)?;
+    let mut eager = replay_runner(backend, dtype, kv, seed, false)?;
+    let mut graph = replay_runner(backend, dtype, kv, seed, true)?;
+    let kv_tag = kv.map_or(String::new(), |k| format!("kv={} ", kv_name(k)));
     let vocab = eager.runner.model().cfg.vocab_size as u32;
     let logits_tol = match (exact, dtype) {
         (true, _) => 0.0,
@@ -141,7 +147,7 @@ fn check_replay_dtype(
     let tokens: usize = prompts.iter().map(Vec::len).sum();
     let mut results = vec![CheckResult::new(
         "capture replay prefill: logits",
-        format!("{REPLAY_SEQS} prompts, {tokens} tokens"),
+        format!("{kv_tag}{REPLAY_SEQS} prompts, {tokens} tokens"),
         dtype,
         logits_error(&got, &want, REPLAY_SEQS),
         logits_tol,
@@ -153,11 +159,20 @@ fn check_replay_dtype(
             exact,
             logits_tol,
             sampling: &sampling,
+            kv_tag: &kv_tag,
         };
         results.extend(round.run(&mut eager, &mut graph, &mut last)?);
     }
-    results.push(graph_steps_result(&graph.runner, dtype));
+    results.push(graph_steps_result(&graph.runner, dtype, &kv_tag));
     Ok(results)
+}
+
+/// A KV cache dtype as `--kv-cache-dtype` names it.
+fn kv_name(kv: DType) -> String {
+    match kv {
+        DType::F8E4M3 => "fp8".into(),
+        other => other.to_string(),
+    }
 }
 
 /// One decode step of the replay check on both sides.
@@ -167,6 +182,8 @@ struct ReplayRound<'a> {
     exact: bool,
     logits_tol: f64,
     sampling: &'a [SamplingParams],
+    /// `kv=fp8 ` over an FP8 cache, else empty: the start of every shape.
+    kv_tag: &'a str,
 }
 
 impl ReplayRound<'_> {
@@ -206,7 +223,11 @@ impl ReplayRound<'_> {
         let buckets = BucketPolicy::PowersOfTwo {
             max: REPLAY_MAX_SEQS,
         };
-        let shape = format!("b={b} bucket={}", buckets.bucket_for(b).unwrap_or(b));
+        let shape = format!(
+            "{}b={b} bucket={}",
+            self.kv_tag,
+            buckets.bucket_for(b).unwrap_or(b)
+        );
         let label = |what: &str| format!("capture replay #{round}: {what}");
         let mut results = vec![CheckResult::new(
             label("logits"),
@@ -244,7 +265,7 @@ impl ReplayRound<'_> {
 }
 
 /// Every decode step of the replay check ran a graph, and each bucket was captured once.
-fn graph_steps_result(graph: &Runner<'_>, dtype: DType) -> CheckResult {
+fn graph_steps_result(graph: &Runner<'_>, dtype: DType, kv_tag: &str) -> CheckResult {
     let buckets = BucketPolicy::PowersOfTwo {
         max: REPLAY_MAX_SEQS,
     };
@@ -261,7 +282,7 @@ fn graph_steps_result(graph: &Runner<'_>, dtype: DType) -> CheckResult {
     CheckResult::new(
         "capture replay: graph steps",
         format!(
-            "{graph_steps}/{decode_steps} steps, {captures}/{} captures",
+            "{kv_tag}{graph_steps}/{decode_steps} steps, {captures}/{} captures",
             used.len()
         ),
         dtype,
@@ -272,7 +293,13 @@ fn graph_steps_result(graph: &Runner<'_>, dtype: DType) -> CheckResult {
 
 /// An eager or graph-mode runner of [`REPLAY_MODEL`] with dummy weights from `seed`, and
 /// the blocks and penalty slots its steps read.
-fn replay_runner(be: &dyn Backend, dtype: DType, seed: u64, graph: bool) -> Result<Side<'_>> {
+fn replay_runner(
+    be: &dyn Backend,
+    dtype: DType,
+    kv_dtype: Option<DType>,
+    seed: u64,
+    graph: bool,
+) -> Result<Side<'_>> {
     let cfg = open_model(REPLAY_MODEL)?.config;
     let weights = weights::load(
         be,
@@ -292,6 +319,7 @@ fn replay_runner(be: &dyn Backend, dtype: DType, seed: u64, graph: bool) -> Resu
             max_seqs: REPLAY_MAX_SEQS,
             max_seq_len: REPLAY_MAX_LEN,
             penalty_slots: REPLAY_MAX_SEQS,
+            kv_dtype,
         },
     )?;
     if graph {

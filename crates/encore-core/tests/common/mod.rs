@@ -65,6 +65,7 @@ pub fn tiny_config(num_blocks: usize) -> RunnerConfig {
         max_seqs: 16,
         max_seq_len: 128,
         penalty_slots: 16,
+        kv_dtype: None,
     }
 }
 

@@ -314,6 +314,7 @@ fn greedy_on_cpu(
             max_seqs: prompts.len(),
             max_seq_len: 64,
             penalty_slots: 0,
+            kv_dtype: None,
         },
     )
     .unwrap();

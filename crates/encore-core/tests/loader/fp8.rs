@@ -97,6 +97,7 @@ fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
         max_seqs: 2,
         max_seq_len: 64,
         penalty_slots: 0,
+        kv_dtype: None,
     };
     let mut runner = Runner::new(&be, model, cfg).unwrap();
     let prompts = vec![vec![1, 5, 9, 40, 77], vec![1, 90, 3]];

@@ -377,6 +377,7 @@ impl Backend for CpuBackend {
             q_out: a.q_out.clone(),
             k_cache: a.k_cache.clone(),
             v_cache: a.v_cache.clone(),
+            kv_scale: a.kv_scale,
         };
         self.submit(move || kernels::qkv_rope_write(&args, &d));
         Ok(())
@@ -389,6 +390,7 @@ impl Backend for CpuBackend {
             q: a.q.clone(),
             k_cache: a.k_cache.clone(),
             v_cache: a.v_cache.clone(),
+            kv_scale: a.kv_scale,
             block_tables: a.block_tables.clone(),
             seq_lens: a.seq_lens.clone(),
             cu_seqlens_q: a.cu_seqlens_q.cloned(),

@@ -129,12 +129,13 @@ pub(super) struct Kernels<K = Kernel> {
     /// (by [`GEMV_VARIANTS`] index), and the sum + residual RMSNorm after it.
     pub gemv_push: [PerDType<K>; 4],
     pub pushed_rms_norm: PerDType<K>,
-    pub qkv_rope: PerDType<K>,
-    /// By [`SPLIT_VARIANTS`] index.
-    pub attention_split: [PerDType<K>; 4],
+    /// By KV cache: of the activations' type, then FP8 (`_kv8`).
+    pub qkv_rope: [PerDType<K>; 2],
+    /// By KV cache (as `qkv_rope`), then [`SPLIT_VARIANTS`] index.
+    attention_split: [[PerDType<K>; 4]; 2],
     pub attention_combine: PerDType<K>,
-    /// By [`PREFILL_HEAD_DIMS`] index, then bf16 / f16.
-    pub attention_prefill: [[K; 2]; 2],
+    /// By KV cache (as `qkv_rope`), [`PREFILL_HEAD_DIMS`] index, then bf16 / f16.
+    attention_prefill: [[[K; 2]; 2]; 2],
     /// By input element type, output (0: the input's type, 1: f32), [`GEMV_VARIANTS`] index.
     pub gemv: [[[K; 4]; 2]; 3],
     /// The one-row fused gate/up projection and SiLU·mul.
@@ -191,21 +192,27 @@ impl<K> Kernels<K> {
         };
         let gemv_push = [push(0)?, push(1)?, push(2)?, push(3)?];
         let pushed_rms_norm = PerDType::resolve(t, "pushed_rms_norm")?;
-        let qkv_rope = PerDType::resolve(t, "qkv_rope")?;
-        let mut split = |i: usize| PerDType::resolve(t, SPLIT_NAMES[i]);
-        let attention_split = [split(0)?, split(1)?, split(2)?, split(3)?];
-        let attention_combine = PerDType::resolve(t, "attention_combine")?;
-        let mut prefill = |h: usize, d: usize| {
-            t(&format!(
-                "attention_prefill_hd{}_{}",
-                PREFILL_HEAD_DIMS[h],
-                DTYPES[d].kernel_suffix()
-            ))
-        };
-        let attention_prefill = [
-            [prefill(0, 0)?, prefill(0, 1)?],
-            [prefill(1, 0)?, prefill(1, 1)?],
+        let qkv_rope = [
+            PerDType::resolve(t, "qkv_rope")?,
+            PerDType::resolve_variant(t, "qkv_rope", KV8)?,
         ];
+        let mut split = |kv: &str| -> Result<[PerDType<K>; 4]> {
+            let mut one = |i: usize| PerDType::resolve_variant(t, SPLIT_NAMES[i], kv);
+            Ok([one(0)?, one(1)?, one(2)?, one(3)?])
+        };
+        let attention_split = [split("")?, split(KV8)?];
+        let attention_combine = PerDType::resolve(t, "attention_combine")?;
+        let mut prefill = |kv: &str| -> Result<[[K; 2]; 2]> {
+            let mut one = |h: usize, d: usize| {
+                t(&format!(
+                    "attention_prefill_hd{}_{}{kv}",
+                    PREFILL_HEAD_DIMS[h],
+                    DTYPES[d].kernel_suffix()
+                ))
+            };
+            Ok([[one(0, 0)?, one(0, 1)?], [one(1, 0)?, one(1, 1)?]])
+        };
+        let attention_prefill = [prefill("")?, prefill(KV8)?];
         let mut gemv = |x: usize, o: usize| -> Result<[K; 4]> {
             let xs = DTYPES[x].kernel_suffix();
             let os = if o == 1 { "f32" } else { xs };
@@ -393,22 +400,27 @@ impl<K> Kernels<K> {
         self.dequant[format_index(fmt)].get(dt)
     }
 
-    /// `attention_split_g<heads>_<dt>` for `heads` in [`SPLIT_VARIANTS`].
-    pub(super) fn attention_split(&self, heads: usize, dt: DType) -> Result<&K> {
-        self.attention_split[variant(&SPLIT_VARIANTS, heads, "attention")?].get(dt)
+    /// `attention_split_g<heads>_<dt>[_kv8]` for `heads` in [`SPLIT_VARIANTS`] (`_kv8`:
+    /// over an FP8 cache).
+    pub(super) fn attention_split(&self, heads: usize, dt: DType, kv8: bool) -> Result<&K> {
+        self.attention_split[usize::from(kv8)][variant(&SPLIT_VARIANTS, heads, "attention")?]
+            .get(dt)
     }
 
-    /// `attention_prefill_hd<head_dim>_<dt>`, if that instantiation exists.
-    pub(super) fn attention_prefill(&self, head_dim: usize, dt: DType) -> Option<&K> {
+    /// `attention_prefill_hd<head_dim>_<dt>[_kv8]`, if that instantiation exists.
+    pub(super) fn attention_prefill(&self, head_dim: usize, dt: DType, kv8: bool) -> Option<&K> {
         let h = PREFILL_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
         let d = match dt {
             DType::BF16 => 0,
             DType::F16 => 1,
             _ => return None,
         };
-        Some(&self.attention_prefill[h][d])
+        Some(&self.attention_prefill[usize::from(kv8)][h][d])
     }
 }
+
+/// The suffix of the kernels that read or write an FP8 KV cache.
+const KV8: &str = "_kv8";
 
 const SPLIT_NAMES: [&str; 4] = [
     "attention_split_g1",
@@ -571,15 +583,24 @@ mod tests {
         assert!(k.gemv(DType::BF16, DType::BF16, 3).is_err());
         assert_eq!(k.gemv_silu.get(DType::F16).unwrap(), "gemv_silu_f16_m1");
         assert_eq!(
-            k.attention_split(4, DType::F32).unwrap(),
+            k.attention_split(4, DType::F32, false).unwrap(),
             "attention_split_g4_f32"
         );
         assert_eq!(
-            k.attention_prefill(128, DType::BF16).unwrap(),
+            k.attention_split(8, DType::BF16, true).unwrap(),
+            "attention_split_g8_bf16_kv8"
+        );
+        assert_eq!(
+            k.attention_prefill(128, DType::BF16, false).unwrap(),
             "attention_prefill_hd128_bf16"
         );
-        assert!(k.attention_prefill(128, DType::F32).is_none());
-        assert!(k.attention_prefill(96, DType::BF16).is_none());
+        assert_eq!(
+            k.attention_prefill(64, DType::F16, true).unwrap(),
+            "attention_prefill_hd64_f16_kv8"
+        );
+        assert_eq!(k.qkv_rope[1].get(DType::F32).unwrap(), "qkv_rope_f32_kv8");
+        assert!(k.attention_prefill(128, DType::F32, true).is_none());
+        assert!(k.attention_prefill(96, DType::BF16, false).is_none());
         assert!(k.embedding.get(DType::I32).is_err());
     }
 }

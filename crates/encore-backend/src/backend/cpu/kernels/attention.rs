@@ -16,7 +16,9 @@
 use rayon::prelude::*;
 
 use super::{dispatch_float, dot, gemm_f32, view, view_mut, Float, SyncPtr};
+use crate::args::KvScale;
 use crate::ops::AttentionDims;
+use crate::quant::e4m3_table;
 use crate::tensor::{DType, Tensor};
 use half::{bf16, f16};
 
@@ -24,6 +26,7 @@ pub(in crate::backend::cpu) struct AttentionArgs {
     pub q: Tensor,
     pub k_cache: Tensor,
     pub v_cache: Tensor,
+    pub kv_scale: KvScale,
     pub block_tables: Tensor,
     pub seq_lens: Tensor,
     pub cu_seqlens_q: Option<Tensor>,
@@ -105,6 +108,29 @@ fn tiles(rows: usize, seq_lens: &[i32], cu: Option<&[i32]>) -> (Vec<Tile>, Vec<u
     (tiles, empty)
 }
 
+/// A layer's K or V cache: elements of T, or FP8 bytes (decoded exactly; the scales are
+/// folded into the softmax scale and the output).
+#[derive(Clone, Copy)]
+enum Cache<'a, T> {
+    Same(&'a [T]),
+    F8(&'a [u8], &'static [f32; 256]),
+}
+
+impl<T: Float> Cache<'_, T> {
+    /// `dst[i]` = element `at + i` as f32.
+    fn widen(&self, at: usize, dst: &mut [f32]) {
+        let n = dst.len();
+        match *self {
+            Cache::Same(c) => T::widen(&c[at..at + n], dst),
+            Cache::F8(c, table) => {
+                for (d, &b) in dst.iter_mut().zip(&c[at..at + n]) {
+                    *d = table[b as usize];
+                }
+            }
+        }
+    }
+}
+
 /// Per-task buffers, reused across the tasks of one rayon worker.
 #[derive(Default)]
 struct Work {
@@ -137,15 +163,32 @@ fn attention_t<T: Float>(a: &AttentionArgs) {
     // SAFETY: dtypes validated (q, caches, out T; tables, lengths, cu i32); out is only
     // written through `op` below, at disjoint elements per task, and does not overlap the
     // inputs.
-    let (q, kc, vc, tables, lens, cu) = unsafe {
+    let (q, tables, lens, cu) = unsafe {
         (
             view::<T>(&a.q),
-            view::<T>(&a.k_cache),
-            view::<T>(&a.v_cache),
             view::<i32>(&a.block_tables),
             view::<i32>(&a.seq_lens),
             a.cu_seqlens_q.as_ref().map(|t| view::<i32>(t)),
         )
+    };
+    // SAFETY: as above (both caches T, or both F8E4M3: validated).
+    let (kc, vc, scale, v_scale) = unsafe {
+        if a.k_cache.dtype() == DType::F8E4M3 {
+            let t = e4m3_table();
+            (
+                Cache::<T>::F8(view::<u8>(&a.k_cache), t),
+                Cache::<T>::F8(view::<u8>(&a.v_cache), t),
+                a.scale * a.kv_scale.k,
+                a.kv_scale.v,
+            )
+        } else {
+            (
+                Cache::Same(view::<T>(&a.k_cache)),
+                Cache::Same(view::<T>(&a.v_cache)),
+                a.scale,
+                1.0,
+            )
+        }
     };
     if rows == 0 || num_heads == 0 || hd == 0 {
         return;
@@ -175,7 +218,7 @@ fn attention_t<T: Float>(a: &AttentionArgs) {
                     let src = ((tile.r0 + r) * num_heads + g * group + j) * hd;
                     let dst = &mut w.q[(r * group + j) * hd..(r * group + j + 1) * hd];
                     for (d, s) in dst.iter_mut().zip(&q[src..src + hd]) {
-                        *d = s.to_f32() * a.scale;
+                        *d = s.to_f32() * scale;
                     }
                 }
             }
@@ -206,8 +249,8 @@ fn attention_t<T: Float>(a: &AttentionArgs) {
                     w.ok[j] = block.is_some();
                     if let Some(b) = block {
                         let base = ((b * block_size + t % block_size) * num_kv_heads + g) * hd;
-                        T::widen(&kc[base..base + hd], &mut w.k[j * hd..(j + 1) * hd]);
-                        T::widen(&vc[base..base + hd], &mut w.v[j * hd..(j + 1) * hd]);
+                        kc.widen(base, &mut w.k[j * hd..(j + 1) * hd]);
+                        vc.widen(base, &mut w.v[j * hd..(j + 1) * hd]);
                     } else {
                         // Never used (probability 0), but keep NaN-free data for gemm.
                         w.k[j * hd..(j + 1) * hd].fill(0.0);
@@ -258,10 +301,11 @@ fn attention_t<T: Float>(a: &AttentionArgs) {
                 c0 += kn;
             }
 
-            // out = acc / l (zeros for a query that saw no valid key).
+            // out = acc / l (zeros for a query that saw no valid key), times an FP8
+            // cache's value scale.
             for i in 0..nq {
                 let (r, j) = (i / group, i % group);
-                let inv = if w.l[i] > 0.0 { 1.0 / w.l[i] } else { 0.0 };
+                let inv = if w.l[i] > 0.0 { v_scale / w.l[i] } else { 0.0 };
                 let at = ((tile.r0 + r) * num_heads + g * group + j) * hd;
                 for (d, x) in w.acc[i * hd..(i + 1) * hd].iter().enumerate() {
                     // SAFETY: `at + d < rows * num_heads * head_dim`; (row, head) pairs

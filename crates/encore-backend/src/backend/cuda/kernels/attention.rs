@@ -210,8 +210,9 @@ pub(in crate::backend::cuda) fn attention(
     }
 
     let has_cu = a.cu_seqlens_q.is_some();
+    let kv8 = a.k_cache.dtype() == DType::F8E4M3;
     let enabled = be.flash_prefill() && !few_queries(d, be.sm_count());
-    if let Some(kernel) = prefill_kernel(be, a.q.dtype(), d.head_dim, has_cu, enabled) {
+    if let Some(kernel) = prefill_kernel(be, a.q.dtype(), d.head_dim, has_cu, kv8, enabled) {
         return attention_prefill(be, a, d, kernel);
     }
 
@@ -235,7 +236,7 @@ pub(in crate::backend::cuda) fn attention(
         .div_ceil(if dt.size() == 4 { 2 } else { 1 })
         .next_power_of_two()
         .clamp(4, 32);
-    let kernel = be.kernels().attention_split(plan.gmax, dt)?;
+    let kernel = be.kernels().attention_split(plan.gmax, dt, kv8)?;
 
     let y = d.num_kv_heads * plan.num_sub;
     if y > 65_535 || d.num_heads > 65_535 {
@@ -258,7 +259,7 @@ pub(in crate::backend::cuda) fn attention(
     let cu = a.cu_seqlens_q.map_or(0, dptr);
     let has_cu = a.cu_seqlens_q.is_some() as i32;
     let (out, scratch) = (dptr(a.out), dptr(a.scratch));
-    let qscale = a.scale * std::f32::consts::LOG2_E;
+    let (qscale, vscale) = scales(a);
     let window = window_arg(a.window);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
     let rows = int(OP, "rows", d.rows)?;
@@ -283,8 +284,8 @@ pub(in crate::backend::cuda) fn attention(
         kernel,
         c,
         &mut args![
-            q, kc, vc, bt, sl, cu, has_cu, out, scratch, qscale, window, num_seqs, rows, nh, nkv,
-            hd, nb, bs, tw, group, hpc, nsub, splits, lpt
+            q, kc, vc, bt, sl, cu, has_cu, out, scratch, qscale, vscale, window, num_seqs, rows,
+            nh, nkv, hd, nb, bs, tw, group, hpc, nsub, splits, lpt
         ],
     )?;
     if plan.num_splits > 1 {
@@ -297,6 +298,17 @@ pub(in crate::backend::cuda) fn attention(
         )?;
     }
     Ok(())
+}
+
+/// The kernels' `qscale` (the softmax scale in log2 units, times an FP8 cache's key scale)
+/// and `vscale` (an FP8 cache's value scale, else 1).
+fn scales(a: &Attention<'_>) -> (f32, f32) {
+    let q = a.scale * std::f32::consts::LOG2_E;
+    if a.k_cache.dtype() == DType::F8E4M3 {
+        (q * a.kv_scale.k, a.kv_scale.v)
+    } else {
+        (q, 1.0)
+    }
 }
 
 /// The attention kernels' `window` argument: 0 for full attention. A window of
@@ -346,19 +358,21 @@ fn few_queries(d: &AttentionDims, sm_count: usize) -> bool {
 }
 
 /// The tensor-core prefill kernel for a launch, or `None` for the split-K kernel. A
-/// function of the dtype, the head size and whether the step has `cu_seqlens_q` (prefill
-/// or mixed) only; `enabled` is the backend's `ENCORE_PREFILL_ATTENTION` setting.
+/// function of the dtype, the head size, the cache (FP8 or not) and whether the step has
+/// `cu_seqlens_q` (prefill or mixed) only; `enabled` is the backend's
+/// `ENCORE_PREFILL_ATTENTION` setting.
 fn prefill_kernel(
     be: &CudaBackend,
     dt: DType,
     head_dim: usize,
     has_cu: bool,
+    kv8: bool,
     enabled: bool,
 ) -> Option<&Kernel> {
     if !(enabled && has_cu) {
         return None;
     }
-    be.kernels().attention_prefill(head_dim, dt)
+    be.kernels().attention_prefill(head_dim, dt, kv8)
 }
 
 /// `attention_prefill_*`: grid (num_heads, ceil(rows / 128) + num_seqs), 128 threads,
@@ -390,7 +404,7 @@ fn attention_prefill(
     let (q, kc, vc) = (dptr(a.q), dptr(a.k_cache), dptr(a.v_cache));
     let (bt, sl, cu) = (dptr(a.block_tables), dptr(a.seq_lens), dptr(cu));
     let out = dptr(a.out);
-    let qscale = a.scale * std::f32::consts::LOG2_E;
+    let (qscale, vscale) = scales(a);
     let window = window_arg(a.window);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
     let rows = int(OP, "rows", d.rows)?;
@@ -404,7 +418,8 @@ fn attention_prefill(
         kernel,
         c,
         &mut args![
-            q, kc, vc, bt, sl, cu, out, qscale, window, num_seqs, rows, nh, nkv, nb, bs, tw, group
+            q, kc, vc, bt, sl, cu, out, qscale, vscale, window, num_seqs, rows, nh, nkv, nb, bs,
+            tw, group
         ],
     )
 }

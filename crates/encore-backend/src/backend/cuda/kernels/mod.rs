@@ -95,7 +95,14 @@ pub(super) const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "qkv_rope.cu",
         src: include_str!("../../../../kernels/qkv_rope.cu"),
-        functions: &["qkv_rope_bf16", "qkv_rope_f16", "qkv_rope_f32"],
+        functions: &[
+            "qkv_rope_bf16",
+            "qkv_rope_f16",
+            "qkv_rope_f32",
+            "qkv_rope_bf16_kv8",
+            "qkv_rope_f16_kv8",
+            "qkv_rope_f32_kv8",
+        ],
     },
     KernelSource {
         file: "attention.cu",
@@ -105,14 +112,26 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "attention_split_g2_bf16",
             "attention_split_g4_bf16",
             "attention_split_g8_bf16",
+            "attention_split_g1_bf16_kv8",
+            "attention_split_g2_bf16_kv8",
+            "attention_split_g4_bf16_kv8",
+            "attention_split_g8_bf16_kv8",
             "attention_split_g1_f16",
             "attention_split_g2_f16",
             "attention_split_g4_f16",
             "attention_split_g8_f16",
+            "attention_split_g1_f16_kv8",
+            "attention_split_g2_f16_kv8",
+            "attention_split_g4_f16_kv8",
+            "attention_split_g8_f16_kv8",
             "attention_split_g1_f32",
             "attention_split_g2_f32",
             "attention_split_g4_f32",
             "attention_split_g8_f32",
+            "attention_split_g1_f32_kv8",
+            "attention_split_g2_f32_kv8",
+            "attention_split_g4_f32_kv8",
+            "attention_split_g8_f32_kv8",
             "attention_combine_bf16",
             "attention_combine_f16",
             "attention_combine_f32",
@@ -126,6 +145,10 @@ pub(super) const SOURCES: &[KernelSource] = &[
             "attention_prefill_hd128_bf16",
             "attention_prefill_hd64_f16",
             "attention_prefill_hd128_f16",
+            "attention_prefill_hd64_bf16_kv8",
+            "attention_prefill_hd128_bf16_kv8",
+            "attention_prefill_hd64_f16_kv8",
+            "attention_prefill_hd128_f16_kv8",
         ],
     },
     KernelSource {
@@ -1611,6 +1634,8 @@ pub(super) fn qkv_rope_write(be: &CudaBackend, a: &QkvRope<'_>, d: &QkvRopeDims)
     let has_norm = a.head_norm.is_some() as i32;
     let eps = a.eps;
     let (q_out, kc, vc) = (dptr(a.q_out), dptr(a.k_cache), dptr(a.v_cache));
+    let kv8 = a.k_cache.dtype() == DType::F8E4M3;
+    let (k_inv, v_inv) = a.kv_scale.inverse();
     let n = int(OP, "n", d.n)?;
     let nh = int(OP, "num_heads", d.num_heads)?;
     let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
@@ -1619,11 +1644,11 @@ pub(super) fn qkv_rope_write(be: &CudaBackend, a: &QkvRope<'_>, d: &QkvRopeDims)
     let maxp = int(OP, "max_positions", d.max_positions).unwrap_or(i32::MAX);
     let num_slots = (d.num_blocks as u64 * d.block_size as u64).min(i64::MAX as u64) as i64;
     be.launch(
-        be.kernels().qkv_rope.get(a.qkv.dtype())?,
+        be.kernels().qkv_rope[usize::from(kv8)].get(a.qkv.dtype())?,
         c,
         &mut args![
             qkv, qn, kn, has_norm, eps, pos, cs, sm, q_out, kc, vc, n, nh, nkv, hd, rot, maxp,
-            num_slots
+            num_slots, k_inv, v_inv
         ],
     )
 }
