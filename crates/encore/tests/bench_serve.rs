@@ -3,7 +3,9 @@
 //! a trace or of the length ranges completes with its token count, the report's fields
 //! are there and sane, refusals (503) and error events count as failed requests with the
 //! server's message, and a bad URL, an unreachable server or an unknown model are clear
-//! errors.
+//! errors. `--dataset-shape trtllm` runs its four rows end to end (in process and against
+//! a server, a few requests a row) with TensorRT-LLM's figures beside ours, and the flags
+//! it sets are refused beside it.
 
 mod common;
 
@@ -11,7 +13,7 @@ use std::net::SocketAddr;
 use std::process::Output;
 use std::sync::Arc;
 
-use common::{command, failure, success, temp_file, text};
+use common::{bench_on_cpu, command, failure, success, temp_dir, temp_file, text};
 use encore_core::engine::{EngineConfig, KvSizing};
 use encore_core::progress::NoProgress;
 use encore_core::scheduler::SchedulerConfig;
@@ -30,12 +32,58 @@ struct Server {
 }
 
 fn start(max_waiting: Option<usize>) -> Server {
+    start_sized(
+        max_waiting,
+        encore_core::model::open_model(MODEL).unwrap(),
+        EngineConfig::new(DType::F32, 16, 64, 8, 128, KvSizing::Blocks(1 + 8 * 8)),
+        SchedulerConfig::new(64, 8),
+    )
+}
+
+/// `dummy:tiny` with 4096 positions (its own 2048 are too few for the trtllm preset's
+/// 2048/128 and 500/2000 rows) and one layer (the preset decodes 3256 steps a request).
+fn long_tiny() -> encore_core::model::config::ModelConfig {
+    let mut cfg = encore_core::model::config::ModelConfig::dummy("tiny").unwrap();
+    cfg.max_position_embeddings = 4096;
+    cfg.num_layers = 1;
+    cfg
+}
+
+/// The longest sequence of the trtllm preset (500 + 2000), rounded up to a 16-token block.
+const PRESET_SEQ_LEN: usize = 2512;
+
+/// A server for the trtllm preset: [`long_tiny`], up to 4 sequences of 2512 tokens.
+fn start_long() -> Server {
+    let mut files = encore_core::model::open_model(MODEL).unwrap();
+    files.config = long_tiny();
+    let blocks = 1 + 4 * PRESET_SEQ_LEN.div_ceil(16);
+    start_sized(
+        None,
+        files,
+        EngineConfig::new(
+            DType::F32,
+            16,
+            512,
+            4,
+            PRESET_SEQ_LEN,
+            KvSizing::Blocks(blocks),
+        ),
+        SchedulerConfig::new(512, 4),
+    )
+}
+
+fn start_sized(
+    max_waiting: Option<usize>,
+    files: encore_core::model::ModelFiles,
+    config: EngineConfig,
+    scheduler: SchedulerConfig,
+) -> Server {
     let engine = Arc::new(
         EngineHandle::start(
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
-            encore_core::model::open_model(MODEL).unwrap(),
-            EngineConfig::new(DType::F32, 16, 64, 8, 128, KvSizing::Blocks(1 + 8 * 8)),
-            SchedulerConfig::new(64, 8),
+            files,
+            config,
+            scheduler,
             Box::new(NoProgress),
         )
         .unwrap(),
@@ -290,4 +338,241 @@ fn bad_urls_unreachable_servers_and_unknown_models_are_clear_errors() {
     // --url and --in-process exclude each other.
     let err = failure(&bench(&s.url, &["--in-process"]));
     assert!(err.contains("--in-process"), "{err}");
+}
+
+/// TensorRT-LLM's rows: ISL, OSL, its request count and output tok/s (Llama-3.1-8B FP8,
+/// one H200), as `--dataset-shape trtllm` reports them.
+const TRTLLM_ROWS: [(u64, u64, u64, f64); 4] = [
+    (128, 128, 30_000, 27_911.0),
+    (1000, 1000, 3000, 17_744.0),
+    (500, 2000, 3000, 20_770.0),
+    (2048, 128, 3000, 3538.0),
+];
+
+/// [`long_tiny`] as a GGUF file with seeded random f32 weights, for `--in-process`.
+fn long_tiny_gguf() -> std::path::PathBuf {
+    use encore_core::model::gguf::{gguf_source, GgufWriter, Value as Meta};
+    let cfg = long_tiny();
+    let mut w = GgufWriter::new();
+    w.model_metadata(&cfg);
+    let tokens = (0..cfg.vocab_size)
+        .map(|i| Meta::String(format!("t{i}")))
+        .collect();
+    w.kv("tokenizer.ggml.model", Meta::String("gpt2".into()));
+    w.kv("tokenizer.ggml.tokens", Meta::Array(8, tokens));
+    w.kv("tokenizer.ggml.merges", Meta::Array(8, Vec::new()));
+    let mut state = 0x5eed_u64;
+    for spec in encore_core::model::weights::hf_tensors(&cfg) {
+        let (name, _) = gguf_source(&spec.name).unwrap();
+        let scale = 1.0 / (*spec.shape.last().unwrap() as f32).sqrt();
+        let values: Vec<f32> = (0..spec.numel())
+            .map(|_| {
+                if spec.name.ends_with("norm.weight") {
+                    return 1.0;
+                }
+                // xorshift64
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale * 3.46
+            })
+            .collect();
+        w.tensor_f32(&name, &spec.shape, &values);
+    }
+    let path = temp_dir("trtllm-preset").join("long-tiny.gguf");
+    w.write(&path).unwrap();
+    path
+}
+
+#[test]
+fn the_trtllm_preset_runs_its_rows_in_process_with_the_peer_beside_each() {
+    let gguf = long_tiny_gguf();
+    // Two requests a row (--num-prompts overrides TensorRT-LLM's counts), one warm-up.
+    let out = bench_on_cpu(
+        "serve",
+        &[
+            "--in-process",
+            "--model",
+            gguf.to_str().unwrap(),
+            "--dtype",
+            "f32",
+            "--dataset-shape",
+            "trtllm",
+            "--num-prompts",
+            "2",
+            "--warmup",
+            "1",
+            "--max-num-batched-tokens",
+            "512",
+            "--json",
+        ],
+    );
+    let rows: Value = serde_json::from_str(success(&out).trim()).unwrap();
+    let rows = rows.as_array().expect("one JSON array");
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    for (r, &(isl, osl, requests, peer)) in rows.iter().zip(&TRTLLM_ROWS) {
+        assert_eq!(
+            (r["isl"].as_u64(), r["osl"].as_u64()),
+            (Some(isl), Some(osl))
+        );
+        assert_eq!(r["mode"], "in-process", "{r}");
+        assert_eq!(r["num_prompts"], 2, "{r}");
+        assert_eq!(r["peer"], "TensorRT-LLM", "{r}");
+        assert_eq!(r["peer_num_prompts"], requests, "{r}");
+        assert_eq!(r["peer_output_throughput"].as_f64(), Some(peer), "{r}");
+        assert!(
+            r["peer_source"]
+                .as_str()
+                .unwrap()
+                .ends_with("docs/source/performance/perf-overview.md"),
+            "{r}"
+        );
+        // Exact lengths, every request at once; the warm-up is not counted.
+        assert_eq!(
+            (r["completed"].as_u64(), r["failed"].as_u64()),
+            (Some(2), Some(0)),
+            "{r}"
+        );
+        assert_eq!(r["input_len"], serde_json::json!([isl, isl]), "{r}");
+        assert_eq!(r["input_tokens"].as_u64(), Some(2 * isl), "{r}");
+        assert_eq!(r["output_tokens"].as_u64(), Some(2 * osl), "{r}");
+        assert_eq!(r["request_rate"], "inf", "{r}");
+        assert_eq!(r["max_concurrency"], 0, "{r}");
+        // Both requests decode together: about OSL steps (and the prefill's), not two
+        // runs' worth (the warm-up's or an earlier row's).
+        let steps = r["steps"].as_u64().unwrap();
+        assert!(steps >= osl - 1 && steps < osl + 2 * isl / 512 + 8, "{r}");
+        assert_eq!(r["prefix_cache_hit_ratio"].as_f64(), Some(0.0), "{r}");
+        let ours = r["output_throughput"].as_f64().unwrap();
+        let ratio = r["output_throughput_ratio"].as_f64().unwrap();
+        assert!(ours > 0.0 && (ratio - ours / peer).abs() < 1e-12, "{r}");
+        assert!(r["tpot_ms"]["mean"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["total_token_throughput"].as_f64().unwrap() > ours, "{r}");
+    }
+    // dummy:tiny has 2048 positions: too few for the 500/2000 row.
+    let err = failure(&bench_on_cpu(
+        "serve",
+        &[
+            "--in-process",
+            "--dataset-shape",
+            "trtllm",
+            "--num-prompts",
+            "1",
+        ],
+    ));
+    assert!(
+        err.contains("--dataset-shape trtllm") && err.contains("2048 positions"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(gguf);
+}
+
+#[test]
+fn the_trtllm_preset_prints_one_table_against_a_server() {
+    let s = start_long();
+    // One request a row, no warm-up; without --json: the table.
+    let out = command(&["bench", "serve", "--url", &s.url])
+        .args([
+            "--dataset-shape",
+            "trtllm",
+            "--num-prompts",
+            "1",
+            "--warmup",
+            "0",
+        ])
+        .env_remove("ENCORE_API_KEY")
+        .output()
+        .expect("run encore");
+    let table = success(&out);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].contains("dummy:tiny (url)"), "{table}");
+    let head: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        head,
+        [
+            "ISL/OSL",
+            "requests",
+            "failed",
+            "output",
+            "tok/s",
+            "TensorRT-LLM",
+            "ours/peer",
+            "total",
+            "tok/s",
+            "mean",
+            "TPOT",
+            "ms"
+        ],
+        "{table}"
+    );
+    for (line, &(isl, osl, _, peer)) in lines[2..6].iter().zip(&TRTLLM_ROWS) {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells.len(), 8, "{line}");
+        assert_eq!(cells[0], format!("{isl}/{osl}"), "{line}");
+        assert_eq!(&cells[1..3], ["1", "0"], "{line}");
+        let num = |i: usize| cells[i].parse::<f64>().unwrap();
+        assert_eq!(num(4), peer, "{line}");
+        assert!(num(3) > 0.0, "{line}");
+        // ours / peer, as printed (3 decimals of a tiny model's CPU throughput).
+        assert!((num(5) - num(3) / peer).abs() < 2e-3, "{line}");
+        assert!(num(6) > num(3) && num(7) > 0.0, "{line}");
+    }
+    assert!(lines[6].starts_with("note: --num-prompts"), "{table}");
+    assert!(
+        lines[7].contains("github.com/NVIDIA/TensorRT-LLM"),
+        "{table}"
+    );
+    // Each row started on stderr.
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("row 4/4: ISL/OSL 2048/128, 1 request(s) at once"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_trtllm_preset_refuses_the_flags_it_sets() {
+    for (flag, value) in [
+        ("--input-len", "5"),
+        ("--output-len", "5"),
+        ("--shared-prefix-len", "4"),
+        ("--trace", "t.jsonl"),
+        ("--request-rate", "10"),
+        ("--arrival", "fixed"),
+        ("--max-concurrency", "4"),
+    ] {
+        let err = failure(&bench(
+            "http://127.0.0.1:1",
+            &["--dataset-shape", "trtllm", flag, value],
+        ));
+        assert!(
+            err.contains("'--dataset-shape <DATASET_SHAPE>' cannot be used with")
+                && err.contains(flag),
+            "{flag}: {err}"
+        );
+    }
+    // --warmup is the preset's; an unknown shape names the known one.
+    let err = failure(&bench("http://127.0.0.1:1", &["--warmup", "3"]));
+    assert!(err.contains("--dataset-shape"), "{err}");
+    let err = failure(&bench("http://127.0.0.1:1", &["--dataset-shape", "vllm"]));
+    assert!(err.contains("possible values: trtllm"), "{err}");
+    // A server whose context is shorter than the preset's longest row: refused before any
+    // request is sent.
+    let s = start(None);
+    let err = failure(&bench(
+        &s.url,
+        &["--dataset-shape", "trtllm", "--num-prompts", "1"],
+    ));
+    assert!(
+        err.contains("reach 2500 tokens (--dataset-shape trtllm)")
+            && err.contains("max_model_len is 128"),
+        "{err}"
+    );
+    assert_eq!(
+        s.engine
+            .metrics
+            .requests_finished_total
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
 }

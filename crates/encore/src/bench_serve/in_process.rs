@@ -125,39 +125,73 @@ pub fn drive(engine: &EngineHandle, w: &Workload, max_concurrency: usize) -> Res
     })
 }
 
-/// The engine's figures of the run into `row`: preemptions, steps, where a step's time
-/// goes, the prefix cache's hit ratio and the weight budget (`offload`: its
-/// configuration; null without one, or when it holds every weight).
+/// The engine's counters the report reads, at one moment: a run's figures are those of
+/// its end less those of its start (the engine serves every row of a preset).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters {
+    preemptions: u64,
+    steps: u64,
+    step_micros: u64,
+    wait_micros: u64,
+    prefix_queries: u64,
+    prefix_hits: u64,
+    spec_drafts: u64,
+    spec_accepted: u64,
+    spec_verifications: u64,
+}
+
+impl Counters {
+    pub fn read(engine: &EngineHandle) -> Counters {
+        let m = &engine.metrics;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Counters {
+            preemptions: load(&m.preemptions_total),
+            steps: load(&m.steps_total),
+            step_micros: load(&m.step_micros_total),
+            wait_micros: load(&m.device_wait_micros_total),
+            prefix_queries: load(&m.prefix_cache_queries_total),
+            prefix_hits: load(&m.prefix_cache_hits_total),
+            spec_drafts: load(&m.spec_drafts_total),
+            spec_accepted: load(&m.spec_accepted_total),
+            spec_verifications: load(&m.spec_verifications_total),
+        }
+    }
+}
+
+/// The engine's figures of the run since `since` into `row`: preemptions, steps, where a
+/// step's time goes, the prefix cache's hit ratio and the weight budget (`offload`: its
+/// configuration; null without one, or when it holds every weight). The engine publishes
+/// a step's counts after the step, so the last step of the run before `since` may count.
 pub fn engine_figures(
     engine: &EngineHandle,
     offload: Option<&OffloadConfig>,
+    since: &Counters,
     row: &mut Map<String, Value>,
 ) {
-    let m = &engine.metrics;
-    row.insert(
-        "preemptions".into(),
-        json!(m.preemptions_total.load(Ordering::Relaxed)),
-    );
-    let steps = m.steps_total.load(Ordering::Relaxed);
+    let (now, s) = (Counters::read(engine), since);
+    row.insert("preemptions".into(), json!(now.preemptions - s.preemptions));
+    let steps = now.steps - s.steps;
     row.insert("steps".into(), json!(steps));
     // Where a step's time goes: waiting for the device, and the rest (the host's
     // scheduling, packing and launching, and handing tokens to their sinks).
-    let per_step =
-        |micros: &AtomicU64| micros.load(Ordering::Relaxed) as f64 / 1e3 / steps.max(1) as f64;
-    let step_ms = per_step(&m.step_micros_total);
-    let wait_ms = per_step(&m.device_wait_micros_total);
+    let per_step = |micros: u64| micros as f64 / 1e3 / steps.max(1) as f64;
+    let step_ms = per_step(now.step_micros - s.step_micros);
+    let wait_ms = per_step(now.wait_micros - s.wait_micros);
     row.insert("step_ms".into(), json!(step_ms));
     row.insert("device_wait_ms".into(), json!(wait_ms));
     row.insert("host_ms".into(), json!(step_ms - wait_ms));
+    let (q, h) = (
+        now.prefix_queries - s.prefix_queries,
+        now.prefix_hits - s.prefix_hits,
+    );
     row.insert(
         "prefix_cache_hit_ratio".into(),
-        json!(m.prefix_cache_hit_ratio()),
+        json!(if q == 0 { 0.0 } else { h as f64 / q as f64 }),
     );
-    let load = |c: &AtomicU64| Some(c.load(Ordering::Relaxed) as f64);
     let (rate, length) = super::spec_figures(
-        load(&m.spec_drafts_total),
-        load(&m.spec_accepted_total),
-        load(&m.spec_verifications_total),
+        Some((now.spec_drafts - s.spec_drafts) as f64),
+        Some((now.spec_accepted - s.spec_accepted) as f64),
+        Some((now.spec_verifications - s.spec_verifications) as f64),
     );
     row.insert("spec_acceptance_rate".into(), rate);
     row.insert("spec_mean_accepted_length".into(), length);

@@ -8,6 +8,21 @@
 //! report request and token throughput, failed requests and mean/p50/p90/p99 of each
 //! latency, as vLLM's and SGLang's serving benchmarks do, through the same code
 //! ([`report::Record`], [`report()`]). The workload is drawn up front by [`workload`].
+//!
+//! `--dataset-shape trtllm` ([`preset`]) runs a peer's published table instead of one
+//! workload: TensorRT-LLM's throughput for Llama-3.1-8B FP8 on one H200 (trtllm-bench;
+//! ISL/OSL 128/128, 1000/1000, 500/2000, 2048/128 with 30000, 3000, 3000 and 3000
+//! requests, from <https://github.com/NVIDIA/TensorRT-LLM/blob/00f37686aa854010d68bcbd0f4ab000221541ca6/docs/source/performance/perf-overview.md>).
+//! Each row sends exactly ISL prompt tokens and OSL output tokens a request (end of
+//! sequence ignored), every request at once, after `--warmup` requests of its shape
+//! (default 2, as trtllm-bench) left out of its figures; the rows run one after the other
+//! through one engine (sized for the longest row, 2500 tokens) or one server. It prints
+//! one table, ISL/OSL, requests, failed, output tok/s, TensorRT-LLM's, ours over theirs,
+//! total tok/s and mean TPOT (`--json`: an array of the rows' full reports with those
+//! fields). `--num-prompts N` sends N requests a row instead of TensorRT-LLM's counts (a
+//! short run, which the table notes); the flags that would change the workload
+//! (`--input-len`, `--output-len`, `--shared-prefix-len`, `--trace`, `--request-rate`,
+//! `--arrival`, `--max-concurrency`) are refused beside it.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -17,11 +32,13 @@ use serde_json::{json, Map, Value};
 use crate::engine_arg::{self, EngineArgs, EngineShape};
 use crate::out::{errln, outln};
 use crate::{parse, DeviceArg};
+use preset::{PeerRow, Run};
 use report::report;
 use workload::{Arrival, WorkItem, Workload, WorkloadArgs};
 
 mod client;
 mod in_process;
+mod preset;
 mod report;
 mod workload;
 
@@ -65,7 +82,8 @@ pub struct BenchServeArgs {
     /// Most requests in flight at once (0: no limit).
     #[arg(long, default_value = "0", value_parser = parse::count::<0, 1_000_000>, allow_negative_numbers = true)]
     max_concurrency: usize,
-    /// One JSON object instead of an indented one.
+    /// One JSON object instead of an indented one (--dataset-shape: one JSON array of its
+    /// rows instead of the table).
     #[arg(long)]
     json: bool,
     // The engine's flags (--in-process; a server takes its own).
@@ -118,9 +136,8 @@ fn header(a: &BenchServeArgs, w: &Workload, model: &str, mode: &str) -> Map<Stri
     m
 }
 
-/// Print the report: one line with `--json`, indented otherwise; failures also go to
-/// stderr.
-fn print(a: &BenchServeArgs, row: Map<String, Value>) -> Result<()> {
+/// Print the failures of a report to stderr.
+fn print_errors(row: &Map<String, Value>) {
     if let Some(errors) = row.get("errors").and_then(Value::as_array) {
         for e in errors {
             errln!(
@@ -130,13 +147,38 @@ fn print(a: &BenchServeArgs, row: Map<String, Value>) -> Result<()> {
             );
         }
     }
-    let row = Value::Object(row);
-    if a.json {
-        outln!("{row}")?;
-    } else {
-        outln!("{}", serde_json::to_string_pretty(&row)?)?;
+}
+
+/// Print the reports of the runs: a preset's table (see [`preset::print`]), or the one
+/// report, one line with `--json`, indented otherwise; failures also go to stderr.
+fn print(a: &BenchServeArgs, rows: Vec<(Option<&PeerRow>, Map<String, Value>)>) -> Result<()> {
+    if rows.iter().any(|(peer, _)| peer.is_some()) {
+        let rows: Vec<Map<String, Value>> = rows
+            .into_iter()
+            .map(|(peer, row)| match peer {
+                Some(p) => preset::with_peer(p, row),
+                None => row,
+            })
+            .collect();
+        return preset::print(&rows, a.json);
+    }
+    for (_, row) in rows {
+        let row = Value::Object(row);
+        if a.json {
+            outln!("{row}")?;
+        } else {
+            outln!("{}", serde_json::to_string_pretty(&row)?)?;
+        }
     }
     Ok(())
+}
+
+/// Say how many of a run's warm-up requests failed (stderr); their figures are dropped.
+fn warmup_failures(records: &[report::Record]) {
+    let failed: Vec<&str> = records.iter().filter_map(|r| r.error.as_deref()).collect();
+    if let Some(first) = failed.first() {
+        errln!("warm-up: {} request(s) failed: {first}", failed.len());
+    }
 }
 
 pub fn run(a: BenchServeArgs) -> Result<()> {
@@ -147,9 +189,9 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     }
 }
 
-/// Load the server at `--url`: check it answers and serves the model, draw the workload,
-/// send it, and report (with the server's preemption and step counts and its largest
-/// running batch when it exposes encore's /metrics).
+/// Load the server at `--url`: check it answers and serves the model, draw each run's
+/// workload, send it (after its warm-up), and report (with the server's preemption and
+/// step counts and its largest running batch when it exposes encore's /metrics).
 fn run_url(a: BenchServeArgs) -> Result<()> {
     use client::Client;
     if a.engine.offload.weight_budget.is_some()
@@ -195,51 +237,87 @@ fn run_url(a: BenchServeArgs) -> Result<()> {
                 ),
             },
         };
-        let w = workload::workload(&a.workload, vocab)?;
-        if let Some(limit) = max_model_len {
-            let need = w.max_seq_len();
+        let runs = preset::runs(&a.workload);
+        if let (Some(limit), Some(need)) =
+            (max_model_len, runs.iter().filter(|r| r.peer.is_some()).map(Run::max_seq_len).max())
+        {
             if need > limit {
                 bail!(
-                    "the requests reach {need} tokens (--input-len / --output-len / --trace); the server's max_model_len is {limit}"
+                    "the requests reach {need} tokens ({}); the server's max_model_len is {limit}",
+                    preset::length_flags(&a.workload)
                 );
             }
         }
-        let before = client.metrics().await;
-        let run = client::drive(&client, &model, &w, a.max_concurrency).await;
-        let after = client.metrics().await;
-        let mut row = header(&a, &w, &model, "url");
-        row.extend(report(&w, &run.records, run.duration_s));
-        let delta = |name: &str| match (&before, &after) {
-            (Some(b), Some(a)) => match (b.get(name), a.get(name)) {
-                (Some(x), Some(y)) => json!((y - x).max(0.0) as u64),
-                _ => Value::Null,
-            },
-            _ => Value::Null,
-        };
-        row.insert("max_running".into(), json!(run.max_running));
-        row.insert("preemptions".into(), delta("encore_preemptions_total"));
-        row.insert("steps".into(), delta("encore_steps_total"));
-        // Over this run: prompt tokens found cached per prompt token looked up.
-        let ratio = match (
-            delta("encore_prefix_cache_hits_total").as_f64(),
-            delta("encore_prefix_cache_queries_total").as_f64(),
-        ) {
-            (Some(h), Some(q)) if q > 0.0 => json!(h / q),
-            (Some(_), Some(_)) => json!(0.0),
-            _ => Value::Null,
-        };
-        row.insert("prefix_cache_hit_ratio".into(), ratio);
-        // Speculative decoding over this run: drafts kept per draft, tokens per verify.
-        let (drafts, kept, verifies) = (
-            delta("encore_spec_decode_num_draft_tokens_total").as_f64(),
-            delta("encore_spec_decode_num_accepted_tokens_total").as_f64(),
-            delta("encore_spec_decode_num_verifications_total").as_f64(),
-        );
-        let (rate, length) = spec_figures(drafts, kept, verifies);
-        row.insert("spec_acceptance_rate".into(), rate);
-        row.insert("spec_mean_accepted_length".into(), length);
-        print(&a, row)
+        let mut rows = Vec::new();
+        for (k, run) in runs.iter().enumerate() {
+            let w = workload::workload(&run.args, vocab)?;
+            if let Some(limit) = max_model_len {
+                let need = w.max_seq_len();
+                if need > limit {
+                    bail!(
+                        "the requests reach {need} tokens ({}); the server's max_model_len is {limit}",
+                        preset::length_flags(&a.workload)
+                    );
+                }
+            }
+            if run.peer.is_some() && !a.json {
+                errln!("{}", preset::announce(k, run));
+            }
+            if let Some(warm) = &run.warmup {
+                let warm = workload::workload(warm, vocab)?;
+                warmup_failures(&client::drive(&client, &model, &warm, a.max_concurrency).await.records);
+            }
+            let row = measure_url(&a, &client, &model, &w).await;
+            print_errors(&row);
+            rows.push((run.peer, row));
+        }
+        print(&a, rows)
     })
+}
+
+/// Send `w` to the server and report, with the server's figures of the run from its
+/// /metrics before and after.
+async fn measure_url(
+    a: &BenchServeArgs,
+    client: &client::Client,
+    model: &str,
+    w: &Workload,
+) -> Map<String, Value> {
+    let before = client.metrics().await;
+    let run = client::drive(client, model, w, a.max_concurrency).await;
+    let after = client.metrics().await;
+    let mut row = header(a, w, model, "url");
+    row.extend(report(w, &run.records, run.duration_s));
+    let delta = |name: &str| match (&before, &after) {
+        (Some(b), Some(a)) => match (b.get(name), a.get(name)) {
+            (Some(x), Some(y)) => json!((y - x).max(0.0) as u64),
+            _ => Value::Null,
+        },
+        _ => Value::Null,
+    };
+    row.insert("max_running".into(), json!(run.max_running));
+    row.insert("preemptions".into(), delta("encore_preemptions_total"));
+    row.insert("steps".into(), delta("encore_steps_total"));
+    // Over this run: prompt tokens found cached per prompt token looked up.
+    let ratio = match (
+        delta("encore_prefix_cache_hits_total").as_f64(),
+        delta("encore_prefix_cache_queries_total").as_f64(),
+    ) {
+        (Some(h), Some(q)) if q > 0.0 => json!(h / q),
+        (Some(_), Some(_)) => json!(0.0),
+        _ => Value::Null,
+    };
+    row.insert("prefix_cache_hit_ratio".into(), ratio);
+    // Speculative decoding over this run: drafts kept per draft, tokens per verify.
+    let (drafts, kept, verifies) = (
+        delta("encore_spec_decode_num_draft_tokens_total").as_f64(),
+        delta("encore_spec_decode_num_accepted_tokens_total").as_f64(),
+        delta("encore_spec_decode_num_verifications_total").as_f64(),
+    );
+    let (rate, length) = spec_figures(drafts, kept, verifies);
+    row.insert("spec_acceptance_rate".into(), rate);
+    row.insert("spec_mean_accepted_length".into(), length);
+    row
 }
 
 /// Speculative decoding's acceptance rate (drafts kept per draft) and mean accepted length
@@ -255,25 +333,35 @@ pub(crate) fn spec_figures(
     }
 }
 
+/// Run the engine in this process: one engine, sized for the longest request of every
+/// run, serves the runs one after the other (each after its warm-up).
 fn run_in_process(a: BenchServeArgs) -> Result<()> {
     let model = a.model.clone().unwrap_or_else(|| "dummy:tiny".into());
     let (opened, tp) =
         crate::model_arg::open_devices(a.device.device, a.device.tensor_parallel_size)?;
     let be = opened.backend();
     let (cfg, source) = crate::model_arg::resolve(&model, &a.revision, a.quantization)?;
-    let w = workload::workload(&a.workload, cfg.vocab_size)?;
+    let vocab = cfg.vocab_size;
+    let runs = preset::runs(&a.workload);
+    // The first run's workload is drawn now (its longest request sizes the engine without
+    // a preset); a preset's rows have exact lengths.
+    let mut first = Some(workload::workload(&runs[0].args, vocab)?);
+    let longest = match runs[0].peer {
+        None => first.as_ref().map_or(0, Workload::max_seq_len),
+        Some(_) => runs.iter().map(Run::max_seq_len).max().unwrap_or(0),
+    };
+    let flags = preset::length_flags(&a.workload);
     let e = &a.engine;
     let max_seq_len = match e.max_seq_len {
-        None => w.max_seq_len().next_multiple_of(e.block_size),
-        Some(l) if l < w.max_seq_len() => bail!(
-            "the requests reach {} tokens (--input-len / --output-len / --trace); --max-seq-len is {l}",
-            w.max_seq_len()
-        ),
+        None => longest.next_multiple_of(e.block_size),
+        Some(l) if l < longest => {
+            bail!("the requests reach {longest} tokens ({flags}); --max-seq-len is {l}")
+        }
         Some(l) => l,
     };
     if max_seq_len > cfg.max_position_embeddings {
         bail!(
-            "the requests reach {max_seq_len} tokens (--input-len / --output-len / --trace); the model has {} positions",
+            "the requests reach {max_seq_len} tokens ({flags}); the model has {} positions",
             cfg.max_position_embeddings
         );
     }
@@ -288,8 +376,11 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
             "bench serve (--max-num-seqs {}, --max-num-batched-tokens {}, {max_seq_len} tokens per sequence)",
             a.max_num_seqs, e.max_num_batched_tokens
         ),
-        fix_hint: "lower --max-num-seqs, --max-num-batched-tokens, --input-len or --output-len"
-            .into(),
+        fix_hint: match runs[0].peer {
+            None => "lower --max-num-seqs, --max-num-batched-tokens, --input-len or --output-len",
+            Some(_) => "lower --max-num-seqs or --max-num-batched-tokens",
+        }
+        .into(),
     };
     let mut configs = e.config(be.as_ref(), a.dtype, shape)?;
     configs.0.tp = tp;
@@ -303,10 +394,27 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
         Box::new(crate::progress::Bars::new(!a.json)),
         !a.json,
     )?;
-    let run = in_process::drive(&engine, &w, a.max_concurrency)?;
-    let mut row = header(&a, &w, &model, "in-process");
-    row.extend(report(&w, &run.records, run.duration_s));
-    row.insert("max_running".into(), json!(run.max_running));
-    in_process::engine_figures(&engine, e.offload.config().as_ref(), &mut row);
-    print(&a, row)
+    let mut rows = Vec::new();
+    for (k, run) in runs.iter().enumerate() {
+        let w = match first.take() {
+            Some(w) => w,
+            None => workload::workload(&run.args, vocab)?,
+        };
+        if run.peer.is_some() && !a.json {
+            errln!("{}", preset::announce(k, run));
+        }
+        if let Some(warm) = &run.warmup {
+            let warm = workload::workload(warm, vocab)?;
+            warmup_failures(&in_process::drive(&engine, &warm, a.max_concurrency)?.records);
+        }
+        let since = in_process::Counters::read(&engine);
+        let r = in_process::drive(&engine, &w, a.max_concurrency)?;
+        let mut row = header(&a, &w, &model, "in-process");
+        row.extend(report(&w, &r.records, r.duration_s));
+        row.insert("max_running".into(), json!(r.max_running));
+        in_process::engine_figures(&engine, e.offload.config().as_ref(), &since, &mut row);
+        print_errors(&row);
+        rows.push((run.peer, row));
+    }
+    print(&a, rows)
 }

@@ -8,10 +8,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
+use super::preset::DatasetShape;
 use crate::parse;
 
 /// The workload flags.
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct WorkloadArgs {
     /// Requests to send (default 200; with --trace, the first N lines, default all).
     #[arg(long, value_parser = parse::count::<1, 10_000_000>, allow_negative_numbers = true)]
@@ -41,6 +42,20 @@ pub struct WorkloadArgs {
     /// Seed of the lengths, prompts and arrivals.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// A preset of runs instead of one: `trtllm` runs the rows of TensorRT-LLM's published
+    /// throughput table for Llama-3.1-8B FP8 on one H200 (ISL/OSL 128/128, 1000/1000,
+    /// 500/2000, 2048/128: exact lengths, every request at once, its request counts
+    /// 30000/3000/3000/3000) one after the other and prints one table with its figures
+    /// beside ours. --num-prompts N runs N requests a row instead (a short run).
+    #[arg(long, value_enum, conflicts_with_all = [
+        "input_len", "output_len", "shared_prefix_len", "trace", "request_rate", "arrival",
+        "max_concurrency",
+    ])]
+    pub dataset_shape: Option<DatasetShape>,
+    /// Warm-up requests of each row's shape before the row, left out of its figures
+    /// (--dataset-shape; default 2, trtllm-bench's).
+    #[arg(long, requires = "dataset_shape", value_parser = parse::count::<0, 1_000_000>, allow_negative_numbers = true)]
+    pub warmup: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -1,0 +1,320 @@
+//! `encore bench serve --dataset-shape trtllm`: TensorRT-LLM's published throughput table
+//! for Llama-3.1-8B FP8 on one H200 as a sequence of runs, one per row, and one table
+//! with TensorRT-LLM's figure beside ours.
+//!
+//! The rows, their request counts and TensorRT-LLM's figures are those of its performance
+//! overview ([`SOURCE`]): `trtllm-bench throughput` over a synthetic data set of
+//! `prepare_dataset.py token-norm-dist --num-requests=N --input-mean=ISL --output-mean=OSL
+//! --input-stdev=0 --output-stdev=0` (every request exactly ISL prompt tokens, random ids,
+//! and exactly OSL output tokens, end-of-sequence disabled), every request queued at once
+//! (no concurrency limit), after `--warmup 2` requests (trtllm-bench's default) that are
+//! left out of its figures. The metric is "Total Output Throughput (tokens/sec)", output
+//! tokens over the whole run. Each row here does the same: `--warmup` requests of the
+//! row's shape first (left out), then the row's requests at once, through one engine
+//! (`--in-process`) or server (`--url`) for all rows, one row after the other.
+
+use clap::ValueEnum;
+use serde_json::{json, Map, Value};
+
+use super::workload::WorkloadArgs;
+use crate::out::outln;
+
+/// `--dataset-shape`: a preset of runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DatasetShape {
+    /// TensorRT-LLM's throughput table for Llama-3.1-8B FP8 on one H200 (trtllm-bench):
+    /// ISL/OSL 128/128, 1000/1000, 500/2000 and 2048/128.
+    Trtllm,
+}
+
+/// One row of a peer's published table.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerRow {
+    /// Prompt tokens of every request.
+    pub isl: usize,
+    /// Output tokens of every request (end-of-sequence ignored).
+    pub osl: usize,
+    /// Requests in the peer's data set (`prepare_dataset.py --num-requests`).
+    pub requests: usize,
+    /// The peer's output tokens per second over the run.
+    pub output_throughput: f64,
+}
+
+/// Where [`TRTLLM`] comes from: TensorRT-LLM's performance overview as of its 1.0 docs
+/// (the page that still has the Llama 3.1 8B table; later versions moved it to
+/// docs/source/developer-guide/perf-overview.md and dropped that model).
+pub const SOURCE: &str = "https://github.com/NVIDIA/TensorRT-LLM/blob/00f37686aa854010d68bcbd0f4ab000221541ca6/docs/source/performance/perf-overview.md";
+
+/// The peer's name in the table and the report.
+pub const PEER: &str = "TensorRT-LLM";
+
+/// TensorRT-LLM's published throughput for Llama-3.1-8B FP8 (nvidia/Llama-3.1-8B-Instruct-FP8)
+/// on one H200 SXM 141GB, TP1, `trtllm-bench throughput` with the PyTorch backend
+/// ([`SOURCE`]: "Llama 3.1 8B", column "H200 TP1 (FP8)", output tokens/s), and the number
+/// of requests of each row's data set (the same page's `$num_requests` table).
+pub const TRTLLM: [PeerRow; 4] = [
+    PeerRow {
+        isl: 128,
+        osl: 128,
+        requests: 30_000,
+        output_throughput: 27_911.0,
+    },
+    PeerRow {
+        isl: 1000,
+        osl: 1000,
+        requests: 3000,
+        output_throughput: 17_744.0,
+    },
+    PeerRow {
+        isl: 500,
+        osl: 2000,
+        requests: 3000,
+        output_throughput: 20_770.0,
+    },
+    PeerRow {
+        isl: 2048,
+        osl: 128,
+        requests: 3000,
+        output_throughput: 3538.0,
+    },
+];
+
+/// Warm-up requests before each row without `--warmup`: trtllm-bench's default.
+pub const DEFAULT_WARMUP: usize = 2;
+
+/// One measured run of `bench serve`: the workload's flags, the warm-up's (sent first and
+/// left out of the figures), and the peer's row it is compared with (a preset's).
+pub struct Run {
+    pub args: WorkloadArgs,
+    pub warmup: Option<WorkloadArgs>,
+    pub peer: Option<&'static PeerRow>,
+}
+
+impl Run {
+    /// The longest sequence (prompt + output) a request of a preset's row asks for.
+    pub fn max_seq_len(&self) -> usize {
+        self.args.input_len.1 + self.args.output_len.1
+    }
+}
+
+/// The runs the flags ask for: the preset's rows, or the one run of the flags.
+pub fn runs(a: &WorkloadArgs) -> Vec<Run> {
+    let Some(DatasetShape::Trtllm) = a.dataset_shape else {
+        return vec![Run {
+            args: a.clone(),
+            warmup: None,
+            peer: None,
+        }];
+    };
+    // Every row and its warm-up its own prompts (another seed): none shares a cached
+    // prefix with an earlier request by chance.
+    let seed = |k: u64| a.seed ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let row = |p: &PeerRow, n: usize, seed: u64| WorkloadArgs {
+        num_prompts: Some(n),
+        input_len: (p.isl, p.isl),
+        output_len: (p.osl, p.osl),
+        shared_prefix_len: 0,
+        trace: None,
+        request_rate: None,
+        arrival: None,
+        seed,
+        dataset_shape: None,
+        warmup: None,
+    };
+    let warmup = a.warmup.unwrap_or(DEFAULT_WARMUP);
+    TRTLLM
+        .iter()
+        .enumerate()
+        .map(|(k, p)| Run {
+            args: row(p, a.num_prompts.unwrap_or(p.requests), seed(2 * k as u64)),
+            warmup: (warmup > 0).then(|| row(p, warmup, seed(2 * k as u64 + 1))),
+            peer: Some(p),
+        })
+        .collect()
+}
+
+/// The flags that set the requests' lengths, for errors.
+pub fn length_flags(a: &WorkloadArgs) -> &'static str {
+    match a.dataset_shape {
+        Some(DatasetShape::Trtllm) => "--dataset-shape trtllm",
+        None => "--input-len / --output-len / --trace",
+    }
+}
+
+/// What starts each row on stderr.
+pub fn announce(k: usize, run: &Run) -> String {
+    let p = run.peer.expect("a preset's run");
+    format!(
+        "row {}/{}: ISL/OSL {}/{}, {} request(s) at once{}",
+        k + 1,
+        TRTLLM.len(),
+        p.isl,
+        p.osl,
+        run.args.num_prompts.unwrap_or(0),
+        match &run.warmup {
+            Some(w) => format!(" after {} warm-up request(s)", w.num_prompts.unwrap_or(0)),
+            None => String::new(),
+        }
+    )
+}
+
+/// A preset row's report with the peer's figures in front: `isl`, `osl`, the peer's
+/// request count and output throughput, and ours over theirs.
+pub fn with_peer(p: &PeerRow, report: Map<String, Value>) -> Map<String, Value> {
+    let ours = report["output_throughput"].as_f64().unwrap_or(0.0);
+    let mut m = Map::new();
+    m.insert("dataset_shape".into(), json!("trtllm"));
+    m.insert("isl".into(), json!(p.isl));
+    m.insert("osl".into(), json!(p.osl));
+    m.insert("peer".into(), json!(PEER));
+    m.insert("peer_num_prompts".into(), json!(p.requests));
+    m.insert("peer_output_throughput".into(), json!(p.output_throughput));
+    m.insert(
+        "output_throughput_ratio".into(),
+        json!(ours / p.output_throughput),
+    );
+    m.insert("peer_source".into(), json!(SOURCE));
+    m.extend(report);
+    m
+}
+
+/// The preset's rows (from [`with_peer`]): one JSON array with `json`, else a table.
+pub fn print(rows: &[Map<String, Value>], json: bool) -> anyhow::Result<()> {
+    if json {
+        outln!(
+            "{}",
+            Value::Array(rows.iter().cloned().map(Value::Object).collect())
+        )?;
+        return Ok(());
+    }
+    let first = rows.first();
+    let text = |k: &str| first.and_then(|r| r[k].as_str()).unwrap_or("?").to_string();
+    outln!(
+        "bench serve --dataset-shape trtllm: {} ({}) beside {PEER}'s published figures \
+         (Llama-3.1-8B FP8, one H200, trtllm-bench throughput)",
+        text("model"),
+        text("mode")
+    )?;
+    outln!(
+        "{:<10} {:>8} {:>6} {:>13} {:>13} {:>9} {:>12} {:>13}",
+        "ISL/OSL",
+        "requests",
+        "failed",
+        "output tok/s",
+        PEER,
+        "ours/peer",
+        "total tok/s",
+        "mean TPOT ms"
+    )?;
+    let num = |r: &Map<String, Value>, k: &str| r[k].as_f64().unwrap_or(0.0);
+    let mut overridden = false;
+    for r in rows {
+        overridden |= r["num_prompts"] != r["peer_num_prompts"];
+        let tpot = match r["tpot_ms"]["mean"].as_f64() {
+            Some(t) => format!("{t:.2}"),
+            None => "-".into(),
+        };
+        outln!(
+            "{:<10} {:>8} {:>6} {:>13.1} {:>13.0} {:>9.3} {:>12.1} {:>13}",
+            format!("{}/{}", r["isl"], r["osl"]),
+            r["num_prompts"].as_u64().unwrap_or(0),
+            r["failed"].as_u64().unwrap_or(0),
+            num(r, "output_throughput"),
+            num(r, "peer_output_throughput"),
+            num(r, "output_throughput_ratio"),
+            num(r, "total_token_throughput"),
+            tpot
+        )?;
+    }
+    if overridden {
+        let counts: Vec<String> = TRTLLM.iter().map(|p| p.requests.to_string()).collect();
+        outln!(
+            "note: --num-prompts replaced {PEER}'s request counts ({}): a short run may not \
+             reach its steady state",
+            counts.join(", ")
+        )?;
+    }
+    outln!("{PEER}'s figures: {SOURCE}")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<WorkloadArgs, clap::Error> {
+        <crate::Cli as clap::Parser>::try_parse_from(
+            ["encore", "bench", "serve"].iter().chain(args),
+        )
+        .map(|c| match c.command {
+            crate::Command::Bench(crate::BenchCommand::Serve(a)) => a.workload,
+            _ => unreachable!("parsed bench serve"),
+        })
+    }
+
+    #[test]
+    fn the_preset_is_four_rows_of_exact_lengths_with_their_own_prompts() {
+        let rows = runs(&parse(&["--dataset-shape", "trtllm"]).unwrap());
+        let shapes: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let a = &r.args;
+                (a.input_len, a.output_len, a.num_prompts)
+            })
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                ((128, 128), (128, 128), Some(30_000)),
+                ((1000, 1000), (1000, 1000), Some(3000)),
+                ((500, 500), (2000, 2000), Some(3000)),
+                ((2048, 2048), (128, 128), Some(3000)),
+            ]
+        );
+        assert_eq!(rows.iter().map(Run::max_seq_len).max(), Some(2500));
+        let mut seeds: Vec<u64> = rows.iter().map(|r| r.args.seed).collect();
+        for r in &rows {
+            let w = r.warmup.as_ref().unwrap();
+            assert_eq!(w.num_prompts, Some(DEFAULT_WARMUP));
+            assert_eq!(
+                (w.input_len, w.output_len),
+                (r.args.input_len, r.args.output_len)
+            );
+            assert!(r.args.request_rate.is_none() && w.request_rate.is_none());
+            seeds.push(w.seed);
+        }
+        seeds.sort_unstable();
+        seeds.dedup();
+        assert_eq!(seeds.len(), 8, "every run its own seed");
+
+        // --num-prompts and --warmup 0: a short run.
+        let rows = runs(
+            &parse(&[
+                "--dataset-shape",
+                "trtllm",
+                "--num-prompts",
+                "3",
+                "--warmup",
+                "0",
+            ])
+            .unwrap(),
+        );
+        assert!(rows
+            .iter()
+            .all(|r| r.args.num_prompts == Some(3) && r.warmup.is_none()));
+        // Without the preset: the flags' one run, no peer.
+        let one = runs(&parse(&["--input-len", "7"]).unwrap());
+        assert_eq!(one.len(), 1);
+        assert!(one[0].peer.is_none() && one[0].warmup.is_none());
+    }
+
+    #[test]
+    fn the_ratio_is_ours_over_the_peers() {
+        let mut report = Map::new();
+        report.insert("output_throughput".into(), json!(13_955.5));
+        let m = with_peer(&TRTLLM[0], report);
+        assert_eq!(m["output_throughput_ratio"], json!(0.5));
+        assert_eq!(m["peer_output_throughput"], json!(27_911.0));
+        assert_eq!(m["isl"], 128);
+    }
+}
