@@ -136,6 +136,8 @@ pub(super) struct Kernels<K = Kernel> {
     pub attention_combine: PerDType<K>,
     /// By KV cache (as `qkv_rope`), [`PREFILL_HEAD_DIMS`] index, then bf16 / f16.
     attention_prefill: [[[K; 2]; 2]; 2],
+    /// The tensor-core decode kernel, indexed as `attention_prefill`.
+    attention_decode: [[[K; 2]; 2]; 2],
     /// By input element type, output (0: the input's type, 1: f32), [`GEMV_VARIANTS`] index.
     pub gemv: [[[K; 4]; 2]; 3],
     /// The one-row fused gate/up projection and SiLU·mul.
@@ -202,17 +204,24 @@ impl<K> Kernels<K> {
         };
         let attention_split = [split("")?, split(KV8)?];
         let attention_combine = PerDType::resolve(t, "attention_combine")?;
-        let mut prefill = |kv: &str| -> Result<[[K; 2]; 2]> {
+        let mut tiled = |op: &str, kv: &str| -> Result<[[K; 2]; 2]> {
             let mut one = |h: usize, d: usize| {
                 t(&format!(
-                    "attention_prefill_hd{}_{}{kv}",
+                    "{op}_hd{}_{}{kv}",
                     PREFILL_HEAD_DIMS[h],
                     DTYPES[d].kernel_suffix()
                 ))
             };
             Ok([[one(0, 0)?, one(0, 1)?], [one(1, 0)?, one(1, 1)?]])
         };
-        let attention_prefill = [prefill("")?, prefill(KV8)?];
+        let attention_prefill = [
+            tiled("attention_prefill", "")?,
+            tiled("attention_prefill", KV8)?,
+        ];
+        let attention_decode = [
+            tiled("attention_decode", "")?,
+            tiled("attention_decode", KV8)?,
+        ];
         let mut gemv = |x: usize, o: usize| -> Result<[K; 4]> {
             let xs = DTYPES[x].kernel_suffix();
             let os = if o == 1 { "f32" } else { xs };
@@ -295,6 +304,7 @@ impl<K> Kernels<K> {
             attention_split,
             attention_combine,
             attention_prefill,
+            attention_decode,
             gemv,
             gemv_silu: PerDType::resolve_variant(t, "gemv_silu", "_m1")?,
             qgemv,
@@ -409,14 +419,27 @@ impl<K> Kernels<K> {
 
     /// `attention_prefill_hd<head_dim>_<dt>[_kv8]`, if that instantiation exists.
     pub(super) fn attention_prefill(&self, head_dim: usize, dt: DType, kv8: bool) -> Option<&K> {
-        let h = PREFILL_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
-        let d = match dt {
-            DType::BF16 => 0,
-            DType::F16 => 1,
-            _ => return None,
-        };
+        let (h, d) = tiled_index(head_dim, dt)?;
         Some(&self.attention_prefill[usize::from(kv8)][h][d])
     }
+
+    /// `attention_decode_hd<head_dim>_<dt>[_kv8]`, if that instantiation exists.
+    pub(super) fn attention_decode(&self, head_dim: usize, dt: DType, kv8: bool) -> Option<&K> {
+        let (h, d) = tiled_index(head_dim, dt)?;
+        Some(&self.attention_decode[usize::from(kv8)][h][d])
+    }
+}
+
+/// The (head size, dtype) index of the tensor-core attention kernels: head_dim in
+/// [`PREFILL_HEAD_DIMS`], bf16 or f16.
+fn tiled_index(head_dim: usize, dt: DType) -> Option<(usize, usize)> {
+    let h = PREFILL_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
+    let d = match dt {
+        DType::BF16 => 0,
+        DType::F16 => 1,
+        _ => return None,
+    };
+    Some((h, d))
 }
 
 /// The suffix of the kernels that read or write an FP8 KV cache.
@@ -599,6 +622,11 @@ mod tests {
             "attention_prefill_hd64_f16_kv8"
         );
         assert_eq!(k.qkv_rope[1].get(DType::F32).unwrap(), "qkv_rope_f32_kv8");
+        assert_eq!(
+            k.attention_decode(128, DType::BF16, true).unwrap(),
+            "attention_decode_hd128_bf16_kv8"
+        );
+        assert!(k.attention_decode(96, DType::F16, false).is_none());
         assert!(k.attention_prefill(128, DType::F32, true).is_none());
         assert!(k.attention_prefill(96, DType::BF16, false).is_none());
         assert!(k.embedding.get(DType::I32).is_err());

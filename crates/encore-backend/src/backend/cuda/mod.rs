@@ -124,6 +124,9 @@ pub struct CudaBackend {
     /// tensor-core kernel (unless `ENCORE_PREFILL_ATTENTION=split`, which keeps the
     /// split-K kernel, for comparisons).
     flash_prefill: bool,
+    /// Decode attention of a GQA model in bf16 / f16 with head_dim 64 or 128 runs the
+    /// tensor-core kernel (unless `ENCORE_DECODE_ATTENTION=split`, for comparisons).
+    tc_decode: bool,
     vmm: Mutex<Option<Arc<CudaVmm>>>,
     /// Where matmuls with a quantized weight and many rows decode it before the GEMM
     /// (`Backend::reserve_dequant_scratch`; `kernels::quant`).
@@ -529,6 +532,8 @@ impl CudaBackend {
             pdl: cc.0 >= 9 && std::env::var("ENCORE_PDL").map_or(true, |v| v.trim() != "0"),
             flash_prefill: std::env::var("ENCORE_PREFILL_ATTENTION")
                 .map_or(true, |v| v.trim() != "split"),
+            tc_decode: std::env::var("ENCORE_DECODE_ATTENTION")
+                .map_or(true, |v| v.trim() != "split"),
             vmm: Mutex::new(None),
             dequant_scratch: Mutex::new(Default::default()),
             quant_gemm: kernels::quant::QuantGemm::from_env()?,
@@ -811,6 +816,11 @@ impl CudaBackend {
     /// Whether prefill attention may use the tensor-core kernel (see `flash_prefill`).
     pub(super) fn flash_prefill(&self) -> bool {
         self.flash_prefill
+    }
+
+    /// Whether decode attention may use the tensor-core kernel (see `tc_decode`).
+    pub(super) fn tc_decode(&self) -> bool {
+        self.tc_decode
     }
 
     pub(super) fn sm_count(&self) -> usize {

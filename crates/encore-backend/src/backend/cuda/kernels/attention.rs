@@ -1,6 +1,7 @@
-//! The attention launchers: the split-K paged attention kernel and its combine pass for
-//! decode (and prefill when the tensor-core kernel does not apply), and the tensor-core
-//! flash-attention prefill kernel.
+//! The attention launchers: the tensor-core decode kernel (GQA decode rows), the split-K
+//! paged attention kernel and its combine pass (the other decode rows, and prefill when the
+//! tensor-core kernel does not apply), and the tensor-core flash-attention prefill
+//! kernel.
 
 use super::{aligned16, cfg, grid_x, int};
 use crate::backend::cuda::handles::Kernel;
@@ -141,7 +142,7 @@ pub(in crate::backend::cuda) fn attention_scratch_len(
     (1..=num_heads)
         .filter(|kvh| num_heads.is_multiple_of(*kvh) && num_heads / kvh <= ATT_MAX_GROUP)
         .map(|kvh| {
-            AttentionPlan::new(
+            let split = AttentionPlan::new(
                 sm_count,
                 rows,
                 num_heads,
@@ -150,10 +151,153 @@ pub(in crate::backend::cuda) fn attention_scratch_len(
                 block_size,
                 None,
             )
-            .scratch_len(rows, num_heads, head_dim)
+            .scratch_len(rows, num_heads, head_dim);
+            let tc = match decode_splits(sm_count, rows, kvh, table_width, block_size, None) {
+                1 => 0,
+                s => rows * num_heads * s * (head_dim + 2),
+            };
+            split.max(tc)
         })
         .max()
         .unwrap_or(0)
+}
+
+/// Threads of `attention_decode_*` (`DA_THREADS` in attention_decode.cu).
+const DA_THREADS: u32 = 128;
+/// Keys per tile of `attention_decode_*` (`DA_KEYS`): a split is a whole number of tiles.
+const DA_KEYS: usize = 64;
+/// CTAs of `attention_decode_*` resident per SM (175-186 registers a thread, by
+/// `scripts/check-kernels.py -v`; about 107 KiB of shared memory each at head_dim 128;
+/// only steers the split count).
+const DA_CTAS_PER_SM: usize = 2;
+
+/// Dynamic shared memory of `attention_decode_hd{head_dim}_*[_kv8]` (`DA_SMEM_BYTES`):
+/// Q, 3 K/V tiles of 16-bit rows (1 over an FP8 cache, beside 4 raw FP8 tiles), a
+/// key-validity array per stage.
+const fn da_smem_bytes(head_dim: usize, kv8: bool) -> usize {
+    let (buffers, stages, raw) = if kv8 {
+        (1, 4, 4 * 2 * DA_KEYS * head_dim)
+    } else {
+        (3, 3, 0)
+    };
+    (16 + 2 * buffers * DA_KEYS) * (head_dim + 8) * 2 + raw + stages * DA_KEYS * 4
+}
+
+/// The split count of the tensor-core decode kernel (a CTA per row, KV head and split):
+/// the one that minimises (waves of CTAs) x (keys per split + a CTA's fixed cost) plus the
+/// combine launch, for the longest range of keys a row can attend to (the table's capacity,
+/// or the window when shorter; never more splits than without the window, whose scratch
+/// `attention_scratch_len` provides), never finer than a tile of keys. A function of
+/// shapes, the SM count and the layer's window only.
+fn decode_splits(
+    sm_count: usize,
+    rows: usize,
+    num_kv_heads: usize,
+    table_width: usize,
+    block_size: usize,
+    window: Option<usize>,
+) -> usize {
+    let ctas = (rows * num_kv_heads).max(1);
+    let slots = DA_CTAS_PER_SM * sm_count.max(1);
+    let capacity = table_width.saturating_mul(block_size);
+    let max_ctx = window.map_or(capacity, |w| w.min(capacity));
+    let limit = match window {
+        Some(_) => decode_splits(sm_count, rows, num_kv_heads, table_width, block_size, None),
+        None => ATT_MAX_SPLITS,
+    };
+    let by_len = (max_ctx / DA_KEYS.max(block_size)).clamp(1, limit);
+    let mut best = (usize::MAX, 1);
+    for s in 1..=by_len {
+        let waves = ctas.saturating_mul(s).div_ceil(slots);
+        let combine = if s > 1 { ATT_COMBINE_TOKENS } else { 0 };
+        let cost = waves.saturating_mul(max_ctx.div_ceil(s) + ATT_CTA_OVERHEAD_TOKENS) + combine;
+        if cost < best.0 {
+            best = (cost, s);
+        }
+    }
+    best.1
+}
+
+/// The tensor-core decode kernel for a launch, or `None`: decode rows (no
+/// `cu_seqlens_q`) of a GQA model (2 to 16 query heads per KV head) in bf16 / f16 with
+/// head_dim 64 or 128, unless `ENCORE_DECODE_ATTENTION=split`.
+fn decode_kernel<'k>(
+    be: &'k CudaBackend,
+    a: &Attention<'_>,
+    d: &AttentionDims,
+    kv8: bool,
+) -> Option<&'k Kernel> {
+    let group = d.num_heads / d.num_kv_heads.max(1);
+    if a.cu_seqlens_q.is_some() || !be.tc_decode() || !(2..=16).contains(&group) {
+        return None;
+    }
+    be.kernels().attention_decode(d.head_dim, a.q.dtype(), kv8)
+}
+
+/// `attention_decode_*`: grid (rows, num_kv_heads, splits), 128 threads, `da_smem_bytes`
+/// of dynamic shared memory; then the combine pass when split.
+fn attention_decode(
+    be: &CudaBackend,
+    a: &Attention<'_>,
+    d: &AttentionDims,
+    kernel: &Kernel,
+    kv8: bool,
+) -> Result<()> {
+    const OP: &str = "attention";
+    let splits = decode_splits(
+        be.sm_count(),
+        d.rows,
+        d.num_kv_heads,
+        d.table_width,
+        d.block_size,
+        a.window,
+    );
+    if d.num_kv_heads > 65_535 || d.num_heads > 65_535 {
+        return Err(Error::invalid(
+            OP,
+            format!("num_heads = {} is too large (grid y)", d.num_heads),
+        ));
+    }
+    let mut c = cfg(
+        (
+            grid_x(OP, "rows", d.rows)?,
+            d.num_kv_heads as u32,
+            splits as u32,
+        ),
+        (DA_THREADS, 1, 1),
+    );
+    c.shared_mem_bytes = da_smem_bytes(d.head_dim, kv8) as u32;
+    let (q, kc, vc) = (dptr(a.q), dptr(a.k_cache), dptr(a.v_cache));
+    let (bt, sl) = (dptr(a.block_tables), dptr(a.seq_lens));
+    let (out, scratch) = (dptr(a.out), dptr(a.scratch));
+    let (qscale, vscale) = scales(a);
+    let window = window_arg(a.window);
+    let rows = int(OP, "rows", d.rows)?;
+    let nh = int(OP, "num_heads", d.num_heads)?;
+    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
+    let nb = int(OP, "num_blocks", d.num_blocks)?;
+    let bs = d.block_size as i32; // table_width * block_size <= 2^30 checked by the caller
+    let tw = d.table_width as i32;
+    let group = (d.num_heads / d.num_kv_heads) as i32;
+    let ns = splits as i32;
+    be.launch(
+        kernel,
+        c,
+        &mut args![
+            q, kc, vc, bt, sl, out, scratch, qscale, vscale, window, rows, nh, nkv, nb, bs, tw,
+            group, ns
+        ],
+    )?;
+    if splits > 1 {
+        let hd = d.head_dim as i32;
+        let c = cfg((rows as u32, d.num_heads as u32, 1), (256, 1, 1));
+        be.launch(
+            be.kernels().attention_combine.get(a.q.dtype())?,
+            c,
+            &mut args![scratch, out, rows, nh, hd, ns],
+        )?;
+    }
+    Ok(())
 }
 
 pub(in crate::backend::cuda) fn attention(
@@ -214,6 +358,9 @@ pub(in crate::backend::cuda) fn attention(
     let enabled = be.flash_prefill() && !few_queries(d, be.sm_count());
     if let Some(kernel) = prefill_kernel(be, a.q.dtype(), d.head_dim, has_cu, kv8, enabled) {
         return attention_prefill(be, a, d, kernel);
+    }
+    if let Some(kernel) = decode_kernel(be, a, d, kv8) {
+        return attention_decode(be, a, d, kernel, kv8);
     }
 
     let plan = AttentionPlan::new(
@@ -339,6 +486,10 @@ pub(in crate::backend::cuda) fn dynamic_smem_limit(name: &str) -> Option<usize> 
     if tiled || name.starts_with("gmoe_") {
         let bm: usize = name.rsplit_once("_bm")?.1.parse().ok()?;
         return Some(super::quant::qmma_smem_bytes(bm));
+    }
+    if let Some(hd) = name.strip_prefix("attention_decode_hd") {
+        let hd: usize = hd.split('_').next()?.parse().ok()?;
+        return Some(da_smem_bytes(hd, name.ends_with("_kv8")));
     }
     let hd = name.strip_prefix("attention_prefill_hd")?;
     let hd: usize = hd.split('_').next()?.parse().ok()?;

@@ -152,6 +152,20 @@ pub(super) const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        file: "attention_decode.cu",
+        src: include_str!("../../../../kernels/attention_decode.cu"),
+        functions: &[
+            "attention_decode_hd64_bf16",
+            "attention_decode_hd128_bf16",
+            "attention_decode_hd64_f16",
+            "attention_decode_hd128_f16",
+            "attention_decode_hd64_bf16_kv8",
+            "attention_decode_hd128_bf16_kv8",
+            "attention_decode_hd64_f16_kv8",
+            "attention_decode_hd128_f16_kv8",
+        ],
+    },
+    KernelSource {
         file: "gemv.cu",
         src: include_str!("../../../../kernels/gemv.cu"),
         functions: &[

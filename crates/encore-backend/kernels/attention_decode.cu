@@ -1,0 +1,391 @@
+// attention_decode: tensor-core (mma.sync m16n8k16, f32 accumulation) paged attention for
+// decode rows of a GQA model (one query row per sequence, `cu_seqlens_q` absent), head_dim
+// 64 or 128, over a cache of T (bf16 / f16) or FP8 (the `_kv8` variants).
+//
+// Same semantics as attention.cu's split kernel for has_cu == 0 (see `Attention` in
+// src/backend/mod.rs): row r attends to the keys [lo, ctx) of sequence r, ctx = seq_lens[r]
+// clamped to table_width * block_size, lo = max(0, ctx - window) with a window (computed
+// before the clamp); keys of blocks outside 0..num_blocks contribute nothing; a row with an
+// empty range writes zeros. The range is cut into num_splits splits exactly as the split
+// kernel cuts it (each a whole number of DA_KEYS keys), and a split writes the final output
+// (num_splits == 1) or its partial result in the split kernel's scratch layout, which
+// attention.cu's combine kernel merges.
+//
+// Launch: grid (rows, num_kv_heads, num_splits), DA_THREADS threads (4 warps),
+// DA_SMEM_BYTES(HD, F8) of dynamic shared memory, shapes only. A CTA owns one row, one KV
+// head and its GQA group of `group` (<= 16) query heads as the 16 rows of one m16 tile
+// (rows past the group are zeros and never written): it reads each key once for all of its
+// heads, on the tensor cores, so a step streams K/V at the memory's rate where the CUDA-core
+// kernel is bound by its arithmetic. Keys come in tiles of DA_KEYS = 64; warp w takes keys
+// 16w..16w+15 of every tile (S = Q K^T: HD/16 mma pairs; O += P V: HD/8 mma), with its own
+// online softmax (log2 units) and O; the four warps' (m, l, O) are merged in shared memory
+// at the end in a fixed order (deterministic).
+//
+// A cache of T: K/V tiles are gathered with 16-byte cp.async copies into DA_STAGES shared
+// buffers (rows padded to HD + 8 elements: conflict-free ldmatrix), the next two tiles in
+// flight while one is computed (a step is bound by the bytes in flight: with one tile ahead
+// the kernel streamed at half the copy rate). An FP8 cache: the E4M3 bytes of the next three
+// tiles come in by cp.async into DA_STAGES_F8 raw buffers; at the top of an iteration the
+// block decodes its tile (exactly: every E4M3 value is an f16) into one f16 buffer, and the
+// mma run in f16 (q is
+// rounded to f16 once, P in f16); the layer's key scale is folded into qscale by the host,
+// the value scale (vscale, 1 for a cache of T) multiplies the output.
+//
+// mma.m16n8k16 fragments and ldmatrix: common.cuh (Mma16816).
+
+#define DA_THREADS 128
+#define DA_KEYS 64  // keys per tile (16 per warp)
+#define DA_M 16     // query heads of a CTA: one m16 tile
+#define DA_STAGES 3     // tiles of a cache of T in shared memory (two in flight)
+#define DA_STAGES_F8 4  // raw FP8 tiles in shared memory (three in flight)
+// Dynamic shared memory: Q (DA_M rows), K and V tiles (DA_STAGES buffers each for a cache of
+// T, 1 for FP8) with rows padded to HD + 8 16-bit elements, FP8's DA_STAGES_F8 raw buffers
+// (K and V bytes), a key-validity array per stage. `da_smem_bytes` in attention.rs mirrors
+// this.
+#define DA_SMEM_BYTES(HD, F8)                                                              \
+    ((DA_M + 2 * ((F8) ? 1 : DA_STAGES) * DA_KEYS) * ((HD) + 8) * 2 +                     \
+     ((F8) ? DA_STAGES_F8 * 2 * DA_KEYS * (HD) : 0) +                                     \
+     ((F8) ? DA_STAGES_F8 : DA_STAGES) * DA_KEYS * 4)
+
+// The element type the mma run in: T over a cache of T, f16 over an FP8 cache.
+template <typename T, typename KV> struct DaMma {
+    typedef T type;
+};
+template <typename T> struct DaMma<T, fp8> {
+    typedef f16 type;
+};
+
+template <typename T, typename KV, int HD>
+__device__ __forceinline__ void attention_decode_impl(
+    const T* q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* out,
+    float* __restrict__ scratch, float qscale, float vscale, int window, int rows,
+    int num_heads, int num_kv_heads, int num_blocks, int block_size, int table_width, int group,
+    int num_splits) {
+    typedef typename DaMma<T, KV>::type M;
+    constexpr bool F8 = sizeof(KV) == 1;
+    constexpr int LD = HD + 8;    // padded shared row (elements)
+    constexpr int CPR = HD / 8;   // 16-byte chunks of a 16-bit row
+    constexpr int KT = HD / 16;   // k-steps of Q K^T
+    constexpr int ND = HD / 8;    // n-tiles of O
+    constexpr int ST = F8 ? DA_STAGES_F8 : DA_STAGES;  // pipeline stages
+    constexpr int NB = F8 ? 1 : ST;                     // 16-bit tile buffers
+    constexpr int RAW_CPR = HD / 16;  // 16-byte chunks of an FP8 row
+
+    extern __shared__ __align__(16) unsigned char da_smem[];
+    M* sQ = reinterpret_cast<M*>(da_smem);
+    M* sK = sQ + DA_M * LD;            // [NB][DA_KEYS * LD]
+    M* sV = sK + NB * DA_KEYS * LD;    // [NB][DA_KEYS * LD]
+    unsigned char* raw = reinterpret_cast<unsigned char*>(sV + NB * DA_KEYS * LD);
+    // FP8: raw[stage][0 = K, 1 = V][DA_KEYS * HD] bytes.
+    int* sOk = reinterpret_cast<int*>(raw + (F8 ? ST * 2 * DA_KEYS * HD : 0));  // [ST][DA_KEYS]
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int h0 = kvh * group;
+
+    // --- The row's keys and this split's part of them (as attention.cu). ---
+    long long ctx = seq_lens[row];
+    const long long max_ctx = (long long)table_width * block_size;  // <= 2^30 (host check)
+    long long k_lo = window > 0 ? ctx - window : 0;
+    if (k_lo < 0) k_lo = 0;
+    if (ctx < 0) ctx = 0;
+    if (ctx > max_ctx) ctx = max_ctx;
+    if (k_lo > ctx) k_lo = ctx;
+    const int c = (int)ctx;
+    const int span = c - (int)k_lo;
+    int per = (span + num_splits - 1) / num_splits;
+    per = (per + DA_KEYS - 1) / DA_KEYS * DA_KEYS;
+    const long long start_ll = k_lo + (long long)split * per;
+    const int start = (int)min(start_ll, (long long)c);
+    const int end = (int)min(start_ll + per, (long long)c);
+    float* ml = scratch + (long long)rows * num_heads * num_splits * HD;
+
+    if (start >= end) {
+        // Nothing in this split (block-uniform: no barrier skipped).
+        if (num_splits == 1) {
+            for (int i = tid; i < group * CPR; i += DA_THREADS)
+                st16(out + ((long long)row * num_heads + h0 + i / CPR) * HD + (i % CPR) * 8,
+                     make_uint4(0u, 0u, 0u, 0u));
+        } else if (tid < group) {
+            const long long pidx = ((long long)row * num_heads + h0 + tid) * num_splits + split;
+            ml[2 * pidx] = NEG_INF;
+            ml[2 * pidx + 1] = 0.0f;
+        }
+        return;
+    }
+
+    const int* table = block_tables + (long long)row * table_width;
+    const long long tok_stride = (long long)num_kv_heads * HD;
+    const long long head_off = (long long)kvh * HD;
+
+    // Gather tile kt..kt + DA_KEYS - 1 (keys past `end` or in invalid blocks: zeros, and
+    // sOk 0) into stage b: the 16-bit tiles, or FP8's raw bytes. A thread copies chunk
+    // `part` of keys key0, key0 + kstep, ...: one division per tile, then the block and row
+    // advance by kstep keys at a time.
+    auto issue = [&](int kt, int b) {
+        constexpr int CP = F8 ? RAW_CPR : CPR;  // 16-byte chunks of a row
+        constexpr int KSTEP = DA_THREADS / CP;
+        constexpr int N = DA_KEYS / KSTEP;
+        const int key0 = tid / CP, part = tid % CP;
+        int k = kt + key0;
+        int bi = k / block_size;
+        int r = k - bi * block_size;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const int key = key0 + i * KSTEP;
+            const int blk = k < end ? table[bi] : -1;
+            const bool ok = blk >= 0 && blk < num_blocks;
+            const long long base =
+                ok ? ((long long)blk * block_size + r) * tok_stride + head_off : 0;
+            if (F8) {
+                const long long off = ok ? base + part * 16 : 0;
+                unsigned char* dst = raw + (b * 2) * DA_KEYS * HD + key * HD + part * 16;
+                cp_async16(dst, k_cache + off, ok);
+                cp_async16(dst + DA_KEYS * HD, v_cache + off, ok);
+            } else {
+                const long long off = ok ? base + part * 8 : 0;
+                cp_async16(sK + b * DA_KEYS * LD + key * LD + part * 8, k_cache + off, ok);
+                cp_async16(sV + b * DA_KEYS * LD + key * LD + part * 8, v_cache + off, ok);
+            }
+            if (part == 0) sOk[b * DA_KEYS + key] = ok ? 1 : 0;
+            k += KSTEP;
+            r += KSTEP;
+            while (r >= block_size) {
+                r -= block_size;
+                ++bi;
+            }
+        }
+    };
+    // FP8: decode raw buffer b into the f16 tiles.
+    auto land = [&](int b) {
+#pragma unroll
+        for (int i = 0; i < 2 * DA_KEYS * RAW_CPR / DA_THREADS; ++i) {
+            const int ch = tid + i * DA_THREADS;
+            const int kv = ch / (DA_KEYS * RAW_CPR);  // 0: K, 1: V
+            const int rest = ch - kv * DA_KEYS * RAW_CPR;
+            const int key = rest / RAW_CPR, part = rest % RAW_CPR;
+            const uint4 w = *reinterpret_cast<const uint4*>(raw + (b * 2 + kv) * DA_KEYS * HD +
+                                                            key * HD + part * 16);
+            const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
+            unsigned int h[8];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const unsigned short lo = (unsigned short)(ws[j] & 0xFFFFu);
+                const unsigned short hi = (unsigned short)(ws[j] >> 16);
+                asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h[2 * j]) : "h"(lo));
+                asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h[2 * j + 1]) : "h"(hi));
+            }
+            M* dst = (kv == 0 ? sK : sV) + key * LD + part * 16;
+            st16(dst, make_uint4(h[0], h[1], h[2], h[3]));
+            st16(dst + 8, make_uint4(h[4], h[5], h[6], h[7]));
+        }
+    };
+
+    // Prologue: Q (the group's heads; zeros for rows past it), tile 0.
+    for (int i = tid; i < DA_M * CPR; i += DA_THREADS) {
+        const int r = i / CPR, part = i % CPR;
+        const bool ok = r < group;
+        const T* src = q + ((long long)row * num_heads + h0 + (ok ? r : 0)) * HD + part * 8;
+        if (F8) {
+            // Rounded to f16 (the mma's type over an FP8 cache).
+            float f[8];
+            if (ok) {
+                load_vec(src, f);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) f[e] = 0.0f;
+            }
+            st16(sQ + r * LD + part * 8, Ty<f16>::pack(f));
+        } else {
+            cp_async16(sQ + r * LD + part * 8, src, ok);
+        }
+    }
+    const int ntiles = (end - start + DA_KEYS - 1) / DA_KEYS;
+    // Tiles 0..ST-2, a group each (Q's copies join the first); empty groups past the end
+    // keep the counting uniform.
+#pragma unroll
+    for (int i = 0; i < ST - 1; ++i) {
+        if (i < ntiles) issue(start + i * DA_KEYS, i);
+        cp_async_commit();
+    }
+
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {NEG_INF, NEG_INF};
+    float l[2] = {0.0f, 0.0f};  // this thread's partial row sums (rows g, g + 8)
+    unsigned int qa[KT][4];
+
+    const unsigned int smem0 = (unsigned int)__cvta_generic_to_shared(da_smem);
+    const unsigned int qw =
+        smem0 + (((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8) * 2;
+    const unsigned int kw0 = smem0 + (DA_M * LD + (warp * 16 + (lane >> 4) * 8 + (lane & 7)) * LD +
+                                      ((lane >> 3) & 1) * 8) * 2;
+    const unsigned int vw0 =
+        smem0 + ((DA_M + NB * DA_KEYS) * LD +
+                 (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8) * 2;
+
+    for (int j = 0; j < ntiles; ++j) {
+        const int kt = start + j * DA_KEYS;
+        const int buf = j % ST;
+        cp_async_wait<ST - 2>();
+        __syncthreads();  // tile j (and Q) landed; every warp is done with tile j - 1
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KT; ++kk)
+                ldmatrix_x4(qw + kk * 32, qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
+        }
+        // Tile j + ST - 1 into the stage of tile j - 1.
+        if (j + ST - 1 < ntiles) issue(kt + (ST - 1) * DA_KEYS, (j + ST - 1) % ST);
+        cp_async_commit();
+        if (F8) {
+            land(buf);
+            __syncthreads();
+        }
+        const int tb = F8 ? 0 : buf;  // the 16-bit tile buffer
+        const unsigned int kw = kw0 + tb * (DA_KEYS * LD * 2);
+        const unsigned int vw = vw0 + tb * (DA_KEYS * LD * 2);
+        const int* okb = sOk + buf * DA_KEYS + warp * 16;
+        if (kt + warp * 16 >= end) continue;  // none of this warp's keys (no barrier follows)
+
+        // S = Q K^T for this warp's 16 keys (n-tiles 0 and 1).
+        float s[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+            unsigned int b0, b1, b2, b3;
+            ldmatrix_x4(kw + kk * 32, b0, b1, b2, b3);
+            Mma16816<M>::mma(s[0], qa[kk], b0, b1);
+            Mma16816<M>::mma(s[1], qa[kk], b2, b3);
+        }
+        // Mask (keys past the end or in invalid blocks), scale into log2 units.
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = n * 8 + 2 * t4 + (e & 1);
+                s[n][e] = okb[key] != 0 ? s[n][e] * qscale : NEG_INF;
+            }
+        // Online softmax for rows g (e = 0, 1) and g + 8 (e = 2, 3).
+        float mu[2], corr[2];
+        bool grew = false;
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+            float mx = fmaxf(fmaxf(s[0][2 * ri], s[0][2 * ri + 1]),
+                             fmaxf(s[1][2 * ri], s[1][2 * ri + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+            const float mn = fmaxf(m[ri], mx);
+            grew |= mn != m[ri];
+            mu[ri] = mn == NEG_INF ? 0.0f : mn;
+            corr[ri] = exp2f(m[ri] - mu[ri]);
+            m[ri] = mn;
+            l[ri] *= corr[ri];
+        }
+        // corr is exactly 1 for rows whose max did not grow (or O is still zero).
+        if (__any_sync(FULL_MASK, grew)) {
+#pragma unroll
+            for (int n = 0; n < ND; ++n) {
+                o[n][0] *= corr[0];
+                o[n][1] *= corr[0];
+                o[n][2] *= corr[1];
+                o[n][3] *= corr[1];
+            }
+        }
+        unsigned int pa[4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+            const float p0 = exp2f(s[n][0] - mu[0]), p1 = exp2f(s[n][1] - mu[0]);
+            const float p2 = exp2f(s[n][2] - mu[1]), p3 = exp2f(s[n][3] - mu[1]);
+            l[0] += p0 + p1;
+            l[1] += p2 + p3;
+            pa[n * 2 + 0] = Ty<M>::pack2(p0, p1);
+            pa[n * 2 + 1] = Ty<M>::pack2(p2, p3);
+        }
+        // O += P V over the 16 keys.
+#pragma unroll
+        for (int n = 0; n < ND; n += 2) {
+            unsigned int b0, b1, b2, b3;
+            ldmatrix_x4_trans(vw + n * 8 * 2, b0, b1, b2, b3);
+            Mma16816<M>::mma(o[n], pa, b0, b1);
+            Mma16816<M>::mma(o[n + 1], pa, b2, b3);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the tiles: their memory holds the merge
+
+    // --- Merge the warps (fixed order) and write. ---
+    float* sO = reinterpret_cast<float*>(sK);         // [4 warps][DA_M][HD]
+    float* sM = sO + 4 * DA_M * HD;                   // [4][DA_M]
+    float* sL = sM + 4 * DA_M;                        // [4][DA_M]
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+        float sum = l[ri];
+        sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+        sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+        if (t4 == 0) {
+            sM[warp * DA_M + g + 8 * ri] = m[ri];
+            sL[warp * DA_M + g + 8 * ri] = sum;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+        float* d0 = sO + (warp * DA_M + g) * HD + n * 8 + 2 * t4;
+        d0[0] = o[n][0];
+        d0[1] = o[n][1];
+        d0[8 * HD] = o[n][2];
+        d0[8 * HD + 1] = o[n][3];
+    }
+    __syncthreads();
+    for (int i = tid; i < group * HD; i += DA_THREADS) {
+        const int r = i / HD, d = i % HD;
+        float mx = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) mx = fmaxf(mx, sM[w * DA_M + r]);
+        const float mu = mx == NEG_INF ? 0.0f : mx;
+        float L = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const float f = exp2f(sM[w * DA_M + r] - mu);
+            L += sL[w * DA_M + r] * f;
+            acc += sO[(w * DA_M + r) * HD + d] * f;
+        }
+        const long long head = (long long)row * num_heads + h0 + r;
+        if (num_splits == 1) {
+            out[head * HD + d] = from_f32<T>(L > 0.0f ? acc * (vscale / L) : 0.0f);
+        } else {
+            const long long pidx = head * num_splits + split;
+            scratch[pidx * HD + d] = acc * vscale;
+            if (d == 0) {
+                ml[2 * pidx] = mx;
+                ml[2 * pidx + 1] = L;
+            }
+        }
+    }
+}
+
+#define ATTENTION_DECODE(NAME, T, KV, HD)                                                   \
+    extern "C" __global__ void __launch_bounds__(DA_THREADS) NAME(                         \
+        const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
+        const int* seq_lens, T* out, float* scratch, float qscale, float vscale,           \
+        int window, int rows, int num_heads, int num_kv_heads, int num_blocks,             \
+        int block_size, int table_width, int group, int num_splits) {                      \
+        pdl_enter();                                                                        \
+        attention_decode_impl<T, KV, HD>(q, k_cache, v_cache, block_tables, seq_lens, out, \
+                                         scratch, qscale, vscale, window, rows, num_heads, \
+                                         num_kv_heads, num_blocks, block_size, table_width,\
+                                         group, num_splits);                               \
+    }
+
+ATTENTION_DECODE(attention_decode_hd64_bf16, bf16, bf16, 64)
+ATTENTION_DECODE(attention_decode_hd128_bf16, bf16, bf16, 128)
+ATTENTION_DECODE(attention_decode_hd64_f16, f16, f16, 64)
+ATTENTION_DECODE(attention_decode_hd128_f16, f16, f16, 128)
+ATTENTION_DECODE(attention_decode_hd64_bf16_kv8, bf16, fp8, 64)
+ATTENTION_DECODE(attention_decode_hd128_bf16_kv8, bf16, fp8, 128)
+ATTENTION_DECODE(attention_decode_hd64_f16_kv8, f16, fp8, 64)
+ATTENTION_DECODE(attention_decode_hd128_f16_kv8, f16, fp8, 128)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The FP8 KV cache on the GPU (issue "Serving throughput at the leaders' level"), with
+# the `encore` binary carried as .gpu/encore.xz (stripped, made on the build machine):
+#   info   every CUDA kernel against the CPU (the FP8-cache cases among them) and the
+#          capture/replay check (bf16 over an FP8 cache among them);
+#   kernels  decode attention at (1,8k) (64,2k) (256,2k) (1024,1k), bf16 and FP8 caches,
+#          against the copy bandwidth;
+#   decode   the 8B FP8 decode step at batch 1/64/256, context 2048, bf16 KV then FP8 KV.
+# Logs go to $OUT.   usage: bash scripts/gpu-kv8.sh [info,kernels,decode]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-/tmp/encore-cache}
+OUT=${OUT:-$(mktemp -d)}
+parts=${1:-info,kernels,decode}
+mkdir -p .bin && xz -dc .gpu/encore.xz > .bin/encore && chmod +x .bin/encore
+nvidia-smi -L
+has() { [[ ",$parts," == *",$1,"* ]]; }
+if has info; then
+  .bin/encore info --device cuda --seed 1 > "$OUT/info.log" 2>&1; echo "info rc=$?"
+  grep -E "fp8 cache|kv=fp8|FAIL|passed|failed" "$OUT/info.log" | grep -vE " ok$" | tail -20
+  grep -cE "fp8 cache.* ok$|kv=fp8.* ok$" "$OUT/info.log"
+fi
+if has kernels; then
+  .bin/encore bench kernels --device cuda --only copy,attention 2>&1 | tee "$OUT/kernels.log" | grep -E "copy|attention"
+fi
+if has decode; then
+  for kv in auto fp8; do
+    .bin/encore bench decode --device cuda --model dummy:llama-3-8b --quantization fp8 \
+      --batch 1,64,256 --context 2048 --steps 20 --kv-cache-dtype $kv --json \
+      2>>"$OUT/decode.err" | tee -a "$OUT/decode.jsonl" | cut -c1-160
+  done
+fi
+if has ab; then
+  # The decode step with the CUDA-core split kernel against the tensor-core decode kernel.
+  for att in split tc; do
+    for kv in auto fp8; do
+      ENCORE_DECODE_ATTENTION=$att .bin/encore bench decode --device cuda --model dummy:llama-3-8b \
+        --quantization fp8 --batch 1,64,256 --context 2048 --steps 20 --kv-cache-dtype $kv --json \
+        2>>"$OUT/decode.err" | sed "s/^{/{\"attention\":\"$att\",/" | tee -a "$OUT/decode-ab.jsonl" | cut -c1-150
+    done
+  done
+fi
+if has serve; then
+  # TensorRT-LLM's table (bench serve --dataset-shape trtllm), FP8 weights and KV.
+  .bin/encore bench serve --in-process --device cuda --model dummy:llama-3-8b --quantization fp8 \
+    --kv-cache-dtype fp8 --max-num-batched-tokens 8192 --max-num-seqs ${SEQS:-1024} \
+    --kv-fraction 0.9 --dataset-shape trtllm --num-prompts ${PROMPTS:-1500} \
+    2>"$OUT/serve.err" | tee "$OUT/serve.log"
+  tail -3 "$OUT/serve.err"
+fi
