@@ -21,6 +21,7 @@ run() { # name, command...
   local dt; dt=$(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $t0}")
   local res; res=$(grep -E '^test result' "$logs/$name.log" | tail -1 | cut -c1-60)
   rows+=("$(printf '%-24s rc=%-3s %7ss %s' "$name" "$rc" "$dt" "$res")")
+  echo "${rows[-1]}"  # as it goes, for a run cut short by its time limit
   [ $rc -eq 0 ] || grep -E 'FAILED|panicked|error' "$logs/$name.log" | head -8
 }
 run info .bin/encore info --device cuda --seed 1

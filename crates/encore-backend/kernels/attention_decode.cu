@@ -21,13 +21,13 @@
 // online softmax (log2 units) and O; the four warps' (m, l, O) are merged in shared memory
 // at the end in a fixed order (deterministic).
 //
-// A cache of T: K/V tiles are gathered with 16-byte cp.async copies into DA_STAGES shared
-// buffers (rows padded to HD + 8 elements: conflict-free ldmatrix), the next two tiles in
-// flight while one is computed (a step is bound by the bytes in flight: with one tile ahead
-// the kernel streamed at half the copy rate). An FP8 cache: the E4M3 bytes of the next three
-// tiles come in by cp.async into DA_STAGES_F8 raw buffers; at the top of an iteration the
-// block decodes its tile (exactly: every E4M3 value is an f16) into one f16 buffer, and the
-// mma run in f16 (q is
+// Each warp gathers (and, over an FP8 cache, decodes) its own 16 keys of every tile, so
+// the loop has no block-wide barrier. A cache of T: K/V rows come by 16-byte cp.async
+// copies into DA_STAGES shared buffers (rows padded to HD + 8 elements: conflict-free
+// ldmatrix), the next two tiles in flight while one is computed (the step is bound by the
+// bytes in flight). An FP8 cache: the E4M3 bytes of the next three tiles come by cp.async
+// into DA_STAGES_F8 raw buffers; at the top of an iteration the warp decodes its keys
+// (exactly: every E4M3 value is an f16) into one f16 buffer, and the mma run in f16 (q is
 // rounded to f16 once, P in f16); the layer's key scale is folded into qscale by the host,
 // the value scale (vscale, 1 for a cache of T) multiplies the output.
 //
@@ -121,15 +121,19 @@ __device__ __forceinline__ void attention_decode_impl(
     const long long tok_stride = (long long)num_kv_heads * HD;
     const long long head_off = (long long)kvh * HD;
 
-    // Gather tile kt..kt + DA_KEYS - 1 (keys past `end` or in invalid blocks: zeros, and
-    // sOk 0) into stage b: the 16-bit tiles, or FP8's raw bytes. A thread copies chunk
-    // `part` of keys key0, key0 + kstep, ...: one division per tile, then the block and row
-    // advance by kstep keys at a time.
+    // Every warp gathers, decodes and computes its own 16 keys of each tile (rows 16w..16w+15
+    // of every buffer), so the loop has no block-wide barrier: a warp only waits for its own
+    // copies (cp.async.wait_group, then __syncwarp).
+    //
+    // Gather this warp's keys of tile kt (keys past `end` or in invalid blocks: zeros, and
+    // sOk 0) into stage b: the 16-bit tiles, or FP8's raw bytes. Lane L copies chunk
+    // L % CP of keys L / CP, L / CP + 32 / CP, ...: one division per tile, then the block
+    // and row advance by 32 / CP keys at a time.
     auto issue = [&](int kt, int b) {
         constexpr int CP = F8 ? RAW_CPR : CPR;  // 16-byte chunks of a row
-        constexpr int KSTEP = DA_THREADS / CP;
-        constexpr int N = DA_KEYS / KSTEP;
-        const int key0 = tid / CP, part = tid % CP;
+        constexpr int KSTEP = 32 / CP;
+        constexpr int N = 16 / KSTEP;
+        const int key0 = warp * 16 + lane / CP, part = lane % CP;
         int k = kt + key0;
         int bi = k / block_size;
         int r = k - bi * block_size;
@@ -159,24 +163,24 @@ __device__ __forceinline__ void attention_decode_impl(
             }
         }
     };
-    // FP8: decode raw buffer b into the f16 tiles.
+    // FP8: decode this warp's keys of raw stage b into the f16 tiles.
     auto land = [&](int b) {
 #pragma unroll
-        for (int i = 0; i < 2 * DA_KEYS * RAW_CPR / DA_THREADS; ++i) {
-            const int ch = tid + i * DA_THREADS;
-            const int kv = ch / (DA_KEYS * RAW_CPR);  // 0: K, 1: V
-            const int rest = ch - kv * DA_KEYS * RAW_CPR;
-            const int key = rest / RAW_CPR, part = rest % RAW_CPR;
+        for (int i = 0; i < 2 * 16 * RAW_CPR / 32; ++i) {
+            const int ch = lane + i * 32;
+            const int kv = ch / (16 * RAW_CPR);  // 0: K, 1: V
+            const int rest = ch - kv * 16 * RAW_CPR;
+            const int key = warp * 16 + rest / RAW_CPR, part = rest % RAW_CPR;
             const uint4 w = *reinterpret_cast<const uint4*>(raw + (b * 2 + kv) * DA_KEYS * HD +
                                                             key * HD + part * 16);
             const unsigned int ws[4] = {w.x, w.y, w.z, w.w};
             unsigned int h[8];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const unsigned short lo = (unsigned short)(ws[j] & 0xFFFFu);
-                const unsigned short hi = (unsigned short)(ws[j] >> 16);
-                asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h[2 * j]) : "h"(lo));
-                asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h[2 * j + 1]) : "h"(hi));
+            for (int e = 0; e < 4; ++e) {
+                const unsigned short lo = (unsigned short)(ws[e] & 0xFFFFu);
+                const unsigned short hi = (unsigned short)(ws[e] >> 16);
+                asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h[2 * e]) : "h"(lo));
+                asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h[2 * e + 1]) : "h"(hi));
             }
             M* dst = (kv == 0 ? sK : sV) + key * LD + part * 16;
             st16(dst, make_uint4(h[0], h[1], h[2], h[3]));
@@ -184,28 +188,20 @@ __device__ __forceinline__ void attention_decode_impl(
         }
     };
 
-    // Prologue: Q (the group's heads; zeros for rows past it), tile 0.
+    // Prologue: Q (the group's heads, in M; zeros for rows past it), then the first tiles.
     for (int i = tid; i < DA_M * CPR; i += DA_THREADS) {
         const int r = i / CPR, part = i % CPR;
-        const bool ok = r < group;
-        const T* src = q + ((long long)row * num_heads + h0 + (ok ? r : 0)) * HD + part * 8;
-        if (F8) {
-            // Rounded to f16 (the mma's type over an FP8 cache).
-            float f[8];
-            if (ok) {
-                load_vec(src, f);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) f[e] = 0.0f;
-            }
-            st16(sQ + r * LD + part * 8, Ty<f16>::pack(f));
+        float f[8];
+        if (r < group) {
+            load_vec(q + ((long long)row * num_heads + h0 + r) * HD + part * 8, f);
         } else {
-            cp_async16(sQ + r * LD + part * 8, src, ok);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) f[e] = 0.0f;
         }
+        st16(sQ + r * LD + part * 8, Ty<M>::pack(f));
     }
     const int ntiles = (end - start + DA_KEYS - 1) / DA_KEYS;
-    // Tiles 0..ST-2, a group each (Q's copies join the first); empty groups past the end
-    // keep the counting uniform.
+    // Tiles 0..ST-2, a group each; empty groups past the end keep the counting uniform.
 #pragma unroll
     for (int i = 0; i < ST - 1; ++i) {
         if (i < ntiles) issue(start + i * DA_KEYS, i);
@@ -217,7 +213,6 @@ __device__ __forceinline__ void attention_decode_impl(
     for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {NEG_INF, NEG_INF};
     float l[2] = {0.0f, 0.0f};  // this thread's partial row sums (rows g, g + 8)
-    unsigned int qa[KT][4];
 
     const unsigned int smem0 = (unsigned int)__cvta_generic_to_shared(da_smem);
     const unsigned int qw =
@@ -227,29 +222,29 @@ __device__ __forceinline__ void attention_decode_impl(
     const unsigned int vw0 =
         smem0 + ((DA_M + NB * DA_KEYS) * LD +
                  (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8) * 2;
+    __syncthreads();  // Q
+    unsigned int qa[KT][4];
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk)
+        ldmatrix_x4(qw + kk * 32, qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
 
     for (int j = 0; j < ntiles; ++j) {
         const int kt = start + j * DA_KEYS;
         const int buf = j % ST;
         cp_async_wait<ST - 2>();
-        __syncthreads();  // tile j (and Q) landed; every warp is done with tile j - 1
-        if (j == 0) {
-#pragma unroll
-            for (int kk = 0; kk < KT; ++kk)
-                ldmatrix_x4(qw + kk * 32, qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
+        __syncwarp();  // this warp's keys of tile j landed; it is done with tile j - 1
+        if (F8) {
+            land(buf);
+            __syncwarp();
         }
         // Tile j + ST - 1 into the stage of tile j - 1.
         if (j + ST - 1 < ntiles) issue(kt + (ST - 1) * DA_KEYS, (j + ST - 1) % ST);
         cp_async_commit();
-        if (F8) {
-            land(buf);
-            __syncthreads();
-        }
         const int tb = F8 ? 0 : buf;  // the 16-bit tile buffer
         const unsigned int kw = kw0 + tb * (DA_KEYS * LD * 2);
         const unsigned int vw = vw0 + tb * (DA_KEYS * LD * 2);
         const int* okb = sOk + buf * DA_KEYS + warp * 16;
-        if (kt + warp * 16 >= end) continue;  // none of this warp's keys (no barrier follows)
+        if (kt + warp * 16 >= end) continue;  // none of this warp's keys
 
         // S = Q K^T for this warp's 16 keys (n-tiles 0 and 1).
         float s[2][4];

@@ -24,9 +24,16 @@ fn captured_decode_steps_replay_exactly_like_eager() {
         if let Err(report) = testing::all_passed(&results) {
             panic!("{report}");
         }
-        // 2 dtypes x (prefill logits, 6 decode steps x (logits, greedy and sampled
-        // tokens), graph steps).
-        assert_eq!(results.len(), 40);
+        // 3 runs (f32, bf16, bf16 over an FP8 cache) x (prefill logits, 6 decode steps x
+        // (logits, greedy and sampled tokens), graph steps).
+        assert_eq!(results.len(), 60);
+        assert_eq!(
+            results
+                .iter()
+                .filter(|r| r.shape.starts_with("kv=fp8 "))
+                .count(),
+            20
+        );
         assert!(results.iter().all(|r| r.error == 0.0 && r.tolerance == 0.0));
     }
     assert!(!be.is_capturing());
@@ -171,7 +178,7 @@ fn the_checks_catch_broken_backends() {
     let failed: Vec<_> = results.iter().filter(|r| !r.pass).collect();
     // A step that misses captures on all-padding inputs first, then replays: with replay
     // a no-op, no decode step computes anything (its logits are stale) and none writes
-    // KV, so every decode step is wrong, in both dtypes.
+    // KV, so every decode step is wrong, in both dtypes and over the FP8 cache.
     let wrong: Vec<&str> = failed
         .iter()
         .filter(|r| r.op.ends_with("logits"))
@@ -180,7 +187,8 @@ fn the_checks_catch_broken_backends() {
     let expected: Vec<String> = (0..=5)
         .map(|i| format!("capture replay #{i}: logits"))
         .collect();
-    assert_eq!(wrong, [expected.clone(), expected].concat(), "{failed:#?}");
+    let thrice: Vec<String> = (0..3).flat_map(|_| expected.clone()).collect();
+    assert_eq!(wrong, thrice, "{failed:#?}");
     assert!(failed.iter().any(|r| r.op.ends_with("tokens")));
 
     // An op that errors is a failed row carrying the message; the other ops still report.
