@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::quant::QuantFormat;
 use crate::tensor::DType;
 
+use super::case_builders::{attention_shape, fp8_cache_cases, push_attention, push_qkv_rope};
 use super::compare::{
     allowed_sample_mismatches, max_row_error, normalized_error, token_mismatches, tolerance,
     CheckResult, OpClass,
@@ -19,7 +20,7 @@ pub(crate) const DTYPES: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
 
 /// An attention case: (num_seqs, heads, KV heads, head_dim, block size, table width, most
 /// query rows per sequence in prefill, the windows to run it with).
-type AttentionCase = (
+pub(super) type AttentionCase = (
     usize,
     usize,
     usize,
@@ -29,7 +30,7 @@ type AttentionCase = (
     usize,
     &'static [Option<usize>],
 );
-const FULL: &[Option<usize>] = &[None];
+pub(super) const FULL: &[Option<usize>] = &[None];
 const LONG_WINDOWS: &[Option<usize>] = &[Some(1), Some(3), Some(15), Some(17), Some(100)];
 
 pub(crate) enum Op {
@@ -240,19 +241,13 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             );
         }
         quantized_matmul_cases(&mut extra, dtype, &mut push);
-        for (n, nh, kvh, hd, rot, nb, bs, norm) in [
+        for case in [
             (7, 4, 2, 64, 64, 6, 16, false),
             (5, 3, 1, 96, 64, 3, 8, true),
             (9, 8, 8, 128, 128, 4, 8, true),
             (1, 14, 2, 64, 64, 2, 16, false),
         ] {
-            let inputs = QkvRopeInputs::random(rng, n, nh, kvh, hd, rot, nb, bs, norm);
-            push(
-                "qkv_rope_write".into(),
-                format!("n={n} h={nh}/{kvh} hd={hd} rot={rot} blocks={nb}x{bs} head_norm={norm}"),
-                dtype,
-                Op::QkvRope(inputs),
-            );
+            push_qkv_rope(rng, case, None, dtype, &mut push);
         }
         // The first five draw from the main generator, the others from their own (so the
         // inputs of every other case stay what they were before those were added).
@@ -279,34 +274,11 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             (5, 4, 1, 64, 16, 64, 40, LONG_WINDOWS),
         ];
         for prefill in [false, true] {
-            for (k, &(num_seqs, nh, nkv, hd, bs, tw, max_q_len, windows)) in
-                attention_shapes.iter().enumerate()
-            {
-                for &window in windows {
-                    let shape = AttentionShape {
-                        num_seqs,
-                        num_heads: nh,
-                        num_kv_heads: nkv,
-                        head_dim: hd,
-                        block_size: bs,
-                        table_width: tw,
-                        prefill,
-                        max_q_len,
-                        window,
-                    };
+            for (k, case) in attention_shapes.iter().enumerate() {
+                for &window in case.7 {
                     let r = if k < 5 { &mut *rng } else { &mut extra };
-                    let inputs = AttentionInputs::random(r, shape);
-                    let name = match (prefill, window) {
-                        (true, None) => "attention(prefill)",
-                        (false, None) => "attention(decode)",
-                        (true, Some(_)) => "attention(prefill, window)",
-                        (false, Some(_)) => "attention(decode, window)",
-                    };
-                    let mut shape = format!("rows={} h={nh}/{nkv} hd={hd} bs={bs}", inputs.rows);
-                    if let Some(w) = window {
-                        shape += &format!(" window={w}");
-                    }
-                    push(name.into(), shape, dtype, Op::Attention(inputs));
+                    let shape = attention_shape(case, prefill, window);
+                    push_attention(r, shape, None, dtype, &mut push);
                 }
             }
         }
@@ -518,64 +490,6 @@ fn quantized_matmul_cases(
 }
 
 /// Upload the weight of matmul inputs: quantized when they say so, else in `dt`.
-/// The FP8 KV cache's cases ([`kv8::CASE_SCALE`]): writes of two shapes, then decode
-/// and prefill reads: a short context, a long one (split-K), prefill rows past the CPU
-/// kernel's tiles at head_dim 64 and 128 (the GPU's tensor-core kernel), a window.
-fn fp8_cache_cases(
-    rng: &mut rand::rngs::StdRng,
-    dtype: DType,
-    push: &mut impl FnMut(String, String, DType, Op),
-) {
-    for (n, nh, kvh, hd, rot, nb, bs, norm) in [
-        (7, 4, 2, 64, 64, 6, 16, false),
-        (9, 8, 8, 128, 128, 4, 8, true),
-    ] {
-        let mut inputs = QkvRopeInputs::random(rng, n, nh, kvh, hd, rot, nb, bs, norm);
-        inputs.kv.kv8 = Some(kv8::CASE_SCALE);
-        push(
-            "qkv_rope_write(fp8 cache)".into(),
-            format!("n={n} h={nh}/{kvh} hd={hd} rot={rot} blocks={nb}x{bs} head_norm={norm}"),
-            dtype,
-            Op::QkvRope(inputs),
-        );
-    }
-    let shapes: [AttentionCase; 5] = [
-        (6, 4, 2, 64, 16, 4, 6, FULL),
-        (5, 8, 2, 128, 16, 64, 6, FULL),
-        (5, 4, 1, 64, 16, 64, 40, FULL),
-        (4, 8, 2, 128, 16, 16, 40, FULL),
-        (5, 4, 1, 64, 16, 64, 40, &[Some(100)]),
-    ];
-    for prefill in [false, true] {
-        for &(num_seqs, nh, nkv, hd, bs, tw, max_q_len, windows) in &shapes {
-            let window = windows[0];
-            let shape = AttentionShape {
-                num_seqs,
-                num_heads: nh,
-                num_kv_heads: nkv,
-                head_dim: hd,
-                block_size: bs,
-                table_width: tw,
-                prefill,
-                max_q_len,
-                window,
-            };
-            let mut inputs = AttentionInputs::random(rng, shape);
-            inputs.kv8 = Some(kv8::CASE_SCALE);
-            let name = if prefill {
-                "attention(prefill, fp8 cache)"
-            } else {
-                "attention(decode, fp8 cache)"
-            };
-            let mut shape = format!("rows={} h={nh}/{nkv} hd={hd} bs={bs}", inputs.rows);
-            if let Some(w) = window {
-                shape += &format!(" window={w}");
-            }
-            push(name.into(), shape, dtype, Op::Attention(inputs));
-        }
-    }
-}
-
 fn upload_w(b: &dyn Backend, i: &MatmulInputs, dt: DType) -> Result<crate::tensor::Tensor> {
     match i.w_format {
         Some(fmt) => {

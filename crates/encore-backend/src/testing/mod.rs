@@ -8,6 +8,7 @@
 //!   backend, the CPU backend against the reference, and the operations a capture must
 //!   refuse. (The runner's capture/replay check lives in `encore_core::testing`.)
 
+mod case_builders;
 mod cases;
 pub mod check;
 pub mod compare;

@@ -100,21 +100,11 @@ impl AttentionPlan {
             None => ATT_MAX_SPLITS,
         };
         let by_len = (max_ctx / ATT_MIN_SPLIT_TOKENS.max(block_size)).clamp(1, limit);
-        let mut best = (usize::MAX, 1);
-        for s in 1..=by_len {
-            let waves = ctas.saturating_mul(s).div_ceil(slots);
-            let combine = if s > 1 { ATT_COMBINE_TOKENS } else { 0 };
-            let cost =
-                waves.saturating_mul(max_ctx.div_ceil(s) + ATT_CTA_OVERHEAD_TOKENS) + combine;
-            if cost < best.0 {
-                best = (cost, s);
-            }
-        }
         AttentionPlan {
             heads_per_cta,
             gmax,
             num_sub,
-            num_splits: best.1,
+            num_splits: cheapest_splits(ctas, slots, max_ctx, by_len),
         }
     }
 
@@ -206,8 +196,15 @@ fn decode_splits(
         None => ATT_MAX_SPLITS,
     };
     let by_len = (max_ctx / DA_KEYS.max(block_size)).clamp(1, limit);
+    cheapest_splits(ctas, slots, max_ctx, by_len)
+}
+
+/// The split count in `1..=most` that minimises (waves of `ctas` x splits CTAs over
+/// `slots` resident ones) x (a split's share of `max_ctx` keys + a CTA's fixed cost), plus
+/// the combine launch when split; ties go to fewer splits.
+fn cheapest_splits(ctas: usize, slots: usize, max_ctx: usize, most: usize) -> usize {
     let mut best = (usize::MAX, 1);
-    for s in 1..=by_len {
+    for s in 1..=most {
         let waves = ctas.saturating_mul(s).div_ceil(slots);
         let combine = if s > 1 { ATT_COMBINE_TOKENS } else { 0 };
         let cost = waves.saturating_mul(max_ctx.div_ceil(s) + ATT_CTA_OVERHEAD_TOKENS) + combine;
@@ -216,6 +213,21 @@ fn decode_splits(
         }
     }
     best.1
+}
+
+/// The integer launch arguments every attention kernel takes, checked to fit an i32:
+/// rows, num_heads, num_kv_heads, num_blocks, block_size, table_width, group.
+fn launch_ints(op: &'static str, d: &AttentionDims) -> Result<[i32; 7]> {
+    Ok([
+        int(op, "rows", d.rows)?,
+        int(op, "num_heads", d.num_heads)?,
+        int(op, "num_kv_heads", d.num_kv_heads)?,
+        int(op, "num_blocks", d.num_blocks)?,
+        // table_width * block_size <= 2^30, checked by `attention`.
+        d.block_size as i32,
+        d.table_width as i32,
+        (d.num_heads / d.num_kv_heads.max(1)) as i32,
+    ])
 }
 
 /// The tensor-core decode kernel for a launch, or `None`: decode rows (no
@@ -272,13 +284,7 @@ fn attention_decode(
     let (out, scratch) = (dptr(a.out), dptr(a.scratch));
     let (qscale, vscale) = scales(a);
     let window = window_arg(a.window);
-    let rows = int(OP, "rows", d.rows)?;
-    let nh = int(OP, "num_heads", d.num_heads)?;
-    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
-    let nb = int(OP, "num_blocks", d.num_blocks)?;
-    let bs = d.block_size as i32; // table_width * block_size <= 2^30 checked by the caller
-    let tw = d.table_width as i32;
-    let group = (d.num_heads / d.num_kv_heads) as i32;
+    let [rows, nh, nkv, nb, bs, tw, group] = launch_ints(OP, d)?;
     let ns = splits as i32;
     be.launch(
         kernel,
@@ -409,14 +415,8 @@ pub(in crate::backend::cuda) fn attention(
     let (qscale, vscale) = scales(a);
     let window = window_arg(a.window);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
-    let rows = int(OP, "rows", d.rows)?;
-    let nh = int(OP, "num_heads", d.num_heads)?;
-    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
+    let [rows, nh, nkv, nb, bs, tw, group] = launch_ints(OP, d)?;
     let hd = d.head_dim as i32;
-    let nb = int(OP, "num_blocks", d.num_blocks)?;
-    let bs = d.block_size as i32; // table_width * block_size <= 2^30 checked above
-    let tw = d.table_width as i32;
-    let group = group as i32;
     let hpc = plan.heads_per_cta as i32;
     let nsub = plan.num_sub as i32;
     let splits = plan.num_splits as i32;
@@ -558,13 +558,7 @@ fn attention_prefill(
     let (qscale, vscale) = scales(a);
     let window = window_arg(a.window);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
-    let rows = int(OP, "rows", d.rows)?;
-    let nh = int(OP, "num_heads", d.num_heads)?;
-    let nkv = int(OP, "num_kv_heads", d.num_kv_heads)?;
-    let nb = int(OP, "num_blocks", d.num_blocks)?;
-    let bs = d.block_size as i32; // table_width * block_size <= 2^30 checked by the caller
-    let tw = d.table_width as i32;
-    let group = (d.num_heads / d.num_kv_heads) as i32;
+    let [rows, nh, nkv, nb, bs, tw, group] = launch_ints(OP, d)?;
     be.launch(
         kernel,
         c,
