@@ -436,6 +436,13 @@ impl<'b> Runner<'b> {
         self.parts.model.set_router_skew(self.parts.be, skew, rows)
     }
 
+    /// Set the FP8 KV cache's per-layer scales ([`KvCache::set_scales`]: before any step
+    /// writes the cache). Drops the captured graphs (the scales are launch arguments).
+    pub fn set_kv_scales(&mut self, scales: Vec<crate::backend::KvScale>) -> Result<()> {
+        self.exec.clear();
+        self.parts.kv.set_scales(scales)
+    }
+
     pub fn kv(&self) -> &KvCache {
         &self.parts.kv
     }
