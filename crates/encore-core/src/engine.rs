@@ -378,6 +378,8 @@ impl<'b> Engine<'b> {
             kv_dtype: cfg.kv_cache_dtype,
         };
 
+        let kv_scales = checkpoint_kv_scales(&files, cfg)?;
+
         // 1-3. Sizes, before anything is allocated; the weights; the runner's step
         // inputs, sampling buffers and executor (its arena).
         let t = Instant::now();
@@ -427,6 +429,9 @@ impl<'b> Engine<'b> {
 
         // 5. The KV cache, and the runner.
         let mut runner = builder.build(num_blocks)?;
+        if let Some(scales) = kv_scales {
+            runner.set_kv_scales(scales)?;
+        }
         if cfg.router_skew.is_some() {
             runner.set_router_skew(cfg.router_skew)?;
         }
@@ -579,6 +584,40 @@ fn load_model(
     );
     let model = Model::with_offload(be, mcfg, w, cfg.max_seq_len, o)?;
     Ok((model, Some(r)))
+}
+
+/// The scales of an FP8 KV cache a checkpoint ships (`k_scale` / `v_scale`,
+/// [`weights::read_kv_scales`]): used when the cache is FP8, said and left otherwise.
+fn checkpoint_kv_scales(
+    files: &ModelFiles,
+    cfg: &EngineConfig,
+) -> Result<Option<Vec<crate::backend::KvScale>>> {
+    let weights::WeightSource::Dir(path) = &files.source else {
+        return Ok(None);
+    };
+    let scales = weights::read_kv_scales(path, files.config.num_layers)?;
+    let fp8 = cfg.kv_cache_dtype == Some(DType::F8E4M3);
+    match (&scales, fp8) {
+        (Some(_), false) => {
+            tracing::info!(
+                "the checkpoint's KV cache scales (k_scale, v_scale) are not used: the \
+                 cache holds the run dtype (--kv-cache-dtype fp8 uses them)"
+            );
+            Ok(None)
+        }
+        (Some(s), true) => {
+            tracing::info!(
+                "FP8 KV cache with the checkpoint's scales ({} layers)",
+                s.len()
+            );
+            Ok(scales)
+        }
+        (None, true) => {
+            tracing::info!("FP8 KV cache with scales 1.0 (the checkpoint ships none)");
+            Ok(None)
+        }
+        (None, false) => Ok(None),
+    }
 }
 
 /// Step 4: the KV cache's blocks. Measured sizing runs one eager step of the largest

@@ -181,3 +181,73 @@ fn fp8_weights_without_their_scales_are_refused_naming_the_tensor() {
     let msg = err_text(ModelConfig::from_json(&other, "config.json")).1;
     assert!(msg.contains("awq"), "{msg}");
 }
+
+/// A checkpoint's KV cache scales (ModelOpt's `self_attn.k_proj.k_scale`, compressed-
+/// tensors' `self_attn.k_scale`): the checkpoint loads with them (they are not unused
+/// tensors), an engine over an FP8 cache takes them into its cache (and one over a cache
+/// of the run dtype leaves them), and a layer without them is an error naming the tensor.
+#[test]
+fn a_checkpoints_kv_cache_scales_reach_the_fp8_cache() {
+    use encore_core::engine::{Engine, EngineConfig, KvSizing};
+    use encore_core::KvScale;
+
+    let cfg = ModelConfig::from_json(&fp8_json(""), "twin").unwrap();
+    let (_, twin) = checkpoints(&cfg);
+    let scales = [KvScale { k: 0.05, v: 0.5 }, KvScale { k: 2.0, v: 0.25 }];
+    let mut tensors = twin.clone();
+    tensors.push(Ck::f32("model.layers.0.self_attn.k_scale", &[], &[0.05]));
+    tensors.push(Ck::f32("model.layers.0.self_attn.v_scale", &[], &[0.5]));
+    tensors.push(Ck::f32(
+        "model.layers.1.self_attn.k_proj.k_scale",
+        &[1],
+        &[2.0],
+    ));
+    tensors.push(Ck::f32(
+        "model.layers.1.self_attn.v_proj.v_scale",
+        &[],
+        &[0.25],
+    ));
+    let dir = model_dir("kv-scales", &fp8_json(""), &tensors);
+    assert_eq!(
+        weights::read_kv_scales(dir.path(), 2).unwrap(),
+        Some(scales.to_vec())
+    );
+    let be = CpuBackend::new();
+    let boot = |kv: Option<DType>| {
+        let files = open_model(dir.path().to_str().unwrap()).unwrap();
+        let ecfg = EngineConfig {
+            kv_cache_dtype: kv,
+            ..EngineConfig::new(DType::F32, 4, 64, 2, 64, KvSizing::Blocks(40))
+        };
+        let Engine { runner, .. } =
+            Engine::new(&be, files, &ecfg, &encore_core::progress::NoProgress).unwrap();
+        (0..2).map(|l| runner.kv().scale(l)).collect::<Vec<_>>()
+    };
+    assert_eq!(boot(Some(DType::F8E4M3)), scales);
+    assert_eq!(boot(None), [KvScale::ONE; 2]);
+    // The twin without scales has none.
+    let plain = model_dir("kv-scales-none", &fp8_json(""), &twin);
+    assert_eq!(weights::read_kv_scales(plain.path(), 2).unwrap(), None);
+
+    // Layer 1 without its v_scale.
+    let partial: Vec<Ck> = tensors
+        .iter()
+        .filter(|t| !t.name.ends_with("v_proj.v_scale"))
+        .cloned()
+        .collect();
+    let bad = model_dir("kv-scales-partial", &fp8_json(""), &partial);
+    let msg = err_text(weights::read_kv_scales(bad.path(), 2)).1;
+    assert!(msg.contains("model.layers.1.self_attn"), "{msg}");
+    // A scale of zero.
+    let mut zero = tensors.clone();
+    zero.iter_mut()
+        .find(|t| t.name == "model.layers.0.self_attn.v_scale")
+        .unwrap()
+        .values = vec![0.0];
+    let bad = model_dir("kv-scales-zero", &fp8_json(""), &zero);
+    let msg = err_text(weights::read_kv_scales(bad.path(), 2)).1;
+    assert!(
+        msg.contains("model.layers.0.self_attn.v_scale") && msg.contains("positive"),
+        "{msg}"
+    );
+}
