@@ -113,6 +113,31 @@ fn greedy_tokens_over_2_and_4_ranks_equal_one_rank() {
     ranks_give_one_ranks_tokens(&["dummy:tiny", "dummy:tiny-qwen3", "dummy:tiny-qwen2"]);
 }
 
+/// An FP8 KV cache splits with its heads: each rank's cache holds its KV heads in E4M3
+/// (the same bytes one rank's cache holds for them), so 2 ranks give one rank's tokens,
+/// eagerly and replaying graphs.
+#[test]
+fn greedy_tokens_over_an_fp8_kv_cache_over_2_ranks_equal_one_rank() {
+    for graphs in [false, true] {
+        let run = |size: usize| {
+            let (be, tp) = group(size);
+            let cfg = EngineConfig {
+                tp,
+                kv_cache_dtype: Some(DType::F8E4M3),
+                ..config(graphs)
+            };
+            greedy_over("dummy:tiny", be, cfg, size, 12)
+        };
+        let one = run(1);
+        assert_eq!(run(2), one, "graphs: {graphs}");
+        assert_ne!(
+            one,
+            greedy("dummy:tiny", 1, graphs),
+            "the FP8 cache changes nothing?"
+        );
+    }
+}
+
 #[test]
 fn greedy_tokens_of_mixtures_of_experts_over_2_and_4_ranks_equal_one_rank() {
     // Every expert split as a dense MLP is (gate/up rows, down columns): tiny-qwen3-moe
