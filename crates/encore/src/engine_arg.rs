@@ -105,6 +105,18 @@ pub struct EngineArgs {
     pub ngram_max: usize,
 }
 
+/// `--max-num-seqs`'s default where none is given, vLLM's rule on its V1 engine: 1,024
+/// sequences on a device of at least 70 GiB (H100, H200: their KV cache holds that many,
+/// and more in FP8), 256 on a smaller GPU, `cpu` on a backend without device memory (the
+/// CPU's).
+pub fn default_max_num_seqs(device_bytes: Option<usize>, cpu: usize) -> usize {
+    match device_bytes {
+        None => cpu,
+        Some(b) if b >= 70 << 30 => 1024,
+        Some(_) => 256,
+    }
+}
+
 /// `--kv-cache-dtype` against the run dtype: FP8, or the run dtype itself (`None`: auto).
 pub fn kv_cache_dtype(kv: parse::KvCacheDtype, dtype: DType) -> Result<Option<DType>> {
     match kv.0 {
@@ -359,6 +371,11 @@ mod tests {
         assert!(matches!(cfg.kv, KvSizing::Blocks(64)));
         assert!(!sched.prefix_cache);
         assert_eq!((sched.max_num_seqs, cfg.max_seqs), (4, 4));
+        // --max-num-seqs by device: 141 GB (H200) and 80 GB (H100), 40 GB, the CPU.
+        assert_eq!(default_max_num_seqs(Some(141 << 30), 64), 1024);
+        assert_eq!(default_max_num_seqs(Some(80 << 30), 64), 1024);
+        assert_eq!(default_max_num_seqs(Some(40 << 30), 64), 256);
+        assert_eq!(default_max_num_seqs(None, 64), 64);
         let (cfg, sched) = engine_args(&["generate", "--buckets", "1,2"])
             .config(&be, DType::F32, shape(None))
             .unwrap();

@@ -19,9 +19,10 @@ pub struct ServeArgs {
     model: ModelArgs,
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
-    /// Most sequences in one engine step.
-    #[arg(long, default_value = "64", value_parser = parse::count::<1, 4096>, allow_negative_numbers = true)]
-    max_num_seqs: usize,
+    /// Most sequences in one engine step (default: 1024 on a GPU of 70 GiB or more, 256 on
+    /// a smaller one, 64 on the CPU).
+    #[arg(long, value_parser = parse::count::<1, 4096>, allow_negative_numbers = true)]
+    max_num_seqs: Option<usize>,
     /// KV blocks on the CPU backend (which reports no device memory).
     #[arg(long, default_value = "1024", value_parser = parse::count::<2, { 1 << 30 }>, allow_negative_numbers = true)]
     cpu_kv_blocks: usize,
@@ -67,8 +68,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let tokenizer = Arc::new(encore_core::model::open_tokenizer(&source)?);
     let max_seq_len = a.engine.max_seq_len(&cfg)?;
     let e = &a.engine;
+    let max_num_seqs = a.max_num_seqs.unwrap_or_else(|| {
+        crate::engine_arg::default_max_num_seqs(be.memory_info().map(|(_, total)| total), 64)
+    });
     let shape = EngineShape {
-        max_seqs: a.max_num_seqs,
+        max_seqs: max_num_seqs,
         max_seq_len,
         // At least one longest sequence's blocks, plus the null block.
         kv_at_least: 1 + max_seq_len.div_ceil(e.block_size),
@@ -76,7 +80,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         capture_all: !a.lazy_capture,
         run_name: format!(
             "serve (--max-num-seqs {}, --max-num-batched-tokens {}, --max-seq-len {max_seq_len})",
-            a.max_num_seqs, e.max_num_batched_tokens
+            max_num_seqs, e.max_num_batched_tokens
         ),
         fix_hint: "lower --max-num-seqs, --max-num-batched-tokens or --max-seq-len".into(),
     };

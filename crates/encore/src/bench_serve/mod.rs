@@ -92,9 +92,10 @@ pub struct BenchServeArgs {
         next_help_heading = "Engine options (--in-process; a server takes its own)"
     )]
     engine: EngineArgs,
-    /// The engine's sequences per step.
-    #[arg(long, default_value = "256", value_parser = parse::count::<1, 4096>, allow_negative_numbers = true)]
-    max_num_seqs: usize,
+    /// The engine's sequences per step (default: 1024 on a GPU of 70 GiB or more, 256
+    /// elsewhere).
+    #[arg(long, value_parser = parse::count::<1, 4096>, allow_negative_numbers = true)]
+    max_num_seqs: Option<usize>,
 }
 
 /// The fields every report starts with: what was asked for.
@@ -366,15 +367,18 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
         );
     }
     let at_least = 1 + max_seq_len.div_ceil(e.block_size);
+    let max_num_seqs = a.max_num_seqs.unwrap_or_else(|| {
+        crate::engine_arg::default_max_num_seqs(be.memory_info().map(|(_, total)| total), 256)
+    });
     let shape = EngineShape {
-        max_seqs: a.max_num_seqs,
+        max_seqs: max_num_seqs,
         max_seq_len,
         kv_at_least: at_least,
-        cpu_kv_blocks: Some(at_least * a.max_num_seqs.min(64)),
+        cpu_kv_blocks: Some(at_least * max_num_seqs.min(64)),
         capture_all: true,
         run_name: format!(
             "bench serve (--max-num-seqs {}, --max-num-batched-tokens {}, {max_seq_len} tokens per sequence)",
-            a.max_num_seqs, e.max_num_batched_tokens
+            max_num_seqs, e.max_num_batched_tokens
         ),
         fix_hint: match runs[0].peer {
             None => "lower --max-num-seqs, --max-num-batched-tokens, --input-len or --output-len",
