@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub(crate) use self::checkpoint::natural_key;
+pub use self::checkpoint::read_kv_scales;
 use self::checkpoint::Checkpoint;
 use self::host::Staging;
 use super::config::{Arch, ModelConfig};
@@ -103,59 +104,6 @@ pub enum WeightSource {
 /// `.safetensors` file, as [`WeightSource::Dir`]); `None` when it has none.
 pub fn read_i64_tensor(path: &std::path::Path, name: &str) -> Result<Option<Vec<i64>>> {
     Checkpoint::open(path)?.read_i64(name)
-}
-
-/// The KV cache scales a checkpoint ships for an FP8 KV cache (ModelOpt's and
-/// compressed-tensors' `k_scale` / `v_scale`, one per layer, at
-/// `model.layers.{i}.self_attn.{k,v}_scale` or `...self_attn.{k,v}_proj.{k,v}_scale`), as
-/// vLLM reads them; `None` when the checkpoint at `path` has none. A checkpoint with some
-/// layers' scales and not others', or a scale that is not finite and positive, is an
-/// error naming the tensor. A scale of several values (per head) gives its largest, the
-/// one every head's values fit under.
-pub fn read_kv_scales(
-    path: &std::path::Path,
-    num_layers: usize,
-) -> Result<Option<Vec<crate::backend::KvScale>>> {
-    let ck = Checkpoint::open(path)?;
-    let one = |layer: usize, which: &str| -> Result<Option<(String, f32)>> {
-        for name in [
-            format!("model.layers.{layer}.self_attn.{which}_scale"),
-            format!("model.layers.{layer}.self_attn.{which}_proj.{which}_scale"),
-        ] {
-            if let Some(v) = ck.read_f32(&name)? {
-                let max = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                return Ok(Some((name, max)));
-            }
-        }
-        Ok(None)
-    };
-    let found = (0..num_layers)
-        .map(|l| Ok((one(l, "k")?, one(l, "v")?)))
-        .collect::<Result<Vec<_>>>()?;
-    if found.iter().all(|(k, v)| k.is_none() && v.is_none()) {
-        return Ok(None);
-    }
-    let mut scales = Vec::with_capacity(num_layers);
-    for (layer, pair) in found.into_iter().enumerate() {
-        let (Some((kn, k)), Some((vn, v))) = pair else {
-            return Err(Error::Weights {
-                tensor: format!("model.layers.{layer}.self_attn.k_scale"),
-                what: "or its v_scale is missing, but the checkpoint has KV cache scales \
-                       (k_scale and v_scale come together, in every layer)"
-                    .into(),
-            });
-        };
-        for (name, x) in [(kn, k), (vn, v)] {
-            if !(x.is_finite() && x > 0.0) {
-                return Err(Error::Weights {
-                    tensor: name,
-                    what: format!("is {x}: a KV cache scale must be finite and positive"),
-                });
-            }
-        }
-        scales.push(crate::backend::KvScale { k, v });
-    }
-    Ok(Some(scales))
 }
 
 /// Every HF tensor `cfg` implies, in load order (`lm_head.weight` only when untied).

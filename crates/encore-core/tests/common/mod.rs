@@ -320,7 +320,7 @@ pub fn check_logit_bias(be: &dyn Backend) {
 }
 
 /// The f64 log-softmax of `logits`.
-fn log_softmax(logits: &[f32]) -> Vec<f64> {
+pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let m = logits
         .iter()
         .fold(f64::NEG_INFINITY, |a, &l| a.max(l as f64));
@@ -334,19 +334,22 @@ fn log_softmax(logits: &[f32]) -> Vec<f64> {
 
 /// The log-softmax after each prefix `prompt[..=p]`, one token a step (teacher forcing).
 fn teacher_forced(be: &dyn Backend, prompt: &[u32]) -> Vec<Vec<f64>> {
-    let mut r = tiny_runner(be);
-    let mut seqs = Seqs::for_runner(&r).unwrap();
+    teacher_forced_on(&mut tiny_runner(be), prompt, 1)
+}
+
+/// Teacher forcing on `r` (a fresh runner): `tokens[..first]` in one step, then one token
+/// a step; the log-softmax of the next-token logits after each prefix `tokens[..first]`,
+/// `tokens[..=first]`, ..., the whole of `tokens`.
+pub fn teacher_forced_on(r: &mut Runner<'_>, tokens: &[u32], first: usize) -> Vec<Vec<f64>> {
+    let mut seqs = Seqs::for_runner(r).unwrap();
     let seq = SeqId(0);
+    seqs.blocks.allocate(seq, first).unwrap();
     let mut rows = Vec::new();
-    for p in 0..prompt.len() {
-        if p == 0 {
-            seqs.blocks.allocate(seq, 1).unwrap();
-        } else {
-            seqs.blocks.append(seq, 1).unwrap();
-        }
+    let mut chunk = &tokens[..first];
+    for p in first..=tokens.len() {
         let step = [SeqStep {
             seq,
-            tokens: &prompt[p..=p],
+            tokens: chunk,
             sampling: SamplingParams::default(),
             masked: false,
             score: None,
@@ -355,6 +358,10 @@ fn teacher_forced(be: &dyn Backend, prompt: &[u32]) -> Vec<Vec<f64>> {
         }];
         let (_, logits) = r.step_with_logits(&mut seqs, &step).unwrap();
         rows.push(log_softmax(&logits[0]));
+        if p < tokens.len() {
+            seqs.blocks.append(seq, 1).unwrap();
+            chunk = &tokens[p..=p];
+        }
     }
     rows
 }
