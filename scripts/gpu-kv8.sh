@@ -6,27 +6,33 @@
 #   kernels  decode attention at (1,8k) (64,2k) (256,2k) (1024,1k), bf16 and FP8 caches,
 #          against the copy bandwidth;
 #   decode   the 8B FP8 decode step at batch 1/64/256, context 2048, bf16 KV then FP8 KV.
-# Logs go to $OUT.   usage: bash scripts/gpu-kv8.sh [info,kernels,decode]
+#   ncu    Nsight Compute on the FP8 and bf16 decode-attention kernels of `bench kernels`
+#          (a launch of the (64, 2k) or (256, 2k) rows; the launch section names the grid).
+# Logs go to $OUT. BIN=encore-old runs .gpu/encore-old.xz (an A/B's base) instead.
+#   usage: [BIN=encore] bash scripts/gpu-kv8.sh [info,kernels,decode,ab,serve,ncu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-/tmp/encore-cache}
 OUT=${OUT:-$(mktemp -d)}
 parts=${1:-info,kernels,decode}
-mkdir -p .bin && xz -dc .gpu/encore.xz > .bin/encore && chmod +x .bin/encore
+BIN=${BIN:-encore}
+mkdir -p .bin && xz -dc ".gpu/$BIN.xz" > ".bin/$BIN" && chmod +x ".bin/$BIN"
+enc=".bin/$BIN"
+echo "== $BIN ${ENCORE_DA_ORDER:+ENCORE_DA_ORDER=$ENCORE_DA_ORDER}"
 nvidia-smi -L
 has() { [[ ",$parts," == *",$1,"* ]]; }
 if has info; then
-  .bin/encore info --device cuda --seed 1 > "$OUT/info.log" 2>&1; echo "info rc=$?"
-  grep -E "fp8 cache|kv=fp8|FAIL|passed|failed" "$OUT/info.log" | grep -vE " ok$" | tail -20
-  grep -cE "fp8 cache.* ok$|kv=fp8.* ok$" "$OUT/info.log"
+  "$enc" info --device cuda --seed 1 > "$OUT/info-$BIN.log" 2>&1; echo "info rc=$?"
+  grep -E "fp8 cache|kv=fp8|FAIL|passed|failed" "$OUT/info-$BIN.log" | grep -vE " ok$" | tail -20
+  grep -cE "fp8 cache.* ok$|kv=fp8.* ok$" "$OUT/info-$BIN.log"
 fi
 if has kernels; then
-  .bin/encore bench kernels --device cuda --only copy,attention 2>&1 | tee "$OUT/kernels.log" | grep -E "copy|attention"
+  "$enc" bench kernels --device cuda --only copy,attention 2>&1 | tee "$OUT/kernels-$BIN${ENCORE_DA_ORDER:-}.log" | grep -E "copy|attention"
 fi
 if has decode; then
   for kv in auto fp8; do
-    .bin/encore bench decode --device cuda --model dummy:llama-3-8b --quantization fp8 \
+    "$enc" bench decode --device cuda --model dummy:llama-3-8b --quantization fp8 \
       --batch 1,64,256 --context 2048 --steps 20 --kv-cache-dtype $kv --json \
       2>>"$OUT/decode.err" | tee -a "$OUT/decode.jsonl" | cut -c1-160
   done
@@ -35,7 +41,7 @@ if has ab; then
   # The decode step with the CUDA-core split kernel against the tensor-core decode kernel.
   for att in split tc; do
     for kv in auto fp8; do
-      ENCORE_DECODE_ATTENTION=$att .bin/encore bench decode --device cuda --model dummy:llama-3-8b \
+      ENCORE_DECODE_ATTENTION=$att "$enc" bench decode --device cuda --model dummy:llama-3-8b \
         --quantization fp8 --batch 1,64,256 --context 2048 --steps 20 --kv-cache-dtype $kv --json \
         2>>"$OUT/decode.err" | sed "s/^{/{\"attention\":\"$att\",/" | tee -a "$OUT/decode-ab.jsonl" | cut -c1-150
     done
@@ -43,9 +49,19 @@ if has ab; then
 fi
 if has serve; then
   # TensorRT-LLM's table (bench serve --dataset-shape trtllm), FP8 weights and KV.
-  .bin/encore bench serve --in-process --device cuda --model dummy:llama-3-8b --quantization fp8 \
+  "$enc" bench serve --in-process --device cuda --model dummy:llama-3-8b --quantization fp8 \
     --kv-cache-dtype fp8 --max-num-batched-tokens 8192 --max-num-seqs ${SEQS:-1024} \
     --kv-fraction 0.9 --dataset-shape trtllm --num-prompts ${PROMPTS:-1500} \
     2>"$OUT/serve.err" | tee "$OUT/serve.log"
   tail -3 "$OUT/serve.err"
+fi
+if has ncu; then
+  for k in attention_decode_hd128_bf16_kv8 attention_decode_hd128_bf16; do
+    timeout 150 ncu --clock-control none -k "regex:^$k\$" --launch-skip 1250 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section Occupancy --section LaunchStats --section SchedulerStats --section InstructionStats \
+      "$enc" bench kernels --device cuda --only attention > "$OUT/ncu-$k.txt" 2>&1
+    echo "ncu $k rc=$?"
+    grep -E "Grid Size|DRAM Throughput|Memory Throughput|Duration|Achieved Occupancy|Issued Ipc|No Eligible|Stall|Registers Per|Block Limit|Warp Cycles Per Issued" "$OUT/ncu-$k.txt" | head -30
+  done
 fi
