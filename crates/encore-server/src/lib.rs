@@ -188,7 +188,7 @@ async fn auth(
     if let Some(key) = &s.cfg.api_key {
         // OpenAI's clients send a bearer token, Anthropic's an `x-api-key`.
         let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-        let bearer = header(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
+        let bearer = header(header::AUTHORIZATION).and_then(bearer_token);
         let given = [bearer, header(header::HeaderName::from_static("x-api-key"))];
         if !given.contains(&Some(key.as_str())) {
             let e = ApiError {
@@ -206,6 +206,15 @@ async fn auth(
         }
     }
     next.run(req).await
+}
+
+/// The token of an `Authorization` header of the bearer scheme, whose name is
+/// case-insensitive (RFC 9110: `bearer KEY` is as good as `Bearer KEY`).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(char::is_whitespace)?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
 }
 
 async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
