@@ -15,15 +15,17 @@ use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::Json;
 use encore_core::request::{Constraint, RequestParams, SamplingParams};
-use encore_core::tokenizer::{
-    ChatMessage, ChatOptions, FunctionCall, StopMatcher, ToolCall, RESERVED_TEMPLATE_VARS,
-};
+use encore_core::tokenizer::{ChatMessage, ChatOptions, StopMatcher, RESERVED_TEMPLATE_VARS};
 use serde::de::{DeserializeOwned, Deserializer};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::chat_messages::messages;
 use crate::error::{json_body, ApiError, ParamNames};
 use crate::fields::{self, Rule};
+use crate::structured::{
+    choice, constraint, json_schema, response_format, string, structured_outputs,
+};
 use crate::tools::Tools;
 
 /// Read `body` as a `T`: a JSON object whose keys `table` knows and accepts (a field of
@@ -334,35 +336,6 @@ impl Common {
     }
 }
 
-/// How one structured-output field reads: its value to the constraint it asks for
-/// (`None`: none, e.g. `response_format` `text`).
-type ReadConstraint = fn(&'static str, &Value) -> Result<Option<Constraint>, ApiError>;
-
-/// The output's constraint from whichever structured-output field the body gave (at
-/// most one), and that field's name (for admission's refusal of a schema, regex or
-/// grammar it cannot compile). Shapes are checked here; what they say, at admission.
-fn constraint(
-    fields: [(&'static str, Field<Value>, ReadConstraint); 6],
-) -> Result<(Option<Constraint>, &'static str), ApiError> {
-    let mut found: Option<(Constraint, &'static str)> = None;
-    for (name, f, read) in fields {
-        let Field::Given(v) = f else { continue };
-        let c = read(name, &v)?;
-        let Some(c) = c else { continue };
-        if let Some((_, first)) = &found {
-            let m = format!(
-                "give one structured-output field: `{first}` and `{name}` both constrain the output"
-            );
-            return Err(ApiError::bad(name, m));
-        }
-        found = Some((c, name));
-    }
-    Ok(match found {
-        Some((c, name)) => (Some(c), name),
-        None => (None, "response_format"),
-    })
-}
-
 /// An error naming the first key of `o` outside `keys`, as `{at}.{key}`.
 pub(crate) fn known_keys(o: &Map<String, Value>, keys: &[&str], at: &str) -> Result<(), ApiError> {
     match o.keys().find(|k| !keys.contains(&k.as_str())) {
@@ -372,111 +345,6 @@ pub(crate) fn known_keys(o: &Map<String, Value>, keys: &[&str], at: &str) -> Res
         )),
         None => Ok(()),
     }
-}
-
-/// OpenAI's `response_format`: `text` (no constraint), `json_object`, or `json_schema`
-/// with its `schema` (`name`, `description` and `strict` are accepted; the output
-/// always follows the schema).
-fn response_format(v: &Value) -> Result<Option<Constraint>, ApiError> {
-    const P: &str = "response_format";
-    let o = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad(P, "`response_format` must be an object with a `type`"))?;
-    match o.get("type").and_then(Value::as_str) {
-        Some("text") => known_keys(o, &["type"], P).map(|_| None),
-        Some("json_object") => known_keys(o, &["type"], P).map(|_| Some(Constraint::JsonObject)),
-        Some("json_schema") => {
-            known_keys(o, &["type", "json_schema"], P)?;
-            const S: &str = "response_format.json_schema";
-            let js = o
-                .get("json_schema")
-                .and_then(Value::as_object)
-                .ok_or_else(|| {
-                    ApiError::bad(S, "`json_schema` must be an object with a `schema`")
-                })?;
-            known_keys(js, &["name", "description", "schema", "strict"], S)?;
-            let schema = js
-                .get("schema")
-                .filter(|s| !s.is_null())
-                .ok_or_else(|| ApiError::bad(S, "`json_schema` needs a `schema`"))?;
-            Ok(Some(json_schema(
-                "response_format.json_schema.schema",
-                schema,
-            )?))
-        }
-        Some(t) => Err(ApiError::bad(
-            "response_format.type",
-            format!("`response_format` type `{t}` is not one of text, json_object, json_schema"),
-        )),
-        None => Err(ApiError::bad(P, "`response_format` needs a string `type`")),
-    }
-}
-
-/// vLLM's `structured_outputs`: one of `json` (a schema), `json_object: true`, `regex`,
-/// `choice`, `grammar` (Lark).
-fn structured_outputs(v: &Value) -> Result<Option<Constraint>, ApiError> {
-    const P: &str = "structured_outputs";
-    let o = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad(P, "`structured_outputs` must be an object"))?;
-    known_keys(o, &["json", "json_object", "regex", "choice", "grammar"], P)?;
-    let mut found = Vec::new();
-    for (k, x) in o.iter().filter(|(_, x)| !x.is_null()) {
-        found.push(match k.as_str() {
-            "json" => json_schema("structured_outputs.json", x)?,
-            "regex" => Constraint::Regex(string("structured_outputs.regex", x)?),
-            "choice" => choice("structured_outputs.choice", x)?,
-            "grammar" => Constraint::Lark(string("structured_outputs.grammar", x)?),
-            _ => match x {
-                Value::Bool(true) => Constraint::JsonObject,
-                Value::Bool(false) => continue,
-                _ => {
-                    let m = "`json_object` must be a boolean";
-                    return Err(ApiError::bad("structured_outputs.json_object", m));
-                }
-            },
-        });
-    }
-    match found.len() {
-        0 => Ok(None),
-        1 => Ok(found.pop()),
-        _ => Err(ApiError::bad(
-            P,
-            "give one of `json`, `json_object`, `regex`, `choice`, `grammar`",
-        )),
-    }
-}
-
-/// A JSON schema given as an object or as its text.
-pub(crate) fn json_schema(name: &'static str, v: &Value) -> Result<Constraint, ApiError> {
-    match v {
-        Value::Object(_) => Ok(Constraint::JsonSchema(v.to_string())),
-        Value::String(s) => Ok(Constraint::JsonSchema(s.clone())),
-        _ => Err(ApiError::bad(
-            name,
-            format!("`{name}` must be a JSON schema object"),
-        )),
-    }
-}
-
-fn string(name: &'static str, v: &Value) -> Result<String, ApiError> {
-    v.as_str()
-        .map(str::to_string)
-        .ok_or_else(|| ApiError::bad(name, format!("`{name}` must be a string")))
-}
-
-fn choice(name: &'static str, v: &Value) -> Result<Constraint, ApiError> {
-    let rule = || {
-        ApiError::bad(
-            name,
-            format!("`{name}` must be a non-empty list of strings"),
-        )
-    };
-    let list = v.as_array().filter(|a| !a.is_empty()).ok_or_else(rule)?;
-    list.iter()
-        .map(|x| x.as_str().map(str::to_string).ok_or_else(rule))
-        .collect::<Result<Vec<_>, _>>()
-        .map(Constraint::Choice)
 }
 
 /// `model`: the model this server serves (`served`; a 404 otherwise), `required` or
@@ -655,208 +523,6 @@ pub(crate) fn template_kwargs(f: Field<Value>) -> Result<Map<String, Value>, Api
     }
 }
 
-/// `messages`: a non-empty list of messages.
-fn messages(f: Field<Vec<Value>>) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = || "`messages` must be a non-empty list".to_string();
-    match f.get("messages", list)? {
-        Some(m) if !m.is_empty() => m.into_iter().enumerate().map(message).collect(),
-        _ => Err(ApiError::bad("messages", list())),
-    }
-}
-
-/// Message `i` as the chat template takes it: its role (`developer` read as `system`),
-/// its content as one text, and the fields of tool calling and reasoning.
-fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
-    let at = |key: &str| format!("messages[{i}]{key}");
-    let Value::Object(m) = m else {
-        return Err(ApiError::bad(
-            at(""),
-            format!("`messages[{i}]` must be an object with `role` and `content`"),
-        ));
-    };
-    fields::check(fields::MESSAGE, &m, &at("."))?;
-    let get = |k: &str| m.get(k).filter(|v| !v.is_null());
-    let role = get("role").unwrap_or(&Value::Null);
-    let role = match role.as_str() {
-        Some("system" | "developer") => "system",
-        Some("user") => "user",
-        Some("assistant") => "assistant",
-        Some("tool") => "tool",
-        _ if role.is_null() => {
-            return Err(ApiError::bad(
-                at(".role"),
-                format!("`messages[{i}].role` is required"),
-            ))
-        }
-        _ => {
-            let why = format!(
-                "`messages[{i}].role` must be one of `system`, `developer`, `user`, \
-                 `assistant`, `tool`, not {role}"
-            );
-            return Err(ApiError::bad(at(".role"), why));
-        }
-    };
-    // Fields that only some roles carry.
-    for (key, owner) in [
-        ("tool_calls", "assistant"),
-        ("reasoning_content", "assistant"),
-        ("tool_call_id", "tool"),
-    ] {
-        if get(key).is_some() && role != owner {
-            return Err(ApiError::bad(
-                at(&format!(".{key}")),
-                format!("`{key}` belongs to `{owner}` messages, not `{role}`"),
-            ));
-        }
-    }
-    // An assistant's missing content reads as empty: templates such as Qwen3's search
-    // the text of every assistant message.
-    let content = match get("content") {
-        None if role == "assistant" => Some(String::new()),
-        None => {
-            return Err(ApiError::bad(
-                at(".content"),
-                format!("`messages[{i}].content` is required"),
-            ))
-        }
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(Value::Array(parts)) => Some(
-            parts
-                .iter()
-                .enumerate()
-                .map(|(j, p)| text_part(p, &at(&format!(".content[{j}]"))))
-                .collect::<Result<String, _>>()?,
-        ),
-        Some(_) => {
-            return Err(ApiError::bad(
-                at(".content"),
-                format!("`messages[{i}].content` must be a string or a list of content parts"),
-            ))
-        }
-    };
-    let string = |key: &str| -> Result<Option<String>, ApiError> {
-        match get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(ApiError::bad(
-                at(&format!(".{key}")),
-                format!("`messages[{i}].{key}` must be a string"),
-            )),
-        }
-    };
-    let tool_call_id = string("tool_call_id")?;
-    if role == "tool" && tool_call_id.is_none() {
-        return Err(ApiError::bad(
-            at(".tool_call_id"),
-            format!("`messages[{i}].tool_call_id` is required: the call this answers"),
-        ));
-    }
-    let tool_calls = match get("tool_calls") {
-        None => Vec::new(),
-        Some(Value::Array(calls)) => calls
-            .iter()
-            .enumerate()
-            .map(|(j, c)| tool_call(c, &at(&format!(".tool_calls[{j}]"))))
-            .collect::<Result<_, _>>()?,
-        Some(_) => {
-            return Err(ApiError::bad(
-                at(".tool_calls"),
-                format!("`messages[{i}].tool_calls` must be a list of tool calls"),
-            ))
-        }
-    };
-    Ok(ChatMessage {
-        role: role.to_string(),
-        content,
-        name: string("name")?,
-        tool_calls,
-        tool_call_id,
-        reasoning_content: string("reasoning_content")?,
-    })
-}
-
-/// An assistant's tool call `c` (named `at`): `{"id", "type": "function", "function":
-/// {"name", "arguments"}}`, its arguments (a JSON text) parsed for the template.
-fn tool_call(c: &Value, at: &str) -> Result<ToolCall, ApiError> {
-    let shape = || {
-        ApiError::bad(
-            at.to_string(),
-            format!(
-                "`{at}` must be `{{\"id\": ..., \"type\": \"function\", \"function\": \
-                 {{\"name\": ..., \"arguments\": ...}}}}`"
-            ),
-        )
-    };
-    let o = c.as_object().ok_or_else(shape)?;
-    let f = o
-        .get("function")
-        .and_then(Value::as_object)
-        .ok_or_else(shape)?;
-    let unknown = o
-        .keys()
-        .find(|k| !matches!(k.as_str(), "id" | "type" | "function"))
-        .map(|k| format!("{at}.{k}"))
-        .or_else(|| {
-            f.keys()
-                .find(|k| !matches!(k.as_str(), "name" | "arguments"))
-                .map(|k| format!("{at}.function.{k}"))
-        });
-    if let Some(k) = unknown {
-        return Err(ApiError::bad(k.clone(), format!("unknown field `{k}`")));
-    }
-    if o.get("type").and_then(Value::as_str) != Some("function") {
-        return Err(shape());
-    }
-    let id = o.get("id").and_then(Value::as_str).ok_or_else(shape)?;
-    let name = f.get("name").and_then(Value::as_str).ok_or_else(shape)?;
-    let args = f
-        .get("arguments")
-        .and_then(Value::as_str)
-        .ok_or_else(shape)?;
-    let arguments = serde_json::from_str(args).map_err(|e| {
-        ApiError::bad(
-            format!("{at}.function.arguments"),
-            format!("`{at}.function.arguments` must be a JSON text: {e}"),
-        )
-    })?;
-    Ok(ToolCall {
-        id: id.to_string(),
-        kind: "function".into(),
-        function: FunctionCall {
-            name: name.to_string(),
-            arguments,
-        },
-    })
-}
-
-/// The text of content part `p` (named `at`): a `{"type": "text", "text": ...}` part.
-pub(crate) fn text_part<'a>(p: &'a Value, at: &str) -> Result<&'a str, ApiError> {
-    let shape = || {
-        ApiError::bad(
-            at.to_string(),
-            format!("`{at}` must be a content part `{{\"type\": \"text\", \"text\": ...}}`"),
-        )
-    };
-    let part = p.as_object().ok_or_else(shape)?;
-    match part.get("type").and_then(Value::as_str) {
-        Some("text") => {}
-        Some(other) => {
-            return Err(ApiError::bad(
-                format!("{at}.type"),
-                format!("content part type `{other}` is not supported: this model takes text"),
-            ))
-        }
-        None => return Err(shape()),
-    }
-    if let Some(k) = part.keys().find(|k| !matches!(k.as_str(), "type" | "text")) {
-        return Err(ApiError::bad(
-            format!("{at}.{k}"),
-            format!("unknown field `{at}.{k}` of a text part"),
-        ));
-    }
-    part.get("text").and_then(Value::as_str).ok_or_else(shape)
-}
-
 impl ChatBody {
     pub fn validate(self, served: &str, eos: &[u32]) -> Result<Chat, ApiError> {
         let messages = messages(self.messages)?;
@@ -1007,6 +673,7 @@ impl DetokenizeBody {
 
 #[cfg(test)]
 mod tests {
+    use encore_core::tokenizer::{FunctionCall, ToolCall};
     use serde_json::json;
 
     use super::*;

@@ -14,7 +14,8 @@
 //! then ends the rest.
 //!
 //! Modules by job: `fields` (the table of each endpoint's fields), `body` (request bodies
-//! and their validation), `error` (error responses), `generate` (the generation path:
+//! and their validation, with `chat_messages` for chat's `messages` and `structured` for
+//! the structured-output fields), `error` (error responses), `generate` (the generation path:
 //! admission, then a whole response (`whole`) or a stream (`stream`), formatted by
 //! `output` for completions and chat, by `responses` and `messages` (which also read
 //! their own bodies into the chat request) for theirs), `tokenize` (`/tokenize`, `/detokenize`), `metrics`
@@ -35,6 +36,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 mod body;
+mod chat_messages;
 mod error;
 mod fields;
 mod generate;
@@ -45,6 +47,7 @@ mod parse;
 mod responses;
 mod shutdown;
 mod stream;
+mod structured;
 mod tokenize;
 mod tools;
 mod whole;

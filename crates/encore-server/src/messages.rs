@@ -22,14 +22,14 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::body::{
-    check_model, count, flag, given, json_schema, known_keys, number, read, Chat, Common, Field,
-    SamplingBody,
+    check_model, count, flag, given, known_keys, number, read, Chat, Common, Field, SamplingBody,
 };
 use crate::error::ApiError;
 use crate::fields;
 use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Ending, Typed};
 use crate::output::{Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
+use crate::structured::json_schema;
 use crate::tools::{read_list, ToolChoice, Tools};
 use crate::AppState;
 
