@@ -130,14 +130,21 @@ pub(crate) enum Stop {
     Many(Vec<String>),
 }
 
-/// `stream_options`: `include_usage` (other keys are refused).
-fn stream_options(f: Field<Map<String, Value>>) -> Result<bool, ApiError> {
+/// `stream_options`: `include_usage` (other keys are refused); only with `stream: true`,
+/// as OpenAI has it (a 400 naming it otherwise, not silently ignored).
+fn stream_options(f: Field<Map<String, Value>>, stream: bool) -> Result<bool, ApiError> {
     let Some(o) = f.get("stream_options", || {
         "`stream_options` must be an object".into()
     })?
     else {
         return Ok(false);
     };
+    if !stream {
+        return Err(ApiError::bad(
+            "stream_options",
+            "`stream_options` is only allowed with `stream: true`",
+        ));
+    }
     fields::check(fields::STREAM_OPTION_KEYS, &o, "stream_options.")?;
     match o.get("include_usage") {
         None | Some(Value::Null) => Ok(false),
@@ -259,7 +266,7 @@ impl CommonBody {
             };
         let stream = flag(self.stream, "stream")?;
         let n = integer(self.n, "n", 1, MAX_N as i64)?.unwrap_or(1) as usize;
-        let include_usage = stream_options(self.stream_options)?;
+        let include_usage = stream_options(self.stream_options, stream)?;
         let ignore_eos = flag(self.ignore_eos, "ignore_eos")?;
         let mut stop_token_ids = if ignore_eos { Vec::new() } else { eos.to_vec() };
         let ids = self.stop_token_ids.get("stop_token_ids", || {

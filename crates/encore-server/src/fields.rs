@@ -135,7 +135,7 @@ const IGNORE_EOS: Rule = honored(
 const STREAM: Rule = honored("stream", "server-sent events");
 const STREAM_OPTIONS: Rule = honored(
     "stream_options",
-    "`include_usage` adds a final usage chunk; other keys are refused",
+    "only with `stream: true` (a 400 otherwise, as OpenAI); `include_usage` adds a final usage chunk; other keys are refused",
 );
 const N: Rule = honored(
     "n",

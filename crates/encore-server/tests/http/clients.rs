@@ -38,3 +38,30 @@ fn the_bearer_scheme_is_case_insensitive() {
         assert_eq!(v["error"]["code"], "invalid_api_key", "{auth}");
     }
 }
+
+#[test]
+fn stream_options_without_stream_is_refused_by_name() {
+    let s = start(None);
+    // The openai client sends `stream_options` as given, and no `stream` for a whole
+    // answer; OpenAI answers 400 naming `stream_options`.
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "model": MODEL,
+                   "stream_options": {"include_usage": true}}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "hi", "stream": false,
+                   "stream_options": {"include_usage": true}}),
+        ),
+    ] {
+        let (st, v) = post(s.addr, path, body);
+        assert_eq!(st, 400, "{path}: {v}");
+        assert_eq!(v["error"]["param"], "stream_options", "{path}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("stream"),
+            "{v}"
+        );
+    }
+}
