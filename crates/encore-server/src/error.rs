@@ -86,7 +86,9 @@ impl ApiError {
     /// with an error).
     pub fn body(&self) -> Value {
         let code = match self.status {
-            StatusCode::NOT_FOUND => json!("model_not_found"),
+            StatusCode::NOT_FOUND if self.param.as_deref() == Some("model") => {
+                json!("model_not_found")
+            }
             StatusCode::UNAUTHORIZED => json!("invalid_api_key"),
             _ => Value::Null,
         };

@@ -65,3 +65,54 @@ fn stream_options_without_stream_is_refused_by_name() {
         );
     }
 }
+
+#[test]
+fn models_retrieve_and_unknown_paths_answer_openai_errors() {
+    let s = start(Some("k"));
+    let auth = [("Authorization", "Bearer k")];
+    // `client.models.retrieve(MODEL)`: GET /v1/models/{model}.
+    let (st, b) = http(s.addr, "GET", &format!("/v1/models/{MODEL}"), None, &auth);
+    assert_eq!(st, 200, "{b}");
+    let m: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(
+        (m["id"].as_str(), m["object"].as_str()),
+        (Some(MODEL), Some("model"))
+    );
+    assert!(m["created"].is_u64() && m["owned_by"].is_string(), "{m}");
+    // The list holds the same object.
+    let (_, list) = http(s.addr, "GET", "/v1/models", None, &auth);
+    let list: Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(list["data"][0], m);
+    // An unknown model (one with a `/` too) is OpenAI's 404.
+    for id in ["gpt-4o", "org/name"] {
+        let (st, b) = http(s.addr, "GET", &format!("/v1/models/{id}"), None, &auth);
+        assert_eq!(st, 404, "{id}: {b}");
+        let e: Value = serde_json::from_str(&b).unwrap_or_else(|_| panic!("{id}: {b:?}"));
+        assert_eq!(e["error"]["code"], "model_not_found", "{e}");
+        assert_eq!(e["error"]["param"], "model", "{e}");
+        assert!(e["error"]["message"].as_str().unwrap().contains(id), "{e}");
+    }
+    // Unknown paths and wrong methods: the error object, never an empty body.
+    for (method, path, status) in [
+        ("GET", "/v1/nope", 404),
+        ("POST", "/v1/chat/completion", 404),
+        ("GET", "/", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/v1/models", 405),
+        ("POST", "/v1/models", 405),
+    ] {
+        let (st, b) = http(s.addr, method, path, Some("{}"), &auth);
+        assert_eq!(st, status, "{method} {path}: {b}");
+        let e: Value =
+            serde_json::from_str(&b).unwrap_or_else(|_| panic!("{method} {path}: {b:?}"));
+        let err = &e["error"];
+        assert!(err["message"].as_str().unwrap().contains(path), "{e}");
+        assert_eq!(err["type"], "invalid_request_error", "{e}");
+        assert!(err["param"].is_null() && err["code"].is_null(), "{e}");
+    }
+    // Under `/v1/messages`, Anthropic's shape.
+    let (st, b) = http(s.addr, "GET", "/v1/messages", None, &auth);
+    assert_eq!(st, 405, "{b}");
+    let e: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(e["type"], "error", "{e}");
+}
