@@ -231,6 +231,17 @@ pub(crate) struct CommonBody {
 /// The most samples one request may ask for (`n`).
 pub(crate) const MAX_N: usize = 64;
 
+/// How long an output runs when its request gives no `max_tokens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DefaultLength {
+    /// The server's `default_max_tokens` (16, as vLLM's and OpenAI's legacy
+    /// completions), shrunk to the room the context leaves.
+    Server,
+    /// To the context's end: the room the context (and the KV cache) leaves after the
+    /// prompt, as OpenAI's and vLLM's chat completions and responses.
+    Context,
+}
+
 /// What the server needs of a valid body besides its prompt.
 pub(crate) struct Common {
     pub stream: bool,
@@ -239,9 +250,9 @@ pub(crate) struct Common {
     /// Completions' `echo`: each choice's text starts with the prompt's.
     pub echo: bool,
     pub include_usage: bool,
-    /// `None`: the request gave none; the server's default applies (it shrinks to the
-    /// room the context leaves, as vLLM's does).
+    /// `None`: the request gave none; `default_length` says how long the output runs.
     pub max_tokens: Option<usize>,
+    pub default_length: DefaultLength,
     /// The request's parameters (its `max_tokens` and seed are set once the defaults
     /// are known).
     pub params: RequestParams,
@@ -311,8 +322,8 @@ impl CommonBody {
 
 impl Common {
     /// A request of one sample with `sampling`, the `seed` if given, ended by
-    /// `stop_token_ids`; not streamed, no stop strings, no constraint, the server's
-    /// default `max_tokens`.
+    /// `stop_token_ids`; not streamed, no stop strings, no constraint, running to the
+    /// context's end unless it gives `max_tokens`.
     pub fn new(sampling: SamplingParams, seed: Option<u64>, stop_token_ids: Vec<u32>) -> Self {
         Common {
             stream: false,
@@ -320,6 +331,7 @@ impl Common {
             echo: false,
             include_usage: false,
             max_tokens: None,
+            default_length: DefaultLength::Context,
             params: RequestParams {
                 sampling,
                 max_tokens: 0,
@@ -465,6 +477,7 @@ impl CompletionBody {
             ),
         };
         let mut c = self.common.validate(served, eos)?;
+        c.default_length = DefaultLength::Server;
         c.params.sampling.logprobs = count(self.logprobs, "logprobs")?;
         c.echo = flag(self.echo, "echo")?;
         if c.echo {

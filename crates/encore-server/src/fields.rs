@@ -100,7 +100,11 @@ const MODEL: Rule = honored(
 );
 const MAX_TOKENS: Rule = honored(
     "max_tokens",
-    "the most tokens to generate; default 16, shrunk to the room the context leaves",
+    "the most tokens to generate; default 16 (as OpenAI's and vLLM's), shrunk to the room the context leaves",
+);
+const CHAT_MAX_TOKENS: Rule = honored(
+    "max_tokens",
+    "the most tokens to generate; default: to the context's end (the context less the prompt), as OpenAI's and vLLM's",
 );
 const MAX_COMPLETION_TOKENS: Rule = honored(
     "max_completion_tokens",
@@ -222,7 +226,7 @@ pub(crate) const CHAT: &[Rule] = &[
         "messages",
         "required, non-empty: rendered with the model's chat template (see the message table)",
     ),
-    MAX_TOKENS,
+    CHAT_MAX_TOKENS,
     MAX_COMPLETION_TOKENS,
     TEMPERATURE,
     TOP_P,
@@ -326,7 +330,7 @@ pub(crate) const RESPONSES: &[Rule] = &[
     ),
     honored(
         "max_output_tokens",
-        "the most tokens to generate; default 16, shrunk to the room the context leaves; reaching it makes the response `incomplete`",
+        "the most tokens to generate; default: to the context's end (the context less the prompt), as OpenAI's and vLLM's; reaching it makes the response `incomplete`",
     ),
     TEMPERATURE,
     TOP_P,

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use encore_core::tokenizer::ChatOptions;
 
-use crate::body::{read, Chat, ChatBody, Common, CompletionBody, PromptInput};
+use crate::body::{read, Chat, ChatBody, Common, CompletionBody, DefaultLength, PromptInput};
 use crate::error::ApiError;
 use crate::fields;
 use crate::output::{Kind, Reply};
@@ -308,11 +308,15 @@ pub(crate) async fn generate(
             .wrapping_mul(0x9e37_79b9_7f4a_7c15)
     });
     c.params.max_tokens = c.max_tokens.unwrap_or_else(|| {
-        // Not asked for: as many as the context and the cache leave, up to the default.
+        // Not asked for: as many as the context and the cache leave (a prompt that
+        // leaves none is admission's to refuse), up to the server's default where the
+        // endpoint has one.
         let room = s.engine.max_seq_len.min(s.engine.kv_capacity_tokens);
-        s.cfg
-            .default_max_tokens
-            .min(room.saturating_sub(prompt.len()).max(1))
+        let room = room.saturating_sub(prompt.len()).max(1);
+        match c.default_length {
+            DefaultLength::Server => s.cfg.default_max_tokens.min(room),
+            DefaultLength::Context => room,
+        }
     });
     // `n` samples: one request each, in order, sharing the prompt (computed once).
     let n = c.n;

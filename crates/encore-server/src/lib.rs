@@ -68,7 +68,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body in bytes (413 above).
     pub max_body_bytes: usize,
-    /// Default `max_tokens` of a completion (OpenAI's is 16).
+    /// Default `max_tokens` of `/v1/completions` (OpenAI's and vLLM's is 16); chat
+    /// completions and responses run to the context's end by default, as theirs.
     pub default_max_tokens: usize,
     /// Refuse new requests with 503 (and `Retry-After`) while this many wait in the
     /// engine's queue; `None`: no limit.

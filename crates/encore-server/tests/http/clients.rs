@@ -116,3 +116,27 @@ fn models_retrieve_and_unknown_paths_answer_openai_errors() {
     let e: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(e["type"], "error", "{e}");
 }
+
+#[test]
+fn chat_without_max_tokens_runs_to_the_contexts_end_and_completions_to_16() {
+    let s = start(None);
+    // The openai client's `chat.completions.create(model, messages)`: no length at all.
+    // `ignore_eos` keeps the random model from ending early.
+    let b = json!({"messages": [{"role": "user", "content": "hi"}], "model": MODEL,
+                   "ignore_eos": true});
+    let (st, v) = post(s.addr, "/v1/chat/completions", b);
+    assert_eq!(st, 200, "{v}");
+    let ctx = s.engine.max_seq_len as u64;
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(
+        v["usage"]["completion_tokens"].as_u64(),
+        Some(ctx - prompt),
+        "{v}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // Legacy completions keep OpenAI's and vLLM's 16.
+    let b = json!({"model": MODEL, "prompt": "hi", "ignore_eos": true});
+    let (st, v) = post(s.addr, "/v1/completions", b);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 16, "{v}");
+}
