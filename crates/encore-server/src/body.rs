@@ -872,9 +872,9 @@ mod tests {
             ),
             (
                 json!([{"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
-                         "function": {"name": "f", "arguments": "{oops"}}]}]),
-                "messages[0].tool_calls[0].function.arguments",
-                "JSON text",
+                         "function": {"name": "f", "arguments": {"a": 1}}}]}]),
+                "messages[0].tool_calls[0]",
+                "arguments",
             ),
             (
                 json!([{"role": "user", "content": "x", "weight": 1}]),

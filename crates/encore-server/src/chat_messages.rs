@@ -55,6 +55,7 @@ fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
     for (key, owner) in [
         ("tool_calls", "assistant"),
         ("reasoning_content", "assistant"),
+        ("refusal", "assistant"),
         ("tool_call_id", "tool"),
     ] {
         if get(key).is_some() && role != owner {
@@ -99,6 +100,13 @@ fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
             )),
         }
     };
+    // A refusal the model wrote (the openai client sends `refusal: null` back with
+    // every assistant message it got) is what the assistant said when it said nothing
+    // else.
+    let content = match (string("refusal")?, content) {
+        (Some(r), Some(c)) if c.is_empty() => Some(r),
+        (_, c) => c,
+    };
     let tool_call_id = string("tool_call_id")?;
     if role == "tool" && tool_call_id.is_none() {
         return Err(ApiError::bad(
@@ -131,7 +139,7 @@ fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
 }
 
 /// An assistant's tool call `c` (named `at`): `{"id", "type": "function", "function":
-/// {"name", "arguments"}}`, its arguments (a JSON text) parsed for the template.
+/// {"name", "arguments"}}`, its arguments read by [`call_arguments`].
 fn tool_call(c: &Value, at: &str) -> Result<ToolCall, ApiError> {
     let shape = || {
         ApiError::bad(
@@ -168,12 +176,7 @@ fn tool_call(c: &Value, at: &str) -> Result<ToolCall, ApiError> {
         .get("arguments")
         .and_then(Value::as_str)
         .ok_or_else(shape)?;
-    let arguments = serde_json::from_str(args).map_err(|e| {
-        ApiError::bad(
-            format!("{at}.function.arguments"),
-            format!("`{at}.function.arguments` must be a JSON text: {e}"),
-        )
-    })?;
+    let arguments = call_arguments(args);
     Ok(ToolCall {
         id: id.to_string(),
         kind: "function".into(),
@@ -210,4 +213,12 @@ pub(crate) fn text_part<'a>(p: &'a Value, at: &str) -> Result<&'a str, ApiError>
         ));
     }
     part.get("text").and_then(Value::as_str).ok_or_else(shape)
+}
+
+/// A tool call's `arguments` as the chat template gets them: parsed when they are a JSON
+/// text, else the string as it is. OpenAI takes any string: a call the model left
+/// unterminated (`finish_reason: length`) comes back in the next turn as it was written,
+/// and templates that write the arguments out (`| tojson`) then show that text, quoted.
+pub(crate) fn call_arguments(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
 }

@@ -549,7 +549,7 @@ pub(crate) const MESSAGE: &[Rule] = &[
     honored("name", "a string, passed to the chat template"),
     honored(
         "tool_calls",
-        "`assistant` only: `{id, type: \"function\", function: {name, arguments}}` each, `arguments` a JSON text (the template gets it parsed)",
+        "`assistant` only: `{id, type: \"function\", function: {name, arguments}}` each, `arguments` any string, as OpenAI takes it: a JSON text reaches the template parsed, anything else (a call cut off by `length`) as the string it is",
     ),
     honored(
         "tool_call_id",
@@ -558,6 +558,20 @@ pub(crate) const MESSAGE: &[Rule] = &[
     honored(
         "reasoning_content",
         "`assistant` only: its reasoning, passed to the chat template",
+    ),
+    honored(
+        "refusal",
+        "`assistant` only: a refusal the model wrote, rendered as the message's content when it has none (the openai client sends `refusal: null` back with each assistant message)",
+    ),
+    refused(
+        "annotations",
+        NoOp::Empty,
+        "`annotations` (URL citations) are not supported: the server does not search the web",
+    ),
+    refused(
+        "audio",
+        NoOp::Nothing,
+        "`audio` is not supported: this model takes and writes text",
     ),
     refused(
         "function_call",

@@ -25,6 +25,7 @@ use serde_json::{json, Map, Value};
 use crate::body::{
     check_model, count, flag, given, known_keys, read, Chat, Common, Field, SamplingBody,
 };
+use crate::chat_messages::call_arguments;
 use crate::error::ApiError;
 use crate::fields;
 use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Ending, Typed};
@@ -470,12 +471,7 @@ fn input(f: Field<Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 let call_id = str_of("call_id")?;
                 let name = str_of("name")?;
                 let args = str_of("arguments")?;
-                let arguments = serde_json::from_str(&args).map_err(|e| {
-                    ApiError::bad(
-                        format!("{at}.arguments"),
-                        format!("`{at}.arguments` must be a JSON text: {e}"),
-                    )
-                })?;
+                let arguments = call_arguments(&args);
                 called.insert(call_id.clone(), name.clone());
                 let call = ToolCall {
                     id: call_id,

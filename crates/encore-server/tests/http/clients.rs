@@ -83,9 +83,14 @@ fn models_retrieve_and_unknown_paths_answer_openai_errors() {
     let (_, list) = http(s.addr, "GET", "/v1/models", None, &auth);
     let list: Value = serde_json::from_str(&list).unwrap();
     assert_eq!(list["data"][0], m);
-    // An unknown model (one with a `/` too) is OpenAI's 404.
-    for id in ["gpt-4o", "org/name"] {
-        let (st, b) = http(s.addr, "GET", &format!("/v1/models/{id}"), None, &auth);
+    // An unknown model (one with a `/` too, which the client sends as `%2F`) is
+    // OpenAI's 404.
+    for (path, id) in [
+        ("gpt-4o", "gpt-4o"),
+        ("org/name", "org/name"),
+        ("org%2Fname", "org/name"),
+    ] {
+        let (st, b) = http(s.addr, "GET", &format!("/v1/models/{path}"), None, &auth);
         assert_eq!(st, 404, "{id}: {b}");
         let e: Value = serde_json::from_str(&b).unwrap_or_else(|_| panic!("{id}: {b:?}"));
         assert_eq!(e["error"]["code"], "model_not_found", "{e}");
@@ -139,4 +144,48 @@ fn chat_without_max_tokens_runs_to_the_contexts_end_and_completions_to_16() {
     let (st, v) = post(s.addr, "/v1/completions", b);
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 16, "{v}");
+}
+
+#[test]
+fn a_tool_call_cut_off_by_length_goes_back_as_its_text() {
+    let s = start_parsers(None, None);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    // The assistant message the openai client got back with `finish_reason: length`
+    // (`message.model_dump()`), sent back in the next turn as it is.
+    let cut = "{\"city\": \"Par";
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"content": null, "refusal": null, "role": "assistant", "tool_calls": [{"id": "call_1",
+            "function": {"arguments": cut, "name": "get_weather"}, "type": "function"}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "error: cut off"},
+    ]);
+    let (st, v) = post(
+        s.addr,
+        "/tokenize",
+        json!({"messages": messages, "tools": tools}),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (_, d) = post(s.addr, "/detokenize", json!({"tokens": v["tokens"]}));
+    // The template writes the arguments out with `tojson`: the text, quoted.
+    let quoted = serde_json::to_string(cut).unwrap();
+    assert!(
+        d["prompt"].as_str().unwrap().contains(&quoted),
+        "{}",
+        d["prompt"]
+    );
+    let b = json!({"model": MODEL, "messages": messages, "tools": tools, "max_tokens": 2});
+    let (st, v) = post(s.addr, "/v1/chat/completions", b);
+    assert_eq!(st, 200, "{v}");
+    // The responses API's `function_call` item alike.
+    let input = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": cut},
+        {"type": "function_call_output", "call_id": "call_1", "output": "error: cut off"},
+    ]);
+    let tools = json!([{"type": "function", "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let b = json!({"model": MODEL, "input": input, "tools": tools, "max_output_tokens": 2});
+    let (st, v) = post(s.addr, "/v1/responses", b);
+    assert_eq!(st, 200, "{v}");
 }
