@@ -130,14 +130,24 @@ pub(crate) enum Stop {
     Many(Vec<String>),
 }
 
-/// `stream_options`: `include_usage` (other keys are refused); only with `stream: true`,
-/// as OpenAI has it (a 400 naming it otherwise, not silently ignored).
-fn stream_options(f: Field<Map<String, Value>>, stream: bool) -> Result<bool, ApiError> {
+/// What `stream_options` asks a stream to report of its usage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StreamUsage {
+    /// `include_usage`: a last chunk with the whole request's usage.
+    pub last: bool,
+    /// `continuous_usage_stats` (vLLM's): every chunk carries its choice's usage so far.
+    pub every: bool,
+}
+
+/// `stream_options`: `include_usage` and vLLM's `continuous_usage_stats` (other keys are
+/// refused); only with `stream: true`, as OpenAI has it (a 400 naming it otherwise, not
+/// silently ignored).
+fn stream_options(f: Field<Map<String, Value>>, stream: bool) -> Result<StreamUsage, ApiError> {
     let Some(o) = f.get("stream_options", || {
         "`stream_options` must be an object".into()
     })?
     else {
-        return Ok(false);
+        return Ok(StreamUsage::default());
     };
     if !stream {
         return Err(ApiError::bad(
@@ -146,14 +156,18 @@ fn stream_options(f: Field<Map<String, Value>>, stream: bool) -> Result<bool, Ap
         ));
     }
     fields::check(fields::STREAM_OPTION_KEYS, &o, "stream_options.")?;
-    match o.get("include_usage") {
+    let flag = |key: &'static str| match o.get(key) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
         Some(_) => Err(ApiError::bad(
-            "stream_options.include_usage",
-            "`stream_options.include_usage` must be a boolean",
+            format!("stream_options.{key}"),
+            format!("`stream_options.{key}` must be a boolean"),
         )),
-    }
+    };
+    Ok(StreamUsage {
+        last: flag("include_usage")?,
+        every: flag("continuous_usage_stats")?,
+    })
 }
 
 /// The sampling fields both endpoints share.
@@ -249,7 +263,7 @@ pub(crate) struct Common {
     pub n: usize,
     /// Completions' `echo`: each choice's text starts with the prompt's.
     pub echo: bool,
-    pub include_usage: bool,
+    pub usage: StreamUsage,
     /// `None`: the request gave none; `default_length` says how long the output runs.
     pub max_tokens: Option<usize>,
     pub default_length: DefaultLength,
@@ -277,7 +291,7 @@ impl CommonBody {
             };
         let stream = flag(self.stream, "stream")?;
         let n = integer(self.n, "n", 1, MAX_N as i64)?.unwrap_or(1) as usize;
-        let include_usage = stream_options(self.stream_options, stream)?;
+        let usage = stream_options(self.stream_options, stream)?;
         let ignore_eos = flag(self.ignore_eos, "ignore_eos")?;
         let mut stop_token_ids = if ignore_eos { Vec::new() } else { eos.to_vec() };
         let ids = self.stop_token_ids.get("stop_token_ids", || {
@@ -309,7 +323,7 @@ impl CommonBody {
         let mut c = Common::new(sampling, seed, stop_token_ids);
         c.stream = stream;
         c.n = n;
-        c.include_usage = include_usage;
+        c.usage = usage;
         c.max_tokens = max_tokens;
         c.stop = stop;
         c.params.constraint = constraint;
@@ -329,7 +343,7 @@ impl Common {
             stream: false,
             n: 1,
             echo: false,
-            include_usage: false,
+            usage: StreamUsage::default(),
             max_tokens: None,
             default_length: DefaultLength::Context,
             params: RequestParams {
@@ -416,7 +430,7 @@ fn logit_bias(f: Field<Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiError>
 }
 
 /// `stop`: a string or a list of at most 4, none empty.
-fn validate_stop(f: Field<Stop>) -> Result<StopMatcher, ApiError> {
+pub(crate) fn validate_stop(f: Field<Stop>) -> Result<StopMatcher, ApiError> {
     let rule = || "`stop` must be a string or a list of at most 4 strings".to_string();
     let stop = match f.get("stop", rule)? {
         None => Vec::new(),
@@ -899,19 +913,26 @@ mod tests {
                 c.validate("m", &[])
             })
         };
-        assert!(
-            common(json!({"include_usage": true}))
-                .unwrap()
-                .1
-                .include_usage
+        assert!(common(json!({"include_usage": true})).unwrap().1.usage.last);
+        let both = json!({"include_usage": true, "continuous_usage_stats": true});
+        assert_eq!(
+            common(both).unwrap().1.usage,
+            StreamUsage {
+                last: true,
+                every: true
+            }
         );
         assert_eq!(
             param(common(json!({"include_usage": 1}))),
             "stream_options.include_usage"
         );
         assert_eq!(
-            param(common(json!({"continuous_usage_stats": true}))),
+            param(common(json!({"continuous_usage_stats": "yes"}))),
             "stream_options.continuous_usage_stats"
+        );
+        assert_eq!(
+            param(common(json!({"include_obfuscation": true}))),
+            "stream_options.include_obfuscation"
         );
     }
 

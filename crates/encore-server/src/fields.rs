@@ -139,7 +139,7 @@ const IGNORE_EOS: Rule = honored(
 const STREAM: Rule = honored("stream", "server-sent events");
 const STREAM_OPTIONS: Rule = honored(
     "stream_options",
-    "only with `stream: true` (a 400 otherwise, as OpenAI); `include_usage` adds a final usage chunk; other keys are refused",
+    "only with `stream: true` (a 400 otherwise, as OpenAI); `include_usage` adds a final usage chunk, vLLM's `continuous_usage_stats` a `usage` object to every chunk; other keys are refused",
 );
 const N: Rule = honored(
     "n",
@@ -417,6 +417,14 @@ pub(crate) const RESPONSES: &[Rule] = &[
     USER,
     logged("prompt_cache_key", Shape::String),
     logged("safety_identifier", Shape::String),
+    honored(
+        "stop",
+        "a string or a list of at most 4: the text ends before the first to occur (vLLM extension; guidellm sends it)",
+    ),
+    honored(
+        "ignore_eos",
+        "generate past the model's end tokens, up to `max_output_tokens` (vLLM extension; guidellm sends it)",
+    ),
 ];
 
 /// What `/v1/messages` and `/v1/messages/count_tokens` share.
@@ -581,8 +589,13 @@ pub(crate) const MESSAGE: &[Rule] = &[
 ];
 
 /// A `stream_options` object.
-pub(crate) const STREAM_OPTION_KEYS: &[Rule] =
-    &[honored("include_usage", "a final chunk with the usage")];
+pub(crate) const STREAM_OPTION_KEYS: &[Rule] = &[
+    honored("include_usage", "a final chunk with the usage"),
+    honored(
+        "continuous_usage_stats",
+        "every chunk carries a `usage` object: the prompt's tokens and its choice's tokens so far (vLLM extension; guidellm sends it)",
+    ),
+];
 
 /// `POST /tokenize` (vLLM's).
 pub(crate) const TOKENIZE: &[Rule] = &[
@@ -678,6 +691,7 @@ mod tests {
             ("`POST /v1/completions`", COMPLETIONS),
             ("`POST /v1/chat/completions`", CHAT),
             ("A chat message (`messages[i]`)", MESSAGE),
+            ("A stream's options (`stream_options`)", STREAM_OPTION_KEYS),
             ("`POST /v1/responses`", RESPONSES),
             ("`POST /v1/messages`", MESSAGES),
             ("`POST /v1/messages/count_tokens`", COUNT_TOKENS),

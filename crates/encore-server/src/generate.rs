@@ -350,7 +350,7 @@ pub(crate) async fn generate(
         api,
     };
     if c.stream {
-        crate::stream::respond(&s, children, prompt, c.stop, c.include_usage, form)
+        crate::stream::respond(&s, children, prompt, c.stop, c.usage, form)
     } else {
         crate::whole::respond(&s, children, prompt, c.stop, form).await
     }

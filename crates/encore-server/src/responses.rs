@@ -23,7 +23,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::body::{
-    check_model, count, flag, given, known_keys, read, Chat, Common, Field, SamplingBody,
+    check_model, count, flag, given, known_keys, read, validate_stop, Chat, Common, Field,
+    SamplingBody, Stop,
 };
 use crate::chat_messages::call_arguments;
 use crate::error::ApiError;
@@ -73,6 +74,9 @@ pub(crate) struct ResponsesBody {
     top_logprobs: Field<u64>,
     include: Field<Value>,
     metadata: Field<Value>,
+    /// vLLM's extensions, which guidellm sends.
+    ignore_eos: Field<bool>,
+    stop: Field<Stop>,
 }
 
 /// What a response object repeats of its request.
@@ -99,7 +103,14 @@ impl ResponsesBody {
         check_model(self.model, &s.cfg.served_model_name, true)?;
         let (sampling, seed) = self.sampling.validate()?;
         let (temperature, top_p) = (sampling.temperature as f64, sampling.top_p as f64);
-        let mut c = Common::new(sampling, seed, s.eos.clone());
+        let ignore_eos = flag(self.ignore_eos, "ignore_eos")?;
+        let eos = if ignore_eos {
+            Vec::new()
+        } else {
+            s.eos.clone()
+        };
+        let mut c = Common::new(sampling, seed, eos);
+        c.stop = validate_stop(self.stop)?;
         c.stream = flag(self.stream, "stream")?;
         c.max_tokens = count(self.max_output_tokens, "max_output_tokens")?;
         c.names.max_tokens = "max_output_tokens";

@@ -2,7 +2,8 @@
 //! token as vLLM sends them (its text may be empty while a character or a possible stop
 //! string is incomplete, so clients can time every token), each choice's last with its
 //! finish reason (with `n` > 1 the choices' chunks interleave, each with its `index`),
-//! the usage chunk when asked for, then `[DONE]` once every choice ended. When the client goes away the
+//! a `usage` object on every chunk with vLLM's `continuous_usage_stats`, the usage chunk
+//! when asked for, then `[DONE]` once every choice ended. When the client goes away the
 //! task ends and its guard aborts the request; at a shutdown's cut-off the stream ends
 //! with an error event.
 
@@ -19,10 +20,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 
+use crate::body::StreamUsage;
 use crate::error::ApiError;
 use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form, Typed};
 use crate::output::{
-    completion_logprobs, finish_name, logprobs_json, prompt_entries, release, Reply,
+    completion_logprobs, finish_name, logprobs_json, prompt_entries, release, usage, Reply,
 };
 use crate::parse::{ChatStream, Delta};
 use crate::shutdown::cut_off;
@@ -35,7 +37,7 @@ pub(crate) fn respond(
     children: Vec<Child>,
     prompt: Vec<u32>,
     stop: StopMatcher,
-    include_usage: bool,
+    usage: StreamUsage,
     form: Form,
 ) -> Response {
     let Form {
@@ -95,7 +97,7 @@ pub(crate) fn respond(
         keep_special,
         tokenizer: Arc::clone(&s.tokenizer),
         reply,
-        include_usage,
+        usage,
         prompt: prompt.into(),
         out,
         choices,
@@ -160,7 +162,7 @@ struct Task {
     keep_special: bool,
     tokenizer: Arc<Tokenizer>,
     reply: Reply,
-    include_usage: bool,
+    usage: StreamUsage,
     prompt: Arc<[u32]>,
     /// The events to send.
     out: mpsc::UnboundedSender<SseEvent>,
@@ -260,7 +262,7 @@ impl Task {
             (None, None) => Value::Null,
         };
         let first = c.n == 1;
-        let chunk = match &mut c.parsed {
+        let mut chunk = match &mut c.parsed {
             Some((stream, out)) => {
                 let d = stream.push(&delta, finish.is_some());
                 finish = finish.map(|f| out.finish(f, stream.called()));
@@ -273,6 +275,10 @@ impl Task {
                 _ => self.reply.chunk(i, &delta, finish, first, lps),
             },
         };
+        if self.usage.every {
+            // vLLM's `continuous_usage_stats`: the choice's tokens so far.
+            chunk["usage"] = usage(self.prompt.len(), c.n);
+        }
         if self
             .out
             .send(SseEvent::default().data(chunk.to_string()))
@@ -293,7 +299,7 @@ impl Task {
         if self.choices.iter().any(|c| !c.done) {
             return true;
         }
-        if self.include_usage {
+        if self.usage.last {
             let tokens = self.choices.iter().map(|c| c.n).sum();
             let u = self.reply.usage_chunk(self.prompt.len(), tokens);
             let _ = self.send(u.to_string());

@@ -189,3 +189,87 @@ fn a_tool_call_cut_off_by_length_goes_back_as_its_text() {
     let (st, v) = post(s.addr, "/v1/responses", b);
     assert_eq!(st, 200, "{v}");
 }
+
+/// The `data:` payloads of a chunk stream, parsed, less `[DONE]` (which must end it).
+fn chunks(raw: &str) -> Vec<Value> {
+    let events = sse(raw);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{raw}");
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect()
+}
+
+#[test]
+fn guidellms_default_streaming_run_is_served() {
+    let s = start(None);
+    let n = 20;
+    // guidellm's requests (its OpenAI HTTP backend, a synthetic text of a set output
+    // length): `continuous_usage_stats`, `stop: null` and `ignore_eos`.
+    let options = json!({"include_usage": true, "continuous_usage_stats": true});
+    let chat = json!({"model": MODEL, "stream": true, "stream_options": options,
+        "max_completion_tokens": n, "stop": null, "ignore_eos": true,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "a b c d"}]}]});
+    let completion = json!({"model": MODEL, "stream": true, "stream_options": options,
+        "max_tokens": n, "stop": null, "ignore_eos": true, "prompt": "a b c d"});
+    for (path, body) in [
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", completion),
+    ] {
+        let all = chunks(&post_raw(s.addr, path, &body));
+        let (last, tokens) = all.split_last().unwrap();
+        // Every token's chunk carries the usage so far, as vLLM's.
+        assert_eq!(tokens.len(), n, "{path}: {all:?}");
+        let prompt = last["usage"]["prompt_tokens"].as_u64().unwrap();
+        for (i, c) in tokens.iter().enumerate() {
+            let u = &c["usage"];
+            assert_eq!(u["prompt_tokens"], prompt, "{path}: {c}");
+            assert_eq!(u["completion_tokens"], i + 1, "{path}: {c}");
+            assert_eq!(u["total_tokens"], prompt + i as u64 + 1, "{path}: {c}");
+        }
+        // Then the usage chunk of `include_usage`.
+        assert_eq!(last["choices"], json!([]), "{path}: {last}");
+        assert_eq!(last["usage"]["completion_tokens"], n, "{path}: {last}");
+    }
+    let responses = json!({"model": MODEL, "stream": true, "max_output_tokens": n,
+        "stop": null, "ignore_eos": true,
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "a b c d"}]}]});
+    let raw = post_raw(s.addr, "/v1/responses", &responses);
+    let done = sse(&raw)
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .find(|e| e["type"] == "response.incomplete")
+        .unwrap_or_else(|| panic!("{raw}"));
+    assert_eq!(done["response"]["usage"]["output_tokens"], n, "{done}");
+}
+
+#[test]
+fn ignore_eos_generates_past_the_end_token() {
+    let s = start(None);
+    let files = encore_core::model::open_model(MODEL).unwrap();
+    let tok = encore_core::model::open_tokenizer(&files.source).unwrap();
+    let eos = tok.eos_token_ids()[0];
+    // The end token made certain: it ends the text at once, unless `ignore_eos`.
+    let bias = json!({ eos.to_string(): 100 });
+    for (ignore, want) in [(false, 1), (true, 12)] {
+        let b = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 12, "logit_bias": bias, "ignore_eos": ignore});
+        let (st, v) = post(s.addr, "/v1/chat/completions", b);
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            v["usage"]["completion_tokens"], want,
+            "ignore_eos {ignore}: {v}"
+        );
+    }
+    // Responses, without a length: to the context's end.
+    let b = json!({"model": MODEL, "input": "hi", "ignore_eos": true});
+    let (st, r) = post(s.addr, "/v1/responses", b);
+    assert_eq!(st, 200, "{r}");
+    let ctx = s.engine.max_seq_len as u64;
+    let prompt = r["usage"]["input_tokens"].as_u64().unwrap();
+    assert_eq!(
+        r["usage"]["output_tokens"].as_u64(),
+        Some(ctx - prompt),
+        "{r}"
+    );
+}
