@@ -19,7 +19,8 @@
 //! `structured` for the structured-output fields), `error` (error responses),
 //! `generate` (the generation path: admission, then a whole response (`whole`) or a
 //! stream (`stream`), formatted by `output` for completions and chat, by `responses`
-//! and `messages` (which also read their own bodies into the chat request) for theirs),
+//! and `messages` (which also read their own bodies into the chat request, its content
+//! blocks in `anthropic_blocks`) for theirs),
 //! `tokenize` (`/tokenize`, `/detokenize`), `metrics` (`/metrics`), `shutdown`
 //! ([`serve`] and its drain).
 
@@ -37,6 +38,7 @@ use encore_core::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+mod anthropic_blocks;
 mod body;
 mod chat_messages;
 mod error;
