@@ -1,7 +1,8 @@
 //! Anthropic's `messages` and `system` content blocks read into the conversation the
 //! chat template renders: `text`, an assistant's `tool_use` (its tool calls) and
 //! `thinking` (its reasoning), a user's `tool_result` (a `tool` message), each refusal
-//! naming the block's field.
+//! naming the block's field. A `redacted_thinking` block is opaque (encrypted by the
+//! model that wrote it): it is accepted in the history and left out of the prompt.
 
 use std::collections::HashMap;
 
@@ -131,7 +132,20 @@ pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result
                     if role != "assistant" {
                         return Err(wrong_role("assistant"));
                     }
-                    known_keys(bo, &["type", "id", "name", "input", "cache_control"], &bat)?;
+                    known_keys(
+                        bo,
+                        &[
+                            "type",
+                            "id",
+                            "name",
+                            "input",
+                            "cache_control",
+                            "caller",
+                            "toolset_name",
+                        ],
+                        &bat,
+                    )?;
+                    sdk_echo(bo, &bat)?;
                     let str_of = |k: &str| {
                         bo.get(k)
                             .and_then(Value::as_str)
@@ -159,6 +173,20 @@ pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result
                             arguments: input.clone(),
                         },
                     });
+                }
+                // Thinking another model redacted is opaque: nothing to render, so it is
+                // left out of the prompt.
+                Some("redacted_thinking") => {
+                    if role != "assistant" {
+                        return Err(wrong_role("assistant"));
+                    }
+                    known_keys(bo, &["type", "data"], &bat)?;
+                    if !bo.get("data").is_some_and(Value::is_string) {
+                        return Err(ApiError::bad(
+                            format!("{bat}.data"),
+                            format!("`{bat}.data` must be a string"),
+                        ));
+                    }
                 }
                 Some("thinking") => {
                     if role != "assistant" {
@@ -239,4 +267,28 @@ pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result
         }
     }
     Ok(())
+}
+
+/// The fields the Anthropic SDK writes on a `tool_use` block it got back
+/// (`block.model_dump()` sends them as `null`): `caller` (who called the tool; the
+/// model itself, `{"type": "direct"}`, is the only caller here) and `toolset_name` (MCP
+/// toolsets, which the server has none of). Other values are refused naming them.
+fn sdk_echo(bo: &Map<String, Value>, at: &str) -> Result<(), ApiError> {
+    match bo.get("caller") {
+        None | Some(Value::Null) => {}
+        Some(c) if c == &json!({"type": "direct"}) => {}
+        Some(_) => {
+            return Err(ApiError::bad(
+                format!("{at}.caller"),
+                format!("`{at}.caller` other than `{{\"type\": \"direct\"}}` is not supported: the model calls the client's tools itself"),
+            ))
+        }
+    }
+    match bo.get("toolset_name") {
+        None | Some(Value::Null) => Ok(()),
+        Some(_) => Err(ApiError::bad(
+            format!("{at}.toolset_name"),
+            format!("`{at}.toolset_name` is not supported: the server has no MCP toolsets"),
+        )),
+    }
 }

@@ -434,7 +434,7 @@ const ANTHROPIC_MODEL: Rule = honored(
 );
 const ANTHROPIC_MESSAGES: Rule = honored(
     "messages",
-    "required, non-empty: `user` and `assistant` turns, `content` a string or blocks: `text` (`cache_control` accepted: prefix caching is automatic), `tool_use` (assistant), `tool_result` (user: a `tool` message; `is_error` writes `Error: ` before its text), `thinking` (assistant: its reasoning); other block types are refused",
+    "required, non-empty: `user` and `assistant` turns, `content` a string or blocks: `text` (`cache_control` accepted: prefix caching is automatic), `tool_use` (assistant; the `caller` and `toolset_name` the SDK sends back as `null` are accepted), `tool_result` (user: a `tool` message; `is_error` writes `Error: ` before its text), `thinking` (assistant: its reasoning), `redacted_thinking` (assistant: opaque, so left out of the prompt); other block types are refused",
 );
 const ANTHROPIC_SYSTEM: Rule = honored(
     "system",

@@ -273,3 +273,66 @@ fn ignore_eos_generates_past_the_end_token() {
         "{r}"
     );
 }
+
+#[test]
+fn the_anthropic_sdks_own_blocks_go_back_as_it_dumps_them() {
+    let s = start_parsers(None, None);
+    let tools = json!([{"name": "get_weather", "description": "Weather",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    // `[b.model_dump() for b in message.content]` of the anthropic SDK (2.14): a
+    // `redacted_thinking` block, a text block's `citations: null`, and a `tool_use`
+    // block's `caller` and `toolset_name` as null.
+    let dumped = json!([
+        {"signature": "", "thinking": "hmm", "type": "thinking"},
+        {"data": "abc", "type": "redacted_thinking"},
+        {"citations": null, "text": "Let me check.", "type": "text"},
+        {"id": "toolu_1", "caller": null, "input": {"city": "Paris"}, "name": "get_weather",
+         "type": "tool_use", "toolset_name": null},
+    ]);
+    let conversation = |assistant: Value| {
+        json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": assistant},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                          "content": "22C"}]},
+        ])
+    };
+    let b = json!({"model": MODEL, "max_tokens": 4, "tools": tools,
+                   "messages": conversation(dumped.clone())});
+    let (st, v) = post(s.addr, "/v1/messages", b);
+    assert_eq!(st, 200, "{v}");
+    // The redacted thinking is left out of the prompt: the same tokens as without it.
+    let count = |assistant: Value| {
+        let b = json!({"model": MODEL, "tools": tools, "messages": conversation(assistant)});
+        let (st, v) = post(s.addr, "/v1/messages/count_tokens", b);
+        assert_eq!(st, 200, "{v}");
+        v["input_tokens"].as_u64().unwrap()
+    };
+    let mut without = dumped.clone();
+    without.as_array_mut().unwrap().remove(1);
+    assert_eq!(count(dumped.clone()), count(without));
+    // A caller other than the model itself, and a toolset, are refused naming them.
+    for (key, value, param) in [
+        (
+            "caller",
+            json!({"type": "code_execution_20250825", "tool_id": "x"}),
+            "messages[1].content[3].caller",
+        ),
+        (
+            "toolset_name",
+            json!("mcp"),
+            "messages[1].content[3].toolset_name",
+        ),
+    ] {
+        let mut blocks = dumped.clone();
+        blocks[3][key] = value;
+        let b = json!({"model": MODEL, "max_tokens": 4, "tools": tools,
+                       "messages": conversation(blocks)});
+        let (st, v) = post(s.addr, "/v1/messages", b);
+        assert_eq!(st, 400, "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(param),
+            "{v}"
+        );
+    }
+}
