@@ -336,3 +336,65 @@ fn the_anthropic_sdks_own_blocks_go_back_as_it_dumps_them() {
         );
     }
 }
+
+/// pydantic's JSON schema of a nested model with an enum (`Person` holding an `Address`,
+/// both a `Color`), as pydantic-ai sends it for its output tool (strict: closed objects).
+fn person_schema() -> Value {
+    json!({
+        "$defs": {
+            "Address": {"additionalProperties": false,
+                        "properties": {"color": {"$ref": "#/$defs/Color"},
+                                       "big": {"title": "Big", "type": "boolean"}},
+                        "required": ["color", "big"], "title": "Address", "type": "object"},
+            "Color": {"enum": ["red", "green"], "title": "Color", "type": "string"},
+        },
+        "additionalProperties": false,
+        "properties": {"color": {"$ref": "#/$defs/Color"},
+                       "address": {"$ref": "#/$defs/Address"},
+                       "tall": {"title": "Tall", "type": "boolean"}},
+        "required": ["color", "address", "tall"], "title": "Person", "type": "object",
+    })
+}
+
+/// Whether `args` are a `Person` of [`person_schema`].
+fn check_person(args: &Value) {
+    let colors = [json!("red"), json!("green")];
+    assert!(colors.contains(&args["color"]), "{args}");
+    assert!(colors.contains(&args["address"]["color"]), "{args}");
+    assert!(
+        args["address"]["big"].is_boolean() && args["tall"].is_boolean(),
+        "{args}"
+    );
+}
+
+#[test]
+fn pydantic_ais_structured_output_with_nested_models_is_forced() {
+    let s = start_parsers(None, None);
+    // pydantic-ai's `Agent(model, output_type=Person).run_sync(...)`: one output tool,
+    // `tool_choice` `required` (the OpenAI chat model) or `any` (the Anthropic one).
+    let tool = json!({"type": "function", "function": {"name": "final_result",
+        "description": "The final response which ends this conversation",
+        "parameters": person_schema(), "strict": true}});
+    let b = json!({"messages": [{"role": "user", "content": "Describe a person."}],
+        "model": MODEL, "n": 1, "stream": false, "tool_choice": "required", "tools": [tool]});
+    let (st, v) = post(s.addr, "/v1/chat/completions", b);
+    assert_eq!(st, 200, "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "final_result", "{v}");
+    check_person(&serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap());
+    let b = json!({"max_tokens": 1024, "messages": [{"role": "user", "content": "Describe a person."}],
+        "model": MODEL, "stream": false, "tool_choice": {"type": "any"},
+        "tools": [{"name": "final_result",
+                   "description": "The final response which ends this conversation",
+                   "input_schema": person_schema()}]});
+    let (st, v) = post(s.addr, "/v1/messages", b);
+    assert_eq!(st, 200, "{v}");
+    let block = v["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(block["name"], "final_result", "{v}");
+    check_person(&block["input"]);
+}
