@@ -576,17 +576,8 @@ impl ChatBody {
             given(self.tool_choice),
             given(self.parallel_tool_calls),
         )?;
+        // A forced call's grammar wins over `response_format` (see `tools::Tools::constraint`).
         if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
-            if c.params.constraint.is_some() {
-                let name = c.names.constraint;
-                return Err(ApiError::bad(
-                    name,
-                    format!(
-                        "`{name}` and `tool_choice` `required` or a named function both \
-                         constrain the output"
-                    ),
-                ));
-            }
             c.params.constraint = Some(forced);
             c.names.constraint = "tools";
         }

@@ -253,7 +253,7 @@ pub(crate) const CHAT: &[Rule] = &[
     TOOLS,
     honored(
         "tool_choice",
-        "`auto` (default with tools: calls read from the model's format, `--tool-call-parser`), `none` (tools not rendered), `required` or `{\"type\": \"function\", \"function\": {\"name\": ...}}` (both forced by a grammar)",
+        "`auto` (default with tools: calls read from the model's format, `--tool-call-parser`), `none` (tools not rendered), `required` or `{\"type\": \"function\", \"function\": {\"name\": ...}}` (both forced by a grammar, which wins over `response_format`: the output is the call)",
     ),
     honored(
         "parallel_tool_calls",
@@ -350,7 +350,7 @@ pub(crate) const RESPONSES: &[Rule] = &[
     ),
     honored(
         "tool_choice",
-        "`auto` (default with tools), `none`, `required` or `{\"type\": \"function\", \"name\": ...}`, as in chat completions",
+        "`auto` (default with tools), `none`, `required` or `{\"type\": \"function\", \"name\": ...}`, as in chat completions (a forced call wins over `text.format`)",
     ),
     honored(
         "parallel_tool_calls",
@@ -446,7 +446,7 @@ const ANTHROPIC_TOOLS: Rule = honored(
 );
 const ANTHROPIC_TOOL_CHOICE: Rule = honored(
     "tool_choice",
-    "`auto` (default with tools), `any` and `tool` (`name`) forced by a grammar, `none` (tools not rendered); `disable_parallel_tool_use`: one call at most",
+    "`auto` (default with tools), `any` and `tool` (`name`) forced by a grammar (which wins over `output_config.format`: the output is the call), `none` (tools not rendered); `disable_parallel_tool_use`: one call at most",
 );
 const ANTHROPIC_THINKING: Rule = honored(
     "thinking",

@@ -196,14 +196,9 @@ impl Conversation {
             Some(v) => tool_choice(&v)?,
         };
         let tools = Tools::assemble(defs, choice, parallel, "tool_choice")?;
+        // A forced call's grammar wins over `output_config.format` (see
+        // `tools::Tools::constraint`).
         if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
-            if c.params.constraint.is_some() {
-                return Err(ApiError::bad(
-                    "output_config.format",
-                    "`output_config.format` and `tool_choice` `any` or `tool` both constrain \
-                     the output",
-                ));
-            }
             c.params.constraint = Some(forced);
             c.names.constraint = "tool_choice";
         }

@@ -138,14 +138,8 @@ impl ResponsesBody {
         let defs = tools(tools_given.as_ref())?;
         let choice = choice_given.as_ref().map(tool_choice).transpose()?;
         let tools = Tools::assemble(defs, choice, parallel, "tool_choice")?;
+        // A forced call's grammar wins over `text.format` (see `tools::Tools::constraint`).
         if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
-            if c.params.constraint.is_some() {
-                return Err(ApiError::bad(
-                    "text.format",
-                    "`text.format` and `tool_choice` `required` or a named function both \
-                     constrain the output",
-                ));
-            }
             c.params.constraint = Some(forced);
             c.names.constraint = "tools";
         }

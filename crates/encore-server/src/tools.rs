@@ -125,7 +125,12 @@ impl Tools {
             .find(|f| f["name"] == name)
     }
 
-    /// The grammar `tool_choice` puts on the output, if any.
+    /// The grammar `tool_choice` puts on the output, if any. When there is one it wins
+    /// over a structured-output format the request also gives (`response_format`,
+    /// `text.format`, `output_config.format`), as OpenAI has it: the output is then a
+    /// call, constrained by its tool's schema, and the format would only apply to a text
+    /// answer, which a forced call leaves no room for (instructor's responses mode and
+    /// the openai client's `parse` with tools send both).
     pub fn constraint(&self) -> Option<Constraint> {
         // A function without parameters takes none: `{}`.
         let params = |f: &Map<String, Value>| {

@@ -398,3 +398,59 @@ fn pydantic_ais_structured_output_with_nested_models_is_forced() {
     assert_eq!(block["name"], "final_result", "{v}");
     check_person(&block["input"]);
 }
+
+#[test]
+fn a_format_beside_a_forced_call_leaves_the_call_to_its_tool() {
+    let s = start_parsers(None, None);
+    // The openai client's `responses.parse(text_format=Person, tools=..., tool_choice=...)`
+    // as instructor's responses-tools mode sends it: `text.format` and a forced call.
+    let mut person = person_schema();
+    person["properties"]
+        .as_object_mut()
+        .unwrap()
+        .remove("address");
+    person["required"] = json!(["color", "tall"]);
+    let format = json!({"type": "json_schema", "strict": true, "name": "Person",
+                        "schema": person});
+    let b = json!({"model": MODEL, "input": [{"role": "user", "content": "q"}],
+        "text": {"format": format}, "tool_choice": {"type": "function", "name": "Person"},
+        "tools": [{"type": "function", "name": "Person", "parameters": person}]});
+    let (st, r) = post(s.addr, "/v1/responses", b);
+    assert_eq!(st, 200, "{r}");
+    let call = r["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["type"] == "function_call")
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(call["name"], "Person");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["tall"].is_boolean(), "{args}");
+    // `chat.completions.parse(response_format=Person, tools=[...], tool_choice=...)`.
+    let b = json!({"model": MODEL, "stream": false,
+        "messages": [{"role": "user", "content": "q"}],
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"schema": person, "name": "Person", "strict": true}},
+        "tool_choice": {"type": "function", "function": {"name": "Person"}},
+        "tools": [{"type": "function",
+                   "function": {"name": "Person", "strict": true, "parameters": person}}]});
+    let (st, v) = post(s.addr, "/v1/chat/completions", b.clone());
+    assert_eq!(st, 200, "{v}");
+    let args = &v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"];
+    let args: Value = serde_json::from_str(args.as_str().unwrap()).unwrap();
+    assert!(args["tall"].is_boolean(), "{args}");
+    // `required` likewise; Anthropic's `output_config.format` with `any` too.
+    let mut b = b;
+    b["tool_choice"] = json!("required");
+    let (st, v) = post(s.addr, "/v1/chat/completions", b);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let b = json!({"model": MODEL, "max_tokens": 200,
+        "messages": [{"role": "user", "content": "q"}],
+        "output_config": {"format": {"type": "json_schema", "schema": person}},
+        "tool_choice": {"type": "any"},
+        "tools": [{"name": "Person", "input_schema": person}]});
+    let (st, v) = post(s.addr, "/v1/messages", b);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["stop_reason"], "tool_use", "{v}");
+}
