@@ -4,7 +4,7 @@
 //! (`whole`) or as a stream (`stream`). An [`AbortGuard`] aborts the request in the engine
 //! when its answer is dropped before the end (a client that went away).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
@@ -294,14 +294,17 @@ pub(crate) async fn generate(
     api: Api,
 ) -> Response {
     s.requests_total.fetch_add(1, Ordering::Relaxed);
-    if let Some((e, retry)) = busy(&s) {
-        let mut r = api.error(e);
-        if retry {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    let mut slots = match reserve(&s, c.n) {
+        Ok(slots) => slots,
+        Err((e, retry)) => {
+            let mut r = api.error(e);
+            if retry {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            }
+            return r;
         }
-        return r;
-    }
+    };
     c.params.sampling.seed = c.seed.unwrap_or_else(|| {
         s.next_id
             .fetch_add(1, Ordering::Relaxed)
@@ -331,8 +334,9 @@ pub(crate) async fn generate(
             prompt: prompt.clone(),
             params,
         };
+        let slot = slots.pop().expect("a slot per sample");
         // A refusal drops the children already admitted, which aborts them.
-        match admit(&s.engine, req).await {
+        match admit(&s.engine, req, slot).await {
             Ok(x) => children.push(x),
             Err(Admission::Refused(r)) => return api.error(ApiError::refused(&r, c.names)),
             Err(Admission::Failed(e)) => return api.error(e),
@@ -359,22 +363,51 @@ pub(crate) async fn generate(
 /// One admitted choice of a request: the guard that aborts it, and its events.
 pub(crate) type Child = (AbortGuard, mpsc::UnboundedReceiver<Event>);
 
-/// A 503 when the server drains or its queue is full (then with `Retry-After`: `true`).
-fn busy(s: &AppState) -> Option<(ApiError, bool)> {
-    if s.draining.load(Ordering::SeqCst) {
-        return Some((ApiError::shutting_down(), false));
+/// One request's place in the engine, held from admission to its end: while
+/// `--max-waiting` is set, the server's requests in the engine number at most
+/// `max_num_seqs` running plus that many waiting.
+pub(crate) struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
-    if let Some(limit) = s.cfg.max_waiting {
-        let waiting = s.engine.metrics.requests_waiting.load(Ordering::Relaxed) as usize;
-        if waiting >= limit {
-            let e = ApiError::server(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the server is at capacity ({waiting} requests waiting); retry shortly"),
-            );
-            return Some((e, true));
+}
+
+/// The engine's places for the `n` samples of a request, taken in one step (so a burst
+/// of requests cannot all pass the check before any is counted); a 503 when the server
+/// drains or its queue is full (then with `Retry-After`: `true`). The engine's count of
+/// waiting requests, as of its last step, is checked too: requests wait there beyond
+/// `max_num_seqs` when the KV cache is short.
+fn reserve(s: &AppState, n: usize) -> Result<Vec<Slot>, (ApiError, bool)> {
+    if s.draining.load(Ordering::SeqCst) {
+        return Err((ApiError::shutting_down(), false));
+    }
+    let full = |waiting: usize| {
+        let e = ApiError::server(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the server is at capacity ({waiting} requests waiting); retry shortly"),
+        );
+        (e, true)
+    };
+    match s.cfg.max_waiting {
+        None => {
+            s.in_engine.fetch_add(n, Ordering::AcqRel);
+        }
+        Some(limit) => {
+            let waiting = s.engine.metrics.requests_waiting.load(Ordering::Relaxed) as usize;
+            if waiting >= limit {
+                return Err(full(waiting));
+            }
+            let cap = s.engine.max_num_seqs + limit;
+            s.in_engine
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                    (held + n <= cap).then_some(held + n)
+                })
+                .map_err(|held| full((held + n).saturating_sub(s.engine.max_num_seqs)))?;
         }
     }
-    None
+    Ok((0..n).map(|_| Slot(Arc::clone(&s.in_engine))).collect())
 }
 
 /// Why a request did not get into the engine.
@@ -388,6 +421,7 @@ enum Admission {
 async fn admit(
     engine: &Arc<EngineHandle>,
     req: Request,
+    slot: Slot,
 ) -> Result<(AbortGuard, mpsc::UnboundedReceiver<Event>), Admission> {
     let id = req.id;
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
@@ -412,6 +446,7 @@ async fn admit(
         id,
         done: false,
         stopped,
+        _slot: slot,
     };
     match verdict_rx.await {
         Ok(Ok(())) => Ok((guard, rx)),
@@ -438,6 +473,8 @@ pub(crate) struct AbortGuard {
     pub done: bool,
     /// Set when a stop string ended the text (shared with the request's sink).
     stopped: Arc<AtomicBool>,
+    /// Its place in the engine, given back with the guard.
+    _slot: Slot,
 }
 
 impl AbortGuard {

@@ -24,7 +24,7 @@
 //! `tokenize` (`/tokenize`, `/detokenize`), `metrics` (`/metrics`), `shutdown`
 //! ([`serve`] and its drain).
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Path, Request as HttpRequest, State};
@@ -74,7 +74,9 @@ pub struct ServerConfig {
     /// completions and responses run to the context's end by default, as theirs.
     pub default_max_tokens: usize,
     /// Refuse new requests with 503 (and `Retry-After`) while this many wait in the
-    /// engine's queue; `None`: no limit.
+    /// engine's queue: the server's requests in the engine are at most its
+    /// `max_num_seqs` plus this many, reserved atomically as each arrives; `None`: no
+    /// limit.
     pub max_waiting: Option<usize>,
     /// The format tool calls are read in (`--tool-call-parser`); `None`: the one the chat
     /// template shows.
@@ -105,6 +107,9 @@ struct AppState {
     cfg: ServerConfig,
     next_id: AtomicU64,
     requests_total: AtomicU64,
+    /// This server's requests in the engine (admission reserves their places here in one
+    /// step: `generate::reserve`).
+    in_engine: Arc<AtomicUsize>,
     /// Set when the server shuts down: new generation requests get a 503.
     draining: AtomicBool,
     /// Becomes `true` when the requests still in flight must end now.
@@ -156,6 +161,7 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
         cfg,
         next_id: AtomicU64::new(1),
         requests_total: AtomicU64::new(0),
+        in_engine: Arc::new(AtomicUsize::new(0)),
         draining: AtomicBool::new(false),
         cut: watch::Sender::new(false),
     });

@@ -454,3 +454,40 @@ fn a_format_beside_a_forced_call_leaves_the_call_to_its_tool() {
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["stop_reason"], "tool_use", "{v}");
 }
+
+#[test]
+fn a_burst_gets_no_more_places_than_the_queue_has() {
+    // 2 running and 2 waiting at most; 10 clients at once.
+    let s = start_queue(2, 2);
+    let addr = s.addr;
+    let gate = std::sync::Arc::new(std::sync::Barrier::new(10));
+    let clients: Vec<_> = (0..10)
+        .map(|_| {
+            let gate = std::sync::Arc::clone(&gate);
+            std::thread::spawn(move || {
+                let b = json!({"model": MODEL, "prompt": "hi", "max_tokens": 300,
+                               "ignore_eos": true})
+                .to_string();
+                gate.wait();
+                http(addr, "POST", "/v1/completions", Some(&b), &[])
+            })
+        })
+        .collect();
+    let answers: Vec<(u16, String)> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let served = answers.iter().filter(|(st, _)| *st == 200).count();
+    let full = answers.iter().filter(|(st, _)| *st == 503).count();
+    let statuses: Vec<u16> = answers.iter().map(|(st, _)| *st).collect();
+    assert_eq!((served, full), (4, 6), "{statuses:?}");
+    for (_, b) in answers.iter().filter(|(st, _)| *st == 503) {
+        assert!(b.contains("at capacity"), "{b}");
+    }
+    // Once they ended, the places are free again.
+    let (st, b) = http(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(&json!({"model": MODEL, "prompt": "hi", "max_tokens": 2}).to_string()),
+        &[],
+    );
+    assert_eq!(st, 200, "{b}");
+}

@@ -87,10 +87,39 @@ pub fn start_full(
     start_full_with(api_key, max_waiting, cfg, shutdown, grace, (None, None))
 }
 
+/// A server of [`long_engine_config`] whose scheduler runs `max_num_seqs` sequences at
+/// once, refusing requests past `max_waiting` waiting ones.
+pub fn start_queue(max_num_seqs: usize, max_waiting: usize) -> Server {
+    let sched = SchedulerConfig::new(128, max_num_seqs);
+    start_server(
+        None,
+        Some(max_waiting),
+        long_engine_config(),
+        sched,
+        std::future::pending(),
+        Duration::ZERO,
+        (None, None),
+    )
+    .0
+}
+
 fn start_full_with(
     api_key: Option<&str>,
     max_waiting: Option<usize>,
     cfg: EngineConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+    parsers: (Option<ToolFormat>, Option<ReasoningFormat>),
+) -> (Server, std::sync::mpsc::Receiver<std::io::Result<()>>) {
+    let sched = SchedulerConfig::new(128, 32);
+    start_server(api_key, max_waiting, cfg, sched, shutdown, grace, parsers)
+}
+
+fn start_server(
+    api_key: Option<&str>,
+    max_waiting: Option<usize>,
+    cfg: EngineConfig,
+    sched: SchedulerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     grace: Duration,
     parsers: (Option<ToolFormat>, Option<ReasoningFormat>),
@@ -108,7 +137,7 @@ fn start_full_with(
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
             encore_core::model::open_model(MODEL).unwrap(),
             cfg,
-            SchedulerConfig::new(128, 32),
+            sched,
             Box::new(NoProgress),
         )
         .unwrap(),
