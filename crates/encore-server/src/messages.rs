@@ -68,7 +68,9 @@ pub(crate) async fn count_tokens(
 /// Error `e` in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`,
 /// the message naming the field.
 pub(crate) fn error(e: ApiError) -> Response {
-    (e.status, Json(error_body(&e))).into_response()
+    let mut r = (e.status, Json(error_body(&e))).into_response();
+    r.extensions_mut().insert(e.refusal());
+    r
 }
 
 fn error_body(e: &ApiError) -> Value {

@@ -491,3 +491,98 @@ fn a_burst_gets_no_more_places_than_the_queue_has() {
     );
     assert_eq!(st, 200, "{b}");
 }
+
+/// What the server logs at `info` and above, from every test of this binary (a global
+/// subscriber: the server's runtime threads are not the test's).
+fn server_log() -> &'static std::sync::Mutex<Vec<u8>> {
+    use std::sync::{Mutex, OnceLock};
+    static LOG: OnceLock<&'static Mutex<Vec<u8>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let log: &'static Mutex<Vec<u8>> = Box::leak(Box::new(Mutex::new(Vec::new())));
+        struct Sink(&'static Mutex<Vec<u8>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || Sink(log))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
+        log
+    })
+}
+
+/// Send `body` to `path` on a connection of its own; its client address and status.
+fn from_client(addr: std::net::SocketAddr, path: &str, body: &str) -> (String, u16) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    let me = c.local_addr().unwrap().to_string();
+    write!(
+        c,
+        "POST {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    c.read_to_string(&mut raw).unwrap();
+    let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
+    (me, status)
+}
+
+#[test]
+fn every_refusal_is_logged_with_its_route_field_and_client_not_its_body() {
+    let log = server_log();
+    let s = start(None);
+    let secret = "hunter2-the-users-own-words";
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": secret}],
+                   "temprature": 0.5}),
+            "400 invalid_request_error, field temprature",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": secret, "max_tokens": 100000}),
+            "400 invalid_request_error, field max_tokens",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "max_tokens": 5, "system": 7,
+                   "messages": [{"role": "user", "content": secret}]}),
+            "400 invalid_request_error, field system",
+        ),
+        (
+            "/v1/embeddings",
+            json!({"model": MODEL, "input": secret}),
+            "404 invalid_request_error, field -",
+        ),
+    ];
+    for (path, body, want) in cases {
+        let (client, status) = from_client(s.addr, path, &body.to_string());
+        assert!((400..500).contains(&status), "{path}: {status}");
+        let line = format!("refused POST {path} from {client}: {want}");
+        let t = std::time::Instant::now();
+        loop {
+            let text = String::from_utf8_lossy(&log.lock().unwrap()).to_string();
+            if let Some(l) = text.lines().find(|l| l.contains(&line)) {
+                assert!(l.contains(" INFO "), "{l}");
+                break;
+            }
+            assert!(t.elapsed().as_secs() < 10, "no `{line}` in:\n{text}");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    let text = String::from_utf8_lossy(&log.lock().unwrap()).to_string();
+    assert!(
+        !text.contains(secret),
+        "the log holds a request body:\n{text}"
+    );
+}
