@@ -263,6 +263,9 @@ pub(crate) struct Common {
     pub n: usize,
     /// Completions' `echo`: each choice's text starts with the prompt's.
     pub echo: bool,
+    /// Completions' `echo` with `max_tokens: 0`: each choice is the prompt alone (with its
+    /// log-probabilities), the one token the engine runs left out.
+    pub score_only: bool,
     pub usage: StreamUsage,
     /// `None`: the request gave none; `default_length` says how long the output runs.
     pub max_tokens: Option<usize>,
@@ -343,6 +346,7 @@ impl Common {
             stream: false,
             n: 1,
             echo: false,
+            score_only: false,
             usage: StreamUsage::default(),
             max_tokens: None,
             default_length: DefaultLength::Context,
@@ -441,13 +445,19 @@ pub(crate) fn validate_stop(f: Field<Stop>) -> Result<StopMatcher, ApiError> {
     StopMatcher::new(stop).map_err(|_| ApiError::bad("stop", "a `stop` string must not be empty"))
 }
 
-/// A completion's `prompt`: text, or token ids.
+/// A completion's `prompt`: text, token ids, or a batch of either (one choice, or `n`,
+/// per prompt, in order).
 #[derive(Deserialize)]
 #[serde(untagged)]
 pub(crate) enum Prompt {
     Text(String),
     Ids(Vec<u64>),
+    Texts(Vec<String>),
+    Batch(Vec<Vec<u64>>),
 }
+
+/// The most prompts one completion request may batch.
+pub(crate) const MAX_PROMPTS: usize = 256;
 
 /// The body of `/v1/completions`.
 #[derive(Default, Deserialize)]
@@ -469,37 +479,72 @@ pub(crate) enum PromptInput {
 }
 
 impl CompletionBody {
-    pub fn validate(self, served: &str, eos: &[u32]) -> Result<(PromptInput, Common), ApiError> {
-        let rule = || "`prompt` must be a string or a list of token ids".to_string();
-        let prompt = match self.prompt.get("prompt", rule)? {
+    /// The prompts (one, or a batch), and the common fields.
+    pub fn validate(
+        self,
+        served: &str,
+        eos: &[u32],
+    ) -> Result<(Vec<PromptInput>, Common), ApiError> {
+        let rule =
+            || "`prompt` must be a string, a list of token ids, or a list of either".to_string();
+        let prompts = match self.prompt.get("prompt", rule)? {
             None => return Err(ApiError::bad("prompt", "`prompt` is required")),
-            Some(Prompt::Text(t)) => PromptInput::Text(t),
+            Some(Prompt::Text(t)) => vec![PromptInput::Text(t)],
             Some(Prompt::Ids(ids)) if ids.is_empty() => {
                 return Err(ApiError::bad("prompt", rule()))
             }
-            Some(Prompt::Ids(ids)) => PromptInput::Ids(
-                ids.into_iter()
-                    .map(|t| {
-                        u32::try_from(t).map_err(|_| {
-                            ApiError::bad(
-                                "prompt",
-                                format!("token id {t} is outside the vocabulary (ids are 32-bit)"),
-                            )
-                        })
-                    })
-                    .collect::<Result<_, _>>()?,
-            ),
+            Some(Prompt::Ids(ids)) => vec![token_ids(ids)?],
+            Some(Prompt::Texts(t)) => t.into_iter().map(PromptInput::Text).collect(),
+            Some(Prompt::Batch(b)) => {
+                if b.iter().any(Vec::is_empty) {
+                    return Err(ApiError::bad("prompt", "a prompt of `prompt` is empty"));
+                }
+                b.into_iter().map(token_ids).collect::<Result<_, _>>()?
+            }
         };
+        if prompts.len() > MAX_PROMPTS {
+            return Err(ApiError::bad(
+                "prompt",
+                format!("`prompt` batches at most {MAX_PROMPTS} prompts"),
+            ));
+        }
         let mut c = self.common.validate(served, eos)?;
+        if prompts.len() > 1 && c.stream {
+            return Err(ApiError::bad(
+                "prompt",
+                "a batch of prompts is not streamed yet: send them one by one, or `stream: false`",
+            ));
+        }
         c.default_length = DefaultLength::Server;
         c.params.sampling.logprobs = count(self.logprobs, "logprobs")?;
         c.echo = flag(self.echo, "echo")?;
         if c.echo {
             // The echoed prompt's tokens get log-probabilities too.
             c.params.sampling.prompt_logprobs = c.params.sampling.logprobs;
+            // Scoring a prompt (lm-evaluation-harness, vLLM's `max_tokens: 0`): the prompt
+            // alone. The engine runs one token, which the answer leaves out.
+            if c.max_tokens == Some(0) {
+                c.max_tokens = Some(1);
+                c.score_only = true;
+            }
         }
-        Ok((prompt, c))
+        Ok((prompts, c))
     }
+}
+
+/// A prompt's token ids, each 32-bit (their vocabulary is admission's to check).
+fn token_ids(ids: Vec<u64>) -> Result<PromptInput, ApiError> {
+    ids.into_iter()
+        .map(|t| {
+            u32::try_from(t).map_err(|_| {
+                ApiError::bad(
+                    "prompt",
+                    format!("token id {t} is outside the vocabulary (ids are 32-bit)"),
+                )
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map(PromptInput::Ids)
 }
 
 /// The body of `/v1/chat/completions`.

@@ -100,7 +100,7 @@ const MODEL: Rule = honored(
 );
 const MAX_TOKENS: Rule = honored(
     "max_tokens",
-    "the most tokens to generate; default 16 (as OpenAI's and vLLM's), shrunk to the room the context leaves",
+    "the most tokens to generate; default 16 (as OpenAI's and vLLM's), shrunk to the room the context leaves; 0 only with `echo` (the prompt scored alone)",
 );
 const CHAT_MAX_TOKENS: Rule = honored(
     "max_tokens",
@@ -182,7 +182,10 @@ const TOOLS: Rule = honored(
 /// `POST /v1/completions`.
 pub(crate) const COMPLETIONS: &[Rule] = &[
     MODEL,
-    honored("prompt", "required: a string, or a list of token ids"),
+    honored(
+        "prompt",
+        "required: a string, a list of token ids, or a batch (a list of either, at most 256; not streamed yet): `n` choices per prompt, choice `i * n + j` sample `j` of prompt `i`",
+    ),
     MAX_TOKENS,
     MAX_COMPLETION_TOKENS,
     TEMPERATURE,
@@ -206,7 +209,7 @@ pub(crate) const COMPLETIONS: &[Rule] = &[
     refused("best_of", NoOp::One, "`best_of` is not supported; use `n`"),
     honored(
         "echo",
-        "each choice's text starts with the prompt (whole, or in each choice's first chunk); with `logprobs`, the prompt's tokens lead the log-probabilities (the first with `null`), computed as the prompt runs (no prefix-cache reuse for it)",
+        "each choice's text starts with the prompt (whole, or in each choice's first chunk); with `logprobs`, the prompt's tokens lead the log-probabilities (the first with `null`), computed as the prompt runs (no prefix-cache reuse for it); with `max_tokens: 0` (vLLM's prompt scoring, as lm-evaluation-harness and scoring scripts send it), the prompt alone, `finish_reason` `length`",
     ),
     refused("suffix", NoOp::Empty, "`suffix` is not supported yet"),
     LOGIT_BIAS,

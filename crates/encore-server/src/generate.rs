@@ -33,35 +33,49 @@ pub(crate) async fn completions(
 ) -> Response {
     let valid = read::<CompletionBody>(body, fields::COMPLETIONS)
         .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
-        .and_then(|(prompt, c)| {
-            let (ids, text) = match prompt {
-                PromptInput::Ids(ids) => (ids, None),
-                PromptInput::Text(p) => {
-                    let ids = s
-                        .tokenizer
-                        .encode(&p, true)
-                        .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
-                    (ids, Some(p))
-                }
-            };
-            // `echo`: the prompt as given, or its token ids written out.
-            let echo = match (c.echo, text) {
-                (false, _) => None,
-                (true, Some(t)) => Some(t),
-                (true, None) => Some(
-                    s.tokenizer
-                        .decode(&ids, false)
-                        .map_err(|e| ApiError::bad("prompt", e.to_string()))?,
-                ),
-            };
-            Ok((ids, c, echo))
+        .and_then(|(prompts, c)| {
+            let prompts = prompts
+                .into_iter()
+                .map(|p| prompted(&s, p, c.echo))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((prompts, c))
         });
     match valid {
-        Ok((prompt, c, echo)) => {
-            generate(s, c, prompt, Kind::Completion, None, echo, Api::OpenAi).await
-        }
+        Ok((prompts, c)) => generate_all(s, c, prompts, Kind::Completion, None, Api::OpenAi).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// A completion's prompt as token ids, and with `echo` the text its choices start with:
+/// the prompt as given, or its token ids written out.
+fn prompted(s: &AppState, prompt: PromptInput, echo: bool) -> Result<Prompted, ApiError> {
+    let (ids, text) = match prompt {
+        PromptInput::Ids(ids) => (ids, None),
+        PromptInput::Text(p) => {
+            let ids = s
+                .tokenizer
+                .encode(&p, true)
+                .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
+            (ids, Some(p))
+        }
+    };
+    let echo = match (echo, text) {
+        (false, _) => None,
+        (true, Some(t)) => Some(t),
+        (true, None) => Some(
+            s.tokenizer
+                .decode(&ids, false)
+                .map_err(|e| ApiError::bad("prompt", e.to_string()))?,
+        ),
+    };
+    Ok(Prompted { ids, echo })
+}
+
+/// One prompt of a request: its token ids, and for completions' `echo` the text its
+/// choices start with.
+pub(crate) struct Prompted {
+    pub ids: Vec<u32>,
+    pub echo: Option<String>,
 }
 
 pub(crate) async fn chat_completions(
@@ -72,9 +86,7 @@ pub(crate) async fn chat_completions(
         .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
         .and_then(|chat| chat_prompt(&s, chat));
     match valid {
-        Ok((prompt, c, out)) => {
-            generate(s, c, prompt, Kind::Chat, Some(out), None, Api::OpenAi).await
-        }
+        Ok((prompt, c, out)) => generate(s, c, prompt, Kind::Chat, Some(out), Api::OpenAi).await,
         Err(e) => e.into_response(),
     }
 }
@@ -191,8 +203,8 @@ pub(crate) fn thinking_switch(
 pub(crate) struct Form {
     pub reply: Reply,
     pub chat: Option<ChatOut>,
-    /// Completions' `echo`: the prompt text each choice starts with.
-    pub echo: Option<String>,
+    /// Completions' `echo` with `max_tokens: 0` (see [`Common::score_only`]).
+    pub score_only: bool,
     pub api: Api,
 }
 
@@ -286,15 +298,32 @@ impl ChatOut {
 /// Admit a valid request of `prompt` and answer it in `api`, whole or streamed.
 pub(crate) async fn generate(
     s: Arc<AppState>,
-    mut c: Common,
+    c: Common,
     prompt: Vec<u32>,
     kind: Kind,
     chat: Option<ChatOut>,
-    echo: Option<String>,
+    api: Api,
+) -> Response {
+    let prompt = Prompted {
+        ids: prompt,
+        echo: None,
+    };
+    generate_all(s, c, vec![prompt], kind, chat, api).await
+}
+
+/// Admit a valid request of `prompts` (`n` choices each, in order: choice `i * n + j` is
+/// sample `j` of prompt `i`) and answer it in `api`, whole or streamed (one prompt).
+pub(crate) async fn generate_all(
+    s: Arc<AppState>,
+    mut c: Common,
+    mut prompts: Vec<Prompted>,
+    kind: Kind,
+    chat: Option<ChatOut>,
     api: Api,
 ) -> Response {
     s.requests_total.fetch_add(1, Ordering::Relaxed);
-    let mut slots = match reserve(&s, c.n) {
+    let n = c.n;
+    let mut slots = match reserve(&s, n * prompts.len()) {
         Ok(slots) => slots,
         Err((e, retry)) => {
             let mut r = api.error(e);
@@ -310,36 +339,42 @@ pub(crate) async fn generate(
             .fetch_add(1, Ordering::Relaxed)
             .wrapping_mul(0x9e37_79b9_7f4a_7c15)
     });
-    c.params.max_tokens = c.max_tokens.unwrap_or_else(|| {
-        // Not asked for: as many as the context and the cache leave (a prompt that
-        // leaves none is admission's to refuse), up to the server's default where the
-        // endpoint has one.
-        let room = s.engine.max_seq_len.min(s.engine.kv_capacity_tokens);
-        let room = room.saturating_sub(prompt.len()).max(1);
-        match c.default_length {
-            DefaultLength::Server => s.cfg.default_max_tokens.min(room),
-            DefaultLength::Context => room,
-        }
-    });
-    // `n` samples: one request each, in order, sharing the prompt (computed once).
-    let n = c.n;
-    let first = s.next_id.fetch_add(n as u64, Ordering::Relaxed);
-    let mut children = Vec::with_capacity(n);
-    for i in 0..n {
+    // `n` samples of each prompt: one request each, in order, sharing their prompt
+    // (computed once).
+    let first = s
+        .next_id
+        .fetch_add((n * prompts.len()) as u64, Ordering::Relaxed);
+    let mut children = Vec::with_capacity(n * prompts.len());
+    for (p, prompt) in prompts.iter().enumerate() {
         let mut params = c.params.clone();
-        params.sampling.seed = params.sampling.seed.wrapping_add(i as u64);
-        params.share_prompt = (n > 1).then_some(first);
-        let req = Request {
-            id: first + i as u64,
-            prompt: prompt.clone(),
-            params,
-        };
-        let slot = slots.pop().expect("a slot per sample");
-        // A refusal drops the children already admitted, which aborts them.
-        match admit(&s.engine, req, slot).await {
-            Ok(x) => children.push(x),
-            Err(Admission::Refused(r)) => return api.error(ApiError::refused(&r, c.names)),
-            Err(Admission::Failed(e)) => return api.error(e),
+        params.max_tokens = c.max_tokens.unwrap_or_else(|| {
+            // Not asked for: as many as the context and the cache leave (a prompt that
+            // leaves none is admission's to refuse), up to the server's default where
+            // the endpoint has one.
+            let room = s.engine.max_seq_len.min(s.engine.kv_capacity_tokens);
+            let room = room.saturating_sub(prompt.ids.len()).max(1);
+            match c.default_length {
+                DefaultLength::Server => s.cfg.default_max_tokens.min(room),
+                DefaultLength::Context => room,
+            }
+        });
+        let group = first + (p * n) as u64;
+        for i in 0..n {
+            let mut params = params.clone();
+            params.sampling.seed = params.sampling.seed.wrapping_add(i as u64);
+            params.share_prompt = (n > 1).then_some(group);
+            let req = Request {
+                id: group + i as u64,
+                prompt: prompt.ids.clone(),
+                params,
+            };
+            let slot = slots.pop().expect("a slot per sample");
+            // A refusal drops the children already admitted, which aborts them.
+            match admit(&s.engine, req, slot).await {
+                Ok(x) => children.push(x),
+                Err(Admission::Refused(r)) => return api.error(ApiError::refused(&r, c.names)),
+                Err(Admission::Failed(e)) => return api.error(e),
+            }
         }
     }
     let reply = Reply::new(kind, first, s.cfg.served_model_name.clone());
@@ -350,13 +385,18 @@ pub(crate) async fn generate(
     let form = Form {
         reply,
         chat,
-        echo,
+        score_only: c.score_only,
         api,
     };
-    if c.stream {
-        crate::stream::respond(&s, children, prompt, c.stop, c.usage, form)
-    } else {
-        crate::whole::respond(&s, children, prompt, c.stop, form).await
+    match prompts.pop() {
+        Some(one) if c.stream && prompts.is_empty() => {
+            crate::stream::respond(&s, children, one, c.stop, c.usage, form)
+        }
+        Some(last) => {
+            prompts.push(last);
+            crate::whole::respond(&s, children, &prompts, c.stop, form).await
+        }
+        None => ApiError::bad("prompt", "`prompt` is required").into_response(),
     }
 }
 

@@ -46,7 +46,7 @@ pub(crate) async fn create(
     match valid {
         Ok(((prompt, c, out), omit_thinking)) => {
             let api = Api::Messages { omit_thinking };
-            generate(s, c, prompt, Kind::Chat, Some(out), None, api).await
+            generate(s, c, prompt, Kind::Chat, Some(out), api).await
         }
         Err(e) => error(e),
     }

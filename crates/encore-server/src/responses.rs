@@ -49,7 +49,7 @@ pub(crate) async fn create(
     match valid {
         Ok((prompt, c, out, echo)) => {
             let api = Api::Responses(Box::new(echo));
-            generate(s, c, prompt, Kind::Chat, Some(out), None, api).await
+            generate(s, c, prompt, Kind::Chat, Some(out), api).await
         }
         Err(e) => e.into_response(),
     }

@@ -22,7 +22,7 @@ use tokio_stream::StreamExt;
 
 use crate::body::StreamUsage;
 use crate::error::ApiError;
-use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form, Typed};
+use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form, Prompted, Typed};
 use crate::output::{
     completion_logprobs, finish_name, logprobs_json, prompt_entries, release, usage, Reply,
 };
@@ -35,7 +35,7 @@ use crate::{messages, responses};
 pub(crate) fn respond(
     s: &AppState,
     children: Vec<Child>,
-    prompt: Vec<u32>,
+    prompt: Prompted,
     stop: StopMatcher,
     usage: StreamUsage,
     form: Form,
@@ -43,9 +43,10 @@ pub(crate) fn respond(
     let Form {
         reply,
         chat,
-        echo,
+        score_only,
         api,
     } = form;
+    let Prompted { ids: prompt, echo } = prompt;
     let (out, out_rx) = mpsc::unbounded_channel::<SseEvent>();
     let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
     // The choices' events, merged and tagged with their index.
@@ -94,6 +95,7 @@ pub(crate) fn respond(
     let task = Task {
         writer,
         echo,
+        score_only,
         keep_special,
         tokenizer: Arc::clone(&s.tokenizer),
         reply,
@@ -158,6 +160,8 @@ struct Task {
     writer: Option<Writer>,
     /// Completions' `echo`: each choice's first chunk starts with this prompt text.
     echo: Option<String>,
+    /// `echo` with `max_tokens: 0`: each choice's one chunk is the prompt alone.
+    score_only: bool,
     /// The text holds special tokens (not the end-of-generation one).
     keep_special: bool,
     tokenizer: Arc<Tokenizer>,
@@ -239,9 +243,18 @@ impl Task {
             // A step still in flight after a stop string.
             return true;
         }
-        c.n += 1;
-        let (delta, stopped) = release(text, &o, self.keep_special);
-        let mut finish = if stopped {
+        // Scoring the prompt alone: the token the engine ran is left out.
+        let score_only = self.score_only;
+        if !score_only {
+            c.n += 1;
+        }
+        let (delta, stopped) = match score_only {
+            true => (String::new(), false),
+            false => release(text, &o, self.keep_special),
+        };
+        let mut finish = if score_only {
+            Some("length")
+        } else if stopped {
             Some("stop")
         } else {
             o.finish.map(finish_name)
@@ -249,7 +262,10 @@ impl Task {
         let lps = match (&o.prompt_logprobs, o.logprobs) {
             // `echo` with `logprobs`: the prompt's entries come in the first chunk.
             (Some(scores), lp) => {
-                let own = lp.as_ref().map(|lp| (o.token, Some(lp)));
+                let own = lp
+                    .as_ref()
+                    .filter(|_| !score_only)
+                    .map(|lp| (o.token, Some(lp)));
                 let entries = prompt_entries(&self.prompt, scores).chain(own);
                 completion_logprobs(&self.tokenizer, entries, &mut c.offset)
             }
@@ -261,7 +277,7 @@ impl Task {
             ),
             (None, None) => Value::Null,
         };
-        let first = c.n == 1;
+        let first = c.n == 1 || score_only;
         let mut chunk = match &mut c.parsed {
             Some((stream, out)) => {
                 let d = stream.push(&delta, finish.is_some());

@@ -586,3 +586,103 @@ fn every_refusal_is_logged_with_its_route_field_and_client_not_its_body() {
         "the log holds a request body:\n{text}"
     );
 }
+
+#[test]
+fn prompt_scoring_as_lm_evaluation_harness_does_it() {
+    let s = start(None);
+    let (_, t) = post(
+        s.addr,
+        "/tokenize",
+        json!({"prompt": "The cat sat on the mat"}),
+    );
+    let ids: Vec<u64> = serde_json::from_value(t["tokens"].clone()).unwrap();
+    let k = ids.len();
+    // vLLM's `max_tokens: 0` with `echo`: the prompt alone, each token after the first
+    // scored (a text prompt, as scoring scripts send it).
+    let b = json!({"model": MODEL, "prompt": "The cat sat on the mat", "max_tokens": 0,
+                   "echo": true, "logprobs": 2, "temperature": 0.0});
+    let (st, v) = post(s.addr, "/v1/completions", b);
+    assert_eq!(st, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], "The cat sat on the mat", "{v}");
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 0, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], k, "{v}");
+    let lp = &c["logprobs"];
+    let scores = lp["token_logprobs"].as_array().unwrap().clone();
+    assert_eq!(scores.len(), k, "{lp}");
+    assert!(
+        scores[0].is_null() && scores[1..].iter().all(Value::is_f64),
+        "{lp}"
+    );
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), k);
+    assert_eq!(lp["text_offset"][0], 0);
+    assert!(lp["top_logprobs"][0].is_null(), "{lp}");
+    assert!(
+        lp["top_logprobs"][1].as_object().unwrap().len() <= 2,
+        "{lp}"
+    );
+    // lm-evaluation-harness's `local-completions` loglikelihood request: token ids in a
+    // batch (here of two), `max_tokens: 1`, `logprobs: 1`, `echo`; it reads
+    // `token_logprobs[ctxlen:-1]` of each choice, by `index`.
+    let half: Vec<u64> = ids[..k - 2].to_vec();
+    let b = json!({"model": MODEL, "prompt": [ids, half], "temperature": 0, "max_tokens": 1,
+                   "logprobs": 1, "seed": 1234, "echo": true});
+    let (st, v) = post(s.addr, "/v1/completions", b);
+    assert_eq!(st, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2, "{v}");
+    for (i, len) in [(0, k), (1, k - 2)] {
+        let c = choices.iter().find(|c| c["index"] == i).unwrap();
+        let got = c["logprobs"]["token_logprobs"].as_array().unwrap();
+        // The prompt's tokens, then the one generated.
+        assert_eq!(got.len(), len + 1, "{c}");
+        assert_eq!(
+            c["logprobs"]["top_logprobs"].as_array().unwrap().len(),
+            len + 1
+        );
+        // The same scores as the prompt alone.
+        for (a, b) in got[1..len].iter().zip(&scores[1..len]) {
+            let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+    }
+    assert_eq!(v["usage"]["prompt_tokens"], 2 * k - 2, "{v}");
+    // Streamed, `max_tokens: 0` is one chunk: the prompt and its scores.
+    let b = json!({"model": MODEL, "prompt": "The cat sat on the mat", "max_tokens": 0,
+                   "echo": true, "logprobs": 0, "stream": true});
+    let all = chunks(&post_raw(s.addr, "/v1/completions", &b));
+    assert_eq!(all.len(), 1, "{all:?}");
+    let c = &all[0]["choices"][0];
+    assert_eq!(c["text"], "The cat sat on the mat");
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(c["logprobs"]["token_logprobs"].as_array().unwrap().len(), k);
+    // Without `echo`, `max_tokens: 0` asks for nothing.
+    let b = json!({"model": MODEL, "prompt": "hi", "max_tokens": 0});
+    let (st, v) = post(s.addr, "/v1/completions", b);
+    assert_eq!(
+        (st, &v["error"]["param"]),
+        (400, &json!("max_tokens")),
+        "{v}"
+    );
+    // A batch of texts with `n`: choice `i * n + j` is sample `j` of prompt `i`.
+    let b = json!({"model": MODEL, "prompt": ["hi", "there"], "max_tokens": 2, "n": 2,
+                   "echo": true});
+    let (st, v) = post(s.addr, "/v1/completions", b);
+    assert_eq!(st, 200, "{v}");
+    let texts: Vec<(u64, bool)> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let i = c["index"].as_u64().unwrap();
+            let want = if i < 2 { "hi" } else { "there" };
+            (i, c["text"].as_str().unwrap().starts_with(want))
+        })
+        .collect();
+    assert_eq!(texts, [(0, true), (1, true), (2, true), (3, true)], "{v}");
+    // A batch does not stream yet: refused naming `prompt`.
+    let b = json!({"model": MODEL, "prompt": ["a", "b"], "stream": true});
+    let (st, v) = post(s.addr, "/v1/completions", b);
+    assert_eq!((st, &v["error"]["param"]), (400, &json!("prompt")), "{v}");
+}
