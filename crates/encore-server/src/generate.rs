@@ -22,6 +22,7 @@ use encore_core::tokenizer::ChatOptions;
 use crate::body::{read, Chat, ChatBody, Common, CompletionBody, DefaultLength, PromptInput};
 use crate::error::ApiError;
 use crate::fields;
+use crate::generic_tools;
 use crate::output::{Kind, Reply};
 use crate::parse::{CallIds, CallMode, ChatParser, ToolFormat};
 use crate::tools::ToolChoice;
@@ -105,36 +106,39 @@ pub(crate) fn chat_prompt(
     } = chat;
     // `tool_choice: none`: the tools are not shown and nothing is read as a call.
     let tools = tools.filter(|t| t.choice != ToolChoice::None);
+    // A template that renders no tools gets the generic tool prompt (`generic_tools`).
+    let generic = !s.chat.template_takes_tools;
     let calls = match &tools {
         None => None,
-        Some(t) => {
-            if !s.chat.template_takes_tools {
+        Some(t) => Some(match &t.choice {
+            ToolChoice::Required => CallMode::Required,
+            ToolChoice::Named(name) => CallMode::Named(name.clone()),
+            _ if generic => {
                 return Err(ApiError::bad(
-                    "tools",
-                    "this model's chat template does not render tools, so the model would \
-                     not see them",
-                ));
+                    "tool_choice",
+                    "this model's chat template does not render tools: the server \
+                         describes them in a generic prompt, where a call must be forced: \
+                         give `tool_choice` `required` or a function",
+                ))
             }
-            Some(match &t.choice {
-                ToolChoice::Required => CallMode::Required,
-                ToolChoice::Named(name) => CallMode::Named(name.clone()),
-                _ => match s.chat.tool_format {
-                    Some(f) => CallMode::Native(f),
-                    None => {
-                        return Err(ApiError::bad(
-                            "tools",
-                            "no tool-call format is known for this model's chat template: \
+            _ => match s.chat.tool_format {
+                Some(f) => CallMode::Native(f),
+                None => {
+                    return Err(ApiError::bad(
+                        "tools",
+                        "no tool-call format is known for this model's chat template: \
                              start the server with `--tool-call-parser`",
-                        ))
-                    }
-                },
-            })
-        }
+                    ))
+                }
+            },
+        }),
     };
     let first_only = tools.as_ref().is_some_and(|t| !t.parallel);
+    let defs = tools.map(|t| t.defs);
+    let (messages, defs) = generic_tools::for_template(s, messages, defs);
     let opts = ChatOptions {
         add_generation_prompt: true,
-        tools: tools.map(|t| t.defs),
+        tools: defs,
         kwargs,
     };
     let text = s

@@ -44,6 +44,7 @@ mod chat_messages;
 mod error;
 mod fields;
 mod generate;
+mod generic_tools;
 mod messages;
 mod metrics;
 mod output;
@@ -148,7 +149,7 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
         if chat.template_takes_tools {
             "rendered"
         } else {
-            "not rendered by the template"
+            "not rendered by the template (a generic tool prompt stands in)"
         },
         chat.tool_format.map_or("unknown", ToolFormat::name),
         chat.reasoning.map_or("not split", ReasoningFormat::name),

@@ -24,7 +24,11 @@ pub(crate) async fn tokenize(
         .and_then(|(input, special)| {
             let (text, param) = match input {
                 TokenizeInput::Text(p) => (p, "prompt"),
-                TokenizeInput::Chat { messages, opts } => {
+                TokenizeInput::Chat { messages, mut opts } => {
+                    // As chat completions render it.
+                    let (messages, defs) =
+                        crate::generic_tools::for_template(&s, messages, opts.tools.take());
+                    opts.tools = defs;
                     let text = s
                         .tokenizer
                         .render_chat(&messages, &opts)

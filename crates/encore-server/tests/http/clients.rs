@@ -686,3 +686,77 @@ fn prompt_scoring_as_lm_evaluation_harness_does_it() {
     let (st, v) = post(s.addr, "/v1/completions", b);
     assert_eq!((st, &v["error"]["param"]), (400, &json!("prompt")), "{v}");
 }
+
+/// A chat template that renders no tools (as many small models' do).
+const PLAIN_TEMPLATE: &str = "{% for message in messages %}<|{{ message.role }}|>\n\
+    {{ message.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+
+#[test]
+fn a_template_without_tools_gets_the_generic_tool_prompt() {
+    let s = start_template(PLAIN_TEMPLATE);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string",
+            "enum": ["Paris", "Rome"]}}, "required": ["city"], "additionalProperties": false}}}]);
+    // The openai client's second turn: the call it got and its result sent back.
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"content": null, "refusal": null, "role": "assistant", "tool_calls": [{"id": "call_1",
+            "function": {"arguments": "{\"city\": \"Paris\"}", "name": "get_weather"},
+            "type": "function"}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "22 C and sunny"},
+    ]);
+    let prompt = |body: Value| {
+        let (st, v) = post(s.addr, "/tokenize", body);
+        assert_eq!(st, 200, "{v}");
+        let (_, d) = post(s.addr, "/detokenize", json!({"tokens": v["tokens"]}));
+        d["prompt"].as_str().unwrap().to_string()
+    };
+    // Nothing is dropped: the tools, the call and its result are in the prompt, in the
+    // generic shape.
+    let text = prompt(json!({"messages": messages, "tools": tools}));
+    assert!(text.starts_with("<|system|>\n# Tools"), "{text}");
+    assert!(text.contains("\"name\":\"get_weather\""), "{text}");
+    assert!(
+        text.contains(
+            "<|assistant|>\n[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Paris\"}}]\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("<|user|>\nResult of the call call_1 (get_weather):\n22 C and sunny\n"),
+        "{text}"
+    );
+    // The history alone, without `tools`, too.
+    let text = prompt(json!({"messages": messages}));
+    assert!(
+        !text.contains("# Tools") && text.contains("22 C and sunny"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"parameters\":{\"city\":\"Paris\"}"),
+        "{text}"
+    );
+    // A forced call is made through the generic prompt and read as usual.
+    let b = json!({"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}],
+                   "tools": tools, "tool_choice": "required", "max_tokens": 100});
+    let (st, v) = post(s.addr, "/v1/chat/completions", b);
+    assert_eq!(st, 200, "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{v}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"] == "Paris" || args["city"] == "Rome", "{args}");
+    // The conversation goes on.
+    let b = json!({"model": MODEL, "messages": messages, "tools": tools,
+                   "tool_choice": "none", "max_tokens": 3});
+    let (st, v) = post(s.addr, "/v1/chat/completions", b);
+    assert_eq!(st, 200, "{v}");
+    // `auto` would need the model's own call format: refused naming `tool_choice`.
+    let b = json!({"model": MODEL, "messages": messages, "tools": tools, "max_tokens": 3});
+    let (st, v) = post(s.addr, "/v1/chat/completions", b);
+    assert_eq!(
+        (st, &v["error"]["param"]),
+        (400, &json!("tool_choice")),
+        "{v}"
+    );
+}

@@ -115,6 +115,20 @@ fn start_full_with(
     start_server(api_key, max_waiting, cfg, sched, shutdown, grace, parsers)
 }
 
+thread_local! {
+    /// The chat template a server started on this thread renders with in place of the
+    /// model's, if any.
+    static TEMPLATE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A server of [`long_engine_config`] whose model's chat template is `template`.
+pub fn start_template(template: &str) -> Server {
+    TEMPLATE.with(|t| *t.borrow_mut() = Some(template.to_string()));
+    let s = start_parsers(None, None);
+    TEMPLATE.with(|t| *t.borrow_mut() = None);
+    s
+}
+
 fn start_server(
     api_key: Option<&str>,
     max_waiting: Option<usize>,
@@ -125,7 +139,11 @@ fn start_server(
     parsers: (Option<ToolFormat>, Option<ReasoningFormat>),
 ) -> (Server, std::sync::mpsc::Receiver<std::io::Result<()>>) {
     let files = encore_core::model::open_model(MODEL).unwrap();
-    let tokenizer = Arc::new(encore_core::model::open_tokenizer(&files.source).unwrap());
+    let mut tokenizer = encore_core::model::open_tokenizer(&files.source).unwrap();
+    if let Some(t) = TEMPLATE.with(|t| t.borrow().clone()) {
+        tokenizer = tokenizer.with_chat_template(t, "the test").unwrap();
+    }
+    let tokenizer = Arc::new(tokenizer);
     // Structured outputs, as `encore serve` sets them up.
     let mut cfg = cfg;
     cfg.constraints = Some(Arc::new(
