@@ -134,9 +134,41 @@ const STOP_TOKEN_IDS: Rule = honored(
 );
 const IGNORE_EOS: Rule = honored(
     "ignore_eos",
-    "generate past the model's end tokens (vLLM extension)",
+    "generate past the model's end tokens, up to `max_tokens` (vLLM extension; guidellm sends it)",
 );
 const STREAM: Rule = honored("stream", "server-sent events");
+/// vLLM's sampling extensions the server does not honor yet: refused by name, their
+/// defaults accepted.
+const MIN_TOKENS: Rule = refused(
+    "min_tokens",
+    NoOp::Is("0"),
+    "`min_tokens` (vLLM extension) is not supported yet: the engine does not hold back the end tokens; for a set length give `ignore_eos` with `max_tokens`",
+);
+const RETURN_TOKEN_IDS: Rule = refused(
+    "return_token_ids",
+    NoOp::False,
+    "`return_token_ids` (vLLM extension) is not supported yet: a whole answer's choices carry their `token_ids` already",
+);
+const PROMPT_LOGPROBS: Rule = refused(
+    "prompt_logprobs",
+    NoOp::Nothing,
+    "`prompt_logprobs` (vLLM extension) is not supported yet: on /v1/completions, `echo` with `logprobs` scores the prompt",
+);
+const SKIP_SPECIAL_TOKENS: Rule = refused(
+    "skip_special_tokens",
+    NoOp::Is("true"),
+    "`skip_special_tokens: false` (vLLM extension) is not supported yet: the text leaves special tokens out",
+);
+const SPACES_BETWEEN_SPECIAL_TOKENS: Rule = refused(
+    "spaces_between_special_tokens",
+    NoOp::Is("true"),
+    "`spaces_between_special_tokens: false` (vLLM extension) is not supported yet",
+);
+const TRUNCATE_PROMPT_TOKENS: Rule = refused(
+    "truncate_prompt_tokens",
+    NoOp::Nothing,
+    "`truncate_prompt_tokens` (vLLM extension) is not supported: a prompt longer than the context is refused, not cut",
+);
 const STREAM_OPTIONS: Rule = honored(
     "stream_options",
     "only with `stream: true` (a 400 otherwise, as OpenAI); `include_usage` adds a final usage chunk, vLLM's `continuous_usage_stats` a `usage` object to every chunk; other keys are refused",
@@ -199,6 +231,12 @@ pub(crate) const COMPLETIONS: &[Rule] = &[
     STOP,
     STOP_TOKEN_IDS,
     IGNORE_EOS,
+    MIN_TOKENS,
+    RETURN_TOKEN_IDS,
+    PROMPT_LOGPROBS,
+    SKIP_SPECIAL_TOKENS,
+    SPACES_BETWEEN_SPECIAL_TOKENS,
+    TRUNCATE_PROMPT_TOKENS,
     STREAM,
     STREAM_OPTIONS,
     honored(
@@ -242,6 +280,12 @@ pub(crate) const CHAT: &[Rule] = &[
     STOP,
     STOP_TOKEN_IDS,
     IGNORE_EOS,
+    MIN_TOKENS,
+    RETURN_TOKEN_IDS,
+    PROMPT_LOGPROBS,
+    SKIP_SPECIAL_TOKENS,
+    SPACES_BETWEEN_SPECIAL_TOKENS,
+    TRUNCATE_PROMPT_TOKENS,
     STREAM,
     STREAM_OPTIONS,
     honored("logprobs", "`true`: the sampled token's log-probability"),

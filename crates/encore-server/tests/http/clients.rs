@@ -760,3 +760,46 @@ fn a_template_without_tools_gets_the_generic_tool_prompt() {
         "{v}"
     );
 }
+
+#[test]
+fn vllms_extensions_are_honored_or_refused_by_name() {
+    let s = start(None);
+    let base = |path: &str| match path {
+        "/v1/completions" => json!({"model": MODEL, "prompt": "hi", "max_tokens": 2}),
+        _ => json!({"model": MODEL, "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+    };
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        // Their defaults change nothing and are accepted, as `ignore_eos` is honored.
+        let mut b = base(path);
+        for (k, v) in [
+            ("min_tokens", json!(0)),
+            ("return_token_ids", json!(false)),
+            ("prompt_logprobs", json!(null)),
+            ("skip_special_tokens", json!(true)),
+            ("spaces_between_special_tokens", json!(true)),
+            ("truncate_prompt_tokens", json!(null)),
+            ("ignore_eos", json!(true)),
+        ] {
+            b[k] = v;
+        }
+        let (st, v) = post(s.addr, path, b);
+        assert_eq!(st, 200, "{path}: {v}");
+        // The rest is refused naming the field, saying it is vLLM's.
+        for (k, v) in [
+            ("min_tokens", json!(4)),
+            ("return_token_ids", json!(true)),
+            ("prompt_logprobs", json!(1)),
+            ("skip_special_tokens", json!(false)),
+            ("spaces_between_special_tokens", json!(false)),
+            ("truncate_prompt_tokens", json!(100)),
+        ] {
+            let mut b = base(path);
+            b[k] = v;
+            let (st, v) = post(s.addr, path, b);
+            assert_eq!((st, &v["error"]["param"]), (400, &json!(k)), "{path}: {v}");
+            let m = v["error"]["message"].as_str().unwrap();
+            assert!(m.contains(k) && m.contains("vLLM"), "{m}");
+        }
+    }
+}
