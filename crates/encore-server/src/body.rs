@@ -1,5 +1,5 @@
-//! The request bodies of `/v1/completions`, `/v1/chat/completions`, `/tokenize` and
-//! `/detokenize` as typed structs, each with one `validate()` that checks what the wire
+//! The request bodies of `/v1/completions` and `/v1/chat/completions` (those of
+//! `/tokenize` and `/detokenize` are in `tokenize`) as typed structs, each with one `validate()` that checks what the wire
 //! format alone decides (types, the OpenAI API's ranges, the model's name, the chat
 //! messages' roles and content parts) and names the field it refuses. What depends on the
 //! engine (the context, the KV cache, the vocabulary, the log-probability limit) is
@@ -15,7 +15,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::Json;
 use encore_core::request::{Constraint, RequestParams, SamplingParams};
-use encore_core::tokenizer::{ChatMessage, ChatOptions, StopMatcher, RESERVED_TEMPLATE_VARS};
+use encore_core::tokenizer::{ChatMessage, StopMatcher, RESERVED_TEMPLATE_VARS};
 use serde::de::{DeserializeOwned, Deserializer};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -636,114 +636,11 @@ impl ChatBody {
     }
 }
 
-/// The body of `/tokenize` (vLLM's): a `prompt`, or `messages` rendered with the chat
-/// template.
-#[derive(Default, Deserialize)]
-#[serde(default)]
-pub(crate) struct TokenizeBody {
-    model: Field<String>,
-    prompt: Field<String>,
-    messages: Field<Vec<Value>>,
-    add_special_tokens: Field<bool>,
-    add_generation_prompt: Field<bool>,
-    tools: Field<Value>,
-    chat_template_kwargs: Field<Value>,
-}
-
-/// What `/tokenize` encodes.
-pub(crate) enum TokenizeInput {
-    Text(String),
-    Chat {
-        messages: Vec<ChatMessage>,
-        opts: ChatOptions,
-    },
-}
-
-impl TokenizeBody {
-    /// The input and whether to add the tokenizer's special tokens.
-    pub fn validate(self, served: &str) -> Result<(TokenizeInput, bool), ApiError> {
-        check_model(self.model, served, false)?;
-        let special = self.add_special_tokens.get("add_special_tokens", || {
-            "`add_special_tokens` must be a boolean".into()
-        })?;
-        let gen = self
-            .add_generation_prompt
-            .get("add_generation_prompt", || {
-                "`add_generation_prompt` must be a boolean".into()
-            })?;
-        let prompt = self
-            .prompt
-            .get("prompt", || "`prompt` must be a string".into())?;
-        let kwargs = template_kwargs(self.chat_template_kwargs)?;
-        let tools = Tools::read(given(self.tools), None, None)?;
-        if prompt.is_some() && (tools.is_some() || !kwargs.is_empty()) {
-            let p = if tools.is_some() {
-                "tools"
-            } else {
-                "chat_template_kwargs"
-            };
-            return Err(ApiError::bad(p, format!("`{p}` goes with `messages`")));
-        }
-        match (prompt, self.messages) {
-            (Some(_), Field::Given(_) | Field::Wrong) => Err(ApiError::bad(
-                "messages",
-                "give `prompt` or `messages`, not both",
-            )),
-            (Some(_), Field::Absent) if gen.is_some() => Err(ApiError::bad(
-                "add_generation_prompt",
-                "`add_generation_prompt` goes with `messages`",
-            )),
-            (Some(p), Field::Absent) => Ok((TokenizeInput::Text(p), special.unwrap_or(true))),
-            (None, Field::Absent) => Err(ApiError::bad(
-                "prompt",
-                "`prompt` (a string) or `messages` is required",
-            )),
-            (None, m) => Ok((
-                TokenizeInput::Chat {
-                    messages: messages(m)?,
-                    opts: ChatOptions {
-                        add_generation_prompt: gen.unwrap_or(true),
-                        tools: tools.map(|t| t.defs),
-                        kwargs,
-                    },
-                },
-                special.unwrap_or(false),
-            )),
-        }
-    }
-}
-
-/// The body of `/detokenize` (vLLM's).
-#[derive(Default, Deserialize)]
-#[serde(default)]
-pub(crate) struct DetokenizeBody {
-    model: Field<String>,
-    tokens: Field<Vec<u64>>,
-}
-
-impl DetokenizeBody {
-    /// The token ids, each below `vocab_size`.
-    pub fn validate(self, served: &str, vocab_size: usize) -> Result<Vec<u32>, ApiError> {
-        check_model(self.model, served, false)?;
-        let ids = self
-            .tokens
-            .get("tokens", || "`tokens` must be a list of token ids".into())?
-            .ok_or_else(|| ApiError::bad("tokens", "`tokens` is required"))?;
-        ids.into_iter()
-            .map(|t| match u32::try_from(t) {
-                Ok(id) if (id as usize) < vocab_size => Ok(id),
-                _ => Err(ApiError::bad(
-                    "tokens",
-                    format!("token id {t} is outside the vocabulary (size {vocab_size})"),
-                )),
-            })
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use encore_core::tokenizer::{FunctionCall, ToolCall};
+
+    use crate::tokenize::{DetokenizeBody, TokenizeBody, TokenizeInput};
     use serde_json::json;
 
     use super::*;

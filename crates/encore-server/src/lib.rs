@@ -20,7 +20,7 @@
 //! `generate` (the generation path: admission, then a whole response (`whole`) or a
 //! stream (`stream`), formatted by `output` for completions and chat, by `responses`
 //! and `messages` (which also read their own bodies into the chat request, its content
-//! blocks in `anthropic_blocks`) for theirs),
+//! blocks in `anthropic_blocks`, the responses `input` in `responses_input`) for theirs),
 //! `tokenize` (`/tokenize`, `/detokenize`), `metrics` (`/metrics`), `shutdown`
 //! ([`serve`] and its drain).
 
@@ -50,6 +50,7 @@ mod metrics;
 mod output;
 mod parse;
 mod responses;
+mod responses_input;
 mod shutdown;
 mod stream;
 mod structured;
