@@ -227,6 +227,13 @@ def messages(cfg, oa, an):
         ]
         m2 = an.messages.create(model=model, max_tokens=4, messages=conv2, tools=tools)
         check(m2.type == "message", "round trip")
+        # The blocks as the SDK dumps them (`caller`, `toolset_name` null) go back too.
+        conv3 = ask + [
+            {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+            conv2[-1],
+        ]
+        m3 = an.messages.create(model=model, max_tokens=4, messages=conv3, tools=tools)
+        check(m3.type == "message", "round trip of model_dump() blocks")
 
 
 def main():

@@ -57,6 +57,13 @@ def main():
 
     ids = [m.id for m in client.models.list().data]
     check(ids == [model], f"models.list() gave {ids}, expected [{model!r}]")
+    m = client.models.retrieve(model)
+    check(m.id == model and m.object == "model", f"models.retrieve gave {m}")
+    try:
+        client.models.retrieve("org/nope")
+        check(False, "models.retrieve of an unknown model succeeded")
+    except openai.NotFoundError as e:
+        check(e.code == "model_not_found", f"unknown model: {e.body}")
 
     # Completions, whole and streamed.
     r = client.completions.create(model=model, prompt=prompt, **greedy)

@@ -18,10 +18,14 @@ import urllib.request
 
 
 def one(url, model, prompt, max_tokens, out, i, stream):
-    body = json.dumps({
+    body = {
         "model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-        "temperature": 0, "stream": stream, "stream_options": {"include_usage": True},
-    }).encode()
+        "temperature": 0, "stream": stream,
+    }
+    if stream:
+        # OpenAI (and the server) refuse `stream_options` without `stream`.
+        body["stream_options"] = {"include_usage": True}
+    body = json.dumps(body).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()

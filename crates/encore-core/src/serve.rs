@@ -137,6 +137,8 @@ pub struct EngineHandle {
     pub kv_capacity_tokens: usize,
     /// The rules admission checks requests against (the scheduler's).
     pub limits: Limits,
+    /// Sequences the scheduler runs at once at most (`max_num_seqs`); the rest wait.
+    pub max_num_seqs: usize,
     /// What start-up did and how long it took.
     pub boot: BootReport,
 }
@@ -174,6 +176,7 @@ impl EngineHandle {
             crate::spec::draft::check_pair(&model.config, &d.config)?;
             cfg.eagle_aux = Some(e.aux_layers_for(model.config.num_layers)?);
         }
+        let max_num_seqs = sched.max_num_seqs;
         let (tx, rx) = mpsc::channel::<Message>();
         let (boot_tx, boot_rx) = mpsc::channel::<Result<(Limits, BootReport)>>();
         let metrics = Arc::new(EngineMetrics::default());
@@ -214,6 +217,7 @@ impl EngineHandle {
                 max_seq_len: limits.max_seq_len,
                 kv_capacity_tokens: limits.kv_capacity_tokens(),
                 limits,
+                max_num_seqs,
                 boot,
             }),
             Ok(Err(e)) => {

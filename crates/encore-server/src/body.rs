@@ -1,5 +1,5 @@
-//! The request bodies of `/v1/completions`, `/v1/chat/completions`, `/tokenize` and
-//! `/detokenize` as typed structs, each with one `validate()` that checks what the wire
+//! The request bodies of `/v1/completions` and `/v1/chat/completions` (those of
+//! `/tokenize` and `/detokenize` are in `tokenize`) as typed structs, each with one `validate()` that checks what the wire
 //! format alone decides (types, the OpenAI API's ranges, the model's name, the chat
 //! messages' roles and content parts) and names the field it refuses. What depends on the
 //! engine (the context, the KV cache, the vocabulary, the log-probability limit) is
@@ -15,15 +15,17 @@ use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::Json;
 use encore_core::request::{Constraint, RequestParams, SamplingParams};
-use encore_core::tokenizer::{
-    ChatMessage, ChatOptions, FunctionCall, StopMatcher, ToolCall, RESERVED_TEMPLATE_VARS,
-};
+use encore_core::tokenizer::{ChatMessage, StopMatcher, RESERVED_TEMPLATE_VARS};
 use serde::de::{DeserializeOwned, Deserializer};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::chat_messages::messages;
 use crate::error::{json_body, ApiError, ParamNames};
 use crate::fields::{self, Rule};
+use crate::structured::{
+    choice, constraint, json_schema, response_format, string, structured_outputs,
+};
 use crate::tools::Tools;
 
 /// Read `body` as a `T`: a JSON object whose keys `table` knows and accepts (a field of
@@ -128,23 +130,44 @@ pub(crate) enum Stop {
     Many(Vec<String>),
 }
 
-/// `stream_options`: `include_usage` (other keys are refused).
-fn stream_options(f: Field<Map<String, Value>>) -> Result<bool, ApiError> {
+/// What `stream_options` asks a stream to report of its usage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StreamUsage {
+    /// `include_usage`: a last chunk with the whole request's usage.
+    pub last: bool,
+    /// `continuous_usage_stats` (vLLM's): every chunk carries its choice's usage so far.
+    pub every: bool,
+}
+
+/// `stream_options`: `include_usage` and vLLM's `continuous_usage_stats` (other keys are
+/// refused); only with `stream: true`, as OpenAI has it (a 400 naming it otherwise, not
+/// silently ignored).
+fn stream_options(f: Field<Map<String, Value>>, stream: bool) -> Result<StreamUsage, ApiError> {
     let Some(o) = f.get("stream_options", || {
         "`stream_options` must be an object".into()
     })?
     else {
-        return Ok(false);
+        return Ok(StreamUsage::default());
     };
+    if !stream {
+        return Err(ApiError::bad(
+            "stream_options",
+            "`stream_options` is only allowed with `stream: true`",
+        ));
+    }
     fields::check(fields::STREAM_OPTION_KEYS, &o, "stream_options.")?;
-    match o.get("include_usage") {
+    let flag = |key: &'static str| match o.get(key) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
         Some(_) => Err(ApiError::bad(
-            "stream_options.include_usage",
-            "`stream_options.include_usage` must be a boolean",
+            format!("stream_options.{key}"),
+            format!("`stream_options.{key}` must be a boolean"),
         )),
-    }
+    };
+    Ok(StreamUsage {
+        last: flag("include_usage")?,
+        every: flag("continuous_usage_stats")?,
+    })
 }
 
 /// The sampling fields both endpoints share.
@@ -222,6 +245,17 @@ pub(crate) struct CommonBody {
 /// The most samples one request may ask for (`n`).
 pub(crate) const MAX_N: usize = 64;
 
+/// How long an output runs when its request gives no `max_tokens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DefaultLength {
+    /// The server's `default_max_tokens` (16, as vLLM's and OpenAI's legacy
+    /// completions), shrunk to the room the context leaves.
+    Server,
+    /// To the context's end: the room the context (and the KV cache) leaves after the
+    /// prompt, as OpenAI's and vLLM's chat completions and responses.
+    Context,
+}
+
 /// What the server needs of a valid body besides its prompt.
 pub(crate) struct Common {
     pub stream: bool,
@@ -229,10 +263,13 @@ pub(crate) struct Common {
     pub n: usize,
     /// Completions' `echo`: each choice's text starts with the prompt's.
     pub echo: bool,
-    pub include_usage: bool,
-    /// `None`: the request gave none; the server's default applies (it shrinks to the
-    /// room the context leaves, as vLLM's does).
+    /// Completions' `echo` with `max_tokens: 0`: each choice is the prompt alone (with its
+    /// log-probabilities), the one token the engine runs left out.
+    pub score_only: bool,
+    pub usage: StreamUsage,
+    /// `None`: the request gave none; `default_length` says how long the output runs.
     pub max_tokens: Option<usize>,
+    pub default_length: DefaultLength,
     /// The request's parameters (its `max_tokens` and seed are set once the defaults
     /// are known).
     pub params: RequestParams,
@@ -257,7 +294,7 @@ impl CommonBody {
             };
         let stream = flag(self.stream, "stream")?;
         let n = integer(self.n, "n", 1, MAX_N as i64)?.unwrap_or(1) as usize;
-        let include_usage = stream_options(self.stream_options)?;
+        let usage = stream_options(self.stream_options, stream)?;
         let ignore_eos = flag(self.ignore_eos, "ignore_eos")?;
         let mut stop_token_ids = if ignore_eos { Vec::new() } else { eos.to_vec() };
         let ids = self.stop_token_ids.get("stop_token_ids", || {
@@ -289,7 +326,7 @@ impl CommonBody {
         let mut c = Common::new(sampling, seed, stop_token_ids);
         c.stream = stream;
         c.n = n;
-        c.include_usage = include_usage;
+        c.usage = usage;
         c.max_tokens = max_tokens;
         c.stop = stop;
         c.params.constraint = constraint;
@@ -302,15 +339,17 @@ impl CommonBody {
 
 impl Common {
     /// A request of one sample with `sampling`, the `seed` if given, ended by
-    /// `stop_token_ids`; not streamed, no stop strings, no constraint, the server's
-    /// default `max_tokens`.
+    /// `stop_token_ids`; not streamed, no stop strings, no constraint, running to the
+    /// context's end unless it gives `max_tokens`.
     pub fn new(sampling: SamplingParams, seed: Option<u64>, stop_token_ids: Vec<u32>) -> Self {
         Common {
             stream: false,
             n: 1,
             echo: false,
-            include_usage: false,
+            score_only: false,
+            usage: StreamUsage::default(),
             max_tokens: None,
+            default_length: DefaultLength::Context,
             params: RequestParams {
                 sampling,
                 max_tokens: 0,
@@ -334,35 +373,6 @@ impl Common {
     }
 }
 
-/// How one structured-output field reads: its value to the constraint it asks for
-/// (`None`: none, e.g. `response_format` `text`).
-type ReadConstraint = fn(&'static str, &Value) -> Result<Option<Constraint>, ApiError>;
-
-/// The output's constraint from whichever structured-output field the body gave (at
-/// most one), and that field's name (for admission's refusal of a schema, regex or
-/// grammar it cannot compile). Shapes are checked here; what they say, at admission.
-fn constraint(
-    fields: [(&'static str, Field<Value>, ReadConstraint); 6],
-) -> Result<(Option<Constraint>, &'static str), ApiError> {
-    let mut found: Option<(Constraint, &'static str)> = None;
-    for (name, f, read) in fields {
-        let Field::Given(v) = f else { continue };
-        let c = read(name, &v)?;
-        let Some(c) = c else { continue };
-        if let Some((_, first)) = &found {
-            let m = format!(
-                "give one structured-output field: `{first}` and `{name}` both constrain the output"
-            );
-            return Err(ApiError::bad(name, m));
-        }
-        found = Some((c, name));
-    }
-    Ok(match found {
-        Some((c, name)) => (Some(c), name),
-        None => (None, "response_format"),
-    })
-}
-
 /// An error naming the first key of `o` outside `keys`, as `{at}.{key}`.
 pub(crate) fn known_keys(o: &Map<String, Value>, keys: &[&str], at: &str) -> Result<(), ApiError> {
     match o.keys().find(|k| !keys.contains(&k.as_str())) {
@@ -372,111 +382,6 @@ pub(crate) fn known_keys(o: &Map<String, Value>, keys: &[&str], at: &str) -> Res
         )),
         None => Ok(()),
     }
-}
-
-/// OpenAI's `response_format`: `text` (no constraint), `json_object`, or `json_schema`
-/// with its `schema` (`name`, `description` and `strict` are accepted; the output
-/// always follows the schema).
-fn response_format(v: &Value) -> Result<Option<Constraint>, ApiError> {
-    const P: &str = "response_format";
-    let o = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad(P, "`response_format` must be an object with a `type`"))?;
-    match o.get("type").and_then(Value::as_str) {
-        Some("text") => known_keys(o, &["type"], P).map(|_| None),
-        Some("json_object") => known_keys(o, &["type"], P).map(|_| Some(Constraint::JsonObject)),
-        Some("json_schema") => {
-            known_keys(o, &["type", "json_schema"], P)?;
-            const S: &str = "response_format.json_schema";
-            let js = o
-                .get("json_schema")
-                .and_then(Value::as_object)
-                .ok_or_else(|| {
-                    ApiError::bad(S, "`json_schema` must be an object with a `schema`")
-                })?;
-            known_keys(js, &["name", "description", "schema", "strict"], S)?;
-            let schema = js
-                .get("schema")
-                .filter(|s| !s.is_null())
-                .ok_or_else(|| ApiError::bad(S, "`json_schema` needs a `schema`"))?;
-            Ok(Some(json_schema(
-                "response_format.json_schema.schema",
-                schema,
-            )?))
-        }
-        Some(t) => Err(ApiError::bad(
-            "response_format.type",
-            format!("`response_format` type `{t}` is not one of text, json_object, json_schema"),
-        )),
-        None => Err(ApiError::bad(P, "`response_format` needs a string `type`")),
-    }
-}
-
-/// vLLM's `structured_outputs`: one of `json` (a schema), `json_object: true`, `regex`,
-/// `choice`, `grammar` (Lark).
-fn structured_outputs(v: &Value) -> Result<Option<Constraint>, ApiError> {
-    const P: &str = "structured_outputs";
-    let o = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad(P, "`structured_outputs` must be an object"))?;
-    known_keys(o, &["json", "json_object", "regex", "choice", "grammar"], P)?;
-    let mut found = Vec::new();
-    for (k, x) in o.iter().filter(|(_, x)| !x.is_null()) {
-        found.push(match k.as_str() {
-            "json" => json_schema("structured_outputs.json", x)?,
-            "regex" => Constraint::Regex(string("structured_outputs.regex", x)?),
-            "choice" => choice("structured_outputs.choice", x)?,
-            "grammar" => Constraint::Lark(string("structured_outputs.grammar", x)?),
-            _ => match x {
-                Value::Bool(true) => Constraint::JsonObject,
-                Value::Bool(false) => continue,
-                _ => {
-                    let m = "`json_object` must be a boolean";
-                    return Err(ApiError::bad("structured_outputs.json_object", m));
-                }
-            },
-        });
-    }
-    match found.len() {
-        0 => Ok(None),
-        1 => Ok(found.pop()),
-        _ => Err(ApiError::bad(
-            P,
-            "give one of `json`, `json_object`, `regex`, `choice`, `grammar`",
-        )),
-    }
-}
-
-/// A JSON schema given as an object or as its text.
-pub(crate) fn json_schema(name: &'static str, v: &Value) -> Result<Constraint, ApiError> {
-    match v {
-        Value::Object(_) => Ok(Constraint::JsonSchema(v.to_string())),
-        Value::String(s) => Ok(Constraint::JsonSchema(s.clone())),
-        _ => Err(ApiError::bad(
-            name,
-            format!("`{name}` must be a JSON schema object"),
-        )),
-    }
-}
-
-fn string(name: &'static str, v: &Value) -> Result<String, ApiError> {
-    v.as_str()
-        .map(str::to_string)
-        .ok_or_else(|| ApiError::bad(name, format!("`{name}` must be a string")))
-}
-
-fn choice(name: &'static str, v: &Value) -> Result<Constraint, ApiError> {
-    let rule = || {
-        ApiError::bad(
-            name,
-            format!("`{name}` must be a non-empty list of strings"),
-        )
-    };
-    let list = v.as_array().filter(|a| !a.is_empty()).ok_or_else(rule)?;
-    list.iter()
-        .map(|x| x.as_str().map(str::to_string).ok_or_else(rule))
-        .collect::<Result<Vec<_>, _>>()
-        .map(Constraint::Choice)
 }
 
 /// `model`: the model this server serves (`served`; a 404 otherwise), `required` or
@@ -529,7 +434,7 @@ fn logit_bias(f: Field<Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiError>
 }
 
 /// `stop`: a string or a list of at most 4, none empty.
-fn validate_stop(f: Field<Stop>) -> Result<StopMatcher, ApiError> {
+pub(crate) fn validate_stop(f: Field<Stop>) -> Result<StopMatcher, ApiError> {
     let rule = || "`stop` must be a string or a list of at most 4 strings".to_string();
     let stop = match f.get("stop", rule)? {
         None => Vec::new(),
@@ -540,13 +445,19 @@ fn validate_stop(f: Field<Stop>) -> Result<StopMatcher, ApiError> {
     StopMatcher::new(stop).map_err(|_| ApiError::bad("stop", "a `stop` string must not be empty"))
 }
 
-/// A completion's `prompt`: text, or token ids.
+/// A completion's `prompt`: text, token ids, or a batch of either (one choice, or `n`,
+/// per prompt, in order).
 #[derive(Deserialize)]
 #[serde(untagged)]
 pub(crate) enum Prompt {
     Text(String),
     Ids(Vec<u64>),
+    Texts(Vec<String>),
+    Batch(Vec<Vec<u64>>),
 }
+
+/// The most prompts one completion request may batch.
+pub(crate) const MAX_PROMPTS: usize = 256;
 
 /// The body of `/v1/completions`.
 #[derive(Default, Deserialize)]
@@ -568,36 +479,72 @@ pub(crate) enum PromptInput {
 }
 
 impl CompletionBody {
-    pub fn validate(self, served: &str, eos: &[u32]) -> Result<(PromptInput, Common), ApiError> {
-        let rule = || "`prompt` must be a string or a list of token ids".to_string();
-        let prompt = match self.prompt.get("prompt", rule)? {
+    /// The prompts (one, or a batch), and the common fields.
+    pub fn validate(
+        self,
+        served: &str,
+        eos: &[u32],
+    ) -> Result<(Vec<PromptInput>, Common), ApiError> {
+        let rule =
+            || "`prompt` must be a string, a list of token ids, or a list of either".to_string();
+        let prompts = match self.prompt.get("prompt", rule)? {
             None => return Err(ApiError::bad("prompt", "`prompt` is required")),
-            Some(Prompt::Text(t)) => PromptInput::Text(t),
+            Some(Prompt::Text(t)) => vec![PromptInput::Text(t)],
             Some(Prompt::Ids(ids)) if ids.is_empty() => {
                 return Err(ApiError::bad("prompt", rule()))
             }
-            Some(Prompt::Ids(ids)) => PromptInput::Ids(
-                ids.into_iter()
-                    .map(|t| {
-                        u32::try_from(t).map_err(|_| {
-                            ApiError::bad(
-                                "prompt",
-                                format!("token id {t} is outside the vocabulary (ids are 32-bit)"),
-                            )
-                        })
-                    })
-                    .collect::<Result<_, _>>()?,
-            ),
+            Some(Prompt::Ids(ids)) => vec![token_ids(ids)?],
+            Some(Prompt::Texts(t)) => t.into_iter().map(PromptInput::Text).collect(),
+            Some(Prompt::Batch(b)) => {
+                if b.iter().any(Vec::is_empty) {
+                    return Err(ApiError::bad("prompt", "a prompt of `prompt` is empty"));
+                }
+                b.into_iter().map(token_ids).collect::<Result<_, _>>()?
+            }
         };
+        if prompts.len() > MAX_PROMPTS {
+            return Err(ApiError::bad(
+                "prompt",
+                format!("`prompt` batches at most {MAX_PROMPTS} prompts"),
+            ));
+        }
         let mut c = self.common.validate(served, eos)?;
+        if prompts.len() > 1 && c.stream {
+            return Err(ApiError::bad(
+                "prompt",
+                "a batch of prompts is not streamed yet: send them one by one, or `stream: false`",
+            ));
+        }
+        c.default_length = DefaultLength::Server;
         c.params.sampling.logprobs = count(self.logprobs, "logprobs")?;
         c.echo = flag(self.echo, "echo")?;
         if c.echo {
             // The echoed prompt's tokens get log-probabilities too.
             c.params.sampling.prompt_logprobs = c.params.sampling.logprobs;
+            // Scoring a prompt (lm-evaluation-harness, vLLM's `max_tokens: 0`): the prompt
+            // alone. The engine runs one token, which the answer leaves out.
+            if c.max_tokens == Some(0) {
+                c.max_tokens = Some(1);
+                c.score_only = true;
+            }
         }
-        Ok((prompt, c))
+        Ok((prompts, c))
     }
+}
+
+/// A prompt's token ids, each 32-bit (their vocabulary is admission's to check).
+fn token_ids(ids: Vec<u64>) -> Result<PromptInput, ApiError> {
+    ids.into_iter()
+        .map(|t| {
+            u32::try_from(t).map_err(|_| {
+                ApiError::bad(
+                    "prompt",
+                    format!("token id {t} is outside the vocabulary (ids are 32-bit)"),
+                )
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map(PromptInput::Ids)
 }
 
 /// The body of `/v1/chat/completions`.
@@ -655,208 +602,6 @@ pub(crate) fn template_kwargs(f: Field<Value>) -> Result<Map<String, Value>, Api
     }
 }
 
-/// `messages`: a non-empty list of messages.
-fn messages(f: Field<Vec<Value>>) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = || "`messages` must be a non-empty list".to_string();
-    match f.get("messages", list)? {
-        Some(m) if !m.is_empty() => m.into_iter().enumerate().map(message).collect(),
-        _ => Err(ApiError::bad("messages", list())),
-    }
-}
-
-/// Message `i` as the chat template takes it: its role (`developer` read as `system`),
-/// its content as one text, and the fields of tool calling and reasoning.
-fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
-    let at = |key: &str| format!("messages[{i}]{key}");
-    let Value::Object(m) = m else {
-        return Err(ApiError::bad(
-            at(""),
-            format!("`messages[{i}]` must be an object with `role` and `content`"),
-        ));
-    };
-    fields::check(fields::MESSAGE, &m, &at("."))?;
-    let get = |k: &str| m.get(k).filter(|v| !v.is_null());
-    let role = get("role").unwrap_or(&Value::Null);
-    let role = match role.as_str() {
-        Some("system" | "developer") => "system",
-        Some("user") => "user",
-        Some("assistant") => "assistant",
-        Some("tool") => "tool",
-        _ if role.is_null() => {
-            return Err(ApiError::bad(
-                at(".role"),
-                format!("`messages[{i}].role` is required"),
-            ))
-        }
-        _ => {
-            let why = format!(
-                "`messages[{i}].role` must be one of `system`, `developer`, `user`, \
-                 `assistant`, `tool`, not {role}"
-            );
-            return Err(ApiError::bad(at(".role"), why));
-        }
-    };
-    // Fields that only some roles carry.
-    for (key, owner) in [
-        ("tool_calls", "assistant"),
-        ("reasoning_content", "assistant"),
-        ("tool_call_id", "tool"),
-    ] {
-        if get(key).is_some() && role != owner {
-            return Err(ApiError::bad(
-                at(&format!(".{key}")),
-                format!("`{key}` belongs to `{owner}` messages, not `{role}`"),
-            ));
-        }
-    }
-    // An assistant's missing content reads as empty: templates such as Qwen3's search
-    // the text of every assistant message.
-    let content = match get("content") {
-        None if role == "assistant" => Some(String::new()),
-        None => {
-            return Err(ApiError::bad(
-                at(".content"),
-                format!("`messages[{i}].content` is required"),
-            ))
-        }
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(Value::Array(parts)) => Some(
-            parts
-                .iter()
-                .enumerate()
-                .map(|(j, p)| text_part(p, &at(&format!(".content[{j}]"))))
-                .collect::<Result<String, _>>()?,
-        ),
-        Some(_) => {
-            return Err(ApiError::bad(
-                at(".content"),
-                format!("`messages[{i}].content` must be a string or a list of content parts"),
-            ))
-        }
-    };
-    let string = |key: &str| -> Result<Option<String>, ApiError> {
-        match get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(ApiError::bad(
-                at(&format!(".{key}")),
-                format!("`messages[{i}].{key}` must be a string"),
-            )),
-        }
-    };
-    let tool_call_id = string("tool_call_id")?;
-    if role == "tool" && tool_call_id.is_none() {
-        return Err(ApiError::bad(
-            at(".tool_call_id"),
-            format!("`messages[{i}].tool_call_id` is required: the call this answers"),
-        ));
-    }
-    let tool_calls = match get("tool_calls") {
-        None => Vec::new(),
-        Some(Value::Array(calls)) => calls
-            .iter()
-            .enumerate()
-            .map(|(j, c)| tool_call(c, &at(&format!(".tool_calls[{j}]"))))
-            .collect::<Result<_, _>>()?,
-        Some(_) => {
-            return Err(ApiError::bad(
-                at(".tool_calls"),
-                format!("`messages[{i}].tool_calls` must be a list of tool calls"),
-            ))
-        }
-    };
-    Ok(ChatMessage {
-        role: role.to_string(),
-        content,
-        name: string("name")?,
-        tool_calls,
-        tool_call_id,
-        reasoning_content: string("reasoning_content")?,
-    })
-}
-
-/// An assistant's tool call `c` (named `at`): `{"id", "type": "function", "function":
-/// {"name", "arguments"}}`, its arguments (a JSON text) parsed for the template.
-fn tool_call(c: &Value, at: &str) -> Result<ToolCall, ApiError> {
-    let shape = || {
-        ApiError::bad(
-            at.to_string(),
-            format!(
-                "`{at}` must be `{{\"id\": ..., \"type\": \"function\", \"function\": \
-                 {{\"name\": ..., \"arguments\": ...}}}}`"
-            ),
-        )
-    };
-    let o = c.as_object().ok_or_else(shape)?;
-    let f = o
-        .get("function")
-        .and_then(Value::as_object)
-        .ok_or_else(shape)?;
-    let unknown = o
-        .keys()
-        .find(|k| !matches!(k.as_str(), "id" | "type" | "function"))
-        .map(|k| format!("{at}.{k}"))
-        .or_else(|| {
-            f.keys()
-                .find(|k| !matches!(k.as_str(), "name" | "arguments"))
-                .map(|k| format!("{at}.function.{k}"))
-        });
-    if let Some(k) = unknown {
-        return Err(ApiError::bad(k.clone(), format!("unknown field `{k}`")));
-    }
-    if o.get("type").and_then(Value::as_str) != Some("function") {
-        return Err(shape());
-    }
-    let id = o.get("id").and_then(Value::as_str).ok_or_else(shape)?;
-    let name = f.get("name").and_then(Value::as_str).ok_or_else(shape)?;
-    let args = f
-        .get("arguments")
-        .and_then(Value::as_str)
-        .ok_or_else(shape)?;
-    let arguments = serde_json::from_str(args).map_err(|e| {
-        ApiError::bad(
-            format!("{at}.function.arguments"),
-            format!("`{at}.function.arguments` must be a JSON text: {e}"),
-        )
-    })?;
-    Ok(ToolCall {
-        id: id.to_string(),
-        kind: "function".into(),
-        function: FunctionCall {
-            name: name.to_string(),
-            arguments,
-        },
-    })
-}
-
-/// The text of content part `p` (named `at`): a `{"type": "text", "text": ...}` part.
-pub(crate) fn text_part<'a>(p: &'a Value, at: &str) -> Result<&'a str, ApiError> {
-    let shape = || {
-        ApiError::bad(
-            at.to_string(),
-            format!("`{at}` must be a content part `{{\"type\": \"text\", \"text\": ...}}`"),
-        )
-    };
-    let part = p.as_object().ok_or_else(shape)?;
-    match part.get("type").and_then(Value::as_str) {
-        Some("text") => {}
-        Some(other) => {
-            return Err(ApiError::bad(
-                format!("{at}.type"),
-                format!("content part type `{other}` is not supported: this model takes text"),
-            ))
-        }
-        None => return Err(shape()),
-    }
-    if let Some(k) = part.keys().find(|k| !matches!(k.as_str(), "type" | "text")) {
-        return Err(ApiError::bad(
-            format!("{at}.{k}"),
-            format!("unknown field `{at}.{k}` of a text part"),
-        ));
-    }
-    part.get("text").and_then(Value::as_str).ok_or_else(shape)
-}
-
 impl ChatBody {
     pub fn validate(self, served: &str, eos: &[u32]) -> Result<Chat, ApiError> {
         let messages = messages(self.messages)?;
@@ -876,17 +621,8 @@ impl ChatBody {
             given(self.tool_choice),
             given(self.parallel_tool_calls),
         )?;
+        // A forced call's grammar wins over `response_format` (see `tools::Tools::constraint`).
         if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
-            if c.params.constraint.is_some() {
-                let name = c.names.constraint;
-                return Err(ApiError::bad(
-                    name,
-                    format!(
-                        "`{name}` and `tool_choice` `required` or a named function both \
-                         constrain the output"
-                    ),
-                ));
-            }
             c.params.constraint = Some(forced);
             c.names.constraint = "tools";
         }
@@ -900,113 +636,11 @@ impl ChatBody {
     }
 }
 
-/// The body of `/tokenize` (vLLM's): a `prompt`, or `messages` rendered with the chat
-/// template.
-#[derive(Default, Deserialize)]
-#[serde(default)]
-pub(crate) struct TokenizeBody {
-    model: Field<String>,
-    prompt: Field<String>,
-    messages: Field<Vec<Value>>,
-    add_special_tokens: Field<bool>,
-    add_generation_prompt: Field<bool>,
-    tools: Field<Value>,
-    chat_template_kwargs: Field<Value>,
-}
-
-/// What `/tokenize` encodes.
-pub(crate) enum TokenizeInput {
-    Text(String),
-    Chat {
-        messages: Vec<ChatMessage>,
-        opts: ChatOptions,
-    },
-}
-
-impl TokenizeBody {
-    /// The input and whether to add the tokenizer's special tokens.
-    pub fn validate(self, served: &str) -> Result<(TokenizeInput, bool), ApiError> {
-        check_model(self.model, served, false)?;
-        let special = self.add_special_tokens.get("add_special_tokens", || {
-            "`add_special_tokens` must be a boolean".into()
-        })?;
-        let gen = self
-            .add_generation_prompt
-            .get("add_generation_prompt", || {
-                "`add_generation_prompt` must be a boolean".into()
-            })?;
-        let prompt = self
-            .prompt
-            .get("prompt", || "`prompt` must be a string".into())?;
-        let kwargs = template_kwargs(self.chat_template_kwargs)?;
-        let tools = Tools::read(given(self.tools), None, None)?;
-        if prompt.is_some() && (tools.is_some() || !kwargs.is_empty()) {
-            let p = if tools.is_some() {
-                "tools"
-            } else {
-                "chat_template_kwargs"
-            };
-            return Err(ApiError::bad(p, format!("`{p}` goes with `messages`")));
-        }
-        match (prompt, self.messages) {
-            (Some(_), Field::Given(_) | Field::Wrong) => Err(ApiError::bad(
-                "messages",
-                "give `prompt` or `messages`, not both",
-            )),
-            (Some(_), Field::Absent) if gen.is_some() => Err(ApiError::bad(
-                "add_generation_prompt",
-                "`add_generation_prompt` goes with `messages`",
-            )),
-            (Some(p), Field::Absent) => Ok((TokenizeInput::Text(p), special.unwrap_or(true))),
-            (None, Field::Absent) => Err(ApiError::bad(
-                "prompt",
-                "`prompt` (a string) or `messages` is required",
-            )),
-            (None, m) => Ok((
-                TokenizeInput::Chat {
-                    messages: messages(m)?,
-                    opts: ChatOptions {
-                        add_generation_prompt: gen.unwrap_or(true),
-                        tools: tools.map(|t| t.defs),
-                        kwargs,
-                    },
-                },
-                special.unwrap_or(false),
-            )),
-        }
-    }
-}
-
-/// The body of `/detokenize` (vLLM's).
-#[derive(Default, Deserialize)]
-#[serde(default)]
-pub(crate) struct DetokenizeBody {
-    model: Field<String>,
-    tokens: Field<Vec<u64>>,
-}
-
-impl DetokenizeBody {
-    /// The token ids, each below `vocab_size`.
-    pub fn validate(self, served: &str, vocab_size: usize) -> Result<Vec<u32>, ApiError> {
-        check_model(self.model, served, false)?;
-        let ids = self
-            .tokens
-            .get("tokens", || "`tokens` must be a list of token ids".into())?
-            .ok_or_else(|| ApiError::bad("tokens", "`tokens` is required"))?;
-        ids.into_iter()
-            .map(|t| match u32::try_from(t) {
-                Ok(id) if (id as usize) < vocab_size => Ok(id),
-                _ => Err(ApiError::bad(
-                    "tokens",
-                    format!("token id {t} is outside the vocabulary (size {vocab_size})"),
-                )),
-            })
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use encore_core::tokenizer::{FunctionCall, ToolCall};
+
+    use crate::tokenize::{DetokenizeBody, TokenizeBody, TokenizeInput};
     use serde_json::json;
 
     use super::*;
@@ -1185,9 +819,9 @@ mod tests {
             ),
             (
                 json!([{"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
-                         "function": {"name": "f", "arguments": "{oops"}}]}]),
-                "messages[0].tool_calls[0].function.arguments",
-                "JSON text",
+                         "function": {"name": "f", "arguments": {"a": 1}}}]}]),
+                "messages[0].tool_calls[0]",
+                "arguments",
             ),
             (
                 json!([{"role": "user", "content": "x", "weight": 1}]),
@@ -1212,19 +846,26 @@ mod tests {
                 c.validate("m", &[])
             })
         };
-        assert!(
-            common(json!({"include_usage": true}))
-                .unwrap()
-                .1
-                .include_usage
+        assert!(common(json!({"include_usage": true})).unwrap().1.usage.last);
+        let both = json!({"include_usage": true, "continuous_usage_stats": true});
+        assert_eq!(
+            common(both).unwrap().1.usage,
+            StreamUsage {
+                last: true,
+                every: true
+            }
         );
         assert_eq!(
             param(common(json!({"include_usage": 1}))),
             "stream_options.include_usage"
         );
         assert_eq!(
-            param(common(json!({"continuous_usage_stats": true}))),
+            param(common(json!({"continuous_usage_stats": "yes"}))),
             "stream_options.continuous_usage_stats"
+        );
+        assert_eq!(
+            param(common(json!({"include_obfuscation": true}))),
+            "stream_options.include_obfuscation"
         );
     }
 

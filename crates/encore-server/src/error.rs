@@ -1,12 +1,18 @@
 //! OpenAI-style error responses: `{"error": {message, type, param, code}}` with the
 //! status code, for a bad field (400, naming it), an admission refusal (400, naming the
 //! parameter it concerns), an unknown model (404), a missing key (401), a body over the
-//! limit (413), a full queue or a shutdown (503) and an engine failure (500).
+//! limit (413), a full queue or a shutdown (503) and an engine failure (500). Every
+//! refusal (a 4xx) is logged at `info` ([`log_refusals`]), naming the field, not the
+//! body.
 
 use std::borrow::Cow;
 
+use std::net::SocketAddr;
+
 use axum::extract::rejection::JsonRejection;
+use axum::extract::{ConnectInfo, Request};
 use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use encore_core::request::{Param, Refusal};
@@ -86,7 +92,9 @@ impl ApiError {
     /// with an error).
     pub fn body(&self) -> Value {
         let code = match self.status {
-            StatusCode::NOT_FOUND => json!("model_not_found"),
+            StatusCode::NOT_FOUND if self.param.as_deref() == Some("model") => {
+                json!("model_not_found")
+            }
             StatusCode::UNAUTHORIZED => json!("invalid_api_key"),
             _ => Value::Null,
         };
@@ -98,8 +106,49 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut r = (self.status, Json(self.body())).into_response();
+        r.extensions_mut().insert(self.refusal());
+        r
     }
+}
+
+/// What the log says of a refused request: the field at fault (never the body's
+/// values), carried from the error to [`log_refusals`] as a response extension.
+#[derive(Clone, Debug)]
+pub(crate) struct Refused {
+    pub param: Option<Cow<'static, str>>,
+    pub kind: &'static str,
+}
+
+impl ApiError {
+    /// The refusal the log tells of.
+    pub fn refusal(&self) -> Refused {
+        Refused {
+            param: self.param.clone(),
+            kind: self.kind,
+        }
+    }
+}
+
+/// Log every refused request (a 4xx) at `info`: its method and path, the status, the
+/// field at fault when there is one, and the client's address; never its body.
+pub(crate) async fn log_refusals(req: Request, next: Next) -> Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let client = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or_else(|| "unknown".to_string(), |c| c.0.to_string());
+    let r = next.run(req).await;
+    if r.status().is_client_error() {
+        let refusal = r.extensions().get::<Refused>();
+        let field = refusal.and_then(|f| f.param.as_deref()).unwrap_or("-");
+        let kind = refusal.map_or("-", |f| f.kind);
+        tracing::info!(
+            "refused {method} {path} from {client}: {} {kind}, field {field}",
+            r.status().as_u16()
+        );
+    }
+    r
 }
 
 /// The request body, or the rejection as an OpenAI-style error (413 for a body over the

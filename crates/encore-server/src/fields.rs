@@ -100,7 +100,11 @@ const MODEL: Rule = honored(
 );
 const MAX_TOKENS: Rule = honored(
     "max_tokens",
-    "the most tokens to generate; default 16, shrunk to the room the context leaves",
+    "the most tokens to generate; default 16 (as OpenAI's and vLLM's), shrunk to the room the context leaves; 0 only with `echo` (the prompt scored alone)",
+);
+const CHAT_MAX_TOKENS: Rule = honored(
+    "max_tokens",
+    "the most tokens to generate; default: to the context's end (the context less the prompt), as OpenAI's and vLLM's",
 );
 const MAX_COMPLETION_TOKENS: Rule = honored(
     "max_completion_tokens",
@@ -130,12 +134,44 @@ const STOP_TOKEN_IDS: Rule = honored(
 );
 const IGNORE_EOS: Rule = honored(
     "ignore_eos",
-    "generate past the model's end tokens (vLLM extension)",
+    "generate past the model's end tokens, up to `max_tokens` (vLLM extension; guidellm sends it)",
 );
 const STREAM: Rule = honored("stream", "server-sent events");
+/// vLLM's sampling extensions the server does not honor yet: refused by name, their
+/// defaults accepted.
+const MIN_TOKENS: Rule = refused(
+    "min_tokens",
+    NoOp::Is("0"),
+    "`min_tokens` (vLLM extension) is not supported yet: the engine does not hold back the end tokens; for a set length give `ignore_eos` with `max_tokens`",
+);
+const RETURN_TOKEN_IDS: Rule = refused(
+    "return_token_ids",
+    NoOp::False,
+    "`return_token_ids` (vLLM extension) is not supported yet: a whole answer's choices carry their `token_ids` already",
+);
+const PROMPT_LOGPROBS: Rule = refused(
+    "prompt_logprobs",
+    NoOp::Nothing,
+    "`prompt_logprobs` (vLLM extension) is not supported yet: on /v1/completions, `echo` with `logprobs` scores the prompt",
+);
+const SKIP_SPECIAL_TOKENS: Rule = refused(
+    "skip_special_tokens",
+    NoOp::Is("true"),
+    "`skip_special_tokens: false` (vLLM extension) is not supported yet: the text leaves special tokens out",
+);
+const SPACES_BETWEEN_SPECIAL_TOKENS: Rule = refused(
+    "spaces_between_special_tokens",
+    NoOp::Is("true"),
+    "`spaces_between_special_tokens: false` (vLLM extension) is not supported yet",
+);
+const TRUNCATE_PROMPT_TOKENS: Rule = refused(
+    "truncate_prompt_tokens",
+    NoOp::Nothing,
+    "`truncate_prompt_tokens` (vLLM extension) is not supported: a prompt longer than the context is refused, not cut",
+);
 const STREAM_OPTIONS: Rule = honored(
     "stream_options",
-    "`include_usage` adds a final usage chunk; other keys are refused",
+    "only with `stream: true` (a 400 otherwise, as OpenAI); `include_usage` adds a final usage chunk, vLLM's `continuous_usage_stats` a `usage` object to every chunk; other keys are refused",
 );
 const N: Rule = honored(
     "n",
@@ -172,13 +208,16 @@ const CHAT_TEMPLATE_KWARGS: Rule = honored(
 );
 const TOOLS: Rule = honored(
     "tools",
-    "`{\"type\": \"function\", \"function\": {name, description, parameters, strict}}` each, rendered by the chat template (refused when it renders none)",
+    "`{\"type\": \"function\", \"function\": {name, description, parameters, strict}}` each, rendered by the chat template; when it renders none, described in a generic system prompt (calls as `[{\"name\", \"parameters\"}]`, as llama.cpp's generic format), where `tool_choice` must force the call (`auto` is refused)",
 );
 
 /// `POST /v1/completions`.
 pub(crate) const COMPLETIONS: &[Rule] = &[
     MODEL,
-    honored("prompt", "required: a string, or a list of token ids"),
+    honored(
+        "prompt",
+        "required: a string, a list of token ids, or a batch (a list of either, at most 256; not streamed yet): `n` choices per prompt, choice `i * n + j` sample `j` of prompt `i`",
+    ),
     MAX_TOKENS,
     MAX_COMPLETION_TOKENS,
     TEMPERATURE,
@@ -192,6 +231,12 @@ pub(crate) const COMPLETIONS: &[Rule] = &[
     STOP,
     STOP_TOKEN_IDS,
     IGNORE_EOS,
+    MIN_TOKENS,
+    RETURN_TOKEN_IDS,
+    PROMPT_LOGPROBS,
+    SKIP_SPECIAL_TOKENS,
+    SPACES_BETWEEN_SPECIAL_TOKENS,
+    TRUNCATE_PROMPT_TOKENS,
     STREAM,
     STREAM_OPTIONS,
     honored(
@@ -202,7 +247,7 @@ pub(crate) const COMPLETIONS: &[Rule] = &[
     refused("best_of", NoOp::One, "`best_of` is not supported; use `n`"),
     honored(
         "echo",
-        "each choice's text starts with the prompt (whole, or in each choice's first chunk); with `logprobs`, the prompt's tokens lead the log-probabilities (the first with `null`), computed as the prompt runs (no prefix-cache reuse for it)",
+        "each choice's text starts with the prompt (whole, or in each choice's first chunk); with `logprobs`, the prompt's tokens lead the log-probabilities (the first with `null`), computed as the prompt runs (no prefix-cache reuse for it); with `max_tokens: 0` (vLLM's prompt scoring, as lm-evaluation-harness and scoring scripts send it), the prompt alone, `finish_reason` `length`",
     ),
     refused("suffix", NoOp::Empty, "`suffix` is not supported yet"),
     LOGIT_BIAS,
@@ -222,7 +267,7 @@ pub(crate) const CHAT: &[Rule] = &[
         "messages",
         "required, non-empty: rendered with the model's chat template (see the message table)",
     ),
-    MAX_TOKENS,
+    CHAT_MAX_TOKENS,
     MAX_COMPLETION_TOKENS,
     TEMPERATURE,
     TOP_P,
@@ -235,6 +280,12 @@ pub(crate) const CHAT: &[Rule] = &[
     STOP,
     STOP_TOKEN_IDS,
     IGNORE_EOS,
+    MIN_TOKENS,
+    RETURN_TOKEN_IDS,
+    PROMPT_LOGPROBS,
+    SKIP_SPECIAL_TOKENS,
+    SPACES_BETWEEN_SPECIAL_TOKENS,
+    TRUNCATE_PROMPT_TOKENS,
     STREAM,
     STREAM_OPTIONS,
     honored("logprobs", "`true`: the sampled token's log-probability"),
@@ -249,7 +300,7 @@ pub(crate) const CHAT: &[Rule] = &[
     TOOLS,
     honored(
         "tool_choice",
-        "`auto` (default with tools: calls read from the model's format, `--tool-call-parser`), `none` (tools not rendered), `required` or `{\"type\": \"function\", \"function\": {\"name\": ...}}` (both forced by a grammar)",
+        "`auto` (default with tools: calls read from the model's format, `--tool-call-parser`), `none` (tools not rendered), `required` or `{\"type\": \"function\", \"function\": {\"name\": ...}}` (both forced by a grammar, which wins over `response_format`: the output is the call)",
     ),
     honored(
         "parallel_tool_calls",
@@ -326,7 +377,7 @@ pub(crate) const RESPONSES: &[Rule] = &[
     ),
     honored(
         "max_output_tokens",
-        "the most tokens to generate; default 16, shrunk to the room the context leaves; reaching it makes the response `incomplete`",
+        "the most tokens to generate; default: to the context's end (the context less the prompt), as OpenAI's and vLLM's; reaching it makes the response `incomplete`",
     ),
     TEMPERATURE,
     TOP_P,
@@ -346,7 +397,7 @@ pub(crate) const RESPONSES: &[Rule] = &[
     ),
     honored(
         "tool_choice",
-        "`auto` (default with tools), `none`, `required` or `{\"type\": \"function\", \"name\": ...}`, as in chat completions",
+        "`auto` (default with tools), `none`, `required` or `{\"type\": \"function\", \"name\": ...}`, as in chat completions (a forced call wins over `text.format`)",
     ),
     honored(
         "parallel_tool_calls",
@@ -413,6 +464,14 @@ pub(crate) const RESPONSES: &[Rule] = &[
     USER,
     logged("prompt_cache_key", Shape::String),
     logged("safety_identifier", Shape::String),
+    honored(
+        "stop",
+        "a string or a list of at most 4: the text ends before the first to occur (vLLM extension; guidellm sends it)",
+    ),
+    honored(
+        "ignore_eos",
+        "generate past the model's end tokens, up to `max_output_tokens` (vLLM extension; guidellm sends it)",
+    ),
 ];
 
 /// What `/v1/messages` and `/v1/messages/count_tokens` share.
@@ -422,7 +481,7 @@ const ANTHROPIC_MODEL: Rule = honored(
 );
 const ANTHROPIC_MESSAGES: Rule = honored(
     "messages",
-    "required, non-empty: `user` and `assistant` turns, `content` a string or blocks: `text` (`cache_control` accepted: prefix caching is automatic), `tool_use` (assistant), `tool_result` (user: a `tool` message; `is_error` writes `Error: ` before its text), `thinking` (assistant: its reasoning); other block types are refused",
+    "required, non-empty: `user` and `assistant` turns, `content` a string or blocks: `text` (`cache_control` accepted: prefix caching is automatic), `tool_use` (assistant; the `caller` and `toolset_name` the SDK sends back as `null` are accepted), `tool_result` (user: a `tool` message; `is_error` writes `Error: ` before its text), `thinking` (assistant: its reasoning), `redacted_thinking` (assistant: opaque, so left out of the prompt); other block types are refused",
 );
 const ANTHROPIC_SYSTEM: Rule = honored(
     "system",
@@ -434,7 +493,7 @@ const ANTHROPIC_TOOLS: Rule = honored(
 );
 const ANTHROPIC_TOOL_CHOICE: Rule = honored(
     "tool_choice",
-    "`auto` (default with tools), `any` and `tool` (`name`) forced by a grammar, `none` (tools not rendered); `disable_parallel_tool_use`: one call at most",
+    "`auto` (default with tools), `any` and `tool` (`name`) forced by a grammar (which wins over `output_config.format`: the output is the call), `none` (tools not rendered); `disable_parallel_tool_use`: one call at most",
 );
 const ANTHROPIC_THINKING: Rule = honored(
     "thinking",
@@ -545,7 +604,7 @@ pub(crate) const MESSAGE: &[Rule] = &[
     honored("name", "a string, passed to the chat template"),
     honored(
         "tool_calls",
-        "`assistant` only: `{id, type: \"function\", function: {name, arguments}}` each, `arguments` a JSON text (the template gets it parsed)",
+        "`assistant` only: `{id, type: \"function\", function: {name, arguments}}` each, `arguments` any string, as OpenAI takes it: a JSON text reaches the template parsed, anything else (a call cut off by `length`) as the string it is",
     ),
     honored(
         "tool_call_id",
@@ -555,6 +614,20 @@ pub(crate) const MESSAGE: &[Rule] = &[
         "reasoning_content",
         "`assistant` only: its reasoning, passed to the chat template",
     ),
+    honored(
+        "refusal",
+        "`assistant` only: a refusal the model wrote, rendered as the message's content when it has none (the openai client sends `refusal: null` back with each assistant message)",
+    ),
+    refused(
+        "annotations",
+        NoOp::Empty,
+        "`annotations` (URL citations) are not supported: the server does not search the web",
+    ),
+    refused(
+        "audio",
+        NoOp::Nothing,
+        "`audio` is not supported: this model takes and writes text",
+    ),
     refused(
         "function_call",
         NoOp::Nothing,
@@ -563,8 +636,13 @@ pub(crate) const MESSAGE: &[Rule] = &[
 ];
 
 /// A `stream_options` object.
-pub(crate) const STREAM_OPTION_KEYS: &[Rule] =
-    &[honored("include_usage", "a final chunk with the usage")];
+pub(crate) const STREAM_OPTION_KEYS: &[Rule] = &[
+    honored("include_usage", "a final chunk with the usage"),
+    honored(
+        "continuous_usage_stats",
+        "every chunk carries a `usage` object: the prompt's tokens and its choice's tokens so far (vLLM extension; guidellm sends it)",
+    ),
+];
 
 /// `POST /tokenize` (vLLM's).
 pub(crate) const TOKENIZE: &[Rule] = &[
@@ -660,6 +738,7 @@ mod tests {
             ("`POST /v1/completions`", COMPLETIONS),
             ("`POST /v1/chat/completions`", CHAT),
             ("A chat message (`messages[i]`)", MESSAGE),
+            ("A stream's options (`stream_options`)", STREAM_OPTION_KEYS),
             ("`POST /v1/responses`", RESPONSES),
             ("`POST /v1/messages`", MESSAGES),
             ("`POST /v1/messages/count_tokens`", COUNT_TOKENS),

@@ -4,7 +4,7 @@
 //! (`whole`) or as a stream (`stream`). An [`AbortGuard`] aborts the request in the engine
 //! when its answer is dropped before the end (a client that went away).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
@@ -19,9 +19,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use encore_core::tokenizer::ChatOptions;
 
-use crate::body::{read, Chat, ChatBody, Common, CompletionBody, PromptInput};
+use crate::body::{read, Chat, ChatBody, Common, CompletionBody, DefaultLength, PromptInput};
 use crate::error::ApiError;
 use crate::fields;
+use crate::generic_tools;
 use crate::output::{Kind, Reply};
 use crate::parse::{CallIds, CallMode, ChatParser, ToolFormat};
 use crate::tools::ToolChoice;
@@ -33,35 +34,49 @@ pub(crate) async fn completions(
 ) -> Response {
     let valid = read::<CompletionBody>(body, fields::COMPLETIONS)
         .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
-        .and_then(|(prompt, c)| {
-            let (ids, text) = match prompt {
-                PromptInput::Ids(ids) => (ids, None),
-                PromptInput::Text(p) => {
-                    let ids = s
-                        .tokenizer
-                        .encode(&p, true)
-                        .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
-                    (ids, Some(p))
-                }
-            };
-            // `echo`: the prompt as given, or its token ids written out.
-            let echo = match (c.echo, text) {
-                (false, _) => None,
-                (true, Some(t)) => Some(t),
-                (true, None) => Some(
-                    s.tokenizer
-                        .decode(&ids, false)
-                        .map_err(|e| ApiError::bad("prompt", e.to_string()))?,
-                ),
-            };
-            Ok((ids, c, echo))
+        .and_then(|(prompts, c)| {
+            let prompts = prompts
+                .into_iter()
+                .map(|p| prompted(&s, p, c.echo))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((prompts, c))
         });
     match valid {
-        Ok((prompt, c, echo)) => {
-            generate(s, c, prompt, Kind::Completion, None, echo, Api::OpenAi).await
-        }
+        Ok((prompts, c)) => generate_all(s, c, prompts, Kind::Completion, None, Api::OpenAi).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// A completion's prompt as token ids, and with `echo` the text its choices start with:
+/// the prompt as given, or its token ids written out.
+fn prompted(s: &AppState, prompt: PromptInput, echo: bool) -> Result<Prompted, ApiError> {
+    let (ids, text) = match prompt {
+        PromptInput::Ids(ids) => (ids, None),
+        PromptInput::Text(p) => {
+            let ids = s
+                .tokenizer
+                .encode(&p, true)
+                .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
+            (ids, Some(p))
+        }
+    };
+    let echo = match (echo, text) {
+        (false, _) => None,
+        (true, Some(t)) => Some(t),
+        (true, None) => Some(
+            s.tokenizer
+                .decode(&ids, false)
+                .map_err(|e| ApiError::bad("prompt", e.to_string()))?,
+        ),
+    };
+    Ok(Prompted { ids, echo })
+}
+
+/// One prompt of a request: its token ids, and for completions' `echo` the text its
+/// choices start with.
+pub(crate) struct Prompted {
+    pub ids: Vec<u32>,
+    pub echo: Option<String>,
 }
 
 pub(crate) async fn chat_completions(
@@ -72,9 +87,7 @@ pub(crate) async fn chat_completions(
         .and_then(|b| b.validate(&s.cfg.served_model_name, &s.eos))
         .and_then(|chat| chat_prompt(&s, chat));
     match valid {
-        Ok((prompt, c, out)) => {
-            generate(s, c, prompt, Kind::Chat, Some(out), None, Api::OpenAi).await
-        }
+        Ok((prompt, c, out)) => generate(s, c, prompt, Kind::Chat, Some(out), Api::OpenAi).await,
         Err(e) => e.into_response(),
     }
 }
@@ -93,36 +106,39 @@ pub(crate) fn chat_prompt(
     } = chat;
     // `tool_choice: none`: the tools are not shown and nothing is read as a call.
     let tools = tools.filter(|t| t.choice != ToolChoice::None);
+    // A template that renders no tools gets the generic tool prompt (`generic_tools`).
+    let generic = !s.chat.template_takes_tools;
     let calls = match &tools {
         None => None,
-        Some(t) => {
-            if !s.chat.template_takes_tools {
+        Some(t) => Some(match &t.choice {
+            ToolChoice::Required => CallMode::Required,
+            ToolChoice::Named(name) => CallMode::Named(name.clone()),
+            _ if generic => {
                 return Err(ApiError::bad(
-                    "tools",
-                    "this model's chat template does not render tools, so the model would \
-                     not see them",
-                ));
+                    "tool_choice",
+                    "this model's chat template does not render tools: the server \
+                         describes them in a generic prompt, where a call must be forced: \
+                         give `tool_choice` `required` or a function",
+                ))
             }
-            Some(match &t.choice {
-                ToolChoice::Required => CallMode::Required,
-                ToolChoice::Named(name) => CallMode::Named(name.clone()),
-                _ => match s.chat.tool_format {
-                    Some(f) => CallMode::Native(f),
-                    None => {
-                        return Err(ApiError::bad(
-                            "tools",
-                            "no tool-call format is known for this model's chat template: \
+            _ => match s.chat.tool_format {
+                Some(f) => CallMode::Native(f),
+                None => {
+                    return Err(ApiError::bad(
+                        "tools",
+                        "no tool-call format is known for this model's chat template: \
                              start the server with `--tool-call-parser`",
-                        ))
-                    }
-                },
-            })
-        }
+                    ))
+                }
+            },
+        }),
     };
     let first_only = tools.as_ref().is_some_and(|t| !t.parallel);
+    let defs = tools.map(|t| t.defs);
+    let (messages, defs) = generic_tools::for_template(s, messages, defs);
     let opts = ChatOptions {
         add_generation_prompt: true,
-        tools: tools.map(|t| t.defs),
+        tools: defs,
         kwargs,
     };
     let text = s
@@ -191,8 +207,8 @@ pub(crate) fn thinking_switch(
 pub(crate) struct Form {
     pub reply: Reply,
     pub chat: Option<ChatOut>,
-    /// Completions' `echo`: the prompt text each choice starts with.
-    pub echo: Option<String>,
+    /// Completions' `echo` with `max_tokens: 0` (see [`Common::score_only`]).
+    pub score_only: bool,
     pub api: Api,
 }
 
@@ -286,52 +302,83 @@ impl ChatOut {
 /// Admit a valid request of `prompt` and answer it in `api`, whole or streamed.
 pub(crate) async fn generate(
     s: Arc<AppState>,
-    mut c: Common,
+    c: Common,
     prompt: Vec<u32>,
     kind: Kind,
     chat: Option<ChatOut>,
-    echo: Option<String>,
+    api: Api,
+) -> Response {
+    let prompt = Prompted {
+        ids: prompt,
+        echo: None,
+    };
+    generate_all(s, c, vec![prompt], kind, chat, api).await
+}
+
+/// Admit a valid request of `prompts` (`n` choices each, in order: choice `i * n + j` is
+/// sample `j` of prompt `i`) and answer it in `api`, whole or streamed (one prompt).
+pub(crate) async fn generate_all(
+    s: Arc<AppState>,
+    mut c: Common,
+    mut prompts: Vec<Prompted>,
+    kind: Kind,
+    chat: Option<ChatOut>,
     api: Api,
 ) -> Response {
     s.requests_total.fetch_add(1, Ordering::Relaxed);
-    if let Some((e, retry)) = busy(&s) {
-        let mut r = api.error(e);
-        if retry {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    let n = c.n;
+    let mut slots = match reserve(&s, n * prompts.len()) {
+        Ok(slots) => slots,
+        Err((e, retry)) => {
+            let mut r = api.error(e);
+            if retry {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            }
+            return r;
         }
-        return r;
-    }
+    };
     c.params.sampling.seed = c.seed.unwrap_or_else(|| {
         s.next_id
             .fetch_add(1, Ordering::Relaxed)
             .wrapping_mul(0x9e37_79b9_7f4a_7c15)
     });
-    c.params.max_tokens = c.max_tokens.unwrap_or_else(|| {
-        // Not asked for: as many as the context and the cache leave, up to the default.
-        let room = s.engine.max_seq_len.min(s.engine.kv_capacity_tokens);
-        s.cfg
-            .default_max_tokens
-            .min(room.saturating_sub(prompt.len()).max(1))
-    });
-    // `n` samples: one request each, in order, sharing the prompt (computed once).
-    let n = c.n;
-    let first = s.next_id.fetch_add(n as u64, Ordering::Relaxed);
-    let mut children = Vec::with_capacity(n);
-    for i in 0..n {
+    // `n` samples of each prompt: one request each, in order, sharing their prompt
+    // (computed once).
+    let first = s
+        .next_id
+        .fetch_add((n * prompts.len()) as u64, Ordering::Relaxed);
+    let mut children = Vec::with_capacity(n * prompts.len());
+    for (p, prompt) in prompts.iter().enumerate() {
         let mut params = c.params.clone();
-        params.sampling.seed = params.sampling.seed.wrapping_add(i as u64);
-        params.share_prompt = (n > 1).then_some(first);
-        let req = Request {
-            id: first + i as u64,
-            prompt: prompt.clone(),
-            params,
-        };
-        // A refusal drops the children already admitted, which aborts them.
-        match admit(&s.engine, req).await {
-            Ok(x) => children.push(x),
-            Err(Admission::Refused(r)) => return api.error(ApiError::refused(&r, c.names)),
-            Err(Admission::Failed(e)) => return api.error(e),
+        params.max_tokens = c.max_tokens.unwrap_or_else(|| {
+            // Not asked for: as many as the context and the cache leave (a prompt that
+            // leaves none is admission's to refuse), up to the server's default where
+            // the endpoint has one.
+            let room = s.engine.max_seq_len.min(s.engine.kv_capacity_tokens);
+            let room = room.saturating_sub(prompt.ids.len()).max(1);
+            match c.default_length {
+                DefaultLength::Server => s.cfg.default_max_tokens.min(room),
+                DefaultLength::Context => room,
+            }
+        });
+        let group = first + (p * n) as u64;
+        for i in 0..n {
+            let mut params = params.clone();
+            params.sampling.seed = params.sampling.seed.wrapping_add(i as u64);
+            params.share_prompt = (n > 1).then_some(group);
+            let req = Request {
+                id: group + i as u64,
+                prompt: prompt.ids.clone(),
+                params,
+            };
+            let slot = slots.pop().expect("a slot per sample");
+            // A refusal drops the children already admitted, which aborts them.
+            match admit(&s.engine, req, slot).await {
+                Ok(x) => children.push(x),
+                Err(Admission::Refused(r)) => return api.error(ApiError::refused(&r, c.names)),
+                Err(Admission::Failed(e)) => return api.error(e),
+            }
         }
     }
     let reply = Reply::new(kind, first, s.cfg.served_model_name.clone());
@@ -342,35 +389,69 @@ pub(crate) async fn generate(
     let form = Form {
         reply,
         chat,
-        echo,
+        score_only: c.score_only,
         api,
     };
-    if c.stream {
-        crate::stream::respond(&s, children, prompt, c.stop, c.include_usage, form)
-    } else {
-        crate::whole::respond(&s, children, prompt, c.stop, form).await
+    match prompts.pop() {
+        Some(one) if c.stream && prompts.is_empty() => {
+            crate::stream::respond(&s, children, one, c.stop, c.usage, form)
+        }
+        Some(last) => {
+            prompts.push(last);
+            crate::whole::respond(&s, children, &prompts, c.stop, form).await
+        }
+        None => ApiError::bad("prompt", "`prompt` is required").into_response(),
     }
 }
 
 /// One admitted choice of a request: the guard that aborts it, and its events.
 pub(crate) type Child = (AbortGuard, mpsc::UnboundedReceiver<Event>);
 
-/// A 503 when the server drains or its queue is full (then with `Retry-After`: `true`).
-fn busy(s: &AppState) -> Option<(ApiError, bool)> {
-    if s.draining.load(Ordering::SeqCst) {
-        return Some((ApiError::shutting_down(), false));
+/// One request's place in the engine, held from admission to its end: while
+/// `--max-waiting` is set, the server's requests in the engine number at most
+/// `max_num_seqs` running plus that many waiting.
+pub(crate) struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
-    if let Some(limit) = s.cfg.max_waiting {
-        let waiting = s.engine.metrics.requests_waiting.load(Ordering::Relaxed) as usize;
-        if waiting >= limit {
-            let e = ApiError::server(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the server is at capacity ({waiting} requests waiting); retry shortly"),
-            );
-            return Some((e, true));
+}
+
+/// The engine's places for the `n` samples of a request, taken in one step (so a burst
+/// of requests cannot all pass the check before any is counted); a 503 when the server
+/// drains or its queue is full (then with `Retry-After`: `true`). The engine's count of
+/// waiting requests, as of its last step, is checked too: requests wait there beyond
+/// `max_num_seqs` when the KV cache is short.
+fn reserve(s: &AppState, n: usize) -> Result<Vec<Slot>, (ApiError, bool)> {
+    if s.draining.load(Ordering::SeqCst) {
+        return Err((ApiError::shutting_down(), false));
+    }
+    let full = |waiting: usize| {
+        let e = ApiError::server(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the server is at capacity ({waiting} requests waiting); retry shortly"),
+        );
+        (e, true)
+    };
+    match s.cfg.max_waiting {
+        None => {
+            s.in_engine.fetch_add(n, Ordering::AcqRel);
+        }
+        Some(limit) => {
+            let waiting = s.engine.metrics.requests_waiting.load(Ordering::Relaxed) as usize;
+            if waiting >= limit {
+                return Err(full(waiting));
+            }
+            let cap = s.engine.max_num_seqs + limit;
+            s.in_engine
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                    (held + n <= cap).then_some(held + n)
+                })
+                .map_err(|held| full((held + n).saturating_sub(s.engine.max_num_seqs)))?;
         }
     }
-    None
+    Ok((0..n).map(|_| Slot(Arc::clone(&s.in_engine))).collect())
 }
 
 /// Why a request did not get into the engine.
@@ -384,6 +465,7 @@ enum Admission {
 async fn admit(
     engine: &Arc<EngineHandle>,
     req: Request,
+    slot: Slot,
 ) -> Result<(AbortGuard, mpsc::UnboundedReceiver<Event>), Admission> {
     let id = req.id;
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
@@ -408,6 +490,7 @@ async fn admit(
         id,
         done: false,
         stopped,
+        _slot: slot,
     };
     match verdict_rx.await {
         Ok(Ok(())) => Ok((guard, rx)),
@@ -434,6 +517,8 @@ pub(crate) struct AbortGuard {
     pub done: bool,
     /// Set when a stop string ended the text (shared with the request's sink).
     stopped: Arc<AtomicBool>,
+    /// Its place in the engine, given back with the guard.
+    _slot: Slot,
 }
 
 impl AbortGuard {

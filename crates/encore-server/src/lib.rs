@@ -1,30 +1,34 @@
 //! encore-server: the OpenAI-compatible HTTP API over the engine loop
 //! (`encore_core::serve::EngineHandle`): `/v1/completions` and `/v1/chat/completions`
 //! (streaming as server-sent events, or whole), vLLM's `/tokenize` and `/detokenize`,
-//! `/v1/models`, `/health` and `/metrics` (Prometheus text). Every field of a request body
-//! is honored, accepted and logged, or refused with a 400 naming it, by one table per
-//! endpoint (`fields`): no field is silently ignored. Bodies are then read as typed
-//! structs validated at the edge (`body`); what depends on the engine is checked once, at
-//! admission, whose typed refusal the server maps to its 400: a bad field or a refused
-//! parameter is a 400 with an OpenAI-style error body naming it; an unknown model a 404;
-//! a missing or wrong bearer token a 401 when an API key is set; a body over the limit a
-//! 413. A client that goes away aborts
-//! its request, which frees its KV blocks within a step. [`serve`] shuts down
-//! gracefully: it stops accepting, lets the requests in flight finish for a grace period,
-//! then ends the rest.
+//! `/v1/models` and `/v1/models/{model}`, `/health` and `/metrics` (Prometheus text).
+//! Every field of a request body is honored, accepted and logged, or refused with a 400
+//! naming it, by one table per endpoint (`fields`): no field is silently ignored.
+//! Bodies are then read as typed structs validated at the edge (`body`); what depends
+//! on the engine is checked once, at admission, whose typed refusal the server maps to
+//! its 400: a bad field or a refused parameter is a 400 with an OpenAI-style error body
+//! naming it; an unknown model a 404 (and so is an unknown path, with the same error
+//! body; a method a route does not take is a 405); a missing or wrong bearer token a
+//! 401 when an API key is set; a body over the limit a 413. A client that goes away
+//! aborts its request, which frees its KV blocks within a step. [`serve`] shuts down
+//! gracefully: it stops accepting, lets the requests in flight finish for a grace
+//! period, then ends the rest.
 //!
-//! Modules by job: `fields` (the table of each endpoint's fields), `body` (request bodies
-//! and their validation), `error` (error responses), `generate` (the generation path:
-//! admission, then a whole response (`whole`) or a stream (`stream`), formatted by
-//! `output` for completions and chat, by `responses` and `messages` (which also read
-//! their own bodies into the chat request) for theirs), `tokenize` (`/tokenize`, `/detokenize`), `metrics`
-//! (`/metrics`), `shutdown` ([`serve`] and its drain).
+//! Modules by job: `fields` (the table of each endpoint's fields), `body` (request
+//! bodies and their validation, with `chat_messages` for chat's `messages` and
+//! `structured` for the structured-output fields), `error` (error responses),
+//! `generate` (the generation path: admission, then a whole response (`whole`) or a
+//! stream (`stream`), formatted by `output` for completions and chat, by `responses`
+//! and `messages` (which also read their own bodies into the chat request, its content
+//! blocks in `anthropic_blocks`, the responses `input` in `responses_input`) for theirs),
+//! `tokenize` (`/tokenize`, `/detokenize`), `metrics` (`/metrics`), `shutdown`
+//! ([`serve`] and its drain).
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::{DefaultBodyLimit, Path, Request as HttpRequest, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -34,17 +38,22 @@ use encore_core::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+mod anthropic_blocks;
 mod body;
+mod chat_messages;
 mod error;
 mod fields;
 mod generate;
+mod generic_tools;
 mod messages;
 mod metrics;
 mod output;
 mod parse;
 mod responses;
+mod responses_input;
 mod shutdown;
 mod stream;
+mod structured;
 mod tokenize;
 mod tools;
 mod whole;
@@ -63,10 +72,13 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body in bytes (413 above).
     pub max_body_bytes: usize,
-    /// Default `max_tokens` of a completion (OpenAI's is 16).
+    /// Default `max_tokens` of `/v1/completions` (OpenAI's and vLLM's is 16); chat
+    /// completions and responses run to the context's end by default, as theirs.
     pub default_max_tokens: usize,
     /// Refuse new requests with 503 (and `Retry-After`) while this many wait in the
-    /// engine's queue; `None`: no limit.
+    /// engine's queue: the server's requests in the engine are at most its
+    /// `max_num_seqs` plus this many, reserved atomically as each arrives; `None`: no
+    /// limit.
     pub max_waiting: Option<usize>,
     /// The format tool calls are read in (`--tool-call-parser`); `None`: the one the chat
     /// template shows.
@@ -97,6 +109,9 @@ struct AppState {
     cfg: ServerConfig,
     next_id: AtomicU64,
     requests_total: AtomicU64,
+    /// This server's requests in the engine (admission reserves their places here in one
+    /// step: `generate::reserve`).
+    in_engine: Arc<AtomicUsize>,
     /// Set when the server shuts down: new generation requests get a 503.
     draining: AtomicBool,
     /// Becomes `true` when the requests still in flight must end now.
@@ -135,7 +150,7 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
         if chat.template_takes_tools {
             "rendered"
         } else {
-            "not rendered by the template"
+            "not rendered by the template (a generic tool prompt stands in)"
         },
         chat.tool_format.map_or("unknown", ToolFormat::name),
         chat.reasoning.map_or("not split", ReasoningFormat::name),
@@ -148,11 +163,13 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
         cfg,
         next_id: AtomicU64::new(1),
         requests_total: AtomicU64::new(0),
+        in_engine: Arc::new(AtomicUsize::new(0)),
         draining: AtomicBool::new(false),
         cut: watch::Sender::new(false),
     });
     let v1 = Router::new()
         .route("/v1/models", get(models))
+        .route("/v1/models/{*model}", get(model))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat_completions))
         .route("/v1/responses", post(responses::create))
@@ -165,7 +182,10 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
         .merge(v1)
         .route("/health", get(health))
         .route("/metrics", get(metrics::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn(error::log_refusals))
         .with_state(Arc::clone(&state));
     App { router, state }
 }
@@ -188,7 +208,7 @@ async fn auth(
     if let Some(key) = &s.cfg.api_key {
         // OpenAI's clients send a bearer token, Anthropic's an `x-api-key`.
         let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-        let bearer = header(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
+        let bearer = header(header::AUTHORIZATION).and_then(bearer_token);
         let given = [bearer, header(header::HeaderName::from_static("x-api-key"))];
         if !given.contains(&Some(key.as_str())) {
             let e = ApiError {
@@ -198,19 +218,78 @@ async fn auth(
                 kind: "authentication_error",
                 param: None,
             };
-            return if req.uri().path().starts_with("/v1/messages") {
-                messages::error(e)
-            } else {
-                e.into_response()
-            };
+            return in_shape_of(req.uri().path(), e);
         }
     }
     next.run(req).await
 }
 
+/// The token of an `Authorization` header of the bearer scheme, whose name is
+/// case-insensitive (RFC 9110: `bearer KEY` is as good as `Bearer KEY`).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(char::is_whitespace)?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
+}
+
 async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
+    Json(json!({"object": "list", "data": [model_object(&s)]}))
+}
+
+/// The served model as OpenAI's model object (`/v1/models` lists it).
+fn model_object(s: &AppState) -> Value {
+    json!({
         "id": s.cfg.served_model_name, "object": "model", "created": 0, "owned_by": "encore",
         "max_model_len": s.engine.max_seq_len,
-    }]}))
+    })
+}
+
+/// `GET /v1/models/{model}` (the openai client's `models.retrieve`): the model object,
+/// or a 404 naming `model` (a name with `/`, such as `org/name`, is one path).
+async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id == s.cfg.served_model_name {
+        return Json(model_object(&s)).into_response();
+    }
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "the model `{id}` does not exist; this server serves `{}`",
+            s.cfg.served_model_name
+        ),
+        kind: "invalid_request_error",
+        param: Some("model".into()),
+    }
+    .into_response()
+}
+
+/// A path no route serves: OpenAI's 404 error body (Anthropic's under `/v1/messages`).
+async fn not_found(method: Method, uri: Uri) -> Response {
+    let e = ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!("no such endpoint: {method} {}", uri.path()),
+        kind: "invalid_request_error",
+        param: None,
+    };
+    in_shape_of(uri.path(), e)
+}
+
+/// A route asked with a method it does not take: a 405 with the error body.
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    let e = ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("{} does not take the method {method}", uri.path()),
+        kind: "invalid_request_error",
+        param: None,
+    };
+    in_shape_of(uri.path(), e)
+}
+
+/// Error `e` in the shape of the API that serves `path`.
+fn in_shape_of(path: &str, e: ApiError) -> Response {
+    if path.starts_with("/v1/messages") {
+        messages::error(e)
+    } else {
+        e.into_response()
+    }
 }

@@ -9,7 +9,6 @@
 //! `message_stop`. Errors have Anthropic's shape, `{"type": "error", "error": {"type",
 //! "message"}}`, the message naming the field.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
@@ -17,19 +16,20 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use encore_core::tokenizer::{ChatMessage, FunctionCall, ToolCall};
+use encore_core::tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::anthropic_blocks::{blocks_text, conversation};
 use crate::body::{
-    check_model, count, flag, given, json_schema, known_keys, number, read, Chat, Common, Field,
-    SamplingBody,
+    check_model, count, flag, given, known_keys, number, read, Chat, Common, Field, SamplingBody,
 };
 use crate::error::ApiError;
 use crate::fields;
 use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Ending, Typed};
 use crate::output::{Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
+use crate::structured::json_schema;
 use crate::tools::{read_list, ToolChoice, Tools};
 use crate::AppState;
 
@@ -46,7 +46,7 @@ pub(crate) async fn create(
     match valid {
         Ok(((prompt, c, out), omit_thinking)) => {
             let api = Api::Messages { omit_thinking };
-            generate(s, c, prompt, Kind::Chat, Some(out), None, api).await
+            generate(s, c, prompt, Kind::Chat, Some(out), api).await
         }
         Err(e) => error(e),
     }
@@ -68,7 +68,9 @@ pub(crate) async fn count_tokens(
 /// Error `e` in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`,
 /// the message naming the field.
 pub(crate) fn error(e: ApiError) -> Response {
-    (e.status, Json(error_body(&e))).into_response()
+    let mut r = (e.status, Json(error_body(&e))).into_response();
+    r.extensions_mut().insert(e.refusal());
+    r
 }
 
 fn error_body(e: &ApiError) -> Value {
@@ -196,14 +198,9 @@ impl Conversation {
             Some(v) => tool_choice(&v)?,
         };
         let tools = Tools::assemble(defs, choice, parallel, "tool_choice")?;
+        // A forced call's grammar wins over `output_config.format` (see
+        // `tools::Tools::constraint`).
         if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
-            if c.params.constraint.is_some() {
-                return Err(ApiError::bad(
-                    "output_config.format",
-                    "`output_config.format` and `tool_choice` `any` or `tool` both constrain \
-                     the output",
-                ));
-            }
             c.params.constraint = Some(forced);
             c.names.constraint = "tool_choice";
         }
@@ -483,236 +480,6 @@ fn tool_choice(v: &Value) -> Result<(Option<ToolChoice>, bool), ApiError> {
         }
     };
     Ok((Some(choice), parallel))
-}
-
-/// The text of a list of text blocks (`system`, a tool result's content).
-fn blocks_text(v: &Value, at: &str) -> Result<String, ApiError> {
-    let list = v.as_array().ok_or_else(|| {
-        ApiError::bad(
-            at.to_string(),
-            format!("`{at}` must be a list of text blocks"),
-        )
-    })?;
-    let mut text = String::new();
-    for (j, b) in list.iter().enumerate() {
-        let bat = format!("{at}[{j}]");
-        let o = b.as_object().ok_or_else(|| {
-            ApiError::bad(
-                bat.clone(),
-                format!("`{bat}` must be a content block object"),
-            )
-        })?;
-        match o.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            other => return Err(unsupported_block(other, &bat)),
-        }
-        text.push_str(text_block(o, &bat)?);
-    }
-    Ok(text)
-}
-
-fn unsupported_block(kind: Option<&str>, at: &str) -> ApiError {
-    let why = match kind {
-        Some(k @ ("image" | "document" | "search_result")) => {
-            format!("content block type `{k}` is not supported: this model takes text")
-        }
-        Some(k) => format!("content block type `{k}` is not supported here"),
-        None => format!("`{at}` needs a `type`"),
-    };
-    ApiError::bad(format!("{at}.type"), why)
-}
-
-/// A text block's text (`cache_control` is accepted: the prefix cache is automatic).
-fn text_block<'a>(o: &'a Map<String, Value>, at: &str) -> Result<&'a str, ApiError> {
-    known_keys(o, &["type", "text", "cache_control", "citations"], at)?;
-    if o.get("citations")
-        .is_some_and(|c| !c.is_null() && c != &json!([]))
-    {
-        let m = "citations are not supported";
-        return Err(ApiError::bad(format!("{at}.citations"), m));
-    }
-    o.get("text").and_then(Value::as_str).ok_or_else(|| {
-        ApiError::bad(
-            format!("{at}.text"),
-            format!("`{at}.text` must be a string"),
-        )
-    })
-}
-
-/// `messages` as the chat template's conversation, after `out`'s system message: a
-/// user's `tool_result` blocks become `tool` messages (before its text), an assistant's
-/// `tool_use` blocks its tool calls and its `thinking` its reasoning.
-fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
-    // The function of each tool-use id, for the results that answer them.
-    let mut called: HashMap<String, String> = HashMap::new();
-    for (i, m) in list.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let o = m.as_object().ok_or_else(|| {
-            ApiError::bad(
-                at.clone(),
-                format!("`{at}` must be an object with `role` and `content`"),
-            )
-        })?;
-        known_keys(o, &["role", "content"], &at)?;
-        let role = match o.get("role").and_then(Value::as_str) {
-            Some(r @ ("user" | "assistant")) => r,
-            _ => {
-                return Err(ApiError::bad(
-                    format!("{at}.role"),
-                    format!("`{at}.role` must be `user` or `assistant`"),
-                ))
-            }
-        };
-        let blocks = match o.get("content") {
-            Some(Value::String(t)) => {
-                out.push(ChatMessage::new(role, t.clone()));
-                continue;
-            }
-            Some(Value::Array(b)) => b,
-            _ => {
-                return Err(ApiError::bad(
-                    format!("{at}.content"),
-                    format!("`{at}.content` must be a string or a list of content blocks"),
-                ))
-            }
-        };
-        let mut msg = ChatMessage::new(role, "");
-        let mut had_results = false;
-        for (j, b) in blocks.iter().enumerate() {
-            let bat = format!("{at}.content[{j}]");
-            let bo = b.as_object().ok_or_else(|| {
-                ApiError::bad(
-                    bat.clone(),
-                    format!("`{bat}` must be a content block object"),
-                )
-            })?;
-            let kind = bo.get("type").and_then(Value::as_str);
-            let wrong_role = |owner: &str| {
-                ApiError::bad(
-                    format!("{bat}.type"),
-                    format!(
-                        "`{}` blocks belong to `{owner}` messages",
-                        kind.unwrap_or("")
-                    ),
-                )
-            };
-            match kind {
-                Some("text") => {
-                    let t = text_block(bo, &bat)?;
-                    msg.content.get_or_insert_with(String::new).push_str(t);
-                }
-                Some("tool_use") => {
-                    if role != "assistant" {
-                        return Err(wrong_role("assistant"));
-                    }
-                    known_keys(bo, &["type", "id", "name", "input", "cache_control"], &bat)?;
-                    let str_of = |k: &str| {
-                        bo.get(k)
-                            .and_then(Value::as_str)
-                            .map(str::to_string)
-                            .ok_or_else(|| {
-                                ApiError::bad(
-                                    format!("{bat}.{k}"),
-                                    format!("`{bat}.{k}` must be a string"),
-                                )
-                            })
-                    };
-                    let (id, name) = (str_of("id")?, str_of("name")?);
-                    let input = bo.get("input").filter(|x| x.is_object()).ok_or_else(|| {
-                        ApiError::bad(
-                            format!("{bat}.input"),
-                            format!("`{bat}.input` must be an object"),
-                        )
-                    })?;
-                    called.insert(id.clone(), name.clone());
-                    msg.tool_calls.push(ToolCall {
-                        id,
-                        kind: "function".into(),
-                        function: FunctionCall {
-                            name,
-                            arguments: input.clone(),
-                        },
-                    });
-                }
-                Some("thinking") => {
-                    if role != "assistant" {
-                        return Err(wrong_role("assistant"));
-                    }
-                    known_keys(bo, &["type", "thinking", "signature"], &bat)?;
-                    let t = bo.get("thinking").and_then(Value::as_str).ok_or_else(|| {
-                        ApiError::bad(
-                            format!("{bat}.thinking"),
-                            format!("`{bat}.thinking` must be a string"),
-                        )
-                    })?;
-                    msg.reasoning_content
-                        .get_or_insert_with(String::new)
-                        .push_str(t);
-                }
-                Some("tool_result") => {
-                    if role != "user" {
-                        return Err(wrong_role("user"));
-                    }
-                    had_results = true;
-                    known_keys(
-                        bo,
-                        &[
-                            "type",
-                            "tool_use_id",
-                            "content",
-                            "is_error",
-                            "cache_control",
-                        ],
-                        &bat,
-                    )?;
-                    let id = bo
-                        .get("tool_use_id")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| {
-                            ApiError::bad(
-                                format!("{bat}.tool_use_id"),
-                                format!("`{bat}.tool_use_id` must be a string"),
-                            )
-                        })?;
-                    let mut text = match bo.get("content") {
-                        None | Some(Value::Null) => String::new(),
-                        Some(Value::String(t)) => t.clone(),
-                        Some(v @ Value::Array(_)) => blocks_text(v, &format!("{bat}.content"))?,
-                        Some(_) => {
-                            return Err(ApiError::bad(
-                                format!("{bat}.content"),
-                                format!(
-                                    "`{bat}.content` must be a string or a list of text blocks"
-                                ),
-                            ))
-                        }
-                    };
-                    match bo.get("is_error") {
-                        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-                        // The template has no error flag: the text says it.
-                        Some(Value::Bool(true)) => text = format!("Error: {text}"),
-                        Some(_) => {
-                            return Err(ApiError::bad(
-                                format!("{bat}.is_error"),
-                                format!("`{bat}.is_error` must be a boolean"),
-                            ))
-                        }
-                    }
-                    let mut tm = ChatMessage::new("tool", text);
-                    tm.name = called.get(id).cloned();
-                    tm.tool_call_id = Some(id.to_string());
-                    out.push(tm);
-                }
-                other => return Err(unsupported_block(other, &bat)),
-            }
-        }
-        // A user turn of tool results only is those results.
-        let empty = msg.content.as_deref() == Some("");
-        if role == "assistant" || !empty || !had_results {
-            out.push(msg);
-        }
-    }
-    Ok(())
 }
 
 /// The stop reason of an output.

@@ -151,7 +151,8 @@ impl Reply {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+/// OpenAI's usage object of a prompt of `prompt` tokens and `completion` output tokens.
+pub(crate) fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 

@@ -10,7 +10,6 @@
 //! refused; a reasoning item's `encrypted_content` (asked for with `include`) is its text,
 //! read back into the conversation when a client sends the item back.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
@@ -18,19 +17,21 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use encore_core::request::{Constraint, TokenLogprobs};
-use encore_core::tokenizer::{ChatMessage, FunctionCall, Tokenizer, ToolCall};
+use encore_core::tokenizer::{ChatMessage, Tokenizer};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::body::{
-    check_model, count, flag, given, json_schema, known_keys, read, Chat, Common, Field,
-    SamplingBody,
+    check_model, count, flag, given, known_keys, read, validate_stop, Chat, Common, Field,
+    SamplingBody, Stop,
 };
 use crate::error::ApiError;
 use crate::fields;
 use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Ending, Typed};
 use crate::output::{logprobs_json, Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
+use crate::responses_input::input;
+use crate::structured::json_schema;
 use crate::tools::{choice_word, read_list, ToolChoice, Tools};
 use crate::AppState;
 
@@ -47,7 +48,7 @@ pub(crate) async fn create(
     match valid {
         Ok((prompt, c, out, echo)) => {
             let api = Api::Responses(Box::new(echo));
-            generate(s, c, prompt, Kind::Chat, Some(out), None, api).await
+            generate(s, c, prompt, Kind::Chat, Some(out), api).await
         }
         Err(e) => e.into_response(),
     }
@@ -72,6 +73,9 @@ pub(crate) struct ResponsesBody {
     top_logprobs: Field<u64>,
     include: Field<Value>,
     metadata: Field<Value>,
+    /// vLLM's extensions, which guidellm sends.
+    ignore_eos: Field<bool>,
+    stop: Field<Stop>,
 }
 
 /// What a response object repeats of its request.
@@ -98,7 +102,14 @@ impl ResponsesBody {
         check_model(self.model, &s.cfg.served_model_name, true)?;
         let (sampling, seed) = self.sampling.validate()?;
         let (temperature, top_p) = (sampling.temperature as f64, sampling.top_p as f64);
-        let mut c = Common::new(sampling, seed, s.eos.clone());
+        let ignore_eos = flag(self.ignore_eos, "ignore_eos")?;
+        let eos = if ignore_eos {
+            Vec::new()
+        } else {
+            s.eos.clone()
+        };
+        let mut c = Common::new(sampling, seed, eos);
+        c.stop = validate_stop(self.stop)?;
         c.stream = flag(self.stream, "stream")?;
         c.max_tokens = count(self.max_output_tokens, "max_output_tokens")?;
         c.names.max_tokens = "max_output_tokens";
@@ -126,14 +137,8 @@ impl ResponsesBody {
         let defs = tools(tools_given.as_ref())?;
         let choice = choice_given.as_ref().map(tool_choice).transpose()?;
         let tools = Tools::assemble(defs, choice, parallel, "tool_choice")?;
+        // A forced call's grammar wins over `text.format` (see `tools::Tools::constraint`).
         if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
-            if c.params.constraint.is_some() {
-                return Err(ApiError::bad(
-                    "text.format",
-                    "`text.format` and `tool_choice` `required` or a named function both \
-                     constrain the output",
-                ));
-            }
             c.params.constraint = Some(forced);
             c.names.constraint = "tools";
         }
@@ -394,225 +399,6 @@ fn tool_choice(c: &Value) -> Result<ToolChoice, ApiError> {
         }
         _ => Err(shape()),
     }
-}
-
-/// `input`: a string (one user message) or a list of items, as the conversation.
-fn input(f: Field<Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let rule = || "`input` must be a string or a non-empty list of input items".to_string();
-    let items = match f.get("input", rule)? {
-        None => return Err(ApiError::bad("input", "`input` is required")),
-        Some(Value::String(s)) => return Ok(vec![ChatMessage::new("user", s)]),
-        Some(Value::Array(items)) if !items.is_empty() => items,
-        Some(_) => return Err(ApiError::bad("input", rule())),
-    };
-    let mut out: Vec<ChatMessage> = Vec::new();
-    // Reasoning waits for the assistant turn it belongs to.
-    let mut reasoning: Option<String> = None;
-    // The function of each call id, for the outputs that answer them.
-    let mut called: HashMap<String, String> = HashMap::new();
-    // The last item was part of an assistant turn (a message or a call).
-    let mut in_turn = false;
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("input[{i}]");
-        let o = item.as_object().ok_or_else(|| {
-            ApiError::bad(at.clone(), format!("`{at}` must be an input item object"))
-        })?;
-        let kind = match o.get("type").and_then(Value::as_str) {
-            Some(t) => t,
-            None if o.contains_key("role") => "message",
-            None => {
-                return Err(ApiError::bad(
-                    format!("{at}.type"),
-                    format!("`{at}` needs a `type` (or a `role`, for a message)"),
-                ))
-            }
-        };
-        let str_of = |k: &str| -> Result<String, ApiError> {
-            o.get(k)
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .ok_or_else(|| {
-                    ApiError::bad(format!("{at}.{k}"), format!("`{at}.{k}` must be a string"))
-                })
-        };
-        match kind {
-            "message" => {
-                known_keys(o, &["type", "role", "content", "id", "status"], &at)?;
-                let role = match o.get("role").and_then(Value::as_str) {
-                    Some("system" | "developer") => "system",
-                    Some(r @ ("user" | "assistant")) => r,
-                    _ => {
-                        return Err(ApiError::bad(
-                            format!("{at}.role"),
-                            format!(
-                                "`{at}.role` must be one of `user`, `assistant`, `system`, \
-                                 `developer`"
-                            ),
-                        ))
-                    }
-                };
-                let content = message_content(o.get("content"), &format!("{at}.content"))?;
-                let mut m = ChatMessage::new(role, content);
-                if role == "assistant" {
-                    m.reasoning_content = reasoning.take();
-                    in_turn = true;
-                } else {
-                    in_turn = false;
-                }
-                out.push(m);
-            }
-            "function_call" => {
-                known_keys(
-                    o,
-                    &["type", "id", "call_id", "name", "arguments", "status"],
-                    &at,
-                )?;
-                let call_id = str_of("call_id")?;
-                let name = str_of("name")?;
-                let args = str_of("arguments")?;
-                let arguments = serde_json::from_str(&args).map_err(|e| {
-                    ApiError::bad(
-                        format!("{at}.arguments"),
-                        format!("`{at}.arguments` must be a JSON text: {e}"),
-                    )
-                })?;
-                called.insert(call_id.clone(), name.clone());
-                let call = ToolCall {
-                    id: call_id,
-                    kind: "function".into(),
-                    function: FunctionCall { name, arguments },
-                };
-                match out.last_mut() {
-                    Some(m) if in_turn && m.role == "assistant" => {
-                        if m.reasoning_content.is_none() {
-                            m.reasoning_content = reasoning.take();
-                        }
-                        m.tool_calls.push(call);
-                    }
-                    _ => {
-                        let mut m = ChatMessage::new("assistant", "");
-                        m.reasoning_content = reasoning.take();
-                        m.tool_calls.push(call);
-                        out.push(m);
-                    }
-                }
-                in_turn = true;
-            }
-            "function_call_output" => {
-                known_keys(o, &["type", "id", "call_id", "output", "status"], &at)?;
-                let call_id = str_of("call_id")?;
-                let output = message_content(o.get("output"), &format!("{at}.output"))?;
-                let mut m = ChatMessage::new("tool", output);
-                m.name = called.get(&call_id).cloned();
-                m.tool_call_id = Some(call_id);
-                out.push(m);
-                in_turn = false;
-            }
-            "reasoning" => {
-                known_keys(
-                    o,
-                    &[
-                        "type",
-                        "id",
-                        "summary",
-                        "content",
-                        "encrypted_content",
-                        "status",
-                    ],
-                    &at,
-                )?;
-                let mut text = String::new();
-                if let Some(parts) = o.get("content").filter(|c| !c.is_null()) {
-                    text = parts_text(parts, &format!("{at}.content"), &["reasoning_text"])?;
-                }
-                if text.is_empty() {
-                    // Its text sent back as this server wrote it.
-                    if let Some(e) = o.get("encrypted_content").filter(|c| !c.is_null()) {
-                        text = e
-                            .as_str()
-                            .ok_or_else(|| {
-                                ApiError::bad(
-                                    format!("{at}.encrypted_content"),
-                                    format!("`{at}.encrypted_content` must be a string"),
-                                )
-                            })?
-                            .to_string();
-                    }
-                }
-                if let Some(parts) = o.get("summary").filter(|c| !c.is_null()) {
-                    let summary = parts_text(parts, &format!("{at}.summary"), &["summary_text"])?;
-                    if text.is_empty() {
-                        text = summary;
-                    }
-                }
-                reasoning = Some(text);
-            }
-            other => {
-                return Err(ApiError::bad(
-                    format!("{at}.type"),
-                    format!(
-                        "input item type `{other}` is not supported: `message`, \
-                         `function_call`, `function_call_output` and `reasoning` are"
-                    ),
-                ))
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// A message's `content` (or a call output's `output`): a string, or a list of text
-/// parts (`input_text`, `output_text`) concatenated.
-fn message_content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
-    match v {
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(parts @ Value::Array(_)) => {
-            parts_text(parts, at, &["input_text", "output_text", "refusal"])
-        }
-        None | Some(Value::Null) => {
-            Err(ApiError::bad(at.to_string(), format!("`{at}` is required")))
-        }
-        Some(_) => Err(ApiError::bad(
-            at.to_string(),
-            format!("`{at}` must be a string or a list of text parts"),
-        )),
-    }
-}
-
-/// The text of a list of parts of the `kinds` given (`{"type", "text"}`; a `refusal`
-/// part's text is its `refusal`), concatenated.
-fn parts_text(parts: &Value, at: &str, kinds: &[&str]) -> Result<String, ApiError> {
-    let list = parts
-        .as_array()
-        .ok_or_else(|| ApiError::bad(at.to_string(), format!("`{at}` must be a list of parts")))?;
-    let mut text = String::new();
-    for (j, p) in list.iter().enumerate() {
-        let pat = format!("{at}[{j}]");
-        let o = p
-            .as_object()
-            .ok_or_else(|| ApiError::bad(pat.clone(), format!("`{pat}` must be a part object")))?;
-        let kind = o.get("type").and_then(Value::as_str).unwrap_or("");
-        if !kinds.contains(&kind) {
-            let why = match kind {
-                "input_image" | "input_file" | "input_audio" => {
-                    format!("part type `{kind}` is not supported: this model takes text")
-                }
-                "" => format!("`{pat}` needs a `type`"),
-                _ => format!("part type `{kind}` is not one of {}", kinds.join(", ")),
-            };
-            return Err(ApiError::bad(format!("{pat}.type"), why));
-        }
-        let key = if kind == "refusal" { "refusal" } else { "text" };
-        known_keys(o, &["type", key, "annotations", "logprobs"], &pat)?;
-        let t = o.get(key).and_then(Value::as_str).ok_or_else(|| {
-            ApiError::bad(
-                format!("{pat}.{key}"),
-                format!("`{pat}.{key}` must be a string"),
-            )
-        })?;
-        text.push_str(t);
-    }
-    Ok(text)
 }
 
 /// The `usage` of a response.

@@ -2,6 +2,7 @@
 //! for a grace period, then cut the rest off (each handler watches [`cut_off`]).
 
 use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,8 @@ pub async fn serve(
             tracing::warn!("cannot set TCP_NODELAY on a connection: {e}");
         }
     });
+    // The client's address, for the log of refused requests.
+    let router = router.into_make_service_with_connect_info::<SocketAddr>();
     let server = axum::serve(listener, router)
         .with_graceful_shutdown(signal)
         .into_future();

@@ -2,7 +2,8 @@
 //! token as vLLM sends them (its text may be empty while a character or a possible stop
 //! string is incomplete, so clients can time every token), each choice's last with its
 //! finish reason (with `n` > 1 the choices' chunks interleave, each with its `index`),
-//! the usage chunk when asked for, then `[DONE]` once every choice ended. When the client goes away the
+//! a `usage` object on every chunk with vLLM's `continuous_usage_stats`, the usage chunk
+//! when asked for, then `[DONE]` once every choice ended. When the client goes away the
 //! task ends and its guard aborts the request; at a shutdown's cut-off the stream ends
 //! with an error event.
 
@@ -19,10 +20,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 
+use crate::body::StreamUsage;
 use crate::error::ApiError;
-use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form, Typed};
+use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form, Prompted, Typed};
 use crate::output::{
-    completion_logprobs, finish_name, logprobs_json, prompt_entries, release, Reply,
+    completion_logprobs, finish_name, logprobs_json, prompt_entries, release, usage, Reply,
 };
 use crate::parse::{ChatStream, Delta};
 use crate::shutdown::cut_off;
@@ -33,17 +35,18 @@ use crate::{messages, responses};
 pub(crate) fn respond(
     s: &AppState,
     children: Vec<Child>,
-    prompt: Vec<u32>,
+    prompt: Prompted,
     stop: StopMatcher,
-    include_usage: bool,
+    usage: StreamUsage,
     form: Form,
 ) -> Response {
     let Form {
         reply,
         chat,
-        echo,
+        score_only,
         api,
     } = form;
+    let Prompted { ids: prompt, echo } = prompt;
     let (out, out_rx) = mpsc::unbounded_channel::<SseEvent>();
     let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
     // The choices' events, merged and tagged with their index.
@@ -92,10 +95,11 @@ pub(crate) fn respond(
     let task = Task {
         writer,
         echo,
+        score_only,
         keep_special,
         tokenizer: Arc::clone(&s.tokenizer),
         reply,
-        include_usage,
+        usage,
         prompt: prompt.into(),
         out,
         choices,
@@ -156,11 +160,13 @@ struct Task {
     writer: Option<Writer>,
     /// Completions' `echo`: each choice's first chunk starts with this prompt text.
     echo: Option<String>,
+    /// `echo` with `max_tokens: 0`: each choice's one chunk is the prompt alone.
+    score_only: bool,
     /// The text holds special tokens (not the end-of-generation one).
     keep_special: bool,
     tokenizer: Arc<Tokenizer>,
     reply: Reply,
-    include_usage: bool,
+    usage: StreamUsage,
     prompt: Arc<[u32]>,
     /// The events to send.
     out: mpsc::UnboundedSender<SseEvent>,
@@ -237,9 +243,18 @@ impl Task {
             // A step still in flight after a stop string.
             return true;
         }
-        c.n += 1;
-        let (delta, stopped) = release(text, &o, self.keep_special);
-        let mut finish = if stopped {
+        // Scoring the prompt alone: the token the engine ran is left out.
+        let score_only = self.score_only;
+        if !score_only {
+            c.n += 1;
+        }
+        let (delta, stopped) = match score_only {
+            true => (String::new(), false),
+            false => release(text, &o, self.keep_special),
+        };
+        let mut finish = if score_only {
+            Some("length")
+        } else if stopped {
             Some("stop")
         } else {
             o.finish.map(finish_name)
@@ -247,7 +262,10 @@ impl Task {
         let lps = match (&o.prompt_logprobs, o.logprobs) {
             // `echo` with `logprobs`: the prompt's entries come in the first chunk.
             (Some(scores), lp) => {
-                let own = lp.as_ref().map(|lp| (o.token, Some(lp)));
+                let own = lp
+                    .as_ref()
+                    .filter(|_| !score_only)
+                    .map(|lp| (o.token, Some(lp)));
                 let entries = prompt_entries(&self.prompt, scores).chain(own);
                 completion_logprobs(&self.tokenizer, entries, &mut c.offset)
             }
@@ -259,8 +277,8 @@ impl Task {
             ),
             (None, None) => Value::Null,
         };
-        let first = c.n == 1;
-        let chunk = match &mut c.parsed {
+        let first = c.n == 1 || score_only;
+        let mut chunk = match &mut c.parsed {
             Some((stream, out)) => {
                 let d = stream.push(&delta, finish.is_some());
                 finish = finish.map(|f| out.finish(f, stream.called()));
@@ -273,6 +291,10 @@ impl Task {
                 _ => self.reply.chunk(i, &delta, finish, first, lps),
             },
         };
+        if self.usage.every {
+            // vLLM's `continuous_usage_stats`: the choice's tokens so far.
+            chunk["usage"] = usage(self.prompt.len(), c.n);
+        }
         if self
             .out
             .send(SseEvent::default().data(chunk.to_string()))
@@ -293,7 +315,7 @@ impl Task {
         if self.choices.iter().any(|c| !c.done) {
             return true;
         }
-        if self.include_usage {
+        if self.usage.last {
             let tokens = self.choices.iter().map(|c| c.n).sum();
             let u = self.reply.usage_chunk(self.prompt.len(), tokens);
             let _ = self.send(u.to_string());

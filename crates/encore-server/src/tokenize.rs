@@ -1,6 +1,7 @@
 //! vLLM's `/tokenize` and `/detokenize` over the model's tokenizer: a prompt (or a
 //! conversation rendered with the chat template, as chat completions render it) to token
-//! ids, and token ids back to text.
+//! ids, and token ids back to text; their bodies, read and validated as `body` reads the
+//! generation endpoints'.
 
 use std::sync::Arc;
 
@@ -10,8 +11,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::body::{read, DetokenizeBody, TokenizeBody, TokenizeInput};
+use encore_core::tokenizer::{ChatMessage, ChatOptions};
+use serde::Deserialize;
+
+use crate::body::{check_model, given, read, template_kwargs, Field};
+use crate::chat_messages::messages;
 use crate::error::ApiError;
+use crate::tools::Tools;
 use crate::{fields, AppState};
 
 /// `{"count", "max_model_len", "tokens"}` of a `prompt` or of `messages`.
@@ -24,7 +30,11 @@ pub(crate) async fn tokenize(
         .and_then(|(input, special)| {
             let (text, param) = match input {
                 TokenizeInput::Text(p) => (p, "prompt"),
-                TokenizeInput::Chat { messages, opts } => {
+                TokenizeInput::Chat { messages, mut opts } => {
+                    // As chat completions render it.
+                    let (messages, defs) =
+                        crate::generic_tools::for_template(&s, messages, opts.tools.take());
+                    opts.tools = defs;
                     let text = s
                         .tokenizer
                         .render_chat(&messages, &opts)
@@ -60,5 +70,110 @@ pub(crate) async fn detokenize(
     match text {
         Ok(text) => Json(json!({ "prompt": text })).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+/// The body of `/tokenize` (vLLM's): a `prompt`, or `messages` rendered with the chat
+/// template.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct TokenizeBody {
+    model: Field<String>,
+    prompt: Field<String>,
+    messages: Field<Vec<Value>>,
+    add_special_tokens: Field<bool>,
+    add_generation_prompt: Field<bool>,
+    tools: Field<Value>,
+    chat_template_kwargs: Field<Value>,
+}
+
+/// What `/tokenize` encodes.
+pub(crate) enum TokenizeInput {
+    Text(String),
+    Chat {
+        messages: Vec<ChatMessage>,
+        opts: ChatOptions,
+    },
+}
+
+impl TokenizeBody {
+    /// The input and whether to add the tokenizer's special tokens.
+    pub fn validate(self, served: &str) -> Result<(TokenizeInput, bool), ApiError> {
+        check_model(self.model, served, false)?;
+        let special = self.add_special_tokens.get("add_special_tokens", || {
+            "`add_special_tokens` must be a boolean".into()
+        })?;
+        let gen = self
+            .add_generation_prompt
+            .get("add_generation_prompt", || {
+                "`add_generation_prompt` must be a boolean".into()
+            })?;
+        let prompt = self
+            .prompt
+            .get("prompt", || "`prompt` must be a string".into())?;
+        let kwargs = template_kwargs(self.chat_template_kwargs)?;
+        let tools = Tools::read(given(self.tools), None, None)?;
+        if prompt.is_some() && (tools.is_some() || !kwargs.is_empty()) {
+            let p = if tools.is_some() {
+                "tools"
+            } else {
+                "chat_template_kwargs"
+            };
+            return Err(ApiError::bad(p, format!("`{p}` goes with `messages`")));
+        }
+        match (prompt, self.messages) {
+            (Some(_), Field::Given(_) | Field::Wrong) => Err(ApiError::bad(
+                "messages",
+                "give `prompt` or `messages`, not both",
+            )),
+            (Some(_), Field::Absent) if gen.is_some() => Err(ApiError::bad(
+                "add_generation_prompt",
+                "`add_generation_prompt` goes with `messages`",
+            )),
+            (Some(p), Field::Absent) => Ok((TokenizeInput::Text(p), special.unwrap_or(true))),
+            (None, Field::Absent) => Err(ApiError::bad(
+                "prompt",
+                "`prompt` (a string) or `messages` is required",
+            )),
+            (None, m) => Ok((
+                TokenizeInput::Chat {
+                    messages: messages(m)?,
+                    opts: ChatOptions {
+                        add_generation_prompt: gen.unwrap_or(true),
+                        tools: tools.map(|t| t.defs),
+                        kwargs,
+                    },
+                },
+                special.unwrap_or(false),
+            )),
+        }
+    }
+}
+
+/// The body of `/detokenize` (vLLM's).
+#[derive(Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct DetokenizeBody {
+    model: Field<String>,
+    tokens: Field<Vec<u64>>,
+}
+
+impl DetokenizeBody {
+    /// The token ids, each below `vocab_size`.
+    pub fn validate(self, served: &str, vocab_size: usize) -> Result<Vec<u32>, ApiError> {
+        check_model(self.model, served, false)?;
+        let ids = self
+            .tokens
+            .get("tokens", || "`tokens` must be a list of token ids".into())?
+            .ok_or_else(|| ApiError::bad("tokens", "`tokens` is required"))?;
+        ids.into_iter()
+            .map(|t| match u32::try_from(t) {
+                Ok(id) if (id as usize) < vocab_size => Ok(id),
+                _ => Err(ApiError::bad(
+                    "tokens",
+                    format!("token id {t} is outside the vocabulary (size {vocab_size})"),
+                )),
+            })
+            .collect()
     }
 }

@@ -1,8 +1,9 @@
 //! Tool calling's request side: `tools`, `tool_choice` and `parallel_tool_calls` read and
 //! checked at the edge, the tools the chat template renders, and the grammar
 //! `tool_choice` `required` or a named function puts on the output (format-independent,
-//! as vLLM's: `required` is a JSON list of `{"name", "parameters"}` objects, one per call;
-//! a named function's output is its arguments).
+//! as vLLM's: `required` is a JSON list of `{"name", "parameters"}` objects, one per call,
+//! each tool's `$defs` carried into the combined schema; a named function's output is its
+//! arguments).
 
 use encore_core::request::Constraint;
 use serde_json::{json, Map, Value};
@@ -124,7 +125,12 @@ impl Tools {
             .find(|f| f["name"] == name)
     }
 
-    /// The grammar `tool_choice` puts on the output, if any.
+    /// The grammar `tool_choice` puts on the output, if any. When there is one it wins
+    /// over a structured-output format the request also gives (`response_format`,
+    /// `text.format`, `output_config.format`), as OpenAI has it: the output is then a
+    /// call, constrained by its tool's schema, and the format would only apply to a text
+    /// answer, which a forced call leaves no room for (instructor's responses mode and
+    /// the openai client's `parse` with tools send both).
     pub fn constraint(&self) -> Option<Constraint> {
         // A function without parameters takes none: `{}`.
         let params = |f: &Map<String, Value>| {
@@ -142,16 +148,20 @@ impl Tools {
                 Some(Constraint::JsonSchema(params(f).to_string()))
             }
             ToolChoice::Required => {
+                // Each tool's schema goes under the combined one: its definitions and the
+                // references to them move with it (`hoist`).
+                let mut defs = Map::new();
                 let calls: Vec<Value> = self
                     .defs
                     .iter()
                     .filter_map(|t| t["function"].as_object())
-                    .map(|f| {
+                    .enumerate()
+                    .map(|(i, f)| {
                         json!({
                             "type": "object",
                             "properties": {
                                 "name": {"type": "string", "enum": [f["name"]]},
-                                "parameters": params(f),
+                                "parameters": hoist(i, params(f), &mut defs),
                             },
                             "required": ["name", "parameters"],
                             "additionalProperties": false,
@@ -162,9 +172,93 @@ impl Tools {
                 if !self.parallel {
                     schema["maxItems"] = json!(1);
                 }
+                if !defs.is_empty() {
+                    schema["$defs"] = Value::Object(defs);
+                }
                 Some(Constraint::JsonSchema(schema.to_string()))
             }
         }
+    }
+}
+
+/// Tool `i`'s parameter schema as a part of the combined schema of `tool_choice`
+/// `required`, whose root is not its root: a schema without local references stays as
+/// it is; one with them (pydantic's nested models and enums: `"$ref": "#/$defs/Color"`)
+/// moves into the combined schema's `$defs` as `tool{i}`, with its own `$defs` and
+/// `definitions` beside it (`tool{i}-defs-Color`), every local reference rewritten to
+/// match (`#` to `#/$defs/tool{i}`, `#/$defs/Color` to `#/$defs/tool{i}-defs-Color`,
+/// any other pointer into the tool's schema under `#/$defs/tool{i}`); what takes its
+/// place is a reference to it. Keys keep their pointer escapes (`~0`, `~1`) as written.
+fn hoist(i: usize, mut schema: Value, defs: &mut Map<String, Value>) -> Value {
+    if !has_local_ref(&schema) {
+        return schema;
+    }
+    let me = format!("tool{i}");
+    if let Value::Object(o) = &mut schema {
+        // A root keyword that would change how the moved schema resolves.
+        o.remove("$schema");
+        o.remove("$id");
+        for key in ["$defs", "definitions"] {
+            if let Some(Value::Object(d)) = o.remove(key) {
+                for (name, mut def) in d {
+                    rewrite_refs(&mut def, &me);
+                    defs.insert(format!("{me}-{}-{name}", tag(key)), def);
+                }
+            }
+        }
+    }
+    rewrite_refs(&mut schema, &me);
+    defs.insert(me.clone(), schema);
+    json!({ "$ref": format!("#/$defs/{me}") })
+}
+
+/// The short name of a definitions keyword in a hoisted definition's name.
+fn tag(key: &str) -> &'static str {
+    if key == "$defs" {
+        "defs"
+    } else {
+        "definitions"
+    }
+}
+
+/// Whether `v` holds a `$ref` into its own document (`#...`).
+fn has_local_ref(v: &Value) -> bool {
+    match v {
+        Value::Object(o) => o.iter().any(|(k, x)| {
+            (k == "$ref" && x.as_str().is_some_and(|r| r.starts_with('#'))) || has_local_ref(x)
+        }),
+        Value::Array(a) => a.iter().any(has_local_ref),
+        _ => false,
+    }
+}
+
+/// Rewrite the local references of a schema hoisted as `#/$defs/{me}` (see [`hoist`]).
+fn rewrite_refs(v: &mut Value, me: &str) {
+    match v {
+        Value::Object(o) => {
+            for (k, x) in o.iter_mut() {
+                match x {
+                    Value::String(r) if k == "$ref" => {
+                        let moved = if r == "#" || r == "#/" {
+                            Some(format!("#/$defs/{me}"))
+                        } else if let Some(rest) = r.strip_prefix("#/$defs/") {
+                            Some(format!("#/$defs/{me}-defs-{rest}"))
+                        } else if let Some(rest) = r.strip_prefix("#/definitions/") {
+                            Some(format!("#/$defs/{me}-definitions-{rest}"))
+                        } else {
+                            r.strip_prefix("#/")
+                                .map(|rest| format!("#/$defs/{me}/{rest}"))
+                        };
+                        if let Some(m) = moved {
+                            *r = m;
+                        }
+                    }
+                    _ => rewrite_refs(x, me),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| rewrite_refs(x, me)),
+        _ => {}
     }
 }
 
@@ -383,6 +477,90 @@ mod tests {
         assert_eq!(
             (s["minItems"].as_u64(), s["maxItems"].as_u64()),
             (Some(1), Some(1))
+        );
+    }
+
+    /// Every `$ref` in `v`, as written.
+    fn refs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => o.iter().for_each(|(k, x)| match x {
+                Value::String(r) if k == "$ref" => out.push(r.clone()),
+                _ => refs(x, out),
+            }),
+            Value::Array(a) => a.iter().for_each(|x| refs(x, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn required_carries_each_tools_definitions() {
+        // pydantic's schema of a nested model with an enum, as pydantic-ai sends it, and
+        // one of the older `definitions` spelling with a recursive root reference.
+        let person = json!({
+            "$defs": {
+                "Color": {"enum": ["red", "green"], "title": "Color", "type": "string"},
+                "Address": {"properties": {"city": {"type": "string"},
+                                           "color": {"$ref": "#/$defs/Color"}},
+                            "required": ["city"], "type": "object"},
+            },
+            "properties": {"name": {"type": "string"},
+                           "address": {"$ref": "#/$defs/Address"},
+                           "nick": {"$ref": "#/properties/name"}},
+            "required": ["name", "address"], "type": "object",
+        });
+        let tree = json!({
+            "definitions": {"Color": {"enum": ["blue"]}},
+            "properties": {"color": {"$ref": "#/definitions/Color"},
+                           "children": {"type": "array", "items": {"$ref": "#"}}},
+            "type": "object",
+        });
+        let tool = |name: &str, p: &Value| json!({"type": "function", "function": {"name": name, "parameters": p}});
+        let t = Tools::read(
+            Some(json!([
+                tool("person", &person),
+                tool("tree", &tree),
+                weather()
+            ])),
+            Some(json!("required")),
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        let Some(Constraint::JsonSchema(s)) = t.constraint() else {
+            panic!("required")
+        };
+        let s: Value = serde_json::from_str(&s).unwrap();
+        let mut all = Vec::new();
+        refs(&s, &mut all);
+        assert_eq!(all.len(), 7, "{all:?}");
+        for r in &all {
+            assert!(s.pointer(&r[1..]).is_some(), "{r} does not resolve in {s}");
+        }
+        let calls = &s["items"]["anyOf"];
+        assert_eq!(
+            calls[0]["properties"]["parameters"]["$ref"],
+            "#/$defs/tool0"
+        );
+        assert_eq!(
+            s["$defs"]["tool0"]["properties"]["address"]["$ref"],
+            "#/$defs/tool0-defs-Address"
+        );
+        assert_eq!(
+            s["$defs"]["tool0-defs-Address"]["properties"]["color"]["$ref"],
+            "#/$defs/tool0-defs-Color"
+        );
+        assert_eq!(
+            s["$defs"]["tool1"]["properties"]["children"]["items"]["$ref"],
+            "#/$defs/tool1"
+        );
+        assert_eq!(
+            s["$defs"]["tool1-definitions-Color"],
+            json!({"enum": ["blue"]})
+        );
+        // A tool without references stays in place.
+        assert_eq!(
+            calls[2]["properties"]["parameters"],
+            weather()["function"]["parameters"]
         );
     }
 

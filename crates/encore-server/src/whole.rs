@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form};
+use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form, Prompted};
 use crate::output::{completion_logprobs, finish_name, logprobs_json, prompt_entries, release};
 use crate::parse::{self, Parsed};
 use crate::shutdown::cut_off;
@@ -35,26 +35,27 @@ struct Collected {
 pub(crate) async fn respond(
     s: &AppState,
     children: Vec<Child>,
-    prompt: Vec<u32>,
+    prompts: &[Prompted],
     stop: StopMatcher,
     form: Form,
 ) -> Response {
     let Form {
         reply,
         chat,
-        echo,
+        score_only,
         api,
     } = form;
+    let prompt = &prompts[0].ids;
     // Responses and messages: one output, written in their own shape.
     match (&chat, &api) {
         (Some(out), Api::Responses(echo)) => {
-            return typed(s, children, &prompt, stop, out, &api, |p, lps, end| {
+            return typed(s, children, prompt, stop, out, &api, |p, lps, end| {
                 responses::whole(&s.tokenizer, &reply, echo, out, p, lps, end)
             })
             .await
         }
         (Some(out), Api::Messages { omit_thinking }) => {
-            return typed(s, children, &prompt, stop, out, &api, |p, _, end| {
+            return typed(s, children, prompt, stop, out, &api, |p, _, end| {
                 messages::whole(&reply, out, p, end, *omit_thinking)
             })
             .await
@@ -64,14 +65,29 @@ pub(crate) async fn respond(
     let keep_special = chat.as_ref().is_some_and(|c| c.keep_special);
     let mut choices = Vec::with_capacity(children.len());
     let mut completion = 0;
+    // Each prompt's choices in order (`n` of them).
+    let per_prompt = children.len() / prompts.len().max(1);
     let mut children = children.into_iter();
     // The choices run together in the engine; their events wait in their channels while
     // an earlier one is collected. A failure drops the rest, which aborts them.
     for (index, (guard, events)) in children.by_ref().enumerate() {
-        let c = match collect(s, events, guard, &prompt, stop.clone(), keep_special).await {
+        let Prompted { ids: prompt, echo } = &prompts[index / per_prompt.max(1)];
+        let c = match collect(s, events, guard, prompt, stop.clone(), keep_special).await {
             Ok(c) => c,
             Err(e) => return e.into_response(),
         };
+        if score_only {
+            // The prompt alone: the token the engine ran is left out.
+            let lps = match &c.prompt_logprobs {
+                Some(scores) => {
+                    completion_logprobs(&s.tokenizer, prompt_entries(prompt, scores), &mut 0)
+                }
+                None => Value::Null,
+            };
+            let text = echo.clone().unwrap_or_default();
+            choices.push(reply.choice(index, &text, &[], lps, "length", None));
+            continue;
+        }
         completion += c.ids.len();
         let decoded = match c.text {
             Some(t) => Ok(t),
@@ -88,7 +104,7 @@ pub(crate) async fn respond(
             // `echo` with `logprobs`: the prompt's entries first.
             Some(scores) => {
                 let generated = c.logprobs.iter().map(|(id, lp)| (*id, Some(lp)));
-                let entries = prompt_entries(&prompt, scores).chain(generated);
+                let entries = prompt_entries(prompt, scores).chain(generated);
                 completion_logprobs(&s.tokenizer, entries, &mut 0)
             }
             None if c.logprobs.is_empty() => Value::Null,
@@ -107,13 +123,15 @@ pub(crate) async fn respond(
             }
             _ => (None, c.finish),
         };
-        let text = match &echo {
+        let text = match echo {
             Some(e) => format!("{e}{text}"),
             None => text,
         };
         choices.push(reply.choice(index, &text, &c.ids, lps, finish, message));
     }
-    Json(reply.whole(choices, prompt.len(), completion)).into_response()
+    // Each prompt counts once, whatever its `n`.
+    let prompt_tokens = prompts.iter().map(|p| p.ids.len()).sum();
+    Json(reply.whole(choices, prompt_tokens, completion)).into_response()
 }
 
 /// The answer to a responses or messages request: its one output, split by its parser and

@@ -453,6 +453,13 @@ impl Tokenizer {
         template.render(ctx.into_iter().collect())
     }
 
+    /// This tokenizer with the chat template `source` in place of its own (`origin`
+    /// names it in errors, e.g. a file path).
+    pub fn with_chat_template(mut self, source: String, origin: &str) -> Result<Tokenizer> {
+        self.template = Some(ChatTemplate::new(source, origin)?);
+        Ok(self)
+    }
+
     /// The chat template's Jinja source, if the model has one (which tool-call and
     /// reasoning formats the model writes is read from it).
     pub fn chat_template_source(&self) -> Option<&str> {

@@ -470,7 +470,7 @@ fn bad_input_is_refused_in_each_endpoints_shape() {
         ),
         (
             r(
-                json!({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]}),
+                json!({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": 5}]}),
             ),
             "input[0].arguments",
         ),

@@ -87,6 +87,22 @@ pub fn start_full(
     start_full_with(api_key, max_waiting, cfg, shutdown, grace, (None, None))
 }
 
+/// A server of [`long_engine_config`] whose scheduler runs `max_num_seqs` sequences at
+/// once, refusing requests past `max_waiting` waiting ones.
+pub fn start_queue(max_num_seqs: usize, max_waiting: usize) -> Server {
+    let sched = SchedulerConfig::new(128, max_num_seqs);
+    start_server(
+        None,
+        Some(max_waiting),
+        long_engine_config(),
+        sched,
+        std::future::pending(),
+        Duration::ZERO,
+        (None, None),
+    )
+    .0
+}
+
 fn start_full_with(
     api_key: Option<&str>,
     max_waiting: Option<usize>,
@@ -95,8 +111,39 @@ fn start_full_with(
     grace: Duration,
     parsers: (Option<ToolFormat>, Option<ReasoningFormat>),
 ) -> (Server, std::sync::mpsc::Receiver<std::io::Result<()>>) {
+    let sched = SchedulerConfig::new(128, 32);
+    start_server(api_key, max_waiting, cfg, sched, shutdown, grace, parsers)
+}
+
+thread_local! {
+    /// The chat template a server started on this thread renders with in place of the
+    /// model's, if any.
+    static TEMPLATE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A server of [`long_engine_config`] whose model's chat template is `template`.
+pub fn start_template(template: &str) -> Server {
+    TEMPLATE.with(|t| *t.borrow_mut() = Some(template.to_string()));
+    let s = start_parsers(None, None);
+    TEMPLATE.with(|t| *t.borrow_mut() = None);
+    s
+}
+
+fn start_server(
+    api_key: Option<&str>,
+    max_waiting: Option<usize>,
+    cfg: EngineConfig,
+    sched: SchedulerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+    parsers: (Option<ToolFormat>, Option<ReasoningFormat>),
+) -> (Server, std::sync::mpsc::Receiver<std::io::Result<()>>) {
     let files = encore_core::model::open_model(MODEL).unwrap();
-    let tokenizer = Arc::new(encore_core::model::open_tokenizer(&files.source).unwrap());
+    let mut tokenizer = encore_core::model::open_tokenizer(&files.source).unwrap();
+    if let Some(t) = TEMPLATE.with(|t| t.borrow().clone()) {
+        tokenizer = tokenizer.with_chat_template(t, "the test").unwrap();
+    }
+    let tokenizer = Arc::new(tokenizer);
     // Structured outputs, as `encore serve` sets them up.
     let mut cfg = cfg;
     cfg.constraints = Some(Arc::new(
@@ -108,7 +155,7 @@ fn start_full_with(
             Arc::new(encore_core::backend::cpu::CpuBackend::new()),
             encore_core::model::open_model(MODEL).unwrap(),
             cfg,
-            SchedulerConfig::new(128, 32),
+            sched,
             Box::new(NoProgress),
         )
         .unwrap(),

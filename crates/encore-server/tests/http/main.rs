@@ -8,9 +8,11 @@
 //! reasoning.
 //!
 //! One test binary in modules: `harness` (the server start-up and the HTTP client),
-//! `generation`, `errors`, `fields`, `lifecycle`, `tools`.
+//! `generation`, `errors`, `fields`, `lifecycle`, `tools`, `agents`, and `clients` (the
+//! requests real client libraries send, each as the library sends it).
 
 mod agents;
+mod clients;
 mod errors;
 mod fields;
 mod generation;

@@ -335,11 +335,6 @@ fn bad_tool_requests_are_refused_naming_the_field() {
         "`fly`, which is not in `tools`",
     );
     refused(
-        json!({"tool_choice": "required", "response_format": {"type": "json_object"}}),
-        "response_format",
-        "both constrain",
-    );
-    refused(
         json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "wizard"}}}],
                "tool_choice": "required"}),
         "tools",
