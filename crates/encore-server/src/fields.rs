@@ -208,7 +208,7 @@ const CHAT_TEMPLATE_KWARGS: Rule = honored(
 );
 const TOOLS: Rule = honored(
     "tools",
-    "`{\"type\": \"function\", \"function\": {name, description, parameters, strict}}` each, rendered by the chat template; when it renders none, described in a generic system prompt (calls as `[{\"name\", \"parameters\"}]`, as llama.cpp's generic format), where `tool_choice` must force the call (`auto` is refused)",
+    "`{\"type\": \"function\", \"function\": {name, description, parameters, strict}}` each, rendered by the chat template; when it renders none, described in a generic system prompt (calls as `[{\"name\", \"parameters\"}]`, as llama.cpp's generic format), where `auto` reads an answer that starts with such a list as its calls",
 );
 
 /// `POST /v1/completions`.

@@ -113,14 +113,7 @@ pub(crate) fn chat_prompt(
         Some(t) => Some(match &t.choice {
             ToolChoice::Required => CallMode::Required,
             ToolChoice::Named(name) => CallMode::Named(name.clone()),
-            _ if generic => {
-                return Err(ApiError::bad(
-                    "tool_choice",
-                    "this model's chat template does not render tools: the server \
-                         describes them in a generic prompt, where a call must be forced: \
-                         give `tool_choice` `required` or a function",
-                ))
-            }
+            _ if generic => CallMode::Generic,
             _ => match s.chat.tool_format {
                 Some(f) => CallMode::Native(f),
                 None => {

@@ -4,8 +4,9 @@
 //! them: a JSON list `[{"name": ..., "parameters": {...}}]`, the very shape the grammar of
 //! `tool_choice` `required` forces (`tools::Tools::constraint`), so a forced call reads
 //! as usual. An assistant's earlier calls are written into its text in that shape, and
-//! the results of a turn's calls go back as one user message. `tool_choice` `auto`, which
-//! would need the model's own call format, is refused by name on such a model.
+//! the results of a turn's calls go back as one user message. Under `tool_choice` `auto`
+//! the model answers freely, and an answer that starts with such a list is read as its
+//! calls (`parse::CallMode::Generic`).
 
 use encore_core::tokenizer::ChatMessage;
 use serde_json::{json, Value};
@@ -120,7 +121,8 @@ fn tools_text(defs: &[Value]) -> String {
     t.push_str(
         "\nTo call functions, answer with only a JSON list of the calls: \
          [{\"name\": <function name>, \"parameters\": <arguments object>}]. \
-         Each call's result comes back in the next user message.",
+         Each call's result comes back in the next user message. Otherwise answer in \
+         plain text.",
     );
     t
 }

@@ -93,6 +93,10 @@ pub(crate) enum CallMode {
     Required,
     /// A named function: the grammar's output is that function's arguments.
     Named(String),
+    /// `tool_choice: auto` on a template that renders no tools (the generic tool prompt,
+    /// `generic_tools`): an answer that starts with a JSON list of calls, `[{"name": ...,
+    /// "parameters": {...}}, ...]` as the prompt asks, is the calls; any other the text.
+    Generic,
 }
 
 /// A tool call as parsed so far.
@@ -152,6 +156,7 @@ impl ChatParser {
                 out.calls = calls;
             }
             Some(CallMode::Required) => out.calls = required_calls(rest),
+            Some(CallMode::Generic) => (out.content, out.calls) = generic(rest, done),
             Some(CallMode::Named(name)) => out.calls.push(Call {
                 name: Some(name.clone()),
                 arguments: rest.trim().to_string(),
@@ -309,6 +314,24 @@ fn llama3(text: &str, done: bool) -> (String, Vec<Call>) {
         }
     }
     if done && (!whole || calls.is_empty()) {
+        return (text.to_string(), Vec::new());
+    }
+    (String::new(), calls)
+}
+
+/// The generic prompt's answer: calls when it starts with a list of them (as the
+/// `required` grammar's), else text; undecided while empty. A list that ends without a
+/// whole named call is text.
+fn generic(text: &str, done: bool) -> (String, Vec<Call>) {
+    let t = text.trim_start();
+    if t.is_empty() && !done {
+        return (String::new(), Vec::new());
+    }
+    if !t.starts_with('[') {
+        return (hold_ws(text, done).to_string(), Vec::new());
+    }
+    let calls = required_calls(t);
+    if done && (calls.is_empty() || calls.iter().any(|c| c.name.is_none())) {
         return (text.to_string(), Vec::new());
     }
     (String::new(), calls)
@@ -738,6 +761,27 @@ mod tests {
             assert_eq!(out.content, t);
             assert!(out.calls.is_empty());
         }
+    }
+
+    #[test]
+    fn generic_answers_are_calls_or_text() {
+        let p = ChatParser {
+            think: None,
+            calls: Some(CallMode::Generic),
+            first_only: false,
+        };
+        let t = " [{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}]";
+        let out = streams_consistently(&p, t);
+        assert_eq!(out.calls, [call("get_weather", "{\"city\": \"Paris\"}")]);
+        assert_eq!(out.content, "");
+        let out = streams_consistently(&p, "It is sunny [1].");
+        assert_eq!(
+            (out.content.as_str(), out.calls.len()),
+            ("It is sunny [1].", 0)
+        );
+        // A list that is not calls is the text.
+        let out = p.parse("[1, 2]", true);
+        assert_eq!((out.content.as_str(), out.calls.len()), ("[1, 2]", 0));
     }
 
     #[test]
