@@ -6,10 +6,13 @@
 #   kernels  decode attention at (1,8k) (64,2k) (256,2k) (1024,1k), bf16 and FP8 caches,
 #          against the copy bandwidth;
 #   decode   the 8B FP8 decode step at batch 1/64/256, context 2048, bf16 KV then FP8 KV.
+#   gemm   the GEMM rows of `bench kernels`: Llama-3-8B's projections at an 8k-token
+#          prefill step and a 512-row decode step, bf16 weights against FP8 (what bounds
+#          the prefill-heavy 2048/128 row);
 #   ncu    Nsight Compute on the FP8 and bf16 decode-attention kernels of `bench kernels`
 #          (a launch of the (64, 2k) or (256, 2k) rows; the launch section names the grid).
 # Logs go to $OUT. BIN=encore-old runs .gpu/encore-old.xz (an A/B's base) instead.
-#   usage: [BIN=encore] bash scripts/gpu-kv8.sh [info,kernels,decode,ab,serve,ncu]
+#   usage: [BIN=encore] bash scripts/gpu-kv8.sh [info,kernels,gemm,decode,ab,serve,ncu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -29,6 +32,9 @@ if has info; then
 fi
 if has kernels; then
   "$enc" bench kernels --device cuda --only copy,attention 2>&1 | tee "$OUT/kernels-$BIN${ENCORE_DA_ORDER:-}.log" | grep -E "copy|attention"
+fi
+if has gemm; then
+  "$enc" bench kernels --device cuda --only gemm 2>&1 | tee "$OUT/gemm-$BIN.log" | grep -E "gemm"
 fi
 if has decode; then
   for kv in auto fp8; do

@@ -76,23 +76,40 @@ fn random_tensor(
     be.upload_f32_as(&data, shape, dtype)
 }
 
-/// `out = x·wᵀ` at `m×n×k` in `dtype`: TFLOP/s.
+/// `out = x·wᵀ` at `m×n×k` in `dtype`, the weight in `dtype` or quantized to `format`
+/// (as a checkpoint's is kept, e.g. FP8 on Hopper's FP8 GEMM): TFLOP/s.
 pub fn gemm(
     be: &dyn Backend,
     m: usize,
     n: usize,
     k: usize,
     dtype: DType,
+    format: Option<crate::quant::QuantFormat>,
     iters: usize,
 ) -> Result<BenchRow> {
     let mut rng = StdRng::seed_from_u64(1);
     let x = random_tensor(be, &mut rng, &[m, k], dtype, 1.0)?;
-    let w = random_tensor(be, &mut rng, &[n, k], dtype, 1.0)?;
+    let w = match format {
+        None => random_tensor(be, &mut rng, &[n, k], dtype, 1.0)?,
+        Some(f) => {
+            let v: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let wdt = DType::Q(f);
+            let mut b = vec![0u8; wdt.bytes(&[n, k]).unwrap_or(0)];
+            crate::quant::quantize_rows(f, &v, k, &mut b);
+            let w = be.alloc(wdt, &[n, k])?;
+            be.write_bytes(&w, &b)?;
+            // What a model reserves for its largest weight (the dense copy, or the FP8
+            // GEMM's quantized x and scales).
+            be.reserve_dequant_scratch((n * k * dtype.size()).max(2 * m * k))?;
+            w
+        }
+    };
     let out = be.alloc(dtype, &[m, n])?;
     let s = time_per_call(be, iters, 5, || be.matmul(&x, &w, None, &out))?;
     let flops = 2.0 * m as f64 * n as f64 * k as f64;
+    let wname = format.map_or(String::new(), |f| format!(" w={}", DType::Q(f)));
     Ok(BenchRow {
-        name: format!("gemm {m}x{n}x{k} {dtype}"),
+        name: format!("gemm {m}x{n}x{k} {dtype}{wname}"),
         value: flops / s / 1e12,
         unit: "TFLOP/s",
         seconds: s,

@@ -377,7 +377,8 @@ fn rayon_threads() -> usize {
 /// bandwidth (bytes, iterations), decode attention (shape, dtype, iterations) and the
 /// launch cost (iterations).
 struct KernelSuite {
-    gemms: &'static [(usize, usize, usize, DType, usize)],
+    /// m, n, k, x's dtype, the weight's format (`None`: x's dtype), iterations.
+    gemms: &'static [(usize, usize, usize, DType, Option<QuantFormat>, usize)],
     /// Decode projections `(n, k)` streamed in a graph over more weight bytes than L2.
     gemvs: &'static [(usize, usize, DType)],
     copy: (usize, usize),
@@ -429,7 +430,10 @@ const fn qwen3_30b_experts(format: Option<QuantFormat>) -> MoeShape {
 
 /// `--quick` (and the CPU): small shapes, few iterations.
 const QUICK: KernelSuite = KernelSuite {
-    gemms: &[(64, 256, 256, DType::F32, 5)],
+    gemms: &[
+        (64, 256, 256, DType::F32, None, 5),
+        (64, 256, 256, DType::F32, Some(QuantFormat::Q8_0), 5),
+    ],
     gemvs: &[(256, 256, DType::F32)],
     copy: (8 << 20, 5),
     attention: &[
@@ -461,10 +465,37 @@ const QUICK: KernelSuite = KernelSuite {
 /// The full suite: Llama-3-8B's shapes.
 const FULL: KernelSuite = KernelSuite {
     gemms: &[
-        (4096, 4096, 4096, DType::BF16, 50),
-        (4096, 4096, 4096, DType::F16, 50),
-        (1, 4096, 4096, DType::BF16, 200),
-        (64, 14336, 4096, DType::BF16, 200),
+        (4096, 4096, 4096, DType::BF16, None, 50),
+        (4096, 4096, 4096, DType::F16, None, 50),
+        (1, 4096, 4096, DType::BF16, None, 200),
+        (64, 14336, 4096, DType::BF16, None, 200),
+        // Llama-3-8B's q/k/v, o, gate/up and down over an 8k-token prefill step and a
+        // 512-row decode step, bf16 weights then FP8 (Hopper's FP8 GEMM).
+        (8192, 6144, 4096, DType::BF16, None, 10),
+        (8192, 4096, 4096, DType::BF16, None, 10),
+        (8192, 28672, 4096, DType::BF16, None, 10),
+        (8192, 4096, 14336, DType::BF16, None, 10),
+        (8192, 6144, 4096, DType::BF16, Some(QuantFormat::F8E4M3), 10),
+        (8192, 4096, 4096, DType::BF16, Some(QuantFormat::F8E4M3), 10),
+        (
+            8192,
+            28672,
+            4096,
+            DType::BF16,
+            Some(QuantFormat::F8E4M3),
+            10,
+        ),
+        (
+            8192,
+            4096,
+            14336,
+            DType::BF16,
+            Some(QuantFormat::F8E4M3),
+            10,
+        ),
+        (512, 6144, 4096, DType::BF16, Some(QuantFormat::F8E4M3), 50),
+        (512, 28672, 4096, DType::BF16, Some(QuantFormat::F8E4M3), 50),
+        (512, 4096, 14336, DType::BF16, Some(QuantFormat::F8E4M3), 50),
     ],
     // Llama-3-8B's q/k/v, o, gate/up and down, one rank's of the 8B over 2 GPUs, then one
     // rank's of a 70B over 4 GPUs.
@@ -531,8 +562,8 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
     let suite = if quick { &QUICK } else { &FULL };
     let on = |g: KernelGroup| args.only.is_empty() || args.only.contains(&g);
     if on(KernelGroup::Gemm) {
-        for &(m, n, k, dtype, iters) in suite.gemms {
-            push(bench::gemm(be, m, n, k, dtype, iters)?)?;
+        for &(m, n, k, dtype, format, iters) in suite.gemms {
+            push(bench::gemm(be, m, n, k, dtype, format, iters)?)?;
         }
     }
     if on(KernelGroup::Copy) {
