@@ -377,8 +377,7 @@ fn rayon_threads() -> usize {
 /// bandwidth (bytes, iterations), decode attention (shape, dtype, iterations) and the
 /// launch cost (iterations).
 struct KernelSuite {
-    /// m, n, k, x's dtype, the weight's format (`None`: x's dtype), iterations.
-    gemms: &'static [(usize, usize, usize, DType, Option<QuantFormat>, usize)],
+    gemms: &'static [GemmCase],
     /// Decode projections `(n, k)` streamed in a graph over more weight bytes than L2.
     gemvs: &'static [(usize, usize, DType)],
     copy: (usize, usize),
@@ -387,6 +386,10 @@ struct KernelSuite {
     /// Experts in host memory: read in place, or through the expert cache.
     moe: &'static [(MoeShape, DType, usize)],
 }
+
+/// A GEMM of `bench kernels`: m, n, k, x's dtype, the weight's format (`None`: x's dtype),
+/// iterations.
+type GemmCase = (usize, usize, usize, DType, Option<QuantFormat>, usize);
 
 /// A decode-attention shape of 16-token KV blocks.
 const fn attention(
