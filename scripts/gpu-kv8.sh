@@ -57,9 +57,24 @@ if has serve; then
   # TensorRT-LLM's table (bench serve --dataset-shape trtllm), FP8 weights and KV.
   "$enc" bench serve --in-process --device cuda --model dummy:llama-3-8b --quantization fp8 \
     --kv-cache-dtype fp8 --max-num-batched-tokens 8192 --max-num-seqs ${SEQS:-1024} \
-    --kv-fraction 0.9 --dataset-shape trtllm --num-prompts ${PROMPTS:-1500} \
-    2>"$OUT/serve.err" | tee "$OUT/serve.log"
+    --kv-fraction 0.9 --dataset-shape trtllm --num-prompts ${PROMPTS:-1500} --json \
+    2>"$OUT/serve.err" > "$OUT/serve.json"
   tail -3 "$OUT/serve.err"
+  # The table, and where a step's time goes (in process: the step, the wait on the
+  # device, the host's share), the largest batch and the preemptions.
+  python3 - "$OUT/serve.json" <<'EOF2' | tee "$OUT/serve.log"
+import json, sys
+nan = float("nan")
+print(f"{'ISL/OSL':10} {'out tok/s':>10} {'peer':>6} {'ratio':>6} {'TPOT ms':>8} {'step ms':>8} "
+      f"{'wait ms':>8} {'host ms':>8} {'batch':>6} {'preempt':>7} {'steps':>6}")
+for r in json.load(open(sys.argv[1])):
+    g = lambda k: r.get(k) if r.get(k) is not None else nan
+    print(f"{str(r['isl']) + '/' + str(r['osl']):10} {g('output_throughput'):10.1f} "
+          f"{g('peer_output_throughput'):6.0f} {g('output_throughput_ratio'):6.3f} "
+          f"{(r.get('tpot_ms') or {}).get('mean') or nan:8.2f} {g('step_ms'):8.2f} "
+          f"{g('device_wait_ms'):8.2f} {g('host_ms'):8.2f} {g('max_running'):6} "
+          f"{g('preemptions'):7} {g('steps'):6}")
+EOF2
 fi
 if has ncu; then
   for k in attention_decode_hd128_bf16_kv8 attention_decode_hd128_bf16; do
