@@ -11,7 +11,7 @@ It compiles `kernels/common.cuh + <file>.cu` for every `crates/encore-backend/ke
 prepended; options
 `--gpu-architecture=sm_90 --std=c++17 -I<include dir>`), prints one line per file, and
 exits non-zero if any file fails, if NVRTC prints anything (warnings count as errors),
-if a `.cu` file is missing from `SOURCES` in `src/backend/cuda/kernels/mod.rs` (or listed
+if a `.cu` file is missing from `SOURCES` in `src/backend/cuda/kernels/sources.rs` (or listed
 there but absent), or if a function name listed in `SOURCES` is not an entry point of the
 compiled PTX.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL_DIR = ROOT / "crates" / "encore-backend" / "kernels"
-KERNELS_RS = ROOT / "crates" / "encore-backend" / "src" / "backend" / "cuda" / "kernels" / "mod.rs"
+KERNELS_RS = ROOT / "crates" / "encore-backend" / "src" / "backend" / "cuda" / "kernels" / "sources.rs"
 
 
 def candidate_roots():
@@ -141,7 +141,7 @@ class Nvrtc:
 
 
 def parse_sources():
-    """(file, src path, [functions]) for every KernelSource in kernels/mod.rs."""
+    """(file, src path, [functions]) for every KernelSource in kernels/sources.rs."""
     if not KERNELS_RS.exists():
         sys.exit(f"check-kernels: {KERNELS_RS} not found")
     text = KERNELS_RS.read_text()

@@ -300,7 +300,7 @@ mod tests {
         assert_eq!(
             listed,
             on_disk,
-            "SOURCES in kernels/mod.rs against {}",
+            "SOURCES in kernels/sources.rs against {}",
             dir.display()
         );
     }
