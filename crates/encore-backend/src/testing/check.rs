@@ -6,9 +6,11 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 
-use super::cases::{cases, compare, reference, run};
+use super::cases::cases;
 use super::compare::CheckResult;
+use super::expect::{compare, reference};
 use super::host::poison;
+use super::run_case::run;
 
 /// Every op on fresh random inputs from `seed`, run on `backend` and on a fresh
 /// [`CpuBackend`] with poisoned outputs, compared within [`tolerance`] (exactly when

@@ -506,7 +506,9 @@ pub(super) fn take(
 ) -> Result<Kernel> {
     let f = fns.get(name).cloned().ok_or_else(|| Error::Cuda {
         call: "kernel lookup".into(),
-        message: format!("kernel `{name}` is not loaded (not listed in kernels/sources.rs SOURCES?)"),
+        message: format!(
+            "kernel `{name}` is not loaded (not listed in kernels/sources.rs SOURCES?)"
+        ),
     })?;
     Ok(Kernel {
         f,
