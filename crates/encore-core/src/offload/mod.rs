@@ -25,12 +25,14 @@
 
 mod exec;
 pub mod experts;
+mod prepare;
 
-pub use exec::{
-    device_bytes, executor_order, HostPart, HostWeights, Offload, OffloadConfig, OffloadReport,
-    Place, Policy, Prepared, SLOT_ALIGN,
-};
+pub use exec::{Offload, SLOT_ALIGN};
 pub use experts::{ExpertLayout, ExpertStats};
+pub use prepare::{
+    device_bytes, executor_order, HostPart, HostWeights, OffloadConfig, OffloadReport, Place,
+    Policy, Prepared,
+};
 
 use std::collections::{HashMap, VecDeque};
 
