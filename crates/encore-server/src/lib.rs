@@ -16,7 +16,8 @@
 //!
 //! Modules by job: `fields` (the table of each endpoint's fields), `body` (request
 //! bodies and their validation, with `chat_messages` for chat's `messages` and
-//! `structured` for the structured-output fields), `error` (error responses),
+//! `structured` for the structured-output fields), `wire` (the OpenAI response bodies
+//! as serde types), `error` (error responses),
 //! `generate` (the generation path: admission, then a whole response (`whole`) or a
 //! stream (`stream`), formatted by `output` for completions and chat, by `responses`
 //! and `messages` (which also read their own bodies into the chat request, its content
@@ -35,7 +36,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use encore_core::serve::EngineHandle;
 use encore_core::tokenizer::Tokenizer;
-use serde_json::{json, Value};
 use tokio::sync::watch;
 
 mod anthropic_blocks;
@@ -57,11 +57,13 @@ mod structured;
 mod tokenize;
 mod tools;
 mod whole;
+mod wire;
 
 pub use parse::{ReasoningFormat, ToolFormat};
 pub use shutdown::serve;
 
 use error::ApiError;
+use wire::{Model, ModelList};
 
 /// What the server needs besides the engine.
 #[derive(Clone, Debug)]
@@ -233,16 +235,22 @@ fn bearer_token(value: &str) -> Option<&str> {
         .then(|| token.trim_start())
 }
 
-async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&s)]}))
+async fn models(State(s): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![model_object(&s)],
+    })
 }
 
 /// The served model as OpenAI's model object (`/v1/models` lists it).
-fn model_object(s: &AppState) -> Value {
-    json!({
-        "id": s.cfg.served_model_name, "object": "model", "created": 0, "owned_by": "encore",
-        "max_model_len": s.engine.max_seq_len,
-    })
+fn model_object(s: &AppState) -> Model {
+    Model {
+        id: s.cfg.served_model_name.clone(),
+        object: "model",
+        created: 0,
+        owned_by: "encore",
+        max_model_len: s.engine.max_seq_len,
+    }
 }
 
 /// `GET /v1/models/{model}` (the openai client's `models.retrieve`): the model object,

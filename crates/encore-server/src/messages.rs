@@ -628,13 +628,13 @@ impl Stream {
             ));
         }
         for c in &d.calls {
-            if let Some(id) = c["id"].as_str() {
+            if let Some(id) = &c.id {
                 let b = json!({"type": "tool_use", "id": id,
-                    "name": c["function"]["name"], "input": {}});
+                    "name": c.function.name, "input": {}});
                 self.open(Block::ToolUse, b, false, &mut out);
                 self.called = true;
             }
-            let args = c["function"]["arguments"].as_str().unwrap_or("");
+            let args = c.function.arguments.as_str();
             if let (false, Some((i, Block::ToolUse))) = (args.is_empty(), self.open) {
                 let delta = json!({"type": "input_json_delta", "partial_json": args});
                 out.push(Self::event(
@@ -680,6 +680,7 @@ impl Stream {
 mod tests {
     use super::*;
     use crate::parse::Call;
+    use crate::wire::ToolCallDelta;
 
     fn out(id_seed: u64) -> ChatOut {
         ChatOut::plain(id_seed)
@@ -755,7 +756,7 @@ mod tests {
         let d = |r: &str, c: &str, calls: Vec<Value>| Delta {
             reasoning: r.into(),
             content: c.into(),
-            calls,
+            calls: calls.iter().map(ToolCallDelta::from_json).collect(),
         };
         let mut st = Stream::new(9, false);
         let mut events = st.start(&reply, 3);

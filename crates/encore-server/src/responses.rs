@@ -28,7 +28,7 @@ use crate::body::{
 use crate::error::ApiError;
 use crate::fields;
 use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Ending, Typed};
-use crate::output::{logprobs_json, Kind, Reply};
+use crate::output::{chat_logprobs, Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
 use crate::responses_input::input;
 use crate::structured::json_schema;
@@ -473,7 +473,7 @@ fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str)
 
 /// The `logprobs` of output text: chat's entries.
 fn logprob_entries(tok: &Tokenizer, entries: &[(u32, TokenLogprobs)]) -> Value {
-    logprobs_json(tok, Kind::Chat, entries, &mut 0)["content"].take()
+    serde_json::to_value(chat_logprobs(tok, entries).content).unwrap_or_default()
 }
 
 /// Tokens of `text` (the reasoning's share of the output, as the usage reports it).
@@ -757,10 +757,10 @@ impl Stream {
             out.push(self.event("response.output_text.delta", e));
         }
         for c in &d.calls {
-            let args = c["function"]["arguments"].as_str().unwrap_or("");
-            if let Some(call_id) = c["id"].as_str() {
+            let args = c.function.arguments.as_str();
+            if let Some(call_id) = &c.id {
                 // A new call: its id and name.
-                let name = c["function"]["name"].as_str().unwrap_or("").to_string();
+                let name = c.function.name.clone().unwrap_or_default();
                 self.ensure(Open::Call, &mut out);
                 let i = self.items.len() - 1;
                 self.items[i].call = Some((call_id.to_string(), name));
@@ -811,9 +811,8 @@ impl Stream {
 
     /// The event of an error that ends the stream.
     pub fn error(&mut self, e: &ApiError) -> Vec<Typed> {
-        let b = e.body();
-        let err = &b["error"];
-        let data = json!({"code": err["code"], "message": err["message"], "param": err["param"]});
+        let err = e.body().error;
+        let data = json!({"code": err.code, "message": err.message, "param": err.param});
         vec![self.event("error", data)]
     }
 }
@@ -822,6 +821,7 @@ impl Stream {
 mod tests {
     use super::*;
     use crate::parse::Call;
+    use crate::wire::ToolCallDelta;
 
     fn echo() -> Echo {
         Echo {
@@ -851,7 +851,7 @@ mod tests {
         let d = |r: &str, c: &str, calls: Vec<Value>| Delta {
             reasoning: r.into(),
             content: c.into(),
-            calls,
+            calls: calls.iter().map(ToolCallDelta::from_json).collect(),
         };
         let header = |i: usize, id: String, name: &str| {
             json!({"index": i, "id": id, "type": "function",

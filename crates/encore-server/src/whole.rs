@@ -78,12 +78,9 @@ pub(crate) async fn respond(
         };
         if score_only {
             // The prompt alone: the token the engine ran is left out.
-            let lps = match &c.prompt_logprobs {
-                Some(scores) => {
-                    completion_logprobs(&s.tokenizer, prompt_entries(prompt, scores), &mut 0)
-                }
-                None => Value::Null,
-            };
+            let lps = c.prompt_logprobs.as_ref().map(|scores| {
+                completion_logprobs(&s.tokenizer, prompt_entries(prompt, scores), &mut 0)
+            });
             let text = echo.clone().unwrap_or_default();
             choices.push(reply.choice(index, &text, &[], lps, "length", None));
             continue;
@@ -105,10 +102,10 @@ pub(crate) async fn respond(
             Some(scores) => {
                 let generated = c.logprobs.iter().map(|(id, lp)| (*id, Some(lp)));
                 let entries = prompt_entries(prompt, scores).chain(generated);
-                completion_logprobs(&s.tokenizer, entries, &mut 0)
+                Some(completion_logprobs(&s.tokenizer, entries, &mut 0))
             }
-            None if c.logprobs.is_empty() => Value::Null,
-            None => logprobs_json(&s.tokenizer, reply.kind, &c.logprobs, &mut 0),
+            None if c.logprobs.is_empty() => None,
+            None => Some(logprobs_json(&s.tokenizer, reply.kind, &c.logprobs, &mut 0)),
         };
         let (message, finish) = match &chat {
             Some(
@@ -131,7 +128,7 @@ pub(crate) async fn respond(
     }
     // Each prompt counts once, whatever its `n`.
     let prompt_tokens = prompts.iter().map(|p| p.ids.len()).sum();
-    Json(reply.whole(choices, prompt_tokens, completion)).into_response()
+    reply.whole(choices, prompt_tokens, completion)
 }
 
 /// The answer to a responses or messages request: its one output, split by its parser and
