@@ -17,8 +17,9 @@ use axum::Json;
 use encore_core::request::{Constraint, RequestParams, SamplingParams};
 use encore_core::tokenizer::{ChatMessage, StopMatcher, RESERVED_TEMPLATE_VARS};
 use serde::de::{DeserializeOwned, Deserializer};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 use crate::chat_messages::messages;
 use crate::error::{json_body, ApiError, ParamNames};
@@ -62,6 +63,17 @@ impl<'de, T: DeserializeOwned> Deserialize<'de> for Field<T> {
             Value::Null => Field::Absent,
             v => serde_json::from_value(v).map_or(Field::Wrong, Field::Given),
         })
+    }
+}
+
+/// A field serializes as its value (`null` when absent or wrong): the bodies' schemas
+/// (utoipa) write their defaults with it.
+impl<T: Serialize> Serialize for Field<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Field::Given(x) => x.serialize(s),
+            _ => s.serialize_none(),
+        }
     }
 }
 
@@ -123,7 +135,7 @@ pub(crate) fn flag(f: Field<bool>, name: &'static str) -> Result<bool, ApiError>
 }
 
 /// `stop`: one string or a list of them.
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize, ToSchema)]
 #[serde(untagged)]
 pub(crate) enum Stop {
     One(String),
@@ -171,16 +183,24 @@ fn stream_options(f: Field<Map<String, Value>>, stream: bool) -> Result<StreamUs
 }
 
 /// The sampling fields both endpoints share.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct SamplingBody {
+    #[schema(value_type = Option<f64>)]
     pub temperature: Field<f64>,
+    #[schema(value_type = Option<f64>)]
     pub top_p: Field<f64>,
+    #[schema(value_type = Option<i64>)]
     pub top_k: Field<i64>,
+    #[schema(value_type = Option<i64>)]
     pub seed: Field<i64>,
+    #[schema(value_type = Option<f64>)]
     pub min_p: Field<f64>,
+    #[schema(value_type = Option<f64>)]
     pub presence_penalty: Field<f64>,
+    #[schema(value_type = Option<f64>)]
     pub frequency_penalty: Field<f64>,
+    #[schema(value_type = Option<f64>)]
     pub repetition_penalty: Field<f64>,
 }
 
@@ -218,27 +238,43 @@ impl SamplingBody {
 }
 
 /// The fields both endpoints share: the model, sampling, length, streaming and stops.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct CommonBody {
+    #[schema(value_type = Option<String>)]
     model: Field<String>,
     #[serde(flatten)]
     sampling: SamplingBody,
+    #[schema(value_type = Option<u64>)]
     max_completion_tokens: Field<u64>,
+    #[schema(value_type = Option<u64>)]
     max_tokens: Field<u64>,
+    #[schema(value_type = Option<bool>)]
     stream: Field<bool>,
+    #[schema(value_type = Option<Object>)]
     stream_options: Field<Map<String, Value>>,
+    #[schema(value_type = Option<i64>)]
     n: Field<i64>,
+    #[schema(value_type = Option<Object>)]
     logit_bias: Field<Map<String, Value>>,
+    #[schema(value_type = Option<bool>)]
     ignore_eos: Field<bool>,
+    #[schema(value_type = Option<Vec<u32>>)]
     stop_token_ids: Field<Vec<u32>>,
+    #[schema(value_type = Option<Stop>)]
     stop: Field<Stop>,
     /// Structured outputs: OpenAI's, vLLM's, and vLLM's older spelling.
+    #[schema(value_type = Option<serde_json::Value>)]
     response_format: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     structured_outputs: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     guided_json: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     guided_regex: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     guided_choice: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     guided_grammar: Field<Value>,
 }
 
@@ -447,7 +483,7 @@ pub(crate) fn validate_stop(f: Field<Stop>) -> Result<StopMatcher, ApiError> {
 
 /// A completion's `prompt`: text, token ids, or a batch of either (one choice, or `n`,
 /// per prompt, in order).
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize, ToSchema)]
 #[serde(untagged)]
 pub(crate) enum Prompt {
     Text(String),
@@ -460,12 +496,15 @@ pub(crate) enum Prompt {
 pub(crate) const MAX_PROMPTS: usize = 256;
 
 /// The body of `/v1/completions`.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct CompletionBody {
+    #[schema(value_type = Option<Prompt>)]
     prompt: Field<Prompt>,
     /// The number of top log-probabilities per token.
+    #[schema(value_type = Option<u64>)]
     logprobs: Field<u64>,
+    #[schema(value_type = Option<bool>)]
     echo: Field<bool>,
     #[serde(flatten)]
     common: CommonBody,
@@ -548,16 +587,23 @@ fn token_ids(ids: Vec<u64>) -> Result<PromptInput, ApiError> {
 }
 
 /// The body of `/v1/chat/completions`.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct ChatBody {
+    #[schema(value_type = Option<Vec<Object>>)]
     messages: Field<Vec<Value>>,
     /// Whether to return log-probabilities, and how many top ones per token.
+    #[schema(value_type = Option<bool>)]
     logprobs: Field<bool>,
+    #[schema(value_type = Option<u64>)]
     top_logprobs: Field<u64>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tools: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tool_choice: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     parallel_tool_calls: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     chat_template_kwargs: Field<Value>,
     #[serde(flatten)]
     common: CommonBody,

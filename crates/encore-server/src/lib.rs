@@ -1,7 +1,8 @@
 //! encore-server: the OpenAI-compatible HTTP API over the engine loop
 //! (`encore_core::serve::EngineHandle`): `/v1/completions` and `/v1/chat/completions`
 //! (streaming as server-sent events, or whole), vLLM's `/tokenize` and `/detokenize`,
-//! `/v1/models` and `/v1/models/{model}`, `/health` and `/metrics` (Prometheus text).
+//! `/v1/models` and `/v1/models/{model}`, `/health`, `/metrics` (Prometheus text) and
+//! `/openapi.json` (the OpenAPI document of every route, generated from the wire types).
 //! Every field of a request body is honored, accepted and logged, or refused with a 400
 //! naming it, by one table per endpoint (`fields`): no field is silently ignored.
 //! Bodies are then read as typed structs validated at the edge (`body`); what depends
@@ -22,7 +23,8 @@
 //! stream (`stream`), formatted by `output` for completions and chat, by `responses`
 //! and `messages` (which also read their own bodies into the chat request, its content
 //! blocks in `anthropic_blocks`, the responses `input` in `responses_input`) for theirs),
-//! `tokenize` (`/tokenize`, `/detokenize`), `metrics` (`/metrics`), `shutdown`
+//! `tokenize` (`/tokenize`, `/detokenize`), `metrics` (`/metrics`), `openapi`
+//! (`/openapi.json`), `shutdown`
 //! ([`serve`] and its drain).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
@@ -47,6 +49,7 @@ mod generate;
 mod generic_tools;
 mod messages;
 mod metrics;
+mod openapi;
 mod output;
 mod parse;
 mod responses;
@@ -184,6 +187,7 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
         .merge(v1)
         .route("/health", get(health))
         .route("/metrics", get(metrics::metrics))
+        .route("/openapi.json", get(openapi::openapi_json))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

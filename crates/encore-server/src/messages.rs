@@ -31,6 +31,7 @@ use crate::output::{Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
 use crate::structured::json_schema;
 use crate::tools::{read_list, ToolChoice, Tools};
+use crate::wire::{AnthropicError, AnthropicErrorBody};
 use crate::AppState;
 
 /// The most stop sequences a request may give.
@@ -73,7 +74,7 @@ pub(crate) fn error(e: ApiError) -> Response {
     r
 }
 
-fn error_body(e: &ApiError) -> Value {
+fn error_body(e: &ApiError) -> AnthropicErrorBody {
     let kind = match e.status {
         StatusCode::BAD_REQUEST => "invalid_request_error",
         StatusCode::UNAUTHORIZED => "authentication_error",
@@ -88,7 +89,10 @@ fn error_body(e: &ApiError) -> Value {
         Some(p) => format!("{p}: {}", e.message),
         None => e.message.clone(),
     };
-    json!({"type": "error", "error": {"type": kind, "message": message}})
+    AnthropicErrorBody {
+        kind: "error",
+        error: AnthropicError { kind, message },
+    }
 }
 
 /// What both bodies share: the conversation, its tools and thinking.
@@ -672,7 +676,8 @@ impl Stream {
 
     /// The event of an error that ends the stream.
     pub fn error(&mut self, e: &ApiError) -> Vec<Typed> {
-        vec![("error", error_body(e))]
+        let b = serde_json::to_value(error_body(e)).unwrap_or_default();
+        vec![("error", b)]
     }
 }
 
@@ -846,7 +851,7 @@ mod tests {
             "messages[0].content[1].type",
             "content block type `image` is not supported",
         );
-        let b = error_body(&e);
+        let b = serde_json::to_value(error_body(&e)).unwrap();
         assert_eq!(b["type"], "error");
         assert_eq!(b["error"]["type"], "invalid_request_error");
         assert!(b["error"]["message"]

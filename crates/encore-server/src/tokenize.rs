@@ -9,7 +9,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use encore_core::tokenizer::{ChatMessage, ChatOptions};
 use serde::Deserialize;
@@ -18,6 +18,7 @@ use crate::body::{check_model, given, read, template_kwargs, Field};
 use crate::chat_messages::messages;
 use crate::error::ApiError;
 use crate::tools::Tools;
+use crate::wire::{DetokenizeResponse, TokenizeResponse};
 use crate::{fields, AppState};
 
 /// `{"count", "max_model_len", "tokens"}` of a `prompt` or of `messages`.
@@ -47,9 +48,11 @@ pub(crate) async fn tokenize(
                 .map_err(|e| ApiError::bad(param, e.to_string()))
         });
     match ids {
-        Ok(ids) => Json(json!({
-            "count": ids.len(), "max_model_len": s.engine.max_seq_len, "tokens": ids,
-        }))
+        Ok(ids) => Json(TokenizeResponse {
+            count: ids.len(),
+            max_model_len: s.engine.max_seq_len,
+            tokens: ids,
+        })
         .into_response(),
         Err(e) => e.into_response(),
     }
@@ -68,7 +71,7 @@ pub(crate) async fn detokenize(
                 .map_err(|e| ApiError::bad("tokens", e.to_string()))
         });
     match text {
-        Ok(text) => Json(json!({ "prompt": text })).into_response(),
+        Ok(text) => Json(DetokenizeResponse { prompt: text }).into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -309,6 +309,40 @@ pub(crate) struct ErrorObject {
     pub code: Option<&'static str>,
 }
 
+/// Anthropic's error body (`/v1/messages` and under it).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub(crate) struct AnthropicErrorBody {
+    /// Always `error`.
+    #[serde(rename = "type")]
+    #[schema(value_type = String)]
+    pub kind: &'static str,
+    pub error: AnthropicError,
+}
+
+/// Anthropic's error: its type (`invalid_request_error`, `not_found_error`, ...) and
+/// message (which starts with the field at fault).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub(crate) struct AnthropicError {
+    #[serde(rename = "type")]
+    #[schema(value_type = String)]
+    pub kind: &'static str,
+    pub message: String,
+}
+
+/// `POST /tokenize`'s answer (vLLM's).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub(crate) struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: usize,
+    pub tokens: Vec<u32>,
+}
+
+/// `POST /detokenize`'s answer (vLLM's).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub(crate) struct DetokenizeResponse {
+    pub prompt: String,
+}
+
 #[cfg(test)]
 impl ToolCallDelta {
     /// The delta a test writes as JSON (`{"index", "id", "type", "function"}`).

@@ -1,0 +1,365 @@
+//! `GET /openapi.json`: the server's OpenAPI 3.1 document, generated with utoipa from the
+//! wire types (`wire`) and the typed request bodies (`body`), with every route. A request
+//! body's schema is its endpoint's table of fields (`fields`): an honored field has the
+//! type its typed body reads (any JSON value where the body is not typed yet), a logged
+//! field its JSON type, a refused field only the values that change nothing (so the
+//! schema accepts exactly what the server does not refuse by name); any other field is
+//! refused (`additionalProperties: false`), and `null` reads as absent everywhere.
+
+use std::sync::OnceLock;
+
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+use utoipa::OpenApi;
+
+use crate::body::{ChatBody, CompletionBody};
+use crate::fields::{self, Handling, NoOp, Rule, Shape};
+use crate::wire::{
+    AnthropicErrorBody, ChatCompletionChunk, ChatCompletionResponse, CompletionChunk,
+    CompletionResponse, DetokenizeResponse, ErrorBody, Model, ModelList, TokenizeResponse,
+};
+
+/// The document as served (built once).
+pub(crate) async fn openapi_json() -> Response {
+    static DOC: OnceLock<String> = OnceLock::new();
+    let text = DOC.get_or_init(|| document().to_string());
+    ([(header::CONTENT_TYPE, "application/json")], text.as_str()).into_response()
+}
+
+/// Each POST route's request body: its schema's name, its table, and the schema of its
+/// typed body (`None` while the body is read without one).
+fn request_bodies() -> Vec<(
+    &'static str,
+    &'static str,
+    &'static [Rule],
+    Option<&'static str>,
+)> {
+    vec![
+        (
+            "/v1/completions",
+            "CompletionRequest",
+            fields::COMPLETIONS,
+            Some("CompletionBody"),
+        ),
+        (
+            "/v1/chat/completions",
+            "ChatCompletionRequest",
+            fields::CHAT,
+            Some("ChatBody"),
+        ),
+        ("/v1/responses", "ResponsesRequest", fields::RESPONSES, None),
+        ("/v1/messages", "MessagesRequest", fields::MESSAGES, None),
+        (
+            "/v1/messages/count_tokens",
+            "CountTokensRequest",
+            fields::COUNT_TOKENS,
+            None,
+        ),
+        ("/tokenize", "TokenizeRequest", fields::TOKENIZE, None),
+        ("/detokenize", "DetokenizeRequest", fields::DETOKENIZE, None),
+    ]
+}
+
+/// The typed bodies whose schemas the request schemas are built from (not served).
+const TYPED_BODIES: [&str; 4] = ["CompletionBody", "ChatBody", "CommonBody", "SamplingBody"];
+
+/// The OpenAPI document: utoipa's, each request body's schema built from its table.
+pub(crate) fn document() -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    let schemas = doc["components"]["schemas"].clone();
+    for (path, name, table, typed) in request_bodies() {
+        let typed = typed.map_or_else(Map::new, |t| {
+            properties(&schemas, &json!({"$ref": reference(t)}))
+        });
+        doc["components"]["schemas"][name] = request_schema(table, &typed);
+        doc["paths"][path]["post"]["requestBody"] = json!({
+            "required": true,
+            "content": {"application/json": {"schema": {"$ref": reference(name)}}},
+        });
+    }
+    if let Some(s) = doc["components"]["schemas"].as_object_mut() {
+        for t in TYPED_BODIES {
+            s.remove(t);
+        }
+    }
+    doc
+}
+
+fn reference(name: &str) -> String {
+    format!("#/components/schemas/{name}")
+}
+
+/// The properties of `schema`, through `$ref`s, `allOf`s and a one-item `oneOf` (a
+/// flattened struct's).
+pub(crate) fn properties(schemas: &Value, schema: &Value) -> Map<String, Value> {
+    let mut out = Map::new();
+    if let Some(r) = schema["$ref"].as_str() {
+        let name = r.rsplit('/').next().unwrap_or_default();
+        return properties(schemas, &schemas[name]);
+    }
+    for part in schema["allOf"].as_array().into_iter().flatten() {
+        out.extend(properties(schemas, part));
+    }
+    // A flattened struct with defaults is written as a `oneOf` of its one reference.
+    if let Some([one]) = schema["oneOf"].as_array().map(Vec::as_slice) {
+        out.extend(properties(schemas, one));
+    }
+    if let Some(p) = schema["properties"].as_object() {
+        out.extend(p.clone());
+    }
+    out
+}
+
+/// The schema of a body whose fields `table` lists; `typed`: the typed body's properties.
+fn request_schema(table: &[Rule], typed: &Map<String, Value>) -> Value {
+    let mut props = Map::new();
+    let mut required = Vec::new();
+    for r in table {
+        let mut p = match r.handling {
+            Handling::Honored => typed.get(r.name).cloned().unwrap_or_else(|| json!({})),
+            Handling::Logged(Shape::String) => json!({"type": ["string", "null"]}),
+            Handling::Logged(Shape::Object) => json!({"type": ["object", "null"]}),
+            Handling::Refused(ok) => json!({"enum": no_op_values(ok)}),
+        };
+        if let Value::Object(o) = &mut p {
+            // A typed body's defaults are its absent fields' (`null`), not the server's.
+            o.remove("default");
+            o.insert("description".into(), r.note.into());
+        }
+        if matches!(r.handling, Handling::Honored) && r.note.starts_with("required") {
+            required.push(r.name);
+        }
+        props.insert(r.name.into(), p);
+    }
+    json!({
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": false,
+    })
+}
+
+/// The values of a refused field that change nothing (`null` always).
+fn no_op_values(ok: NoOp) -> Vec<Value> {
+    let mut v = match ok {
+        NoOp::Nothing => vec![],
+        NoOp::False => vec![json!(false)],
+        NoOp::One => vec![json!(1)],
+        NoOp::Empty => vec![json!(""), json!([]), json!({})],
+        NoOp::Is(text) => serde_json::from_str(text).into_iter().collect(),
+        NoOp::AnyOf(list) => list.iter().map(|s| json!(s)).collect(),
+    };
+    v.push(Value::Null);
+    v
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "encore",
+        description = "encore's OpenAI-compatible (and Anthropic messages) HTTP API"
+    ),
+    paths(
+        completions,
+        chat_completions,
+        responses,
+        messages,
+        count_tokens,
+        tokenize,
+        detokenize,
+        models,
+        model,
+        health,
+        metrics,
+        openapi
+    ),
+    components(schemas(CompletionBody, ChatBody))
+)]
+struct ApiDoc;
+
+/// `POST /v1/completions`.
+#[utoipa::path(post, path = "/v1/completions", responses(
+    (status = 200, description = "the completion, or with `stream` its chunks as server-sent events (then `[DONE]`)", content(
+        (CompletionResponse = "application/json"),
+        (CompletionChunk = "text/event-stream"),
+    )),
+    (status = 400, description = "a field refused, named in `param`", body = ErrorBody),
+    (status = 401, description = "a missing or wrong API key", body = ErrorBody),
+    (status = 404, description = "another model", body = ErrorBody),
+    (status = 413, description = "a body over the limit", body = ErrorBody),
+    (status = 503, description = "a full queue, or shutting down", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn completions() {}
+
+/// `POST /v1/chat/completions`.
+#[utoipa::path(post, path = "/v1/chat/completions", responses(
+    (status = 200, description = "the chat completion, or with `stream` its chunks as server-sent events (then `[DONE]`)", content(
+        (ChatCompletionResponse = "application/json"),
+        (ChatCompletionChunk = "text/event-stream"),
+    )),
+    (status = 400, description = "a field refused, named in `param`", body = ErrorBody),
+    (status = 401, description = "a missing or wrong API key", body = ErrorBody),
+    (status = 404, description = "another model", body = ErrorBody),
+    (status = 413, description = "a body over the limit", body = ErrorBody),
+    (status = 503, description = "a full queue, or shutting down", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn chat_completions() {}
+
+/// `POST /v1/responses` (stateless).
+#[utoipa::path(post, path = "/v1/responses", responses(
+    (status = 200, description = "the response object, or with `stream` its typed events", content(
+        (serde_json::Value = "application/json"),
+        (serde_json::Value = "text/event-stream"),
+    )),
+    (status = 400, description = "a field refused, named in `param`", body = ErrorBody),
+    (status = 401, description = "a missing or wrong API key", body = ErrorBody),
+    (status = 404, description = "another model", body = ErrorBody),
+    (status = 413, description = "a body over the limit", body = ErrorBody),
+    (status = 503, description = "a full queue, or shutting down", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn responses() {}
+
+/// `POST /v1/messages` (Anthropic's).
+#[utoipa::path(post, path = "/v1/messages", responses(
+    (status = 200, description = "the message, or with `stream` its typed events", content(
+        (serde_json::Value = "application/json"),
+        (serde_json::Value = "text/event-stream"),
+    )),
+    (status = 400, description = "a field refused, named at the start of the message", body = AnthropicErrorBody),
+    (status = 401, description = "a missing or wrong API key", body = AnthropicErrorBody),
+    (status = 404, description = "another model", body = AnthropicErrorBody),
+    (status = 413, description = "a body over the limit", body = AnthropicErrorBody),
+    (status = 503, description = "a full queue, or shutting down", body = AnthropicErrorBody),
+))]
+#[allow(dead_code)]
+fn messages() {}
+
+/// `POST /v1/messages/count_tokens` (Anthropic's).
+#[utoipa::path(post, path = "/v1/messages/count_tokens", responses(
+    (status = 200, description = "`{input_tokens}`", body = serde_json::Value),
+    (status = 400, description = "a field refused, named at the start of the message", body = AnthropicErrorBody),
+    (status = 401, description = "a missing or wrong API key", body = AnthropicErrorBody),
+    (status = 404, description = "another model", body = AnthropicErrorBody),
+    (status = 413, description = "a body over the limit", body = AnthropicErrorBody),
+))]
+#[allow(dead_code)]
+fn count_tokens() {}
+
+/// `POST /tokenize` (vLLM's).
+#[utoipa::path(post, path = "/tokenize", responses(
+    (status = 200, description = "the prompt's token ids", body = TokenizeResponse),
+    (status = 400, description = "a field refused, named in `param`", body = ErrorBody),
+    (status = 401, description = "a missing or wrong API key", body = ErrorBody),
+    (status = 404, description = "another model", body = ErrorBody),
+    (status = 413, description = "a body over the limit", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn tokenize() {}
+
+/// `POST /detokenize` (vLLM's).
+#[utoipa::path(post, path = "/detokenize", responses(
+    (status = 200, description = "the tokens' text", body = DetokenizeResponse),
+    (status = 400, description = "a field refused, named in `param`", body = ErrorBody),
+    (status = 401, description = "a missing or wrong API key", body = ErrorBody),
+    (status = 404, description = "another model", body = ErrorBody),
+    (status = 413, description = "a body over the limit", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn detokenize() {}
+
+/// `GET /v1/models`.
+#[utoipa::path(get, path = "/v1/models", responses(
+    (status = 200, description = "the served model", body = ModelList),
+    (status = 401, description = "a missing or wrong API key", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn models() {}
+
+/// `GET /v1/models/{model}` (a name with `/` is one path).
+#[utoipa::path(get, path = "/v1/models/{model}", params(("model" = String, Path, description = "the model's name")), responses(
+    (status = 200, description = "the served model", body = Model),
+    (status = 401, description = "a missing or wrong API key", body = ErrorBody),
+    (status = 404, description = "another model", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn model() {}
+
+/// `GET /health`.
+#[utoipa::path(get, path = "/health", responses(
+    (status = 200, description = "`ok`", body = String, content_type = "text/plain"),
+    (status = 503, description = "why the engine serves no more requests", body = String, content_type = "text/plain"),
+))]
+#[allow(dead_code)]
+fn health() {}
+
+/// `GET /metrics`.
+#[utoipa::path(get, path = "/metrics", responses(
+    (status = 200, description = "Prometheus text", body = String, content_type = "text/plain"),
+))]
+#[allow(dead_code)]
+fn metrics() {}
+
+/// `GET /openapi.json`.
+#[utoipa::path(get, path = "/openapi.json", responses(
+    (status = 200, description = "this document", body = serde_json::Value),
+))]
+#[allow(dead_code)]
+fn openapi() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields a typed body reads are the fields its table honors: the table (and the
+    /// README's tables made from it) cannot drift from the types.
+    #[test]
+    fn the_tables_honor_the_fields_of_the_typed_bodies() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        for (path, _, table, typed) in request_bodies() {
+            let Some(typed) = typed else { continue };
+            let props = properties(schemas, &json!({"$ref": reference(typed)}));
+            let mut read: Vec<&str> = props.keys().map(String::as_str).collect();
+            let mut honored: Vec<&str> = table
+                .iter()
+                .filter(|r| matches!(r.handling, Handling::Honored))
+                .map(|r| r.name)
+                .collect();
+            read.sort_unstable();
+            honored.sort_unstable();
+            assert_eq!(
+                read, honored,
+                "{path}: the typed body's fields against the table's honored ones"
+            );
+        }
+    }
+
+    #[test]
+    fn every_post_route_has_its_request_schema() {
+        let doc = document();
+        for (path, name, table, _) in request_bodies() {
+            let body = &doc["paths"][path]["post"]["requestBody"];
+            assert_eq!(
+                body["content"]["application/json"]["schema"]["$ref"],
+                reference(name),
+                "{path}"
+            );
+            let s = &doc["components"]["schemas"][name];
+            assert_eq!(s["additionalProperties"], false, "{path}");
+            let props = s["properties"].as_object().unwrap();
+            assert_eq!(props.len(), table.len(), "{path}");
+        }
+        let temperature =
+            &doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["temperature"];
+        assert_eq!(temperature["type"], json!(["number", "null"]));
+        let best_of = &doc["components"]["schemas"]["CompletionRequest"]["properties"]["best_of"];
+        assert_eq!(best_of["enum"], json!([1, null]));
+        for t in TYPED_BODIES {
+            assert!(doc["components"]["schemas"].get(t).is_none(), "{t}");
+        }
+    }
+}
