@@ -15,8 +15,9 @@
 //! gracefully: it stops accepting, lets the requests in flight finish for a grace
 //! period, then ends the rest.
 //!
-//! Modules by job: `fields` (the table of each endpoint's fields), `body` (request
-//! bodies and their validation, with `chat_messages` for chat's `messages` and
+//! Modules by job: `fields` (the table of each endpoint's fields), `field` (a body's
+//! field as sent, and the checks of one field), `body` (request bodies and their
+//! validation, with `chat_messages` for chat's `messages` and
 //! `structured` for the structured-output fields), `wire` (the OpenAI response bodies
 //! as serde types), `error` (error responses),
 //! `generate` (the generation path: admission, then a whole response (`whole`) or a
@@ -44,6 +45,7 @@ mod anthropic_blocks;
 mod body;
 mod chat_messages;
 mod error;
+mod field;
 mod fields;
 mod generate;
 mod generic_tools;
