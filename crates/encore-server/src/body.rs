@@ -1,10 +1,10 @@
 //! The request bodies of `/v1/completions` and `/v1/chat/completions` (those of
 //! `/tokenize` and `/detokenize` are in `tokenize`) as typed structs, each with one
-//! `validate()` that checks what the wire format alone decides (types, the OpenAI API's ranges, the model's name, the chat
-//! messages' roles and content parts) and names the field it refuses. What depends on the
-//! engine (the context, the KV cache, the vocabulary, the log-probability limit) is
-//! admission's to check: its refusal comes back typed and is mapped to the same kind of
-//! 400 ([`ApiError::refused`](crate::error::ApiError::refused)).
+//! `validate()` that checks what the wire format alone decides (types, the OpenAI API's
+//! ranges, the model's name, the chat messages' roles and content parts) and names the
+//! field it refuses. What depends on the engine (the context, the KV cache, the
+//! vocabulary, the log-probability limit) is admission's to check: its refusal comes back
+//! typed and is mapped to the same kind of 400 ([`ApiError::refused`](crate::error::ApiError::refused)).
 //!
 //! No field is silently ignored: [`read`] checks a body's keys against the endpoint's
 //! table in `fields` before the typed parsing, refusing with a 400 naming it a field the

@@ -17,8 +17,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use encore_core::tokenizer::ChatMessage;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
 use crate::anthropic_blocks::{blocks_text, conversation};
 use crate::body::{
@@ -96,34 +97,50 @@ fn error_body(e: &ApiError) -> AnthropicErrorBody {
 }
 
 /// What both bodies share: the conversation, its tools and thinking.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 struct Conversation {
+    #[schema(value_type = Option<String>)]
     model: Field<String>,
+    #[schema(value_type = Option<Vec<Object>>)]
     messages: Field<Vec<Value>>,
+    #[schema(value_type = Option<serde_json::Value>)]
     system: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tools: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tool_choice: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     thinking: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     output_config: Field<Value>,
+    /// Accepted: prefix caching is automatic.
+    #[schema(value_type = Option<Object>)]
+    cache_control: Field<Map<String, Value>>,
 }
 
 /// The body of `/v1/messages`.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct MessagesBody {
     #[serde(flatten)]
     conversation: Conversation,
+    #[schema(value_type = Option<u64>)]
     max_tokens: Field<u64>,
+    #[schema(value_type = Option<Vec<String>>)]
     stop_sequences: Field<Vec<String>>,
+    #[schema(value_type = Option<bool>)]
     stream: Field<bool>,
+    #[schema(value_type = Option<f64>)]
     temperature: Field<f64>,
+    #[schema(value_type = Option<f64>)]
     top_p: Field<f64>,
+    #[schema(value_type = Option<i64>)]
     top_k: Field<i64>,
 }
 
 /// The body of `/v1/messages/count_tokens`.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct CountBody {
     #[serde(flatten)]
@@ -187,6 +204,10 @@ impl Conversation {
         max_tokens: Option<usize>,
     ) -> Result<(Chat, bool), ApiError> {
         check_model(self.model, &s.cfg.served_model_name, true)?;
+        // Prefix caching is automatic: the breakpoint asks for nothing more.
+        self.cache_control.get("cache_control", || {
+            "`cache_control` must be an object".into()
+        })?;
         let mut kwargs = Map::new();
         let omit_thinking = match given(self.thinking) {
             Some(t) => thinking(&t, s, max_tokens, &mut kwargs)?,

@@ -15,6 +15,9 @@ use utoipa::OpenApi;
 
 use crate::body::{ChatBody, CompletionBody};
 use crate::fields::{self, Handling, NoOp, Rule, Shape};
+use crate::messages::{CountBody, MessagesBody};
+use crate::responses::ResponsesBody;
+use crate::tokenize::{DetokenizeBody, TokenizeBody};
 use crate::wire::{
     AnthropicErrorBody, ChatCompletionChunk, ChatCompletionResponse, CompletionChunk,
     CompletionResponse, DetokenizeResponse, ErrorBody, Model, ModelList, TokenizeResponse,
@@ -28,50 +31,74 @@ pub(crate) async fn openapi_json() -> Response {
 }
 
 /// Each POST route's request body: its schema's name, its table, and the schema of its
-/// typed body (`None` while the body is read without one).
-fn request_bodies() -> Vec<(
-    &'static str,
-    &'static str,
-    &'static [Rule],
-    Option<&'static str>,
-)> {
+/// typed body.
+fn request_bodies() -> Vec<(&'static str, &'static str, &'static [Rule], &'static str)> {
     vec![
         (
             "/v1/completions",
             "CompletionRequest",
             fields::COMPLETIONS,
-            Some("CompletionBody"),
+            "CompletionBody",
         ),
         (
             "/v1/chat/completions",
             "ChatCompletionRequest",
             fields::CHAT,
-            Some("ChatBody"),
+            "ChatBody",
         ),
-        ("/v1/responses", "ResponsesRequest", fields::RESPONSES, None),
-        ("/v1/messages", "MessagesRequest", fields::MESSAGES, None),
+        (
+            "/v1/responses",
+            "ResponsesRequest",
+            fields::RESPONSES,
+            "ResponsesBody",
+        ),
+        (
+            "/v1/messages",
+            "MessagesRequest",
+            fields::MESSAGES,
+            "MessagesBody",
+        ),
         (
             "/v1/messages/count_tokens",
             "CountTokensRequest",
             fields::COUNT_TOKENS,
-            None,
+            "CountBody",
         ),
-        ("/tokenize", "TokenizeRequest", fields::TOKENIZE, None),
-        ("/detokenize", "DetokenizeRequest", fields::DETOKENIZE, None),
+        (
+            "/tokenize",
+            "TokenizeRequest",
+            fields::TOKENIZE,
+            "TokenizeBody",
+        ),
+        (
+            "/detokenize",
+            "DetokenizeRequest",
+            fields::DETOKENIZE,
+            "DetokenizeBody",
+        ),
     ]
 }
 
 /// The typed bodies whose schemas the request schemas are built from (not served).
-const TYPED_BODIES: [&str; 4] = ["CompletionBody", "ChatBody", "CommonBody", "SamplingBody"];
+const TYPED_BODIES: [&str; 10] = [
+    "CompletionBody",
+    "ChatBody",
+    "CommonBody",
+    "SamplingBody",
+    "ResponsesBody",
+    "MessagesBody",
+    "CountBody",
+    "Conversation",
+    "TokenizeBody",
+    "DetokenizeBody",
+];
 
 /// The OpenAPI document: utoipa's, each request body's schema built from its table.
 pub(crate) fn document() -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
     let schemas = doc["components"]["schemas"].clone();
     for (path, name, table, typed) in request_bodies() {
-        let typed = typed.map_or_else(Map::new, |t| {
-            properties(&schemas, &json!({"$ref": reference(t)}))
-        });
+        let typed = properties(&schemas, &json!({"$ref": reference(typed)}));
         doc["components"]["schemas"][name] = request_schema(table, &typed);
         doc["paths"][path]["post"]["requestBody"] = json!({
             "required": true,
@@ -174,7 +201,15 @@ fn no_op_values(ok: NoOp) -> Vec<Value> {
         metrics,
         openapi
     ),
-    components(schemas(CompletionBody, ChatBody))
+    components(schemas(
+        CompletionBody,
+        ChatBody,
+        ResponsesBody,
+        MessagesBody,
+        CountBody,
+        TokenizeBody,
+        DetokenizeBody
+    ))
 )]
 struct ApiDoc;
 
@@ -314,27 +349,32 @@ fn openapi() {}
 mod tests {
     use super::*;
 
-    /// The fields a typed body reads are the fields its table honors: the table (and the
-    /// README's tables made from it) cannot drift from the types.
+    /// The fields a typed body reads are the fields its table honors (or logs): the table
+    /// (and the README's tables made from it) cannot drift from the types.
     #[test]
     fn the_tables_honor_the_fields_of_the_typed_bodies() {
         let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
         let schemas = &doc["components"]["schemas"];
         for (path, _, table, typed) in request_bodies() {
-            let Some(typed) = typed else { continue };
-            let props = properties(schemas, &json!({"$ref": reference(typed)}));
-            let mut read: Vec<&str> = props.keys().map(String::as_str).collect();
-            let mut honored: Vec<&str> = table
-                .iter()
-                .filter(|r| matches!(r.handling, Handling::Honored))
-                .map(|r| r.name)
-                .collect();
-            read.sort_unstable();
-            honored.sort_unstable();
-            assert_eq!(
-                read, honored,
-                "{path}: the typed body's fields against the table's honored ones"
-            );
+            let read = properties(schemas, &json!({"$ref": reference(typed)}));
+            for r in table {
+                if matches!(r.handling, Handling::Honored) {
+                    assert!(
+                        read.contains_key(r.name),
+                        "{path}: `{}` honored, not read",
+                        r.name
+                    );
+                }
+            }
+            // A logged field may be read too (a response repeats its `metadata`).
+            for name in read.keys() {
+                let rule = table.iter().find(|r| r.name == name);
+                let listed = rule.is_some_and(|r| !matches!(r.handling, Handling::Refused(_)));
+                assert!(
+                    listed,
+                    "{path}: `{name}` read, not honored or logged by the table"
+                );
+            }
         }
     }
 

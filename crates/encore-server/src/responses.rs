@@ -18,8 +18,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use encore_core::request::{Constraint, TokenLogprobs};
 use encore_core::tokenizer::{ChatMessage, Tokenizer};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
 use crate::body::{
     check_model, count, flag, given, known_keys, read, validate_stop, Chat, Common, Field,
@@ -55,26 +56,41 @@ pub(crate) async fn create(
 }
 
 /// The body of `/v1/responses`.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct ResponsesBody {
+    #[schema(value_type = Option<String>)]
     model: Field<String>,
+    #[schema(value_type = Option<serde_json::Value>)]
     input: Field<Value>,
+    #[schema(value_type = Option<String>)]
     instructions: Field<String>,
+    #[schema(value_type = Option<u64>)]
     max_output_tokens: Field<u64>,
     #[serde(flatten)]
     sampling: SamplingBody,
+    #[schema(value_type = Option<bool>)]
     stream: Field<bool>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tools: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tool_choice: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     parallel_tool_calls: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     text: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     reasoning: Field<Value>,
+    #[schema(value_type = Option<u64>)]
     top_logprobs: Field<u64>,
+    #[schema(value_type = Option<serde_json::Value>)]
     include: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     metadata: Field<Value>,
     /// vLLM's extensions, which guidellm sends.
+    #[schema(value_type = Option<bool>)]
     ignore_eos: Field<bool>,
+    #[schema(value_type = Option<Stop>)]
     stop: Field<Stop>,
 }
 

@@ -10,9 +10,10 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::Value;
+use utoipa::ToSchema;
 
 use encore_core::tokenizer::{ChatMessage, ChatOptions};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::body::{check_model, given, read, template_kwargs, Field};
 use crate::chat_messages::messages;
@@ -78,15 +79,22 @@ pub(crate) async fn detokenize(
 
 /// The body of `/tokenize` (vLLM's): a `prompt`, or `messages` rendered with the chat
 /// template.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct TokenizeBody {
+    #[schema(value_type = Option<String>)]
     model: Field<String>,
+    #[schema(value_type = Option<String>)]
     prompt: Field<String>,
+    #[schema(value_type = Option<Vec<Object>>)]
     messages: Field<Vec<Value>>,
+    #[schema(value_type = Option<bool>)]
     add_special_tokens: Field<bool>,
+    #[schema(value_type = Option<bool>)]
     add_generation_prompt: Field<bool>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tools: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     chat_template_kwargs: Field<Value>,
 }
 
@@ -154,10 +162,12 @@ impl TokenizeBody {
 }
 
 /// The body of `/detokenize` (vLLM's).
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct DetokenizeBody {
+    #[schema(value_type = Option<String>)]
     model: Field<String>,
+    #[schema(value_type = Option<Vec<u64>>)]
     tokens: Field<Vec<u64>>,
 }
 
