@@ -19,7 +19,7 @@
 //! field as sent, and the checks of one field), `body` (request bodies and their
 //! validation, with `chat_messages` for chat's `messages` and
 //! `structured` for the structured-output fields), `wire` (the OpenAI response bodies
-//! as serde types), `error` (error responses),
+//! as serde types; Anthropic's in `wire_anthropic`), `error` (error responses),
 //! `generate` (the generation path: admission, then a whole response (`whole`) or a
 //! stream (`stream`), formatted by `output` for completions and chat, by `responses`
 //! and `messages` (which also read their own bodies into the chat request, its content
@@ -63,6 +63,7 @@ mod tokenize;
 mod tools;
 mod whole;
 mod wire;
+mod wire_anthropic;
 
 pub use parse::{ReasoningFormat, ToolFormat};
 pub use shutdown::serve;

@@ -33,6 +33,10 @@ use crate::parse::{CallIds, Delta, Parsed};
 use crate::structured::json_schema;
 use crate::tools::{read_list, ToolChoice, Tools};
 use crate::wire::{AnthropicError, AnthropicErrorBody};
+use crate::wire_anthropic::{
+    BlockDelta, ContentBlock, CountTokensResponse, Message, MessageDelta, MessageEvent,
+    MessageUsage, OutputUsage,
+};
 use crate::AppState;
 
 /// The most stop sequences a request may give.
@@ -62,7 +66,10 @@ pub(crate) async fn count_tokens(
         .and_then(|b| b.validate(&s))
         .and_then(|(chat, _)| chat_prompt(&s, chat));
     match valid {
-        Ok((prompt, ..)) => Json(json!({"input_tokens": prompt.len()})).into_response(),
+        Ok((prompt, ..)) => Json(CountTokensResponse {
+            input_tokens: prompt.len(),
+        })
+        .into_response(),
         Err(e) => error(e),
     }
 }
@@ -539,27 +546,42 @@ pub(crate) fn whole(
     parsed: &Parsed,
     end: &Ending,
     omit_thinking: bool,
-) -> Value {
+) -> Message {
     let mut calls = out.call_ids(0);
     let mut content = Vec::new();
     if !parsed.reasoning.is_empty() {
         let text = if omit_thinking { "" } else { &parsed.reasoning };
-        content.push(json!({"type": "thinking", "thinking": text, "signature": ""}));
+        content.push(ContentBlock::Thinking {
+            thinking: text.to_string(),
+            signature: String::new(),
+        });
     }
     let named: Vec<_> = parsed.calls.iter().filter(|c| c.name.is_some()).collect();
     if !parsed.content.is_empty() || (named.is_empty() && content.is_empty()) {
-        content.push(json!({"type": "text", "text": parsed.content}));
+        content.push(ContentBlock::Text {
+            text: parsed.content.clone(),
+        });
     }
     for c in &named {
-        content.push(json!({"type": "tool_use", "id": calls.next(),
-            "name": c.name.as_deref().unwrap_or_default(), "input": input(&c.arguments)}));
+        content.push(ContentBlock::ToolUse {
+            id: calls.next(),
+            name: c.name.clone().unwrap_or_default(),
+            input: input(&c.arguments),
+        });
     }
-    json!({
-        "id": message_id(out.id_seed), "type": "message", "role": "assistant", "model": reply.model,
-        "content": content, "stop_reason": stop_reason(end, !named.is_empty()),
-        "stop_sequence": end.stop,
-        "usage": {"input_tokens": end.prompt, "output_tokens": end.completion},
-    })
+    Message {
+        id: message_id(out.id_seed),
+        kind: "message",
+        role: "assistant",
+        model: reply.model.clone(),
+        content,
+        stop_reason: Some(stop_reason(end, !named.is_empty())),
+        stop_sequence: end.stop.clone(),
+        usage: MessageUsage {
+            input_tokens: end.prompt,
+            output_tokens: end.completion,
+        },
+    }
 }
 
 /// The kind of the content block a stream has open.
@@ -592,80 +614,99 @@ impl Stream {
         }
     }
 
-    fn event(kind: &'static str, mut data: Value) -> Typed {
-        data["type"] = json!(kind);
-        (kind, data)
+    fn event(e: MessageEvent) -> Typed {
+        (e.name(), serde_json::to_value(e).unwrap_or_default())
     }
 
     /// The event that opens the message.
     pub fn start(&mut self, reply: &Reply, prompt: usize) -> Vec<Typed> {
-        let m = json!({
-            "id": self.id, "type": "message", "role": "assistant", "model": reply.model,
-            "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": prompt, "output_tokens": 0},
-        });
-        vec![Self::event("message_start", json!({ "message": m }))]
+        let message = Message {
+            id: self.id.clone(),
+            kind: "message",
+            role: "assistant",
+            model: reply.model.clone(),
+            content: Vec::new(),
+            stop_reason: None,
+            stop_sequence: None,
+            usage: MessageUsage {
+                input_tokens: prompt,
+                output_tokens: 0,
+            },
+        };
+        vec![Self::event(MessageEvent::MessageStart { message })]
     }
 
     fn close(&mut self, out: &mut Vec<Typed>) {
-        if let Some((i, _)) = self.open.take() {
-            out.push(Self::event("content_block_stop", json!({ "index": i })));
+        if let Some((index, _)) = self.open.take() {
+            out.push(Self::event(MessageEvent::ContentBlockStop { index }));
         }
     }
 
     /// Open a block (closing the one open) unless one of `kind` is open and `reuse`.
-    fn open(&mut self, kind: Block, block: Value, reuse: bool, out: &mut Vec<Typed>) -> usize {
+    fn open(
+        &mut self,
+        kind: Block,
+        content_block: ContentBlock,
+        reuse: bool,
+        out: &mut Vec<Typed>,
+    ) -> usize {
         if let Some((i, k)) = self.open {
             if k == kind && reuse {
                 return i;
             }
         }
         self.close(out);
-        let i = self.blocks;
+        let index = self.blocks;
         self.blocks += 1;
-        self.open = Some((i, kind));
-        let e = json!({"index": i, "content_block": block});
-        out.push(Self::event("content_block_start", e));
-        i
+        self.open = Some((index, kind));
+        out.push(Self::event(MessageEvent::ContentBlockStart {
+            index,
+            content_block,
+        }));
+        index
+    }
+
+    /// The event of `delta` to block `index`.
+    fn delta(index: usize, delta: BlockDelta) -> Typed {
+        Self::event(MessageEvent::ContentBlockDelta { index, delta })
     }
 
     /// The events of one token's output `d`.
     pub fn token(&mut self, d: &Delta) -> Vec<Typed> {
         let mut out = Vec::new();
         if !d.reasoning.is_empty() {
-            let b = json!({"type": "thinking", "thinking": "", "signature": ""});
+            let b = ContentBlock::Thinking {
+                thinking: String::new(),
+                signature: String::new(),
+            };
             let i = self.open(Block::Thinking, b, true, &mut out);
             if !self.omit_thinking {
-                let delta = json!({"type": "thinking_delta", "thinking": d.reasoning});
-                out.push(Self::event(
-                    "content_block_delta",
-                    json!({"index": i, "delta": delta}),
-                ));
+                let thinking = d.reasoning.clone();
+                out.push(Self::delta(i, BlockDelta::ThinkingDelta { thinking }));
             }
         }
         if !d.content.is_empty() {
-            let b = json!({"type": "text", "text": ""});
+            let b = ContentBlock::Text {
+                text: String::new(),
+            };
             let i = self.open(Block::Text, b, true, &mut out);
-            let delta = json!({"type": "text_delta", "text": d.content});
-            out.push(Self::event(
-                "content_block_delta",
-                json!({"index": i, "delta": delta}),
-            ));
+            let text = d.content.clone();
+            out.push(Self::delta(i, BlockDelta::TextDelta { text }));
         }
         for c in &d.calls {
             if let Some(id) = &c.id {
-                let b = json!({"type": "tool_use", "id": id,
-                    "name": c.function.name, "input": {}});
+                let b = ContentBlock::ToolUse {
+                    id: id.clone(),
+                    name: c.function.name.clone().unwrap_or_default(),
+                    input: json!({}),
+                };
                 self.open(Block::ToolUse, b, false, &mut out);
                 self.called = true;
             }
-            let args = c.function.arguments.as_str();
+            let args = &c.function.arguments;
             if let (false, Some((i, Block::ToolUse))) = (args.is_empty(), self.open) {
-                let delta = json!({"type": "input_json_delta", "partial_json": args});
-                out.push(Self::event(
-                    "content_block_delta",
-                    json!({"index": i, "delta": delta}),
-                ));
+                let partial_json = args.clone();
+                out.push(Self::delta(i, BlockDelta::InputJsonDelta { partial_json }));
             }
         }
         out
@@ -676,29 +717,28 @@ impl Stream {
         let mut out = Vec::new();
         if self.blocks == 0 {
             // An empty answer is still a text block, as whole.
-            self.open(
-                Block::Text,
-                json!({"type": "text", "text": ""}),
-                true,
-                &mut out,
-            );
+            let b = ContentBlock::Text {
+                text: String::new(),
+            };
+            self.open(Block::Text, b, true, &mut out);
         }
         self.close(&mut out);
-        let delta =
-            json!({"stop_reason": stop_reason(end, self.called), "stop_sequence": end.stop});
-        let usage = json!({"output_tokens": end.completion});
-        out.push(Self::event(
-            "message_delta",
-            json!({"delta": delta, "usage": usage}),
-        ));
-        out.push(Self::event("message_stop", json!({})));
+        let delta = MessageDelta {
+            stop_reason: Some(stop_reason(end, self.called)),
+            stop_sequence: end.stop.clone(),
+        };
+        let usage = OutputUsage {
+            output_tokens: end.completion,
+        };
+        out.push(Self::event(MessageEvent::MessageDelta { delta, usage }));
+        out.push(Self::event(MessageEvent::MessageStop));
         out
     }
 
     /// The event of an error that ends the stream.
     pub fn error(&mut self, e: &ApiError) -> Vec<Typed> {
-        let b = serde_json::to_value(error_body(e)).unwrap_or_default();
-        vec![("error", b)]
+        let error = error_body(e).error;
+        vec![Self::event(MessageEvent::Error { error })]
     }
 }
 
@@ -776,7 +816,7 @@ mod tests {
             prompt: 3,
             completion: 20,
         };
-        let w = whole(&reply, &out(9), &parsed, &end, false);
+        let w = serde_json::to_value(whole(&reply, &out(9), &parsed, &end, false)).unwrap();
         assert_eq!(w["stop_reason"], "tool_use");
         let mut ids = out(9).call_ids(0);
         let d = |r: &str, c: &str, calls: Vec<Value>| Delta {
@@ -842,7 +882,7 @@ mod tests {
                 prompt: 1,
                 completion: 2,
             };
-            let w = whole(&reply, &out(1), &text, &end, false);
+            let w = serde_json::to_value(whole(&reply, &out(1), &text, &end, false)).unwrap();
             assert_eq!(
                 (w["stop_reason"].as_str(), &w["stop_sequence"]),
                 (Some(want), &json!(stop))

@@ -22,6 +22,7 @@ use crate::wire::{
     AnthropicErrorBody, ChatCompletionChunk, ChatCompletionResponse, CompletionChunk,
     CompletionResponse, DetokenizeResponse, ErrorBody, Model, ModelList, TokenizeResponse,
 };
+use crate::wire_anthropic::{CountTokensResponse, Message, MessageEvent};
 
 /// The document as served (built once).
 pub(crate) async fn openapi_json() -> Response {
@@ -260,9 +261,9 @@ fn responses() {}
 
 /// `POST /v1/messages` (Anthropic's).
 #[utoipa::path(post, path = "/v1/messages", responses(
-    (status = 200, description = "the message, or with `stream` its typed events", content(
-        (serde_json::Value = "application/json"),
-        (serde_json::Value = "text/event-stream"),
+    (status = 200, description = "the message, or with `stream` its events (each SSE event named by its `type`)", content(
+        (Message = "application/json"),
+        (MessageEvent = "text/event-stream"),
     )),
     (status = 400, description = "a field refused, named at the start of the message", body = AnthropicErrorBody),
     (status = 401, description = "a missing or wrong API key", body = AnthropicErrorBody),
@@ -275,7 +276,7 @@ fn messages() {}
 
 /// `POST /v1/messages/count_tokens` (Anthropic's).
 #[utoipa::path(post, path = "/v1/messages/count_tokens", responses(
-    (status = 200, description = "`{input_tokens}`", body = serde_json::Value),
+    (status = 200, description = "the prompt's tokens", body = CountTokensResponse),
     (status = 400, description = "a field refused, named at the start of the message", body = AnthropicErrorBody),
     (status = 401, description = "a missing or wrong API key", body = AnthropicErrorBody),
     (status = 404, description = "another model", body = AnthropicErrorBody),

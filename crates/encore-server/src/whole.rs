@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use encore_core::request::{Event, TokenLogprobs};
 use encore_core::tokenizer::{StopMatcher, StopStream};
-use serde_json::Value;
+use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
@@ -134,14 +134,14 @@ pub(crate) async fn respond(
 /// The answer to a responses or messages request: its one output, split by its parser and
 /// written by `write` (the split, the tokens' log-probabilities, how it ended); an error
 /// in `api`'s shape.
-async fn typed(
+async fn typed<T: Serialize>(
     s: &AppState,
     children: Vec<Child>,
     prompt: &[u32],
     stop: StopMatcher,
     out: &ChatOut,
     api: &Api,
-    write: impl FnOnce(&Parsed, &[(u32, TokenLogprobs)], &Ending) -> Value,
+    write: impl FnOnce(&Parsed, &[(u32, TokenLogprobs)], &Ending) -> T,
 ) -> Response {
     match split(s, children, prompt, stop, out).await {
         Ok((parsed, logprobs, end)) => Json(write(&parsed, &logprobs, &end)).into_response(),
