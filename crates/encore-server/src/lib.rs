@@ -19,7 +19,8 @@
 //! field as sent, and the checks of one field), `body` (request bodies and their
 //! validation, with `chat_messages` for chat's `messages` and
 //! `structured` for the structured-output fields), `wire` (the OpenAI response bodies
-//! as serde types; Anthropic's in `wire_anthropic`), `error` (error responses),
+//! as serde types; Anthropic's in `wire_anthropic`, the responses API's in
+//! `wire_responses`), `error` (error responses),
 //! `generate` (the generation path: admission, then a whole response (`whole`) or a
 //! stream (`stream`), formatted by `output` for completions and chat, by `responses`
 //! and `messages` (which also read their own bodies into the chat request, its content
@@ -64,6 +65,7 @@ mod tools;
 mod whole;
 mod wire;
 mod wire_anthropic;
+mod wire_responses;
 
 pub use parse::{ReasoningFormat, ToolFormat};
 pub use shutdown::serve;

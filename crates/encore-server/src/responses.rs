@@ -34,6 +34,11 @@ use crate::parse::{CallIds, Delta, Parsed};
 use crate::responses_input::input;
 use crate::structured::json_schema;
 use crate::tools::{choice_word, read_list, ToolChoice, Tools};
+use crate::wire::ChatTokenLogprob;
+use crate::wire_responses::{
+    ContentPart, IncompleteDetails, InputTokensDetails, OutputItem, OutputTokensDetails,
+    ResponseObject, ResponseUsage,
+};
 use crate::AppState;
 
 pub(crate) async fn create(
@@ -418,20 +423,29 @@ fn tool_choice(c: &Value) -> Result<ToolChoice, ApiError> {
 }
 
 /// The `usage` of a response.
-fn usage(prompt: usize, output: usize, reasoning: usize) -> Value {
-    json!({
-        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": output, "output_tokens_details": {"reasoning_tokens": reasoning},
-        "total_tokens": prompt + output,
-    })
+fn usage(prompt: usize, output: usize, reasoning: usize) -> ResponseUsage {
+    ResponseUsage {
+        input_tokens: prompt,
+        input_tokens_details: InputTokensDetails { cached_tokens: 0 },
+        output_tokens: output,
+        output_tokens_details: OutputTokensDetails {
+            reasoning_tokens: reasoning,
+        },
+        total_tokens: prompt + output,
+    }
 }
 
 /// A response's status, and why it is incomplete, from how its output ended.
-fn status(finish: &str) -> (&'static str, Value) {
+fn status(finish: &str) -> (&'static str, Option<IncompleteDetails>) {
     match finish {
-        "length" => ("incomplete", json!({"reason": "max_output_tokens"})),
-        "abort" => ("cancelled", Value::Null),
-        _ => ("completed", Value::Null),
+        "length" => (
+            "incomplete",
+            Some(IncompleteDetails {
+                reason: "max_output_tokens",
+            }),
+        ),
+        "abort" => ("cancelled", None),
+        _ => ("completed", None),
     }
 }
 
@@ -440,22 +454,40 @@ fn response(
     reply: &Reply,
     id: &str,
     echo: &Echo,
-    status: &str,
-    incomplete: Value,
-    output: Vec<Value>,
-    usage: Value,
-) -> Value {
-    json!({
-        "id": id, "object": "response", "created_at": reply.created, "status": status,
-        "background": false, "error": null, "incomplete_details": incomplete,
-        "instructions": echo.instructions, "max_output_tokens": echo.max_output_tokens,
-        "max_tool_calls": null, "model": reply.model, "output": output,
-        "parallel_tool_calls": echo.parallel_tool_calls, "previous_response_id": null,
-        "reasoning": echo.reasoning, "service_tier": "auto", "store": false,
-        "temperature": echo.temperature, "text": echo.text, "tool_choice": echo.tool_choice,
-        "tools": echo.tools, "top_logprobs": echo.top_logprobs, "top_p": echo.top_p,
-        "truncation": "disabled", "usage": usage, "user": null, "metadata": echo.metadata,
-    })
+    status: &'static str,
+    incomplete: Option<IncompleteDetails>,
+    output: Vec<OutputItem>,
+    usage: Option<ResponseUsage>,
+) -> ResponseObject {
+    ResponseObject {
+        id: id.to_string(),
+        object: "response",
+        created_at: reply.created,
+        status,
+        background: false,
+        error: None,
+        incomplete_details: incomplete,
+        instructions: echo.instructions.clone(),
+        max_output_tokens: echo.max_output_tokens.clone(),
+        max_tool_calls: None,
+        model: reply.model.clone(),
+        output,
+        parallel_tool_calls: echo.parallel_tool_calls,
+        previous_response_id: None,
+        reasoning: echo.reasoning.clone(),
+        service_tier: "auto",
+        store: false,
+        temperature: echo.temperature,
+        text: echo.text.clone(),
+        tool_choice: echo.tool_choice.clone(),
+        tools: echo.tools.clone(),
+        top_logprobs: echo.top_logprobs,
+        top_p: echo.top_p,
+        truncation: "disabled",
+        usage,
+        user: None,
+        metadata: echo.metadata.clone(),
+    }
 }
 
 /// The ids of one response and its items.
@@ -464,32 +496,59 @@ fn ids(seed: u64) -> (String, CallIds) {
     (ids.item("resp"), ids)
 }
 
-fn reasoning_item(id: &str, text: &str, echo: &Echo, status: &str) -> Value {
-    let mut item = json!({"id": id, "type": "reasoning", "summary": [],
-        "content": [{"type": "reasoning_text", "text": text}], "status": status});
-    if echo.encrypted_reasoning {
-        item["encrypted_content"] = json!(text);
+fn reasoning_item(id: &str, text: &str, echo: &Echo, status: &'static str) -> OutputItem {
+    OutputItem::Reasoning {
+        id: id.to_string(),
+        summary: Vec::new(),
+        content: vec![ContentPart::ReasoningText {
+            text: text.to_string(),
+        }],
+        status,
+        encrypted_content: echo.encrypted_reasoning.then(|| text.to_string()),
     }
-    item
 }
 
-fn text_part(text: &str, logprobs: &Value) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
+fn text_part(text: &str, logprobs: &[ChatTokenLogprob]) -> ContentPart {
+    ContentPart::OutputText {
+        text: text.to_string(),
+        annotations: Vec::new(),
+        logprobs: logprobs.to_vec(),
+    }
 }
 
-fn message_item(id: &str, text: &str, logprobs: &Value, status: &str) -> Value {
-    json!({"id": id, "type": "message", "status": status, "role": "assistant",
-           "content": [text_part(text, logprobs)]})
+fn message_item(
+    id: &str,
+    text: &str,
+    logprobs: &[ChatTokenLogprob],
+    status: &'static str,
+) -> OutputItem {
+    OutputItem::Message {
+        id: id.to_string(),
+        status,
+        role: "assistant",
+        content: vec![text_part(text, logprobs)],
+    }
 }
 
-fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    json!({"id": id, "type": "function_call", "call_id": call_id, "name": name,
-           "arguments": arguments, "status": status})
+fn call_item(
+    id: &str,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    status: &'static str,
+) -> OutputItem {
+    OutputItem::FunctionCall {
+        id: id.to_string(),
+        call_id: call_id.to_string(),
+        name: name.to_string(),
+        arguments: arguments.to_string(),
+        status,
+    }
 }
 
 /// The `logprobs` of output text: chat's entries.
-fn logprob_entries(tok: &Tokenizer, entries: &[(u32, TokenLogprobs)]) -> Value {
-    serde_json::to_value(chat_logprobs(tok, entries).content).unwrap_or_default()
+fn logprob_entries(tok: &Tokenizer, entries: &[(u32, TokenLogprobs)]) -> Vec<ChatTokenLogprob> {
+    chat_logprobs(tok, entries).content
 }
 
 /// Tokens of `text` (the reasoning's share of the output, as the usage reports it).
@@ -510,7 +569,7 @@ pub(crate) fn whole(
     parsed: &Parsed,
     logprobs: &[(u32, TokenLogprobs)],
     end: &Ending,
-) -> Value {
+) -> ResponseObject {
     let (id, mut ids) = ids(out.id_seed);
     let mut calls = out.call_ids(0);
     let mut output = Vec::new();
@@ -527,7 +586,7 @@ pub(crate) fn whole(
         let lps = if echo.logprobs {
             logprob_entries(tok, logprobs)
         } else {
-            json!([])
+            Vec::new()
         };
         output.push(message_item(
             &ids.item("msg"),
@@ -552,7 +611,7 @@ pub(crate) fn whole(
         end.completion,
         tokens_of(tok, &parsed.reasoning),
     );
-    response(reply, &id, echo, status, incomplete, output, u)
+    response(reply, &id, echo, status, incomplete, output, Some(u))
 }
 
 /// The kind of the item a stream has open.
@@ -610,7 +669,13 @@ impl Stream {
         (kind, data)
     }
 
-    fn snapshot(&self, reply: &Reply, status: &str, incomplete: Value, usage: Value) -> Value {
+    fn snapshot(
+        &self,
+        reply: &Reply,
+        status: &'static str,
+        incomplete: Option<IncompleteDetails>,
+        usage: Option<ResponseUsage>,
+    ) -> ResponseObject {
         let output = (0..self.items.len())
             .map(|i| {
                 self.item_json(
@@ -628,7 +693,7 @@ impl Stream {
         )
     }
 
-    fn item_json(&self, i: usize, status: &str) -> Value {
+    fn item_json(&self, i: usize, status: &'static str) -> OutputItem {
         let it = &self.items[i];
         match it.kind {
             Open::Reasoning => reasoning_item(&it.id, &it.text, &self.echo, status),
@@ -636,7 +701,7 @@ impl Stream {
                 let lps = if self.echo.logprobs {
                     logprob_entries(&self.tokenizer, &self.logprobs)
                 } else {
-                    json!([])
+                    Vec::new()
                 };
                 message_item(&it.id, &it.text, &lps, status)
             }
@@ -649,7 +714,7 @@ impl Stream {
 
     /// The events that open the response.
     pub fn start(&mut self, reply: &Reply) -> Vec<Typed> {
-        let r = self.snapshot(reply, "in_progress", Value::Null, Value::Null);
+        let r = self.snapshot(reply, "in_progress", None, None);
         vec![
             self.event("response.created", json!({ "response": r })),
             self.event("response.in_progress", json!({ "response": r })),
@@ -666,7 +731,7 @@ impl Stream {
         let (id, text) = (self.items[i].id.clone(), self.items[i].text.clone());
         match self.items[i].kind {
             Open::Reasoning => {
-                let part = json!({"type": "reasoning_text", "text": text});
+                let part = ContentPart::ReasoningText { text: text.clone() };
                 let e = json!({"item_id": id, "output_index": i, "content_index": 0, "text": text});
                 out.push(self.event("response.reasoning_text.done", e));
                 let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": part});
@@ -676,7 +741,7 @@ impl Stream {
                 let lps = if self.echo.logprobs {
                     logprob_entries(&self.tokenizer, &self.logprobs)
                 } else {
-                    json!([])
+                    Vec::new()
                 };
                 let e = json!({"item_id": id, "output_index": i, "content_index": 0, "text": text, "logprobs": lps});
                 out.push(self.event("response.output_text.done", e));
@@ -727,8 +792,10 @@ impl Stream {
         ));
         let id = self.items[i].id.clone();
         let part = match self.items[i].kind {
-            Open::Reasoning => json!({"type": "reasoning_text", "text": ""}),
-            Open::Message => text_part("", &json!([])),
+            Open::Reasoning => ContentPart::ReasoningText {
+                text: String::new(),
+            },
+            Open::Message => text_part("", &[]),
             Open::Call => return,
         };
         let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": part});
@@ -767,7 +834,7 @@ impl Stream {
             self.items[i].text.push_str(&d.content);
             let lps = match (&lp_now, self.echo.logprobs) {
                 (Some(x), true) => logprob_entries(&self.tokenizer, std::slice::from_ref(x)),
-                _ => json!([]),
+                _ => Vec::new(),
             };
             let e = json!({"item_id": self.items[i].id, "output_index": i, "content_index": 0, "delta": d.content, "logprobs": lps});
             out.push(self.event("response.output_text.delta", e));
@@ -815,7 +882,7 @@ impl Stream {
             end.completion,
             tokens_of(&self.tokenizer, &reasoning),
         );
-        let r = self.snapshot(reply, status, incomplete, u);
+        let r = self.snapshot(reply, status, incomplete, Some(u));
         let kind = match status {
             "completed" => "response.completed",
             "incomplete" => "response.incomplete",
@@ -911,6 +978,7 @@ mod tests {
             completion: 9,
         };
         let whole = whole(&tok, &reply, &echo(), &out(42), &parsed(), &[], &end);
+        let whole = serde_json::to_value(whole).unwrap();
         let mut st = Stream::new(Box::new(echo()), 42, Arc::clone(&tok));
         let mut events = st.start(&reply);
         for d in deltas(&mut out(42).call_ids(0)) {
@@ -994,6 +1062,7 @@ mod tests {
             &[],
             &end,
         );
+        let w = serde_json::to_value(w).unwrap();
         assert_eq!(w["status"], "incomplete");
         assert_eq!(w["incomplete_details"]["reason"], "max_output_tokens");
         let mut st = Stream::new(Box::new(echo()), 1, Arc::clone(&tok));
