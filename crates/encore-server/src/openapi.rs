@@ -23,7 +23,7 @@ use crate::wire::{
     CompletionResponse, DetokenizeResponse, ErrorBody, Model, ModelList, TokenizeResponse,
 };
 use crate::wire_anthropic::{CountTokensResponse, Message, MessageEvent};
-use crate::wire_responses::ResponseObject;
+use crate::wire_responses::{ResponseEventKind, ResponseObject};
 
 /// The document as served (built once).
 pub(crate) async fn openapi_json() -> Response {
@@ -247,9 +247,9 @@ fn chat_completions() {}
 
 /// `POST /v1/responses` (stateless).
 #[utoipa::path(post, path = "/v1/responses", responses(
-    (status = 200, description = "the response object, or with `stream` its typed events (each carries `type` and `sequence_number`; not typed here yet)", content(
+    (status = 200, description = "the response object, or with `stream` its typed events (each SSE event named by its `type`, each with its `sequence_number`)", content(
         (ResponseObject = "application/json"),
-        (serde_json::Value = "text/event-stream"),
+        (ResponseEventKind = "text/event-stream"),
     )),
     (status = 400, description = "a field refused, named in `param`", body = ErrorBody),
     (status = 401, description = "a missing or wrong API key", body = ErrorBody),

@@ -124,3 +124,128 @@ pub(crate) struct ResponseObject {
     pub user: Option<String>,
     pub metadata: Value,
 }
+
+/// An event of a streamed response (its `data`; the SSE event's name is its `type`); each
+/// also carries its `sequence_number` (see [`ResponseEvent`]).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[serde(tag = "type")]
+pub(crate) enum ResponseEventKind {
+    #[serde(rename = "response.created")]
+    Created { response: Box<ResponseObject> },
+    #[serde(rename = "response.in_progress")]
+    InProgress { response: Box<ResponseObject> },
+    #[serde(rename = "response.completed")]
+    Completed { response: Box<ResponseObject> },
+    #[serde(rename = "response.incomplete")]
+    Incomplete { response: Box<ResponseObject> },
+    #[serde(rename = "response.failed")]
+    Failed { response: Box<ResponseObject> },
+    #[serde(rename = "response.output_item.added")]
+    OutputItemAdded {
+        output_index: usize,
+        item: OutputItem,
+    },
+    #[serde(rename = "response.output_item.done")]
+    OutputItemDone {
+        output_index: usize,
+        item: OutputItem,
+    },
+    #[serde(rename = "response.content_part.added")]
+    ContentPartAdded {
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        part: ContentPart,
+    },
+    #[serde(rename = "response.content_part.done")]
+    ContentPartDone {
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        part: ContentPart,
+    },
+    #[serde(rename = "response.output_text.delta")]
+    OutputTextDelta {
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        delta: String,
+        logprobs: Vec<ChatTokenLogprob>,
+    },
+    #[serde(rename = "response.output_text.done")]
+    OutputTextDone {
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        text: String,
+        logprobs: Vec<ChatTokenLogprob>,
+    },
+    #[serde(rename = "response.reasoning_text.delta")]
+    ReasoningTextDelta {
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        delta: String,
+    },
+    #[serde(rename = "response.reasoning_text.done")]
+    ReasoningTextDone {
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        text: String,
+    },
+    #[serde(rename = "response.function_call_arguments.delta")]
+    FunctionCallArgumentsDelta {
+        item_id: String,
+        output_index: usize,
+        delta: String,
+    },
+    #[serde(rename = "response.function_call_arguments.done")]
+    FunctionCallArgumentsDone {
+        item_id: String,
+        output_index: usize,
+        name: Option<String>,
+        arguments: String,
+    },
+    /// An error that ends the stream.
+    #[serde(rename = "error")]
+    Error {
+        #[schema(value_type = Option<String>)]
+        code: Option<&'static str>,
+        message: String,
+        param: Option<String>,
+    },
+}
+
+impl ResponseEventKind {
+    /// The event's name (its `type`).
+    pub fn name(&self) -> &'static str {
+        use ResponseEventKind as E;
+        match self {
+            E::Created { .. } => "response.created",
+            E::InProgress { .. } => "response.in_progress",
+            E::Completed { .. } => "response.completed",
+            E::Incomplete { .. } => "response.incomplete",
+            E::Failed { .. } => "response.failed",
+            E::OutputItemAdded { .. } => "response.output_item.added",
+            E::OutputItemDone { .. } => "response.output_item.done",
+            E::ContentPartAdded { .. } => "response.content_part.added",
+            E::ContentPartDone { .. } => "response.content_part.done",
+            E::OutputTextDelta { .. } => "response.output_text.delta",
+            E::OutputTextDone { .. } => "response.output_text.done",
+            E::ReasoningTextDelta { .. } => "response.reasoning_text.delta",
+            E::ReasoningTextDone { .. } => "response.reasoning_text.done",
+            E::FunctionCallArgumentsDelta { .. } => "response.function_call_arguments.delta",
+            E::FunctionCallArgumentsDone { .. } => "response.function_call_arguments.done",
+            E::Error { .. } => "error",
+        }
+    }
+}
+
+/// A streamed response's event with its place in the stream.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct ResponseEvent {
+    #[serde(flatten)]
+    pub event: ResponseEventKind,
+    pub sequence_number: u64,
+}

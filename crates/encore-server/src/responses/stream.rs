@@ -3,6 +3,7 @@
 //! each with its `sequence_number`.
 
 use super::*;
+use crate::wire_responses::{ResponseEvent, ResponseEventKind, ResponseEventKind as E};
 
 /// The kind of the item a stream has open.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -52,11 +53,14 @@ impl Stream {
         }
     }
 
-    fn event(&mut self, kind: &'static str, mut data: Value) -> Typed {
-        data["type"] = json!(kind);
-        data["sequence_number"] = json!(self.seq);
+    fn event(&mut self, event: ResponseEventKind) -> Typed {
+        let name = event.name();
+        let e = ResponseEvent {
+            event,
+            sequence_number: self.seq,
+        };
         self.seq += 1;
-        (kind, data)
+        (name, serde_json::to_value(e).unwrap_or_default())
     }
 
     fn snapshot(
@@ -104,10 +108,12 @@ impl Stream {
 
     /// The events that open the response.
     pub fn start(&mut self, reply: &Reply) -> Vec<Typed> {
-        let r = self.snapshot(reply, "in_progress", None, None);
+        let r = Box::new(self.snapshot(reply, "in_progress", None, None));
         vec![
-            self.event("response.created", json!({ "response": r })),
-            self.event("response.in_progress", json!({ "response": r })),
+            self.event(E::Created {
+                response: r.clone(),
+            }),
+            self.event(E::InProgress { response: r }),
         ]
     }
 
@@ -122,10 +128,20 @@ impl Stream {
         match self.items[i].kind {
             Open::Reasoning => {
                 let part = ContentPart::ReasoningText { text: text.clone() };
-                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "text": text});
-                out.push(self.event("response.reasoning_text.done", e));
-                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": part});
-                out.push(self.event("response.content_part.done", e));
+                let e = E::ReasoningTextDone {
+                    item_id: id.clone(),
+                    output_index: i,
+                    content_index: 0,
+                    text,
+                };
+                out.push(self.event(e));
+                let e = E::ContentPartDone {
+                    item_id: id,
+                    output_index: i,
+                    content_index: 0,
+                    part,
+                };
+                out.push(self.event(e));
             }
             Open::Message => {
                 let lps = if self.echo.logprobs {
@@ -133,22 +149,39 @@ impl Stream {
                 } else {
                     Vec::new()
                 };
-                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "text": text, "logprobs": lps});
-                out.push(self.event("response.output_text.done", e));
-                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": text_part(&text, &lps)});
-                out.push(self.event("response.content_part.done", e));
+                let part = text_part(&text, &lps);
+                let e = E::OutputTextDone {
+                    item_id: id.clone(),
+                    output_index: i,
+                    content_index: 0,
+                    text,
+                    logprobs: lps,
+                };
+                out.push(self.event(e));
+                let e = E::ContentPartDone {
+                    item_id: id,
+                    output_index: i,
+                    content_index: 0,
+                    part,
+                };
+                out.push(self.event(e));
             }
             Open::Call => {
                 let name = self.items[i].call.as_ref().map(|c| c.1.clone());
-                let e = json!({"item_id": id, "output_index": i, "name": name, "arguments": text});
-                out.push(self.event("response.function_call_arguments.done", e));
+                let e = E::FunctionCallArgumentsDone {
+                    item_id: id,
+                    output_index: i,
+                    name,
+                    arguments: text,
+                };
+                out.push(self.event(e));
             }
         }
         let item = self.item_json(i, "completed");
-        out.push(self.event(
-            "response.output_item.done",
-            json!({"output_index": i, "item": item}),
-        ));
+        out.push(self.event(E::OutputItemDone {
+            output_index: i,
+            item,
+        }));
     }
 
     /// Open an item of `kind` (closing the one open), unless one of that kind is open.
@@ -176,10 +209,10 @@ impl Stream {
     fn added(&mut self, out: &mut Vec<Typed>) {
         let i = self.items.len() - 1;
         let item = self.item_json(i, "in_progress");
-        out.push(self.event(
-            "response.output_item.added",
-            json!({"output_index": i, "item": item}),
-        ));
+        out.push(self.event(E::OutputItemAdded {
+            output_index: i,
+            item,
+        }));
         let id = self.items[i].id.clone();
         let part = match self.items[i].kind {
             Open::Reasoning => ContentPart::ReasoningText {
@@ -188,8 +221,13 @@ impl Stream {
             Open::Message => text_part("", &[]),
             Open::Call => return,
         };
-        let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": part});
-        out.push(self.event("response.content_part.added", e));
+        let e = E::ContentPartAdded {
+            item_id: id,
+            output_index: i,
+            content_index: 0,
+            part,
+        };
+        out.push(self.event(e));
     }
 
     /// The events of one token's output `d` (its log-probabilities `lp`).
@@ -211,8 +249,13 @@ impl Stream {
             }
             let i = self.items.len() - 1;
             self.items[i].text.push_str(&d.reasoning);
-            let e = json!({"item_id": self.items[i].id, "output_index": i, "content_index": 0, "delta": d.reasoning});
-            out.push(self.event("response.reasoning_text.delta", e));
+            let e = E::ReasoningTextDelta {
+                item_id: self.items[i].id.clone(),
+                output_index: i,
+                content_index: 0,
+                delta: d.reasoning.clone(),
+            };
+            out.push(self.event(e));
         }
         if !d.content.is_empty() {
             let was = self.open && self.items.last().is_some_and(|it| it.kind == Open::Message);
@@ -226,8 +269,14 @@ impl Stream {
                 (Some(x), true) => logprob_entries(&self.tokenizer, std::slice::from_ref(x)),
                 _ => Vec::new(),
             };
-            let e = json!({"item_id": self.items[i].id, "output_index": i, "content_index": 0, "delta": d.content, "logprobs": lps});
-            out.push(self.event("response.output_text.delta", e));
+            let e = E::OutputTextDelta {
+                item_id: self.items[i].id.clone(),
+                output_index: i,
+                content_index: 0,
+                delta: d.content.clone(),
+                logprobs: lps,
+            };
+            out.push(self.event(e));
         }
         for c in &d.calls {
             let args = c.function.arguments.as_str();
@@ -244,8 +293,12 @@ impl Stream {
             if !args.is_empty() && open_call {
                 let i = self.items.len() - 1;
                 self.items[i].text.push_str(args);
-                let e = json!({"item_id": self.items[i].id, "output_index": i, "delta": args});
-                out.push(self.event("response.function_call_arguments.delta", e));
+                let e = E::FunctionCallArgumentsDelta {
+                    item_id: self.items[i].id.clone(),
+                    output_index: i,
+                    delta: args.to_string(),
+                };
+                out.push(self.event(e));
             }
         }
         out
@@ -272,20 +325,22 @@ impl Stream {
             end.completion,
             tokens_of(&self.tokenizer, &reasoning),
         );
-        let r = self.snapshot(reply, status, incomplete, Some(u));
-        let kind = match status {
-            "completed" => "response.completed",
-            "incomplete" => "response.incomplete",
-            _ => "response.failed",
-        };
-        out.push(self.event(kind, json!({ "response": r })));
+        let response = Box::new(self.snapshot(reply, status, incomplete, Some(u)));
+        out.push(self.event(match status {
+            "completed" => E::Completed { response },
+            "incomplete" => E::Incomplete { response },
+            _ => E::Failed { response },
+        }));
         out
     }
 
     /// The event of an error that ends the stream.
     pub fn error(&mut self, e: &ApiError) -> Vec<Typed> {
         let err = e.body().error;
-        let data = json!({"code": err.code, "message": err.message, "param": err.param});
-        vec![self.event("error", data)]
+        vec![self.event(E::Error {
+            code: err.code,
+            message: err.message,
+            param: err.param,
+        })]
     }
 }
