@@ -62,6 +62,11 @@ impl<T: Serialize> Serialize for Field<T> {
 }
 
 impl<T> Field<T> {
+    /// Whether the client gave a value (of any type; `null` is absent).
+    pub fn is_given(&self) -> bool {
+        !matches!(self, Field::Absent)
+    }
+
     /// The value (`None` when absent), or a 400 for field `name` saying `rule`.
     pub fn get(
         self,

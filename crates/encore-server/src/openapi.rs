@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
 use crate::body::{ChatBody, CompletionBody};
+use crate::chat_messages::MessageBody;
 use crate::fields::{self, Handling, NoOp, Rule, Shape};
 use crate::messages::{CountBody, MessagesBody};
 use crate::responses::ResponsesBody;
@@ -81,8 +82,33 @@ fn request_bodies() -> Vec<(&'static str, &'static str, &'static [Rule], &'stati
     ]
 }
 
+/// An object inside request bodies that has its own table.
+struct Nested {
+    /// Its schema's name.
+    name: &'static str,
+    table: &'static [Rule],
+    /// The schema of the typed object.
+    typed: &'static str,
+    /// The fields (of which request bodies' schemas) that are lists of it.
+    lists: &'static [(&'static str, &'static str)],
+}
+
+/// The objects inside request bodies that have their own table.
+fn nested() -> Vec<Nested> {
+    vec![Nested {
+        name: "ChatMessageRequest",
+        table: fields::MESSAGE,
+        typed: "MessageBody",
+        lists: &[
+            ("ChatCompletionRequest", "messages"),
+            ("TokenizeRequest", "messages"),
+        ],
+    }]
+}
+
 /// The typed bodies whose schemas the request schemas are built from (not served).
-const TYPED_BODIES: [&str; 10] = [
+const TYPED_BODIES: [&str; 11] = [
+    "MessageBody",
     "CompletionBody",
     "ChatBody",
     "CommonBody",
@@ -106,6 +132,15 @@ pub(crate) fn document() -> Value {
             "required": true,
             "content": {"application/json": {"schema": {"$ref": reference(name)}}},
         });
+    }
+    for n in nested() {
+        let typed = properties(&schemas, &json!({"$ref": reference(n.typed)}));
+        doc["components"]["schemas"][n.name] = request_schema(n.table, &typed);
+        for (body, field) in n.lists {
+            let p = &mut doc["components"]["schemas"][body]["properties"][field];
+            p["type"] = json!(["array", "null"]);
+            p["items"] = json!({"$ref": reference(n.name)});
+        }
     }
     if let Some(s) = doc["components"]["schemas"].as_object_mut() {
         for t in TYPED_BODIES {
@@ -204,6 +239,7 @@ fn no_op_values(ok: NoOp) -> Vec<Value> {
         openapi
     ),
     components(schemas(
+        MessageBody,
         CompletionBody,
         ChatBody,
         ResponsesBody,
@@ -357,7 +393,10 @@ mod tests {
     fn the_tables_honor_the_fields_of_the_typed_bodies() {
         let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
         let schemas = &doc["components"]["schemas"];
-        for (path, _, table, typed) in request_bodies() {
+        let nested = nested()
+            .into_iter()
+            .map(|n| (n.name, n.name, n.table, n.typed));
+        for (path, _, table, typed) in request_bodies().into_iter().chain(nested) {
             let read = properties(schemas, &json!({"$ref": reference(typed)}));
             for r in table {
                 if matches!(r.handling, Handling::Honored) {
@@ -403,5 +442,14 @@ mod tests {
         for t in TYPED_BODIES {
             assert!(doc["components"]["schemas"].get(t).is_none(), "{t}");
         }
+        let messages =
+            &doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["messages"];
+        assert_eq!(messages["items"]["$ref"], reference("ChatMessageRequest"));
+        let message = &doc["components"]["schemas"]["ChatMessageRequest"];
+        assert_eq!(message["additionalProperties"], false);
+        assert_eq!(
+            message["properties"]["role"]["type"],
+            json!(["string", "null"])
+        );
     }
 }
