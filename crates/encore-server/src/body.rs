@@ -64,18 +64,25 @@ fn stream_options(f: Field<Map<String, Value>>, stream: bool) -> Result<StreamUs
         ));
     }
     fields::check(fields::STREAM_OPTION_KEYS, &o, "stream_options.")?;
-    let flag = |key: &'static str| match o.get(key) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::bad(
-            format!("stream_options.{key}"),
-            format!("`stream_options.{key}` must be a boolean"),
-        )),
-    };
+    let o: StreamOptionsBody = serde_json::from_value(Value::Object(o))
+        .map_err(|e| ApiError::bad("stream_options", format!("invalid `stream_options`: {e}")))?;
     Ok(StreamUsage {
-        last: flag("include_usage")?,
-        every: flag("continuous_usage_stats")?,
+        last: flag(o.include_usage, "stream_options.include_usage")?,
+        every: flag(
+            o.continuous_usage_stats,
+            "stream_options.continuous_usage_stats",
+        )?,
     })
+}
+
+/// A `stream_options` object (its keys checked against its table first).
+#[derive(Default, Deserialize, Serialize, ToSchema)]
+#[serde(default)]
+pub(crate) struct StreamOptionsBody {
+    #[schema(value_type = Option<bool>)]
+    include_usage: Field<bool>,
+    #[schema(value_type = Option<bool>)]
+    continuous_usage_stats: Field<bool>,
 }
 
 /// The sampling fields both endpoints share.

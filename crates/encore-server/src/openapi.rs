@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use crate::body::{ChatBody, CompletionBody};
+use crate::body::{ChatBody, CompletionBody, StreamOptionsBody};
 use crate::chat_messages::MessageBody;
 use crate::fields::{self, Handling, NoOp, Rule, Shape};
 use crate::messages::{CountBody, MessagesBody};
@@ -91,23 +91,39 @@ struct Nested {
     typed: &'static str,
     /// The fields (of which request bodies' schemas) that are lists of it.
     lists: &'static [(&'static str, &'static str)],
+    /// The fields that are one of it.
+    ones: &'static [(&'static str, &'static str)],
 }
 
 /// The objects inside request bodies that have their own table.
 fn nested() -> Vec<Nested> {
-    vec![Nested {
-        name: "ChatMessageRequest",
-        table: fields::MESSAGE,
-        typed: "MessageBody",
-        lists: &[
-            ("ChatCompletionRequest", "messages"),
-            ("TokenizeRequest", "messages"),
-        ],
-    }]
+    vec![
+        Nested {
+            name: "ChatMessageRequest",
+            table: fields::MESSAGE,
+            typed: "MessageBody",
+            lists: &[
+                ("ChatCompletionRequest", "messages"),
+                ("TokenizeRequest", "messages"),
+            ],
+            ones: &[],
+        },
+        Nested {
+            name: "StreamOptionsRequest",
+            table: fields::STREAM_OPTION_KEYS,
+            typed: "StreamOptionsBody",
+            lists: &[],
+            ones: &[
+                ("CompletionRequest", "stream_options"),
+                ("ChatCompletionRequest", "stream_options"),
+            ],
+        },
+    ]
 }
 
 /// The typed bodies whose schemas the request schemas are built from (not served).
-const TYPED_BODIES: [&str; 11] = [
+const TYPED_BODIES: [&str; 12] = [
+    "StreamOptionsBody",
     "MessageBody",
     "CompletionBody",
     "ChatBody",
@@ -140,6 +156,14 @@ pub(crate) fn document() -> Value {
             let p = &mut doc["components"]["schemas"][body]["properties"][field];
             p["type"] = json!(["array", "null"]);
             p["items"] = json!({"$ref": reference(n.name)});
+        }
+        for (body, field) in n.ones {
+            let p = &mut doc["components"]["schemas"][body]["properties"][field];
+            let description = p["description"].take();
+            *p = json!({
+                "anyOf": [{"$ref": reference(n.name)}, {"type": "null"}],
+                "description": description,
+            });
         }
     }
     if let Some(s) = doc["components"]["schemas"].as_object_mut() {
@@ -240,6 +264,7 @@ fn no_op_values(ok: NoOp) -> Vec<Value> {
     ),
     components(schemas(
         MessageBody,
+        StreamOptionsBody,
         CompletionBody,
         ChatBody,
         ResponsesBody,
