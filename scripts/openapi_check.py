@@ -5,11 +5,12 @@ checks its server against its schema).
 Run by crates/encore-server/tests/http/openapi.rs with the venv python of
 scripts/ci-venv.sh (it needs `jsonschema`). The one argument is a JSON file:
 
-    {"base_url": "http://127.0.0.1:PORT", "model": "dummy:tiny", "seed": N, "cases": N}
+    {"base_url": "http://127.0.0.1:PORT", "model": "dummy:tiny", "seed": N, "cases": N,
+     "keyed_url": "http://127.0.0.1:PORT2"}   # optional: a server with an API key
 
 1. Real responses: a request of each kind to every route (completions and chat, whole and
    streamed, with log-probabilities and usage; responses, messages and count_tokens; the
-   models; tokenize and detokenize; errors) must answer with a status the document lists
+   models; tokenize and detokenize; errors, a body over the limit) must answer with a status the document lists
    for the route, and a body (each event of a stream) that validates against the schema
    the document gives for that status and content type.
 2. Generated bodies: for every POST route, `cases` bodies generated from its request
@@ -45,9 +46,9 @@ def fail(msg):
     sys.exit(1)
 
 
-def request(method, path, body=None, raw=None):
+def request(method, path, body=None, raw=None, url=URL):
     """(status, content type, text) of one request; `raw` is sent as it is."""
-    conn = http.client.HTTPConnection(URL.hostname, URL.port, timeout=60)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
     data = raw if raw is not None else (None if body is None else json.dumps(body))
     headers = {"Content-Type": "application/json"} if data is not None else {}
     conn.request(method, path, body=data, headers=headers)
@@ -104,8 +105,8 @@ def check(method, path, status, ctype, text, doc_path=None, what=""):
                 validate(v, schema, what)
 
 
-def call(method, path, body=None, raw=None, doc_path=None, what=""):
-    status, ctype, text = request(method, path, body, raw)
+def call(method, path, body=None, raw=None, doc_path=None, what="", url=URL):
+    status, ctype, text = request(method, path, body, raw, url)
     check(method, path, status, ctype, text, doc_path, what or json.dumps(body)[:300])
     return status, text
 
@@ -142,6 +143,13 @@ def real_responses():
         status, text = call("POST", path, body)
         if status != want:
             fail(f"POST {path} {json.dumps(body)}: {status}, not {want}\n{text[:1000]}")
+    # A body over the server's limit (the test server's is 64 KiB): a documented 413.
+    for path, item in DOC["paths"].items():
+        if "post" in item:
+            big = json.dumps({"model": MODEL, "prompt": "x" * 70000})
+            status, _ = call("POST", path, raw=big, what="a body over the limit")
+            if status != 413:
+                fail(f"POST {path} with a body over the limit: {status}, not 413")
     for path, doc_path, want in [
         ("/v1/models", None, 200),
         (f"/v1/models/{MODEL}", "/v1/models/{model}", 200),
@@ -351,7 +359,23 @@ def self_check():
             fail(f"the schema {name} accepts {bad}")
 
 
+def without_key():
+    """A server with an API key answers every `/v1` route and vLLM's without it 401, as
+    documented; `/health`, `/metrics` and `/openapi.json` need no key."""
+    url = urllib.parse.urlparse(CFG["keyed_url"])
+    for path, item in DOC["paths"].items():
+        for method in item:
+            served = path.replace("{model}", MODEL)
+            body = {"model": MODEL} if method == "post" else None
+            status, _ = call(method.upper(), served, body, doc_path=path, what="no key", url=url)
+            open_route = path in ("/health", "/metrics", "/openapi.json")
+            if (status == 401) == open_route:
+                fail(f"{method.upper()} {path} without the key: {status}")
+
+
 self_check()
+if "keyed_url" in CFG:
+    without_key()
 real_responses()
 generated_bodies()
 for path, item in DOC["paths"].items():

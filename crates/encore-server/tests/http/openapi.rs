@@ -1,8 +1,9 @@
 //! `/openapi.json`: it lists every route the server serves (and no other), and the
 //! server's answers fit it: real responses of every route, then bodies generated from
-//! each POST route's request schema and as many made invalid (scripts/openapi_check.py,
-//! with `jsonschema`, as vLLM's schemathesis run): no 5xx, every answer documented and
-//! valid against its schema. The script needs the python of `scripts/ci-venv.sh`
+//! each POST route's request schema and as many made invalid, and every route of a
+//! server with an API key asked without it (scripts/openapi_check.py, with `jsonschema`,
+//! as vLLM's schemathesis run): no 5xx, every answer documented and valid against its
+//! schema. The script needs the python of `scripts/ci-venv.sh`
 //! (`ENCORE_OPENAI_PYTHON`); without it the test says so and passes, unless
 //! `ENCORE_REQUIRE_OPENAI=1` (CI).
 
@@ -80,11 +81,14 @@ fn answers_fit_the_openapi_document() {
         return;
     };
     let s = start(None);
+    let keyed = start(Some("key"));
     let dir = std::env::temp_dir().join(format!("encore-openapi-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("case.json");
-    let case =
-        json!({"base_url": format!("http://{}", s.addr), "model": MODEL, "seed": 45, "cases": 25});
+    let case = json!({
+        "base_url": format!("http://{}", s.addr), "keyed_url": format!("http://{}", keyed.addr),
+        "model": MODEL, "seed": 45, "cases": 25,
+    });
     std::fs::write(&cfg, case.to_string()).unwrap();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/openapi_check.py");
     let out = Command::new(python).arg(script).arg(&cfg).output().unwrap();
