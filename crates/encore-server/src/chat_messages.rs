@@ -33,7 +33,8 @@ pub(crate) struct MessageBody {
     content: Field<Content>,
     #[schema(value_type = Option<String>)]
     name: Field<String>,
-    #[schema(value_type = Option<Vec<Object>>)]
+    /// Each checked for unknown keys, then read as a [`ToolCallBody`].
+    #[schema(value_type = Option<Vec<ToolCallBody>>)]
     tool_calls: Field<Vec<Value>>,
     #[schema(value_type = Option<String>)]
     tool_call_id: Field<String>,
@@ -172,6 +173,30 @@ fn message((i, m): (usize, Value)) -> Result<ChatMessage, ApiError> {
     })
 }
 
+/// An assistant's tool call as the client sent it (its keys checked first).
+#[derive(Default, Deserialize, Serialize, ToSchema)]
+#[serde(default)]
+pub(crate) struct ToolCallBody {
+    #[schema(value_type = String)]
+    id: Field<String>,
+    /// `function`.
+    #[serde(rename = "type")]
+    #[schema(value_type = String)]
+    kind: Field<String>,
+    #[schema(value_type = FunctionBody)]
+    function: Field<FunctionBody>,
+}
+
+/// A tool call's function: its name and arguments (any string).
+#[derive(Default, Deserialize, Serialize, ToSchema)]
+#[serde(default)]
+pub(crate) struct FunctionBody {
+    #[schema(value_type = String)]
+    name: Field<String>,
+    #[schema(value_type = String)]
+    arguments: Field<String>,
+}
+
 /// An assistant's tool call `c` (named `at`): `{"id", "type": "function", "function":
 /// {"name", "arguments"}}`, its arguments read by [`call_arguments`].
 fn tool_call(c: &Value, at: &str) -> Result<ToolCall, ApiError> {
@@ -185,37 +210,37 @@ fn tool_call(c: &Value, at: &str) -> Result<ToolCall, ApiError> {
         )
     };
     let o = c.as_object().ok_or_else(shape)?;
-    let f = o
-        .get("function")
-        .and_then(Value::as_object)
-        .ok_or_else(shape)?;
+    let f = o.get("function").and_then(Value::as_object);
     let unknown = o
         .keys()
         .find(|k| !matches!(k.as_str(), "id" | "type" | "function"))
         .map(|k| format!("{at}.{k}"))
         .or_else(|| {
-            f.keys()
+            f.into_iter()
+                .flat_map(|f| f.keys())
                 .find(|k| !matches!(k.as_str(), "name" | "arguments"))
                 .map(|k| format!("{at}.function.{k}"))
         });
     if let Some(k) = unknown {
         return Err(ApiError::bad(k.clone(), format!("unknown field `{k}`")));
     }
-    if o.get("type").and_then(Value::as_str) != Some("function") {
+    let c: ToolCallBody = serde_json::from_value(c.clone()).map_err(|_| shape())?;
+    let given = |f: Field<String>| match f {
+        Field::Given(s) => Ok(s),
+        _ => Err(shape()),
+    };
+    if given(c.kind)? != "function" {
         return Err(shape());
     }
-    let id = o.get("id").and_then(Value::as_str).ok_or_else(shape)?;
-    let name = f.get("name").and_then(Value::as_str).ok_or_else(shape)?;
-    let args = f
-        .get("arguments")
-        .and_then(Value::as_str)
-        .ok_or_else(shape)?;
-    let arguments = call_arguments(args);
+    let Field::Given(f) = c.function else {
+        return Err(shape());
+    };
+    let arguments = call_arguments(&given(f.arguments)?);
     Ok(ToolCall {
-        id: id.to_string(),
+        id: given(c.id)?,
         kind: "function".into(),
         function: FunctionCall {
-            name: name.to_string(),
+            name: given(f.name)?,
             arguments,
         },
     })
