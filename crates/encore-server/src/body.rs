@@ -1,129 +1,37 @@
 //! The request bodies of `/v1/completions` and `/v1/chat/completions` (those of
-//! `/tokenize` and `/detokenize` are in `tokenize`) as typed structs, each with one `validate()` that checks what the wire
-//! format alone decides (types, the OpenAI API's ranges, the model's name, the chat
-//! messages' roles and content parts) and names the field it refuses. What depends on the
-//! engine (the context, the KV cache, the vocabulary, the log-probability limit) is
-//! admission's to check: its refusal comes back typed and is mapped to the same kind of
-//! 400 ([`ApiError::refused`](crate::error::ApiError::refused)).
+//! `/tokenize` and `/detokenize` are in `tokenize`) as typed structs, each with one
+//! `validate()` that checks what the wire format alone decides (types, the OpenAI API's
+//! ranges, the model's name, the chat messages' roles and content parts) and names the
+//! field it refuses. What depends on the engine (the context, the KV cache, the
+//! vocabulary, the log-probability limit) is admission's to check: its refusal comes back
+//! typed and is mapped to the same kind of 400 ([`ApiError::refused`](crate::error::ApiError::refused)).
 //!
 //! No field is silently ignored: [`read`] checks a body's keys against the endpoint's
 //! table in `fields` before the typed parsing, refusing with a 400 naming it a field the
 //! server does not know or does not support (yet), and logging the few it accepts
-//! without using them (`user`, `metadata`, ...).
+//! without using them (`user`, `metadata`, ...). Each body derives `ToSchema` too: its
+//! fields' types are the request schemas of `/openapi.json` (`openapi`).
 
-use axum::extract::rejection::JsonRejection;
-use axum::http::StatusCode;
-use axum::Json;
 use encore_core::request::{Constraint, RequestParams, SamplingParams};
 use encore_core::tokenizer::{ChatMessage, StopMatcher, RESERVED_TEMPLATE_VARS};
-use serde::de::{DeserializeOwned, Deserializer};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+pub(crate) use crate::field::{
+    check_model, count, flag, given, integer, known_keys, number, read, Field,
+};
 
 use crate::chat_messages::messages;
-use crate::error::{json_body, ApiError, ParamNames};
-use crate::fields::{self, Rule};
+use crate::error::{ApiError, ParamNames};
+use crate::fields;
 use crate::structured::{
     choice, constraint, json_schema, response_format, string, structured_outputs,
 };
 use crate::tools::Tools;
 
-/// Read `body` as a `T`: a JSON object whose keys `table` knows and accepts (a field of
-/// the wrong type is `validate`'s to refuse).
-pub(crate) fn read<T: DeserializeOwned>(
-    body: Result<Json<Value>, JsonRejection>,
-    table: &[Rule],
-) -> Result<T, ApiError> {
-    let body = json_body(body)?;
-    let Value::Object(map) = &body else {
-        return Err(ApiError::bad(
-            "body",
-            "the request body must be a JSON object",
-        ));
-    };
-    fields::check(table, map, "")?;
-    serde_json::from_value(body).map_err(|e| ApiError::bad("body", format!("invalid body: {e}")))
-}
-
-/// A field as the client sent it. A value of the wrong type does not fail the body's
-/// deserialization: `validate` refuses it with a message naming the field. `null` reads
-/// as absent.
-#[derive(Default)]
-pub(crate) enum Field<T> {
-    #[default]
-    Absent,
-    Given(T),
-    Wrong,
-}
-
-impl<'de, T: DeserializeOwned> Deserialize<'de> for Field<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(match Value::deserialize(d)? {
-            Value::Null => Field::Absent,
-            v => serde_json::from_value(v).map_or(Field::Wrong, Field::Given),
-        })
-    }
-}
-
-impl<T> Field<T> {
-    /// The value (`None` when absent), or a 400 for field `name` saying `rule`.
-    pub fn get(
-        self,
-        name: &'static str,
-        rule: impl FnOnce() -> String,
-    ) -> Result<Option<T>, ApiError> {
-        match self {
-            Field::Absent => Ok(None),
-            Field::Given(x) => Ok(Some(x)),
-            Field::Wrong => Err(ApiError::bad(name, rule())),
-        }
-    }
-}
-
-/// A number field in `[lo, hi]`, `default` when absent.
-pub(crate) fn number(
-    f: Field<f64>,
-    name: &'static str,
-    lo: f64,
-    hi: f64,
-    default: f64,
-) -> Result<f64, ApiError> {
-    let rule = || format!("`{name}` must be a number in [{lo}, {hi}]");
-    match f.get(name, rule)? {
-        None => Ok(default),
-        Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x),
-        Some(_) => Err(ApiError::bad(name, rule())),
-    }
-}
-
-/// An integer field in `[lo, hi]`.
-pub(crate) fn integer(
-    f: Field<i64>,
-    name: &'static str,
-    lo: i64,
-    hi: i64,
-) -> Result<Option<i64>, ApiError> {
-    let rule = || format!("`{name}` must be an integer in [{lo}, {hi}]");
-    match f.get(name, rule)? {
-        Some(x) if x < lo || x > hi => Err(ApiError::bad(name, rule())),
-        x => Ok(x),
-    }
-}
-
-/// A non-negative integer field (its upper bound is admission's to check).
-pub(crate) fn count(f: Field<u64>, name: &'static str) -> Result<Option<usize>, ApiError> {
-    let n = f.get(name, || format!("`{name}` must be a non-negative integer"))?;
-    Ok(n.map(|n| usize::try_from(n).unwrap_or(usize::MAX)))
-}
-
-/// A boolean field, `false` when absent.
-pub(crate) fn flag(f: Field<bool>, name: &'static str) -> Result<bool, ApiError> {
-    Ok(f.get(name, || format!("`{name}` must be a boolean"))?
-        .unwrap_or(false))
-}
-
 /// `stop`: one string or a list of them.
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize, ToSchema)]
 #[serde(untagged)]
 pub(crate) enum Stop {
     One(String),
@@ -156,31 +64,46 @@ fn stream_options(f: Field<Map<String, Value>>, stream: bool) -> Result<StreamUs
         ));
     }
     fields::check(fields::STREAM_OPTION_KEYS, &o, "stream_options.")?;
-    let flag = |key: &'static str| match o.get(key) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::bad(
-            format!("stream_options.{key}"),
-            format!("`stream_options.{key}` must be a boolean"),
-        )),
-    };
+    let o: StreamOptionsBody = serde_json::from_value(Value::Object(o))
+        .map_err(|e| ApiError::bad("stream_options", format!("invalid `stream_options`: {e}")))?;
     Ok(StreamUsage {
-        last: flag("include_usage")?,
-        every: flag("continuous_usage_stats")?,
+        last: flag(o.include_usage, "stream_options.include_usage")?,
+        every: flag(
+            o.continuous_usage_stats,
+            "stream_options.continuous_usage_stats",
+        )?,
     })
 }
 
+/// A `stream_options` object (its keys checked against its table first).
+#[derive(Default, Deserialize, Serialize, ToSchema)]
+#[serde(default)]
+pub(crate) struct StreamOptionsBody {
+    #[schema(value_type = Option<bool>)]
+    include_usage: Field<bool>,
+    #[schema(value_type = Option<bool>)]
+    continuous_usage_stats: Field<bool>,
+}
+
 /// The sampling fields both endpoints share.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct SamplingBody {
+    #[schema(value_type = Option<f64>)]
     pub temperature: Field<f64>,
+    #[schema(value_type = Option<f64>)]
     pub top_p: Field<f64>,
+    #[schema(value_type = Option<i64>)]
     pub top_k: Field<i64>,
+    #[schema(value_type = Option<i64>)]
     pub seed: Field<i64>,
+    #[schema(value_type = Option<f64>)]
     pub min_p: Field<f64>,
+    #[schema(value_type = Option<f64>)]
     pub presence_penalty: Field<f64>,
+    #[schema(value_type = Option<f64>)]
     pub frequency_penalty: Field<f64>,
+    #[schema(value_type = Option<f64>)]
     pub repetition_penalty: Field<f64>,
 }
 
@@ -218,27 +141,43 @@ impl SamplingBody {
 }
 
 /// The fields both endpoints share: the model, sampling, length, streaming and stops.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct CommonBody {
+    #[schema(value_type = Option<String>)]
     model: Field<String>,
     #[serde(flatten)]
     sampling: SamplingBody,
+    #[schema(value_type = Option<u64>)]
     max_completion_tokens: Field<u64>,
+    #[schema(value_type = Option<u64>)]
     max_tokens: Field<u64>,
+    #[schema(value_type = Option<bool>)]
     stream: Field<bool>,
+    #[schema(value_type = Option<Object>)]
     stream_options: Field<Map<String, Value>>,
+    #[schema(value_type = Option<i64>)]
     n: Field<i64>,
+    #[schema(value_type = Option<Object>)]
     logit_bias: Field<Map<String, Value>>,
+    #[schema(value_type = Option<bool>)]
     ignore_eos: Field<bool>,
+    #[schema(value_type = Option<Vec<u32>>)]
     stop_token_ids: Field<Vec<u32>>,
+    #[schema(value_type = Option<Stop>)]
     stop: Field<Stop>,
     /// Structured outputs: OpenAI's, vLLM's, and vLLM's older spelling.
+    #[schema(value_type = Option<serde_json::Value>)]
     response_format: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     structured_outputs: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     guided_json: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     guided_regex: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     guided_choice: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     guided_grammar: Field<Value>,
 }
 
@@ -373,37 +312,6 @@ impl Common {
     }
 }
 
-/// An error naming the first key of `o` outside `keys`, as `{at}.{key}`.
-pub(crate) fn known_keys(o: &Map<String, Value>, keys: &[&str], at: &str) -> Result<(), ApiError> {
-    match o.keys().find(|k| !keys.contains(&k.as_str())) {
-        Some(k) => Err(ApiError::bad(
-            format!("{at}.{k}"),
-            format!("unknown field `{k}` in `{at}`"),
-        )),
-        None => Ok(()),
-    }
-}
-
-/// `model`: the model this server serves (`served`; a 404 otherwise), `required` or
-/// not.
-pub(crate) fn check_model(
-    model: Field<String>,
-    served: &str,
-    required: bool,
-) -> Result<(), ApiError> {
-    match model.get("model", || "`model` must be a string".into())? {
-        None if required => Err(ApiError::bad("model", "`model` is required")),
-        None => Ok(()),
-        Some(m) if m != served => Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!("the model `{m}` does not exist; this server serves `{served}`"),
-            kind: "invalid_request_error",
-            param: Some("model".into()),
-        }),
-        Some(_) => Ok(()),
-    }
-}
-
 /// `logit_bias`: token ids (as strings) to biases in [-100, 100], added to the logits
 /// before sampling (an id given twice, e.g. `"7"` and `"07"`, adds both). Whether the ids
 /// are in the vocabulary is admission's to check.
@@ -447,7 +355,7 @@ pub(crate) fn validate_stop(f: Field<Stop>) -> Result<StopMatcher, ApiError> {
 
 /// A completion's `prompt`: text, token ids, or a batch of either (one choice, or `n`,
 /// per prompt, in order).
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize, ToSchema)]
 #[serde(untagged)]
 pub(crate) enum Prompt {
     Text(String),
@@ -460,12 +368,15 @@ pub(crate) enum Prompt {
 pub(crate) const MAX_PROMPTS: usize = 256;
 
 /// The body of `/v1/completions`.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct CompletionBody {
+    #[schema(value_type = Option<Prompt>)]
     prompt: Field<Prompt>,
     /// The number of top log-probabilities per token.
+    #[schema(value_type = Option<u64>)]
     logprobs: Field<u64>,
+    #[schema(value_type = Option<bool>)]
     echo: Field<bool>,
     #[serde(flatten)]
     common: CommonBody,
@@ -548,16 +459,23 @@ fn token_ids(ids: Vec<u64>) -> Result<PromptInput, ApiError> {
 }
 
 /// The body of `/v1/chat/completions`.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct ChatBody {
+    #[schema(value_type = Option<Vec<Object>>)]
     messages: Field<Vec<Value>>,
     /// Whether to return log-probabilities, and how many top ones per token.
+    #[schema(value_type = Option<bool>)]
     logprobs: Field<bool>,
+    #[schema(value_type = Option<u64>)]
     top_logprobs: Field<u64>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tools: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tool_choice: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     parallel_tool_calls: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     chat_template_kwargs: Field<Value>,
     #[serde(flatten)]
     common: CommonBody,
@@ -570,14 +488,6 @@ pub(crate) struct Chat {
     /// `chat_template_kwargs`.
     pub kwargs: Map<String, Value>,
     pub common: Common,
-}
-
-/// A `Field<Value>` as an option (`null` is absent).
-pub(crate) fn given(f: Field<Value>) -> Option<Value> {
-    match f {
-        Field::Given(v) => Some(v),
-        _ => None,
-    }
 }
 
 /// `chat_template_kwargs`: an object of template variables, none of those the renderer
@@ -639,6 +549,9 @@ impl ChatBody {
 #[cfg(test)]
 mod tests {
     use encore_core::tokenizer::{FunctionCall, ToolCall};
+    use serde::de::DeserializeOwned;
+
+    use crate::fields::Rule;
 
     use crate::tokenize::{DetokenizeBody, TokenizeBody, TokenizeInput};
     use serde_json::json;

@@ -16,7 +16,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use encore_core::request::{Param, Refusal};
-use serde_json::{json, Value};
+use serde_json::Value;
+
+use crate::wire::{ErrorBody, ErrorObject};
 
 /// An OpenAI-style error response.
 #[derive(Debug)]
@@ -90,17 +92,22 @@ impl ApiError {
 
     /// The error object of the body (also sent as an SSE event by a stream that ends
     /// with an error).
-    pub fn body(&self) -> Value {
+    pub fn body(&self) -> ErrorBody {
         let code = match self.status {
             StatusCode::NOT_FOUND if self.param.as_deref() == Some("model") => {
-                json!("model_not_found")
+                Some("model_not_found")
             }
-            StatusCode::UNAUTHORIZED => json!("invalid_api_key"),
-            _ => Value::Null,
+            StatusCode::UNAUTHORIZED => Some("invalid_api_key"),
+            _ => None,
         };
-        json!({"error": {
-            "message": self.message, "type": self.kind, "param": self.param, "code": code,
-        }})
+        ErrorBody {
+            error: ErrorObject {
+                message: self.message.clone(),
+                kind: self.kind,
+                param: self.param.as_deref().map(str::to_string),
+                code,
+            },
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! before the typed parsing, so no field is silently ignored: a key no table lists is
 //! refused as unknown (a typo such as `temprature` too). `null` reads as absent
 //! everywhere. README.md's "Server API fields" tables are these tables (a test checks
-//! that they agree).
+//! that they agree), and so are the request schemas of `/openapi.json` (`openapi`, whose
+//! tests check each table against the typed body that reads it).
 
 use serde_json::{Map, Value};
 

@@ -1,7 +1,8 @@
 //! encore-server: the OpenAI-compatible HTTP API over the engine loop
 //! (`encore_core::serve::EngineHandle`): `/v1/completions` and `/v1/chat/completions`
 //! (streaming as server-sent events, or whole), vLLM's `/tokenize` and `/detokenize`,
-//! `/v1/models` and `/v1/models/{model}`, `/health` and `/metrics` (Prometheus text).
+//! `/v1/models` and `/v1/models/{model}`, `/health`, `/metrics` (Prometheus text) and
+//! `/openapi.json` (the OpenAPI document of every route, generated from the wire types).
 //! Every field of a request body is honored, accepted and logged, or refused with a 400
 //! naming it, by one table per endpoint (`fields`): no field is silently ignored.
 //! Bodies are then read as typed structs validated at the edge (`body`); what depends
@@ -14,15 +15,18 @@
 //! gracefully: it stops accepting, lets the requests in flight finish for a grace
 //! period, then ends the rest.
 //!
-//! Modules by job: `fields` (the table of each endpoint's fields), `body` (request
-//! bodies and their validation, with `chat_messages` for chat's `messages` and
-//! `structured` for the structured-output fields), `error` (error responses),
-//! `generate` (the generation path: admission, then a whole response (`whole`) or a
-//! stream (`stream`), formatted by `output` for completions and chat, by `responses`
-//! and `messages` (which also read their own bodies into the chat request, its content
-//! blocks in `anthropic_blocks`, the responses `input` in `responses_input`) for theirs),
-//! `tokenize` (`/tokenize`, `/detokenize`), `metrics` (`/metrics`), `shutdown`
-//! ([`serve`] and its drain).
+//! Modules by job: `fields` (the table of each endpoint's fields), `field` (a body's
+//! field as sent, and the checks of one field), `body` (request bodies and their
+//! validation, with `chat_messages` for chat's `messages` and `structured` for the
+//! structured-output fields), `wire` (the OpenAI response bodies as serde types;
+//! Anthropic's in `wire_anthropic`, the responses API's in `wire_responses`), `error`
+//! (error responses), `generate` (the generation path: admission, then a whole response
+//! (`whole`) or a stream (`stream`), formatted by `output` for completions and chat, by
+//! `responses` and `messages` (which also read their own bodies into the chat request,
+//! its content blocks in `anthropic_blocks`, the responses `input` in `responses_input`;
+//! their streams in `responses::stream` and `messages::stream`) for theirs), `tokenize`
+//! (`/tokenize`, `/detokenize`), `metrics` (`/metrics`), `openapi` (`/openapi.json`),
+//! `shutdown` ([`serve`] and its drain).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
@@ -35,18 +39,19 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use encore_core::serve::EngineHandle;
 use encore_core::tokenizer::Tokenizer;
-use serde_json::{json, Value};
 use tokio::sync::watch;
 
 mod anthropic_blocks;
 mod body;
 mod chat_messages;
 mod error;
+mod field;
 mod fields;
 mod generate;
 mod generic_tools;
 mod messages;
 mod metrics;
+mod openapi;
 mod output;
 mod parse;
 mod responses;
@@ -57,11 +62,15 @@ mod structured;
 mod tokenize;
 mod tools;
 mod whole;
+mod wire;
+mod wire_anthropic;
+mod wire_responses;
 
 pub use parse::{ReasoningFormat, ToolFormat};
 pub use shutdown::serve;
 
 use error::ApiError;
+use wire::{Model, ModelList};
 
 /// What the server needs besides the engine.
 #[derive(Clone, Debug)]
@@ -182,6 +191,7 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
         .merge(v1)
         .route("/health", get(health))
         .route("/metrics", get(metrics::metrics))
+        .route("/openapi.json", get(openapi::openapi_json))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -233,16 +243,22 @@ fn bearer_token(value: &str) -> Option<&str> {
         .then(|| token.trim_start())
 }
 
-async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&s)]}))
+async fn models(State(s): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![model_object(&s)],
+    })
 }
 
 /// The served model as OpenAI's model object (`/v1/models` lists it).
-fn model_object(s: &AppState) -> Value {
-    json!({
-        "id": s.cfg.served_model_name, "object": "model", "created": 0, "owned_by": "encore",
-        "max_model_len": s.engine.max_seq_len,
-    })
+fn model_object(s: &AppState) -> Model {
+    Model {
+        id: s.cfg.served_model_name.clone(),
+        object: "model",
+        created: 0,
+        owned_by: "encore",
+        max_model_len: s.engine.max_seq_len,
+    }
 }
 
 /// `GET /v1/models/{model}` (the openai client's `models.retrieve`): the model object,

@@ -17,8 +17,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use encore_core::tokenizer::ChatMessage;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
 use crate::anthropic_blocks::{blocks_text, conversation};
 use crate::body::{
@@ -31,7 +32,16 @@ use crate::output::{Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
 use crate::structured::json_schema;
 use crate::tools::{read_list, ToolChoice, Tools};
+use crate::wire::{AnthropicError, AnthropicErrorBody};
+use crate::wire_anthropic::{
+    BlockDelta, ContentBlock, CountTokensResponse, Message, MessageDelta, MessageEvent,
+    MessageUsage, OutputUsage,
+};
 use crate::AppState;
+
+mod stream;
+
+pub(crate) use stream::Stream;
 
 /// The most stop sequences a request may give.
 const MAX_STOP_SEQUENCES: usize = 64;
@@ -60,7 +70,10 @@ pub(crate) async fn count_tokens(
         .and_then(|b| b.validate(&s))
         .and_then(|(chat, _)| chat_prompt(&s, chat));
     match valid {
-        Ok((prompt, ..)) => Json(json!({"input_tokens": prompt.len()})).into_response(),
+        Ok((prompt, ..)) => Json(CountTokensResponse {
+            input_tokens: prompt.len(),
+        })
+        .into_response(),
         Err(e) => error(e),
     }
 }
@@ -73,7 +86,7 @@ pub(crate) fn error(e: ApiError) -> Response {
     r
 }
 
-fn error_body(e: &ApiError) -> Value {
+fn error_body(e: &ApiError) -> AnthropicErrorBody {
     let kind = match e.status {
         StatusCode::BAD_REQUEST => "invalid_request_error",
         StatusCode::UNAUTHORIZED => "authentication_error",
@@ -88,38 +101,57 @@ fn error_body(e: &ApiError) -> Value {
         Some(p) => format!("{p}: {}", e.message),
         None => e.message.clone(),
     };
-    json!({"type": "error", "error": {"type": kind, "message": message}})
+    AnthropicErrorBody {
+        kind: "error",
+        error: AnthropicError { kind, message },
+    }
 }
 
 /// What both bodies share: the conversation, its tools and thinking.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 struct Conversation {
+    #[schema(value_type = Option<String>)]
     model: Field<String>,
+    #[schema(value_type = Option<Vec<Object>>)]
     messages: Field<Vec<Value>>,
+    #[schema(value_type = Option<serde_json::Value>)]
     system: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tools: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tool_choice: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     thinking: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     output_config: Field<Value>,
+    /// Accepted: prefix caching is automatic.
+    #[schema(value_type = Option<Object>)]
+    cache_control: Field<Map<String, Value>>,
 }
 
 /// The body of `/v1/messages`.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct MessagesBody {
     #[serde(flatten)]
     conversation: Conversation,
+    #[schema(value_type = Option<u64>)]
     max_tokens: Field<u64>,
+    #[schema(value_type = Option<Vec<String>>)]
     stop_sequences: Field<Vec<String>>,
+    #[schema(value_type = Option<bool>)]
     stream: Field<bool>,
+    #[schema(value_type = Option<f64>)]
     temperature: Field<f64>,
+    #[schema(value_type = Option<f64>)]
     top_p: Field<f64>,
+    #[schema(value_type = Option<i64>)]
     top_k: Field<i64>,
 }
 
 /// The body of `/v1/messages/count_tokens`.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct CountBody {
     #[serde(flatten)]
@@ -183,6 +215,10 @@ impl Conversation {
         max_tokens: Option<usize>,
     ) -> Result<(Chat, bool), ApiError> {
         check_model(self.model, &s.cfg.served_model_name, true)?;
+        // Prefix caching is automatic: the breakpoint asks for nothing more.
+        self.cache_control.get("cache_control", || {
+            "`cache_control` must be an object".into()
+        })?;
         let mut kwargs = Map::new();
         let omit_thinking = match given(self.thinking) {
             Some(t) => thinking(&t, s, max_tokens, &mut kwargs)?,
@@ -514,165 +550,41 @@ pub(crate) fn whole(
     parsed: &Parsed,
     end: &Ending,
     omit_thinking: bool,
-) -> Value {
+) -> Message {
     let mut calls = out.call_ids(0);
     let mut content = Vec::new();
     if !parsed.reasoning.is_empty() {
         let text = if omit_thinking { "" } else { &parsed.reasoning };
-        content.push(json!({"type": "thinking", "thinking": text, "signature": ""}));
+        content.push(ContentBlock::Thinking {
+            thinking: text.to_string(),
+            signature: String::new(),
+        });
     }
     let named: Vec<_> = parsed.calls.iter().filter(|c| c.name.is_some()).collect();
     if !parsed.content.is_empty() || (named.is_empty() && content.is_empty()) {
-        content.push(json!({"type": "text", "text": parsed.content}));
+        content.push(ContentBlock::Text {
+            text: parsed.content.clone(),
+        });
     }
     for c in &named {
-        content.push(json!({"type": "tool_use", "id": calls.next(),
-            "name": c.name.as_deref().unwrap_or_default(), "input": input(&c.arguments)}));
-    }
-    json!({
-        "id": message_id(out.id_seed), "type": "message", "role": "assistant", "model": reply.model,
-        "content": content, "stop_reason": stop_reason(end, !named.is_empty()),
-        "stop_sequence": end.stop,
-        "usage": {"input_tokens": end.prompt, "output_tokens": end.completion},
-    })
-}
-
-/// The kind of the content block a stream has open.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Block {
-    Thinking,
-    Text,
-    ToolUse,
-}
-
-/// A streamed message: its content blocks opened, filled and closed in order.
-pub(crate) struct Stream {
-    id: String,
-    /// The open block and its index.
-    open: Option<(usize, Block)>,
-    blocks: usize,
-    called: bool,
-    /// Thinking blocks come without their text.
-    omit_thinking: bool,
-}
-
-impl Stream {
-    pub fn new(id_seed: u64, omit_thinking: bool) -> Self {
-        Stream {
-            id: message_id(id_seed),
-            open: None,
-            blocks: 0,
-            called: false,
-            omit_thinking,
-        }
-    }
-
-    fn event(kind: &'static str, mut data: Value) -> Typed {
-        data["type"] = json!(kind);
-        (kind, data)
-    }
-
-    /// The event that opens the message.
-    pub fn start(&mut self, reply: &Reply, prompt: usize) -> Vec<Typed> {
-        let m = json!({
-            "id": self.id, "type": "message", "role": "assistant", "model": reply.model,
-            "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": prompt, "output_tokens": 0},
+        content.push(ContentBlock::ToolUse {
+            id: calls.next(),
+            name: c.name.clone().unwrap_or_default(),
+            input: input(&c.arguments),
         });
-        vec![Self::event("message_start", json!({ "message": m }))]
     }
-
-    fn close(&mut self, out: &mut Vec<Typed>) {
-        if let Some((i, _)) = self.open.take() {
-            out.push(Self::event("content_block_stop", json!({ "index": i })));
-        }
-    }
-
-    /// Open a block (closing the one open) unless one of `kind` is open and `reuse`.
-    fn open(&mut self, kind: Block, block: Value, reuse: bool, out: &mut Vec<Typed>) -> usize {
-        if let Some((i, k)) = self.open {
-            if k == kind && reuse {
-                return i;
-            }
-        }
-        self.close(out);
-        let i = self.blocks;
-        self.blocks += 1;
-        self.open = Some((i, kind));
-        let e = json!({"index": i, "content_block": block});
-        out.push(Self::event("content_block_start", e));
-        i
-    }
-
-    /// The events of one token's output `d`.
-    pub fn token(&mut self, d: &Delta) -> Vec<Typed> {
-        let mut out = Vec::new();
-        if !d.reasoning.is_empty() {
-            let b = json!({"type": "thinking", "thinking": "", "signature": ""});
-            let i = self.open(Block::Thinking, b, true, &mut out);
-            if !self.omit_thinking {
-                let delta = json!({"type": "thinking_delta", "thinking": d.reasoning});
-                out.push(Self::event(
-                    "content_block_delta",
-                    json!({"index": i, "delta": delta}),
-                ));
-            }
-        }
-        if !d.content.is_empty() {
-            let b = json!({"type": "text", "text": ""});
-            let i = self.open(Block::Text, b, true, &mut out);
-            let delta = json!({"type": "text_delta", "text": d.content});
-            out.push(Self::event(
-                "content_block_delta",
-                json!({"index": i, "delta": delta}),
-            ));
-        }
-        for c in &d.calls {
-            if let Some(id) = c["id"].as_str() {
-                let b = json!({"type": "tool_use", "id": id,
-                    "name": c["function"]["name"], "input": {}});
-                self.open(Block::ToolUse, b, false, &mut out);
-                self.called = true;
-            }
-            let args = c["function"]["arguments"].as_str().unwrap_or("");
-            if let (false, Some((i, Block::ToolUse))) = (args.is_empty(), self.open) {
-                let delta = json!({"type": "input_json_delta", "partial_json": args});
-                out.push(Self::event(
-                    "content_block_delta",
-                    json!({"index": i, "delta": delta}),
-                ));
-            }
-        }
-        out
-    }
-
-    /// The events that end the message.
-    pub fn end(&mut self, end: &Ending) -> Vec<Typed> {
-        let mut out = Vec::new();
-        if self.blocks == 0 {
-            // An empty answer is still a text block, as whole.
-            self.open(
-                Block::Text,
-                json!({"type": "text", "text": ""}),
-                true,
-                &mut out,
-            );
-        }
-        self.close(&mut out);
-        let delta =
-            json!({"stop_reason": stop_reason(end, self.called), "stop_sequence": end.stop});
-        let usage = json!({"output_tokens": end.completion});
-        out.push(Self::event(
-            "message_delta",
-            json!({"delta": delta, "usage": usage}),
-        ));
-        out.push(Self::event("message_stop", json!({})));
-        out
-    }
-
-    /// The event of an error that ends the stream.
-    pub fn error(&mut self, e: &ApiError) -> Vec<Typed> {
-        vec![("error", error_body(e))]
+    Message {
+        id: message_id(out.id_seed),
+        kind: "message",
+        role: "assistant",
+        model: reply.model.clone(),
+        content,
+        stop_reason: Some(stop_reason(end, !named.is_empty())),
+        stop_sequence: end.stop.clone(),
+        usage: MessageUsage {
+            input_tokens: end.prompt,
+            output_tokens: end.completion,
+        },
     }
 }
 
@@ -680,6 +592,7 @@ impl Stream {
 mod tests {
     use super::*;
     use crate::parse::Call;
+    use crate::wire::ToolCallDelta;
 
     fn out(id_seed: u64) -> ChatOut {
         ChatOut::plain(id_seed)
@@ -749,13 +662,13 @@ mod tests {
             prompt: 3,
             completion: 20,
         };
-        let w = whole(&reply, &out(9), &parsed, &end, false);
+        let w = serde_json::to_value(whole(&reply, &out(9), &parsed, &end, false)).unwrap();
         assert_eq!(w["stop_reason"], "tool_use");
         let mut ids = out(9).call_ids(0);
         let d = |r: &str, c: &str, calls: Vec<Value>| Delta {
             reasoning: r.into(),
             content: c.into(),
-            calls,
+            calls: calls.iter().map(ToolCallDelta::from_json).collect(),
         };
         let mut st = Stream::new(9, false);
         let mut events = st.start(&reply, 3);
@@ -815,7 +728,7 @@ mod tests {
                 prompt: 1,
                 completion: 2,
             };
-            let w = whole(&reply, &out(1), &text, &end, false);
+            let w = serde_json::to_value(whole(&reply, &out(1), &text, &end, false)).unwrap();
             assert_eq!(
                 (w["stop_reason"].as_str(), &w["stop_sequence"]),
                 (Some(want), &json!(stop))
@@ -845,7 +758,7 @@ mod tests {
             "messages[0].content[1].type",
             "content block type `image` is not supported",
         );
-        let b = error_body(&e);
+        let b = serde_json::to_value(error_body(&e)).unwrap();
         assert_eq!(b["type"], "error");
         assert_eq!(b["error"]["type"], "invalid_request_error");
         assert!(b["error"]["message"]

@@ -4,11 +4,19 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use encore_core::request::{FinishReason, Output, TokenLogprobs};
 use encore_core::tokenizer::{StopStream, Tokenizer};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::parse::Delta;
+use crate::wire::{
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse, ChatDelta,
+    ChatLogprobs, ChatMessageOut, ChatTokenLogprob, Choice, Chunk, CompletionChoice,
+    CompletionChunk, CompletionChunkChoice, CompletionLogprobs, CompletionResponse, Logprobs,
+    TopLogprob, Usage,
+};
 
 /// Which endpoint a request came through.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -66,25 +74,43 @@ impl Reply {
         d: &Delta,
         finish: Option<&str>,
         first: bool,
-        logprobs: Value,
-    ) -> Value {
-        let mut delta = serde_json::Map::new();
-        if first {
-            delta.insert("role".into(), json!("assistant"));
-        }
-        if !d.reasoning.is_empty() {
-            delta.insert("reasoning_content".into(), json!(d.reasoning));
-        }
-        if !d.content.is_empty() || d.is_empty() {
-            delta.insert("content".into(), json!(d.content));
-        }
-        if !d.calls.is_empty() {
-            delta.insert("tool_calls".into(), Value::Array(d.calls.clone()));
-        }
-        let choice =
-            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
-        json!({"id": self.id, "object": self.chunk_object(), "created": self.created,
-               "model": self.model, "choices": [choice]})
+        logprobs: Option<Logprobs>,
+    ) -> Chunk {
+        let delta = ChatDelta {
+            role: first.then_some("assistant"),
+            reasoning_content: (!d.reasoning.is_empty()).then(|| d.reasoning.clone()),
+            content: (!d.content.is_empty() || d.is_empty()).then(|| d.content.clone()),
+            tool_calls: (!d.calls.is_empty()).then(|| d.calls.clone()),
+        };
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs,
+            finish_reason: finish.map(str::to_string),
+        };
+        self.chat_chunk(vec![choice])
+    }
+
+    fn chat_chunk(&self, choices: Vec<ChatChunkChoice>) -> Chunk {
+        Chunk::Chat(ChatCompletionChunk {
+            id: self.id.clone(),
+            object: self.chunk_object(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage: None,
+        })
+    }
+
+    fn completion_chunk(&self, choices: Vec<CompletionChunkChoice>) -> Chunk {
+        Chunk::Completion(CompletionChunk {
+            id: self.id.clone(),
+            object: self.chunk_object(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage: None,
+        })
     }
 
     /// The chunk of one streamed token of choice `index`: its text `delta`, the finish
@@ -95,8 +121,8 @@ impl Reply {
         delta: &str,
         finish: Option<&str>,
         first: bool,
-        logprobs: Value,
-    ) -> Value {
+        logprobs: Option<Logprobs>,
+    ) -> Chunk {
         if self.kind == Kind::Chat {
             let d = Delta {
                 content: delta.to_string(),
@@ -104,18 +130,22 @@ impl Reply {
             };
             return self.parsed_chunk(index, &d, finish, first, logprobs);
         }
-        let choice =
-            json!({"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish});
-        json!({"id": self.id, "object": self.chunk_object(), "created": self.created,
-               "model": self.model, "choices": [choice]})
+        self.completion_chunk(vec![CompletionChunkChoice {
+            index,
+            text: delta.to_string(),
+            logprobs,
+            finish_reason: finish.map(str::to_string),
+        }])
     }
 
     /// The last chunk of a stream that asked for usage.
-    pub fn usage_chunk(&self, prompt: usize, completion: usize) -> Value {
-        json!({
-            "id": self.id, "object": self.chunk_object(), "created": self.created,
-            "model": self.model, "choices": [], "usage": usage(prompt, completion),
-        })
+    pub fn usage_chunk(&self, prompt: usize, completion: usize) -> Chunk {
+        let mut c = match self.kind {
+            Kind::Completion => self.completion_chunk(Vec::new()),
+            Kind::Chat => self.chat_chunk(Vec::new()),
+        };
+        c.set_usage(Usage::new(prompt, completion));
+        c
     }
 
     /// Choice `index` of a whole response: `text` (its token `ids`), ended by `finish`;
@@ -125,35 +155,78 @@ impl Reply {
         index: usize,
         text: &str,
         ids: &[u32],
-        logprobs: Value,
+        logprobs: Option<Logprobs>,
         finish: &str,
-        message: Option<Value>,
-    ) -> Value {
+        message: Option<ChatMessageOut>,
+    ) -> Choice {
+        let (finish_reason, token_ids) = (finish.to_string(), ids.to_vec());
         match self.kind {
-            Kind::Completion => {
-                json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
-            }
-            Kind::Chat => {
-                let message =
-                    message.unwrap_or_else(|| json!({"role": "assistant", "content": text}));
-                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids})
-            }
+            Kind::Completion => Choice::Completion(CompletionChoice {
+                index,
+                text: text.to_string(),
+                logprobs,
+                finish_reason,
+                token_ids,
+            }),
+            Kind::Chat => Choice::Chat(ChatChoice {
+                index,
+                message: message.unwrap_or_else(|| ChatMessageOut::text(text)),
+                logprobs,
+                finish_reason,
+                token_ids,
+            }),
         }
     }
 
     /// A whole response of `choices`, with the usage of a `prompt` of so many tokens and
     /// `completion` tokens over all choices.
-    pub fn whole(&self, choices: Vec<Value>, prompt: usize, completion: usize) -> Value {
-        json!({
-            "id": self.id, "object": self.object(), "created": self.created, "model": self.model,
-            "choices": choices, "usage": usage(prompt, completion),
-        })
+    pub fn whole(&self, choices: Vec<Choice>, prompt: usize, completion: usize) -> Response {
+        let usage = Usage::new(prompt, completion);
+        let (id, object, created, model) = (
+            self.id.clone(),
+            self.object(),
+            self.created,
+            self.model.clone(),
+        );
+        match self.kind {
+            Kind::Completion => {
+                let choices = choices
+                    .into_iter()
+                    .filter_map(|c| match c {
+                        Choice::Completion(c) => Some(c),
+                        Choice::Chat(_) => None,
+                    })
+                    .collect();
+                Json(CompletionResponse {
+                    id,
+                    object,
+                    created,
+                    model,
+                    choices,
+                    usage,
+                })
+                .into_response()
+            }
+            Kind::Chat => {
+                let choices = choices
+                    .into_iter()
+                    .filter_map(|c| match c {
+                        Choice::Chat(c) => Some(c),
+                        Choice::Completion(_) => None,
+                    })
+                    .collect();
+                Json(ChatCompletionResponse {
+                    id,
+                    object,
+                    created,
+                    model,
+                    choices,
+                    usage,
+                })
+                .into_response()
+            }
+        }
     }
-}
-
-/// OpenAI's usage object of a prompt of `prompt` tokens and `completion` output tokens.
-pub(crate) fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
 fn now_secs() -> u64 {
@@ -201,28 +274,27 @@ pub(crate) fn completion_logprobs<'a>(
     tok: &Tokenizer,
     entries: impl Iterator<Item = (u32, Option<&'a TokenLogprobs>)>,
     offset: &mut usize,
-) -> Value {
-    let (mut tokens, mut lps, mut tops, mut offsets) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+) -> Logprobs {
+    let mut out = CompletionLogprobs::default();
     for (id, lp) in entries {
         let text = token_text(tok, id);
-        offsets.push(*offset);
+        out.text_offset.push(*offset);
         *offset += text.len();
-        tokens.push(text);
+        out.tokens.push(text);
         let Some(lp) = lp else {
-            lps.push(Value::Null);
-            tops.push(Value::Null);
+            out.token_logprobs.push(None);
+            out.top_logprobs.push(None);
             continue;
         };
-        lps.push(json!(lp.logprob));
+        out.token_logprobs.push(Some(f64::from(lp.logprob)));
         // Keyed by text: of tokens with the same text the likelier stays.
         let mut top = serde_json::Map::new();
         for &(t, l) in &lp.top {
             top.entry(token_text(tok, t)).or_insert(json!(l));
         }
-        tops.push(Value::Object(top));
+        out.top_logprobs.push(Some(top));
     }
-    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    Logprobs::Completion(out)
 }
 
 /// The entries of an echoed prompt with its log-probabilities (`scores`: one per token
@@ -249,25 +321,37 @@ pub(crate) fn logprobs_json(
     kind: Kind,
     entries: &[(u32, TokenLogprobs)],
     offset: &mut usize,
-) -> Value {
+) -> Logprobs {
     match kind {
         Kind::Completion => {
             completion_logprobs(tok, entries.iter().map(|(id, lp)| (*id, Some(lp))), offset)
         }
-        Kind::Chat => {
-            let entry = |id: u32, l: f32| {
-                let text = token_text(tok, id);
-                json!({"token": text, "logprob": l, "bytes": text.as_bytes()})
-            };
-            let content: Vec<Value> = entries
-                .iter()
-                .map(|(id, lp)| {
-                    let mut e = entry(*id, lp.logprob);
-                    e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
-                    e
-                })
-                .collect();
-            json!({ "content": content })
-        }
+        Kind::Chat => Logprobs::Chat(chat_logprobs(tok, entries)),
     }
+}
+
+/// Chat's `logprobs` of `entries` (also the responses API's `logprobs`, its `content`).
+pub(crate) fn chat_logprobs(tok: &Tokenizer, entries: &[(u32, TokenLogprobs)]) -> ChatLogprobs {
+    let entry = |id: u32, l: f32| {
+        let token = token_text(tok, id);
+        let bytes = token.as_bytes().to_vec();
+        TopLogprob {
+            token,
+            logprob: f64::from(l),
+            bytes,
+        }
+    };
+    let content = entries
+        .iter()
+        .map(|(id, lp)| {
+            let e = entry(*id, lp.logprob);
+            ChatTokenLogprob {
+                token: e.token,
+                logprob: e.logprob,
+                bytes: e.bytes,
+                top_logprobs: lp.top.iter().map(|&(t, l)| entry(t, l)).collect(),
+            }
+        })
+        .collect();
+    ChatLogprobs { content }
 }

@@ -12,7 +12,7 @@
 //! whole or streamed, so the streamed pieces concatenate to the whole response's
 //! `arguments`.
 
-use serde_json::{json, Value};
+use crate::wire::{ChatMessageOut, FunctionCall, FunctionDelta, ToolCall, ToolCallDelta};
 
 /// How the model writes tool calls (`--tool-call-parser`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -512,7 +512,7 @@ pub(crate) struct Delta {
     pub content: String,
     /// `tool_calls` entries of a chunk's delta (`index`, and `id`, `type`, `function.name`
     /// on a call's first).
-    pub calls: Vec<Value>,
+    pub calls: Vec<ToolCallDelta>,
 }
 
 impl Delta {
@@ -559,9 +559,15 @@ impl ChatStream {
                 // A call goes out once its name is known.
                 let Some(name) = &call.name else { break };
                 let id = self.ids.next();
-                d.calls
-                    .push(json!({"index": i, "id": id, "type": "function",
-                                    "function": {"name": name, "arguments": ""}}));
+                d.calls.push(ToolCallDelta {
+                    index: i,
+                    id: Some(id.clone()),
+                    kind: Some("function"),
+                    function: FunctionDelta {
+                        name: Some(name.clone()),
+                        arguments: String::new(),
+                    },
+                });
                 self.sent_ids.push(id);
                 self.sent.calls.push(Call {
                     name: Some(name.clone()),
@@ -572,8 +578,15 @@ impl ChatStream {
             let more = grown(sent, &call.arguments);
             if !more.is_empty() {
                 sent.push_str(&more);
-                d.calls
-                    .push(json!({"index": i, "function": {"arguments": more}}));
+                d.calls.push(ToolCallDelta {
+                    index: i,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta {
+                        name: None,
+                        arguments: more,
+                    },
+                });
             }
         }
         d
@@ -595,33 +608,30 @@ fn grown(sent: &str, now: &str) -> String {
 
 /// The OpenAI message of a whole output: `content` (null when empty and calls were
 /// made), `reasoning_content` when `reasoning` (the parser splits it out), `tool_calls`.
-pub(crate) fn message(p: &Parsed, ids: &mut CallIds, reasoning: bool) -> Value {
-    let calls: Vec<Value> = p
+pub(crate) fn message(p: &Parsed, ids: &mut CallIds, reasoning: bool) -> ChatMessageOut {
+    let calls: Vec<ToolCall> = p
         .calls
         .iter()
         .filter_map(|c| {
             let name = c.name.as_ref()?;
-            Some(json!({"id": ids.next(), "type": "function",
-                        "function": {"name": name, "arguments": c.arguments}}))
+            Some(ToolCall {
+                id: ids.next(),
+                kind: "function",
+                function: FunctionCall {
+                    name: name.clone(),
+                    arguments: c.arguments.clone(),
+                },
+            })
         })
         .collect();
-    let content = if p.content.is_empty() && !calls.is_empty() {
-        Value::Null
-    } else {
-        Value::String(p.content.clone())
-    };
-    let mut m = json!({"role": "assistant", "content": content});
-    if reasoning {
-        m["reasoning_content"] = if p.reasoning.is_empty() {
-            Value::Null
-        } else {
-            Value::String(p.reasoning.clone())
-        };
+    let content = (!p.content.is_empty() || calls.is_empty()).then(|| p.content.clone());
+    ChatMessageOut {
+        role: "assistant",
+        content,
+        reasoning_content: reasoning
+            .then(|| (!p.reasoning.is_empty()).then(|| p.reasoning.clone())),
+        tool_calls: (!calls.is_empty()).then_some(calls),
     }
-    if !calls.is_empty() {
-        m["tool_calls"] = Value::Array(calls);
-    }
-    m
 }
 
 /// Tool-call ids of one response: `call_` and 24 letters and digits, or 9 for Mistral's
@@ -671,6 +681,7 @@ impl CallIds {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
 
     fn native(f: ToolFormat) -> ChatParser {
         ChatParser {
@@ -720,15 +731,13 @@ mod tests {
             reasoning.push_str(&d.reasoning);
             content.push_str(&d.content);
             for c in d.calls {
-                let i = c["index"].as_u64().unwrap() as usize;
-                if let Some(name) = c["function"]["name"].as_str() {
+                let i = c.index;
+                if let Some(name) = &c.function.name {
                     assert_eq!(i, args.len());
-                    assert!(c["id"].as_str().unwrap().starts_with("call_"));
+                    assert!(c.id.as_deref().unwrap().starts_with("call_"));
                     args.push((name.to_string(), String::new()));
                 }
-                args[i]
-                    .1
-                    .push_str(c["function"]["arguments"].as_str().unwrap());
+                args[i].1.push_str(&c.function.arguments);
             }
         }
         assert_eq!(reasoning, whole.reasoning, "{text:?}");
@@ -916,12 +925,12 @@ mod tests {
             content: String::new(),
             calls: vec![call("f", "{}")],
         };
-        let m = message(&p, &mut ids, true);
+        let m = serde_json::to_value(message(&p, &mut ids, true)).unwrap();
         assert_eq!(m["content"], Value::Null);
         assert_eq!(m["reasoning_content"], "r");
         let id = m["tool_calls"][0]["id"].as_str().unwrap();
         assert!(id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()));
-        let m = message(&Parsed::default(), &mut ids, false);
+        let m = serde_json::to_value(message(&Parsed::default(), &mut ids, false)).unwrap();
         assert_eq!(m, json!({"role": "assistant", "content": ""}));
     }
 }

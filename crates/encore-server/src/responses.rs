@@ -18,8 +18,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use encore_core::request::{Constraint, TokenLogprobs};
 use encore_core::tokenizer::{ChatMessage, Tokenizer};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
 use crate::body::{
     check_model, count, flag, given, known_keys, read, validate_stop, Chat, Common, Field,
@@ -28,12 +29,21 @@ use crate::body::{
 use crate::error::ApiError;
 use crate::fields;
 use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Ending, Typed};
-use crate::output::{logprobs_json, Kind, Reply};
+use crate::output::{chat_logprobs, Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
 use crate::responses_input::input;
 use crate::structured::json_schema;
 use crate::tools::{choice_word, read_list, ToolChoice, Tools};
+use crate::wire::ChatTokenLogprob;
+use crate::wire_responses::{
+    ContentPart, IncompleteDetails, InputTokensDetails, OutputItem, OutputTokensDetails,
+    ResponseObject, ResponseUsage,
+};
 use crate::AppState;
+
+mod stream;
+
+pub(crate) use stream::Stream;
 
 pub(crate) async fn create(
     State(s): State<Arc<AppState>>,
@@ -55,26 +65,41 @@ pub(crate) async fn create(
 }
 
 /// The body of `/v1/responses`.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct ResponsesBody {
+    #[schema(value_type = Option<String>)]
     model: Field<String>,
+    #[schema(value_type = Option<serde_json::Value>)]
     input: Field<Value>,
+    #[schema(value_type = Option<String>)]
     instructions: Field<String>,
+    #[schema(value_type = Option<u64>)]
     max_output_tokens: Field<u64>,
     #[serde(flatten)]
     sampling: SamplingBody,
+    #[schema(value_type = Option<bool>)]
     stream: Field<bool>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tools: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tool_choice: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     parallel_tool_calls: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     text: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     reasoning: Field<Value>,
+    #[schema(value_type = Option<u64>)]
     top_logprobs: Field<u64>,
+    #[schema(value_type = Option<serde_json::Value>)]
     include: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     metadata: Field<Value>,
     /// vLLM's extensions, which guidellm sends.
+    #[schema(value_type = Option<bool>)]
     ignore_eos: Field<bool>,
+    #[schema(value_type = Option<Stop>)]
     stop: Field<Stop>,
 }
 
@@ -402,20 +427,29 @@ fn tool_choice(c: &Value) -> Result<ToolChoice, ApiError> {
 }
 
 /// The `usage` of a response.
-fn usage(prompt: usize, output: usize, reasoning: usize) -> Value {
-    json!({
-        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": output, "output_tokens_details": {"reasoning_tokens": reasoning},
-        "total_tokens": prompt + output,
-    })
+fn usage(prompt: usize, output: usize, reasoning: usize) -> ResponseUsage {
+    ResponseUsage {
+        input_tokens: prompt,
+        input_tokens_details: InputTokensDetails { cached_tokens: 0 },
+        output_tokens: output,
+        output_tokens_details: OutputTokensDetails {
+            reasoning_tokens: reasoning,
+        },
+        total_tokens: prompt + output,
+    }
 }
 
 /// A response's status, and why it is incomplete, from how its output ended.
-fn status(finish: &str) -> (&'static str, Value) {
+fn status(finish: &str) -> (&'static str, Option<IncompleteDetails>) {
     match finish {
-        "length" => ("incomplete", json!({"reason": "max_output_tokens"})),
-        "abort" => ("cancelled", Value::Null),
-        _ => ("completed", Value::Null),
+        "length" => (
+            "incomplete",
+            Some(IncompleteDetails {
+                reason: "max_output_tokens",
+            }),
+        ),
+        "abort" => ("cancelled", None),
+        _ => ("completed", None),
     }
 }
 
@@ -424,22 +458,40 @@ fn response(
     reply: &Reply,
     id: &str,
     echo: &Echo,
-    status: &str,
-    incomplete: Value,
-    output: Vec<Value>,
-    usage: Value,
-) -> Value {
-    json!({
-        "id": id, "object": "response", "created_at": reply.created, "status": status,
-        "background": false, "error": null, "incomplete_details": incomplete,
-        "instructions": echo.instructions, "max_output_tokens": echo.max_output_tokens,
-        "max_tool_calls": null, "model": reply.model, "output": output,
-        "parallel_tool_calls": echo.parallel_tool_calls, "previous_response_id": null,
-        "reasoning": echo.reasoning, "service_tier": "auto", "store": false,
-        "temperature": echo.temperature, "text": echo.text, "tool_choice": echo.tool_choice,
-        "tools": echo.tools, "top_logprobs": echo.top_logprobs, "top_p": echo.top_p,
-        "truncation": "disabled", "usage": usage, "user": null, "metadata": echo.metadata,
-    })
+    status: &'static str,
+    incomplete: Option<IncompleteDetails>,
+    output: Vec<OutputItem>,
+    usage: Option<ResponseUsage>,
+) -> ResponseObject {
+    ResponseObject {
+        id: id.to_string(),
+        object: "response",
+        created_at: reply.created,
+        status,
+        background: false,
+        error: None,
+        incomplete_details: incomplete,
+        instructions: echo.instructions.clone(),
+        max_output_tokens: echo.max_output_tokens.clone(),
+        max_tool_calls: None,
+        model: reply.model.clone(),
+        output,
+        parallel_tool_calls: echo.parallel_tool_calls,
+        previous_response_id: None,
+        reasoning: echo.reasoning.clone(),
+        service_tier: "auto",
+        store: false,
+        temperature: echo.temperature,
+        text: echo.text.clone(),
+        tool_choice: echo.tool_choice.clone(),
+        tools: echo.tools.clone(),
+        top_logprobs: echo.top_logprobs,
+        top_p: echo.top_p,
+        truncation: "disabled",
+        usage,
+        user: None,
+        metadata: echo.metadata.clone(),
+    }
 }
 
 /// The ids of one response and its items.
@@ -448,32 +500,59 @@ fn ids(seed: u64) -> (String, CallIds) {
     (ids.item("resp"), ids)
 }
 
-fn reasoning_item(id: &str, text: &str, echo: &Echo, status: &str) -> Value {
-    let mut item = json!({"id": id, "type": "reasoning", "summary": [],
-        "content": [{"type": "reasoning_text", "text": text}], "status": status});
-    if echo.encrypted_reasoning {
-        item["encrypted_content"] = json!(text);
+fn reasoning_item(id: &str, text: &str, echo: &Echo, status: &'static str) -> OutputItem {
+    OutputItem::Reasoning {
+        id: id.to_string(),
+        summary: Vec::new(),
+        content: vec![ContentPart::ReasoningText {
+            text: text.to_string(),
+        }],
+        status,
+        encrypted_content: echo.encrypted_reasoning.then(|| text.to_string()),
     }
-    item
 }
 
-fn text_part(text: &str, logprobs: &Value) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
+fn text_part(text: &str, logprobs: &[ChatTokenLogprob]) -> ContentPart {
+    ContentPart::OutputText {
+        text: text.to_string(),
+        annotations: Vec::new(),
+        logprobs: logprobs.to_vec(),
+    }
 }
 
-fn message_item(id: &str, text: &str, logprobs: &Value, status: &str) -> Value {
-    json!({"id": id, "type": "message", "status": status, "role": "assistant",
-           "content": [text_part(text, logprobs)]})
+fn message_item(
+    id: &str,
+    text: &str,
+    logprobs: &[ChatTokenLogprob],
+    status: &'static str,
+) -> OutputItem {
+    OutputItem::Message {
+        id: id.to_string(),
+        status,
+        role: "assistant",
+        content: vec![text_part(text, logprobs)],
+    }
 }
 
-fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    json!({"id": id, "type": "function_call", "call_id": call_id, "name": name,
-           "arguments": arguments, "status": status})
+fn call_item(
+    id: &str,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    status: &'static str,
+) -> OutputItem {
+    OutputItem::FunctionCall {
+        id: id.to_string(),
+        call_id: call_id.to_string(),
+        name: name.to_string(),
+        arguments: arguments.to_string(),
+        status,
+    }
 }
 
 /// The `logprobs` of output text: chat's entries.
-fn logprob_entries(tok: &Tokenizer, entries: &[(u32, TokenLogprobs)]) -> Value {
-    logprobs_json(tok, Kind::Chat, entries, &mut 0)["content"].take()
+fn logprob_entries(tok: &Tokenizer, entries: &[(u32, TokenLogprobs)]) -> Vec<ChatTokenLogprob> {
+    chat_logprobs(tok, entries).content
 }
 
 /// Tokens of `text` (the reasoning's share of the output, as the usage reports it).
@@ -494,7 +573,7 @@ pub(crate) fn whole(
     parsed: &Parsed,
     logprobs: &[(u32, TokenLogprobs)],
     end: &Ending,
-) -> Value {
+) -> ResponseObject {
     let (id, mut ids) = ids(out.id_seed);
     let mut calls = out.call_ids(0);
     let mut output = Vec::new();
@@ -511,7 +590,7 @@ pub(crate) fn whole(
         let lps = if echo.logprobs {
             logprob_entries(tok, logprobs)
         } else {
-            json!([])
+            Vec::new()
         };
         output.push(message_item(
             &ids.item("msg"),
@@ -536,292 +615,14 @@ pub(crate) fn whole(
         end.completion,
         tokens_of(tok, &parsed.reasoning),
     );
-    response(reply, &id, echo, status, incomplete, output, u)
-}
-
-/// The kind of the item a stream has open.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Open {
-    Reasoning,
-    Message,
-    Call,
-}
-
-/// One output item of a streamed response: its kind, id, and text (or a call's
-/// arguments) so far.
-struct Item {
-    kind: Open,
-    id: String,
-    text: String,
-    /// A call's id and name.
-    call: Option<(String, String)>,
-}
-
-/// A streamed response: the typed events of each piece of output, items opened and
-/// closed in order.
-pub(crate) struct Stream {
-    echo: Box<Echo>,
-    id: String,
-    ids: CallIds,
-    items: Vec<Item>,
-    /// The last item is open.
-    open: bool,
-    seq: u64,
-    /// Every generated token's log-probabilities (for the message's output text).
-    logprobs: Vec<(u32, TokenLogprobs)>,
-    tokenizer: Arc<Tokenizer>,
-}
-
-impl Stream {
-    pub fn new(echo: Box<Echo>, id_seed: u64, tokenizer: Arc<Tokenizer>) -> Self {
-        let (id, ids) = ids(id_seed);
-        Stream {
-            echo,
-            id,
-            ids,
-            items: Vec::new(),
-            open: false,
-            seq: 0,
-            logprobs: Vec::new(),
-            tokenizer,
-        }
-    }
-
-    fn event(&mut self, kind: &'static str, mut data: Value) -> Typed {
-        data["type"] = json!(kind);
-        data["sequence_number"] = json!(self.seq);
-        self.seq += 1;
-        (kind, data)
-    }
-
-    fn snapshot(&self, reply: &Reply, status: &str, incomplete: Value, usage: Value) -> Value {
-        let output = (0..self.items.len())
-            .map(|i| {
-                self.item_json(
-                    i,
-                    if self.open && i + 1 == self.items.len() {
-                        "in_progress"
-                    } else {
-                        "completed"
-                    },
-                )
-            })
-            .collect();
-        response(
-            reply, &self.id, &self.echo, status, incomplete, output, usage,
-        )
-    }
-
-    fn item_json(&self, i: usize, status: &str) -> Value {
-        let it = &self.items[i];
-        match it.kind {
-            Open::Reasoning => reasoning_item(&it.id, &it.text, &self.echo, status),
-            Open::Message => {
-                let lps = if self.echo.logprobs {
-                    logprob_entries(&self.tokenizer, &self.logprobs)
-                } else {
-                    json!([])
-                };
-                message_item(&it.id, &it.text, &lps, status)
-            }
-            Open::Call => {
-                let (call_id, name) = it.call.clone().unwrap_or_default();
-                call_item(&it.id, &call_id, &name, &it.text, status)
-            }
-        }
-    }
-
-    /// The events that open the response.
-    pub fn start(&mut self, reply: &Reply) -> Vec<Typed> {
-        let r = self.snapshot(reply, "in_progress", Value::Null, Value::Null);
-        vec![
-            self.event("response.created", json!({ "response": r })),
-            self.event("response.in_progress", json!({ "response": r })),
-        ]
-    }
-
-    /// Close the open item.
-    fn close(&mut self, out: &mut Vec<Typed>) {
-        if !self.open {
-            return;
-        }
-        self.open = false;
-        let i = self.items.len() - 1;
-        let (id, text) = (self.items[i].id.clone(), self.items[i].text.clone());
-        match self.items[i].kind {
-            Open::Reasoning => {
-                let part = json!({"type": "reasoning_text", "text": text});
-                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "text": text});
-                out.push(self.event("response.reasoning_text.done", e));
-                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": part});
-                out.push(self.event("response.content_part.done", e));
-            }
-            Open::Message => {
-                let lps = if self.echo.logprobs {
-                    logprob_entries(&self.tokenizer, &self.logprobs)
-                } else {
-                    json!([])
-                };
-                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "text": text, "logprobs": lps});
-                out.push(self.event("response.output_text.done", e));
-                let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": text_part(&text, &lps)});
-                out.push(self.event("response.content_part.done", e));
-            }
-            Open::Call => {
-                let name = self.items[i].call.as_ref().map(|c| c.1.clone());
-                let e = json!({"item_id": id, "output_index": i, "name": name, "arguments": text});
-                out.push(self.event("response.function_call_arguments.done", e));
-            }
-        }
-        let item = self.item_json(i, "completed");
-        out.push(self.event(
-            "response.output_item.done",
-            json!({"output_index": i, "item": item}),
-        ));
-    }
-
-    /// Open an item of `kind` (closing the one open), unless one of that kind is open.
-    fn ensure(&mut self, kind: Open, out: &mut Vec<Typed>) {
-        if self.open && self.items.last().is_some_and(|it| it.kind == kind) && kind != Open::Call {
-            return;
-        }
-        self.close(out);
-        let prefix = match kind {
-            Open::Reasoning => "rs",
-            Open::Message => "msg",
-            Open::Call => "fc",
-        };
-        let id = self.ids.item(prefix);
-        self.items.push(Item {
-            kind,
-            id,
-            text: String::new(),
-            call: None,
-        });
-        self.open = true;
-    }
-
-    /// Announce the item just opened (a call once its id and name are set).
-    fn added(&mut self, out: &mut Vec<Typed>) {
-        let i = self.items.len() - 1;
-        let item = self.item_json(i, "in_progress");
-        out.push(self.event(
-            "response.output_item.added",
-            json!({"output_index": i, "item": item}),
-        ));
-        let id = self.items[i].id.clone();
-        let part = match self.items[i].kind {
-            Open::Reasoning => json!({"type": "reasoning_text", "text": ""}),
-            Open::Message => text_part("", &json!([])),
-            Open::Call => return,
-        };
-        let e = json!({"item_id": id, "output_index": i, "content_index": 0, "part": part});
-        out.push(self.event("response.content_part.added", e));
-    }
-
-    /// The events of one token's output `d` (its log-probabilities `lp`).
-    pub fn token(&mut self, d: &Delta, lp: Option<(u32, TokenLogprobs)>) -> Vec<Typed> {
-        let mut out = Vec::new();
-        let lp_now = lp.clone();
-        if let Some(x) = lp {
-            self.logprobs.push(x);
-        }
-        if !d.reasoning.is_empty() {
-            let was = self.open
-                && self
-                    .items
-                    .last()
-                    .is_some_and(|it| it.kind == Open::Reasoning);
-            self.ensure(Open::Reasoning, &mut out);
-            if !was {
-                self.added(&mut out);
-            }
-            let i = self.items.len() - 1;
-            self.items[i].text.push_str(&d.reasoning);
-            let e = json!({"item_id": self.items[i].id, "output_index": i, "content_index": 0, "delta": d.reasoning});
-            out.push(self.event("response.reasoning_text.delta", e));
-        }
-        if !d.content.is_empty() {
-            let was = self.open && self.items.last().is_some_and(|it| it.kind == Open::Message);
-            self.ensure(Open::Message, &mut out);
-            if !was {
-                self.added(&mut out);
-            }
-            let i = self.items.len() - 1;
-            self.items[i].text.push_str(&d.content);
-            let lps = match (&lp_now, self.echo.logprobs) {
-                (Some(x), true) => logprob_entries(&self.tokenizer, std::slice::from_ref(x)),
-                _ => json!([]),
-            };
-            let e = json!({"item_id": self.items[i].id, "output_index": i, "content_index": 0, "delta": d.content, "logprobs": lps});
-            out.push(self.event("response.output_text.delta", e));
-        }
-        for c in &d.calls {
-            let args = c["function"]["arguments"].as_str().unwrap_or("");
-            if let Some(call_id) = c["id"].as_str() {
-                // A new call: its id and name.
-                let name = c["function"]["name"].as_str().unwrap_or("").to_string();
-                self.ensure(Open::Call, &mut out);
-                let i = self.items.len() - 1;
-                self.items[i].call = Some((call_id.to_string(), name));
-                self.added(&mut out);
-            }
-            // Arguments go to the call item open (a call's header always comes first).
-            let open_call = self.open && self.items.last().is_some_and(|it| it.kind == Open::Call);
-            if !args.is_empty() && open_call {
-                let i = self.items.len() - 1;
-                self.items[i].text.push_str(args);
-                let e = json!({"item_id": self.items[i].id, "output_index": i, "delta": args});
-                out.push(self.event("response.function_call_arguments.delta", e));
-            }
-        }
-        out
-    }
-
-    /// The events that end the response.
-    pub fn end(&mut self, reply: &Reply, end: &Ending) -> Vec<Typed> {
-        let mut out = Vec::new();
-        if self.items.is_empty() {
-            // An empty answer is still a message.
-            self.ensure(Open::Message, &mut out);
-            self.added(&mut out);
-        }
-        self.close(&mut out);
-        let reasoning: String = self
-            .items
-            .iter()
-            .filter(|it| it.kind == Open::Reasoning)
-            .map(|it| it.text.as_str())
-            .collect();
-        let (status, incomplete) = status(end.finish);
-        let u = usage(
-            end.prompt,
-            end.completion,
-            tokens_of(&self.tokenizer, &reasoning),
-        );
-        let r = self.snapshot(reply, status, incomplete, u);
-        let kind = match status {
-            "completed" => "response.completed",
-            "incomplete" => "response.incomplete",
-            _ => "response.failed",
-        };
-        out.push(self.event(kind, json!({ "response": r })));
-        out
-    }
-
-    /// The event of an error that ends the stream.
-    pub fn error(&mut self, e: &ApiError) -> Vec<Typed> {
-        let b = e.body();
-        let err = &b["error"];
-        let data = json!({"code": err["code"], "message": err["message"], "param": err["param"]});
-        vec![self.event("error", data)]
-    }
+    response(reply, &id, echo, status, incomplete, output, Some(u))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::parse::Call;
+    use crate::wire::ToolCallDelta;
 
     fn echo() -> Echo {
         Echo {
@@ -851,7 +652,7 @@ mod tests {
         let d = |r: &str, c: &str, calls: Vec<Value>| Delta {
             reasoning: r.into(),
             content: c.into(),
-            calls,
+            calls: calls.iter().map(ToolCallDelta::from_json).collect(),
         };
         let header = |i: usize, id: String, name: &str| {
             json!({"index": i, "id": id, "type": "function",
@@ -895,6 +696,7 @@ mod tests {
             completion: 9,
         };
         let whole = whole(&tok, &reply, &echo(), &out(42), &parsed(), &[], &end);
+        let whole = serde_json::to_value(whole).unwrap();
         let mut st = Stream::new(Box::new(echo()), 42, Arc::clone(&tok));
         let mut events = st.start(&reply);
         for d in deltas(&mut out(42).call_ids(0)) {
@@ -978,6 +780,7 @@ mod tests {
             &[],
             &end,
         );
+        let w = serde_json::to_value(w).unwrap();
         assert_eq!(w["status"], "incomplete");
         assert_eq!(w["incomplete_details"]["reason"], "max_output_tokens");
         let mut st = Stream::new(Box::new(echo()), 1, Arc::clone(&tok));

@@ -15,7 +15,6 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use encore_core::request::{Event, Output, TokenLogprobs};
 use encore_core::tokenizer::{StopMatcher, StopStream, Tokenizer};
-use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
@@ -24,10 +23,11 @@ use crate::body::StreamUsage;
 use crate::error::ApiError;
 use crate::generate::{AbortGuard, Api, ChatOut, Child, Ending, Form, Prompted, Typed};
 use crate::output::{
-    completion_logprobs, finish_name, logprobs_json, prompt_entries, release, usage, Reply,
+    completion_logprobs, finish_name, logprobs_json, prompt_entries, release, Reply,
 };
 use crate::parse::{ChatStream, Delta};
 use crate::shutdown::cut_off;
+use crate::wire::Usage;
 use crate::AppState;
 use crate::{messages, responses};
 
@@ -112,6 +112,12 @@ pub(crate) fn respond(
 /// The server-sent event of a typed event.
 fn typed_event((name, data): Typed) -> SseEvent {
     SseEvent::default().event(name).data(data.to_string())
+}
+
+/// The JSON text of a chunk (serializing these types cannot fail: their maps have string
+/// keys).
+fn to_json(v: &impl serde::Serialize) -> String {
+    serde_json::to_string(v).unwrap_or_default()
 }
 
 /// How a responses or messages stream's typed events are written.
@@ -267,15 +273,15 @@ impl Task {
                     .filter(|_| !score_only)
                     .map(|lp| (o.token, Some(lp)));
                 let entries = prompt_entries(&self.prompt, scores).chain(own);
-                completion_logprobs(&self.tokenizer, entries, &mut c.offset)
+                Some(completion_logprobs(&self.tokenizer, entries, &mut c.offset))
             }
-            (None, Some(lp)) => logprobs_json(
+            (None, Some(lp)) => Some(logprobs_json(
                 &self.tokenizer,
                 self.reply.kind,
                 &[(o.token, lp)],
                 &mut c.offset,
-            ),
-            (None, None) => Value::Null,
+            )),
+            (None, None) => None,
         };
         let first = c.n == 1 || score_only;
         let mut chunk = match &mut c.parsed {
@@ -293,11 +299,11 @@ impl Task {
         };
         if self.usage.every {
             // vLLM's `continuous_usage_stats`: the choice's tokens so far.
-            chunk["usage"] = usage(self.prompt.len(), c.n);
+            chunk.set_usage(Usage::new(self.prompt.len(), c.n));
         }
         if self
             .out
-            .send(SseEvent::default().data(chunk.to_string()))
+            .send(SseEvent::default().data(to_json(&chunk)))
             .is_err()
         {
             return false;
@@ -318,7 +324,7 @@ impl Task {
         if self.usage.last {
             let tokens = self.choices.iter().map(|c| c.n).sum();
             let u = self.reply.usage_chunk(self.prompt.len(), tokens);
-            let _ = self.send(u.to_string());
+            let _ = self.send(to_json(&u));
         }
         let _ = self.send("[DONE]".into());
         false
@@ -386,7 +392,7 @@ impl Task {
     fn end_with(&mut self, e: ApiError) {
         match &mut self.writer {
             None => {
-                let _ = self.send(e.body().to_string());
+                let _ = self.send(to_json(&e.body()));
                 let _ = self.send("[DONE]".into());
             }
             Some(w) => {

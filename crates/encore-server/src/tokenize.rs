@@ -9,15 +9,17 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use encore_core::tokenizer::{ChatMessage, ChatOptions};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::body::{check_model, given, read, template_kwargs, Field};
 use crate::chat_messages::messages;
 use crate::error::ApiError;
 use crate::tools::Tools;
+use crate::wire::{DetokenizeResponse, TokenizeResponse};
 use crate::{fields, AppState};
 
 /// `{"count", "max_model_len", "tokens"}` of a `prompt` or of `messages`.
@@ -47,9 +49,11 @@ pub(crate) async fn tokenize(
                 .map_err(|e| ApiError::bad(param, e.to_string()))
         });
     match ids {
-        Ok(ids) => Json(json!({
-            "count": ids.len(), "max_model_len": s.engine.max_seq_len, "tokens": ids,
-        }))
+        Ok(ids) => Json(TokenizeResponse {
+            count: ids.len(),
+            max_model_len: s.engine.max_seq_len,
+            tokens: ids,
+        })
         .into_response(),
         Err(e) => e.into_response(),
     }
@@ -68,22 +72,29 @@ pub(crate) async fn detokenize(
                 .map_err(|e| ApiError::bad("tokens", e.to_string()))
         });
     match text {
-        Ok(text) => Json(json!({ "prompt": text })).into_response(),
+        Ok(text) => Json(DetokenizeResponse { prompt: text }).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
 /// The body of `/tokenize` (vLLM's): a `prompt`, or `messages` rendered with the chat
 /// template.
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct TokenizeBody {
+    #[schema(value_type = Option<String>)]
     model: Field<String>,
+    #[schema(value_type = Option<String>)]
     prompt: Field<String>,
+    #[schema(value_type = Option<Vec<Object>>)]
     messages: Field<Vec<Value>>,
+    #[schema(value_type = Option<bool>)]
     add_special_tokens: Field<bool>,
+    #[schema(value_type = Option<bool>)]
     add_generation_prompt: Field<bool>,
+    #[schema(value_type = Option<serde_json::Value>)]
     tools: Field<Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
     chat_template_kwargs: Field<Value>,
 }
 
@@ -151,10 +162,12 @@ impl TokenizeBody {
 }
 
 /// The body of `/detokenize` (vLLM's).
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub(crate) struct DetokenizeBody {
+    #[schema(value_type = Option<String>)]
     model: Field<String>,
+    #[schema(value_type = Option<Vec<u64>>)]
     tokens: Field<Vec<u64>>,
 }
 

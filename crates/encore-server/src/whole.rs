@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use encore_core::request::{Event, TokenLogprobs};
 use encore_core::tokenizer::{StopMatcher, StopStream};
-use serde_json::Value;
+use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
@@ -78,12 +78,9 @@ pub(crate) async fn respond(
         };
         if score_only {
             // The prompt alone: the token the engine ran is left out.
-            let lps = match &c.prompt_logprobs {
-                Some(scores) => {
-                    completion_logprobs(&s.tokenizer, prompt_entries(prompt, scores), &mut 0)
-                }
-                None => Value::Null,
-            };
+            let lps = c.prompt_logprobs.as_ref().map(|scores| {
+                completion_logprobs(&s.tokenizer, prompt_entries(prompt, scores), &mut 0)
+            });
             let text = echo.clone().unwrap_or_default();
             choices.push(reply.choice(index, &text, &[], lps, "length", None));
             continue;
@@ -105,10 +102,10 @@ pub(crate) async fn respond(
             Some(scores) => {
                 let generated = c.logprobs.iter().map(|(id, lp)| (*id, Some(lp)));
                 let entries = prompt_entries(prompt, scores).chain(generated);
-                completion_logprobs(&s.tokenizer, entries, &mut 0)
+                Some(completion_logprobs(&s.tokenizer, entries, &mut 0))
             }
-            None if c.logprobs.is_empty() => Value::Null,
-            None => logprobs_json(&s.tokenizer, reply.kind, &c.logprobs, &mut 0),
+            None if c.logprobs.is_empty() => None,
+            None => Some(logprobs_json(&s.tokenizer, reply.kind, &c.logprobs, &mut 0)),
         };
         let (message, finish) = match &chat {
             Some(
@@ -131,20 +128,20 @@ pub(crate) async fn respond(
     }
     // Each prompt counts once, whatever its `n`.
     let prompt_tokens = prompts.iter().map(|p| p.ids.len()).sum();
-    Json(reply.whole(choices, prompt_tokens, completion)).into_response()
+    reply.whole(choices, prompt_tokens, completion)
 }
 
 /// The answer to a responses or messages request: its one output, split by its parser and
 /// written by `write` (the split, the tokens' log-probabilities, how it ended); an error
 /// in `api`'s shape.
-async fn typed(
+async fn typed<T: Serialize>(
     s: &AppState,
     children: Vec<Child>,
     prompt: &[u32],
     stop: StopMatcher,
     out: &ChatOut,
     api: &Api,
-    write: impl FnOnce(&Parsed, &[(u32, TokenLogprobs)], &Ending) -> Value,
+    write: impl FnOnce(&Parsed, &[(u32, TokenLogprobs)], &Ending) -> T,
 ) -> Response {
     match split(s, children, prompt, stop, out).await {
         Ok((parsed, logprobs, end)) => Json(write(&parsed, &logprobs, &end)).into_response(),

@@ -5,11 +5,11 @@
 //! blocks, the bad inputs' status codes and error bodies, bearer auth, models, health and
 //! metrics, the fields refused or only logged, chat content parts, `/tokenize` and
 //! `/detokenize`, tool calls (each format, every `tool_choice`, whole and streamed) and
-//! reasoning.
+//! reasoning, and `/openapi.json` (every route, and answers that fit it).
 //!
 //! One test binary in modules: `harness` (the server start-up and the HTTP client),
-//! `generation`, `errors`, `fields`, `lifecycle`, `tools`, `agents`, and `clients` (the
-//! requests real client libraries send, each as the library sends it).
+//! `generation`, `errors`, `fields`, `lifecycle`, `tools`, `agents`, `openapi`, and
+//! `clients` (the requests real client libraries send, each as the library sends it).
 
 mod agents;
 mod clients;
@@ -18,4 +18,5 @@ mod fields;
 mod generation;
 mod harness;
 mod lifecycle;
+mod openapi;
 mod tools;
