@@ -25,6 +25,7 @@ pub(crate) use crate::field::{
 use crate::chat_messages::messages;
 use crate::error::{ApiError, ParamNames};
 use crate::fields;
+use crate::request_tools::{ChatTool, ChatToolChoice};
 use crate::structured::{
     choice, constraint, json_schema, response_format, string, structured_outputs,
 };
@@ -469,12 +470,12 @@ pub(crate) struct ChatBody {
     logprobs: Field<bool>,
     #[schema(value_type = Option<u64>)]
     top_logprobs: Field<u64>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    tools: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    tool_choice: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    parallel_tool_calls: Field<Value>,
+    #[schema(value_type = Option<Vec<ChatTool>>)]
+    tools: Field<Vec<Value>>,
+    #[schema(value_type = Option<ChatToolChoice>)]
+    tool_choice: Field<ChatToolChoice>,
+    #[schema(value_type = Option<bool>)]
+    parallel_tool_calls: Field<bool>,
     #[schema(value_type = Option<serde_json::Value>)]
     chat_template_kwargs: Field<Value>,
     #[serde(flatten)]
@@ -526,11 +527,7 @@ impl ChatBody {
         }
         c.params.sampling.logprobs = on.then_some(top.unwrap_or(0));
         c.names.logprobs = "top_logprobs";
-        let tools = Tools::read(
-            given(self.tools),
-            given(self.tool_choice),
-            given(self.parallel_tool_calls),
-        )?;
+        let tools = Tools::read(self.tools, self.tool_choice, self.parallel_tool_calls)?;
         // A forced call's grammar wins over `response_format` (see `tools::Tools::constraint`).
         if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
             c.params.constraint = Some(forced);

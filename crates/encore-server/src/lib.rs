@@ -42,6 +42,7 @@ use encore_core::tokenizer::Tokenizer;
 use tokio::sync::watch;
 
 mod anthropic_blocks;
+mod api_tools;
 mod body;
 mod chat_messages;
 mod error;
@@ -54,6 +55,7 @@ mod metrics;
 mod openapi;
 mod output;
 mod parse;
+mod request_tools;
 mod responses;
 mod responses_input;
 mod shutdown;

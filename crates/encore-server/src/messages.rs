@@ -22,6 +22,9 @@ use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
 use crate::anthropic_blocks::{blocks_text, conversation};
+use crate::api_tools::{
+    anthropic_tool_choice, anthropic_tools, AnthropicTool, AnthropicToolChoice,
+};
 use crate::body::{
     check_model, count, flag, given, known_keys, number, read, Chat, Common, Field, SamplingBody,
 };
@@ -31,7 +34,7 @@ use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Endi
 use crate::output::{Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
 use crate::structured::json_schema;
-use crate::tools::{read_list, ToolChoice, Tools};
+use crate::tools::Tools;
 use crate::wire::{AnthropicError, AnthropicErrorBody};
 use crate::wire_anthropic::{
     BlockDelta, ContentBlock, CountTokensResponse, Message, MessageDelta, MessageEvent,
@@ -117,10 +120,10 @@ struct Conversation {
     messages: Field<Vec<Value>>,
     #[schema(value_type = Option<serde_json::Value>)]
     system: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    tools: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    tool_choice: Field<Value>,
+    #[schema(value_type = Option<Vec<AnthropicTool>>)]
+    tools: Field<Vec<Value>>,
+    #[schema(value_type = Option<AnthropicToolChoice>)]
+    tool_choice: Field<AnthropicToolChoice>,
     #[schema(value_type = Option<serde_json::Value>)]
     thinking: Field<Value>,
     #[schema(value_type = Option<serde_json::Value>)]
@@ -228,11 +231,8 @@ impl Conversation {
             c.params.constraint = output_config(&o, s, &mut kwargs)?;
             c.names.constraint = "output_config.format";
         }
-        let defs = tools(given(self.tools).as_ref())?;
-        let (choice, parallel) = match given(self.tool_choice) {
-            None => (None, true),
-            Some(v) => tool_choice(&v)?,
-        };
+        let defs = anthropic_tools(&self.tools)?;
+        let (choice, parallel) = anthropic_tool_choice(self.tool_choice)?;
         let tools = Tools::assemble(defs, choice, parallel, "tool_choice")?;
         // A forced call's grammar wins over `output_config.format` (see
         // `tools::Tools::constraint`).
@@ -384,138 +384,6 @@ fn thinking(
             "`thinking.type` must be `enabled`, `adaptive` or `disabled`",
         )),
     }
-}
-
-/// `tools`: `{"name", "description", "input_schema"}` each (client tools), in chat's
-/// shape.
-fn tools(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
-    read_list(
-        v,
-        "{\"name\", \"description\", \"input_schema\"}",
-        |o, at| {
-            match o.get("type") {
-                None | Some(Value::Null) => {}
-                Some(x) if x == "custom" => {}
-                Some(x) => {
-                    return Err(ApiError::bad(
-                        format!("{at}.type"),
-                        format!("tool type {x} is not supported: only client tools (`custom`)"),
-                    ))
-                }
-            }
-            known_keys(
-                o,
-                &[
-                    "type",
-                    "name",
-                    "description",
-                    "input_schema",
-                    "cache_control",
-                    "strict",
-                    "eager_input_streaming",
-                    "defer_loading",
-                    "input_examples",
-                    "allowed_callers",
-                ],
-                at,
-            )?;
-            // Accepted as no-ops: `strict` (a forced call follows the schema; others are read
-            // as written), `eager_input_streaming` (a call's input always streams as it is
-            // written), `defer_loading: false`, no `input_examples`; refused otherwise.
-            for (k, ok) in [
-                ("strict", Value::is_boolean as fn(&Value) -> bool),
-                ("eager_input_streaming", |v: &Value| v.is_boolean()),
-                ("defer_loading", |v: &Value| *v == json!(false)),
-                ("input_examples", |v: &Value| {
-                    v.as_array().is_some_and(Vec::is_empty)
-                }),
-                ("allowed_callers", |_: &Value| false),
-            ] {
-                if let Some(v) = o.get(k).filter(|v| !v.is_null()) {
-                    if !ok(v) {
-                        return Err(ApiError::bad(
-                            format!("{at}.{k}"),
-                            format!("`{at}.{k}` is not supported with this value"),
-                        ));
-                    }
-                }
-            }
-            let schema = o
-                .get("input_schema")
-                .and_then(Value::as_object)
-                .filter(|s| s.get("type").and_then(Value::as_str) == Some("object"))
-                .ok_or_else(|| {
-                    ApiError::bad(
-                        format!("{at}.input_schema"),
-                        format!(
-                        "`{at}.input_schema` is required: a JSON schema object of `type` `object`"
-                    ),
-                    )
-                })?;
-            let mut f = Map::new();
-            match o.get("description") {
-                None | Some(Value::Null) => {}
-                Some(Value::String(d)) => {
-                    f.insert("description".into(), json!(d));
-                }
-                Some(_) => {
-                    return Err(ApiError::bad(
-                        format!("{at}.description"),
-                        format!("`{at}.description` must be a string"),
-                    ))
-                }
-            }
-            f.insert("parameters".into(), Value::Object(schema.clone()));
-            Ok(f)
-        },
-    )
-}
-
-/// `tool_choice`: `{"type": "auto" | "any" | "tool" | "none", "name",
-/// "disable_parallel_tool_use"}`; the choice and whether calls may be parallel.
-fn tool_choice(v: &Value) -> Result<(Option<ToolChoice>, bool), ApiError> {
-    const P: &str = "tool_choice";
-    let o = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad(P, "`tool_choice` must be an object with a `type`"))?;
-    let parallel = match o.get("disable_parallel_tool_use") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => !b,
-        Some(_) => {
-            return Err(ApiError::bad(
-                "tool_choice.disable_parallel_tool_use",
-                "`tool_choice.disable_parallel_tool_use` must be a boolean",
-            ))
-        }
-    };
-    let choice = match o.get("type").and_then(Value::as_str) {
-        Some("auto") => {
-            known_keys(o, &["type", "disable_parallel_tool_use"], P)?;
-            ToolChoice::Auto
-        }
-        Some("any") => {
-            known_keys(o, &["type", "disable_parallel_tool_use"], P)?;
-            ToolChoice::Required
-        }
-        Some("none") => {
-            known_keys(o, &["type"], P)?;
-            ToolChoice::None
-        }
-        Some("tool") => {
-            known_keys(o, &["type", "name", "disable_parallel_tool_use"], P)?;
-            let name = o.get("name").and_then(Value::as_str).ok_or_else(|| {
-                ApiError::bad("tool_choice.name", "`tool_choice` `tool` needs a `name`")
-            })?;
-            ToolChoice::Named(name.to_string())
-        }
-        _ => {
-            return Err(ApiError::bad(
-                "tool_choice.type",
-                "`tool_choice.type` must be `auto`, `any`, `tool` or `none`",
-            ))
-        }
-    };
-    Ok((Some(choice), parallel))
 }
 
 /// The stop reason of an output.

@@ -2,7 +2,7 @@
 //! wire types (`wire`, `wire_anthropic`, `wire_responses`) and the typed request bodies,
 //! with every route. A request body's schema is its endpoint's table of fields
 //! (`fields`): an honored field has the type its typed body reads (any JSON value where
-//! the body still reads the field as JSON: `tools`, `response_format`, ...), a logged
+//! the body still reads the field as JSON: `response_format`, ...; tools are typed), a logged
 //! field its JSON type, a refused field only the values that change nothing; any other
 //! field is refused (`additionalProperties: false`), and `null` reads as absent
 //! everywhere. So do the objects with their own table inside bodies (a chat message,
@@ -15,10 +15,18 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
+use crate::api_tools::{
+    self, AnthropicChoiceType, AnthropicTool, AnthropicToolChoice, CustomType,
+    ResponsesFunctionChoice, ResponsesTool, ResponsesToolChoice,
+};
 use crate::body::{ChatBody, CompletionBody, StreamOptionsBody};
 use crate::chat_messages::MessageBody;
 use crate::fields::{self, Handling, NoOp, Rule, Shape};
 use crate::messages::{CountBody, MessagesBody};
+use crate::request_tools::{
+    self, ChatFunction, ChatTool, ChatToolChoice, ChoiceWord, FunctionChoice, FunctionName,
+    FunctionType,
+};
 use crate::responses::ResponsesBody;
 use crate::tokenize::{DetokenizeBody, TokenizeBody};
 use crate::wire::{
@@ -168,6 +176,9 @@ pub(crate) fn document() -> Value {
             });
         }
     }
+    for name in request_tools::CLOSED.iter().chain(&api_tools::CLOSED) {
+        doc["components"]["schemas"][name]["additionalProperties"] = json!(false);
+    }
     if let Some(s) = doc["components"]["schemas"].as_object_mut() {
         for t in TYPED_BODIES {
             s.remove(t);
@@ -273,7 +284,21 @@ fn no_op_values(ok: NoOp) -> Vec<Value> {
         MessagesBody,
         CountBody,
         TokenizeBody,
-        DetokenizeBody
+        DetokenizeBody,
+        ChatTool,
+        ChatFunction,
+        ChatToolChoice,
+        ChoiceWord,
+        FunctionChoice,
+        FunctionName,
+        FunctionType,
+        ResponsesTool,
+        ResponsesToolChoice,
+        ResponsesFunctionChoice,
+        AnthropicTool,
+        AnthropicToolChoice,
+        AnthropicChoiceType,
+        CustomType
     ))
 )]
 struct ApiDoc;
@@ -472,6 +497,23 @@ mod tests {
         let messages =
             &doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["messages"];
         assert_eq!(messages["items"]["$ref"], reference("ChatMessageRequest"));
+        // Tools and tool choices have their shapes, closed.
+        for (body, tools, choice) in [
+            ("ChatCompletionRequest", "ChatTool", "ChatToolChoice"),
+            ("ResponsesRequest", "ResponsesTool", "ResponsesToolChoice"),
+            ("MessagesRequest", "AnthropicTool", "AnthropicToolChoice"),
+        ] {
+            let props = &doc["components"]["schemas"][body]["properties"];
+            assert_eq!(props["tools"]["items"]["$ref"], reference(tools), "{body}");
+            let any = props["tool_choice"].to_string();
+            assert!(any.contains(&reference(choice)), "{body}: {any}");
+        }
+        for name in request_tools::CLOSED.iter().chain(&api_tools::CLOSED) {
+            let s = &doc["components"]["schemas"][name];
+            assert_eq!(s["additionalProperties"], false, "{name}");
+        }
+        let function = &doc["components"]["schemas"]["ChatFunction"];
+        assert_eq!(function["required"], json!(["name"]));
         let message = &doc["components"]["schemas"]["ChatMessageRequest"];
         assert_eq!(message["additionalProperties"], false);
         assert_eq!(

@@ -22,6 +22,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
+use crate::api_tools::{
+    responses_tool_choice, responses_tools, ResponsesTool, ResponsesToolChoice,
+};
 use crate::body::{
     check_model, count, flag, given, known_keys, read, validate_stop, Chat, Common, Field,
     SamplingBody, Stop,
@@ -33,7 +36,7 @@ use crate::output::{chat_logprobs, Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
 use crate::responses_input::input;
 use crate::structured::json_schema;
-use crate::tools::{choice_word, read_list, ToolChoice, Tools};
+use crate::tools::Tools;
 use crate::wire::ChatTokenLogprob;
 use crate::wire_responses::{
     ContentPart, IncompleteDetails, InputTokensDetails, OutputItem, OutputTokensDetails,
@@ -80,12 +83,12 @@ pub(crate) struct ResponsesBody {
     sampling: SamplingBody,
     #[schema(value_type = Option<bool>)]
     stream: Field<bool>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    tools: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
+    #[schema(value_type = Option<Vec<ResponsesTool>>)]
+    tools: Field<Vec<Value>>,
+    #[schema(value_type = Option<ResponsesToolChoice>)]
     tool_choice: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    parallel_tool_calls: Field<Value>,
+    #[schema(value_type = Option<bool>)]
+    parallel_tool_calls: Field<bool>,
     #[schema(value_type = Option<serde_json::Value>)]
     text: Field<Value>,
     #[schema(value_type = Option<serde_json::Value>)]
@@ -149,18 +152,18 @@ impl ResponsesBody {
         let (text, constraint) = text(given(self.text))?;
         c.params.constraint = constraint;
         let (reasoning, kwargs) = reasoning(given(self.reasoning), s)?;
-        let tools_given = given(self.tools);
         let choice_given = given(self.tool_choice);
-        let parallel = match given(self.parallel_tool_calls) {
-            None => true,
-            Some(Value::Bool(b)) => b,
-            Some(_) => {
-                let m = "`parallel_tool_calls` must be a boolean";
-                return Err(ApiError::bad("parallel_tool_calls", m));
-            }
-        };
-        let defs = tools(tools_given.as_ref())?;
-        let choice = choice_given.as_ref().map(tool_choice).transpose()?;
+        let parallel = self
+            .parallel_tool_calls
+            .get("parallel_tool_calls", || {
+                "`parallel_tool_calls` must be a boolean".into()
+            })?
+            .unwrap_or(true);
+        let defs = responses_tools(&self.tools)?;
+        // The choice as given is echoed; its typed reading is checked.
+        let choice = serde_json::from_value(choice_given.clone().unwrap_or_default())
+            .unwrap_or(Field::Wrong);
+        let choice = responses_tool_choice(choice)?;
         let tools = Tools::assemble(defs, choice, parallel, "tool_choice")?;
         // A forced call's grammar wins over `text.format` (see `tools::Tools::constraint`).
         if let Some(forced) = tools.as_ref().and_then(Tools::constraint) {
@@ -184,7 +187,10 @@ impl ResponsesBody {
             max_output_tokens: json!(c.max_tokens),
             temperature,
             top_p,
-            tools: tools_given.unwrap_or_else(|| json!([])),
+            tools: match self.tools {
+                Field::Given(t) => Value::Array(t),
+                _ => json!([]),
+            },
             tool_choice: choice_given.unwrap_or_else(|| json!("auto")),
             parallel_tool_calls: parallel,
             text,
@@ -342,88 +348,6 @@ fn reasoning(v: Option<Value>, s: &AppState) -> Result<(Value, Map<String, Value
     }
     let summary = o.get("summary").cloned().unwrap_or(Value::Null);
     Ok((json!({"effort": effort, "summary": summary}), kwargs))
-}
-
-/// `tools`: function tools, `{"type": "function", "name", "description", "parameters",
-/// "strict"}` each, in chat's shape.
-fn tools(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
-    read_list(v, "{\"type\": \"function\", \"name\": ...}", |o, at| {
-        match o.get("type").and_then(Value::as_str) {
-            Some("function") => {}
-            Some(other) => {
-                return Err(ApiError::bad(
-                    format!("{at}.type"),
-                    format!("tool type `{other}` is not supported: only `function`"),
-                ))
-            }
-            None => {
-                return Err(ApiError::bad(
-                    format!("{at}.type"),
-                    format!("`{at}.type` is required (`function`)"),
-                ))
-            }
-        }
-        known_keys(
-            o,
-            &["type", "name", "description", "parameters", "strict"],
-            at,
-        )?;
-        let mut f = Map::new();
-        for (k, ok, what) in [
-            (
-                "description",
-                Value::is_string as fn(&Value) -> bool,
-                "a string",
-            ),
-            ("parameters", Value::is_object, "a JSON schema object"),
-            ("strict", Value::is_boolean, "a boolean"),
-        ] {
-            match o.get(k) {
-                None | Some(Value::Null) => {}
-                Some(x) if ok(x) => {
-                    f.insert(k.into(), x.clone());
-                }
-                Some(_) => {
-                    return Err(ApiError::bad(
-                        format!("{at}.{k}"),
-                        format!("`{at}.{k}` must be {what}"),
-                    ))
-                }
-            }
-        }
-        Ok(f)
-    })
-}
-
-/// `tool_choice`: `none`, `auto`, `required` or `{"type": "function", "name": ...}`.
-fn tool_choice(c: &Value) -> Result<ToolChoice, ApiError> {
-    const P: &str = "tool_choice";
-    let shape = || {
-        ApiError::bad(
-            P,
-            "`tool_choice` must be `none`, `auto`, `required` or \
-             `{\"type\": \"function\", \"name\": ...}`",
-        )
-    };
-    match c {
-        Value::String(s) => choice_word(s).ok_or_else(shape),
-        Value::Object(o) => {
-            match o.get("type").and_then(Value::as_str) {
-                Some("function") => {}
-                Some(t) => {
-                    return Err(ApiError::bad(
-                        "tool_choice.type",
-                        format!("`tool_choice` type `{t}` is not supported: only `function`"),
-                    ))
-                }
-                None => return Err(shape()),
-            }
-            known_keys(o, &["type", "name"], P)?;
-            let name = o.get("name").and_then(Value::as_str).ok_or_else(shape)?;
-            Ok(ToolChoice::Named(name.to_string()))
-        }
-        _ => Err(shape()),
-    }
 }
 
 /// The `usage` of a response.

@@ -15,9 +15,10 @@ use utoipa::ToSchema;
 use encore_core::tokenizer::{ChatMessage, ChatOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::body::{check_model, given, read, template_kwargs, Field};
+use crate::body::{check_model, read, template_kwargs, Field};
 use crate::chat_messages::messages;
 use crate::error::ApiError;
+use crate::request_tools::ChatTool;
 use crate::tools::Tools;
 use crate::wire::{DetokenizeResponse, TokenizeResponse};
 use crate::{fields, AppState};
@@ -92,8 +93,8 @@ pub(crate) struct TokenizeBody {
     add_special_tokens: Field<bool>,
     #[schema(value_type = Option<bool>)]
     add_generation_prompt: Field<bool>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    tools: Field<Value>,
+    #[schema(value_type = Option<Vec<ChatTool>>)]
+    tools: Field<Vec<Value>>,
     #[schema(value_type = Option<serde_json::Value>)]
     chat_template_kwargs: Field<Value>,
 }
@@ -123,7 +124,7 @@ impl TokenizeBody {
             .prompt
             .get("prompt", || "`prompt` must be a string".into())?;
         let kwargs = template_kwargs(self.chat_template_kwargs)?;
-        let tools = Tools::read(given(self.tools), None, None)?;
+        let tools = Tools::read(self.tools, Field::Absent, Field::Absent)?;
         if prompt.is_some() && (tools.is_some() || !kwargs.is_empty()) {
             let p = if tools.is_some() {
                 "tools"

@@ -6,9 +6,12 @@
 //! arguments).
 
 use encore_core::request::Constraint;
+use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
+use crate::field::Field;
+use crate::request_tools::{no_extra, typed, ChatTool, ChatToolChoice, ChoiceWord};
 
 /// What `tool_choice` asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,32 +40,28 @@ pub(crate) struct Tools {
 const MAX_NAME: usize = 64;
 
 impl Tools {
-    /// Read `tools`, `tool_choice` and `parallel_tool_calls` (each `None` when absent or
-    /// null). `None` when there are no tools and the choice is absent or `none`.
+    /// Read `tools`, `tool_choice` and `parallel_tool_calls`. `None` when there are no
+    /// tools and the choice is absent or `none`.
     pub fn read(
-        tools: Option<Value>,
-        choice: Option<Value>,
-        parallel: Option<Value>,
+        tools: Field<Vec<Value>>,
+        choice: Field<ChatToolChoice>,
+        parallel: Field<bool>,
     ) -> Result<Option<Tools>, ApiError> {
-        let parallel = match parallel {
-            None => true,
-            Some(Value::Bool(b)) => b,
-            Some(_) => {
-                let m = "`parallel_tool_calls` must be a boolean";
-                return Err(ApiError::bad("parallel_tool_calls", m));
-            }
-        };
-        let defs = match tools {
-            None => Vec::new(),
-            Some(Value::Array(list)) => list,
-            Some(_) => {
-                let m = "`tools` must be a list of `{\"type\": \"function\", \"function\": {...}}`";
-                return Err(ApiError::bad("tools", m));
-            }
-        };
+        let parallel = parallel
+            .get("parallel_tool_calls", || {
+                "`parallel_tool_calls` must be a boolean".into()
+            })?
+            .unwrap_or(true);
+        let defs = tools
+            .get("tools", || {
+                "`tools` must be a list of `{\"type\": \"function\", \"function\": {...}}`".into()
+            })?
+            .unwrap_or_default();
         let mut names = Vec::new();
         for (i, t) in defs.iter().enumerate() {
-            let name = tool(i, t)?;
+            // The tool as given stays for the template; its typed reading is checked.
+            let typed = serde_json::from_value(t.clone()).unwrap_or(Field::Wrong);
+            let name = tool(i, typed)?;
             if names.contains(&name) {
                 return Err(ApiError::bad(
                     format!("tools[{i}].function.name"),
@@ -71,7 +70,7 @@ impl Tools {
             }
             names.push(name);
         }
-        let choice = choice.map(|c| tool_choice(&c)).transpose()?;
+        let choice = tool_choice(choice)?;
         Tools::assemble(defs, choice, parallel, "tool_choice")
     }
 
@@ -262,33 +261,44 @@ fn rewrite_refs(v: &mut Value, me: &str) {
     }
 }
 
-/// Tools given in another API's shape (`shape` says which, for the error), each read by
-/// `read` (the tool's object and its path, `tools[i]`) into a function definition; its
-/// `name` is checked here (valid, unique). The tools in chat's shape.
-pub(crate) fn read_list(
-    v: Option<&Value>,
+/// Tools given in another API's shape (`shape` says which, for the error), each read as
+/// a `T` and by `read` (with its path, `tools[i]`) into a function definition and its
+/// name as given; the name is checked here (valid, unique). The tools in chat's shape.
+pub(crate) fn read_list<T: DeserializeOwned>(
+    v: &Field<Vec<Value>>,
     shape: &str,
-    read: impl Fn(&Map<String, Value>, &str) -> Result<Map<String, Value>, ApiError>,
+    read: impl Fn(T, &str) -> Result<(Map<String, Value>, Field<String>), ApiError>,
 ) -> Result<Vec<Value>, ApiError> {
-    let Some(v) = v else { return Ok(Vec::new()) };
-    let list = v
-        .as_array()
-        .ok_or_else(|| ApiError::bad("tools", format!("`tools` must be a list of `{shape}`")))?;
+    let list = match v {
+        Field::Absent => return Ok(Vec::new()),
+        Field::Given(list) => list,
+        Field::Wrong => {
+            return Err(ApiError::bad(
+                "tools",
+                format!("`tools` must be a list of `{shape}`"),
+            ))
+        }
+    };
     let mut defs: Vec<Value> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
         let at = format!("tools[{i}]");
-        let o = t
-            .as_object()
-            .ok_or_else(|| ApiError::bad(at.clone(), format!("`{at}` must be `{shape}`")))?;
-        let mut f = read(o, &at)?;
-        let name = o.get("name").and_then(Value::as_str).unwrap_or("");
-        if !valid_name(name) {
+        let Field::Given(t) = serde_json::from_value(t.clone()).unwrap_or(Field::Wrong) else {
             return Err(ApiError::bad(
-                format!("{at}.name"),
-                format!("`{at}.name` must be {NAME_RULE}"),
+                at.clone(),
+                format!("`{at}` must be `{shape}`"),
             ));
-        }
-        if defs.iter().any(|d| d["function"]["name"] == name) {
+        };
+        let (mut f, name) = read(t, &at)?;
+        let name = match name {
+            Field::Given(n) if valid_name(&n) => n,
+            _ => {
+                return Err(ApiError::bad(
+                    format!("{at}.name"),
+                    format!("`{at}.name` must be {NAME_RULE}"),
+                ))
+            }
+        };
+        if defs.iter().any(|d| d["function"]["name"] == name.as_str()) {
             return Err(ApiError::bad(
                 format!("{at}.name"),
                 format!("two tools are named `{name}`"),
@@ -298,16 +308,6 @@ pub(crate) fn read_list(
         defs.push(json!({"type": "function", "function": f}));
     }
     Ok(defs)
-}
-
-/// `tool_choice` given as a word: `none`, `auto` or `required`.
-pub(crate) fn choice_word(w: &str) -> Option<ToolChoice> {
-    match w {
-        "none" => Some(ToolChoice::None),
-        "auto" => Some(ToolChoice::Auto),
-        "required" => Some(ToolChoice::Required),
-        _ => None,
-    }
 }
 
 /// Whether `name` is a valid function name: 1 to 64 letters, digits, `_`, `-` or `.`.
@@ -324,7 +324,7 @@ pub(crate) const NAME_RULE: &str = "1 to 64 letters, digits, `_`, `-` or `.`";
 
 /// Check tool `i` (`{"type": "function", "function": {"name", "description",
 /// "parameters", "strict"}}`); its name.
-fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
+fn tool(i: usize, t: Field<ChatTool>) -> Result<String, ApiError> {
     let at = format!("tools[{i}]");
     let shape = || {
         ApiError::bad(
@@ -332,63 +332,49 @@ fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
             format!("`{at}` must be `{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}`"),
         )
     };
-    let o = t.as_object().ok_or_else(shape)?;
-    if let Some(k) = o
-        .keys()
-        .find(|k| !matches!(k.as_str(), "type" | "function"))
-    {
-        return Err(ApiError::bad(
-            format!("{at}.{k}"),
-            format!("unknown field `{k}` of a tool"),
-        ));
-    }
-    match o.get("type").and_then(Value::as_str) {
-        Some("function") => {}
-        Some(other) => {
+    let Field::Given(t) = t else {
+        return Err(shape());
+    };
+    no_extra(&t.extra, &at, |k| format!("unknown field `{k}` of a tool"))?;
+    match t.kind {
+        Field::Given(k) if k == "function" => {}
+        Field::Given(other) => {
             return Err(ApiError::bad(
                 format!("{at}.type"),
                 format!("tool type `{other}` is not supported: only `function`"),
             ))
         }
-        None => return Err(shape()),
+        _ => return Err(shape()),
     }
-    let f = o
-        .get("function")
-        .and_then(Value::as_object)
-        .ok_or_else(shape)?;
-    let fat = format!("{at}.function");
-    if let Some(k) = f
-        .keys()
-        .find(|k| !matches!(k.as_str(), "name" | "description" | "parameters" | "strict"))
-    {
-        return Err(ApiError::bad(
-            format!("{fat}.{k}"),
-            format!("unknown field `{k}` of a function"),
-        ));
-    }
-    let name = f.get("name").and_then(Value::as_str).unwrap_or("");
-    if !valid_name(name) {
-        return Err(ApiError::bad(
-            format!("{fat}.name"),
-            format!("`{fat}.name` must be {NAME_RULE}"),
-        ));
-    }
-    let typed = |k: &str, ok: fn(&Value) -> bool, what: &str| match f.get(k) {
-        Some(v) if !v.is_null() && !ok(v) => Err(ApiError::bad(
-            format!("{fat}.{k}"),
-            format!("`{fat}.{k}` must be {what}"),
-        )),
-        _ => Ok(()),
+    let Field::Given(f) = t.function else {
+        return Err(shape());
     };
-    typed("description", Value::is_string, "a string")?;
-    typed("parameters", Value::is_object, "a JSON schema object")?;
-    typed("strict", Value::is_boolean, "a boolean")?;
-    Ok(name.to_string())
+    let fat = format!("{at}.function");
+    no_extra(&f.extra, &fat, |k| {
+        format!("unknown field `{k}` of a function")
+    })?;
+    let name = match f.name {
+        Field::Given(n) if valid_name(&n) => n,
+        _ => {
+            return Err(ApiError::bad(
+                format!("{fat}.name"),
+                format!("`{fat}.name` must be {NAME_RULE}"),
+            ))
+        }
+    };
+    typed(f.description, &format!("{fat}.description"), "a string")?;
+    typed(
+        f.parameters,
+        &format!("{fat}.parameters"),
+        "a JSON schema object",
+    )?;
+    typed(f.strict, &format!("{fat}.strict"), "a boolean")?;
+    Ok(name)
 }
 
 /// `tool_choice`: `none`, `auto`, `required`, or `{"type": "function", "function":
 /// {"name": ...}}` (whether `tools` has it is [`Tools::assemble`]'s to check).
-fn tool_choice(c: &Value) -> Result<ToolChoice, ApiError> {
+fn tool_choice(c: Field<ChatToolChoice>) -> Result<Option<ToolChoice>, ApiError> {
     const P: &str = "tool_choice";
     let shape = || {
         ApiError::bad(
@@ -397,36 +383,54 @@ fn tool_choice(c: &Value) -> Result<ToolChoice, ApiError> {
              `{\"type\": \"function\", \"function\": {\"name\": ...}}`",
         )
     };
-    match c {
-        Value::String(s) => choice_word(s).ok_or_else(shape),
-        Value::Object(o) => {
-            if o.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(shape());
-            }
-            let f = o
-                .get("function")
-                .and_then(Value::as_object)
-                .ok_or_else(shape)?;
-            let name = f.get("name").and_then(Value::as_str).ok_or_else(shape)?;
-            if let Some(k) = o
-                .keys()
-                .find(|k| !matches!(k.as_str(), "type" | "function"))
-                .or_else(|| f.keys().find(|k| k.as_str() != "name"))
-            {
-                return Err(ApiError::bad(
-                    format!("{P}.{k}"),
-                    format!("unknown field `{k}` in `tool_choice`"),
-                ));
-            }
-            Ok(ToolChoice::Named(name.to_string()))
+    let c = match c {
+        Field::Absent => return Ok(None),
+        Field::Wrong => return Err(shape()),
+        Field::Given(ChatToolChoice::Word(w)) => return Ok(Some(w.into())),
+        Field::Given(ChatToolChoice::Function(c)) => c,
+    };
+    if !matches!(&c.kind, Field::Given(k) if k == "function") {
+        return Err(shape());
+    }
+    let Field::Given(f) = c.function else {
+        return Err(shape());
+    };
+    let Field::Given(name) = f.name else {
+        return Err(shape());
+    };
+    let unknown = |k: &str| format!("unknown field `{k}` in `tool_choice`");
+    no_extra(&c.extra, P, unknown)?;
+    no_extra(&f.extra, P, unknown)?;
+    Ok(Some(ToolChoice::Named(name)))
+}
+
+impl From<ChoiceWord> for ToolChoice {
+    fn from(w: ChoiceWord) -> Self {
+        match w {
+            ChoiceWord::None => ToolChoice::None,
+            ChoiceWord::Auto => ToolChoice::Auto,
+            ChoiceWord::Required => ToolChoice::Required,
         }
-        _ => Err(shape()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`Tools::read`] of the fields as JSON (`None`: absent).
+    fn read_json(
+        tools: Option<Value>,
+        choice: Option<Value>,
+        parallel: Option<Value>,
+    ) -> Result<Option<Tools>, ApiError> {
+        let f = |v: Option<Value>| v.unwrap_or(Value::Null);
+        Tools::read(
+            serde_json::from_value(f(tools)).unwrap(),
+            serde_json::from_value(f(choice)).unwrap(),
+            serde_json::from_value(f(parallel)).unwrap(),
+        )
+    }
 
     fn weather() -> Value {
         json!({"type": "function", "function": {"name": "get_weather", "description": "Weather",
@@ -443,16 +447,16 @@ mod tests {
 
     #[test]
     fn tools_and_choices() {
-        let t = Tools::read(Some(json!([weather()])), None, None)
+        let t = read_json(Some(json!([weather()])), None, None)
             .unwrap()
             .unwrap();
         assert_eq!((t.choice.clone(), t.parallel), (ToolChoice::Auto, true));
         assert_eq!(t.constraint(), None);
-        assert!(Tools::read(None, Some(json!("none")), None)
+        assert!(read_json(None, Some(json!("none")), None)
             .unwrap()
             .is_none());
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
-        let t = Tools::read(Some(json!([weather()])), Some(named), None)
+        let t = read_json(Some(json!([weather()])), Some(named), None)
             .unwrap()
             .unwrap();
         assert_eq!(t.choice, ToolChoice::Named("get_weather".into()));
@@ -463,7 +467,7 @@ mod tests {
             serde_json::from_str::<Value>(&s).unwrap(),
             weather()["function"]["parameters"]
         );
-        let t = Tools::read(
+        let t = read_json(
             Some(json!([weather()])),
             Some(json!("required")),
             Some(json!(false)),
@@ -515,7 +519,7 @@ mod tests {
             "type": "object",
         });
         let tool = |name: &str, p: &Value| json!({"type": "function", "function": {"name": name, "parameters": p}});
-        let t = Tools::read(
+        let t = read_json(
             Some(json!([
                 tool("person", &person),
                 tool("tree", &tree),
@@ -566,8 +570,8 @@ mod tests {
 
     #[test]
     fn bad_tools_are_refused_naming_the_field() {
-        let one = |t: Value| Tools::read(Some(json!([t])), None, None);
-        assert_eq!(param(Tools::read(Some(json!({})), None, None)), "tools");
+        let one = |t: Value| read_json(Some(json!([t])), None, None);
+        assert_eq!(param(read_json(Some(json!({})), None, None)), "tools");
         assert_eq!(param(one(json!(5))), "tools[0]");
         assert_eq!(
             param(one(json!({"type": "retrieval", "function": {"name": "a"}}))),
@@ -592,16 +596,16 @@ mod tests {
             "tools[0].function.returns"
         );
         assert_eq!(
-            param(Tools::read(Some(json!([weather(), weather()])), None, None)),
+            param(read_json(Some(json!([weather(), weather()])), None, None)),
             "tools[1].function.name"
         );
         let unknown = json!({"type": "function", "function": {"name": "nope"}});
         assert_eq!(
-            param(Tools::read(Some(json!([weather()])), Some(unknown), None)),
+            param(read_json(Some(json!([weather()])), Some(unknown), None)),
             "tool_choice"
         );
         assert_eq!(
-            param(Tools::read(
+            param(read_json(
                 Some(json!([weather()])),
                 Some(json!("always")),
                 None
@@ -609,11 +613,11 @@ mod tests {
             "tool_choice"
         );
         assert_eq!(
-            param(Tools::read(None, Some(json!("required")), None)),
+            param(read_json(None, Some(json!("required")), None)),
             "tool_choice"
         );
         assert_eq!(
-            param(Tools::read(Some(json!([weather()])), None, Some(json!(1)))),
+            param(read_json(Some(json!([weather()])), None, Some(json!(1)))),
             "parallel_tool_calls"
         );
     }
