@@ -12,7 +12,7 @@
 //! without using them (`user`, `metadata`, ...). Each body derives `ToSchema` too: its
 //! fields' types are the request schemas of `/openapi.json` (`openapi`).
 
-use encore_core::request::{Constraint, RequestParams, SamplingParams};
+use encore_core::request::{RequestParams, SamplingParams};
 use encore_core::tokenizer::{ChatMessage, StopMatcher, RESERVED_TEMPLATE_VARS};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -27,7 +27,8 @@ use crate::error::{ApiError, ParamNames};
 use crate::fields;
 use crate::request_tools::{ChatTool, ChatToolChoice};
 use crate::structured::{
-    choice, constraint, json_schema, response_format, string, structured_outputs,
+    choice, constraint, grammar, regex, response_format, schema, structured_outputs,
+    ResponseFormat, Schema, StructuredOutputs,
 };
 use crate::tools::Tools;
 
@@ -168,18 +169,18 @@ pub(crate) struct CommonBody {
     #[schema(value_type = Option<Stop>)]
     stop: Field<Stop>,
     /// Structured outputs: OpenAI's, vLLM's, and vLLM's older spelling.
-    #[schema(value_type = Option<serde_json::Value>)]
-    response_format: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    structured_outputs: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    guided_json: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    guided_regex: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    guided_choice: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    guided_grammar: Field<Value>,
+    #[schema(value_type = Option<ResponseFormat>)]
+    response_format: Field<ResponseFormat>,
+    #[schema(value_type = Option<StructuredOutputs>)]
+    structured_outputs: Field<StructuredOutputs>,
+    #[schema(value_type = Option<Schema>)]
+    guided_json: Field<Schema>,
+    #[schema(value_type = Option<String>)]
+    guided_regex: Field<String>,
+    #[schema(value_type = Option<Vec<String>>)]
+    guided_choice: Field<Vec<String>>,
+    #[schema(value_type = Option<String>)]
+    guided_grammar: Field<String>,
 }
 
 /// The most samples one request may ask for (`n`).
@@ -244,24 +245,18 @@ impl CommonBody {
         let stop = validate_stop(self.stop)?;
         let logit_bias = logit_bias(self.logit_bias)?;
         let (constraint, constraint_name) = constraint([
-            ("response_format", self.response_format, |_, v| {
-                response_format(v)
-            }),
-            ("structured_outputs", self.structured_outputs, |_, v| {
-                structured_outputs(v)
-            }),
-            ("guided_json", self.guided_json, |n, v| {
-                json_schema(n, v).map(Some)
-            }),
-            ("guided_regex", self.guided_regex, |n, v| {
-                string(n, v).map(|r| Some(Constraint::Regex(r)))
-            }),
-            ("guided_choice", self.guided_choice, |n, v| {
-                choice(n, v).map(Some)
-            }),
-            ("guided_grammar", self.guided_grammar, |n, v| {
-                string(n, v).map(|g| Some(Constraint::Lark(g)))
-            }),
+            ("response_format", response_format(self.response_format)),
+            (
+                "structured_outputs",
+                structured_outputs(self.structured_outputs),
+            ),
+            ("guided_json", schema(self.guided_json, "guided_json")),
+            ("guided_regex", regex(self.guided_regex, "guided_regex")),
+            ("guided_choice", choice(self.guided_choice, "guided_choice")),
+            (
+                "guided_grammar",
+                grammar(self.guided_grammar, "guided_grammar"),
+            ),
         ])?;
         let mut c = Common::new(sampling, seed, stop_token_ids);
         c.stream = stream;

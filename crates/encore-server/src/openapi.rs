@@ -2,7 +2,7 @@
 //! wire types (`wire`, `wire_anthropic`, `wire_responses`) and the typed request bodies,
 //! with every route. A request body's schema is its endpoint's table of fields
 //! (`fields`): an honored field has the type its typed body reads (any JSON value where
-//! the body still reads the field as JSON: `response_format`, ...; tools are typed), a logged
+//! the body still reads the field as JSON), a logged
 //! field its JSON type, a refused field only the values that change nothing; any other
 //! field is refused (`additionalProperties: false`), and `null` reads as absent
 //! everywhere. So do the objects with their own table inside bodies (a chat message,
@@ -28,6 +28,10 @@ use crate::request_tools::{
     FunctionType,
 };
 use crate::responses::ResponsesBody;
+use crate::structured::{
+    self, FormatType, JsonSchemaFormat, ResponseFormat, Schema, StructuredOutputs, TextFormat,
+    TextParam,
+};
 use crate::tokenize::{DetokenizeBody, TokenizeBody};
 use crate::wire::{
     AnthropicErrorBody, ChatCompletionChunk, ChatCompletionResponse, CompletionChunk,
@@ -176,7 +180,12 @@ pub(crate) fn document() -> Value {
             });
         }
     }
-    for name in request_tools::CLOSED.iter().chain(&api_tools::CLOSED) {
+    let closed = [
+        &request_tools::CLOSED[..],
+        &api_tools::CLOSED,
+        &structured::CLOSED,
+    ];
+    for name in closed.concat() {
         doc["components"]["schemas"][name]["additionalProperties"] = json!(false);
     }
     if let Some(s) = doc["components"]["schemas"].as_object_mut() {
@@ -298,7 +307,14 @@ fn no_op_values(ok: NoOp) -> Vec<Value> {
         AnthropicTool,
         AnthropicToolChoice,
         AnthropicChoiceType,
-        CustomType
+        CustomType,
+        Schema,
+        FormatType,
+        ResponseFormat,
+        JsonSchemaFormat,
+        TextParam,
+        TextFormat,
+        StructuredOutputs
     ))
 )]
 struct ApiDoc;
@@ -508,10 +524,18 @@ mod tests {
             let any = props["tool_choice"].to_string();
             assert!(any.contains(&reference(choice)), "{body}: {any}");
         }
-        for name in request_tools::CLOSED.iter().chain(&api_tools::CLOSED) {
+        let closed = [
+            &request_tools::CLOSED[..],
+            &api_tools::CLOSED,
+            &structured::CLOSED,
+        ];
+        for name in closed.concat() {
             let s = &doc["components"]["schemas"][name];
             assert_eq!(s["additionalProperties"], false, "{name}");
         }
+        let format =
+            &doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["response_format"];
+        assert!(format.to_string().contains(&reference("ResponseFormat")));
         let function = &doc["components"]["schemas"]["ChatFunction"];
         assert_eq!(function["required"], json!(["name"]));
         let message = &doc["components"]["schemas"]["ChatMessageRequest"];

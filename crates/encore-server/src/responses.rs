@@ -16,7 +16,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use encore_core::request::{Constraint, TokenLogprobs};
+use encore_core::request::TokenLogprobs;
 use encore_core::tokenizer::{ChatMessage, Tokenizer};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -35,7 +35,7 @@ use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Endi
 use crate::output::{chat_logprobs, Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
 use crate::responses_input::input;
-use crate::structured::json_schema;
+use crate::structured::{text, TextParam};
 use crate::tools::Tools;
 use crate::wire::ChatTokenLogprob;
 use crate::wire_responses::{
@@ -89,7 +89,7 @@ pub(crate) struct ResponsesBody {
     tool_choice: Field<Value>,
     #[schema(value_type = Option<bool>)]
     parallel_tool_calls: Field<bool>,
-    #[schema(value_type = Option<serde_json::Value>)]
+    #[schema(value_type = Option<TextParam>)]
     text: Field<Value>,
     #[schema(value_type = Option<serde_json::Value>)]
     reasoning: Field<Value>,
@@ -245,55 +245,6 @@ fn include(v: Option<Value>) -> Result<Include, ApiError> {
         }
     }
     Ok(out)
-}
-
-/// `text`: `{"format": {"type": "text" | "json_object" | "json_schema", ...}}`; what the
-/// response repeats, and the output's constraint.
-fn text(v: Option<Value>) -> Result<(Value, Option<Constraint>), ApiError> {
-    let plain = json!({"format": {"type": "text"}});
-    let Some(v) = v else { return Ok((plain, None)) };
-    let o = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad("text", "`text` must be an object with a `format`"))?;
-    known_keys(o, &["format", "verbosity"], "text")?;
-    if let Some(x) = o.get("verbosity").filter(|x| !x.is_null()) {
-        if x != "medium" {
-            let m = "`text.verbosity` other than `medium` is not supported";
-            return Err(ApiError::bad("text.verbosity", m));
-        }
-    }
-    let Some(f) = o.get("format").filter(|f| !f.is_null()) else {
-        return Ok((plain, None));
-    };
-    const P: &str = "text.format";
-    let fo = f
-        .as_object()
-        .ok_or_else(|| ApiError::bad(P, "`text.format` must be an object with a `type`"))?;
-    let constraint = match fo.get("type").and_then(Value::as_str) {
-        Some("text") => {
-            known_keys(fo, &["type"], P)?;
-            None
-        }
-        Some("json_object") => {
-            known_keys(fo, &["type"], P)?;
-            Some(Constraint::JsonObject)
-        }
-        Some("json_schema") => {
-            known_keys(fo, &["type", "name", "schema", "description", "strict"], P)?;
-            let schema = fo.get("schema").filter(|s| !s.is_null()).ok_or_else(|| {
-                ApiError::bad("text.format.schema", "`json_schema` needs a `schema`")
-            })?;
-            Some(json_schema("text.format.schema", schema)?)
-        }
-        Some(t) => {
-            return Err(ApiError::bad(
-                "text.format.type",
-                format!("`text.format` type `{t}` is not one of text, json_object, json_schema"),
-            ))
-        }
-        None => return Err(ApiError::bad(P, "`text.format` needs a string `type`")),
-    };
-    Ok((json!({ "format": f }), constraint))
 }
 
 /// `reasoning`: `{"effort", "summary"}`; what the response repeats, and the template
