@@ -42,6 +42,7 @@ use encore_core::tokenizer::Tokenizer;
 use tokio::sync::watch;
 
 mod anthropic_blocks;
+mod anthropic_params;
 mod api_tools;
 mod body;
 mod chat_messages;

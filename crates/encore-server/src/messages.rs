@@ -22,18 +22,18 @@ use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
 use crate::anthropic_blocks::{blocks_text, conversation};
+use crate::anthropic_params::{output_config, thinking, OutputConfig, Thinking};
 use crate::api_tools::{
     anthropic_tool_choice, anthropic_tools, AnthropicTool, AnthropicToolChoice,
 };
 use crate::body::{
-    check_model, count, flag, given, known_keys, number, read, Chat, Common, Field, SamplingBody,
+    check_model, count, flag, given, number, read, Chat, Common, Field, SamplingBody,
 };
 use crate::error::ApiError;
 use crate::fields;
-use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Ending, Typed};
+use crate::generate::{chat_prompt, generate, Api, ChatOut, Ending, Typed};
 use crate::output::{Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
-use crate::structured::json_schema;
 use crate::tools::Tools;
 use crate::wire::{AnthropicError, AnthropicErrorBody};
 use crate::wire_anthropic::{
@@ -124,10 +124,10 @@ struct Conversation {
     tools: Field<Vec<Value>>,
     #[schema(value_type = Option<AnthropicToolChoice>)]
     tool_choice: Field<AnthropicToolChoice>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    thinking: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    output_config: Field<Value>,
+    #[schema(value_type = Option<Thinking>)]
+    thinking: Field<Thinking>,
+    #[schema(value_type = Option<OutputConfig>)]
+    output_config: Field<OutputConfig>,
     /// Accepted: prefix caching is automatic.
     #[schema(value_type = Option<Object>)]
     cache_control: Field<Map<String, Value>>,
@@ -223,12 +223,9 @@ impl Conversation {
             "`cache_control` must be an object".into()
         })?;
         let mut kwargs = Map::new();
-        let omit_thinking = match given(self.thinking) {
-            Some(t) => thinking(&t, s, max_tokens, &mut kwargs)?,
-            None => false,
-        };
-        if let Some(o) = given(self.output_config) {
-            c.params.constraint = output_config(&o, s, &mut kwargs)?;
+        let omit_thinking = thinking(self.thinking, s, max_tokens, &mut kwargs)?;
+        if self.output_config.is_given() {
+            c.params.constraint = output_config(self.output_config, s, &mut kwargs)?;
             c.names.constraint = "output_config.format";
         }
         let defs = anthropic_tools(&self.tools)?;
@@ -269,120 +266,6 @@ impl Conversation {
             common: c,
         };
         Ok((chat, omit_thinking))
-    }
-}
-
-/// `output_config`: `format` (`{"type": "json_schema", "schema"}`), the output's
-/// constraint; `effort`, the template's `reasoning_effort` where it reads one.
-fn output_config(
-    v: &Value,
-    s: &AppState,
-    kwargs: &mut Map<String, Value>,
-) -> Result<Option<encore_core::request::Constraint>, ApiError> {
-    const P: &str = "output_config";
-    let o = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad(P, "`output_config` must be an object"))?;
-    known_keys(o, &["effort", "format"], P)?;
-    match o.get("effort") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(e))
-            if matches!(e.as_str(), "low" | "medium" | "high" | "xhigh" | "max") =>
-        {
-            if !s.chat.template_reads_effort {
-                let m = "this model's chat template takes no effort level (`reasoning_effort`)";
-                return Err(ApiError::bad("output_config.effort", m));
-            }
-            kwargs.insert("reasoning_effort".into(), json!(e));
-        }
-        Some(_) => {
-            return Err(ApiError::bad(
-                "output_config.effort",
-                "`output_config.effort` must be one of low, medium, high, xhigh, max",
-            ))
-        }
-    }
-    let Some(f) = o.get("format").filter(|f| !f.is_null()) else {
-        return Ok(None);
-    };
-    const F: &str = "output_config.format";
-    let fo = f
-        .as_object()
-        .filter(|fo| fo.get("type").and_then(Value::as_str) == Some("json_schema"))
-        .ok_or_else(|| {
-            ApiError::bad(
-                F,
-                "`output_config.format` must be `{\"type\": \"json_schema\", \"schema\": ...}`",
-            )
-        })?;
-    known_keys(fo, &["type", "schema"], F)?;
-    let schema = fo.get("schema").filter(|x| x.is_object()).ok_or_else(|| {
-        ApiError::bad(
-            "output_config.format.schema",
-            "`output_config.format.schema` must be a JSON schema object",
-        )
-    })?;
-    Ok(Some(json_schema("output_config.format.schema", schema)?))
-}
-
-/// `thinking`: `{"type": "enabled", "budget_tokens", "display"}`, `{"type":
-/// "adaptive", "display"}` (the model's own default) or `{"type": "disabled"}`; whether
-/// the thinking is left out of the answer (`display: "omitted"`). The budget is checked
-/// as Anthropic does (at least 1024, below `max_tokens`); the thinking ends when the
-/// model ends it, within `max_tokens`.
-fn thinking(
-    t: &Value,
-    s: &AppState,
-    max_tokens: Option<usize>,
-    kwargs: &mut Map<String, Value>,
-) -> Result<bool, ApiError> {
-    const P: &str = "thinking";
-    let o = t
-        .as_object()
-        .ok_or_else(|| ApiError::bad(P, "`thinking` must be an object with a `type`"))?;
-    let omit = match o.get("display") {
-        None | Some(Value::Null) => false,
-        Some(x) if x == "summarized" => false,
-        Some(x) if x == "omitted" => true,
-        Some(_) => {
-            return Err(ApiError::bad(
-                "thinking.display",
-                "`thinking.display` must be `summarized` or `omitted`",
-            ))
-        }
-    };
-    match o.get("type").and_then(Value::as_str) {
-        Some("adaptive") => {
-            known_keys(o, &["type", "display"], P)?;
-            Ok(omit)
-        }
-        Some("enabled") => {
-            known_keys(o, &["type", "budget_tokens", "display"], P)?;
-            let budget = o.get("budget_tokens").and_then(Value::as_u64);
-            let Some(b) = budget.filter(|&b| b >= 1024) else {
-                let m = "`thinking.budget_tokens` is required: an integer of at least 1024";
-                return Err(ApiError::bad("thinking.budget_tokens", m));
-            };
-            if let Some(max) = max_tokens {
-                if b as usize >= max {
-                    let m = format!(
-                        "`thinking.budget_tokens` ({b}) must be below `max_tokens` ({max})"
-                    );
-                    return Err(ApiError::bad("thinking.budget_tokens", m));
-                }
-            }
-            thinking_switch(s, true, P, kwargs)?;
-            Ok(omit)
-        }
-        Some("disabled") => {
-            known_keys(o, &["type"], P)?;
-            thinking_switch(s, false, P, kwargs)?;
-            Ok(false)
-        }
-        _ => Err(ApiError::bad(
-            "thinking.type",
-            "`thinking.type` must be `enabled`, `adaptive` or `disabled`",
-        )),
     }
 }
 

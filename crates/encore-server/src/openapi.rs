@@ -15,6 +15,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
+use crate::anthropic_params::{
+    self, Effort, JsonSchemaType, OutputConfig, OutputFormat, Thinking, ThinkingDisplay,
+    ThinkingType,
+};
 use crate::api_tools::{
     self, AnthropicChoiceType, AnthropicTool, AnthropicToolChoice, CustomType,
     ResponsesFunctionChoice, ResponsesTool, ResponsesToolChoice,
@@ -180,12 +184,7 @@ pub(crate) fn document() -> Value {
             });
         }
     }
-    let closed = [
-        &request_tools::CLOSED[..],
-        &api_tools::CLOSED,
-        &structured::CLOSED,
-    ];
-    for name in closed.concat() {
+    for name in closed() {
         doc["components"]["schemas"][name]["additionalProperties"] = json!(false);
     }
     if let Some(s) = doc["components"]["schemas"].as_object_mut() {
@@ -194,6 +193,17 @@ pub(crate) fn document() -> Value {
         }
     }
     doc
+}
+
+/// The typed objects inside request bodies that refuse other keys.
+fn closed() -> Vec<&'static str> {
+    [
+        &request_tools::CLOSED[..],
+        &api_tools::CLOSED,
+        &structured::CLOSED,
+        &anthropic_params::CLOSED,
+    ]
+    .concat()
 }
 
 fn reference(name: &str) -> String {
@@ -314,7 +324,14 @@ fn no_op_values(ok: NoOp) -> Vec<Value> {
         JsonSchemaFormat,
         TextParam,
         TextFormat,
-        StructuredOutputs
+        StructuredOutputs,
+        Thinking,
+        ThinkingType,
+        ThinkingDisplay,
+        OutputConfig,
+        OutputFormat,
+        Effort,
+        JsonSchemaType
     ))
 )]
 struct ApiDoc;
@@ -524,12 +541,7 @@ mod tests {
             let any = props["tool_choice"].to_string();
             assert!(any.contains(&reference(choice)), "{body}: {any}");
         }
-        let closed = [
-            &request_tools::CLOSED[..],
-            &api_tools::CLOSED,
-            &structured::CLOSED,
-        ];
-        for name in closed.concat() {
+        for name in closed() {
             let s = &doc["components"]["schemas"][name];
             assert_eq!(s["additionalProperties"], false, "{name}");
         }

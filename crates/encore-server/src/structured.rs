@@ -419,12 +419,3 @@ pub(crate) fn choice(f: Field<Vec<String>>, name: &'static str) -> Read {
         Ok(Some(Constraint::Choice(c)))
     })
 }
-
-/// A JSON schema given as an object or as its text (Anthropic's `output_config`).
-pub(crate) fn json_schema(name: &'static str, v: &Value) -> Result<Constraint, ApiError> {
-    match v {
-        Value::Object(_) => Ok(Constraint::JsonSchema(v.to_string())),
-        Value::String(s) => Ok(Constraint::JsonSchema(s.clone())),
-        _ => Err(not_a_schema(name)),
-    }
-}
