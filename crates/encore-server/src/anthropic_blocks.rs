@@ -1,41 +1,224 @@
-//! Anthropic's `messages` and `system` content blocks read into the conversation the
-//! chat template renders: `text`, an assistant's `tool_use` (its tool calls) and
+//! Anthropic's `messages` and `system` content blocks, typed, read into the conversation
+//! the chat template renders: `text`, an assistant's `tool_use` (its tool calls) and
 //! `thinking` (its reasoning), a user's `tool_result` (a `tool` message), each refusal
 //! naming the block's field. A `redacted_thinking` block is opaque (encrypted by the
 //! model that wrote it): it is accepted in the history and left out of the prompt.
+//! A block is one object of every block type's fields ([`Block`]): its `type` says
+//! which it may have (any other is refused naming it), as each refusal did before.
 
 use std::collections::HashMap;
 
 use encore_core::tokenizer::{ChatMessage, FunctionCall, ToolCall};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
-use crate::body::known_keys;
 use crate::error::ApiError;
+use crate::field::Field;
+use crate::request_tools::Extra;
+
+/// A message of `messages`: `{"role": "user" | "assistant", "content"}`.
+#[derive(Default, Deserialize, Serialize, ToSchema)]
+#[serde(default)]
+pub(crate) struct AnthropicMessage {
+    #[schema(value_type = AnthropicRole, required)]
+    role: Field<String>,
+    #[schema(value_type = Content, required)]
+    content: Field<Content>,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    extra: Extra,
+}
+
+/// A message's role.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+#[schema(rename_all = "lowercase")]
+pub(crate) enum AnthropicRole {
+    User,
+    Assistant,
+}
+
+/// Content: text, or a list of content blocks (`system`, a message's `content`, a tool
+/// result's `content`).
+#[derive(Deserialize, Serialize)]
+#[serde(untagged)]
+pub(crate) enum Content {
+    Text(String),
+    Blocks(Vec<BlockField>),
+}
+
+impl utoipa::PartialSchema for Content {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+        use utoipa::openapi::{Ref, RefOr};
+        OneOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(Type::String))
+            .item(ArrayBuilder::new().items(RefOr::Ref(Ref::from_schema_name("Block"))))
+            .description(Some("Text, or a list of content blocks."))
+            .into()
+    }
+}
+
+impl ToSchema for Content {}
+
+/// A content block as given (of the wrong type: refused naming it).
+pub(crate) type BlockField = Field<Block>;
+
+/// A content block's `type`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+#[schema(rename_all = "snake_case")]
+pub(crate) enum BlockType {
+    Text,
+    ToolUse,
+    ToolResult,
+    Thinking,
+    RedactedThinking,
+}
+
+/// A content block: `text` (`text`, `cache_control`, no `citations`), `tool_use` (`id`,
+/// `name`, `input`, `cache_control`; `caller` and `toolset_name` as the SDK echoes them),
+/// `thinking` (`thinking`, `signature`), `redacted_thinking` (`data`), `tool_result`
+/// (`tool_use_id`, `content`, `is_error`, `cache_control`).
+#[derive(Default, Deserialize, Serialize, ToSchema)]
+#[serde(default)]
+pub(crate) struct Block {
+    #[serde(rename = "type")]
+    #[schema(value_type = BlockType, required)]
+    kind: Field<String>,
+    #[schema(value_type = Option<String>)]
+    text: Field<String>,
+    /// Accepted: the prefix cache is automatic.
+    #[schema(value_type = Option<Object>)]
+    cache_control: Field<Value>,
+    /// Only none.
+    #[schema(value_type = Option<Vec<Object>>)]
+    citations: Field<Value>,
+    #[schema(value_type = Option<String>)]
+    id: Field<String>,
+    #[schema(value_type = Option<String>)]
+    name: Field<String>,
+    #[schema(value_type = Option<Object>)]
+    input: Field<Map<String, Value>>,
+    /// Only `{"type": "direct"}`.
+    #[schema(value_type = Option<Object>)]
+    caller: Field<Value>,
+    /// Only none.
+    #[schema(value_type = Option<String>)]
+    toolset_name: Field<Value>,
+    #[schema(value_type = Option<String>)]
+    data: Field<String>,
+    #[schema(value_type = Option<String>)]
+    thinking: Field<String>,
+    #[schema(value_type = Option<String>)]
+    signature: Field<Value>,
+    #[schema(value_type = Option<String>)]
+    tool_use_id: Field<String>,
+    #[schema(value_type = Option<Content>)]
+    content: Field<Content>,
+    #[schema(value_type = Option<bool>)]
+    is_error: Field<bool>,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    extra: Extra,
+}
+
+/// The objects of this module, whose schemas `/openapi.json` closes.
+pub(crate) const CLOSED: [&str; 2] = ["AnthropicMessage", "Block"];
+
+impl Block {
+    /// Refuse, as an unknown field of `at`, the first key given that a block of its type
+    /// does not have (`keys`, besides `type`).
+    fn only(&self, keys: &[&str], at: &str) -> Result<(), ApiError> {
+        let given = [
+            ("text", self.text.is_given()),
+            ("cache_control", self.cache_control.is_given()),
+            ("citations", self.citations.is_given()),
+            ("id", self.id.is_given()),
+            ("name", self.name.is_given()),
+            ("input", self.input.is_given()),
+            ("caller", self.caller.is_given()),
+            ("toolset_name", self.toolset_name.is_given()),
+            ("data", self.data.is_given()),
+            ("thinking", self.thinking.is_given()),
+            ("signature", self.signature.is_given()),
+            ("tool_use_id", self.tool_use_id.is_given()),
+            ("content", self.content.is_given()),
+            ("is_error", self.is_error.is_given()),
+        ];
+        let other = self.extra.keys().map(String::as_str).chain(
+            given
+                .iter()
+                .filter(|(k, g)| *g && !keys.contains(k))
+                .map(|(k, _)| *k),
+        );
+        match other.into_iter().next() {
+            Some(k) => Err(ApiError::bad(
+                format!("{at}.{k}"),
+                format!("unknown field `{k}` in `{at}`"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The block's `type` if a string.
+    fn kind(&self) -> Option<&str> {
+        match &self.kind {
+            Field::Given(k) => Some(k.as_str()),
+            _ => None,
+        }
+    }
+}
+
+/// A string field of block `at`, or a 400 saying it must be one.
+fn string(f: Field<String>, at: &str, k: &str) -> Result<String, ApiError> {
+    match f {
+        Field::Given(s) => Ok(s),
+        _ => Err(ApiError::bad(
+            format!("{at}.{k}"),
+            format!("`{at}.{k}` must be a string"),
+        )),
+    }
+}
+
+/// Block `at` as given: the block, or a 400 saying it must be one.
+fn block(b: BlockField, at: &str) -> Result<Block, ApiError> {
+    match b {
+        Field::Given(b) => Ok(b),
+        _ => Err(ApiError::bad(
+            at.to_string(),
+            format!("`{at}` must be a content block object"),
+        )),
+    }
+}
 
 /// The text of a list of text blocks (`system`, a tool result's content).
-pub(crate) fn blocks_text(v: &Value, at: &str) -> Result<String, ApiError> {
-    let list = v.as_array().ok_or_else(|| {
-        ApiError::bad(
-            at.to_string(),
-            format!("`{at}` must be a list of text blocks"),
-        )
-    })?;
+pub(crate) fn blocks_text(list: Vec<BlockField>, at: &str) -> Result<String, ApiError> {
     let mut text = String::new();
-    for (j, b) in list.iter().enumerate() {
+    for (j, b) in list.into_iter().enumerate() {
         let bat = format!("{at}[{j}]");
-        let o = b.as_object().ok_or_else(|| {
-            ApiError::bad(
-                bat.clone(),
-                format!("`{bat}` must be a content block object"),
-            )
-        })?;
-        match o.get("type").and_then(Value::as_str) {
+        let b = block(b, &bat)?;
+        match b.kind() {
             Some("text") => {}
             other => return Err(unsupported_block(other, &bat)),
         }
-        text.push_str(text_block(o, &bat)?);
+        text.push_str(&text_block(b, &bat)?);
     }
     Ok(text)
+}
+
+/// `system`: text or a list of text blocks.
+pub(crate) fn system(f: Field<Content>) -> Result<Option<String>, ApiError> {
+    match f {
+        Field::Absent => Ok(None),
+        Field::Given(Content::Text(t)) => Ok(Some(t)),
+        Field::Given(Content::Blocks(b)) => blocks_text(b, "system").map(Some),
+        Field::Wrong => Err(ApiError::bad(
+            "system",
+            "`system` must be a string or a list of text blocks",
+        )),
+    }
 }
 
 fn unsupported_block(kind: Option<&str>, at: &str) -> ApiError {
@@ -50,39 +233,40 @@ fn unsupported_block(kind: Option<&str>, at: &str) -> ApiError {
 }
 
 /// A text block's text (`cache_control` is accepted: the prefix cache is automatic).
-fn text_block<'a>(o: &'a Map<String, Value>, at: &str) -> Result<&'a str, ApiError> {
-    known_keys(o, &["type", "text", "cache_control", "citations"], at)?;
-    if o.get("citations")
-        .is_some_and(|c| !c.is_null() && c != &json!([]))
-    {
+fn text_block(b: Block, at: &str) -> Result<String, ApiError> {
+    b.only(&["text", "cache_control", "citations"], at)?;
+    if matches!(&b.citations, Field::Given(c) if c != &json!([])) {
         let m = "citations are not supported";
         return Err(ApiError::bad(format!("{at}.citations"), m));
     }
-    o.get("text").and_then(Value::as_str).ok_or_else(|| {
-        ApiError::bad(
-            format!("{at}.text"),
-            format!("`{at}.text` must be a string"),
-        )
-    })
+    string(b.text, at, "text")
 }
 
 /// `messages` as the chat template's conversation, after `out`'s system message: a
 /// user's `tool_result` blocks become `tool` messages (before its text), an assistant's
 /// `tool_use` blocks its tool calls and its `thinking` its reasoning.
-pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+pub(crate) fn conversation(
+    list: Vec<Field<AnthropicMessage>>,
+    out: &mut Vec<ChatMessage>,
+) -> Result<(), ApiError> {
     // The function of each tool-use id, for the results that answer them.
     let mut called: HashMap<String, String> = HashMap::new();
-    for (i, m) in list.iter().enumerate() {
+    for (i, m) in list.into_iter().enumerate() {
         let at = format!("messages[{i}]");
-        let o = m.as_object().ok_or_else(|| {
-            ApiError::bad(
+        let Field::Given(m) = m else {
+            return Err(ApiError::bad(
                 at.clone(),
                 format!("`{at}` must be an object with `role` and `content`"),
-            )
-        })?;
-        known_keys(o, &["role", "content"], &at)?;
-        let role = match o.get("role").and_then(Value::as_str) {
-            Some(r @ ("user" | "assistant")) => r,
+            ));
+        };
+        if let Some(k) = m.extra.keys().next() {
+            return Err(ApiError::bad(
+                format!("{at}.{k}"),
+                format!("unknown field `{k}` in `{at}`"),
+            ));
+        }
+        let role = match &m.role {
+            Field::Given(r) if matches!(r.as_str(), "user" | "assistant") => r.as_str(),
             _ => {
                 return Err(ApiError::bad(
                     format!("{at}.role"),
@@ -90,12 +274,12 @@ pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result
                 ))
             }
         };
-        let blocks = match o.get("content") {
-            Some(Value::String(t)) => {
-                out.push(ChatMessage::new(role, t.clone()));
+        let blocks = match m.content {
+            Field::Given(Content::Text(t)) => {
+                out.push(ChatMessage::new(role, t));
                 continue;
             }
-            Some(Value::Array(b)) => b,
+            Field::Given(Content::Blocks(b)) => b,
             _ => {
                 return Err(ApiError::bad(
                     format!("{at}.content"),
@@ -105,37 +289,30 @@ pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result
         };
         let mut msg = ChatMessage::new(role, "");
         let mut had_results = false;
-        for (j, b) in blocks.iter().enumerate() {
+        for (j, b) in blocks.into_iter().enumerate() {
             let bat = format!("{at}.content[{j}]");
-            let bo = b.as_object().ok_or_else(|| {
-                ApiError::bad(
-                    bat.clone(),
-                    format!("`{bat}` must be a content block object"),
-                )
-            })?;
-            let kind = bo.get("type").and_then(Value::as_str);
+            let b = block(b, &bat)?;
+            let kind = b.kind().map(str::to_string);
             let wrong_role = |owner: &str| {
                 ApiError::bad(
                     format!("{bat}.type"),
                     format!(
                         "`{}` blocks belong to `{owner}` messages",
-                        kind.unwrap_or("")
+                        kind.as_deref().unwrap_or("")
                     ),
                 )
             };
-            match kind {
+            match kind.as_deref() {
                 Some("text") => {
-                    let t = text_block(bo, &bat)?;
-                    msg.content.get_or_insert_with(String::new).push_str(t);
+                    let t = text_block(b, &bat)?;
+                    msg.content.get_or_insert_with(String::new).push_str(&t);
                 }
                 Some("tool_use") => {
                     if role != "assistant" {
                         return Err(wrong_role("assistant"));
                     }
-                    known_keys(
-                        bo,
+                    b.only(
                         &[
-                            "type",
                             "id",
                             "name",
                             "input",
@@ -145,32 +322,21 @@ pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result
                         ],
                         &bat,
                     )?;
-                    sdk_echo(bo, &bat)?;
-                    let str_of = |k: &str| {
-                        bo.get(k)
-                            .and_then(Value::as_str)
-                            .map(str::to_string)
-                            .ok_or_else(|| {
-                                ApiError::bad(
-                                    format!("{bat}.{k}"),
-                                    format!("`{bat}.{k}` must be a string"),
-                                )
-                            })
-                    };
-                    let (id, name) = (str_of("id")?, str_of("name")?);
-                    let input = bo.get("input").filter(|x| x.is_object()).ok_or_else(|| {
-                        ApiError::bad(
+                    sdk_echo(&b, &bat)?;
+                    let (id, name) = (string(b.id, &bat, "id")?, string(b.name, &bat, "name")?);
+                    let Field::Given(input) = b.input else {
+                        return Err(ApiError::bad(
                             format!("{bat}.input"),
                             format!("`{bat}.input` must be an object"),
-                        )
-                    })?;
+                        ));
+                    };
                     called.insert(id.clone(), name.clone());
                     msg.tool_calls.push(ToolCall {
                         id,
                         kind: "function".into(),
                         function: FunctionCall {
                             name,
-                            arguments: input.clone(),
+                            arguments: Value::Object(input),
                         },
                     });
                 }
@@ -180,59 +346,36 @@ pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result
                     if role != "assistant" {
                         return Err(wrong_role("assistant"));
                     }
-                    known_keys(bo, &["type", "data"], &bat)?;
-                    if !bo.get("data").is_some_and(Value::is_string) {
-                        return Err(ApiError::bad(
-                            format!("{bat}.data"),
-                            format!("`{bat}.data` must be a string"),
-                        ));
-                    }
+                    b.only(&["data"], &bat)?;
+                    string(b.data, &bat, "data")?;
                 }
                 Some("thinking") => {
                     if role != "assistant" {
                         return Err(wrong_role("assistant"));
                     }
-                    known_keys(bo, &["type", "thinking", "signature"], &bat)?;
-                    let t = bo.get("thinking").and_then(Value::as_str).ok_or_else(|| {
-                        ApiError::bad(
-                            format!("{bat}.thinking"),
-                            format!("`{bat}.thinking` must be a string"),
-                        )
-                    })?;
+                    b.only(&["thinking", "signature"], &bat)?;
+                    let t = string(b.thinking, &bat, "thinking")?;
                     msg.reasoning_content
                         .get_or_insert_with(String::new)
-                        .push_str(t);
+                        .push_str(&t);
                 }
                 Some("tool_result") => {
                     if role != "user" {
                         return Err(wrong_role("user"));
                     }
                     had_results = true;
-                    known_keys(
-                        bo,
-                        &[
-                            "type",
-                            "tool_use_id",
-                            "content",
-                            "is_error",
-                            "cache_control",
-                        ],
+                    b.only(
+                        &["tool_use_id", "content", "is_error", "cache_control"],
                         &bat,
                     )?;
-                    let id = bo
-                        .get("tool_use_id")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| {
-                            ApiError::bad(
-                                format!("{bat}.tool_use_id"),
-                                format!("`{bat}.tool_use_id` must be a string"),
-                            )
-                        })?;
-                    let mut text = match bo.get("content") {
-                        None | Some(Value::Null) => String::new(),
-                        Some(Value::String(t)) => t.clone(),
-                        Some(v @ Value::Array(_)) => blocks_text(v, &format!("{bat}.content"))?,
-                        Some(_) => {
+                    let id = string(b.tool_use_id, &bat, "tool_use_id")?;
+                    let mut text = match b.content {
+                        Field::Absent => String::new(),
+                        Field::Given(Content::Text(t)) => t,
+                        Field::Given(Content::Blocks(l)) => {
+                            blocks_text(l, &format!("{bat}.content"))?
+                        }
+                        Field::Wrong => {
                             return Err(ApiError::bad(
                                 format!("{bat}.content"),
                                 format!(
@@ -241,11 +384,11 @@ pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result
                             ))
                         }
                     };
-                    match bo.get("is_error") {
-                        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+                    match b.is_error {
+                        Field::Absent | Field::Given(false) => {}
                         // The template has no error flag: the text says it.
-                        Some(Value::Bool(true)) => text = format!("Error: {text}"),
-                        Some(_) => {
+                        Field::Given(true) => text = format!("Error: {text}"),
+                        Field::Wrong => {
                             return Err(ApiError::bad(
                                 format!("{bat}.is_error"),
                                 format!("`{bat}.is_error` must be a boolean"),
@@ -253,8 +396,8 @@ pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result
                         }
                     }
                     let mut tm = ChatMessage::new("tool", text);
-                    tm.name = called.get(id).cloned();
-                    tm.tool_call_id = Some(id.to_string());
+                    tm.name = called.get(&id).cloned();
+                    tm.tool_call_id = Some(id);
                     out.push(tm);
                 }
                 other => return Err(unsupported_block(other, &bat)),
@@ -273,20 +416,20 @@ pub(crate) fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result
 /// (`block.model_dump()` sends them as `null`): `caller` (who called the tool; the
 /// model itself, `{"type": "direct"}`, is the only caller here) and `toolset_name` (MCP
 /// toolsets, which the server has none of). Other values are refused naming them.
-fn sdk_echo(bo: &Map<String, Value>, at: &str) -> Result<(), ApiError> {
-    match bo.get("caller") {
-        None | Some(Value::Null) => {}
-        Some(c) if c == &json!({"type": "direct"}) => {}
-        Some(_) => {
+fn sdk_echo(b: &Block, at: &str) -> Result<(), ApiError> {
+    match &b.caller {
+        Field::Absent => {}
+        Field::Given(c) if c == &json!({"type": "direct"}) => {}
+        _ => {
             return Err(ApiError::bad(
                 format!("{at}.caller"),
                 format!("`{at}.caller` other than `{{\"type\": \"direct\"}}` is not supported: the model calls the client's tools itself"),
             ))
         }
     }
-    match bo.get("toolset_name") {
-        None | Some(Value::Null) => Ok(()),
-        Some(_) => Err(ApiError::bad(
+    match b.toolset_name {
+        Field::Absent => Ok(()),
+        _ => Err(ApiError::bad(
             format!("{at}.toolset_name"),
             format!("`{at}.toolset_name` is not supported: the server has no MCP toolsets"),
         )),

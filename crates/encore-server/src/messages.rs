@@ -21,14 +21,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
-use crate::anthropic_blocks::{blocks_text, conversation};
+use crate::anthropic_blocks::{conversation, system, AnthropicMessage, Content};
 use crate::anthropic_params::{output_config, thinking, OutputConfig, Thinking};
 use crate::api_tools::{
     anthropic_tool_choice, anthropic_tools, AnthropicTool, AnthropicToolChoice,
 };
-use crate::body::{
-    check_model, count, flag, given, number, read, Chat, Common, Field, SamplingBody,
-};
+use crate::body::{check_model, count, flag, number, read, Chat, Common, Field, SamplingBody};
 use crate::error::ApiError;
 use crate::fields;
 use crate::generate::{chat_prompt, generate, Api, ChatOut, Ending, Typed};
@@ -116,10 +114,10 @@ fn error_body(e: &ApiError) -> AnthropicErrorBody {
 struct Conversation {
     #[schema(value_type = Option<String>)]
     model: Field<String>,
-    #[schema(value_type = Option<Vec<Object>>)]
-    messages: Field<Vec<Value>>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    system: Field<Value>,
+    #[schema(value_type = Option<Vec<AnthropicMessage>>)]
+    messages: Field<Vec<Field<AnthropicMessage>>>,
+    #[schema(value_type = Option<Content>)]
+    system: Field<Content>,
     #[schema(value_type = Option<Vec<AnthropicTool>>)]
     tools: Field<Vec<Value>>,
     #[schema(value_type = Option<AnthropicToolChoice>)]
@@ -238,17 +236,7 @@ impl Conversation {
             c.names.constraint = "tool_choice";
         }
         let mut messages = Vec::new();
-        if let Some(sys) = given(self.system) {
-            let text = match &sys {
-                Value::String(t) => t.clone(),
-                Value::Array(_) => blocks_text(&sys, "system")?,
-                _ => {
-                    return Err(ApiError::bad(
-                        "system",
-                        "`system` must be a string or a list of text blocks",
-                    ))
-                }
-            };
+        if let Some(text) = system(self.system)? {
             messages.push(ChatMessage::new("system", text));
         }
         let list = self
@@ -258,7 +246,7 @@ impl Conversation {
         if list.is_empty() {
             return Err(ApiError::bad("messages", "`messages` must not be empty"));
         }
-        conversation(&list, &mut messages)?;
+        conversation(list, &mut messages)?;
         let chat = Chat {
             messages,
             tools,

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
+use crate::anthropic_blocks::{self, AnthropicMessage, AnthropicRole, Block, BlockType, Content};
 use crate::anthropic_params::{
     self, Effort, JsonSchemaType, OutputConfig, OutputFormat, Thinking, ThinkingDisplay,
     ThinkingType,
@@ -202,6 +203,7 @@ fn closed() -> Vec<&'static str> {
         &api_tools::CLOSED,
         &structured::CLOSED,
         &anthropic_params::CLOSED,
+        &anthropic_blocks::CLOSED,
     ]
     .concat()
 }
@@ -331,7 +333,12 @@ fn no_op_values(ok: NoOp) -> Vec<Value> {
         OutputConfig,
         OutputFormat,
         Effort,
-        JsonSchemaType
+        JsonSchemaType,
+        AnthropicMessage,
+        AnthropicRole,
+        Block,
+        BlockType,
+        Content
     ))
 )]
 struct ApiDoc;
