@@ -435,3 +435,141 @@ fn sdk_echo(b: &Block, at: &str) -> Result<(), ApiError> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `param` and message of the refusal of `messages`.
+    fn refusal(messages: Value) -> (String, String) {
+        let list = serde_json::from_value(messages).unwrap();
+        let e = conversation(list, &mut Vec::new()).unwrap_err();
+        (e.param.unwrap_or_default().into_owned(), e.message)
+    }
+
+    #[test]
+    fn bad_blocks_are_refused_naming_the_field() {
+        let user = |b: Value| json!([{"role": "user", "content": [b]}]);
+        let assistant = |b: Value| json!([{"role": "assistant", "content": [b]}]);
+        for (messages, param, words) in [
+            (json!([5]), "messages[0]", "must be an object"),
+            (
+                json!([{"role": "user", "content": "x", "name": "a"}]),
+                "messages[0].name",
+                "unknown field",
+            ),
+            (
+                json!([{"role": "system", "content": "x"}]),
+                "messages[0].role",
+                "`user` or `assistant`",
+            ),
+            (
+                json!([{"role": "user", "content": 5}]),
+                "messages[0].content",
+                "string or a list",
+            ),
+            (
+                user(json!(5)),
+                "messages[0].content[0]",
+                "content block object",
+            ),
+            (
+                user(json!({"text": "a"})),
+                "messages[0].content[0].type",
+                "needs a `type`",
+            ),
+            (
+                user(json!({"type": "image"})),
+                "messages[0].content[0].type",
+                "takes text",
+            ),
+            (
+                user(json!({"type": "text", "text": 5})),
+                "messages[0].content[0].text",
+                "must be a string",
+            ),
+            (
+                user(json!({"type": "text", "text": "a", "id": "x"})),
+                "messages[0].content[0].id",
+                "unknown field",
+            ),
+            (
+                user(json!({"type": "text", "text": "a", "citations": [{}]})),
+                "messages[0].content[0].citations",
+                "citations",
+            ),
+            (
+                user(json!({"type": "tool_use", "id": "a", "name": "f", "input": {}})),
+                "messages[0].content[0].type",
+                "belong to `assistant`",
+            ),
+            (
+                assistant(json!({"type": "tool_use", "id": "a", "name": "f", "input": []})),
+                "messages[0].content[0].input",
+                "object",
+            ),
+            (
+                assistant(json!({"type": "tool_use", "id": 1, "name": "f", "input": {}})),
+                "messages[0].content[0].id",
+                "string",
+            ),
+            (
+                assistant(json!({"type": "thinking", "thinking": "a", "data": "x"})),
+                "messages[0].content[0].data",
+                "unknown field",
+            ),
+            (
+                assistant(json!({"type": "redacted_thinking"})),
+                "messages[0].content[0].data",
+                "string",
+            ),
+            (
+                user(json!({"type": "tool_result", "tool_use_id": "a", "content": 5})),
+                "messages[0].content[0].content",
+                "list of text blocks",
+            ),
+            (
+                user(
+                    json!({"type": "tool_result", "tool_use_id": "a", "content": [{"type": "image"}]}),
+                ),
+                "messages[0].content[0].content[0].type",
+                "takes text",
+            ),
+            (
+                user(json!({"type": "tool_result", "tool_use_id": "a", "is_error": "no"})),
+                "messages[0].content[0].is_error",
+                "boolean",
+            ),
+        ] {
+            let (p, m) = refusal(messages.clone());
+            assert_eq!(p, param, "{messages}: {m}");
+            assert!(m.contains(words), "{messages}: {m}");
+        }
+    }
+
+    #[test]
+    fn blocks_read_into_the_conversation() {
+        let list = serde_json::from_value(json!([
+            {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "why", "signature": "s"},
+                {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}, "caller": null}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": [{"type": "text", "text": "22"}], "is_error": true}]},
+        ]))
+        .unwrap();
+        let mut out = Vec::new();
+        conversation(list, &mut out).unwrap();
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[1].reasoning_content.as_deref(), Some("why"));
+        assert_eq!(out[1].tool_calls[0].function.arguments, json!({"a": 1}));
+        assert_eq!(out[2].content.as_deref(), Some("Error: 22"));
+        assert_eq!(out[2].name.as_deref(), Some("f"));
+        assert_eq!(
+            system(serde_json::from_value(json!([{"type": "text", "text": "s"}])).unwrap())
+                .unwrap()
+                .as_deref(),
+            Some("s")
+        );
+    }
+}

@@ -59,6 +59,7 @@ mod parse;
 mod request_tools;
 mod responses;
 mod responses_input;
+mod responses_params;
 mod shutdown;
 mod stream;
 mod structured;

@@ -33,6 +33,7 @@ use crate::request_tools::{
     FunctionType,
 };
 use crate::responses::ResponsesBody;
+use crate::responses_params::{self, IncludeValue, Reasoning, ReasoningEffort, ReasoningSummary};
 use crate::structured::{
     self, FormatType, JsonSchemaFormat, ResponseFormat, Schema, StructuredOutputs, TextFormat,
     TextParam,
@@ -204,6 +205,7 @@ fn closed() -> Vec<&'static str> {
         &structured::CLOSED,
         &anthropic_params::CLOSED,
         &anthropic_blocks::CLOSED,
+        &responses_params::CLOSED,
     ]
     .concat()
 }
@@ -338,7 +340,11 @@ fn no_op_values(ok: NoOp) -> Vec<Value> {
         AnthropicRole,
         Block,
         BlockType,
-        Content
+        Content,
+        Reasoning,
+        ReasoningEffort,
+        ReasoningSummary,
+        IncludeValue
     ))
 )]
 struct ApiDoc;

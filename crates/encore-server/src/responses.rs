@@ -19,22 +19,22 @@ use axum::Json;
 use encore_core::request::TokenLogprobs;
 use encore_core::tokenizer::{ChatMessage, Tokenizer};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use utoipa::ToSchema;
 
 use crate::api_tools::{
     responses_tool_choice, responses_tools, ResponsesTool, ResponsesToolChoice,
 };
 use crate::body::{
-    check_model, count, flag, given, known_keys, read, validate_stop, Chat, Common, Field,
-    SamplingBody, Stop,
+    check_model, count, flag, given, read, validate_stop, Chat, Common, Field, SamplingBody, Stop,
 };
 use crate::error::ApiError;
 use crate::fields;
-use crate::generate::{chat_prompt, generate, thinking_switch, Api, ChatOut, Ending, Typed};
+use crate::generate::{chat_prompt, generate, Api, ChatOut, Ending, Typed};
 use crate::output::{chat_logprobs, Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
 use crate::responses_input::input;
+use crate::responses_params::{include, reasoning, IncludeValue, Reasoning};
 use crate::structured::{text, TextParam};
 use crate::tools::Tools;
 use crate::wire::ChatTokenLogprob;
@@ -91,12 +91,12 @@ pub(crate) struct ResponsesBody {
     parallel_tool_calls: Field<bool>,
     #[schema(value_type = Option<TextParam>)]
     text: Field<Value>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    reasoning: Field<Value>,
+    #[schema(value_type = Option<Reasoning>)]
+    reasoning: Field<Reasoning>,
     #[schema(value_type = Option<u64>)]
     top_logprobs: Field<u64>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    include: Field<Value>,
+    #[schema(value_type = Option<Vec<IncludeValue>>)]
+    include: Field<Vec<Field<String>>>,
     #[schema(value_type = Option<serde_json::Value>)]
     metadata: Field<Value>,
     /// vLLM's extensions, which guidellm sends.
@@ -143,7 +143,7 @@ impl ResponsesBody {
         c.names.max_tokens = "max_output_tokens";
         c.names.logprobs = "top_logprobs";
         c.names.constraint = "text.format";
-        let include = include(given(self.include))?;
+        let include = include(self.include)?;
         let top = count(self.top_logprobs, "top_logprobs")?;
         let logprobs = include.logprobs || top.is_some();
         if logprobs {
@@ -151,7 +151,7 @@ impl ResponsesBody {
         }
         let (text, constraint) = text(given(self.text))?;
         c.params.constraint = constraint;
-        let (reasoning, kwargs) = reasoning(given(self.reasoning), s)?;
+        let (reasoning, kwargs) = reasoning(self.reasoning, s)?;
         let choice_given = given(self.tool_choice);
         let parallel = self
             .parallel_tool_calls
@@ -208,97 +208,6 @@ impl ResponsesBody {
         };
         Ok((chat, echo))
     }
-}
-
-/// What `include` asks to add.
-#[derive(Default)]
-struct Include {
-    logprobs: bool,
-    encrypted_reasoning: bool,
-}
-
-fn include(v: Option<Value>) -> Result<Include, ApiError> {
-    let mut out = Include::default();
-    let Some(v) = v else { return Ok(out) };
-    let list = v
-        .as_array()
-        .ok_or_else(|| ApiError::bad("include", "`include` must be a list of strings"))?;
-    for (i, x) in list.iter().enumerate() {
-        match x.as_str() {
-            Some("message.output_text.logprobs") => out.logprobs = true,
-            Some("reasoning.encrypted_content") => out.encrypted_reasoning = true,
-            Some(other) => {
-                return Err(ApiError::bad(
-                    format!("include[{i}]"),
-                    format!(
-                        "`include` value `{other}` is not supported: only \
-                         `message.output_text.logprobs` and `reasoning.encrypted_content`"
-                    ),
-                ))
-            }
-            None => {
-                return Err(ApiError::bad(
-                    format!("include[{i}]"),
-                    "`include` must be a list of strings",
-                ))
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// `reasoning`: `{"effort", "summary"}`; what the response repeats, and the template
-/// variables it sets. An effort of `none` turns thinking off through the template's
-/// `enable_thinking` switch; any other turns it on, and is passed as `reasoning_effort` to
-/// a template that reads it. The reasoning comes back whole (a `reasoning_text` part);
-/// there is no summarizer, so `summary` stays empty.
-fn reasoning(v: Option<Value>, s: &AppState) -> Result<(Value, Map<String, Value>), ApiError> {
-    let mut kwargs = Map::new();
-    let Some(v) = v else {
-        return Ok((json!({"effort": null, "summary": null}), kwargs));
-    };
-    const P: &str = "reasoning";
-    let o = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad(P, "`reasoning` must be an object"))?;
-    known_keys(o, &["effort", "summary", "generate_summary"], P)?;
-    for k in ["summary", "generate_summary"] {
-        match o.get(k) {
-            None | Some(Value::Null) => {}
-            Some(Value::String(x)) if matches!(x.as_str(), "auto" | "concise" | "detailed") => {}
-            Some(_) => {
-                return Err(ApiError::bad(
-                    format!("{P}.{k}"),
-                    format!("`{P}.{k}` must be `auto`, `concise` or `detailed`"),
-                ))
-            }
-        }
-    }
-    let effort = match o.get("effort") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(e))
-            if matches!(
-                e.as_str(),
-                "none" | "minimal" | "low" | "medium" | "high" | "xhigh"
-            ) =>
-        {
-            Some(e.clone())
-        }
-        Some(_) => {
-            return Err(ApiError::bad(
-                "reasoning.effort",
-                "`reasoning.effort` must be one of none, minimal, low, medium, high, xhigh",
-            ))
-        }
-    };
-    if let Some(e) = &effort {
-        thinking_switch(s, e != "none", "reasoning.effort", &mut kwargs)?;
-        if e != "none" && s.chat.template_reads_effort {
-            kwargs.insert("reasoning_effort".into(), json!(e));
-        }
-    }
-    let summary = o.get("summary").cloned().unwrap_or(Value::Null);
-    Ok((json!({"effort": effort, "summary": summary}), kwargs))
 }
 
 /// The `usage` of a response.
