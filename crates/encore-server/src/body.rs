@@ -13,7 +13,7 @@
 //! fields' types are the request schemas of `/openapi.json` (`openapi`).
 
 use encore_core::request::{RequestParams, SamplingParams};
-use encore_core::tokenizer::{ChatMessage, StopMatcher, RESERVED_TEMPLATE_VARS};
+use encore_core::tokenizer::{ChatMessage, StopMatcher};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -22,6 +22,8 @@ pub(crate) use crate::field::{
     check_model, count, flag, given, integer, known_keys, number, read, Field,
 };
 
+pub(crate) use crate::body_maps::template_kwargs;
+use crate::body_maps::{logit_bias, LogitBias};
 use crate::chat_messages::messages;
 use crate::error::{ApiError, ParamNames};
 use crate::fields;
@@ -160,8 +162,8 @@ pub(crate) struct CommonBody {
     stream_options: Field<Map<String, Value>>,
     #[schema(value_type = Option<i64>)]
     n: Field<i64>,
-    #[schema(value_type = Option<Object>)]
-    logit_bias: Field<Map<String, Value>>,
+    #[schema(value_type = Option<HashMap<String, f64>>)]
+    logit_bias: Field<LogitBias>,
     #[schema(value_type = Option<bool>)]
     ignore_eos: Field<bool>,
     #[schema(value_type = Option<Vec<u32>>)]
@@ -308,35 +310,6 @@ impl Common {
     }
 }
 
-/// `logit_bias`: token ids (as strings) to biases in [-100, 100], added to the logits
-/// before sampling (an id given twice, e.g. `"7"` and `"07"`, adds both). Whether the ids
-/// are in the vocabulary is admission's to check.
-fn logit_bias(f: Field<Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiError> {
-    const P: &str = "logit_bias";
-    let rule = || "`logit_bias` must map token ids to numbers in [-100, 100]".to_string();
-    let Some(map) = f.get(P, rule)? else {
-        return Ok(Vec::new());
-    };
-    let mut out: Vec<(u32, f32)> = Vec::with_capacity(map.len());
-    for (k, v) in &map {
-        let Ok(id) = k.trim().parse::<u32>() else {
-            return Err(ApiError::bad(
-                P,
-                format!("`logit_bias` key `{k}` is not a token id"),
-            ));
-        };
-        let b = v
-            .as_f64()
-            .filter(|b| (-100.0..=100.0).contains(b))
-            .ok_or_else(|| ApiError::bad(P, rule()))?;
-        match out.iter_mut().find(|(t, _)| *t == id) {
-            Some((_, sum)) => *sum += b as f32,
-            None => out.push((id, b as f32)),
-        }
-    }
-    Ok(out)
-}
-
 /// `stop`: a string or a list of at most 4, none empty.
 pub(crate) fn validate_stop(f: Field<Stop>) -> Result<StopMatcher, ApiError> {
     let rule = || "`stop` must be a string or a list of at most 4 strings".to_string();
@@ -471,8 +444,8 @@ pub(crate) struct ChatBody {
     tool_choice: Field<ChatToolChoice>,
     #[schema(value_type = Option<bool>)]
     parallel_tool_calls: Field<bool>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    chat_template_kwargs: Field<Value>,
+    #[schema(value_type = Option<HashMap<String, serde_json::Value>>)]
+    chat_template_kwargs: Field<Map<String, Value>>,
     #[serde(flatten)]
     common: CommonBody,
 }
@@ -484,28 +457,6 @@ pub(crate) struct Chat {
     /// `chat_template_kwargs`.
     pub kwargs: Map<String, Value>,
     pub common: Common,
-}
-
-/// `chat_template_kwargs`: an object of template variables, none of those the renderer
-/// sets.
-pub(crate) fn template_kwargs(f: Field<Value>) -> Result<Map<String, Value>, ApiError> {
-    const P: &str = "chat_template_kwargs";
-    match given(f) {
-        None => Ok(Map::new()),
-        Some(Value::Object(o)) => {
-            if let Some(k) = o
-                .keys()
-                .find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str()))
-            {
-                return Err(ApiError::bad(
-                    format!("{P}.{k}"),
-                    format!("`{P}.{k}` is set by the server, not by the request"),
-                ));
-            }
-            Ok(o)
-        }
-        Some(_) => Err(ApiError::bad(P, "`chat_template_kwargs` must be an object")),
-    }
 }
 
 impl ChatBody {

@@ -45,6 +45,7 @@ mod anthropic_blocks;
 mod anthropic_params;
 mod api_tools;
 mod body;
+mod body_maps;
 mod chat_messages;
 mod error;
 mod field;

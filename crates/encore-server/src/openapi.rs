@@ -558,9 +558,28 @@ mod tests {
             let s = &doc["components"]["schemas"][name];
             assert_eq!(s["additionalProperties"], false, "{name}");
         }
-        let format =
-            &doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["response_format"];
-        assert!(format.to_string().contains(&reference("ResponseFormat")));
+        // So do the other typed objects.
+        for (body, field, schema) in [
+            ("ChatCompletionRequest", "response_format", "ResponseFormat"),
+            (
+                "ChatCompletionRequest",
+                "structured_outputs",
+                "StructuredOutputs",
+            ),
+            ("ResponsesRequest", "text", "TextParam"),
+            ("ResponsesRequest", "reasoning", "Reasoning"),
+            ("ResponsesRequest", "include", "IncludeValue"),
+            ("MessagesRequest", "thinking", "Thinking"),
+            ("MessagesRequest", "output_config", "OutputConfig"),
+            ("MessagesRequest", "system", "Content"),
+            ("MessagesRequest", "messages", "AnthropicMessage"),
+        ] {
+            let p = doc["components"]["schemas"][body]["properties"][field].to_string();
+            assert!(p.contains(&reference(schema)), "{body}.{field}: {p}");
+        }
+        let bias =
+            &doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["logit_bias"];
+        assert_eq!(bias["additionalProperties"]["type"], "number", "{bias}");
         let function = &doc["components"]["schemas"]["ChatFunction"];
         assert_eq!(function["required"], json!(["name"]));
         let message = &doc["components"]["schemas"]["ChatMessageRequest"];

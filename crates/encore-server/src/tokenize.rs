@@ -95,8 +95,8 @@ pub(crate) struct TokenizeBody {
     add_generation_prompt: Field<bool>,
     #[schema(value_type = Option<Vec<ChatTool>>)]
     tools: Field<Vec<Value>>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    chat_template_kwargs: Field<Value>,
+    #[schema(value_type = Option<std::collections::HashMap<String, serde_json::Value>>)]
+    chat_template_kwargs: Field<serde_json::Map<String, Value>>,
 }
 
 /// What `/tokenize` encodes.
