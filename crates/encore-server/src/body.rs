@@ -18,9 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-pub(crate) use crate::field::{
-    check_model, count, flag, given, integer, known_keys, number, read, Field,
-};
+pub(crate) use crate::field::{check_model, count, flag, given, integer, number, read, Field};
 
 pub(crate) use crate::body_maps::template_kwargs;
 use crate::body_maps::{logit_bias, LogitBias};

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::de::{DeserializeOwned, Deserializer};
 use serde::{Deserialize, Serialize, Serializer};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::{json_body, ApiError};
 use crate::fields::{self, Rule};
@@ -121,17 +121,6 @@ pub(crate) fn count(f: Field<u64>, name: &'static str) -> Result<Option<usize>, 
 pub(crate) fn flag(f: Field<bool>, name: &'static str) -> Result<bool, ApiError> {
     Ok(f.get(name, || format!("`{name}` must be a boolean"))?
         .unwrap_or(false))
-}
-
-/// An error naming the first key of `o` outside `keys`, as `{at}.{key}`.
-pub(crate) fn known_keys(o: &Map<String, Value>, keys: &[&str], at: &str) -> Result<(), ApiError> {
-    match o.keys().find(|k| !keys.contains(&k.as_str())) {
-        Some(k) => Err(ApiError::bad(
-            format!("{at}.{k}"),
-            format!("unknown field `{k}` in `{at}`"),
-        )),
-        None => Ok(()),
-    }
 }
 
 /// `model`: the model this server serves (`served`; a 404 otherwise), `required` or

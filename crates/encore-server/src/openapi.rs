@@ -33,6 +33,7 @@ use crate::request_tools::{
     FunctionType,
 };
 use crate::responses::ResponsesBody;
+use crate::responses_input::{self, Input, InputItem, InputItemType, Part, Parts};
 use crate::responses_params::{self, IncludeValue, Reasoning, ReasoningEffort, ReasoningSummary};
 use crate::structured::{
     self, FormatType, JsonSchemaFormat, ResponseFormat, Schema, StructuredOutputs, TextFormat,
@@ -206,6 +207,7 @@ fn closed() -> Vec<&'static str> {
         &anthropic_params::CLOSED,
         &anthropic_blocks::CLOSED,
         &responses_params::CLOSED,
+        &responses_input::CLOSED,
     ]
     .concat()
 }
@@ -344,7 +346,12 @@ fn no_op_values(ok: NoOp) -> Vec<Value> {
         Reasoning,
         ReasoningEffort,
         ReasoningSummary,
-        IncludeValue
+        IncludeValue,
+        Input,
+        InputItem,
+        InputItemType,
+        Parts,
+        Part
     ))
 )]
 struct ApiDoc;
@@ -569,6 +576,7 @@ mod tests {
             ("ResponsesRequest", "text", "TextParam"),
             ("ResponsesRequest", "reasoning", "Reasoning"),
             ("ResponsesRequest", "include", "IncludeValue"),
+            ("ResponsesRequest", "input", "Input"),
             ("MessagesRequest", "thinking", "Thinking"),
             ("MessagesRequest", "output_config", "OutputConfig"),
             ("MessagesRequest", "system", "Content"),

@@ -33,7 +33,7 @@ use crate::fields;
 use crate::generate::{chat_prompt, generate, Api, ChatOut, Ending, Typed};
 use crate::output::{chat_logprobs, Kind, Reply};
 use crate::parse::{CallIds, Delta, Parsed};
-use crate::responses_input::input;
+use crate::responses_input::{input, Input};
 use crate::responses_params::{include, reasoning, IncludeValue, Reasoning};
 use crate::structured::{text, TextParam};
 use crate::tools::Tools;
@@ -73,8 +73,8 @@ pub(crate) async fn create(
 pub(crate) struct ResponsesBody {
     #[schema(value_type = Option<String>)]
     model: Field<String>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    input: Field<Value>,
+    #[schema(value_type = Option<Input>)]
+    input: Field<Input>,
     #[schema(value_type = Option<String>)]
     instructions: Field<String>,
     #[schema(value_type = Option<u64>)]
