@@ -16,6 +16,7 @@ use utoipa::ToSchema;
 use crate::error::ApiError;
 use crate::field::Field;
 use crate::request_tools::Extra;
+use crate::responses_input::text_or_list;
 
 /// A message of `messages`: `{"role": "user" | "assistant", "content"}`.
 #[derive(Default, Deserialize, Serialize, ToSchema)]
@@ -50,13 +51,7 @@ pub(crate) enum Content {
 
 impl utoipa::PartialSchema for Content {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
-        use utoipa::openapi::{Ref, RefOr};
-        OneOfBuilder::new()
-            .item(ObjectBuilder::new().schema_type(Type::String))
-            .item(ArrayBuilder::new().items(RefOr::Ref(Ref::from_schema_name("Block"))))
-            .description(Some("Text, or a list of content blocks."))
-            .into()
+        text_or_list("Block", "Text, or a list of content blocks.")
     }
 }
 

@@ -1,7 +1,7 @@
 //! A request body's field as the client sent it ([`Field`]: a value of the wrong type
 //! does not fail the body's deserialization, its `validate` refuses it naming the field),
 //! reading a body against its table of fields ([`read`]), and the checks of one field
-//! every body shares (numbers in a range, flags, the model's name, an object's keys).
+//! every body shares (numbers in a range, flags, the model's name).
 
 use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;

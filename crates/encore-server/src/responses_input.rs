@@ -385,3 +385,115 @@ fn parts_text(parts: Field<Parts>, at: &str, kinds: &[&str]) -> Result<String, A
     }
     Ok(text)
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn read(v: Value) -> Result<Vec<ChatMessage>, ApiError> {
+        input(serde_json::from_value(v).unwrap())
+    }
+
+    #[test]
+    fn bad_items_are_refused_naming_the_field() {
+        for (items, param, words) in [
+            (json!([]), "input", "non-empty"),
+            (json!(5), "input", "string or"),
+            (json!([5]), "input[0]", "input item object"),
+            (json!([{"content": "x"}]), "input[0].type", "needs a `type`"),
+            (
+                json!([{"role": "tool", "content": "x"}]),
+                "input[0].role",
+                "one of",
+            ),
+            (json!([{"role": "user"}]), "input[0].content", "required"),
+            (
+                json!([{"role": "user", "content": 5}]),
+                "input[0].content",
+                "text parts",
+            ),
+            (
+                json!([{"role": "user", "content": "x", "call_id": "c"}]),
+                "input[0].call_id",
+                "unknown field",
+            ),
+            (
+                json!([{"role": "user", "content": "x", "weight": 1}]),
+                "input[0].weight",
+                "unknown field",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "input_image"}]}]),
+                "input[0].content[0].type",
+                "takes text",
+            ),
+            (
+                json!([{"role": "user", "content": [{"text": "a"}]}]),
+                "input[0].content[0].type",
+                "needs a `type`",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "input_text", "text": 5}]}]),
+                "input[0].content[0].text",
+                "string",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "input_text", "text": "a", "refusal": "b"}]}]),
+                "input[0].content[0].refusal",
+                "unknown field",
+            ),
+            (
+                json!([{"type": "function_call", "call_id": "c", "name": "f"}]),
+                "input[0].arguments",
+                "string",
+            ),
+            (
+                json!([{"type": "function_call_output", "call_id": "c"}]),
+                "input[0].output",
+                "required",
+            ),
+            (
+                json!([{"type": "reasoning", "content": "x"}]),
+                "input[0].content",
+                "list of parts",
+            ),
+            (
+                json!([{"type": "reasoning", "encrypted_content": 5}]),
+                "input[0].encrypted_content",
+                "string",
+            ),
+            (
+                json!([{"type": "web_search_call"}]),
+                "input[0].type",
+                "not supported",
+            ),
+        ] {
+            let e = read(items.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{items}: {}", e.message);
+            assert!(e.message.contains(words), "{items}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn items_read_into_the_conversation() {
+        let m = read(json!([
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "why"}]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "status": "completed"},
+            {"type": "function_call_output", "call_id": "c1", "output": "22"},
+        ]))
+        .unwrap();
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[0].role, "system");
+        assert_eq!(m[2].reasoning_content.as_deref(), Some("why"));
+        assert_eq!(m[2].tool_calls[0].function.name, "f");
+        assert_eq!(
+            (m[3].role.as_str(), m[3].name.as_deref()),
+            ("tool", Some("f"))
+        );
+        assert_eq!(read(json!("x")).unwrap(), [ChatMessage::new("user", "x")]);
+    }
+}
