@@ -524,6 +524,33 @@ mod tests {
         }
     }
 
+    /// Every `$ref` in `v`.
+    fn refs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => o.iter().for_each(|(k, x)| match x {
+                Value::String(r) if k == "$ref" => out.push(r.clone()),
+                _ => refs(x, out),
+            }),
+            Value::Array(a) => a.iter().for_each(|x| refs(x, out)),
+            _ => {}
+        }
+    }
+
+    /// Every reference in the document names a schema it has, and every typed object is
+    /// closed and referenced.
+    #[test]
+    fn every_reference_resolves() {
+        let doc = document();
+        let mut all = Vec::new();
+        refs(&doc, &mut all);
+        for r in &all {
+            assert!(doc.pointer(&r[1..]).is_some(), "{r} does not resolve");
+        }
+        for name in closed() {
+            assert!(all.contains(&reference(name)), "{name} is not referenced");
+        }
+    }
+
     #[test]
     fn every_post_route_has_its_request_schema() {
         let doc = document();
