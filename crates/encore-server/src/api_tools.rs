@@ -350,3 +350,146 @@ pub(crate) const CLOSED: [&str; 4] = [
     "AnthropicTool",
     "AnthropicToolChoice",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn param<T>(r: Result<T, ApiError>) -> String {
+        r.err()
+            .and_then(|e| e.param)
+            .unwrap_or_default()
+            .into_owned()
+    }
+
+    fn typed<T: serde::de::DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn responses_tools_and_choices() {
+        let tools = |v: Value| responses_tools(&typed(v));
+        let f = json!({"type": "function", "name": "f", "description": "d",
+                       "parameters": {"type": "object"}, "strict": true});
+        let defs = tools(json!([f])).unwrap();
+        assert_eq!(
+            defs[0],
+            json!({"type": "function", "function": {"description": "d",
+                   "parameters": {"type": "object"}, "strict": true, "name": "f"}})
+        );
+        for (v, want) in [
+            (json!({}), "tools"),
+            (json!([5]), "tools[0]"),
+            (json!([{"name": "f"}]), "tools[0].type"),
+            (json!([{"type": "web_search"}]), "tools[0].type"),
+            (
+                json!([{"type": "function", "name": "f", "x": 1}]),
+                "tools[0].x",
+            ),
+            (
+                json!([{"type": "function", "name": "f", "parameters": 1}]),
+                "tools[0].parameters",
+            ),
+            (
+                json!([{"type": "function", "name": "a b"}]),
+                "tools[0].name",
+            ),
+            (json!([{"type": "function"}]), "tools[0].name"),
+        ] {
+            assert_eq!(param(tools(v.clone())), want, "{v}");
+        }
+        let choice = |v: Value| responses_tool_choice(typed(v));
+        assert_eq!(
+            choice(json!("required")).unwrap(),
+            Some(ToolChoice::Required)
+        );
+        assert_eq!(
+            choice(json!({"type": "function", "name": "f"})).unwrap(),
+            Some(ToolChoice::Named("f".into()))
+        );
+        assert_eq!(choice(json!(null)).unwrap(), None);
+        assert_eq!(param(choice(json!("always"))), "tool_choice");
+        assert_eq!(param(choice(json!({"type": "mcp"}))), "tool_choice.type");
+        assert_eq!(param(choice(json!({"type": "function"}))), "tool_choice");
+        assert_eq!(
+            param(choice(json!({"type": "function", "name": "f", "x": 1}))),
+            "tool_choice.x"
+        );
+    }
+
+    #[test]
+    fn anthropic_tools_and_choices() {
+        let tools = |v: Value| anthropic_tools(&typed(v));
+        let t = json!({"name": "f", "input_schema": {"type": "object"}, "cache_control": {},
+                       "strict": true, "defer_loading": false, "input_examples": []});
+        let defs = tools(json!([t])).unwrap();
+        assert_eq!(
+            defs[0],
+            json!({"type": "function", "function": {"parameters": {"type": "object"}, "name": "f"}})
+        );
+        let schema = json!({"type": "object"});
+        for (v, want) in [
+            (
+                json!([{"name": "f", "input_schema": schema, "type": "bash"}]),
+                "tools[0].type",
+            ),
+            (
+                json!([{"name": "f", "input_schema": schema, "x": 1}]),
+                "tools[0].x",
+            ),
+            (
+                json!([{"name": "f", "input_schema": schema, "strict": 1}]),
+                "tools[0].strict",
+            ),
+            (
+                json!([{"name": "f", "input_schema": schema, "defer_loading": true}]),
+                "tools[0].defer_loading",
+            ),
+            (
+                json!([{"name": "f", "input_schema": schema, "input_examples": [{}]}]),
+                "tools[0].input_examples",
+            ),
+            (
+                json!([{"name": "f", "input_schema": schema, "allowed_callers": []}]),
+                "tools[0].allowed_callers",
+            ),
+            (
+                json!([{"name": "f", "input_schema": {}}]),
+                "tools[0].input_schema",
+            ),
+            (
+                json!([{"name": "f", "input_schema": schema, "description": 1}]),
+                "tools[0].description",
+            ),
+            (json!([{"input_schema": schema}]), "tools[0].name"),
+        ] {
+            assert_eq!(param(tools(v.clone())), want, "{v}");
+        }
+        let choice = |v: Value| anthropic_tool_choice(typed(v));
+        assert_eq!(
+            choice(json!({"type": "any", "disable_parallel_tool_use": true})).unwrap(),
+            (Some(ToolChoice::Required), false)
+        );
+        assert_eq!(
+            choice(json!({"type": "tool", "name": "f"})).unwrap(),
+            (Some(ToolChoice::Named("f".into())), true)
+        );
+        for (v, want) in [
+            (json!("auto"), "tool_choice"),
+            (json!({"type": "some"}), "tool_choice.type"),
+            (json!({"type": "tool"}), "tool_choice.name"),
+            (json!({"type": "auto", "name": "f"}), "tool_choice.name"),
+            (
+                json!({"type": "none", "disable_parallel_tool_use": true}),
+                "tool_choice.disable_parallel_tool_use",
+            ),
+            (
+                json!({"type": "auto", "disable_parallel_tool_use": 1}),
+                "tool_choice.disable_parallel_tool_use",
+            ),
+            (json!({"type": "auto", "x": 1}), "tool_choice.x"),
+        ] {
+            assert_eq!(param(choice(v.clone())), want, "{v}");
+        }
+    }
+}

@@ -419,3 +419,92 @@ pub(crate) fn choice(f: Field<Vec<String>>, name: &'static str) -> Read {
         Ok(Some(Constraint::Choice(c)))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn param(r: Read) -> String {
+        match r {
+            Some(Err(e)) => e.param.unwrap_or_default().into_owned(),
+            _ => String::new(),
+        }
+    }
+
+    fn typed<T: serde::de::DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn formats_read_and_refuse_naming_the_field() {
+        let rf = |v: Value| response_format(typed(v));
+        assert!(matches!(rf(json!({"type": "text"})), Some(Ok(None))));
+        assert!(matches!(
+            rf(json!({"type": "json_schema", "json_schema": {"name": "p", "schema": "{}"}})),
+            Some(Ok(Some(Constraint::JsonSchema(s)))) if s == "{}"
+        ));
+        for (v, want) in [
+            (json!(5), "response_format"),
+            (json!({}), "response_format"),
+            (json!({"type": "xml"}), "response_format.type"),
+            (json!({"type": "text", "x": 1}), "response_format.x"),
+            (
+                json!({"type": "text", "json_schema": {}}),
+                "response_format.json_schema",
+            ),
+            (
+                json!({"type": "json_schema"}),
+                "response_format.json_schema",
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"schema": {}, "x": 1}}),
+                "response_format.json_schema.x",
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"schema": 5}}),
+                "response_format.json_schema.schema",
+            ),
+        ] {
+            assert_eq!(param(rf(v.clone())), want, "{v}");
+        }
+        let so = |v: Value| structured_outputs(typed(v));
+        assert!(matches!(
+            so(json!({"choice": ["a"], "json_object": false})),
+            Some(Ok(Some(Constraint::Choice(_))))
+        ));
+        for (v, want) in [
+            (json!([]), "structured_outputs"),
+            (json!({"x": 1}), "structured_outputs.x"),
+            (json!({"regex": 1}), "structured_outputs.regex"),
+            (json!({"choice": []}), "structured_outputs.choice"),
+            (json!({"json_object": 1}), "structured_outputs.json_object"),
+            (json!({"json": 1}), "structured_outputs.json"),
+            (json!({"grammar": "g", "regex": "r"}), "structured_outputs"),
+        ] {
+            assert_eq!(param(so(v.clone())), want, "{v}");
+        }
+        let text_param = |v: Value| text(Some(v)).err().and_then(|e| e.param);
+        for (v, want) in [
+            (json!(5), "text"),
+            (json!({"x": 1}), "text.x"),
+            (json!({"verbosity": "low"}), "text.verbosity"),
+            (json!({"format": 5}), "text.format"),
+            (
+                json!({"format": {"type": "text", "name": "n"}}),
+                "text.format.name",
+            ),
+            (
+                json!({"format": {"type": "json_schema"}}),
+                "text.format.schema",
+            ),
+            (json!({"format": {"type": "yaml"}}), "text.format.type"),
+        ] {
+            assert_eq!(text_param(v.clone()).as_deref(), Some(want), "{v}");
+        }
+        let (echo, c) = text(Some(json!({"format": {"type": "json_object"}}))).unwrap();
+        assert_eq!(echo, json!({"format": {"type": "json_object"}}));
+        assert_eq!(c, Some(Constraint::JsonObject));
+    }
+}
