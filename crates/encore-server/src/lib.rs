@@ -17,13 +17,16 @@
 //!
 //! Modules by job: `fields` (the table of each endpoint's fields), `field` (a body's
 //! field as sent, and the checks of one field), `body` (request bodies and their
-//! validation, with `chat_messages` for chat's `messages` and `structured` for the
-//! structured-output fields), `wire` (the OpenAI response bodies as serde types;
-//! Anthropic's in `wire_anthropic`, the responses API's in `wire_responses`), `error`
-//! (error responses), `generate` (the generation path: admission, then a whole response
-//! (`whole`) or a stream (`stream`), formatted by `output` for completions and chat, by
-//! `responses` and `messages` (which also read their own bodies into the chat request,
-//! its content blocks in `anthropic_blocks`, the responses `input` in `responses_input`;
+//! validation, with `chat_messages` for chat's `messages`, `structured` for the typed
+//! structured-output fields, `request_tools` for chat's typed tools and `body_maps` for
+//! `logit_bias` and `chat_template_kwargs`), `wire` (the OpenAI response bodies as
+//! serde types; Anthropic's in `wire_anthropic`, the responses API's in
+//! `wire_responses`), `error` (error responses), `generate` (the generation path:
+//! admission, then a whole response (`whole`) or a stream (`stream`), formatted by `output`
+//! for completions and chat, by `responses` and `messages` (which also read their own
+//! bodies into the chat request, its typed content blocks in `anthropic_blocks`, `thinking`
+//! and `output_config` in `anthropic_params`, the responses `input` in `responses_input`,
+//! its `reasoning` and `include` in `responses_params`, both APIs' tools in `api_tools`;
 //! their streams in `responses::stream` and `messages::stream`) for theirs), `tokenize`
 //! (`/tokenize`, `/detokenize`), `metrics` (`/metrics`), `openapi` (`/openapi.json`),
 //! `shutdown` ([`serve`] and its drain).

@@ -1,12 +1,13 @@
 //! `GET /openapi.json`: the server's OpenAPI 3.1 document, generated with utoipa from the
 //! wire types (`wire`, `wire_anthropic`, `wire_responses`) and the typed request bodies,
 //! with every route. A request body's schema is its endpoint's table of fields
-//! (`fields`): an honored field has the type its typed body reads (any JSON value where
-//! the body still reads the field as JSON), a logged
-//! field its JSON type, a refused field only the values that change nothing; any other
-//! field is refused (`additionalProperties: false`), and `null` reads as absent
-//! everywhere. So do the objects with their own table inside bodies (a chat message,
-//! `stream_options`). The tests below check each table against its typed body.
+//! (`fields`): an honored field has the type its typed body reads (its sub-objects too:
+//! tools, formats, content blocks, input items, ... each closed, `additionalProperties:
+//! false`; a client's JSON schema is any JSON value), a logged field its JSON type, a
+//! refused field only the values that change nothing; any other field is refused
+//! (`additionalProperties: false`), and `null` reads as absent everywhere. So do the
+//! objects with their own table inside bodies (a chat message, `stream_options`). The
+//! tests below check each table against its typed body.
 
 use std::sync::OnceLock;
 
