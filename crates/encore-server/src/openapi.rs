@@ -189,7 +189,14 @@ pub(crate) fn document() -> Value {
         }
     }
     for name in closed() {
-        doc["components"]["schemas"][name]["additionalProperties"] = json!(false);
+        let s = &mut doc["components"]["schemas"][name];
+        s["additionalProperties"] = json!(false);
+        // A typed object's defaults are its absent fields' (`null`), not the server's.
+        if let Some(props) = s["properties"].as_object_mut() {
+            for p in props.values_mut().filter_map(Value::as_object_mut) {
+                p.remove("default");
+            }
+        }
     }
     if let Some(s) = doc["components"]["schemas"].as_object_mut() {
         for t in TYPED_BODIES {
@@ -549,6 +556,8 @@ mod tests {
         }
         for name in closed() {
             assert!(all.contains(&reference(name)), "{name} is not referenced");
+            let s = doc["components"]["schemas"][name].to_string();
+            assert!(!s.contains("\"default\""), "{name}: {s}");
         }
     }
 
