@@ -9,10 +9,13 @@
 #   gemm   the GEMM rows of `bench kernels`: Llama-3-8B's projections at an 8k-token
 #          prefill step and a 512-row decode step, bf16 weights against FP8 (what bounds
 #          the prefill-heavy 2048/128 row);
+#   prefill  the 8B FP8 prefill step at 8k tokens (4 x 2048, 1 x 8192), eager;
+#   ncuprefill  each kernel's share of that step's time (ncu durations, summed by name);
+#   ncudecode  the same for a decode step at batch 512, 1,536 cached FP8 tokens;
 #   ncu    Nsight Compute on the FP8 and bf16 decode-attention kernels of `bench kernels`
 #          (a launch of the (64, 2k) or (256, 2k) rows; the launch section names the grid).
 # Logs go to $OUT. BIN=encore-old runs .gpu/encore-old.xz (an A/B's base) instead.
-#   usage: [BIN=encore] bash scripts/gpu-kv8.sh [info,kernels,gemm,decode,ab,serve,ncu]
+#   usage: [BIN=encore] bash scripts/gpu-kv8.sh [info,kernels,gemm,prefill,ncuprefill,ncudecode,decode,ab,serve,ncu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -35,6 +38,32 @@ if has kernels; then
 fi
 if has gemm; then
   "$enc" bench kernels --device cuda --only gemm 2>&1 | tee "$OUT/gemm-$BIN.log" | grep -E "gemm"
+fi
+if has prefill; then
+  # The 8B FP8 prefill step at 8k tokens (4 x 2048 and 1 x 8192), eager.
+  "$enc" bench prefill --device cuda --model dummy:llama-3-8b --quantization fp8 \
+    --tokens 2048,8192 --batch 1,4 --prefill-buckets none --repeats 3 --json \
+    2>>"$OUT/prefill.err" | tee "$OUT/prefill.jsonl" | cut -c1-200
+fi
+if has ncuprefill; then
+  # Where a prefill step's time goes: every kernel's duration (ncu, one metric, kernels
+  # serialised) over an eager 4 x 2048-token step (the load's and the cold run's kernels too).
+  timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    --print-summary per-kernel "$enc" bench prefill --device cuda --model dummy:llama-3-8b \
+    --quantization fp8 --tokens 2048 --batch 4 --prefill-buckets none --repeats 1 \
+    > "$OUT/ncu-prefill.csv" 2>"$OUT/ncu-prefill.err"
+  echo "ncu prefill rc=$?"
+  python3 scripts/ncu_summary.py "$OUT/ncu-prefill.csv" | tee "$OUT/ncu-prefill.txt" | head -40
+fi
+if has ncudecode; then
+  # The same for a decode step at batch 512 over 1,536 cached FP8 tokens (1000/1000's
+  # steady state), graph replays profiled node by node.
+  timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    --print-summary per-kernel "$enc" bench decode --device cuda --model dummy:llama-3-8b \
+    --quantization fp8 --batch 512 --context 1536 --steps 2 --kv-cache-dtype fp8 \
+    > "$OUT/ncu-decode.csv" 2>"$OUT/ncu-decode.err"
+  echo "ncu decode rc=$?"
+  python3 scripts/ncu_summary.py "$OUT/ncu-decode.csv" | tee "$OUT/ncu-decode.txt" | head -30
 fi
 if has decode; then
   for kv in auto fp8; do

@@ -156,3 +156,114 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
     }
 }
+
+// ---- The row-wise FP8 GEMM's operands (cuBLASLt OUTER_VEC_32F: one scale a row) ----
+// For a weight whose rows each hold one scale (quant.rs's quantize_rows, a per-tensor or
+// per-channel checkpoint): x per token, w per output channel.
+
+// x [m_rows, k] in T to E4M3 xq [m_pad, k] with one f32 scale a row, xs [m_pad]: scale =
+// the row's amax / 448, q = round-to-nearest(x / scale), saturated; rows m_rows .. m_pad and
+// all-zero rows get zeros and scale 1. One CTA (256 threads) a row, eight values a thread per
+// 16-byte load (k % 128 == 0, rows 16-byte aligned): a row of up to FQT_HELD * 2048 values
+// is read once and held in registers for its amax, a longer one is read twice.
+#define FQT_HELD 8
+
+// The E4M3 bytes of eight values times inv.
+__device__ __forceinline__ uint2 fqt_pack8(const float* v, float inv) {
+    unsigned short p[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        // cvt packs its first source into the upper byte.
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;"
+            : "=h"(p[j])
+            : "f"(v[2 * j + 1] * inv), "f"(v[2 * j] * inv));
+    return make_uint2((unsigned int)p[0] | ((unsigned int)p[1] << 16),
+                      (unsigned int)p[2] | ((unsigned int)p[3] << 16));
+}
+
+template <typename T>
+__device__ __forceinline__ float fqt_amax8(const uint4& raw) {
+    float v[8];
+    Ty<T>::unpack(raw, v);
+    float a = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a = fmaxf(a, fabsf(v[j]));
+    return a;
+}
+
+template <typename T>
+__device__ __forceinline__ void fp8_quant_tokens_impl(const T* __restrict__ x,
+                                                      unsigned char* __restrict__ xq,
+                                                      float* __restrict__ xs, int m_rows,
+                                                      int m_pad, int k) {
+    __shared__ float warp_max[8];
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const bool held = k <= FQT_HELD * 2048;
+    for (int row = blockIdx.x; row < m_pad; row += gridDim.x) {
+        const T* xr = x + (long long)row * k;
+        unsigned char* qr = xq + (long long)row * k;
+        if (row >= m_rows) {
+            for (int i = tid * 8; i < k; i += 2048) *reinterpret_cast<uint2*>(qr + i) = make_uint2(0u, 0u);
+            if (tid == 0) xs[row] = 1.0f;
+            continue;
+        }
+        uint4 r[FQT_HELD];
+        float amax = 0.0f;
+        if (held) {
+#pragma unroll
+            for (int j = 0; j < FQT_HELD; ++j) {
+                const int i = tid * 8 + j * 2048;
+                r[j] = i < k ? *reinterpret_cast<const uint4*>(xr + i) : make_uint4(0u, 0u, 0u, 0u);
+                amax = fmaxf(amax, fqt_amax8<T>(r[j]));
+            }
+        } else {
+            for (int i = tid * 8; i < k; i += 2048)
+                amax = fmaxf(amax, fqt_amax8<T>(*reinterpret_cast<const uint4*>(xr + i)));
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+        if (lane == 0) warp_max[wid] = amax;
+        __syncthreads();
+        amax = warp_max[0];
+#pragma unroll
+        for (int w = 1; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
+        __syncthreads();  // warp_max is rewritten by the next row
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        const float inv = 1.0f / scale;
+        float v[8];
+        if (held) {
+#pragma unroll
+            for (int j = 0; j < FQT_HELD; ++j) {
+                const int i = tid * 8 + j * 2048;
+                if (i < k) {
+                    Ty<T>::unpack(r[j], v);
+                    *reinterpret_cast<uint2*>(qr + i) = fqt_pack8(v, inv);
+                }
+            }
+        } else {
+            for (int i = tid * 8; i < k; i += 2048) {
+                Ty<T>::unpack(*reinterpret_cast<const uint4*>(xr + i), v);
+                *reinterpret_cast<uint2*>(qr + i) = fqt_pack8(v, inv);
+            }
+        }
+        if (tid == 0) xs[row] = scale;
+    }
+}
+#define FP8_QUANT_TOKENS(T, TN)                                                              \
+    extern "C" __global__ void __launch_bounds__(256) fp8_quant_tokens_##TN(                 \
+        const T* x, unsigned char* xq, float* xs, int m_rows, int m_pad, int k) {            \
+        pdl_enter();                                                                          \
+        fp8_quant_tokens_impl<T>(x, xq, xs, m_rows, m_pad, k);                                \
+    }
+FP8_QUANT_TOKENS(bf16, bf16)
+FP8_QUANT_TOKENS(f16, f16)
+
+// The weight's one scale a row (its first block's) as ws [n_rows]. A thread a row.
+extern "C" __global__ void __launch_bounds__(256)
+    fp8_row_scales(const unsigned char* w, float* ws, int n_rows, int k) {
+    pdl_enter();
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < n_rows)
+        ws[r] = __uint_as_float(
+            q_ldg32(w + (long long)r * q_row_bytes<QFormatF8>(k) + (long long)(k >> 7) * QFormatF8::QB));
+}

@@ -77,7 +77,10 @@ fn random_tensor(
 }
 
 /// `out = x·wᵀ` at `m×n×k` in `dtype`, the weight in `dtype` or quantized to `format`
-/// (as a checkpoint's is kept, e.g. FP8 on Hopper's FP8 GEMM): TFLOP/s.
+/// (as a checkpoint's is kept, e.g. FP8 on Hopper's FP8 GEMM): TFLOP/s. `by_block`: FP8
+/// scaled per 128 values (a block-scaled checkpoint) instead of one scale a row (FP8
+/// quantized at load, or a per-tensor or per-channel checkpoint: the row-wise GEMM).
+#[allow(clippy::too_many_arguments)]
 pub fn gemm(
     be: &dyn Backend,
     m: usize,
@@ -85,6 +88,7 @@ pub fn gemm(
     k: usize,
     dtype: DType,
     format: Option<crate::quant::QuantFormat>,
+    by_block: bool,
     iters: usize,
 ) -> Result<BenchRow> {
     let mut rng = StdRng::seed_from_u64(1);
@@ -95,9 +99,17 @@ pub fn gemm(
             let v: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
             let wdt = DType::Q(f);
             let mut b = vec![0u8; wdt.bytes(&[n, k]).unwrap_or(0)];
-            crate::quant::quantize_rows(f, &v, k, &mut b);
-            let w = be.alloc(wdt, &[n, k])?;
+            if by_block {
+                crate::quant::quantize_rows_by_block(f, &v, k, &mut b);
+            } else {
+                crate::quant::quantize_rows(f, &v, k, &mut b);
+            }
+            let mut w = be.alloc(wdt, &[n, k])?;
             be.write_bytes(&w, &b)?;
+            // Marked as the model loader marks it.
+            if crate::quant::rows_share_one_scale(f, k, &b) {
+                w = w.with_row_scale();
+            }
             // What a model reserves for its largest weight (the dense copy, or the FP8
             // GEMM's quantized x and scales).
             be.reserve_dequant_scratch((n * k * dtype.size()).max(2 * m * k))?;
@@ -107,7 +119,14 @@ pub fn gemm(
     let out = be.alloc(dtype, &[m, n])?;
     let s = time_per_call(be, iters, 5, || be.matmul(&x, &w, None, &out))?;
     let flops = 2.0 * m as f64 * n as f64 * k as f64;
-    let wname = format.map_or(String::new(), |f| format!(" w={}", DType::Q(f)));
+    let wname = format.map_or(String::new(), |f| {
+        let scales = match f {
+            crate::quant::QuantFormat::F8E4M3 if by_block => "/128",
+            crate::quant::QuantFormat::F8E4M3 => "/row",
+            _ => "",
+        };
+        format!(" w={}{scales}", DType::Q(f))
+    });
     Ok(BenchRow {
         name: format!("gemm {m}x{n}x{k} {dtype}{wname}"),
         value: flops / s / 1e12,

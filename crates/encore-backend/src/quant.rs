@@ -211,14 +211,64 @@ pub fn dequantize_row(fmt: QuantFormat, row: &[u8], out: &mut [f32]) {
 }
 
 /// Quantize f32 rows of `k` values (`values.len()` a multiple of `k`, `k` a whole number
-/// of blocks) into device rows.
+/// of blocks) into device rows. FP8 takes one scale a row (the row's amax / 448, repeated
+/// in each block: the per-channel scaling of vLLM's and TensorRT-LLM's FP8, which Hopper's
+/// row-wise FP8 GEMM runs ~1.4x faster than 128-value blocks); the other formats quantize
+/// block by block.
 pub fn quantize_rows(fmt: QuantFormat, values: &[f32], k: usize, out: &mut [u8]) {
+    let rb = fmt.row_bytes(k).expect("k is a whole number of blocks");
+    let mut blocks = Vec::with_capacity(k / fmt.block_elems() * fmt.block_bytes());
+    for (row, o) in values.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
+        blocks.clear();
+        if fmt == QuantFormat::F8E4M3 {
+            let amax = row.iter().fold(0f32, |a, x| a.max(x.abs()));
+            fp8_blocks(row, amax / E4M3_MAX, &mut blocks);
+        } else {
+            quantize_blocks(fmt, row, &mut blocks);
+        }
+        pack_row(fmt, &blocks, o);
+    }
+}
+
+/// [`quantize_rows`] with every block scaled alone (FP8: one scale per 128 values, as the
+/// block-scaled checkpoints and the FP8 GEMM's 128-value activations; the other formats
+/// as [`quantize_rows`]).
+pub fn quantize_rows_by_block(fmt: QuantFormat, values: &[f32], k: usize, out: &mut [u8]) {
     let rb = fmt.row_bytes(k).expect("k is a whole number of blocks");
     let mut blocks = Vec::with_capacity(k / fmt.block_elems() * fmt.block_bytes());
     for (row, o) in values.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
         blocks.clear();
         quantize_blocks(fmt, row, &mut blocks);
         pack_row(fmt, &blocks, o);
+    }
+}
+
+/// Whether every device row of `bytes` (rows of `k` values in `fmt`) has one scale in all
+/// its blocks: FP8 rows quantized by [`quantize_rows`] or from a per-tensor or per-channel
+/// checkpoint (the row-wise FP8 GEMM's condition, [`crate::Tensor::with_row_scale`]).
+/// False for every other format, and for an empty tensor.
+pub fn rows_share_one_scale(fmt: QuantFormat, k: usize, bytes: &[u8]) -> bool {
+    if fmt != QuantFormat::F8E4M3 || bytes.is_empty() {
+        return false;
+    }
+    let Some(rb) = fmt.row_bytes(k) else {
+        return false;
+    };
+    let (q, nb) = (fmt.quant_bytes(), k / fmt.block_elems());
+    bytes.len().is_multiple_of(rb)
+        && bytes.chunks_exact(rb).all(|row| {
+            let scales = &row[nb * q..nb * q + nb * 4];
+            scales.chunks_exact(4).all(|s| s == &scales[..4])
+        })
+}
+
+/// FP8 blocks of `values` (whole blocks of 128) at one `scale`: the scale's bytes, then
+/// each value / scale rounded to E4M3 (a zero scale gives zeros).
+fn fp8_blocks(values: &[f32], scale: f32, out: &mut Vec<u8>) {
+    let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    for block in values.chunks_exact(QuantFormat::F8E4M3.block_elems()) {
+        out.extend(scale.to_le_bytes());
+        out.extend(block.iter().map(|&x| f32_to_e4m3(x * inv)));
     }
 }
 
@@ -439,10 +489,7 @@ pub fn quantize_blocks(fmt: QuantFormat, values: &[f32], out: &mut Vec<u8>) {
             QuantFormat::Q6K => q6_k_block(block, out),
             QuantFormat::F8E4M3 => {
                 let amax = block.iter().fold(0f32, |a, x| a.max(x.abs()));
-                let s = amax / E4M3_MAX;
-                let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
-                out.extend(s.to_le_bytes());
-                out.extend(block.iter().map(|&x| f32_to_e4m3(x * inv)));
+                fp8_blocks(block, amax / E4M3_MAX, out);
             }
         }
     }
@@ -625,6 +672,39 @@ mod tests {
                 (s as f32 / u32::MAX as f32 - 0.5) * 2.0
             })
             .collect()
+    }
+
+    #[test]
+    fn fp8_rows_take_one_scale_and_blocks_their_own() {
+        let fmt = QuantFormat::F8E4M3;
+        let k = 3 * fmt.block_elems();
+        // Block 1 of each row ten times larger than the rest.
+        let x: Vec<f32> = values(2 * k, 7)
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if (i % k) / 128 == 1 { 10.0 * v } else { v })
+            .collect();
+        let rb = fmt.row_bytes(k).unwrap();
+        let (mut rows, mut blocks) = (vec![0u8; 2 * rb], vec![0u8; 2 * rb]);
+        quantize_rows(fmt, &x, k, &mut rows);
+        quantize_rows_by_block(fmt, &x, k, &mut blocks);
+        assert!(rows_share_one_scale(fmt, k, &rows));
+        assert!(!rows_share_one_scale(fmt, k, &blocks));
+        // Each row's scale is its amax / 448.
+        for (r, row) in rows.chunks_exact(rb).enumerate() {
+            let amax = x[r * k..(r + 1) * k]
+                .iter()
+                .fold(0f32, |a, v| a.max(v.abs()));
+            let s = f32::from_le_bytes(row[3 * 128..3 * 128 + 4].try_into().unwrap());
+            assert_eq!(s, amax / E4M3_MAX);
+        }
+        // Other formats, a short or empty tensor: not row-scaled.
+        let q8 = QuantFormat::Q8_0;
+        let mut q = vec![0u8; q8.bytes(2, k).unwrap()];
+        quantize_rows(q8, &x, k, &mut q);
+        assert!(!rows_share_one_scale(q8, k, &q));
+        assert!(!rows_share_one_scale(fmt, k, &[]));
+        assert!(!rows_share_one_scale(fmt, k, &rows[..rb + 1]));
     }
 
     #[test]

@@ -16,6 +16,11 @@ pub struct Tensor {
     offset: usize,
     shape: Vec<usize>,
     dtype: DType,
+    /// What the loader knows of a quantized weight's values beyond its format: every row's
+    /// block scales are equal (an FP8 weight scaled per output channel or per tensor), so a
+    /// GEMM may take one scale a row. A hint: views keep it, a new tensor has none, and a
+    /// kernel that ignores it stays exact.
+    row_scale: bool,
 }
 
 impl fmt::Debug for Tensor {
@@ -67,7 +72,20 @@ impl Tensor {
             offset,
             shape: shape.to_vec(),
             dtype,
+            row_scale: false,
         })
+    }
+
+    /// The same view, marked as holding one scale a row (see [`Tensor::row_scale`]); the
+    /// caller checked the bytes (`quant::rows_share_one_scale`).
+    pub fn with_row_scale(mut self) -> Self {
+        self.row_scale = self.dtype.is_quantized();
+        self
+    }
+    /// Whether every row's block scales are known to be equal (a quantized weight whose
+    /// loader checked it); false when unknown.
+    pub fn row_scale(&self) -> bool {
+        self.row_scale
     }
 
     pub fn storage(&self) -> &Storage {
@@ -137,6 +155,7 @@ impl Tensor {
             offset: self.offset + start * row_bytes,
             shape,
             dtype: self.dtype,
+            row_scale: self.row_scale,
         })
     }
 
@@ -159,6 +178,7 @@ impl Tensor {
             offset: self.offset,
             shape: shape.to_vec(),
             dtype: self.dtype,
+            row_scale: self.row_scale,
         })
     }
 

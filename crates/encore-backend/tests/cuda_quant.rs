@@ -81,10 +81,18 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// The device bytes of a random `[n, k]` weight quantized to `fmt`.
+/// The device bytes of a random `[n, k]` weight quantized to `fmt` (FP8: one scale a row).
 fn weight_bytes(fmt: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; fmt.bytes(n, k).unwrap()];
     quant::quantize_rows(fmt, &values(n * k, seed), k, &mut bytes);
+    bytes
+}
+
+/// [`weight_bytes`] with every block scaled alone (FP8: 128-value scales, as a
+/// block-scaled checkpoint).
+fn weight_bytes_by_block(fmt: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; fmt.bytes(n, k).unwrap()];
+    quant::quantize_rows_by_block(fmt, &values(n * k, seed), k, &mut bytes);
     bytes
 }
 
@@ -104,19 +112,23 @@ struct Case {
     out: DType,
     bias: bool,
     seed: u64,
+    /// The weight is marked as one scale a row (`Tensor::with_row_scale`: the row-wise
+    /// FP8 GEMM); its bytes must be so.
+    row_scale: bool,
 }
 
 impl Case {
     fn name(&self) -> String {
         format!(
-            "{} m={} n={} k={} x {} out {}{}",
+            "{} m={} n={} k={} x {} out {}{}{}",
             self.fmt,
             self.m,
             self.n,
             self.k,
             self.dt,
             self.out,
-            if self.bias { " bias" } else { "" }
+            if self.bias { " bias" } else { "" },
+            if self.row_scale { " row-scaled" } else { "" }
         )
     }
 
@@ -134,7 +146,8 @@ impl Case {
 
     /// The CPU's result for CUDA in `mode`: `run`, or for the FP8 GEMM the same product with
     /// x as that GEMM sees it (rounded to the dtype, then quantized to E4M3 with per-128
-    /// scales as `fp8_quant_rows` does), in f32.
+    /// scales as `fp8_quant_rows` does, or one scale a row as `fp8_quant_tokens` does for a
+    /// row-scaled weight), in f32.
     fn reference(
         &self,
         cpu: &dyn Backend,
@@ -155,7 +168,11 @@ impl Case {
         let x = cpu.download_f32(&x).unwrap();
         let fmt = QuantFormat::F8E4M3;
         let mut q = vec![0u8; fmt.bytes(self.m, self.k).unwrap()];
-        quant::quantize_rows(fmt, &x, self.k, &mut q);
+        if self.row_scale {
+            quant::quantize_rows(fmt, &x, self.k, &mut q);
+        } else {
+            quant::quantize_rows_by_block(fmt, &x, self.k, &mut q);
+        }
         let rb = fmt.row_bytes(self.k).unwrap();
         let mut xq = vec![0f32; self.m * self.k];
         for (row, o) in q.chunks_exact(rb).zip(xq.chunks_exact_mut(self.k)) {
@@ -186,7 +203,11 @@ impl Case {
                 self.dt,
             )
             .unwrap();
-        let w = upload_q(be, self.fmt, self.n, self.k, w_bytes);
+        let mut w = upload_q(be, self.fmt, self.n, self.k, w_bytes);
+        if self.row_scale {
+            assert!(quant::rows_share_one_scale(self.fmt, self.k, w_bytes));
+            w = w.with_row_scale();
+        }
         let bias = self.bias.then(|| {
             be.upload_f32_as(&values(self.n, self.seed + 2), &[self.n], self.dt)
                 .unwrap()
@@ -259,26 +280,37 @@ fn quantized_matmul_matches_cpu() {
                 let n = NS[(i + j + f) % NS.len()];
                 let k = BLOCKS[(i + 2 * j + f) % BLOCKS.len()] * fmt.block_elems();
                 let seed = (1000 * f + 100 * i + j) as u64;
-                let case = Case {
-                    fmt,
-                    m,
-                    n,
-                    k,
-                    dt,
-                    out,
-                    bias,
-                    seed,
-                };
-                let w = weight_bytes(fmt, n, k, seed);
-                let got = case.run(gpu, &w);
-                let want = case.reference(&cpu, &w, QuantGemm::Auto, qgemv_default_rows(fmt));
-                assert_close(&case.name(), &got, &want, dt);
-                count += 1;
-                if (qgemv_default_rows(fmt) + 1..=8).contains(&m) {
-                    // The gemv's variants past its default rows.
-                    let got = case.run(gemv8, &w);
-                    let want = case.reference(&cpu, &w, QuantGemm::Auto, 8);
-                    assert_close(&format!("gemv8 {}", case.name()), &got, &want, dt);
+                // FP8 twice: 128-value weight scales, then one a row (the row-wise GEMM).
+                for row_scale in [false, true] {
+                    if row_scale && fmt != QuantFormat::F8E4M3 {
+                        continue;
+                    }
+                    let case = Case {
+                        fmt,
+                        m,
+                        n,
+                        k,
+                        dt,
+                        out,
+                        bias,
+                        seed,
+                        row_scale,
+                    };
+                    let w = if row_scale {
+                        weight_bytes(fmt, n, k, seed)
+                    } else {
+                        weight_bytes_by_block(fmt, n, k, seed)
+                    };
+                    let got = case.run(gpu, &w);
+                    let want = case.reference(&cpu, &w, QuantGemm::Auto, qgemv_default_rows(fmt));
+                    assert_close(&case.name(), &got, &want, dt);
+                    count += 1;
+                    if (qgemv_default_rows(fmt) + 1..=8).contains(&m) {
+                        // The gemv's variants past its default rows.
+                        let got = case.run(gemv8, &w);
+                        let want = case.reference(&cpu, &w, QuantGemm::Auto, 8);
+                        assert_close(&format!("gemv8 {}", case.name()), &got, &want, dt);
+                    }
                 }
             }
         }
@@ -311,6 +343,7 @@ fn quantized_gemv_matches_cpu_at_model_shapes() {
                 out: DType::BF16,
                 bias: false,
                 seed: (m * n) as u64,
+                row_scale: false,
             };
             let w = weight_bytes(fmt, n, k, case.seed);
             assert_close(
@@ -401,11 +434,17 @@ fn quantized_gemm_paths_match_cpu_at_model_shapes() {
                 (64, 1536, 2048, DType::F16, DType::F32),
                 (300, 4096, 1024, DType::BF16, DType::F32),
                 (202, 520, 768, DType::F16, DType::F16),
+                // Rows longer than the token quantizer holds in registers (16,384 values),
+                // by block then by row for FP8.
+                (24, 136, 17024, DType::BF16, DType::BF16),
+                (40, 264, 16512, DType::F16, DType::F16),
             ]
             .into_iter()
             .enumerate()
             {
                 let k = k.div_ceil(fmt.block_elems()) * fmt.block_elems();
+                // FP8: 128-value weight scales, or one a row (the row-wise GEMM) in turn.
+                let row_scale = fmt == QuantFormat::F8E4M3 && i % 2 == 1;
                 let case = Case {
                     fmt,
                     m,
@@ -415,8 +454,13 @@ fn quantized_gemm_paths_match_cpu_at_model_shapes() {
                     out,
                     bias: out == dt,
                     seed: (10 * f + i) as u64,
+                    row_scale,
                 };
-                let w = weight_bytes(fmt, n, k, case.seed);
+                let w = if row_scale {
+                    weight_bytes(fmt, n, k, case.seed)
+                } else {
+                    weight_bytes_by_block(fmt, n, k, case.seed)
+                };
                 assert_close(
                     &format!("{mode:?}: {}", case.name()),
                     &case.run(gpu, &w),

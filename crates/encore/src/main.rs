@@ -566,7 +566,11 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
     let on = |g: KernelGroup| args.only.is_empty() || args.only.contains(&g);
     if on(KernelGroup::Gemm) {
         for &(m, n, k, dtype, format, iters) in suite.gemms {
-            push(bench::gemm(be, m, n, k, dtype, format, iters)?)?;
+            // FP8: scaled per 128 values (a block-scaled checkpoint), then per row.
+            if format == Some(QuantFormat::F8E4M3) {
+                push(bench::gemm(be, m, n, k, dtype, format, true, iters)?)?;
+            }
+            push(bench::gemm(be, m, n, k, dtype, format, false, iters)?)?;
         }
     }
     if on(KernelGroup::Copy) {

@@ -218,19 +218,22 @@ fn load_placed(
             _ => backend.alloc(mdt, &m.shape)?,
         };
         let mut row = 0;
+        // Whether every part's rows hold one scale (FP8 on the device; a slot's tensor is
+        // refilled from the host and stays unmarked).
+        let mut row_scale = !matches!(place, Place::Slot(_));
         for (k, part) in m.parts.iter().enumerate() {
             let rows = part.local_shape()[0];
             let dst = t.narrow(row, rows)?;
             if let Place::Slot(_) = place {
                 host.fill(&source, cfg, i, k, part, mdt, &mut staging)?;
             } else {
-                source.write(backend, cfg, part, &dst, &mut staging)?;
+                row_scale &= source.write(backend, cfg, part, &dst, &mut staging)?;
             }
             done += dst.size_bytes() as u64;
             bar.0.set(done);
             row += rows;
         }
-        Ok(t)
+        Ok(if row_scale { t.with_row_scale() } else { t })
     })?;
     backend.synchronize()?;
     drop(bar);
@@ -364,6 +367,9 @@ enum Source {
 }
 
 impl Source {
+    /// Write one HF tensor's rows into `dst`; returns whether they hold one scale a row
+    /// ([`encore_backend::quant::rows_share_one_scale`]: FP8 quantized at load or from a
+    /// per-tensor or per-channel checkpoint).
     fn write(
         &self,
         backend: &dyn Backend,
@@ -371,9 +377,17 @@ impl Source {
         spec: &TensorSpec,
         dst: &Tensor,
         staging: &mut Staging,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         self.with_bytes(cfg, spec, dst.dtype(), staging, |bytes| {
-            backend.write_bytes(dst, bytes)
+            backend.write_bytes(dst, bytes)?;
+            Ok(match dst.dtype() {
+                DType::Q(fmt) => encore_backend::quant::rows_share_one_scale(
+                    fmt,
+                    *dst.shape().last().unwrap_or(&0),
+                    bytes,
+                ),
+                _ => false,
+            })
         })
     }
 
@@ -669,7 +683,7 @@ fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use encore_backend::quant::{quantize_rows, QuantFormat};
+    use encore_backend::quant::{quantize_rows, quantize_rows_by_block, QuantFormat};
 
     fn spec(shape: &[usize]) -> TensorSpec {
         TensorSpec {
@@ -681,8 +695,9 @@ mod tests {
 
     #[test]
     fn a_rank_s_block_of_a_quantized_tensor_is_the_block_quantized_alone() {
-        // Blocks quantize independently, so cutting whole blocks out of the device rows
-        // must give the device rows of the cut values.
+        // Blocks quantize independently (FP8 by block here: `quantize_rows` gives it one
+        // scale a row), so cutting whole blocks out of the device rows must give the device
+        // rows of the cut values.
         let (rows, k) = (3, 512);
         let values: Vec<f32> = (0..rows * k)
             .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
@@ -695,15 +710,25 @@ mod tests {
         };
         for fmt in QuantFormat::ALL {
             let mut whole = vec![0u8; fmt.bytes(rows, k).unwrap()];
-            quantize_rows(fmt, &values, k, &mut whole);
+            quantize_rows_by_block(fmt, &values, k, &mut whole);
             let part: Vec<f32> = (cut.row..cut.row + cut.rows)
                 .flat_map(|r| values[r * k + cut.col..r * k + cut.col + cut.cols].to_vec())
                 .collect();
             let mut want = vec![0u8; fmt.bytes(cut.rows, cut.cols).unwrap()];
-            quantize_rows(fmt, &part, cut.cols, &mut want);
+            quantize_rows_by_block(fmt, &part, cut.cols, &mut want);
             let got = slice_part(&spec(&[rows, k]), cut, DType::Q(fmt), &whole).unwrap();
             assert_eq!(got, want, "{fmt}");
         }
+        // A rank's cut of FP8 rows quantized with one scale a row keeps the whole row's
+        // scale (the loader quantizes the whole tensor, then cuts), so it stays row-scaled.
+        let fp8 = QuantFormat::F8E4M3;
+        let mut whole = vec![0u8; fp8.bytes(rows, k).unwrap()];
+        quantize_rows(fp8, &values, k, &mut whole);
+        assert!(encore_backend::quant::rows_share_one_scale(fp8, k, &whole));
+        let got = slice_part(&spec(&[rows, k]), cut, DType::Q(fp8), &whole).unwrap();
+        assert!(encore_backend::quant::rows_share_one_scale(
+            fp8, cut.cols, &got
+        ));
         // A cut that is not whole blocks is refused, naming the tensor.
         let bad = Slice { col: 16, ..cut };
         let q = DType::Q(QuantFormat::Q4K);

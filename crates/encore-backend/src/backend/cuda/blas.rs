@@ -1,5 +1,6 @@
 //! GEMM through cuBLASLt: bf16/f16/f32 inputs, or FP8 E4M3 with one f32 scale per 128
-//! values of k on both operands (Hopper's block-scaled FP8 GEMM), f32 accumulation, a fixed
+//! values of k on both operands (Hopper's block-scaled FP8 GEMM) or one a row of each
+//! (row-wise: per token and per output channel, ~1.4x faster), f32 accumulation, a fixed
 //! workspace allocated once (so matmuls are capture-safe), and one plan per shape —
 //! descriptors and the heuristic's algorithm chosen on first use and cached, never
 //! re-chosen per call.
@@ -31,6 +32,8 @@ struct PlanKey {
     align: [u32; 3],
     /// FP8 operands: w's leading dimension in bytes (0: x and w are in `dtype`).
     fp8_ld: usize,
+    /// FP8 scaled per row (OUTER_VEC_32F) instead of per 128 values (VEC128_32F).
+    fp8_rows: bool,
 }
 
 /// Descriptors and algorithm for one shape. Destroyed with the `Lt`.
@@ -93,13 +96,15 @@ pub struct MatmulCall {
 }
 
 /// The FP8 operands of a [`MatmulCall`]: w's rows are `w_ld` bytes apart (its E4M3 values
-/// first); `w_scales` is `[k / 128][n]` f32 and `x_scales` `[k / 128][m]` f32, rows
-/// contiguous (cuBLASLt's VEC128_32F layout; m a multiple of 4, n of 8).
+/// first). Per 128 values (`rows` false): `w_scales` is `[k / 128][n]` f32 and `x_scales`
+/// `[k / 128][m]` f32, rows contiguous (cuBLASLt's VEC128_32F layout; m a multiple of 4, n
+/// of 8). Per row (`rows`): `w_scales` `[n]` and `x_scales` `[m]` (OUTER_VEC_32F).
 #[derive(Clone, Copy)]
 pub struct Fp8Operands {
     pub w_ld: usize,
     pub w_scales: u64,
     pub x_scales: u64,
+    pub rows: bool,
 }
 
 impl Lt {
@@ -133,6 +138,7 @@ impl Lt {
             bias: c.bias.is_some(),
             align: [alignment(c.x), alignment(c.w), alignment(c.out)],
             fp8_ld: c.fp8.map_or(0, |f| f.w_ld),
+            fp8_rows: c.fp8.is_some_and(|f| f.rows),
         };
         let mut plans = self.plans.lock().unwrap();
         let plan = match plans.entry(key) {
@@ -202,7 +208,8 @@ impl Lt {
     /// Row-major `out[m,n] = x[m,k] · w[n,k]ᵀ` is column-major `outᵀ[n,m] = w · xᵀ`:
     /// A = w (stored k×n column-major, transposed), B = x (k×m, not transposed), D n×m.
     /// FP8: A and B in E4M3 (the "TN" layout Hopper's FP8 GEMM needs), A's leading
-    /// dimension the row bytes, both scaled per 128 values of k (VEC128_32F).
+    /// dimension the row bytes, both scaled per 128 values of k (VEC128_32F) or per row
+    /// (OUTER_VEC_32F: A's scales over its n rows, B's over its m columns).
     fn plan(&self, key: &PlanKey) -> Result<Plan> {
         let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
         let fp8 = key.fp8_ld > 0;
@@ -248,8 +255,11 @@ impl Lt {
                 return Err(e);
             }
             if fp8 {
-                let mode =
-                    sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+                let mode = if key.fp8_rows {
+                    sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                } else {
+                    sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                };
                 let r = set_desc(
                     sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
                     &mode as *const _ as *const c_void,
@@ -348,7 +358,11 @@ impl Lt {
                             key.n,
                             key.k,
                             key.dtype,
-                            if fp8 { " (FP8 E4M3 operands)" } else { "" },
+                            match (fp8, key.fp8_rows) {
+                                (false, _) => "",
+                                (true, false) => " (FP8 E4M3 operands, 128-value scales)",
+                                (true, true) => " (FP8 E4M3 operands, row scales)",
+                            },
                             key.out,
                             if key.bias { " with bias" } else { "" }
                         ),

@@ -166,9 +166,12 @@ pub(super) struct Kernels<K = Kernel> {
     /// Its split-K sum: x in bf16 / f16, out in x's type / f32.
     pub qmma_reduce: [[K; 2]; 2],
     /// The FP8 GEMM's operands: x to E4M3 with per-128 scales (bf16 / f16 x), and the
-    /// weight's scales transposed.
+    /// weight's scales transposed; row-wise, x with one scale a row and the weight's one
+    /// scale a row.
     pub fp8_quant_rows: [K; 2],
     pub fp8_weight_scales: K,
+    pub fp8_quant_tokens: [K; 2],
+    pub fp8_row_scales: K,
     pub sample_f32: K,
     pub logit_bias_f32: K,
     pub penalty_count_i32: K,
@@ -322,6 +325,8 @@ impl<K> Kernels<K> {
             qmma_reduce,
             fp8_quant_rows,
             fp8_weight_scales: t("fp8_weight_scales")?,
+            fp8_quant_tokens: [t("fp8_quant_tokens_bf16")?, t("fp8_quant_tokens_f16")?],
+            fp8_row_scales: t("fp8_row_scales")?,
             sample_f32: t("sample_f32")?,
             logit_bias_f32: t("logit_bias_f32")?,
             penalty_count_i32: t("penalty_count_i32")?,
@@ -383,10 +388,15 @@ impl<K> Kernels<K> {
         Ok(&self.qmma_reduce[xi][oi])
     }
 
-    /// `fp8_quant_rows_<x>` for x in bf16 / f16.
-    pub(super) fn fp8_quant_rows(&self, x: DType) -> Result<&K> {
+    /// `fp8_quant_rows_<x>` (per 128 values) or `fp8_quant_tokens_<x>` (per row, `rows`)
+    /// for x in bf16 / f16.
+    pub(super) fn fp8_quant_rows(&self, x: DType, rows: bool) -> Result<&K> {
         let (xi, _) = qmma_types(x, x, "matmul (FP8 GEMM)")?;
-        Ok(&self.fp8_quant_rows[xi])
+        Ok(if rows {
+            &self.fp8_quant_tokens[xi]
+        } else {
+            &self.fp8_quant_rows[xi]
+        })
     }
 
     /// `gmoe_{gate_up,down}_<fmt>_<x>_bm<tile>`: `fmt` the experts' format (`None`:
