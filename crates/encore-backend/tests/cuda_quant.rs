@@ -10,7 +10,9 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use encore_backend::backend::cpu::CpuBackend;
-use encore_backend::backend::cuda::{qgemv_default_rows, CudaBackend, QuantGemm};
+use encore_backend::backend::cuda::{
+    qgemv_default_rows, CudaBackend, QuantGemm, FP8_ROWWISE_MIN_ROWS,
+};
 use encore_backend::quant::{self, QuantFormat};
 use encore_backend::testing::compare::{tolerance, OpClass};
 use encore_backend::{Backend, DType, ExpertSlots, Tensor};
@@ -147,7 +149,7 @@ impl Case {
     /// The CPU's result for CUDA in `mode`: `run`, or for the FP8 GEMM the same product with
     /// x as that GEMM sees it (rounded to the dtype, then quantized to E4M3 with per-128
     /// scales as `fp8_quant_rows` does, or one scale a row as `fp8_quant_tokens` does for a
-    /// row-scaled weight), in f32.
+    /// row-scaled weight from `FP8_ROWWISE_MIN_ROWS` rows), in f32.
     fn reference(
         &self,
         cpu: &dyn Backend,
@@ -168,7 +170,7 @@ impl Case {
         let x = cpu.download_f32(&x).unwrap();
         let fmt = QuantFormat::F8E4M3;
         let mut q = vec![0u8; fmt.bytes(self.m, self.k).unwrap()];
-        if self.row_scale {
+        if self.row_scale && self.m >= FP8_ROWWISE_MIN_ROWS {
             quant::quantize_rows(fmt, &x, self.k, &mut q);
         } else {
             quant::quantize_rows_by_block(fmt, &x, self.k, &mut q);
@@ -435,9 +437,9 @@ fn quantized_gemm_paths_match_cpu_at_model_shapes() {
                 (300, 4096, 1024, DType::BF16, DType::F32),
                 (202, 520, 768, DType::F16, DType::F16),
                 // Rows longer than the token quantizer holds in registers (16,384 values),
-                // by block then by row for FP8.
+                // by block then by row for FP8 (168 rows: the row-wise path).
                 (24, 136, 17024, DType::BF16, DType::BF16),
-                (40, 264, 16512, DType::F16, DType::F16),
+                (168, 264, 16512, DType::F16, DType::F16),
             ]
             .into_iter()
             .enumerate()

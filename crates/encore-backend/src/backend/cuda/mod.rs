@@ -26,7 +26,7 @@ use cudarc::driver::{
 };
 
 pub use crate::storage::cuda::{CudaBuffer, PinnedStaging};
-pub use kernels::quant::{qgemv_default_rows, QuantGemm};
+pub use kernels::quant::{qgemv_default_rows, QuantGemm, FP8_ROWWISE_MIN_ROWS};
 pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;

@@ -122,6 +122,27 @@ pub enum QuantGemm {
 /// against 22.5 ms at 256; BENCHMARKS.md, "Quantized weights").
 pub const QMMA_AUTO_MAX_ROWS: usize = 128;
 
+/// Rows from which the FP8 GEMM takes the row-wise path for a weight with one scale a row
+/// (below, the 128-value path, which such a weight also fits). Measured on the H200, 8B FP8
+/// decode step over an FP8 cache at 2k tokens, row-wise against 128-value: 6.42 / 5.26 ms
+/// at batch 32, 7.52 / 6.81 at 64, 9.48 / 9.38 at 128, 16.45 / 17.66 at 256 (BENCHMARKS.md).
+/// `ENCORE_FP8_ROWWISE_MIN_ROWS` overrides it (an A/B knob; a value that is not a count is
+/// ignored with a warning).
+pub const FP8_ROWWISE_MIN_ROWS: usize = 160;
+
+fn fp8_rowwise_min_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| match std::env::var("ENCORE_FP8_ROWWISE_MIN_ROWS") {
+        Err(_) => FP8_ROWWISE_MIN_ROWS,
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            tracing::warn!(
+                "ENCORE_FP8_ROWWISE_MIN_ROWS={v:?} is not a count; using {FP8_ROWWISE_MIN_ROWS}"
+            );
+            FP8_ROWWISE_MIN_ROWS
+        }),
+    })
+}
+
 impl QuantGemm {
     /// `ENCORE_QUANT_GEMM` (`auto` when unset); another value is an error naming it.
     pub fn from_env() -> Result<Self> {
@@ -292,8 +313,9 @@ fn fp8_fits(
 /// (`fp8_quant_rows_*`, scale amax / 448), the weight's per-128 scales gathered into
 /// cuBLASLt's layout (`fp8_weight_scales`), then cuBLASLt's block-scaled FP8 GEMM
 /// (`blas::Fp8Operands`) straight from the weight's bytes. A weight with one scale a row
-/// ([`Tensor::row_scale`]) takes the row-wise GEMM instead (~1.4x faster on an H200 at 8k
-/// rows): x with one scale a row (`fp8_quant_tokens_*`), the weight's row scales
+/// ([`Tensor::row_scale`]) takes the row-wise GEMM instead from [`FP8_ROWWISE_MIN_ROWS`]
+/// rows (~1.4x faster on an H200 at 8k rows): x with one scale a row
+/// (`fp8_quant_tokens_*`), the weight's row scales
 /// (`fp8_row_scales`). An m that is not a multiple of 4 is padded with zero rows into a
 /// staging output, whose first m rows are copied out.
 fn fp8_gemm(
@@ -307,7 +329,7 @@ fn fp8_gemm(
 ) -> Result<()> {
     const OP: &str = "matmul (FP8 GEMM)";
     let base = scratch.buf.as_ref().map_or(0, |b| b.dptr());
-    let rows = w.row_scale();
+    let rows = w.row_scale() && d.m >= fp8_rowwise_min_rows();
     let (xq, xs, ws, staged, _) = fp8_layout(d, out.dtype(), rows);
     let (xq, xs, ws) = (base + xq as u64, base + xs as u64, base + ws as u64);
     let m_pad = d.m.div_ceil(4) * 4;
