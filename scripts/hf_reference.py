@@ -5,7 +5,7 @@
 Builds small random-weight models of every architecture encore runs (Llama, Llama with
 llama3 rope scaling, Mistral, Qwen2, Qwen3, Mistral and Qwen2 with sliding windows, and
 the mixtures of experts Qwen3-MoE, with a dense layer, Mixtral, and Qwen2-MoE with its
-shared expert)
+shared expert, and SmolLM3 with a layer without rotary)
 with odd sizes (vocab not a multiple of 64, head_dim != hidden / heads, MQA and GQA,
 intermediate not a power of two), saves each as float32 safetensors in OUTDIR/<name>/
 (config.json + model.safetensors), reloads it with
@@ -55,6 +55,8 @@ from transformers import (  # noqa: E402
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 PROMPT_LENS = (5, 11, 23)
@@ -264,6 +266,26 @@ MODELS = [
             tie_word_embeddings=False,
             use_sliding_window=False,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+    ),
+    # SmolLM3: Llama's layer without rotary in the layers `no_rope_layers` marks 0 (layer 1
+    # here, and every fourth by default), appended so the models above keep their seeds.
+    (
+        "smollm3",
+        SmolLM3Config,
+        SmolLM3ForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=160,
+            intermediate_size=416,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,  # GQA 2
+            head_dim=40,
+            tie_word_embeddings=True,
+            no_rope_layers=[1, 0, 1],
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 2000000.0},
         ),
     ),
 ]

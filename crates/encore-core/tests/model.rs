@@ -90,7 +90,7 @@ impl RefModel {
             let qkv: Vec<[Vec<f64>; 3]> = x
                 .iter()
                 .enumerate()
-                .map(|(p, xp)| self.qkv(lw, xp, p))
+                .map(|(p, xp)| self.qkv(lw, xp, p, !self.cfg.no_rope_layers.contains(&li)))
                 .collect();
             for (p, xp) in x.iter_mut().enumerate() {
                 let attn = self.attention(li, &qkv, p);
@@ -125,8 +125,8 @@ impl RefModel {
     }
 
     /// The query, key and value of the token at position `p` with hidden state `xp`
-    /// (bias, q/k norm and rope applied).
-    fn qkv(&self, lw: &RefLayer, xp: &[f64], p: usize) -> [Vec<f64>; 3] {
+    /// (bias, q/k norm and, where the layer `rotates`, rope applied).
+    fn qkv(&self, lw: &RefLayer, xp: &[f64], p: usize, rotates: bool) -> [Vec<f64>; 3] {
         let c = &self.cfg;
         let (h, nh, kvh, hd) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim);
         let hn = self.norm(xp, &lw.input_norm);
@@ -148,7 +148,9 @@ impl RefModel {
                     let n = self.norm(head, w);
                     head.copy_from_slice(&n);
                 }
-                self.rope(head, p);
+                if rotates {
+                    self.rope(head, p);
+                }
             }
         }
         [q, k, v]
@@ -424,6 +426,11 @@ fn qwen3_moe_with_a_dense_layer_matches_f64_reference() {
 #[test]
 fn qwen2_moe_shared_expert_matches_f64_reference() {
     check_arch("tiny-qwen2-moe", DType::F32, 1e-4);
+}
+
+#[test]
+fn smollm3_nope_layers_match_f64_reference() {
+    check_arch("tiny-smollm3", DType::F32, 1e-4);
 }
 
 #[test]

@@ -30,10 +30,13 @@ pub enum Arch {
     Qwen3Moe,
     /// Mistral's attention with a mixture-of-experts MLP.
     Mixtral,
+    /// Llama's layer without rotary embeddings in some layers (NoPE: every fourth by
+    /// default, `no_rope_layers`).
+    SmolLM3,
 }
 
 impl Arch {
-    const ALL: [Arch; 7] = [
+    const ALL: [Arch; 8] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -41,6 +44,7 @@ impl Arch {
         Arch::Qwen2Moe,
         Arch::Qwen3Moe,
         Arch::Mixtral,
+        Arch::SmolLM3,
     ];
 
     /// The dense architecture whose attention and norms this one shares (itself for the
@@ -64,6 +68,7 @@ impl Arch {
             Arch::Qwen2Moe => "Qwen2MoeForCausalLM",
             Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
             Arch::Mixtral => "MixtralForCausalLM",
+            Arch::SmolLM3 => "SmolLM3ForCausalLM",
         }
     }
 
@@ -77,6 +82,7 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2_moe",
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::Mixtral => "mixtral",
+            Arch::SmolLM3 => "smollm3",
         }
     }
 
@@ -109,6 +115,9 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// Per-head RMSNorm on q and k before rope, weight `[head_dim]` (Qwen3).
     pub qk_norm: bool,
+    /// Layers whose attention applies no rotary embedding (NoPE; SmolLM3's every fourth),
+    /// ascending; empty for every other family.
+    pub no_rope_layers: Vec<usize>,
     pub max_position_embeddings: usize,
     /// The checkpoint's dtype (`torch_dtype` or `dtype`), bf16 when absent.
     pub torch_dtype: DType,
@@ -274,6 +283,7 @@ const DUMMY_NAMES: &[&str] = &[
     "llama-3-8b",
     "llama-3-70b",
     "smollm2-135m",
+    "tiny-smollm3",
 ];
 
 impl ModelConfig {
@@ -326,6 +336,7 @@ impl ModelConfig {
             tie_word_embeddings: false,
             qkv_bias: false,
             qk_norm: false,
+            no_rope_layers: Vec::new(),
             max_position_embeddings: 2048,
             torch_dtype: DType::BF16,
             bos_token_id: Some(256),
@@ -363,6 +374,14 @@ impl ModelConfig {
         };
         let cfg = match name {
             "tiny" => tiny,
+            // Layer 3 without rotary (every fourth: transformers' default interval, and
+            // llama.cpp's hard-coded one, so its GGUF twin is the same model).
+            "tiny-smollm3" => ModelConfig {
+                arch: Arch::SmolLM3,
+                no_rope_layers: vec![3],
+                tie_word_embeddings: true,
+                ..tiny
+            },
             "tiny-qwen2" => qwen(ModelConfig {
                 arch: Arch::Qwen2,
                 qkv_bias: true,
@@ -1007,6 +1026,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         tie_word_embeddings,
         qkv_bias,
         qk_norm: arch.base() == Arch::Qwen3,
+        no_rope_layers: parse_no_rope_layers(f, arch, num_layers)?,
         max_position_embeddings,
         torch_dtype,
         bos_token_id,
@@ -1089,9 +1109,9 @@ fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
         // Qwen2-MoE's q/k/v biases follow `qkv_bias` (default true).
         Arch::Qwen2Moe => f.opt_bool("qkv_bias")?.unwrap_or(true),
         Arch::Mistral | Arch::Mixtral => false,
-        Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => attention_bias,
+        Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe | Arch::SmolLM3 => attention_bias,
     };
-    if arch == Arch::Llama && f.opt_bool("mlp_bias")? == Some(true) {
+    if matches!(arch, Arch::Llama | Arch::SmolLM3) && f.opt_bool("mlp_bias")? == Some(true) {
         return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
     }
     Ok(qkv_bias)
@@ -1443,6 +1463,39 @@ fn parse_scaling(s: &Fields<'_>) -> Result<Option<Llama3Scaling>> {
 /// to every layer; Qwen2/Qwen3's only when `use_sliding_window` is true, and then to the
 /// layers from `max_window_layers` on (default: every layer). Llama has none. A window
 /// that covers every position the model can reach is kept: it changes nothing.
+/// SmolLM3's NoPE layers: `no_rope_layers` (one entry a layer at least, 1 = rotary, 0 =
+/// none), else every `no_rope_layer_interval`-th layer (default 4: layers 3, 7, ...), as
+/// transformers builds them. Empty for the other families.
+fn parse_no_rope_layers(f: &Fields<'_>, arch: Arch, num_layers: usize) -> Result<Vec<usize>> {
+    if arch != Arch::SmolLM3 {
+        return Ok(Vec::new());
+    }
+    if let Some(v) = f.get("no_rope_layers").filter(|v| !v.is_null()) {
+        let flags: Option<Vec<u64>> = v
+            .as_array()
+            .map(|a| a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>())
+            .unwrap_or(None);
+        let flags = flags
+            .filter(|l| l.iter().all(|&x| x <= 1))
+            .ok_or_else(|| f.wrong_type("no_rope_layers", "a list of 0 and 1", v))?;
+        if flags.len() < num_layers {
+            return Err(f.err(format!(
+                "no_rope_layers has {} entries for {num_layers} layers",
+                flags.len()
+            )));
+        }
+        return Ok((0..num_layers).filter(|&i| flags[i] == 0).collect());
+    }
+    let step = f.opt_usize("no_rope_layer_interval")?.unwrap_or(4);
+    if step == 0 {
+        return Err(f.err(format!(
+            "field `{}` must be positive",
+            f.name("no_rope_layer_interval")
+        )));
+    }
+    Ok((0..num_layers).filter(|i| (i + 1) % step == 0).collect())
+}
+
 fn parse_sliding_window(
     f: &Fields<'_>,
     arch: Arch,
@@ -1450,6 +1503,17 @@ fn parse_sliding_window(
 ) -> Result<Option<SlidingWindow>> {
     let first_layer = match arch {
         Arch::Llama => return Ok(None),
+        // Its window (on the NoPE layers only) is off in every released checkpoint.
+        Arch::SmolLM3 => {
+            if f.opt_bool("use_sliding_window")? == Some(true)
+                && f.opt_usize("sliding_window")?.is_some()
+            {
+                return Err(f.err(
+                    "use_sliding_window = true is not supported for smollm3 (a window on its NoPE layers)",
+                ));
+            }
+            return Ok(None);
+        }
         Arch::Mistral | Arch::Mixtral => 0,
         // Their windows alternate over layers (Qwen2-MoE) or cover every layer (Qwen3-MoE);
         // no released checkpoint turns them on.

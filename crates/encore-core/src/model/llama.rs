@@ -53,6 +53,9 @@ pub struct Model {
     pub cfg: ModelConfig,
     pub weights: ModelWeights,
     cos_sin: Tensor,
+    /// The identity rotation (cos 1, sin 0) for the layers without rotary embeddings
+    /// (`cfg.no_rope_layers`); `None` when every layer rotates.
+    cos_sin_none: Option<Tensor>,
     max_positions: usize,
     /// [`Model::scratch_len`] per step capacity `(n, w, bs)`: it evaluates the split-K
     /// plan for every row count up to `n`, too much to repeat on every eager step.
@@ -186,11 +189,27 @@ impl Model {
         }
         let table = cfg.rope.cos_sin_table(max_positions);
         let cos_sin = backend.upload(&table, &[max_positions, cfg.rope.rot_dim])?;
+        let cos_sin_none = if cfg.no_rope_layers.is_empty() {
+            None
+        } else {
+            let half = cfg.rope.rot_dim / 2;
+            let identity: Vec<f32> = (0..max_positions * cfg.rope.rot_dim)
+                .map(|i| {
+                    if i % cfg.rope.rot_dim < half {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            Some(backend.upload(&identity, &[max_positions, cfg.rope.rot_dim])?)
+        };
         backend.reserve_dequant_scratch(dequant_scratch_bytes(&cfg, weights.dtype))?;
         Ok(Model {
             cfg,
             weights,
             cos_sin,
+            cos_sin_none,
             max_positions,
             scratch: Default::default(),
             offload: None,
@@ -945,7 +964,10 @@ impl Model {
             head_norm: q_norm.as_ref().zip(k_norm.as_ref()),
             eps,
             positions: inp.positions,
-            cos_sin: &self.cos_sin,
+            cos_sin: match &self.cos_sin_none {
+                Some(none) if c.no_rope_layers.contains(&k) => none,
+                _ => &self.cos_sin,
+            },
             slot_mapping: inp.slot_mapping,
             q_out: &buf.q.reshape(&[n, c.num_heads, c.head_dim])?,
             k_cache: kv.k(k),

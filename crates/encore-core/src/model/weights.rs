@@ -316,7 +316,7 @@ fn ignored_tensor(cfg: &ModelConfig, name: &str) -> bool {
         // its own (it shares the target's, as SGLang and vLLM run it).
         || (cfg.eagle.is_some() && matches!(name, "d2t" | "t2d" | "embed_tokens.weight"))
         || (cfg.qkv_bias
-            && matches!(cfg.arch, Arch::Llama | Arch::Qwen3)
+            && matches!(cfg.arch, Arch::Llama | Arch::Qwen3 | Arch::SmolLM3)
             && name.ends_with("self_attn.o_proj.bias"))
 }
 
@@ -342,7 +342,7 @@ pub(crate) fn check_finite_norm(name: &str, bytes: &[u8], dtype: DType) -> Resul
 /// Llama and Qwen3 with `attention_bias` also give `o_proj` a bias, which encore does not
 /// apply: accept it only when it is all zeros (as in "llamafied" Qwen checkpoints).
 fn check_o_proj_bias(ck: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
-    if !(cfg.qkv_bias && matches!(cfg.arch, Arch::Llama | Arch::Qwen3)) {
+    if !(cfg.qkv_bias && matches!(cfg.arch, Arch::Llama | Arch::Qwen3 | Arch::SmolLM3)) {
         return Ok(());
     }
     for i in 0..cfg.num_layers {

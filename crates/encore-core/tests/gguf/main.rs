@@ -261,7 +261,7 @@ fn gguf_twin(cfg: &ModelConfig, ts: &[(String, Vec<usize>, Vec<f32>)], store: St
         } else {
             cfg.num_kv_heads
         };
-        let permute = matches!(cfg.arch.base(), Arch::Llama | Arch::Mistral)
+        let permute = matches!(cfg.arch.base(), Arch::Llama | Arch::Mistral | Arch::SmolLM3)
             && (name.contains("q_proj") || name.contains("k_proj"));
         let v = if permute {
             llama_cpp_permute(v, shape[0], heads)

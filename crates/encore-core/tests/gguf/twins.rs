@@ -45,6 +45,13 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
                "shared_expert_intermediate_size": 64"#,
             Store::Q8_0,
         ),
+        // SmolLM3: layer 3 of 4 without rotary (llama.cpp's hard-coded every fourth; q/k
+        // permuted as Llama's).
+        (
+            "SmolLM3ForCausalLM",
+            r#", "num_hidden_layers": 4, "tie_word_embeddings": true"#,
+            Store::Q8_0,
+        ),
         // llama.cpp writes Mixtral as `llama` with experts (q/k permuted).
         (
             "MixtralForCausalLM",

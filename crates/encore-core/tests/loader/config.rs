@@ -110,6 +110,7 @@ fn real_configs_parse_to_the_expected_values() {
             tie_word_embeddings: true,
             qkv_bias: false,
             qk_norm: false,
+            no_rope_layers: vec![],
             max_position_embeddings: 131_072,
             torch_dtype: DType::BF16,
             bos_token_id: Some(128_000),
@@ -406,4 +407,51 @@ fn eagle3_heads_parse() {
     assert!(e.contains("draft_vocab_size"), "{e}");
     let e = parse_err(&head("").replace(r#""num_hidden_layers": 1"#, r#""num_hidden_layers": 2"#));
     assert!(e.contains("one layer"), "{e}");
+}
+
+/// SmolLM3 (Llama's layer, no rotary in every fourth layer): its NoPE layers from the
+/// per-layer `no_rope_layers` list, or from the interval; a bad list or a sliding window is
+/// refused by name.
+#[test]
+fn smollm3_configs_give_their_nope_layers() {
+    let base = r#""architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3",
+        "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 11008,
+        "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
+        "rope_theta": 5000000.0, "max_position_embeddings": 65536, "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": true, "use_sliding_window": false, "sliding_window": null,
+        "attention_bias": false, "mlp_bias": false, "torch_dtype": "bfloat16""#;
+    let with = |extra: &str| ModelConfig::from_json(&format!("{{{base}{extra}}}"), "config.json");
+    let listed = with(r#", "no_rope_layers": [1, 0, 1, 1, 0, 1, 1, 1]"#).unwrap();
+    assert_eq!(listed.arch, Arch::SmolLM3);
+    assert_eq!(listed.no_rope_layers, vec![1, 4]);
+    assert!(listed.tie_word_embeddings && !listed.qkv_bias && !listed.qk_norm);
+    assert_eq!(with("").unwrap().no_rope_layers, vec![3, 7]);
+    assert_eq!(
+        with(r#", "no_rope_layer_interval": 3"#)
+            .unwrap()
+            .no_rope_layers,
+        vec![2, 5]
+    );
+    for (extra, want) in [
+        (
+            r#", "no_rope_layers": [1, 0]"#,
+            "no_rope_layers has 2 entries for 8 layers",
+        ),
+        (
+            r#", "no_rope_layers": [1, 2, 1, 1, 1, 1, 1, 1]"#,
+            "no_rope_layers",
+        ),
+        (
+            r#", "no_rope_layer_interval": 0"#,
+            "no_rope_layer_interval` must be positive",
+        ),
+        (
+            r#", "use_sliding_window": true, "sliding_window": 4096"#,
+            "use_sliding_window = true is not supported for smollm3",
+        ),
+        (r#", "mlp_bias": true"#, "mlp_bias"),
+    ] {
+        let e = with(extra).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
 }

@@ -15,12 +15,13 @@ use crate::tokenizer::{end_of_generation_ids, GgufVocab};
 const CONTROL_TOKEN_TYPE: i128 = 3;
 
 /// The GGUF architectures encore runs, and the [`Arch`] each becomes.
-const ARCHS: [(&str, Arch); 5] = [
+const ARCHS: [(&str, Arch); 6] = [
     ("llama", Arch::Llama),
     ("qwen2", Arch::Qwen2),
     ("qwen3", Arch::Qwen3),
     ("qwen2moe", Arch::Qwen2Moe),
     ("qwen3moe", Arch::Qwen3Moe),
+    ("smollm3", Arch::SmolLM3),
 ];
 
 /// The tensor llama.cpp stores Llama-3 rope scaling in (per-frequency divisors).
@@ -214,6 +215,11 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         tie_word_embeddings: file.tensor("output.weight").is_none(),
         qkv_bias: arch.base() == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: arch.base() == Arch::Qwen3,
+        // llama.cpp's smollm3 has no key for it: every fourth layer, hard-coded.
+        no_rope_layers: match arch {
+            Arch::SmolLM3 => (0..sizes.num_layers).filter(|i| (i + 1) % 4 == 0).collect(),
+            _ => Vec::new(),
+        },
         max_position_embeddings,
         torch_dtype: DType::BF16,
         bos_token_id,

@@ -54,7 +54,8 @@ pub struct GgufWeights {
 impl GgufWeights {
     pub fn new(file: GgufFile, cfg: &ModelConfig) -> Result<GgufWeights> {
         let (_, arch) = gguf_arch(&file)?;
-        let permuted_heads = (arch == Arch::Llama).then_some(cfg.whole_heads());
+        let permuted_heads =
+            matches!(arch, Arch::Llama | Arch::SmolLM3).then_some(cfg.whole_heads());
         Ok(GgufWeights {
             file,
             permuted_heads,

@@ -58,6 +58,7 @@ impl GgufWriter {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen2Moe => "qwen2moe",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::SmolLM3 => "smollm3",
         };
         let u = |x: usize| Value::U32(x as u32);
         self.kv("general.architecture", Value::String(a.into()));
