@@ -284,6 +284,7 @@ MODELS = [
             head_dim=40,
             tie_word_embeddings=True,
             no_rope_layers=[1, 0, 1],
+            pad_token_id=None,  # its default, 128004, is outside this vocabulary
             use_sliding_window=False,
             rope_parameters={"rope_type": "default", "rope_theta": 2000000.0},
         ),
