@@ -113,6 +113,39 @@ fn greedy_tokens_over_2_and_4_ranks_equal_one_rank() {
     ranks_give_one_ranks_tokens(&["dummy:tiny", "dummy:tiny-qwen3", "dummy:tiny-qwen2"]);
 }
 
+/// A vocabulary the group does not divide (301 tokens over 2 and 4 ranks) is padded, as
+/// vLLM pads it: each rank holds `ceil(301 / size)` rows of the embedding and LM head, zeros
+/// past the vocabulary, and the gathered logits drop the padding; greedy tokens equal one
+/// rank's, eagerly and replaying graphs, with an LM head of its own and with one tied to
+/// the embedding.
+#[test]
+fn a_vocabulary_the_ranks_do_not_divide_is_padded_and_gives_one_ranks_tokens() {
+    for (model, tied) in [("dummy:tiny", false), ("dummy:tiny-qwen2", true)] {
+        let files = || {
+            let mut f = open_model(model).unwrap();
+            f.config.vocab_size = 301;
+            assert_eq!(f.config.tie_word_embeddings, tied, "{model}");
+            f
+        };
+        let shard = files().config.shard(3, 4).unwrap();
+        assert_eq!(shard.vocab_rows(), 76, "{model}: 4 x 76 rows hold 301");
+        for graphs in [false, true] {
+            let run = |size: usize| {
+                let (be, tp) = group(size);
+                let cfg = EngineConfig {
+                    tp,
+                    ..config(graphs)
+                };
+                greedy_of(files(), be, cfg, size, 12)
+            };
+            let one = run(1);
+            for size in [2, 4] {
+                assert_eq!(run(size), one, "{model} over {size} ranks, graphs {graphs}");
+            }
+        }
+    }
+}
+
 /// An FP8 KV cache splits with its heads: each rank's cache holds its KV heads in E4M3
 /// (the same bytes one rank's cache holds for them), so 2 ranks give one rank's tokens,
 /// eagerly and replaying graphs.

@@ -346,8 +346,10 @@ pub trait Backend: Send + Sync {
     fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()>;
 
     /// Interleave column shards (an all-gathered vocabulary-parallel LM head's logits;
-    /// EAGLE's concatenated hidden states): `dst[r, k * c + j] = src[k, r, j]`. A pure
-    /// copy. src T `[s, rows, c]`, dst T `[rows, s * c]`, T f32, bf16, f16 or i32.
+    /// EAGLE's concatenated hidden states): `dst[r, k * c + j] = src[k, r, j]` for the
+    /// columns `k * c + j < n`. A pure copy. src T `[s, rows, c]`, dst T `[rows, n]` with
+    /// `n = s * c`, or fewer by less than a shard (a padded vocabulary's last columns
+    /// dropped), T f32, bf16, f16 or i32.
     fn unshard_columns(&self, src: &Tensor, dst: &Tensor) -> Result<()>;
 
     /// A rank of this group failed: release every rank waiting in (or later entering) a

@@ -629,8 +629,9 @@ pub fn check_all_gather(src: &Tensor, dst: &Tensor, size: usize) -> Result<()> {
     check_shape(OP, "dst", dst, &expected, "[ranks, ..src]")
 }
 
-/// `unshard_columns`: src T `[s, rows, c]`, dst T `[rows, s * c]`, T a float or i32
-/// element type. Returns `(s, rows, c)`.
+/// `unshard_columns`: src T `[s, rows, c]`, dst T `[rows, n]` with `n = s * c`, or fewer
+/// by less than a shard (the padding of a vocabulary, dropped), T a float or i32 element
+/// type. Returns `(s, rows, c)`.
 pub fn check_unshard_columns(src: &Tensor, dst: &Tensor) -> Result<(usize, usize, usize)> {
     const OP: &str = "unshard_columns";
     let elems = [DType::F32, DType::BF16, DType::F16, DType::I32];
@@ -638,7 +639,18 @@ pub fn check_unshard_columns(src: &Tensor, dst: &Tensor) -> Result<(usize, usize
     check_rank(OP, "src", src, 3, "[shards, rows, cols]")?;
     same_dtype(OP, "dst", dst, src.dtype())?;
     let (s, rows, c) = (src.dim(0), src.dim(1), src.dim(2));
-    check_shape(OP, "dst", dst, &[rows, s * c], "[rows, shards * cols]")?;
+    // dst may drop the last columns (a padded vocabulary), never a whole shard.
+    let n = if dst.rank() == 2 { dst.dim(1) } else { 0 };
+    if !(n <= s * c && n + c > s * c) {
+        check_shape(OP, "dst", dst, &[rows, s * c], "[rows, shards * cols]")?;
+    }
+    check_shape(
+        OP,
+        "dst",
+        dst,
+        &[rows, n],
+        "[rows, n], (shards - 1) * cols < n <= shards * cols",
+    )?;
     Ok((s, rows, c))
 }
 

@@ -42,12 +42,14 @@ pub(crate) enum Op {
         slots: Vec<i32>,
         tokens: Vec<i32>,
     },
-    /// `unshard_columns` of `[shards, rows, cols]` values (a pure copy).
+    /// `unshard_columns` of `[shards, rows, cols]` values (a pure copy) into `width`
+    /// columns (`shards * cols`, or fewer: a padded vocabulary's last columns dropped).
     UnshardColumns {
         values: Vec<f32>,
         shards: usize,
         rows: usize,
         cols: usize,
+        width: usize,
     },
     Matmul {
         inputs: MatmulInputs,
@@ -163,17 +165,25 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 },
             );
         }
-        // EAGLE's side-by-side hidden states (2 or 3 blocks), a vocabulary shard's logits.
-        for (shards, rows, cols) in [(2, 5, 64), (3, 7, 33), (4, 1, 250)] {
+        // EAGLE's side-by-side hidden states (2 or 3 blocks), a vocabulary shard's logits,
+        // a padded vocabulary's (301 over 4 shards of 76, 255 over 2 of 128).
+        for (shards, rows, cols, width) in [
+            (2, 5, 64, 128),
+            (3, 7, 33, 99),
+            (4, 1, 250, 1000),
+            (4, 3, 76, 301),
+            (2, 1, 128, 255),
+        ] {
             push(
                 "unshard_columns".into(),
-                format!("shards={shards} rows={rows} cols={cols}"),
+                format!("shards={shards} rows={rows} cols={cols} width={width}"),
                 dtype,
                 Op::UnshardColumns {
                     values: normal(rng, shards * rows * cols, 1.0),
                     shards,
                     rows,
                     cols,
+                    width,
                 },
             );
         }

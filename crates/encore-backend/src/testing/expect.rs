@@ -135,14 +135,17 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             shards,
             rows,
             cols,
+            width,
         } => {
             let v = q(values);
-            let mut out = Vec::with_capacity(v.len());
+            let mut out = Vec::with_capacity(rows * width);
             for r in 0..*rows {
+                let row = out.len();
                 for k in 0..*shards {
                     let at = (k * rows + r) * cols;
                     out.extend_from_slice(&v[at..at + cols]);
                 }
+                out.truncate(row + width);
             }
             vec![floats("out", out, OpClass::Copy)]
         }

@@ -93,9 +93,10 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             shards,
             rows,
             cols,
+            width,
         } => {
             let src = f(values, &[*shards, *rows, *cols])?;
-            let out = fresh(dt, &[*rows, shards * cols])?;
+            let out = fresh(dt, &[*rows, *width])?;
             b.unshard_columns(&src, &out)?;
             vec![floats("out", download_f64(b, &out)?, OpClass::Copy)]
         }

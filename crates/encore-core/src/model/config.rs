@@ -630,8 +630,9 @@ impl ModelConfig {
     /// Rank `rank`'s config of this model split over `size` ranks (Megatron's split):
     /// its share of the attention heads (KV heads split too, or replicated when there
     /// are fewer KV heads than ranks) and of the MLP width, and a vocabulary shard of
-    /// `vocab_size / size` rows of the embedding and LM head. A size the model's
-    /// dimensions do not divide is refused naming both numbers. Size 1 is the model.
+    /// `ceil(vocab_size / size)` rows of the embedding and LM head (padded with zero rows
+    /// past the vocabulary, as vLLM pads it). A size the model's heads do not divide is
+    /// refused naming both numbers. Size 1 is the model.
     pub fn shard(&self, rank: usize, size: usize) -> Result<ModelConfig> {
         if size <= 1 {
             return Ok(self.clone());
@@ -665,12 +666,6 @@ impl ModelConfig {
             return refuse(format!(
                 "the model's {kv} KV heads neither divide by --tensor-parallel-size {size} \
                  nor divide it (to be replicated)"
-            ));
-        }
-        if !self.vocab_size.is_multiple_of(size) {
-            return refuse(format!(
-                "the model's vocab_size {} does not divide by --tensor-parallel-size {size}",
-                self.vocab_size
             ));
         }
         // Every MLP (a dense layer's, each expert, the shared expert) splits its gate/up
@@ -862,9 +857,10 @@ impl ModelConfig {
         })
     }
 
-    /// Rows of this rank's embedding and LM head: `vocab_size / size`.
+    /// Rows of this rank's embedding and LM head: `ceil(vocab_size / size)` (the last
+    /// ranks' rows past the vocabulary are zeros, their logits dropped).
     pub fn vocab_rows(&self) -> usize {
-        self.vocab_size / self.tp_rank().1
+        self.vocab_size.div_ceil(self.tp_rank().1)
     }
 
     /// Rows of the q projection: `num_heads * head_dim`.

@@ -44,14 +44,16 @@ pub struct TensorSpec {
     pub slice: Option<Slice>,
 }
 
-/// The block of an HF tensor one rank holds: `len` rows from `row`, and `cols` columns
-/// from `col` (all columns of a 1-D tensor or a row split).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The block of an HF tensor one rank holds: `rows` rows from `row`, and `cols` columns
+/// from `col` (all columns of a 1-D tensor or a row split), then `pad` rows of zeros (the
+/// vocabulary padding of the last ranks, so every rank's shard has the same rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Slice {
     pub row: usize,
     pub rows: usize,
     pub col: usize,
     pub cols: usize,
+    pub pad: usize,
 }
 
 impl TensorSpec {
@@ -64,8 +66,8 @@ impl TensorSpec {
     pub fn local_shape(&self) -> Vec<usize> {
         match (self.slice, self.shape.len()) {
             (None, _) => self.shape.clone(),
-            (Some(s), 1) => vec![s.rows],
-            (Some(s), _) => vec![s.rows, s.cols],
+            (Some(s), 1) => vec![s.rows + s.pad],
+            (Some(s), _) => vec![s.rows + s.pad, s.cols],
         }
     }
 }
@@ -304,7 +306,9 @@ pub enum Shard {
     /// head's for o, a block of the format for down), as `Column` splits rows; the
     /// outputs are partial sums the forward all-reduces.
     Row { unit: usize },
-    /// Vocabulary-parallel (embedding, LM head): rank `r` holds rows `r * vocab / size..`.
+    /// Vocabulary-parallel (embedding, LM head): rank `r` holds rows `r * v..(r + 1) * v`
+    /// of the vocabulary, `v = ceil(vocab / size)`, the rows past the vocabulary zeros
+    /// (vLLM's padding: any vocabulary shards).
     Vocab,
 }
 
@@ -314,8 +318,16 @@ impl Shard {
         let (row, rows, col, cols) = match self {
             Shard::Replicated => (0, rows, 0, cols),
             Shard::Vocab => {
-                let (r, n) = share(rank, size, rows, 1);
-                (r, n, 0, cols)
+                let v = rows.div_ceil(size);
+                let row = (rank * v).min(rows);
+                let n = v.min(rows - row);
+                return Slice {
+                    row,
+                    rows: n,
+                    col: 0,
+                    cols,
+                    pad: v - n,
+                };
             }
             Shard::Row { unit } => {
                 let (c, n) = share(rank, size, cols, unit);
@@ -336,6 +348,7 @@ impl Shard {
             rows,
             col,
             cols,
+            pad: 0,
         }
     }
 }

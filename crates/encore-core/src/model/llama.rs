@@ -475,7 +475,7 @@ impl Model {
         let (_, size) = c.tp_rank();
         let (shard, gathered) = match size {
             1 => (vec![1, 1], vec![1]),
-            _ => (vec![b, c.vocab_rows()], vec![b * c.vocab_size]),
+            _ => (vec![b, c.vocab_rows()], vec![b * size * c.vocab_rows()]),
         };
         let (experts, top_k, ei) = c.moe.as_ref().map_or((1, 1, 1), |m| {
             (m.num_experts, m.top_k, m.expert_intermediate)
@@ -1056,11 +1056,12 @@ impl Model {
             be.matmul(&last, &lm_head, None, &logits)?;
             return Ok(logits);
         }
-        // Vocabulary-parallel: this rank's columns, every rank's gathered, interleaved.
+        // Vocabulary-parallel: this rank's columns, every rank's gathered, interleaved
+        // (the padding past the vocabulary dropped).
         let cols = self.cfg.vocab_rows();
         let shard = buf.logits_shard.prefix(rows)?;
         be.matmul(&last, &lm_head, None, &shard)?;
-        if rows == 1 {
+        if rows == 1 && size * cols == self.cfg.vocab_size {
             // One row: the shards side by side are already the row's logits.
             be.all_gather(&shard, &logits.reshape(&[size, rows, cols])?)?;
             return Ok(logits);

@@ -378,6 +378,14 @@ impl Source {
         dst: &Tensor,
         staging: &mut Staging,
     ) -> Result<bool> {
+        // A vocabulary shard past the vocabulary: its real rows, then zeros.
+        let pad = spec.slice.map_or(0, |s| s.pad);
+        let real = dst.narrow(0, dst.dim(0) - pad)?;
+        if pad > 0 {
+            let zeros = dst.narrow(dst.dim(0) - pad, pad)?;
+            backend.write_bytes(&zeros, &vec![0u8; zeros.size_bytes()])?;
+        }
+        let dst = &real;
         self.with_bytes(cfg, spec, dst.dtype(), staging, |bytes| {
             backend.write_bytes(dst, bytes)?;
             Ok(match dst.dtype() {
@@ -707,6 +715,7 @@ mod tests {
             rows: 2,
             col: 256,
             cols: 256,
+            pad: 0,
         };
         for fmt in QuantFormat::ALL {
             let mut whole = vec![0u8; fmt.bytes(rows, k).unwrap()];
@@ -751,6 +760,7 @@ mod tests {
             rows: 2,
             col: 2,
             cols: 3,
+            pad: 0,
         };
         let got = slice_part(&spec(&[4, 6]), cut, DType::F32, &bytes).unwrap();
         let got: &[f32] = bytemuck::cast_slice(&got);
@@ -761,6 +771,7 @@ mod tests {
             rows: 2,
             col: 0,
             cols: 1,
+            pad: 0,
         };
         let got = slice_part(&spec(&[6]), rows, DType::F32, &bytes[..24]).unwrap();
         assert_eq!(bytemuck::cast_slice::<u8, f32>(&got), &[2.0, 3.0]);
@@ -778,6 +789,7 @@ mod tests {
                         rows: 3,
                         col: 4,
                         cols: 5,
+                        pad: 0,
                     },
                 ),
                 (
@@ -787,6 +799,7 @@ mod tests {
                         rows: 4,
                         col: 0,
                         cols: 1,
+                        pad: 0,
                     },
                 ),
             ] {

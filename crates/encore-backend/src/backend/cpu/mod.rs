@@ -256,19 +256,22 @@ impl Backend for CpuBackend {
     fn unshard_columns(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
         check_device("unshard_columns", &[("src", src), ("dst", dst)])?;
         let (s, rows, c) = ops::check_unshard_columns(src, dst)?;
+        let n = dst.dim(1);
         let (src, dst) = (src.clone(), dst.clone());
         let e = src.dtype().size();
         self.submit(move || {
             let (src, dst) = (ptr_of(&src) as *const u8, ptr_of(&dst));
             for k in 0..s {
+                // The last shard's columns past n (a padded vocabulary) are dropped.
+                let w = c.min(n - k * c);
                 for r in 0..rows {
-                    // SAFETY: shapes checked: src holds s * rows * c and dst rows * s * c
-                    // elements of `e` bytes, distinct buffers.
+                    // SAFETY: shapes checked: src holds s * rows * c and dst rows * n
+                    // elements of `e` bytes (k * c + w <= n), distinct buffers.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
                             src.add((k * rows + r) * c * e),
-                            dst.add((r * s * c + k * c) * e),
-                            c * e,
+                            dst.add((r * n + k * c) * e),
+                            w * e,
                         )
                     }
                 }

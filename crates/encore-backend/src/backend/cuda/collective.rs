@@ -200,9 +200,12 @@ impl CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        let w = c * src.dtype().size();
+        let e = src.dtype().size();
+        let (w, n) = (c * e, dst.dim(1));
         for k in 0..s {
-            // One strided copy per shard: its rows, `w` bytes each, land at pitch `s * w`.
+            // One strided copy per shard: its rows, `w` bytes each (the last shard's
+            // columns past n, a padded vocabulary's, dropped), land at pitch `n` elements.
+            let width = c.min(n - k * c) * e;
             let device = drv_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
             let p = drv_sys::CUDA_MEMCPY2D {
                 srcXInBytes: 0,
@@ -218,8 +221,8 @@ impl CudaBackend {
                 dstHost: std::ptr::null_mut(),
                 dstDevice: dptr(dst) + (k * w) as u64,
                 dstArray: std::ptr::null_mut(),
-                dstPitch: s * w,
-                WidthInBytes: w,
+                dstPitch: n * e,
+                WidthInBytes: width,
                 Height: rows,
             };
             // SAFETY: shapes checked: the source rows lie in src, the strided destination

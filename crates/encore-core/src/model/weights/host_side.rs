@@ -89,7 +89,8 @@ impl HostSide {
                             let (d, file, range) = ck.location(&part.name)?;
                             let skip = match part.slice {
                                 None => Some(0),
-                                Some(s) if s.col == 0 && s.cols == row_len(part) => {
+                                // (A padded vocabulary shard has rows past the file's.)
+                                Some(s) if s.col == 0 && s.cols == row_len(part) && s.pad == 0 => {
                                     let rows = part.shape[0].max(1);
                                     Some(s.row * (range.len() / rows))
                                 }
@@ -226,7 +227,16 @@ impl HostSide {
                 .ok_or_else(|| {
                     Error::invalid("weight offload", "page-locked copy smaller than planned")
                 })?;
-            dst.copy_from_slice(src);
+            // A padded vocabulary shard: its rows, then zeros.
+            if src.len() > dst.len() {
+                return Err(Error::invalid(
+                    "weight offload",
+                    "page-locked copy smaller than planned",
+                ));
+            }
+            let (head, pad) = dst.split_at_mut(src.len());
+            head.copy_from_slice(src);
+            pad.fill(0);
             Ok(())
         })
     }
