@@ -5,7 +5,8 @@
 Builds small random-weight models of every architecture encore runs (Llama, Llama with
 llama3 rope scaling, Mistral, Qwen2, Qwen3, Mistral and Qwen2 with sliding windows, and
 the mixtures of experts Qwen3-MoE, with a dense layer, Mixtral, and Qwen2-MoE with its
-shared expert, and SmolLM3 with a layer without rotary)
+shared expert, SmolLM3 with a layer without rotary, and Phi-3 with its fused projections,
+partial rotary and a window)
 with odd sizes (vocab not a multiple of 64, head_dim != hidden / heads, MQA and GQA,
 intermediate not a power of two), saves each as float32 safetensors in OUTDIR/<name>/
 (config.json + model.safetensors), reloads it with
@@ -55,6 +56,8 @@ from transformers import (  # noqa: E402
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
 )
@@ -287,6 +290,26 @@ MODELS = [
             pad_token_id=None,  # its default, 128004, is outside this vocabulary
             use_sliding_window=False,
             rope_parameters={"rope_type": "default", "rope_theta": 2000000.0},
+        ),
+    ),
+    # Phi-3: fused qkv_proj and gate_up_proj, 3/4 of each head rotating (Phi-4-mini's
+    # partial_rotary_factor) and a window of 12 over every layer (Phi-3-mini's, short).
+    (
+        "phi3",
+        Phi3Config,
+        Phi3ForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=160,
+            intermediate_size=344,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,  # GQA 2
+            partial_rotary_factor=0.75,  # 30 of 40 dims rotate
+            sliding_window=12,
+            pad_token_id=None,  # its default, 32000, is outside this vocabulary
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
 ]

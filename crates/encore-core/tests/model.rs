@@ -434,6 +434,11 @@ fn smollm3_nope_layers_match_f64_reference() {
 }
 
 #[test]
+fn phi3_fused_projections_partial_rotary_and_window_match_f64_reference() {
+    check_arch("tiny-phi3", DType::F32, 1e-4);
+}
+
+#[test]
 fn mixtral_matches_f64_reference() {
     check_arch("tiny-mixtral", DType::F32, 1e-4);
 }

@@ -33,10 +33,14 @@ pub enum Arch {
     /// Llama's layer without rotary embeddings in some layers (NoPE: every fourth by
     /// default, `no_rope_layers`).
     SmolLM3,
+    /// Phi-3, Phi-3.5 and Phi-4 (`phi3`): Llama's layer with q/k/v in one `qkv_proj` and
+    /// gate/up in one `gate_up_proj`, partial rotary (`partial_rotary_factor`), a sliding
+    /// window over every layer.
+    Phi3,
 }
 
 impl Arch {
-    const ALL: [Arch; 8] = [
+    const ALL: [Arch; 9] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -45,6 +49,7 @@ impl Arch {
         Arch::Qwen3Moe,
         Arch::Mixtral,
         Arch::SmolLM3,
+        Arch::Phi3,
     ];
 
     /// The dense architecture whose attention and norms this one shares (itself for the
@@ -69,6 +74,7 @@ impl Arch {
             Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
             Arch::Mixtral => "MixtralForCausalLM",
             Arch::SmolLM3 => "SmolLM3ForCausalLM",
+            Arch::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -83,6 +89,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::Mixtral => "mixtral",
             Arch::SmolLM3 => "smollm3",
+            Arch::Phi3 => "phi3",
         }
     }
 
@@ -91,6 +98,7 @@ impl Arch {
         match self.base() {
             Arch::Llama => 2048,
             Arch::Mistral => 4096 * 32,
+            Arch::Phi3 => 4096,
             _ => 32768,
         }
     }
@@ -284,6 +292,7 @@ const DUMMY_NAMES: &[&str] = &[
     "llama-3-70b",
     "smollm2-135m",
     "tiny-smollm3",
+    "tiny-phi3",
 ];
 
 impl ModelConfig {
@@ -380,6 +389,21 @@ impl ModelConfig {
                 arch: Arch::SmolLM3,
                 no_rope_layers: vec![3],
                 tie_word_embeddings: true,
+                ..tiny
+            },
+            // Phi-4-mini's partial rotary (3/4 of a head) and Phi-3-mini's window over
+            // every layer, short enough that a short prompt crosses it.
+            "tiny-phi3" => ModelConfig {
+                arch: Arch::Phi3,
+                rope: RopeConfig {
+                    rot_dim: 24,
+                    theta: 10_000.0,
+                    llama3: None,
+                },
+                sliding_window: Some(SlidingWindow {
+                    size: 8,
+                    first_layer: 0,
+                }),
                 ..tiny
             },
             "tiny-qwen2" => qwen(ModelConfig {
@@ -655,6 +679,12 @@ impl ModelConfig {
                 what,
             })
         };
+        if self.arch == Arch::Phi3 {
+            return refuse(format!(
+                "phi3 over --tensor-parallel-size {size}: its fused qkv_proj and gate_up_proj \
+                 do not split over ranks yet"
+            ));
+        }
         let kv = self.num_kv_heads;
         if !self.num_heads.is_multiple_of(size) {
             return refuse(format!(
@@ -994,7 +1024,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let max_position_embeddings = f
         .opt_usize("max_position_embeddings")?
         .unwrap_or(arch.default_max_positions());
-    let rope = parse_rope(f, heads.head_dim)?;
+    let rope = parse_rope(f, arch, heads.head_dim)?;
     let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
     if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
         return Err(f.err(format!("rms_norm_eps = {rms_norm_eps} must be >= 0")));
@@ -1106,6 +1136,8 @@ fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
         Arch::Qwen2Moe => f.opt_bool("qkv_bias")?.unwrap_or(true),
         Arch::Mistral | Arch::Mixtral => false,
         Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe | Arch::SmolLM3 => attention_bias,
+        // Its qkv_proj has no bias.
+        Arch::Phi3 => false,
     };
     if matches!(arch, Arch::Llama | Arch::SmolLM3) && f.opt_bool("mlp_bias")? == Some(true) {
         return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
@@ -1370,7 +1402,7 @@ fn parse_arch(f: &Fields<'_>) -> Result<Arch> {
 
 /// Theta and scaling from the top-level `rope_theta` / `rope_scaling` (transformers 4)
 /// or from `rope_parameters` (transformers 5).
-fn parse_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
+fn parse_rope(f: &Fields<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
     let params = f.opt_object("rope_parameters")?.map(|obj| Fields {
         obj,
         path: f.path,
@@ -1386,14 +1418,30 @@ fn parse_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
     if !(theta > 0.0 && theta.is_finite()) {
         return Err(f.err(format!("rope_theta = {theta} must be positive")));
     }
+    // Partial rotary (Phi-3's `partial_rotary_factor`): the first `int(head_dim * r)`
+    // dims of each head rotate, as transformers computes them; other families rotate all.
+    let mut rot_dim = head_dim;
     for p in std::iter::once(f).chain(params.as_ref()) {
         if let Some(r) = p.opt_f64("partial_rotary_factor")? {
-            if r != 1.0 {
+            if r == 1.0 {
+                continue;
+            }
+            let dims = (head_dim as f64 * r) as usize;
+            if arch != Arch::Phi3 {
                 return Err(p.err(format!(
-                    "`{}` = {r} is not supported (only full rotary)",
+                    "`{}` = {r} is not supported for {} (only full rotary)",
+                    p.name("partial_rotary_factor"),
+                    arch.model_type()
+                )));
+            }
+            if !(r > 0.0 && r < 1.0) || dims == 0 || !dims.is_multiple_of(2) {
+                return Err(p.err(format!(
+                    "`{}` = {r} gives {dims} rotary dims of a head of {head_dim}: they must \
+                     be even and at least 2",
                     p.name("partial_rotary_factor")
                 )));
             }
+            rot_dim = dims;
         }
     }
     let scaling = match f.opt_object("rope_scaling")? {
@@ -1409,7 +1457,7 @@ fn parse_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
         Some(s) => parse_scaling(&s)?,
     };
     Ok(RopeConfig {
-        rot_dim: head_dim,
+        rot_dim,
         theta: theta as f32,
         llama3,
     })
@@ -1510,7 +1558,7 @@ fn parse_sliding_window(
             }
             return Ok(None);
         }
-        Arch::Mistral | Arch::Mixtral => 0,
+        Arch::Mistral | Arch::Mixtral | Arch::Phi3 => 0,
         // Their windows alternate over layers (Qwen2-MoE) or cover every layer (Qwen3-MoE);
         // no released checkpoint turns them on.
         Arch::Qwen2Moe | Arch::Qwen3Moe => {

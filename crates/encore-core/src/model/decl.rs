@@ -252,6 +252,11 @@ impl Role {
     }
 }
 
+/// Phi-3's fused q/k/v and gate/up projections (HF and llama.cpp names), which hold the
+/// rows of [`Role::Qkv`] and [`Role::GateUp`] in one tensor each.
+pub const FUSED_QKV: Source = src!("self_attn.qkv_proj.weight", "attn_qkv.weight");
+pub const FUSED_GATE_UP: Source = src!("mlp.gate_up_proj.weight", "ffn_up.weight");
+
 /// How a tensor's values are stored on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WeightFormat {
@@ -533,7 +538,13 @@ impl Decl {
                 d.tensor(Role::HiddenNorm, layer, &[h], None, Rep);
             }
             d.op(at(LayerOp::Qkv));
-            d.tensor(Role::Qkv, layer, &[q, kv, kv], Some(qkv_cols), head_col);
+            if cfg.arch == Arch::Phi3 {
+                // One fused `qkv_proj` (q, k, v rows in our order; no split over ranks).
+                let qkv = [(FUSED_QKV.hf.to_string(), q + 2 * kv)];
+                d.tensor_from(Role::Qkv, layer, &qkv, Some(qkv_cols), head_col);
+            } else {
+                d.tensor(Role::Qkv, layer, &[q, kv, kv], Some(qkv_cols), head_col);
+            }
             if cfg.qkv_bias {
                 d.tensor(Role::QkvBias, layer, &[q, kv, kv], None, head_col);
             }
@@ -553,7 +564,13 @@ impl Decl {
                 }
                 _ => {
                     d.op(at(LayerOp::GateUp));
-                    d.tensor(Role::GateUp, layer, &[inter, inter], Some(h), col);
+                    if cfg.arch == Arch::Phi3 {
+                        // One fused `gate_up_proj`: gate rows, then up rows.
+                        let gu = [(FUSED_GATE_UP.hf.to_string(), 2 * inter)];
+                        d.tensor_from(Role::GateUp, layer, &gu, Some(h), col);
+                    } else {
+                        d.tensor(Role::GateUp, layer, &[inter, inter], Some(h), col);
+                    }
                     d.op(at(LayerOp::Down));
                     d.tensor(Role::Down, layer, &[h], Some(inter), row);
                 }
@@ -753,7 +770,11 @@ pub fn gguf_source(hf: &str) -> Option<(String, Option<usize>)> {
         return Some((blk(g), None));
     }
     let found = Role::ALL.iter().filter(|r| r.per_layer());
-    let s = found.flat_map(|r| r.sources()).find(|s| s.hf == rest)?;
+    let fused = [FUSED_QKV, FUSED_GATE_UP];
+    let s = found
+        .flat_map(|r| r.sources())
+        .chain(&fused)
+        .find(|s| s.hf == rest)?;
     Some((blk(s.gguf), None))
 }
 

@@ -96,6 +96,9 @@ fn llama_cpp_name(hf: &str) -> String {
         ("mlp.gate_proj.weight", "ffn_gate.weight"),
         ("mlp.up_proj.weight", "ffn_up.weight"),
         ("mlp.down_proj.weight", "ffn_down.weight"),
+        // Phi-3's fused projections (llama.cpp keeps them fused: gate rows, then up rows).
+        ("self_attn.qkv_proj.weight", "attn_qkv.weight"),
+        ("mlp.gate_up_proj.weight", "ffn_up.weight"),
     ];
     let short = table.iter().find(|(h, _)| *h == rest).unwrap().1;
     format!("blk.{layer}.{short}")

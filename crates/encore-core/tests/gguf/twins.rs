@@ -52,6 +52,14 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
             r#", "num_hidden_layers": 4, "tie_word_embeddings": true"#,
             Store::Q8_0,
         ),
+        // Phi-3: fused `attn_qkv` and `ffn_up` (gate rows, then up rows), half a head's
+        // rotary dims (`rope.dimension_count`), a window over every layer; not permuted.
+        (
+            "Phi3ForCausalLM",
+            r#", "partial_rotary_factor": 0.5, "sliding_window": 16"#,
+            Store::Q8_0,
+        ),
+        ("Phi3ForCausalLM", "", Store::F16),
         // llama.cpp writes Mixtral as `llama` with experts (q/k permuted).
         (
             "MixtralForCausalLM",

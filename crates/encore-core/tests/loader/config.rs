@@ -455,3 +455,47 @@ fn smollm3_configs_give_their_nope_layers() {
         assert!(e.contains(want), "{extra}: {e}");
     }
 }
+
+/// Phi-3 (`phi3`): partial rotary from `partial_rotary_factor` (Phi-4-mini's 0.75), its
+/// window over every layer, no biases; longrope, a partial rotary elsewhere and tensor
+/// parallelism (its fused projections) are refused by name.
+#[test]
+fn phi3_configs_parse_and_refuse_what_does_not_run() {
+    let base = r#""architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+        "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+        "rope_theta": 10000.0, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": true, "torch_dtype": "bfloat16""#;
+    let with = |extra: &str| ModelConfig::from_json(&format!("{{{base}{extra}}}"), "config.json");
+    let mini = with(r#", "partial_rotary_factor": 0.75, "sliding_window": 262144"#).unwrap();
+    assert_eq!(mini.arch, Arch::Phi3);
+    assert_eq!((mini.head_dim, mini.rope.rot_dim), (128, 96));
+    assert_eq!(
+        mini.sliding_window.map(|w| (w.size, w.first_layer)),
+        Some((262144, 0))
+    );
+    assert!(!mini.qkv_bias && !mini.qk_norm && mini.no_rope_layers.is_empty());
+    assert_eq!(with("").unwrap().rope.rot_dim, 128);
+    for (extra, want) in [
+        (
+            r#", "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}"#,
+            "\"longrope\" is not supported",
+        ),
+        (r#", "partial_rotary_factor": 0.31"#, "must be even"),
+        (r#", "partial_rotary_factor": 1.5"#, "must be even"),
+    ] {
+        let e = with(extra).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
+    let e = with("").unwrap().shard(0, 2).unwrap_err().to_string();
+    assert!(e.contains("phi3") && e.contains("qkv_proj"), "{e}");
+    // Another family's partial rotary stays refused.
+    let llama = LLAMA_3_2_1B.replacen('{', r#"{"partial_rotary_factor": 0.5,"#, 1);
+    let e = ModelConfig::from_json(&llama, "config.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("partial_rotary_factor") && e.contains("llama"),
+        "{e}"
+    );
+}

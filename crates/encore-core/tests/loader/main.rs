@@ -60,9 +60,15 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         let p = format!("model.layers.{l}.");
         let mut add = |s: &str, shape: Vec<usize>| out.push((format!("{p}{s}"), shape));
         add("input_layernorm.weight", vec![h]);
-        add("self_attn.q_proj.weight", vec![q, h]);
-        add("self_attn.k_proj.weight", vec![kv, h]);
-        add("self_attn.v_proj.weight", vec![kv, h]);
+        // Phi-3 keeps q/k/v and gate/up fused.
+        let fused = cfg.arch == Arch::Phi3;
+        if fused {
+            add("self_attn.qkv_proj.weight", vec![q + 2 * kv, h]);
+        } else {
+            add("self_attn.q_proj.weight", vec![q, h]);
+            add("self_attn.k_proj.weight", vec![kv, h]);
+            add("self_attn.v_proj.weight", vec![kv, h]);
+        }
         if cfg.qkv_bias {
             add("self_attn.q_proj.bias", vec![q]);
             add("self_attn.k_proj.bias", vec![kv]);
@@ -102,6 +108,10 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
                     add("mlp.shared_expert_gate.weight", vec![1, h]);
                     add("mlp.shared_expert.down_proj.weight", vec![h, s]);
                 }
+            }
+            _ if fused => {
+                add("mlp.gate_up_proj.weight", vec![2 * i, h]);
+                add("mlp.down_proj.weight", vec![h, i]);
             }
             _ => {
                 add("mlp.gate_proj.weight", vec![i, h]);

@@ -15,13 +15,14 @@ use crate::tokenizer::{end_of_generation_ids, GgufVocab};
 const CONTROL_TOKEN_TYPE: i128 = 3;
 
 /// The GGUF architectures encore runs, and the [`Arch`] each becomes.
-const ARCHS: [(&str, Arch); 6] = [
+const ARCHS: [(&str, Arch); 7] = [
     ("llama", Arch::Llama),
     ("qwen2", Arch::Qwen2),
     ("qwen3", Arch::Qwen3),
     ("qwen2moe", Arch::Qwen2Moe),
     ("qwen3moe", Arch::Qwen3Moe),
     ("smollm3", Arch::SmolLM3),
+    ("phi3", Arch::Phi3),
 ];
 
 /// The tensor llama.cpp stores Llama-3 rope scaling in (per-frequency divisors).
@@ -176,7 +177,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         a => a,
     };
     let moe = parse_moe(&m, arch, &sizes)?;
-    let rope = parse_rope(&m, sizes.head_dim)?;
+    let rope = parse_rope(&m, arch, sizes.head_dim)?;
     let eps_key = k("attention.layer_norm_rms_epsilon");
     let rms_norm_eps =
         m.opt_f64(&eps_key)?
@@ -378,15 +379,27 @@ fn parse_sizes(m: &Meta<'_>) -> Result<Sizes> {
     })
 }
 
-/// Full rotary over `head_dim` with the file's base, and Llama-3 scaling when the file
-/// holds [`ROPE_FREQS`]; any other scaling type is refused.
-fn parse_rope(m: &Meta<'_>, head_dim: usize) -> Result<RopeConfig> {
+/// Rotary over `rope.dimension_count` dims of a head (all of it but for phi3's partial
+/// rotary) with the file's base, and Llama-3 scaling when the file holds [`ROPE_FREQS`];
+/// any other scaling type (phi3's longrope factors too) is refused.
+fn parse_rope(m: &Meta<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
     let k = |s: &str| m.key(s);
+    let mut rot_dim = head_dim;
     if let Some(r) = m.opt_usize(&k("rope.dimension_count"))? {
-        if r != head_dim {
+        let partial_ok = arch == Arch::Phi3 && r > 0 && r < head_dim && r.is_multiple_of(2);
+        if r != head_dim && !partial_ok {
             return Err(m.err(format!(
-                "`{}` = {r} but the head dim is {head_dim}: partial rotary is not supported",
+                "`{}` = {r} but the head dim is {head_dim}: partial rotary is not supported \
+                 (only phi3's, an even count below the head dim)",
                 k("rope.dimension_count")
+            )));
+        }
+        rot_dim = r;
+    }
+    for t in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+        if m.file.tensor(t).is_some() {
+            return Err(m.err(format!(
+                "`{t}`: longrope scaling (Phi-3's 128k context) is not supported"
             )));
         }
     }
@@ -408,7 +421,7 @@ fn parse_rope(m: &Meta<'_>, head_dim: usize) -> Result<RopeConfig> {
         }
     }
     let mut rope = RopeConfig {
-        rot_dim: head_dim,
+        rot_dim,
         theta: theta as f32,
         llama3: None,
     };

@@ -59,6 +59,7 @@ impl GgufWriter {
             Arch::Qwen2Moe => "qwen2moe",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::SmolLM3 => "smollm3",
+            Arch::Phi3 => "phi3",
         };
         let u = |x: usize| Value::U32(x as u32);
         self.kv("general.architecture", Value::String(a.into()));
@@ -73,7 +74,7 @@ impl GgufWriter {
             ("attention.head_count_kv", u(cfg.num_kv_heads)),
             ("attention.key_length", u(cfg.head_dim)),
             ("attention.value_length", u(cfg.head_dim)),
-            ("rope.dimension_count", u(cfg.head_dim)),
+            ("rope.dimension_count", u(cfg.rope.rot_dim)),
             ("rope.freq_base", Value::F32(cfg.rope.theta)),
             (
                 "attention.layer_norm_rms_epsilon",
