@@ -206,6 +206,25 @@ __device__ __forceinline__ float silu_mul_f32(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
+// act(g) * u for the gated MLP's activations (args.rs's `Activation::code`): 0 SiLU,
+// 1 GELU with tanh, 2 GELU with erf, 3 ReLU^2; the CPU's `Activation::apply`.
+__device__ __forceinline__ float act_mul_f32(int act, float g, float u) {
+    switch (act) {
+        case 1: {
+            const float inner = 0.7978846f * (g + 0.044715f * g * g * g);
+            return 0.5f * g * (1.0f + tanhf(inner)) * u;
+        }
+        case 2:
+            return 0.5f * g * (1.0f + erff(g * 0.70710678f)) * u;
+        case 3: {
+            const float r = fmaxf(g, 0.0f);
+            return r * r * u;
+        }
+        default:
+            return silu_mul_f32(g, u);
+    }
+}
+
 // Warp reductions (all lanes get the result).
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

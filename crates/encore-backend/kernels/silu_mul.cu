@@ -1,11 +1,12 @@
-// silu_mul: out[i, j] = silu(gate_up[i, j]) * gate_up[i, inter + j], silu(x) = x/(1+e^-x).
+// silu_mul: out[i, j] = act(gate_up[i, j]) * gate_up[i, inter + j], act SiLU (x/(1+e^-x))
+// or another gated activation by `act` (common.cuh's act_mul_f32).
 // Grid: (ceil(cols / blockDim), min(rows, 65535)); blocks stride over rows by gridDim.y.
 // `cols` counts 16-byte vectors when `vec` (inter * sizeof(T) % 16 == 0 and both base
 // pointers aligned), elements otherwise.
 
 template <typename T>
 __device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, T* __restrict__ out,
-                                              int rows, int inter, int vec) {
+                                              int rows, int inter, int vec, int act) {
     constexpr int V = Ty<T>::V;
     const int cols = vec ? inter / V : inter;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -19,19 +20,19 @@ __device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, T* __res
             load_vec(g + (long long)c * V, a);
             load_vec(u + (long long)c * V, b);
 #pragma unroll
-            for (int e = 0; e < V; ++e) a[e] = silu_mul_f32(a[e], b[e]);
+            for (int e = 0; e < V; ++e) a[e] = act_mul_f32(act, a[e], b[e]);
             store_vec(o + (long long)c * V, a);
         } else {
-            o[c] = from_f32<T>(silu_mul_f32(to_f32(g[c]), to_f32(u[c])));
+            o[c] = from_f32<T>(act_mul_f32(act, to_f32(g[c]), to_f32(u[c])));
         }
     }
 }
 
 #define SILU_MUL(NAME, T)                                                                  \
     extern "C" __global__ void NAME(const T* gate_up, T* out, int rows, int inter,         \
-                                    int vec) {                                              \
+                                    int vec, int act) {                                     \
         pdl_enter();                                                                        \
-        silu_mul_impl<T>(gate_up, out, rows, inter, vec);                                  \
+        silu_mul_impl<T>(gate_up, out, rows, inter, vec, act);                             \
     }
 SILU_MUL(silu_mul_bf16, bf16)
 SILU_MUL(silu_mul_f16, f16)

@@ -3,6 +3,87 @@
 
 use crate::tensor::Tensor;
 
+/// The gated MLP's activation, `act(gate) * up` ([`crate::backend::Backend::act_mul`]):
+/// HF's `hidden_act`. SiLU is the Llama family's; the GELUs are Gemma's (tanh) and BERT's
+/// (erf); ReLU² is Primer's `relu(x)^2`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// `x / (1 + e^-x)` (HF `silu`, `swish`).
+    #[default]
+    Silu,
+    /// `x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))` (HF `gelu_pytorch_tanh`,
+    /// `gelu_new`).
+    GeluTanh,
+    /// `x / 2 * (1 + erf(x / sqrt(2)))` (HF `gelu`).
+    Gelu,
+    /// `max(x, 0)^2` (HF `relu2`).
+    Relu2,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 4] = [
+        Activation::Silu,
+        Activation::GeluTanh,
+        Activation::Gelu,
+        Activation::Relu2,
+    ];
+
+    /// The activation of HF's `hidden_act` name, `None` for one encore does not run.
+    pub fn from_hf(name: &str) -> Option<Self> {
+        Some(match name {
+            "silu" | "swish" => Activation::Silu,
+            "gelu_pytorch_tanh" | "gelu_new" => Activation::GeluTanh,
+            "gelu" => Activation::Gelu,
+            "relu2" => Activation::Relu2,
+            _ => return None,
+        })
+    }
+
+    /// Its HF name.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Activation::Silu => "silu",
+            Activation::GeluTanh => "gelu_pytorch_tanh",
+            Activation::Gelu => "gelu",
+            Activation::Relu2 => "relu2",
+        }
+    }
+
+    /// The CUDA kernels' `act` argument (`act_f32` in common.cuh).
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// `act(x)` in f32, as the CPU kernel computes it.
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::GeluTanh => {
+                let inner = 0.797_884_6 * (x + 0.044_715 * x * x * x);
+                0.5 * x * (1.0 + inner.tanh())
+            }
+            Activation::Gelu => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
+            Activation::Relu2 => {
+                let r = x.max(0.0);
+                r * r
+            }
+        }
+    }
+
+    /// `act(x)` in f64 (the references).
+    pub fn apply_f64(self, x: f64) -> f64 {
+        match self {
+            Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::GeluTanh => {
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * x * (1.0 + (c * (x + 0.044715 * x.powi(3))).tanh())
+            }
+            Activation::Gelu => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
+            Activation::Relu2 => x.max(0.0).powi(2),
+        }
+    }
+}
+
 /// Paged attention over a KV cache, for decode (one query row per sequence) and for
 /// prefill / chunked prefill (several query rows per sequence, `cu_seqlens_q`).
 ///

@@ -230,10 +230,34 @@ impl RefModel {
             return out;
         }
         let gu = linear(&hn, &lw.gate_up, 0, 2 * inter, h);
+        let name = self.cfg.hidden_act.hf_name();
         let act: Vec<f64> = (0..inter)
-            .map(|j| gu[j] / (1.0 + (-gu[j]).exp()) * gu[inter + j])
+            .map(|j| activation(name, gu[j]) * gu[inter + j])
             .collect();
         linear(&act, &lw.down, 0, h, inter)
+    }
+}
+
+/// HF's `ACT2FN[name](x)`, written out in f64.
+fn activation(name: &str, x: f64) -> f64 {
+    match name {
+        "silu" => x / (1.0 + (-x).exp()),
+        "gelu_pytorch_tanh" => {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+        }
+        // erf by its series (|x| here is small: normed activations times small weights).
+        "gelu" => {
+            let z = x / std::f64::consts::SQRT_2;
+            let (mut term, mut sum) = (z, z);
+            for n in 1..60 {
+                term *= -z * z / n as f64;
+                sum += term / (2 * n + 1) as f64;
+            }
+            0.5 * x * (1.0 + 2.0 / std::f64::consts::PI.sqrt() * sum)
+        }
+        "relu2" => x.max(0.0).powi(2),
+        other => panic!("no reference for {other}"),
     }
 }
 
@@ -436,6 +460,20 @@ fn smollm3_nope_layers_match_f64_reference() {
 #[test]
 fn phi3_fused_projections_partial_rotary_and_window_match_f64_reference() {
     check_arch("tiny-phi3", DType::F32, 1e-4);
+}
+
+/// The gated MLP's other activations (Gemma's tanh GELU, the erf GELU, ReLU^2), on the
+/// CPU against the f64 reference: each runs as a matmul and `act_mul`.
+#[test]
+fn other_activations_match_f64_reference() {
+    use encore_core::backend::Activation;
+    for act in [Activation::GeluTanh, Activation::Gelu, Activation::Relu2] {
+        let cfg = ModelConfig {
+            hidden_act: act,
+            ..ModelConfig::dummy("tiny").unwrap()
+        };
+        check_config(act.hf_name(), cfg, DType::F32, 1e-4);
+    }
 }
 
 #[test]

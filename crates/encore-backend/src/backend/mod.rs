@@ -32,8 +32,8 @@ pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Moe, Penalties, QkvRope,
-    SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
+    Activation, Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Moe, Penalties,
+    QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 
 use std::sync::Arc;
@@ -163,6 +163,23 @@ pub trait Backend: Send + Sync {
     /// `out[i, j] = silu(gate_up[i, j]) * gate_up[i, inter + j]`, gate_up T `[n, 2*inter]`,
     /// out T `[n, inter]`, silu(x) = x / (1 + exp(-x)).
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()>;
+
+    /// `out[i, j] = act(gate_up[i, j]) * gate_up[i, inter + j]` in f32, rounded to T once:
+    /// [`Backend::silu_mul`] for [`Activation::Silu`], the same shapes. The default runs
+    /// SiLU only (an error naming any other activation); the CPU and CUDA run them all.
+    fn act_mul(&self, act: Activation, gate_up: &Tensor, out: &Tensor) -> Result<()> {
+        match act {
+            Activation::Silu => self.silu_mul(gate_up, out),
+            other => Err(Error::invalid(
+                "act_mul",
+                format!(
+                    "the {} activation does not run on {}",
+                    other.hf_name(),
+                    self.device_name()
+                ),
+            )),
+        }
+    }
 
     /// `out = x · wᵀ (+ bias)`: x T `[m, k]`, w T `[n, k]` (the HF `[out, in]` layout),
     /// bias T `[n]`, out T or f32 `[m, n]` (T only when there is a bias). f32 accumulation.

@@ -188,13 +188,22 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             );
         }
         for (n, inter) in [(5, 100), (1, 257)] {
-            let inputs = SiluMulInputs::random(rng, n, inter);
-            push(
-                "silu_mul".into(),
-                format!("n={n} inter={inter}"),
-                dtype,
-                Op::SiluMul(inputs),
-            );
+            for act in crate::args::Activation::ALL {
+                let inputs = SiluMulInputs {
+                    act,
+                    ..SiluMulInputs::random(rng, n, inter)
+                };
+                let name = match act {
+                    crate::args::Activation::Silu => "silu_mul".to_string(),
+                    other => format!("act_mul {}", other.hf_name()),
+                };
+                push(
+                    name,
+                    format!("n={n} inter={inter}"),
+                    dtype,
+                    Op::SiluMul(inputs),
+                );
+            }
         }
         // Rows 1..=8 with k a multiple of 8 take CUDA's gemv kernels (whole and partial
         // k chunks, more rows than the variant's warps, k split over warps; 4,096 rows of

@@ -117,7 +117,7 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
         }
         Op::SiluMul(i) => vec![floats(
             "out",
-            reference::silu_mul(&q(&i.gate_up), i.inter),
+            reference::act_mul(i.act, &q(&i.gate_up), i.inter),
             OpClass::Pointwise,
         )],
         Op::PenaltyCount {

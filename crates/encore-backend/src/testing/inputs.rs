@@ -157,6 +157,8 @@ pub struct SiluMulInputs {
     pub gate_up: Vec<f32>,
     pub n: usize,
     pub inter: usize,
+    /// The gated activation (`act_mul`; SiLU is `silu_mul`).
+    pub act: crate::args::Activation,
 }
 
 impl SiluMulInputs {
@@ -165,6 +167,7 @@ impl SiluMulInputs {
             gate_up: normal(rng, n * 2 * inter, 2.0),
             n,
             inter,
+            act: crate::args::Activation::Silu,
         }
     }
 }

@@ -82,11 +82,15 @@ pub fn rope(x: &mut [f64], positions: &[i32], cos_sin: &[f64], head_dim: usize, 
 }
 
 pub fn silu_mul(gate_up: &[f64], inter: usize) -> Vec<f64> {
+    act_mul(crate::args::Activation::Silu, gate_up, inter)
+}
+
+/// `act(gate) * up` per row of `[gate | up]`, in f64.
+pub fn act_mul(act: crate::args::Activation, gate_up: &[f64], inter: usize) -> Vec<f64> {
     let mut out = Vec::new();
     for row in gate_up.chunks(2 * inter) {
         for j in 0..inter {
-            let g = row[j];
-            out.push(g / (1.0 + (-g).exp()) * row[inter + j]);
+            out.push(act.apply_f64(row[j]) * row[inter + j]);
         }
     }
     out

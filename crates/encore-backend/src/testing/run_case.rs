@@ -103,7 +103,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
         Op::SiluMul(i) => {
             let gu = f(&i.gate_up, &[i.n, 2 * i.inter])?;
             let out = fresh(dt, &[i.n, i.inter])?;
-            b.silu_mul(&gu, &out)?;
+            b.act_mul(i.act, &gu, &out)?;
             vec![floats("out", download_f64(b, &out)?, OpClass::Pointwise)]
         }
         Op::Matmul { inputs: i, out_f32 } => {

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use super::decl::{Role, WeightFormat};
 use super::formats::WeightFormats;
+use crate::backend::Activation;
 use crate::error::{Error, Result};
 use crate::ops::{Llama3Scaling, RopeConfig};
 use crate::tensor::DType;
@@ -123,6 +124,8 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// Per-head RMSNorm on q and k before rope, weight `[head_dim]` (Qwen3).
     pub qk_norm: bool,
+    /// The gated MLP's activation (`hidden_act`; SiLU for every family but Gemma's).
+    pub hidden_act: Activation,
     /// Layers whose attention applies no rotary embedding (NoPE; SmolLM3's every fourth),
     /// ascending; empty for every other family.
     pub no_rope_layers: Vec<usize>,
@@ -345,6 +348,7 @@ impl ModelConfig {
             tie_word_embeddings: false,
             qkv_bias: false,
             qk_norm: false,
+            hidden_act: Activation::Silu,
             no_rope_layers: Vec::new(),
             max_position_embeddings: 2048,
             torch_dtype: DType::BF16,
@@ -1013,13 +1017,15 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let intermediate_size = f.positive("intermediate_size")?;
     let num_layers = f.positive("num_hidden_layers")?;
     let heads = parse_heads(f, hidden_size)?;
-    if let Some(act) = f.opt_str("hidden_act")? {
-        if act != "silu" && act != "swish" {
-            return Err(f.err(format!(
-                "hidden_act = \"{act}\" is not supported (only \"silu\")"
-            )));
-        }
-    }
+    let hidden_act = match f.opt_str("hidden_act")? {
+        None => Activation::Silu,
+        Some(name) => Activation::from_hf(name).ok_or_else(|| {
+            f.err(format!(
+                "hidden_act = \"{name}\" is not supported (supported: {})",
+                Activation::ALL.map(Activation::hf_name).join(", ")
+            ))
+        })?,
+    };
 
     let max_position_embeddings = f
         .opt_usize("max_position_embeddings")?
@@ -1035,6 +1041,12 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let torch_dtype = parse_torch_dtype(f)?;
     let weights = parse_quantization(f)?;
     let moe = parse_moe(f, arch, num_layers, intermediate_size)?;
+    if moe.is_some() && hidden_act != Activation::Silu {
+        return Err(f.err(format!(
+            "hidden_act = \"{}\" with experts is not supported (the experts run SiLU)",
+            hidden_act.hf_name()
+        )));
+    }
     let bos_token_id = f.token_ids("bos_token_id")?.first().copied();
     let eos_token_ids = f.token_ids("eos_token_id")?;
 
@@ -1052,6 +1064,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         tie_word_embeddings,
         qkv_bias,
         qk_norm: arch.base() == Arch::Qwen3,
+        hidden_act,
         no_rope_layers: parse_no_rope_layers(f, arch, num_layers)?,
         max_position_embeddings,
         torch_dtype,

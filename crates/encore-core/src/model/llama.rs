@@ -7,7 +7,7 @@
 //! ([`StepInputs`]); intermediates come from the arena in a fixed order, so the same call
 //! can be captured into a graph.
 
-use crate::backend::{Attention, Backend, ExpertPrefetch, Moe, QkvRope};
+use crate::backend::{Activation, Attention, Backend, ExpertPrefetch, Moe, QkvRope};
 use crate::error::{Error, Result};
 use crate::graph::StepHooks;
 use crate::kv::KvCache;
@@ -842,7 +842,12 @@ impl Model {
                 }
                 _ => {
                     let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;
-                    be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
+                    if c.hidden_act == Activation::Silu {
+                        be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
+                    } else {
+                        be.matmul(&buf.normed, &gate_up, None, &buf.gate_up)?;
+                        be.act_mul(c.hidden_act, &buf.gate_up, &buf.act)?;
+                    }
                     let down = one(at(LayerOp::Down), &l.down)?;
                     if fused_down {
                         down_pending = Some(down);

@@ -110,6 +110,7 @@ fn real_configs_parse_to_the_expected_values() {
             tie_word_embeddings: true,
             qkv_bias: false,
             qk_norm: false,
+            hidden_act: Default::default(),
             no_rope_layers: vec![],
             max_position_embeddings: 131_072,
             torch_dtype: DType::BF16,
@@ -314,8 +315,13 @@ fn config_errors_name_the_field_or_value() {
         ),
         (
             "LlamaForCausalLM",
-            r#", "hidden_act": "gelu""#,
-            &["hidden_act", "gelu"],
+            r#", "hidden_act": "gelu_fast""#,
+            &["hidden_act", "gelu_fast", "gelu_pytorch_tanh"],
+        ),
+        (
+            "MixtralForCausalLM",
+            r#", "hidden_act": "gelu", "num_local_experts": 4, "num_experts_per_tok": 2"#,
+            &["hidden_act", "gelu", "experts"],
         ),
         (
             "LlamaForCausalLM",
@@ -497,5 +503,32 @@ fn phi3_configs_parse_and_refuse_what_does_not_run() {
     assert!(
         e.contains("partial_rotary_factor") && e.contains("llama"),
         "{e}"
+    );
+}
+
+/// `hidden_act` names the gated MLP's activation: SiLU by default, Gemma's tanh GELU, the
+/// erf GELU and ReLU^2 by their HF names.
+#[test]
+fn hidden_act_names_the_activation() {
+    use encore_core::backend::Activation;
+    for (name, act) in [
+        ("silu", Activation::Silu),
+        ("swish", Activation::Silu),
+        ("gelu_pytorch_tanh", Activation::GeluTanh),
+        ("gelu_new", Activation::GeluTanh),
+        ("gelu", Activation::Gelu),
+        ("relu2", Activation::Relu2),
+    ] {
+        let json = tiny_json("LlamaForCausalLM", &format!(r#", "hidden_act": "{name}""#));
+        assert_eq!(
+            ModelConfig::from_json(&json, "t").unwrap().hidden_act,
+            act,
+            "{name}"
+        );
+    }
+    let json = tiny_json("LlamaForCausalLM", "");
+    assert_eq!(
+        ModelConfig::from_json(&json, "t").unwrap().hidden_act,
+        Activation::Silu
     );
 }

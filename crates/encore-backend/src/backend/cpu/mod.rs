@@ -15,7 +15,7 @@ pub use group::CpuGroup;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::backend::{Attention, Backend, Graph, LogitBias, Moe, QkvRope, Sampling};
+use crate::backend::{Activation, Attention, Backend, Graph, LogitBias, Moe, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::ops;
 pub use crate::storage::CpuBuffer;
@@ -306,10 +306,14 @@ impl Backend for CpuBackend {
     }
 
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
-        check_device("silu_mul", &[("gate_up", gate_up), ("out", out)])?;
+        self.act_mul(Activation::Silu, gate_up, out)
+    }
+
+    fn act_mul(&self, act: Activation, gate_up: &Tensor, out: &Tensor) -> Result<()> {
+        check_device("act_mul", &[("gate_up", gate_up), ("out", out)])?;
         let d = ops::check_silu_mul(gate_up, out)?;
         let (gate_up, out) = (gate_up.clone(), out.clone());
-        self.submit(move || kernels::silu_mul(&gate_up, &out, &d));
+        self.submit(move || kernels::act_mul(act, &gate_up, &out, &d));
         Ok(())
     }
 

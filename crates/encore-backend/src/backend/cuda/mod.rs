@@ -30,7 +30,9 @@ pub use kernels::quant::{qgemv_default_rows, QuantGemm, FP8_ROWWISE_MIN_ROWS};
 pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;
-use crate::backend::{Attention, Backend, Graph, HostStaging, LogitBias, Moe, QkvRope, Sampling};
+use crate::backend::{
+    Activation, Attention, Backend, Graph, HostStaging, LogitBias, Moe, QkvRope, Sampling,
+};
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::tensor::{DType, Storage, Tensor};
@@ -712,9 +714,13 @@ impl Backend for CudaBackend {
     }
 
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
-        self.check_device("silu_mul", &[("gate_up", gate_up), ("out", out)])?;
+        self.act_mul(Activation::Silu, gate_up, out)
+    }
+
+    fn act_mul(&self, act: Activation, gate_up: &Tensor, out: &Tensor) -> Result<()> {
+        self.check_device("act_mul", &[("gate_up", gate_up), ("out", out)])?;
         let d = ops::check_silu_mul(gate_up, out)?;
-        kernels::silu_mul(self, gate_up, out, &d)
+        kernels::act_mul(self, act, gate_up, out, &d)
     }
 
     fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()> {

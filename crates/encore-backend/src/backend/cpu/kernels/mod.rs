@@ -21,6 +21,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::ptr_of;
+use crate::args::Activation;
 use crate::ops::{EmbeddingDims, MatmulDims, MoeDims, RowDims};
 use crate::quant::{self, QuantFormat};
 use crate::tensor::{DType, Tensor};
@@ -262,11 +263,11 @@ fn rms_norm_t<T: Float>(
         );
 }
 
-pub(super) fn silu_mul(gu: &Tensor, out: &Tensor, d: &RowDims) {
-    dispatch_float!(gu.dtype(), silu_mul_t(gu, out, d))
+pub(super) fn act_mul(act: Activation, gu: &Tensor, out: &Tensor, d: &RowDims) {
+    dispatch_float!(gu.dtype(), act_mul_t(act, gu, out, d))
 }
 
-fn silu_mul_t<T: Float>(gu: &Tensor, out: &Tensor, d: &RowDims) {
+fn act_mul_t<T: Float>(act: Activation, gu: &Tensor, out: &Tensor, d: &RowDims) {
     let inter = d.dim;
     if inter == 0 {
         return;
@@ -279,8 +280,7 @@ fn silu_mul_t<T: Float>(gu: &Tensor, out: &Tensor, d: &RowDims) {
         .for_each(|(o, gu)| {
             let (gate, up) = gu.split_at(inter);
             for ((o, g), u) in o.iter_mut().zip(gate).zip(up) {
-                let g = g.to_f32();
-                *o = T::from_f32(g / (1.0 + (-g).exp()) * u.to_f32());
+                *o = T::from_f32(act.apply(g.to_f32()) * u.to_f32());
             }
         });
 }

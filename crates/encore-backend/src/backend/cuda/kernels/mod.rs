@@ -13,7 +13,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::handles::Kernel;
 use super::{dptr, CudaBackend};
-use crate::backend::{LogitBias, QkvRope, Sampling};
+use crate::backend::{Activation, LogitBias, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::ops::{EmbeddingDims, MatmulDims, QkvRopeDims, RowDims, SampleDims};
 use crate::tensor::{DType, Tensor};
@@ -308,13 +308,15 @@ pub(super) fn sigmoid_gate_add(
     )
 }
 
-pub(super) fn silu_mul(
+/// `out = act(gate) * up` (`silu_mul_*`, the activation by its code).
+pub(super) fn act_mul(
     be: &CudaBackend,
+    act: Activation,
     gate_up: &Tensor,
     out: &Tensor,
     d: &RowDims,
 ) -> Result<()> {
-    const OP: &str = "silu_mul";
+    const OP: &str = "act_mul";
     if d.rows == 0 || d.dim == 0 {
         return Ok(());
     }
@@ -329,11 +331,11 @@ pub(super) fn silu_mul(
     let (gu, out) = (dptr(gate_up), dptr(out));
     let rows = int(OP, "rows", d.rows)?;
     let inter = int(OP, "inter", 2 * d.dim).map(|_| d.dim as i32)?;
-    let vec = vec as i32;
+    let (vec, act) = (vec as i32, act.code());
     be.launch(
         be.kernels().silu_mul.get(dt)?,
         c,
-        &mut args![gu, out, rows, inter, vec],
+        &mut args![gu, out, rows, inter, vec, act],
     )
 }
 
