@@ -1516,10 +1516,6 @@ fn parse_scaling(s: &Fields<'_>) -> Result<Option<Llama3Scaling>> {
     }
 }
 
-/// The window as transformers builds its layer types: Mistral's `sliding_window` applies
-/// to every layer; Qwen2/Qwen3's only when `use_sliding_window` is true, and then to the
-/// layers from `max_window_layers` on (default: every layer). Llama has none. A window
-/// that covers every position the model can reach is kept: it changes nothing.
 /// SmolLM3's NoPE layers: `no_rope_layers` (one entry a layer at least, 1 = rotary, 0 =
 /// none), else every `no_rope_layer_interval`-th layer (default 4: layers 3, 7, ...), as
 /// transformers builds them. Empty for the other families.
@@ -1553,6 +1549,11 @@ fn parse_no_rope_layers(f: &Fields<'_>, arch: Arch, num_layers: usize) -> Result
     Ok((0..num_layers).filter(|i| (i + 1) % step == 0).collect())
 }
 
+/// The window as transformers builds its layer types: Mistral's `sliding_window` applies
+/// to every layer; Qwen2/Qwen3's only when `use_sliding_window` is true, and then to the
+/// layers from `max_window_layers` on (default: every layer); Phi-3's covers every layer.
+/// Llama has none. A window that covers every position the model can reach is kept: it
+/// changes nothing.
 fn parse_sliding_window(
     f: &Fields<'_>,
     arch: Arch,
