@@ -5,8 +5,8 @@
 Builds small random-weight models of every architecture encore runs (Llama, Llama with
 llama3 rope scaling, Mistral, Qwen2, Qwen3, Mistral and Qwen2 with sliding windows, and
 the mixtures of experts Qwen3-MoE, with a dense layer, Mixtral, and Qwen2-MoE with its
-shared expert, SmolLM3 with a layer without rotary, and Phi-3 with its fused projections,
-partial rotary and a window)
+shared expert, SmolLM3 with a layer without rotary, Llama with linear and Qwen2 with YaRN
+rope scaling, and Phi-3 with its fused projections, partial rotary and a window)
 with odd sizes (vocab not a multiple of 64, head_dim != hidden / heads, MQA and GQA,
 intermediate not a power of two), saves each as float32 safetensors in OUTDIR/<name>/
 (config.json + model.safetensors), reloads it with
@@ -290,6 +290,45 @@ MODELS = [
             pad_token_id=None,  # its default, 128004, is outside this vocabulary
             use_sliding_window=False,
             rope_parameters={"rope_type": "default", "rope_theta": 2000000.0},
+        ),
+    ),
+    # Rope scaling: linear (every frequency over 4) and YaRN (a ramp between the original
+    # 64 positions' rotations, cos and sin times the attention factor), short contexts so
+    # that every prompt crosses the original length.
+    (
+        "llama_linear",
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=128,
+            intermediate_size=344,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+        ),
+    ),
+    (
+        "qwen2_yarn",
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=128,
+            intermediate_size=344,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
         ),
     ),
     # Phi-3: fused qkv_proj and gate_up_proj, 3/4 of each head rotating (Phi-4-mini's

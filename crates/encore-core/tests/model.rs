@@ -115,9 +115,11 @@ impl RefModel {
     /// Rotary embedding of one head `v` at position `pos`.
     fn rope(&self, v: &mut [f64], pos: usize) {
         let half = self.cfg.rope.rot_dim / 2;
+        let m = self.cfg.rope.attention_factor();
         for (i, f) in self.cfg.rope.inv_freq().iter().enumerate() {
             let ang = pos as f64 * f;
             let (s, co) = ang.sin_cos();
+            let (s, co) = (s * m, co * m);
             let (a, b) = (v[i], v[i + half]);
             v[i] = a * co - b * s;
             v[i + half] = b * co + a * s;
@@ -473,6 +475,32 @@ fn other_activations_match_f64_reference() {
             ..ModelConfig::dummy("tiny").unwrap()
         };
         check_config(act.hf_name(), cfg, DType::F32, 1e-4);
+    }
+}
+
+/// Linear and YaRN rope scaling (the frequencies, and YaRN's factor on cos and sin) on
+/// the CPU against the f64 reference.
+#[test]
+fn linear_and_yarn_rope_scaling_match_f64_reference() {
+    use encore_core::ops::{RopeScaling, YarnScaling};
+    let tiny = ModelConfig::dummy("tiny").unwrap();
+    for (name, scaling) in [
+        ("linear", RopeScaling::Linear { factor: 4.0 }),
+        (
+            "yarn",
+            RopeScaling::Yarn(YarnScaling {
+                factor: 4.0,
+                original_max_position_embeddings: 16,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: 1.1386,
+                truncate: true,
+            }),
+        ),
+    ] {
+        let mut cfg = tiny.clone();
+        cfg.rope.scaling = Some(scaling);
+        check_config(name, cfg, DType::F32, 1e-4);
     }
 }
 

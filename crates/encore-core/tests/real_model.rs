@@ -139,7 +139,7 @@ fn smollm2_gguf_answers_the_capital_of_france() {
 /// The HF `config.json` of a Llama-architecture config (what the twin directory holds).
 fn llama_config_json(cfg: &ModelConfig) -> String {
     assert_eq!(cfg.arch, Arch::Llama);
-    assert!(cfg.rope.llama3.is_none() && cfg.sliding_window.is_none());
+    assert!(cfg.rope.scaling.is_none() && cfg.sliding_window.is_none());
     serde_json::json!({
         "architectures": ["LlamaForCausalLM"],
         "vocab_size": cfg.vocab_size,

@@ -684,26 +684,81 @@ pub struct Llama3Scaling {
     pub original_max_position_embeddings: usize,
 }
 
+/// YaRN scaling (`rope_type == "yarn"`, transformers' `_compute_yarn_parameters`): each
+/// frequency blended between itself (extrapolation) and itself over `factor`
+/// (interpolation) by a ramp over the dims whose rotations at
+/// `original_max_position_embeddings` lie between `beta_slow` and `beta_fast`; cos and sin
+/// are multiplied by `attention_factor`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnScaling {
+    pub factor: f32,
+    pub original_max_position_embeddings: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// The factor on cos and sin (transformers' default: `0.1 ln(factor) + 1`, or the
+    /// ratio of two such terms with `mscale` / `mscale_all_dim`).
+    pub attention_factor: f32,
+    /// Whether the ramp's bounds are rounded outwards to whole dims (transformers'
+    /// `truncate`, default true).
+    pub truncate: bool,
+}
+
+/// How the rotary frequencies are scaled for a longer context.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Llama 3's (`llama3`).
+    Llama3(Llama3Scaling),
+    /// Every frequency over `factor` (`linear`: positions interpolated).
+    Linear { factor: f32 },
+    /// YaRN (`yarn`).
+    Yarn(YarnScaling),
+}
+
 /// Everything that defines the rotary table.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeConfig {
     /// Rotated dims per head (usually head_dim).
     pub rot_dim: usize,
     pub theta: f32,
-    pub llama3: Option<Llama3Scaling>,
+    pub scaling: Option<RopeScaling>,
 }
 
 impl RopeConfig {
-    /// Inverse frequencies `f_i`, `i < rot_dim / 2`, with Llama-3 scaling applied, in f64
+    /// Inverse frequencies `f_i`, `i < rot_dim / 2`, with the scaling applied, in f64
     /// (what HF transformers computes, then uses in f32).
     pub fn inv_freq(&self) -> Vec<f64> {
         let half = self.rot_dim / 2;
+        let base = |i: usize| 1.0 / (self.theta as f64).powf((2 * i) as f64 / self.rot_dim as f64);
+        // YaRN's ramp over the dims: 0 extrapolates (the frequency kept), 1 interpolates.
+        let yarn_ramp = |y: &YarnScaling| {
+            let dim = self.rot_dim as f64;
+            let ln_base = (self.theta as f64).ln();
+            let orig = y.original_max_position_embeddings as f64;
+            let corr =
+                |rot: f64| dim * (orig / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * ln_base);
+            let (mut low, mut high) = (corr(y.beta_fast as f64), corr(y.beta_slow as f64));
+            if y.truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+            if low == high {
+                high += 0.001;
+            }
+            move |i: usize| ((i as f64 - low) / (high - low)).clamp(0.0, 1.0)
+        };
         (0..half)
             .map(|i| {
-                let f = 1.0 / (self.theta as f64).powf((2 * i) as f64 / self.rot_dim as f64);
-                match self.llama3 {
+                let f = base(i);
+                match &self.scaling {
                     None => f,
-                    Some(s) => {
+                    Some(RopeScaling::Linear { factor }) => f / *factor as f64,
+                    Some(RopeScaling::Yarn(y)) => {
+                        let ramp = yarn_ramp(y)(i);
+                        // extrapolation weight 1 - ramp: the fast dims keep their frequency.
+                        let interp = f / y.factor as f64;
+                        interp * ramp + f * (1.0 - ramp)
+                    }
+                    Some(RopeScaling::Llama3(s)) => {
                         let old = s.original_max_position_embeddings as f64;
                         let low_wavelen = old / s.low_freq_factor as f64;
                         let high_wavelen = old / s.high_freq_factor as f64;
@@ -723,10 +778,19 @@ impl RopeConfig {
             .collect()
     }
 
+    /// The factor on cos and sin (YaRN's attention factor; 1 otherwise).
+    pub fn attention_factor(&self) -> f64 {
+        match &self.scaling {
+            Some(RopeScaling::Yarn(y)) => y.attention_factor as f64,
+            _ => 1.0,
+        }
+    }
+
     /// The f32 `[max_positions, rot_dim]` table [`crate::backend::QkvRope`] reads:
     /// per position `p`, `cos(p f_i)` for all `i`, then `sin(p f_i)`.
     pub fn cos_sin_table(&self, max_positions: usize) -> Vec<f32> {
         let inv = self.inv_freq();
+        let mscale = self.attention_factor();
         let half = inv.len();
         let mut t = vec![0f32; max_positions * 2 * half];
         for p in 0..max_positions {
@@ -734,8 +798,8 @@ impl RopeConfig {
             for (i, &f) in inv.iter().enumerate() {
                 // HF computes the angle in f32: (p as f32) * (f as f32).
                 let ang = (p as f32 * f as f32) as f64;
-                row[i] = ang.cos() as f32;
-                row[half + i] = ang.sin() as f32;
+                row[i] = (ang.cos() * mscale) as f32;
+                row[half + i] = (ang.sin() * mscale) as f32;
             }
         }
         t
@@ -782,15 +846,15 @@ mod tests {
         let base = RopeConfig {
             rot_dim: 128,
             theta: 500_000.0,
-            llama3: None,
+            scaling: None,
         };
         let scaled = RopeConfig {
-            llama3: Some(Llama3Scaling {
+            scaling: Some(RopeScaling::Llama3(Llama3Scaling {
                 factor: 8.0,
                 low_freq_factor: 1.0,
                 high_freq_factor: 4.0,
                 original_max_position_embeddings: 8192,
-            }),
+            })),
             ..base
         };
         let (a, b) = (base.inv_freq(), scaled.inv_freq());

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::ops::{Llama3Scaling, RopeConfig};
+use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling};
 use crate::quant::QuantFormat;
 use crate::tensor::DType;
 
@@ -123,12 +123,12 @@ impl RopeInputs {
         let config = RopeConfig {
             rot_dim: rot,
             theta: 500_000.0,
-            llama3: llama3.then_some(Llama3Scaling {
+            scaling: llama3.then_some(RopeScaling::Llama3(Llama3Scaling {
                 factor: 8.0,
                 low_freq_factor: 1.0,
                 high_freq_factor: 4.0,
                 original_max_position_embeddings: 64,
-            }),
+            })),
         };
         let mut positions: Vec<i32> = (0..n)
             .map(|_| rng.random_range(0..max_positions) as i32)

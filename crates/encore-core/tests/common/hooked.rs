@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use encore_core::backend::cpu::CpuBackend;
-use encore_core::backend::{CopyQueue, HostMemory, Moe};
+use encore_core::backend::{Activation, CopyQueue, HostMemory, Moe};
 use encore_core::memory::vmm::Vmm;
 use encore_core::{
     Attention, Backend, DType, Error, Graph, LogitBias, QkvRope, Result, Sampling, Tensor,
@@ -128,6 +128,9 @@ impl<H: Hooks> Backend for Hooked<H> {
     }
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
         self.inner.silu_mul(gate_up, out)
+    }
+    fn act_mul(&self, act: Activation, gate_up: &Tensor, out: &Tensor) -> Result<()> {
+        self.inner.act_mul(act, gate_up, out)
     }
     fn matmul(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &Tensor) -> Result<()> {
         match self.hooks.matmul(&self.inner, out) {

@@ -15,7 +15,7 @@ use encore_core::model::gguf::{
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, ModelWeights, WeightSource};
 use encore_core::model::{open_model, ModelFiles};
-use encore_core::ops::{Llama3Scaling, RopeConfig};
+use encore_core::ops::{Llama3Scaling, RopeConfig, RopeScaling};
 use encore_core::runner::{Runner, RunnerConfig};
 use encore_core::{DType, Error};
 use half::f16;

@@ -72,11 +72,11 @@ fn metadata_maps_to_the_config() {
     let rope = RopeConfig {
         rot_dim: 16,
         theta: 500000.0,
-        llama3: None,
+        scaling: None,
     };
     let plain = rope.inv_freq();
     let scaled = RopeConfig {
-        llama3: Some(scaling),
+        scaling: Some(RopeScaling::Llama3(scaling)),
         ..rope
     }
     .inv_freq();
@@ -92,7 +92,7 @@ fn metadata_maps_to_the_config() {
         w.tensor_f32("rope_freqs.weight", &[8], &divisors);
     });
     let c = config_from_gguf(&file.unwrap()).unwrap();
-    assert_eq!(c.rope.llama3, Some(scaling));
+    assert_eq!(c.rope.scaling, Some(RopeScaling::Llama3(scaling)));
     // rope_freqs.weight is consumed by the config, not an unused tensor.
     load(&c, WeightSource::Gguf(PathBuf::from(&path))).unwrap();
     let (_, msg) = err_text(config_of(&cfg, |w| {

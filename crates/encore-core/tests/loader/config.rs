@@ -99,12 +99,12 @@ fn real_configs_parse_to_the_expected_values() {
             rope: RopeConfig {
                 rot_dim: 64,
                 theta: 500_000.0,
-                llama3: Some(Llama3Scaling {
+                scaling: Some(RopeScaling::Llama3(Llama3Scaling {
                     factor: 32.0,
                     low_freq_factor: 1.0,
                     high_freq_factor: 4.0,
                     original_max_position_embeddings: 8192,
-                }),
+                })),
             },
             rms_norm_eps: 1e-5,
             tie_word_embeddings: true,
@@ -140,7 +140,7 @@ fn real_configs_parse_to_the_expected_values() {
     );
     assert!(qwen2.qkv_bias && qwen2.tie_word_embeddings && !qwen2.qk_norm);
     assert_eq!(qwen2.rope.theta, 1e6);
-    assert_eq!(qwen2.rope.llama3, None);
+    assert_eq!(qwen2.rope.scaling, None);
     assert_eq!(qwen2.rms_norm_eps, 1e-6);
     assert_eq!(qwen2.eos_token_ids, vec![151_643]);
 
@@ -164,7 +164,7 @@ fn real_configs_parse_to_the_expected_values() {
     assert_eq!(mistral.bos_token_id, Some(1));
 
     let llama3 = parse(LLAMA_3_8B);
-    assert_eq!(llama3.rope.llama3, None);
+    assert_eq!(llama3.rope.scaling, None);
     assert_eq!(llama3.head_dim, 128);
 }
 
@@ -222,7 +222,7 @@ fn defaults_follow_hf() {
     assert_eq!(cfg.arch, Arch::Llama);
     assert_eq!((cfg.num_kv_heads, cfg.head_dim), (4, 16));
     assert_eq!(cfg.rope.theta, 10_000.0);
-    assert_eq!(cfg.rope.llama3, None);
+    assert_eq!(cfg.rope.scaling, None);
     assert_eq!(cfg.rms_norm_eps, 1e-6);
     assert!(!cfg.tie_word_embeddings && !cfg.qkv_bias);
     assert_eq!(cfg.max_position_embeddings, 2048);
@@ -531,4 +531,86 @@ fn hidden_act_names_the_activation() {
         ModelConfig::from_json(&json, "t").unwrap().hidden_act,
         Activation::Silu
     );
+}
+
+/// `linear` and `yarn` rope scaling parse as transformers reads them (YaRN's defaults:
+/// beta 32 / 1, the attention factor from the factor, the original context from the
+/// config's top level first); `dynamic` and `longrope` are refused by name.
+#[test]
+fn linear_and_yarn_rope_scaling_parse() {
+    use encore_core::ops::{RopeScaling, YarnScaling};
+    let with = |extra: &str| ModelConfig::from_json(&tiny_json("Qwen2ForCausalLM", extra), "t");
+    let linear = with(r#", "rope_scaling": {"rope_type": "linear", "factor": 8.0}"#).unwrap();
+    assert_eq!(
+        linear.rope.scaling,
+        Some(RopeScaling::Linear { factor: 8.0 })
+    );
+    // Qwen2.5's long-context setting, in transformers 5's `rope_parameters`.
+    let yarn = with(
+        r#", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+            "original_max_position_embeddings": 32768}"#,
+    )
+    .unwrap();
+    let Some(RopeScaling::Yarn(y)) = yarn.rope.scaling else {
+        panic!("{:?}", yarn.rope)
+    };
+    assert_eq!(
+        (
+            y.factor,
+            y.original_max_position_embeddings,
+            y.beta_fast,
+            y.beta_slow,
+            y.truncate
+        ),
+        (4.0, 32768, 32.0, 1.0, true)
+    );
+    assert!((y.attention_factor - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+    // gpt-oss's: explicit betas, no truncation; DeepSeek's mscale ratio.
+    let g = with(
+        r#", "max_position_embeddings": 131072, "rope_scaling": {"rope_type": "yarn",
+            "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": false,
+            "original_max_position_embeddings": 4096}"#,
+    )
+    .unwrap();
+    assert!(matches!(
+        g.rope.scaling,
+        Some(RopeScaling::Yarn(YarnScaling {
+            truncate: false,
+            ..
+        }))
+    ));
+    let d = with(
+        r#", "rope_scaling": {"type": "yarn", "factor": 40.0, "mscale": 1.0,
+            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}"#,
+    )
+    .unwrap();
+    let Some(RopeScaling::Yarn(d)) = d.rope.scaling else {
+        panic!()
+    };
+    assert_eq!(d.attention_factor, 1.0);
+    // The factor defaults to max_position_embeddings / the original context.
+    let f = with(
+        r#", "max_position_embeddings": 1024, "rope_scaling": {"rope_type": "yarn",
+            "original_max_position_embeddings": 256}"#,
+    )
+    .unwrap();
+    let Some(RopeScaling::Yarn(f)) = f.rope.scaling else {
+        panic!()
+    };
+    assert_eq!(f.factor, 4.0);
+    for (kind, want) in [
+        ("dynamic", "\"dynamic\" is not supported"),
+        ("longrope", "\"longrope\""),
+    ] {
+        let e = with(&format!(
+            r#", "rope_scaling": {{"rope_type": "{kind}", "factor": 2.0}}"#
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(want), "{kind}: {e}");
+    }
+    let e = with(r#", "rope_scaling": {"rope_type": "linear", "factor": 0}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("factor") && e.contains("positive"), "{e}");
 }

@@ -45,7 +45,7 @@ fn every_dummy_has_consistent_shapes_and_counts() {
         assert!((p / n - 1.0).abs() < 0.01, "{name}: {p}");
     }
     let t3 = ModelConfig::dummy("tiny-llama3").unwrap();
-    assert!(t3.rope.llama3.is_some());
+    assert!(t3.rope.scaling.is_some());
     let q3 = ModelConfig::dummy("tiny-qwen3").unwrap();
     assert!(q3.qk_norm && q3.num_heads * q3.head_dim != q3.hidden_size);
     let q2 = ModelConfig::dummy("tiny-qwen2").unwrap();

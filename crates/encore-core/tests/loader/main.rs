@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use encore_core::backend::cpu::CpuBackend;
 use encore_core::model::config::{Arch, ModelConfig, SlidingWindow};
 use encore_core::model::weights::{self, ModelWeights, WeightSource};
-use encore_core::ops::{Llama3Scaling, RopeConfig};
+use encore_core::ops::{Llama3Scaling, RopeConfig, RopeScaling};
 use encore_core::{DType, Error, Tensor};
 use half::{bf16, f16};
 use safetensors::tensor::Dtype;

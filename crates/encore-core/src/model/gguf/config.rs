@@ -7,7 +7,7 @@
 use super::reader::{GgufFile, Value};
 use crate::error::{Error, Result};
 use crate::model::config::{Arch, ModelConfig, MoeConfig, SlidingWindow};
-use crate::ops::{Llama3Scaling, RopeConfig};
+use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling};
 use crate::tensor::DType;
 use crate::tokenizer::{end_of_generation_ids, GgufVocab};
 
@@ -424,10 +424,12 @@ fn parse_rope(m: &Meta<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
     let mut rope = RopeConfig {
         rot_dim,
         theta: theta as f32,
-        llama3: None,
+        scaling: None,
     };
     if m.file.tensor(ROPE_FREQS).is_some() {
-        rope.llama3 = Some(llama3_from_rope_freqs(m.file, m, rope)?);
+        rope.scaling = Some(RopeScaling::Llama3(llama3_from_rope_freqs(
+            m.file, m, rope,
+        )?));
     }
     Ok(rope)
 }
@@ -511,7 +513,7 @@ fn llama3_from_rope_freqs(
             original_max_position_embeddings: original,
         };
         let scaled = RopeConfig {
-            llama3: Some(scaling),
+            scaling: Some(RopeScaling::Llama3(scaling)),
             ..rope
         }
         .inv_freq();

@@ -15,8 +15,11 @@ use super::decl::{Role, WeightFormat};
 use super::formats::WeightFormats;
 use crate::backend::Activation;
 use crate::error::{Error, Result};
-use crate::ops::{Llama3Scaling, RopeConfig};
+use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling};
+
+mod rope;
 use crate::tensor::DType;
+use rope::parse_rope;
 
 /// The supported model families (HF `architectures`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -342,7 +345,7 @@ impl ModelConfig {
             rope: RopeConfig {
                 rot_dim: 32,
                 theta: 10_000.0,
-                llama3: None,
+                scaling: None,
             },
             rms_norm_eps: 1e-5,
             tie_word_embeddings: false,
@@ -380,7 +383,7 @@ impl ModelConfig {
             rope: RopeConfig {
                 rot_dim: 128,
                 theta: 500_000.0,
-                llama3: None,
+                scaling: None,
             },
             max_position_embeddings: 8192,
             ..tiny.clone()
@@ -402,7 +405,7 @@ impl ModelConfig {
                 rope: RopeConfig {
                     rot_dim: 24,
                     theta: 10_000.0,
-                    llama3: None,
+                    scaling: None,
                 },
                 sliding_window: Some(SlidingWindow {
                     size: 8,
@@ -474,7 +477,7 @@ impl ModelConfig {
                 rope: RopeConfig {
                     rot_dim: 128,
                     theta: 1_000_000.0,
-                    llama3: None,
+                    scaling: None,
                 },
                 rms_norm_eps: 1e-6,
                 qk_norm: true,
@@ -504,7 +507,7 @@ impl ModelConfig {
                 rope: RopeConfig {
                     rot_dim: 128,
                     theta: 1_000_000.0,
-                    llama3: None,
+                    scaling: None,
                 },
                 rms_norm_eps: 1e-5,
                 max_position_embeddings: 32_768,
@@ -535,12 +538,12 @@ impl ModelConfig {
             // table has unscaled, scaled and interpolated frequencies.
             "tiny-llama3" => ModelConfig {
                 rope: RopeConfig {
-                    llama3: Some(Llama3Scaling {
+                    scaling: Some(RopeScaling::Llama3(Llama3Scaling {
                         factor: 4.0,
                         low_freq_factor: 1.0,
                         high_freq_factor: 4.0,
                         original_max_position_embeddings: 512,
-                    }),
+                    })),
                     ..tiny.rope
                 },
                 ..tiny
@@ -557,7 +560,7 @@ impl ModelConfig {
                 rope: RopeConfig {
                     rot_dim: 64,
                     theta: 1_000_000.0,
-                    llama3: None,
+                    scaling: None,
                 },
                 rms_norm_eps: 1e-6,
                 tie_word_embeddings: true,
@@ -576,12 +579,12 @@ impl ModelConfig {
                 rope: RopeConfig {
                     rot_dim: 64,
                     theta: 500_000.0,
-                    llama3: Some(Llama3Scaling {
+                    scaling: Some(RopeScaling::Llama3(Llama3Scaling {
                         factor: 32.0,
                         low_freq_factor: 1.0,
                         high_freq_factor: 4.0,
                         original_max_position_embeddings: 8192,
-                    }),
+                    })),
                 },
                 tie_word_embeddings: true,
                 max_position_embeddings: 131_072,
@@ -607,7 +610,7 @@ impl ModelConfig {
                 rope: RopeConfig {
                     rot_dim: 64,
                     theta: 100_000.0,
-                    llama3: None,
+                    scaling: None,
                 },
                 rms_norm_eps: 1e-5,
                 tie_word_embeddings: true,
@@ -1030,7 +1033,7 @@ fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let max_position_embeddings = f
         .opt_usize("max_position_embeddings")?
         .unwrap_or(arch.default_max_positions());
-    let rope = parse_rope(f, arch, heads.head_dim)?;
+    let rope = parse_rope(f, arch, heads.head_dim, max_position_embeddings)?;
     let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
     if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
         return Err(f.err(format!("rms_norm_eps = {rms_norm_eps} must be >= 0")));
@@ -1410,109 +1413,6 @@ fn parse_arch(f: &Fields<'_>) -> Result<Arch> {
                 ))
             }),
         None => Err(f.err("required field `architectures` (or `model_type`) is missing")),
-    }
-}
-
-/// Theta and scaling from the top-level `rope_theta` / `rope_scaling` (transformers 4)
-/// or from `rope_parameters` (transformers 5).
-fn parse_rope(f: &Fields<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
-    let params = f.opt_object("rope_parameters")?.map(|obj| Fields {
-        obj,
-        path: f.path,
-        prefix: "rope_parameters.",
-    });
-    let theta = match f.opt_f64("rope_theta")? {
-        Some(t) => t,
-        None => match &params {
-            Some(p) => p.opt_f64("rope_theta")?.unwrap_or(10_000.0),
-            None => 10_000.0,
-        },
-    };
-    if !(theta > 0.0 && theta.is_finite()) {
-        return Err(f.err(format!("rope_theta = {theta} must be positive")));
-    }
-    // Partial rotary (Phi-3's `partial_rotary_factor`): the first `int(head_dim * r)`
-    // dims of each head rotate, as transformers computes them; other families rotate all.
-    let mut rot_dim = head_dim;
-    for p in std::iter::once(f).chain(params.as_ref()) {
-        if let Some(r) = p.opt_f64("partial_rotary_factor")? {
-            if r == 1.0 {
-                continue;
-            }
-            let dims = (head_dim as f64 * r) as usize;
-            if arch != Arch::Phi3 {
-                return Err(p.err(format!(
-                    "`{}` = {r} is not supported for {} (only full rotary)",
-                    p.name("partial_rotary_factor"),
-                    arch.model_type()
-                )));
-            }
-            if !(r > 0.0 && r < 1.0) || dims == 0 || !dims.is_multiple_of(2) {
-                return Err(p.err(format!(
-                    "`{}` = {r} gives {dims} rotary dims of a head of {head_dim}: they must \
-                     be even and at least 2",
-                    p.name("partial_rotary_factor")
-                )));
-            }
-            rot_dim = dims;
-        }
-    }
-    let scaling = match f.opt_object("rope_scaling")? {
-        Some(obj) => Some(Fields {
-            obj,
-            path: f.path,
-            prefix: "rope_scaling.",
-        }),
-        None => params,
-    };
-    let llama3 = match scaling {
-        None => None,
-        Some(s) => parse_scaling(&s)?,
-    };
-    Ok(RopeConfig {
-        rot_dim,
-        theta: theta as f32,
-        llama3,
-    })
-}
-
-fn parse_scaling(s: &Fields<'_>) -> Result<Option<Llama3Scaling>> {
-    let kind = s.opt_str("rope_type")?.or(s.opt_str("type")?);
-    match kind {
-        None if s.prefix == "rope_parameters." => Ok(None),
-        None => Err(s.err("`rope_scaling` has no `rope_type` (or `type`)")),
-        Some("default") => Ok(None),
-        Some("llama3") => {
-            let factor = s.req_f64("factor")? as f32;
-            let low_freq_factor = s.req_f64("low_freq_factor")? as f32;
-            let high_freq_factor = s.req_f64("high_freq_factor")? as f32;
-            let original = s.opt_usize("original_max_position_embeddings")?;
-            let original_max_position_embeddings = original.ok_or_else(|| {
-                s.err(format!(
-                    "required field `{}` is missing",
-                    s.name("original_max_position_embeddings")
-                ))
-            })?;
-            if !(factor > 0.0 && low_freq_factor > 0.0 && high_freq_factor > low_freq_factor)
-                || original_max_position_embeddings == 0
-            {
-                return Err(s.err(format!(
-                    "invalid llama3 rope scaling: factor {factor}, low_freq_factor \
-                     {low_freq_factor}, high_freq_factor {high_freq_factor}, \
-                     original_max_position_embeddings {original_max_position_embeddings}"
-                )));
-            }
-            Ok(Some(Llama3Scaling {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            }))
-        }
-        Some(other) => Err(s.err(format!(
-            "`{}rope_type` = \"{other}\" is not supported (only \"default\" and \"llama3\")",
-            s.prefix
-        ))),
     }
 }
 

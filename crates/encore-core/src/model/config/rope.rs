@@ -1,0 +1,197 @@
+//! The rotary embedding of an HF config: theta, partial rotary and the scaling
+//! (`rope_scaling` in transformers 4, `rope_parameters` in 5).
+
+use super::{Arch, Fields};
+use crate::error::Result;
+use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling, YarnScaling};
+
+/// Theta and scaling from the top-level `rope_theta` / `rope_scaling` (transformers 4)
+/// or from `rope_parameters` (transformers 5).
+pub(super) fn parse_rope(
+    f: &Fields<'_>,
+    arch: Arch,
+    head_dim: usize,
+    max_positions: usize,
+) -> Result<RopeConfig> {
+    let params = f.opt_object("rope_parameters")?.map(|obj| Fields {
+        obj,
+        path: f.path,
+        prefix: "rope_parameters.",
+    });
+    let theta = match f.opt_f64("rope_theta")? {
+        Some(t) => t,
+        None => match &params {
+            Some(p) => p.opt_f64("rope_theta")?.unwrap_or(10_000.0),
+            None => 10_000.0,
+        },
+    };
+    if !(theta > 0.0 && theta.is_finite()) {
+        return Err(f.err(format!("rope_theta = {theta} must be positive")));
+    }
+    // Partial rotary (Phi-3's `partial_rotary_factor`): the first `int(head_dim * r)`
+    // dims of each head rotate, as transformers computes them; other families rotate all.
+    let mut rot_dim = head_dim;
+    for p in std::iter::once(f).chain(params.as_ref()) {
+        if let Some(r) = p.opt_f64("partial_rotary_factor")? {
+            if r == 1.0 {
+                continue;
+            }
+            let dims = (head_dim as f64 * r) as usize;
+            if arch != Arch::Phi3 {
+                return Err(p.err(format!(
+                    "`{}` = {r} is not supported for {} (only full rotary)",
+                    p.name("partial_rotary_factor"),
+                    arch.model_type()
+                )));
+            }
+            if !(r > 0.0 && r < 1.0) || dims == 0 || !dims.is_multiple_of(2) {
+                return Err(p.err(format!(
+                    "`{}` = {r} gives {dims} rotary dims of a head of {head_dim}: they must \
+                     be even and at least 2",
+                    p.name("partial_rotary_factor")
+                )));
+            }
+            rot_dim = dims;
+        }
+    }
+    let scaling = match f.opt_object("rope_scaling")? {
+        Some(obj) => Some(Fields {
+            obj,
+            path: f.path,
+            prefix: "rope_scaling.",
+        }),
+        None => params,
+    };
+    // Phi-3 keeps `original_max_position_embeddings` at the top level, which transformers
+    // prefers over the scaling's own.
+    let top_original = f.opt_usize("original_max_position_embeddings")?;
+    let scaling = match scaling {
+        None => None,
+        Some(s) => parse_scaling(&s, max_positions, top_original)?,
+    };
+    Ok(RopeConfig {
+        rot_dim,
+        theta: theta as f32,
+        scaling,
+    })
+}
+
+/// The scaling of a `rope_scaling` / `rope_parameters` object: `llama3`, `linear` and
+/// `yarn` as transformers computes them; `dynamic` (frequencies that change with the
+/// sequence's length) and `longrope` are refused by name.
+fn parse_scaling(
+    s: &Fields<'_>,
+    max_positions: usize,
+    top_original: Option<usize>,
+) -> Result<Option<RopeScaling>> {
+    let kind = s.opt_str("rope_type")?.or(s.opt_str("type")?);
+    match kind {
+        None if s.prefix == "rope_parameters." => Ok(None),
+        None => Err(s.err("`rope_scaling` has no `rope_type` (or `type`)")),
+        Some("default") => Ok(None),
+        Some("llama3") => {
+            let factor = s.req_f64("factor")? as f32;
+            let low_freq_factor = s.req_f64("low_freq_factor")? as f32;
+            let high_freq_factor = s.req_f64("high_freq_factor")? as f32;
+            let original = s.opt_usize("original_max_position_embeddings")?;
+            let original_max_position_embeddings = original.ok_or_else(|| {
+                s.err(format!(
+                    "required field `{}` is missing",
+                    s.name("original_max_position_embeddings")
+                ))
+            })?;
+            if !(factor > 0.0 && low_freq_factor > 0.0 && high_freq_factor > low_freq_factor)
+                || original_max_position_embeddings == 0
+            {
+                return Err(s.err(format!(
+                    "invalid llama3 rope scaling: factor {factor}, low_freq_factor \
+                     {low_freq_factor}, high_freq_factor {high_freq_factor}, \
+                     original_max_position_embeddings {original_max_position_embeddings}"
+                )));
+            }
+            Ok(Some(RopeScaling::Llama3(Llama3Scaling {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            })))
+        }
+        Some("linear") => {
+            let factor = s.req_f64("factor")?;
+            if !(factor > 0.0 && factor.is_finite()) {
+                return Err(s.err(format!(
+                    "`{}` = {factor} must be positive",
+                    s.name("factor")
+                )));
+            }
+            Ok(Some(RopeScaling::Linear {
+                factor: factor as f32,
+            }))
+        }
+        Some("yarn") => parse_yarn(s, max_positions, top_original).map(Some),
+        Some(other) => Err(s.err(format!(
+            "`{}rope_type` = \"{other}\" is not supported (only \"default\", \"llama3\", \
+             \"linear\" and \"yarn\")",
+            s.prefix
+        ))),
+    }
+}
+
+/// YaRN's parameters as transformers' `_compute_yarn_parameters` reads them: `factor`
+/// (default: `max_position_embeddings / original_max_position_embeddings`), the original
+/// context (the config's top-level one first, then the scaling's, then
+/// `max_position_embeddings`), `beta_fast` 32 and `beta_slow` 1 by default, `truncate`
+/// true, and the attention factor given, or `0.1 ln(factor) + 1` (with `mscale` and
+/// `mscale_all_dim`: the ratio of two such terms).
+fn parse_yarn(
+    s: &Fields<'_>,
+    max_positions: usize,
+    top_original: Option<usize>,
+) -> Result<RopeScaling> {
+    let original = top_original
+        .or(s.opt_usize("original_max_position_embeddings")?)
+        .unwrap_or(max_positions);
+    if original == 0 {
+        return Err(s.err(format!(
+            "`{}` must be positive",
+            s.name("original_max_position_embeddings")
+        )));
+    }
+    let factor = s
+        .opt_f64("factor")?
+        .unwrap_or(max_positions as f64 / original as f64);
+    let positive = |v: f64, key: &str| {
+        if v > 0.0 && v.is_finite() {
+            Ok(v)
+        } else {
+            Err(s.err(format!("`{}` = {v} must be positive", s.name(key))))
+        }
+    };
+    let factor = positive(factor, "factor")?;
+    let beta_fast = positive(s.opt_f64("beta_fast")?.unwrap_or(32.0), "beta_fast")?;
+    let beta_slow = positive(s.opt_f64("beta_slow")?.unwrap_or(1.0), "beta_slow")?;
+    let mscale = |scale: f64, m: f64| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    let attention_factor = match s.opt_f64("attention_factor")? {
+        Some(a) => positive(a, "attention_factor")?,
+        None => match (s.opt_f64("mscale")?, s.opt_f64("mscale_all_dim")?) {
+            (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                mscale(factor, m) / mscale(factor, all)
+            }
+            _ => mscale(factor, 1.0),
+        },
+    };
+    Ok(RopeScaling::Yarn(YarnScaling {
+        factor: factor as f32,
+        original_max_position_embeddings: original,
+        beta_fast: beta_fast as f32,
+        beta_slow: beta_slow as f32,
+        attention_factor: attention_factor as f32,
+        truncate: s.opt_bool("truncate")?.unwrap_or(true),
+    }))
+}
