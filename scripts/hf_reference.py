@@ -511,17 +511,20 @@ def build(idx, name, cfg_cls, model_cls, spec, outdir, device):
     if spec["tie_word_embeddings"]:
         if not torch.equal(ref.lm_head.weight.cpu(), ref.model.embed_tokens.weight.cpu()):
             raise RuntimeError(f"{name}: tie_word_embeddings but lm_head != embed_tokens")
-    # The loaded model must run the rope the config asks for: llama3 scaling changes
-    # inv_freq, the default leaves it 1 / theta^(2i/d).
+    # The loaded model must run the rope the config asks for: llama3, linear and yarn
+    # scaling change inv_freq, the default leaves it 1 / theta^(2i/d) over the rotary
+    # dims (a partial_rotary_factor's share of the head).
     rot = ref.model.rotary_emb
     rope_type = spec["rope_parameters"]["rope_type"]
     if getattr(rot, "rope_type", rope_type) != rope_type:
         raise RuntimeError(f"{name}: rotary embedding is {rot.rope_type!r}, expected {rope_type!r}")
     head_dim = getattr(ref.config, "head_dim", None) or spec["hidden_size"] // spec["num_attention_heads"]
+    dim = int(head_dim * spec.get("partial_rotary_factor", 1.0))
     theta = spec["rope_parameters"]["rope_theta"]
-    plain = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    scaled = not torch.allclose(rot.inv_freq.float().cpu(), plain)
-    if scaled != (rope_type == "llama3"):
+    plain = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    inv_freq = rot.inv_freq.float().cpu()
+    scaled = inv_freq.shape != plain.shape or not torch.allclose(inv_freq, plain)
+    if scaled != (rope_type in ("llama3", "linear", "yarn")):
         raise RuntimeError(f"{name}: inv_freq scaled={scaled} for rope type {rope_type}")
 
     bf16 = copy.deepcopy(ref).to(torch.bfloat16)
