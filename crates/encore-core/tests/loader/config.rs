@@ -273,8 +273,13 @@ fn config_errors_name_the_field_or_value() {
         ("GPT2LMHeadModel", "", &["GPT2LMHeadModel", "architecture"]),
         (
             "LlamaForCausalLM",
-            r#", "rope_scaling": {"type": "yarn", "factor": 4.0}"#,
-            &["yarn"],
+            r#", "rope_scaling": {"type": "yarn", "factor": -4.0}"#,
+            &["rope_scaling.factor", "-4", "positive"],
+        ),
+        (
+            "LlamaForCausalLM",
+            r#", "rope_scaling": {"type": "longrope", "factor": 4.0}"#,
+            &["longrope"],
         ),
         (
             "LlamaForCausalLM",
@@ -283,8 +288,8 @@ fn config_errors_name_the_field_or_value() {
         ),
         (
             "Qwen2ForCausalLM",
-            r#", "rope_parameters": {"rope_type": "linear", "factor": 2.0}"#,
-            &["linear"],
+            r#", "rope_parameters": {"rope_type": "linear"}"#,
+            &["rope_parameters.factor", "missing"],
         ),
         (
             "LlamaForCausalLM",
