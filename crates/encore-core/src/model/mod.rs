@@ -12,6 +12,7 @@ pub mod hub;
 pub mod llama;
 mod open;
 pub mod routing;
+mod tp;
 pub mod weights;
 
 pub use open::{open_local_model, open_model, open_model_at, open_tokenizer, ModelFiles};

@@ -1,7 +1,8 @@
 //! The rotary embedding of an HF config: theta, partial rotary and the scaling
 //! (`rope_scaling` in transformers 4, `rope_parameters` in 5).
 
-use super::{Arch, Fields};
+use super::parse::Fields;
+use super::Arch;
 use crate::error::Result;
 use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling, YarnScaling};
 

@@ -1,0 +1,334 @@
+//! The built-in configs `dummy:NAME` names: small ones of every family for the tests and
+//! the CPU, and real models' shapes (with seeded random weights) for the benchmarks.
+
+use super::{Arch, ModelConfig, MoeConfig, SlidingWindow};
+use crate::backend::Activation;
+use crate::error::{Error, Result};
+use crate::model::formats::WeightFormats;
+use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling};
+use crate::tensor::DType;
+
+/// Names accepted by [`ModelConfig::dummy`].
+const DUMMY_NAMES: &[&str] = &[
+    "tiny",
+    "tiny-qwen2",
+    "tiny-qwen3",
+    "tiny-llama3",
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
+    "tiny-qwen2-moe",
+    "qwen3-30b-a3b",
+    "mixtral-8x7b",
+    "qwen2.5-0.5b",
+    "llama-3.2-1b",
+    "llama-3-8b",
+    "llama-3-70b",
+    "smollm2-135m",
+    "tiny-smollm3",
+    "tiny-phi3",
+];
+
+impl ModelConfig {
+    /// A built-in config (`--model dummy:NAME`), see [`ModelConfig::dummy_names`]. The
+    /// tiny ones are fast on CPU; the others have the shapes of the real models.
+    /// Every dummy uses the dummy byte-level tokenizer's ids: BOS 256, EOS 257.
+    pub fn dummy(name: &str) -> Result<Self> {
+        let tiny = ModelConfig {
+            arch: Arch::Llama,
+            vocab_size: 512,
+            hidden_size: 128,
+            intermediate_size: 352,
+            num_layers: 4,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 32,
+            rope: RopeConfig {
+                rot_dim: 32,
+                theta: 10_000.0,
+                scaling: None,
+            },
+            rms_norm_eps: 1e-5,
+            tie_word_embeddings: false,
+            qkv_bias: false,
+            qk_norm: false,
+            hidden_act: Activation::Silu,
+            no_rope_layers: Vec::new(),
+            max_position_embeddings: 2048,
+            torch_dtype: DType::BF16,
+            bos_token_id: Some(256),
+            eos_token_ids: vec![257],
+            sliding_window: None,
+            weights: WeightFormats::default(),
+            moe: None,
+            tp: None,
+            eagle: None,
+        };
+        let qwen = |c: ModelConfig| ModelConfig {
+            rope: RopeConfig {
+                theta: 1_000_000.0,
+                ..c.rope
+            },
+            rms_norm_eps: 1e-6,
+            tie_word_embeddings: true,
+            ..c
+        };
+        let llama3_8b = ModelConfig {
+            vocab_size: 128_256,
+            hidden_size: 4096,
+            intermediate_size: 14336,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            rope: RopeConfig {
+                rot_dim: 128,
+                theta: 500_000.0,
+                scaling: None,
+            },
+            max_position_embeddings: 8192,
+            ..tiny.clone()
+        };
+        let cfg = match name {
+            "tiny" => tiny,
+            // Layer 3 without rotary (every fourth: transformers' default interval, and
+            // llama.cpp's hard-coded one, so its GGUF twin is the same model).
+            "tiny-smollm3" => ModelConfig {
+                arch: Arch::SmolLM3,
+                no_rope_layers: vec![3],
+                tie_word_embeddings: true,
+                ..tiny
+            },
+            // Phi-4-mini's partial rotary (3/4 of a head) and Phi-3-mini's window over
+            // every layer, short enough that a short prompt crosses it.
+            "tiny-phi3" => ModelConfig {
+                arch: Arch::Phi3,
+                rope: RopeConfig {
+                    rot_dim: 24,
+                    theta: 10_000.0,
+                    scaling: None,
+                },
+                sliding_window: Some(SlidingWindow {
+                    size: 8,
+                    first_layer: 0,
+                }),
+                ..tiny
+            },
+            "tiny-qwen2" => qwen(ModelConfig {
+                arch: Arch::Qwen2,
+                qkv_bias: true,
+                ..tiny
+            }),
+            // Like Qwen3-0.6B, head_dim is explicit and num_heads * head_dim != hidden.
+            "tiny-qwen3" => qwen(ModelConfig {
+                arch: Arch::Qwen3,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    ..tiny.rope
+                },
+                qk_norm: true,
+                ..tiny
+            }),
+            // Qwen3-MoE in small: 8 experts, top 2, renormalised; layer 0 dense (as
+            // `mlp_only_layers: [0]` makes it).
+            "tiny-qwen3-moe" => qwen(ModelConfig {
+                arch: Arch::Qwen3Moe,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    ..tiny.rope
+                },
+                qk_norm: true,
+                moe: Some(MoeConfig {
+                    num_experts: 8,
+                    top_k: 2,
+                    expert_intermediate: 64,
+                    norm_topk_prob: true,
+                    sparse: vec![false, true, true, true],
+                    shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
+            }),
+            // Qwen2-MoE in small: 6 experts, top 2, not renormalised, and the gated shared
+            // expert; q/k/v biases.
+            "tiny-qwen2-moe" => qwen(ModelConfig {
+                arch: Arch::Qwen2Moe,
+                qkv_bias: true,
+                moe: Some(MoeConfig {
+                    num_experts: 6,
+                    top_k: 2,
+                    expert_intermediate: 64,
+                    norm_topk_prob: false,
+                    sparse: vec![true; 4],
+                    shared_expert_intermediate: Some(96),
+                }),
+                ..tiny.clone()
+            }),
+            // Qwen3-30B-A3B's shapes: 128 experts of 768, top 8, 48 layers.
+            "qwen3-30b-a3b" => ModelConfig {
+                arch: Arch::Qwen3Moe,
+                vocab_size: 151_936,
+                hidden_size: 2048,
+                intermediate_size: 6144,
+                num_layers: 48,
+                num_heads: 32,
+                num_kv_heads: 4,
+                head_dim: 128,
+                rope: RopeConfig {
+                    rot_dim: 128,
+                    theta: 1_000_000.0,
+                    scaling: None,
+                },
+                rms_norm_eps: 1e-6,
+                qk_norm: true,
+                tie_word_embeddings: false,
+                max_position_embeddings: 40_960,
+                moe: Some(MoeConfig {
+                    num_experts: 128,
+                    top_k: 8,
+                    expert_intermediate: 768,
+                    norm_topk_prob: true,
+                    sparse: vec![true; 48],
+                    shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
+            },
+            // Mixtral-8x7B's shapes: 8 experts of 14,336, top 2, 32 layers (93 GB in bf16:
+            // run it quantized on one 80 GB card).
+            "mixtral-8x7b" => ModelConfig {
+                arch: Arch::Mixtral,
+                vocab_size: 32_000,
+                hidden_size: 4096,
+                intermediate_size: 14_336,
+                num_layers: 32,
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 128,
+                rope: RopeConfig {
+                    rot_dim: 128,
+                    theta: 1_000_000.0,
+                    scaling: None,
+                },
+                rms_norm_eps: 1e-5,
+                max_position_embeddings: 32_768,
+                moe: Some(MoeConfig {
+                    num_experts: 8,
+                    top_k: 2,
+                    expert_intermediate: 14_336,
+                    norm_topk_prob: true,
+                    sparse: vec![true; 32],
+                    shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
+            },
+            // Mixtral in small: 4 experts of Mistral's MLP width, top 2, every layer sparse.
+            "tiny-mixtral" => ModelConfig {
+                arch: Arch::Mixtral,
+                moe: Some(MoeConfig {
+                    num_experts: 4,
+                    top_k: 2,
+                    expert_intermediate: tiny.intermediate_size,
+                    norm_topk_prob: true,
+                    sparse: vec![true; 4],
+                    shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
+            },
+            // original_max_position_embeddings well inside the head's wavelengths, so the
+            // table has unscaled, scaled and interpolated frequencies.
+            "tiny-llama3" => ModelConfig {
+                rope: RopeConfig {
+                    scaling: Some(RopeScaling::Llama3(Llama3Scaling {
+                        factor: 4.0,
+                        low_freq_factor: 1.0,
+                        high_freq_factor: 4.0,
+                        original_max_position_embeddings: 512,
+                    })),
+                    ..tiny.rope
+                },
+                ..tiny
+            },
+            "qwen2.5-0.5b" => ModelConfig {
+                arch: Arch::Qwen2,
+                vocab_size: 151_936,
+                hidden_size: 896,
+                intermediate_size: 4864,
+                num_layers: 24,
+                num_heads: 14,
+                num_kv_heads: 2,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    theta: 1_000_000.0,
+                    scaling: None,
+                },
+                rms_norm_eps: 1e-6,
+                tie_word_embeddings: true,
+                qkv_bias: true,
+                max_position_embeddings: 32768,
+                ..tiny
+            },
+            "llama-3.2-1b" => ModelConfig {
+                vocab_size: 128_256,
+                hidden_size: 2048,
+                intermediate_size: 8192,
+                num_layers: 16,
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    theta: 500_000.0,
+                    scaling: Some(RopeScaling::Llama3(Llama3Scaling {
+                        factor: 32.0,
+                        low_freq_factor: 1.0,
+                        high_freq_factor: 4.0,
+                        original_max_position_embeddings: 8192,
+                    })),
+                },
+                tie_word_embeddings: true,
+                max_position_embeddings: 131_072,
+                ..tiny
+            },
+            "llama-3-8b" => llama3_8b,
+            // For tensor parallelism over 4 or more GPUs (141 GB of bf16 weights).
+            "llama-3-70b" => ModelConfig {
+                hidden_size: 8192,
+                intermediate_size: 28672,
+                num_layers: 80,
+                num_heads: 64,
+                ..llama3_8b
+            },
+            "smollm2-135m" => ModelConfig {
+                vocab_size: 49_152,
+                hidden_size: 576,
+                intermediate_size: 1536,
+                num_layers: 30,
+                num_heads: 9,
+                num_kv_heads: 3,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    theta: 100_000.0,
+                    scaling: None,
+                },
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: true,
+                max_position_embeddings: 8192,
+                ..tiny
+            },
+            _ => {
+                return Err(Error::Config {
+                    path: format!("dummy:{name}"),
+                    what: format!("unknown dummy model; known: {}", DUMMY_NAMES.join(", ")),
+                })
+            }
+        };
+        Ok(cfg)
+    }
+
+    /// The names [`ModelConfig::dummy`] accepts.
+    pub fn dummy_names() -> &'static [&'static str] {
+        DUMMY_NAMES
+    }
+}

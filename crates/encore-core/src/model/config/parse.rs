@@ -1,0 +1,599 @@
+//! Parsing an HF `config.json` into a [`ModelConfig`]: the field reader ([`Fields`], whose
+//! errors name the file and the key) and one function per part of the config.
+
+use serde_json::{Map, Value};
+
+use super::rope::parse_rope;
+use super::{Arch, EagleConfig, ModelConfig, MoeConfig, SlidingWindow};
+use crate::backend::Activation;
+use crate::error::{Error, Result};
+use crate::model::formats::WeightFormats;
+use crate::tensor::DType;
+
+/// A JSON object being parsed, with the file path and the key prefix for messages.
+/// JSON `null` counts as absent everywhere (HF writes `"head_dim": null` and the like).
+pub(super) struct Fields<'a> {
+    pub(super) obj: &'a Map<String, Value>,
+    pub(super) path: &'a str,
+    pub(super) prefix: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    pub(super) fn err(&self, what: impl Into<String>) -> Error {
+        Error::Config {
+            path: self.path.to_string(),
+            what: what.into(),
+        }
+    }
+
+    pub(super) fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    pub(super) fn get(&self, key: &str) -> Option<&'a Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    pub(super) fn wrong_type(&self, key: &str, expected: &str, found: &Value) -> Error {
+        self.err(format!(
+            "field `{}` must be {expected}, found {found}",
+            self.name(key)
+        ))
+    }
+
+    /// The value of `key` through `conv`, or a wrong-type error expecting `expected`.
+    pub(super) fn opt<T>(
+        &self,
+        key: &str,
+        expected: &str,
+        conv: impl FnOnce(&'a Value) -> Option<T>,
+    ) -> Result<Option<T>> {
+        self.get(key)
+            .map(|v| conv(v).ok_or_else(|| self.wrong_type(key, expected, v)))
+            .transpose()
+    }
+
+    pub(super) fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        self.opt(key, "a non-negative integer", |v| {
+            v.as_u64().and_then(|n| usize::try_from(n).ok())
+        })
+    }
+
+    /// A required integer that must be at least 1.
+    pub(super) fn positive(&self, key: &str) -> Result<usize> {
+        match self.opt_usize(key)? {
+            None => Err(self.err(format!("required field `{}` is missing", self.name(key)))),
+            Some(0) => Err(self.err(format!("field `{}` must be positive", self.name(key)))),
+            Some(n) => Ok(n),
+        }
+    }
+
+    pub(super) fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        self.opt(key, "a number", Value::as_f64)
+    }
+
+    pub(super) fn req_f64(&self, key: &str) -> Result<f64> {
+        self.opt_f64(key)?
+            .ok_or_else(|| self.err(format!("required field `{}` is missing", self.name(key))))
+    }
+
+    pub(super) fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        self.opt(key, "true or false", Value::as_bool)
+    }
+
+    pub(super) fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
+        self.opt(key, "a string", Value::as_str)
+    }
+
+    pub(super) fn opt_object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>> {
+        self.opt(key, "an object", Value::as_object)
+    }
+
+    /// One token id, or a list of them.
+    pub(super) fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
+        let as_id = |v: &Value| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| self.wrong_type(key, "a token id or a list of token ids", v))
+        };
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items.iter().map(as_id).collect(),
+            Some(v) => Ok(vec![as_id(v)?]),
+        }
+    }
+}
+
+pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
+    let arch = parse_arch(f)?;
+    let vocab_size = f.positive("vocab_size")?;
+    let hidden_size = f.positive("hidden_size")?;
+    let intermediate_size = f.positive("intermediate_size")?;
+    let num_layers = f.positive("num_hidden_layers")?;
+    let heads = parse_heads(f, hidden_size)?;
+    let hidden_act = match f.opt_str("hidden_act")? {
+        None => Activation::Silu,
+        Some(name) => Activation::from_hf(name).ok_or_else(|| {
+            f.err(format!(
+                "hidden_act = \"{name}\" is not supported (supported: {})",
+                Activation::ALL.map(Activation::hf_name).join(", ")
+            ))
+        })?,
+    };
+
+    let max_position_embeddings = f
+        .opt_usize("max_position_embeddings")?
+        .unwrap_or(arch.default_max_positions());
+    let rope = parse_rope(f, arch, heads.head_dim, max_position_embeddings)?;
+    let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
+    if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
+        return Err(f.err(format!("rms_norm_eps = {rms_norm_eps} must be >= 0")));
+    }
+    let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(false);
+    let qkv_bias = parse_bias(f, arch)?;
+    let sliding_window = parse_sliding_window(f, arch, num_layers)?;
+    let torch_dtype = parse_torch_dtype(f)?;
+    let weights = parse_quantization(f)?;
+    let moe = parse_moe(f, arch, num_layers, intermediate_size)?;
+    if moe.is_some() && hidden_act != Activation::Silu {
+        return Err(f.err(format!(
+            "hidden_act = \"{}\" with experts is not supported (the experts run SiLU)",
+            hidden_act.hf_name()
+        )));
+    }
+    let bos_token_id = f.token_ids("bos_token_id")?.first().copied();
+    let eos_token_ids = f.token_ids("eos_token_id")?;
+
+    let cfg = ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_layers,
+        num_heads: heads.num_heads,
+        num_kv_heads: heads.num_kv_heads,
+        head_dim: heads.head_dim,
+        rope,
+        rms_norm_eps,
+        tie_word_embeddings,
+        qkv_bias,
+        qk_norm: arch.base() == Arch::Qwen3,
+        hidden_act,
+        no_rope_layers: parse_no_rope_layers(f, arch, num_layers)?,
+        max_position_embeddings,
+        torch_dtype,
+        bos_token_id,
+        eos_token_ids,
+        sliding_window,
+        weights,
+        moe,
+        tp: None,
+        eagle: None,
+    };
+    let cfg = match parse_eagle(f)? {
+        None => cfg,
+        Some(eagle) => cfg.into_eagle(eagle).map_err(|what| f.err(what))?,
+    };
+    cfg.check_sizes([
+        "hidden_size",
+        "intermediate_size",
+        "vocab_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+    ])
+    .map_err(|what| f.err(what))?;
+    Ok(cfg)
+}
+
+/// The attention heads: query and KV head counts and the head dimension.
+struct Heads {
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+/// `num_attention_heads`, `num_key_value_heads` (default: as many as the query heads, of
+/// which they must divide the count) and `head_dim` (default: `hidden_size` over the
+/// heads), which must be even.
+fn parse_heads(f: &Fields<'_>, hidden_size: usize) -> Result<Heads> {
+    let num_heads = f.positive("num_attention_heads")?;
+    let num_kv_heads = match f.opt_usize("num_key_value_heads")? {
+        None => num_heads,
+        Some(_) => f.positive("num_key_value_heads")?,
+    };
+    if num_heads % num_kv_heads != 0 {
+        return Err(f.err(format!(
+            "num_attention_heads = {num_heads} is not a multiple of \
+             num_key_value_heads = {num_kv_heads}"
+        )));
+    }
+    let head_dim = match f.opt_usize("head_dim")? {
+        Some(_) => f.positive("head_dim")?,
+        None if hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+        None => {
+            return Err(f.err(format!(
+                "hidden_size = {hidden_size} is not a multiple of num_attention_heads = \
+                 {num_heads} and there is no `head_dim`"
+            )))
+        }
+    };
+    if head_dim % 2 != 0 {
+        return Err(f.err(format!(
+            "head_dim = {head_dim} must be even (rotary embedding)"
+        )));
+    }
+    Ok(Heads {
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    })
+}
+
+/// Attention bias as the HF modeling code builds it: Qwen2 always has q/k/v biases,
+/// Mistral never; Llama and Qwen3 follow `attention_bias` (which also gives o_proj a
+/// bias: the loader accepts it only when it is all zeros). Llama's `mlp_bias` is refused.
+fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
+    let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
+    let qkv_bias = match arch {
+        Arch::Qwen2 => true,
+        // Qwen2-MoE's q/k/v biases follow `qkv_bias` (default true).
+        Arch::Qwen2Moe => f.opt_bool("qkv_bias")?.unwrap_or(true),
+        Arch::Mistral | Arch::Mixtral => false,
+        Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe | Arch::SmolLM3 => attention_bias,
+        // Its qkv_proj has no bias.
+        Arch::Phi3 => false,
+    };
+    if matches!(arch, Arch::Llama | Arch::SmolLM3) && f.opt_bool("mlp_bias")? == Some(true) {
+        return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
+    }
+    Ok(qkv_bias)
+}
+
+/// `quantization_config`: FP8 checkpoints (`quant_method: "fp8"`, weights in E4M3 with
+/// per-tensor scales or 128x128 blocks of `weight_scale_inv`) keep their projections in
+/// FP8; any other method is refused naming it (encore would read its packed tensors as
+/// garbage).
+fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
+    let Some(obj) = f.opt_object("quantization_config")? else {
+        return Ok(WeightFormats::default());
+    };
+    let q = Fields {
+        obj,
+        path: f.path,
+        prefix: "quantization_config.",
+    };
+    let method = q.opt_str("quant_method")?.unwrap_or("");
+    if method != "fp8" {
+        return Err(q.err(format!(
+            "quantization_config.quant_method = \"{method}\" is not supported (encore loads \"fp8\" \
+             checkpoints; GGUF files carry their own block formats)"
+        )));
+    }
+    if let Some(fmt) = q.opt_str("fmt")? {
+        if fmt != "e4m3" {
+            return Err(q.err(format!(
+                "quantization_config.fmt = \"{fmt}\" is not supported (only e4m3)"
+            )));
+        }
+    }
+    match q.get("weight_block_size") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(b)) if b.len() == 2 && b.iter().all(|x| x.as_u64() == Some(128)) => {}
+        Some(v) => {
+            return Err(q.err(format!(
+                "quantization_config.weight_block_size = {v} is not supported (per-tensor \
+                 scales or [128, 128])"
+            )))
+        }
+    }
+    Ok(WeightFormats {
+        projections: Some(encore_backend::quant::QuantFormat::F8E4M3),
+        per_tensor: Default::default(),
+    })
+}
+
+/// The experts of the MoE architectures, with transformers' defaults for absent fields
+/// (Qwen2-MoE: 60 experts, top 4, width 1408, shared expert 5632; Qwen3-MoE: 128, top 8,
+/// width 768; Mixtral: 8, top 2, its `intermediate_size`); `None` for the dense ones.
+/// Sizes no model has, a top-k above the expert count, or a dense layer of a Mixtral are
+/// refused naming the field.
+fn parse_moe(
+    f: &Fields<'_>,
+    arch: Arch,
+    num_layers: usize,
+    intermediate_size: usize,
+) -> Result<Option<MoeConfig>> {
+    let (experts_key, experts, top_k, width) = match arch {
+        Arch::Qwen2Moe => ("num_experts", 60, 4, 1408),
+        Arch::Qwen3Moe => ("num_experts", 128, 8, 768),
+        Arch::Mixtral => ("num_local_experts", 8, 2, intermediate_size),
+        _ => return Ok(None),
+    };
+    let positive = |key: &str, default: usize| -> Result<usize> {
+        match f.opt_usize(key)? {
+            None => Ok(default),
+            Some(_) => f.positive(key),
+        }
+    };
+    // transformers 5 writes either name (its configs alias one to the other).
+    let alias = match experts_key {
+        "num_experts" => "num_local_experts",
+        _ => "num_experts",
+    };
+    let experts_key = match f.get(experts_key) {
+        None if f.get(alias).is_some() => alias,
+        _ => experts_key,
+    };
+    let num_experts = positive(experts_key, experts)?;
+    let top_k = positive("num_experts_per_tok", top_k)?;
+    if top_k > num_experts {
+        return Err(f.err(format!(
+            "num_experts_per_tok = {top_k} is more than the {num_experts} experts"
+        )));
+    }
+    let expert_intermediate = match arch {
+        Arch::Mixtral => width,
+        _ => positive("moe_intermediate_size", width)?,
+    };
+    let norm_topk_prob = match arch {
+        Arch::Mixtral => true,
+        _ => f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+    };
+    let step = positive("decoder_sparse_step", 1)?;
+    let dense: Vec<usize> = match f.get("mlp_only_layers") {
+        None => Vec::new(),
+        Some(v) => v
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .ok_or_else(|| f.wrong_type("mlp_only_layers", "a list of layer indices", v))?,
+    };
+    if arch == Arch::Mixtral && (step != 1 || !dense.is_empty()) {
+        return Err(f.err(
+            "decoder_sparse_step / mlp_only_layers are not Mixtral fields (every layer is sparse)",
+        ));
+    }
+    let sparse = (0..num_layers)
+        .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
+        .collect();
+    let shared_expert_intermediate = match arch {
+        Arch::Qwen2Moe => match f.opt_usize("shared_expert_intermediate_size")? {
+            Some(0) => None,
+            None => Some(5632),
+            Some(n) => Some(n),
+        },
+        _ => None,
+    };
+    let moe = MoeConfig {
+        num_experts,
+        top_k,
+        expert_intermediate,
+        norm_topk_prob,
+        sparse,
+        shared_expert_intermediate,
+    };
+    moe.check_sizes([
+        experts_key,
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+    ])
+    .map_err(|what| f.err(what))?;
+    Ok(Some(moe))
+}
+
+/// The checkpoint's dtype: `torch_dtype`, else `dtype` (transformers 5), else bf16.
+fn parse_torch_dtype(f: &Fields<'_>) -> Result<DType> {
+    Ok(match f.opt_str("torch_dtype")?.or(f.opt_str("dtype")?) {
+        None => DType::BF16,
+        Some(s) => DType::parse_float(s).ok_or_else(|| {
+            f.err(format!(
+                "torch_dtype = \"{s}\" is not supported (expected {})",
+                DType::FLOAT_NAMES
+            ))
+        })?,
+    })
+}
+
+/// An EAGLE-3 head's fields, when `architectures` names one (a class name with
+/// `Eagle3` in it, e.g. `LlamaForCausalLMEagle3`).
+fn parse_eagle(f: &Fields<'_>) -> Result<Option<(EagleConfig, usize)>> {
+    let Some(names) = f.get("architectures").and_then(Value::as_array) else {
+        return Ok(None);
+    };
+    if !names
+        .iter()
+        .filter_map(Value::as_str)
+        .any(|n| n.contains("Eagle3"))
+    {
+        return Ok(None);
+    }
+    let target_vocab = f.positive("vocab_size")?;
+    let draft_vocab = f.opt_usize("draft_vocab_size")?.unwrap_or(target_vocab);
+    if draft_vocab == 0 || draft_vocab > target_vocab {
+        return Err(f.err(format!(
+            "draft_vocab_size = {draft_vocab} must be 1 to vocab_size ({target_vocab})"
+        )));
+    }
+    let hidden = f.positive("hidden_size")?;
+    let target_hidden = f.opt_usize("target_hidden_size")?.unwrap_or(hidden);
+    // Pinned layers. vLLM's (speculators) top-level field names the layers whose input
+    // the head reads; SGLang's `eagle_config` field names the layers whose output it
+    // reads, the input of the next.
+    let three = |f: &Fields<'_>| -> Result<Option<[usize; 3]>> {
+        const KEY: &str = "eagle_aux_hidden_state_layer_ids";
+        let Some(v) = f.get(KEY) else {
+            return Ok(None);
+        };
+        let ids: Option<Vec<usize>> = v.as_array().and_then(|a| {
+            a.iter()
+                .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+                .collect()
+        });
+        match ids.as_deref() {
+            Some(&[a, b, c]) => Ok(Some([a, b, c])),
+            _ => Err(f.wrong_type(KEY, "a list of three layer indices", v)),
+        }
+    };
+    let aux_layers = match three(f)? {
+        Some(l) => Some(l),
+        None => match f.opt_object("eagle_config")? {
+            None => None,
+            Some(obj) => three(&Fields {
+                obj,
+                path: f.path,
+                prefix: "eagle_config.",
+            })?
+            .map(|l| l.map(|x| x.saturating_add(1))),
+        },
+    };
+    let norm_before_residual = f.opt_bool("norm_before_residual")?.unwrap_or(false);
+    Ok(Some((
+        EagleConfig {
+            target_vocab,
+            target_hidden,
+            aux_layers,
+            norm_before_residual,
+        },
+        draft_vocab,
+    )))
+}
+
+/// `architectures` (the first one encore knows), else `model_type`. An EAGLE-3 head
+/// (`LlamaForCausalLMEagle3`) is a Llama layer.
+fn parse_arch(f: &Fields<'_>) -> Result<Arch> {
+    if let Some(v) = f.get("architectures") {
+        let eagle = v.as_array().is_some_and(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .any(|n| n.contains("Eagle3"))
+        });
+        if eagle {
+            return Ok(Arch::Llama);
+        }
+        let names: Vec<&str> = v
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if names.is_empty() {
+            return Err(f.wrong_type("architectures", "a list of class names", v));
+        }
+        return names
+            .iter()
+            .find_map(|n| Arch::ALL.into_iter().find(|a| a.hf_name() == *n))
+            .ok_or_else(|| {
+                f.err(format!(
+                    "unsupported architecture {names:?} (supported: {})",
+                    Arch::ALL.map(Arch::hf_name).join(", ")
+                ))
+            });
+    }
+    match f.opt_str("model_type")? {
+        Some(t) => Arch::ALL
+            .into_iter()
+            .find(|a| a.model_type() == t)
+            .ok_or_else(|| {
+                f.err(format!(
+                    "unsupported model_type \"{t}\" (supported: {})",
+                    Arch::ALL.map(Arch::model_type).join(", ")
+                ))
+            }),
+        None => Err(f.err("required field `architectures` (or `model_type`) is missing")),
+    }
+}
+
+/// SmolLM3's NoPE layers: `no_rope_layers` (one entry a layer at least, 1 = rotary, 0 =
+/// none), else every `no_rope_layer_interval`-th layer (default 4: layers 3, 7, ...), as
+/// transformers builds them. Empty for the other families.
+fn parse_no_rope_layers(f: &Fields<'_>, arch: Arch, num_layers: usize) -> Result<Vec<usize>> {
+    if arch != Arch::SmolLM3 {
+        return Ok(Vec::new());
+    }
+    if let Some(v) = f.get("no_rope_layers").filter(|v| !v.is_null()) {
+        let flags: Option<Vec<u64>> = v
+            .as_array()
+            .map(|a| a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>())
+            .unwrap_or(None);
+        let flags = flags
+            .filter(|l| l.iter().all(|&x| x <= 1))
+            .ok_or_else(|| f.wrong_type("no_rope_layers", "a list of 0 and 1", v))?;
+        if flags.len() < num_layers {
+            return Err(f.err(format!(
+                "no_rope_layers has {} entries for {num_layers} layers",
+                flags.len()
+            )));
+        }
+        return Ok((0..num_layers).filter(|&i| flags[i] == 0).collect());
+    }
+    let step = f.opt_usize("no_rope_layer_interval")?.unwrap_or(4);
+    if step == 0 {
+        return Err(f.err(format!(
+            "field `{}` must be positive",
+            f.name("no_rope_layer_interval")
+        )));
+    }
+    Ok((0..num_layers).filter(|i| (i + 1) % step == 0).collect())
+}
+
+/// The window as transformers builds its layer types: Mistral's `sliding_window` applies
+/// to every layer; Qwen2/Qwen3's only when `use_sliding_window` is true, and then to the
+/// layers from `max_window_layers` on (default: every layer); Phi-3's covers every layer.
+/// Llama has none. A window that covers every position the model can reach is kept: it
+/// changes nothing.
+fn parse_sliding_window(
+    f: &Fields<'_>,
+    arch: Arch,
+    num_layers: usize,
+) -> Result<Option<SlidingWindow>> {
+    let first_layer = match arch {
+        Arch::Llama => return Ok(None),
+        // Its window (on the NoPE layers only) is off in every released checkpoint.
+        Arch::SmolLM3 => {
+            if f.opt_bool("use_sliding_window")? == Some(true)
+                && f.opt_usize("sliding_window")?.is_some()
+            {
+                return Err(f.err(
+                    "use_sliding_window = true is not supported for smollm3 (a window on its NoPE layers)",
+                ));
+            }
+            return Ok(None);
+        }
+        Arch::Mistral | Arch::Mixtral | Arch::Phi3 => 0,
+        // Their windows alternate over layers (Qwen2-MoE) or cover every layer (Qwen3-MoE);
+        // no released checkpoint turns them on.
+        Arch::Qwen2Moe | Arch::Qwen3Moe => {
+            if f.opt_bool("use_sliding_window")? == Some(true) {
+                return Err(f.err(format!(
+                    "use_sliding_window = true is not supported for {}",
+                    arch.model_type()
+                )));
+            }
+            return Ok(None);
+        }
+        Arch::Qwen2 | Arch::Qwen3 => {
+            if f.opt_bool("use_sliding_window")? != Some(true) {
+                return Ok(None);
+            }
+            f.opt_usize("max_window_layers")?.unwrap_or(0)
+        }
+    };
+    let size = match f.opt_usize("sliding_window")? {
+        None => return Ok(None),
+        Some(0) => {
+            return Err(f.err(format!(
+                "field `{}` must be positive",
+                f.name("sliding_window")
+            )))
+        }
+        Some(n) => n,
+    };
+    if first_layer >= num_layers {
+        return Ok(None);
+    }
+    Ok(Some(SlidingWindow { size, first_layer }))
+}
