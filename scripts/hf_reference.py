@@ -351,6 +351,27 @@ MODELS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    # transformers 5's `layer_types`: a window of 6 on layers 0 and 2, layer 1 full (an
+    # alternation `max_window_layers` cannot give; gpt-oss's pattern).
+    (
+        "qwen2_layer_types",
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=128,
+            intermediate_size=344,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            use_sliding_window=True,
+            sliding_window=6,
+            max_window_layers=28,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
 ]
 
 COMMON = dict(

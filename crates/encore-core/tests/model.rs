@@ -504,6 +504,22 @@ fn linear_and_yarn_rope_scaling_match_f64_reference() {
     }
 }
 
+/// A window on alternate layers (`layer_types`: gpt-oss's pattern) against the f64
+/// reference, windows short enough that the prompts cross them.
+#[test]
+fn alternating_windows_match_f64_reference() {
+    use encore_core::model::config::SlidingWindow;
+    let cfg = ModelConfig {
+        sliding_window: Some(SlidingWindow {
+            size: 5,
+            first_layer: 0,
+        }),
+        full_attention_layers: vec![1, 3],
+        ..ModelConfig::dummy("tiny").unwrap()
+    };
+    check_config("alternating windows", cfg, DType::F32, 1e-4);
+}
+
 #[test]
 fn mixtral_matches_f64_reference() {
     check_arch("tiny-mixtral", DType::F32, 1e-4);

@@ -117,6 +117,7 @@ fn real_configs_parse_to_the_expected_values() {
             bos_token_id: Some(128_000),
             eos_token_ids: vec![128_001],
             sliding_window: None,
+            full_attention_layers: vec![],
             weights: Default::default(),
             moe: None,
             tp: None,
@@ -618,4 +619,62 @@ fn linear_and_yarn_rope_scaling_parse() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("factor") && e.contains("positive"), "{e}");
+}
+
+/// transformers 5's `layer_types` lifts the window from the layers it names
+/// `full_attention` (an alternation `max_window_layers` cannot give); without a window it
+/// changes nothing; a bad list is refused naming it.
+#[test]
+fn layer_types_choose_the_windowed_layers() {
+    let with = |extra: &str| {
+        ModelConfig::from_json(
+            &tiny_json(
+                "Qwen2ForCausalLM",
+                &format!(
+                    r#", "num_hidden_layers": 4, "use_sliding_window": true, "sliding_window": 8{extra}"#
+                ),
+            ),
+            "t",
+        )
+    };
+    let alt = with(
+        r#", "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]"#,
+    )
+    .unwrap();
+    assert_eq!(alt.full_attention_layers, vec![1, 3]);
+    let windows: Vec<_> = (0..4).map(|l| alt.layer_window(l)).collect();
+    assert_eq!(windows, vec![Some(8), None, Some(8), None]);
+    // The list wins over `max_window_layers` (as in transformers).
+    let over = with(
+        r#", "max_window_layers": 28, "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]"#,
+    )
+    .unwrap();
+    let windows: Vec<_> = (0..4).map(|l| over.layer_window(l)).collect();
+    assert_eq!(windows, vec![Some(8), None, Some(8), Some(8)]);
+    // Every layer full: no window at all.
+    let full = with(r#", "layer_types": ["full_attention", "full_attention", "full_attention", "full_attention"]"#).unwrap();
+    assert!(full.sliding_window.is_none() && (0..4).all(|l| full.layer_window(l).is_none()));
+    // No window (Llama): the list changes nothing.
+    let llama = ModelConfig::from_json(
+        &tiny_json(
+            "LlamaForCausalLM",
+            r#", "layer_types": ["full_attention", "sliding_attention"]"#,
+        ),
+        "t",
+    )
+    .unwrap();
+    assert!(llama.full_attention_layers.is_empty() && llama.layer_window(1).is_none());
+    for (extra, want) in [
+        (
+            r#", "layer_types": ["sliding_attention"]"#,
+            "layer_types has 1 entries for 4 layers",
+        ),
+        (
+            r#", "layer_types": ["sliding_attention", "chunked_attention", "full_attention", "full_attention"]"#,
+            "layer_types",
+        ),
+    ] {
+        let e = with(extra).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
 }

@@ -58,6 +58,7 @@ impl ModelConfig {
             bos_token_id: Some(256),
             eos_token_ids: vec![257],
             sliding_window: None,
+            full_attention_layers: Vec::new(),
             weights: WeightFormats::default(),
             moe: None,
             tp: None,

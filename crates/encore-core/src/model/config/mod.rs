@@ -142,6 +142,9 @@ pub struct ModelConfig {
     /// Sliding-window attention (Mistral's `sliding_window`; Qwen2/Qwen3's when
     /// `use_sliding_window` is true), or `None` for full attention in every layer.
     pub sliding_window: Option<SlidingWindow>,
+    /// Layers at or past the window's first layer that attend fully nonetheless
+    /// (transformers 5's `layer_types`: gpt-oss's and Gemma's alternations), ascending.
+    pub full_attention_layers: Vec<usize>,
     /// How the weights are stored on the device (dense unless quantized; see
     /// [`crate::model::formats`]).
     pub weights: WeightFormats,
@@ -460,7 +463,7 @@ impl ModelConfig {
     /// most recent positions only, `None` for full attention.
     pub fn layer_window(&self, layer: usize) -> Option<usize> {
         self.sliding_window
-            .filter(|w| layer >= w.first_layer)
+            .filter(|w| layer >= w.first_layer && !self.full_attention_layers.contains(&layer))
             .map(|w| w.size)
     }
 }

@@ -131,7 +131,22 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     }
     let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(false);
     let qkv_bias = parse_bias(f, arch)?;
-    let sliding_window = parse_sliding_window(f, arch, num_layers)?;
+    let mut sliding_window = parse_sliding_window(f, arch, num_layers)?;
+    // `layer_types`, where present, says which layers slide (transformers then ignores
+    // `max_window_layers`); a window it lifts from every layer changes nothing.
+    let full_attention_layers =
+        match parse_layer_types(f, arch, sliding_window.as_ref(), num_layers)? {
+            Some(full) => {
+                sliding_window = sliding_window
+                    .map(|w| SlidingWindow {
+                        first_layer: 0,
+                        ..w
+                    })
+                    .filter(|_| full.len() < num_layers);
+                full
+            }
+            None => Vec::new(),
+        };
     let torch_dtype = parse_torch_dtype(f)?;
     let weights = parse_quantization(f)?;
     let moe = parse_moe(f, arch, num_layers, intermediate_size)?;
@@ -160,6 +175,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         qk_norm: arch.base() == Arch::Qwen3,
         hidden_act,
         no_rope_layers: parse_no_rope_layers(f, arch, num_layers)?,
+        full_attention_layers,
         max_position_embeddings,
         torch_dtype,
         bos_token_id,
@@ -540,6 +556,54 @@ fn parse_no_rope_layers(f: &Fields<'_>, arch: Arch, num_layers: usize) -> Result
     Ok((0..num_layers).filter(|i| (i + 1) % step == 0).collect())
 }
 
+/// transformers 5's `layer_types` (one entry a layer at least), for the families whose
+/// modeling code reads it (Qwen2, Qwen3; Mistral's and Phi-3's ignore it): where the model
+/// has a window, the layers it names `full_attention` attend fully (an alternation, which
+/// `max_window_layers` cannot give); every entry must be `sliding_attention` or
+/// `full_attention`. `None` without a window or without the list.
+fn parse_layer_types(
+    f: &Fields<'_>,
+    arch: Arch,
+    window: Option<&SlidingWindow>,
+    num_layers: usize,
+) -> Result<Option<Vec<usize>>> {
+    let Some(v) = f.get("layer_types") else {
+        return Ok(None);
+    };
+    if !matches!(arch, Arch::Qwen2 | Arch::Qwen3) {
+        return Ok(None);
+    }
+    let kinds: Option<Vec<&str>> = v
+        .as_array()
+        .and_then(|a| a.iter().map(Value::as_str).collect());
+    let kinds = kinds
+        .filter(|k| {
+            k.iter()
+                .all(|k| matches!(*k, "sliding_attention" | "full_attention"))
+        })
+        .ok_or_else(|| {
+            f.wrong_type(
+                "layer_types",
+                "a list of \"sliding_attention\" and \"full_attention\"",
+                v,
+            )
+        })?;
+    if kinds.len() < num_layers {
+        return Err(f.err(format!(
+            "layer_types has {} entries for {num_layers} layers",
+            kinds.len()
+        )));
+    }
+    if window.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(
+        (0..num_layers)
+            .filter(|&l| kinds[l] == "full_attention")
+            .collect(),
+    ))
+}
+
 /// The window as transformers builds its layer types: Mistral's `sliding_window` applies
 /// to every layer; Qwen2/Qwen3's only when `use_sliding_window` is true, and then to the
 /// layers from `max_window_layers` on (default: every layer); Phi-3's covers every layer.
@@ -579,7 +643,11 @@ fn parse_sliding_window(
             if f.opt_bool("use_sliding_window")? != Some(true) {
                 return Ok(None);
             }
-            f.opt_usize("max_window_layers")?.unwrap_or(0)
+            // `layer_types`, when given, decides per layer (`parse_layer_types`).
+            match f.get("layer_types") {
+                Some(_) => 0,
+                None => f.opt_usize("max_window_layers")?.unwrap_or(0),
+            }
         }
     };
     let size = match f.opt_usize("sliding_window")? {

@@ -227,6 +227,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         bos_token_id,
         eos_token_ids,
         sliding_window,
+        full_attention_layers: Vec::new(),
         weights: Default::default(),
         moe,
         tp: None,
