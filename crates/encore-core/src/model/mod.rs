@@ -4,6 +4,7 @@
 //! resolves a `--model` spec (a path, `dummy:NAME`, or a Hub id through [`hub`]) into
 //! [`ModelFiles`] (owned: it can be handed to the engine thread).
 
+pub mod arch;
 pub mod config;
 pub mod decl;
 pub mod formats;

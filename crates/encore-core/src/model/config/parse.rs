@@ -7,6 +7,7 @@ use super::rope::parse_rope;
 use super::{Arch, EagleConfig, ModelConfig, MoeConfig, SlidingWindow};
 use crate::backend::Activation;
 use crate::error::{Error, Result};
+use crate::model::arch::FAMILIES;
 use crate::model::formats::WeightFormats;
 use crate::tensor::DType;
 
@@ -501,24 +502,21 @@ fn parse_arch(f: &Fields<'_>) -> Result<Arch> {
         }
         return names
             .iter()
-            .find_map(|n| Arch::ALL.into_iter().find(|a| a.hf_name() == *n))
+            .find_map(|n| Arch::from_hf_name(n))
             .ok_or_else(|| {
                 f.err(format!(
                     "unsupported architecture {names:?} (supported: {})",
-                    Arch::ALL.map(Arch::hf_name).join(", ")
+                    FAMILIES.map(|f| f.hf_name).join(", ")
                 ))
             });
     }
     match f.opt_str("model_type")? {
-        Some(t) => Arch::ALL
-            .into_iter()
-            .find(|a| a.model_type() == t)
-            .ok_or_else(|| {
-                f.err(format!(
-                    "unsupported model_type \"{t}\" (supported: {})",
-                    Arch::ALL.map(Arch::model_type).join(", ")
-                ))
-            }),
+        Some(t) => Arch::from_model_type(t).ok_or_else(|| {
+            f.err(format!(
+                "unsupported model_type \"{t}\" (supported: {})",
+                FAMILIES.map(|f| f.model_type).join(", ")
+            ))
+        }),
         None => Err(f.err("required field `architectures` (or `model_type`) is missing")),
     }
 }

@@ -6,6 +6,7 @@
 
 use super::reader::{GgufFile, Value};
 use crate::error::{Error, Result};
+use crate::model::arch::FAMILIES;
 use crate::model::config::{Arch, ModelConfig, MoeConfig, SlidingWindow};
 use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling};
 use crate::tensor::DType;
@@ -13,17 +14,6 @@ use crate::tokenizer::{end_of_generation_ids, GgufVocab};
 
 /// `tokenizer.ggml.token_type` of a control token.
 const CONTROL_TOKEN_TYPE: i128 = 3;
-
-/// The GGUF architectures encore runs, and the [`Arch`] each becomes.
-const ARCHS: [(&str, Arch); 7] = [
-    ("llama", Arch::Llama),
-    ("qwen2", Arch::Qwen2),
-    ("qwen3", Arch::Qwen3),
-    ("qwen2moe", Arch::Qwen2Moe),
-    ("qwen3moe", Arch::Qwen3Moe),
-    ("smollm3", Arch::SmolLM3),
-    ("phi3", Arch::Phi3),
-];
 
 /// The tensor llama.cpp stores Llama-3 rope scaling in (per-frequency divisors).
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
@@ -150,16 +140,13 @@ pub fn gguf_arch(file: &GgufFile) -> Result<(&str, Arch)> {
     let name = m
         .opt_str("general.architecture")?
         .ok_or_else(|| m.err("required key `general.architecture` is missing"))?;
-    ARCHS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|&(n, a)| (n, a))
-        .ok_or_else(|| {
-            m.err(format!(
-                "unsupported architecture \"{name}\" (general.architecture; supported: {})",
-                ARCHS.map(|(n, _)| n).join(", ")
-            ))
-        })
+    Arch::from_gguf(name).map(|a| (name, a)).ok_or_else(|| {
+        let supported: Vec<&str> = FAMILIES.iter().filter_map(|f| f.gguf).collect();
+        m.err(format!(
+            "unsupported architecture \"{name}\" (general.architecture; supported: {})",
+            supported.join(", ")
+        ))
+    })
 }
 
 /// The model config a GGUF file describes (the same struct `config.json` gives).

@@ -52,15 +52,7 @@ impl GgufWriter {
     /// `cfg` (no tokenizer keys; `<arch>.vocab_size` gives the vocabulary size). Llama-3
     /// rope scaling (a `rope_freqs.weight` tensor in GGUF) is not written.
     pub fn model_metadata(&mut self, cfg: &ModelConfig) -> &mut Self {
-        let a = match cfg.arch {
-            Arch::Llama | Arch::Mistral | Arch::Mixtral => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Qwen2Moe => "qwen2moe",
-            Arch::Qwen3Moe => "qwen3moe",
-            Arch::SmolLM3 => "smollm3",
-            Arch::Phi3 => "phi3",
-        };
+        let a = cfg.arch.family().gguf_written;
         let u = |x: usize| Value::U32(x as u32);
         self.kv("general.architecture", Value::String(a.into()));
         self.kv("general.name", Value::String("encore".into()));
