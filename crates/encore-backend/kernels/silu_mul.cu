@@ -37,3 +37,20 @@ __device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, T* __res
 SILU_MUL(silu_mul_bf16, bf16)
 SILU_MUL(silu_mul_f16, f16)
 SILU_MUL(silu_mul_f32, float)
+
+// scale: x[i] = x[i] * s in place, rounded to T (Gemma's embedding times sqrt(hidden)).
+// Grid: ceil(total / blockDim), one element a thread.
+template <typename T>
+__device__ __forceinline__ void scale_impl(T* __restrict__ x, float s, long long total) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) x[i] = from_f32<T>(to_f32(x[i]) * s);
+}
+
+#define SCALE(NAME, T)                                                                     \
+    extern "C" __global__ void NAME(T* x, float s, long long total) {                      \
+        pdl_enter();                                                                        \
+        scale_impl<T>(x, s, total);                                                        \
+    }
+SCALE(scale_bf16, bf16)
+SCALE(scale_f16, f16)
+SCALE(scale_f32, float)

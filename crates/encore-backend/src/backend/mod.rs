@@ -203,6 +203,16 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// `x *= s` in place, each element rounded to T (Gemma's embedding scale). x T `[..]`
+    /// (bf16, f16 or f32).
+    fn scale(&self, x: &Tensor, s: f32) -> Result<()> {
+        let _ = (x, s);
+        Err(Error::invalid(
+            "scale",
+            format!("does not run on {}", self.device_name()),
+        ))
+    }
+
     /// The MLP's gate/up projection and activation: `out = silu_mul(x · wᵀ)`, x T
     /// `[m, k]`, w T `[2 * inter, k]` (gate rows then up rows), out T `[m, inter]`, the
     /// product rounded to T before the activation exactly as [`Backend::matmul`] then

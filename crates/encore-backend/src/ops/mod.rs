@@ -629,6 +629,11 @@ pub fn check_all_gather(src: &Tensor, dst: &Tensor, size: usize) -> Result<()> {
     check_shape(OP, "dst", dst, &expected, "[ranks, ..src]")
 }
 
+/// `scale`: x in a float type.
+pub fn check_scale(x: &Tensor) -> Result<()> {
+    check_dtype("scale", "x", x, &[DType::F32, DType::BF16, DType::F16])
+}
+
 /// `unshard_columns`: src T `[s, rows, c]`, dst T `[rows, n]` with `n = s * c`, or fewer
 /// by less than a shard (the padding of a vocabulary, dropped), T a float or i32 element
 /// type. Returns `(s, rows, c)`.

@@ -34,6 +34,11 @@ pub(crate) enum Op {
         in_place: bool,
     },
     SiluMul(SiluMulInputs),
+    /// `scale` of `values` by `s`, in place.
+    Scale {
+        values: Vec<f32>,
+        s: f32,
+    },
     /// `penalty_count` into a `[rows, vocab]` table (repeated and out-of-table pairs
     /// among them).
     PenaltyCount {
@@ -184,6 +189,18 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                     rows,
                     cols,
                     width,
+                },
+            );
+        }
+        // Gemma's embedding scale, sqrt(hidden), as the run dtype rounds it.
+        for (n, s) in [(7 * 96, 9.797_959), (1000, 45.25)] {
+            push(
+                "scale".into(),
+                format!("n={n} s={s}"),
+                dtype,
+                Op::Scale {
+                    values: normal(rng, n, 1.0),
+                    s,
                 },
             );
         }

@@ -115,6 +115,11 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             }
             r
         }
+        Op::Scale { values, s } => vec![floats(
+            "x",
+            q(values).iter().map(|v| v * *s as f64).collect(),
+            OpClass::Pointwise,
+        )],
         Op::SiluMul(i) => vec![floats(
             "out",
             reference::act_mul(i.act, &q(&i.gate_up), i.inter),

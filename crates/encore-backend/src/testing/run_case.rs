@@ -100,6 +100,11 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             b.unshard_columns(&src, &out)?;
             vec![floats("out", download_f64(b, &out)?, OpClass::Copy)]
         }
+        Op::Scale { values, s } => {
+            let x = f(values, &[values.len()])?;
+            b.scale(&x, *s)?;
+            vec![floats("x", download_f64(b, &x)?, OpClass::Pointwise)]
+        }
         Op::SiluMul(i) => {
             let gu = f(&i.gate_up, &[i.n, 2 * i.inter])?;
             let out = fresh(dt, &[i.n, i.inter])?;

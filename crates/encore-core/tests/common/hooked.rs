@@ -132,6 +132,9 @@ impl<H: Hooks> Backend for Hooked<H> {
     fn act_mul(&self, act: Activation, gate_up: &Tensor, out: &Tensor) -> Result<()> {
         self.inner.act_mul(act, gate_up, out)
     }
+    fn scale(&self, x: &Tensor, s: f32) -> Result<()> {
+        self.inner.scale(x, s)
+    }
     fn matmul(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &Tensor) -> Result<()> {
         match self.hooks.matmul(&self.inner, out) {
             Some(r) => r,

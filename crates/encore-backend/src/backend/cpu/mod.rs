@@ -328,6 +328,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn scale(&self, x: &Tensor, s: f32) -> Result<()> {
+        check_device("scale", &[("x", x)])?;
+        ops::check_scale(x)?;
+        let x = x.clone();
+        self.submit(move || kernels::scale(&x, s));
+        Ok(())
+    }
+
     fn sigmoid_gate_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<()> {
         check_device("sigmoid_gate_add", &[("x", x), ("gate", gate), ("y", y)])?;
         let d = ops::check_sigmoid_gate_add(x, gate, y)?;

@@ -118,6 +118,7 @@ pub(super) struct Kernels<K = Kernel> {
     pub embedding: PerDType<K>,
     pub rms_norm: PerDType<K>,
     pub silu_mul: PerDType<K>,
+    pub scale: PerDType<K>,
     /// Mixture-of-experts layers (moe.cu): routing, the experts' gate/up + SiLU, down.
     pub moe_route: PerDType<K>,
     pub moe_gate_up: PerDType<K>,
@@ -185,6 +186,7 @@ impl<K> Kernels<K> {
         let embedding = PerDType::resolve(t, "embedding")?;
         let rms_norm = PerDType::resolve(t, "rms_norm")?;
         let silu_mul = PerDType::resolve(t, "silu_mul")?;
+        let scale = PerDType::resolve(t, "scale")?;
         let moe_route = PerDType::resolve(t, "moe_route")?;
         let moe_gate_up = PerDType::resolve(t, "moe_gate_up")?;
         let moe_down = PerDType::resolve(t, "moe_down")?;
@@ -295,6 +297,7 @@ impl<K> Kernels<K> {
             embedding,
             rms_norm,
             silu_mul,
+            scale,
             moe_route,
             moe_gate_up,
             moe_down,

@@ -794,6 +794,12 @@ impl Backend for CudaBackend {
         self.silu_mul(gate_up, out)
     }
 
+    fn scale(&self, x: &Tensor, s: f32) -> Result<()> {
+        self.check_device("scale", &[("x", x)])?;
+        ops::check_scale(x)?;
+        kernels::scale(self, x, s)
+    }
+
     fn sigmoid_gate_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<()> {
         self.check_device("sigmoid_gate_add", &[("x", x), ("gate", gate), ("y", y)])?;
         let d = ops::check_sigmoid_gate_add(x, gate, y)?;

@@ -510,6 +510,17 @@ pub(super) fn gemm_f32(
     }
 }
 
+pub(super) fn scale(x: &Tensor, s: f32) {
+    dispatch_float!(x.dtype(), scale_t(x, s))
+}
+
+fn scale_t<T: Float>(x: &Tensor, s: f32) {
+    // SAFETY: the dtype was validated.
+    let x = unsafe { view_mut::<T>(x) };
+    x.par_iter_mut()
+        .for_each(|v| *v = T::from_f32(v.to_f32() * s));
+}
+
 pub(super) fn sigmoid_gate_add(x: &Tensor, gate: &Tensor, y: &Tensor, d: &RowDims) {
     dispatch_float!(x.dtype(), sigmoid_gate_add_t(x, gate, y, d))
 }

@@ -281,6 +281,26 @@ pub(super) fn rms_norm(
     )
 }
 
+/// `x *= s` in place (`scale_*`).
+pub(super) fn scale(be: &CudaBackend, x: &Tensor, s: f32) -> Result<()> {
+    const OP: &str = "scale";
+    let total = x.numel();
+    if total == 0 {
+        return Ok(());
+    }
+    const THREADS: usize = 256;
+    let c = cfg(
+        (grid_x(OP, "elements", total.div_ceil(THREADS))?, 1, 1),
+        (THREADS as u32, 1, 1),
+    );
+    let (xp, total) = (dptr(x), total as i64);
+    be.launch(
+        be.kernels().scale.get(x.dtype())?,
+        c,
+        &mut args![xp, s, total],
+    )
+}
+
 /// `x += sigmoid(gate) * y` (`moe_shared_add`): Qwen2-MoE's shared expert.
 pub(super) fn sigmoid_gate_add(
     be: &CudaBackend,

@@ -74,7 +74,14 @@ pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "silu_mul.cu",
         src: include_str!("../../../../kernels/silu_mul.cu"),
-        functions: &["silu_mul_bf16", "silu_mul_f16", "silu_mul_f32"],
+        functions: &[
+            "silu_mul_bf16",
+            "silu_mul_f16",
+            "silu_mul_f32",
+            "scale_bf16",
+            "scale_f16",
+            "scale_f32",
+        ],
     },
     KernelSource {
         file: "qkv_rope.cu",
