@@ -32,6 +32,9 @@ struct RefLayer {
     k_norm: Option<Vec<f64>>,
     o_proj: Vec<f64>,
     post_norm: Vec<f64>,
+    /// Post norms: the attention's and the MLP's outputs normed before the residual add.
+    attn_out_norm: Option<Vec<f64>>,
+    mlp_out_norm: Option<Vec<f64>>,
     gate_up: Vec<f64>,
     down: Vec<f64>,
     /// A sparse layer's router (then gate_up and down are the experts' stacks).
@@ -64,6 +67,8 @@ impl RefModel {
                     k_norm: l.k_norm.as_ref().map(|t| host(be, t)),
                     o_proj: host(be, &l.o_proj),
                     post_norm: host(be, &l.post_norm),
+                    attn_out_norm: l.attn_out_norm.as_ref().map(|t| host(be, t)),
+                    mlp_out_norm: l.mlp_out_norm.as_ref().map(|t| host(be, t)),
                     gate_up: host(be, &l.gate_up),
                     down: host(be, &l.down),
                     router: l.router.as_ref().map(|t| host(be, t)),
@@ -82,9 +87,20 @@ impl RefModel {
     fn last_logits(&self, tokens: &[u32]) -> Vec<f64> {
         let c = &self.cfg;
         let h = c.hidden_size;
+        // Gemma scales the embedding by sqrt(hidden).
+        let scale = if c.embed_scale {
+            (h as f64).sqrt()
+        } else {
+            1.0
+        };
         let mut x: Vec<Vec<f64>> = tokens
             .iter()
-            .map(|&t| self.embed[t as usize * h..(t as usize + 1) * h].to_vec())
+            .map(|&t| {
+                self.embed[t as usize * h..(t as usize + 1) * h]
+                    .iter()
+                    .map(|v| v * scale)
+                    .collect()
+            })
             .collect();
         for (li, lw) in self.layers.iter().enumerate() {
             let qkv: Vec<[Vec<f64>; 3]> = x
@@ -94,9 +110,15 @@ impl RefModel {
                 .collect();
             for (p, xp) in x.iter_mut().enumerate() {
                 let attn = self.attention(li, &qkv, p);
-                let o = linear(&attn, &lw.o_proj, 0, h, c.num_heads * c.head_dim);
+                let mut o = linear(&attn, &lw.o_proj, 0, h, c.num_heads * c.head_dim);
+                if let Some(w) = &lw.attn_out_norm {
+                    o = self.norm(&o, w);
+                }
                 xp.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-                let d = self.mlp(lw, xp);
+                let mut d = self.mlp(lw, xp);
+                if let Some(w) = &lw.mlp_out_norm {
+                    d = self.norm(&d, w);
+                }
                 xp.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
             }
         }
@@ -518,6 +540,19 @@ fn alternating_windows_match_f64_reference() {
         ..ModelConfig::dummy("tiny").unwrap()
     };
     check_config("alternating windows", cfg, DType::F32, 1e-4);
+}
+
+/// Gemma's layer recipe on tiny: post norms (the attention's and the MLP's outputs
+/// normed before the residual add) and the embedding times sqrt(hidden), on the CPU
+/// against the f64 reference.
+#[test]
+fn post_norms_and_embedding_scale_match_f64_reference() {
+    let cfg = ModelConfig {
+        post_norms: true,
+        embed_scale: true,
+        ..ModelConfig::dummy("tiny").unwrap()
+    };
+    check_config("post norms", cfg, DType::F32, 1e-4);
 }
 
 #[test]

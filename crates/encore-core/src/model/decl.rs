@@ -134,10 +134,16 @@ pub enum Role {
     EagleFc,
     /// An EAGLE-3 head's RMSNorm of its input hidden state (HF `hidden_norm`).
     HiddenNorm,
+    /// The RMSNorm of the attention's output before the residual add (Gemma's
+    /// `post_attention_layernorm`; `ModelConfig::post_norms`).
+    AttnOutNorm,
+    /// The RMSNorm of the MLP's output before the residual add (Gemma's
+    /// `post_feedforward_layernorm`).
+    MlpOutNorm,
 }
 
 impl Role {
-    pub const ALL: [Role; 20] = [
+    pub const ALL: [Role; 22] = [
         Role::Embedding,
         Role::AttnNorm,
         Role::Qkv,
@@ -158,6 +164,8 @@ impl Role {
         Role::SharedGate,
         Role::EagleFc,
         Role::HiddenNorm,
+        Role::AttnOutNorm,
+        Role::MlpOutNorm,
     ];
 
     /// The device tensor's name, without the layer prefix for per-layer roles (the name
@@ -184,6 +192,8 @@ impl Role {
             Role::SharedGate => "mlp.shared_expert_gate",
             Role::EagleFc => "fc",
             Role::HiddenNorm => "hidden_norm",
+            Role::AttnOutNorm => "attn_out_norm",
+            Role::MlpOutNorm => "mlp_out_norm",
         }
     }
 
@@ -247,7 +257,9 @@ impl Role {
             | Role::ExpertsDown
             | Role::SharedGateUp
             | Role::SharedDown
-            | Role::SharedGate => &[],
+            | Role::SharedGate
+            | Role::AttnOutNorm
+            | Role::MlpOutNorm => &[],
         }
     }
 }
@@ -554,8 +566,19 @@ impl Decl {
             }
             d.op(at(LayerOp::OProj));
             d.tensor(Role::OProj, layer, &[h], Some(q), head_row);
+            // Post norms (Gemma): the attention's output normed, read with o_proj; the MLP's
+            // input norm is then HF's `pre_feedforward_layernorm`.
+            if cfg.post_norms {
+                let name = [("post_attention_layernorm.weight".to_string(), h)];
+                d.tensor_from(Role::AttnOutNorm, layer, &name, None, Rep);
+            }
             d.op(at(LayerOp::PostNorm));
-            d.tensor(Role::MlpNorm, layer, &[h], None, Rep);
+            if cfg.post_norms {
+                let name = [("pre_feedforward_layernorm.weight".to_string(), h)];
+                d.tensor_from(Role::MlpNorm, layer, &name, None, Rep);
+            } else {
+                d.tensor(Role::MlpNorm, layer, &[h], None, Rep);
+            }
             match &cfg.moe {
                 Some(moe) if moe.is_sparse(l) => {
                     let widths = cfg.whole_expert_widths().expect("a model with experts");
@@ -573,6 +596,10 @@ impl Decl {
                     }
                     d.op(at(LayerOp::Down));
                     d.tensor(Role::Down, layer, &[h], Some(inter), row);
+                    if cfg.post_norms {
+                        let name = [("post_feedforward_layernorm.weight".to_string(), h)];
+                        d.tensor_from(Role::MlpOutNorm, layer, &name, None, Rep);
+                    }
                 }
             }
         }

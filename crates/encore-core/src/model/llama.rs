@@ -157,6 +157,34 @@ impl StepBuffers {
     }
 }
 
+/// An op's first weight and, when the layer has it, a second read under the same op (the
+/// announcement's, under weight offload, else the resident ones).
+fn with_second(
+    announced: Option<Vec<Tensor>>,
+    first: &Tensor,
+    second: Option<&Tensor>,
+) -> (Tensor, Option<Tensor>) {
+    match announced {
+        None => (first.clone(), second.cloned()),
+        Some(v) => {
+            let mut it = v.into_iter();
+            let a = it.next().expect("the op's first weight is read first");
+            (a, second.and_then(|_| it.next()))
+        }
+    }
+}
+
+/// Gemma's embedding scale: `sqrt(hidden)` rounded to the run dtype, as transformers
+/// multiplies by it in that dtype.
+fn embed_scale(hidden: usize, dtype: DType) -> f32 {
+    let s = (hidden as f32).sqrt();
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(s).to_f32(),
+        DType::F16 => half::f16::from_f32(s).to_f32(),
+        _ => s,
+    }
+}
+
 /// The dense bytes of the largest quantized weight in the run dtype `dtype`: the scratch a
 /// backend may decode a quantized weight into for a large matmul
 /// ([`Backend::reserve_dequant_scratch`]); 0 when every weight is dense.
@@ -715,15 +743,27 @@ impl Model {
             if size > 1 {
                 be.all_reduce(&buf.hidden)?;
             }
+            if c.embed_scale {
+                be.scale(&buf.hidden, embed_scale(c.hidden_size, self.weights.dtype))?;
+            }
         } else {
             // The rest of layer k - 1: o-proj, residual + post-norm, MLP (whose down
             // projection the next norm adds to the residual).
             let (l, at) = (&layers[k - 1], |op| OpId::Layer(k - 1, op));
-            let o_proj = one(at(LayerOp::OProj), &l.o_proj)?;
+            // o_proj, then (post norms) the norm of its output, read in that order.
+            let (o_proj, out_norm) = with_second(
+                self.enter(at(LayerOp::OProj))?,
+                &l.o_proj,
+                l.attn_out_norm.as_ref(),
+            );
             if fused {
                 project_add_norm(&buf.attn, &o_proj, &l.post_norm)?;
             } else {
                 be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
+                // (Post norms run on one rank: `ModelConfig::shard` refuses them.)
+                if let Some(n) = &out_norm {
+                    be.rms_norm(&buf.hidden, None, n, eps, &buf.hidden)?;
+                }
                 let post_norm = one(at(LayerOp::PostNorm), &l.post_norm)?;
                 add_norm(&post_norm)?;
             }
@@ -848,11 +888,18 @@ impl Model {
                         be.matmul(&buf.normed, &gate_up, None, &buf.gate_up)?;
                         be.act_mul(c.hidden_act, &buf.gate_up, &buf.act)?;
                     }
-                    let down = one(at(LayerOp::Down), &l.down)?;
+                    let (down, out_norm) = with_second(
+                        self.enter(at(LayerOp::Down))?,
+                        &l.down,
+                        l.mlp_out_norm.as_ref(),
+                    );
                     if fused_down {
                         down_pending = Some(down);
                     } else {
                         be.matmul(&buf.act, &down, None, &buf.hidden)?;
+                        if let Some(n) = &out_norm {
+                            be.rms_norm(&buf.hidden, None, n, eps, &buf.hidden)?;
+                        }
                     }
                 }
             }

@@ -35,6 +35,13 @@ impl ModelConfig {
                 what,
             })
         };
+        if self.post_norms {
+            return refuse(format!(
+                "{} over --tensor-parallel-size {size}: its post norms (the attention's and \
+                 the MLP's outputs normed before the residual add) do not run over ranks yet",
+                self.arch.model_type()
+            ));
+        }
         if self.arch == Arch::Phi3 {
             return refuse(format!(
                 "phi3 over --tensor-parallel-size {size}: its fused qkv_proj and gate_up_proj \

@@ -48,8 +48,12 @@ pub struct LayerWeights {
     pub k_norm: Option<Tensor>,
     /// `[hidden, num_heads * head_dim]`.
     pub o_proj: Tensor,
-    /// `[hidden]` (HF `post_attention_layernorm`).
+    /// `[hidden]` (HF `post_attention_layernorm`; Gemma's `pre_feedforward_layernorm`).
     pub post_norm: Tensor,
+    /// Post norms (`ModelConfig::post_norms`): the attention's and the MLP's outputs,
+    /// RMS-normed before each residual add, `[hidden]` each.
+    pub attn_out_norm: Option<Tensor>,
+    pub mlp_out_norm: Option<Tensor>,
     /// `[2 * intermediate, hidden]`: gate rows, then up rows. In a sparse layer (with a
     /// `router`), every expert's gate rows then every expert's up rows,
     /// `[2 * experts * expert_intermediate, hidden]`.
@@ -278,6 +282,8 @@ pub fn dequantized(backend: &dyn Backend, w: &ModelWeights) -> Result<ModelWeigh
                 k_norm: l.k_norm.clone(),
                 o_proj: dense(&l.o_proj)?,
                 post_norm: l.post_norm.clone(),
+                attn_out_norm: l.attn_out_norm.clone(),
+                mlp_out_norm: l.mlp_out_norm.clone(),
                 gate_up: dense(&l.gate_up)?,
                 down: dense(&l.down)?,
                 router: l.router.clone(),
@@ -648,6 +654,8 @@ fn build(
             k_norm: s[slot(Role::KNorm)].take(),
             o_proj: need(&mut s, Role::OProj)?,
             post_norm: need(&mut s, Role::MlpNorm)?,
+            attn_out_norm: s[slot(Role::AttnOutNorm)].take(),
+            mlp_out_norm: s[slot(Role::MlpOutNorm)].take(),
             gate_up: need(&mut s, gate_up_role)?,
             down: need(&mut s, down_role)?,
             router: s[slot(Role::Router)].take(),

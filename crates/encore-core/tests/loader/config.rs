@@ -111,6 +111,8 @@ fn real_configs_parse_to_the_expected_values() {
             qkv_bias: false,
             qk_norm: false,
             hidden_act: Default::default(),
+            post_norms: false,
+            embed_scale: false,
             no_rope_layers: vec![],
             max_position_embeddings: 131_072,
             torch_dtype: DType::BF16,

@@ -52,6 +52,8 @@ impl ModelConfig {
             qkv_bias: false,
             qk_norm: false,
             hidden_act: Activation::Silu,
+            post_norms: false,
+            embed_scale: false,
             no_rope_layers: Vec::new(),
             max_position_embeddings: 2048,
             torch_dtype: DType::BF16,

@@ -45,6 +45,13 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// The gated MLP's activation (`hidden_act`; SiLU for every family but Gemma's).
     pub hidden_act: Activation,
+    /// Post norms (Gemma): the attention's and the MLP's outputs are RMS-normed before
+    /// each residual add (`post_attention_layernorm`, `post_feedforward_layernorm`; the
+    /// MLP's input norm is then `pre_feedforward_layernorm`).
+    pub post_norms: bool,
+    /// The embedding is multiplied by `sqrt(hidden_size)`, rounded to the run dtype first
+    /// (Gemma).
+    pub embed_scale: bool,
     /// Layers whose attention applies no rotary embedding (NoPE; SmolLM3's every fourth),
     /// ascending; empty for every other family.
     pub no_rope_layers: Vec<usize>,

@@ -175,6 +175,8 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         qkv_bias,
         qk_norm: arch.base() == Arch::Qwen3,
         hidden_act,
+        post_norms: false,
+        embed_scale: false,
         no_rope_layers: parse_no_rope_layers(f, arch, num_layers)?,
         full_attention_layers,
         max_position_embeddings,

@@ -204,6 +204,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         qkv_bias: arch.base() == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: arch.base() == Arch::Qwen3,
         hidden_act: Default::default(),
+        post_norms: false,
+        embed_scale: false,
         // llama.cpp's smollm3 has no key for it: every fourth layer, hard-coded.
         no_rope_layers: match arch {
             Arch::SmolLM3 => (0..sizes.num_layers).filter(|i| (i + 1) % 4 == 0).collect(),
