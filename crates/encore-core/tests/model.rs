@@ -106,7 +106,7 @@ impl RefModel {
             let qkv: Vec<[Vec<f64>; 3]> = x
                 .iter()
                 .enumerate()
-                .map(|(p, xp)| self.qkv(lw, xp, p, !self.cfg.no_rope_layers.contains(&li)))
+                .map(|(p, xp)| self.qkv(li, lw, xp, p))
                 .collect();
             for (p, xp) in x.iter_mut().enumerate() {
                 let attn = self.attention(li, &qkv, p);
@@ -134,11 +134,12 @@ impl RefModel {
         x.iter().zip(w).map(|(v, g)| v * r * g).collect()
     }
 
-    /// Rotary embedding of one head `v` at position `pos`.
-    fn rope(&self, v: &mut [f64], pos: usize) {
-        let half = self.cfg.rope.rot_dim / 2;
-        let m = self.cfg.rope.attention_factor();
-        for (i, f) in self.cfg.rope.inv_freq().iter().enumerate() {
+    /// Rotary embedding of one head `v` of layer `li` at position `pos`.
+    fn rope(&self, li: usize, v: &mut [f64], pos: usize) {
+        let rope = self.cfg.layer_rope(li);
+        let half = rope.rot_dim / 2;
+        let m = rope.attention_factor();
+        for (i, f) in rope.inv_freq().iter().enumerate() {
             let ang = pos as f64 * f;
             let (s, co) = ang.sin_cos();
             let (s, co) = (s * m, co * m);
@@ -150,7 +151,8 @@ impl RefModel {
 
     /// The query, key and value of the token at position `p` with hidden state `xp`
     /// (bias, q/k norm and, where the layer `rotates`, rope applied).
-    fn qkv(&self, lw: &RefLayer, xp: &[f64], p: usize, rotates: bool) -> [Vec<f64>; 3] {
+    fn qkv(&self, li: usize, lw: &RefLayer, xp: &[f64], p: usize) -> [Vec<f64>; 3] {
+        let rotates = !self.cfg.no_rope_layers.contains(&li);
         let c = &self.cfg;
         let (h, nh, kvh, hd) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim);
         let hn = self.norm(xp, &lw.input_norm);
@@ -173,7 +175,7 @@ impl RefModel {
                     head.copy_from_slice(&n);
                 }
                 if rotates {
-                    self.rope(head, p);
+                    self.rope(li, head, p);
                 }
             }
         }
@@ -553,6 +555,30 @@ fn post_norms_and_embedding_scale_match_f64_reference() {
         ..ModelConfig::dummy("tiny").unwrap()
     };
     check_config("post norms", cfg, DType::F32, 1e-4);
+}
+
+/// Gemma 3's rotary: the windowed layers rotate with their own base (10,000) and the full
+/// ones with the global base and its scaling, against the f64 reference.
+#[test]
+fn local_rotary_of_windowed_layers_matches_f64_reference() {
+    use encore_core::model::config::SlidingWindow;
+    use encore_core::ops::{RopeConfig, RopeScaling};
+    let tiny = ModelConfig::dummy("tiny").unwrap();
+    let cfg = ModelConfig {
+        sliding_window: Some(SlidingWindow {
+            size: 6,
+            first_layer: 0,
+        }),
+        full_attention_layers: vec![3],
+        rope: RopeConfig {
+            theta: 1_000_000.0,
+            scaling: Some(RopeScaling::Linear { factor: 8.0 }),
+            ..tiny.rope
+        },
+        rope_local: Some(tiny.rope),
+        ..tiny.clone()
+    };
+    check_config("local rotary", cfg, DType::F32, 1e-4);
 }
 
 #[test]

@@ -56,6 +56,8 @@ pub struct Model {
     /// The identity rotation (cos 1, sin 0) for the layers without rotary embeddings
     /// (`cfg.no_rope_layers`); `None` when every layer rotates.
     cos_sin_none: Option<Tensor>,
+    /// The windowed layers' own rotary (`cfg.rope_local`: Gemma 3's local base).
+    cos_sin_local: Option<Tensor>,
     max_positions: usize,
     /// [`Model::scratch_len`] per step capacity `(n, w, bs)`: it evaluates the split-K
     /// plan for every row count up to `n`, too much to repeat on every eager step.
@@ -232,12 +234,29 @@ impl Model {
                 .collect();
             Some(backend.upload(&identity, &[max_positions, cfg.rope.rot_dim])?)
         };
+        let cos_sin_local = match &cfg.rope_local {
+            None => None,
+            Some(local) if local.rot_dim != cfg.rope.rot_dim => {
+                return Err(Error::Config {
+                    path: "model".into(),
+                    what: format!(
+                        "the local rotary's {} dims differ from the global's {}",
+                        local.rot_dim, cfg.rope.rot_dim
+                    ),
+                })
+            }
+            Some(local) => Some(backend.upload(
+                &local.cos_sin_table(max_positions),
+                &[max_positions, local.rot_dim],
+            )?),
+        };
         backend.reserve_dequant_scratch(dequant_scratch_bytes(&cfg, weights.dtype))?;
         Ok(Model {
             cfg,
             weights,
             cos_sin,
             cos_sin_none,
+            cos_sin_local,
             max_positions,
             scratch: Default::default(),
             offload: None,
@@ -1016,8 +1035,9 @@ impl Model {
             head_norm: q_norm.as_ref().zip(k_norm.as_ref()),
             eps,
             positions: inp.positions,
-            cos_sin: match &self.cos_sin_none {
-                Some(none) if c.no_rope_layers.contains(&k) => none,
+            cos_sin: match (&self.cos_sin_none, &self.cos_sin_local) {
+                (Some(none), _) if c.no_rope_layers.contains(&k) => none,
+                (_, Some(local)) if c.layer_window(k).is_some() => local,
                 _ => &self.cos_sin,
             },
             slot_mapping: inp.slot_mapping,

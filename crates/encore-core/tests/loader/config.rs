@@ -113,6 +113,7 @@ fn real_configs_parse_to_the_expected_values() {
             hidden_act: Default::default(),
             post_norms: false,
             embed_scale: false,
+            rope_local: None,
             no_rope_layers: vec![],
             max_position_embeddings: 131_072,
             torch_dtype: DType::BF16,

@@ -54,6 +54,7 @@ impl ModelConfig {
             hidden_act: Activation::Silu,
             post_norms: false,
             embed_scale: false,
+            rope_local: None,
             no_rope_layers: Vec::new(),
             max_position_embeddings: 2048,
             torch_dtype: DType::BF16,

@@ -52,6 +52,9 @@ pub struct ModelConfig {
     /// The embedding is multiplied by `sqrt(hidden_size)`, rounded to the run dtype first
     /// (Gemma).
     pub embed_scale: bool,
+    /// The rotary of the windowed layers when it differs from `rope` (Gemma 3's local
+    /// base, `rope_parameters.sliding_attention`).
+    pub rope_local: Option<RopeConfig>,
     /// Layers whose attention applies no rotary embedding (NoPE; SmolLM3's every fourth),
     /// ascending; empty for every other family.
     pub no_rope_layers: Vec<usize>,
@@ -379,6 +382,15 @@ impl ModelConfig {
     /// Rows of the k (and of the v) projection: `num_kv_heads * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// The rotary of layer `layer`: `rope_local` in a windowed layer that has one, else
+    /// `rope` (a layer in `no_rope_layers` rotates by neither).
+    pub fn layer_rope(&self, layer: usize) -> &RopeConfig {
+        match &self.rope_local {
+            Some(local) if self.layer_window(layer).is_some() => local,
+            _ => &self.rope,
+        }
     }
 
     /// The attention window of layer `layer`: `Some(size)` when it attends to the `size`

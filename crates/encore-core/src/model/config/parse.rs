@@ -177,6 +177,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         hidden_act,
         post_norms: false,
         embed_scale: false,
+        rope_local: None,
         no_rope_layers: parse_no_rope_layers(f, arch, num_layers)?,
         full_attention_layers,
         max_position_embeddings,
