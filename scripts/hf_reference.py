@@ -6,7 +6,8 @@ Builds small random-weight models of every architecture encore runs (Llama, Llam
 llama3 rope scaling, Mistral, Qwen2, Qwen3, Mistral and Qwen2 with sliding windows, and
 the mixtures of experts Qwen3-MoE, with a dense layer, Mixtral, and Qwen2-MoE with its
 shared expert, SmolLM3 with a layer without rotary, Llama with linear and Qwen2 with YaRN
-rope scaling, and Phi-3 with its fused projections, partial rotary and a window)
+rope scaling, Phi-3 with its fused projections, partial rotary and a window, Gemma 3's text
+model, and Qwen2 with transformers 5's `layer_types`)
 with odd sizes (vocab not a multiple of 64, head_dim != hidden / heads, MQA and GQA,
 intermediate not a power of two), saves each as float32 safetensors in OUTDIR/<name>/
 (config.json + model.safetensors), reloads it with
@@ -56,6 +57,8 @@ from transformers import (  # noqa: E402
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     Phi3Config,
     Phi3ForCausalLM,
     SmolLM3Config,
@@ -351,6 +354,34 @@ MODELS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    # Gemma 3's text model: GELU-tanh, (1 + w) norms before and after attention and the
+    # MLP, q/k head norms, the embedding times sqrt(hidden), query_pre_attn_scalar 24 (not
+    # the head dim 32), windows of 6 on layers 0-2 with the local base, layer 3 full with
+    # the global base and linear scaling.
+    (
+        "gemma3",
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=128,
+            intermediate_size=344,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=24,
+            sliding_window=6,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+            pad_token_id=None,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),
+    ),
     # transformers 5's `layer_types`: a window of 6 on layers 0 and 2, layer 1 full (an
     # alternation `max_window_layers` cannot give; gpt-oss's pattern).
     (
@@ -405,7 +436,9 @@ def reinit_(model, seed, tied):
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             if p.dim() == 1 and name.endswith("norm.weight"):
-                value = 1.0 + 0.2 * noise
+                # Gemma's norms multiply by (1 + w): offsets from 1.
+                offset = 0.0 if type(model).__name__.startswith("Gemma") else 1.0
+                value = offset + 0.2 * noise
             elif name.endswith(".bias"):
                 value = 0.2 * noise
             elif "embed_tokens" in name and tied:
@@ -459,7 +492,10 @@ def check_saved_config(path, name, spec):
     if dtype != "float32":
         raise RuntimeError(f"{name}: config.json says dtype {dtype!r}, expected float32")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    want = spec["rope_parameters"]["rope_type"]
+    want = spec["rope_parameters"].get("rope_type")
+    if want is None:  # one rotary per layer type (Gemma 3)
+        rope = (rope or {}).get("full_attention", {})
+        want = spec["rope_parameters"]["full_attention"]["rope_type"]
     got = rope.get("rope_type", rope.get("type", "default"))
     if got != want:
         raise RuntimeError(f"{name}: config.json rope type {got!r} ({rope}), expected {want!r}")
@@ -536,17 +572,21 @@ def build(idx, name, cfg_cls, model_cls, spec, outdir, device):
     # scaling change inv_freq, the default leaves it 1 / theta^(2i/d) over the rotary
     # dims (a partial_rotary_factor's share of the head).
     rot = ref.model.rotary_emb
-    rope_type = spec["rope_parameters"]["rope_type"]
-    if getattr(rot, "rope_type", rope_type) != rope_type:
-        raise RuntimeError(f"{name}: rotary embedding is {rot.rope_type!r}, expected {rope_type!r}")
-    head_dim = getattr(ref.config, "head_dim", None) or spec["hidden_size"] // spec["num_attention_heads"]
-    dim = int(head_dim * spec.get("partial_rotary_factor", 1.0))
-    theta = spec["rope_parameters"]["rope_theta"]
-    plain = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    inv_freq = rot.inv_freq.float().cpu()
-    scaled = inv_freq.shape != plain.shape or not torch.allclose(inv_freq, plain)
-    if scaled != (rope_type in ("llama3", "linear", "yarn")):
-        raise RuntimeError(f"{name}: inv_freq scaled={scaled} for rope type {rope_type}")
+    if "rope_type" not in spec["rope_parameters"]:
+        # One rotary per layer type (Gemma 3): nothing more to check here.
+        rot = None
+    rope_type = spec["rope_parameters"].get("rope_type")
+    if rot is not None:
+        if getattr(rot, "rope_type", rope_type) != rope_type:
+            raise RuntimeError(f"{name}: rotary embedding is {rot.rope_type!r}, expected {rope_type!r}")
+        head_dim = getattr(ref.config, "head_dim", None) or spec["hidden_size"] // spec["num_attention_heads"]
+        dim = int(head_dim * spec.get("partial_rotary_factor", 1.0))
+        theta = spec["rope_parameters"]["rope_theta"]
+        plain = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        inv_freq = rot.inv_freq.float().cpu()
+        scaled = inv_freq.shape != plain.shape or not torch.allclose(inv_freq, plain)
+        if scaled != (rope_type in ("llama3", "linear", "yarn")):
+            raise RuntimeError(f"{name}: inv_freq scaled={scaled} for rope type {rope_type}")
 
     bf16 = copy.deepcopy(ref).to(torch.bfloat16)
     restore_inv_freq_(bf16, ref)

@@ -582,6 +582,71 @@ fn local_rotary_of_windowed_layers_matches_f64_reference() {
 }
 
 #[test]
+fn gemma3_matches_f64_reference() {
+    check_arch("tiny-gemma3", DType::F32, 1e-4);
+}
+
+/// Gemma's checkpoint norms are offsets from 1: the loader stores `1 + w` (q's norm times
+/// the query scale) and leaves every other tensor as it is.
+#[test]
+fn gemma_norms_load_as_one_plus_w() {
+    let cpu = CpuBackend::new();
+    let be: &dyn Backend = &cpu;
+    let gemma = ModelConfig::dummy("tiny-gemma3").unwrap();
+    let plain = ModelConfig {
+        norm_plus_one: false,
+        ..gemma.clone()
+    };
+    let load = |cfg: &ModelConfig| {
+        weights::load(
+            be,
+            cfg,
+            WeightSource::Dummy { seed: 3 },
+            DType::F32,
+            &encore_core::progress::NoProgress,
+        )
+        .unwrap()
+    };
+    let (g, p) = (load(&gemma), load(&plain));
+    let (gl, pl) = (&g.layers[1], &p.layers[1]);
+    let pairs = [
+        (&gl.input_norm, &pl.input_norm, 1.0),
+        (&gl.post_norm, &pl.post_norm, 1.0),
+        (
+            gl.attn_out_norm.as_ref().unwrap(),
+            pl.attn_out_norm.as_ref().unwrap(),
+            1.0,
+        ),
+        (
+            gl.mlp_out_norm.as_ref().unwrap(),
+            pl.mlp_out_norm.as_ref().unwrap(),
+            1.0,
+        ),
+        (
+            gl.k_norm.as_ref().unwrap(),
+            pl.k_norm.as_ref().unwrap(),
+            1.0,
+        ),
+        (
+            gl.q_norm.as_ref().unwrap(),
+            pl.q_norm.as_ref().unwrap(),
+            gemma.query_scale,
+        ),
+        (&g.norm, &p.norm, 1.0),
+    ];
+    for (i, (a, b, s)) in pairs.into_iter().enumerate() {
+        let (a, b) = (be.download_f32(a).unwrap(), be.download_f32(b).unwrap());
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(*x, (1.0 + y) * s, "norm {i}");
+        }
+    }
+    assert_eq!(
+        be.download_f32(&g.layers[0].qkv).unwrap(),
+        be.download_f32(&p.layers[0].qkv).unwrap()
+    );
+}
+
+#[test]
 fn mixtral_matches_f64_reference() {
     check_arch("tiny-mixtral", DType::F32, 1e-4);
 }

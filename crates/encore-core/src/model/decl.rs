@@ -214,6 +214,21 @@ impl Role {
         )
     }
 
+    /// Whether the role is an RMSNorm weight.
+    pub fn is_norm(self) -> bool {
+        matches!(
+            self,
+            Role::AttnNorm
+                | Role::QNorm
+                | Role::KNorm
+                | Role::MlpNorm
+                | Role::FinalNorm
+                | Role::HiddenNorm
+                | Role::AttnOutNorm
+                | Role::MlpOutNorm
+        )
+    }
+
     /// Whether the role has one tensor per decoder layer.
     pub fn per_layer(self) -> bool {
         !matches!(
@@ -268,6 +283,10 @@ impl Role {
 /// rows of [`Role::Qkv`] and [`Role::GateUp`] in one tensor each.
 pub const FUSED_QKV: Source = src!("self_attn.qkv_proj.weight", "attn_qkv.weight");
 pub const FUSED_GATE_UP: Source = src!("mlp.gate_up_proj.weight", "ffn_up.weight");
+
+/// Gemma's MLP input norm (the [`Role::MlpNorm`] of a model with post norms), which
+/// llama.cpp calls `ffn_norm` as it does Llama's `post_attention_layernorm`.
+pub const PRE_FFN_NORM: Source = src!("pre_feedforward_layernorm.weight", "ffn_norm.weight");
 
 /// How a tensor's values are stored on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -574,7 +593,7 @@ impl Decl {
             }
             d.op(at(LayerOp::PostNorm));
             if cfg.post_norms {
-                let name = [("pre_feedforward_layernorm.weight".to_string(), h)];
+                let name = [(PRE_FFN_NORM.hf.to_string(), h)];
                 d.tensor_from(Role::MlpNorm, layer, &name, None, Rep);
             } else {
                 d.tensor(Role::MlpNorm, layer, &[h], None, Rep);
@@ -797,7 +816,7 @@ pub fn gguf_source(hf: &str) -> Option<(String, Option<usize>)> {
         return Some((blk(g), None));
     }
     let found = Role::ALL.iter().filter(|r| r.per_layer());
-    let fused = [FUSED_QKV, FUSED_GATE_UP];
+    let fused = [FUSED_QKV, FUSED_GATE_UP, PRE_FFN_NORM];
     let s = found
         .flat_map(|r| r.sources())
         .chain(&fused)

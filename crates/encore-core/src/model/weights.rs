@@ -209,6 +209,13 @@ fn load_placed(
     let weights = build(&decl, dtype, |i, m| {
         let place = prepared.map_or(Place::Device, |p| p.place[i].clone());
         let mdt = m.dtype(dtype);
+        let offset = cfg.norm_plus_one && m.role.is_norm() && !matches!(source, Source::Gguf(_));
+        if offset && !matches!(place, Place::Device) {
+            return Err(Error::invalid(
+                "weights",
+                format!("{}: a (1 + w) norm must stay on the device", m.name()),
+            ));
+        }
         if let Place::Host = place {
             for (k, part) in m.parts.iter().enumerate() {
                 host.fill(&source, cfg, i, k, part, mdt, &mut staging)?;
@@ -237,6 +244,14 @@ fn load_placed(
             bar.0.set(done);
             row += rows;
         }
+        // Gemma's norms are offsets from 1 (q's also carries the query scale).
+        if offset {
+            let scale = match m.role {
+                Role::QNorm => cfg.query_scale,
+                _ => 1.0,
+            };
+            offset_norm(backend, &t, scale)?;
+        }
         Ok(if row_scale { t.with_row_scale() } else { t })
     })?;
     backend.synchronize()?;
@@ -249,6 +264,35 @@ fn load_placed(
         start.elapsed().as_secs_f64()
     );
     Ok((weights, host.finish()))
+}
+
+/// A norm weight `w` of an HF checkpoint that stores offsets from 1 (Gemma's RMSNorm
+/// computes `x * (1 + w)`): `(1 + w) * scale` in place, in f32, rounded to its dtype once.
+fn offset_norm(backend: &dyn Backend, t: &Tensor, scale: f32) -> Result<()> {
+    let mut bytes = vec![0u8; t.size_bytes()];
+    backend.read_bytes(t, &mut bytes)?;
+    let f = |v: f32| (1.0 + v) * scale;
+    match t.dtype() {
+        DType::F32 => bytes.chunks_exact_mut(4).for_each(|c| {
+            let v = f(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            c.copy_from_slice(&v.to_le_bytes());
+        }),
+        DType::BF16 => bytes.chunks_exact_mut(2).for_each(|c| {
+            let v = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            c.copy_from_slice(&half::bf16::from_f32(f(v)).to_le_bytes());
+        }),
+        DType::F16 => bytes.chunks_exact_mut(2).for_each(|c| {
+            let v = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            c.copy_from_slice(&half::f16::from_f32(f(v)).to_le_bytes());
+        }),
+        other => {
+            return Err(Error::invalid(
+                "weights",
+                format!("a norm weight in {other} cannot take (1 + w)"),
+            ))
+        }
+    }
+    backend.write_bytes(t, &bytes)
 }
 
 /// The same weights with every quantized tensor decoded ([`encore_backend::quant`]'s

@@ -114,6 +114,8 @@ fn real_configs_parse_to_the_expected_values() {
             post_norms: false,
             embed_scale: false,
             rope_local: None,
+            norm_plus_one: false,
+            query_scale: 1.0,
             no_rope_layers: vec![],
             max_position_embeddings: 131_072,
             torch_dtype: DType::BF16,
@@ -680,4 +682,89 @@ fn layer_types_choose_the_windowed_layers() {
         let e = with(extra).unwrap_err().to_string();
         assert!(e.contains(want), "{extra}: {e}");
     }
+}
+
+/// Gemma 3's text config (`gemma3_text`), both of transformers' formats: the rotary per
+/// layer type in `rope_parameters` (5.x) or `rope_theta` / `rope_local_base_freq` /
+/// `rope_scaling` (4.x); `layer_types` or the five-in-six pattern; what it does not run
+/// (soft-capping, bidirectional attention, an attention bias) refused by name.
+#[test]
+fn gemma3_text_configs_parse() {
+    use encore_core::backend::Activation;
+    use encore_core::ops::RopeScaling;
+    let base = r#""architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "vocab_size": 262144, "hidden_size": 2560, "intermediate_size": 10240,
+        "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+        "sliding_window": 1024, "max_position_embeddings": 131072, "rms_norm_eps": 1e-06,
+        "final_logit_softcapping": null, "attn_logit_softcapping": null"#;
+    let with = |extra: &str| ModelConfig::from_json(&format!("{{{base}{extra}}}"), "config.json");
+    let v5 = with(
+        r#", "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0,
+            "rope_theta": 1000000.0}, "sliding_attention": {"rope_type": "default",
+            "rope_theta": 10000.0}}"#,
+    )
+    .unwrap();
+    assert_eq!(v5.arch, Arch::Gemma3);
+    assert_eq!(v5.hidden_act, Activation::GeluTanh);
+    assert!(v5.tie_word_embeddings && v5.qk_norm && v5.post_norms && v5.embed_scale);
+    assert!(v5.norm_plus_one && !v5.qkv_bias && v5.query_scale == 1.0);
+    assert_eq!(
+        (v5.rope.theta, v5.rope.scaling),
+        (1e6, Some(RopeScaling::Linear { factor: 8.0 }))
+    );
+    let local = v5.rope_local.unwrap();
+    assert_eq!((local.theta, local.scaling), (1e4, None));
+    // Five windowed layers, then a full one: layer 5 full.
+    let windows: Vec<_> = (0..8).map(|l| v5.layer_window(l)).collect();
+    assert_eq!(
+        windows,
+        vec![
+            Some(1024),
+            Some(1024),
+            Some(1024),
+            Some(1024),
+            Some(1024),
+            None,
+            Some(1024),
+            Some(1024)
+        ]
+    );
+    assert_eq!(v5.layer_rope(5).theta, 1e6);
+    assert_eq!(v5.layer_rope(4).theta, 1e4);
+    // transformers 4's keys, a query scalar other than the head dim, an explicit pattern.
+    let v4 = with(
+        r#", "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "query_pre_attn_scalar": 168,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+            "full_attention", "sliding_attention", "full_attention", "sliding_attention",
+            "full_attention"]"#,
+    )
+    .unwrap();
+    assert_eq!(v4.rope.scaling, Some(RopeScaling::Linear { factor: 8.0 }));
+    assert_eq!(v4.rope_local.unwrap().theta, 1e4);
+    assert_eq!(v4.full_attention_layers, vec![1, 3, 5, 7]);
+    assert!((v4.query_scale - (256f32 / 168.0).sqrt()).abs() < 1e-6);
+    for (extra, want) in [
+        (
+            r#", "final_logit_softcapping": 30.0"#,
+            "final_logit_softcapping",
+        ),
+        (
+            r#", "attn_logit_softcapping": 50.0"#,
+            "attn_logit_softcapping",
+        ),
+        (
+            r#", "use_bidirectional_attention": true"#,
+            "use_bidirectional_attention",
+        ),
+        (r#", "attention_bias": true"#, "attention_bias"),
+        (r#", "hidden_activation": "gelu_fast""#, "hidden_activation"),
+    ] {
+        let e = with(extra).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
+    // Post norms do not split over ranks yet.
+    let e = v5.shard(0, 2).unwrap_err().to_string();
+    assert!(e.contains("gemma3_text") && e.contains("post norms"), "{e}");
 }

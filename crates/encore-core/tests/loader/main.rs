@@ -79,7 +79,13 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             add("self_attn.k_norm.weight", vec![hd]);
         }
         add("self_attn.o_proj.weight", vec![h, q]);
-        add("post_attention_layernorm.weight", vec![h]);
+        if cfg.post_norms {
+            // Gemma: the attention's output norm, then the MLP's input norm.
+            add("post_attention_layernorm.weight", vec![h]);
+            add("pre_feedforward_layernorm.weight", vec![h]);
+        } else {
+            add("post_attention_layernorm.weight", vec![h]);
+        }
         match &cfg.moe {
             Some(m) if m.is_sparse(l) => {
                 // The loader's order: the router, every expert's gate, every expert's up,
@@ -117,6 +123,9 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
                 add("mlp.gate_proj.weight", vec![i, h]);
                 add("mlp.up_proj.weight", vec![i, h]);
                 add("mlp.down_proj.weight", vec![h, i]);
+                if cfg.post_norms {
+                    add("post_feedforward_layernorm.weight", vec![h]);
+                }
             }
         }
     }

@@ -26,6 +26,7 @@ const DUMMY_NAMES: &[&str] = &[
     "smollm2-135m",
     "tiny-smollm3",
     "tiny-phi3",
+    "tiny-gemma3",
 ];
 
 impl ModelConfig {
@@ -55,6 +56,8 @@ impl ModelConfig {
             post_norms: false,
             embed_scale: false,
             rope_local: None,
+            norm_plus_one: false,
+            query_scale: 1.0,
             no_rope_layers: Vec::new(),
             max_position_embeddings: 2048,
             torch_dtype: DType::BF16,
@@ -114,6 +117,35 @@ impl ModelConfig {
                 sliding_window: Some(SlidingWindow {
                     size: 8,
                     first_layer: 0,
+                }),
+                ..tiny
+            },
+            // Gemma 3's recipe: GELU-tanh, (1 + w) norms before and after attention and the
+            // MLP, q/k head norms, the embedding times sqrt(hidden), a query scalar other
+            // than the head dim, windows of 6 on layers 0-2 with their own rotary base.
+            "tiny-gemma3" => ModelConfig {
+                arch: Arch::Gemma3,
+                hidden_act: Activation::GeluTanh,
+                qk_norm: true,
+                post_norms: true,
+                embed_scale: true,
+                norm_plus_one: true,
+                query_scale: (32.0f32 / 24.0).sqrt(),
+                tie_word_embeddings: true,
+                sliding_window: Some(SlidingWindow {
+                    size: 6,
+                    first_layer: 0,
+                }),
+                full_attention_layers: vec![3],
+                rope: RopeConfig {
+                    rot_dim: 32,
+                    theta: 1_000_000.0,
+                    scaling: None,
+                },
+                rope_local: Some(RopeConfig {
+                    rot_dim: 32,
+                    theta: 10_000.0,
+                    scaling: None,
                 }),
                 ..tiny
             },

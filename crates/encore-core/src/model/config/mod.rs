@@ -55,6 +55,12 @@ pub struct ModelConfig {
     /// The rotary of the windowed layers when it differs from `rope` (Gemma 3's local
     /// base, `rope_parameters.sliding_attention`).
     pub rope_local: Option<RopeConfig>,
+    /// The checkpoint's RMSNorm weights are offsets from 1 (Gemma's `x * (1 + w)`): the
+    /// loader adds 1 to every norm weight of an HF checkpoint.
+    pub norm_plus_one: bool,
+    /// A factor on q before attention's `1 / sqrt(head_dim)`, folded at load into q's head
+    /// norm weight (Gemma's `query_pre_attn_scalar`: `sqrt(head_dim / scalar)`); 1 otherwise.
+    pub query_scale: f32,
     /// Layers whose attention applies no rotary embedding (NoPE; SmolLM3's every fourth),
     /// ascending; empty for every other family.
     pub no_rope_layers: Vec<usize>,

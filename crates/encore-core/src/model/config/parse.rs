@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::rope::parse_rope;
+use super::rope::{parse_gemma_rope, parse_rope};
 use super::{Arch, EagleConfig, ModelConfig, MoeConfig, SlidingWindow};
 use crate::backend::Activation;
 use crate::error::{Error, Result};
@@ -112,11 +112,18 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let intermediate_size = f.positive("intermediate_size")?;
     let num_layers = f.positive("num_hidden_layers")?;
     let heads = parse_heads(f, hidden_size)?;
-    let hidden_act = match f.opt_str("hidden_act")? {
+    // Gemma names it `hidden_activation` (GELU-tanh by default).
+    let gemma = arch == Arch::Gemma3;
+    let act_key = match gemma && f.get("hidden_activation").is_some() {
+        true => "hidden_activation",
+        false => "hidden_act",
+    };
+    let hidden_act = match f.opt_str(act_key)? {
+        None if gemma => Activation::GeluTanh,
         None => Activation::Silu,
         Some(name) => Activation::from_hf(name).ok_or_else(|| {
             f.err(format!(
-                "hidden_act = \"{name}\" is not supported (supported: {})",
+                "{act_key} = \"{name}\" is not supported (supported: {})",
                 Activation::ALL.map(Activation::hf_name).join(", ")
             ))
         })?,
@@ -125,12 +132,21 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let max_position_embeddings = f
         .opt_usize("max_position_embeddings")?
         .unwrap_or(arch.default_max_positions());
-    let rope = parse_rope(f, arch, heads.head_dim, max_position_embeddings)?;
+    let (rope, rope_local) = match gemma {
+        true => {
+            let (global, local) = parse_gemma_rope(f, heads.head_dim, max_position_embeddings)?;
+            (global, Some(local))
+        }
+        false => (
+            parse_rope(f, arch, heads.head_dim, max_position_embeddings)?,
+            None,
+        ),
+    };
     let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
     if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
         return Err(f.err(format!("rms_norm_eps = {rms_norm_eps} must be >= 0")));
     }
-    let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(false);
+    let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(gemma);
     let qkv_bias = parse_bias(f, arch)?;
     let mut sliding_window = parse_sliding_window(f, arch, num_layers)?;
     // `layer_types`, where present, says which layers slide (transformers then ignores
@@ -146,8 +162,17 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
                     .filter(|_| full.len() < num_layers);
                 full
             }
+            // Gemma 3 without the list: five windowed layers, then a full one.
+            None if gemma && sliding_window.is_some() => {
+                let pattern = f.opt_usize("sliding_window_pattern")?.unwrap_or(6).max(1);
+                (0..num_layers).filter(|l| (l + 1) % pattern == 0).collect()
+            }
             None => Vec::new(),
         };
+    let query_scale = match gemma {
+        true => parse_gemma_variants(f, heads.head_dim)?,
+        false => 1.0,
+    };
     let torch_dtype = parse_torch_dtype(f)?;
     let weights = parse_quantization(f)?;
     let moe = parse_moe(f, arch, num_layers, intermediate_size)?;
@@ -173,11 +198,13 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         rms_norm_eps,
         tie_word_embeddings,
         qkv_bias,
-        qk_norm: arch.base() == Arch::Qwen3,
+        qk_norm: arch.base() == Arch::Qwen3 || gemma,
         hidden_act,
-        post_norms: false,
-        embed_scale: false,
-        rope_local: None,
+        post_norms: gemma,
+        embed_scale: gemma,
+        rope_local,
+        norm_plus_one: gemma,
+        query_scale,
         no_rope_layers: parse_no_rope_layers(f, arch, num_layers)?,
         full_attention_layers,
         max_position_embeddings,
@@ -265,6 +292,13 @@ fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
         Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe | Arch::SmolLM3 => attention_bias,
         // Its qkv_proj has no bias.
         Arch::Phi3 => false,
+        // Its `attention_bias` would give o_proj one too.
+        Arch::Gemma3 => {
+            if attention_bias {
+                return Err(f.err("attention_bias = true is not supported for gemma3_text"));
+            }
+            false
+        }
     };
     if matches!(arch, Arch::Llama | Arch::SmolLM3) && f.opt_bool("mlp_bias")? == Some(true) {
         return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
@@ -571,7 +605,7 @@ fn parse_layer_types(
     let Some(v) = f.get("layer_types") else {
         return Ok(None);
     };
-    if !matches!(arch, Arch::Qwen2 | Arch::Qwen3) {
+    if !matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3) {
         return Ok(None);
     }
     let kinds: Option<Vec<&str>> = v
@@ -605,6 +639,31 @@ fn parse_layer_types(
     ))
 }
 
+/// Gemma 3's fields beyond the Llama family's: what it does not run is refused by name
+/// (logit soft-capping, bidirectional attention); returns the factor on q that makes
+/// attention's `1 / sqrt(head_dim)` its `query_pre_attn_scalar^-1/2` (default 256).
+fn parse_gemma_variants(f: &Fields<'_>, head_dim: usize) -> Result<f32> {
+    for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        if let Some(v) = f.opt_f64(key)? {
+            return Err(f.err(format!(
+                "`{}` = {v} is not supported (no logit soft-capping yet)",
+                f.name(key)
+            )));
+        }
+    }
+    if f.opt_bool("use_bidirectional_attention")? == Some(true) {
+        return Err(f.err("use_bidirectional_attention = true is not supported"));
+    }
+    let scalar = f.opt_f64("query_pre_attn_scalar")?.unwrap_or(256.0);
+    if !(scalar > 0.0 && scalar.is_finite()) {
+        return Err(f.err(format!(
+            "`{}` = {scalar} must be positive",
+            f.name("query_pre_attn_scalar")
+        )));
+    }
+    Ok((head_dim as f64 / scalar).sqrt() as f32)
+}
+
 /// The window as transformers builds its layer types: Mistral's `sliding_window` applies
 /// to every layer; Qwen2/Qwen3's only when `use_sliding_window` is true, and then to the
 /// layers from `max_window_layers` on (default: every layer); Phi-3's covers every layer.
@@ -628,7 +687,8 @@ fn parse_sliding_window(
             }
             return Ok(None);
         }
-        Arch::Mistral | Arch::Mixtral | Arch::Phi3 => 0,
+        // Gemma 3's window is on the layers `layer_types` (or its pattern) names.
+        Arch::Mistral | Arch::Mixtral | Arch::Phi3 | Arch::Gemma3 => 0,
         // Their windows alternate over layers (Qwen2-MoE) or cover every layer (Qwen3-MoE);
         // no released checkpoint turns them on.
         Arch::Qwen2Moe | Arch::Qwen3Moe => {

@@ -77,6 +77,92 @@ pub(super) fn parse_rope(
     })
 }
 
+/// Gemma 3's two rotaries: the full layers' (`rope_parameters.full_attention`, or the
+/// top-level `rope_theta` (default 1e6) and `rope_scaling`) and the windowed layers'
+/// (`rope_parameters.sliding_attention`, or `rope_local_base_freq`, default 1e4, never
+/// scaled), as transformers 5's `convert_rope_params_to_dict` builds them.
+pub(super) fn parse_gemma_rope(
+    f: &Fields<'_>,
+    head_dim: usize,
+    max_positions: usize,
+) -> Result<(RopeConfig, RopeConfig)> {
+    let sub = |key: &'static str| -> Result<Option<Fields<'_>>> {
+        let Some(params) = f.opt_object("rope_parameters")? else {
+            return Ok(None);
+        };
+        let p = Fields {
+            obj: params,
+            path: f.path,
+            prefix: "rope_parameters.",
+        };
+        Ok(p.opt_object(key)?.map(|obj| Fields {
+            obj,
+            path: f.path,
+            prefix: match key {
+                "full_attention" => "rope_parameters.full_attention.",
+                _ => "rope_parameters.sliding_attention.",
+            },
+        }))
+    };
+    let theta = |p: &Fields<'_>, default: f64| -> Result<f32> {
+        let t = p.opt_f64("rope_theta")?.unwrap_or(default);
+        if !(t > 0.0 && t.is_finite()) {
+            return Err(p.err(format!("`{}` = {t} must be positive", p.name("rope_theta"))));
+        }
+        Ok(t as f32)
+    };
+    let (global, local) = match (sub("full_attention")?, sub("sliding_attention")?) {
+        (None, None) => {
+            let global = RopeConfig {
+                rot_dim: head_dim,
+                theta: theta(f, 1_000_000.0)?,
+                scaling: match f.opt_object("rope_scaling")? {
+                    None => None,
+                    Some(obj) => {
+                        let s = Fields {
+                            obj,
+                            path: f.path,
+                            prefix: "rope_scaling.",
+                        };
+                        parse_scaling(&s, max_positions, None)?
+                    }
+                },
+            };
+            let base = f.opt_f64("rope_local_base_freq")?.unwrap_or(10_000.0);
+            if !(base > 0.0 && base.is_finite()) {
+                return Err(f.err(format!(
+                    "`{}` = {base} must be positive",
+                    f.name("rope_local_base_freq")
+                )));
+            }
+            let local = RopeConfig {
+                rot_dim: head_dim,
+                theta: base as f32,
+                scaling: None,
+            };
+            (global, local)
+        }
+        (full, sliding) => {
+            let one = |p: Option<Fields<'_>>, default: f64| -> Result<RopeConfig> {
+                Ok(match p {
+                    None => RopeConfig {
+                        rot_dim: head_dim,
+                        theta: default as f32,
+                        scaling: None,
+                    },
+                    Some(p) => RopeConfig {
+                        rot_dim: head_dim,
+                        theta: theta(&p, default)?,
+                        scaling: parse_scaling(&p, max_positions, None)?,
+                    },
+                })
+            };
+            (one(full, 1_000_000.0)?, one(sliding, 10_000.0)?)
+        }
+    };
+    Ok((global, local))
+}
+
 /// The scaling of a `rope_scaling` / `rope_parameters` object: `llama3`, `linear` and
 /// `yarn` as transformers computes them; `dynamic` (frequencies that change with the
 /// sequence's length) and `longrope` are refused by name.
@@ -87,7 +173,7 @@ fn parse_scaling(
 ) -> Result<Option<RopeScaling>> {
     let kind = s.opt_str("rope_type")?.or(s.opt_str("type")?);
     match kind {
-        None if s.prefix == "rope_parameters." => Ok(None),
+        None if s.prefix.starts_with("rope_parameters.") => Ok(None),
         None => Err(s.err("`rope_scaling` has no `rope_type` (or `type`)")),
         Some("default") => Ok(None),
         Some("llama3") => {

@@ -207,6 +207,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         post_norms: false,
         embed_scale: false,
         rope_local: None,
+        norm_plus_one: false,
+        query_scale: 1.0,
         // llama.cpp's smollm3 has no key for it: every fourth layer, hard-coded.
         no_rope_layers: match arch {
             Arch::SmolLM3 => (0..sizes.num_layers).filter(|i| (i + 1) % 4 == 0).collect(),
