@@ -7,15 +7,18 @@
 //! ([`StepInputs`]); intermediates come from the arena in a fixed order, so the same call
 //! can be captured into a graph.
 
+mod buffers;
+mod eagle;
+mod skew;
+
 use crate::backend::{Activation, Attention, Backend, ExpertPrefetch, Moe, QkvRope};
 use crate::error::{Error, Result};
 use crate::graph::StepHooks;
 use crate::kv::KvCache;
 use crate::memory::Arena;
-use crate::memory::ARENA_ALIGN;
 use crate::model::config::ModelConfig;
 use crate::model::decl::{LayerOp, OpId};
-use crate::model::routing::{RouterSkew, RoutingTable};
+use crate::model::routing::RoutingTable;
 use crate::model::weights::ModelWeights;
 use crate::offload::Offload;
 use crate::tensor::{DType, Tensor};
@@ -267,77 +270,6 @@ impl Model {
         })
     }
 
-    /// Capture, in every later step (eager or captured: call it before any graph), the
-    /// residual stream at the input of `layers` for each of up to `rows` token rows, the
-    /// hidden states an EAGLE-3 head reads ([`Model::aux_hidden`]).
-    pub fn capture_aux(&mut self, be: &dyn Backend, layers: [usize; 3], rows: usize) -> Result<()> {
-        if let Some(&l) = layers.iter().find(|&&l| l >= self.cfg.num_layers) {
-            return Err(Error::invalid(
-                "capture_aux",
-                format!("layer {l} of a model of {} layers", self.cfg.num_layers),
-            ));
-        }
-        let buf = be.alloc(self.dtype(), &[3 * rows, self.cfg.hidden_size])?;
-        self.aux = Some(AuxCapture { layers, buf, rows });
-        Ok(())
-    }
-
-    /// Whether steps capture hidden states ([`Model::capture_aux`]).
-    pub fn captures_aux(&self) -> bool {
-        self.aux.is_some()
-    }
-
-    /// The captured hidden states of the last step ([`Model::capture_aux`]): `[rows,
-    /// hidden]` per layer, in the order the layers were given; `None` without a capture.
-    pub fn aux_hidden(&self) -> Option<[Tensor; 3]> {
-        let a = self.aux.as_ref()?;
-        let block = |k: usize| a.buf.narrow(k * a.rows, a.rows).ok();
-        Some([block(0)?, block(1)?, block(2)?])
-    }
-
-    /// An EAGLE-3 head's persistent rows for steps of up to `rows` token rows and `seqs`
-    /// sampled rows (call it before any graph), and the target's embedding it shares
-    /// (`[target_vocab, hidden]` in the run dtype).
-    pub fn enable_eagle(
-        &mut self,
-        be: &dyn Backend,
-        embed: &Tensor,
-        rows: usize,
-        seqs: usize,
-    ) -> Result<()> {
-        let Some(e) = &self.cfg.eagle else {
-            return Err(Error::invalid(
-                "enable_eagle",
-                "the model is not an EAGLE head",
-            ));
-        };
-        let h = self.cfg.hidden_size;
-        let want = [e.target_vocab, h];
-        if embed.shape() != want || embed.dtype() != self.dtype() {
-            return Err(Error::invalid(
-                "--draft-model",
-                format!(
-                    "the EAGLE head needs the target's embedding as {} {want:?}, the target has {} {:?}",
-                    self.dtype(),
-                    embed.dtype(),
-                    embed.shape()
-                ),
-            ));
-        }
-        self.weights.embed = embed.clone();
-        self.eagle = Some(EagleRows {
-            input: be.alloc(self.dtype(), &[rows, h])?,
-            next: be.alloc(self.dtype(), &[seqs, h])?,
-        });
-        Ok(())
-    }
-
-    /// An EAGLE-3 head's input hidden rows and sampled rows' outputs
-    /// ([`Model::enable_eagle`]).
-    pub fn eagle_rows(&self) -> Option<(&Tensor, &Tensor)> {
-        self.eagle.as_ref().map(|e| (&e.input, &e.next))
-    }
-
     /// [`Model::new`] for weights loaded under a budget
     /// ([`crate::model::weights::load_offloaded`]) with the executor that streams them.
     pub fn with_offload(
@@ -368,120 +300,6 @@ impl Model {
         self.group_offloads = true;
     }
 
-    /// Route every sparse layer by a synthetic table of `rows` token rows instead of its
-    /// router (`--router-skew`; `None`: the routers). Steps captured before keep what
-    /// they captured: set it before any graph.
-    pub fn set_router_skew(
-        &mut self,
-        backend: &dyn Backend,
-        skew: Option<RouterSkew>,
-        rows: usize,
-    ) -> Result<()> {
-        let Some(skew) = skew else {
-            self.router_table = None;
-            return Ok(());
-        };
-        let Some(moe) = &self.cfg.moe else {
-            return Err(Error::invalid(
-                "--router-skew",
-                format!("{} has no experts to route", self.cfg.arch.model_type()),
-            ));
-        };
-        let window = rows + self.cfg.num_layers;
-        let len = RoutingTable::table_rows(window);
-        let table = RoutingTable::new(skew, moe.num_experts, moe.top_k, len);
-        let all = backend.upload_f32_as(&table.logits(), &[len, moe.num_experts], self.dtype())?;
-        let window = backend.alloc(self.dtype(), &[window, moe.num_experts])?;
-        backend.copy(&all.narrow(0, window.dim(0))?, &window)?;
-        // The prefetch's predictions, only where the expert cache prefetches.
-        let prefetches = self
-            .offload
-            .as_ref()
-            .is_some_and(|o| o.prefetches_experts());
-        let predicted = if prefetches {
-            let p_all = backend.upload_f32_as(
-                &table.predicted_logits(),
-                &[len, moe.num_experts],
-                self.dtype(),
-            )?;
-            let p = backend.alloc(self.dtype(), window.shape())?;
-            backend.copy(&p_all.narrow(0, window.dim(0))?, &p)?;
-            Some((p_all, p))
-        } else {
-            None
-        };
-        self.router_table = Some(RouterTable {
-            all,
-            window,
-            predicted,
-            table: std::sync::Arc::new(table),
-            next: std::sync::atomic::AtomicUsize::new(0),
-        });
-        Ok(())
-    }
-
-    /// The synthetic routing table, when one is set.
-    pub fn routing_table(&self) -> Option<std::sync::Arc<RoutingTable>> {
-        self.router_table.as_ref().map(|r| r.table.clone())
-    }
-
-    /// Before a step of `rows` token rows (never inside a capture): the synthetic routing
-    /// table's window moves to fresh rows ([`RoutingTable::next_start`]), so each step
-    /// routes anew, as a real router does, while the graphs read the same window.
-    /// Returns the window it took, `(start, rows)`, for the followers of a
-    /// tensor-parallel group ([`Model::follow_routing`]); `None` without a table.
-    pub fn advance_routing(
-        &self,
-        backend: &dyn Backend,
-        rows: usize,
-    ) -> Result<Option<(usize, usize)>> {
-        let Some(r) = &self.router_table else {
-            return Ok(None);
-        };
-        let start = r.next.load(std::sync::atomic::Ordering::Relaxed);
-        self.route_window(r, backend, start, rows)?;
-        Ok(Some((start, rows)))
-    }
-
-    /// A tensor-parallel follower's step: the routing window the leader's
-    /// [`Model::advance_routing`] took for it (nothing for `None`), so every rank routes
-    /// every token alike.
-    pub fn follow_routing(
-        &self,
-        backend: &dyn Backend,
-        window: Option<(usize, usize)>,
-    ) -> Result<()> {
-        let Some((start, rows)) = window else {
-            return Ok(());
-        };
-        let Some(r) = &self.router_table else {
-            return Err(Error::invalid(
-                "tensor parallel",
-                "the leader routes by a table this rank does not have",
-            ));
-        };
-        self.route_window(r, backend, start, rows)
-    }
-
-    /// Copy table `r`'s rows from `start` into the window the graphs read, and move the
-    /// next step's start past a step of `rows`.
-    fn route_window(
-        &self,
-        r: &RouterTable,
-        backend: &dyn Backend,
-        start: usize,
-        rows: usize,
-    ) -> Result<()> {
-        let w = r.window.dim(0);
-        backend.copy(&r.all.narrow(start, w)?, &r.window)?;
-        if let Some((p_all, p)) = &r.predicted {
-            backend.copy(&p_all.narrow(start, w)?, p)?;
-        }
-        let next = RoutingTable::next_start(start, rows, self.cfg.num_layers, w, r.all.dim(0));
-        r.next.store(next, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
-    }
-
     /// The weight offload executor, when the weights run under a budget.
     pub fn offload(&self) -> Option<&Offload> {
         self.offload.as_ref()
@@ -508,190 +326,6 @@ impl Model {
 
     fn dtype(&self) -> DType {
         self.weights.dtype
-    }
-
-    /// Shapes of the step's intermediates for `n` tokens and `b` sequences.
-    fn buffer_shapes(
-        c: &ModelConfig,
-        t: DType,
-        n: usize,
-        b: usize,
-        scratch_len: usize,
-        moe_work: usize,
-    ) -> [(DType, Vec<usize>); 27] {
-        let (_, size) = c.tp_rank();
-        let (shard, gathered) = match size {
-            1 => (vec![1, 1], vec![1]),
-            _ => (vec![b, c.vocab_rows()], vec![b * size * c.vocab_rows()]),
-        };
-        let (experts, top_k, ei) = c.moe.as_ref().map_or((1, 1, 1), |m| {
-            (m.num_experts, m.top_k, m.expert_intermediate)
-        });
-        let moe_rows = if c.moe.is_some() { n } else { 1 };
-        let shared = c.moe.as_ref().and_then(|m| m.shared_expert_intermediate);
-        let (srows, s, sh) = shared.map_or((1, 1, 1), |s| (n, s, c.hidden_size));
-        // An EAGLE-3 head's two normed inputs, then the pair side by side.
-        let (erows, eh) = match c.eagle {
-            Some(_) => (n, c.hidden_size),
-            None => (1, 1),
-        };
-        [
-            (t, vec![n, c.hidden_size]),
-            (t, vec![n, c.hidden_size]),
-            (t, vec![n, c.hidden_size]),
-            (t, vec![n, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim]),
-            (t, vec![n, c.num_heads * c.head_dim]),
-            (t, vec![n, c.num_heads * c.head_dim]),
-            (t, vec![n, 2 * c.intermediate_size]),
-            (t, vec![n, c.intermediate_size]),
-            (DType::F32, vec![scratch_len.max(1)]),
-            (t, vec![b, c.hidden_size]),
-            (DType::F32, vec![b, c.vocab_size]),
-            (DType::F32, shard),
-            (DType::F32, gathered),
-            (t, vec![moe_rows, experts]),
-            (DType::I32, vec![moe_rows, top_k]),
-            (DType::F32, vec![moe_rows, top_k]),
-            (t, vec![moe_rows, experts]),
-            (DType::I32, vec![moe_rows, top_k]),
-            (DType::F32, vec![moe_rows, top_k]),
-            (t, vec![moe_rows * top_k, ei]),
-            (DType::I32, vec![moe_work.div_ceil(4).max(1)]),
-            (t, vec![srows, 2 * s]),
-            (t, vec![srows, s]),
-            (t, vec![srows, sh]),
-            (t, vec![srows, 1]),
-            (t, vec![2, erows, eh]),
-            (t, vec![erows, 2 * eh]),
-        ]
-    }
-
-    /// Arena bytes one step of `n` tokens, `b` sequences and block tables of
-    /// `table_width` blocks of `block_size` needs.
-    pub fn arena_bytes(
-        &self,
-        backend: &dyn Backend,
-        n: usize,
-        b: usize,
-        table_width: usize,
-        block_size: usize,
-    ) -> usize {
-        Self::arena_bytes_for(
-            &self.cfg,
-            self.dtype(),
-            backend,
-            n,
-            b,
-            table_width,
-            block_size,
-        )
-    }
-
-    /// [`Model::arena_bytes`] before the model exists (for a memory estimate ahead of
-    /// loading): the same bytes for a model of `cfg` run in `dtype`. Saturates at
-    /// `usize::MAX` instead of overflowing.
-    pub fn arena_bytes_for(
-        cfg: &ModelConfig,
-        dtype: DType,
-        backend: &dyn Backend,
-        n: usize,
-        b: usize,
-        table_width: usize,
-        block_size: usize,
-    ) -> usize {
-        let scratch = Self::scratch_len(cfg, backend, n, table_width, block_size);
-        let work = Self::moe_work_bytes(cfg, backend, dtype, n);
-        Self::buffer_shapes(cfg, dtype, n, b, scratch, work)
-            .iter()
-            .map(|(d, s)| {
-                s.iter()
-                    .try_fold(d.size(), |acc, &x| acc.checked_mul(x))
-                    .and_then(|bytes| bytes.checked_next_multiple_of(ARENA_ALIGN))
-                    .unwrap_or(usize::MAX)
-            })
-            .fold(0usize, usize::saturating_add)
-    }
-
-    /// The backend's workspace bytes for a sparse layer of `n` token rows (0 without
-    /// experts).
-    fn moe_work_bytes(cfg: &ModelConfig, backend: &dyn Backend, dtype: DType, n: usize) -> usize {
-        cfg.moe.as_ref().map_or(0, |m| {
-            backend.moe_workspace_bytes(n, cfg.hidden_size, m.num_experts, m.top_k, dtype)
-        })
-    }
-
-    /// Attention scratch (f32 elements) for a step of up to `n` token rows: one launch
-    /// over all rows, or (a mixed step) its leading decode rows and the rows after them,
-    /// in two launches. The split-K plan uses more splits for fewer rows, so the need is
-    /// not monotonic in the row count: the maximum is taken over every count up to `n`.
-    /// That also makes it monotonic in `n`, which the arena needs: sized for the largest
-    /// step, it must hold every smaller bucket's buffers (a 48-token bucket's scratch
-    /// exceeded a 64-token capacity's before, on a model of 8 heads of 64).
-    fn scratch_len(
-        cfg: &ModelConfig,
-        backend: &dyn Backend,
-        n: usize,
-        w: usize,
-        bs: usize,
-    ) -> usize {
-        let len = |rows| backend.attention_scratch_len(rows, cfg.num_heads, cfg.head_dim, w, bs);
-        (1..=n).map(len).fold(0, usize::max)
-    }
-
-    /// Allocate one step's intermediates for a capacity of `n` token rows and `b`
-    /// sequence rows, block tables `w` wide over blocks of `bs` tokens (always the same
-    /// order, so a capture and its warm-up get the same addresses).
-    pub fn alloc_step(
-        &self,
-        backend: &dyn Backend,
-        arena: &mut Arena,
-        n: usize,
-        b: usize,
-        w: usize,
-        bs: usize,
-    ) -> Result<StepBuffers> {
-        let scratch = {
-            let mut cache = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            *cache
-                .entry([n, w, bs])
-                .or_insert_with(|| Self::scratch_len(&self.cfg, backend, n, w, bs))
-        };
-        let work = Self::moe_work_bytes(&self.cfg, backend, self.dtype(), n);
-        let mut it = Self::buffer_shapes(&self.cfg, self.dtype(), n, b, scratch, work)
-            .into_iter()
-            .map(|(d, s)| arena.alloc(d, &s))
-            .collect::<Result<Vec<_>>>()?
-            .into_iter();
-        let mut next = || it.next().expect("27 buffers");
-        Ok(StepBuffers {
-            hidden: next(),
-            residual: next(),
-            normed: next(),
-            qkv: next(),
-            q: next(),
-            attn: next(),
-            gate_up: next(),
-            act: next(),
-            scratch: next(),
-            last: next(),
-            logits: next(),
-            logits_shard: next(),
-            gathered: next(),
-            router_logits: next(),
-            moe_ids: next(),
-            moe_weights: next(),
-            prefetch_logits: next(),
-            prefetch_ids: next(),
-            prefetch_weights: next(),
-            moe_act: next(),
-            moe_work: next(),
-            shared_gate_up: next(),
-            shared_act: next(),
-            shared_out: next(),
-            shared_gate: next(),
-            eagle_pair: next(),
-            eagle_cat: next(),
-        })
     }
 
     /// How many pieces a step splits into at its attention calls: one before each
@@ -947,50 +581,6 @@ impl Model {
             }
         }
         self.qkv_write(be, kv, inp, buf, k)
-    }
-
-    /// An EAGLE-3 head's piece 0: the shared embedding of the step's tokens and the
-    /// hidden state of each row ([`Model::eagle_rows`]' input), each RMS-normed, side by
-    /// side into the layer's q/k/v; the residual stream starts at the hidden state (after
-    /// its norm with `norm_before_residual`).
-    fn eagle_prologue(
-        &self,
-        be: &dyn Backend,
-        kv: &KvCache,
-        inp: &StepInputs<'_>,
-        buf: &StepBuffers,
-    ) -> Result<()> {
-        let c = &self.cfg;
-        let (Some(e), Some(rows)) = (&c.eagle, &self.eagle) else {
-            return Err(Error::invalid(
-                "forward",
-                "an EAGLE head runs after Model::enable_eagle gave it the target's embedding",
-            ));
-        };
-        let l = &self.weights.layers[0];
-        let hidden_norm = l.hidden_norm.as_ref().ok_or_else(|| {
-            Error::invalid("forward", "an EAGLE head without its hidden_norm weight")
-        })?;
-        let n = buf.hidden.dim(0);
-        let eps = c.rms_norm_eps;
-        be.embedding(inp.token_ids, &self.weights.embed, &buf.hidden)?;
-        let pair = &buf.eagle_pair;
-        let (normed_e, normed_h) = (pair.narrow(0, 1)?, pair.narrow(1, 1)?);
-        let (normed_e, normed_h) = (
-            normed_e.reshape(&[n, c.hidden_size])?,
-            normed_h.reshape(&[n, c.hidden_size])?,
-        );
-        be.rms_norm(&buf.hidden, None, &l.input_norm, eps, &normed_e)?;
-        let input = rows.input.prefix(n)?;
-        be.rms_norm(&input, None, hidden_norm, eps, &normed_h)?;
-        let start = if e.norm_before_residual {
-            &normed_h
-        } else {
-            &input
-        };
-        be.copy(start, &buf.residual)?;
-        be.unshard_columns(pair, &buf.eagle_cat)?;
-        self.qkv_write(be, kv, inp, buf, 0)
     }
 
     /// Layer `k`'s q/k/v from `buf.normed` (an EAGLE head's from its pair of inputs):
