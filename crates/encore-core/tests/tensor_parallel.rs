@@ -113,6 +113,14 @@ fn greedy_tokens_over_2_and_4_ranks_equal_one_rank() {
     ranks_give_one_ranks_tokens(&["dummy:tiny", "dummy:tiny-qwen3", "dummy:tiny-qwen2"]);
 }
 
+/// Phi-3's fused qkv_proj and gate_up_proj: each rank cuts its q, k, v (gate, up) shares
+/// out of the one checkpoint tensor, and 2 and 4 ranks give one rank's tokens (KV heads
+/// replicated over 4), with its partial rotary and window.
+#[test]
+fn phi3_fused_projections_over_2_and_4_ranks_equal_one_rank() {
+    ranks_give_one_ranks_tokens(&["dummy:tiny-phi3"]);
+}
+
 /// A vocabulary the group does not divide (301 tokens over 2 and 4 ranks) is padded, as
 /// vLLM pads it: each rank holds `ceil(301 / size)` rows of the embedding and LM head, zeros
 /// past the vocabulary, and the gathered logits drop the padding; greedy tokens equal one

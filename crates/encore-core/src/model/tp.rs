@@ -3,7 +3,7 @@
 //! weight formats allow.
 
 use crate::error::{Error, Result};
-use crate::model::config::{Arch, ModelConfig, MoeConfig, TpShard};
+use crate::model::config::{ModelConfig, MoeConfig, TpShard};
 use crate::model::decl::{Role, WeightFormat};
 
 impl ModelConfig {
@@ -40,12 +40,6 @@ impl ModelConfig {
                 "{} over --tensor-parallel-size {size}: its post norms (the attention's and \
                  the MLP's outputs normed before the residual add) do not run over ranks yet",
                 self.arch.model_type()
-            ));
-        }
-        if self.arch == Arch::Phi3 {
-            return refuse(format!(
-                "phi3 over --tensor-parallel-size {size}: its fused qkv_proj and gate_up_proj \
-                 do not split over ranks yet"
             ));
         }
         let kv = self.num_kv_heads;

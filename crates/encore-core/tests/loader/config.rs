@@ -474,8 +474,8 @@ fn smollm3_configs_give_their_nope_layers() {
 }
 
 /// Phi-3 (`phi3`): partial rotary from `partial_rotary_factor` (Phi-4-mini's 0.75), its
-/// window over every layer, no biases; longrope, a partial rotary elsewhere and tensor
-/// parallelism (its fused projections) are refused by name.
+/// window over every layer, no biases, its fused projections cut per rank; longrope and a
+/// partial rotary elsewhere are refused by name.
 #[test]
 fn phi3_configs_parse_and_refuse_what_does_not_run() {
     let base = r#""architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
@@ -504,8 +504,30 @@ fn phi3_configs_parse_and_refuse_what_does_not_run() {
         let e = with(extra).unwrap_err().to_string();
         assert!(e.contains(want), "{extra}: {e}");
     }
-    let e = with("").unwrap().shard(0, 2).unwrap_err().to_string();
-    assert!(e.contains("phi3") && e.contains("qkv_proj"), "{e}");
+    // Over ranks, each rank cuts its q, k and v (gate and up) shares out of the fused
+    // tensors: three (two) slices of one checkpoint tensor.
+    let shard = with("").unwrap().shard(1, 2).unwrap();
+    let decl = shard.decl();
+    let qkv = decl
+        .tensors()
+        .iter()
+        .find(|t| t.layer == Some(0) && t.parts[0].name.ends_with("qkv_proj.weight"))
+        .unwrap();
+    assert_eq!(qkv.parts.len(), 3);
+    let rows: Vec<_> = qkv
+        .parts
+        .iter()
+        .map(|p| p.slice.map(|s| (s.row, s.rows)))
+        .collect();
+    // 24 heads of 128 and 8 KV heads over 2 ranks: rank 1's 12 q heads, 4 k, 4 v.
+    assert_eq!(
+        rows,
+        vec![
+            Some((1536, 1536)),
+            Some((3072 + 512, 512)),
+            Some((4096 + 512, 512))
+        ]
+    );
     // Another family's partial rotary stays refused.
     let llama = LLAMA_3_2_1B.replacen('{', r#"{"partial_rotary_factor": 0.5,"#, 1);
     let e = ModelConfig::from_json(&llama, "config.json")

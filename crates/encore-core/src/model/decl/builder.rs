@@ -113,6 +113,46 @@ impl<'a> Builder<'a> {
     }
 
     /// [`Builder::tensor`] from HF names (without the layer prefix) and rows.
+    /// [`Builder::tensor_from`] for one checkpoint tensor `hf` that holds several parts'
+    /// rows one after the other (`rows`: Phi-3's fused `qkv_proj`, `gate_up_proj`): whole
+    /// on one device, or, over a tensor-parallel group, each part's share cut out of it
+    /// (slices of the whole tensor, rows offset by the part's start), so a rank holds its
+    /// q, k and v (or gate and up) shares in the unfused order.
+    pub(super) fn tensor_fused(
+        &mut self,
+        role: Role,
+        layer: Option<usize>,
+        hf: &str,
+        rows: &[usize],
+        cols: Option<usize>,
+        shard: Shard,
+    ) -> usize {
+        let total: usize = rows.iter().sum();
+        let i = self.tensor_from(role, layer, &[(hf.to_string(), total)], cols, shard);
+        let (rank, size) = self.tp;
+        if size == 1 || shard == Shard::Replicated {
+            return i;
+        }
+        let t = &mut self.decl.tensors[i];
+        let whole = t.parts[0].clone();
+        let mut start = 0;
+        t.parts = rows
+            .iter()
+            .map(|&r| {
+                let mut s = shard.slice(rank, size, r, cols.unwrap_or(1));
+                s.row += start;
+                start += r;
+                TensorSpec {
+                    slice: Some(s),
+                    ..whole.clone()
+                }
+            })
+            .collect();
+        let local_rows: usize = t.parts.iter().map(|p| p.local_shape()[0]).sum();
+        t.shape[0] = local_rows;
+        i
+    }
+
     pub(super) fn tensor_from(
         &mut self,
         role: Role,

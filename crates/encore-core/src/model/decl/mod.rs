@@ -575,9 +575,15 @@ impl Decl {
             }
             d.op(at(LayerOp::Qkv));
             if cfg.arch == Arch::Phi3 {
-                // One fused `qkv_proj` (q, k, v rows in our order; no split over ranks).
-                let qkv = [(FUSED_QKV.hf.to_string(), q + 2 * kv)];
-                d.tensor_from(Role::Qkv, layer, &qkv, Some(qkv_cols), head_col);
+                // One fused `qkv_proj` (q, k, v rows in our order; a rank's shares cut out).
+                d.tensor_fused(
+                    Role::Qkv,
+                    layer,
+                    FUSED_QKV.hf,
+                    &[q, kv, kv],
+                    Some(qkv_cols),
+                    head_col,
+                );
             } else {
                 d.tensor(Role::Qkv, layer, &[q, kv, kv], Some(qkv_cols), head_col);
             }
@@ -613,8 +619,8 @@ impl Decl {
                     d.op(at(LayerOp::GateUp));
                     if cfg.arch == Arch::Phi3 {
                         // One fused `gate_up_proj`: gate rows, then up rows.
-                        let gu = [(FUSED_GATE_UP.hf.to_string(), 2 * inter)];
-                        d.tensor_from(Role::GateUp, layer, &gu, Some(h), col);
+                        let gu = [inter, inter];
+                        d.tensor_fused(Role::GateUp, layer, FUSED_GATE_UP.hf, &gu, Some(h), col);
                     } else {
                         d.tensor(Role::GateUp, layer, &[inter, inter], Some(h), col);
                     }
