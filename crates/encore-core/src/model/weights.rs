@@ -359,7 +359,18 @@ fn ignored_tensor(cfg: &ModelConfig, name: &str) -> bool {
         ".k_scale",
         ".v_scale",
     ];
-    fp8_scale.iter().any(|s| name.ends_with(s))
+    // A multimodal Gemma 3's vision tower and projector (its language model runs alone).
+    let vision = cfg.arch == Arch::Gemma3
+        && [
+            "vision_tower.",
+            "multi_modal_projector.",
+            "model.vision_tower.",
+            "model.multi_modal_projector.",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p));
+    vision
+        || fp8_scale.iter().any(|s| name.ends_with(s))
         || name.ends_with("rotary_emb.inv_freq")
         || (cfg.tie_word_embeddings && name == "lm_head.weight")
         // An EAGLE-3 head's vocabulary maps (read by the drafter) and an embedding of

@@ -231,3 +231,63 @@ fn llama_attention_bias_loads_qkv_bias_and_requires_a_zero_o_bias() {
         "{msg}"
     );
 }
+
+/// Gemma 3: the text checkpoint (`Gemma3ForCausalLM`) and the language model of a
+/// multimodal one (`Gemma3ForConditionalGeneration`, its config's `text_config`; tensors
+/// under `language_model.model.` as transformers 4 saved them, or `model.language_model.`
+/// as 5 does, beside a vision tower that is skipped) load the same weights; the norms
+/// load as `1 + w` (q's times the query scale).
+#[test]
+fn gemma3_text_and_multimodal_checkpoints_load_the_same_language_model() {
+    let text = r#""hidden_activation": "gelu_pytorch_tanh", "head_dim": 16,
+        "query_pre_attn_scalar": 16, "sliding_window": 8, "layer_types":
+        ["sliding_attention", "full_attention"], "final_logit_softcapping": null"#;
+    let json = tiny_json("Gemma3ForCausalLM", &format!(", {text}"));
+    let cfg = ModelConfig::from_json(&json, "test").unwrap();
+    assert!(cfg.post_norms && cfg.norm_plus_one && cfg.tie_word_embeddings);
+    let ts = checkpoint(&cfg, Dtype::F32, 41);
+    let dir = model_dir("gemma3-text", &json, &ts);
+    let (_, plain) = load_dir(dir.path(), DType::F32).unwrap();
+    let embed = download(&plain.embed);
+    let norm = download(&plain.norm);
+    let hf_norm = &find(&ts, "model.norm.weight").values;
+    assert!(norm.iter().zip(hf_norm).all(|(g, w)| *g == 1.0 + w));
+    // The multimodal layouts: the text config nested, the tensors renamed, a vision tensor.
+    let inner: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let mm_json = serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": inner,
+        "vision_config": {"hidden_size": 8},
+        "eos_token_id": [2, 106],
+    })
+    .to_string();
+    for prefix in ["language_model.model.", "model.language_model."] {
+        let mut mm: Vec<Ck> = ts
+            .iter()
+            .map(|t| Ck {
+                name: t.name.replacen("model.", prefix, 1),
+                ..t.clone()
+            })
+            .collect();
+        mm.push(Ck {
+            name: "vision_tower.vision_model.post_layernorm.weight".into(),
+            dtype: Dtype::F32,
+            shape: vec![8],
+            values: vec![1.0; 8],
+        });
+        let dir = model_dir("gemma3-mm", &mm_json, &mm);
+        let (mm_cfg, w) = load_dir(dir.path(), DType::F32).unwrap();
+        assert_eq!(mm_cfg.arch, cfg.arch, "{prefix}");
+        assert_eq!(mm_cfg.num_layers, cfg.num_layers);
+        assert_eq!(download(&w.embed), embed, "{prefix}");
+        assert_eq!(download(&w.norm), norm, "{prefix}");
+        for (a, b) in w.layers.iter().zip(&plain.layers) {
+            assert_eq!(download(&a.qkv), download(&b.qkv), "{prefix}");
+            assert_eq!(
+                download(a.mlp_out_norm.as_ref().unwrap()),
+                download(b.mlp_out_norm.as_ref().unwrap())
+            );
+        }
+    }
+}

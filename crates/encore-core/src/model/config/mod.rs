@@ -227,6 +227,43 @@ impl ModelConfig {
             path: path.to_string(),
             what: "the top level is not a JSON object".into(),
         })?;
+        // A multimodal Gemma 3 (`Gemma3ForConditionalGeneration`, `model_type` gemma3): its
+        // language model, from `text_config`; the vision tower is skipped.
+        let multimodal = obj.get("model_type").and_then(Value::as_str) == Some("gemma3")
+            || obj
+                .get("architectures")
+                .and_then(Value::as_array)
+                .is_some_and(|a| {
+                    a.iter()
+                        .any(|n| n.as_str() == Some("Gemma3ForConditionalGeneration"))
+                });
+        if multimodal {
+            let text = obj
+                .get("text_config")
+                .and_then(Value::as_object)
+                .ok_or_else(|| Error::Config {
+                    path: path.to_string(),
+                    what: "a Gemma3ForConditionalGeneration config without `text_config`".into(),
+                })?;
+            let mut text = text.clone();
+            text.insert("model_type".into(), Value::from("gemma3_text"));
+            text.remove("architectures");
+            // Token ids and the dtype may live at the top level only.
+            for key in ["bos_token_id", "eos_token_id", "torch_dtype", "dtype"] {
+                if let (false, Some(v)) = (text.contains_key(key), obj.get(key)) {
+                    text.insert(key.into(), v.clone());
+                }
+            }
+            tracing::warn!(
+                "{path}: Gemma3ForConditionalGeneration: running its language model; the \
+                 vision tower is skipped (images are not supported)"
+            );
+            return parse(&Fields {
+                obj: &text,
+                path,
+                prefix: "text_config.",
+            });
+        }
         parse(&Fields {
             obj,
             path,

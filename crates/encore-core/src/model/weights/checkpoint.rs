@@ -66,8 +66,9 @@ impl ShardFile {
 /// A checkpoint's files and where each tensor lives.
 pub(super) struct Checkpoint {
     files: Vec<ShardFile>,
-    /// Tensor name -> index into `files`.
-    location: HashMap<String, usize>,
+    /// Tensor name (as the declaration names it: [`our_name`]) -> index into `files` and
+    /// the name in that file.
+    location: HashMap<String, (usize, String)>,
     /// How the location map was built, for "missing" messages.
     origin: String,
 }
@@ -120,7 +121,7 @@ impl Checkpoint {
         let mut location = HashMap::new();
         for (i, f) in files.iter().enumerate() {
             for name in f.meta.offset_keys() {
-                if let Some(j) = location.insert(name.clone(), i) {
+                if let Some((j, _)) = location.insert(our_name(&name), (i, name.clone())) {
                     return Err(Error::Weights {
                         tensor: name,
                         what: format!("is in both `{}` and `{}`", files[j].name(), f.name()),
@@ -177,7 +178,10 @@ impl Checkpoint {
             .collect::<Result<Vec<_>>>()?;
         let location = by_tensor
             .into_iter()
-            .map(|(t, f)| (t, names.binary_search(&f).expect("file name is in the set")))
+            .map(|(t, f)| {
+                let i = names.binary_search(&f).expect("file name is in the set");
+                (our_name(&t), (i, t))
+            })
             .collect();
         Ok(Checkpoint {
             files,
@@ -187,8 +191,9 @@ impl Checkpoint {
     }
 
     fn info(&self, name: &str) -> Option<(&ShardFile, &TensorInfo)> {
-        let file = &self.files[*self.location.get(name)?];
-        file.meta.info(name).map(|info| (file, info))
+        let (i, in_file) = self.location.get(name)?;
+        let file = &self.files[*i];
+        file.meta.info(in_file).map(|info| (file, info))
     }
 
     /// Check every spec's presence, shape and dtype, then that the checkpoint holds no
@@ -248,11 +253,11 @@ impl Checkpoint {
                 tensor: spec.name.clone(),
                 what,
             };
-            let Some(&i) = self.location.get(&spec.name) else {
+            let Some((i, in_file)) = self.location.get(&spec.name) else {
                 return Err(err(format!("is missing from {}", self.origin)));
             };
-            let file = &self.files[i];
-            let info = file.meta.info(&spec.name).ok_or_else(|| {
+            let file = &self.files[*i];
+            let info = file.meta.info(in_file).ok_or_else(|| {
                 err(format!(
                     "the index maps it to `{}`, which does not contain it",
                     file.name()
@@ -360,7 +365,7 @@ impl Checkpoint {
     /// byte range within that file's mapping ([`Checkpoint::mapping`]).
     pub(super) fn location(&self, name: &str) -> Result<(DType, usize, std::ops::Range<usize>)> {
         let (dtype, bytes) = self.data(name)?;
-        let file = *self.location.get(name).expect("data() found it");
+        let file = self.location.get(name).expect("data() found it").0;
         let base = self.files[file].mmap.as_ptr() as usize;
         let start = bytes.as_ptr() as usize - base;
         Ok((dtype, file, start..start + bytes.len()))
@@ -411,6 +416,20 @@ impl Checkpoint {
         let (dtype, bytes) = self.data(name)?;
         Ok(Some(host::to_f32(bytes, dtype)))
     }
+}
+
+/// A checkpoint tensor's name as the declaration names it: the language model of a
+/// multimodal checkpoint (Gemma 3's `Gemma3ForConditionalGeneration`) keeps its layers
+/// under `language_model.model.` (transformers 4) or `model.language_model.` (5), and
+/// its LM head under `language_model.lm_head`; every other name is its own.
+fn our_name(name: &str) -> String {
+    if let Some(rest) = name.strip_prefix("language_model.") {
+        return rest.to_string();
+    }
+    if let Some(rest) = name.strip_prefix("model.language_model.") {
+        return format!("model.{rest}");
+    }
+    name.to_string()
 }
 
 /// Rows and columns of one FP8 scale block.
