@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The new families and variants on the GPU (issue "Architectures as modules"), with
 # .gpu/final.tar.xz (encore and the cuda and hf_parity test binaries, made on the build
-# machine): `encore info` (every CUDA kernel against the CPU: act_mul's activations, the
+# machine by scripts/pack-arch.sh): `encore info` (every CUDA kernel against the CPU: act_mul's activations, the
 # padded vocabulary's unshard_columns among them), transformers 5.17's reference for the
 # given models (scripts/hf_reference.py), hf_parity over them (CUDA f32/bf16, CPU f32),
 # then the cuda test binary (every dummy model on CUDA, eager and graphs).
