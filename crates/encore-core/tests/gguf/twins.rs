@@ -13,6 +13,12 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
             Store::F16,
         ),
         ("LlamaForCausalLM", "", Store::Q8_0),
+        // Linear rope scaling: llama.cpp's `rope.scaling.type` / `rope.scaling.factor`.
+        (
+            "LlamaForCausalLM",
+            r#", "rope_scaling": {"rope_type": "linear", "factor": 4.0}"#,
+            Store::F32,
+        ),
         (
             "Qwen2ForCausalLM",
             r#", "tie_word_embeddings": true"#,

@@ -405,19 +405,33 @@ fn parse_rope(m: &Meta<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
         )));
     }
     let scaling_key = k("rope.scaling.type");
-    match m.opt_str(&scaling_key)? {
-        None | Some("none") => {}
+    // llama.cpp's linear scaling divides every frequency by `rope.scaling.factor`, as
+    // transformers' `linear` does.
+    let linear = match m.opt_str(&scaling_key)? {
+        None | Some("none") => None,
+        Some("linear") => {
+            let key = k("rope.scaling.factor");
+            let factor = m
+                .opt_f64(&key)?
+                .ok_or_else(|| m.err(format!("required key `{key}` is missing")))?;
+            if !(factor > 0.0 && factor.is_finite()) {
+                return Err(m.err(format!("`{key}` = {factor} must be positive")));
+            }
+            Some(RopeScaling::Linear {
+                factor: factor as f32,
+            })
+        }
         Some(other) => {
             return Err(m.err(format!(
-                "`{scaling_key}` = \"{other}\" is not supported (no rope scaling, or Llama-3 \
-                 scaling through `{ROPE_FREQS}`)"
+                "`{scaling_key}` = \"{other}\" is not supported (no rope scaling, linear, or \
+                 Llama-3 scaling through `{ROPE_FREQS}`)"
             )))
         }
-    }
+    };
     let mut rope = RopeConfig {
         rot_dim,
         theta: theta as f32,
-        scaling: None,
+        scaling: linear,
     };
     if m.file.tensor(ROPE_FREQS).is_some() {
         rope.scaling = Some(RopeScaling::Llama3(llama3_from_rope_freqs(

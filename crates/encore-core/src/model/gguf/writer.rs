@@ -18,6 +18,7 @@ use super::quants::GgmlType;
 use super::reader::{Value, DEFAULT_ALIGNMENT, MAGIC};
 use crate::error::{Error, Result};
 use crate::model::config::{Arch, ModelConfig};
+use crate::ops::RopeScaling;
 
 /// Metadata and tensors to be written as one GGUF file.
 #[derive(Clone, Debug, Default)]
@@ -77,6 +78,13 @@ impl GgufWriter {
         }
         if let Some(w) = cfg.sliding_window {
             self.kv(&format!("{a}.attention.sliding_window"), u(w.size));
+        }
+        if let Some(RopeScaling::Linear { factor }) = cfg.rope.scaling {
+            self.kv(
+                &format!("{a}.rope.scaling.type"),
+                Value::String("linear".into()),
+            );
+            self.kv(&format!("{a}.rope.scaling.factor"), Value::F32(factor));
         }
         if let Some(moe) = &cfg.moe {
             self.kv(&format!("{a}.expert_count"), u(moe.num_experts));
