@@ -216,29 +216,28 @@ pub fn dequantize_row(fmt: QuantFormat, row: &[u8], out: &mut [f32]) {
 /// row-wise FP8 GEMM runs ~1.4x faster than 128-value blocks); the other formats quantize
 /// block by block.
 pub fn quantize_rows(fmt: QuantFormat, values: &[f32], k: usize, out: &mut [u8]) {
-    let rb = fmt.row_bytes(k).expect("k is a whole number of blocks");
-    let mut blocks = Vec::with_capacity(k / fmt.block_elems() * fmt.block_bytes());
-    for (row, o) in values.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
-        blocks.clear();
-        if fmt == QuantFormat::F8E4M3 {
-            let amax = row.iter().fold(0f32, |a, x| a.max(x.abs()));
-            fp8_blocks(row, amax / E4M3_MAX, &mut blocks);
-        } else {
-            quantize_blocks(fmt, row, &mut blocks);
-        }
-        pack_row(fmt, &blocks, o);
-    }
+    quantize_rows_as(fmt, values, k, out, fmt == QuantFormat::F8E4M3);
 }
 
 /// [`quantize_rows`] with every block scaled alone (FP8: one scale per 128 values, as the
 /// block-scaled checkpoints and the FP8 GEMM's 128-value activations; the other formats
 /// as [`quantize_rows`]).
 pub fn quantize_rows_by_block(fmt: QuantFormat, values: &[f32], k: usize, out: &mut [u8]) {
+    quantize_rows_as(fmt, values, k, out, false);
+}
+
+/// Device rows of `values`; `row_scale`: FP8 with one scale a row (the row's amax / 448).
+fn quantize_rows_as(fmt: QuantFormat, values: &[f32], k: usize, out: &mut [u8], row_scale: bool) {
     let rb = fmt.row_bytes(k).expect("k is a whole number of blocks");
     let mut blocks = Vec::with_capacity(k / fmt.block_elems() * fmt.block_bytes());
     for (row, o) in values.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
         blocks.clear();
-        quantize_blocks(fmt, row, &mut blocks);
+        if row_scale {
+            let amax = row.iter().fold(0f32, |a, x| a.max(x.abs()));
+            fp8_blocks(row, amax / E4M3_MAX, &mut blocks);
+        } else {
+            quantize_blocks(fmt, row, &mut blocks);
+        }
         pack_row(fmt, &blocks, o);
     }
 }

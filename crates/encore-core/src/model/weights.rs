@@ -269,30 +269,23 @@ fn load_placed(
 /// A norm weight `w` of an HF checkpoint that stores offsets from 1 (Gemma's RMSNorm
 /// computes `x * (1 + w)`): `(1 + w) * scale` in place, in f32, rounded to its dtype once.
 fn offset_norm(backend: &dyn Backend, t: &Tensor, scale: f32) -> Result<()> {
+    if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+        return Err(Error::invalid(
+            "weights",
+            format!("a norm weight in {} cannot take (1 + w)", t.dtype()),
+        ));
+    }
     let mut bytes = vec![0u8; t.size_bytes()];
     backend.read_bytes(t, &mut bytes)?;
-    let f = |v: f32| (1.0 + v) * scale;
-    match t.dtype() {
-        DType::F32 => bytes.chunks_exact_mut(4).for_each(|c| {
-            let v = f(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-            c.copy_from_slice(&v.to_le_bytes());
-        }),
-        DType::BF16 => bytes.chunks_exact_mut(2).for_each(|c| {
-            let v = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
-            c.copy_from_slice(&half::bf16::from_f32(f(v)).to_le_bytes());
-        }),
-        DType::F16 => bytes.chunks_exact_mut(2).for_each(|c| {
-            let v = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
-            c.copy_from_slice(&half::f16::from_f32(f(v)).to_le_bytes());
-        }),
-        other => {
-            return Err(Error::invalid(
-                "weights",
-                format!("a norm weight in {other} cannot take (1 + w)"),
-            ))
-        }
-    }
-    backend.write_bytes(t, &bytes)
+    let values: Vec<f32> = host::to_f32(&bytes, t.dtype())
+        .into_iter()
+        .map(|v| (1.0 + v) * scale)
+        .collect();
+    let mut staging = Staging::default();
+    backend.write_bytes(
+        t,
+        staging.convert(bytemuck::cast_slice(&values), DType::F32, t.dtype()),
+    )
 }
 
 /// The same weights with every quantized tensor decoded ([`encore_backend::quant`]'s

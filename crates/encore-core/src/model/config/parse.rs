@@ -150,16 +150,12 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let qkv_bias = parse_bias(f, arch)?;
     let mut sliding_window = parse_sliding_window(f, arch, num_layers)?;
     // `layer_types`, where present, says which layers slide (transformers then ignores
-    // `max_window_layers`); a window it lifts from every layer changes nothing.
+    // `max_window_layers`: the window starts at layer 0, `parse_sliding_window`); a window
+    // it lifts from every layer changes nothing.
     let full_attention_layers =
         match parse_layer_types(f, arch, sliding_window.as_ref(), num_layers)? {
             Some(full) => {
-                sliding_window = sliding_window
-                    .map(|w| SlidingWindow {
-                        first_layer: 0,
-                        ..w
-                    })
-                    .filter(|_| full.len() < num_layers);
+                sliding_window = sliding_window.filter(|_| full.len() < num_layers);
                 full
             }
             // Gemma 3 without the list: five windowed layers, then a full one.
@@ -666,7 +662,8 @@ fn parse_gemma_variants(f: &Fields<'_>, head_dim: usize) -> Result<f32> {
 
 /// The window as transformers builds its layer types: Mistral's `sliding_window` applies
 /// to every layer; Qwen2/Qwen3's only when `use_sliding_window` is true, and then to the
-/// layers from `max_window_layers` on (default: every layer); Phi-3's covers every layer.
+/// layers from `max_window_layers` on (default: every layer; from layer 0 when `layer_types`
+/// is given, which then picks the layers); Phi-3's covers every layer.
 /// Llama has none. A window that covers every position the model can reach is kept: it
 /// changes nothing.
 fn parse_sliding_window(

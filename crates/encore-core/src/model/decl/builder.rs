@@ -127,30 +127,28 @@ impl<'a> Builder<'a> {
         cols: Option<usize>,
         shard: Shard,
     ) -> usize {
-        let total: usize = rows.iter().sum();
-        let i = self.tensor_from(role, layer, &[(hf.to_string(), total)], cols, shard);
         let (rank, size) = self.tp;
         if size == 1 || shard == Shard::Replicated {
-            return i;
+            let whole = [(hf.to_string(), rows.iter().sum())];
+            return self.tensor_from(role, layer, &whole, cols, shard);
         }
-        let t = &mut self.decl.tensors[i];
-        let whole = t.parts[0].clone();
+        let name = format!("{}{hf}", layer_prefix(layer));
+        let shape = shape_of(rows.iter().sum(), cols);
         let mut start = 0;
-        t.parts = rows
+        let parts = rows
             .iter()
             .map(|&r| {
                 let mut s = shard.slice(rank, size, r, cols.unwrap_or(1));
                 s.row += start;
                 start += r;
                 TensorSpec {
+                    name: name.clone(),
+                    shape: shape.clone(),
                     slice: Some(s),
-                    ..whole.clone()
                 }
             })
             .collect();
-        let local_rows: usize = t.parts.iter().map(|p| p.local_shape()[0]).sum();
-        t.shape[0] = local_rows;
-        i
+        self.push(role, layer, parts, shard)
     }
 
     pub(super) fn tensor_from(
@@ -161,11 +159,7 @@ impl<'a> Builder<'a> {
         cols: Option<usize>,
         shard: Shard,
     ) -> usize {
-        let shape = |r: usize| match cols {
-            Some(c) => vec![r, c],
-            None => vec![r],
-        };
-        let prefix = layer.map_or(String::new(), |l| format!("model.layers.{l}."));
+        let prefix = layer_prefix(layer);
         let (rank, size) = self.tp;
         let shard = if size > 1 { shard } else { Shard::Replicated };
         let parts: Vec<TensorSpec> = parts
@@ -173,11 +167,22 @@ impl<'a> Builder<'a> {
             .map(|(hf, r)| (hf, *r))
             .map(|(hf, r)| TensorSpec {
                 name: format!("{prefix}{hf}"),
-                shape: shape(r),
+                shape: shape_of(r, cols),
                 slice: (shard != Shard::Replicated)
                     .then(|| shard.slice(rank, size, r, cols.unwrap_or(1))),
             })
             .collect();
+        self.push(role, layer, parts, shard)
+    }
+
+    /// Declare a tensor of `parts` (this rank's blocks) read by the current op.
+    fn push(
+        &mut self,
+        role: Role,
+        layer: Option<usize>,
+        parts: Vec<TensorSpec>,
+        shard: Shard,
+    ) -> usize {
         let local_rows: usize = parts.iter().map(|p| p.local_shape()[0]).sum();
         let local_cols = parts.first().and_then(|p| p.local_shape().get(1).copied());
         let op = self.decl.ops.last().expect("an op is started first").op;
@@ -210,5 +215,18 @@ impl<'a> Builder<'a> {
     pub(super) fn read_again(&mut self, index: usize) {
         let op = self.decl.ops.last_mut().expect("an op is started first");
         op.reads.push(index);
+    }
+}
+
+/// The HF name prefix of a layer's tensors (none for the top-level ones).
+fn layer_prefix(layer: Option<usize>) -> String {
+    layer.map_or(String::new(), |l| format!("model.layers.{l}."))
+}
+
+/// A checkpoint tensor's shape: `rows` of `cols`, or `rows` values.
+fn shape_of(rows: usize, cols: Option<usize>) -> Vec<usize> {
+    match cols {
+        Some(c) => vec![rows, c],
+        None => vec![rows],
     }
 }
