@@ -57,6 +57,8 @@ from transformers import (  # noqa: E402
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     Phi3Config,
@@ -382,6 +384,31 @@ MODELS = [
             },
         ),
     ),
+    # Gemma 2: Gemma 3's layer without q/k norms, one rotary, windows of 6 on layers 0 and
+    # 2 (its default alternation), query_pre_attn_scalar 24, and soft-capping at caps low
+    # enough to bend these weights' attention scores (5) and logits (10).
+    (
+        "gemma2",
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=128,
+            intermediate_size=344,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=24,
+            sliding_window=6,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=10.0,
+            pad_token_id=None,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
     # transformers 5's `layer_types`: a window of 6 on layers 0 and 2, layer 1 full (an
     # alternation `max_window_layers` cannot give; gpt-oss's pattern).
     (
@@ -576,10 +603,10 @@ def build(idx, name, cfg_cls, model_cls, spec, outdir, device):
         # One rotary per layer type (Gemma 3): nothing more to check here.
         rot = None
     rope_type = spec["rope_parameters"].get("rope_type")
+    head_dim = getattr(ref.config, "head_dim", None) or spec["hidden_size"] // spec["num_attention_heads"]
     if rot is not None:
         if getattr(rot, "rope_type", rope_type) != rope_type:
             raise RuntimeError(f"{name}: rotary embedding is {rot.rope_type!r}, expected {rope_type!r}")
-        head_dim = getattr(ref.config, "head_dim", None) or spec["hidden_size"] // spec["num_attention_heads"]
         dim = int(head_dim * spec.get("partial_rotary_factor", 1.0))
         theta = spec["rope_parameters"]["rope_theta"]
         plain = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)

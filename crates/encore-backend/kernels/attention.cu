@@ -70,7 +70,7 @@ __device__ __forceinline__ void attention_split_impl(
     const T* q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     const int* __restrict__ cu_seqlens, int has_cu, T* out, float* __restrict__ scratch,
-    float qscale, float vscale, int window, int num_seqs, int rows, int num_heads,
+    float qscale, float vscale, float softcap, int window, int num_seqs, int rows, int num_heads,
     int num_kv_heads, int head_dim, int num_blocks, int block_size, int table_width, int group,
     int heads_per_cta, int num_sub, int num_splits, int lpt) {
     constexpr int V = AttCfg<T, KV, GMAX>::V;
@@ -266,6 +266,13 @@ __device__ __forceinline__ void attention_split_impl(
                 for (int i = 0; i < GMAX; ++i) s[u][i] += __shfl_xor_sync(FULL_MASK, s[u][i], o);
         }
 
+        // Soft-capping (Gemma 2), before the mask.
+        if (softcap > 0.0f) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int i = 0; i < GMAX; ++i) s[u][i] = softcap_l2(s[u][i], softcap);
+        }
         // Online softmax over the U tokens, per head.
 #pragma unroll
         for (int i = 0; i < GMAX; ++i) {
@@ -443,12 +450,12 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) NAME(                        \
         const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
         const int* seq_lens, const int* cu_seqlens, int has_cu, T* out, float* scratch,    \
-        float qscale, float vscale, int window, int num_seqs, int rows, int num_heads,     \
+        float qscale, float vscale, float softcap, int window, int num_seqs, int rows, int num_heads,     \
         int num_kv_heads, int head_dim, int num_blocks, int block_size, int table_width,   \
         int group, int heads_per_cta, int num_sub, int num_splits, int lpt) {              \
         pdl_enter();                                                                        \
         attention_split_impl<T, KV, GMAX>(q, k_cache, v_cache, block_tables, seq_lens,     \
-                                          cu_seqlens, has_cu, out, scratch, qscale, vscale, \
+                                          cu_seqlens, has_cu, out, scratch, qscale, vscale, softcap, \
                                           window, num_seqs, rows, num_heads, num_kv_heads,  \
                                           head_dim, num_blocks, block_size, table_width,    \
                                           group, heads_per_cta, num_sub, num_splits, lpt);  \

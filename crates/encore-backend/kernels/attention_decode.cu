@@ -106,7 +106,7 @@ template <typename T, typename KV, int HD>
 __device__ __forceinline__ void attention_decode_impl(
     const T* q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* out,
-    float* __restrict__ scratch, float qscale, float vscale, int window, int rows,
+    float* __restrict__ scratch, float qscale, float vscale, float softcap, int window, int rows,
     int num_heads, int num_kv_heads, int num_blocks, int block_size, int table_width, int group,
     int num_splits, int heads_fast) {
     typedef typename DaMma<T, KV>::type M;
@@ -351,6 +351,13 @@ __device__ __forceinline__ void attention_decode_impl(
                 const int key = n * 8 + 2 * t4 + (e & 1);
                 s[n][e] = okb[key] != 0 ? s[n][e] * qscale : NEG_INF;
             }
+        if (softcap > 0.0f) {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (s[n][e] != NEG_INF) s[n][e] = softcap_l2(s[n][e], softcap);
+        }
         // Online softmax for rows g (e = 0, 1) and g + 8 (e = 2, 3).
         float mu[2], corr[2];
         bool grew = false;
@@ -484,12 +491,12 @@ __device__ __forceinline__ void attention_decode_impl(
 #define ATTENTION_DECODE(NAME, T, KV, HD)                                                   \
     extern "C" __global__ void __launch_bounds__(DA_THREADS) NAME(                         \
         const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
-        const int* seq_lens, T* out, float* scratch, float qscale, float vscale,           \
+        const int* seq_lens, T* out, float* scratch, float qscale, float vscale, float softcap,           \
         int window, int rows, int num_heads, int num_kv_heads, int num_blocks,             \
         int block_size, int table_width, int group, int num_splits, int heads_fast) {      \
         pdl_enter();                                                                        \
         attention_decode_impl<T, KV, HD>(q, k_cache, v_cache, block_tables, seq_lens, out, \
-                                         scratch, qscale, vscale, window, rows, num_heads, \
+                                         scratch, qscale, vscale, softcap, window, rows, num_heads, \
                                          num_kv_heads, num_blocks, block_size, table_width,\
                                          group, num_splits, heads_fast);                   \
     }

@@ -87,7 +87,7 @@ template <typename T, typename KV, int HD>
 __device__ __forceinline__ void attention_prefill_impl(
     const T* q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const int* __restrict__ cu_seqlens, T* out, float qscale, float vscale, int window,
+    const int* __restrict__ cu_seqlens, T* out, float qscale, float vscale, float softcap, int window,
     int num_seqs,
     int rows, int num_heads, int num_kv_heads, int num_blocks, int block_size,
     int table_width, int group) {
@@ -325,6 +325,15 @@ __device__ __forceinline__ void attention_prefill_impl(
                 }
             }
         }
+        if (softcap > 0.0f) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int n = 0; n < NS; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (s[mt][n][e] != NEG_INF) s[mt][n][e] = softcap_l2(s[mt][n][e], softcap);
+        }
         float mu[4], corr[4];
         bool grew = false;
 #pragma unroll
@@ -411,12 +420,12 @@ __device__ __forceinline__ void attention_prefill_impl(
 #define ATTENTION_PREFILL(NAME, T, KV, HD)                                                 \
     extern "C" __global__ void __launch_bounds__(FA_THREADS) NAME(                         \
         const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
-        const int* seq_lens, const int* cu_seqlens, T* out, float qscale, float vscale,    \
+        const int* seq_lens, const int* cu_seqlens, T* out, float qscale, float vscale, float softcap,    \
         int window, int num_seqs, int rows, int num_heads, int num_kv_heads,               \
         int num_blocks, int block_size, int table_width, int group) {                      \
         pdl_enter();                                                                        \
         attention_prefill_impl<T, KV, HD>(q, k_cache, v_cache, block_tables, seq_lens,    \
-                                          cu_seqlens, out, qscale, vscale, window,         \
+                                          cu_seqlens, out, qscale, vscale, softcap, window,         \
                                           num_seqs, rows, num_heads, num_kv_heads,         \
                                           num_blocks, block_size, table_width, group);     \
     }

@@ -103,6 +103,10 @@ __device__ __forceinline__ uint4 ld_cg16(const void* p) {
 }
 
 #define NEG_INF (__int_as_float(0xff800000))
+
+// Logit soft-capping on a score in log2 units: C tanh(s / C), where C = cap * log2(e) > 0
+// (`cap tanh(x / cap)` on the natural-units score x = s / log2(e)).
+__device__ __forceinline__ float softcap_l2(float s, float c) { return c * tanhf(s / c); }
 #define POS_INF (__int_as_float(0x7f800000))
 
 // Per-dtype conversions and 16-byte vector (un)packing. `V` is the number of elements in

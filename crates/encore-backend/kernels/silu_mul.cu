@@ -38,18 +38,23 @@ SILU_MUL(silu_mul_bf16, bf16)
 SILU_MUL(silu_mul_f16, f16)
 SILU_MUL(silu_mul_f32, float)
 
-// scale: x[i] = x[i] * s in place, rounded to T (Gemma's embedding times sqrt(hidden)).
+// scale: x[i] = x[i] * s in place, then cap * tanh(x[i] / cap) when cap > 0, rounded to
+// T (Gemma's embedding times sqrt(hidden); Gemma 2's final logit soft-capping).
 // Grid: ceil(total / blockDim), one element a thread.
 template <typename T>
-__device__ __forceinline__ void scale_impl(T* __restrict__ x, float s, long long total) {
+__device__ __forceinline__ void scale_impl(T* __restrict__ x, float s, float cap,
+                                           long long total) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < total) x[i] = from_f32<T>(to_f32(x[i]) * s);
+    if (i >= total) return;
+    float v = to_f32(x[i]) * s;
+    if (cap > 0.0f) v = cap * tanhf(v / cap);
+    x[i] = from_f32<T>(v);
 }
 
 #define SCALE(NAME, T)                                                                     \
-    extern "C" __global__ void NAME(T* x, float s, long long total) {                      \
+    extern "C" __global__ void NAME(T* x, float s, float cap, long long total) {           \
         pdl_enter();                                                                        \
-        scale_impl<T>(x, s, total);                                                        \
+        scale_impl<T>(x, s, cap, total);                                                   \
     }
 SCALE(scale_bf16, bf16)
 SCALE(scale_f16, f16)

@@ -130,6 +130,9 @@ pub struct Attention<'a> {
     pub cu_seqlens_q: Option<&'a Tensor>,
     /// Softmax scale, usually `1 / sqrt(head_dim)`.
     pub scale: f32,
+    /// Logit soft-capping (Gemma 2): each scaled score `x` becomes `cap * tanh(x / cap)`
+    /// before the softmax (`cap > 0`); `None` for none.
+    pub softcap: Option<f32>,
     /// Sliding window in positions (`>= 1`; a window at least as long as the context is
     /// full attention), or `None` for full causal attention.
     pub window: Option<usize>,

@@ -292,6 +292,7 @@ pub fn decode_attention(
         seq_lens: &seq_lens,
         cu_seqlens_q: None,
         scale: 1.0 / (s.head_dim as f32).sqrt(),
+        softcap: None,
         window: None,
         out: &out,
         scratch: &scratch,

@@ -370,6 +370,7 @@ impl AttentionOnDevice {
             seq_lens: &self.lens,
             cu_seqlens_q: self.cu.as_ref(),
             scale: self.scale,
+            softcap: None,
             window: self.window,
             out: &self.out,
             scratch: &self.scratch,
@@ -428,6 +429,7 @@ fn attention_shape(
         prefill,
         max_q_len,
         window,
+        softcap: None,
     }
 }
 
@@ -463,6 +465,7 @@ fn split_attention_replays_on_new_queries_and_lengths() {
                 prefill: false,
                 max_q_len: 1,
                 window: None,
+                softcap: None,
             };
             let mut inputs = AttentionInputs::random(&mut r, shape);
             let full = inputs.seq_lens.clone();
@@ -677,6 +680,7 @@ fn prefill_inputs(
             prefill: true,
             max_q_len: seqs.iter().map(|s| s.0).max().unwrap_or(0),
             window,
+            softcap: None,
         },
         q: normal(r, rows * num_heads * head_dim, 1.0),
         k_cache: normal(r, num_blocks * block_size * row, 1.0),

@@ -123,7 +123,11 @@ impl RefModel {
             }
         }
         let last = self.norm(&x[tokens.len() - 1], &self.norm);
-        linear(&last, &self.lm_head, 0, c.vocab_size, h)
+        let logits = linear(&last, &self.lm_head, 0, c.vocab_size, h);
+        match c.final_softcap {
+            Some(cap) => logits.iter().map(|&l| softcap(l, cap)).collect(),
+            None => logits,
+        }
     }
 
     /// RMS norm of `x` with weight `w`.
@@ -187,7 +191,9 @@ impl RefModel {
     fn attention(&self, li: usize, qkv: &[[Vec<f64>; 3]], p: usize) -> Vec<f64> {
         let c = &self.cfg;
         let (nh, kvh, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let scale = 1.0 / (hd as f64).sqrt();
+        // Gemma's query scalar: in q's norm weight where it has one, else here.
+        let query = if c.qk_norm { 1.0 } else { c.query_scale as f64 };
+        let scale = query / (hd as f64).sqrt();
         let mut attn = vec![0.0; nh * hd];
         for head in 0..nh {
             let g = head / (nh / kvh);
@@ -196,6 +202,7 @@ impl RefModel {
             let first = c.layer_window(li).map_or(0, |w| (p + 1).saturating_sub(w));
             let scores: Vec<f64> = (first..=p)
                 .map(|t| (0..hd).map(|d| q[d] * qkv[t][1][g * hd + d]).sum::<f64>() * scale)
+                .map(|s| c.attn_softcap.map_or(s, |cap| softcap(s, cap)))
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
@@ -265,6 +272,12 @@ impl RefModel {
 }
 
 /// HF's `ACT2FN[name](x)`, written out in f64.
+/// Gemma 2's soft-capping: `cap * tanh(x / cap)`.
+fn softcap(x: f64, cap: f32) -> f64 {
+    let cap = cap as f64;
+    cap * (x / cap).tanh()
+}
+
 fn activation(name: &str, x: f64) -> f64 {
     match name {
         "silu" => x / (1.0 + (-x).exp()),
@@ -584,6 +597,13 @@ fn local_rotary_of_windowed_layers_matches_f64_reference() {
 #[test]
 fn gemma3_matches_f64_reference() {
     check_arch("tiny-gemma3", DType::F32, 1e-4);
+}
+
+/// Gemma 2: its query scalar in the softmax scale, attention and final logit
+/// soft-capping, windows on every other layer.
+#[test]
+fn gemma2_matches_f64_reference() {
+    check_arch("tiny-gemma2", DType::F32, 1e-4);
 }
 
 /// Gemma's checkpoint norms are offsets from 1: the loader stores `1 + w` (q's norm times

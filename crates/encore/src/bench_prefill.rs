@@ -1,6 +1,8 @@
 //! `encore bench prefill`: prefill latency and throughput for a model at several prompt
 //! lengths and batch sizes (every sequence's whole prompt in one step), eager and as a
-//! piecewise graph of its token bucket, in the same process, alternating.
+//! piecewise graph of its token bucket, in the same process, alternating. With
+//! `--decode-batch`, each step is a mixed one as chunked prefill makes them: that many
+//! sequences with `--decode-context` cached tokens decode a token each beside the prompts.
 
 use std::time::Instant;
 
@@ -54,6 +56,17 @@ pub struct BenchPrefillArgs {
     /// One JSON object per row.
     #[arg(long)]
     json: bool,
+    /// The KV cache's element type: auto (the model's dtype), fp8 (E4M3), or a float dtype.
+    #[arg(long, default_value = "auto", value_name = "auto|fp8|DTYPE", value_parser = parse::kv_cache_dtype)]
+    kv_cache_dtype: parse::KvCacheDtype,
+    /// Sequences decoding a token each in every timed step beside the prompts (a mixed
+    /// step, the decodes first as the scheduler orders them); 0: prompts only.
+    #[arg(long, default_value_t = 0, value_parser = parse::count::<0, 16384>, allow_negative_numbers = true)]
+    decode_batch: usize,
+    /// Tokens cached in each `--decode-batch` sequence before the rows (one prefill step
+    /// per sequence, untimed).
+    #[arg(long, default_value_t = 2048, value_parser = parse::count::<1, { MAX_TOKENS }>, allow_negative_numbers = true)]
+    decode_context: usize,
     /// A mixture of experts: route every sparse layer by a seeded table instead of its
     /// router, each token's experts drawn from a Zipf law of this exponent over the
     /// experts (0: uniform). Random weights route as no trained model does.
@@ -69,6 +82,8 @@ const MAX_TOKENS: usize = 1 << 20;
 struct PrefillRow {
     tokens: usize,
     batch: usize,
+    /// Decoding sequences in each step (`--decode-batch`).
+    decode: usize,
     /// The token bucket the step pads to, or `None` (eager: above the largest bucket, or
     /// no buckets).
     bucket: Option<usize>,
@@ -89,6 +104,7 @@ struct PrefillRow {
 const COLUMNS: &[(&str, usize)] = &[
     ("tokens", 7),
     ("batch", 6),
+    ("decode", 7),
     ("bucket", 7),
     ("eager ms", 10),
     ("piece ms", 10),
@@ -114,6 +130,7 @@ impl PrefillRow {
         vec![
             self.tokens.to_string(),
             self.batch.to_string(),
+            self.decode.to_string(),
             self.bucket.map_or("-".into(), |b| b.to_string()),
             format!("{:.2}", self.eager_ms),
             opt(self.piecewise_ms),
@@ -125,10 +142,12 @@ impl PrefillRow {
         ]
     }
 
-    fn json(&self, model: &str, device: &str, dtype: DType) -> Value {
+    fn json(&self, model: &str, device: &str, dtype: DType, decode_context: usize) -> Value {
         json!({
             "model": model, "device": device, "dtype": dtype.to_string(),
-            "tokens": self.tokens, "batch": self.batch, "bucket": self.bucket,
+            "tokens": self.tokens, "batch": self.batch, "decode_batch": self.decode,
+            "decode_context": (self.decode > 0).then_some(decode_context),
+            "bucket": self.bucket,
             "eager_ms": self.eager_ms, "piecewise_ms": self.piecewise_ms,
             "cold_ms": self.cold_ms, "prefill_ms": self.prefill_ms(),
             "tokens_per_s": self.tokens_per_s(), "matches_eager": self.matches_eager,
@@ -164,31 +183,33 @@ fn print_cells(cells: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The engine the rows run in: `max_batch` sequences of `max_tokens` positions (the KV
-/// cache holds exactly them) prefilled in one step, with the token buckets of
-/// `--prefill-buckets` captured at start-up unless `--lazy-capture`.
+/// The engine the rows run in: `max_batch` sequences of `max_tokens` positions prefilled
+/// in one step beside `--decode-batch` sequences of `decode_positions` (the KV cache holds
+/// exactly them), with the token buckets of `--prefill-buckets` captured at start-up unless
+/// `--lazy-capture`.
 fn engine_config(
     a: &BenchPrefillArgs,
     be: &dyn Backend,
     max_tokens: usize,
     max_batch: usize,
+    decode_positions: usize,
 ) -> Result<EngineConfig> {
     let block_size = 16;
-    let graphs = crate::graphs::config(
-        be,
-        "none",
-        max_batch,
-        &a.prefill_buckets,
-        max_tokens * max_batch,
-    )?;
+    let (seqs, step_tokens) = (
+        max_batch + a.decode_batch,
+        max_tokens * max_batch + a.decode_batch,
+    );
+    let graphs = crate::graphs::config(be, "none", seqs, &a.prefill_buckets, step_tokens)?;
+    let blocks = max_batch * max_tokens.div_ceil(block_size)
+        + a.decode_batch * decode_positions.div_ceil(block_size);
     Ok(EngineConfig {
         offload: None,
         dtype: a.model.dtype,
         block_size,
-        max_tokens_per_step: max_tokens * max_batch,
-        max_seqs: max_batch,
-        max_seq_len: max_tokens,
-        kv: KvSizing::Blocks(1 + max_batch * max_tokens.div_ceil(block_size)),
+        max_tokens_per_step: step_tokens,
+        max_seqs: seqs,
+        max_seq_len: max_tokens.max(decode_positions),
+        kv: KvSizing::Blocks(1 + blocks),
         graphs: Some(graphs),
         graph_memory: GraphMemory::default(),
         capture_all: !a.lazy_capture,
@@ -202,7 +223,7 @@ fn engine_config(
         draft: None,
         eagle_aux: None,
         eagle_embed: None,
-        kv_cache_dtype: None,
+        kv_cache_dtype: crate::engine_arg::kv_cache_dtype(a.kv_cache_dtype, a.model.dtype)?,
     })
 }
 
@@ -222,9 +243,32 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
             cfg.max_position_embeddings
         );
     }
+    // Each row's steps (a cold run, the eager mode's warm-up, then two per repeat) append
+    // a token to every decoding sequence.
+    let steps = a.batch.len() * a.tokens.len() * (2 + 2 * a.repeats);
+    let decode_positions = if a.decode_batch > 0 {
+        a.decode_context + steps + 1
+    } else {
+        0
+    };
+    if decode_positions > cfg.max_position_embeddings {
+        bail!(
+            "--decode-context {} with {steps} steps needs {decode_positions} positions; the model has {}",
+            a.decode_context,
+            cfg.max_position_embeddings
+        );
+    }
+    if a.decode_batch > 0 && a.decode_context > max_tokens * max_batch + a.decode_batch {
+        bail!(
+            "--decode-context {} exceeds a step's {} tokens (--tokens x --batch + --decode-batch): \
+             each decoding sequence's context is prefilled in one step",
+            a.decode_context,
+            max_tokens * max_batch + a.decode_batch
+        );
+    }
     let engine_cfg = EngineConfig {
         tp,
-        ..engine_config(&a, be, max_tokens, max_batch)?
+        ..engine_config(&a, be, max_tokens, max_batch, decode_positions)?
     };
     let Engine { mut runner, report } =
         crate::bench_decode::start_engine(be, &cfg, source, &engine_cfg, a.json)?;
@@ -261,19 +305,32 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
                 .collect::<Vec<_>>(),
         )?;
     }
-    let mut next_seq = 0u64;
+    // The decoding sequences are 0..decode_batch; the prompts' ids follow.
+    let mut decoding = Decoding {
+        seqs: crate::bench_decode::prefill(
+            &mut runner,
+            &mut held,
+            a.decode_batch,
+            a.decode_context,
+        )?,
+        last: vec![1; a.decode_batch],
+    };
+    let mut next_seq = a.decode_batch as u64;
     for &b in &a.batch {
         for &n in &a.tokens {
             let row = measure(
                 &mut runner,
                 &mut held,
-                &mut next_seq,
+                (&mut next_seq, &mut decoding),
                 (b, n),
                 cfg.vocab_size,
                 a.repeats,
             )?;
             if a.json {
-                outln!("{}", row.json(&a.model.model, &device, dtype))?;
+                outln!(
+                    "{}",
+                    row.json(&a.model.model, &device, dtype, a.decode_context)
+                )?;
             } else {
                 print_cells(&row.cells())?;
             }
@@ -282,12 +339,19 @@ pub fn run(a: BenchPrefillArgs) -> Result<()> {
     Ok(())
 }
 
+/// The sequences decoding beside the prompts (`--decode-batch`) and their last tokens.
+struct Decoding {
+    seqs: Vec<SeqId>,
+    last: Vec<u32>,
+}
+
 /// One prefill step of `prompts` in fresh sequences (the whole prompt is new to the
-/// cache), eager or in the runner's graph mode: (wall ms, process CPU ms, sampled tokens).
+/// cache) after a decode token of each of `decoding`'s sequences, eager or in the runner's
+/// graph mode: (wall ms, process CPU ms, the prompts' sampled tokens).
 fn prefill_once(
     runner: &mut Runner<'_>,
     held: &mut Seqs,
-    next_seq: &mut u64,
+    (next_seq, decoding): (&mut u64, &mut Decoding),
     prompts: &[Vec<u32>],
     eager: bool,
 ) -> Result<(f64, Option<f64>, Vec<u32>)> {
@@ -302,10 +366,18 @@ fn prefill_once(
     for (&s, p) in seqs.iter().zip(prompts) {
         held.blocks.allocate(s, p.len())?;
     }
-    let batch: Vec<SeqStep<'_>> = seqs
+    for &s in &decoding.seqs {
+        held.blocks.append(s, 1)?;
+    }
+    let last: Vec<[u32; 1]> = decoding.last.iter().map(|&t| [t]).collect();
+    let decodes = decoding
+        .seqs
         .iter()
-        .zip(prompts)
-        .map(|(&seq, p)| SeqStep {
+        .zip(&last)
+        .map(|(&seq, t)| (seq, &t[..]));
+    let batch: Vec<SeqStep<'_>> = decodes
+        .chain(seqs.iter().zip(prompts).map(|(&seq, p)| (seq, &p[..])))
+        .map(|(seq, p)| SeqStep {
             seq,
             tokens: p,
             sampling: SamplingParams::default(),
@@ -317,7 +389,9 @@ fn prefill_once(
         .collect();
     let (t, c) = (Instant::now(), process_cpu_ns());
     // Reads the sampled tokens back: waits for the device.
-    let tokens = runner.step(held, &batch)?;
+    let mut tokens = runner.step(held, &batch)?;
+    let prompt_tokens = tokens.split_off(decoding.seqs.len().min(tokens.len()));
+    decoding.last = tokens;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let cpu = c
         .zip(process_cpu_ns())
@@ -326,7 +400,7 @@ fn prefill_once(
     for &s in &seqs {
         held.blocks.free(s)?;
     }
-    Ok((ms, cpu, tokens))
+    Ok((ms, cpu, prompt_tokens))
 }
 
 /// The row of `b` sequences of `n` tokens (ids below `vocab`): one cold run, then `repeats` timed runs of
@@ -334,7 +408,7 @@ fn prefill_once(
 fn measure(
     runner: &mut Runner<'_>,
     held: &mut Seqs,
-    next_seq: &mut u64,
+    (next_seq, decoding): (&mut u64, &mut Decoding),
     (b, n): (usize, usize),
     vocab: usize,
     repeats: usize,
@@ -346,21 +420,26 @@ fn measure(
                 .collect()
         })
         .collect();
-    let bucket = runner.key_for(n * b, b, n == 1).map(|k| k.bucket);
+    let d = decoding.seqs.len();
+    let bucket = runner
+        .key_for(n * b + d, b + d, n == 1 && d == 0)
+        .map(|k| k.bucket);
     let piecewise = bucket.is_some();
-    let (cold_ms, _, _) = prefill_once(runner, held, next_seq, &prompts, !piecewise)?;
+    let (cold_ms, _, _) = prefill_once(runner, held, (next_seq, decoding), &prompts, !piecewise)?;
     if piecewise {
-        prefill_once(runner, held, next_seq, &prompts, true)?; // the eager mode's warm-up
+        prefill_once(runner, held, (next_seq, decoding), &prompts, true)?; // the eager mode's warm-up
     }
     let (mut eager, mut pieces) = (Vec::new(), Vec::new());
     let (mut eager_cpu, mut pieces_cpu) = (Vec::new(), Vec::new());
     let mut matches = true;
     for _ in 0..repeats {
-        let (ms, cpu, reference) = prefill_once(runner, held, next_seq, &prompts, true)?;
+        let (ms, cpu, reference) =
+            prefill_once(runner, held, (next_seq, decoding), &prompts, true)?;
         eager.push(ms);
         eager_cpu.push(cpu);
         if piecewise {
-            let (ms, cpu, tokens) = prefill_once(runner, held, next_seq, &prompts, false)?;
+            let (ms, cpu, tokens) =
+                prefill_once(runner, held, (next_seq, decoding), &prompts, false)?;
             pieces.push(ms);
             pieces_cpu.push(cpu);
             matches &= tokens == reference;
@@ -372,6 +451,7 @@ fn measure(
     Ok(PrefillRow {
         tokens: n,
         batch: b,
+        decode: d,
         bucket,
         eager_ms: median(&eager),
         piecewise_ms: piecewise.then(|| median(&pieces)),

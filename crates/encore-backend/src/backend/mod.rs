@@ -213,6 +213,16 @@ pub trait Backend: Send + Sync {
         ))
     }
 
+    /// `x = cap * tanh(x / cap)` in place, each element rounded to T (Gemma 2's final logit
+    /// soft-capping), `cap` finite and > 0. x T `[..]` (bf16, f16 or f32).
+    fn softcap(&self, x: &Tensor, cap: f32) -> Result<()> {
+        let _ = (x, cap);
+        Err(Error::invalid(
+            "softcap",
+            format!("does not run on {}", self.device_name()),
+        ))
+    }
+
     /// The MLP's gate/up projection and activation: `out = silu_mul(x · wᵀ)`, x T
     /// `[m, k]`, w T `[2 * inter, k]` (gate rows then up rows), out T `[m, inter]`, the
     /// product rounded to T before the activation exactly as [`Backend::matmul`] then

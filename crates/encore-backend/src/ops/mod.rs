@@ -412,6 +412,12 @@ pub fn check_attention(a: &Attention<'_>) -> Result<AttentionDims> {
             format!("scale must be finite, got {}", a.scale),
         ));
     }
+    if let Some(c) = a.softcap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+        return Err(Error::invalid(
+            OP,
+            format!("softcap must be finite and > 0 (None for none), got {c}"),
+        ));
+    }
     if a.window == Some(0) {
         return Err(Error::invalid(
             OP,
@@ -632,6 +638,18 @@ pub fn check_all_gather(src: &Tensor, dst: &Tensor, size: usize) -> Result<()> {
 /// `scale`: x in a float type.
 pub fn check_scale(x: &Tensor) -> Result<()> {
     check_dtype("scale", "x", x, &[DType::F32, DType::BF16, DType::F16])
+}
+
+/// `softcap`: x in a float type, the cap finite and > 0.
+pub fn check_softcap(x: &Tensor, cap: f32) -> Result<()> {
+    check_dtype("softcap", "x", x, &[DType::F32, DType::BF16, DType::F16])?;
+    if !(cap.is_finite() && cap > 0.0) {
+        return Err(Error::invalid(
+            "softcap",
+            format!("cap must be finite and > 0, got {cap}"),
+        ));
+    }
+    Ok(())
 }
 
 /// `unshard_columns`: src T `[s, rows, c]`, dst T `[rows, n]` with `n = s * c`, or fewer

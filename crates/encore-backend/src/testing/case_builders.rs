@@ -53,6 +53,7 @@ pub(super) fn attention_shape(
         prefill,
         max_q_len,
         window,
+        softcap: None,
     }
 }
 
@@ -100,6 +101,9 @@ pub(super) fn push_attention(
     if shape.window.is_some() && kv8.is_none() {
         name += ", window";
     }
+    if shape.softcap.is_some() {
+        name += ", softcap";
+    }
     if kv8.is_some() {
         name += ", fp8 cache";
     }
@@ -113,6 +117,9 @@ pub(super) fn push_attention(
     let mut desc = format!("rows={} h={nh}/{nkv} hd={hd} bs={bs}", inputs.rows);
     if let Some(w) = shape.window {
         desc += &format!(" window={w}");
+    }
+    if let Some(c) = shape.softcap {
+        desc += &format!(" softcap={c}");
     }
     push(name, desc, dtype, Op::Attention(inputs));
 }

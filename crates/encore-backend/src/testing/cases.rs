@@ -34,10 +34,11 @@ pub(crate) enum Op {
         in_place: bool,
     },
     SiluMul(SiluMulInputs),
-    /// `scale` of `values` by `s`, in place.
+    /// `scale` of `values` by `s` in place, or `softcap` at `cap` (then `s` is 1).
     Scale {
         values: Vec<f32>,
         s: f32,
+        cap: Option<f32>,
     },
     /// `penalty_count` into a `[rows, vocab]` table (repeated and out-of-table pairs
     /// among them).
@@ -98,6 +99,8 @@ pub(crate) enum Output {
 pub(crate) fn cases(seed: u64) -> Vec<Case> {
     let mut rng = rng(seed);
     let mut extra = self::rng(seed ^ 0x5eed_a77e);
+    // The soft-capping cases' own inputs (the others keep theirs).
+    let mut extra_scale = self::rng(seed ^ 0x50f7_ca95);
     let mut out = Vec::new();
     let mut push = |name: String, shape: String, dtype: DType, op: Op| {
         out.push(Case {
@@ -201,6 +204,20 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 Op::Scale {
                     values: normal(rng, n, 1.0),
                     s,
+                    cap: None,
+                },
+            );
+        }
+        // Gemma 2's final logit soft-capping (30), on logits around it.
+        for n in [1000, 7 * 96] {
+            push(
+                "softcap".into(),
+                format!("n={n} cap=30"),
+                dtype,
+                Op::Scale {
+                    values: normal(&mut extra_scale, n, 40.0),
+                    s: 1.0,
+                    cap: Some(30.0),
                 },
             );
         }
@@ -312,6 +329,25 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             }
         }
         fp8_cache_cases(&mut extra, dtype, &mut push);
+        // Logit soft-capping (Gemma 2), at a cap low enough to bend every score: the
+        // tensor-core decode and prefill kernels (head_dim 64, 128), the split kernel
+        // (head_dim 96) and a long context (split-K), over a cache of the dtype and FP8.
+        let softcap_shapes: [AttentionCase; 3] = [
+            (6, 4, 2, 64, 16, 4, 6, FULL),
+            (4, 6, 2, 96, 16, 3, 6, &[Some(9)]),
+            (5, 8, 2, 128, 16, 64, 40, FULL),
+        ];
+        for prefill in [false, true] {
+            for case in &softcap_shapes {
+                for kv8 in [None, Some(super::kv8::CASE_SCALE)] {
+                    let shape = AttentionShape {
+                        softcap: Some(2.0),
+                        ..attention_shape(case, prefill, case.7[0])
+                    };
+                    push_attention(&mut extra_scale, shape, kv8, dtype, &mut push);
+                }
+            }
+        }
     }
     for (batch, vocab) in [(12, 1000), (4, 32_000)] {
         let inputs = SampleInputs::greedy(&mut rng, batch, vocab);

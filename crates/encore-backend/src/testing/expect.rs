@@ -115,9 +115,15 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             }
             r
         }
-        Op::Scale { values, s } => vec![floats(
+        Op::Scale { values, s, cap } => vec![floats(
             "x",
-            q(values).iter().map(|v| v * *s as f64).collect(),
+            q(values)
+                .iter()
+                .map(|v| {
+                    let v = v * *s as f64;
+                    cap.map_or(v, |c| c as f64 * (v / c as f64).tanh())
+                })
+                .collect(),
             OpClass::Pointwise,
         )],
         Op::SiluMul(i) => vec![floats(
@@ -231,6 +237,7 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
                 seq_lens: &i.seq_lens,
                 cu_seqlens_q: i.cu_seqlens_q.as_deref(),
                 scale: i.scale as f64,
+                softcap: s.softcap.map(f64::from),
                 window: s.window,
                 num_heads: s.num_heads,
                 num_kv_heads: s.num_kv_heads,

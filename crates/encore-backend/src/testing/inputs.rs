@@ -312,6 +312,8 @@ pub struct AttentionShape {
     pub max_q_len: usize,
     /// Sliding window of the launch.
     pub window: Option<usize>,
+    /// Logit soft-capping of the launch (Gemma 2).
+    pub softcap: Option<f32>,
 }
 
 /// `attention` over a random paged cache.

@@ -147,6 +147,8 @@ pub struct AttentionRef<'a> {
     pub seq_lens: &'a [i32],
     pub cu_seqlens_q: Option<&'a [i32]>,
     pub scale: f64,
+    /// Logit soft-capping: a scaled score `x` becomes `cap * tanh(x / cap)`.
+    pub softcap: Option<f64>,
     /// Sliding window: keys at positions `pos - w < t <= pos` only.
     pub window: Option<usize>,
     pub num_heads: usize,
@@ -190,6 +192,7 @@ pub fn attention(a: &AttentionRef<'_>) -> Vec<f64> {
                 }
                 let at = ((block as usize * bs + t % bs) * kvh + g) * hd;
                 let score: f64 = (0..hd).map(|i| q[i] * a.k_cache[at + i]).sum::<f64>() * a.scale;
+                let score = a.softcap.map_or(score, |c| c * (score / c).tanh());
                 keys.push((at, score));
             }
             let max = keys.iter().map(|k| k.1).fold(f64::NEG_INFINITY, f64::max);

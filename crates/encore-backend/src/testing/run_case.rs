@@ -100,9 +100,12 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             b.unshard_columns(&src, &out)?;
             vec![floats("out", download_f64(b, &out)?, OpClass::Copy)]
         }
-        Op::Scale { values, s } => {
+        Op::Scale { values, s, cap } => {
             let x = f(values, &[values.len()])?;
-            b.scale(&x, *s)?;
+            match cap {
+                Some(c) => b.softcap(&x, *c)?,
+                None => b.scale(&x, *s)?,
+            }
             vec![floats("x", download_f64(b, &x)?, OpClass::Pointwise)]
         }
         Op::SiluMul(i) => {
@@ -210,6 +213,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 seq_lens: &lens,
                 cu_seqlens_q: cu.as_ref(),
                 scale: i.scale,
+                softcap: s.softcap,
                 window: s.window,
                 out: &out,
                 scratch: &scratch,

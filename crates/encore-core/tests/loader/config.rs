@@ -116,6 +116,8 @@ fn real_configs_parse_to_the_expected_values() {
             rope_local: None,
             norm_plus_one: false,
             query_scale: 1.0,
+            attn_softcap: None,
+            final_softcap: None,
             no_rope_layers: vec![],
             max_position_embeddings: 131_072,
             torch_dtype: DType::BF16,
@@ -708,8 +710,9 @@ fn layer_types_choose_the_windowed_layers() {
 
 /// Gemma 3's text config (`gemma3_text`), both of transformers' formats: the rotary per
 /// layer type in `rope_parameters` (5.x) or `rope_theta` / `rope_local_base_freq` /
-/// `rope_scaling` (4.x); `layer_types` or the five-in-six pattern; what it does not run
-/// (soft-capping, bidirectional attention, an attention bias) refused by name.
+/// `rope_scaling` (4.x); `layer_types` or the five-in-six pattern; soft-capping when
+/// given; what it does not run (bidirectional attention, an attention bias) refused by
+/// name.
 #[test]
 fn gemma3_text_configs_parse() {
     use encore_core::backend::Activation;
@@ -767,13 +770,15 @@ fn gemma3_text_configs_parse() {
     assert_eq!(v4.rope_local.unwrap().theta, 1e4);
     assert_eq!(v4.full_attention_layers, vec![1, 3, 5, 7]);
     assert!((v4.query_scale - (256f32 / 168.0).sqrt()).abs() < 1e-6);
+    assert_eq!((v5.attn_softcap, v5.final_softcap), (None, None));
+    let capped = with(r#", "rope_theta": 1e6, "final_logit_softcapping": 30.0"#).unwrap();
+    assert_eq!(
+        (capped.attn_softcap, capped.final_softcap),
+        (None, Some(30.0))
+    );
     for (extra, want) in [
         (
-            r#", "final_logit_softcapping": 30.0"#,
-            "final_logit_softcapping",
-        ),
-        (
-            r#", "attn_logit_softcapping": 50.0"#,
+            r#", "attn_logit_softcapping": -1.0"#,
             "attn_logit_softcapping",
         ),
         (
@@ -789,4 +794,54 @@ fn gemma3_text_configs_parse() {
     // Post norms do not split over ranks yet.
     let e = v5.shard(0, 2).unwrap_err().to_string();
     assert!(e.contains("gemma3_text") && e.contains("post norms"), "{e}");
+}
+
+/// Gemma 2 (`gemma2`): transformers' defaults where a config leaves them out (logit caps
+/// 50 and 30, a window of 4096 on every other layer from layer 0, the query scalar 256),
+/// `null` turning a cap off, no q/k norms, one rotary, the query scalar applied in the
+/// softmax scale.
+#[test]
+fn gemma2_configs_parse() {
+    use encore_core::backend::Activation;
+    let base = r#""architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "rope_theta": 10000.0"#;
+    let with = |extra: &str| ModelConfig::from_json(&format!("{{{base}{extra}}}"), "config.json");
+    let c = with("").unwrap();
+    assert_eq!(c.arch, Arch::Gemma2);
+    assert_eq!(c.hidden_act, Activation::GeluTanh);
+    assert_eq!((c.attn_softcap, c.final_softcap), (Some(50.0), Some(30.0)));
+    assert!(c.post_norms && c.embed_scale && c.norm_plus_one && c.tie_word_embeddings);
+    assert!(!c.qk_norm && c.rope_local.is_none() && c.query_scale == 1.0);
+    assert_eq!(c.max_position_embeddings, 8192);
+    let windows: Vec<_> = (0..6).map(|l| c.layer_window(l)).collect();
+    assert_eq!(
+        windows,
+        vec![Some(4096), None, Some(4096), None, Some(4096), None]
+    );
+    assert!((c.attention_scale() - 1.0 / 16.0).abs() < 1e-7);
+    // Gemma-2-27B's scalar (hidden / heads = 144, head_dim 128), caps turned off, an
+    // explicit window and layer types.
+    let c = with(
+        r#", "query_pre_attn_scalar": 144, "attn_logit_softcapping": null,
+        "final_logit_softcapping": null, "sliding_window": 64, "layer_types":
+        ["full_attention", "sliding_attention", "full_attention", "sliding_attention",
+        "full_attention", "sliding_attention"]"#,
+    )
+    .unwrap();
+    assert_eq!((c.attn_softcap, c.final_softcap), (None, None));
+    assert_eq!(c.full_attention_layers, vec![0, 2, 4]);
+    assert_eq!(c.layer_window(1), Some(64));
+    assert!((c.attention_scale() - 1.0 / 12.0).abs() < 1e-7);
+    for (extra, want) in [
+        (
+            r#", "final_logit_softcapping": 0.0"#,
+            "final_logit_softcapping",
+        ),
+        (r#", "attention_bias": true"#, "attention_bias"),
+    ] {
+        let e = with(extra).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
 }

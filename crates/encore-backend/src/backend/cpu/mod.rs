@@ -336,6 +336,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn softcap(&self, x: &Tensor, cap: f32) -> Result<()> {
+        check_device("softcap", &[("x", x)])?;
+        ops::check_softcap(x, cap)?;
+        let x = x.clone();
+        self.submit(move || kernels::softcap(&x, cap));
+        Ok(())
+    }
+
     fn sigmoid_gate_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<()> {
         check_device("sigmoid_gate_add", &[("x", x), ("gate", gate), ("y", y)])?;
         let d = ops::check_sigmoid_gate_add(x, gate, y)?;
@@ -410,6 +418,7 @@ impl Backend for CpuBackend {
             seq_lens: a.seq_lens.clone(),
             cu_seqlens_q: a.cu_seqlens_q.cloned(),
             scale: a.scale,
+            softcap: a.softcap,
             window: a.window,
             out: a.out.clone(),
             dims: d,

@@ -797,7 +797,13 @@ impl Backend for CudaBackend {
     fn scale(&self, x: &Tensor, s: f32) -> Result<()> {
         self.check_device("scale", &[("x", x)])?;
         ops::check_scale(x)?;
-        kernels::scale(self, x, s)
+        kernels::scale_softcap(self, x, s, 0.0)
+    }
+
+    fn softcap(&self, x: &Tensor, cap: f32) -> Result<()> {
+        self.check_device("softcap", &[("x", x)])?;
+        ops::check_softcap(x, cap)?;
+        kernels::scale_softcap(self, x, 1.0, cap)
     }
 
     fn sigmoid_gate_add(&self, x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<()> {

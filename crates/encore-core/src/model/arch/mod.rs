@@ -28,6 +28,9 @@ pub enum Arch {
     /// after attention and the MLP, per-head q/k norms, the embedding times sqrt(hidden),
     /// windowed layers (five in six) with their own rotary base.
     Gemma3,
+    /// Gemma 2 (`gemma2`): Gemma 3's layer without q/k norms, one rotary, windows on every
+    /// other layer, and tanh soft-capping of the attention scores and the final logits.
+    Gemma2,
 }
 
 /// One family's names and defaults.
@@ -50,7 +53,7 @@ pub struct Family {
 }
 
 /// Every family encore runs.
-pub const FAMILIES: [Family; 10] = [
+pub const FAMILIES: [Family; 11] = [
     family(
         Arch::Llama,
         "LlamaForCausalLM",
@@ -141,6 +144,16 @@ pub const FAMILIES: [Family; 10] = [
         "gemma3",
         Arch::Gemma3,
         131_072,
+    ),
+    // No GGUF yet, as Gemma 3.
+    family(
+        Arch::Gemma2,
+        "Gemma2ForCausalLM",
+        "gemma2",
+        None,
+        "gemma2",
+        Arch::Gemma2,
+        8192,
     ),
 ];
 

@@ -27,6 +27,7 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-smollm3",
     "tiny-phi3",
     "tiny-gemma3",
+    "tiny-gemma2",
 ];
 
 impl ModelConfig {
@@ -58,6 +59,8 @@ impl ModelConfig {
             rope_local: None,
             norm_plus_one: false,
             query_scale: 1.0,
+            attn_softcap: None,
+            final_softcap: None,
             no_rope_layers: Vec::new(),
             max_position_embeddings: 2048,
             torch_dtype: DType::BF16,
@@ -147,6 +150,26 @@ impl ModelConfig {
                     theta: 10_000.0,
                     scaling: None,
                 }),
+                ..tiny
+            },
+            // Gemma 2's recipe: Gemma 3's without q/k norms or a local rotary base, with
+            // windows of 6 on every other layer and attention and final logit soft-capping
+            // at caps low enough to bend the tiny model's scores.
+            "tiny-gemma2" => ModelConfig {
+                arch: Arch::Gemma2,
+                hidden_act: Activation::GeluTanh,
+                post_norms: true,
+                embed_scale: true,
+                norm_plus_one: true,
+                query_scale: (32.0f32 / 24.0).sqrt(),
+                attn_softcap: Some(5.0),
+                final_softcap: Some(3.0),
+                tie_word_embeddings: true,
+                sliding_window: Some(SlidingWindow {
+                    size: 6,
+                    first_layer: 0,
+                }),
+                full_attention_layers: vec![1, 3],
                 ..tiny
             },
             "tiny-qwen2" => qwen(ModelConfig {

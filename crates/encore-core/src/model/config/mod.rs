@@ -61,6 +61,11 @@ pub struct ModelConfig {
     /// A factor on q before attention's `1 / sqrt(head_dim)`, folded at load into q's head
     /// norm weight (Gemma's `query_pre_attn_scalar`: `sqrt(head_dim / scalar)`); 1 otherwise.
     pub query_scale: f32,
+    /// Soft-capping of the attention scores (Gemma 2's `attn_logit_softcapping`): a
+    /// scaled score `x` becomes `cap * tanh(x / cap)` before the softmax.
+    pub attn_softcap: Option<f32>,
+    /// Soft-capping of the final logits (Gemma 2's `final_logit_softcapping`).
+    pub final_softcap: Option<f32>,
     /// Layers whose attention applies no rotary embedding (NoPE; SmolLM3's every fourth),
     /// ascending; empty for every other family.
     pub no_rope_layers: Vec<usize>,
@@ -217,6 +222,17 @@ pub struct SlidingWindow {
 }
 
 impl ModelConfig {
+    /// Attention's softmax scale: `1 / sqrt(head_dim)`, times [`ModelConfig::query_scale`]
+    /// where no q head norm holds it (Gemma 2; Gemma 3's is folded into its q norm).
+    pub fn attention_scale(&self) -> f32 {
+        let s = 1.0 / (self.head_dim as f32).sqrt();
+        if self.qk_norm {
+            s
+        } else {
+            s * self.query_scale
+        }
+    }
+
     /// Parse the text of an HF `config.json`; errors name `path`.
     pub fn from_json(text: &str, path: &str) -> Result<Self> {
         let value: Value = serde_json::from_str(text).map_err(|e| Error::Config {

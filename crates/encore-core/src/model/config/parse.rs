@@ -113,7 +113,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let num_layers = f.positive("num_hidden_layers")?;
     let heads = parse_heads(f, hidden_size)?;
     // Gemma names it `hidden_activation` (GELU-tanh by default).
-    let gemma = arch == Arch::Gemma3;
+    let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
     let act_key = match gemma && f.get("hidden_activation").is_some() {
         true => "hidden_activation",
         false => "hidden_act",
@@ -132,7 +132,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let max_position_embeddings = f
         .opt_usize("max_position_embeddings")?
         .unwrap_or(arch.default_max_positions());
-    let (rope, rope_local) = match gemma {
+    let (rope, rope_local) = match arch == Arch::Gemma3 {
         true => {
             let (global, local) = parse_gemma_rope(f, heads.head_dim, max_position_embeddings)?;
             (global, Some(local))
@@ -158,16 +158,24 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
                 sliding_window = sliding_window.filter(|_| full.len() < num_layers);
                 full
             }
-            // Gemma 3 without the list: five windowed layers, then a full one.
+            // Gemma without the list: Gemma 3's five windowed layers then a full one,
+            // Gemma 2's one and one.
             None if gemma && sliding_window.is_some() => {
-                let pattern = f.opt_usize("sliding_window_pattern")?.unwrap_or(6).max(1);
+                let pattern = match arch {
+                    Arch::Gemma2 => 2,
+                    _ => f.opt_usize("sliding_window_pattern")?.unwrap_or(6).max(1),
+                };
                 (0..num_layers).filter(|l| (l + 1) % pattern == 0).collect()
             }
             None => Vec::new(),
         };
-    let query_scale = match gemma {
-        true => parse_gemma_variants(f, heads.head_dim)?,
-        false => 1.0,
+    let GemmaVariants {
+        query_scale,
+        attn_softcap,
+        final_softcap,
+    } = match gemma {
+        true => parse_gemma_variants(f, arch, heads.head_dim)?,
+        false => GemmaVariants::NONE,
     };
     let torch_dtype = parse_torch_dtype(f)?;
     let weights = parse_quantization(f)?;
@@ -194,13 +202,15 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         rms_norm_eps,
         tie_word_embeddings,
         qkv_bias,
-        qk_norm: arch.base() == Arch::Qwen3 || gemma,
+        qk_norm: arch.base() == Arch::Qwen3 || arch == Arch::Gemma3,
         hidden_act,
         post_norms: gemma,
         embed_scale: gemma,
         rope_local,
         norm_plus_one: gemma,
         query_scale,
+        attn_softcap,
+        final_softcap,
         no_rope_layers: parse_no_rope_layers(f, arch, num_layers)?,
         full_attention_layers,
         max_position_embeddings,
@@ -289,9 +299,12 @@ fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
         // Its qkv_proj has no bias.
         Arch::Phi3 => false,
         // Its `attention_bias` would give o_proj one too.
-        Arch::Gemma3 => {
+        Arch::Gemma2 | Arch::Gemma3 => {
             if attention_bias {
-                return Err(f.err("attention_bias = true is not supported for gemma3_text"));
+                return Err(f.err(format!(
+                    "attention_bias = true is not supported for {}",
+                    arch.model_type()
+                )));
             }
             false
         }
@@ -601,7 +614,10 @@ fn parse_layer_types(
     let Some(v) = f.get("layer_types") else {
         return Ok(None);
     };
-    if !matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3) {
+    if !matches!(
+        arch,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3
+    ) {
         return Ok(None);
     }
     let kinds: Option<Vec<&str>> = v
@@ -635,18 +651,42 @@ fn parse_layer_types(
     ))
 }
 
-/// Gemma 3's fields beyond the Llama family's: what it does not run is refused by name
-/// (logit soft-capping, bidirectional attention); returns the factor on q that makes
-/// attention's `1 / sqrt(head_dim)` its `query_pre_attn_scalar^-1/2` (default 256).
-fn parse_gemma_variants(f: &Fields<'_>, head_dim: usize) -> Result<f32> {
-    for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
-        if let Some(v) = f.opt_f64(key)? {
-            return Err(f.err(format!(
-                "`{}` = {v} is not supported (no logit soft-capping yet)",
-                f.name(key)
-            )));
+/// What Gemma adds to the Llama family's attention and head.
+struct GemmaVariants {
+    /// The factor on q that makes attention's `1 / sqrt(head_dim)` its
+    /// `query_pre_attn_scalar^-1/2` (default 256).
+    query_scale: f32,
+    /// `attn_logit_softcapping` and `final_logit_softcapping` (Gemma 2's default 50 and
+    /// 30; none for Gemma 3; `null` turns one off).
+    attn_softcap: Option<f32>,
+    final_softcap: Option<f32>,
+}
+
+impl GemmaVariants {
+    const NONE: Self = Self {
+        query_scale: 1.0,
+        attn_softcap: None,
+        final_softcap: None,
+    };
+}
+
+/// Gemma 2's and 3's fields beyond the Llama family's: the query scalar and logit
+/// soft-capping; what encore does not run (bidirectional attention) is refused by name.
+fn parse_gemma_variants(f: &Fields<'_>, arch: Arch, head_dim: usize) -> Result<GemmaVariants> {
+    let cap = |key: &str, default: Option<f32>| -> Result<Option<f32>> {
+        let v = match f.obj.get(key) {
+            None => return Ok(default),
+            Some(Value::Null) => return Ok(None),
+            Some(_) => f.opt_f64(key)?.unwrap_or(0.0),
+        };
+        if !(v > 0.0 && v.is_finite()) {
+            return Err(f.err(format!("`{}` = {v} must be positive", f.name(key))));
         }
-    }
+        Ok(Some(v as f32))
+    };
+    let gemma2 = arch == Arch::Gemma2;
+    let attn_softcap = cap("attn_logit_softcapping", gemma2.then_some(50.0))?;
+    let final_softcap = cap("final_logit_softcapping", gemma2.then_some(30.0))?;
     if f.opt_bool("use_bidirectional_attention")? == Some(true) {
         return Err(f.err("use_bidirectional_attention = true is not supported"));
     }
@@ -657,7 +697,11 @@ fn parse_gemma_variants(f: &Fields<'_>, head_dim: usize) -> Result<f32> {
             f.name("query_pre_attn_scalar")
         )));
     }
-    Ok((head_dim as f64 / scalar).sqrt() as f32)
+    Ok(GemmaVariants {
+        query_scale: (head_dim as f64 / scalar).sqrt() as f32,
+        attn_softcap,
+        final_softcap,
+    })
 }
 
 /// The window as transformers builds its layer types: Mistral's `sliding_window` applies
@@ -685,7 +729,7 @@ fn parse_sliding_window(
             return Ok(None);
         }
         // Gemma 3's window is on the layers `layer_types` (or its pattern) names.
-        Arch::Mistral | Arch::Mixtral | Arch::Phi3 | Arch::Gemma3 => 0,
+        Arch::Mistral | Arch::Mixtral | Arch::Phi3 | Arch::Gemma2 | Arch::Gemma3 => 0,
         // Their windows alternate over layers (Qwen2-MoE) or cover every layer (Qwen3-MoE);
         // no released checkpoint turns them on.
         Arch::Qwen2Moe | Arch::Qwen3Moe => {
@@ -708,7 +752,9 @@ fn parse_sliding_window(
             }
         }
     };
-    let size = match f.opt_usize("sliding_window")? {
+    // Gemma's default (transformers'), for configs that leave it out.
+    let default = matches!(arch, Arch::Gemma2 | Arch::Gemma3).then_some(4096);
+    let size = match f.opt_usize("sliding_window")?.or(default) {
         None => return Ok(None),
         Some(0) => {
             return Err(f.err(format!(

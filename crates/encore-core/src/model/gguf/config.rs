@@ -209,6 +209,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         rope_local: None,
         norm_plus_one: false,
         query_scale: 1.0,
+        attn_softcap: None,
+        final_softcap: None,
         // llama.cpp's smollm3 has no key for it: every fourth layer, hard-coded.
         no_rope_layers: match arch {
             Arch::SmolLM3 => (0..sizes.num_layers).filter(|i| (i + 1) % 4 == 0).collect(),

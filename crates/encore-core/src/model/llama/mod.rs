@@ -663,7 +663,8 @@ impl Model {
                     block_tables: tables,
                     seq_lens: lens,
                     cu_seqlens_q: cu,
-                    scale: 1.0 / (hd as f32).sqrt(),
+                    scale: c.attention_scale(),
+                    softcap: c.attn_softcap,
                     window: c.layer_window(layer),
                     out,
                     scratch: &buf.scratch,
@@ -716,6 +717,9 @@ impl Model {
         let size = self.cfg.tp_rank().1;
         if size == 1 {
             be.matmul(&last, &lm_head, None, &logits)?;
+            if let Some(cap) = self.cfg.final_softcap {
+                be.softcap(&logits, cap)?;
+            }
             return Ok(logits);
         }
         // Vocabulary-parallel: this rank's columns, every rank's gathered, interleaved
@@ -723,6 +727,10 @@ impl Model {
         let cols = self.cfg.vocab_rows();
         let shard = buf.logits_shard.prefix(rows)?;
         be.matmul(&last, &lm_head, None, &shard)?;
+        // Elementwise: each rank caps its own columns.
+        if let Some(cap) = self.cfg.final_softcap {
+            be.softcap(&shard, cap)?;
+        }
         if rows == 1 && size * cols == self.cfg.vocab_size {
             // One row: the shards side by side are already the row's logits.
             be.all_gather(&shard, &logits.reshape(&[size, rows, cols])?)?;

@@ -31,6 +31,8 @@ pub(in crate::backend::cpu) struct AttentionArgs {
     pub seq_lens: Tensor,
     pub cu_seqlens_q: Option<Tensor>,
     pub scale: f32,
+    /// Logit soft-capping (`cap * tanh(x / cap)` on each scaled score), `None` for none.
+    pub softcap: Option<f32>,
     /// Sliding window in positions (validated `>= 1`), `None` for full causal attention.
     pub window: Option<usize>,
     pub out: Tensor,
@@ -258,6 +260,11 @@ fn attention_t<T: Float>(a: &AttentionArgs) {
                     }
                 }
                 scores(w, nq, kn, hd);
+                if let Some(c) = a.softcap {
+                    w.s[..nq * kn]
+                        .iter_mut()
+                        .for_each(|s| *s = c * (*s / c).tanh());
+                }
                 let all_ok = w.ok[..kn].iter().all(|&ok| ok);
                 // Online softmax per query over this chunk; `s` becomes probabilities.
                 for i in 0..nq {

@@ -521,6 +521,17 @@ fn scale_t<T: Float>(x: &Tensor, s: f32) {
         .for_each(|v| *v = T::from_f32(v.to_f32() * s));
 }
 
+pub(super) fn softcap(x: &Tensor, cap: f32) {
+    dispatch_float!(x.dtype(), softcap_t(x, cap))
+}
+
+fn softcap_t<T: Float>(x: &Tensor, cap: f32) {
+    // SAFETY: the dtype was validated.
+    let x = unsafe { view_mut::<T>(x) };
+    x.par_iter_mut()
+        .for_each(|v| *v = T::from_f32(cap * (v.to_f32() / cap).tanh()));
+}
+
 pub(super) fn sigmoid_gate_add(x: &Tensor, gate: &Tensor, y: &Tensor, d: &RowDims) {
     dispatch_float!(x.dtype(), sigmoid_gate_add_t(x, gate, y, d))
 }

@@ -312,6 +312,7 @@ fn attention_decode(
     let (bt, sl) = (dptr(a.block_tables), dptr(a.seq_lens));
     let (out, scratch) = (dptr(a.out), dptr(a.scratch));
     let (qscale, vscale) = scales(a);
+    let cap = softcap_arg(a);
     let window = window_arg(a.window);
     let [rows, nh, nkv, nb, bs, tw, group] = launch_ints(OP, d)?;
     let ns = splits as i32;
@@ -320,8 +321,8 @@ fn attention_decode(
         kernel,
         c,
         &mut args![
-            q, kc, vc, bt, sl, out, scratch, qscale, vscale, window, rows, nh, nkv, nb, bs, tw,
-            group, ns, hf
+            q, kc, vc, bt, sl, out, scratch, qscale, vscale, cap, window, rows, nh, nkv, nb, bs,
+            tw, group, ns, hf
         ],
     )?;
     if splits > 1 {
@@ -443,6 +444,7 @@ pub(in crate::backend::cuda) fn attention(
     let has_cu = a.cu_seqlens_q.is_some() as i32;
     let (out, scratch) = (dptr(a.out), dptr(a.scratch));
     let (qscale, vscale) = scales(a);
+    let cap = softcap_arg(a);
     let window = window_arg(a.window);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
     let [rows, nh, nkv, nb, bs, tw, group] = launch_ints(OP, d)?;
@@ -461,8 +463,8 @@ pub(in crate::backend::cuda) fn attention(
         kernel,
         c,
         &mut args![
-            q, kc, vc, bt, sl, cu, has_cu, out, scratch, qscale, vscale, window, num_seqs, rows,
-            nh, nkv, hd, nb, bs, tw, group, hpc, nsub, splits, lpt
+            q, kc, vc, bt, sl, cu, has_cu, out, scratch, qscale, vscale, cap, window, num_seqs,
+            rows, nh, nkv, hd, nb, bs, tw, group, hpc, nsub, splits, lpt
         ],
     )?;
     if plan.num_splits > 1 {
@@ -486,6 +488,12 @@ fn scales(a: &Attention<'_>) -> (f32, f32) {
     } else {
         (q, 1.0)
     }
+}
+
+/// The kernels' `softcap`: the logit cap in log2 units (`cap * log2(e)`: a score `s` in
+/// those units becomes `C tanh(s / C)`, as `cap tanh(x / cap)` in natural units), 0 for none.
+fn softcap_arg(a: &Attention<'_>) -> f32 {
+    a.softcap.map_or(0.0, |c| c * std::f32::consts::LOG2_E)
 }
 
 /// The attention kernels' `window` argument: 0 for full attention. A window of
@@ -586,6 +594,7 @@ fn attention_prefill(
     let (bt, sl, cu) = (dptr(a.block_tables), dptr(a.seq_lens), dptr(cu));
     let out = dptr(a.out);
     let (qscale, vscale) = scales(a);
+    let cap = softcap_arg(a);
     let window = window_arg(a.window);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
     let [rows, nh, nkv, nb, bs, tw, group] = launch_ints(OP, d)?;
@@ -593,8 +602,8 @@ fn attention_prefill(
         kernel,
         c,
         &mut args![
-            q, kc, vc, bt, sl, cu, out, qscale, vscale, window, num_seqs, rows, nh, nkv, nb, bs,
-            tw, group
+            q, kc, vc, bt, sl, cu, out, qscale, vscale, cap, window, num_seqs, rows, nh, nkv, nb,
+            bs, tw, group
         ],
     )
 }

@@ -281,8 +281,8 @@ pub(super) fn rms_norm(
     )
 }
 
-/// `x *= s` in place (`scale_*`).
-pub(super) fn scale(be: &CudaBackend, x: &Tensor, s: f32) -> Result<()> {
+/// `x *= s` in place, then `x = cap * tanh(x / cap)` when `cap > 0` (`scale_*`).
+pub(super) fn scale_softcap(be: &CudaBackend, x: &Tensor, s: f32, cap: f32) -> Result<()> {
     const OP: &str = "scale";
     let total = x.numel();
     if total == 0 {
@@ -297,7 +297,7 @@ pub(super) fn scale(be: &CudaBackend, x: &Tensor, s: f32) -> Result<()> {
     be.launch(
         be.kernels().scale.get(x.dtype())?,
         c,
-        &mut args![xp, s, total],
+        &mut args![xp, s, cap, total],
     )
 }
 
