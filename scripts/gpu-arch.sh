@@ -5,7 +5,7 @@
 # padded vocabulary's unshard_columns among them), transformers 5.17's reference for the
 # given models (scripts/hf_reference.py), hf_parity over them (CUDA f32/bf16, CPU f32),
 # then the cuda test binary (every dummy model on CUDA, eager and graphs).
-#   usage: MODELS=smollm3,phi3,llama_linear,qwen2_yarn,qwen2_layer_types,gemma3,gemma2 bash scripts/gpu-arch.sh
+#   usage: MODELS=smollm3,phi3,llama_linear,qwen2_yarn,qwen2_layer_types,gemma3,gemma2,phi3_longrope,phi3_longrope_long bash scripts/gpu-arch.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -17,8 +17,8 @@ nvidia-smi -L
 grep -E "act_mul|width=301|width=255" "$OUT/info.log" | head -12
 grep -E "passed|failed|FAIL" "$OUT/info.log" | tail -5
 export ENCORE_HF_REF=$(mktemp -d)
-PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF" --models "${MODELS:-smollm3,phi3,llama_linear,qwen2_yarn,qwen2_layer_types,gemma3,gemma2}" > "$OUT/hf-reference.log" 2>&1
-echo "hf_reference rc=$?"; grep -E "^(smollm3|phi3|llama_linear|qwen2_yarn|qwen2_layer_types|gemma3|gemma2) " "$OUT/hf-reference.log" | cut -c1-200
+PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF" --models "${MODELS:-smollm3,phi3,llama_linear,qwen2_yarn,qwen2_layer_types,gemma3,gemma2,phi3_longrope,phi3_longrope_long}" > "$OUT/hf-reference.log" 2>&1
+echo "hf_reference rc=$?"; grep -E "^(smollm3|phi3|llama_linear|qwen2_yarn|qwen2_layer_types|gemma3|gemma2|phi3_longrope|phi3_longrope_long) " "$OUT/hf-reference.log" | cut -c1-200
 .bin/tests/hf_parity --include-ignored --test-threads 1 --nocapture > "$OUT/hf_parity.log" 2>&1
 echo "hf_parity rc=$?"; grep -vE "^\s*$" "$OUT/hf_parity.log" | grep -E "model|smollm3|phi3|llama_linear|qwen2_yarn|test result|FAILED|panicked" | head -30
 .bin/tests/cuda --include-ignored --test-threads 4 > "$OUT/cuda.log" 2>&1

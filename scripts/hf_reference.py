@@ -356,6 +356,62 @@ MODELS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    # LongRoPE (Phi-3.5 / Phi-4-mini) on phi3's shape: the short factors within the
+    # original context (4096, a factor of 4 giving the attention factor), and the long ones
+    # with an original context of 4 that every prompt passes (transformers then rotates the
+    # whole sequence with them, as encore does for a sequence past it).
+    (
+        "phi3_longrope",
+        Phi3Config,
+        Phi3ForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=160,
+            intermediate_size=344,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            partial_rotary_factor=0.75,
+            max_position_embeddings=16384,
+            original_max_position_embeddings=4096,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "original_max_position_embeddings": 4096,
+                "short_factor": [1.0 + 0.07 * i for i in range(15)],
+                "long_factor": [1.0 + 1.3 * i for i in range(15)],
+            },
+        ),
+    ),
+    (
+        "phi3_longrope_long",
+        Phi3Config,
+        Phi3ForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=160,
+            intermediate_size=344,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            partial_rotary_factor=0.75,
+            max_position_embeddings=64,
+            original_max_position_embeddings=4,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "original_max_position_embeddings": 4,
+                "short_factor": [1.0 + 0.07 * i for i in range(15)],
+                "long_factor": [1.0 + 1.3 * i for i in range(15)],
+            },
+        ),
+    ),
     # Gemma 3's text model: GELU-tanh, (1 + w) norms before and after attention and the
     # MLP, q/k head norms, the embedding times sqrt(hidden), query_pre_attn_scalar 24 (not
     # the head dim 32), windows of 6 on layers 0-2 with the local base, layer 3 full with
@@ -612,7 +668,7 @@ def build(idx, name, cfg_cls, model_cls, spec, outdir, device):
         plain = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
         inv_freq = rot.inv_freq.float().cpu()
         scaled = inv_freq.shape != plain.shape or not torch.allclose(inv_freq, plain)
-        if scaled != (rope_type in ("llama3", "linear", "yarn")):
+        if scaled != (rope_type in ("llama3", "linear", "yarn", "longrope")):
             raise RuntimeError(f"{name}: inv_freq scaled={scaled} for rope type {rope_type}")
 
     bf16 = copy.deepcopy(ref).to(torch.bfloat16)

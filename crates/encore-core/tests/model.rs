@@ -139,11 +139,17 @@ impl RefModel {
     }
 
     /// Rotary embedding of one head `v` of layer `li` at position `pos`.
+    /// LongRoPE runs here with an original context of 0 (every sequence holds more: the
+    /// long factors throughout) or one past every sequence (the short ones throughout).
     fn rope(&self, li: usize, v: &mut [f64], pos: usize) {
         let rope = self.cfg.layer_rope(li);
         let half = rope.rot_dim / 2;
         let m = rope.attention_factor();
-        for (i, f) in rope.inv_freq().iter().enumerate() {
+        for (i, f) in rope
+            .inv_freq_of(rope.long_rope() == Some(0))
+            .iter()
+            .enumerate()
+        {
             let ang = pos as f64 * f;
             let (s, co) = ang.sin_cos();
             let (s, co) = (s * m, co * m);
@@ -335,10 +341,15 @@ fn step(
         if toks.is_empty() {
             continue;
         }
+        // LongRoPE: the runner's rule (`Packer::pack`).
+        let shift = match model.long_rope() {
+            Some((orig, rows)) if s.in_cache + toks.len() > orig => rows,
+            _ => 0,
+        };
         for (j, &t) in toks.iter().enumerate() {
             let p = s.in_cache + j;
             ids.push(t as i32);
-            pos.push(p as i32);
+            pos.push((shift + p) as i32);
             slots.push(s.blocks[p / BLOCK] * BLOCK as i32 + (p % BLOCK) as i32);
         }
         s.tokens.extend_from_slice(toks);
@@ -537,6 +548,32 @@ fn linear_and_yarn_rope_scaling_match_f64_reference() {
     ] {
         let mut cfg = tiny.clone();
         cfg.rope.scaling = Some(scaling);
+        check_config(name, cfg, DType::F32, 1e-4);
+    }
+}
+
+/// LongRoPE (Phi-3.5, Phi-4-mini): the short factors for sequences within the original
+/// context, the long ones (from the table's second half) past it, and the attention
+/// factor on cos and sin, on tiny-phi3's partial rotary against the f64 reference.
+#[test]
+fn longrope_matches_f64_reference() {
+    use encore_core::ops::{LongRopeScaling, RopeScaling, LONGROPE_MAX_FREQS};
+    let phi3 = ModelConfig::dummy("tiny-phi3").unwrap();
+    let half = phi3.rope.rot_dim / 2;
+    let mut short = [1.0f32; LONGROPE_MAX_FREQS];
+    let mut long = [1.0f32; LONGROPE_MAX_FREQS];
+    for i in 0..half {
+        short[i] = 1.0 + 0.05 * i as f32;
+        long[i] = 1.0 + 0.9 * i as f32;
+    }
+    for (name, original) in [("longrope short", 1 << 20), ("longrope long", 0)] {
+        let mut cfg = phi3.clone();
+        cfg.rope.scaling = Some(RopeScaling::LongRope(LongRopeScaling {
+            short,
+            long,
+            original_max_position_embeddings: original,
+            attention_factor: 1.19,
+        }));
         check_config(name, cfg, DType::F32, 1e-4);
     }
 }

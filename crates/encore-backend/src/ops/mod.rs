@@ -726,6 +726,22 @@ pub struct YarnScaling {
     pub truncate: bool,
 }
 
+/// The most rotary frequencies a [`LongRopeScaling`] holds factors for (head_dim 256).
+pub const LONGROPE_MAX_FREQS: usize = 128;
+
+/// LongRoPE (Phi-3.5, Phi-4-mini: `longrope`): frequency `i` divided by `short[i]` for a
+/// sequence within `original_max_position_embeddings` tokens, by `long[i]` beyond; cos
+/// and sin multiplied by `attention_factor` (transformers' default:
+/// `sqrt(1 + ln(factor) / ln(original))`, `factor` = `max_position_embeddings / original`).
+/// The first `rot_dim / 2` entries of each array are used.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LongRopeScaling {
+    pub short: [f32; LONGROPE_MAX_FREQS],
+    pub long: [f32; LONGROPE_MAX_FREQS],
+    pub original_max_position_embeddings: usize,
+    pub attention_factor: f32,
+}
+
 /// How the rotary frequencies are scaled for a longer context.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -735,6 +751,8 @@ pub enum RopeScaling {
     Linear { factor: f32 },
     /// YaRN (`yarn`).
     Yarn(YarnScaling),
+    /// LongRoPE (`longrope`): two tables, see [`RopeConfig::cos_sin_table`].
+    LongRope(LongRopeScaling),
 }
 
 /// Everything that defines the rotary table.
@@ -750,6 +768,11 @@ impl RopeConfig {
     /// Inverse frequencies `f_i`, `i < rot_dim / 2`, with the scaling applied, in f64
     /// (what HF transformers computes, then uses in f32).
     pub fn inv_freq(&self) -> Vec<f64> {
+        self.inv_freq_of(false)
+    }
+
+    /// [`RopeConfig::inv_freq`], with LongRoPE's long factors when `long`.
+    pub fn inv_freq_of(&self, long: bool) -> Vec<f64> {
         let half = self.rot_dim / 2;
         let base = |i: usize| 1.0 / (self.theta as f64).powf((2 * i) as f64 / self.rot_dim as f64);
         // YaRN's ramp over the dims: 0 extrapolates (the frequency kept), 1 interpolates.
@@ -775,6 +798,10 @@ impl RopeConfig {
                 match &self.scaling {
                     None => f,
                     Some(RopeScaling::Linear { factor }) => f / *factor as f64,
+                    // transformers: 1 / (ext * base^(2i/d)), ext in f32.
+                    Some(RopeScaling::LongRope(l)) => {
+                        f / if long { l.long[i] } else { l.short[i] } as f64
+                    }
                     Some(RopeScaling::Yarn(y)) => {
                         let ramp = yarn_ramp(y)(i);
                         // extrapolation weight 1 - ramp: the fast dims keep their frequency.
@@ -805,24 +832,54 @@ impl RopeConfig {
     pub fn attention_factor(&self) -> f64 {
         match &self.scaling {
             Some(RopeScaling::Yarn(y)) => y.attention_factor as f64,
+            Some(RopeScaling::LongRope(l)) => l.attention_factor as f64,
             _ => 1.0,
         }
     }
 
-    /// The f32 `[max_positions, rot_dim]` table [`crate::backend::QkvRope`] reads:
-    /// per position `p`, `cos(p f_i)` for all `i`, then `sin(p f_i)`.
+    /// LongRoPE's `original_max_position_embeddings`: a sequence longer than that rotates
+    /// with the long factors, from the table's second half. `None` for other scalings.
+    pub fn long_rope(&self) -> Option<usize> {
+        match &self.scaling {
+            Some(RopeScaling::LongRope(l)) => Some(l.original_max_position_embeddings),
+            _ => None,
+        }
+    }
+
+    /// Rows of [`RopeConfig::cos_sin_table`] for `max_positions` positions: twice as
+    /// many with LongRoPE.
+    pub fn table_rows(&self, max_positions: usize) -> usize {
+        match self.long_rope() {
+            Some(_) => 2 * max_positions,
+            None => max_positions,
+        }
+    }
+
+    /// The f32 `[table_rows(max_positions), rot_dim]` table [`crate::backend::QkvRope`]
+    /// reads: per position `p`, `cos(p f_i)` for all `i`, then `sin(p f_i)`. With LongRoPE
+    /// the rows of the short factors come first, then those of the long ones: row
+    /// `max_positions + p` is position `p` of a long sequence (the runner offsets such a
+    /// sequence's positions).
     pub fn cos_sin_table(&self, max_positions: usize) -> Vec<f32> {
-        let inv = self.inv_freq();
         let mscale = self.attention_factor();
-        let half = inv.len();
-        let mut t = vec![0f32; max_positions * 2 * half];
-        for p in 0..max_positions {
-            let row = &mut t[p * 2 * half..(p + 1) * 2 * half];
-            for (i, &f) in inv.iter().enumerate() {
-                // HF computes the angle in f32: (p as f32) * (f as f32).
-                let ang = (p as f32 * f as f32) as f64;
-                row[i] = (ang.cos() * mscale) as f32;
-                row[half + i] = (ang.sin() * mscale) as f32;
+        let half = self.rot_dim / 2;
+        let halves: &[bool] = match self.long_rope() {
+            Some(_) => &[false, true],
+            None => &[false],
+        };
+        let mut t = Vec::with_capacity(halves.len() * max_positions * 2 * half);
+        for &long in halves {
+            let inv = self.inv_freq_of(long);
+            for p in 0..max_positions {
+                let start = t.len();
+                t.resize(start + 2 * half, 0.0);
+                let row = &mut t[start..];
+                for (i, &f) in inv.iter().enumerate() {
+                    // HF computes the angle in f32: (p as f32) * (f as f32).
+                    let ang = (p as f32 * f as f32) as f64;
+                    row[i] = (ang.cos() * mscale) as f32;
+                    row[half + i] = (ang.sin() * mscale) as f32;
+                }
             }
         }
         t

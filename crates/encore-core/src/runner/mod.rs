@@ -285,7 +285,8 @@ impl<'b> RunnerBuilder<'b> {
             cfg.block_size,
         );
         let exec = Executor::new(be, bytes, graph_memory)?;
-        let inputs = Packer::new(be, cfg.token_rows(), cfg.max_seqs, table_width)?;
+        let mut inputs = Packer::new(be, cfg.token_rows(), cfg.max_seqs, table_width)?;
+        inputs.long_rope = model.long_rope();
         let sampling =
             SampleBuffers::new(be, cfg.max_seqs, cfg.penalty_slots, model.cfg.vocab_size)?;
         Ok(RunnerBuilder {

@@ -98,6 +98,9 @@ pub(super) struct Packer<'b> {
     /// The last pack's verify chunks with penalties: their rows' penalty slots, which the
     /// step prepares before it samples ([`super::Runner::prepare_forks`]).
     pub forks: Vec<PenaltyFork>,
+    /// LongRoPE ([`crate::model::Model::long_rope`]): a sequence holding more than
+    /// `.0` tokens after the step gets positions `.1` higher (the long factors' rows).
+    pub long_rope: Option<(usize, usize)>,
 }
 
 impl<'b> Packer<'b> {
@@ -114,6 +117,7 @@ impl<'b> Packer<'b> {
             table: InputTable::new(be, StepViews::FIELDS, max_tokens, max_seqs, table_width)?,
             table_width,
             forks: Vec::new(),
+            long_rope: None,
         })
     }
 
@@ -169,9 +173,13 @@ impl<'b> Packer<'b> {
                 ));
             }
             let start = total - s.tokens.len();
+            let shift = match self.long_rope {
+                Some((orig, rows)) if total > orig => rows,
+                _ => 0,
+            };
             for (j, &tok) in s.tokens.iter().enumerate() {
                 h.token_ids[t] = tok as i32;
-                h.positions[t] = (start + j) as i32;
+                h.positions[t] = (shift + start + j) as i32;
                 h.slot_mapping[t] = blocks.slot(s.seq, start + j).ok_or_else(|| {
                     Error::invalid(
                         "runner.step",

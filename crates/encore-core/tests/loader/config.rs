@@ -495,10 +495,51 @@ fn phi3_configs_parse_and_refuse_what_does_not_run() {
     );
     assert!(!mini.qkv_bias && !mini.qk_norm && mini.no_rope_layers.is_empty());
     assert_eq!(with("").unwrap().rope.rot_dim, 128);
+    // Phi-3.5-mini's LongRoPE (48 factors for 96 rotary dims; `su`, its early name), the
+    // original context at the top level, the attention factor from 131072 / 4096.
+    let factors = |v: f64| format!("[{}]", vec![v.to_string(); 48].join(", "));
+    let longrope = |kind: &str| {
+        format!(
+            r#", "partial_rotary_factor": 0.75, "original_max_position_embeddings": 4096,
+            "rope_scaling": {{"type": "{kind}", "short_factor": {}, "long_factor": {}}}"#,
+            factors(1.5),
+            factors(4.0)
+        )
+    };
+    for kind in ["longrope", "su"] {
+        let c = with(&longrope(kind)).unwrap();
+        let Some(encore_core::ops::RopeScaling::LongRope(l)) = c.rope.scaling else {
+            panic!("{kind}: {:?}", c.rope.scaling);
+        };
+        assert_eq!(l.original_max_position_embeddings, 4096);
+        assert_eq!((l.short[47], l.long[47], l.short[48]), (1.5, 4.0, 1.0));
+        let want = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt() as f32;
+        assert!(
+            (l.attention_factor - want).abs() < 1e-6,
+            "{}",
+            l.attention_factor
+        );
+        assert_eq!(c.rope.long_rope(), Some(4096));
+        // The table: the short factors' rows, then the long ones'.
+        let table = c.rope.cos_sin_table(8);
+        assert_eq!(table.len(), 2 * 8 * 96);
+        let f = c.rope.inv_freq_of(true)[47] as f32;
+        assert!(
+            (table[(8 + 3) * 96 + 47 + 48] - (3.0 * f).sin() * l.attention_factor).abs() < 1e-5
+        );
+    }
+    // Dynamic NTK is the default rotary within the model's positions.
+    let dynamic = with(r#", "rope_scaling": {"type": "dynamic", "factor": 2.0}"#).unwrap();
+    assert_eq!(dynamic.rope.scaling, None);
     for (extra, want) in [
         (
+            r#", "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
+                "original_max_position_embeddings": 4096}"#,
+            "must hold 64 positive numbers",
+        ),
+        (
             r#", "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}"#,
-            "\"longrope\" is not supported",
+            "must hold",
         ),
         (r#", "partial_rotary_factor": 0.31"#, "must be even"),
         (r#", "partial_rotary_factor": 1.5"#, "must be even"),

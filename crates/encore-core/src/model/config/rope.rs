@@ -4,7 +4,10 @@
 use super::parse::Fields;
 use super::Arch;
 use crate::error::Result;
-use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling, YarnScaling};
+use crate::ops::{
+    Llama3Scaling, LongRopeScaling, RopeConfig, RopeScaling, YarnScaling, LONGROPE_MAX_FREQS,
+};
+use serde_json::Value;
 
 /// Theta and scaling from the top-level `rope_theta` / `rope_scaling` (transformers 4)
 /// or from `rope_parameters` (transformers 5).
@@ -68,7 +71,7 @@ pub(super) fn parse_rope(
     let top_original = f.opt_usize("original_max_position_embeddings")?;
     let scaling = match scaling {
         None => None,
-        Some(s) => parse_scaling(&s, max_positions, top_original)?,
+        Some(s) => parse_scaling(&s, max_positions, top_original, rot_dim)?,
     };
     Ok(RopeConfig {
         rot_dim,
@@ -124,7 +127,7 @@ pub(super) fn parse_gemma_rope(
                             path: f.path,
                             prefix: "rope_scaling.",
                         };
-                        parse_scaling(&s, max_positions, None)?
+                        parse_scaling(&s, max_positions, None, head_dim)?
                     }
                 },
             };
@@ -153,7 +156,7 @@ pub(super) fn parse_gemma_rope(
                     Some(p) => RopeConfig {
                         rot_dim: head_dim,
                         theta: theta(&p, default)?,
-                        scaling: parse_scaling(&p, max_positions, None)?,
+                        scaling: parse_scaling(&p, max_positions, None, head_dim)?,
                     },
                 })
             };
@@ -170,12 +173,23 @@ fn parse_scaling(
     s: &Fields<'_>,
     max_positions: usize,
     top_original: Option<usize>,
+    rot_dim: usize,
 ) -> Result<Option<RopeScaling>> {
     let kind = s.opt_str("rope_type")?.or(s.opt_str("type")?);
     match kind {
         None if s.prefix.starts_with("rope_parameters.") => Ok(None),
         None => Err(s.err("`rope_scaling` has no `rope_type` (or `type`)")),
         Some("default") => Ok(None),
+        // Dynamic NTK changes the base only for sequences past `max_position_embeddings`,
+        // which encore never runs: within them it is the default rotary.
+        Some("dynamic") => Ok(None),
+        // Phi-3's early configs name LongRoPE `su` (or `yarn`, with its factor lists).
+        Some("longrope" | "su") => {
+            parse_longrope(s, max_positions, top_original, rot_dim).map(Some)
+        }
+        Some("yarn") if s.get("short_factor").is_some() => {
+            parse_longrope(s, max_positions, top_original, rot_dim).map(Some)
+        }
         Some("llama3") => {
             let factor = s.req_f64("factor")? as f32;
             let low_freq_factor = s.req_f64("low_freq_factor")? as f32;
@@ -218,7 +232,7 @@ fn parse_scaling(
         Some("yarn") => parse_yarn(s, max_positions, top_original).map(Some),
         Some(other) => Err(s.err(format!(
             "`{}rope_type` = \"{other}\" is not supported (only \"default\", \"llama3\", \
-             \"linear\" and \"yarn\")",
+             \"linear\", \"yarn\", \"longrope\" and \"dynamic\")",
             s.prefix
         ))),
     }
@@ -280,5 +294,81 @@ fn parse_yarn(
         beta_slow: beta_slow as f32,
         attention_factor: attention_factor as f32,
         truncate: s.opt_bool("truncate")?.unwrap_or(true),
+    }))
+}
+
+/// LongRoPE's parameters as transformers' `_compute_longrope_parameters` reads them: the
+/// `short_factor` and `long_factor` lists (one per rotary frequency), the original context
+/// (the config's top-level one first, then the scaling's), `factor` (default:
+/// `max_position_embeddings / original`) and the attention factor given, or
+/// `sqrt(1 + ln(factor) / ln(original))` (1 for a factor of at most 1).
+fn parse_longrope(
+    s: &Fields<'_>,
+    max_positions: usize,
+    top_original: Option<usize>,
+    rot_dim: usize,
+) -> Result<RopeScaling> {
+    let half = rot_dim / 2;
+    if half > LONGROPE_MAX_FREQS {
+        return Err(s.err(format!(
+            "longrope with {rot_dim} rotary dims is not supported (at most {})",
+            2 * LONGROPE_MAX_FREQS
+        )));
+    }
+    let factors = |key: &str| -> Result<[f32; LONGROPE_MAX_FREQS]> {
+        let v = s
+            .get(key)
+            .ok_or_else(|| s.err(format!("required field `{}` is missing", s.name(key))))?;
+        let list: Option<Vec<f64>> = v
+            .as_array()
+            .and_then(|a| a.iter().map(Value::as_f64).collect());
+        let list = list.ok_or_else(|| s.wrong_type(key, "a list of numbers", v))?;
+        if list.len() != half || list.iter().any(|f| !(*f > 0.0 && f.is_finite())) {
+            return Err(s.err(format!(
+                "`{}` must hold {half} positive numbers (one per rotary frequency), found {}",
+                s.name(key),
+                list.len()
+            )));
+        }
+        let mut out = [1.0f32; LONGROPE_MAX_FREQS];
+        for (o, f) in out.iter_mut().zip(&list) {
+            *o = *f as f32;
+        }
+        Ok(out)
+    };
+    let (short, long) = (factors("short_factor")?, factors("long_factor")?);
+    let original = top_original
+        .or(s.opt_usize("original_max_position_embeddings")?)
+        .ok_or_else(|| {
+            s.err(format!(
+                "required field `{}` is missing",
+                s.name("original_max_position_embeddings")
+            ))
+        })?;
+    if original == 0 {
+        return Err(s.err(format!(
+            "`{}` must be positive",
+            s.name("original_max_position_embeddings")
+        )));
+    }
+    let factor = s
+        .opt_f64("factor")?
+        .unwrap_or(max_positions as f64 / original as f64);
+    let attention_factor = match s.opt_f64("attention_factor")? {
+        Some(a) if a > 0.0 && a.is_finite() => a,
+        Some(a) => {
+            return Err(s.err(format!(
+                "`{}` = {a} must be positive",
+                s.name("attention_factor")
+            )))
+        }
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+    };
+    Ok(RopeScaling::LongRope(LongRopeScaling {
+        short,
+        long,
+        original_max_position_embeddings: original,
+        attention_factor: attention_factor as f32,
     }))
 }

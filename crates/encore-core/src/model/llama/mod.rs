@@ -221,7 +221,8 @@ impl Model {
             });
         }
         let table = cfg.rope.cos_sin_table(max_positions);
-        let cos_sin = backend.upload(&table, &[max_positions, cfg.rope.rot_dim])?;
+        let rows = cfg.rope.table_rows(max_positions);
+        let cos_sin = backend.upload(&table, &[rows, cfg.rope.rot_dim])?;
         let cos_sin_none = if cfg.no_rope_layers.is_empty() {
             None
         } else {
@@ -322,6 +323,18 @@ impl Model {
 
     pub fn max_positions(&self) -> usize {
         self.max_positions
+    }
+
+    /// LongRoPE's rows: `(original_max_position_embeddings, offset)`: a sequence longer
+    /// than the first (after the step) rotates from the long factors' half of the table,
+    /// its positions plus the offset (see [`crate::ops::RopeConfig::cos_sin_table`]), as
+    /// transformers switches the whole forward to the long factors past it. `None`
+    /// without LongRoPE.
+    pub fn long_rope(&self) -> Option<(usize, usize)> {
+        self.cfg
+            .rope
+            .long_rope()
+            .map(|orig| (orig, self.max_positions))
     }
 
     fn dtype(&self) -> DType {
