@@ -10,12 +10,15 @@
 #          prefill step and a 512-row decode step, bf16 weights against FP8 (what bounds
 #          the prefill-heavy 2048/128 row);
 #   prefill  the 8B FP8 prefill step at 8k tokens (4 x 2048, 1 x 8192), eager;
+#   mixed  the 2048/128 row's steady step: 4 x 2048 prompt tokens beside 480 sequences
+#          decoding over 2,048 cached FP8 tokens, against the prompts alone and the decodes
+#          alone (is the mixed step the sum of its parts?);
 #   ncuprefill  each kernel's share of that step's time (ncu durations, summed by name);
 #   ncudecode  the same for a decode step at batch 512, 1,536 cached FP8 tokens;
 #   ncu    Nsight Compute on the FP8 and bf16 decode-attention kernels of `bench kernels`
 #          (a launch of the (64, 2k) or (256, 2k) rows; the launch section names the grid).
 # Logs go to $OUT. BIN=encore-old runs .gpu/encore-old.xz (an A/B's base) instead.
-#   usage: [BIN=encore] bash scripts/gpu-kv8.sh [info,kernels,gemm,prefill,ncuprefill,ncudecode,decode,ab,serve,ncu]
+#   usage: [BIN=encore] bash scripts/gpu-kv8.sh [info,kernels,gemm,prefill,mixed,ncuprefill,ncudecode,decode,ab,serve,ncu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -44,6 +47,17 @@ if has prefill; then
   "$enc" bench prefill --device cuda --model dummy:llama-3-8b --quantization fp8 \
     --tokens 2048,8192 --batch 1,4 --prefill-buckets none --repeats 3 --json \
     2>>"$OUT/prefill.err" | tee "$OUT/prefill.jsonl" | cut -c1-200
+fi
+if has mixed; then
+  for d in 0 480; do
+    "$enc" bench prefill --device cuda --model dummy:llama-3-8b --quantization fp8 \
+      --kv-cache-dtype fp8 --tokens 2048 --batch 4 --prefill-buckets none --repeats 5 \
+      --decode-batch $d --decode-context 2048 --json 2>>"$OUT/mixed.err" \
+      | tee -a "$OUT/mixed.jsonl" | tail -1 | cut -c1-260
+  done
+  "$enc" bench decode --device cuda --model dummy:llama-3-8b --quantization fp8 \
+    --kv-cache-dtype fp8 --batch 480 --context 2048 --steps 10 2>>"$OUT/mixed.err" \
+    | tee -a "$OUT/mixed-decode.log" | tail -3
 fi
 if has ncuprefill; then
   # Where a prefill step's time goes: every kernel's duration (ncu, one metric, kernels

@@ -629,7 +629,7 @@ def build(idx, name, cfg_cls, model_cls, spec, outdir, device):
     path = os.path.join(outdir, name)
     os.makedirs(path, exist_ok=True)
     torch.manual_seed(1000 + idx)
-    config = cfg_cls(**spec, **COMMON)
+    config = cfg_cls(**{**COMMON, **spec})
     model = model_cls(config)
     reinit_(model, seed=2000 + idx, tied=spec["tie_word_embeddings"])
     if spec["tie_word_embeddings"]:
