@@ -238,7 +238,7 @@ fn run_url(a: BenchServeArgs) -> Result<()> {
                 ),
             },
         };
-        let runs = preset::runs(&a.workload);
+        let runs = preset::runs(&a.workload)?;
         if let (Some(limit), Some(need)) =
             (max_model_len, runs.iter().filter(|r| r.peer.is_some()).map(Run::max_seq_len).max())
         {
@@ -343,7 +343,7 @@ fn run_in_process(a: BenchServeArgs) -> Result<()> {
     let be = opened.backend();
     let (cfg, source) = crate::model_arg::resolve(&model, &a.revision, a.quantization)?;
     let vocab = cfg.vocab_size;
-    let runs = preset::runs(&a.workload);
+    let runs = preset::runs(&a.workload)?;
     // The first run's workload is drawn now (its longest request sizes the engine without
     // a preset); a preset's rows have exact lengths.
     let mut first = Some(workload::workload(&runs[0].args, vocab)?);

@@ -97,15 +97,30 @@ impl Run {
     }
 }
 
-/// The runs the flags ask for: the preset's rows, or the one run of the flags.
-pub fn runs(a: &WorkloadArgs) -> Vec<Run> {
+/// The runs the flags ask for: the preset's rows (those of `--rows`), or the one run of
+/// the flags. A `--rows` entry that is no row of the preset is refused.
+pub fn runs(a: &WorkloadArgs) -> anyhow::Result<Vec<Run>> {
     let Some(DatasetShape::Trtllm) = a.dataset_shape else {
-        return vec![Run {
+        return Ok(vec![Run {
             args: a.clone(),
             warmup: None,
             peer: None,
-        }];
+        }]);
     };
+    if let Some((i, o)) = a
+        .rows
+        .iter()
+        .find(|r| !TRTLLM.iter().any(|p| (p.isl, p.osl) == **r))
+    {
+        let rows: Vec<String> = TRTLLM
+            .iter()
+            .map(|p| format!("{}/{}", p.isl, p.osl))
+            .collect();
+        anyhow::bail!(
+            "--rows {i}/{o}: not a row of --dataset-shape trtllm ({})",
+            rows.join(", ")
+        );
+    }
     // Every row and its warm-up its own prompts (another seed): none shares a cached
     // prefix with an earlier request by chance.
     let seed = |k: u64| a.seed ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -120,17 +135,19 @@ pub fn runs(a: &WorkloadArgs) -> Vec<Run> {
         seed,
         dataset_shape: None,
         warmup: None,
+        rows: Vec::new(),
     };
     let warmup = a.warmup.unwrap_or(DEFAULT_WARMUP);
-    TRTLLM
+    Ok(TRTLLM
         .iter()
         .enumerate()
+        .filter(|(_, p)| a.rows.is_empty() || a.rows.contains(&(p.isl, p.osl)))
         .map(|(k, p)| Run {
             args: row(p, a.num_prompts.unwrap_or(p.requests), seed(2 * k as u64)),
             warmup: (warmup > 0).then(|| row(p, warmup, seed(2 * k as u64 + 1))),
             peer: Some(p),
         })
-        .collect()
+        .collect())
 }
 
 /// The flags that set the requests' lengths, for errors.
@@ -253,8 +270,24 @@ mod tests {
     }
 
     #[test]
+    fn rows_picks_rows_of_the_preset_and_refuses_others() {
+        let a = parse(&["--dataset-shape", "trtllm", "--rows", "2048/128,1000/1000"]).unwrap();
+        let shapes: Vec<_> = runs(&a)
+            .unwrap()
+            .iter()
+            .map(|r| (r.args.input_len.0, r.args.output_len.0))
+            .collect();
+        assert_eq!(shapes, [(1000, 1000), (2048, 128)]);
+        let a = parse(&["--dataset-shape", "trtllm", "--rows", "100/100"]).unwrap();
+        let e = runs(&a).err().unwrap().to_string();
+        assert!(e.contains("100/100") && e.contains("2048/128"), "{e}");
+        assert!(parse(&["--dataset-shape", "trtllm", "--rows", "100"]).is_err());
+        assert!(parse(&["--rows", "128/128"]).is_err());
+    }
+
+    #[test]
     fn the_preset_is_four_rows_of_exact_lengths_with_their_own_prompts() {
-        let rows = runs(&parse(&["--dataset-shape", "trtllm"]).unwrap());
+        let rows = runs(&parse(&["--dataset-shape", "trtllm"]).unwrap()).unwrap();
         let shapes: Vec<_> = rows
             .iter()
             .map(|r| {
@@ -298,12 +331,13 @@ mod tests {
                 "0",
             ])
             .unwrap(),
-        );
+        )
+        .unwrap();
         assert!(rows
             .iter()
             .all(|r| r.args.num_prompts == Some(3) && r.warmup.is_none()));
         // Without the preset: the flags' one run, no peer.
-        let one = runs(&parse(&["--input-len", "7"]).unwrap());
+        let one = runs(&parse(&["--input-len", "7"]).unwrap()).unwrap();
         assert_eq!(one.len(), 1);
         assert!(one[0].peer.is_none() && one[0].warmup.is_none());
     }

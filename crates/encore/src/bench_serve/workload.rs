@@ -56,6 +56,22 @@ pub struct WorkloadArgs {
     /// (--dataset-shape; default 2, trtllm-bench's).
     #[arg(long, requires = "dataset_shape", value_parser = parse::count::<0, 1_000_000>, allow_negative_numbers = true)]
     pub warmup: Option<usize>,
+    /// Only these rows of the preset, as ISL/OSL (comma-separated, e.g. `2048/128,1000/1000`).
+    #[arg(long, requires = "dataset_shape", value_delimiter = ',', value_parser = row)]
+    pub rows: Vec<(usize, usize)>,
+}
+
+/// An `--rows` entry: `ISL/OSL`.
+fn row(s: &str) -> Result<(usize, usize), String> {
+    let (i, o) = s
+        .split_once('/')
+        .ok_or_else(|| format!("`{s}` is not ISL/OSL (e.g. 1000/1000)"))?;
+    let n = |x: &str| {
+        x.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("`{x}` in `{s}` is not a whole number"))
+    };
+    Ok((n(i)?, n(o)?))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
