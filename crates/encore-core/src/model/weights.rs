@@ -209,7 +209,14 @@ fn load_placed(
     let weights = build(&decl, dtype, |i, m| {
         let place = prepared.map_or(Place::Device, |p| p.place[i].clone());
         let mdt = m.dtype(dtype);
-        let offset = cfg.norm_plus_one && m.role.is_norm() && !matches!(source, Source::Gguf(_));
+        // llama.cpp's converter stores Gemma's norms as 1 + w already; the query scale
+        // goes into q's norm from either.
+        let plus_one = cfg.norm_plus_one && m.role.is_norm() && !matches!(source, Source::Gguf(_));
+        let query = match m.role {
+            Role::QNorm if cfg.query_scale != 1.0 => cfg.query_scale,
+            _ => 1.0,
+        };
+        let offset = plus_one || query != 1.0;
         if offset && !matches!(place, Place::Device) {
             return Err(Error::invalid(
                 "weights",
@@ -246,11 +253,7 @@ fn load_placed(
         }
         // Gemma's norms are offsets from 1 (q's also carries the query scale).
         if offset {
-            let scale = match m.role {
-                Role::QNorm => cfg.query_scale,
-                _ => 1.0,
-            };
-            offset_norm(backend, &t, scale)?;
+            offset_norm(backend, &t, if plus_one { 1.0 } else { 0.0 }, query)?;
         }
         Ok(if row_scale { t.with_row_scale() } else { t })
     })?;
@@ -267,8 +270,9 @@ fn load_placed(
 }
 
 /// A norm weight `w` of an HF checkpoint that stores offsets from 1 (Gemma's RMSNorm
-/// computes `x * (1 + w)`): `(1 + w) * scale` in place, in f32, rounded to its dtype once.
-fn offset_norm(backend: &dyn Backend, t: &Tensor, scale: f32) -> Result<()> {
+/// computes `x * (1 + w)`): `(add + w) * scale` in place (`add` 1, or 0 where the file
+/// holds `1 + w` already), in f32, rounded to its dtype once.
+fn offset_norm(backend: &dyn Backend, t: &Tensor, add: f32, scale: f32) -> Result<()> {
     if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) {
         return Err(Error::invalid(
             "weights",
@@ -279,7 +283,7 @@ fn offset_norm(backend: &dyn Backend, t: &Tensor, scale: f32) -> Result<()> {
     backend.read_bytes(t, &mut bytes)?;
     let values: Vec<f32> = host::to_f32(&bytes, t.dtype())
         .into_iter()
-        .map(|v| (1.0 + v) * scale)
+        .map(|v| (add + v) * scale)
         .collect();
     let mut staging = Staging::default();
     backend.write_bytes(

@@ -99,9 +99,24 @@ fn llama_cpp_name(hf: &str) -> String {
         // Phi-3's fused projections (llama.cpp keeps them fused: gate rows, then up rows).
         ("self_attn.qkv_proj.weight", "attn_qkv.weight"),
         ("mlp.gate_up_proj.weight", "ffn_up.weight"),
+        // Gemma's MLP norms (its `post_attention_layernorm`: `llama_cpp_gemma_name`).
+        ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+        ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
     ];
     let short = table.iter().find(|(h, _)| *h == rest).unwrap().1;
     format!("blk.{layer}.{short}")
+}
+
+/// The llama.cpp names of Gemma's norms around attention and the MLP.
+fn llama_cpp_gemma_name(hf: &str) -> Option<String> {
+    let (layer, rest) = hf.strip_prefix("model.layers.")?.split_once('.')?;
+    let short = match rest {
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
+        "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{short}"))
 }
 
 /// llama.cpp's `permute` (convert_hf_to_gguf.py): each head's rows reshaped
@@ -253,7 +268,19 @@ fn gguf_twin(cfg: &ModelConfig, ts: &[(String, Vec<usize>, Vec<f32>)], store: St
         } else {
             shape.clone()
         };
-        (llama_cpp_source(n).0, n.clone(), shape, v.clone())
+        // Gemma: llama.cpp's converter stores the norms as 1 + w, and names the post
+        // norms apart (HF's `post_attention_layernorm` is the attention's output norm).
+        let gemma = cfg.post_norms.then(|| llama_cpp_gemma_name(n)).flatten();
+        let v = match cfg.norm_plus_one && n.ends_with("norm.weight") {
+            true => v.iter().map(|x| 1.0 + x).collect(),
+            false => v.clone(),
+        };
+        (
+            gemma.unwrap_or_else(|| llama_cpp_source(n).0),
+            n.clone(),
+            shape,
+            v,
+        )
     });
     let all: Vec<(String, String, Vec<usize>, Vec<f32>)> = plain
         .chain(stacked.into_iter().map(|(g, s, v)| (g.clone(), g, s, v)))

@@ -66,6 +66,21 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
             Store::Q8_0,
         ),
         ("Phi3ForCausalLM", "", Store::F16),
+        // Gemma 3: q/k head norms, post norms, norms stored as 1 + w, a window of 8 on
+        // layer 0 (the sliding-window pattern's flags) with the local base (freq_base_swa).
+        (
+            "Gemma3ForCausalLM",
+            r#", "query_pre_attn_scalar": 16, "sliding_window": 8, "rope_local_base_freq": 5000.0,
+               "layer_types": ["sliding_attention", "full_attention"]"#,
+            Store::Q8_0,
+        ),
+        // Gemma 2: no head norms, its logit caps in the metadata.
+        (
+            "Gemma2ForCausalLM",
+            r#", "query_pre_attn_scalar": 16, "sliding_window": 8,
+               "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0"#,
+            Store::F16,
+        ),
         // llama.cpp writes Mixtral as `llama` with experts (q/k permuted).
         (
             "MixtralForCausalLM",

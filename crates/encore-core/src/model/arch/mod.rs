@@ -135,22 +135,21 @@ pub const FAMILIES: [Family; 11] = [
         Arch::Phi3,
         4096,
     ),
-    // No GGUF yet: llama.cpp's gemma3 files bake the norms' + 1 and name its norms apart.
+    // llama.cpp's gemma3 files hold the norms as 1 + w and name the post norms apart.
     family(
         Arch::Gemma3,
         "Gemma3ForCausalLM",
         "gemma3_text",
-        None,
+        Some("gemma3"),
         "gemma3",
         Arch::Gemma3,
         131_072,
     ),
-    // No GGUF yet, as Gemma 3.
     family(
         Arch::Gemma2,
         "Gemma2ForCausalLM",
         "gemma2",
-        None,
+        Some("gemma2"),
         "gemma2",
         Arch::Gemma2,
         8192,

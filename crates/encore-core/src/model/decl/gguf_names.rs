@@ -10,6 +10,29 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     gguf_source(hf).map(|(name, _)| name)
 }
 
+/// [`gguf_name`] for a model with post norms (Gemma): HF's `post_attention_layernorm` is
+/// then the attention's output norm, llama.cpp's `post_attention_norm`, and the MLP's is
+/// `post_ffw_norm` (a Llama's `post_attention_layernorm` is its MLP input norm,
+/// `ffn_norm`).
+pub fn gguf_source_of(hf: &str, post_norms: bool) -> Option<(String, Option<usize>)> {
+    if post_norms {
+        if let Some((layer, rest)) = hf
+            .strip_prefix("model.layers.")
+            .and_then(|r| r.split_once('.'))
+        {
+            let g = match rest {
+                "post_attention_layernorm.weight" => Some("post_attention_norm.weight"),
+                "post_feedforward_layernorm.weight" => Some("post_ffw_norm.weight"),
+                _ => None,
+            };
+            if let Some(g) = g {
+                return Some((format!("blk.{layer}.{g}"), None));
+            }
+        }
+    }
+    gguf_source(hf)
+}
+
 /// The GGUF tensor holding an HF tensor and, for one expert's matrix, the expert's index
 /// in it: llama.cpp stacks a layer's experts as `blk.N.ffn_{gate,up,down}_exps` of shape
 /// `[experts, rows, k]` (Mixtral's `w1`, `w3`, `w2` too); the router is `ffn_gate_inp`,

@@ -36,7 +36,7 @@ use crate::tensor::DType;
 mod builder;
 mod gguf_names;
 use builder::Builder;
-pub use gguf_names::{gguf_name, gguf_source};
+pub use gguf_names::{gguf_name, gguf_source, gguf_source_of};
 
 /// One HF tensor of the checkpoint layout.
 #[derive(Clone, Debug, PartialEq, Eq)]

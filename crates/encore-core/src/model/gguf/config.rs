@@ -5,6 +5,7 @@
 //! Anything the forward pass cannot honour is an [`Error::Config`] naming the key.
 
 use super::reader::{GgufFile, Value};
+use crate::backend::Activation;
 use crate::error::{Error, Result};
 use crate::model::arch::FAMILIES;
 use crate::model::config::{Arch, ModelConfig, MoeConfig, SlidingWindow};
@@ -173,7 +174,12 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         return Err(m.err(format!("`{eps_key}` = {rms_norm_eps} must be >= 0")));
     }
     let vocab_size = parse_vocab_size(&m)?;
-    let sliding_window = match m.opt_usize(&k("attention.sliding_window"))? {
+    // llama.cpp's default window for Gemma 2 files without the key.
+    let default_window = (arch == Arch::Gemma2).then_some(4096);
+    let sliding_window = match m
+        .opt_usize(&k("attention.sliding_window"))?
+        .or(default_window)
+    {
         None => None,
         Some(0) => {
             return Err(m.err(format!(
@@ -189,6 +195,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let max_position_embeddings = m.positive(&k("context_length"))?;
     let bos_token_id = m.opt_id("tokenizer.ggml.bos_token_id")?;
     let eos_token_ids = parse_eos_token_ids(&m)?;
+    let gemma = parse_gemma(&m, arch, &sizes, rope, sliding_window.is_some())?;
     let cfg = ModelConfig {
         arch,
         vocab_size,
@@ -202,15 +209,17 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         rms_norm_eps,
         tie_word_embeddings: file.tensor("output.weight").is_none(),
         qkv_bias: arch.base() == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
-        qk_norm: arch.base() == Arch::Qwen3,
-        hidden_act: Default::default(),
-        post_norms: false,
-        embed_scale: false,
-        rope_local: None,
-        norm_plus_one: false,
-        query_scale: 1.0,
-        attn_softcap: None,
-        final_softcap: None,
+        qk_norm: arch.base() == Arch::Qwen3 || arch == Arch::Gemma3,
+        hidden_act: gemma
+            .as_ref()
+            .map_or(Default::default(), |_| Activation::GeluTanh),
+        post_norms: gemma.is_some(),
+        embed_scale: gemma.is_some(),
+        rope_local: gemma.as_ref().and_then(|g| g.rope_local),
+        norm_plus_one: gemma.is_some(),
+        query_scale: gemma.as_ref().map_or(1.0, |g| g.query_scale),
+        attn_softcap: gemma.as_ref().and_then(|g| g.attn_softcap),
+        final_softcap: gemma.as_ref().and_then(|g| g.final_softcap),
         // llama.cpp's smollm3 has no key for it: every fourth layer, hard-coded.
         no_rope_layers: match arch {
             Arch::SmolLM3 => (0..sizes.num_layers).filter(|i| (i + 1) % 4 == 0).collect(),
@@ -221,7 +230,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         bos_token_id,
         eos_token_ids,
         sliding_window,
-        full_attention_layers: Vec::new(),
+        full_attention_layers: gemma.map_or(Vec::new(), |g| g.full_attention_layers),
         weights: Default::default(),
         moe,
         tp: None,
@@ -240,6 +249,113 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     .map_err(|what| m.err(what))?;
     check_embedding(&m, vocab_size, cfg.hidden_size)?;
     Ok(cfg)
+}
+
+/// What a `gemma2` or `gemma3` file implies as llama.cpp runs it (`src/models/gemma*.cpp`):
+/// GELU-tanh, post norms, the embedding times sqrt(hidden) and norms stored as `1 + w`
+/// (the config's `norm_plus_one`, which the loader does not add again for GGUF); the
+/// query scalar `hidden / heads` for the 27B models (46 layers of Gemma 2, 62 of Gemma 3)
+/// and the head dim otherwise; the window on the layers `attention.sliding_window_pattern`
+/// names (a list of flags, or every layer but each n-th; default 2 for Gemma 2, 6 for
+/// Gemma 3), whose windowed layers rotate with `rope.freq_base_swa` (Gemma 3: default
+/// 10,000, no scaling); logit soft-capping (`attn_logit_softcapping` and
+/// `final_logit_softcapping`: Gemma 2's default 50 and 30, Gemma 3's final one if given).
+struct Gemma {
+    query_scale: f32,
+    rope_local: Option<RopeConfig>,
+    attn_softcap: Option<f32>,
+    final_softcap: Option<f32>,
+    full_attention_layers: Vec<usize>,
+}
+
+fn parse_gemma(
+    m: &Meta<'_>,
+    arch: Arch,
+    sizes: &Sizes,
+    rope: RopeConfig,
+    windowed: bool,
+) -> Result<Option<Gemma>> {
+    let (big, pattern) = match arch {
+        Arch::Gemma2 => (46, 2),
+        Arch::Gemma3 => (62, 6),
+        _ => return Ok(None),
+    };
+    let pattern_key = m.key("attention.sliding_window_pattern");
+    let windowed_layers: Vec<bool> = match m.get(&pattern_key) {
+        Some(v) if v.as_array().is_some() => {
+            let flags = m
+                .opt_vec(&pattern_key, "a bool", Value::as_bool)?
+                .unwrap_or_default();
+            if flags.len() < sizes.num_layers {
+                return Err(m.err(format!(
+                    "`{pattern_key}` has {} entries for {} layers",
+                    flags.len(),
+                    sizes.num_layers
+                )));
+            }
+            flags
+        }
+        _ => {
+            let n = m.opt_usize(&pattern_key)?.unwrap_or(pattern);
+            (0..sizes.num_layers)
+                .map(|l| n == 0 || l % n < n - 1)
+                .collect()
+        }
+    };
+    let scalar = match sizes.num_layers == big {
+        true => sizes.hidden_size / sizes.num_heads,
+        false => sizes.head_dim,
+    };
+    let cap = |key: &str, default: f32| -> Result<Option<f32>> {
+        let key = m.key(key);
+        let v = m.opt_f64(&key)?.unwrap_or(default as f64);
+        // llama.cpp reads 0 as none.
+        if v == 0.0 {
+            return Ok(None);
+        }
+        if !(v > 0.0 && v.is_finite()) {
+            return Err(m.err(format!("`{key}` = {v} must be positive")));
+        }
+        Ok(Some(v as f32))
+    };
+    let gemma2 = arch == Arch::Gemma2;
+    let base_key = m.key("rope.freq_base_swa");
+    let local_base = m.opt_f64(&base_key)?;
+    if let Some(b) = local_base.filter(|b| !(*b > 0.0 && b.is_finite())) {
+        return Err(m.err(format!("`{base_key}` = {b} must be positive")));
+    }
+    let rope_local = match (gemma2, local_base) {
+        (true, None) => None,
+        (true, Some(b)) => Some(RopeConfig {
+            theta: b as f32,
+            ..rope
+        }),
+        (false, b) => Some(RopeConfig {
+            theta: b.unwrap_or(10_000.0) as f32,
+            scaling: None,
+            ..rope
+        }),
+    };
+    let final_key = m.key("final_logit_softcapping");
+    Ok(Some(Gemma {
+        query_scale: (sizes.head_dim as f64 / scalar as f64).sqrt() as f32,
+        rope_local,
+        attn_softcap: if gemma2 {
+            cap("attn_logit_softcapping", 50.0)?
+        } else {
+            None
+        },
+        final_softcap: match (gemma2, m.get(&final_key)) {
+            (true, _) | (false, Some(_)) => cap("final_logit_softcapping", 30.0)?,
+            (false, None) => None,
+        },
+        full_attention_layers: match windowed {
+            true => (0..sizes.num_layers)
+                .filter(|&l| !windowed_layers[l])
+                .collect(),
+            false => Vec::new(),
+        },
+    }))
 }
 
 /// The experts of a `qwen3moe`, `qwen2moe` or `llama`-with-experts (Mixtral) file, as

@@ -10,7 +10,7 @@ use super::reader::{GgufFile, TensorInfo};
 use crate::error::{Error, Result};
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::decl::TensorSpec;
-pub use crate::model::decl::{gguf_name, gguf_source};
+pub use crate::model::decl::{gguf_name, gguf_source, gguf_source_of};
 use crate::model::formats::WeightFormats;
 use encore_backend::quant::QuantFormat;
 
@@ -29,7 +29,8 @@ pub fn stored_formats(file: &GgufFile, cfg: &ModelConfig) -> WeightFormats {
             .parts
             .iter()
             .map(|p| {
-                let info = gguf_name(&p.name).and_then(|n| file.tensor(&n));
+                let info =
+                    gguf_source_of(&p.name, cfg.post_norms).and_then(|(n, _)| file.tensor(&n));
                 info.and_then(|i| i.ggml_type.quant_format())
             })
             .collect();
@@ -49,6 +50,8 @@ pub struct GgufWeights {
     permuted_heads: Option<(usize, usize)>,
     /// Experts per stacked `*_exps` tensor (0 without experts).
     experts: usize,
+    /// Gemma's post norms ([`gguf_source_of`]'s names).
+    post_norms: bool,
 }
 
 impl GgufWeights {
@@ -60,6 +63,7 @@ impl GgufWeights {
             file,
             permuted_heads,
             experts: cfg.moe.as_ref().map_or(0, |m| m.num_experts),
+            post_norms: cfg.post_norms,
         })
     }
 
@@ -68,7 +72,7 @@ impl GgufWeights {
     /// for an expert, or `spec`'s without a leading 1 (llama.cpp stores Qwen2-MoE's
     /// `[1, hidden]` shared-expert gate as a vector).
     fn locate(&self, spec: &TensorSpec) -> Result<(String, &TensorInfo, &[u8])> {
-        let (name, expert) = gguf_source(&spec.name)
+        let (name, expert) = gguf_source_of(&spec.name, self.post_norms)
             .ok_or_else(|| self.err(&spec.name, "has no GGUF counterpart".into()))?;
         let info = self
             .file

@@ -86,6 +86,30 @@ impl GgufWriter {
             );
             self.kv(&format!("{a}.rope.scaling.factor"), Value::F32(factor));
         }
+        if matches!(cfg.arch, Arch::Gemma2 | Arch::Gemma3) {
+            // Which layers slide (llama.cpp reads a list of flags or a period), the
+            // windowed layers' rotary base, the logit caps (0: none).
+            if cfg.sliding_window.is_some() {
+                let flags = (0..cfg.num_layers)
+                    .map(|l| Value::Bool(cfg.layer_window(l).is_some()))
+                    .collect();
+                self.kv(
+                    &format!("{a}.attention.sliding_window_pattern"),
+                    Value::Array(7, flags),
+                );
+            }
+            if let Some(local) = cfg.rope_local {
+                self.kv(&format!("{a}.rope.freq_base_swa"), Value::F32(local.theta));
+            }
+            if cfg.arch == Arch::Gemma2 {
+                let cap = cfg.attn_softcap.unwrap_or(0.0);
+                self.kv(&format!("{a}.attn_logit_softcapping"), Value::F32(cap));
+            }
+            if cfg.arch == Arch::Gemma2 || cfg.final_softcap.is_some() {
+                let cap = cfg.final_softcap.unwrap_or(0.0);
+                self.kv(&format!("{a}.final_logit_softcapping"), Value::F32(cap));
+            }
+        }
         if let Some(moe) = &cfg.moe {
             self.kv(&format!("{a}.expert_count"), u(moe.num_experts));
             self.kv(&format!("{a}.expert_used_count"), u(moe.top_k));
