@@ -743,6 +743,9 @@ pub struct LongRopeScaling {
 }
 
 /// How the rotary frequencies are scaled for a longer context.
+// LongRoPE's factor arrays make it 1 KiB; the config is `Copy` everywhere it travels and
+// built once a model, so the size costs nothing that boxing (and losing `Copy`) would save.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RopeScaling {
     /// Llama 3's (`llama3`).
