@@ -135,6 +135,10 @@ impl<H: Hooks> Backend for Hooked<H> {
     fn scale(&self, x: &Tensor, s: f32) -> Result<()> {
         self.inner.scale(x, s)
     }
+
+    fn softcap(&self, x: &Tensor, cap: f32) -> Result<()> {
+        self.inner.softcap(x, cap)
+    }
     fn matmul(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &Tensor) -> Result<()> {
         match self.hooks.matmul(&self.inner, out) {
             Some(r) => r,
