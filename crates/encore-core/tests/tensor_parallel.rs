@@ -121,6 +121,15 @@ fn phi3_fused_projections_over_2_and_4_ranks_equal_one_rank() {
     ranks_give_one_ranks_tokens(&["dummy:tiny-phi3"]);
 }
 
+/// Gemma 3 and Gemma 2 over ranks: the post norms norm each row-parallel projection's
+/// whole output (its sum over the ranks first), q/k head norms per rank's heads, the
+/// embedding scale after the embedding's sum, each rank's logit columns soft-capped
+/// (Gemma 2); 2 and 4 ranks give one rank's tokens (KV heads replicated over 4).
+#[test]
+fn gemma_post_norms_over_2_and_4_ranks_equal_one_rank() {
+    ranks_give_one_ranks_tokens(&["dummy:tiny-gemma3", "dummy:tiny-gemma2"]);
+}
+
 /// A vocabulary the group does not divide (301 tokens over 2 and 4 ranks) is padded, as
 /// vLLM pads it: each rank holds `ceil(301 / size)` rows of the embedding and LM head, zeros
 /// past the vocabulary, and the gathered logits drop the padding; greedy tokens equal one

@@ -35,13 +35,6 @@ impl ModelConfig {
                 what,
             })
         };
-        if self.post_norms {
-            return refuse(format!(
-                "{} over --tensor-parallel-size {size}: its post norms (the attention's and \
-                 the MLP's outputs normed before the residual add) do not run over ranks yet",
-                self.arch.model_type()
-            ));
-        }
         let kv = self.num_kv_heads;
         if !self.num_heads.is_multiple_of(size) {
             return refuse(format!(

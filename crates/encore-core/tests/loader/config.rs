@@ -832,9 +832,9 @@ fn gemma3_text_configs_parse() {
         let e = with(extra).unwrap_err().to_string();
         assert!(e.contains(want), "{extra}: {e}");
     }
-    // Post norms do not split over ranks yet.
-    let e = v5.shard(0, 2).unwrap_err().to_string();
-    assert!(e.contains("gemma3_text") && e.contains("post norms"), "{e}");
+    // Over ranks: each rank its heads; the norms are replicated.
+    let shard = v5.shard(1, 2).unwrap();
+    assert_eq!((shard.num_heads, shard.num_kv_heads), (4, 2));
 }
 
 /// Gemma 2 (`gemma2`): transformers' defaults where a config leaves them out (logit caps

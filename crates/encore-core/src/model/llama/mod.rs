@@ -382,8 +382,15 @@ impl Model {
         // is fused with the residual RMSNorm that follows (one kernel where the backend
         // can).
         let (rank, size) = c.tp_rank();
+        // Post norms (Gemma) norm each projection's whole output before the residual add:
+        // its sum over the ranks comes first, right after the projection (`reduce`).
+        let reduce_early = size > 1 && c.post_norms;
+        let reduce = || match reduce_early {
+            true => be.all_reduce(&buf.hidden),
+            false => Ok(()),
+        };
         let add_norm = |w: &Tensor| {
-            if size > 1 {
+            if size > 1 && !reduce_early {
                 be.all_reduce_rms_norm(&buf.hidden, &buf.residual, w, eps, &buf.normed)
             } else {
                 be.rms_norm(&buf.hidden, Some(&buf.residual), w, eps, &buf.normed)
@@ -392,7 +399,7 @@ impl Model {
         // Without weight offload (no announcement between the two ops), a row-parallel
         // projection and the norm after it go to the backend as one op, which may sum
         // over the ranks inside the matmul.
-        let fused = size > 1 && !self.group_offloads;
+        let fused = size > 1 && !self.group_offloads && !reduce_early;
         // The down projection too, where every rank's share of the MLP is the same.
         let fused_down = fused && c.mlp_shares_even();
         let project_add_norm = |x: &Tensor, w: &Tensor, norm: &Tensor| {
@@ -426,7 +433,7 @@ impl Model {
                 project_add_norm(&buf.attn, &o_proj, &l.post_norm)?;
             } else {
                 be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
-                // (Post norms run on one rank: `ModelConfig::shard` refuses them.)
+                reduce()?;
                 if let Some(n) = &out_norm {
                     be.rms_norm(&buf.hidden, None, n, eps, &buf.hidden)?;
                 }
@@ -545,6 +552,7 @@ impl Model {
                         be.matmul(&sact, &sd, None, &sout)?;
                         be.sigmoid_gate_add(&buf.hidden, &g, &sout)?;
                     }
+                    reduce()?;
                 }
                 _ => {
                     let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;
@@ -563,6 +571,7 @@ impl Model {
                         down_pending = Some(down);
                     } else {
                         be.matmul(&buf.act, &down, None, &buf.hidden)?;
+                        reduce()?;
                         if let Some(n) = &out_norm {
                             be.rms_norm(&buf.hidden, None, n, eps, &buf.hidden)?;
                         }
