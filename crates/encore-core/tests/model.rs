@@ -652,6 +652,7 @@ fn gemma_norms_load_as_one_plus_w() {
     let gemma = ModelConfig::dummy("tiny-gemma3").unwrap();
     let plain = ModelConfig {
         norm_plus_one: false,
+        query_scale: 1.0,
         ..gemma.clone()
     };
     let load = |cfg: &ModelConfig| {

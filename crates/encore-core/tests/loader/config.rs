@@ -287,12 +287,12 @@ fn config_errors_name_the_field_or_value() {
         (
             "LlamaForCausalLM",
             r#", "rope_scaling": {"type": "longrope", "factor": 4.0}"#,
-            &["longrope"],
+            &["rope_scaling.short_factor", "missing"],
         ),
         (
             "LlamaForCausalLM",
-            r#", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}"#,
-            &["dynamic"],
+            r#", "rope_scaling": {"rope_type": "ntk-by-parts", "factor": 2.0}"#,
+            &["ntk-by-parts", "not supported", "longrope", "dynamic"],
         ),
         (
             "Qwen2ForCausalLM",
@@ -674,17 +674,14 @@ fn linear_and_yarn_rope_scaling_parse() {
         panic!()
     };
     assert_eq!(f.factor, 4.0);
-    for (kind, want) in [
-        ("dynamic", "\"dynamic\" is not supported"),
-        ("longrope", "\"longrope\""),
-    ] {
-        let e = with(&format!(
-            r#", "rope_scaling": {{"rope_type": "{kind}", "factor": 2.0}}"#
-        ))
+    // Dynamic NTK is the default rotary within the model's positions; LongRoPE needs
+    // its factor lists.
+    let dynamic = with(r#", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}"#).unwrap();
+    assert_eq!(dynamic.rope.scaling, None);
+    let e = with(r#", "rope_scaling": {"rope_type": "longrope", "factor": 2.0}"#)
         .unwrap_err()
         .to_string();
-        assert!(e.contains(want), "{kind}: {e}");
-    }
+    assert!(e.contains("short_factor"), "{e}");
     let e = with(r#", "rope_scaling": {"rope_type": "linear", "factor": 0}"#)
         .unwrap_err()
         .to_string();
