@@ -144,9 +144,24 @@ fn unsupported_metadata_is_an_error_naming_the_key() {
         ),
         (
             Box::new(|w| {
+                w.kv("llama.rope.scaling.type", Value::String("longrope".into()));
+            }),
+            vec!["llama.rope.scaling.type", "longrope"],
+        ),
+        // YaRN without its factor, and with what transformers' YaRN has no counterpart for.
+        (
+            Box::new(|w| {
                 w.kv("llama.rope.scaling.type", Value::String("yarn".into()));
             }),
-            vec!["llama.rope.scaling.type", "yarn"],
+            vec!["llama.rope.scaling.factor", "missing"],
+        ),
+        (
+            Box::new(|w| {
+                w.kv("llama.rope.scaling.type", Value::String("yarn".into()));
+                w.kv("llama.rope.scaling.factor", Value::F32(4.0));
+                w.kv("llama.rope.scaling.yarn_ext_factor", Value::F32(0.5));
+            }),
+            vec!["llama.rope.scaling.yarn_ext_factor", "0.5"],
         ),
         (
             Box::new(|w| {

@@ -24,6 +24,13 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
             r#", "tie_word_embeddings": true"#,
             Store::F32,
         ),
+        // YaRN (Qwen2.5's long-context configs): `rope.scaling.type yarn` and its keys.
+        (
+            "Qwen2ForCausalLM",
+            r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+               "original_max_position_embeddings": 64}"#,
+            Store::Q8_0,
+        ),
         ("Qwen2ForCausalLM", "", Store::Q8_0),
         ("Qwen3ForCausalLM", r#", "head_dim": 32"#, Store::F32),
         (

@@ -9,7 +9,7 @@ use crate::backend::Activation;
 use crate::error::{Error, Result};
 use crate::model::arch::FAMILIES;
 use crate::model::config::{Arch, ModelConfig, MoeConfig, SlidingWindow};
-use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling};
+use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling, YarnScaling};
 use crate::tensor::DType;
 use crate::tokenizer::{end_of_generation_ids, GgufVocab};
 
@@ -539,10 +539,11 @@ fn parse_rope(m: &Meta<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
                 factor: factor as f32,
             })
         }
+        Some("yarn") => Some(RopeScaling::Yarn(parse_yarn(m)?)),
         Some(other) => {
             return Err(m.err(format!(
-                "`{scaling_key}` = \"{other}\" is not supported (no rope scaling, linear, or \
-                 Llama-3 scaling through `{ROPE_FREQS}`)"
+                "`{scaling_key}` = \"{other}\" is not supported (no rope scaling, linear, yarn, \
+                 or Llama-3 scaling through `{ROPE_FREQS}`)"
             )))
         }
     };
@@ -557,6 +558,63 @@ fn parse_rope(m: &Meta<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
         )?));
     }
     Ok(rope)
+}
+
+/// YaRN as llama.cpp's converter writes transformers' `yarn` (`rope.scaling.factor`,
+/// `original_context_length`, `yarn_beta_fast` / `yarn_beta_slow` when the config had them,
+/// `yarn_attn_factor` for its `attention_factor`), read back into transformers' semantics:
+/// betas 32 and 1, the attention factor `0.1 ln(factor) + 1` and the ramp's bounds rounded
+/// outwards unless given. What transformers has no counterpart for (an extrapolation factor
+/// other than 1, `yarn_log_multiplier`) is refused naming the key.
+fn parse_yarn(m: &Meta<'_>) -> Result<YarnScaling> {
+    let k = |s: &str| m.key(s);
+    let positive = |key: &str, default: Option<f64>| -> Result<f64> {
+        let key = k(key);
+        let v = match (m.opt_f64(&key)?, default) {
+            (Some(v), _) | (None, Some(v)) => v,
+            (None, None) => return Err(m.err(format!("required key `{key}` is missing"))),
+        };
+        if !(v > 0.0 && v.is_finite()) {
+            return Err(m.err(format!("`{key}` = {v} must be positive")));
+        }
+        Ok(v)
+    };
+    for (key, ok) in [
+        ("rope.scaling.yarn_ext_factor", 1.0),
+        ("rope.scaling.yarn_log_multiplier", 0.0),
+    ] {
+        if let Some(v) = m.opt_f64(&k(key))?.filter(|v| *v != ok) {
+            return Err(m.err(format!(
+                "`{}` = {v} is not supported (only {ok}: transformers' YaRN)",
+                k(key)
+            )));
+        }
+    }
+    let factor = positive("rope.scaling.factor", None)?;
+    let original = match m.opt_usize(&k("rope.scaling.original_context_length"))? {
+        Some(0) => {
+            return Err(m.err(format!(
+                "`{}` must be positive",
+                k("rope.scaling.original_context_length")
+            )))
+        }
+        Some(n) => n,
+        None => m.positive(&k("context_length"))?,
+    };
+    let default_attention = if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
+    };
+    Ok(YarnScaling {
+        factor: factor as f32,
+        original_max_position_embeddings: original,
+        beta_fast: positive("rope.scaling.yarn_beta_fast", Some(32.0))? as f32,
+        beta_slow: positive("rope.scaling.yarn_beta_slow", Some(1.0))? as f32,
+        attention_factor: positive("rope.scaling.yarn_attn_factor", Some(default_attention))?
+            as f32,
+        truncate: true,
+    })
 }
 
 /// `vocab_size`, else the length of `tokenizer.ggml.tokens`.

@@ -86,6 +86,19 @@ impl GgufWriter {
             );
             self.kv(&format!("{a}.rope.scaling.factor"), Value::F32(factor));
         }
+        // YaRN as llama.cpp's converter writes it (GGUF has no key for `truncate`).
+        if let Some(RopeScaling::Yarn(y)) = cfg.rope.scaling {
+            let s = |k: &str| format!("{a}.rope.scaling.{k}");
+            self.kv(&s("type"), Value::String("yarn".into()));
+            self.kv(&s("factor"), Value::F32(y.factor));
+            self.kv(
+                &s("original_context_length"),
+                u(y.original_max_position_embeddings),
+            );
+            self.kv(&s("yarn_beta_fast"), Value::F32(y.beta_fast));
+            self.kv(&s("yarn_beta_slow"), Value::F32(y.beta_slow));
+            self.kv(&s("yarn_attn_factor"), Value::F32(y.attention_factor));
+        }
         if matches!(cfg.arch, Arch::Gemma2 | Arch::Gemma3) {
             // Which layers slide (llama.cpp reads a list of flags or a period), the
             // windowed layers' rotary base, the logit caps (0: none).
