@@ -50,6 +50,12 @@ fn metadata_maps_to_the_config() {
             first_layer: 0
         })
     );
+    // A window of 0 is none (llama.cpp's converter writes 0 for Phi-4's `null`).
+    let none = config_of(&cfg, |w| {
+        w.kv("llama.attention.sliding_window", Value::U32(0));
+    })
+    .unwrap();
+    assert_eq!(none.sliding_window, None);
     assert_eq!(c.eos_token_ids, vec![2, 7]);
     assert_eq!(c.head_dim, 16, "default head dim: embedding / heads");
     assert_eq!(c.num_kv_heads, 4, "default kv heads: heads");

@@ -176,17 +176,12 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let vocab_size = parse_vocab_size(&m)?;
     // llama.cpp's default window for Gemma 2 files without the key.
     let default_window = (arch == Arch::Gemma2).then_some(4096);
+    // 0 is no window, as llama.cpp reads it (its converter writes 0 for Phi-4's `null`).
     let sliding_window = match m
         .opt_usize(&k("attention.sliding_window"))?
         .or(default_window)
     {
-        None => None,
-        Some(0) => {
-            return Err(m.err(format!(
-                "`{}` must be positive",
-                k("attention.sliding_window")
-            )))
-        }
+        None | Some(0) => None,
         Some(size) => Some(SlidingWindow {
             size,
             first_layer: 0,
