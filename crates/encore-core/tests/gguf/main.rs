@@ -215,6 +215,7 @@ fn tiny_json(arch: &str, extra: &str) -> String {
 /// The metadata llama.cpp's converter writes for `cfg`, with a placeholder vocabulary.
 fn metadata(w: &mut GgufWriter, cfg: &ModelConfig) {
     w.model_metadata(cfg);
+    w.longrope_tensors(cfg);
     w.kv("general.file_type", Value::U32(1));
     w.kv("tokenizer.ggml.model", Value::String("gpt2".into()));
     let tokens = (0..cfg.vocab_size)

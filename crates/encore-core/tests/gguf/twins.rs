@@ -73,6 +73,15 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
             Store::Q8_0,
         ),
         ("Phi3ForCausalLM", "", Store::F16),
+        // Phi-3.5's LongRoPE: the factor tensors, the original context and the attention
+        // factor in the metadata (half of 16 rotary dims: 4 factors each).
+        (
+            "Phi3ForCausalLM",
+            r#", "partial_rotary_factor": 0.5, "original_max_position_embeddings": 64,
+               "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.5, 2.0, 2.5],
+               "long_factor": [1.0, 3.0, 5.0, 9.0]}"#,
+            Store::Q8_0,
+        ),
         // Gemma 3: q/k head norms, post norms, norms stored as 1 + w, a window of 8 on
         // layer 0 (the sliding-window pattern's flags) with the local base (freq_base_swa).
         (

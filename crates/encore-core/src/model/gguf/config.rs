@@ -9,7 +9,9 @@ use crate::backend::Activation;
 use crate::error::{Error, Result};
 use crate::model::arch::FAMILIES;
 use crate::model::config::{Arch, ModelConfig, MoeConfig, SlidingWindow};
-use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling, YarnScaling};
+use crate::ops::{
+    Llama3Scaling, LongRopeScaling, RopeConfig, RopeScaling, YarnScaling, LONGROPE_MAX_FREQS,
+};
 use crate::tensor::DType;
 use crate::tokenizer::{end_of_generation_ids, GgufVocab};
 
@@ -503,13 +505,6 @@ fn parse_rope(m: &Meta<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
         }
         rot_dim = r;
     }
-    for t in ["rope_factors_long.weight", "rope_factors_short.weight"] {
-        if m.file.tensor(t).is_some() {
-            return Err(m.err(format!(
-                "`{t}`: longrope scaling (Phi-3's 128k context) is not supported"
-            )));
-        }
-    }
     let theta = m.opt_f64(&k("rope.freq_base"))?.unwrap_or(10_000.0);
     if !(theta > 0.0 && theta.is_finite()) {
         return Err(m.err(format!(
@@ -552,7 +547,77 @@ fn parse_rope(m: &Meta<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
             m.file, m, rope,
         )?));
     }
+    if let Some(l) = parse_longrope(m, rot_dim)? {
+        if rope.scaling.is_some() {
+            return Err(m.err(format!(
+                "`{LONG_FACTORS}` beside another rope scaling is not supported"
+            )));
+        }
+        rope.scaling = Some(RopeScaling::LongRope(l));
+    }
     Ok(rope)
+}
+
+/// LongRoPE's per-frequency factors (llama.cpp's Phi-3 files: `rope_factors_long` and
+/// `rope_factors_short`, F32 `[rot / 2]`).
+const LONG_FACTORS: &str = "rope_factors_long.weight";
+const SHORT_FACTORS: &str = "rope_factors_short.weight";
+
+/// LongRoPE as llama.cpp's converter writes Phi-3's 128k models: both factor tensors,
+/// `rope.scaling.original_context_length`, and `rope.scaling.attn_factor` (transformers'
+/// default `sqrt(1 + ln(factor) / ln(original))` where absent, `factor` the context over
+/// the original one). `None` without the tensors; one without the other is an error.
+fn parse_longrope(m: &Meta<'_>, rot_dim: usize) -> Result<Option<LongRopeScaling>> {
+    let (long, short) = (m.file.tensor(LONG_FACTORS), m.file.tensor(SHORT_FACTORS));
+    if long.is_none() && short.is_none() {
+        return Ok(None);
+    }
+    let half = rot_dim / 2;
+    if half > LONGROPE_MAX_FREQS {
+        return Err(m.err(format!(
+            "longrope with {rot_dim} rotary dims is not supported (at most {})",
+            2 * LONGROPE_MAX_FREQS
+        )));
+    }
+    let factors = |name: &str| -> Result<[f32; LONGROPE_MAX_FREQS]> {
+        if m.file.tensor(name).is_none() {
+            return Err(m.err(format!("`{name}` is missing beside its longrope twin")));
+        }
+        let v = m.file.tensor_f32(name)?;
+        if v.len() != half || v.iter().any(|f| !(*f > 0.0 && f.is_finite())) {
+            return Err(m.err(format!(
+                "`{name}` must hold {half} positive factors (one per rotary frequency), found {}",
+                v.len()
+            )));
+        }
+        let mut out = [1.0f32; LONGROPE_MAX_FREQS];
+        out[..half].copy_from_slice(&v);
+        Ok(out)
+    };
+    let (long, short) = (factors(LONG_FACTORS)?, factors(SHORT_FACTORS)?);
+    let orig_key = m.key("rope.scaling.original_context_length");
+    let original = match m.opt_usize(&orig_key)? {
+        Some(0) | None => {
+            return Err(m.err(format!(
+                "`{orig_key}` must be given and positive with longrope factors"
+            )))
+        }
+        Some(n) => n,
+    };
+    let factor = m.positive(&m.key("context_length"))? as f64 / original as f64;
+    let attn_key = m.key("rope.scaling.attn_factor");
+    let attention_factor = match m.opt_f64(&attn_key)? {
+        Some(a) if a > 0.0 && a.is_finite() => a,
+        Some(a) => return Err(m.err(format!("`{attn_key}` = {a} must be positive"))),
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+    };
+    Ok(Some(LongRopeScaling {
+        short,
+        long,
+        original_max_position_embeddings: original,
+        attention_factor: attention_factor as f32,
+    }))
 }
 
 /// YaRN as llama.cpp's converter writes transformers' `yarn` (`rope.scaling.factor`,

@@ -149,7 +149,10 @@ impl GgufWeights {
         let mut unused = Vec::new();
         for t in self.file.tensors() {
             let n = t.name.as_str();
-            if used.contains(n) || n == ROPE_FREQS || self.zero_output_bias(n)? {
+            // The rotary's tensors are read into the config (Llama-3's divisors, LongRoPE's
+            // factors).
+            let rotary = [ROPE_FREQS, "rope_factors_long.weight", "rope_factors_short.weight"];
+            if used.contains(n) || rotary.contains(&n) || self.zero_output_bias(n)? {
                 continue;
             }
             unused.push(n);

@@ -86,6 +86,15 @@ impl GgufWriter {
             );
             self.kv(&format!("{a}.rope.scaling.factor"), Value::F32(factor));
         }
+        // LongRoPE's keys (its factor tensors are the caller's: `longrope_tensors`).
+        if let Some(RopeScaling::LongRope(l)) = cfg.rope.scaling {
+            let s = |k: &str| format!("{a}.rope.scaling.{k}");
+            self.kv(
+                &s("original_context_length"),
+                u(l.original_max_position_embeddings),
+            );
+            self.kv(&s("attn_factor"), Value::F32(l.attention_factor));
+        }
         // YaRN as llama.cpp's converter writes it (GGUF has no key for `truncate`).
         if let Some(RopeScaling::Yarn(y)) = cfg.rope.scaling {
             let s = |k: &str| format!("{a}.rope.scaling.{k}");
@@ -141,6 +150,18 @@ impl GgufWriter {
                     Value::Bool(moe.norm_topk_prob),
                 );
             }
+        }
+        self
+    }
+
+    /// LongRoPE's factor tensors of `cfg` (`rope_factors_long` and `rope_factors_short`,
+    /// F32 `[rot / 2]`, as llama.cpp's converter writes a Phi-3 128k model); nothing
+    /// without LongRoPE.
+    pub fn longrope_tensors(&mut self, cfg: &ModelConfig) -> &mut Self {
+        if let Some(RopeScaling::LongRope(l)) = cfg.rope.scaling {
+            let half = cfg.rope.rot_dim / 2;
+            self.tensor_f32("rope_factors_long.weight", &[half], &l.long[..half]);
+            self.tensor_f32("rope_factors_short.weight", &[half], &l.short[..half]);
         }
         self
     }
