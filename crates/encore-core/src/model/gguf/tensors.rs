@@ -151,7 +151,11 @@ impl GgufWeights {
             let n = t.name.as_str();
             // The rotary's tensors are read into the config (Llama-3's divisors, LongRoPE's
             // factors).
-            let rotary = [ROPE_FREQS, "rope_factors_long.weight", "rope_factors_short.weight"];
+            let rotary = [
+                ROPE_FREQS,
+                "rope_factors_long.weight",
+                "rope_factors_short.weight",
+            ];
             if used.contains(n) || rotary.contains(&n) || self.zero_output_bias(n)? {
                 continue;
             }
