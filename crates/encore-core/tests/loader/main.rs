@@ -24,6 +24,7 @@ use common::temp_dir::TempDir;
 mod config;
 mod dummy;
 mod errors;
+mod families;
 mod fp8;
 mod moe;
 mod round_trip;

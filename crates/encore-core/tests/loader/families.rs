@@ -1,0 +1,248 @@
+//! `config.json` of the families past Llama and Qwen: Phi-3, Gemma 3 and Gemma 2.
+
+use super::*;
+
+/// Phi-3 (`phi3`): partial rotary from `partial_rotary_factor` (Phi-4-mini's 0.75), its
+/// window over every layer, no biases, its fused projections cut per rank; longrope and a
+/// partial rotary elsewhere are refused by name.
+#[test]
+fn phi3_configs_parse_and_refuse_what_does_not_run() {
+    let base = r#""architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+        "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+        "rope_theta": 10000.0, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": true, "torch_dtype": "bfloat16""#;
+    let with = |extra: &str| ModelConfig::from_json(&format!("{{{base}{extra}}}"), "config.json");
+    let mini = with(r#", "partial_rotary_factor": 0.75, "sliding_window": 262144"#).unwrap();
+    assert_eq!(mini.arch, Arch::Phi3);
+    assert_eq!((mini.head_dim, mini.rope.rot_dim), (128, 96));
+    assert_eq!(
+        mini.sliding_window.map(|w| (w.size, w.first_layer)),
+        Some((262144, 0))
+    );
+    assert!(!mini.qkv_bias && !mini.qk_norm && mini.no_rope_layers.is_empty());
+    assert_eq!(with("").unwrap().rope.rot_dim, 128);
+    // Phi-3.5-mini's LongRoPE (48 factors for 96 rotary dims; `su`, its early name), the
+    // original context at the top level, the attention factor from 131072 / 4096.
+    let factors = |v: f64| format!("[{}]", vec![v.to_string(); 48].join(", "));
+    let longrope = |kind: &str| {
+        format!(
+            r#", "partial_rotary_factor": 0.75, "original_max_position_embeddings": 4096,
+            "rope_scaling": {{"type": "{kind}", "short_factor": {}, "long_factor": {}}}"#,
+            factors(1.5),
+            factors(4.0)
+        )
+    };
+    for kind in ["longrope", "su"] {
+        let c = with(&longrope(kind)).unwrap();
+        let Some(encore_core::ops::RopeScaling::LongRope(l)) = c.rope.scaling else {
+            panic!("{kind}: {:?}", c.rope.scaling);
+        };
+        assert_eq!(l.original_max_position_embeddings, 4096);
+        assert_eq!((l.short[47], l.long[47], l.short[48]), (1.5, 4.0, 1.0));
+        let want = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt() as f32;
+        assert!(
+            (l.attention_factor - want).abs() < 1e-6,
+            "{}",
+            l.attention_factor
+        );
+        assert_eq!(c.rope.long_rope(), Some(4096));
+        // The table: the short factors' rows, then the long ones'.
+        let table = c.rope.cos_sin_table(8);
+        assert_eq!(table.len(), 2 * 8 * 96);
+        let f = c.rope.inv_freq_of(true)[47] as f32;
+        assert!(
+            (table[(8 + 3) * 96 + 47 + 48] - (3.0 * f).sin() * l.attention_factor).abs() < 1e-5
+        );
+    }
+    // Dynamic NTK is the default rotary within the model's positions.
+    let dynamic = with(r#", "rope_scaling": {"type": "dynamic", "factor": 2.0}"#).unwrap();
+    assert_eq!(dynamic.rope.scaling, None);
+    for (extra, want) in [
+        (
+            r#", "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
+                "original_max_position_embeddings": 4096}"#,
+            "must hold 64 positive numbers",
+        ),
+        (
+            r#", "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}"#,
+            "must hold",
+        ),
+        (r#", "partial_rotary_factor": 0.31"#, "must be even"),
+        (r#", "partial_rotary_factor": 1.5"#, "must be even"),
+    ] {
+        let e = with(extra).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
+    // Over ranks, each rank cuts its q, k and v (gate and up) shares out of the fused
+    // tensors: three (two) slices of one checkpoint tensor.
+    let shard = with("").unwrap().shard(1, 2).unwrap();
+    let decl = shard.decl();
+    let qkv = decl
+        .tensors()
+        .iter()
+        .find(|t| t.layer == Some(0) && t.parts[0].name.ends_with("qkv_proj.weight"))
+        .unwrap();
+    assert_eq!(qkv.parts.len(), 3);
+    let rows: Vec<_> = qkv
+        .parts
+        .iter()
+        .map(|p| p.slice.map(|s| (s.row, s.rows)))
+        .collect();
+    // 24 heads of 128 and 8 KV heads over 2 ranks: rank 1's 12 q heads, 4 k, 4 v.
+    assert_eq!(
+        rows,
+        vec![
+            Some((1536, 1536)),
+            Some((3072 + 512, 512)),
+            Some((4096 + 512, 512))
+        ]
+    );
+    // Another family's partial rotary stays refused.
+    let llama = super::config::LLAMA_3_2_1B.replacen('{', r#"{"partial_rotary_factor": 0.5,"#, 1);
+    let e = ModelConfig::from_json(&llama, "config.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("partial_rotary_factor") && e.contains("llama"),
+        "{e}"
+    );
+}
+
+/// Gemma 3's text config (`gemma3_text`), both of transformers' formats: the rotary per
+/// layer type in `rope_parameters` (5.x) or `rope_theta` / `rope_local_base_freq` /
+/// `rope_scaling` (4.x); `layer_types` or the five-in-six pattern; soft-capping when
+/// given; what it does not run (bidirectional attention, an attention bias) refused by
+/// name.
+#[test]
+fn gemma3_text_configs_parse() {
+    use encore_core::backend::Activation;
+    use encore_core::ops::RopeScaling;
+    let base = r#""architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "vocab_size": 262144, "hidden_size": 2560, "intermediate_size": 10240,
+        "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+        "sliding_window": 1024, "max_position_embeddings": 131072, "rms_norm_eps": 1e-06,
+        "final_logit_softcapping": null, "attn_logit_softcapping": null"#;
+    let with = |extra: &str| ModelConfig::from_json(&format!("{{{base}{extra}}}"), "config.json");
+    let v5 = with(
+        r#", "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0,
+            "rope_theta": 1000000.0}, "sliding_attention": {"rope_type": "default",
+            "rope_theta": 10000.0}}"#,
+    )
+    .unwrap();
+    assert_eq!(v5.arch, Arch::Gemma3);
+    assert_eq!(v5.hidden_act, Activation::GeluTanh);
+    assert!(v5.tie_word_embeddings && v5.qk_norm && v5.post_norms && v5.embed_scale);
+    assert!(v5.norm_plus_one && !v5.qkv_bias && v5.query_scale == 1.0);
+    assert_eq!(
+        (v5.rope.theta, v5.rope.scaling),
+        (1e6, Some(RopeScaling::Linear { factor: 8.0 }))
+    );
+    let local = v5.rope_local.unwrap();
+    assert_eq!((local.theta, local.scaling), (1e4, None));
+    // Five windowed layers, then a full one: layer 5 full.
+    let windows: Vec<_> = (0..8).map(|l| v5.layer_window(l)).collect();
+    assert_eq!(
+        windows,
+        vec![
+            Some(1024),
+            Some(1024),
+            Some(1024),
+            Some(1024),
+            Some(1024),
+            None,
+            Some(1024),
+            Some(1024)
+        ]
+    );
+    assert_eq!(v5.layer_rope(5).theta, 1e6);
+    assert_eq!(v5.layer_rope(4).theta, 1e4);
+    // transformers 4's keys, a query scalar other than the head dim, an explicit pattern.
+    let v4 = with(
+        r#", "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "query_pre_attn_scalar": 168,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+            "full_attention", "sliding_attention", "full_attention", "sliding_attention",
+            "full_attention"]"#,
+    )
+    .unwrap();
+    assert_eq!(v4.rope.scaling, Some(RopeScaling::Linear { factor: 8.0 }));
+    assert_eq!(v4.rope_local.unwrap().theta, 1e4);
+    assert_eq!(v4.full_attention_layers, vec![1, 3, 5, 7]);
+    assert!((v4.query_scale - (256f32 / 168.0).sqrt()).abs() < 1e-6);
+    assert_eq!((v5.attn_softcap, v5.final_softcap), (None, None));
+    let capped = with(r#", "rope_theta": 1e6, "final_logit_softcapping": 30.0"#).unwrap();
+    assert_eq!(
+        (capped.attn_softcap, capped.final_softcap),
+        (None, Some(30.0))
+    );
+    for (extra, want) in [
+        (
+            r#", "attn_logit_softcapping": -1.0"#,
+            "attn_logit_softcapping",
+        ),
+        (
+            r#", "use_bidirectional_attention": true"#,
+            "use_bidirectional_attention",
+        ),
+        (r#", "attention_bias": true"#, "attention_bias"),
+        (r#", "hidden_activation": "gelu_fast""#, "hidden_activation"),
+    ] {
+        let e = with(extra).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
+    // Over ranks: each rank its heads; the norms are replicated.
+    let shard = v5.shard(1, 2).unwrap();
+    assert_eq!((shard.num_heads, shard.num_kv_heads), (4, 2));
+}
+
+/// Gemma 2 (`gemma2`): transformers' defaults where a config leaves them out (logit caps
+/// 50 and 30, a window of 4096 on every other layer from layer 0, the query scalar 256),
+/// `null` turning a cap off, no q/k norms, one rotary, the query scalar applied in the
+/// softmax scale.
+#[test]
+fn gemma2_configs_parse() {
+    use encore_core::backend::Activation;
+    let base = r#""architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "rope_theta": 10000.0"#;
+    let with = |extra: &str| ModelConfig::from_json(&format!("{{{base}{extra}}}"), "config.json");
+    let c = with("").unwrap();
+    assert_eq!(c.arch, Arch::Gemma2);
+    assert_eq!(c.hidden_act, Activation::GeluTanh);
+    assert_eq!((c.attn_softcap, c.final_softcap), (Some(50.0), Some(30.0)));
+    assert!(c.post_norms && c.embed_scale && c.norm_plus_one && c.tie_word_embeddings);
+    assert!(!c.qk_norm && c.rope_local.is_none() && c.query_scale == 1.0);
+    assert_eq!(c.max_position_embeddings, 8192);
+    let windows: Vec<_> = (0..6).map(|l| c.layer_window(l)).collect();
+    assert_eq!(
+        windows,
+        vec![Some(4096), None, Some(4096), None, Some(4096), None]
+    );
+    assert!((c.attention_scale() - 1.0 / 16.0).abs() < 1e-7);
+    // Gemma-2-27B's scalar (hidden / heads = 144, head_dim 128), caps turned off, an
+    // explicit window and layer types.
+    let c = with(
+        r#", "query_pre_attn_scalar": 144, "attn_logit_softcapping": null,
+        "final_logit_softcapping": null, "sliding_window": 64, "layer_types":
+        ["full_attention", "sliding_attention", "full_attention", "sliding_attention",
+        "full_attention", "sliding_attention"]"#,
+    )
+    .unwrap();
+    assert_eq!((c.attn_softcap, c.final_softcap), (None, None));
+    assert_eq!(c.full_attention_layers, vec![0, 2, 4]);
+    assert_eq!(c.layer_window(1), Some(64));
+    assert!((c.attention_scale() - 1.0 / 12.0).abs() < 1e-7);
+    for (extra, want) in [
+        (
+            r#", "final_logit_softcapping": 0.0"#,
+            "final_logit_softcapping",
+        ),
+        (r#", "attention_bias": true"#, "attention_bias"),
+    ] {
+        let e = with(extra).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
+}
