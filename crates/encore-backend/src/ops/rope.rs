@@ -29,6 +29,18 @@ pub struct YarnScaling {
     pub truncate: bool,
 }
 
+impl YarnScaling {
+    /// transformers' YaRN `get_mscale(factor, m)`: `0.1 m ln(factor) + 1`, 1 for a factor
+    /// of at most 1 (the default attention factor is `m = 1`).
+    pub fn mscale(factor: f64, m: f64) -> f64 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * factor.ln() + 1.0
+        }
+    }
+}
+
 /// The most rotary frequencies a [`LongRopeScaling`] holds factors for (head_dim 256).
 pub const LONGROPE_MAX_FREQS: usize = 128;
 
@@ -43,6 +55,45 @@ pub struct LongRopeScaling {
     pub long: [f32; LONGROPE_MAX_FREQS],
     pub original_max_position_embeddings: usize,
     pub attention_factor: f32,
+}
+
+impl LongRopeScaling {
+    /// Why LongRoPE cannot run `rot_dim` rotary dims, if it cannot.
+    pub fn check_rot_dim(rot_dim: usize) -> Option<String> {
+        (rot_dim / 2 > LONGROPE_MAX_FREQS).then(|| {
+            format!(
+                "longrope with {rot_dim} rotary dims is not supported (at most {})",
+                2 * LONGROPE_MAX_FREQS
+            )
+        })
+    }
+
+    /// One factor list as stored: `None` unless it holds `rot_dim / 2` positive finite
+    /// numbers (the unused tail is 1).
+    pub fn factors(v: &[f64], rot_dim: usize) -> Option<[f32; LONGROPE_MAX_FREQS]> {
+        let half = rot_dim / 2;
+        if v.len() != half
+            || half > LONGROPE_MAX_FREQS
+            || v.iter().any(|f| !(*f > 0.0 && f.is_finite()))
+        {
+            return None;
+        }
+        let mut out = [1.0f32; LONGROPE_MAX_FREQS];
+        for (o, f) in out.iter_mut().zip(v) {
+            *o = *f as f32;
+        }
+        Some(out)
+    }
+
+    /// transformers' default attention factor: `sqrt(1 + ln(factor) / ln(original))`, 1
+    /// for a factor of at most 1.
+    pub fn default_attention_factor(factor: f64, original: usize) -> f64 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            (1.0 + factor.ln() / (original as f64).ln()).sqrt()
+        }
+    }
 }
 
 /// How the rotary frequencies are scaled for a longer context.

@@ -249,18 +249,7 @@ fn parse_yarn(
     max_positions: usize,
     top_original: Option<usize>,
 ) -> Result<RopeScaling> {
-    let original = top_original
-        .or(s.opt_usize("original_max_position_embeddings")?)
-        .unwrap_or(max_positions);
-    if original == 0 {
-        return Err(s.err(format!(
-            "`{}` must be positive",
-            s.name("original_max_position_embeddings")
-        )));
-    }
-    let factor = s
-        .opt_f64("factor")?
-        .unwrap_or(max_positions as f64 / original as f64);
+    let (original, factor) = original_and_factor(s, max_positions, top_original, true)?;
     let positive = |v: f64, key: &str| {
         if v > 0.0 && v.is_finite() {
             Ok(v)
@@ -271,13 +260,7 @@ fn parse_yarn(
     let factor = positive(factor, "factor")?;
     let beta_fast = positive(s.opt_f64("beta_fast")?.unwrap_or(32.0), "beta_fast")?;
     let beta_slow = positive(s.opt_f64("beta_slow")?.unwrap_or(1.0), "beta_slow")?;
-    let mscale = |scale: f64, m: f64| {
-        if scale <= 1.0 {
-            1.0
-        } else {
-            0.1 * m * scale.ln() + 1.0
-        }
-    };
+    let mscale = YarnScaling::mscale;
     let attention_factor = match s.opt_f64("attention_factor")? {
         Some(a) => positive(a, "attention_factor")?,
         None => match (s.opt_f64("mscale")?, s.opt_f64("mscale_all_dim")?) {
@@ -308,12 +291,8 @@ fn parse_longrope(
     top_original: Option<usize>,
     rot_dim: usize,
 ) -> Result<RopeScaling> {
-    let half = rot_dim / 2;
-    if half > LONGROPE_MAX_FREQS {
-        return Err(s.err(format!(
-            "longrope with {rot_dim} rotary dims is not supported (at most {})",
-            2 * LONGROPE_MAX_FREQS
-        )));
+    if let Some(why) = LongRopeScaling::check_rot_dim(rot_dim) {
+        return Err(s.err(why));
     }
     let factors = |key: &str| -> Result<[f32; LONGROPE_MAX_FREQS]> {
         let v = s
@@ -323,37 +302,17 @@ fn parse_longrope(
             .as_array()
             .and_then(|a| a.iter().map(Value::as_f64).collect());
         let list = list.ok_or_else(|| s.wrong_type(key, "a list of numbers", v))?;
-        if list.len() != half || list.iter().any(|f| !(*f > 0.0 && f.is_finite())) {
-            return Err(s.err(format!(
-                "`{}` must hold {half} positive numbers (one per rotary frequency), found {}",
+        LongRopeScaling::factors(&list, rot_dim).ok_or_else(|| {
+            s.err(format!(
+                "`{}` must hold {} positive numbers (one per rotary frequency), found {}",
                 s.name(key),
+                rot_dim / 2,
                 list.len()
-            )));
-        }
-        let mut out = [1.0f32; LONGROPE_MAX_FREQS];
-        for (o, f) in out.iter_mut().zip(&list) {
-            *o = *f as f32;
-        }
-        Ok(out)
+            ))
+        })
     };
     let (short, long) = (factors("short_factor")?, factors("long_factor")?);
-    let original = top_original
-        .or(s.opt_usize("original_max_position_embeddings")?)
-        .ok_or_else(|| {
-            s.err(format!(
-                "required field `{}` is missing",
-                s.name("original_max_position_embeddings")
-            ))
-        })?;
-    if original == 0 {
-        return Err(s.err(format!(
-            "`{}` must be positive",
-            s.name("original_max_position_embeddings")
-        )));
-    }
-    let factor = s
-        .opt_f64("factor")?
-        .unwrap_or(max_positions as f64 / original as f64);
+    let (original, factor) = original_and_factor(s, max_positions, top_original, false)?;
     let attention_factor = match s.opt_f64("attention_factor")? {
         Some(a) if a > 0.0 && a.is_finite() => a,
         Some(a) => {
@@ -362,8 +321,7 @@ fn parse_longrope(
                 s.name("attention_factor")
             )))
         }
-        None if factor <= 1.0 => 1.0,
-        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+        None => LongRopeScaling::default_attention_factor(factor, original),
     };
     Ok(RopeScaling::LongRope(LongRopeScaling {
         short,
@@ -371,4 +329,29 @@ fn parse_longrope(
         original_max_position_embeddings: original,
         attention_factor: attention_factor as f32,
     }))
+}
+
+/// The original context of YaRN and LongRoPE (the config's top-level
+/// `original_max_position_embeddings` first, then the scaling's; with `or_max`,
+/// `max_position_embeddings` where neither gives it, else it is required) and `factor`
+/// (default: `max_position_embeddings` over the original).
+fn original_and_factor(
+    s: &Fields<'_>,
+    max_positions: usize,
+    top_original: Option<usize>,
+    or_max: bool,
+) -> Result<(usize, f64)> {
+    let key = "original_max_position_embeddings";
+    let original = match top_original.or(s.opt_usize(key)?) {
+        Some(n) => n,
+        None if or_max => max_positions,
+        None => return Err(s.err(format!("required field `{}` is missing", s.name(key)))),
+    };
+    if original == 0 {
+        return Err(s.err(format!("`{}` must be positive", s.name(key))));
+    }
+    let factor = s
+        .opt_f64("factor")?
+        .unwrap_or(max_positions as f64 / original as f64);
+    Ok((original, factor))
 }

@@ -572,27 +572,26 @@ fn parse_longrope(m: &Meta<'_>, rot_dim: usize) -> Result<Option<LongRopeScaling
     if long.is_none() && short.is_none() {
         return Ok(None);
     }
-    let half = rot_dim / 2;
-    if half > LONGROPE_MAX_FREQS {
-        return Err(m.err(format!(
-            "longrope with {rot_dim} rotary dims is not supported (at most {})",
-            2 * LONGROPE_MAX_FREQS
-        )));
+    if let Some(why) = LongRopeScaling::check_rot_dim(rot_dim) {
+        return Err(m.err(why));
     }
     let factors = |name: &str| -> Result<[f32; LONGROPE_MAX_FREQS]> {
         if m.file.tensor(name).is_none() {
             return Err(m.err(format!("`{name}` is missing beside its longrope twin")));
         }
-        let v = m.file.tensor_f32(name)?;
-        if v.len() != half || v.iter().any(|f| !(*f > 0.0 && f.is_finite())) {
-            return Err(m.err(format!(
-                "`{name}` must hold {half} positive factors (one per rotary frequency), found {}",
+        let v: Vec<f64> = m
+            .file
+            .tensor_f32(name)?
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        LongRopeScaling::factors(&v, rot_dim).ok_or_else(|| {
+            m.err(format!(
+                "`{name}` must hold {} positive factors (one per rotary frequency), found {}",
+                rot_dim / 2,
                 v.len()
-            )));
-        }
-        let mut out = [1.0f32; LONGROPE_MAX_FREQS];
-        out[..half].copy_from_slice(&v);
-        Ok(out)
+            ))
+        })
     };
     let (long, short) = (factors(LONG_FACTORS)?, factors(SHORT_FACTORS)?);
     let orig_key = m.key("rope.scaling.original_context_length");
@@ -609,8 +608,7 @@ fn parse_longrope(m: &Meta<'_>, rot_dim: usize) -> Result<Option<LongRopeScaling
     let attention_factor = match m.opt_f64(&attn_key)? {
         Some(a) if a > 0.0 && a.is_finite() => a,
         Some(a) => return Err(m.err(format!("`{attn_key}` = {a} must be positive"))),
-        None if factor <= 1.0 => 1.0,
-        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+        None => LongRopeScaling::default_attention_factor(factor, original),
     };
     Ok(Some(LongRopeScaling {
         short,
@@ -661,11 +659,7 @@ fn parse_yarn(m: &Meta<'_>) -> Result<YarnScaling> {
         Some(n) => n,
         None => m.positive(&k("context_length"))?,
     };
-    let default_attention = if factor <= 1.0 {
-        1.0
-    } else {
-        0.1 * factor.ln() + 1.0
-    };
+    let default_attention = YarnScaling::mscale(factor, 1.0);
     Ok(YarnScaling {
         factor: factor as f32,
         original_max_position_embeddings: original,
