@@ -98,6 +98,35 @@ impl ModelConfig {
             max_position_embeddings: 8192,
             ..tiny.clone()
         };
+        // Gemma 3's recipe: GELU-tanh, (1 + w) norms before and after attention and the
+        // MLP, q/k head norms, the embedding times sqrt(hidden), a query scalar other than
+        // the head dim, windows of 6 on layers 0-2 with their own rotary base.
+        let gemma3 = ModelConfig {
+            arch: Arch::Gemma3,
+            hidden_act: Activation::GeluTanh,
+            qk_norm: true,
+            post_norms: true,
+            embed_scale: true,
+            norm_plus_one: true,
+            query_scale: (32.0f32 / 24.0).sqrt(),
+            tie_word_embeddings: true,
+            sliding_window: Some(SlidingWindow {
+                size: 6,
+                first_layer: 0,
+            }),
+            full_attention_layers: vec![3],
+            rope: RopeConfig {
+                rot_dim: 32,
+                theta: 1_000_000.0,
+                scaling: None,
+            },
+            rope_local: Some(RopeConfig {
+                rot_dim: 32,
+                theta: 10_000.0,
+                scaling: None,
+            }),
+            ..tiny.clone()
+        };
         let cfg = match name {
             "tiny" => tiny,
             // Layer 3 without rotary (every fourth: transformers' default interval, and
@@ -123,54 +152,19 @@ impl ModelConfig {
                 }),
                 ..tiny
             },
-            // Gemma 3's recipe: GELU-tanh, (1 + w) norms before and after attention and the
-            // MLP, q/k head norms, the embedding times sqrt(hidden), a query scalar other
-            // than the head dim, windows of 6 on layers 0-2 with their own rotary base.
-            "tiny-gemma3" => ModelConfig {
-                arch: Arch::Gemma3,
-                hidden_act: Activation::GeluTanh,
-                qk_norm: true,
-                post_norms: true,
-                embed_scale: true,
-                norm_plus_one: true,
-                query_scale: (32.0f32 / 24.0).sqrt(),
-                tie_word_embeddings: true,
-                sliding_window: Some(SlidingWindow {
-                    size: 6,
-                    first_layer: 0,
-                }),
-                full_attention_layers: vec![3],
-                rope: RopeConfig {
-                    rot_dim: 32,
-                    theta: 1_000_000.0,
-                    scaling: None,
-                },
-                rope_local: Some(RopeConfig {
-                    rot_dim: 32,
-                    theta: 10_000.0,
-                    scaling: None,
-                }),
-                ..tiny
-            },
+            "tiny-gemma3" => gemma3,
             // Gemma 2's recipe: Gemma 3's without q/k norms or a local rotary base, with
             // windows of 6 on every other layer and attention and final logit soft-capping
             // at caps low enough to bend the tiny model's scores.
             "tiny-gemma2" => ModelConfig {
                 arch: Arch::Gemma2,
-                hidden_act: Activation::GeluTanh,
-                post_norms: true,
-                embed_scale: true,
-                norm_plus_one: true,
-                query_scale: (32.0f32 / 24.0).sqrt(),
+                qk_norm: false,
+                rope: tiny.rope,
+                rope_local: None,
                 attn_softcap: Some(5.0),
                 final_softcap: Some(3.0),
-                tie_word_embeddings: true,
-                sliding_window: Some(SlidingWindow {
-                    size: 6,
-                    first_layer: 0,
-                }),
                 full_attention_layers: vec![1, 3],
-                ..tiny
+                ..gemma3
             },
             "tiny-qwen2" => qwen(ModelConfig {
                 arch: Arch::Qwen2,
