@@ -78,6 +78,29 @@ MAX_ATTEMPTS = 50
 # embedding and the head, being the same matrix, picks that token again and again.
 TIED_STD = 0.05
 
+# LongRoPE on phi3's shape (Phi-3.5 / Phi-4-mini): 15 factors each for 30 rotary dims.
+PHI3_LONGROPE = dict(
+    vocab_size=1031,
+    hidden_size=160,
+    intermediate_size=344,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    partial_rotary_factor=0.75,
+    max_position_embeddings=16384,
+    original_max_position_embeddings=4096,
+    pad_token_id=None,
+    tie_word_embeddings=False,
+    rope_parameters={
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.75,
+        "original_max_position_embeddings": 4096,
+        "short_factor": [1.0 + 0.07 * i for i in range(15)],
+        "long_factor": [1.0 + 1.3 * i for i in range(15)],
+    },
+)
+
 # Every model: rms_norm_eps 1e-6, float32 on disk, max_position_embeddings 256 (encore's
 # test runs 128 positions). rope_parameters is the transformers 5 form of rope_theta +
 # rope_scaling; it is written to config.json as is.
@@ -364,52 +387,19 @@ MODELS = [
         "phi3_longrope",
         Phi3Config,
         Phi3ForCausalLM,
-        dict(
-            vocab_size=1031,
-            hidden_size=160,
-            intermediate_size=344,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            partial_rotary_factor=0.75,
-            max_position_embeddings=16384,
-            original_max_position_embeddings=4096,
-            pad_token_id=None,
-            tie_word_embeddings=False,
-            rope_parameters={
-                "rope_type": "longrope",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.75,
-                "original_max_position_embeddings": 4096,
-                "short_factor": [1.0 + 0.07 * i for i in range(15)],
-                "long_factor": [1.0 + 1.3 * i for i in range(15)],
-            },
-        ),
+        PHI3_LONGROPE,
     ),
     (
         "phi3_longrope_long",
         Phi3Config,
         Phi3ForCausalLM,
         dict(
-            vocab_size=1031,
-            hidden_size=160,
-            intermediate_size=344,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            partial_rotary_factor=0.75,
+            PHI3_LONGROPE,
             max_position_embeddings=64,
             original_max_position_embeddings=4,
-            pad_token_id=None,
-            tie_word_embeddings=False,
-            rope_parameters={
-                "rope_type": "longrope",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.75,
-                "original_max_position_embeddings": 4,
-                "short_factor": [1.0 + 0.07 * i for i in range(15)],
-                "long_factor": [1.0 + 1.3 * i for i in range(15)],
-            },
+            rope_parameters=dict(
+                PHI3_LONGROPE["rope_parameters"], original_max_position_embeddings=4
+            ),
         ),
     ),
     # Gemma 3's text model: GELU-tanh, (1 + w) norms before and after attention and the
