@@ -21,7 +21,8 @@ pub use self::checkpoint::read_kv_scales;
 use self::checkpoint::Checkpoint;
 use self::host::Staging;
 use self::host_side::HostSide;
-use super::config::{Arch, ModelConfig};
+use super::arch::QkvBias;
+use super::config::ModelConfig;
 use super::decl::{Decl, Role, TensorDecl};
 pub use super::decl::{Slice, TensorSpec};
 use super::gguf::{GgufFile, GgufWeights};
@@ -357,7 +358,7 @@ fn ignored_tensor(cfg: &ModelConfig, name: &str) -> bool {
         ".v_scale",
     ];
     // A multimodal Gemma 3's vision tower and projector (its language model runs alone).
-    let vision = cfg.arch == Arch::Gemma3
+    let vision = cfg.arch.family().skips_vision_tower
         && [
             "vision_tower.",
             "multi_modal_projector.",
@@ -373,9 +374,7 @@ fn ignored_tensor(cfg: &ModelConfig, name: &str) -> bool {
         // An EAGLE-3 head's vocabulary maps (read by the drafter) and an embedding of
         // its own (it shares the target's, as SGLang and vLLM run it).
         || (cfg.eagle.is_some() && matches!(name, "d2t" | "t2d" | "embed_tokens.weight"))
-        || (cfg.qkv_bias
-            && matches!(cfg.arch, Arch::Llama | Arch::Qwen3 | Arch::SmolLM3)
-            && name.ends_with("self_attn.o_proj.bias"))
+        || (o_proj_bias_if_zero(cfg) && name.ends_with("self_attn.o_proj.bias"))
 }
 
 /// Norm weights multiply every activation: a NaN or infinity there poisons every token,
@@ -397,10 +396,16 @@ pub(crate) fn check_finite_norm(name: &str, bytes: &[u8], dtype: DType) -> Resul
     }
 }
 
+/// Whether the checkpoint may hold an o_proj bias that must be all zeros (a q/k/v bias
+/// from `attention_bias`, which biases o_proj too).
+fn o_proj_bias_if_zero(cfg: &ModelConfig) -> bool {
+    cfg.qkv_bias && cfg.arch.family().qkv_bias == QkvBias::AttentionBias
+}
+
 /// Llama and Qwen3 with `attention_bias` also give `o_proj` a bias, which encore does not
 /// apply: accept it only when it is all zeros (as in "llamafied" Qwen checkpoints).
 fn check_o_proj_bias(ck: &Checkpoint, cfg: &ModelConfig) -> Result<()> {
-    if !(cfg.qkv_bias && matches!(cfg.arch, Arch::Llama | Arch::Qwen3 | Arch::SmolLM3)) {
+    if !o_proj_bias_if_zero(cfg) {
         return Ok(());
     }
     for i in 0..cfg.num_layers {

@@ -1,10 +1,30 @@
-//! The model families encore runs, in one registry keyed by the names a checkpoint gives:
-//! the HF `architectures` class, its `model_type`, and llama.cpp's `general.architecture`
-//! for GGUF files. Adding a family starts here: its [`Arch`] and one [`Family`] row;
-//! what its layer holds and how it runs follow from its config's variants
-//! (`model/config/`, the declaration in `model/decl.rs`, the recipe in `model/llama.rs`).
+//! The model families encore runs, one module each, behind one registry ([`FAMILIES`])
+//! keyed by the names a checkpoint gives: the HF `architectures` class, its
+//! `model_type`, and llama.cpp's `general.architecture` for GGUF files.
+//!
+//! A family is data: its names, its HF defaults, and the variants of the one layer recipe
+//! (`model/llama/`) it runs — activation, norm placement, q/k norms, biases, windows,
+//! rotary, soft-capping, experts, checkpoint names. The config parsers (`model/config/`,
+//! `model/gguf/config.rs`), the tensor declaration (`model/decl/`) and the GGUF writer read
+//! these fields; none of them matches on a family. Adding one whose variants all exist is
+//! its file here, its [`Arch`] and its registry line; a new variant adds a field (and a
+//! kernel only for a new op).
 
-/// The supported model families.
+use crate::backend::Activation;
+
+mod gemma2;
+mod gemma3;
+mod llama;
+mod mistral;
+mod mixtral;
+mod phi3;
+mod qwen2;
+mod qwen2_moe;
+mod qwen3;
+mod qwen3_moe;
+mod smollm3;
+
+/// The supported model families (each documented in its module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arch {
     Llama,
@@ -17,23 +37,32 @@ pub enum Arch {
     Qwen3Moe,
     /// Mistral's attention with a mixture-of-experts MLP.
     Mixtral,
-    /// Llama's layer without rotary embeddings in some layers (NoPE: every fourth by
-    /// default, `no_rope_layers`).
+    /// Llama's layer without rotary embeddings in some layers.
     SmolLM3,
-    /// Phi-3, Phi-3.5 and Phi-4 (`phi3`): Llama's layer with q/k/v in one `qkv_proj` and
-    /// gate/up in one `gate_up_proj`, partial rotary (`partial_rotary_factor`), a sliding
-    /// window over every layer.
+    /// Phi-3, Phi-3.5 and Phi-4.
     Phi3,
-    /// Gemma 3's language model (`gemma3_text`): GELU-tanh, (1 + w) RMSNorms before and
-    /// after attention and the MLP, per-head q/k norms, the embedding times sqrt(hidden),
-    /// windowed layers (five in six) with their own rotary base.
+    /// Gemma 3's language model.
     Gemma3,
-    /// Gemma 2 (`gemma2`): Gemma 3's layer without q/k norms, one rotary, windows on every
-    /// other layer, and tanh soft-capping of the attention scores and the final logits.
+    /// Gemma 2.
     Gemma2,
 }
 
-/// One family's names and defaults.
+/// Every family encore runs.
+pub const FAMILIES: [Family; 11] = [
+    llama::FAMILY,
+    mistral::FAMILY,
+    qwen2::FAMILY,
+    qwen3::FAMILY,
+    qwen2_moe::FAMILY,
+    qwen3_moe::FAMILY,
+    mixtral::FAMILY,
+    smollm3::FAMILY,
+    phi3::FAMILY,
+    gemma3::FAMILY,
+    gemma2::FAMILY,
+];
+
+/// One family: its names, its defaults and its layer's variants.
 #[derive(Clone, Copy, Debug)]
 pub struct Family {
     pub arch: Arch,
@@ -50,130 +79,133 @@ pub struct Family {
     pub base: Arch,
     /// HF's default `max_position_embeddings`.
     pub default_max_positions: usize,
+    /// The gated MLP's activation when the config names none.
+    pub act: Activation,
+    /// The config key naming the activation (Gemma's `hidden_activation`; `hidden_act`
+    /// is read when it is absent).
+    pub act_key: &'static str,
+    /// `tie_word_embeddings` when the config leaves it out.
+    pub tie: bool,
+    pub qkv_bias: QkvBias,
+    pub qk_norm: QkNorm,
+    pub norms: NormPlacement,
+    /// The checkpoint's RMSNorm weights are offsets from 1 (`x * (1 + w)`).
+    pub norm_plus_one: bool,
+    /// The embedding is multiplied by `sqrt(hidden_size)`.
+    pub embed_scale: bool,
+    pub window: WindowRule,
+    /// transformers 5's `layer_types` picks the windowed layers.
+    pub layer_types: bool,
+    /// `partial_rotary_factor` below 1 is the family's (Phi-3); refused for the others.
+    pub partial_rotary: bool,
+    /// NoPE layers (SmolLM3): `no_rope_layers`, else every n-th layer (the default n).
+    pub no_rope_interval: Option<usize>,
+    /// Gemma's query scalar, soft-capping, window pattern and local rotary.
+    pub gemma: Option<GemmaRules>,
+    /// The mixture-of-experts MLP (`None`: dense).
+    pub experts: Option<ExpertRules>,
+    /// q/k/v stored as one `qkv_proj` and gate/up as one `gate_up_proj` (Phi-3).
+    pub fused_projections: bool,
+    /// llama.cpp's converter permutes the rows of q and k (Llama's rotary layout).
+    pub gguf_permuted_qk: bool,
+    /// A multimodal checkpoint's vision tower and projector are skipped (Gemma 3).
+    pub skips_vision_tower: bool,
 }
 
-/// Every family encore runs.
-pub const FAMILIES: [Family; 11] = [
-    family(
-        Arch::Llama,
-        "LlamaForCausalLM",
-        "llama",
-        Some("llama"),
-        "llama",
-        Arch::Llama,
-        2048,
-    ),
-    family(
-        Arch::Mistral,
-        "MistralForCausalLM",
-        "mistral",
-        None,
-        "llama",
-        Arch::Mistral,
-        131_072,
-    ),
-    family(
-        Arch::Qwen2,
-        "Qwen2ForCausalLM",
-        "qwen2",
-        Some("qwen2"),
-        "qwen2",
-        Arch::Qwen2,
-        32768,
-    ),
-    family(
-        Arch::Qwen3,
-        "Qwen3ForCausalLM",
-        "qwen3",
-        Some("qwen3"),
-        "qwen3",
-        Arch::Qwen3,
-        32768,
-    ),
-    family(
-        Arch::Qwen2Moe,
-        "Qwen2MoeForCausalLM",
-        "qwen2_moe",
-        Some("qwen2moe"),
-        "qwen2moe",
-        Arch::Qwen2,
-        32768,
-    ),
-    family(
-        Arch::Qwen3Moe,
-        "Qwen3MoeForCausalLM",
-        "qwen3_moe",
-        Some("qwen3moe"),
-        "qwen3moe",
-        Arch::Qwen3,
-        32768,
-    ),
-    family(
-        Arch::Mixtral,
-        "MixtralForCausalLM",
-        "mixtral",
-        None,
-        "llama",
-        Arch::Mistral,
-        131_072,
-    ),
-    family(
-        Arch::SmolLM3,
-        "SmolLM3ForCausalLM",
-        "smollm3",
-        Some("smollm3"),
-        "smollm3",
-        Arch::SmolLM3,
-        32768,
-    ),
-    family(
-        Arch::Phi3,
-        "Phi3ForCausalLM",
-        "phi3",
-        Some("phi3"),
-        "phi3",
-        Arch::Phi3,
-        4096,
-    ),
-    // llama.cpp's gemma3 files hold the norms as 1 + w and name the post norms apart.
-    family(
-        Arch::Gemma3,
-        "Gemma3ForCausalLM",
-        "gemma3_text",
-        Some("gemma3"),
-        "gemma3",
-        Arch::Gemma3,
-        131_072,
-    ),
-    family(
-        Arch::Gemma2,
-        "Gemma2ForCausalLM",
-        "gemma2",
-        Some("gemma2"),
-        "gemma2",
-        Arch::Gemma2,
-        8192,
-    ),
-];
+/// How the q/k/v biases are read from the HF config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkvBias {
+    Always,
+    Never,
+    /// `attention_bias` (which gives o_proj a bias too: accepted only when all zeros).
+    AttentionBias,
+    /// Its own key and default (Qwen2-MoE's `qkv_bias`, default true).
+    Flag {
+        key: &'static str,
+        default: bool,
+    },
+    /// `attention_bias = true` is refused (it would bias o_proj as well).
+    Refused,
+}
 
-const fn family(
-    arch: Arch,
-    hf_name: &'static str,
-    model_type: &'static str,
-    gguf: Option<&'static str>,
-    gguf_written: &'static str,
-    base: Arch,
-    default_max_positions: usize,
-) -> Family {
-    Family {
-        arch,
-        hf_name,
-        model_type,
-        gguf,
-        gguf_written,
-        base,
-        default_max_positions,
+impl QkvBias {
+    /// Whether a config that says nothing gives q/k/v biases.
+    pub fn by_default(self) -> bool {
+        matches!(self, QkvBias::Always | QkvBias::Flag { default: true, .. })
     }
+}
+
+/// RMSNorm of q and k before the rotary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Each head normed alone, weight `[head_dim]` (Qwen3, Gemma 3).
+    PerHead,
+}
+
+/// Where a layer's norms sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// Before attention and before the MLP (Llama).
+    Pre,
+    /// Before, and after each block's output before the residual add (Gemma).
+    PreAndPost,
+}
+
+/// Where the sliding window applies, as transformers builds the family's layer types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowRule {
+    /// Full attention everywhere (Llama).
+    None,
+    /// `sliding_window` (or the default) on every layer, or on those `layer_types` or the
+    /// Gemma pattern names.
+    Every { default: Option<usize> },
+    /// Only with `use_sliding_window`, from `max_window_layers` on (Qwen2, Qwen3).
+    OptIn,
+    /// `use_sliding_window = true` is refused (with a `sliding_window` size only, where
+    /// `needs_size`); no released checkpoint turns it on.
+    Refused { needs_size: bool },
+}
+
+/// Gemma 2's and 3's variants.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmaRules {
+    /// The attention and final logit caps when the config leaves them out (Gemma 2's 50
+    /// and 30); `None`: no caps unless given.
+    pub softcaps: Option<(f32, f32)>,
+    /// The windowed layers rotate with their own base (Gemma 3's local rotary).
+    pub local_rope: bool,
+    /// Without `layer_types`: every n-th layer attends fully, n from this key, else
+    /// `pattern` (`None`: fixed).
+    pub pattern_key: Option<&'static str>,
+    pub pattern: usize,
+    /// The layer count of the size whose query scalar is `hidden / heads` in a GGUF file
+    /// (27B), not the head dim.
+    pub gguf_big_layers: usize,
+    /// llama.cpp's window for a file without `attention.sliding_window` (Gemma 2's 4096).
+    pub gguf_window: Option<usize>,
+}
+
+/// A mixture-of-experts family's HF defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertRules {
+    /// The expert-count key (`num_experts`; Mixtral's `num_local_experts`; either is read).
+    pub count_key: &'static str,
+    pub count: usize,
+    pub top_k: usize,
+    /// The experts' width when `moe_intermediate_size` is absent; `None`: the config's
+    /// `intermediate_size`, fixed (Mixtral).
+    pub width: Option<usize>,
+    /// Top-k renormalisation fixed by the family (Mixtral's); `None`: `norm_topk_prob`.
+    pub fixed_norm_topk: Option<bool>,
+    /// llama.cpp's renormalisation when the file has no `expert_weights_norm`.
+    pub gguf_norm_topk: bool,
+    /// A shared expert and its default width (Qwen2-MoE's 5632).
+    pub shared: Option<usize>,
+    /// Dense layers through `decoder_sparse_step` / `mlp_only_layers` (refused if not).
+    pub dense_layers: bool,
+    /// The checkpoint's names: the MLP module, and each expert's gate, up and down.
+    pub names: (&'static str, &'static str, &'static str, &'static str),
 }
 
 impl Arch {
@@ -243,10 +275,10 @@ mod tests {
                 assert_eq!(Arch::from_gguf(g), Some(f.arch));
             }
             // What llama.cpp writes for it is a family of ours (Mistral's and Mixtral's
-            // `llama`), unless its GGUF files are not read yet (Gemma 3).
-            if f.gguf.is_some() || f.gguf_written == "llama" {
-                assert!(Arch::from_gguf(f.gguf_written).is_some(), "{}", f.hf_name);
-            }
+            // `llama`).
+            assert!(Arch::from_gguf(f.gguf_written).is_some(), "{}", f.hf_name);
+            // A family's base is dense and shares its attention.
+            assert!(f.base.family().experts.is_none(), "{}", f.hf_name);
         }
         assert_eq!(Arch::from_hf_name("GPT2LMHeadModel"), None);
         assert_eq!(Arch::from_gguf("mistral"), None);

@@ -7,7 +7,7 @@ use super::rope::{parse_gemma_rope, parse_rope};
 use super::{Arch, EagleConfig, ModelConfig, MoeConfig, SlidingWindow};
 use crate::backend::Activation;
 use crate::error::{Error, Result};
-use crate::model::arch::FAMILIES;
+use crate::model::arch::{GemmaRules, NormPlacement, QkNorm, QkvBias, WindowRule, FAMILIES};
 use crate::model::formats::WeightFormats;
 use crate::tensor::DType;
 
@@ -112,15 +112,14 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let intermediate_size = f.positive("intermediate_size")?;
     let num_layers = f.positive("num_hidden_layers")?;
     let heads = parse_heads(f, hidden_size)?;
-    // Gemma names it `hidden_activation` (GELU-tanh by default).
-    let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
-    let act_key = match gemma && f.get("hidden_activation").is_some() {
-        true => "hidden_activation",
-        false => "hidden_act",
+    let fam = arch.family();
+    // Gemma names it `hidden_activation` (GELU-tanh by default); `hidden_act` otherwise.
+    let act_key = match f.get(fam.act_key) {
+        None if f.get("hidden_act").is_some() => "hidden_act",
+        _ => fam.act_key,
     };
     let hidden_act = match f.opt_str(act_key)? {
-        None if gemma => Activation::GeluTanh,
-        None => Activation::Silu,
+        None => fam.act,
         Some(name) => Activation::from_hf(name).ok_or_else(|| {
             f.err(format!(
                 "{act_key} = \"{name}\" is not supported (supported: {})",
@@ -132,7 +131,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let max_position_embeddings = f
         .opt_usize("max_position_embeddings")?
         .unwrap_or(arch.default_max_positions());
-    let (rope, rope_local) = match arch == Arch::Gemma3 {
+    let (rope, rope_local) = match fam.gemma.is_some_and(|g| g.local_rope) {
         true => {
             let (global, local) = parse_gemma_rope(f, heads.head_dim, max_position_embeddings)?;
             (global, Some(local))
@@ -146,7 +145,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
         return Err(f.err(format!("rms_norm_eps = {rms_norm_eps} must be >= 0")));
     }
-    let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(gemma);
+    let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(fam.tie);
     let qkv_bias = parse_bias(f, arch)?;
     let mut sliding_window = parse_sliding_window(f, arch, num_layers)?;
     // `layer_types`, where present, says which layers slide (transformers then ignores
@@ -160,22 +159,24 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
             }
             // Gemma without the list: Gemma 3's five windowed layers then a full one,
             // Gemma 2's one and one.
-            None if gemma && sliding_window.is_some() => {
-                let pattern = match arch {
-                    Arch::Gemma2 => 2,
-                    _ => f.opt_usize("sliding_window_pattern")?.unwrap_or(6).max(1),
-                };
-                (0..num_layers).filter(|l| (l + 1) % pattern == 0).collect()
-            }
-            None => Vec::new(),
+            None => match (fam.gemma, &sliding_window) {
+                (Some(g), Some(_)) => {
+                    let pattern = match g.pattern_key {
+                        Some(key) => f.opt_usize(key)?.unwrap_or(g.pattern).max(1),
+                        None => g.pattern,
+                    };
+                    (0..num_layers).filter(|l| (l + 1) % pattern == 0).collect()
+                }
+                _ => Vec::new(),
+            },
         };
     let GemmaVariants {
         query_scale,
         attn_softcap,
         final_softcap,
-    } = match gemma {
-        true => parse_gemma_variants(f, arch, heads.head_dim)?,
-        false => GemmaVariants::NONE,
+    } = match fam.gemma {
+        Some(g) => parse_gemma_variants(f, g, heads.head_dim)?,
+        None => GemmaVariants::NONE,
     };
     let torch_dtype = parse_torch_dtype(f)?;
     let weights = parse_quantization(f)?;
@@ -202,12 +203,12 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         rms_norm_eps,
         tie_word_embeddings,
         qkv_bias,
-        qk_norm: arch.base() == Arch::Qwen3 || arch == Arch::Gemma3,
+        qk_norm: fam.qk_norm != QkNorm::None,
         hidden_act,
-        post_norms: gemma,
-        embed_scale: gemma,
+        post_norms: fam.norms == NormPlacement::PreAndPost,
+        embed_scale: fam.embed_scale,
         rope_local,
-        norm_plus_one: gemma,
+        norm_plus_one: fam.norm_plus_one,
         query_scale,
         attn_softcap,
         final_softcap,
@@ -285,31 +286,26 @@ fn parse_heads(f: &Fields<'_>, hidden_size: usize) -> Result<Heads> {
     })
 }
 
-/// Attention bias as the HF modeling code builds it: Qwen2 always has q/k/v biases,
-/// Mistral never; Llama and Qwen3 follow `attention_bias` (which also gives o_proj a
-/// bias: the loader accepts it only when it is all zeros). Llama's `mlp_bias` is refused.
+/// Attention bias as the HF modeling code builds it (the family's [`QkvBias`]): Qwen2
+/// always has q/k/v biases, Mistral never; Llama and Qwen3 follow `attention_bias` (which
+/// also gives o_proj a bias: the loader accepts it only when it is all zeros). `mlp_bias`
+/// is refused.
 fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
     let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
-    let qkv_bias = match arch {
-        Arch::Qwen2 => true,
-        // Qwen2-MoE's q/k/v biases follow `qkv_bias` (default true).
-        Arch::Qwen2Moe => f.opt_bool("qkv_bias")?.unwrap_or(true),
-        Arch::Mistral | Arch::Mixtral => false,
-        Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe | Arch::SmolLM3 => attention_bias,
-        // Its qkv_proj has no bias.
-        Arch::Phi3 => false,
-        // Its `attention_bias` would give o_proj one too.
-        Arch::Gemma2 | Arch::Gemma3 => {
-            if attention_bias {
-                return Err(f.err(format!(
-                    "attention_bias = true is not supported for {}",
-                    arch.model_type()
-                )));
-            }
-            false
+    let qkv_bias = match arch.family().qkv_bias {
+        QkvBias::Always => true,
+        QkvBias::Never => false,
+        QkvBias::Flag { key, default } => f.opt_bool(key)?.unwrap_or(default),
+        QkvBias::AttentionBias => attention_bias,
+        QkvBias::Refused if attention_bias => {
+            return Err(f.err(format!(
+                "attention_bias = true is not supported for {}",
+                arch.model_type()
+            )));
         }
+        QkvBias::Refused => false,
     };
-    if matches!(arch, Arch::Llama | Arch::SmolLM3) && f.opt_bool("mlp_bias")? == Some(true) {
+    if f.opt_bool("mlp_bias")? == Some(true) {
         return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
     }
     Ok(qkv_bias)
@@ -369,12 +365,10 @@ fn parse_moe(
     num_layers: usize,
     intermediate_size: usize,
 ) -> Result<Option<MoeConfig>> {
-    let (experts_key, experts, top_k, width) = match arch {
-        Arch::Qwen2Moe => ("num_experts", 60, 4, 1408),
-        Arch::Qwen3Moe => ("num_experts", 128, 8, 768),
-        Arch::Mixtral => ("num_local_experts", 8, 2, intermediate_size),
-        _ => return Ok(None),
+    let Some(rules) = arch.family().experts else {
+        return Ok(None);
     };
+    let (experts_key, experts, top_k) = (rules.count_key, rules.count, rules.top_k);
     let positive = |key: &str, default: usize| -> Result<usize> {
         match f.opt_usize(key)? {
             None => Ok(default),
@@ -397,13 +391,13 @@ fn parse_moe(
             "num_experts_per_tok = {top_k} is more than the {num_experts} experts"
         )));
     }
-    let expert_intermediate = match arch {
-        Arch::Mixtral => width,
-        _ => positive("moe_intermediate_size", width)?,
+    let expert_intermediate = match rules.width {
+        None => intermediate_size,
+        Some(width) => positive("moe_intermediate_size", width)?,
     };
-    let norm_topk_prob = match arch {
-        Arch::Mixtral => true,
-        _ => f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+    let norm_topk_prob = match rules.fixed_norm_topk {
+        Some(b) => b,
+        None => f.opt_bool("norm_topk_prob")?.unwrap_or(false),
     };
     let step = positive("decoder_sparse_step", 1)?;
     let dense: Vec<usize> = match f.get("mlp_only_layers") {
@@ -417,21 +411,22 @@ fn parse_moe(
             })
             .ok_or_else(|| f.wrong_type("mlp_only_layers", "a list of layer indices", v))?,
     };
-    if arch == Arch::Mixtral && (step != 1 || !dense.is_empty()) {
-        return Err(f.err(
-            "decoder_sparse_step / mlp_only_layers are not Mixtral fields (every layer is sparse)",
-        ));
+    if !rules.dense_layers && (step != 1 || !dense.is_empty()) {
+        return Err(f.err(format!(
+            "decoder_sparse_step / mlp_only_layers are not {} fields (every layer is sparse)",
+            arch.model_type()
+        )));
     }
     let sparse = (0..num_layers)
         .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
         .collect();
-    let shared_expert_intermediate = match arch {
-        Arch::Qwen2Moe => match f.opt_usize("shared_expert_intermediate_size")? {
+    let shared_expert_intermediate = match rules.shared {
+        Some(default) => match f.opt_usize("shared_expert_intermediate_size")? {
             Some(0) => None,
-            None => Some(5632),
+            None => Some(default),
             Some(n) => Some(n),
         },
-        _ => None,
+        None => None,
     };
     let moe = MoeConfig {
         num_experts,
@@ -571,9 +566,9 @@ fn parse_arch(f: &Fields<'_>) -> Result<Arch> {
 /// none), else every `no_rope_layer_interval`-th layer (default 4: layers 3, 7, ...), as
 /// transformers builds them. Empty for the other families.
 fn parse_no_rope_layers(f: &Fields<'_>, arch: Arch, num_layers: usize) -> Result<Vec<usize>> {
-    if arch != Arch::SmolLM3 {
+    let Some(interval) = arch.family().no_rope_interval else {
         return Ok(Vec::new());
-    }
+    };
     if let Some(v) = f.get("no_rope_layers").filter(|v| !v.is_null()) {
         let flags: Option<Vec<u64>> = v
             .as_array()
@@ -590,7 +585,7 @@ fn parse_no_rope_layers(f: &Fields<'_>, arch: Arch, num_layers: usize) -> Result
         }
         return Ok((0..num_layers).filter(|&i| flags[i] == 0).collect());
     }
-    let step = f.opt_usize("no_rope_layer_interval")?.unwrap_or(4);
+    let step = f.opt_usize("no_rope_layer_interval")?.unwrap_or(interval);
     if step == 0 {
         return Err(f.err(format!(
             "field `{}` must be positive",
@@ -614,10 +609,7 @@ fn parse_layer_types(
     let Some(v) = f.get("layer_types") else {
         return Ok(None);
     };
-    if !matches!(
-        arch,
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3
-    ) {
+    if !arch.family().layer_types {
         return Ok(None);
     }
     let kinds: Option<Vec<&str>> = v
@@ -672,7 +664,11 @@ impl GemmaVariants {
 
 /// Gemma 2's and 3's fields beyond the Llama family's: the query scalar and logit
 /// soft-capping; what encore does not run (bidirectional attention) is refused by name.
-fn parse_gemma_variants(f: &Fields<'_>, arch: Arch, head_dim: usize) -> Result<GemmaVariants> {
+fn parse_gemma_variants(
+    f: &Fields<'_>,
+    rules: GemmaRules,
+    head_dim: usize,
+) -> Result<GemmaVariants> {
     let cap = |key: &str, default: Option<f32>| -> Result<Option<f32>> {
         let v = match f.obj.get(key) {
             None => return Ok(default),
@@ -684,9 +680,9 @@ fn parse_gemma_variants(f: &Fields<'_>, arch: Arch, head_dim: usize) -> Result<G
         }
         Ok(Some(v as f32))
     };
-    let gemma2 = arch == Arch::Gemma2;
-    let attn_softcap = cap("attn_logit_softcapping", gemma2.then_some(50.0))?;
-    let final_softcap = cap("final_logit_softcapping", gemma2.then_some(30.0))?;
+    let (attn_cap, final_cap) = rules.softcaps.unzip();
+    let attn_softcap = cap("attn_logit_softcapping", attn_cap)?;
+    let final_softcap = cap("final_logit_softcapping", final_cap)?;
     if f.opt_bool("use_bidirectional_attention")? == Some(true) {
         return Err(f.err("use_bidirectional_attention = true is not supported"));
     }
@@ -715,25 +711,12 @@ fn parse_sliding_window(
     arch: Arch,
     num_layers: usize,
 ) -> Result<Option<SlidingWindow>> {
-    let first_layer = match arch {
-        Arch::Llama => return Ok(None),
-        // Its window (on the NoPE layers only) is off in every released checkpoint.
-        Arch::SmolLM3 => {
+    let default = match arch.family().window {
+        WindowRule::None => return Ok(None),
+        WindowRule::Refused { needs_size } => {
             if f.opt_bool("use_sliding_window")? == Some(true)
-                && f.opt_usize("sliding_window")?.is_some()
+                && (!needs_size || f.opt_usize("sliding_window")?.is_some())
             {
-                return Err(f.err(
-                    "use_sliding_window = true is not supported for smollm3 (a window on its NoPE layers)",
-                ));
-            }
-            return Ok(None);
-        }
-        // Gemma 3's window is on the layers `layer_types` (or its pattern) names.
-        Arch::Mistral | Arch::Mixtral | Arch::Phi3 | Arch::Gemma2 | Arch::Gemma3 => 0,
-        // Their windows alternate over layers (Qwen2-MoE) or cover every layer (Qwen3-MoE);
-        // no released checkpoint turns them on.
-        Arch::Qwen2Moe | Arch::Qwen3Moe => {
-            if f.opt_bool("use_sliding_window")? == Some(true) {
                 return Err(f.err(format!(
                     "use_sliding_window = true is not supported for {}",
                     arch.model_type()
@@ -741,7 +724,11 @@ fn parse_sliding_window(
             }
             return Ok(None);
         }
-        Arch::Qwen2 | Arch::Qwen3 => {
+        WindowRule::Every { default } => default,
+        WindowRule::OptIn => None,
+    };
+    let first_layer = match arch.family().window {
+        WindowRule::OptIn => {
             if f.opt_bool("use_sliding_window")? != Some(true) {
                 return Ok(None);
             }
@@ -751,9 +738,8 @@ fn parse_sliding_window(
                 None => f.opt_usize("max_window_layers")?.unwrap_or(0),
             }
         }
+        _ => 0,
     };
-    // Gemma's default (transformers'), for configs that leave it out.
-    let default = matches!(arch, Arch::Gemma2 | Arch::Gemma3).then_some(4096);
     let size = match f.opt_usize("sliding_window")?.or(default) {
         None => return Ok(None),
         Some(0) => {

@@ -41,7 +41,7 @@ pub(super) fn parse_rope(
                 continue;
             }
             let dims = (head_dim as f64 * r) as usize;
-            if arch != Arch::Phi3 {
+            if !arch.family().partial_rotary {
                 return Err(p.err(format!(
                     "`{}` = {r} is not supported for {} (only full rotary)",
                     p.name("partial_rotary_factor"),

@@ -58,10 +58,10 @@ impl<'a> Builder<'a> {
         let rep = Shard::Replicated;
         let (col, row) = (Shard::Column { unit: eu }, Shard::Row { unit: eu });
         let (shared_col, shared_row) = (Shard::Column { unit: su }, Shard::Row { unit: su });
-        let (base, gate, up, down) = match arch {
-            Arch::Mixtral => ("block_sparse_moe", "w1", "w3", "w2"),
-            _ => ("mlp", "gate_proj", "up_proj", "down_proj"),
-        };
+        let (base, gate, up, down) = arch
+            .family()
+            .experts
+            .map_or(("mlp", "gate_proj", "up_proj", "down_proj"), |e| e.names);
         let expert = |x: usize, w: &str| format!("{base}.experts.{x}.{w}.weight");
         self.op(at(LayerOp::GateUp));
         let router = [(format!("{base}.gate.weight"), e)];

@@ -574,7 +574,7 @@ impl Decl {
                 d.tensor(Role::HiddenNorm, layer, &[h], None, Rep);
             }
             d.op(at(LayerOp::Qkv));
-            if cfg.arch == Arch::Phi3 {
+            if cfg.arch.family().fused_projections {
                 // One fused `qkv_proj` (q, k, v rows in our order; a rank's shares cut out).
                 d.tensor_fused(
                     Role::Qkv,
@@ -617,7 +617,7 @@ impl Decl {
                 }
                 _ => {
                     d.op(at(LayerOp::GateUp));
-                    if cfg.arch == Arch::Phi3 {
+                    if cfg.arch.family().fused_projections {
                         // One fused `gate_up_proj`: gate rows, then up rows.
                         let gu = [inter, inter];
                         d.tensor_fused(Role::GateUp, layer, FUSED_GATE_UP.hf, &gu, Some(h), col);

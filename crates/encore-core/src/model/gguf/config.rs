@@ -5,9 +5,8 @@
 //! Anything the forward pass cannot honour is an [`Error::Config`] naming the key.
 
 use super::reader::{GgufFile, Value};
-use crate::backend::Activation;
 use crate::error::{Error, Result};
-use crate::model::arch::FAMILIES;
+use crate::model::arch::{GemmaRules, NormPlacement, QkNorm, FAMILIES};
 use crate::model::config::{Arch, ModelConfig, MoeConfig, SlidingWindow};
 use crate::ops::{
     Llama3Scaling, LongRopeScaling, RopeConfig, RopeScaling, YarnScaling, LONGROPE_MAX_FREQS,
@@ -177,7 +176,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     }
     let vocab_size = parse_vocab_size(&m)?;
     // llama.cpp's default window for Gemma 2 files without the key.
-    let default_window = (arch == Arch::Gemma2).then_some(4096);
+    let default_window = arch.family().gemma.and_then(|g| g.gguf_window);
     // 0 is no window, as llama.cpp reads it (its converter writes 0 for Phi-4's `null`).
     let sliding_window = match m
         .opt_usize(&k("attention.sliding_window"))?
@@ -192,7 +191,17 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let max_position_embeddings = m.positive(&k("context_length"))?;
     let bos_token_id = m.opt_id("tokenizer.ggml.bos_token_id")?;
     let eos_token_ids = parse_eos_token_ids(&m)?;
-    let gemma = parse_gemma(&m, arch, &sizes, rope, sliding_window.is_some())?;
+    let fam = arch.family();
+    let gemma = match fam.gemma {
+        Some(rules) => Some(parse_gemma(
+            &m,
+            rules,
+            &sizes,
+            rope,
+            sliding_window.is_some(),
+        )?),
+        None => None,
+    };
     let cfg = ModelConfig {
         arch,
         vocab_size,
@@ -205,22 +214,20 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         rope,
         rms_norm_eps,
         tie_word_embeddings: file.tensor("output.weight").is_none(),
-        qkv_bias: arch.base() == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
-        qk_norm: arch.base() == Arch::Qwen3 || arch == Arch::Gemma3,
-        hidden_act: gemma
-            .as_ref()
-            .map_or(Default::default(), |_| Activation::GeluTanh),
-        post_norms: gemma.is_some(),
-        embed_scale: gemma.is_some(),
+        qkv_bias: fam.qkv_bias.by_default() || file.tensor("blk.0.attn_q.bias").is_some(),
+        qk_norm: fam.qk_norm != QkNorm::None,
+        hidden_act: fam.act,
+        post_norms: fam.norms == NormPlacement::PreAndPost,
+        embed_scale: fam.embed_scale,
         rope_local: gemma.as_ref().and_then(|g| g.rope_local),
         norm_plus_one: gemma.is_some(),
         query_scale: gemma.as_ref().map_or(1.0, |g| g.query_scale),
         attn_softcap: gemma.as_ref().and_then(|g| g.attn_softcap),
         final_softcap: gemma.as_ref().and_then(|g| g.final_softcap),
         // llama.cpp's smollm3 has no key for it: every fourth layer, hard-coded.
-        no_rope_layers: match arch {
-            Arch::SmolLM3 => (0..sizes.num_layers).filter(|i| (i + 1) % 4 == 0).collect(),
-            _ => Vec::new(),
+        no_rope_layers: match fam.no_rope_interval {
+            Some(n) => (0..sizes.num_layers).filter(|i| (i + 1) % n == 0).collect(),
+            None => Vec::new(),
         },
         max_position_embeddings,
         torch_dtype: DType::BF16,
@@ -267,16 +274,12 @@ struct Gemma {
 
 fn parse_gemma(
     m: &Meta<'_>,
-    arch: Arch,
+    rules: GemmaRules,
     sizes: &Sizes,
     rope: RopeConfig,
     windowed: bool,
-) -> Result<Option<Gemma>> {
-    let (big, pattern) = match arch {
-        Arch::Gemma2 => (46, 2),
-        Arch::Gemma3 => (62, 6),
-        _ => return Ok(None),
-    };
+) -> Result<Gemma> {
+    let (big, pattern) = (rules.gguf_big_layers, rules.pattern);
     let pattern_key = m.key("attention.sliding_window_pattern");
     let windowed_layers: Vec<bool> = match m.get(&pattern_key) {
         Some(v) if v.as_array().is_some() => {
@@ -315,36 +318,37 @@ fn parse_gemma(
         }
         Ok(Some(v as f32))
     };
-    let gemma2 = arch == Arch::Gemma2;
+    // Gemma 2's caps apply unless the file says 0; Gemma 3's final cap only if given.
+    let capped = rules.softcaps;
     let base_key = m.key("rope.freq_base_swa");
     let local_base = m.opt_f64(&base_key)?;
     if let Some(b) = local_base.filter(|b| !(*b > 0.0 && b.is_finite())) {
         return Err(m.err(format!("`{base_key}` = {b} must be positive")));
     }
-    let rope_local = match (gemma2, local_base) {
-        (true, None) => None,
-        (true, Some(b)) => Some(RopeConfig {
+    let rope_local = match (rules.local_rope, local_base) {
+        (false, None) => None,
+        (false, Some(b)) => Some(RopeConfig {
             theta: b as f32,
             ..rope
         }),
-        (false, b) => Some(RopeConfig {
+        (true, b) => Some(RopeConfig {
             theta: b.unwrap_or(10_000.0) as f32,
             scaling: None,
             ..rope
         }),
     };
     let final_key = m.key("final_logit_softcapping");
-    Ok(Some(Gemma {
+    Ok(Gemma {
         query_scale: (sizes.head_dim as f64 / scalar as f64).sqrt() as f32,
         rope_local,
-        attn_softcap: if gemma2 {
-            cap("attn_logit_softcapping", 50.0)?
-        } else {
-            None
+        attn_softcap: match capped {
+            Some((attn, _)) => cap("attn_logit_softcapping", attn)?,
+            None => None,
         },
-        final_softcap: match (gemma2, m.get(&final_key)) {
-            (true, _) | (false, Some(_)) => cap("final_logit_softcapping", 30.0)?,
-            (false, None) => None,
+        final_softcap: match (capped, m.get(&final_key)) {
+            (Some((_, fin)), _) => cap("final_logit_softcapping", fin)?,
+            (None, Some(_)) => cap("final_logit_softcapping", 0.0)?,
+            (None, None) => None,
         },
         full_attention_layers: match windowed {
             true => (0..sizes.num_layers)
@@ -352,7 +356,7 @@ fn parse_gemma(
                 .collect(),
             false => Vec::new(),
         },
-    }))
+    })
 }
 
 /// The experts of a `qwen3moe`, `qwen2moe` or `llama`-with-experts (Mixtral) file, as
@@ -363,9 +367,9 @@ fn parse_gemma(
 /// sparse where it has a router (`blk.N.ffn_gate_inp.weight`).
 fn parse_moe(m: &Meta<'_>, arch: Arch, sizes: &Sizes) -> Result<Option<MoeConfig>> {
     let k = |s: &str| m.key(s);
-    if !matches!(arch, Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Mixtral) {
+    let Some(rules) = arch.family().experts else {
         return Ok(None);
-    }
+    };
     let num_experts = m.positive(&k("expert_count"))?;
     let top_k = m.positive(&k("expert_used_count"))?;
     if top_k > num_experts {
@@ -375,19 +379,19 @@ fn parse_moe(m: &Meta<'_>, arch: Arch, sizes: &Sizes) -> Result<Option<MoeConfig
             k("expert_count")
         )));
     }
-    let expert_intermediate = match arch {
-        Arch::Mixtral => sizes.intermediate_size,
-        _ => m.positive(&k("expert_feed_forward_length"))?,
+    let expert_intermediate = match rules.width {
+        None => sizes.intermediate_size,
+        Some(_) => m.positive(&k("expert_feed_forward_length"))?,
     };
-    let shared_expert_intermediate = match arch {
-        Arch::Qwen2Moe => m
+    let shared_expert_intermediate = match rules.shared {
+        Some(_) => m
             .opt_usize(&k("expert_shared_feed_forward_length"))?
             .filter(|&n| n > 0),
-        _ => None,
+        None => None,
     };
     let norm_topk_prob = match m.opt_bool(&k("expert_weights_norm"))? {
         Some(b) => b,
-        None => arch != Arch::Qwen2Moe,
+        None => rules.gguf_norm_topk,
     };
     let sparse = (0..sizes.num_layers)
         .map(|l| {
@@ -495,7 +499,8 @@ fn parse_rope(m: &Meta<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
     let k = |s: &str| m.key(s);
     let mut rot_dim = head_dim;
     if let Some(r) = m.opt_usize(&k("rope.dimension_count"))? {
-        let partial_ok = arch == Arch::Phi3 && r > 0 && r < head_dim && r.is_multiple_of(2);
+        let partial_ok =
+            arch.family().partial_rotary && r > 0 && r < head_dim && r.is_multiple_of(2);
         if r != head_dim && !partial_ok {
             return Err(m.err(format!(
                 "`{}` = {r} but the head dim is {head_dim}: partial rotary is not supported \

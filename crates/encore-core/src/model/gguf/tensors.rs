@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use super::config::{gguf_arch, ROPE_FREQS};
 use super::reader::{GgufFile, TensorInfo};
 use crate::error::{Error, Result};
-use crate::model::config::{Arch, ModelConfig};
+use crate::model::config::ModelConfig;
 use crate::model::decl::TensorSpec;
 pub use crate::model::decl::{gguf_name, gguf_source, gguf_source_of};
 use crate::model::formats::WeightFormats;
@@ -57,8 +57,7 @@ pub struct GgufWeights {
 impl GgufWeights {
     pub fn new(file: GgufFile, cfg: &ModelConfig) -> Result<GgufWeights> {
         let (_, arch) = gguf_arch(&file)?;
-        let permuted_heads =
-            matches!(arch, Arch::Llama | Arch::SmolLM3).then_some(cfg.whole_heads());
+        let permuted_heads = arch.family().gguf_permuted_qk.then_some(cfg.whole_heads());
         Ok(GgufWeights {
             file,
             permuted_heads,

@@ -17,7 +17,7 @@ use half::f16;
 use super::quants::GgmlType;
 use super::reader::{Value, DEFAULT_ALIGNMENT, MAGIC};
 use crate::error::{Error, Result};
-use crate::model::config::{Arch, ModelConfig};
+use crate::model::config::ModelConfig;
 use crate::ops::RopeScaling;
 
 /// Metadata and tensors to be written as one GGUF file.
@@ -108,7 +108,7 @@ impl GgufWriter {
             self.kv(&s("yarn_beta_slow"), Value::F32(y.beta_slow));
             self.kv(&s("yarn_attn_factor"), Value::F32(y.attention_factor));
         }
-        if matches!(cfg.arch, Arch::Gemma2 | Arch::Gemma3) {
+        if let Some(gemma) = cfg.arch.family().gemma {
             // Which layers slide (llama.cpp reads a list of flags or a period), the
             // windowed layers' rotary base, the logit caps (0: none).
             if cfg.sliding_window.is_some() {
@@ -123,11 +123,11 @@ impl GgufWriter {
             if let Some(local) = cfg.rope_local {
                 self.kv(&format!("{a}.rope.freq_base_swa"), Value::F32(local.theta));
             }
-            if cfg.arch == Arch::Gemma2 {
+            if gemma.softcaps.is_some() {
                 let cap = cfg.attn_softcap.unwrap_or(0.0);
                 self.kv(&format!("{a}.attn_logit_softcapping"), Value::F32(cap));
             }
-            if cfg.arch == Arch::Gemma2 || cfg.final_softcap.is_some() {
+            if gemma.softcaps.is_some() || cfg.final_softcap.is_some() {
                 let cap = cfg.final_softcap.unwrap_or(0.0);
                 self.kv(&format!("{a}.final_logit_softcapping"), Value::F32(cap));
             }
@@ -135,7 +135,8 @@ impl GgufWriter {
         if let Some(moe) = &cfg.moe {
             self.kv(&format!("{a}.expert_count"), u(moe.num_experts));
             self.kv(&format!("{a}.expert_used_count"), u(moe.top_k));
-            if cfg.arch != Arch::Mixtral {
+            let rules = cfg.arch.family().experts;
+            if rules.is_some_and(|r| r.width.is_some()) {
                 let width = u(moe.expert_intermediate);
                 self.kv(&format!("{a}.expert_feed_forward_length"), width);
             }
@@ -144,7 +145,7 @@ impl GgufWriter {
             }
             // llama.cpp renormalises the top k for Mixtral and Qwen3-MoE, not Qwen2-MoE;
             // a config that differs says so.
-            if moe.norm_topk_prob != (cfg.arch != Arch::Qwen2Moe) {
+            if rules.is_some_and(|r| r.gguf_norm_topk != moe.norm_topk_prob) {
                 self.kv(
                     &format!("{a}.expert_weights_norm"),
                     Value::Bool(moe.norm_topk_prob),
