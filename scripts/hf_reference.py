@@ -61,6 +61,8 @@ from transformers import (  # noqa: E402
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     SmolLM3Config,
@@ -474,6 +476,26 @@ MODELS = [
             max_window_layers=28,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+    # OLMo 2: norms after attention and the MLP only (each block reads the residual
+    # stream), q and k normed across all their heads; 3 heads over 1 KV head (GQA 3),
+    # widths that are not powers of two, its default epsilon 1e-5.
+    (
+        "olmo2",
+        Olmo2Config,
+        Olmo2ForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=120,
+            intermediate_size=344,
+            num_hidden_layers=3,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            rms_norm_eps=1e-5,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         ),
     ),
 ]

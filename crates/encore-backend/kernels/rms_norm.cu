@@ -1,6 +1,9 @@
 // rms_norm: out = x / sqrt(mean(x^2) + eps) * w, optionally fused with the residual add
 // (residual = T(residual + x) is stored back first and the norm is computed from the
 // stored, rounded value).
+// With `plain`, no norm: out = the (summed) input, for a layer without a norm before its
+// next block (OLMo 2). x's and out's rows are `ld` apart (`ld` >= dim: a norm of some
+// columns of a wider row, in place: OLMo 2's q and k norms on the fused q/k/v rows).
 // Grid: (rows); one block per row. Pass 1 reads x (and residual), writes residual and
 // accumulates the sum of squares; a block reduction; pass 2 re-reads the (now stored)
 // input and writes out. Every element is handled by the same thread in both passes and
@@ -9,12 +12,12 @@
 template <typename T>
 __device__ __forceinline__ void rms_norm_impl(const T* x, T* residual, const T* __restrict__ w,
                                               T* out, int dim, float eps, int has_res,
-                                              int vec) {
+                                              int vec, long long ld, int plain) {
     __shared__ float sh[32];
     constexpr int V = Ty<T>::V;
-    const long long base = (long long)blockIdx.x * dim;
+    const long long base = (long long)blockIdx.x * ld;
     const T* xr = x + base;
-    T* rr = has_res ? residual + base : nullptr;
+    T* rr = has_res ? residual + (long long)blockIdx.x * dim : nullptr;
     T* orow = out + base;
     // The row the norm is computed from (the stored residual when fused).
     const T* src = has_res ? (const T*)rr : xr;
@@ -48,6 +51,10 @@ __device__ __forceinline__ void rms_norm_impl(const T* x, T* residual, const T* 
     }
     ss = block_sum(ss, sh);
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    if (plain) {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = src[i];
+        return;
+    }
 
     if (vec) {
         const int nv = dim / V;
@@ -68,9 +75,10 @@ __device__ __forceinline__ void rms_norm_impl(const T* x, T* residual, const T* 
 
 #define RMS_NORM(NAME, T)                                                                  \
     extern "C" __global__ void NAME(const T* x, T* residual, const T* w, T* out, int dim,  \
-                                    float eps, int has_res, int vec) {                      \
+                                    float eps, int has_res, int vec, long long ld,          \
+                                    int plain) {                                            \
         pdl_enter();                                                                        \
-        rms_norm_impl<T>(x, residual, w, out, dim, eps, has_res, vec);                     \
+        rms_norm_impl<T>(x, residual, w, out, dim, eps, has_res, vec, ld, plain);          \
     }
 RMS_NORM(rms_norm_bf16, bf16)
 RMS_NORM(rms_norm_f16, f16)

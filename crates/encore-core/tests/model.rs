@@ -25,13 +25,14 @@ struct RefModel {
 }
 
 struct RefLayer {
-    input_norm: Vec<f64>,
+    /// `None`: the block reads the residual stream itself (OLMo 2).
+    input_norm: Option<Vec<f64>>,
     qkv: Vec<f64>,
     qkv_bias: Option<Vec<f64>>,
     q_norm: Option<Vec<f64>>,
     k_norm: Option<Vec<f64>>,
     o_proj: Vec<f64>,
-    post_norm: Vec<f64>,
+    post_norm: Option<Vec<f64>>,
     /// Post norms: the attention's and the MLP's outputs normed before the residual add.
     attn_out_norm: Option<Vec<f64>>,
     mlp_out_norm: Option<Vec<f64>>,
@@ -60,13 +61,13 @@ impl RefModel {
                 .layers
                 .iter()
                 .map(|l| RefLayer {
-                    input_norm: host(be, &l.input_norm),
+                    input_norm: l.input_norm.as_ref().map(|t| host(be, t)),
                     qkv: host(be, &l.qkv),
                     qkv_bias: l.qkv_bias.as_ref().map(|t| host(be, t)),
                     q_norm: l.q_norm.as_ref().map(|t| host(be, t)),
                     k_norm: l.k_norm.as_ref().map(|t| host(be, t)),
                     o_proj: host(be, &l.o_proj),
-                    post_norm: host(be, &l.post_norm),
+                    post_norm: l.post_norm.as_ref().map(|t| host(be, t)),
                     attn_out_norm: l.attn_out_norm.as_ref().map(|t| host(be, t)),
                     mlp_out_norm: l.mlp_out_norm.as_ref().map(|t| host(be, t)),
                     gate_up: host(be, &l.gate_up),
@@ -130,6 +131,11 @@ impl RefModel {
         }
     }
 
+    /// RMS norm of `x` with weight `w`, or `x` itself without one.
+    fn maybe_norm(&self, x: &[f64], w: Option<&[f64]>) -> Vec<f64> {
+        w.map_or_else(|| x.to_vec(), |w| self.norm(x, w))
+    }
+
     /// RMS norm of `x` with weight `w`.
     fn norm(&self, x: &[f64], w: &[f64]) -> Vec<f64> {
         let eps = self.cfg.rms_norm_eps as f64;
@@ -165,7 +171,7 @@ impl RefModel {
         let rotates = !self.cfg.no_rope_layers.contains(&li);
         let c = &self.cfg;
         let (h, nh, kvh, hd) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim);
-        let hn = self.norm(xp, &lw.input_norm);
+        let hn = self.maybe_norm(xp, lw.input_norm.as_deref());
         let mut q = linear(&hn, &lw.qkv, 0, nh * hd, h);
         let mut k = linear(&hn, &lw.qkv, nh * hd, kvh * hd, h);
         let mut v = linear(&hn, &lw.qkv, (nh + kvh) * hd, kvh * hd, h);
@@ -178,7 +184,13 @@ impl RefModel {
                 .zip(&b[(nh + kvh) * hd..])
                 .for_each(|(a, b)| *a += b);
         }
-        for (x, head_norm) in [(&mut q, &lw.q_norm), (&mut k, &lw.k_norm)] {
+        // OLMo 2's q and k norms span all their heads.
+        let whole = c.qk_norm_whole();
+        for (x, norm) in [(&mut q, &lw.q_norm), (&mut k, &lw.k_norm)] {
+            if let (true, Some(w)) = (whole, norm) {
+                *x = self.norm(x, w);
+            }
+            let head_norm = norm.as_ref().filter(|_| !whole);
             for head in x.chunks_mut(hd) {
                 if let Some(w) = head_norm {
                     let n = self.norm(head, w);
@@ -227,7 +239,7 @@ impl RefModel {
     /// renormalised where the config says) weighted sum.
     fn mlp(&self, lw: &RefLayer, xp: &[f64]) -> Vec<f64> {
         let (h, inter) = (self.cfg.hidden_size, self.cfg.intermediate_size);
-        let hn = self.norm(xp, &lw.post_norm);
+        let hn = self.maybe_norm(xp, lw.post_norm.as_deref());
         if let (Some(router), Some(moe)) = (&lw.router, &self.cfg.moe) {
             let (e, ei) = (moe.num_experts, moe.expert_intermediate);
             let logits = linear(&hn, router, 0, e, h);
@@ -636,6 +648,12 @@ fn gemma3_matches_f64_reference() {
     check_arch("tiny-gemma3", DType::F32, 1e-4);
 }
 
+/// OLMo 2: norms after attention and the MLP only, q and k normed across their heads.
+#[test]
+fn olmo2_matches_f64_reference() {
+    check_arch("tiny-olmo2", DType::F32, 1e-4);
+}
+
 /// Gemma 2: its query scalar in the softmax scale, attention and final logit
 /// soft-capping, windows on every other layer.
 #[test]
@@ -668,8 +686,16 @@ fn gemma_norms_load_as_one_plus_w() {
     let (g, p) = (load(&gemma), load(&plain));
     let (gl, pl) = (&g.layers[1], &p.layers[1]);
     let pairs = [
-        (&gl.input_norm, &pl.input_norm, 1.0),
-        (&gl.post_norm, &pl.post_norm, 1.0),
+        (
+            gl.input_norm.as_ref().unwrap(),
+            pl.input_norm.as_ref().unwrap(),
+            1.0,
+        ),
+        (
+            gl.post_norm.as_ref().unwrap(),
+            pl.post_norm.as_ref().unwrap(),
+            1.0,
+        ),
         (
             gl.attn_out_norm.as_ref().unwrap(),
             pl.attn_out_norm.as_ref().unwrap(),

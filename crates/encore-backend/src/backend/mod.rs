@@ -160,6 +160,16 @@ pub trait Backend: Send + Sync {
         out: &Tensor,
     ) -> Result<()>;
 
+    /// `residual = residual + x` (rounded to T and stored back), then `out = residual`:
+    /// the residual add of a layer with no norm before its next block (OLMo 2). x,
+    /// residual, out T `[.., d]` (same shape).
+    fn residual_add(&self, x: &Tensor, residual: &Tensor, out: &Tensor) -> Result<()>;
+
+    /// RMSNorm in place of columns `col0 .. col0 + d` of every row of x (T `[.., ld]`) by
+    /// weight (T `[d]`): OLMo 2's q and k norms, each across its heads, on the fused
+    /// q/k/v projection's rows.
+    fn rms_norm_columns(&self, x: &Tensor, col0: usize, weight: &Tensor, eps: f32) -> Result<()>;
+
     /// `out[i, j] = silu(gate_up[i, j]) * gate_up[i, inter + j]`, gate_up T `[n, 2*inter]`,
     /// out T `[n, inter]`, silu(x) = x / (1 + exp(-x)).
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()>;

@@ -132,6 +132,68 @@ pub struct RowDims {
     pub dim: usize,
 }
 
+/// `rows` rows of `dim` values from column `col0` of rows `ld` apart.
+pub struct ColumnDims {
+    pub rows: usize,
+    pub dim: usize,
+    pub ld: usize,
+    pub col0: usize,
+}
+
+/// `residual_add`: x, residual and out T `[.., d]`, one shape.
+pub fn check_residual_add(x: &Tensor, residual: &Tensor, out: &Tensor) -> Result<RowDims> {
+    const OP: &str = "residual_add";
+    check_dtype(OP, "x", x, FLOAT_DTYPES)?;
+    if x.rank() == 0 {
+        return Err(Error::invalid(OP, "x must have at least one dimension"));
+    }
+    for (name, t) in [("residual", residual), ("out", out)] {
+        same_dtype(OP, name, t, x.dtype())?;
+        check_shape(OP, name, t, x.shape(), "same as x")?;
+    }
+    Ok(RowDims {
+        rows: x.rows(),
+        dim: x.dim(-1),
+    })
+}
+
+/// `rms_norm_columns`: x T `[.., ld]`, weight T `[d]` with `col0 + d <= ld`.
+pub fn check_rms_norm_columns(
+    x: &Tensor,
+    col0: usize,
+    weight: &Tensor,
+    eps: f32,
+) -> Result<ColumnDims> {
+    const OP: &str = "rms_norm_columns";
+    check_dtype(OP, "x", x, FLOAT_DTYPES)?;
+    if x.rank() == 0 {
+        return Err(Error::invalid(OP, "x must have at least one dimension"));
+    }
+    same_dtype(OP, "weight", weight, x.dtype())?;
+    if weight.rank() != 1 {
+        return Err(Error::invalid(OP, "weight must be [d]"));
+    }
+    let (ld, dim) = (x.dim(-1), weight.dim(0));
+    if col0.checked_add(dim).is_none_or(|end| end > ld) {
+        return Err(Error::invalid(
+            OP,
+            format!("columns {col0}..{col0} + {dim} exceed the row of {ld}"),
+        ));
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::invalid(
+            OP,
+            format!("eps must be finite and >= 0, got {eps}"),
+        ));
+    }
+    Ok(ColumnDims {
+        rows: x.rows(),
+        dim,
+        ld,
+        col0,
+    })
+}
+
 pub fn check_rms_norm(
     x: &Tensor,
     residual: Option<&Tensor>,

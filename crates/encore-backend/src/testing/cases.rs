@@ -33,6 +33,15 @@ pub(crate) enum Op {
         residual: bool,
         in_place: bool,
     },
+    /// `residual_add` (no norm; the inputs' weight unused).
+    ResidualAdd(RmsNormInputs),
+    /// `rms_norm_columns`: the inputs' `dim` is the row (`ld`); columns `col0 .. col0 +
+    /// dim` are normed by the first `dim` weights.
+    NormColumns {
+        inputs: RmsNormInputs,
+        col0: usize,
+        dim: usize,
+    },
     SiluMul(SiluMulInputs),
     /// `scale` of `values` by `s` in place, or `softcap` at `cap` (then `s` is 1).
     Scale {
@@ -142,6 +151,26 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                     },
                 );
             }
+        }
+        for (rows, dim) in [(5, 64), (3, 201)] {
+            let inputs = RmsNormInputs::random(rng, rows, dim);
+            let shape = format!("rows={rows} d={dim}");
+            push("residual_add".into(), shape, dtype, Op::ResidualAdd(inputs));
+        }
+        // OLMo 2's q and k norms on fused q/k/v rows: aligned (vectorised) and not.
+        for (rows, ld, col0, dim) in [
+            (4, 200, 0, 120),
+            (3, 200, 120, 40),
+            (2, 1024, 512, 256),
+            (3, 201, 7, 130),
+        ] {
+            let inputs = RmsNormInputs::random(rng, rows, ld);
+            push(
+                "rms_norm_columns".into(),
+                format!("rows={rows} ld={ld} cols={col0}+{dim}"),
+                dtype,
+                Op::NormColumns { inputs, col0, dim },
+            );
         }
         // Speculative decoding's draft counts: pairs repeat, and some fall outside.
         if dtype == DType::F32 {

@@ -115,6 +115,34 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             }
             r
         }
+        Op::ResidualAdd(i) => {
+            let (_, res) = reference::rms_norm(
+                &q(&i.x),
+                Some(&q(&i.residual)),
+                &q(&i.weight),
+                i.eps as f64,
+                dt,
+            );
+            let res = res.expect("a residual was given");
+            vec![
+                floats("out", res.clone(), OpClass::Copy),
+                floats("residual", res, OpClass::Copy),
+            ]
+        }
+        Op::NormColumns {
+            inputs: i,
+            col0,
+            dim,
+        } => {
+            let mut x = q(&i.x);
+            let w = &q(&i.weight)[..*dim];
+            for row in x.chunks_mut(i.dim) {
+                let cols = &mut row[*col0..*col0 + *dim];
+                let (normed, _) = reference::rms_norm(cols, None, w, i.eps as f64, dt);
+                cols.copy_from_slice(&normed);
+            }
+            vec![floats("x", x, OpClass::Pointwise)]
+        }
         Op::Scale { values, s, cap } => vec![floats(
             "x",
             q(values)

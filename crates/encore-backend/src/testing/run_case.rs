@@ -76,6 +76,29 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             }
             r
         }
+        Op::ResidualAdd(i) => {
+            let shape = [i.rows, i.dim];
+            let (x, res, out) = (
+                f(&i.x, &shape)?,
+                f(&i.residual, &shape)?,
+                fresh(dt, &shape)?,
+            );
+            b.residual_add(&x, &res, &out)?;
+            vec![
+                floats("out", download_f64(b, &out)?, OpClass::Copy),
+                floats("residual", download_f64(b, &res)?, OpClass::Copy),
+            ]
+        }
+        Op::NormColumns {
+            inputs: i,
+            col0,
+            dim,
+        } => {
+            let x = f(&i.x, &[i.rows, i.dim])?;
+            let w = f(&i.weight[..*dim], &[*dim])?;
+            b.rms_norm_columns(&x, *col0, &w, i.eps)?;
+            vec![floats("x", download_f64(b, &x)?, OpClass::Pointwise)]
+        }
         Op::PenaltyCount {
             counts,
             vocab,

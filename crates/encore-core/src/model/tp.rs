@@ -35,6 +35,13 @@ impl ModelConfig {
                 what,
             })
         };
+        if self.qk_norm_whole() {
+            return refuse(format!(
+                "{} norms q and k across all heads, which tensor parallelism splits \
+                 (not supported yet; run it on one device)",
+                self.arch.model_type()
+            ));
+        }
         let kv = self.num_kv_heads;
         if !self.num_heads.is_multiple_of(size) {
             return refuse(format!(

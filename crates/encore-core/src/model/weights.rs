@@ -35,22 +35,23 @@ use encore_backend::quant::QuantFormat;
 
 /// One decoder layer's weights, in the run dtype.
 pub struct LayerWeights {
-    /// `[hidden]`.
-    pub input_norm: Tensor,
+    /// `[hidden]` (`None`: no norm before attention, OLMo 2).
+    pub input_norm: Option<Tensor>,
     /// An EAGLE-3 head's norm of its input hidden state `[hidden]`.
     pub hidden_norm: Option<Tensor>,
     /// `[(num_heads + 2 * num_kv_heads) * head_dim, hidden]`: q rows, then k, then v.
     pub qkv: Tensor,
     /// `[(num_heads + 2 * num_kv_heads) * head_dim]`, same order (Qwen2).
     pub qkv_bias: Option<Tensor>,
-    /// `[head_dim]` (Qwen3).
+    /// `[head_dim]` (Qwen3); `[num_heads * head_dim]` across the heads (OLMo 2).
     pub q_norm: Option<Tensor>,
-    /// `[head_dim]` (Qwen3).
+    /// `[head_dim]` (Qwen3); `[num_kv_heads * head_dim]` (OLMo 2).
     pub k_norm: Option<Tensor>,
     /// `[hidden, num_heads * head_dim]`.
     pub o_proj: Tensor,
     /// `[hidden]` (HF `post_attention_layernorm`; Gemma's `pre_feedforward_layernorm`).
-    pub post_norm: Tensor,
+    /// `None`: no norm before the MLP (OLMo 2).
+    pub post_norm: Option<Tensor>,
     /// Post norms (`ModelConfig::post_norms`): the attention's and the MLP's outputs,
     /// RMS-normed before each residual add, `[hidden]` each.
     pub attn_out_norm: Option<Tensor>,
@@ -703,14 +704,14 @@ fn build(
             false => (Role::GateUp, Role::Down),
         };
         layers.push(LayerWeights {
-            input_norm: need(&mut s, Role::AttnNorm)?,
+            input_norm: s[slot(Role::AttnNorm)].take(),
             hidden_norm: s[slot(Role::HiddenNorm)].take(),
             qkv: need(&mut s, Role::Qkv)?,
             qkv_bias: s[slot(Role::QkvBias)].take(),
             q_norm: s[slot(Role::QNorm)].take(),
             k_norm: s[slot(Role::KNorm)].take(),
             o_proj: need(&mut s, Role::OProj)?,
-            post_norm: need(&mut s, Role::MlpNorm)?,
+            post_norm: s[slot(Role::MlpNorm)].take(),
             attn_out_norm: s[slot(Role::AttnOutNorm)].take(),
             mlp_out_norm: s[slot(Role::MlpOutNorm)].take(),
             gate_up: need(&mut s, gate_up_role)?,

@@ -126,6 +126,12 @@ impl<H: Hooks> Backend for Hooked<H> {
     ) -> Result<()> {
         self.inner.rms_norm(x, r, w, eps, out)
     }
+    fn residual_add(&self, x: &Tensor, residual: &Tensor, out: &Tensor) -> Result<()> {
+        self.inner.residual_add(x, residual, out)
+    }
+    fn rms_norm_columns(&self, x: &Tensor, col0: usize, w: &Tensor, eps: f32) -> Result<()> {
+        self.inner.rms_norm_columns(x, col0, w, eps)
+    }
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
         self.inner.silu_mul(gate_up, out)
     }

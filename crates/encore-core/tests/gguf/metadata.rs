@@ -118,9 +118,9 @@ fn unsupported_metadata_is_an_error_naming_the_key() {
     let cases: Vec<(Edit, Vec<&str>)> = vec![
         (
             Box::new(|w| {
-                w.kv("general.architecture", Value::String("olmo2".into()));
+                w.kv("general.architecture", Value::String("olmoe".into()));
             }),
-            vec!["olmo2", "general.architecture", "llama, qwen2, qwen3"],
+            vec!["olmoe", "general.architecture", "llama, qwen2, qwen3"],
         ),
         (
             Box::new(|w| {

@@ -97,6 +97,9 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
                "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0"#,
             Store::F16,
         ),
+        // OLMo 2: no pre-norms, post norms (llama.cpp's `post_attention_norm` and
+        // `post_ffw_norm`), q and k norms across the heads; not permuted.
+        ("Olmo2ForCausalLM", r#", "rms_norm_eps": 1e-5"#, Store::Q8_0),
         // llama.cpp writes Mixtral as `llama` with experts (q/k permuted).
         (
             "MixtralForCausalLM",

@@ -71,7 +71,10 @@ fn check_shapes(cfg: &ModelConfig, w: &ModelWeights) {
         );
         assert_eq!(
             l.q_norm.as_ref().map(|b| b.shape().to_vec()),
-            cfg.qk_norm.then(|| vec![cfg.head_dim])
+            cfg.qk_norm.then(|| match cfg.qk_norm_whole() {
+                true => vec![cfg.num_heads * cfg.head_dim],
+                false => vec![cfg.head_dim],
+            })
         );
         assert_eq!(l.k_norm.is_some(), cfg.qk_norm);
         assert_eq!(
@@ -98,8 +101,13 @@ fn check_shapes(cfg: &ModelConfig, w: &ModelWeights) {
                 assert_eq!(l.down.shape(), &[h, cfg.intermediate_size]);
             }
         }
-        assert_eq!(l.input_norm.shape(), &[cfg.hidden_size]);
-        assert_eq!(l.post_norm.shape(), &[cfg.hidden_size]);
+        // OLMo 2 has no norm before attention or the MLP.
+        for norm in [&l.input_norm, &l.post_norm] {
+            match norm {
+                Some(n) => assert_eq!(n.shape(), &[cfg.hidden_size]),
+                None => assert!(!cfg.pre_norms(), "{:?}", cfg.arch),
+            }
+        }
     }
     assert_eq!(w.norm.shape(), &[cfg.hidden_size]);
 }
@@ -186,7 +194,7 @@ fn dummy_scales_keep_activations_near_unit_size() {
         1.0 / (cfg.intermediate_size as f64).sqrt(),
         "down",
     );
-    check(&l.input_norm, 1.0, 0.02, "input_norm");
+    check(l.input_norm.as_ref().unwrap(), 1.0, 0.02, "input_norm");
     check(l.qkv_bias.as_ref().unwrap(), 0.0, 0.02, "qkv_bias");
     let max = download(&l.qkv).iter().fold(0f32, |m, x| m.max(x.abs()));
     assert!(max <= 2.5 / (h as f32).sqrt(), "bounded draws: {max}");

@@ -87,7 +87,7 @@ fn a_layer_count_beyond_the_checkpoint_fails_fast() {
     assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());
     assert!(matches!(e, Error::Weights { .. }), "{msg}");
     assert!(
-        msg.contains("`model.layers.2.input_layernorm.weight`")
+        msg.contains("`model.layers.2.self_attn.o_proj.weight`")
             && msg.contains("num_hidden_layers = 4000"),
         "{msg}"
     );

@@ -1,4 +1,4 @@
-//! `config.json` of the families past Llama and Qwen: Phi-3, Gemma 3 and Gemma 2.
+//! `config.json` of the families past Llama and Qwen: Phi-3, Gemma 3, Gemma 2 and OLMo 2.
 
 use super::*;
 
@@ -245,4 +245,72 @@ fn gemma2_configs_parse() {
         let e = with(extra).unwrap_err().to_string();
         assert!(e.contains(want), "{extra}: {e}");
     }
+}
+
+/// OLMo 2 (`olmo2`, OLMo-2-1124-7B's config): no pre-norms, post norms, q and k normed
+/// across their heads (weights as wide as the projections), epsilon 1e-5 by default;
+/// tensor parallelism refused by name (the norms span every rank's heads).
+#[test]
+fn olmo2_configs_parse_and_refuse_tensor_parallelism() {
+    let json = r#"{"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2",
+        "vocab_size": 100352, "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+        "rope_theta": 500000, "max_position_embeddings": 4096, "attention_bias": false,
+        "tie_word_embeddings": false, "torch_dtype": "float32"}"#;
+    let c = ModelConfig::from_json(json, "config.json").unwrap();
+    assert_eq!(c.arch, Arch::Olmo2);
+    assert!(c.qk_norm && c.qk_norm_whole() && c.post_norms && !c.pre_norms());
+    assert_eq!(c.rms_norm_eps, 1e-5);
+    assert!(!c.qkv_bias && c.sliding_window.is_none() && !c.norm_plus_one);
+    let names: Vec<(String, Vec<usize>)> = c
+        .decl()
+        .tensors()
+        .iter()
+        .filter(|t| t.layer == Some(0))
+        .flat_map(|t| t.parts.iter().map(|p| (p.name.clone(), p.shape.clone())))
+        .collect();
+    let has = |n: &str| {
+        names
+            .iter()
+            .find(|(name, _)| name.ends_with(n))
+            .map(|(_, s)| s.clone())
+    };
+    assert_eq!(has("self_attn.q_norm.weight"), Some(vec![4096]));
+    assert_eq!(has("self_attn.k_norm.weight"), Some(vec![4096]));
+    assert_eq!(has("post_attention_layernorm.weight"), Some(vec![4096]));
+    assert_eq!(has("post_feedforward_layernorm.weight"), Some(vec![4096]));
+    assert_eq!(has("input_layernorm.weight"), None);
+    assert_eq!(has("pre_feedforward_layernorm.weight"), None);
+    let err = c.shard(0, 2).unwrap_err().to_string();
+    assert!(
+        err.contains("olmo2 norms q and k across all heads"),
+        "{err}"
+    );
+    let biased = json.replace(r#""attention_bias": false"#, r#""attention_bias": true"#);
+    let err = ModelConfig::from_json(&biased, "config.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("attention_bias = true is not supported for olmo2"),
+        "{err}"
+    );
+}
+
+/// Defaults a config may leave out are the family's own (transformers 5.17's classes):
+/// Mixtral's and Phi-3's epsilon 1e-5, SmolLM3's tied embeddings.
+#[test]
+fn absent_fields_take_the_family_defaults() {
+    let parse = |arch: &str| {
+        let json = format!(
+            r#"{{"architectures": ["{arch}"], "vocab_size": 64, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}}"#
+        );
+        ModelConfig::from_json(&json, "config.json").unwrap()
+    };
+    let eps = |arch| parse(arch).rms_norm_eps;
+    assert_eq!(eps("MixtralForCausalLM"), 1e-5);
+    assert_eq!(eps("Phi3ForCausalLM"), 1e-5);
+    assert_eq!(eps("LlamaForCausalLM"), 1e-6);
+    assert!(parse("SmolLM3ForCausalLM").tie_word_embeddings);
+    assert!(!parse("LlamaForCausalLM").tie_word_embeddings);
 }

@@ -60,7 +60,11 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     for l in 0..cfg.num_layers {
         let p = format!("model.layers.{l}.");
         let mut add = |s: &str, shape: Vec<usize>| out.push((format!("{p}{s}"), shape));
-        add("input_layernorm.weight", vec![h]);
+        // OLMo 2 has no norm before attention or the MLP.
+        let pre = cfg.arch != Arch::Olmo2;
+        if pre {
+            add("input_layernorm.weight", vec![h]);
+        }
         // Phi-3 keeps q/k/v and gate/up fused.
         let fused = cfg.arch == Arch::Phi3;
         if fused {
@@ -76,14 +80,18 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             add("self_attn.v_proj.bias", vec![kv]);
         }
         if cfg.qk_norm {
-            add("self_attn.q_norm.weight", vec![hd]);
-            add("self_attn.k_norm.weight", vec![hd]);
+            // OLMo 2's span every head.
+            let (qn, kn) = if pre { (hd, hd) } else { (q, kv) };
+            add("self_attn.q_norm.weight", vec![qn]);
+            add("self_attn.k_norm.weight", vec![kn]);
         }
         add("self_attn.o_proj.weight", vec![h, q]);
         if cfg.post_norms {
             // Gemma: the attention's output norm, then the MLP's input norm.
             add("post_attention_layernorm.weight", vec![h]);
-            add("pre_feedforward_layernorm.weight", vec![h]);
+            if pre {
+                add("pre_feedforward_layernorm.weight", vec![h]);
+            }
         } else {
             add("post_attention_layernorm.weight", vec![h]);
         }
@@ -227,7 +235,11 @@ fn check_model(cfg: &ModelConfig, w: &ModelWeights, ts: &[Ck], run: DType) {
             l.gate_up.shape(),
             &[2 * cfg.intermediate_size, cfg.hidden_size]
         );
-        check_rows(&l.input_norm, &[t("input_layernorm.weight")], run);
+        check_rows(
+            l.input_norm.as_ref().unwrap(),
+            &[t("input_layernorm.weight")],
+            run,
+        );
         check_rows(
             &l.qkv,
             &[
@@ -258,7 +270,11 @@ fn check_model(cfg: &ModelConfig, w: &ModelWeights, ts: &[Ck], run: DType) {
             _ => panic!("q_norm and k_norm come together"),
         }
         check_rows(&l.o_proj, &[t("self_attn.o_proj.weight")], run);
-        check_rows(&l.post_norm, &[t("post_attention_layernorm.weight")], run);
+        check_rows(
+            l.post_norm.as_ref().unwrap(),
+            &[t("post_attention_layernorm.weight")],
+            run,
+        );
         check_rows(
             &l.gate_up,
             &[t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")],

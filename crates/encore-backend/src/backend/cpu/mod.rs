@@ -305,6 +305,29 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn residual_add(&self, x: &Tensor, residual: &Tensor, out: &Tensor) -> Result<()> {
+        let t = [("x", x), ("residual", residual), ("out", out)];
+        check_device("residual_add", &t)?;
+        let d = ops::check_residual_add(x, residual, out)?;
+        let d = ops::ColumnDims {
+            rows: d.rows,
+            dim: d.dim,
+            ld: d.dim,
+            col0: 0,
+        };
+        let (x, residual, out) = (x.clone(), residual.clone(), out.clone());
+        self.submit(move || kernels::norm_rows(&x, Some(&residual), None, 0.0, &out, &d));
+        Ok(())
+    }
+
+    fn rms_norm_columns(&self, x: &Tensor, col0: usize, weight: &Tensor, eps: f32) -> Result<()> {
+        check_device("rms_norm_columns", &[("x", x), ("weight", weight)])?;
+        let d = ops::check_rms_norm_columns(x, col0, weight, eps)?;
+        let (x, weight) = (x.clone(), weight.clone());
+        self.submit(move || kernels::norm_rows(&x, None, Some(&weight), eps, &x, &d));
+        Ok(())
+    }
+
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
         self.act_mul(Activation::Silu, gate_up, out)
     }

@@ -204,6 +204,25 @@ impl Backend for CudaBackend {
         kernels::rms_norm(self, x, residual, weight, eps, out, &d)
     }
 
+    fn residual_add(&self, x: &Tensor, residual: &Tensor, out: &Tensor) -> Result<()> {
+        let t = [("x", x), ("residual", residual), ("out", out)];
+        self.check_device("residual_add", &t)?;
+        let d = ops::check_residual_add(x, residual, out)?;
+        let rows = ops::ColumnDims {
+            rows: d.rows,
+            dim: d.dim,
+            ld: d.dim,
+            col0: 0,
+        };
+        kernels::norm_rows(self, x, Some(residual), None, 0.0, out, &rows)
+    }
+
+    fn rms_norm_columns(&self, x: &Tensor, col0: usize, weight: &Tensor, eps: f32) -> Result<()> {
+        self.check_device("rms_norm_columns", &[("x", x), ("weight", weight)])?;
+        let d = ops::check_rms_norm_columns(x, col0, weight, eps)?;
+        kernels::norm_rows(self, x, None, Some(weight), eps, x, &d)
+    }
+
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
         self.act_mul(Activation::Silu, gate_up, out)
     }

@@ -15,6 +15,7 @@ pub const FAMILY: Family = Family {
     act: Activation::Silu,
     act_key: "hidden_act",
     tie: false,
+    rms_norm_eps: 1e-6,
     qkv_bias: QkvBias::AttentionBias,
     qk_norm: QkNorm::None,
     norms: NormPlacement::Pre,

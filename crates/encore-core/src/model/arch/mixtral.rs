@@ -20,5 +20,6 @@ pub const FAMILY: Family = Family {
         dense_layers: false,
         names: ("block_sparse_moe", "w1", "w3", "w2"),
     }),
+    rms_norm_eps: 1e-5,
     ..super::mistral::FAMILY
 };

@@ -17,6 +17,7 @@ mod gemma3;
 mod llama;
 mod mistral;
 mod mixtral;
+mod olmo2;
 mod phi3;
 mod qwen2;
 mod qwen2_moe;
@@ -45,10 +46,12 @@ pub enum Arch {
     Gemma3,
     /// Gemma 2.
     Gemma2,
+    /// OLMo 2.
+    Olmo2,
 }
 
 /// Every family encore runs.
-pub const FAMILIES: [Family; 11] = [
+pub const FAMILIES: [Family; 12] = [
     llama::FAMILY,
     mistral::FAMILY,
     qwen2::FAMILY,
@@ -60,6 +63,7 @@ pub const FAMILIES: [Family; 11] = [
     phi3::FAMILY,
     gemma3::FAMILY,
     gemma2::FAMILY,
+    olmo2::FAMILY,
 ];
 
 /// One family: its names, its defaults and its layer's variants.
@@ -86,6 +90,8 @@ pub struct Family {
     pub act_key: &'static str,
     /// `tie_word_embeddings` when the config leaves it out.
     pub tie: bool,
+    /// `rms_norm_eps` when the config leaves it out.
+    pub rms_norm_eps: f64,
     pub qkv_bias: QkvBias,
     pub qk_norm: QkNorm,
     pub norms: NormPlacement,
@@ -141,6 +147,9 @@ pub enum QkNorm {
     None,
     /// Each head normed alone, weight `[head_dim]` (Qwen3, Gemma 3).
     PerHead,
+    /// q across all its heads and k across all its heads, weights `[heads * head_dim]`
+    /// and `[kv_heads * head_dim]` (OLMo 2).
+    Whole,
 }
 
 /// Where a layer's norms sit.
@@ -150,6 +159,8 @@ pub enum NormPlacement {
     Pre,
     /// Before, and after each block's output before the residual add (Gemma).
     PreAndPost,
+    /// After each block's output only (OLMo 2): a block reads the residual stream itself.
+    Post,
 }
 
 /// Where the sliding window applies, as transformers builds the family's layer types.

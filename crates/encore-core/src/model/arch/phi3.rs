@@ -18,5 +18,6 @@ pub const FAMILY: Family = Family {
     partial_rotary: true,
     fused_projections: true,
     gguf_permuted_qk: false,
+    rms_norm_eps: 1e-5,
     ..super::llama::FAMILY
 };

@@ -14,5 +14,6 @@ pub const FAMILY: Family = Family {
     default_max_positions: 32768,
     window: WindowRule::Refused { needs_size: true },
     no_rope_interval: Some(4),
+    tie: true,
     ..super::llama::FAMILY
 };

@@ -28,6 +28,7 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-phi3",
     "tiny-gemma3",
     "tiny-gemma2",
+    "tiny-olmo2",
 ];
 
 impl ModelConfig {
@@ -165,6 +166,14 @@ impl ModelConfig {
                 final_softcap: Some(3.0),
                 full_attention_layers: vec![1, 3],
                 ..gemma3
+            },
+            // OLMo 2's recipe: norms after attention and the MLP only, q and k normed
+            // across all their heads.
+            "tiny-olmo2" => ModelConfig {
+                arch: Arch::Olmo2,
+                qk_norm: true,
+                post_norms: true,
+                ..tiny
             },
             "tiny-qwen2" => qwen(ModelConfig {
                 arch: Arch::Qwen2,

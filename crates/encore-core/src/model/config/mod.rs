@@ -23,6 +23,7 @@ use crate::tensor::DType;
 use parse::{parse, Fields};
 
 pub use crate::model::arch::Arch;
+use crate::model::arch::{NormPlacement, QkNorm};
 
 /// Everything the loader and the forward pass need to know about a model.
 #[derive(Clone, Debug, PartialEq)]
@@ -222,6 +223,17 @@ pub struct SlidingWindow {
 }
 
 impl ModelConfig {
+    /// A layer norms its input before attention and before the MLP (every family but
+    /// OLMo 2, whose blocks read the residual stream and norm only their outputs).
+    pub fn pre_norms(&self) -> bool {
+        self.arch.family().norms != NormPlacement::Post
+    }
+
+    /// q and k are each RMS-normed across all their heads (OLMo 2), not per head.
+    pub fn qk_norm_whole(&self) -> bool {
+        self.qk_norm && self.arch.family().qk_norm == QkNorm::Whole
+    }
+
     /// Attention's softmax scale: `1 / sqrt(head_dim)`, times [`ModelConfig::query_scale`]
     /// where no q head norm holds it (Gemma 2; Gemma 3's is folded into its q norm).
     pub fn attention_scale(&self) -> f32 {

@@ -141,7 +141,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
             None,
         ),
     };
-    let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
+    let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(fam.rms_norm_eps) as f32;
     if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
         return Err(f.err(format!("rms_norm_eps = {rms_norm_eps} must be >= 0")));
     }
@@ -205,7 +205,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         qkv_bias,
         qk_norm: fam.qk_norm != QkNorm::None,
         hidden_act,
-        post_norms: fam.norms == NormPlacement::PreAndPost,
+        post_norms: fam.norms != NormPlacement::Pre,
         embed_scale: fam.embed_scale,
         rope_local,
         norm_plus_one: fam.norm_plus_one,

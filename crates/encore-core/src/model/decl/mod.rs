@@ -569,7 +569,9 @@ impl Decl {
         for l in 0..cfg.num_layers {
             let (at, layer) = (|op| OpId::Layer(l, op), Some(l));
             d.op(at(LayerOp::InputNorm));
-            d.tensor(Role::AttnNorm, layer, &[h], None, Rep);
+            if cfg.pre_norms() {
+                d.tensor(Role::AttnNorm, layer, &[h], None, Rep);
+            }
             if eagle.is_some() {
                 d.tensor(Role::HiddenNorm, layer, &[h], None, Rep);
             }
@@ -590,7 +592,11 @@ impl Decl {
             if cfg.qkv_bias {
                 d.tensor(Role::QkvBias, layer, &[q, kv, kv], None, head_col);
             }
-            if cfg.qk_norm {
+            if cfg.qk_norm_whole() {
+                // Across every head: a rank would need the others' (TP refuses it).
+                d.tensor(Role::QNorm, layer, &[q], None, Rep);
+                d.tensor(Role::KNorm, layer, &[kv], None, Rep);
+            } else if cfg.qk_norm {
                 d.tensor(Role::QNorm, layer, &[hd], None, Rep);
                 d.tensor(Role::KNorm, layer, &[hd], None, Rep);
             }
@@ -603,7 +609,9 @@ impl Decl {
                 d.tensor_from(Role::AttnOutNorm, layer, &name, None, Rep);
             }
             d.op(at(LayerOp::PostNorm));
-            if cfg.post_norms {
+            if !cfg.pre_norms() {
+                // No norm before the MLP (OLMo 2).
+            } else if cfg.post_norms {
                 let name = [(PRE_FFN_NORM.hf.to_string(), h)];
                 d.tensor_from(Role::MlpNorm, layer, &name, None, Rep);
             } else {

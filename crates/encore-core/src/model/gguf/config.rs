@@ -217,7 +217,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         qkv_bias: fam.qkv_bias.by_default() || file.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: fam.qk_norm != QkNorm::None,
         hidden_act: fam.act,
-        post_norms: fam.norms == NormPlacement::PreAndPost,
+        post_norms: fam.norms != NormPlacement::Pre,
         embed_scale: fam.embed_scale,
         rope_local: gemma.as_ref().and_then(|g| g.rope_local),
         norm_plus_one: gemma.is_some(),

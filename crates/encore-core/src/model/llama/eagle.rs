@@ -111,7 +111,11 @@ impl Model {
             normed_e.reshape(&[n, c.hidden_size])?,
             normed_h.reshape(&[n, c.hidden_size])?,
         );
-        be.rms_norm(&buf.hidden, None, &l.input_norm, eps, &normed_e)?;
+        let input_norm = l
+            .input_norm
+            .as_ref()
+            .ok_or_else(|| Error::invalid("eagle", "the head's layer has no input norm"))?;
+        be.rms_norm(&buf.hidden, None, input_norm, eps, &normed_e)?;
         let input = rows.input.prefix(n)?;
         be.rms_norm(&input, None, hidden_norm, eps, &normed_h)?;
         let start = if e.norm_before_residual {

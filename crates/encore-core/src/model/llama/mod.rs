@@ -377,6 +377,13 @@ impl Model {
                 None => w.clone(),
             })
         };
+        // An op whose one weight the model may lack (OLMo 2's missing pre-norms).
+        let maybe = |op: OpId, w: Option<&Tensor>| -> Result<Option<Tensor>> {
+            Ok(match (self.enter(op)?, w) {
+                (Some(mut v), Some(_)) if !v.is_empty() => Some(v.swap_remove(0)),
+                (_, w) => w.cloned(),
+            })
+        };
         // Tensor parallelism: the embedding (vocabulary shards), o-proj and down (row
         // shards) give partial sums, summed over the ranks; after o-proj and down the sum
         // is fused with the residual RMSNorm that follows (one kernel where the backend
@@ -389,12 +396,21 @@ impl Model {
             true => be.all_reduce(&buf.hidden),
             false => Ok(()),
         };
-        let add_norm = |w: &Tensor| {
-            if size > 1 && !reduce_early {
-                be.all_reduce_rms_norm(&buf.hidden, &buf.residual, w, eps, &buf.normed)
-            } else {
-                be.rms_norm(&buf.hidden, Some(&buf.residual), w, eps, &buf.normed)
+        // The sum a norm-less residual add needs first, where no early one was made.
+        let reduce_late = || match size > 1 && !reduce_early {
+            true => be.all_reduce(&buf.hidden),
+            false => Ok(()),
+        };
+        // residual += hidden, then normed = its norm by w (no w: the sum itself).
+        let add_norm = |w: Option<&Tensor>| match w {
+            None => {
+                reduce_late()?;
+                be.residual_add(&buf.hidden, &buf.residual, &buf.normed)
             }
+            Some(w) if size > 1 && !reduce_early => {
+                be.all_reduce_rms_norm(&buf.hidden, &buf.residual, w, eps, &buf.normed)
+            }
+            Some(w) => be.rms_norm(&buf.hidden, Some(&buf.residual), w, eps, &buf.normed),
         };
         // Without weight offload (no announcement between the two ops), a row-parallel
         // projection and the norm after it go to the backend as one op, which may sum
@@ -429,16 +445,17 @@ impl Model {
                 &l.o_proj,
                 l.attn_out_norm.as_ref(),
             );
-            if fused {
-                project_add_norm(&buf.attn, &o_proj, &l.post_norm)?;
-            } else {
-                be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
-                reduce()?;
-                if let Some(n) = &out_norm {
-                    be.rms_norm(&buf.hidden, None, n, eps, &buf.hidden)?;
+            match (&l.post_norm, fused) {
+                (Some(post_norm), true) => project_add_norm(&buf.attn, &o_proj, post_norm)?,
+                _ => {
+                    be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
+                    reduce()?;
+                    if let Some(n) = &out_norm {
+                        be.rms_norm(&buf.hidden, None, n, eps, &buf.hidden)?;
+                    }
+                    let post_norm = maybe(at(LayerOp::PostNorm), l.post_norm.as_ref())?;
+                    add_norm(post_norm.as_ref())?;
                 }
-                let post_norm = one(at(LayerOp::PostNorm), &l.post_norm)?;
-                add_norm(&post_norm)?;
             }
             match (&l.router, &c.moe) {
                 (Some(router), Some(moe)) => {
@@ -579,21 +596,28 @@ impl Model {
                 }
             }
         }
-        let add_norm = |norm: &Tensor| match &down_pending {
-            Some(down) => project_add_norm(&buf.act, down, norm),
-            None => add_norm(norm),
+        let add_norm = |norm: Option<&Tensor>| match (&down_pending, norm) {
+            (Some(down), Some(norm)) => project_add_norm(&buf.act, down, norm),
+            (Some(down), None) => {
+                be.matmul(&buf.act, down, None, &buf.hidden)?;
+                add_norm(None)
+            }
+            (None, norm) => add_norm(norm),
         };
         let Some(l) = layers.get(k) else {
             let norm = one(OpId::FinalNorm, &self.weights.norm)?;
-            return add_norm(&norm);
+            return add_norm(Some(&norm));
         };
-        let input_norm = one(OpId::Layer(k, LayerOp::InputNorm), &l.input_norm)?;
+        let input_norm = maybe(OpId::Layer(k, LayerOp::InputNorm), l.input_norm.as_ref())?;
         // residual = residual + hidden (the first layer starts the residual stream).
         if k == 0 {
             be.copy(&buf.hidden, &buf.residual)?;
-            be.rms_norm(&buf.hidden, None, &input_norm, eps, &buf.normed)?;
+            match &input_norm {
+                Some(n) => be.rms_norm(&buf.hidden, None, n, eps, &buf.normed)?,
+                None => be.copy(&buf.hidden, &buf.normed)?,
+            }
         } else {
-            add_norm(&input_norm)?;
+            add_norm(input_norm.as_ref())?;
         }
         // The residual stream entering this layer, where an EAGLE head reads it.
         if let Some(a) = &self.aux {
@@ -641,10 +665,16 @@ impl Model {
             }
         };
         be.matmul(x, &qkv, bias.as_ref(), &buf.qkv)?;
+        // OLMo 2: q across its heads, then k across its heads, on the fused rows.
+        let whole = c.qk_norm_whole();
+        if let (true, Some(qn), Some(kn)) = (whole, &q_norm, &k_norm) {
+            be.rms_norm_columns(&buf.qkv, 0, qn, eps)?;
+            be.rms_norm_columns(&buf.qkv, c.num_heads * c.head_dim, kn, eps)?;
+        }
         let n = buf.q.dim(0);
         be.qkv_rope_write(&QkvRope {
             qkv: &buf.qkv,
-            head_norm: q_norm.as_ref().zip(k_norm.as_ref()),
+            head_norm: q_norm.as_ref().zip(k_norm.as_ref()).filter(|_| !whole),
             eps,
             positions: inp.positions,
             cos_sin: match (&self.cos_sin_none, &self.cos_sin_local) {

@@ -232,7 +232,7 @@ impl Checkpoint {
     pub(super) fn check_layer_count(&self, num_layers: usize) -> Result<()> {
         let limit = num_layers.min(self.location.len() + 1);
         for i in 0..limit {
-            let name = format!("model.layers.{i}.input_layernorm.weight");
+            let name = format!("model.layers.{i}.self_attn.o_proj.weight");
             if !self.location.contains_key(&name) {
                 return Err(Error::Weights {
                     tensor: name,

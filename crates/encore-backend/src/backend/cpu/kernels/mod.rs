@@ -22,7 +22,7 @@ use rayon::prelude::*;
 
 use super::ptr_of;
 use crate::args::Activation;
-use crate::ops::{EmbeddingDims, MatmulDims, MoeDims, RowDims};
+use crate::ops::{ColumnDims, EmbeddingDims, MatmulDims, MoeDims, RowDims};
 use crate::quant::{self, QuantFormat};
 use crate::tensor::{DType, Tensor};
 
@@ -203,23 +203,42 @@ pub(super) fn rms_norm(
     out: &Tensor,
     d: &RowDims,
 ) {
-    dispatch_float!(x.dtype(), rms_norm_t(x, residual, w, eps, out, d))
+    let d = ColumnDims {
+        rows: d.rows,
+        dim: d.dim,
+        ld: d.dim,
+        col0: 0,
+    };
+    norm_rows(x, residual, Some(w), eps, out, &d)
 }
 
-fn rms_norm_t<T: Float>(
+/// RMSNorm by `w` (after the residual add, with a residual) of `d`'s columns of x into
+/// the same columns of out; without `w` the residual add alone (out = the sum).
+pub(super) fn norm_rows(
     x: &Tensor,
     residual: Option<&Tensor>,
-    w: &Tensor,
+    w: Option<&Tensor>,
     eps: f32,
     out: &Tensor,
-    d: &RowDims,
+    d: &ColumnDims,
 ) {
-    let dim = d.dim;
+    dispatch_float!(x.dtype(), norm_rows_t(x, residual, w, eps, out, d))
+}
+
+fn norm_rows_t<T: Float>(
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    w: Option<&Tensor>,
+    eps: f32,
+    out: &Tensor,
+    d: &ColumnDims,
+) {
+    let (dim, ld, col0) = (d.dim, d.ld, d.col0);
     if dim == 0 || d.rows == 0 {
         return;
     }
     // SAFETY: dtype validated; the weight is never written.
-    let w = unsafe { view::<T>(w) };
+    let w = w.map(|w| unsafe { view::<T>(w) });
     // `out` may alias `x`, so rows are reached through raw pointers: each worker reads
     // its row of `x` (and `residual`) completely before it writes the same row of `out`.
     let xp = SyncPtr(ptr_of(x) as *mut T);
@@ -232,10 +251,11 @@ fn rms_norm_t<T: Float>(
             || vec![0f32; dim],
             |vals, r| {
                 // SAFETY: rows are disjoint between workers and lie inside the validated
-                // `[rows, dim]` views; this row of `x` is only read while `xr` lives, and
-                // `residual` is a distinct tensor.
+                // views (`[rows, ld]` for x and out, `[rows, dim]` for the residual); this
+                // row of `x` is only read while `xr` lives, and `residual` is a distinct
+                // tensor.
                 unsafe {
-                    let xr = std::slice::from_raw_parts(xp.get().add(r * dim), dim);
+                    let xr = std::slice::from_raw_parts(xp.get().add(r * ld + col0), dim);
                     match rp {
                         Some(rp) => {
                             let rr = std::slice::from_raw_parts_mut(rp.get().add(r * dim), dim);
@@ -251,11 +271,18 @@ fn rms_norm_t<T: Float>(
                         }
                     }
                 }
-                let mean_sq = vals.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-                let inv = 1.0 / (mean_sq + eps).sqrt();
                 // SAFETY: the reads of this row above are finished; the row is disjoint
                 // from every other worker's.
-                let or = unsafe { std::slice::from_raw_parts_mut(op.get().add(r * dim), dim) };
+                let or =
+                    unsafe { std::slice::from_raw_parts_mut(op.get().add(r * ld + col0), dim) };
+                let Some(w) = w else {
+                    for (o, v) in or.iter_mut().zip(vals.iter()) {
+                        *o = T::from_f32(*v);
+                    }
+                    return;
+                };
+                let mean_sq = vals.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+                let inv = 1.0 / (mean_sq + eps).sqrt();
                 for ((o, v), w) in or.iter_mut().zip(vals.iter()).zip(w) {
                     *o = T::from_f32(v * inv * w.to_f32());
                 }

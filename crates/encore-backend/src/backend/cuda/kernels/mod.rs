@@ -15,7 +15,7 @@ use super::handles::Kernel;
 use super::{dptr, CudaBackend};
 use crate::backend::{Activation, LogitBias, QkvRope, Sampling};
 use crate::error::{Error, Result};
-use crate::ops::{EmbeddingDims, MatmulDims, QkvRopeDims, RowDims, SampleDims};
+use crate::ops::{ColumnDims, EmbeddingDims, MatmulDims, QkvRopeDims, RowDims, SampleDims};
 use crate::tensor::{DType, Tensor};
 
 mod sources;
@@ -255,29 +255,57 @@ pub(super) fn rms_norm(
     out: &Tensor,
     d: &RowDims,
 ) -> Result<()> {
+    let rows = ColumnDims {
+        rows: d.rows,
+        dim: d.dim,
+        ld: d.dim,
+        col0: 0,
+    };
+    norm_rows(be, x, residual, Some(w), eps, out, &rows)
+}
+
+/// `rms_norm_*` over [`ColumnDims`]: the norm by `w` (with the residual add first), or with
+/// no `w` the residual add alone, `out` = the sum.
+pub(super) fn norm_rows(
+    be: &CudaBackend,
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    w: Option<&Tensor>,
+    eps: f32,
+    out: &Tensor,
+    d: &ColumnDims,
+) -> Result<()> {
     const OP: &str = "rms_norm";
     if d.rows == 0 || d.dim == 0 {
         return Ok(());
     }
     let dt = x.dtype();
-    let vec = (d.dim * dt.size()).is_multiple_of(16)
+    let size = dt.size();
+    let off = (d.col0 * size) as u64;
+    let vec = (d.dim * size).is_multiple_of(16)
+        && (d.ld * size).is_multiple_of(16)
+        && off.is_multiple_of(16)
         && aligned16(x)
-        && aligned16(w)
+        && w.is_none_or(aligned16)
         && aligned16(out)
         && residual.is_none_or(aligned16);
-    let work = if vec { d.dim * dt.size() / 16 } else { d.dim };
+    let work = if vec { d.dim * size / 16 } else { d.dim };
     let c = cfg(
         (grid_x(OP, "rows", d.rows)?, 1, 1),
         (threads_for(work, 1024), 1, 1),
     );
     let has_res = residual.is_some() as i32;
-    let (x, res, w, out) = (dptr(x), residual.map_or(0, dptr), dptr(w), dptr(out));
+    let plain = w.is_none() as i32;
+    let (xp, res, out) = (dptr(x) + off, residual.map_or(0, dptr), dptr(out) + off);
+    // The weight pointer is never read without a weight.
+    let wp = w.map_or(xp, dptr);
     let dim = int(OP, "dim", d.dim)?;
+    let ld = d.ld as i64;
     let vec = vec as i32;
     be.launch(
         be.kernels().rms_norm.get(dt)?,
         c,
-        &mut args![x, res, w, out, dim, eps, has_res, vec],
+        &mut args![xp, res, wp, out, dim, eps, has_res, vec, ld, plain],
     )
 }
 
