@@ -29,6 +29,8 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-gemma3",
     "tiny-gemma2",
     "tiny-olmo2",
+    "gemma-3-4b",
+    "phi-4-mini",
 ];
 
 impl ModelConfig {
@@ -353,6 +355,57 @@ impl ModelConfig {
                 ..tiny
             },
             "llama-3-8b" => llama3_8b,
+            // Gemma 3 4B's language model (google/gemma-3-4b-it's text config): head dim
+            // 256, windows of 1,024 on five layers in six with the local base, the global
+            // rotary scaled linearly by 8, a 262k vocabulary tied to the LM head.
+            "gemma-3-4b" => ModelConfig {
+                vocab_size: 262_208,
+                hidden_size: 2560,
+                intermediate_size: 10240,
+                num_layers: 34,
+                num_heads: 8,
+                num_kv_heads: 4,
+                head_dim: 256,
+                query_scale: 1.0,
+                rms_norm_eps: 1e-6,
+                sliding_window: Some(SlidingWindow {
+                    size: 1024,
+                    first_layer: 0,
+                }),
+                full_attention_layers: (0..34).filter(|l| (l + 1) % 6 == 0).collect(),
+                rope: RopeConfig {
+                    rot_dim: 256,
+                    theta: 1_000_000.0,
+                    scaling: Some(RopeScaling::Linear { factor: 8.0 }),
+                },
+                rope_local: Some(RopeConfig {
+                    rot_dim: 256,
+                    theta: 10_000.0,
+                    scaling: None,
+                }),
+                max_position_embeddings: 8192,
+                ..gemma3.clone()
+            },
+            // Phi-4-mini (microsoft/Phi-4-mini-instruct): 3/4 of a head rotates, a 200k
+            // vocabulary tied to the LM head (its LongRoPE left out: the same bytes).
+            "phi-4-mini" => ModelConfig {
+                arch: Arch::Phi3,
+                vocab_size: 200_064,
+                hidden_size: 3072,
+                intermediate_size: 8192,
+                num_layers: 32,
+                num_heads: 24,
+                num_kv_heads: 8,
+                head_dim: 128,
+                rope: RopeConfig {
+                    rot_dim: 96,
+                    theta: 10_000.0,
+                    scaling: None,
+                },
+                tie_word_embeddings: true,
+                max_position_embeddings: 8192,
+                ..tiny.clone()
+            },
             // For tensor parallelism over 4 or more GPUs (141 GB of bf16 weights).
             "llama-3-70b" => ModelConfig {
                 hidden_size: 8192,
