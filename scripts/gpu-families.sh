@@ -10,6 +10,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
 export OUT
 MODELS=${MODELS:-olmo2,gemma3,gemma2,phi3} bash scripts/gpu-arch.sh
+if [ -x .bin/tests/cuda_quant ]; then
+  .bin/tests/cuda_quant --include-ignored --test-threads 1 > "$OUT/cuda_quant.log" 2>&1
+  echo "cuda_quant rc=$?"; grep -E "test result|FAILED|panicked" "$OUT/cuda_quant.log" | head -8
+fi
 for m in ${BENCH_MODELS:-gemma-3-4b phi-4-mini llama-3-8b}; do
   .bin/encore bench decode --device cuda --model "dummy:$m" --batch ${BATCH:-1,64} \
     --context ${CONTEXT:-512} > "$OUT/decode-$m.log" 2>&1

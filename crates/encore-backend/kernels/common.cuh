@@ -376,7 +376,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned int addr, unsigned in
 // decode-time matmul with a quantized weight (Backend::matmul's semantics: f32 accumulation,
 // each output rounded once, the bias added in f32 before that). It is gemv.cu's design with
 // the weight decoded in registers: a CTA of QG_WARPS warps; a warp owns R = 2 rows (or, with
-// SILU, the gate and up rows of one output); `ksplit` warps share those rows and reduce in
+// ACT, the gate and up rows of one output); `ksplit` warps share those rows and reduce in
 // shared memory in a fixed order. A row is cut into *units*, one lane's share of a block (a
 // format's UPB units per block): 32 consecutive units form a chunk, lane l takes unit l of
 // each chunk its warp owns (chunks part, part + ksplit, ...), so a warp's loads cover whole
@@ -579,29 +579,30 @@ __device__ __forceinline__ void gemv_each_output(const float (&acc)[R][M],
     }
 }
 // The gate/up gemv's output: gate and up rounded to T as a matmul would, then
-// silu(gate) * up rounded to the output type.
+// act(gate) * up rounded to the output type.
 template <typename T, typename OutT>
-__device__ __forceinline__ void gemv_store_silu(float gate, float up, OutT* out) {
+__device__ __forceinline__ void gemv_store_act(int act, float gate, float up, OutT* out) {
     const float g = to_f32(from_f32<T>(gate));
     const float u = to_f32(from_f32<T>(up));
-    *out = from_f32<OutT>(silu_mul_f32(g, u));
+    *out = from_f32<OutT>(act_mul_f32(act, g, u));
 }
 
-// SILU: M = 1, R = 2: the warp of output j reads gate row j and up row n_rows + j, rounds
-// both sums to T as a matmul would and writes out[j] = silu(gate) * up rounded to T, exactly
-// what matmul + silu_mul.cu produce (gemv.cu's gemv_silu).
-template <class F, typename T, typename OutT, int M, int R, bool SILU>
+// ACT: M = 1, R = 2: the warp of output j reads gate row j and up row n_rows + j, rounds
+// both sums to T as a matmul would and writes out[j] = act(gate) * up rounded to T, exactly
+// what matmul + silu_mul.cu's act_mul produce (gemv.cu's gemv_act).
+template <class F, typename T, typename OutT, int M, int R, bool ACT>
 __device__ __forceinline__ void qgemv_impl(const T* __restrict__ x,
                                            const unsigned char* __restrict__ w,
                                            const T* __restrict__ bias, OutT* __restrict__ out,
-                                           int m_rows, int n_rows, int k, int ksplit) {
+                                           int m_rows, int n_rows, int k, int ksplit,
+                                           int act = 0) {
     constexpr int UN = F::UNROLL;
     static_assert(32 % F::UPB == 0, "a chunk holds whole blocks");
-    static_assert(!SILU || (M == 1 && R == 2), "SILU pairs one gate row with one up row");
+    static_assert(!ACT || (M == 1 && R == 2), "ACT pairs one gate row with one up row");
     __shared__ float red[QG_WARPS][R * M];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    constexpr int OUTS = SILU ? 1 : R;
+    constexpr int OUTS = ACT ? 1 : R;
     const int rows_per_cta = QG_WARPS / ksplit * OUTS;
     const int n0 = blockIdx.x * rows_per_cta + (warp / ksplit) * OUTS;
     const int part = warp - (warp / ksplit) * ksplit;
@@ -621,7 +622,7 @@ __device__ __forceinline__ void qgemv_impl(const T* __restrict__ x,
     const unsigned char* wr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const int row = SILU ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
+        const int row = ACT ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
         wr[r] = w + (long long)row * row_bytes;
     }
     // The first round of weight loads goes out before the PDL wait, as in gemv.cu.
@@ -671,9 +672,9 @@ __device__ __forceinline__ void qgemv_impl(const T* __restrict__ x,
         }
     }
     gemv_reduce<M, R>(acc, red, lane, warp, part, ksplit);
-    if (SILU) {
+    if (ACT) {
         if (part == 0 && n0 < n_rows && lane == 0)
-            gemv_store_silu<T>(acc[0][0], acc[R - 1][0], out + n0);
+            gemv_store_act<T>(act, acc[0][0], acc[R - 1][0], out + n0);
     } else if (part == 0) {
         gemv_each_output<T, M, R>(acc, bias, n0, n_rows, m_rows, lane,
                                   [&](int m, int n, float v) {
@@ -1248,7 +1249,7 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
 
 // Every extern "C" entry point of one format: qgemv_<fmt>_<x>_<out>_m<M> for M in 1, 2, 4, 8
 // and (x, out) in (bf16, bf16), (bf16, f32), (f16, f16), (f16, f32), (f32, f32);
-// qgemv_silu_<fmt>_<x>_m1; dequant_<fmt>_<T>; qmoe_gate_up_<fmt>_<T> and qmoe_down_<fmt>_<T>.
+// qgemv_act_<fmt>_<x>_m1; dequant_<fmt>_<T>; qmoe_gate_up_<fmt>_<T> and qmoe_down_<fmt>_<T>.
 // CTAs per SM the compiler must leave registers for: two (at most 128 registers) for the
 // bandwidth-bound 1- and 2-row variants; the 4- and 8-row ones are bound by arithmetic and
 // would spill.
@@ -1271,10 +1272,10 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
     QGEMV_ONE(F, FN, T, OUT_T, TN, ON, 2)                                                     \
     QGEMV_ONE(F, FN, T, OUT_T, TN, ON, 4)                                                     \
     QGEMV_ONE(F, FN, T, OUT_T, TN, ON, 8)
-#define QGEMV_SILU(F, FN, T, TN)                                                             \
-    extern "C" __global__ void __launch_bounds__(QG_THREADS) qgemv_silu_##FN##_##TN##_m1(    \
-        const T* x, const unsigned char* w, T* out, int n_rows, int k, int ksplit) {          \
-        qgemv_impl<F, T, T, 1, 2, true>(x, w, nullptr, out, 1, n_rows, k, ksplit);            \
+#define QGEMV_ACT(F, FN, T, TN)                                                              \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) qgemv_act_##FN##_##TN##_m1(     \
+        const T* x, const unsigned char* w, T* out, int n_rows, int k, int ksplit, int act) { \
+        qgemv_impl<F, T, T, 1, 2, true>(x, w, nullptr, out, 1, n_rows, k, ksplit, act);       \
     }
 #define QDEQUANT(F, FN, T, TN)                                                               \
     extern "C" __global__ void __launch_bounds__(256)                                         \
@@ -1339,9 +1340,9 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
     QGEMV_ALL_M(F, FN, f16, f16, f16, f16)                                                    \
     QGEMV_ALL_M(F, FN, f16, float, f16, f32)                                                  \
     QGEMV_ALL_M(F, FN, float, float, f32, f32)                                                \
-    QGEMV_SILU(F, FN, bf16, bf16)                                                             \
-    QGEMV_SILU(F, FN, f16, f16)                                                               \
-    QGEMV_SILU(F, FN, float, f32)                                                             \
+    QGEMV_ACT(F, FN, bf16, bf16)                                                              \
+    QGEMV_ACT(F, FN, f16, f16)                                                                \
+    QGEMV_ACT(F, FN, float, f32)                                                             \
     QDEQUANT(F, FN, bf16, bf16)                                                               \
     QDEQUANT(F, FN, f16, f16)                                                                 \
     QDEQUANT(F, FN, float, f32)                                                               \

@@ -56,10 +56,11 @@ __device__ __forceinline__ void gemv_fma(const T* xr, int k, int k0, int m_rows,
     }
 }
 
-// SILU: the MLP's gate/up projection with silu_mul in the epilogue (M = 1, R = 2): w is
+// ACT: the MLP's gate/up projection with the gated activation in the epilogue (M = 1,
+// R = 2; `act` as args.rs's `Activation::code`: SiLU, GELU-tanh, GELU-erf, ReLU^2): w is
 // [2 * n_rows, k] (gate rows, then up rows); the warp of output j computes gate row j and
 // up row n_rows + j, rounds both to T as a matmul would, and writes
-// out[j] = silu(gate) * up rounded to T, exactly what matmul + silu_mul.cu produce.
+// out[j] = act(gate) * up rounded to T, exactly what matmul + silu_mul.cu's act_mul produce.
 //
 // PUSH (gemv_push_*, OutT = T): tensor parallelism's row-parallel projection, whose output
 // is summed over the ranks. Instead of writing `out`, the CTA gathers its outputs
@@ -79,21 +80,21 @@ struct PushTo {
     long long cap; // bytes of one (buffer, source rank) slot
 };
 
-template <typename T, typename OutT, int M, int R, bool SILU = false, bool PUSH = false>
+template <typename T, typename OutT, int M, int R, bool ACT = false, bool PUSH = false>
 __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w,
                                           const T* __restrict__ bias, OutT* __restrict__ out,
                                           int m_rows, int n_rows, int k, int ksplit,
-                                          PushTo push = PushTo{}) {
+                                          PushTo push = PushTo{}, int act = 0) {
     constexpr int V = Ty<T>::V;
     constexpr int CHUNK = 32 * V;
     static_assert(GEMV_UNROLL >= 1, "GEMV_UNROLL: at least one chunk of loads in flight");
     constexpr int UNROLL = R >= 4 ? (GEMV_UNROLL + 1) / 2 : GEMV_UNROLL;
-    static_assert(!SILU || (M == 1 && R == 2), "SILU pairs one gate row with one up row");
+    static_assert(!ACT || (M == 1 && R == 2), "ACT pairs one gate row with one up row");
     __shared__ float red[GEMV_WARPS][R * M];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // Output rows of a warp: R consecutive rows, or (SILU) one output from two weight rows.
-    constexpr int OUTS = SILU ? 1 : R;
+    // Output rows of a warp: R consecutive rows, or (ACT) one output from two weight rows.
+    constexpr int OUTS = ACT ? 1 : R;
     const int rows_per_cta = GEMV_WARPS / ksplit * OUTS;
     const int n0 = blockIdx.x * rows_per_cta + (warp / ksplit) * OUTS;
     const int part = warp - (warp / ksplit) * ksplit;
@@ -109,7 +110,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
     const T* wr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const int row = SILU ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
+        const int row = ACT ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
         wr[r] = w + (long long)row * k + lane * V;
     }
     const int nfull = k / CHUNK;
@@ -161,9 +162,9 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
         }
     }
     gemv_reduce<M, R>(acc, red, lane, warp, part, ksplit);
-    if (SILU) {
+    if (ACT) {
         if (part == 0 && n0 < n_rows && lane == 0)
-            gemv_store_silu<T>(acc[0][0], acc[R - 1][0], out + n0);
+            gemv_store_act<T>(act, acc[0][0], acc[R - 1][0], out + n0);
     } else if (PUSH) {
         // This CTA's outputs [m, its rows], then every rank's slot for this rank.
         __shared__ T pst[GEMV_WARPS * 4 * M];
@@ -234,16 +235,16 @@ GEMV_PUSH_ALL_M(bf16, bf16)
 GEMV_PUSH_ALL_M(f16, f16)
 GEMV_PUSH_ALL_M(float, f32)
 
-// out[0, j] = silu(x · w[j]) * (x · w[n_rows + j]) for one row of x: the MLP's gate/up
+// out[0, j] = act(x · w[j]) * (x · w[n_rows + j]) for one row of x: the MLP's gate/up
 // projection and activation in one pass over the merged gate_up weight.
-#define GEMV_SILU(T, TN)                                                                    \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_silu_##TN##_m1(         \
-        const T* x, const T* w, T* out, int n_rows, int k, int ksplit) {                   \
-        gemv_impl<T, T, 1, 2, true>(x, w, nullptr, out, 1, n_rows, k, ksplit);             \
+#define GEMV_ACT(T, TN)                                                                     \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_act_##TN##_m1(          \
+        const T* x, const T* w, T* out, int n_rows, int k, int ksplit, int act) {          \
+        gemv_impl<T, T, 1, 2, true>(x, w, nullptr, out, 1, n_rows, k, ksplit, PushTo{}, act); \
     }
-GEMV_SILU(bf16, bf16)
-GEMV_SILU(f16, f16)
-GEMV_SILU(float, f32)
+GEMV_ACT(bf16, bf16)
+GEMV_ACT(f16, f16)
+GEMV_ACT(float, f32)
 
 // The split-K sum of the quantized tensor-core matmul (common.cuh's qmma_impl):
 // out[i] = sum over z of ws[z][i] (z in order), + bias[i % n_rows], rounded once.

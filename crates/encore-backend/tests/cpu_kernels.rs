@@ -65,7 +65,8 @@ fn every_op_matches_the_f64_reference() {
             for op in [
                 format!("matmul({fmt}, bias, out bf16)"),
                 format!("matmul({fmt}, no bias, out f32)"),
-                format!("matmul_silu_mul({fmt})"),
+                format!("matmul_act_mul silu({fmt})"),
+                format!("matmul_act_mul gelu_pytorch_tanh({fmt})"),
             ] {
                 assert!(results.iter().any(|r| r.op == op), "no check named `{op}`");
             }

@@ -13,6 +13,7 @@ use encore_backend::backend::cpu::CpuBackend;
 use encore_backend::backend::cuda::{
     qgemv_default_rows, CudaBackend, QuantGemm, FP8_ROWWISE_MIN_ROWS,
 };
+use encore_backend::backend::Activation;
 use encore_backend::quant::{self, QuantFormat};
 use encore_backend::testing::compare::{tolerance, OpClass};
 use encore_backend::{Backend, DType, ExpertSlots, Tensor};
@@ -474,11 +475,11 @@ fn quantized_gemm_paths_match_cpu_at_model_shapes() {
     }
 }
 
-/// The fused gate/up + SiLU·mul (one row: the quantized gemv's epilogue; more rows:
-/// matmul then silu_mul) against the CPU's matmul then silu_mul.
+/// The fused gate/up + activation·mul (one row: the quantized gemv's epilogue; more rows:
+/// matmul then act_mul) against the CPU's matmul then act_mul, SiLU and GELU-tanh.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn quantized_matmul_silu_mul_matches_cpu() {
+fn quantized_matmul_act_mul_matches_cpu() {
     let _serial = serial();
     let gpu = cuda();
     let gpu: &dyn Backend = gpu.as_ref();
@@ -488,7 +489,12 @@ fn quantized_matmul_silu_mul_matches_cpu() {
             .into_iter()
             .enumerate()
         {
-            for dt in [DType::BF16, DType::F16, DType::F32] {
+            for (dt, act) in [
+                (DType::BF16, Activation::Silu),
+                (DType::F16, Activation::Silu),
+                (DType::F32, Activation::Silu),
+                (DType::BF16, Activation::GeluTanh),
+            ] {
                 let k = blocks * fmt.block_elems();
                 let seed = (100 * f + 10 * i) as u64;
                 let w_bytes = weight_bytes(fmt, 2 * inter, k, seed);
@@ -498,10 +504,10 @@ fn quantized_matmul_silu_mul_matches_cpu() {
                     let w = upload_q(be, fmt, 2 * inter, k, &w_bytes);
                     let gate_up = be.alloc(dt, &[m, 2 * inter]).unwrap();
                     let out = be.alloc(dt, &[m, inter]).unwrap();
-                    be.matmul_silu_mul(&x, &w, &gate_up, &out).unwrap();
+                    be.matmul_act_mul(act, &x, &w, &gate_up, &out).unwrap();
                     be.download_f32(&out).unwrap()
                 };
-                let name = format!("matmul_silu_mul {fmt} m={m} inter={inter} k={k} {dt}");
+                let name = format!("matmul_act_mul {act:?} {fmt} m={m} inter={inter} k={k} {dt}");
                 assert_close(&name, &run(gpu), &run(&cpu), dt);
             }
         }
@@ -1007,7 +1013,7 @@ fn gemvs_wait_for_the_kernel_before_them() {
                 be.rms_norm(&x0, None, &g, 1e-5, &x).unwrap();
                 be.matmul(&x, w, None, o).unwrap();
                 be.rms_norm(&x0, None, &g, 1e-5, &x).unwrap();
-                be.matmul_silu_mul(&x, w, gu, act).unwrap();
+                be.matmul_act_mul(Activation::Silu, &x, w, gu, act).unwrap();
             }
         };
         let graph = graph.then(|| {

@@ -233,21 +233,22 @@ pub trait Backend: Send + Sync {
         ))
     }
 
-    /// The MLP's gate/up projection and activation: `out = silu_mul(x · wᵀ)`, x T
+    /// The MLP's gate/up projection and activation: `out = act_mul(act, x · wᵀ)`, x T
     /// `[m, k]`, w T `[2 * inter, k]` (gate rows then up rows), out T `[m, inter]`, the
     /// product rounded to T before the activation exactly as [`Backend::matmul`] then
-    /// [`Backend::silu_mul`] round it. `gate_up` T `[m, 2 * inter]` is scratch the backend
+    /// [`Backend::act_mul`] round it. `gate_up` T `[m, 2 * inter]` is scratch the backend
     /// may use for the product (its contents afterwards are unspecified). The default is
     /// those two ops; a backend may fuse them.
-    fn matmul_silu_mul(
+    fn matmul_act_mul(
         &self,
+        act: Activation,
         x: &Tensor,
         w: &Tensor,
         gate_up: &Tensor,
         out: &Tensor,
     ) -> Result<()> {
         self.matmul(x, w, None, gate_up)?;
-        self.silu_mul(gate_up, out)
+        self.act_mul(act, gate_up, out)
     }
 
     /// Whether [`Backend::moe`] runs here, dense and quantized experts alike (a model with

@@ -72,7 +72,8 @@ pub(crate) enum Op {
     },
     QkvRope(QkvRopeInputs),
     /// `n` of the inputs is `2 * inter`.
-    MatmulSiluMul(MatmulInputs),
+    /// `matmul_act_mul` with the activation.
+    MatmulActMul(crate::args::Activation, MatmulInputs),
     Attention(AttentionInputs),
     Sample(SampleInputs),
 }
@@ -305,14 +306,27 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 }
             }
         }
-        // One row with k a multiple of 8 takes CUDA's fused gemv; the others matmul +
-        // silu_mul.
+        // One row with k a multiple of 8 takes CUDA's fused gemv (the activation in its
+        // epilogue); the others matmul + act_mul.
+        use crate::args::Activation;
         for (m, k, inter) in [(1, 264, 70), (1, 1032, 129), (1, 100, 33), (3, 264, 70)] {
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                push(
+                    format!("matmul_act_mul {}", act.hf_name()),
+                    format!("m={m} k={k} inter={inter}"),
+                    dtype,
+                    Op::MatmulActMul(act, MatmulInputs::random(rng, m, k, 2 * inter, false)),
+                );
+            }
+        }
+        // The other activations through the fused gemv.
+        for act in [Activation::Gelu, Activation::Relu2] {
+            let (m, k, inter) = (1, 264, 70);
             push(
-                "matmul_silu_mul".into(),
+                format!("matmul_act_mul {}", act.hf_name()),
                 format!("m={m} k={k} inter={inter}"),
                 dtype,
-                Op::MatmulSiluMul(MatmulInputs::random(rng, m, k, 2 * inter, false)),
+                Op::MatmulActMul(act, MatmulInputs::random(rng, m, k, 2 * inter, false)),
             );
         }
         quantized_matmul_cases(&mut extra, dtype, &mut push);
@@ -496,13 +510,20 @@ fn quantized_matmul_cases(
                 Op::Matmul { inputs, out_f32 },
             );
         }
-        for (m, blocks, inter) in [(1, 4, 70), (2, 1, 33)] {
+        for (m, blocks, inter, act) in [
+            (1, 4, 70, crate::args::Activation::Silu),
+            (2, 1, 33, crate::args::Activation::Silu),
+            (1, 4, 70, crate::args::Activation::GeluTanh),
+        ] {
             let k = blocks * b;
             push(
-                format!("matmul_silu_mul({fmt})"),
+                format!("matmul_act_mul {}({fmt})", act.hf_name()),
                 format!("m={m} k={k} inter={inter}"),
                 dtype,
-                Op::MatmulSiluMul(MatmulInputs::quantized(rng, m, k, 2 * inter, false, fmt)),
+                Op::MatmulActMul(
+                    act,
+                    MatmulInputs::quantized(rng, m, k, 2 * inter, false, fmt),
+                ),
             );
         }
     }

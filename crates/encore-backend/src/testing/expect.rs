@@ -193,14 +193,14 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             let out = reference::matmul(&q(&i.x), &i.w_values(dt), bias.as_deref(), i.m, i.n, i.k);
             vec![floats("out", out, matmul_class(i))]
         }
-        Op::MatmulSiluMul(i) => {
+        Op::MatmulActMul(act, i) => {
             let gate_up = reference::matmul(&q(&i.x), &i.w_values(dt), None, i.m, i.n, i.k);
             // The backends round the product to the dtype before the activation.
             let gate_up: Vec<f64> = gate_up
                 .iter()
                 .map(|&v| reference::round_to(dt, v))
                 .collect();
-            let out = reference::silu_mul(&gate_up, i.n / 2);
+            let out = reference::act_mul(*act, &gate_up, i.n / 2);
             vec![floats("out", out, OpClass::Reduction)]
         }
         Op::QkvRope(i) => {

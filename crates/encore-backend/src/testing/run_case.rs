@@ -145,12 +145,12 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             b.matmul(&x, &w, bias.as_ref(), &out)?;
             vec![floats("out", download_f64(b, &out)?, matmul_class(i))]
         }
-        Op::MatmulSiluMul(i) => {
+        Op::MatmulActMul(act, i) => {
             let x = f(&i.x, &[i.m, i.k])?;
             let w = upload_w(b, i, dt)?;
             let gate_up = fresh(dt, &[i.m, i.n])?;
             let out = fresh(dt, &[i.m, i.n / 2])?;
-            b.matmul_silu_mul(&x, &w, &gate_up, &out)?;
+            b.matmul_act_mul(*act, &x, &w, &gate_up, &out)?;
             vec![floats("out", download_f64(b, &out)?, OpClass::Reduction)]
         }
         Op::QkvRope(i) => {

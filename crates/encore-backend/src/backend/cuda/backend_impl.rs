@@ -271,15 +271,16 @@ impl Backend for CudaBackend {
         kernels::quant::reserve_scratch(self, bytes)
     }
 
-    fn matmul_silu_mul(
+    fn matmul_act_mul(
         &self,
+        act: Activation,
         x: &Tensor,
         w: &Tensor,
         gate_up: &Tensor,
         out: &Tensor,
     ) -> Result<()> {
         self.check_device(
-            "matmul_silu_mul",
+            "matmul_act_mul",
             &[("x", x), ("w", w), ("gate_up", gate_up), ("out", out)],
         )?;
         let d = ops::check_matmul(x, w, None, gate_up)?;
@@ -290,18 +291,18 @@ impl Backend for CudaBackend {
                 && kernels::quant::qgemv_fits(self, fmt, x, w, &d)
             {
                 self.bind()?;
-                return kernels::quant::qgemv_silu(self, fmt, x, w, out, &d);
+                return kernels::quant::qgemv_act(self, act, fmt, x, w, out, &d);
             }
             self.matmul(x, w, None, gate_up)?;
-            return self.silu_mul(gate_up, out);
+            return self.act_mul(act, gate_up, out);
         }
         if d.m == 1 && out.dtype() == x.dtype() && kernels::gemv_fits(x, w, &d, self.gemv_max_rows)
         {
             self.bind()?;
-            return kernels::gemv_silu(self, x, w, out, &d);
+            return kernels::gemv_act(self, act, x, w, out, &d);
         }
         self.matmul(x, w, None, gate_up)?;
-        self.silu_mul(gate_up, out)
+        self.act_mul(act, gate_up, out)
     }
 
     fn scale(&self, x: &Tensor, s: f32) -> Result<()> {

@@ -64,18 +64,18 @@ pub(super) const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// The quantized weight formats of the `quant_*.cu` kernels, in handle order.
 const QUANT_FORMATS: [QuantFormat; 9] = QuantFormat::ALL;
-/// `qgemv_silu_<fmt>` and `dequant_<fmt>` for each of [`QUANT_FORMATS`] (a [`PerDType`]'s op
+/// `qgemv_act_<fmt>` and `dequant_<fmt>` for each of [`QUANT_FORMATS`] (a [`PerDType`]'s op
 /// name is static).
 const QGEMV_SILU_OPS: [&str; 9] = [
-    "qgemv_silu_q8_0",
-    "qgemv_silu_q4_0",
-    "qgemv_silu_q4_1",
-    "qgemv_silu_q5_0",
-    "qgemv_silu_q5_1",
-    "qgemv_silu_q4_k",
-    "qgemv_silu_q5_k",
-    "qgemv_silu_q6_k",
-    "qgemv_silu_fp8",
+    "qgemv_act_q8_0",
+    "qgemv_act_q4_0",
+    "qgemv_act_q4_1",
+    "qgemv_act_q5_0",
+    "qgemv_act_q5_1",
+    "qgemv_act_q4_k",
+    "qgemv_act_q5_k",
+    "qgemv_act_q6_k",
+    "qgemv_act_fp8",
 ];
 const DEQUANT_OPS: [&str; 9] = [
     "dequant_q8_0",
@@ -142,11 +142,11 @@ pub(super) struct Kernels<K = Kernel> {
     /// By input element type, output (0: the input's type, 1: f32), [`GEMV_VARIANTS`] index.
     pub gemv: [[[K; 4]; 2]; 3],
     /// The one-row fused gate/up projection and SiLU·mul.
-    pub gemv_silu: PerDType<K>,
+    pub gemv_act: PerDType<K>,
     /// Quantized-weight gemv: by [`QUANT_FORMATS`] index, then as `gemv`.
     pub qgemv: [[[[K; 4]; 2]; 3]; 9],
     /// Quantized-weight fused gate/up + SiLU·mul (one row), by [`QUANT_FORMATS`] index.
-    pub qgemv_silu: [PerDType<K>; 9],
+    pub qgemv_act: [PerDType<K>; 9],
     /// Dense T from a quantized weight, by [`QUANT_FORMATS`] index.
     pub dequant: [PerDType<K>; 9],
     /// Quantized experts' gate/up + SiLU and weighted down (a mixture of experts' few-row
@@ -253,7 +253,7 @@ impl<K> Kernels<K> {
             ])
         };
         let qgemv = per_format(&mut qgemv)?;
-        let qgemv_silu = per_format(|f| PerDType::resolve_variant(t, QGEMV_SILU_OPS[f], "_m1"))?;
+        let qgemv_act = per_format(|f| PerDType::resolve_variant(t, QGEMV_SILU_OPS[f], "_m1"))?;
         let dequant = per_format(|f| PerDType::resolve(t, DEQUANT_OPS[f]))?;
         let qmoe_gate_up = per_format(|f| PerDType::resolve(t, QMOE_GATE_UP_OPS[f]))?;
         let qmoe_down = per_format(|f| PerDType::resolve(t, QMOE_DOWN_OPS[f]))?;
@@ -312,9 +312,9 @@ impl<K> Kernels<K> {
             attention_prefill,
             attention_decode,
             gemv,
-            gemv_silu: PerDType::resolve_variant(t, "gemv_silu", "_m1")?,
+            gemv_act: PerDType::resolve_variant(t, "gemv_act", "_m1")?,
             qgemv,
-            qgemv_silu,
+            qgemv_act,
             dequant,
             qmoe_gate_up,
             qmoe_down,
@@ -371,9 +371,9 @@ impl<K> Kernels<K> {
         Ok(&self.qgemv[fi][xi][oi][vi])
     }
 
-    /// `qgemv_silu_<fmt>_<dt>_m1`.
-    pub(super) fn qgemv_silu(&self, fmt: QuantFormat, dt: DType) -> Result<&K> {
-        self.qgemv_silu[format_index(fmt)].get(dt)
+    /// `qgemv_act_<fmt>_<dt>_m1`.
+    pub(super) fn qgemv_act(&self, fmt: QuantFormat, dt: DType) -> Result<&K> {
+        self.qgemv_act[format_index(fmt)].get(dt)
     }
 
     /// `qmma_<fmt>_<x>_<out>_bm<rows>` for x in bf16 / f16, `out` either `x`'s type or f32
@@ -557,7 +557,7 @@ mod tests {
         // slots): 4 variants, and 4 per quantized format.
         assert_eq!(asked.len(), listed.len() + 4 + 4 * QUANT_FORMATS.len());
         for (f, fmt) in QUANT_FORMATS.iter().enumerate() {
-            assert_eq!(QGEMV_SILU_OPS[f], format!("qgemv_silu_{}", fmt.name()));
+            assert_eq!(QGEMV_SILU_OPS[f], format!("qgemv_act_{}", fmt.name()));
             assert_eq!(DEQUANT_OPS[f], format!("dequant_{}", fmt.name()));
             assert_eq!(QMOE_GATE_UP_OPS[f], format!("qmoe_gate_up_{}", fmt.name()));
             assert_eq!(QMOE_DOWN_OPS[f], format!("qmoe_down_{}", fmt.name()));
@@ -576,8 +576,8 @@ mod tests {
             .qgemv(QuantFormat::Q8_0, DType::BF16, DType::F16, 1)
             .is_err());
         assert_eq!(
-            k.qgemv_silu(QuantFormat::Q6K, DType::F16).unwrap(),
-            "qgemv_silu_q6_k_f16_m1"
+            k.qgemv_act(QuantFormat::Q6K, DType::F16).unwrap(),
+            "qgemv_act_q6_k_f16_m1"
         );
         assert_eq!(
             k.dequant(QuantFormat::Q5_1, DType::BF16).unwrap(),
@@ -619,7 +619,7 @@ mod tests {
         );
         assert!(k.gemv(DType::BF16, DType::F16, 1).is_err());
         assert!(k.gemv(DType::BF16, DType::BF16, 3).is_err());
-        assert_eq!(k.gemv_silu.get(DType::F16).unwrap(), "gemv_silu_f16_m1");
+        assert_eq!(k.gemv_act.get(DType::F16).unwrap(), "gemv_act_f16_m1");
         assert_eq!(
             k.attention_split(4, DType::F32, false).unwrap(),
             "attention_split_g4_f32"

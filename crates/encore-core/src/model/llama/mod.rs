@@ -553,7 +553,7 @@ impl Model {
                         Some((gu, gate)) => {
                             let (sgu, sact) =
                                 (buf.shared_gate_up.prefix(n)?, buf.shared_act.prefix(n)?);
-                            be.matmul_silu_mul(&buf.normed, &gu, &sgu, &sact)?;
+                            be.matmul_act_mul(Activation::Silu, &buf.normed, &gu, &sgu, &sact)?;
                             let g = buf.shared_gate.prefix(n)?;
                             be.matmul(&buf.normed, &gate, None, &g)?;
                             Some((sact, g))
@@ -573,12 +573,8 @@ impl Model {
                 }
                 _ => {
                     let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;
-                    if c.hidden_act == Activation::Silu {
-                        be.matmul_silu_mul(&buf.normed, &gate_up, &buf.gate_up, &buf.act)?;
-                    } else {
-                        be.matmul(&buf.normed, &gate_up, None, &buf.gate_up)?;
-                        be.act_mul(c.hidden_act, &buf.gate_up, &buf.act)?;
-                    }
+                    let (act, normed) = (c.hidden_act, &buf.normed);
+                    be.matmul_act_mul(act, normed, &gate_up, &buf.gate_up, &buf.act)?;
                     let (down, out_norm) = with_second(
                         self.enter(at(LayerOp::Down))?,
                         &l.down,

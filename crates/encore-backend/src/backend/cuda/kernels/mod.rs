@@ -499,26 +499,28 @@ fn gemv_layout(
     (ksplit, n.div_ceil(GEMV_WARPS / ksplit * rows_per_warp))
 }
 
-/// `out = silu_mul(x · wᵀ)` for one row of x in one gemv pass (`gemv_silu_*`): w is the
-/// merged `[2 * inter, k]` gate/up weight. The caller checked shapes and [`gemv_fits`].
-pub(super) fn gemv_silu(
+/// `out = act_mul(act, x · wᵀ)` for one row of x in one gemv pass (`gemv_act_*`): w is
+/// the merged `[2 * inter, k]` gate/up weight. The caller checked shapes and [`gemv_fits`].
+pub(super) fn gemv_act(
     be: &CudaBackend,
+    act: Activation,
     x: &Tensor,
     w: &Tensor,
     out: &Tensor,
     d: &MatmulDims,
 ) -> Result<()> {
-    const OP: &str = "matmul_silu_mul (gemv)";
+    const OP: &str = "matmul_act_mul (gemv)";
     let inter = d.n / 2;
     if inter == 0 {
         return Ok(());
     }
     let dt = x.dtype();
     let layout = gemv_layout(be, dt, inter, d.k, 1);
-    launch_gemv_silu(
+    launch_gemv_act(
         be,
         OP,
-        be.kernels().gemv_silu.get(dt)?,
+        act,
+        be.kernels().gemv_act.get(dt)?,
         layout,
         x,
         w,
@@ -527,12 +529,13 @@ pub(super) fn gemv_silu(
     )
 }
 
-/// Launch a one-row fused gate/up + SiLU kernel of the gemv family (dense or quantized):
-/// `layout` is its `(ksplit, CTAs)` for `d.n / 2` outputs.
+/// Launch a one-row fused gate/up + activation kernel of the gemv family (dense or
+/// quantized): `layout` is its `(ksplit, CTAs)` for `d.n / 2` outputs.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn launch_gemv_silu(
+pub(super) fn launch_gemv_act(
     be: &CudaBackend,
     op_name: &'static str,
+    act: Activation,
     kernel: &Kernel,
     (ksplit, ctas): (usize, usize),
     x: &Tensor,
@@ -547,8 +550,8 @@ pub(super) fn launch_gemv_silu(
     let (xp, wp, op) = (dptr(x), dptr(w), dptr(out));
     let n = int(op_name, "2 * inter", d.n).map(|n| n / 2)?;
     let k = int(op_name, "k", d.k)?;
-    let ksplit = ksplit as i32;
-    be.launch(kernel, c, &mut args![xp, wp, op, n, k, ksplit])
+    let (ksplit, act) = (ksplit as i32, act.code());
+    be.launch(kernel, c, &mut args![xp, wp, op, n, k, ksplit, act])
 }
 
 /// `out = x · wᵀ (+ bias)` for `m <= GEMV_MAX_ROWS` rows (checked by [`gemv_fits`]).

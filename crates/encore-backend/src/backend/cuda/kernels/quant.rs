@@ -12,11 +12,9 @@
 
 use std::sync::MutexGuard;
 
-use super::{
-    aligned16, cfg, grid_x, int, launch_gemv, launch_gemv_silu, GEMV_MAX_ROWS, GEMV_WARPS,
-};
+use super::{aligned16, cfg, grid_x, int, launch_gemv, launch_gemv_act, GEMV_MAX_ROWS, GEMV_WARPS};
 use crate::backend::cuda::{blas, dptr, CudaBackend, CudaBuffer};
-use crate::backend::Backend;
+use crate::backend::{Activation, Backend};
 use crate::error::{Error, Result};
 use crate::ops::MatmulDims;
 use crate::quant::QuantFormat;
@@ -468,26 +466,27 @@ pub(in crate::backend::cuda) fn matmul(
     )
 }
 
-/// `out = silu_mul(x · decode(w)ᵀ)` for one row of x in one pass over the merged gate/up
-/// weight (`qgemv_silu_*`). The caller checked shapes, out's dtype (x's) and
+/// `out = act_mul(act, x · decode(w)ᵀ)` for one row of x in one pass over the merged
+/// gate/up weight (`qgemv_act_*`). The caller checked shapes, out's dtype (x's) and
 /// [`qgemv_fits`].
-pub(in crate::backend::cuda) fn qgemv_silu(
+pub(in crate::backend::cuda) fn qgemv_act(
     be: &CudaBackend,
+    act: Activation,
     fmt: QuantFormat,
     x: &Tensor,
     w: &Tensor,
     out: &Tensor,
     d: &MatmulDims,
 ) -> Result<()> {
-    const OP: &str = "matmul_silu_mul (quantized gemv)";
+    const OP: &str = "matmul_act_mul (quantized gemv)";
     let inter = d.n / 2;
     if inter == 0 {
         return Ok(());
     }
     let dt = x.dtype();
     let layout = qgemv_layout(be, fmt, inter, d.k, 1);
-    let kernel = be.kernels().qgemv_silu(fmt, dt)?;
-    launch_gemv_silu(be, OP, kernel, layout, x, w, out, d)
+    let kernel = be.kernels().qgemv_act(fmt, dt)?;
+    launch_gemv_act(be, OP, act, kernel, layout, x, w, out, d)
 }
 
 /// The quantized gemv for `m <= GEMV_MAX_ROWS` rows (checked by [`qgemv_fits`]).
