@@ -4,6 +4,9 @@
 // With `plain`, no norm: out = the (summed) input, for a layer without a norm before its
 // next block (OLMo 2). x's and out's rows are `ld` apart (`ld` >= dim: a norm of some
 // columns of a wider row, in place: OLMo 2's q and k norms on the fused q/k/v rows).
+// With `pre_w` (and a residual): x is first normed by pre_w and rounded to T, the normed
+// value added to the residual (a block's output norm, the residual add and the next norm
+// in one kernel: Gemma's and OLMo 2's post norms).
 // Grid: (rows); one block per row. Pass 1 reads x (and residual), writes residual and
 // accumulates the sum of squares; a block reduction; pass 2 re-reads the (now stored)
 // input and writes out. Every element is handled by the same thread in both passes and
@@ -12,7 +15,8 @@
 template <typename T>
 __device__ __forceinline__ void rms_norm_impl(const T* x, T* residual, const T* __restrict__ w,
                                               T* out, int dim, float eps, int has_res,
-                                              int vec, long long ld, int plain) {
+                                              int vec, long long ld, int plain,
+                                              const T* __restrict__ pre_w) {
     __shared__ float sh[32];
     constexpr int V = Ty<T>::V;
     const long long base = (long long)blockIdx.x * ld;
@@ -22,12 +26,39 @@ __device__ __forceinline__ void rms_norm_impl(const T* x, T* residual, const T* 
     // The row the norm is computed from (the stored residual when fused).
     const T* src = has_res ? (const T*)rr : xr;
 
+    // The pre-norm's scale of x.
+    float inv_x = 1.0f;
+    if (pre_w) {
+        float sx = 0.0f;
+        if (vec) {
+            for (int i = threadIdx.x; i < dim / V; i += blockDim.x) {
+                float a[V];
+                load_vec(xr + i * V, a);
+#pragma unroll
+                for (int e = 0; e < V; ++e) sx += a[e] * a[e];
+            }
+        } else {
+            for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+                const float a = to_f32(xr[i]);
+                sx += a * a;
+            }
+        }
+        sx = block_sum(sx, sh);
+        inv_x = 1.0f / sqrtf(sx / (float)dim + eps);
+    }
+
     float ss = 0.0f;
     if (vec) {
         const int nv = dim / V;
         for (int i = threadIdx.x; i < nv; i += blockDim.x) {
             float a[V];
             load_vec(xr + i * V, a);
+            if (pre_w) {
+                float g[V];
+                load_vec(pre_w + i * V, g);
+#pragma unroll
+                for (int e = 0; e < V; ++e) a[e] = to_f32(from_f32<T>(a[e] * inv_x * g[e]));
+            }
             if (has_res) {
                 float r[V];
                 load_vec(rr + i * V, r);
@@ -41,6 +72,7 @@ __device__ __forceinline__ void rms_norm_impl(const T* x, T* residual, const T* 
     } else {
         for (int i = threadIdx.x; i < dim; i += blockDim.x) {
             float a = to_f32(xr[i]);
+            if (pre_w) a = to_f32(from_f32<T>(a * inv_x * to_f32(pre_w[i])));
             if (has_res) {
                 const T s = from_f32<T>(to_f32(rr[i]) + a);
                 rr[i] = s;
@@ -76,9 +108,9 @@ __device__ __forceinline__ void rms_norm_impl(const T* x, T* residual, const T* 
 #define RMS_NORM(NAME, T)                                                                  \
     extern "C" __global__ void NAME(const T* x, T* residual, const T* w, T* out, int dim,  \
                                     float eps, int has_res, int vec, long long ld,          \
-                                    int plain) {                                            \
+                                    int plain, const T* pre_w) {                            \
         pdl_enter();                                                                        \
-        rms_norm_impl<T>(x, residual, w, out, dim, eps, has_res, vec, ld, plain);          \
+        rms_norm_impl<T>(x, residual, w, out, dim, eps, has_res, vec, ld, plain, pre_w);   \
     }
 RMS_NORM(rms_norm_bf16, bf16)
 RMS_NORM(rms_norm_f16, f16)

@@ -165,6 +165,28 @@ pub trait Backend: Send + Sync {
     /// residual, out T `[.., d]` (same shape).
     fn residual_add(&self, x: &Tensor, residual: &Tensor, out: &Tensor) -> Result<()>;
 
+    /// A block's output norm, the residual add and the next norm in one op (Gemma's and
+    /// OLMo 2's post norms): `x = norm(x) * x_weight` rounded to T, `residual = residual +
+    /// x` rounded to T, then `out = norm(residual) * weight` (without `weight`, `out =
+    /// residual`). x, residual, out T `[.., d]`, the weights T `[d]`. x's contents
+    /// afterwards are unspecified (the default writes the normed x back; a fused kernel
+    /// leaves it).
+    fn norm_add_norm(
+        &self,
+        x: &Tensor,
+        x_weight: &Tensor,
+        residual: &Tensor,
+        weight: Option<&Tensor>,
+        eps: f32,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.rms_norm(x, None, x_weight, eps, x)?;
+        match weight {
+            Some(w) => self.rms_norm(x, Some(residual), w, eps, out),
+            None => self.residual_add(x, residual, out),
+        }
+    }
+
     /// RMSNorm in place of columns `col0 .. col0 + d` of every row of x (T `[.., ld]`) by
     /// weight (T `[d]`): OLMo 2's q and k norms, each across its heads, on the fused
     /// q/k/v projection's rows.

@@ -35,6 +35,13 @@ pub(crate) enum Op {
     },
     /// `residual_add` (no norm; the inputs' weight unused).
     ResidualAdd(RmsNormInputs),
+    /// `norm_add_norm`: x normed by `x_weight`, added to the residual, then normed by the
+    /// inputs' weight (or not, `plain`).
+    NormAddNorm {
+        inputs: RmsNormInputs,
+        x_weight: Vec<f32>,
+        plain: bool,
+    },
     /// `rms_norm_columns`: the inputs' `dim` is the row (`ld`); columns `col0 .. col0 +
     /// dim` are normed by the first `dim` weights.
     NormColumns {
@@ -157,6 +164,22 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             let inputs = RmsNormInputs::random(rng, rows, dim);
             let shape = format!("rows={rows} d={dim}");
             push("residual_add".into(), shape, dtype, Op::ResidualAdd(inputs));
+        }
+        for (rows, dim) in [(5, 64), (3, 200), (2, 201)] {
+            for plain in [false, true] {
+                let inputs = RmsNormInputs::random(rng, rows, dim);
+                let x_weight = RmsNormInputs::random(rng, 1, dim).weight;
+                push(
+                    format!("norm_add_norm{}", if plain { "(plain)" } else { "" }),
+                    format!("rows={rows} d={dim}"),
+                    dtype,
+                    Op::NormAddNorm {
+                        inputs,
+                        x_weight,
+                        plain,
+                    },
+                );
+            }
         }
         // OLMo 2's q and k norms on fused q/k/v rows: aligned (vectorised) and not.
         for (rows, ld, col0, dim) in [

@@ -129,6 +129,23 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
                 floats("residual", res, OpClass::Copy),
             ]
         }
+        Op::NormAddNorm {
+            inputs: i,
+            x_weight,
+            plain,
+        } => {
+            let eps = i.eps as f64;
+            let (normed, _) = reference::rms_norm(&q(&i.x), None, &q(x_weight), eps, dt);
+            let normed: Vec<f64> = normed.iter().map(|&v| reference::round_to(dt, v)).collect();
+            let w = q(&i.weight);
+            let (out, res) = reference::rms_norm(&normed, Some(&q(&i.residual)), &w, eps, dt);
+            let res = res.expect("a residual was given");
+            let out = if *plain { res.clone() } else { out };
+            vec![
+                floats("out", out, OpClass::Pointwise),
+                floats("residual", res, OpClass::Pointwise),
+            ]
+        }
         Op::NormColumns {
             inputs: i,
             col0,

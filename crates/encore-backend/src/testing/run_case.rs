@@ -89,6 +89,25 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 floats("residual", download_f64(b, &res)?, OpClass::Copy),
             ]
         }
+        Op::NormAddNorm {
+            inputs: i,
+            x_weight,
+            plain,
+        } => {
+            let shape = [i.rows, i.dim];
+            let (x, res, out) = (
+                f(&i.x, &shape)?,
+                f(&i.residual, &shape)?,
+                fresh(dt, &shape)?,
+            );
+            let (xw, w) = (f(x_weight, &[i.dim])?, f(&i.weight, &[i.dim])?);
+            let w = (!*plain).then_some(&w);
+            b.norm_add_norm(&x, &xw, &res, w, i.eps, &out)?;
+            vec![
+                floats("out", download_f64(b, &out)?, OpClass::Pointwise),
+                floats("residual", download_f64(b, &res)?, OpClass::Pointwise),
+            ]
+        }
         Op::NormColumns {
             inputs: i,
             col0,

@@ -214,13 +214,48 @@ impl Backend for CudaBackend {
             ld: d.dim,
             col0: 0,
         };
-        kernels::norm_rows(self, x, Some(residual), None, 0.0, out, &rows)
+        kernels::norm_rows(self, x, None, Some(residual), None, 0.0, out, &rows)
+    }
+
+    fn norm_add_norm(
+        &self,
+        x: &Tensor,
+        x_weight: &Tensor,
+        residual: &Tensor,
+        weight: Option<&Tensor>,
+        eps: f32,
+        out: &Tensor,
+    ) -> Result<()> {
+        let t = [("x", x), ("x_weight", x_weight), ("residual", residual)];
+        self.check_device("norm_add_norm", &t)?;
+        self.check_device("norm_add_norm", &[("out", out)])?;
+        if let Some(w) = weight {
+            self.check_device("norm_add_norm", &[("weight", w)])?;
+            ops::check_rms_norm(residual, None, w, eps, out)?;
+        }
+        let d = ops::check_rms_norm(x, Some(residual), x_weight, eps, out)?;
+        let rows = ops::ColumnDims {
+            rows: d.rows,
+            dim: d.dim,
+            ld: d.dim,
+            col0: 0,
+        };
+        kernels::norm_rows(
+            self,
+            x,
+            Some(x_weight),
+            Some(residual),
+            weight,
+            eps,
+            out,
+            &rows,
+        )
     }
 
     fn rms_norm_columns(&self, x: &Tensor, col0: usize, weight: &Tensor, eps: f32) -> Result<()> {
         self.check_device("rms_norm_columns", &[("x", x), ("weight", weight)])?;
         let d = ops::check_rms_norm_columns(x, col0, weight, eps)?;
-        kernels::norm_rows(self, x, None, Some(weight), eps, x, &d)
+        kernels::norm_rows(self, x, None, None, Some(weight), eps, x, &d)
     }
 
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {

@@ -426,6 +426,8 @@ impl Model {
         }
         // A dense layer's down projection waiting for the norm after it (`fused`).
         let mut down_pending = None;
+        // A dense layer's MLP output norm, waiting for the residual add and norm after it.
+        let mut out_norm_pending = None;
         if k == 0 {
             let embed = one(OpId::Embed, &self.weights.embed)?;
             be.embedding_rows(inp.token_ids, &embed, rank * c.vocab_rows(), &buf.hidden)?;
@@ -450,11 +452,15 @@ impl Model {
                 _ => {
                     be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
                     reduce()?;
-                    if let Some(n) = &out_norm {
-                        be.rms_norm(&buf.hidden, None, n, eps, &buf.hidden)?;
-                    }
                     let post_norm = maybe(at(LayerOp::PostNorm), l.post_norm.as_ref())?;
-                    add_norm(post_norm.as_ref())?;
+                    match &out_norm {
+                        // The output's norm, the residual add and the MLP's norm: one op.
+                        Some(n) => {
+                            let (h, r, w) = (&buf.hidden, &buf.residual, post_norm.as_ref());
+                            be.norm_add_norm(h, n, r, w, eps, &buf.normed)?
+                        }
+                        None => add_norm(post_norm.as_ref())?,
+                    }
                 }
             }
             match (&l.router, &c.moe) {
@@ -585,9 +591,7 @@ impl Model {
                     } else {
                         be.matmul(&buf.act, &down, None, &buf.hidden)?;
                         reduce()?;
-                        if let Some(n) = &out_norm {
-                            be.rms_norm(&buf.hidden, None, n, eps, &buf.hidden)?;
-                        }
+                        out_norm_pending = out_norm;
                     }
                 }
             }
@@ -598,7 +602,13 @@ impl Model {
                 be.matmul(&buf.act, down, None, &buf.hidden)?;
                 add_norm(None)
             }
-            (None, norm) => add_norm(norm),
+            (None, norm) => match &out_norm_pending {
+                Some(n) => {
+                    let (h, r) = (&buf.hidden, &buf.residual);
+                    be.norm_add_norm(h, n, r, norm, eps, &buf.normed)
+                }
+                None => add_norm(norm),
+            },
         };
         let Some(l) = layers.get(k) else {
             let norm = one(OpId::FinalNorm, &self.weights.norm)?;

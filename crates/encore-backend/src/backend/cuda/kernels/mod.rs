@@ -261,14 +261,17 @@ pub(super) fn rms_norm(
         ld: d.dim,
         col0: 0,
     };
-    norm_rows(be, x, residual, Some(w), eps, out, &rows)
+    norm_rows(be, x, None, residual, Some(w), eps, out, &rows)
 }
 
 /// `rms_norm_*` over [`ColumnDims`]: the norm by `w` (with the residual add first), or with
-/// no `w` the residual add alone, `out` = the sum.
+/// no `w` the residual add alone, `out` = the sum; with `pre_w` (and a residual) x is
+/// normed by it before the add.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn norm_rows(
     be: &CudaBackend,
     x: &Tensor,
+    pre_w: Option<&Tensor>,
     residual: Option<&Tensor>,
     w: Option<&Tensor>,
     eps: f32,
@@ -287,6 +290,7 @@ pub(super) fn norm_rows(
         && off.is_multiple_of(16)
         && aligned16(x)
         && w.is_none_or(aligned16)
+        && pre_w.is_none_or(aligned16)
         && aligned16(out)
         && residual.is_none_or(aligned16);
     let work = if vec { d.dim * size / 16 } else { d.dim };
@@ -299,13 +303,14 @@ pub(super) fn norm_rows(
     let (xp, res, out) = (dptr(x) + off, residual.map_or(0, dptr), dptr(out) + off);
     // The weight pointer is never read without a weight.
     let wp = w.map_or(xp, dptr);
+    let pre = pre_w.map_or(0, dptr);
     let dim = int(OP, "dim", d.dim)?;
     let ld = d.ld as i64;
     let vec = vec as i32;
     be.launch(
         be.kernels().rms_norm.get(dt)?,
         c,
-        &mut args![xp, res, wp, out, dim, eps, has_res, vec, ld, plain],
+        &mut args![xp, res, wp, out, dim, eps, has_res, vec, ld, plain, pre],
     )
 }
 
