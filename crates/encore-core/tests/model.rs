@@ -61,21 +61,20 @@ impl RefModel {
                 .layers
                 .iter()
                 .map(|l| RefLayer {
-                    input_norm: l.input_norm.as_ref().map(|t| host(be, t)),
-                    qkv: host(be, &l.qkv),
-                    qkv_bias: l.qkv_bias.as_ref().map(|t| host(be, t)),
-                    q_norm: l.q_norm.as_ref().map(|t| host(be, t)),
-                    k_norm: l.k_norm.as_ref().map(|t| host(be, t)),
-                    o_proj: host(be, &l.o_proj),
-                    post_norm: l.post_norm.as_ref().map(|t| host(be, t)),
-                    attn_out_norm: l.attn_out_norm.as_ref().map(|t| host(be, t)),
-                    mlp_out_norm: l.mlp_out_norm.as_ref().map(|t| host(be, t)),
-                    gate_up: host(be, &l.gate_up),
-                    down: host(be, &l.down),
-                    router: l.router.as_ref().map(|t| host(be, t)),
+                    input_norm: l.input_norm().map(|t| host(be, t)),
+                    qkv: host(be, l.qkv()),
+                    qkv_bias: l.qkv_bias().map(|t| host(be, t)),
+                    q_norm: l.q_norm().map(|t| host(be, t)),
+                    k_norm: l.k_norm().map(|t| host(be, t)),
+                    o_proj: host(be, l.o_proj()),
+                    post_norm: l.post_norm().map(|t| host(be, t)),
+                    attn_out_norm: l.attn_out_norm().map(|t| host(be, t)),
+                    mlp_out_norm: l.mlp_out_norm().map(|t| host(be, t)),
+                    gate_up: host(be, l.gate_up()),
+                    down: host(be, l.down()),
+                    router: l.router().map(|t| host(be, t)),
                     shared: l
-                        .shared
-                        .as_ref()
+                        .shared()
                         .map(|s| [host(be, &s.gate_up), host(be, &s.gate), host(be, &s.down)]),
                 })
                 .collect(),
@@ -686,34 +685,18 @@ fn gemma_norms_load_as_one_plus_w() {
     let (g, p) = (load(&gemma), load(&plain));
     let (gl, pl) = (&g.layers[1], &p.layers[1]);
     let pairs = [
+        (gl.input_norm().unwrap(), pl.input_norm().unwrap(), 1.0),
+        (gl.post_norm().unwrap(), pl.post_norm().unwrap(), 1.0),
         (
-            gl.input_norm.as_ref().unwrap(),
-            pl.input_norm.as_ref().unwrap(),
+            gl.attn_out_norm().unwrap(),
+            pl.attn_out_norm().unwrap(),
             1.0,
         ),
+        (gl.mlp_out_norm().unwrap(), pl.mlp_out_norm().unwrap(), 1.0),
+        (gl.k_norm().unwrap(), pl.k_norm().unwrap(), 1.0),
         (
-            gl.post_norm.as_ref().unwrap(),
-            pl.post_norm.as_ref().unwrap(),
-            1.0,
-        ),
-        (
-            gl.attn_out_norm.as_ref().unwrap(),
-            pl.attn_out_norm.as_ref().unwrap(),
-            1.0,
-        ),
-        (
-            gl.mlp_out_norm.as_ref().unwrap(),
-            pl.mlp_out_norm.as_ref().unwrap(),
-            1.0,
-        ),
-        (
-            gl.k_norm.as_ref().unwrap(),
-            pl.k_norm.as_ref().unwrap(),
-            1.0,
-        ),
-        (
-            gl.q_norm.as_ref().unwrap(),
-            pl.q_norm.as_ref().unwrap(),
+            gl.q_norm().unwrap(),
+            pl.q_norm().unwrap(),
             gemma.query_scale,
         ),
         (&g.norm, &p.norm, 1.0),
@@ -725,8 +708,8 @@ fn gemma_norms_load_as_one_plus_w() {
         }
     }
     assert_eq!(
-        be.download_f32(&g.layers[0].qkv).unwrap(),
-        be.download_f32(&p.layers[0].qkv).unwrap()
+        be.download_f32(g.layers[0].qkv()).unwrap(),
+        be.download_f32(p.layers[0].qkv()).unwrap()
     );
 }
 

@@ -33,41 +33,14 @@ use crate::progress::{Progress, Unit};
 use crate::tensor::{DType, Tensor};
 use encore_backend::quant::QuantFormat;
 
-/// One decoder layer's weights, in the run dtype.
+/// One decoder layer's weights, in the run dtype: one slot a per-layer [`Role`] of the
+/// declaration (`model/decl/`), filled by the loader. The accessors name what the forward
+/// reads; a role they do not name is read with [`LayerWeights::get`]. A layer holds its
+/// q/k/v and o projections and a whole MLP (dense, or a router with the experts' stacks);
+/// the rest is as the family declares it.
+#[derive(Clone)]
 pub struct LayerWeights {
-    /// `[hidden]` (`None`: no norm before attention, OLMo 2).
-    pub input_norm: Option<Tensor>,
-    /// An EAGLE-3 head's norm of its input hidden state `[hidden]`.
-    pub hidden_norm: Option<Tensor>,
-    /// `[(num_heads + 2 * num_kv_heads) * head_dim, hidden]`: q rows, then k, then v.
-    pub qkv: Tensor,
-    /// `[(num_heads + 2 * num_kv_heads) * head_dim]`, same order (Qwen2).
-    pub qkv_bias: Option<Tensor>,
-    /// `[head_dim]` (Qwen3); `[num_heads * head_dim]` across the heads (OLMo 2).
-    pub q_norm: Option<Tensor>,
-    /// `[head_dim]` (Qwen3); `[num_kv_heads * head_dim]` (OLMo 2).
-    pub k_norm: Option<Tensor>,
-    /// `[hidden, num_heads * head_dim]`.
-    pub o_proj: Tensor,
-    /// `[hidden]` (HF `post_attention_layernorm`; Gemma's `pre_feedforward_layernorm`).
-    /// `None`: no norm before the MLP (OLMo 2).
-    pub post_norm: Option<Tensor>,
-    /// Post norms (`ModelConfig::post_norms`): the attention's and the MLP's outputs,
-    /// RMS-normed before each residual add, `[hidden]` each.
-    pub attn_out_norm: Option<Tensor>,
-    pub mlp_out_norm: Option<Tensor>,
-    /// `[2 * intermediate, hidden]`: gate rows, then up rows. In a sparse layer (with a
-    /// `router`), every expert's gate rows then every expert's up rows,
-    /// `[2 * experts * expert_intermediate, hidden]`.
-    pub gate_up: Tensor,
-    /// `[hidden, intermediate]`; in a sparse layer the experts' stacked,
-    /// `[experts * hidden, expert_intermediate]`.
-    pub down: Tensor,
-    /// A sparse layer's router `[experts, hidden]`.
-    pub router: Option<Tensor>,
-    /// Qwen2-MoE's shared expert of a sparse layer: gate/up `[2 * S, hidden]` (gate rows,
-    /// then up rows), its gate `[1, hidden]` and down `[hidden, S]`.
-    pub shared: Option<SharedExpert>,
+    slots: Vec<Option<Tensor>>,
 }
 
 /// Qwen2-MoE's shared expert (see [`LayerWeights::shared`]).
@@ -76,6 +49,143 @@ pub struct SharedExpert {
     pub gate_up: Tensor,
     pub gate: Tensor,
     pub down: Tensor,
+}
+
+impl LayerWeights {
+    /// A layer from its slots (one a role, [`Role::ALL`]'s order), checked whole: q/k/v,
+    /// o and a dense MLP or a router with both expert stacks, a shared expert whole or
+    /// absent.
+    fn from_slots(slots: Vec<Option<Tensor>>) -> Result<LayerWeights> {
+        let l = LayerWeights { slots };
+        let has = |r: Role| l.get(r).is_some();
+        let mlp = match has(Role::Router) {
+            true => [Role::ExpertsGateUp, Role::ExpertsDown],
+            false => [Role::GateUp, Role::Down],
+        };
+        let shared = [Role::SharedGateUp, Role::SharedGate, Role::SharedDown];
+        let shared_ok = shared.iter().all(|&r| has(r)) || !shared.iter().any(|&r| has(r));
+        let missing = [Role::Qkv, Role::OProj]
+            .into_iter()
+            .chain(mlp)
+            .find(|&r| !has(r));
+        match (missing, shared_ok) {
+            (Some(r), _) => Err(Error::invalid(
+                "weights",
+                format!("no {r:?} tensor is declared"),
+            )),
+            (None, false) => Err(Error::invalid(
+                "weights",
+                "a shared expert needs its gate/up, gate and down",
+            )),
+            (None, true) => Ok(l),
+        }
+    }
+
+    /// The tensor of role `role`, if the layer has one.
+    pub fn get(&self, role: Role) -> Option<&Tensor> {
+        self.slots.get(slot(role)).and_then(Option::as_ref)
+    }
+
+    /// A role [`LayerWeights::from_slots`] checked is there.
+    fn held(&self, role: Role) -> &Tensor {
+        self.get(role).expect("checked when the layer was built")
+    }
+
+    /// The same layer with every tensor passed through `f`.
+    pub fn try_map(&self, mut f: impl FnMut(Role, &Tensor) -> Result<Tensor>) -> Result<Self> {
+        let slots = Role::ALL
+            .iter()
+            .zip(&self.slots)
+            .map(|(&r, t)| t.as_ref().map(|t| f(r, t)).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(LayerWeights { slots })
+    }
+
+    /// `[hidden]` (`None`: no norm before attention, OLMo 2).
+    pub fn input_norm(&self) -> Option<&Tensor> {
+        self.get(Role::AttnNorm)
+    }
+
+    /// An EAGLE-3 head's norm of its input hidden state `[hidden]`.
+    pub fn hidden_norm(&self) -> Option<&Tensor> {
+        self.get(Role::HiddenNorm)
+    }
+
+    /// `[(num_heads + 2 * num_kv_heads) * head_dim, hidden]`: q rows, then k, then v.
+    pub fn qkv(&self) -> &Tensor {
+        self.held(Role::Qkv)
+    }
+
+    /// `[(num_heads + 2 * num_kv_heads) * head_dim]`, same order (Qwen2).
+    pub fn qkv_bias(&self) -> Option<&Tensor> {
+        self.get(Role::QkvBias)
+    }
+
+    /// `[head_dim]` (Qwen3); `[num_heads * head_dim]` across the heads (OLMo 2).
+    pub fn q_norm(&self) -> Option<&Tensor> {
+        self.get(Role::QNorm)
+    }
+
+    /// `[head_dim]` (Qwen3); `[num_kv_heads * head_dim]` (OLMo 2).
+    pub fn k_norm(&self) -> Option<&Tensor> {
+        self.get(Role::KNorm)
+    }
+
+    /// `[hidden, num_heads * head_dim]`.
+    pub fn o_proj(&self) -> &Tensor {
+        self.held(Role::OProj)
+    }
+
+    /// The MLP's input norm `[hidden]` (HF `post_attention_layernorm`; Gemma's
+    /// `pre_feedforward_layernorm`). `None`: no norm before the MLP (OLMo 2).
+    pub fn post_norm(&self) -> Option<&Tensor> {
+        self.get(Role::MlpNorm)
+    }
+
+    /// Post norms (`ModelConfig::post_norms`): the attention's output, RMS-normed before
+    /// the residual add, `[hidden]`.
+    pub fn attn_out_norm(&self) -> Option<&Tensor> {
+        self.get(Role::AttnOutNorm)
+    }
+
+    /// Post norms: the MLP's output norm `[hidden]`.
+    pub fn mlp_out_norm(&self) -> Option<&Tensor> {
+        self.get(Role::MlpOutNorm)
+    }
+
+    /// A sparse layer's router `[experts, hidden]`.
+    pub fn router(&self) -> Option<&Tensor> {
+        self.get(Role::Router)
+    }
+
+    /// `[2 * intermediate, hidden]`: gate rows, then up rows. In a sparse layer (with a
+    /// router), every expert's gate rows then every expert's up rows,
+    /// `[2 * experts * expert_intermediate, hidden]`.
+    pub fn gate_up(&self) -> &Tensor {
+        match self.router() {
+            Some(_) => self.held(Role::ExpertsGateUp),
+            None => self.held(Role::GateUp),
+        }
+    }
+
+    /// `[hidden, intermediate]`; in a sparse layer the experts' stacked,
+    /// `[experts * hidden, expert_intermediate]`.
+    pub fn down(&self) -> &Tensor {
+        match self.router() {
+            Some(_) => self.held(Role::ExpertsDown),
+            None => self.held(Role::Down),
+        }
+    }
+
+    /// Qwen2-MoE's shared expert of a sparse layer: gate/up `[2 * S, hidden]` (gate rows,
+    /// then up rows), its gate `[1, hidden]` and down `[hidden, S]`.
+    pub fn shared(&self) -> Option<SharedExpert> {
+        Some(SharedExpert {
+            gate_up: self.get(Role::SharedGateUp)?.clone(),
+            gate: self.get(Role::SharedGate)?.clone(),
+            down: self.get(Role::SharedDown)?.clone(),
+        })
+    }
 }
 
 /// All weights of a model, on one backend, in one dtype.
@@ -312,27 +422,11 @@ pub fn dequantized(backend: &dyn Backend, w: &ModelWeights) -> Result<ModelWeigh
         }
         backend.upload_f32_as(&values, &[n, k], w.dtype)
     };
+    // Every quantized tensor (the projections, the experts' stacks) is a matrix.
     let layers = w
         .layers
         .iter()
-        .map(|l| {
-            Ok(LayerWeights {
-                input_norm: l.input_norm.clone(),
-                hidden_norm: l.hidden_norm.clone(),
-                qkv: dense(&l.qkv)?,
-                qkv_bias: l.qkv_bias.clone(),
-                q_norm: l.q_norm.clone(),
-                k_norm: l.k_norm.clone(),
-                o_proj: dense(&l.o_proj)?,
-                post_norm: l.post_norm.clone(),
-                attn_out_norm: l.attn_out_norm.clone(),
-                mlp_out_norm: l.mlp_out_norm.clone(),
-                gate_up: dense(&l.gate_up)?,
-                down: dense(&l.down)?,
-                router: l.router.clone(),
-                shared: l.shared.clone(),
-            })
-        })
+        .map(|l| l.try_map(|_, t| dense(t)))
         .collect::<Result<Vec<_>>>()?;
     Ok(ModelWeights {
         embed: w.embed.clone(),
@@ -665,8 +759,8 @@ fn dummy_init(cfg: &ModelConfig, spec: &TensorSpec) -> (f32, f32) {
     }
 }
 
-/// Where tensors of role `r` wait in [`build`] until they go to their field (a role's
-/// position in [`Role::ALL`], which lists them in declaration order).
+/// The slot of role `r` in [`build`]'s tables and a [`LayerWeights`] (its position in
+/// [`Role::ALL`], which lists the roles in declaration order).
 fn slot(r: Role) -> usize {
     r as usize
 }
@@ -696,37 +790,10 @@ fn build(
         };
         slots[slot(t.role)] = Some(x);
     }
-    let mut layers = Vec::with_capacity(per_layer.len());
-    for mut s in per_layer {
-        // A sparse layer's MLP is its experts' stacks.
-        let (gate_up_role, down_role) = match s[slot(Role::Router)].is_some() {
-            true => (Role::ExpertsGateUp, Role::ExpertsDown),
-            false => (Role::GateUp, Role::Down),
-        };
-        layers.push(LayerWeights {
-            input_norm: s[slot(Role::AttnNorm)].take(),
-            hidden_norm: s[slot(Role::HiddenNorm)].take(),
-            qkv: need(&mut s, Role::Qkv)?,
-            qkv_bias: s[slot(Role::QkvBias)].take(),
-            q_norm: s[slot(Role::QNorm)].take(),
-            k_norm: s[slot(Role::KNorm)].take(),
-            o_proj: need(&mut s, Role::OProj)?,
-            post_norm: s[slot(Role::MlpNorm)].take(),
-            attn_out_norm: s[slot(Role::AttnOutNorm)].take(),
-            mlp_out_norm: s[slot(Role::MlpOutNorm)].take(),
-            gate_up: need(&mut s, gate_up_role)?,
-            down: need(&mut s, down_role)?,
-            router: s[slot(Role::Router)].take(),
-            shared: match s[slot(Role::SharedGateUp)].take() {
-                None => None,
-                Some(gate_up) => Some(SharedExpert {
-                    gate_up,
-                    gate: need(&mut s, Role::SharedGate)?,
-                    down: need(&mut s, Role::SharedDown)?,
-                }),
-            },
-        });
-    }
+    let layers = per_layer
+        .into_iter()
+        .map(LayerWeights::from_slots)
+        .collect::<Result<Vec<_>>>()?;
     let eagle_fc = top[slot(Role::EagleFc)].take();
     let norm = need(&mut top, Role::FinalNorm)?;
     let (embed, lm_head) = match &eagle_fc {

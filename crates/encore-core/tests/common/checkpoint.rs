@@ -148,10 +148,10 @@ pub fn download(t: &Tensor) -> Vec<f32> {
 pub fn all_values(w: &ModelWeights) -> Vec<Vec<f32>> {
     let mut ts = vec![&w.embed];
     for l in &w.layers {
-        ts.extend([&l.qkv, &l.o_proj, &l.gate_up, &l.down]);
-        ts.extend(l.input_norm.iter().chain(&l.post_norm));
-        ts.extend(l.qkv_bias.iter().chain(&l.q_norm).chain(&l.k_norm));
-        ts.extend(l.attn_out_norm.iter().chain(&l.mlp_out_norm));
+        ts.extend([l.qkv(), l.o_proj(), l.gate_up(), l.down()]);
+        ts.extend(l.input_norm().into_iter().chain(l.post_norm()));
+        ts.extend(l.qkv_bias().into_iter().chain(l.q_norm()).chain(l.k_norm()));
+        ts.extend(l.attn_out_norm().into_iter().chain(l.mlp_out_norm()));
     }
     ts.extend([&w.norm, &w.lm_head]);
     ts.into_iter().map(download).collect()

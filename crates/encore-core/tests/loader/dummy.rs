@@ -64,45 +64,45 @@ fn check_shapes(cfg: &ModelConfig, w: &ModelWeights) {
     assert_eq!(w.lm_head.same_start(&w.embed), cfg.tie_word_embeddings);
     let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
     for l in &w.layers {
-        assert_eq!(l.qkv.shape(), &[qkv, cfg.hidden_size]);
+        assert_eq!(l.qkv().shape(), &[qkv, cfg.hidden_size]);
         assert_eq!(
-            l.qkv_bias.as_ref().map(|b| b.shape().to_vec()),
+            l.qkv_bias().map(|b| b.shape().to_vec()),
             cfg.qkv_bias.then(|| vec![qkv])
         );
         assert_eq!(
-            l.q_norm.as_ref().map(|b| b.shape().to_vec()),
+            l.q_norm().map(|b| b.shape().to_vec()),
             cfg.qk_norm.then(|| match cfg.qk_norm_whole() {
                 true => vec![cfg.num_heads * cfg.head_dim],
                 false => vec![cfg.head_dim],
             })
         );
-        assert_eq!(l.k_norm.is_some(), cfg.qk_norm);
+        assert_eq!(l.k_norm().is_some(), cfg.qk_norm);
         assert_eq!(
-            l.o_proj.shape(),
+            l.o_proj().shape(),
             &[cfg.hidden_size, cfg.num_heads * cfg.head_dim]
         );
         let h = cfg.hidden_size;
-        match (&l.router, &cfg.moe) {
+        match (l.router(), &cfg.moe) {
             (Some(router), Some(m)) => {
                 let (e, ei) = (m.num_experts, m.expert_intermediate);
                 assert_eq!(router.shape(), &[e, h]);
-                assert_eq!(l.gate_up.shape(), &[2 * e * ei, h]);
-                assert_eq!(l.down.shape(), &[e * h, ei]);
+                assert_eq!(l.gate_up().shape(), &[2 * e * ei, h]);
+                assert_eq!(l.down().shape(), &[e * h, ei]);
                 let s = m.shared_expert_intermediate;
-                let gu = l.shared.as_ref().map(|x| x.gate_up.shape().to_vec());
+                let gu = l.shared().map(|x| x.gate_up.shape().to_vec());
                 assert_eq!(gu, s.map(|s| vec![2 * s, h]));
-                if let (Some(x), Some(s)) = (&l.shared, s) {
+                if let (Some(x), Some(s)) = (l.shared(), s) {
                     assert_eq!(x.gate.shape(), &[1, h]);
                     assert_eq!(x.down.shape(), &[h, s]);
                 }
             }
             _ => {
-                assert_eq!(l.gate_up.shape(), &[2 * cfg.intermediate_size, h]);
-                assert_eq!(l.down.shape(), &[h, cfg.intermediate_size]);
+                assert_eq!(l.gate_up().shape(), &[2 * cfg.intermediate_size, h]);
+                assert_eq!(l.down().shape(), &[h, cfg.intermediate_size]);
             }
         }
         // OLMo 2 has no norm before attention or the MLP.
-        for norm in [&l.input_norm, &l.post_norm] {
+        for norm in [l.input_norm(), l.post_norm()] {
             match norm {
                 Some(n) => assert_eq!(n.shape(), &[cfg.hidden_size]),
                 None => assert!(!cfg.pre_norms(), "{:?}", cfg.arch),
@@ -141,10 +141,10 @@ fn dummy_weights_are_deterministic_per_seed_and_dtype_independent() {
     }
     // Different tensors (and q vs k rows of one merged tensor) are not copies.
     let w = load(7, DType::F32);
-    let qkv = download(&w.layers[0].qkv);
+    let qkv = download(w.layers[0].qkv());
     let q_rows = cfg.num_heads * cfg.head_dim * cfg.hidden_size;
     assert_ne!(qkv[..100], qkv[q_rows..q_rows + 100]);
-    assert_ne!(download(&w.layers[0].qkv), download(&w.layers[1].qkv));
+    assert_ne!(download(w.layers[0].qkv()), download(w.layers[1].qkv()));
 }
 
 fn mean_std(v: &[f32]) -> (f64, f64) {
@@ -180,22 +180,22 @@ fn dummy_scales_keep_activations_near_unit_size() {
     };
     check(&w.embed, 0.0, 1.0 / h.sqrt(), "embed");
     let l = &w.layers[2];
-    check(&l.qkv, 0.0, 1.0 / h.sqrt(), "qkv");
+    check(l.qkv(), 0.0, 1.0 / h.sqrt(), "qkv");
     check(
-        &l.o_proj,
+        l.o_proj(),
         0.0,
         1.0 / ((cfg.num_heads * cfg.head_dim) as f64).sqrt(),
         "o_proj",
     );
-    check(&l.gate_up, 0.0, 1.0 / h.sqrt(), "gate_up");
+    check(l.gate_up(), 0.0, 1.0 / h.sqrt(), "gate_up");
     check(
-        &l.down,
+        l.down(),
         0.0,
         1.0 / (cfg.intermediate_size as f64).sqrt(),
         "down",
     );
-    check(l.input_norm.as_ref().unwrap(), 1.0, 0.02, "input_norm");
-    check(l.qkv_bias.as_ref().unwrap(), 0.0, 0.02, "qkv_bias");
-    let max = download(&l.qkv).iter().fold(0f32, |m, x| m.max(x.abs()));
+    check(l.input_norm().unwrap(), 1.0, 0.02, "input_norm");
+    check(l.qkv_bias().unwrap(), 0.0, 0.02, "qkv_bias");
+    let max = download(l.qkv()).iter().fold(0f32, |m, x| m.max(x.abs()));
     assert!(max <= 2.5 / (h as f32).sqrt(), "bounded draws: {max}");
 }

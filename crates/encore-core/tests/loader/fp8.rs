@@ -138,7 +138,7 @@ fn an_fp8_checkpoint_runs_in_fp8_as_its_dequantized_twin() {
     assert!(config.weight_bytes(DType::F32) < twin_cfg.weight_bytes(DType::F32) / 2);
 
     let w = load(&config, fp8_dir.path());
-    assert_eq!(w.layers[0].qkv.dtype(), DType::Q(QuantFormat::F8E4M3));
+    assert_eq!(w.layers[0].qkv().dtype(), DType::Q(QuantFormat::F8E4M3));
     let expected = greedy(&twin_cfg, load(&twin_cfg, twin_dir.path()));
     assert_eq!(greedy(&config, w), expected, "FP8 kept vs its twin");
 

@@ -230,18 +230,14 @@ fn check_model(cfg: &ModelConfig, w: &ModelWeights, ts: &[Ck], run: DType) {
         let n = |s: &str| format!("model.layers.{i}.{s}");
         let t = |s: &str| find(ts, &n(s));
         let qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
-        assert_eq!(l.qkv.shape(), &[qkv_rows, cfg.hidden_size]);
+        assert_eq!(l.qkv().shape(), &[qkv_rows, cfg.hidden_size]);
         assert_eq!(
-            l.gate_up.shape(),
+            l.gate_up().shape(),
             &[2 * cfg.intermediate_size, cfg.hidden_size]
         );
+        check_rows(l.input_norm().unwrap(), &[t("input_layernorm.weight")], run);
         check_rows(
-            l.input_norm.as_ref().unwrap(),
-            &[t("input_layernorm.weight")],
-            run,
-        );
-        check_rows(
-            &l.qkv,
+            l.qkv(),
             &[
                 t("self_attn.q_proj.weight"),
                 t("self_attn.k_proj.weight"),
@@ -249,7 +245,7 @@ fn check_model(cfg: &ModelConfig, w: &ModelWeights, ts: &[Ck], run: DType) {
             ],
             run,
         );
-        match &l.qkv_bias {
+        match l.qkv_bias() {
             Some(b) => check_rows(
                 b,
                 &[
@@ -261,7 +257,7 @@ fn check_model(cfg: &ModelConfig, w: &ModelWeights, ts: &[Ck], run: DType) {
             ),
             None => assert!(!cfg.qkv_bias),
         }
-        match (&l.q_norm, &l.k_norm) {
+        match (l.q_norm(), l.k_norm()) {
             (Some(q), Some(k)) => {
                 check_rows(q, &[t("self_attn.q_norm.weight")], run);
                 check_rows(k, &[t("self_attn.k_norm.weight")], run);
@@ -269,17 +265,17 @@ fn check_model(cfg: &ModelConfig, w: &ModelWeights, ts: &[Ck], run: DType) {
             (None, None) => assert!(!cfg.qk_norm),
             _ => panic!("q_norm and k_norm come together"),
         }
-        check_rows(&l.o_proj, &[t("self_attn.o_proj.weight")], run);
+        check_rows(l.o_proj(), &[t("self_attn.o_proj.weight")], run);
         check_rows(
-            l.post_norm.as_ref().unwrap(),
+            l.post_norm().unwrap(),
             &[t("post_attention_layernorm.weight")],
             run,
         );
         check_rows(
-            &l.gate_up,
+            l.gate_up(),
             &[t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")],
             run,
         );
-        check_rows(&l.down, &[t("mlp.down_proj.weight")], run);
+        check_rows(l.down(), &[t("mlp.down_proj.weight")], run);
     }
 }

@@ -50,8 +50,8 @@ fn round_trip_every_arch_and_dtype_pair() {
         check_model(&cfg, &w, &ts, run);
         let expect_bias = arch == "Qwen2ForCausalLM";
         assert_eq!(cfg.qkv_bias, expect_bias, "{arch}");
-        assert_eq!(w.layers[0].qkv_bias.is_some(), expect_bias, "{arch}");
-        assert_eq!(w.layers[0].q_norm.is_some(), arch == "Qwen3ForCausalLM");
+        assert_eq!(w.layers[0].qkv_bias().is_some(), expect_bias, "{arch}");
+        assert_eq!(w.layers[0].q_norm().is_some(), arch == "Qwen3ForCausalLM");
     }
 }
 
@@ -283,10 +283,10 @@ fn gemma3_text_and_multimodal_checkpoints_load_the_same_language_model() {
         assert_eq!(download(&w.embed), embed, "{prefix}");
         assert_eq!(download(&w.norm), norm, "{prefix}");
         for (a, b) in w.layers.iter().zip(&plain.layers) {
-            assert_eq!(download(&a.qkv), download(&b.qkv), "{prefix}");
+            assert_eq!(download(a.qkv()), download(b.qkv()), "{prefix}");
             assert_eq!(
-                download(a.mlp_out_norm.as_ref().unwrap()),
-                download(b.mlp_out_norm.as_ref().unwrap())
+                download(a.mlp_out_norm().unwrap()),
+                download(b.mlp_out_norm().unwrap())
             );
         }
     }

@@ -99,7 +99,7 @@ impl Model {
             ));
         };
         let l = &self.weights.layers[0];
-        let hidden_norm = l.hidden_norm.as_ref().ok_or_else(|| {
+        let hidden_norm = l.hidden_norm().ok_or_else(|| {
             Error::invalid("forward", "an EAGLE head without its hidden_norm weight")
         })?;
         let n = buf.hidden.dim(0);
@@ -112,8 +112,7 @@ impl Model {
             normed_h.reshape(&[n, c.hidden_size])?,
         );
         let input_norm = l
-            .input_norm
-            .as_ref()
+            .input_norm()
             .ok_or_else(|| Error::invalid("eagle", "the head's layer has no input norm"))?;
         be.rms_norm(&buf.hidden, None, input_norm, eps, &normed_e)?;
         let input = rows.input.prefix(n)?;

@@ -444,15 +444,15 @@ impl Model {
             // o_proj, then (post norms) the norm of its output, read in that order.
             let (o_proj, out_norm) = with_second(
                 self.enter(at(LayerOp::OProj))?,
-                &l.o_proj,
-                l.attn_out_norm.as_ref(),
+                l.o_proj(),
+                l.attn_out_norm(),
             );
-            match (&l.post_norm, fused) {
+            match (l.post_norm(), fused) {
                 (Some(post_norm), true) => project_add_norm(&buf.attn, &o_proj, post_norm)?,
                 _ => {
                     be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
                     reduce()?;
-                    let post_norm = maybe(at(LayerOp::PostNorm), l.post_norm.as_ref())?;
+                    let post_norm = maybe(at(LayerOp::PostNorm), l.post_norm())?;
                     match &out_norm {
                         // The output's norm, the residual add and the MLP's norm: one op.
                         Some(n) => {
@@ -463,7 +463,7 @@ impl Model {
                     }
                 }
             }
-            match (&l.router, &c.moe) {
+            match (l.router(), &c.moe) {
                 (Some(router), Some(moe)) => {
                     // A sparse layer: the router, then the chosen experts. `GateUp` reads,
                     // in declaration order, the router, the experts' gate/up and down, then
@@ -473,18 +473,16 @@ impl Model {
                         match self.enter(at(LayerOp::GateUp))? {
                             None => (
                                 router.clone(),
-                                l.gate_up.clone(),
-                                l.down.clone(),
-                                l.shared
-                                    .as_ref()
-                                    .map(|s| (s.gate_up.clone(), s.gate.clone())),
+                                l.gate_up().clone(),
+                                l.down().clone(),
+                                l.shared().map(|s| (s.gate_up, s.gate)),
                             ),
                             Some(v) => {
                                 let mut it = v.into_iter();
                                 let router = it.next().expect("the router is read first");
                                 let gate_up = it.next().expect("then the experts' gate/up");
                                 let down = it.next().expect("then the experts' down");
-                                let shared = l.shared.as_ref().map(|_| {
+                                let shared = l.shared().map(|_| {
                                     let gu = it.next().expect("then the shared expert's gate/up");
                                     (gu, it.next().expect("and its gate"))
                                 });
@@ -503,11 +501,11 @@ impl Model {
                         buf.prefetch_ids.prefix(n)?,
                         buf.prefetch_weights.prefix(n)?,
                     );
-                    let next_sparse = (k..layers.len()).find(|&j| layers[j].router.is_some());
+                    let next_sparse = (k..layers.len()).find(|&j| layers[j].router().is_some());
                     // Successive prefetches alternate between two rows of fills.
                     let fills = match (&self.offload, next_sparse) {
                         (Some(o), Some(j)) => {
-                            let nth = layers[..j].iter().filter(|l| l.router.is_some()).count();
+                            let nth = layers[..j].iter().filter(|l| l.router().is_some()).count();
                             o.expert_prefetch_fills(nth).transpose()?
                         }
                         _ => None,
@@ -525,7 +523,7 @@ impl Model {
                         {
                             Some((_, p)) => be.copy(&p.narrow(j, n)?, &pf_logits)?,
                             None => {
-                                let router = next.router.as_ref().expect("a sparse layer");
+                                let router = next.router().expect("a sparse layer");
                                 be.matmul(&buf.normed, router, None, &pf_logits)?
                             }
                         }
@@ -534,8 +532,8 @@ impl Model {
                             logits: &pf_logits,
                             ids: &pf_ids,
                             weights: &pf_weights,
-                            gate_up: &next.gate_up,
-                            down: &next.down,
+                            gate_up: next.gate_up(),
+                            down: next.down(),
                             fills,
                         });
                     }
@@ -567,7 +565,7 @@ impl Model {
                         None => None,
                     };
                     let shared_down = match self.enter(at(LayerOp::Down))? {
-                        None => l.shared.as_ref().map(|s| s.down.clone()),
+                        None => l.shared().map(|s| s.down),
                         Some(v) => v.into_iter().next(),
                     };
                     if let (Some((sact, g)), Some(sd)) = (shared, shared_down) {
@@ -578,14 +576,11 @@ impl Model {
                     reduce()?;
                 }
                 _ => {
-                    let gate_up = one(at(LayerOp::GateUp), &l.gate_up)?;
+                    let gate_up = one(at(LayerOp::GateUp), l.gate_up())?;
                     let (act, normed) = (c.hidden_act, &buf.normed);
                     be.matmul_act_mul(act, normed, &gate_up, &buf.gate_up, &buf.act)?;
-                    let (down, out_norm) = with_second(
-                        self.enter(at(LayerOp::Down))?,
-                        &l.down,
-                        l.mlp_out_norm.as_ref(),
-                    );
+                    let (down, out_norm) =
+                        with_second(self.enter(at(LayerOp::Down))?, l.down(), l.mlp_out_norm());
                     if fused_down {
                         down_pending = Some(down);
                     } else {
@@ -614,7 +609,7 @@ impl Model {
             let norm = one(OpId::FinalNorm, &self.weights.norm)?;
             return add_norm(Some(&norm));
         };
-        let input_norm = maybe(OpId::Layer(k, LayerOp::InputNorm), l.input_norm.as_ref())?;
+        let input_norm = maybe(OpId::Layer(k, LayerOp::InputNorm), l.input_norm())?;
         // residual = residual + hidden (the first layer starts the residual stream).
         if k == 0 {
             be.copy(&buf.hidden, &buf.residual)?;
@@ -656,17 +651,17 @@ impl Model {
         // The op reads qkv, then its bias and head norms when the model has them.
         let (qkv, bias, q_norm, k_norm) = match self.enter(OpId::Layer(k, LayerOp::Qkv))? {
             None => (
-                l.qkv.clone(),
-                l.qkv_bias.clone(),
-                l.q_norm.clone(),
-                l.k_norm.clone(),
+                l.qkv().clone(),
+                l.qkv_bias().cloned(),
+                l.q_norm().cloned(),
+                l.k_norm().cloned(),
             ),
             Some(v) => {
                 let mut it = v.into_iter();
                 let qkv = it.next().expect("qkv is read first");
-                let bias = l.qkv_bias.as_ref().and_then(|_| it.next());
-                let q_norm = l.q_norm.as_ref().and_then(|_| it.next());
-                let k_norm = l.k_norm.as_ref().and_then(|_| it.next());
+                let bias = l.qkv_bias().and_then(|_| it.next());
+                let q_norm = l.q_norm().and_then(|_| it.next());
+                let k_norm = l.k_norm().and_then(|_| it.next());
                 (qkv, bias, q_norm, k_norm)
             }
         };
