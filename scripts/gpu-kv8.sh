@@ -101,7 +101,7 @@ if has serve; then
   # request counts, or PROMPTS a row; ROWS picks rows (e.g. ROWS=2048/128,1000/1000).
   "$enc" bench serve --in-process --device cuda --model dummy:llama-3-8b --quantization fp8 \
     --kv-cache-dtype fp8 --max-num-batched-tokens 8192 --max-num-seqs ${SEQS:-1024} \
-    --kv-fraction 0.9 --dataset-shape trtllm ${PROMPTS:+--num-prompts $PROMPTS} \
+    --kv-fraction ${KVF:-0.9} --dataset-shape trtllm ${PROMPTS:+--num-prompts $PROMPTS} \
     ${ROWS:+--rows $ROWS} --json \
     2>"$OUT/serve.err" > "$OUT/serve.json"
   tail -3 "$OUT/serve.err"
