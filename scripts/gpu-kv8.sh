@@ -98,10 +98,11 @@ if has ab; then
 fi
 if has serve; then
   # TensorRT-LLM's table (bench serve --dataset-shape trtllm), FP8 weights and KV: its
-  # request counts, or PROMPTS a row; ROWS picks rows (e.g. ROWS=2048/128,1000/1000).
+  # request counts, or PROMPTS a row; ROWS picks rows (e.g. ROWS=2048/128,1000/1000); KV
+  # at KVF of the free memory (95%, as TensorRT-LLM's table).
   "$enc" bench serve --in-process --device cuda --model dummy:llama-3-8b --quantization fp8 \
     --kv-cache-dtype fp8 --max-num-batched-tokens 8192 --max-num-seqs ${SEQS:-1024} \
-    --kv-fraction ${KVF:-0.9} --dataset-shape trtllm ${PROMPTS:+--num-prompts $PROMPTS} \
+    --kv-fraction ${KVF:-0.95} --dataset-shape trtllm ${PROMPTS:+--num-prompts $PROMPTS} \
     ${ROWS:+--rows $ROWS} --json \
     2>"$OUT/serve.err" > "$OUT/serve.json"
   tail -3 "$OUT/serve.err"
