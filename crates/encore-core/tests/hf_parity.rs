@@ -1,6 +1,8 @@
 //! Parity with Hugging Face transformers: encore's forward pass against HF's on small
-//! random-weight models of every supported architecture (Llama, Llama with llama3 rope
-//! scaling, Mistral, Qwen2, Qwen3), loaded from the same float32 safetensors.
+//! random-weight models of every supported family and variant (`scripts/hf_reference.py`'s
+//! `MODELS`: Llama and its rope scalings, Mistral, Qwen2/3 and their mixtures of experts,
+//! Mixtral, SmolLM3, Phi-3 with LongRoPE, Gemma 2 and 3, OLMo 2), loaded from the same
+//! float32 safetensors.
 //!
 //! `python3 scripts/hf_reference.py DIR` (on a machine with torch + transformers) writes
 //! one subdirectory per model: the HF checkpoint and `reference.safetensors` with 3
