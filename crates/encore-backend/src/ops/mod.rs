@@ -132,6 +132,18 @@ pub struct RowDims {
     pub dim: usize,
 }
 
+impl RowDims {
+    /// The same rows as [`ColumnDims`]: every column of rows `dim` apart.
+    pub fn whole_rows(&self) -> ColumnDims {
+        ColumnDims {
+            rows: self.rows,
+            dim: self.dim,
+            ld: self.dim,
+            col0: 0,
+        }
+    }
+}
+
 /// `rows` rows of `dim` values from column `col0` of rows `ld` apart.
 pub struct ColumnDims {
     pub rows: usize,

@@ -308,13 +308,7 @@ impl Backend for CpuBackend {
     fn residual_add(&self, x: &Tensor, residual: &Tensor, out: &Tensor) -> Result<()> {
         let t = [("x", x), ("residual", residual), ("out", out)];
         check_device("residual_add", &t)?;
-        let d = ops::check_residual_add(x, residual, out)?;
-        let d = ops::ColumnDims {
-            rows: d.rows,
-            dim: d.dim,
-            ld: d.dim,
-            col0: 0,
-        };
+        let d = ops::check_residual_add(x, residual, out)?.whole_rows();
         let (x, residual, out) = (x.clone(), residual.clone(), out.clone());
         self.submit(move || kernels::norm_rows(&x, Some(&residual), None, 0.0, &out, &d));
         Ok(())

@@ -207,13 +207,7 @@ impl Backend for CudaBackend {
     fn residual_add(&self, x: &Tensor, residual: &Tensor, out: &Tensor) -> Result<()> {
         let t = [("x", x), ("residual", residual), ("out", out)];
         self.check_device("residual_add", &t)?;
-        let d = ops::check_residual_add(x, residual, out)?;
-        let rows = ops::ColumnDims {
-            rows: d.rows,
-            dim: d.dim,
-            ld: d.dim,
-            col0: 0,
-        };
+        let rows = ops::check_residual_add(x, residual, out)?.whole_rows();
         kernels::norm_rows(self, x, None, Some(residual), None, 0.0, out, &rows)
     }
 
@@ -233,13 +227,7 @@ impl Backend for CudaBackend {
             self.check_device("norm_add_norm", &[("weight", w)])?;
             ops::check_rms_norm(residual, None, w, eps, out)?;
         }
-        let d = ops::check_rms_norm(x, Some(residual), x_weight, eps, out)?;
-        let rows = ops::ColumnDims {
-            rows: d.rows,
-            dim: d.dim,
-            ld: d.dim,
-            col0: 0,
-        };
+        let rows = ops::check_rms_norm(x, Some(residual), x_weight, eps, out)?.whole_rows();
         kernels::norm_rows(
             self,
             x,

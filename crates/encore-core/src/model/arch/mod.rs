@@ -50,7 +50,7 @@ pub enum Arch {
     Olmo2,
 }
 
-/// Every family encore runs.
+/// Every family encore runs, in [`Arch`]'s order (a family's row is its index).
 pub const FAMILIES: [Family; 12] = [
     llama::FAMILY,
     mistral::FAMILY,
@@ -220,12 +220,9 @@ pub struct ExpertRules {
 }
 
 impl Arch {
-    /// Its row of [`FAMILIES`].
+    /// Its row of [`FAMILIES`] (read on every step: an index, not a search).
     pub fn family(self) -> &'static Family {
-        FAMILIES
-            .iter()
-            .find(|f| f.arch == self)
-            .expect("every Arch has a FAMILIES row")
+        &FAMILIES[self as usize]
     }
 
     /// The family of an HF `architectures` entry.
@@ -278,7 +275,12 @@ mod tests {
 
     #[test]
     fn every_family_is_found_by_each_of_its_names() {
-        for f in FAMILIES {
+        for (i, f) in FAMILIES.into_iter().enumerate() {
+            assert_eq!(
+                f.arch as usize, i,
+                "{}: FAMILIES follows Arch's order",
+                f.hf_name
+            );
             assert_eq!(f.arch.family().hf_name, f.hf_name);
             assert_eq!(Arch::from_hf_name(f.hf_name), Some(f.arch));
             assert_eq!(Arch::from_model_type(f.model_type), Some(f.arch));

@@ -203,13 +203,7 @@ pub(super) fn rms_norm(
     out: &Tensor,
     d: &RowDims,
 ) {
-    let d = ColumnDims {
-        rows: d.rows,
-        dim: d.dim,
-        ld: d.dim,
-        col0: 0,
-    };
-    norm_rows(x, residual, Some(w), eps, out, &d)
+    norm_rows(x, residual, Some(w), eps, out, &d.whole_rows())
 }
 
 /// RMSNorm by `w` (after the residual add, with a residual) of `d`'s columns of x into

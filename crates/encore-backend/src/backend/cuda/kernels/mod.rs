@@ -255,13 +255,7 @@ pub(super) fn rms_norm(
     out: &Tensor,
     d: &RowDims,
 ) -> Result<()> {
-    let rows = ColumnDims {
-        rows: d.rows,
-        dim: d.dim,
-        ld: d.dim,
-        col0: 0,
-    };
-    norm_rows(be, x, None, residual, Some(w), eps, out, &rows)
+    norm_rows(be, x, None, residual, Some(w), eps, out, &d.whole_rows())
 }
 
 /// `rms_norm_*` over [`ColumnDims`]: the norm by `w` (with the residual add first), or with
