@@ -1423,3 +1423,61 @@ template <typename T> __device__ __forceinline__ void kv_store(T* dst, float x, 
     *dst = from_f32<T>(x);
 }
 __device__ __forceinline__ void kv_store(fp8* dst, float x, float inv) { *dst = kv_e4m3(x * inv); }
+
+// ---------------------------------------------------------------------------------------
+// Split-K attention's merge inside the split kernels (attention.cu's split kernel and
+// attention_decode.cu), in place of attention_combine_*'s second launch. Every CTA of a
+// (row, heads) group has written its split's partial result (scratch layout of
+// attention.cu: acc [rows, num_heads, num_splits, head_dim] then (m, l) pairs); it then
+// counts itself in `*counter` (threadFenceReduction's pattern: each thread fences its
+// writes, the block syncs, one atomic), and the CTA that brings the count to num_splits
+// merges the group's heads h0 .. h0 + nh - 1 and puts the count back to 0 for the next
+// launch (which reads it only after its PDL wait, when this grid has completed). The merge
+// weights each split by exp2(m_s - max m), sums splits in order 0, 1, ... (fixed:
+// deterministic) and writes out = acc / l, zeros where l == 0. num_splits <= 32.
+template <typename T>
+__device__ __forceinline__ void att_merge_if_last(const float* scratch, T* out, int rows,
+                                                  int num_heads, int head_dim, int num_splits,
+                                                  int row, int h0, int nh,
+                                                  unsigned int* counter) {
+    __shared__ unsigned int att_last;
+    __shared__ float att_w[32];
+    __shared__ float att_inv;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        att_last = atomicAdd(counter, 1u) == (unsigned int)num_splits - 1u ? 1u : 0u;
+    __syncthreads();
+    if (!att_last) return;
+    __threadfence();
+    const int lane = threadIdx.x & 31;
+    const float2* ml = reinterpret_cast<const float2*>(
+        scratch + (long long)rows * num_heads * num_splits * head_dim);
+    for (int i = 0; i < nh; ++i) {
+        const long long p0 = ((long long)row * num_heads + h0 + i) * num_splits;
+        if (threadIdx.x < 32) {
+            const float2 mine =
+                lane < num_splits ? __ldcg(ml + p0 + lane) : make_float2(NEG_INF, 0.0f);
+            const float mx = warp_max(mine.x);
+            const float mu = mx == NEG_INF ? 0.0f : mx;
+            // Weight 0 marks an empty split (its acc was never written and is not read).
+            const float w = mine.x == NEG_INF ? 0.0f : exp2f(mine.x - mu);
+            const float L = warp_sum(mine.y * w);
+            att_w[lane] = w;
+            if (lane == 0) att_inv = L > 0.0f ? 1.0f / L : 0.0f;
+        }
+        __syncthreads();
+        T* o = out + ((long long)row * num_heads + h0 + i) * head_dim;
+        const float inv = att_inv;
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+            float a = 0.0f;
+            for (int s = 0; s < num_splits; ++s) {
+                const float ws = att_w[s];
+                if (ws != 0.0f) a = fmaf(ws, __ldcg(scratch + (p0 + s) * head_dim + d), a);
+            }
+            o[d] = from_f32<T>(a * inv);
+        }
+        __syncthreads();  // att_w is rewritten for the next head
+    }
+    if (threadIdx.x == 0) *counter = 0u;
+}

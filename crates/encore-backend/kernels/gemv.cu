@@ -24,6 +24,14 @@
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4  // chunks of loads in flight per warp (half for R = 4)
 #endif
+// GEMV_MIN_BLOCKS (`ENCORE_KERNEL_DEFINES`, for experiments): CTAs an SM the compiler
+// keeps registers for (`__launch_bounds__`' second argument) in the one-row variants and
+// the fused gate/up. Unset, the compiler chooses (an explicit 1 is not the same).
+#ifdef GEMV_MIN_BLOCKS
+#define GEMV_BOUNDS(ONE_ROW) __launch_bounds__(GEMV_THREADS, (ONE_ROW) ? GEMV_MIN_BLOCKS : 1)
+#else
+#define GEMV_BOUNDS(ONE_ROW) __launch_bounds__(GEMV_THREADS)
+#endif
 
 // 16-byte load that does not allocate in L1 (weights are streamed once per step).
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
@@ -113,51 +121,44 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
         const int row = ACT ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
         wr[r] = w + (long long)row * k + lane * V;
     }
-    const int nfull = k / CHUNK;
-    // The first round of weight loads goes out before the PDL wait (`pdl_enter`): the
-    // weights never depend on the kernel before, so they stream while it finishes (an
-    // all-reduce, attention, a norm) instead of after. Only x waits.
+    // The warp's chunks are part, part + ksplit, ... < nchunks, taken UNROLL at a time: a
+    // round issues all of its weight loads (predicated: chunks past the end, and lanes past
+    // k in a partial last chunk, load nothing), then uses them. So a warp's last, short
+    // round costs one memory round trip, not one a chunk.
+    // The first round goes out before the PDL wait (`pdl_enter`): the weights never depend
+    // on the kernel before, so they stream while it finishes (an all-reduce, attention, a
+    // norm) instead of after. Only x waits.
     uint4 wv[UNROLL][R];
+    const auto load_round = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int cc = c0 + u * ksplit;
+            if (cc < nchunks && cc * CHUNK + lane * V < k) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) wv[u][r] = ld_stream16(wr[r] + cc * CHUNK);
+            }
+        }
+    };
 #ifdef GEMV_LATE_LOADS
     const bool early = false;
 #else
-    const bool early = n0 < n_rows && part + (UNROLL - 1) * ksplit < nfull;
+    const bool early = n0 < n_rows;
 #endif
-    if (early) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-            for (int r = 0; r < R; ++r) wv[u][r] = ld_stream16(wr[r] + (part + u * ksplit) * CHUNK);
-    }
+    if (early) load_round(part);
     pdl_enter();
     __shared__ unsigned int sh_c;
     if (PUSH && threadIdx.x == 0) sh_c = (*push.count + 1) % 3u;
 
     if (n0 < n_rows) {
         const T* xr = x + lane * V;
-        int c = part;
-        // Main loop over whole chunks: UNROLL of them, all weight loads issued before use;
-        // each x vector is loaded once and used for the warp's R rows.
-        for (; c + (UNROLL - 1) * ksplit < nfull; c += UNROLL * ksplit) {
-            if (!early || c != part) {
+        // Each x vector is loaded once and used for the warp's R rows.
+        for (int c = part; c < nchunks; c += UNROLL * ksplit) {
+            if (!early || c != part) load_round(c);
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-                    for (int r = 0; r < R; ++r)
-                        wv[u][r] = ld_stream16(wr[r] + (c + u * ksplit) * CHUNK);
-            }
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                gemv_fma<T, M, R>(xr, k, (c + u * ksplit) * CHUNK, m_rows, wv[u], acc);
-        }
-        // The rest, one chunk at a time (the last one may be partial).
-        for (; c < nchunks; c += ksplit) {
-            const int k0 = c * CHUNK;
-            if (k0 + lane * V < k) {
-                uint4 wv[R];
-#pragma unroll
-                for (int r = 0; r < R; ++r) wv[r] = ld_stream16(wr[r] + k0);
-                gemv_fma<T, M, R>(xr, k, k0, m_rows, wv, acc);
+            for (int u = 0; u < UNROLL; ++u) {
+                const int cc = c + u * ksplit;
+                if (cc < nchunks && cc * CHUNK + lane * V < k)
+                    gemv_fma<T, M, R>(xr, k, cc * CHUNK, m_rows, wv[u], acc);
             }
         }
     }
@@ -198,7 +199,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
 #define GEMV_R(M) ((M) >= 4 ? 4 : (M))
 
 #define GEMV(T, OUT_T, TN, ON, M)                                                           \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_##TN##_##ON##_m##M(     \
+    extern "C" __global__ void GEMV_BOUNDS((M) == 1) gemv_##TN##_##ON##_m##M(              \
         const T* x, const T* w, const T* bias, OUT_T* out, int m_rows, int n_rows, int k,   \
         int ksplit) {                                                                       \
         gemv_impl<T, OUT_T, M, GEMV_R(M)>(x, w, bias, out, m_rows, n_rows, k, ksplit);      \
@@ -238,7 +239,7 @@ GEMV_PUSH_ALL_M(float, f32)
 // out[0, j] = act(x · w[j]) * (x · w[n_rows + j]) for one row of x: the MLP's gate/up
 // projection and activation in one pass over the merged gate_up weight.
 #define GEMV_ACT(T, TN)                                                                     \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_act_##TN##_m1(          \
+    extern "C" __global__ void GEMV_BOUNDS(1) gemv_act_##TN##_m1(                          \
         const T* x, const T* w, T* out, int n_rows, int k, int ksplit, int act) {          \
         gemv_impl<T, T, 1, 2, true>(x, w, nullptr, out, 1, n_rows, k, ksplit, PushTo{}, act); \
     }

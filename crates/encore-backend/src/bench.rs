@@ -11,6 +11,7 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::args::Activation;
 use crate::backend::{Attention, Backend, Graph};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
@@ -323,13 +324,15 @@ pub fn decode_attention(
 
 /// A decode projection's weight streaming: `x[1, k] · wᵀ` over distinct `[n, k]` weights
 /// (as many as take at least `min_bytes`, more than the L2 holds, so every call reads its
-/// weight from memory), all captured in one graph as a step would run them. GB/s of
-/// weight bytes read; the detail gives the time per call.
+/// weight from memory), all captured in one graph as a step would run them; with `act`,
+/// the MLP's fused gate/up projection (`matmul_act_mul`, SiLU: `w` holds `n / 2` gate rows
+/// then as many up rows). GB/s of weight bytes read; the detail gives the time per call.
 pub fn gemv_stream(
     be: &dyn Backend,
     n: usize,
     k: usize,
     dtype: DType,
+    act: bool,
     min_bytes: usize,
 ) -> Result<BenchRow> {
     let mut rng = StdRng::seed_from_u64(3);
@@ -337,15 +340,22 @@ pub fn gemv_stream(
     let copies = min_bytes.div_ceil(w_bytes.max(1)).max(2);
     let x = random_tensor(be, &mut rng, &[1, k], dtype, 1.0)?;
     let out = be.alloc(dtype, &[1, n])?;
+    let half = be.alloc(dtype, &[1, n / 2])?;
     let ws = (0..copies)
         .map(|_| random_tensor(be, &mut rng, &[n, k], dtype, 0.05))
         .collect::<Result<Vec<_>>>()?;
-    let run = || ws.iter().try_for_each(|w| be.matmul(&x, w, None, &out));
+    let run = || {
+        ws.iter().try_for_each(|w| match act {
+            true => be.matmul_act_mul(Activation::Silu, &x, w, &out, &half),
+            false => be.matmul(&x, w, None, &out),
+        })
+    };
     run()?;
     let graph = capture(be, run)?;
     let s = time_per_call(be, 3, 7, || graph.replay())? / copies as f64;
+    let what = if act { "gemv+act" } else { "gemv" };
     Ok(BenchRow {
-        name: format!("gemv 1x{n}x{k} {dtype}, {copies} weights in a graph"),
+        name: format!("{what} 1x{n}x{k} {dtype}, {copies} weights in a graph"),
         value: w_bytes as f64 / s / 1e9,
         unit: "GB/s",
         seconds: s,

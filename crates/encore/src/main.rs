@@ -378,8 +378,9 @@ fn rayon_threads() -> usize {
 /// launch cost (iterations).
 struct KernelSuite {
     gemms: &'static [GemmCase],
-    /// Decode projections `(n, k)` streamed in a graph over more weight bytes than L2.
-    gemvs: &'static [(usize, usize, DType)],
+    /// Decode projections `(n, k, dtype, act)` (`act`: the fused gate/up and activation)
+    /// streamed in a graph over more weight bytes than L2.
+    gemvs: &'static [(usize, usize, DType, bool)],
     copy: (usize, usize),
     attention: &'static [(AttentionShape, DType, usize)],
     launches: usize,
@@ -437,7 +438,7 @@ const QUICK: KernelSuite = KernelSuite {
         (64, 256, 256, DType::F32, None, 5),
         (64, 256, 256, DType::F32, Some(QuantFormat::Q8_0), 5),
     ],
-    gemvs: &[(256, 256, DType::F32)],
+    gemvs: &[(256, 256, DType::F32, false), (256, 256, DType::F32, true)],
     copy: (8 << 20, 5),
     attention: &[
         (attention(1, 256, 8, 2, 64), DType::F32, 5),
@@ -500,21 +501,31 @@ const FULL: KernelSuite = KernelSuite {
         (512, 28672, 4096, DType::BF16, Some(QuantFormat::F8E4M3), 50),
         (512, 4096, 14336, DType::BF16, Some(QuantFormat::F8E4M3), 50),
     ],
-    // Llama-3-8B's q/k/v, o, gate/up and down, one rank's of the 8B over 2 GPUs, then one
-    // rank's of a 70B over 4 GPUs.
+    // Llama-3-8B's q/k/v, o, gate/up (as one gemv, then fused with SiLU) and down, one
+    // rank's of the 8B over 2 GPUs, then one rank's of a 70B over 4 GPUs; then
+    // Gemma-3-4B's and Phi-4-mini's q/k/v, o, gate/up with the activation and down.
     gemvs: &[
-        (6144, 4096, DType::BF16),
-        (4096, 4096, DType::BF16),
-        (28672, 4096, DType::BF16),
-        (4096, 14336, DType::BF16),
-        (3072, 4096, DType::BF16),
-        (4096, 2048, DType::BF16),
-        (14336, 4096, DType::BF16),
-        (4096, 7168, DType::BF16),
-        (2560, 8192, DType::BF16),
-        (8192, 2048, DType::BF16),
-        (14336, 8192, DType::BF16),
-        (8192, 7168, DType::BF16),
+        (6144, 4096, DType::BF16, false),
+        (4096, 4096, DType::BF16, false),
+        (28672, 4096, DType::BF16, false),
+        (28672, 4096, DType::BF16, true),
+        (4096, 14336, DType::BF16, false),
+        (3072, 4096, DType::BF16, false),
+        (4096, 2048, DType::BF16, false),
+        (14336, 4096, DType::BF16, false),
+        (4096, 7168, DType::BF16, false),
+        (2560, 8192, DType::BF16, false),
+        (8192, 2048, DType::BF16, false),
+        (14336, 8192, DType::BF16, false),
+        (8192, 7168, DType::BF16, false),
+        (4096, 2560, DType::BF16, false),
+        (2560, 2048, DType::BF16, false),
+        (20480, 2560, DType::BF16, true),
+        (2560, 10240, DType::BF16, false),
+        (5120, 3072, DType::BF16, false),
+        (3072, 3072, DType::BF16, false),
+        (16384, 3072, DType::BF16, true),
+        (3072, 8192, DType::BF16, false),
     ],
     copy: (1 << 30, 20),
     // The serving issue's rows, (batch, context) = (1, 8k), (64, 2k), (256, 2k), (1024,
@@ -579,8 +590,8 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
     }
     if on(KernelGroup::Gemv) {
         let min_bytes = if quick { 1 << 20 } else { 1 << 30 };
-        for &(n, k, dtype) in suite.gemvs {
-            push(bench::gemv_stream(be, n, k, dtype, min_bytes)?)?;
+        for &(n, k, dtype, act) in suite.gemvs {
+            push(bench::gemv_stream(be, n, k, dtype, act, min_bytes)?)?;
         }
     }
     if on(KernelGroup::Attention) {

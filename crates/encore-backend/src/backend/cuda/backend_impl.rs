@@ -201,6 +201,9 @@ impl Backend for CudaBackend {
             self.check_device("rms_norm", &[("residual", r)])?;
         }
         let d = ops::check_rms_norm(x, residual, weight, eps, out)?;
+        if self.skip_ops.norm {
+            return Ok(());
+        }
         kernels::rms_norm(self, x, residual, weight, eps, out, &d)
     }
 
@@ -208,6 +211,9 @@ impl Backend for CudaBackend {
         let t = [("x", x), ("residual", residual), ("out", out)];
         self.check_device("residual_add", &t)?;
         let rows = ops::check_residual_add(x, residual, out)?.whole_rows();
+        if self.skip_ops.norm {
+            return Ok(());
+        }
         kernels::norm_rows(self, x, None, Some(residual), None, 0.0, out, &rows)
     }
 
@@ -228,6 +234,9 @@ impl Backend for CudaBackend {
             ops::check_rms_norm(residual, None, w, eps, out)?;
         }
         let rows = ops::check_rms_norm(x, Some(residual), x_weight, eps, out)?.whole_rows();
+        if self.skip_ops.norm {
+            return Ok(());
+        }
         kernels::norm_rows(
             self,
             x,
@@ -243,6 +252,9 @@ impl Backend for CudaBackend {
     fn rms_norm_columns(&self, x: &Tensor, col0: usize, weight: &Tensor, eps: f32) -> Result<()> {
         self.check_device("rms_norm_columns", &[("x", x), ("weight", weight)])?;
         let d = ops::check_rms_norm_columns(x, col0, weight, eps)?;
+        if self.skip_ops.norm {
+            return Ok(());
+        }
         kernels::norm_rows(self, x, None, None, Some(weight), eps, x, &d)
     }
 
@@ -264,6 +276,9 @@ impl Backend for CudaBackend {
         let d = ops::check_matmul(x, w, bias, out)?;
         if d.k == 0 {
             return Err(Error::invalid("matmul", "k must be > 0"));
+        }
+        if self.skip_ops.matmul {
+            return Ok(());
         }
         self.bind()?;
         if let DType::Q(fmt) = w.dtype() {
@@ -308,6 +323,9 @@ impl Backend for CudaBackend {
         )?;
         let d = ops::check_matmul(x, w, None, gate_up)?;
         ops::check_silu_mul(gate_up, out)?;
+        if self.skip_ops.matmul {
+            return Ok(());
+        }
         if let DType::Q(fmt) = w.dtype() {
             if d.m == 1
                 && out.dtype() == x.dtype()
@@ -381,6 +399,9 @@ impl Backend for CudaBackend {
     fn qkv_rope_write(&self, a: &QkvRope<'_>) -> Result<()> {
         self.check_device("qkv_rope_write", &a.tensors())?;
         let d = ops::check_qkv_rope(a)?;
+        if self.skip_ops.qkv_rope {
+            return Ok(());
+        }
         kernels::qkv_rope_write(self, a, &d)
     }
 
@@ -397,6 +418,9 @@ impl Backend for CudaBackend {
                 d.block_size,
             ),
         )?;
+        if self.skip_ops.attention {
+            return Ok(());
+        }
         kernels::attention(self, a, &d)
     }
 

@@ -21,6 +21,36 @@ where
     }
 }
 
+/// `ENCORE_SKIP_OPS`, a measurement knob only: a comma-separated list of `norm`
+/// (`rms_norm`, `norm_add_norm`, `residual_add`, `rms_norm_columns`), `qkv_rope`,
+/// `attention` and `matmul` (`matmul`, `matmul_act_mul`) whose calls return without
+/// launching anything, so that a step's time without them can be read beside the real one
+/// (`bench decode`). Results are wrong.
+fn skip_ops_from_env() -> Result<SkipOps> {
+    let mut s = SkipOps::default();
+    let Ok(v) = std::env::var("ENCORE_SKIP_OPS") else {
+        return Ok(s);
+    };
+    for op in v.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+        match op {
+            "norm" => s.norm = true,
+            "qkv_rope" => s.qkv_rope = true,
+            "attention" => s.attention = true,
+            "matmul" => s.matmul = true,
+            other => {
+                return Err(Error::Config {
+                    path: "ENCORE_SKIP_OPS".into(),
+                    what: format!("`{other}`: expected norm, qkv_rope, attention or matmul"),
+                })
+            }
+        }
+    }
+    tracing::warn!(
+        "ENCORE_SKIP_OPS={v}: those ops are left out (a measurement knob; results are wrong)"
+    );
+    Ok(s)
+}
+
 /// `ENCORE_EXPERT_FILL` (`bulk` or `threads`; unset: `threads`) and
 /// `ENCORE_EXPERT_FILL_CTAS` (the bulk copies' CTAs, default 64): how the expert cache
 /// copies experts into its slots. Bulk copies need sm_90.
@@ -159,7 +189,7 @@ impl CudaBackend {
             compile.cache_hits
         );
         let kernels = handles::Kernels::resolve(|name: &str| handles::take(&functions, name))?;
-        Ok(CudaBackend {
+        let mut be = CudaBackend {
             ctx,
             stream,
             kernels,
@@ -215,7 +245,14 @@ impl CudaBackend {
             p2p_on: AtomicBool::new(true),
             skip_all_reduce: false,
             push_on: true,
-        })
+            attention_counters: None,
+            skip_ops: skip_ops_from_env()?,
+        };
+        // Zeros, put back to zeros by every kernel that counts in them.
+        let counters = be.alloc(DType::I32, &[kernels::ATTENTION_COUNTERS])?;
+        be.write_bytes(&counters, &vec![0u8; counters.size_bytes()])?;
+        be.attention_counters = Some(counters);
+        Ok(be)
     }
 
     /// Backends on devices `first..first + size`, ranks of one tensor-parallel group
