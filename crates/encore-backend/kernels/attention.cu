@@ -42,10 +42,8 @@
 //   Empty splits write m = -inf, l = 0 and no acc.
 // Kernel 2, attention_combine_<dtype>: grid (rows, num_heads), ATT_COMBINE_THREADS threads:
 // one CTA per (row, head) merges the splits' partials with the usual max rescaling and
-// writes out = acc / l (zeros where l == 0). Only launched when num_splits (<= 32) > 1 and
-// kernel 1 had no `counters` (the second launch orders the two kernels); with them, the
-// last CTA of each (row, heads) group to finish merges its heads instead (common.cuh's
-// att_merge_if_last; `counters` [rows, num_kv_heads * num_sub], zeros between launches).
+// writes out = acc / l (zeros where l == 0). Only launched when num_splits (<= 32) > 1.
+// The second launch orders the two kernels: no cross-CTA synchronisation is needed.
 
 #define ATT_THREADS 128
 #define ATT_MAX_SLOTS 32   // ATT_THREADS / minimum lpt (4)
@@ -454,21 +452,13 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
         const int* seq_lens, const int* cu_seqlens, int has_cu, T* out, float* scratch,    \
         float qscale, float vscale, float softcap, int window, int num_seqs, int rows, int num_heads,     \
         int num_kv_heads, int head_dim, int num_blocks, int block_size, int table_width,   \
-        int group, int heads_per_cta, int num_sub, int num_splits, int lpt,                \
-        unsigned int* counters) {                                                           \
+        int group, int heads_per_cta, int num_sub, int num_splits, int lpt) {              \
         pdl_enter();                                                                        \
         attention_split_impl<T, KV, GMAX>(q, k_cache, v_cache, block_tables, seq_lens,     \
                                           cu_seqlens, has_cu, out, scratch, qscale, vscale, softcap, \
                                           window, num_seqs, rows, num_heads, num_kv_heads,  \
                                           head_dim, num_blocks, block_size, table_width,    \
                                           group, heads_per_cta, num_sub, num_splits, lpt);  \
-        if (num_splits > 1 && counters != nullptr) {                                        \
-            const int g = blockIdx.y / num_sub, sub = blockIdx.y - g * num_sub;             \
-            att_merge_if_last<T>(scratch, out, rows, num_heads, head_dim, num_splits,       \
-                                 blockIdx.x, g * group + sub * heads_per_cta,               \
-                                 min(heads_per_cta, group - sub * heads_per_cta),           \
-                                 counters + (long long)blockIdx.x * gridDim.y + blockIdx.y); \
-        }                                                                                   \
     }
 #define ATTENTION_COMBINE(NAME, T)                                                         \
     extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)                      \

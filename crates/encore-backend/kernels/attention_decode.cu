@@ -8,9 +8,8 @@
 // before the clamp); keys of blocks outside 0..num_blocks contribute nothing; a row with an
 // empty range writes zeros. The range is cut into num_splits splits exactly as the split
 // kernel cuts it (each a whole number of DA_KEYS keys), and a split writes the final output
-// (num_splits == 1) or its partial result in the split kernel's scratch layout, which the
-// last of the row's and KV head's splits to finish merges (`counters` [rows, num_kv_heads];
-// common.cuh's att_merge_if_last), or, without counters, attention.cu's combine kernel.
+// (num_splits == 1) or its partial result in the split kernel's scratch layout, which
+// attention.cu's combine kernel merges.
 //
 // Launch: grid (num_kv_heads, rows, num_splits) with heads_fast = 1 (a row's KV heads in
 // adjacent CTAs read the same blocks' rows together), else (rows, num_kv_heads,
@@ -494,20 +493,12 @@ __device__ __forceinline__ void attention_decode_impl(
         const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
         const int* seq_lens, T* out, float* scratch, float qscale, float vscale, float softcap,           \
         int window, int rows, int num_heads, int num_kv_heads, int num_blocks,             \
-        int block_size, int table_width, int group, int num_splits, int heads_fast,       \
-        unsigned int* counters) {                                                           \
+        int block_size, int table_width, int group, int num_splits, int heads_fast) {      \
         pdl_enter();                                                                        \
         attention_decode_impl<T, KV, HD>(q, k_cache, v_cache, block_tables, seq_lens, out, \
                                          scratch, qscale, vscale, softcap, window, rows, num_heads, \
                                          num_kv_heads, num_blocks, block_size, table_width,\
                                          group, num_splits, heads_fast);                   \
-        if (num_splits > 1 && counters != nullptr) {                                        \
-            const int row = heads_fast ? blockIdx.y : blockIdx.x;                           \
-            const int kvh = heads_fast ? blockIdx.x : blockIdx.y;                           \
-            att_merge_if_last<T>(scratch, out, rows, num_heads, HD, num_splits, row,        \
-                                 kvh * group, group,                                        \
-                                 counters + (long long)row * num_kv_heads + kvh);           \
-        }                                                                                   \
     }
 
 ATTENTION_DECODE(attention_decode_hd64_bf16, bf16, bf16, 64)

@@ -121,44 +121,51 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
         const int row = ACT ? n0 + r * n_rows : min(n0 + r, n_rows - 1);
         wr[r] = w + (long long)row * k + lane * V;
     }
-    // The warp's chunks are part, part + ksplit, ... < nchunks, taken UNROLL at a time: a
-    // round issues all of its weight loads (predicated: chunks past the end, and lanes past
-    // k in a partial last chunk, load nothing), then uses them. So a warp's last, short
-    // round costs one memory round trip, not one a chunk.
-    // The first round goes out before the PDL wait (`pdl_enter`): the weights never depend
-    // on the kernel before, so they stream while it finishes (an all-reduce, attention, a
-    // norm) instead of after. Only x waits.
+    const int nfull = k / CHUNK;
+    // The first round of weight loads goes out before the PDL wait (`pdl_enter`): the
+    // weights never depend on the kernel before, so they stream while it finishes (an
+    // all-reduce, attention, a norm) instead of after. Only x waits.
     uint4 wv[UNROLL][R];
-    const auto load_round = [&](int c0) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int cc = c0 + u * ksplit;
-            if (cc < nchunks && cc * CHUNK + lane * V < k) {
-#pragma unroll
-                for (int r = 0; r < R; ++r) wv[u][r] = ld_stream16(wr[r] + cc * CHUNK);
-            }
-        }
-    };
 #ifdef GEMV_LATE_LOADS
     const bool early = false;
 #else
-    const bool early = n0 < n_rows;
+    const bool early = n0 < n_rows && part + (UNROLL - 1) * ksplit < nfull;
 #endif
-    if (early) load_round(part);
+    if (early) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) wv[u][r] = ld_stream16(wr[r] + (part + u * ksplit) * CHUNK);
+    }
     pdl_enter();
     __shared__ unsigned int sh_c;
     if (PUSH && threadIdx.x == 0) sh_c = (*push.count + 1) % 3u;
 
     if (n0 < n_rows) {
         const T* xr = x + lane * V;
-        // Each x vector is loaded once and used for the warp's R rows.
-        for (int c = part; c < nchunks; c += UNROLL * ksplit) {
-            if (!early || c != part) load_round(c);
+        int c = part;
+        // Main loop over whole chunks: UNROLL of them, all weight loads issued before use;
+        // each x vector is loaded once and used for the warp's R rows.
+        for (; c + (UNROLL - 1) * ksplit < nfull; c += UNROLL * ksplit) {
+            if (!early || c != part) {
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int cc = c + u * ksplit;
-                if (cc < nchunks && cc * CHUNK + lane * V < k)
-                    gemv_fma<T, M, R>(xr, k, cc * CHUNK, m_rows, wv[u], acc);
+                for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+                        wv[u][r] = ld_stream16(wr[r] + (c + u * ksplit) * CHUNK);
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                gemv_fma<T, M, R>(xr, k, (c + u * ksplit) * CHUNK, m_rows, wv[u], acc);
+        }
+        // The rest, one chunk at a time (the last one may be partial).
+        for (; c < nchunks; c += ksplit) {
+            const int k0 = c * CHUNK;
+            if (k0 + lane * V < k) {
+                uint4 wv[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) wv[r] = ld_stream16(wr[r] + k0);
+                gemv_fma<T, M, R>(xr, k, k0, m_rows, wv, acc);
             }
         }
     }

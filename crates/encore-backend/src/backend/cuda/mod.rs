@@ -167,10 +167,6 @@ pub struct CudaBackend {
     push_on: bool,
     /// The expert prefetch's stream (`args::ExpertPrefetch`), made at its first use.
     expert_side: Mutex<Option<SideStream>>,
-    /// `kernels::ATTENTION_COUNTERS` zeros where split-K attention's CTAs count their
-    /// splits done, the last one merging them (common.cuh's `att_merge_if_last`; each
-    /// kernel puts its counts back to zero). Set when the backend is opened.
-    attention_counters: Option<Tensor>,
     /// `ENCORE_SKIP_OPS` (open.rs): ops left out, a measurement knob.
     skip_ops: SkipOps,
 }
@@ -405,15 +401,6 @@ impl CudaBackend {
     }
 
     /// Whether decode attention may use the tensor-core kernel (see `tc_decode`).
-    /// The split-K attention counters for a launch of `groups` (row, heads) groups: their
-    /// address, or 0 (too many: the separate combine launch merges).
-    pub(super) fn attention_counters(&self, groups: usize) -> u64 {
-        match &self.attention_counters {
-            Some(c) if groups <= c.numel() => dptr(c),
-            _ => 0,
-        }
-    }
-
     pub(super) fn tc_decode(&self) -> bool {
         self.tc_decode
     }

@@ -189,7 +189,7 @@ impl CudaBackend {
             compile.cache_hits
         );
         let kernels = handles::Kernels::resolve(|name: &str| handles::take(&functions, name))?;
-        let mut be = CudaBackend {
+        Ok(CudaBackend {
             ctx,
             stream,
             kernels,
@@ -245,14 +245,8 @@ impl CudaBackend {
             p2p_on: AtomicBool::new(true),
             skip_all_reduce: false,
             push_on: true,
-            attention_counters: None,
             skip_ops: skip_ops_from_env()?,
-        };
-        // Zeros, put back to zeros by every kernel that counts in them.
-        let counters = be.alloc(DType::I32, &[kernels::ATTENTION_COUNTERS])?;
-        be.write_bytes(&counters, &vec![0u8; counters.size_bytes()])?;
-        be.attention_counters = Some(counters);
-        Ok(be)
+        })
     }
 
     /// Backends on devices `first..first + size`, ranks of one tensor-parallel group

@@ -18,12 +18,8 @@ const ATT_MAX_HEADS_PER_CTA: usize = 8;
 /// Largest GQA group: groups of 9..=16 heads are split over two CTAs.
 const ATT_MAX_GROUP: usize = 16;
 const ATT_MAX_SPLITS: usize = 32;
-/// A split gets at least this many tokens of the longest context the table can hold (and
-/// at least a block). One block: a short table at a small batch (a few CTAs, each walking
-/// its keys one step of `chunk` tokens at a time) is latency-bound, and finer splits cut
-/// that walk (Gemma-3-4B's head-dim-256 layers at batch 1 over 576 positions: 9 splits of
-/// 64 keys before, 32 of 18 now).
-const ATT_MIN_SPLIT_TOKENS: usize = 16;
+/// A split gets at least this many tokens of the longest context the table can hold.
+const ATT_MIN_SPLIT_TOKENS: usize = 64;
 /// Fixed cost of one CTA (loading q, merging its token slots, writing), in tokens.
 const ATT_CTA_OVERHEAD_TOKENS: usize = 128;
 /// Cost of the combine launch that any split count above 1 adds, in tokens.
@@ -321,21 +317,15 @@ fn attention_decode(
     let [rows, nh, nkv, nb, bs, tw, group] = launch_ints(OP, d)?;
     let ns = splits as i32;
     let hf = heads_fast as i32;
-    // Split: the last CTA of a (row, KV head) merges the splits where the counters hold
-    // the launch's groups, else the combine launch after it does.
-    let counters = match splits {
-        1 => 0,
-        _ => be.attention_counters(d.rows * d.num_kv_heads),
-    };
     be.launch(
         kernel,
         c,
         &mut args![
             q, kc, vc, bt, sl, out, scratch, qscale, vscale, cap, window, rows, nh, nkv, nb, bs,
-            tw, group, ns, hf, counters
+            tw, group, ns, hf
         ],
     )?;
-    if splits > 1 && counters == 0 {
+    if splits > 1 {
         let hd = d.head_dim as i32;
         let c = cfg((rows as u32, d.num_heads as u32, 1), (256, 1, 1));
         be.launch(
@@ -469,21 +459,15 @@ pub(in crate::backend::cuda) fn attention(
         d.rows * d.num_heads * d.head_dim,
     )
     .map(|_| ())?;
-    // As in `attention_decode`: the splits merged by their last CTA where the counters
-    // hold the launch's (row, heads) groups.
-    let counters = match plan.num_splits {
-        1 => 0,
-        _ => be.attention_counters(d.rows * y),
-    };
     be.launch(
         kernel,
         c,
         &mut args![
             q, kc, vc, bt, sl, cu, has_cu, out, scratch, qscale, vscale, cap, window, num_seqs,
-            rows, nh, nkv, hd, nb, bs, tw, group, hpc, nsub, splits, lpt, counters
+            rows, nh, nkv, hd, nb, bs, tw, group, hpc, nsub, splits, lpt
         ],
     )?;
-    if plan.num_splits > 1 && counters == 0 {
+    if plan.num_splits > 1 {
         // One CTA per (row, head) (`ATT_COMBINE_THREADS` in attention.cu).
         let c = cfg((rows as u32, y_heads, 1), (256, 1, 1));
         be.launch(

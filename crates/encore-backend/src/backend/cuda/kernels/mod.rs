@@ -463,14 +463,10 @@ pub(super) fn gemv_fits(x: &Tensor, w: &Tensor, d: &MatmulDims, max_rows: usize)
 /// CTAs per SM the gemv's k split aims for: enough loads in flight to stream at the copy
 /// rate. Eight, not two, took 1.5% off an 8B decode step on the H100 and 4.4% on the H200
 /// (the o and down projections, 4096 and 8192 rows, streamed 7-17% faster; BENCHMARKS.md).
-/// (row, heads) groups of one split-K attention launch whose splits the kernel merges
-/// itself (`CudaBackend::attention_counters`): 16,384 decode rows of 16 KV heads.
-pub(super) const ATTENTION_COUNTERS: usize = 1 << 18;
-
 pub(super) const GEMV_CTAS_PER_SM: usize = 8;
 
 /// Chunks of k a gemv warp keeps in flight (`GEMV_UNROLL` in gemv.cu, at one row a warp):
-/// a round of loads; a warp's last round may hold fewer.
+/// a warp with fewer left loads them one at a time.
 const GEMV_ROUND: usize = 4;
 
 /// `(ksplit, CTAs)` of a gemv over `n` rows of `k` with `rows_per_warp` rows per warp:
