@@ -27,14 +27,6 @@
 // GEMV_MIN_BLOCKS (`ENCORE_KERNEL_DEFINES`, for experiments): CTAs an SM the compiler
 // keeps registers for (`__launch_bounds__`' second argument) in the one-row variants and
 // the fused gate/up. Unset, the compiler chooses (an explicit 1 is not the same).
-// Bytes of a gemv's weight it prefetches into L2 before its PDL wait
-// (`ENCORE_KERNEL_DEFINES=GEMV_PREFETCH_BYTES=N`; 0: none): each CTA asks for the first
-// share of its own rows (cp.async.bulk.prefetch, one instruction a CTA), in proportion
-// when the weight is larger, so a projection after a latency-bound kernel (attention, a
-// norm) streams its weight while that kernel runs instead of after it.
-#ifndef GEMV_PREFETCH_BYTES
-#define GEMV_PREFETCH_BYTES (24LL << 20)
-#endif
 #ifdef GEMV_MIN_BLOCKS
 #define GEMV_BOUNDS(ONE_ROW) __launch_bounds__(GEMV_THREADS, (ONE_ROW) ? GEMV_MIN_BLOCKS : 1)
 #else
@@ -145,29 +137,6 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
 #pragma unroll
             for (int r = 0; r < R; ++r) wv[u][r] = ld_stream16(wr[r] + (part + u * ksplit) * CHUNK);
     }
-#if GEMV_PREFETCH_BYTES > 0 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) {
-        // This CTA's rows (and, fused, their up rows) are contiguous: [cta_n0, + rows).
-        const int cta_n0 = blockIdx.x * rows_per_cta;
-        const int rows = min(rows_per_cta, n_rows - cta_n0);
-        const long long row_bytes = (long long)k * sizeof(T);
-        const long long total = (long long)n_rows * row_bytes * (ACT ? 2 : 1);
-        long long bytes = rows > 0 ? rows * row_bytes : 0;
-        if (total > GEMV_PREFETCH_BYTES) bytes = bytes * GEMV_PREFETCH_BYTES / total;
-        bytes &= ~15LL;
-        if (bytes > 0) {
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(
-                             w + (long long)cta_n0 * k),
-                         "r"((unsigned int)bytes)
-                         : "memory");
-            if (ACT)
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(
-                                 w + (long long)(n_rows + cta_n0) * k),
-                             "r"((unsigned int)bytes)
-                             : "memory");
-        }
-    }
-#endif
     pdl_enter();
     __shared__ unsigned int sh_c;
     if (PUSH && threadIdx.x == 0) sh_c = (*push.count + 1) % 3u;
