@@ -34,7 +34,7 @@ fn config(fmt: QuantFormat) -> ModelConfig {
     cfg.tie_word_embeddings = false;
     cfg.weights = WeightFormats {
         projections: Some(fmt),
-        per_tensor: Default::default(),
+        ..Default::default()
     };
     cfg
 }

@@ -82,11 +82,17 @@ impl ModelFiles {
     pub fn quantize(&mut self, q: Quantization) -> Result<()> {
         match q {
             Quantization::Auto => {}
-            Quantization::None => self.config.weights = WeightFormats::default(),
+            Quantization::None => {
+                self.config.weights = WeightFormats {
+                    gptq: self.config.weights.gptq,
+                    ..Default::default()
+                }
+            }
             Quantization::To(f) => {
                 self.config.weights = WeightFormats {
                     projections: Some(f),
                     per_tensor: Default::default(),
+                    gptq: self.config.weights.gptq,
                 }
             }
         }

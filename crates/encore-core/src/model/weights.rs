@@ -10,6 +10,7 @@
 //! one converted HF tensor (nothing at all when the file already has the run dtype).
 
 mod checkpoint;
+mod gptq;
 mod host;
 mod host_side;
 
@@ -280,7 +281,8 @@ fn load_placed(
     }
     let (source, what, decl) = match source {
         WeightSource::Dir(path) => {
-            let ck = Checkpoint::open(&path)?;
+            let mut ck = Checkpoint::open(&path)?;
+            ck.gptq = cfg.weights.gptq;
             // Before the declaration, which holds every layer's names: a corrupt layer
             // count must not make the loader build millions of them (an EAGLE head has
             // one, `midlayer`).
@@ -601,6 +603,10 @@ impl Source {
                 f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype))
             }
             Source::Checkpoint(ck) => {
+                if let Some(w) = ck.gptq(&spec.name, &spec.shape)? {
+                    let values = w.to_f32();
+                    return f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype));
+                }
                 let (src_dtype, bytes) = ck.data(&spec.name)?;
                 check_finite_norm(&spec.name, bytes, src_dtype)?;
                 if src_dtype == dtype {
@@ -648,20 +654,29 @@ impl Source {
                     staging.quantized(fmt, k, |s| s.floats_from(&values))
                 }
             },
-            Source::Checkpoint(ck) => match ck.fp8(&spec.name)? {
-                // An FP8 checkpoint kept in FP8: its own bytes and scales.
-                Some(w) if fmt == QuantFormat::F8E4M3 => {
-                    let bytes = w.rows * fmt.row_bytes(k).unwrap_or(0);
-                    staging.rows_with(bytes, |out| w.device_rows(out))
-                }
+            // A GPTQ projection: its own codes and scales as GGUF blocks when kept in the
+            // format it is exactly, else its values requantized.
+            Source::Checkpoint(ck) => match ck.gptq(&spec.name, &spec.shape)? {
+                Some(w) if w.format() == fmt => staging.packed(fmt, k, &w.blocks()),
                 Some(w) => {
                     let values = w.to_f32();
                     staging.quantized(fmt, k, |s| s.floats_from(&values))
                 }
-                None => {
-                    let (src_dtype, bytes) = ck.data(&spec.name)?;
-                    staging.quantized(fmt, k, |s| s.floats_of(bytes, src_dtype))
-                }
+                None => match ck.fp8(&spec.name)? {
+                    // An FP8 checkpoint kept in FP8: its own bytes and scales.
+                    Some(w) if fmt == QuantFormat::F8E4M3 => {
+                        let bytes = w.rows * fmt.row_bytes(k).unwrap_or(0);
+                        staging.rows_with(bytes, |out| w.device_rows(out))
+                    }
+                    Some(w) => {
+                        let values = w.to_f32();
+                        staging.quantized(fmt, k, |s| s.floats_from(&values))
+                    }
+                    None => {
+                        let (src_dtype, bytes) = ck.data(&spec.name)?;
+                        staging.quantized(fmt, k, |s| s.floats_of(bytes, src_dtype))
+                    }
+                },
             },
             Source::Dummy { seed } => {
                 let (mean, std) = dummy_init(cfg, spec);

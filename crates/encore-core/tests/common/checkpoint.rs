@@ -71,6 +71,12 @@ pub fn bytes_of(t: &Ck) -> Vec<u8> {
             .iter()
             .flat_map(|&x| (x as i32).to_le_bytes())
             .collect(),
+        // Packed 32-bit words carried as the f32 of the same bits (GPTQ's qweight).
+        Dtype::U32 => t
+            .values
+            .iter()
+            .flat_map(|&x| x.to_bits().to_le_bytes())
+            .collect(),
         // Values exact in E4M3 (the test draws them as codes times nothing).
         Dtype::F8_E4M3 => t
             .values

@@ -13,7 +13,7 @@ use encore_core::quant::{e4m3_to_f32, QuantFormat};
 use encore_core::runner::{Runner, RunnerConfig};
 
 /// A Llama of 2 layers with every matrix width a multiple of 128 (FP8 blocks).
-fn fp8_json(extra: &str) -> String {
+pub(super) fn fp8_json(extra: &str) -> String {
     format!(
         r#"{{
   "architectures": ["LlamaForCausalLM"],
@@ -27,6 +27,18 @@ fn fp8_json(extra: &str) -> String {
 
 const QUANT: &str = r#", "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}"#;
 
+/// A tensor both a quantized checkpoint and its twin store as is: norms about 1, the
+/// rest small (shared with the GPTQ tests).
+pub(super) fn plain(name: &str, shape: &[usize], v: &[f32]) -> Ck {
+    let mut t = Ck::f32(name, shape, v);
+    if name.ends_with("norm.weight") {
+        t.values.iter_mut().for_each(|x| *x = 1.0 + 0.1 * *x);
+    } else {
+        t.values.iter_mut().for_each(|x| *x *= 0.2);
+    }
+    t
+}
+
 /// The FP8 checkpoint (projections as E4M3 codes with scales: 128x128 blocks, or one
 /// per-tensor scale for layer 1's MLP) and its twin (every tensor in f32, projections
 /// decoded). Codes are drawn uniformly from the finite E4M3 values.
@@ -36,12 +48,7 @@ fn checkpoints(cfg: &ModelConfig) -> (Vec<Ck>, Vec<Ck>) {
         let v = values(100 + i as u64, spec.numel());
         let projection = spec.shape.len() == 2 && !spec.name.contains("embed_tokens");
         if !projection {
-            let mut t = Ck::f32(&spec.name, &spec.shape, &v);
-            if spec.name.ends_with("norm.weight") {
-                t.values.iter_mut().for_each(|x| *x = 1.0 + 0.1 * *x);
-            } else {
-                t.values.iter_mut().for_each(|x| *x *= 0.2);
-            }
+            let t = plain(&spec.name, &spec.shape, &v);
             fp8.push(t.clone());
             twin.push(t);
             continue;
@@ -87,7 +94,8 @@ fn checkpoints(cfg: &ModelConfig) -> (Vec<Ck>, Vec<Ck>) {
     (fp8, twin)
 }
 
-fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
+/// Greedy tokens of two prompts on the CPU (shared with the GPTQ tests).
+pub(super) fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
     let be = CpuBackend::new();
     let model = Model::new(&be, cfg.clone(), w, 64).unwrap();
     let cfg = RunnerConfig {
@@ -104,7 +112,8 @@ fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
     common::generate_greedy(&mut runner, &prompts, &[], 8, true)
 }
 
-fn load(cfg: &ModelConfig, dir: &Path) -> ModelWeights {
+/// `dir`'s weights for `cfg` on the CPU in f32.
+pub(super) fn load(cfg: &ModelConfig, dir: &Path) -> ModelWeights {
     weights::load(
         &CpuBackend::new(),
         cfg,

@@ -26,6 +26,7 @@ mod dummy;
 mod errors;
 mod families;
 mod fp8;
+mod gptq;
 mod moe;
 mod round_trip;
 

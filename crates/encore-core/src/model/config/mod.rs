@@ -18,6 +18,7 @@ use crate::ops::RopeConfig;
 
 mod dummy;
 mod parse;
+mod quantization;
 mod rope;
 use crate::tensor::DType;
 use parse::{parse, Fields};

@@ -3,12 +3,12 @@
 
 use serde_json::{Map, Value};
 
+use super::quantization::parse_quantization;
 use super::rope::{parse_gemma_rope, parse_rope};
 use super::{Arch, EagleConfig, ModelConfig, MoeConfig, SlidingWindow};
 use crate::backend::Activation;
 use crate::error::{Error, Result};
 use crate::model::arch::{GemmaRules, NormPlacement, QkNorm, QkvBias, WindowRule, FAMILIES};
-use crate::model::formats::WeightFormats;
 use crate::tensor::DType;
 
 /// A JSON object being parsed, with the file path and the key prefix for messages.
@@ -309,49 +309,6 @@ fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
         return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
     }
     Ok(qkv_bias)
-}
-
-/// `quantization_config`: FP8 checkpoints (`quant_method: "fp8"`, weights in E4M3 with
-/// per-tensor scales or 128x128 blocks of `weight_scale_inv`) keep their projections in
-/// FP8; any other method is refused naming it (encore would read its packed tensors as
-/// garbage).
-fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
-    let Some(obj) = f.opt_object("quantization_config")? else {
-        return Ok(WeightFormats::default());
-    };
-    let q = Fields {
-        obj,
-        path: f.path,
-        prefix: "quantization_config.",
-    };
-    let method = q.opt_str("quant_method")?.unwrap_or("");
-    if method != "fp8" {
-        return Err(q.err(format!(
-            "quantization_config.quant_method = \"{method}\" is not supported (encore loads \"fp8\" \
-             checkpoints; GGUF files carry their own block formats)"
-        )));
-    }
-    if let Some(fmt) = q.opt_str("fmt")? {
-        if fmt != "e4m3" {
-            return Err(q.err(format!(
-                "quantization_config.fmt = \"{fmt}\" is not supported (only e4m3)"
-            )));
-        }
-    }
-    match q.get("weight_block_size") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(b)) if b.len() == 2 && b.iter().all(|x| x.as_u64() == Some(128)) => {}
-        Some(v) => {
-            return Err(q.err(format!(
-                "quantization_config.weight_block_size = {v} is not supported (per-tensor \
-                 scales or [128, 128])"
-            )))
-        }
-    }
-    Ok(WeightFormats {
-        projections: Some(encore_backend::quant::QuantFormat::F8E4M3),
-        per_tensor: Default::default(),
-    })
 }
 
 /// The experts of the MoE architectures, with transformers' defaults for absent fields

@@ -9,8 +9,10 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use safetensors::SafeTensors;
 
+use super::gptq::{self, GptqWeight};
 use super::{host, TensorSpec};
 use crate::error::{Error, Result};
+use crate::model::formats::GptqFormat;
 use crate::tensor::DType;
 
 const SINGLE: &str = "model.safetensors";
@@ -71,6 +73,8 @@ pub(super) struct Checkpoint {
     location: HashMap<String, (usize, String)>,
     /// How the location map was built, for "missing" messages.
     origin: String,
+    /// The config's GPTQ packing, when its projections are packed ([`GptqWeight`]).
+    pub(super) gptq: Option<GptqFormat>,
 }
 
 impl Checkpoint {
@@ -137,6 +141,7 @@ impl Checkpoint {
             files,
             location,
             origin,
+            gptq: None,
         })
     }
 
@@ -187,6 +192,7 @@ impl Checkpoint {
             files,
             location,
             origin: format!("`{}`", index.display()),
+            gptq: None,
         })
     }
 
@@ -206,10 +212,13 @@ impl Checkpoint {
     ) -> Result<()> {
         self.validate_specs(specs)?;
         let used: HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        // A GPTQ projection's packed tensors stand for its `.weight` (read and checked
+        // with it by `validate_specs`).
+        let packed = |n: &str| self.gptq.is_some() && gptq::is_packed_part(n);
         let mut unused: Vec<&String> = self
             .location
             .keys()
-            .filter(|n| !used.contains(n.as_str()) && !ignored(n))
+            .filter(|n| !used.contains(n.as_str()) && !ignored(n) && !packed(n))
             .collect();
         unused.sort_by_key(|n| natural_key(n));
         if let Some(name) = unused.first() {
@@ -233,7 +242,9 @@ impl Checkpoint {
         let limit = num_layers.min(self.location.len() + 1);
         for i in 0..limit {
             let name = format!("model.layers.{i}.self_attn.o_proj.weight");
-            if !self.location.contains_key(&name) {
+            let packed = format!("model.layers.{i}.self_attn.o_proj.qweight");
+            let packed = self.gptq.is_some() && self.location.contains_key(&packed);
+            if !(self.location.contains_key(&name) || packed) {
                 return Err(Error::Weights {
                     tensor: name,
                     what: format!(
@@ -254,6 +265,10 @@ impl Checkpoint {
                 what,
             };
             let Some((i, in_file)) = self.location.get(&spec.name) else {
+                // Read now: a misshapen or unsupported packing is refused before loading.
+                if self.is_gptq(&spec.name, &spec.shape)? {
+                    continue;
+                }
                 return Err(err(format!("is missing from {}", self.origin)));
             };
             let file = &self.files[*i];
@@ -344,6 +359,37 @@ impl Checkpoint {
             scales: values,
             grid_cols: if per_tensor { 0 } else { grid.1 },
         }))
+    }
+
+    /// GPTQ projection `name` of `shape` unpacked, or `None` (not a GPTQ checkpoint, or a
+    /// tensor it stores plainly).
+    pub(super) fn gptq(&self, name: &str, shape: &[usize]) -> Result<Option<GptqWeight>> {
+        self.read_gptq(name, shape, true)
+    }
+
+    /// Whether `name` is a GPTQ projection (checked, not unpacked).
+    pub(super) fn is_gptq(&self, name: &str, shape: &[usize]) -> Result<bool> {
+        Ok(self.read_gptq(name, shape, false)?.is_some())
+    }
+
+    fn read_gptq(&self, name: &str, shape: &[usize], unpack: bool) -> Result<Option<GptqWeight>> {
+        match self.gptq {
+            Some(g) if !self.location.contains_key(name) => {
+                GptqWeight::read(self, g, name, shape, unpack)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A tensor's safetensors dtype, shape and bytes, unchecked; `None` when absent.
+    pub(super) fn raw(&self, name: &str) -> Option<(Dtype, Vec<usize>, &[u8])> {
+        let (file, info) = self.info(name)?;
+        let (a, b) = info.data_offsets;
+        Some((
+            info.dtype,
+            info.shape.clone(),
+            &file.mmap[file.data_start + a..file.data_start + b],
+        ))
     }
 
     /// The dtype and raw little-endian bytes of a validated tensor.

@@ -84,7 +84,8 @@ impl HostSide {
                         // row), a block of columns is not and is copied.
                         Source::Checkpoint(ck)
                             if (!host_read || m.parts.len() == 1)
-                                && ck.fp8(&part.name)?.is_none() =>
+                                && ck.fp8(&part.name)?.is_none()
+                                && !ck.is_gptq(&part.name, &part.shape)? =>
                         {
                             let (d, file, range) = ck.location(&part.name)?;
                             let skip = match part.slice {
