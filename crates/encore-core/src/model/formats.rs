@@ -18,33 +18,45 @@ pub struct WeightFormats {
     /// By device tensor name (`model.layers.0.self_attn.qkv_proj`, `lm_head`): the
     /// formats a GGUF file stores.
     pub per_tensor: BTreeMap<String, QuantFormat>,
-    /// How a GPTQ checkpoint packs its projections (`None`: not GPTQ). Kept by every
-    /// `--quantization` choice: it says how to read the file, not how to store it.
-    pub gptq: Option<GptqFormat>,
+    /// How a GPTQ or compressed-tensors checkpoint packs its projections in integers
+    /// (`None`: it does not). Kept by every `--quantization` choice: it says how to read
+    /// the file, not how to store it.
+    pub int_packing: Option<IntPacking>,
 }
 
-/// A GPTQ checkpoint's packing (`quantization_config.quant_method = "gptq"`): each
-/// projection `P` as `P.qweight` (int32 `[k * bits / 32, n]`, values packed along k, low
-/// bits first), `P.scales` (f16 `[groups, n]`), `P.qzeros` (int32 `[groups, n * bits /
-/// 32]`) and `P.g_idx` (int32 `[k]`, optional), the value at (row j, column c) being
-/// `scales[g, j] * (q - zero[g, j])` with g = c's group. encore runs the symmetric
-/// packings of whole groups in order (zero = 2^(bits - 1) everywhere, groups of a multiple
-/// of 32 columns, `desc_act` false), which are exactly GGUF's Q4_0 (4 bits) and Q8_0 (8
-/// bits) blocks: kept in those bits.
+/// A checkpoint whose projections are integers of `bits` with one f16 / bf16 scale per row
+/// and group of columns, symmetric (the value is `scale * (u - 2^(bits - 1))` for the
+/// stored unsigned `u`), groups in column order. Both layouts below are exactly GGUF's
+/// Q4_0 (4 bits) and Q8_0 (8 bits) blocks, so they are kept in those bits; zero points
+/// and groups in activation order (`desc_act`, `actorder`) are refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GptqFormat {
+pub struct IntPacking {
     /// 4 or 8.
     pub bits: u32,
-    /// Columns a group of one scale (`group_size`; `None`: -1, a scale a row).
+    /// Columns a group of one scale (`None`: a scale a row).
     pub group_size: Option<usize>,
-    /// `checkpoint_format = "gptq"` (v1) stores each zero minus one; `"gptq_v2"` as is.
-    pub zeros_minus_one: bool,
-    /// `lm_head = true`: the LM head is packed too (else it is a plain `lm_head.weight`,
-    /// kept dense).
+    pub scheme: IntScheme,
+    /// The LM head is packed too (else it is a plain `lm_head.weight`, kept dense).
     pub lm_head: bool,
 }
 
-impl GptqFormat {
+/// Where an [`IntPacking`] keeps its integers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntScheme {
+    /// `quant_method = "gptq"`: projection `P` as `P.qweight` (int32 `[in * bits / 32,
+    /// out]`, packed along the input dimension, low bits first), `P.scales` (f16
+    /// `[groups, out]`), `P.qzeros` (int32 `[groups, out * bits / 32]`, every one the
+    /// symmetric zero; v1, `checkpoint_format = "gptq"`, stores each zero minus one) and
+    /// `P.g_idx` (int32 `[in]`, optional).
+    Gptq { zeros_minus_one: bool },
+    /// `quant_method = "compressed-tensors"`, `format = "pack-quantized"` (llm-compressor's
+    /// W4A16 / W8A16): `P.weight_packed` (int32 `[out, in * bits / 32]`, each row packed
+    /// along its columns, low bits first), `P.weight_scale` (`[out, groups]`) and
+    /// `P.weight_shape` (`[out, in]`).
+    PackQuantized,
+}
+
+impl IntPacking {
     /// The block format the projections are kept in.
     pub fn kept_as(&self) -> QuantFormat {
         match self.bits {
@@ -57,7 +69,7 @@ impl GptqFormat {
 impl WeightFormats {
     /// The format of projection `name`, `None` for dense.
     pub fn projection(&self, name: &str) -> Option<QuantFormat> {
-        match (self.per_tensor.get(name), self.gptq) {
+        match (self.per_tensor.get(name), self.int_packing) {
             (Some(f), _) => Some(*f),
             // A GPTQ checkpoint's LM head is stored plainly unless it says otherwise.
             (None, Some(g)) if name == "lm_head" && !g.lm_head => None,

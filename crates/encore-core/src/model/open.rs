@@ -84,7 +84,7 @@ impl ModelFiles {
             Quantization::Auto => {}
             Quantization::None => {
                 self.config.weights = WeightFormats {
-                    gptq: self.config.weights.gptq,
+                    int_packing: self.config.weights.int_packing,
                     ..Default::default()
                 }
             }
@@ -92,7 +92,7 @@ impl ModelFiles {
                 self.config.weights = WeightFormats {
                     projections: Some(f),
                     per_tensor: Default::default(),
-                    gptq: self.config.weights.gptq,
+                    int_packing: self.config.weights.int_packing,
                 }
             }
         }

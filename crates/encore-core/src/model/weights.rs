@@ -10,9 +10,9 @@
 //! one converted HF tensor (nothing at all when the file already has the run dtype).
 
 mod checkpoint;
-mod gptq;
 mod host;
 mod host_side;
+mod packed_int;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -282,7 +282,7 @@ fn load_placed(
     let (source, what, decl) = match source {
         WeightSource::Dir(path) => {
             let mut ck = Checkpoint::open(&path)?;
-            ck.gptq = cfg.weights.gptq;
+            ck.int_packing = cfg.weights.int_packing;
             // Before the declaration, which holds every layer's names: a corrupt layer
             // count must not make the loader build millions of them (an EAGLE head has
             // one, `midlayer`).
@@ -603,7 +603,7 @@ impl Source {
                 f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype))
             }
             Source::Checkpoint(ck) => {
-                if let Some(w) = ck.gptq(&spec.name, &spec.shape)? {
+                if let Some(w) = ck.packed_int(&spec.name, &spec.shape)? {
                     let values = w.to_f32();
                     return f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype));
                 }
@@ -656,7 +656,7 @@ impl Source {
             },
             // A GPTQ projection: its own codes and scales as GGUF blocks when kept in the
             // format it is exactly, else its values requantized.
-            Source::Checkpoint(ck) => match ck.gptq(&spec.name, &spec.shape)? {
+            Source::Checkpoint(ck) => match ck.packed_int(&spec.name, &spec.shape)? {
                 Some(w) if w.format() == fmt => staging.packed(fmt, k, &w.blocks()),
                 Some(w) => {
                     let values = w.to_f32();

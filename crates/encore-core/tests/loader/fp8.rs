@@ -27,6 +27,21 @@ pub(super) fn fp8_json(extra: &str) -> String {
 
 const QUANT: &str = r#", "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}"#;
 
+/// The load error of `tensors` under `config`'s JSON (shared with the packed-integer
+/// tests).
+pub(super) fn load_error(config: &str, tensors: &[Ck]) -> String {
+    let dir = model_dir("quant-bad", config, tensors);
+    let ModelFiles { config, source } = open_model(dir.path().to_str().unwrap()).unwrap();
+    let r = weights::load(
+        &CpuBackend::new(),
+        &config,
+        source,
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    );
+    err_text(r).1
+}
+
 /// A tensor both a quantized checkpoint and its twin store as is: norms about 1, the
 /// rest small (shared with the GPTQ tests).
 pub(super) fn plain(name: &str, shape: &[usize], v: &[f32]) -> Ck {
@@ -165,18 +180,7 @@ fn fp8_weights_without_their_scales_are_refused_naming_the_tensor() {
     let (fp8, _) = checkpoints(&cfg);
     let name = "model.layers.0.self_attn.k_proj.weight";
     let scale = format!("{name}_scale_inv");
-    let load_err = |tensors: Vec<Ck>| {
-        let dir = model_dir("fp8-bad", &fp8_json(QUANT), &tensors);
-        let ModelFiles { config, source } = open_model(dir.path().to_str().unwrap()).unwrap();
-        let r = weights::load(
-            &CpuBackend::new(),
-            &config,
-            source,
-            DType::F32,
-            &encore_core::progress::NoProgress,
-        );
-        err_text(r).1
-    };
+    let load_err = |tensors: Vec<Ck>| load_error(&fp8_json(QUANT), &tensors);
     let missing: Vec<Ck> = fp8.iter().filter(|t| t.name != scale).cloned().collect();
     let msg = load_err(missing);
     assert!(msg.contains(name) && msg.contains("_scale_inv"), "{msg}");

@@ -26,8 +26,8 @@ mod dummy;
 mod errors;
 mod families;
 mod fp8;
-mod gptq;
 mod moe;
+mod packed_int;
 mod round_trip;
 
 // ---------------------------------------------------------------------------------------

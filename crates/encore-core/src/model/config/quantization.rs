@@ -1,11 +1,11 @@
 //! `quantization_config`: the checkpoint formats whose projections load kept quantized
-//! (FP8, GPTQ), every other method refused naming it.
+//! (FP8, GPTQ, compressed-tensors' pack-quantized), every other method refused naming it.
 
 use serde_json::Value;
 
 use super::parse::Fields;
 use crate::error::Result;
-use crate::model::formats::{GptqFormat, WeightFormats};
+use crate::model::formats::{IntPacking, IntScheme, WeightFormats};
 
 /// `quantization_config`: FP8 checkpoints (`quant_method: "fp8"`, weights in E4M3 with
 /// per-tensor scales or 128x128 blocks of `weight_scale_inv`) keep their projections in
@@ -21,14 +21,17 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
         prefix: "quantization_config.",
     };
     let method = q.opt_str("quant_method")?.unwrap_or("");
-    if method == "gptq" {
-        return parse_gptq(&q);
-    }
-    if method != "fp8" {
-        return Err(q.err(format!(
-            "quantization_config.quant_method = \"{method}\" is not supported (encore loads \"fp8\" \
-             and \"gptq\" checkpoints; GGUF files carry their own block formats)"
-        )));
+    match method {
+        "gptq" => return parse_gptq(&q),
+        "compressed-tensors" => return parse_compressed_tensors(&q),
+        "fp8" => {}
+        _ => {
+            return Err(q.err(format!(
+                "quantization_config.quant_method = \"{method}\" is not supported (encore loads \
+                 \"fp8\", \"gptq\" and \"compressed-tensors\" pack-quantized checkpoints; GGUF \
+                 files carry their own block formats)"
+            )))
+        }
     }
     if let Some(fmt) = q.opt_str("fmt")? {
         if fmt != "e4m3" {
@@ -53,7 +56,7 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
     })
 }
 
-/// `quantization_config` of a GPTQ checkpoint ([`GptqFormat`]): 4 or 8 bits, symmetric,
+/// `quantization_config` of a GPTQ checkpoint ([`IntPacking`]): 4 or 8 bits, symmetric,
 /// groups of a multiple of 32 columns (or -1) in order; what encore does not run (zero
 /// points, `desc_act`, other widths or group sizes, other packings) is refused naming the
 /// field.
@@ -102,15 +105,145 @@ fn parse_gptq(q: &Fields<'_>) -> Result<WeightFormats> {
             )))
         }
     };
-    let gptq = GptqFormat {
+    kept_packed(IntPacking {
         bits,
         group_size,
-        zeros_minus_one,
+        scheme: IntScheme::Gptq { zeros_minus_one },
         lm_head: q.opt_bool("lm_head")?.unwrap_or(false),
-    };
+    })
+}
+
+fn kept_packed(p: IntPacking) -> Result<WeightFormats> {
     Ok(WeightFormats {
-        projections: Some(gptq.kept_as()),
+        projections: Some(p.kept_as()),
         per_tensor: Default::default(),
-        gptq: Some(gptq),
+        int_packing: Some(p),
+    })
+}
+
+/// `quantization_config` of a compressed-tensors checkpoint (llm-compressor): the
+/// `pack-quantized` format with integer weights of 4 or 8 bits, symmetric, per group (of a
+/// multiple of 32 columns) or per channel, static, no activation quantization (W4A16,
+/// W8A16), every config group the same; `ignore` may hold the LM head and routers. Other
+/// formats and options are refused naming the field.
+fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
+    let refuse = |what: String| Err(q.err(format!("quantization_config.{what}")));
+    let format = q.opt_str("format")?.unwrap_or("");
+    if format != "pack-quantized" {
+        return refuse(format!(
+            "format = \"{format}\" is not supported (compressed-tensors \"pack-quantized\")"
+        ));
+    }
+    let Some(groups) = q.opt_object("config_groups")? else {
+        return refuse("config_groups is missing (compressed-tensors)".into());
+    };
+    let mut weights: Option<&Value> = None;
+    for (name, g) in groups {
+        let field = |k: &str| g.get(k).filter(|v| !v.is_null());
+        if let Some(f) = field("format").and_then(Value::as_str) {
+            if f != "pack-quantized" {
+                return refuse(format!(
+                    "config_groups.{name}.format = \"{f}\" is not supported"
+                ));
+            }
+        }
+        if let Some(a) = field("input_activations") {
+            return refuse(format!(
+                "config_groups.{name}.input_activations = {a} is not supported (weight-only \
+                 W4A16 / W8A16: activations stay in the run dtype)"
+            ));
+        }
+        let targets = field("targets").and_then(Value::as_array);
+        if !targets.is_some_and(|t| t.iter().any(|x| x.as_str() == Some("Linear"))) {
+            return refuse(format!(
+                "config_groups.{name}.targets must include \"Linear\" (per-module schemes are \
+                 not supported)"
+            ));
+        }
+        match (weights, field("weights")) {
+            (_, None) => return refuse(format!("config_groups.{name}.weights is missing")),
+            (Some(w), Some(v)) if w != v => {
+                return refuse(format!(
+                    "config_groups.{name}.weights differs from another group's (one scheme for \
+                     every projection is supported)"
+                ))
+            }
+            (_, v) => weights = v,
+        }
+    }
+    let Some(w) = weights else {
+        return refuse("config_groups holds no group".into());
+    };
+    let arg = |k: &str| w.get(k).filter(|v| !v.is_null());
+    let bits = match arg("num_bits").and_then(Value::as_u64) {
+        Some(b @ (4 | 8)) => b as u32,
+        b => {
+            return refuse(format!(
+                "config_groups.*.weights.num_bits = {b:?} is not supported (4 or 8)"
+            ))
+        }
+    };
+    for (key, want) in [("type", "int")] {
+        if let Some(v) = arg(key).and_then(Value::as_str).filter(|v| *v != want) {
+            return refuse(format!(
+                "config_groups.*.weights.{key} = \"{v}\" is not supported ({want})"
+            ));
+        }
+    }
+    if arg("symmetric").and_then(Value::as_bool) == Some(false) {
+        return refuse(
+            "config_groups.*.weights.symmetric = false is not supported (zero points)".into(),
+        );
+    }
+    if arg("dynamic").and_then(Value::as_bool) == Some(true) {
+        return refuse("config_groups.*.weights.dynamic = true is not supported".into());
+    }
+    if let Some(a) = arg("actorder").filter(|a| a.as_bool() != Some(false)) {
+        return refuse(format!(
+            "config_groups.*.weights.actorder = {a} is not supported (groups in column order)"
+        ));
+    }
+    let group_size = match arg("strategy").and_then(Value::as_str).unwrap_or("") {
+        "channel" => None,
+        "group" => match arg("group_size").and_then(Value::as_u64) {
+            Some(g) if g > 0 && g % 32 == 0 => Some(g as usize),
+            g => {
+                return refuse(format!(
+                    "config_groups.*.weights.group_size = {g:?} is not supported (a multiple \
+                     of 32)"
+                ))
+            }
+        },
+        other => {
+            return refuse(format!(
+                "config_groups.*.weights.strategy = \"{other}\" is not supported (group or \
+                 channel)"
+            ))
+        }
+    };
+    let mut lm_head = true;
+    for i in q
+        .get("ignore")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        match i.as_str() {
+            Some("lm_head") => lm_head = false,
+            // A mixture of experts' routers, which encore never quantizes.
+            Some(r) if r.ends_with("mlp.gate") || r.ends_with("mlp.gate$") => {}
+            _ => {
+                return refuse(format!(
+                    "ignore lists {i}: modules kept unquantized other than the LM head and \
+                     routers are not supported"
+                ))
+            }
+        }
+    }
+    kept_packed(IntPacking {
+        bits,
+        group_size,
+        scheme: IntScheme::PackQuantized,
+        lm_head,
     })
 }

@@ -9,10 +9,10 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use safetensors::SafeTensors;
 
-use super::gptq::{self, GptqWeight};
+use super::packed_int::{self, PackedIntWeight};
 use super::{host, TensorSpec};
 use crate::error::{Error, Result};
-use crate::model::formats::GptqFormat;
+use crate::model::formats::IntPacking;
 use crate::tensor::DType;
 
 const SINGLE: &str = "model.safetensors";
@@ -73,8 +73,8 @@ pub(super) struct Checkpoint {
     location: HashMap<String, (usize, String)>,
     /// How the location map was built, for "missing" messages.
     origin: String,
-    /// The config's GPTQ packing, when its projections are packed ([`GptqWeight`]).
-    pub(super) gptq: Option<GptqFormat>,
+    /// The config's GPTQ packing, when its projections are packed ([`PackedIntWeight`]).
+    pub(super) int_packing: Option<IntPacking>,
 }
 
 impl Checkpoint {
@@ -141,7 +141,7 @@ impl Checkpoint {
             files,
             location,
             origin,
-            gptq: None,
+            int_packing: None,
         })
     }
 
@@ -192,7 +192,7 @@ impl Checkpoint {
             files,
             location,
             origin: format!("`{}`", index.display()),
-            gptq: None,
+            int_packing: None,
         })
     }
 
@@ -214,7 +214,7 @@ impl Checkpoint {
         let used: HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         // A GPTQ projection's packed tensors stand for its `.weight` (read and checked
         // with it by `validate_specs`).
-        let packed = |n: &str| self.gptq.is_some() && gptq::is_packed_part(n);
+        let packed = |n: &str| self.int_packing.is_some() && packed_int::is_packed_part(n);
         let mut unused: Vec<&String> = self
             .location
             .keys()
@@ -242,8 +242,11 @@ impl Checkpoint {
         let limit = num_layers.min(self.location.len() + 1);
         for i in 0..limit {
             let name = format!("model.layers.{i}.self_attn.o_proj.weight");
-            let packed = format!("model.layers.{i}.self_attn.o_proj.qweight");
-            let packed = self.gptq.is_some() && self.location.contains_key(&packed);
+            let packed = self.int_packing.is_some()
+                && ["qweight", "weight_packed"].iter().any(|p| {
+                    let packed = format!("model.layers.{i}.self_attn.o_proj.{p}");
+                    self.location.contains_key(&packed)
+                });
             if !(self.location.contains_key(&name) || packed) {
                 return Err(Error::Weights {
                     tensor: name,
@@ -266,7 +269,7 @@ impl Checkpoint {
             };
             let Some((i, in_file)) = self.location.get(&spec.name) else {
                 // Read now: a misshapen or unsupported packing is refused before loading.
-                if self.is_gptq(&spec.name, &spec.shape)? {
+                if self.is_packed_int(&spec.name, &spec.shape)? {
                     continue;
                 }
                 return Err(err(format!("is missing from {}", self.origin)));
@@ -363,19 +366,28 @@ impl Checkpoint {
 
     /// GPTQ projection `name` of `shape` unpacked, or `None` (not a GPTQ checkpoint, or a
     /// tensor it stores plainly).
-    pub(super) fn gptq(&self, name: &str, shape: &[usize]) -> Result<Option<GptqWeight>> {
-        self.read_gptq(name, shape, true)
+    pub(super) fn packed_int(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<PackedIntWeight>> {
+        self.read_packed_int(name, shape, true)
     }
 
     /// Whether `name` is a GPTQ projection (checked, not unpacked).
-    pub(super) fn is_gptq(&self, name: &str, shape: &[usize]) -> Result<bool> {
-        Ok(self.read_gptq(name, shape, false)?.is_some())
+    pub(super) fn is_packed_int(&self, name: &str, shape: &[usize]) -> Result<bool> {
+        Ok(self.read_packed_int(name, shape, false)?.is_some())
     }
 
-    fn read_gptq(&self, name: &str, shape: &[usize], unpack: bool) -> Result<Option<GptqWeight>> {
-        match self.gptq {
+    fn read_packed_int(
+        &self,
+        name: &str,
+        shape: &[usize],
+        unpack: bool,
+    ) -> Result<Option<PackedIntWeight>> {
+        match self.int_packing {
             Some(g) if !self.location.contains_key(name) => {
-                GptqWeight::read(self, g, name, shape, unpack)
+                PackedIntWeight::read(self, g, name, shape, unpack)
             }
             _ => Ok(None),
         }
@@ -538,7 +550,7 @@ impl Fp8<'_> {
 }
 
 /// The checkpoint dtypes encore converts from.
-fn dtype_of(d: Dtype) -> Option<DType> {
+pub(super) fn dtype_of(d: Dtype) -> Option<DType> {
     match d {
         Dtype::BF16 => Some(DType::BF16),
         Dtype::F16 => Some(DType::F16),

@@ -1,0 +1,333 @@
+//! A projection packed in integers in a checkpoint ([`IntPacking`]: GPTQ, or
+//! compressed-tensors' pack-quantized): read from its packed tensors, checked against the
+//! packing encore runs, and turned into GGUF blocks (Q4_0 for 4 bits, Q8_0 for 8: the same
+//! values, bit for bit) or decoded to f32.
+
+use super::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::model::formats::{IntPacking, IntScheme};
+use encore_backend::quant::QuantFormat;
+use half::f16;
+use safetensors::tensor::Dtype;
+
+/// Columns of one GGUF block (Q4_0 and Q8_0).
+const BLOCK: usize = 32;
+
+/// One packed projection `[rows, cols]` (HF's `[out, in]`), unpacked.
+pub(super) struct PackedIntWeight {
+    rows: usize,
+    cols: usize,
+    bits: u32,
+    /// The codes, row-major `[rows, cols]` (0 .. 2^bits).
+    codes: Vec<u8>,
+    /// f16 scales `[groups, rows]` (exactly the file's).
+    scales: Vec<f16>,
+    /// Columns a group.
+    group: usize,
+}
+
+/// Whether `name` is one of a packed projection's tensors (either scheme).
+pub(super) fn is_packed_part(name: &str) -> bool {
+    [
+        ".qweight",
+        ".scales",
+        ".qzeros",
+        ".g_idx",
+        ".weight_packed",
+        ".weight_scale",
+        ".weight_shape",
+        ".weight_zero_point",
+        ".weight_g_idx",
+    ]
+    .iter()
+    .any(|s| name.ends_with(s))
+}
+
+/// Little-endian 32-bit words of a tensor stored as I32 or U32.
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect()
+}
+
+fn is_int(d: Dtype) -> bool {
+    matches!(d, Dtype::I32 | Dtype::U32)
+}
+
+/// What one checkpoint tensor must be: an error naming it otherwise.
+fn expect(t: &str, what: &str, d: Dtype, s: &[usize], want: &[usize], ok: bool) -> Result<()> {
+    if s != want || !ok {
+        return Err(Error::Weights {
+            tensor: t.to_string(),
+            what: format!("has {d:?} {s:?}, expected {want:?} ({what})"),
+        });
+    }
+    Ok(())
+}
+
+impl PackedIntWeight {
+    /// Projection `name` (`P.weight` in the declaration) of `shape` `[rows, cols]` from
+    /// its packed tensors, or `None` when the checkpoint has no packed `P`. Shapes, dtypes
+    /// and the packing (symmetric, groups in column order) are checked; a failure names the
+    /// tensor. With `unpack` false only the checks run (the codes are left empty).
+    pub(super) fn read(
+        ck: &Checkpoint,
+        g: IntPacking,
+        name: &str,
+        shape: &[usize],
+        unpack: bool,
+    ) -> Result<Option<PackedIntWeight>> {
+        let Some(base) = name.strip_suffix(".weight") else {
+            return Ok(None);
+        };
+        let (packed_name, scheme) = match g.scheme {
+            IntScheme::Gptq { .. } => (format!("{base}.qweight"), "GPTQ"),
+            IntScheme::PackQuantized => (format!("{base}.weight_packed"), "pack-quantized"),
+        };
+        let Some((pk_dtype, pk_shape, pk_bytes)) = ck.raw(&packed_name) else {
+            return Ok(None);
+        };
+        let err = |tensor: &str, what: String| Error::Weights {
+            tensor: tensor.to_string(),
+            what,
+        };
+        let (rows, cols) = match shape {
+            [r, c] => (*r, *c),
+            _ => {
+                return Err(err(
+                    name,
+                    format!("is {scheme}-packed but declared {shape:?}"),
+                ))
+            }
+        };
+        let bits = g.bits as usize;
+        let per_word = 32 / bits;
+        let group = g.group_size.unwrap_or(cols);
+        if !cols.is_multiple_of(BLOCK)
+            || !cols.is_multiple_of(group)
+            || !group.is_multiple_of(BLOCK)
+        {
+            return Err(err(
+                name,
+                format!(
+                    "has {cols} columns: {scheme} groups of {group} in whole blocks of {BLOCK} \
+                     are needed"
+                ),
+            ));
+        }
+        let groups = cols / group;
+        let what = format!("{scheme}, {bits} bits");
+        let missing = |t: &str| {
+            err(
+                t,
+                format!("is missing (the packed `{packed_name}` needs it)"),
+            )
+        };
+        let get = |part: &str| {
+            let t = format!("{base}.{part}");
+            ck.raw(&t).map(|r| (t, r))
+        };
+        let column_order = |t: &str, bytes: &[u8]| -> Result<()> {
+            match words(bytes)
+                .iter()
+                .enumerate()
+                .position(|(c, &gi)| gi as usize != c / group)
+            {
+                None => Ok(()),
+                Some(c) => Err(err(
+                    t,
+                    format!(
+                        "puts column {c} outside group {} (groups in activation order are not \
+                         supported)",
+                        c / group
+                    ),
+                )),
+            }
+        };
+        let mask = (1u32 << bits) - 1;
+        let zero = 1u32 << (bits - 1);
+        let pk_want = match g.scheme {
+            IntScheme::Gptq { .. } => [cols / per_word, rows],
+            IntScheme::PackQuantized => [rows, cols.div_ceil(per_word)],
+        };
+        let pk_int = is_int(pk_dtype);
+        expect(&packed_name, &what, pk_dtype, &pk_shape, &pk_want, pk_int)?;
+        let mut codes = vec![0u8; if unpack { rows * cols } else { 0 }];
+        let scales: Vec<f16> = match g.scheme {
+            IntScheme::Gptq { zeros_minus_one } => {
+                let scales = format!("{base}.scales");
+                let (sc_dtype, sc_shape, sc_bytes) =
+                    ck.raw(&scales).ok_or_else(|| missing(&scales))?;
+                let ok = sc_dtype == Dtype::F16;
+                expect(&scales, &what, sc_dtype, &sc_shape, &[groups, rows], ok)?;
+                let qzeros = format!("{base}.qzeros");
+                let (qz_dtype, qz_shape, qz_bytes) =
+                    ck.raw(&qzeros).ok_or_else(|| missing(&qzeros))?;
+                let zw = rows.div_ceil(per_word);
+                expect(
+                    &qzeros,
+                    &what,
+                    qz_dtype,
+                    &qz_shape,
+                    &[groups, zw],
+                    is_int(qz_dtype),
+                )?;
+                if let Some((t, (d, s, b))) = get("g_idx") {
+                    expect(&t, &what, d, &s, &[cols], is_int(d))?;
+                    column_order(&t, b)?;
+                }
+                let stored = zero - zeros_minus_one as u32;
+                for (i, w) in words(qz_bytes).iter().enumerate() {
+                    let (gr, word) = (i / zw, i % zw);
+                    for s in 0..per_word {
+                        let row = word * per_word + s;
+                        let z = (w >> (s * bits)) & mask;
+                        if row < rows && z != stored {
+                            return Err(err(
+                                &qzeros,
+                                format!(
+                                    "holds zero point {z} for row {row} of group {gr}, not \
+                                     {stored}: an asymmetric packing (zero points are not \
+                                     supported)"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                if unpack {
+                    // Word (j, r) holds columns j * per_word .. of row r.
+                    for (i, w) in words(pk_bytes).iter().enumerate() {
+                        let (cw, row) = (i / rows, i % rows);
+                        for s in 0..per_word {
+                            codes[row * cols + cw * per_word + s] =
+                                ((w >> (s * bits)) & mask) as u8;
+                        }
+                    }
+                }
+                sc_bytes
+                    .chunks_exact(2)
+                    .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                    .collect()
+            }
+            IntScheme::PackQuantized => {
+                if let Some((t, _)) = get("weight_zero_point") {
+                    return Err(err(
+                        &t,
+                        "is a zero point: an asymmetric packing (not supported)".into(),
+                    ));
+                }
+                if let Some((t, (d, s, b))) = get("weight_g_idx") {
+                    expect(&t, &what, d, &s, &[cols], is_int(d))?;
+                    column_order(&t, b)?;
+                }
+                if let Some((t, (d, _, b))) = get("weight_shape") {
+                    let dims: Vec<u64> = match d {
+                        Dtype::I64 => b
+                            .chunks_exact(8)
+                            .map(|x| u64::from_le_bytes(x.try_into().expect("8 bytes")))
+                            .collect(),
+                        _ => words(b).iter().map(|&x| x as u64).collect(),
+                    };
+                    if dims != [rows as u64, cols as u64] {
+                        return Err(err(&t, format!("is {dims:?}, expected [{rows}, {cols}]")));
+                    }
+                }
+                let scale = format!("{base}.weight_scale");
+                let (sc_dtype, sc_shape, sc_bytes) =
+                    ck.raw(&scale).ok_or_else(|| missing(&scale))?;
+                let float = matches!(sc_dtype, Dtype::F16 | Dtype::BF16 | Dtype::F32);
+                expect(&scale, &what, sc_dtype, &sc_shape, &[rows, groups], float)?;
+                let dt = super::checkpoint::dtype_of(sc_dtype).expect("a float");
+                let values = super::host::to_f32(sc_bytes, dt);
+                // Stored [rows, groups]; kept [groups, rows] as GPTQ's.
+                let mut scales = vec![f16::ZERO; rows * groups];
+                for (i, &v) in values.iter().enumerate() {
+                    let h = f16::from_f32(v);
+                    if h.to_f32() != v {
+                        return Err(err(
+                            &scale,
+                            format!(
+                                "holds {v} at {i}, which an f16 scale cannot hold exactly \
+                                 (encore keeps these weights as blocks of f16 scales)"
+                            ),
+                        ));
+                    }
+                    scales[(i % groups) * rows + i / groups] = h;
+                }
+                if unpack {
+                    // Word (r, j) holds columns j * per_word .. of row r.
+                    let wpr = cols.div_ceil(per_word);
+                    for (i, w) in words(pk_bytes).iter().enumerate() {
+                        let (row, cw) = (i / wpr, i % wpr);
+                        for s in 0..per_word {
+                            let c = cw * per_word + s;
+                            if c < cols {
+                                codes[row * cols + c] = ((w >> (s * bits)) & mask) as u8;
+                            }
+                        }
+                    }
+                }
+                scales
+            }
+        };
+        Ok(Some(PackedIntWeight {
+            rows,
+            cols,
+            bits: g.bits,
+            codes,
+            scales,
+            group,
+        }))
+    }
+
+    fn scale(&self, row: usize, col: usize) -> f16 {
+        self.scales[(col / self.group) * self.rows + row]
+    }
+
+    /// The code of `(row, col)` minus the zero point: -2^(bits-1) .. 2^(bits-1).
+    fn centred(&self, row: usize, col: usize) -> i32 {
+        self.codes[row * self.cols + col] as i32 - (1 << (self.bits - 1))
+    }
+
+    /// The decoded values `scale * (q - zero)`, row-major `[rows, cols]`, in f32 (exact:
+    /// an f16 times a small integer).
+    pub(super) fn to_f32(&self) -> Vec<f32> {
+        (0..self.rows * self.cols)
+            .map(|i| {
+                let (r, c) = (i / self.cols, i % self.cols);
+                self.scale(r, c).to_f32() * self.centred(r, c) as f32
+            })
+            .collect()
+    }
+
+    /// The format the packing is exactly: Q4_0 (4 bits), Q8_0 (8).
+    pub(super) fn format(&self) -> QuantFormat {
+        match self.bits {
+            4 => QuantFormat::Q4_0,
+            _ => QuantFormat::Q8_0,
+        }
+    }
+
+    /// GGUF blocks of [`PackedIntWeight::format`], row-major: per 32 columns the f16 scale,
+    /// then Q4_0's 16 bytes (column t in the low nibble of byte t, column t + 16 in its
+    /// high nibble, each as code - zero + 8, i.e. the code) or Q8_0's 32 signed bytes.
+    pub(super) fn blocks(&self) -> Vec<u8> {
+        let fmt = self.format();
+        let mut out = Vec::with_capacity(self.rows * self.cols / BLOCK * fmt.block_bytes());
+        for r in 0..self.rows {
+            for b in (0..self.cols).step_by(BLOCK) {
+                out.extend_from_slice(&self.scale(r, b).to_le_bytes());
+                match fmt {
+                    QuantFormat::Q4_0 => out.extend((0..BLOCK / 2).map(|t| {
+                        let lo = (self.centred(r, b + t) + 8) as u8;
+                        let hi = (self.centred(r, b + t + BLOCK / 2) + 8) as u8;
+                        lo | (hi << 4)
+                    })),
+                    _ => out.extend((0..BLOCK).map(|t| self.centred(r, b + t) as i8 as u8)),
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,287 @@
+//! Checkpoints packed in integers, GPTQ (`qweight` / `scales` / `qzeros` / `g_idx`) and
+//! compressed-tensors' pack-quantized (`weight_packed` / `weight_scale` / `weight_shape`),
+//! symmetric with groups in column order: each projection loads as GGUF blocks of the same
+//! values (4 bits as Q4_0, 8 as Q8_0), runs as its dequantized twin (the same values in
+//! f32), decodes to exactly the twin's weights with `--quantization none`, and what encore
+//! does not run (zero points, groups in activation order, other widths and formats) is an
+//! error naming the field or the tensor.
+
+use super::fp8::{fp8_json, greedy, load, load_error, plain};
+use super::*;
+use encore_core::model::config::ModelConfig;
+use encore_core::model::formats::Quantization;
+use encore_core::model::{open_model, ModelFiles};
+use encore_core::quant::QuantFormat;
+
+/// A Llama of 2 layers whose projection widths (256, 384) are whole groups of 128.
+fn llama_json(extra: &str) -> String {
+    fp8_json(extra)
+}
+
+fn quant(bits: u32, v2: bool, more: &str) -> String {
+    let format = if v2 { "gptq_v2" } else { "gptq" };
+    format!(
+        r#", "quantization_config": {{"quant_method": "gptq", "bits": {bits}, "group_size": 128, "sym": true, "desc_act": false, "checkpoint_format": "{format}"{more}}}"#
+    )
+}
+
+/// A packed 32-bit word as the f32 of the same bits (`Dtype::U32` writes its bits).
+fn word(w: u32) -> f32 {
+    f32::from_bits(w)
+}
+
+/// Which packing a test checkpoint uses.
+#[derive(Clone, Copy)]
+enum Scheme {
+    /// GPTQ, zeros stored as v2 (`true`) or v1 store them.
+    Gptq { v2: bool },
+    /// compressed-tensors' pack-quantized, bf16 scales, the LM head packed too.
+    PackQuantized,
+}
+
+/// The packed checkpoint (every projection packed in `bits`, groups of 128; GPTQ leaves
+/// the LM head plain) and its twin (every tensor in f32, projections decoded: scale *
+/// (code - 2^(bits - 1))). Codes and scales are drawn from a seed.
+fn checkpoints(cfg: &ModelConfig, bits: u32, scheme: Scheme) -> (Vec<Ck>, Vec<Ck>) {
+    let (mut packed, mut twin) = (Vec::new(), Vec::new());
+    let per_word = (32 / bits) as usize;
+    let zero = 1u32 << (bits - 1);
+    let gptq = matches!(scheme, Scheme::Gptq { .. });
+    for (i, spec) in weights::hf_tensors(cfg).iter().enumerate() {
+        let v = values(300 + i as u64, spec.numel());
+        let projection = spec.shape.len() == 2
+            && !spec.name.contains("embed_tokens")
+            && !(gptq && spec.name == "lm_head.weight");
+        if !projection {
+            let t = plain(&spec.name, &spec.shape, &v);
+            packed.push(t.clone());
+            twin.push(t);
+            continue;
+        }
+        let (rows, cols) = (spec.shape[0], spec.shape[1]);
+        let groups = cols / 128;
+        let top = 1u32 << bits;
+        // `values` lie in about [-1, 1]: spread them over the codes.
+        let codes: Vec<u32> = v
+            .iter()
+            .map(|&x| (((x + 1.0) * 0.5 * top as f32) as u32).min(top - 1))
+            .collect();
+        // Scales by (group, row), exact in f16 and in bf16.
+        let scale = |g: usize, r: usize| {
+            bf16::from_f32(0.004 + 0.001 * ((g * rows + r) % 11) as f32).to_f32()
+        };
+        let base = spec.name.strip_suffix(".weight").unwrap();
+        let w32 = |name: &str, shape: &[usize], w: &[u32]| Ck {
+            name: format!("{base}.{name}"),
+            dtype: Dtype::U32,
+            shape: shape.to_vec(),
+            values: w.iter().map(|&x| word(x)).collect(),
+        };
+        match scheme {
+            Scheme::Gptq { v2 } => {
+                let stored_zero = zero - (!v2) as u32;
+                let mut qweight = vec![0u32; cols / per_word * rows];
+                for r in 0..rows {
+                    for c in 0..cols {
+                        qweight[(c / per_word) * rows + r] |=
+                            codes[r * cols + c] << (bits as usize * (c % per_word));
+                    }
+                }
+                let zw = rows.div_ceil(per_word);
+                let mut qzeros = vec![0u32; groups * zw];
+                for g in 0..groups {
+                    for r in 0..rows {
+                        qzeros[g * zw + r / per_word] |=
+                            stored_zero << (bits as usize * (r % per_word));
+                    }
+                }
+                packed.push(w32("qweight", &[cols / per_word, rows], &qweight));
+                packed.push(w32("qzeros", &[groups, zw], &qzeros));
+                packed.push(Ck {
+                    name: format!("{base}.scales"),
+                    dtype: Dtype::F16,
+                    shape: vec![groups, rows],
+                    values: (0..groups * rows)
+                        .map(|j| scale(j / rows, j % rows))
+                        .collect(),
+                });
+                packed.push(Ck {
+                    name: format!("{base}.g_idx"),
+                    dtype: Dtype::I32,
+                    shape: vec![cols],
+                    values: (0..cols).map(|c| (c / 128) as f32).collect(),
+                });
+            }
+            Scheme::PackQuantized => {
+                let wpr = cols / per_word;
+                let mut w = vec![0u32; rows * wpr];
+                for r in 0..rows {
+                    for c in 0..cols {
+                        w[r * wpr + c / per_word] |=
+                            codes[r * cols + c] << (bits as usize * (c % per_word));
+                    }
+                }
+                packed.push(w32("weight_packed", &[rows, wpr], &w));
+                packed.push(Ck {
+                    name: format!("{base}.weight_scale"),
+                    dtype: Dtype::BF16,
+                    shape: vec![rows, groups],
+                    values: (0..rows * groups)
+                        .map(|j| scale(j % groups, j / groups))
+                        .collect(),
+                });
+                packed.push(Ck {
+                    name: format!("{base}.weight_shape"),
+                    dtype: Dtype::I32,
+                    shape: vec![2],
+                    values: vec![rows as f32, cols as f32],
+                });
+            }
+        }
+        let decoded: Vec<f32> = (0..rows * cols)
+            .map(|k| {
+                let (r, c) = (k / cols, k % cols);
+                scale(c / 128, r) * (codes[k] as f32 - zero as f32)
+            })
+            .collect();
+        twin.push(Ck::f32(&spec.name, &spec.shape, &decoded));
+    }
+    (packed, twin)
+}
+
+/// compressed-tensors' `quantization_config` (llm-compressor's W4A16 / W8A16 layout),
+/// `weights` overridden by `more` (JSON members) and `top` added at the top level.
+fn pack_quantized(bits: u32, more: &str, top: &str) -> String {
+    format!(
+        r#", "quantization_config": {{"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {{"group_0": {{"targets": ["Linear"], "weights": {{"num_bits": {bits}, "type": "int", "symmetric": true, "strategy": "group", "group_size": 128, "dynamic": false, "actorder": null{more}}}, "input_activations": null, "output_activations": null}}}}, "ignore": [], "quantization_status": "compressed"{top}}}"#
+    )
+}
+
+/// `config`'s checkpoint in `dir` loads with `kept` projections (`count` of them) equal to
+/// the twin's values, runs greedy as the twin, and decodes to exactly the twin's weights
+/// under `--quantization none`.
+fn runs_as_twin(
+    dir: &Path,
+    twin_dir: &Path,
+    twin_cfg: &ModelConfig,
+    kept: QuantFormat,
+    count: usize,
+) {
+    let ModelFiles { config, .. } = open_model(dir.to_str().unwrap()).unwrap();
+    assert_eq!(config.weights.projections, Some(kept));
+    let decl = config.decl();
+    let n = decl
+        .tensors()
+        .iter()
+        .filter(|t| t.dtype(DType::F32) == DType::Q(kept))
+        .count();
+    assert_eq!(n, count, "{kept} tensors");
+    let w = load(&config, dir);
+    assert_eq!(w.layers[0].qkv().dtype(), DType::Q(kept));
+    // The kept blocks hold the twin's values exactly.
+    let twin_w = load(twin_cfg, twin_dir);
+    let decoded = weights::dequantized(&CpuBackend::new(), &w).unwrap();
+    assert_eq!(all_values(&decoded), all_values(&twin_w), "{kept}");
+    assert_eq!(
+        greedy(&config, w),
+        greedy(twin_cfg, twin_w),
+        "{kept} vs its twin"
+    );
+    // `--quantization none` decodes the codes at load: the twin's weights exactly.
+    let mut files = open_model(dir.to_str().unwrap()).unwrap();
+    files.quantize(Quantization::None).unwrap();
+    let dense = load(&files.config, dir);
+    assert_eq!(all_values(&dense), all_values(&load(twin_cfg, twin_dir)));
+}
+
+#[test]
+fn a_pack_quantized_checkpoint_runs_in_its_bits_as_its_dequantized_twin() {
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    for (bits, kept) in [(4, QuantFormat::Q4_0), (8, QuantFormat::Q8_0)] {
+        let (packed, twin) = checkpoints(&twin_cfg, bits, Scheme::PackQuantized);
+        let dir = model_dir("ct", &llama_json(&pack_quantized(bits, "", "")), &packed);
+        let twin_dir = model_dir("ct-twin", &llama_json(""), &twin);
+        let count = 4 * 2 + 1; // q/k/v, o, gate/up, down per layer, and the LM head
+        runs_as_twin(dir.path(), twin_dir.path(), &twin_cfg, kept, count);
+    }
+}
+
+#[test]
+fn pack_quantized_options_encore_does_not_run_are_refused_by_name() {
+    let cfg_err = |q: &str| err_text(ModelConfig::from_json(&llama_json(q), "config.json")).1;
+    for (q, want) in [
+        (
+            pack_quantized(4, r#", "symmetric": false"#, ""),
+            "symmetric = false",
+        ),
+        (
+            pack_quantized(4, r#", "actorder": "group""#, ""),
+            "actorder",
+        ),
+        (pack_quantized(3, "", ""), "num_bits"),
+        (
+            pack_quantized(4, "", r#", "ignore": ["model.layers.0.mlp.down_proj"]"#),
+            "ignore lists",
+        ),
+        (
+            pack_quantized(4, "", "").replace(
+                r#""input_activations": null"#,
+                r#""input_activations": {"num_bits": 8}"#,
+            ),
+            "input_activations",
+        ),
+        (
+            pack_quantized(4, "", "").replace("\"pack-quantized\"", "\"float-quantized\""),
+            "float-quantized",
+        ),
+    ] {
+        let msg = cfg_err(&q);
+        assert!(msg.contains(want), "{want}: {msg}");
+    }
+    // A zero point in the file: named with its tensor.
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    let (mut packed, _) = checkpoints(&twin_cfg, 4, Scheme::PackQuantized);
+    let name = "model.layers.1.self_attn.o_proj.weight_zero_point";
+    packed.push(Ck {
+        name: name.into(),
+        dtype: Dtype::I32,
+        shape: vec![32, 2],
+        values: vec![0.0; 64],
+    });
+    let msg = load_error(&llama_json(&pack_quantized(4, "", "")), &packed);
+    assert!(msg.contains(name) && msg.contains("zero point"), "{msg}");
+}
+
+#[test]
+fn a_gptq_checkpoint_runs_in_its_bits_as_its_dequantized_twin() {
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    for (bits, v2, kept) in [(4, false, QuantFormat::Q4_0), (8, true, QuantFormat::Q8_0)] {
+        let (packed, twin) = checkpoints(&twin_cfg, bits, Scheme::Gptq { v2 });
+        let dir = model_dir("gptq", &llama_json(&quant(bits, v2, "")), &packed);
+        let twin_dir = model_dir("gptq-twin", &llama_json(""), &twin);
+        // q/k/v, o, gate/up, down per layer; not the LM head
+        runs_as_twin(dir.path(), twin_dir.path(), &twin_cfg, kept, 4 * 2);
+    }
+}
+
+#[test]
+fn gptq_packings_encore_does_not_run_are_refused_by_name() {
+    let cfg_err = |q: &str| err_text(ModelConfig::from_json(&llama_json(q), "config.json")).1;
+    let msg = cfg_err(&quant(4, false, "").replace(r#""sym": true"#, r#""sym": false"#));
+    assert!(msg.contains("sym = false"), "{msg}");
+    let msg = cfg_err(&quant(4, false, "").replace(r#""desc_act": false"#, r#""desc_act": true"#));
+    assert!(msg.contains("desc_act"), "{msg}");
+    let msg = cfg_err(&quant(3, false, ""));
+    assert!(msg.contains("bits = 3"), "{msg}");
+    let msg = cfg_err(&quant(4, false, "").replace(r#""group_size": 128"#, r#""group_size": 48"#));
+    assert!(msg.contains("group_size = 48"), "{msg}");
+
+    // A zero point other than the symmetric one, in the file: named with its tensor.
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    let (mut packed, _) = checkpoints(&twin_cfg, 4, Scheme::Gptq { v2: false });
+    let name = "model.layers.1.mlp.down_proj.qzeros";
+    let z = packed.iter_mut().find(|t| t.name == name).unwrap();
+    z.values[3] = word(z.values[3].to_bits() ^ 0x10);
+    let msg = load_error(&llama_json(&quant(4, false, "")), &packed);
+    assert!(msg.contains(name) && msg.contains("zero point"), "{msg}");
+}
