@@ -387,6 +387,43 @@ fn quantized_weights_split_in_whole_blocks_over_ranks_give_one_ranks_tokens() {
 }
 
 #[test]
+fn packed_integer_checkpoints_over_2_ranks_give_one_ranks_tokens() {
+    // GPTQ (4 bits: Q4_0 blocks) and compressed-tensors (8 bits: Q8_0, the LM head packed
+    // too): each rank cuts its share of the kept blocks, in whole blocks of 32 (o_proj's
+    // 256 columns as 128 + 128, down's 384 as 192 + 192).
+    use common::checkpoint::model_dir;
+    use common::packed::{checkpoints, Scheme};
+    let json = |extra: &str| {
+        format!(
+            r#"{{"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 256,
+  "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
+  "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+  "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2,
+  "torch_dtype": "bfloat16"{extra}}}"#
+        )
+    };
+    let cfg = ModelConfig::from_json(&json(""), "twin").unwrap();
+    let gptq = r#", "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": true, "desc_act": false}"#;
+    let ct = r#", "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "symmetric": true, "strategy": "group", "group_size": 128}}}, "ignore": []}"#;
+    for (name, quant, bits, scheme) in [
+        ("gptq", gptq, 4, Scheme::Gptq { v2: false }),
+        ("pack-quantized", ct, 8, Scheme::PackQuantized),
+    ] {
+        let (packed, _) = checkpoints(&cfg, bits, scheme);
+        let dir = model_dir(name, &json(quant), &packed);
+        let path = dir.path().to_str().unwrap().to_string();
+        let files = || open_model(&path).unwrap();
+        for graphs in [false, true] {
+            assert_eq!(
+                greedy_files(files, 2, graphs),
+                greedy_files(files, 1, graphs),
+                "{name}, graphs {graphs}"
+            );
+        }
+    }
+}
+
+#[test]
 fn an_mlp_width_smaller_than_the_group_is_refused_naming_both_numbers() {
     let mut cfg = ModelConfig::dummy("tiny-qwen2-moe").unwrap();
     let moe = cfg.moe.as_mut().unwrap();

@@ -42,18 +42,6 @@ pub(super) fn load_error(config: &str, tensors: &[Ck]) -> String {
     err_text(r).1
 }
 
-/// A tensor both a quantized checkpoint and its twin store as is: norms about 1, the
-/// rest small (shared with the GPTQ tests).
-pub(super) fn plain(name: &str, shape: &[usize], v: &[f32]) -> Ck {
-    let mut t = Ck::f32(name, shape, v);
-    if name.ends_with("norm.weight") {
-        t.values.iter_mut().for_each(|x| *x = 1.0 + 0.1 * *x);
-    } else {
-        t.values.iter_mut().for_each(|x| *x *= 0.2);
-    }
-    t
-}
-
 /// The FP8 checkpoint (projections as E4M3 codes with scales: 128x128 blocks, or one
 /// per-tensor scale for layer 1's MLP) and its twin (every tensor in f32, projections
 /// decoded). Codes are drawn uniformly from the finite E4M3 values.

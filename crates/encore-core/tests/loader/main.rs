@@ -17,7 +17,7 @@ use safetensors::tensor::Dtype;
 mod common;
 
 use common::checkpoint::{
-    all_values, download, err_text, model_dir, values, write_safetensors, Ck,
+    all_values, download, err_text, model_dir, plain, values, write_safetensors, Ck,
 };
 use common::temp_dir::TempDir;
 

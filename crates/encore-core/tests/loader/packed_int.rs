@@ -6,8 +6,9 @@
 //! does not run (zero points, groups in activation order, other widths and formats) is an
 //! error naming the field or the tensor.
 
-use super::fp8::{fp8_json, greedy, load, load_error, plain};
+use super::fp8::{fp8_json, greedy, load, load_error};
 use super::*;
+use common::packed::{checkpoints, word, Scheme};
 use encore_core::model::config::ModelConfig;
 use encore_core::model::formats::Quantization;
 use encore_core::model::{open_model, ModelFiles};
@@ -23,130 +24,6 @@ fn quant(bits: u32, v2: bool, more: &str) -> String {
     format!(
         r#", "quantization_config": {{"quant_method": "gptq", "bits": {bits}, "group_size": 128, "sym": true, "desc_act": false, "checkpoint_format": "{format}"{more}}}"#
     )
-}
-
-/// A packed 32-bit word as the f32 of the same bits (`Dtype::U32` writes its bits).
-fn word(w: u32) -> f32 {
-    f32::from_bits(w)
-}
-
-/// Which packing a test checkpoint uses.
-#[derive(Clone, Copy)]
-enum Scheme {
-    /// GPTQ, zeros stored as v2 (`true`) or v1 store them.
-    Gptq { v2: bool },
-    /// compressed-tensors' pack-quantized, bf16 scales, the LM head packed too.
-    PackQuantized,
-}
-
-/// The packed checkpoint (every projection packed in `bits`, groups of 128; GPTQ leaves
-/// the LM head plain) and its twin (every tensor in f32, projections decoded: scale *
-/// (code - 2^(bits - 1))). Codes and scales are drawn from a seed.
-fn checkpoints(cfg: &ModelConfig, bits: u32, scheme: Scheme) -> (Vec<Ck>, Vec<Ck>) {
-    let (mut packed, mut twin) = (Vec::new(), Vec::new());
-    let per_word = (32 / bits) as usize;
-    let zero = 1u32 << (bits - 1);
-    let gptq = matches!(scheme, Scheme::Gptq { .. });
-    for (i, spec) in weights::hf_tensors(cfg).iter().enumerate() {
-        let v = values(300 + i as u64, spec.numel());
-        let projection = spec.shape.len() == 2
-            && !spec.name.contains("embed_tokens")
-            && !(gptq && spec.name == "lm_head.weight");
-        if !projection {
-            let t = plain(&spec.name, &spec.shape, &v);
-            packed.push(t.clone());
-            twin.push(t);
-            continue;
-        }
-        let (rows, cols) = (spec.shape[0], spec.shape[1]);
-        let groups = cols / 128;
-        let top = 1u32 << bits;
-        // `values` lie in about [-1, 1]: spread them over the codes.
-        let codes: Vec<u32> = v
-            .iter()
-            .map(|&x| (((x + 1.0) * 0.5 * top as f32) as u32).min(top - 1))
-            .collect();
-        // Scales by (group, row), exact in f16 and in bf16.
-        let scale = |g: usize, r: usize| {
-            bf16::from_f32(0.004 + 0.001 * ((g * rows + r) % 11) as f32).to_f32()
-        };
-        let base = spec.name.strip_suffix(".weight").unwrap();
-        let w32 = |name: &str, shape: &[usize], w: &[u32]| Ck {
-            name: format!("{base}.{name}"),
-            dtype: Dtype::U32,
-            shape: shape.to_vec(),
-            values: w.iter().map(|&x| word(x)).collect(),
-        };
-        match scheme {
-            Scheme::Gptq { v2 } => {
-                let stored_zero = zero - (!v2) as u32;
-                let mut qweight = vec![0u32; cols / per_word * rows];
-                for r in 0..rows {
-                    for c in 0..cols {
-                        qweight[(c / per_word) * rows + r] |=
-                            codes[r * cols + c] << (bits as usize * (c % per_word));
-                    }
-                }
-                let zw = rows.div_ceil(per_word);
-                let mut qzeros = vec![0u32; groups * zw];
-                for g in 0..groups {
-                    for r in 0..rows {
-                        qzeros[g * zw + r / per_word] |=
-                            stored_zero << (bits as usize * (r % per_word));
-                    }
-                }
-                packed.push(w32("qweight", &[cols / per_word, rows], &qweight));
-                packed.push(w32("qzeros", &[groups, zw], &qzeros));
-                packed.push(Ck {
-                    name: format!("{base}.scales"),
-                    dtype: Dtype::F16,
-                    shape: vec![groups, rows],
-                    values: (0..groups * rows)
-                        .map(|j| scale(j / rows, j % rows))
-                        .collect(),
-                });
-                packed.push(Ck {
-                    name: format!("{base}.g_idx"),
-                    dtype: Dtype::I32,
-                    shape: vec![cols],
-                    values: (0..cols).map(|c| (c / 128) as f32).collect(),
-                });
-            }
-            Scheme::PackQuantized => {
-                let wpr = cols / per_word;
-                let mut w = vec![0u32; rows * wpr];
-                for r in 0..rows {
-                    for c in 0..cols {
-                        w[r * wpr + c / per_word] |=
-                            codes[r * cols + c] << (bits as usize * (c % per_word));
-                    }
-                }
-                packed.push(w32("weight_packed", &[rows, wpr], &w));
-                packed.push(Ck {
-                    name: format!("{base}.weight_scale"),
-                    dtype: Dtype::BF16,
-                    shape: vec![rows, groups],
-                    values: (0..rows * groups)
-                        .map(|j| scale(j % groups, j / groups))
-                        .collect(),
-                });
-                packed.push(Ck {
-                    name: format!("{base}.weight_shape"),
-                    dtype: Dtype::I32,
-                    shape: vec![2],
-                    values: vec![rows as f32, cols as f32],
-                });
-            }
-        }
-        let decoded: Vec<f32> = (0..rows * cols)
-            .map(|k| {
-                let (r, c) = (k / cols, k % cols);
-                scale(c / 128, r) * (codes[k] as f32 - zero as f32)
-            })
-            .collect();
-        twin.push(Ck::f32(&spec.name, &spec.shape, &decoded));
-    }
-    (packed, twin)
 }
 
 /// compressed-tensors' `quantization_config` (llm-compressor's W4A16 / W8A16 layout),
@@ -284,4 +161,35 @@ fn gptq_packings_encore_does_not_run_are_refused_by_name() {
     z.values[3] = word(z.values[3].to_bits() ^ 0x10);
     let msg = load_error(&llama_json(&quant(4, false, "")), &packed);
     assert!(msg.contains(name) && msg.contains("zero point"), "{msg}");
+}
+
+/// A mixture of experts packed by GPTQ (each expert's projections, as AutoGPTQ writes
+/// them; the router plain): the experts load kept in 4 bits and run as the twin.
+#[test]
+fn a_gptq_mixture_of_experts_runs_as_its_dequantized_twin() {
+    let json = |extra: &str| {
+        format!(
+            r#"{{
+  "architectures": ["Qwen3MoeForCausalLM"],
+  "vocab_size": 96, "hidden_size": 256, "intermediate_size": 384,
+  "moe_intermediate_size": 128, "num_experts": 4, "num_experts_per_tok": 2,
+  "norm_topk_prob": true, "num_hidden_layers": 2, "num_attention_heads": 4,
+  "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+  "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2,
+  "torch_dtype": "bfloat16"{extra}
+}}"#
+        )
+    };
+    let twin_cfg = ModelConfig::from_json(&json(""), "twin").unwrap();
+    let (packed, twin) = checkpoints(&twin_cfg, 4, Scheme::Gptq { v2: false });
+    let dir = model_dir("gptq-moe", &json(&quant(4, false, "")), &packed);
+    let twin_dir = model_dir("gptq-moe-twin", &json(""), &twin);
+    // q/k/v, o, the experts' gate/up and down per layer; not the LM head
+    runs_as_twin(
+        dir.path(),
+        twin_dir.path(),
+        &twin_cfg,
+        QuantFormat::Q4_0,
+        4 * 2,
+    );
 }
