@@ -17,7 +17,7 @@ pub fn word(w: u32) -> f32 {
 /// Which packing a test checkpoint uses.
 #[derive(Clone, Copy)]
 pub enum Scheme {
-    /// GPTQ, zeros stored as v2 (`true`) or v1 store them.
+    /// GPTQ, zeros stored as v2 (`true`, with bf16 scales) or v1 (f16 scales) store them.
     Gptq { v2: bool },
     /// compressed-tensors' pack-quantized, bf16 scales, the LM head packed too.
     PackQuantized,
@@ -85,7 +85,8 @@ pub fn checkpoints(cfg: &ModelConfig, bits: u32, scheme: Scheme) -> (Vec<Ck>, Ve
                 packed.push(w32("qzeros", &[groups, zw], &qzeros));
                 packed.push(Ck {
                     name: format!("{base}.scales"),
-                    dtype: Dtype::F16,
+                    // v2 writers may keep the model's bf16 (exact in f16 here).
+                    dtype: if v2 { Dtype::BF16 } else { Dtype::F16 },
                     shape: vec![groups, rows],
                     values: (0..groups * rows)
                         .map(|j| scale(j / rows, j % rows))

@@ -127,6 +127,15 @@ fn pack_quantized_options_encore_does_not_run_are_refused_by_name() {
     });
     let msg = load_error(&llama_json(&pack_quantized(4, "", "")), &packed);
     assert!(msg.contains(name) && msg.contains("zero point"), "{msg}");
+    // A bf16 scale below f16's normal range (an f16 block scale would round it).
+    packed.pop();
+    let name = "model.layers.0.mlp.up_proj.weight_scale";
+    packed.iter_mut().find(|t| t.name == name).unwrap().values[5] = 1.0e-6;
+    let msg = load_error(&llama_json(&pack_quantized(4, "", "")), &packed);
+    assert!(
+        msg.contains(name) && msg.contains("f16 scale cannot hold"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -55,6 +55,33 @@ fn is_int(d: Dtype) -> bool {
     matches!(d, Dtype::I32 | Dtype::U32)
 }
 
+fn is_float(d: Dtype) -> bool {
+    matches!(d, Dtype::F16 | Dtype::BF16 | Dtype::F32)
+}
+
+/// Scales `t` of a float dtype as f16, each exactly (a Q4_0 / Q8_0 block's scale is an
+/// f16): an error naming the tensor and the first value that is not.
+fn f16_scales(t: &str, d: Dtype, bytes: &[u8]) -> Result<Vec<f16>> {
+    let dt = super::checkpoint::dtype_of(d).expect("a float dtype");
+    super::host::to_f32(bytes, dt)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let h = f16::from_f32(v);
+            match h.to_f32() == v {
+                true => Ok(h),
+                false => Err(Error::Weights {
+                    tensor: t.to_string(),
+                    what: format!(
+                        "holds {v} at {i}, which an f16 scale cannot hold exactly (encore \
+                         keeps these weights as blocks of f16 scales)"
+                    ),
+                }),
+            }
+        })
+        .collect()
+}
+
 /// What one checkpoint tensor must be: an error naming it otherwise.
 fn expect(t: &str, what: &str, d: Dtype, s: &[usize], want: &[usize], ok: bool) -> Result<()> {
     if s != want || !ok {
@@ -159,7 +186,7 @@ impl PackedIntWeight {
                 let scales = format!("{base}.scales");
                 let (sc_dtype, sc_shape, sc_bytes) =
                     ck.raw(&scales).ok_or_else(|| missing(&scales))?;
-                let ok = sc_dtype == Dtype::F16;
+                let ok = is_float(sc_dtype);
                 expect(&scales, &what, sc_dtype, &sc_shape, &[groups, rows], ok)?;
                 let qzeros = format!("{base}.qzeros");
                 let (qz_dtype, qz_shape, qz_bytes) =
@@ -205,10 +232,7 @@ impl PackedIntWeight {
                         }
                     }
                 }
-                sc_bytes
-                    .chunks_exact(2)
-                    .map(|b| f16::from_le_bytes([b[0], b[1]]))
-                    .collect()
+                f16_scales(&scales, sc_dtype, sc_bytes)?
             }
             IntScheme::PackQuantized => {
                 if let Some((t, _)) = get("weight_zero_point") {
@@ -236,23 +260,12 @@ impl PackedIntWeight {
                 let scale = format!("{base}.weight_scale");
                 let (sc_dtype, sc_shape, sc_bytes) =
                     ck.raw(&scale).ok_or_else(|| missing(&scale))?;
-                let float = matches!(sc_dtype, Dtype::F16 | Dtype::BF16 | Dtype::F32);
+                let float = is_float(sc_dtype);
                 expect(&scale, &what, sc_dtype, &sc_shape, &[rows, groups], float)?;
-                let dt = super::checkpoint::dtype_of(sc_dtype).expect("a float");
-                let values = super::host::to_f32(sc_bytes, dt);
                 // Stored [rows, groups]; kept [groups, rows] as GPTQ's.
+                let stored = f16_scales(&scale, sc_dtype, sc_bytes)?;
                 let mut scales = vec![f16::ZERO; rows * groups];
-                for (i, &v) in values.iter().enumerate() {
-                    let h = f16::from_f32(v);
-                    if h.to_f32() != v {
-                        return Err(err(
-                            &scale,
-                            format!(
-                                "holds {v} at {i}, which an f16 scale cannot hold exactly \
-                                 (encore keeps these weights as blocks of f16 scales)"
-                            ),
-                        ));
-                    }
+                for (i, h) in stored.into_iter().enumerate() {
                     scales[(i % groups) * rows + i / groups] = h;
                 }
                 if unpack {
