@@ -150,6 +150,28 @@ fn a_gptq_checkpoint_runs_in_its_bits_as_its_dequantized_twin() {
     }
 }
 
+/// An AutoGPTQ export that keeps its packing in `quantize_config.json` (no
+/// `quantization_config` in config.json, no `quant_method`) loads as GPTQ.
+#[test]
+fn a_gptq_export_with_quantize_config_json_loads_as_gptq() {
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    let (packed, twin) = checkpoints(&twin_cfg, 4, Scheme::Gptq { v2: false });
+    let dir = model_dir("gptq-side", &llama_json(""), &packed);
+    std::fs::write(
+        dir.path().join("quantize_config.json"),
+        r#"{"bits": 4, "group_size": 128, "desc_act": false, "sym": true, "true_sequential": true}"#,
+    )
+    .unwrap();
+    let twin_dir = model_dir("gptq-side-twin", &llama_json(""), &twin);
+    runs_as_twin(
+        dir.path(),
+        twin_dir.path(),
+        &twin_cfg,
+        QuantFormat::Q4_0,
+        4 * 2,
+    );
+}
+
 #[test]
 fn gptq_packings_encore_does_not_run_are_refused_by_name() {
     let cfg_err = |q: &str| err_text(ModelConfig::from_json(&llama_json(q), "config.json")).1;

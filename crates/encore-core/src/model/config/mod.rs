@@ -300,13 +300,15 @@ impl ModelConfig {
         })
     }
 
-    /// Read and parse an HF `config.json`.
+    /// Read and parse an HF `config.json` (with an AutoGPTQ `quantize_config.json` beside
+    /// it, see [`quantization::with_quantize_config`]).
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
             what: "reading model config",
             path: path.display().to_string(),
             source,
         })?;
+        let text = quantization::with_quantize_config(path, text)?;
         Self::from_json(&text, &path.display().to_string())
     }
 

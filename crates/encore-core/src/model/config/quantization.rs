@@ -1,10 +1,12 @@
 //! `quantization_config`: the checkpoint formats whose projections load kept quantized
 //! (FP8, GPTQ, compressed-tensors' pack-quantized), every other method refused naming it.
 
+use std::path::Path;
+
 use serde_json::Value;
 
 use super::parse::Fields;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::formats::{IntPacking, IntScheme, WeightFormats};
 
 /// `quantization_config`: FP8 checkpoints (`quant_method: "fp8"`, weights in E4M3 with
@@ -246,4 +248,46 @@ fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
         scheme: IntScheme::PackQuantized,
         lm_head,
     })
+}
+
+/// The text of `config.json` at `path`, with the GPTQ packing of an AutoGPTQ export that
+/// keeps it in `quantize_config.json` beside a config without `quantization_config` (read
+/// as `quantization_config`, `quant_method` "gptq" where it names none). Unchanged when
+/// there is no such file, the config already has one, or it is not a JSON object (which
+/// `from_json` reports).
+pub(super) fn with_quantize_config(path: &Path, text: String) -> Result<String> {
+    let side = path.with_file_name("quantize_config.json");
+    if !side.is_file() {
+        return Ok(text);
+    }
+    let mut cfg: Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(_) => return Ok(text),
+    };
+    let Some(obj) = cfg.as_object_mut() else {
+        return Ok(text);
+    };
+    if obj.contains_key("quantization_config") {
+        return Ok(text);
+    }
+    let where_ = side.display().to_string();
+    let q_text = std::fs::read_to_string(&side).map_err(|source| Error::Io {
+        what: "reading the GPTQ quantize config",
+        path: where_.clone(),
+        source,
+    })?;
+    let mut q: Value = serde_json::from_str(&q_text).map_err(|e| Error::Config {
+        path: where_.clone(),
+        what: format!("not valid JSON: {e}"),
+    })?;
+    let Some(qo) = q.as_object_mut() else {
+        return Err(Error::Config {
+            path: where_,
+            what: "the top level is not a JSON object".into(),
+        });
+    };
+    qo.entry("quant_method")
+        .or_insert_with(|| Value::from("gptq"));
+    obj.insert("quantization_config".into(), q);
+    Ok(cfg.to_string())
 }
