@@ -57,11 +57,22 @@ pub enum IntScheme {
 }
 
 impl IntPacking {
-    /// The block format the projections are kept in.
+    /// The block format the projections are kept in (exactly their values).
     pub fn kept_as(&self) -> QuantFormat {
         match self.bits {
             4 => QuantFormat::Q4_0,
             _ => QuantFormat::Q8_0,
+        }
+    }
+}
+
+impl IntScheme {
+    /// The tensor that holds projection `base`'s packed integers (`base.qweight`,
+    /// `base.weight_packed`), and the scheme's name for messages.
+    pub fn packed_tensor(&self, base: &str) -> (String, &'static str) {
+        match self {
+            IntScheme::Gptq { .. } => (format!("{base}.qweight"), "GPTQ"),
+            IntScheme::PackQuantized => (format!("{base}.weight_packed"), "pack-quantized"),
         }
     }
 }
@@ -71,7 +82,7 @@ impl WeightFormats {
     pub fn projection(&self, name: &str) -> Option<QuantFormat> {
         match (self.per_tensor.get(name), self.int_packing) {
             (Some(f), _) => Some(*f),
-            // A GPTQ checkpoint's LM head is stored plainly unless it says otherwise.
+            // A packed checkpoint's LM head may be stored plainly (`IntPacking::lm_head`).
             (None, Some(g)) if name == "lm_head" && !g.lm_head => None,
             (None, _) => self.projections,
         }

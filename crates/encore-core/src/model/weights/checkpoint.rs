@@ -73,7 +73,8 @@ pub(super) struct Checkpoint {
     location: HashMap<String, (usize, String)>,
     /// How the location map was built, for "missing" messages.
     origin: String,
-    /// The config's GPTQ packing, when its projections are packed ([`PackedIntWeight`]).
+    /// The config's packing in integers (GPTQ, pack-quantized), when its projections are
+    /// packed ([`PackedIntWeight`]).
     pub(super) int_packing: Option<IntPacking>,
 }
 
@@ -212,8 +213,8 @@ impl Checkpoint {
     ) -> Result<()> {
         self.validate_specs(specs)?;
         let used: HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-        // A GPTQ projection's packed tensors stand for its `.weight` (read and checked
-        // with it by `validate_specs`).
+        // A packed projection's tensors stand for its `.weight` (read and checked with it
+        // by `validate_specs`).
         let packed = |n: &str| self.int_packing.is_some() && packed_int::is_packed_part(n);
         let mut unused: Vec<&String> = self
             .location
@@ -242,11 +243,10 @@ impl Checkpoint {
         let limit = num_layers.min(self.location.len() + 1);
         for i in 0..limit {
             let name = format!("model.layers.{i}.self_attn.o_proj.weight");
-            let packed = self.int_packing.is_some()
-                && ["qweight", "weight_packed"].iter().any(|p| {
-                    let packed = format!("model.layers.{i}.self_attn.o_proj.{p}");
-                    self.location.contains_key(&packed)
-                });
+            let packed = self.int_packing.is_some_and(|p| {
+                let base = format!("model.layers.{i}.self_attn.o_proj");
+                self.location.contains_key(&p.scheme.packed_tensor(&base).0)
+            });
             if !(self.location.contains_key(&name) || packed) {
                 return Err(Error::Weights {
                     tensor: name,
@@ -269,7 +269,10 @@ impl Checkpoint {
             };
             let Some((i, in_file)) = self.location.get(&spec.name) else {
                 // Read now: a misshapen or unsupported packing is refused before loading.
-                if self.is_packed_int(&spec.name, &spec.shape)? {
+                if self
+                    .read_packed_int(&spec.name, &spec.shape, false)?
+                    .is_some()
+                {
                     continue;
                 }
                 return Err(err(format!("is missing from {}", self.origin)));
@@ -364,8 +367,8 @@ impl Checkpoint {
         }))
     }
 
-    /// GPTQ projection `name` of `shape` unpacked, or `None` (not a GPTQ checkpoint, or a
-    /// tensor it stores plainly).
+    /// Packed projection `name` of `shape` unpacked, or `None` (not a packed checkpoint, or
+    /// a tensor it stores plainly).
     pub(super) fn packed_int(
         &self,
         name: &str,
@@ -374,9 +377,10 @@ impl Checkpoint {
         self.read_packed_int(name, shape, true)
     }
 
-    /// Whether `name` is a GPTQ projection (checked, not unpacked).
-    pub(super) fn is_packed_int(&self, name: &str, shape: &[usize]) -> Result<bool> {
-        Ok(self.read_packed_int(name, shape, false)?.is_some())
+    /// Whether the checkpoint stores tensor `name` itself (a packed projection's `.weight`
+    /// it does not).
+    pub(super) fn holds(&self, name: &str) -> bool {
+        self.location.contains_key(name)
     }
 
     fn read_packed_int(

@@ -85,7 +85,7 @@ impl HostSide {
                         Source::Checkpoint(ck)
                             if (!host_read || m.parts.len() == 1)
                                 && ck.fp8(&part.name)?.is_none()
-                                && !ck.is_packed_int(&part.name, &part.shape)? =>
+                                && ck.holds(&part.name) =>
                         {
                             let (d, file, range) = ck.location(&part.name)?;
                             let skip = match part.slice {

@@ -18,6 +18,8 @@ pub(super) struct PackedIntWeight {
     rows: usize,
     cols: usize,
     bits: u32,
+    /// The block format holding exactly these values ([`IntPacking::kept_as`]).
+    format: QuantFormat,
     /// The codes, row-major `[rows, cols]` (0 .. 2^bits).
     codes: Vec<u8>,
     /// f16 scales `[groups, rows]` (exactly the file's).
@@ -108,10 +110,7 @@ impl PackedIntWeight {
         let Some(base) = name.strip_suffix(".weight") else {
             return Ok(None);
         };
-        let (packed_name, scheme) = match g.scheme {
-            IntScheme::Gptq { .. } => (format!("{base}.qweight"), "GPTQ"),
-            IntScheme::PackQuantized => (format!("{base}.weight_packed"), "pack-quantized"),
-        };
+        let (packed_name, scheme) = g.scheme.packed_tensor(base);
         let Some((pk_dtype, pk_shape, pk_bytes)) = ck.raw(&packed_name) else {
             return Ok(None);
         };
@@ -288,6 +287,7 @@ impl PackedIntWeight {
             rows,
             cols,
             bits: g.bits,
+            format: g.kept_as(),
             codes,
             scales,
             group,
@@ -316,10 +316,7 @@ impl PackedIntWeight {
 
     /// The format the packing is exactly: Q4_0 (4 bits), Q8_0 (8).
     pub(super) fn format(&self) -> QuantFormat {
-        match self.bits {
-            4 => QuantFormat::Q4_0,
-            _ => QuantFormat::Q8_0,
-        }
+        self.format
     }
 
     /// GGUF blocks of [`PackedIntWeight::format`], row-major: per 32 columns the f16 scale,
