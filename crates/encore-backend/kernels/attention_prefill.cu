@@ -10,7 +10,7 @@
 // 0..num_blocks contribute nothing (never read; masked out of the softmax).
 //
 // Launch: grid (num_heads, ceil(rows / 128) + num_seqs), 128 threads (4 warps),
-// FA_SMEM_BYTES(HD) of dynamic shared memory, shapes only. Work item y of the grid is found
+// FA_SMEM_BYTES(HD, F8) of dynamic shared memory, shapes only. Work item y of the grid is found
 // by scanning cu_seqlens_q (device memory): the row ranges [a_s, b_s) (cu clamped to be
 // non-decreasing and within 0..rows, so ranges never overlap) are cut into tiles of 128
 // rows; y indexes those tiles in sequence order (within a sequence the last tile, the one
@@ -28,30 +28,42 @@
 // some row max of the warp grew), P rounded to T as the A operand of O += P V (the S
 // accumulators are exactly P's A fragments), O in f32 registers. K and V tiles of 32 keys
 // are gathered from the paged cache with 16-byte cp.async copies (zero-filled for invalid
-// keys) into two shared buffers with rows padded to HD + 8 elements (conflict-free
-// ldmatrix); V's B fragments come from ldmatrix.trans. Tile j + 1 streams in while tile j
-// is computed (one barrier per tile). Only key tiles overlapping the CTA's union of ranges
-// [lo(first row), ctx'(last row)) are loaded; a warp skips the tiles that none of its rows
-// sees, and masks per key (range and block validity) only on tiles that some of its rows
-// see in part or that hold a key of an invalid block.
+// keys) into FA_STAGES shared buffers with rows padded to HD + 8 elements (conflict-free
+// ldmatrix); V's B fragments come from ldmatrix.trans. Tiles j + 1 .. j + FA_STAGES - 1
+// stream in while tile j is computed (one barrier per tile). Only key tiles overlapping the
+// CTA's union of ranges [lo(first row), ctx'(last row)) are loaded; a warp skips the tiles
+// that none of its rows sees, and masks per key (range and block validity) only on tiles
+// that some of its rows see in part or that hold a key of an invalid block.
 //
-// FP8 cache (the `_kv8` variants, KV = fp8): a thread loads its 8-byte parts of tile j + 1's
-// K and V rows into registers while tile j is computed, and decodes them to T (exact) into
-// their shared buffer at the top of the next iteration, before its barrier (that buffer
-// held tile j - 1, which every warp finished before the previous barrier). The layer's key
-// scale is folded into qscale by the host; the value scale (vscale, 1 otherwise) multiplies
-// the output.
+// FP8 cache (the `_kv8` variants, KV = fp8): the stages hold raw E4M3 rows (8-byte cp.async
+// copies); at the top of iteration j each thread decodes the parts of tile j that it copied
+// itself to T (exact) into one of two T buffers, before the barrier (that buffer held tile
+// j - 2, which every warp finished before the previous barrier). The layer's key scale is
+// folded into qscale by the host; the value scale (vscale, 1 otherwise) multiplies the
+// output.
 //
 // mma.m16n8k16 fragments: common.cuh (Mma16816).
 
 #define FA_THREADS 128
 #define FA_BM 128  // query rows per CTA
 #define FA_WM 32   // query rows per warp (two m16 tiles)
-#define FA_BN 32   // keys per tile
-// Dynamic shared memory per CTA: Q (FA_BM rows), two K and two V buffers (FA_BN rows
-// each), rows padded to HD + 8 elements, then sOk[2][FA_BN]. `fa_smem_bytes` in
-// kernels.rs mirrors this.
-#define FA_SMEM_BYTES(HD) ((FA_BM + 4 * FA_BN) * ((HD) + 8) * 2 + 2 * FA_BN * 4)
+#ifndef FA_BN
+#define FA_BN 32   // keys per tile (a multiple of 16 up to 64; a kernel define for measurements)
+#endif
+// Key tiles in flight: tile j + FA_STAGES - 1 is requested while tile j is computed (a kernel
+// define for measurements).
+#ifndef FA_STAGES
+#define FA_STAGES 2
+#endif
+// K and V buffers of T: one a stage over a cache of T; two over an FP8 cache, whose stages
+// are raw E4M3 rows decoded into them.
+#define FA_TBUF(F8) ((F8) ? 2 : FA_STAGES)
+// Dynamic shared memory per CTA: Q (FA_BM rows), FA_TBUF K and as many V buffers (FA_BN rows
+// each), rows padded to HD + 8 elements; over an FP8 cache FA_STAGES raw K and V tiles
+// (HD bytes a row); then sOk[FA_STAGES][FA_BN]. `fa_smem_bytes` in attention.rs mirrors this.
+#define FA_SMEM_BYTES(HD, F8)                                                              \
+    ((FA_BM + 2 * FA_TBUF(F8) * FA_BN) * ((HD) + 8) * 2 +                                 \
+     ((F8) ? FA_STAGES * 2 * FA_BN * (HD) : 0) + FA_STAGES * FA_BN * 4)
 
 // 2^x (MUFU.EX2, flushing denormals; 2^-inf = 0).
 __device__ __forceinline__ float fa_exp2(float x) {
@@ -60,28 +72,14 @@ __device__ __forceinline__ float fa_exp2(float x) {
     return y;
 }
 
-// Tile j + 1's K/V parts of one thread, loaded from an FP8 cache while tile j is computed
-// (unused for a cache of T).
-template <typename T, typename KV, int N> struct FaStage {
-    __device__ __forceinline__ void load(int, const KV*, const KV*, long long, bool) {}
-    __device__ __forceinline__ void land(int, T*, T*) const {}
-};
-template <typename T, int N> struct FaStage<T, fp8, N> {
-    uint2 k[N], v[N];
-    __device__ __forceinline__ void load(int i, const fp8* kc, const fp8* vc, long long off,
-                                         bool ok) {
-        k[i] = ok ? *reinterpret_cast<const uint2*>(kc + off) : make_uint2(0u, 0u);
-        v[i] = ok ? *reinterpret_cast<const uint2*>(vc + off) : make_uint2(0u, 0u);
-    }
-    // Decode part i into its shared rows (8 elements of T, 16 bytes).
-    __device__ __forceinline__ void land(int i, T* dk, T* dv) const {
-        float f[8];
-        Fp8Vec<8>::unpack(k[i], f);
-        st16(dk, Ty<T>::pack(f));
-        Fp8Vec<8>::unpack(v[i], f);
-        st16(dv, Ty<T>::pack(f));
-    }
-};
+// Decode 8 E4M3 bytes of raw shared memory (this thread's own cp.async parts) into 8
+// elements of T (exact) in their T buffer.
+template <typename T>
+__device__ __forceinline__ void fa_land8(const unsigned char* raw, T* dst) {
+    float f[8];
+    Fp8Vec<8>::unpack(*reinterpret_cast<const uint2*>(raw), f);
+    st16(dst, Ty<T>::pack(f));
+}
 
 template <typename T, typename KV, int HD>
 __device__ __forceinline__ void attention_prefill_impl(
@@ -96,13 +94,21 @@ __device__ __forceinline__ void attention_prefill_impl(
     constexpr int KT = HD / 16;        // k-steps of Q K^T
     constexpr int ND = HD / 8;         // n-tiles of O
     constexpr int NS = FA_BN / 8;      // n-tiles of S
-    static_assert(FA_BM == 4 * FA_WM && FA_WM == 32 && FA_BN == 32, "tile shape");
+    static_assert(FA_BM == 4 * FA_WM && FA_WM == 32 && FA_BN % 16 == 0 && FA_BN <= 64,
+                  "tile shape");
+
+    constexpr bool F8 = sizeof(KV) == 1;
+    constexpr int TB = FA_TBUF(F8);    // K / V buffers of T
+    constexpr int S = FA_STAGES;
+    static_assert(S >= 2 && S <= 4, "stages");
 
     extern __shared__ __align__(16) unsigned char fa_smem[];
     T* sQ = reinterpret_cast<T*>(fa_smem);
-    T* sK = sQ + FA_BM * LD;                             // [2][FA_BN * LD]
-    T* sV = sK + 2 * FA_BN * LD;                         // [2][FA_BN * LD]
-    int* sOk = reinterpret_cast<int*>(sV + 2 * FA_BN * LD);  // [2][FA_BN]
+    T* sK = sQ + FA_BM * LD;                             // [TB][FA_BN * LD]
+    T* sV = sK + TB * FA_BN * LD;                        // [TB][FA_BN * LD]
+    // FP8: raw K then V rows of each stage, [S][2][FA_BN * HD] bytes (none otherwise).
+    unsigned char* sRaw = reinterpret_cast<unsigned char*>(sV + TB * FA_BN * LD);
+    int* sOk = reinterpret_cast<int*>(sRaw + (F8 ? S * 2 * FA_BN * HD : 0));  // [S][FA_BN]
 
     const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
@@ -174,6 +180,11 @@ __device__ __forceinline__ void attention_prefill_impl(
     int w_lo0, w_hi0, w_lo1, w_hi1;
     range(wr0, w_lo0, w_hi0);
     range(min(wr0 + FA_WM, row_end) - 1, w_lo1, w_hi1);
+    // The key ranges of this thread's four rows ((mt, ri) -> warp row mt * 16 + ri * 8 + g),
+    // for the masked tiles.
+    int r_lo[4], r_hi[4];
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) range(wr0 + (rr >> 1) * 16 + (rr & 1) * 8 + g, r_lo[rr], r_hi[rr]);
     const int kt0 = k_start / FA_BN * FA_BN;
     const int ntiles = k_end > k_start ? (k_end - kt0 + FA_BN - 1) / FA_BN : 0;
 
@@ -181,27 +192,29 @@ __device__ __forceinline__ void attention_prefill_impl(
     const long long tok_stride = (long long)num_kv_heads * HD;
     const long long head_off = (long long)kvh * HD + (tid % CPR) * 8;  // + this thread's part
 
-    constexpr bool F8 = sizeof(KV) == 1;
-    constexpr int PARTS = FA_BN * CPR / FA_THREADS;  // 16-byte parts of a tile per thread
-    FaStage<T, KV, PARTS> stage;
-    // An FP8 tile's parts, from `stage` into buffer b.
-    auto land = [&](int b) {
+    constexpr int PARTS = FA_BN * CPR / FA_THREADS;  // 8-element parts of a tile per thread
+    // An FP8 tile's parts of this thread, from raw stage r into T buffer b.
+    auto land = [&](int r, int b) {
+        const unsigned char* rk = sRaw + r * 2 * FA_BN * HD;
+        const unsigned char* rv = rk + FA_BN * HD;
 #pragma unroll
         for (int i = 0; i < PARTS; ++i) {
             const int c = tid + i * FA_THREADS;
             const int key = c / CPR, part = c % CPR;
-            stage.land(i, sK + b * FA_BN * LD + key * LD + part * 8,
-                       sV + b * FA_BN * LD + key * LD + part * 8);
+            fa_land8<T>(rk + key * HD + part * 8, sK + b * FA_BN * LD + key * LD + part * 8);
+            fa_land8<T>(rv + key * HD + part * 8, sV + b * FA_BN * LD + key * LD + part * 8);
         }
     };
 
-    // Gather the K and V rows of keys kt..kt + FA_BN - 1 into buffer b (zeros for invalid keys;
-    // from an FP8 cache into `stage`, landed by `land`) and record each key's validity in
+    // Gather the K and V rows of keys kt..kt + FA_BN - 1 into stage b (zeros for invalid keys;
+    // from an FP8 cache into raw stage b, landed by `land`) and record each key's validity in
     // sOk[b].
     auto issue = [&](int kt, int b) {
         T* dk = sK + b * FA_BN * LD;
         T* dv = sV + b * FA_BN * LD;
-#pragma unroll
+        unsigned char* rk = sRaw + b * 2 * FA_BN * HD;
+        unsigned char* rv = rk + FA_BN * HD;
+#pragma unroll 1
         for (int i = 0; i < PARTS; ++i) {
             const int c = tid + i * FA_THREADS;
             const int key = c / CPR, part = c % CPR;  // part == tid % CPR
@@ -213,7 +226,8 @@ __device__ __forceinline__ void attention_prefill_impl(
                 ok ? ((long long)blk * block_size + (k % block_size)) * tok_stride + head_off
                    : 0;
             if (F8) {
-                stage.load(i, k_cache, v_cache, off, ok);
+                cp_async_ca<8>(rk + key * HD + part * 8, k_cache + off, ok);
+                cp_async_ca<8>(rv + key * HD + part * 8, v_cache + off, ok);
             } else {
                 cp_async16(dk + key * LD + part * 8, k_cache + off, ok);
                 cp_async16(dv + key * LD + part * 8, v_cache + off, ok);
@@ -229,9 +243,12 @@ __device__ __forceinline__ void attention_prefill_impl(
         const T* src = ok ? q + ((long long)(row0 + r) * num_heads + h) * HD + part * 8 : q;
         cp_async16(sQ + r * LD + part * 8, src, ok);
     }
-    if (ntiles > 0) issue(kt0, 0);
-    if (F8 && ntiles > 0) land(0);
-    cp_async_commit();
+    // Tiles 0 .. S - 2, a group each (Q in the first).
+#pragma unroll
+    for (int st = 0; st < S - 1; ++st) {
+        if (st < ntiles) issue(kt0 + st * FA_BN, st);
+        cp_async_commit();
+    }
 
     // Rows of this thread: (mt, ri) -> warp row mt * 16 + ri * 8 + g, index mt * 2 + ri.
     float o[2][ND][4];
@@ -239,7 +256,8 @@ __device__ __forceinline__ void attention_prefill_impl(
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int n = 0; n < ND; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
-    float m[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF};
+    float m[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF};  // running maxima, the scores' units
+    const float sc = softcap > 0.0f ? 1.0f : qscale;    // scores to log2 units
     float l[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this thread's partial row sums
 
     // This lane's ldmatrix row addresses (bytes, shared window) in Q, K(buf 0), V(buf 0).
@@ -248,26 +266,31 @@ __device__ __forceinline__ void attention_prefill_impl(
         smem0 + ((warp * FA_WM + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8) * 2;
     const unsigned int kw0 = smem0 + (FA_BM * LD + ((lane >> 4) * 8 + (lane & 7)) * LD +
                                       ((lane >> 3) & 1) * 8) * 2;
-    const unsigned int vw0 = smem0 + ((FA_BM + 2 * FA_BN) * LD +
+    const unsigned int vw0 = smem0 + ((FA_BM + TB * FA_BN) * LD +
                                       (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8) * 2;
 
     for (int j = 0; j < ntiles; ++j) {
         const int kt = kt0 + j * FA_BN;
-        const int buf = j & 1;
-        if (F8 && j > 0) land(buf);  // tile j, loaded during tile j - 1
-        // Tile j (and Q) has landed, and every warp is done with tile j - 1, whose
-        // buffers now receive tile j + 1 while this one is computed.
-        cp_async_wait<0>();
+        const int stg = j % S;               // tile j's stage
+        const int buf = F8 ? (j & 1) : stg;  // and its T buffer
+        // This thread's copies of tile j (and Q) have landed (groups 0 .. j of the S - 1 + j
+        // committed); over an FP8 cache it decodes its parts into T buffer j % 2, which held
+        // tile j - 2, done by every warp before the previous barrier.
+        cp_async_wait<S - 2>();
+        if (F8) land(stg, buf);
+        // Every thread's parts are in, and every warp is done with tile j - 1, whose stage
+        // now receives tile j + S - 1 while this one is computed.
         __syncthreads();
-        if (j + 1 < ntiles) issue(kt + FA_BN, buf ^ 1);
+        if (j + S - 1 < ntiles) issue(kt + (S - 1) * FA_BN, (j + S - 1) % S);
         cp_async_commit();
         const unsigned int kw = kw0 + buf * (FA_BN * LD * 2);
         const unsigned int vw = vw0 + buf * (FA_BN * LD * 2);
 
         // This warp's work on the tile: none when no row of it sees a key of the tile; no
         // per-key masking when every row sees every key and every key's block is valid.
-        const int* okb = sOk + buf * FA_BN;
-        const bool all_ok = __all_sync(FULL_MASK, okb[lane] != 0);
+        const int* okb = sOk + stg * FA_BN;
+        const bool all_ok =
+            __all_sync(FULL_MASK, okb[lane % FA_BN] != 0 && okb[(lane + 32) % FA_BN] != 0);
         const bool work = active && kt < w_hi1 && kt + FA_BN > w_lo0;
         const bool full = all_ok && kt >= w_lo1 && kt + FA_BN <= w_hi0;
 
@@ -295,22 +318,16 @@ __device__ __forceinline__ void attention_prefill_impl(
             }
         }
 
-        // Mask, scale into log2 units, online softmax.
+        // Mask; online softmax in log2 units. Without soft-capping the scores stay unscaled
+        // (qscale > 0 keeps their order) and qscale is folded into each exponent's FFMA;
+        // with it they are scaled and capped first (sc = 1).
         unsigned int pa[2][FA_BN / 16][4];
-        if (full) {
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int n = 0; n < NS; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[mt][n][e] *= qscale;
-        } else {
+        if (!full) {
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
                 for (int ri = 0; ri < 2; ++ri) {
-                    int lo, hi;
-                    range(wr0 + mt * 16 + ri * 8 + g, lo, hi);
+                    const int lo = r_lo[mt * 2 + ri], hi = r_hi[mt * 2 + ri];
 #pragma unroll
                     for (int n = 0; n < NS; ++n) {
 #pragma unroll
@@ -319,7 +336,7 @@ __device__ __forceinline__ void attention_prefill_impl(
                             const int k = kt + key;
                             const bool ok = okb[key] != 0 && k >= lo && k < hi;
                             float& v = s[mt][n][ri * 2 + e];
-                            v = ok ? v * qscale : NEG_INF;
+                            v = ok ? v : NEG_INF;
                         }
                     }
                 }
@@ -332,7 +349,8 @@ __device__ __forceinline__ void attention_prefill_impl(
                 for (int n = 0; n < NS; ++n)
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
-                        if (s[mt][n][e] != NEG_INF) s[mt][n][e] = softcap_l2(s[mt][n][e], softcap);
+                        if (s[mt][n][e] != NEG_INF)
+                            s[mt][n][e] = softcap_l2(s[mt][n][e] * qscale, softcap);
         }
         float mu[4], corr[4];
         bool grew = false;
@@ -345,10 +363,10 @@ __device__ __forceinline__ void attention_prefill_impl(
                 mx = fmaxf(mx, fmaxf(s[mt][n][ri * 2], s[mt][n][ri * 2 + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-            const float mn = fmaxf(m[rr], mx);
+            const float mn = fmaxf(m[rr], mx);  // in the scores' units
             grew |= mn != m[rr];
-            mu[rr] = mn == NEG_INF ? 0.0f : mn;  // nothing seen yet: keep zeros
-            corr[rr] = fa_exp2(m[rr] - mu[rr]);
+            mu[rr] = mn == NEG_INF ? 0.0f : mn * sc;  // nothing seen yet: keep zeros
+            corr[rr] = fa_exp2(m[rr] * sc - mu[rr]);
             m[rr] = mn;
             l[rr] *= corr[rr];
         }
@@ -368,10 +386,10 @@ __device__ __forceinline__ void attention_prefill_impl(
         for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
             for (int n = 0; n < NS; ++n) {
-                const float p0 = fa_exp2(s[mt][n][0] - mu[mt * 2]);
-                const float p1 = fa_exp2(s[mt][n][1] - mu[mt * 2]);
-                const float p2 = fa_exp2(s[mt][n][2] - mu[mt * 2 + 1]);
-                const float p3 = fa_exp2(s[mt][n][3] - mu[mt * 2 + 1]);
+                const float p0 = fa_exp2(fmaf(s[mt][n][0], sc, -mu[mt * 2]));
+                const float p1 = fa_exp2(fmaf(s[mt][n][1], sc, -mu[mt * 2]));
+                const float p2 = fa_exp2(fmaf(s[mt][n][2], sc, -mu[mt * 2 + 1]));
+                const float p3 = fa_exp2(fmaf(s[mt][n][3], sc, -mu[mt * 2 + 1]));
                 l[mt * 2] += p0 + p1;
                 l[mt * 2 + 1] += p2 + p3;
                 // n-tile 2i gives a0 (row g) / a1 (row g + 8), n-tile 2i + 1 a2 / a3.
@@ -417,8 +435,12 @@ __device__ __forceinline__ void attention_prefill_impl(
     }
 }
 
+// CTAs an SM the registers must allow (a kernel define for measurements; 1: no bound).
+#ifndef FA_MIN_BLOCKS
+#define FA_MIN_BLOCKS 1
+#endif
 #define ATTENTION_PREFILL(NAME, T, KV, HD)                                                 \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS) NAME(                         \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) NAME(          \
         const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
         const int* seq_lens, const int* cu_seqlens, T* out, float qscale, float vscale, float softcap,    \
         int window, int num_seqs, int rows, int num_heads, int num_kv_heads,               \

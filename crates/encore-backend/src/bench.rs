@@ -245,29 +245,7 @@ pub fn decode_attention(
     iters: usize,
 ) -> Result<(BenchRow, BenchRow)> {
     let mut rng = StdRng::seed_from_u64(2);
-    let blocks_per_seq = s.context.div_ceil(s.block_size);
-    let num_blocks = s.batch * blocks_per_seq;
-    let cache_shape = [num_blocks, s.block_size, s.num_kv_heads, s.head_dim];
-    let kv_dtype = if s.fp8_cache { DType::F8E4M3 } else { dtype };
-    let mut cache = || -> Result<Tensor> {
-        if !s.fp8_cache {
-            return random_tensor(be, &mut rng, &cache_shape, dtype, 1.0);
-        }
-        let t = be.alloc(DType::F8E4M3, &cache_shape)?;
-        let bytes: Vec<u8> = (0..t.numel())
-            .map(|_| crate::quant::f32_to_e4m3(rng.random_range(-1.0..1.0)))
-            .collect();
-        be.write_bytes(&t, &bytes)?;
-        Ok(t)
-    };
-    let (k_cache, v_cache) = (cache()?, cache()?);
-    // Each sequence owns a random permutation of blocks, as a real cache would look.
-    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.random_range(0..=i));
-    }
-    let block_tables = be.upload(&ids, &[s.batch, blocks_per_seq])?;
-    let seq_lens = be.upload(&vec![s.context as i32; s.batch], &[s.batch])?;
+    let cache = PagedCache::random(be, &mut rng, &s, dtype)?;
     let q = random_tensor(
         be,
         &mut rng,
@@ -280,29 +258,16 @@ pub fn decode_attention(
         s.batch,
         s.num_heads,
         s.head_dim,
-        blocks_per_seq,
+        cache.blocks_per_seq,
         s.block_size,
     );
     let scratch = be.alloc(DType::F32, &[scratch_len.max(1)])?;
-    let args = Attention {
-        q: &q,
-        k_cache: &k_cache,
-        v_cache: &v_cache,
-        kv_scale: crate::args::KvScale::ONE,
-        block_tables: &block_tables,
-        seq_lens: &seq_lens,
-        cu_seqlens_q: None,
-        scale: 1.0 / (s.head_dim as f32).sqrt(),
-        softcap: None,
-        window: None,
-        out: &out,
-        scratch: &scratch,
-    };
+    let args = cache.args(&q, None, 1.0 / (s.head_dim as f32).sqrt(), &out, &scratch);
     let eager = time_per_call(be, iters, 5, || be.attention(&args))?;
     // The same calls replayed from one graph: what a decode step pays, without launch gaps.
     let graph = capture(be, || (0..iters).try_for_each(|_| be.attention(&args)))?;
     let replayed = time_per_call(be, 1, 5, || graph.replay())? / iters as f64;
-    let kv_bytes = 2 * s.batch * s.context * s.num_kv_heads * s.head_dim * kv_dtype.size();
+    let kv_bytes = 2 * s.batch * s.context * s.num_kv_heads * s.head_dim * cache.kv_dtype.size();
     let kv = if s.fp8_cache { " kv=fp8" } else { "" };
     let name = format!(
         "decode attention b={} ctx={} h={}/{} d={} {dtype}{kv}",
@@ -320,6 +285,120 @@ pub fn decode_attention(
         ),
     };
     Ok((row("eager", eager), row("graph", replayed)))
+}
+
+/// Causal prefill attention: `s.batch` prompts of `s.context` tokens each, every token a
+/// query over its own prompt's cached keys (as a prefill step runs it, after the cache
+/// write), launched eagerly back to back. TFLOP/s of the causal product (QKᵀ and PV over
+/// the keys each row sees: 4 · d flops a (row, key, head)).
+pub fn prefill_attention(
+    be: &dyn Backend,
+    s: AttentionShape,
+    dtype: DType,
+    iters: usize,
+) -> Result<BenchRow> {
+    let mut rng = StdRng::seed_from_u64(4);
+    let cache = PagedCache::random(be, &mut rng, &s, dtype)?;
+    let rows = s.batch * s.context;
+    let q = random_tensor(be, &mut rng, &[rows, s.num_heads, s.head_dim], dtype, 1.0)?;
+    let out = be.alloc(dtype, &[rows, s.num_heads, s.head_dim])?;
+    let cu: Vec<i32> = (0..=s.batch).map(|i| (i * s.context) as i32).collect();
+    let cu = be.upload(&cu, &[s.batch + 1])?;
+    let scratch = be.alloc(DType::F32, &[1])?;
+    let args = cache.args(
+        &q,
+        Some(&cu),
+        1.0 / (s.head_dim as f32).sqrt(),
+        &out,
+        &scratch,
+    );
+    let secs = time_per_call(be, iters, 5, || be.attention(&args))?;
+    let pairs = s.batch as f64 * s.context as f64 * (s.context as f64 + 1.0) / 2.0;
+    let flops = 4.0 * pairs * (s.num_heads * s.head_dim) as f64;
+    let kv = if s.fp8_cache { " kv=fp8" } else { "" };
+    Ok(BenchRow {
+        name: format!(
+            "prefill attention {}x{} causal h={}/{} d={} {dtype}{kv}",
+            s.batch, s.context, s.num_heads, s.num_kv_heads, s.head_dim
+        ),
+        value: flops / secs / 1e12,
+        unit: "TFLOP/s",
+        seconds: secs,
+        detail: format!("{:.1} us", secs * 1e6),
+    })
+}
+
+/// A paged K/V cache of random values for `s.batch` sequences of `s.context` tokens, each
+/// owning a random permutation of blocks (as a real cache would look).
+struct PagedCache {
+    k: Tensor,
+    v: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    blocks_per_seq: usize,
+    kv_dtype: DType,
+}
+
+impl PagedCache {
+    fn random(
+        be: &dyn Backend,
+        rng: &mut StdRng,
+        s: &AttentionShape,
+        dtype: DType,
+    ) -> Result<Self> {
+        let blocks_per_seq = s.context.div_ceil(s.block_size);
+        let num_blocks = s.batch * blocks_per_seq;
+        let cache_shape = [num_blocks, s.block_size, s.num_kv_heads, s.head_dim];
+        let kv_dtype = if s.fp8_cache { DType::F8E4M3 } else { dtype };
+        let mut cache = || -> Result<Tensor> {
+            if !s.fp8_cache {
+                return random_tensor(be, rng, &cache_shape, dtype, 1.0);
+            }
+            let t = be.alloc(DType::F8E4M3, &cache_shape)?;
+            let bytes: Vec<u8> = (0..t.numel())
+                .map(|_| crate::quant::f32_to_e4m3(rng.random_range(-1.0..1.0)))
+                .collect();
+            be.write_bytes(&t, &bytes)?;
+            Ok(t)
+        };
+        let (k, v) = (cache()?, cache()?);
+        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.random_range(0..=i));
+        }
+        Ok(Self {
+            k,
+            v,
+            block_tables: be.upload(&ids, &[s.batch, blocks_per_seq])?,
+            seq_lens: be.upload(&vec![s.context as i32; s.batch], &[s.batch])?,
+            blocks_per_seq,
+            kv_dtype,
+        })
+    }
+
+    fn args<'a>(
+        &'a self,
+        q: &'a Tensor,
+        cu_seqlens_q: Option<&'a Tensor>,
+        scale: f32,
+        out: &'a Tensor,
+        scratch: &'a Tensor,
+    ) -> Attention<'a> {
+        Attention {
+            q,
+            k_cache: &self.k,
+            v_cache: &self.v,
+            kv_scale: crate::args::KvScale::ONE,
+            block_tables: &self.block_tables,
+            seq_lens: &self.seq_lens,
+            cu_seqlens_q,
+            scale,
+            softcap: None,
+            window: None,
+            out,
+            scratch,
+        }
+    }
 }
 
 /// A decode projection's weight streaming: `x[1, k] · wᵀ` over distinct `[n, k]` weights

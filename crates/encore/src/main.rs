@@ -141,6 +141,7 @@ enum KernelGroup {
     Copy,
     Gemv,
     Attention,
+    PrefillAttention,
     Launch,
     Moe,
 }
@@ -383,6 +384,8 @@ struct KernelSuite {
     gemvs: &'static [(usize, usize, DType, bool)],
     copy: (usize, usize),
     attention: &'static [(AttentionShape, DType, usize)],
+    /// Causal prefill attention: `batch` prompts of `context` tokens.
+    prefill_attention: &'static [(AttentionShape, DType, usize)],
     launches: usize,
     /// Experts in host memory: read in place, or through the expert cache.
     moe: &'static [(MoeShape, DType, usize)],
@@ -451,6 +454,7 @@ const QUICK: KernelSuite = KernelSuite {
             5,
         ),
     ],
+    prefill_attention: &[(attention(2, 128, 8, 2, 64), DType::F32, 3)],
     launches: 100,
     moe: &[(
         MoeShape {
@@ -542,6 +546,14 @@ const FULL: KernelSuite = KernelSuite {
         (llama8b_attention(1024, 1024, false), DType::BF16, 50),
         (llama8b_attention(1024, 1024, true), DType::BF16, 50),
     ],
+    // The prefill-heavy serving row's step: 4 prompts of 2,048 tokens (8B heads), and one
+    // of 8,192, over bf16 and FP8 caches.
+    prefill_attention: &[
+        (llama8b_attention(4, 2048, false), DType::BF16, 20),
+        (llama8b_attention(4, 2048, true), DType::BF16, 20),
+        (llama8b_attention(1, 8192, false), DType::BF16, 10),
+        (llama8b_attention(1, 8192, true), DType::BF16, 10),
+    ],
     launches: 1000,
     // Qwen3-30B-A3B's experts in Q4_K and bf16, one token.
     moe: &[
@@ -599,6 +611,11 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
             let (eager, graph) = bench::decode_attention(be, shape, dtype, iters)?;
             push(eager)?;
             push(graph)?;
+        }
+    }
+    if on(KernelGroup::PrefillAttention) {
+        for &(shape, dtype, iters) in suite.prefill_attention {
+            push(bench::prefill_attention(be, shape, dtype, iters)?)?;
         }
     }
     if on(KernelGroup::Launch) {

@@ -505,16 +505,34 @@ fn window_arg(window: Option<usize>) -> i32 {
 
 /// Query rows per CTA of `attention_prefill_*` (`FA_BM` in attention_prefill.cu).
 const FA_BM: usize = 128;
-/// Keys per K/V tile of `attention_prefill_*` (`FA_BN`).
-const FA_BN: usize = 32;
 /// Threads per CTA of `attention_prefill_*` (`FA_THREADS`).
 const FA_THREADS: u32 = 128;
 
-/// Dynamic shared memory of `attention_prefill_hd{head_dim}_*` (`FA_SMEM_BYTES`): Q, two
-/// K and two V tiles with rows padded to head_dim + 8 16-bit elements, and two key-validity
-/// arrays.
-const fn fa_smem_bytes(head_dim: usize) -> usize {
-    (FA_BM + 4 * FA_BN) * (head_dim + 8) * 2 + 2 * FA_BN * 4
+/// A kernel define's value from `ENCORE_KERNEL_DEFINES` (a measurement knob), or `default`.
+fn kernel_define(name: &str, default: usize) -> usize {
+    crate::backend::cuda::nvrtc::kernel_defines()
+        .iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Keys per K/V tile (`FA_BN`) and tiles in flight (`FA_STAGES`) of `attention_prefill_*`:
+/// the kernel's defaults, or the values of those kernel defines.
+fn fa_tiles() -> (usize, usize) {
+    static TILES: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *TILES.get_or_init(|| (kernel_define("FA_BN", 32), kernel_define("FA_STAGES", 2)))
+}
+
+/// Dynamic shared memory of `attention_prefill_hd{head_dim}_*` (`FA_SMEM_BYTES`): Q, the
+/// K and V tiles of the dtype with rows padded to head_dim + 8 16-bit elements (a pair a
+/// stage, or two pairs over an FP8 cache, whose stages are raw E4M3 rows), and the stages'
+/// key-validity arrays.
+fn fa_smem_bytes(head_dim: usize, kv8: bool) -> usize {
+    let (bn, stages) = fa_tiles();
+    let tbuf = if kv8 { 2 } else { stages };
+    let raw = if kv8 { stages * 2 * bn * head_dim } else { 0 };
+    (FA_BM + 2 * tbuf * bn) * (head_dim + 8) * 2 + raw + stages * bn * 4
 }
 
 /// The dynamic shared memory kernel `name` is launched with, where that is over the
@@ -531,7 +549,7 @@ pub(in crate::backend::cuda) fn dynamic_smem_limit(name: &str) -> Option<usize> 
     }
     let hd = name.strip_prefix("attention_prefill_hd")?;
     let hd: usize = hd.split('_').next()?.parse().ok()?;
-    Some(fa_smem_bytes(hd))
+    Some(fa_smem_bytes(hd, name.ends_with("_kv8")))
 }
 
 /// Whether a step with `cu_seqlens_q` has so few queries per sequence that the split-K
@@ -589,7 +607,7 @@ fn attention_prefill(
         (grid_x(OP, "num_heads", d.num_heads)?, tiles as u32, 1),
         (FA_THREADS, 1, 1),
     );
-    c.shared_mem_bytes = fa_smem_bytes(d.head_dim) as u32;
+    c.shared_mem_bytes = fa_smem_bytes(d.head_dim, a.k_cache.dtype() == DType::F8E4M3) as u32;
     let (q, kc, vc) = (dptr(a.q), dptr(a.k_cache), dptr(a.v_cache));
     let (bt, sl, cu) = (dptr(a.block_tables), dptr(a.seq_lens), dptr(cu));
     let out = dptr(a.out);
