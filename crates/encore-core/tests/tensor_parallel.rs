@@ -388,9 +388,9 @@ fn quantized_weights_split_in_whole_blocks_over_ranks_give_one_ranks_tokens() {
 
 #[test]
 fn packed_integer_checkpoints_over_2_ranks_give_one_ranks_tokens() {
-    // GPTQ (4 bits: Q4_0 blocks) and compressed-tensors (8 bits: Q8_0, the LM head packed
-    // too): each rank cuts its share of the kept blocks, in whole blocks of 32 (o_proj's
-    // 256 columns as 128 + 128, down's 384 as 192 + 192).
+    // GPTQ (4 bits: Q4_0 blocks), AWQ (zero points: Q4_1) and compressed-tensors (8 bits:
+    // Q8_0, the LM head packed too): each rank cuts its share of the kept blocks, in whole
+    // blocks of 32 (o_proj's 256 columns as 128 + 128, down's 384 as 192 + 192).
     use common::checkpoint::model_dir;
     use common::packed::{checkpoints, Scheme};
     let json = |extra: &str| {
@@ -405,8 +405,18 @@ fn packed_integer_checkpoints_over_2_ranks_give_one_ranks_tokens() {
     let cfg = ModelConfig::from_json(&json(""), "twin").unwrap();
     let gptq = r#", "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": true, "desc_act": false}"#;
     let ct = r#", "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "symmetric": true, "strategy": "group", "group_size": 128}}}, "ignore": []}"#;
+    let awq = r#", "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true, "version": "gemm"}"#;
     for (name, quant, bits, scheme) in [
-        ("gptq", gptq, 4, Scheme::Gptq { v2: false }),
+        (
+            "gptq",
+            gptq,
+            4,
+            Scheme::Gptq {
+                v2: false,
+                asym: false,
+            },
+        ),
+        ("awq", awq, 4, Scheme::Awq),
         ("pack-quantized", ct, 8, Scheme::PackQuantized),
     ] {
         let (packed, _) = checkpoints(&cfg, bits, scheme);

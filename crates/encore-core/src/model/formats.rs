@@ -18,17 +18,19 @@ pub struct WeightFormats {
     /// By device tensor name (`model.layers.0.self_attn.qkv_proj`, `lm_head`): the
     /// formats a GGUF file stores.
     pub per_tensor: BTreeMap<String, QuantFormat>,
-    /// How a GPTQ or compressed-tensors checkpoint packs its projections in integers
+    /// How a GPTQ, AWQ or compressed-tensors checkpoint packs its projections in integers
     /// (`None`: it does not). Kept by every `--quantization` choice: it says how to read
     /// the file, not how to store it.
     pub int_packing: Option<IntPacking>,
 }
 
 /// A checkpoint whose projections are integers of `bits` with one f16 / bf16 scale per row
-/// and group of columns, symmetric (the value is `scale * (u - 2^(bits - 1))` for the
-/// stored unsigned `u`), groups in column order. Both layouts below are exactly GGUF's
-/// Q4_0 (4 bits) and Q8_0 (8 bits) blocks, so they are kept in those bits; zero points
-/// and groups in activation order (`desc_act`, `actorder`) are refused.
+/// and group of columns, groups in column order: symmetric (the value is `scale * (u -
+/// 2^(bits - 1))` for the stored unsigned `u`), exactly GGUF's Q4_0 (4 bits) and Q8_0 (8
+/// bits) blocks, or with a zero point `z` per row and group (`scale * (u - z)`, 4 bits),
+/// kept as Q4_1 blocks (`d = scale`, `m = -scale * z` rounded to f16: exact when the
+/// product has at most 11 significant bits, else within half an f16 ulp of it, under 1%
+/// of a step). Groups in activation order (`desc_act`, `actorder`) are refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IntPacking {
     /// 4 or 8.
@@ -36,6 +38,9 @@ pub struct IntPacking {
     /// Columns a group of one scale (`None`: a scale a row).
     pub group_size: Option<usize>,
     pub scheme: IntScheme,
+    /// Zero points per row and group are read from the file (asymmetric, 4 bits only);
+    /// otherwise every zero must be the symmetric `2^(bits - 1)`.
+    pub zero_points: bool,
     /// The LM head is packed too (else it is a plain `lm_head.weight`, kept dense).
     pub lm_head: bool,
 }
@@ -54,13 +59,19 @@ pub enum IntScheme {
     /// along its columns, low bits first), `P.weight_scale` (`[out, groups]`) and
     /// `P.weight_shape` (`[out, in]`).
     PackQuantized,
+    /// `quant_method = "awq"`, `version = "gemm"` (AutoAWQ's GEMM layout, 4 bits, zero
+    /// points): `P.qweight` (int32 `[in, out / 8]`, packed along the output dimension in
+    /// the order 0, 2, 4, 6, 1, 3, 5, 7), `P.qzeros` (int32 `[groups, out / 8]`, packed
+    /// the same) and `P.scales` (f16 `[groups, out]`).
+    Awq,
 }
 
 impl IntPacking {
     /// The block format the projections are kept in (exactly their values).
     pub fn kept_as(&self) -> QuantFormat {
-        match self.bits {
-            4 => QuantFormat::Q4_0,
+        match (self.bits, self.zero_points) {
+            (4, true) => QuantFormat::Q4_1,
+            (4, false) => QuantFormat::Q4_0,
             _ => QuantFormat::Q8_0,
         }
     }
@@ -73,6 +84,7 @@ impl IntScheme {
         match self {
             IntScheme::Gptq { .. } => (format!("{base}.qweight"), "GPTQ"),
             IntScheme::PackQuantized => (format!("{base}.weight_packed"), "pack-quantized"),
+            IntScheme::Awq => (format!("{base}.qweight"), "AWQ"),
         }
     }
 }

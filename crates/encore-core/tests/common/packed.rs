@@ -1,10 +1,10 @@
-//! Checkpoints whose projections are packed in integers (GPTQ, compressed-tensors'
+//! Checkpoints whose projections are packed in integers (GPTQ, AWQ, compressed-tensors'
 //! pack-quantized) beside their dequantized twins, shared by the loader and
 //! tensor-parallel tests.
 
 use encore_core::model::config::ModelConfig;
 use encore_core::model::weights;
-use half::bf16;
+use half::f16;
 use safetensors::tensor::Dtype;
 
 use super::checkpoint::{plain, values, Ck};
@@ -17,20 +17,46 @@ pub fn word(w: u32) -> f32 {
 /// Which packing a test checkpoint uses.
 #[derive(Clone, Copy)]
 pub enum Scheme {
-    /// GPTQ, zeros stored as v2 (`true`, with bf16 scales) or v1 (f16 scales) store them.
-    Gptq { v2: bool },
+    /// GPTQ, zeros stored as v2 (`true`, with bf16 scales) or v1 (f16 scales) store them;
+    /// `asym`: zero points that vary by row and group (`sym: false`).
+    Gptq { v2: bool, asym: bool },
     /// compressed-tensors' pack-quantized, bf16 scales, the LM head packed too.
     PackQuantized,
+    /// AutoAWQ's GEMM layout (4 bits, zero points, f16 scales).
+    Awq,
 }
 
-/// The packed checkpoint (every projection packed in `bits`, groups of 128; GPTQ leaves
-/// the LM head plain) and its twin (every tensor in f32, projections decoded: scale *
-/// (code - 2^(bits - 1))). Codes and scales are drawn from a seed.
+/// A test checkpoint's scale of (group, row) among `rows`: a few significant bits, exact
+/// in f16 and bf16 and times any 4-bit zero point in f16.
+pub fn exact_scale(g: usize, r: usize, rows: usize) -> f32 {
+    (8 + (g * rows + r) % 11) as f32 / 2048.0
+}
+
+/// The packed checkpoint (every projection packed in `bits`, groups of 128; GPTQ and AWQ
+/// leave the LM head plain) and its twin (every tensor in f32, projections decoded: scale *
+/// (code - zero), the zero 2^(bits - 1) unless the scheme has zero points). Codes, zeros
+/// and scales are drawn from a seed; scales are [`exact_scale`]'s.
 pub fn checkpoints(cfg: &ModelConfig, bits: u32, scheme: Scheme) -> (Vec<Ck>, Vec<Ck>) {
+    checkpoints_scaled(cfg, bits, scheme, exact_scale)
+}
+
+/// [`checkpoints`] with the scale of (group, row, rows) from `scale` (rounded to f16).
+pub fn checkpoints_scaled(
+    cfg: &ModelConfig,
+    bits: u32,
+    scheme: Scheme,
+    scale: fn(usize, usize, usize) -> f32,
+) -> (Vec<Ck>, Vec<Ck>) {
     let (mut packed, mut twin) = (Vec::new(), Vec::new());
     let per_word = (32 / bits) as usize;
-    let zero = 1u32 << (bits - 1);
-    let gptq = matches!(scheme, Scheme::Gptq { .. });
+    let gptq = matches!(scheme, Scheme::Gptq { .. } | Scheme::Awq);
+    let asym = matches!(scheme, Scheme::Gptq { asym: true, .. } | Scheme::Awq);
+    let top = 1u32 << bits;
+    // The zero point of (group, row).
+    let zero = |g: usize, r: usize| match asym {
+        true => ((g * 7 + r * 3) as u32) % top,
+        false => top / 2,
+    };
     for (i, spec) in weights::hf_tensors(cfg).iter().enumerate() {
         let v = values(300 + i as u64, spec.numel());
         // Routers stay plain, as the quantizers leave them.
@@ -46,16 +72,13 @@ pub fn checkpoints(cfg: &ModelConfig, bits: u32, scheme: Scheme) -> (Vec<Ck>, Ve
         }
         let (rows, cols) = (spec.shape[0], spec.shape[1]);
         let groups = cols / 128;
-        let top = 1u32 << bits;
         // `values` lie in about [-1, 1]: spread them over the codes.
         let codes: Vec<u32> = v
             .iter()
             .map(|&x| (((x + 1.0) * 0.5 * top as f32) as u32).min(top - 1))
             .collect();
-        // Scales by (group, row), exact in f16 and in bf16.
-        let scale = |g: usize, r: usize| {
-            bf16::from_f32(0.004 + 0.001 * ((g * rows + r) % 11) as f32).to_f32()
-        };
+        // Scales by (group, row), in f16.
+        let scale = |g: usize, r: usize| f16::from_f32(scale(g, r, rows)).to_f32();
         let base = spec.name.strip_suffix(".weight").unwrap();
         let w32 = |name: &str, shape: &[usize], w: &[u32]| Ck {
             name: format!("{base}.{name}"),
@@ -64,8 +87,9 @@ pub fn checkpoints(cfg: &ModelConfig, bits: u32, scheme: Scheme) -> (Vec<Ck>, Ve
             values: w.iter().map(|&x| word(x)).collect(),
         };
         match scheme {
-            Scheme::Gptq { v2 } => {
-                let stored_zero = zero - (!v2) as u32;
+            Scheme::Gptq { v2, .. } => {
+                // v1 stores each zero minus one, modulo 2^bits.
+                let stored_zero = |g: usize, r: usize| (zero(g, r) + top - (!v2) as u32) % top;
                 let mut qweight = vec![0u32; cols / per_word * rows];
                 for r in 0..rows {
                     for c in 0..cols {
@@ -78,7 +102,7 @@ pub fn checkpoints(cfg: &ModelConfig, bits: u32, scheme: Scheme) -> (Vec<Ck>, Ve
                 for g in 0..groups {
                     for r in 0..rows {
                         qzeros[g * zw + r / per_word] |=
-                            stored_zero << (bits as usize * (r % per_word));
+                            stored_zero(g, r) << (bits as usize * (r % per_word));
                     }
                 }
                 packed.push(w32("qweight", &[cols / per_word, rows], &qweight));
@@ -97,6 +121,36 @@ pub fn checkpoints(cfg: &ModelConfig, bits: u32, scheme: Scheme) -> (Vec<Ck>, Ve
                     dtype: Dtype::I32,
                     shape: vec![cols],
                     values: (0..cols).map(|c| (c / 128) as f32).collect(),
+                });
+            }
+            Scheme::Awq => {
+                const ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+                let ow = rows / 8;
+                let mut qweight = vec![0u32; cols * ow];
+                for c in 0..cols {
+                    for j in 0..ow {
+                        for (s, &o) in ORDER.iter().enumerate() {
+                            qweight[c * ow + j] |= codes[(8 * j + o) * cols + c] << (4 * s);
+                        }
+                    }
+                }
+                let mut qzeros = vec![0u32; groups * ow];
+                for g in 0..groups {
+                    for j in 0..ow {
+                        for (s, &o) in ORDER.iter().enumerate() {
+                            qzeros[g * ow + j] |= zero(g, 8 * j + o) << (4 * s);
+                        }
+                    }
+                }
+                packed.push(w32("qweight", &[cols, ow], &qweight));
+                packed.push(w32("qzeros", &[groups, ow], &qzeros));
+                packed.push(Ck {
+                    name: format!("{base}.scales"),
+                    dtype: Dtype::F16,
+                    shape: vec![groups, rows],
+                    values: (0..groups * rows)
+                        .map(|j| scale(j / rows, j % rows))
+                        .collect(),
                 });
             }
             Scheme::PackQuantized => {
@@ -128,7 +182,7 @@ pub fn checkpoints(cfg: &ModelConfig, bits: u32, scheme: Scheme) -> (Vec<Ck>, Ve
         let decoded: Vec<f32> = (0..rows * cols)
             .map(|k| {
                 let (r, c) = (k / cols, k % cols);
-                scale(c / 128, r) * (codes[k] as f32 - zero as f32)
+                scale(c / 128, r) * (codes[k] as f32 - zero(c / 128, r) as f32)
             })
             .collect();
         twin.push(Ck::f32(&spec.name, &spec.shape, &decoded));

@@ -1,14 +1,16 @@
-//! Checkpoints packed in integers, GPTQ (`qweight` / `scales` / `qzeros` / `g_idx`) and
-//! compressed-tensors' pack-quantized (`weight_packed` / `weight_scale` / `weight_shape`),
-//! symmetric with groups in column order: each projection loads as GGUF blocks of the same
-//! values (4 bits as Q4_0, 8 as Q8_0), runs as its dequantized twin (the same values in
-//! f32), decodes to exactly the twin's weights with `--quantization none`, and what encore
-//! does not run (zero points, groups in activation order, other widths and formats) is an
-//! error naming the field or the tensor.
+//! Checkpoints packed in integers, GPTQ (`qweight` / `scales` / `qzeros` / `g_idx`), AWQ
+//! (the GEMM layout: `qweight` / `qzeros` / `scales`) and compressed-tensors'
+//! pack-quantized (`weight_packed` / `weight_scale` / `weight_shape`), groups in column
+//! order: each projection loads as GGUF blocks of the same values (symmetric 4 bits as
+//! Q4_0, 8 as Q8_0, 4 bits with zero points as Q4_1), runs as its dequantized twin (the
+//! same values in f32), decodes to exactly the twin's weights with `--quantization none`,
+//! and what encore does not run (zero points at 8 bits or in pack-quantized, groups in
+//! activation order, other widths, layouts and formats) is an error naming the field or
+//! the tensor.
 
 use super::fp8::{fp8_json, greedy, load, load_error};
 use super::*;
-use common::packed::{checkpoints, word, Scheme};
+use common::packed::{checkpoints, checkpoints_scaled, word, Scheme};
 use encore_core::model::config::ModelConfig;
 use encore_core::model::formats::Quantization;
 use encore_core::model::{open_model, ModelFiles};
@@ -142,7 +144,7 @@ fn pack_quantized_options_encore_does_not_run_are_refused_by_name() {
 fn a_gptq_checkpoint_runs_in_its_bits_as_its_dequantized_twin() {
     let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
     for (bits, v2, kept) in [(4, false, QuantFormat::Q4_0), (8, true, QuantFormat::Q8_0)] {
-        let (packed, twin) = checkpoints(&twin_cfg, bits, Scheme::Gptq { v2 });
+        let (packed, twin) = checkpoints(&twin_cfg, bits, Scheme::Gptq { v2, asym: false });
         let dir = model_dir("gptq", &llama_json(&quant(bits, v2, "")), &packed);
         let twin_dir = model_dir("gptq-twin", &llama_json(""), &twin);
         // q/k/v, o, gate/up, down per layer; not the LM head
@@ -155,7 +157,14 @@ fn a_gptq_checkpoint_runs_in_its_bits_as_its_dequantized_twin() {
 #[test]
 fn a_gptq_export_with_quantize_config_json_loads_as_gptq() {
     let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
-    let (packed, twin) = checkpoints(&twin_cfg, 4, Scheme::Gptq { v2: false });
+    let (packed, twin) = checkpoints(
+        &twin_cfg,
+        4,
+        Scheme::Gptq {
+            v2: false,
+            asym: false,
+        },
+    );
     let dir = model_dir("gptq-side", &llama_json(""), &packed);
     std::fs::write(
         dir.path().join("quantize_config.json"),
@@ -175,8 +184,11 @@ fn a_gptq_export_with_quantize_config_json_loads_as_gptq() {
 #[test]
 fn gptq_packings_encore_does_not_run_are_refused_by_name() {
     let cfg_err = |q: &str| err_text(ModelConfig::from_json(&llama_json(q), "config.json")).1;
-    let msg = cfg_err(&quant(4, false, "").replace(r#""sym": true"#, r#""sym": false"#));
-    assert!(msg.contains("sym = false"), "{msg}");
+    let msg = cfg_err(&quant(8, false, "").replace(r#""sym": true"#, r#""sym": false"#));
+    assert!(
+        msg.contains("sym = false") && msg.contains("bits = 8"),
+        "{msg}"
+    );
     let msg = cfg_err(&quant(4, false, "").replace(r#""desc_act": false"#, r#""desc_act": true"#));
     assert!(msg.contains("desc_act"), "{msg}");
     let msg = cfg_err(&quant(3, false, ""));
@@ -186,7 +198,14 @@ fn gptq_packings_encore_does_not_run_are_refused_by_name() {
 
     // A zero point other than the symmetric one, in the file: named with its tensor.
     let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
-    let (mut packed, _) = checkpoints(&twin_cfg, 4, Scheme::Gptq { v2: false });
+    let (mut packed, _) = checkpoints(
+        &twin_cfg,
+        4,
+        Scheme::Gptq {
+            v2: false,
+            asym: false,
+        },
+    );
     let name = "model.layers.1.mlp.down_proj.qzeros";
     let z = packed.iter_mut().find(|t| t.name == name).unwrap();
     z.values[3] = word(z.values[3].to_bits() ^ 0x10);
@@ -212,7 +231,14 @@ fn a_gptq_mixture_of_experts_runs_as_its_dequantized_twin() {
         )
     };
     let twin_cfg = ModelConfig::from_json(&json(""), "twin").unwrap();
-    let (packed, twin) = checkpoints(&twin_cfg, 4, Scheme::Gptq { v2: false });
+    let (packed, twin) = checkpoints(
+        &twin_cfg,
+        4,
+        Scheme::Gptq {
+            v2: false,
+            asym: false,
+        },
+    );
     let dir = model_dir("gptq-moe", &json(&quant(4, false, "")), &packed);
     let twin_dir = model_dir("gptq-moe-twin", &json(""), &twin);
     // q/k/v, o, the experts' gate/up and down per layer; not the LM head
@@ -223,4 +249,221 @@ fn a_gptq_mixture_of_experts_runs_as_its_dequantized_twin() {
         QuantFormat::Q4_0,
         4 * 2,
     );
+}
+
+fn awq(more: &str) -> String {
+    format!(
+        r#", "quantization_config": {{"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true, "version": "gemm", "modules_to_not_convert": null{more}}}"#
+    )
+}
+
+/// GPTQ with zero points (`sym: false`, v1 storing each zero minus one and v2) and AWQ's
+/// GEMM layout load as Q4_1 blocks (scale, -scale * zero) and run as their twins.
+#[test]
+fn zero_point_checkpoints_run_in_4_bits_as_their_dequantized_twins() {
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    for v2 in [false, true] {
+        let q = quant(4, v2, "").replace(r#""sym": true"#, r#""sym": false"#);
+        let (packed, twin) = checkpoints(&twin_cfg, 4, Scheme::Gptq { v2, asym: true });
+        let dir = model_dir("gptq-asym", &llama_json(&q), &packed);
+        let twin_dir = model_dir("gptq-asym-twin", &llama_json(""), &twin);
+        runs_as_twin(
+            dir.path(),
+            twin_dir.path(),
+            &twin_cfg,
+            QuantFormat::Q4_1,
+            4 * 2,
+        );
+    }
+    let (packed, twin) = checkpoints(&twin_cfg, 4, Scheme::Awq);
+    let dir = model_dir("awq", &llama_json(&awq("")), &packed);
+    let twin_dir = model_dir("awq-twin", &llama_json(""), &twin);
+    runs_as_twin(
+        dir.path(),
+        twin_dir.path(),
+        &twin_cfg,
+        QuantFormat::Q4_1,
+        4 * 2,
+    );
+}
+
+/// A scale whose product with the zero point needs more bits than an f16 holds: the Q4_1
+/// block's min is that product rounded to f16 (within half an f16 ulp of it), while
+/// `--quantization none` decodes `scale * (code - zero)` exactly.
+#[test]
+fn a_zero_point_product_an_f16_cannot_hold_is_rounded_within_half_an_ulp() {
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    // 11 significant bits: times a zero of up to 15, up to 15 bits.
+    let awkward =
+        |g: usize, r: usize, rows: usize| 0.0123 + 0.000_017 * ((g * rows + r) % 97) as f32;
+    let (packed, twin) = checkpoints_scaled(&twin_cfg, 4, Scheme::Awq, awkward);
+    let dir = model_dir("awq-round", &llama_json(&awq("")), &packed);
+    let twin_dir = model_dir("awq-round-twin", &llama_json(""), &twin);
+    let ModelFiles { config, .. } = open_model(dir.path().to_str().unwrap()).unwrap();
+    let w = load(&config, dir.path());
+    let flat = |t: Vec<Vec<f32>>| t.concat();
+    let decoded = flat(all_values(
+        &weights::dequantized(&CpuBackend::new(), &w).unwrap(),
+    ));
+    let exact = flat(all_values(&load(&twin_cfg, twin_dir.path())));
+    assert_eq!(decoded.len(), exact.len());
+    let (mut rounded, mut worst) = (0, 0.0f32);
+    for (a, b) in decoded.iter().zip(&exact) {
+        // |m - (-s z)| <= 2^-11 |s z| < 2^-11 * 15 * 0.0140
+        let d = (a - b).abs();
+        rounded += (d > 0.0) as usize;
+        worst = worst.max(d);
+    }
+    assert!(rounded > 0, "the scales were meant to need rounding");
+    assert!(worst <= 15.0 * 0.0140 / 2048.0, "worst {worst}");
+    let mut files = open_model(dir.path().to_str().unwrap()).unwrap();
+    files.quantize(Quantization::None).unwrap();
+    assert_eq!(flat(all_values(&load(&files.config, dir.path()))), exact);
+}
+
+#[test]
+fn awq_options_encore_does_not_run_are_refused_by_name() {
+    let cfg_err = |q: &str| err_text(ModelConfig::from_json(&llama_json(q), "config.json")).1;
+    for (q, want) in [
+        (
+            awq("").replace(r#""version": "gemm""#, r#""version": "gemv""#),
+            "version = \"gemv\"",
+        ),
+        (awq("").replace(r#""bits": 4"#, r#""bits": 8"#), "bits = 8"),
+        (
+            awq("").replace(r#""zero_point": true"#, r#""zero_point": false"#),
+            "zero_point = false",
+        ),
+        (
+            awq("").replace(r#""group_size": 128"#, r#""group_size": 100"#),
+            "group_size = 100",
+        ),
+        (
+            awq("").replace(
+                r#""modules_to_not_convert": null"#,
+                r#""modules_to_not_convert": ["self_attn.o_proj"]"#,
+            ),
+            "modules_to_not_convert",
+        ),
+    ] {
+        let msg = cfg_err(&q);
+        assert!(msg.contains(want), "{want}: {msg}");
+    }
+    // AutoAWQ's own key names and a router left unconverted are read.
+    let own = awq("")
+        .replace(r#""bits": 4"#, r#""w_bit": 4"#)
+        .replace(r#""group_size": 128"#, r#""q_group_size": 128"#)
+        .replace(r#""version": "gemm""#, r#""version": "GEMM""#)
+        .replace(
+            r#""modules_to_not_convert": null"#,
+            r#""modules_to_not_convert": ["gate"]"#,
+        );
+    let cfg = ModelConfig::from_json(&llama_json(&own), "config.json").unwrap();
+    assert_eq!(cfg.weights.projections, Some(QuantFormat::Q4_1));
+    // A qzeros tensor of the wrong shape is named.
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    let (mut packed, _) = checkpoints(&twin_cfg, 4, Scheme::Awq);
+    let name = "model.layers.0.mlp.gate_proj.qzeros";
+    let z = packed.iter_mut().find(|t| t.name == name).unwrap();
+    z.shape = vec![z.shape[1], z.shape[0]];
+    let msg = load_error(&llama_json(&awq("")), &packed);
+    assert!(msg.contains(name), "{msg}");
+}
+
+/// Greedy tokens of `cfg` loaded from `dir` on `be` in `dtype` (as `fp8::greedy`).
+fn greedy_on(
+    be: &dyn encore_core::Backend,
+    dtype: DType,
+    cfg: &ModelConfig,
+    dir: &Path,
+) -> Vec<Vec<u32>> {
+    use encore_core::model::llama::Model;
+    use encore_core::runner::{Runner, RunnerConfig};
+    let w = weights::load(
+        be,
+        cfg,
+        WeightSource::Dir(dir.to_path_buf()),
+        dtype,
+        &encore_core::progress::NoProgress,
+    )
+    .unwrap();
+    let model = Model::new(be, cfg.clone(), w, 64).unwrap();
+    let rc = RunnerConfig {
+        block_size: 4,
+        num_blocks: 40,
+        max_tokens_per_step: 64,
+        max_seqs: 2,
+        max_seq_len: 64,
+        penalty_slots: 0,
+        kv_dtype: None,
+    };
+    let mut runner = Runner::new(be, model, rc).unwrap();
+    let prompts = vec![vec![1, 5, 9, 40, 77], vec![1, 90, 3]];
+    common::generate_greedy(&mut runner, &prompts, &[], 8, true)
+}
+
+/// On the GPU, every packing kept in its bits (GPTQ symmetric in 4 and 8 bits and with
+/// zero points, AWQ, pack-quantized) runs in f32 as its dequantized twin runs dense.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn packed_checkpoints_on_the_gpu_run_as_their_twins() {
+    let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    let asym = |v2| quant(4, v2, "").replace(r#""sym": true"#, r#""sym": false"#);
+    let cases = [
+        (
+            "gptq-4",
+            quant(4, false, ""),
+            4,
+            Scheme::Gptq {
+                v2: false,
+                asym: false,
+            },
+            QuantFormat::Q4_0,
+        ),
+        (
+            "gptq-8",
+            quant(8, true, ""),
+            8,
+            Scheme::Gptq {
+                v2: true,
+                asym: false,
+            },
+            QuantFormat::Q8_0,
+        ),
+        (
+            "gptq-zeros",
+            asym(false),
+            4,
+            Scheme::Gptq {
+                v2: false,
+                asym: true,
+            },
+            QuantFormat::Q4_1,
+        ),
+        ("awq", awq(""), 4, Scheme::Awq, QuantFormat::Q4_1),
+        (
+            "ct-4",
+            pack_quantized(4, "", ""),
+            4,
+            Scheme::PackQuantized,
+            QuantFormat::Q4_0,
+        ),
+    ];
+    for (name, q, bits, scheme, kept) in cases {
+        let (packed, twin) = checkpoints(&twin_cfg, bits, scheme);
+        let dir = model_dir(name, &llama_json(&q), &packed);
+        let twin_dir = model_dir("twin", &llama_json(""), &twin);
+        let ModelFiles { config, .. } = open_model(dir.path().to_str().unwrap()).unwrap();
+        assert_eq!(config.weights.projections, Some(kept), "{name}");
+        let got = greedy_on(&be, DType::F32, &config, dir.path());
+        let want = greedy_on(&be, DType::F32, &twin_cfg, twin_dir.path());
+        assert_eq!(got, want, "{name} on the GPU vs its twin");
+        // And as the CPU runs it.
+        assert_eq!(
+            got,
+            greedy_on(&CpuBackend::new(), DType::F32, &config, dir.path()),
+            "{name}"
+        );
+    }
 }

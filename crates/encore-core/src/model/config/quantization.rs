@@ -1,5 +1,6 @@
 //! `quantization_config`: the checkpoint formats whose projections load kept quantized
-//! (FP8, GPTQ, compressed-tensors' pack-quantized), every other method refused naming it.
+//! (FP8, GPTQ, AWQ, compressed-tensors' pack-quantized), every other method refused naming
+//! it.
 
 use std::path::Path;
 
@@ -25,13 +26,14 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
     let method = q.opt_str("quant_method")?.unwrap_or("");
     match method {
         "gptq" => return parse_gptq(&q),
+        "awq" => return parse_awq(&q),
         "compressed-tensors" => return parse_compressed_tensors(&q),
         "fp8" => {}
         _ => {
             return Err(q.err(format!(
                 "quantization_config.quant_method = \"{method}\" is not supported (encore loads \
-                 \"fp8\", \"gptq\" and \"compressed-tensors\" pack-quantized checkpoints; GGUF \
-                 files carry their own block formats)"
+                 \"fp8\", \"gptq\", \"awq\" and \"compressed-tensors\" pack-quantized \
+                 checkpoints; GGUF files carry their own block formats)"
             )))
         }
     }
@@ -58,10 +60,10 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
     })
 }
 
-/// `quantization_config` of a GPTQ checkpoint ([`IntPacking`]): 4 or 8 bits, symmetric,
-/// groups of a multiple of 32 columns (or -1) in order; what encore does not run (zero
-/// points, `desc_act`, other widths or group sizes, other packings) is refused naming the
-/// field.
+/// `quantization_config` of a GPTQ checkpoint ([`IntPacking`]): 4 or 8 bits, symmetric
+/// (or with zero points at 4 bits), groups of a multiple of 32 columns (or -1) in order;
+/// what encore does not run (zero points at 8 bits, `desc_act`, other widths or group
+/// sizes, other packings) is refused naming the field.
 fn parse_gptq(q: &Fields<'_>) -> Result<WeightFormats> {
     let bits = match q.opt_usize("bits")? {
         Some(b @ (4 | 8)) => b as u32,
@@ -85,11 +87,12 @@ fn parse_gptq(q: &Fields<'_>) -> Result<WeightFormats> {
             )))
         }
     };
-    if q.opt_bool("sym")? == Some(false) {
-        return Err(q.err(
-            "quantization_config.sym = false is not supported (GPTQ with zero points: encore \
-             runs the symmetric packing)",
-        ));
+    let zero_points = q.opt_bool("sym")? == Some(false);
+    if zero_points && bits != 4 {
+        return Err(q.err(format!(
+            "quantization_config.sym = false is not supported with bits = {bits} (GPTQ zero \
+             points are run at 4 bits)"
+        )));
     }
     if q.opt_bool("desc_act")? == Some(true) {
         return Err(q.err(
@@ -111,7 +114,77 @@ fn parse_gptq(q: &Fields<'_>) -> Result<WeightFormats> {
         bits,
         group_size,
         scheme: IntScheme::Gptq { zeros_minus_one },
+        zero_points,
         lm_head: q.opt_bool("lm_head")?.unwrap_or(false),
+    })
+}
+
+/// `quantization_config` of an AWQ checkpoint (AutoAWQ, as transformers' `AwqConfig`
+/// reads it: `bits` or `w_bit`, `group_size` or `q_group_size`, `zero_point`, `version`):
+/// the GEMM layout, 4 bits, zero points, groups of a multiple of 32 columns;
+/// `modules_to_not_convert` may name the LM head and routers. Anything else is refused
+/// naming the field.
+fn parse_awq(q: &Fields<'_>) -> Result<WeightFormats> {
+    let pick = |a: &str, b: &str| q.get(a).or_else(|| q.get(b)).filter(|v| !v.is_null());
+    match pick("bits", "w_bit").map(|v| v.as_u64()) {
+        Some(Some(4)) => {}
+        v => {
+            return Err(q.err(format!(
+                "quantization_config.bits = {} is not supported (AWQ with 4 bits)",
+                v.flatten().map_or("missing".to_string(), |b| b.to_string())
+            )))
+        }
+    }
+    let group_size = match pick("group_size", "q_group_size") {
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|g| g > 0 && g % 32 == 0) => {
+            n.as_u64().map(|g| g as usize)
+        }
+        Some(Value::Number(n)) if n.as_i64() == Some(-1) => None,
+        v => {
+            return Err(q.err(format!(
+                "quantization_config.group_size = {} is not supported (AWQ groups of a \
+                 multiple of 32 columns)",
+                v.map_or("missing".to_string(), |v| v.to_string())
+            )))
+        }
+    };
+    if q.opt_bool("zero_point")? == Some(false) {
+        return Err(q.err(
+            "quantization_config.zero_point = false is not supported (AWQ with zero points)",
+        ));
+    }
+    let version = q.opt_str("version")?.unwrap_or("gemm");
+    if !version.eq_ignore_ascii_case("gemm") {
+        return Err(q.err(format!(
+            "quantization_config.version = \"{version}\" is not supported (AWQ's \"gemm\" \
+             layout)"
+        )));
+    }
+    for m in q
+        .get("modules_to_not_convert")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        match m.as_str() {
+            // AutoAWQ never packs the LM head; a mixture of experts' routers, which encore
+            // never quantizes.
+            Some("lm_head" | "gate") => {}
+            Some(r) if r.ends_with("mlp.gate") => {}
+            _ => {
+                return Err(q.err(format!(
+                    "quantization_config.modules_to_not_convert lists {m}: modules kept \
+                     unquantized other than the LM head and routers are not supported"
+                )))
+            }
+        }
+    }
+    kept_packed(IntPacking {
+        bits: 4,
+        group_size,
+        scheme: IntScheme::Awq,
+        zero_points: true,
+        lm_head: false,
     })
 }
 
@@ -246,6 +319,7 @@ fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
         bits,
         group_size,
         scheme: IntScheme::PackQuantized,
+        zero_points: false,
         lm_head,
     })
 }

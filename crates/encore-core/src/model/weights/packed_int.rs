@@ -1,7 +1,8 @@
-//! A projection packed in integers in a checkpoint ([`IntPacking`]: GPTQ, or
+//! A projection packed in integers in a checkpoint ([`IntPacking`]: GPTQ, AWQ, or
 //! compressed-tensors' pack-quantized): read from its packed tensors, checked against the
-//! packing encore runs, and turned into GGUF blocks (Q4_0 for 4 bits, Q8_0 for 8: the same
-//! values, bit for bit) or decoded to f32.
+//! packing encore runs, and turned into GGUF blocks (symmetric: Q4_0 for 4 bits, Q8_0 for
+//! 8, the same values bit for bit; zero points: Q4_1, see [`IntPacking`]) or decoded to
+//! f32.
 
 use super::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -10,8 +11,11 @@ use encore_backend::quant::QuantFormat;
 use half::f16;
 use safetensors::tensor::Dtype;
 
-/// Columns of one GGUF block (Q4_0 and Q8_0).
+/// Columns of one GGUF block (Q4_0, Q4_1 and Q8_0).
 const BLOCK: usize = 32;
+
+/// AWQ's GEMM layout: nibble `i` of a word holds output `8 * word + AWQ_ORDER[i]`.
+const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 
 /// One packed projection `[rows, cols]` (HF's `[out, in]`), unpacked.
 pub(super) struct PackedIntWeight {
@@ -24,6 +28,8 @@ pub(super) struct PackedIntWeight {
     codes: Vec<u8>,
     /// f16 scales `[groups, rows]` (exactly the file's).
     scales: Vec<f16>,
+    /// Zero points `[groups, rows]` (0 .. 2^bits), or `None`: the symmetric 2^(bits-1).
+    zeros: Option<Vec<u8>>,
     /// Columns a group.
     group: usize,
 }
@@ -176,10 +182,18 @@ impl PackedIntWeight {
         let pk_want = match g.scheme {
             IntScheme::Gptq { .. } => [cols / per_word, rows],
             IntScheme::PackQuantized => [rows, cols.div_ceil(per_word)],
+            IntScheme::Awq => [cols, rows / per_word],
         };
+        if g.scheme == IntScheme::Awq && !rows.is_multiple_of(per_word) {
+            return Err(err(
+                name,
+                format!("has {rows} rows: AWQ packs outputs {per_word} a word"),
+            ));
+        }
         let pk_int = is_int(pk_dtype);
         expect(&packed_name, &what, pk_dtype, &pk_shape, &pk_want, pk_int)?;
         let mut codes = vec![0u8; if unpack { rows * cols } else { 0 }];
+        let mut zeros = None;
         let scales: Vec<f16> = match g.scheme {
             IntScheme::Gptq { zeros_minus_one } => {
                 let scales = format!("{base}.scales");
@@ -204,12 +218,17 @@ impl PackedIntWeight {
                     column_order(&t, b)?;
                 }
                 let stored = zero - zeros_minus_one as u32;
+                let mut zs = vec![0u8; if g.zero_points { groups * rows } else { 0 }];
                 for (i, w) in words(qz_bytes).iter().enumerate() {
                     let (gr, word) = (i / zw, i % zw);
                     for s in 0..per_word {
                         let row = word * per_word + s;
                         let z = (w >> (s * bits)) & mask;
-                        if row < rows && z != stored {
+                        if row < rows && g.zero_points {
+                            // v1 stores each zero minus one (as GPTQModel converts v1 to v2,
+                            // modulo 2^bits).
+                            zs[gr * rows + row] = ((z + zeros_minus_one as u32) & mask) as u8;
+                        } else if row < rows && z != stored {
                             return Err(err(
                                 &qzeros,
                                 format!(
@@ -231,6 +250,40 @@ impl PackedIntWeight {
                         }
                     }
                 }
+                zeros = g.zero_points.then_some(zs);
+                f16_scales(&scales, sc_dtype, sc_bytes)?
+            }
+            IntScheme::Awq => {
+                let scales = format!("{base}.scales");
+                let (sc_dtype, sc_shape, sc_bytes) =
+                    ck.raw(&scales).ok_or_else(|| missing(&scales))?;
+                let ok = is_float(sc_dtype);
+                expect(&scales, &what, sc_dtype, &sc_shape, &[groups, rows], ok)?;
+                let qzeros = format!("{base}.qzeros");
+                let (qz_dtype, qz_shape, qz_bytes) =
+                    ck.raw(&qzeros).ok_or_else(|| missing(&qzeros))?;
+                let ow = rows / per_word;
+                let qz_ok = is_int(qz_dtype);
+                expect(&qzeros, &what, qz_dtype, &qz_shape, &[groups, ow], qz_ok)?;
+                // Word (i, j) holds outputs 8j + AWQ_ORDER[s] of input i (qweight) or of
+                // group i (qzeros).
+                let mut zs = vec![0u8; groups * rows];
+                for (i, w) in words(qz_bytes).iter().enumerate() {
+                    let (gr, word) = (i / ow, i % ow);
+                    for (s, &o) in AWQ_ORDER.iter().enumerate() {
+                        zs[gr * rows + word * per_word + o] = ((w >> (s * bits)) & mask) as u8;
+                    }
+                }
+                if unpack {
+                    for (i, w) in words(pk_bytes).iter().enumerate() {
+                        let (col, word) = (i / ow, i % ow);
+                        for (s, &o) in AWQ_ORDER.iter().enumerate() {
+                            codes[(word * per_word + o) * cols + col] =
+                                ((w >> (s * bits)) & mask) as u8;
+                        }
+                    }
+                }
+                zeros = Some(zs);
                 f16_scales(&scales, sc_dtype, sc_bytes)?
             }
             IntScheme::PackQuantized => {
@@ -290,6 +343,7 @@ impl PackedIntWeight {
             format: g.kept_as(),
             codes,
             scales,
+            zeros,
             group,
         }))
     }
@@ -298,9 +352,16 @@ impl PackedIntWeight {
         self.scales[(col / self.group) * self.rows + row]
     }
 
-    /// The code of `(row, col)` minus the zero point: -2^(bits-1) .. 2^(bits-1).
+    fn zero(&self, row: usize, col: usize) -> i32 {
+        match &self.zeros {
+            Some(z) => z[(col / self.group) * self.rows + row] as i32,
+            None => 1 << (self.bits - 1),
+        }
+    }
+
+    /// The code of `(row, col)` minus the zero point: -2^bits .. 2^bits.
     fn centred(&self, row: usize, col: usize) -> i32 {
-        self.codes[row * self.cols + col] as i32 - (1 << (self.bits - 1))
+        self.codes[row * self.cols + col] as i32 - self.zero(row, col)
     }
 
     /// The decoded values `scale * (q - zero)`, row-major `[rows, cols]`, in f32 (exact:
@@ -314,21 +375,31 @@ impl PackedIntWeight {
             .collect()
     }
 
-    /// The format the packing is exactly: Q4_0 (4 bits), Q8_0 (8).
+    /// The format the packing is kept as: Q4_0 (4 bits), Q8_0 (8), Q4_1 (zero points).
     pub(super) fn format(&self) -> QuantFormat {
         self.format
     }
 
     /// GGUF blocks of [`PackedIntWeight::format`], row-major: per 32 columns the f16 scale,
     /// then Q4_0's 16 bytes (column t in the low nibble of byte t, column t + 16 in its
-    /// high nibble, each as code - zero + 8, i.e. the code) or Q8_0's 32 signed bytes.
+    /// high nibble, each as code - zero + 8, i.e. the code), Q8_0's 32 signed bytes, or
+    /// Q4_1's f16 `m = -scale * zero` (rounded to f16) and the 16 bytes of codes.
     pub(super) fn blocks(&self) -> Vec<u8> {
         let fmt = self.format();
         let mut out = Vec::with_capacity(self.rows * self.cols / BLOCK * fmt.block_bytes());
         for r in 0..self.rows {
             for b in (0..self.cols).step_by(BLOCK) {
-                out.extend_from_slice(&self.scale(r, b).to_le_bytes());
+                let d = self.scale(r, b);
+                out.extend_from_slice(&d.to_le_bytes());
                 match fmt {
+                    QuantFormat::Q4_1 => {
+                        let m = -d.to_f32() * self.zero(r, b) as f32;
+                        out.extend_from_slice(&f16::from_f32(m).to_le_bytes());
+                        let code = |c: usize| self.codes[r * self.cols + c];
+                        out.extend(
+                            (0..BLOCK / 2).map(|t| code(b + t) | (code(b + t + BLOCK / 2) << 4)),
+                        );
+                    }
                     QuantFormat::Q4_0 => out.extend((0..BLOCK / 2).map(|t| {
                         let lo = (self.centred(r, b + t) + 8) as u8;
                         let hi = (self.centred(r, b + t + BLOCK / 2) + 8) as u8;
