@@ -99,8 +99,16 @@ fn checkpoints(cfg: &ModelConfig) -> (Vec<Ck>, Vec<Ck>) {
 
 /// Greedy tokens of two prompts on the CPU (shared with the GPTQ tests).
 pub(super) fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
-    let be = CpuBackend::new();
-    let model = Model::new(&be, cfg.clone(), w, 64).unwrap();
+    greedy_with(&CpuBackend::new(), cfg, w)
+}
+
+/// [`greedy`] on backend `be` (the weights loaded on it).
+pub(super) fn greedy_with(
+    be: &dyn encore_core::Backend,
+    cfg: &ModelConfig,
+    w: ModelWeights,
+) -> Vec<Vec<u32>> {
+    let model = Model::new(be, cfg.clone(), w, 64).unwrap();
     let cfg = RunnerConfig {
         block_size: 4,
         num_blocks: 40,
@@ -110,7 +118,7 @@ pub(super) fn greedy(cfg: &ModelConfig, w: ModelWeights) -> Vec<Vec<u32>> {
         penalty_slots: 0,
         kv_dtype: None,
     };
-    let mut runner = Runner::new(&be, model, cfg).unwrap();
+    let mut runner = Runner::new(be, model, cfg).unwrap();
     let prompts = vec![vec![1, 5, 9, 40, 77], vec![1, 90, 3]];
     common::generate_greedy(&mut runner, &prompts, &[], 8, true)
 }
@@ -178,9 +186,9 @@ fn fp8_weights_without_their_scales_are_refused_naming_the_tensor() {
     let msg = load_err(wrong);
     assert!(msg.contains(name) && msg.contains("128x128"), "{msg}");
 
-    let other = fp8_json(r#", "quantization_config": {"quant_method": "awq"}"#);
+    let other = fp8_json(r#", "quantization_config": {"quant_method": "bitsandbytes"}"#);
     let msg = err_text(ModelConfig::from_json(&other, "config.json")).1;
-    assert!(msg.contains("awq"), "{msg}");
+    assert!(msg.contains("bitsandbytes"), "{msg}");
 }
 
 /// A checkpoint's KV cache scales (ModelOpt's `self_attn.k_proj.k_scale`, compressed-

@@ -377,29 +377,10 @@ fn greedy_on(
     cfg: &ModelConfig,
     dir: &Path,
 ) -> Vec<Vec<u32>> {
-    use encore_core::model::llama::Model;
-    use encore_core::runner::{Runner, RunnerConfig};
-    let w = weights::load(
-        be,
-        cfg,
-        WeightSource::Dir(dir.to_path_buf()),
-        dtype,
-        &encore_core::progress::NoProgress,
-    )
-    .unwrap();
-    let model = Model::new(be, cfg.clone(), w, 64).unwrap();
-    let rc = RunnerConfig {
-        block_size: 4,
-        num_blocks: 40,
-        max_tokens_per_step: 64,
-        max_seqs: 2,
-        max_seq_len: 64,
-        penalty_slots: 0,
-        kv_dtype: None,
-    };
-    let mut runner = Runner::new(be, model, rc).unwrap();
-    let prompts = vec![vec![1, 5, 9, 40, 77], vec![1, 90, 3]];
-    common::generate_greedy(&mut runner, &prompts, &[], 8, true)
+    let source = WeightSource::Dir(dir.to_path_buf());
+    let progress = &encore_core::progress::NoProgress;
+    let w = weights::load(be, cfg, source, dtype, progress).unwrap();
+    super::fp8::greedy_with(be, cfg, w)
 }
 
 /// On the GPU, every packing kept in its bits (GPTQ symmetric in 4 and 8 bits and with

@@ -194,25 +194,23 @@ impl PackedIntWeight {
         expect(&packed_name, &what, pk_dtype, &pk_shape, &pk_want, pk_int)?;
         let mut codes = vec![0u8; if unpack { rows * cols } else { 0 }];
         let mut zeros = None;
+        // GPTQ's and AWQ's `scales` ([groups, rows], f16) and `qzeros` ([groups, zw] words),
+        // checked: the scales and the zero words' bytes.
+        let scales_and_qzeros = |zw: usize| -> Result<(Vec<f16>, String, &[u8])> {
+            let scales = format!("{base}.scales");
+            let (sc_dtype, sc_shape, sc_bytes) = ck.raw(&scales).ok_or_else(|| missing(&scales))?;
+            let ok = is_float(sc_dtype);
+            expect(&scales, &what, sc_dtype, &sc_shape, &[groups, rows], ok)?;
+            let qzeros = format!("{base}.qzeros");
+            let (qz_dtype, qz_shape, qz_bytes) = ck.raw(&qzeros).ok_or_else(|| missing(&qzeros))?;
+            let qz_ok = is_int(qz_dtype);
+            expect(&qzeros, &what, qz_dtype, &qz_shape, &[groups, zw], qz_ok)?;
+            Ok((f16_scales(&scales, sc_dtype, sc_bytes)?, qzeros, qz_bytes))
+        };
         let scales: Vec<f16> = match g.scheme {
             IntScheme::Gptq { zeros_minus_one } => {
-                let scales = format!("{base}.scales");
-                let (sc_dtype, sc_shape, sc_bytes) =
-                    ck.raw(&scales).ok_or_else(|| missing(&scales))?;
-                let ok = is_float(sc_dtype);
-                expect(&scales, &what, sc_dtype, &sc_shape, &[groups, rows], ok)?;
-                let qzeros = format!("{base}.qzeros");
-                let (qz_dtype, qz_shape, qz_bytes) =
-                    ck.raw(&qzeros).ok_or_else(|| missing(&qzeros))?;
                 let zw = rows.div_ceil(per_word);
-                expect(
-                    &qzeros,
-                    &what,
-                    qz_dtype,
-                    &qz_shape,
-                    &[groups, zw],
-                    is_int(qz_dtype),
-                )?;
+                let (scales, qzeros, qz_bytes) = scales_and_qzeros(zw)?;
                 if let Some((t, (d, s, b))) = get("g_idx") {
                     expect(&t, &what, d, &s, &[cols], is_int(d))?;
                     column_order(&t, b)?;
@@ -251,20 +249,11 @@ impl PackedIntWeight {
                     }
                 }
                 zeros = g.zero_points.then_some(zs);
-                f16_scales(&scales, sc_dtype, sc_bytes)?
+                scales
             }
             IntScheme::Awq => {
-                let scales = format!("{base}.scales");
-                let (sc_dtype, sc_shape, sc_bytes) =
-                    ck.raw(&scales).ok_or_else(|| missing(&scales))?;
-                let ok = is_float(sc_dtype);
-                expect(&scales, &what, sc_dtype, &sc_shape, &[groups, rows], ok)?;
-                let qzeros = format!("{base}.qzeros");
-                let (qz_dtype, qz_shape, qz_bytes) =
-                    ck.raw(&qzeros).ok_or_else(|| missing(&qzeros))?;
                 let ow = rows / per_word;
-                let qz_ok = is_int(qz_dtype);
-                expect(&qzeros, &what, qz_dtype, &qz_shape, &[groups, ow], qz_ok)?;
+                let (scales, _, qz_bytes) = scales_and_qzeros(ow)?;
                 // Word (i, j) holds outputs 8j + AWQ_ORDER[s] of input i (qweight) or of
                 // group i (qzeros).
                 let mut zs = vec![0u8; groups * rows];
@@ -284,7 +273,7 @@ impl PackedIntWeight {
                     }
                 }
                 zeros = Some(zs);
-                f16_scales(&scales, sc_dtype, sc_bytes)?
+                scales
             }
             IntScheme::PackQuantized => {
                 if let Some((t, _)) = get("weight_zero_point") {
