@@ -22,6 +22,9 @@ pub struct WeightFormats {
     /// (`None`: it does not). Kept by every `--quantization` choice: it says how to read
     /// the file, not how to store it.
     pub int_packing: Option<IntPacking>,
+    /// The checkpoint keeps its LM head unquantized beside quantized projections
+    /// (compressed-tensors' `ignore: ["lm_head"]` over FP8 weights): it stays dense.
+    pub dense_lm_head: bool,
 }
 
 /// A checkpoint whose projections are integers of `bits` with one f16 / bf16 scale per row
@@ -96,6 +99,7 @@ impl WeightFormats {
             (Some(f), _) => Some(*f),
             // A packed checkpoint's LM head may be stored plainly (`IntPacking::lm_head`).
             (None, Some(g)) if name == "lm_head" && !g.lm_head => None,
+            (None, _) if name == "lm_head" && self.dense_lm_head => None,
             (None, _) => self.projections,
         }
     }

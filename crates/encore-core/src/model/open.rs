@@ -91,8 +91,8 @@ impl ModelFiles {
             Quantization::To(f) => {
                 self.config.weights = WeightFormats {
                     projections: Some(f),
-                    per_tensor: Default::default(),
                     int_packing: self.config.weights.int_packing,
+                    ..Default::default()
                 }
             }
         }

@@ -1,8 +1,9 @@
 //! FP8 checkpoints in Hugging Face's layout (`quantization_config.quant_method = "fp8"`,
 //! E4M3 weights with 128x128 blocks of `weight_scale_inv` or a per-tensor
-//! `weight_scale`): they load with their projections kept in FP8 and run exactly as their
-//! dequantized twin (the same values in f32), and a missing or misshapen scale is an error
-//! naming the tensor.
+//! `weight_scale`) and compressed-tensors' `float-quantized` (per-channel `[rows, 1]` or
+//! per-tensor `weight_scale`, the LM head ignored): they load with their projections kept
+//! in FP8 and run exactly as their dequantized twin (the same values in f32), and a
+//! missing or misshapen scale is an error naming the tensor.
 
 use super::*;
 use encore_core::model::config::ModelConfig;
@@ -46,10 +47,18 @@ pub(super) fn load_error(config: &str, tensors: &[Ck]) -> String {
 /// per-tensor scale for layer 1's MLP) and its twin (every tensor in f32, projections
 /// decoded). Codes are drawn uniformly from the finite E4M3 values.
 fn checkpoints(cfg: &ModelConfig) -> (Vec<Ck>, Vec<Ck>) {
+    checkpoints_as(cfg, false)
+}
+
+/// [`checkpoints`], or with `ct` as compressed-tensors writes FP8: a bf16 scale a row
+/// (`[rows, 1]`) where the blocks were, and the LM head plain (ignored).
+fn checkpoints_as(cfg: &ModelConfig, ct: bool) -> (Vec<Ck>, Vec<Ck>) {
     let (mut fp8, mut twin) = (Vec::new(), Vec::new());
     for (i, spec) in weights::hf_tensors(cfg).iter().enumerate() {
         let v = values(100 + i as u64, spec.numel());
-        let projection = spec.shape.len() == 2 && !spec.name.contains("embed_tokens");
+        let projection = spec.shape.len() == 2
+            && !spec.name.contains("embed_tokens")
+            && !(ct && spec.name == "lm_head.weight");
         if !projection {
             let t = plain(&spec.name, &spec.shape, &v);
             fp8.push(t.clone());
@@ -66,14 +75,18 @@ fn checkpoints(cfg: &ModelConfig) -> (Vec<Ck>, Vec<Ck>) {
         let grid = (rows.div_ceil(128), cols.div_ceil(128));
         let scales: Vec<f32> = if per_tensor {
             vec![0.07]
+        } else if ct {
+            // Exact in bf16.
+            (0..rows).map(|r| (16 + r % 9) as f32 / 512.0).collect()
         } else {
             (0..grid.0 * grid.1)
                 .map(|b| 0.02 + 0.01 * (b % 7) as f32)
                 .collect()
         };
-        let scale = |r: usize, c: usize| match per_tensor {
-            true => scales[0],
-            false => scales[(r / 128) * grid.1 + c / 128],
+        let scale = |r: usize, c: usize| match (per_tensor, ct) {
+            (true, _) => scales[0],
+            (false, true) => scales[r],
+            (false, false) => scales[(r / 128) * grid.1 + c / 128],
         };
         let decoded: Vec<f32> = (0..rows * cols)
             .map(|i| codes[i] * scale(i / cols, i % cols))
@@ -84,9 +97,16 @@ fn checkpoints(cfg: &ModelConfig) -> (Vec<Ck>, Vec<Ck>) {
             shape: spec.shape.clone(),
             values: codes,
         });
-        fp8.push(match per_tensor {
-            true => Ck::f32(&format!("{}_scale", spec.name), &[], &scales),
-            false => Ck::f32(
+        fp8.push(match (per_tensor, ct) {
+            (true, true) => Ck::f32(&format!("{}_scale", spec.name), &[1], &scales),
+            (true, false) => Ck::f32(&format!("{}_scale", spec.name), &[], &scales),
+            (false, true) => Ck {
+                name: format!("{}_scale", spec.name),
+                dtype: Dtype::BF16,
+                shape: vec![rows, 1],
+                values: scales.clone(),
+            },
+            (false, false) => Ck::f32(
                 &format!("{}_scale_inv", spec.name),
                 &[grid.0, grid.1],
                 &scales,
@@ -257,6 +277,93 @@ fn a_checkpoints_kv_cache_scales_reach_the_fp8_cache() {
     let msg = err_text(weights::read_kv_scales(bad.path(), 2)).1;
     assert!(
         msg.contains("model.layers.0.self_attn.v_scale") && msg.contains("positive"),
+        "{msg}"
+    );
+}
+
+/// compressed-tensors' FP8 (llm-compressor's FP8-dynamic: weights per channel, activations
+/// dynamic per token), `dynamic` false for static activations (their input scales unused).
+fn ct_fp8(dynamic: bool, weights_more: &str) -> String {
+    format!(
+        r#", "quantization_config": {{"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {{"group_0": {{"targets": ["Linear"], "weights": {{"num_bits": 8, "type": "float", "symmetric": true, "strategy": "channel", "dynamic": false{weights_more}}}, "input_activations": {{"num_bits": 8, "type": "float", "symmetric": true, "strategy": "token", "dynamic": {dynamic}}}}}}}, "ignore": ["lm_head"], "quantization_status": "compressed"}}"#
+    )
+}
+
+#[test]
+fn a_compressed_tensors_fp8_checkpoint_runs_in_fp8_as_its_dequantized_twin() {
+    let twin_cfg = ModelConfig::from_json(&fp8_json(""), "twin").unwrap();
+    let (fp8, twin) = checkpoints_as(&twin_cfg, true);
+    let twin_dir = model_dir("ct-fp8-twin", &fp8_json(""), &twin);
+    let expected = greedy(&twin_cfg, load(&twin_cfg, twin_dir.path()));
+    for dynamic in [true, false] {
+        let dir = model_dir("ct-fp8", &fp8_json(&ct_fp8(dynamic, "")), &fp8);
+        let ModelFiles { config, .. } = open_model(dir.path().to_str().unwrap()).unwrap();
+        assert_eq!(config.weights.projections, Some(QuantFormat::F8E4M3));
+        let decl = config.decl();
+        let kept = decl
+            .tensors()
+            .iter()
+            .filter(|t| t.dtype(DType::F32) == DType::Q(QuantFormat::F8E4M3))
+            .count();
+        assert_eq!(
+            kept,
+            4 * 2,
+            "q/k/v, o, gate/up, down per layer; the LM head ignored"
+        );
+        let w = load(&config, dir.path());
+        assert_eq!(w.layers[0].qkv().dtype(), DType::Q(QuantFormat::F8E4M3));
+        assert_eq!(
+            w.lm_head.dtype(),
+            DType::F32,
+            "the ignored LM head stays dense"
+        );
+        let twin_w = load(&twin_cfg, twin_dir.path());
+        let decoded = weights::dequantized(&CpuBackend::new(), &w).unwrap();
+        assert_eq!(all_values(&decoded), all_values(&twin_w));
+        assert_eq!(
+            greedy(&config, w),
+            expected,
+            "compressed-tensors FP8 vs its twin"
+        );
+    }
+    // Refused by name: FP8 weights per 128-value group, dynamic weights, integer
+    // activations over integer weights, a module ignored that is not the LM head.
+    let cfg_err = |q: &str| err_text(ModelConfig::from_json(&fp8_json(q), "config.json")).1;
+    for (q, want) in [
+        (
+            ct_fp8(true, "").replace(r#""strategy": "channel""#, r#""strategy": "block""#),
+            "strategy = \"block\"",
+        ),
+        (
+            ct_fp8(true, "").replace(
+                r#""type": "float", "symmetric": true, "strategy": "channel""#,
+                r#""type": "int", "symmetric": true, "strategy": "channel""#,
+            ),
+            "num_bits / type",
+        ),
+        (
+            ct_fp8(true, "").replace(
+                r#""ignore": ["lm_head"]"#,
+                r#""ignore": ["model.layers.0.mlp.down_proj"]"#,
+            ),
+            "ignore lists",
+        ),
+        (
+            ct_fp8(true, "").replace("float-quantized", "naive-quantized"),
+            "naive-quantized",
+        ),
+    ] {
+        let msg = cfg_err(&q);
+        assert!(msg.contains(want), "{want}: {msg}");
+    }
+    // A scale of neither shape is named.
+    let (mut bad, _) = checkpoints_as(&twin_cfg, true);
+    let name = "model.layers.0.self_attn.o_proj.weight_scale";
+    let t = bad.iter_mut().find(|t| t.name == name).unwrap();
+    t.shape = vec![1, t.values.len()];
+    let msg = load_error(&fp8_json(&ct_fp8(true, "")), &bad);
+    assert!(
+        msg.contains("o_proj.weight") && msg.contains("a row each"),
         "{msg}"
     );
 }

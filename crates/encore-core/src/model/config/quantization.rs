@@ -191,24 +191,33 @@ fn parse_awq(q: &Fields<'_>) -> Result<WeightFormats> {
 fn kept_packed(p: IntPacking) -> Result<WeightFormats> {
     Ok(WeightFormats {
         projections: Some(p.kept_as()),
-        per_tensor: Default::default(),
         int_packing: Some(p),
+        ..Default::default()
     })
 }
 
 /// `quantization_config` of a compressed-tensors checkpoint (llm-compressor): the
 /// `pack-quantized` format with integer weights of 4 or 8 bits, symmetric, per group (of a
 /// multiple of 32 columns) or per channel, static, no activation quantization (W4A16,
-/// W8A16), every config group the same; `ignore` may hold the LM head and routers. Other
-/// formats and options are refused naming the field.
+/// W8A16); or the `float-quantized` format, FP8 E4M3 weights per channel or per tensor
+/// (kept in FP8), activations in FP8 dynamic or static or not at all (FP8-dynamic, W8A8,
+/// W8A16: encore's FP8 matmuls quantize activations per token at run time, so static input
+/// scales go unused, which is logged); every config group the same; `ignore` may hold the
+/// LM head (kept as stored) and routers. Other formats and options are refused naming the
+/// field.
 fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
     let refuse = |what: String| Err(q.err(format!("quantization_config.{what}")));
     let format = q.opt_str("format")?.unwrap_or("");
-    if format != "pack-quantized" {
-        return refuse(format!(
-            "format = \"{format}\" is not supported (compressed-tensors \"pack-quantized\")"
-        ));
-    }
+    let float = match format {
+        "pack-quantized" => false,
+        "float-quantized" => true,
+        _ => {
+            return refuse(format!(
+                "format = \"{format}\" is not supported (compressed-tensors \
+                 \"pack-quantized\" or \"float-quantized\")"
+            ))
+        }
+    };
     let Some(groups) = q.opt_object("config_groups")? else {
         return refuse("config_groups is missing (compressed-tensors)".into());
     };
@@ -216,17 +225,31 @@ fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
     for (name, g) in groups {
         let field = |k: &str| g.get(k).filter(|v| !v.is_null());
         if let Some(f) = field("format").and_then(Value::as_str) {
-            if f != "pack-quantized" {
+            if f != format {
                 return refuse(format!(
-                    "config_groups.{name}.format = \"{f}\" is not supported"
+                    "config_groups.{name}.format = \"{f}\" is not supported (the \
+                     checkpoint's format is \"{format}\")"
                 ));
             }
         }
         if let Some(a) = field("input_activations") {
-            return refuse(format!(
-                "config_groups.{name}.input_activations = {a} is not supported (weight-only \
-                 W4A16 / W8A16: activations stay in the run dtype)"
-            ));
+            let arg = |k: &str| a.get(k).filter(|v| !v.is_null());
+            let fp8 = arg("num_bits").and_then(Value::as_u64) == Some(8)
+                && arg("type").and_then(Value::as_str) == Some("float");
+            if !(float && fp8) {
+                return refuse(format!(
+                    "config_groups.{name}.input_activations = {a} is not supported (integer \
+                     weights run weight-only, W4A16 / W8A16; FP8 weights take FP8 activations)"
+                ));
+            }
+            if arg("dynamic").and_then(Value::as_bool) != Some(true) {
+                tracing::warn!(
+                    "{}: config_groups.{name}.input_activations are static: their input \
+                     scales go unused (encore's FP8 matmuls quantize activations per token \
+                     at run time)",
+                    q.path
+                );
+            }
         }
         let targets = field("targets").and_then(Value::as_array);
         if !targets.is_some_and(|t| t.iter().any(|x| x.as_str() == Some("Linear"))) {
@@ -250,6 +273,9 @@ fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
         return refuse("config_groups holds no group".into());
     };
     let arg = |k: &str| w.get(k).filter(|v| !v.is_null());
+    if float {
+        return parse_ct_fp8(q, w);
+    }
     let bits = match arg("num_bits").and_then(Value::as_u64) {
         Some(b @ (4 | 8)) => b as u32,
         b => {
@@ -296,25 +322,7 @@ fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
             ))
         }
     };
-    let mut lm_head = true;
-    for i in q
-        .get("ignore")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        match i.as_str() {
-            Some("lm_head") => lm_head = false,
-            // A mixture of experts' routers, which encore never quantizes.
-            Some(r) if r.ends_with("mlp.gate") || r.ends_with("mlp.gate$") => {}
-            _ => {
-                return refuse(format!(
-                    "ignore lists {i}: modules kept unquantized other than the LM head and \
-                     routers are not supported"
-                ))
-            }
-        }
-    }
+    let lm_head = !ct_ignores_lm_head(q)?;
     kept_packed(IntPacking {
         bits,
         group_size,
@@ -364,4 +372,72 @@ pub(super) fn with_quantize_config(path: &Path, text: String) -> Result<String> 
         .or_insert_with(|| Value::from("gptq"));
     obj.insert("quantization_config".into(), q);
     Ok(cfg.to_string())
+}
+
+/// Whether compressed-tensors' `ignore` lists the LM head; anything in it other than the
+/// LM head and routers is refused naming it.
+fn ct_ignores_lm_head(q: &Fields<'_>) -> Result<bool> {
+    let mut lm_head = false;
+    for i in q
+        .get("ignore")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        match i.as_str() {
+            Some("lm_head") => lm_head = true,
+            // A mixture of experts' routers, which encore never quantizes.
+            Some(r) if r.ends_with("mlp.gate") || r.ends_with("mlp.gate$") => {}
+            _ => {
+                return Err(q.err(format!(
+                    "quantization_config.ignore lists {i}: modules kept unquantized other \
+                     than the LM head and routers are not supported"
+                )))
+            }
+        }
+    }
+    Ok(lm_head)
+}
+
+/// compressed-tensors' `float-quantized` weights (`w`, one config group's `weights`):
+/// FP8 E4M3 (`num_bits` 8, `type` float), symmetric, static, per channel or per tensor:
+/// the projections are kept in FP8 from their `weight` and `weight_scale`; an ignored LM
+/// head stays as stored.
+fn parse_ct_fp8(q: &Fields<'_>, w: &Value) -> Result<WeightFormats> {
+    let refuse = |what: String| {
+        Err(q.err(format!(
+            "quantization_config.config_groups.*.weights.{what}"
+        )))
+    };
+    let arg = |k: &str| w.get(k).filter(|v| !v.is_null());
+    if arg("num_bits").and_then(Value::as_u64) != Some(8)
+        || arg("type").and_then(Value::as_str) != Some("float")
+    {
+        return refuse(format!(
+            "num_bits / type = {:?} / {:?} are not supported (float-quantized: 8-bit float, \
+             E4M3)",
+            arg("num_bits"),
+            arg("type")
+        ));
+    }
+    if arg("symmetric").and_then(Value::as_bool) == Some(false) {
+        return refuse("symmetric = false is not supported (FP8 weights)".into());
+    }
+    if arg("dynamic").and_then(Value::as_bool) == Some(true) {
+        return refuse("dynamic = true is not supported (FP8 weights with static scales)".into());
+    }
+    match arg("strategy").and_then(Value::as_str).unwrap_or("tensor") {
+        "channel" | "tensor" => {}
+        other => {
+            return refuse(format!(
+                "strategy = \"{other}\" is not supported (FP8 weights per channel or per \
+                 tensor)"
+            ))
+        }
+    }
+    Ok(WeightFormats {
+        projections: Some(encore_backend::quant::QuantFormat::F8E4M3),
+        dense_lm_head: ct_ignores_lm_head(q)?,
+        ..Default::default()
+    })
 }

@@ -312,7 +312,8 @@ impl Checkpoint {
     /// An FP8 E4M3 weight `[rows, cols]` and its scales (`None` for a tensor of another
     /// dtype): `<name>_scale_inv` (DeepSeek and Qwen3-FP8: a `[ceil(rows / 128),
     /// ceil(cols / 128)]` grid of f32 multipliers, or one value) or `<name>_scale` (one
-    /// per-tensor multiplier). A missing or misshapen scale is an error naming the tensor.
+    /// per-tensor multiplier, or compressed-tensors' per-channel `[rows, 1]`). A missing or
+    /// misshapen scale is an error naming the tensor.
     pub(super) fn fp8(&self, name: &str) -> Result<Option<Fp8<'_>>> {
         let Some((file, info)) = self.info(name) else {
             return Ok(None);
@@ -344,14 +345,19 @@ impl Checkpoint {
             })?;
         let values = self.read_f32(&scale_name)?.unwrap_or_default();
         let grid = (rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK));
-        let per_tensor = values.len() == 1;
-        if !per_tensor && (scale.len() != 2 || (scale[0], scale[1]) != grid) {
+        let layout = if values.len() == 1 {
+            Fp8Scales::Tensor
+        } else if scale == [rows, 1] {
+            Fp8Scales::Row
+        } else if scale.len() == 2 && (scale[0], scale[1]) == grid {
+            Fp8Scales::Blocks { grid_cols: grid.1 }
+        } else {
             return Err(err(format!(
-                "has FP8 scales `{scale_name}` of shape {scale:?}, expected one value or \
-                 [{}, {}] (128x128 blocks)",
+                "has FP8 scales `{scale_name}` of shape {scale:?}, expected one value, \
+                 [{rows}, 1] (a row each) or [{}, {}] (128x128 blocks)",
                 grid.0, grid.1
             )));
-        }
+        };
         if let Some(i) = values.iter().position(|x| !x.is_finite()) {
             return Err(err(format!(
                 "has a non-finite FP8 scale at {i} in `{scale_name}`"
@@ -363,7 +369,7 @@ impl Checkpoint {
             rows,
             cols,
             scales: values,
-            grid_cols: if per_tensor { 0 } else { grid.1 },
+            layout,
         }))
     }
 
@@ -502,17 +508,31 @@ pub(super) struct Fp8<'a> {
     pub bytes: &'a [u8],
     pub rows: usize,
     pub cols: usize,
-    /// One multiplier, or a row-major grid of 128x128 blocks `grid_cols` wide.
+    /// The multipliers, laid out as `layout` says.
     scales: Vec<f32>,
-    grid_cols: usize,
+    layout: Fp8Scales,
+}
+
+/// How an FP8 weight's scales map to its elements.
+#[derive(Clone, Copy)]
+enum Fp8Scales {
+    /// One multiplier.
+    Tensor,
+    /// One a row (output channel).
+    Row,
+    /// A row-major grid of 128x128 blocks `grid_cols` wide.
+    Blocks { grid_cols: usize },
 }
 
 impl Fp8<'_> {
     /// The multiplier of element `(r, c)`.
     pub fn scale(&self, r: usize, c: usize) -> f32 {
-        match self.grid_cols {
-            0 => self.scales[0],
-            w => self.scales[(r / FP8_BLOCK) * w + c / FP8_BLOCK],
+        match self.layout {
+            Fp8Scales::Tensor => self.scales[0],
+            Fp8Scales::Row => self.scales[r],
+            Fp8Scales::Blocks { grid_cols } => {
+                self.scales[(r / FP8_BLOCK) * grid_cols + c / FP8_BLOCK]
+            }
         }
     }
 
