@@ -25,6 +25,11 @@ pub struct WeightFormats {
     /// The checkpoint keeps its LM head unquantized beside quantized projections
     /// (compressed-tensors' `ignore: ["lm_head"]` over FP8 weights): it stays dense.
     pub dense_lm_head: bool,
+    /// Projections whose rows the format cannot hold in whole blocks stay dense (decoded
+    /// at load) instead of being refused: an FP8 checkpoint's partial 128-value blocks
+    /// (an MLP of 344, a hidden size of 576), whose published scale grids are
+    /// ceil-divided.
+    pub dense_partial_blocks: bool,
 }
 
 /// A checkpoint whose projections are integers of `bits` with one f16 / bf16 scale per row

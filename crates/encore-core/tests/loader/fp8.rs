@@ -367,3 +367,44 @@ fn a_compressed_tensors_fp8_checkpoint_runs_in_fp8_as_its_dequantized_twin() {
         "{msg}"
     );
 }
+
+/// An FP8 checkpoint whose MLP width (344) is not whole 128-value blocks, with the
+/// ceil-divided scale grid the published format uses: `down_proj` (rows of 344) stays
+/// dense, decoded at load, the rest stays FP8, and it runs as its twin; `--quantization
+/// fp8` on the same widths still refuses naming the tensor.
+#[test]
+fn an_fp8_checkpoint_with_partial_blocks_keeps_those_projections_dense() {
+    let json = |extra: &str| {
+        fp8_json(extra).replace("\"intermediate_size\": 384", "\"intermediate_size\": 344")
+    };
+    let twin_cfg = ModelConfig::from_json(&json(""), "twin").unwrap();
+    let (fp8, twin) = checkpoints(&twin_cfg);
+    let down = "model.layers.0.mlp.down_proj.weight_scale_inv";
+    let grid = &fp8.iter().find(|t| t.name == down).unwrap().shape;
+    assert_eq!(grid, &vec![2, 3], "[ceil(256 / 128), ceil(344 / 128)]");
+    let dir = model_dir("fp8-partial", &json(QUANT), &fp8);
+    let twin_dir = model_dir("fp8-partial-twin", &json(""), &twin);
+    let ModelFiles { config, .. } = open_model(dir.path().to_str().unwrap()).unwrap();
+    let w = load(&config, dir.path());
+    assert_eq!(w.layers[0].qkv().dtype(), DType::Q(QuantFormat::F8E4M3));
+    assert_eq!(w.layers[0].gate_up().dtype(), DType::Q(QuantFormat::F8E4M3));
+    assert_eq!(
+        w.layers[0].down().dtype(),
+        DType::F32,
+        "rows of 344 stay dense"
+    );
+    let twin_w = load(&twin_cfg, twin_dir.path());
+    let decoded = weights::dequantized(&CpuBackend::new(), &w).unwrap();
+    assert_eq!(all_values(&decoded), all_values(&twin_w));
+    assert_eq!(
+        greedy(&config, w),
+        greedy(&twin_cfg, twin_w),
+        "partial blocks vs the twin"
+    );
+    let mut files = open_model(dir.path().to_str().unwrap()).unwrap();
+    let e = files
+        .quantize(Quantization::To(QuantFormat::F8E4M3))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("down_proj") && e.contains("344"), "{e}");
+}

@@ -56,6 +56,7 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
     }
     Ok(WeightFormats {
         projections: Some(encore_backend::quant::QuantFormat::F8E4M3),
+        dense_partial_blocks: true,
         ..Default::default()
     })
 }
@@ -438,6 +439,7 @@ fn parse_ct_fp8(q: &Fields<'_>, w: &Value) -> Result<WeightFormats> {
     Ok(WeightFormats {
         projections: Some(encore_backend::quant::QuantFormat::F8E4M3),
         dense_lm_head: ct_ignores_lm_head(q)?,
+        dense_partial_blocks: true,
         ..Default::default()
     })
 }

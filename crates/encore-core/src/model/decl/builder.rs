@@ -191,9 +191,13 @@ impl<'a> Builder<'a> {
             None => role.module().to_string(),
         };
         let format = match role.is_projection() {
-            true => self.formats.projection(&name).map(WeightFormat::Quant),
+            true => self.formats.projection(&name).filter(|f| {
+                let whole = local_cols.is_none_or(|k| f.row_bytes(k).is_some());
+                whole || !self.formats.dense_partial_blocks
+            }),
             false => None,
-        };
+        }
+        .map(WeightFormat::Quant);
         self.decl.tensors.push(TensorDecl {
             role,
             layer,
