@@ -213,10 +213,11 @@ fn gptq_packings_encore_does_not_run_are_refused_by_name() {
     assert!(msg.contains(name) && msg.contains("zero point"), "{msg}");
 }
 
-/// A mixture of experts packed by GPTQ (each expert's projections, as AutoGPTQ writes
-/// them; the router plain): the experts load kept in 4 bits and run as the twin.
+/// A mixture of experts packed by GPTQ or AWQ (each expert's projections, as AutoGPTQ and
+/// AutoAWQ write them; the router plain): the experts load kept in 4 bits and run as the
+/// twin.
 #[test]
-fn a_gptq_mixture_of_experts_runs_as_its_dequantized_twin() {
+fn packed_mixtures_of_experts_run_as_their_dequantized_twins() {
     let json = |extra: &str| {
         format!(
             r#"{{
@@ -231,24 +232,23 @@ fn a_gptq_mixture_of_experts_runs_as_its_dequantized_twin() {
         )
     };
     let twin_cfg = ModelConfig::from_json(&json(""), "twin").unwrap();
-    let (packed, twin) = checkpoints(
-        &twin_cfg,
-        4,
-        Scheme::Gptq {
-            v2: false,
-            asym: false,
-        },
-    );
-    let dir = model_dir("gptq-moe", &json(&quant(4, false, "")), &packed);
-    let twin_dir = model_dir("gptq-moe-twin", &json(""), &twin);
-    // q/k/v, o, the experts' gate/up and down per layer; not the LM head
-    runs_as_twin(
-        dir.path(),
-        twin_dir.path(),
-        &twin_cfg,
-        QuantFormat::Q4_0,
-        4 * 2,
-    );
+    let gptq = quant(4, false, "");
+    // AutoAWQ leaves the routers unconverted (`modules_to_not_convert: ["gate"]`).
+    let awq = awq("").replace("null", r#"["gate"]"#);
+    let gptq_scheme = Scheme::Gptq {
+        v2: false,
+        asym: false,
+    };
+    for (name, q, scheme, kept) in [
+        ("gptq-moe", gptq, gptq_scheme, QuantFormat::Q4_0),
+        ("awq-moe", awq, Scheme::Awq, QuantFormat::Q4_1),
+    ] {
+        let (packed, twin) = checkpoints(&twin_cfg, 4, scheme);
+        let dir = model_dir(name, &json(&q), &packed);
+        let twin_dir = model_dir("moe-twin", &json(""), &twin);
+        // q/k/v, o, the experts' gate/up and down per layer; not the LM head
+        runs_as_twin(dir.path(), twin_dir.path(), &twin_cfg, kept, 4 * 2);
+    }
 }
 
 fn awq(more: &str) -> String {
