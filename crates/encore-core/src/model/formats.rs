@@ -65,7 +65,8 @@ pub enum IntScheme {
     /// `quant_method = "compressed-tensors"`, `format = "pack-quantized"` (llm-compressor's
     /// W4A16 / W8A16): `P.weight_packed` (int32 `[out, in * bits / 32]`, each row packed
     /// along its columns, low bits first), `P.weight_scale` (`[out, groups]`) and
-    /// `P.weight_shape` (`[out, in]`).
+    /// `P.weight_shape` (`[out, in]`); with zero points `P.weight_zero_point` (int32
+    /// `[out * bits / 32, groups]`, packed along the output dimension).
     PackQuantized,
     /// `quant_method = "awq"`, `version = "gemm"` (AutoAWQ's GEMM layout, 4 bits, zero
     /// points): `P.qweight` (int32 `[in, out / 8]`, packed along the output dimension in

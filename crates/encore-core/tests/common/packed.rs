@@ -20,8 +20,9 @@ pub enum Scheme {
     /// GPTQ, zeros stored as v2 (`true`, with bf16 scales) or v1 (f16 scales) store them;
     /// `asym`: zero points that vary by row and group (`sym: false`).
     Gptq { v2: bool, asym: bool },
-    /// compressed-tensors' pack-quantized, bf16 scales, the LM head packed too.
-    PackQuantized,
+    /// compressed-tensors' pack-quantized, bf16 scales, the LM head packed too; `asym`:
+    /// zero points in `weight_zero_point` (`symmetric: false`).
+    PackQuantized { asym: bool },
     /// AutoAWQ's GEMM layout (4 bits, zero points, f16 scales).
     Awq,
 }
@@ -50,7 +51,10 @@ pub fn checkpoints_scaled(
     let (mut packed, mut twin) = (Vec::new(), Vec::new());
     let per_word = (32 / bits) as usize;
     let gptq = matches!(scheme, Scheme::Gptq { .. } | Scheme::Awq);
-    let asym = matches!(scheme, Scheme::Gptq { asym: true, .. } | Scheme::Awq);
+    let asym = matches!(
+        scheme,
+        Scheme::Gptq { asym: true, .. } | Scheme::Awq | Scheme::PackQuantized { asym: true }
+    );
     let top = 1u32 << bits;
     // The zero point of (group, row).
     let zero = |g: usize, r: usize| match asym {
@@ -153,8 +157,19 @@ pub fn checkpoints_scaled(
                         .collect(),
                 });
             }
-            Scheme::PackQuantized => {
+            Scheme::PackQuantized { .. } => {
                 let wpr = cols / per_word;
+                if asym {
+                    let zr = rows.div_ceil(per_word);
+                    let mut zp = vec![0u32; zr * groups];
+                    for r in 0..rows {
+                        for g in 0..groups {
+                            zp[(r / per_word) * groups + g] |=
+                                zero(g, r) << (bits as usize * (r % per_word));
+                        }
+                    }
+                    packed.push(w32("weight_zero_point", &[zr, groups], &zp));
+                }
                 let mut w = vec![0u32; rows * wpr];
                 for r in 0..rows {
                     for c in 0..cols {

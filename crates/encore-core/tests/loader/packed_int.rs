@@ -77,7 +77,7 @@ fn runs_as_twin(
 fn a_pack_quantized_checkpoint_runs_in_its_bits_as_its_dequantized_twin() {
     let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
     for (bits, kept) in [(4, QuantFormat::Q4_0), (8, QuantFormat::Q8_0)] {
-        let (packed, twin) = checkpoints(&twin_cfg, bits, Scheme::PackQuantized);
+        let (packed, twin) = checkpoints(&twin_cfg, bits, Scheme::PackQuantized { asym: false });
         let dir = model_dir("ct", &llama_json(&pack_quantized(bits, "", "")), &packed);
         let twin_dir = model_dir("ct-twin", &llama_json(""), &twin);
         let count = 4 * 2 + 1; // q/k/v, o, gate/up, down per layer, and the LM head
@@ -90,8 +90,8 @@ fn pack_quantized_options_encore_does_not_run_are_refused_by_name() {
     let cfg_err = |q: &str| err_text(ModelConfig::from_json(&llama_json(q), "config.json")).1;
     for (q, want) in [
         (
-            pack_quantized(4, r#", "symmetric": false"#, ""),
-            "symmetric = false",
+            pack_quantized(8, r#", "symmetric": false"#, ""),
+            "symmetric = false is not supported with num_bits = 8",
         ),
         (
             pack_quantized(4, r#", "actorder": "group""#, ""),
@@ -119,7 +119,7 @@ fn pack_quantized_options_encore_does_not_run_are_refused_by_name() {
     }
     // A zero point in the file: named with its tensor.
     let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
-    let (mut packed, _) = checkpoints(&twin_cfg, 4, Scheme::PackQuantized);
+    let (mut packed, _) = checkpoints(&twin_cfg, 4, Scheme::PackQuantized { asym: false });
     let name = "model.layers.1.self_attn.o_proj.weight_zero_point";
     packed.push(Ck {
         name: name.into(),
@@ -257,8 +257,9 @@ fn awq(more: &str) -> String {
     )
 }
 
-/// GPTQ with zero points (`sym: false`, v1 storing each zero minus one and v2) and AWQ's
-/// GEMM layout load as Q4_1 blocks (scale, -scale * zero) and run as their twins.
+/// GPTQ with zero points (`sym: false`, v1 storing each zero minus one and v2), AWQ's
+/// GEMM layout and compressed-tensors' asymmetric W4A16 load as Q4_1 blocks (scale,
+/// -scale * zero) and run as their twins.
 #[test]
 fn zero_point_checkpoints_run_in_4_bits_as_their_dequantized_twins() {
     let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
@@ -284,6 +285,28 @@ fn zero_point_checkpoints_run_in_4_bits_as_their_dequantized_twins() {
         &twin_cfg,
         QuantFormat::Q4_1,
         4 * 2,
+    );
+    // compressed-tensors' W4A16 with zero points (`weight_zero_point`), the LM head too.
+    let q = pack_quantized(4, r#", "symmetric": false"#, "");
+    let (packed, twin) = checkpoints(&twin_cfg, 4, Scheme::PackQuantized { asym: true });
+    let dir = model_dir("ct-asym", &llama_json(&q), &packed);
+    let twin_dir = model_dir("ct-asym-twin", &llama_json(""), &twin);
+    runs_as_twin(
+        dir.path(),
+        twin_dir.path(),
+        &twin_cfg,
+        QuantFormat::Q4_1,
+        4 * 2 + 1,
+    );
+    // Its zero points missing: named.
+    let kept: Vec<Ck> = packed
+        .into_iter()
+        .filter(|t| t.name != "model.layers.1.mlp.up_proj.weight_zero_point")
+        .collect();
+    let msg = load_error(&llama_json(&q), &kept);
+    assert!(
+        msg.contains("up_proj.weight_zero_point") && msg.contains("missing"),
+        "{msg}"
     );
 }
 
@@ -384,7 +407,8 @@ fn greedy_on(
 }
 
 /// On the GPU, every packing kept in its bits (GPTQ symmetric in 4 and 8 bits and with
-/// zero points, AWQ, pack-quantized) runs in f32 as its dequantized twin runs dense.
+/// zero points, AWQ, pack-quantized with and without zero points) runs in f32 as its
+/// dequantized twin runs dense.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn packed_checkpoints_on_the_gpu_run_as_their_twins() {
@@ -427,8 +451,15 @@ fn packed_checkpoints_on_the_gpu_run_as_their_twins() {
             "ct-4",
             pack_quantized(4, "", ""),
             4,
-            Scheme::PackQuantized,
+            Scheme::PackQuantized { asym: false },
             QuantFormat::Q4_0,
+        ),
+        (
+            "ct-4-zeros",
+            pack_quantized(4, r#", "symmetric": false"#, ""),
+            4,
+            Scheme::PackQuantized { asym: true },
+            QuantFormat::Q4_1,
         ),
     ];
     for (name, q, bits, scheme, kept) in cases {

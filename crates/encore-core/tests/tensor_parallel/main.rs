@@ -422,7 +422,12 @@ fn packed_integer_checkpoints_over_2_ranks_give_one_ranks_tokens() {
             },
         ),
         ("awq", awq, 4, Scheme::Awq),
-        ("pack-quantized", ct, 8, Scheme::PackQuantized),
+        (
+            "pack-quantized",
+            ct,
+            8,
+            Scheme::PackQuantized { asym: false },
+        ),
     ] {
         let (packed, _) = checkpoints(&cfg, bits, scheme);
         let dir = model_dir(name, &json(quant), &packed);

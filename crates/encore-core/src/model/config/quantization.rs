@@ -198,7 +198,8 @@ fn kept_packed(p: IntPacking) -> Result<WeightFormats> {
 }
 
 /// `quantization_config` of a compressed-tensors checkpoint (llm-compressor): the
-/// `pack-quantized` format with integer weights of 4 or 8 bits, symmetric, per group (of a
+/// `pack-quantized` format with integer weights of 4 or 8 bits, symmetric (or with zero
+/// points at 4 bits), per group (of a
 /// multiple of 32 columns) or per channel, static, no activation quantization (W4A16,
 /// W8A16); or the `float-quantized` format, FP8 E4M3 weights per channel or per tensor
 /// (kept in FP8), activations in FP8 dynamic or static or not at all (FP8-dynamic, W8A8,
@@ -292,10 +293,12 @@ fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
             ));
         }
     }
-    if arg("symmetric").and_then(Value::as_bool) == Some(false) {
-        return refuse(
-            "config_groups.*.weights.symmetric = false is not supported (zero points)".into(),
-        );
+    let zero_points = arg("symmetric").and_then(Value::as_bool) == Some(false);
+    if zero_points && bits != 4 {
+        return refuse(format!(
+            "config_groups.*.weights.symmetric = false is not supported with num_bits = {bits} \
+             (zero points are run at 4 bits)"
+        ));
     }
     if arg("dynamic").and_then(Value::as_bool) == Some(true) {
         return refuse("config_groups.*.weights.dynamic = true is not supported".into());
@@ -328,7 +331,7 @@ fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
         bits,
         group_size,
         scheme: IntScheme::PackQuantized,
-        zero_points: false,
+        zero_points,
         lm_head,
     })
 }

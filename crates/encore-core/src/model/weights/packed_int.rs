@@ -276,11 +276,39 @@ impl PackedIntWeight {
                 scales
             }
             IntScheme::PackQuantized => {
-                if let Some((t, _)) = get("weight_zero_point") {
-                    return Err(err(
-                        &t,
-                        "is a zero point: an asymmetric packing (not supported)".into(),
-                    ));
+                // `[ceil(rows / per_word), groups]`, packed along the rows (low bits
+                // first, offset by 2^(bits-1) as the codes are): required with zero points,
+                // else every one must be the symmetric zero.
+                let zp = get("weight_zero_point");
+                if g.zero_points && zp.is_none() {
+                    let t = format!("{base}.weight_zero_point");
+                    return Err(missing(&t));
+                }
+                if let Some((t, (d, sh, b))) = zp {
+                    let zr = rows.div_ceil(per_word);
+                    expect(&t, &what, d, &sh, &[zr, groups], is_int(d))?;
+                    let mut zs = vec![0u8; groups * rows];
+                    for (i, w) in words(b).iter().enumerate() {
+                        let (rw, gr) = (i / groups, i % groups);
+                        for s in 0..per_word {
+                            let row = rw * per_word + s;
+                            let z = (w >> (s * bits)) & mask;
+                            if row >= rows {
+                                continue;
+                            }
+                            if !g.zero_points && z != zero {
+                                return Err(err(
+                                    &t,
+                                    format!(
+                                        "holds zero point {z} for row {row} of group {gr}, not \
+                                         {zero}, under symmetric = true"
+                                    ),
+                                ));
+                            }
+                            zs[gr * rows + row] = z as u8;
+                        }
+                    }
+                    zeros = g.zero_points.then_some(zs);
                 }
                 if let Some((t, (d, s, b))) = get("weight_g_idx") {
                     expect(&t, &what, d, &s, &[cols], is_int(d))?;
