@@ -172,13 +172,18 @@ fn an_fp8_checkpoint_runs_in_fp8_as_its_dequantized_twin() {
         .collect();
     assert_eq!(
         kept.len(),
-        4 * 2 + 1,
-        "q/k/v, o, gate/up, down per layer, lm_head"
+        4 * 2,
+        "q/k/v, o, gate/up, down per layer; the LM head (stored in FP8 here) is decoded"
     );
     assert!(config.weight_bytes(DType::F32) < twin_cfg.weight_bytes(DType::F32) / 2);
 
     let w = load(&config, fp8_dir.path());
     assert_eq!(w.layers[0].qkv().dtype(), DType::Q(QuantFormat::F8E4M3));
+    assert_eq!(
+        w.lm_head.dtype(),
+        DType::F32,
+        "the method leaves the LM head unquantized"
+    );
     let expected = greedy(&twin_cfg, load(&twin_cfg, twin_dir.path()));
     assert_eq!(greedy(&config, w), expected, "FP8 kept vs its twin");
 

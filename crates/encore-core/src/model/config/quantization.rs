@@ -56,6 +56,9 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
     }
     Ok(WeightFormats {
         projections: Some(encore_backend::quant::QuantFormat::F8E4M3),
+        // The LM head is not quantized by this method (transformers and vLLM keep it as
+        // stored; one stored in FP8 is decoded at load).
+        dense_lm_head: true,
         dense_partial_blocks: true,
         ..Default::default()
     })
