@@ -213,9 +213,9 @@ fn gptq_packings_encore_does_not_run_are_refused_by_name() {
     assert!(msg.contains(name) && msg.contains("zero point"), "{msg}");
 }
 
-/// A mixture of experts packed by GPTQ or AWQ (each expert's projections, as AutoGPTQ and
-/// AutoAWQ write them; the router plain): the experts load kept in 4 bits and run as the
-/// twin.
+/// A mixture of experts packed by GPTQ, AWQ or compressed-tensors (each expert's
+/// projections, as AutoGPTQ, AutoAWQ and llm-compressor write them; the router plain): the
+/// experts load kept in 4 bits and run as the twin.
 #[test]
 fn packed_mixtures_of_experts_run_as_their_dequantized_twins() {
     let json = |extra: &str| {
@@ -239,15 +239,37 @@ fn packed_mixtures_of_experts_run_as_their_dequantized_twins() {
         v2: false,
         asym: false,
     };
-    for (name, q, scheme, kept) in [
-        ("gptq-moe", gptq, gptq_scheme, QuantFormat::Q4_0),
-        ("awq-moe", awq, Scheme::Awq, QuantFormat::Q4_1),
+    // llm-compressor leaves the routers in `ignore` and packs the LM head.
+    let ct = |more: &str| {
+        pack_quantized(4, more, r#", "ignore": ["re:.*mlp.gate$"]"#).replacen(
+            r#""ignore": [], "#,
+            "",
+            1,
+        )
+    };
+    for (name, q, scheme, kept, count) in [
+        ("gptq-moe", gptq, gptq_scheme, QuantFormat::Q4_0, 4 * 2),
+        ("awq-moe", awq, Scheme::Awq, QuantFormat::Q4_1, 4 * 2),
+        (
+            "ct-moe",
+            ct(""),
+            Scheme::PackQuantized { asym: false },
+            QuantFormat::Q4_0,
+            4 * 2 + 1,
+        ),
+        (
+            "ct-moe-zeros",
+            ct(r#", "symmetric": false"#),
+            Scheme::PackQuantized { asym: true },
+            QuantFormat::Q4_1,
+            4 * 2 + 1,
+        ),
     ] {
         let (packed, twin) = checkpoints(&twin_cfg, 4, scheme);
         let dir = model_dir(name, &json(&q), &packed);
         let twin_dir = model_dir("moe-twin", &json(""), &twin);
-        // q/k/v, o, the experts' gate/up and down per layer; not the LM head
-        runs_as_twin(dir.path(), twin_dir.path(), &twin_cfg, kept, 4 * 2);
+        // q/k/v, o, the experts' gate/up and down per layer (and a packed LM head)
+        runs_as_twin(dir.path(), twin_dir.path(), &twin_cfg, kept, count);
     }
 }
 
