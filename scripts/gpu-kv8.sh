@@ -71,10 +71,13 @@ if has ncuprefill; then
 fi
 if has ncudecode; then
   # The same for a decode step at batch 512 over 1,536 cached FP8 tokens (1000/1000's
-  # steady state), graph replays profiled node by node.
+  # steady state): eager steps (profiling graph replays node by node, with every bucket's
+  # capture before them, ran past 400 s), the first LAUNCHES kernels after SKIP (the load's
+  # quantization and the cold step come first: set SKIP past them to see steps only).
   timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    --launch-skip ${SKIP:-0} --launch-count ${LAUNCHES:-3000} \
     --print-summary per-kernel "$enc" bench decode --device cuda --model dummy:llama-3-8b \
-    --quantization fp8 --batch 512 --context 1536 --steps 2 --kv-cache-dtype fp8 \
+    --quantization fp8 --batch 512 --context 1536 --steps 2 --eager --kv-cache-dtype fp8 \
     > "$OUT/ncu-decode.csv" 2>"$OUT/ncu-decode.err"
   echo "ncu decode rc=$?"
   python3 scripts/ncu_summary.py "$OUT/ncu-decode.csv" | tee "$OUT/ncu-decode.txt" | head -30
