@@ -1,6 +1,6 @@
 //! `quantization_config`: the checkpoint formats whose projections load kept quantized
-//! (FP8, GPTQ, AWQ, compressed-tensors' pack-quantized), every other method refused naming
-//! it.
+//! (FP8, GPTQ, AWQ, compressed-tensors' pack-quantized and float-quantized), every other
+//! method refused naming it.
 
 use std::path::Path;
 
@@ -12,8 +12,9 @@ use crate::model::formats::{IntPacking, IntScheme, WeightFormats};
 
 /// `quantization_config`: FP8 checkpoints (`quant_method: "fp8"`, weights in E4M3 with
 /// per-tensor scales or 128x128 blocks of `weight_scale_inv`) keep their projections in
-/// FP8; any other method is refused naming it (encore would read its packed tensors as
-/// garbage).
+/// FP8 (the LM head unquantized; projections of partial blocks dense); GPTQ, AWQ and
+/// compressed-tensors go to their parsers below; any other method is refused naming it
+/// (encore would read its packed tensors as garbage).
 pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
     let Some(obj) = f.opt_object("quantization_config")? else {
         return Ok(WeightFormats::default());
@@ -32,8 +33,8 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
         _ => {
             return Err(q.err(format!(
                 "quantization_config.quant_method = \"{method}\" is not supported (encore loads \
-                 \"fp8\", \"gptq\", \"awq\" and \"compressed-tensors\" pack-quantized \
-                 checkpoints; GGUF files carry their own block formats)"
+                 \"fp8\", \"gptq\", \"awq\" and \"compressed-tensors\" (pack-quantized, \
+                 float-quantized) checkpoints; GGUF files carry their own block formats)"
             )))
         }
     }
