@@ -22,11 +22,12 @@
 //
 // A CTA owns 128 query rows of one query head h (KV head h / group), staged once into
 // shared memory. Warp w owns rows 32w..32w+31 of the tile as two m16 tiles, so every K / V
-// fragment read from shared memory feeds two mma. S = Q K^T for 32 keys at a time (Q's A
-// and K's B fragments by ldmatrix, 4 n-tiles of 8 keys per m16 tile, f32), scaled into
-// log2 units, online softmax per row (running max / sum in f32; O is rescaled only when
+// fragment read from shared memory feeds two mma. S = Q K^T for FA_BN (32) keys at a time
+// (Q's A and K's B fragments by ldmatrix, FA_BN / 8 n-tiles of 8 keys per m16 tile, f32),
+// online softmax per row in log2 units (qscale folded into the exponent's FMA without
+// soft-capping; running max / sum in f32; O is rescaled only when
 // some row max of the warp grew), P rounded to T as the A operand of O += P V (the S
-// accumulators are exactly P's A fragments), O in f32 registers. K and V tiles of 32 keys
+// accumulators are exactly P's A fragments), O in f32 registers. K and V tiles of FA_BN keys
 // are gathered from the paged cache with 16-byte cp.async copies (zero-filled for invalid
 // keys) into FA_STAGES shared buffers with rows padded to HD + 8 elements (conflict-free
 // ldmatrix); V's B fragments come from ldmatrix.trans. Tiles j + 1 .. j + FA_STAGES - 1

@@ -130,22 +130,20 @@ pub fn checkpoints_scaled(
             Scheme::Awq => {
                 const ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
                 let ow = rows / 8;
-                let mut qweight = vec![0u32; cols * ow];
-                for c in 0..cols {
-                    for j in 0..ow {
-                        for (s, &o) in ORDER.iter().enumerate() {
-                            qweight[c * ow + j] |= codes[(8 * j + o) * cols + c] << (4 * s);
-                        }
-                    }
-                }
-                let mut qzeros = vec![0u32; groups * ow];
-                for g in 0..groups {
-                    for j in 0..ow {
-                        for (s, &o) in ORDER.iter().enumerate() {
-                            qzeros[g * ow + j] |= zero(g, 8 * j + o) << (4 * s);
-                        }
-                    }
-                }
+                // Line i's word j: outputs 8j + ORDER[s] of line i, slot s.
+                let pack = |lines: usize, v: &dyn Fn(usize, usize) -> u32| -> Vec<u32> {
+                    (0..lines * ow)
+                        .map(|k| {
+                            let (i, j) = (k / ow, k % ow);
+                            ORDER
+                                .iter()
+                                .enumerate()
+                                .fold(0, |acc, (s, &o)| acc | v(i, 8 * j + o) << (4 * s))
+                        })
+                        .collect()
+                };
+                let qweight = pack(cols, &|c, out| codes[out * cols + c]);
+                let qzeros = pack(groups, &|g, out| zero(g, out));
                 packed.push(w32("qweight", &[cols, ow], &qweight));
                 packed.push(w32("qzeros", &[groups, ow], &qzeros));
                 packed.push(Ck {

@@ -141,6 +141,16 @@ pub fn kernel_defines() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The value of kernel define `name` in `ENCORE_KERNEL_DEFINES`, or `default` (for the
+/// host's mirror of a kernel's compile-time shape).
+pub fn kernel_define(name: &str, default: usize) -> usize {
+    kernel_defines()
+        .iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Compile every kernel file for `arch` (e.g. `sm_90`), using the disk cache.
 pub fn compile_all(arch: &str) -> Result<(Vec<CompiledModule>, CompileReport)> {
     let start = Instant::now();

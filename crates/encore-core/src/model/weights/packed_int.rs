@@ -59,6 +59,54 @@ fn words(bytes: &[u8]) -> Vec<u32> {
         .collect()
 }
 
+/// Every `bits`-wide slot of the words in `bytes` (I32 or U32), low bits first, as
+/// `f(word index, slot, value)`.
+fn each_slot(bytes: &[u8], bits: usize, mut f: impl FnMut(usize, usize, u8)) {
+    let mask = (1u32 << bits) - 1;
+    for (i, w) in words(bytes).into_iter().enumerate() {
+        for s in 0..32 / bits {
+            f(i, s, ((w >> (s * bits)) & mask) as u8);
+        }
+    }
+}
+
+/// Zero points `[groups, rows]` from their packed words in `bytes`: slot `s` of word `i`
+/// holds the zero of `(group, row) = at(i, s)` (rows past `rows` are padding).
+fn zero_grid(
+    bytes: &[u8],
+    bits: usize,
+    groups: usize,
+    rows: usize,
+    at: impl Fn(usize, usize) -> (usize, usize),
+) -> Vec<u8> {
+    let mut zs = vec![0u8; groups * rows];
+    each_slot(bytes, bits, |i, s, z| {
+        let (gr, row) = at(i, s);
+        if row < rows {
+            zs[gr * rows + row] = z;
+        }
+    });
+    zs
+}
+
+/// A symmetric packing's zero points (`zs`, `[groups, rows]`, from tensor `t`) must all be
+/// `want`: an error naming the first that is not.
+fn symmetric_zeros(t: &str, zs: &[u8], rows: usize, want: u8) -> Result<()> {
+    match zs.iter().position(|&z| z != want) {
+        None => Ok(()),
+        Some(i) => Err(Error::Weights {
+            tensor: t.to_string(),
+            what: format!(
+                "holds zero point {} for row {} of group {}, not {want}, under a symmetric \
+                 config (zero points need `sym: false` / `symmetric: false` at 4 bits)",
+                zs[i],
+                i % rows,
+                i / rows
+            ),
+        }),
+    }
+}
+
 fn is_int(d: Dtype) -> bool {
     matches!(d, Dtype::I32 | Dtype::U32)
 }
@@ -177,8 +225,7 @@ impl PackedIntWeight {
                 )),
             }
         };
-        let mask = (1u32 << bits) - 1;
-        let zero = 1u32 << (bits - 1);
+        let zero = 1u8 << (bits - 1);
         let pk_want = match g.scheme {
             IntScheme::Gptq { .. } => [cols / per_word, rows],
             IntScheme::PackQuantized => [rows, cols.div_ceil(per_word)],
@@ -215,40 +262,25 @@ impl PackedIntWeight {
                     expect(&t, &what, d, &s, &[cols], is_int(d))?;
                     column_order(&t, b)?;
                 }
-                let stored = zero - zeros_minus_one as u32;
-                let mut zs = vec![0u8; if g.zero_points { groups * rows } else { 0 }];
-                for (i, w) in words(qz_bytes).iter().enumerate() {
-                    let (gr, word) = (i / zw, i % zw);
-                    for s in 0..per_word {
-                        let row = word * per_word + s;
-                        let z = (w >> (s * bits)) & mask;
-                        if row < rows && g.zero_points {
-                            // v1 stores each zero minus one (as GPTQModel converts v1 to v2,
-                            // modulo 2^bits).
-                            zs[gr * rows + row] = ((z + zeros_minus_one as u32) & mask) as u8;
-                        } else if row < rows && z != stored {
-                            return Err(err(
-                                &qzeros,
-                                format!(
-                                    "holds zero point {z} for row {row} of group {gr}, not \
-                                     {stored}: an asymmetric packing (zero points are not \
-                                     supported)"
-                                ),
-                            ));
-                        }
-                    }
+                // Word (g, j) holds rows j * per_word .. of group g.
+                let zs = zero_grid(qz_bytes, bits, groups, rows, |i, s| {
+                    (i / zw, (i % zw) * per_word + s)
+                });
+                if g.zero_points {
+                    // v1 stores each zero minus one (as GPTQModel converts v1 to v2, modulo
+                    // 2^bits).
+                    let one = zeros_minus_one as u8;
+                    let mask = ((1u16 << bits) - 1) as u8;
+                    zeros = Some(zs.iter().map(|&z| z.wrapping_add(one) & mask).collect());
+                } else {
+                    symmetric_zeros(&qzeros, &zs, rows, zero - zeros_minus_one as u8)?;
                 }
                 if unpack {
                     // Word (j, r) holds columns j * per_word .. of row r.
-                    for (i, w) in words(pk_bytes).iter().enumerate() {
-                        let (cw, row) = (i / rows, i % rows);
-                        for s in 0..per_word {
-                            codes[row * cols + cw * per_word + s] =
-                                ((w >> (s * bits)) & mask) as u8;
-                        }
-                    }
+                    each_slot(pk_bytes, bits, |i, s, q| {
+                        codes[(i % rows) * cols + (i / rows) * per_word + s] = q;
+                    });
                 }
-                zeros = g.zero_points.then_some(zs);
                 scales
             }
             IntScheme::Awq => {
@@ -256,23 +288,15 @@ impl PackedIntWeight {
                 let (scales, _, qz_bytes) = scales_and_qzeros(ow)?;
                 // Word (i, j) holds outputs 8j + AWQ_ORDER[s] of input i (qweight) or of
                 // group i (qzeros).
-                let mut zs = vec![0u8; groups * rows];
-                for (i, w) in words(qz_bytes).iter().enumerate() {
-                    let (gr, word) = (i / ow, i % ow);
-                    for (s, &o) in AWQ_ORDER.iter().enumerate() {
-                        zs[gr * rows + word * per_word + o] = ((w >> (s * bits)) & mask) as u8;
-                    }
-                }
+                let out = |i: usize, s: usize| (i % ow) * per_word + AWQ_ORDER[s];
+                zeros = Some(zero_grid(qz_bytes, bits, groups, rows, |i, s| {
+                    (i / ow, out(i, s))
+                }));
                 if unpack {
-                    for (i, w) in words(pk_bytes).iter().enumerate() {
-                        let (col, word) = (i / ow, i % ow);
-                        for (s, &o) in AWQ_ORDER.iter().enumerate() {
-                            codes[(word * per_word + o) * cols + col] =
-                                ((w >> (s * bits)) & mask) as u8;
-                        }
-                    }
+                    each_slot(pk_bytes, bits, |i, s, q| {
+                        codes[out(i, s) * cols + i / ow] = q
+                    });
                 }
-                zeros = Some(zs);
                 scales
             }
             IntScheme::PackQuantized => {
@@ -287,28 +311,13 @@ impl PackedIntWeight {
                 if let Some((t, (d, sh, b))) = zp {
                     let zr = rows.div_ceil(per_word);
                     expect(&t, &what, d, &sh, &[zr, groups], is_int(d))?;
-                    let mut zs = vec![0u8; groups * rows];
-                    for (i, w) in words(b).iter().enumerate() {
-                        let (rw, gr) = (i / groups, i % groups);
-                        for s in 0..per_word {
-                            let row = rw * per_word + s;
-                            let z = (w >> (s * bits)) & mask;
-                            if row >= rows {
-                                continue;
-                            }
-                            if !g.zero_points && z != zero {
-                                return Err(err(
-                                    &t,
-                                    format!(
-                                        "holds zero point {z} for row {row} of group {gr}, not \
-                                         {zero}, under symmetric = true"
-                                    ),
-                                ));
-                            }
-                            zs[gr * rows + row] = z as u8;
-                        }
+                    let zs = zero_grid(b, bits, groups, rows, |i, s| {
+                        (i % groups, (i / groups) * per_word + s)
+                    });
+                    match g.zero_points {
+                        true => zeros = Some(zs),
+                        false => symmetric_zeros(&t, &zs, rows, zero)?,
                     }
-                    zeros = g.zero_points.then_some(zs);
                 }
                 if let Some((t, (d, s, b))) = get("weight_g_idx") {
                     expect(&t, &what, d, &s, &[cols], is_int(d))?;
@@ -340,15 +349,12 @@ impl PackedIntWeight {
                 if unpack {
                     // Word (r, j) holds columns j * per_word .. of row r.
                     let wpr = cols.div_ceil(per_word);
-                    for (i, w) in words(pk_bytes).iter().enumerate() {
-                        let (row, cw) = (i / wpr, i % wpr);
-                        for s in 0..per_word {
-                            let c = cw * per_word + s;
-                            if c < cols {
-                                codes[row * cols + c] = ((w >> (s * bits)) & mask) as u8;
-                            }
+                    each_slot(pk_bytes, bits, |i, s, q| {
+                        let c = (i % wpr) * per_word + s;
+                        if c < cols {
+                            codes[(i / wpr) * cols + c] = q;
                         }
-                    }
+                    });
                 }
                 scales
             }

@@ -508,19 +508,11 @@ const FA_BM: usize = 128;
 /// Threads per CTA of `attention_prefill_*` (`FA_THREADS`).
 const FA_THREADS: u32 = 128;
 
-/// A kernel define's value from `ENCORE_KERNEL_DEFINES` (a measurement knob), or `default`.
-fn kernel_define(name: &str, default: usize) -> usize {
-    crate::backend::cuda::nvrtc::kernel_defines()
-        .iter()
-        .find(|(k, _)| k == name)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Keys per K/V tile (`FA_BN`) and tiles in flight (`FA_STAGES`) of `attention_prefill_*`:
 /// the kernel's defaults, or the values of those kernel defines.
 fn fa_tiles() -> (usize, usize) {
     static TILES: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    use crate::backend::cuda::nvrtc::kernel_define;
     *TILES.get_or_init(|| (kernel_define("FA_BN", 32), kernel_define("FA_STAGES", 2)))
 }
 
