@@ -80,14 +80,56 @@ QUANT_KERNELS(QFormatF8, fp8)
 // quant.rs's layout keeps a row's E4M3 bytes contiguous, so the weight is cuBLASLt's A as
 // it is (leading dimension: the row's bytes); these kernels make the rest.
 
+// Where the FP8 GEMM's x comes from: a matrix x [m, k] in T (XDense), or the gated MLP's
+// activation act_mul(act, gate_up) of gate_up [m, 2k] in T, each value rounded to T exactly
+// as silu_mul.cu's act_mul rounds it (XActMul): quantizing it here saves the activation's
+// write and read. load8 gives eight values (16-byte aligned i), load4 four (8-byte aligned),
+// as T's raw bits.
+template <typename T> struct XDense {
+    const T* x;
+    int k;
+    __device__ __forceinline__ uint4 load8(int row, int i) const {
+        return *reinterpret_cast<const uint4*>(x + (long long)row * k + i);
+    }
+    __device__ __forceinline__ uint2 load4(int row, int i) const {
+        return *reinterpret_cast<const uint2*>(x + (long long)row * k + i);
+    }
+};
+template <typename T> struct XActMul {
+    const T* gu;
+    int k, act;
+    __device__ __forceinline__ uint4 load8(int row, int i) const {
+        const T* g = gu + (long long)row * 2 * k + i;
+        float a[8], b[8];
+        Ty<T>::unpack(*reinterpret_cast<const uint4*>(g), a);
+        Ty<T>::unpack(*reinterpret_cast<const uint4*>(g + k), b);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a[e] = act_mul_f32(act, a[e], b[e]);
+        return Ty<T>::pack(a);
+    }
+    __device__ __forceinline__ uint2 load4(int row, int i) const {
+        const T* g = gu + (long long)row * 2 * k + i;
+        const uint2 ga = *reinterpret_cast<const uint2*>(g);
+        const uint2 ua = *reinterpret_cast<const uint2*>(g + k);
+        float a[4], b[4];
+        Ty<T>::unpack2(ga.x, a);
+        Ty<T>::unpack2(ga.y, a + 2);
+        Ty<T>::unpack2(ua.x, b);
+        Ty<T>::unpack2(ua.y, b + 2);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = act_mul_f32(act, a[e], b[e]);
+        return make_uint2(Ty<T>::pack2(a[0], a[1]), Ty<T>::pack2(a[2], a[3]));
+    }
+};
+
 // x [m_rows, k] in T to E4M3 xq [m_pad, k] with one f32 scale per row per 128 values,
 // stored transposed as xs [k / 128][m_pad] (cuBLASLt's VEC128_32F layout: rows contiguous):
 // scale = amax / 448 (E4M3's largest finite value), q = round-to-nearest(x / scale),
 // saturated. Rows m_rows .. m_pad and all-zero groups get zeros and scale 1. One warp per
-// (row, group): four values a lane.
-template <typename T>
-__device__ __forceinline__ void fp8_quant_rows_impl(const T* __restrict__ x,
-                                                    unsigned char* __restrict__ xq,
+// (row, group): four values a lane. fp8_act_quant_rows_* quantize the MLP's activation
+// (XActMul, k = inter) the same way.
+template <typename T, class X>
+__device__ __forceinline__ void fp8_quant_rows_impl(const X src, unsigned char* __restrict__ xq,
                                                     float* __restrict__ xs, int m_rows,
                                                     int m_pad, int k) {
     const int lane = threadIdx.x & 31;
@@ -100,8 +142,7 @@ __device__ __forceinline__ void fp8_quant_rows_impl(const T* __restrict__ x,
         float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (row < m_rows) {
             // Four values in one 8-byte load (x rows are 16-byte aligned, k % 128 == 0).
-            const uint2 raw = *reinterpret_cast<const uint2*>(x + (long long)row * k + g * 128 +
-                                                              lane * 4);
+            const uint2 raw = src.load4(row, g * 128 + lane * 4);
             Ty<T>::unpack2(raw.x, v);
             Ty<T>::unpack2(raw.y, v + 2);
         }
@@ -123,7 +164,12 @@ __device__ __forceinline__ void fp8_quant_rows_impl(const T* __restrict__ x,
     extern "C" __global__ void __launch_bounds__(256) fp8_quant_rows_##TN(                   \
         const T* x, unsigned char* xq, float* xs, int m_rows, int m_pad, int k) {            \
         pdl_enter();                                                                          \
-        fp8_quant_rows_impl<T>(x, xq, xs, m_rows, m_pad, k);                                  \
+        fp8_quant_rows_impl<T>(XDense<T>{x, k}, xq, xs, m_rows, m_pad, k);                   \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) fp8_act_quant_rows_##TN(               \
+        const T* gu, unsigned char* xq, float* xs, int m_rows, int m_pad, int k, int act) {  \
+        pdl_enter();                                                                          \
+        fp8_quant_rows_impl<T>(XActMul<T>{gu, k, act}, xq, xs, m_rows, m_pad, k);            \
     }
 FP8_QUANT_ROWS(bf16, bf16)
 FP8_QUANT_ROWS(f16, f16)
@@ -165,7 +211,9 @@ extern "C" __global__ void __launch_bounds__(256)
 // the row's amax / 448, q = round-to-nearest(x / scale), saturated; rows m_rows .. m_pad and
 // all-zero rows get zeros and scale 1. One CTA (256 threads) a row, eight values a thread per
 // 16-byte load (k % 128 == 0, rows 16-byte aligned): a row of up to FQT_HELD * 2048 values
-// is read once and held in registers for its amax, a longer one is read twice.
+// is read once and held in registers for its amax, a longer one is read twice. x is any
+// source above (fp8_quant_tokens_*: a matrix; fp8_act_quant_tokens_*: the MLP's activation,
+// k = inter).
 #define FQT_HELD 8
 
 // The E4M3 bytes of eight values times inv.
@@ -191,16 +239,14 @@ __device__ __forceinline__ float fqt_amax8(const uint4& raw) {
     return a;
 }
 
-template <typename T>
-__device__ __forceinline__ void fp8_quant_tokens_impl(const T* __restrict__ x,
-                                                      unsigned char* __restrict__ xq,
+template <typename T, class X>
+__device__ __forceinline__ void fp8_quant_tokens_impl(const X src, unsigned char* __restrict__ xq,
                                                       float* __restrict__ xs, int m_rows,
                                                       int m_pad, int k) {
     __shared__ float warp_max[8];
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const bool held = k <= FQT_HELD * 2048;
     for (int row = blockIdx.x; row < m_pad; row += gridDim.x) {
-        const T* xr = x + (long long)row * k;
         unsigned char* qr = xq + (long long)row * k;
         if (row >= m_rows) {
             for (int i = tid * 8; i < k; i += 2048) *reinterpret_cast<uint2*>(qr + i) = make_uint2(0u, 0u);
@@ -213,12 +259,12 @@ __device__ __forceinline__ void fp8_quant_tokens_impl(const T* __restrict__ x,
 #pragma unroll
             for (int j = 0; j < FQT_HELD; ++j) {
                 const int i = tid * 8 + j * 2048;
-                r[j] = i < k ? *reinterpret_cast<const uint4*>(xr + i) : make_uint4(0u, 0u, 0u, 0u);
+                r[j] = i < k ? src.load8(row, i) : make_uint4(0u, 0u, 0u, 0u);
                 amax = fmaxf(amax, fqt_amax8<T>(r[j]));
             }
         } else {
             for (int i = tid * 8; i < k; i += 2048)
-                amax = fmaxf(amax, fqt_amax8<T>(*reinterpret_cast<const uint4*>(xr + i)));
+                amax = fmaxf(amax, fqt_amax8<T>(src.load8(row, i)));
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
@@ -242,7 +288,7 @@ __device__ __forceinline__ void fp8_quant_tokens_impl(const T* __restrict__ x,
             }
         } else {
             for (int i = tid * 8; i < k; i += 2048) {
-                Ty<T>::unpack(*reinterpret_cast<const uint4*>(xr + i), v);
+                Ty<T>::unpack(src.load8(row, i), v);
                 *reinterpret_cast<uint2*>(qr + i) = fqt_pack8(v, inv);
             }
         }
@@ -253,7 +299,12 @@ __device__ __forceinline__ void fp8_quant_tokens_impl(const T* __restrict__ x,
     extern "C" __global__ void __launch_bounds__(256) fp8_quant_tokens_##TN(                 \
         const T* x, unsigned char* xq, float* xs, int m_rows, int m_pad, int k) {            \
         pdl_enter();                                                                          \
-        fp8_quant_tokens_impl<T>(x, xq, xs, m_rows, m_pad, k);                                \
+        fp8_quant_tokens_impl<T>(XDense<T>{x, k}, xq, xs, m_rows, m_pad, k);                 \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) fp8_act_quant_tokens_##TN(             \
+        const T* gu, unsigned char* xq, float* xs, int m_rows, int m_pad, int k, int act) {  \
+        pdl_enter();                                                                          \
+        fp8_quant_tokens_impl<T>(XActMul<T>{gu, k, act}, xq, xs, m_rows, m_pad, k);          \
     }
 FP8_QUANT_TOKENS(bf16, bf16)
 FP8_QUANT_TOKENS(f16, f16)

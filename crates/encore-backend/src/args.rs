@@ -427,6 +427,24 @@ impl Sampling<'_> {
     }
 }
 
+/// A dense gated MLP for `m` token rows (see `Backend::mlp`): `out = act_mul(act, x ·
+/// gate_upᵀ) · downᵀ`.
+pub struct Mlp<'a> {
+    pub act: Activation,
+    /// T `[m, hidden]`: the normed hidden rows.
+    pub x: &'a Tensor,
+    /// Weights, T or quantized: `[2 * inter, hidden]` (gate rows, then up rows) and
+    /// `[n, inter]`.
+    pub gate_up: &'a Tensor,
+    pub down: &'a Tensor,
+    /// Scratch, T `[m, 2 * inter]` and T `[m, inter]`: the gate/up product and the
+    /// activation, where the backend materialises them (contents afterwards unspecified).
+    pub gate_up_out: &'a Tensor,
+    pub act_out: &'a Tensor,
+    /// T `[m, n]`.
+    pub out: &'a Tensor,
+}
+
 /// A sparse MLP layer's experts for `n` token rows (see `Backend::moe`): route each row
 /// (softmax of its router logits in f32, the `top_k` most probable experts, ties to the
 /// lower index, renormalised to sum to 1 when `renormalize`), then sum the chosen

@@ -32,7 +32,7 @@ pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Activation, Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Moe, Penalties,
+    Activation, Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Mlp, Moe, Penalties,
     QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 
@@ -271,6 +271,15 @@ pub trait Backend: Send + Sync {
     ) -> Result<()> {
         self.matmul(x, w, None, gate_up)?;
         self.act_mul(act, gate_up, out)
+    }
+
+    /// A dense gated MLP ([`Mlp`]): [`Backend::matmul_act_mul`] then the down
+    /// [`Backend::matmul`], with exactly their roundings (the default is those two ops). CUDA
+    /// quantizes the activation straight into the FP8 GEMM's operand where that GEMM runs
+    /// the down projection, so the activation is never written in T.
+    fn mlp(&self, a: &Mlp<'_>) -> Result<()> {
+        self.matmul_act_mul(a.act, a.x, a.gate_up, a.gate_up_out, a.act_out)?;
+        self.matmul(a.act_out, a.down, None, a.out)
     }
 
     /// Whether [`Backend::moe`] runs here, dense and quantized experts alike (a model with

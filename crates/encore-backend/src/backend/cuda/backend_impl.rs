@@ -346,6 +346,29 @@ impl Backend for CudaBackend {
         self.act_mul(act, gate_up, out)
     }
 
+    fn mlp(&self, a: &Mlp<'_>) -> Result<()> {
+        let named = [("x", a.x), ("gate_up", a.gate_up), ("down", a.down)];
+        self.check_device("mlp", &named)?;
+        let scratch = [("gate_up_out", a.gate_up_out), ("act_out", a.act_out)];
+        self.check_device("mlp", &scratch)?;
+        self.check_device("mlp", &[("out", a.out)])?;
+        ops::check_matmul(a.x, a.gate_up, None, a.gate_up_out)?;
+        ops::check_silu_mul(a.gate_up_out, a.act_out)?;
+        let d = ops::check_matmul(a.act_out, a.down, None, a.out)?;
+        // The activation fused into the down projection's FP8 operand (m > 1: one row takes
+        // the gemvs with the activation in their epilogue).
+        if d.m > 1 && !self.skip_ops.matmul && matches!(a.down.dtype(), DType::Q(_)) {
+            self.matmul(a.x, a.gate_up, None, a.gate_up_out)?;
+            if kernels::quant::act_mul_matmul(self, a.act, a.gate_up_out, a.down, a.out, &d)? {
+                return Ok(());
+            }
+            self.act_mul(a.act, a.gate_up_out, a.act_out)?;
+            return self.matmul(a.act_out, a.down, None, a.out);
+        }
+        self.matmul_act_mul(a.act, a.x, a.gate_up, a.gate_up_out, a.act_out)?;
+        self.matmul(a.act_out, a.down, None, a.out)
+    }
+
     fn scale(&self, x: &Tensor, s: f32) -> Result<()> {
         self.check_device("scale", &[("x", x)])?;
         ops::check_scale(x)?;

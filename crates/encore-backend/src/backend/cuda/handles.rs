@@ -173,6 +173,9 @@ pub(super) struct Kernels<K = Kernel> {
     pub fp8_weight_scales: K,
     pub fp8_quant_tokens: [K; 2],
     pub fp8_row_scales: K,
+    /// The same quantizations of the gated MLP's activation, computed from gate_up.
+    pub fp8_act_quant_rows: [K; 2],
+    pub fp8_act_quant_tokens: [K; 2],
     pub sample_f32: K,
     pub logit_bias_f32: K,
     pub penalty_count_i32: K,
@@ -330,6 +333,11 @@ impl<K> Kernels<K> {
             fp8_weight_scales: t("fp8_weight_scales")?,
             fp8_quant_tokens: [t("fp8_quant_tokens_bf16")?, t("fp8_quant_tokens_f16")?],
             fp8_row_scales: t("fp8_row_scales")?,
+            fp8_act_quant_rows: [t("fp8_act_quant_rows_bf16")?, t("fp8_act_quant_rows_f16")?],
+            fp8_act_quant_tokens: [
+                t("fp8_act_quant_tokens_bf16")?,
+                t("fp8_act_quant_tokens_f16")?,
+            ],
             sample_f32: t("sample_f32")?,
             logit_bias_f32: t("logit_bias_f32")?,
             penalty_count_i32: t("penalty_count_i32")?,
@@ -399,6 +407,17 @@ impl<K> Kernels<K> {
             &self.fp8_quant_tokens[xi]
         } else {
             &self.fp8_quant_rows[xi]
+        })
+    }
+
+    /// `fp8_act_quant_rows_<x>` or `fp8_act_quant_tokens_<x>` (`rows`): as
+    /// [`Kernels::fp8_quant_rows`], of the gated MLP's activation.
+    pub(super) fn fp8_act_quant(&self, x: DType, rows: bool) -> Result<&K> {
+        let (xi, _) = qmma_types(x, x, "matmul (FP8 GEMM)")?;
+        Ok(if rows {
+            &self.fp8_act_quant_tokens[xi]
+        } else {
+            &self.fp8_act_quant_rows[xi]
         })
     }
 

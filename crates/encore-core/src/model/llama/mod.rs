@@ -10,8 +10,9 @@
 mod buffers;
 mod eagle;
 mod skew;
+mod sparse;
 
-use crate::backend::{Activation, Attention, Backend, ExpertPrefetch, Moe, QkvRope};
+use crate::backend::{Attention, Backend, Mlp, QkvRope};
 use crate::error::{Error, Result};
 use crate::graph::StepHooks;
 use crate::kv::KvCache;
@@ -465,126 +466,37 @@ impl Model {
             }
             match (l.router(), &c.moe) {
                 (Some(router), Some(moe)) => {
-                    // A sparse layer: the router, then the chosen experts. `GateUp` reads,
-                    // in declaration order, the router, the experts' gate/up and down, then
-                    // the shared expert's gate/up and gate; `Down` the shared expert's down
-                    // (so everything a backend call reads is resident during it).
-                    let (router, gate_up, down, shared_gu) =
-                        match self.enter(at(LayerOp::GateUp))? {
-                            None => (
-                                router.clone(),
-                                l.gate_up().clone(),
-                                l.down().clone(),
-                                l.shared().map(|s| (s.gate_up, s.gate)),
-                            ),
-                            Some(v) => {
-                                let mut it = v.into_iter();
-                                let router = it.next().expect("the router is read first");
-                                let gate_up = it.next().expect("then the experts' gate/up");
-                                let down = it.next().expect("then the experts' down");
-                                let shared = l.shared().map(|_| {
-                                    let gu = it.next().expect("then the shared expert's gate/up");
-                                    (gu, it.next().expect("and its gate"))
-                                });
-                                (router, gate_up, down, shared)
-                            }
-                        };
-                    let n = buf.normed.dim(0);
-                    let logits = buf.router_logits.prefix(n)?;
-                    be.matmul(&buf.normed, &router, None, &logits)?;
-                    if let Some(r) = &self.router_table {
-                        be.copy(&r.window.narrow(k - 1, n)?, &logits)?;
-                    }
-                    let mut cache = self.offload.as_ref().and_then(|o| o.expert_cache(k - 1));
-                    let (pf_logits, pf_ids, pf_weights) = (
-                        buf.prefetch_logits.prefix(n)?,
-                        buf.prefetch_ids.prefix(n)?,
-                        buf.prefetch_weights.prefix(n)?,
-                    );
-                    let next_sparse = (k..layers.len()).find(|&j| layers[j].router().is_some());
-                    // Successive prefetches alternate between two rows of fills.
-                    let fills = match (&self.offload, next_sparse) {
-                        (Some(o), Some(j)) => {
-                            let nth = layers[..j].iter().filter(|l| l.router().is_some()).count();
-                            o.expert_prefetch_fills(nth).transpose()?
-                        }
-                        _ => None,
-                    };
-                    if let (Some(c), Some(fills), Some(j)) =
-                        (cache.as_mut(), fills.as_ref(), next_sparse)
-                    {
-                        // Pre-gated: layer j's router applied to this layer's input
-                        // predicts j's experts, fetched while this layer's run.
-                        let next = &layers[j];
-                        match self
-                            .router_table
-                            .as_ref()
-                            .and_then(|r| r.predicted.as_ref())
-                        {
-                            Some((_, p)) => be.copy(&p.narrow(j, n)?, &pf_logits)?,
-                            None => {
-                                let router = next.router().expect("a sparse layer");
-                                be.matmul(&buf.normed, router, None, &pf_logits)?
-                            }
-                        }
-                        c.prefetch = Some(ExpertPrefetch {
-                            layer: j,
-                            logits: &pf_logits,
-                            ids: &pf_ids,
-                            weights: &pf_weights,
-                            gate_up: next.gate_up(),
-                            down: next.down(),
-                            fills,
-                        });
-                    }
-                    be.moe(&Moe {
-                        x: &buf.normed,
-                        logits: &logits,
-                        top_k: moe.top_k,
-                        renormalize: moe.norm_topk_prob,
-                        gate_up: &gate_up,
-                        down: &down,
-                        ids: &buf.moe_ids.prefix(n)?,
-                        weights: &buf.moe_weights.prefix(n)?,
-                        out: &buf.hidden,
-                        scratch: &buf.moe_act.prefix(n * moe.top_k)?,
-                        workspace: &buf.moe_work,
-                        cache,
-                    })?;
-                    // The shared expert (Qwen2-MoE): its MLP, scaled by the sigmoid of its
-                    // gate, added to the routed experts' sum.
-                    let shared = match shared_gu {
-                        Some((gu, gate)) => {
-                            let (sgu, sact) =
-                                (buf.shared_gate_up.prefix(n)?, buf.shared_act.prefix(n)?);
-                            be.matmul_act_mul(Activation::Silu, &buf.normed, &gu, &sgu, &sact)?;
-                            let g = buf.shared_gate.prefix(n)?;
-                            be.matmul(&buf.normed, &gate, None, &g)?;
-                            Some((sact, g))
-                        }
-                        None => None,
-                    };
-                    let shared_down = match self.enter(at(LayerOp::Down))? {
-                        None => l.shared().map(|s| s.down),
-                        Some(v) => v.into_iter().next(),
-                    };
-                    if let (Some((sact, g)), Some(sd)) = (shared, shared_down) {
-                        let sout = buf.shared_out.prefix(n)?;
-                        be.matmul(&sact, &sd, None, &sout)?;
-                        be.sigmoid_gate_add(&buf.hidden, &g, &sout)?;
-                    }
+                    self.sparse_mlp(be, buf, k - 1, router, moe)?;
                     reduce()?;
                 }
                 _ => {
                     let gate_up = one(at(LayerOp::GateUp), l.gate_up())?;
                     let (act, normed) = (c.hidden_act, &buf.normed);
-                    be.matmul_act_mul(act, normed, &gate_up, &buf.gate_up, &buf.act)?;
+                    // The whole MLP as one backend op (CUDA fuses the activation into the
+                    // down projection's FP8 operand), unless the down projection waits
+                    // for the norm after it or offload announces it after the gate/up.
+                    let whole = !fused_down && self.offload.is_none();
+                    if !whole {
+                        be.matmul_act_mul(act, normed, &gate_up, &buf.gate_up, &buf.act)?;
+                    }
                     let (down, out_norm) =
                         with_second(self.enter(at(LayerOp::Down))?, l.down(), l.mlp_out_norm());
                     if fused_down {
                         down_pending = Some(down);
                     } else {
-                        be.matmul(&buf.act, &down, None, &buf.hidden)?;
+                        if whole {
+                            be.mlp(&Mlp {
+                                act,
+                                x: normed,
+                                gate_up: &gate_up,
+                                down: &down,
+                                gate_up_out: &buf.gate_up,
+                                act_out: &buf.act,
+                                out: &buf.hidden,
+                            })?;
+                        } else {
+                            be.matmul(&buf.act, &down, None, &buf.hidden)?;
+                        }
                         reduce()?;
                         out_norm_pending = out_norm;
                     }

@@ -286,6 +286,52 @@ fn fp8_layout(d: &MatmulDims, out: DType, rows: bool) -> (usize, usize, usize, u
     (xq, xs, ws, if m_pad == d.m { 0 } else { staged }, end)
 }
 
+/// The FP8 GEMM's x, quantized by the GEMM's first kernel: a matrix `[m, k]`, or the
+/// gated MLP's activation `act_mul(act, gate_up)` of gate_up `[m, 2 k]` (`fp8_act_quant_*`:
+/// the activation is never written in bf16).
+#[derive(Clone, Copy)]
+enum Fp8X<'a> {
+    Dense(&'a Tensor),
+    ActMul(Activation, &'a Tensor),
+}
+
+impl Fp8X<'_> {
+    fn tensor(&self) -> &Tensor {
+        match self {
+            Fp8X::Dense(t) | Fp8X::ActMul(_, t) => t,
+        }
+    }
+}
+
+/// `out = act_mul(act, gate_up) · decode(w)ᵀ` through the FP8 GEMM with the activation
+/// quantized straight from gate_up (its values rounded to T as `act_mul` rounds them, so
+/// the result is the unfused ops'), when that GEMM runs it: `Ok(false)` (nothing done)
+/// otherwise. The caller checked the shapes `d` (x = the activation `[m, inter]`).
+pub(in crate::backend::cuda) fn act_mul_matmul(
+    be: &CudaBackend,
+    act: Activation,
+    gate_up: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<bool> {
+    let DType::Q(fmt) = w.dtype() else {
+        return Ok(false);
+    };
+    if d.m == 0 || d.n == 0 || !aligned16(w) || qgemv_fits(be, fmt, gate_up, w, d) {
+        return Ok(false);
+    }
+    if be.quant_gemm() != QuantGemm::Auto {
+        return Ok(false);
+    }
+    let scratch = lock(be);
+    if !fp8_fits(fmt, gate_up, out, false, d, scratch.len()) {
+        return Ok(false);
+    }
+    fp8_gemm(be, &scratch, Fp8X::ActMul(act, gate_up), w, None, out, d)?;
+    Ok(true)
+}
+
 /// Whether the FP8 GEMM runs this matmul: an FP8 weight, x in bf16 or f16, out in x's
 /// type or f32 (a bias only with out in x's type), n a multiple of 8 (cuBLASLt's FP8
 /// kernels), the operands within `scratch` bytes.
@@ -319,7 +365,7 @@ fn fp8_fits(
 fn fp8_gemm(
     be: &CudaBackend,
     scratch: &DequantScratch,
-    x: &Tensor,
+    x: Fp8X<'_>,
     w: &Tensor,
     bias: Option<&Tensor>,
     out: &Tensor,
@@ -331,7 +377,6 @@ fn fp8_gemm(
     let (xq, xs, ws, staged, _) = fp8_layout(d, out.dtype(), rows);
     let (xq, xs, ws) = (base + xq as u64, base + xs as u64, base + ws as u64);
     let m_pad = d.m.div_ceil(4) * 4;
-    let xp = dptr(x);
     let (m, mp, k) = (int(OP, "m", d.m)?, int(OP, "m", m_pad)?, int(OP, "k", d.k)?);
     // A CTA a row (row-wise), or a warp per row and 128 values.
     let ctas = if rows {
@@ -340,11 +385,20 @@ fn fp8_gemm(
         (m_pad * (d.k / 128)).div_ceil(8)
     };
     let c = cfg((grid_x(OP, "CTAs", ctas.min(1 << 16))?, 1, 1), (256, 1, 1));
-    be.launch(
-        be.kernels().fp8_quant_rows(x.dtype(), rows)?,
-        c,
-        &mut args![xp, xq, xs, m, mp, k],
-    )?;
+    let kn = be.kernels();
+    let dt = x.tensor().dtype();
+    match x {
+        Fp8X::Dense(x) => {
+            let xp = dptr(x);
+            let f = kn.fp8_quant_rows(dt, rows)?;
+            be.launch(f, c, &mut args![xp, xq, xs, m, mp, k])?
+        }
+        Fp8X::ActMul(act, gate_up) => {
+            let (gp, a) = (dptr(gate_up), act.code());
+            let f = kn.fp8_act_quant(dt, rows)?;
+            be.launch(f, c, &mut args![gp, xq, xs, m, mp, k, a])?
+        }
+    }
     let wp = dptr(w);
     let n = int(OP, "n", d.n)?;
     if rows {
@@ -365,7 +419,7 @@ fn fp8_gemm(
             m: m_pad,
             n: d.n,
             k: d.k,
-            dtype: x.dtype(),
+            dtype: dt,
             out_dtype: out.dtype(),
             x: xq,
             w: wp,
@@ -424,7 +478,7 @@ pub(in crate::backend::cuda) fn matmul(
     if mode == QuantGemm::Auto && fmt == QuantFormat::F8E4M3 {
         let scratch = lock(be);
         if fp8_fits(fmt, x, out, bias.is_some(), d, scratch.len()) {
-            return fp8_gemm(be, &scratch, x, w, bias, out, d);
+            return fp8_gemm(be, &scratch, Fp8X::Dense(x), w, bias, out, d);
         }
     }
     let mma = match mode {

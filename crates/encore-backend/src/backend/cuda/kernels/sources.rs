@@ -727,6 +727,10 @@ pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
             "fp8_quant_tokens_bf16",
             "fp8_quant_tokens_f16",
             "fp8_row_scales",
+            "fp8_act_quant_rows_bf16",
+            "fp8_act_quant_rows_f16",
+            "fp8_act_quant_tokens_bf16",
+            "fp8_act_quant_tokens_f16",
         ],
     },
     KernelSource {

@@ -1,0 +1,278 @@
+//! GPU tests (`#[ignore = "needs a CUDA device"]`; run with `--include-ignored` on the GPU
+//! machine): the dense MLP op (`Backend::mlp`). Where the FP8 GEMM runs the down projection,
+//! CUDA quantizes the activation straight from the gate/up product into that GEMM's operand
+//! (`fp8_act_quant_{rows,tokens}_*`): its result must be the unfused ops' (`matmul_act_mul`,
+//! then `matmul`) bit for bit, with the activation buffer never written; elsewhere (one row,
+//! another format) the op is the unfused ops. Both block-scaled (per 128 values, below
+//! `FP8_ROWWISE_MIN_ROWS` rows or with 128-value weight scales) and row-wise x, every
+//! activation, bf16 and f16, and inside a captured graph.
+
+use encore_backend::backend::cpu::CpuBackend;
+use encore_backend::backend::cuda::{CudaBackend, FP8_ROWWISE_MIN_ROWS};
+use encore_backend::backend::{Activation, Mlp};
+use encore_backend::quant::{self, QuantFormat};
+use encore_backend::testing::compare::{tolerance, OpClass};
+use encore_backend::{Backend, DType, Tensor};
+
+/// Seeded values in [-1, 1) (xorshift), every 37th four times larger so that scales differ.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let v = ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0;
+            if i % 37 == 0 {
+                4.0 * v
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// A random `[n, k]` weight in `fmt` on `be`: FP8 with one scale a row (marked so: the
+/// row-wise GEMM) or one per 128 values.
+fn weight(be: &dyn Backend, fmt: QuantFormat, n: usize, k: usize, rows: bool, seed: u64) -> Tensor {
+    let v: Vec<f32> = values(n * k, seed)
+        .iter()
+        .map(|x| x / (k as f32).sqrt())
+        .collect();
+    let mut bytes = vec![0u8; fmt.bytes(n, k).unwrap()];
+    if rows {
+        quant::quantize_rows(fmt, &v, k, &mut bytes);
+    } else {
+        quant::quantize_rows_by_block(fmt, &v, k, &mut bytes);
+    }
+    let w = be.alloc(DType::Q(fmt), &[n, k]).unwrap();
+    be.write_bytes(&w, &bytes).unwrap();
+    if fmt == QuantFormat::F8E4M3 && rows {
+        assert!(quant::rows_share_one_scale(fmt, k, &bytes));
+        w.with_row_scale()
+    } else {
+        w
+    }
+}
+
+/// One MLP's tensors on a backend.
+struct Run {
+    x: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    gu_out: Tensor,
+    act_out: Tensor,
+    out: Tensor,
+}
+
+/// The bytes `act_out` holds before a call: a fused call leaves them.
+const POISON: u8 = 0x5A;
+
+struct Shape {
+    m: usize,
+    hidden: usize,
+    inter: usize,
+    dt: DType,
+    act: Activation,
+    /// The formats of gate/up and down, and whether FP8 weights hold one scale a row.
+    fmt: (QuantFormat, QuantFormat),
+    rows: bool,
+}
+
+impl Shape {
+    fn name(&self) -> String {
+        format!(
+            "m={} hidden={} inter={} {} {} {}/{}{}",
+            self.m,
+            self.hidden,
+            self.inter,
+            self.dt,
+            self.act.hf_name(),
+            self.fmt.0,
+            self.fmt.1,
+            if self.rows { " row-scaled" } else { "" }
+        )
+    }
+
+    /// Whether CUDA fuses the activation into the down projection's FP8 operand.
+    fn fused(&self) -> bool {
+        self.m > 1 && self.fmt.1 == QuantFormat::F8E4M3 && self.dt != DType::F32
+    }
+
+    fn alloc(&self, be: &dyn Backend, seed: u64) -> Run {
+        let (m, h, i) = (self.m, self.hidden, self.inter);
+        let run = Run {
+            x: be
+                .upload_f32_as(&values(m * h, seed), &[m, h], self.dt)
+                .unwrap(),
+            gate_up: weight(be, self.fmt.0, 2 * i, h, self.rows, seed + 1),
+            down: weight(be, self.fmt.1, h, i, self.rows, seed + 2),
+            gu_out: be.alloc(self.dt, &[m, 2 * i]).unwrap(),
+            act_out: be.alloc(self.dt, &[m, i]).unwrap(),
+            out: be.alloc(self.dt, &[m, h]).unwrap(),
+        };
+        let act_bytes = run.act_out.size_bytes();
+        be.write_bytes(&run.act_out, &vec![POISON; act_bytes])
+            .unwrap();
+        run
+    }
+
+    fn mlp(&self, be: &dyn Backend, r: &Run) {
+        be.mlp(&Mlp {
+            act: self.act,
+            x: &r.x,
+            gate_up: &r.gate_up,
+            down: &r.down,
+            gate_up_out: &r.gu_out,
+            act_out: &r.act_out,
+            out: &r.out,
+        })
+        .unwrap_or_else(|e| panic!("{}: {e}", self.name()));
+    }
+
+    fn unfused(&self, be: &dyn Backend, r: &Run) {
+        be.matmul_act_mul(self.act, &r.x, &r.gate_up, &r.gu_out, &r.act_out)
+            .unwrap();
+        be.matmul(&r.act_out, &r.down, None, &r.out).unwrap();
+    }
+}
+
+fn bits(be: &dyn Backend, t: &Tensor) -> Vec<u32> {
+    be.download_f32(t)
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+/// The normalised error of `got` against `want`.
+fn normalised(got: &[f32], want: &[f32]) -> f64 {
+    let (mut d, mut n) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        d += (g as f64 - w as f64).powi(2);
+        n += (w as f64).powi(2);
+    }
+    (d / n.max(1e-30)).sqrt()
+}
+
+fn shapes() -> Vec<Shape> {
+    let f8 = QuantFormat::F8E4M3;
+    let r = FP8_ROWWISE_MIN_ROWS;
+    let mut out = Vec::new();
+    for (dt, act) in [
+        (DType::BF16, Activation::Silu),
+        (DType::F16, Activation::GeluTanh),
+        (DType::BF16, Activation::Gelu),
+        (DType::F16, Activation::Relu2),
+    ] {
+        // (m, hidden, inter, formats, row-scaled): per-128 x at 2..r rows or with block
+        // weight scales; per-token x from r rows (inter past FQT_HELD * 2048 values once:
+        // the row read twice); one row (the gemvs) and a Q8_0 down (the unfused ops).
+        for (m, hidden, inter, fmt, rows) in [
+            (2, 256, 384, (f8, f8), true),
+            (7, 128, 640, (f8, f8), false),
+            (64, 384, 512, (f8, f8), true),
+            (r - 1, 256, 384, (f8, f8), true),
+            (r, 256, 384, (f8, f8), true),
+            (300, 512, 1280, (f8, f8), true),
+            (300, 256, 384, (f8, f8), false),
+            (1024, 256, 640, (QuantFormat::Q4K, f8), true),
+            (161, 128, 16384 + 256, (f8, f8), true),
+            (1, 256, 384, (f8, f8), true),
+            (64, 256, 384, (f8, QuantFormat::Q8_0), true),
+        ] {
+            out.push(Shape {
+                m,
+                hidden,
+                inter,
+                dt,
+                act,
+                fmt,
+                rows,
+            });
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fp8_mlp_fuses_the_activation_bit_for_bit() {
+    let gpu = CudaBackend::new(0).unwrap();
+    gpu.reserve_dequant_scratch(256 << 20).unwrap();
+    let gpu: &dyn Backend = &gpu;
+    let cpu = CpuBackend::new();
+    let cpu: &dyn Backend = &cpu;
+    let mut fused = 0;
+    for (i, s) in shapes().iter().enumerate() {
+        let seed = 100 * i as u64;
+        let (a, b) = (s.alloc(gpu, seed), s.alloc(gpu, seed));
+        s.mlp(gpu, &a);
+        s.unfused(gpu, &b);
+        let name = s.name();
+        let (got, want) = (bits(gpu, &a.out), bits(gpu, &b.out));
+        let differ = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        assert_eq!(
+            differ,
+            0,
+            "{name}: {differ} of {} outputs differ",
+            got.len()
+        );
+        let mut act = vec![0u8; a.act_out.size_bytes()];
+        gpu.read_bytes(&a.act_out, &mut act).unwrap();
+        if s.fused() {
+            assert!(
+                act.iter().all(|&v| v == POISON),
+                "{name}: the fused MLP wrote its activation"
+            );
+            fused += 1;
+        } else {
+            assert_eq!(bits(gpu, &a.act_out), bits(gpu, &b.act_out), "{name}");
+        }
+        // And near the CPU's exact decode (the GPU's x is quantized to E4M3).
+        let c = s.alloc(cpu, seed);
+        s.mlp(cpu, &c);
+        let (g, w) = (
+            gpu.download_f32(&a.out).unwrap(),
+            cpu.download_f32(&c.out).unwrap(),
+        );
+        let (err, tol) = (normalised(&g, &w), tolerance(OpClass::Fp8Activations, s.dt));
+        assert!(
+            err <= tol,
+            "{name}: normalised error {err:.3e} > {tol:.1e} vs the CPU"
+        );
+    }
+    assert!(fused >= 30, "{fused} shapes fused");
+}
+
+/// The fused op inside a captured graph replays as it runs eagerly, on new x.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fp8_mlp_captures_and_replays() {
+    let gpu = CudaBackend::new(0).unwrap();
+    gpu.reserve_dequant_scratch(256 << 20).unwrap();
+    let gpu: &dyn Backend = &gpu;
+    for m in [48, 2 * FP8_ROWWISE_MIN_ROWS] {
+        let s = Shape {
+            m,
+            hidden: 256,
+            inter: 768,
+            dt: DType::BF16,
+            act: Activation::Silu,
+            fmt: (QuantFormat::F8E4M3, QuantFormat::F8E4M3),
+            rows: true,
+        };
+        let r = s.alloc(gpu, 7);
+        gpu.begin_capture().unwrap();
+        s.mlp(gpu, &r);
+        let graph = gpu.end_capture().unwrap();
+        let x2 = gpu
+            .upload_f32_as(&values(m * 256, 99), &[m, 256], DType::BF16)
+            .unwrap();
+        gpu.copy(&x2, &r.x).unwrap();
+        graph.replay().unwrap();
+        let replayed = bits(gpu, &r.out);
+        s.mlp(gpu, &r);
+        assert_eq!(replayed, bits(gpu, &r.out), "m={m}");
+    }
+}

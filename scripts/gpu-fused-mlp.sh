@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The MLP's activation fused into the down projection's FP8 operand (Backend::mlp) on the
+# GPU, with `encore` carried as .gpu/encore.xz, the build before it as .gpu/encore-old.xz
+# and test binaries as .gpu/exp/<name>.xz (stripped, made on the build machine):
+#   tests    every carried test binary with --include-ignored (TESTS filters by name);
+#   info     `encore info` (every CUDA kernel against the CPU, graph replay against eager);
+#   prefill  the 8B FP8 prefill step (4 x 2048 tokens, FP8 KV, eager), old and new binaries
+#            alternated ROUNDS times;
+#   decode   the 8B FP8 decode step at batch 1024 over 1,536 cached FP8 tokens (graphs), the
+#            same alternation.
+# Logs go to $OUT.
+#   usage: [TESTS="cuda_mlp cuda_quant"] [ROUNDS=2] bash scripts/gpu-fused-mlp.sh tests,info,prefill,decode
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-/tmp/encore-cache}
+OUT=${OUT:-$(mktemp -d)}
+parts=${1:-tests,info,prefill}
+ROUNDS=${ROUNDS:-2}
+has() { [[ ",$parts," == *",$1,"* ]]; }
+mkdir -p .bin
+for b in encore encore-old; do
+  [ -f ".gpu/$b.xz" ] && xz -dc ".gpu/$b.xz" > ".bin/$b" && chmod +x ".bin/$b"
+done
+nvidia-smi -L
+if has tests; then
+  for t in ${TESTS:-$(ls .gpu/exp/ | sed 's/\.xz$//')}; do
+    xz -dc ".gpu/exp/$t.xz" > ".bin/$t" && chmod +x ".bin/$t"
+    # The encore-core tests read their fixtures relative to the crate.
+    dir=crates/encore-backend
+    [ -d "crates/encore-core/tests/$t" ] || [ -f "crates/encore-core/tests/$t.rs" ] && dir=crates/encore-core
+    (cd $dir && "$OLDPWD/.bin/$t" --include-ignored ${FILTER:-} --test-threads=1) > "$OUT/test-$t.log" 2>&1
+    echo "test $t rc=$? $(grep -E '^test result' "$OUT/test-$t.log" | tail -1)"
+    grep -E "FAILED|panicked" "$OUT/test-$t.log" | head -6
+  done
+fi
+if has info; then
+  .bin/encore info --device cuda --seed 1 > "$OUT/info.log" 2>&1
+  echo "info rc=$? $(grep -E 'passed|failed' "$OUT/info.log" | tail -2 | tr '\n' ' ')"
+  grep -E "FAIL" "$OUT/info.log" | head -8
+fi
+if has prefill; then
+  for r in $(seq "$ROUNDS"); do
+    for b in encore-old encore; do
+      ".bin/$b" bench prefill --device cuda --model dummy:llama-3-8b --quantization fp8 \
+        --kv-cache-dtype fp8 --tokens 2048 --batch 4 --prefill-buckets none --repeats 5 \
+        --json 2>>"$OUT/prefill.err" | sed "s/^{/{\"bin\":\"$b\",/" | tee -a "$OUT/prefill.jsonl" \
+        | tail -1 | cut -c1-200
+    done
+  done
+fi
+if has decode; then
+  for r in $(seq "$ROUNDS"); do
+    for b in encore-old encore; do
+      ".bin/$b" bench decode --device cuda --model dummy:llama-3-8b --quantization fp8 \
+        --kv-cache-dtype fp8 --batch 1024 --context 1536 --steps 10 --json \
+        2>>"$OUT/decode.err" | sed "s/^{/{\"bin\":\"$b\",/" | tee -a "$OUT/decode.jsonl" \
+        | tail -1 | cut -c1-200
+    done
+  done
+fi
