@@ -2,14 +2,15 @@
 # The MLP's activation fused into the down projection's FP8 operand (Backend::mlp) on the
 # GPU, with `encore` carried as .gpu/encore.xz, the build before it as .gpu/encore-old.xz
 # and test binaries as .gpu/exp/<name>.xz (stripped, made on the build machine):
-#   tests    every carried test binary with --include-ignored (TESTS filters by name);
+#   tests    every carried test binary with --include-ignored (TESTS: names, each
+#            with an optional :FILTER, e.g. "cuda_mlp loader:packed");
 #   info     `encore info` (every CUDA kernel against the CPU, graph replay against eager);
 #   prefill  the 8B FP8 prefill step (4 x 2048 tokens, FP8 KV, eager), old and new binaries
 #            alternated ROUNDS times;
 #   decode   the 8B FP8 decode step at batch 1024 over 1,536 cached FP8 tokens (graphs), the
 #            same alternation.
 # Logs go to $OUT.
-#   usage: [TESTS="cuda_mlp cuda_quant"] [ROUNDS=2] bash scripts/gpu-fused-mlp.sh tests,info,prefill,decode
+#   usage: [TESTS="cuda_mlp loader:packed"] [ROUNDS=2] bash scripts/gpu-fused-mlp.sh tests,info,prefill,decode
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -24,12 +25,13 @@ for b in encore encore-old; do
 done
 nvidia-smi -L
 if has tests; then
-  for t in ${TESTS:-$(ls .gpu/exp/ | sed 's/\.xz$//')}; do
+  for tf in ${TESTS:-$(ls .gpu/exp/ | sed 's/\.xz$//')}; do
+    t=${tf%%:*}; f=${tf#*:}; [ "$f" = "$tf" ] && f=
     xz -dc ".gpu/exp/$t.xz" > ".bin/$t" && chmod +x ".bin/$t"
     # The encore-core tests read their fixtures relative to the crate.
     dir=crates/encore-backend
     [ -d "crates/encore-core/tests/$t" ] || [ -f "crates/encore-core/tests/$t.rs" ] && dir=crates/encore-core
-    (cd $dir && "$OLDPWD/.bin/$t" --include-ignored ${FILTER:-} --test-threads=1) > "$OUT/test-$t.log" 2>&1
+    (cd $dir && "$OLDPWD/.bin/$t" --include-ignored $f --test-threads=1) > "$OUT/test-$t.log" 2>&1
     echo "test $t rc=$? $(grep -E '^test result' "$OUT/test-$t.log" | tail -1)"
     grep -E "FAILED|panicked" "$OUT/test-$t.log" | head -6
   done

@@ -2,13 +2,13 @@
 //! machine): the dense MLP op (`Backend::mlp`). Where the FP8 GEMM runs the down projection,
 //! CUDA quantizes the activation straight from the gate/up product into that GEMM's operand
 //! (`fp8_act_quant_{rows,tokens}_*`): its result must be the unfused ops' (`matmul_act_mul`,
-//! then `matmul`) bit for bit, with the activation buffer never written; elsewhere (one row,
-//! another format) the op is the unfused ops. Both block-scaled (per 128 values, below
-//! `FP8_ROWWISE_MIN_ROWS` rows or with 128-value weight scales) and row-wise x, every
-//! activation, bf16 and f16, and inside a captured graph.
+//! then `matmul`) bit for bit, with the activation buffer never written; elsewhere (the
+//! rows of the quantized gemvs, another format) the op is the unfused ops. Both
+//! block-scaled (per 128 values, below `FP8_ROWWISE_MIN_ROWS` rows or with 128-value weight
+//! scales) and row-wise x, every activation, bf16 and f16, and inside a captured graph.
 
 use encore_backend::backend::cpu::CpuBackend;
-use encore_backend::backend::cuda::{CudaBackend, FP8_ROWWISE_MIN_ROWS};
+use encore_backend::backend::cuda::{qgemv_default_rows, CudaBackend, FP8_ROWWISE_MIN_ROWS};
 use encore_backend::backend::{Activation, Mlp};
 use encore_backend::quant::{self, QuantFormat};
 use encore_backend::testing::compare::{tolerance, OpClass};
@@ -94,9 +94,12 @@ impl Shape {
         )
     }
 
-    /// Whether CUDA fuses the activation into the down projection's FP8 operand.
+    /// Whether CUDA fuses the activation into the down projection's FP8 operand: past the
+    /// rows the quantized gemvs take (their x is never quantized).
     fn fused(&self) -> bool {
-        self.m > 1 && self.fmt.1 == QuantFormat::F8E4M3 && self.dt != DType::F32
+        self.m > qgemv_default_rows(self.fmt.1)
+            && self.fmt.1 == QuantFormat::F8E4M3
+            && self.dt != DType::F32
     }
 
     fn alloc(&self, be: &dyn Backend, seed: u64) -> Run {
@@ -167,7 +170,8 @@ fn shapes() -> Vec<Shape> {
     ] {
         // (m, hidden, inter, formats, row-scaled): per-128 x at 2..r rows or with block
         // weight scales; per-token x from r rows (inter past FQT_HELD * 2048 values once:
-        // the row read twice); one row (the gemvs) and a Q8_0 down (the unfused ops).
+        // the row read twice); one and two rows (the gemvs) and a Q8_0 down (the unfused
+        // ops).
         for (m, hidden, inter, fmt, rows) in [
             (2, 256, 384, (f8, f8), true),
             (7, 128, 640, (f8, f8), false),
@@ -179,6 +183,7 @@ fn shapes() -> Vec<Shape> {
             (1024, 256, 640, (QuantFormat::Q4K, f8), true),
             (161, 128, 16384 + 256, (f8, f8), true),
             (1, 256, 384, (f8, f8), true),
+            (2, 256, 384, (f8, f8), false),
             (64, 256, 384, (f8, QuantFormat::Q8_0), true),
         ] {
             out.push(Shape {
