@@ -309,6 +309,117 @@ __device__ __forceinline__ void fp8_quant_tokens_impl(const X src, unsigned char
 FP8_QUANT_TOKENS(bf16, bf16)
 FP8_QUANT_TOKENS(f16, f16)
 
+// ---- The residual add and RMSNorm into the FP8 GEMM's x (Backend::add_norm_matmul, the
+// MLP's pre-norm) ----
+// residual = T(residual + x) stored back, then the row normed exactly as rms_norm.cu's
+// vectorised path computes it (the same threads, so the same sum order: bit for bit),
+// each normed value rounded to T, then quantized to E4M3 as fp8_quant_tokens_* (one scale
+// a row, `per_row`) or fp8_quant_rows_* (a scale per 128 values, xs [k / 128][m_pad])
+// quantize a matrix of T: the normed rows are never written in T. A CTA a row of blockDim
+// threads (rms_norm's count for the row: threads_for(k / 8, 1024)); thread t holds the
+// 8-value vectors t, t + blockDim, ... (at most FNQ_HELD). A 128-value group is 16
+// adjacent threads' vectors. k % 128 == 0; rows 16-byte aligned. Rows m_rows .. m_pad get
+// zeros and scale 1.
+#define FNQ_HELD 4  // vectors a thread holds: k <= FNQ_HELD * 8 * 1024
+template <typename T>
+__device__ __forceinline__ void fp8_norm_quant_impl(const T* __restrict__ x, T* residual,
+                                                    const T* __restrict__ w,
+                                                    unsigned char* __restrict__ xq,
+                                                    float* __restrict__ xs, int m_rows,
+                                                    int m_pad, int k, float eps, int per_row) {
+    __shared__ float sh[32];
+    const int tid = threadIdx.x, bd = blockDim.x, nv = k >> 3, groups = k >> 7;
+    for (int row = blockIdx.x; row < m_pad; row += gridDim.x) {
+        unsigned char* qr = xq + (long long)row * k;
+        if (row >= m_rows) {
+            for (int i = tid; i < nv; i += bd) *reinterpret_cast<uint2*>(qr + i * 8) = make_uint2(0u, 0u);
+            if (per_row) {
+                if (tid == 0) xs[row] = 1.0f;
+            } else {
+                for (int g = tid; g < groups; g += bd) xs[(long long)g * m_pad + row] = 1.0f;
+            }
+            continue;
+        }
+        const T* xr = x + (long long)row * k;
+        T* rr = residual + (long long)row * k;
+        uint4 r[FNQ_HELD];
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < FNQ_HELD; ++j) {
+            const int i = tid + j * bd;
+            if (i < nv) {
+                float a[8], b[8];
+                load_vec(xr + i * 8, a);
+                load_vec(rr + i * 8, b);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) a[e] = to_f32(from_f32<T>(b[e] + a[e]));
+                r[j] = Ty<T>::pack(a);
+                st16(rr + i * 8, r[j]);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) ss += a[e] * a[e];
+            }
+        }
+        ss = block_sum(ss, sh);
+        const float inv = 1.0f / sqrtf(ss / (float)k + eps);
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < FNQ_HELD; ++j) {
+            const int i = tid + j * bd;
+            if (i < nv) {
+                float a[8], g[8];
+                Ty<T>::unpack(r[j], a);
+                load_vec(w + i * 8, g);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) a[e] = a[e] * inv * g[e];
+                r[j] = Ty<T>::pack(a);
+                amax = fmaxf(amax, fqt_amax8<T>(r[j]));
+            }
+        }
+        float v[8];
+        if (per_row) {
+            amax = block_max(amax, sh);
+            const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+            const float inv_s = 1.0f / scale;
+#pragma unroll
+            for (int j = 0; j < FNQ_HELD; ++j) {
+                const int i = tid + j * bd;
+                if (i < nv) {
+                    Ty<T>::unpack(r[j], v);
+                    *reinterpret_cast<uint2*>(qr + i * 8) = fqt_pack8(v, inv_s);
+                }
+            }
+            if (tid == 0) xs[row] = scale;
+        } else {
+            // A group's 16 threads are lanes 16h .. 16h + 15 of a warp (bd % 32 == 0).
+#pragma unroll
+            for (int j = 0; j < FNQ_HELD; ++j) {
+                const int i = tid + j * bd;
+                if (j * bd < nv) {  // warp-uniform: whole groups or none
+                    float ga = i < nv ? fqt_amax8<T>(r[j]) : 0.0f;
+#pragma unroll
+                    for (int o = 8; o > 0; o >>= 1) ga = fmaxf(ga, __shfl_xor_sync(FULL_MASK, ga, o));
+                    const float scale = ga > 0.0f ? ga / 448.0f : 1.0f;
+                    if (i < nv) {
+                        Ty<T>::unpack(r[j], v);
+                        *reinterpret_cast<uint2*>(qr + i * 8) = fqt_pack8(v, 1.0f / scale);
+                        if ((i & 15) == 0) xs[(long long)(i >> 4) * m_pad + row] = scale;
+                    }
+                }
+            }
+        }
+        __syncthreads();  // sh is reused by the next row
+    }
+}
+#define FP8_NORM_QUANT(T, TN)                                                                \
+    extern "C" __global__ void __launch_bounds__(1024) fp8_norm_quant_##TN(                  \
+        const T* x, T* residual, const T* w, unsigned char* xq, float* xs, int m_rows,        \
+        int m_pad, int k, float eps, int per_row) {                                          \
+        pdl_enter();                                                                          \
+        fp8_norm_quant_impl<T>(x, residual, w, xq, xs, m_rows, m_pad, k, eps, per_row);      \
+    }
+FP8_NORM_QUANT(bf16, bf16)
+FP8_NORM_QUANT(f16, f16)
+
 // The weight's one scale a row (its first block's) as ws [n_rows]. A thread a row.
 extern "C" __global__ void __launch_bounds__(256)
     fp8_row_scales(const unsigned char* w, float* ws, int n_rows, int k) {

@@ -427,12 +427,42 @@ impl Sampling<'_> {
     }
 }
 
+/// The residual add and RMSNorm before a projection (`Backend::add_norm_matmul`,
+/// [`Mlp::norm`]): `residual = residual + x` (rounded to T and stored back), then the
+/// projection's input is `norm(residual) * weight`, rounded to T exactly as
+/// `Backend::rms_norm` with the residual computes it.
+pub struct PreNorm<'a> {
+    /// T `[m, d]`.
+    pub residual: &'a Tensor,
+    /// T `[d]`.
+    pub weight: &'a Tensor,
+    pub eps: f32,
+    /// Scratch, T `[m, d]`: the normed rows, where the backend materialises them (contents
+    /// afterwards unspecified).
+    pub normed: &'a Tensor,
+}
+
+/// A projection after the residual add and its norm (see `Backend::add_norm_matmul`):
+/// `out = (norm(residual + x) * weight) · wᵀ (+ bias)`.
+pub struct NormMatmul<'a> {
+    /// T `[m, d]`: the block's output, added to the residual.
+    pub x: &'a Tensor,
+    pub norm: PreNorm<'a>,
+    /// A weight, T or quantized `[n, d]`, and its bias T `[n]`.
+    pub w: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
+    /// T `[m, n]`.
+    pub out: &'a Tensor,
+}
+
 /// A dense gated MLP for `m` token rows (see `Backend::mlp`): `out = act_mul(act, x ·
-/// gate_upᵀ) · downᵀ`.
+/// gate_upᵀ) · downᵀ`, x first added to the residual and normed when `norm` is given.
 pub struct Mlp<'a> {
     pub act: Activation,
-    /// T `[m, hidden]`: the normed hidden rows.
+    /// T `[m, hidden]`: the normed hidden rows, or with `norm` the block output before the
+    /// residual add.
     pub x: &'a Tensor,
+    pub norm: Option<PreNorm<'a>>,
     /// Weights, T or quantized: `[2 * inter, hidden]` (gate rows, then up rows) and
     /// `[n, inter]`.
     pub gate_up: &'a Tensor,
@@ -441,7 +471,7 @@ pub struct Mlp<'a> {
     /// activation, where the backend materialises them (contents afterwards unspecified).
     pub gate_up_out: &'a Tensor,
     pub act_out: &'a Tensor,
-    /// T `[m, n]`.
+    /// T `[m, n]`; may be `x` (read before it is written).
     pub out: &'a Tensor,
 }
 

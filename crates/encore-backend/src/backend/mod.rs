@@ -32,8 +32,8 @@ pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Activation, Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Mlp, Moe, Penalties,
-    QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
+    Activation, Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Mlp, Moe, NormMatmul,
+    Penalties, PreNorm, QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 
 use std::sync::Arc;
@@ -277,9 +277,31 @@ pub trait Backend: Send + Sync {
     /// [`Backend::matmul`], with exactly their roundings (the default is those two ops). CUDA
     /// quantizes the activation straight into the FP8 GEMM's operand where that GEMM runs
     /// the down projection, so the activation is never written in T.
+    ///
+    /// With [`Mlp::norm`], x is first added to the residual and normed
+    /// ([`Backend::rms_norm`] into [`PreNorm::normed`] by default; CUDA quantizes the normed
+    /// rows straight into the gate/up projection's FP8 operand where that GEMM runs it).
     fn mlp(&self, a: &Mlp<'_>) -> Result<()> {
-        self.matmul_act_mul(a.act, a.x, a.gate_up, a.gate_up_out, a.act_out)?;
+        let x = match &a.norm {
+            Some(n) => {
+                self.rms_norm(a.x, Some(n.residual), n.weight, n.eps, n.normed)?;
+                n.normed
+            }
+            None => a.x,
+        };
+        self.matmul_act_mul(a.act, x, a.gate_up, a.gate_up_out, a.act_out)?;
         self.matmul(a.act_out, a.down, None, a.out)
+    }
+
+    /// The residual add, its RMSNorm and the projection after it ([`NormMatmul`]):
+    /// [`Backend::rms_norm`] with the residual into [`PreNorm::normed`], then
+    /// [`Backend::matmul`], with exactly their roundings (the default is those two ops).
+    /// CUDA quantizes the normed rows straight into the FP8 GEMM's operand where that GEMM
+    /// runs the projection, so they are never written in T.
+    fn add_norm_matmul(&self, a: &NormMatmul<'_>) -> Result<()> {
+        let n = &a.norm;
+        self.rms_norm(a.x, Some(n.residual), n.weight, n.eps, n.normed)?;
+        self.matmul(n.normed, a.w, a.bias, a.out)
     }
 
     /// Whether [`Backend::moe`] runs here, dense and quantized experts alike (a model with

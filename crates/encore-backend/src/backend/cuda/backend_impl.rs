@@ -352,21 +352,66 @@ impl Backend for CudaBackend {
         let scratch = [("gate_up_out", a.gate_up_out), ("act_out", a.act_out)];
         self.check_device("mlp", &scratch)?;
         self.check_device("mlp", &[("out", a.out)])?;
-        ops::check_matmul(a.x, a.gate_up, None, a.gate_up_out)?;
+        if let Some(n) = &a.norm {
+            self.check_pre_norm("mlp", a.x, n)?;
+        }
+        let d_gu = ops::check_matmul(a.x, a.gate_up, None, a.gate_up_out)?;
         ops::check_silu_mul(a.gate_up_out, a.act_out)?;
         let d = ops::check_matmul(a.act_out, a.down, None, a.out)?;
-        // The activation fused into the down projection's FP8 operand (m > 1: one row takes
-        // the gemvs with the activation in their epilogue).
-        if d.m > 1 && !self.skip_ops.matmul && matches!(a.down.dtype(), DType::Q(_)) {
-            self.matmul(a.x, a.gate_up, None, a.gate_up_out)?;
-            if kernels::quant::act_mul_matmul(self, a.act, a.gate_up_out, a.down, a.out, &d)? {
+        // The pre-norm fused into the gate/up projection's FP8 operand, the activation into
+        // the down projection's (m > 1: one row takes the gemvs, the activation in their
+        // epilogue); either falls back to the ops it fuses.
+        let skip = self.skip_ops.matmul || self.skip_ops.norm;
+        let mut gate_up_done = false;
+        let x = match &a.norm {
+            Some(n) if !skip && d.m > 1 => {
+                self.bind()?;
+                let gu = (a.gate_up, a.gate_up_out);
+                gate_up_done = kernels::quant::norm_matmul(self, a.x, n, gu.0, None, gu.1, &d_gu)?;
+                if !gate_up_done {
+                    self.rms_norm(a.x, Some(n.residual), n.weight, n.eps, n.normed)?;
+                }
+                n.normed
+            }
+            Some(n) => {
+                self.rms_norm(a.x, Some(n.residual), n.weight, n.eps, n.normed)?;
+                n.normed
+            }
+            None => a.x,
+        };
+        let fused_down = d.m > 1 && !skip && matches!(a.down.dtype(), DType::Q(_));
+        if gate_up_done || fused_down {
+            if !gate_up_done {
+                self.matmul(x, a.gate_up, None, a.gate_up_out)?;
+            }
+            if fused_down
+                && kernels::quant::act_mul_matmul(self, a.act, a.gate_up_out, a.down, a.out, &d)?
+            {
                 return Ok(());
             }
             self.act_mul(a.act, a.gate_up_out, a.act_out)?;
             return self.matmul(a.act_out, a.down, None, a.out);
         }
-        self.matmul_act_mul(a.act, a.x, a.gate_up, a.gate_up_out, a.act_out)?;
+        self.matmul_act_mul(a.act, x, a.gate_up, a.gate_up_out, a.act_out)?;
         self.matmul(a.act_out, a.down, None, a.out)
+    }
+
+    fn add_norm_matmul(&self, a: &NormMatmul<'_>) -> Result<()> {
+        let n = &a.norm;
+        self.check_pre_norm("add_norm_matmul", a.x, n)?;
+        self.check_device("add_norm_matmul", &[("w", a.w), ("out", a.out)])?;
+        if let Some(b) = a.bias {
+            self.check_device("add_norm_matmul", &[("bias", b)])?;
+        }
+        let d = ops::check_matmul(a.x, a.w, a.bias, a.out)?;
+        if d.m > 1 && d.k > 0 && !self.skip_ops.matmul && !self.skip_ops.norm {
+            self.bind()?;
+            if kernels::quant::norm_matmul(self, a.x, n, a.w, a.bias, a.out, &d)? {
+                return Ok(());
+            }
+        }
+        self.rms_norm(a.x, Some(n.residual), n.weight, n.eps, n.normed)?;
+        self.matmul(n.normed, a.w, a.bias, a.out)
     }
 
     fn scale(&self, x: &Tensor, s: f32) -> Result<()> {

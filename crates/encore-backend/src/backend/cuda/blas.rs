@@ -43,6 +43,24 @@ struct Plan {
     b: sys::cublasLtMatrixLayout_t,
     d: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's candidates, best first (`algo` is the first until timed).
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
+}
+
+/// The heuristic's candidates asked for when the GEMMs are timed ([`gemm_tune`]).
+const TUNE_CANDIDATES: usize = 8;
+/// Timed calls a candidate (after one untimed).
+const TUNE_CALLS: usize = 3;
+/// Smallest m·n·k timed: below it a GEMM takes a few microseconds and the heuristic's
+/// first choice stands.
+const TUNE_MIN_WORK: usize = 1 << 30;
+
+/// Whether a new shape's GEMM times the heuristic's candidates on its first call (outside
+/// a capture) and keeps the fastest: `ENCORE_GEMM_TUNE=0` keeps the heuristic's first
+/// choice.
+fn gemm_tune() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ENCORE_GEMM_TUNE").map_or(true, |v| v.trim() != "0"))
 }
 
 // SAFETY: the plan's descriptors are immutable after creation except the bias pointer,
@@ -141,9 +159,9 @@ impl Lt {
             fp8_rows: c.fp8.is_some_and(|f| f.rows),
         };
         let mut plans = self.plans.lock().unwrap();
-        let plan = match plans.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key)?),
+        let (plan, fresh) = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => (e.into_mut(), false),
+            std::collections::hash_map::Entry::Vacant(e) => (e.insert(self.plan(&key)?), true),
         };
         // SAFETY: descriptors are live (owned by `plans`); pointers were validated as
         // tensors of the planned shapes by `ops::check_matmul`.
@@ -177,32 +195,111 @@ impl Lt {
                     .map_err(err("cublasLtMatmulDescSetAttribute(SCALE_POINTER)"))?;
                 }
             }
-            let (alpha, beta) = (1.0f32, 0.0f32);
-            lt::matmul(
-                self.handle,
-                plan.desc,
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
-                c.w as *const c_void,
-                plan.a,
-                c.x as *const c_void,
-                plan.b,
-                c.out as *const c_void,
-                plan.d,
-                c.out as *mut c_void,
-                plan.d,
-                &plan.algo,
-                self.workspace.dptr() as *mut c_void,
-                WORKSPACE_BYTES,
-                stream.cu_stream() as sys::cudaStream_t,
-            )
-            .map_err(|e| {
+            if fresh && plan.candidates.len() > 1 {
+                let capturing = stream
+                    .capture_status()
+                    .map_err(|e| Error::cuda("cuStreamIsCapturing", e))?;
+                if capturing
+                    == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+                {
+                    plan.algo = self.fastest(stream, plan, c)?;
+                }
+            }
+            self.run(stream, plan, &plan.algo, c).map_err(|e| {
                 Error::cuda(
                     format!("cublasLtMatmul [{}x{}x{}] {}", c.m, c.n, c.k, c.dtype),
                     e,
                 )
             })
         }
+    }
+
+    /// One `cublasLtMatmul` of `c` by `plan`'s descriptors (its pointers set) with `algo`.
+    ///
+    /// # Safety
+    /// The plan's descriptors are live and `c`'s pointers are tensors of its shape.
+    unsafe fn run(
+        &self,
+        stream: &CudaStream,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        c: &MatmulCall,
+    ) -> std::result::Result<(), lt::CublasError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        lt::matmul(
+            self.handle,
+            plan.desc,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            c.w as *const c_void,
+            plan.a,
+            c.x as *const c_void,
+            plan.b,
+            c.out as *const c_void,
+            plan.d,
+            c.out as *mut c_void,
+            plan.d,
+            algo,
+            self.workspace.dptr() as *mut c_void,
+            WORKSPACE_BYTES,
+            stream.cu_stream() as sys::cudaStream_t,
+        )
+    }
+
+    /// The fastest of the plan's candidates on `c`'s own operands (one untimed call, then
+    /// [`TUNE_CALLS`] between two events; a candidate that fails is skipped), as vLLM and
+    /// PyTorch's tunable ops time cuBLASLt's heuristics. The stream is synchronised: called
+    /// only outside a capture, on a shape's first call. `out` is overwritten; the caller's
+    /// call after it writes the result.
+    ///
+    /// # Safety
+    /// As [`Lt::run`].
+    unsafe fn fastest(
+        &self,
+        stream: &CudaStream,
+        plan: &Plan,
+        c: &MatmulCall,
+    ) -> Result<sys::cublasLtMatmulAlgo_t> {
+        use cudarc::driver::result::event;
+        let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let ev = |call| move |e| Error::cuda(call, e);
+        let (e0, e1) = (
+            event::create(flags).map_err(ev("cuEventCreate"))?,
+            event::create(flags).map_err(ev("cuEventCreate"))?,
+        );
+        let cs = stream.cu_stream();
+        let mut best: Option<(f32, usize)> = None;
+        let mut times = Vec::with_capacity(plan.candidates.len());
+        for (i, algo) in plan.candidates.iter().enumerate() {
+            if self.run(stream, plan, algo, c).is_err() {
+                times.push(f32::NAN);
+                continue;
+            }
+            event::record(e0, cs).map_err(ev("cuEventRecord"))?;
+            let ok = (0..TUNE_CALLS).all(|_| self.run(stream, plan, algo, c).is_ok());
+            event::record(e1, cs).map_err(ev("cuEventRecord"))?;
+            event::synchronize(e1).map_err(ev("cuEventSynchronize"))?;
+            let ms = event::elapsed(e0, e1).map_err(ev("cuEventElapsedTime"))?;
+            times.push(if ok { ms } else { f32::NAN });
+            if ok && best.is_none_or(|(b, _)| ms < b) {
+                best = Some((ms, i));
+            }
+        }
+        let _ = event::destroy(e0);
+        let _ = event::destroy(e1);
+        let pick = best.map_or(0, |(_, i)| i);
+        tracing::debug!(
+            "GEMM [{}x{}x{}] {}{}: candidates {:?} ms for {} calls, picked {}",
+            c.m,
+            c.n,
+            c.k,
+            c.dtype,
+            if c.fp8.is_some() { " FP8" } else { "" },
+            times,
+            TUNE_CALLS,
+            pick
+        );
+        Ok(plan.candidates[pick])
     }
 
     /// Row-major `out[m,n] = x[m,k] · w[n,k]ᵀ` is column-major `outᵀ[n,m] = w · xᵀ`:
@@ -240,6 +337,7 @@ impl Lt {
                 b,
                 d,
                 algo: std::mem::zeroed(),
+                candidates: Vec::new(),
             };
             let set_desc = |attr, v: *const c_void, size| {
                 lt::set_matmul_desc_attribute(desc, attr, v, size)
@@ -340,12 +438,17 @@ impl Lt {
                     lt::set_matmul_pref_attribute(pref, attr, &v as *const u32 as *const c_void, 4)
                 });
             }
-            let heur =
-                r.and_then(|_| lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref));
+            let want = if gemm_tune() && key.m * key.n * key.k >= TUNE_MIN_WORK {
+                TUNE_CANDIDATES
+            } else {
+                1
+            };
+            let heur = r.and_then(|_| heuristics(self.handle, desc, a, b, d, pref, want));
             let _ = lt::destroy_matmul_pref(pref);
             match heur {
                 Ok(h) => {
-                    plan.algo = h.algo;
+                    plan.algo = h[0];
+                    plan.candidates = h;
                     Ok(plan)
                 }
                 Err(e) => {
@@ -371,6 +474,51 @@ impl Lt {
             }
         }
     }
+}
+
+/// Up to `want` of the heuristic's algorithms for the descriptors, best first (at least
+/// one, else the heuristic's error).
+///
+/// # Safety
+/// The handle and descriptors are live.
+unsafe fn heuristics(
+    handle: sys::cublasLtHandle_t,
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+    pref: sys::cublasLtMatmulPreference_t,
+    want: usize,
+) -> std::result::Result<Vec<sys::cublasLtMatmulAlgo_t>, lt::CublasError> {
+    if want <= 1 {
+        return lt::get_matmul_algo_heuristic(handle, desc, a, b, d, d, pref).map(|h| vec![h.algo]);
+    }
+    let mut res: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); want];
+    let mut got = 0;
+    sys::cublasLtMatmulAlgoGetHeuristic(
+        handle,
+        desc,
+        a,
+        b,
+        d,
+        d,
+        pref,
+        want as i32,
+        res.as_mut_ptr(),
+        &mut got,
+    )
+    .result()?;
+    let algos: Vec<_> = res[..(got.max(0) as usize).min(want)]
+        .iter()
+        .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+        .map(|h| h.algo)
+        .collect();
+    if algos.is_empty() {
+        return Err(lt::CublasError(
+            sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+        ));
+    }
+    Ok(algos)
 }
 
 impl Plan {

@@ -176,6 +176,8 @@ pub(super) struct Kernels<K = Kernel> {
     /// The same quantizations of the gated MLP's activation, computed from gate_up.
     pub fp8_act_quant_rows: [K; 2],
     pub fp8_act_quant_tokens: [K; 2],
+    /// The residual add and RMSNorm into either quantization (`per_row` an argument).
+    pub fp8_norm_quant: [K; 2],
     pub sample_f32: K,
     pub logit_bias_f32: K,
     pub penalty_count_i32: K,
@@ -338,6 +340,7 @@ impl<K> Kernels<K> {
                 t("fp8_act_quant_tokens_bf16")?,
                 t("fp8_act_quant_tokens_f16")?,
             ],
+            fp8_norm_quant: [t("fp8_norm_quant_bf16")?, t("fp8_norm_quant_f16")?],
             sample_f32: t("sample_f32")?,
             logit_bias_f32: t("logit_bias_f32")?,
             penalty_count_i32: t("penalty_count_i32")?,
@@ -419,6 +422,12 @@ impl<K> Kernels<K> {
         } else {
             &self.fp8_act_quant_rows[xi]
         })
+    }
+
+    /// `fp8_norm_quant_<x>` for x in bf16 / f16.
+    pub(super) fn fp8_norm_quant(&self, x: DType) -> Result<&K> {
+        let (xi, _) = qmma_types(x, x, "matmul (FP8 GEMM)")?;
+        Ok(&self.fp8_norm_quant[xi])
     }
 
     /// `gmoe_{gate_up,down}_<fmt>_<x>_bm<tile>`: `fmt` the experts' format (`None`:

@@ -32,7 +32,8 @@ pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;
 use crate::backend::{
-    Activation, Attention, Backend, Graph, HostStaging, LogitBias, Mlp, Moe, QkvRope, Sampling,
+    Activation, Attention, Backend, Graph, HostStaging, LogitBias, Mlp, Moe, NormMatmul, PreNorm,
+    QkvRope, Sampling,
 };
 use crate::error::{Error, Result};
 use crate::ops;
@@ -500,6 +501,17 @@ impl CudaBackend {
             }
         }
         Ok(())
+    }
+
+    /// The device and shapes of a fused op's residual add and norm ([`PreNorm`]) of x.
+    fn check_pre_norm(&self, op: &'static str, x: &Tensor, n: &PreNorm<'_>) -> Result<()> {
+        let t = [
+            ("residual", n.residual),
+            ("norm weight", n.weight),
+            ("normed", n.normed),
+        ];
+        self.check_device(op, &t)?;
+        ops::check_rms_norm(x, Some(n.residual), n.weight, n.eps, n.normed).map(|_| ())
     }
 }
 

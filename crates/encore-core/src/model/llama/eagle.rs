@@ -124,6 +124,6 @@ impl Model {
         };
         be.copy(start, &buf.residual)?;
         be.unshard_columns(pair, &buf.eagle_cat)?;
-        self.qkv_write(be, kv, inp, buf, 0)
+        self.qkv_write(be, kv, inp, buf, 0, None)
     }
 }

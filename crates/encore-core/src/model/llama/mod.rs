@@ -12,7 +12,7 @@ mod eagle;
 mod skew;
 mod sparse;
 
-use crate::backend::{Attention, Backend, Mlp, QkvRope};
+use crate::backend::{Attention, Backend, Mlp, NormMatmul, PreNorm, QkvRope};
 use crate::error::{Error, Result};
 use crate::graph::StepHooks;
 use crate::kv::KvCache;
@@ -448,6 +448,10 @@ impl Model {
                 l.o_proj(),
                 l.attn_out_norm(),
             );
+            let dense = !matches!((l.router(), &c.moe), (Some(_), Some(_)));
+            // The residual add and norm before a dense MLP go into the MLP op (which may
+            // fuse them into its gate/up projection) on one rank without offload.
+            let mut mlp_norm = None;
             match (l.post_norm(), fused) {
                 (Some(post_norm), true) => project_add_norm(&buf.attn, &o_proj, post_norm)?,
                 _ => {
@@ -460,6 +464,10 @@ impl Model {
                             let (h, r, w) = (&buf.hidden, &buf.residual, post_norm.as_ref());
                             be.norm_add_norm(h, n, r, w, eps, &buf.normed)?
                         }
+                        None if size == 1 && dense && self.offload.is_none() => match post_norm {
+                            Some(w) => mlp_norm = Some(w),
+                            None => add_norm(None)?,
+                        },
                         None => add_norm(post_norm.as_ref())?,
                     }
                 }
@@ -485,9 +493,16 @@ impl Model {
                         down_pending = Some(down);
                     } else {
                         if whole {
+                            let norm = mlp_norm.as_ref().map(|w| PreNorm {
+                                residual: &buf.residual,
+                                weight: w,
+                                eps,
+                                normed,
+                            });
                             be.mlp(&Mlp {
                                 act,
-                                x: normed,
+                                x: if norm.is_some() { &buf.hidden } else { normed },
+                                norm,
                                 gate_up: &gate_up,
                                 down: &down,
                                 gate_up_out: &buf.gate_up,
@@ -522,6 +537,17 @@ impl Model {
             return add_norm(Some(&norm));
         };
         let input_norm = maybe(OpId::Layer(k, LayerOp::InputNorm), l.input_norm())?;
+        // The residual add and the input norm go into the q/k/v projection's op (which may
+        // fuse them into its x), on one rank without offload where nothing reads the
+        // residual or the normed rows between them (an EAGLE head's taps, its own input).
+        let fuse_norm = k > 0
+            && size == 1
+            && self.offload.is_none()
+            && self.aux.is_none()
+            && c.eagle.is_none()
+            && down_pending.is_none()
+            && out_norm_pending.is_none()
+            && input_norm.is_some();
         // residual = residual + hidden (the first layer starts the residual stream).
         if k == 0 {
             be.copy(&buf.hidden, &buf.residual)?;
@@ -529,7 +555,7 @@ impl Model {
                 Some(n) => be.rms_norm(&buf.hidden, None, n, eps, &buf.normed)?,
                 None => be.copy(&buf.hidden, &buf.normed)?,
             }
-        } else {
+        } else if !fuse_norm {
             add_norm(input_norm.as_ref())?;
         }
         // The residual stream entering this layer, where an EAGLE head reads it.
@@ -539,11 +565,14 @@ impl Model {
                 be.copy(&buf.residual, &a.buf.narrow(j * a.rows, n)?)?;
             }
         }
-        self.qkv_write(be, kv, inp, buf, k)
+        let pre_norm = input_norm.as_ref().filter(|_| fuse_norm);
+        self.qkv_write(be, kv, inp, buf, k, pre_norm)
     }
 
-    /// Layer `k`'s q/k/v from `buf.normed` (an EAGLE head's from its pair of inputs):
-    /// one projection by the merged weight, then split / head norm / rope / KV write.
+    /// Layer `k`'s q/k/v from `buf.normed` (an EAGLE head's from its pair of inputs), or
+    /// with `pre_norm` from `buf.hidden` added to the residual and normed by it in the
+    /// projection's op: one projection by the merged weight, then split / head norm /
+    /// rope / KV write.
     fn qkv_write(
         &self,
         be: &dyn Backend,
@@ -551,6 +580,7 @@ impl Model {
         inp: &StepInputs<'_>,
         buf: &StepBuffers,
         k: usize,
+        pre_norm: Option<&Tensor>,
     ) -> Result<()> {
         let c = &self.cfg;
         let l = &self.weights.layers[k];
@@ -577,7 +607,21 @@ impl Model {
                 (qkv, bias, q_norm, k_norm)
             }
         };
-        be.matmul(x, &qkv, bias.as_ref(), &buf.qkv)?;
+        match pre_norm {
+            Some(w) => be.add_norm_matmul(&NormMatmul {
+                x: &buf.hidden,
+                norm: PreNorm {
+                    residual: &buf.residual,
+                    weight: w,
+                    eps,
+                    normed: &buf.normed,
+                },
+                w: &qkv,
+                bias: bias.as_ref(),
+                out: &buf.qkv,
+            })?,
+            None => be.matmul(x, &qkv, bias.as_ref(), &buf.qkv)?,
+        }
         // OLMo 2: q across its heads, then k across its heads, on the fused rows.
         let whole = c.qk_norm_whole();
         if let (true, Some(qn), Some(kn)) = (whole, &q_norm, &k_norm) {

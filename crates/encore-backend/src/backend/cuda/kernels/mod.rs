@@ -58,7 +58,7 @@ fn aligned16(t: &Tensor) -> bool {
 }
 
 /// Threads for a block that strides over `work` items: a multiple of 32 in 32..=max.
-fn threads_for(work: usize, max: u32) -> u32 {
+pub(super) fn threads_for(work: usize, max: u32) -> u32 {
     (work.div_ceil(32) * 32).clamp(32, max as usize) as u32
 }
 

@@ -14,7 +14,7 @@ use std::sync::MutexGuard;
 
 use super::{aligned16, cfg, grid_x, int, launch_gemv, launch_gemv_act, GEMV_MAX_ROWS, GEMV_WARPS};
 use crate::backend::cuda::{blas, dptr, CudaBackend, CudaBuffer};
-use crate::backend::{Activation, Backend};
+use crate::backend::{Activation, Backend, PreNorm};
 use crate::error::{Error, Result};
 use crate::ops::MatmulDims;
 use crate::quant::QuantFormat;
@@ -293,14 +293,57 @@ fn fp8_layout(d: &MatmulDims, out: DType, rows: bool) -> (usize, usize, usize, u
 enum Fp8X<'a> {
     Dense(&'a Tensor),
     ActMul(Activation, &'a Tensor),
+    /// x `[m, k]` added to the residual, normed (`fp8_norm_quant_*`): the normed rows are
+    /// never written in bf16.
+    Norm(&'a Tensor, &'a PreNorm<'a>),
 }
 
 impl Fp8X<'_> {
     fn tensor(&self) -> &Tensor {
         match self {
-            Fp8X::Dense(t) | Fp8X::ActMul(_, t) => t,
+            Fp8X::Dense(t) | Fp8X::ActMul(_, t) | Fp8X::Norm(t, _) => t,
         }
     }
+}
+
+/// The vectors of 8 values a thread of `fp8_norm_quant_*` holds (`FNQ_HELD`): k at most
+/// this times 8 x 1024.
+const FNQ_HELD: usize = 4;
+
+/// `out = (norm(residual + x) * weight) · decode(w)ᵀ (+ bias)` through the FP8 GEMM with
+/// the residual add and the norm in the kernel that quantizes its x (bit for bit
+/// `rms_norm` then the GEMM), when that GEMM runs it: `Ok(false)` (nothing done, the
+/// residual untouched) otherwise. The caller checked the shapes `d` (x `[m, k]`) and the
+/// norm's tensors.
+pub(in crate::backend::cuda) fn norm_matmul(
+    be: &CudaBackend,
+    x: &Tensor,
+    n: &PreNorm<'_>,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<bool> {
+    let DType::Q(fmt) = w.dtype() else {
+        return Ok(false);
+    };
+    if d.m == 0 || d.n == 0 || !aligned16(w) || qgemv_fits(be, fmt, x, w, d) {
+        return Ok(false);
+    }
+    let fits = be.quant_gemm() == QuantGemm::Auto
+        && d.k <= FNQ_HELD * 8 * 1024
+        && [n.residual, n.weight]
+            .iter()
+            .all(|t| aligned16(t) && t.dtype() == x.dtype());
+    if !fits {
+        return Ok(false);
+    }
+    let scratch = lock(be);
+    if !fp8_fits(fmt, x, out, bias.is_some(), d, scratch.len()) {
+        return Ok(false);
+    }
+    fp8_gemm(be, &scratch, Fp8X::Norm(x, n), w, bias, out, d)?;
+    Ok(true)
 }
 
 /// `out = act_mul(act, gate_up) · decode(w)ᵀ` through the FP8 GEMM with the activation
@@ -388,6 +431,18 @@ fn fp8_gemm(
     let kn = be.kernels();
     let dt = x.tensor().dtype();
     match x {
+        Fp8X::Norm(x, n) => {
+            // A CTA a row, of rms_norm's threads for it (the same sum order).
+            let threads = super::threads_for(d.k / 8, 1024);
+            let c = cfg(
+                (grid_x(OP, "CTAs", m_pad.min(1 << 16))?, 1, 1),
+                (threads, 1, 1),
+            );
+            let (xp, rp, wp) = (dptr(x), dptr(n.residual), dptr(n.weight));
+            let (eps, per_row) = (n.eps, rows as i32);
+            let f = kn.fp8_norm_quant(dt)?;
+            be.launch(f, c, &mut args![xp, rp, wp, xq, xs, m, mp, k, eps, per_row])?
+        }
         Fp8X::Dense(x) => {
             let xp = dptr(x);
             let f = kn.fp8_quant_rows(dt, rows)?;

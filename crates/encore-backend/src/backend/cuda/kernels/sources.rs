@@ -731,6 +731,8 @@ pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
             "fp8_act_quant_rows_f16",
             "fp8_act_quant_tokens_bf16",
             "fp8_act_quant_tokens_f16",
+            "fp8_norm_quant_bf16",
+            "fp8_norm_quant_f16",
         ],
     },
     KernelSource {
