@@ -289,7 +289,8 @@ fn fp8_mlp_fuses_the_activation_bit_for_bit() {
     assert!(fused >= 60, "{fused} shapes fused");
 }
 
-/// The fused op inside a captured graph replays as it runs eagerly, on new x.
+/// The fused op inside a captured graph replays as it runs eagerly, on new x (with the
+/// pre-norm from 100 rows).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn fp8_mlp_captures_and_replays() {
@@ -308,6 +309,9 @@ fn fp8_mlp_captures_and_replays() {
             norm: m > 100,
         };
         let r = s.alloc(gpu, 7);
+        // The pre-norm adds x to the residual in place: each run starts from this one.
+        let residual0 = gpu.alloc(DType::BF16, &[m, 256]).unwrap();
+        gpu.copy(&r.residual, &residual0).unwrap();
         gpu.begin_capture().unwrap();
         s.mlp(gpu, &r);
         let graph = gpu.end_capture().unwrap();
@@ -316,9 +320,11 @@ fn fp8_mlp_captures_and_replays() {
             .unwrap();
         gpu.copy(&x2, &r.x).unwrap();
         graph.replay().unwrap();
-        let replayed = bits(gpu, &r.out);
+        let (replayed, res_replayed) = (bits(gpu, &r.out), bits(gpu, &r.residual));
+        gpu.copy(&residual0, &r.residual).unwrap();
         s.mlp(gpu, &r);
         assert_eq!(replayed, bits(gpu, &r.out), "m={m}");
+        assert_eq!(res_replayed, bits(gpu, &r.residual), "m={m}: residual");
     }
 }
 
