@@ -183,6 +183,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-v", "--verbose", action="store_true", help="print ptxas resource usage")
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("-D", dest="defines", action="append", default=[],
+                    help="NAME=VALUE passed as a define (as ENCORE_KERNEL_DEFINES does)")
     ap.add_argument("files", nargs="*", help="only these .cu files (default: all)")
     args = ap.parse_args()
 
@@ -204,6 +206,7 @@ def main():
         failures.append(f"{extra}: listed in SOURCES but not found in {KERNEL_DIR}")
 
     options = [f"--gpu-architecture={args.arch}", "--std=c++17", f"-I{include}"]
+    options += [f"-D{d}" for d in args.defines]
     if args.verbose:
         options.append("--ptxas-options=-v")
     def compile_one(file):
