@@ -669,6 +669,7 @@ fn gemma_norms_load_as_one_plus_w() {
     let gemma = ModelConfig::dummy("tiny-gemma3").unwrap();
     let plain = ModelConfig {
         norm_plus_one: false,
+        norm_kind: encore_core::model::config::NormKind::Rms,
         query_scale: 1.0,
         ..gemma.clone()
     };

@@ -100,6 +100,19 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
         // OLMo 2: no pre-norms, post norms (llama.cpp's `post_attention_norm` and
         // `post_ffw_norm`), q and k norms across the heads; not permuted.
         ("Olmo2ForCausalLM", r#", "rms_norm_eps": 1e-5"#, Store::Q8_0),
+        // StableLM: LayerNorms with a bias (`attn_norm.bias`, `ffn_norm.bias`,
+        // `output_norm.bias`; `attention.layer_norm_epsilon`), a quarter of each head's
+        // rotary dims, q/k/v biases; not permuted.
+        (
+            "StableLmForCausalLM",
+            r#", "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25, "use_qkv_bias": true"#,
+            Store::Q8_0,
+        ),
+        (
+            "StableLmForCausalLM",
+            r#", "partial_rotary_factor": 0.5"#,
+            Store::F16,
+        ),
         // llama.cpp writes Mixtral as `llama` with experts (q/k permuted).
         (
             "MixtralForCausalLM",

@@ -32,7 +32,7 @@ pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;
 use crate::backend::{
-    Activation, Attention, Backend, Graph, HostStaging, LogitBias, Moe, QkvRope, Sampling,
+    Activation, Attention, Backend, Graph, HostStaging, LogitBias, Moe, Norm, QkvRope, Sampling,
 };
 use crate::error::{Error, Result};
 use crate::ops;
