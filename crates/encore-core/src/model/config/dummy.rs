@@ -179,17 +179,17 @@ impl ModelConfig {
                 post_norms: true,
                 ..tiny
             },
-            // StableLM 2's recipe at odd widths: LayerNorms with a bias, a quarter of each
-            // head rotating, q/k/v biases, 3 heads of 32 over a hidden of 96.
+            // StableLM 2's recipe at widths that are not powers of two: LayerNorms with a
+            // bias, a quarter of each head rotating (6 of 24 dims), q/k/v biases, 4 heads
+            // over 2 KV heads (so it splits over 2 and 4 ranks) in a hidden of 96.
             "tiny-stablelm" => ModelConfig {
                 arch: Arch::StableLm,
                 norm_kind: NormKind::LayerBias,
                 hidden_size: 96,
                 intermediate_size: 200,
-                num_heads: 3,
-                num_kv_heads: 3,
+                head_dim: 24,
                 rope: RopeConfig {
-                    rot_dim: 8,
+                    rot_dim: 6,
                     ..tiny.rope
                 },
                 qkv_bias: true,
