@@ -142,52 +142,41 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 Op::Embedding(inputs),
             );
         }
-        for (rows, dim) in [(5, 64), (3, 200), (1, 1000)] {
-            for (residual, in_place) in [(false, false), (true, false), (false, true), (true, true)]
-            {
-                let name = match (residual, in_place) {
-                    (false, false) => "rms_norm",
-                    (true, false) => "rms_norm(residual)",
-                    (false, true) => "rms_norm(out=x)",
-                    (true, true) => "rms_norm(residual, out=x)",
-                };
-                let inputs = RmsNormInputs::random(rng, rows, dim);
-                push(
-                    name.into(),
-                    format!("rows={rows} d={dim}"),
-                    dtype,
-                    Op::RmsNorm {
-                        inputs,
-                        bias: None,
-                        residual,
-                        in_place,
-                    },
-                );
-            }
-        }
-        // LayerNorm with a bias (StableLM): aligned (vectorised) and odd widths. The
-        // inputs are offset from zero so that the mean matters.
-        for (rows, dim) in [(5, 64), (3, 200), (2, 201), (1, 1000)] {
-            for (residual, in_place) in [(false, false), (true, false), (true, true)] {
-                let name = match (residual, in_place) {
-                    (false, _) => "layer_norm",
-                    (true, false) => "layer_norm(residual)",
-                    (true, true) => "layer_norm(residual, out=x)",
-                };
-                let mut inputs = RmsNormInputs::random(rng, rows, dim);
-                inputs.x.iter_mut().for_each(|v| *v += 2.0);
-                let bias = Some(normal(rng, dim, 0.5));
-                push(
-                    name.into(),
-                    format!("rows={rows} d={dim}"),
-                    dtype,
-                    Op::RmsNorm {
-                        inputs,
-                        bias,
-                        residual,
-                        in_place,
-                    },
-                );
+        // RMSNorm, then LayerNorm with a bias (StableLM; also at an odd width, its inputs
+        // offset from zero so that the mean matters): aligned (vectorised) and not.
+        let norm_shapes: [&[(usize, usize)]; 2] = [
+            &[(5, 64), (3, 200), (1, 1000)],
+            &[(5, 64), (3, 200), (2, 201), (1, 1000)],
+        ];
+        for (layer, shapes) in [false, true].into_iter().zip(norm_shapes) {
+            let kind = if layer { "layer_norm" } else { "rms_norm" };
+            for &(rows, dim) in shapes {
+                for (residual, in_place) in
+                    [(false, false), (true, false), (false, true), (true, true)]
+                {
+                    let name = match (residual, in_place) {
+                        (false, false) => kind.to_string(),
+                        (true, false) => format!("{kind}(residual)"),
+                        (false, true) => format!("{kind}(out=x)"),
+                        (true, true) => format!("{kind}(residual, out=x)"),
+                    };
+                    let mut inputs = RmsNormInputs::random(rng, rows, dim);
+                    let bias = layer.then(|| {
+                        inputs.x.iter_mut().for_each(|v| *v += 2.0);
+                        normal(rng, dim, 0.5)
+                    });
+                    push(
+                        name,
+                        format!("rows={rows} d={dim}"),
+                        dtype,
+                        Op::RmsNorm {
+                            inputs,
+                            bias,
+                            residual,
+                            in_place,
+                        },
+                    );
+                }
             }
         }
         for (rows, dim) in [(5, 64), (3, 201)] {

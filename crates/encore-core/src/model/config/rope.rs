@@ -42,7 +42,7 @@ pub(super) fn parse_rope(
         }
     }
     let rot_dim = match factor {
-        (r, _) if r == 1.0 => head_dim,
+        (1.0, _) => head_dim,
         (r, p) => {
             let dims = (head_dim as f64 * r) as usize;
             let key = p.name("partial_rotary_factor");
