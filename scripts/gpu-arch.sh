@@ -18,7 +18,7 @@ grep -E "act_mul|width=301|width=255" "$OUT/info.log" | head -12
 grep -E "passed|failed|FAIL" "$OUT/info.log" | tail -5
 export ENCORE_HF_REF=$(mktemp -d)
 PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF" --models "${MODELS:-smollm3,phi3,llama_linear,qwen2_yarn,qwen2_layer_types,gemma3,gemma2,phi3_longrope,phi3_longrope_long}" > "$OUT/hf-reference.log" 2>&1
-echo "hf_reference rc=$?"; grep -E "^(smollm3|phi3|llama_linear|qwen2_yarn|qwen2_layer_types|gemma3|gemma2|phi3_longrope|phi3_longrope_long) " "$OUT/hf-reference.log" | cut -c1-200
+echo "hf_reference rc=$?"; grep -E "^(smollm3|phi3|llama_linear|qwen2_yarn|qwen2_layer_types|gemma3|gemma2|phi3_longrope|phi3_longrope_long|olmo2|stablelm) " "$OUT/hf-reference.log" | cut -c1-200
 .bin/tests/hf_parity --include-ignored --test-threads 1 --nocapture > "$OUT/hf_parity.log" 2>&1
 echo "hf_parity rc=$?"; grep -E "^[a-z0-9_]+ +(f32|bf16) +(cpu|cuda) |test result|FAILED|panicked" "$OUT/hf_parity.log" | head -40
 .bin/tests/cuda --include-ignored --test-threads 4 > "$OUT/cuda.log" 2>&1

@@ -4,12 +4,12 @@
 # transformers 5.17's reference and hf_parity for MODELS, the cuda test binary), then
 # `bench decode` (bf16, graph step) of the Gemma-3-4B- and Phi-4-mini-shaped dummies
 # beside their weight floors, and the 8B's as the no-regression reference.
-#   usage: MODELS=olmo2,gemma3,gemma2,phi3 bash scripts/gpu-families.sh
+#   usage: MODELS=olmo2,gemma3,gemma2,phi3,stablelm bash scripts/gpu-families.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
 export OUT
-MODELS=${MODELS:-olmo2,gemma3,gemma2,phi3} bash scripts/gpu-arch.sh
+MODELS=${MODELS:-olmo2,gemma3,gemma2,phi3,stablelm} bash scripts/gpu-arch.sh
 if [ -x .bin/tests/cuda_quant ]; then
   .bin/tests/cuda_quant --include-ignored --test-threads 1 > "$OUT/cuda_quant.log" 2>&1
   echo "cuda_quant rc=$?"; grep -E "test result|FAILED|panicked" "$OUT/cuda_quant.log" | head -8

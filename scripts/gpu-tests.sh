@@ -3,7 +3,9 @@
 # binaries, made on the build machine): `encore info` (every CUDA kernel against the CPU,
 # graph replay against eager), the HF reference logits for hf_parity, then every carried
 # test binary with --include-ignored. Logs go to one tarball in $OUT; a table is printed.
-#   usage: bash scripts/gpu-tests.sh
+# ONLY="cuda hf_parity ..." runs only those test binaries (and `encore info` and the HF
+# reference only when ONLY names `info` / `hf_parity`), for a suite split over calls.
+#   usage: [ONLY="..."] bash scripts/gpu-tests.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -24,13 +26,15 @@ run() { # name, command...
   echo "${rows[-1]}"  # as it goes, for a run cut short by its time limit
   [ $rc -eq 0 ] || grep -E 'FAILED|panicked|error' "$logs/$name.log" | head -8
 }
-run info .bin/encore info --device cuda --seed 1
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+want info && run info .bin/encore info --device cuda --seed 1
 export ENCORE_HF_REF=$(mktemp -d)
-run hf-reference env PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF"
+want hf_parity && run hf-reference env PYTHONUNBUFFERED=1 python3 scripts/hf_reference.py "$ENCORE_HF_REF"
 # The tests that need two GPUs (named `..._two_gpus...`) are skipped on one.
 skip=()
 [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || skip=(--skip two_gpus)
 for t in .bin/tests/*; do
+  want "$(basename "$t")" || continue
   run "test-$(basename "$t")" "$t" --include-ignored --test-threads=4 "${skip[@]}"
 done
 tar -czf "$OUT/gpu-tests-logs.tgz" -C "$logs" .

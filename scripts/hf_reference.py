@@ -7,7 +7,8 @@ llama3 rope scaling, Mistral, Qwen2, Qwen3, Mistral and Qwen2 with sliding windo
 the mixtures of experts Qwen3-MoE, with a dense layer, Mixtral, and Qwen2-MoE with its
 shared expert, SmolLM3 with a layer without rotary, Llama with linear and Qwen2 with YaRN
 rope scaling, Phi-3 with its fused projections, partial rotary and a window, Gemma 3's text
-model, and Qwen2 with transformers 5's `layer_types`)
+model, Qwen2 with transformers 5's `layer_types`, OLMo 2, and StableLM with its LayerNorms
+with a bias)
 with odd sizes (vocab not a multiple of 64, head_dim != hidden / heads, MQA and GQA,
 intermediate not a power of two), saves each as float32 safetensors in OUTDIR/<name>/
 (config.json + model.safetensors), reloads it with
@@ -67,6 +68,8 @@ from transformers import (  # noqa: E402
     Phi3ForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
+    StableLmConfig,
+    StableLmForCausalLM,
 )
 
 PROMPT_LENS = (5, 11, 23)
@@ -496,6 +499,29 @@ MODELS = [
             pad_token_id=None,
             tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        ),
+    ),
+    # StableLM 2: LayerNorms with a bias before attention, before the MLP and after the
+    # last layer (random weights and biases), a quarter of each head rotating, q/k/v
+    # biases; 3 heads of 40 over 1 KV head (GQA 3), widths that are not powers of two.
+    # COMMON's rms_norm_eps is not StableLM's key (its layer_norm_eps is).
+    (
+        "stablelm",
+        StableLmConfig,
+        StableLmForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=120,
+            intermediate_size=344,
+            num_hidden_layers=3,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            layer_norm_eps=1e-5,
+            partial_rotary_factor=0.25,  # 10 of 40 dims rotate
+            use_qkv_bias=True,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
 ]

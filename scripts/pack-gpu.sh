@@ -17,7 +17,7 @@ cp target/release/examples/dummy_gguf "$stage/dummy_gguf"
 [ -n "${ENCORE_BASE_BIN:-}" ] && cp "$ENCORE_BASE_BIN" "$stage/encore-base"
 cargo test --release -p encore-core -p encore-backend --no-run --message-format=json \
   --test cuda --test graph --test graph_memory --test hf_parity --test offload_exec \
-  --test piecewise --test scheduler --test eagle --test capture --test engine --test model --test quantized --test cuda_quant --test cuda_mlp --test tensor_parallel --lib 2>/dev/null \
+  --test piecewise --test scheduler --test eagle --test capture --test engine --test model --test quantized --test cuda_quant --test cuda_mlp --test tensor_parallel --test loader --lib 2>/dev/null \
   | python3 scripts/copy_test_bins.py "$stage/tests"
 strip "$stage"/encore* "$stage"/dummy_gguf "$stage"/tests/*
 mkdir -p .gpu && rm -f .gpu/gpu.tar.xz

@@ -3,6 +3,62 @@
 
 use crate::tensor::Tensor;
 
+/// A norm's kind and its weights, the argument of every norm op
+/// ([`crate::backend::Backend::rms_norm`], `norm_add_norm` and the tensor-parallel
+/// norms): the kind is a value the kernels take, not a method of its own. Gemma's
+/// `x * (1 + w)` is [`Norm::Rms`] of the loaded `1 + w`. Both compute over the last
+/// dimension in f32 (the mean and variance too) and round each output to T once.
+#[derive(Clone, Copy, Debug)]
+pub enum Norm<'a> {
+    /// RMSNorm: `out = x / sqrt(mean(x^2) + eps) * w`.
+    Rms(&'a Tensor),
+    /// LayerNorm with a bias: `out = (x - mean) / sqrt(var + eps) * weight + bias`, var
+    /// the population variance `mean((x - mean)^2)` (StableLM's, PyTorch's
+    /// `nn.LayerNorm`).
+    Layer {
+        weight: &'a Tensor,
+        bias: &'a Tensor,
+    },
+}
+
+impl<'a> Norm<'a> {
+    /// RMSNorm by `weight`, or LayerNorm by `weight` and `bias` when there is a bias.
+    pub fn new(weight: &'a Tensor, bias: Option<&'a Tensor>) -> Self {
+        match bias {
+            None => Norm::Rms(weight),
+            Some(bias) => Norm::Layer { weight, bias },
+        }
+    }
+
+    pub fn weight(self) -> &'a Tensor {
+        match self {
+            Norm::Rms(w) | Norm::Layer { weight: w, .. } => w,
+        }
+    }
+
+    /// LayerNorm's bias (`None`: RMSNorm).
+    pub fn bias(self) -> Option<&'a Tensor> {
+        match self {
+            Norm::Rms(_) => None,
+            Norm::Layer { bias, .. } => Some(bias),
+        }
+    }
+
+    /// `RMSNorm` or `LayerNorm` (for errors that refuse a kind).
+    pub fn kind(self) -> &'static str {
+        match self {
+            Norm::Rms(_) => "RMSNorm",
+            Norm::Layer { .. } => "LayerNorm",
+        }
+    }
+}
+
+impl<'a> From<&'a Tensor> for Norm<'a> {
+    fn from(w: &'a Tensor) -> Self {
+        Norm::Rms(w)
+    }
+}
+
 /// The gated MLP's activation, `act(gate) * up` ([`crate::backend::Backend::act_mul`]):
 /// HF's `hidden_act`. SiLU is the Llama family's; the GELUs are Gemma's (tanh) and BERT's
 /// (erf); ReLU² is Primer's `relu(x)^2`.
@@ -429,13 +485,14 @@ impl Sampling<'_> {
 
 /// The residual add and RMSNorm before a projection (`Backend::add_norm_matmul`,
 /// [`Mlp::norm`]): `residual = residual + x` (rounded to T and stored back), then the
-/// projection's input is `norm(residual) * weight`, rounded to T exactly as
-/// `Backend::rms_norm` with the residual computes it.
+/// projection's input is `norm(residual)`, rounded to T exactly as `Backend::rms_norm`
+/// with the residual computes it.
 pub struct PreNorm<'a> {
     /// T `[m, d]`.
     pub residual: &'a Tensor,
-    /// T `[d]`.
-    pub weight: &'a Tensor,
+    /// The norm: an RMSNorm's weight, or a LayerNorm's weight and bias (T `[d]`; the
+    /// fused paths take RMSNorm only, a LayerNorm the unfused ops).
+    pub norm: Norm<'a>,
     pub eps: f32,
     /// Scratch, T `[m, d]`: the normed rows, where the backend materialises them (contents
     /// afterwards unspecified).
@@ -443,7 +500,7 @@ pub struct PreNorm<'a> {
 }
 
 /// A projection after the residual add and its norm (see `Backend::add_norm_matmul`):
-/// `out = (norm(residual + x) * weight) · wᵀ (+ bias)`.
+/// `out = norm(residual + x) · wᵀ (+ bias)`.
 pub struct NormMatmul<'a> {
     /// T `[m, d]`: the block's output, added to the residual.
     pub x: &'a Tensor,

@@ -28,8 +28,8 @@ pub mod vmm;
 
 pub use backend::{
     Attention, Backend, BackendRef, ExpertCache, ExpertPrefetch, ExpertSlots, Graph, KvScale,
-    LogitBias, Moe, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS,
-    PROMPT_BIT,
+    LogitBias, Moe, Norm, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask,
+    MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 pub use error::{Error, Result};
 pub use tensor::{DType, Element, Tensor};

@@ -29,6 +29,10 @@ fn every_op_matches_the_f64_reference() {
             "rms_norm",
             "rms_norm(residual): residual",
             "rms_norm(residual, out=x): out",
+            "layer_norm",
+            "layer_norm(residual): residual",
+            "layer_norm(residual, out=x): out",
+            "norm_add_norm(layer_norm): out",
             "qkv_rope_write: q",
             "qkv_rope_write: k_cache",
             "qkv_rope_write: v_cache",
@@ -165,7 +169,7 @@ fn rms_norm_by_hand_with_residual_in_place() {
     let x = be.upload(&[2.0f32, 5.0, -2.0, 0.0], &[2, 2]).unwrap();
     let res = be.upload(&[1.0f32, -1.0, 2.0, 0.0], &[2, 2]).unwrap();
     let w = be.upload(&[1.0f32, 2.0], &[2]).unwrap();
-    be.rms_norm(&x, Some(&res), &w, 0.0, &x).unwrap();
+    be.rms_norm(&x, Some(&res), (&w).into(), 0.0, &x).unwrap();
     // residual = [3, 4], [0, 0]; rms = sqrt(12.5); the zero row divides 0 by 0.
     assert_eq!(be.download::<f32>(&res).unwrap(), vec![3.0, 4.0, 0.0, 0.0]);
     let out = be.download::<f32>(&x).unwrap();
@@ -178,7 +182,7 @@ fn rms_norm_by_hand_with_residual_in_place() {
     // eps keeps the zero row finite.
     let z = be.upload(&[0.0f32, 0.0], &[1, 2]).unwrap();
     let out = be.alloc(DType::F32, &[1, 2]).unwrap();
-    be.rms_norm(&z, None, &w, 1e-6, &out).unwrap();
+    be.rms_norm(&z, None, (&w).into(), 1e-6, &out).unwrap();
     assert_eq!(be.download::<f32>(&out).unwrap(), vec![0.0, 0.0]);
 }
 
@@ -457,7 +461,7 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
     );
 
     let w16 = be.alloc(DType::F16, &[8]).unwrap();
-    let err = be.rms_norm(&x, None, &w16, 1e-5, &x).unwrap_err();
+    let err = be.rms_norm(&x, None, (&w16).into(), 1e-5, &x).unwrap_err();
     assert_matches!(
         err,
         Error::DType {
@@ -468,7 +472,7 @@ fn wrong_shapes_and_dtypes_name_the_tensor() {
         }
     );
     let err = be
-        .rms_norm(&x, Some(&f32s(&[2, 7])), &f32s(&[8]), 1e-5, &x)
+        .rms_norm(&x, Some(&f32s(&[2, 7])), (&f32s(&[8])).into(), 1e-5, &x)
         .unwrap_err();
     assert_matches!(
         err,

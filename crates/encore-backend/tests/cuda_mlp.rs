@@ -9,7 +9,7 @@
 
 use encore_backend::backend::cpu::CpuBackend;
 use encore_backend::backend::cuda::{qgemv_default_rows, CudaBackend, FP8_ROWWISE_MIN_ROWS};
-use encore_backend::backend::{Activation, Mlp, NormMatmul, PreNorm};
+use encore_backend::backend::{Activation, Mlp, Norm, NormMatmul, PreNorm};
 use encore_backend::quant::{self, QuantFormat};
 use encore_backend::testing::compare::{tolerance, OpClass};
 use encore_backend::{Backend, DType, Tensor};
@@ -103,7 +103,7 @@ impl Shape {
     fn pre<'a>(&self, r: &'a Run) -> Option<PreNorm<'a>> {
         self.norm.then_some(PreNorm {
             residual: &r.residual,
-            weight: &r.norm_w,
+            norm: Norm::Rms(&r.norm_w),
             eps: 1e-5,
             normed: &r.normed,
         })
@@ -159,7 +159,7 @@ impl Shape {
     fn unfused(&self, be: &dyn Backend, r: &Run) {
         let x = match self.pre(r) {
             Some(n) => {
-                be.rms_norm(&r.x, Some(n.residual), n.weight, n.eps, n.normed)
+                be.rms_norm(&r.x, Some(n.residual), n.norm, n.eps, n.normed)
                     .unwrap();
                 &r.normed
             }
@@ -379,7 +379,7 @@ fn fp8_add_norm_matmul_fuses_the_norm_bit_for_bit() {
             x: &x,
             norm: PreNorm {
                 residual: &res,
-                weight: &nw,
+                norm: Norm::Rms(&nw),
                 eps: 1e-6,
                 normed: &normed,
             },
@@ -389,7 +389,8 @@ fn fp8_add_norm_matmul_fuses_the_norm_bit_for_bit() {
         })
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         let (x2, res2, normed2, out2) = make();
-        gpu.rms_norm(&x2, Some(&res2), &nw, 1e-6, &normed2).unwrap();
+        gpu.rms_norm(&x2, Some(&res2), Norm::Rms(&nw), 1e-6, &normed2)
+            .unwrap();
         gpu.matmul(&normed2, &w, b.as_ref(), &out2).unwrap();
         assert_eq!(bits(gpu, &out), bits(gpu, &out2), "{name}: out");
         assert_eq!(bits(gpu, &res), bits(gpu, &res2), "{name}: residual");

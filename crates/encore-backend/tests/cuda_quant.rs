@@ -1010,9 +1010,9 @@ fn gemvs_wait_for_the_kernel_before_them() {
         // Each gemv right after the norm that writes its x.
         let step = || {
             for (w, (o, gu, act)) in ws.iter().zip(&outs) {
-                be.rms_norm(&x0, None, &g, 1e-5, &x).unwrap();
+                be.rms_norm(&x0, None, (&g).into(), 1e-5, &x).unwrap();
                 be.matmul(&x, w, None, o).unwrap();
-                be.rms_norm(&x0, None, &g, 1e-5, &x).unwrap();
+                be.rms_norm(&x0, None, (&g).into(), 1e-5, &x).unwrap();
                 be.matmul_act_mul(Activation::Silu, &x, w, gu, act).unwrap();
             }
         };

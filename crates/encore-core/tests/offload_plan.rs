@@ -147,6 +147,7 @@ fn llama_order_matches_the_model() {
         "tiny",
         "tiny-qwen2",
         "tiny-qwen3",
+        "tiny-stablelm",
         "llama-3.2-1b",
         "llama-3-8b",
     ] {

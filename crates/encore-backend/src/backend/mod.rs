@@ -32,8 +32,9 @@ pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Activation, Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Mlp, Moe, NormMatmul,
-    Penalties, PreNorm, QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS, PROMPT_BIT,
+    Activation, Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Mlp, Moe, Norm,
+    NormMatmul, Penalties, PreNorm, QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS,
+    PROMPT_BIT,
 };
 
 use std::sync::Arc;
@@ -51,12 +52,30 @@ pub(crate) fn all_reduce_then_rms_norm<B: Backend + ?Sized>(
     be: &B,
     x: &Tensor,
     residual: &Tensor,
-    w: &Tensor,
+    norm: Norm<'_>,
     eps: f32,
     out: &Tensor,
 ) -> Result<()> {
     be.all_reduce(x)?;
-    be.rms_norm(x, Some(residual), w, eps, out)
+    be.rms_norm(x, Some(residual), norm, eps, out)
+}
+
+/// [`Backend::norm_add_norm`] as its ops (the default, and a backend's fallback where its
+/// fused kernel does not apply).
+pub(crate) fn norm_then_add_norm<B: Backend + ?Sized>(
+    be: &B,
+    x: &Tensor,
+    x_norm: Norm<'_>,
+    residual: &Tensor,
+    norm: Option<Norm<'_>>,
+    eps: f32,
+    out: &Tensor,
+) -> Result<()> {
+    be.rms_norm(x, None, x_norm, eps, x)?;
+    match norm {
+        Some(n) => be.rms_norm(x, Some(residual), n, eps, out),
+        None => be.residual_add(x, residual, out),
+    }
 }
 
 /// A captured, replayable sequence of ops (a CUDA graph, or a CPU tape).
@@ -146,16 +165,18 @@ pub trait Backend: Send + Sync {
         out: &Tensor,
     ) -> Result<()>;
 
-    /// RMSNorm over the last dimension, optionally fused with the residual add.
-    /// Without `residual`: `out = x / sqrt(mean(x^2) + eps) * weight`.
+    /// The norm `norm` names ([`Norm`]: RMSNorm, or LayerNorm with its bias) over the last
+    /// dimension, optionally fused with the residual add.
+    /// Without `residual`: `out = norm(x)` (RMSNorm: `x / sqrt(mean(x^2) + eps) * weight`).
     /// With `residual`: first `residual = residual + x` (rounded to T and stored back into
-    /// `residual`), then `out = norm(residual) * weight` computed from the stored value.
-    /// x, residual, out T `[.., d]` (same shape), weight T `[d]`. `out` may alias `x`.
+    /// `residual`), then `out = norm(residual)` computed from the stored value.
+    /// x, residual, out T `[.., d]` (same shape), weight and bias T `[d]`. `out` may alias
+    /// `x`.
     fn rms_norm(
         &self,
         x: &Tensor,
         residual: Option<&Tensor>,
-        weight: &Tensor,
+        norm: Norm<'_>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()>;
@@ -166,25 +187,21 @@ pub trait Backend: Send + Sync {
     fn residual_add(&self, x: &Tensor, residual: &Tensor, out: &Tensor) -> Result<()>;
 
     /// A block's output norm, the residual add and the next norm in one op (Gemma's and
-    /// OLMo 2's post norms): `x = norm(x) * x_weight` rounded to T, `residual = residual +
-    /// x` rounded to T, then `out = norm(residual) * weight` (without `weight`, `out =
-    /// residual`). x, residual, out T `[.., d]`, the weights T `[d]`. x's contents
-    /// afterwards are unspecified (the default writes the normed x back; a fused kernel
-    /// leaves it).
+    /// OLMo 2's post norms): `x = x_norm(x)` rounded to T, `residual = residual + x`
+    /// rounded to T, then `out = norm(residual)` (without `norm`, `out = residual`); each
+    /// norm of either kind, as [`Backend::rms_norm`]. x, residual, out T `[.., d]`, the
+    /// weights and biases T `[d]`. x's contents afterwards are unspecified (the default
+    /// writes the normed x back; a fused kernel leaves it).
     fn norm_add_norm(
         &self,
         x: &Tensor,
-        x_weight: &Tensor,
+        x_norm: Norm<'_>,
         residual: &Tensor,
-        weight: Option<&Tensor>,
+        norm: Option<Norm<'_>>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
-        self.rms_norm(x, None, x_weight, eps, x)?;
-        match weight {
-            Some(w) => self.rms_norm(x, Some(residual), w, eps, out),
-            None => self.residual_add(x, residual, out),
-        }
+        norm_then_add_norm(self, x, x_norm, residual, norm, eps, out)
     }
 
     /// RMSNorm in place of columns `col0 .. col0 + d` of every row of x (T `[.., ld]`) by
@@ -284,7 +301,7 @@ pub trait Backend: Send + Sync {
     fn mlp(&self, a: &Mlp<'_>) -> Result<()> {
         let x = match &a.norm {
             Some(n) => {
-                self.rms_norm(a.x, Some(n.residual), n.weight, n.eps, n.normed)?;
+                self.rms_norm(a.x, Some(n.residual), n.norm, n.eps, n.normed)?;
                 n.normed
             }
             None => a.x,
@@ -300,7 +317,7 @@ pub trait Backend: Send + Sync {
     /// runs the projection, so they are never written in T.
     fn add_norm_matmul(&self, a: &NormMatmul<'_>) -> Result<()> {
         let n = &a.norm;
-        self.rms_norm(a.x, Some(n.residual), n.weight, n.eps, n.normed)?;
+        self.rms_norm(a.x, Some(n.residual), n.norm, n.eps, n.normed)?;
         self.matmul(n.normed, a.w, a.bias, a.out)
     }
 
@@ -403,25 +420,26 @@ pub trait Backend: Send + Sync {
     fn all_reduce(&self, x: &Tensor) -> Result<()>;
 
     /// [`Backend::all_reduce`] of `x`, then [`Backend::rms_norm`] of it with `residual`
-    /// (`residual = T(residual + x)` stored back, `out = norm(residual) * w`): the norm
+    /// (`residual = T(residual + x)` stored back, `out = norm(residual)`): the norm
     /// that follows a row-parallel projection. Fused into one kernel where the backend
-    /// can (CUDA's one-shot peer-memory all-reduce), with the same results; the two ops
-    /// otherwise. x, residual, out T `[rows, d]`, w T `[d]`.
+    /// can (CUDA's one-shot peer-memory all-reduce, RMSNorm only), with the same results;
+    /// the two ops otherwise. x, residual, out T `[rows, d]`, the norm's tensors T `[d]`.
     fn all_reduce_rms_norm(
         &self,
         x: &Tensor,
         residual: &Tensor,
-        w: &Tensor,
+        norm: Norm<'_>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
-        all_reduce_then_rms_norm(self, x, residual, w, eps, out)
+        all_reduce_then_rms_norm(self, x, residual, norm, eps, out)
     }
 
     /// Tensor parallelism's row-parallel projection and the residual RMSNorm after it:
     /// `hidden = sum over the ranks of x · wᵀ` (x T `[m, k]`, w this rank's `[n, k]`,
     /// hidden T `[m, n]`), then, as [`Backend::all_reduce_rms_norm`], the residual adds
-    /// hidden and `out = norm(residual) * norm_w`. The default is [`Backend::matmul`]
+    /// hidden and `out = norm(residual)` (CUDA fuses the sum into the gemv for RMSNorm
+    /// only). The default is [`Backend::matmul`]
     /// then [`Backend::all_reduce_rms_norm`]; a backend may move the sum into the matmul
     /// (CUDA: its gemv stores its outputs straight into every rank's memory). Collective:
     /// every rank issues it in the same order on the same shapes, and the ranks' backends
@@ -433,12 +451,12 @@ pub trait Backend: Send + Sync {
         w: &Tensor,
         hidden: &Tensor,
         residual: &Tensor,
-        norm_w: &Tensor,
+        norm: Norm<'_>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
         self.matmul(x, w, None, hidden)?;
-        self.all_reduce_rms_norm(hidden, residual, norm_w, eps, out)
+        self.all_reduce_rms_norm(hidden, residual, norm, eps, out)
     }
 
     /// Gather every rank's `src` into `dst`: `dst[k] = src` of rank k, on every rank.

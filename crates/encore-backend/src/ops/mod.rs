@@ -1,7 +1,7 @@
 //! What both backends share about the ops: argument validation (so a bad call fails the
 //! same way everywhere, naming the tensor), the rotary table, and the sampling RNG.
 
-use crate::args::{Attention, KvScale, LogitBias, QkvRope, Sampling, MAX_TOP_LOGPROBS};
+use crate::args::{Attention, KvScale, LogitBias, Norm, QkvRope, Sampling, MAX_TOP_LOGPROBS};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
@@ -206,10 +206,12 @@ pub fn check_rms_norm_columns(
     })
 }
 
+/// `rms_norm` of either [`Norm`] kind: x, residual, out T `[.., d]`, weight (and
+/// LayerNorm's bias) T `[d]`.
 pub fn check_rms_norm(
     x: &Tensor,
     residual: Option<&Tensor>,
-    weight: &Tensor,
+    norm: Norm<'_>,
     eps: f32,
     out: &Tensor,
 ) -> Result<RowDims> {
@@ -219,8 +221,11 @@ pub fn check_rms_norm(
         return Err(Error::invalid(OP, "x must have at least one dimension"));
     }
     let dim = x.dim(-1);
-    same_dtype(OP, "weight", weight, x.dtype())?;
-    check_shape(OP, "weight", weight, &[dim], "[d]")?;
+    let bias = norm.bias().map(|b| ("bias", b));
+    for (name, t) in [("weight", norm.weight())].into_iter().chain(bias) {
+        same_dtype(OP, name, t, x.dtype())?;
+        check_shape(OP, name, t, &[dim], "[d]")?;
+    }
     same_dtype(OP, "out", out, x.dtype())?;
     check_shape(OP, "out", out, x.shape(), "same as x")?;
     if let Some(r) = residual {

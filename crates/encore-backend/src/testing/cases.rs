@@ -28,18 +28,22 @@ const LONG_WINDOWS: &[Option<usize>] = &[Some(1), Some(3), Some(15), Some(17), S
 
 pub(crate) enum Op {
     Embedding(EmbeddingInputs),
+    /// `rms_norm`: RMSNorm, or LayerNorm with `bias`.
     RmsNorm {
         inputs: RmsNormInputs,
+        bias: Option<Vec<f32>>,
         residual: bool,
         in_place: bool,
     },
     /// `residual_add` (no norm; the inputs' weight unused).
     ResidualAdd(RmsNormInputs),
     /// `norm_add_norm`: x normed by `x_weight`, added to the residual, then normed by the
-    /// inputs' weight (or not, `plain`).
+    /// inputs' weight (or not, `plain`); with `biases` (x's, the inputs') both norms are
+    /// LayerNorms.
     NormAddNorm {
         inputs: RmsNormInputs,
         x_weight: Vec<f32>,
+        biases: Option<(Vec<f32>, Vec<f32>)>,
         plain: bool,
     },
     /// `rms_norm_columns`: the inputs' `dim` is the row (`ld`); columns `col0 .. col0 +
@@ -138,26 +142,41 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 Op::Embedding(inputs),
             );
         }
-        for (rows, dim) in [(5, 64), (3, 200), (1, 1000)] {
-            for (residual, in_place) in [(false, false), (true, false), (false, true), (true, true)]
-            {
-                let name = match (residual, in_place) {
-                    (false, false) => "rms_norm",
-                    (true, false) => "rms_norm(residual)",
-                    (false, true) => "rms_norm(out=x)",
-                    (true, true) => "rms_norm(residual, out=x)",
-                };
-                let inputs = RmsNormInputs::random(rng, rows, dim);
-                push(
-                    name.into(),
-                    format!("rows={rows} d={dim}"),
-                    dtype,
-                    Op::RmsNorm {
-                        inputs,
-                        residual,
-                        in_place,
-                    },
-                );
+        // RMSNorm, then LayerNorm with a bias (StableLM; also at an odd width, its inputs
+        // offset from zero so that the mean matters): aligned (vectorised) and not.
+        let norm_shapes: [&[(usize, usize)]; 2] = [
+            &[(5, 64), (3, 200), (1, 1000)],
+            &[(5, 64), (3, 200), (2, 201), (1, 1000)],
+        ];
+        for (layer, shapes) in [false, true].into_iter().zip(norm_shapes) {
+            let kind = if layer { "layer_norm" } else { "rms_norm" };
+            for &(rows, dim) in shapes {
+                for (residual, in_place) in
+                    [(false, false), (true, false), (false, true), (true, true)]
+                {
+                    let name = match (residual, in_place) {
+                        (false, false) => kind.to_string(),
+                        (true, false) => format!("{kind}(residual)"),
+                        (false, true) => format!("{kind}(out=x)"),
+                        (true, true) => format!("{kind}(residual, out=x)"),
+                    };
+                    let mut inputs = RmsNormInputs::random(rng, rows, dim);
+                    let bias = layer.then(|| {
+                        inputs.x.iter_mut().for_each(|v| *v += 2.0);
+                        normal(rng, dim, 0.5)
+                    });
+                    push(
+                        name,
+                        format!("rows={rows} d={dim}"),
+                        dtype,
+                        Op::RmsNorm {
+                            inputs,
+                            bias,
+                            residual,
+                            in_place,
+                        },
+                    );
+                }
             }
         }
         for (rows, dim) in [(5, 64), (3, 201)] {
@@ -176,10 +195,26 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                     Op::NormAddNorm {
                         inputs,
                         x_weight,
+                        biases: None,
                         plain,
                     },
                 );
             }
+            // Both norms LayerNorms (the backends' unfused path).
+            let inputs = RmsNormInputs::random(rng, rows, dim);
+            let x_weight = RmsNormInputs::random(rng, 1, dim).weight;
+            let biases = Some((normal(rng, dim, 0.5), normal(rng, dim, 0.5)));
+            push(
+                "norm_add_norm(layer_norm)".into(),
+                format!("rows={rows} d={dim}"),
+                dtype,
+                Op::NormAddNorm {
+                    inputs,
+                    x_weight,
+                    biases,
+                    plain: false,
+                },
+            );
         }
         // OLMo 2's q and k norms on fused q/k/v rows: aligned (vectorised) and not.
         for (rows, ld, col0, dim) in [

@@ -103,12 +103,14 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
         )],
         Op::RmsNorm {
             inputs: i,
+            bias,
             residual,
             ..
         } => {
             let res = residual.then(|| q(&i.residual));
-            let (out, res) =
-                reference::rms_norm(&q(&i.x), res.as_deref(), &q(&i.weight), i.eps as f64, dt);
+            let (x, w, b) = (q(&i.x), q(&i.weight), bias.as_deref().map(q));
+            let eps = i.eps as f64;
+            let (out, res) = reference::norm(&x, res.as_deref(), &w, b.as_deref(), eps, dt);
             let mut r = vec![floats("out", out, OpClass::Pointwise)];
             if let Some(res) = res {
                 r.push(floats("residual", res, OpClass::Pointwise));
@@ -132,13 +134,18 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
         Op::NormAddNorm {
             inputs: i,
             x_weight,
+            biases,
             plain,
         } => {
             let eps = i.eps as f64;
-            let (normed, _) = reference::rms_norm(&q(&i.x), None, &q(x_weight), eps, dt);
+            let (xb, b) = match biases {
+                Some((xb, b)) => (Some(q(xb)), Some(q(b))),
+                None => (None, None),
+            };
+            let (normed, _) = reference::norm(&q(&i.x), None, &q(x_weight), xb.as_deref(), eps, dt);
             let normed: Vec<f64> = normed.iter().map(|&v| reference::round_to(dt, v)).collect();
-            let w = q(&i.weight);
-            let (out, res) = reference::rms_norm(&normed, Some(&q(&i.residual)), &w, eps, dt);
+            let (w, res) = (q(&i.weight), q(&i.residual));
+            let (out, res) = reference::norm(&normed, Some(&res), &w, b.as_deref(), eps, dt);
             let res = res.expect("a residual was given");
             let out = if *plain { res.clone() } else { out };
             vec![

@@ -41,6 +41,19 @@ pub fn rms_norm(
     eps: f64,
     dtype: DType,
 ) -> (Vec<f64>, Option<Vec<f64>>) {
+    norm(x, residual, weight, None, eps, dtype)
+}
+
+/// [`rms_norm`], or with `bias` LayerNorm: `(x - mean) / sqrt(var + eps) * weight + bias`,
+/// var the population variance.
+pub fn norm(
+    x: &[f64],
+    residual: Option<&[f64]>,
+    weight: &[f64],
+    bias: Option<&[f64]>,
+    eps: f64,
+    dtype: DType,
+) -> (Vec<f64>, Option<Vec<f64>>) {
     let dim = weight.len();
     let summed: Option<Vec<f64>> = residual.map(|r| {
         r.iter()
@@ -51,9 +64,21 @@ pub fn rms_norm(
     let input = summed.as_deref().unwrap_or(x);
     let mut out = Vec::new();
     for row in input.chunks(dim) {
-        let mean_sq = row.iter().map(|v| v * v).sum::<f64>() / dim as f64;
-        for i in 0..dim {
-            out.push(row[i] / (mean_sq + eps).sqrt() * weight[i]);
+        let n = dim as f64;
+        match bias {
+            None => {
+                let mean_sq = row.iter().map(|v| v * v).sum::<f64>() / n;
+                for i in 0..dim {
+                    out.push(row[i] / (mean_sq + eps).sqrt() * weight[i]);
+                }
+            }
+            Some(b) => {
+                let mean = row.iter().sum::<f64>() / n;
+                let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+                for i in 0..dim {
+                    out.push((row[i] - mean) / (var + eps).sqrt() * weight[i] + b[i]);
+                }
+            }
         }
     }
     (out, summed)

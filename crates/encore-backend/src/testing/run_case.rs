@@ -1,7 +1,9 @@
 //! Running a case on a backend: inputs uploaded in their dtypes, outputs poisoned before
 //! the op and read back to the host as f64.
 
-use crate::backend::{Attention, Backend, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask};
+use crate::backend::{
+    Attention, Backend, Norm, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask,
+};
 use crate::error::Result;
 use crate::tensor::DType;
 
@@ -49,12 +51,14 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
         }
         Op::RmsNorm {
             inputs: i,
+            bias,
             residual,
             in_place,
         } => {
             let shape = [i.rows, i.dim];
             let x = f(&i.x, &shape)?;
             let w = f(&i.weight, &[i.dim])?;
+            let bias = bias.as_ref().map(|b| f(b, &[i.dim])).transpose()?;
             let res = if *residual {
                 Some(f(&i.residual, &shape)?)
             } else {
@@ -65,7 +69,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             } else {
                 fresh(dt, &shape)?
             };
-            b.rms_norm(&x, res.as_ref(), &w, i.eps, &out)?;
+            b.rms_norm(&x, res.as_ref(), Norm::new(&w, bias.as_ref()), i.eps, &out)?;
             let mut r = vec![floats("out", download_f64(b, &out)?, OpClass::Pointwise)];
             if let Some(res) = res {
                 r.push(floats(
@@ -92,6 +96,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
         Op::NormAddNorm {
             inputs: i,
             x_weight,
+            biases,
             plain,
         } => {
             let shape = [i.rows, i.dim];
@@ -101,8 +106,13 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 fresh(dt, &shape)?,
             );
             let (xw, w) = (f(x_weight, &[i.dim])?, f(&i.weight, &[i.dim])?);
-            let w = (!*plain).then_some(&w);
-            b.norm_add_norm(&x, &xw, &res, w, i.eps, &out)?;
+            let (xb, wb) = match biases {
+                Some((xb, wb)) => (Some(f(xb, &[i.dim])?), Some(f(wb, &[i.dim])?)),
+                None => (None, None),
+            };
+            let x_norm = Norm::new(&xw, xb.as_ref());
+            let norm = (!*plain).then(|| Norm::new(&w, wb.as_ref()));
+            b.norm_add_norm(&x, x_norm, &res, norm, i.eps, &out)?;
             vec![
                 floats("out", download_f64(b, &out)?, OpClass::Pointwise),
                 floats("residual", download_f64(b, &res)?, OpClass::Pointwise),

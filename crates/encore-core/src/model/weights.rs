@@ -194,8 +194,9 @@ pub struct ModelWeights {
     /// `[vocab, hidden]`.
     pub embed: Tensor,
     pub layers: Vec<LayerWeights>,
-    /// `[hidden]`.
+    /// `[hidden]`, and its bias for a LayerNorm (`ModelConfig::norm_kind`).
     pub norm: Tensor,
+    pub norm_bias: Option<Tensor>,
     /// `[vocab, hidden]`; the same tensor as `embed` (same storage) when tied.
     pub lm_head: Tensor,
     /// An EAGLE-3 head's `fc` `[hidden, 3 * target_hidden]`. A head's `embed` is the
@@ -434,6 +435,7 @@ pub fn dequantized(backend: &dyn Backend, w: &ModelWeights) -> Result<ModelWeigh
         embed: w.embed.clone(),
         layers,
         norm: w.norm.clone(),
+        norm_bias: w.norm_bias.clone(),
         lm_head: dense(&w.lm_head)?,
         eagle_fc: w.eagle_fc.as_ref().map(dense).transpose()?,
         dtype: w.dtype,
@@ -811,6 +813,7 @@ fn build(
         .collect::<Result<Vec<_>>>()?;
     let eagle_fc = top[slot(Role::EagleFc)].take();
     let norm = need(&mut top, Role::FinalNorm)?;
+    let norm_bias = top[slot(Role::FinalNormBias)].take();
     let (embed, lm_head) = match &eagle_fc {
         // An EAGLE-3 head shares the target's embedding: a placeholder until then.
         Some(_) => {
@@ -830,6 +833,7 @@ fn build(
         embed,
         layers,
         norm,
+        norm_bias,
         lm_head,
         eagle_fc,
         dtype,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use encore_core::backend::cpu::CpuBackend;
-use encore_core::backend::{Activation, CopyQueue, HostMemory, Moe};
+use encore_core::backend::{Activation, CopyQueue, HostMemory, Moe, Norm};
 use encore_core::memory::vmm::Vmm;
 use encore_core::{
     Attention, Backend, DType, Error, Graph, LogitBias, QkvRope, Result, Sampling, Tensor,
@@ -120,7 +120,7 @@ impl<H: Hooks> Backend for Hooked<H> {
         &self,
         x: &Tensor,
         r: Option<&Tensor>,
-        w: &Tensor,
+        w: Norm<'_>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {

@@ -76,6 +76,7 @@ fn llama_cpp_name(hf: &str) -> String {
     match hf {
         "model.embed_tokens.weight" => return "token_embd.weight".into(),
         "model.norm.weight" => return "output_norm.weight".into(),
+        "model.norm.bias" => return "output_norm.bias".into(),
         "lm_head.weight" => return "output.weight".into(),
         _ => {}
     }
@@ -83,6 +84,9 @@ fn llama_cpp_name(hf: &str) -> String {
     let (layer, rest) = rest.split_once('.').unwrap();
     let table = [
         ("input_layernorm.weight", "attn_norm.weight"),
+        // StableLM's LayerNorm biases.
+        ("input_layernorm.bias", "attn_norm.bias"),
+        ("post_attention_layernorm.bias", "ffn_norm.bias"),
         ("self_attn.q_proj.weight", "attn_q.weight"),
         ("self_attn.k_proj.weight", "attn_k.weight"),
         ("self_attn.v_proj.weight", "attn_v.weight"),

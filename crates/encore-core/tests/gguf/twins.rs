@@ -100,6 +100,19 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
         // OLMo 2: no pre-norms, post norms (llama.cpp's `post_attention_norm` and
         // `post_ffw_norm`), q and k norms across the heads; not permuted.
         ("Olmo2ForCausalLM", r#", "rms_norm_eps": 1e-5"#, Store::Q8_0),
+        // StableLM: LayerNorms with a bias (`attn_norm.bias`, `ffn_norm.bias`,
+        // `output_norm.bias`; `attention.layer_norm_epsilon`), a quarter of each head's
+        // rotary dims, q/k/v biases; not permuted.
+        (
+            "StableLmForCausalLM",
+            r#", "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25, "use_qkv_bias": true"#,
+            Store::Q8_0,
+        ),
+        (
+            "StableLmForCausalLM",
+            r#", "partial_rotary_factor": 0.5"#,
+            Store::F16,
+        ),
         // llama.cpp writes Mixtral as `llama` with experts (q/k permuted).
         (
             "MixtralForCausalLM",
@@ -304,4 +317,52 @@ fn moe_files_with_bad_expert_tensors_are_errors_naming_them() {
     w.remove_kv("qwen3moe.expert_feed_forward_length");
     let (_, msg) = err_text(open(&w));
     assert_mentions(&msg, &["qwen3moe.expert_feed_forward_length", "missing"]);
+}
+
+/// A stablelm file llama.cpp would run with what encore does not build is refused by what
+/// it is, before any tensor loads: per-head q/k norms (`attn_q_norm`), and the parallel
+/// residual (layers without `ffn_norm`).
+#[test]
+fn stablelm_files_with_qk_norms_or_a_parallel_residual_are_refused() {
+    let json = tiny_json("StableLmForCausalLM", "");
+    let cfg = ModelConfig::from_json(&json, "test").unwrap();
+    let ts = hf_checkpoint(&cfg, Store::F32, 5);
+    let dir = TempDir::new("stablelm-refused");
+    let hd = cfg.head_dim;
+    let qk = |l: usize| {
+        (
+            format!("model.layers.{l}.self_attn.q_norm.weight"),
+            vec![hd],
+            vec![1.0; hd],
+        )
+    };
+    let cases = [
+        (
+            ts.iter().cloned().chain([qk(0), qk(1)]).collect::<Vec<_>>(),
+            "q/k norms",
+        ),
+        (
+            ts.iter()
+                .filter(|(n, ..)| !n.contains("post_attention_layernorm"))
+                .cloned()
+                .collect(),
+            "a parallel residual",
+        ),
+    ];
+    for (k, (ts, want)) in cases.iter().enumerate() {
+        let path = dir.file(&format!("m{k}.gguf"));
+        gguf_twin(&cfg, ts, Store::F32).write(&path).unwrap();
+        let Err(e) = open_model(path.to_str().unwrap()) else {
+            panic!("a stablelm file with {want} opened");
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains(want) && e.contains("not supported for stablelm"),
+            "{e}"
+        );
+    }
+    // The file itself is fine without them.
+    let path = dir.file("ok.gguf");
+    gguf_twin(&cfg, &ts, Store::F32).write(&path).unwrap();
+    assert_eq!(open_model(path.to_str().unwrap()).unwrap().config, cfg);
 }

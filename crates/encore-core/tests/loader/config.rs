@@ -115,6 +115,7 @@ fn real_configs_parse_to_the_expected_values() {
             embed_scale: false,
             rope_local: None,
             norm_plus_one: false,
+            norm_kind: encore_core::model::config::NormKind::Rms,
             query_scale: 1.0,
             attn_softcap: None,
             final_softcap: None,

@@ -1,4 +1,5 @@
-//! `config.json` of the families past Llama and Qwen: Phi-3, Gemma 3, Gemma 2 and OLMo 2.
+//! `config.json` of the families past Llama and Qwen: Phi-3, Gemma 3, Gemma 2, OLMo 2 and
+//! StableLM.
 
 use super::*;
 
@@ -313,4 +314,102 @@ fn absent_fields_take_the_family_defaults() {
     assert_eq!(eps("LlamaForCausalLM"), 1e-6);
     assert!(parse("SmolLM3ForCausalLM").tie_word_embeddings);
     assert!(!parse("LlamaForCausalLM").tie_word_embeddings);
+}
+
+/// StableLM (`stablelm`, StableLM-2-1.6B's config): LayerNorms with a bias (the biases
+/// declared beside their weights, with llama.cpp's names), `layer_norm_eps`, a quarter of
+/// each head rotating (also by default), q/k/v biases from `use_qkv_bias`, an untied head;
+/// per-head q/k LayerNorms and the parallel residual refused by name.
+#[test]
+fn stablelm_configs_parse_and_refuse_what_does_not_run() {
+    use encore_core::model::config::NormKind;
+    use encore_core::model::gguf::gguf_name;
+    let base = r#""architectures": ["StableLmForCausalLM"], "model_type": "stablelm",
+        "vocab_size": 100352, "hidden_size": 2048, "intermediate_size": 5632,
+        "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 32,
+        "hidden_act": "silu", "max_position_embeddings": 4096, "rope_theta": 10000,
+        "torch_dtype": "float16""#;
+    let with = |extra: &str| ModelConfig::from_json(&format!("{{{base}{extra}}}"), "config.json");
+    let c = with(
+        r#", "layer_norm_eps": 1e-06, "partial_rotary_factor": 0.25, "use_qkv_bias": true,
+        "qk_layernorm": false, "use_parallel_residual": false, "tie_word_embeddings": false"#,
+    )
+    .unwrap();
+    assert_eq!(c.arch, Arch::StableLm);
+    assert_eq!(c.norm_kind, NormKind::LayerBias);
+    assert_eq!((c.rms_norm_eps, c.rope.rot_dim, c.head_dim), (1e-6, 16, 64));
+    assert!(c.qkv_bias && !c.tie_word_embeddings && !c.qk_norm && !c.post_norms);
+    let names: Vec<(String, Vec<usize>)> = c
+        .decl()
+        .tensors()
+        .iter()
+        .flat_map(|t| t.parts.iter().map(|p| (p.name.clone(), p.shape.clone())))
+        .collect();
+    for (hf, gguf) in [
+        (
+            "model.layers.0.input_layernorm.bias",
+            "blk.0.attn_norm.bias",
+        ),
+        (
+            "model.layers.23.post_attention_layernorm.bias",
+            "blk.23.ffn_norm.bias",
+        ),
+        ("model.norm.bias", "output_norm.bias"),
+    ] {
+        let found = names.iter().find(|(n, _)| n == hf);
+        assert_eq!(found.map(|(_, s)| s.clone()), Some(vec![2048]), "{hf}");
+        assert_eq!(gguf_name(hf).as_deref(), Some(gguf), "{hf}");
+    }
+    // The defaults: epsilon 1e-5, a quarter of the head rotating, no q/k/v biases, an
+    // untied head; `rms_norm_eps` is not StableLM's key.
+    let d = with(r#", "rms_norm_eps": 0.5"#).unwrap();
+    assert_eq!((d.rms_norm_eps, d.rope.rot_dim), (1e-5, 16));
+    assert!(!d.qkv_bias && !d.tie_word_embeddings);
+    assert!(!d
+        .decl()
+        .hf_tensors()
+        .any(|t| t.name.ends_with("q_proj.bias")));
+    // A RMSNorm family declares no norm biases.
+    let llama = ModelConfig::from_json(super::config::LLAMA_3_2_1B, "config.json").unwrap();
+    assert_eq!(llama.norm_kind, NormKind::Rms);
+    assert!(!llama
+        .decl()
+        .hf_tensors()
+        .any(|t| t.name.ends_with("norm.bias")));
+    for (extra, want) in [
+        (r#", "qk_layernorm": true"#, "qk_layernorm = true"),
+        (
+            r#", "use_parallel_residual": true"#,
+            "use_parallel_residual = true",
+        ),
+        (r#", "partial_rotary_factor": 0.3"#, "must be even"),
+    ] {
+        let e = with(extra).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+        assert!(
+            want.contains("even") || e.contains("not supported for stablelm"),
+            "{e}"
+        );
+    }
+    // LayerNorms are the block norms only: beside q/k norms (or post norms) the weights
+    // do not load.
+    let with_qk = ModelConfig {
+        qk_norm: true,
+        ..ModelConfig::dummy("tiny-stablelm").unwrap()
+    };
+    let e = weights::load(
+        &CpuBackend::new(),
+        &with_qk,
+        WeightSource::Dummy { seed: 1 },
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    );
+    let Err(e) = e else {
+        panic!("LayerNorms beside q/k norms loaded")
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("LayerNorms with q/k norms are not supported"),
+        "{e}"
+    );
 }

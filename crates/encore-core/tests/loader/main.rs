@@ -58,6 +58,8 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         "model.embed_tokens.weight".to_string(),
         vec![cfg.vocab_size, h],
     )];
+    // StableLM's LayerNorms: a bias beside each norm's weight.
+    let ln = cfg.norm_kind == encore_core::model::config::NormKind::LayerBias;
     for l in 0..cfg.num_layers {
         let p = format!("model.layers.{l}.");
         let mut add = |s: &str, shape: Vec<usize>| out.push((format!("{p}{s}"), shape));
@@ -65,6 +67,9 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         let pre = cfg.arch != Arch::Olmo2;
         if pre {
             add("input_layernorm.weight", vec![h]);
+            if ln {
+                add("input_layernorm.bias", vec![h]);
+            }
         }
         // Phi-3 keeps q/k/v and gate/up fused.
         let fused = cfg.arch == Arch::Phi3;
@@ -95,6 +100,9 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             }
         } else {
             add("post_attention_layernorm.weight", vec![h]);
+            if ln {
+                add("post_attention_layernorm.bias", vec![h]);
+            }
         }
         match &cfg.moe {
             Some(m) if m.is_sparse(l) => {
@@ -140,6 +148,9 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         }
     }
     out.push(("model.norm.weight".into(), vec![h]));
+    if ln {
+        out.push(("model.norm.bias".into(), vec![h]));
+    }
     if !cfg.tie_word_embeddings {
         out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h]));
     }

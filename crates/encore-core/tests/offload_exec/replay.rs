@@ -3,8 +3,14 @@
 use super::*;
 
 /// The dummies with tied embeddings and a qkv bias (tiny-qwen2), tied embeddings and q/k
-/// norms (tiny-qwen3), and untied Llama 3 rope (tiny-llama3).
-const MODELS: [&str; 3] = ["dummy:tiny-qwen2", "dummy:tiny-qwen3", "dummy:tiny-llama3"];
+/// norms (tiny-qwen3), untied Llama 3 rope (tiny-llama3), and LayerNorms whose biases the
+/// norm ops read beside their weights (tiny-stablelm).
+const MODELS: [&str; 4] = [
+    "dummy:tiny-qwen2",
+    "dummy:tiny-qwen3",
+    "dummy:tiny-llama3",
+    "dummy:tiny-stablelm",
+];
 
 #[test]
 fn verified_graph_replays_under_offload_give_the_resident_tokens() {
@@ -25,6 +31,19 @@ fn verified_graph_replays_under_offload_give_the_resident_tokens() {
         assert_eq!(got, want, "{spec}");
         let s = runner.graph_stats().unwrap();
         assert!(s.hits > 0, "{spec}: no step replayed a graph: {s:?}");
+    }
+}
+
+/// Under the LRU policy each op's weights come from its announcement: a LayerNorm's
+/// weight and bias, in that order (tiny-stablelm), give the resident tokens.
+#[test]
+fn lru_budgets_hand_layer_norms_their_biases() {
+    let cpu = slow_cpu();
+    let files = open_model("dummy:tiny-stablelm").unwrap();
+    let (want, _) = run_files(&cpu, &files, &config(false, None)).unwrap();
+    for p in [75.0, 30.0] {
+        let (got, _) = run_files(&cpu, &files, &config(false, budget(p, Policy::Lru))).unwrap();
+        assert_eq!(got, want, "LRU, {p}% budget");
     }
 }
 

@@ -57,7 +57,7 @@ fn check_collectives(ranks: &[BackendRef]) {
 
 /// The all-reduce fused with the residual RMSNorm against the sum computed here and the
 /// CPU backend's norm of it, within bf16 rounding (the one-shot kernel on CUDA for up to
-/// 2 MiB, the two ops past it).
+/// 2 MiB, the two ops past it); and with a LayerNorm (the two ops on CUDA).
 fn check_all_reduce_rms_norm(ranks: &[BackendRef]) {
     let n = ranks.len();
     let values = |seed: usize, len: usize| -> Vec<f32> {
@@ -65,7 +65,12 @@ fn check_all_reduce_rms_norm(ranks: &[BackendRef]) {
             .map(|i| ((i * 7 + seed * 13) % 61) as f32 / 16.0 - 1.5)
             .collect()
     };
-    for (rows, dim) in [(1usize, 4096usize), (3, 128), (64, 4096), (300, 4096)] {
+    let shapes = [(1usize, 4096usize), (3, 128), (64, 4096), (300, 4096)];
+    let kinds = shapes
+        .map(|s| (s, false))
+        .into_iter()
+        .chain([((3, 128), true), ((64, 4096), true)]);
+    for ((rows, dim), layer) in kinds {
         let len = rows * dim;
         // What every rank must get: the CPU's rms_norm of the rounded sum.
         let cpu_be = CpuBackend::new();
@@ -81,7 +86,15 @@ fn check_all_reduce_rms_norm(ranks: &[BackendRef]) {
             bf(&values(77, dim), &[dim]),
         );
         let out = cpu.alloc(DType::BF16, &[rows, dim]).unwrap();
-        cpu.rms_norm(&x, Some(&res), &w, 1e-5, &out).unwrap();
+        let b = bf(&values(55, dim), &[dim]);
+        cpu.rms_norm(
+            &x,
+            Some(&res),
+            Norm::new(&w, layer.then_some(&b)),
+            1e-5,
+            &out,
+        )
+        .unwrap();
         let want = (
             cpu.download_f32(&out).unwrap(),
             cpu.download_f32(&res).unwrap(),
@@ -95,14 +108,15 @@ fn check_all_reduce_rms_norm(ranks: &[BackendRef]) {
                     };
                     let x = up(&values(rank, len), &[rows, dim]);
                     let res = up(&values(99, len), &[rows, dim]);
-                    let w = up(&values(77, dim), &[dim]);
+                    let (w, b) = (up(&values(77, dim), &[dim]), up(&values(55, dim), &[dim]));
                     let out = be.alloc(DType::BF16, &[rows, dim]).unwrap();
-                    be.all_reduce_rms_norm(&x, &res, &w, 1e-5, &out).unwrap();
+                    let norm = Norm::new(&w, layer.then_some(&b));
+                    be.all_reduce_rms_norm(&x, &res, norm, 1e-5, &out).unwrap();
                     let close = |got: Vec<f32>, want: &[f32], what: &str| {
                         for (i, (g, w)) in got.iter().zip(want).enumerate() {
                             assert!(
                                 (g - w).abs() <= 1e-2 * w.abs().max(1.0),
-                                "{rows}x{dim} {what}[{i}]: {g} vs {w}"
+                                "{rows}x{dim} layer {layer} {what}[{i}]: {g} vs {w}"
                             );
                         }
                     };
@@ -118,7 +132,8 @@ fn check_all_reduce_rms_norm(ranks: &[BackendRef]) {
 /// backend's matmul of each rank's shard, summed here, then its norm, within bf16
 /// rounding (the sum, the residual and the norm): one eager call, then three replays of
 /// one graph over new x (so each of the CUDA pushed all-reduce's three staging buffers is
-/// used), with a plain all-reduce + norm between calls. On CUDA the pushed kernels take the gemv's row counts (the ranks here
+/// used), with a plain all-reduce + norm between calls; the last shapes with a LayerNorm
+/// (the two ops on CUDA). On CUDA the pushed kernels take the gemv's row counts (the ranks here
 /// run the gemv up to 8 rows), the other shapes the two ops.
 fn check_matmul_all_reduce_rms_norm(ranks: &[BackendRef]) {
     let n_ranks = ranks.len();
@@ -127,12 +142,14 @@ fn check_matmul_all_reduce_rms_norm(ranks: &[BackendRef]) {
             .map(|i| ((i * 7 + seed * 13) % 61) as f32 / 32.0 - 0.9)
             .collect()
     };
-    for (m, n, k) in [
-        (1usize, 4096usize, 2048usize),
-        (1, 1000, 256),
-        (3, 512, 512),
-        (8, 2048, 1024),
-        (16, 256, 128),
+    for (m, n, k, layer) in [
+        (1usize, 4096usize, 2048usize, false),
+        (1, 1000, 256, false),
+        (3, 512, 512, false),
+        (8, 2048, 1024, false),
+        (16, 256, 128, false),
+        (1, 4096, 2048, true),
+        (3, 512, 512, true),
     ] {
         let cpu_be = CpuBackend::new();
         let cpu: &dyn Backend = &cpu_be;
@@ -158,8 +175,15 @@ fn check_matmul_all_reduce_rms_norm(ranks: &[BackendRef]) {
             }
             let (h, res) = (bf(&sum, &[m, n]), bf(res0, &[m, n]));
             let out = cpu.alloc(DType::BF16, &[m, n]).unwrap();
-            cpu.rms_norm(&h, Some(&res), &bf(&values(77, n), &[n]), 1e-5, &out)
-                .unwrap();
+            let (g, b) = (bf(&values(77, n), &[n]), bf(&values(55, n), &[n]));
+            cpu.rms_norm(
+                &h,
+                Some(&res),
+                Norm::new(&g, layer.then_some(&b)),
+                1e-5,
+                &out,
+            )
+            .unwrap();
             (
                 cpu.download_f32(&out).unwrap(),
                 cpu.download_f32(&res).unwrap(),
@@ -176,19 +200,20 @@ fn check_matmul_all_reduce_rms_norm(ranks: &[BackendRef]) {
                     let x = up(&x_of(rank, 0), &[m, k]);
                     let w = up(&w_of(rank), &[n, k]);
                     let res = up(&values(99, m * n), &[m, n]);
-                    let g = up(&values(77, n), &[n]);
+                    let (g, b) = (up(&values(77, n), &[n]), up(&values(55, n), &[n]));
+                    let norm = Norm::new(&g, layer.then_some(&b));
                     let hidden = be.alloc(DType::BF16, &[m, n]).unwrap();
                     let out = be.alloc(DType::BF16, &[m, n]).unwrap();
                     let close = |got: Vec<f32>, want: &[f32], what: &str| {
                         for (i, (g, w)) in got.iter().zip(want).enumerate() {
                             assert!(
                                 (g - w).abs() <= 2e-2 * w.abs().max(1.0),
-                                "{m}x{n}x{k} {what}[{i}]: {g} vs {w}"
+                                "{m}x{n}x{k} layer {layer} {what}[{i}]: {g} vs {w}"
                             );
                         }
                     };
                     let call =
-                        || be.matmul_all_reduce_rms_norm(&x, &w, &hidden, &res, &g, 1e-5, &out);
+                        || be.matmul_all_reduce_rms_norm(&x, &w, &hidden, &res, norm, 1e-5, &out);
                     let res0 = be.download_f32(&res).unwrap();
                     call().unwrap();
                     let (o, r, h) = want(0, &res0);
@@ -212,7 +237,7 @@ fn check_matmul_all_reduce_rms_norm(ranks: &[BackendRef]) {
                         close(be.download_f32(&out).unwrap(), &o, "replayed out");
                         close(be.download_f32(&res).unwrap(), &r, "replayed residual");
                         close(be.download_f32(&hidden).unwrap(), &h, "replayed sum");
-                        be.all_reduce_rms_norm(&plain, &pres, &pw, 1e-5, &pout)
+                        be.all_reduce_rms_norm(&plain, &pres, (&pw).into(), 1e-5, &pout)
                             .unwrap();
                     }
                 });

@@ -103,7 +103,7 @@ fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes_on_two_gpu
             let up = |v: f32| be.upload_f32_as(&[v; 4096], &[1, 4096], DType::BF16);
             let (x, res, out) = (up(1.0)?, up(0.5)?, up(0.0)?);
             let w = be.upload_f32_as(&[1.0; 4096], &[4096], DType::BF16)?;
-            be.all_reduce_rms_norm(&x, &res, &w, 1e-5, &out)?;
+            be.all_reduce_rms_norm(&x, &res, (&w).into(), 1e-5, &out)?;
             Ok(vec![x, res, out, w])
         }),
         ("matmul_all_reduce_rms_norm", |be| {
@@ -118,7 +118,7 @@ fn cuda_an_abort_ends_a_peer_memory_all_reduce_whose_peer_never_comes_on_two_gpu
                 up(0.0, &[1, 4096])?,
             );
             let norm = up(1.0, &[4096])?;
-            be.matmul_all_reduce_rms_norm(&x, &w, &hidden, &res, &norm, 1e-5, &out)?;
+            be.matmul_all_reduce_rms_norm(&x, &w, &hidden, &res, (&norm).into(), 1e-5, &out)?;
             Ok(vec![x, w, hidden, res, out, norm])
         }),
     ];

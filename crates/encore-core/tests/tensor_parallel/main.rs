@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use encore_core::backend::cpu::CpuBackend;
-use encore_core::backend::{Backend, BackendRef};
+use encore_core::backend::{Backend, BackendRef, Norm};
 use encore_core::engine::{Engine, EngineConfig, KvSizing, TpBackends};
 use encore_core::generate::{generate, GenerateOptions};
 use encore_core::graph::BucketPolicy;
@@ -124,6 +124,14 @@ fn greedy_tokens_over_2_and_4_ranks_equal_one_rank() {
 #[test]
 fn phi3_fused_projections_over_2_and_4_ranks_equal_one_rank() {
     ranks_give_one_ranks_tokens(&["dummy:tiny-phi3"]);
+}
+
+/// StableLM over ranks: its LayerNorms with a bias after each row-parallel projection's
+/// sum over the ranks (`all_reduce_rms_norm` and `matmul_all_reduce_rms_norm` with a
+/// LayerNorm), partial rotary, q/k/v biases cut per rank (KV heads replicated over 4).
+#[test]
+fn stablelm_layer_norms_over_2_and_4_ranks_equal_one_rank() {
+    ranks_give_one_ranks_tokens(&["dummy:tiny-stablelm"]);
 }
 
 /// Gemma 3 and Gemma 2 over ranks: the post norms norm each row-parallel projection's

@@ -15,7 +15,9 @@ pub use group::CpuGroup;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::backend::{Activation, Attention, Backend, Graph, LogitBias, Moe, QkvRope, Sampling};
+use crate::backend::{
+    Activation, Attention, Backend, Graph, LogitBias, Moe, Norm, QkvRope, Sampling,
+};
 use crate::error::{Error, Result};
 use crate::ops;
 pub use crate::storage::CpuBuffer;
@@ -290,18 +292,25 @@ impl Backend for CpuBackend {
         &self,
         x: &Tensor,
         residual: Option<&Tensor>,
-        weight: &Tensor,
+        norm: Norm<'_>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
-        check_device("rms_norm", &[("x", x), ("weight", weight), ("out", out)])?;
-        if let Some(r) = residual {
-            check_device("rms_norm", &[("residual", r)])?;
+        check_device(
+            "rms_norm",
+            &[("x", x), ("weight", norm.weight()), ("out", out)],
+        )?;
+        for (name, t) in [("residual", residual), ("bias", norm.bias())] {
+            if let Some(t) = t {
+                check_device("rms_norm", &[(name, t)])?;
+            }
         }
-        let d = ops::check_rms_norm(x, residual, weight, eps, out)?;
-        let (x, residual, weight, out) =
-            (x.clone(), residual.cloned(), weight.clone(), out.clone());
-        self.submit(move || kernels::rms_norm(&x, residual.as_ref(), &weight, eps, &out, &d));
+        let d = ops::check_rms_norm(x, residual, norm, eps, out)?;
+        let (x, residual, out) = (x.clone(), residual.cloned(), out.clone());
+        let (w, b) = (norm.weight().clone(), norm.bias().cloned());
+        self.submit(move || {
+            kernels::rms_norm(&x, residual.as_ref(), (&w, b.as_ref()), eps, &out, &d)
+        });
         Ok(())
     }
 
@@ -318,7 +327,7 @@ impl Backend for CpuBackend {
         check_device("rms_norm_columns", &[("x", x), ("weight", weight)])?;
         let d = ops::check_rms_norm_columns(x, col0, weight, eps)?;
         let (x, weight) = (x.clone(), weight.clone());
-        self.submit(move || kernels::norm_rows(&x, None, Some(&weight), eps, &x, &d));
+        self.submit(move || kernels::norm_rows(&x, None, Some((&weight, None)), eps, &x, &d));
         Ok(())
     }
 

@@ -146,11 +146,11 @@ impl Backend for CudaBackend {
         &self,
         x: &Tensor,
         residual: &Tensor,
-        w: &Tensor,
+        norm: Norm<'_>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
-        self.tp_all_reduce_rms_norm(x, residual, w, eps, out)
+        self.tp_all_reduce_rms_norm(x, residual, norm, eps, out)
     }
 
     fn matmul_all_reduce_rms_norm(
@@ -159,11 +159,11 @@ impl Backend for CudaBackend {
         w: &Tensor,
         hidden: &Tensor,
         residual: &Tensor,
-        norm_w: &Tensor,
+        norm: Norm<'_>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
-        self.tp_matmul_all_reduce_rms_norm(x, w, hidden, residual, norm_w, eps, out)
+        self.tp_matmul_all_reduce_rms_norm(x, w, hidden, residual, norm, eps, out)
     }
 
     fn all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
@@ -192,19 +192,22 @@ impl Backend for CudaBackend {
         &self,
         x: &Tensor,
         residual: Option<&Tensor>,
-        weight: &Tensor,
+        norm: Norm<'_>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
-        self.check_device("rms_norm", &[("x", x), ("weight", weight), ("out", out)])?;
-        if let Some(r) = residual {
-            self.check_device("rms_norm", &[("residual", r)])?;
+        let t = [("x", x), ("weight", norm.weight()), ("out", out)];
+        self.check_device("rms_norm", &t)?;
+        for (name, t) in [("residual", residual), ("bias", norm.bias())] {
+            if let Some(t) = t {
+                self.check_device("rms_norm", &[(name, t)])?;
+            }
         }
-        let d = ops::check_rms_norm(x, residual, weight, eps, out)?;
+        let d = ops::check_rms_norm(x, residual, norm, eps, out)?;
         if self.skip_ops.norm {
             return Ok(());
         }
-        kernels::rms_norm(self, x, residual, weight, eps, out, &d)
+        kernels::rms_norm(self, x, residual, norm, eps, out, &d)
     }
 
     fn residual_add(&self, x: &Tensor, residual: &Tensor, out: &Tensor) -> Result<()> {
@@ -220,20 +223,32 @@ impl Backend for CudaBackend {
     fn norm_add_norm(
         &self,
         x: &Tensor,
-        x_weight: &Tensor,
+        x_norm: Norm<'_>,
         residual: &Tensor,
-        weight: Option<&Tensor>,
+        norm: Option<Norm<'_>>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
+        // The fused kernel is RMSNorm's: a LayerNorm (either norm) takes the ops.
+        let x_weight = match (x_norm, norm) {
+            (Norm::Rms(w), None | Some(Norm::Rms(_))) => w,
+            _ => {
+                return crate::backend::norm_then_add_norm(
+                    self, x, x_norm, residual, norm, eps, out,
+                )
+            }
+        };
         let t = [("x", x), ("x_weight", x_weight), ("residual", residual)];
         self.check_device("norm_add_norm", &t)?;
         self.check_device("norm_add_norm", &[("out", out)])?;
-        if let Some(w) = weight {
-            self.check_device("norm_add_norm", &[("weight", w)])?;
-            ops::check_rms_norm(residual, None, w, eps, out)?;
+        if let Some(n) = norm {
+            self.check_device("norm_add_norm", &[("weight", n.weight())])?;
+            if let Some(b) = n.bias() {
+                self.check_device("norm_add_norm", &[("bias", b)])?;
+            }
+            ops::check_rms_norm(residual, None, n, eps, out)?;
         }
-        let rows = ops::check_rms_norm(x, Some(residual), x_weight, eps, out)?.whole_rows();
+        let rows = ops::check_rms_norm(x, Some(residual), x_norm, eps, out)?.whole_rows();
         if self.skip_ops.norm {
             return Ok(());
         }
@@ -242,7 +257,7 @@ impl Backend for CudaBackend {
             x,
             Some(x_weight),
             Some(residual),
-            weight,
+            norm,
             eps,
             out,
             &rows,
@@ -255,7 +270,7 @@ impl Backend for CudaBackend {
         if self.skip_ops.norm {
             return Ok(());
         }
-        kernels::norm_rows(self, x, None, None, Some(weight), eps, x, &d)
+        kernels::norm_rows(self, x, None, None, Some(Norm::Rms(weight)), eps, x, &d)
     }
 
     fn silu_mul(&self, gate_up: &Tensor, out: &Tensor) -> Result<()> {
@@ -369,12 +384,12 @@ impl Backend for CudaBackend {
                 let gu = (a.gate_up, a.gate_up_out);
                 gate_up_done = kernels::quant::norm_matmul(self, a.x, n, gu.0, None, gu.1, &d_gu)?;
                 if !gate_up_done {
-                    self.rms_norm(a.x, Some(n.residual), n.weight, n.eps, n.normed)?;
+                    self.rms_norm(a.x, Some(n.residual), n.norm, n.eps, n.normed)?;
                 }
                 n.normed
             }
             Some(n) => {
-                self.rms_norm(a.x, Some(n.residual), n.weight, n.eps, n.normed)?;
+                self.rms_norm(a.x, Some(n.residual), n.norm, n.eps, n.normed)?;
                 n.normed
             }
             None => a.x,
@@ -410,7 +425,7 @@ impl Backend for CudaBackend {
                 return Ok(());
             }
         }
-        self.rms_norm(a.x, Some(n.residual), n.weight, n.eps, n.normed)?;
+        self.rms_norm(a.x, Some(n.residual), n.norm, n.eps, n.normed)?;
         self.matmul(n.normed, a.w, a.bias, a.out)
     }
 

@@ -91,16 +91,24 @@ impl CudaBackend {
         &self,
         x: &Tensor,
         residual: &Tensor,
-        w: &Tensor,
+        norm: Norm<'_>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
-        let tensors = [("x", x), ("residual", residual), ("w", w), ("out", out)];
+        let tensors = [("x", x), ("residual", residual), ("out", out)];
         self.check_device("all_reduce_rms_norm", &tensors)?;
-        let d = ops::check_rms_norm(x, Some(residual), w, eps, out)?;
         if self.skip_all_reduce {
-            return self.rms_norm(x, Some(residual), w, eps, out);
+            return self.rms_norm(x, Some(residual), norm, eps, out);
         }
+        // The fused kernel is RMSNorm's: a LayerNorm takes the two ops (on every rank).
+        let w = match norm {
+            Norm::Rms(w) => w,
+            Norm::Layer { .. } => {
+                return crate::backend::all_reduce_then_rms_norm(self, x, residual, norm, eps, out)
+            }
+        };
+        self.check_device("all_reduce_rms_norm", &[("w", w)])?;
+        let d = ops::check_rms_norm(x, Some(residual), norm, eps, out)?;
         if let (Some(comm), Some(p)) = (&self.comm, self.p2p.as_ref()) {
             if self.p2p_on.load(Ordering::Relaxed) {
                 p.check_live("all_reduce_rms_norm", &self.device_name())?;
@@ -120,7 +128,7 @@ impl CudaBackend {
                 }
             }
         }
-        crate::backend::all_reduce_then_rms_norm(self, x, residual, w, eps, out)
+        crate::backend::all_reduce_then_rms_norm(self, x, residual, norm, eps, out)
     }
 
     // The `Backend` method's arguments, as they are.
@@ -131,15 +139,16 @@ impl CudaBackend {
         w: &Tensor,
         hidden: &Tensor,
         residual: &Tensor,
-        norm_w: &Tensor,
+        norm: Norm<'_>,
         eps: f32,
         out: &Tensor,
     ) -> Result<()> {
         let pushed = self.p2p.as_ref().zip(self.comm.as_ref()).filter(|_| {
             self.push_on && self.p2p_on.load(Ordering::Relaxed) && !self.skip_all_reduce
         });
-        // (A quantized w takes the two ops: `gemv_push_rms_norm` wants w in x's type.)
-        if let Some((p, comm)) = pushed {
+        // (A quantized w takes the two ops: `gemv_push_rms_norm` wants w in x's type; a
+        // LayerNorm too: the pushed kernel norms by RMSNorm only.)
+        if let (Some((p, comm)), Norm::Rms(norm_w)) = (pushed, norm) {
             p.check_live("matmul_all_reduce_rms_norm", &self.device_name())?;
             let tensors = [
                 ("x", x),
@@ -151,7 +160,7 @@ impl CudaBackend {
             ];
             self.check_device("matmul_all_reduce_rms_norm", &tensors)?;
             let d = ops::check_matmul(x, w, None, hidden)?;
-            ops::check_rms_norm(hidden, Some(residual), norm_w, eps, out)?;
+            ops::check_rms_norm(hidden, Some(residual), norm, eps, out)?;
             self.bind()?;
             if let Some(r) = kernels::gemv_push_rms_norm(
                 self,
@@ -167,7 +176,7 @@ impl CudaBackend {
             }
         }
         self.matmul(x, w, None, hidden)?;
-        self.all_reduce_rms_norm(hidden, residual, norm_w, eps, out)
+        self.all_reduce_rms_norm(hidden, residual, norm, eps, out)
     }
 
     pub(super) fn tp_all_gather(&self, src: &Tensor, dst: &Tensor) -> Result<()> {

@@ -117,6 +117,8 @@ const QMOE_DOWN_OPS: [&str; 9] = [
 pub(super) struct Kernels<K = Kernel> {
     pub embedding: PerDType<K>,
     pub rms_norm: PerDType<K>,
+    /// LayerNorm with a bias (rms_norm.cu's `norm_impl` with LN).
+    pub layer_norm: PerDType<K>,
     pub silu_mul: PerDType<K>,
     pub scale: PerDType<K>,
     /// Mixture-of-experts layers (moe.cu): routing, the experts' gate/up + SiLU, down.
@@ -190,6 +192,7 @@ impl<K> Kernels<K> {
         let t = &mut take;
         let embedding = PerDType::resolve(t, "embedding")?;
         let rms_norm = PerDType::resolve(t, "rms_norm")?;
+        let layer_norm = PerDType::resolve(t, "layer_norm")?;
         let silu_mul = PerDType::resolve(t, "silu_mul")?;
         let scale = PerDType::resolve(t, "scale")?;
         let moe_route = PerDType::resolve(t, "moe_route")?;
@@ -301,6 +304,7 @@ impl<K> Kernels<K> {
         Ok(Kernels {
             embedding,
             rms_norm,
+            layer_norm,
             silu_mul,
             scale,
             moe_route,

@@ -32,8 +32,8 @@ pub use nvrtc::CompileReport;
 
 use crate::backend::staging::Staging;
 use crate::backend::{
-    Activation, Attention, Backend, Graph, HostStaging, LogitBias, Mlp, Moe, NormMatmul, PreNorm,
-    QkvRope, Sampling,
+    Activation, Attention, Backend, Graph, HostStaging, LogitBias, Mlp, Moe, Norm, NormMatmul,
+    PreNorm, QkvRope, Sampling,
 };
 use crate::error::{Error, Result};
 use crate::ops;
@@ -507,11 +507,14 @@ impl CudaBackend {
     fn check_pre_norm(&self, op: &'static str, x: &Tensor, n: &PreNorm<'_>) -> Result<()> {
         let t = [
             ("residual", n.residual),
-            ("norm weight", n.weight),
+            ("norm weight", n.norm.weight()),
             ("normed", n.normed),
         ];
         self.check_device(op, &t)?;
-        ops::check_rms_norm(x, Some(n.residual), n.weight, n.eps, n.normed).map(|_| ())
+        if let Some(b) = n.norm.bias() {
+            self.check_device(op, &[("norm bias", b)])?;
+        }
+        ops::check_rms_norm(x, Some(n.residual), n.norm, n.eps, n.normed).map(|_| ())
     }
 }
 

@@ -2,7 +2,7 @@
 //! varies — RMSNorm before attention and before the MLP, SwiGLU, full rotary (scaling
 //! `linear`, `llama3`, `yarn`, `dynamic`), q/k/v biases with `attention_bias`.
 
-use super::{Activation, Arch, Family, NormPlacement, QkNorm, QkvBias, WindowRule};
+use super::{Activation, Arch, Family, NormKind, NormPlacement, QkNorm, QkvBias, WindowRule};
 
 pub const FAMILY: Family = Family {
     arch: Arch::Llama,
@@ -16,6 +16,7 @@ pub const FAMILY: Family = Family {
     act_key: "hidden_act",
     tie: false,
     rms_norm_eps: 1e-6,
+    norm_kind: NormKind::Rms,
     qkv_bias: QkvBias::AttentionBias,
     qk_norm: QkNorm::None,
     norms: NormPlacement::Pre,
@@ -23,7 +24,8 @@ pub const FAMILY: Family = Family {
     embed_scale: false,
     window: WindowRule::None,
     layer_types: false,
-    partial_rotary: false,
+    partial_rotary: None,
+    refused_flags: &[],
     no_rope_interval: None,
     gemma: None,
     experts: None,

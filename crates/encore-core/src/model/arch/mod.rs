@@ -4,7 +4,7 @@
 //!
 //! A family is data: its names, its HF defaults, and the variants of the one layer recipe
 //! (`model/llama/`) it runs — activation, norm placement, q/k norms, biases, windows,
-//! rotary, soft-capping, experts, checkpoint names. The config parsers (`model/config/`,
+//! rotary, soft-capping, experts, norm kind, checkpoint names. The config parsers (`model/config/`,
 //! `model/gguf/config.rs`), the tensor declaration (`model/decl/`) and the GGUF writer read
 //! these fields; none of them matches on a family. Adding one whose variants all exist is
 //! its file here, its [`Arch`] and its registry line; a new variant adds a field (and a
@@ -24,6 +24,7 @@ mod qwen2_moe;
 mod qwen3;
 mod qwen3_moe;
 mod smollm3;
+mod stablelm;
 
 /// The supported model families (each documented in its module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -48,10 +49,12 @@ pub enum Arch {
     Gemma2,
     /// OLMo 2.
     Olmo2,
+    /// StableLM 2 (and StableLM 3B 4E1T): LayerNorms with a bias, partial rotary.
+    StableLm,
 }
 
 /// Every family encore runs, in [`Arch`]'s order (a family's row is its index).
-pub const FAMILIES: [Family; 12] = [
+pub const FAMILIES: [Family; 13] = [
     llama::FAMILY,
     mistral::FAMILY,
     qwen2::FAMILY,
@@ -64,6 +67,7 @@ pub const FAMILIES: [Family; 12] = [
     gemma3::FAMILY,
     gemma2::FAMILY,
     olmo2::FAMILY,
+    stablelm::FAMILY,
 ];
 
 /// One family: its names, its defaults and its layer's variants.
@@ -90,8 +94,12 @@ pub struct Family {
     pub act_key: &'static str,
     /// `tie_word_embeddings` when the config leaves it out.
     pub tie: bool,
-    /// `rms_norm_eps` when the config leaves it out.
+    /// The norms' epsilon when the config leaves it out (`rms_norm_eps`, or
+    /// `layer_norm_eps` for LayerNorms: [`NormKind::eps_key`]).
     pub rms_norm_eps: f64,
+    /// RMSNorm, or LayerNorm with a bias (StableLM), for the input, post-attention and
+    /// final norms.
+    pub norm_kind: NormKind,
     pub qkv_bias: QkvBias,
     pub qk_norm: QkNorm,
     pub norms: NormPlacement,
@@ -102,8 +110,12 @@ pub struct Family {
     pub window: WindowRule,
     /// transformers 5's `layer_types` picks the windowed layers.
     pub layer_types: bool,
-    /// `partial_rotary_factor` below 1 is the family's (Phi-3); refused for the others.
-    pub partial_rotary: bool,
+    /// `partial_rotary_factor` below 1 is the family's, with its HF default (Phi-3's 1,
+    /// StableLM's 0.25); `None`: refused (full rotary).
+    pub partial_rotary: Option<f64>,
+    /// Config flags whose `true` encore does not run, each with what it would need
+    /// (StableLM's `qk_layernorm`, `use_parallel_residual`): refused by name.
+    pub refused_flags: &'static [(&'static str, &'static str)],
     /// NoPE layers (SmolLM3): `no_rope_layers`, else every n-th layer (the default n).
     pub no_rope_interval: Option<usize>,
     /// Gemma's query scalar, soft-capping, window pattern and local rotary.
@@ -150,6 +162,34 @@ pub enum QkNorm {
     /// q across all its heads and k across all its heads, weights `[heads * head_dim]`
     /// and `[kv_heads * head_dim]` (OLMo 2).
     Whole,
+}
+
+/// What a family's norms compute: an argument of the backend's norm ops
+/// ([`crate::backend::Norm`]), not a family's own code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `x / sqrt(mean(x^2) + eps) * w` (Gemma's `1 + w` is [`Family::norm_plus_one`]).
+    Rms,
+    /// `(x - mean) / sqrt(var + eps) * w + b`: a bias beside each norm weight.
+    LayerBias,
+}
+
+impl NormKind {
+    /// The HF config's epsilon key.
+    pub fn eps_key(self) -> &'static str {
+        match self {
+            NormKind::Rms => "rms_norm_eps",
+            NormKind::LayerBias => "layer_norm_eps",
+        }
+    }
+
+    /// The GGUF key of the epsilon, less its `<arch>.` prefix (llama.cpp's).
+    pub fn gguf_eps_key(self) -> &'static str {
+        match self {
+            NormKind::Rms => "attention.layer_norm_rms_epsilon",
+            NormKind::LayerBias => "attention.layer_norm_epsilon",
+        }
+    }
 }
 
 /// Where a layer's norms sit.

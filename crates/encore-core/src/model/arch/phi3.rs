@@ -15,7 +15,7 @@ pub const FAMILY: Family = Family {
     default_max_positions: 4096,
     qkv_bias: QkvBias::Never,
     window: WindowRule::Every { default: None },
-    partial_rotary: true,
+    partial_rotary: Some(1.0),
     fused_projections: true,
     gguf_permuted_qk: false,
     rms_norm_eps: 1e-5,

@@ -1,7 +1,7 @@
 //! The built-in configs `dummy:NAME` names: small ones of every family for the tests and
 //! the CPU, and real models' shapes (with seeded random weights) for the benchmarks.
 
-use super::{Arch, ModelConfig, MoeConfig, SlidingWindow};
+use super::{Arch, ModelConfig, MoeConfig, NormKind, SlidingWindow};
 use crate::backend::Activation;
 use crate::error::{Error, Result};
 use crate::model::formats::WeightFormats;
@@ -29,6 +29,7 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-gemma3",
     "tiny-gemma2",
     "tiny-olmo2",
+    "tiny-stablelm",
     "gemma-3-4b",
     "phi-4-mini",
 ];
@@ -61,6 +62,7 @@ impl ModelConfig {
             embed_scale: false,
             rope_local: None,
             norm_plus_one: false,
+            norm_kind: NormKind::Rms,
             query_scale: 1.0,
             attn_softcap: None,
             final_softcap: None,
@@ -175,6 +177,22 @@ impl ModelConfig {
                 arch: Arch::Olmo2,
                 qk_norm: true,
                 post_norms: true,
+                ..tiny
+            },
+            // StableLM 2's recipe at widths that are not powers of two: LayerNorms with a
+            // bias, a quarter of each head rotating (6 of 24 dims), q/k/v biases, 4 heads
+            // over 2 KV heads (so it splits over 2 and 4 ranks) in a hidden of 96.
+            "tiny-stablelm" => ModelConfig {
+                arch: Arch::StableLm,
+                norm_kind: NormKind::LayerBias,
+                hidden_size: 96,
+                intermediate_size: 200,
+                head_dim: 24,
+                rope: RopeConfig {
+                    rot_dim: 6,
+                    ..tiny.rope
+                },
+                qkv_bias: true,
                 ..tiny
             },
             "tiny-qwen2" => qwen(ModelConfig {

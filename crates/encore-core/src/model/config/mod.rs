@@ -24,6 +24,7 @@ use crate::tensor::DType;
 use parse::{parse, Fields};
 
 pub use crate::model::arch::Arch;
+pub use crate::model::arch::NormKind;
 use crate::model::arch::{NormPlacement, QkNorm};
 
 /// Everything the loader and the forward pass need to know about a model.
@@ -60,6 +61,10 @@ pub struct ModelConfig {
     /// The checkpoint's RMSNorm weights are offsets from 1 (Gemma's `x * (1 + w)`): the
     /// loader adds 1 to every norm weight of an HF checkpoint.
     pub norm_plus_one: bool,
+    /// RMSNorm, or LayerNorm with a bias beside each weight (StableLM), for the input,
+    /// post-attention and final norms (the q/k head norms and post norms are RMSNorms;
+    /// [`ModelConfig::check_runs`] refuses them beside LayerNorms).
+    pub norm_kind: NormKind,
     /// A factor on q before attention's `1 / sqrt(head_dim)`, folded at load into q's head
     /// norm weight (Gemma's `query_pre_attn_scalar`: `sqrt(head_dim / scalar)`); 1 otherwise.
     pub query_scale: f32,
@@ -396,6 +401,20 @@ impl ModelConfig {
     /// runs mixture-of-experts layers (`Backend::runs_moe`): a model with experts runs only
     /// there; an error naming the architecture.
     pub fn check_runs(&self, runs_moe: bool) -> Result<()> {
+        // LayerNorms are the block norms' kind only: the other norms are RMSNorms.
+        let rms_only = [
+            (self.post_norms, "post norms"),
+            (self.qk_norm, "q/k norms"),
+            (self.eagle.is_some(), "an EAGLE head"),
+        ];
+        if let Some((_, what)) = rms_only.iter().find(|(on, _)| *on) {
+            if self.norm_kind == NormKind::LayerBias {
+                return Err(Error::Config {
+                    path: self.arch.model_type().to_string(),
+                    what: format!("LayerNorms with {what} are not supported (RMSNorm only)"),
+                });
+            }
+        }
         match &self.moe {
             Some(moe) if !runs_moe => Err(Error::Config {
                 path: self.arch.model_type().to_string(),

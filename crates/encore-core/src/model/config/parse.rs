@@ -141,9 +141,18 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
             None,
         ),
     };
-    let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(fam.rms_norm_eps) as f32;
+    let eps_key = fam.norm_kind.eps_key();
+    let rms_norm_eps = f.opt_f64(eps_key)?.unwrap_or(fam.rms_norm_eps) as f32;
     if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
-        return Err(f.err(format!("rms_norm_eps = {rms_norm_eps} must be >= 0")));
+        return Err(f.err(format!("{eps_key} = {rms_norm_eps} must be >= 0")));
+    }
+    for (key, what) in fam.refused_flags {
+        if f.opt_bool(key)? == Some(true) {
+            let family = arch.model_type();
+            return Err(f.err(format!(
+                "{key} = true ({what}) is not supported for {family}"
+            )));
+        }
     }
     let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(fam.tie);
     let qkv_bias = parse_bias(f, arch)?;
@@ -209,6 +218,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         embed_scale: fam.embed_scale,
         rope_local,
         norm_plus_one: fam.norm_plus_one,
+        norm_kind: fam.norm_kind,
         query_scale,
         attn_softcap,
         final_softcap,

@@ -32,32 +32,35 @@ pub(super) fn parse_rope(
     if !(theta > 0.0 && theta.is_finite()) {
         return Err(f.err(format!("rope_theta = {theta} must be positive")));
     }
-    // Partial rotary (Phi-3's `partial_rotary_factor`): the first `int(head_dim * r)`
-    // dims of each head rotate, as transformers computes them; other families rotate all.
-    let mut rot_dim = head_dim;
+    // Partial rotary (Phi-3's and StableLM's `partial_rotary_factor`, else the family's
+    // default): the first `int(head_dim * r)` dims of each head rotate, as transformers
+    // computes them; other families rotate all.
+    let mut factor = (arch.family().partial_rotary.unwrap_or(1.0), f);
     for p in std::iter::once(f).chain(params.as_ref()) {
         if let Some(r) = p.opt_f64("partial_rotary_factor")? {
-            if r == 1.0 {
-                continue;
-            }
+            factor = (r, p);
+        }
+    }
+    let rot_dim = match factor {
+        (1.0, _) => head_dim,
+        (r, p) => {
             let dims = (head_dim as f64 * r) as usize;
-            if !arch.family().partial_rotary {
+            let key = p.name("partial_rotary_factor");
+            if arch.family().partial_rotary.is_none() {
                 return Err(p.err(format!(
-                    "`{}` = {r} is not supported for {} (only full rotary)",
-                    p.name("partial_rotary_factor"),
+                    "`{key}` = {r} is not supported for {} (only full rotary)",
                     arch.model_type()
                 )));
             }
             if !(r > 0.0 && r < 1.0) || dims == 0 || !dims.is_multiple_of(2) {
                 return Err(p.err(format!(
-                    "`{}` = {r} gives {dims} rotary dims of a head of {head_dim}: they must \
-                     be even and at least 2",
-                    p.name("partial_rotary_factor")
+                    "`{key}` = {r} gives {dims} rotary dims of a head of {head_dim}: they must \
+                     be even and at least 2"
                 )));
             }
-            rot_dim = dims;
+            dims
         }
-    }
+    };
     let scaling = match f.opt_object("rope_scaling")? {
         Some(obj) => Some(Fields {
             obj,

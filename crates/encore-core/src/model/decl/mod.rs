@@ -29,7 +29,7 @@
 use encore_backend::quant::QuantFormat;
 
 use crate::error::{Error, Result};
-use crate::model::config::{Arch, ModelConfig, MoeConfig};
+use crate::model::config::{Arch, ModelConfig, MoeConfig, NormKind};
 use crate::model::formats::WeightFormats;
 use crate::tensor::DType;
 
@@ -145,10 +145,15 @@ pub enum Role {
     /// The RMSNorm of the MLP's output before the residual add (Gemma's
     /// `post_feedforward_layernorm`).
     MlpOutNorm,
+    /// The biases of the LayerNorms before attention, before the MLP and after the last
+    /// layer (`ModelConfig::norm_kind`: StableLM's).
+    AttnNormBias,
+    MlpNormBias,
+    FinalNormBias,
 }
 
 impl Role {
-    pub const ALL: [Role; 22] = [
+    pub const ALL: [Role; 25] = [
         Role::Embedding,
         Role::AttnNorm,
         Role::Qkv,
@@ -171,6 +176,9 @@ impl Role {
         Role::HiddenNorm,
         Role::AttnOutNorm,
         Role::MlpOutNorm,
+        Role::AttnNormBias,
+        Role::MlpNormBias,
+        Role::FinalNormBias,
     ];
 
     /// The device tensor's name, without the layer prefix for per-layer roles (the name
@@ -199,6 +207,9 @@ impl Role {
             Role::HiddenNorm => "hidden_norm",
             Role::AttnOutNorm => "attn_out_norm",
             Role::MlpOutNorm => "mlp_out_norm",
+            Role::AttnNormBias => "input_layernorm.bias",
+            Role::MlpNormBias => "post_attention_layernorm.bias",
+            Role::FinalNormBias => "model.norm.bias",
         }
     }
 
@@ -219,7 +230,7 @@ impl Role {
         )
     }
 
-    /// Whether the role is an RMSNorm weight.
+    /// Whether the role is a norm weight (not a LayerNorm's bias).
     pub fn is_norm(self) -> bool {
         matches!(
             self,
@@ -238,7 +249,7 @@ impl Role {
     pub fn per_layer(self) -> bool {
         !matches!(
             self,
-            Role::Embedding | Role::FinalNorm | Role::LmHead | Role::EagleFc
+            Role::Embedding | Role::FinalNorm | Role::FinalNormBias | Role::LmHead | Role::EagleFc
         )
     }
 
@@ -272,6 +283,9 @@ impl Role {
             Role::LmHead => &[src!("lm_head.weight", "output.weight")],
             Role::EagleFc => &[src!("fc.weight", "eagle.fc.weight")],
             Role::HiddenNorm => &[src!("hidden_norm.weight", "eagle.hidden_norm.weight")],
+            Role::AttnNormBias => &[src!("input_layernorm.bias", "attn_norm.bias")],
+            Role::MlpNormBias => &[src!("post_attention_layernorm.bias", "ffn_norm.bias")],
+            Role::FinalNormBias => &[src!("model.norm.bias", "output_norm.bias")],
             Role::Router
             | Role::ExpertsGateUp
             | Role::ExpertsDown
@@ -566,11 +580,16 @@ impl Decl {
             }
         };
         let qkv_cols = if eagle.is_some() { 2 * h } else { h };
+        // LayerNorms: each norm's bias, read with its weight.
+        let norm_bias = cfg.norm_kind == NormKind::LayerBias;
         for l in 0..cfg.num_layers {
             let (at, layer) = (|op| OpId::Layer(l, op), Some(l));
             d.op(at(LayerOp::InputNorm));
             if cfg.pre_norms() {
                 d.tensor(Role::AttnNorm, layer, &[h], None, Rep);
+                if norm_bias {
+                    d.tensor(Role::AttnNormBias, layer, &[h], None, Rep);
+                }
             }
             if eagle.is_some() {
                 d.tensor(Role::HiddenNorm, layer, &[h], None, Rep);
@@ -616,6 +635,9 @@ impl Decl {
                 d.tensor_from(Role::MlpNorm, layer, &name, None, Rep);
             } else {
                 d.tensor(Role::MlpNorm, layer, &[h], None, Rep);
+                if norm_bias {
+                    d.tensor(Role::MlpNormBias, layer, &[h], None, Rep);
+                }
             }
             match &cfg.moe {
                 Some(moe) if moe.is_sparse(l) => {
@@ -643,6 +665,9 @@ impl Decl {
         }
         d.op(OpId::FinalNorm);
         d.tensor(Role::FinalNorm, None, &[h], None, Rep);
+        if norm_bias {
+            d.tensor(Role::FinalNormBias, None, &[h], None, Rep);
+        }
         d.op(OpId::LmHead);
         match embed {
             Some(embed) if cfg.tie_word_embeddings => d.read_again(embed),

@@ -167,7 +167,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     };
     let moe = parse_moe(&m, arch, &sizes)?;
     let rope = parse_rope(&m, arch, sizes.head_dim)?;
-    let eps_key = k("attention.layer_norm_rms_epsilon");
+    let fam = arch.family();
+    let eps_key = k(fam.norm_kind.gguf_eps_key());
     let rms_norm_eps =
         m.opt_f64(&eps_key)?
             .ok_or_else(|| m.err(format!("required key `{eps_key}` is missing")))? as f32;
@@ -191,7 +192,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let max_position_embeddings = m.positive(&k("context_length"))?;
     let bos_token_id = m.opt_id("tokenizer.ggml.bos_token_id")?;
     let eos_token_ids = parse_eos_token_ids(&m)?;
-    let fam = arch.family();
+    check_layer_tensors(&m, arch)?;
     let gemma = match fam.gemma {
         Some(rules) => Some(parse_gemma(
             &m,
@@ -221,6 +222,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         embed_scale: fam.embed_scale,
         rope_local: gemma.as_ref().and_then(|g| g.rope_local),
         norm_plus_one: gemma.is_some(),
+        norm_kind: fam.norm_kind,
         query_scale: gemma.as_ref().map_or(1.0, |g| g.query_scale),
         attn_softcap: gemma.as_ref().and_then(|g| g.attn_softcap),
         final_softcap: gemma.as_ref().and_then(|g| g.final_softcap),
@@ -253,6 +255,25 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     .map_err(|what| m.err(what))?;
     check_embedding(&m, vocab_size, cfg.hidden_size)?;
     Ok(cfg)
+}
+
+/// A layer's tensors the family runs without, refused by what they are (llama.cpp reads
+/// both off the tensors: stablelm's per-head q/k norms, and its parallel residual as a
+/// layer with an `attn_norm` but no `ffn_norm`).
+fn check_layer_tensors(m: &Meta<'_>, arch: Arch) -> Result<()> {
+    let fam = arch.family();
+    let has = |name: &str| m.file.tensor(name).is_some();
+    let what = if fam.qk_norm == QkNorm::None && has("blk.0.attn_q_norm.weight") {
+        "q/k norms (`blk.0.attn_q_norm.weight`)"
+    } else if fam.norms == NormPlacement::Pre
+        && has("blk.0.attn_norm.weight")
+        && !has("blk.0.ffn_norm.weight")
+    {
+        "a parallel residual (no `blk.0.ffn_norm.weight`)"
+    } else {
+        return Ok(());
+    };
+    Err(m.err(format!("{what} is not supported for {}", m.arch)))
 }
 
 /// What a `gemma2` or `gemma3` file implies as llama.cpp runs it (`src/models/gemma*.cpp`):
@@ -492,19 +513,19 @@ fn parse_sizes(m: &Meta<'_>) -> Result<Sizes> {
     })
 }
 
-/// Rotary over `rope.dimension_count` dims of a head (all of it but for phi3's partial
-/// rotary) with the file's base, and Llama-3 scaling when the file holds [`ROPE_FREQS`];
+/// Rotary over `rope.dimension_count` dims of a head (all of it but for phi3's and
+/// stablelm's partial rotary) with the file's base, and Llama-3 scaling when the file holds [`ROPE_FREQS`];
 /// any other scaling type (phi3's longrope factors too) is refused.
 fn parse_rope(m: &Meta<'_>, arch: Arch, head_dim: usize) -> Result<RopeConfig> {
     let k = |s: &str| m.key(s);
     let mut rot_dim = head_dim;
     if let Some(r) = m.opt_usize(&k("rope.dimension_count"))? {
         let partial_ok =
-            arch.family().partial_rotary && r > 0 && r < head_dim && r.is_multiple_of(2);
+            arch.family().partial_rotary.is_some() && r > 0 && r < head_dim && r.is_multiple_of(2);
         if r != head_dim && !partial_ok {
             return Err(m.err(format!(
                 "`{}` = {r} but the head dim is {head_dim}: partial rotary is not supported \
-                 (only phi3's, an even count below the head dim)",
+                 (only phi3's and stablelm's, an even count below the head dim)",
                 k("rope.dimension_count")
             )));
         }

@@ -69,10 +69,7 @@ impl GgufWriter {
             ("attention.value_length", u(cfg.head_dim)),
             ("rope.dimension_count", u(cfg.rope.rot_dim)),
             ("rope.freq_base", Value::F32(cfg.rope.theta)),
-            (
-                "attention.layer_norm_rms_epsilon",
-                Value::F32(cfg.rms_norm_eps),
-            ),
+            (cfg.norm_kind.gguf_eps_key(), Value::F32(cfg.rms_norm_eps)),
         ] {
             self.kv(&format!("{a}.{key}"), value);
         }

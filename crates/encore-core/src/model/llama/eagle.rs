@@ -114,9 +114,9 @@ impl Model {
         let input_norm = l
             .input_norm()
             .ok_or_else(|| Error::invalid("eagle", "the head's layer has no input norm"))?;
-        be.rms_norm(&buf.hidden, None, input_norm, eps, &normed_e)?;
+        be.rms_norm(&buf.hidden, None, input_norm.into(), eps, &normed_e)?;
         let input = rows.input.prefix(n)?;
-        be.rms_norm(&input, None, hidden_norm, eps, &normed_h)?;
+        be.rms_norm(&input, None, hidden_norm.into(), eps, &normed_h)?;
         let start = if e.norm_before_residual {
             &normed_h
         } else {

@@ -9,20 +9,22 @@
 
 mod buffers;
 mod eagle;
+mod op_weights;
 mod skew;
 mod sparse;
 
-use crate::backend::{Attention, Backend, Mlp, NormMatmul, PreNorm, QkvRope};
+use crate::backend::{Attention, Backend, Mlp, Norm, NormMatmul, PreNorm, QkvRope};
 use crate::error::{Error, Result};
 use crate::graph::StepHooks;
 use crate::kv::KvCache;
 use crate::memory::Arena;
 use crate::model::config::ModelConfig;
-use crate::model::decl::{LayerOp, OpId};
+use crate::model::decl::{LayerOp, OpId, Role};
 use crate::model::routing::RoutingTable;
 use crate::model::weights::ModelWeights;
 use crate::offload::Offload;
 use crate::tensor::{DType, Tensor};
+use op_weights::{with_second, NormWeights};
 
 /// One step's inputs, all device tensors (views of persistent buffers in graph mode).
 ///
@@ -160,23 +162,6 @@ impl StepBuffers {
     /// The f32 logits of the first `rows` sequence rows (written by [`Model::head`]).
     pub fn logits(&self, rows: usize) -> Result<Tensor> {
         self.logits.prefix(rows)
-    }
-}
-
-/// An op's first weight and, when the layer has it, a second read under the same op (the
-/// announcement's, under weight offload, else the resident ones).
-fn with_second(
-    announced: Option<Vec<Tensor>>,
-    first: &Tensor,
-    second: Option<&Tensor>,
-) -> (Tensor, Option<Tensor>) {
-    match announced {
-        None => (first.clone(), second.cloned()),
-        Some(v) => {
-            let mut it = v.into_iter();
-            let a = it.next().expect("the op's first weight is read first");
-            (a, second.and_then(|_| it.next()))
-        }
     }
 }
 
@@ -378,12 +363,10 @@ impl Model {
                 None => w.clone(),
             })
         };
-        // An op whose one weight the model may lack (OLMo 2's missing pre-norms).
-        let maybe = |op: OpId, w: Option<&Tensor>| -> Result<Option<Tensor>> {
-            Ok(match (self.enter(op)?, w) {
-                (Some(mut v), Some(_)) if !v.is_empty() => Some(v.swap_remove(0)),
-                (_, w) => w.cloned(),
-            })
+        // A norm op the model may lack (OLMo 2's missing pre-norms), with its bias when
+        // the norms are LayerNorms.
+        let maybe = |op: OpId, w: Option<&Tensor>, b: Option<&Tensor>| {
+            Ok::<_, Error>(NormWeights::take(self.enter(op)?, w, b))
         };
         // Tensor parallelism: the embedding (vocabulary shards), o-proj and down (row
         // shards) give partial sums, summed over the ranks; after o-proj and down the sum
@@ -403,7 +386,7 @@ impl Model {
             false => Ok(()),
         };
         // residual += hidden, then normed = its norm by w (no w: the sum itself).
-        let add_norm = |w: Option<&Tensor>| match w {
+        let add_norm = |w: Option<Norm<'_>>| match w {
             None => {
                 reduce_late()?;
                 be.residual_add(&buf.hidden, &buf.residual, &buf.normed)
@@ -419,7 +402,7 @@ impl Model {
         let fused = size > 1 && !self.group_offloads && !reduce_early;
         // The down projection too, where every rank's share of the MLP is the same.
         let fused_down = fused && c.mlp_shares_even();
-        let project_add_norm = |x: &Tensor, w: &Tensor, norm: &Tensor| {
+        let project_add_norm = |x: &Tensor, w: &Tensor, norm: Norm<'_>| {
             be.matmul_all_reduce_rms_norm(x, w, &buf.hidden, &buf.residual, norm, eps, &buf.normed)
         };
         if k == 0 && c.eagle.is_some() {
@@ -448,27 +431,29 @@ impl Model {
                 l.o_proj(),
                 l.attn_out_norm(),
             );
+            let post_bias = l.get(Role::MlpNormBias);
             let dense = !matches!((l.router(), &c.moe), (Some(_), Some(_)));
             // The residual add and norm before a dense MLP go into the MLP op (which may
             // fuse them into its gate/up projection) on one rank without offload.
             let mut mlp_norm = None;
             match (l.post_norm(), fused) {
-                (Some(post_norm), true) => project_add_norm(&buf.attn, &o_proj, post_norm)?,
+                (Some(w), true) => project_add_norm(&buf.attn, &o_proj, Norm::new(w, post_bias))?,
                 _ => {
                     be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
                     reduce()?;
-                    let post_norm = maybe(at(LayerOp::PostNorm), l.post_norm())?;
+                    let post_norm = maybe(at(LayerOp::PostNorm), l.post_norm(), post_bias)?;
                     match &out_norm {
                         // The output's norm, the residual add and the MLP's norm: one op.
                         Some(n) => {
-                            let (h, r, w) = (&buf.hidden, &buf.residual, post_norm.as_ref());
-                            be.norm_add_norm(h, n, r, w, eps, &buf.normed)?
+                            let (h, r) = (&buf.hidden, &buf.residual);
+                            let w = post_norm.as_ref().map(NormWeights::arg);
+                            be.norm_add_norm(h, n.into(), r, w, eps, &buf.normed)?
                         }
                         None if size == 1 && dense && self.offload.is_none() => match post_norm {
                             Some(w) => mlp_norm = Some(w),
                             None => add_norm(None)?,
                         },
-                        None => add_norm(post_norm.as_ref())?,
+                        None => add_norm(post_norm.as_ref().map(NormWeights::arg))?,
                     }
                 }
             }
@@ -495,7 +480,7 @@ impl Model {
                         if whole {
                             let norm = mlp_norm.as_ref().map(|w| PreNorm {
                                 residual: &buf.residual,
-                                weight: w,
+                                norm: w.arg(),
                                 eps,
                                 normed,
                             });
@@ -518,7 +503,7 @@ impl Model {
                 }
             }
         }
-        let add_norm = |norm: Option<&Tensor>| match (&down_pending, norm) {
+        let add_norm = |norm: Option<Norm<'_>>| match (&down_pending, norm) {
             (Some(down), Some(norm)) => project_add_norm(&buf.act, down, norm),
             (Some(down), None) => {
                 be.matmul(&buf.act, down, None, &buf.hidden)?;
@@ -527,16 +512,19 @@ impl Model {
             (None, norm) => match &out_norm_pending {
                 Some(n) => {
                     let (h, r) = (&buf.hidden, &buf.residual);
-                    be.norm_add_norm(h, n, r, norm, eps, &buf.normed)
+                    be.norm_add_norm(h, n.into(), r, norm, eps, &buf.normed)
                 }
                 None => add_norm(norm),
             },
         };
         let Some(l) = layers.get(k) else {
-            let norm = one(OpId::FinalNorm, &self.weights.norm)?;
-            return add_norm(Some(&norm));
+            let w = &self.weights;
+            let norm = maybe(OpId::FinalNorm, Some(&w.norm), w.norm_bias.as_ref())?;
+            return add_norm(norm.as_ref().map(NormWeights::arg));
         };
-        let input_norm = maybe(OpId::Layer(k, LayerOp::InputNorm), l.input_norm())?;
+        let (w, b) = (l.input_norm(), l.get(Role::AttnNormBias));
+        let input_norm = maybe(OpId::Layer(k, LayerOp::InputNorm), w, b)?;
+        let input_norm = input_norm.as_ref().map(NormWeights::arg);
         // The residual add and the input norm go into the q/k/v projection's op (which may
         // fuse them into its x), on one rank without offload where nothing reads the
         // residual or the normed rows between them (an EAGLE head's taps, its own input).
@@ -551,12 +539,12 @@ impl Model {
         // residual = residual + hidden (the first layer starts the residual stream).
         if k == 0 {
             be.copy(&buf.hidden, &buf.residual)?;
-            match &input_norm {
+            match input_norm {
                 Some(n) => be.rms_norm(&buf.hidden, None, n, eps, &buf.normed)?,
                 None => be.copy(&buf.hidden, &buf.normed)?,
             }
         } else if !fuse_norm {
-            add_norm(input_norm.as_ref())?;
+            add_norm(input_norm)?;
         }
         // The residual stream entering this layer, where an EAGLE head reads it.
         if let Some(a) = &self.aux {
@@ -565,7 +553,7 @@ impl Model {
                 be.copy(&buf.residual, &a.buf.narrow(j * a.rows, n)?)?;
             }
         }
-        let pre_norm = input_norm.as_ref().filter(|_| fuse_norm);
+        let pre_norm = input_norm.filter(|_| fuse_norm);
         self.qkv_write(be, kv, inp, buf, k, pre_norm)
     }
 
@@ -580,7 +568,7 @@ impl Model {
         inp: &StepInputs<'_>,
         buf: &StepBuffers,
         k: usize,
-        pre_norm: Option<&Tensor>,
+        pre_norm: Option<Norm<'_>>,
     ) -> Result<()> {
         let c = &self.cfg;
         let l = &self.weights.layers[k];
@@ -612,7 +600,7 @@ impl Model {
                 x: &buf.hidden,
                 norm: PreNorm {
                     residual: &buf.residual,
-                    weight: w,
+                    norm: w,
                     eps,
                     normed: &buf.normed,
                 },

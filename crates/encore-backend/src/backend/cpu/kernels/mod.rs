@@ -198,20 +198,24 @@ fn embedding_t<T: Float>(ids: &Tensor, table: &Tensor, out: &Tensor, d: &Embeddi
 pub(super) fn rms_norm(
     x: &Tensor,
     residual: Option<&Tensor>,
-    w: &Tensor,
+    norm: NormWeights<'_>,
     eps: f32,
     out: &Tensor,
     d: &RowDims,
 ) {
-    norm_rows(x, residual, Some(w), eps, out, &d.whole_rows())
+    norm_rows(x, residual, Some(norm), eps, out, &d.whole_rows())
 }
 
-/// RMSNorm by `w` (after the residual add, with a residual) of `d`'s columns of x into
-/// the same columns of out; without `w` the residual add alone (out = the sum).
+/// A norm's weight and, for LayerNorm, its bias (`None`: RMSNorm).
+pub(super) type NormWeights<'a> = (&'a Tensor, Option<&'a Tensor>);
+
+/// The norm by `w` (RMSNorm, or LayerNorm with a bias; after the residual add, with a
+/// residual) of `d`'s columns of x into the same columns of out; without `w` the
+/// residual add alone (out = the sum).
 pub(super) fn norm_rows(
     x: &Tensor,
     residual: Option<&Tensor>,
-    w: Option<&Tensor>,
+    w: Option<NormWeights<'_>>,
     eps: f32,
     out: &Tensor,
     d: &ColumnDims,
@@ -222,7 +226,7 @@ pub(super) fn norm_rows(
 fn norm_rows_t<T: Float>(
     x: &Tensor,
     residual: Option<&Tensor>,
-    w: Option<&Tensor>,
+    w: Option<NormWeights<'_>>,
     eps: f32,
     out: &Tensor,
     d: &ColumnDims,
@@ -231,8 +235,8 @@ fn norm_rows_t<T: Float>(
     if dim == 0 || d.rows == 0 {
         return;
     }
-    // SAFETY: dtype validated; the weight is never written.
-    let w = w.map(|w| unsafe { view::<T>(w) });
+    // SAFETY: dtype validated; the weight and bias are never written.
+    let w = w.map(|(w, b)| unsafe { (view::<T>(w), b.map(|b| view::<T>(b))) });
     // `out` may alias `x`, so rows are reached through raw pointers: each worker reads
     // its row of `x` (and `residual`) completely before it writes the same row of `out`.
     let xp = SyncPtr(ptr_of(x) as *mut T);
@@ -269,19 +273,35 @@ fn norm_rows_t<T: Float>(
                 // from every other worker's.
                 let or =
                     unsafe { std::slice::from_raw_parts_mut(op.get().add(r * ld + col0), dim) };
-                let Some(w) = w else {
-                    for (o, v) in or.iter_mut().zip(vals.iter()) {
-                        *o = T::from_f32(*v);
+                match w {
+                    None => {
+                        for (o, v) in or.iter_mut().zip(vals.iter()) {
+                            *o = T::from_f32(*v);
+                        }
                     }
-                    return;
-                };
-                let mean_sq = vals.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-                let inv = 1.0 / (mean_sq + eps).sqrt();
-                for ((o, v), w) in or.iter_mut().zip(vals.iter()).zip(w) {
-                    *o = T::from_f32(v * inv * w.to_f32());
+                    Some((w, None)) => {
+                        let mean_sq = vals.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+                        let inv = 1.0 / (mean_sq + eps).sqrt();
+                        for ((o, v), w) in or.iter_mut().zip(vals.iter()).zip(w) {
+                            *o = T::from_f32(v * inv * w.to_f32());
+                        }
+                    }
+                    Some((w, Some(b))) => layer_norm_row(vals, w, b, eps, or),
                 }
             },
         );
+}
+
+/// LayerNorm of one row (`vals`, widened) into `out`: the mean, then the population
+/// variance about it (two passes, as PyTorch), both in f32.
+fn layer_norm_row<T: Float>(vals: &[f32], w: &[T], b: &[T], eps: f32, out: &mut [T]) {
+    let n = vals.len() as f32;
+    let mean = vals.iter().sum::<f32>() / n;
+    let var = vals.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for (((o, v), w), b) in out.iter_mut().zip(vals).zip(w).zip(b) {
+        *o = T::from_f32((v - mean) * inv * w.to_f32() + b.to_f32());
+    }
 }
 
 pub(super) fn act_mul(act: Activation, gu: &Tensor, out: &Tensor, d: &RowDims) {

@@ -13,7 +13,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::handles::Kernel;
 use super::{dptr, CudaBackend};
-use crate::backend::{Activation, LogitBias, QkvRope, Sampling};
+use crate::backend::{Activation, LogitBias, Norm, QkvRope, Sampling};
 use crate::error::{Error, Result};
 use crate::ops::{ColumnDims, EmbeddingDims, MatmulDims, QkvRopeDims, RowDims, SampleDims};
 use crate::tensor::{DType, Tensor};
@@ -250,24 +250,24 @@ pub(super) fn rms_norm(
     be: &CudaBackend,
     x: &Tensor,
     residual: Option<&Tensor>,
-    w: &Tensor,
+    norm: Norm<'_>,
     eps: f32,
     out: &Tensor,
     d: &RowDims,
 ) -> Result<()> {
-    norm_rows(be, x, None, residual, Some(w), eps, out, &d.whole_rows())
+    norm_rows(be, x, None, residual, Some(norm), eps, out, &d.whole_rows())
 }
 
-/// `rms_norm_*` over [`ColumnDims`]: the norm by `w` (with the residual add first), or with
-/// no `w` the residual add alone, `out` = the sum; with `pre_w` (and a residual) x is
-/// normed by it before the add.
+/// `rms_norm_*` over [`ColumnDims`]: the norm by `norm` (with the residual add first), or
+/// with no `norm` the residual add alone, `out` = the sum; with `pre_w` (and a residual) x
+/// is RMS-normed by it before the add. A LayerNorm is `layer_norm_*` (no `pre_w`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn norm_rows(
     be: &CudaBackend,
     x: &Tensor,
     pre_w: Option<&Tensor>,
     residual: Option<&Tensor>,
-    w: Option<&Tensor>,
+    norm: Option<Norm<'_>>,
     eps: f32,
     out: &Tensor,
     d: &ColumnDims,
@@ -275,6 +275,13 @@ pub(super) fn norm_rows(
     const OP: &str = "rms_norm";
     if d.rows == 0 || d.dim == 0 {
         return Ok(());
+    }
+    let (w, bias) = (norm.map(Norm::weight), norm.and_then(Norm::bias));
+    if bias.is_some() && pre_w.is_some() {
+        return Err(Error::invalid(
+            OP,
+            "a LayerNorm takes no pre-norm in one kernel",
+        ));
     }
     let dt = x.dtype();
     let size = dt.size();
@@ -285,6 +292,7 @@ pub(super) fn norm_rows(
         && aligned16(x)
         && w.is_none_or(aligned16)
         && pre_w.is_none_or(aligned16)
+        && bias.is_none_or(aligned16)
         && aligned16(out)
         && residual.is_none_or(aligned16);
     let work = if vec { d.dim * size / 16 } else { d.dim };
@@ -301,11 +309,21 @@ pub(super) fn norm_rows(
     let dim = int(OP, "dim", d.dim)?;
     let ld = d.ld as i64;
     let vec = vec as i32;
-    be.launch(
-        be.kernels().rms_norm.get(dt)?,
-        c,
-        &mut args![xp, res, wp, out, dim, eps, has_res, vec, ld, plain, pre],
-    )
+    match bias {
+        None => be.launch(
+            be.kernels().rms_norm.get(dt)?,
+            c,
+            &mut args![xp, res, wp, out, dim, eps, has_res, vec, ld, plain, pre],
+        ),
+        Some(b) => {
+            let bp = dptr(b);
+            be.launch(
+                be.kernels().layer_norm.get(dt)?,
+                c,
+                &mut args![xp, res, wp, bp, out, dim, eps, has_res, vec, ld],
+            )
+        }
+    }
 }
 
 /// `x *= s` in place, then `x = cap * tanh(x / cap)` when `cap > 0` (`scale_*`).

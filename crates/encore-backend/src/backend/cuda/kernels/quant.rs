@@ -14,7 +14,7 @@ use std::sync::MutexGuard;
 
 use super::{aligned16, cfg, grid_x, int, launch_gemv, launch_gemv_act, GEMV_MAX_ROWS, GEMV_WARPS};
 use crate::backend::cuda::{blas, dptr, CudaBackend, CudaBuffer};
-use crate::backend::{Activation, Backend, PreNorm};
+use crate::backend::{Activation, Backend, Norm, PreNorm};
 use crate::error::{Error, Result};
 use crate::ops::MatmulDims;
 use crate::quant::QuantFormat;
@@ -313,8 +313,8 @@ const FNQ_HELD: usize = 4;
 /// `out = (norm(residual + x) * weight) · decode(w)ᵀ (+ bias)` through the FP8 GEMM with
 /// the residual add and the norm in the kernel that quantizes its x (bit for bit
 /// `rms_norm` then the GEMM), when that GEMM runs it: `Ok(false)` (nothing done, the
-/// residual untouched) otherwise. The caller checked the shapes `d` (x `[m, k]`) and the
-/// norm's tensors.
+/// residual untouched) otherwise (a LayerNorm among those cases). The caller checked the
+/// shapes `d` (x `[m, k]`) and the norm's tensors.
 pub(in crate::backend::cuda) fn norm_matmul(
     be: &CudaBackend,
     x: &Tensor,
@@ -330,9 +330,12 @@ pub(in crate::backend::cuda) fn norm_matmul(
     if d.m == 0 || d.n == 0 || !aligned16(w) || qgemv_fits(be, fmt, x, w, d) {
         return Ok(false);
     }
+    let Norm::Rms(weight) = n.norm else {
+        return Ok(false);
+    };
     let fits = be.quant_gemm() == QuantGemm::Auto
         && d.k <= FNQ_HELD * 8 * 1024
-        && [n.residual, n.weight]
+        && [n.residual, weight]
             .iter()
             .all(|t| aligned16(t) && t.dtype() == x.dtype());
     if !fits {
@@ -438,7 +441,7 @@ fn fp8_gemm(
                 (grid_x(OP, "CTAs", m_pad.min(1 << 16))?, 1, 1),
                 (threads, 1, 1),
             );
-            let (xp, rp, wp) = (dptr(x), dptr(n.residual), dptr(n.weight));
+            let (xp, rp, wp) = (dptr(x), dptr(n.residual), dptr(n.norm.weight()));
             let (eps, per_row) = (n.eps, rows as i32);
             let f = kn.fp8_norm_quant(dt)?;
             be.launch(f, c, &mut args![xp, rp, wp, xq, xs, m, mp, k, eps, per_row])?

@@ -36,7 +36,14 @@ pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "rms_norm.cu",
         src: include_str!("../../../../kernels/rms_norm.cu"),
-        functions: &["rms_norm_bf16", "rms_norm_f16", "rms_norm_f32"],
+        functions: &[
+            "rms_norm_bf16",
+            "rms_norm_f16",
+            "rms_norm_f32",
+            "layer_norm_bf16",
+            "layer_norm_f16",
+            "layer_norm_f32",
+        ],
     },
     KernelSource {
         file: "moe.cu",

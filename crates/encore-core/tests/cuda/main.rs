@@ -9,7 +9,9 @@ use encore_core::backend::cpu::CpuBackend;
 use encore_core::backend::cuda::CudaBackend;
 use encore_core::{testing, Attention, Backend, DType, Error, KvScale};
 
+#[path = "../common/mod.rs"]
 mod common;
+mod layer_norm;
 
 /// The tests of this binary run one at a time: a backend has one stream, and a capture
 /// on it must not see another test's launches (the engine drives a backend from one
