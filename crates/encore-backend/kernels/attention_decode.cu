@@ -79,33 +79,6 @@ __device__ __forceinline__ unsigned int da_prmt(unsigned int a, unsigned int b, 
     return d;
 }
 
-// DA_QK8 (a measurement variant, off by default): over an FP8 cache, Q K^T on FP8 tensor
-// cores (mma m16n8k32 e4m3): each query head rounded to E4M3 with its own scale (amax /
-// 448, folded into the score's scale), the keys' bytes the B fragments as they are (no
-// conversion). Halves the products and drops the keys' conversions, at the cost of q's
-// rounding to a 3-bit significand (as FlashAttention-3's FP8 path rounds it).
-#ifndef DA_QK8
-#define DA_QK8 0
-#endif
-
-__device__ __forceinline__ void da_mma_e4m3(float* c, const unsigned int* a, unsigned int b0,
-                                            unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// DA_QK8: the place in Q's E4M3 row (its k order) of byte `pd` of a key row. Lane t4 reads
-// bytes [t4 HD/4, (t4 + 1) HD/4) of a key, words 2 kk and 2 kk + 1 its b0 and b1 of k-step
-// kk (k = t4 4 + byte and 16 + t4 4 + byte of the step's 32).
-template <int HD> __device__ __forceinline__ int f8_qk8_dim(int pd) {
-    const int t4 = pd / (HD / 4), rem = pd % (HD / 4);
-    const int kk = rem / 8, h = (rem / 4) & 1, byte = rem % 4;
-    return kk * 32 + h * 16 + t4 * 4 + byte;
-}
-
 // W words read (and kept) as one vector.
 template <int W> struct __align__(4 * W) DaWords {
     unsigned int w[W];
@@ -278,9 +251,8 @@ __device__ __forceinline__ void attention_decode_impl(
         }
     };
     // Prologue: Q (the group's heads, in M; zeros for rows past it; over an FP8 cache in
-    // the keys' permuted order; DA_QK8: in E4M3, below), then the first tiles.
-    constexpr bool QK8 = F8 && DA_QK8;
-    for (int i = tid; i < (QK8 ? 0 : DA_M * CPR); i += DA_THREADS) {
+    // the keys' permuted order), then the first tiles.
+    for (int i = tid; i < DA_M * CPR; i += DA_THREADS) {
         const int r = i / CPR, part = i % CPR;
         float f[8];
         if (r < group) {
@@ -294,33 +266,6 @@ __device__ __forceinline__ void attention_decode_impl(
             for (int e = 0; e < 8; ++e) sQ[r * LD + f8_qdim<HD>(part * 8 + e)] = Ty<M>::from_f32(f[e]);
         } else {
             st16(sQ + r * LD + part * 8, Ty<M>::pack(f));
-        }
-    }
-    // DA_QK8: Q's rows in E4M3 (bytes in the keys' k order) over sQ's f16 rows, each row's
-    // scale in qs8 (1 for rows past the group, which are zeros). Warp w takes rows w, w + 4,
-    // ...; a lane HD / 32 values of a row.
-    __shared__ float qs8[DA_M];
-    unsigned char* sQ8 = reinterpret_cast<unsigned char*>(sQ);  // [DA_M][HD + 16] bytes
-    if (QK8) {
-        for (int r = warp; r < DA_M; r += DA_THREADS / 32) {
-            float v[HD / 32];
-            float amax = 0.0f;
-#pragma unroll
-            for (int e = 0; e < HD / 32; ++e) {
-                const int d = lane * (HD / 32) + e;
-                v[e] = r < group ? to_f32(q[((long long)row * num_heads + h0 + r) * HD + d]) : 0.0f;
-                amax = fmaxf(amax, fabsf(v[e]));
-            }
-            amax = warp_max(amax);
-            const float sc = amax > 0.0f ? amax / 448.0f : 1.0f;
-#pragma unroll
-            for (int e = 0; e < HD / 32; ++e) {
-                const int d = lane * (HD / 32) + e;
-                unsigned short b2;
-                asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(b2) : "f"(0.0f), "f"(v[e] / sc));
-                sQ8[r * (HD + 16) + f8_qk8_dim<HD>(d)] = (unsigned char)(b2 & 0xFF);
-            }
-            if (lane == 0) qs8[r] = sc;
         }
     }
     const int ntiles = (end - base + DA_KEYS - 1) / DA_KEYS;
@@ -350,22 +295,6 @@ __device__ __forceinline__ void attention_decode_impl(
 #pragma unroll
     for (int kk = 0; kk < KT; ++kk)
         ldmatrix_x4(qw + kk * 32, qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
-    // DA_QK8: Q's E4M3 A fragments (rows g, g + 8; k t4 4.. and 16 + t4 4.. of each step of
-    // 32) and the rows' score scales.
-    unsigned int qa8[QK8 ? HD / 32 : 1][4];
-    float qsc[2] = {qscale, qscale};
-    if (QK8) {
-#pragma unroll
-        for (int kk = 0; kk < HD / 32; ++kk) {
-            const unsigned char* b = sQ8 + kk * 32 + t4 * 4;
-            qa8[kk][0] = *reinterpret_cast<const unsigned int*>(b + g * (HD + 16));
-            qa8[kk][1] = *reinterpret_cast<const unsigned int*>(b + (g + 8) * (HD + 16));
-            qa8[kk][2] = *reinterpret_cast<const unsigned int*>(b + g * (HD + 16) + 16);
-            qa8[kk][3] = *reinterpret_cast<const unsigned int*>(b + (g + 8) * (HD + 16) + 16);
-        }
-        qsc[0] = qscale * qs8[g];
-        qsc[1] = qscale * qs8[g + 8];
-    }
 
     for (int j = 0; j < ntiles; ++j) {
         const int kt = base + j * DA_KEYS;
@@ -387,24 +316,7 @@ __device__ __forceinline__ void attention_decode_impl(
         float s[2][4];
 #pragma unroll
         for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        if (QK8) {
-            // Lane (g, t4): key n * 8 + g's bytes [t4 HD/4, (t4 + 1) HD/4), two words a
-            // k-step of 32, straight into the FP8 products.
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                const uint4* kp = reinterpret_cast<const uint4*>(rk + (n * 8 + g) * RS + t4 * (HD / 4));
-                uint4 kv[KT / 4];
-#pragma unroll
-                for (int c = 0; c < KT / 4; ++c) kv[c] = kp[c];
-#pragma unroll
-                for (int kk = 0; kk < HD / 32; ++kk) {
-                    const uint4& c4 = kv[kk / 2];
-                    const unsigned int w0 = (kk & 1) ? c4.z : c4.x;
-                    const unsigned int w1 = (kk & 1) ? c4.w : c4.y;
-                    da_mma_e4m3(s[n], qa8[kk], w0, w1);
-                }
-            }
-        } else if (F8) {
+        if (F8) {
             // Lane (g, t4): key n * 8 + g's bytes [t4 HD/4, (t4 + 1) HD/4), a word a k-step.
 #pragma unroll
             for (int n = 0; n < 2; ++n) {
@@ -437,7 +349,7 @@ __device__ __forceinline__ void attention_decode_impl(
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = n * 8 + 2 * t4 + (e & 1);
-                s[n][e] = okb[key] != 0 ? s[n][e] * qsc[e >> 1] : NEG_INF;
+                s[n][e] = okb[key] != 0 ? s[n][e] * qscale : NEG_INF;
             }
         if (softcap > 0.0f) {
 #pragma unroll
