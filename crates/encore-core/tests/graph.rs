@@ -16,7 +16,7 @@ mod common;
 /// Held by each CUDA test here. Two backends on one device in one process, one capturing
 /// while the other ran its steps, failed 3 runs in 26 (H100, 2026-11-27): a driver call of
 /// the second failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, an error cudarc keeps
-/// and returns at the context's next launch (tests/scheduler.rs serializes its CUDA tests
+/// and returns at the context's next launch (tests/scheduler/ serializes its CUDA tests
 /// for the same reason, which it traced to a kernel loaded lazily during another thread's
 /// capture). The engine runs one backend per device.
 static CUDA_ALONE: Mutex<()> = Mutex::new(());
