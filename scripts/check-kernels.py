@@ -6,9 +6,9 @@ How CI calls it (from the repository root, in `.ci/run`):
     python3 -m pip install --quiet nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.88
     python3 scripts/check-kernels.py
 
-It compiles `kernels/common.cuh + <file>.cu` for every `crates/encore-backend/kernels/*.cu`
-(one file a core, concurrently) exactly as the Rust loader does (common.cuh textually
-prepended; options
+It compiles the headers (HEADERS: `kernels/common.cuh`, then the others) + `<file>.cu` for
+every `crates/encore-backend/kernels/*.cu` (one file a core, concurrently) exactly as the
+Rust loader does (the headers textually prepended, sources.rs's COMMON; options
 `--gpu-architecture=sm_90 --std=c++17 -I<include dir>`), prints one line per file, and
 exits non-zero if any file fails, if NVRTC prints anything (warnings count as errors),
 if a `.cu` file is missing from `SOURCES` in `src/backend/cuda/kernels/sources.rs` (or listed
@@ -38,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL_DIR = ROOT / "crates" / "encore-backend" / "kernels"
+HEADERS = ["common.cuh", "quant_gemv.cuh", "quant_mma.cuh", "fp8_kv.cuh"]
 KERNELS_RS = ROOT / "crates" / "encore-backend" / "src" / "backend" / "cuda" / "kernels" / "sources.rs"
 
 
@@ -194,7 +195,8 @@ def main():
     if nvrtc.version[0] != 13 or nvrtc.version[1] != 0:
         print(f"check-kernels: warning: expected NVRTC 13.0 (the driver on the H100 is 13.0)")
 
-    common = (KERNEL_DIR / "common.cuh").read_text()
+    # The headers, in sources.rs's COMMON order.
+    common = "".join((KERNEL_DIR / h).read_text() for h in HEADERS)
     entries = parse_sources()
     failures = []
 

@@ -254,7 +254,7 @@ GEMV_ACT(bf16, bf16)
 GEMV_ACT(f16, f16)
 GEMV_ACT(float, f32)
 
-// The split-K sum of the quantized tensor-core matmul (common.cuh's qmma_impl):
+// The split-K sum of the quantized tensor-core matmul (quant_mma.cuh's qmma_impl):
 // out[i] = sum over z of ws[z][i] (z in order), + bias[i % n_rows], rounded once.
 template <typename T, typename OutT>
 __device__ __forceinline__ void qmma_reduce_impl(const float* __restrict__ ws,

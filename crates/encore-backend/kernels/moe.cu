@@ -11,7 +11,7 @@
 // moe_gate_up: grid (ceil(inter / MOE_WARPS), n * top_k); warp j of pair p = t * top_k + s
 // computes act[p, j] = silu(gate . x_t) * (up . x_t) of expert ids[p], each product rounded
 // to T first (as matmul then silu_mul round them). Every expert kernel finds an expert's
-// rows through a MoeExperts (common.cuh): the stacks, or the expert cache's slots.
+// rows through a MoeExperts (quant_gemv.cuh): the stacks, or the expert cache's slots.
 // moe_down: grid (ceil(hidden / MOE_WARPS), n); warp h of token t sums over the slots in
 // order w[t, s] * round_T(act[t, s] . down_e[h]) in f32 and rounds once. An expert id out of
 // range (never written by moe_route) contributes nothing.
@@ -203,7 +203,7 @@ MOE_KERNELS(f16, f16)
 MOE_KERNELS(f32, float)
 
 // ---------------------------------------------------------------------------------------
-// The grouped path (prefill and large batches; common.cuh's gmoe_impl): moe_align sorts the
+// The grouped path (prefill and large batches; quant_mma.cuh's gmoe_impl): moe_align sorts the
 // (token, expert) pairs by expert into BM-row tiles, the grouped GEMMs run each tile on the
 // tensor cores, moe_combine sums each token's slots.
 //

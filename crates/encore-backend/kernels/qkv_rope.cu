@@ -7,7 +7,7 @@
 // head as is), then q heads go to q_out [n, num_heads, head_dim] and k heads to the k cache
 // at the token's slot; v heads are copied to the v cache. Slots < 0 or >= num_slots
 // (padding) write nothing. The same arithmetic as rms_norm.cu. The `_kv8` variants write
-// an FP8 cache (common.cuh's kv_store: each value as T holds it, times k_inv or v_inv, in
+// an FP8 cache (fp8_kv.cuh's kv_store: each value as T holds it, times k_inv or v_inv, in
 // E4M3); the others ignore k_inv and v_inv.
 //
 // Grid: ceil(n * heads / QKV_WARPS) CTAs of QKV_WARPS warps; one warp per (token, head)

@@ -1,6 +1,6 @@
-// quant_fp8.cu: the FP8 E4M3 kernels (common.cuh's quantized-weight machinery; src/quant.rs's
-// layout). A block is 128 values: quant bytes, 128 E4M3 bytes (OCP "fn": no infinities,
-// 0x7F / 0xFF NaN), scale bytes one f32 scale; value = scale * e4m3.
+// quant_fp8.cu: the FP8 E4M3 kernels (the quantized-weight machinery of quant_gemv.cuh and
+// quant_mma.cuh; src/quant.rs's layout). A block is 128 values: quant bytes, 128 E4M3 bytes
+// (OCP "fn": no infinities, 0x7F / 0xFF NaN), scale bytes one f32 scale; value = scale * e4m3.
 //
 // qgemv unit: an eighth of a block (UPB = 8): 16 bytes, 16 values, and the scale. A byte
 // becomes an f16 with its sign, exponent and mantissa shifted into place (bits 7..14, the

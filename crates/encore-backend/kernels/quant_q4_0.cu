@@ -1,6 +1,7 @@
-// quant_q4_0.cu: the Q4_0 kernels (common.cuh's quantized-weight machinery; src/quant.rs's
-// layout). A block is 32 values: quant bytes qs[16] (value j in the low nibble of byte j,
-// value j + 16 in the high one), scale bytes d (f16); value = d * (q - 8).
+// quant_q4_0.cu: the Q4_0 kernels (the quantized-weight machinery of quant_gemv.cuh and
+// quant_mma.cuh; src/quant.rs's layout). A block is 32 values: quant bytes qs[16] (value j in
+// the low nibble of byte j, value j + 16 in the high one), scale bytes d (f16); value = d * (q
+// - 8).
 //
 // qgemv unit: a block (UPB = 1): one 16-byte load, two runs of 16 values (low nibbles,
 // high nibbles), and the scale bytes.

@@ -1,7 +1,8 @@
-// quant_q4_k.cu: the Q4_K kernels (common.cuh's quantized-weight machinery; src/quant.rs's
-// layout). A block is 256 values in 8 sub-blocks of 32: quant bytes qs[128] (bytes 32p..32p+32
-// hold sub-block 2p in their low nibbles and 2p + 1 in their high ones), scale bytes
-// d, dmin (f16) and 12 bytes of 6-bit scales and mins; value = d * sc * q - dmin * m.
+// quant_q4_k.cu: the Q4_K kernels (the quantized-weight machinery of quant_gemv.cuh and
+// quant_mma.cuh; src/quant.rs's layout). A block is 256 values in 8 sub-blocks of 32: quant
+// bytes qs[128] (bytes 32p..32p+32 hold sub-block 2p in their low nibbles and 2p + 1 in their
+// high ones), scale bytes d, dmin (f16) and 12 bytes of 6-bit scales and mins; value = d * sc *
+// q - dmin * m.
 //
 // qgemv unit: half a block (UPB = 2), lane `sub` = h: the 16 bytes at 32p + 16h for p = 0..3
 // (four 16-byte loads, 128 values: 16 of each sub-block) and the block's 16 scale bytes

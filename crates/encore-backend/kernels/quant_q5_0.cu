@@ -1,7 +1,7 @@
-// quant_q5_0.cu: the Q5_0 kernels (common.cuh's quantized-weight machinery; src/quant.rs's
-// layout). A block is 32 values: quant bytes qs[16] as Q4_0, scale bytes d (f16) and qh (4
-// bytes, a little-endian u32 whose bit j is the fifth bit of value j; 2-byte aligned);
-// value = d * (q - 16).
+// quant_q5_0.cu: the Q5_0 kernels (the quantized-weight machinery of quant_gemv.cuh and
+// quant_mma.cuh; src/quant.rs's layout). A block is 32 values: quant bytes qs[16] as Q4_0,
+// scale bytes d (f16) and qh (4 bytes, a little-endian u32 whose bit j is the fifth bit of
+// value j; 2-byte aligned); value = d * (q - 16).
 //
 // qgemv unit: a block (UPB = 1): one 16-byte load, two runs of 16 values (low nibbles,
 // high nibbles), and the scale bytes.

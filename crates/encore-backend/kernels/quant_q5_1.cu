@@ -1,6 +1,6 @@
-// quant_q5_1.cu: the Q5_1 kernels (common.cuh's quantized-weight machinery; src/quant.rs's
-// layout). A block is 32 values: quant bytes qs[16] as Q4_0, scale bytes d, m (f16) and qh
-// as Q5_0; value = d * q + m.
+// quant_q5_1.cu: the Q5_1 kernels (the quantized-weight machinery of quant_gemv.cuh and
+// quant_mma.cuh; src/quant.rs's layout). A block is 32 values: quant bytes qs[16] as Q4_0,
+// scale bytes d, m (f16) and qh as Q5_0; value = d * q + m.
 //
 // qgemv unit: a block (UPB = 1): one 16-byte load, two runs of 16 values (low nibbles,
 // high nibbles), and the scale bytes.

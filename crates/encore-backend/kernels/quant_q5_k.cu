@@ -1,6 +1,7 @@
-// quant_q5_k.cu: the Q5_K kernels (common.cuh's quantized-weight machinery; src/quant.rs's
-// layout). A block is Q4_K with a fifth bit per value: quant bytes qh[32] (bit g of byte l is
-// the fifth bit of value l of sub-block g) then qs[128] as Q4_K's; scale bytes as Q4_K's.
+// quant_q5_k.cu: the Q5_K kernels (the quantized-weight machinery of quant_gemv.cuh and
+// quant_mma.cuh; src/quant.rs's layout). A block is Q4_K with a fifth bit per value: quant
+// bytes qh[32] (bit g of byte l is the fifth bit of value l of sub-block g) then qs[128] as
+// Q4_K's; scale bytes as Q4_K's.
 //
 // qgemv unit: half a block (UPB = 2), lane `sub` = h: the 16 high-bit bytes at 16h, the 16
 // bytes of qs at 32p + 16h for p = 0..3 (128 values) and the block's 16 scale bytes.

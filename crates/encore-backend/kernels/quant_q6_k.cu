@@ -1,9 +1,10 @@
-// quant_q6_k.cu: the Q6_K kernels (common.cuh's quantized-weight machinery; src/quant.rs's
-// layout). A block is 256 values in 16 sub-blocks of 16: quant bytes ql[128] (low nibbles)
-// then qh[64] (high 2-bit pairs), scale bytes 16 signed 8-bit scales then d (f16, so only
-// 2-byte aligned); value = d * sc * (q - 32). Half hh of the block (128 values) uses
-// ql[64hh..], qh[32hh..]: values l, l + 32, l + 64, l + 96 (l < 32) are the low nibbles of
-// ql[l], ql[l + 32], then their high nibbles, over bits 0-1, 2-3, 4-5, 6-7 of qh[l].
+// quant_q6_k.cu: the Q6_K kernels (the quantized-weight machinery of quant_gemv.cuh and
+// quant_mma.cuh; src/quant.rs's layout). A block is 256 values in 16 sub-blocks of 16: quant
+// bytes ql[128] (low nibbles) then qh[64] (high 2-bit pairs), scale bytes 16 signed 8-bit
+// scales then d (f16, so only 2-byte aligned); value = d * sc * (q - 32). Half hh of the block
+// (128 values) uses ql[64hh..], qh[32hh..]: values l, l + 32, l + 64, l + 96 (l < 32) are the
+// low nibbles of ql[l], ql[l + 32], then their high nibbles, over bits 0-1, 2-3, 4-5, 6-7 of
+// qh[l].
 //
 // qgemv unit: a quarter block (UPB = 4), lane `sub` = 2hh + s: l = 16s + 0..15 of half hh,
 // three 16-byte loads (ql at l, ql at l + 32, qh at l: 64 values in four runs of 16, each of

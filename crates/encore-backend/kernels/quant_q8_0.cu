@@ -1,6 +1,6 @@
-// quant_q8_0.cu: the Q8_0 kernels (common.cuh's quantized-weight machinery; src/quant.rs's
-// layout). A block is 32 values: quant bytes qs[32] (signed), scale bytes d (f16);
-// value = d * q.
+// quant_q8_0.cu: the Q8_0 kernels (the quantized-weight machinery of quant_gemv.cuh and
+// quant_mma.cuh; src/quant.rs's layout). A block is 32 values: quant bytes qs[32] (signed),
+// scale bytes d (f16); value = d * q.
 //
 // qgemv unit: half a block (UPB = 2): 16 bytes, 16 values, and d. A value is decoded exactly
 // as (2^23 + (q ^ 0x80)) - (2^23 + 128), the first term one byte permute.

@@ -1,7 +1,8 @@
 //! The NVRTC kernel sources of the CUDA backend and one launcher per op.
 //!
-//! Sources live in `crates/encore-backend/kernels/`: `common.cuh` is prepended to every `.cu`
-//! file before compiling (see [`COMMON`]), and [`SOURCES`] lists every file with every
+//! Sources live in `crates/encore-backend/kernels/`: the headers (`common.cuh`,
+//! `quant_gemv.cuh`, `quant_mma.cuh`, `fp8_kv.cuh`) are prepended to every `.cu` file before
+//! compiling (see [`COMMON`]), and [`SOURCES`] lists every file with every
 //! `extern "C"` entry point it defines (nvrtc.rs's tests and `scripts/check-kernels.py` check
 //! both lists against NVRTC's output). The backend validates shapes, dtypes and devices and then calls the
 //! launchers here (the attention launchers in `attention`), which only choose launch

@@ -205,7 +205,7 @@ fn grouped_fits(
         && [a.x, gate_up, down, a.scratch].iter().all(|t| aligned16(t))
 }
 
-/// The kernels' `MoeExperts` (common.cuh): where expert `e`'s rows lie, in bytes.
+/// The kernels' `MoeExperts` (quant_gemv.cuh): where expert `e`'s rows lie, in bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct MoeExpertsArg {

@@ -20,7 +20,7 @@ use crate::ops::MatmulDims;
 use crate::quant::QuantFormat;
 use crate::tensor::{DType, Tensor};
 
-/// Rows of w one warp of `qgemv_*` owns (`QG_R` in common.cuh).
+/// Rows of w one warp of `qgemv_*` owns (`QG_R` in quant_mma.cuh).
 const ROWS_PER_WARP: usize = 2;
 
 /// A warp lane's share of a block (`UPB` of each format's struct in `quant_*.cu`).
@@ -33,7 +33,7 @@ fn units_per_block(fmt: QuantFormat) -> usize {
     }
 }
 
-/// The lane groups of `qmoe_*` (common.cuh) for rows of k values: lanes per group (the
+/// The lane groups of `qmoe_*` (quant_gemv.cuh) for rows of k values: lanes per group (the
 /// row's units rounded up to a power of two, at most 32) and groups per 256-thread CTA.
 pub(in crate::backend::cuda) fn moe_groups(fmt: QuantFormat, k: usize) -> (i32, usize) {
     let units = k / fmt.block_elems() * units_per_block(fmt);

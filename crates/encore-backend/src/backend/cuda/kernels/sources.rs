@@ -9,8 +9,15 @@ pub(in crate::backend::cuda) struct KernelSource {
     pub functions: &'static [&'static str],
 }
 
-/// Prepended to every kernel file before NVRTC compiles it.
-pub(in crate::backend::cuda) const COMMON: &str = include_str!("../../../../kernels/common.cuh");
+/// Prepended to every kernel file before NVRTC compiles it: the headers, in this order
+/// (general helpers; the quantized gemv, dequantize and expert-pair machinery; the
+/// quantized tensor-core GEMMs; the FP8 KV cache's conversions).
+pub(in crate::backend::cuda) const COMMON: &str = concat!(
+    include_str!("../../../../kernels/common.cuh"),
+    include_str!("../../../../kernels/quant_gemv.cuh"),
+    include_str!("../../../../kernels/quant_mma.cuh"),
+    include_str!("../../../../kernels/fp8_kv.cuh"),
+);
 
 pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
     KernelSource {
