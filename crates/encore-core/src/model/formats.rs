@@ -38,7 +38,8 @@ pub struct WeightFormats {
 /// bits) blocks, or with a zero point `z` per row and group (`scale * (u - z)`, 4 bits),
 /// kept as Q4_1 blocks (`d = scale`, `m = -scale * z` rounded to f16: exact when the
 /// product has at most 11 significant bits, else within half an f16 ulp of it, under 1%
-/// of a step). Groups in activation order (`desc_act`, `actorder`) are refused.
+/// of a step). Groups in activation order (`desc_act`, `actorder`) are refused; with one
+/// group a row the order does not matter and they load (g_idx checked to say so).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IntPacking {
     /// 4 or 8.

@@ -48,6 +48,18 @@ pub fn checkpoints_scaled(
     scheme: Scheme,
     scale: fn(usize, usize, usize) -> f32,
 ) -> (Vec<Ck>, Vec<Ck>) {
+    checkpoints_grouped(cfg, bits, scheme, scale, Some(128))
+}
+
+/// [`checkpoints_scaled`] with groups of `group` columns, or one group a row (`None`:
+/// GPTQ's `group_size: -1`, compressed-tensors' `strategy: "channel"`).
+pub fn checkpoints_grouped(
+    cfg: &ModelConfig,
+    bits: u32,
+    scheme: Scheme,
+    scale: fn(usize, usize, usize) -> f32,
+    group: Option<usize>,
+) -> (Vec<Ck>, Vec<Ck>) {
     let (mut packed, mut twin) = (Vec::new(), Vec::new());
     let per_word = (32 / bits) as usize;
     let gptq = matches!(scheme, Scheme::Gptq { .. } | Scheme::Awq);
@@ -75,7 +87,8 @@ pub fn checkpoints_scaled(
             continue;
         }
         let (rows, cols) = (spec.shape[0], spec.shape[1]);
-        let groups = cols / 128;
+        let group = group.unwrap_or(cols);
+        let groups = cols / group;
         // `values` lie in about [-1, 1]: spread them over the codes.
         let codes: Vec<u32> = v
             .iter()
@@ -124,7 +137,7 @@ pub fn checkpoints_scaled(
                     name: format!("{base}.g_idx"),
                     dtype: Dtype::I32,
                     shape: vec![cols],
-                    values: (0..cols).map(|c| (c / 128) as f32).collect(),
+                    values: (0..cols).map(|c| (c / group) as f32).collect(),
                 });
             }
             Scheme::Awq => {
@@ -195,7 +208,7 @@ pub fn checkpoints_scaled(
         let decoded: Vec<f32> = (0..rows * cols)
             .map(|k| {
                 let (r, c) = (k / cols, k % cols);
-                scale(c / 128, r) * (codes[k] as f32 - zero(c / 128, r) as f32)
+                scale(c / group, r) * (codes[k] as f32 - zero(c / group, r) as f32)
             })
             .collect();
         twin.push(Ck::f32(&spec.name, &spec.shape, &decoded));

@@ -10,7 +10,9 @@
 
 use super::fp8::{fp8_json, greedy, load, load_error};
 use super::*;
-use common::packed::{checkpoints, checkpoints_scaled, word, Scheme};
+use common::packed::{
+    checkpoints, checkpoints_grouped, checkpoints_scaled, exact_scale, word, Scheme,
+};
 use encore_core::model::config::ModelConfig;
 use encore_core::model::formats::Quantization;
 use encore_core::model::{open_model, ModelFiles};
@@ -152,6 +154,55 @@ fn a_gptq_checkpoint_runs_in_its_bits_as_its_dequantized_twin() {
     }
 }
 
+/// Activation order with one group a row (`desc_act: true`, `group_size: -1`, g_idx all
+/// zero): every column has its row's scale whatever the order, so the checkpoint loads and
+/// runs as its twin; a g_idx that puts a column in another group is an error naming it.
+/// compressed-tensors' `actorder` with `strategy: "channel"` loads the same way.
+#[test]
+fn activation_order_with_one_group_a_row_runs_as_its_twin() {
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    let gptq = Scheme::Gptq {
+        v2: false,
+        asym: false,
+    };
+    let (packed, twin) = checkpoints_grouped(&twin_cfg, 4, gptq, exact_scale, None);
+    let q = quant(4, false, "")
+        .replace(r#""group_size": 128"#, r#""group_size": -1"#)
+        .replace(r#""desc_act": false"#, r#""desc_act": true"#);
+    let dir = model_dir("gptq-act-order", &llama_json(&q), &packed);
+    let twin_dir = model_dir("gptq-act-order-twin", &llama_json(""), &twin);
+    runs_as_twin(
+        dir.path(),
+        twin_dir.path(),
+        &twin_cfg,
+        QuantFormat::Q4_0,
+        4 * 2,
+    );
+
+    let mut bad = packed.clone();
+    let g = bad
+        .iter_mut()
+        .find(|t| t.name.ends_with(".g_idx"))
+        .expect("a g_idx");
+    g.values[7] = 1.0;
+    let name = g.name.clone();
+    let msg = load_error(&llama_json(&q), &bad);
+    assert!(msg.contains(&name) && msg.contains("column 7"), "{msg}");
+
+    let channel = Scheme::PackQuantized { asym: false };
+    let (packed, twin) = checkpoints_grouped(&twin_cfg, 4, channel, exact_scale, None);
+    let q = pack_quantized(4, r#", "strategy": "channel", "actorder": "weight""#, "");
+    let dir = model_dir("ct-act-order", &llama_json(&q), &packed);
+    let twin_dir = model_dir("ct-act-order-twin", &llama_json(""), &twin);
+    runs_as_twin(
+        dir.path(),
+        twin_dir.path(),
+        &twin_cfg,
+        QuantFormat::Q4_0,
+        4 * 2 + 1,
+    );
+}
+
 /// An AutoGPTQ export that keeps its packing in `quantize_config.json` (no
 /// `quantization_config` in config.json, no `quant_method`) loads as GPTQ.
 #[test]
@@ -190,7 +241,10 @@ fn gptq_packings_encore_does_not_run_are_refused_by_name() {
         "{msg}"
     );
     let msg = cfg_err(&quant(4, false, "").replace(r#""desc_act": false"#, r#""desc_act": true"#));
-    assert!(msg.contains("desc_act"), "{msg}");
+    assert!(
+        msg.contains("desc_act") && msg.contains("group_size = 128"),
+        "{msg}"
+    );
     let msg = cfg_err(&quant(3, false, ""));
     assert!(msg.contains("bits = 3"), "{msg}");
     let msg = cfg_err(&quant(4, false, "").replace(r#""group_size": 128"#, r#""group_size": 48"#));

@@ -66,9 +66,10 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
 }
 
 /// `quantization_config` of a GPTQ checkpoint ([`IntPacking`]): 4 or 8 bits, symmetric
-/// (or with zero points at 4 bits), groups of a multiple of 32 columns (or -1) in order;
-/// what encore does not run (zero points at 8 bits, `desc_act`, other widths or group
-/// sizes, other packings) is refused naming the field.
+/// (or with zero points at 4 bits), groups of a multiple of 32 columns in order, or one a
+/// row (-1, in any order: `desc_act` too); what encore does not run (zero points at 8 bits,
+/// `desc_act` with groups, other widths or group sizes, other packings) is refused naming
+/// the field.
 fn parse_gptq(q: &Fields<'_>) -> Result<WeightFormats> {
     let bits = match q.opt_usize("bits")? {
         Some(b @ (4 | 8)) => b as u32,
@@ -99,11 +100,15 @@ fn parse_gptq(q: &Fields<'_>) -> Result<WeightFormats> {
              points are run at 4 bits)"
         )));
     }
-    if q.opt_bool("desc_act")? == Some(true) {
-        return Err(q.err(
-            "quantization_config.desc_act = true is not supported (GPTQ groups in \
-             activation order: encore runs groups in column order)",
-        ));
+    // Activation order permutes the columns among the groups; with one group a row
+    // (group_size -1) every column has the row's scale whatever the order, and the loader
+    // checks that g_idx says so.
+    if let (Some(true), Some(g)) = (q.opt_bool("desc_act")?, group_size) {
+        return Err(q.err(format!(
+            "quantization_config.desc_act = true is not supported with group_size = {g} \
+             (GPTQ groups in activation order: encore runs groups in column order; \
+             group_size = -1 runs in any order)"
+        )));
     }
     let zeros_minus_one = match q.opt_str("checkpoint_format")?.unwrap_or("gptq") {
         "gptq" => true,
@@ -307,11 +312,6 @@ fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
     if arg("dynamic").and_then(Value::as_bool) == Some(true) {
         return refuse("config_groups.*.weights.dynamic = true is not supported".into());
     }
-    if let Some(a) = arg("actorder").filter(|a| a.as_bool() != Some(false)) {
-        return refuse(format!(
-            "config_groups.*.weights.actorder = {a} is not supported (groups in column order)"
-        ));
-    }
     let group_size = match arg("strategy").and_then(Value::as_str).unwrap_or("") {
         "channel" => None,
         "group" => match arg("group_size").and_then(Value::as_u64) {
@@ -330,6 +330,15 @@ fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
             ))
         }
     };
+    // Activation order (llm-compressor's `actorder`) only matters between groups: one
+    // scale a row (strategy "channel") runs in any order, the loader checking g_idx.
+    let grouped = group_size.is_some();
+    if let Some(a) = arg("actorder").filter(|a| grouped && a.as_bool() != Some(false)) {
+        return refuse(format!(
+            "config_groups.*.weights.actorder = {a} is not supported with strategy \
+             \"group\" (groups in column order; strategy \"channel\" runs in any order)"
+        ));
+    }
     let lm_head = !ct_ignores_lm_head(q)?;
     kept_packed(IntPacking {
         bits,
