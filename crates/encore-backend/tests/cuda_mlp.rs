@@ -14,22 +14,9 @@ use encore_backend::quant::{self, QuantFormat};
 use encore_backend::testing::compare::{tolerance, OpClass};
 use encore_backend::{Backend, DType, Tensor};
 
-/// Seeded values in [-1, 1) (xorshift), every 37th four times larger so that scales differ.
+/// Seeded normal values (std 1: the shared test inputs' generator), so that scales differ.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let v = ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0;
-            if i % 37 == 0 {
-                4.0 * v
-            } else {
-                v
-            }
-        })
-        .collect()
+    encore_backend::testing::inputs::normal(&mut encore_backend::testing::inputs::rng(seed), n, 1.0)
 }
 
 /// A random `[n, k]` weight in `fmt` on `be`: FP8 with one scale a row (marked so: the
