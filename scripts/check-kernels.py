@@ -9,7 +9,7 @@ How CI calls it (from the repository root, in `.ci/run`):
 It compiles the headers (HEADERS: `kernels/common.cuh`, then the others) + `<file>.cu` for
 every `crates/encore-backend/kernels/*.cu` (one file a core, concurrently) exactly as the
 Rust loader does (the headers textually prepended, sources.rs's COMMON; options
-`--gpu-architecture=sm_90 --std=c++17 -I<include dir>`), prints one line per file, and
+`--gpu-architecture=sm_90a --std=c++17 -I<include dir>`), prints one line per file, and
 exits non-zero if any file fails, if NVRTC prints anything (warnings count as errors),
 if a `.cu` file is missing from `SOURCES` in `src/backend/cuda/kernels/sources.rs` (or listed
 there but absent), or if a function name listed in `SOURCES` is not an entry point of the
@@ -183,7 +183,7 @@ def ptxas_summary(log):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-v", "--verbose", action="store_true", help="print ptxas resource usage")
-    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("-D", dest="defines", action="append", default=[],
                     help="NAME=VALUE passed as a define (as ENCORE_KERNEL_DEFINES does)")
     ap.add_argument("files", nargs="*", help="only these .cu files (default: all)")

@@ -139,6 +139,8 @@ pub(super) struct Kernels<K = Kernel> {
     pub attention_combine: PerDType<K>,
     /// By KV cache (as `qkv_rope`), [`PREFILL_HEAD_DIMS`] index, then bf16 / f16.
     attention_prefill: [[[K; 2]; 2]; 2],
+    /// The warpgroup-MMA prefill kernel (sm_90a), indexed as `attention_prefill`.
+    attention_prefill_wg: [[[K; 2]; 2]; 2],
     /// The tensor-core decode kernel, indexed as `attention_prefill`.
     attention_decode: [[[K; 2]; 2]; 2],
     /// By input element type, output (0: the input's type, 1: f32), [`GEMV_VARIANTS`] index.
@@ -231,6 +233,10 @@ impl<K> Kernels<K> {
             tiled("attention_prefill", "")?,
             tiled("attention_prefill", KV8)?,
         ];
+        let attention_prefill_wg = [
+            tiled("attention_prefill_wg", "")?,
+            tiled("attention_prefill_wg", KV8)?,
+        ];
         let attention_decode = [
             tiled("attention_decode", "")?,
             tiled("attention_decode", KV8)?,
@@ -319,6 +325,7 @@ impl<K> Kernels<K> {
             attention_split,
             attention_combine,
             attention_prefill,
+            attention_prefill_wg,
             attention_decode,
             gemv,
             gemv_act: PerDType::resolve_variant(t, "gemv_act", "_m1")?,
@@ -466,6 +473,12 @@ impl<K> Kernels<K> {
     pub(super) fn attention_prefill(&self, head_dim: usize, dt: DType, kv8: bool) -> Option<&K> {
         let (h, d) = tiled_index(head_dim, dt)?;
         Some(&self.attention_prefill[usize::from(kv8)][h][d])
+    }
+
+    /// `attention_prefill_wg_hd<head_dim>_<dt>[_kv8]`, if that instantiation exists.
+    pub(super) fn attention_prefill_wg(&self, head_dim: usize, dt: DType, kv8: bool) -> Option<&K> {
+        let (h, d) = tiled_index(head_dim, dt)?;
+        Some(&self.attention_prefill_wg[usize::from(kv8)][h][d])
     }
 
     /// `attention_decode_hd<head_dim>_<dt>[_kv8]`, if that instantiation exists.

@@ -131,6 +131,10 @@ pub struct CudaBackend {
     /// tensor-core kernel (unless `ENCORE_PREFILL_ATTENTION=split`, which keeps the
     /// split-K kernel, for comparisons).
     flash_prefill: bool,
+    /// On sm_90 with `ENCORE_PREFILL_ATTENTION=wg` the tensor-core prefill kernel is the
+    /// warpgroup-MMA one (`attention_prefill_wg_*`) instead of the mma.sync one
+    /// (`attention_prefill_*`).
+    wgmma_prefill: bool,
     /// Decode attention of a GQA model in bf16 / f16 with head_dim 64 or 128 runs the
     /// tensor-core kernel (unless `ENCORE_DECODE_ATTENTION=split`, for comparisons).
     tc_decode: bool,
@@ -399,6 +403,12 @@ impl CudaBackend {
     /// Whether prefill attention may use the tensor-core kernel (see `flash_prefill`).
     pub(super) fn flash_prefill(&self) -> bool {
         self.flash_prefill
+    }
+
+    /// Whether the tensor-core prefill kernel is the warpgroup-MMA one (see
+    /// `wgmma_prefill`).
+    pub(super) fn wgmma_prefill(&self) -> bool {
+        self.wgmma_prefill
     }
 
     /// Whether decode attention may use the tensor-core kernel (see `tc_decode`).

@@ -394,7 +394,7 @@ mod tests {
         }
         let dir = std::env::temp_dir().join(format!("encore-nvrtc-test-{}", std::process::id()));
         std::env::set_var("ENCORE_CACHE_DIR", &dir);
-        let (mods, report) = compile_all("sm_90").unwrap_or_else(|e| panic!("{e}"));
+        let (mods, report) = compile_all("sm_90a").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(mods.len(), SOURCES.len());
         assert!(mods.iter().all(|m| !m.cubin.is_empty() && !m.cached));
         assert_eq!(report.cache_hits, 0);
@@ -420,7 +420,7 @@ mod tests {
             }
         }
         // A second compile is served from the cache, byte for byte.
-        let (again, report) = compile_all("sm_90").unwrap();
+        let (again, report) = compile_all("sm_90a").unwrap();
         assert_eq!(report.cache_hits, SOURCES.len());
         for (a, b) in mods.iter().zip(&again) {
             assert_eq!(a.cubin, b.cubin, "{}", a.file);

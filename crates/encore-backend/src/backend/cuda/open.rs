@@ -153,7 +153,14 @@ impl CudaBackend {
             total_memory: drv::mem_get_info().map(|(_, t)| t).unwrap_or(0),
         };
 
-        let arch = format!("sm_{}{}", cc.0, cc.1);
+        // Hopper compiles for sm_90a: the architecture-specific features (wgmma) that
+        // attention_prefill_wg.cu uses; its cubins run on sm_90 devices only, which is
+        // what they are compiled for.
+        let arch = if cc == (9, 0) {
+            "sm_90a".to_string()
+        } else {
+            format!("sm_{}{}", cc.0, cc.1)
+        };
         let (compiled, compile) = nvrtc::compile_all(&arch)?;
         let mut functions = HashMap::new();
         let mut modules = Vec::new();
@@ -217,6 +224,8 @@ impl CudaBackend {
             pdl: cc.0 >= 9 && std::env::var("ENCORE_PDL").map_or(true, |v| v.trim() != "0"),
             flash_prefill: std::env::var("ENCORE_PREFILL_ATTENTION")
                 .map_or(true, |v| v.trim() != "split"),
+            wgmma_prefill: cc == (9, 0)
+                && std::env::var("ENCORE_PREFILL_ATTENTION").is_ok_and(|v| v.trim() == "wg"),
             tc_decode: std::env::var("ENCORE_DECODE_ATTENTION")
                 .map_or(true, |v| v.trim() != "split"),
             vmm: Mutex::new(None),

@@ -393,8 +393,8 @@ pub(in crate::backend::cuda) fn attention(
     let has_cu = a.cu_seqlens_q.is_some();
     let kv8 = a.k_cache.dtype() == DType::F8E4M3;
     let enabled = be.flash_prefill() && !few_queries(d, be.sm_count());
-    if let Some(kernel) = prefill_kernel(be, a.q.dtype(), d.head_dim, has_cu, kv8, enabled) {
-        return attention_prefill(be, a, d, kernel);
+    if let Some((kernel, wg)) = prefill_kernel(be, a.q.dtype(), d.head_dim, has_cu, kv8, enabled) {
+        return attention_prefill(be, a, d, kernel, wg);
     }
     if let Some(kernel) = decode_kernel(be, a, d, kv8) {
         return attention_decode(be, a, d, kernel, kv8);
@@ -516,6 +516,29 @@ fn fa_tiles() -> (usize, usize) {
     *TILES.get_or_init(|| (kernel_define("FA_BN", 32), kernel_define("FA_STAGES", 2)))
 }
 
+/// Threads per CTA of `attention_prefill_wg_*` (`WG_THREADS`: two warpgroups); its rows
+/// per CTA are `FA_BM`'s 128 as well (`WG_BM`), so the grid is the same.
+const WG_THREADS: u32 = 256;
+/// Keys per tile of `attention_prefill_wg_*` (`WG_BN`).
+const WG_BN: usize = 128;
+
+/// Dynamic shared memory of `attention_prefill_wg_hd{head_dim}_*` (`WG_SMEM_BYTES`): 1,024
+/// bytes to align the base, Q, two K/V tile pairs of 16-bit elements (three with the
+/// `WG_OVERLAP` kernel define; one over an FP8 cache, plus two raw E4M3 stages), and three
+/// stages' key-validity arrays.
+fn wg_smem_bytes(head_dim: usize, kv8: bool) -> usize {
+    static OVERLAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let overlap =
+        *OVERLAP.get_or_init(|| crate::backend::cuda::nvrtc::kernel_define("WG_OVERLAP", 0));
+    let pairs = match (kv8, overlap) {
+        (true, _) => 1,
+        (false, 0) => 2,
+        (false, _) => 3,
+    };
+    let raw = if kv8 { 2 * 2 * WG_BN * head_dim } else { 0 };
+    1024 + FA_BM * head_dim * 2 + pairs * 2 * WG_BN * head_dim * 2 + raw + 3 * WG_BN * 4
+}
+
 /// Dynamic shared memory of `attention_prefill_hd{head_dim}_*` (`FA_SMEM_BYTES`): Q, the
 /// K and V tiles of the dtype with rows padded to head_dim + 8 16-bit elements (a pair a
 /// stage, or two pairs over an FP8 cache, whose stages are raw E4M3 rows), and the stages'
@@ -539,6 +562,10 @@ pub(in crate::backend::cuda) fn dynamic_smem_limit(name: &str) -> Option<usize> 
         let hd: usize = hd.split('_').next()?.parse().ok()?;
         return Some(da_smem_bytes(hd, name.ends_with("_kv8")));
     }
+    if let Some(hd) = name.strip_prefix("attention_prefill_wg_hd") {
+        let hd: usize = hd.split('_').next()?.parse().ok()?;
+        return Some(wg_smem_bytes(hd, name.ends_with("_kv8")));
+    }
     let hd = name.strip_prefix("attention_prefill_hd")?;
     let hd: usize = hd.split('_').next()?.parse().ok()?;
     Some(fa_smem_bytes(hd, name.ends_with("_kv8")))
@@ -556,10 +583,10 @@ fn few_queries(d: &AttentionDims, sm_count: usize) -> bool {
     d.rows <= 2 * seqs || (d.rows <= 16 * seqs && d.num_heads * seqs < sm_count)
 }
 
-/// The tensor-core prefill kernel for a launch, or `None` for the split-K kernel. A
-/// function of the dtype, the head size, the cache (FP8 or not) and whether the step has
-/// `cu_seqlens_q` (prefill or mixed) only; `enabled` is the backend's
-/// `ENCORE_PREFILL_ATTENTION` setting.
+/// The tensor-core prefill kernel for a launch (and whether it is the warpgroup-MMA one),
+/// or `None` for the split-K kernel. A function of the dtype, the head size, the cache
+/// (FP8 or not) and whether the step has `cu_seqlens_q` (prefill or mixed) only; `enabled`
+/// is the backend's `ENCORE_PREFILL_ATTENTION` setting.
 fn prefill_kernel(
     be: &CudaBackend,
     dt: DType,
@@ -567,22 +594,32 @@ fn prefill_kernel(
     has_cu: bool,
     kv8: bool,
     enabled: bool,
-) -> Option<&Kernel> {
+) -> Option<(&Kernel, bool)> {
     if !(enabled && has_cu) {
         return None;
     }
-    be.kernels().attention_prefill(head_dim, dt, kv8)
+    if be.wgmma_prefill() {
+        return be
+            .kernels()
+            .attention_prefill_wg(head_dim, dt, kv8)
+            .map(|k| (k, true));
+    }
+    be.kernels()
+        .attention_prefill(head_dim, dt, kv8)
+        .map(|k| (k, false))
 }
 
 /// `attention_prefill_*`: grid (num_heads, ceil(rows / 128) + num_seqs), 128 threads,
 /// `fa_smem_bytes` of dynamic shared memory; each CTA finds its (sequence, 128-row tile)
 /// in `cu_seqlens_q` on the device. Tiles are on y so that the longest-context tiles of
-/// every head are dispatched first.
+/// every head are dispatched first. `attention_prefill_wg_*` (`wg`): the same grid and
+/// arguments, 256 threads, `wg_smem_bytes`.
 fn attention_prefill(
     be: &CudaBackend,
     a: &Attention<'_>,
     d: &AttentionDims,
     kernel: &Kernel,
+    wg: bool,
 ) -> Result<()> {
     const OP: &str = "attention";
     let Some(cu) = a.cu_seqlens_q else {
@@ -595,11 +632,17 @@ fn attention_prefill(
             format!("{tiles} row tiles (rows / 128 + num_seqs) are too many (grid y)"),
         ));
     }
+    let kv8 = a.k_cache.dtype() == DType::F8E4M3;
+    let threads = if wg { WG_THREADS } else { FA_THREADS };
     let mut c = cfg(
         (grid_x(OP, "num_heads", d.num_heads)?, tiles as u32, 1),
-        (FA_THREADS, 1, 1),
+        (threads, 1, 1),
     );
-    c.shared_mem_bytes = fa_smem_bytes(d.head_dim, a.k_cache.dtype() == DType::F8E4M3) as u32;
+    c.shared_mem_bytes = if wg {
+        wg_smem_bytes(d.head_dim, kv8)
+    } else {
+        fa_smem_bytes(d.head_dim, kv8)
+    } as u32;
     let (q, kc, vc) = (dptr(a.q), dptr(a.k_cache), dptr(a.v_cache));
     let (bt, sl, cu) = (dptr(a.block_tables), dptr(a.seq_lens), dptr(cu));
     let out = dptr(a.out);
@@ -632,6 +675,22 @@ mod tests {
             block_size: 16,
             num_seqs,
             table_width: 128,
+        }
+    }
+
+    /// Both prefill kernels' shared memory fits an sm_90 CTA (227 KiB), and the launch
+    /// limit the backend sets is what the launch asks for.
+    #[test]
+    fn prefill_kernels_fit_shared_memory() {
+        for hd in [64, 128] {
+            for (kv, kv8) in [("", false), ("_kv8", true)] {
+                let wg = format!("attention_prefill_wg_hd{hd}_bf16{kv}");
+                let mma = format!("attention_prefill_hd{hd}_f16{kv}");
+                assert_eq!(dynamic_smem_limit(&wg), Some(wg_smem_bytes(hd, kv8)));
+                assert_eq!(dynamic_smem_limit(&mma), Some(fa_smem_bytes(hd, kv8)));
+                assert!(wg_smem_bytes(hd, kv8) <= 227 * 1024, "{wg}");
+                assert!(fa_smem_bytes(hd, kv8) <= 227 * 1024, "{mma}");
+            }
         }
     }
 

@@ -157,6 +157,20 @@ pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        file: "attention_prefill_wg.cu",
+        src: include_str!("../../../../kernels/attention_prefill_wg.cu"),
+        functions: &[
+            "attention_prefill_wg_hd64_bf16",
+            "attention_prefill_wg_hd128_bf16",
+            "attention_prefill_wg_hd64_f16",
+            "attention_prefill_wg_hd128_f16",
+            "attention_prefill_wg_hd64_bf16_kv8",
+            "attention_prefill_wg_hd128_bf16_kv8",
+            "attention_prefill_wg_hd64_f16_kv8",
+            "attention_prefill_wg_hd128_f16_kv8",
+        ],
+    },
+    KernelSource {
         file: "attention_decode.cu",
         src: include_str!("../../../../kernels/attention_decode.cu"),
         functions: &[

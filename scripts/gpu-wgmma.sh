@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The warpgroup-MMA prefill attention (attention_prefill_wg.cu) against the mma.sync kernel
+# on the GPU, with the `encore` binary carried as .gpu/encore.xz, in one lease:
+#   info     every CUDA kernel against the CPU under each kernel of MODES;
+#   kernels  `bench kernels --only prefill-attention` under each (Llama-3-8B heads, 4 x 2048
+#            and 1 x 8192, bf16 and FP8 caches; TFLOP/s);
+#   prefill  the 8B FP8 prefill step, 4 x 2048 tokens, FP8 KV, eager, under each, twice;
+#   serve    the 2048/128 row of TensorRT-LLM's table (PROMPTS requests, default 1000) under
+#            the default kernel.
+# Logs go to $OUT.   usage: [PARTS=info,kernels,prefill,serve] bash scripts/gpu-wgmma.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-/tmp/encore-cache}
+OUT=${OUT:-$(mktemp -d)}
+PARTS=${PARTS:-info,kernels,prefill}
+# The kernels compared: wg (the default on sm_90), wgo (wg with the WG_OVERLAP=1 kernel
+# define: the software-pipelined loop), mma (attention_prefill.cu's).
+MODES=${MODES:-wg wgo mma}
+run() {  # run MODE COMMAND...
+  local m=$1; shift
+  case $m in
+    wgo) ENCORE_PREFILL_ATTENTION=wg ENCORE_KERNEL_DEFINES=WG_OVERLAP=1 "$@" ;;
+    *) ENCORE_PREFILL_ATTENTION=$m "$@" ;;
+  esac
+}
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
+mkdir -p .bin && xz -dc .gpu/encore.xz > .bin/encore && chmod +x .bin/encore
+enc=.bin/encore
+nvidia-smi -L
+if has info; then
+  for m in $MODES; do
+    run $m "$enc" info --device cuda --seed 7 > "$OUT/info-$m.log" 2>&1
+    echo "info $m rc=$?"
+    grep -E "FAIL|passed|failed|checks" "$OUT/info-$m.log" | tail -6
+    grep -iE "attention" "$OUT/info-$m.log" | grep -vE " ok$" | head -12
+  done
+fi
+if has kernels; then
+  for m in $MODES; do
+    echo "== kernels $m"
+    run $m "$enc" bench kernels --device cuda --only prefill-attention 2>&1 \
+      | tee "$OUT/pa-$m.log" | grep -E "prefill attention|rror"
+  done
+fi
+if has prefill; then
+  for round in 1 2; do
+    for m in $MODES; do
+      echo "== prefill $m round $round"
+      run $m "$enc" bench prefill --device cuda --model dummy:llama-3-8b \
+        --quantization fp8 --kv-cache-dtype fp8 --tokens 2048 --batch 4 --prefill-buckets none \
+        --repeats 5 --json 2>>"$OUT/prefill.err" | tee -a "$OUT/prefill-$m.jsonl" | tail -1 | cut -c1-240
+    done
+  done
+fi
+if has serve; then
+  "$enc" bench serve --in-process --device cuda --model dummy:llama-3-8b --quantization fp8 \
+    --kv-cache-dtype fp8 --max-num-batched-tokens 8192 --max-num-seqs 1024 --kv-fraction 0.95 \
+    --dataset-shape trtllm --rows 2048/128 --num-prompts ${PROMPTS:-1000} --json \
+    2>"$OUT/serve.err" > "$OUT/serve.json"
+  tail -2 "$OUT/serve.err"
+  python3 -c "import json,sys; [print(r['isl'],r['osl'],round(r['output_throughput'],1),round(r.get('output_throughput_ratio') or 0,3),round(r['step_ms'],2),round(r['host_ms'],2)) for r in json.load(open(sys.argv[1]))]" "$OUT/serve.json"
+fi
