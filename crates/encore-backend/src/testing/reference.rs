@@ -115,7 +115,7 @@ pub fn act_mul(act: crate::args::Activation, gate_up: &[f64], inter: usize) -> V
     let mut out = Vec::new();
     for row in gate_up.chunks(2 * inter) {
         for j in 0..inter {
-            out.push(act.apply_f64(row[j]) * row[inter + j]);
+            out.push(act.gated_f64(row[j], row[inter + j]));
         }
     }
     out

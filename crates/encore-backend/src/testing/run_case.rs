@@ -267,6 +267,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 scale: i.scale,
                 softcap: s.softcap,
                 window: s.window,
+                sinks: None,
                 out: &out,
                 scratch: &scratch,
             })?;

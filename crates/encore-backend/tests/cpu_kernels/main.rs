@@ -350,6 +350,7 @@ impl Tiny {
             scale: 1.0,
             softcap: None,
             window,
+            sinks: None,
             out: &out,
             scratch: &scratch,
         })
@@ -525,6 +526,7 @@ fn wrong_attention_operands_name_the_tensor() {
             scale: 1.0,
             softcap: None,
             window,
+            sinks: None,
             out: &q,
             scratch: &scratch,
         })

@@ -55,6 +55,7 @@ impl AttentionOnDevice {
             scale: self.scale,
             softcap: None,
             window: self.window,
+            sinks: None,
             out: &self.out,
             scratch: &self.scratch,
         })

@@ -465,6 +465,13 @@ impl Backend for CudaBackend {
     fn moe(&self, a: &Moe<'_>) -> Result<()> {
         self.check_device("moe", &a.tensors())?;
         let d = ops::check_moe(a)?;
+        if a.act != crate::args::Activation::Silu || a.bias.is_some() {
+            return Err(Error::invalid(
+                "moe",
+                "experts with biases or another activation than SiLU (gpt-oss) do not run on \
+                 CUDA yet",
+            ));
+        }
         kernels::moe(self, a, &d)
     }
 
@@ -491,6 +498,12 @@ impl Backend for CudaBackend {
     fn attention(&self, a: &Attention<'_>) -> Result<()> {
         self.check_device("attention", &a.tensors())?;
         let d = ops::check_attention(a)?;
+        if a.sinks.is_some() {
+            return Err(Error::invalid(
+                "attention",
+                "attention sinks (gpt-oss) do not run on CUDA yet",
+            ));
+        }
         ops::check_scratch(
             a.scratch,
             self.attention_scratch_len(

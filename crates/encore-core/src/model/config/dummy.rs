@@ -56,6 +56,7 @@ impl ModelConfig {
             rms_norm_eps: 1e-5,
             tie_word_embeddings: false,
             qkv_bias: false,
+            o_bias: false,
             qk_norm: false,
             hidden_act: Activation::Silu,
             post_norms: false,

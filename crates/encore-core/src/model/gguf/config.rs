@@ -216,6 +216,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         rms_norm_eps,
         tie_word_embeddings: file.tensor("output.weight").is_none(),
         qkv_bias: fam.qkv_bias.by_default() || file.tensor("blk.0.attn_q.bias").is_some(),
+        o_bias: false,
         qk_norm: fam.qk_norm != QkNorm::None,
         hidden_act: fam.act,
         post_norms: fam.norms != NormPlacement::Pre,
