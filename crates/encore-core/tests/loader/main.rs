@@ -26,6 +26,7 @@ mod dummy;
 mod errors;
 mod families;
 mod fp8;
+mod gpt_oss;
 mod moe;
 mod packed_int;
 mod round_trip;
