@@ -176,6 +176,9 @@ pub struct AttentionRef<'a> {
     pub softcap: Option<f64>,
     /// Sliding window: keys at positions `pos - w < t <= pos` only.
     pub window: Option<usize>,
+    /// Per-head sink logits: one more logit in each head's softmax, its probability
+    /// dropped (gpt-oss).
+    pub sinks: Option<&'a [f64]>,
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
@@ -220,8 +223,13 @@ pub fn attention(a: &AttentionRef<'_>) -> Vec<f64> {
                 let score = a.softcap.map_or(score, |c| c * (score / c).tanh());
                 keys.push((at, score));
             }
-            let max = keys.iter().map(|k| k.1).fold(f64::NEG_INFINITY, f64::max);
-            let total: f64 = keys.iter().map(|k| (k.1 - max).exp()).sum();
+            if keys.is_empty() {
+                continue; // attends to nothing: zeros, sink or not
+            }
+            let sink = a.sinks.map(|s| s[h]);
+            let max = keys.iter().map(|k| k.1).chain(sink).fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = keys.iter().map(|k| (k.1 - max).exp()).sum::<f64>()
+                + sink.map_or(0.0, |s| (s - max).exp());
             for &(at, score) in &keys {
                 let p = (score - max).exp() / total;
                 for i in 0..hd {
