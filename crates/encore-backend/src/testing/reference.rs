@@ -227,7 +227,11 @@ pub fn attention(a: &AttentionRef<'_>) -> Vec<f64> {
                 continue; // attends to nothing: zeros, sink or not
             }
             let sink = a.sinks.map(|s| s[h]);
-            let max = keys.iter().map(|k| k.1).chain(sink).fold(f64::NEG_INFINITY, f64::max);
+            let max = keys
+                .iter()
+                .map(|k| k.1)
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
             let total: f64 = keys.iter().map(|k| (k.1 - max).exp()).sum::<f64>()
                 + sink.map_or(0.0, |s| (s - max).exp());
             for &(at, score) in &keys {

@@ -5,6 +5,7 @@ use encore_backend::backend::cpu::CpuBackend;
 use encore_backend::testing::{self, compare};
 use encore_backend::{Attention, Backend, DType, Error, KvScale, QkvRope, Sampling, Tensor};
 
+mod gpt_oss;
 mod moe;
 
 fn cpu() -> Box<dyn Backend> {

@@ -60,7 +60,10 @@ fn gpt_oss_configs_parse_and_declare_its_tensors() {
         other => panic!("expected YaRN, got {other:?}"),
     }
     let moe = c.moe.as_ref().unwrap();
-    assert_eq!((moe.num_experts, moe.top_k, moe.expert_intermediate), (32, 4, 2880));
+    assert_eq!(
+        (moe.num_experts, moe.top_k, moe.expert_intermediate),
+        (32, 4, 2880)
+    );
     // The softmax of the top-k logits is the renormalised softmax of them all.
     assert!(moe.norm_topk_prob && moe.sparse.iter().all(|&s| s));
     let rules = c.arch.family().experts.unwrap();
@@ -95,8 +98,14 @@ fn gpt_oss_configs_parse_and_declare_its_tensors() {
     let names: Vec<&str> = decl.hf_tensors().map(|t| t.name.as_str()).collect();
     for (hf, gguf) in [
         ("model.layers.0.self_attn.sinks", "blk.0.attn_sinks.weight"),
-        ("model.layers.0.self_attn.o_proj.bias", "blk.0.attn_output.bias"),
-        ("model.layers.0.mlp.router.weight", "blk.0.ffn_gate_inp.weight"),
+        (
+            "model.layers.0.self_attn.o_proj.bias",
+            "blk.0.attn_output.bias",
+        ),
+        (
+            "model.layers.0.mlp.router.weight",
+            "blk.0.ffn_gate_inp.weight",
+        ),
         ("model.layers.0.mlp.router.bias", "blk.0.ffn_gate_inp.bias"),
         (
             "model.layers.3.mlp.experts.31.gate_proj.weight",
@@ -130,7 +139,10 @@ fn gpt_oss_refuses_what_does_not_run() {
             serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert": []}),
         );
     });
-    assert!(e.contains("quant_method = \"mxfp4\" is not supported"), "{e}");
+    assert!(
+        e.contains("quant_method = \"mxfp4\" is not supported"),
+        "{e}"
+    );
     let e = refused(&|m| {
         m.insert("swiglu_limit".into(), serde_json::json!(8.0));
     });
@@ -219,13 +231,23 @@ fn gpt_oss_fused_experts_load_per_expert() {
             for r in 0..h {
                 let fused = |k: usize| gate_up.values[(x * h + r) * 2 * i + 2 * j + k];
                 assert_eq!(gu[((x * i) + j) * h + r], fused(0), "gate {x} {j} {r}");
-                assert_eq!(gu[((e * i) + x * i + j) * h + r], fused(1), "up {x} {j} {r}");
+                assert_eq!(
+                    gu[((e * i) + x * i + j) * h + r],
+                    fused(1),
+                    "up {x} {j} {r}"
+                );
                 assert_eq!(dn[(x * h + r) * i + j], down.values[(x * i + j) * h + r]);
             }
             assert_eq!(gub[x * i + j], gate_up_bias.values[x * 2 * i + 2 * j]);
-            assert_eq!(gub[(e + x) * i + j], gate_up_bias.values[x * 2 * i + 2 * j + 1]);
+            assert_eq!(
+                gub[(e + x) * i + j],
+                gate_up_bias.values[x * 2 * i + 2 * j + 1]
+            );
         }
-        assert_eq!(dnb[x * h..(x + 1) * h], down_bias.values[x * h..(x + 1) * h]);
+        assert_eq!(
+            dnb[x * h..(x + 1) * h],
+            down_bias.values[x * h..(x + 1) * h]
+        );
     }
     let sinks = download(l.get(Role::Sinks).unwrap());
     assert_eq!(sinks, tensors[13].values);
