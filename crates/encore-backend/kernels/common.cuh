@@ -229,6 +229,21 @@ __device__ __forceinline__ float act_mul_f32(int act, float g, float u) {
     }
 }
 
+// The factor on a softmax's unnormalised output (attention): 1 / l, or with an attention
+// sink (gpt-oss: one more logit whose probability is dropped, args.rs's `Attention::sinks`)
+// e^(m - m') / (l e^(m - m') + e^(s - m')), m' = max(m, s); m is what l and the output are
+// relative to, in log2 units (the scores carry log2 e), s the head's sink logit (natural
+// units, not scaled); 0 when l is 0 (no key seen: zeros, sink or not).
+template <typename T>
+__device__ __forceinline__ float softmax_inv(float m, float l, const T* sinks, long long head) {
+    if (!(l > 0.0f)) return 0.0f;
+    if (sinks == nullptr) return 1.0f / l;
+    const float s = to_f32(sinks[head]) * 1.4426950408889634f;
+    const float m2 = fmaxf(m, s);
+    const float c = exp2f(m - m2);
+    return c / (l * c + exp2f(s - m2));
+}
+
 // Warp reductions (all lanes get the result).
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

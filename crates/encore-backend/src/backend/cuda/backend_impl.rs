@@ -498,12 +498,6 @@ impl Backend for CudaBackend {
     fn attention(&self, a: &Attention<'_>) -> Result<()> {
         self.check_device("attention", &a.tensors())?;
         let d = ops::check_attention(a)?;
-        if a.sinks.is_some() {
-            return Err(Error::invalid(
-                "attention",
-                "attention sinks (gpt-oss) do not run on CUDA yet",
-            ));
-        }
         ops::check_scratch(
             a.scratch,
             self.attention_scratch_len(
