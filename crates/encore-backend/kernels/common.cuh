@@ -211,7 +211,8 @@ __device__ __forceinline__ float silu_mul_f32(float g, float u) {
 }
 
 // act(g) * u for the gated MLP's activations (args.rs's `Activation::code`): 0 SiLU,
-// 1 GELU with tanh, 2 GELU with erf, 3 ReLU^2; the CPU's `Activation::apply`.
+// 1 GELU with tanh, 2 GELU with erf, 3 ReLU^2, 4 gpt-oss's clamped SwiGLU; the CPU's
+// `Activation::gated`.
 __device__ __forceinline__ float act_mul_f32(int act, float g, float u) {
     switch (act) {
         case 1: {
@@ -223,6 +224,12 @@ __device__ __forceinline__ float act_mul_f32(int act, float g, float u) {
         case 3: {
             const float r = fmaxf(g, 0.0f);
             return r * r * u;
+        }
+        case 4: {
+            // gpt-oss's clamped SwiGLU (args.rs's SWIGLU_OAI_LIMIT 7, SWIGLU_OAI_ALPHA 1.702).
+            const float gc = fminf(g, 7.0f);
+            const float uc = fminf(fmaxf(u, -7.0f), 7.0f);
+            return (uc + 1.0f) * (gc / (1.0f + expf(-1.702f * gc)));
         }
         default:
             return silu_mul_f32(g, u);

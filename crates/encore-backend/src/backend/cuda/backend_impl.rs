@@ -465,13 +465,6 @@ impl Backend for CudaBackend {
     fn moe(&self, a: &Moe<'_>) -> Result<()> {
         self.check_device("moe", &a.tensors())?;
         let d = ops::check_moe(a)?;
-        if a.act != crate::args::Activation::Silu || a.bias.is_some() {
-            return Err(Error::invalid(
-                "moe",
-                "experts with biases or another activation than SiLU (gpt-oss) do not run on \
-                 CUDA yet",
-            ));
-        }
         kernels::moe(self, a, &d)
     }
 
