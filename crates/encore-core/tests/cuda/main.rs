@@ -12,6 +12,7 @@ use encore_core::{testing, Attention, Backend, DType, Error, KvScale};
 mod attention;
 #[path = "../common/mod.rs"]
 mod common;
+mod gpt_oss;
 mod layer_norm;
 
 /// The tests of this binary run one at a time: a backend has one stream, and a capture
