@@ -7,8 +7,8 @@ llama3 rope scaling, Mistral, Qwen2, Qwen3, Mistral and Qwen2 with sliding windo
 the mixtures of experts Qwen3-MoE, with a dense layer, Mixtral, and Qwen2-MoE with its
 shared expert, SmolLM3 with a layer without rotary, Llama with linear and Qwen2 with YaRN
 rope scaling, Phi-3 with its fused projections, partial rotary and a window, Gemma 3's text
-model, Qwen2 with transformers 5's `layer_types`, OLMo 2, and StableLM with its LayerNorms
-with a bias)
+model, Qwen2 with transformers 5's `layer_types`, OLMo 2, StableLM with its LayerNorms
+with a bias, and gpt-oss with its attention sinks and biased experts)
 with odd sizes (vocab not a multiple of 64, head_dim != hidden / heads, MQA and GQA,
 intermediate not a power of two), saves each as float32 safetensors in OUTDIR/<name>/
 (config.json + model.safetensors), reloads it with
