@@ -7,8 +7,8 @@ llama3 rope scaling, Mistral, Qwen2, Qwen3, Mistral and Qwen2 with sliding windo
 the mixtures of experts Qwen3-MoE, with a dense layer, Mixtral, and Qwen2-MoE with its
 shared expert, SmolLM3 with a layer without rotary, Llama with linear and Qwen2 with YaRN
 rope scaling, Phi-3 with its fused projections, partial rotary and a window, Gemma 3's text
-model, Qwen2 with transformers 5's `layer_types`, OLMo 2, and StableLM with its LayerNorms
-with a bias)
+model, Qwen2 with transformers 5's `layer_types`, OLMo 2, StableLM with its LayerNorms
+with a bias, and gpt-oss with its attention sinks and biased experts)
 with odd sizes (vocab not a multiple of 64, head_dim != hidden / heads, MQA and GQA,
 intermediate not a power of two), saves each as float32 safetensors in OUTDIR/<name>/
 (config.json + model.safetensors), reloads it with
@@ -62,6 +62,8 @@ from transformers import (  # noqa: E402
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
     Phi3Config,
@@ -524,6 +526,43 @@ MODELS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    # gpt-oss: attention sinks per head, q/k/v and o biases, windowed layers (6 positions,
+    # which the prompts and their 32 tokens cross) alternating with full ones, YaRN rotary
+    # (factor 4 over 64 positions, not truncated), and in every layer 5 experts, top 3,
+    # with a biased router and biased experts running the clamped SwiGLU (their gate/up
+    # gain makes the clamp at 7 bite); 3 heads of 40 over 1 KV head (GQA 3), widths that
+    # are not powers of two. Its experts are transformers' fused 3-D tensors.
+    (
+        "gpt_oss",
+        GptOssConfig,
+        GptOssForCausalLM,
+        dict(
+            vocab_size=1031,
+            hidden_size=120,
+            intermediate_size=72,
+            num_hidden_layers=3,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=40,
+            num_local_experts=5,
+            num_experts_per_tok=3,
+            sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            attention_bias=True,
+            rms_norm_eps=1e-5,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 64,
+                "truncate": False,
+            },
+        ),
+    ),
 ]
 
 COMMON = dict(
@@ -560,8 +599,12 @@ def reinit_(model, seed, tied):
                 # Gemma's norms multiply by (1 + w): offsets from 1.
                 offset = 0.0 if type(model).__name__.startswith("Gemma") else 1.0
                 value = offset + 0.2 * noise
-            elif name.endswith(".bias"):
+            elif name.endswith(".bias") or name.endswith("_bias"):
+                # gpt-oss's experts' biases are `gate_up_proj_bias`, `down_proj_bias`.
                 value = 0.2 * noise
+            elif name.endswith("self_attn.sinks"):
+                # gpt-oss's attention sinks: logits beside the scaled scores.
+                value = noise
             elif "embed_tokens" in name and tied:
                 value = TIED_STD * noise
             elif "lm_head" in name:
@@ -573,6 +616,11 @@ def reinit_(model, seed, tied):
                 fan_in = p.shape[1]
                 gain = 0.7 if ("q_proj" in name or "k_proj" in name) else 1.0
                 value = noise * (gain / math.sqrt(fan_in))
+            elif p.dim() == 3 and type(model).__name__.startswith("GptOss"):
+                # gpt-oss's fused experts are [experts, in, out]; gate/up with a gain of 3
+                # so that the clamped SwiGLU's limit (7) bites on some values.
+                gain = 2.0 if "gate_up_proj" in name else 1.0
+                value = noise * (gain / math.sqrt(p.shape[1]))
             elif p.dim() == 3:
                 # Stacked experts [experts, out, in] (transformers 5 fuses them in memory).
                 value = noise / math.sqrt(p.shape[2])

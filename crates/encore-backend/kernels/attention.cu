@@ -72,7 +72,7 @@ __device__ __forceinline__ void attention_split_impl(
     const int* __restrict__ cu_seqlens, int has_cu, T* out, float* __restrict__ scratch,
     float qscale, float vscale, float softcap, int window, int num_seqs, int rows, int num_heads,
     int num_kv_heads, int head_dim, int num_blocks, int block_size, int table_width, int group,
-    int heads_per_cta, int num_sub, int num_splits, int lpt) {
+    int heads_per_cta, int num_sub, int num_splits, int lpt, const T* __restrict__ sinks) {
     constexpr int V = AttCfg<T, KV, GMAX>::V;
     constexpr int NV = AttCfg<T, KV, GMAX>::NV;
     constexpr int U = AttCfg<T, KV, GMAX>::U;
@@ -370,7 +370,8 @@ __device__ __forceinline__ void attention_split_impl(
         for (int i = 0; i < GMAX; ++i) {
             if (i < gh) {
                 T* o = out + ((long long)row * num_heads + h0 + i) * head_dim;
-                const float inv = L[i] > 0.0f ? vscale / L[i] : 0.0f;
+                const float mu = M[i] == NEG_INF ? 0.0f : M[i];
+                const float inv = vscale * softmax_inv(mu, L[i], sinks, h0 + i);
                 for (int d = tid; d < head_dim; d += ATT_THREADS)
                     o[d] = from_f32<T>(red[i * head_dim + d] * inv);
             }
@@ -399,7 +400,7 @@ __device__ __forceinline__ void attention_split_impl(
 template <typename T>
 __device__ __forceinline__ void attention_combine_impl(const float* __restrict__ scratch, T* out,
                                                        int rows, int num_heads, int head_dim,
-                                                       int num_splits) {
+                                                       int num_splits, const T* sinks) {
     // One CTA per (row, head). Every warp derives the split weights (lane s reads split s's
     // (m, l); num_splits <= 32); warp w accumulates splits w, w + 8, ... over the whole
     // head (lanes stride over head_dim 4 floats at a time), then the warps' partial sums
@@ -417,7 +418,7 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
     // Weight 0 marks an empty split (its acc was never written and is not read).
     const float w = mine.x == NEG_INF ? 0.0f : exp2f(mine.x - mu);
     const float L = warp_sum(mine.y * w);
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    const float inv = softmax_inv(mu, L, sinks, h);
     for (int d0 = 0; d0 < head_dim; d0 += 128) {
         const int d = d0 + lane * 4;
         const bool on = d < head_dim;
@@ -452,20 +453,22 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
         const int* seq_lens, const int* cu_seqlens, int has_cu, T* out, float* scratch,    \
         float qscale, float vscale, float softcap, int window, int num_seqs, int rows, int num_heads,     \
         int num_kv_heads, int head_dim, int num_blocks, int block_size, int table_width,   \
-        int group, int heads_per_cta, int num_sub, int num_splits, int lpt) {              \
+        int group, int heads_per_cta, int num_sub, int num_splits, int lpt, const T* sinks) { \
         pdl_enter();                                                                        \
         attention_split_impl<T, KV, GMAX>(q, k_cache, v_cache, block_tables, seq_lens,     \
                                           cu_seqlens, has_cu, out, scratch, qscale, vscale, softcap, \
                                           window, num_seqs, rows, num_heads, num_kv_heads,  \
                                           head_dim, num_blocks, block_size, table_width,    \
-                                          group, heads_per_cta, num_sub, num_splits, lpt);  \
+                                          group, heads_per_cta, num_sub, num_splits, lpt,   \
+                                          sinks);                                           \
     }
 #define ATTENTION_COMBINE(NAME, T)                                                         \
     extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS)                      \
         NAME(const float* scratch, T* out, int rows, int num_heads, int head_dim,          \
-             int num_splits) {                                                              \
+             int num_splits, const T* sinks) {                                              \
         pdl_enter();                                                                        \
-        attention_combine_impl<T>(scratch, out, rows, num_heads, head_dim, num_splits);    \
+        attention_combine_impl<T>(scratch, out, rows, num_heads, head_dim, num_splits,     \
+                                  sinks);                                                   \
     }
 
 // The variants by heads per CTA and q's type; `_kv8`: over an FP8 cache.

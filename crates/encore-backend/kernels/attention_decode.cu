@@ -108,7 +108,7 @@ __device__ __forceinline__ void attention_decode_impl(
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, T* out,
     float* __restrict__ scratch, float qscale, float vscale, float softcap, int window, int rows,
     int num_heads, int num_kv_heads, int num_blocks, int block_size, int table_width, int group,
-    int num_splits, int heads_fast) {
+    int num_splits, int heads_fast, const T* __restrict__ sinks) {
     typedef typename DaMma<T, KV>::type M;
     constexpr bool F8 = sizeof(KV) == 1;
     constexpr int LD = HD + 8;    // padded shared row (elements)
@@ -476,7 +476,7 @@ __device__ __forceinline__ void attention_decode_impl(
         }
         const long long head = (long long)row * num_heads + h0 + r;
         if (num_splits == 1) {
-            out[head * HD + d] = from_f32<T>(L > 0.0f ? acc * (vscale / L) : 0.0f);
+            out[head * HD + d] = from_f32<T>(acc * (vscale * softmax_inv(mu, L, sinks, h0 + r)));
         } else {
             const long long pidx = head * num_splits + split;
             scratch[pidx * HD + d] = acc * vscale;
@@ -493,12 +493,13 @@ __device__ __forceinline__ void attention_decode_impl(
         const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
         const int* seq_lens, T* out, float* scratch, float qscale, float vscale, float softcap,           \
         int window, int rows, int num_heads, int num_kv_heads, int num_blocks,             \
-        int block_size, int table_width, int group, int num_splits, int heads_fast) {      \
+        int block_size, int table_width, int group, int num_splits, int heads_fast,        \
+        const T* sinks) {                                                                   \
         pdl_enter();                                                                        \
         attention_decode_impl<T, KV, HD>(q, k_cache, v_cache, block_tables, seq_lens, out, \
                                          scratch, qscale, vscale, softcap, window, rows, num_heads, \
                                          num_kv_heads, num_blocks, block_size, table_width,\
-                                         group, num_splits, heads_fast);                   \
+                                         group, num_splits, heads_fast, sinks);            \
     }
 
 ATTENTION_DECODE(attention_decode_hd64_bf16, bf16, bf16, 64)

@@ -89,7 +89,7 @@ __device__ __forceinline__ void attention_prefill_impl(
     const int* __restrict__ cu_seqlens, T* out, float qscale, float vscale, float softcap, int window,
     int num_seqs,
     int rows, int num_heads, int num_kv_heads, int num_blocks, int block_size,
-    int table_width, int group) {
+    int table_width, int group, const T* __restrict__ sinks) {
     constexpr int LD = HD + 8;         // padded shared row (elements)
     constexpr int CPR = HD / 8;        // 16-byte chunks per row
     constexpr int KT = HD / 16;        // k-steps of Q K^T
@@ -423,7 +423,9 @@ __device__ __forceinline__ void attention_prefill_impl(
         float sum = l[rr];
         sum += __shfl_xor_sync(FULL_MASK, sum, 1);
         sum += __shfl_xor_sync(FULL_MASK, sum, 2);
-        const float inv = sum > 0.0f ? vscale / sum : 0.0f;
+        // What o and l are relative to (the row's max in log2 units; 0 when none seen).
+        const float mu = m[rr] == NEG_INF ? 0.0f : m[rr] * sc;
+        const float inv = vscale * softmax_inv(mu, sum, sinks, h);
         const int r = wr0 + mt * 16 + ri * 8 + g;
         if (r < row_end) {
             T* dst = out + ((long long)r * num_heads + h) * HD + 2 * t4;
@@ -445,12 +447,12 @@ __device__ __forceinline__ void attention_prefill_impl(
         const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
         const int* seq_lens, const int* cu_seqlens, T* out, float qscale, float vscale, float softcap,    \
         int window, int num_seqs, int rows, int num_heads, int num_kv_heads,               \
-        int num_blocks, int block_size, int table_width, int group) {                      \
+        int num_blocks, int block_size, int table_width, int group, const T* sinks) {     \
         pdl_enter();                                                                        \
         attention_prefill_impl<T, KV, HD>(q, k_cache, v_cache, block_tables, seq_lens,    \
                                           cu_seqlens, out, qscale, vscale, softcap, window,         \
                                           num_seqs, rows, num_heads, num_kv_heads,         \
-                                          num_blocks, block_size, table_width, group);     \
+                                          num_blocks, block_size, table_width, group, sinks); \
     }
 
 ATTENTION_PREFILL(attention_prefill_hd64_bf16, bf16, bf16, 64)

@@ -211,7 +211,8 @@ __device__ __forceinline__ float silu_mul_f32(float g, float u) {
 }
 
 // act(g) * u for the gated MLP's activations (args.rs's `Activation::code`): 0 SiLU,
-// 1 GELU with tanh, 2 GELU with erf, 3 ReLU^2; the CPU's `Activation::apply`.
+// 1 GELU with tanh, 2 GELU with erf, 3 ReLU^2, 4 gpt-oss's clamped SwiGLU; the CPU's
+// `Activation::gated`.
 __device__ __forceinline__ float act_mul_f32(int act, float g, float u) {
     switch (act) {
         case 1: {
@@ -224,9 +225,30 @@ __device__ __forceinline__ float act_mul_f32(int act, float g, float u) {
             const float r = fmaxf(g, 0.0f);
             return r * r * u;
         }
+        case 4: {
+            // gpt-oss's clamped SwiGLU (args.rs's SWIGLU_OAI_LIMIT 7, SWIGLU_OAI_ALPHA 1.702).
+            const float gc = fminf(g, 7.0f);
+            const float uc = fminf(fmaxf(u, -7.0f), 7.0f);
+            return (uc + 1.0f) * (gc / (1.0f + expf(-1.702f * gc)));
+        }
         default:
             return silu_mul_f32(g, u);
     }
+}
+
+// The factor on a softmax's unnormalised output (attention): 1 / l, or with an attention
+// sink (gpt-oss: one more logit whose probability is dropped, args.rs's `Attention::sinks`)
+// e^(m - m') / (l e^(m - m') + e^(s - m')), m' = max(m, s); m is what l and the output are
+// relative to, in log2 units (the scores carry log2 e), s the head's sink logit (natural
+// units, not scaled); 0 when l is 0 (no key seen: zeros, sink or not).
+template <typename T>
+__device__ __forceinline__ float softmax_inv(float m, float l, const T* sinks, long long head) {
+    if (!(l > 0.0f)) return 0.0f;
+    if (sinks == nullptr) return 1.0f / l;
+    const float s = to_f32(sinks[head]) * 1.4426950408889634f;
+    const float m2 = fmaxf(m, s);
+    const float c = exp2f(m - m2);
+    return c / (l * c + exp2f(s - m2));
 }
 
 // Warp reductions (all lanes get the result).

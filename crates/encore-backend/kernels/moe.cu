@@ -9,8 +9,9 @@
 // (ties to the lower index), renormalised when asked. At most 32 * MOE_PER_LANE experts
 // and 32 chosen (the launcher checks).
 // moe_gate_up: grid (ceil(inter / MOE_WARPS), n * top_k); warp j of pair p = t * top_k + s
-// computes act[p, j] = silu(gate . x_t) * (up . x_t) of expert ids[p], each product rounded
-// to T first (as matmul then silu_mul round them). Every expert kernel finds an expert's
+// computes act[p, j] = act(gate . x_t) * (up . x_t) of expert ids[p] (args::Activation's
+// code: SiLU, or gpt-oss's clamped SwiGLU), each product (plus its bias, gpt-oss) rounded
+// to T first (as matmul then act_mul round them). Every expert kernel finds an expert's
 // rows through a MoeExperts (quant_gemv.cuh): the stacks, or the expert cache's slots.
 // moe_down: grid (ceil(hidden / MOE_WARPS), n); warp h of token t sums over the slots in
 // order w[t, s] * round_T(act[t, s] . down_e[h]) in f32 and rounds once. An expert id out of
@@ -86,7 +87,8 @@ template <typename T>
 __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const MoeExperts& w,
                                                  const int* __restrict__ ids,
                                                  T* __restrict__ act, int hidden, int inter,
-                                                 int experts, int top_k, int vec) {
+                                                 int experts, int top_k, int vec, int act_kind,
+                                                 const T* __restrict__ bias) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j = blockIdx.x * MOE_WARPS + warp;
     const long long p = blockIdx.y;
@@ -123,8 +125,14 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
     }
     sg = warp_sum(sg);
     su = warp_sum(su);
+    if (bias != nullptr) {
+        // gpt-oss: expert e's gate bias j at e I, its up bias at E I + e I (args::MoeBias).
+        sg += to_f32(bias[(long long)e * inter + j]);
+        su += to_f32(bias[((long long)experts + e) * inter + j]);
+    }
     if (lane == 0)
-        act[p * inter + j] = from_f32<T>(silu_mul_f32(moe_round<T>(sg), moe_round<T>(su)));
+        act[p * inter + j] =
+            from_f32<T>(act_mul_f32(act_kind, moe_round<T>(sg), moe_round<T>(su)));
 }
 
 template <typename T>
@@ -132,7 +140,8 @@ __device__ __forceinline__ void moe_down_impl(const T* __restrict__ act, const M
                                               const int* __restrict__ ids,
                                               const float* __restrict__ weights,
                                               T* __restrict__ out, int hidden, int inter,
-                                              int experts, int top_k, int vec) {
+                                              int experts, int top_k, int vec,
+                                              const T* __restrict__ bias) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.x * MOE_WARPS + warp;
     const long long t = blockIdx.y;
@@ -157,7 +166,9 @@ __device__ __forceinline__ void moe_down_impl(const T* __restrict__ act, const M
         } else {
             for (int c = lane; c < inter; c += 32) y = fmaf(to_f32(a[c]), to_f32(d[c]), y);
         }
-        acc = fmaf(weights[p], moe_round<T>(warp_sum(y)), acc);
+        y = warp_sum(y);
+        if (bias != nullptr) y += to_f32(bias[(long long)e * hidden + h]);  // gpt-oss
+        acc = fmaf(weights[p], moe_round<T>(y), acc);
     }
     if (lane == 0) out[t * hidden + h] = from_f32<T>(acc);
 }
@@ -183,15 +194,19 @@ __device__ __forceinline__ void moe_shared_add_impl(T* __restrict__ x, const T* 
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(MOE_WARPS * 32)                            \
         moe_gate_up_##TN(const T* x, MoeExperts w, const int* ids, T* act, int hidden,      \
-                         int inter, int experts, int top_k, int vec) {                      \
+                         int inter, int experts, int top_k, int vec, int act_kind,          \
+                         const T* bias) {                                                   \
         pdl_enter();                                                                        \
-        moe_gate_up_impl<T>(x, w, ids, act, hidden, inter, experts, top_k, vec);            \
+        moe_gate_up_impl<T>(x, w, ids, act, hidden, inter, experts, top_k, vec, act_kind,   \
+                            bias);                                                          \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(MOE_WARPS * 32)                            \
         moe_down_##TN(const T* act, MoeExperts down, const int* ids, const float* weights,  \
-                      T* out, int hidden, int inter, int experts, int top_k, int vec) {     \
+                      T* out, int hidden, int inter, int experts, int top_k, int vec,       \
+                      const T* bias) {                                                      \
         pdl_enter();                                                                        \
-        moe_down_impl<T>(act, down, ids, weights, out, hidden, inter, experts, top_k, vec); \
+        moe_down_impl<T>(act, down, ids, weights, out, hidden, inter, experts, top_k, vec,  \
+                         bias);                                                             \
     }                                                                                       \
     extern "C" __global__ void moe_shared_add_##TN(T* x, const T* gate, const T* y,          \
                                                    long long total, int dim) {              \

@@ -61,7 +61,8 @@ impl<'a> From<&'a Tensor> for Norm<'a> {
 
 /// The gated MLP's activation, `act(gate) * up` ([`crate::backend::Backend::act_mul`]):
 /// HF's `hidden_act`. SiLU is the Llama family's; the GELUs are Gemma's (tanh) and BERT's
-/// (erf); ReLU² is Primer's `relu(x)^2`.
+/// (erf); ReLU² is Primer's `relu(x)^2`; [`Activation::SwigluOai`] is gpt-oss's experts'
+/// clamped SwiGLU, which also changes the up side.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Activation {
     /// `x / (1 + e^-x)` (HF `silu`, `swish`).
@@ -74,14 +75,25 @@ pub enum Activation {
     Gelu,
     /// `max(x, 0)^2` (HF `relu2`).
     Relu2,
+    /// gpt-oss's clamped SwiGLU (transformers' `GptOssExperts._apply_gate`, limit 7 and
+    /// alpha 1.702, fixed there): `g = min(gate, 7)`, `u = clamp(up, -7, 7)`, the output
+    /// `(u + 1) * g * sigmoid(1.702 g)`. Not an HF `hidden_act` name (gpt-oss's config
+    /// says `silu`, which its experts do not read).
+    SwigluOai,
 }
 
+/// [`Activation::SwigluOai`]'s clamp (transformers' `GptOssExperts.limit`).
+pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
+/// [`Activation::SwigluOai`]'s sigmoid slope (`GptOssExperts.alpha`).
+pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
+
 impl Activation {
-    pub const ALL: [Activation; 4] = [
+    pub const ALL: [Activation; 5] = [
         Activation::Silu,
         Activation::GeluTanh,
         Activation::Gelu,
         Activation::Relu2,
+        Activation::SwigluOai,
     ];
 
     /// The activation of HF's `hidden_act` name, `None` for one encore does not run.
@@ -95,47 +107,71 @@ impl Activation {
         })
     }
 
-    /// Its HF name.
+    /// Its HF name (gpt-oss's clamped SwiGLU has none: `swiglu_oai`, its name in vLLM).
     pub fn hf_name(self) -> &'static str {
         match self {
             Activation::Silu => "silu",
             Activation::GeluTanh => "gelu_pytorch_tanh",
             Activation::Gelu => "gelu",
             Activation::Relu2 => "relu2",
+            Activation::SwigluOai => "swiglu_oai",
         }
     }
 
-    /// The CUDA kernels' `act` argument (`act_f32` in common.cuh).
+    /// The HF `hidden_act` names [`Activation::from_hf`] reads, for messages.
+    pub fn hf_names() -> String {
+        Activation::ALL
+            .iter()
+            .filter(|a| Activation::from_hf(a.hf_name()).is_some())
+            .map(|a| a.hf_name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The CUDA kernels' `act` argument (`act_mul_f32` in common.cuh).
     pub fn code(self) -> i32 {
         self as i32
     }
 
-    /// `act(x)` in f32, as the CPU kernel computes it.
-    pub fn apply(self, x: f32) -> f32 {
+    /// `act(gate) * up` in f32, as the CPU kernels compute it.
+    pub fn gated(self, g: f32, u: f32) -> f32 {
         match self {
-            Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::Silu => g / (1.0 + (-g).exp()) * u,
             Activation::GeluTanh => {
-                let inner = 0.797_884_6 * (x + 0.044_715 * x * x * x);
-                0.5 * x * (1.0 + inner.tanh())
+                let inner = 0.797_884_6 * (g + 0.044_715 * g * g * g);
+                0.5 * g * (1.0 + inner.tanh()) * u
             }
-            Activation::Gelu => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
+            Activation::Gelu => {
+                0.5 * g * (1.0 + libm::erff(g * std::f32::consts::FRAC_1_SQRT_2)) * u
+            }
             Activation::Relu2 => {
-                let r = x.max(0.0);
-                r * r
+                let r = g.max(0.0);
+                r * r * u
+            }
+            Activation::SwigluOai => {
+                let g = g.min(SWIGLU_OAI_LIMIT);
+                let u = u.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT);
+                (u + 1.0) * (g / (1.0 + (-SWIGLU_OAI_ALPHA * g).exp()))
             }
         }
     }
 
-    /// `act(x)` in f64 (the references).
-    pub fn apply_f64(self, x: f64) -> f64 {
+    /// `act(gate) * up` in f64 (the references).
+    pub fn gated_f64(self, g: f64, u: f64) -> f64 {
         match self {
-            Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::Silu => g / (1.0 + (-g).exp()) * u,
             Activation::GeluTanh => {
                 let c = (2.0 / std::f64::consts::PI).sqrt();
-                0.5 * x * (1.0 + (c * (x + 0.044715 * x.powi(3))).tanh())
+                0.5 * g * (1.0 + (c * (g + 0.044715 * g.powi(3))).tanh()) * u
             }
-            Activation::Gelu => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
-            Activation::Relu2 => x.max(0.0).powi(2),
+            Activation::Gelu => 0.5 * g * (1.0 + libm::erf(g / std::f64::consts::SQRT_2)) * u,
+            Activation::Relu2 => g.max(0.0).powi(2) * u,
+            Activation::SwigluOai => {
+                let (limit, alpha) = (SWIGLU_OAI_LIMIT as f64, SWIGLU_OAI_ALPHA as f64);
+                let g = g.min(limit);
+                let u = u.clamp(-limit, limit);
+                (u + 1.0) * (g / (1.0 + (-alpha * g).exp()))
+            }
         }
     }
 }
@@ -166,6 +202,12 @@ impl Activation {
 ///
 /// GQA: query head `h` uses KV head `h / (num_heads / num_kv_heads)`.
 ///
+/// Attention sinks (gpt-oss): with `sinks = Some(s)`, head `h`'s softmax has one more
+/// logit, `s[h]` (not scaled, not capped), whose probability is dropped: the output is
+/// `Σ_k e^(x_k - m) v_k / (Σ_k e^(x_k - m) + e^(s[h] - m))`, `m` the largest of the
+/// scaled scores `x_k` and `s[h]` (transformers' `eager_attention_forward` of gpt-oss).
+/// A row that attends to nothing still writes zeros.
+///
 /// An FP8 cache ([`crate::tensor::DType::F8E4M3`]) holds `K / kv_scale.k` and `V /
 /// kv_scale.v`: a key is its byte's value times `kv_scale.k` (folded into the softmax
 /// scale), the output is multiplied by `kv_scale.v`. A cache of T ignores `kv_scale`.
@@ -192,6 +234,9 @@ pub struct Attention<'a> {
     /// Sliding window in positions (`>= 1`; a window at least as long as the context is
     /// full attention), or `None` for full causal attention.
     pub window: Option<usize>,
+    /// Per-head attention sinks, T `[num_heads]` (gpt-oss's `self_attn.sinks`), or
+    /// `None` for none.
+    pub sinks: Option<&'a Tensor>,
     /// `[rows, num_heads, head_dim]`, dtype T.
     pub out: &'a Tensor,
     /// f32 scratch of at least [`crate::backend::Backend::attention_scratch_len`] elements (the split-K
@@ -303,6 +348,9 @@ impl Attention<'_> {
         ];
         if let Some(cu) = self.cu_seqlens_q {
             ts.push(("cu_seqlens_q", cu));
+        }
+        if let Some(s) = self.sinks {
+            ts.push(("sinks", s));
         }
         ts
     }
@@ -534,9 +582,16 @@ pub struct Mlp<'a> {
 
 /// A sparse MLP layer's experts for `n` token rows (see `Backend::moe`): route each row
 /// (softmax of its router logits in f32, the `top_k` most probable experts, ties to the
-/// lower index, renormalised to sum to 1 when `renormalize`), then sum the chosen
-/// experts' SiLU MLPs weighted by their probabilities.
+/// lower index, renormalised to sum to 1 when `renormalize`: the softmax of the top k
+/// logits, gpt-oss's router), then sum the chosen experts' gated MLPs (`act`, SiLU for
+/// every family but gpt-oss) weighted by their probabilities. With `bias`, each expert's
+/// gate and up products and its down product add the expert's biases before they are
+/// rounded to T (gpt-oss's experts).
 pub struct Moe<'a> {
+    /// The experts' activation, `act(gate) * up` ([`Activation::gated`]).
+    pub act: Activation,
+    /// The experts' biases (`None`: none).
+    pub bias: Option<MoeBias<'a>>,
     /// T `[n, hidden]`: the normed hidden rows.
     pub x: &'a Tensor,
     /// T or f32 `[n, num_experts]`: the router's logits.
@@ -565,6 +620,15 @@ pub struct Moe<'a> {
     /// `gate_up` and `down` are in host memory the device reads, and only the slots'
     /// copies are computed with. `None`: `gate_up` and `down` are read where they are.
     pub cache: Option<ExpertCache<'a>>,
+}
+
+/// The experts' biases of [`Moe`], laid out as their weights' rows: T `[2 * E * I]` (every
+/// expert's gate biases, then every expert's up biases: expert `e`'s gate at `e I`, its up
+/// at `E I + e I`) and T `[E * hidden]` (expert `e`'s down bias at `e hidden`).
+#[derive(Clone, Copy)]
+pub struct MoeBias<'a> {
+    pub gate_up: &'a Tensor,
+    pub down: &'a Tensor,
 }
 
 /// A device cache of expert slots for [`Moe`] (routed experts streamed under a weight
@@ -651,6 +715,9 @@ impl Moe<'_> {
             ("scratch", self.scratch),
             ("workspace", self.workspace),
         ];
+        if let Some(b) = &self.bias {
+            ts.extend([("gate_up_bias", b.gate_up), ("down_bias", b.down)]);
+        }
         if let Some(c) = &self.cache {
             ts.extend([
                 ("slot_of", c.slot_of),

@@ -395,6 +395,7 @@ impl PagedCache {
             scale,
             softcap: None,
             window: None,
+            sinks: None,
             out,
             scratch,
         }
@@ -534,6 +535,8 @@ pub fn moe_streaming(
     let cache = ExpertSlots::new(be, 1, e, n * k, slot_bytes(&gate_up), slot_bytes(&down))?;
     let call = |set: usize, cached: bool| {
         be.moe(&Moe {
+            act: crate::args::Activation::Silu,
+            bias: None,
             x: &x,
             logits: &logits[set],
             top_k: k,

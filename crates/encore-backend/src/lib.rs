@@ -28,7 +28,7 @@ pub mod vmm;
 
 pub use backend::{
     Attention, Backend, BackendRef, ExpertCache, ExpertPrefetch, ExpertSlots, Graph, KvScale,
-    LogitBias, Moe, Norm, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask,
+    LogitBias, Moe, MoeBias, Norm, Penalties, QkvRope, SampleLogprobs, Sampling, TokenMask,
     MAX_TOP_LOGPROBS, PROMPT_BIT,
 };
 pub use error::{Error, Result};

@@ -1,7 +1,7 @@
 //! Parity with Hugging Face transformers: encore's forward pass against HF's on small
 //! random-weight models of every supported family and variant (`scripts/hf_reference.py`'s
 //! `MODELS`: Llama and its rope scalings, Mistral, Qwen2/3 and their mixtures of experts,
-//! Mixtral, SmolLM3, Phi-3 with LongRoPE, Gemma 2 and 3, OLMo 2, StableLM), loaded from the same
+//! Mixtral, SmolLM3, Phi-3 with LongRoPE, Gemma 2 and 3, OLMo 2, StableLM, gpt-oss), loaded from the same
 //! float32 safetensors.
 //!
 //! `python3 scripts/hf_reference.py DIR` (on a machine with torch + transformers) writes

@@ -32,9 +32,9 @@ pub use host::{CopyQueue, HostMemory};
 pub use staging::HostStaging;
 
 pub use crate::args::{
-    Activation, Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Mlp, Moe, Norm,
-    NormMatmul, Penalties, PreNorm, QkvRope, SampleLogprobs, Sampling, TokenMask, MAX_TOP_LOGPROBS,
-    PROMPT_BIT,
+    Activation, Attention, ExpertCache, ExpertPrefetch, KvScale, LogitBias, Mlp, Moe, MoeBias,
+    Norm, NormMatmul, Penalties, PreNorm, QkvRope, SampleLogprobs, Sampling, TokenMask,
+    MAX_TOP_LOGPROBS, PROMPT_BIT, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT,
 };
 
 use std::sync::Arc;

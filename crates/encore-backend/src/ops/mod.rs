@@ -507,6 +507,10 @@ pub fn check_attention(a: &Attention<'_>) -> Result<AttentionDims> {
             "window must be >= 1 positions (None for full attention)",
         ));
     }
+    if let Some(s) = a.sinks {
+        same_dtype(OP, "sinks", s, a.q.dtype())?;
+        check_shape(OP, "sinks", s, &[nh], "[num_heads]")?;
+    }
     Ok(AttentionDims {
         rows,
         num_heads: nh,

@@ -272,6 +272,20 @@ pub fn check_moe(a: &crate::args::Moe<'_>) -> Result<MoeDims> {
         &[n * a.top_k, inter],
         "[n * top_k, inter]",
     )?;
+    if let Some(b) = &a.bias {
+        same_dtype(OP, "gate_up_bias", b.gate_up, a.x.dtype())?;
+        let gu = [2 * experts * inter];
+        check_shape(OP, "gate_up_bias", b.gate_up, &gu, "[2 * experts * inter]")?;
+        same_dtype(OP, "down_bias", b.down, a.x.dtype())?;
+        let dn = [experts * hidden];
+        check_shape(OP, "down_bias", b.down, &dn, "[experts * hidden]")?;
+        if a.cache.is_some() {
+            return Err(Error::invalid(
+                OP,
+                "experts with biases (gpt-oss) do not run from an expert cache (weight offload)",
+            ));
+        }
+    }
     let cache = match &a.cache {
         Some(c) => Some(check_expert_cache(
             a,

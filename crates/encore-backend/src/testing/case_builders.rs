@@ -54,6 +54,7 @@ pub(super) fn attention_shape(
         max_q_len,
         window,
         softcap: None,
+        sinks: false,
     }
 }
 
@@ -103,6 +104,9 @@ pub(super) fn push_attention(
     }
     if shape.softcap.is_some() {
         name += ", softcap";
+    }
+    if shape.sinks {
+        name += ", sinks";
     }
     if kv8.is_some() {
         name += ", fp8 cache";

@@ -449,6 +449,26 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                 }
             }
         }
+        // Attention sinks (gpt-oss): the same kernels' shapes and a window, over a cache of
+        // the dtype and FP8, from their own generator.
+        let mut sink_rng = self::rng(seed ^ 0x5157_0a11);
+        let sink_shapes: [AttentionCase; 4] = [
+            (6, 4, 2, 64, 16, 4, 6, FULL),
+            (4, 6, 2, 96, 16, 3, 6, &[Some(9)]),
+            (5, 8, 2, 128, 16, 64, 40, FULL),
+            (5, 4, 1, 64, 16, 64, 40, &[Some(7)]),
+        ];
+        for prefill in [false, true] {
+            for case in &sink_shapes {
+                for kv8 in [None, Some(super::kv8::CASE_SCALE)] {
+                    let shape = AttentionShape {
+                        sinks: true,
+                        ..attention_shape(case, prefill, case.7[0])
+                    };
+                    push_attention(&mut sink_rng, shape, kv8, dtype, &mut push);
+                }
+            }
+        }
     }
     for (batch, vocab) in [(12, 1000), (4, 32_000)] {
         let inputs = SampleInputs::greedy(&mut rng, batch, vocab);

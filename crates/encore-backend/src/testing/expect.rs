@@ -281,6 +281,7 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
                 ),
                 None => (q(&i.q), q(&i.k_cache), q(&i.v_cache)),
             };
+            let sinks = i.sinks.as_ref().map(|s| q(s));
             let out = reference::attention(&reference::AttentionRef {
                 q: &qv,
                 k_cache: &kc,
@@ -291,6 +292,7 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
                 scale: i.scale as f64,
                 softcap: s.softcap.map(f64::from),
                 window: s.window,
+                sinks: sinks.as_deref(),
                 num_heads: s.num_heads,
                 num_kv_heads: s.num_kv_heads,
                 head_dim: s.head_dim,

@@ -314,6 +314,8 @@ pub struct AttentionShape {
     pub window: Option<usize>,
     /// Logit soft-capping of the launch (Gemma 2).
     pub softcap: Option<f32>,
+    /// Per-head attention sinks (gpt-oss), drawn N(0, 2) after everything else.
+    pub sinks: bool,
 }
 
 /// `attention` over a random paged cache.
@@ -337,6 +339,8 @@ pub struct AttentionInputs {
     pub num_blocks: usize,
     /// The caches are FP8 with these scales (`None`: of the case's dtype).
     pub kv8: Option<crate::args::KvScale>,
+    /// Per-head sink logits `[num_heads]` (with [`AttentionShape::sinks`]).
+    pub sinks: Option<Vec<f32>>,
 }
 
 impl AttentionInputs {
@@ -409,11 +413,15 @@ impl AttentionInputs {
             (num_seqs, None)
         };
         let row = num_kv_heads * head_dim;
+        let q = normal(rng, rows * num_heads * head_dim, 1.0);
+        let k_cache = normal(rng, num_blocks * block_size * row, 1.0);
+        let v_cache = normal(rng, num_blocks * block_size * row, 1.0);
         AttentionInputs {
             shape,
-            q: normal(rng, rows * num_heads * head_dim, 1.0),
-            k_cache: normal(rng, num_blocks * block_size * row, 1.0),
-            v_cache: normal(rng, num_blocks * block_size * row, 1.0),
+            q,
+            k_cache,
+            v_cache,
+            sinks: shape.sinks.then(|| normal(rng, num_heads, 2.0)),
             block_tables,
             seq_lens,
             cu_seqlens_q,

@@ -115,7 +115,7 @@ pub fn act_mul(act: crate::args::Activation, gate_up: &[f64], inter: usize) -> V
     let mut out = Vec::new();
     for row in gate_up.chunks(2 * inter) {
         for j in 0..inter {
-            out.push(act.apply_f64(row[j]) * row[inter + j]);
+            out.push(act.gated_f64(row[j], row[inter + j]));
         }
     }
     out
@@ -176,6 +176,9 @@ pub struct AttentionRef<'a> {
     pub softcap: Option<f64>,
     /// Sliding window: keys at positions `pos - w < t <= pos` only.
     pub window: Option<usize>,
+    /// Per-head sink logits: one more logit in each head's softmax, its probability
+    /// dropped (gpt-oss).
+    pub sinks: Option<&'a [f64]>,
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
@@ -220,8 +223,17 @@ pub fn attention(a: &AttentionRef<'_>) -> Vec<f64> {
                 let score = a.softcap.map_or(score, |c| c * (score / c).tanh());
                 keys.push((at, score));
             }
-            let max = keys.iter().map(|k| k.1).fold(f64::NEG_INFINITY, f64::max);
-            let total: f64 = keys.iter().map(|k| (k.1 - max).exp()).sum();
+            if keys.is_empty() {
+                continue; // attends to nothing: zeros, sink or not
+            }
+            let sink = a.sinks.map(|s| s[h]);
+            let max = keys
+                .iter()
+                .map(|k| k.1)
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = keys.iter().map(|k| (k.1 - max).exp()).sum::<f64>()
+                + sink.map_or(0.0, |s| (s - max).exp());
             for &(at, score) in &keys {
                 let p = (score - max).exp() / total;
                 for i in 0..hd {

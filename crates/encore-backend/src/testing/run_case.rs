@@ -247,6 +247,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 .as_ref()
                 .map(|cu| b.upload(cu, &[cu.len()]))
                 .transpose()?;
+            let sinks = i.sinks.as_ref().map(|v| f(v, &[s.num_heads])).transpose()?;
             let out = fresh(dt, &qs)?;
             let len = b.attention_scratch_len(
                 i.rows,
@@ -267,6 +268,7 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
                 scale: i.scale,
                 softcap: s.softcap,
                 window: s.window,
+                sinks: sinks.as_ref(),
                 out: &out,
                 scratch: &scratch,
             })?;

@@ -5,6 +5,7 @@ use encore_backend::backend::cpu::CpuBackend;
 use encore_backend::testing::{self, compare};
 use encore_backend::{Attention, Backend, DType, Error, KvScale, QkvRope, Sampling, Tensor};
 
+mod gpt_oss;
 mod moe;
 
 fn cpu() -> Box<dyn Backend> {
@@ -350,6 +351,7 @@ impl Tiny {
             scale: 1.0,
             softcap: None,
             window,
+            sinks: None,
             out: &out,
             scratch: &scratch,
         })
@@ -525,6 +527,7 @@ fn wrong_attention_operands_name_the_tensor() {
             scale: 1.0,
             softcap: None,
             window,
+            sinks: None,
             out: &q,
             scratch: &scratch,
         })

@@ -92,6 +92,8 @@ fn moe_matches_the_f64_reference() {
         assert_eq!(be.moe_workspace_bytes(n, h, e, k, dt), 0);
         let work = be.alloc(DType::I32, &[1]).unwrap();
         be.moe(&encore_backend::Moe {
+            act: encore_backend::backend::Activation::Silu,
+            bias: None,
             x: &xt,
             logits: &lt,
             top_k: k,
@@ -186,6 +188,8 @@ fn moe_breaks_ties_toward_the_lower_expert_and_checks_its_operands() {
     let work = be.alloc(DType::I32, &[1]).unwrap();
     let args = |top_k: usize, out: &Tensor, ids: &Tensor| -> Result<(), Error> {
         be.moe(&encore_backend::Moe {
+            act: encore_backend::backend::Activation::Silu,
+            bias: None,
             x: &x,
             logits: &logits,
             top_k,
@@ -253,6 +257,8 @@ fn the_expert_cache_fills_and_evicts_by_decayed_frequency() {
         let logits = be.upload(&l, &[1, e]).unwrap();
         let out = be.alloc(DType::F32, &[1, h]).unwrap();
         be.moe(&encore_backend::Moe {
+            act: encore_backend::backend::Activation::Silu,
+            bias: None,
             x: &x,
             logits: &logits,
             top_k: 1,
@@ -383,6 +389,8 @@ fn the_expert_prefetch_plans_beside_the_call() {
             fills: &pf_fills,
         });
         let moe = |cache| encore_backend::Moe {
+            act: encore_backend::backend::Activation::Silu,
+            bias: None,
             x: &x,
             logits: &logits,
             top_k: 1,
@@ -472,6 +480,8 @@ fn the_expert_prefetch_plans_beside_the_call() {
         });
         let err = be
             .moe(&encore_backend::Moe {
+                act: encore_backend::backend::Activation::Silu,
+                bias: None,
                 x: &x,
                 logits: &logits,
                 top_k: 1,
@@ -551,6 +561,8 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
             let run = |cached: bool| {
                 let out = be.alloc(DType::F32, &[n, h]).unwrap();
                 be.moe(&encore_backend::Moe {
+                    act: encore_backend::backend::Activation::Silu,
+                    bias: None,
                     x: &x,
                     logits: &logits,
                     top_k: k,
@@ -603,6 +615,8 @@ fn moe_through_the_expert_cache_equals_the_stacks() {
         let out = be.alloc(DType::F32, &[n, h]).unwrap();
         let err = be
             .moe(&encore_backend::Moe {
+                act: encore_backend::backend::Activation::Silu,
+                bias: None,
                 x: &x,
                 logits: &logits,
                 top_k: k,

@@ -131,6 +131,8 @@ fn quantized_moe_matches_cpu() {
             let work = be.alloc(DType::I32, &[work_len]).unwrap();
             let moe = || {
                 be.moe(&encore_backend::backend::Moe {
+                    act: encore_backend::backend::Activation::Silu,
+                    bias: None,
                     x: &xt,
                     logits: &lt,
                     top_k: k,
@@ -273,6 +275,8 @@ fn expert_cache_matches_cpu_and_replays() {
                 let pf_rows = [0, 1].map(|i| cache.prefetch_fills(i).unwrap());
                 let moe = |layer: usize| {
                     be.moe(&encore_backend::backend::Moe {
+                        act: encore_backend::backend::Activation::Silu,
+                        bias: None,
                         x: &xt,
                         logits: &lt,
                         top_k: k,

@@ -10,6 +10,7 @@
 //! one converted HF tensor (nothing at all when the file already has the run dtype).
 
 mod checkpoint;
+mod fused_experts;
 mod host;
 mod host_side;
 mod packed_int;
@@ -284,6 +285,14 @@ fn load_placed(
         WeightSource::Dir(path) => {
             let mut ck = Checkpoint::open(&path)?;
             ck.int_packing = cfg.weights.int_packing;
+            if cfg
+                .arch
+                .family()
+                .experts
+                .is_some_and(|e| e.fused_interleaved)
+            {
+                ck.fused = fused_experts::FusedExperts::of(&ck, cfg)?;
+            }
             // Before the declaration, which holds every layer's names: a corrupt layer
             // count must not make the loader build millions of them (an EAGLE head has
             // one, `midlayer`).
@@ -312,6 +321,12 @@ fn load_placed(
 
     cfg.check_formats()?;
     cfg.check_runs(backend.runs_moe())?;
+    if let (Some(_), Some(what)) = (prepared, cfg.unstreamed()) {
+        return Err(Error::Config {
+            path: cfg.arch.model_type().to_string(),
+            what: format!("weight offload (--weight-budget) of {what} is not supported yet"),
+        });
+    }
     let total = decl.bytes(dtype);
     let mut host = match prepared {
         Some(p) => HostSide::new(backend, &decl, &source, dtype, p, progress)?,
@@ -498,7 +513,7 @@ pub(crate) fn check_finite_norm(name: &str, bytes: &[u8], dtype: DType) -> Resul
 /// Whether the checkpoint may hold an o_proj bias that must be all zeros (a q/k/v bias
 /// from `attention_bias`, which biases o_proj too).
 fn o_proj_bias_if_zero(cfg: &ModelConfig) -> bool {
-    cfg.qkv_bias && cfg.arch.family().qkv_bias == QkvBias::AttentionBias
+    cfg.qkv_bias && !cfg.o_bias && cfg.arch.family().qkv_bias == QkvBias::AttentionBias
 }
 
 /// Llama and Qwen3 with `attention_bias` also give `o_proj` a bias, which encore does not
@@ -605,6 +620,9 @@ impl Source {
                 f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype))
             }
             Source::Checkpoint(ck) => {
+                if let Some(values) = ck.fused.read_f32(ck, &spec.name)? {
+                    return f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype));
+                }
                 if let Some(w) = ck.packed_int(&spec.name, &spec.shape)? {
                     let values = w.to_f32();
                     return f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype));
@@ -674,10 +692,13 @@ impl Source {
                         let values = w.to_f32();
                         staging.quantized(fmt, k, |s| s.floats_from(&values))
                     }
-                    None => {
-                        let (src_dtype, bytes) = ck.data(&spec.name)?;
-                        staging.quantized(fmt, k, |s| s.floats_of(bytes, src_dtype))
-                    }
+                    None => match ck.fused.read_f32(ck, &spec.name)? {
+                        Some(values) => staging.quantized(fmt, k, |s| s.floats_from(&values)),
+                        None => {
+                            let (src_dtype, bytes) = ck.data(&spec.name)?;
+                            staging.quantized(fmt, k, |s| s.floats_of(bytes, src_dtype))
+                        }
+                    },
                 },
             },
             Source::Dummy { seed } => {
@@ -767,6 +788,8 @@ fn dummy_init(cfg: &ModelConfig, spec: &TensorSpec) -> (f32, f32) {
     let n = &spec.name;
     if n.ends_with("norm.weight") {
         (1.0, 0.02)
+    } else if n.ends_with(".sinks") {
+        (0.0, 0.5)
     } else if n.ends_with(".bias") {
         (0.0, 0.02)
     } else if n == "model.embed_tokens.weight" || n == "lm_head.weight" {

@@ -55,6 +55,7 @@ impl AttentionOnDevice {
             scale: self.scale,
             softcap: None,
             window: self.window,
+            sinks: None,
             out: &self.out,
             scratch: &self.scratch,
         })
@@ -113,6 +114,7 @@ fn attention_shape(
         max_q_len,
         window,
         softcap: None,
+        sinks: false,
     }
 }
 
@@ -149,6 +151,7 @@ fn split_attention_replays_on_new_queries_and_lengths() {
                 max_q_len: 1,
                 window: None,
                 softcap: None,
+                sinks: false,
             };
             let mut inputs = AttentionInputs::random(&mut r, shape);
             let full = inputs.seq_lens.clone();
@@ -364,11 +367,13 @@ fn prefill_inputs(
             max_q_len: seqs.iter().map(|s| s.0).max().unwrap_or(0),
             window,
             softcap: None,
+            sinks: false,
         },
         q: normal(r, rows * num_heads * head_dim, 1.0),
         k_cache: normal(r, num_blocks * block_size * row, 1.0),
         v_cache: normal(r, num_blocks * block_size * row, 1.0),
         kv8: None,
+        sinks: None,
         block_tables,
         seq_lens,
         cu_seqlens_q: Some(cu),

@@ -12,6 +12,7 @@ use encore_core::{testing, Attention, Backend, DType, Error, KvScale};
 mod attention;
 #[path = "../common/mod.rs"]
 mod common;
+mod gpt_oss;
 mod layer_norm;
 
 /// The tests of this binary run one at a time: a backend has one stream, and a capture
@@ -474,6 +475,8 @@ fn moe_matches_cpu_and_replays() {
             let work_len = be.moe_workspace_bytes(n, h, e, k, dt).div_ceil(4).max(1);
             let work = be.alloc(DType::I32, &[work_len]).unwrap();
             be.moe(&encore_core::backend::Moe {
+                act: encore_core::backend::Activation::Silu,
+                bias: None,
                 x: &xt,
                 logits: &lt,
                 top_k: k,
@@ -547,6 +550,8 @@ fn replays_on_new_routing(be: &dyn Backend, n: usize, dt: DType, seed: u64) {
     let work = be.alloc(DType::I32, &[work_len]).unwrap();
     let moe = || {
         be.moe(&encore_core::backend::Moe {
+            act: encore_core::backend::Activation::Silu,
+            bias: None,
             x: &xt,
             logits: &lt,
             top_k: k,

@@ -109,6 +109,7 @@ fn real_configs_parse_to_the_expected_values() {
             rms_norm_eps: 1e-5,
             tie_word_embeddings: true,
             qkv_bias: false,
+            o_bias: false,
             qk_norm: false,
             hidden_act: Default::default(),
             post_norms: false,

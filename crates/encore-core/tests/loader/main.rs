@@ -26,6 +26,7 @@ mod dummy;
 mod errors;
 mod families;
 mod fp8;
+mod gpt_oss;
 mod moe;
 mod packed_int;
 mod round_trip;
@@ -85,6 +86,11 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             add("self_attn.k_proj.bias", vec![kv]);
             add("self_attn.v_proj.bias", vec![kv]);
         }
+        // gpt-oss: a sink per head, o_proj's bias, the router's and the experts' biases.
+        let oss = cfg.arch == Arch::GptOss;
+        if oss {
+            add("self_attn.sinks", vec![cfg.num_heads]);
+        }
         if cfg.qk_norm {
             // OLMo 2's span every head.
             let (qn, kn) = if pre { (hd, hd) } else { (q, kv) };
@@ -92,6 +98,9 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             add("self_attn.k_norm.weight", vec![kn]);
         }
         add("self_attn.o_proj.weight", vec![h, q]);
+        if cfg.o_bias {
+            add("self_attn.o_proj.bias", vec![h]);
+        }
         if cfg.post_norms {
             // Gemma: the attention's output norm, then the MLP's input norm.
             add("post_attention_layernorm.weight", vec![h]);
@@ -114,17 +123,37 @@ fn hf_layout(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
                     Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
                     _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
                 };
-                add(&format!("{base}.gate.weight"), vec![e, h]);
-                for w in &names[..2] {
-                    for x in 0..e {
-                        add(&format!("{base}.experts.{x}.{w}.weight"), vec![ei, h]);
+                let router = if oss { "router" } else { "gate" };
+                add(&format!("{base}.{router}.weight"), vec![e, h]);
+                if oss {
+                    add(&format!("{base}.{router}.bias"), vec![e]);
+                }
+                let kinds: &[&str] = if oss {
+                    &["weight", "bias"]
+                } else {
+                    &["weight"]
+                };
+                for kind in kinds {
+                    for w in &names[..2] {
+                        for x in 0..e {
+                            let shape = if *kind == "weight" {
+                                vec![ei, h]
+                            } else {
+                                vec![ei]
+                            };
+                            add(&format!("{base}.experts.{x}.{w}.{kind}"), shape);
+                        }
                     }
                 }
-                for x in 0..e {
-                    add(
-                        &format!("{base}.experts.{x}.{}.weight", names[2]),
-                        vec![h, ei],
-                    );
+                for kind in kinds {
+                    for x in 0..e {
+                        let shape = if *kind == "weight" {
+                            vec![h, ei]
+                        } else {
+                            vec![h]
+                        };
+                        add(&format!("{base}.experts.{x}.{}.{kind}", names[2]), shape);
+                    }
                 }
                 if let Some(s) = m.shared_expert_intermediate {
                     add("mlp.shared_expert.gate_proj.weight", vec![s, h]);

@@ -389,6 +389,8 @@ impl Backend for CpuBackend {
             x: a.x.clone(),
             logits: a.logits.clone(),
             renormalize: a.renormalize,
+            act: a.act,
+            bias: a.bias.map(|b| (b.gate_up.clone(), b.down.clone())),
             gate_up: a.gate_up.clone(),
             down: a.down.clone(),
             ids: a.ids.clone(),
@@ -446,6 +448,7 @@ impl Backend for CpuBackend {
             scale: a.scale,
             softcap: a.softcap,
             window: a.window,
+            sinks: a.sinks.cloned(),
             out: a.out.clone(),
             dims: d,
         };

@@ -3,7 +3,7 @@
 //! `intermediate_size` wide), named `block_sparse_moe.experts.N.w1/w3/w2`. llama.cpp
 //! writes it as `llama` with experts.
 
-use super::{Arch, ExpertRules, Family};
+use super::{Activation, Arch, ExpertRules, Family};
 
 pub const FAMILY: Family = Family {
     arch: Arch::Mixtral,
@@ -19,6 +19,10 @@ pub const FAMILY: Family = Family {
         shared: None,
         dense_layers: false,
         names: ("block_sparse_moe", "w1", "w3", "w2"),
+        router: "gate",
+        act: Activation::Silu,
+        biases: false,
+        fused_interleaved: false,
     }),
     rms_norm_eps: 1e-5,
     ..super::mistral::FAMILY

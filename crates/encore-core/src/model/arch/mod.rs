@@ -14,6 +14,7 @@ use crate::backend::Activation;
 
 mod gemma2;
 mod gemma3;
+mod gpt_oss;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -51,10 +52,12 @@ pub enum Arch {
     Olmo2,
     /// StableLM 2 (and StableLM 3B 4E1T): LayerNorms with a bias, partial rotary.
     StableLm,
+    /// gpt-oss: attention sinks, alternating windows, biased experts with a clamped SwiGLU.
+    GptOss,
 }
 
 /// Every family encore runs, in [`Arch`]'s order (a family's row is its index).
-pub const FAMILIES: [Family; 13] = [
+pub const FAMILIES: [Family; 14] = [
     llama::FAMILY,
     mistral::FAMILY,
     qwen2::FAMILY,
@@ -68,6 +71,7 @@ pub const FAMILIES: [Family; 13] = [
     gemma2::FAMILY,
     olmo2::FAMILY,
     stablelm::FAMILY,
+    gpt_oss::FAMILY,
 ];
 
 /// One family: its names, its defaults and its layer's variants.
@@ -87,6 +91,11 @@ pub struct Family {
     pub base: Arch,
     /// HF's default `max_position_embeddings`.
     pub default_max_positions: usize,
+    /// HF's `rope_theta` when the config gives none (gpt-oss's 150000; 10000 otherwise).
+    pub default_theta: f64,
+    /// A config without `rope_parameters` / `rope_scaling` is refused (gpt-oss's default
+    /// is a YaRN encore does not fill in).
+    pub rope_required: bool,
     /// The gated MLP's activation when the config names none.
     pub act: Activation,
     /// The config key naming the activation (Gemma's `hidden_activation`; `hidden_act`
@@ -110,6 +119,12 @@ pub struct Family {
     pub window: WindowRule,
     /// transformers 5's `layer_types` picks the windowed layers.
     pub layer_types: bool,
+    /// Without `layer_types` (and outside Gemma's rules): every n-th layer attends fully,
+    /// the others slide (gpt-oss's 2); `None`: the window's layers all slide.
+    pub full_every: Option<usize>,
+    /// One learned attention sink per head (`self_attn.sinks`, gpt-oss): an extra logit
+    /// in every softmax ([`crate::backend::Attention::sinks`]).
+    pub sinks: bool,
     /// `partial_rotary_factor` below 1 is the family's, with its HF default (Phi-3's 1,
     /// StableLM's 0.25); `None`: refused (full rotary).
     pub partial_rotary: Option<f64>,
@@ -144,12 +159,22 @@ pub enum QkvBias {
     },
     /// `attention_bias = true` is refused (it would bias o_proj as well).
     Refused,
+    /// `attention_bias` (its default given) biases q/k/v and o_proj, all applied
+    /// (gpt-oss).
+    WithOutput {
+        default: bool,
+    },
 }
 
 impl QkvBias {
     /// Whether a config that says nothing gives q/k/v biases.
     pub fn by_default(self) -> bool {
-        matches!(self, QkvBias::Always | QkvBias::Flag { default: true, .. })
+        matches!(
+            self,
+            QkvBias::Always
+                | QkvBias::Flag { default: true, .. }
+                | QkvBias::WithOutput { default: true }
+        )
     }
 }
 
@@ -257,6 +282,16 @@ pub struct ExpertRules {
     pub dense_layers: bool,
     /// The checkpoint's names: the MLP module, and each expert's gate, up and down.
     pub names: (&'static str, &'static str, &'static str, &'static str),
+    /// The router's module under the MLP's (`gate`; gpt-oss's `router`).
+    pub router: &'static str,
+    /// The experts' activation ([`Activation::Silu`]; gpt-oss's clamped SwiGLU); the
+    /// config's `hidden_act` does not reach the experts.
+    pub act: Activation,
+    /// The router and every expert projection carry a bias (gpt-oss).
+    pub biases: bool,
+    /// The checkpoint stores each layer's experts as gpt-oss's fused 3-D tensors
+    /// (gate and up interleaved, `[E, in, out]`), not one tensor per expert.
+    pub fused_interleaved: bool,
 }
 
 impl Arch {
@@ -330,8 +365,13 @@ mod tests {
             // What llama.cpp writes for it is a family of ours (Mistral's and Mixtral's
             // `llama`).
             assert!(Arch::from_gguf(f.gguf_written).is_some(), "{}", f.hf_name);
-            // A family's base is dense and shares its attention.
-            assert!(f.base.family().experts.is_none(), "{}", f.hf_name);
+            // A family's base is dense and shares its attention (gpt-oss has no dense
+            // twin: its base is itself).
+            assert!(
+                f.base == f.arch || f.base.family().experts.is_none(),
+                "{}",
+                f.hf_name
+            );
         }
         assert_eq!(Arch::from_hf_name("GPT2LMHeadModel"), None);
         assert_eq!(Arch::from_gguf("mistral"), None);

@@ -2,7 +2,7 @@
 //! attention (biases per `qkv_bias`) with a mixture-of-experts MLP (60 experts, top 4,
 //! width 1408 by default) and a sigmoid-gated shared expert.
 
-use super::{Arch, ExpertRules, Family, QkvBias, WindowRule};
+use super::{Activation, Arch, ExpertRules, Family, QkvBias, WindowRule};
 
 pub const FAMILY: Family = Family {
     arch: Arch::Qwen2Moe,
@@ -27,6 +27,10 @@ pub const FAMILY: Family = Family {
         shared: Some(5632),
         dense_layers: true,
         names: ("mlp", "gate_proj", "up_proj", "down_proj"),
+        router: "gate",
+        act: Activation::Silu,
+        biases: false,
+        fused_interleaved: false,
     }),
     ..super::qwen2::FAMILY
 };

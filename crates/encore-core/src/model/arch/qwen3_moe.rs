@@ -1,7 +1,7 @@
 //! Qwen3-MoE (`Qwen3MoeForCausalLM`, `qwen3_moe`; llama.cpp's `qwen3moe`): Qwen3's
 //! attention with a mixture-of-experts MLP (128 experts, top 8, width 768 by default).
 
-use super::{Arch, ExpertRules, Family, WindowRule};
+use super::{Activation, Arch, ExpertRules, Family, WindowRule};
 
 pub const FAMILY: Family = Family {
     arch: Arch::Qwen3Moe,
@@ -22,6 +22,10 @@ pub const FAMILY: Family = Family {
         shared: None,
         dense_layers: true,
         names: ("mlp", "gate_proj", "up_proj", "down_proj"),
+        router: "gate",
+        act: Activation::Silu,
+        biases: false,
+        fused_interleaved: false,
     }),
     ..super::qwen3::FAMILY
 };

@@ -5,7 +5,7 @@ use super::{Arch, ModelConfig, MoeConfig, NormKind, SlidingWindow};
 use crate::backend::Activation;
 use crate::error::{Error, Result};
 use crate::model::formats::WeightFormats;
-use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling};
+use crate::ops::{Llama3Scaling, RopeConfig, RopeScaling, YarnScaling};
 use crate::tensor::DType;
 
 /// Names accepted by [`ModelConfig::dummy`].
@@ -30,6 +30,7 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-gemma2",
     "tiny-olmo2",
     "tiny-stablelm",
+    "tiny-gpt-oss",
     "gemma-3-4b",
     "phi-4-mini",
 ];
@@ -56,6 +57,7 @@ impl ModelConfig {
             rms_norm_eps: 1e-5,
             tie_word_embeddings: false,
             qkv_bias: false,
+            o_bias: false,
             qk_norm: false,
             hidden_act: Activation::Silu,
             post_norms: false,
@@ -194,6 +196,46 @@ impl ModelConfig {
                 },
                 qkv_bias: true,
                 ..tiny
+            },
+            // gpt-oss's recipe at odd sizes: 3 heads of 40 over 1 KV head, q/k/v and o
+            // biases, attention sinks, windows of 6 on layers 0 and 2, YaRN (factor 4 over
+            // 64 positions), and 5 biased experts of 72, top 3, with the clamped SwiGLU.
+            "tiny-gpt-oss" => ModelConfig {
+                arch: Arch::GptOss,
+                hidden_size: 120,
+                intermediate_size: 72,
+                num_layers: 3,
+                num_heads: 3,
+                num_kv_heads: 1,
+                head_dim: 40,
+                rope: RopeConfig {
+                    rot_dim: 40,
+                    theta: 150_000.0,
+                    scaling: Some(RopeScaling::Yarn(YarnScaling {
+                        factor: 4.0,
+                        original_max_position_embeddings: 64,
+                        beta_fast: 32.0,
+                        beta_slow: 1.0,
+                        attention_factor: YarnScaling::mscale(4.0, 1.0) as f32,
+                        truncate: false,
+                    })),
+                },
+                qkv_bias: true,
+                o_bias: true,
+                sliding_window: Some(SlidingWindow {
+                    size: 6,
+                    first_layer: 0,
+                }),
+                full_attention_layers: vec![1],
+                moe: Some(MoeConfig {
+                    num_experts: 5,
+                    top_k: 3,
+                    expert_intermediate: 72,
+                    norm_topk_prob: true,
+                    sparse: vec![true; 3],
+                    shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
             },
             "tiny-qwen2" => qwen(ModelConfig {
                 arch: Arch::Qwen2,

@@ -44,6 +44,8 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// q/k/v projections carry a bias (Qwen2 always; Llama/Qwen3 with `attention_bias`).
     pub qkv_bias: bool,
+    /// o_proj carries a bias, applied (gpt-oss's `attention_bias`).
+    pub o_bias: bool,
     /// Per-head RMSNorm on q and k before rope, weight `[head_dim]` (Qwen3).
     pub qk_norm: bool,
     /// The gated MLP's activation (`hidden_act`; SiLU for every family but Gemma's).
@@ -425,6 +427,22 @@ impl ModelConfig {
                 ),
             }),
             _ => Ok(()),
+        }
+    }
+
+    /// What of this model neither weight offload nor tensor parallelism runs yet
+    /// (gpt-oss's attention sinks, o_proj bias and experts' biases), named for their
+    /// refusals; `None` when nothing.
+    pub fn unstreamed(&self) -> Option<&'static str> {
+        let fam = self.arch.family();
+        if fam.sinks {
+            Some("attention sinks")
+        } else if self.o_bias {
+            Some("an o_proj bias")
+        } else if fam.experts.is_some_and(|e| e.biases) {
+            Some("experts with biases")
+        } else {
+            None
         }
     }
 

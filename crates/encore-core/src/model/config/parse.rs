@@ -123,7 +123,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         Some(name) => Activation::from_hf(name).ok_or_else(|| {
             f.err(format!(
                 "{act_key} = \"{name}\" is not supported (supported: {})",
-                Activation::ALL.map(Activation::hf_name).join(", ")
+                Activation::hf_names()
             ))
         })?,
     };
@@ -155,7 +155,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         }
     }
     let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(fam.tie);
-    let qkv_bias = parse_bias(f, arch)?;
+    let (qkv_bias, o_bias) = parse_bias(f, arch)?;
     let mut sliding_window = parse_sliding_window(f, arch, num_layers)?;
     // `layer_types`, where present, says which layers slide (transformers then ignores
     // `max_window_layers`: the window starts at layer 0, `parse_sliding_window`); a window
@@ -167,15 +167,16 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
                 full
             }
             // Gemma without the list: Gemma 3's five windowed layers then a full one,
-            // Gemma 2's one and one.
-            None => match (fam.gemma, &sliding_window) {
-                (Some(g), Some(_)) => {
+            // Gemma 2's one and one; gpt-oss's one and one (`full_every`).
+            None => match (fam.gemma, fam.full_every, &sliding_window) {
+                (Some(g), _, Some(_)) => {
                     let pattern = match g.pattern_key {
                         Some(key) => f.opt_usize(key)?.unwrap_or(g.pattern).max(1),
                         None => g.pattern,
                     };
                     (0..num_layers).filter(|l| (l + 1) % pattern == 0).collect()
                 }
+                (None, Some(n), Some(_)) => (0..num_layers).filter(|l| (l + 1) % n == 0).collect(),
                 _ => Vec::new(),
             },
         };
@@ -190,6 +191,26 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
     let torch_dtype = parse_torch_dtype(f)?;
     let weights = parse_quantization(f)?;
     let moe = parse_moe(f, arch, num_layers, intermediate_size)?;
+    if let Some(e) = fam.experts.filter(|e| e.act == Activation::SwigluOai) {
+        // transformers fixes the limit (and alpha) in `GptOssExperts`; a config that names
+        // another limit would run differently elsewhere.
+        let limit = f.opt_f64("swiglu_limit")?;
+        if limit.is_some_and(|l| l != crate::backend::SWIGLU_OAI_LIMIT as f64) {
+            return Err(f.err(format!(
+                "swiglu_limit = {} is not supported (the {} experts' clamp is {})",
+                limit.unwrap_or_default(),
+                e.act.hf_name(),
+                crate::backend::SWIGLU_OAI_LIMIT
+            )));
+        }
+    }
+    if fam.rope_required && f.get("rope_parameters").is_none() && f.get("rope_scaling").is_none() {
+        return Err(f.err(format!(
+            "{} without `rope_parameters` (transformers' default YaRN) is not supported: \
+             name its rope_type, factor and original_max_position_embeddings",
+            arch.model_type()
+        )));
+    }
     if moe.is_some() && hidden_act != Activation::Silu {
         return Err(f.err(format!(
             "hidden_act = \"{}\" with experts is not supported (the experts run SiLU)",
@@ -212,6 +233,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         rms_norm_eps,
         tie_word_embeddings,
         qkv_bias,
+        o_bias,
         qk_norm: fam.qk_norm != QkNorm::None,
         hidden_act,
         post_norms: fam.norms != NormPlacement::Pre,
@@ -298,9 +320,14 @@ fn parse_heads(f: &Fields<'_>, hidden_size: usize) -> Result<Heads> {
 
 /// Attention bias as the HF modeling code builds it (the family's [`QkvBias`]): Qwen2
 /// always has q/k/v biases, Mistral never; Llama and Qwen3 follow `attention_bias` (which
-/// also gives o_proj a bias: the loader accepts it only when it is all zeros). `mlp_bias`
-/// is refused.
-fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
+/// also gives o_proj a bias: the loader accepts it only when it is all zeros); gpt-oss's
+/// `attention_bias` (default true) biases q/k/v and o_proj, both applied. `mlp_bias` is
+/// refused. Returns the q/k/v bias and the o_proj bias.
+fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<(bool, bool)> {
+    if let QkvBias::WithOutput { default } = arch.family().qkv_bias {
+        let on = f.opt_bool("attention_bias")?.unwrap_or(default);
+        return Ok((on, on));
+    }
     let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
     let qkv_bias = match arch.family().qkv_bias {
         QkvBias::Always => true,
@@ -313,12 +340,12 @@ fn parse_bias(f: &Fields<'_>, arch: Arch) -> Result<bool> {
                 arch.model_type()
             )));
         }
-        QkvBias::Refused => false,
+        QkvBias::Refused | QkvBias::WithOutput { .. } => false,
     };
     if f.opt_bool("mlp_bias")? == Some(true) {
         return Err(f.err("mlp_bias = true is not supported (the MLP has no bias in encore)"));
     }
-    Ok(qkv_bias)
+    Ok((qkv_bias, false))
 }
 
 /// The experts of the MoE architectures, with transformers' defaults for absent fields

@@ -22,11 +22,12 @@ pub(super) fn parse_rope(
         path: f.path,
         prefix: "rope_parameters.",
     });
+    let default_theta = arch.family().default_theta;
     let theta = match f.opt_f64("rope_theta")? {
         Some(t) => t,
         None => match &params {
-            Some(p) => p.opt_f64("rope_theta")?.unwrap_or(10_000.0),
-            None => 10_000.0,
+            Some(p) => p.opt_f64("rope_theta")?.unwrap_or(default_theta),
+            None => default_theta,
         },
     };
     if !(theta > 0.0 && theta.is_finite()) {

@@ -58,24 +58,39 @@ impl<'a> Builder<'a> {
         let rep = Shard::Replicated;
         let (col, row) = (Shard::Column { unit: eu }, Shard::Row { unit: eu });
         let (shared_col, shared_row) = (Shard::Column { unit: su }, Shard::Row { unit: su });
-        let (base, gate, up, down) = arch
-            .family()
-            .experts
-            .map_or(("mlp", "gate_proj", "up_proj", "down_proj"), |e| e.names);
-        let expert = |x: usize, w: &str| format!("{base}.experts.{x}.{w}.weight");
+        let rules = arch.family().experts;
+        let (base, gate, up, down) =
+            rules.map_or(("mlp", "gate_proj", "up_proj", "down_proj"), |e| e.names);
+        let (router_name, biases) = rules.map_or(("gate", false), |e| (e.router, e.biases));
+        // Each expert's tensor `w`'s weight or bias (gpt-oss's fused tensors are read
+        // under these names: `model/weights/fused_experts.rs`).
+        let expert = |x: usize, w: &str, kind: &str| format!("{base}.experts.{x}.{w}.{kind}");
         self.op(at(LayerOp::GateUp));
-        let router = [(format!("{base}.gate.weight"), e)];
+        let router = [(format!("{base}.{router_name}.weight"), e)];
         self.tensor_from(Role::Router, layer, &router, Some(h), rep);
-        let gate_up: Vec<(String, usize)> = [gate, up]
-            .iter()
-            .flat_map(|w| (0..e).map(move |x| (expert(x, w), i)))
-            .collect();
-        self.tensor_from(Role::ExpertsGateUp, layer, &gate_up, Some(h), col);
+        if biases {
+            let bias = [(format!("{base}.{router_name}.bias"), e)];
+            self.tensor_from(Role::RouterBias, layer, &bias, None, rep);
+        }
+        let gate_up = |kind: &'static str| -> Vec<(String, usize)> {
+            [gate, up]
+                .iter()
+                .flat_map(|w| (0..e).map(move |x| (expert(x, w, kind), i)))
+                .collect()
+        };
+        self.tensor_from(Role::ExpertsGateUp, layer, &gate_up("weight"), Some(h), col);
+        if biases {
+            self.tensor_from(Role::ExpertsGateUpBias, layer, &gate_up("bias"), None, col);
+        }
         // The experts' down stack is read by the same op: one backend call runs the whole
         // routed MLP, so under a budget both stacks must be resident together (entering
         // `Down` would let the executor reuse the gate/up slot before that call runs).
-        let downs: Vec<(String, usize)> = (0..e).map(|x| (expert(x, down), h)).collect();
-        self.tensor_from(Role::ExpertsDown, layer, &downs, Some(i), row);
+        let downs =
+            |kind| -> Vec<(String, usize)> { (0..e).map(|x| (expert(x, down, kind), h)).collect() };
+        self.tensor_from(Role::ExpertsDown, layer, &downs("weight"), Some(i), row);
+        if biases {
+            self.tensor_from(Role::ExpertsDownBias, layer, &downs("bias"), None, rep);
+        }
         if let Some(s) = shared {
             let parts =
                 ["gate_proj", "up_proj"].map(|w| (format!("mlp.shared_expert.{w}.weight"), s));

@@ -35,7 +35,8 @@ pub fn gguf_source_of(hf: &str, post_norms: bool) -> Option<(String, Option<usiz
 
 /// The GGUF tensor holding an HF tensor and, for one expert's matrix, the expert's index
 /// in it: llama.cpp stacks a layer's experts as `blk.N.ffn_{gate,up,down}_exps` of shape
-/// `[experts, rows, k]` (Mixtral's `w1`, `w3`, `w2` too); the router is `ffn_gate_inp`,
+/// `[experts, rows, k]` (Mixtral's `w1`, `w3`, `w2` too; gpt-oss's biases as
+/// `ffn_*_exps.bias` `[experts, rows]`); the router is `ffn_gate_inp` (with gpt-oss's bias),
 /// Qwen2-MoE's shared expert `ffn_{gate,up,down}_shexp` and its gate `ffn_gate_inp_shexp`.
 pub fn gguf_source(hf: &str) -> Option<(String, Option<usize>)> {
     let Some(rest) = hf.strip_prefix("model.layers.") else {
@@ -56,12 +57,19 @@ pub fn gguf_source(hf: &str) -> Option<(String, Option<usize>)> {
             "gate_proj.weight" | "w1.weight" => "ffn_gate_exps.weight",
             "up_proj.weight" | "w3.weight" => "ffn_up_exps.weight",
             "down_proj.weight" | "w2.weight" => "ffn_down_exps.weight",
+            // gpt-oss's expert biases, stacked `[experts, rows]`.
+            "gate_proj.bias" => "ffn_gate_exps.bias",
+            "up_proj.bias" => "ffn_up_exps.bias",
+            "down_proj.bias" => "ffn_down_exps.bias",
             _ => return None,
         };
         return Some((blk(stacked), Some(x)));
     }
     let moe = match rest {
-        "mlp.gate.weight" | "block_sparse_moe.gate.weight" => Some("ffn_gate_inp.weight"),
+        "mlp.gate.weight" | "block_sparse_moe.gate.weight" | "mlp.router.weight" => {
+            Some("ffn_gate_inp.weight")
+        }
+        "mlp.router.bias" => Some("ffn_gate_inp.bias"),
         "mlp.shared_expert.gate_proj.weight" => Some("ffn_gate_shexp.weight"),
         "mlp.shared_expert.up_proj.weight" => Some("ffn_up_shexp.weight"),
         "mlp.shared_expert.down_proj.weight" => Some("ffn_down_shexp.weight"),

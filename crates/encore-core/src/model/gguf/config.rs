@@ -165,9 +165,17 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         Arch::Llama if m.opt_usize(&k("expert_count"))?.unwrap_or(0) > 0 => Arch::Mixtral,
         a => a,
     };
+    let fam = arch.family();
+    if fam.sinks {
+        // Its files are MXFP4 experts, attention sinks and biases llama.cpp names its
+        // own way: not read yet.
+        return Err(m.err(format!(
+            "GGUF files of {arch_name} (attention sinks, MXFP4 experts) are not supported \
+             yet; load its safetensors checkpoint"
+        )));
+    }
     let moe = parse_moe(&m, arch, &sizes)?;
     let rope = parse_rope(&m, arch, sizes.head_dim)?;
-    let fam = arch.family();
     let eps_key = k(fam.norm_kind.gguf_eps_key());
     let rms_norm_eps =
         m.opt_f64(&eps_key)?
@@ -216,6 +224,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         rms_norm_eps,
         tie_word_embeddings: file.tensor("output.weight").is_none(),
         qkv_bias: fam.qkv_bias.by_default() || file.tensor("blk.0.attn_q.bias").is_some(),
+        o_bias: false,
         qk_norm: fam.qk_norm != QkNorm::None,
         hidden_act: fam.act,
         post_norms: fam.norms != NormPlacement::Pre,

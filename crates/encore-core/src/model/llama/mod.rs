@@ -436,10 +436,12 @@ impl Model {
             // The residual add and norm before a dense MLP go into the MLP op (which may
             // fuse them into its gate/up projection) on one rank without offload.
             let mut mlp_norm = None;
+            // gpt-oss's o_proj bias (tensor parallelism, which fuses it, refuses it).
+            let o_bias = l.get(Role::OProjBias);
             match (l.post_norm(), fused) {
                 (Some(w), true) => project_add_norm(&buf.attn, &o_proj, Norm::new(w, post_bias))?,
                 _ => {
-                    be.matmul(&buf.attn, &o_proj, None, &buf.hidden)?;
+                    be.matmul(&buf.attn, &o_proj, o_bias, &buf.hidden)?;
                     reduce()?;
                     let post_norm = maybe(at(LayerOp::PostNorm), l.post_norm(), post_bias)?;
                     match &out_norm {
@@ -663,6 +665,7 @@ impl Model {
                     scale: c.attention_scale(),
                     softcap: c.attn_softcap,
                     window: c.layer_window(layer),
+                    sinks: self.weights.layers[layer].get(Role::Sinks),
                     out,
                     scratch: &buf.scratch,
                 })

@@ -3,10 +3,10 @@
 //! prefetched), and Qwen2-MoE's gated shared expert.
 
 use super::{Model, StepBuffers};
-use crate::backend::{Activation, Backend, ExpertPrefetch, Moe};
+use crate::backend::{Activation, Backend, ExpertPrefetch, Moe, MoeBias};
 use crate::error::Result;
 use crate::model::config::MoeConfig;
-use crate::model::decl::{LayerOp, OpId};
+use crate::model::decl::{LayerOp, OpId, Role};
 use crate::tensor::Tensor;
 
 impl Model {
@@ -26,28 +26,39 @@ impl Model {
         // in declaration order, the router, the experts' gate/up and down, then
         // the shared expert's gate/up and gate; `Down` the shared expert's down
         // (so everything a backend call reads is resident during it).
-        let (router, gate_up, down, shared_gu) = match self.enter(at(LayerOp::GateUp))? {
+        // gpt-oss's router and expert biases, each read after its weight.
+        let (rb, gub, db) = (
+            l.get(Role::RouterBias),
+            l.get(Role::ExpertsGateUpBias),
+            l.get(Role::ExpertsDownBias),
+        );
+        let (router, gate_up, down, shared_gu, biases) = match self.enter(at(LayerOp::GateUp))? {
             None => (
                 router.clone(),
                 l.gate_up().clone(),
                 l.down().clone(),
                 l.shared().map(|s| (s.gate_up, s.gate)),
+                [rb.cloned(), gub.cloned(), db.cloned()],
             ),
             Some(v) => {
                 let mut it = v.into_iter();
                 let router = it.next().expect("the router is read first");
+                let rb = rb.and_then(|_| it.next());
                 let gate_up = it.next().expect("then the experts' gate/up");
+                let gub = gub.and_then(|_| it.next());
                 let down = it.next().expect("then the experts' down");
+                let db = db.and_then(|_| it.next());
                 let shared = l.shared().map(|_| {
                     let gu = it.next().expect("then the shared expert's gate/up");
                     (gu, it.next().expect("and its gate"))
                 });
-                (router, gate_up, down, shared)
+                (router, gate_up, down, shared, [rb, gub, db])
             }
         };
+        let [router_bias, gate_up_bias, down_bias] = biases;
         let n = buf.normed.dim(0);
         let logits = buf.router_logits.prefix(n)?;
-        be.matmul(&buf.normed, &router, None, &logits)?;
+        be.matmul(&buf.normed, &router, router_bias.as_ref(), &logits)?;
         if let Some(r) = &self.router_table {
             be.copy(&r.window.narrow(layer, n)?, &logits)?;
         }
@@ -78,7 +89,8 @@ impl Model {
                 Some((_, p)) => be.copy(&p.narrow(j, n)?, &pf_logits)?,
                 None => {
                     let router = next.router().expect("a sparse layer");
-                    be.matmul(&buf.normed, router, None, &pf_logits)?
+                    let bias = next.get(Role::RouterBias);
+                    be.matmul(&buf.normed, router, bias, &pf_logits)?
                 }
             }
             c.prefetch = Some(ExpertPrefetch {
@@ -91,7 +103,13 @@ impl Model {
                 fills,
             });
         }
+        let rules = self.cfg.arch.family().experts;
         be.moe(&Moe {
+            act: rules.map_or(Activation::Silu, |e| e.act),
+            bias: gate_up_bias
+                .as_ref()
+                .zip(down_bias.as_ref())
+                .map(|(gate_up, down)| MoeBias { gate_up, down }),
             x: &buf.normed,
             logits: &logits,
             top_k: moe.top_k,

@@ -9,6 +9,7 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use safetensors::SafeTensors;
 
+use super::fused_experts::FusedExperts;
 use super::packed_int::{self, PackedIntWeight};
 use super::{host, TensorSpec};
 use crate::error::{Error, Result};
@@ -76,6 +77,8 @@ pub(super) struct Checkpoint {
     /// The config's packing in integers (GPTQ, pack-quantized), when its projections are
     /// packed ([`PackedIntWeight`]).
     pub(super) int_packing: Option<IntPacking>,
+    /// gpt-oss's fused expert tensors, read under per-expert names.
+    pub(super) fused: FusedExperts,
 }
 
 impl Checkpoint {
@@ -143,6 +146,7 @@ impl Checkpoint {
             location,
             origin,
             int_packing: None,
+            fused: FusedExperts::default(),
         })
     }
 
@@ -194,6 +198,7 @@ impl Checkpoint {
             location,
             origin: format!("`{}`", index.display()),
             int_packing: None,
+            fused: FusedExperts::default(),
         })
     }
 
@@ -220,6 +225,7 @@ impl Checkpoint {
             .location
             .keys()
             .filter(|n| !used.contains(n.as_str()) && !ignored(n) && !packed(n))
+            .filter(|n| !self.fused.is_source(n))
             .collect();
         unused.sort_by_key(|n| natural_key(n));
         if let Some(name) = unused.first() {
@@ -268,6 +274,16 @@ impl Checkpoint {
                 what,
             };
             let Some((i, in_file)) = self.location.get(&spec.name) else {
+                // One expert's tensor of a fused one (gpt-oss).
+                if let Some(shape) = self.fused.shape(&spec.name) {
+                    if shape != spec.shape.as_slice() {
+                        return Err(err(format!(
+                            "has shape {shape:?}, expected {:?}",
+                            spec.shape
+                        )));
+                    }
+                    continue;
+                }
                 // Read now: a misshapen or unsupported packing is refused before loading.
                 if self
                     .read_packed_int(&spec.name, &spec.shape, false)?

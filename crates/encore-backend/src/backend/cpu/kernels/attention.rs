@@ -35,6 +35,8 @@ pub(in crate::backend::cpu) struct AttentionArgs {
     pub softcap: Option<f32>,
     /// Sliding window in positions (validated `>= 1`), `None` for full causal attention.
     pub window: Option<usize>,
+    /// Per-head sink logits, T `[num_heads]` ([`crate::args::Attention::sinks`]).
+    pub sinks: Option<Tensor>,
     pub out: Tensor,
     pub dims: AttentionDims,
 }
@@ -165,12 +167,13 @@ fn attention_t<T: Float>(a: &AttentionArgs) {
     // SAFETY: dtypes validated (q, caches, out T; tables, lengths, cu i32); out is only
     // written through `op` below, at disjoint elements per task, and does not overlap the
     // inputs.
-    let (q, tables, lens, cu) = unsafe {
+    let (q, tables, lens, cu, sinks) = unsafe {
         (
             view::<T>(&a.q),
             view::<i32>(&a.block_tables),
             view::<i32>(&a.seq_lens),
             a.cu_seqlens_q.as_ref().map(|t| view::<i32>(t)),
+            a.sinks.as_ref().map(|t| view::<T>(t)),
         )
     };
     // SAFETY: as above (both caches T, or both F8E4M3: validated).
@@ -309,10 +312,20 @@ fn attention_t<T: Float>(a: &AttentionArgs) {
             }
 
             // out = acc / l (zeros for a query that saw no valid key), times an FP8
-            // cache's value scale.
+            // cache's value scale. A sink adds its logit to the softmax's sum: with
+            // `m' = max(m, sink)`, `out = acc e^(m - m') / (l e^(m - m') + e^(sink - m'))`.
             for i in 0..nq {
                 let (r, j) = (i / group, i % group);
-                let inv = if w.l[i] > 0.0 { v_scale / w.l[i] } else { 0.0 };
+                let inv = match sinks {
+                    Some(s) if w.l[i] > 0.0 => {
+                        let sink = s[g * group + j].to_f32();
+                        let m2 = w.m[i].max(sink);
+                        let c = (w.m[i] - m2).exp();
+                        v_scale * c / (w.l[i] * c + (sink - m2).exp())
+                    }
+                    _ if w.l[i] > 0.0 => v_scale / w.l[i],
+                    _ => 0.0,
+                };
                 let at = ((tile.r0 + r) * num_heads + g * group + j) * hd;
                 for (d, x) in w.acc[i * hd..(i + 1) * hd].iter().enumerate() {
                     // SAFETY: `at + d < rows * num_heads * head_dim`; (row, head) pairs

@@ -321,7 +321,7 @@ fn act_mul_t<T: Float>(act: Activation, gu: &Tensor, out: &Tensor, d: &RowDims) 
         .for_each(|(o, gu)| {
             let (gate, up) = gu.split_at(inter);
             for ((o, g), u) in o.iter_mut().zip(gate).zip(up) {
-                *o = T::from_f32(act.apply(g.to_f32()) * u.to_f32());
+                *o = T::from_f32(act.gated(g.to_f32(), u.to_f32()));
             }
         });
 }

@@ -8,6 +8,10 @@ pub(in crate::backend::cpu) struct MoeArgs {
     pub x: Tensor,
     pub logits: Tensor,
     pub renormalize: bool,
+    /// The experts' activation and their gate/up and down biases
+    /// ([`crate::args::MoeBias`]).
+    pub act: Activation,
+    pub bias: Option<(Tensor, Tensor)>,
     pub gate_up: Tensor,
     pub down: Tensor,
     pub ids: Tensor,
@@ -390,6 +394,16 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
         },
     };
     let (ids, wts) = (&*ids, &*wts);
+    // SAFETY: as above (validated T, only read).
+    let bias = a
+        .bias
+        .as_ref()
+        .map(|(gu, dn)| unsafe { (view::<T>(gu), view::<T>(dn)) });
+    // Expert e's gate bias j, up bias j and down bias r (0 without biases).
+    let gate_bias = |e: usize, j: usize| bias.map_or(0.0, |(gu, _)| gu[e * ni + j].to_f32());
+    let up_bias = |e: usize, j: usize| bias.map_or(0.0, |(gu, _)| gu[(ne + e) * ni + j].to_f32());
+    let down_bias = |e: usize, r: usize| bias.map_or(0.0, |(_, dn)| dn[e * h + r].to_f32());
+    let act_fn = a.act;
     out.par_chunks_mut(h).enumerate().for_each(|(t, o)| {
         let (id, wt) = (&ids[t * top_k..][..top_k], &wts[t * top_k..][..top_k]);
         let mut xf = vec![0f32; h];
@@ -401,14 +415,14 @@ fn moe_t<T: Float>(a: &MoeArgs, d: &MoeDims) {
             let e = e as usize;
             for (j, a) in act.iter_mut().enumerate() {
                 experts.gate(e, j, &mut row);
-                let g = round_to::<T>(dot(&xf, &row[..]));
+                let g = round_to::<T>(dot(&xf, &row[..]) + gate_bias(e, j));
                 experts.up(e, j, &mut row);
-                let u = round_to::<T>(dot(&xf, &row[..]));
-                *a = round_to::<T>(g / (1.0 + (-g).exp()) * u);
+                let u = round_to::<T>(dot(&xf, &row[..]) + up_bias(e, j));
+                *a = round_to::<T>(act_fn.gated(g, u));
             }
             for (r, acc) in acc.iter_mut().enumerate() {
                 experts.down(e, r, &mut down_row);
-                *acc += wt[s] * round_to::<T>(dot(&act, &down_row[..]));
+                *acc += wt[s] * round_to::<T>(dot(&act, &down_row[..]) + down_bias(e, r));
             }
         }
         for (o, v) in o.iter_mut().zip(&acc) {

@@ -313,6 +313,8 @@ fn attention_decode(
     let (out, scratch) = (dptr(a.out), dptr(a.scratch));
     let (qscale, vscale) = scales(a);
     let cap = softcap_arg(a);
+    // gpt-oss's per-head sinks (0: none).
+    let sinks = a.sinks.map_or(0, dptr);
     let window = window_arg(a.window);
     let [rows, nh, nkv, nb, bs, tw, group] = launch_ints(OP, d)?;
     let ns = splits as i32;
@@ -322,7 +324,7 @@ fn attention_decode(
         c,
         &mut args![
             q, kc, vc, bt, sl, out, scratch, qscale, vscale, cap, window, rows, nh, nkv, nb, bs,
-            tw, group, ns, hf
+            tw, group, ns, hf, sinks
         ],
     )?;
     if splits > 1 {
@@ -331,7 +333,7 @@ fn attention_decode(
         be.launch(
             be.kernels().attention_combine.get(a.q.dtype())?,
             c,
-            &mut args![scratch, out, rows, nh, hd, ns],
+            &mut args![scratch, out, rows, nh, hd, ns, sinks],
         )?;
     }
     Ok(())
@@ -445,6 +447,8 @@ pub(in crate::backend::cuda) fn attention(
     let (out, scratch) = (dptr(a.out), dptr(a.scratch));
     let (qscale, vscale) = scales(a);
     let cap = softcap_arg(a);
+    // gpt-oss's per-head sinks (0: none).
+    let sinks = a.sinks.map_or(0, dptr);
     let window = window_arg(a.window);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
     let [rows, nh, nkv, nb, bs, tw, group] = launch_ints(OP, d)?;
@@ -464,7 +468,7 @@ pub(in crate::backend::cuda) fn attention(
         c,
         &mut args![
             q, kc, vc, bt, sl, cu, has_cu, out, scratch, qscale, vscale, cap, window, num_seqs,
-            rows, nh, nkv, hd, nb, bs, tw, group, hpc, nsub, splits, lpt
+            rows, nh, nkv, hd, nb, bs, tw, group, hpc, nsub, splits, lpt, sinks
         ],
     )?;
     if plan.num_splits > 1 {
@@ -473,7 +477,7 @@ pub(in crate::backend::cuda) fn attention(
         be.launch(
             be.kernels().attention_combine.get(dt)?,
             c,
-            &mut args![scratch, out, rows, nh, hd, splits],
+            &mut args![scratch, out, rows, nh, hd, splits, sinks],
         )?;
     }
     Ok(())
@@ -648,6 +652,8 @@ fn attention_prefill(
     let out = dptr(a.out);
     let (qscale, vscale) = scales(a);
     let cap = softcap_arg(a);
+    // gpt-oss's per-head sinks (0: none).
+    let sinks = a.sinks.map_or(0, dptr);
     let window = window_arg(a.window);
     let num_seqs = int(OP, "num_seqs", d.num_seqs)?;
     let [rows, nh, nkv, nb, bs, tw, group] = launch_ints(OP, d)?;
@@ -656,7 +662,7 @@ fn attention_prefill(
         c,
         &mut args![
             q, kc, vc, bt, sl, cu, out, qscale, vscale, cap, window, num_seqs, rows, nh, nkv, nb,
-            bs, tw, group
+            bs, tw, group, sinks
         ],
     )
 }

@@ -89,7 +89,22 @@ pub(in crate::backend::cuda) fn moe(
         Some(min) => d.n >= min,
         None => pairs >= MOE_GEMM_MIN_PAIRS_PER_EXPERT * d.experts,
     };
-    if grouped && grouped_fits(a, d, gu_t, dn_t) {
+    // gpt-oss's experts (biases, the clamped SwiGLU) run in the pair kernels alone, dense.
+    let plain = a.act == crate::args::Activation::Silu && a.bias.is_none();
+    if !plain && (a.gate_up.dtype().is_quantized() || a.down.dtype().is_quantized()) {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "quantized experts ({}) with biases or the {} activation (gpt-oss) do not run \
+                 on CUDA yet",
+                a.gate_up.dtype(),
+                a.act.hf_name()
+            ),
+        ));
+    }
+    let act_kind = a.act.code();
+    let (gu_bias, dn_bias) = a.bias.map_or((0, 0), |b| (dptr(b.gate_up), dptr(b.down)));
+    if plain && grouped && grouped_fits(a, d, gu_t, dn_t) {
         return moe_grouped(be, a, d, ex);
     }
     let (x, act) = (dptr(a.x), dptr(a.scratch));
@@ -146,7 +161,7 @@ pub(in crate::backend::cuda) fn moe(
                 ),
                 threads,
             ),
-            &mut args![x, ex, ids, act, hidden, inter, experts, top_k, vec_in],
+            &mut args![x, ex, ids, act, hidden, inter, experts, top_k, vec_in, act_kind, gu_bias],
         )?;
     }
     let out = dptr(a.out);
@@ -177,7 +192,7 @@ pub(in crate::backend::cuda) fn moe(
                 ),
                 threads,
             ),
-            &mut args![act, ex, ids, wts, out, hidden, inter, experts, top_k, vec_down],
+            &mut args![act, ex, ids, wts, out, hidden, inter, experts, top_k, vec_down, dn_bias],
         )
     }
 }
