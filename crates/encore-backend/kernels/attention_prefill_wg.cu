@@ -2,7 +2,8 @@
 // MMA (`wgmma.mma_async`, sm_90a only), bf16 and f16, head_dim 64 or 128, over a cache of
 // T or of E4M3 (`_kv8`). The same launch and semantics as attention_prefill.cu's kernels
 // (read its header: the rows of a sequence, the key range of a row, windows, soft-capping,
-// padding rows, invalid blocks, qscale / vscale), with 256 threads instead of 128.
+// padding rows, invalid blocks, qscale / vscale, gpt-oss's sinks), with 256 threads
+// instead of 128.
 //
 // A CTA owns 128 query rows of one head (grid (num_heads, ceil(rows / 128) + num_seqs),
 // work items found in cu_seqlens_q as there); warpgroup wg (threads 128 wg ..) owns rows
@@ -193,7 +194,7 @@ __device__ __forceinline__ void attention_prefill_wg_impl(
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     const int* __restrict__ cu_seqlens, T* out, float qscale, float vscale, float softcap,
     int window, int num_seqs, int rows, int num_heads, int num_kv_heads, int num_blocks,
-    int block_size, int table_width, int group) {
+    int block_size, int table_width, int group, const T* __restrict__ sinks) {
     constexpr int CPR = HD / 8;   // 16-byte chunks of T per row
     constexpr int NS = WG_BN / 8; // 8-key column groups of S
     constexpr int ND = HD / 8;    // 8-dim column groups of O
@@ -554,7 +555,9 @@ __device__ __forceinline__ void attention_prefill_wg_impl(
         float sum = l[ri];
         sum += __shfl_xor_sync(FULL_MASK, sum, 1);
         sum += __shfl_xor_sync(FULL_MASK, sum, 2);
-        const float inv = sum > 0.0f ? vscale / sum : 0.0f;
+        // What o and l are relative to (the row's max in log2 units; 0 when none seen).
+        const float mu = m[ri] == NEG_INF ? 0.0f : m[ri] * sc;
+        const float inv = vscale * softmax_inv(mu, sum, sinks, h);
         const int r = ra + ri * 8;
         if (r < row_end) {
             T* dst = out + ((long long)r * num_heads + h) * HD + 2 * t4;
@@ -570,7 +573,7 @@ __device__ __forceinline__ void attention_prefill_wg_impl(
     attention_prefill_wg_impl<T, KV, HD>(q, k_cache, v_cache, block_tables, seq_lens,      \
                                          cu_seqlens, out, qscale, vscale, softcap, window, \
                                          num_seqs, rows, num_heads, num_kv_heads,          \
-                                         num_blocks, block_size, table_width, group)
+                                         num_blocks, block_size, table_width, group, sinks)
 #else
 // Not sm_90a: the kernels exist (the entry points are the same on every architecture) but
 // are never launched (attention.rs picks attention_prefill.cu's).
@@ -582,7 +585,7 @@ __device__ __forceinline__ void attention_prefill_wg_impl(
         const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
         const int* seq_lens, const int* cu_seqlens, T* out, float qscale, float vscale,    \
         float softcap, int window, int num_seqs, int rows, int num_heads, int num_kv_heads, \
-        int num_blocks, int block_size, int table_width, int group) {                      \
+        int num_blocks, int block_size, int table_width, int group, const T* sinks) {      \
         pdl_enter();                                                                        \
         WG_BODY(T, KV, HD);                                                                 \
     }
