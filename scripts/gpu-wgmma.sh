@@ -7,7 +7,8 @@
 #   prefill  the 8B FP8 prefill step, 4 x 2048 tokens, FP8 KV, eager, under each, twice;
 #   serve    the 2048/128 row of TensorRT-LLM's table (PROMPTS requests, default 1000) under
 #            the default kernel.
-# Logs go to $OUT.   usage: [PARTS=info,kernels,prefill,serve] bash scripts/gpu-wgmma.sh
+# Logs go to $OUT.
+#   usage: [PARTS=info,kernels,prefill,serve] [MODES=...] [INFO_MODES=...] [ROUNDS=2] bash scripts/gpu-wgmma.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -29,7 +30,7 @@ mkdir -p .bin && xz -dc .gpu/encore.xz > .bin/encore && chmod +x .bin/encore
 enc=.bin/encore
 nvidia-smi -L
 if has info; then
-  for m in $MODES; do
+  for m in ${INFO_MODES:-$MODES}; do
     run $m "$enc" info --device cuda --seed 7 > "$OUT/info-$m.log" 2>&1
     echo "info $m rc=$?"
     grep -E "FAIL|passed|failed|checks" "$OUT/info-$m.log" | tail -6
@@ -44,7 +45,7 @@ if has kernels; then
   done
 fi
 if has prefill; then
-  for round in 1 2; do
+  for round in $(seq ${ROUNDS:-2}); do
     for m in $MODES; do
       echo "== prefill $m round $round"
       run $m "$enc" bench prefill --device cuda --model dummy:llama-3-8b \
