@@ -36,10 +36,18 @@ fn hf_blocks_decode_as_transformers_dequantizes_them() {
             .collect()
     };
     let (blocks, scales) = (bytes("blocks"), bytes("scales"));
-    let want: Vec<f32> = fixture["values"].as_array().unwrap().iter().map(value).collect();
+    let want: Vec<f32> = fixture["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(value)
+        .collect();
     let (rows, g) = (shape[0] * shape[1], shape[2]);
     let k = 32 * g;
-    assert_eq!((blocks.len(), scales.len(), want.len()), (rows * g * 16, rows * g, rows * k));
+    assert_eq!(
+        (blocks.len(), scales.len(), want.len()),
+        (rows * g * 16, rows * g, rows * k)
+    );
     // The fixture's scales reach both ends of E8M0.
     for e in [0u8, 1, 254, 255] {
         assert!(scales.contains(&e), "scale {e} in the fixture");
@@ -56,7 +64,10 @@ fn hf_blocks_decode_as_transformers_dequantizes_them() {
         dequantize_row(fmt, &row, &mut got);
         for (c, (&a, &b)) in got.iter().zip(&want[r * k..(r + 1) * k]).enumerate() {
             // Equal values (transformers' -0 for code 8 is llama.cpp's +0).
-            assert!(a == b || (a.is_nan() && b.is_nan()), "row {r} value {c}: {a} vs {b}");
+            assert!(
+                a == b || (a.is_nan() && b.is_nan()),
+                "row {r} value {c}: {a} vs {b}"
+            );
         }
     }
 }

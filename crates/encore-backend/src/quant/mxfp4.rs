@@ -185,7 +185,10 @@ mod tests {
             }
             // The block's largest magnitude sets e: it lies in [4 s, 8 s).
             let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-            assert!(amax >= 4.0 * s && amax < 8.0 * s, "row {r}: amax {amax}, e {e}");
+            assert!(
+                amax >= 4.0 * s && amax < 8.0 * s,
+                "row {r}: amax {amax}, e {e}"
+            );
         }
         // An all-zero block: scale byte 0, every code +0.
         let mut z = Vec::new();
@@ -213,9 +216,7 @@ mod tests {
     #[test]
     fn a_transformers_row_repacks_its_nibbles() {
         // Group 0: byte i holds codes 2i (low) and 2i + 1 (high) = i % 8 and 7 - i % 8.
-        let blocks: Vec<u8> = (0..32u8)
-            .map(|i| (i % 8) | (7 - i % 8) << 4)
-            .collect();
+        let blocks: Vec<u8> = (0..32u8).map(|i| (i % 8) | (7 - i % 8) << 4).collect();
         let scales = [127u8, 130];
         let mut row = vec![0xAAu8; QuantFormat::Mxfp4.row_bytes(64).unwrap()];
         hf_row(&blocks, &scales, &mut row);
@@ -226,7 +227,11 @@ mod tests {
             for v in 0..32 {
                 let byte = blocks[16 * g + v / 2];
                 let code = if v % 2 == 0 { byte & 0xF } else { byte >> 4 };
-                assert_eq!(y[32 * g + v], FP4_VALUES[code as usize] * s, "group {g} value {v}");
+                assert_eq!(
+                    y[32 * g + v],
+                    FP4_VALUES[code as usize] * s,
+                    "group {g} value {v}"
+                );
             }
         }
         assert_eq!(&row[32..34], &scales);

@@ -166,4 +166,3 @@ fn rows_that_are_not_whole_blocks_have_no_size() {
     assert_eq!(QuantFormat::parse("fp8"), Some(QuantFormat::F8E4M3));
     assert_eq!(QuantFormat::parse("q2_k"), None);
 }
-
