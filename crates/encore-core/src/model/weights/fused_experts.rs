@@ -234,7 +234,9 @@ impl FusedExperts {
         if let Some(rows) = self.mxfp4_rows(ck, name)? {
             // MXFP4 blocks: their exact values.
             let k = p.shape[1];
-            let rb = QuantFormat::Mxfp4.row_bytes(k).expect("checked: whole blocks");
+            let rb = QuantFormat::Mxfp4
+                .row_bytes(k)
+                .expect("checked: whole blocks");
             let mut out = vec![0f32; rows.len() / rb * k];
             for (o, row) in out.chunks_exact_mut(k).zip(rows.chunks_exact(rb)) {
                 quant::dequantize_row(QuantFormat::Mxfp4, row, o);
