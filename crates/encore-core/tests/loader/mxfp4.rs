@@ -255,3 +255,37 @@ fn mxfp4_checkpoints_encore_cannot_read_are_refused_by_name() {
     let msg = load_err(&bad);
     assert!(msg.contains(scales) && msg.contains("expected U8"), "{msg}");
 }
+
+/// tiny-gpt-oss's dummy weights with the experts quantized to MXFP4 at load (the CUDA twin
+/// test's model, `tests/cuda/gpt_oss.rs`) run on the CPU as their decoded weights do.
+#[test]
+fn dummy_mxfp4_experts_run_as_their_decoded_weights() {
+    let mut cfg = ModelConfig::dummy("tiny-gpt-oss").unwrap();
+    cfg.hidden_size = 128;
+    cfg.moe.as_mut().unwrap().expert_intermediate = 64;
+    cfg.weights.experts = Some(QuantFormat::Mxfp4);
+    cfg.check_formats().unwrap();
+    let load = |cfg: &ModelConfig| {
+        weights::load(
+            &CpuBackend::new(),
+            cfg,
+            WeightSource::Dummy { seed: 3 },
+            DType::F32,
+            &encore_core::progress::NoProgress,
+        )
+        .unwrap()
+    };
+    let w = load(&cfg);
+    assert_eq!(w.layers[0].gate_up().dtype(), DType::Q(QuantFormat::Mxfp4));
+    let decoded = weights::dequantized(&CpuBackend::new(), &w).unwrap();
+    let mut dense_cfg = cfg.clone();
+    dense_cfg.weights.experts = None;
+    let (got, want) = (log_probs(&cfg, w), log_probs(&dense_cfg, decoded));
+    for (p, (g, t)) in got.iter().zip(&want).enumerate() {
+        let worst = g.iter().zip(t).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst < 1e-5,
+            "position {p}: log-probabilities differ by {worst}"
+        );
+    }
+}
