@@ -52,7 +52,8 @@ pub(super) fn decode(b: &[u8], out: &mut [f32]) {
 /// 2), 0 for an all-zero block; clamped to 0..=254 (a block past 2^127 saturates, one
 /// below 2^-125 takes the smallest scale).
 pub fn scale_for(amax: f32) -> u8 {
-    if !(amax > 0.0) {
+    // Zero, negative or NaN: the smallest scale.
+    if amax.is_nan() || amax <= 0.0 {
         return 0;
     }
     let amax = amax.min(f32::MAX);
@@ -159,7 +160,7 @@ mod tests {
                 s ^= s >> 17;
                 s ^= s << 5;
                 // Blocks of magnitudes from 2^-20 to 2^20.
-                let mag = 2f32.powi((i / 32) as i32 % 41 - 20);
+                let mag = 2f32.powi((i / 32) % 41 - 20);
                 (s as f32 / u32::MAX as f32 - 0.5) * 2.0 * mag
             })
             .collect();
