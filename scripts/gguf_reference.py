@@ -12,8 +12,8 @@ package), which the Rust tests compare against bit for bit.
     python3 scripts/gguf_reference.py model MODEL.gguf OUT.gguf [TENSOR ...]
 
 Random blocks: uniformly random bytes, except that every f16 scale field (d, and m/dmin
-where the type has one) is overwritten with a finite f16 drawn from [-2, 2], so no
-block decodes to inf or NaN. The float types (F32, F16, BF16) hold random finite values.
+where the type has one) is overwritten with a finite f16 drawn from [-2, 2], and MXFP4's
+E8M0 scale byte with one of 100..150, so no block decodes to inf or NaN. The float types (F32, F16, BF16) hold random finite values.
 """
 
 import sys
@@ -36,6 +36,9 @@ SCALES = {
     T.Q5_K: [0, 2],
     T.Q6_K: [208],
 }
+# Byte offsets of the E8M0 scale byte inside one block: drawn from 100..150, so every
+# value is finite.
+E8M0 = {T.MXFP4: 0}
 FLOATS = {T.F32: np.float32, T.F16: np.float16}
 ROWS = 2
 BLOCKS_PER_ROW = 3
@@ -51,7 +54,9 @@ def random_blocks(rng, qtype):
         values = rng.uniform(-4, 4, size=(ROWS, cols)).astype(np.float32)
         return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     raw = rng.integers(0, 256, size=(ROWS * BLOCKS_PER_ROW, block_bytes), dtype=np.uint8)
-    for at in SCALES[qtype]:
+    if qtype in E8M0:
+        raw[:, E8M0[qtype]] = rng.integers(100, 151, size=ROWS * BLOCKS_PER_ROW, dtype=np.uint8)
+    for at in SCALES.get(qtype, []):
         scales = rng.uniform(-2, 2, size=ROWS * BLOCKS_PER_ROW).astype(np.float16)
         raw[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)
     return raw.reshape(ROWS, BLOCKS_PER_ROW * block_bytes)
@@ -60,7 +65,7 @@ def random_blocks(rng, qtype):
 def fixture():
     rng = np.random.default_rng(20240611)
     w = GGUFWriter(FIXTURE, "encore-test")
-    for qtype in [T.F32, T.F16, T.BF16, *SCALES]:
+    for qtype in [T.F32, T.F16, T.BF16, *SCALES, *E8M0]:
         raw = random_blocks(rng, qtype)
         expected = dequantize(raw, qtype).astype(np.float32)
         assert np.isfinite(expected).all(), qtype.name

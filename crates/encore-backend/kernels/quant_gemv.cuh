@@ -348,10 +348,12 @@ __device__ __forceinline__ const unsigned char* moe_down(const MoeExperts& m, in
 // qmoe_gate_up: grid (ceil(inter / outputs per CTA), pairs); the group of output j of pair
 //   p = t * top_k + s reads expert e = ids[p]'s gate row j and up row j (MoeExperts: in the
 //   stacks, rows e I + j and (E + e) I + j) against x[t] and writes act[p, j] =
-//   silu(round_T(g)) * round_T(u), rounded to T.
+//   act(round_T(g + bg)) * round_T(u + bu), rounded to T (args::Activation's code `act_kind`;
+//   the biases bg = bias[e I + j], bu = bias[(E + e) I + j] when bias is not null, gpt-oss).
 // qmoe_down: grid (ceil(hidden / (2 * 32 / G)), n); a lane group owns outputs h, h + 1 of
 //   token t and reads down rows h, h + 1 of a chosen expert against act[p]; the sum
-//   of w[p] * round_T(dot) over the slots is f32, in slot order, rounded once (moe.cu's).
+//   of w[p] * round_T(dot + bias[e H + h]) over the slots is f32, in slot order, rounded
+//   once (moe.cu's).
 // An expert id out of range (never written by moe_route) contributes nothing.
 template <class F, typename T, int R>
 __device__ __forceinline__ void qmoe_dot(const unsigned char* const (&wr)[R],
@@ -380,7 +382,7 @@ template <class F, typename T>
 __device__ __forceinline__ void qmoe_gate_up_impl(const T* __restrict__ x, const MoeExperts& w,
                                                   const int* __restrict__ ids, T* __restrict__ act,
                                                   int hidden, int inter, int experts, int top_k,
-                                                  int g) {
+                                                  int g, int act_kind, const T* __restrict__ bias) {
     const int gl = threadIdx.x & (g - 1);
     const int j = blockIdx.x * (QG_THREADS / g) + threadIdx.x / g;
     const long long p = blockIdx.y;
@@ -393,11 +395,16 @@ __device__ __forceinline__ void qmoe_gate_up_impl(const T* __restrict__ x, const
         const unsigned char* const wr[2] = {gate, gate + w.up_off};
         qmoe_dot<F, T, 2>(wr, x + (p / top_k) * hidden, hidden, gl, g, acc);
     }
-    const float sg = qmoe_group_sum(acc[0][0], g), su = qmoe_group_sum(acc[1][0], g);
-    if (j < inter && gl == 0)
-        act[p * inter + j] = from_f32<T>(live ? silu_mul_f32(to_f32(from_f32<T>(sg)),
-                                                             to_f32(from_f32<T>(su)))
-                                              : 0.0f);
+    float sg = qmoe_group_sum(acc[0][0], g), su = qmoe_group_sum(acc[1][0], g);
+    if (j < inter && gl == 0) {
+        if (live && bias != nullptr) {
+            sg += to_f32(bias[(long long)e * inter + j]);
+            su += to_f32(bias[((long long)experts + e) * inter + j]);
+        }
+        act[p * inter + j] = from_f32<T>(
+            live ? act_mul_f32(act_kind, to_f32(from_f32<T>(sg)), to_f32(from_f32<T>(su)))
+                 : 0.0f);
+    }
 }
 
 // The down projection: CTA (x, t) owns outputs h0 .. h0 + 2 G' (G' = 32 / g lane groups of
@@ -410,7 +417,8 @@ __device__ __forceinline__ void qmoe_down_impl(const T* __restrict__ act, const 
                                                const int* __restrict__ ids,
                                                const float* __restrict__ weights,
                                                T* __restrict__ out, int hidden, int inter,
-                                               int experts, int top_k, int g) {
+                                               int experts, int top_k, int g,
+                                               const T* __restrict__ bias) {
     __shared__ float red[QMOE_MAX_TOP_K][64];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gl = lane & (g - 1), grp = lane / g;
@@ -430,7 +438,11 @@ __device__ __forceinline__ void qmoe_down_impl(const T* __restrict__ act, const 
             const unsigned char* const wr[2] = {d, h + 1 < hidden ? d + row_bytes : d};
             qmoe_dot<F, T, 2>(wr, act + p * inter, inter, gl, g, acc);
         }
-        const float y0 = qmoe_group_sum(acc[0][0], g), y1 = qmoe_group_sum(acc[1][0], g);
+        float y0 = qmoe_group_sum(acc[0][0], g), y1 = qmoe_group_sum(acc[1][0], g);
+        if (live && bias != nullptr) {  // gpt-oss
+            y0 += to_f32(bias[(long long)e * hidden + h]);
+            if (h + 1 < hidden) y1 += to_f32(bias[(long long)e * hidden + h + 1]);
+        }
         if (gl == 0) {
             red[s][2 * grp] = live ? to_f32(from_f32<T>(y0)) : 0.0f;
             red[s][2 * grp + 1] = live ? to_f32(from_f32<T>(y1)) : 0.0f;

@@ -292,15 +292,18 @@ __device__ __forceinline__ void qmma_impl(const T* __restrict__ x,
 //   SILU (gate/up): x rows are tokens (pair / top_k), the CTA's 128 rows are 64 gate rows
 //     j0.. and the 64 matching up rows of expert e (MoeExperts), laid out so
 //     that each thread holds a gate column and its up column (n8 tiles alternate gate, up),
-//     and act[pair, j] = silu(round_T(g)) * round_T(u), rounded to T.
+//     and act[pair, j] = act(round_T(g + bg)) * round_T(u + bu), rounded to T
+//     (args::Activation's code `act_kind`: SiLU, gpt-oss's clamped SwiGLU; the biases bg =
+//     bias[e I + j], bu = bias[(E + e) I + j] where bias is not null, as moe.cu's).
 //   else (down): x rows are pairs (act), the down rows h0.. of expert e, and
-//     y[pair, h] = round_T(dot); moe_combine sums the slots.
+//     y[pair, h] = round_T(dot + bias[e H + h]); moe_combine sums the slots.
 template <class F, typename T, int BM, bool SILU>
 __device__ __forceinline__ void gmoe_impl(const T* __restrict__ x, const MoeExperts& w,
                                           const int* __restrict__ sorted,
                                           const int* __restrict__ tile_expert,
                                           T* __restrict__ out, int k, int n_out, int experts,
-                                          int top_k) {
+                                          int top_k, int act_kind,
+                                          const T* __restrict__ bias) {
     extern __shared__ __align__(16) unsigned char qm_smem[];
     const int tile = blockIdx.y;
     const int e = tile_expert[tile];
@@ -363,9 +366,14 @@ __device__ __forceinline__ void gmoe_impl(const T* __restrict__ x, const MoeExpe
                     for (int c = 0; c < 2; ++c) {
                         const int j = n0 + wn * 16 + np * 8 + 2 * t4 + c;
                         if (j >= n_out) continue;
-                        const float gv = to_f32(from_f32<T>(acc[mt][2 * np][2 * h + c]));
-                        const float uv = to_f32(from_f32<T>(acc[mt][2 * np + 1][2 * h + c]));
-                        out[(long long)p * n_out + j] = from_f32<T>(silu_mul_f32(gv, uv));
+                        float ga = acc[mt][2 * np][2 * h + c], ua = acc[mt][2 * np + 1][2 * h + c];
+                        if (bias != nullptr) {
+                            ga += to_f32(bias[(long long)e * n_out + j]);
+                            ua += to_f32(bias[((long long)experts + e) * n_out + j]);
+                        }
+                        const float gv = to_f32(from_f32<T>(ga));
+                        const float uv = to_f32(from_f32<T>(ua));
+                        out[(long long)p * n_out + j] = from_f32<T>(act_mul_f32(act_kind, gv, uv));
                     }
             } else {
 #pragma unroll
@@ -373,8 +381,11 @@ __device__ __forceinline__ void gmoe_impl(const T* __restrict__ x, const MoeExpe
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
                         const int n = n0 + wn * 32 + nt * 8 + 2 * t4 + c;
-                        if (n < n_out)
-                            out[(long long)p * n_out + n] = from_f32<T>(acc[mt][nt][2 * h + c]);
+                        if (n < n_out) {
+                            const float b =
+                                bias != nullptr ? to_f32(bias[(long long)e * n_out + n]) : 0.0f;
+                            out[(long long)p * n_out + n] = from_f32<T>(acc[mt][nt][2 * h + c] + b);
+                        }
                     }
             }
         }
@@ -458,31 +469,38 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
 #define QMOE(F, FN, T, TN)                                                                   \
     extern "C" __global__ void __launch_bounds__(QG_THREADS) qmoe_gate_up_##FN##_##TN(          \
         const T* x, MoeExperts w, const int* ids, T* act, int hidden, int inter, int experts,  \
-        int top_k, int g) {                                                                     \
+        int top_k, int g, int act_kind, const T* bias) {                                        \
         pdl_enter();                                                                            \
-        qmoe_gate_up_impl<F, T>(x, w, ids, act, hidden, inter, experts, top_k, g);              \
+        qmoe_gate_up_impl<F, T>(x, w, ids, act, hidden, inter, experts, top_k, g, act_kind,     \
+                                bias);                                                          \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(QG_THREADS) qmoe_down_##FN##_##TN(             \
         const T* act, MoeExperts down, const int* ids, const float* weights, T* out,            \
-        int hidden, int inter, int experts, int top_k, int g) {                                 \
+        int hidden, int inter, int experts, int top_k, int g, const T* bias) {                  \
         pdl_enter();                                                                            \
-        qmoe_down_impl<F, T>(act, down, ids, weights, out, hidden, inter, experts, top_k, g);   \
+        qmoe_down_impl<F, T>(act, down, ids, weights, out, hidden, inter, experts, top_k, g,    \
+                             bias);                                                             \
     }
-// The grouped MoE GEMM (gmoe_impl) for x in T and BM-row tiles: gate/up + SiLU, and down.
+// The grouped MoE GEMM (gmoe_impl) for x in T and BM-row tiles: gate/up + the activation
+// (act_kind), and down; `bias` the experts' gate/up or down biases (null: none).
 #define GMOE_ONE(F, FN, T, TN, BM)                                                           \
     extern "C" __global__ void __launch_bounds__(QM_THREADS, (BM) <= 64 ? 2 : 1)              \
         gmoe_gate_up_##FN##_##TN##_bm##BM(const T* x, MoeExperts w,                           \
                                           const int* sorted, const int* tile_expert, T* out,  \
-                                          int k, int n_out, int experts, int top_k) {         \
+                                          int k, int n_out, int experts, int top_k,           \
+                                          int act_kind, const T* bias) {                      \
         pdl_enter();                                                                          \
-        gmoe_impl<F, T, BM, true>(x, w, sorted, tile_expert, out, k, n_out, experts, top_k);  \
+        gmoe_impl<F, T, BM, true>(x, w, sorted, tile_expert, out, k, n_out, experts, top_k,   \
+                                  act_kind, bias);                                            \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(QM_THREADS, (BM) <= 64 ? 2 : 1)              \
         gmoe_down_##FN##_##TN##_bm##BM(const T* x, MoeExperts w,                              \
                                        const int* sorted, const int* tile_expert, T* out,     \
-                                       int k, int n_out, int experts, int top_k) {            \
+                                       int k, int n_out, int experts, int top_k,              \
+                                       int act_kind, const T* bias) {                         \
         pdl_enter();                                                                          \
-        gmoe_impl<F, T, BM, false>(x, w, sorted, tile_expert, out, k, n_out, experts, top_k); \
+        gmoe_impl<F, T, BM, false>(x, w, sorted, tile_expert, out, k, n_out, experts, top_k,  \
+                                   act_kind, bias);                                           \
     }
 #define GMOE(F, FN, T, TN)                                                                   \
     GMOE_ONE(F, FN, T, TN, 32)                                                                \

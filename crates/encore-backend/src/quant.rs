@@ -30,6 +30,8 @@
 
 use half::f16;
 
+pub mod mxfp4;
+
 /// A block-quantized weight format (see the module docs for the device layout).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QuantFormat {
@@ -53,10 +55,14 @@ pub enum QuantFormat {
     /// checkpoints (per-tensor scales, or 128x128 blocks of `weight_scale_inv`) load into
     /// it with each row's block scale repeated per 128 columns.
     F8E4M3,
+    /// 32 values: an E8M0 scale byte `e`, 16 bytes of FP4 E2M1 nibbles (value j in the low
+    /// nibble of byte j, j + 16 in the high one: llama.cpp's `block_mxfp4`, GGML type 39);
+    /// `x = 2^(e - 127) * fp4(q)`. OCP MXFP4, gpt-oss's experts ([`mxfp4`]).
+    Mxfp4,
 }
 
 impl QuantFormat {
-    pub const ALL: [QuantFormat; 9] = [
+    pub const ALL: [QuantFormat; 10] = [
         QuantFormat::Q8_0,
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
@@ -66,6 +72,7 @@ impl QuantFormat {
         QuantFormat::Q5K,
         QuantFormat::Q6K,
         QuantFormat::F8E4M3,
+        QuantFormat::Mxfp4,
     ];
 
     /// The lowercase name (`q8_0`, `q4_k`, `fp8`), also the kernel-symbol suffix.
@@ -80,6 +87,7 @@ impl QuantFormat {
             QuantFormat::Q5K => "q5_k",
             QuantFormat::Q6K => "q6_k",
             QuantFormat::F8E4M3 => "fp8",
+            QuantFormat::Mxfp4 => "mxfp4",
         }
     }
 
@@ -105,7 +113,11 @@ impl QuantFormat {
     pub const fn quant_bytes(self) -> usize {
         match self {
             QuantFormat::Q8_0 => 32,
-            QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 | QuantFormat::Q5_1 => 16,
+            QuantFormat::Q4_0
+            | QuantFormat::Q4_1
+            | QuantFormat::Q5_0
+            | QuantFormat::Q5_1
+            | QuantFormat::Mxfp4 => 16,
             QuantFormat::Q4K | QuantFormat::F8E4M3 => 128,
             QuantFormat::Q5K => 160,
             QuantFormat::Q6K => 192,
@@ -115,6 +127,7 @@ impl QuantFormat {
     /// The scale bytes of one block.
     pub const fn scale_bytes(self) -> usize {
         match self {
+            QuantFormat::Mxfp4 => 1,
             QuantFormat::Q8_0 | QuantFormat::Q4_0 => 2,
             QuantFormat::Q4_1 | QuantFormat::F8E4M3 => 4,
             QuantFormat::Q5_0 => 6,
@@ -329,6 +342,7 @@ pub fn decode_block(fmt: QuantFormat, b: &[u8], out: &mut [f32]) {
                 *o = s * e4m3_to_f32(q);
             }
         }
+        QuantFormat::Mxfp4 => mxfp4::decode(b, out),
     }
 }
 
@@ -490,6 +504,7 @@ pub fn quantize_blocks(fmt: QuantFormat, values: &[f32], out: &mut Vec<u8>) {
                 let amax = block.iter().fold(0f32, |a, x| a.max(x.abs()));
                 fp8_blocks(block, amax / E4M3_MAX, out);
             }
+            QuantFormat::Mxfp4 => mxfp4::quantize_block(block, out),
         }
     }
 }
@@ -658,169 +673,4 @@ fn q6_k_block(block: &[f32], out: &mut Vec<u8>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32 - 0.5) * 2.0
-            })
-            .collect()
-    }
-
-    #[test]
-    fn fp8_rows_take_one_scale_and_blocks_their_own() {
-        let fmt = QuantFormat::F8E4M3;
-        let k = 3 * fmt.block_elems();
-        // Block 1 of each row ten times larger than the rest.
-        let x: Vec<f32> = values(2 * k, 7)
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| if (i % k) / 128 == 1 { 10.0 * v } else { v })
-            .collect();
-        let rb = fmt.row_bytes(k).unwrap();
-        let (mut rows, mut blocks) = (vec![0u8; 2 * rb], vec![0u8; 2 * rb]);
-        quantize_rows(fmt, &x, k, &mut rows);
-        quantize_rows_by_block(fmt, &x, k, &mut blocks);
-        assert!(rows_share_one_scale(fmt, k, &rows));
-        assert!(!rows_share_one_scale(fmt, k, &blocks));
-        // Each row's scale is its amax / 448.
-        for (r, row) in rows.chunks_exact(rb).enumerate() {
-            let amax = x[r * k..(r + 1) * k]
-                .iter()
-                .fold(0f32, |a, v| a.max(v.abs()));
-            let s = f32::from_le_bytes(row[3 * 128..3 * 128 + 4].try_into().unwrap());
-            assert_eq!(s, amax / E4M3_MAX);
-        }
-        // Other formats, a short or empty tensor: not row-scaled.
-        let q8 = QuantFormat::Q8_0;
-        let mut q = vec![0u8; q8.bytes(2, k).unwrap()];
-        quantize_rows(q8, &x, k, &mut q);
-        assert!(!rows_share_one_scale(q8, k, &q));
-        assert!(!rows_share_one_scale(fmt, k, &[]));
-        assert!(!rows_share_one_scale(fmt, k, &rows[..rb + 1]));
-    }
-
-    #[test]
-    fn every_format_round_trips_within_its_step() {
-        for fmt in QuantFormat::ALL {
-            let k = 2 * fmt.block_elems();
-            let x = values(3 * k, fmt as u32);
-            let rb = fmt.row_bytes(k).unwrap();
-            assert_eq!(rb % 16, 0);
-            let mut dev = vec![0xAAu8; 3 * rb];
-            quantize_rows(fmt, &x, k, &mut dev);
-            let mut y = vec![0f32; 3 * k];
-            for (r, o) in y.chunks_exact_mut(k).enumerate() {
-                dequantize_row(fmt, &dev[r * rb..(r + 1) * rb], o);
-            }
-            // The worst error is half a quantization step of the coarsest sub-block.
-            let tol = match fmt {
-                QuantFormat::Q8_0 => 0.005,
-                QuantFormat::Q6K => 0.04,
-                QuantFormat::Q5_0 | QuantFormat::Q5_1 | QuantFormat::Q5K => 0.05,
-                QuantFormat::F8E4M3 => 0.07,
-                // ggml's Q4_0 puts the largest magnitude at -8 steps: its opposite clamps
-                // at +7, a whole step away.
-                QuantFormat::Q4_0 => 0.13,
-                _ => 0.1,
-            };
-            let worst = x
-                .iter()
-                .zip(&y)
-                .fold(0f32, |a, (p, q)| a.max((p - q).abs()));
-            assert!(worst <= tol, "{fmt}: worst error {worst}");
-        }
-    }
-
-    #[test]
-    fn the_device_row_is_the_ggml_blocks_cut_in_two() {
-        for fmt in QuantFormat::ALL {
-            let k = 3 * fmt.block_elems();
-            let mut blocks = Vec::new();
-            quantize_blocks(fmt, &values(k, 7), &mut blocks);
-            assert_eq!(blocks.len(), 3 * fmt.block_bytes());
-            let mut row = vec![0u8; fmt.row_bytes(k).unwrap()];
-            pack_row(fmt, &blocks, &mut row);
-            let mut back = vec![0u8; fmt.block_bytes()];
-            for b in 0..3 {
-                unpack_block(fmt, &row, 3, b, &mut back);
-                let bb = fmt.block_bytes();
-                assert_eq!(back, blocks[b * bb..(b + 1) * bb], "{fmt} block {b}");
-            }
-        }
-    }
-
-    /// The nearest code by search over the decoded values `vals` (codes 0..=0x7E; ties to
-    /// the even code): what `f32_to_e4m3` computes from the bits.
-    fn e4m3_by_search(vals: &[f32], x: f32) -> u8 {
-        let sign = if x.is_sign_negative() { 0x80 } else { 0 };
-        let a = x.abs().min(E4M3_MAX);
-        let below = (vals.partition_point(|&v| v <= a) - 1) as u8;
-        let code = if below < 0x7E {
-            let (db, da) = (a - vals[below as usize], vals[below as usize + 1] - a);
-            if da < db || (da == db && below & 1 == 1) {
-                below + 1
-            } else {
-                below
-            }
-        } else {
-            below
-        };
-        sign | code
-    }
-
-    #[test]
-    fn e4m3_encoding_matches_the_search_everywhere() {
-        // Every code, every midpoint between neighbours and the floats next to it, and a
-        // sweep of f32 bit patterns from 2^-12 to past the saturation point.
-        let mut xs = vec![0.0f32, -0.0, 1e-30, 1e9, -1e9, 464.0, 480.0];
-        for c in 0u8..0x7E {
-            let (lo, hi) = (e4m3_to_f32(c), e4m3_to_f32(c + 1));
-            let mid = (lo + hi) / 2.0;
-            xs.extend([lo, mid, f32::from_bits(mid.to_bits() - 1), mid.next_up()]);
-        }
-        let mut b = 2f32.powi(-12).to_bits();
-        while b < 500f32.to_bits() {
-            xs.push(f32::from_bits(b));
-            b += 997;
-        }
-        let vals: Vec<f32> = (0u8..=0x7E).map(e4m3_to_f32).collect();
-        for &x in &xs {
-            for x in [x, -x] {
-                assert_eq!(f32_to_e4m3(x), e4m3_by_search(&vals, x), "{x:e}");
-            }
-        }
-    }
-
-    #[test]
-    fn e4m3_encodes_to_the_nearest_code() {
-        for code in 0u8..=0x7E {
-            let v = e4m3_to_f32(code);
-            assert_eq!(f32_to_e4m3(v), code, "{v}");
-            assert_eq!(f32_to_e4m3(-v), if code == 0 { 0x80 } else { code | 0x80 });
-        }
-        assert_eq!(e4m3_to_f32(0x7E), 448.0);
-        assert_eq!(f32_to_e4m3(1e9), 0x7E);
-        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
-        // 1.0625 lies halfway between 1.0 (0x38) and 1.125 (0x39): ties go to even.
-        assert_eq!(f32_to_e4m3(1.0625), 0x38);
-        assert!(e4m3_to_f32(0x7F).is_nan());
-    }
-
-    #[test]
-    fn rows_that_are_not_whole_blocks_have_no_size() {
-        assert_eq!(QuantFormat::Q4K.row_bytes(576), None);
-        assert_eq!(QuantFormat::Q8_0.row_bytes(576), Some(624));
-        assert_eq!(QuantFormat::Q4K.row_bytes(4096), Some(16 * 144));
-        assert_eq!(QuantFormat::Q6K.row_bytes(4096), Some(16 * 210));
-        assert_eq!(QuantFormat::parse("Q4_K"), Some(QuantFormat::Q4K));
-        assert_eq!(QuantFormat::parse("fp8"), Some(QuantFormat::F8E4M3));
-        assert_eq!(QuantFormat::parse("q2_k"), None);
-    }
-}
+mod tests;

@@ -19,6 +19,7 @@ use encore_backend::testing::compare::{tolerance, OpClass};
 use encore_backend::{Backend, DType, ExpertSlots, Tensor};
 
 mod moe;
+mod moe_bias;
 
 /// One test at a time: a backend has one stream, and a capture must not see another
 /// test's launches.

@@ -15,6 +15,11 @@ use encore_backend::quant::QuantFormat;
 pub struct WeightFormats {
     /// The format of every projection not in `per_tensor` (in-situ quantization).
     pub projections: Option<QuantFormat>,
+    /// The format of the routed experts' stacks (`mlp.experts.gate_up_proj`,
+    /// `mlp.experts.down_proj`), before `projections`: MXFP4 checkpoints
+    /// (`quant_method: "mxfp4"`, gpt-oss) and `--quantization mxfp4` keep the experts in
+    /// MXFP4 and every other projection dense.
+    pub experts: Option<QuantFormat>,
     /// By device tensor name (`model.layers.0.self_attn.qkv_proj`, `lm_head`): the
     /// formats a GGUF file stores.
     pub per_tensor: BTreeMap<String, QuantFormat>,
@@ -102,8 +107,11 @@ impl IntScheme {
 impl WeightFormats {
     /// The format of projection `name`, `None` for dense.
     pub fn projection(&self, name: &str) -> Option<QuantFormat> {
+        let expert_stack =
+            name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.down_proj");
         match (self.per_tensor.get(name), self.int_packing) {
             (Some(f), _) => Some(*f),
+            (None, _) if expert_stack && self.experts.is_some() => self.experts,
             // A packed checkpoint's LM head may be stored plainly (`IntPacking::lm_head`).
             (None, Some(g)) if name == "lm_head" && !g.lm_head => None,
             (None, _) if name == "lm_head" && self.dense_lm_head => None,
@@ -112,7 +120,7 @@ impl WeightFormats {
     }
 
     pub fn is_dense(&self) -> bool {
-        self.projections.is_none() && self.per_tensor.is_empty()
+        self.projections.is_none() && self.experts.is_none() && self.per_tensor.is_empty()
     }
 }
 
@@ -125,14 +133,20 @@ pub enum Quantization {
     Auto,
     /// Decode everything to the run dtype at load (the dense path).
     None,
-    /// Quantize every projection to this format at load.
+    /// Quantize every projection to this format at load; MXFP4 quantizes a model's routed
+    /// experts alone (every other projection stays dense, as gpt-oss is published), and
+    /// every projection of a model without experts.
     To(QuantFormat),
 }
 
 impl Quantization {
     /// The formats `--quantization` takes for in-situ quantization.
-    pub const IN_SITU: [QuantFormat; 3] =
-        [QuantFormat::F8E4M3, QuantFormat::Q8_0, QuantFormat::Q4K];
+    pub const IN_SITU: [QuantFormat; 4] = [
+        QuantFormat::F8E4M3,
+        QuantFormat::Q8_0,
+        QuantFormat::Q4K,
+        QuantFormat::Mxfp4,
+    ];
 
     /// Parse `auto`, `none` or a format name (`fp8`, `q8_0`, `q4_k`, or any other block
     /// format encore runs).

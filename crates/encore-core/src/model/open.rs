@@ -5,6 +5,8 @@
 
 use std::path::Path;
 
+use encore_backend::quant::QuantFormat;
+
 use super::config::ModelConfig;
 use super::formats::{Quantization, WeightFormats};
 use super::gguf::{self, GgufFile};
@@ -84,6 +86,14 @@ impl ModelFiles {
             Quantization::Auto => {}
             Quantization::None => {
                 self.config.weights = WeightFormats {
+                    int_packing: self.config.weights.int_packing,
+                    ..Default::default()
+                }
+            }
+            // MXFP4 is an experts' format: a model with experts keeps the rest dense.
+            Quantization::To(f) if f == QuantFormat::Mxfp4 && self.config.moe.is_some() => {
+                self.config.weights = WeightFormats {
+                    experts: Some(f),
                     int_packing: self.config.weights.int_packing,
                     ..Default::default()
                 }

@@ -14,6 +14,7 @@ mod fused_experts;
 mod host;
 mod host_side;
 mod packed_int;
+mod quantized;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -33,7 +34,6 @@ use crate::error::{Error, Result};
 use crate::offload::{HostWeights, Place, Prepared};
 use crate::progress::{Progress, Unit};
 use crate::tensor::{DType, Tensor};
-use encore_backend::quant::QuantFormat;
 
 /// One decoder layer's weights, in the run dtype: one slot a per-layer [`Role`] of the
 /// declaration (`model/decl/`), filled by the loader. The accessors name what the forward
@@ -650,67 +650,6 @@ impl Source {
                 f(staging.dummy(*seed, &spec.name, spec.numel(), mean, std, dtype))
             }
         }
-    }
-}
-
-impl Source {
-    /// [`Source::with_bytes`] for a tensor kept in `fmt`: device rows (`crate::quant`'s
-    /// layout) of the file's own blocks when a GGUF file stores the part in `fmt`,
-    /// else of its values quantized at load.
-    fn with_quantized<R>(
-        &self,
-        cfg: &ModelConfig,
-        spec: &TensorSpec,
-        fmt: QuantFormat,
-        staging: &mut Staging,
-        f: impl FnOnce(&[u8]) -> Result<R>,
-    ) -> Result<R> {
-        let k = *spec.shape.last().unwrap_or(&0);
-        let bytes = match self {
-            Source::Gguf(g) => match g.tensor_blocks(spec, fmt)? {
-                Some(blocks) => staging.packed(fmt, k, &blocks),
-                None => {
-                    let values = g.tensor_f32(spec)?;
-                    staging.quantized(fmt, k, |s| s.floats_from(&values))
-                }
-            },
-            // A GPTQ projection: its own codes and scales as GGUF blocks when kept in the
-            // format it is exactly, else its values requantized.
-            Source::Checkpoint(ck) => match ck.packed_int(&spec.name, &spec.shape)? {
-                Some(w) if w.format() == fmt => staging.packed(fmt, k, &w.blocks()),
-                Some(w) => {
-                    let values = w.to_f32();
-                    staging.quantized(fmt, k, |s| s.floats_from(&values))
-                }
-                None => match ck.fp8(&spec.name)? {
-                    // An FP8 checkpoint kept in FP8: its own bytes and scales.
-                    Some(w) if fmt == QuantFormat::F8E4M3 => {
-                        let bytes = w.rows * fmt.row_bytes(k).unwrap_or(0);
-                        staging.rows_with(bytes, |out| w.device_rows(out))
-                    }
-                    Some(w) => {
-                        let values = w.to_f32();
-                        staging.quantized(fmt, k, |s| s.floats_from(&values))
-                    }
-                    None => match ck.fused.read_f32(ck, &spec.name)? {
-                        Some(values) => staging.quantized(fmt, k, |s| s.floats_from(&values)),
-                        None => {
-                            let (src_dtype, bytes) = ck.data(&spec.name)?;
-                            staging.quantized(fmt, k, |s| s.floats_of(bytes, src_dtype))
-                        }
-                    },
-                },
-            },
-            Source::Dummy { seed } => {
-                let (mean, std) = dummy_init(cfg, spec);
-                staging.quantized(fmt, k, |s| {
-                    s.dummy(*seed, &spec.name, spec.numel(), mean, std, DType::F32)
-                        .len()
-                        / 4
-                })
-            }
-        };
-        f(bytes)
     }
 }
 

@@ -89,6 +89,8 @@ pub fn bytes_of(t: &Ck) -> Vec<u8> {
             .iter()
             .flat_map(|&x| x.to_bits().to_le_bytes())
             .collect(),
+        // Bytes carried as their values (MXFP4's `*_blocks` / `*_scales`).
+        Dtype::U8 => t.values.iter().map(|&x| x as u8).collect(),
         // Values exact in E4M3 (the test draws them as codes times nothing).
         Dtype::F8_E4M3 => t
             .values

@@ -44,10 +44,34 @@ fn gpt_oss_kernels_match_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpt_oss_on_cuda_matches_cpu_eager_and_in_graphs() {
+    runs_on_cuda_as_on_cpu(ModelConfig::dummy("tiny-gpt-oss").unwrap());
+}
+
+/// The same with its experts in MXFP4 (`--quantization mxfp4`: dummy weights quantized at
+/// load; the CPU decodes the same blocks): `quant_mxfp4.cu`'s expert kernels with the
+/// biases and the clamped SwiGLU, eager and in graphs.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpt_oss_with_mxfp4_experts_on_cuda_matches_cpu_eager_and_in_graphs() {
+    runs_on_cuda_as_on_cpu(tiny_gpt_oss_mxfp4());
+}
+
+/// tiny-gpt-oss with rows of whole MXFP4 blocks (hidden 128, experts 64 wide) and its
+/// experts in MXFP4.
+pub fn tiny_gpt_oss_mxfp4() -> ModelConfig {
+    let mut cfg = ModelConfig::dummy("tiny-gpt-oss").unwrap();
+    cfg.hidden_size = 128;
+    cfg.moe.as_mut().unwrap().expert_intermediate = 64;
+    cfg.weights.experts = Some(encore_core::quant::QuantFormat::Mxfp4);
+    cfg.check_formats().unwrap();
+    cfg
+}
+
+/// `cfg`'s dummy model on CUDA (eager, then decode graphs) against the CPU's eager run.
+fn runs_on_cuda_as_on_cpu(cfg: ModelConfig) {
     let _serial = serial();
     let cuda = cuda();
     let cpu = CpuBackend::new();
-    let cfg = ModelConfig::dummy("tiny-gpt-oss").unwrap();
     let run = |be: &dyn Backend, graph: bool| -> Vec<Vec<f32>> {
         let model = common::dummy_model(be, cfg.clone(), 128);
         let mut r = Runner::new(be, model, common::tiny_config(64)).unwrap();

@@ -1,5 +1,5 @@
-//! gpt-oss (`gpt_oss`): its config as gpt-oss-20b's `config.json` gives it (less the MXFP4
-//! `quantization_config`, which is refused by name), its declaration (sinks, o_proj and
+//! gpt-oss (`gpt_oss`): its config as gpt-oss-20b's `config.json` gives it (its MXFP4
+//! `quantization_config` in `mxfp4.rs`), its declaration (sinks, o_proj and
 //! router biases, the experts' biases, per-expert names with llama.cpp's), what it refuses,
 //! and its fused 3-D expert tensors loaded per expert (transposed, gate and up
 //! de-interleaved).
@@ -132,15 +132,25 @@ fn gpt_oss_refuses_what_does_not_run() {
         edit(v.as_object_mut().unwrap());
         parse_value(&v).unwrap_err().to_string()
     };
-    // Part 2: MXFP4 experts.
+    // MXFP4 experts load (tests/loader/mxfp4.rs); other methods stay refused.
+    let mut v = gpt_oss_20b();
+    v.as_object_mut().unwrap().insert(
+        "quantization_config".into(),
+        serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert": []}),
+    );
+    let c = parse_value(&v).unwrap();
+    assert_eq!(
+        c.weights.experts,
+        Some(encore_core::quant::QuantFormat::Mxfp4)
+    );
     let e = refused(&|m| {
         m.insert(
             "quantization_config".into(),
-            serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert": []}),
+            serde_json::json!({"quant_method": "bitsandbytes"}),
         );
     });
     assert!(
-        e.contains("quant_method = \"mxfp4\" is not supported"),
+        e.contains("quant_method = \"bitsandbytes\" is not supported"),
         "{e}"
     );
     let e = refused(&|m| {

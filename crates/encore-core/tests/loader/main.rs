@@ -28,6 +28,7 @@ mod families;
 mod fp8;
 mod gpt_oss;
 mod moe;
+mod mxfp4;
 mod packed_int;
 mod round_trip;
 

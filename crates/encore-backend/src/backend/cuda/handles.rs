@@ -63,10 +63,12 @@ pub(super) const SPLIT_VARIANTS: [usize; 4] = [1, 2, 4, 8];
 pub(super) const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// The quantized weight formats of the `quant_*.cu` kernels, in handle order.
-const QUANT_FORMATS: [QuantFormat; 9] = QuantFormat::ALL;
+const QUANT_FORMATS: [QuantFormat; NF] = QuantFormat::ALL;
+/// How many formats [`QUANT_FORMATS`] holds.
+const NF: usize = QuantFormat::ALL.len();
 /// `qgemv_act_<fmt>` and `dequant_<fmt>` for each of [`QUANT_FORMATS`] (a [`PerDType`]'s op
 /// name is static).
-const QGEMV_SILU_OPS: [&str; 9] = [
+const QGEMV_SILU_OPS: [&str; NF] = [
     "qgemv_act_q8_0",
     "qgemv_act_q4_0",
     "qgemv_act_q4_1",
@@ -76,8 +78,9 @@ const QGEMV_SILU_OPS: [&str; 9] = [
     "qgemv_act_q5_k",
     "qgemv_act_q6_k",
     "qgemv_act_fp8",
+    "qgemv_act_mxfp4",
 ];
-const DEQUANT_OPS: [&str; 9] = [
+const DEQUANT_OPS: [&str; NF] = [
     "dequant_q8_0",
     "dequant_q4_0",
     "dequant_q4_1",
@@ -87,10 +90,11 @@ const DEQUANT_OPS: [&str; 9] = [
     "dequant_q5_k",
     "dequant_q6_k",
     "dequant_fp8",
+    "dequant_mxfp4",
 ];
 
 /// `qmoe_gate_up_<fmt>` and `qmoe_down_<fmt>`: a mixture of experts' quantized experts.
-const QMOE_GATE_UP_OPS: [&str; 9] = [
+const QMOE_GATE_UP_OPS: [&str; NF] = [
     "qmoe_gate_up_q8_0",
     "qmoe_gate_up_q4_0",
     "qmoe_gate_up_q4_1",
@@ -100,8 +104,9 @@ const QMOE_GATE_UP_OPS: [&str; 9] = [
     "qmoe_gate_up_q5_k",
     "qmoe_gate_up_q6_k",
     "qmoe_gate_up_fp8",
+    "qmoe_gate_up_mxfp4",
 ];
-const QMOE_DOWN_OPS: [&str; 9] = [
+const QMOE_DOWN_OPS: [&str; NF] = [
     "qmoe_down_q8_0",
     "qmoe_down_q4_0",
     "qmoe_down_q4_1",
@@ -111,6 +116,7 @@ const QMOE_DOWN_OPS: [&str; 9] = [
     "qmoe_down_q5_k",
     "qmoe_down_q6_k",
     "qmoe_down_fp8",
+    "qmoe_down_mxfp4",
 ];
 
 /// Every kernel of `kernels/*.cu`, by op.
@@ -148,18 +154,18 @@ pub(super) struct Kernels<K = Kernel> {
     /// The one-row fused gate/up projection and SiLU·mul.
     pub gemv_act: PerDType<K>,
     /// Quantized-weight gemv: by [`QUANT_FORMATS`] index, then as `gemv`.
-    pub qgemv: [[[[K; 4]; 2]; 3]; 9],
+    pub qgemv: [[[[K; 4]; 2]; 3]; NF],
     /// Quantized-weight fused gate/up + SiLU·mul (one row), by [`QUANT_FORMATS`] index.
-    pub qgemv_act: [PerDType<K>; 9],
+    pub qgemv_act: [PerDType<K>; NF],
     /// Dense T from a quantized weight, by [`QUANT_FORMATS`] index.
-    pub dequant: [PerDType<K>; 9],
+    pub dequant: [PerDType<K>; NF],
     /// Quantized experts' gate/up + SiLU and weighted down (a mixture of experts' few-row
     /// path), by [`QUANT_FORMATS`] index.
-    pub qmoe_gate_up: [PerDType<K>; 9],
-    pub qmoe_down: [PerDType<K>; 9],
+    pub qmoe_gate_up: [PerDType<K>; NF],
+    pub qmoe_down: [PerDType<K>; NF],
     /// The grouped MoE GEMM: by weight format ([`QUANT_FORMATS`] index, then dense), x in
     /// bf16 / f16, gate/up then down, [`GMOE_TILES`]; the pairs' sort and the slots' sum.
-    pub gmoe: [[[[K; 2]; 2]; 2]; 10],
+    pub gmoe: [[[[K; 2]; 2]; 2]; NF + 1],
     pub moe_align: K,
     pub moe_cache_plan: K,
     pub moe_cache_fill: K,
@@ -167,7 +173,7 @@ pub(super) struct Kernels<K = Kernel> {
     pub moe_combine: PerDType<K>,
     /// Quantized-weight tensor-core matmul: by [`QUANT_FORMATS`] index, x in bf16 / f16,
     /// out in x's type / f32, then [`QMMA_TILES`].
-    pub qmma: [[[[K; 3]; 2]; 2]; 9],
+    pub qmma: [[[[K; 3]; 2]; 2]; NF],
     /// Its split-K sum: x in bf16 / f16, out in x's type / f32.
     pub qmma_reduce: [[K; 2]; 2],
     /// The FP8 GEMM's operands: x to E4M3 with per-128 scales (bf16 / f16 x), and the
@@ -282,8 +288,8 @@ impl<K> Kernels<K> {
                 [one(1, "gate_up")?, one(1, "down")?],
             ])
         };
-        let [a, b, c, d, e, f, g, h, i] = per_format(|f| gmoe_one(QUANT_FORMATS[f].name()))?;
-        let gmoe = [a, b, c, d, e, f, g, h, i, gmoe_one("dense")?];
+        let [a, b, c, d, e, f, g, h, i, j] = per_format(|f| gmoe_one(QUANT_FORMATS[f].name()))?;
+        let gmoe = [a, b, c, d, e, f, g, h, i, j, gmoe_one("dense")?];
         let mut qmma = |f: usize| -> Result<[[[K; 3]; 2]; 2]> {
             let fname = QUANT_FORMATS[f].name();
             let mut one = |x: usize, o: usize| -> Result<[K; 3]> {
@@ -538,13 +544,13 @@ fn format_index(fmt: QuantFormat) -> usize {
         .expect("QUANT_FORMATS is QuantFormat::ALL")
 }
 
-/// `[f(0), .., f(8)]`, one per [`QUANT_FORMATS`] entry.
-fn per_format<T>(mut f: impl FnMut(usize) -> Result<T>) -> Result<[T; 9]> {
+/// `[f(0), .., f(NF - 1)]`, one per [`QUANT_FORMATS`] entry.
+fn per_format<T>(mut f: impl FnMut(usize) -> Result<T>) -> Result<[T; NF]> {
     let v = (0..QUANT_FORMATS.len())
         .map(&mut f)
         .collect::<Result<Vec<T>>>()?;
     Ok(v.try_into()
-        .unwrap_or_else(|_| unreachable!("nine formats")))
+        .unwrap_or_else(|_| unreachable!("one per format")))
 }
 
 fn dtype_index(dt: DType) -> Option<usize> {

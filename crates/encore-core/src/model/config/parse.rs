@@ -189,7 +189,7 @@ pub(super) fn parse(f: &Fields<'_>) -> Result<ModelConfig> {
         None => GemmaVariants::NONE,
     };
     let torch_dtype = parse_torch_dtype(f)?;
-    let weights = parse_quantization(f)?;
+    let weights = parse_quantization(f, fam.experts.is_some_and(|e| e.fused_interleaved))?;
     let moe = parse_moe(f, arch, num_layers, intermediate_size)?;
     if let Some(e) = fam.experts.filter(|e| e.act == Activation::SwigluOai) {
         // transformers fixes the limit (and alpha) in `GptOssExperts`; a config that names

@@ -13,9 +13,10 @@ use crate::model::formats::{IntPacking, IntScheme, WeightFormats};
 /// `quantization_config`: FP8 checkpoints (`quant_method: "fp8"`, weights in E4M3 with
 /// per-tensor scales or 128x128 blocks of `weight_scale_inv`) keep their projections in
 /// FP8 (the LM head unquantized; projections of partial blocks dense); GPTQ, AWQ and
-/// compressed-tensors go to their parsers below; any other method is refused naming it
-/// (encore would read its packed tensors as garbage).
-pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
+/// compressed-tensors go to their parsers below; MXFP4 (`"mxfp4"`, gpt-oss: `fused_experts`,
+/// the family's experts are transformers' fused tensors) keeps the experts in MXFP4; any
+/// other method is refused naming it (encore would read its packed tensors as garbage).
+pub(super) fn parse_quantization(f: &Fields<'_>, fused_experts: bool) -> Result<WeightFormats> {
     let Some(obj) = f.opt_object("quantization_config")? else {
         return Ok(WeightFormats::default());
     };
@@ -29,12 +30,14 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
         "gptq" => return parse_gptq(&q),
         "awq" => return parse_awq(&q),
         "compressed-tensors" => return parse_compressed_tensors(&q),
+        "mxfp4" => return parse_mxfp4(&q, fused_experts),
         "fp8" => {}
         _ => {
             return Err(q.err(format!(
                 "quantization_config.quant_method = \"{method}\" is not supported (encore loads \
-                 \"fp8\", \"gptq\", \"awq\" and \"compressed-tensors\" (pack-quantized, \
-                 float-quantized) checkpoints; GGUF files carry their own block formats)"
+                 \"fp8\", \"gptq\", \"awq\", \"compressed-tensors\" (pack-quantized, \
+                 float-quantized) and \"mxfp4\" (gpt-oss) checkpoints; GGUF files carry their \
+                 own block formats)"
             )))
         }
     }
@@ -61,6 +64,33 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<WeightFormats> {
         // stored; one stored in FP8 is decoded at load).
         dense_lm_head: true,
         dense_partial_blocks: true,
+        ..Default::default()
+    })
+}
+
+/// `quantization_config` of an MXFP4 checkpoint (transformers' `Mxfp4Config`, the published
+/// gpt-oss ones): the routed experts' fused tensors stored as `*_blocks` / `*_scales`
+/// (`model/weights/fused_experts.rs`) stay MXFP4 on the device, every other tensor is
+/// dense as stored (transformers converts the experts alone). `modules_to_not_convert`
+/// naming the experts (`mlp.experts`) keeps them dense too (their fused tensors then dense in
+/// the file); other entries name what is dense anyway. A family whose experts are not
+/// transformers' fused tensors is refused: MXFP4 checkpoints exist for gpt-oss only.
+fn parse_mxfp4(q: &Fields<'_>, fused_experts: bool) -> Result<WeightFormats> {
+    if !fused_experts {
+        return Err(q.err(
+            "quantization_config.quant_method = \"mxfp4\" is supported for gpt-oss only (its \
+             fused expert tensors, `mlp.experts.*_blocks` / `*_scales`)",
+        ));
+    }
+    let experts_dense = q
+        .get("modules_to_not_convert")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .any(|m| m.contains("mlp.experts") || m == "experts");
+    Ok(WeightFormats {
+        experts: (!experts_dense).then_some(encore_backend::quant::QuantFormat::Mxfp4),
         ..Default::default()
     })
 }

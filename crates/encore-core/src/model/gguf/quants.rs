@@ -29,9 +29,10 @@ impl GgmlType {
     pub const Q6_K: GgmlType = GgmlType(14);
     pub const IQ2_XXS: GgmlType = GgmlType(16);
     pub const BF16: GgmlType = GgmlType(30);
+    pub const MXFP4: GgmlType = GgmlType(39);
 
     /// The types encore dequantizes.
-    pub const SUPPORTED: [GgmlType; 11] = [
+    pub const SUPPORTED: [GgmlType; 12] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -43,6 +44,7 @@ impl GgmlType {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::MXFP4,
     ];
 
     /// `(name, elements per block, bytes per block)` of every type ggml defines.
@@ -109,6 +111,7 @@ impl GgmlType {
             GgmlType::Q4_K => QuantFormat::Q4K,
             GgmlType::Q5_K => QuantFormat::Q5K,
             GgmlType::Q6_K => QuantFormat::Q6K,
+            GgmlType::MXFP4 => QuantFormat::Mxfp4,
             _ => return None,
         })
     }

@@ -89,22 +89,11 @@ pub(in crate::backend::cuda) fn moe(
         Some(min) => d.n >= min,
         None => pairs >= MOE_GEMM_MIN_PAIRS_PER_EXPERT * d.experts,
     };
-    // gpt-oss's experts (biases, the clamped SwiGLU) run in the pair kernels alone, dense.
-    let plain = a.act == crate::args::Activation::Silu && a.bias.is_none();
-    if !plain && (a.gate_up.dtype().is_quantized() || a.down.dtype().is_quantized()) {
-        return Err(Error::invalid(
-            OP,
-            format!(
-                "quantized experts ({}) with biases or the {} activation (gpt-oss) do not run \
-                 on CUDA yet",
-                a.gate_up.dtype(),
-                a.act.hf_name()
-            ),
-        ));
-    }
+    // Every expert kernel takes the activation (SiLU, gpt-oss's clamped SwiGLU) and the
+    // experts' biases (0: none).
     let act_kind = a.act.code();
     let (gu_bias, dn_bias) = a.bias.map_or((0, 0), |b| (dptr(b.gate_up), dptr(b.down)));
-    if plain && grouped && grouped_fits(a, d, gu_t, dn_t) {
+    if grouped && grouped_fits(a, d, gu_t, dn_t) {
         return moe_grouped(be, a, d, ex);
     }
     let (x, act) = (dptr(a.x), dptr(a.scratch));
@@ -148,7 +137,7 @@ pub(in crate::backend::cuda) fn moe(
                 ),
                 threads,
             ),
-            &mut args![x, ex, ids, act, hidden, inter, experts, top_k, g],
+            &mut args![x, ex, ids, act, hidden, inter, experts, top_k, g, act_kind, gu_bias],
         )?;
     } else {
         be.launch(
@@ -179,7 +168,7 @@ pub(in crate::backend::cuda) fn moe(
                 ),
                 threads,
             ),
-            &mut args![act, ex, ids, wts, out, hidden, inter, experts, top_k, g],
+            &mut args![act, ex, ids, wts, out, hidden, inter, experts, top_k, g, dn_bias],
         )
     } else {
         be.launch(
@@ -547,6 +536,8 @@ fn moe_grouped(
         _ => None,
     };
     let (hidden, inter) = (int(OP, "hidden", d.hidden)?, int(OP, "inter", d.inter)?);
+    let act_kind = a.act.code();
+    let (gu_bias, dn_bias) = a.bias.map_or((0, 0), |b| (dptr(b.gate_up), dptr(b.down)));
     let smem = quant::qmma_smem_bytes(bm) as u32;
     let (x, act) = (dptr(a.x), dptr(a.scratch));
     let mut c = cfg(
@@ -557,7 +548,7 @@ fn moe_grouped(
     be.launch(
         k.gmoe(fmt(a.gate_up), dt, true, bm)?,
         c,
-        &mut args![x, ex, sorted, tiles, act, hidden, inter, experts, top_k],
+        &mut args![x, ex, sorted, tiles, act, hidden, inter, experts, top_k, act_kind, gu_bias],
     )?;
     let mut c = cfg(
         (grid_x(OP, "hidden", d.hidden.div_ceil(128))?, tiles_y, 1),
@@ -567,7 +558,7 @@ fn moe_grouped(
     be.launch(
         k.gmoe(fmt(a.down), dt, false, bm)?,
         c,
-        &mut args![act, ex, sorted, tiles, y, inter, hidden, experts, top_k],
+        &mut args![act, ex, sorted, tiles, y, inter, hidden, experts, top_k, act_kind, dn_bias],
     )?;
     let total = d.n * d.hidden;
     let (wts, out) = (dptr(a.weights), dptr(a.out));

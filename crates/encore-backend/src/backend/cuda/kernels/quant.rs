@@ -26,7 +26,11 @@ const ROWS_PER_WARP: usize = 2;
 /// A warp lane's share of a block (`UPB` of each format's struct in `quant_*.cu`).
 fn units_per_block(fmt: QuantFormat) -> usize {
     match fmt {
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 | QuantFormat::Q5_1 => 1,
+        QuantFormat::Q4_0
+        | QuantFormat::Q4_1
+        | QuantFormat::Q5_0
+        | QuantFormat::Q5_1
+        | QuantFormat::Mxfp4 => 1,
         QuantFormat::Q8_0 | QuantFormat::Q4K | QuantFormat::Q5K => 2,
         QuantFormat::Q6K => 4,
         QuantFormat::F8E4M3 => 8,
