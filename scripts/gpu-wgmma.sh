@@ -26,7 +26,7 @@ run() {  # run MODE COMMAND...
   esac
 }
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
-mkdir -p .bin && xz -dc .gpu/encore.xz > .bin/encore && chmod +x .bin/encore
+mkdir -p .bin && xz -dc ${GPU_DIR:-.gpu}/encore.xz > .bin/encore && chmod +x .bin/encore
 enc=.bin/encore
 nvidia-smi -L
 if has info; then

@@ -131,9 +131,9 @@ pub struct CudaBackend {
     /// tensor-core kernel (unless `ENCORE_PREFILL_ATTENTION=split`, which keeps the
     /// split-K kernel, for comparisons).
     flash_prefill: bool,
-    /// On sm_90 with `ENCORE_PREFILL_ATTENTION=wg` the tensor-core prefill kernel is the
-    /// warpgroup-MMA one (`attention_prefill_wg_*`) instead of the mma.sync one
-    /// (`attention_prefill_*`).
+    /// On sm_90 the tensor-core prefill kernel is the warpgroup-MMA one
+    /// (`attention_prefill_wg_*`), unless `ENCORE_PREFILL_ATTENTION=mma` keeps the
+    /// mma.sync one (`attention_prefill_*`), for comparisons.
     wgmma_prefill: bool,
     /// Decode attention of a GQA model in bf16 / f16 with head_dim 64 or 128 runs the
     /// tensor-core kernel (unless `ENCORE_DECODE_ATTENTION=split`, for comparisons).

@@ -225,7 +225,8 @@ impl CudaBackend {
             flash_prefill: std::env::var("ENCORE_PREFILL_ATTENTION")
                 .map_or(true, |v| v.trim() != "split"),
             wgmma_prefill: cc == (9, 0)
-                && std::env::var("ENCORE_PREFILL_ATTENTION").is_ok_and(|v| v.trim() == "wg"),
+                && std::env::var("ENCORE_PREFILL_ATTENTION")
+                    .map_or(true, |v| !matches!(v.trim(), "split" | "mma")),
             tc_decode: std::env::var("ENCORE_DECODE_ATTENTION")
                 .map_or(true, |v| v.trim() != "split"),
             vmm: Mutex::new(None),
