@@ -31,6 +31,7 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-olmo2",
     "tiny-stablelm",
     "tiny-gpt-oss",
+    "gpt-oss-20b",
     "gemma-3-4b",
     "phi-4-mini",
 ];
@@ -415,6 +416,52 @@ impl ModelConfig {
                 ..tiny
             },
             "llama-3-8b" => llama3_8b,
+            // gpt-oss-20b's shapes (openai/gpt-oss-20b's config): 24 layers of 2,880, 64
+            // query heads of 64 over 8 KV heads, windows of 128 on the even layers, YaRN
+            // (factor 32 over 4,096 positions), 32 experts of 2,880, top 4, an untied
+            // 201,088-token vocabulary. Its experts are MXFP4 as published with
+            // `--quantization mxfp4`.
+            "gpt-oss-20b" => ModelConfig {
+                arch: Arch::GptOss,
+                vocab_size: 201_088,
+                hidden_size: 2880,
+                intermediate_size: 2880,
+                num_layers: 24,
+                num_heads: 64,
+                num_kv_heads: 8,
+                head_dim: 64,
+                rope: RopeConfig {
+                    rot_dim: 64,
+                    theta: 150_000.0,
+                    scaling: Some(RopeScaling::Yarn(YarnScaling {
+                        factor: 32.0,
+                        original_max_position_embeddings: 4096,
+                        beta_fast: 32.0,
+                        beta_slow: 1.0,
+                        attention_factor: YarnScaling::mscale(32.0, 1.0) as f32,
+                        truncate: false,
+                    })),
+                },
+                rms_norm_eps: 1e-5,
+                qkv_bias: true,
+                o_bias: true,
+                tie_word_embeddings: false,
+                max_position_embeddings: 131_072,
+                sliding_window: Some(SlidingWindow {
+                    size: 128,
+                    first_layer: 0,
+                }),
+                full_attention_layers: (1..24).step_by(2).collect(),
+                moe: Some(MoeConfig {
+                    num_experts: 32,
+                    top_k: 4,
+                    expert_intermediate: 2880,
+                    norm_topk_prob: true,
+                    sparse: vec![true; 24],
+                    shared_expert_intermediate: None,
+                }),
+                ..tiny.clone()
+            },
             // Gemma 3 4B's language model (google/gemma-3-4b-it's text config): head dim
             // 256, windows of 1,024 on five layers in six with the local base, the global
             // rotary scaled linearly by 8, a 262k vocabulary tied to the LM head.
