@@ -50,6 +50,14 @@ fn llama_cpp_source(hf: &str) -> (String, Option<usize>) {
             let stacked = match w {
                 "gate_proj.weight" | "w1.weight" => "gate",
                 "up_proj.weight" | "w3.weight" => "up",
+                // gpt-oss's expert biases, stacked `[experts, rows]`.
+                "gate_proj.bias" | "up_proj.bias" | "down_proj.bias" => {
+                    let (p, _) = w.split_once('_').unwrap();
+                    return (
+                        format!("blk.{layer}.ffn_{p}_exps.bias"),
+                        Some(x.parse().unwrap()),
+                    );
+                }
                 _ => "down",
             };
             return (
@@ -59,6 +67,8 @@ fn llama_cpp_source(hf: &str) -> (String, Option<usize>) {
         }
         let moe = [
             ("gate.weight", "ffn_gate_inp.weight"),
+            ("router.weight", "ffn_gate_inp.weight"),
+            ("router.bias", "ffn_gate_inp.bias"),
             ("shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
             ("shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
             ("shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
@@ -94,6 +104,9 @@ fn llama_cpp_name(hf: &str) -> String {
         ("self_attn.k_proj.bias", "attn_k.bias"),
         ("self_attn.v_proj.bias", "attn_v.bias"),
         ("self_attn.o_proj.weight", "attn_output.weight"),
+        // gpt-oss's o_proj bias and sinks.
+        ("self_attn.o_proj.bias", "attn_output.bias"),
+        ("self_attn.sinks", "attn_sinks.weight"),
         ("self_attn.q_norm.weight", "attn_q_norm.weight"),
         ("self_attn.k_norm.weight", "attn_k_norm.weight"),
         ("post_attention_layernorm.weight", "ffn_norm.weight"),
@@ -275,7 +288,9 @@ fn gguf_twin(cfg: &ModelConfig, ts: &[(String, Vec<usize>, Vec<f32>)], store: St
         };
         // Gemma: llama.cpp's converter stores the norms as 1 + w, and names the post
         // norms apart (HF's `post_attention_layernorm` is the attention's output norm).
-        let gemma = cfg.post_norms.then(|| llama_cpp_gemma_name(n)).flatten();
+        // gpt-oss's MLP input norm is llama.cpp's `post_attention_norm` too.
+        let post = cfg.post_norms || cfg.arch == Arch::GptOss;
+        let gemma = post.then(|| llama_cpp_gemma_name(n)).flatten();
         let v = match cfg.norm_plus_one && n.ends_with("norm.weight") {
             true => v.iter().map(|x| 1.0 + x).collect(),
             false => v.clone(),
@@ -303,7 +318,9 @@ fn gguf_twin(cfg: &ModelConfig, ts: &[(String, Vec<usize>, Vec<f32>)], store: St
         } else {
             v.clone()
         };
+        // Biases stay F32 (gpt-oss's stacked expert biases are 2-D).
         match (store, shape.len()) {
+            _ if g.ends_with(".bias") => w.tensor_f32(g, shape, &v),
             (_, 1) | (Store::F32, _) => w.tensor_f32(g, shape, &v),
             (Store::F16, _) => w.tensor_f16(g, shape, &v),
             (Store::Q8_0, _) => w.tensor(g, shape, GgmlType::Q8_0, q8_blocks(&v)),

@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// A tiny gpt-oss's config beyond `tiny_json`'s.
+const GPT_OSS: &str = r#", "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "sliding_window": 4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+    "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+    "truncate": false}"#;
+
 #[test]
 fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
     let cases: &[(&str, &str, Store)] = &[
@@ -113,6 +119,10 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
             r#", "partial_rotary_factor": 0.5"#,
             Store::F16,
         ),
+        // gpt-oss (`gpt-oss`): sinks, q/k/v/o, router and expert biases (stacked
+        // `ffn_*_exps.bias`), windows of 4 on the even layers, YaRN (truncate false).
+        ("GptOssForCausalLM", GPT_OSS, Store::Q8_0),
+        ("GptOssForCausalLM", GPT_OSS, Store::F32),
         // llama.cpp writes Mixtral as `llama` with experts (q/k permuted).
         (
             "MixtralForCausalLM",
