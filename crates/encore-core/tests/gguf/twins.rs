@@ -376,3 +376,30 @@ fn stablelm_files_with_qk_norms_or_a_parallel_residual_are_refused() {
     gguf_twin(&cfg, &ts, Store::F32).write(&path).unwrap();
     assert_eq!(open_model(path.to_str().unwrap()).unwrap().config, cfg);
 }
+
+/// A gpt-oss file reads its window pattern and YaRN from the metadata; what it does not
+/// run (llama.cpp's fused `ffn_gate_up_exps`) is refused by name.
+#[test]
+fn gpt_oss_files_map_their_keys_and_refuse_fused_gate_up() {
+    let json = tiny_json("GptOssForCausalLM", GPT_OSS);
+    let cfg = ModelConfig::from_json(&json, "test").unwrap();
+    let ts = hf_checkpoint(&cfg, Store::F32, 5);
+    let dir = TempDir::new("gpt-oss");
+    let path = dir.file("gpt-oss.gguf");
+    let mut w = gguf_twin(&cfg, &ts, Store::F32);
+    w.write(&path).unwrap();
+    let got = config_from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    assert_eq!((got.layer_window(0), got.layer_window(1)), (Some(4), None));
+    assert!(got.o_bias && got.qkv_bias);
+    match got.rope.scaling {
+        Some(RopeScaling::Yarn(y)) => assert!(!y.truncate && y.factor == 4.0),
+        other => panic!("expected YaRN, got {other:?}"),
+    }
+    w.tensor_f32("blk.0.ffn_gate_up_exps.weight", &[1], &[0.0]);
+    w.write(&path).unwrap();
+    let (_, msg) = err_text(config_from_gguf(&GgufFile::open(&path).unwrap()));
+    assert_mentions(
+        &msg,
+        &["blk.0.ffn_gate_up_exps.weight", "not supported", "gpt-oss"],
+    );
+}

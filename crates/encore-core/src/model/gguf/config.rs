@@ -166,14 +166,6 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         a => a,
     };
     let fam = arch.family();
-    // gpt-oss (llama.cpp's `gpt-oss`): its newer converter's fused `ffn_gate_up_exps`
-    // is not read (the split `ffn_gate_exps` / `ffn_up_exps` are).
-    if fam.sinks && file.tensor("blk.0.ffn_gate_up_exps.weight").is_some() {
-        return Err(m.err(format!(
-            "fused gate/up experts (`blk.0.ffn_gate_up_exps.weight`) are not supported for \
-             {arch_name}; convert without fusing them"
-        )));
-    }
     let moe = parse_moe(&m, arch, &sizes)?;
     let mut rope = parse_rope(&m, arch, sizes.head_dim)?;
     // GGUF has no key for YaRN's `truncate`: every gpt-oss checkpoint says false.
@@ -285,6 +277,8 @@ fn check_layer_tensors(m: &Meta<'_>, arch: Arch) -> Result<()> {
     let has = |name: &str| m.file.tensor(name).is_some();
     let what = if fam.qk_norm == QkNorm::None && has("blk.0.attn_q_norm.weight") {
         "q/k norms (`blk.0.attn_q_norm.weight`)"
+    } else if has("blk.0.ffn_gate_up_exps.weight") {
+        "fused gate/up experts (`blk.0.ffn_gate_up_exps.weight`; convert unfused)"
     } else if fam.norms == NormPlacement::Pre
         && !fam.sinks
         && has("blk.0.attn_norm.weight")
