@@ -10,7 +10,7 @@ use encore_core::backend::cpu::CpuBackend;
 use encore_core::model::config::{Arch, ModelConfig, SlidingWindow};
 use encore_core::model::formats::Quantization;
 use encore_core::model::gguf::{
-    config_from_gguf, dequantize, vocab_from_gguf, GgmlType, GgufFile, GgufWriter, Value,
+    config_from_gguf, dequantize, quantize, vocab_from_gguf, GgmlType, GgufFile, GgufWriter, Value,
 };
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, ModelWeights, WeightSource};
@@ -162,6 +162,9 @@ enum Store {
     F16,
     /// Values are `d * q` with `d` a power of two and `|q| <= 127`, so Q8_0 is lossless.
     Q8_0,
+    /// The stacked experts as MXFP4 (values `2^e * q`, `q` an E2M1 value and 6 in every
+    /// block, so lossless), every other matrix F32.
+    Mxfp4,
 }
 
 /// An HF checkpoint of `cfg` (values exact in the store type), as (name, shape, values).
@@ -189,6 +192,8 @@ fn hf_checkpoint(
                         .map(|&x| f16::from_f32(0.2 * x).to_f32())
                         .collect(),
                     Store::Q8_0 => q8_exact(&raw, k),
+                    Store::Mxfp4 if spec.name.contains(".experts.") => mxfp4_exact(&raw, k),
+                    Store::Mxfp4 => raw.iter().map(|x| 0.2 * x).collect(),
                 }
             };
             (spec.name, spec.shape, v)
@@ -209,6 +214,29 @@ fn q8_exact(raw: &[f32], k: usize) -> Vec<f32> {
                     (127.0 * x).round() + 0.0
                 };
                 d * q
+            })
+        })
+        .collect()
+}
+
+/// Per block of 32: `2^-(2 + k % 3)` times the E2M1 value nearest `6 x`, one element 6.
+fn mxfp4_exact(raw: &[f32], k: usize) -> Vec<f32> {
+    const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let d = 2f32.powi(-(2 + (k % 3) as i32));
+    raw.chunks(32)
+        .flat_map(|b| {
+            b.iter().enumerate().map(move |(i, &x)| {
+                let a = (6.0 * x.abs()).min(6.0);
+                let q = E2M1
+                    .iter()
+                    .copied()
+                    .min_by(|p, q| (p - a).abs().total_cmp(&(q - a).abs()))
+                    .unwrap();
+                match (i, x < 0.0 && q != 0.0) {
+                    (5, _) => 6.0 * d,
+                    (_, true) => -q * d,
+                    _ => q * d,
+                }
             })
         })
         .collect()
@@ -324,6 +352,10 @@ fn gguf_twin(cfg: &ModelConfig, ts: &[(String, Vec<usize>, Vec<f32>)], store: St
             (_, 1) | (Store::F32, _) => w.tensor_f32(g, shape, &v),
             (Store::F16, _) => w.tensor_f16(g, shape, &v),
             (Store::Q8_0, _) => w.tensor(g, shape, GgmlType::Q8_0, q8_blocks(&v)),
+            (Store::Mxfp4, _) if g.contains("_exps.") => {
+                w.tensor(g, shape, GgmlType::MXFP4, quantize(GgmlType::MXFP4, &v))
+            }
+            (Store::Mxfp4, _) => w.tensor_f32(g, shape, &v),
         };
     }
     w

@@ -123,6 +123,8 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
         // `ffn_*_exps.bias`), windows of 4 on the even layers, YaRN (truncate false).
         ("GptOssForCausalLM", GPT_OSS, Store::Q8_0),
         ("GptOssForCausalLM", GPT_OSS, Store::F32),
+        // Its experts as MXFP4 (GGML type 39, ggml's nibble order).
+        ("GptOssForCausalLM", GPT_OSS, Store::Mxfp4),
         // llama.cpp writes Mixtral as `llama` with experts (q/k permuted).
         (
             "MixtralForCausalLM",
@@ -146,7 +148,7 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
         let stored = files.config.weights.clone();
         assert_eq!(
             stored.per_tensor.is_empty(),
-            store != Store::Q8_0,
+            !matches!(store, Store::Q8_0 | Store::Mxfp4),
             "{what}: a block-format file keeps its projections quantized"
         );
         // The values, bit for bit: decoded at load (`--quantization none`).
