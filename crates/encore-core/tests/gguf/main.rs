@@ -404,3 +404,53 @@ fn greedy_on_cpu(
     .unwrap();
     common::generate_greedy(&mut runner, prompts, &[], 8, true)
 }
+
+/// gpt-oss's checkpoint as transformers stores it (`tests/loader/gpt_oss.rs`): each
+/// layer's per-expert tensors fused into `mlp.experts.gate_up_proj` `[E, hidden, 2 I]`
+/// (gate and up interleaved), `gate_up_proj_bias` `[E, 2 I]`, `down_proj` `[E, I, hidden]`
+/// and `down_proj_bias` `[E, hidden]`; other models' tensors as they are.
+fn hf_fused_layout(
+    cfg: &ModelConfig,
+    ts: &[(String, Vec<usize>, Vec<f32>)],
+) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let Some(moe) = cfg.moe.as_ref().filter(|_| cfg.arch == Arch::GptOss) else {
+        return ts.to_vec();
+    };
+    let (e, h, i) = (moe.num_experts, cfg.hidden_size, moe.expert_intermediate);
+    let mut out: Vec<_> = ts
+        .iter()
+        .filter(|(n, ..)| !n.contains(".experts."))
+        .cloned()
+        .collect();
+    for l in 0..cfg.num_layers {
+        let get = |x: usize, w: &str| {
+            let name = format!("model.layers.{l}.mlp.experts.{x}.{w}");
+            &ts.iter().find(|(n, ..)| *n == name).unwrap().2
+        };
+        let (mut gu, mut gub) = (vec![0f32; e * h * 2 * i], vec![0f32; e * 2 * i]);
+        let (mut dn, mut dnb) = (vec![0f32; e * i * h], Vec::new());
+        for x in 0..e {
+            let (g, u, d) = (
+                get(x, "gate_proj.weight"),
+                get(x, "up_proj.weight"),
+                get(x, "down_proj.weight"),
+            );
+            for j in 0..i {
+                for r in 0..h {
+                    gu[(x * h + r) * 2 * i + 2 * j] = g[j * h + r];
+                    gu[(x * h + r) * 2 * i + 2 * j + 1] = u[j * h + r];
+                    dn[(x * i + j) * h + r] = d[r * i + j];
+                }
+                gub[x * 2 * i + 2 * j] = get(x, "gate_proj.bias")[j];
+                gub[x * 2 * i + 2 * j + 1] = get(x, "up_proj.bias")[j];
+            }
+            dnb.extend_from_slice(get(x, "down_proj.bias"));
+        }
+        let p = format!("model.layers.{l}.mlp.experts.");
+        out.push((format!("{p}gate_up_proj"), vec![e, h, 2 * i], gu));
+        out.push((format!("{p}gate_up_proj_bias"), vec![e, 2 * i], gub));
+        out.push((format!("{p}down_proj"), vec![e, i, h], dn));
+        out.push((format!("{p}down_proj_bias"), vec![e, h], dnb));
+    }
+    out
+}

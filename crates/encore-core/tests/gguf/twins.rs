@@ -139,7 +139,9 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
         std::fs::write(dir.file("config.json"), &json).unwrap();
         let cfg = ModelConfig::from_json(&json, "test").unwrap();
         let ts = hf_checkpoint(&cfg, store, k as u64 + 1);
-        write_safetensors(&dir.file("model.safetensors"), &f32_tensors(&ts));
+        // gpt-oss's safetensors twin holds transformers' fused expert tensors.
+        let hf = hf_fused_layout(&cfg, &ts);
+        write_safetensors(&dir.file("model.safetensors"), &f32_tensors(&hf));
         let gguf = dir.file("model.gguf");
         gguf_twin(&cfg, &ts, store).write(&gguf).unwrap();
 
