@@ -15,7 +15,7 @@
 use std::path::Path;
 
 use encore_core::model::config::ModelConfig;
-use encore_core::model::gguf::{gguf_source, quantize, GgmlType, GgufWriter, Value};
+use encore_core::model::gguf::{gguf_source_of, quantize, GgmlType, GgufWriter, Value};
 use encore_core::model::weights::hf_tensors;
 use encore_core::ops::splitmix64;
 use half::f16;
@@ -39,6 +39,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Experts of the stack being gathered: (GGUF name, one expert's shape, values so far).
     let mut stack: Option<(String, Vec<usize>, Vec<f32>)> = None;
     let specs = hf_tensors(&cfg);
+    // Gemma's post norms and gpt-oss's MLP input norm are llama.cpp's
+    // `post_attention_norm`.
+    let post = cfg.post_norms || cfg.arch.family().sinks;
+    let gguf_source = |n: &str| gguf_source_of(n, post);
     for (i, spec) in specs.iter().enumerate() {
         let (gname, expert) = gguf_source(&spec.name).ok_or("no GGUF name")?;
         let norm = spec.name.ends_with("norm.weight");
@@ -80,7 +84,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             shape
         };
         let router = gname.contains("ffn_gate_inp");
-        if norm || router || shape.len() == 1 {
+        // gpt-oss's stacked expert biases are 2-D: F32 like every bias.
+        if norm || router || shape.len() == 1 || gname.ends_with(".bias") {
             w.tensor_f32(&gname, &shape, &values);
             continue;
         }

@@ -10,7 +10,7 @@ use encore_core::backend::cpu::CpuBackend;
 use encore_core::model::config::{Arch, ModelConfig, SlidingWindow};
 use encore_core::model::formats::Quantization;
 use encore_core::model::gguf::{
-    config_from_gguf, dequantize, vocab_from_gguf, GgmlType, GgufFile, GgufWriter, Value,
+    config_from_gguf, dequantize, quantize, vocab_from_gguf, GgmlType, GgufFile, GgufWriter, Value,
 };
 use encore_core::model::llama::Model;
 use encore_core::model::weights::{self, ModelWeights, WeightSource};
@@ -50,6 +50,14 @@ fn llama_cpp_source(hf: &str) -> (String, Option<usize>) {
             let stacked = match w {
                 "gate_proj.weight" | "w1.weight" => "gate",
                 "up_proj.weight" | "w3.weight" => "up",
+                // gpt-oss's expert biases, stacked `[experts, rows]`.
+                "gate_proj.bias" | "up_proj.bias" | "down_proj.bias" => {
+                    let (p, _) = w.split_once('_').unwrap();
+                    return (
+                        format!("blk.{layer}.ffn_{p}_exps.bias"),
+                        Some(x.parse().unwrap()),
+                    );
+                }
                 _ => "down",
             };
             return (
@@ -59,6 +67,8 @@ fn llama_cpp_source(hf: &str) -> (String, Option<usize>) {
         }
         let moe = [
             ("gate.weight", "ffn_gate_inp.weight"),
+            ("router.weight", "ffn_gate_inp.weight"),
+            ("router.bias", "ffn_gate_inp.bias"),
             ("shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
             ("shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
             ("shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
@@ -94,6 +104,9 @@ fn llama_cpp_name(hf: &str) -> String {
         ("self_attn.k_proj.bias", "attn_k.bias"),
         ("self_attn.v_proj.bias", "attn_v.bias"),
         ("self_attn.o_proj.weight", "attn_output.weight"),
+        // gpt-oss's o_proj bias and sinks.
+        ("self_attn.o_proj.bias", "attn_output.bias"),
+        ("self_attn.sinks", "attn_sinks.weight"),
         ("self_attn.q_norm.weight", "attn_q_norm.weight"),
         ("self_attn.k_norm.weight", "attn_k_norm.weight"),
         ("post_attention_layernorm.weight", "ffn_norm.weight"),
@@ -149,6 +162,9 @@ enum Store {
     F16,
     /// Values are `d * q` with `d` a power of two and `|q| <= 127`, so Q8_0 is lossless.
     Q8_0,
+    /// The stacked experts as MXFP4 (values `2^e * q`, `q` an E2M1 value and 6 in every
+    /// block, so lossless), every other matrix F32.
+    Mxfp4,
 }
 
 /// An HF checkpoint of `cfg` (values exact in the store type), as (name, shape, values).
@@ -176,6 +192,8 @@ fn hf_checkpoint(
                         .map(|&x| f16::from_f32(0.2 * x).to_f32())
                         .collect(),
                     Store::Q8_0 => q8_exact(&raw, k),
+                    Store::Mxfp4 if spec.name.contains(".experts.") => mxfp4_exact(&raw, k),
+                    Store::Mxfp4 => raw.iter().map(|x| 0.2 * x).collect(),
                 }
             };
             (spec.name, spec.shape, v)
@@ -196,6 +214,29 @@ fn q8_exact(raw: &[f32], k: usize) -> Vec<f32> {
                     (127.0 * x).round() + 0.0
                 };
                 d * q
+            })
+        })
+        .collect()
+}
+
+/// Per block of 32: `2^-(2 + k % 3)` times the E2M1 value nearest `6 x`, one element 6.
+fn mxfp4_exact(raw: &[f32], k: usize) -> Vec<f32> {
+    const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let d = 2f32.powi(-(2 + (k % 3) as i32));
+    raw.chunks(32)
+        .flat_map(|b| {
+            b.iter().enumerate().map(move |(i, &x)| {
+                let a = (6.0 * x.abs()).min(6.0);
+                let q = E2M1
+                    .iter()
+                    .copied()
+                    .min_by(|p, q| (p - a).abs().total_cmp(&(q - a).abs()))
+                    .unwrap();
+                match (i, x < 0.0 && q != 0.0) {
+                    (5, _) => 6.0 * d,
+                    (_, true) => -q * d,
+                    _ => q * d,
+                }
             })
         })
         .collect()
@@ -275,7 +316,9 @@ fn gguf_twin(cfg: &ModelConfig, ts: &[(String, Vec<usize>, Vec<f32>)], store: St
         };
         // Gemma: llama.cpp's converter stores the norms as 1 + w, and names the post
         // norms apart (HF's `post_attention_layernorm` is the attention's output norm).
-        let gemma = cfg.post_norms.then(|| llama_cpp_gemma_name(n)).flatten();
+        // gpt-oss's MLP input norm is llama.cpp's `post_attention_norm` too.
+        let post = cfg.post_norms || cfg.arch == Arch::GptOss;
+        let gemma = post.then(|| llama_cpp_gemma_name(n)).flatten();
         let v = match cfg.norm_plus_one && n.ends_with("norm.weight") {
             true => v.iter().map(|x| 1.0 + x).collect(),
             false => v.clone(),
@@ -303,10 +346,16 @@ fn gguf_twin(cfg: &ModelConfig, ts: &[(String, Vec<usize>, Vec<f32>)], store: St
         } else {
             v.clone()
         };
+        // Biases stay F32 (gpt-oss's stacked expert biases are 2-D).
         match (store, shape.len()) {
+            _ if g.ends_with(".bias") => w.tensor_f32(g, shape, &v),
             (_, 1) | (Store::F32, _) => w.tensor_f32(g, shape, &v),
             (Store::F16, _) => w.tensor_f16(g, shape, &v),
             (Store::Q8_0, _) => w.tensor(g, shape, GgmlType::Q8_0, q8_blocks(&v)),
+            (Store::Mxfp4, _) if g.contains("_exps.") => {
+                w.tensor(g, shape, GgmlType::MXFP4, quantize(GgmlType::MXFP4, &v))
+            }
+            (Store::Mxfp4, _) => w.tensor_f32(g, shape, &v),
         };
     }
     w
@@ -354,4 +403,54 @@ fn greedy_on_cpu(
     )
     .unwrap();
     common::generate_greedy(&mut runner, prompts, &[], 8, true)
+}
+
+/// gpt-oss's checkpoint as transformers stores it (`tests/loader/gpt_oss.rs`): each
+/// layer's per-expert tensors fused into `mlp.experts.gate_up_proj` `[E, hidden, 2 I]`
+/// (gate and up interleaved), `gate_up_proj_bias` `[E, 2 I]`, `down_proj` `[E, I, hidden]`
+/// and `down_proj_bias` `[E, hidden]`; other models' tensors as they are.
+fn hf_fused_layout(
+    cfg: &ModelConfig,
+    ts: &[(String, Vec<usize>, Vec<f32>)],
+) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let Some(moe) = cfg.moe.as_ref().filter(|_| cfg.arch == Arch::GptOss) else {
+        return ts.to_vec();
+    };
+    let (e, h, i) = (moe.num_experts, cfg.hidden_size, moe.expert_intermediate);
+    let mut out: Vec<_> = ts
+        .iter()
+        .filter(|(n, ..)| !n.contains(".experts."))
+        .cloned()
+        .collect();
+    for l in 0..cfg.num_layers {
+        let get = |x: usize, w: &str| {
+            let name = format!("model.layers.{l}.mlp.experts.{x}.{w}");
+            &ts.iter().find(|(n, ..)| *n == name).unwrap().2
+        };
+        let (mut gu, mut gub) = (vec![0f32; e * h * 2 * i], vec![0f32; e * 2 * i]);
+        let (mut dn, mut dnb) = (vec![0f32; e * i * h], Vec::new());
+        for x in 0..e {
+            let (g, u, d) = (
+                get(x, "gate_proj.weight"),
+                get(x, "up_proj.weight"),
+                get(x, "down_proj.weight"),
+            );
+            for j in 0..i {
+                for r in 0..h {
+                    gu[(x * h + r) * 2 * i + 2 * j] = g[j * h + r];
+                    gu[(x * h + r) * 2 * i + 2 * j + 1] = u[j * h + r];
+                    dn[(x * i + j) * h + r] = d[r * i + j];
+                }
+                gub[x * 2 * i + 2 * j] = get(x, "gate_proj.bias")[j];
+                gub[x * 2 * i + 2 * j + 1] = get(x, "up_proj.bias")[j];
+            }
+            dnb.extend_from_slice(get(x, "down_proj.bias"));
+        }
+        let p = format!("model.layers.{l}.mlp.experts.");
+        out.push((format!("{p}gate_up_proj"), vec![e, h, 2 * i], gu));
+        out.push((format!("{p}gate_up_proj_bias"), vec![e, 2 * i], gub));
+        out.push((format!("{p}down_proj"), vec![e, i, h], dn));
+        out.push((format!("{p}down_proj_bias"), vec![e, h], dnb));
+    }
+    out
 }

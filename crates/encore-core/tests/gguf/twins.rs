@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// A tiny gpt-oss's config beyond `tiny_json`'s.
+const GPT_OSS: &str = r#", "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "sliding_window": 4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+    "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+    "truncate": false}"#;
+
 #[test]
 fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
     let cases: &[(&str, &str, Store)] = &[
@@ -113,6 +119,12 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
             r#", "partial_rotary_factor": 0.5"#,
             Store::F16,
         ),
+        // gpt-oss (`gpt-oss`): sinks, q/k/v/o, router and expert biases (stacked
+        // `ffn_*_exps.bias`), windows of 4 on the even layers, YaRN (truncate false).
+        ("GptOssForCausalLM", GPT_OSS, Store::Q8_0),
+        ("GptOssForCausalLM", GPT_OSS, Store::F32),
+        // Its experts as MXFP4 (GGML type 39, ggml's nibble order).
+        ("GptOssForCausalLM", GPT_OSS, Store::Mxfp4),
         // llama.cpp writes Mixtral as `llama` with experts (q/k permuted).
         (
             "MixtralForCausalLM",
@@ -127,7 +139,9 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
         std::fs::write(dir.file("config.json"), &json).unwrap();
         let cfg = ModelConfig::from_json(&json, "test").unwrap();
         let ts = hf_checkpoint(&cfg, store, k as u64 + 1);
-        write_safetensors(&dir.file("model.safetensors"), &f32_tensors(&ts));
+        // gpt-oss's safetensors twin holds transformers' fused expert tensors.
+        let hf = hf_fused_layout(&cfg, &ts);
+        write_safetensors(&dir.file("model.safetensors"), &f32_tensors(&hf));
         let gguf = dir.file("model.gguf");
         gguf_twin(&cfg, &ts, store).write(&gguf).unwrap();
 
@@ -136,7 +150,7 @@ fn gguf_twins_load_the_same_weights_and_tokens_as_safetensors() {
         let stored = files.config.weights.clone();
         assert_eq!(
             stored.per_tensor.is_empty(),
-            store != Store::Q8_0,
+            !matches!(store, Store::Q8_0 | Store::Mxfp4),
             "{what}: a block-format file keeps its projections quantized"
         );
         // The values, bit for bit: decoded at load (`--quantization none`).
@@ -365,4 +379,31 @@ fn stablelm_files_with_qk_norms_or_a_parallel_residual_are_refused() {
     let path = dir.file("ok.gguf");
     gguf_twin(&cfg, &ts, Store::F32).write(&path).unwrap();
     assert_eq!(open_model(path.to_str().unwrap()).unwrap().config, cfg);
+}
+
+/// A gpt-oss file reads its window pattern and YaRN from the metadata; what it does not
+/// run (llama.cpp's fused `ffn_gate_up_exps`) is refused by name.
+#[test]
+fn gpt_oss_files_map_their_keys_and_refuse_fused_gate_up() {
+    let json = tiny_json("GptOssForCausalLM", GPT_OSS);
+    let cfg = ModelConfig::from_json(&json, "test").unwrap();
+    let ts = hf_checkpoint(&cfg, Store::F32, 5);
+    let dir = TempDir::new("gpt-oss");
+    let path = dir.file("gpt-oss.gguf");
+    let mut w = gguf_twin(&cfg, &ts, Store::F32);
+    w.write(&path).unwrap();
+    let got = config_from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    assert_eq!((got.layer_window(0), got.layer_window(1)), (Some(4), None));
+    assert!(got.o_bias && got.qkv_bias);
+    match got.rope.scaling {
+        Some(RopeScaling::Yarn(y)) => assert!(!y.truncate && y.factor == 4.0),
+        other => panic!("expected YaRN, got {other:?}"),
+    }
+    w.tensor_f32("blk.0.ffn_gate_up_exps.weight", &[1], &[0.0]);
+    w.write(&path).unwrap();
+    let (_, msg) = err_text(config_from_gguf(&GgufFile::open(&path).unwrap()));
+    assert_mentions(
+        &msg,
+        &["blk.0.ffn_gate_up_exps.weight", "not supported", "gpt-oss"],
+    );
 }

@@ -6,7 +6,7 @@
 
 use super::reader::{GgufFile, Value};
 use crate::error::{Error, Result};
-use crate::model::arch::{GemmaRules, NormPlacement, QkNorm, FAMILIES};
+use crate::model::arch::{GemmaRules, NormPlacement, QkNorm, QkvBias, FAMILIES};
 use crate::model::config::{Arch, ModelConfig, MoeConfig, SlidingWindow};
 use crate::ops::{
     Llama3Scaling, LongRopeScaling, RopeConfig, RopeScaling, YarnScaling, LONGROPE_MAX_FREQS,
@@ -166,16 +166,12 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         a => a,
     };
     let fam = arch.family();
-    if fam.sinks {
-        // Its files are MXFP4 experts, attention sinks and biases llama.cpp names its
-        // own way: not read yet.
-        return Err(m.err(format!(
-            "GGUF files of {arch_name} (attention sinks, MXFP4 experts) are not supported \
-             yet; load its safetensors checkpoint"
-        )));
-    }
     let moe = parse_moe(&m, arch, &sizes)?;
-    let rope = parse_rope(&m, arch, sizes.head_dim)?;
+    let mut rope = parse_rope(&m, arch, sizes.head_dim)?;
+    // GGUF has no key for YaRN's `truncate`: every gpt-oss checkpoint says false.
+    if let (true, Some(RopeScaling::Yarn(y))) = (fam.sinks, rope.scaling.as_mut()) {
+        y.truncate = false;
+    }
     let eps_key = k(fam.norm_kind.gguf_eps_key());
     let rms_norm_eps =
         m.opt_f64(&eps_key)?
@@ -224,7 +220,9 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         rms_norm_eps,
         tie_word_embeddings: file.tensor("output.weight").is_none(),
         qkv_bias: fam.qkv_bias.by_default() || file.tensor("blk.0.attn_q.bias").is_some(),
-        o_bias: false,
+        // gpt-oss's `attention_bias` biases o_proj too (`attn_output.bias`).
+        o_bias: matches!(fam.qkv_bias, QkvBias::WithOutput { .. })
+            && file.tensor("blk.0.attn_output.bias").is_some(),
         qk_norm: fam.qk_norm != QkNorm::None,
         hidden_act: fam.act,
         post_norms: fam.norms != NormPlacement::Pre,
@@ -245,7 +243,12 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         bos_token_id,
         eos_token_ids,
         sliding_window,
-        full_attention_layers: gemma.map_or(Vec::new(), |g| g.full_attention_layers),
+        // gpt-oss: llama.cpp's `set_swa_pattern(2)`, the even layers slide.
+        full_attention_layers: match (gemma, fam.full_every, sliding_window.is_some()) {
+            (Some(g), ..) => g.full_attention_layers,
+            (None, Some(n), true) => (0..sizes.num_layers).filter(|l| (l + 1) % n == 0).collect(),
+            _ => Vec::new(),
+        },
         weights: Default::default(),
         moe,
         tp: None,
@@ -274,7 +277,10 @@ fn check_layer_tensors(m: &Meta<'_>, arch: Arch) -> Result<()> {
     let has = |name: &str| m.file.tensor(name).is_some();
     let what = if fam.qk_norm == QkNorm::None && has("blk.0.attn_q_norm.weight") {
         "q/k norms (`blk.0.attn_q_norm.weight`)"
+    } else if has("blk.0.ffn_gate_up_exps.weight") {
+        "fused gate/up experts (`blk.0.ffn_gate_up_exps.weight`; convert unfused)"
     } else if fam.norms == NormPlacement::Pre
+        && !fam.sinks
         && has("blk.0.attn_norm.weight")
         && !has("blk.0.ffn_norm.weight")
     {
@@ -410,6 +416,10 @@ fn parse_moe(m: &Meta<'_>, arch: Arch, sizes: &Sizes) -> Result<Option<MoeConfig
         )));
     }
     let expert_intermediate = match rules.width {
+        // gpt-oss's converter writes `expert_feed_forward_length` too.
+        None if rules.fused_interleaved => m
+            .opt_usize(&k("expert_feed_forward_length"))?
+            .unwrap_or(sizes.intermediate_size),
         None => sizes.intermediate_size,
         Some(_) => m.positive(&k("expert_feed_forward_length"))?,
     };

@@ -18,7 +18,9 @@ pub mod writer;
 pub use config::{config_from_gguf, gguf_arch, vocab_from_gguf, ROPE_FREQS};
 pub use quants::{dequantize, quantize, quantize_q4_0, quantize_q4_1, quantize_q8_0, GgmlType};
 pub use reader::{GgufFile, TensorInfo, Value, DEFAULT_ALIGNMENT, MAGIC};
-pub use tensors::{gguf_name, gguf_source, stored_formats, unpermute_rows, GgufWeights};
+pub use tensors::{
+    gguf_name, gguf_source, gguf_source_of, stored_formats, unpermute_rows, GgufWeights,
+};
 pub use writer::GgufWriter;
 
 use std::io::Read;

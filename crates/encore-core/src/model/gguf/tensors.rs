@@ -29,8 +29,8 @@ pub fn stored_formats(file: &GgufFile, cfg: &ModelConfig) -> WeightFormats {
             .parts
             .iter()
             .map(|p| {
-                let info =
-                    gguf_source_of(&p.name, cfg.post_norms).and_then(|(n, _)| file.tensor(&n));
+                let info = gguf_source_of(&p.name, post_norm_names(cfg))
+                    .and_then(|(n, _)| file.tensor(&n));
                 info.and_then(|i| i.ggml_type.quant_format())
             })
             .collect();
@@ -41,6 +41,12 @@ pub fn stored_formats(file: &GgufFile, cfg: &ModelConfig) -> WeightFormats {
         }
     }
     formats
+}
+
+/// Whether HF's `post_attention_layernorm` is llama.cpp's `post_attention_norm`: Gemma's
+/// post norms, and gpt-oss's MLP input norm (llama.cpp's `gpt-oss` names it so).
+fn post_norm_names(cfg: &ModelConfig) -> bool {
+    cfg.post_norms || cfg.arch.family().sinks
 }
 
 /// A GGUF file serving HF tensors.
@@ -62,7 +68,7 @@ impl GgufWeights {
             file,
             permuted_heads,
             experts: cfg.moe.as_ref().map_or(0, |m| m.num_experts),
-            post_norms: cfg.post_norms,
+            post_norms: post_norm_names(cfg),
         })
     }
 

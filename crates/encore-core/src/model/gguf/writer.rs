@@ -133,7 +133,8 @@ impl GgufWriter {
             self.kv(&format!("{a}.expert_count"), u(moe.num_experts));
             self.kv(&format!("{a}.expert_used_count"), u(moe.top_k));
             let rules = cfg.arch.family().experts;
-            if rules.is_some_and(|r| r.width.is_some()) {
+            // gpt-oss's converter writes the expert width too.
+            if rules.is_some_and(|r| r.width.is_some() || r.fused_interleaved) {
                 let width = u(moe.expert_intermediate);
                 self.kv(&format!("{a}.expert_feed_forward_length"), width);
             }
