@@ -24,7 +24,8 @@ Where things come from (first match wins):
 Keep both at CUDA 13.0: newer NVRTC emits PTX the 13.0 driver rejects.
 
 Options: `-v` / `--verbose` also prints ptxas register / shared-memory / spill usage per
-kernel (`--ptxas-options=-v`); `--arch sm_XX` overrides the architecture.
+kernel (`--ptxas-options=-v`); `--arch sm_XX` overrides the architecture; `--ptx DIR` writes
+each file's PTX there (a refactor that must not change the code: diff before and after).
 """
 
 import argparse
@@ -187,6 +188,8 @@ def main():
     ap.add_argument("-D", dest="defines", action="append", default=[],
                     help="NAME=VALUE passed as a define (as ENCORE_KERNEL_DEFINES does)")
     ap.add_argument("files", nargs="*", help="only these .cu files (default: all)")
+    ap.add_argument("--ptx", metavar="DIR",
+                    help="also write each file's PTX to DIR/<file>.ptx (to diff a refactor's output)")
     args = ap.parse_args()
 
     nvrtc = Nvrtc(find_nvrtc())
@@ -228,6 +231,9 @@ def main():
         if file not in compiled:
             continue
         (ok, log, ptx), dt = compiled[file]
+        if args.ptx and ok:
+            Path(args.ptx).mkdir(parents=True, exist_ok=True)
+            (Path(args.ptx) / f"{file}.ptx").write_text(ptx)
         problems = []
         if not ok:
             problems.append("compile error")
