@@ -12,6 +12,7 @@ use encore_core::{testing, Attention, Backend, DType, Error, KvScale};
 mod attention;
 #[path = "../common/mod.rs"]
 mod common;
+mod family;
 mod gpt_oss;
 mod layer_norm;
 
