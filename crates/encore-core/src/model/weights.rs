@@ -321,11 +321,16 @@ fn load_placed(
 
     cfg.check_formats()?;
     cfg.check_runs(backend.runs_moe())?;
-    if let (Some(_), Some(what)) = (prepared, cfg.unstreamed()) {
-        return Err(Error::Config {
-            path: cfg.arch.model_type().to_string(),
-            what: format!("weight offload (--weight-budget) of {what} is not supported yet"),
-        });
+    if let (Some(p), Some(what)) = (prepared, cfg.unstreamed()) {
+        if p.policy == crate::offload::Policy::Lru {
+            return Err(Error::Config {
+                path: cfg.arch.model_type().to_string(),
+                what: format!(
+                    "weight offload (--weight-budget) of {what} under --offload-policy lru \
+                     is not supported yet (use `experts` or `planned`)"
+                ),
+            });
+        }
     }
     let total = decl.bytes(dtype);
     let mut host = match prepared {
@@ -561,6 +566,10 @@ impl Source {
         if pad > 0 {
             let zeros = dst.narrow(dst.dim(0) - pad, pad)?;
             backend.write_bytes(&zeros, &vec![0u8; zeros.size_bytes()])?;
+        }
+        // A row-parallel bias past rank 0 (`Shard::FirstRank`): zeros alone.
+        if real.dim(0) == 0 {
+            return Ok(false);
         }
         let dst = &real;
         self.with_bytes(cfg, spec, dst.dtype(), staging, |bytes| {
