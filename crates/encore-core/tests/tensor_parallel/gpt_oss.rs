@@ -163,3 +163,33 @@ fn gpt_oss_ranks_stream_their_mxfp4_experts_through_the_expert_cache() {
         assert!(s.misses > 0, "{size} ranks: {s:?}");
     }
 }
+
+/// gpt-oss over 2 CUDA devices: one GPU's greedy tokens, f32, dense and MXFP4 experts,
+/// eagerly and in graphs (NCCL's all-reduce after o_proj with rank 0's bias).
+#[test]
+#[ignore = "needs 2 CUDA devices"]
+fn cuda_gpt_oss_over_two_gpus_gives_one_gpus_tokens() {
+    use encore_core::backend::cuda::CudaBackend;
+    let run = |mxfp4: bool, size: usize, graphs: bool| {
+        let ranks: Vec<BackendRef> = CudaBackend::group(0, size)
+            .unwrap()
+            .into_iter()
+            .map(|b| Arc::new(b) as BackendRef)
+            .collect();
+        let be = ranks[0].clone();
+        let cfg = EngineConfig {
+            tp: encore_core::engine::TpBackends(if size > 1 { ranks } else { vec![] }),
+            ..config(graphs)
+        };
+        greedy_of(files(mxfp4), be, cfg, size, 16)
+    };
+    for mxfp4 in [false, true] {
+        for graphs in [false, true] {
+            assert_eq!(
+                run(mxfp4, 2, graphs),
+                run(mxfp4, 1, graphs),
+                "mxfp4 {mxfp4}, graphs {graphs}"
+            );
+        }
+    }
+}
