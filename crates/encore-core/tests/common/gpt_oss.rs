@@ -7,10 +7,10 @@ use encore_core::model::config::{ModelConfig, SlidingWindow};
 use encore_core::quant::QuantFormat;
 
 /// Odd shapes for speculation: 6 heads of 40 over 3 KV heads, hidden 120, 7 experts of
-/// 72, top 3, windows of 5 on layers 0 and 2.
+/// 72, top 3, windows of 5 on layers 0 and 2, a vocabulary of 64.
 pub fn odd() -> ModelConfig {
     let mut c = ModelConfig::dummy("tiny-gpt-oss").unwrap();
-    (c.num_heads, c.num_kv_heads) = (6, 3);
+    (c.num_heads, c.num_kv_heads, c.vocab_size) = (6, 3, 64);
     c.sliding_window = Some(SlidingWindow {
         size: 5,
         first_layer: 0,
