@@ -175,8 +175,8 @@ fn gpt_oss_refuses_what_does_not_run() {
 /// is the embedding.
 #[test]
 fn gpt_oss_120b_dummy_has_its_shapes_and_fits_one_h200_in_mxfp4() {
-    use encore_core::model::open_model;
     use encore_core::model::formats::Quantization;
+    use encore_core::model::open_model;
     use encore_core::quant::QuantFormat;
     let mut v = gpt_oss_20b();
     let m = v.as_object_mut().unwrap();
@@ -191,16 +191,38 @@ fn gpt_oss_120b_dummy_has_its_shapes_and_fits_one_h200_in_mxfp4() {
     let d = &files.config;
     let shapes = |c: &ModelConfig| {
         (
-            (c.arch, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers),
-            (c.num_heads, c.num_kv_heads, c.head_dim, c.qkv_bias, c.o_bias),
-            (c.rope.clone(), c.tie_word_embeddings, c.rms_norm_eps, c.moe.clone()),
+            (
+                c.arch,
+                c.vocab_size,
+                c.hidden_size,
+                c.intermediate_size,
+                c.num_layers,
+            ),
+            (
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim,
+                c.qkv_bias,
+                c.o_bias,
+            ),
+            (
+                c.rope.clone(),
+                c.tie_word_embeddings,
+                c.rms_norm_eps,
+                c.moe.clone(),
+            ),
             (0..36).map(|l| c.layer_window(l)).collect::<Vec<_>>(),
         )
     };
     assert_eq!(shapes(d), shapes(&hf));
-    assert_eq!((d.num_layers, d.moe.as_ref().unwrap().num_experts), (36, 128));
+    assert_eq!(
+        (d.num_layers, d.moe.as_ref().unwrap().num_experts),
+        (36, 128)
+    );
     assert_eq!((d.layer_window(34), d.layer_window(35)), (Some(128), None));
-    files.quantize(Quantization::To(QuantFormat::Mxfp4)).unwrap();
+    files
+        .quantize(Quantization::To(QuantFormat::Mxfp4))
+        .unwrap();
     let c = &files.config;
     assert_eq!(c.weights.experts, Some(QuantFormat::Mxfp4));
     assert_eq!(c.weights.projections, None);

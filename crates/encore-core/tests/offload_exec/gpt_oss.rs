@@ -88,7 +88,8 @@ fn cuda_gpt_oss_20b_shaped_mxfp4_experts_stream_through_the_expert_cache() {
     for graphs in [false, true] {
         let (want, _) = run_files(be, &files, &super::cuda::bf16_config(graphs, None)).unwrap();
         for share in [2, 4] {
-            let bytes = (l.resident_bytes + l.pool_bytes(l.total_experts / share)).max(l.floor_bytes);
+            let bytes =
+                (l.resident_bytes + l.pool_bytes(l.total_experts / share)).max(l.floor_bytes);
             let oc = OffloadConfig {
                 budget: WeightBudget::Bytes(bytes),
                 policy: Policy::Experts,

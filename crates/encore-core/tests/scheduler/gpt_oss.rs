@@ -28,8 +28,14 @@ fn greedy_reqs() -> Vec<(Request, u64)> {
         r
     };
     vec![
-        (greedy(0, (0..33).map(|j| (j * 11 + 5) % 64).collect(), 20), 0),
-        (greedy(2, (0..12).map(|j| (j * 7 + 3) % 64).collect(), 30), 1),
+        (
+            greedy(0, (0..33).map(|j| (j * 11 + 5) % 64).collect(), 20),
+            0,
+        ),
+        (
+            greedy(2, (0..12).map(|j| (j * 7 + 3) % 64).collect(), 30),
+            1,
+        ),
         (greedy(10, [3, 1, 4, 1, 5, 9].repeat(4), 40), 0),
         (greedy(11, [8, 6, 4, 2, 8, 3].repeat(4), 40), 2),
     ]
@@ -61,7 +67,12 @@ fn target(be: &dyn encore_core::Backend, with_graphs: bool) -> Runner<'_> {
 
 /// The tokens of decoding the requests one token at a time on `be`, with decode graphs.
 fn reference(be: &dyn encore_core::Backend) -> HashMap<u64, (Vec<u32>, FinishReason)> {
-    run(&mut target(be, true), SchedulerConfig::new(48, 8), &greedy_reqs()).0
+    run(
+        &mut target(be, true),
+        SchedulerConfig::new(48, 8),
+        &greedy_reqs(),
+    )
+    .0
 }
 
 fn assert_tokens(
@@ -131,7 +142,10 @@ fn check_draft(be: &dyn encore_core::Backend) {
         let st = s.stats();
         assert!(st.drafts_proposed > 20, "{name}: {st:?}");
         if name.starts_with("itself") {
-            assert!(st.drafts_accepted * 4 > st.drafts_proposed, "{name}: {st:?}");
+            assert!(
+                st.drafts_accepted * 4 > st.drafts_proposed,
+                "{name}: {st:?}"
+            );
         }
     }
 }
@@ -230,7 +244,10 @@ fn a_gpt_oss_eagle3_head_loads_for_its_target_and_is_refused_for_another() {
     // gpt-oss-20b has 24 layers: the head's layer 34 is not there.
     let small = ModelConfig::dummy("gpt-oss-20b").unwrap();
     let err = check_pair(&small, &head).unwrap_err().to_string();
-    assert!(err.contains("--draft-model") && err.contains("layer 34"), "{err}");
+    assert!(
+        err.contains("--draft-model") && err.contains("layer 34"),
+        "{err}"
+    );
     // A random head for gpt-oss (`--draft-model dummy:eagle3`) is a plain Llama layer:
     // none of the target's o_proj bias or sinks.
     let dummy = ModelConfig::eagle_head_for(&big, 32_000);

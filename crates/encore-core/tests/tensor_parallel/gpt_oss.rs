@@ -63,7 +63,10 @@ fn gpt_oss_logits_over_ranks_match_one_rank() {
                 .zip(&got)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
-            assert!(diff < 1e-4, "mxfp4 {mxfp4}, {size} ranks: max |diff| {diff}");
+            assert!(
+                diff < 1e-4,
+                "mxfp4 {mxfp4}, {size} ranks: max |diff| {diff}"
+            );
         }
     }
 }

@@ -428,7 +428,13 @@ impl Decl {
             }
             if cfg.arch.family().sinks {
                 // Read by attention, announced with q/k/v; a rank holds its heads' sinks.
-                d.tensor(Role::Sinks, layer, &[heads], None, Shard::Column { unit: 1 });
+                d.tensor(
+                    Role::Sinks,
+                    layer,
+                    &[heads],
+                    None,
+                    Shard::Column { unit: 1 },
+                );
             }
             if cfg.qk_norm_whole() {
                 // Across every head: a rank would need the others' (TP refuses it).
