@@ -205,12 +205,7 @@ fn gpt_oss_120b_dummy_has_its_shapes_and_fits_one_h200_in_mxfp4() {
                 c.qkv_bias,
                 c.o_bias,
             ),
-            (
-                c.rope.clone(),
-                c.tie_word_embeddings,
-                c.rms_norm_eps,
-                c.moe.clone(),
-            ),
+            (c.rope, c.tie_word_embeddings, c.rms_norm_eps, c.moe.clone()),
             (0..36).map(|l| c.layer_window(l)).collect::<Vec<_>>(),
         )
     };

@@ -4,7 +4,7 @@
 //! planned policy streams its layers (the sinks and biases with the ops that read them)
 //! and gives them too; the LRU policy is refused naming the sinks. On CUDA
 //! (`#[ignore = "needs a CUDA device"]`): the expert cache with MXFP4 experts, on the small
-//! model and on four layers of gpt-oss-20b's shapes.
+//! model and on four layers of gpt-oss-20b's shapes, and the planned policy.
 
 use super::budgets::{check_expert_cache_budgets, expert_layout};
 use super::*;
@@ -27,10 +27,16 @@ fn gpt_oss_experts_under_the_expert_cache_give_the_resident_tokens() {
 
 #[test]
 fn gpt_oss_under_planned_budgets_gives_the_resident_tokens() {
-    let cpu = slow_cpu();
+    check_planned(&slow_cpu(), config);
+}
+
+/// The planned policy on `be` at half the weights and at the floor, dense and MXFP4
+/// experts, eagerly and in graphs: the resident tokens (attention reads the sinks from
+/// their ring slot after q/k/v's op; o_proj's bias comes with its announcement).
+fn check_planned(be: &dyn Backend, config: impl Fn(bool, Option<OffloadConfig>) -> EngineConfig) {
     for mxfp4 in [false, true] {
         let files = files(mxfp4);
-        let (want, _) = run_files(&cpu, &files, &config(false, None)).unwrap();
+        let (want, _) = run_files(be, &files, &config(false, None)).unwrap();
         let floor = order(&files.config).floor().bytes;
         for b in [WeightBudget::Percent(50.0), WeightBudget::Bytes(floor)] {
             for graphs in [false, true] {
@@ -39,7 +45,7 @@ fn gpt_oss_under_planned_budgets_gives_the_resident_tokens() {
                     policy: Policy::Planned,
                     expert_prefetch: false,
                 };
-                let (got, boot) = run_files(&cpu, &files, &config(graphs, Some(oc))).unwrap();
+                let (got, boot) = run_files(be, &files, &config(graphs, Some(oc))).unwrap();
                 assert_eq!(boot.offload.unwrap().policy, Some(Policy::Planned));
                 assert_eq!(got, want, "mxfp4 {mxfp4}, budget {b:?}, graphs {graphs}");
             }
@@ -65,6 +71,14 @@ fn gpt_oss_under_the_lru_policy_is_refused_naming_its_sinks() {
 fn cuda_gpt_oss_mxfp4_experts_under_the_expert_cache_give_the_resident_tokens() {
     let (_g, be) = super::cuda::cuda();
     check_expert_cache_budgets(be, &files(true), DType::BF16, super::cuda::bf16_config);
+}
+
+/// The planned policy on CUDA, bf16: see [`check_planned`].
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_gpt_oss_under_planned_budgets_gives_the_resident_tokens() {
+    let (_g, be) = super::cuda::cuda();
+    check_planned(be, super::cuda::bf16_config);
 }
 
 /// Four layers of gpt-oss-20b's shapes (32 MXFP4 experts of 2,880, top 4, 64 heads over
