@@ -173,7 +173,11 @@ pub fn quant_gemm(
     let flops = 2.0 * m as f64 * n as f64 * k as f64;
     let row = |w: &Tensor, how: &str| -> Result<BenchRow> {
         let s = time_per_call(be, iters, 5, || be.matmul(&x, w, None, &out))?;
-        let has = if w.packed().is_some() { "" } else { " (none made)" };
+        let has = if w.packed().is_some() {
+            ""
+        } else {
+            " (none made)"
+        };
         Ok(BenchRow {
             name: format!("gemm {m}x{n}x{k} {dtype} w={} {how}", DType::Q(f)),
             value: flops / s / 1e12,

@@ -199,7 +199,10 @@ impl Tensor {
             shape: shape.to_vec(),
             dtype: self.dtype,
             row_scale: self.row_scale,
-            packed: self.packed.clone().filter(|_| shape == self.shape.as_slice()),
+            packed: self
+                .packed
+                .clone()
+                .filter(|_| shape == self.shape.as_slice()),
         })
     }
 

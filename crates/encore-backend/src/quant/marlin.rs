@@ -351,7 +351,12 @@ mod tests {
     #[test]
     fn repack_then_unpack_is_the_decode() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(48);
-        for fmt in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0, QuantFormat::Q4K] {
+        for fmt in [
+            QuantFormat::Q4_0,
+            QuantFormat::Q4_1,
+            QuantFormat::Q8_0,
+            QuantFormat::Q4K,
+        ] {
             let be = fmt.block_elems();
             for (n, blocks) in [(1, 1), (7, 3), (128, 2), (200, 5), (256, 8)] {
                 let k = blocks * be;
@@ -372,10 +377,17 @@ mod tests {
                             let mut block = vec![0u8; fmt.block_bytes()];
                             unpack_block(fmt, row, nb, c / be, &mut block);
                             let bound = q4k_bound(&block);
-                            assert!((g - w).abs() <= bound, "{fmt} [{r}, {c}]: {g} vs {w} (bound {bound})");
+                            assert!(
+                                (g - w).abs() <= bound,
+                                "{fmt} [{r}, {c}]: {g} vs {w} (bound {bound})"
+                            );
                             differ += (g != w) as usize;
                         } else {
-                            assert_eq!(g.to_bits(), w.to_bits(), "{fmt} n={n} k={k} [{r}, {c}]: {g} vs {w}");
+                            assert_eq!(
+                                g.to_bits(),
+                                w.to_bits(),
+                                "{fmt} n={n} k={k} [{r}, {c}]: {g} vs {w}"
+                            );
                         }
                     }
                 }
@@ -383,7 +395,10 @@ mod tests {
                 let tail = lay.bytes() - lay.weight_bytes();
                 assert!(tail > 0);
                 if fmt == QuantFormat::Q4K && n * k >= 4096 {
-                    assert!(differ > 0, "Q4_K's f16 rounding never showed: the test cannot see it");
+                    assert!(
+                        differ > 0,
+                        "Q4_K's f16 rounding never showed: the test cannot see it"
+                    );
                 }
             }
         }

@@ -150,10 +150,17 @@ pub(super) fn marlin_matmul_cases(
         QuantFormat::Q4K,
         QuantFormat::Q8_0,
     ];
-    for (i, m) in [1usize, 3, 16, 17, 64, 100, 256, 512].into_iter().enumerate() {
+    for (i, m) in [1usize, 3, 16, 17, 64, 100, 256, 512]
+        .into_iter()
+        .enumerate()
+    {
         for (f, fmt) in formats.into_iter().enumerate() {
             // k: 33 blocks of 32 (padded to 1088) or 3 Q4_K blocks (768); n: 136 or 40.
-            let k = if fmt.block_elems() == 32 { 33 * 32 } else { 3 * 256 };
+            let k = if fmt.block_elems() == 32 {
+                33 * 32
+            } else {
+                3 * 256
+            };
             let n = if (i + f) % 2 == 0 { 136 } else { 40 };
             let (bias, out_f32) = ((i + f) % 3 == 0, (i + f) % 4 == 1);
             let inputs = super::inputs::MatmulInputs::quantized(rng, m, k, n, bias, fmt);

@@ -321,7 +321,10 @@ impl<K> Kernels<K> {
             let mut v = |i: usize| t(&format!("marlin_q{bits}_{xs}_mb{}", MARLIN_MBS[i]));
             Ok([v(0)?, v(1)?, v(2)?, v(3)?])
         };
-        let marlin = [[marlin(0, 0)?, marlin(0, 1)?], [marlin(1, 0)?, marlin(1, 1)?]];
+        let marlin = [
+            [marlin(0, 0)?, marlin(0, 1)?],
+            [marlin(1, 0)?, marlin(1, 1)?],
+        ];
         let fp8_quant_rows = [t("fp8_quant_rows_bf16")?, t("fp8_quant_rows_f16")?];
         Ok(Kernels {
             embedding,

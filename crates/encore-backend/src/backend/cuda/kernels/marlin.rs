@@ -50,7 +50,8 @@ pub(in crate::backend::cuda) fn smem_of(name: &str) -> Option<usize> {
 
 /// `Backend::prepare_weight` on CUDA: `w` with its repacked copy when the GEMM takes its
 /// format and shape (a rank-2 weight in Q4_0, Q4_1, Q4_K or Q8_0 whose scales fit f16),
-/// and unless `ENCORE_QUANT_GEMM` pins another path; `w` unchanged otherwise.
+/// unless `ENCORE_QUANT_GEMM` pins another path, and while the device has room for both
+/// layouts; `w` unchanged otherwise.
 pub(in crate::backend::cuda) fn prepare(be: &CudaBackend, w: Tensor) -> Result<Tensor> {
     be.forbid_in_capture("prepare_weight")?;
     let DType::Q(fmt) = w.dtype() else {
@@ -66,6 +67,23 @@ pub(in crate::backend::cuda) fn prepare(be: &CudaBackend, w: Tensor) -> Result<T
     let Some(lay) = Layout::new(fmt, n, k) else {
         return Ok(w);
     };
+    // Both layouts stay on the device: only while a tenth of its memory (at least 2 GiB)
+    // stays free beside the copy, for the KV cache and the activations.
+    if let Some((free, total)) = crate::backend::Backend::memory_info(be) {
+        let keep = (total / 10).max(2 << 30);
+        if free < lay.bytes() + keep {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "{} free of {} bytes: weights from {fmt} [{n}, {k}] on are not repacked \
+                     for the mixed-input GEMM (they run qmma)",
+                    free,
+                    total
+                )
+            });
+            return Ok(w);
+        }
+    }
     let mut bytes = vec![0u8; w.size_bytes()];
     crate::backend::Backend::read_bytes(be, &w, &mut bytes)?;
     let Some(packed) = marlin::repack(fmt, n, k, &bytes) else {
@@ -115,8 +133,8 @@ pub(in crate::backend::cuda) fn fits(
 /// `(16-row blocks a CTA, k splits)` for `d` on `sm_count` SMs with `ws_bytes` of scratch
 /// for the partials: 1, 2 or 4 blocks up to 64 rows; past that 8 (128 rows, one CTA an SM)
 /// where those tiles alone fill the SMs, else 4 (two CTAs an SM). k then splits in two
-/// until the CTAs cover the SMs (twice over for two CTAs an SM), each split keeping at
-/// least 4 of the 64-value k tiles, while the scratch holds the partials.
+/// while the doubled grid stays within the SMs (twice over for two CTAs an SM), each split
+/// keeping at least 4 of the 64-value k tiles, and the scratch holds the partials.
 fn plan(sm_count: usize, d: &MatmulDims, ws_bytes: usize) -> (usize, usize) {
     let n_tiles = d.n.div_ceil(marlin::BN);
     let mb = match d.m {
@@ -130,7 +148,7 @@ fn plan(sm_count: usize, d: &MatmulDims, ws_bytes: usize) -> (usize, usize) {
     let target = if mb == 8 { sm_count } else { 2 * sm_count };
     let ktiles = d.k.div_ceil(marlin::BK);
     let mut splits = 1;
-    while ctas * splits < target
+    while 2 * ctas * splits <= target
         && ktiles >= 8 * splits
         && 2 * splits * d.m * d.n * 4 <= ws_bytes
     {
@@ -162,7 +180,11 @@ pub(in crate::backend::cuda) fn matmul(
     if pb.len() < lay.bytes() {
         return Err(Error::invalid(
             OP,
-            format!("the repacked w holds {} bytes, its layout {}", pb.len(), lay.bytes()),
+            format!(
+                "the repacked w holds {} bytes, its layout {}",
+                pb.len(),
+                lay.bytes()
+            ),
         ));
     }
     let (mb, splits) = plan(be.sm_count(), d, scratch.len());
@@ -223,10 +245,21 @@ mod tests {
         // 32 n tiles: 64-row CTAs, k split until two CTAs an SM.
         let (mb, splits) = plan(256, 4096, 4096);
         assert_eq!(mb, 4);
-        assert!(32 * 4 * splits >= 264 - 128 && splits >= 2, "{splits}");
+        assert_eq!(splits, 2);
+        // 512 rows of the same: 256 CTAs already, no split.
+        assert_eq!(plan(512, 4096, 4096), (4, 1));
         // No split without scratch.
         assert_eq!(
-            super::plan(132, &MatmulDims { m: 16, n: 4096, k: 4096 }, 0).1,
+            super::plan(
+                132,
+                &MatmulDims {
+                    m: 16,
+                    n: 4096,
+                    k: 4096
+                },
+                0
+            )
+            .1,
             1
         );
     }
