@@ -7,7 +7,7 @@
 //! Every format becomes codes `q` (4 bits: 0..16; 8 bits: 0..256, Q8_0's `i8 + 128`) with
 //! one f16 scale `s` and one f16 min `m` per 32 values along k: `x = s * q + m`.
 //! Q4_0: `s = d`, `m = -8 d`; Q4_1: `s = d`, `m = m`; Q8_0: `s = d`, `m = -128 d` (all
-//! exact, so these decode bit for bit as [`super::decode_block`]); Q4_K: `s = d * sc`,
+//! exact, so these decode to [`super::decode_block`]'s values, a zero's sign aside); Q4_K: `s = d * sc`,
 //! `m = -(dmin * mn)` for each 32-value sub-block, each rounded to f16 once (the products
 //! are exact in f32: a relative error of at most 2^-11 on each term; [`q4k_bound`]). A
 //! block whose f16 scale or min would overflow is refused (`None`): the weight then keeps
@@ -383,17 +383,26 @@ mod tests {
                             );
                             differ += (g != w) as usize;
                         } else {
-                            assert_eq!(
-                                g.to_bits(),
-                                w.to_bits(),
-                                "{fmt} n={n} k={k} [{r}, {c}]: {g} vs {w}"
-                            );
+                            // Equal values; a zero's sign may differ (Q4_0's d * (8 - 8)
+                            // is -0 for a negative d, s * 8 + m is +0).
+                            assert!(g == w, "{fmt} n={n} k={k} [{r}, {c}]: {g} vs {w}");
                         }
                     }
                 }
                 // The padding decodes to zero (codes 0, scale 0, min 0).
-                let tail = lay.bytes() - lay.weight_bytes();
-                assert!(tail > 0);
+                let full = Layout {
+                    n: lay.np,
+                    k: lay.kp,
+                    ..lay
+                };
+                let padded = unpack(&full, &packed);
+                for r in 0..lay.np {
+                    for c in 0..lay.kp {
+                        if r >= n || c >= k {
+                            assert_eq!(padded[r * lay.kp + c], 0.0, "padding [{r}, {c}]");
+                        }
+                    }
+                }
                 if fmt == QuantFormat::Q4K && n * k >= 4096 {
                     assert!(
                         differ > 0,
@@ -420,6 +429,61 @@ mod tests {
                 }
             }
             assert!(seen.iter().all(|&b| b == 0xFF));
+        }
+    }
+
+    /// The bytes each lane of the kernel reads (quant_marlin.cu: its 16- or 32-byte share of
+    /// a tile, the word of k step s, the pairs it decodes into m16n8k16's B fragments b0 =
+    /// (k 2t, 2t + 1), b1 = (k 2t + 8, 2t + 9) of column n = g of n8 tile j) hold the
+    /// values the fragments must: written from the kernel's side, not from `code_at`.
+    #[test]
+    fn lanes_read_their_fragments() {
+        for fmt in [QuantFormat::Q4_0, QuantFormat::Q8_0] {
+            let lay = Layout::new(fmt, 256, 128).unwrap();
+            let (nt, kt) = (1, 1);
+            let tile = (nt * lay.k_tiles() + kt) * lay.tile_bytes();
+            for w in 0..8 {
+                for l in 0..32 {
+                    let (g, t) = (l / 4, l % 4);
+                    for s in 0..4 {
+                        for j in 0..2 {
+                            for r in 0..2 {
+                                let row = nt * BN + 16 * w + 8 * j + g;
+                                let col = kt * BK + 16 * s + 2 * t + 8 * r;
+                                // (byte, shift) of the pair's low and high values.
+                                let (lo, hi) = if lay.bits == 4 {
+                                    let word = tile + (w * 32 + l) * 16 + 4 * s;
+                                    let i = 2 * j + r;
+                                    (
+                                        (word + i / 2, 4 * (i as u32 % 2)),
+                                        (word + (i + 4) / 2, 4 * ((i + 4) as u32 % 2)),
+                                    )
+                                } else {
+                                    let (h, hh) = (s / 2, s % 2);
+                                    let word =
+                                        tile + ((w * 2 + h) * 32 + l) * 16 + 4 * (2 * hh + j);
+                                    ((word + 2 * r, 0), (word + 2 * r + 1, 0))
+                                };
+                                assert_eq!(
+                                    lay.code_at(row, col),
+                                    lo,
+                                    "{fmt} w{w} l{l} s{s} j{j} r{r}"
+                                );
+                                assert_eq!(
+                                    lay.code_at(row, col + 1),
+                                    hi,
+                                    "{fmt} w{w} l{l} s{s} j{j} r{r}"
+                                );
+                                // The scales the lane reads for group s / 2 of its row.
+                                let sc = lay.weight_bytes()
+                                    + (nt * lay.k_tiles() + kt) * SCALE_TILE_BYTES
+                                    + ((s / 2) * BN + 16 * w + 8 * j + g) * 4;
+                                assert_eq!(lay.scale_at(row, col / 32), sc);
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 
