@@ -5,7 +5,9 @@
 //! one-row gate/up projection fuses SiLU·mul the same way. More rows of a bf16 or f16 x
 //! (prefill, large batches) run `qmma_*`, a tensor-core GEMM that decodes each weight tile
 //! into shared memory (mma.sync m16n8k16, f32 accumulation), splitting k over CTAs into the
-//! scratch when the tiles alone would leave SMs idle. The baseline beside it (f32 x, or
+//! scratch when the tiles alone would leave SMs idle. A weight with a repacked copy (Q4_0,
+//! Q4_1, Q4_K, Q8_0 made at load, [`super::marlin`]) runs the mixed-input GEMM instead, up
+//! to [`super::marlin::MARLIN_AUTO_MAX_ROWS`] rows. The baseline beside it (f32 x, or
 //! `ENCORE_QUANT_GEMM=dequant`) decodes the whole weight into the persistent scratch in x's
 //! dtype and runs the cuBLASLt GEMM on it. `reserve_dequant_scratch` sizes the scratch
 //! before any capture; a capture never grows it.
