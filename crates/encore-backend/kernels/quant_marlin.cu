@@ -5,8 +5,9 @@
 // memory into registers, are decoded there (shift, LOP3 with a magic exponent, one
 // subtraction, one fma a pair) and feed the tensor cores; no decoded tile is written back.
 //
-// out[m, n] = x[m, k] . W[n, k]^T (+ bias). A CTA owns 128 weight rows (8 warps of 16) and
-// MB blocks of 16 rows of x, and walks its k range (the whole k, or one of gridDim.z
+// out[m, n] = x[m, k] . W[n, k]^T (+ bias). A CTA owns 128 weight rows and MB blocks of 16
+// rows of x (8 warps: each 16 weight rows and every x row up to 32 rows a CTA, else 2 x 4
+// warps of 32 weight rows and half the x rows), and walks its k range (the whole k, or one of gridDim.z
 // slices whose f32 partials qmma_reduce sums) in tiles of 64 through a 4-stage cp.async
 // pipeline of x, codes and scales. The codes of one (128 x 64) tile are one contiguous
 // 4 KiB (8 KiB for 8 bits): a warp reads 16 bytes a lane (32 for 8 bits) per tile. The
@@ -171,16 +172,22 @@ __device__ __forceinline__ void marlin_impl(const T* __restrict__ x,
         cp_async_commit();
     }
 
-    float acc[MB][2][4];
+    // Warps: WM along the rows of x (2 from 64 rows a CTA: half the x fragments a warp
+    // loads from shared memory, each weight word decoded by two warps), WN = 8 / WM along
+    // the weight rows, each over WM of the layout's 16-row warp slices.
+    constexpr int WM = MB >= 4 ? 2 : 1;
+    constexpr int WN = 8 / WM;
+    constexpr int MBW = MB / WM;
+    const int wm = warp / WN, wn = warp % WN;
+    float acc[MBW][2 * WM][4];
 #pragma unroll
-    for (int b = 0; b < MB; ++b)
+    for (int b = 0; b < MBW; ++b)
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+        for (int j = 0; j < 2 * WM; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[b][j][e] = 0.0f;
 
     const int g = lane >> 2;
-    const int row0 = warp * 16 + g;  // this lane's rows of the n tile: row0, row0 + 8
     for (int i = 0; i < nkt; ++i) {
         cp_async_wait<MQ_STAGES - 2>();
         __syncthreads();
@@ -196,44 +203,58 @@ __device__ __forceinline__ void marlin_impl(const T* __restrict__ x,
         const unsigned int sx = (unsigned int)__cvta_generic_to_shared(base);
         const unsigned char* sw = base + S::X;
         const unsigned char* ss = sw + TILE;
-        uint4 wv[BITS / 4];
-        if (BITS == 4) {
-            wv[0] = *reinterpret_cast<const uint4*>(sw + (warp * 32 + lane) * 16);
-        } else {
+        // This lane's words of its layout slices lw = wn * WM + u.
+        uint4 wv[WM][BITS / 4];
+#pragma unroll
+        for (int u = 0; u < WM; ++u) {
+            const int lw = wn * WM + u;
 #pragma unroll
             for (int h = 0; h < BITS / 4; ++h)
-                wv[h] = *reinterpret_cast<const uint4*>(sw + ((warp * 2 + h) * 32 + lane) * 16);
+                wv[u][h] = *reinterpret_cast<const uint4*>(
+                    sw + ((lw * (BITS / 4) + h) * 32 + lane) * 16);
         }
 #pragma unroll
         for (int gi = 0; gi < 2; ++gi) {
-            const MqScale<T> sc0 = mq_scale<T>(ss, gi, row0);
-            const MqScale<T> sc1 = mq_scale<T>(ss, gi, row0 + 8);
+            MqScale<T> sc[WM][2];
+#pragma unroll
+            for (int u = 0; u < WM; ++u)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    sc[u][j] = mq_scale<T>(ss, gi, (wn * WM + u) * 16 + j * 8 + g);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int s = 2 * gi + h;
-                unsigned int b[2][2];
-                if (BITS == 4) {
-                    const unsigned int q = mq_word(wv[0], s);
-                    b[0][0] = mq_dec4<T>(q, 0, sc0);
-                    b[0][1] = mq_dec4<T>(q, 1, sc0);
-                    b[1][0] = mq_dec4<T>(q, 2, sc1);
-                    b[1][1] = mq_dec4<T>(q, 3, sc1);
-                } else {
-                    const unsigned int q0 = mq_word(wv[(BITS / 4 - 1) * gi], 2 * h);
-                    const unsigned int q1 = mq_word(wv[(BITS / 4 - 1) * gi], 2 * h + 1);
-                    b[0][0] = MqDec8<T>::dec(q0, 0, sc0);
-                    b[0][1] = MqDec8<T>::dec(q0, 1, sc0);
-                    b[1][0] = MqDec8<T>::dec(q1, 0, sc1);
-                    b[1][1] = MqDec8<T>::dec(q1, 1, sc1);
+                unsigned int b[WM][2][2];
+#pragma unroll
+                for (int u = 0; u < WM; ++u) {
+                    if (BITS == 4) {
+                        const unsigned int q = mq_word(wv[u][0], s);
+                        b[u][0][0] = mq_dec4<T>(q, 0, sc[u][0]);
+                        b[u][0][1] = mq_dec4<T>(q, 1, sc[u][0]);
+                        b[u][1][0] = mq_dec4<T>(q, 2, sc[u][1]);
+                        b[u][1][1] = mq_dec4<T>(q, 3, sc[u][1]);
+                    } else {
+                        const uint4& v = wv[u][(BITS / 4 - 1) * gi];
+                        const unsigned int q0 = mq_word(v, 2 * h);
+                        const unsigned int q1 = mq_word(v, 2 * h + 1);
+                        b[u][0][0] = MqDec8<T>::dec(q0, 0, sc[u][0]);
+                        b[u][0][1] = MqDec8<T>::dec(q0, 1, sc[u][0]);
+                        b[u][1][0] = MqDec8<T>::dec(q1, 0, sc[u][1]);
+                        b[u][1][1] = MqDec8<T>::dec(q1, 1, sc[u][1]);
+                    }
                 }
 #pragma unroll
-                for (int mb = 0; mb < MB; ++mb) {
+                for (int mb = 0; mb < MBW; ++mb) {
                     unsigned int a[4];
+                    const int r = (wm * MBW + mb) * 16 + (lane & 15);
                     const unsigned int addr =
-                        sx + ((mb * 16 + (lane & 15)) * MQ_LD + s * 16 + (lane >> 4) * 8) * 2;
+                        sx + (r * MQ_LD + s * 16 + (lane >> 4) * 8) * 2;
                     ldmatrix_x4(addr, a[0], a[1], a[2], a[3]);
-                    Mma16816<T>::mma(acc[mb][0], a, b[0][0], b[0][1]);
-                    Mma16816<T>::mma(acc[mb][1], a, b[1][0], b[1][1]);
+#pragma unroll
+                    for (int u = 0; u < WM; ++u)
+#pragma unroll
+                        for (int j = 0; j < 2; ++j)
+                            Mma16816<T>::mma(acc[mb][2 * u + j], a, b[u][j][0], b[u][j][1]);
                 }
             }
         }
@@ -243,13 +264,13 @@ __device__ __forceinline__ void marlin_impl(const T* __restrict__ x,
     const int t4 = lane & 3;
     const long long total = (long long)m * n;
 #pragma unroll
-    for (int mb = 0; mb < MB; ++mb)
+    for (int mb = 0; mb < MBW; ++mb)
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+        for (int j = 0; j < 2 * WM; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int row = m0 + mb * 16 + g + 8 * (e >> 1);
-                const int col = nt * MQ_BN + warp * 16 + j * 8 + 2 * t4 + (e & 1);
+                const int row = m0 + (wm * MBW + mb) * 16 + g + 8 * (e >> 1);
+                const int col = nt * MQ_BN + wn * WM * 16 + j * 8 + 2 * t4 + (e & 1);
                 if (row >= m || col >= n) continue;
                 const long long o = (long long)row * n + col;
                 float v = acc[mb][j][e];
