@@ -150,47 +150,47 @@ fn quantized_weight(
     Ok(w)
 }
 
-/// A quantized weight's GEMM `out = x·wᵀ` at `m×n×k` both ways: with the repacked copy
-/// the model loader makes (`prepare_weight`; on CUDA the mixed-input `marlin` GEMM), then
-/// on the block layout alone (on CUDA under `ENCORE_QUANT_GEMM=auto`: `qmma` up to 128
-/// rows, decode-then-cuBLASLt above; `=mma`: `qmma` at every row, and no copy is made, so
-/// both rows time it). TFLOP/s, the detail naming the layout.
-#[allow(clippy::too_many_arguments)]
+/// A quantized weight's GEMM `out = x·wᵀ` at `m×n×k` for each m of `ms`, both ways: with
+/// the repacked copy the model loader makes (`prepare_weight`; on CUDA the mixed-input
+/// `marlin` GEMM), then on the block layout alone (on CUDA under `ENCORE_QUANT_GEMM=auto`:
+/// `qmma` up to 128 rows, decode-then-cuBLASLt above; `=mma`: `qmma` at every row, and no
+/// copy is made, so both rows time it). TFLOP/s, two rows an m; one weight for all.
 pub fn quant_gemm(
     be: &dyn Backend,
-    m: usize,
+    ms: &[usize],
     n: usize,
     k: usize,
     dtype: DType,
     f: crate::quant::QuantFormat,
     iters: usize,
-) -> Result<[BenchRow; 2]> {
+) -> Result<Vec<BenchRow>> {
     let mut rng = StdRng::seed_from_u64(1);
-    let x = random_tensor(be, &mut rng, &[m, k], dtype, 1.0)?;
-    let block = quantized_weight(be, &mut rng, m, n, k, dtype, f, false)?;
+    let most = ms.iter().copied().max().unwrap_or(1);
+    let x_all = random_tensor(be, &mut rng, &[most, k], dtype, 1.0)?;
+    let block = quantized_weight(be, &mut rng, most, n, k, dtype, f, false)?;
     let repacked = be.prepare_weight(block.clone())?;
-    let out = be.alloc(dtype, &[m, n])?;
-    let flops = 2.0 * m as f64 * n as f64 * k as f64;
-    let row = |w: &Tensor, how: &str| -> Result<BenchRow> {
-        let s = time_per_call(be, iters, 5, || be.matmul(&x, w, None, &out))?;
-        let has = if w.packed().is_some() {
-            ""
-        } else {
-            " (none made)"
-        };
-        Ok(BenchRow {
-            name: format!("gemm {m}x{n}x{k} {dtype} w={} {how}", DType::Q(f)),
-            value: flops / s / 1e12,
-            unit: "TFLOP/s",
-            seconds: s,
-            detail: format!(
-                "{:.3} ms{}",
-                s * 1e3,
-                if how == "repacked" { has } else { "" }
-            ),
-        })
-    };
-    Ok([row(&repacked, "repacked")?, row(&block, "block")?])
+    let out_all = be.alloc(dtype, &[most, n])?;
+    let mut rows = Vec::new();
+    for &m in ms {
+        let (x, out) = (x_all.prefix(m)?, out_all.prefix(m)?);
+        let flops = 2.0 * m as f64 * n as f64 * k as f64;
+        for (w, how) in [(&repacked, "repacked"), (&block, "block")] {
+            let s = time_per_call(be, iters, 5, || be.matmul(&x, w, None, &out))?;
+            let none = how == "repacked" && w.packed().is_none();
+            rows.push(BenchRow {
+                name: format!("gemm {m}x{n}x{k} {dtype} w={} {how}", DType::Q(f)),
+                value: flops / s / 1e12,
+                unit: "TFLOP/s",
+                seconds: s,
+                detail: format!(
+                    "{:.3} ms{}",
+                    s * 1e3,
+                    if none { " (no copy made)" } else { "" }
+                ),
+            });
+        }
+    }
+    Ok(rows)
 }
 
 /// Device-to-device copy of `bytes`: GB/s counting bytes read plus bytes written.

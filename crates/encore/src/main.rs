@@ -659,10 +659,10 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
         for &(n, k) in shapes {
             for &m in ms {
                 push(bench::gemm(be, m, n, k, dtype, None, false, iters)?)?;
-                for &f in formats {
-                    for r in bench::quant_gemm(be, m, n, k, dtype, f, iters)? {
-                        push(r)?;
-                    }
+            }
+            for &f in formats {
+                for r in bench::quant_gemm(be, ms, n, k, dtype, f, iters)? {
+                    push(r)?;
                 }
             }
         }
