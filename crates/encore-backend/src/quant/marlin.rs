@@ -250,8 +250,9 @@ pub fn repack(fmt: QuantFormat, n: usize, k: usize, rows: &[u8]) -> Option<Vec<u
         .zip(scales.par_chunks_mut(tile_scales))
         .enumerate()
         .for_each(|(nt, (c, s))| {
-            for r in nt * BN..((nt + 1) * BN).min(n) {
-                for (gi, g) in per_row[r].iter().enumerate() {
+            let rows = nt * BN..((nt + 1) * BN).min(n);
+            for (r, groups) in rows.clone().zip(&per_row[rows]) {
+                for (gi, g) in groups.iter().enumerate() {
                     let at = lay.scale_at(r, gi) - lay.weight_bytes() - nt * tile_scales;
                     s[at..at + 2].copy_from_slice(&g.s.to_bits().to_le_bytes());
                     s[at + 2..at + 4].copy_from_slice(&g.m.to_bits().to_le_bytes());

@@ -158,6 +158,7 @@ fn plan(sm_count: usize, d: &MatmulDims, ws_bytes: usize) -> (usize, usize) {
 }
 
 /// `out = x · decode(w)ᵀ (+ bias)` on `w`'s repacked copy (checked by [`fits`]).
+#[allow(clippy::too_many_arguments)]
 pub(in crate::backend::cuda) fn matmul(
     be: &CudaBackend,
     fmt: QuantFormat,
