@@ -162,7 +162,8 @@ pub(super) fn marlin_matmul_cases(
                 3 * 256
             };
             let n = if (i + f) % 2 == 0 { 136 } else { 40 };
-            let (bias, out_f32) = ((i + f) % 3 == 0, (i + f) % 4 == 1);
+            // A bias only with out in x's type (matmul's contract).
+            let (bias, out_f32) = ((i + f) % 3 == 0, (i + f) % 4 == 1 && (i + f) % 3 != 0);
             let inputs = super::inputs::MatmulInputs::quantized(rng, m, k, n, bias, fmt);
             push(
                 format!(
