@@ -390,7 +390,14 @@ fn load_placed(
         if offset {
             offset_norm(backend, &t, if plus_one { 1.0 } else { 0.0 }, query)?;
         }
-        Ok(if row_scale { t.with_row_scale() } else { t })
+        let t = if row_scale { t.with_row_scale() } else { t };
+        // What else the backend's matmul reads for a resident weight (CUDA: the repacked
+        // copy of a 4-/8-bit integer weight for its mixed-input GEMM); not under an
+        // offload plan, whose budget counts each weight's bytes once.
+        if prepared.is_none() && matches!(place, Place::Device) {
+            return backend.prepare_weight(t);
+        }
+        Ok(t)
     })?;
     backend.synchronize()?;
     drop(bar);
