@@ -23,9 +23,10 @@ use crate::quant::QuantFormat;
 use crate::tensor::{DType, Storage, Tensor};
 
 /// Rows of x up to which `ENCORE_QUANT_GEMM=auto` runs this GEMM on a repacked weight
-/// (above, the decode-then-cuBLASLt path, whose bf16 GEMM outruns mma.sync at prefill
-/// sizes). The issue's range is batch 1-512.
-pub const MARLIN_AUTO_MAX_ROWS: usize = 512;
+/// (above, the decode-then-cuBLASLt path). Measured on the H200 (BENCHMARKS.md, "The
+/// mixed-input GEMM"; 8B projections, Q4_K / Q8_0 / Q4_0): faster than `qmma` at 16-128
+/// rows on every shape, slower than decoding then cuBLASLt's bf16 GEMM from 256 rows.
+pub const MARLIN_AUTO_MAX_ROWS: usize = 128;
 
 /// cp.async stages of the kernel (`MQ_STAGES`).
 const STAGES: usize = 4;
