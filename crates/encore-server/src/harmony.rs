@@ -1,0 +1,118 @@
+//! gpt-oss's chat format, harmony (`encore_core::tokenizer::harmony`), in the server: the
+//! prompt rendered by encore's harmony renderer in place of a chat template, with the
+//! request's reasoning effort in the system message and today's date; the stop tokens
+//! that end the assistant's turn (`<|return|>`, and `<|call|>`: a tool call ends it); and
+//! which effort words harmony takes. Its output is read by `parse::harmony`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use encore_core::tokenizer::harmony::{self, Effort, HarmonyOptions};
+use encore_core::tokenizer::{ChatMessage, ChatOptions, Tokenizer};
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// Whether a tokenizer holds harmony's special tokens (gpt-oss's o200k_harmony does).
+pub(crate) fn detect(tok: &Tokenizer) -> bool {
+    [harmony::CHANNEL, harmony::MESSAGE, harmony::START]
+        .iter()
+        .all(|t| tok.token_to_id(t).is_some())
+}
+
+/// The ids of `<|return|>` and `<|call|>` where the vocabulary has them: a turn ends at
+/// either (a tokenizer without them is a byte-level dummy's, whose forced outputs end
+/// by themselves).
+pub(crate) fn stop_ids(tok: &Tokenizer) -> Vec<u32> {
+    [harmony::RETURN, harmony::CALL]
+        .iter()
+        .filter_map(|t| tok.token_to_id(t))
+        .collect()
+}
+
+/// The effort of a `reasoning_effort` word, or a 400 naming `param`.
+pub(crate) fn effort(word: &str, param: &str) -> Result<Effort, ApiError> {
+    Effort::from_name(word).ok_or_else(|| {
+        ApiError::bad(
+            param,
+            format!(
+                "`{param}` must be `low`, `medium` or `high` for gpt-oss (harmony), not \
+                 `{word}`"
+            ),
+        )
+    })
+}
+
+/// The harmony prompt of `messages` with `opts`' tools; the effort is `opts.kwargs`'
+/// `reasoning_effort` (where `reasoning_effort`, `reasoning.effort` and
+/// `output_config.effort` put it), medium by default. Without `add_generation_prompt`
+/// (`/tokenize`'s) the prompt ends after the last message.
+pub(crate) fn render(messages: &[ChatMessage], opts: &ChatOptions) -> Result<String, ApiError> {
+    let effort = match opts.kwargs.get("reasoning_effort") {
+        None | Some(Value::Null) => Effort::default(),
+        Some(Value::String(w)) => effort(w, "reasoning_effort")?,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "reasoning_effort",
+                "`reasoning_effort` must be `low`, `medium` or `high`",
+            ))
+        }
+    };
+    if let Some(k) = opts.kwargs.keys().find(|k| *k != "reasoning_effort") {
+        return Err(ApiError::bad(
+            "chat_template_kwargs",
+            format!(
+                "`chat_template_kwargs.{k}`: gpt-oss's chat format (harmony) takes only \
+                 `reasoning_effort`"
+            ),
+        ));
+    }
+    let h = HarmonyOptions {
+        effort,
+        date: Some(today()),
+    };
+    let text = harmony::render(messages, opts.tools.as_deref(), &h)
+        .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+    Ok(match text.strip_suffix(harmony::GENERATION_PROMPT) {
+        Some(t) if !opts.add_generation_prompt => t.to_string(),
+        _ => text,
+    })
+}
+
+/// Today's date in UTC, `%Y-%m-%d` (as vLLM writes the system message's).
+fn today() -> String {
+    let days = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400) as i64;
+    let (y, m, d) = civil(days);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Hinnant's algorithm).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn harmony_dates_and_efforts() {
+        assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(civil(20_307), (2025, 8, 7));
+        assert_eq!(civil(11_016), (2000, 2, 29));
+        assert_eq!(today().len(), 10);
+        assert_eq!(effort("high", "x").unwrap(), Effort::High);
+        let e = effort("minimal", "reasoning.effort").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("reasoning.effort"));
+    }
+}
