@@ -140,6 +140,9 @@ pub(crate) fn chat_prompt(
         }),
     };
     let first_only = tools.as_ref().is_some_and(|t| !t.parallel);
+    if s.chat.harmony {
+        crate::harmony::constrain(&s.tokenizer, &mut common, tools.as_ref())?;
+    }
     let defs = tools.map(|t| t.defs);
     let (messages, defs) = generic_tools::for_template(s, messages, defs);
     let opts = ChatOptions {
@@ -192,8 +195,8 @@ pub(crate) fn render(
 }
 
 /// How a harmony output is read: by channel, with its special tokens, the turn ending at
-/// `<|return|>` or `<|call|>`. A forced call (`tool_choice` `required` or a named
-/// function) keeps its grammar's reading: the grammar writes the call's JSON.
+/// `<|return|>` or `<|call|>` (a forced call's grammar writes harmony too:
+/// `harmony::constrain`; `calls` stays for the finish reason of a named function).
 fn harmony_out(
     s: &AppState,
     ids: Vec<u32>,
@@ -208,15 +211,14 @@ fn harmony_out(
             }
         }
     }
-    let forced = matches!(calls, Some(CallMode::Required | CallMode::Named(_)));
     let out = ChatOut {
         keep_special: true,
         mistral_ids: false,
         parser: Some(ChatParser {
             think: None,
-            calls: if forced { calls } else { None },
+            calls,
             first_only,
-            harmony: !forced,
+            harmony: true,
         }),
         reasoning: true,
         id_seed: 0,

@@ -1,16 +1,22 @@
 //! gpt-oss's chat format, harmony (`encore_core::tokenizer::harmony`), in the server: the
 //! prompt rendered by encore's harmony renderer in place of a chat template, with the
 //! request's reasoning effort in the system message and today's date; the stop tokens
-//! that end the assistant's turn (`<|return|>`, and `<|call|>`: a tool call ends it); and
-//! which effort words harmony takes. Its output is read by `parse::harmony`.
+//! that end the assistant's turn (`<|return|>`, and `<|call|>`: a tool call ends it);
+//! which effort words harmony takes; and the grammars of structured outputs and forced
+//! calls moved inside the right channel ([`constrain`]). Its output is read by
+//! `parse::harmony`.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use encore_core::constraint::json_layout;
+use encore_core::request::Constraint;
 use encore_core::tokenizer::harmony::{self, Effort, HarmonyOptions};
 use encore_core::tokenizer::{ChatMessage, ChatOptions, Tokenizer};
-use serde_json::Value;
+use serde_json::{json, Value};
 
+use crate::body::Common;
 use crate::error::ApiError;
+use crate::tools::{ToolChoice, Tools};
 
 /// Whether a tokenizer holds harmony's special tokens (gpt-oss's o200k_harmony does).
 pub(crate) fn detect(tok: &Tokenizer) -> bool {
@@ -76,6 +82,155 @@ pub(crate) fn render(messages: &[ChatMessage], opts: &ChatOptions) -> Result<Str
         Some(t) if !opts.add_generation_prompt => t.to_string(),
         _ => text,
     })
+}
+
+/// Harmony's markers as grammar atoms: the special token by id (`<[id]>`) where the
+/// vocabulary has it, else its text (a byte-level dummy's).
+struct Marks {
+    channel: String,
+    message: String,
+    constrain: String,
+    /// The analysis message a reply may start with, where the markers are tokens: free
+    /// text is then any token but harmony's own.
+    analysis: Option<String>,
+}
+
+impl Marks {
+    fn of(tok: &Tokenizer) -> Marks {
+        let id = |m: &str| tok.token_to_id(m);
+        let atom = |m: &str| match id(m) {
+            Some(i) => format!("<[{i}]>"),
+            None => lit(m),
+        };
+        let specials = [
+            harmony::START,
+            harmony::END,
+            harmony::MESSAGE,
+            harmony::CHANNEL,
+            harmony::CONSTRAIN,
+            harmony::RETURN,
+            harmony::CALL,
+        ];
+        let ids: Option<Vec<u32>> = specials.iter().map(|m| id(m)).collect();
+        let analysis = ids.map(|mut ids| {
+            ids.extend(tok.eos_token_ids());
+            ids.sort_unstable();
+            ids.dedup();
+            let not: Vec<String> = ids.iter().map(u32::to_string).collect();
+            format!(
+                "{} \"analysis\" {} <[^{}]>* {} {} \"assistant\"",
+                atom(harmony::CHANNEL),
+                atom(harmony::MESSAGE),
+                not.join(","),
+                atom(harmony::END),
+                atom(harmony::START),
+            )
+        });
+        Marks {
+            channel: atom(harmony::CHANNEL),
+            message: atom(harmony::MESSAGE),
+            constrain: atom(harmony::CONSTRAIN),
+            analysis,
+        }
+    }
+
+    /// The grammar of a reply: an optional analysis message, then `reply`.
+    fn grammar(&self, reply: &str) -> String {
+        match &self.analysis {
+            Some(a) => format!("start: analysis? reply\nanalysis: {a}\nreply: {reply}\n"),
+            None => format!("start: reply\nreply: {reply}\n"),
+        }
+    }
+}
+
+/// A Lark string literal of `s`.
+fn lit(s: &str) -> String {
+    serde_json::to_string(s).expect("a string serializes")
+}
+
+/// Move a request's grammar inside harmony's channels: structured outputs
+/// (`response_format` and its kin) constrain the `final` message's content, a forced
+/// call (`tool_choice` `required` or a named function) is a `commentary` message to
+/// `functions.NAME` with `<|constrain|>json` and the function's arguments; either may
+/// follow an analysis message where the vocabulary has harmony's tokens. An allowed-token
+/// list stays as it is (it is not text).
+pub(crate) fn constrain(
+    tok: &Tokenizer,
+    c: &mut Common,
+    tools: Option<&Tools>,
+) -> Result<(), ApiError> {
+    let m = Marks::of(tok);
+    let forced = tools.and_then(|t| call_rule(t, &m));
+    let reply = match (forced, c.params.constraint.take()) {
+        (Some(rule), _) => rule,
+        (None, None) => return Ok(()),
+        (None, Some(Constraint::AllowedTokens(ids))) => {
+            c.params.constraint = Some(Constraint::AllowedTokens(ids));
+            return Ok(());
+        }
+        (None, Some(other)) => format!(
+            "{} \"final\" {} {}",
+            m.channel,
+            m.message,
+            body(other, c.names.constraint)?
+        ),
+    };
+    c.params.constraint = Some(Constraint::Lark(m.grammar(&reply)));
+    Ok(())
+}
+
+/// A structured output's grammar as the body of a rule.
+fn body(c: Constraint, param: &str) -> Result<String, ApiError> {
+    let json = |schema: Value| format!("%json {}", json_layout(schema));
+    Ok(match c {
+        Constraint::JsonSchema(s) => {
+            let v: Value = serde_json::from_str(&s)
+                .map_err(|e| ApiError::bad(param, format!("the JSON schema is not JSON: {e}")))?;
+            json(v)
+        }
+        Constraint::JsonObject => json(json!({"type": "object"})),
+        Constraint::Regex(rx) => format!("/{}/", rx.replace('/', "\\/")),
+        Constraint::Choice(cs) => {
+            let alts: Vec<String> = cs.iter().map(|c| lit(c)).collect();
+            format!("({})", alts.join(" | "))
+        }
+        Constraint::Lark(g) => format!("%lark {{\n{g}\n}}"),
+        Constraint::AllowedTokens(_) => unreachable!("kept as it is by `constrain`"),
+    })
+}
+
+/// The rule of a forced call: one of the functions `tools` allows, as harmony writes a
+/// call (a tool call ends the turn: one call).
+fn call_rule(tools: &Tools, m: &Marks) -> Option<String> {
+    let name = match &tools.choice {
+        ToolChoice::Required => None,
+        ToolChoice::Named(n) => Some(n.as_str()),
+        ToolChoice::None | ToolChoice::Auto => return None,
+    };
+    let alts: Vec<String> = tools
+        .defs
+        .iter()
+        .filter_map(|t| t["function"].as_object())
+        .filter(|f| name.is_none_or(|n| f["name"] == n))
+        .map(|f| {
+            let params = f
+                .get("parameters")
+                .filter(|p| !p.is_null())
+                .cloned()
+                .unwrap_or_else(
+                    || json!({"type": "object", "properties": {}, "additionalProperties": false}),
+                );
+            let head = format!("commentary to=functions.{} ", f["name"].as_str().unwrap_or(""));
+            format!(
+                "{} {} \"json\" {} %json {}",
+                lit(&head),
+                m.constrain,
+                m.message,
+                json_layout(params)
+            )
+        })
+        .collect();
+    Some(format!("{} ({})", m.channel, alts.join(" | ")))
 }
 
 /// Today's date in UTC, `%Y-%m-%d` (as vLLM writes the system message's).
