@@ -258,7 +258,133 @@ fn civil(days: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
+    use encore_core::constraint::{ConstraintCompiler, TokenConstraint};
+
     use super::*;
+
+    const SPECIALS: [&str; 7] = [
+        harmony::START,
+        harmony::END,
+        harmony::MESSAGE,
+        harmony::CHANNEL,
+        harmony::CONSTRAIN,
+        harmony::RETURN,
+        harmony::CALL,
+    ];
+
+    /// A word-level tokenizer of harmony's special tokens and the printable ASCII
+    /// characters, `<|return|>` its end token.
+    fn tokenizer() -> Tokenizer {
+        let dir = std::env::temp_dir().join(format!("encore-harmony-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut vocab = serde_json::Map::new();
+        let mut added = Vec::new();
+        for (i, sp) in SPECIALS.iter().enumerate() {
+            vocab.insert(sp.to_string(), json!(i));
+            added.push(json!({"id": i, "content": sp, "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}));
+        }
+        for c in ' '..='~' {
+            vocab.insert(c.to_string(), json!(SPECIALS.len() + (c as usize - 32)));
+        }
+        let t = json!({"version": "1.0", "added_tokens": added, "normalizer": null,
+                       "pre_tokenizer": null, "post_processor": null, "decoder": null,
+                       "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<|end|>"}});
+        std::fs::write(dir.join("tokenizer.json"), t.to_string()).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), r#"{"eos_token": "<|return|>"}"#)
+            .unwrap();
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        tok
+    }
+
+    /// The ids of `text`: harmony's markers as their tokens, other characters one each.
+    fn ids(mut text: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        while let Some(c) = text.chars().next() {
+            if let Some(i) = SPECIALS.iter().position(|sp| text.starts_with(sp)) {
+                out.push(i as u32);
+                text = &text[SPECIALS[i].len()..];
+            } else {
+                out.push((SPECIALS.len() + c as usize - 32) as u32);
+                text = &text[1..];
+            }
+        }
+        out
+    }
+
+    /// The grammar `constrain` makes of `c` (and `tools`), compiled for [`tokenizer`].
+    fn compiled(c: Option<Constraint>, tools: Option<&Tools>) -> Box<dyn TokenConstraint> {
+        let tok = tokenizer();
+        assert!(detect(&tok));
+        let mut common = Common::new(Default::default(), None, Vec::new());
+        common.params.constraint = c;
+        constrain(&tok, &mut common, tools).unwrap();
+        let Some(Constraint::Lark(g)) = &common.params.constraint else {
+            panic!("not wrapped: {:?}", common.params.constraint)
+        };
+        let compiler = ConstraintCompiler::new(&tok, SPECIALS.len() + 95).unwrap();
+        compiler
+            .compile(&Constraint::Lark(g.clone()))
+            .unwrap_or_else(|e| panic!("{e}\n{g}"))
+    }
+
+    /// How many tokens of `text` grammar `g` (fresh) accepts, and how many there are.
+    fn accepted(g: &mut Box<dyn TokenConstraint>, text: &str) -> (usize, usize) {
+        let t = ids(text);
+        let n = g.validate(&t);
+        (n, t.len())
+    }
+
+    #[test]
+    fn harmony_structured_outputs_apply_inside_the_final_channel() {
+        let schema = r#"{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}"#;
+        let c = || Some(Constraint::JsonSchema(schema.into()));
+        let think = "<|channel|>analysis<|message|>Think {not json}.<|end|><|start|>assistant";
+        let answer = "<|channel|>final<|message|>{\"a\": 12}";
+        for text in [format!("{think}{answer}"), answer.to_string()] {
+            let (n, len) = accepted(&mut compiled(c(), None), &text);
+            assert_eq!(n, len, "{text}");
+        }
+        // Not from the first token, and not outside the schema.
+        assert_eq!(accepted(&mut compiled(c(), None), "{\"a\": 1}").0, 0);
+        let (n, len) = accepted(&mut compiled(c(), None), "<|channel|>final<|message|>hello");
+        assert!(n < len);
+        let (n, len) = accepted(&mut compiled(c(), None), "<|channel|>commentary<|message|>{");
+        assert!(n < len);
+        // A choice and a regex too.
+        let choice = Some(Constraint::Choice(vec!["yes".into(), "no".into()]));
+        let (n, len) = accepted(&mut compiled(choice, None), &format!("{think}<|channel|>final<|message|>no"));
+        assert_eq!(n, len);
+        let rx = Some(Constraint::Regex("[0-9]+/[0-9]+".into()));
+        let (n, len) = accepted(&mut compiled(rx, None), "<|channel|>final<|message|>3/4");
+        assert_eq!(n, len);
+    }
+
+    #[test]
+    fn harmony_forced_calls_are_commentary_messages_to_the_function() {
+        let defs = vec![
+            json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                "properties": {"x": {"type": "string"}}, "required": ["x"]}}}),
+            json!({"type": "function", "function": {"name": "g"}}),
+        ];
+        let named = Tools::assemble(defs.clone(), Some(ToolChoice::Named("f".into())), true, "tool_choice")
+            .unwrap()
+            .unwrap();
+        let call = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": \"y\"}";
+        let (n, len) = accepted(&mut compiled(None, Some(&named)), call);
+        assert_eq!(n, len);
+        let other = "<|channel|>commentary to=functions.g <|constrain|>json<|message|>{}";
+        let (n, len) = accepted(&mut compiled(None, Some(&named)), other);
+        assert!(n < len);
+        let required = Tools::assemble(defs, Some(ToolChoice::Required), true, "tool_choice")
+            .unwrap()
+            .unwrap();
+        for text in [call, other] {
+            let (n, len) = accepted(&mut compiled(None, Some(&required)), text);
+            assert_eq!(n, len, "{text}");
+        }
+    }
 
     #[test]
     fn harmony_dates_and_efforts() {
