@@ -36,7 +36,7 @@ pub(crate) fn stop_ids(tok: &Tokenizer) -> Vec<u32> {
 }
 
 /// The effort of a `reasoning_effort` word, or a 400 naming `param`.
-pub(crate) fn effort(word: &str, param: &str) -> Result<Effort, ApiError> {
+pub(crate) fn effort(word: &str, param: &'static str) -> Result<Effort, ApiError> {
     Effort::from_name(word).ok_or_else(|| {
         ApiError::bad(
             param,
@@ -111,7 +111,7 @@ impl Marks {
             harmony::RETURN,
             harmony::CALL,
         ];
-        let ids: Option<Vec<u32>> = specials.iter().map(|m| id(m)).collect();
+        let ids: Option<Vec<u32>> = specials.iter().map(|&m| id(m)).collect();
         let analysis = ids.map(|mut ids| {
             ids.extend(tok.eos_token_ids());
             ids.sort_unstable();
@@ -180,7 +180,7 @@ pub(crate) fn constrain(
 }
 
 /// A structured output's grammar as the body of a rule.
-fn body(c: Constraint, param: &str) -> Result<String, ApiError> {
+fn body(c: Constraint, param: &'static str) -> Result<String, ApiError> {
     let json = |schema: Value| format!("%json {}", json_layout(schema));
     Ok(match c {
         Constraint::JsonSchema(s) => {
@@ -330,7 +330,7 @@ mod tests {
     }
 
     /// How many tokens of `text` grammar `g` (fresh) accepts, and how many there are.
-    fn accepted(g: &mut Box<dyn TokenConstraint>, text: &str) -> (usize, usize) {
+    fn accepted(g: &mut dyn TokenConstraint, text: &str) -> (usize, usize) {
         let t = ids(text);
         let n = g.validate(&t);
         (n, t.len())
@@ -343,21 +343,21 @@ mod tests {
         let think = "<|channel|>analysis<|message|>Think {not json}.<|end|><|start|>assistant";
         let answer = "<|channel|>final<|message|>{\"a\": 12}";
         for text in [format!("{think}{answer}"), answer.to_string()] {
-            let (n, len) = accepted(&mut compiled(c(), None), &text);
+            let (n, len) = accepted(&mut *compiled(c(), None), &text);
             assert_eq!(n, len, "{text}");
         }
         // Not from the first token, and not outside the schema.
-        assert_eq!(accepted(&mut compiled(c(), None), "{\"a\": 1}").0, 0);
-        let (n, len) = accepted(&mut compiled(c(), None), "<|channel|>final<|message|>hello");
+        assert_eq!(accepted(&mut *compiled(c(), None), "{\"a\": 1}").0, 0);
+        let (n, len) = accepted(&mut *compiled(c(), None), "<|channel|>final<|message|>hello");
         assert!(n < len);
-        let (n, len) = accepted(&mut compiled(c(), None), "<|channel|>commentary<|message|>{");
+        let (n, len) = accepted(&mut *compiled(c(), None), "<|channel|>commentary<|message|>{");
         assert!(n < len);
         // A choice and a regex too.
         let choice = Some(Constraint::Choice(vec!["yes".into(), "no".into()]));
-        let (n, len) = accepted(&mut compiled(choice, None), &format!("{think}<|channel|>final<|message|>no"));
+        let (n, len) = accepted(&mut *compiled(choice, None), &format!("{think}<|channel|>final<|message|>no"));
         assert_eq!(n, len);
         let rx = Some(Constraint::Regex("[0-9]+/[0-9]+".into()));
-        let (n, len) = accepted(&mut compiled(rx, None), "<|channel|>final<|message|>3/4");
+        let (n, len) = accepted(&mut *compiled(rx, None), "<|channel|>final<|message|>3/4");
         assert_eq!(n, len);
     }
 
@@ -372,16 +372,16 @@ mod tests {
             .unwrap()
             .unwrap();
         let call = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": \"y\"}";
-        let (n, len) = accepted(&mut compiled(None, Some(&named)), call);
+        let (n, len) = accepted(&mut *compiled(None, Some(&named)), call);
         assert_eq!(n, len);
         let other = "<|channel|>commentary to=functions.g <|constrain|>json<|message|>{}";
-        let (n, len) = accepted(&mut compiled(None, Some(&named)), other);
+        let (n, len) = accepted(&mut *compiled(None, Some(&named)), other);
         assert!(n < len);
         let required = Tools::assemble(defs, Some(ToolChoice::Required), true, "tool_choice")
             .unwrap()
             .unwrap();
         for text in [call, other] {
-            let (n, len) = accepted(&mut compiled(None, Some(&required)), text);
+            let (n, len) = accepted(&mut *compiled(None, Some(&required)), text);
             assert_eq!(n, len, "{text}");
         }
     }

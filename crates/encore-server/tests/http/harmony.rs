@@ -1,7 +1,3 @@
-    // A forced call keeps its grammar's JSON reading under harmony too.
-    let r = json!({"model": MODEL, "input": "Weather in Paris?", "tools": [weather],
-                   "tool_choice": "required", "reasoning": {"effort": "high"},
-                   "max_output_tokens": 200});
 //! gpt-oss's chat format, harmony, through the server (`--reasoning-parser harmony` on
 //! `dummy:tiny`, whose byte tokenizer writes harmony's special tokens as their text): the
 //! prompt as OpenAI's renderer writes it (the fixture `openai-harmony` rendered, over
@@ -145,17 +141,13 @@ fn harmony_output_is_read_by_channel_whole_and_streamed() {
 fn harmony_on_responses_and_messages() {
     let s = start_parsers(None, Some(ReasoningFormat::Harmony));
     let weather = json!({"type": "function", "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}});
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris"]}},
+                       "required": ["city"], "additionalProperties": false}});
+    // A forced call: the grammar writes harmony's call message, read back as a call.
     let r = json!({"model": MODEL, "input": "Weather in Paris?", "tools": [weather],
-                   "reasoning": {"effort": "high"}, "max_output_tokens": 400,
-                   "structured_outputs": {"choice": [THINK_THEN_CALL]}});
-    // `structured_outputs` is chat's: force through `text.format`? No: a choice is not a
-    // responses field, so the forced output goes through chat's path above; here the
-    // responses shape of the same split is checked on a real parse.
-    let _ = r;
-    let r = json!({"model": MODEL, "input": "Weather in Paris?", "tools": [weather],
-                   "reasoning": {"effort": "high"}, "max_output_tokens": 8});
-    let (st, v) = post(s.addr, "/v1/responses", r);
+                   "tool_choice": "required", "reasoning": {"effort": "high"},
+                   "max_output_tokens": 200});
+    let (st, v) = post(s.addr, "/v1/responses", r.clone());
     assert_eq!(st, 200, "{v}");
     let calls: Vec<&Value> = v["output"]
         .as_array()
@@ -163,11 +155,56 @@ fn harmony_on_responses_and_messages() {
         .iter()
         .filter(|i| i["type"] == "function_call")
         .collect();
-    assert!(!calls.is_empty(), "{v}");
-    assert!(calls.iter().all(|c| c["name"] == "get_weather"), "{v}");
-    let m = json!({"model": MODEL, "max_tokens": 8,
-                   "messages": [{"role": "user", "content": "Hi"}],
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["name"], "get_weather");
+    assert_eq!(calls[0]["arguments"], "{\"city\": \"Paris\"}");
+    let mut streamed = r;
+    streamed["stream"] = json!(true);
+    let raw = post_raw(s.addr, "/v1/responses", &streamed);
+    assert!(raw.contains("response.function_call_arguments.done"), "{raw}");
+    let m = json!({"model": MODEL, "max_tokens": 200,
+                   "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                   "tools": [{"name": "get_weather", "input_schema": weather["parameters"]}],
+                   "tool_choice": {"type": "tool", "name": "get_weather"},
                    "output_config": {"effort": "low"}});
     let (st, v) = post(s.addr, "/v1/messages", m);
     assert_eq!(st, 200, "{v}");
+    let uses: Vec<&Value> = v["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "tool_use")
+        .collect();
+    assert_eq!(uses.len(), 1, "{v}");
+    assert_eq!(uses[0]["input"], json!({"city": "Paris"}));
+    // A word harmony has no `Reasoning:` line for, named.
+    let m = json!({"model": MODEL, "max_tokens": 4, "output_config": {"effort": "max"},
+                   "messages": [{"role": "user", "content": "Hi"}]});
+    let (st, v) = post(s.addr, "/v1/messages", m);
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("output_config.effort"), "{v}");
+}
+
+#[test]
+fn harmony_structured_output_is_the_final_message() {
+    let s = start_parsers(None, Some(ReasoningFormat::Harmony));
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                        "required": ["city"], "additionalProperties": false});
+    let b = json!({"model": MODEL, "max_tokens": 200,
+                   "messages": [{"role": "user", "content": "A city?"}],
+                   "response_format": {"type": "json_schema",
+                                       "json_schema": {"name": "c", "schema": schema}}});
+    for a in [whole(s.addr, &b), streamed(s.addr, &b)] {
+        let content = a.content.expect("content");
+        let v: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("{content}: {e}"));
+        assert!(["Paris", "Rome"].contains(&v["city"].as_str().unwrap()), "{v}");
+        assert_eq!((a.reasoning, a.finish.as_str()), (None, "stop"));
+    }
+    // The tokens are harmony's final message, then the JSON.
+    let (st, v) = post(s.addr, CHAT, b);
+    assert_eq!(st, 200, "{v}");
+    let ids = &v["choices"][0]["token_ids"];
+    let (_, d) = post(s.addr, "/detokenize", json!({"tokens": ids}));
+    let text = d["prompt"].as_str().unwrap();
+    assert!(text.starts_with("<|channel|>final<|message|>{\"city\": "), "{text}");
 }

@@ -185,7 +185,7 @@ pub fn render(messages: &[ChatMessage], tools: Option<&[Json]>, opts: &HarmonyOp
                     msgs.push(Msg::new("assistant", c.to_string()).on(channel));
                 }
                 for call in &m.tool_calls {
-                    names.push((&call.id, &call.function.name));
+                    names.push((call.id.as_str(), call.function.name.as_str()));
                     let args = match &call.function.arguments {
                         Json::String(s) => s.clone(),
                         other => other.to_string(),
