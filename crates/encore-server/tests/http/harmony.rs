@@ -2,9 +2,10 @@
 //! `dummy:tiny`, whose byte tokenizer writes harmony's special tokens as their text): the
 //! prompt as OpenAI's renderer writes it (the fixture `openai-harmony` rendered, over
 //! `/tokenize`), `reasoning_effort` in its system message and refused for other models,
-//! and the model's output (forced by a `choice`, as a random model writes no harmony) read
-//! by channel on each endpoint, whole and streamed: `analysis` as reasoning, a
-//! `commentary` message to `functions.NAME` as a call, `final` as content.
+//! and the model's output (forced by a `choice` inside the final message, as a random
+//! model writes no harmony) read by channel, whole and streamed: `analysis` as reasoning,
+//! a `commentary` message to `functions.NAME` as a call, `final` as content; forced calls
+//! and structured outputs written as harmony messages on chat, responses and messages.
 
 use std::net::SocketAddr;
 
@@ -16,8 +17,11 @@ use crate::tools::{chat, streamed, tools, whole};
 
 const CHAT: &str = "/v1/chat/completions";
 
-const THINK_THEN_ANSWER: &str = "<|channel|>analysis<|message|>User asks 2+2. Answer 4.<|end|><|start|>assistant<|channel|>final<|message|>2 + 2 = 4.";
-const THINK_THEN_CALL: &str = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}";
+// What a `choice` forces after the `<|channel|>final<|message|>` harmony's grammar puts
+// first (the byte tokenizer has no harmony tokens, so no analysis may come before it):
+// the rest of a final message, then more messages.
+const ANSWER_THEN_THINK: &str = "2 + 2 = 4.<|end|><|start|>assistant<|channel|>analysis<|message|>User asks 2+2.";
+const ANSWER_THINK_CALL: &str = "Checking.<|end|><|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}";
 
 fn fixture(name: &str) -> Value {
     let all: Value = serde_json::from_str(include_str!(
@@ -100,13 +104,13 @@ fn harmony_output_is_read_by_channel_whole_and_streamed() {
     let s = start_parsers(None, Some(ReasoningFormat::Harmony));
     let b = json!({"model": MODEL, "max_tokens": 400, "reasoning_effort": "low",
                    "messages": [{"role": "user", "content": "2+2?"}],
-                   "structured_outputs": {"choice": [THINK_THEN_ANSWER]}});
+                   "structured_outputs": {"choice": [ANSWER_THEN_THINK]}});
     for a in [whole(s.addr, &b), streamed(s.addr, &b)] {
-        assert_eq!(a.reasoning.as_deref(), Some("User asks 2+2. Answer 4."));
+        assert_eq!(a.reasoning.as_deref(), Some("User asks 2+2."));
         assert_eq!(a.content.as_deref(), Some("2 + 2 = 4."));
         assert_eq!((a.calls.len(), a.finish.as_str()), (0, "stop"));
     }
-    let b = chat(json!({"structured_outputs": {"choice": [THINK_THEN_CALL]}}));
+    let b = chat(json!({"structured_outputs": {"choice": [ANSWER_THINK_CALL]}}));
     for a in [whole(s.addr, &b), streamed(s.addr, &b)] {
         assert_eq!(a.reasoning.as_deref(), Some("Need the weather."));
         assert_eq!(a.content.as_deref(), Some("Checking."));
