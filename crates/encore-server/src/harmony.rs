@@ -149,18 +149,23 @@ fn lit(s: &str) -> String {
 }
 
 /// Move a request's grammar inside harmony's channels: structured outputs
-/// (`response_format` and its kin) constrain the `final` message's content, a forced
-/// call (`tool_choice` `required` or a named function) is a `commentary` message to
-/// `functions.NAME` with `<|constrain|>json` and the function's arguments; either may
-/// follow an analysis message where the vocabulary has harmony's tokens. An allowed-token
-/// list stays as it is (it is not text).
+/// (`response_format` and its kin) constrain the `final` message's content (with
+/// `tool_choice` `auto`, a call of one of the tools stays open instead, as OpenAI's
+/// format applies to a text answer); a forced call (`tool_choice` `required` or a named
+/// function) is a `commentary` message to `functions.NAME` with `<|constrain|>json` and
+/// the function's arguments; either may follow an analysis message where the vocabulary
+/// has harmony's tokens. An allowed-token list stays as it is (it is not text).
 pub(crate) fn constrain(
     tok: &Tokenizer,
     c: &mut Common,
     tools: Option<&Tools>,
 ) -> Result<(), ApiError> {
     let m = Marks::of(tok);
-    let forced = tools.and_then(|t| call_rule(t, &m));
+    let forced = tools.and_then(|t| match &t.choice {
+        ToolChoice::Required => Some(call_rule(t, &m, None)),
+        ToolChoice::Named(n) => Some(call_rule(t, &m, Some(n.as_str()))),
+        ToolChoice::None | ToolChoice::Auto => None,
+    });
     let reply = match (forced, c.params.constraint.take()) {
         (Some(rule), _) => rule,
         (None, None) => return Ok(()),
@@ -168,12 +173,18 @@ pub(crate) fn constrain(
             c.params.constraint = Some(Constraint::AllowedTokens(ids));
             return Ok(());
         }
-        (None, Some(other)) => format!(
-            "{} \"final\" {} {}",
-            m.channel,
-            m.message,
-            body(other, c.names.constraint)?
-        ),
+        (None, Some(other)) => {
+            let answer = format!(
+                "{} \"final\" {} {}",
+                m.channel,
+                m.message,
+                body(other, c.names.constraint)?
+            );
+            match tools.filter(|t| t.choice == ToolChoice::Auto) {
+                Some(t) => format!("({answer}) | ({})", call_rule(t, &m, None)),
+                None => answer,
+            }
+        }
     };
     c.params.constraint = Some(Constraint::Lark(m.grammar(&reply)));
     Ok(())
@@ -199,14 +210,9 @@ fn body(c: Constraint, param: &'static str) -> Result<String, ApiError> {
     })
 }
 
-/// The rule of a forced call: one of the functions `tools` allows, as harmony writes a
-/// call (a tool call ends the turn: one call).
-fn call_rule(tools: &Tools, m: &Marks) -> Option<String> {
-    let name = match &tools.choice {
-        ToolChoice::Required => None,
-        ToolChoice::Named(n) => Some(n.as_str()),
-        ToolChoice::None | ToolChoice::Auto => return None,
-    };
+/// The rule of a call of one of `tools` (of `name` only, when given), as harmony writes
+/// a call (a tool call ends the turn: one call).
+fn call_rule(tools: &Tools, m: &Marks, name: Option<&str>) -> String {
     let alts: Vec<String> = tools
         .defs
         .iter()
@@ -230,7 +236,7 @@ fn call_rule(tools: &Tools, m: &Marks) -> Option<String> {
             )
         })
         .collect();
-    Some(format!("{} ({})", m.channel, alts.join(" | ")))
+    format!("{} ({})", m.channel, alts.join(" | "))
 }
 
 /// Today's date in UTC, `%Y-%m-%d` (as vLLM writes the system message's).
@@ -361,6 +367,11 @@ mod tests {
         assert_eq!(n, len);
     }
 
+    fn defs_auto() -> Vec<Value> {
+        vec![json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+            "properties": {"x": {"type": "string"}}, "required": ["x"]}}})]
+    }
+
     #[test]
     fn harmony_forced_calls_are_commentary_messages_to_the_function() {
         let defs = vec![
@@ -382,6 +393,16 @@ mod tests {
             .unwrap();
         for text in [call, other] {
             let (n, len) = accepted(&mut *compiled(None, Some(&required)), text);
+            assert_eq!(n, len, "{text}");
+        }
+        // `auto` with a structured output: the answer is the format, or a call.
+        let auto = Tools::assemble(defs_auto(), None, true, "tool_choice")
+            .unwrap()
+            .unwrap();
+        let schema = r#"{"type": "object", "properties": {"a": {"type": "integer"}}}"#;
+        for text in [call, "<|channel|>final<|message|>{\"a\": 1}"] {
+            let c = Some(Constraint::JsonSchema(schema.into()));
+            let (n, len) = accepted(&mut *compiled(c, Some(&auto)), text);
             assert_eq!(n, len, "{text}");
         }
     }
