@@ -85,25 +85,22 @@ pub fn parse_completion(text: &str, done: bool) -> Vec<HarmonyMessage> {
     out
 }
 
-/// `text` less a tail that could begin a marker, unless `done`.
+/// `text` less a tail that could begin a marker, unless `done` (every marker starts with
+/// `<` and holds no other, so only a tail from the last `<` can).
 fn held(text: &str, done: bool) -> &str {
     if done {
         return text;
     }
-    let Some(at) = text.rfind("<|") else {
-        return text;
-    };
-    let tail = &text[at..];
-    let could = ENDS
-        .iter()
-        .chain(&[START])
-        .any(|m| m.starts_with(tail) && m.len() > tail.len());
-    if could {
-        &text[..at]
-    } else if text.ends_with('<') {
-        &text[..text.len() - 1]
-    } else {
-        text
+    match text.rfind('<') {
+        Some(at)
+            if ENDS.iter().chain(&[START]).any(|m| {
+                let tail = &text[at..];
+                m.len() > tail.len() && m.starts_with(tail)
+            }) =>
+        {
+            &text[..at]
+        }
+        _ => text,
     }
 }
 

@@ -132,4 +132,6 @@ fn harmony_text_outside_the_format_is_content() {
     assert_eq!(m[0].content, "Hi ");
     let m = parse_completion("<|channel|>final<|message|>a <| b", false);
     assert_eq!(m[0].content, "a <| b");
+    let m = parse_completion("<|channel|>final<|message|>4.<", false);
+    assert_eq!(m[0].content, "4.");
 }
