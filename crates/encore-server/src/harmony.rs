@@ -226,7 +226,10 @@ fn call_rule(tools: &Tools, m: &Marks, name: Option<&str>) -> String {
                 .unwrap_or_else(
                     || json!({"type": "object", "properties": {}, "additionalProperties": false}),
                 );
-            let head = format!("commentary to=functions.{} ", f["name"].as_str().unwrap_or(""));
+            let head = format!(
+                "commentary to=functions.{} ",
+                f["name"].as_str().unwrap_or("")
+            );
             format!(
                 "{} {} \"json\" {} %json {}",
                 lit(&head),
@@ -287,8 +290,10 @@ mod tests {
         let mut added = Vec::new();
         for (i, sp) in SPECIALS.iter().enumerate() {
             vocab.insert(sp.to_string(), json!(i));
-            added.push(json!({"id": i, "content": sp, "single_word": false, "lstrip": false,
-                              "rstrip": false, "normalized": false, "special": true}));
+            added.push(
+                json!({"id": i, "content": sp, "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}),
+            );
         }
         for c in ' '..='~' {
             vocab.insert(c.to_string(), json!(SPECIALS.len() + (c as usize - 32)));
@@ -297,8 +302,11 @@ mod tests {
                        "pre_tokenizer": null, "post_processor": null, "decoder": null,
                        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<|end|>"}});
         std::fs::write(dir.join("tokenizer.json"), t.to_string()).unwrap();
-        std::fs::write(dir.join("tokenizer_config.json"), r#"{"eos_token": "<|return|>"}"#)
-            .unwrap();
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"eos_token": "<|return|>"}"#,
+        )
+        .unwrap();
         let tok = Tokenizer::from_dir(&dir).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         tok
@@ -344,7 +352,8 @@ mod tests {
 
     #[test]
     fn harmony_structured_outputs_apply_inside_the_final_channel() {
-        let schema = r#"{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}"#;
+        let schema =
+            r#"{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}"#;
         let c = || Some(Constraint::JsonSchema(schema.into()));
         let think = "<|channel|>analysis<|message|>Think {not json}.<|end|><|start|>assistant";
         let answer = "<|channel|>final<|message|>{\"a\": 12}";
@@ -354,13 +363,22 @@ mod tests {
         }
         // Not from the first token, and not outside the schema.
         assert_eq!(accepted(&mut *compiled(c(), None), "{\"a\": 1}").0, 0);
-        let (n, len) = accepted(&mut *compiled(c(), None), "<|channel|>final<|message|>hello");
+        let (n, len) = accepted(
+            &mut *compiled(c(), None),
+            "<|channel|>final<|message|>hello",
+        );
         assert!(n < len);
-        let (n, len) = accepted(&mut *compiled(c(), None), "<|channel|>commentary<|message|>{");
+        let (n, len) = accepted(
+            &mut *compiled(c(), None),
+            "<|channel|>commentary<|message|>{",
+        );
         assert!(n < len);
         // A choice and a regex too.
         let choice = Some(Constraint::Choice(vec!["yes".into(), "no".into()]));
-        let (n, len) = accepted(&mut *compiled(choice, None), &format!("{think}<|channel|>final<|message|>no"));
+        let (n, len) = accepted(
+            &mut *compiled(choice, None),
+            &format!("{think}<|channel|>final<|message|>no"),
+        );
         assert_eq!(n, len);
         let rx = Some(Constraint::Regex("[0-9]+/[0-9]+".into()));
         let (n, len) = accepted(&mut *compiled(rx, None), "<|channel|>final<|message|>3/4");
@@ -368,8 +386,10 @@ mod tests {
     }
 
     fn defs_auto() -> Vec<Value> {
-        vec![json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object",
-            "properties": {"x": {"type": "string"}}, "required": ["x"]}}})]
+        vec![
+            json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+            "properties": {"x": {"type": "string"}}, "required": ["x"]}}}),
+        ]
     }
 
     #[test]
@@ -379,10 +399,16 @@ mod tests {
                 "properties": {"x": {"type": "string"}}, "required": ["x"]}}}),
             json!({"type": "function", "function": {"name": "g"}}),
         ];
-        let named = Tools::assemble(defs.clone(), Some(ToolChoice::Named("f".into())), true, "tool_choice")
-            .unwrap()
-            .unwrap();
-        let call = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": \"y\"}";
+        let named = Tools::assemble(
+            defs.clone(),
+            Some(ToolChoice::Named("f".into())),
+            true,
+            "tool_choice",
+        )
+        .unwrap()
+        .unwrap();
+        let call =
+            "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": \"y\"}";
         let (n, len) = accepted(&mut *compiled(None, Some(&named)), call);
         assert_eq!(n, len);
         let other = "<|channel|>commentary to=functions.g <|constrain|>json<|message|>{}";

@@ -110,10 +110,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_waiting: a.max_waiting,
         tool_call_parser: a.tool_call_parser,
         // gpt-oss speaks harmony, whatever its tokenizer (a dummy's bytes included).
-        reasoning_parser: a.reasoning_parser.or(
-            (cfg.arch == encore_core::model::config::Arch::GptOss)
-                .then_some(ReasoningFormat::Harmony),
-        ),
+        reasoning_parser: a
+            .reasoning_parser
+            .or((cfg.arch == encore_core::model::config::Arch::GptOss)
+                .then_some(ReasoningFormat::Harmony)),
     };
     let name = server_cfg.served_model_name.clone();
     let app = encore_server::app(Arc::clone(&engine), tokenizer, server_cfg);

@@ -57,7 +57,10 @@ mod tests {
                 arguments: "{\"city\":\"Paris\"}".into()
             }]
         );
-        let p = parse("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>b", false);
+        let p = parse(
+            "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>b",
+            false,
+        );
         assert_eq!((p.reasoning.as_str(), p.content.as_str()), ("a", "b"));
     }
 }

@@ -20,7 +20,8 @@ const CHAT: &str = "/v1/chat/completions";
 // What a `choice` forces after the `<|channel|>final<|message|>` harmony's grammar puts
 // first (the byte tokenizer has no harmony tokens, so no analysis may come before it):
 // the rest of a final message, then more messages.
-const ANSWER_THEN_THINK: &str = "2 + 2 = 4.<|end|><|start|>assistant<|channel|>analysis<|message|>User asks 2+2.";
+const ANSWER_THEN_THINK: &str =
+    "2 + 2 = 4.<|end|><|start|>assistant<|channel|>analysis<|message|>User asks 2+2.";
 const ANSWER_THINK_CALL: &str = "Checking.<|end|><|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}";
 
 fn fixture(name: &str) -> Value {
@@ -89,14 +90,26 @@ fn harmony_prompt_is_openai_harmonys() {
     assert!(text.ends_with("<|start|>user<|message|>Hi<|end|><|start|>assistant"));
     // A word harmony does not know, named.
     let (st, v) = post(s.addr, CHAT, b("extreme"));
-    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("reasoning_effort")), "{v}");
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("reasoning_effort")),
+        "{v}"
+    );
     let r = json!({"model": MODEL, "input": "Hi", "reasoning": {"effort": "minimal"}});
     let (st, v) = post(s.addr, "/v1/responses", r);
-    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("reasoning.effort")), "{v}");
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("reasoning.effort")),
+        "{v}"
+    );
     // A model whose template reads no effort refuses it by name.
     let plain = start_parsers(None, None);
     let (st, v) = post(plain.addr, CHAT, b("low"));
-    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("reasoning_effort")), "{v}");
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("reasoning_effort")),
+        "{v}"
+    );
 }
 
 #[test]
@@ -116,7 +129,10 @@ fn harmony_output_is_read_by_channel_whole_and_streamed() {
         assert_eq!(a.content.as_deref(), Some("Checking."));
         assert_eq!(
             a.named_calls(),
-            [("get_weather".to_string(), "{\"city\":\"Paris\"}".to_string())]
+            [(
+                "get_weather".to_string(),
+                "{\"city\":\"Paris\"}".to_string()
+            )]
         );
         assert_eq!(a.finish, "tool_calls");
     }
@@ -128,7 +144,10 @@ fn harmony_output_is_read_by_channel_whole_and_streamed() {
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "22 C"},
     ]);
-    let text = prompt(s.addr, json!({"model": MODEL, "messages": b["messages"], "tools": tools()}));
+    let text = prompt(
+        s.addr,
+        json!({"model": MODEL, "messages": b["messages"], "tools": tools()}),
+    );
     assert!(
         text.ends_with("<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>22 C<|end|><|start|>assistant"),
         "{text}"
@@ -138,7 +157,11 @@ fn harmony_output_is_read_by_channel_whole_and_streamed() {
     // A result that answers no call is refused, naming the messages.
     b["messages"][2]["tool_call_id"] = json!("call_9");
     let (st, v) = post(s.addr, CHAT, b);
-    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("messages")), "{v}");
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("messages")),
+        "{v}"
+    );
 }
 
 #[test]
@@ -165,7 +188,10 @@ fn harmony_on_responses_and_messages() {
     let mut streamed = r;
     streamed["stream"] = json!(true);
     let raw = post_raw(s.addr, "/v1/responses", &streamed);
-    assert!(raw.contains("response.function_call_arguments.done"), "{raw}");
+    assert!(
+        raw.contains("response.function_call_arguments.done"),
+        "{raw}"
+    );
     let m = json!({"model": MODEL, "max_tokens": 200,
                    "messages": [{"role": "user", "content": "Weather in Paris?"}],
                    "tools": [{"name": "get_weather", "input_schema": weather["parameters"]}],
@@ -201,7 +227,10 @@ fn harmony_structured_output_is_the_final_message() {
     for a in [whole(s.addr, &b), streamed(s.addr, &b)] {
         let content = a.content.expect("content");
         let v: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("{content}: {e}"));
-        assert!(["Paris", "Rome"].contains(&v["city"].as_str().unwrap()), "{v}");
+        assert!(
+            ["Paris", "Rome"].contains(&v["city"].as_str().unwrap()),
+            "{v}"
+        );
         assert_eq!((a.reasoning, a.finish.as_str()), (None, "stop"));
     }
     // The tokens are harmony's final message, then the JSON.
@@ -210,5 +239,8 @@ fn harmony_structured_output_is_the_final_message() {
     let ids = &v["choices"][0]["token_ids"];
     let (_, d) = post(s.addr, "/detokenize", json!({"tokens": ids}));
     let text = d["prompt"].as_str().unwrap();
-    assert!(text.starts_with("<|channel|>final<|message|>{\"city\": "), "{text}");
+    assert!(
+        text.starts_with("<|channel|>final<|message|>{\"city\": "),
+        "{text}"
+    );
 }

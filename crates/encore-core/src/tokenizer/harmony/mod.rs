@@ -143,7 +143,11 @@ fn text(m: &ChatMessage) -> String {
 /// {"name", "description", "parameters"}}` each), ending with the assistant's turn's
 /// start ([`GENERATION_PROMPT`]). A tool result that answers no earlier call (and has no
 /// `name`) or a role harmony has no place for is an error naming the message.
-pub fn render(messages: &[ChatMessage], tools: Option<&[Json]>, opts: &HarmonyOptions) -> Result<String> {
+pub fn render(
+    messages: &[ChatMessage],
+    tools: Option<&[Json]>,
+    opts: &HarmonyOptions,
+) -> Result<String> {
     let tools = tools.unwrap_or_default();
     let defs: Vec<schema::ToolDef<'_>> = tools
         .iter()
@@ -233,9 +237,8 @@ pub fn render(messages: &[ChatMessage], tools: Option<&[Json]>, opts: &HarmonyOp
     let first_final = msgs.iter().position(|m| m.channel == Some("final"));
     let mut out = String::new();
     for (i, m) in msgs.iter().enumerate() {
-        let dropped = last_final
-            && first_final.is_some_and(|f| i < f)
-            && m.channel == Some("analysis");
+        let dropped =
+            last_final && first_final.is_some_and(|f| i < f) && m.channel == Some("analysis");
         if !dropped {
             m.render(&mut out);
         }

@@ -121,11 +121,16 @@ fn header(h: &str, first: bool) -> HarmonyMessage {
     }
     let mut h = h.trim().to_string();
     if h.contains(CONSTRAIN) {
-        h = h.replace(CONSTRAIN, &format!(" {CONSTRAIN}")).trim().to_string();
+        h = h
+            .replace(CONSTRAIN, &format!(" {CONSTRAIN}"))
+            .trim()
+            .to_string();
     }
     let mut parts: Vec<&str> = h.split_ascii_whitespace().collect();
     // The role: given for the first message, written after `<|start|>` for the others.
-    if parts.first() == Some(&"assistant") || (!first && !parts.is_empty() && !parts[0].starts_with("to=")) {
+    if parts.first() == Some(&"assistant")
+        || (!first && !parts.is_empty() && !parts[0].starts_with("to="))
+    {
         parts.remove(0);
     }
     let mut m = HarmonyMessage {

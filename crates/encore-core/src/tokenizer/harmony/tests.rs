@@ -62,13 +62,21 @@ fn harmony_renders_as_openai_harmony() {
 fn harmony_render_refuses_what_it_cannot_place() {
     let mut tool = ChatMessage::new("tool", "22 C");
     tool.tool_call_id = Some("call_9".into());
-    let e = render(&[ChatMessage::new("user", "hi"), tool], None, &HarmonyOptions::default())
-        .unwrap_err()
-        .to_string();
+    let e = render(
+        &[ChatMessage::new("user", "hi"), tool],
+        None,
+        &HarmonyOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("messages[1]") && e.contains("call_9"), "{e}");
-    let e = render(&[ChatMessage::new("robot", "x")], None, &HarmonyOptions::default())
-        .unwrap_err()
-        .to_string();
+    let e = render(
+        &[ChatMessage::new("robot", "x")],
+        None,
+        &HarmonyOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("messages[0]") && e.contains("robot"), "{e}");
 }
 
@@ -125,7 +133,10 @@ fn harmony_parses_as_openai_harmony() {
 #[test]
 fn harmony_text_outside_the_format_is_content() {
     let m = parse_completion("Just text <b>", true);
-    assert_eq!((m.len(), m[0].content.as_str(), m[0].channel.clone()), (1, "Just text <b>", None));
+    assert_eq!(
+        (m.len(), m[0].content.as_str(), m[0].channel.clone()),
+        (1, "Just text <b>", None)
+    );
     assert!(parse_completion("Just text", false).is_empty());
     // A marker being written is held back.
     let m = parse_completion("<|channel|>final<|message|>Hi <|en", false);
