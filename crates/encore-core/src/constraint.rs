@@ -156,7 +156,7 @@ impl ConstraintCompiler {
 /// (`x-guidance`): `{"a": 1, "b": [2, 3]}`, one space after `:` and `,` and none
 /// elsewhere, as JSON is usually written, so a model cannot fill its budget with
 /// whitespace.
-fn json_layout(mut schema: serde_json::Value) -> serde_json::Value {
+pub fn json_layout(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance").or_insert_with(|| {
             serde_json::json!({

@@ -122,6 +122,9 @@ pub(crate) fn output_config(
                 let m = "this model's chat template takes no effort level (`reasoning_effort`)";
                 return Err(ApiError::bad("output_config.effort", m));
             }
+            if s.chat.harmony {
+                crate::harmony::effort(&e, "output_config.effort")?;
+            }
             kwargs.insert("reasoning_effort".into(), json!(e));
         }
         _ => {

@@ -444,6 +444,10 @@ pub(crate) struct ChatBody {
     parallel_tool_calls: Field<bool>,
     #[schema(value_type = Option<HashMap<String, serde_json::Value>>)]
     chat_template_kwargs: Field<Map<String, Value>>,
+    /// How much the model reasons: `low`, `medium` or `high` (gpt-oss's harmony, and chat
+    /// templates that read `reasoning_effort`).
+    #[schema(value_type = Option<String>)]
+    reasoning_effort: Field<String>,
     #[serde(flatten)]
     common: CommonBody,
 }
@@ -454,6 +458,8 @@ pub(crate) struct Chat {
     pub tools: Option<Tools>,
     /// `chat_template_kwargs`.
     pub kwargs: Map<String, Value>,
+    /// `reasoning_effort` (whether the model takes one is the prompt's to check).
+    pub effort: Option<String>,
     pub common: Common,
 }
 
@@ -478,10 +484,14 @@ impl ChatBody {
             c.names.constraint = "tools";
         }
         let kwargs = template_kwargs(self.chat_template_kwargs)?;
+        let effort = self.reasoning_effort.get("reasoning_effort", || {
+            "`reasoning_effort` must be a string: `low`, `medium` or `high`".into()
+        })?;
         Ok(Chat {
             messages,
             tools,
             kwargs,
+            effort,
             common: c,
         })
     }

@@ -332,10 +332,9 @@ pub(crate) const CHAT: &[Rule] = &[
         NoOp::Nothing,
         "`prediction` (predicted outputs) is not supported yet",
     ),
-    refused(
+    honored(
         "reasoning_effort",
-        NoOp::Nothing,
-        "`reasoning_effort` is not supported yet",
+        "`low`, `medium` or `high`: gpt-oss's (harmony's) system message `Reasoning:` line (default `medium`), or `reasoning_effort` of a chat template that reads one; refused for other models",
     ),
     refused(
         "verbosity",

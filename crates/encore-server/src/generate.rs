@@ -17,7 +17,7 @@ use encore_core::serve::EngineHandle;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use encore_core::tokenizer::ChatOptions;
+use encore_core::tokenizer::{ChatMessage, ChatOptions};
 
 use crate::body::{read, Chat, ChatBody, Common, CompletionBody, DefaultLength, PromptInput};
 use crate::error::ApiError;
@@ -101,9 +101,22 @@ pub(crate) fn chat_prompt(
     let Chat {
         messages,
         tools,
-        kwargs,
-        common,
+        mut kwargs,
+        effort,
+        mut common,
     } = chat;
+    if let Some(e) = effort {
+        // Harmony's system message and templates that read it take it; elsewhere it
+        // would change nothing, so it is refused.
+        if !s.chat.template_reads_effort {
+            return Err(ApiError::bad(
+                "reasoning_effort",
+                "`reasoning_effort` is not supported for this model: neither its chat \
+                 template nor its chat format reads one",
+            ));
+        }
+        kwargs.insert("reasoning_effort".into(), json!(e));
+    }
     // `tool_choice: none`: the tools are not shown and nothing is read as a call.
     let tools = tools.filter(|t| t.choice != ToolChoice::None);
     // A template that renders no tools gets the generic tool prompt (`generic_tools`).
@@ -127,6 +140,9 @@ pub(crate) fn chat_prompt(
         }),
     };
     let first_only = tools.as_ref().is_some_and(|t| !t.parallel);
+    if s.chat.harmony {
+        crate::harmony::constrain(&s.tokenizer, &mut common, tools.as_ref())?;
+    }
     let defs = tools.map(|t| t.defs);
     let (messages, defs) = generic_tools::for_template(s, messages, defs);
     let opts = ChatOptions {
@@ -134,14 +150,14 @@ pub(crate) fn chat_prompt(
         tools: defs,
         kwargs,
     };
-    let text = s
-        .tokenizer
-        .render_chat(&messages, &opts)
-        .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+    let text = render(s, &messages, &opts)?;
     let ids = s
         .tokenizer
         .encode(&text, false)
         .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+    if s.chat.harmony {
+        return Ok(harmony_out(s, ids, common, calls, first_only));
+    }
     // Reasoning the template opened in the prompt is already under way.
     let think = s
         .chat
@@ -155,11 +171,59 @@ pub(crate) fn chat_prompt(
             think,
             calls,
             first_only,
+            harmony: false,
         }),
         reasoning: think.is_some(),
         id_seed: 0,
     };
     Ok((ids, common, out))
+}
+
+/// The prompt of `messages` rendered as the model's chat format: harmony's renderer, or
+/// the chat template.
+pub(crate) fn render(
+    s: &AppState,
+    messages: &[ChatMessage],
+    opts: &ChatOptions,
+) -> Result<String, ApiError> {
+    if s.chat.harmony {
+        return crate::harmony::render(messages, opts);
+    }
+    s.tokenizer
+        .render_chat(messages, opts)
+        .map_err(|e| ApiError::bad("messages", e.to_string()))
+}
+
+/// How a harmony output is read: by channel, with its special tokens, the turn ending at
+/// `<|return|>` or `<|call|>` (a forced call's grammar writes harmony too:
+/// `harmony::constrain`; `calls` stays for the finish reason of a named function).
+fn harmony_out(
+    s: &AppState,
+    ids: Vec<u32>,
+    mut common: Common,
+    calls: Option<CallMode>,
+    first_only: bool,
+) -> (Vec<u32>, Common, ChatOut) {
+    if !common.params.ignore_eos {
+        for id in crate::harmony::stop_ids(&s.tokenizer) {
+            if !common.params.stop_token_ids.contains(&id) {
+                common.params.stop_token_ids.push(id);
+            }
+        }
+    }
+    let out = ChatOut {
+        keep_special: true,
+        mistral_ids: false,
+        parser: Some(ChatParser {
+            think: None,
+            calls,
+            first_only,
+            harmony: true,
+        }),
+        reasoning: true,
+        id_seed: 0,
+    };
+    (ids, common, out)
 }
 
 /// Turn the model's thinking on or off (`param` names the request field that asks): on

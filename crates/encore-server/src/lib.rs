@@ -55,6 +55,7 @@ mod field;
 mod fields;
 mod generate;
 mod generic_tools;
+mod harmony;
 mod messages;
 mod metrics;
 mod openapi;
@@ -115,6 +116,9 @@ struct ChatFormats {
     template_switches_thinking: bool,
     /// The chat template reads `reasoning_effort`.
     template_reads_effort: bool,
+    /// The chat format is gpt-oss's harmony (`harmony`): encore renders the prompt, the
+    /// output is read by channel.
+    harmony: bool,
 }
 
 /// Shared by the handlers.
@@ -153,14 +157,30 @@ pub fn app(engine: Arc<EngineHandle>, tokenizer: Arc<Tokenizer>, cfg: ServerConf
     let eos = tokenizer.eos_token_ids();
     let limit = cfg.max_body_bytes;
     let template = tokenizer.chat_template_source().unwrap_or("");
-    let chat = ChatFormats {
-        template_takes_tools: template.contains("tools"),
-        tool_format: cfg
-            .tool_call_parser
-            .or_else(|| ToolFormat::detect(template)),
-        reasoning: cfg.reasoning_parser,
-        template_switches_thinking: template.contains("enable_thinking"),
-        template_reads_effort: template.contains("reasoning_effort"),
+    // Harmony: asked for by either parser flag, or a tokenizer with its special tokens.
+    let harmony = cfg.tool_call_parser == Some(ToolFormat::Harmony)
+        || cfg.reasoning_parser == Some(ReasoningFormat::Harmony)
+        || harmony::detect(&tokenizer);
+    let chat = if harmony {
+        ChatFormats {
+            template_takes_tools: true,
+            tool_format: Some(ToolFormat::Harmony),
+            reasoning: Some(ReasoningFormat::Harmony),
+            template_switches_thinking: false,
+            template_reads_effort: true,
+            harmony,
+        }
+    } else {
+        ChatFormats {
+            template_takes_tools: template.contains("tools"),
+            tool_format: cfg
+                .tool_call_parser
+                .or_else(|| ToolFormat::detect(template)),
+            reasoning: cfg.reasoning_parser,
+            template_switches_thinking: template.contains("enable_thinking"),
+            template_reads_effort: template.contains("reasoning_effort"),
+            harmony,
+        }
     };
     tracing::info!(
         "chat: tools {}, tool-call format {}, reasoning {}",

@@ -251,6 +251,7 @@ impl Conversation {
             messages,
             tools,
             kwargs,
+            effort: None,
             common: c,
         };
         Ok((chat, omit_thinking))

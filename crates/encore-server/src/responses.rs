@@ -204,6 +204,7 @@ impl ResponsesBody {
             messages,
             tools,
             kwargs,
+            effort: None,
             common: c,
         };
         Ok((chat, echo))

@@ -151,6 +151,9 @@ pub(crate) fn reasoning(
     };
     if let Some(e) = &effort {
         thinking_switch(s, e != "none", "reasoning.effort", &mut kwargs)?;
+        if e != "none" && s.chat.harmony {
+            crate::harmony::effort(e, "reasoning.effort")?;
+        }
         if e != "none" && s.chat.template_reads_effort {
             kwargs.insert("reasoning_effort".into(), json!(e));
         }

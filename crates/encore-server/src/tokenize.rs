@@ -38,10 +38,7 @@ pub(crate) async fn tokenize(
                     let (messages, defs) =
                         crate::generic_tools::for_template(&s, messages, opts.tools.take());
                     opts.tools = defs;
-                    let text = s
-                        .tokenizer
-                        .render_chat(&messages, &opts)
-                        .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+                    let text = crate::generate::render(&s, &messages, &opts)?;
                     (text, "messages")
                 }
             };

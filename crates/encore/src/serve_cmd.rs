@@ -39,12 +39,13 @@ pub struct ServeArgs {
     #[arg(long, env = "ENCORE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// How the model writes tool calls: hermes (`<tool_call>` tags: Hermes, Qwen2.5, Qwen3),
-    /// llama3_json (Llama 3.x), mistral (`[TOOL_CALLS]`). Default: read from the chat
-    /// template.
+    /// llama3_json (Llama 3.x), mistral (`[TOOL_CALLS]`), harmony (gpt-oss's chat format,
+    /// prompt and output). Default: read from the chat template; harmony for gpt-oss.
     #[arg(long, value_name = "FORMAT", value_parser = parse_tool_format)]
     tool_call_parser: Option<ToolFormat>,
     /// Split `<think>` reasoning out of chat answers into `reasoning_content`: qwen3 or
-    /// deepseek_r1.
+    /// deepseek_r1; harmony (gpt-oss's chat format, prompt and output; the default for
+    /// gpt-oss and a tokenizer with harmony's special tokens).
     #[arg(long, value_name = "FORMAT", value_parser = parse_reasoning_format)]
     reasoning_parser: Option<ReasoningFormat>,
     /// The model name clients use (default: the --model value).
@@ -108,7 +109,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         default_max_tokens: 16,
         max_waiting: a.max_waiting,
         tool_call_parser: a.tool_call_parser,
-        reasoning_parser: a.reasoning_parser,
+        // gpt-oss speaks harmony, whatever its tokenizer (a dummy's bytes included).
+        reasoning_parser: a
+            .reasoning_parser
+            .or((cfg.arch == encore_core::model::config::Arch::GptOss)
+                .then_some(ReasoningFormat::Harmony)),
     };
     let name = server_cfg.served_model_name.clone();
     let app = encore_server::app(Arc::clone(&engine), tokenizer, server_cfg);

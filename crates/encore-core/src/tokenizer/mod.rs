@@ -8,6 +8,7 @@
 //! prompt starts with two BOS tokens.
 
 mod gguf;
+pub mod harmony;
 mod stop;
 mod stream;
 mod template;

@@ -14,6 +14,7 @@
 
 use crate::wire::{ChatMessageOut, FunctionCall, FunctionDelta, ToolCall, ToolCallDelta};
 
+mod harmony;
 mod json_scan;
 use json_scan::{scan_object, skip_ws, value_end, ObjectScan};
 
@@ -29,14 +30,18 @@ pub enum ToolFormat {
     /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or
     /// `[TOOL_CALLS]name[ARGS]{...}` per call (Mistral's tokenizer v11 and later).
     Mistral,
+    /// gpt-oss's harmony: a message to `functions.NAME` on `commentary`. Picks the whole
+    /// harmony chat format (the prompt too), as `--reasoning-parser harmony` does.
+    Harmony,
 }
 
 impl ToolFormat {
     /// Every format by its `--tool-call-parser` name.
-    pub const ALL: [(&'static str, ToolFormat); 3] = [
+    pub const ALL: [(&'static str, ToolFormat); 4] = [
         ("hermes", ToolFormat::Hermes),
         ("llama3_json", ToolFormat::Llama3Json),
         ("mistral", ToolFormat::Mistral),
+        ("harmony", ToolFormat::Harmony),
     ];
 
     /// The format a chat template writes tool calls in, read from its source; `None`
@@ -58,6 +63,7 @@ impl ToolFormat {
             ToolFormat::Hermes => "hermes",
             ToolFormat::Llama3Json => "llama3_json",
             ToolFormat::Mistral => "mistral",
+            ToolFormat::Harmony => "harmony",
         }
     }
 }
@@ -70,19 +76,24 @@ pub enum ReasoningFormat {
     Qwen3,
     /// DeepSeek-R1 and its distills.
     DeepSeekR1,
+    /// gpt-oss's harmony: the `analysis` channel. Picks the whole harmony chat format
+    /// (the prompt too); chosen by itself for a tokenizer with harmony's special tokens.
+    Harmony,
 }
 
 impl ReasoningFormat {
     /// Every format by its `--reasoning-parser` name.
-    pub const ALL: [(&'static str, ReasoningFormat); 2] = [
+    pub const ALL: [(&'static str, ReasoningFormat); 3] = [
         ("qwen3", ReasoningFormat::Qwen3),
         ("deepseek_r1", ReasoningFormat::DeepSeekR1),
+        ("harmony", ReasoningFormat::Harmony),
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             ReasoningFormat::Qwen3 => "qwen3",
             ReasoningFormat::DeepSeekR1 => "deepseek_r1",
+            ReasoningFormat::Harmony => "harmony",
         }
     }
 }
@@ -132,12 +143,22 @@ pub(crate) struct ChatParser {
     pub calls: Option<CallMode>,
     /// Keep the first call only (`parallel_tool_calls: false`).
     pub first_only: bool,
+    /// The output is harmony (gpt-oss): read by channel (`harmony`), `think` and `calls`
+    /// aside.
+    pub harmony: bool,
 }
 
 impl ChatParser {
     /// The split of `text`, the whole output so far; `done`: the output ended (nothing is
     /// held back).
     pub fn parse(&self, text: &str, done: bool) -> Parsed {
+        if self.harmony {
+            let mut out = harmony::parse(text, done);
+            if self.first_only {
+                out.calls.truncate(1);
+            }
+            return out;
+        }
         let (reasoning, rest) = match self.think {
             Some(opened) => split_think(text, opened, done),
             None => (String::new(), Some(text)),
@@ -154,6 +175,8 @@ impl ChatParser {
                     ToolFormat::Hermes => marked(rest, "<tool_call>", done, hermes_calls),
                     ToolFormat::Mistral => marked(rest, "[TOOL_CALLS]", done, mistral_calls),
                     ToolFormat::Llama3Json => llama3(rest, done),
+                    // Read by `harmony` (above) when the format is harmony's.
+                    ToolFormat::Harmony => (hold_ws(rest, done).to_string(), Vec::new()),
                 };
                 out.content = content;
                 out.calls = calls;
@@ -565,6 +588,7 @@ mod tests {
             think: None,
             calls: Some(CallMode::Native(f)),
             first_only: false,
+            harmony: false,
         }
     }
 
@@ -655,6 +679,7 @@ mod tests {
             think: None,
             calls: Some(CallMode::Generic),
             first_only: false,
+            harmony: false,
         };
         let t = " [{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}]";
         let out = streams_consistently(&p, t);
@@ -725,6 +750,7 @@ mod tests {
             think: None,
             calls: Some(CallMode::Required),
             first_only: false,
+            harmony: false,
         };
         let t = "[{\"name\": \"a\", \"parameters\": {\"q\": [1, {\"r\": \"]\"}]}}, {\"name\": \"b\", \"parameters\": {}}]";
         assert_eq!(
@@ -735,6 +761,7 @@ mod tests {
             think: None,
             calls: Some(CallMode::Named("f".into())),
             first_only: false,
+            harmony: false,
         };
         assert_eq!(
             streams_consistently(&p, "{\"x\": 1}").calls,
@@ -748,6 +775,7 @@ mod tests {
             think: Some(false),
             calls: None,
             first_only: false,
+            harmony: false,
         };
         let out = streams_consistently(&p, "<think>\nHmm, 2+2.\n</think>\n\nIt is 4.");
         assert_eq!(
@@ -770,6 +798,7 @@ mod tests {
             think: Some(true),
             calls: Some(CallMode::Native(ToolFormat::Hermes)),
             first_only: false,
+            harmony: false,
         };
         let t = "I need the weather.</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>";
         let out = streams_consistently(&p, t);

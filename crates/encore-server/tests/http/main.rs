@@ -8,7 +8,7 @@
 //! reasoning, and `/openapi.json` (every route, and answers that fit it).
 //!
 //! One test binary in modules: `harness` (the server start-up and the HTTP client),
-//! `generation`, `errors`, `fields`, `lifecycle`, `tools`, `agents`, `openapi`, and
+//! `generation`, `harmony` (gpt-oss's chat format), `errors`, `fields`, `lifecycle`, `tools`, `agents`, `openapi`, and
 //! `clients` (the requests real client libraries send, each as the library sends it).
 
 mod agents;
@@ -16,6 +16,7 @@ mod clients;
 mod errors;
 mod fields;
 mod generation;
+mod harmony;
 mod harness;
 mod lifecycle;
 mod openapi;

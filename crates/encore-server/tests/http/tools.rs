@@ -15,7 +15,7 @@ use crate::harness::*;
 
 const CHAT: &str = "/v1/chat/completions";
 
-fn tools() -> Value {
+pub(crate) fn tools() -> Value {
     json!([
         {"type": "function", "function": {
             "name": "get_weather", "description": "The weather in a city",
@@ -27,7 +27,7 @@ fn tools() -> Value {
     ])
 }
 
-fn chat(extra: Value) -> Value {
+pub(crate) fn chat(extra: Value) -> Value {
     let mut b = json!({"model": MODEL, "max_tokens": 400, "tools": tools(),
                        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
     for (k, v) in extra.as_object().unwrap() {
@@ -37,20 +37,20 @@ fn chat(extra: Value) -> Value {
 }
 
 /// A call as the client sees it: (id, name, arguments text).
-type Call = (String, String, String);
+pub(crate) type Call = (String, String, String);
 
 /// What an answer says: content, reasoning, calls, finish reason.
 #[derive(Debug, PartialEq)]
-struct Answer {
-    content: Option<String>,
-    reasoning: Option<String>,
-    calls: Vec<Call>,
-    finish: String,
+pub(crate) struct Answer {
+    pub content: Option<String>,
+    pub reasoning: Option<String>,
+    pub calls: Vec<Call>,
+    pub finish: String,
 }
 
 impl Answer {
     /// The calls without their ids (which each response draws anew).
-    fn named_calls(&self) -> Vec<(String, String)> {
+    pub fn named_calls(&self) -> Vec<(String, String)> {
         self.calls
             .iter()
             .map(|(_, n, a)| (n.clone(), a.clone()))
@@ -58,7 +58,7 @@ impl Answer {
     }
 }
 
-fn whole(a: SocketAddr, b: &Value) -> Answer {
+pub(crate) fn whole(a: SocketAddr, b: &Value) -> Answer {
     let (st, v) = post(a, CHAT, b.clone());
     assert_eq!(st, 200, "{b}: {v}");
     let c = &v["choices"][0];
@@ -89,7 +89,7 @@ fn whole(a: SocketAddr, b: &Value) -> Answer {
 
 /// The streamed answer, put together as the `openai` client does: a call's first delta
 /// has its index, id and name; later ones add to its arguments.
-fn streamed(a: SocketAddr, b: &Value) -> Answer {
+pub(crate) fn streamed(a: SocketAddr, b: &Value) -> Answer {
     let mut b = b.clone();
     b["stream"] = json!(true);
     let raw = post_raw(a, CHAT, &b);
