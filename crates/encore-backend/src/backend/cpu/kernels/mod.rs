@@ -11,6 +11,7 @@
 //! `&` and `&mut` slices would be undefined behaviour.
 
 mod attention;
+mod gather;
 mod qkv_rope;
 mod sample;
 
@@ -21,6 +22,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::ptr_of;
+pub(super) use gather::gather_columns;
 use crate::args::Activation;
 use crate::ops::{ColumnDims, EmbeddingDims, MatmulDims, MoeDims, RowDims};
 use crate::quant::{self, QuantFormat};
