@@ -9,6 +9,7 @@
 //! writing each part into its rows of the merged device tensor, so the host holds at most
 //! one converted HF tensor (nothing at all when the file already has the run dtype).
 
+mod act_order;
 mod checkpoint;
 mod fused_experts;
 mod host;
@@ -337,6 +338,11 @@ fn load_placed(
     let start = Instant::now();
     let mut staging = Staging::default();
     let weights = build(&decl, dtype, |i, m| {
+        if m.role.permutes().is_some() {
+            // GPTQ act order's permutation, from the g_idx (offload refuses act order).
+            let perm = act_order::perm(&source, &decl, m)?;
+            return backend.upload(&perm, &m.shape);
+        }
         let place = prepared.map_or(Place::Device, |p| p.place[i].clone());
         let mdt = m.dtype(dtype);
         // llama.cpp's converter stores Gemma's norms as 1 + w already; the query scale
@@ -623,7 +629,7 @@ impl Source {
                 if let Some(values) = ck.fused.read_f32(ck, &spec.name)? {
                     return f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype));
                 }
-                if let Some(w) = ck.packed_int(&spec.name, &spec.shape)? {
+                if let Some(w) = ck.packed_int(spec)? {
                     let values = w.to_f32();
                     return f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype));
                 }
