@@ -27,6 +27,7 @@ mod errors;
 mod families;
 mod fp8;
 mod gpt_oss;
+mod act_order;
 mod moe;
 mod mxfp4;
 mod packed_int;
