@@ -295,7 +295,11 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
         }
         // A GPTQ act-order projection's input in its weight's column order: whole
         // permutations (one row, decode; 37 rows, odd k), and one with out-of-range entries.
-        for (rows, k, n, junk) in [(1, 4096, 4096, false), (37, 1000, 1000, false), (5, 96, 130, true)] {
+        for (rows, k, n, junk) in [
+            (1, 4096, 4096, false),
+            (37, 1000, 1000, false),
+            (5, 96, 130, true),
+        ] {
             use rand::Rng;
             let rng = &mut extra_gather;
             let mut perm: Vec<i32> = (0..n as i32).map(|j| j % k as i32).collect();

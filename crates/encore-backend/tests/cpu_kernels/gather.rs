@@ -8,7 +8,11 @@ fn direct(x: &[f32], k: usize, perm: &[i32]) -> Vec<f32> {
     let mut out = Vec::new();
     for row in x.chunks(k) {
         for &p in perm {
-            out.push(if p >= 0 && (p as usize) < k { row[p as usize] } else { 0.0 });
+            out.push(if p >= 0 && (p as usize) < k {
+                row[p as usize]
+            } else {
+                0.0
+            });
         }
     }
     out
@@ -19,7 +23,9 @@ fn gather_columns_matches_a_direct_loop_in_every_dtype() {
     let be = cpu();
     let (rows, k) = (3, 70);
     // Exact in bf16: small integers and halves.
-    let x: Vec<f32> = (0..rows * k).map(|i| ((i * 37) % 101) as f32 * 0.5 - 25.0).collect();
+    let x: Vec<f32> = (0..rows * k)
+        .map(|i| ((i * 37) % 101) as f32 * 0.5 - 25.0)
+        .collect();
     let mut perm: Vec<i32> = (0..k as i32).map(|j| (j * 29 + 11) % k as i32).collect();
     perm.extend([-1, k as i32, 0]);
     for dt in [DType::BF16, DType::F16, DType::F32] {
@@ -43,7 +49,10 @@ fn a_captured_gather_reads_its_permutation_at_replay() {
     let g = be.end_capture().unwrap();
     be.write(&p, &[1i32, 1, 0, 2]).unwrap();
     g.replay().unwrap();
-    assert_eq!(f32s(be.as_ref(), &out), vec![1., 1., 0., 2., 5., 5., 4., 6.]);
+    assert_eq!(
+        f32s(be.as_ref(), &out),
+        vec![1., 1., 0., 2., 5., 5., 4., 6.]
+    );
 }
 
 #[test]
@@ -53,7 +62,10 @@ fn gather_columns_checks_its_arguments_by_name() {
     let p = be.upload(&[0i32, 1, 2], &[3]).unwrap();
     let bad = |r: encore_backend::Result<()>| format!("{}", r.unwrap_err());
     let msg = bad(be.gather_columns(&x, &p, &be.alloc(DType::F32, &[2, 4]).unwrap()));
-    assert!(msg.contains("gather_columns") && msg.contains("out"), "{msg}");
+    assert!(
+        msg.contains("gather_columns") && msg.contains("out"),
+        "{msg}"
+    );
     let msg = bad(be.gather_columns(&x, &p, &be.alloc(DType::BF16, &[2, 3]).unwrap()));
     assert!(msg.contains("out"), "{msg}");
     let pf = be.alloc(DType::F32, &[3]).unwrap();

@@ -87,11 +87,17 @@ fn k_apart(name: &str, cols: usize, group: usize) -> Vec<usize> {
 
 /// Layer `l`'s permutation of `role` and the columns of its projection's weight.
 fn perm_of(w: &ModelWeights, l: usize, role: Role) -> Vec<usize> {
-    let t = w.layers[l].get(role).expect("an act-order layer holds its permutations");
+    let t = w.layers[l]
+        .get(role)
+        .expect("an act-order layer holds its permutations");
     assert_eq!(t.dtype(), DType::I32);
     let be = CpuBackend::new();
     let be: &dyn encore_core::Backend = &be;
-    be.download::<i32>(t).unwrap().into_iter().map(|p| p as usize).collect()
+    be.download::<i32>(t)
+        .unwrap()
+        .into_iter()
+        .map(|p| p as usize)
+        .collect()
 }
 
 /// Values of a loaded (dense or decoded) matrix.
@@ -130,8 +136,14 @@ fn gptq_act_order_checkpoints_run_in_their_bits_as_their_dequantized_twins() {
     ] {
         let what = format!("{kept}, groups of {group}");
         let scheme = Scheme::Gptq { v2, asym };
-        let (packed, twin) =
-            checkpoints_ordered(&twin_cfg, bits, scheme, exact_scale, Some(group), Some(act_order));
+        let (packed, twin) = checkpoints_ordered(
+            &twin_cfg,
+            bits,
+            scheme,
+            exact_scale,
+            Some(group),
+            Some(act_order),
+        );
         let q = gptq(bits, group, v2, !asym);
         let dir = model_dir("gptq-desc-act", &json(&q), &packed);
         let twin_dir = model_dir("gptq-desc-act-twin", &json(""), &twin);
@@ -155,19 +167,29 @@ fn gptq_act_order_checkpoints_run_in_their_bits_as_their_dequantized_twins() {
                 let (rows, cols, got) = matrix(decoded.layers[l].get(proj).unwrap());
                 let (_, _, want) = matrix(twin_w.layers[l].get(proj).unwrap());
                 assert_eq!(p.len(), cols);
-                assert!(p.iter().enumerate().any(|(j, &c)| j != c), "{what}: {perm:?}");
+                assert!(
+                    p.iter().enumerate().any(|(j, &c)| j != c),
+                    "{what}: {perm:?}"
+                );
                 let mut sorted = p.clone();
                 sorted.sort();
                 assert!(sorted.iter().enumerate().all(|(j, &c)| j == c), "{perm:?}");
                 for r in 0..rows {
                     for (j, &c) in p.iter().enumerate() {
-                        assert_eq!(got[r * cols + j], want[r * cols + c], "{what} {proj:?} {r} {j}");
+                        assert_eq!(
+                            got[r * cols + j],
+                            want[r * cols + c],
+                            "{what} {proj:?} {r} {j}"
+                        );
                     }
                 }
             }
         }
         // The same logits (the sums in another order) and greedy tokens as the twin.
-        let (a, b) = (logprobs(&config, w), logprobs(&twin_cfg, load(&twin_cfg, twin_dir.path())));
+        let (a, b) = (
+            logprobs(&config, w),
+            logprobs(&twin_cfg, load(&twin_cfg, twin_dir.path())),
+        );
         for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
             assert!((x - y).abs() < 1e-4, "{what}: {x} vs {y}");
         }
@@ -179,7 +201,11 @@ fn gptq_act_order_checkpoints_run_in_their_bits_as_their_dequantized_twins() {
         files.quantize(Quantization::None).unwrap();
         let dense = load(&files.config, dir.path());
         assert_eq!(dense.layers[1].qkv().dtype(), DType::F32);
-        assert_eq!(greedy(&files.config, dense), want, "{what}, decoded at load");
+        assert_eq!(
+            greedy(&files.config, dense),
+            want,
+            "{what}, decoded at load"
+        );
     }
 }
 
@@ -201,16 +227,28 @@ fn act_order_encore_cannot_run_is_refused_by_name() {
         "{msg}"
     );
     // A group of 48 + 80 columns (not whole blocks of 32).
-    let (mut packed, _) =
-        checkpoints_ordered(&twin_cfg, 4, scheme, exact_scale, Some(128), Some(act_order));
+    let (mut packed, _) = checkpoints_ordered(
+        &twin_cfg,
+        4,
+        scheme,
+        exact_scale,
+        Some(128),
+        Some(act_order),
+    );
     let name = "model.layers.1.mlp.down_proj.g_idx";
     let g = packed.iter_mut().find(|t| t.name == name).unwrap();
-    let moved: Vec<usize> = (0..g.values.len()).filter(|&c| g.values[c] == 0.0).take(16).collect();
+    let moved: Vec<usize> = (0..g.values.len())
+        .filter(|&c| g.values[c] == 0.0)
+        .take(16)
+        .collect();
     for c in moved {
         g.values[c] = 1.0;
     }
     let msg = load_error(&json(&q), &packed);
-    assert!(msg.contains(name) && msg.contains("whole blocks of 32"), "{msg}");
+    assert!(
+        msg.contains(name) && msg.contains("whole blocks of 32"),
+        "{msg}"
+    );
     // A group index past the scales.
     let g = packed.iter_mut().find(|t| t.name == name).unwrap();
     g.values[5] = 9.0;
@@ -231,9 +269,19 @@ pub(super) fn on_the_gpu(be: &dyn encore_core::Backend) {
     ] {
         let what = format!("act order, {kept}, groups of {group}");
         let scheme = Scheme::Gptq { v2, asym };
-        let (packed, twin) =
-            checkpoints_ordered(&twin_cfg, bits, scheme, exact_scale, Some(group), Some(act_order));
-        let dir = model_dir("gptq-desc-act", &json(&gptq(bits, group, v2, !asym)), &packed);
+        let (packed, twin) = checkpoints_ordered(
+            &twin_cfg,
+            bits,
+            scheme,
+            exact_scale,
+            Some(group),
+            Some(act_order),
+        );
+        let dir = model_dir(
+            "gptq-desc-act",
+            &json(&gptq(bits, group, v2, !asym)),
+            &packed,
+        );
         let twin_dir = model_dir("gptq-desc-act-twin", &json(""), &twin);
         let ModelFiles { config, .. } = open_model(dir.path().to_str().unwrap()).unwrap();
         let got = greedy_on(be, DType::F32, &config, dir.path());

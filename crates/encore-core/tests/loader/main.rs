@@ -21,13 +21,13 @@ use common::checkpoint::{
 };
 use common::temp_dir::TempDir;
 
+mod act_order;
 mod config;
 mod dummy;
 mod errors;
 mod families;
 mod fp8;
 mod gpt_oss;
-mod act_order;
 mod moe;
 mod mxfp4;
 mod packed_int;

@@ -285,8 +285,7 @@ impl Checkpoint {
                     continue;
                 }
                 // Read now: a misshapen or unsupported packing is refused before loading.
-                if self.read_packed_int(spec, false)?.is_some()
-                {
+                if self.read_packed_int(spec, false)?.is_some() {
                     continue;
                 }
                 return Err(err(format!("is missing from {}", self.origin)));

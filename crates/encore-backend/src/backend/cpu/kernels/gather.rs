@@ -14,7 +14,12 @@ pub(crate) fn gather_columns(x: &Tensor, perm: &Tensor, out: &Tensor, d: &Gather
     // SAFETY: shapes checked: x holds rows * k, perm n and out rows * n elements of their
     // dtypes; out is a buffer of its own (written here only).
     let perm = unsafe { std::slice::from_raw_parts(ptr_of(perm) as *const i32, d.n) };
-    fn run<T: Copy + Default + Send + Sync>(x: &Tensor, perm: &[i32], out: &Tensor, d: &GatherDims) {
+    fn run<T: Copy + Default + Send + Sync>(
+        x: &Tensor,
+        perm: &[i32],
+        out: &Tensor,
+        d: &GatherDims,
+    ) {
         // SAFETY: as above.
         let (x, out) = unsafe {
             (

@@ -22,11 +22,11 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::ptr_of;
-pub(super) use gather::gather_columns;
 use crate::args::Activation;
 use crate::ops::{ColumnDims, EmbeddingDims, MatmulDims, MoeDims, RowDims};
 use crate::quant::{self, QuantFormat};
 use crate::tensor::{DType, Tensor};
+pub(super) use gather::gather_columns;
 
 pub(super) use attention::{attention, AttentionArgs};
 pub(super) use qkv_rope::{qkv_rope_write, QkvRopeArgs};
