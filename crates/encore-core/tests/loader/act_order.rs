@@ -291,3 +291,35 @@ pub(super) fn on_the_gpu(be: &dyn encore_core::Backend) {
         assert_eq!(got, cpu, "{what}: the GPU vs the CPU");
     }
 }
+
+/// A mixture of experts in act order: its attention's permutations load (a dense layer's
+/// projections), but its experts' g_idx out of column order are refused naming one (one
+/// stack of many experts cannot take one input order).
+#[test]
+fn act_order_experts_are_refused_by_name() {
+    let json = |extra: &str| {
+        format!(
+            r#"{{
+  "architectures": ["Qwen3MoeForCausalLM"],
+  "vocab_size": 96, "hidden_size": 256, "intermediate_size": 384,
+  "moe_intermediate_size": 128, "num_experts": 4, "num_experts_per_tok": 2,
+  "norm_topk_prob": true, "num_hidden_layers": 2, "num_attention_heads": 4,
+  "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+  "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2,
+  "torch_dtype": "bfloat16"{extra}
+}}"#
+        )
+    };
+    let cfg = ModelConfig::from_json(&json(""), "twin").unwrap();
+    let scheme = Scheme::Gptq {
+        v2: false,
+        asym: false,
+    };
+    let (packed, _) =
+        checkpoints_ordered(&cfg, 4, scheme, exact_scale, Some(128), Some(act_order));
+    let msg = load_error(&json(&gptq(4, 128, false, true)), &packed);
+    assert!(
+        msg.contains("mlp.experts.") && msg.contains(".g_idx") && msg.contains("not here"),
+        "{msg}"
+    );
+}
