@@ -322,7 +322,10 @@ fn load_placed(
 
     cfg.check_formats()?;
     cfg.check_runs(backend.runs_moe())?;
-    if let (Some(_), Some(what)) = (prepared, cfg.unstreamed()) {
+    // GPTQ act order's permutations are made at load, not streamed.
+    let act_order = cfg.weights.int_packing.is_some_and(|p| p.act_order);
+    let act_order = act_order.then_some("GPTQ activation order (desc_act with groups)");
+    if let (Some(_), Some(what)) = (prepared, cfg.unstreamed().or(act_order)) {
         return Err(Error::Config {
             path: cfg.arch.model_type().to_string(),
             what: format!("weight offload (--weight-budget) of {what} is not supported yet"),

@@ -315,8 +315,7 @@ fn act_order_experts_are_refused_by_name() {
         v2: false,
         asym: false,
     };
-    let (packed, _) =
-        checkpoints_ordered(&cfg, 4, scheme, exact_scale, Some(128), Some(act_order));
+    let (packed, _) = checkpoints_ordered(&cfg, 4, scheme, exact_scale, Some(128), Some(act_order));
     let msg = load_error(&json(&gptq(4, 128, false, true)), &packed);
     assert!(
         msg.contains("mlp.experts.") && msg.contains(".g_idx") && msg.contains("not here"),

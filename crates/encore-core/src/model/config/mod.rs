@@ -441,8 +441,6 @@ impl ModelConfig {
             Some("an o_proj bias")
         } else if fam.experts.is_some_and(|e| e.biases) {
             Some("experts with biases")
-        } else if self.weights.int_packing.is_some_and(|p| p.act_order) {
-            Some("GPTQ activation order (desc_act with groups)")
         } else {
             None
         }

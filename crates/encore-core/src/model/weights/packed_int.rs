@@ -92,12 +92,14 @@ fn sort_by_group(
         let share = match range.len() == g_idx.len() {
             true => String::new(),
             false => format!(
-                " of columns {}..{} (this rank's share: activation order that crosses the                  tensor-parallel shards is not supported)",
+                " of columns {}..{} (this rank's share: activation order that crosses the \
+                 tensor-parallel shards is not supported)",
                 range.start, range.end
             ),
         };
         return Err(err(format!(
-            "puts {} columns{share} in group {g}: encore runs activation order with every              group's columns whole blocks of {BLOCK} (one scale a block)",
+            "puts {} columns{share} in group {g}: encore runs activation order with every \
+             group's columns whole blocks of {BLOCK} (one scale a block)",
             count[g]
         )));
     }
