@@ -96,26 +96,7 @@ pub fn gemm(
     let x = random_tensor(be, &mut rng, &[m, k], dtype, 1.0)?;
     let w = match format {
         None => random_tensor(be, &mut rng, &[n, k], dtype, 1.0)?,
-        Some(f) => {
-            let v: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-            let wdt = DType::Q(f);
-            let mut b = vec![0u8; wdt.bytes(&[n, k]).unwrap_or(0)];
-            if by_block {
-                crate::quant::quantize_rows_by_block(f, &v, k, &mut b);
-            } else {
-                crate::quant::quantize_rows(f, &v, k, &mut b);
-            }
-            let mut w = be.alloc(wdt, &[n, k])?;
-            be.write_bytes(&w, &b)?;
-            // Marked as the model loader marks it.
-            if crate::quant::rows_share_one_scale(f, k, &b) {
-                w = w.with_row_scale();
-            }
-            // What a model reserves for its largest weight (the dense copy, or the FP8
-            // GEMM's quantized x and scales).
-            be.reserve_dequant_scratch((n * k * dtype.size()).max(2 * m * k))?;
-            w
-        }
+        Some(f) => quantized_weight(be, &mut rng, m, n, k, dtype, f, by_block)?,
     };
     let out = be.alloc(dtype, &[m, n])?;
     let s = time_per_call(be, iters, 5, || be.matmul(&x, &w, None, &out))?;
@@ -135,6 +116,81 @@ pub fn gemm(
         seconds: s,
         detail: format!("{:.3} ms", s * 1e3),
     })
+}
+
+/// A random `[n, k]` weight quantized to `f` (`by_block`: FP8 per 128 values), marked one
+/// scale a row as the model loader marks it, and the scratch a model reserves for its
+/// largest weight (the dense copy, or the FP8 GEMM's quantized x and scales). Not given
+/// its repacked copy (`prepare_weight`).
+#[allow(clippy::too_many_arguments)]
+fn quantized_weight(
+    be: &dyn Backend,
+    rng: &mut StdRng,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype: DType,
+    f: crate::quant::QuantFormat,
+    by_block: bool,
+) -> Result<Tensor> {
+    let v: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let wdt = DType::Q(f);
+    let mut b = vec![0u8; wdt.bytes(&[n, k]).unwrap_or(0)];
+    if by_block {
+        crate::quant::quantize_rows_by_block(f, &v, k, &mut b);
+    } else {
+        crate::quant::quantize_rows(f, &v, k, &mut b);
+    }
+    let mut w = be.alloc(wdt, &[n, k])?;
+    be.write_bytes(&w, &b)?;
+    if crate::quant::rows_share_one_scale(f, k, &b) {
+        w = w.with_row_scale();
+    }
+    be.reserve_dequant_scratch((n * k * dtype.size()).max(2 * m * k))?;
+    Ok(w)
+}
+
+/// A quantized weight's GEMM `out = x·wᵀ` at `m×n×k` for each m of `ms`, both ways: with
+/// the repacked copy the model loader makes (`prepare_weight`; on CUDA the mixed-input
+/// `marlin` GEMM), then on the block layout alone (on CUDA under `ENCORE_QUANT_GEMM=auto`:
+/// `qmma` up to 128 rows, decode-then-cuBLASLt above; `=mma`: `qmma` at every row, and no
+/// copy is made, so both rows time it). TFLOP/s, two rows an m; one weight for all.
+pub fn quant_gemm(
+    be: &dyn Backend,
+    ms: &[usize],
+    n: usize,
+    k: usize,
+    dtype: DType,
+    f: crate::quant::QuantFormat,
+    iters: usize,
+) -> Result<Vec<BenchRow>> {
+    let mut rng = StdRng::seed_from_u64(1);
+    let most = ms.iter().copied().max().unwrap_or(1);
+    let x_all = random_tensor(be, &mut rng, &[most, k], dtype, 1.0)?;
+    let block = quantized_weight(be, &mut rng, most, n, k, dtype, f, false)?;
+    let repacked = be.prepare_weight(block.clone())?;
+    let out_all = be.alloc(dtype, &[most, n])?;
+    let mut rows = Vec::new();
+    for &m in ms {
+        let (x, out) = (x_all.prefix(m)?, out_all.prefix(m)?);
+        let flops = 2.0 * m as f64 * n as f64 * k as f64;
+        for (w, how) in [(&repacked, "repacked"), (&block, "block")] {
+            let s = time_per_call(be, iters, 5, || be.matmul(&x, w, None, &out))?;
+            let none = how == "repacked" && w.packed().is_none();
+            rows.push(BenchRow {
+                name: format!("gemm {m}x{n}x{k} {dtype} w={} {how}", DType::Q(f)),
+                value: flops / s / 1e12,
+                unit: "TFLOP/s",
+                seconds: s,
+                detail: format!(
+                    "{:.3} ms{}",
+                    s * 1e3,
+                    if none { " (no copy made)" } else { "" }
+                ),
+            });
+        }
+    }
+    Ok(rows)
 }
 
 /// Device-to-device copy of `bytes`: GB/s counting bytes read plus bytes written.

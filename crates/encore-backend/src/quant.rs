@@ -30,6 +30,7 @@
 
 use half::f16;
 
+pub mod marlin;
 pub mod mxfp4;
 
 /// A block-quantized weight format (see the module docs for the device layout).

@@ -21,6 +21,11 @@ pub struct Tensor {
     /// GEMM may take one scale a row. A hint: views keep it, a new tensor has none, and a
     /// kernel that ignores it stays exact.
     row_scale: bool,
+    /// A repacked copy of this quantized weight for the mixed-input tensor-core GEMM
+    /// ([`crate::quant::marlin`]'s layout of the whole `[n, k]` tensor), made once at load
+    /// by `Backend::prepare_weight`. Only a view of the whole tensor keeps it (a narrower
+    /// view runs the kernels of the block layout).
+    packed: Option<Storage>,
 }
 
 impl fmt::Debug for Tensor {
@@ -73,6 +78,7 @@ impl Tensor {
             shape: shape.to_vec(),
             dtype,
             row_scale: false,
+            packed: None,
         })
     }
 
@@ -86,6 +92,18 @@ impl Tensor {
     /// loader checked it); false when unknown.
     pub fn row_scale(&self) -> bool {
         self.row_scale
+    }
+
+    /// The same view with `packed`, the repacked copy of its bytes (see
+    /// [`Tensor::packed`]; the caller made it from this tensor's bytes).
+    pub fn with_packed(mut self, packed: Storage) -> Self {
+        self.packed = self.dtype.is_quantized().then_some(packed);
+        self
+    }
+    /// The repacked copy of this quantized weight ([`crate::quant::marlin`]'s layout), if
+    /// the backend made one at load.
+    pub fn packed(&self) -> Option<&Storage> {
+        self.packed.as_ref()
     }
 
     pub fn storage(&self) -> &Storage {
@@ -150,12 +168,14 @@ impl Tensor {
         let row_bytes = shape_bytes("Tensor::narrow", &self.shape[1..], self.dtype)?;
         let mut shape = self.shape.clone();
         shape[0] = len;
+        let whole = start == 0 && len == d0;
         Ok(Tensor {
             storage: self.storage.clone(),
             offset: self.offset + start * row_bytes,
             shape,
             dtype: self.dtype,
             row_scale: self.row_scale,
+            packed: self.packed.clone().filter(|_| whole),
         })
     }
 
@@ -179,6 +199,10 @@ impl Tensor {
             shape: shape.to_vec(),
             dtype: self.dtype,
             row_scale: self.row_scale,
+            packed: self
+                .packed
+                .clone()
+                .filter(|_| shape == self.shape.as_slice()),
         })
     }
 

@@ -144,6 +144,9 @@ enum KernelGroup {
     PrefillAttention,
     Launch,
     Moe,
+    /// Quantized weights' GEMMs: the repacked mixed-input GEMM against the block layout's
+    /// path and the bf16 GEMM, at the 8B's projections.
+    QuantGemm,
 }
 
 fn main() -> ExitCode {
@@ -389,7 +392,19 @@ struct KernelSuite {
     launches: usize,
     /// Experts in host memory: read in place, or through the expert cache.
     moe: &'static [(MoeShape, DType, usize)],
+    /// Quantized GEMMs: rows of x, weights `(n, k)`, formats, x's dtype, iterations; each
+    /// timed repacked, on the block layout, and with the weight in x's dtype.
+    quant_gemms: QuantGemmSuite,
 }
+
+/// See [`KernelSuite::quant_gemms`].
+type QuantGemmSuite = (
+    &'static [usize],
+    &'static [(usize, usize)],
+    &'static [QuantFormat],
+    DType,
+    usize,
+);
 
 /// A GEMM of `bench kernels`: m, n, k, x's dtype, the weight's format (`None`: x's dtype),
 /// iterations.
@@ -468,6 +483,7 @@ const QUICK: KernelSuite = KernelSuite {
         DType::F32,
         5,
     )],
+    quant_gemms: (&[16], &[(256, 256)], &[QuantFormat::Q4_0], DType::F32, 3),
 };
 
 /// The full suite: Llama-3-8B's shapes.
@@ -560,6 +576,14 @@ const FULL: KernelSuite = KernelSuite {
         (qwen3_30b_experts(Some(QuantFormat::Q4K)), DType::BF16, 20),
         (qwen3_30b_experts(None), DType::BF16, 20),
     ],
+    // The 8B's projections (q/k/v, o, gate/up, down) at batch 16-512.
+    quant_gemms: (
+        &[16, 64, 128, 256, 512],
+        &[(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
+        &[QuantFormat::Q4K, QuantFormat::Q8_0, QuantFormat::Q4_0],
+        DType::BF16,
+        50,
+    ),
 };
 
 fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
@@ -627,6 +651,19 @@ fn bench_kernels(args: BenchKernelsArgs) -> Result<ExitCode> {
         for &(shape, dtype, iters) in suite.moe {
             for r in bench::moe_streaming(be, shape, dtype, iters)? {
                 push(r)?;
+            }
+        }
+    }
+    if on(KernelGroup::QuantGemm) {
+        let (ms, shapes, formats, dtype, iters) = suite.quant_gemms;
+        for &(n, k) in shapes {
+            for &m in ms {
+                push(bench::gemm(be, m, n, k, dtype, None, false, iters)?)?;
+            }
+            for &f in formats {
+                for r in bench::quant_gemm(be, ms, n, k, dtype, f, iters)? {
+                    push(r)?;
+                }
             }
         }
     }

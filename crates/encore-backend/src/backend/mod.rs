@@ -265,6 +265,15 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Give a weight just loaded onto the device (`w`, a whole `[n, k]` matrix of its own,
+    /// not an offload slot) whatever else the backend's matmul reads for it: on CUDA, a
+    /// quantized weight the mixed-input tensor-core GEMM takes gets its repacked copy
+    /// ([`crate::quant::marlin`], [`Tensor::with_packed`]). Not during a capture. The
+    /// default keeps `w` as it is.
+    fn prepare_weight(&self, w: Tensor) -> Result<Tensor> {
+        Ok(w)
+    }
+
     /// `x *= s` in place, each element rounded to T (Gemma's embedding scale). x T `[..]`
     /// (bf16, f16 or f32).
     fn scale(&self, x: &Tensor, s: f32) -> Result<()> {

@@ -127,3 +127,54 @@ pub(super) fn push_attention(
     }
     push(name, desc, dtype, Op::Attention(inputs));
 }
+
+/// Matmuls for the mixed-input GEMM on repacked weights (CUDA's `marlin`, the formats
+/// `quant::marlin` takes): every row count from the gemv's (1, 3: the GEMM runs them under
+/// `ENCORE_QUANT_GEMM=marlin`) through one, two, four and eight 16-row blocks a CTA and
+/// several m blocks (100, 256, 512), n not a multiple of the 128-row tile, k not a multiple
+/// of the 64-value tile where the format allows (32-value blocks), long enough for a k
+/// split; with and without a bias, out in x's type or f32. bf16 and f16 x only (the
+/// kernel's); the CPU runs them as any quantized matmul.
+pub(super) fn marlin_matmul_cases(
+    rng: &mut rand::rngs::StdRng,
+    dtype: DType,
+    push: &mut impl FnMut(String, String, DType, Op),
+) {
+    use crate::quant::QuantFormat;
+    if dtype == DType::F32 {
+        return;
+    }
+    let formats = [
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q4K,
+        QuantFormat::Q8_0,
+    ];
+    for (i, m) in [1usize, 3, 16, 17, 64, 100, 256, 512]
+        .into_iter()
+        .enumerate()
+    {
+        for (f, fmt) in formats.into_iter().enumerate() {
+            // k: 33 blocks of 32 (padded to 1088) or 3 Q4_K blocks (768); n: 136 or 40.
+            let k = if fmt.block_elems() == 32 {
+                33 * 32
+            } else {
+                3 * 256
+            };
+            let n = if (i + f) % 2 == 0 { 136 } else { 40 };
+            // A bias only with out in x's type (matmul's contract).
+            let (bias, out_f32) = ((i + f) % 3 == 0, (i + f) % 4 == 1 && (i + f) % 3 != 0);
+            let inputs = super::inputs::MatmulInputs::quantized(rng, m, k, n, bias, fmt);
+            push(
+                format!(
+                    "matmul marlin({fmt}, {}, out {})",
+                    if bias { "bias" } else { "no bias" },
+                    if out_f32 { DType::F32 } else { dtype }
+                ),
+                format!("m={m} k={k} n={n}"),
+                dtype,
+                Op::Matmul { inputs, out_f32 },
+            );
+        }
+    }
+}

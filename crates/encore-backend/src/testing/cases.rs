@@ -5,7 +5,9 @@
 use crate::quant::QuantFormat;
 use crate::tensor::DType;
 
-use super::case_builders::{attention_shape, fp8_cache_cases, push_attention, push_qkv_rope};
+use super::case_builders::{
+    attention_shape, fp8_cache_cases, marlin_matmul_cases, push_attention, push_qkv_rope,
+};
 use super::compare::OpClass;
 use super::inputs::*;
 
@@ -130,6 +132,8 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
     let mut extra = self::rng(seed ^ 0x5eed_a77e);
     // The soft-capping cases' own inputs (the others keep theirs).
     let mut extra_scale = self::rng(seed ^ 0x50f7_ca95);
+    // The mixed-input GEMM's matmuls' own inputs.
+    let mut marlin = self::rng(seed ^ 0x3a21_1e48);
     // The column gathers' own inputs (the others keep theirs).
     let mut extra_gather = self::rng(seed ^ 0x9a7e_0c01);
     let mut out = Vec::new();
@@ -427,6 +431,7 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
             );
         }
         quantized_matmul_cases(&mut extra, dtype, &mut push);
+        marlin_matmul_cases(&mut marlin, dtype, &mut push);
         for case in [
             (7, 4, 2, 64, 64, 6, 16, false),
             (5, 3, 1, 96, 64, 3, 8, true),

@@ -15,18 +15,20 @@ use super::inputs::*;
 use super::kv8;
 
 /// Upload the weight of matmul inputs: quantized when they say so (marked one scale a row
-/// when its rows are, as the model loader does), else in `dt`.
+/// when its rows are, and given what `prepare_weight` adds, as the model loader does), else
+/// in `dt`.
 fn upload_w(b: &dyn Backend, i: &MatmulInputs, dt: DType) -> Result<crate::tensor::Tensor> {
     match i.w_format {
         Some(fmt) => {
             let w = b.alloc(DType::Q(fmt), &[i.n, i.k])?;
             let bytes = i.w_bytes(fmt);
             b.write_bytes(&w, &bytes)?;
-            Ok(if crate::quant::rows_share_one_scale(fmt, i.k, &bytes) {
+            let w = if crate::quant::rows_share_one_scale(fmt, i.k, &bytes) {
                 w.with_row_scale()
             } else {
                 w
-            })
+            };
+            b.prepare_weight(w)
         }
         None => b.upload_f32_as(&i.w, &[i.n, i.k], dt),
     }

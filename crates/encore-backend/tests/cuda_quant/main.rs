@@ -18,6 +18,7 @@ use encore_backend::quant::{self, QuantFormat};
 use encore_backend::testing::compare::{tolerance, OpClass};
 use encore_backend::{Backend, DType, ExpertSlots, Tensor};
 
+mod marlin;
 mod moe;
 mod moe_bias;
 
@@ -33,7 +34,8 @@ fn serial() -> MutexGuard<'static, ()> {
 /// not depend on the tests that ran before); one more, `Auto` with the quantized gemv up to
 /// 8 rows (`gemv8`), for the gemv's variants past its default rows.
 fn backend_with(mode: QuantGemm, gemv8: bool) -> Arc<CudaBackend> {
-    static BE: [OnceLock<Arc<CudaBackend>>; 4] = [
+    static BE: [OnceLock<Arc<CudaBackend>>; 5] = [
+        OnceLock::new(),
         OnceLock::new(),
         OnceLock::new(),
         OnceLock::new(),
@@ -44,6 +46,7 @@ fn backend_with(mode: QuantGemm, gemv8: bool) -> Arc<CudaBackend> {
         (QuantGemm::Mma, _) => 1,
         (QuantGemm::Dequant, _) => 2,
         (QuantGemm::Auto, true) => 3,
+        (QuantGemm::Marlin, _) => 4,
     };
     BE[i]
         .get_or_init(|| {

@@ -35,13 +35,6 @@ impl ModelConfig {
                 what,
             })
         };
-        if let Some(what) = self.unstreamed() {
-            return refuse(format!(
-                "tensor parallelism of {}'s {what} is not supported yet (run it on one \
-                 device)",
-                self.arch.model_type()
-            ));
-        }
         if self.qk_norm_whole() {
             return refuse(format!(
                 "{} norms q and k across all heads, which tensor parallelism splits \

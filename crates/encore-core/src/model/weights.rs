@@ -322,14 +322,25 @@ fn load_placed(
 
     cfg.check_formats()?;
     cfg.check_runs(backend.runs_moe())?;
-    // GPTQ act order's permutations are made at load, not streamed.
-    let act_order = cfg.weights.int_packing.is_some_and(|p| p.act_order);
-    let act_order = act_order.then_some("GPTQ activation order (desc_act with groups)");
-    if let (Some(_), Some(what)) = (prepared, cfg.unstreamed().or(act_order)) {
+    // GPTQ act order's permutations are made at load, never streamed.
+    if prepared.is_some() && cfg.weights.int_packing.is_some_and(|p| p.act_order) {
         return Err(Error::Config {
             path: cfg.arch.model_type().to_string(),
-            what: format!("weight offload (--weight-budget) of {what} is not supported yet"),
+            what: "weight offload (--weight-budget) of GPTQ activation order (desc_act with \
+                   groups) is not supported yet"
+                .into(),
         });
+    }
+    if let (Some(p), Some(what)) = (prepared, cfg.unstreamed()) {
+        if p.policy == crate::offload::Policy::Lru {
+            return Err(Error::Config {
+                path: cfg.arch.model_type().to_string(),
+                what: format!(
+                    "weight offload (--weight-budget) of {what} under --offload-policy lru \
+                     is not supported yet (use `experts` or `planned`)"
+                ),
+            });
+        }
     }
     let total = decl.bytes(dtype);
     let mut host = match prepared {
@@ -394,7 +405,14 @@ fn load_placed(
         if offset {
             offset_norm(backend, &t, if plus_one { 1.0 } else { 0.0 }, query)?;
         }
-        Ok(if row_scale { t.with_row_scale() } else { t })
+        let t = if row_scale { t.with_row_scale() } else { t };
+        // What else the backend's matmul reads for a resident weight (CUDA: the repacked
+        // copy of a 4-/8-bit integer weight for its mixed-input GEMM); not under an
+        // offload plan, whose budget counts each weight's bytes once.
+        if prepared.is_none() && matches!(place, Place::Device) {
+            return backend.prepare_weight(t);
+        }
+        Ok(t)
     })?;
     backend.synchronize()?;
     drop(bar);
@@ -570,6 +588,10 @@ impl Source {
         if pad > 0 {
             let zeros = dst.narrow(dst.dim(0) - pad, pad)?;
             backend.write_bytes(&zeros, &vec![0u8; zeros.size_bytes()])?;
+        }
+        // A row-parallel bias past rank 0 (`Shard::FirstRank`): zeros alone.
+        if real.dim(0) == 0 {
+            return Ok(false);
         }
         let dst = &real;
         self.with_bytes(cfg, spec, dst.dtype(), staging, |bytes| {

@@ -1,11 +1,12 @@
 //! Set-up shared by encore-core's test files; not every file uses every helper. Here:
 //! the tiny runner of the runner-level tests (`graph.rs`, `graph_memory.rs`,
 //! `piecewise.rs`, `engine.rs`, ...); in [`checkpoint`], seeded values and safetensors
-//! checkpoints, and in [`packed`] those packed in integers; in [`temp_dir`], a directory removed on drop; in [`hooked`], a CPU backend
+//! checkpoints, and in [`packed`] those packed in integers; in [`gpt_oss`], small gpt-oss configs; in [`temp_dir`], a directory removed on drop; in [`hooked`], a CPU backend
 //! whose ops a test can break.
 #![allow(dead_code)]
 
 pub mod checkpoint;
+pub mod gpt_oss;
 pub mod hooked;
 pub mod packed;
 pub mod temp_dir;

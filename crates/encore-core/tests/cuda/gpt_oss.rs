@@ -1,6 +1,7 @@
 //! gpt-oss on CUDA: the kernel checks of `encore info` that name its variants (attention
 //! with sinks, decode / prefill / split-K / FP8 cache; the clamped SwiGLU), and the
-//! tiny-gpt-oss model on CUDA, eager and replayed from graphs, against the CPU backend.
+//! tiny-gpt-oss model on CUDA, eager and replayed from graphs, against the CPU backend;
+//! dummy:gpt-oss-120b in MXFP4 on one GPU, resident and under the expert cache.
 
 use encore_core::model::config::ModelConfig;
 
@@ -62,4 +63,59 @@ pub fn tiny_gpt_oss_mxfp4() -> ModelConfig {
     cfg.weights.experts = Some(encore_core::quant::QuantFormat::Mxfp4);
     cfg.check_formats().unwrap();
     cfg
+}
+
+/// `dummy:gpt-oss-120b` with MXFP4 experts (`--quantization mxfp4`) on one GPU: its ~65 GB
+/// of weights load (each expert quantized on the host as it is drawn) and decode in
+/// graphs (a GPU of 80 GB or more); then with a budget of 24 GiB the expert cache streams
+/// its experts and gives the same greedy tokens.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpt_oss_120b_in_mxfp4_fits_one_gpu_and_streams_its_experts_with_the_same_tokens() {
+    use encore_core::engine::{Engine, EngineConfig, KvSizing};
+    use encore_core::graph::BucketPolicy;
+    use encore_core::model::formats::Quantization;
+    use encore_core::model::open_model;
+    use encore_core::offload::{OffloadConfig, Policy, WeightBudget};
+    use encore_core::progress::NoProgress;
+    use encore_core::quant::QuantFormat;
+    use encore_core::runner::GraphConfig;
+    let _serial = serial();
+    let be = cuda();
+    let mut files = open_model("dummy:gpt-oss-120b").unwrap();
+    files
+        .quantize(Quantization::To(QuantFormat::Mxfp4))
+        .unwrap();
+    let prompts: Vec<Vec<u32>> = vec![
+        (0..150).map(|i| (i * 7 + 3) % 250).collect(),
+        (0..9).map(|i| (i * 13 + 1) % 250).collect(),
+    ];
+    let run = |offload: Option<OffloadConfig>| {
+        let cfg = EngineConfig {
+            graphs: Some(GraphConfig {
+                decode: BucketPolicy::PowersOfTwo { max: 4 },
+                mixed: BucketPolicy::SglangLike { max: 256 },
+                verify: 0,
+            }),
+            offload,
+            ..EngineConfig::new(DType::BF16, 16, 256, 4, 512, KvSizing::Blocks(256))
+        };
+        let Engine { mut runner, report } =
+            Engine::new(be.as_ref(), files.clone(), &cfg, &NoProgress).unwrap();
+        let tokens = common::generate_greedy(&mut runner, &prompts, &[], 16, true);
+        (tokens, report)
+    };
+    let (want, report) = run(None);
+    let weights = report.need.weights as f64;
+    assert!((64e9..66e9).contains(&weights), "{weights}");
+    let budget = OffloadConfig {
+        budget: WeightBudget::Bytes(24 << 30),
+        policy: Policy::Experts,
+        expert_prefetch: false,
+    };
+    let (got, report) = run(Some(budget));
+    let r = report.offload.expect("a budget below the weights");
+    assert_eq!(r.policy, Some(Policy::Experts));
+    assert!(r.expert_slots < 36 * 128, "{r:?}");
+    assert_eq!(got, want);
 }

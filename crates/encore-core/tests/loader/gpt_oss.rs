@@ -161,14 +161,77 @@ fn gpt_oss_refuses_what_does_not_run() {
         m.remove("rope_scaling");
     });
     assert!(e.contains("gpt_oss without `rope_parameters`"), "{e}");
-    // Tensor parallelism and weight offload of its sinks and biases.
+    // Tensor parallelism splits it (tests/tensor_parallel/gpt_oss.rs); the LRU offload
+    // policy refuses its sinks (tests/offload_exec/gpt_oss.rs).
     let c = parse_value(&gpt_oss_20b()).unwrap();
-    let e = c.shard(0, 2).unwrap_err().to_string();
-    assert!(
-        e.contains("tensor parallelism of gpt_oss's attention sinks is not supported"),
-        "{e}"
-    );
+    assert_eq!(c.shard(1, 8).unwrap().num_heads, 8);
     assert_eq!(c.unstreamed(), Some("attention sinks"));
+}
+
+/// `dummy:gpt-oss-120b` is openai/gpt-oss-120b's `config.json` (gpt-oss-20b's with 36
+/// layers and 128 experts), and with its experts in MXFP4 (`--quantization mxfp4`) its
+/// weights are ~65 GB: one H200 holds them. The dummy load quantizes one HF tensor at a
+/// time (an expert's matrix, never a layer's stack in bf16), so the largest part it draws
+/// is the embedding.
+#[test]
+fn gpt_oss_120b_dummy_has_its_shapes_and_fits_one_h200_in_mxfp4() {
+    use encore_core::model::formats::Quantization;
+    use encore_core::model::open_model;
+    use encore_core::quant::QuantFormat;
+    let mut v = gpt_oss_20b();
+    let m = v.as_object_mut().unwrap();
+    let types: Vec<&str> = (0..36)
+        .map(|l| ["sliding_attention", "full_attention"][l % 2])
+        .collect();
+    m.insert("num_hidden_layers".into(), 36.into());
+    m.insert("num_local_experts".into(), 128.into());
+    m.insert("layer_types".into(), serde_json::json!(types));
+    let hf = parse_value(&v).unwrap();
+    let mut files = open_model("dummy:gpt-oss-120b").unwrap();
+    let d = &files.config;
+    let shapes = |c: &ModelConfig| {
+        (
+            (
+                c.arch,
+                c.vocab_size,
+                c.hidden_size,
+                c.intermediate_size,
+                c.num_layers,
+            ),
+            (
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim,
+                c.qkv_bias,
+                c.o_bias,
+            ),
+            (c.rope, c.tie_word_embeddings, c.rms_norm_eps, c.moe.clone()),
+            (0..36).map(|l| c.layer_window(l)).collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(shapes(d), shapes(&hf));
+    assert_eq!(
+        (d.num_layers, d.moe.as_ref().unwrap().num_experts),
+        (36, 128)
+    );
+    assert_eq!((d.layer_window(34), d.layer_window(35)), (Some(128), None));
+    files
+        .quantize(Quantization::To(QuantFormat::Mxfp4))
+        .unwrap();
+    let c = &files.config;
+    assert_eq!(c.weights.experts, Some(QuantFormat::Mxfp4));
+    assert_eq!(c.weights.projections, None);
+    let bytes = c.weight_bytes(DType::BF16) as f64;
+    assert!((64e9..66e9).contains(&bytes), "{bytes}");
+    // Experts: 36 layers x 128 x 3 matrices of 2,880 rows of 2,880 values in MXFP4 (17
+    // bytes per 32 values, a device row padded to 16 bytes): 61.1 GB.
+    let row = QuantFormat::Mxfp4.row_bytes(2880).unwrap();
+    assert_eq!(row, (2880 / 32 * 17usize).next_multiple_of(16));
+    let experts = c.decl().expert_bytes(DType::BF16);
+    assert_eq!(experts, 36 * 128 * 3 * 2880 * row);
+    assert!(bytes < 139.0 * (1u64 << 30) as f64 * 0.6, "{bytes}");
+    let largest = c.decl().hf_tensors().map(|t| t.numel()).max().unwrap();
+    assert_eq!(largest, 201_088 * 2880);
 }
 
 /// The fused expert tensors of a small gpt-oss checkpoint load as the per-expert stacks:

@@ -9,7 +9,7 @@ use super::failures::huge;
 use super::*;
 
 /// One test at a time on one backend (a capture must not see another test's work).
-fn cuda() -> (MutexGuard<'static, ()>, &'static CudaBackend) {
+pub(super) fn cuda() -> (MutexGuard<'static, ()>, &'static CudaBackend) {
     static LOCK: Mutex<()> = Mutex::new(());
     static BE: OnceLock<CudaBackend> = OnceLock::new();
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -17,7 +17,7 @@ fn cuda() -> (MutexGuard<'static, ()>, &'static CudaBackend) {
     (guard, be)
 }
 
-fn bf16_config(graphs: bool, offload: Option<OffloadConfig>) -> EngineConfig {
+pub(super) fn bf16_config(graphs: bool, offload: Option<OffloadConfig>) -> EngineConfig {
     EngineConfig {
         dtype: DType::BF16,
         ..config(graphs, offload)

@@ -50,6 +50,7 @@ mod checkpoints;
 mod copy_queue;
 mod cuda;
 mod failures;
+mod gpt_oss;
 mod replay;
 
 const MODEL: &str = "dummy:tiny-qwen3";

@@ -31,6 +31,7 @@ mod common;
 mod collectives;
 mod cuda;
 mod faults;
+mod gpt_oss;
 
 use common::hooked::{FailArmed, Hooked};
 

@@ -325,6 +325,11 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn prepare_weight(&self, w: Tensor) -> Result<Tensor> {
+        self.check_device("prepare_weight", &[("w", &w)])?;
+        kernels::marlin::prepare(self, w)
+    }
+
     fn reserve_dequant_scratch(&self, bytes: usize) -> Result<()> {
         self.bind()?;
         kernels::quant::reserve_scratch(self, bytes)

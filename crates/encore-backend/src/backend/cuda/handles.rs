@@ -178,6 +178,9 @@ pub(super) struct Kernels<K = Kernel> {
     pub qmma: [[[[K; 3]; 2]; 2]; NF],
     /// Its split-K sum: x in bf16 / f16, out in x's type / f32.
     pub qmma_reduce: [[K; 2]; 2],
+    /// The mixed-input GEMM on repacked weights: 4- / 8-bit codes, x in bf16 / f16, then
+    /// [`MARLIN_MBS`] (16-row blocks a CTA).
+    pub marlin: [[[K; 4]; 2]; 2],
     /// The FP8 GEMM's operands: x to E4M3 with per-128 scales (bf16 / f16 x), and the
     /// weight's scales transposed; row-wise, x with one scale a row and the weight's one
     /// scale a row.
@@ -315,6 +318,16 @@ impl<K> Kernels<K> {
             [reduce(0, 0)?, reduce(0, 1)?],
             [reduce(1, 0)?, reduce(1, 1)?],
         ];
+        let mut marlin = |b: usize, x: usize| -> Result<[K; 4]> {
+            let xs = DTYPES[x].kernel_suffix();
+            let bits = [4, 8][b];
+            let mut v = |i: usize| t(&format!("marlin_q{bits}_{xs}_mb{}", MARLIN_MBS[i]));
+            Ok([v(0)?, v(1)?, v(2)?, v(3)?])
+        };
+        let marlin = [
+            [marlin(0, 0)?, marlin(0, 1)?],
+            [marlin(1, 0)?, marlin(1, 1)?],
+        ];
         let fp8_quant_rows = [t("fp8_quant_rows_bf16")?, t("fp8_quant_rows_f16")?];
         Ok(Kernels {
             embedding,
@@ -352,6 +365,7 @@ impl<K> Kernels<K> {
             moe_combine: PerDType::resolve(t, "moe_combine")?,
             qmma,
             qmma_reduce,
+            marlin,
             fp8_quant_rows,
             fp8_weight_scales: t("fp8_weight_scales")?,
             fp8_quant_tokens: [t("fp8_quant_tokens_bf16")?, t("fp8_quant_tokens_f16")?],
@@ -415,6 +429,19 @@ impl<K> Kernels<K> {
         let (xi, oi) = qmma_types(x, out, OP)?;
         let bi = variant(&QMMA_TILES, rows, OP)?;
         Ok(&self.qmma[format_index(fmt)][xi][oi][bi])
+    }
+
+    /// `marlin_q<bits>_<x>_mb<mb>` for 4- or 8-bit codes, x in bf16 / f16, `mb` in
+    /// [`MARLIN_MBS`].
+    pub(super) fn marlin(&self, bits: usize, x: DType, mb: usize) -> Result<&K> {
+        const OP: &str = "matmul (quantized, marlin)";
+        let (xi, _) = qmma_types(x, x, OP)?;
+        let bi = match bits {
+            4 => 0,
+            8 => 1,
+            b => return Err(Error::invalid(OP, format!("no {b}-bit kernel"))),
+        };
+        Ok(&self.marlin[bi][xi][variant(&MARLIN_MBS, mb, OP)?])
     }
 
     /// `qmma_reduce_<x>_<out>`.
@@ -522,6 +549,9 @@ const SPLIT_NAMES: [&str; 4] = [
 
 /// Rows per tile of the grouped MoE GEMM variants (`gmoe_*_bm32`, `_bm64`).
 pub(super) const GMOE_TILES: [usize; 2] = [32, 64];
+
+/// 16-row blocks of x per CTA of the `marlin` variants (`_mb1` .. `_mb8`).
+pub(super) const MARLIN_MBS: [usize; 4] = super::kernels::marlin::MBS;
 
 /// Rows of x per CTA of the `qmma` variants (`_bm32`, `_bm64`, `_bm128`).
 pub(super) const QMMA_TILES: [usize; 3] = [32, 64, 128];

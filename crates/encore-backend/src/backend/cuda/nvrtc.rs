@@ -333,6 +333,14 @@ mod tests {
                 SOURCES.iter().find(|s| s.file == "gemv.cu").unwrap().src,
             ),
             ("qgemv_impl<", COMMON),
+            (
+                "marlin_impl<",
+                SOURCES
+                    .iter()
+                    .find(|s| s.file == "quant_marlin.cu")
+                    .unwrap()
+                    .src,
+            ),
         ];
         for (call, text) in waiting_bodies {
             let name = call.trim_end_matches('<');

@@ -32,6 +32,7 @@ const DUMMY_NAMES: &[&str] = &[
     "tiny-stablelm",
     "tiny-gpt-oss",
     "gpt-oss-20b",
+    "gpt-oss-120b",
     "gemma-3-4b",
     "phi-4-mini",
 ];
@@ -462,6 +463,20 @@ impl ModelConfig {
                 }),
                 ..tiny.clone()
             },
+            // gpt-oss-120b's shapes (openai/gpt-oss-120b's config): gpt-oss-20b's layer
+            // over 36 layers with 128 experts, top 4; windows of 128 on the even layers.
+            // MXFP4 experts (`--quantization mxfp4`, as published) make it ~61 GB (bf16
+            // dense weights): it fits one 141 GB GPU.
+            "gpt-oss-120b" => {
+                let mut c = ModelConfig::dummy("gpt-oss-20b")?;
+                c.num_layers = 36;
+                c.full_attention_layers = (1..36).step_by(2).collect();
+                if let Some(m) = c.moe.as_mut() {
+                    m.num_experts = 128;
+                    m.sparse = vec![true; 36];
+                }
+                c
+            }
             // Gemma 3 4B's language model (google/gemma-3-4b-it's text config): head dim
             // 256, windows of 1,024 on five layers in six with the local base, the global
             // rotary scaled linearly by 8, a 262k vocabulary tied to the LM head.

@@ -383,9 +383,12 @@ impl ModelConfig {
             num_kv_heads: kv_heads,
             intermediate_size: intermediate,
             tie_word_embeddings: false,
+            // A Llama layer: none of a gpt-oss target's o_proj bias or windows.
             qkv_bias: false,
+            o_bias: false,
             qk_norm: false,
             sliding_window: None,
+            full_attention_layers: Vec::new(),
             weights: WeightFormats::default(),
             moe: None,
             tp: None,
@@ -430,20 +433,12 @@ impl ModelConfig {
         }
     }
 
-    /// What of this model neither weight offload nor tensor parallelism runs yet
-    /// (gpt-oss's attention sinks, o_proj bias and experts' biases), named for their
-    /// refusals; `None` when nothing.
+    /// What of this model the LRU offload policy does not stream yet, named for its
+    /// refusal: gpt-oss's attention sinks, which attention reads after q/k/v's op, where
+    /// that policy's placements are not kept (the planned policy's slots and the expert
+    /// cache's resident weights are); `None` when nothing.
     pub fn unstreamed(&self) -> Option<&'static str> {
-        let fam = self.arch.family();
-        if fam.sinks {
-            Some("attention sinks")
-        } else if self.o_bias {
-            Some("an o_proj bias")
-        } else if fam.experts.is_some_and(|e| e.biases) {
-            Some("experts with biases")
-        } else {
-            None
-        }
+        self.arch.family().sinks.then_some("attention sinks")
     }
 
     /// `(rank, size)` of this config's tensor-parallel group; `(0, 1)` for the model.

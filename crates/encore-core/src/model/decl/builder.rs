@@ -89,7 +89,9 @@ impl<'a> Builder<'a> {
             |kind| -> Vec<(String, usize)> { (0..e).map(|x| (expert(x, down, kind), h)).collect() };
         self.tensor_from(Role::ExpertsDown, layer, &downs("weight"), Some(i), row);
         if biases {
-            self.tensor_from(Role::ExpertsDownBias, layer, &downs("bias"), None, rep);
+            // Added to each expert's partial down sum: once over the ranks.
+            let once = Shard::FirstRank;
+            self.tensor_from(Role::ExpertsDownBias, layer, &downs("bias"), None, once);
         }
         if let Some(s) = shared {
             let parts =

@@ -171,6 +171,10 @@ pub enum Shard {
     /// of the vocabulary, `v = ceil(vocab / size)`, the rows past the vocabulary zeros
     /// (vLLM's padding: any vocabulary shards).
     Vocab,
+    /// A row-parallel projection's bias (gpt-oss's o_proj and experts' down biases): rank
+    /// 0 holds it, every other rank zeros of its shape, so the partial sums' all-reduce
+    /// adds it once (each rank's forward is the same: a bias add).
+    FirstRank,
 }
 
 impl Shard {
@@ -194,6 +198,16 @@ impl Shard {
                 let (c, n) = share(rank, size, cols, unit);
                 (0, rows, c, n)
             }
+            Shard::FirstRank if rank > 0 => {
+                return Slice {
+                    row: 0,
+                    rows: 0,
+                    col: 0,
+                    cols,
+                    pad: rows,
+                };
+            }
+            Shard::FirstRank => (0, rows, 0, cols),
             Shard::Column { unit } => {
                 let units = rows / unit.max(1);
                 if units >= size {
@@ -418,8 +432,14 @@ impl Decl {
                 d.tensor(Role::QkvBias, layer, &[q, kv, kv], None, head_col);
             }
             if cfg.arch.family().sinks {
-                // Read by attention, announced with q/k/v (tensor parallelism refuses it).
-                d.tensor(Role::Sinks, layer, &[heads], None, Rep);
+                // Read by attention, announced with q/k/v; a rank holds its heads' sinks.
+                d.tensor(
+                    Role::Sinks,
+                    layer,
+                    &[heads],
+                    None,
+                    Shard::Column { unit: 1 },
+                );
             }
             // GPTQ act order: each projection's input permutation, read last by its op.
             let act_order = cfg.weights.int_packing.is_some_and(|p| p.act_order);
@@ -437,7 +457,7 @@ impl Decl {
             d.op(at(LayerOp::OProj));
             d.tensor(Role::OProj, layer, &[h], Some(q), head_row);
             if cfg.o_bias {
-                d.tensor(Role::OProjBias, layer, &[h], None, Rep);
+                d.tensor(Role::OProjBias, layer, &[h], None, Shard::FirstRank);
             }
             // Post norms (Gemma): the attention's output normed, read with o_proj; the MLP's
             // input norm is then HF's `pre_feedforward_layernorm`.

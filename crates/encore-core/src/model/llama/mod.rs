@@ -403,7 +403,8 @@ impl Model {
         // Without weight offload (no announcement between the two ops), a row-parallel
         // projection and the norm after it go to the backend as one op, which may sum
         // over the ranks inside the matmul.
-        let fused = size > 1 && !self.group_offloads && !reduce_early;
+        // (An o_proj bias, which the fused op lacks, keeps o_proj a matmul with its bias.)
+        let fused = size > 1 && !self.group_offloads && !reduce_early && !c.o_bias;
         // The down projection too, where every rank's share of the MLP is the same.
         let fused_down = fused && c.mlp_shares_even();
         let project_add_norm = |x: &Tensor, w: &Tensor, norm: Norm<'_>| {
@@ -430,18 +431,27 @@ impl Model {
             // projection the next norm adds to the residual).
             let (l, at) = (&layers[k - 1], |op| OpId::Layer(k - 1, op));
             // o_proj, then (post norms) the norm of its output, read in that order.
-            let (o_proj, out_norm) = with_second(
-                self.enter(at(LayerOp::OProj))?,
-                l.o_proj(),
-                l.attn_out_norm(),
-            );
+            // The op reads o_proj, then its bias, then its output's norm (each when the
+            // model has it).
+            let (o_proj, o_bias, out_norm) = match self.enter(at(LayerOp::OProj))? {
+                None => (
+                    l.o_proj().clone(),
+                    l.get(Role::OProjBias).cloned(),
+                    l.attn_out_norm().cloned(),
+                ),
+                Some(v) => {
+                    let mut it = v.into_iter();
+                    let o_proj = it.next().expect("o_proj is read first");
+                    let o_bias = l.get(Role::OProjBias).and_then(|_| it.next());
+                    (o_proj, o_bias, l.attn_out_norm().and_then(|_| it.next()))
+                }
+            };
             let post_bias = l.get(Role::MlpNormBias);
             let dense = !matches!((l.router(), &c.moe), (Some(_), Some(_)));
             // The residual add and norm before a dense MLP go into the MLP op (which may
             // fuse them into its gate/up projection) on one rank without offload.
             let mut mlp_norm = None;
-            // gpt-oss's o_proj bias (tensor parallelism, which fuses it, refuses it).
-            let o_bias = l.get(Role::OProjBias);
+            // (gpt-oss's o_proj bias: over ranks, rank 0's; the others hold zeros.)
             // GPTQ act order: the input's columns in the weight's order.
             let o_x = self.in_order(be, buf, &buf.attn, l.get(Role::OProjPerm))?;
             // ... and the MLP's, which then runs op by op (its fused ops take no order).
@@ -449,7 +459,7 @@ impl Model {
             match (l.post_norm(), fused) {
                 (Some(w), true) => project_add_norm(&o_x, &o_proj, Norm::new(w, post_bias))?,
                 _ => {
-                    be.matmul(&o_x, &o_proj, o_bias, &buf.hidden)?;
+                    be.matmul(&o_x, &o_proj, o_bias.as_ref(), &buf.hidden)?;
                     reduce()?;
                     let post_norm = maybe(at(LayerOp::PostNorm), l.post_norm(), post_bias)?;
                     match &out_norm {

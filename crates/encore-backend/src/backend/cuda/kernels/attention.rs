@@ -557,6 +557,9 @@ fn fa_smem_bytes(head_dim: usize, kv8: bool) -> usize {
 /// The dynamic shared memory kernel `name` is launched with, where that is over the
 /// default 48 KiB limit: the backend raises the function's limit to this at load time.
 pub(in crate::backend::cuda) fn dynamic_smem_limit(name: &str) -> Option<usize> {
+    if name.starts_with("marlin_") {
+        return super::marlin::smem_of(name);
+    }
     let tiled = name.starts_with("qmma_") && !name.starts_with("qmma_reduce");
     if tiled || name.starts_with("gmoe_") {
         let bm: usize = name.rsplit_once("_bm")?.1.parse().ok()?;

@@ -35,6 +35,7 @@ mod attention;
 pub(super) use attention::{attention, attention_scratch_len, dynamic_smem_limit};
 mod moe;
 pub(super) use moe::{moe, moe_workspace_bytes, MOE_PREFETCH_CTAS_PER_SM};
+pub(super) mod marlin;
 pub(super) mod quant;
 
 fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32)) -> LaunchConfig {

@@ -5,7 +5,9 @@
 //! one-row gate/up projection fuses SiLU·mul the same way. More rows of a bf16 or f16 x
 //! (prefill, large batches) run `qmma_*`, a tensor-core GEMM that decodes each weight tile
 //! into shared memory (mma.sync m16n8k16, f32 accumulation), splitting k over CTAs into the
-//! scratch when the tiles alone would leave SMs idle. The baseline beside it (f32 x, or
+//! scratch when the tiles alone would leave SMs idle. A weight with a repacked copy (Q4_0,
+//! Q4_1, Q4_K, Q8_0 made at load, [`super::marlin`]) runs the mixed-input GEMM instead, up
+//! to [`super::marlin::MARLIN_AUTO_MAX_ROWS`] rows. The baseline beside it (f32 x, or
 //! `ENCORE_QUANT_GEMM=dequant`) decodes the whole weight into the persistent scratch in x's
 //! dtype and runs the cuBLASLt GEMM on it. `reserve_dequant_scratch` sizes the scratch
 //! before any capture; a capture never grows it.
@@ -113,8 +115,14 @@ pub enum QuantGemm {
     /// in bf16/f16: the tensor-core kernel up to [`QMMA_AUTO_MAX_ROWS`] rows, where it is
     /// the faster, the decode-then-GEMM path above (and for f32 x).
     Auto,
-    /// The tensor-core kernel (weights decoded to x's type) wherever it runs, FP8 too.
+    /// The tensor-core kernel (weights decoded to x's type) wherever it runs, FP8 too; no
+    /// weight is repacked for the mixed-input GEMM (`qmma` in `ENCORE_QUANT_GEMM`, or `mma`).
     Mma,
+    /// The mixed-input GEMM on repacked weights (`kernels/quant_marlin.cu`,
+    /// [`super::marlin`]) at every row count, the gemv's too, wherever the weight has its
+    /// repacked copy; the other formats as `Auto`. (`Auto` takes it too, past the gemv's
+    /// rows up to [`super::marlin::MARLIN_AUTO_MAX_ROWS`].)
+    Marlin,
     /// Always the decode-then-GEMM path.
     Dequant,
 }
@@ -146,17 +154,24 @@ fn fp8_rowwise_min_rows() -> usize {
 }
 
 impl QuantGemm {
+    /// Whether FP8 weights take Hopper's FP8 GEMM (`Auto`, and `Marlin`, which changes only
+    /// the integer formats).
+    pub fn fp8_gemm(self) -> bool {
+        matches!(self, QuantGemm::Auto | QuantGemm::Marlin)
+    }
+
     /// `ENCORE_QUANT_GEMM` (`auto` when unset); another value is an error naming it.
     pub fn from_env() -> Result<Self> {
         match std::env::var("ENCORE_QUANT_GEMM") {
             Err(_) => Ok(QuantGemm::Auto),
             Ok(v) => match v.trim() {
                 "" | "auto" => Ok(QuantGemm::Auto),
-                "mma" => Ok(QuantGemm::Mma),
+                "mma" | "qmma" => Ok(QuantGemm::Mma),
+                "marlin" => Ok(QuantGemm::Marlin),
                 "dequant" => Ok(QuantGemm::Dequant),
                 other => Err(Error::invalid(
                     "ENCORE_QUANT_GEMM",
-                    format!("`{other}` is not one of auto, mma, dequant"),
+                    format!("`{other}` is not one of auto, marlin, mma (qmma), dequant"),
                 )),
             },
         }
@@ -337,7 +352,7 @@ pub(in crate::backend::cuda) fn norm_matmul(
     let Norm::Rms(weight) = n.norm else {
         return Ok(false);
     };
-    let fits = be.quant_gemm() == QuantGemm::Auto
+    let fits = be.quant_gemm().fp8_gemm()
         && d.k <= FNQ_HELD * 8 * 1024
         && [n.residual, weight]
             .iter()
@@ -371,7 +386,7 @@ pub(in crate::backend::cuda) fn act_mul_matmul(
     if d.m == 0 || d.n == 0 || !aligned16(w) || qgemv_fits(be, fmt, gate_up, w, d) {
         return Ok(false);
     }
-    if be.quant_gemm() != QuantGemm::Auto {
+    if !be.quant_gemm().fp8_gemm() {
         return Ok(false);
     }
     let scratch = lock(be);
@@ -533,18 +548,27 @@ pub(in crate::backend::cuda) fn matmul(
             "a quantized w must start 16-byte aligned",
         ));
     }
+    let mode = be.quant_gemm();
+    // The mixed-input GEMM on the repacked weight: at every row under `Marlin`, past the
+    // gemv's under `Auto`.
+    let marlin = super::marlin::fits(mode, x, w, out, d);
+    if marlin && mode == QuantGemm::Marlin {
+        return super::marlin::matmul(be, fmt, x, w, bias, out, d, &lock(be));
+    }
     if qgemv_fits(be, fmt, x, w, d) {
         return qgemv(be, fmt, x, w, bias, out, d);
     }
-    let mode = be.quant_gemm();
-    if mode == QuantGemm::Auto && fmt == QuantFormat::F8E4M3 {
+    if marlin {
+        return super::marlin::matmul(be, fmt, x, w, bias, out, d, &lock(be));
+    }
+    if mode.fp8_gemm() && fmt == QuantFormat::F8E4M3 {
         let scratch = lock(be);
         if fp8_fits(fmt, x, out, bias.is_some(), d, scratch.len()) {
             return fp8_gemm(be, &scratch, Fp8X::Dense(x), w, bias, out, d);
         }
     }
     let mma = match mode {
-        QuantGemm::Auto => d.m <= QMMA_AUTO_MAX_ROWS,
+        QuantGemm::Auto | QuantGemm::Marlin => d.m <= QMMA_AUTO_MAX_ROWS,
         QuantGemm::Mma => true,
         QuantGemm::Dequant => false,
     };
@@ -660,8 +684,13 @@ pub(in crate::backend::cuda) struct DequantScratch {
 }
 
 impl DequantScratch {
-    fn len(&self) -> usize {
+    pub(in crate::backend::cuda) fn len(&self) -> usize {
         self.buf.as_ref().map_or(0, |b| b.len())
+    }
+
+    /// The buffer's device address (0 when none is reserved).
+    pub(in crate::backend::cuda) fn ptr(&self) -> u64 {
+        self.buf.as_ref().map_or(0, |b| b.dptr())
     }
 
     /// Make the buffer at least `bytes` long (a new allocation; the old one is retired).
