@@ -243,6 +243,19 @@ pub trait Backend: Send + Sync {
     /// start reading it before the op before them on the stream has finished.
     fn matmul(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<()>;
 
+    /// `out[i, j] = x[i, perm[j]]`: the activation's columns in a weight's column order (a
+    /// GPTQ act-order projection, whose input columns were sorted by group at load), a
+    /// pure copy; a `perm[j]` outside `0..k` writes 0. x T `[m, k]`, perm i32 `[n]`, out T
+    /// `[m, n]`. Capturable (perm is read at run time). The default refuses, naming the
+    /// device.
+    fn gather_columns(&self, x: &Tensor, perm: &Tensor, out: &Tensor) -> Result<()> {
+        let _ = (x, perm, out);
+        Err(Error::invalid(
+            "gather_columns",
+            format!("does not run on {}", self.device_name()),
+        ))
+    }
+
     /// Reserve `bytes` of device scratch for matmuls with a quantized weight that decode
     /// it whole before multiplying (large `m` on CUDA). Called once the weights are
     /// loaded, before any capture, with the largest such weight's dense size; a backend

@@ -79,6 +79,14 @@ pub(crate) enum Op {
         cols: usize,
         width: usize,
     },
+    /// `gather_columns` of `[rows, k]` values by `perm` (a GPTQ act-order permutation, with
+    /// out-of-range entries that write 0).
+    GatherColumns {
+        values: Vec<f32>,
+        rows: usize,
+        k: usize,
+        perm: Vec<i32>,
+    },
     Matmul {
         inputs: MatmulInputs,
         out_f32: bool,
@@ -126,6 +134,8 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
     let mut extra_scale = self::rng(seed ^ 0x50f7_ca95);
     // The mixed-input GEMM's matmuls' own inputs.
     let mut marlin = self::rng(seed ^ 0x3a21_1e48);
+    // The column gathers' own inputs (the others keep theirs).
+    let mut extra_gather = self::rng(seed ^ 0x9a7e_0c01);
     let mut out = Vec::new();
     let mut push = |name: String, shape: String, dtype: DType, op: Op| {
         out.push(Case {
@@ -284,6 +294,35 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                     rows,
                     cols,
                     width,
+                },
+            );
+        }
+        // A GPTQ act-order projection's input in its weight's column order: whole
+        // permutations (one row, decode; 37 rows, odd k), and one with out-of-range entries.
+        for (rows, k, n, junk) in [
+            (1, 4096, 4096, false),
+            (37, 1000, 1000, false),
+            (5, 96, 130, true),
+        ] {
+            use rand::Rng;
+            let rng = &mut extra_gather;
+            let mut perm: Vec<i32> = (0..n as i32).map(|j| j % k as i32).collect();
+            for j in (1..n).rev() {
+                perm.swap(j, rng.random_range(0..=j));
+            }
+            if junk {
+                perm[3] = -1;
+                perm[n - 1] = k as i32;
+            }
+            push(
+                "gather_columns".into(),
+                format!("rows={rows} k={k} n={n}"),
+                dtype,
+                Op::GatherColumns {
+                    values: normal(rng, rows * k, 1.0),
+                    rows,
+                    k,
+                    perm,
                 },
             );
         }

@@ -212,6 +212,16 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             }
             vec![floats("out", out, OpClass::Copy)]
         }
+        Op::GatherColumns {
+            values,
+            rows,
+            k,
+            perm,
+        } => {
+            let mut out = vec![0f64; rows * perm.len()];
+            crate::ops::gather_columns_ref(&q(values), *k, perm, &mut out);
+            vec![floats("out", out, OpClass::Copy)]
+        }
         Op::Matmul { inputs: i, .. } => {
             let bias = i.bias.as_ref().map(|b| q(b));
             let out = reference::matmul(&q(&i.x), &i.w_values(dt), bias.as_deref(), i.m, i.n, i.k);

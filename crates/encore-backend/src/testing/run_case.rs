@@ -154,6 +154,18 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             b.unshard_columns(&src, &out)?;
             vec![floats("out", download_f64(b, &out)?, OpClass::Copy)]
         }
+        Op::GatherColumns {
+            values,
+            rows,
+            k,
+            perm,
+        } => {
+            let x = f(values, &[*rows, *k])?;
+            let p = b.upload(perm, &[perm.len()])?;
+            let out = fresh(dt, &[*rows, perm.len()])?;
+            b.gather_columns(&x, &p, &out)?;
+            vec![floats("out", download_f64(b, &out)?, OpClass::Copy)]
+        }
         Op::Scale { values, s, cap } => {
             let x = f(values, &[values.len()])?;
             match cap {

@@ -5,6 +5,7 @@ use encore_backend::backend::cpu::CpuBackend;
 use encore_backend::testing::{self, compare};
 use encore_backend::{Attention, Backend, DType, Error, KvScale, QkvRope, Sampling, Tensor};
 
+mod gather;
 mod gpt_oss;
 mod moe;
 
@@ -29,6 +30,7 @@ fn every_op_matches_the_f64_reference() {
         assert_pass(&results);
         for op in [
             "embedding",
+            "gather_columns",
             "rms_norm",
             "rms_norm(residual): residual",
             "rms_norm(residual, out=x): out",

@@ -43,8 +43,9 @@ pub struct WeightFormats {
 /// bits) blocks, or with a zero point `z` per row and group (`scale * (u - z)`, 4 bits),
 /// kept as Q4_1 blocks (`d = scale`, `m = -scale * z` rounded to f16: exact when the
 /// product has at most 11 significant bits, else within half an f16 ulp of it, under 1%
-/// of a step). Groups in activation order (`desc_act`, `actorder`) are refused; with one
-/// group a row the order does not matter and they load (g_idx checked to say so).
+/// of a step). Groups in activation order (GPTQ's `desc_act`: [`IntPacking::act_order`])
+/// load with each dense layer's projection's input columns sorted by group; with one group
+/// a row the order does not matter and they load as they are (g_idx checked to say so).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IntPacking {
     /// 4 or 8.
@@ -57,6 +58,14 @@ pub struct IntPacking {
     pub zero_points: bool,
     /// The LM head is packed too (else it is a plain `lm_head.weight`, kept dense).
     pub lm_head: bool,
+    /// GPTQ's `desc_act` with groups: input column `k` of a projection is in group
+    /// `g_idx[k]`, groups not contiguous. At load each dense layer's q/k/v, o, gate/up and
+    /// down weight has its input columns sorted by group (a stable sort, `perm`; every
+    /// group's member count a multiple of 32, each block within one group) and the layer
+    /// holds the permutation ([`crate::model::decl::Role::QkvPerm`] ..); the forward
+    /// gathers the activation's columns by it before the matmul (`y = W[:, perm] ·
+    /// x[perm]`). Other projections (experts, the LM head) must have g_idx in column order.
+    pub act_order: bool,
 }
 
 /// Where an [`IntPacking`] keeps its integers.

@@ -66,7 +66,7 @@ impl ModelConfig {
                 .filter(|t| t.role == role)
                 .map(|t| match t.format {
                     WeightFormat::Quant(f) => (f.block_elems(), Some(f)),
-                    WeightFormat::Dense => (1, None),
+                    WeightFormat::Dense | WeightFormat::Index => (1, None),
                 })
                 .max_by_key(|&(u, _)| u)
                 .unwrap_or((1, None))

@@ -9,6 +9,7 @@
 //! writing each part into its rows of the merged device tensor, so the host holds at most
 //! one converted HF tensor (nothing at all when the file already has the run dtype).
 
+mod act_order;
 mod checkpoint;
 mod fused_experts;
 mod host;
@@ -321,6 +322,15 @@ fn load_placed(
 
     cfg.check_formats()?;
     cfg.check_runs(backend.runs_moe())?;
+    // GPTQ act order's permutations are made at load, never streamed.
+    if prepared.is_some() && cfg.weights.int_packing.is_some_and(|p| p.act_order) {
+        return Err(Error::Config {
+            path: cfg.arch.model_type().to_string(),
+            what: "weight offload (--weight-budget) of GPTQ activation order (desc_act with \
+                   groups) is not supported yet"
+                .into(),
+        });
+    }
     if let (Some(p), Some(what)) = (prepared, cfg.unstreamed()) {
         if p.policy == crate::offload::Policy::Lru {
             return Err(Error::Config {
@@ -342,6 +352,11 @@ fn load_placed(
     let start = Instant::now();
     let mut staging = Staging::default();
     let weights = build(&decl, dtype, |i, m| {
+        if m.role.permutes().is_some() {
+            // GPTQ act order's permutation, from the g_idx (offload refuses act order).
+            let perm = act_order::perm(&source, &decl, m)?;
+            return backend.upload(&perm, &m.shape);
+        }
         let place = prepared.map_or(Place::Device, |p| p.place[i].clone());
         let mdt = m.dtype(dtype);
         // llama.cpp's converter stores Gemma's norms as 1 + w already; the query scale
@@ -639,7 +654,7 @@ impl Source {
                 if let Some(values) = ck.fused.read_f32(ck, &spec.name)? {
                     return f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype));
                 }
-                if let Some(w) = ck.packed_int(&spec.name, &spec.shape)? {
+                if let Some(w) = ck.packed_int(spec)? {
                     let values = w.to_f32();
                     return f(staging.convert(bytemuck::cast_slice(&values), DType::F32, dtype));
                 }

@@ -60,6 +60,23 @@ pub fn checkpoints_grouped(
     scale: fn(usize, usize, usize) -> f32,
     group: Option<usize>,
 ) -> (Vec<Ck>, Vec<Ck>) {
+    checkpoints_ordered(cfg, bits, scheme, scale, group, None)
+}
+
+/// Each input column's group of a projection (`name`, `cols` columns, groups of `group`):
+/// GPTQ's `g_idx` in activation order.
+pub type GroupOrder = fn(name: &str, cols: usize, group: usize) -> Vec<usize>;
+
+/// [`checkpoints_grouped`] with each projection's column groups from `order` (GPTQ's
+/// `desc_act`: `g_idx` in activation order, the twin decoded by it); `None`: column order.
+pub fn checkpoints_ordered(
+    cfg: &ModelConfig,
+    bits: u32,
+    scheme: Scheme,
+    scale: fn(usize, usize, usize) -> f32,
+    group: Option<usize>,
+    order: Option<GroupOrder>,
+) -> (Vec<Ck>, Vec<Ck>) {
     let (mut packed, mut twin) = (Vec::new(), Vec::new());
     let per_word = (32 / bits) as usize;
     let gptq = matches!(scheme, Scheme::Gptq { .. } | Scheme::Awq);
@@ -89,6 +106,10 @@ pub fn checkpoints_grouped(
         let (rows, cols) = (spec.shape[0], spec.shape[1]);
         let group = group.unwrap_or(cols);
         let groups = cols / group;
+        let g_idx: Vec<usize> = match order {
+            Some(f) => f(&spec.name, cols, group),
+            None => (0..cols).map(|c| c / group).collect(),
+        };
         // `values` lie in about [-1, 1]: spread them over the codes.
         let codes: Vec<u32> = v
             .iter()
@@ -137,7 +158,7 @@ pub fn checkpoints_grouped(
                     name: format!("{base}.g_idx"),
                     dtype: Dtype::I32,
                     shape: vec![cols],
-                    values: (0..cols).map(|c| (c / group) as f32).collect(),
+                    values: g_idx.iter().map(|&g| g as f32).collect(),
                 });
             }
             Scheme::Awq => {
@@ -208,7 +229,7 @@ pub fn checkpoints_grouped(
         let decoded: Vec<f32> = (0..rows * cols)
             .map(|k| {
                 let (r, c) = (k / cols, k % cols);
-                scale(c / group, r) * (codes[k] as f32 - zero(c / group, r) as f32)
+                scale(g_idx[c], r) * (codes[k] as f32 - zero(g_idx[c], r) as f32)
             })
             .collect();
         twin.push(Ck::f32(&spec.name, &spec.shape, &decoded));

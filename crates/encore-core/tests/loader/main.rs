@@ -21,6 +21,7 @@ use common::checkpoint::{
 };
 use common::temp_dir::TempDir;
 
+mod act_order;
 mod config;
 mod dummy;
 mod errors;

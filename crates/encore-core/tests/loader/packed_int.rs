@@ -4,9 +4,9 @@
 //! order: each projection loads as GGUF blocks of the same values (symmetric 4 bits as
 //! Q4_0, 8 as Q8_0, 4 bits with zero points as Q4_1), runs as its dequantized twin (the
 //! same values in f32), decodes to exactly the twin's weights with `--quantization none`,
-//! and what encore does not run (zero points at 8 bits or in pack-quantized, groups in
-//! activation order, other widths, layouts and formats) is an error naming the field or
-//! the tensor.
+//! and what encore does not run (zero points at 8 bits or in pack-quantized,
+//! compressed-tensors' groups in activation order, other widths, layouts and formats) is an
+//! error naming the field or the tensor. GPTQ's groups in activation order: `act_order.rs`.
 
 use super::fp8::{fp8_json, greedy, load, load_error};
 use super::*;
@@ -240,11 +240,10 @@ fn gptq_packings_encore_does_not_run_are_refused_by_name() {
         msg.contains("sym = false") && msg.contains("bits = 8"),
         "{msg}"
     );
-    let msg = cfg_err(&quant(4, false, "").replace(r#""desc_act": false"#, r#""desc_act": true"#));
-    assert!(
-        msg.contains("desc_act") && msg.contains("group_size = 128"),
-        "{msg}"
-    );
+    // Groups in activation order load (`act_order.rs` runs them).
+    let act = quant(4, false, "").replace(r#""desc_act": false"#, r#""desc_act": true"#);
+    let cfg = ModelConfig::from_json(&llama_json(&act), "config.json").unwrap();
+    assert!(cfg.weights.int_packing.unwrap().act_order);
     let msg = cfg_err(&quant(3, false, ""));
     assert!(msg.contains("bits = 3"), "{msg}");
     let msg = cfg_err(&quant(4, false, "").replace(r#""group_size": 128"#, r#""group_size": 48"#));
@@ -470,7 +469,7 @@ fn awq_options_encore_does_not_run_are_refused_by_name() {
 }
 
 /// Greedy tokens of `cfg` loaded from `dir` on `be` in `dtype` (as `fp8::greedy`).
-fn greedy_on(
+pub(super) fn greedy_on(
     be: &dyn encore_core::Backend,
     dtype: DType,
     cfg: &ModelConfig,
@@ -540,18 +539,33 @@ fn packed_checkpoints_on_the_gpu_run_as_their_twins() {
     ];
     for (name, q, bits, scheme, kept) in cases {
         let (packed, twin) = checkpoints(&twin_cfg, bits, scheme);
-        let dir = model_dir(name, &llama_json(&q), &packed);
-        let twin_dir = model_dir("twin", &llama_json(""), &twin);
-        let ModelFiles { config, .. } = open_model(dir.path().to_str().unwrap()).unwrap();
-        assert_eq!(config.weights.projections, Some(kept), "{name}");
-        let got = greedy_on(&be, DType::F32, &config, dir.path());
-        let want = greedy_on(&be, DType::F32, &twin_cfg, twin_dir.path());
-        assert_eq!(got, want, "{name} on the GPU vs its twin");
-        // And as the CPU runs it.
-        assert_eq!(
-            got,
-            greedy_on(&CpuBackend::new(), DType::F32, &config, dir.path()),
-            "{name}"
-        );
+        gpu_runs_as_twin(&be, name, &q, (&packed, &twin), kept);
     }
+    // GPTQ act order (`desc_act` with groups): the layers gather their inputs.
+    super::act_order::on_the_gpu(&be);
+}
+
+/// `q`'s checkpoint `packed` (config `llama_json(q)`) runs greedy on `be` in f32 as its
+/// `twin` there, and as the CPU runs it.
+fn gpu_runs_as_twin(
+    be: &dyn encore_core::Backend,
+    name: &str,
+    q: &str,
+    (packed, twin): (&[Ck], &[Ck]),
+    kept: QuantFormat,
+) {
+    let twin_cfg = ModelConfig::from_json(&llama_json(""), "twin").unwrap();
+    let dir = model_dir(name, &llama_json(q), packed);
+    let twin_dir = model_dir("twin", &llama_json(""), twin);
+    let ModelFiles { config, .. } = open_model(dir.path().to_str().unwrap()).unwrap();
+    assert_eq!(config.weights.projections, Some(kept), "{name}");
+    let got = greedy_on(be, DType::F32, &config, dir.path());
+    let want = greedy_on(be, DType::F32, &twin_cfg, twin_dir.path());
+    assert_eq!(got, want, "{name} on the GPU vs its twin");
+    // And as the CPU runs it.
+    assert_eq!(
+        got,
+        greedy_on(&CpuBackend::new(), DType::F32, &config, dir.path()),
+        "{name}"
+    );
 }

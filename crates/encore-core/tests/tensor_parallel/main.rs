@@ -568,3 +568,95 @@ fn a_model_the_group_cannot_split_is_refused_naming_both_numbers() {
     assert!(e.contains("not rank 0"), "{e}");
     assert_eq!(lone.group(), (0, 1));
 }
+
+/// GPTQ act order (`desc_act`, groups of 64) over 2 ranks: q/k/v and gate/up (column
+/// parallel) in any order, o and down (row parallel) in an order that stays within each
+/// rank's columns (each sorted within its share) give one rank's tokens, eagerly and in
+/// graphs; an order of o / down that crosses the shards is refused naming the g_idx.
+#[test]
+fn gptq_act_order_over_2_ranks_gives_one_ranks_tokens() {
+    use common::checkpoint::model_dir;
+    use common::packed::{checkpoints_ordered, exact_scale, Scheme};
+    let json = |extra: &str| {
+        format!(
+            r#"{{"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 256,
+  "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
+  "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+  "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2,
+  "torch_dtype": "bfloat16"{extra}}}"#
+        )
+    };
+    let cfg = ModelConfig::from_json(&json(""), "twin").unwrap();
+    let gptq = r#", "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": true, "desc_act": true}"#;
+    // A seeded shuffle of `lo..hi`, each position in group lo / 64 + its rank / 64.
+    fn shuffle_groups(g: &mut [usize], lo: usize, hi: usize, seed: u64) {
+        let mut order: Vec<usize> = (lo..hi).collect();
+        let mut s = seed | 1;
+        for j in (1..order.len()).rev() {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            order.swap(j, (s % (j as u64 + 1)) as usize);
+        }
+        for (i, &c) in order.iter().enumerate() {
+            g[c] = lo / 64 + i / 64;
+        }
+    }
+    // o / down shuffled within each half (a rank's share), the rest across all columns.
+    fn within(name: &str, cols: usize, _: usize) -> Vec<usize> {
+        let mut g = vec![0; cols];
+        let s = name.len() as u64 * 7919 + name.contains("layers.1") as u64;
+        let input = name.replace("k_proj", "q_proj").replace("v_proj", "q_proj");
+        let input = input.replace("up_proj", "gate_proj");
+        let s2 = input.len() as u64 * 31 + name.contains("layers.1") as u64;
+        if name.contains("o_proj") || name.contains("down_proj") {
+            shuffle_groups(&mut g, 0, cols / 2, s);
+            shuffle_groups(&mut g, cols / 2, cols, s + 1);
+        } else {
+            shuffle_groups(&mut g, 0, cols, s2);
+        }
+        g
+    }
+    fn across(name: &str, cols: usize, group: usize) -> Vec<usize> {
+        let mut g = within(name, cols, group);
+        if name.contains("down_proj") {
+            shuffle_groups(&mut g, 0, cols, 99);
+        }
+        g
+    }
+    let scheme = Scheme::Gptq {
+        v2: false,
+        asym: false,
+    };
+    let (packed, _) = checkpoints_ordered(&cfg, 4, scheme, exact_scale, Some(64), Some(within));
+    let dir = model_dir("gptq-act-order-tp", &json(gptq), &packed);
+    let path = dir.path().to_str().unwrap().to_string();
+    let files = || open_model(&path).unwrap();
+    for graphs in [false, true] {
+        assert_eq!(
+            greedy_files(files, 2, graphs),
+            greedy_files(files, 1, graphs),
+            "graphs {graphs}"
+        );
+    }
+    // down's order across the shards: one rank, fine; two, refused by name.
+    let (packed, _) = checkpoints_ordered(&cfg, 4, scheme, exact_scale, Some(64), Some(across));
+    let dir = model_dir("gptq-act-order-tp-across", &json(gptq), &packed);
+    let path = dir.path().to_str().unwrap().to_string();
+    let files = open_model(&path).unwrap();
+    let shard = files.config.shard(0, 2).unwrap();
+    let e = encore_core::model::weights::load(
+        &CpuBackend::new(),
+        &shard,
+        files.source,
+        DType::F32,
+        &encore_core::progress::NoProgress,
+    )
+    .err()
+    .expect("an order across the shards is refused")
+    .to_string();
+    assert!(
+        e.contains("mlp.down_proj.g_idx") && e.contains("crosses the tensor-parallel shards"),
+        "{e}"
+    );
+}

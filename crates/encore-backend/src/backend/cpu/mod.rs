@@ -354,6 +354,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn gather_columns(&self, x: &Tensor, perm: &Tensor, out: &Tensor) -> Result<()> {
+        check_device("gather_columns", &[("x", x), ("perm", perm), ("out", out)])?;
+        let d = ops::check_gather_columns(x, perm, out)?;
+        let (x, perm, out) = (x.clone(), perm.clone(), out.clone());
+        self.submit(move || kernels::gather_columns(&x, &perm, &out, &d));
+        Ok(())
+    }
+
     fn scale(&self, x: &Tensor, s: f32) -> Result<()> {
         check_device("scale", &[("x", x)])?;
         ops::check_scale(x)?;

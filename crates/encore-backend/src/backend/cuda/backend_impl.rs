@@ -122,6 +122,12 @@ impl Backend for CudaBackend {
             .map_err(|e| Error::cuda("cuStreamSynchronize", e))
     }
 
+    fn gather_columns(&self, x: &Tensor, perm: &Tensor, out: &Tensor) -> Result<()> {
+        self.check_device("gather_columns", &[("x", x), ("perm", perm), ("out", out)])?;
+        let d = ops::check_gather_columns(x, perm, out)?;
+        kernels::gather_columns(self, x, perm, out, &d)
+    }
+
     fn embedding_rows(
         &self,
         ids: &Tensor,

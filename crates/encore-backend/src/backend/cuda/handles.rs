@@ -122,6 +122,8 @@ const QMOE_DOWN_OPS: [&str; NF] = [
 /// Every kernel of `kernels/*.cu`, by op.
 pub(super) struct Kernels<K = Kernel> {
     pub embedding: PerDType<K>,
+    /// A GPTQ act-order projection's input in its weight's column order (gather.cu).
+    pub gather_columns: PerDType<K>,
     pub rms_norm: PerDType<K>,
     /// LayerNorm with a bias (rms_norm.cu's `norm_impl` with LN).
     pub layer_norm: PerDType<K>,
@@ -202,6 +204,7 @@ impl<K> Kernels<K> {
     pub(super) fn resolve(mut take: impl FnMut(&str) -> Result<K>) -> Result<Self> {
         let t = &mut take;
         let embedding = PerDType::resolve(t, "embedding")?;
+        let gather_columns = PerDType::resolve(t, "gather_columns")?;
         let rms_norm = PerDType::resolve(t, "rms_norm")?;
         let layer_norm = PerDType::resolve(t, "layer_norm")?;
         let silu_mul = PerDType::resolve(t, "silu_mul")?;
@@ -328,6 +331,7 @@ impl<K> Kernels<K> {
         let fp8_quant_rows = [t("fp8_quant_rows_bf16")?, t("fp8_quant_rows_f16")?];
         Ok(Kernels {
             embedding,
+            gather_columns,
             rms_norm,
             layer_norm,
             silu_mul,

@@ -96,10 +96,10 @@ fn parse_mxfp4(q: &Fields<'_>, fused_experts: bool) -> Result<WeightFormats> {
 }
 
 /// `quantization_config` of a GPTQ checkpoint ([`IntPacking`]): 4 or 8 bits, symmetric
-/// (or with zero points at 4 bits), groups of a multiple of 32 columns in order, or one a
-/// row (-1, in any order: `desc_act` too); what encore does not run (zero points at 8 bits,
-/// `desc_act` with groups, other widths or group sizes, other packings) is refused naming
-/// the field.
+/// (or with zero points at 4 bits), groups of a multiple of 32 columns, in column order or
+/// in activation order (`desc_act`: [`IntPacking::act_order`]), or one a row (-1, in any
+/// order); what encore does not run (zero points at 8 bits, other widths or group sizes,
+/// other packings) is refused naming the field.
 fn parse_gptq(q: &Fields<'_>) -> Result<WeightFormats> {
     let bits = match q.opt_usize("bits")? {
         Some(b @ (4 | 8)) => b as u32,
@@ -130,16 +130,11 @@ fn parse_gptq(q: &Fields<'_>) -> Result<WeightFormats> {
              points are run at 4 bits)"
         )));
     }
-    // Activation order permutes the columns among the groups; with one group a row
-    // (group_size -1) every column has the row's scale whatever the order, and the loader
-    // checks that g_idx says so.
-    if let (Some(true), Some(g)) = (q.opt_bool("desc_act")?, group_size) {
-        return Err(q.err(format!(
-            "quantization_config.desc_act = true is not supported with group_size = {g} \
-             (GPTQ groups in activation order: encore runs groups in column order; \
-             group_size = -1 runs in any order)"
-        )));
-    }
+    // Activation order permutes the columns among the groups: the loader sorts each
+    // projection's input columns by group (its `perm`) and the forward gathers the
+    // activation's columns the same way. With one group a row (group_size -1) every column
+    // has the row's scale whatever the order, and the loader checks that g_idx says so.
+    let act_order = q.opt_bool("desc_act")? == Some(true) && group_size.is_some();
     let zeros_minus_one = match q.opt_str("checkpoint_format")?.unwrap_or("gptq") {
         "gptq" => true,
         "gptq_v2" => false,
@@ -156,6 +151,7 @@ fn parse_gptq(q: &Fields<'_>) -> Result<WeightFormats> {
         scheme: IntScheme::Gptq { zeros_minus_one },
         zero_points,
         lm_head: q.opt_bool("lm_head")?.unwrap_or(false),
+        act_order,
     })
 }
 
@@ -225,6 +221,7 @@ fn parse_awq(q: &Fields<'_>) -> Result<WeightFormats> {
         scheme: IntScheme::Awq,
         zero_points: true,
         lm_head: false,
+        act_order: false,
     })
 }
 
@@ -376,6 +373,7 @@ fn parse_compressed_tensors(q: &Fields<'_>) -> Result<WeightFormats> {
         scheme: IntScheme::PackQuantized,
         zero_points,
         lm_head,
+        act_order: false,
     })
 }
 

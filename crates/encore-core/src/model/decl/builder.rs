@@ -232,6 +232,34 @@ impl<'a> Builder<'a> {
         index
     }
 
+    /// A permutation of `len` input columns ([`Role::QkvPerm`] ..) of layer `layer`, read
+    /// by the current op: i32, made by the loader from the projection's g_idx (no HF
+    /// tensor of its own), every rank its own (o's and down's within its share).
+    pub(super) fn perm(&mut self, role: Role, layer: usize, len: usize) {
+        let op = self.decl.ops.last().expect("an op is started first").op;
+        self.decl.tensors.push(TensorDecl {
+            role,
+            layer: Some(layer),
+            shape: vec![len],
+            parts: Vec::new(),
+            format: WeightFormat::Index,
+            shard: Shard::Replicated,
+            op,
+        });
+        self.read_again(self.decl.tensors.len() - 1);
+    }
+
+    /// The columns this rank holds of layer `layer`'s tensor of `role`, declared before.
+    pub(super) fn cols_of(&self, role: Role, layer: usize) -> usize {
+        self.decl
+            .tensors
+            .iter()
+            .rev()
+            .find(|t| t.role == role && t.layer == Some(layer))
+            .and_then(|t| t.shape.get(1).copied())
+            .unwrap_or(0)
+    }
+
     /// The current op reads tensor `index` (declared by an earlier op, or just now).
     pub(super) fn read_again(&mut self, index: usize) {
         let op = self.decl.ops.last_mut().expect("an op is started first");

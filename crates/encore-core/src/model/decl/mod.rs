@@ -117,6 +117,9 @@ pub enum WeightFormat {
     /// Block-quantized along its rows (GGUF's Q8_0 .. Q6_K, FP8 with block scales), in the
     /// device layout of [`encore_backend::quant`].
     Quant(QuantFormat),
+    /// i32 indices, whatever the run dtype (a GPTQ act-order layer's column permutations,
+    /// [`Role::QkvPerm`] ..).
+    Index,
 }
 
 impl WeightFormat {
@@ -125,6 +128,7 @@ impl WeightFormat {
         match self {
             WeightFormat::Dense => dtype,
             WeightFormat::Quant(f) => DType::Q(f),
+            WeightFormat::Index => DType::I32,
         }
     }
 
@@ -141,6 +145,7 @@ impl std::fmt::Display for WeightFormat {
         match self {
             WeightFormat::Dense => f.write_str("dense"),
             WeightFormat::Quant(q) => f.write_str(q.name()),
+            WeightFormat::Index => f.write_str("i32"),
         }
     }
 }
@@ -436,6 +441,11 @@ impl Decl {
                     Shard::Column { unit: 1 },
                 );
             }
+            // GPTQ act order: each projection's input permutation, read last by its op.
+            let act_order = cfg.weights.int_packing.is_some_and(|p| p.act_order);
+            if act_order {
+                d.perm(Role::QkvPerm, l, qkv_cols);
+            }
             if cfg.qk_norm_whole() {
                 // Across every head: a rank would need the others' (TP refuses it).
                 d.tensor(Role::QNorm, layer, &[q], None, Rep);
@@ -454,6 +464,10 @@ impl Decl {
             if cfg.post_norms {
                 let name = [("post_attention_layernorm.weight".to_string(), h)];
                 d.tensor_from(Role::AttnOutNorm, layer, &name, None, Rep);
+            }
+            if act_order {
+                let o = d.cols_of(Role::OProj, l);
+                d.perm(Role::OProjPerm, l, o);
             }
             d.op(at(LayerOp::PostNorm));
             if !cfg.pre_norms() {
@@ -482,11 +496,18 @@ impl Decl {
                     } else {
                         d.tensor(Role::GateUp, layer, &[inter, inter], Some(h), col);
                     }
+                    if act_order {
+                        d.perm(Role::GateUpPerm, l, h);
+                    }
                     d.op(at(LayerOp::Down));
                     d.tensor(Role::Down, layer, &[h], Some(inter), row);
                     if cfg.post_norms {
                         let name = [("post_feedforward_layernorm.weight".to_string(), h)];
                         d.tensor_from(Role::MlpOutNorm, layer, &name, None, Rep);
+                    }
+                    if act_order {
+                        let k = d.cols_of(Role::Down, l);
+                        d.perm(Role::DownPerm, l, k);
                     }
                 }
             }
@@ -576,6 +597,7 @@ impl Decl {
                 let name = match f {
                     WeightFormat::Dense => dtype.to_string(),
                     WeightFormat::Quant(q) => q.to_string(),
+                    WeightFormat::Index => "i32".to_string(),
                 };
                 format!("{name} {:.2} GB ({n} tensors)", gb(*b))
             })

@@ -69,10 +69,19 @@ pub enum Role {
     ExpertsGateUpBias,
     /// The experts' down biases `[E * hidden]`.
     ExpertsDownBias,
+    /// A GPTQ act-order layer's column permutations (`IntPacking::act_order`), i32, one a
+    /// projection's input: its weight's columns are the input's columns in this order
+    /// (the stable sort of its g_idx), and the forward gathers the input by it before the
+    /// matmul. q/k/v share one (their g_idx must agree), as do gate/up; o's and down's are
+    /// of this rank's columns (values within its share). Made at load from the g_idx.
+    QkvPerm,
+    OProjPerm,
+    GateUpPerm,
+    DownPerm,
 }
 
 impl Role {
-    pub const ALL: [Role; 30] = [
+    pub const ALL: [Role; 34] = [
         Role::Embedding,
         Role::AttnNorm,
         Role::Qkv,
@@ -103,6 +112,10 @@ impl Role {
         Role::RouterBias,
         Role::ExpertsGateUpBias,
         Role::ExpertsDownBias,
+        Role::QkvPerm,
+        Role::OProjPerm,
+        Role::GateUpPerm,
+        Role::DownPerm,
     ];
 
     /// The device tensor's name, without the layer prefix for per-layer roles (the name
@@ -139,6 +152,10 @@ impl Role {
             Role::RouterBias => "mlp.gate.bias",
             Role::ExpertsGateUpBias => "mlp.experts.gate_up_proj_bias",
             Role::ExpertsDownBias => "mlp.experts.down_proj_bias",
+            Role::QkvPerm => "self_attn.qkv_proj.perm",
+            Role::OProjPerm => "self_attn.o_proj.perm",
+            Role::GateUpPerm => "mlp.gate_up_proj.perm",
+            Role::DownPerm => "mlp.down_proj.perm",
         }
     }
 
@@ -157,6 +174,17 @@ impl Role {
                 | Role::SharedDown
                 | Role::EagleFc
         )
+    }
+
+    /// The projection whose input a permutation role orders (`None` for other roles).
+    pub fn permutes(self) -> Option<Role> {
+        match self {
+            Role::QkvPerm => Some(Role::Qkv),
+            Role::OProjPerm => Some(Role::OProj),
+            Role::GateUpPerm => Some(Role::GateUp),
+            Role::DownPerm => Some(Role::Down),
+            _ => None,
+        }
     }
 
     /// Whether the role is a norm weight (not a LayerNorm's bias).
@@ -227,7 +255,11 @@ impl Role {
             | Role::MlpOutNorm
             | Role::RouterBias
             | Role::ExpertsGateUpBias
-            | Role::ExpertsDownBias => &[],
+            | Role::ExpertsDownBias
+            | Role::QkvPerm
+            | Role::OProjPerm
+            | Role::GateUpPerm
+            | Role::DownPerm => &[],
         }
     }
 }

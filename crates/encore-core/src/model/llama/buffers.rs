@@ -18,7 +18,7 @@ impl Model {
         b: usize,
         scratch_len: usize,
         moe_work: usize,
-    ) -> [(DType, Vec<usize>); 27] {
+    ) -> [(DType, Vec<usize>); 28] {
         let (_, size) = c.tp_rank();
         let (shard, gathered) = match size {
             1 => (vec![1, 1], vec![1]),
@@ -63,6 +63,7 @@ impl Model {
             (t, vec![srows, 1]),
             (t, vec![2, erows, eh]),
             (t, vec![erows, 2 * eh]),
+            (t, vec![n * perm_width(c)]),
         ]
     }
 
@@ -162,7 +163,7 @@ impl Model {
             .map(|(d, s)| arena.alloc(d, &s))
             .collect::<Result<Vec<_>>>()?
             .into_iter();
-        let mut next = || it.next().expect("27 buffers");
+        let mut next = || it.next().expect("28 buffers");
         Ok(StepBuffers {
             hidden: next(),
             residual: next(),
@@ -191,6 +192,20 @@ impl Model {
             shared_gate: next(),
             eagle_pair: next(),
             eagle_cat: next(),
+            perm_x: next(),
         })
+    }
+}
+
+/// The widest input a GPTQ act-order projection gathers (`StepBuffers::perm_x`'s row): q/k/v's
+/// and gate/up's (hidden), o's (this rank's heads) and down's (this rank's MLP share); 1
+/// without act order.
+fn perm_width(c: &ModelConfig) -> usize {
+    match c.weights.int_packing.is_some_and(|p| p.act_order) {
+        true => c
+            .hidden_size
+            .max(c.num_heads * c.head_dim)
+            .max(c.intermediate_size),
+        false => 1,
     }
 }

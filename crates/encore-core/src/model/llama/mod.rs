@@ -7,6 +7,7 @@
 //! ([`StepInputs`]); intermediates come from the arena in a fixed order, so the same call
 //! can be captured into a graph.
 
+mod act_order;
 mod buffers;
 mod eagle;
 mod op_weights;
@@ -156,6 +157,9 @@ pub struct StepBuffers {
     /// the two side by side `[n, 2 * hidden]`; one element each for other models.
     eagle_pair: Tensor,
     eagle_cat: Tensor,
+    /// A GPTQ act-order projection's input with its columns in the weight's order
+    /// (`[n * width]`, viewed `[n, k]` per projection; `[1]` without act order).
+    perm_x: Tensor,
 }
 
 impl StepBuffers {
@@ -448,10 +452,14 @@ impl Model {
             // fuse them into its gate/up projection) on one rank without offload.
             let mut mlp_norm = None;
             // (gpt-oss's o_proj bias: over ranks, rank 0's; the others hold zeros.)
+            // GPTQ act order: the input's columns in the weight's order.
+            let o_x = self.in_order(be, buf, &buf.attn, l.get(Role::OProjPerm))?;
+            // ... and the MLP's, which then runs op by op (its fused ops take no order).
+            let permuted = l.get(Role::GateUpPerm).is_some() || l.get(Role::DownPerm).is_some();
             match (l.post_norm(), fused) {
-                (Some(w), true) => project_add_norm(&buf.attn, &o_proj, Norm::new(w, post_bias))?,
+                (Some(w), true) => project_add_norm(&o_x, &o_proj, Norm::new(w, post_bias))?,
                 _ => {
-                    be.matmul(&buf.attn, &o_proj, o_bias.as_ref(), &buf.hidden)?;
+                    be.matmul(&o_x, &o_proj, o_bias.as_ref(), &buf.hidden)?;
                     reduce()?;
                     let post_norm = maybe(at(LayerOp::PostNorm), l.post_norm(), post_bias)?;
                     match &out_norm {
@@ -461,10 +469,12 @@ impl Model {
                             let w = post_norm.as_ref().map(NormWeights::arg);
                             be.norm_add_norm(h, n.into(), r, w, eps, &buf.normed)?
                         }
-                        None if size == 1 && dense && self.offload.is_none() => match post_norm {
-                            Some(w) => mlp_norm = Some(w),
-                            None => add_norm(None)?,
-                        },
+                        None if size == 1 && dense && self.offload.is_none() && !permuted => {
+                            match post_norm {
+                                Some(w) => mlp_norm = Some(w),
+                                None => add_norm(None)?,
+                            }
+                        }
                         None => add_norm(post_norm.as_ref().map(NormWeights::arg))?,
                     }
                 }
@@ -480,14 +490,17 @@ impl Model {
                     // The whole MLP as one backend op (CUDA fuses the activation into the
                     // down projection's FP8 operand), unless the down projection waits
                     // for the norm after it or offload announces it after the gate/up.
-                    let whole = !fused_down && self.offload.is_none();
+                    let whole = !fused_down && self.offload.is_none() && !permuted;
+                    let mut down_x = buf.act.clone();
                     if !whole {
-                        be.matmul_act_mul(act, normed, &gate_up, &buf.gate_up, &buf.act)?;
+                        let x = self.in_order(be, buf, normed, l.get(Role::GateUpPerm))?;
+                        be.matmul_act_mul(act, &x, &gate_up, &buf.gate_up, &buf.act)?;
+                        down_x = self.in_order(be, buf, &buf.act, l.get(Role::DownPerm))?;
                     }
                     let (down, out_norm) =
                         with_second(self.enter(at(LayerOp::Down))?, l.down(), l.mlp_out_norm());
                     if fused_down {
-                        down_pending = Some(down);
+                        down_pending = Some((down_x, down));
                     } else {
                         if whole {
                             let norm = mlp_norm.as_ref().map(|w| PreNorm {
@@ -507,7 +520,7 @@ impl Model {
                                 out: &buf.hidden,
                             })?;
                         } else {
-                            be.matmul(&buf.act, &down, None, &buf.hidden)?;
+                            be.matmul(&down_x, &down, None, &buf.hidden)?;
                         }
                         reduce()?;
                         out_norm_pending = out_norm;
@@ -516,9 +529,9 @@ impl Model {
             }
         }
         let add_norm = |norm: Option<Norm<'_>>| match (&down_pending, norm) {
-            (Some(down), Some(norm)) => project_add_norm(&buf.act, down, norm),
-            (Some(down), None) => {
-                be.matmul(&buf.act, down, None, &buf.hidden)?;
+            (Some((x, down)), Some(norm)) => project_add_norm(x, down, norm),
+            (Some((x, down)), None) => {
+                be.matmul(x, down, None, &buf.hidden)?;
                 add_norm(None)
             }
             (None, norm) => match &out_norm_pending {
@@ -547,7 +560,8 @@ impl Model {
             && c.eagle.is_none()
             && down_pending.is_none()
             && out_norm_pending.is_none()
-            && input_norm.is_some();
+            && input_norm.is_some()
+            && l.get(Role::QkvPerm).is_none();
         // residual = residual + hidden (the first layer starts the residual stream).
         if k == 0 {
             be.copy(&buf.hidden, &buf.residual)?;
@@ -620,7 +634,10 @@ impl Model {
                 bias: bias.as_ref(),
                 out: &buf.qkv,
             })?,
-            None => be.matmul(x, &qkv, bias.as_ref(), &buf.qkv)?,
+            None => {
+                let x = self.in_order(be, buf, x, l.get(Role::QkvPerm))?;
+                be.matmul(&x, &qkv, bias.as_ref(), &buf.qkv)?
+            }
         }
         // OLMo 2: q across its heads, then k across its heads, on the fused rows.
         let whole = c.qk_norm_whole();

@@ -285,10 +285,7 @@ impl Checkpoint {
                     continue;
                 }
                 // Read now: a misshapen or unsupported packing is refused before loading.
-                if self
-                    .read_packed_int(&spec.name, &spec.shape, false)?
-                    .is_some()
-                {
+                if self.read_packed_int(spec, false)?.is_some() {
                     continue;
                 }
                 return Err(err(format!("is missing from {}", self.origin)));
@@ -389,14 +386,11 @@ impl Checkpoint {
         }))
     }
 
-    /// Packed projection `name` of `shape` unpacked, or `None` (not a packed checkpoint, or
-    /// a tensor it stores plainly).
-    pub(super) fn packed_int(
-        &self,
-        name: &str,
-        shape: &[usize],
-    ) -> Result<Option<PackedIntWeight>> {
-        self.read_packed_int(name, shape, true)
+    /// Packed projection `spec` unpacked (under act order its columns sorted by group
+    /// within the rank's share), or `None` (not a packed checkpoint, or a tensor it stores
+    /// plainly).
+    pub(super) fn packed_int(&self, spec: &TensorSpec) -> Result<Option<PackedIntWeight>> {
+        self.read_packed_int(spec, true)
     }
 
     /// Whether the checkpoint stores tensor `name` itself (a packed projection's `.weight`
@@ -405,15 +399,21 @@ impl Checkpoint {
         self.location.contains_key(name)
     }
 
-    fn read_packed_int(
+    /// [`Checkpoint::packed_int`], only checked unless `unpack`.
+    pub(super) fn read_packed_int(
         &self,
-        name: &str,
-        shape: &[usize],
+        spec: &TensorSpec,
         unpack: bool,
     ) -> Result<Option<PackedIntWeight>> {
+        let (name, shape) = (spec.name.as_str(), spec.shape.as_slice());
+        // The columns a rank multiplies (a row-parallel share), which act order sorts.
+        let range = spec
+            .slice
+            .filter(|_| shape.len() == 2)
+            .map(|s| s.col..s.col + s.cols);
         match self.int_packing {
             Some(g) if !self.location.contains_key(name) => {
-                PackedIntWeight::read(self, g, name, shape, unpack)
+                PackedIntWeight::read(self, g, name, shape, range, unpack)
             }
             _ => Ok(None),
         }

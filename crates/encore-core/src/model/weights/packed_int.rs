@@ -30,8 +30,81 @@ pub(super) struct PackedIntWeight {
     scales: Vec<f16>,
     /// Zero points `[groups, rows]` (0 .. 2^bits), or `None`: the symmetric 2^(bits-1).
     zeros: Option<Vec<u8>>,
-    /// Columns a group.
-    group: usize,
+    /// The group of each 32-column block of the weight as kept (its columns permuted by
+    /// `perm` under act order).
+    block_group: Vec<usize>,
+    /// Act order: column `j` of the weight as kept is the file's column `perm[j]` (the
+    /// stable sort by g_idx of the columns `range`, the others in place); `None`: the
+    /// file's order.
+    perm: Option<Vec<usize>>,
+    /// The columns whose order `perm` sorts (this rank's share of a row-parallel one).
+    range: std::ops::Range<usize>,
+}
+
+/// Whether projection `name` (a `.weight`) is one of a dense layer's q/k/v, o, gate/up or
+/// down, whose input columns act order sorts (the layer holds their permutations).
+pub(super) fn act_ordered(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("model.layers.") else {
+        return false;
+    };
+    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+    matches!(
+        rest,
+        ".self_attn.q_proj.weight"
+            | ".self_attn.k_proj.weight"
+            | ".self_attn.v_proj.weight"
+            | ".self_attn.qkv_proj.weight"
+            | ".self_attn.o_proj.weight"
+            | ".mlp.gate_proj.weight"
+            | ".mlp.up_proj.weight"
+            | ".mlp.gate_up_proj.weight"
+            | ".mlp.down_proj.weight"
+    )
+}
+
+/// Act order's permutation of columns `range` of `cols` by their groups `g_idx` (a stable
+/// sort; the columns outside `range` stay in place) and the group of each 32-column block
+/// after it: an error naming tensor `t` when a group index is not below `groups` or a
+/// group's columns in `range` are not whole blocks.
+fn sort_by_group(
+    t: &str,
+    g_idx: &[u32],
+    groups: usize,
+    range: std::ops::Range<usize>,
+) -> Result<(Vec<usize>, Vec<usize>)> {
+    let err = |what: String| Error::Weights {
+        tensor: t.to_string(),
+        what,
+    };
+    if let Some(c) = g_idx.iter().position(|&g| g as usize >= groups) {
+        return Err(err(format!(
+            "puts column {c} in group {}, but there are {groups} groups",
+            g_idx[c] as i32
+        )));
+    }
+    let mut perm: Vec<usize> = (0..g_idx.len()).collect();
+    perm[range.clone()].sort_by_key(|&c| g_idx[c]);
+    let mut count = vec![0usize; groups];
+    for &c in &perm[range.clone()] {
+        count[g_idx[c] as usize] += 1;
+    }
+    if let Some(g) = count.iter().position(|n| !n.is_multiple_of(BLOCK)) {
+        let share = match range.len() == g_idx.len() {
+            true => String::new(),
+            false => format!(
+                " of columns {}..{} (this rank's share: activation order that crosses the \
+                 tensor-parallel shards is not supported)",
+                range.start, range.end
+            ),
+        };
+        return Err(err(format!(
+            "puts {} columns{share} in group {g}: encore runs activation order with every \
+             group's columns whole blocks of {BLOCK} (one scale a block)",
+            count[g]
+        )));
+    }
+    let block_group = perm.chunks(BLOCK).map(|b| g_idx[b[0]] as usize).collect();
+    Ok((perm, block_group))
 }
 
 /// Whether `name` is one of a packed projection's tensors (either scheme).
@@ -152,13 +225,16 @@ fn expect(t: &str, what: &str, d: Dtype, s: &[usize], want: &[usize], ok: bool) 
 impl PackedIntWeight {
     /// Projection `name` (`P.weight` in the declaration) of `shape` `[rows, cols]` from
     /// its packed tensors, or `None` when the checkpoint has no packed `P`. Shapes, dtypes
-    /// and the packing (symmetric, groups in column order) are checked; a failure names the
-    /// tensor. With `unpack` false only the checks run (the codes are left empty).
+    /// and the packing (symmetric, groups in column order, or in act order for the
+    /// projections [`act_ordered`] names, their columns in `range` sorted by group) are
+    /// checked; a failure names the tensor. With `unpack` false only the checks run (the
+    /// codes are left empty).
     pub(super) fn read(
         ck: &Checkpoint,
         g: IntPacking,
         name: &str,
         shape: &[usize],
+        range: Option<std::ops::Range<usize>>,
         unpack: bool,
     ) -> Result<Option<PackedIntWeight>> {
         let Some(base) = name.strip_suffix(".weight") else {
@@ -197,6 +273,11 @@ impl PackedIntWeight {
             ));
         }
         let groups = cols / group;
+        let range = range.unwrap_or(0..cols);
+        let sorted = g.act_order && act_ordered(name);
+        // Act order's permutation and the group of each block (column order by default).
+        let mut perm = None;
+        let mut block_group: Vec<usize> = (0..cols / BLOCK).map(|b| b * BLOCK / group).collect();
         let what = format!("{scheme}, {bits} bits");
         let missing = |t: &str| {
             err(
@@ -218,8 +299,9 @@ impl PackedIntWeight {
                 Some(c) => Err(err(
                     t,
                     format!(
-                        "puts column {c} outside group {} (groups in activation order are not \
-                         supported)",
+                        "puts column {c} outside group {} (groups in activation order run for \
+                         a dense layer's q/k/v, o, gate/up and down projections under GPTQ's \
+                         desc_act, not here)",
                         c / group
                     ),
                 )),
@@ -260,7 +342,13 @@ impl PackedIntWeight {
                 let (scales, qzeros, qz_bytes) = scales_and_qzeros(zw)?;
                 if let Some((t, (d, s, b))) = get("g_idx") {
                     expect(&t, &what, d, &s, &[cols], is_int(d))?;
-                    column_order(&t, b)?;
+                    match sorted {
+                        true => {
+                            let (p, bg) = sort_by_group(&t, &words(b), groups, range.clone())?;
+                            (perm, block_group) = (Some(p), bg);
+                        }
+                        false => column_order(&t, b)?,
+                    }
                 }
                 // Word (g, j) holds rows j * per_word .. of group g.
                 let zs = zero_grid(qz_bytes, bits, groups, rows, |i, s| {
@@ -359,6 +447,16 @@ impl PackedIntWeight {
                 scales
             }
         };
+        if let (Some(p), true) = (&perm, unpack) {
+            // Each row's columns in act order's order.
+            let mut row = vec![0u8; cols];
+            for r in codes.chunks_exact_mut(cols.max(1)) {
+                row.copy_from_slice(r);
+                for (o, &c) in r.iter_mut().zip(p) {
+                    *o = row[c];
+                }
+            }
+        }
         Ok(Some(PackedIntWeight {
             rows,
             cols,
@@ -367,17 +465,28 @@ impl PackedIntWeight {
             codes,
             scales,
             zeros,
-            group,
+            block_group,
+            perm,
+            range,
         }))
     }
 
+    /// Act order's permutation of this rank's columns (`range`) as the forward gathers
+    /// them: entry `j` the input column (within the share) that the weight's column
+    /// `range.start + j` multiplies. `None` without act order (the file's order).
+    pub(super) fn perm(&self) -> Option<Vec<i32>> {
+        let p = self.perm.as_ref()?;
+        let r = &self.range;
+        Some(p[r.clone()].iter().map(|&c| (c - r.start) as i32).collect())
+    }
+
     fn scale(&self, row: usize, col: usize) -> f16 {
-        self.scales[(col / self.group) * self.rows + row]
+        self.scales[self.block_group[col / BLOCK] * self.rows + row]
     }
 
     fn zero(&self, row: usize, col: usize) -> i32 {
         match &self.zeros {
-            Some(z) => z[(col / self.group) * self.rows + row] as i32,
+            Some(z) => z[self.block_group[col / BLOCK] * self.rows + row] as i32,
             None => 1 << (self.bits - 1),
         }
     }

@@ -33,7 +33,7 @@ impl Source {
             },
             // A GPTQ projection: its own codes and scales as GGUF blocks when kept in the
             // format it is exactly, else its values requantized.
-            Source::Checkpoint(ck) => match ck.packed_int(&spec.name, &spec.shape)? {
+            Source::Checkpoint(ck) => match ck.packed_int(spec)? {
                 Some(w) if w.format() == fmt => staging.packed(fmt, k, &w.blocks()),
                 Some(w) => {
                     let values = w.to_f32();

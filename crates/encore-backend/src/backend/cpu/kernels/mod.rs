@@ -11,6 +11,7 @@
 //! `&` and `&mut` slices would be undefined behaviour.
 
 mod attention;
+mod gather;
 mod qkv_rope;
 mod sample;
 
@@ -25,6 +26,7 @@ use crate::args::Activation;
 use crate::ops::{ColumnDims, EmbeddingDims, MatmulDims, MoeDims, RowDims};
 use crate::quant::{self, QuantFormat};
 use crate::tensor::{DType, Tensor};
+pub(super) use gather::gather_columns;
 
 pub(super) use attention::{attention, AttentionArgs};
 pub(super) use qkv_rope::{qkv_rope_write, QkvRopeArgs};

@@ -29,6 +29,8 @@ macro_rules! args {
     };
 }
 
+mod gather;
+pub(super) use gather::gather_columns;
 mod attention;
 pub(super) use attention::{attention, attention_scratch_len, dynamic_smem_limit};
 mod moe;

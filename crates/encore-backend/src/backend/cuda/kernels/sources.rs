@@ -41,6 +41,15 @@ pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
         functions: &["embedding_bf16", "embedding_f16", "embedding_f32"],
     },
     KernelSource {
+        file: "gather.cu",
+        src: include_str!("../../../../kernels/gather.cu"),
+        functions: &[
+            "gather_columns_bf16",
+            "gather_columns_f16",
+            "gather_columns_f32",
+        ],
+    },
+    KernelSource {
         file: "rms_norm.cu",
         src: include_str!("../../../../kernels/rms_norm.cu"),
         functions: &[
