@@ -146,7 +146,8 @@ def parse_sources():
     """(file, src path, [functions]) for every KernelSource in kernels/sources.rs."""
     if not KERNELS_RS.exists():
         sys.exit(f"check-kernels: {KERNELS_RS} not found")
-    text = KERNELS_RS.read_text()
+    # sources.rs holds SOURCES; sources_quant.rs the quantized formats' entries it names.
+    text = KERNELS_RS.read_text() + (KERNELS_RS.parent / "sources_quant.rs").read_text()
     entries = []
     pat = re.compile(
         r"KernelSource\s*\{\s*file:\s*\"([^\"]+)\"\s*,\s*src:\s*include_str!\(\s*\"([^\"]+)\"\s*\)"

@@ -20,6 +20,7 @@ use crate::ops::{ColumnDims, EmbeddingDims, MatmulDims, QkvRopeDims, RowDims, Sa
 use crate::tensor::{DType, Tensor};
 
 mod sources;
+mod sources_quant;
 pub(super) use sources::{KernelSource, COMMON, SOURCES};
 
 /// `[*mut c_void; N]` of pointers to the (local, named) kernel arguments, in order.
