@@ -212,24 +212,7 @@ pub(in crate::backend::cuda) fn matmul(
     let k = int(OP, "k", d.k)?;
     let out_f32 = i32::from(out.dtype() == DType::F32);
     be.launch(kernel, c, &mut args![xp, wp, bp, op, ws, m, n, k, out_f32])?;
-    if splits > 1 {
-        let total = d.m * d.n;
-        let c = cfg(
-            (
-                grid_x(OP, "reduce CTAs", total.div_ceil(256).min(1 << 16))?,
-                1,
-                1,
-            ),
-            (256, 1, 1),
-        );
-        let splits = splits as i32;
-        be.launch(
-            be.kernels().qmma_reduce(dt, out.dtype())?,
-            c,
-            &mut args![ws, bp, op, m, n, splits],
-        )?;
-    }
-    Ok(())
+    super::quant::split_k_reduce(be, splits, ws, bp, dt, out, d)
 }
 
 #[cfg(test)]

@@ -265,24 +265,40 @@ fn qmma(
     let n = int(OP, "n", d.n)?;
     let k = int(OP, "k", d.k)?;
     be.launch(kernel, c, &mut args![xp, wp, bp, op, ws, m, n, k])?;
-    if splits > 1 {
-        let total = d.m * d.n;
-        let c = cfg(
-            (
-                grid_x(OP, "reduce CTAs", total.div_ceil(256).min(1 << 16))?,
-                1,
-                1,
-            ),
-            (256, 1, 1),
-        );
-        let splits = splits as i32;
-        be.launch(
-            be.kernels().qmma_reduce(dt, out.dtype())?,
-            c,
-            &mut args![ws, bp, op, m, n, splits],
-        )?;
+    split_k_reduce(be, splits, ws, bp, dt, out, d)
+}
+
+/// The split-K sum of `qmma` and the mixed-input GEMM (`qmma_reduce_<x>_<out>`): the
+/// `splits` f32 partials in `ws` summed into `out` (x's type `dt`, or f32) with the bias;
+/// nothing for one split.
+pub(in crate::backend::cuda) fn split_k_reduce(
+    be: &CudaBackend,
+    splits: usize,
+    ws: u64,
+    bp: u64,
+    dt: DType,
+    out: &Tensor,
+    d: &MatmulDims,
+) -> Result<()> {
+    const OP: &str = "matmul (split-K reduce)";
+    if splits <= 1 {
+        return Ok(());
     }
-    Ok(())
+    let (m, n, op_out) = (int(OP, "m", d.m)?, int(OP, "n", d.n)?, dptr(out));
+    let c = cfg(
+        (
+            grid_x(OP, "reduce CTAs", (d.m * d.n).div_ceil(256).min(1 << 16))?,
+            1,
+            1,
+        ),
+        (256, 1, 1),
+    );
+    let splits = splits as i32;
+    be.launch(
+        be.kernels().qmma_reduce(dt, out.dtype())?,
+        c,
+        &mut args![ws, bp, op_out, m, n, splits],
+    )
 }
 
 /// Offsets in the scratch of the FP8 GEMM's operands for `d`: (x's E4M3 values, x's
