@@ -142,6 +142,14 @@ impl<H: Hooks> Backend for Hooked<H> {
         self.inner.scale(x, s)
     }
 
+    fn gather_columns(&self, x: &Tensor, perm: &Tensor, out: &Tensor) -> Result<()> {
+        self.inner.gather_columns(x, perm, out)
+    }
+
+    fn prepare_weight(&self, w: Tensor) -> Result<Tensor> {
+        self.inner.prepare_weight(w)
+    }
+
     fn softcap(&self, x: &Tensor, cap: f32) -> Result<()> {
         self.inner.softcap(x, cap)
     }
