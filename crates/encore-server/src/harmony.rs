@@ -284,7 +284,11 @@ mod tests {
     /// A word-level tokenizer of harmony's special tokens and the printable ASCII
     /// characters, `<|return|>` its end token.
     fn tokenizer() -> Tokenizer {
-        let dir = std::env::temp_dir().join(format!("encore-harmony-{}", std::process::id()));
+        // One folder a call: the tests run in parallel and each removes its own.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("encore-harmony-{}-{call}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut vocab = serde_json::Map::new();
         let mut added = Vec::new();
