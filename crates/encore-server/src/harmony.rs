@@ -247,22 +247,8 @@ fn today() -> String {
     let days = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() / 86_400) as i64;
-    let (y, m, d) = civil(days);
+    let (y, m, d) = encore_core::tokenizer::civil_from_days(days);
     format!("{y:04}-{m:02}-{d:02}")
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Hinnant's algorithm).
-fn civil(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]
@@ -439,9 +425,15 @@ mod tests {
 
     #[test]
     fn harmony_dates_and_efforts() {
-        assert_eq!(civil(0), (1970, 1, 1));
-        assert_eq!(civil(20_307), (2025, 8, 7));
-        assert_eq!(civil(11_016), (2000, 2, 29));
+        assert_eq!(encore_core::tokenizer::civil_from_days(0), (1970, 1, 1));
+        assert_eq!(
+            encore_core::tokenizer::civil_from_days(20_307),
+            (2025, 8, 7)
+        );
+        assert_eq!(
+            encore_core::tokenizer::civil_from_days(11_016),
+            (2000, 2, 29)
+        );
         assert_eq!(today().len(), 10);
         assert_eq!(effort("high", "x").unwrap(), Effort::High);
         let e = effort("minimal", "reasoning.effort").unwrap_err();

@@ -26,6 +26,7 @@ pub(crate) use gguf::end_of_generation_ids;
 pub use gguf::GgufVocab;
 pub use stop::{StopMatcher, StopOutput, StopStream};
 pub use stream::StreamDecoder;
+pub use template::civil_from_days;
 use template::ChatTemplate;
 
 /// The byte tokenizer's BOS id (ids `0..=255` are the bytes).

@@ -244,7 +244,7 @@ pub(crate) fn strftime(format: &str, unix_secs: u64) -> Result<String, minijinja
 
 /// (year, month 1..=12, day 1..=31) of a day count since 1970-01-01 (Howard Hinnant's
 /// `civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
