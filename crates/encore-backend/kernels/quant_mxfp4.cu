@@ -51,6 +51,12 @@ __device__ __forceinline__ void mx_floats4(unsigned int s, float* f) {
         f[e] = __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7650u | e)) - 8388736.0f;
 }
 
+// The E2M1 codes in the top nibbles of t's halves (bits 15..12, 31..28) as a bf16 pair of
+// their values times 2^-126, times the bf16 pair m (rounded once; exact for powers of two).
+__device__ __forceinline__ unsigned int mx_bf2(unsigned int t, unsigned int m) {
+    return q_bf2_fma((t & 0x80008000u) | ((t >> 6) & 0x01C001C0u), m, 0x80008000u);
+}
+
 struct QFormatMxfp4 {
     static constexpr int BE = 32, QB = 16, SB = 1, UPB = 1, UNROLL = 4;
     struct Unit {
@@ -94,6 +100,33 @@ struct QFormatMxfp4 {
         r.q[0] = q_ldg128(row + gi * QB);
         r.s = __ldg(row + nb * QB + gi * SB);
     }
+    // The same 32 values as 16 bf16 pairs in k order, exactly: a code's bits s e1 e0 m put at
+    // a bf16's sign and bits 8..6 (mx_bf2) make its E2M1 value times 2^-126 (a subnormal
+    // for e1 e0 = 0), and one bf16x2 product by 2^(e - 1) = 2^126 times the scale 2^(e - 127)
+    // gives the value (products of powers of two by 3-bit values: exact wherever f32's
+    // decode is finite and not below 2^-133). A scale above 2^1 (e > 128) takes a second
+    // product, 2^127 then 2^(e - 128), since 2^(e - 1) would not fit a bf16.
+    static __device__ __forceinline__ void decode_bf16(const Raw& r, int, unsigned int (&o)[16]) {
+        const unsigned int e = r.s & 0xFFu;
+        const unsigned int m1 = ((min(e, 128u) + 126u) << 7) * 0x10001u;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const unsigned int word = q_word(r.q[0], w);
+            // Bytes 4w, 4w + 1 (then 4w + 2, 4w + 3) at bytes 1 and 3, so each half's top
+            // nibble is a high nibble (values 16 + ...) and, shifted by 4, a low one.
+            const unsigned int ta = __byte_perm(word, 0u, 0x1404u);
+            const unsigned int tb = __byte_perm(word, 0u, 0x3424u);
+            o[2 * w] = mx_bf2(ta << 4, m1);
+            o[2 * w + 1] = mx_bf2(tb << 4, m1);
+            o[8 + 2 * w] = mx_bf2(ta, m1);
+            o[9 + 2 * w] = mx_bf2(tb, m1);
+        }
+        if (e > 128u) {
+            const unsigned int m2 = ((e - 1u) << 7) * 0x10001u;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) o[i] = q_bf2_fma(o[i], m2, 0x80008000u);
+        }
+    }
     static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
         const float d = mx_half_scale(r.s & 0xFFu);
 #pragma unroll
@@ -109,6 +142,10 @@ struct QFormatMxfp4 {
             }
         }
     }
+};
+
+template <> struct QDecodeBf16<QFormatMxfp4> {
+    static constexpr bool value = true;
 };
 
 QUANT_KERNELS(QFormatMxfp4, mxfp4)

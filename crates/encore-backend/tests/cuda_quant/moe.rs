@@ -3,7 +3,8 @@
 
 use super::*;
 
-/// A mixture-of-experts layer with quantized experts (`qmoe_*`) against the CPU backend:
+/// A mixture-of-experts layer with quantized experts (`qmoe_*`, `qmoe_mma_*` for x in bf16,
+/// and the grouped GEMM) against the CPU backend:
 /// every format, x in bf16 / f16 / f32, gate/up and down in different formats (a Q4_K_M
 /// file's Q4_K gate/up with Q6_K down), rows of 1..=16 blocks (lane groups of 1 to 32
 /// lanes), 1, 3 and 40 tokens, every token on one expert; the routing exactly; captured once
@@ -17,6 +18,10 @@ fn quantized_moe_matches_cpu() {
     let pairs = CudaBackend::new(0)
         .unwrap()
         .with_moe_gemm_min_tokens(usize::MAX);
+    let pairs_f32 = CudaBackend::new(0)
+        .unwrap()
+        .with_moe_gemm_min_tokens(usize::MAX)
+        .with_moe_pairs_mma(false);
     let cpu = CpuBackend::new();
     // (gate/up format, down format, x dtype, tokens, hidden, experts, expert width, top k,
     // all tokens on expert 0)
@@ -75,6 +80,17 @@ fn quantized_moe_matches_cpu() {
             false,
         ),
     ]);
+    // Every format with x in bf16 (the tensor-core pair kernels), 2 tokens, top 3: group
+    // counts that leave lanes of the last chunk idle where the block allows (160 values: 5
+    // groups), 8-output tiles past the width (96).
+    cases.extend(QuantFormat::ALL.iter().map(|&f| {
+        let (h, i) = match f.block_elems() {
+            256 => (768, 256),
+            128 => (384, 128),
+            _ => (160, 96),
+        };
+        (f, f, DType::BF16, 2, h, 5, i, 3, false)
+    }));
     // 64-row tiles of the grouped GEMM (over 32 pairs an expert).
     cases.push((
         QuantFormat::Q4K,
@@ -166,7 +182,11 @@ fn quantized_moe_matches_cpu() {
             )
         };
         let (ci, co) = run(&cpu, false);
-        for (path, gpu) in [("pairs", &pairs as &dyn Backend), ("grouped", &grouped)] {
+        for (path, gpu) in [
+            ("pairs", &pairs as &dyn Backend),
+            ("pairs in f32", &pairs_f32),
+            ("grouped", &grouped),
+        ] {
             let name = format!("{name}, {path}");
             let (gi, go) = run(gpu, false);
             assert_eq!(gi, ci, "{name}: chosen experts");

@@ -5,8 +5,8 @@ use super::*;
 use encore_backend::backend::{Moe, MoeBias};
 
 /// gpt-oss's experts on CUDA: MXFP4 (and two other formats) with gate/up and down biases and
-/// `Activation::SwigluOai`, x in bf16 / f16 / f32, through the pair kernels and the grouped
-/// GEMM (64-row tiles at 300 tokens), eager and replayed from a graph captured on other
+/// `Activation::SwigluOai`, x in bf16 / f16 / f32, through the pair kernels (on the tensor
+/// cores and in f32) and the grouped GEMM (64-row tiles at 300 tokens), eager and replayed from a graph captured on other
 /// routing, against the CPU backend (which decodes the same bytes).
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -16,6 +16,10 @@ fn quantized_experts_with_biases_match_cpu() {
     let pairs = CudaBackend::new(0)
         .unwrap()
         .with_moe_gemm_min_tokens(usize::MAX);
+    let pairs_f32 = CudaBackend::new(0)
+        .unwrap()
+        .with_moe_gemm_min_tokens(usize::MAX)
+        .with_moe_pairs_mma(false);
     let cpu = CpuBackend::new();
     // (gate/up format, down format, x dtype, tokens, hidden, experts, expert width, top k,
     // activation)
@@ -78,7 +82,10 @@ fn quantized_experts_with_biases_match_cpu() {
             .map(|j| ((j * 7919 + c) % e) as f32 * 0.23)
             .collect();
         let gu = weight_bytes(gf, 2 * e * i, h, seed + 1);
-        let dn = weight_bytes(df, e * h, i, seed + 2);
+        let mut dn = weight_bytes(df, e * h, i, seed + 2);
+        if df == mx {
+            spread_mxfp4_scales(&mut dn, e * h, i);
+        }
         let gu_b = values(2 * e * i, seed + 3);
         let dn_b = values(e * h, seed + 4);
         let name = format!("case {c} ({gf}/{df}, {dt}, n={n} h={h} e={e} i={i} k={k}, {act:?})");
@@ -134,7 +141,11 @@ fn quantized_experts_with_biases_match_cpu() {
             )
         };
         let (ci, co) = run(&cpu, false);
-        for (path, gpu) in [("pairs", &pairs as &dyn Backend), ("grouped", &grouped)] {
+        for (path, gpu) in [
+            ("pairs", &pairs as &dyn Backend),
+            ("pairs in f32", &pairs_f32),
+            ("grouped", &grouped),
+        ] {
             let name = format!("{name}, {path}");
             let (gi, go) = run(gpu, false);
             assert_eq!(gi, ci, "{name}: chosen experts");
@@ -142,6 +153,17 @@ fn quantized_experts_with_biases_match_cpu() {
             let (ri, ro) = run(gpu, true);
             assert_eq!(ri, gi, "{name}: replayed routing");
             assert_eq!(ro, go, "{name}: replay against eager");
+        }
+    }
+}
+
+/// MXFP4 rows (`rows` of `k` values) with their block scales spread over 2^-7 ..= 2^8 (E8M0
+/// 120..=135), so the bf16 decode's second product (scales above 2^1) runs too.
+fn spread_mxfp4_scales(bytes: &mut [u8], rows: usize, k: usize) {
+    let (row, nb) = (bytes.len() / rows, k / 32);
+    for r in 0..rows {
+        for b in 0..nb {
+            bytes[r * row + 16 * nb + b] = 120 + ((7 * r + 3 * b) % 16) as u8;
         }
     }
 }

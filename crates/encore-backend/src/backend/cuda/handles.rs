@@ -165,6 +165,9 @@ pub(super) struct Kernels<K = Kernel> {
     /// path), by [`QUANT_FORMATS`] index.
     pub qmoe_gate_up: [PerDType<K>; NF],
     pub qmoe_down: [PerDType<K>; NF],
+    /// The same on the tensor cores (`quant_moe_mma.cuh`, x in bf16): by
+    /// [`QUANT_FORMATS`] index, gate/up then down.
+    pub qmoe_mma: [[K; 2]; NF],
     /// The grouped MoE GEMM: by weight format ([`QUANT_FORMATS`] index, then dense), x in
     /// bf16 / f16, gate/up then down, [`GMOE_TILES`]; the pairs' sort and the slots' sum.
     pub gmoe: [[[[K; 2]; 2]; 2]; NF + 1],
@@ -283,6 +286,13 @@ impl<K> Kernels<K> {
         let dequant = per_format(|f| PerDType::resolve(t, DEQUANT_OPS[f]))?;
         let qmoe_gate_up = per_format(|f| PerDType::resolve(t, QMOE_GATE_UP_OPS[f]))?;
         let qmoe_down = per_format(|f| PerDType::resolve(t, QMOE_DOWN_OPS[f]))?;
+        let qmoe_mma = per_format(|f| {
+            let fname = QUANT_FORMATS[f].name();
+            Ok([
+                t(&format!("qmoe_mma_gate_up_{fname}_bf16"))?,
+                t(&format!("qmoe_mma_down_{fname}_bf16"))?,
+            ])
+        })?;
         let mut gmoe_one = |fname: &str| -> Result<[[[K; 2]; 2]; 2]> {
             let mut one = |x: usize, op: &str| -> Result<[K; 2]> {
                 let xs = DTYPES[x].kernel_suffix();
@@ -357,6 +367,7 @@ impl<K> Kernels<K> {
             dequant,
             qmoe_gate_up,
             qmoe_down,
+            qmoe_mma,
             gmoe,
             moe_align: t("moe_align")?,
             moe_cache_plan: t("moe_cache_plan")?,

@@ -149,6 +149,10 @@ pub struct CudaBackend {
     /// (`ENCORE_MOE_GEMM_MIN_TOKENS`); `None`: those averaging
     /// `kernels::MOE_GEMM_MIN_PAIRS_PER_EXPERT` pairs an expert.
     moe_gemm_min_tokens: Option<usize>,
+    /// Whether a few-token mixture-of-experts layer's quantized experts run on the tensor
+    /// cores (`quant_moe_mma.cuh`, x in bf16) or the f32 pair kernels (`ENCORE_MOE_PAIRS`:
+    /// `mma`, the default, or `gemv`).
+    moe_pairs_mma: bool,
     /// CTAs per SM of an expert prefetch's copy kernel (`ENCORE_EXPERT_PREFETCH_CTAS`,
     /// default `kernels::MOE_PREFETCH_CTAS_PER_SM`).
     prefetch_ctas_per_sm: u32,
@@ -385,6 +389,20 @@ impl CudaBackend {
     /// whatever `ENCORE_QUANT_GEMM` says (tests and comparisons pin one path).
     pub fn with_quant_gemm(mut self, g: QuantGemm) -> Self {
         self.quant_gemm = g;
+        self
+    }
+
+    /// Whether a few-token mixture-of-experts layer's quantized experts run on the tensor
+    /// cores (x in bf16).
+    pub(in crate::backend::cuda) fn moe_pairs_mma(&self) -> bool {
+        self.moe_pairs_mma
+    }
+
+    /// This backend with a few-token mixture-of-experts layer's quantized experts on the
+    /// tensor cores (`true`) or the f32 pair kernels, whatever `ENCORE_MOE_PAIRS` says
+    /// (tests and comparisons pin one path).
+    pub fn with_moe_pairs_mma(mut self, on: bool) -> Self {
+        self.moe_pairs_mma = on;
         self
     }
 

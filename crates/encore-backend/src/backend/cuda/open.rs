@@ -241,6 +241,19 @@ impl CudaBackend {
                     )
                 })?),
             },
+            moe_pairs_mma: match std::env::var("ENCORE_MOE_PAIRS") {
+                Err(_) => true,
+                Ok(v) => match v.trim() {
+                    "mma" => true,
+                    "gemv" => false,
+                    other => {
+                        return Err(Error::invalid(
+                            "ENCORE_MOE_PAIRS",
+                            format!("`{other}`: expected `mma` or `gemv`"),
+                        ))
+                    }
+                },
+            },
             prefetch_ctas_per_sm: count_from_env(
                 "ENCORE_EXPERT_PREFETCH_CTAS",
                 1,

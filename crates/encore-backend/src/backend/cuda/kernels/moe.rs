@@ -11,6 +11,8 @@ use crate::tensor::{DType, Tensor};
 const MOE_WARPS: usize = 8;
 const MOE_MAX_EXPERTS: usize = 32 * 16;
 const MOE_MAX_TOP_K: usize = 32;
+/// Output tiles of 8 a `qmoe_mma_gate_up` CTA computes (`QMM_GU_TILES`).
+const QMM_GU_TILES: usize = 4;
 
 /// A mixture-of-experts layer (`moe.cu`): the router's top k into `ids` / `weights`, the
 /// chosen experts' gate/up + SiLU into the scratch, their down projections summed by
@@ -123,7 +125,28 @@ pub(in crate::backend::cuda) fn moe(
             ))
         }
     };
-    if let DType::Q(fmt) = a.gate_up.dtype() {
+    // The tensor-core pair kernels (quant_moe_mma.cuh): x in bf16, rows of whole 32-value
+    // groups.
+    let mma = be.moe_pairs_mma()
+        && dt == DType::BF16
+        && d.hidden.is_multiple_of(32)
+        && d.inter.is_multiple_of(32);
+    if let (DType::Q(fmt), true) = (a.gate_up.dtype(), mma) {
+        x_aligned(a.gate_up, a.x)?;
+        x_aligned(a.gate_up, a.scratch)?;
+        be.launch(
+            &k.qmoe_mma[quant::format_slot(fmt)][0],
+            cfg(
+                (
+                    grid_x(OP, "inter", d.inter.div_ceil(8 * QMM_GU_TILES))?,
+                    grid_y("(token, expert) pairs", pairs)?,
+                    1,
+                ),
+                threads,
+            ),
+            &mut args![x, ex, ids, act, hidden, inter, experts, top_k, act_kind, gu_bias],
+        )?;
+    } else if let DType::Q(fmt) = a.gate_up.dtype() {
         x_aligned(a.gate_up, a.x)?;
         x_aligned(a.gate_up, a.scratch)?;
         let (g, per_cta) = quant::moe_groups(fmt, d.hidden);
@@ -154,7 +177,21 @@ pub(in crate::backend::cuda) fn moe(
         )?;
     }
     let out = dptr(a.out);
-    if let DType::Q(fmt) = a.down.dtype() {
+    if let (DType::Q(fmt), true) = (a.down.dtype(), mma) {
+        x_aligned(a.down, a.scratch)?;
+        be.launch(
+            &k.qmoe_mma[quant::format_slot(fmt)][1],
+            cfg(
+                (
+                    grid_x(OP, "hidden", d.hidden.div_ceil(16))?,
+                    grid_y("tokens", d.n)?,
+                    1,
+                ),
+                threads,
+            ),
+            &mut args![act, ex, ids, wts, out, hidden, inter, experts, top_k, dn_bias],
+        )
+    } else if let DType::Q(fmt) = a.down.dtype() {
         x_aligned(a.down, a.scratch)?;
         // Two outputs per lane group, the lane groups of one warp per CTA.
         let (g, _) = quant::moe_groups(fmt, d.inter);

@@ -11,11 +11,13 @@ pub(in crate::backend::cuda) struct KernelSource {
 
 /// Prepended to every kernel file before NVRTC compiles it: the headers, in this order
 /// (general helpers; the quantized gemv, dequantize and expert-pair machinery; the
-/// quantized tensor-core GEMMs; the FP8 KV cache's conversions).
+/// quantized tensor-core GEMMs; the few-token experts on the tensor cores; the FP8 KV cache's
+/// conversions).
 pub(in crate::backend::cuda) const COMMON: &str = concat!(
     include_str!("../../../../kernels/common.cuh"),
     include_str!("../../../../kernels/quant_gemv.cuh"),
     include_str!("../../../../kernels/quant_mma.cuh"),
+    include_str!("../../../../kernels/quant_moe_mma.cuh"),
     include_str!("../../../../kernels/fp8_kv.cuh"),
 );
 
@@ -282,6 +284,8 @@ pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
             "qmoe_down_fp8_bf16",
             "qmoe_down_fp8_f16",
             "qmoe_down_fp8_f32",
+            "qmoe_mma_gate_up_fp8_bf16",
+            "qmoe_mma_down_fp8_bf16",
             "gmoe_gate_up_fp8_bf16_bm32",
             "gmoe_gate_up_fp8_bf16_bm64",
             "gmoe_gate_up_fp8_f16_bm32",
@@ -352,6 +356,8 @@ pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
             "qmoe_down_mxfp4_bf16",
             "qmoe_down_mxfp4_f16",
             "qmoe_down_mxfp4_f32",
+            "qmoe_mma_gate_up_mxfp4_bf16",
+            "qmoe_mma_down_mxfp4_bf16",
             "gmoe_gate_up_mxfp4_bf16_bm32",
             "gmoe_gate_up_mxfp4_bf16_bm64",
             "gmoe_gate_up_mxfp4_f16_bm32",
