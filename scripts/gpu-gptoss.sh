@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # gpt-oss at batch 1 on the GPU (issue "gpt-oss": batch 1 within 1.5x its floor), with the
-# `encore` binaries carried as .gpu/encore.xz and, for an A/B, .gpu/encore-old.xz:
+# `encore` binaries carried as .gpu/encore.xz and, for an A/B, .gpu/encore-old.xz (or as
+# .gpu/gpu.tar.xz from scripts/pack-gpu.sh, with test binaries):
+#   test     the test binaries of gpu.tar.xz named by TESTS (default "cuda_quant loader"),
+#            --include-ignored (TEST_FILTER: test-name filters);
 #   info     every CUDA kernel against the CPU (the expert kernels of every format among them);
 #   ab       `bench decode` of dummy:gpt-oss-20b in MXFP4 at batch 1 and 64, context 512,
 #            old and new binaries alternated ROUNDS times (graph step, median of 20);
+#   pairs    the few-token experts' kernels: ENCORE_MOE_PAIRS=gemv (f32 pair kernels) and
+#            mma (tensor cores) alternated ROUNDS times, `bench decode --batch 1,8` of each of
+#            PAIR_MODELS ("model:quantization", default gpt-oss-20b in MXFP4 and
+#            Qwen3-30B-A3B's shapes in Q4_K);
 #   ncu      (BIN=encore|encore-old) each kernel of an eager batch-1 step: time, DRAM bytes read, grid (one step's
 #            launches, the load and the first steps skipped), summed by name.
-# Logs go to $OUT.   usage: bash scripts/gpu-gptoss.sh [info,ab,ncu]
+# Logs go to $OUT.   usage: bash scripts/gpu-gptoss.sh [test,info,ab,pairs,ncu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -15,10 +22,18 @@ OUT=${OUT:-$(mktemp -d)}
 parts=${1:-info,ab}
 MODEL=${MODEL:-dummy:gpt-oss-20b}
 mkdir -p .bin
+[ -f .gpu/gpu.tar.xz ] && tar -xJf .gpu/gpu.tar.xz -C .bin
 for b in encore encore-old; do
   [ -f ".gpu/$b.xz" ] && xz -dc ".gpu/$b.xz" > ".bin/$b" && chmod +x ".bin/$b"
 done
 has() { [[ ",$parts," == *",$1,"* ]]; }
+if has test; then
+  for t in ${TESTS:-cuda_quant loader}; do
+    ".bin/tests/$t" --include-ignored --test-threads=4 ${TEST_FILTER:-} > "$OUT/test-$t.log" 2>&1
+    echo "test $t rc=$?: $(grep -E '^test result' "$OUT/test-$t.log" | tail -1)"
+    grep -E 'FAILED|panicked' "$OUT/test-$t.log" | head -8
+  done
+fi
 if has info; then
   .bin/encore info --device cuda --seed 3 > "$OUT/info.log" 2>&1; echo "info rc=$?"
   grep -E "FAIL|passed|failed" "$OUT/info.log" | tail -8
@@ -30,6 +45,18 @@ if has ab; then
       ".bin/$b" bench decode --device cuda --model "$MODEL" --quantization mxfp4 \
         --batch ${BATCH:-1,64} --context 512 --steps 20 --json 2>>"$OUT/ab.err" \
         | sed "s/^{/{\"bin\":\"$b\",/" | tee -a "$OUT/ab.jsonl" | cut -c1-220
+    done
+  done
+fi
+if has pairs; then
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for mq in ${PAIR_MODELS:-gpt-oss-20b:mxfp4 qwen3-30b-a3b:q4_k}; do
+      for p in gemv mma; do
+        ENCORE_MOE_PAIRS=$p .bin/encore bench decode --device cuda --model "dummy:${mq%%:*}" \
+          --quantization "${mq##*:}" --batch ${BATCH:-1,8} --context 512 --steps 20 --json \
+          2>>"$OUT/pairs.err" | sed "s/^{/{\"pairs\":\"$p\",/" | tee -a "$OUT/pairs.jsonl" \
+          | cut -c1-240
+      done
     done
   done
 fi
