@@ -11,9 +11,10 @@
 #            mma (tensor cores) alternated ROUNDS times, `bench decode --batch 1,8` of each of
 #            PAIR_MODELS ("model:quantization", default gpt-oss-20b in MXFP4 and
 #            Qwen3-30B-A3B's shapes in Q4_K);
+#   serve    `bench serve --dataset-shape trtllm-gpt-oss-20b` (MODEL's size) at ROWS;
 #   ncu      (BIN=encore|encore-old) each kernel of an eager batch-1 step: time, DRAM bytes read, grid (one step's
 #            launches, the load and the first steps skipped), summed by name.
-# Logs go to $OUT.   usage: bash scripts/gpu-gptoss.sh [test,info,ab,pairs,ncu]
+# Logs go to $OUT.   usage: bash scripts/gpu-gptoss.sh [test,info,ab,pairs,serve,ncu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -59,6 +60,20 @@ if has pairs; then
       done
     done
   done
+fi
+if has serve; then
+  # TensorRT-LLM's gpt-oss table (bench serve --dataset-shape trtllm-gpt-oss-20b|-120b):
+  # ROWS (default 1000/1000), PROMPTS a row (default the peer's counts), KV in KVDT (default
+  # auto = bf16: the peer's Hopper setting) at 95% of the free memory.
+  size=${MODEL#dummy:gpt-oss-}
+  .bin/encore bench serve --in-process --device cuda --model "$MODEL" --quantization mxfp4 \
+    --kv-cache-dtype ${KVDT:-auto} --max-num-batched-tokens 8192 --max-num-seqs ${SEQS:-1024} \
+    --kv-fraction ${KVF:-0.95} --dataset-shape "trtllm-gpt-oss-$size" --rows ${ROWS:-1000/1000} \
+    ${PROMPTS:+--num-prompts $PROMPTS} --json 2>"$OUT/serve.err" | tee "$OUT/serve.json" \
+    | python3 -c 'import json,sys
+for r in json.load(sys.stdin):
+    print({k: r.get(k) for k in ("isl","osl","num_prompts","output_throughput","peer_output_throughput","output_throughput_ratio","step_ms","host_ms","max_running","preemptions")})'
+  tail -3 "$OUT/serve.err"
 fi
 if has ncu; then
   timeout 300 ncu --clock-control none --csv \

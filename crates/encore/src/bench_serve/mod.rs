@@ -32,7 +32,10 @@ use serde_json::{json, Map, Value};
 use crate::engine_arg::{self, EngineArgs, EngineShape};
 use crate::out::{errln, outln};
 use crate::{parse, DeviceArg};
-use preset::{PeerRow, Run};
+use preset::{PeerRow, Run, Table};
+
+/// A preset row's peer: its table and row.
+type Peer = (&'static Table, &'static PeerRow);
 use report::report;
 use workload::{Arrival, WorkItem, Workload, WorkloadArgs};
 
@@ -152,12 +155,12 @@ fn print_errors(row: &Map<String, Value>) {
 
 /// Print the reports of the runs: a preset's table (see [`preset::print`]), or the one
 /// report, one line with `--json`, indented otherwise; failures also go to stderr.
-fn print(a: &BenchServeArgs, rows: Vec<(Option<&PeerRow>, Map<String, Value>)>) -> Result<()> {
+fn print(a: &BenchServeArgs, rows: Vec<(Option<Peer>, Map<String, Value>)>) -> Result<()> {
     if rows.iter().any(|(peer, _)| peer.is_some()) {
         let rows: Vec<Map<String, Value>> = rows
             .into_iter()
             .map(|(peer, row)| match peer {
-                Some(p) => preset::with_peer(p, row),
+                Some((t, p)) => preset::with_peer(t, p, row),
                 None => row,
             })
             .collect();

@@ -1,9 +1,10 @@
-//! `encore bench serve --dataset-shape trtllm`: TensorRT-LLM's published throughput table
-//! for Llama-3.1-8B FP8 on one H200 as a sequence of runs, one per row, and one table
-//! with TensorRT-LLM's figure beside ours.
+//! `encore bench serve --dataset-shape trtllm|trtllm-gpt-oss-20b|trtllm-gpt-oss-120b`:
+//! TensorRT-LLM's published throughput table for Llama-3.1-8B FP8 (or gpt-oss-20b, -120b)
+//! on one H200 as a sequence of runs, one per row, and one table with TensorRT-LLM's figure
+//! beside ours.
 //!
 //! The rows, their request counts and TensorRT-LLM's figures are those of its performance
-//! overview ([`SOURCE`]): `trtllm-bench throughput` over a synthetic data set of
+//! overview ([`Table::source`]): `trtllm-bench throughput` over a synthetic data set of
 //! `prepare_dataset.py token-norm-dist --num-requests=N --input-mean=ISL --output-mean=OSL
 //! --input-stdev=0 --output-stdev=0` (every request exactly ISL prompt tokens, random ids,
 //! and exactly OSL output tokens, end-of-sequence disabled), every request queued at once
@@ -25,6 +26,36 @@ pub enum DatasetShape {
     /// TensorRT-LLM's throughput table for Llama-3.1-8B FP8 on one H200 (trtllm-bench):
     /// ISL/OSL 128/128, 1000/1000, 500/2000 and 2048/128.
     Trtllm,
+    /// TensorRT-LLM's table for gpt-oss-20b on one H200 (TP1): 1000/1000, 1024/1024,
+    /// 1024/8192, 8192/1024 and 32768/1024.
+    #[value(name = "trtllm-gpt-oss-20b")]
+    TrtllmGptOss20b,
+    /// TensorRT-LLM's table for gpt-oss-120b on one H200 (TP1), the same rows.
+    #[value(name = "trtllm-gpt-oss-120b")]
+    TrtllmGptOss120b,
+}
+
+impl DatasetShape {
+    /// The published table the preset runs.
+    pub fn table(self) -> &'static Table {
+        match self {
+            DatasetShape::Trtllm => &TRTLLM_LLAMA_8B,
+            DatasetShape::TrtllmGptOss20b => &TRTLLM_GPT_OSS_20B,
+            DatasetShape::TrtllmGptOss120b => &TRTLLM_GPT_OSS_120B,
+        }
+    }
+}
+
+/// A peer's published throughput table for one model on one GPU.
+#[derive(Debug)]
+pub struct Table {
+    /// The preset's `--dataset-shape` value.
+    pub name: &'static str,
+    /// What the peer ran (model, weights, GPU).
+    pub what: &'static str,
+    /// Where the figures come from (a page at a commit).
+    pub source: &'static str,
+    pub rows: &'static [PeerRow],
 }
 
 /// One row of a peer's published table.
@@ -40,44 +71,67 @@ pub struct PeerRow {
     pub output_throughput: f64,
 }
 
-/// Where [`TRTLLM`] comes from: TensorRT-LLM's performance overview as of its 1.0 docs
-/// (the page that still has the Llama 3.1 8B table; later versions moved it to
-/// docs/source/developer-guide/perf-overview.md and dropped that model).
-pub const SOURCE: &str = "https://github.com/NVIDIA/TensorRT-LLM/blob/00f37686aa854010d68bcbd0f4ab000221541ca6/docs/source/performance/perf-overview.md";
-
 /// The peer's name in the table and the report.
 pub const PEER: &str = "TensorRT-LLM";
 
+const fn row(isl: usize, osl: usize, requests: usize, output_throughput: f64) -> PeerRow {
+    PeerRow {
+        isl,
+        osl,
+        requests,
+        output_throughput,
+    }
+}
+
 /// TensorRT-LLM's published throughput for Llama-3.1-8B FP8 (nvidia/Llama-3.1-8B-Instruct-FP8)
-/// on one H200 SXM 141GB, TP1, `trtllm-bench throughput` with the PyTorch backend
-/// ([`SOURCE`]: "Llama 3.1 8B", column "H200 TP1 (FP8)", output tokens/s), and the number
-/// of requests of each row's data set (the same page's `$num_requests` table).
-pub const TRTLLM: [PeerRow; 4] = [
-    PeerRow {
-        isl: 128,
-        osl: 128,
-        requests: 30_000,
-        output_throughput: 27_911.0,
-    },
-    PeerRow {
-        isl: 1000,
-        osl: 1000,
-        requests: 3000,
-        output_throughput: 17_744.0,
-    },
-    PeerRow {
-        isl: 500,
-        osl: 2000,
-        requests: 3000,
-        output_throughput: 20_770.0,
-    },
-    PeerRow {
-        isl: 2048,
-        osl: 128,
-        requests: 3000,
-        output_throughput: 3538.0,
-    },
-];
+/// on one H200 SXM 141GB, TP1, `trtllm-bench throughput` with the PyTorch backend: its
+/// performance overview as of its 1.0 docs (the page that still has the Llama 3.1 8B table;
+/// later versions moved it to docs/source/developer-guide/perf-overview.md and dropped that
+/// model), "Llama 3.1 8B", column "H200 TP1 (FP8)", output tokens/s, and the number of
+/// requests of each row's data set (the same page's `$num_requests` table).
+pub static TRTLLM_LLAMA_8B: Table = Table {
+    name: "trtllm",
+    what: "Llama-3.1-8B FP8, one H200, trtllm-bench throughput",
+    source: "https://github.com/NVIDIA/TensorRT-LLM/blob/00f37686aa854010d68bcbd0f4ab000221541ca6/docs/source/performance/perf-overview.md",
+    rows: &[
+        row(128, 128, 30_000, 27_911.0),
+        row(1000, 1000, 3000, 17_744.0),
+        row(500, 2000, 3000, 20_770.0),
+        row(2048, 128, 3000, 3538.0),
+    ],
+};
+
+/// Where the gpt-oss tables come from: TensorRT-LLM's developer guide, "GPT-OSS 20B" and
+/// "GPT-OSS 120B", column "H200 TP1" (MXFP4 experts; the page writes FP8: its KV cache and
+/// attention), output tokens/s per GPU; request counts from the same page's table (1000/1000
+/// as 1024/1024's: the page lists none for it).
+const GPT_OSS_SOURCE: &str = "https://github.com/NVIDIA/TensorRT-LLM/blob/03e27c7d5ff0c6e89f8328838c0a8e64f1b34f9d/docs/source/developer-guide/perf-overview.md";
+
+pub static TRTLLM_GPT_OSS_20B: Table = Table {
+    name: "trtllm-gpt-oss-20b",
+    what: "gpt-oss-20b, one H200, trtllm-bench throughput",
+    source: GPT_OSS_SOURCE,
+    rows: &[
+        row(1000, 1000, 3000, 13_858.0),
+        row(1024, 1024, 3000, 13_890.0),
+        row(1024, 8192, 1500, 12_743.0),
+        row(8192, 1024, 1500, 4015.0),
+        row(32768, 1024, 1000, 915.0),
+    ],
+};
+
+pub static TRTLLM_GPT_OSS_120B: Table = Table {
+    name: "trtllm-gpt-oss-120b",
+    what: "gpt-oss-120b, one H200, trtllm-bench throughput",
+    source: GPT_OSS_SOURCE,
+    rows: &[
+        row(1000, 1000, 3000, 6868.0),
+        row(1024, 1024, 3000, 6798.0),
+        row(1024, 8192, 1500, 3543.0),
+        row(8192, 1024, 1500, 1828.0),
+        row(32768, 1024, 1000, 519.0),
+    ],
+};
 
 /// Warm-up requests before each row without `--warmup`: trtllm-bench's default.
 pub const DEFAULT_WARMUP: usize = 2;
@@ -87,7 +141,7 @@ pub const DEFAULT_WARMUP: usize = 2;
 pub struct Run {
     pub args: WorkloadArgs,
     pub warmup: Option<WorkloadArgs>,
-    pub peer: Option<&'static PeerRow>,
+    pub peer: Option<(&'static Table, &'static PeerRow)>,
 }
 
 impl Run {
@@ -100,24 +154,27 @@ impl Run {
 /// The runs the flags ask for: the preset's rows (those of `--rows`), or the one run of
 /// the flags. A `--rows` entry that is no row of the preset is refused.
 pub fn runs(a: &WorkloadArgs) -> anyhow::Result<Vec<Run>> {
-    let Some(DatasetShape::Trtllm) = a.dataset_shape else {
+    let Some(shape) = a.dataset_shape else {
         return Ok(vec![Run {
             args: a.clone(),
             warmup: None,
             peer: None,
         }]);
     };
+    let table = shape.table();
     if let Some((i, o)) = a
         .rows
         .iter()
-        .find(|r| !TRTLLM.iter().any(|p| (p.isl, p.osl) == **r))
+        .find(|r| !table.rows.iter().any(|p| (p.isl, p.osl) == **r))
     {
-        let rows: Vec<String> = TRTLLM
+        let rows: Vec<String> = table
+            .rows
             .iter()
             .map(|p| format!("{}/{}", p.isl, p.osl))
             .collect();
         anyhow::bail!(
-            "--rows {i}/{o}: not a row of --dataset-shape trtllm ({})",
+            "--rows {i}/{o}: not a row of --dataset-shape {} ({})",
+            table.name,
             rows.join(", ")
         );
     }
@@ -138,33 +195,34 @@ pub fn runs(a: &WorkloadArgs) -> anyhow::Result<Vec<Run>> {
         rows: Vec::new(),
     };
     let warmup = a.warmup.unwrap_or(DEFAULT_WARMUP);
-    Ok(TRTLLM
+    Ok(table
+        .rows
         .iter()
         .enumerate()
         .filter(|(_, p)| a.rows.is_empty() || a.rows.contains(&(p.isl, p.osl)))
         .map(|(k, p)| Run {
             args: row(p, a.num_prompts.unwrap_or(p.requests), seed(2 * k as u64)),
             warmup: (warmup > 0).then(|| row(p, warmup, seed(2 * k as u64 + 1))),
-            peer: Some(p),
+            peer: Some((table, p)),
         })
         .collect())
 }
 
 /// The flags that set the requests' lengths, for errors.
-pub fn length_flags(a: &WorkloadArgs) -> &'static str {
+pub fn length_flags(a: &WorkloadArgs) -> String {
     match a.dataset_shape {
-        Some(DatasetShape::Trtllm) => "--dataset-shape trtllm",
-        None => "--input-len / --output-len / --trace",
+        Some(d) => format!("--dataset-shape {}", d.table().name),
+        None => "--input-len / --output-len / --trace".into(),
     }
 }
 
 /// What starts each row on stderr.
 pub fn announce(k: usize, run: &Run) -> String {
-    let p = run.peer.expect("a preset's run");
+    let (t, p) = run.peer.expect("a preset's run");
     format!(
         "row {}/{}: ISL/OSL {}/{}, {} request(s) at once{}",
         k + 1,
-        TRTLLM.len(),
+        t.rows.len(),
         p.isl,
         p.osl,
         run.args.num_prompts.unwrap_or(0),
@@ -177,10 +235,10 @@ pub fn announce(k: usize, run: &Run) -> String {
 
 /// A preset row's report with the peer's figures in front: `isl`, `osl`, the peer's
 /// request count and output throughput, and ours over theirs.
-pub fn with_peer(p: &PeerRow, report: Map<String, Value>) -> Map<String, Value> {
+pub fn with_peer(t: &Table, p: &PeerRow, report: Map<String, Value>) -> Map<String, Value> {
     let ours = report["output_throughput"].as_f64().unwrap_or(0.0);
     let mut m = Map::new();
-    m.insert("dataset_shape".into(), json!("trtllm"));
+    m.insert("dataset_shape".into(), json!(t.name));
     m.insert("isl".into(), json!(p.isl));
     m.insert("osl".into(), json!(p.osl));
     m.insert("peer".into(), json!(PEER));
@@ -190,7 +248,8 @@ pub fn with_peer(p: &PeerRow, report: Map<String, Value>) -> Map<String, Value> 
         "output_throughput_ratio".into(),
         json!(ours / p.output_throughput),
     );
-    m.insert("peer_source".into(), json!(SOURCE));
+    m.insert("peer_ran".into(), json!(t.what));
+    m.insert("peer_source".into(), json!(t.source));
     m.extend(report);
     m
 }
@@ -207,10 +266,11 @@ pub fn print(rows: &[Map<String, Value>], json: bool) -> anyhow::Result<()> {
     let first = rows.first();
     let text = |k: &str| first.and_then(|r| r[k].as_str()).unwrap_or("?").to_string();
     outln!(
-        "bench serve --dataset-shape trtllm: {} ({}) beside {PEER}'s published figures \
-         (Llama-3.1-8B FP8, one H200, trtllm-bench throughput)",
+        "bench serve --dataset-shape {}: {} ({}) beside {PEER}'s published figures ({})",
+        text("dataset_shape"),
         text("model"),
-        text("mode")
+        text("mode"),
+        text("peer_ran")
     )?;
     outln!(
         "{:<10} {:>8} {:>6} {:>13} {:>13} {:>9} {:>12} {:>13}",
@@ -244,14 +304,17 @@ pub fn print(rows: &[Map<String, Value>], json: bool) -> anyhow::Result<()> {
         )?;
     }
     if overridden {
-        let counts: Vec<String> = TRTLLM.iter().map(|p| p.requests.to_string()).collect();
+        let counts: Vec<String> = rows
+            .iter()
+            .map(|r| r["peer_num_prompts"].to_string())
+            .collect();
         outln!(
             "note: --num-prompts replaced {PEER}'s request counts ({}): a short run may not \
              reach its steady state",
             counts.join(", ")
         )?;
     }
-    outln!("{PEER}'s figures: {SOURCE}")?;
+    outln!("{PEER}'s figures: {}", text("peer_source"))?;
     Ok(())
 }
 
@@ -346,9 +409,52 @@ mod tests {
     fn the_ratio_is_ours_over_the_peers() {
         let mut report = Map::new();
         report.insert("output_throughput".into(), json!(13_955.5));
-        let m = with_peer(&TRTLLM[0], report);
+        let t = &TRTLLM_LLAMA_8B;
+        let m = with_peer(t, &t.rows[0], report);
         assert_eq!(m["output_throughput_ratio"], json!(0.5));
         assert_eq!(m["peer_output_throughput"], json!(27_911.0));
         assert_eq!(m["isl"], 128);
+        assert_eq!(m["dataset_shape"], "trtllm");
+    }
+
+    #[test]
+    fn the_gpt_oss_presets_run_their_own_tables() {
+        let rows = runs(&parse(&["--dataset-shape", "trtllm-gpt-oss-20b"]).unwrap()).unwrap();
+        let shapes: Vec<_> = rows
+            .iter()
+            .map(|r| (r.args.input_len.0, r.args.output_len.0, r.args.num_prompts))
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                (1000, 1000, Some(3000)),
+                (1024, 1024, Some(3000)),
+                (1024, 8192, Some(1500)),
+                (8192, 1024, Some(1500)),
+                (32768, 1024, Some(1000)),
+            ]
+        );
+        let (t, p) = rows[0].peer.unwrap();
+        assert_eq!(
+            (t.name, p.output_throughput),
+            ("trtllm-gpt-oss-20b", 13_858.0)
+        );
+        let a = parse(&[
+            "--dataset-shape",
+            "trtllm-gpt-oss-120b",
+            "--rows",
+            "1000/1000",
+        ])
+        .unwrap();
+        let rows = runs(&a).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].peer.unwrap().1.output_throughput, 6868.0);
+        // A row of another preset is refused, naming this one's.
+        let a = parse(&["--dataset-shape", "trtllm-gpt-oss-20b", "--rows", "128/128"]).unwrap();
+        let e = runs(&a).err().unwrap().to_string();
+        assert!(
+            e.contains("trtllm-gpt-oss-20b") && e.contains("1024/8192"),
+            "{e}"
+        );
     }
 }

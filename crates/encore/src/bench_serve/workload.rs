@@ -46,7 +46,9 @@ pub struct WorkloadArgs {
     /// throughput table for Llama-3.1-8B FP8 on one H200 (ISL/OSL 128/128, 1000/1000,
     /// 500/2000, 2048/128: exact lengths, every request at once, its request counts
     /// 30000/3000/3000/3000) one after the other and prints one table with its figures
-    /// beside ours. --num-prompts N runs N requests a row instead (a short run).
+    /// beside ours; `trtllm-gpt-oss-20b` and `trtllm-gpt-oss-120b` its tables for gpt-oss
+    /// on one H200 (1000/1000, 1024/1024, 1024/8192, 8192/1024, 32768/1024). --num-prompts N
+    /// runs N requests a row instead (a short run).
     #[arg(long, value_enum, conflicts_with_all = [
         "input_len", "output_len", "shared_prefix_len", "trace", "request_rate", "arrival",
         "max_concurrency",
