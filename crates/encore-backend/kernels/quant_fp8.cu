@@ -75,6 +75,7 @@ struct QFormatF8 {
 };
 
 QUANT_KERNELS(QFormatF8, fp8)
+QMOE_MMA(QFormatF8, fp8, 2)
 
 // ---- The FP8 tensor-core GEMM's operands (cuBLASLt, 128-value block scales) ----
 // quant.rs's layout keeps a row's E4M3 bytes contiguous, so the weight is cuBLASLt's A as

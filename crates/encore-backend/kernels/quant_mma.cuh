@@ -415,7 +415,7 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
 // Every extern "C" entry point of one format: qgemv_<fmt>_<x>_<out>_m<M> for M in 1, 2, 4, 8
 // and (x, out) in (bf16, bf16), (bf16, f32), (f16, f16), (f16, f32), (f32, f32);
 // qgemv_act_<fmt>_<x>_m1; dequant_<fmt>_<T>; qmoe_gate_up_<fmt>_<T> and qmoe_down_<fmt>_<T>;
-// qmoe_mma_gate_up_<fmt>_bf16 and qmoe_mma_down_<fmt>_bf16 (quant_moe_mma.cuh).
+// the format's file adds qmoe_mma_gate_up_<fmt>_bf16 and qmoe_mma_down_<fmt>_bf16 (QMOE_MMA).
 // CTAs per SM the compiler must leave registers for: two (at most 128 registers) for the
 // bandwidth-bound 1- and 2-row variants; the 4- and 8-row ones are bound by arithmetic and
 // would spill.
@@ -523,6 +523,5 @@ __device__ __forceinline__ unsigned int q_byte(const uint4* u, int i) {
     QMOE(F, FN, f16, f16)                                                                     \
     QMOE(F, FN, float, f32)                                                                   \
     GMOE(F, FN, bf16, bf16)                                                                   \
-    GMOE(F, FN, f16, f16)                                                                     \
-    QMOE_MMA(F, FN)
+    GMOE(F, FN, f16, f16)
 

@@ -8,7 +8,8 @@
 // instructions and 1/256 of an mma.
 //
 // A warp multiplies 16 expert rows (the mma's A: lane (g, t4) holds rows g and g + 8) by one
-// x row (the mma's B, column 0: lanes g == 0 hold x, the other columns are zero). A row is
+// x row (the mma's B, column 0: lanes g == 0 read x from shared memory, where the CTA staged
+// it, the other columns are zero). A row is
 // cut into 32-value groups; lane t4 of each quad takes groups 4 c + t4 (c = the warp's
 // chunks, c0, c0 + cs, ...), decodes its group of both its rows to 16 bf16 pairs in k order
 // (o[i] = values 2 i, 2 i + 1), and feeds them to 8 mmas: step s gives the mma's k pairs
@@ -23,8 +24,15 @@
 #define QMM_WARPS 8
 // Output tiles of 8 gate/up pairs per gate/up CTA; its warps split k in QMM_WARPS / tiles.
 #define QMM_GU_TILES 4
-// Chunks a lane loads before it decodes any (loads in flight).
-#define QMM_UNROLL 2
+
+// Chunks a lane loads before it decodes any (loads in flight): four for formats whose
+// group is at most 20 bytes in registers (MXFP4, Q4_0, Q4_1), two for the others; and the
+// CTAs an SM must hold (registers: 3 x 256 threads at most 85 each for the first), which
+// each format's QMOE_MMA line repeats.
+template <class F> struct QmmUnroll {
+    static constexpr int value = sizeof(typename F::Raw) <= 20 ? 4 : 2;
+    static constexpr int ctas = value == 4 ? 3 : 2;
+};
 
 // A 32-value group of a row as 16 bf16 pairs in k order.
 template <class F>
@@ -43,57 +51,64 @@ __device__ __forceinline__ void qmm_decode(const typename F::Raw& raw, int gi,
     }
 }
 
+// x (k values, bf16) staged into shared memory `xs` by the whole CTA (16-byte pieces;
+// k is a multiple of 32), then a barrier.
+__device__ __forceinline__ void qmm_stage(bf16* xs, const bf16* __restrict__ x, int k) {
+    for (int i = threadIdx.x; i < k / 8; i += blockDim.x)
+        reinterpret_cast<uint4*>(xs)[i] = __ldg(reinterpret_cast<const uint4*>(x) + i);
+    __syncthreads();
+}
+
 // The dot products of this warp's 16 rows `ra` (row g) and `rb` (row g + 8) of k values with
-// x (k values, bf16, 16-byte aligned) over chunks c0, c0 + cs, ...: c[0] and c[2] of lanes
-// t4 == 0 hold rows g and g + 8 (column 0). Every lane of the warp must call it.
+// x (k values, bf16, in shared memory, 16-byte aligned) over chunks c0, c0 + cs, ...: c[0]
+// and c[2] of lanes t4 == 0 hold rows g and g + 8 (column 0). Every lane of the warp must
+// call it.
 template <class F>
 __device__ __forceinline__ void qmm_rows(const unsigned char* __restrict__ ra,
                                          const unsigned char* __restrict__ rb,
-                                         const bf16* __restrict__ x, int k, int c0, int cs,
+                                         const bf16* xs, int k, int c0, int cs,
                                          float (&c)[4]) {
+    constexpr int U = QmmUnroll<F>::value;
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int nb = k / F::BE, groups = k >> 5;
     const int chunks = (groups + 3) >> 2;
 #pragma unroll
     for (int i = 0; i < 4; ++i) c[i] = 0.0f;
-    for (int cc = c0; cc < chunks; cc += QMM_UNROLL * cs) {
-        typename F::Raw wa[QMM_UNROLL], wb[QMM_UNROLL];
-        uint4 xv[QMM_UNROLL][4];
+    for (int cc = c0; cc < chunks; cc += U * cs) {
+        typename F::Raw wa[U], wb[U];
 #pragma unroll
-        for (int u = 0; u < QMM_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int gi = 4 * (cc + u * cs) + t4;
             if (cc + u * cs < chunks && gi < groups) {
                 F::load32(ra, nb, gi, wa[u]);
                 F::load32(rb, nb, gi, wb[u]);
             }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                xv[u][i] = g == 0 && cc + u * cs < chunks && gi < groups
-                               ? __ldg(reinterpret_cast<const uint4*>(x + 32 * gi) + i)
-                               : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
-        for (int u = 0; u < QMM_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int gi = 4 * (cc + u * cs) + t4;
+            const bool ok = cc + u * cs < chunks && gi < groups;
             unsigned int oa[16], ob[16];
-            if (cc + u * cs < chunks && gi < groups) {
+            if (ok) {
                 qmm_decode<F>(wa[u], gi, oa);
                 qmm_decode<F>(wb[u], gi, ob);
             } else {
 #pragma unroll
                 for (int i = 0; i < 16; ++i) oa[i] = ob[i] = 0u;
             }
+            const uint2* xg = reinterpret_cast<const uint2*>(xs + 32 * gi);
 #pragma unroll
             for (int s = 0; s < 8; ++s) {
                 const unsigned int a[4] = {oa[2 * s], ob[2 * s], oa[2 * s + 1], ob[2 * s + 1]};
-                Mma16816<bf16>::mma(c, a, q_word(xv[u][s >> 1], 2 * (s & 1)),
-                                    q_word(xv[u][s >> 1], 2 * (s & 1) + 1));
+                const uint2 xw = g == 0 && ok ? xg[s] : make_uint2(0u, 0u);
+                Mma16816<bf16>::mma(c, a, xw.x, xw.y);
             }
         }
     }
 }
 
-// Gate/up: grid (ceil(inter / (8 QMM_GU_TILES)), pairs). Warp w takes tile w % QMM_GU_TILES
+// Gate/up: grid (ceil(inter / (8 QMM_GU_TILES)), pairs), x[p / top_k] staged in dynamic
+// shared memory (hidden bf16 values). Warp w takes tile w % QMM_GU_TILES
 // (outputs j0 .. j0 + 7: its rows g are the gate rows j0 + g, its rows g + 8 the up rows) and
 // k part w / QMM_GU_TILES; one thread an output sums the parts in order and writes act[p, j]
 // = act(round(g + bg)) * round(u + bu) as qmoe_gate_up does.
@@ -105,19 +120,22 @@ __device__ __forceinline__ void qmm_gate_up_impl(const bf16* __restrict__ x, con
                                                  const bf16* __restrict__ bias) {
     constexpr int KS = QMM_WARPS / QMM_GU_TILES;
     __shared__ float red[KS][QMM_GU_TILES][8][2];
+    extern __shared__ __align__(16) unsigned char qmm_smem[];
+    bf16* xs = reinterpret_cast<bf16*>(qmm_smem);  // x[p / top_k]: hidden values
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int tile = warp % QMM_GU_TILES, kp = warp / QMM_GU_TILES;
     const long long p = blockIdx.y;
     const int e = ids[p];
     const bool live = e >= 0 && e < experts;  // the same in every warp
+    if (live) qmm_stage(xs, x + (p / top_k) * hidden, hidden);
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (live) {
         const long long row_bytes = q_row_bytes<F>(hidden);
         // Rows past the end read the last row (never written).
         const int j = min((int)(blockIdx.x * QMM_GU_TILES + tile) * 8 + g, inter - 1);
         const unsigned char* gate = moe_gate(w, e) + j * row_bytes;
-        qmm_rows<F>(gate, gate + w.up_off, x + (p / top_k) * hidden, hidden, kp, KS, c);
+        qmm_rows<F>(gate, gate + w.up_off, xs, hidden, kp, KS, c);
     }
     if (t4 == 0) {
         red[kp][tile][g][0] = c[0];
@@ -143,7 +161,8 @@ __device__ __forceinline__ void qmm_gate_up_impl(const bf16* __restrict__ x, con
     }
 }
 
-// Down: grid (ceil(hidden / 16), tokens). CTA (x, t) owns outputs h0 .. h0 + 15 of token t;
+// Down: grid (ceil(hidden / 16), tokens), the token's top_k rows of act staged in dynamic
+// shared memory (top_k inter bf16 values). CTA (x, t) owns outputs h0 .. h0 + 15 of token t;
 // its work items are (slot s, k part) for KS = max(1, QMM_WARPS / top_k) parts, warp w
 // taking items w, w + QMM_WARPS, ...; one thread an output sums each slot's parts in order,
 // adds the bias, rounds to bf16 and sums w[p] times that over the slots in slot order (f32,
@@ -156,12 +175,15 @@ __device__ __forceinline__ void qmm_down_impl(const bf16* __restrict__ act, cons
                                               int experts, int top_k,
                                               const bf16* __restrict__ bias) {
     __shared__ float red[QMOE_MAX_TOP_K][16];
+    extern __shared__ __align__(16) unsigned char qmm_smem[];
+    bf16* xs = reinterpret_cast<bf16*>(qmm_smem);  // act[t top_k ..]: top_k rows of inter
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int ks = max(1, QMM_WARPS / top_k);
     const int h0 = blockIdx.x * 16;
     const long long t = blockIdx.y;
     const long long row_bytes = q_row_bytes<F>(inter);
+    qmm_stage(xs, act + t * top_k * inter, top_k * inter);
     for (int i = warp; i < top_k * ks; i += QMM_WARPS) {
         const int s = i / ks, kp = i % ks;
         const long long p = t * top_k + s;
@@ -171,7 +193,7 @@ __device__ __forceinline__ void qmm_down_impl(const bf16* __restrict__ act, cons
             const unsigned char* d = moe_down(down, e);
             const unsigned char* ra = d + (long long)min(h0 + g, hidden - 1) * row_bytes;
             const unsigned char* rb = d + (long long)min(h0 + g + 8, hidden - 1) * row_bytes;
-            qmm_rows<F>(ra, rb, act + p * inter, inter, kp, ks, c);
+            qmm_rows<F>(ra, rb, xs + (long long)s * inter, inter, kp, ks, c);
         }
         if (t4 == 0) {
             red[i][g] = c[0];
@@ -195,16 +217,17 @@ __device__ __forceinline__ void qmm_down_impl(const bf16* __restrict__ act, cons
     }
 }
 
-// qmoe_mma_gate_up_<fmt>_bf16 and qmoe_mma_down_<fmt>_bf16 (QUANT_KERNELS): the arguments of
-// qmoe_*'s without the lane groups.
-#define QMOE_MMA(F, FN)                                                                      \
-    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32) qmoe_mma_gate_up_##FN##_bf16( \
+// qmoe_mma_gate_up_<fmt>_bf16 and qmoe_mma_down_<fmt>_bf16 (each format's file, after
+// QUANT_KERNELS): the arguments of qmoe_*'s without the lane groups; CTAS the CTAs an SM
+// must hold (QmmUnroll's `ctas`: NVRTC takes no template constant in __launch_bounds__).
+#define QMOE_MMA(F, FN, CTAS)                                                                      \
+    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, CTAS) qmoe_mma_gate_up_##FN##_bf16( \
         const bf16* x, MoeExperts w, const int* ids, bf16* act, int hidden, int inter,         \
         int experts, int top_k, int act_kind, const bf16* bias) {                              \
         pdl_enter();                                                                           \
         qmm_gate_up_impl<F>(x, w, ids, act, hidden, inter, experts, top_k, act_kind, bias);    \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32) qmoe_mma_down_##FN##_bf16(    \
+    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, CTAS) qmoe_mma_down_##FN##_bf16(    \
         const bf16* act, MoeExperts down, const int* ids, const float* weights, bf16* out,     \
         int hidden, int inter, int experts, int top_k, const bf16* bias) {                     \
         pdl_enter();                                                                           \

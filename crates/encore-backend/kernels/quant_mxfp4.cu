@@ -109,6 +109,14 @@ struct QFormatMxfp4 {
     static __device__ __forceinline__ void decode_bf16(const Raw& r, int, unsigned int (&o)[16]) {
         const unsigned int e = r.s & 0xFFu;
         const unsigned int m1 = ((min(e, 128u) + 126u) << 7) * 0x10001u;
+        const unsigned int m2 = ((max(e, 129u) - 1u) << 7) * 0x10001u;
+        const bool big = e > 128u;
+        // Each pair on its own (a predicated second product, no array-wide branch), so its
+        // registers live only until its mma.
+        auto one = [&](unsigned int t) {
+            const unsigned int v = mx_bf2(t, m1);
+            return big ? q_bf2_fma(v, m2, 0x80008000u) : v;
+        };
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             const unsigned int word = q_word(r.q[0], w);
@@ -116,15 +124,10 @@ struct QFormatMxfp4 {
             // nibble is a high nibble (values 16 + ...) and, shifted by 4, a low one.
             const unsigned int ta = __byte_perm(word, 0u, 0x1404u);
             const unsigned int tb = __byte_perm(word, 0u, 0x3424u);
-            o[2 * w] = mx_bf2(ta << 4, m1);
-            o[2 * w + 1] = mx_bf2(tb << 4, m1);
-            o[8 + 2 * w] = mx_bf2(ta, m1);
-            o[9 + 2 * w] = mx_bf2(tb, m1);
-        }
-        if (e > 128u) {
-            const unsigned int m2 = ((e - 1u) << 7) * 0x10001u;
-#pragma unroll
-            for (int i = 0; i < 16; ++i) o[i] = q_bf2_fma(o[i], m2, 0x80008000u);
+            o[2 * w] = one(ta << 4);
+            o[2 * w + 1] = one(tb << 4);
+            o[8 + 2 * w] = one(ta);
+            o[9 + 2 * w] = one(tb);
         }
     }
     static __device__ __forceinline__ void decode_raw(const Raw& r, int gi, float* v) {
@@ -149,3 +152,4 @@ template <> struct QDecodeBf16<QFormatMxfp4> {
 };
 
 QUANT_KERNELS(QFormatMxfp4, mxfp4)
+QMOE_MMA(QFormatMxfp4, mxfp4, 3)

@@ -79,3 +79,4 @@ template <> struct QDecodeBf16<QFormatQ4_0> {
 };
 
 QUANT_KERNELS(QFormatQ4_0, q4_0)
+QMOE_MMA(QFormatQ4_0, q4_0, 3)

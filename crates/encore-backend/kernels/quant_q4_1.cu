@@ -80,3 +80,4 @@ template <> struct QDecodeBf16<QFormatQ4_1> {
 };
 
 QUANT_KERNELS(QFormatQ4_1, q4_1)
+QMOE_MMA(QFormatQ4_1, q4_1, 3)

@@ -100,3 +100,4 @@ template <> struct QDecodeBf16<QFormatQ4K> {
 };
 
 QUANT_KERNELS(QFormatQ4K, q4_k)
+QMOE_MMA(QFormatQ4K, q4_k, 2)

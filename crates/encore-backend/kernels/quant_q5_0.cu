@@ -71,3 +71,4 @@ struct QFormatQ5_0 {
 };
 
 QUANT_KERNELS(QFormatQ5_0, q5_0)
+QMOE_MMA(QFormatQ5_0, q5_0, 2)

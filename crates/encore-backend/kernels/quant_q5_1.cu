@@ -70,3 +70,4 @@ struct QFormatQ5_1 {
 };
 
 QUANT_KERNELS(QFormatQ5_1, q5_1)
+QMOE_MMA(QFormatQ5_1, q5_1, 2)

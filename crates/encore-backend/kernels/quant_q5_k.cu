@@ -108,3 +108,4 @@ template <> struct QDecodeBf16<QFormatQ5K> {
 };
 
 QUANT_KERNELS(QFormatQ5K, q5_k)
+QMOE_MMA(QFormatQ5K, q5_k, 2)

@@ -117,3 +117,4 @@ template <> struct QDecodeBf16<QFormatQ6K> {
 };
 
 QUANT_KERNELS(QFormatQ6K, q6_k)
+QMOE_MMA(QFormatQ6K, q6_k, 2)

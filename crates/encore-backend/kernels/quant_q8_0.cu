@@ -56,3 +56,4 @@ struct QFormatQ8_0 {
 };
 
 QUANT_KERNELS(QFormatQ8_0, q8_0)
+QMOE_MMA(QFormatQ8_0, q8_0, 2)

@@ -17,7 +17,8 @@ fn quantized_moe_matches_cpu() {
     let grouped = CudaBackend::new(0).unwrap().with_moe_gemm_min_tokens(1);
     let pairs = CudaBackend::new(0)
         .unwrap()
-        .with_moe_gemm_min_tokens(usize::MAX);
+        .with_moe_gemm_min_tokens(usize::MAX)
+        .with_moe_pairs_mma(true);
     let pairs_f32 = CudaBackend::new(0)
         .unwrap()
         .with_moe_gemm_min_tokens(usize::MAX)

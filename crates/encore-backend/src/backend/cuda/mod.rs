@@ -151,8 +151,8 @@ pub struct CudaBackend {
     moe_gemm_min_tokens: Option<usize>,
     /// Whether a few-token mixture-of-experts layer's quantized experts run on the tensor
     /// cores (`quant_moe_mma.cuh`, x in bf16) or the f32 pair kernels (`ENCORE_MOE_PAIRS`:
-    /// `mma`, the default, or `gemv`).
-    moe_pairs_mma: bool,
+    /// `mma` or `gemv`); `None` (`auto`, the default): the tensor cores for MXFP4.
+    moe_pairs_mma: Option<bool>,
     /// CTAs per SM of an expert prefetch's copy kernel (`ENCORE_EXPERT_PREFETCH_CTAS`,
     /// default `kernels::MOE_PREFETCH_CTAS_PER_SM`).
     prefetch_ctas_per_sm: u32,
@@ -393,8 +393,8 @@ impl CudaBackend {
     }
 
     /// Whether a few-token mixture-of-experts layer's quantized experts run on the tensor
-    /// cores (x in bf16).
-    pub(in crate::backend::cuda) fn moe_pairs_mma(&self) -> bool {
+    /// cores (x in bf16), where set; `None`: by format.
+    pub(in crate::backend::cuda) fn moe_pairs_mma(&self) -> Option<bool> {
         self.moe_pairs_mma
     }
 
@@ -402,7 +402,7 @@ impl CudaBackend {
     /// tensor cores (`true`) or the f32 pair kernels, whatever `ENCORE_MOE_PAIRS` says
     /// (tests and comparisons pin one path).
     pub fn with_moe_pairs_mma(mut self, on: bool) -> Self {
-        self.moe_pairs_mma = on;
+        self.moe_pairs_mma = Some(on);
         self
     }
 

@@ -242,14 +242,15 @@ impl CudaBackend {
                 })?),
             },
             moe_pairs_mma: match std::env::var("ENCORE_MOE_PAIRS") {
-                Err(_) => true,
+                Err(_) => None,
                 Ok(v) => match v.trim() {
-                    "mma" => true,
-                    "gemv" => false,
+                    "auto" => None,
+                    "mma" => Some(true),
+                    "gemv" => Some(false),
                     other => {
                         return Err(Error::invalid(
                             "ENCORE_MOE_PAIRS",
-                            format!("`{other}`: expected `mma` or `gemv`"),
+                            format!("`{other}`: expected `auto`, `mma` or `gemv`"),
                         ))
                     }
                 },

@@ -13,6 +13,9 @@ const MOE_MAX_EXPERTS: usize = 32 * 16;
 const MOE_MAX_TOP_K: usize = 32;
 /// Output tiles of 8 a `qmoe_mma_gate_up` CTA computes (`QMM_GU_TILES`).
 const QMM_GU_TILES: usize = 4;
+/// The most x bytes a `qmoe_mma_*` CTA stages in shared memory (the default dynamic limit):
+/// gate/up a token's hidden values, down its top_k rows of the expert width.
+const QMM_SMEM_MAX: usize = 48 * 1024;
 
 /// A mixture-of-experts layer (`moe.cu`): the router's top k into `ids` / `weights`, the
 /// chosen experts' gate/up + SiLU into the scratch, their down projections summed by
@@ -126,23 +129,38 @@ pub(in crate::backend::cuda) fn moe(
         }
     };
     // The tensor-core pair kernels (quant_moe_mma.cuh): x in bf16, rows of whole 32-value
-    // groups.
-    let mma = be.moe_pairs_mma()
-        && dt == DType::BF16
+    // groups, the x rows a CTA stages within the default dynamic shared memory; by default
+    // for MXFP4 (measured faster, below), `ENCORE_MOE_PAIRS` forcing either way.
+    let (gu_smem, dn_smem) = (2 * d.hidden, 2 * d.top_k * d.inter);
+    let fits = dt == DType::BF16
         && d.hidden.is_multiple_of(32)
-        && d.inter.is_multiple_of(32);
-    if let (DType::Q(fmt), true) = (a.gate_up.dtype(), mma) {
+        && d.inter.is_multiple_of(32)
+        && gu_smem.max(dn_smem) <= QMM_SMEM_MAX;
+    let mma = |w: &Tensor| match w.dtype() {
+        DType::Q(fmt) if fits => be
+            .moe_pairs_mma()
+            .unwrap_or(fmt == crate::quant::QuantFormat::Mxfp4),
+        _ => false,
+    };
+    let smem = |mut c: cudarc::driver::LaunchConfig, bytes: usize| {
+        c.shared_mem_bytes = bytes as u32;
+        c
+    };
+    if let (DType::Q(fmt), true) = (a.gate_up.dtype(), mma(a.gate_up)) {
         x_aligned(a.gate_up, a.x)?;
         x_aligned(a.gate_up, a.scratch)?;
         be.launch(
             &k.qmoe_mma[quant::format_slot(fmt)][0],
-            cfg(
-                (
-                    grid_x(OP, "inter", d.inter.div_ceil(8 * QMM_GU_TILES))?,
-                    grid_y("(token, expert) pairs", pairs)?,
-                    1,
+            smem(
+                cfg(
+                    (
+                        grid_x(OP, "inter", d.inter.div_ceil(8 * QMM_GU_TILES))?,
+                        grid_y("(token, expert) pairs", pairs)?,
+                        1,
+                    ),
+                    threads,
                 ),
-                threads,
+                gu_smem,
             ),
             &mut args![x, ex, ids, act, hidden, inter, experts, top_k, act_kind, gu_bias],
         )?;
@@ -177,17 +195,20 @@ pub(in crate::backend::cuda) fn moe(
         )?;
     }
     let out = dptr(a.out);
-    if let (DType::Q(fmt), true) = (a.down.dtype(), mma) {
+    if let (DType::Q(fmt), true) = (a.down.dtype(), mma(a.down)) {
         x_aligned(a.down, a.scratch)?;
         be.launch(
             &k.qmoe_mma[quant::format_slot(fmt)][1],
-            cfg(
-                (
-                    grid_x(OP, "hidden", d.hidden.div_ceil(16))?,
-                    grid_y("tokens", d.n)?,
-                    1,
+            smem(
+                cfg(
+                    (
+                        grid_x(OP, "hidden", d.hidden.div_ceil(16))?,
+                        grid_y("tokens", d.n)?,
+                        1,
+                    ),
+                    threads,
                 ),
-                threads,
+                dn_smem,
             ),
             &mut args![act, ex, ids, wts, out, hidden, inter, experts, top_k, dn_bias],
         )
