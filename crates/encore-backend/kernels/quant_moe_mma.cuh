@@ -52,10 +52,26 @@ __device__ __forceinline__ void qmm_decode(const typename F::Raw& raw, int gi,
 }
 
 // x (k values, bf16) staged into shared memory `xs` by the whole CTA (16-byte pieces;
-// k is a multiple of 32), then a barrier.
+// k is a multiple of 32), then a barrier. A thread's loads of a round are all issued before
+// its first store: one round trip to L2 for up to 8 pieces a thread (32 KiB a CTA).
 __device__ __forceinline__ void qmm_stage(bf16* xs, const bf16* __restrict__ x, int k) {
-    for (int i = threadIdx.x; i < k / 8; i += blockDim.x)
-        reinterpret_cast<uint4*>(xs)[i] = __ldg(reinterpret_cast<const uint4*>(x) + i);
+    constexpr int SU = 8;
+    const int n = k / 8;
+    const uint4* src = reinterpret_cast<const uint4*>(x);
+    uint4* dst = reinterpret_cast<uint4*>(xs);
+    for (int base = threadIdx.x; base < n; base += SU * blockDim.x) {
+        uint4 v[SU];
+#pragma unroll
+        for (int u = 0; u < SU; ++u) {
+            const int i = base + u * blockDim.x;
+            if (i < n) v[u] = __ldg(src + i);
+        }
+#pragma unroll
+        for (int u = 0; u < SU; ++u) {
+            const int i = base + u * blockDim.x;
+            if (i < n) dst[i] = v[u];
+        }
+    }
     __syncthreads();
 }
 
