@@ -231,6 +231,25 @@ impl Case {
 /// `got` against `want`: the normalised error over the tensor within the repository's
 /// matmul tolerance for the dtype of the inputs, and every element within 4 tolerances of
 /// its own size plus the tensor's RMS (so one wrong element cannot hide in a large tensor).
+/// The CUDA paths of a mixture-of-experts layer, each pinned: the pair kernels on the
+/// tensor cores (x in bf16; the others fall back to f32), the f32 pair kernels, and the
+/// grouped GEMM from one token on (x in bf16 / f16; f32 stays on the pair kernels).
+fn moe_paths() -> [(&'static str, CudaBackend); 3] {
+    let pairs = || {
+        CudaBackend::new(0)
+            .unwrap()
+            .with_moe_gemm_min_tokens(usize::MAX)
+    };
+    [
+        ("pairs", pairs().with_moe_pairs_mma(true)),
+        ("pairs in f32", pairs().with_moe_pairs_mma(false)),
+        (
+            "grouped",
+            CudaBackend::new(0).unwrap().with_moe_gemm_min_tokens(1),
+        ),
+    ]
+}
+
 fn assert_close(name: &str, got: &[f32], want: &[f32], dt: DType) {
     assert_eq!(got.len(), want.len(), "{name}");
     let tol = tolerance(OpClass::Reduction, dt);

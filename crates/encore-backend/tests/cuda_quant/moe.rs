@@ -13,16 +13,7 @@ use super::*;
 #[ignore = "needs a CUDA device"]
 fn quantized_moe_matches_cpu() {
     let _serial = serial();
-    // The grouped GEMM from one token on (x in bf16 / f16; f32 stays on the pair kernels).
-    let grouped = CudaBackend::new(0).unwrap().with_moe_gemm_min_tokens(1);
-    let pairs = CudaBackend::new(0)
-        .unwrap()
-        .with_moe_gemm_min_tokens(usize::MAX)
-        .with_moe_pairs_mma(true);
-    let pairs_f32 = CudaBackend::new(0)
-        .unwrap()
-        .with_moe_gemm_min_tokens(usize::MAX)
-        .with_moe_pairs_mma(false);
+    let paths = moe_paths();
     let cpu = CpuBackend::new();
     // (gate/up format, down format, x dtype, tokens, hidden, experts, expert width, top k,
     // all tokens on expert 0)
@@ -183,11 +174,7 @@ fn quantized_moe_matches_cpu() {
             )
         };
         let (ci, co) = run(&cpu, false);
-        for (path, gpu) in [
-            ("pairs", &pairs as &dyn Backend),
-            ("pairs in f32", &pairs_f32),
-            ("grouped", &grouped),
-        ] {
+        for (path, gpu) in &paths {
             let name = format!("{name}, {path}");
             let (gi, go) = run(gpu, false);
             assert_eq!(gi, ci, "{name}: chosen experts");

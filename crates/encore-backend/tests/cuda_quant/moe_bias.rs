@@ -12,15 +12,7 @@ use encore_backend::backend::{Moe, MoeBias};
 #[ignore = "needs a CUDA device"]
 fn quantized_experts_with_biases_match_cpu() {
     let _serial = serial();
-    let grouped = CudaBackend::new(0).unwrap().with_moe_gemm_min_tokens(1);
-    let pairs = CudaBackend::new(0)
-        .unwrap()
-        .with_moe_gemm_min_tokens(usize::MAX)
-        .with_moe_pairs_mma(true);
-    let pairs_f32 = CudaBackend::new(0)
-        .unwrap()
-        .with_moe_gemm_min_tokens(usize::MAX)
-        .with_moe_pairs_mma(false);
+    let paths = moe_paths();
     let cpu = CpuBackend::new();
     // (gate/up format, down format, x dtype, tokens, hidden, experts, expert width, top k,
     // activation)
@@ -143,11 +135,7 @@ fn quantized_experts_with_biases_match_cpu() {
             )
         };
         let (ci, co) = run(&cpu, false);
-        for (path, gpu) in [
-            ("pairs", &pairs as &dyn Backend),
-            ("pairs in f32", &pairs_f32),
-            ("grouped", &grouped),
-        ] {
+        for (path, gpu) in &paths {
             let name = format!("{name}, {path}");
             let (gi, go) = run(gpu, false);
             assert_eq!(gi, ci, "{name}: chosen experts");
