@@ -25,14 +25,11 @@
 // Output tiles of 8 gate/up pairs per gate/up CTA; its warps split k in QMM_WARPS / tiles.
 #define QMM_GU_TILES 4
 
-// Chunks a lane loads before it decodes any (loads in flight): four for formats whose
-// group is at most 20 bytes in registers (MXFP4, Q4_0, Q4_1), two for the others; and the
-// CTAs an SM must hold (registers: 3 x 256 threads at most 85 each for the first), which
-// each format's QMOE_MMA line repeats.
-template <class F> struct QmmUnroll {
-    static constexpr int value = sizeof(typename F::Raw) <= 20 ? 4 : 2;
-    static constexpr int ctas = value == 4 ? 3 : 2;
-};
+// Chunks a lane loads before it decodes any (loads in flight). (A format's Raw holds a
+// uint4, so it is 32 bytes or more and more chunks would cost registers; QMOE_MMA's CTAS,
+// the CTAs an SM must hold, is 3 for the 4-bit formats whose Raw is 32 bytes, 2 for the
+// others.)
+#define QMM_UNROLL 2
 
 // A 32-value group of a row as 16 bf16 pairs in k order.
 template <class F>
@@ -84,7 +81,7 @@ __device__ __forceinline__ void qmm_rows(const unsigned char* __restrict__ ra,
                                          const unsigned char* __restrict__ rb,
                                          const bf16* xs, int k, int c0, int cs,
                                          float (&c)[4]) {
-    constexpr int U = QmmUnroll<F>::value;
+    constexpr int U = QMM_UNROLL;
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int nb = k / F::BE, groups = k >> 5;
     const int chunks = (groups + 3) >> 2;
@@ -235,7 +232,7 @@ __device__ __forceinline__ void qmm_down_impl(const bf16* __restrict__ act, cons
 
 // qmoe_mma_gate_up_<fmt>_bf16 and qmoe_mma_down_<fmt>_bf16 (each format's file, after
 // QUANT_KERNELS): the arguments of qmoe_*'s without the lane groups; CTAS the CTAs an SM
-// must hold (QmmUnroll's `ctas`: NVRTC takes no template constant in __launch_bounds__).
+// must hold (see QMM_UNROLL; a literal: NVRTC takes no template constant in __launch_bounds__).
 #define QMOE_MMA(F, FN, CTAS)                                                                      \
     extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, CTAS) qmoe_mma_gate_up_##FN##_bf16( \
         const bf16* x, MoeExperts w, const int* ids, bf16* act, int hidden, int inter,         \

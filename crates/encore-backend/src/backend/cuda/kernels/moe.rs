@@ -146,9 +146,14 @@ pub(in crate::backend::cuda) fn moe(
         c.shared_mem_bytes = bytes as u32;
         c
     };
-    if let (DType::Q(fmt), true) = (a.gate_up.dtype(), mma(a.gate_up)) {
+    if let DType::Q(_) = a.gate_up.dtype() {
         x_aligned(a.gate_up, a.x)?;
         x_aligned(a.gate_up, a.scratch)?;
+    }
+    if let DType::Q(_) = a.down.dtype() {
+        x_aligned(a.down, a.scratch)?;
+    }
+    if let (DType::Q(fmt), true) = (a.gate_up.dtype(), mma(a.gate_up)) {
         be.launch(
             &k.qmoe_mma[quant::format_slot(fmt)][0],
             smem(
@@ -165,8 +170,6 @@ pub(in crate::backend::cuda) fn moe(
             &mut args![x, ex, ids, act, hidden, inter, experts, top_k, act_kind, gu_bias],
         )?;
     } else if let DType::Q(fmt) = a.gate_up.dtype() {
-        x_aligned(a.gate_up, a.x)?;
-        x_aligned(a.gate_up, a.scratch)?;
         let (g, per_cta) = quant::moe_groups(fmt, d.hidden);
         be.launch(
             k.qmoe_gate_up[quant::format_slot(fmt)].get(dt)?,
@@ -196,7 +199,6 @@ pub(in crate::backend::cuda) fn moe(
     }
     let out = dptr(a.out);
     if let (DType::Q(fmt), true) = (a.down.dtype(), mma(a.down)) {
-        x_aligned(a.down, a.scratch)?;
         be.launch(
             &k.qmoe_mma[quant::format_slot(fmt)][1],
             smem(
@@ -213,7 +215,6 @@ pub(in crate::backend::cuda) fn moe(
             &mut args![act, ex, ids, wts, out, hidden, inter, experts, top_k, dn_bias],
         )
     } else if let DType::Q(fmt) = a.down.dtype() {
-        x_aligned(a.down, a.scratch)?;
         // Two outputs per lane group, the lane groups of one warp per CTA.
         let (g, _) = quant::moe_groups(fmt, d.inter);
         be.launch(
