@@ -33,3 +33,16 @@ __device__ __forceinline__ void gather_columns_impl(const T* __restrict__ x,
 GATHER_COLUMNS(gather_columns_bf16, bf16)
 GATHER_COLUMNS(gather_columns_f16, f16)
 GATHER_COLUMNS(gather_columns_f32, float)
+
+// fill_rows_i32: dst[t] = src[rows[t]] where 0 <= rows[t] < s; other entries of dst keep
+// their values (asynchronous scheduling: a step's token ids from the samples of the step
+// before it, on the device). Grid: ceil(n / 256); block 256, a thread an entry.
+extern "C" __global__ void fill_rows_i32(const int* src, const int* rows, int* dst, int s,
+                                         int n) {
+    pdl_enter();
+    const int t = blockIdx.x * GATHER_THREADS + threadIdx.x;
+    if (t < n) {
+        const int r = rows[t];
+        if (r >= 0 && r < s) dst[t] = src[r];
+    }
+}

@@ -103,6 +103,11 @@ pub struct EngineConfig {
     /// What the KV cache stores (`--kv-cache-dtype`): `None` the run dtype, or
     /// [`DType::F8E4M3`] (a draft model keeps the target's choice).
     pub kv_cache_dtype: Option<DType>,
+    /// Asynchronous scheduling (`--async-scheduling`): the next step is planned and
+    /// queued while the device runs the current one ([`crate::scheduler`]'s overlap;
+    /// one device, plain sampling). Captured graphs take their decode rows' ids from the
+    /// step before on the device.
+    pub async_scheduling: bool,
 }
 
 /// The backends of a tensor-parallel group, rank order.
@@ -150,6 +155,7 @@ impl EngineConfig {
             eagle_aux: None,
             eagle_embed: None,
             kv_cache_dtype: None,
+            async_scheduling: false,
         }
     }
 
@@ -171,6 +177,7 @@ impl EngineConfig {
             draft: None,
             eagle_aux: None,
             eagle_embed: None,
+            async_scheduling: false,
             ..self.clone()
         }
     }
@@ -437,6 +444,14 @@ impl<'b> Engine<'b> {
         }
         runner.set_graphs(cfg.graphs.clone());
         runner.set_verify_graphs(cfg.verify_graphs);
+        // One device, every weight resident (a weight budget's streams plan each step
+        // after the one before), no debug replays.
+        let overlap = cfg.tp.0.len() <= 1 && cfg.offload.is_none() && !cfg.verify_graphs;
+        if cfg.async_scheduling && !runner.set_overlap(overlap)? {
+            tracing::warn!(
+                "--async-scheduling is off: it runs on one device with every weight resident (no --weight-budget, no --verify-graphs)"
+            );
+        }
 
         // 6. Warm-up and capture.
         let t = Instant::now();

@@ -68,6 +68,8 @@ pub struct EngineMetrics {
     pub kv_blocks_total: AtomicU64,
     pub preemptions_total: AtomicU64,
     pub steps_total: AtomicU64,
+    /// Steps launched while the one before still ran (`--async-scheduling`).
+    pub steps_overlapped_total: AtomicU64,
     /// Wall time of the engine's steps (scheduling, the runner step, outputs to their
     /// sinks), and the part of it spent waiting for the device, in microseconds.
     pub step_micros_total: AtomicU64,
@@ -588,6 +590,8 @@ fn publish(m: &EngineMetrics, sched: &Scheduler, runner: &crate::runner::Runner<
     m.device_wait_micros_total
         .store((runner.device_wait_secs() * 1e6) as u64, Ordering::Relaxed);
     m.steps_total.store(st.steps, Ordering::Relaxed);
+    m.steps_overlapped_total
+        .store(st.overlapped, Ordering::Relaxed);
     m.spec_drafts_total
         .store(st.drafts_proposed, Ordering::Relaxed);
     m.spec_accepted_total

@@ -13,7 +13,7 @@ use crate::AppState;
 
 /// The engine's counters and gauges, and the server's request count: name, type, help,
 /// value.
-fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 22] {
+fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 23] {
     let m = &s.engine.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     [
@@ -52,6 +52,12 @@ fn rows(s: &AppState) -> [(&'static str, &'static str, &'static str, u64); 22] {
             "counter",
             "Engine steps run.",
             g(&m.steps_total),
+        ),
+        (
+            "encore_steps_overlapped_total",
+            "counter",
+            "Engine steps launched while the step before still ran (--async-scheduling).",
+            g(&m.steps_overlapped_total),
         ),
         (
             "encore_requests_finished_total",

@@ -224,6 +224,7 @@ fn engine_config(
         eagle_aux: None,
         eagle_embed: None,
         kv_cache_dtype: crate::engine_arg::kv_cache_dtype(a.kv_cache_dtype, a.model.dtype)?,
+        async_scheduling: false,
     })
 }
 

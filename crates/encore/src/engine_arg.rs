@@ -59,6 +59,12 @@ pub struct EngineArgs {
     /// Debug: after each graph replay, run the step eagerly too and fail on a mismatch.
     #[arg(long)]
     pub verify_graphs: bool,
+    /// Asynchronous scheduling: plan, pack and queue the next step while the device runs
+    /// the current one, reading its samples after (vLLM's --async-scheduling). One
+    /// device; a step with constraints, penalties, log-probabilities, prompt scoring or
+    /// speculation runs synchronously.
+    #[arg(long)]
+    pub async_scheduling: bool,
     /// Decode batch-size buckets for graph mode: vllm ([1,2,4] + 8..256 step 8 + 256..
     /// step 16), pow2, or a comma list; capped at the most sequences in a step.
     #[arg(long, default_value = "vllm")]
@@ -285,6 +291,7 @@ impl EngineArgs {
             eagle_aux: None,
             eagle_embed: None,
             kv_cache_dtype: kv_cache_dtype(self.kv_cache_dtype, dtype)?,
+            async_scheduling: self.async_scheduling,
         };
         let sched = SchedulerConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,

@@ -141,6 +141,22 @@ pub trait Backend: Send + Sync {
     /// Copy `src` to host bytes, after all queued work. Forbidden during capture.
     fn read_bytes(&self, src: &Tensor, dst: &mut [u8]) -> Result<()>;
 
+    /// Copy `src` into the first `src.size_bytes()` bytes of `dst`, queued on the stream
+    /// after all queued work; `dst.bytes_mut()` waits for the copy before it hands the
+    /// bytes out (page-locked staging: an asynchronous DMA, so the host may queue more
+    /// work meanwhile). The default copies at once. Forbidden during capture.
+    fn download_staging(&self, src: &Tensor, dst: &mut HostStaging) -> Result<()> {
+        let n = src.size_bytes();
+        let len = dst.len();
+        let bytes = dst.bytes_mut()?.get_mut(..n).ok_or_else(|| {
+            Error::invalid(
+                "download_staging",
+                format!("staging of {len} bytes is smaller than src ({n} bytes)"),
+            )
+        })?;
+        self.read_bytes(src, bytes)
+    }
+
     /// Device-to-device copy of equal-sized tensors (dtype-agnostic bytes). Capturable.
     fn copy(&self, src: &Tensor, dst: &Tensor) -> Result<()>;
 
@@ -252,6 +268,19 @@ pub trait Backend: Send + Sync {
         let _ = (x, perm, out);
         Err(Error::invalid(
             "gather_columns",
+            format!("does not run on {}", self.device_name()),
+        ))
+    }
+
+    /// `dst[t] = src[rows[t]]` where `rows[t]` is in `0..src.len()`; every other entry of
+    /// `dst` keeps its value. src i32 `[s]`, rows and dst i32 `[n]`. Asynchronous
+    /// scheduling's token ids: a step planned before the one ahead of it has finished
+    /// takes its decode rows' ids from that step's samples on the device. Capturable
+    /// (rows are read at run time). The default refuses, naming the device.
+    fn fill_rows(&self, src: &Tensor, rows: &Tensor, dst: &Tensor) -> Result<()> {
+        let _ = (src, rows, dst);
+        Err(Error::invalid(
+            "fill_rows",
             format!("does not run on {}", self.device_name()),
         ))
     }

@@ -1,5 +1,6 @@
 //! `gather_columns`: the activation's columns in a weight's column order (GPTQ's
-//! activation order), checked alike on every backend.
+//! activation order), and `fill_rows`: a step's token ids taken from the samples of the
+//! step before (asynchronous scheduling); checked alike on every backend.
 
 use super::{check_dtype, check_rank, check_shape, same_dtype, FLOAT_DTYPES};
 use crate::error::{Error, Result};
@@ -40,5 +41,32 @@ pub fn gather_columns_ref<T: Copy + Default>(x: &[T], k: usize, perm: &[i32], ou
             Ok(p) if p < k => x[r * k + p],
             _ => T::default(),
         };
+    }
+}
+
+/// `fill_rows`: src i32 `[s]`, rows i32 `[n]`, dst i32 `[n]`; returns `(s, n)`, each
+/// within i32.
+pub fn check_fill_rows(src: &Tensor, rows: &Tensor, dst: &Tensor) -> Result<(usize, usize)> {
+    const OP: &str = "fill_rows";
+    check_dtype(OP, "src", src, &[DType::I32])?;
+    check_rank(OP, "src", src, 1, "[s]")?;
+    check_dtype(OP, "rows", rows, &[DType::I32])?;
+    check_rank(OP, "rows", rows, 1, "[n]")?;
+    same_dtype(OP, "dst", dst, DType::I32)?;
+    let (s, n) = (src.dim(0), rows.dim(0));
+    check_shape(OP, "dst", dst, &[n], "[n]")?;
+    if s > i32::MAX as usize || n > i32::MAX as usize {
+        return Err(Error::invalid(OP, format!("{s} or {n} entries exceed i32")));
+    }
+    Ok((s, n))
+}
+
+/// The reference of `fill_rows`: `dst[t] = src[rows[t]]` where `rows[t]` is in
+/// `0..src.len()`; every other entry of `dst` keeps its value.
+pub fn fill_rows_ref(src: &[i32], rows: &[i32], dst: &mut [i32]) {
+    for (d, &r) in dst.iter_mut().zip(rows) {
+        if let Some(&v) = usize::try_from(r).ok().and_then(|r| src.get(r)) {
+            *d = v;
+        }
     }
 }

@@ -243,6 +243,11 @@ impl Runner<'_> {
     /// Make this runner the leader of `followers` (after every rank has booted: boot runs
     /// the same steps on every rank by itself).
     pub fn set_followers(&mut self, followers: Followers) {
+        // A follower does not sample: no step takes ids from the step before.
+        if self.parts.overlap {
+            self.exec.clear();
+            self.parts.overlap = false;
+        }
         self.group = Some(followers);
     }
 

@@ -18,6 +18,7 @@
 //! `seqs` (the blocks and penalty slots the caller owns).
 
 mod group;
+mod overlap;
 mod pack;
 mod policy;
 mod sampling;
@@ -39,6 +40,7 @@ use crate::request::SamplingParams;
 use crate::tensor::DType;
 
 pub use group::{panic_message, AbortFn, Cmd, FollowerRank, Followers, GroupAbort};
+pub use overlap::Launched;
 pub use pack::{StepHost, StepViews};
 pub use policy::GraphConfig;
 pub use sampling::Sampled;
@@ -220,6 +222,9 @@ struct Parts<'b> {
     sampling: SampleBuffers,
     /// Whether steps sample (a tensor-parallel follower's do not: rank 0 samples).
     sample: bool,
+    /// Asynchronous scheduling ([`Runner::set_overlap`]): every step (and graph) first
+    /// takes the ids of rows with a `prev_row` from the samples of the step before.
+    overlap: bool,
 }
 
 /// Runs one step at a time over the caller's sequences (see the module docs); built by
@@ -240,6 +245,9 @@ pub struct Runner<'b> {
     /// Under a routing table (`--router-skew`), where this step's window began and the
     /// step's rows, until the step's command takes them to the followers.
     routed: Option<(usize, usize)>,
+    /// A step being launched ([`Runner::launch`]): its samples stay on the device, and
+    /// its sequences' order in the sample rows is kept here.
+    deferred: Option<Vec<usize>>,
 }
 
 /// One sequence's tokens in a step's token rows: positions `position..position + len`
@@ -355,6 +363,7 @@ impl<'b> RunnerBuilder<'b> {
                 inputs: self.inputs,
                 sampling: self.sampling,
                 sample: true,
+                overlap: false,
             },
             exec: self.exec,
             policy: GraphPolicy {
@@ -369,6 +378,7 @@ impl<'b> RunnerBuilder<'b> {
             group: None,
             last_rows: Vec::new(),
             routed: None,
+            deferred: None,
         })
     }
 }

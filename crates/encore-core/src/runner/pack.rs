@@ -49,6 +49,9 @@ crate::step_inputs! {
         lp_target: i32 [Seqs, One] = -1,
         /// The row's logit biases (its first entries of the bias tables).
         bias_n: i32 [Seqs, One] = 0,
+        /// The sample row of the step before whose token this token is (asynchronous
+        /// scheduling: its id was not known when the step was packed); -1: `token_ids`.
+        prev_row: i32 [Tokens, One] = -1,
         /// A mixed step's `cu_seqlens_q` of the sequences after its leading decode rows,
         /// relative to their first row (attention runs the two groups separately).
         cu_rest: i32 [SeqsPlusOne, One] = 0,
@@ -98,6 +101,9 @@ pub(super) struct Packer<'b> {
     /// The last pack's verify chunks with penalties: their rows' penalty slots, which the
     /// step prepares before it samples ([`super::Runner::prepare_forks`]).
     pub forks: Vec<PenaltyFork>,
+    /// Per sequence of the next pack, in its order, the sample row of the step before
+    /// whose token is its first ([`StepViews::prev_row`]); -1 or missing: none.
+    pub prev_rows: Vec<i32>,
     /// LongRoPE ([`crate::model::Model::long_rope`]): a sequence holding more than
     /// `.0` tokens after the step gets positions `.1` higher (the long factors' rows).
     pub long_rope: Option<(usize, usize)>,
@@ -117,6 +123,7 @@ impl<'b> Packer<'b> {
             table: InputTable::new(be, StepViews::FIELDS, max_tokens, max_seqs, table_width)?,
             table_width,
             forks: Vec::new(),
+            prev_rows: Vec::new(),
             long_rope: None,
         })
     }
@@ -177,8 +184,10 @@ impl<'b> Packer<'b> {
                 Some((orig, rows)) if total > orig => rows,
                 _ => 0,
             };
+            let prev = self.prev_rows.get(i).copied().unwrap_or(-1);
             for (j, &tok) in s.tokens.iter().enumerate() {
                 h.token_ids[t] = tok as i32;
+                h.prev_row[t] = if j == 0 { prev } else { -1 };
                 h.positions[t] = (shift + start + j) as i32;
                 h.slot_mapping[t] = blocks.slot(s.seq, start + j).ok_or_else(|| {
                     Error::invalid(

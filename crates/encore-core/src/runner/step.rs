@@ -8,7 +8,7 @@ use crate::graph::{Key, Layout, Phase, Pieces, StepHooks};
 use crate::kv::KvCache;
 use crate::memory::Arena;
 use crate::model::llama::{Model, StepBuffers, StepInputs};
-use crate::tensor::DType;
+use crate::tensor::{DType, Tensor};
 
 use super::group::{Cmd, Exec};
 use super::pack::{Packer, StepViews};
@@ -122,6 +122,9 @@ pub(super) struct ForwardStep<'a> {
     sampling: StepSampling<'a>,
     table_width: usize,
     sample: bool,
+    /// Asynchronous scheduling: the samples of the step before, which rows with a
+    /// [`StepViews::prev_row`] take their token ids from before the embedding.
+    prev: Option<&'a Tensor>,
 }
 
 impl<'a> ForwardStep<'a> {
@@ -164,7 +167,21 @@ impl<'a> ForwardStep<'a> {
             sampling: sampling.step(shape.rows)?,
             table_width: inputs.table_width,
             sample: sample && shape.sample,
+            prev: None,
         })
+    }
+
+    /// Take the token ids of rows with a [`StepViews::prev_row`] from `prev` first.
+    fn with_prev(self, prev: Option<&'a Tensor>) -> Self {
+        ForwardStep { prev, ..self }
+    }
+
+    /// The token ids of rows that follow the step before, from its samples.
+    fn fill_prev(&self) -> Result<()> {
+        match self.prev {
+            Some(prev) => self.be.fill_rows(prev, &self.v.prev_row, &self.v.token_ids),
+            None => Ok(()),
+        }
     }
 
     fn inputs(&self) -> StepInputs<'_> {
@@ -220,9 +237,15 @@ impl Pieces for ForwardStep<'_> {
     fn piece(&self, buf: &StepBuffers, i: usize) -> Result<()> {
         let inp = self.inputs();
         match self.shape.shape {
-            Shape::Split => self.model.piece(self.be, self.kv, &inp, buf, i),
+            Shape::Split => {
+                if i == 0 {
+                    self.fill_prev()?;
+                }
+                self.model.piece(self.be, self.kv, &inp, buf, i)
+            }
             Shape::HeadOnly => self.head_and_sample(buf),
             Shape::Whole => {
+                self.fill_prev()?;
                 self.model.layers(self.be, self.kv, &inp, buf)?;
                 self.head_and_sample(buf)
             }
@@ -320,6 +343,7 @@ impl Parts<'_> {
             shape,
             self.sample,
         )
+        .map(|f| f.with_prev(self.overlap.then(|| self.sampling.prev())))
     }
 }
 
@@ -376,6 +400,18 @@ impl Runner<'_> {
                 .chain((0..b).filter(|&i| batch[i].tokens.len() != 1))
                 .collect(),
         };
+        // A launched step ([`Runner::launch`]): its sample rows' order, and its rows that
+        // follow the step before in the packing order.
+        if let Some(o) = self.deferred.as_mut() {
+            o.clone_from(&order);
+            if d > 0 {
+                let prev = std::mem::take(&mut self.parts.inputs.prev_rows);
+                self.parts.inputs.prev_rows = order
+                    .iter()
+                    .map(|&i| prev.get(i).copied().unwrap_or(-1))
+                    .collect();
+            }
+        }
         // Where each sequence's tokens go in the step's token rows (read with the hidden
         // states an EAGLE head's target captures; none without).
         self.last_rows.clear();
@@ -427,6 +463,9 @@ impl Runner<'_> {
             d,
             remapped.as_mut().map(|f| f as &mut FillMasks<'_>),
         )?;
+        if self.deferred.is_some() {
+            return Ok(StepOut::default());
+        }
         self.last_rows = rows;
         let vocab = self.parts.model.cfg.vocab_size;
         let mut out = StepOut {
@@ -548,7 +587,7 @@ impl Runner<'_> {
                     if let Some(fill) = fill {
                         r.parts.sample_after(batch, &layout, rows, b, &buf, fill)?;
                     }
-                    let mut out = r.read_out(batch, None, b)?;
+                    let mut out = r.finish_out(batch, None, b)?;
                     if keep_logits {
                         out.logits = Some(be.download::<f32>(&buf.logits(b)?)?);
                     }
@@ -615,13 +654,30 @@ impl Runner<'_> {
                 } else {
                     None
                 };
-                r.read_out(batch, replayed, first_extra)
+                r.finish_out(batch, replayed, first_extra)
             },
         )?;
         if !self.policy.verify {
             return Ok(out);
         }
         self.verify_replay(seqs, batch, key, d, decode_only, out)
+    }
+
+    /// [`Runner::read_out`], or for a launched step ([`Runner::launch`]) its samples
+    /// kept on the device and queued for the host.
+    fn finish_out(
+        &mut self,
+        batch: &[SeqStep<'_>],
+        logits: Option<Vec<f32>>,
+        first_extra: usize,
+    ) -> Result<StepOut> {
+        if self.deferred.is_none() {
+            return self.read_out(batch, logits, first_extra);
+        }
+        self.parts
+            .sampling
+            .defer_tokens(self.parts.be, batch.len())?;
+        Ok(StepOut::default())
     }
 
     /// The step's samples (and log-probabilities where asked, and the scores of scored

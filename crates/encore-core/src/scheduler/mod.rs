@@ -34,6 +34,7 @@ use crate::spec::draft::{DraftRequest, Drafter};
 use crate::spec::ngram::NgramIndex;
 use crate::spec::Proposer;
 
+mod overlap;
 mod plan;
 
 /// The scheduler's budgets and policies.
@@ -98,6 +99,8 @@ pub struct SchedulerStats {
     /// Times a sequence stopped speculating for a while because too few of its drafts
     /// were kept ([`Proposer::min_acceptance`]).
     pub spec_pauses: u64,
+    /// Steps launched while the one before was still running (asynchronous scheduling).
+    pub overlapped: u64,
 }
 
 /// A masked row's constraint, taken out of its sequence for a step (whose inputs borrow
@@ -139,6 +142,12 @@ struct Seq {
     drafts: usize,
     /// How its drafts fare: see [`Backoff`].
     backoff: Backoff,
+    /// Asynchronous scheduling: its last token stands in for the sample of the step in
+    /// flight — its index in `tokens` and its sample row there ([`overlap`]).
+    ahead: Option<(usize, usize)>,
+    /// Asynchronous scheduling: the step in flight gives its last token (its length
+    /// ends it), so no step is planned for it.
+    ending: bool,
 }
 
 /// Speculation that does not pay stops for a while: a sequence keeps a moving average of
@@ -244,6 +253,18 @@ impl Seq {
         self.tokens.extend(drafts);
     }
 
+    /// Whether its steps sample plainly — no constraint, penalties, log-probabilities,
+    /// scored prompt or drafts — so a step may be planned for it before the one in
+    /// flight is read ([`overlap`]).
+    fn plain(&self) -> bool {
+        let sp = &self.req.params.sampling;
+        self.constraint.is_none()
+            && !sp.has_penalties()
+            && sp.logprobs.is_none()
+            && !self.scoring()
+            && self.drafts == 0
+    }
+
     /// Whether its next chunk is scored (the prompt's log-probabilities are asked for
     /// and not out yet).
     fn scoring(&self) -> bool {
@@ -282,6 +303,11 @@ pub struct Scheduler {
     constraints: Option<Arc<ConstraintCompiler>>,
     /// Requests that ended with an error since the last [`Scheduler::take_failed`].
     failed: Vec<(u64, String)>,
+    /// Asynchronous scheduling ([`overlap`]): the step launched and not yet collected.
+    inflight: Option<overlap::InFlight>,
+    /// A step planned ahead stopped at a full KV cache: the next runs synchronously,
+    /// where it may preempt.
+    tight: bool,
 }
 
 impl Scheduler {
@@ -340,6 +366,8 @@ impl Scheduler {
             stats: SchedulerStats::default(),
             constraints: None,
             failed: Vec::new(),
+            inflight: None,
+            tight: false,
         })
     }
 
@@ -394,6 +422,8 @@ impl Scheduler {
             ngram: None,
             drafts: 0,
             backoff: Backoff::new(),
+            ahead: None,
+            ending: false,
         });
         Ok(())
     }
@@ -441,7 +471,7 @@ impl Scheduler {
     }
 
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        !self.waiting.is_empty() || !self.running.is_empty() || self.inflight.is_some()
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -565,11 +595,17 @@ impl Scheduler {
         runner: &mut Runner<'_>,
         drafter: Option<&mut Drafter<'_>>,
     ) -> Result<Vec<Output>> {
-        let plan = self.schedule(runner, drafter)?;
-        if plan.is_empty() {
-            return Ok(Vec::new());
+        if self.overlapping(runner, drafter.is_some()) {
+            return self.step_overlapped(runner);
         }
-        self.run_plan(runner, &plan)
+        // A step still in flight is read first: the synchronous step may preempt.
+        let mut outputs = self.drain(runner)?;
+        self.tight = false;
+        let plan = self.schedule(runner, drafter, false)?;
+        if !plan.is_empty() {
+            outputs.extend(self.run_plan(runner, &plan)?);
+        }
+        Ok(outputs)
     }
 
     /// End running sequence `i` with error `e`, freeing its blocks.

@@ -6,11 +6,15 @@ use super::*;
 
 impl Scheduler {
     /// Plan one step: `(index into running, new tokens)` per scheduled sequence, with KV
-    /// room made for each; `drafter`: the draft model of [`Proposer::Draft`].
+    /// room made for each; `drafter`: the draft model of [`Proposer::Draft`]. `ahead`: a
+    /// step planned while the one before runs ([`super::overlap`]): no sequence its
+    /// length ends there, no preemption (planning stops at a full cache and marks the
+    /// scheduler `tight`), and only plain requests join.
     pub(super) fn schedule(
         &mut self,
         runner: &Runner<'_>,
         drafter: Option<&mut Drafter<'_>>,
+        ahead: bool,
     ) -> Result<Vec<(usize, usize)>> {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::new();
@@ -73,7 +77,7 @@ impl Scheduler {
             let take = (s.tokens.len() - s.computed)
                 .min(budget)
                 .min(s.max_take(max_rows - rows));
-            if take == 0 {
+            if take == 0 || (ahead && s.ending) {
                 i += 1;
                 continue;
             }
@@ -82,6 +86,10 @@ impl Scheduler {
             let held = blocks.num_tokens(s.seq)?;
             let extra = (s.computed + take).saturating_sub(held);
             if !blocks.can_append(s.seq, extra) {
+                if ahead {
+                    self.tight = true;
+                    return Ok(plan);
+                }
                 if i + 1 < self.running.len() {
                     self.preempt_newest()?;
                     continue;
@@ -102,6 +110,9 @@ impl Scheduler {
         // Waiting requests, first come first served (a preempted one is first again).
         while budget > 0 && rows < max_rows && self.running.len() < self.cfg.max_num_seqs {
             let Some(s) = self.waiting.front() else { break };
+            if ahead && !s.plain() {
+                break;
+            }
             // A request that shares its prompt with one still computing it waits for
             // those blocks to be cached (the prompt is computed once for `n` samples).
             if self.cfg.prefix_cache && s.req.params.share_prompt.is_some() {

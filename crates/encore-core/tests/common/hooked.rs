@@ -146,6 +146,10 @@ impl<H: Hooks> Backend for Hooked<H> {
         self.inner.gather_columns(x, perm, out)
     }
 
+    fn fill_rows(&self, src: &Tensor, rows: &Tensor, dst: &Tensor) -> Result<()> {
+        self.inner.fill_rows(src, rows, dst)
+    }
+
     fn prepare_weight(&self, w: Tensor) -> Result<Tensor> {
         self.inner.prepare_weight(w)
     }

@@ -16,6 +16,7 @@ use encore_core::scheduler::{Scheduler, SchedulerConfig};
 #[path = "../common/mod.rs"]
 mod common;
 mod gpt_oss;
+mod overlap;
 mod speculation;
 mod speculation_options;
 

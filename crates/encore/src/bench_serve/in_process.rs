@@ -131,6 +131,7 @@ pub fn drive(engine: &EngineHandle, w: &Workload, max_concurrency: usize) -> Res
 pub struct Counters {
     preemptions: u64,
     steps: u64,
+    overlapped: u64,
     step_micros: u64,
     wait_micros: u64,
     prefix_queries: u64,
@@ -147,6 +148,7 @@ impl Counters {
         Counters {
             preemptions: load(&m.preemptions_total),
             steps: load(&m.steps_total),
+            overlapped: load(&m.steps_overlapped_total),
             step_micros: load(&m.step_micros_total),
             wait_micros: load(&m.device_wait_micros_total),
             prefix_queries: load(&m.prefix_cache_queries_total),
@@ -172,6 +174,10 @@ pub fn engine_figures(
     row.insert("preemptions".into(), json!(now.preemptions - s.preemptions));
     let steps = now.steps - s.steps;
     row.insert("steps".into(), json!(steps));
+    row.insert(
+        "overlapped_steps".into(),
+        json!(now.overlapped - s.overlapped),
+    );
     // Where a step's time goes: waiting for the device, and the rest (the host's
     // scheduling, packing and launching, and handing tokens to their sinks).
     let per_step = |micros: u64| micros as f64 / 1e3 / steps.max(1) as f64;

@@ -354,6 +354,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn fill_rows(&self, src: &Tensor, rows: &Tensor, dst: &Tensor) -> Result<()> {
+        check_device("fill_rows", &[("src", src), ("rows", rows), ("dst", dst)])?;
+        let (s, n) = ops::check_fill_rows(src, rows, dst)?;
+        let (src, rows, dst) = (src.clone(), rows.clone(), dst.clone());
+        self.submit(move || kernels::fill_rows(&src, &rows, &dst, s, n));
+        Ok(())
+    }
+
     fn gather_columns(&self, x: &Tensor, perm: &Tensor, out: &Tensor) -> Result<()> {
         check_device("gather_columns", &[("x", x), ("perm", perm), ("out", out)])?;
         let d = ops::check_gather_columns(x, perm, out)?;

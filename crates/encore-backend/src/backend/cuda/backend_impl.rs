@@ -80,6 +80,42 @@ impl Backend for CudaBackend {
         p.mark_uploaded(self.stream.cu_stream())
     }
 
+    fn download_staging(&self, src: &Tensor, dst: &mut HostStaging) -> Result<()> {
+        self.forbid_in_capture("download_staging (device->host copy)")?;
+        self.check_device("download_staging", &[("src", src)])?;
+        let n = src.size_bytes();
+        if n > dst.len() {
+            return Err(Error::invalid(
+                "download_staging",
+                format!(
+                    "staging of {} bytes is smaller than src ({n} bytes)",
+                    dst.len()
+                ),
+            ));
+        }
+        let Staging::Pinned(p) = &mut dst.0 else {
+            return self.read_bytes(src, &mut dst.bytes_mut()?[..n]);
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: src spans n bytes and the staging at least n page-locked bytes, which
+        // stay allocated and untouched until the event recorded below has passed
+        // (`HostStaging::bytes_mut` waits for it; dropping the staging waits too).
+        unsafe {
+            drv_sys::cuMemcpyDtoHAsync_v2(
+                p.ptr() as *mut c_void,
+                dptr(src),
+                n,
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| Error::cuda("cuMemcpyDtoHAsync (pinned)", e))?;
+        p.mark_uploaded(self.stream.cu_stream())
+    }
+
     fn read_bytes(&self, src: &Tensor, dst: &mut [u8]) -> Result<()> {
         self.forbid_in_capture("read_bytes (device->host copy)")?;
         self.check_device("read_bytes", &[("src", src)])?;
@@ -120,6 +156,12 @@ impl Backend for CudaBackend {
         self.stream
             .synchronize()
             .map_err(|e| Error::cuda("cuStreamSynchronize", e))
+    }
+
+    fn fill_rows(&self, src: &Tensor, rows: &Tensor, dst: &Tensor) -> Result<()> {
+        self.check_device("fill_rows", &[("src", src), ("rows", rows), ("dst", dst)])?;
+        let (s, n) = ops::check_fill_rows(src, rows, dst)?;
+        kernels::fill_rows(self, src, rows, dst, s, n)
     }
 
     fn gather_columns(&self, x: &Tensor, perm: &Tensor, out: &Tensor) -> Result<()> {

@@ -124,6 +124,8 @@ pub(super) struct Kernels<K = Kernel> {
     pub embedding: PerDType<K>,
     /// A GPTQ act-order projection's input in its weight's column order (gather.cu).
     pub gather_columns: PerDType<K>,
+    /// Asynchronous scheduling's token ids from the samples of the step before (gather.cu).
+    pub fill_rows_i32: K,
     pub rms_norm: PerDType<K>,
     /// LayerNorm with a bias (rms_norm.cu's `norm_impl` with LN).
     pub layer_norm: PerDType<K>,
@@ -388,6 +390,7 @@ impl<K> Kernels<K> {
             ],
             fp8_norm_quant: [t("fp8_norm_quant_bf16")?, t("fp8_norm_quant_f16")?],
             sample_f32: t("sample_f32")?,
+            fill_rows_i32: t("fill_rows_i32")?,
             logit_bias_f32: t("logit_bias_f32")?,
             penalty_count_i32: t("penalty_count_i32")?,
         })

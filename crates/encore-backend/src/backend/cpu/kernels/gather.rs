@@ -40,3 +40,18 @@ pub(crate) fn gather_columns(x: &Tensor, perm: &Tensor, out: &Tensor, d: &Gather
         _ => run::<f32>(x, perm, out, d),
     }
 }
+
+/// `dst[t] = src[rows[t]]` where `rows[t]` is in `0..s`, the rest of `dst` kept (shapes
+/// checked by `ops::check_fill_rows`).
+pub(crate) fn fill_rows(src: &Tensor, rows: &Tensor, dst: &Tensor, s: usize, n: usize) {
+    // SAFETY: shapes checked: src holds s, rows and dst n i32 values; dst is a buffer of
+    // its own (written here only).
+    let (src, rows, dst) = unsafe {
+        (
+            std::slice::from_raw_parts(ptr_of(src) as *const i32, s),
+            std::slice::from_raw_parts(ptr_of(rows) as *const i32, n),
+            std::slice::from_raw_parts_mut(ptr_of(dst) as *mut i32, n),
+        )
+    };
+    crate::ops::fill_rows_ref(src, rows, dst);
+}

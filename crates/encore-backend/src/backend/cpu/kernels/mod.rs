@@ -26,7 +26,7 @@ use crate::args::Activation;
 use crate::ops::{ColumnDims, EmbeddingDims, MatmulDims, MoeDims, RowDims};
 use crate::quant::{self, QuantFormat};
 use crate::tensor::{DType, Tensor};
-pub(super) use gather::gather_columns;
+pub(super) use gather::{fill_rows, gather_columns};
 
 pub(super) use attention::{attention, AttentionArgs};
 pub(super) use qkv_rope::{qkv_rope_write, QkvRopeArgs};

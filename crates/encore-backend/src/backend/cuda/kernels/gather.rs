@@ -1,4 +1,4 @@
-//! The launcher of `gather_columns` (`kernels/gather.cu`).
+//! The launchers of `gather_columns` and `fill_rows` (`kernels/gather.cu`).
 
 use super::{cfg, grid_x, int};
 use crate::backend::cuda::{dptr, CudaBackend};
@@ -35,4 +35,26 @@ pub(in crate::backend::cuda) fn gather_columns(
         c,
         &mut args![xp, pp, op, k, n],
     )
+}
+
+/// `dst[t] = src[rows[t]]` where `rows[t]` is in `0..s`: a thread an entry.
+pub(in crate::backend::cuda) fn fill_rows(
+    be: &CudaBackend,
+    src: &Tensor,
+    rows: &Tensor,
+    dst: &Tensor,
+    s: usize,
+    n: usize,
+) -> Result<()> {
+    const OP: &str = "fill_rows";
+    if n == 0 {
+        return Ok(());
+    }
+    let c = cfg(
+        (grid_x(OP, "n", n.div_ceil(THREADS))?, 1, 1),
+        (THREADS as u32, 1, 1),
+    );
+    let (sp, rp, dp) = (dptr(src), dptr(rows), dptr(dst));
+    let (s, n) = (int(OP, "s", s)?, int(OP, "n", n)?);
+    be.launch(&be.kernels().fill_rows_i32, c, &mut args![sp, rp, dp, s, n])
 }

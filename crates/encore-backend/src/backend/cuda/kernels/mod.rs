@@ -31,7 +31,7 @@ macro_rules! args {
 }
 
 mod gather;
-pub(super) use gather::gather_columns;
+pub(super) use gather::{fill_rows, gather_columns};
 mod attention;
 pub(super) use attention::{attention, attention_scratch_len, dynamic_smem_limit};
 mod moe;

@@ -49,6 +49,7 @@ pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
             "gather_columns_bf16",
             "gather_columns_f16",
             "gather_columns_f32",
+            "fill_rows_i32",
         ],
     },
     KernelSource {
