@@ -7,7 +7,8 @@
 #          loop's on CUDA graphs among them;
 #   serve  `bench serve --dataset-shape trtllm` on dummy:llama-3-8b in FP8 with an FP8 KV
 #          cache at ROWS (default 128/128), PROMPTS requests a row (default the peer's),
-#          synchronous and with --async-scheduling alternated ROUNDS times (default 1);
+#          synchronous and with --async-scheduling alternated ROUNDS times (default 1;
+#          MODES="async" runs one of them);
 #   gptoss the same A/B on dummy:gpt-oss-20b (MXFP4 experts, bf16 KV) at 1000/1000.
 # Logs go to $OUT.   usage: bash scripts/gpu-async.sh [test,serve,gptoss]
 set -uo pipefail
@@ -44,8 +45,8 @@ fi
 ab() {
   local name=$1; shift
   for r in $(seq 1 "${ROUNDS:-1}"); do
-    for mode in sync async; do
-      flag=""; [ "$mode" = async ] && flag="--async-scheduling"
+    for mode in ${MODES:-sync async}; do
+      flag="--no-async-scheduling"; [ "$mode" = async ] && flag="--async-scheduling"
       .bin/encore bench serve --in-process --device cuda "$@" $flag --json \
         2>"$OUT/$name-$mode-$r.err" > "$OUT/$name-$mode-$r.json"
       echo "$name $mode round $r rc=$?"; tail -2 "$OUT/$name-$mode-$r.err"

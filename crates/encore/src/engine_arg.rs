@@ -59,12 +59,15 @@ pub struct EngineArgs {
     /// Debug: after each graph replay, run the step eagerly too and fail on a mismatch.
     #[arg(long)]
     pub verify_graphs: bool,
-    /// Asynchronous scheduling: plan, pack and queue the next step while the device runs
-    /// the current one, reading its samples after (vLLM's --async-scheduling). One
-    /// device; a step with constraints, penalties, log-probabilities, prompt scoring or
-    /// speculation runs synchronously.
-    #[arg(long)]
+    /// Asynchronous scheduling, the default (accepted for vLLM's flag of the name): plan,
+    /// pack and queue the next step while the device runs the current one, reading its
+    /// samples after. One device, every weight resident; steps with constraints,
+    /// penalties, log-probabilities, prompt scoring or speculation run synchronously.
+    #[arg(long, overrides_with = "no_async_scheduling")]
     pub async_scheduling: bool,
+    /// Step synchronously: each step is planned after the one before has been read.
+    #[arg(long, overrides_with = "async_scheduling")]
+    pub no_async_scheduling: bool,
     /// Decode batch-size buckets for graph mode: vllm ([1,2,4] + 8..256 step 8 + 256..
     /// step 16), pow2, or a comma list; capped at the most sequences in a step.
     #[arg(long, default_value = "vllm")]
@@ -291,7 +294,7 @@ impl EngineArgs {
             eagle_aux: None,
             eagle_embed: None,
             kv_cache_dtype: kv_cache_dtype(self.kv_cache_dtype, dtype)?,
-            async_scheduling: self.async_scheduling,
+            async_scheduling: !self.no_async_scheduling,
         };
         let sched = SchedulerConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,
