@@ -430,7 +430,7 @@ fn run_loop(
             match rx.recv_timeout(Duration::from_secs(3600)) {
                 Ok(msg) => Some(msg),
                 Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Disconnected) => return quiesce(runner),
             }
         };
         while let Some(msg) = next {
@@ -464,7 +464,7 @@ fn run_loop(
                         memory: runner.graph_memory_stats(),
                     });
                 }
-                Message::Shutdown => return,
+                Message::Shutdown => return quiesce(runner),
             }
             next = rx.try_recv().ok();
         }
@@ -523,6 +523,14 @@ fn run_loop(
         m.step_micros_total
             .fetch_add(step_start.elapsed().as_micros() as u64, Ordering::Relaxed);
         publish(m, &sched, runner);
+    }
+}
+
+/// The loop's end: a step launched ahead may still run on the device; it finishes
+/// before the engine's memory goes.
+fn quiesce(runner: &crate::runner::Runner<'_>) {
+    if let Err(e) = runner.backend().synchronize() {
+        tracing::warn!("engine stop: the device did not finish its last step: {e}");
     }
 }
 

@@ -62,7 +62,7 @@ pub struct EngineArgs {
     /// Asynchronous scheduling, the default (accepted for vLLM's flag of the name): plan,
     /// pack and queue the next step while the device runs the current one, reading its
     /// samples after. One device, every weight resident; steps with constraints,
-    /// penalties, log-probabilities, prompt scoring or speculation run synchronously.
+    /// log-probabilities, prompt scoring or speculation run synchronously.
     #[arg(long, overrides_with = "no_async_scheduling")]
     pub async_scheduling: bool,
     /// Step synchronously: each step is planned after the one before has been read.

@@ -253,14 +253,13 @@ impl Seq {
         self.tokens.extend(drafts);
     }
 
-    /// Whether its steps sample plainly — no constraint, penalties, log-probabilities,
-    /// scored prompt or drafts — so a step may be planned for it before the one in
-    /// flight is read ([`overlap`]).
+    /// Whether a step may be planned for it before the one in flight is read
+    /// ([`overlap`]): no constraint (its mask needs the token), log-probabilities, scored
+    /// prompt or drafts. Penalties may: a step's row counts its sample into the
+    /// sequence's slot on the device, by position.
     fn plain(&self) -> bool {
-        let sp = &self.req.params.sampling;
         self.constraint.is_none()
-            && !sp.has_penalties()
-            && sp.logprobs.is_none()
+            && self.req.params.sampling.logprobs.is_none()
             && !self.scoring()
             && self.drafts == 0
     }

@@ -13,8 +13,9 @@
 //! synchronous loop gives: each sample depends on the request's seed and the token's
 //! index only.
 //!
-//! Only plain sampling runs this way (no constraint, penalties, log-probabilities, scored
-//! prompt or speculation: their host work needs the tokens first); with any such request
+//! Penalties run this way too (a row counts its sample into its slot on the device).
+//! A constraint, log-probabilities, a scored prompt or speculation do not (their host
+//! work needs the tokens first); with any such request
 //! running or next in line, or when a planned-ahead step found the KV cache full (a
 //! synchronous step may preempt), the step in flight is read and the loop steps
 //! synchronously until it may overlap again.

@@ -3,9 +3,9 @@
 //! from that step's samples. The tokens, log-probabilities and finishes are those of the
 //! synchronous loop in every case: chunked prompts mixed with decodes, requests joining
 //! mid-flight, stop tokens (the extra step computed for a stopped sequence is dropped),
-//! a full cache (which hands over to synchronous steps that preempt), requests that need
-//! the synchronous path (log-probabilities, penalties) coming and going, aborts, prefix
-//! caching, and captured graphs.
+//! penalties (counted on the device), a full cache (which hands over to synchronous steps
+//! that preempt), requests that need the synchronous path (log-probabilities, prompt
+//! scoring) coming and going, aborts, prefix caching, and captured graphs.
 
 use std::collections::HashMap;
 
@@ -152,6 +152,36 @@ fn requests_of_the_synchronous_path_come_and_go_between_overlapped_steps() {
     assert_eq!(b, a);
     assert!(s.stats().overlapped > 10, "{:?}", s.stats());
     assert!(a[&20].0.iter().all(|o| o.logprobs.is_some()));
+}
+
+#[test]
+fn penalties_count_the_tokens_of_steps_planned_ahead() {
+    let cpu = CpuBackend::new();
+    // Every request with penalties, greedy and sampled, joining mid-flight: each step's
+    // row counts its sample on the device, so the next (planned before it was read)
+    // sees it counted.
+    let reqs: Vec<(Request, u64)> = mix()
+        .into_iter()
+        .map(|(mut q, at)| {
+            q.params.sampling.repetition_penalty = 1.4;
+            q.params.sampling.frequency_penalty = 0.3;
+            q.params.sampling.presence_penalty = 0.2;
+            (q, at)
+        })
+        .collect();
+    let cfg = SchedulerConfig::new(32, 5);
+    let mut sync = common::tiny_runner(&cpu);
+    let (a, _) = run(&mut sync, cfg, &reqs);
+    assert_ne!(a, alone(&mix()), "the penalties change the tokens");
+    let mut r = overlapped(&cpu);
+    let (b, s) = run_all(&mut r, cfg, &reqs, &[]);
+    assert_eq!(tokens(&b), a);
+    assert!(
+        s.stats().overlapped * 10 > s.stats().steps * 8,
+        "{:?}",
+        s.stats()
+    );
+    assert_eq!(s.free_penalty_slots(), 16, "every slot back");
 }
 
 #[test]
