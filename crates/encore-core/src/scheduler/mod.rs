@@ -206,6 +206,21 @@ impl Seq {
         self.tokens.len() - self.req.prompt.len()
     }
 
+    /// Whether `token`, which makes the sequence `len` tokens long, ends it: a stop
+    /// token, its `max_tokens`, or the context.
+    fn finish_at(&self, token: u32, len: usize, max_seq_len: usize) -> Option<FinishReason> {
+        let p = &self.req.params;
+        if !p.ignore_eos && p.stop_token_ids.contains(&token) {
+            Some(FinishReason::Eos)
+        } else if len - self.req.prompt.len() >= p.max_tokens {
+            Some(FinishReason::Length)
+        } else if len >= max_seq_len {
+            Some(FinishReason::Context)
+        } else {
+            None
+        }
+    }
+
     /// Speculative decoding: how many drafts it may verify in its next step (0: none),
     /// when it is decoding (one token to compute) and its sampling allows it: as many as
     /// fit `budget` tokens, `rows` sampling rows, its `max_tokens` and `max_seq_len`, and

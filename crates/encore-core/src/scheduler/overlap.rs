@@ -165,17 +165,7 @@ impl Scheduler {
             if done.last() == Some(&i) {
                 continue;
             }
-            let p = &s.req.params;
-            let len = at + 1;
-            let finish = if !p.ignore_eos && p.stop_token_ids.contains(&token) {
-                Some(FinishReason::Eos)
-            } else if len - s.req.prompt.len() >= p.max_tokens {
-                Some(FinishReason::Length)
-            } else if len >= max_seq_len {
-                Some(FinishReason::Context)
-            } else {
-                None
-            };
+            let finish = s.finish_at(token, at + 1, max_seq_len);
             outputs.push(Output {
                 id: s.req.id,
                 token,

@@ -366,16 +366,7 @@ impl Scheduler {
                 if s.constraint.is_some() {
                     s.pending.push(token);
                 }
-                let p = &s.req.params;
-                let finish = if !p.ignore_eos && p.stop_token_ids.contains(&token) {
-                    Some(FinishReason::Eos)
-                } else if s.produced() >= p.max_tokens {
-                    Some(FinishReason::Length)
-                } else if s.tokens.len() >= max_seq_len {
-                    Some(FinishReason::Context)
-                } else {
-                    None
-                };
+                let finish = s.finish_at(token, s.tokens.len(), max_seq_len);
                 outputs.push(Output {
                     id: s.req.id,
                     token,

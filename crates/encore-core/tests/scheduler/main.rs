@@ -566,14 +566,12 @@ fn samples_sharing_a_prompt_compute_it_once_and_get_their_cold_tokens() {
 /// On CUDA, at a real model's shape in bf16 (tensor-core prefill, split-K decode, mixed
 /// steps attended in two launches, every bucket captured): 96 requests of random lengths
 /// under tight budgets all complete with their token counts, with no step failing.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn cuda_mixed_steps_at_a_real_shape_complete() {
-    let _serial = cuda_serial();
+/// A `dummy:qwen2.5-0.5b` bf16 engine's runner on `be`: 64 sequences, 1,024 tokens a step
+/// and a sequence, every decode and token bucket captured at boot.
+fn cuda_runner(be: &dyn encore_core::backend::Backend, async_scheduling: bool) -> Runner<'_> {
     use encore_core::engine::{Engine, EngineConfig, KvSizing};
     use encore_core::graph::BucketPolicy;
     use encore_core::runner::GraphConfig;
-    let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
     let cfg = EngineConfig {
         graphs: Some(GraphConfig {
             decode: BucketPolicy::VllmLike { max: 64 },
@@ -581,6 +579,7 @@ fn cuda_mixed_steps_at_a_real_shape_complete() {
             verify: 0,
         }),
         capture_all: true,
+        async_scheduling,
         ..EngineConfig::new(
             encore_core::DType::BF16,
             16,
@@ -591,8 +590,17 @@ fn cuda_mixed_steps_at_a_real_shape_complete() {
         )
     };
     let files = encore_core::model::open_model("dummy:qwen2.5-0.5b").unwrap();
-    let Engine { mut runner, .. } =
-        Engine::new(&be, files, &cfg, &encore_core::progress::NoProgress).unwrap();
+    Engine::new(be, files, &cfg, &encore_core::progress::NoProgress)
+        .unwrap()
+        .runner
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_mixed_steps_at_a_real_shape_complete() {
+    let _serial = cuda_serial();
+    let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
+    let mut runner = cuda_runner(&be, false);
     let reqs: Vec<(Request, u64)> = (0..96u64)
         .map(|i| {
             let mut r = request(

@@ -285,31 +285,8 @@ fn a_launch_refuses_what_it_cannot_sample_and_a_runner_without_overlap() {
 #[ignore = "needs a CUDA device"]
 fn cuda_overlapped_graph_steps_give_the_synchronous_tokens() {
     let _serial = super::cuda_serial();
-    use encore_core::engine::{Engine, EngineConfig, KvSizing};
-    use encore_core::graph::BucketPolicy;
     let be = encore_core::backend::cuda::CudaBackend::new(0).unwrap();
-    let engine = |async_scheduling: bool| {
-        let cfg = EngineConfig {
-            graphs: Some(GraphConfig {
-                decode: BucketPolicy::VllmLike { max: 64 },
-                mixed: BucketPolicy::SglangLike { max: 512 },
-                verify: 0,
-            }),
-            async_scheduling,
-            ..EngineConfig::new(
-                encore_core::DType::BF16,
-                16,
-                512,
-                64,
-                1024,
-                KvSizing::Blocks(1 + 64 * 48),
-            )
-        };
-        let files = encore_core::model::open_model("dummy:qwen2.5-0.5b").unwrap();
-        Engine::new(&be, files, &cfg, &encore_core::progress::NoProgress)
-            .unwrap()
-            .runner
-    };
+    let engine = |async_scheduling| super::cuda_runner(&be, async_scheduling);
     // 64 prompts of 1..600 tokens at once, greedy and sampled: the two loops run the
     // same batches (lengths end sequences at launch), so the same graphs and the same
     // tokens.
