@@ -86,12 +86,37 @@ fn run_with(
     reqs: &[(Request, u64)],
 ) -> (HashMap<u64, (Vec<u32>, FinishReason)>, Scheduler) {
     let mut s = Scheduler::with_seqs(cfg, r, seqs).unwrap();
-    let mut out: HashMap<u64, (Vec<u32>, FinishReason)> = HashMap::new();
+    let out = drive(r, &mut s, reqs, &[]);
+    let tokens = out
+        .into_iter()
+        .map(|(id, (o, f))| (id, (o.into_iter().map(|o| o.token).collect(), f)))
+        .collect();
+    (tokens, s)
+}
+
+/// Every output of a request, and how it finished.
+type Outputs = HashMap<u64, (Vec<encore_core::request::Output>, FinishReason)>;
+
+/// Step `s` on `r` until `reqs` (each added at its step) are done, aborting each of
+/// `aborts` (request, step) at its step; every output of each request. Every block is
+/// free at the end.
+fn drive(
+    r: &mut Runner<'_>,
+    s: &mut Scheduler,
+    reqs: &[(Request, u64)],
+    aborts: &[(u64, u64)],
+) -> Outputs {
+    let mut out: Outputs = HashMap::new();
     let mut step = 0u64;
     loop {
         for (req, at) in reqs {
             if *at == step {
                 s.add(req.clone(), r).unwrap();
+            }
+        }
+        for &(id, at) in aborts {
+            if at == step {
+                s.abort(id).unwrap();
             }
         }
         let pending = reqs.iter().any(|(_, at)| *at > step);
@@ -102,10 +127,10 @@ fn run_with(
             let e = out
                 .entry(o.id)
                 .or_insert((Vec::new(), FinishReason::Stopped));
-            e.0.push(o.token);
             if let Some(f) = o.finish {
                 e.1 = f;
             }
+            e.0.push(o);
         }
         step += 1;
         assert!(step < 10_000, "no progress");
@@ -115,7 +140,7 @@ fn run_with(
         0,
         "finished requests free their blocks"
     );
-    (out, s)
+    out
 }
 
 /// Each request run alone (cold: prefix caching off), with budgets that fit it whole.

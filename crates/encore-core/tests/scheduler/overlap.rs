@@ -10,13 +10,11 @@
 use std::collections::HashMap;
 
 use encore_core::backend::cpu::CpuBackend;
-use encore_core::request::{FinishReason, Output, Request};
+use encore_core::request::{FinishReason, Request};
 use encore_core::runner::{GraphConfig, Runner};
 use encore_core::scheduler::{Scheduler, SchedulerConfig};
 
-use super::{alone, common, mix, request, run};
-
-type Outputs = HashMap<u64, (Vec<Output>, FinishReason)>;
+use super::{alone, common, drive, mix, request, run, Outputs};
 
 /// Run `reqs` (each added at its step; `aborts`: (request, step)) to completion; every
 /// output of each request, and the scheduler.
@@ -27,36 +25,7 @@ fn run_all(
     aborts: &[(u64, u64)],
 ) -> (Outputs, Scheduler) {
     let mut s = Scheduler::new(cfg, r).unwrap();
-    let mut out: Outputs = HashMap::new();
-    let mut step = 0u64;
-    loop {
-        for (req, at) in reqs {
-            if *at == step {
-                s.add(req.clone(), r).unwrap();
-            }
-        }
-        for &(id, at) in aborts {
-            if at == step {
-                s.abort(id).unwrap();
-            }
-        }
-        let pending = reqs.iter().any(|(_, at)| *at > step);
-        if !s.has_work() && !pending {
-            break;
-        }
-        for o in s.step(r).unwrap() {
-            let e = out
-                .entry(o.id)
-                .or_insert((Vec::new(), FinishReason::Stopped));
-            if let Some(f) = o.finish {
-                e.1 = f;
-            }
-            e.0.push(o);
-        }
-        step += 1;
-        assert!(step < 10_000, "no progress");
-    }
-    assert_eq!(s.blocks().num_used_blocks(), 0, "every block freed");
+    let out = drive(r, &mut s, reqs, aborts);
     (out, s)
 }
 
