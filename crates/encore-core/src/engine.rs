@@ -105,7 +105,7 @@ pub struct EngineConfig {
     pub kv_cache_dtype: Option<DType>,
     /// Asynchronous scheduling (`--async-scheduling`): the next step is planned and
     /// queued while the device runs the current one ([`crate::scheduler`]'s overlap;
-    /// one device, no constraint, log-probabilities or speculation). Captured graphs take their decode rows' ids from the
+    /// one device, no constraint, prompt scoring or speculation). Captured graphs take their decode rows' ids from the
     /// step before on the device.
     pub async_scheduling: bool,
 }

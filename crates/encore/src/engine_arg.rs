@@ -61,8 +61,8 @@ pub struct EngineArgs {
     pub verify_graphs: bool,
     /// Asynchronous scheduling, the default (accepted for vLLM's flag of the name): plan,
     /// pack and queue the next step while the device runs the current one, reading its
-    /// samples after. One device, every weight resident; steps with constraints,
-    /// log-probabilities, prompt scoring or speculation run synchronously.
+    /// samples after. One device, every weight resident; steps with constraints, prompt
+    /// scoring or speculation run synchronously.
     #[arg(long, overrides_with = "no_async_scheduling")]
     pub async_scheduling: bool,
     /// Step synchronously: each step is planned after the one before has been read.

@@ -17,6 +17,7 @@
 //! penalty table), `step` (the forward as the executor's pieces, and the step itself),
 //! `seqs` (the blocks and penalty slots the caller owns).
 
+mod deferred;
 mod group;
 mod overlap;
 mod pack;
@@ -245,9 +246,9 @@ pub struct Runner<'b> {
     /// Under a routing table (`--router-skew`), where this step's window began and the
     /// step's rows, until the step's command takes them to the followers.
     routed: Option<(usize, usize)>,
-    /// A step being launched ([`Runner::launch`]): its samples stay on the device, and
-    /// its sequences' order in the sample rows is kept here.
-    deferred: Option<Vec<usize>>,
+    /// A step being launched ([`Runner::launch`]): its samples stay on the device; its
+    /// sequences' order in the sample rows, and the slot their copies go to.
+    deferred: Option<(Vec<usize>, usize)>,
 }
 
 /// One sequence's tokens in a step's token rows: positions `position..position + len`

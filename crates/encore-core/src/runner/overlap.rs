@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 
-use super::{Runner, SeqStep, Seqs};
+use super::{Runner, Sampled, SeqStep, Seqs};
 
 /// A step [`Runner::launch`] queued: its samples are on their way to the host.
 #[derive(Debug)]
@@ -17,6 +17,8 @@ pub struct Launched {
     order: Vec<usize>,
     /// The sample row of each batch index.
     rows: Vec<usize>,
+    /// The top log-probabilities each sample row asks for (`None`: none).
+    nums: Vec<Option<usize>>,
     /// The staging its samples come to.
     slot: usize,
 }
@@ -62,8 +64,9 @@ impl Runner<'_> {
     /// launched just before whose token is `batch[i]`'s only token, which the host does
     /// not know yet (any value stands in for it in `tokens`). The steps of one runner
     /// run in launch order, so such a step may be launched before the one it follows is
-    /// collected — and must be, before any other step runs. A launched step samples
-    /// plainly: no masks, scores, drafts or log-probabilities (an error names them).
+    /// collected — and must be, before any other step runs. A launched step has no
+    /// masks, scores or drafts (an error names them); log-probabilities come with its
+    /// samples.
     pub fn launch(
         &mut self,
         seqs: &mut Seqs,
@@ -78,45 +81,56 @@ impl Runner<'_> {
         }
         if let Some(s) = batch
             .iter()
-            .find(|s| s.masked || s.score.is_some() || s.verify || s.sampling.logprobs.is_some())
+            .find(|s| s.masked || s.score.is_some() || s.verify)
         {
             return Err(Error::invalid(
                 "runner.launch",
                 format!(
-                    "sequence {}: a launched step samples plainly (no mask, scores, drafts or log-probabilities)",
+                    "sequence {}: a launched step has no mask, scores or drafts",
                     s.seq
                 ),
             ));
         }
         self.parts.inputs.prev_rows.clear();
         self.parts.inputs.prev_rows.extend_from_slice(prev);
-        self.deferred = Some(Vec::new());
+        self.deferred = Some((Vec::new(), 0));
         let ran = self.run(seqs, batch, false, None);
         self.parts.inputs.prev_rows.clear();
-        let order = self.deferred.take().unwrap_or_default();
+        let (order, slot) = self.deferred.take().unwrap_or_default();
         ran?;
         let mut rows = vec![0; order.len()];
         for (k, &i) in order.iter().enumerate() {
             rows[i] = k;
         }
+        let nums = order.iter().map(|&i| batch[i].sampling.logprobs).collect();
         Ok(Launched {
             order,
             rows,
-            slot: self.parts.sampling.deferred_slot(),
+            nums,
+            slot,
         })
     }
 
-    /// The samples of the step `l` launched, one per sequence of its batch in the
-    /// batch's order, once they are on the host.
-    pub fn collect(&mut self, l: Launched) -> Result<Vec<u32>> {
+    /// The samples of the step `l` launched (with their log-probabilities where the
+    /// sequence's sampling asks for them), one per sequence of its batch in the batch's
+    /// order, once they are on the host.
+    pub fn collect(&mut self, l: Launched) -> Result<Vec<Sampled>> {
         let t0 = std::time::Instant::now();
-        let sorted = self.parts.sampling.deferred_tokens(l.slot, l.order.len());
+        let read = self.parts.sampling.read_deferred(l.slot, &l.nums);
         self.device_wait.set(self.device_wait.get() + t0.elapsed());
-        let sorted = sorted?;
-        let mut tokens = vec![0u32; sorted.len()];
+        let (tokens, mut logprobs) = read?;
+        let mut out = vec![None; tokens.len()];
         for (k, &i) in l.order.iter().enumerate() {
-            tokens[i] = sorted[k];
+            out[i] = Some(Sampled {
+                token: tokens[k],
+                logprobs: logprobs[k].take(),
+                prompt: Vec::new(),
+                verified: Vec::new(),
+                verified_logprobs: Vec::new(),
+            });
         }
-        Ok(tokens)
+        out.into_iter()
+            .map(|s| s.ok_or_else(|| Error::invalid("runner.collect", "a sample row twice")))
+            .collect()
     }
 }

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::request::MAX_LOGIT_BIAS;
 use crate::tensor::{DType, Tensor};
 
+use super::deferred::{logprobs_of, Deferred};
 use super::pack::{Packer, StepViews};
 use super::seqs::PenaltyFork;
 use super::{FillMasks, SeqStep};
@@ -56,14 +57,8 @@ impl LogprobBuffers {
 pub(super) struct SampleBuffers {
     /// Sampled token ids, `[max_seqs]`.
     sampled: Tensor,
-    /// Asynchronous scheduling: a copy of the last deferred step's samples, which the
-    /// step after it takes its decode rows' ids from on the device (a capture between
-    /// the two overwrites `sampled`, never this), `[max_seqs]`; and their host stagings,
-    /// used in turn (a step's samples are read after the next step is queued), with the
-    /// one the last deferred step used.
-    prev: Tensor,
-    prev_staging: [HostStaging; 2],
-    prev_slot: usize,
+    /// Asynchronous scheduling: the samples of launched steps on their way to the host.
+    deferred: Deferred,
     lp: LogprobBuffers,
     pen_counts: Option<Tensor>,
     /// Allowed-token masks, i32 `[max_seqs, mask_words]`: row r is the step's row r's
@@ -109,12 +104,7 @@ impl SampleBuffers {
     ) -> Result<Self> {
         Ok(SampleBuffers {
             sampled: be.alloc(DType::I32, &[max_seqs])?,
-            prev: be.alloc(DType::I32, &[max_seqs])?,
-            prev_staging: [
-                be.alloc_staging(max_seqs * 4)?,
-                be.alloc_staging(max_seqs * 4)?,
-            ],
-            prev_slot: 1,
+            deferred: Deferred::new(be, max_seqs)?,
             lp: LogprobBuffers {
                 token: be.alloc(DType::F32, &[max_seqs])?,
                 top_ids: be.alloc(DType::I32, &[max_seqs, MAX_TOP_LOGPROBS])?,
@@ -142,8 +132,9 @@ impl SampleBuffers {
     /// the penalty table), for a memory estimate.
     pub fn bytes_for(max_seqs: usize, penalty_slots: usize, vocab: usize) -> usize {
         max_seqs.saturating_mul(
-            3 + 2 * MAX_TOP_LOGPROBS + mask_words(vocab) + 2 * MAX_LOGIT_BIAS + 2 * FORK_PAIRS,
+            2 + 2 * MAX_TOP_LOGPROBS + mask_words(vocab) + 2 * MAX_LOGIT_BIAS + 2 * FORK_PAIRS,
         ) * 4
+            + Deferred::device_bytes(max_seqs)
             + penalty_slots.saturating_mul(vocab).saturating_mul(4)
     }
 
@@ -332,39 +323,26 @@ impl SampleBuffers {
 
     /// Asynchronous scheduling: keep the first `b` samples of the step just queued on the
     /// device for the next step's token ids ([`SampleBuffers::prev`]) and queue their
-    /// copy to the host (into the staging after the last one's: see
-    /// [`SampleBuffers::deferred_slot`]), which [`SampleBuffers::deferred_tokens`] waits
-    /// for.
-    pub fn defer_tokens(&mut self, be: &dyn Backend, b: usize) -> Result<()> {
-        let prev = self.prev.prefix(b)?;
-        be.copy(&self.sampled.prefix(b)?, &prev)?;
-        self.prev_slot ^= 1;
-        be.download_staging(&prev, &mut self.prev_staging[self.prev_slot])
+    /// copy to the host, with their log-probabilities when `logprobs`; returns the slot
+    /// [`SampleBuffers::read_deferred`] reads them from.
+    pub fn defer(&mut self, be: &dyn Backend, b: usize, logprobs: bool) -> Result<usize> {
+        self.deferred
+            .defer(be, &self.sampled, &self.lp, b, logprobs)
     }
 
-    /// The staging the last [`SampleBuffers::defer_tokens`] used.
-    pub fn deferred_slot(&self) -> usize {
-        self.prev_slot
+    /// The samples [`SampleBuffers::defer`] queued into `slot`, one per entry of `nums`,
+    /// with `nums[r]` top log-probabilities for row `r`, once they are on the host.
+    pub fn read_deferred(
+        &mut self,
+        slot: usize,
+        nums: &[Option<usize>],
+    ) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
+        self.deferred.read(slot, nums)
     }
 
-    /// The `b` samples [`SampleBuffers::defer_tokens`] queued into staging `slot`, once
-    /// they are on the host.
-    pub fn deferred_tokens(&mut self, slot: usize, b: usize) -> Result<Vec<u32>> {
-        let bytes = self.prev_staging[slot & 1].bytes_mut()?;
-        let ids: &[i32] = bytemuck::try_cast_slice(bytes.get(..b * 4).unwrap_or(&[]))
-            .map_err(|e| Error::invalid("runner.collect", format!("sample staging: {e}")))?;
-        if ids.len() != b {
-            return Err(Error::invalid(
-                "runner.collect",
-                format!("{b} samples asked, {} deferred", ids.len()),
-            ));
-        }
-        Ok(ids.iter().map(|&t| t as u32).collect())
-    }
-
-    /// The last deferred step's samples on the device ([`SampleBuffers::defer_tokens`]).
+    /// The last launched step's samples on the device ([`SampleBuffers::defer`]).
     pub fn prev(&self) -> &Tensor {
-        &self.prev
+        self.deferred.prev()
     }
 
     /// The log-probabilities of the step's first `nums.len()` rows, `nums[r]` top
@@ -381,23 +359,7 @@ impl SampleBuffers {
         let token = be.download::<f32>(&self.lp.token.prefix(b)?)?;
         let ids = be.download::<i32>(&self.lp.top_ids.prefix(b)?)?;
         let top = be.download::<f32>(&self.lp.top.prefix(b)?)?;
-        Ok(nums
-            .iter()
-            .enumerate()
-            .map(|(r, n)| {
-                let n = (*n)?.min(MAX_TOP_LOGPROBS);
-                let at = r * MAX_TOP_LOGPROBS;
-                let top = ids[at..at + n]
-                    .iter()
-                    .zip(&top[at..at + n])
-                    .filter_map(|(&id, &lp)| u32::try_from(id).ok().map(|id| (id, lp)))
-                    .collect();
-                Some(TokenLogprobs {
-                    logprob: token[r],
-                    top,
-                })
-            })
-            .collect())
+        Ok(logprobs_of(nums, &token, &ids, &top))
     }
 }
 

@@ -402,7 +402,7 @@ impl Runner<'_> {
         };
         // A launched step ([`Runner::launch`]): its sample rows' order, and its rows that
         // follow the step before in the packing order.
-        if let Some(o) = self.deferred.as_mut() {
+        if let Some((o, _)) = self.deferred.as_mut() {
             o.clone_from(&order);
             if d > 0 {
                 let prev = std::mem::take(&mut self.parts.inputs.prev_rows);
@@ -674,9 +674,14 @@ impl Runner<'_> {
         if self.deferred.is_none() {
             return self.read_out(batch, logits, first_extra);
         }
-        self.parts
+        let logprobs = batch.iter().any(|s| s.sampling.logprobs.is_some());
+        let slot = self
+            .parts
             .sampling
-            .defer_tokens(self.parts.be, batch.len())?;
+            .defer(self.parts.be, batch.len(), logprobs)?;
+        if let Some(d) = self.deferred.as_mut() {
+            d.1 = slot;
+        }
         Ok(StepOut::default())
     }
 

@@ -269,14 +269,11 @@ impl Seq {
     }
 
     /// Whether a step may be planned for it before the one in flight is read
-    /// ([`overlap`]): no constraint (its mask needs the token), log-probabilities, scored
-    /// prompt or drafts. Penalties may: a step's row counts its sample into the
-    /// sequence's slot on the device, by position.
+    /// ([`overlap`]): no constraint (its mask needs the token), scored prompt or drafts.
+    /// Penalties may (a step's row counts its sample into the sequence's slot on the
+    /// device, by position), and log-probabilities (read with the samples).
     fn plain(&self) -> bool {
-        self.constraint.is_none()
-            && self.req.params.sampling.logprobs.is_none()
-            && !self.scoring()
-            && self.drafts == 0
+        self.constraint.is_none() && !self.scoring() && self.drafts == 0
     }
 
     /// Whether its next chunk is scored (the prompt's log-probabilities are asked for

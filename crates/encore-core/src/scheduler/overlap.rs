@@ -13,9 +13,9 @@
 //! synchronous loop gives: each sample depends on the request's seed and the token's
 //! index only.
 //!
-//! Penalties run this way too (a row counts its sample into its slot on the device).
-//! A constraint, log-probabilities, a scored prompt or speculation do not (their host
-//! work needs the tokens first); with any such request
+//! Penalties run this way too (a row counts its sample into its slot on the device), and
+//! log-probabilities (copied to the host with the samples). A constraint, a scored prompt
+//! or speculation do not (their host work needs the tokens first); with any such request
 //! running or next in line, or when a planned-ahead step found the KV cache full (a
 //! synchronous step may preempt), the step in flight is read and the loop steps
 //! synchronously until it may overlap again.
@@ -137,7 +137,7 @@ impl Scheduler {
     /// finished sequences free their blocks. A sequence that ended meanwhile (a stop
     /// token of the step before, an abort) is skipped.
     fn collect(&mut self, runner: &mut Runner<'_>, f: InFlight) -> Result<Vec<Output>> {
-        let tokens = runner.collect(f.launched)?;
+        let sampled = runner.collect(f.launched)?;
         let index: HashMap<SeqId, usize> = self
             .running
             .iter()
@@ -147,7 +147,8 @@ impl Scheduler {
         let max_seq_len = runner.config().max_seq_len;
         let mut outputs = Vec::new();
         let mut done = Vec::new();
-        for (&(seq, at), token) in f.entries.iter().zip(tokens) {
+        for (&(seq, at), out) in f.entries.iter().zip(sampled) {
+            let token = out.token;
             let Some(&i) = index.get(&seq) else { continue };
             let s = &mut self.running[i];
             if let Some(at) = at {
@@ -169,7 +170,7 @@ impl Scheduler {
             outputs.push(Output {
                 id: s.req.id,
                 token,
-                logprobs: None,
+                logprobs: out.logprobs,
                 prompt_logprobs: s.prompt_lp.take(),
                 finish,
             });
