@@ -447,7 +447,7 @@ impl<'b> Engine<'b> {
         // One device, every weight resident (a weight budget's streams plan each step
         // after the one before), no debug replays.
         let overlap = cfg.tp.0.len() <= 1 && cfg.offload.is_none() && !cfg.verify_graphs;
-        if cfg.async_scheduling && !runner.set_overlap(overlap)? {
+        if cfg.async_scheduling && !runner.set_overlap(overlap) {
             tracing::warn!(
                 "--async-scheduling is off: it runs on one device with every weight resident (no --weight-budget, no --verify-graphs)"
             );

@@ -8,9 +8,7 @@ use crate::tensor::{DType, Tensor};
 mod gather;
 mod moe;
 mod rope;
-pub use gather::{
-    check_fill_rows, check_gather_columns, fill_rows_ref, gather_columns_ref, GatherDims,
-};
+pub use gather::{check_fill_rows, check_gather_columns, gather_columns_ref, GatherDims};
 pub use moe::{check_moe, check_sigmoid_gate_add, CacheDims, MoeDims, PrefetchDims};
 pub use rope::{
     Llama3Scaling, LongRopeScaling, RopeConfig, RopeScaling, YarnScaling, LONGROPE_MAX_FREQS,

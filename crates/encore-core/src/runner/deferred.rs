@@ -87,18 +87,20 @@ impl Deferred {
         nums: &[Option<usize>],
     ) -> Result<(Vec<u32>, Vec<Option<TokenLogprobs>>)> {
         let b = nums.len();
-        let s = &mut self.slots[slot & 1];
-        let ids: Vec<u32> = words::<i32>(&mut s.ids, b)?
-            .iter()
-            .map(|&t| t as u32)
-            .collect();
+        let Slot {
+            ids,
+            lp_token,
+            lp_ids,
+            lp_top,
+        } = &mut self.slots[slot & 1];
+        let ids: Vec<u32> = words::<i32>(ids, b)?.iter().map(|&t| t as u32).collect();
         if nums.iter().all(Option::is_none) {
             return Ok((ids, vec![None; b]));
         }
-        let token = words::<f32>(&mut s.lp_token, b)?.to_vec();
-        let top_ids = words::<i32>(&mut s.lp_ids, b * MAX_TOP_LOGPROBS)?.to_vec();
-        let top = words::<f32>(&mut s.lp_top, b * MAX_TOP_LOGPROBS)?;
-        Ok((ids, logprobs_of(nums, &token, &top_ids, top)))
+        let token = words::<f32>(lp_token, b)?;
+        let top_ids = words::<i32>(lp_ids, b * MAX_TOP_LOGPROBS)?;
+        let top = words::<f32>(lp_top, b * MAX_TOP_LOGPROBS)?;
+        Ok((ids, logprobs_of(nums, token, top_ids, top)))
     }
 }
 

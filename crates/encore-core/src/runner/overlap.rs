@@ -49,13 +49,13 @@ impl Runner<'_> {
     /// Turn [`Runner::launch`] on or off; returns whether it is on. Captured graphs are
     /// dropped when it changes (every step then starts with the ids' fill). A
     /// tensor-parallel group keeps it off (a follower does not sample).
-    pub fn set_overlap(&mut self, on: bool) -> Result<bool> {
+    pub fn set_overlap(&mut self, on: bool) -> bool {
         let on = on && self.group.is_none() && self.parts.sample;
         if on != self.parts.overlap {
             self.exec.clear();
             self.parts.overlap = on;
         }
-        Ok(on)
+        on
     }
 
     /// Queue one step over `batch` and return without waiting for it: its samples stay

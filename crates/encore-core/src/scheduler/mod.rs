@@ -145,9 +145,6 @@ struct Seq {
     /// Asynchronous scheduling: its last token stands in for the sample of the step in
     /// flight — its index in `tokens` and its sample row there ([`overlap`]).
     ahead: Option<(usize, usize)>,
-    /// Asynchronous scheduling: the step in flight gives its last token (its length
-    /// ends it), so no step is planned for it.
-    ending: bool,
 }
 
 /// Speculation that does not pay stops for a while: a sequence keeps a moving average of
@@ -204,6 +201,12 @@ impl Backoff {
 impl Seq {
     fn produced(&self) -> usize {
         self.tokens.len() - self.req.prompt.len()
+    }
+
+    /// Whether its tokens (a stand-in for the step in flight's sample among them) reach
+    /// its `max_tokens` or the context: that step ends it, so none is planned after.
+    fn ends_by_length(&self, max_seq_len: usize) -> bool {
+        self.produced() >= self.req.params.max_tokens || self.tokens.len() >= max_seq_len
     }
 
     /// Whether `token`, which makes the sequence `len` tokens long, ends it: a stop
@@ -434,7 +437,6 @@ impl Scheduler {
             drafts: 0,
             backoff: Backoff::new(),
             ahead: None,
-            ending: false,
         });
         Ok(())
     }

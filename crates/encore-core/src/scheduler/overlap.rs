@@ -8,7 +8,7 @@
 //! that step's sample row ([`Runner::launch`]). When the samples arrive, the stand-ins
 //! become the real tokens and each is checked for a finish as a synchronous step does.
 //! What a sequence's length ends is known at launch: such a sequence is not planned
-//! again ([`Seq::ending`]). A stop token is known only once read: the step already
+//! again ([`Seq::ends_by_length`]). A stop token is known only once read: the step already
 //! planned computes one more token for it, which is dropped. Tokens are the ones the
 //! synchronous loop gives: each sample depends on the request's seed and the token's
 //! index only.
@@ -111,7 +111,6 @@ impl Scheduler {
         drop(steps);
         self.stats.steps += 1;
         self.stats.overlapped += u64::from(self.inflight.is_some());
-        let max_seq_len = runner.config().max_seq_len;
         let mut entries = Vec::with_capacity(plan.len());
         for (k, &(i, take)) in plan.iter().enumerate() {
             self.stats.tokens_computed += take as u64;
@@ -125,7 +124,6 @@ impl Scheduler {
                 s.tokens.push(STAND_IN);
                 let index = s.tokens.len() - 1;
                 s.ahead = Some((index, row));
-                s.ending = s.produced() >= s.req.params.max_tokens || s.tokens.len() >= max_seq_len;
                 at = Some(index);
             }
             entries.push((s.seq, at));

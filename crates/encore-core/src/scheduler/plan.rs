@@ -77,7 +77,7 @@ impl Scheduler {
             let take = (s.tokens.len() - s.computed)
                 .min(budget)
                 .min(s.max_take(max_rows - rows));
-            if take == 0 || (ahead && s.ending) {
+            if take == 0 || (ahead && s.ends_by_length(max_seq_len)) {
                 i += 1;
                 continue;
             }

@@ -32,7 +32,7 @@ fn run_all(
 
 fn overlapped(be: &dyn encore_core::backend::Backend) -> Runner<'_> {
     let mut r = common::tiny_runner(be);
-    assert!(r.set_overlap(true).unwrap());
+    assert!(r.set_overlap(true));
     r
 }
 
@@ -94,7 +94,7 @@ fn a_full_cache_hands_over_to_synchronous_steps_that_preempt() {
     let reqs = mix();
     let reference = alone(&reqs);
     let mut r = common::tiny_runner_with_blocks(&cpu, 42);
-    assert!(r.set_overlap(true).unwrap());
+    assert!(r.set_overlap(true));
     let (out, s) = run_all(&mut r, SchedulerConfig::new(64, 8), &reqs, &[]);
     assert_eq!(tokens(&out), reference);
     assert!(s.stats().preemptions > 0, "{:?}", s.stats());
@@ -269,7 +269,7 @@ fn a_launch_refuses_scores_and_a_runner_without_overlap_and_reads_log_probabilit
     };
     let e = r.launch(&mut seqs, &[step], &[]).unwrap_err().to_string();
     assert!(e.contains("set_overlap"), "{e}");
-    assert!(r.set_overlap(true).unwrap());
+    assert!(r.set_overlap(true));
     step.score = Some(encore_core::runner::Score { num: 2, next: None });
     let e = r.launch(&mut seqs, &[step], &[]).unwrap_err().to_string();
     assert!(e.contains("scores"), "{e}");
