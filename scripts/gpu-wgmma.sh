@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The warpgroup-MMA prefill attention (attention_prefill_wg.cu) against the mma.sync kernel
-# on the GPU, with the `encore` binary carried as .gpu/encore.xz, in one lease:
+# The warpgroup-MMA prefill attention (attention_prefill_wg.cu: warp-specialized, or its
+# two-warpgroup form) against the mma.sync kernel on the GPU, with the `encore` binary carried as .gpu/encore.xz, in one lease:
 #   info     every CUDA kernel against the CPU under each kernel of MODES;
 #   kernels  `bench kernels --only prefill-attention` under each (Llama-3-8B heads, 4 x 2048
 #            and 1 x 8192, bf16 and FP8 caches; TFLOP/s);
@@ -15,14 +15,17 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-/tmp/encore-cache}
 OUT=${OUT:-$(mktemp -d)}
 PARTS=${PARTS:-info,kernels,prefill}
-# The kernels compared: wg (the default on sm_90), wgo (wg with the WG_OVERLAP=1 kernel
-# define: the software-pipelined loop), mma (attention_prefill.cu's).
-MODES=${MODES:-wg wgo mma}
+# The kernels compared: ws (the default on sm_90: the warp-specialized kernel), wg (its
+# two-warpgroup form, kernel define WG_WS=0), wgo (wg with WG_OVERLAP=1: the
+# software-pipelined loop), mma (attention_prefill.cu's).
+MODES=${MODES:-ws wg mma}
 run() {  # run MODE COMMAND...
   local m=$1; shift
   case $m in
-    wgo) ENCORE_PREFILL_ATTENTION=wg ENCORE_KERNEL_DEFINES=WG_OVERLAP=1 "$@" ;;
-    *) ENCORE_PREFILL_ATTENTION=$m "$@" ;;
+    ws) ENCORE_PREFILL_ATTENTION=wg timeout ${LIMIT:-300} "$@" ;;
+    wg) ENCORE_PREFILL_ATTENTION=wg ENCORE_KERNEL_DEFINES=WG_WS=0 timeout ${LIMIT:-300} "$@" ;;
+    wgo) ENCORE_PREFILL_ATTENTION=wg ENCORE_KERNEL_DEFINES="WG_WS=0 WG_OVERLAP=1" timeout ${LIMIT:-300} "$@" ;;
+    *) ENCORE_PREFILL_ATTENTION=$m timeout ${LIMIT:-300} "$@" ;;
   esac
 }
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
