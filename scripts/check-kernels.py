@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL_DIR = ROOT / "crates" / "encore-backend" / "kernels"
-HEADERS = ["common.cuh", "quant_gemv.cuh", "quant_mma.cuh", "quant_moe_mma.cuh", "fp8_kv.cuh"]
+HEADERS = ["common.cuh", "quant_gemv.cuh", "quant_mma.cuh", "quant_moe_mma.cuh", "fp8_kv.cuh", "wgmma.cuh"]
 KERNELS_RS = ROOT / "crates" / "encore-backend" / "src" / "backend" / "cuda" / "kernels" / "sources.rs"
 
 

@@ -6,7 +6,7 @@
 #            and 1 x 8192, bf16 and FP8 caches; TFLOP/s);
 #   prefill  the 8B FP8 prefill step, 4 x 2048 tokens, FP8 KV, eager, under each, twice;
 #   serve    the 2048/128 row of TensorRT-LLM's table (PROMPTS requests, default 1000) under
-#            the default kernel.
+#            each kernel of SERVE_MODES (default wg).
 # Logs go to $OUT.
 #   usage: [PARTS=info,kernels,prefill,serve] [MODES=...] [INFO_MODES=...] [ROUNDS=2] bash scripts/gpu-wgmma.sh
 set -uo pipefail
@@ -15,16 +15,15 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-/tmp/encore-cache}
 OUT=${OUT:-$(mktemp -d)}
 PARTS=${PARTS:-info,kernels,prefill}
-# The kernels compared: ws (the default on sm_90: the warp-specialized kernel), wg (its
-# two-warpgroup form, kernel define WG_WS=0), wgo (wg with WG_OVERLAP=1: the
+# The kernels compared: wg (the default on sm_90: the two-warpgroup kernel), ws (the
+# warp-specialized one, kernel define WG_WS=1), wgo (wg with WG_OVERLAP=1: the
 # software-pipelined loop), mma (attention_prefill.cu's).
 MODES=${MODES:-ws wg mma}
 run() {  # run MODE COMMAND...
   local m=$1; shift
   case $m in
-    ws) ENCORE_PREFILL_ATTENTION=wg timeout ${LIMIT:-300} "$@" ;;
-    wg) ENCORE_PREFILL_ATTENTION=wg ENCORE_KERNEL_DEFINES=WG_WS=0 timeout ${LIMIT:-300} "$@" ;;
-    wgo) ENCORE_PREFILL_ATTENTION=wg ENCORE_KERNEL_DEFINES="WG_WS=0 WG_OVERLAP=1" timeout ${LIMIT:-300} "$@" ;;
+    ws) ENCORE_PREFILL_ATTENTION=wg ENCORE_KERNEL_DEFINES=WG_WS=1 timeout ${LIMIT:-300} "$@" ;;
+    wgo) ENCORE_PREFILL_ATTENTION=wg ENCORE_KERNEL_DEFINES=WG_OVERLAP=1 timeout ${LIMIT:-300} "$@" ;;
     *) ENCORE_PREFILL_ATTENTION=$m timeout ${LIMIT:-300} "$@" ;;
   esac
 }
@@ -58,10 +57,13 @@ if has prefill; then
   done
 fi
 if has serve; then
-  "$enc" bench serve --in-process --device cuda --model dummy:llama-3-8b --quantization fp8 \
-    --kv-cache-dtype fp8 --max-num-batched-tokens 8192 --max-num-seqs 1024 --kv-fraction 0.95 \
-    --dataset-shape trtllm --rows 2048/128 --num-prompts ${PROMPTS:-1000} --json \
-    2>"$OUT/serve.err" > "$OUT/serve.json"
-  tail -2 "$OUT/serve.err"
-  python3 -c "import json,sys; [print(r['isl'],r['osl'],round(r['output_throughput'],1),round(r.get('output_throughput_ratio') or 0,3),round(r['step_ms'],2),round(r['host_ms'],2)) for r in json.load(open(sys.argv[1]))]" "$OUT/serve.json"
+  for m in ${SERVE_MODES:-wg}; do
+    echo "== serve $m"
+    run $m "$enc" bench serve --in-process --device cuda --model dummy:llama-3-8b --quantization fp8 \
+      --kv-cache-dtype fp8 --max-num-batched-tokens 8192 --max-num-seqs 1024 --kv-fraction 0.95 \
+      --dataset-shape trtllm --rows 2048/128 --num-prompts ${PROMPTS:-1000} --json \
+      2>"$OUT/serve-$m.err" > "$OUT/serve-$m.json"
+    tail -2 "$OUT/serve-$m.err"
+    python3 -c "import json,sys; [print(r['isl'],r['osl'],round(r['output_throughput'],1),round(r.get('output_throughput_ratio') or 0,3),round(r['step_ms'],2),round(r['host_ms'],2)) for r in json.load(open(sys.argv[1]))]" "$OUT/serve-$m.json"
+  done
 fi

@@ -1,4 +1,4 @@
-// fp8_kv.cuh (prepended last): the FP8 KV cache's conversions.
+// fp8_kv.cuh (prepended before wgmma.cuh): the FP8 KV cache's conversions.
 // ---------------------------------------------------------------------------------------
 // The FP8 KV cache (`DType::F8E4M3`): one E4M3 byte an element (OCP "fn"), written by
 // qkv_rope.cu and read by attention.cu / attention_prefill.cu. A value x is stored as

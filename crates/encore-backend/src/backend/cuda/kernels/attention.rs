@@ -520,11 +520,12 @@ fn fa_tiles() -> (usize, usize) {
     *TILES.get_or_init(|| (kernel_define("FA_BN", 32), kernel_define("FA_STAGES", 2)))
 }
 
-/// Whether `attention_prefill_wg_*` is the warp-specialized kernel (`WG_WS`, default 1:
-/// a producer warpgroup and two consumers) or the two-warpgroup one (`WG_WS=0`).
+/// Whether `attention_prefill_wg_*` is the warp-specialized kernel (kernel define
+/// `WG_WS=1`: a producer warpgroup and two consumers) or the two-warpgroup one (`WG_WS`,
+/// default 0).
 fn wg_ws() -> bool {
     static WS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WS.get_or_init(|| crate::backend::cuda::nvrtc::kernel_define("WG_WS", 1) != 0)
+    *WS.get_or_init(|| crate::backend::cuda::nvrtc::kernel_define("WG_WS", 0) != 0)
 }
 
 /// Threads per CTA of `attention_prefill_wg_*` (`WG_THREADS`: 384 warp-specialized, 256
@@ -547,7 +548,15 @@ const WG_BN: usize = 128;
 /// pairs of 16-bit elements (three with the `WG_OVERLAP` kernel define; one over an FP8
 /// cache, plus two raw E4M3 stages), and three stages' key-validity arrays.
 fn wg_smem_bytes(head_dim: usize, kv8: bool) -> usize {
-    if wg_ws() {
+    static OVERLAP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let overlap =
+        *OVERLAP.get_or_init(|| crate::backend::cuda::nvrtc::kernel_define("WG_OVERLAP", 0) != 0);
+    wg_smem_of(wg_ws(), overlap, head_dim, kv8)
+}
+
+/// [`wg_smem_bytes`] for a given form of the kernel.
+fn wg_smem_of(ws: bool, overlap: bool, head_dim: usize, kv8: bool) -> usize {
+    if ws {
         let raw = if kv8 { 4 * WG_BN * head_dim } else { 0 };
         return 1024
             + FA_BM * head_dim * 2
@@ -557,13 +566,10 @@ fn wg_smem_bytes(head_dim: usize, kv8: bool) -> usize {
             + 8 * 8
             + 2 * WG_BN * 4;
     }
-    static OVERLAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let overlap =
-        *OVERLAP.get_or_init(|| crate::backend::cuda::nvrtc::kernel_define("WG_OVERLAP", 0));
     let pairs = match (kv8, overlap) {
         (true, _) => 1,
-        (false, 0) => 2,
-        (false, _) => 3,
+        (false, false) => 2,
+        (false, true) => 3,
     };
     let raw = if kv8 { 2 * 2 * WG_BN * head_dim } else { 0 };
     1024 + FA_BM * head_dim * 2 + pairs * 2 * WG_BN * head_dim * 2 + raw + 3 * WG_BN * 4
@@ -723,7 +729,9 @@ mod tests {
                 let mma = format!("attention_prefill_hd{hd}_f16{kv}");
                 assert_eq!(dynamic_smem_limit(&wg), Some(wg_smem_bytes(hd, kv8)));
                 assert_eq!(dynamic_smem_limit(&mma), Some(fa_smem_bytes(hd, kv8)));
-                assert!(wg_smem_bytes(hd, kv8) <= 227 * 1024, "{wg}");
+                for (ws, overlap) in [(false, false), (false, true), (true, false)] {
+                    assert!(wg_smem_of(ws, overlap, hd, kv8) <= 227 * 1024, "{wg} {ws}");
+                }
                 assert!(fa_smem_bytes(hd, kv8) <= 227 * 1024, "{mma}");
             }
         }

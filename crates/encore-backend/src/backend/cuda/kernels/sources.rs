@@ -12,13 +12,14 @@ pub(in crate::backend::cuda) struct KernelSource {
 /// Prepended to every kernel file before NVRTC compiles it: the headers, in this order
 /// (general helpers; the quantized gemv, dequantize and expert-pair machinery; the
 /// quantized tensor-core GEMMs; the few-token experts on the tensor cores; the FP8 KV cache's
-/// conversions).
+/// conversions; Hopper's warpgroup MMA for the prefill attention).
 pub(in crate::backend::cuda) const COMMON: &str = concat!(
     include_str!("../../../../kernels/common.cuh"),
     include_str!("../../../../kernels/quant_gemv.cuh"),
     include_str!("../../../../kernels/quant_mma.cuh"),
     include_str!("../../../../kernels/quant_moe_mma.cuh"),
     include_str!("../../../../kernels/fp8_kv.cuh"),
+    include_str!("../../../../kernels/wgmma.cuh"),
 );
 
 pub(in crate::backend::cuda) const SOURCES: &[KernelSource] = &[
