@@ -79,6 +79,13 @@ pub(crate) enum Op {
         cols: usize,
         width: usize,
     },
+    /// `fill_rows`: `dst[t] = src[rows[t]]` where `rows[t]` is in range, else `dst[t]`
+    /// kept (asynchronous scheduling's decode ids taken from the step before).
+    FillRows {
+        src: Vec<i32>,
+        rows: Vec<i32>,
+        dst: Vec<i32>,
+    },
     /// `gather_columns` of `[rows, k]` values by `perm` (a GPTQ act-order permutation, with
     /// out-of-range entries that write 0).
     GatherColumns {
@@ -136,6 +143,8 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
     let mut marlin = self::rng(seed ^ 0x3a21_1e48);
     // The column gathers' own inputs (the others keep theirs).
     let mut extra_gather = self::rng(seed ^ 0x9a7e_0c01);
+    // The row fills' own inputs.
+    let mut extra_fill = self::rng(seed ^ 0xf111_4075);
     let mut out = Vec::new();
     let mut push = |name: String, shape: String, dtype: DType, op: Op| {
         out.push(Case {
@@ -274,6 +283,23 @@ pub(crate) fn cases(seed: u64) -> Vec<Case> {
                     tokens,
                 },
             );
+        }
+        // Asynchronous scheduling's decode ids: rows of the step before (some -1, some
+        // past its samples), over a step of 1 and one of 300 rows.
+        if dtype == DType::F32 {
+            use rand::Rng;
+            let rng = &mut extra_fill;
+            for (s, n) in [(1usize, 1usize), (257, 300)] {
+                let src: Vec<i32> = (0..s).map(|_| rng.random_range(0..200_000)).collect();
+                let rows: Vec<i32> = (0..n).map(|_| rng.random_range(-2..s as i32 + 2)).collect();
+                let dst: Vec<i32> = (0..n).map(|_| rng.random_range(0..200_000)).collect();
+                push(
+                    "fill_rows".into(),
+                    format!("s={s} n={n}"),
+                    DType::I32,
+                    Op::FillRows { src, rows, dst },
+                );
+            }
         }
         // EAGLE's side-by-side hidden states (2 or 3 blocks), a vocabulary shard's logits,
         // a padded vocabulary's (301 over 4 shards of 76, 255 over 2 of 128).

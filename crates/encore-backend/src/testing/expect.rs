@@ -193,6 +193,15 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
             crate::ops::penalty_count_ref(&mut ids, *vocab, slots, tokens);
             vec![exact_ids("counts", ids)]
         }
+        Op::FillRows { src, rows, dst } => {
+            let mut out = dst.clone();
+            for (o, &r) in out.iter_mut().zip(rows) {
+                if let Some(&v) = usize::try_from(r).ok().and_then(|r| src.get(r)) {
+                    *o = v;
+                }
+            }
+            vec![exact_ids("dst", out)]
+        }
         Op::UnshardColumns {
             values,
             shards,

@@ -142,6 +142,13 @@ pub(crate) fn run(b: &dyn Backend, case: &Case) -> Result<Vec<Output>> {
             b.penalty_count(&table, &s, &t)?;
             vec![exact_ids("counts", b.download::<i32>(&table)?)]
         }
+        Op::FillRows { src, rows, dst } => {
+            let s = b.upload(src, &[src.len()])?;
+            let r = b.upload(rows, &[rows.len()])?;
+            let d = b.upload(dst, &[dst.len()])?;
+            b.fill_rows(&s, &r, &d)?;
+            vec![exact_ids("dst", b.download::<i32>(&d)?)]
+        }
         Op::UnshardColumns {
             values,
             shards,
