@@ -60,3 +60,13 @@ pub fn check_fill_rows(src: &Tensor, rows: &Tensor, dst: &Tensor) -> Result<(usi
     }
     Ok((s, n))
 }
+
+/// The reference of `fill_rows` on host values: `dst[t] = src[rows[t]]` where `rows[t]` is
+/// in `0..src.len()`, the rest of `dst` kept.
+pub fn fill_rows_ref(src: &[i32], rows: &[i32], dst: &mut [i32]) {
+    for (d, &r) in dst.iter_mut().zip(rows) {
+        if let Some(&v) = usize::try_from(r).ok().and_then(|r| src.get(r)) {
+            *d = v;
+        }
+    }
+}

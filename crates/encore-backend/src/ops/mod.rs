@@ -5,7 +5,7 @@ use crate::args::{Attention, KvScale, LogitBias, Norm, QkvRope, Sampling, MAX_TO
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
-mod gather;
+pub(crate) mod gather;
 mod moe;
 mod rope;
 pub use gather::{check_fill_rows, check_gather_columns, gather_columns_ref, GatherDims};

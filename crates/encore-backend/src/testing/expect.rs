@@ -195,11 +195,7 @@ pub(crate) fn reference(case: &Case) -> Vec<Output> {
         }
         Op::FillRows { src, rows, dst } => {
             let mut out = dst.clone();
-            for (o, &r) in out.iter_mut().zip(rows) {
-                if let Some(&v) = usize::try_from(r).ok().and_then(|r| src.get(r)) {
-                    *o = v;
-                }
-            }
+            crate::ops::gather::fill_rows_ref(src, rows, &mut out);
             vec![exact_ids("dst", out)]
         }
         Op::UnshardColumns {

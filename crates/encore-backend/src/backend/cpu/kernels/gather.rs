@@ -53,9 +53,5 @@ pub(crate) fn fill_rows(src: &Tensor, rows: &Tensor, dst: &Tensor, s: usize, n: 
             std::slice::from_raw_parts_mut(ptr_of(dst) as *mut i32, n),
         )
     };
-    for (d, &r) in dst.iter_mut().zip(rows) {
-        if let Some(&v) = usize::try_from(r).ok().and_then(|r| src.get(r)) {
-            *d = v;
-        }
-    }
+    crate::ops::gather::fill_rows_ref(src, rows, dst);
 }
