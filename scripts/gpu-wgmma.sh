@@ -15,20 +15,20 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export ENCORE_CACHE_DIR=${ENCORE_CACHE_DIR:-/tmp/encore-cache}
 OUT=${OUT:-$(mktemp -d)}
 PARTS=${PARTS:-info,kernels,prefill}
-# The kernels compared: wg (the default on sm_90: the two-warpgroup kernel), ws (the
-# warp-specialized one, kernel define WG_WS=1), wgo (wg with WG_OVERLAP=1: the
-# software-pipelined loop), mma (attention_prefill.cu's).
-MODES=${MODES:-ws wg mma}
+# The kernels compared: wg (the default on sm_90: the warp-specialized warpgroup-MMA
+# kernel), mma (attention_prefill.cu's); base (wg of the binary carried as
+# .gpu/encore-base.xz, for an A/B across builds).
+MODES=${MODES:-wg mma}
 run() {  # run MODE COMMAND...
   local m=$1; shift
   case $m in
-    ws) ENCORE_PREFILL_ATTENTION=wg ENCORE_KERNEL_DEFINES=WG_WS=1 timeout ${LIMIT:-300} "$@" ;;
-    wgo) ENCORE_PREFILL_ATTENTION=wg ENCORE_KERNEL_DEFINES=WG_OVERLAP=1 timeout ${LIMIT:-300} "$@" ;;
+    base) local bin=$1; shift; ENCORE_PREFILL_ATTENTION=wg timeout ${LIMIT:-300} .bin/encore-base "$@" ;;
     *) ENCORE_PREFILL_ATTENTION=$m timeout ${LIMIT:-300} "$@" ;;
   esac
 }
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 mkdir -p .bin && xz -dc ${GPU_DIR:-.gpu}/encore.xz > .bin/encore && chmod +x .bin/encore
+[ -f ${GPU_DIR:-.gpu}/encore-base.xz ] && xz -dc ${GPU_DIR:-.gpu}/encore-base.xz > .bin/encore-base && chmod +x .bin/encore-base
 enc=.bin/encore
 nvidia-smi -L
 if has info; then

@@ -2,16 +2,31 @@
 // MMA (`wgmma.mma_async`, sm_90a only), bf16 and f16, head_dim 64 or 128, over a cache of
 // T or of E4M3 (`_kv8`). The same launch and semantics as attention_prefill.cu's kernels
 // (read its header: the rows of a sequence, the key range of a row, windows, soft-capping,
-// padding rows, invalid blocks, qscale / vscale, gpt-oss's sinks), with 256 threads
-// instead of 128.
+// padding rows, invalid blocks, qscale / vscale, gpt-oss's sinks), with 384 threads
+// instead of 128: FlashAttention-3's structure.
 //
 // A CTA owns 128 query rows of one head (grid (num_heads, ceil(rows / 128) + num_seqs),
-// work items found in cu_seqlens_q as there); warpgroup wg (threads 128 wg ..) owns rows
-// 64 wg .. 64 wg + 63. Q is staged once into shared memory; key tiles of WG_BN (128) keys
-// are gathered from the paged cache by cp.async (all 256 threads, 16-byte parts), double
-// buffered: tile j + 1 streams in while tile j is computed. Over an FP8 cache the raw
-// E4M3 rows land in two raw stages and each thread converts the parts it copied into one
-// T tile pair (exact), between two barriers.
+// work items found in cu_seqlens_q as there). Warpgroup 0 produces, warpgroups 1 and 2
+// consume (rows 64 (wg - 1) .. of the CTA's). The producer streams the CTA's tiles of
+// WG_BN (128) keys into two K and two V stages of T: each of its threads looks up one
+// key's cache row a tile ahead, a producer barrier publishes the tile's rows, and the
+// `cp.async` copies (16-byte parts) arrive on the stage's mbarrier (full) when they land
+// (`cp.async.mbarrier.arrive.noinc`, beside a plain arrival after the tile's
+// key-validity words). Over an FP8 cache the raw E4M3 rows land in four producer-private
+// slots, three items ahead, and the thread that copied a part decodes it into the stage
+// (exactly), fences it for the async proxy and arrives. The consumers free a K stage after
+// the tile's softmax (its validity words are read there) and a V stage after its P V
+// (empty). A tile's K and V are separate items, so K of tile j + 2 streams while V of tile
+// j is still read.
+//
+// The consumers take turns on the tensor cores (two named barriers, ping-pong): a step of
+// a warpgroup issues O += P V of its previous tile and S = Q K^T of the next as one batch
+// (one whole fence / issue / commit / wait block a combination: ptxas serialises wgmmas
+// whose issue sits under a branch inside such a block), lets the other warpgroup issue
+// its batch, then waits for its own and runs the softmax while the other's wgmmas run.
+// Both warpgroups take every step of the CTA's tile list (a warpgroup whose rows see no
+// key of a tile issues nothing in it), so their turns stay paired. The producer keeps 40
+// registers (setmaxnreg), the consumers 232.
 //
 // Shared tiles are in wgmma's 128-byte-swizzled layout: a tile of R rows x HD columns is
 // HD / 64 column halves of R rows x 128 bytes, the 16-byte chunk c of row r at chunk
@@ -21,46 +36,11 @@
 // instruction. Descriptors: K-major SW128, SBO = 1,024 bytes (eight rows); MN-major
 // SW128, LBO = the column half's size, SBO = 1,024 bytes (eight keys).
 //
-// Per tile a warpgroup computes S (64 x 128, f32: 64 registers a thread, the layout of
-// mma.sync's C fragments per 8 columns) with HD / 16 wgmma from shared memory, masks it
-// where some row sees only part of the tile, runs the online softmax (log2 units, as
-// attention_prefill.cu), rounds P to T straight into the A registers of O += P V
-// (BN / 16 wgmma, A from registers), and waits for it. Warpgroups whose rows see no key of
-// a tile skip it (warpgroup-uniform).
+// Per tile a consumer warpgroup has S (64 x 128, f32: 64 registers a thread, the layout of
+// mma.sync's C fragments per 8 columns), masks it where some row sees only part of the
+// tile, runs the online softmax (log2 units, as attention_prefill.cu) and rounds P to T
+// straight into the A registers of its next O += P V.
 
-#define WG_PAIR_THREADS 256  // the two-warpgroup kernel (WG_WS=0)
-// Dynamic shared memory: Q, two K/V tile pairs of T (one over an FP8 cache, plus two raw
-// E4M3 stages), the stages' key-validity arrays, and 1,024 bytes to align the base.
-// `wg_smem_bytes` in attention.rs mirrors this.
-// WG_OVERLAP=1 (a kernel define, for measurements): the software-pipelined loop over a
-// cache of T (three pairs: tile j - 1's V is still read while tile j + 1 lands).
-#ifndef WG_OVERLAP
-#define WG_OVERLAP 0
-#endif
-#define WG_PAIRS(F8) ((F8) ? 1 : (WG_OVERLAP ? 3 : 2))
-#define WG_SMEM_BYTES(HD, F8)                                                             \
-    (1024 + WG_BM * (HD) * 2 + WG_PAIRS(F8) * 2 * WG_BN * (HD) * 2 +                     \
-     ((F8) ? 2 * 2 * WG_BN * (HD) : 0) + 3 * WG_BN * 4)
-
-// --- The warp-specialized kernel (WG_WS=1): FlashAttention-3's structure. ---
-//
-// 384 threads: warpgroup 0 produces, warpgroups 1 and 2 consume (rows 64 (wg - 1) ..).
-// The producer streams the CTA's key tiles into two K and two V stages of T through
-// cp.async (over an FP8 cache: into four raw E4M3 slots, then decoded by the thread that
-// copied them), and announces each on an mbarrier (full) once its own copies landed and
-// were fenced for the async proxy; the consumers free a K stage after the tile's softmax
-// (its validity words are read there) and a V stage after its P V (empty). A tile's K and
-// V are separate items, so K of tile j + 2 streams while V of tile j is still read.
-//
-// The consumers take turns on the tensor cores (two named barriers, ping-pong): a step
-// of a warpgroup issues O += P V of its previous tile and S = Q K^T of the next as one
-// batch, lets the other warpgroup issue its batch, then waits for its own and runs the
-// softmax while the other's wgmmas run. Both warpgroups take every step of the CTA's tile
-// list (a warpgroup whose rows see no key of a tile issues nothing in it), so their turns
-// stay paired. The producer keeps 40 registers (setmaxnreg), the consumers 232.
-#ifndef WG_WS
-#define WG_WS 0
-#endif
 #define WS_THREADS 384
 // Registers a thread (setmaxnreg): 128 x producer + 256 x consumer <= 65,536.
 #ifndef WS_PRODUCER_REGS
@@ -72,393 +52,14 @@
 #define WS_STR2(x) #x
 #define WS_STR(x) WS_STR2(x)
 #define WS_RAW_SLOTS 4
+// Dynamic shared memory: `wg_smem_bytes` in attention.rs mirrors this (the 1,024-byte
+// alignment, Q, the K and V stages, the raw slots, the validity words, the mbarriers and
+// the producer's key rows).
 #define WS_SMEM_BYTES(HD, F8)                                                             \
     (1024 + WG_BM * (HD) * 2 + 4 * WG_BN * (HD) * 2 + ((F8) ? WS_RAW_SLOTS * WG_BN * (HD) : 0) + \
      2 * 4 * 4 + 8 * 8 + 2 * WG_BN * 4)
-#define WG_THREADS (WG_WS ? WS_THREADS : WG_PAIR_THREADS)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-template <typename T, typename KV, int HD>
-__device__ __forceinline__ void attention_prefill_wg_impl(
-    const T* q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
-    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const int* __restrict__ cu_seqlens, T* out, float qscale, float vscale, float softcap,
-    int window, int num_seqs, int rows, int num_heads, int num_kv_heads, int num_blocks,
-    int block_size, int table_width, int group, const T* __restrict__ sinks) {
-    constexpr int CPR = HD / 8;   // 16-byte chunks of T per row
-    constexpr int NS = WG_BN / 8; // 8-key column groups of S
-    constexpr int ND = HD / 8;    // 8-dim column groups of O
-    constexpr bool F8 = sizeof(KV) == 1;
-    constexpr int TILE = WG_BN * HD * 2;  // bytes of a K or V tile of T
-    static_assert(HD == 64 || HD == 128, "head size");
-
-    extern __shared__ __align__(16) unsigned char wg_smem_raw[];
-    const unsigned int raw0 = (unsigned int)__cvta_generic_to_shared(wg_smem_raw);
-    const unsigned int pad = ((raw0 + 1023u) & ~1023u) - raw0;
-    unsigned char* base = wg_smem_raw + pad;
-    const unsigned int sbase = raw0 + pad;
-    // Q, then K / V tile pairs (pair b: K at sQ + Q_BYTES + 2 b TILE, V after it).
-    constexpr int Q_BYTES = WG_BM * HD * 2;
-    constexpr int PAIRS = WG_PAIRS(F8);
-    unsigned char* sQ = base;
-    unsigned char* sKV = base + Q_BYTES;
-    unsigned char* sRaw = sKV + PAIRS * 2 * TILE;  // FP8: [2 stages][K, V][WG_BN * HD]
-    int* sOk = reinterpret_cast<int*>(sRaw + (F8 ? 2 * 2 * WG_BN * HD : 0));  // [3][WG_BN]
-
-    const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int wg = tid >> 7, w4 = (tid >> 5) & 3;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int h = blockIdx.x;
-    const int kvh = h / group;
-
-    // --- This CTA's (sequence, tile), as attention_prefill.cu. ---
-    int x = blockIdx.y;
-    int seq = -1, row0 = 0, row_end = 0, b_raw = 0;
-    int prev = 0, first = 0;
-    for (int s = 0; s < num_seqs; ++s) {
-        const int cs = cu_seqlens[s], cn = cu_seqlens[s + 1];
-        const int a = min(max(cs, prev), rows);
-        const int b = min(max(cn, a), rows);
-        if (s == 0) first = a;
-        prev = b;
-        const int nt = (b - a + WG_BM - 1) / WG_BM;
-        if (seq < 0) {
-            if (x < nt) {
-                seq = s;
-                const int tile = nt - 1 - x;
-                row0 = a + tile * WG_BM;
-                row_end = min(row0 + WG_BM, b);
-                b_raw = cn;
-            } else {
-                x -= nt;
-            }
-        }
-    }
-    if (seq < 0) {
-        const int covered = prev - first;
-        const int padr = rows - covered;
-        const int p0 = x * WG_BM;
-        if (p0 >= padr) return;
-        const int p1 = min(p0 + WG_BM, padr);
-        for (int i = tid; i < (p1 - p0) * CPR; i += WG_PAIR_THREADS) {
-            const int pi = p0 + i / CPR;
-            const int r = pi < first ? pi : pi + covered;
-            st16(out + ((long long)r * num_heads + h) * HD + (i % CPR) * 8,
-                 make_uint4(0u, 0u, 0u, 0u));
-        }
-        return;
-    }
-
-    const long long max_ctx = (long long)table_width * block_size;
-    const long long pos0 = (long long)seq_lens[seq] - b_raw;
-    auto range = [&](int r, int& lo, int& hi) {
-        const long long ctx = pos0 + r + 1;
-        long long l0 = window > 0 ? ctx - window : 0;
-        if (l0 < 0) l0 = 0;
-        long long c = ctx < 0 ? 0 : ctx;
-        if (c > max_ctx) c = max_ctx;
-        if (l0 > c) l0 = c;
-        lo = (int)l0;
-        hi = (int)c;
-    };
-    int k_start, k_end, dummy;
-    range(row0, k_start, dummy);
-    range(row_end - 1, dummy, k_end);
-    // This warpgroup's rows see keys in [w_lo0, w_hi1); each of them sees [w_lo1, w_hi0).
-    const int wr0 = row0 + wg * 64;
-    const bool active = wr0 < row_end;
-    int w_lo0, w_hi0, w_lo1, w_hi1;
-    range(wr0, w_lo0, w_hi0);
-    range(min(wr0 + 64, row_end) - 1, w_lo1, w_hi1);
-    // This thread's two rows: wr0 + 16 w4 + g (+ 8).
-    const int ra = wr0 + 16 * w4 + g;
-    int r_lo[2], r_hi[2];
-    range(ra, r_lo[0], r_hi[0]);
-    range(ra + 8, r_lo[1], r_hi[1]);
-    const int kt0 = k_start / WG_BN * WG_BN;
-    const int ntiles = k_end > k_start ? (k_end - kt0 + WG_BN - 1) / WG_BN : 0;
-
-    const int* table = block_tables + (long long)seq * table_width;
-    const long long tok_stride = (long long)num_kv_heads * HD;
-    const long long head_off = (long long)kvh * HD;
-
-    // Gather keys kt .. kt + WG_BN - 1 into pair b (T) or raw stage b (FP8); zeros and
-    // sOk[b][key] = 0 for keys past k_end or in invalid blocks. Returns whether every
-    // part this thread copied was valid.
-    constexpr int PARTS = WG_BN * CPR / WG_PAIR_THREADS;
-    auto issue = [&](int kt, int b) {
-        bool all = true;
-#pragma unroll 1
-        for (int i = 0; i < PARTS; ++i) {
-            const int c = tid + i * WG_PAIR_THREADS;
-            const int key = c / CPR, part = c % CPR;
-            const int k = kt + key;
-            int blk = -1;
-            if (k < k_end) blk = table[k / block_size];
-            const bool ok = blk >= 0 && blk < num_blocks;
-            all &= ok;
-            const long long off =
-                ok ? ((long long)blk * block_size + (k % block_size)) * tok_stride + head_off +
-                         part * 8
-                   : 0;
-            if (F8) {
-                unsigned char* rk = sRaw + b * 2 * WG_BN * HD;
-                cp_async_ca<8>(rk + key * HD + part * 8, k_cache + off, ok);
-                cp_async_ca<8>(rk + WG_BN * HD + key * HD + part * 8, v_cache + off, ok);
-            } else {
-                unsigned char* dk = sKV + b * 2 * TILE;
-                const unsigned int o = wg_chunk(key, part, WG_BN);
-                cp_async16(dk + o, k_cache + off, ok);
-                cp_async16(dk + TILE + o, v_cache + off, ok);
-            }
-            if (part == 0) sOk[b * WG_BN + key] = ok ? 1 : 0;
-        }
-        return all;
-    };
-    // FP8: this thread's parts of raw stage b decoded into the T pair.
-    auto land = [&](int b) {
-        const unsigned char* rk = sRaw + b * 2 * WG_BN * HD;
-#pragma unroll
-        for (int i = 0; i < PARTS; ++i) {
-            const int c = tid + i * WG_PAIR_THREADS;
-            const int key = c / CPR, part = c % CPR;
-            const unsigned int o = wg_chunk(key, part, WG_BN);
-            float f[8];
-            Fp8Vec<8>::unpack(*reinterpret_cast<const uint2*>(rk + key * HD + part * 8), f);
-            st16(reinterpret_cast<T*>(sKV + o), Ty<T>::pack(f));
-            Fp8Vec<8>::unpack(
-                *reinterpret_cast<const uint2*>(rk + WG_BN * HD + key * HD + part * 8), f);
-            st16(reinterpret_cast<T*>(sKV + TILE + o), Ty<T>::pack(f));
-        }
-    };
-
-    // Prologue: Q (zeros past row_end) and tile 0, one group.
-    for (int i = tid; i < WG_BM * CPR; i += WG_PAIR_THREADS) {
-        const int r = i / CPR, part = i % CPR;
-        const bool ok = row0 + r < row_end;
-        const T* src = ok ? q + ((long long)(row0 + r) * num_heads + h) * HD + part * 8 : q;
-        cp_async16(sQ + wg_chunk(r, part, WG_BM), src, ok);
-    }
-    bool pend_ok = true;
-    if (ntiles > 0) pend_ok = issue(kt0, 0);
-    cp_async_commit();
-
-    float o[HD / 2];
-#pragma unroll
-    for (int i = 0; i < HD / 2; ++i) o[i] = 0.0f;
-    float m[2] = {NEG_INF, NEG_INF};
-    float l[2] = {0.0f, 0.0f};
-    const float sc = softcap > 0.0f ? 1.0f : qscale;
-
-    const unsigned int q_addr = sbase + wg * 64 * 128;
-    float s[NS * 4];          // S of the tile, then its P (f32)
-    unsigned int pa[WG_BN / 16][4];  // P in T: the A registers of O += P V
-    float corr[2];
-
-    // S = Q K^T of the tile at kv_addr, issued (one wgmma group; the caller fences).
-    auto s_issue = [&](unsigned int kv_addr) {
-#pragma unroll
-        for (int i = 0; i < NS * 4; ++i) s[i] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-            const unsigned int off = (kk & 3) * 32;  // k16 step within a 128-byte row
-            const unsigned long long da =
-                wg_desc(q_addr + (kk >> 2) * (WG_BM * 128) + off, 16, 1024);
-            const unsigned long long db =
-                wg_desc(kv_addr + (kk >> 2) * (WG_BN * 128) + off, 16, 1024);
-            Wg<T>::ss128(s, da, db, kk > 0);
-        }
-        wg_commit();
-    };
-    // O += P V with V of the tile at kv_addr (MN-major, column halves WG_BN * 128 bytes
-    // apart), issued (one group).
-    auto pv_issue = [&](unsigned int kv_addr) {
-#pragma unroll
-        for (int kk = 0; kk < WG_BN / 16; ++kk) {
-            const unsigned long long db =
-                wg_desc(kv_addr + TILE + kk * 16 * 128, WG_BN * 128, 1024);
-            if (HD == 128)
-                Wg<T>::rs128(o, pa[kk], db, 1);
-            else
-                Wg<T>::rs64(o, pa[kk], db, 1);
-        }
-        wg_commit();
-    };
-    // Mask S (unless `full`), fold it into the running max / sum, and turn it into P
-    // (f32, in place); corr: the factor O must be scaled by before P V is added.
-    auto softmax = [&](int kt, const int* okb, bool full) {
-#pragma unroll
-        for (int i = 0; i < NS * 4; ++i) wg_touch(s[i]);
-        if (!full) {
-#pragma unroll
-            for (int n = 0; n < NS; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = n * 8 + 2 * t4 + (e & 1);
-                    const int k = kt + key;
-                    const int ri = e >> 1;
-                    const bool ok = okb[key] != 0 && k >= r_lo[ri] && k < r_hi[ri];
-                    s[n * 4 + e] = ok ? s[n * 4 + e] : NEG_INF;
-                }
-            }
-        }
-        if (softcap > 0.0f) {
-#pragma unroll
-            for (int i = 0; i < NS * 4; ++i)
-                if (s[i] != NEG_INF) s[i] = softcap_l2(s[i] * qscale, softcap);
-        }
-        float mu[2];
-#pragma unroll
-        for (int ri = 0; ri < 2; ++ri) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int n = 0; n < NS; ++n)
-                mx = fmaxf(mx, fmaxf(s[n * 4 + ri * 2], s[n * 4 + ri * 2 + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-            const float mn = fmaxf(m[ri], mx);
-            mu[ri] = mn == NEG_INF ? 0.0f : mn * sc;
-            corr[ri] = wg_exp2(m[ri] * sc - mu[ri]);
-            m[ri] = mn;
-            l[ri] *= corr[ri];
-        }
-#pragma unroll
-        for (int i = 0; i < NS * 4; ++i) {
-            s[i] = wg_exp2(fmaf(s[i], sc, -mu[(i >> 1) & 1]));
-            l[(i >> 1) & 1] += s[i];
-        }
-    };
-    auto rescale = [&]() {
-#pragma unroll
-        for (int n = 0; n < ND; ++n) {
-            o[n * 4 + 0] *= corr[0];
-            o[n * 4 + 1] *= corr[0];
-            o[n * 4 + 2] *= corr[1];
-            o[n * 4 + 3] *= corr[1];
-        }
-    };
-    // P rounded to T: n-tile 2i of S gives a0 (row g) / a1 (row g + 8), 2i + 1 a2 / a3.
-    auto pack = [&]() {
-#pragma unroll
-        for (int n = 0; n < NS; ++n) {
-            pa[n >> 1][(n & 1) * 2 + 0] = Ty<T>::pack2(s[n * 4 + 0], s[n * 4 + 1]);
-            pa[n >> 1][(n & 1) * 2 + 1] = Ty<T>::pack2(s[n * 4 + 2], s[n * 4 + 3]);
-        }
-    };
-    auto touch_o = [&]() {
-#pragma unroll
-        for (int i = 0; i < HD / 2; ++i) wg_touch(o[i]);
-    };
-
-    if (WG_PAIRS(F8) == 3) {
-        // Software-pipelined (bf16 / f16 cache, three K/V pairs): S of tile j is issued,
-        // then O += P V of tile j - 1, whose softmax ran last iteration; the softmax of
-        // tile j runs while that P V is on the tensor cores. Tile j + 1 streams into the
-        // pair of tile j - 2 meanwhile.
-        bool have_p = false;  // P of the previous tile waits in pa for its P V
-        for (int j = 0; j < ntiles; ++j) {
-            const int kt = kt0 + j * WG_BN;
-            const int stg = j % 3;
-            cp_async_wait<0>();
-            wg_proxy_fence();
-            // Tile j landed; every warpgroup is done with tile j - 2's pair.
-            const bool all_ok = __syncthreads_and(pend_ok) != 0;
-            if (j + 1 < ntiles) pend_ok = issue(kt + WG_BN, (j + 1) % 3);
-            cp_async_commit();
-            const unsigned int kv_addr = sbase + Q_BYTES + stg * 2 * TILE;
-            const unsigned int kv_prev = sbase + Q_BYTES + ((j + 2) % 3) * 2 * TILE;
-            const bool work = active && kt < w_hi1 && kt + WG_BN > w_lo0;
-            const bool full = all_ok && kt >= w_lo1 && kt + WG_BN <= w_hi0;
-            if (!work && !have_p) continue;
-            wg_fence();
-            if (work) s_issue(kv_addr);
-            if (have_p) pv_issue(kv_prev);
-            if (work) {
-                if (have_p)
-                    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                else
-                    wg_wait0();
-                softmax(kt, sOk + stg * WG_BN, full);
-            }
-            if (have_p) {
-                wg_wait0();
-                touch_o();
-            }
-            if (work) {
-                rescale();
-                pack();
-            }
-            have_p = work;
-        }
-        if (have_p) {
-            wg_fence();
-            pv_issue(sbase + Q_BYTES + ((ntiles - 1) % 3) * 2 * TILE);
-            wg_wait0();
-            touch_o();
-        }
-    } else {
-        for (int j = 0; j < ntiles; ++j) {
-            const int kt = kt0 + j * WG_BN;
-            const int stg = j & 1;
-            cp_async_wait<0>();
-            bool all_ok;
-            unsigned int kv_addr;
-            if (F8) {
-                // Everyone is done with the T pair (tile j - 1).
-                all_ok = __syncthreads_and(pend_ok) != 0;
-                land(stg);
-                wg_proxy_fence();
-                if (j + 1 < ntiles) pend_ok = issue(kt + WG_BN, stg ^ 1);
-                cp_async_commit();
-                __syncthreads();
-                kv_addr = sbase + Q_BYTES;
-            } else {
-                wg_proxy_fence();
-                // Every part of tile j landed; every warpgroup is done with tile j - 1,
-                // whose pair now receives tile j + 1.
-                all_ok = __syncthreads_and(pend_ok) != 0;
-                if (j + 1 < ntiles) pend_ok = issue(kt + WG_BN, stg ^ 1);
-                cp_async_commit();
-                kv_addr = sbase + Q_BYTES + stg * 2 * TILE;
-            }
-            const bool work = active && kt < w_hi1 && kt + WG_BN > w_lo0;
-            const bool full = all_ok && kt >= w_lo1 && kt + WG_BN <= w_hi0;
-            if (!work) continue;
-            wg_fence();
-            s_issue(kv_addr);
-            wg_wait0();
-            softmax(kt, sOk + stg * WG_BN, full);
-            rescale();
-            pack();
-            wg_fence();
-            pv_issue(kv_addr);
-            wg_wait0();
-            touch_o();
-        }
-    }
-    cp_async_wait<0>();
-
-    // Normalise and write this thread's two rows.
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-        float sum = l[ri];
-        sum += __shfl_xor_sync(FULL_MASK, sum, 1);
-        sum += __shfl_xor_sync(FULL_MASK, sum, 2);
-        // What o and l are relative to (the row's max in log2 units; 0 when none seen).
-        const float mu = m[ri] == NEG_INF ? 0.0f : m[ri] * sc;
-        const float inv = vscale * softmax_inv(mu, sum, sinks, h);
-        const int r = ra + ri * 8;
-        if (r < row_end) {
-            T* dst = out + ((long long)r * num_heads + h) * HD + 2 * t4;
-#pragma unroll
-            for (int n = 0; n < ND; ++n)
-                *reinterpret_cast<unsigned int*>(dst + n * 8) =
-                    Ty<T>::pack2(o[n * 4 + ri * 2] * inv, o[n * 4 + ri * 2 + 1] * inv);
-        }
-    }
-}
 
 template <typename T, typename KV, int HD>
 __device__ __forceinline__ void attention_prefill_ws_impl(
@@ -657,6 +258,29 @@ __device__ __forceinline__ void attention_prefill_ws_impl(
     float s[NS * 4];
     unsigned int pa[WG_BN / 16][4];
 
+    // O += P V with V at v_addr (MN-major B, column halves WG_BN * 128 bytes apart).
+    auto pv_issue = [&](unsigned int v_addr) {
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; ++kk) {
+            const unsigned long long db = wg_desc(v_addr + kk * 16 * 128, WG_BN * 128, 1024);
+            if (HD == 128)
+                Wg<T>::rs128(o, pa[kk], db, 1);
+            else
+                Wg<T>::rs64(o, pa[kk], db, 1);
+        }
+    };
+    // S = Q K^T with K at k_addr (the first wgmma overwrites S).
+    auto s_issue = [&](unsigned int k_addr) {
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+            const unsigned int off = (kk & 3) * 32;
+            const unsigned long long da =
+                wg_desc(q_addr + (kk >> 2) * (WG_BM * 128) + off, 16, 1024);
+            const unsigned long long db =
+                wg_desc(k_addr + (kk >> 2) * (WG_BN * 128) + off, 16, 1024);
+            Wg<T>::ss128(s, da, db, kk > 0);
+        }
+    };
     // Turns: consumer 0 syncs on barrier 1 and lets consumer 1 go on barrier 2.
     const int my_bar = 1 + cw, other_bar = 2 - cw;
     if (cw == 1) ws_bar_arrive(1);
@@ -667,40 +291,37 @@ __device__ __forceinline__ void attention_prefill_ws_impl(
         const int b = j & 1, pb = (j - 1) & 1;
         const bool work = j < ntiles && active && kt < w_hi1 && kt + WG_BN > w_lo0;
         ws_bar_sync(my_bar);
-        wg_fence();
         // Every stage is waited for before it is freed, used or not (the producer may
         // refill a stage only after its own copies into it have landed).
         if (j > 0) ws_mbar_wait(full_bar(1, pb), ((j - 1) >> 1) & 1);
-        if (have_p) {
-            const unsigned int v_addr = sbase + Q_BYTES + (2 + pb) * TILE;
-#pragma unroll
-            for (int kk = 0; kk < WG_BN / 16; ++kk) {
-                const unsigned long long db =
-                    wg_desc(v_addr + kk * 16 * 128, WG_BN * 128, 1024);
-                if (HD == 128)
-                    Wg<T>::rs128(o, pa[kk], db, 1);
-                else
-                    Wg<T>::rs64(o, pa[kk], db, 1);
-            }
-        }
         if (j < ntiles) ws_mbar_wait(full_bar(0, b), (j >> 1) & 1);
-        if (work) {
-            const unsigned int k_addr = sbase + Q_BYTES + b * TILE;
-#pragma unroll
-            for (int i = 0; i < NS * 4; ++i) s[i] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; ++kk) {
-                const unsigned int off = (kk & 3) * 32;
-                const unsigned long long da =
-                    wg_desc(q_addr + (kk >> 2) * (WG_BM * 128) + off, 16, 1024);
-                const unsigned long long db =
-                    wg_desc(k_addr + (kk >> 2) * (WG_BN * 128) + off, 16, 1024);
-                Wg<T>::ss128(s, da, db, kk > 0);
-            }
+        const unsigned int v_addr = sbase + Q_BYTES + (2 + pb) * TILE;
+        const unsigned int k_addr = sbase + Q_BYTES + b * TILE;
+        // O += P V of the previous tile and S = Q K^T of this one: each combination is
+        // one whole fence / issue / commit / wait block (ptxas serialises wgmmas whose
+        // issue sits under a branch inside such a block).
+        if (have_p && work) {
+            wg_fence();
+            pv_issue(v_addr);
+            s_issue(k_addr);
+            wg_commit();
+            ws_bar_arrive(other_bar);
+            wg_wait0();
+        } else if (have_p) {
+            wg_fence();
+            pv_issue(v_addr);
+            wg_commit();
+            ws_bar_arrive(other_bar);
+            wg_wait0();
+        } else if (work) {
+            wg_fence();
+            s_issue(k_addr);
+            wg_commit();
+            ws_bar_arrive(other_bar);
+            wg_wait0();
+        } else {
+            ws_bar_arrive(other_bar);
         }
-        wg_commit();
-        ws_bar_arrive(other_bar);
-        wg_wait0();
 #pragma unroll
         for (int i = 0; i < HD / 2; ++i) wg_touch(o[i]);
         if (j > 0) ws_mbar_arrive(empty_bar(1, pb));
@@ -775,11 +396,7 @@ __device__ __forceinline__ void attention_prefill_ws_impl(
     q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens, out, qscale, vscale, softcap,   \
         window, num_seqs, rows, num_heads, num_kv_heads, num_blocks, block_size, table_width, \
         group, sinks
-#if WG_WS
 #define WG_BODY(T, KV, HD) attention_prefill_ws_impl<T, KV, HD>(WG_ARGS)
-#else
-#define WG_BODY(T, KV, HD) attention_prefill_wg_impl<T, KV, HD>(WG_ARGS)
-#endif
 #else
 // Not sm_90a: the kernels exist (the entry points are the same on every architecture) but
 // are never launched (attention.rs picks attention_prefill.cu's).
@@ -787,7 +404,7 @@ __device__ __forceinline__ void attention_prefill_ws_impl(
 #endif
 
 #define ATTENTION_PREFILL_WG(NAME, T, KV, HD)                                              \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) NAME(                      \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) NAME(                      \
         const T* q, const KV* k_cache, const KV* v_cache, const int* block_tables,         \
         const int* seq_lens, const int* cu_seqlens, T* out, float qscale, float vscale,    \
         float softcap, int window, int num_seqs, int rows, int num_heads, int num_kv_heads, \

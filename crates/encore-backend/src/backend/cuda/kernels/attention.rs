@@ -520,59 +520,20 @@ fn fa_tiles() -> (usize, usize) {
     *TILES.get_or_init(|| (kernel_define("FA_BN", 32), kernel_define("FA_STAGES", 2)))
 }
 
-/// Whether `attention_prefill_wg_*` is the warp-specialized kernel (kernel define
-/// `WG_WS=1`: a producer warpgroup and two consumers) or the two-warpgroup one (`WG_WS`,
-/// default 0).
-fn wg_ws() -> bool {
-    static WS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WS.get_or_init(|| crate::backend::cuda::nvrtc::kernel_define("WG_WS", 0) != 0)
-}
-
-/// Threads per CTA of `attention_prefill_wg_*` (`WG_THREADS`: 384 warp-specialized, 256
-/// otherwise); its rows per CTA are `FA_BM`'s 128 as well (`WG_BM`), so the grid is the
+/// Threads per CTA of `attention_prefill_wg_*` (`WS_THREADS`: a producer warpgroup and two
+/// consumers); its rows per CTA are `FA_BM`'s 128 as well (`WG_BM`), so the grid is the
 /// same.
-fn wg_threads() -> u32 {
-    if wg_ws() {
-        384
-    } else {
-        256
-    }
-}
+const WG_THREADS: u32 = 384;
 /// Keys per tile of `attention_prefill_wg_*` (`WG_BN`).
 const WG_BN: usize = 128;
 
-/// Dynamic shared memory of `attention_prefill_wg_hd{head_dim}_*`. Warp-specialized
-/// (`WS_SMEM_BYTES`): 1,024 bytes to align the base, Q, two K and two V stages of 16-bit
-/// elements, four raw E4M3 slots over an FP8 cache, two stages' key-validity words,
-/// eight mbarriers and the producer's key rows of two tiles. Otherwise (`WG_SMEM_BYTES`): the base's alignment, Q, two K/V tile
-/// pairs of 16-bit elements (three with the `WG_OVERLAP` kernel define; one over an FP8
-/// cache, plus two raw E4M3 stages), and three stages' key-validity arrays.
+/// Dynamic shared memory of `attention_prefill_wg_hd{head_dim}_*` (`WS_SMEM_BYTES`): 1,024
+/// bytes to align the base, Q, two K and two V stages of 16-bit elements, four raw E4M3
+/// slots over an FP8 cache, two stages' key-validity words, eight mbarriers and the
+/// producer's key rows of two tiles.
 fn wg_smem_bytes(head_dim: usize, kv8: bool) -> usize {
-    static OVERLAP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let overlap =
-        *OVERLAP.get_or_init(|| crate::backend::cuda::nvrtc::kernel_define("WG_OVERLAP", 0) != 0);
-    wg_smem_of(wg_ws(), overlap, head_dim, kv8)
-}
-
-/// [`wg_smem_bytes`] for a given form of the kernel.
-fn wg_smem_of(ws: bool, overlap: bool, head_dim: usize, kv8: bool) -> usize {
-    if ws {
-        let raw = if kv8 { 4 * WG_BN * head_dim } else { 0 };
-        return 1024
-            + FA_BM * head_dim * 2
-            + 4 * WG_BN * head_dim * 2
-            + raw
-            + 2 * 4 * 4
-            + 8 * 8
-            + 2 * WG_BN * 4;
-    }
-    let pairs = match (kv8, overlap) {
-        (true, _) => 1,
-        (false, false) => 2,
-        (false, true) => 3,
-    };
-    let raw = if kv8 { 2 * 2 * WG_BN * head_dim } else { 0 };
-    1024 + FA_BM * head_dim * 2 + pairs * 2 * WG_BN * head_dim * 2 + raw + 3 * WG_BN * 4
+    let raw = if kv8 { 4 * WG_BN * head_dim } else { 0 };
+    1024 + FA_BM * head_dim * 2 + 4 * WG_BN * head_dim * 2 + raw + 2 * 4 * 4 + 8 * 8 + 2 * WG_BN * 4
 }
 
 /// Dynamic shared memory of `attention_prefill_hd{head_dim}_*` (`FA_SMEM_BYTES`): Q, the
@@ -652,7 +613,7 @@ fn prefill_kernel(
 /// `fa_smem_bytes` of dynamic shared memory; each CTA finds its (sequence, 128-row tile)
 /// in `cu_seqlens_q` on the device. Tiles are on y so that the longest-context tiles of
 /// every head are dispatched first. `attention_prefill_wg_*` (`wg`): the same grid and
-/// arguments, `wg_threads()` threads, `wg_smem_bytes`.
+/// arguments, 384 threads, `wg_smem_bytes`.
 fn attention_prefill(
     be: &CudaBackend,
     a: &Attention<'_>,
@@ -672,7 +633,7 @@ fn attention_prefill(
         ));
     }
     let kv8 = a.k_cache.dtype() == DType::F8E4M3;
-    let threads = if wg { wg_threads() } else { FA_THREADS };
+    let threads = if wg { WG_THREADS } else { FA_THREADS };
     let mut c = cfg(
         (grid_x(OP, "num_heads", d.num_heads)?, tiles as u32, 1),
         (threads, 1, 1),
@@ -729,9 +690,7 @@ mod tests {
                 let mma = format!("attention_prefill_hd{hd}_f16{kv}");
                 assert_eq!(dynamic_smem_limit(&wg), Some(wg_smem_bytes(hd, kv8)));
                 assert_eq!(dynamic_smem_limit(&mma), Some(fa_smem_bytes(hd, kv8)));
-                for (ws, overlap) in [(false, false), (false, true), (true, false)] {
-                    assert!(wg_smem_of(ws, overlap, hd, kv8) <= 227 * 1024, "{wg} {ws}");
-                }
+                assert!(wg_smem_bytes(hd, kv8) <= 227 * 1024, "{wg}");
                 assert!(fa_smem_bytes(hd, kv8) <= 227 * 1024, "{mma}");
             }
         }
