@@ -129,17 +129,19 @@ fn bad_input_gets_a_clear_error() {
             "rms_norm_eps": 1e-5, "rope_theta": 1e6, "tie_word_embeddings": false}"#,
     )
     .unwrap();
-    let model = dir.to_str().unwrap();
     // The model's description, without the kernel self-check (info_self_check_passes_on_cpu
     // runs that): the check takes ~20 s of this machine's CPU a call.
-    let out = success(&encore(&[
-        "info",
-        "--device",
-        "cpu",
-        "--no-self-check",
-        "--model",
-        model,
-    ]));
+    let describe = |model: &str| {
+        success(&encore(&[
+            "info",
+            "--device",
+            "cpu",
+            "--no-self-check",
+            "--model",
+            model,
+        ]))
+    };
+    let out = describe(dir.to_str().unwrap());
     assert!(out.contains("Mixtral, 32 layers, hidden 4096"), "{out}");
     assert!(out.contains("weights 93.41 GB"), "{out}");
     // 8 experts of 3 x 4096 x 14336 in bf16 a layer; a token reads 2 of them.
@@ -148,14 +150,7 @@ fn bad_input_gets_a_clear_error() {
         "{out}"
     );
     // Its dummy twin has the same shapes.
-    let out = success(&encore(&[
-        "info",
-        "--device",
-        "cpu",
-        "--no-self-check",
-        "--model",
-        "dummy:mixtral-8x7b",
-    ]));
+    let out = describe("dummy:mixtral-8x7b");
     assert!(out.contains("weights 93.41 GB"), "{out}");
 }
 
