@@ -2,6 +2,7 @@
 //! against the CPU backend.
 
 use super::*;
+use encore_backend::backend::{Moe, MoeBias};
 
 /// A mixture-of-experts layer with quantized experts (`qmoe_*`, `qmoe_mma_*` for x in bf16,
 /// and the grouped GEMM) against the CPU backend:
@@ -126,60 +127,104 @@ fn quantized_moe_matches_cpu() {
         let gu = weight_bytes(gf, 2 * e * i, h, seed + 1);
         let dn = weight_bytes(df, e * h, i, seed + 2);
         let name = format!("case {c} ({gf}/{df}, {dt}, n={n} h={h} e={e} i={i} k={k})");
-        let run = |be: &dyn Backend, replay: bool| {
-            let xt = be.upload_f32_as(&x, &[n, h], dt).unwrap();
-            let lt = be.upload_f32_as(&logits, &[n, e], DType::F32).unwrap();
-            let gt = upload_q(be, gf, 2 * e * i, h, &gu);
-            let dnt = upload_q(be, df, e * h, i, &dn);
-            let ids = be.alloc(DType::I32, &[n, k]).unwrap();
-            let wts = be.alloc(DType::F32, &[n, k]).unwrap();
-            let out = be.alloc(dt, &[n, h]).unwrap();
-            let scratch = be.alloc(dt, &[n * k, i]).unwrap();
-            let work_len = be.moe_workspace_bytes(n, h, e, k, dt).div_ceil(4).max(1);
-            let work = be.alloc(DType::I32, &[work_len]).unwrap();
-            let moe = || {
-                be.moe(&encore_backend::backend::Moe {
-                    act: encore_backend::backend::Activation::Silu,
-                    bias: None,
-                    x: &xt,
-                    logits: &lt,
-                    top_k: k,
-                    renormalize: true,
-                    gate_up: &gt,
-                    down: &dnt,
-                    ids: &ids,
-                    weights: &wts,
-                    out: &out,
-                    scratch: &scratch,
-                    workspace: &work,
-                    cache: None,
-                })
-                .unwrap()
-            };
-            if replay {
-                // Captured on reversed logits, replayed on the real ones.
-                let rev: Vec<f32> = logits.iter().rev().copied().collect();
-                be.write(&lt, &rev).unwrap();
-                be.begin_capture().unwrap();
-                moe();
-                let graph = be.end_capture().unwrap();
-                be.write(&lt, &logits).unwrap();
-                graph.replay().unwrap();
-            } else {
-                moe();
-            }
+        QuantMoe {
+            act: Activation::Silu,
+            dt,
+            shape: (n, h, e, i, k),
+            x: &x,
+            logits: &logits,
+            gate_up: (gf, &gu),
+            down: (df, &dn),
+            bias: None,
+        }
+        .check(&name, &cpu, &paths);
+    }
+}
+
+/// One quantized mixture-of-experts call: x and the router logits in f32, the experts'
+/// bytes in their formats, optional gate/up and down biases; `shape` is (tokens, hidden,
+/// experts, expert width, top k), x and the output in `dt`.
+pub(super) struct QuantMoe<'a> {
+    pub act: Activation,
+    pub dt: DType,
+    pub shape: (usize, usize, usize, usize, usize),
+    pub x: &'a [f32],
+    pub logits: &'a [f32],
+    pub gate_up: (QuantFormat, &'a [u8]),
+    pub down: (QuantFormat, &'a [u8]),
+    pub bias: Option<(&'a [f32], &'a [f32])>,
+}
+
+impl QuantMoe<'_> {
+    /// The chosen experts and the output on `be`, its operands uploaded afresh: eager, or
+    /// (`replay`) captured on reversed logits and replayed on the real ones.
+    fn run(&self, be: &dyn Backend, replay: bool) -> (Vec<i32>, Vec<f32>) {
+        let (n, h, e, i, k) = self.shape;
+        let dt = self.dt;
+        let xt = be.upload_f32_as(self.x, &[n, h], dt).unwrap();
+        let lt = be.upload_f32_as(self.logits, &[n, e], DType::F32).unwrap();
+        let gt = upload_q(be, self.gate_up.0, 2 * e * i, h, self.gate_up.1);
+        let dnt = upload_q(be, self.down.0, e * h, i, self.down.1);
+        let biases = self.bias.map(|(gu, dn)| {
             (
-                be.download::<i32>(&ids).unwrap(),
-                be.download_f32(&out).unwrap(),
+                be.upload_f32_as(gu, &[2 * e * i], dt).unwrap(),
+                be.upload_f32_as(dn, &[e * h], dt).unwrap(),
             )
+        });
+        let ids = be.alloc(DType::I32, &[n, k]).unwrap();
+        let wts = be.alloc(DType::F32, &[n, k]).unwrap();
+        let out = be.alloc(dt, &[n, h]).unwrap();
+        let scratch = be.alloc(dt, &[n * k, i]).unwrap();
+        let work_len = be.moe_workspace_bytes(n, h, e, k, dt).div_ceil(4).max(1);
+        let work = be.alloc(DType::I32, &[work_len]).unwrap();
+        let moe = || {
+            be.moe(&Moe {
+                act: self.act,
+                bias: biases
+                    .as_ref()
+                    .map(|(gate_up, down)| MoeBias { gate_up, down }),
+                x: &xt,
+                logits: &lt,
+                top_k: k,
+                renormalize: true,
+                gate_up: &gt,
+                down: &dnt,
+                ids: &ids,
+                weights: &wts,
+                out: &out,
+                scratch: &scratch,
+                workspace: &work,
+                cache: None,
+            })
+            .unwrap()
         };
-        let (ci, co) = run(&cpu, false);
-        for (path, gpu) in &paths {
+        if replay {
+            let rev: Vec<f32> = self.logits.iter().rev().copied().collect();
+            be.write(&lt, &rev).unwrap();
+            be.begin_capture().unwrap();
+            moe();
+            let graph = be.end_capture().unwrap();
+            be.write(&lt, self.logits).unwrap();
+            graph.replay().unwrap();
+        } else {
+            moe();
+        }
+        (
+            be.download::<i32>(&ids).unwrap(),
+            be.download_f32(&out).unwrap(),
+        )
+    }
+
+    /// On every path against `cpu`: the routing exactly, the output within the dtype's
+    /// tolerance, and a replay from a graph captured on other routing equal to eager.
+    pub(super) fn check(&self, name: &str, cpu: &dyn Backend, paths: &[(&str, CudaBackend)]) {
+        let (ci, co) = self.run(cpu, false);
+        for (path, gpu) in paths {
             let name = format!("{name}, {path}");
-            let (gi, go) = run(gpu, false);
+            let (gi, go) = self.run(gpu, false);
             assert_eq!(gi, ci, "{name}: chosen experts");
-            assert_close(&name, &go, &co, dt);
-            let (ri, ro) = run(gpu, true);
+            assert_close(&name, &go, &co, self.dt);
+            let (ri, ro) = self.run(gpu, true);
             assert_eq!(ri, gi, "{name}: replayed routing");
             assert_eq!(ro, go, "{name}: replay against eager");
         }

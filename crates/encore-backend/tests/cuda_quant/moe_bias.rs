@@ -1,8 +1,8 @@
 //! Quantized experts with biases and gpt-oss's clamped SwiGLU (`qmoe_*` and the grouped GEMM
 //! `gmoe_*` with `act_kind` and `bias`) against the CPU backend.
 
+use super::moe::QuantMoe;
 use super::*;
-use encore_backend::backend::{Moe, MoeBias};
 
 /// gpt-oss's experts on CUDA: MXFP4 (and two other formats) with gate/up and down biases and
 /// `Activation::SwigluOai`, x in bf16 / f16 / f32, through the pair kernels (on the tensor
@@ -83,67 +83,17 @@ fn quantized_experts_with_biases_match_cpu() {
         let gu_b = values(2 * e * i, seed + 3);
         let dn_b = values(e * h, seed + 4);
         let name = format!("case {c} ({gf}/{df}, {dt}, n={n} h={h} e={e} i={i} k={k}, {act:?})");
-        let run = |be: &dyn Backend, replay: bool| {
-            let xt = be.upload_f32_as(&x, &[n, h], dt).unwrap();
-            let lt = be.upload_f32_as(&logits, &[n, e], DType::F32).unwrap();
-            let gt = upload_q(be, gf, 2 * e * i, h, &gu);
-            let dnt = upload_q(be, df, e * h, i, &dn);
-            let gbt = be.upload_f32_as(&gu_b, &[2 * e * i], dt).unwrap();
-            let dbt = be.upload_f32_as(&dn_b, &[e * h], dt).unwrap();
-            let ids = be.alloc(DType::I32, &[n, k]).unwrap();
-            let wts = be.alloc(DType::F32, &[n, k]).unwrap();
-            let out = be.alloc(dt, &[n, h]).unwrap();
-            let scratch = be.alloc(dt, &[n * k, i]).unwrap();
-            let work_len = be.moe_workspace_bytes(n, h, e, k, dt).div_ceil(4).max(1);
-            let work = be.alloc(DType::I32, &[work_len]).unwrap();
-            let moe = || {
-                be.moe(&Moe {
-                    act,
-                    bias: Some(MoeBias {
-                        gate_up: &gbt,
-                        down: &dbt,
-                    }),
-                    x: &xt,
-                    logits: &lt,
-                    top_k: k,
-                    renormalize: true,
-                    gate_up: &gt,
-                    down: &dnt,
-                    ids: &ids,
-                    weights: &wts,
-                    out: &out,
-                    scratch: &scratch,
-                    workspace: &work,
-                    cache: None,
-                })
-                .unwrap()
-            };
-            if replay {
-                let rev: Vec<f32> = logits.iter().rev().copied().collect();
-                be.write(&lt, &rev).unwrap();
-                be.begin_capture().unwrap();
-                moe();
-                let graph = be.end_capture().unwrap();
-                be.write(&lt, &logits).unwrap();
-                graph.replay().unwrap();
-            } else {
-                moe();
-            }
-            (
-                be.download::<i32>(&ids).unwrap(),
-                be.download_f32(&out).unwrap(),
-            )
-        };
-        let (ci, co) = run(&cpu, false);
-        for (path, gpu) in &paths {
-            let name = format!("{name}, {path}");
-            let (gi, go) = run(gpu, false);
-            assert_eq!(gi, ci, "{name}: chosen experts");
-            assert_close(&name, &go, &co, dt);
-            let (ri, ro) = run(gpu, true);
-            assert_eq!(ri, gi, "{name}: replayed routing");
-            assert_eq!(ro, go, "{name}: replay against eager");
+        QuantMoe {
+            act,
+            dt,
+            shape: (n, h, e, i, k),
+            x: &x,
+            logits: &logits,
+            gate_up: (gf, &gu),
+            down: (df, &dn),
+            bias: Some((&gu_b, &dn_b)),
         }
+        .check(&name, &cpu, &paths);
     }
 }
 
