@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The warpgroup-MMA prefill attention (attention_prefill_wg.cu: warp-specialized, or its
-# two-warpgroup form) against the mma.sync kernel on the GPU, with the `encore` binary carried as .gpu/encore.xz, in one lease:
+# The warpgroup-MMA prefill attention (attention_prefill_wg.cu, warp-specialized) against
+# the mma.sync kernel and a base build's, on the GPU, with the `encore` binary carried as
+# .gpu/encore.xz, in one lease:
 #   info     every CUDA kernel against the CPU under each kernel of MODES;
 #   kernels  `bench kernels --only prefill-attention` under each (Llama-3-8B heads, 4 x 2048
 #            and 1 x 8192, bf16 and FP8 caches; TFLOP/s);
@@ -22,7 +23,7 @@ MODES=${MODES:-wg mma}
 run() {  # run MODE COMMAND...
   local m=$1; shift
   case $m in
-    base) local bin=$1; shift; ENCORE_PREFILL_ATTENTION=wg timeout ${LIMIT:-300} .bin/encore-base "$@" ;;
+    base) shift; ENCORE_PREFILL_ATTENTION=wg timeout ${LIMIT:-300} .bin/encore-base "$@" ;;  # in place of the named binary
     *) ENCORE_PREFILL_ATTENTION=$m timeout ${LIMIT:-300} "$@" ;;
   esac
 }
